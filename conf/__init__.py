@@ -1,0 +1,1 @@
+# Makes the config tree importable as gpupack.conf inside an installed wheel (see pyproject.toml).

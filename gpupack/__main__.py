@@ -1,0 +1,5 @@
+import sys
+
+from gpupack.cli import main
+
+sys.exit(main())

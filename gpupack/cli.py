@@ -1,0 +1,153 @@
+"""``python -m gpupack +sweep=NAME [overrides]`` runs a sweep; ``python -m gpupack collect RUN_DIR`` re-collects.
+
+config (Hydra) → validate → plan → run directory → submit (one job per pack) → collect.
+Nothing is written or submitted until the whole config has been checked.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from gpupack import collect as collect_mod
+from gpupack.compose import compose_config
+from gpupack.errors import GpupackError, RunDirError
+from gpupack.plan import Pack, Plan
+from gpupack.records import is_completed, read_json, write_json_atomic
+from gpupack.rundir import RunDir, RunLock
+from gpupack.submit import load_submitter
+from gpupack.validate import validate
+
+USAGE = """usage:
+  python -m gpupack +sweep=NAME [key=value ...]   run a sweep (conf/sweep/NAME.yaml), e.g. +sweep=mnist_pack
+  python -m gpupack collect RUN_DIR [RUN_DIR ...]  aggregate the records of one or more runs again
+
+overrides use Hydra's grammar: packing.factors=[1,2,4]  sweep.grid.lr=[0.1,0.01]  sweep.grid.seed=range(0,4)
+  run_dir=PATH (re-using one resumes it)  dry_run=true (plan only)  cluster=NAME (conf/cluster/NAME.yaml)"""
+
+log = logging.getLogger("gpupack")
+
+
+def default_run_dir(sweep: str, now: _dt.datetime | None = None) -> Path:
+    stamp = (now or _dt.datetime.now()).strftime("%Y-%m-%d_%H-%M-%S")
+    return Path("runs") / sweep / stamp
+
+
+def prepare_run_dir(run: RunDir, plan: Plan) -> bool:
+    """Make the run directory usable; True when it resumes an earlier run of the same plan.
+
+    A directory holding a different plan is refused, never overwritten.
+    """
+    if run.plan.exists():
+        try:
+            earlier = read_json(run.plan)
+        except (OSError, ValueError):
+            raise RunDirError(f"run_dir={str(run.root)!r}: plan.json is unreadable. HINT: choose a new "
+                              "run_dir=...") from None
+        if earlier != plan.to_json():
+            raise RunDirError(f"run_dir={str(run.root)!r} holds another sweep's plan. HINT: choose a new "
+                              "run_dir=..., or re-run with the exact config of that run to resume it")
+        return True
+    if run.root.exists() and any(p.name != ".lock" for p in run.root.iterdir()):
+        raise RunDirError(f"run_dir={str(run.root)!r} exists and is not a gpupack run. HINT: choose a new "
+                          "or empty run_dir=...")
+    try:
+        run.root.mkdir(parents=True, exist_ok=True)
+        probe = run.root / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise RunDirError(f"run_dir={str(run.root)!r} is not writable ({err.strerror}). HINT: choose a "
+                          "writable run_dir=...") from None
+    return False
+
+
+def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
+    """The plan minus the packs whose every training has a completed record."""
+    return [p for p in plan.packs
+            if not all(is_completed(run.training_record(p.pack_id, t.training_id)) for t in p.trainings)]
+
+
+def print_plan(console: Console, plan: Plan, spec_name: str, run: RunDir, todo: int, resumed: bool) -> None:
+    factors = sorted({p.factor for p in plan.packs})
+    modes = sorted({p.mode for p in plan.packs})
+    console.print(f"[bold]gpupack[/] sweep [bold]{spec_name}[/]: workload {plan.workload}, "
+                  f"{plan.grid_size} grid point(s), N in {factors}, mode(s) {modes}")
+    console.print(f"  {len(plan.packs)} packs, {plan.n_trainings} trainings in all; run directory {run.root}")
+    for note in plan.notes:
+        console.print(f"  note: {note}")
+    if resumed:
+        console.print(f"  resuming: {len(plan.packs) - todo} pack(s) already complete, {todo} to run")
+
+
+class ProgressView:
+    """Counts packs per partition as they move pending → running → done | failed, printed as they change."""
+
+    def __init__(self, console: Console, total: int) -> None:
+        self.console, self.total = console, total
+        self.state: dict[str, str] = {}
+
+    def __call__(self, pack: Pack, state: str) -> None:
+        self.state[pack.pack_id] = state
+        if state in ("done", "failed", "running"):
+            counts = Counter(self.state.values())
+            self.console.print(
+                f"  [{sum(counts[s] for s in ('done', 'failed'))}/{self.total}] {pack.pack_id} {state:7s} "
+                f"(pending {counts['pending']}, running {counts['running']}, done {counts['done']}, "
+                f"failed {counts['failed']})", highlight=False)
+
+
+def run_sweep(overrides: Sequence[str], console: Console) -> int:
+    cfg = compose_config(overrides)
+    spec = validate(cfg)
+    plan = spec.plan()
+    run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(spec.name))
+    submitter = load_submitter(cfg.cluster.backend, cfg.cluster, run)
+    submitter.check()
+    if cfg.dry_run:
+        print_plan(console, plan, spec.name, run, len(plan.packs), False)
+        for p in plan.packs:
+            console.print(f"  {p.pack_id}: " + ", ".join(t.training_id for t in p.trainings), highlight=False)
+        console.print("dry run: nothing was written or submitted.")
+        return 0
+    resumed = prepare_run_dir(run, plan)
+    with RunLock(run):
+        if not run.config.exists():
+            run.config.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            write_json_atomic(run.plan, plan.to_json())
+        todo = packs_to_run(run, plan)
+        print_plan(console, plan, spec.name, run, len(todo), resumed)
+        results = submitter.run_packs(todo, spec.settings, ProgressView(console, len(todo)))
+        for r in results:
+            if not r.ok:
+                console.print(f"[red]pack {r.pack_id} (job {r.job_id}) did not finish:[/] {r.error}")
+        summary = collect_mod.collect([run.root], console)
+    console.print(f"Records and summary: {run.root}")
+    failed = int(summary["failed"].sum()) if not summary.empty else 0
+    return 0 if all(r.ok for r in results) and failed == 0 else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    if args and args[0] == "collect":
+        return collect_mod.main(args[1:])
+    console = collect_mod.make_console()
+    try:
+        return run_sweep(args, console)
+    except GpupackError as err:
+        print(f"gpupack: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("gpupack: interrupted; finished trainings keep their records. Re-run with the same run_dir to "
+              "resume.", file=sys.stderr)
+        return 130

@@ -1,0 +1,138 @@
+"""Compose the config with Hydra (config tree + override grammar), turning its errors into one line.
+
+gpupack is itself a sweeper, so it composes with Hydra's compose API rather than ``@hydra.main``: the
+same YAML tree and override grammar, with errors that name the key, the value and the fix. A Hydra
+sweep override on a grid key (``sweep.grid.lr=0.1,0.01`` or ``sweep.grid.seed=range(0,4)``) becomes
+that grid axis.
+"""
+from __future__ import annotations
+
+import importlib.resources
+import re
+from pathlib import Path
+from typing import Sequence
+
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from gpupack.config import GpupackConfig, register_configs
+from gpupack.errors import ConfigError, nearest
+
+GRID_PREFIX = "sweep.grid."
+
+
+def config_dir() -> Path:
+    """conf/ of a checkout, else the copy shipped in the wheel as gpupack.conf."""
+    checkout = Path(__file__).resolve().parent.parent / "conf"
+    if (checkout / "config.yaml").is_file():
+        return checkout
+    return Path(str(importlib.resources.files("gpupack.conf")))
+
+
+def grid_overrides(overrides: Sequence[str]) -> list[str]:
+    """Rewrite Hydra sweep overrides of sweep.grid.* keys as list values; refuse sweeps elsewhere."""
+    parser = OverridesParser.create()
+    out = []
+    for text in overrides:
+        try:
+            ov = parser.parse_override(text)
+        except OverrideParseException as err:
+            raise ConfigError(text.split("=", 1)[0], text, f"cannot parse ({_first_line(err)})",
+                              "write key=value, quoting values with special characters: key='a b'") from None
+        if not ov.is_sweep_override():
+            out.append(text)
+            continue
+        key = ov.get_key_element()
+        if not key.lstrip("+~").startswith(GRID_PREFIX):
+            raise ConfigError(key, ov.input_line.split("=", 1)[1], "sweep syntax only makes a grid axis",
+                              f"put the values under {GRID_PREFIX}<name>, or give one value")
+        values = [v for v in ov.sweep_iterator()]
+        out.append(f"{key}={_list_literal(values)}")
+    return out
+
+
+def _list_literal(values: list) -> str:
+    def one(v: object) -> str:
+        if isinstance(v, str):
+            return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return "null" if v is None else str(v).lower() if isinstance(v, bool) else repr(v)
+
+    return "[" + ",".join(one(v) for v in values) + "]"
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else err.__class__.__name__
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return err
+
+
+def translate(err: Exception, overrides: Sequence[str]) -> ConfigError:
+    """One ConfigError for whatever Hydra or OmegaConf raised while composing."""
+    if isinstance(err, MissingConfigException):
+        group = (err.config_name or "").split("/")[0] if err.config_name else ""
+        name = (err.config_name or "").split("/")[-1]
+        options = list(err.options or [])
+        if group:
+            return ConfigError(group, name, f"no {group} named {name!r} in conf/{group}/",
+                               nearest(name, options) if options else f"add conf/{group}/{name}.yaml")
+        return ConfigError("config", name, _first_line(err), "check the +group=name overrides")
+    cause = _root_cause(err)
+    if isinstance(cause, OmegaConfBaseException):
+        key = getattr(cause, "full_key", None) or "config"
+        msg = _first_line(cause)
+        m = re.search(r"Key '([^']+)' is not in struct", msg) or re.search(r"Key '([^']+)' not in '", msg)
+        if m:
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            return ConfigError(key, _value_for(key, overrides), "unknown config key",
+                               nearest(m.group(1), _keys_under(parent)) +
+                               (" (add a new grid axis with +sweep.grid.NAME=[...])"
+                                if parent.startswith("sweep.grid") else ""))
+        value = getattr(cause, "value", None) if hasattr(cause, "value") else _value_for(key, overrides)
+        if value is None:
+            value = _value_for(key, overrides)
+        return ConfigError(key, value, msg, _type_hint(key))
+    return ConfigError("config", " ".join(overrides), _first_line(err),
+                       "check the override syntax: key=value, +key=value to add, ~key to delete")
+
+
+def _value_for(key: str, overrides: Sequence[str]) -> str:
+    base = re.sub(r"\[\d+\]$", "", key)
+    for text in overrides:
+        k, _, v = text.partition("=")
+        if k.lstrip("+~") in (key, base):
+            return v
+    return "?"
+
+
+def _keys_under(parent: str) -> list[str]:
+    node = OmegaConf.structured(GpupackConfig)
+    for part in [p for p in parent.split(".") if p]:
+        try:
+            node = node[part]
+        except Exception:
+            return []
+    return list(node.keys()) if isinstance(node, DictConfig) else []
+
+
+def _type_hint(key: str) -> str:
+    if key.startswith("packing.factors"):
+        return "give whole numbers >= 1, e.g. packing.factors=[1,2,4]"
+    return "give a value of the type this key documents in gpupack/config.py"
+
+
+def compose_config(overrides: Sequence[str]) -> DictConfig:
+    register_configs()
+    rewritten = grid_overrides(overrides)
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="gpupack"):
+            cfg = compose(config_name="config", overrides=list(rewritten))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise translate(err, rewritten) from None
+    return cfg

@@ -1,0 +1,50 @@
+"""gpupack's errors: a short hierarchy whose messages quote the bad value and give a HINT.
+
+Everything a user can get wrong raises a :class:`GpupackError` subclass before anything is submitted;
+the CLI prints ``str(err)`` as one line and exits non-zero.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable
+
+
+class GpupackError(Exception):
+    """Base of every error gpupack raises on purpose."""
+
+    exit_code = 2
+
+
+class ConfigError(GpupackError):
+    """A config key holds a value gpupack cannot use.
+
+    ``ConfigError("packing.factors[0]", 0, "use integers >= 1, e.g. packing.factors=[1,2,4]")``
+    reads: ``packing.factors[0]=0 is invalid: <why>. HINT: <hint>``.
+    """
+
+    def __init__(self, key: str, value: Any, why: str, hint: str) -> None:
+        self.key, self.value, self.why, self.hint = key, value, why, hint
+        super().__init__(f"{key}={value!r}: {why}. HINT: {hint}")
+
+
+class DataError(ConfigError):
+    """A data path is missing, unreadable, or not in the expected format."""
+
+
+class RunDirError(GpupackError):
+    """The run directory cannot be used (not writable, or holds a different sweep)."""
+
+
+class SubmissionError(GpupackError):
+    """The cluster refused or lost a job."""
+
+    exit_code = 3
+
+
+def nearest(word: str, choices: Iterable[str]) -> str:
+    """A 'did you mean' fragment for hints: the closest choices, or the full list when none is close."""
+    options = sorted(set(choices))
+    close = difflib.get_close_matches(word, options, n=3, cutoff=0.5)
+    if close:
+        return "did you mean " + " or ".join(repr(c) for c in close) + "?"
+    return "valid: " + ", ".join(options) if options else "nothing is available"

@@ -1,0 +1,96 @@
+"""Packing modes: how N trainings share one device inside one job.
+
+Each mode is one module ``gpupack/pack/<mode>.py`` exposing ``PACKER``, a :class:`Packer`. Modes
+never know about SLURM; the job body (:mod:`gpupack.pack.job`) hands them the trainings and writes
+the records from what they return.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Sequence
+
+from gpupack.errors import ConfigError, nearest
+from gpupack.plan import Pack, Training
+from gpupack.rundir import RunDir
+from gpupack.workload import Workload
+
+_NOT_MODES = {"job"}  # modules here that are not packing modes
+
+
+@dataclass(frozen=True)
+class PackContext:
+    run: RunDir
+    pack: Pack
+    device: str  # "cpu" or "cuda"
+    threads: int  # per training
+    env: Mapping[str, str]  # the job's environment, which trainings inherit
+    warmup_steps: int = 10
+
+
+@dataclass
+class TrainingOutcome:
+    """How one training ended, as the packer saw it."""
+
+    training_id: str
+    started_at: float
+    ended_at: float
+    exit_code: int | None  # None when the training did not run as its own process
+    signal: int | None = None
+    error: str | None = None  # last lines of the training's stderr or exception
+    result: dict[str, Any] | None = None  # what the training reported (None if it never finished)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Packer(ABC):
+    name: ClassVar[str]
+
+    def check(self, workload: Workload, factor: int) -> None:
+        """Refuse, before submission, a workload or N this mode cannot host (raise ConfigError)."""
+
+    @abstractmethod
+    def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
+        """Start all trainings at once on ctx.device, wait for all, and say how each ended.
+
+        One training failing must never stop the others.
+        """
+
+
+def available_modes() -> list[str]:
+    names = (m.name for m in pkgutil.iter_modules(__path__))
+    return sorted(n for n in names if not n.startswith("_") and n not in _NOT_MODES)
+
+
+def load_packer(mode: str, key: str = "packing.modes") -> Packer:
+    modes = available_modes()
+    if mode not in modes:
+        raise ConfigError(key, mode, "no such packing mode", nearest(mode, modes))
+    return importlib.import_module(f"{__name__}.{mode}").PACKER
+
+
+def threads_for(cores: int, factor: int, override: int | None = None) -> int:
+    """Threads per training: the override, else the job's cores shared out (never oversubscribed)."""
+    return override if override else max(1, cores // factor)
+
+
+def worker_env(base: Mapping[str, str], threads: int) -> dict[str, str]:
+    """The environment of one training process: the job's, with thread pools capped to its share."""
+    env = dict(base)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        env[var] = str(threads)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> dict[str, Any]:
+    return {
+        "workload": training.workload,
+        "params": dict(training.params),
+        "device": ctx.device,
+        "threads": ctx.threads,
+        "warmup_steps": ctx.warmup_steps,
+        "spawned_at": spawned_at,
+        "result_path": str(ctx.run.work(ctx.pack.pack_id, training.training_id, "result")),
+    }

@@ -1,0 +1,136 @@
+"""The job body: what runs inside one submitted job, on whatever backend submitted it.
+
+It reads the plan, skips trainings that already have a completed record (resume), asks the pack's mode
+to run the rest at once on the job's device, and writes one training record per training and one pack
+record, all atomically. Earlier non-completed records are moved to ``attempts/`` first, never overwritten.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from gpupack.monitor import DeviceInfo, detect_device
+from gpupack.pack import PackContext, TrainingOutcome, load_packer, threads_for
+from gpupack.plan import Pack, Plan, Training
+from gpupack.records import (COMPLETED, FAILED, KILLED, is_completed, pack_record, read_json,
+                             training_record, write_json_atomic)
+from gpupack.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class PackSettings:
+    """What the job needs besides the plan; pickled by submitit with the call."""
+
+    device: str = "auto"  # auto | cpu | cuda
+    threads_per_training: int | None = None
+    warmup_steps: int = 10
+
+
+def job_cores() -> int:
+    """Cores this job may use: its CPU affinity (what SLURM or taskset gave it), not the node's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def choose_device(preference: str, info: DeviceInfo) -> str:
+    if preference == "auto":
+        return "cuda" if info.kind == "gpu" else "cpu"
+    return preference
+
+
+def job_id() -> str | None:
+    for var in ("SLURM_ARRAY_JOB_ID", "SLURM_JOB_ID"):
+        if os.environ.get(var):
+            task = os.environ.get("SLURM_ARRAY_TASK_ID")
+            return f"{os.environ[var]}_{task}" if task and var == "SLURM_ARRAY_JOB_ID" else os.environ[var]
+    return os.environ.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getpid())
+
+
+def status_of(outcome: TrainingOutcome) -> str:
+    if outcome.signal is not None:
+        return KILLED
+    if outcome.exit_code not in (0, None) or outcome.result is None:
+        return FAILED
+    return COMPLETED
+
+
+def move_aside(path: Path, attempts_dir: Path) -> None:
+    """Keep an earlier attempt's record: move it under attempts/<k>/ instead of overwriting it."""
+    if not path.exists():
+        return
+    k = 1
+    while (attempts_dir / str(k) / path.name).exists():
+        k += 1
+    target = attempts_dir / str(k) / path.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, target)
+
+
+def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, sweep: str,
+                          device: DeviceInfo, ctx_device: str, threads: int, concurrent: int) -> dict[str, Any]:
+    result = outcome.result or {}
+    return training_record(
+        sweep=sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload,
+        params=dict(training.params), grid_index=training.grid_index, reseed=training.reseed,
+        mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=concurrent,
+        gpu_type=device.name if device.kind == "gpu" else "cpu", device=ctx_device, device_name=device.name,
+        threads=threads, status=status_of(outcome), exit_code=outcome.exit_code, signal=outcome.signal,
+        error=outcome.error, started_at=outcome.started_at, ended_at=outcome.ended_at,
+        wall_s=outcome.ended_at - outcome.started_at,
+        timings=result.get("timings"), throughput=result.get("throughput"), metrics=result.get("metrics"),
+        data=result.get("data"), host=socket.gethostname(), **outcome.extra,
+    )
+
+
+def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, Any]:
+    run = RunDir(Path(run_root))
+    plan = Plan.from_json(read_json(run.plan))
+    pack = plan.pack(pack_id)
+    todo = [t for t in pack.trainings if not is_completed(run.training_record(pack_id, t.training_id))]
+    if not todo:
+        return read_json(run.pack_record(pack_id))
+    attempts = run.pack_dir(pack_id) / "attempts"
+    for t in todo:
+        move_aside(run.training_record(pack_id, t.training_id), attempts)
+    move_aside(run.pack_record(pack_id), attempts)
+
+    info = detect_device()
+    device = choose_device(settings.device, info)
+    cores = job_cores()
+    threads = threads_for(cores, len(todo), settings.threads_per_training)
+    ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ),
+                      warmup_steps=settings.warmup_steps)
+    outcomes = load_packer(pack.mode).run(todo, ctx)
+
+    by_id = {t.training_id: t for t in todo}
+    records = [build_training_record(o, by_id[o.training_id], pack, plan.sweep, info, device, threads, len(todo))
+               for o in outcomes]
+    for rec in records:
+        write_json_atomic(run.training_record(pack_id, rec["training_id"]), rec)
+    return write_pack_record(run, pack, records, info, device, cores, threads)
+
+
+def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]], info: DeviceInfo,
+                      device: str, cores: int, threads: int) -> dict[str, Any]:
+    started = min(r["started_at"] for r in records)
+    ended = max(r["ended_at"] for r in records)
+    rec = pack_record(
+        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition,
+        gpu_type=info.name if info.kind == "gpu" else "cpu", device=device, device_name=info.name,
+        device_note=info.note, gpu_memory_total_mb=info.memory_total_mb,
+        # Time per training is only meaningful when all N trainings ran together in this attempt.
+        concurrent=len(records), complete=len(records) == pack.factor,
+        training_ids=[r["training_id"] for r in records],
+        n_completed=sum(r["status"] == COMPLETED for r in records),
+        n_failed=sum(r["status"] != COMPLETED for r in records),
+        started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
+        cores=cores, threads_per_training=threads, host=socket.gethostname(), job_id=job_id(),
+    )
+    write_json_atomic(run.pack_record(pack.pack_id), rec)
+    return rec

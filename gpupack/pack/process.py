@@ -1,0 +1,92 @@
+"""Process packing ("no split"): N trainings as N OS processes on the same device.
+
+On a GPU node every process sees the job's CUDA_VISIBLE_DEVICES, so all N share the one GPU; on a CPU
+each gets its share of the cores (see :func:`gpupack.pack.threads_for`).
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Sequence
+
+from gpupack.pack import Packer, PackContext, TrainingOutcome, worker_env, worker_spec
+from gpupack.plan import Training
+from gpupack.records import read_json, write_json_atomic
+
+POLL_S = 0.05
+ERROR_TAIL_LINES = 20
+
+
+def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class _Running:
+    def __init__(self, training: Training, ctx: PackContext) -> None:
+        run, pid = ctx.run, ctx.pack.pack_id
+        tid = training.training_id
+        self.training = training
+        self.err_path = run.log(pid, tid, "err")
+        self.result_path = run.work(pid, tid, "result")
+        spec_path = run.work(pid, tid, "spec")
+        self.err_path.parent.mkdir(parents=True, exist_ok=True)
+        self.result_path.unlink(missing_ok=True)  # a result left by an earlier attempt must not count
+        self.started_at = time.time()
+        write_json_atomic(spec_path, worker_spec(training, ctx, self.started_at))
+        self._out: IO[bytes] = open(run.log(pid, tid, "out"), "wb")
+        self._err: IO[bytes] = open(self.err_path, "wb")
+        # A list argv, never a shell: hyperparameter values travel in the spec file, not the command line.
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpupack.worker", str(spec_path)],
+            stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL,
+            env=worker_env(ctx.env, ctx.threads), start_new_session=True,
+        )
+        self.ended_at: float | None = None
+
+    def poll(self) -> bool:
+        if self.ended_at is None and self.proc.poll() is not None:
+            self.ended_at = time.time()
+            self._out.close()
+            self._err.close()
+        return self.ended_at is not None
+
+    def outcome(self) -> TrainingOutcome:
+        assert self.ended_at is not None  # internal: only called after poll() said it ended
+        code = self.proc.returncode
+        sig = -code if code < 0 else None
+        result = read_json(self.result_path) if code == 0 and self.result_path.exists() else None
+        error = None
+        if code != 0:
+            error = tail(self.err_path) or (f"killed by signal {sig} ({signal.Signals(sig).name})" if sig else
+                                            f"exited with code {code}")
+        elif result is None:
+            error = "exited 0 but wrote no result"
+        return TrainingOutcome(self.training.training_id, self.started_at, self.ended_at, code, sig, error,
+                               result)
+
+
+class ProcessPacker(Packer):
+    name = "process"
+
+    def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
+        running: list[_Running] = []
+        try:
+            for t in trainings:
+                running.append(_Running(t, ctx))
+            while not all(r.poll() for r in running):
+                time.sleep(POLL_S)
+        except BaseException:  # the job is being cancelled or broke: take no orphan trainings with it
+            for r in running:
+                if r.proc.poll() is None:
+                    r.proc.kill()
+            raise
+        return [r.outcome() for r in running]
+
+
+PACKER = ProcessPacker()

@@ -1,0 +1,152 @@
+"""Plan a sweep: grid → trainings → packs. Pure: no I/O, no clock, tested with tables.
+
+A *training* is one set of hyperparameters for one workload; its id is a hash of both, so the same
+training has the same id in every run and every pack. A *pack* is N trainings that share one device in
+one job; its id says where (partition), how (mode), how many (N) and which one (index).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from gpupack.errors import ConfigError
+
+PLAN_SCHEMA = 1
+# Only strings that start like a Hydra sweep function are expanded; any other string is a literal value.
+_SWEEP_FUNCTION = re.compile(r"^\s*(range|choice|interval|glob|shuffle|sort)\s*\(")
+
+
+@dataclass(frozen=True)
+class Training:
+    training_id: str
+    workload: str
+    params: Mapping[str, Any]
+    grid_index: int  # which grid point this training comes from
+    reseed: int = 0  # 0 for the grid point itself; k > 0 for the k-th copy with a new seed
+
+
+@dataclass(frozen=True)
+class Pack:
+    pack_id: str
+    partition: str
+    mode: str
+    factor: int
+    index: int
+    trainings: tuple[Training, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    sweep: str
+    workload: str
+    grid_size: int
+    packs: tuple[Pack, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def n_trainings(self) -> int:
+        return sum(len(p.trainings) for p in self.packs)
+
+    def pack(self, pack_id: str) -> Pack:
+        for p in self.packs:
+            if p.pack_id == pack_id:
+                return p
+        raise KeyError(pack_id)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": PLAN_SCHEMA, **asdict(self)}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> "Plan":
+        packs = tuple(
+            Pack(**{**p, "trainings": tuple(Training(**t) for t in p["trainings"])}) for p in data["packs"]
+        )
+        return Plan(sweep=data["sweep"], workload=data["workload"], grid_size=data["grid_size"],
+                    packs=packs, notes=tuple(data.get("notes", ())))
+
+
+def grid_values(key: str, value: Any) -> list[Any]:
+    """The values one grid key takes: a list as is, a Hydra sweep string expanded, a scalar alone."""
+    if isinstance(value, (list, tuple)):
+        values = list(value)
+    elif isinstance(value, str) and _SWEEP_FUNCTION.match(value):
+        override = OverridesParser.create().parse_override(f"{key}={value}")
+        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    else:
+        values = [value]
+    if not values:
+        raise ConfigError(f"sweep.grid.{key}", value, "gives no values",
+                          f"list at least one value, e.g. sweep.grid.{key}=[...]")
+    return values
+
+
+def expand_grid(grid: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """All combinations of the grid's values, in the grid's key order (the first key varies slowest)."""
+    keys = list(grid)
+    value_lists = [grid_values(k, grid[k]) for k in keys]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*value_lists)]
+
+
+def training_id(workload: str, params: Mapping[str, Any]) -> str:
+    canonical = json.dumps({"workload": workload, "params": params}, sort_keys=True, default=str)
+    return f"{workload}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+
+
+def _reseeded(params: Mapping[str, Any], seed_key: str, k: int) -> dict[str, Any]:
+    out = dict(params)
+    out[seed_key] = int(out.get(seed_key, 0) or 0) + 1000 * k
+    return out
+
+
+def trainings_for(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any],
+                  count: int, seed_key: str = "seed") -> list[Training]:
+    """``count`` trainings cycling over the grid points; a point used again gets a new seed (k*1000 added)."""
+    out: list[Training] = []
+    seen: set[str] = set()
+    for i in range(count):
+        index, k = i % len(points), i // len(points)
+        params = {**fixed, **points[index]}
+        while True:  # a reseeded copy must not collide with another grid point's seed
+            candidate = _reseeded(params, seed_key, k) if k else dict(params)
+            tid = training_id(workload, candidate)
+            if tid not in seen:
+                break
+            k += 1
+        seen.add(tid)
+        out.append(Training(tid, workload, candidate, grid_index=index, reseed=k))
+    return out
+
+
+def pack_id(partition: str, mode: str, factor: int, index: int) -> str:
+    return f"{partition}-{mode}-n{factor:02d}-{index:03d}"
+
+
+def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapping[str, Any],
+              factors: Iterable[int], modes: Iterable[str], partitions: Iterable[str], repeats: int,
+              seed_key: str = "seed") -> Plan:
+    """Every grid point runs at least once per (partition, mode, N), in at least ``repeats`` full packs."""
+    points = expand_grid(grid)
+    if not points:
+        raise ConfigError("sweep.grid", dict(grid), "the grid is empty", "give at least one value per key")
+    packs: list[Pack] = []
+    notes: list[str] = []
+    for factor in factors:
+        n_packs = max(repeats, math.ceil(len(points) / factor))
+        extra = n_packs * factor - len(points)
+        if extra:
+            notes.append(f"N={factor}: the grid has {len(points)} point(s); {extra} more training(s) repeat "
+                         f"grid points with new seeds so that {n_packs} packs of {factor} are full")
+        trainings = trainings_for(workload, points, fixed, n_packs * factor, seed_key)
+        for partition, mode in itertools.product(partitions, modes):
+            for index in range(n_packs):
+                chunk = tuple(trainings[index * factor:(index + 1) * factor])
+                packs.append(Pack(pack_id(partition, mode, factor, index), partition, mode, factor, index,
+                                  chunk))
+    return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(packs), notes=tuple(notes))

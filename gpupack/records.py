@@ -1,0 +1,57 @@
+"""Records: the only thing that crosses from jobs back to the user's side.
+
+One JSON file per training and one per pack, each with a schema version, written atomically
+(temp file in the same directory + fsync + rename) so a reader never sees half a record.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+SCHEMA_VERSION = 1
+COMPLETED = "completed"
+FAILED = "failed"  # the training exited non-zero
+KILLED = "killed"  # the training died from a signal
+STATUSES = (COMPLETED, FAILED, KILLED)
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data
+
+
+def training_record(**fields: Any) -> dict[str, Any]:
+    return {"schema": SCHEMA_VERSION, "kind": "training", **fields}
+
+
+def pack_record(**fields: Any) -> dict[str, Any]:
+    return {"schema": SCHEMA_VERSION, "kind": "pack", **fields}
+
+
+def is_completed(path: Path) -> bool:
+    """True when ``path`` holds a complete training record of a training that finished."""
+    try:
+        return read_json(path).get("status") == COMPLETED
+    except (OSError, ValueError):
+        return False

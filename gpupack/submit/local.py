@@ -1,0 +1,72 @@
+"""This machine, no cluster: submitit's LocalExecutor runs each pack as a job here.
+
+Packs run one per device at a time — one per visible GPU, or one at a time on a CPU-only machine — so
+that packs never disturb each other's timing.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import submitit
+
+from gpupack.errors import ConfigError
+from gpupack.monitor import gpu_count
+from gpupack.pack.job import PackSettings, run_pack
+from gpupack.plan import Pack
+from gpupack.submit import PackResult, ProgressFn, Submitter
+
+POLL_S = 0.2
+
+
+class LocalSubmitter(Submitter):
+    def check(self) -> None:
+        slots = self.cluster.max_parallel_packs
+        if slots is not None and slots < 1:
+            raise ConfigError("cluster.max_parallel_packs", slots, "must be >= 1 or null",
+                              "leave it null for one pack per device")
+        if self.cluster.timeout_min < 1:
+            raise ConfigError("cluster.timeout_min", self.cluster.timeout_min, "must be >= 1",
+                              "give each pack job at least a minute")
+
+    def slots(self) -> list[list[int]]:
+        """The devices packs may use at once: one GPU each, or one CPU-wide slot."""
+        gpus = gpu_count()
+        n = self.cluster.max_parallel_packs or max(gpus, 1)
+        return [[i % gpus] for i in range(n)] if gpus else [[] for _ in range(n)]
+
+    def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
+        executor = submitit.LocalExecutor(folder=str(self.run.submitit / "%j"))
+        free = self.slots()
+        queue = list(packs)
+        running: list[tuple[Pack, list[int], submitit.Job]] = []
+        results: list[PackResult] = []
+        for p in queue:
+            progress(p, "pending")
+        while queue or running:
+            while queue and free:
+                pack, gpus = queue.pop(0), free.pop(0)
+                executor.update_parameters(timeout_min=self.cluster.timeout_min, gpus_per_node=len(gpus),
+                                           visible_gpus=gpus, name=pack.pack_id)
+                job = executor.submit(run_pack, str(self.run.root), pack.pack_id, settings)
+                running.append((pack, gpus, job))
+                progress(pack, "running")
+            time.sleep(POLL_S)
+            for item in [r for r in running if r[2].done()]:
+                running.remove(item)
+                pack, gpus, job = item
+                free.append(gpus)
+                results.append(self._result(pack, job))
+                progress(pack, "done" if results[-1].ok else "failed")
+        return results
+
+    @staticmethod
+    def _result(pack: Pack, job: submitit.Job) -> PackResult:
+        try:
+            record = job.result()
+        except Exception as err:  # submitit re-raises the job's failure here; keep the message
+            return PackResult(pack.pack_id, pack.partition, job.job_id, ok=False, error=str(err)[-2000:])
+        return PackResult(pack.pack_id, pack.partition, job.job_id, ok=True, record=record)
+
+
+SUBMITTER = LocalSubmitter

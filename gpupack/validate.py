@@ -1,0 +1,135 @@
+"""Check a composed config before anything starts, and turn it into a typed :class:`SweepSpec`.
+
+Hydra already checked the types of gpupack's own keys; this checks meaning (N >= 1, a known mode and
+workload, a grid the workload understands, data that is there). Every failure is a ConfigError naming
+the key, the value and the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from gpupack.errors import ConfigError, nearest
+from gpupack.pack import load_packer
+from gpupack.pack.job import PackSettings
+from gpupack.plan import Plan, expand_grid, grid_values, make_plan
+from gpupack.rundir import check_name
+from gpupack.workload import Workload, load_workload
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    workload: Workload
+    grid: dict[str, list[Any]]  # typed values per key
+    fixed: dict[str, Any]  # every other hyperparameter: the workload's defaults with sweep.fixed on top
+    factors: tuple[int, ...]
+    modes: tuple[str, ...]
+    partitions: tuple[str, ...]
+    repeats: int
+    settings: PackSettings
+
+    def plan(self) -> Plan:
+        return make_plan(sweep=self.name, workload=self.workload.name, grid=self.grid, fixed=self.fixed,
+                         factors=self.factors, modes=self.modes, partitions=self.partitions,
+                         repeats=self.repeats, seed_key=self.workload.seed_key)
+
+
+def _typed(workload: Workload, key: str, where: str, value: Any) -> Any:
+    """``value`` converted to the type the workload's Params declares for ``key``."""
+    fields = {f.name for f in dataclasses.fields(workload.Params)}
+    if key not in fields:
+        raise ConfigError(f"{where}.{key}", value, f"{workload.name} has no hyperparameter {key!r}",
+                          nearest(key, fields))
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(workload.Params), {key: value})
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{where}.{key}", value, str(err).splitlines()[0],
+                          f"give {key} a value of the type jobs/{workload.name}.py declares") from None
+    return OmegaConf.to_container(node)[key]
+
+
+def _check_factors(factors: Any) -> tuple[int, ...]:
+    if not factors:
+        raise ConfigError("packing.factors", list(factors or []), "no packing factor given",
+                          "list at least one, e.g. packing.factors=[1,2,4]")
+    for i, n in enumerate(factors):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"packing.factors[{i}]", n, "a packing factor must be a whole number >= 1",
+                              "e.g. packing.factors=[1,2,4]")
+    if len(set(factors)) != len(factors):
+        raise ConfigError("packing.factors", list(factors), "a packing factor is listed twice",
+                          "list each N once")
+    return tuple(factors)
+
+
+def _require_sweep(cfg: DictConfig) -> None:
+    for key in ("name", "workload"):
+        if OmegaConf.is_missing(cfg.sweep, key):
+            raise ConfigError(f"sweep.{key}", "???", "no sweep chosen",
+                              "choose one with +sweep=NAME, e.g. python -m gpupack +sweep=mnist_pack")
+
+
+def _check_params(workload: Workload, grid: Mapping[str, list[Any]], fixed: Mapping[str, Any],
+                  fixed_keys: set[str]) -> None:
+    """Run the workload's own checks on every distinct training's hyperparameters."""
+    for point in expand_grid(grid):
+        params = workload.Params(**{**fixed, **point})
+        try:
+            workload.check(params)
+        except ConfigError as err:
+            where = "sweep.grid" if err.key in grid else "sweep.fixed" if err.key in fixed_keys else "sweep"
+            raise type(err)(f"{where}.{err.key}", err.value, err.why, err.hint) from None
+
+
+def validate(cfg: DictConfig) -> SweepSpec:
+    _require_sweep(cfg)
+    sweep = cfg.sweep
+    check_name("sweep.name", sweep.name)
+    workload = load_workload(sweep.workload)
+
+    raw_grid = OmegaConf.to_container(sweep.grid, resolve=True)
+    raw_fixed = OmegaConf.to_container(sweep.fixed, resolve=True)
+    if not raw_grid:
+        raise ConfigError("sweep.grid", raw_grid, "the grid is empty",
+                          "give at least one axis, e.g. +sweep.grid.lr=[0.1,0.01]")
+    both = set(raw_grid) & set(raw_fixed)
+    if both:
+        key = sorted(both)[0]
+        raise ConfigError(f"sweep.fixed.{key}", raw_fixed[key], "is also a grid axis",
+                          f"keep {key} in sweep.grid or in sweep.fixed, not both")
+    grid = {k: [_typed(workload, k, "sweep.grid", v) for v in grid_values(k, raw)] for k, raw in raw_grid.items()}
+    defaults = {f.name: getattr(workload.Params(), f.name) for f in dataclasses.fields(workload.Params)}
+    fixed = {**defaults, **{k: _typed(workload, k, "sweep.fixed", v) for k, v in raw_fixed.items()}}
+    for k in grid:
+        fixed.pop(k, None)
+    _check_params(workload, grid, fixed, set(raw_fixed))
+
+    packing = cfg.packing
+    factors = _check_factors(list(packing.factors))
+    modes = tuple(packing.modes)
+    if not modes:
+        raise ConfigError("packing.modes", [], "no packing mode given", "e.g. packing.modes=[process]")
+    for i, mode in enumerate(modes):
+        packer = load_packer(mode, key=f"packing.modes[{i}]")
+        for n in factors:
+            packer.check(workload, n)
+    if packing.repeats < 1:
+        raise ConfigError("packing.repeats", packing.repeats, "must be >= 1", "measure each N at least once")
+    if packing.threads_per_training is not None and packing.threads_per_training < 1:
+        raise ConfigError("packing.threads_per_training", packing.threads_per_training, "must be >= 1 or null",
+                          "leave it null to share the job's cores out")
+    if packing.device not in DEVICES:
+        raise ConfigError("packing.device", packing.device, "unknown device", nearest(packing.device, DEVICES))
+    partition = check_name("cluster.partition", cfg.cluster.partition)
+    return SweepSpec(
+        name=sweep.name, workload=workload, grid=grid, fixed=fixed, factors=factors, modes=modes,
+        partitions=(partition,), repeats=packing.repeats,
+        settings=PackSettings(device=packing.device, threads_per_training=packing.threads_per_training),
+    )

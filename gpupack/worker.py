@@ -1,0 +1,66 @@
+"""One training, in its own process: ``python -m gpupack.worker SPEC.json``.
+
+The packer writes the spec (workload, hyperparameters, device, threads); the worker trains and writes
+its result next to it. It never writes the training record: only the packer knows how the process
+ended (exit code, signal), so it alone composes the record from both.
+"""
+from __future__ import annotations
+
+import time
+
+_PROCESS_START = time.time()  # before any heavy import, so start-up is measured whole
+
+import json  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Mapping  # noqa: E402
+
+
+def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any]:
+    """Train once in this process and return the result: timings, throughput and metrics."""
+    from gpupack.workload import Reporter, TrainingContext, load_workload, params_from_mapping
+
+    workload = load_workload(spec["workload"])
+    params = params_from_mapping(workload, spec["params"])
+    reporter = Reporter(warmup_steps=int(spec.get("warmup_steps", 10)))
+    ctx = TrainingContext(device=spec["device"], threads=int(spec["threads"]), reporter=reporter)
+    metrics = workload.train(params, ctx)
+    finished = time.time()
+    loop = reporter.summary()
+    spawned = float(spec.get("spawned_at", process_start))
+    return {
+        "metrics": {k: v for k, v in metrics.items() if k != "data"},
+        "data": metrics.get("data"),
+        "throughput": loop,
+        "timings": {
+            "spawned_at": spawned,
+            "process_start": process_start,
+            "loop_start": reporter.loop_start,
+            "loop_end": reporter.loop_end,
+            "finished": finished,
+            # start-up: process spawn → first step (imports, data, model); the table shows it apart.
+            "startup_s": (reporter.loop_start - spawned) if reporter.loop_start else None,
+            "loop_s": loop["loop_s"],
+            "teardown_s": (finished - reporter.loop_end) if reporter.loop_end else None,
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gpupack.records import write_json_atomic
+
+    args = sys.argv[1:] if argv is None else argv
+    spec_path = Path(args[0])
+    spec = json.loads(spec_path.read_text())
+    try:
+        result = run_training(spec, _PROCESS_START)
+    except Exception:  # the packer records the failure from the exit code and the stderr tail
+        traceback.print_exc()
+        return 1
+    write_json_atomic(Path(spec["result_path"]), result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The workload contract: given hyperparameters, a device and a reporter, train and return metrics.
+
+A workload is a module ``jobs/<name>.py`` exposing ``WORKLOAD``, an instance of :class:`Workload`.
+It never knows how it was packed. Its hyperparameters are a dataclass (``Params``): the schema that
+the sweep's grid and fixed values are validated against before anything runs.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from gpupack.errors import ConfigError, nearest
+
+WORKLOAD_PACKAGE = "jobs"
+
+
+@dataclass
+class Reporter:
+    """Collects a training's timings and throughput; the worker turns it into the training record.
+
+    The workload calls :meth:`loop_started` right before its first step, :meth:`step` after each step
+    and :meth:`loop_ended` after the last one. Steady throughput excludes the first ``warmup_steps``.
+    """
+
+    warmup_steps: int = 10
+    loop_start: float | None = None
+    loop_end: float | None = None
+    steps: int = 0
+    samples: int = 0
+    steady_start: float | None = None
+    steady_samples: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def loop_started(self) -> None:
+        self.loop_start = time.time()
+
+    def step(self, samples: int) -> None:
+        self.steps += 1
+        self.samples += samples
+        if self.steps == self.warmup_steps:
+            self.steady_start = time.time()
+        elif self.steps > self.warmup_steps:
+            self.steady_samples += samples
+
+    def loop_ended(self) -> None:
+        self.loop_end = time.time()
+
+    def summary(self) -> dict[str, Any]:
+        loop_s = (self.loop_end - self.loop_start) if self.loop_start and self.loop_end else None
+        steady_s = (self.loop_end - self.steady_start) if self.steady_start and self.loop_end else None
+        if steady_s and self.steady_samples:
+            samples_per_s = self.steady_samples / steady_s
+        elif loop_s:  # too few steps to leave warm-up out: say so through the flag below
+            samples_per_s = self.samples / loop_s
+        else:
+            samples_per_s = None
+        return {
+            "loop_s": loop_s,
+            "steps": self.steps,
+            "samples": self.samples,
+            "samples_per_s": samples_per_s,
+            "warmup_excluded": bool(steady_s and self.steady_samples),
+        }
+
+
+@dataclass
+class TrainingContext:
+    """What the packer gives a training: its device, its thread budget and its reporter."""
+
+    device: str
+    threads: int
+    reporter: Reporter
+
+
+class Workload(ABC):
+    """One kind of training that gpupack can pack."""
+
+    name: ClassVar[str]
+    framework: ClassVar[str]  # "torch" or "tensorflow": packing modes check they can host it
+    Params: ClassVar[type]  # a dataclass of hyperparameters with defaults
+    seed_key: ClassVar[str] = "seed"
+
+    def check(self, params: Any) -> None:
+        """Static checks run before submission (data present, values in range). Raise ConfigError."""
+
+    @abstractmethod
+    def train(self, params: Any, ctx: TrainingContext) -> dict[str, Any]:
+        """Train once; return final metrics (e.g. train_loss, val_accuracy) and a ``data`` description."""
+
+
+def available_workloads() -> list[str]:
+    pkg = importlib.import_module(WORKLOAD_PACKAGE)
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+
+
+def load_workload(name: str, key: str = "sweep.workload") -> Workload:
+    """Import ``jobs.<name>`` and return its ``WORKLOAD``; an unknown name is a ConfigError."""
+    names = available_workloads()
+    if name not in names:
+        raise ConfigError(key, name, "no such workload in jobs/", nearest(name, names))
+    module = importlib.import_module(f"{WORKLOAD_PACKAGE}.{name}")
+    workload = getattr(module, "WORKLOAD", None)
+    if not isinstance(workload, Workload):
+        raise ConfigError(key, name, f"jobs/{name}.py defines no WORKLOAD", "define WORKLOAD = YourWorkload()")
+    return workload
+
+
+def params_from_mapping(workload: Workload, values: Mapping[str, Any]) -> Any:
+    """Build the workload's Params dataclass from plain values (a training's hyperparameters)."""
+    return workload.Params(**dict(values))

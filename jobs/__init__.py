@@ -1,0 +1,1 @@
+"""Training workloads that gpupack packs. One module per workload, each exposing ``WORKLOAD``."""
