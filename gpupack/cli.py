@@ -6,6 +6,7 @@ Nothing is written or submitted until the whole config has been checked.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import logging
 import os
 import sys
@@ -51,7 +52,7 @@ def prepare_run_dir(run: RunDir, plan: Plan) -> bool:
         except (OSError, ValueError):
             raise RunDirError(f"run_dir={str(run.root)!r}: plan.json is unreadable. HINT: choose a new "
                               "run_dir=...") from None
-        if earlier != plan.to_json():
+        if earlier != json.loads(json.dumps(plan.to_json(), default=str)):  # as it reads back from disk
             raise RunDirError(f"run_dir={str(run.root)!r} holds another sweep's plan. HINT: choose a new "
                               "run_dir=..., or re-run with the exact config of that run to resume it")
         return True

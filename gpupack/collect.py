@@ -174,7 +174,7 @@ def render(summary: pd.DataFrame, best: pd.DataFrame, hyper: pd.DataFrame, recor
         console.print("No completed pack records yet.")
     else:
         table = Table(title="Time per training by packing factor N (pack wall time / N)")
-        for col in ("partition (GPU)", "mode", "N", "packs", "s/training", "[min-max]", "start-up s", "loop s",
+        for col in ("partition (GPU)", "mode", "N", "packs", "s/training", "min-max", "start-up s", "loop s",
                     "trainings/h", "speedup", "samples/s/training", "failed"):
             table.add_column(col, justify="left" if col in ("partition (GPU)", "mode") else "right")
         best_keys = {tuple(r[GROUP + ["factor"]]) for _, r in best.iterrows()}

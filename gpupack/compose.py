@@ -22,6 +22,7 @@ from gpupack.config import GpupackConfig, register_configs
 from gpupack.errors import ConfigError, nearest
 
 GRID_PREFIX = "sweep.grid."
+FREE_PREFIXES = (GRID_PREFIX, "sweep.fixed.")
 
 
 def config_dir() -> Path:
@@ -43,14 +44,16 @@ def grid_overrides(overrides: Sequence[str]) -> list[str]:
             raise ConfigError(text.split("=", 1)[0], text, f"cannot parse ({_first_line(err)})",
                               "write key=value, quoting values with special characters: key='a b'") from None
         if not ov.is_sweep_override():
-            out.append(text)
+            # Grid axes and fixed hyperparameters are checked against the workload's Params (with a
+            # did-you-mean), so a user may set any of them without Hydra's "+" for new keys.
+            out.append(f"++{text}" if text.startswith(FREE_PREFIXES) else text)
             continue
         key = ov.get_key_element()
         if not key.lstrip("+~").startswith(GRID_PREFIX):
             raise ConfigError(key, ov.input_line.split("=", 1)[1], "sweep syntax only makes a grid axis",
                               f"put the values under {GRID_PREFIX}<name>, or give one value")
         values = [v for v in ov.sweep_iterator()]
-        out.append(f"{key}={_list_literal(values)}")
+        out.append(f"++{key.lstrip('+')}={_list_literal(values)}")
     return out
 
 
@@ -76,13 +79,14 @@ def _root_cause(err: BaseException) -> BaseException:
 def translate(err: Exception, overrides: Sequence[str]) -> ConfigError:
     """One ConfigError for whatever Hydra or OmegaConf raised while composing."""
     if isinstance(err, MissingConfigException):
-        group = (err.config_name or "").split("/")[0] if err.config_name else ""
-        name = (err.config_name or "").split("/")[-1]
-        options = list(err.options or [])
+        m = re.search(r"Could not find '([^']+)'", str(err))
+        missing = m.group(1) if m else (err.missing_cfg_file or "?")
+        group, _, name = missing.rpartition("/")
+        options = [o for o in (err.options or []) if not o.endswith("_schema")]
         if group:
             return ConfigError(group, name, f"no {group} named {name!r} in conf/{group}/",
                                nearest(name, options) if options else f"add conf/{group}/{name}.yaml")
-        return ConfigError("config", name, _first_line(err), "check the +group=name overrides")
+        return ConfigError("config", missing, "no such config", "check the +group=name overrides")
     cause = _root_cause(err)
     if isinstance(cause, OmegaConfBaseException):
         key = getattr(cause, "full_key", None) or "config"

@@ -98,14 +98,23 @@ def available_workloads() -> list[str]:
 
 
 def load_workload(name: str, key: str = "sweep.workload") -> Workload:
-    """Import ``jobs.<name>`` and return its ``WORKLOAD``; an unknown name is a ConfigError."""
-    names = available_workloads()
-    if name not in names:
-        raise ConfigError(key, name, "no such workload in jobs/", nearest(name, names))
-    module = importlib.import_module(f"{WORKLOAD_PACKAGE}.{name}")
+    """``jobs.<name>``'s ``WORKLOAD``; a dotted name (``mypkg.mymodule``) imports that module instead,
+    so users can keep workloads in their own packages. An unknown name is a ConfigError."""
+    if "." in name:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as err:
+            raise ConfigError(key, name, f"cannot import it ({err})",
+                              "make the module importable (PYTHONPATH) or use a workload from jobs/") from None
+    else:
+        names = available_workloads()
+        if name not in names:
+            raise ConfigError(key, name, "no such workload in jobs/", nearest(name, names))
+        module = importlib.import_module(f"{WORKLOAD_PACKAGE}.{name}")
     workload = getattr(module, "WORKLOAD", None)
     if not isinstance(workload, Workload):
-        raise ConfigError(key, name, f"jobs/{name}.py defines no WORKLOAD", "define WORKLOAD = YourWorkload()")
+        raise ConfigError(key, name, f"module {module.__name__} defines no WORKLOAD",
+                          "define WORKLOAD = YourWorkload() in it")
     return workload
 
 

@@ -1,0 +1,44 @@
+"""A tiny workload for tests: no torch, trains nothing, fails or sleeps on request."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gpupack.errors import ConfigError
+from gpupack.workload import TrainingContext, Workload
+
+
+@dataclass
+class ProbeParams:
+    lr: float = 0.1
+    seed: int = 0
+    steps: int = 20
+    sleep_s: float = 0.01
+    fail: bool = False
+    tag: str = ""
+
+
+class Probe(Workload):
+    name = "probe"
+    framework = "torch"
+    Params = ProbeParams
+
+    def check(self, params: ProbeParams) -> None:
+        if params.steps < 1:
+            raise ConfigError("steps", params.steps, "must be >= 1", "use a positive step count")
+
+    def train(self, params: ProbeParams, ctx: TrainingContext) -> dict[str, Any]:
+        ctx.reporter.loop_started()
+        for _ in range(params.steps):
+            time.sleep(params.sleep_s)
+            ctx.reporter.step(32)
+            if params.fail:
+                raise RuntimeError(f"probe failure on purpose (tag={params.tag!r})")
+        ctx.reporter.loop_ended()
+        # Deterministic "accuracy" so ranking tests know the answer: higher lr scores higher.
+        return {"train_loss": 1.0 / (1 + params.lr), "val_accuracy": min(params.lr, 1.0), "tag": params.tag,
+                "data": "probe (no data)"}
+
+
+WORKLOAD = Probe()

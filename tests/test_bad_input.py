@@ -1,0 +1,81 @@
+"""Bad input stops before anything starts: one line naming the key, the value and the fix; non-zero exit."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gpupack.cli import main
+
+BASE = ["+sweep=mnist_pack"]
+
+# (overrides, text the one-line error must contain: the key, the value)
+CASES = [
+    (["packing.factors=[0]"], ["packing.factors[0]=0", "HINT"]),
+    (["packing.factors=[1,-2]"], ["packing.factors[1]=-2", "HINT"]),
+    (["packing.factors=[1.5]"], ["packing.factors", "1.5", "HINT"]),
+    (["packing.factors=[two]"], ["packing.factors", "two", "HINT"]),
+    (["packing.factors=[]"], ["packing.factors=[]", "HINT"]),
+    (["packing.factors=[2,2]"], ["packing.factors=[2, 2]", "twice"]),
+    (["sweep.workload=mnist_trch"], ["sweep.workload='mnist_trch'", "mnist_torch"]),
+    (["packing.modes=[proces]"], ["packing.modes[0]='proces'", "process"]),
+    (["packing.modes=[]"], ["packing.modes=[]", "HINT"]),
+    (["~sweep.grid.lr", "~sweep.grid.batch_size", "~sweep.grid.seed"], ["sweep.grid={}", "empty"]),
+    (["sweep.grid.lr=[]"], ["sweep.grid.lr=[]", "HINT"]),
+    (["sweep.grid.lr=[fast]"], ["sweep.grid.lr='fast'", "HINT"]),
+    (["+sweep.grid.lrr=[0.1]"], ["sweep.grid.lrr", "'lr'"]),
+    (["sweep.fixed.epoch=2"], ["sweep.fixed.epoch=2", "'epochs'"]),
+    (["sweep.fixed.data_dir=/nonexistent/mnist"], ["sweep.fixed.data_dir='/nonexistent/mnist'", "does not exist"]),
+    (["sweep.fixed.model=resnet"], ["sweep.fixed.model='resnet'", "mlp"]),
+    (["packing.factr=[1]"], ["packing.factr", "factors"]),
+    (["packing.repeats=0"], ["packing.repeats=0", "HINT"]),
+    (["packing.device=tpu"], ["packing.device='tpu'", "HINT"]),
+    (["cluster=nowhere"], ["cluster", "nowhere", "local"]),
+    (["cluster.partition=../x"], ["cluster.partition='../x'", "HINT"]),
+    (["packing.factors=1,2"], ["packing.factors", "sweep.grid"]),
+]
+
+
+@pytest.mark.parametrize("overrides, needles", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_input_is_one_clear_line_and_starts_nothing(tmp_path, capsys, overrides, needles):
+    run_dir = tmp_path / "run"
+    code = main(BASE + overrides + [f"run_dir={run_dir}"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("gpupack: error: ")
+    for needle in needles:
+        assert needle in err, err
+    assert "HINT:" in err
+    assert not run_dir.exists()  # nothing was written, so nothing was submitted
+
+
+def test_no_sweep_chosen(capsys):
+    assert main([]) != 0
+    assert "+sweep=" in capsys.readouterr().err
+
+
+def test_unknown_sweep_lists_the_known_ones(capsys):
+    assert main(["+sweep=mnist_pak"]) != 0
+    err = capsys.readouterr().err
+    assert "mnist_pak" in err and "mnist_pack" in err
+
+
+def test_bad_input_exit_code_from_the_command_line(tmp_path, subprocess_env):
+    proc = subprocess.run([sys.executable, "-m", "gpupack", "+sweep=mnist_pack", "packing.factors=[0]",
+                           f"run_dir={tmp_path / 'run'}"], capture_output=True, text=True, env=subprocess_env,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert "packing.factors[0]=0" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_run_dir_of_another_sweep_is_refused(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine")
+    assert main(BASE + [f"run_dir={run_dir}"]) != 0
+    assert "not a gpupack run" in capsys.readouterr().err
+    assert (run_dir / "notes.txt").read_text() == "mine"

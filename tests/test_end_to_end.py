@@ -1,0 +1,57 @@
+"""A tiny real sweep, in a subprocess, on the embedded default (this machine, submitit's local executor)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY = ["+sweep=mnist_pack", "packing.factors=[1,2]", "packing.repeats=1", "sweep.grid.lr=[0.1]",
+        "sweep.grid.batch_size=[128]", "sweep.fixed.train_samples=2000", "sweep.fixed.val_samples=1000",
+        "sweep.fixed.epochs=1"]
+
+
+def _gpupack(args, env, cwd):
+    return subprocess.run([sys.executable, "-m", "gpupack", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=600)
+
+
+@pytest.mark.slow
+def test_tiny_sweep_runs_records_and_names_the_best_n(tmp_path, subprocess_env):
+    run_dir = tmp_path / "run"
+    proc = _gpupack(TINY + [f"run_dir={run_dir}"], subprocess_env, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    plan = json.loads((run_dir / "plan.json").read_text())
+    expected = sum(p["factor"] for p in plan["packs"])
+    assert expected == 3  # N=1: one pack of 1; N=2: one pack of 2 (one training reseeded)
+    trainings = sorted(run_dir.glob("packs/*/trainings/*.json"))
+    packs = sorted(run_dir.glob("packs/*/pack.json"))
+    assert len(trainings) == expected and len(packs) == len(plan["packs"]) == 2
+    for path in trainings:
+        rec = json.loads(path.read_text())
+        assert rec["status"] == "completed", rec
+        assert rec["metrics"]["val_accuracy"] > 0.5  # real digits, really learned
+        assert "MNIST (shipped copy" in rec["data"]
+    assert "Best packing factor for mnist_torch on local" in proc.stdout
+    assert (run_dir / "summary.csv").exists() and (run_dir / "config.yaml").exists()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert {g["factor"] for g in summary["groups"]} == {1, 2}
+
+    # Same command, same run directory: everything is complete, so nothing runs and nothing changes.
+    before = {p: p.read_bytes() for p in trainings + packs}
+    again = _gpupack(TINY + [f"run_dir={run_dir}"], subprocess_env, tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "2 pack(s) already complete, 0 to run" in again.stdout
+    assert {p: p.read_bytes() for p in before} == before
+
+    # Another sweep into the same run directory is refused, and the run is untouched.
+    other = _gpupack(TINY[:-1] + ["sweep.fixed.epochs=2", f"run_dir={run_dir}"], subprocess_env, tmp_path)
+    assert other.returncode == 2 and "holds another sweep's plan" in other.stderr
+    assert {p: p.read_bytes() for p in before} == before
+
+    # collect, on demand, from the records alone
+    collected = subprocess.run([sys.executable, "-m", "gpupack.collect", str(run_dir)], capture_output=True,
+                               text=True, env=subprocess_env, timeout=120)
+    assert collected.returncode == 0 and "Best packing factor" in collected.stdout

@@ -1,0 +1,94 @@
+"""grid → trainings → packs, table-driven."""
+from __future__ import annotations
+
+import pytest
+
+from gpupack.errors import ConfigError
+from gpupack.plan import Plan, expand_grid, grid_values, make_plan, training_id
+
+
+@pytest.mark.parametrize(
+    "grid, expected",
+    [
+        ({"lr": [0.1, 0.01]}, [{"lr": 0.1}, {"lr": 0.01}]),
+        ({"lr": [0.1, 0.01], "bs": [32, 64]},
+         [{"lr": 0.1, "bs": 32}, {"lr": 0.1, "bs": 64}, {"lr": 0.01, "bs": 32}, {"lr": 0.01, "bs": 64}]),
+        ({"lr": 0.5}, [{"lr": 0.5}]),
+        ({"seed": "range(0,3)"}, [{"seed": 0}, {"seed": 1}, {"seed": 2}]),
+        ({"model": "mlp", "seed": [1]}, [{"model": "mlp", "seed": 1}]),
+        ({"tag": "a;b $(rm -rf /)"}, [{"tag": "a;b $(rm -rf /)"}]),  # literal, never parsed
+    ],
+)
+def test_expand_grid(grid, expected):
+    assert expand_grid(grid) == expected
+
+
+def test_grid_value_empty_list_is_an_error():
+    with pytest.raises(ConfigError, match=r"sweep.grid.lr=\[\]"):
+        grid_values("lr", [])
+
+
+def test_training_id_is_stable_and_order_independent():
+    a = training_id("w", {"lr": 0.1, "seed": 0})
+    assert a == training_id("w", {"seed": 0, "lr": 0.1})
+    assert a != training_id("w", {"lr": 0.1, "seed": 1})
+    assert a != training_id("other", {"lr": 0.1, "seed": 0})
+    assert a.startswith("w-")
+
+
+def _plan(grid, factors, repeats=1, modes=("process",), partitions=("local",)):
+    return make_plan(sweep="s", workload="w", grid=grid, fixed={"epochs": 1}, factors=factors, modes=modes,
+                     partitions=partitions, repeats=repeats)
+
+
+@pytest.mark.parametrize(
+    "grid_size, factors, repeats, expected_packs, expected_extra",
+    [
+        # (grid points, N list, repeats) -> packs per N, trainings added with new seeds per N
+        (4, [1], 1, {1: 4}, {1: 0}),
+        (4, [2], 1, {2: 2}, {2: 0}),
+        (4, [3], 1, {3: 2}, {3: 2}),
+        (4, [8], 1, {8: 1}, {8: 4}),
+        (4, [4], 2, {4: 2}, {4: 4}),
+        (1, [1, 3, 5], 2, {1: 2, 3: 2, 5: 2}, {1: 1, 3: 5, 5: 9}),
+        (6, [1, 2, 4], 1, {1: 6, 2: 3, 4: 2}, {1: 0, 2: 0, 4: 2}),
+    ],
+)
+def test_packs_are_full_and_cover_the_grid(grid_size, factors, repeats, expected_packs, expected_extra):
+    plan = _plan({"lr": [float(i) for i in range(grid_size)], "seed": [0]}, factors, repeats)
+    for n in factors:
+        packs = [p for p in plan.packs if p.factor == n]
+        assert len(packs) == expected_packs[n]
+        assert all(len(p.trainings) == n for p in packs)  # every pack is full
+        trainings = [t for p in packs for t in p.trainings]
+        assert {t.grid_index for t in trainings} == set(range(grid_size))  # every point runs
+        assert len({t.training_id for t in trainings}) == len(trainings)  # no duplicate in one N
+        assert sum(t.reseed > 0 for t in trainings) == expected_extra[n]
+        assert all(t.params["seed"] % 1000 == 0 for t in trainings)
+    for n in factors:  # the plan says when it adds trainings, and only then
+        assert any(note.startswith(f"N={n}:") for note in plan.notes) == bool(expected_extra[n])
+
+
+def test_same_training_same_id_across_factors():
+    plan = _plan({"lr": [0.1, 0.2]}, [1, 2])
+    ids = {n: [t.training_id for p in plan.packs if p.factor == n for t in p.trainings] for n in (1, 2)}
+    assert ids[1] == ids[2]
+
+
+def test_packs_per_partition_and_mode_and_ids():
+    plan = _plan({"lr": [0.1, 0.2]}, [2], modes=("process", "other"), partitions=("p100", "v100"))
+    assert [p.pack_id for p in plan.packs] == [
+        "p100-process-n02-000", "p100-other-n02-000", "v100-process-n02-000", "v100-other-n02-000"]
+
+
+def test_reseeded_copy_skips_a_seed_the_grid_already_has():
+    plan = _plan({"seed": [0, 1000]}, [3])
+    seeds = sorted(t.params["seed"] for t in plan.packs[0].trainings)
+    assert seeds == [0, 1000, 2000]
+
+
+def test_plan_json_round_trip():
+    plan = _plan({"lr": [0.1, 0.2], "seed": [0]}, [1, 3], repeats=2)
+    again = Plan.from_json(plan.to_json())
+    assert again == plan
+    assert again.n_trainings == sum(p.factor for p in plan.packs)

@@ -1,0 +1,61 @@
+"""Records: atomic write/read round trip, and what a reader does with torn files."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from gpupack.records import (SCHEMA_VERSION, is_completed, pack_record, read_json, training_record,
+                             write_json_atomic)
+
+
+def test_round_trip_with_schema_and_odd_values(tmp_path):
+    rec = training_record(training_id="w-1", status="completed", params={"tag": "a'b\"c;$(x)\nü"}, wall_s=1.5)
+    path = tmp_path / "deep" / "w-1.json"
+    write_json_atomic(path, rec)
+    back = read_json(path)
+    assert back == rec
+    assert back["schema"] == SCHEMA_VERSION and back["kind"] == "training"
+    assert pack_record(pack_id="p")["kind"] == "pack"
+
+
+def test_write_leaves_no_temp_file_and_is_not_world_writable(tmp_path):
+    path = tmp_path / "r.json"
+    write_json_atomic(path, {"a": 1})
+    write_json_atomic(path, {"a": 2})
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    assert not os.stat(path).st_mode & stat.S_IWOTH
+    assert read_json(path) == {"a": 2}
+
+
+def test_failed_serialisation_keeps_the_old_file(tmp_path):
+    path = tmp_path / "r.json"
+    write_json_atomic(path, {"a": 1})
+
+    class Boom:
+        def __str__(self):
+            raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError):
+        write_json_atomic(path, {"a": Boom()})
+    assert read_json(path) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (json.dumps({"status": "completed"}), True),
+        (json.dumps({"status": "failed"}), False),
+        ('{"status": "compl', False),  # torn
+        ("[1, 2]", False),  # foreign
+        (None, False),  # missing
+    ],
+)
+def test_is_completed(tmp_path, content, expected):
+    path = tmp_path / "t.json"
+    if content is not None:
+        path.write_text(content)
+    assert is_completed(path) is expected
