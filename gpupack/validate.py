@@ -27,6 +27,7 @@ DEVICES = ("auto", "cpu", "cuda")
 class SweepSpec:
     name: str
     workload: Workload
+    workload_ref: str  # how the sweep named it (jobs/ name or dotted module): what workers import
     grid: dict[str, list[Any]]  # typed values per key
     fixed: dict[str, Any]  # every other hyperparameter: the workload's defaults with sweep.fixed on top
     factors: tuple[int, ...]
@@ -36,7 +37,7 @@ class SweepSpec:
     settings: PackSettings
 
     def plan(self) -> Plan:
-        return make_plan(sweep=self.name, workload=self.workload.name, grid=self.grid, fixed=self.fixed,
+        return make_plan(sweep=self.name, workload=self.workload_ref, grid=self.grid, fixed=self.fixed,
                          factors=self.factors, modes=self.modes, partitions=self.partitions,
                          repeats=self.repeats, seed_key=self.workload.seed_key)
 
@@ -129,7 +130,7 @@ def validate(cfg: DictConfig) -> SweepSpec:
         raise ConfigError("packing.device", packing.device, "unknown device", nearest(packing.device, DEVICES))
     partition = check_name("cluster.partition", cfg.cluster.partition)
     return SweepSpec(
-        name=sweep.name, workload=workload, grid=grid, fixed=fixed, factors=factors, modes=modes,
+        name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed, factors=factors, modes=modes,
         partitions=(partition,), repeats=packing.repeats,
         settings=PackSettings(device=packing.device, threads_per_training=packing.threads_per_training),
     )

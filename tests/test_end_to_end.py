@@ -55,3 +55,17 @@ def test_tiny_sweep_runs_records_and_names_the_best_n(tmp_path, subprocess_env):
     collected = subprocess.run([sys.executable, "-m", "gpupack.collect", str(run_dir)], capture_output=True,
                                text=True, env=subprocess_env, timeout=120)
     assert collected.returncode == 0 and "Best packing factor" in collected.stdout
+
+
+def test_workload_from_own_package_and_own_config_folder(tmp_path, subprocess_env):
+    """A user's workload module and sweep YAML outside gpupack (examples/own_workload), end to end."""
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(subprocess_env, PYTHONPATH=f"{repo / 'examples'}:{subprocess_env['PYTHONPATH']}")
+    run_dir = tmp_path / "run"
+    proc = _gpupack([f"hydra.searchpath=[file://{repo / 'examples/own_workload/conf'}]", "+sweep=quadratic_pack",
+                     f"run_dir={run_dir}"], env, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = [json.loads(p.read_text()) for p in run_dir.glob("packs/*/trainings/*.json")]
+    assert len(records) == 8 and all(r["status"] == "completed" for r in records)
+    assert all(r["workload"] == "own_workload.quadratic" for r in records)
+    assert "Best packing factor for own_workload.quadratic on local" in proc.stdout
