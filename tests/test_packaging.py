@@ -1,0 +1,31 @@
+"""The config tree and the MNIST data are found from an installed wheel, not only from a checkout."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_wheel_ships_conf_and_data_and_finds_them(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO),
+                    "-w", str(tmp_path)], check=True, timeout=300, capture_output=True)
+    wheel = next(tmp_path.glob("gpupack-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"gpupack/conf/config.yaml", "gpupack/conf/sweep/mnist_pack.yaml", "gpupack/conf/cluster/local.yaml",
+            "jobs/data/mnist/train-images-idx3-ubyte.gz", "jobs/data/mnist/t10k-labels-idx1-ubyte.gz"} <= names
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, timeout=300, capture_output=True)
+    code = ("import gpupack, jobs._mnist_data as d; from gpupack.compose import config_dir; "
+            "print(gpupack.__file__); print(config_dir()); print(d.load(None).source)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, timeout=120, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0].startswith(str(site)) and lines[1] == str(site / "gpupack" / "conf")
+    assert "60000 train, 10000 test" in lines[2]
