@@ -22,13 +22,14 @@ from gpupack.compose import compose_config
 from gpupack.errors import GpupackError, RunDirError
 from gpupack.plan import Pack, Plan
 from gpupack.records import is_completed, read_json, write_json_atomic
-from gpupack.rundir import RunDir, RunLock
+from gpupack.rundir import RunDir, RunLock, check_name
 from gpupack.submit import load_submitter
-from gpupack.validate import validate
+from gpupack.validate import require_sweep, validate
 
 USAGE = """usage:
   python -m gpupack +sweep=NAME [key=value ...]   run a sweep (conf/sweep/NAME.yaml), e.g. +sweep=mnist_pack
   python -m gpupack collect RUN_DIR [RUN_DIR ...]  aggregate the records of one or more runs again
+  python -m gpupack status RUN_DIR                 where each pack stands (records, and the queue)
 
 overrides use Hydra's grammar: packing.factors=[1,2,4]  sweep.grid.lr=[0.1,0.01]  sweep.grid.seed=range(0,4)
   run_dir=PATH (re-using one resumes it)  dry_run=true (plan only)  cluster=NAME (conf/cluster/NAME.yaml)"""
@@ -107,11 +108,13 @@ class ProgressView:
 
 def run_sweep(overrides: Sequence[str], console: Console) -> int:
     cfg = compose_config(overrides)
-    spec = validate(cfg)
-    plan = spec.plan()
-    run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(spec.name))
+    require_sweep(cfg)
+    run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(check_name("sweep.name", cfg.sweep.name)))
     submitter = load_submitter(cfg.cluster.backend, cfg.cluster, run)
-    submitter.check()
+    spec = validate(cfg, submitter)
+    plan = spec.plan()
+    if not cfg.wait:
+        submitter.require_detachable()  # said before anything is written
     if cfg.dry_run:
         print_plan(console, plan, spec.name, run, len(plan.packs), False)
         for p in plan.packs:
@@ -124,7 +127,20 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
             run.config.write_text(OmegaConf.to_yaml(cfg, resolve=True))
             write_json_atomic(run.plan, plan.to_json())
         todo = packs_to_run(run, plan)
+        queued = submitter.active_packs() if resumed else {}
         print_plan(console, plan, spec.name, run, len(todo), resumed)
+        if queued:
+            console.print(f"  {len(queued)} pack(s) still queued or running from an earlier submission, not "
+                          f"submitted again: " + ", ".join(f"{p} (job {j})" for p, j in sorted(queued.items())))
+            todo = [p for p in todo if p.pack_id not in queued]
+        if not cfg.wait:
+            submitted = submitter.detach(todo, spec.settings)
+            console.print(f"Submitted {len(submitted)} pack job(s): " +
+                          ", ".join(sorted(set(j.split("_")[0] for j in submitted.values()))) if submitted else
+                          "Nothing to submit.")
+            console.print(f"Run directory: {run.root}\n  python -m gpupack status {run.root}\n"
+                          f"  python -m gpupack collect {run.root}")
+            return 0
         results = submitter.run_packs(todo, spec.settings, ProgressView(console, len(todo)))
         for r in results:
             if not r.ok:
@@ -133,6 +149,43 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
     console.print(f"Records and summary: {run.root}")
     failed = int(summary["failed"].sum()) if not summary.empty else 0
     return 0 if all(r.ok for r in results) and failed == 0 else 1
+
+
+def status(args: Sequence[str], console: Console) -> int:
+    """Where each pack of a run stands: from its records, and from the queue for the rest."""
+    if len(args) != 1 or not Path(args[0]).is_dir():
+        raise RunDirError(f"RUN_DIR={' '.join(args)!r}: give one run directory. HINT: python -m gpupack status "
+                          "runs/<sweep>/<date>_<time>")
+    run = RunDir(Path(args[0]))
+    if not run.plan.exists():
+        raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")
+    plan = Plan.from_json(read_json(run.plan))
+    cfg = OmegaConf.load(run.config)
+    submitter = load_submitter(cfg.cluster.backend, cfg.cluster, run)
+    jobs = submitter.jobs()
+    states = submitter.job_states([j["job_id"] for j in jobs.values()])
+    counts: dict[str, Counter[str]] = {}
+    lines = []
+    for p in plan.packs:
+        done = [t for t in p.trainings if is_completed(run.training_record(p.pack_id, t.training_id))]
+        if len(done) == len(p.trainings):
+            state = "done"
+        elif run.pack_record(p.pack_id).exists() and p.pack_id not in states:
+            state = "failed"
+        else:
+            job = jobs.get(p.pack_id, {}).get("job_id")
+            queue = states.get(job, "").split(" ")[0] if job else ""
+            state = {"PENDING": "pending", "REQUEUED": "pending", "RUNNING": "running"}.get(
+                queue, "failed" if queue else ("submitted" if job else "not submitted"))
+            lines.append(f"  {p.pack_id}: {state} ({len(done)}/{len(p.trainings)} trainings done"
+                         f"{f', job {job} {queue}' if job else ''})")
+        counts.setdefault(p.partition, Counter())[state] += 1
+    console.print(f"{run.root}: {len(plan.packs)} packs, sweep {plan.sweep}")
+    for partition, c in counts.items():
+        console.print(f"  {partition}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())), highlight=False)
+    for line in lines:
+        console.print(line, highlight=False)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return collect_mod.main(args[1:])
     console = collect_mod.make_console()
     try:
+        if args and args[0] == "status":
+            return status(args[1:], console)
         return run_sweep(args, console)
     except GpupackError as err:
         print(f"gpupack: error: {err}", file=sys.stderr)

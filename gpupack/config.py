@@ -42,18 +42,60 @@ class PackingConfig:
 
 
 @dataclass
+class PartitionConfig:
+    """One kind of GPU a cluster offers, and how to ask SLURM for one of it."""
+
+    # Model specifier for --gpus-per-node=<gpu>:1 (or --gres=gpu:<gpu>:1); null: no GPU type is asked.
+    gpu: Optional[str] = None
+    # How to ask: "gpus_per_node" (the Alliance's recommended form) or "gres" (older sites).
+    request: str = "gpus_per_node"
+    # SLURM partition to submit to, where the site routes GPU types by partition; null: the site's default.
+    slurm_partition: Optional[str] = None
+    constraint: Optional[str] = None
+    # Name in the RGU table (e.g. V100-16gb), for cost comparisons.
+    model: Optional[str] = None
+    # The most CPUs and host memory one single-GPU job should get here (the site's per-GPU guidance).
+    max_cpus: Optional[int] = None
+    max_mem_gb: Optional[float] = None
+    # Retired hardware, kept so earlier measurements can still be labelled and compared.
+    retired: bool = False
+
+
+@dataclass
 class ClusterConfig:
     """Where packs run; ``backend`` names a module under gpupack/submit/."""
 
     name: str = "local"
     backend: str = "local"
-    # Partition label recorded with every pack (a SLURM partition; "local" on this machine).
+    # Partition label recorded with every pack on the local backend.
     partition: str = "local"
+    # GPU types / partitions this cluster offers, by the name used in `partitions=[...]`.
+    partitions: Dict[str, PartitionConfig] = field(default_factory=dict)
+    # Partitions used when the command line names none.
+    default_partitions: List[str] = field(default_factory=list)
+    # SLURM account (--account); null: $SLURM_ACCOUNT or $SBATCH_ACCOUNT, as the Alliance documents.
+    account: Optional[str] = None
+    account_required: bool = False
     # Time limit of one pack job.
     timeout_min: int = 60
+    # Resources one pack job asks for, scaled by N: ceil(N * cpus_per_training) CPUs, N * mem_gb_per_training GB.
+    cpus_per_training: float = 1.0
+    mem_gb_per_training: float = 2.0
     # Local backend: packs run at once; null: one per visible GPU, or one on a CPU-only machine so packs
     # do not disturb each other's timing.
     max_parallel_packs: Optional[int] = None
+    # SLURM: array tasks of one (partition, mode, N) group running at once.
+    array_parallelism: int = 64
+    # SLURM: seconds before the time limit at which the pack is signalled to checkpoint and requeue.
+    signal_delay_s: int = 90
+    # SLURM: how many times a pack may be requeued after reaching its time limit.
+    max_num_timeout: int = 3
+    # Shell lines run before each job (e.g. "module load python/3.11", "source ~/venv/bin/activate").
+    setup: List[str] = field(default_factory=list)
+    # More sbatch options, passed as they are (e.g. {"qos": "high"}).
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    # Seconds between two looks at the queue while waiting.
+    poll_s: float = 5.0
 
 
 @dataclass
@@ -63,6 +105,10 @@ class GpupackConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # Where records go; null: runs/<sweep.name>/<date>_<time>. Re-using a run directory resumes it.
     run_dir: Optional[str] = None
+    # Partitions / GPU types to run on (keys of cluster.partitions); empty: the cluster's default_partitions.
+    partitions: List[str] = field(default_factory=list)
+    # Wait for the jobs and collect; false: submit, print the job ids and return (see `status` and `collect`).
+    wait: bool = True
     # Plan and validate only: print the plan and write nothing.
     dry_run: bool = False
 

@@ -7,6 +7,7 @@
       packs/<pack_id>/trainings/<id>.json      one training record per training
       packs/<pack_id>/logs/<id>.out|.err       each training's output
       packs/<pack_id>/work/                    worker specs and results in flight
+      jobs.json                                pack id → submitted job id (SLURM), for status and resume
       submitit/                                submitit's job folders
       summary.csv  summary.json                written by collect
 """
@@ -40,6 +41,10 @@ class RunDir:
     @property
     def plan(self) -> Path:
         return self.root / "plan.json"
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs.json"
 
     @property
     def submitit(self) -> Path:

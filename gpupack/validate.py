@@ -18,6 +18,7 @@ from gpupack.pack import load_packer
 from gpupack.pack.job import PackSettings
 from gpupack.plan import Plan, expand_grid, grid_values, make_plan
 from gpupack.rundir import check_name
+from gpupack.submit import Submitter
 from gpupack.workload import Workload, load_workload
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -70,7 +71,7 @@ def _check_factors(factors: Any) -> tuple[int, ...]:
     return tuple(factors)
 
 
-def _require_sweep(cfg: DictConfig) -> None:
+def require_sweep(cfg: DictConfig) -> None:
     for key in ("name", "workload"):
         if OmegaConf.is_missing(cfg.sweep, key):
             raise ConfigError(f"sweep.{key}", "???", "no sweep chosen",
@@ -89,8 +90,9 @@ def _check_params(workload: Workload, grid: Mapping[str, list[Any]], fixed: Mapp
             raise type(err)(f"{where}.{err.key}", err.value, err.why, err.hint) from None
 
 
-def validate(cfg: DictConfig) -> SweepSpec:
-    _require_sweep(cfg)
+def validate(cfg: DictConfig, submitter: Submitter) -> SweepSpec:
+    """Check everything; ``submitter`` answers the cluster's questions (partitions, resources, account)."""
+    require_sweep(cfg)
     sweep = cfg.sweep
     check_name("sweep.name", sweep.name)
     workload = load_workload(sweep.workload)
@@ -128,9 +130,12 @@ def validate(cfg: DictConfig) -> SweepSpec:
                           "leave it null to share the job's cores out")
     if packing.device not in DEVICES:
         raise ConfigError("packing.device", packing.device, "unknown device", nearest(packing.device, DEVICES))
-    partition = check_name("cluster.partition", cfg.cluster.partition)
+    partitions = submitter.resolve_partitions(list(cfg.partitions))
+    for i, name in enumerate(partitions):
+        check_name(f"partitions[{i}]", name)
+    submitter.check(factors, partitions)
     return SweepSpec(
         name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed, factors=factors, modes=modes,
-        partitions=(partition,), repeats=packing.repeats,
+        partitions=partitions, repeats=packing.repeats,
         settings=PackSettings(device=packing.device, threads_per_training=packing.threads_per_training),
     )

@@ -3,12 +3,17 @@ from __future__ import annotations
 
 import pytest
 
+from pathlib import Path
+
 from gpupack.compose import compose_config
+from gpupack.rundir import RunDir
+from gpupack.submit import load_submitter
 from gpupack.validate import validate
 
 
 def _plan(*overrides: str):
-    return validate(compose_config(["+sweep=mnist_pack", *overrides])).plan()
+    cfg = compose_config(["+sweep=mnist_pack", *overrides])
+    return validate(cfg, load_submitter(cfg.cluster.backend, cfg.cluster, RunDir(Path("unused")))).plan()
 
 
 def test_default_sweep():

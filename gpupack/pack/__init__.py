@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from gpupack.errors import ConfigError, nearest
 from gpupack.plan import Pack, Training
@@ -28,6 +28,8 @@ class PackContext:
     threads: int  # per training
     env: Mapping[str, str]  # the job's environment, which trainings inherit
     warmup_steps: int = 10
+    # Called as each training ends, so its record is written at once and survives a later kill or requeue.
+    on_finished: Callable[["TrainingOutcome"], None] = lambda outcome: None
 
 
 @dataclass
@@ -54,7 +56,7 @@ class Packer(ABC):
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
         """Start all trainings at once on ctx.device, wait for all, and say how each ended.
 
-        One training failing must never stop the others.
+        Call ctx.on_finished(outcome) as each one ends. One training failing must never stop the others.
         """
 
 

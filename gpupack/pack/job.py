@@ -104,15 +104,18 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, A
     device = choose_device(settings.device, info)
     cores = job_cores()
     threads = threads_for(cores, len(todo), settings.threads_per_training)
-    ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ),
-                      warmup_steps=settings.warmup_steps)
-    outcomes = load_packer(pack.mode).run(todo, ctx)
-
     by_id = {t.training_id: t for t in todo}
-    records = [build_training_record(o, by_id[o.training_id], pack, plan.sweep, info, device, threads, len(todo))
-               for o in outcomes]
-    for rec in records:
+    records: list[dict[str, Any]] = []
+
+    def on_finished(outcome: TrainingOutcome) -> None:
+        rec = build_training_record(outcome, by_id[outcome.training_id], pack, plan.sweep, info, device, threads,
+                                    len(todo))
         write_json_atomic(run.training_record(pack_id, rec["training_id"]), rec)
+        records.append(rec)
+
+    ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ),
+                      warmup_steps=settings.warmup_steps, on_finished=on_finished)
+    load_packer(pack.mode).run(todo, ctx)
     return write_pack_record(run, pack, records, info, device, cores, threads)
 
 
@@ -131,6 +134,9 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
         n_failed=sum(r["status"] != COMPLETED for r in records),
         started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
         cores=cores, threads_per_training=threads, host=socket.gethostname(), job_id=job_id(),
+        workload=pack.trainings[0].workload if pack.trainings else None,
+        # What the scheduler gave the job, to cross-check with sacct's gres/gpu.
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), slurm_job_gpus=os.environ.get("SLURM_JOB_GPUS"),
     )
     write_json_atomic(run.pack_record(pack.pack_id), rec)
     return rec

@@ -5,6 +5,7 @@ each gets its share of the cores (see :func:`gpupack.pack.threads_for`).
 """
 from __future__ import annotations
 
+import ctypes
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from gpupack.records import read_json, write_json_atomic
 
 POLL_S = 0.05
 ERROR_TAIL_LINES = 20
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
@@ -25,6 +27,16 @@ def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def _die_with_parent() -> None:
+    """In the child: be SIGKILLed when the packer dies, even by SIGKILL (scancel, OOM killer), so no
+    training outlives its job and holds the GPU. Linux only; elsewhere the packer's own cleanup must do."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 class _Running:
@@ -45,7 +57,7 @@ class _Running:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpupack.worker", str(spec_path)],
             stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL,
-            env=worker_env(ctx.env, ctx.threads), start_new_session=True,
+            env=worker_env(ctx.env, ctx.threads), start_new_session=True, preexec_fn=_die_with_parent,
         )
         self.ended_at: float | None = None
 
@@ -79,7 +91,12 @@ class ProcessPacker(Packer):
         try:
             for t in trainings:
                 running.append(_Running(t, ctx))
-            while not all(r.poll() for r in running):
+            reported: set[str] = set()
+            while len(reported) < len(running):
+                for r in running:
+                    if r.training.training_id not in reported and r.poll():
+                        reported.add(r.training.training_id)
+                        ctx.on_finished(r.outcome())
                 time.sleep(POLL_S)
         except BaseException:  # the job is being cancelled or broke: take no orphan trainings with it
             for r in running:

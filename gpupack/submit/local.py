@@ -12,15 +12,15 @@ import submitit
 
 from gpupack.errors import ConfigError
 from gpupack.monitor import gpu_count
-from gpupack.pack.job import PackSettings, run_pack
+from gpupack.pack.job import PackSettings
 from gpupack.plan import Pack
-from gpupack.submit import PackResult, ProgressFn, Submitter
+from gpupack.submit import PackJob, PackResult, ProgressFn, Submitter, job_result
 
 POLL_S = 0.2
 
 
 class LocalSubmitter(Submitter):
-    def check(self) -> None:
+    def check(self, factors: Sequence[int], partitions: Sequence[str]) -> None:
         slots = self.cluster.max_parallel_packs
         if slots is not None and slots < 1:
             raise ConfigError("cluster.max_parallel_packs", slots, "must be >= 1 or null",
@@ -48,7 +48,7 @@ class LocalSubmitter(Submitter):
                 pack, gpus = queue.pop(0), free.pop(0)
                 executor.update_parameters(timeout_min=self.cluster.timeout_min, gpus_per_node=len(gpus),
                                            visible_gpus=gpus, name=pack.pack_id)
-                job = executor.submit(run_pack, str(self.run.root), pack.pack_id, settings)
+                job = executor.submit(PackJob(), str(self.run.root), pack.pack_id, settings)
                 running.append((pack, gpus, job))
                 progress(pack, "running")
             time.sleep(POLL_S)
@@ -56,17 +56,9 @@ class LocalSubmitter(Submitter):
                 running.remove(item)
                 pack, gpus, job = item
                 free.append(gpus)
-                results.append(self._result(pack, job))
+                results.append(job_result(pack, job))
                 progress(pack, "done" if results[-1].ok else "failed")
         return results
-
-    @staticmethod
-    def _result(pack: Pack, job: submitit.Job) -> PackResult:
-        try:
-            record = job.result()
-        except Exception as err:  # submitit re-raises the job's failure here; keep the message
-            return PackResult(pack.pack_id, pack.partition, job.job_id, ok=False, error=str(err)[-2000:])
-        return PackResult(pack.pack_id, pack.partition, job.job_id, ok=True, record=record)
 
 
 SUBMITTER = LocalSubmitter
