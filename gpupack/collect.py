@@ -92,9 +92,11 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     t = _training_columns(trainings)
     keys = GROUP + ["factor"]
     timed = packs[packs["complete"].astype(bool)].copy()
+    for col in ("wall_s", "factor"):
+        timed[col] = pd.to_numeric(timed[col], errors="coerce")
     timed["time_per_training_s"] = timed["wall_s"] / timed["factor"]
     pack_samples = t.groupby("pack_id")["samples"].sum()
-    timed["pack_samples_per_s"] = timed["pack_id"].map(pack_samples) / timed["wall_s"]
+    timed["pack_samples_per_s"] = pd.to_numeric(timed["pack_id"].map(pack_samples), errors="coerce") / timed["wall_s"]
     workload_of = t.drop_duplicates("pack_id").set_index("pack_id")["workload"]
     timed["workload"] = timed["pack_id"].map(workload_of)
 

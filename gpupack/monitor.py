@@ -50,15 +50,15 @@ def visible_index(env: Mapping[str, str]) -> int | None:
 
 def detect_device(env: Mapping[str, str] | None = None) -> DeviceInfo:
     env = os.environ if env is None else env
-    index = visible_index(env)
-    if index is None:
-        return DeviceInfo("cpu", cpu_name(), note="CUDA_VISIBLE_DEVICES hides every GPU")
     try:
         nvml = _nvml()
         nvml.nvmlInit()
     except Exception as err:  # NVMLError_LibraryNotFound / DriverNotLoaded on a CPU machine
         return DeviceInfo("cpu", cpu_name(), note=f"NVML unavailable ({err.__class__.__name__}: {err})")
     try:
+        index = visible_index(env)
+        if index is None:
+            return DeviceInfo("cpu", cpu_name(), note="this job was given no GPU (CUDA_VISIBLE_DEVICES is empty)")
         if nvml.nvmlDeviceGetCount() <= index:
             return DeviceInfo("cpu", cpu_name(), note="NVML sees no GPU")
         handle = nvml.nvmlDeviceGetHandleByIndex(index)

@@ -73,7 +73,7 @@ def read_idx(path: Path) -> np.ndarray:
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):
         raise DataError("data_dir", str(path), "truncated IDX file", "copy the file again")
-    return data.reshape(dims)
+    return data.reshape(dims).copy()  # writable: torch.from_numpy warns on read-only buffers
 
 
 def load(data_dir: str | None) -> Mnist:

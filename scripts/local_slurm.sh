@@ -135,13 +135,13 @@ start() {
   write_config
   start_munge
   start_mariadb
-  if ! running "slurmdbd"; then
+  if ! pgrep -x slurmdbd >/dev/null; then
     slurmdbd
     for _ in $(seq 100); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.2; done
   fi
   # The cluster must exist in the database before slurmctld starts (after, slurmctld waits on a DB lock).
   sacctmgr -n -P list cluster format=cluster | grep -qx "$CLUSTER" || sacctmgr -i add cluster "$CLUSTER" >/dev/null
-  running "slurmctld" || slurmctld
+  pgrep -x slurmctld >/dev/null || slurmctld
   for node in "${NODES[@]}"; do
     IFS=: read -r name gpu port <<<"$node"
     running "slurmd -N $name" || slurmd -N "$name"
@@ -153,8 +153,10 @@ start() {
     done
     sleep 0.2
   done
-  sinfo -h -o "%P %t %G" >&2
-  sinfo -h -o "%t" | grep -qvE "idle|mix|alloc" && { log "nodes did not come up; see $BASE/log"; exit 1; }
+  if ! sinfo -h -o "%P %t %G" >&2 || sinfo -h -o "%t" | grep -qvE "idle|mix|alloc"; then
+    log "the cluster did not come up; logs: $BASE/log"
+    exit 1
+  fi
   log "up: export SLURM_CONF=$SLURM_CONF"
 }
 
@@ -162,6 +164,11 @@ stop() {
   pkill -f "slurmd -N" 2>/dev/null || true
   pkill -x slurmctld 2>/dev/null || true
   pkill -x slurmdbd 2>/dev/null || true
+  # wait until they are gone: a slurmctld still saving its state would make a quick `start` skip it
+  for _ in $(seq 100); do
+    pgrep -x slurmctld >/dev/null || pgrep -x slurmdbd >/dev/null || pgrep -f "slurmd -N" >/dev/null || break
+    sleep 0.2
+  done
   log "stopped slurmd, slurmctld and slurmdbd (munge and MariaDB keep running)"
 }
 

@@ -24,3 +24,28 @@ def _repo_on_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 PYTHON = sys.executable
+
+
+SLURM_CONF_DEFAULT = "/tmp/gpupack-slurm/etc/slurm.conf"
+
+
+@pytest.fixture(scope="session")
+def slurm_env() -> dict[str, str]:
+    """The environment for talking to the real local slurmctld (scripts/local_slurm.sh start).
+
+    Skips where it is not running, except in CI, where .ci/run starts it and its absence is a failure.
+    """
+    import shutil
+    import subprocess
+
+    env = dict(os.environ)
+    env.setdefault("SLURM_CONF", SLURM_CONF_DEFAULT)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    ok = shutil.which("sinfo") is not None and subprocess.run(
+        ["sinfo", "-h"], env=env, capture_output=True, timeout=30).returncode == 0
+    if not ok:
+        message = "the local SLURM is not running: start it with scripts/local_slurm.sh start"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return env

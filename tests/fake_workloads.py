@@ -1,6 +1,7 @@
 """A tiny workload for tests: no torch, trains nothing, fails or sleeps on request."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,10 @@ class ProbeParams:
     sleep_s: float = 0.01
     fail: bool = False
     tag: str = ""
+    # Simulates a training that is slow the first time only (killed, requeued, then finishes): the first
+    # attempt creates `marker` and sleeps first_attempt_sleep_s; later attempts find the marker and go on.
+    marker: str = ""
+    first_attempt_sleep_s: float = 0.0
 
 
 class Probe(Workload):
@@ -29,6 +34,11 @@ class Probe(Workload):
             raise ConfigError("steps", params.steps, "must be >= 1", "use a positive step count")
 
     def train(self, params: ProbeParams, ctx: TrainingContext) -> dict[str, Any]:
+        if params.marker and not os.path.exists(params.marker):
+            open(params.marker, "w").close()
+            deadline = time.time() + params.first_attempt_sleep_s
+            while time.time() < deadline:
+                time.sleep(0.1)
         ctx.reporter.loop_started()
         for _ in range(params.steps):
             time.sleep(params.sleep_s)

@@ -121,3 +121,10 @@ def test_collect_prints_best_line_and_writes_summaries(run):
     data = read_json(run.summary_json)
     assert data["best"][0]["factor"] == 2
     assert pd.read_csv(run.summary_csv)["factor"].tolist() == [1, 2]
+
+
+def test_only_incomplete_packs_gives_a_table_without_timing(run):
+    _write_pack(run, 2, 0, 4.0, ["completed"], complete=False)  # a resumed pack that ran 1 of 2
+    summary = _summary(run)
+    assert len(summary) == 1 and math.isnan(summary.loc[0, "time_per_training_s"])
+    assert best_factors(summary).empty

@@ -1,0 +1,238 @@
+"""Against the real local slurmctld (scripts/local_slurm.sh): submission, arrays, detach + status + collect,
+resume after scancel, requeue at the time limit, and bad input refused before submission."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpupack.cli import main
+from gpupack.submit.slurm import resources, sbatch_parameters
+
+REPO = Path(__file__).resolve().parent.parent
+PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack", "cluster=slurm",
+         "cluster.poll_s=0.5"]
+
+
+def gpupack(args, env, timeout=600):
+    return subprocess.run([sys.executable, "-m", "gpupack", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=REPO)
+
+
+def sacct(env, job_ids, fields="JobID,State,AllocTRES"):
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", fields, "-j", ",".join(job_ids)], capture_output=True,
+                         text=True, env=env, check=True).stdout
+    return [line.split("|") for line in out.splitlines()]
+
+
+def records(run_dir: Path) -> dict[str, dict]:
+    return {f"{p.parent.parent.name}/{p.stem}": json.loads(p.read_text())
+            for p in run_dir.glob("packs/*/trainings/*.json")}
+
+
+def wait_for(predicate, timeout_s=240, every_s=0.5):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(every_s)
+    return False
+
+
+# ---------------- pure builders ----------------
+
+@pytest.mark.parametrize("factor, cpus_per, mem_per, cpus, mem_mb", [
+    (1, 1.0, 2.0, 1, 2048), (3, 1.0, 2.0, 3, 6144), (34, 0.25, 0.5, 9, 17408), (5, 0.5, 1.0, 3, 5120)])
+def test_resources_scale_with_n(factor, cpus_per, mem_per, cpus, mem_mb):
+    assert resources(factor, cpus_per, mem_per) == (cpus, mem_mb)
+
+
+def test_sbatch_parameters_per_request_form():
+    from types import SimpleNamespace as NS
+
+    cluster = NS(cpus_per_training=1.0, mem_gb_per_training=2.0, timeout_min=30, signal_delay_s=60,
+                 array_parallelism=8, setup=["module load python/3.11"], additional_parameters={"qos": "x"})
+    modern = sbatch_parameters(cluster, "h100", NS(gpu="h100", request="gpus_per_node", slurm_partition=None,
+                                                   constraint=None), 3, "def-pi")
+    assert modern["gpus_per_node"] == "h100:1" and "gres" not in modern and "partition" not in modern
+    assert modern["cpus_per_task"] == 3 and modern["mem"] == "6144M" and modern["account"] == "def-pi"
+    assert modern["setup"] == ["module load python/3.11"] and modern["additional_parameters"] == {"qos": "x"}
+    old = sbatch_parameters(cluster, "p100", NS(gpu="p100", request="gres", slurm_partition="gpu",
+                                                constraint="cascade"), 1, None)
+    assert old["gres"] == "gpu:p100:1" and old["partition"] == "gpu" and old["constraint"] == "cascade"
+    assert "account" not in old and "gpus_per_node" not in old
+
+
+# ---------------- bad input, refused before anything is submitted ----------------
+
+ALLIANCE_CASES = [
+    (["cluster=fir"], "cluster.account=None", "def-yourpi"),
+    (["cluster=narval", "cluster.account=def-pi", "partitions=[v100]"], "partitions[0]='v100'", "a100"),
+    (["cluster=fir", "cluster.account=def-pi", "packing.factors=[1,13]"], "packing.factors[1]=13",
+     "cluster.cpus_per_training"),
+    (["cluster=rorqual", "cluster.account=def-pi", "partitions=[h100_1g]"], "partitions[0]='h100_1g'",
+     "h100_1g.10gb"),
+    (["cluster=local", "wait=false"], "wait=False", "SLURM"),
+    (["cluster=local", "partitions=[v100]"], "partitions=['v100']", "cluster=slurm"),
+]
+
+
+@pytest.mark.parametrize("overrides, key, hint", ALLIANCE_CASES, ids=[" ".join(c[0]) for c in ALLIANCE_CASES])
+def test_cluster_bad_input_without_slurm(tmp_path, capsys, monkeypatch, overrides, key, hint):
+    for var in ("SLURM_ACCOUNT", "SBATCH_ACCOUNT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo here (away from the cluster): the preset alone is checked
+    code = main(["+sweep=mnist_pack", *overrides, f"run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert key in err and hint in err and "HINT:" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_account_from_the_environment_is_accepted(tmp_path, monkeypatch):
+    from gpupack.compose import compose_config
+    from gpupack.rundir import RunDir
+    from gpupack.submit import load_submitter
+
+    monkeypatch.setenv("SLURM_ACCOUNT", "def-env")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    cfg = compose_config(["+sweep=mnist_pack", "cluster=fir"])
+    sub = load_submitter("slurm", cfg.cluster, RunDir(Path("unused")))
+    sub.check([1, 3], ["h100"])
+    assert sub.account() == "def-env"
+
+
+SLURM_CASES = [
+    (["partitions=[v100]", "cluster.partitions.v100.gpu=h100"], "cluster.partitions.v100.gpu='h100'", "v100"),
+    (["cluster.partitions.p100.slurm_partition=gpus"], "cluster.partitions.p100.slurm_partition='gpus'", "HINT"),
+    (["packing.factors=[1,9]"], "packing.factors[1]=9", "cluster.cpus_per_training"),
+    (["cluster.mem_gb_per_training=10"], "packing.factors[1]=2", "mem_gb_per_training"),
+    (["partitions=[k80]"], "partitions[0]='k80'", "HINT"),
+]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("overrides, key, hint", SLURM_CASES, ids=[" ".join(c[0]) for c in SLURM_CASES])
+def test_bad_input_checked_against_sinfo(tmp_path, capsys, monkeypatch, slurm_env, overrides, key, hint):
+    monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])
+    jobs_before = subprocess.run(["sacct", "-X", "-n", "-a", "-S", "now-1hour", "-o", "JobID"], capture_output=True,
+                                 text=True, env=slurm_env).stdout
+    code = main(PROBE + overrides + [f"run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert key in err and hint in err, err
+    assert not (tmp_path / "run").exists()
+    jobs_after = subprocess.run(["sacct", "-X", "-n", "-a", "-S", "now-1hour", "-o", "JobID"], capture_output=True,
+                                text=True, env=slurm_env).stdout
+    assert jobs_after == jobs_before  # nothing was submitted
+
+
+# ---------------- real submissions ----------------
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_sweep_across_partitions_with_arrays(tmp_path, slurm_env):
+    run_dir = tmp_path / "run"
+    proc = gpupack(PROBE + ["partitions=[p100,a100]", "sweep.grid.lr=[0.1,0.2,0.3]", f"run_dir={run_dir}"],
+                   slurm_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert len(records(run_dir)) == sum(p["factor"] for p in plan["packs"]) == 2 * (3 + 4)
+    assert all(r["status"] == "completed" for r in records(run_dir).values())
+    for partition in ("p100", "a100"):
+        assert f"Best packing factor for tests.fake_workloads on {partition} (cpu)" in proc.stdout
+    jobs = json.loads((run_dir / "jobs.json").read_text())
+    n1 = [j["job_id"] for p, j in jobs.items() if "-n01-" in p and p.startswith("p100")]
+    assert len(n1) == 3 and len({j.split("_")[0] for j in n1}) == 1 and all("_" in j for j in n1)  # one array
+    rows = sacct(slurm_env, [j["job_id"] for j in jobs.values()], "JobID,Partition,State,AllocTRES")
+    assert len(rows) == len(jobs)
+    for job_id, partition, state, tres in rows:
+        assert state == "COMPLETED" and "gres/gpu=1" in tres and partition in ("p100", "a100")
+    packs = [json.loads(p.read_text()) for p in run_dir.glob("packs/*/pack.json")]
+    assert all(p["slurm_job_gpus"] is not None and p["job_id"] for p in packs)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_detach_then_status_and_collect(tmp_path, slurm_env):
+    run_dir = tmp_path / "run"
+    proc = gpupack(PROBE + ["partitions=[v100]", "wait=false", f"run_dir={run_dir}"], slurm_env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Submitted 3 pack job(s)" in proc.stdout and f"python -m gpupack status {run_dir}" in proc.stdout
+
+    def status_text() -> str:
+        out = gpupack(["status", str(run_dir)], slurm_env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    first = status_text()
+    assert "v100:" in first
+    assert wait_for(lambda: "v100: done 3" in status_text()), status_text()
+    collected = gpupack(["collect", str(run_dir)], slurm_env, timeout=120)
+    assert collected.returncode == 0 and "Best packing factor for tests.fake_workloads on v100" in collected.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_resume_after_scancel_reruns_only_missing_trainings(tmp_path, slurm_env):
+    run_dir = tmp_path / "run"
+    marker = tmp_path / "slow-once"
+    # two trainings: no marker (fast), and one that is slow on its first attempt only
+    args = PROBE + ["partitions=[a100]", "packing.factors=[2]", "sweep.grid.lr=[0.1]",
+                    f"sweep.grid.marker=['',{marker}]", "sweep.fixed.first_attempt_sleep_s=600",
+                    f"run_dir={run_dir}"]
+    proc = gpupack(args + ["wait=false"], slurm_env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = next(iter(json.loads((run_dir / "jobs.json").read_text()).values()))["job_id"]
+    # the fast training finishes and is recorded while the slow one still runs
+    assert wait_for(lambda: any(r["status"] == "completed" for r in records(run_dir).values()) and marker.exists())
+    time.sleep(1.0)
+    subprocess.run(["scancel", job_id], env=slurm_env, check=True)
+    assert wait_for(lambda: sacct(slurm_env, [job_id], "JobID,State")[0][1].startswith("CANCELLED"))
+    done_before = {k: v for k, v in records(run_dir).items() if v["status"] == "completed"}
+    assert len(done_before) == 1
+    bytes_before = {p: p.read_bytes() for p in run_dir.glob("packs/*/trainings/*.json")
+                    if json.loads(p.read_text())["status"] == "completed"}
+    # the slow one may have been recorded as killed (scancel signals the whole job): kept, then moved aside
+    killed = [k for k, v in records(run_dir).items() if v["status"] != "completed"]
+
+    again = gpupack(args, slurm_env)  # same command, same run directory: resume
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "1 to run" in again.stdout
+    after = records(run_dir)
+    assert len(after) == 2 and all(r["status"] == "completed" for r in after.values())
+    for path, content in bytes_before.items():
+        assert path.read_bytes() == content  # the finished training was neither rerun nor rewritten
+    rerun = [r for k, r in after.items() if k not in done_before]
+    assert len(rerun) == 1 and rerun[0]["concurrent"] == 1
+    for key in killed:
+        pack_id, tid = key.split("/")
+        assert (run_dir / "packs" / pack_id / "attempts" / "1" / f"{tid}.json").exists()
+    pack = json.loads(next(run_dir.glob("packs/*/pack.json")).read_text())
+    assert pack["training_ids"] == [rerun[0]["training_id"]] and pack["complete"] is False
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_time_limit_requeues_and_finished_trainings_are_not_rerun(tmp_path, slurm_env):
+    run_dir = tmp_path / "run"
+    marker = tmp_path / "slow-once"
+    args = PROBE + ["partitions=[p100]", "packing.factors=[2]", "sweep.grid.lr=[0.1]",
+                    f"sweep.grid.marker=['',{marker}]", "sweep.fixed.first_attempt_sleep_s=600",
+                    # SLURM's limit is 1 minute; the pack is signalled 30 s before it, then requeued by submitit
+                    "cluster.timeout_min=1", "cluster.signal_delay_s=30", f"run_dir={run_dir}"]
+    proc = gpupack(args, slurm_env, timeout=540)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = records(run_dir)
+    assert len(recs) == 2 and all(r["status"] == "completed" for r in recs.values())
+    fast = next(r for r in recs.values() if not r["params"]["marker"])
+    slow = next(r for r in recs.values() if r["params"]["marker"])
+    assert slow["started_at"] > fast["ended_at"]  # the slow one ran again, in the requeued job
+    assert fast["concurrent"] == 2 and slow["concurrent"] == 1  # the fast one was not rerun
+    job_id = json.loads((run_dir / "jobs.json").read_text())[fast["pack_id"]]["job_id"]
+    log = "".join(p.read_text() for p in (run_dir / "submitit").glob(f"{job_id}*/*.err"))
+    assert "timed-out" in log or "Requeued" in log or "requeue" in log.lower(), log[-2000:]
