@@ -16,6 +16,8 @@ from typing import Sequence
 
 from omegaconf import OmegaConf
 from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 
 from gpupack import collect as collect_mod
 from gpupack.compose import compose_config
@@ -89,21 +91,57 @@ def print_plan(console: Console, plan: Plan, spec_name: str, run: RunDir, todo: 
         console.print(f"  resuming: {len(plan.packs) - todo} pack(s) already complete, {todo} to run")
 
 
-class ProgressView:
-    """Counts packs per partition as they move pending → running → done | failed, printed as they change."""
+STATES = ("pending", "running", "done", "failed")
 
-    def __init__(self, console: Console, total: int) -> None:
-        self.console, self.total = console, total
-        self.state: dict[str, str] = {}
+
+class ProgressView:
+    """Packs per partition as they move pending → running → done | failed.
+
+    In a terminal: a live table (rich). Elsewhere (a log, CI): one line per change.
+    """
+
+    def __init__(self, console: Console, packs: Sequence[Pack]) -> None:
+        self.console = console
+        self.partition = {p.pack_id: p.partition for p in packs}
+        self.state: dict[str, str] = {p.pack_id: "pending" for p in packs}
+        self.live = Live(self.table(), console=console, auto_refresh=False) if console.is_terminal else None
+
+    def counts(self) -> dict[str, Counter[str]]:
+        out: dict[str, Counter[str]] = {}
+        for pack_id, state in self.state.items():
+            out.setdefault(self.partition[pack_id], Counter())[state] += 1
+        return out
+
+    def table(self) -> Table:
+        table = Table(title="packs")
+        table.add_column("partition")
+        for state in STATES:
+            table.add_column(state, justify="right")
+        for partition, c in sorted(self.counts().items()):
+            table.add_row(partition, *(str(c[s]) for s in STATES))
+        return table
+
+    def __enter__(self) -> "ProgressView":
+        if self.live:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.live.stop()
 
     def __call__(self, pack: Pack, state: str) -> None:
+        if self.state.get(pack.pack_id) == state:
+            return
         self.state[pack.pack_id] = state
-        if state in ("done", "failed", "running"):
-            counts = Counter(self.state.values())
-            self.console.print(
-                f"  [{sum(counts[s] for s in ('done', 'failed'))}/{self.total}] {pack.pack_id} {state:7s} "
-                f"(pending {counts['pending']}, running {counts['running']}, done {counts['done']}, "
-                f"failed {counts['failed']})", highlight=False)
+        self.partition[pack.pack_id] = pack.partition
+        if self.live:
+            self.live.update(self.table(), refresh=True)
+            return
+        finished = sum(s in ("done", "failed") for s in self.state.values())
+        counts = "; ".join(f"{part}: " + ", ".join(f"{s} {c[s]}" for s in STATES)
+                           for part, c in sorted(self.counts().items()))
+        self.console.print(f"  [{finished}/{len(self.state)}] {pack.pack_id} {state:7s} ({counts})", highlight=False)
 
 
 def run_sweep(overrides: Sequence[str], console: Console) -> int:
@@ -141,7 +179,8 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
             console.print(f"Run directory: {run.root}\n  python -m gpupack status {run.root}\n"
                           f"  python -m gpupack collect {run.root}")
             return 0
-        results = submitter.run_packs(todo, spec.settings, ProgressView(console, len(todo)))
+        with ProgressView(console, todo) as progress:
+            results = submitter.run_packs(todo, spec.settings, progress)
         for r in results:
             if not r.ok:
                 console.print(f"[red]pack {r.pack_id} (job {r.job_id}) did not finish:[/] {r.error}")

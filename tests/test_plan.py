@@ -92,3 +92,4 @@ def test_plan_json_round_trip():
     again = Plan.from_json(plan.to_json())
     assert again == plan
     assert again.n_trainings == sum(p.factor for p in plan.packs)
+

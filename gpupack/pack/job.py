@@ -137,6 +137,7 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
         workload=pack.trainings[0].workload if pack.trainings else None,
         # What the scheduler gave the job, to cross-check with sacct's gres/gpu.
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), slurm_job_gpus=os.environ.get("SLURM_JOB_GPUS"),
+        slurm_partition=os.environ.get("SLURM_JOB_PARTITION"),
     )
     write_json_atomic(run.pack_record(pack.pack_id), rec)
     return rec
