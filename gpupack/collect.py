@@ -20,7 +20,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from gpupack.records import COMPLETED, SCHEMA_VERSION, read_json, write_json_atomic
+from gpupack.records import COMPLETED, OOM, SCHEMA_VERSION, read_json, write_json_atomic
 from gpupack.rundir import RunDir
 
 log = logging.getLogger("gpupack")
@@ -110,12 +110,14 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     per_training = t.groupby(keys).agg(
         trainings=("training_id", "count"),
         failed=("ok", lambda s: int((~s).sum())),
+        oom=("status", lambda s: int((s == OOM).sum())),
         startup_s=("startup_s", "median"),
         loop_s=("loop_s", "median"),
         samples_per_s=("samples_per_s", "median"),
     )
     out = per_pack.join(per_training, how="outer").reset_index()
     out["failed"] = out["failed"].fillna(0).astype(int)
+    out["oom"] = out["oom"].fillna(0).astype(int)  # counted apart: an OOM makes N infeasible on this device
     out["trainings_per_hour"] = 3600.0 / out["time_per_training_s"]
     base = out[out["factor"] == 1].set_index(GROUP)["time_per_training_s"]
     out["speedup_vs_n1"] = [
@@ -186,7 +188,8 @@ def render(summary: pd.DataFrame, best: pd.DataFrame, hyper: pd.DataFrame, recor
                 f"{r['partition']} ({r['gpu_type']})", r["mode"], str(int(r["factor"])), _fmt(r["packs"], ".0f"),
                 _fmt(r["time_per_training_s"]), f"{_fmt(r['tpt_min_s'])}-{_fmt(r['tpt_max_s'])}",
                 _fmt(r["startup_s"]), _fmt(r["loop_s"]), _fmt(r["trainings_per_hour"], ".0f"),
-                _fmt(r["speedup_vs_n1"]), _fmt(r["samples_per_s"], ".0f"), str(int(r["failed"])), style=mark)
+                _fmt(r["speedup_vs_n1"]), _fmt(r["samples_per_s"], ".0f"),
+                str(int(r["failed"])) + (f" ({int(r['oom'])} OOM: infeasible)" if r["oom"] else ""), style=mark)
         console.print(table)
     if not hyper.empty:
         console.print("Best hyperparameters by validation accuracy (mean over runs):")

@@ -40,8 +40,9 @@ def grid_overrides(overrides: Sequence[str]) -> list[str]:
     for text in overrides:
         try:
             ov = parser.parse_override(text)
-        except OverrideParseException as err:
-            raise ConfigError(text.split("=", 1)[0], text, f"cannot parse ({_first_line(err)})",
+        except (OverrideParseException, HydraException) as err:
+            key, _, value = text.partition("=")
+            raise ConfigError(key, value, f"cannot parse ({_first_line(err)})",
                               "write key=value, quoting values with special characters: key='a b'") from None
         if not ov.is_sweep_override():
             # Grid axes and fixed hyperparameters are checked against the workload's Params (with a

@@ -22,6 +22,9 @@ class SweepConfig:
     grid: Dict[str, Any] = field(default_factory=dict)
     # Hyperparameters every training shares (training length, model size, data path, ...).
     fixed: Dict[str, Any] = field(default_factory=dict)
+    # Your estimate of one training's wall time on its own (seconds), e.g. from an earlier run's records;
+    # time limits shorter than it are refused before anything is submitted. null: not checked.
+    training_estimate_s: Optional[float] = None
 
 
 @dataclass
@@ -39,6 +42,11 @@ class PackingConfig:
     threads_per_training: Optional[int] = None
     # Device the trainings use: auto (a GPU when the job has one, else CPU), cpu, or cuda.
     device: str = "auto"
+    # A training running longer than this is stopped and recorded as timed out; null: no limit.
+    training_timeout_s: Optional[float] = None
+    # Address-space limit of each training process (RLIMIT_AS), so one cannot take the host's memory from
+    # the others; past it the training fails with an out-of-memory error, recorded as oom. null: no limit.
+    memory_limit_gb_per_training: Optional[float] = None
 
 
 @dataclass

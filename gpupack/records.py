@@ -15,7 +15,16 @@ SCHEMA_VERSION = 1
 COMPLETED = "completed"
 FAILED = "failed"  # the training exited non-zero
 KILLED = "killed"  # the training died from a signal
-STATUSES = (COMPLETED, FAILED, KILLED)
+OOM = "oom"  # out of memory, host or GPU: its N is infeasible on this device
+TIMEOUT = "timeout"  # ran past packing.training_timeout_s and was stopped
+STATUSES = (COMPLETED, FAILED, KILLED, OOM, TIMEOUT)
+
+
+def _file_mode() -> int:
+    """0o666 less the user's umask, and never writable by others whatever the umask says."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask & ~0o002
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
@@ -26,7 +35,7 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
             json.dump(data, f, indent=1, sort_keys=True, default=str)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -90,6 +90,23 @@ def _check_params(workload: Workload, grid: Mapping[str, list[Any]], fixed: Mapp
             raise type(err)(f"{where}.{err.key}", err.value, err.why, err.hint) from None
 
 
+def _check_estimate(cfg: DictConfig) -> None:
+    """A time limit below one training's stated time can only end in timeouts: refuse it up front."""
+    estimate = cfg.sweep.training_estimate_s
+    if estimate is None:
+        return
+    if not estimate > 0:
+        raise ConfigError("sweep.training_estimate_s", estimate, "must be > 0 or null", "give seconds, e.g. 120")
+    limits = {"packing.training_timeout_s": cfg.packing.training_timeout_s,
+              "cluster.timeout_min": cfg.cluster.timeout_min * 60.0}
+    for key, limit_s in limits.items():
+        if limit_s is not None and limit_s < estimate:
+            value = cfg.packing.training_timeout_s if key.startswith("packing") else cfg.cluster.timeout_min
+            raise ConfigError(key, value, f"is {limit_s:.0f} s, below one training's estimate "
+                              f"(sweep.training_estimate_s={estimate:g})",
+                              f"raise it above {estimate:g} s (cluster.timeout_min is in minutes)")
+
+
 def validate(cfg: DictConfig, submitter: Submitter) -> SweepSpec:
     """Check everything; ``submitter`` answers the cluster's questions (partitions, resources, account)."""
     require_sweep(cfg)
@@ -128,6 +145,11 @@ def validate(cfg: DictConfig, submitter: Submitter) -> SweepSpec:
     if packing.threads_per_training is not None and packing.threads_per_training < 1:
         raise ConfigError("packing.threads_per_training", packing.threads_per_training, "must be >= 1 or null",
                           "leave it null to share the job's cores out")
+    for key in ("training_timeout_s", "memory_limit_gb_per_training"):
+        value = packing[key]
+        if value is not None and not value > 0:
+            raise ConfigError(f"packing.{key}", value, "must be > 0 or null", "leave it null for no limit")
+    _check_estimate(cfg)
     if packing.device not in DEVICES:
         raise ConfigError("packing.device", packing.device, "unknown device", nearest(packing.device, DEVICES))
     partitions = submitter.resolve_partitions(list(cfg.partitions))
@@ -137,5 +159,7 @@ def validate(cfg: DictConfig, submitter: Submitter) -> SweepSpec:
     return SweepSpec(
         name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed, factors=factors, modes=modes,
         partitions=partitions, repeats=packing.repeats,
-        settings=PackSettings(device=packing.device, threads_per_training=packing.threads_per_training),
+        settings=PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
+                              training_timeout_s=packing.training_timeout_s,
+                              memory_limit_gb_per_training=packing.memory_limit_gb_per_training),
     )

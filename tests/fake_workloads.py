@@ -22,6 +22,11 @@ class ProbeParams:
     # attempt creates `marker` and sleeps first_attempt_sleep_s; later attempts find the marker and go on.
     marker: str = ""
     first_attempt_sleep_s: float = 0.0
+    # Faults on request: allocate this many GB at once (host OOM under a memory limit), raise a framework's
+    # out-of-memory error text, or hang (never return).
+    allocate_gb: float = 0.0
+    raise_text: str = ""
+    hang: bool = False
 
 
 class Probe(Workload):
@@ -39,6 +44,13 @@ class Probe(Workload):
             deadline = time.time() + params.first_attempt_sleep_s
             while time.time() < deadline:
                 time.sleep(0.1)
+        if params.allocate_gb:
+            block = bytearray(int(params.allocate_gb * 2**30))  # MemoryError under RLIMIT_AS
+            del block
+        if params.raise_text:
+            raise RuntimeError(params.raise_text)
+        while params.hang:
+            time.sleep(0.1)
         ctx.reporter.loop_started()
         for _ in range(params.steps):
             time.sleep(params.sleep_s)

@@ -34,13 +34,26 @@ CASES = [
     (["cluster=nowhere"], ["cluster", "nowhere", "local"]),
     (["cluster.partition=../x"], ["cluster.partition='../x'", "HINT"]),
     (["packing.factors=1,2"], ["packing.factors", "sweep.grid"]),
+    (["sweep.grid.lr=[0.1"], ["sweep.grid.lr", "cannot parse"]),
+    (["sweep.fixed.data_dir=/etc/passwd"], ["sweep.fixed.data_dir='/etc/passwd'", "HINT"]),
+    (["run_dir=/proc/gpupack-run"], ["run_dir='/proc/gpupack-run'", "not writable"]),
+    (["packing.threads_per_training=0"], ["packing.threads_per_training=0", "HINT"]),
+    (["packing.training_timeout_s=-1"], ["packing.training_timeout_s=-1", "HINT"]),
+    (["packing.memory_limit_gb_per_training=0"], ["packing.memory_limit_gb_per_training=0", "HINT"]),
+    (["cluster.timeout_min=0"], ["cluster.timeout_min=0", "HINT"]),
+    (["sweep.training_estimate_s=600", "cluster.timeout_min=5"], ["cluster.timeout_min=5", "estimate"]),
+    (["sweep.training_estimate_s=60", "packing.training_timeout_s=30"], ["packing.training_timeout_s=30.0",
+                                                                         "estimate"]),
+    (["sweep.fixed.batch_size=0"], ["sweep.fixed.batch_size=0", "HINT"]),
+    (["sweep.grid.seed=[a]"], ["sweep.grid.seed='a'", "HINT"]),
 ]
 
 
 @pytest.mark.parametrize("overrides, needles", CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_bad_input_is_one_clear_line_and_starts_nothing(tmp_path, capsys, overrides, needles):
     run_dir = tmp_path / "run"
-    code = main(BASE + overrides + [f"run_dir={run_dir}"])
+    has_run_dir = any(o.startswith("run_dir=") for o in overrides)
+    code = main(BASE + overrides + ([] if has_run_dir else [f"run_dir={run_dir}"]))
     err = capsys.readouterr().err.strip()
     assert code != 0
     assert len(err.splitlines()) == 1, err

@@ -73,6 +73,19 @@ def test_a_failed_training_excludes_its_n(run):
     assert list(best_factors(summary)["factor"]) == [3]
 
 
+def test_an_oom_is_counted_apart_and_makes_its_n_infeasible(run):
+    _write_pack(run, 1, 0, 10.0, ["completed"])
+    _write_pack(run, 4, 0, 8.0, ["completed", "completed", "oom", "completed"])
+    _write_pack(run, 2, 0, 12.0, ["completed", "failed"])
+    summary = _summary(run).set_index("factor")
+    assert summary.loc[4, "oom"] == 1 and summary.loc[4, "failed"] == 1
+    assert summary.loc[2, "oom"] == 0 and summary.loc[2, "failed"] == 1
+    assert list(best_factors(summary.reset_index())["factor"]) == [1]
+    console = Console(record=True, width=250)
+    collect([run.root], console=console)
+    assert "1 (1 OOM: infeasible)" in console.export_text()
+
+
 def test_incomplete_pack_gives_no_timing(run):
     _write_pack(run, 1, 0, 10.0, ["completed"])
     _write_pack(run, 2, 0, 4.0, ["completed"], complete=False)  # a resumed pack that ran 1 of 2

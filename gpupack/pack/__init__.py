@@ -28,6 +28,10 @@ class PackContext:
     threads: int  # per training
     env: Mapping[str, str]  # the job's environment, which trainings inherit
     warmup_steps: int = 10
+    # Per-training limits (None: none): wall time, and address space (RLIMIT_AS) so one training cannot
+    # take the host's memory from the others.
+    training_timeout_s: float | None = None
+    memory_limit_bytes: int | None = None
     # Called as each training ends, so its record is written at once and survives a later kill or requeue.
     on_finished: Callable[["TrainingOutcome"], None] = lambda outcome: None
 

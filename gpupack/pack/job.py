@@ -7,6 +7,7 @@ record, all atomically. Earlier non-completed records are moved to ``attempts/``
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any, Sequence
 from gpupack.monitor import DeviceInfo, detect_device
 from gpupack.pack import PackContext, TrainingOutcome, load_packer, threads_for
 from gpupack.plan import Pack, Plan, Training
-from gpupack.records import (COMPLETED, FAILED, KILLED, is_completed, pack_record, read_json,
+from gpupack.records import (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, is_completed, pack_record, read_json,
                              training_record, write_json_atomic)
 from gpupack.rundir import RunDir
 
@@ -28,6 +29,8 @@ class PackSettings:
     device: str = "auto"  # auto | cpu | cuda
     threads_per_training: int | None = None
     warmup_steps: int = 10
+    training_timeout_s: float | None = None
+    memory_limit_gb_per_training: float | None = None
 
 
 def job_cores() -> int:
@@ -52,7 +55,17 @@ def job_id() -> str | None:
     return os.environ.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getpid())
 
 
+# How frameworks say "out of memory" (torch CPU/CUDA, TF, Python, C++), in a training's stderr tail.
+OOM_PATTERNS = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|out of memory|MemoryError|can't allocate memory|ResourceExhausted"
+    r"|OOM when allocating|std::bad_alloc|Cannot allocate memory", re.IGNORECASE)
+
+
 def status_of(outcome: TrainingOutcome) -> str:
+    if outcome.extra.get("timed_out"):
+        return TIMEOUT
+    if outcome.result is None and outcome.error and OOM_PATTERNS.search(outcome.error):
+        return OOM
     if outcome.signal is not None:
         return KILLED
     if outcome.exit_code not in (0, None) or outcome.result is None:
@@ -114,7 +127,10 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, A
         records.append(rec)
 
     ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ),
-                      warmup_steps=settings.warmup_steps, on_finished=on_finished)
+                      warmup_steps=settings.warmup_steps, on_finished=on_finished,
+                      training_timeout_s=settings.training_timeout_s,
+                      memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
+                      if settings.memory_limit_gb_per_training else None)
     load_packer(pack.mode).run(todo, ctx)
     return write_pack_record(run, pack, records, info, device, cores, threads)
 
@@ -132,6 +148,7 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
         training_ids=[r["training_id"] for r in records],
         n_completed=sum(r["status"] == COMPLETED for r in records),
         n_failed=sum(r["status"] != COMPLETED for r in records),
+        n_oom=sum(r["status"] == OOM for r in records),
         started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
         cores=cores, threads_per_training=threads, host=socket.gethostname(), job_id=job_id(),
         workload=pack.trainings[0].workload if pack.trainings else None,

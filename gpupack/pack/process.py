@@ -6,12 +6,14 @@ each gets its share of the cores (see :func:`gpupack.pack.threads_for`).
 from __future__ import annotations
 
 import ctypes
+import os
+import resource
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Callable, Sequence
 
 from gpupack.pack import Packer, PackContext, TrainingOutcome, worker_env, worker_spec
 from gpupack.plan import Training
@@ -20,6 +22,7 @@ from gpupack.records import read_json, write_json_atomic
 POLL_S = 0.05
 ERROR_TAIL_LINES = 20
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+KILL_GRACE_S = 5.0
 
 
 def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
@@ -29,14 +32,20 @@ def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
         return ""
 
 
-def _die_with_parent() -> None:
-    """In the child: be SIGKILLed when the packer dies, even by SIGKILL (scancel, OOM killer), so no
-    training outlives its job and holds the GPU. Linux only; elsewhere the packer's own cleanup must do."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+def _child_setup(memory_limit_bytes: int | None) -> Callable[[], None]:
+    """What runs in each training's process before it starts (no Python objects of ours cross over)."""
+
+    def setup() -> None:
+        # Be SIGKILLed when the packer dies, even by SIGKILL (scancel, OOM killer), so no training outlives
+        # its job and holds the GPU. Linux only; elsewhere the packer's own cleanup must do.
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+        if memory_limit_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
+
+    return setup
 
 
 class _Running:
@@ -57,9 +66,31 @@ class _Running:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpupack.worker", str(spec_path)],
             stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL,
-            env=worker_env(ctx.env, ctx.threads), start_new_session=True, preexec_fn=_die_with_parent,
+            env=worker_env(ctx.env, ctx.threads), start_new_session=True,
+            preexec_fn=_child_setup(ctx.memory_limit_bytes),
         )
         self.ended_at: float | None = None
+        self.timed_out = False
+        self._kill_at: float | None = None
+
+    def enforce(self, timeout_s: float | None) -> None:
+        """Past its time limit: SIGTERM its process group, then SIGKILL after a grace period."""
+        if timeout_s is None or self.ended_at is not None:
+            return
+        now = time.time()
+        if not self.timed_out and now - self.started_at > timeout_s:
+            self.timed_out = True
+            self._kill_at = now + KILL_GRACE_S
+            self._signal(signal.SIGTERM)
+        elif self._kill_at is not None and now > self._kill_at:
+            self._signal(signal.SIGKILL)
+            self._kill_at = None
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)  # the training leads its own session: its children go too
+        except ProcessLookupError:
+            pass
 
     def poll(self) -> bool:
         if self.ended_at is None and self.proc.poll() is not None:
@@ -79,8 +110,10 @@ class _Running:
                                             f"exited with code {code}")
         elif result is None:
             error = "exited 0 but wrote no result"
+        if self.timed_out:
+            error = "stopped after packing.training_timeout_s; " + (error or "")
         return TrainingOutcome(self.training.training_id, self.started_at, self.ended_at, code, sig, error,
-                               result)
+                               result, extra={"timed_out": self.timed_out})
 
 
 class ProcessPacker(Packer):
@@ -94,6 +127,7 @@ class ProcessPacker(Packer):
             reported: set[str] = set()
             while len(reported) < len(running):
                 for r in running:
+                    r.enforce(ctx.training_timeout_s)
                     if r.training.training_id not in reported and r.poll():
                         reported.add(r.training.training_id)
                         ctx.on_finished(r.outcome())

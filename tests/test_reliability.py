@@ -1,0 +1,208 @@
+"""Faults inside a pack, on real processes: the other trainings finish and are recorded; the faulty one's
+record says why. Plus records that cannot be torn, the run-directory lock, and values that stay values."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpupack.cli import main
+from gpupack.errors import RunDirError
+from gpupack.pack.job import PackSettings, run_pack
+from gpupack.plan import make_plan
+from gpupack.records import read_json, write_json_atomic
+from gpupack.rundir import RunDir, RunLock
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOAD = "tests.fake_workloads"
+
+
+def _pack(tmp_path, faulty: dict, n_ok: int = 2):
+    """One pack: n_ok well-behaved trainings and one with the fault given as Probe params."""
+    run = RunDir(tmp_path / "run")
+    grid = {"tag": [f"ok{i}" for i in range(n_ok)] + ["faulty"]}
+    plan = make_plan(sweep="t", workload=WORKLOAD, grid=grid, fixed={"steps": 10, "sleep_s": 0.02},
+                     factors=[n_ok + 1], modes=["process"], partitions=["local"], repeats=1)
+    # the fault applies to the 'faulty' training only
+    pack = plan.packs[0]
+    for t in pack.trainings:
+        if t.params["tag"] == "faulty":
+            t.params.update(faulty)  # type: ignore[attr-defined]
+    write_json_atomic(run.plan, plan.to_json())
+    return run, pack
+
+
+def _records(run: RunDir, pack) -> dict[str, dict]:
+    return {t.params["tag"]: read_json(run.training_record(pack.pack_id, t.training_id)) for t in pack.trainings}
+
+
+def _assert_others_completed(recs: dict[str, dict]) -> None:
+    others = {k: v for k, v in recs.items() if k != "faulty"}
+    assert others and all(r["status"] == "completed" and r["metrics"]["tag"] == k for k, r in others.items())
+
+
+FAULTS = [
+    # (fault params, settings, expected status, text the record's error must hold)
+    ({"fail": True}, {}, "failed", "probe failure on purpose"),
+    ({"allocate_gb": 4.0}, {"memory_limit_gb_per_training": 1.0}, "oom", "MemoryError"),
+    ({"raise_text": "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity)"}, {},
+     "oom", "CUDA out of memory"),
+    ({"raise_text": "ResourceExhaustedError: OOM when allocating tensor with shape[4096,4096]"}, {}, "oom",
+     "OOM when allocating"),
+    ({"hang": True}, {"training_timeout_s": 3.0}, "timeout", "training_timeout_s"),
+]
+
+
+@pytest.mark.parametrize("fault, settings, status, text", FAULTS, ids=["raises", "host-oom", "cuda-oom", "tf-oom",
+                                                                       "hangs"])
+def test_fault_is_recorded_and_others_finish(tmp_path, fault, settings, status, text):
+    run, pack = _pack(tmp_path, fault)
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", **settings))
+    recs = _records(run, pack)
+    _assert_others_completed(recs)
+    assert recs["faulty"]["status"] == status, recs["faulty"]
+    assert text in recs["faulty"]["error"]
+    assert rec["n_completed"] == 2 and rec["n_failed"] == 1
+    assert rec["n_oom"] == (1 if status == "oom" else 0)
+
+
+def test_sigkilled_training_is_recorded_as_killed(tmp_path):
+    run, pack = _pack(tmp_path, {"hang": True})
+    faulty = next(t for t in pack.trainings if t.params["tag"] == "faulty")
+    spec = str(run.work(pack.pack_id, faulty.training_id, "spec"))
+
+    def kill_when_started() -> None:
+        for _ in range(400):
+            for proc in psutil.process_iter(["cmdline"]):
+                if spec in " ".join(proc.info["cmdline"] or []):
+                    time.sleep(0.5)
+                    proc.send_signal(signal.SIGKILL)
+                    return
+            time.sleep(0.05)
+
+    killer = multiprocessing.Process(target=kill_when_started)
+    killer.start()
+    run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu"))
+    killer.join()
+    recs = _records(run, pack)
+    _assert_others_completed(recs)
+    assert recs["faulty"]["status"] == "killed" and recs["faulty"]["signal"] == 9
+    assert "signal 9" in recs["faulty"]["error"] or "SIGKILL" in recs["faulty"]["error"]
+
+
+def test_killed_packer_takes_no_training_with_it_and_resume_runs_only_the_rest(tmp_path, subprocess_env):
+    run, pack = _pack(tmp_path, {"hang": True})
+    code = ("import sys; from gpupack.pack.job import PackSettings, run_pack; "
+            "run_pack(sys.argv[1], sys.argv[2], PackSettings(device='cpu'))")
+    packer = subprocess.Popen([sys.executable, "-c", code, str(run.root), pack.pack_id], env=subprocess_env)
+    ok = [t for t in pack.trainings if t.params["tag"] != "faulty"]
+    deadline = time.time() + 120
+    while not all(run.training_record(pack.pack_id, t.training_id).exists() for t in ok):
+        assert time.time() < deadline
+        time.sleep(0.1)
+    children = psutil.Process(packer.pid).children(recursive=True)
+    assert children  # the hanging training is still running under the packer
+    packer.send_signal(signal.SIGKILL)  # the job is killed (scancel, node failure)
+    packer.wait()
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive  # no orphan training holds the device
+    before = {t.training_id: run.training_record(pack.pack_id, t.training_id).read_bytes() for t in ok}
+
+    faulty = next(t for t in pack.trainings if t.params["tag"] == "faulty")
+    plan = read_json(run.plan)  # the rerun of the lost training now finishes
+    for t in plan["packs"][0]["trainings"]:
+        t["params"]["hang"] = False
+    write_json_atomic(run.plan, plan)
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu"))
+    assert rec["training_ids"] == [faulty.training_id]  # only the lost one ran again
+    for t in ok:
+        assert run.training_record(pack.pack_id, t.training_id).read_bytes() == before[t.training_id]
+    assert read_json(run.training_record(pack.pack_id, faulty.training_id))["status"] == "completed"
+
+
+def _writer(args) -> None:
+    path, i = args
+    for k in range(20):
+        write_json_atomic(Path(path), {"writer": i, "k": k, "payload": "x" * 20000})
+
+
+def test_64_concurrent_writers_never_tear_a_record(tmp_path):
+    shared = tmp_path / "shared.json"
+    jobs = [(str(shared), i) for i in range(32)] + [(str(tmp_path / f"own{i}.json"), i) for i in range(32)]
+    with multiprocessing.Pool(64) as pool:
+        pool.map(_writer, jobs)
+    for path in [shared] + [tmp_path / f"own{i}.json" for i in range(32)]:
+        data = json.loads(path.read_text())
+        assert data["k"] == 19 and len(data["payload"]) == 20000
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["shared.json"] + [f"own{i}.json" for i in range(32)])
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o000, 0o664)])
+def test_records_follow_the_umask_and_are_never_world_writable(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        write_json_atomic(tmp_path / "r.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "r.json").st_mode) == mode
+
+
+def test_a_second_sweep_in_the_same_run_dir_is_refused(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    args = ["+sweep=mnist_pack", "packing.factors=[1]", "sweep.grid.lr=[0.1]", "sweep.grid.batch_size=[64]",
+            f"run_dir={run_dir}"]
+    run_dir.mkdir()
+    with RunLock(RunDir(run_dir)):  # as if another gpupack were running in it
+        with pytest.raises(RunDirError):
+            with RunLock(RunDir(run_dir)):
+                pass
+        # the CLI: it writes the plan first time round, then stops at the lock with one clear line
+        code = main(args)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "another gpupack sweep is running in it" in err
+    assert not list(run_dir.glob("packs/*"))  # nothing ran
+
+
+ODD_VALUES = ["it's \"quoted\"", "a; rm -rf /tmp/x", "$(touch {canary})", "`touch {canary}`", "line1\nline2",
+              "naïve ünïcødé ✓", "--flag=1"]
+
+
+@pytest.mark.slow
+def test_odd_hyperparameter_values_reach_the_training_unchanged(tmp_path, subprocess_env):
+    canary = tmp_path / "canary"
+    values = [v.format(canary=canary) for v in ODD_VALUES]
+    run_dir = tmp_path / "run"
+    overrides = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack",
+                 "packing.factors=[1]", f"run_dir={run_dir}"]
+    # the grid is written as a Hydra list of quoted strings, the way a user would on the command line
+    quoted = ",".join("'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'" for v in values)
+    proc = subprocess.run([sys.executable, "-m", "gpupack", *overrides, f"sweep.grid.tag=[{quoted}]"],
+                          capture_output=True, text=True, env=subprocess_env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tags = sorted(json.loads(p.read_text())["metrics"]["tag"] for p in run_dir.glob("packs/*/trainings/*.json"))
+    assert sorted(set(tags)) == sorted(values)
+    assert not canary.exists()  # nothing was executed
+
+
+@pytest.mark.parametrize("name", ["..", "../x", "a/b", "a\x00b", "", ".hidden", "a b"])
+def test_names_used_in_paths_cannot_escape_the_run_directory(tmp_path, name):
+    from gpupack.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        RunDir(tmp_path).pack_dir(name)
+    with pytest.raises(ConfigError):
+        RunDir(tmp_path).training_record("p", name)
+
+
+def test_no_shell_anywhere():
+    sources = list((REPO / "gpupack").rglob("*.py")) + list((REPO / "jobs").rglob("*.py"))
+    assert sources and not [p for p in sources if "shell=True" in p.read_text()]
