@@ -1,30 +1,40 @@
-"""Collect: records → time per training per (workload, partition, GPU type, mode, N) → the best N.
+"""Collect: records → time per training per (workload, partition, GPU type, mode, N) → the best N → cost.
 
 Reads records only (never job objects), so it works on a run in progress, on a run copied off a
 cluster, and on several runs at once::
 
-    python -m gpupack.collect RUN_DIR [RUN_DIR ...]
-    python -m gpupack collect RUN_DIR [RUN_DIR ...]
+    python -m gpupack collect RUN_DIR [RUN_DIR ...] [--trainings K] [--rgu FILE.yaml] [--out DIR]
+    python -m gpupack.collect RUN_DIR ...
+
+Aggregation is pure pandas on flat columns (nested record fields are flattened once, at load), so a
+million training records aggregate in about a second (benchmarks/collect_scale.py).
 """
 from __future__ import annotations
 
+import argparse
 import json
-import logging
 import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
+from omegaconf import OmegaConf
 from rich.console import Console
-from rich.table import Table
 
 from gpupack.records import COMPLETED, OOM, SCHEMA_VERSION, read_json, write_json_atomic
 from gpupack.rundir import RunDir
 
-log = logging.getLogger("gpupack")
 GROUP = ["workload", "partition", "gpu_type", "mode"]
+# Nested record fields the tables need, flattened to columns at load: column → (field, key).
+FLAT = {
+    "startup_s": ("timings", "startup_s"), "loop_s": ("timings", "loop_s"),
+    "samples": ("throughput", "samples"), "samples_per_s": ("throughput", "samples_per_s"),
+    "curve": ("throughput", "curve"),
+    "val_accuracy": ("metrics", "val_accuracy"), "train_loss": ("metrics", "train_loss"),
+}
+NESTED = {"timings", "throughput", "metrics"}
 
 
 @dataclass
@@ -33,9 +43,19 @@ class Records:
     packs: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)  # planned packs with no pack record yet
+    grid_sizes: list[int] = field(default_factory=list)  # trainings in each run's sweep grid
+    rgu: dict[str, float] = field(default_factory=dict)  # the RGU table the first run was configured with
 
 
-def _read_all(paths: Iterable[Path], kind: str, warnings: list[str]) -> list[dict[str, Any]]:
+def flatten(rec: dict[str, Any]) -> dict[str, Any]:
+    """A training record as one flat row: nested fields the tables use lifted to columns."""
+    row = {k: v for k, v in rec.items() if k not in NESTED}
+    for col, (outer, inner) in FLAT.items():
+        row[col] = (rec.get(outer) or {}).get(inner)
+    return row
+
+
+def _read_all(paths: Iterable[Path], kind: str, run_root: Path, warnings: list[str]) -> list[dict[str, Any]]:
     rows = []
     for path in paths:
         try:
@@ -46,50 +66,53 @@ def _read_all(paths: Iterable[Path], kind: str, warnings: list[str]) -> list[dic
         if rec.get("kind") != kind:
             warnings.append(f"skipped {path}: not a {kind} record")
         elif rec.get("schema") != SCHEMA_VERSION:
-            warnings.append(f"skipped {path}: schema {rec.get('schema')!r}, this gpupack reads {SCHEMA_VERSION}")
+            warnings.append(f"skipped {path}: record schema {rec.get('schema')!r}, this gpupack reads schema "
+                            f"{SCHEMA_VERSION} (collect it with the gpupack version that wrote it)")
         else:
-            rows.append({**rec, "run_dir": str(path.parents[2] if kind == "pack" else path.parents[3])})
+            rows.append({**(flatten(rec) if kind == "training" else rec), "run_dir": str(run_root)})
     return rows
 
 
 def load_records(run_dirs: Sequence[Path]) -> Records:
-    warnings: list[str] = []
+    out = Records(pd.DataFrame(), pd.DataFrame())
     trainings: list[dict[str, Any]] = []
     packs: list[dict[str, Any]] = []
-    pending: list[str] = []
     for root in run_dirs:
         run = RunDir(Path(root))
-        trainings += _read_all(sorted(run.root.glob("packs/*/trainings/*.json")), "training", warnings)
-        packs += _read_all(sorted(run.root.glob("packs/*/pack.json")), "pack", warnings)
+        trainings += _read_all(sorted(run.root.glob("packs/*/trainings/*.json")), "training", run.root, out.warnings)
+        packs += _read_all(sorted(run.root.glob("packs/*/pack.json")), "pack", run.root, out.warnings)
         if run.plan.exists():
-            planned = [p["pack_id"] for p in read_json(run.plan)["packs"]]
-            pending += [f"{run.root}:{p}" for p in planned if not run.pack_record(p).exists()]
-    return Records(pd.DataFrame(trainings), pd.DataFrame(packs), warnings, pending)
+            plan = read_json(run.plan)
+            out.grid_sizes.append(int(plan.get("grid_size", 0)))
+            out.pending += [f"{run.root}:{p['pack_id']}" for p in plan["packs"]
+                            if not run.pack_record(p["pack_id"]).exists()]
+        if run.config.exists() and not out.rgu:
+            rgu = OmegaConf.load(run.config).get("rgu")
+            out.rgu = dict(rgu.models) if rgu is not None and "models" in rgu else {}
+    out.trainings, out.packs = pd.DataFrame(trainings), pd.DataFrame(packs)
+    return out
 
 
-def _training_columns(trainings: pd.DataFrame) -> pd.DataFrame:
-    """Flatten the nested fields the table needs."""
-    t = trainings.copy()
-    t["ok"] = t["status"] == COMPLETED
-    t["startup_s"] = [(x or {}).get("startup_s") for x in t.get("timings", [None] * len(t))]
-    t["loop_s"] = [(x or {}).get("loop_s") for x in t.get("timings", [None] * len(t))]
-    t["samples"] = [(x or {}).get("samples") for x in t.get("throughput", [None] * len(t))]
-    t["samples_per_s"] = [(x or {}).get("samples_per_s") for x in t.get("throughput", [None] * len(t))]
-    t["val_accuracy"] = [(x or {}).get("val_accuracy") for x in t.get("metrics", [None] * len(t))]
-    for col in ("startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy"):
-        t[col] = pd.to_numeric(t[col], errors="coerce")
-    return t
+def _first(series: pd.Series) -> Any:
+    values = series.dropna()
+    return values.iloc[0] if len(values) else None
 
 
 def summarize(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     """One row per (workload, partition, GPU type, mode, N).
 
     Time per training = pack wall / N, over packs whose N trainings all ran together; median and
-    spread over those packs. Failures count every training record that did not complete.
+    spread over those packs. Failures count every training record that did not complete; OOMs apart.
     """
     if trainings.empty or packs.empty:
         return pd.DataFrame()
-    t = _training_columns(trainings)
+    t = trainings.copy()
+    t["ok"] = t["status"] == COMPLETED
+    t["is_oom"] = t["status"] == OOM
+    for col in ("startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy"):
+        t[col] = pd.to_numeric(t[col], errors="coerce")
+    if "gpu_model" not in t:
+        t["gpu_model"] = None
     keys = GROUP + ["factor"]
     timed = packs[packs["complete"].astype(bool)].copy()
     for col in ("wall_s", "factor"):
@@ -107,22 +130,22 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
         tpt_max_s=("time_per_training_s", "max"),
         pack_samples_per_s=("pack_samples_per_s", "median"),
     )
-    per_training = t.groupby(keys).agg(
+    per_training = t.groupby(keys, dropna=False).agg(
         trainings=("training_id", "count"),
         failed=("ok", lambda s: int((~s).sum())),
-        oom=("status", lambda s: int((s == OOM).sum())),
+        oom=("is_oom", "sum"),
         startup_s=("startup_s", "median"),
         loop_s=("loop_s", "median"),
         samples_per_s=("samples_per_s", "median"),
+        gpu_model=("gpu_model", _first),
     )
     out = per_pack.join(per_training, how="outer").reset_index()
     out["failed"] = out["failed"].fillna(0).astype(int)
     out["oom"] = out["oom"].fillna(0).astype(int)  # counted apart: an OOM makes N infeasible on this device
     out["trainings_per_hour"] = 3600.0 / out["time_per_training_s"]
     base = out[out["factor"] == 1].set_index(GROUP)["time_per_training_s"]
-    out["speedup_vs_n1"] = [
-        base.get(tuple(row[GROUP]), math.nan) / row["time_per_training_s"] for _, row in out.iterrows()
-    ]
+    base_of = pd.Series([base.get(tuple(k), math.nan) for k in out[GROUP].itertuples(index=False)], index=out.index)
+    out["speedup_vs_n1"] = base_of / out["time_per_training_s"]
     return out.sort_values(keys).reset_index(drop=True)
 
 
@@ -142,72 +165,38 @@ def best_hyperparameters(trainings: pd.DataFrame, top: int = 5) -> pd.DataFrame:
     """Grid points ranked by validation accuracy, averaged over every completed run of them."""
     if trainings.empty:
         return pd.DataFrame()
-    t = _training_columns(trainings)
-    t = t[t["ok"] & t["val_accuracy"].notna()]
+    t = trainings[(trainings["status"] == COMPLETED)].copy()
+    t["val_accuracy"] = pd.to_numeric(t["val_accuracy"], errors="coerce")
+    t = t[t["val_accuracy"].notna()]
     if t.empty:
         return pd.DataFrame()
-    params = pd.DataFrame(list(t["params"]), index=t.index)
-    varying = [c for c in params.columns if params[c].astype(str).nunique() > 1]
-    seed_cols = [c for c in varying if c == "seed"]
-    keys = [c for c in varying if c not in seed_cols] or varying[:1] or list(params.columns[:1])
-    frame = params[keys].astype(str).assign(workload=t["workload"], val_accuracy=t["val_accuracy"],
-                                            training_id=t["training_id"])
+    dicts = list(t["params"])
+    names = sorted(set().union(*dicts))
+    # one column per hyperparameter (a comprehension per key: far faster than a frame of a million dicts)
+    params = {k: pd.Series([d.get(k) for d in dicts], index=t.index) for k in names}
+    varying = [k for k, col in params.items() if _nunique(col) > 1]
+    keys = [k for k in varying if k != "seed"] or varying[:1] or names[:1]
+    frame = pd.DataFrame({k: params[k].astype(str) for k in keys}).assign(
+        workload=t["workload"], val_accuracy=t["val_accuracy"], training_id=t["training_id"])
     ranked = frame.groupby(["workload"] + keys).agg(
         val_accuracy=("val_accuracy", "mean"), runs=("val_accuracy", "count"),
         trainings=("training_id", "nunique"))
     return ranked.sort_values("val_accuracy", ascending=False).head(top).reset_index()
 
 
-def best_line(row: pd.Series) -> str:
+def _nunique(col: pd.Series) -> int:
+    try:
+        return int(col.nunique(dropna=False))
+    except TypeError:  # unhashable values (lists): compare their text
+        return int(col.astype(str).nunique(dropna=False))
+
+
+def best_line(row: Mapping[str, Any]) -> str:
     speed = row.get("speedup_vs_n1")
     gain = f", {speed:.2f}x the trainings per hour of N=1" if speed == speed and speed is not None else ""
     return (f"Best packing factor for {row['workload']} on {row['partition']} ({row['gpu_type']}), "
             f"mode {row['mode']}: N={int(row['factor'])} — {row['time_per_training_s']:.2f} s per training"
             f"{gain}.")
-
-
-def _fmt(x: Any, spec: str = ".2f") -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
-
-
-def render(summary: pd.DataFrame, best: pd.DataFrame, hyper: pd.DataFrame, records: Records,
-           console: Console) -> None:
-    for w in records.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
-    if summary.empty:
-        console.print("No completed pack records yet.")
-    else:
-        table = Table(title="Time per training by packing factor N (pack wall time / N)")
-        for col in ("partition (GPU)", "mode", "N", "packs", "s/training", "min-max", "start-up s", "loop s",
-                    "trainings/h", "speedup", "samples/s/training", "failed"):
-            table.add_column(col, justify="left" if col in ("partition (GPU)", "mode") else "right")
-        best_keys = {tuple(r[GROUP + ["factor"]]) for _, r in best.iterrows()}
-        for _, r in summary.iterrows():
-            mark = "bold green" if tuple(r[GROUP + ["factor"]]) in best_keys else None
-            table.add_row(
-                f"{r['partition']} ({r['gpu_type']})", r["mode"], str(int(r["factor"])), _fmt(r["packs"], ".0f"),
-                _fmt(r["time_per_training_s"]), f"{_fmt(r['tpt_min_s'])}-{_fmt(r['tpt_max_s'])}",
-                _fmt(r["startup_s"]), _fmt(r["loop_s"]), _fmt(r["trainings_per_hour"], ".0f"),
-                _fmt(r["speedup_vs_n1"]), _fmt(r["samples_per_s"], ".0f"),
-                str(int(r["failed"])) + (f" ({int(r['oom'])} OOM: infeasible)" if r["oom"] else ""), style=mark)
-        console.print(table)
-    if not hyper.empty:
-        console.print("Best hyperparameters by validation accuracy (mean over runs):")
-        for _, r in hyper.iterrows():
-            params = ", ".join(f"{k}={r[k]}" for k in hyper.columns
-                               if k not in ("workload", "val_accuracy", "runs", "trainings"))
-            console.print(f"  {r['workload']}: {params}  val_accuracy={r['val_accuracy']:.4f} "
-                          f"({int(r['runs'])} runs)")
-    if not records.trainings.empty and "data" in records.trainings:
-        for data in sorted({d for d in records.trainings["data"].dropna()}):
-            console.print(f"Data: {data}")
-    if records.pending:
-        console.print(f"[yellow]{len(records.pending)} planned pack(s) have no record yet[/] (still running, "
-                      "or lost: re-run the same command with run_dir=... to resume).")
-    for _, r in best.iterrows():
-        console.print(f"[bold]{best_line(r)}[/]")
-    if not summary.empty and best.empty:
-        console.print("[red]No packing factor finished without failures: no best N.[/]")
 
 
 def make_console() -> Console:
@@ -220,37 +209,110 @@ def _jsonable(df: pd.DataFrame) -> list[dict[str, Any]]:
     return json.loads(df.to_json(orient="records")) if not df.empty else []
 
 
-def collect(run_dirs: Sequence[Path], console: Console | None = None, write: bool = True) -> pd.DataFrame:
-    """Aggregate, print, and write summary.csv/summary.json into the first run directory."""
-    console = console or make_console()
+@dataclass
+class Collected:
+    records: Records
+    summary: pd.DataFrame
+    best: pd.DataFrame  # per (workload, partition, GPU type, mode)
+    best_overall: pd.DataFrame  # per (workload, partition, GPU type): the best (mode, N)
+    hyper: pd.DataFrame
+    cost: pd.DataFrame
+    sweep_trainings: int
+
+
+def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = None,
+              sweep_trainings: int | None = None) -> Collected:
+    """Everything collect shows and writes, computed from the records. No output."""
+    from gpupack.rgu import cost_table
+
     records = load_records(run_dirs)
     summary = summarize(records.trainings, records.packs)
     best = best_factors(summary)
-    hyper = best_hyperparameters(records.trainings)
-    render(summary, best, hyper, records, console)
+    overall = best_factors(summary, by=("workload", "partition", "gpu_type"))
+    n = sweep_trainings or max(records.grid_sizes or [0]) or int(records.trainings["training_id"].nunique()
+                                                                 if not records.trainings.empty else 0)
+    cost = cost_table(overall, weights if weights is not None else records.rgu, n)
+    return Collected(records, summary, best, overall, best_hyperparameters(records.trainings), cost, n)
+
+
+def write_outputs(c: Collected, out: Path, plots: bool = True) -> list[Path]:
+    """summary.csv, summary.json, trainings.parquet, and (with plots) plots/*.png and report.html."""
+    from gpupack import report
+
+    out.mkdir(parents=True, exist_ok=True)
+    run = RunDir(out)
+    c.summary.to_csv(run.summary_csv, index=False)
+    write_json_atomic(run.summary_json, {
+        "schema": SCHEMA_VERSION, "runs": sorted(set(c.records.trainings.get("run_dir", pd.Series(dtype=str)))),
+        "groups": _jsonable(c.summary), "best": _jsonable(c.best), "best_overall": _jsonable(c.best_overall),
+        "best_lines": [best_line(r) for _, r in c.best.iterrows()], "cost": _jsonable(c.cost),
+        "sweep_trainings": c.sweep_trainings, "best_hyperparameters": _jsonable(c.hyper),
+        "warnings": c.records.warnings, "pending_packs": c.records.pending,
+    })
+    written = [run.summary_csv, run.summary_json]
+    if not c.records.trainings.empty:
+        table = c.records.trainings.copy()
+        for col in ("params", "curve", "error"):
+            if col in table:
+                table[col] = [json.dumps(v, default=str) if v is not None else None for v in table[col]]
+        table = table.astype({col: "string" for col in table.columns if table[col].dtype == object})
+        table.to_parquet(out / "trainings.parquet", index=False)
+        written.append(out / "trainings.parquet")
+    if plots:
+        written += report.write_report(c, out)
+    return written
+
+
+def collect(run_dirs: Sequence[Path], console: Console | None = None, write: bool = True,
+            weights: Mapping[str, float] | None = None, sweep_trainings: int | None = None,
+            out: Path | None = None, plots: bool = True) -> pd.DataFrame:
+    """Aggregate, print, and write the outputs into ``out`` (default: the first run directory)."""
+    from gpupack import report
+
+    console = console or make_console()
+    c = aggregate(run_dirs, weights, sweep_trainings)
+    report.render(c, console)
     if write and run_dirs:
-        out = RunDir(Path(run_dirs[0]))
-        summary.to_csv(out.summary_csv, index=False)
-        write_json_atomic(out.summary_json, {
-            "schema": SCHEMA_VERSION, "runs": [str(r) for r in run_dirs], "groups": _jsonable(summary),
-            "best": _jsonable(best), "best_lines": [best_line(r) for _, r in best.iterrows()],
-            "best_hyperparameters": _jsonable(hyper), "warnings": records.warnings,
-            "pending_packs": records.pending,
-        })
-    return summary
+        written = write_outputs(c, Path(out) if out else Path(run_dirs[0]), plots=plots)
+        report_html = [p for p in written if p.name == "report.html"]
+        if report_html:
+            console.print(f"Report: {report_html[0]}")
+    return c.summary
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print("usage: python -m gpupack collect RUN_DIR [RUN_DIR ...]")
-        return 0 if args else 2
-    missing = [a for a in args if not Path(a).is_dir()]
+    parser = argparse.ArgumentParser(prog="python -m gpupack collect",
+                                     description="Aggregate the records of one or more gpupack runs.")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    parser.add_argument("--trainings", type=int, default=None,
+                        help="cost a sweep of this many trainings (default: the runs' grid size)")
+    parser.add_argument("--rgu", type=Path, default=None,
+                        help="a YAML RGU table (models: {NAME: weight}); default: the run's, else conf/rgu/alliance")
+    parser.add_argument("--out", type=Path, default=None, help="where to write (default: the first RUN_DIR)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots and the HTML report")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    missing = [a for a in args.run_dirs if not Path(a).is_dir()]
     if missing:
-        print(f"RUN_DIR={missing[0]!r}: not a directory. HINT: give the run directory the sweep printed",
-              file=sys.stderr)
+        print(f"gpupack: error: RUN_DIR={missing[0]!r}: not a directory. HINT: give the run directory the sweep "
+              "printed", file=sys.stderr)
         return 2
-    collect([Path(a) for a in args])
+    if args.trainings is not None and args.trainings < 1:
+        print(f"gpupack: error: --trainings={args.trainings}: must be >= 1. HINT: the number of trainings "
+              "in the sweep to cost", file=sys.stderr)
+        return 2
+    weights = None
+    if args.rgu is not None:
+        if not args.rgu.is_file():
+            print(f"gpupack: error: --rgu={str(args.rgu)!r}: no such file. HINT: see conf/rgu/alliance.yaml for "
+                  "the format", file=sys.stderr)
+            return 2
+        weights = dict(OmegaConf.load(args.rgu).get("models", {}))
+    elif not any((Path(d) / "config.yaml").exists() for d in args.run_dirs):
+        from gpupack.compose import config_dir
+
+        weights = dict(OmegaConf.load(config_dir() / "rgu" / "alliance.yaml").models)
+    collect([Path(a) for a in args.run_dirs], weights=weights, sweep_trainings=args.trainings, out=args.out,
+            plots=not args.no_plots)
     return 0
 
 

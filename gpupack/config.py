@@ -107,10 +107,19 @@ class ClusterConfig:
 
 
 @dataclass
+class RguConfig:
+    """GPU model → RGU weight (cost of one GPU-hour), as data in conf/rgu/."""
+
+    source: str = ""
+    models: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class GpupackConfig:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     packing: PackingConfig = field(default_factory=PackingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    rgu: RguConfig = field(default_factory=RguConfig)
     # Where records go; null: runs/<sweep.name>/<date>_<time>. Re-using a run directory resumes it.
     run_dir: Optional[str] = None
     # Partitions / GPU types to run on (keys of cluster.partitions); empty: the cluster's default_partitions.
@@ -125,3 +134,4 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="gpupack_schema", node=GpupackConfig)
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig, package="cluster")
+    cs.store(group="rgu", name="rgu_schema", node=RguConfig, package="rgu")

@@ -40,9 +40,9 @@ def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any
             "loop_end": reporter.loop_end,
             "finished": finished,
             # start-up: process spawn → first step (imports, data, model); the table shows it apart.
-            "startup_s": (reporter.loop_start - spawned) if reporter.loop_start else None,
+            "startup_s": (reporter.loop_start - spawned) if reporter.loop_start is not None else None,
             "loop_s": loop["loop_s"],
-            "teardown_s": (finished - reporter.loop_end) if reporter.loop_end else None,
+            "teardown_s": (finished - reporter.loop_end) if reporter.loop_end is not None else None,
         },
     }
 

@@ -27,6 +27,10 @@ class Reporter:
     """
 
     warmup_steps: int = 10
+    # Throughput curve: one point per window at least this long; past curve_points points, neighbours merge
+    # and the window doubles, so short and hour-long trainings both get a curve of bounded size.
+    curve_window_s: float = 0.05
+    curve_points: int = 512
     loop_start: float | None = None
     loop_end: float | None = None
     steps: int = 0
@@ -34,24 +38,42 @@ class Reporter:
     steady_start: float | None = None
     steady_samples: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    # (seconds since the loop started, samples/s over the window that ended then)
+    curve: list[tuple[float, float]] = field(default_factory=list)
+    _window_start: float = 0.0
+    _window_samples: int = 0
 
     def loop_started(self) -> None:
-        self.loop_start = time.time()
+        self.loop_start = self._window_start = time.time()
 
     def step(self, samples: int) -> None:
+        now = time.time()
         self.steps += 1
         self.samples += samples
         if self.steps == self.warmup_steps:
-            self.steady_start = time.time()
+            self.steady_start = now
         elif self.steps > self.warmup_steps:
             self.steady_samples += samples
+        self._window_samples += samples
+        if self.loop_start is not None and now - self._window_start >= self.curve_window_s:
+            rate = self._window_samples / (now - self._window_start)
+            self.curve.append((round(now - self.loop_start, 3), round(rate, 1)))
+            self._window_start, self._window_samples = now, 0
+            if len(self.curve) >= self.curve_points:
+                self._coarsen()
+
+    def _coarsen(self) -> None:
+        pairs = zip(self.curve[0::2], self.curve[1::2])
+        self.curve = [(b[0], round((a[1] + b[1]) / 2, 1)) for a, b in pairs]
+        self.curve_window_s *= 2
 
     def loop_ended(self) -> None:
         self.loop_end = time.time()
 
     def summary(self) -> dict[str, Any]:
-        loop_s = (self.loop_end - self.loop_start) if self.loop_start and self.loop_end else None
-        steady_s = (self.loop_end - self.steady_start) if self.steady_start and self.loop_end else None
+        ended = self.loop_end is not None
+        loop_s = (self.loop_end - self.loop_start) if ended and self.loop_start is not None else None
+        steady_s = (self.loop_end - self.steady_start) if ended and self.steady_start is not None else None
         if steady_s and self.steady_samples:
             samples_per_s = self.steady_samples / steady_s
         elif loop_s:  # too few steps to leave warm-up out: say so through the flag below
@@ -64,6 +86,7 @@ class Reporter:
             "samples": self.samples,
             "samples_per_s": samples_per_s,
             "warmup_excluded": bool(steady_s and self.steady_samples),
+            "curve": self.curve,
         }
 
 

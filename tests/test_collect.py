@@ -141,3 +141,97 @@ def test_only_incomplete_packs_gives_a_table_without_timing(run):
     summary = _summary(run)
     assert len(summary) == 1 and math.isnan(summary.loc[0, "time_per_training_s"])
     assert best_factors(summary).empty
+
+
+# ---------------- RGU cost, outputs, many runs ----------------
+
+from gpupack.collect import aggregate, write_outputs  # noqa: E402
+from gpupack.rgu import cost_table, model_from_device_name  # noqa: E402
+
+
+@pytest.mark.parametrize("name, model", [
+    ("Tesla P100-PCIE-12GB", "P100-12gb"), ("Tesla P100-PCIE-16GB", "P100-16gb"), ("Tesla T4", "T4-16gb"),
+    ("Tesla V100-SXM2-16GB", "V100-16gb"), ("Tesla V100-SXM2-32GB", "V100-32gb"),
+    ("NVIDIA A100-SXM4-40GB", "A100-40gb"), ("NVIDIA A100-SXM4-80GB", "A100-80gb"),
+    ("NVIDIA H100 80GB HBM3", "H100-80gb"), ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "H100-3g.40gb"),
+    ("NVIDIA A100-SXM4-40GB MIG 2g.10gb", "A100-2g.10gb"), ("Intel Xeon", None), (None, None)])
+def test_model_from_device_name(name, model):
+    assert model_from_device_name(name) == model
+
+
+# (partition, model, best time per training s) -> RGU-hours per training = s / 3600 * weight
+COST_CASES = [
+    ([("p100", "P100-12gb", 36.0), ("v100", "V100-16gb", 18.0), ("a100", "A100-40gb", 9.0)], 100,
+     {"p100": 0.01, "v100": 0.011, "a100": 0.01}, "a100", "p100"),
+    ([("v100", "V100-32gb", 3600.0), ("h100", "H100-80gb", 360.0)], 10, {"v100": 2.6, "h100": 1.22}, "h100", "h100"),
+]
+
+
+@pytest.mark.parametrize("rows, n, rgu_hours, fastest, cheapest", COST_CASES)
+def test_cost_table(rows, n, rgu_hours, fastest, cheapest):
+    weights = {"P100-12gb": 1.0, "V100-16gb": 2.2, "V100-32gb": 2.6, "A100-40gb": 4.0, "H100-80gb": 12.2}
+    best = pd.DataFrame([{"workload": "w", "partition": p, "gpu_type": "g", "gpu_model": m, "mode": "process",
+                          "factor": 4, "time_per_training_s": s} for p, m, s in rows])
+    cost = cost_table(best, weights, n).set_index("partition")
+    for partition, expected in rgu_hours.items():
+        assert cost.loc[partition, "rgu_hours_per_training"] == pytest.approx(expected)
+        assert cost.loc[partition, "sweep_rgu_hours"] == pytest.approx(expected * n)
+    assert cost[cost["fastest"]].index.tolist() == [fastest]
+    assert cost[cost["cheapest"]].index.tolist() == [cheapest]
+
+
+def test_unknown_model_has_no_cost_but_still_a_time():
+    best = pd.DataFrame([{"workload": "w", "partition": "x", "gpu_type": "g", "gpu_model": None, "mode": "process",
+                          "factor": 2, "time_per_training_s": 7.2}])
+    cost = cost_table(best, {"P100-12gb": 1.0}, 50)
+    assert math.isnan(cost.loc[0, "rgu_hours_per_training"]) and cost.loc[0, "sweep_hours"] == pytest.approx(0.1)
+    assert not cost.loc[0, "cheapest"] and cost.loc[0, "fastest"]
+
+
+def _write_pack_model(run, partition, model, factor, wall):
+    _write_pack(run, factor, 0, wall, ["completed"] * factor, partition=partition)
+    for p in run.root.glob(f"packs/{partition}-*/trainings/*.json"):
+        rec = read_json(p)
+        rec["gpu_model"] = model
+        rec["throughput"]["curve"] = [[0.5, 100.0], [1.0, 120.0]]
+        write_json_atomic(p, rec)
+
+
+def test_collect_over_two_runs_writes_everything(tmp_path):
+    runs = [RunDir(tmp_path / "p100run"), RunDir(tmp_path / "a100run")]
+    for n, wall in ((1, 20.0), (2, 30.0)):
+        _write_pack_model(runs[0], "p100", "P100-12gb", n, wall)
+    for n, wall in ((1, 10.0), (2, 12.0)):
+        _write_pack_model(runs[1], "a100", "A100-40gb", n, wall)
+    console = Console(record=True, width=250)
+    out = tmp_path / "both"
+    collect([r.root for r in runs], console=console, weights={"P100-12gb": 1.0, "A100-40gb": 4.0},
+            sweep_trainings=100, out=out)
+    text = console.export_text()
+    assert "Best packing factor for w on p100 (cpu), mode process: N=2 — 15.00 s per training" in text
+    assert "Best packing factor for w on a100 (cpu), mode process: N=2 — 6.00 s per training" in text
+    assert "finishes first on a100" in text and "costs least on p100 (P100-12gb)" in text
+    for name in ("summary.csv", "summary.json", "trainings.parquet", "report.html", "plots/time_per_training.png",
+                 "plots/cost.png", "plots/throughput_curves.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    assert len(pd.read_parquet(out / "trainings.parquet")) == 6
+    data = read_json(out / "summary.json")
+    cost = {c["partition"]: c for c in data["cost"]}
+    assert cost["p100"]["sweep_rgu_hours"] == pytest.approx(100 * 15.0 / 3600 * 1.0)
+    assert cost["a100"]["sweep_rgu_hours"] == pytest.approx(100 * 6.0 / 3600 * 4.0)
+    html_text = (out / "report.html").read_text()
+    assert html_text.count("data:image/png;base64,") == 3 and "Best packing factor for w on a100" in html_text
+
+
+def test_older_schema_is_refused_with_its_name_and_in_progress_runs_say_what_is_pending(run):
+    _write_pack(run, 1, 0, 10.0, ["completed"])
+    old = run.training_record("local-process-n01-000", "old")
+    write_json_atomic(old, {"schema": 0, "kind": "training", "status": "completed"})
+    write_json_atomic(run.plan, {"grid_size": 3, "packs": [{"pack_id": "local-process-n01-000"},
+                                                           {"pack_id": "local-process-n02-000"}]})
+    c = aggregate([run.root])
+    assert any(str(old) in w and "schema 0" in w for w in c.records.warnings)
+    assert c.records.pending == [f"{run.root}:local-process-n02-000"] and c.sweep_trainings == 3
+    written = write_outputs(c, run.root, plots=False)
+    assert read_json(run.summary_json)["pending_packs"] == [f"{run.root}:local-process-n02-000"]
+    assert run.summary_csv in written

@@ -19,6 +19,7 @@ from gpupack.pack import PackContext, TrainingOutcome, load_packer, threads_for
 from gpupack.plan import Pack, Plan, Training
 from gpupack.records import (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, is_completed, pack_record, read_json,
                              training_record, write_json_atomic)
+from gpupack.rgu import model_from_device_name
 from gpupack.rundir import RunDir
 
 
@@ -31,6 +32,9 @@ class PackSettings:
     warmup_steps: int = 10
     training_timeout_s: float | None = None
     memory_limit_gb_per_training: float | None = None
+    # The RGU table's name of the GPU this pack's partition gives (from the cluster preset), used when NVML
+    # cannot name the device itself.
+    gpu_model: str | None = None
 
 
 def job_cores() -> int:
@@ -85,15 +89,20 @@ def move_aside(path: Path, attempts_dir: Path) -> None:
     os.replace(path, target)
 
 
+def gpu_model(info: DeviceInfo, settings: PackSettings) -> str | None:
+    return model_from_device_name(info.name) if info.kind == "gpu" else settings.gpu_model
+
+
 def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, sweep: str,
-                          device: DeviceInfo, ctx_device: str, threads: int, concurrent: int) -> dict[str, Any]:
+                          device: DeviceInfo, ctx_device: str, threads: int, concurrent: int,
+                          model: str | None = None) -> dict[str, Any]:
     result = outcome.result or {}
     return training_record(
         sweep=sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload,
         params=dict(training.params), grid_index=training.grid_index, reseed=training.reseed,
         mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=concurrent,
         gpu_type=device.name if device.kind == "gpu" else "cpu", device=ctx_device, device_name=device.name,
-        threads=threads, status=status_of(outcome), exit_code=outcome.exit_code, signal=outcome.signal,
+        gpu_model=model, threads=threads, status=status_of(outcome), exit_code=outcome.exit_code, signal=outcome.signal,
         error=outcome.error, started_at=outcome.started_at, ended_at=outcome.ended_at,
         wall_s=outcome.ended_at - outcome.started_at,
         timings=result.get("timings"), throughput=result.get("throughput"), metrics=result.get("metrics"),
@@ -122,7 +131,7 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, A
 
     def on_finished(outcome: TrainingOutcome) -> None:
         rec = build_training_record(outcome, by_id[outcome.training_id], pack, plan.sweep, info, device, threads,
-                                    len(todo))
+                                    len(todo), gpu_model(info, settings))
         write_json_atomic(run.training_record(pack_id, rec["training_id"]), rec)
         records.append(rec)
 
@@ -132,17 +141,17 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, A
                       memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
                       if settings.memory_limit_gb_per_training else None)
     load_packer(pack.mode).run(todo, ctx)
-    return write_pack_record(run, pack, records, info, device, cores, threads)
+    return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings))
 
 
 def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]], info: DeviceInfo,
-                      device: str, cores: int, threads: int) -> dict[str, Any]:
+                      device: str, cores: int, threads: int, model: str | None = None) -> dict[str, Any]:
     started = min(r["started_at"] for r in records)
     ended = max(r["ended_at"] for r in records)
     rec = pack_record(
         pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition,
         gpu_type=info.name if info.kind == "gpu" else "cpu", device=device, device_name=info.name,
-        device_note=info.note, gpu_memory_total_mb=info.memory_total_mb,
+        device_note=info.note, gpu_model=model, gpu_memory_total_mb=info.memory_total_mb,
         # Time per training is only meaningful when all N trainings ran together in this attempt.
         concurrent=len(records), complete=len(records) == pack.factor,
         training_ids=[r["training_id"] for r in records],

@@ -5,6 +5,7 @@ Packs of one (partition, mode, N) group share one job array. Every SLURM command
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -167,8 +168,9 @@ class SlurmSubmitter(Submitter):
             executor.update_parameters(**sbatch_parameters(self.cluster, partition,
                                                            self.cluster.partitions[partition], factor, account))
             try:
+                labelled = dataclasses.replace(settings, gpu_model=self.cluster.partitions[partition].model)
                 with executor.batch():
-                    jobs = [executor.submit(PackJob(), str(self.run.root), p.pack_id, settings) for p in group]
+                    jobs = [executor.submit(PackJob(), str(self.run.root), p.pack_id, labelled) for p in group]
             except Exception as err:  # sbatch refused: say which group and why, keep what was submitted
                 self.remember({p.pack_id: (str(j.job_id), p.partition) for p, j in out})
                 raise SubmissionError(f"sbatch refused the {partition} N={factor} array: {err}".strip()) from None

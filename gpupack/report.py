@@ -1,0 +1,301 @@
+"""What a person reads: the terminal tables (rich), PNG plots (matplotlib, headless) and one self-contained
+HTML report (images embedded) that can be copied off a cluster and opened anywhere."""
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+
+if TYPE_CHECKING:
+    from gpupack.collect import Collected
+
+MODE_STYLE = {"process": "-", "tf_logical": "--"}
+MODE_LABEL = {"process": "no split (process)", "tf_logical": "split (TF logical)"}
+
+
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(x, spec)
+
+
+def _trainings(n: int) -> str:
+    return f"{n} training" + ("" if n == 1 else "s")
+
+
+def _failed(r: pd.Series) -> str:
+    return str(int(r["failed"])) + (f" ({int(r['oom'])} OOM: infeasible)" if r.get("oom") else "")
+
+
+# ---------------- terminal ----------------
+
+def render(c: "Collected", console: Console) -> None:
+    from gpupack.collect import GROUP, best_line
+
+    for w in c.records.warnings:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    if c.summary.empty:
+        console.print("No completed pack records yet.")
+    else:
+        table = Table(title="Time per training by packing factor N (pack wall time / N)")
+        for col in ("partition (GPU)", "mode", "N", "packs", "s/training", "min-max", "start-up s", "loop s",
+                    "trainings/h", "speedup", "samples/s/training", "failed"):
+            table.add_column(col, justify="left" if col in ("partition (GPU)", "mode") else "right")
+        best_keys = {tuple(r[GROUP + ["factor"]]) for _, r in c.best.iterrows()}
+        for _, r in c.summary.iterrows():
+            mark = "bold green" if tuple(r[GROUP + ["factor"]]) in best_keys else None
+            table.add_row(
+                f"{r['partition']} ({r['gpu_type']})", r["mode"], str(int(r["factor"])), _fmt(r["packs"], ".0f"),
+                _fmt(r["time_per_training_s"]), f"{_fmt(r['tpt_min_s'])}-{_fmt(r['tpt_max_s'])}",
+                _fmt(r["startup_s"]), _fmt(r["loop_s"]), _fmt(r["trainings_per_hour"], ".0f"),
+                _fmt(r["speedup_vs_n1"]), _fmt(r["samples_per_s"], ".0f"), _failed(r), style=mark)
+        console.print(table)
+    if not c.hyper.empty:
+        console.print("Best hyperparameters by validation accuracy (mean over runs):")
+        for line in hyper_lines(c.hyper):
+            console.print(f"  {line}", highlight=False)
+    if not c.records.trainings.empty and "data" in c.records.trainings:
+        for data in sorted({d for d in c.records.trainings["data"].dropna()}):
+            console.print(f"Data: {data}", highlight=False)
+    if c.records.pending:
+        console.print(f"[yellow]{len(c.records.pending)} planned pack(s) have no record yet[/] (still running, "
+                      "or lost: re-run the same command with run_dir=... to resume).")
+    if len(c.cost) > 1 or (len(c.cost) == 1 and c.cost["rgu"].notna().any()):
+        render_cost(c, console)
+    for _, r in c.best.iterrows():
+        console.print(f"[bold]{best_line(r)}[/]")
+    if not c.summary.empty and c.best.empty:
+        console.print("[red]No packing factor finished without failures: no best N.[/]")
+
+
+def hyper_lines(hyper: pd.DataFrame) -> list[str]:
+    lines = []
+    for _, r in hyper.iterrows():
+        params = ", ".join(f"{k}={r[k]}" for k in hyper.columns
+                           if k not in ("workload", "val_accuracy", "runs", "trainings"))
+        lines.append(f"{r['workload']}: {params}  val_accuracy={r['val_accuracy']:.4f} ({int(r['runs'])} runs)")
+    return lines
+
+
+def cost_lines(c: "Collected") -> list[str]:
+    lines = []
+    for workload, group in c.cost.groupby("workload"):
+        fastest = group[group["fastest"]].iloc[0]
+        lines.append(f"{workload}: a sweep of {_trainings(c.sweep_trainings)} finishes first on "
+                     f"{fastest['partition']} ({_fmt(fastest['sweep_hours'], '.3g')} GPU-hours at N="
+                     f"{int(fastest['factor'])}, {fastest['mode']}).")
+        cheapest = group[group["cheapest"]]
+        if len(cheapest):
+            row = cheapest.iloc[0]
+            lines.append(f"{workload}: it costs least on {row['partition']} ({row['gpu_model']}): "
+                         f"{_fmt(row['sweep_rgu_hours'], '.3g')} RGU-hours at N={int(row['factor'])}.")
+        else:
+            lines.append(f"{workload}: no RGU weight is known for these GPUs (the table in conf/rgu/ has no "
+                         "such model), so no cost comparison.")
+    return lines
+
+
+def render_cost(c: "Collected", console: Console) -> None:
+    table = Table(title=f"Cost at the best N, for a sweep of {_trainings(c.sweep_trainings)} on one GPU")
+    for col in ("partition", "GPU model", "RGU", "mode", "best N", "s/training", "RGU-h/training", "sweep GPU-h",
+                "sweep RGU-h", ""):
+        table.add_column(col, justify="left" if col in ("partition", "GPU model", "mode", "") else "right")
+    for _, r in c.cost.iterrows():
+        flags = " ".join(f for f, on in (("fastest", r["fastest"]), ("cheapest", r["cheapest"])) if on)
+        table.add_row(r["partition"], str(r["gpu_model"] or "-"), _fmt(r["rgu"], ".1f"), r["mode"],
+                      str(int(r["factor"])), _fmt(r["time_per_training_s"]), _fmt(r["rgu_hours_per_training"], ".2e"),
+                      _fmt(r["sweep_hours"], ".3g"), _fmt(r["sweep_rgu_hours"], ".3g"), flags)
+    console.print(table)
+    for line in cost_lines(c):
+        console.print(line, highlight=False)
+
+
+# ---------------- plots ----------------
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: compute nodes and CI have no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_time_per_training(c: "Collected", path: Path) -> Path | None:
+    s = c.summary.dropna(subset=["time_per_training_s"])
+    if s.empty:
+        return None
+    plt = _plt()
+    workloads = sorted(s["workload"].unique())
+    fig, axes = plt.subplots(1, len(workloads), figsize=(7 * len(workloads), 4.5), squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        for (partition, gpu, mode), g in s[s["workload"] == workload].groupby(["partition", "gpu_type", "mode"]):
+            g = g.sort_values("factor")
+            err = [g["time_per_training_s"] - g["tpt_min_s"], g["tpt_max_s"] - g["time_per_training_s"]]
+            ax.errorbar(g["factor"], g["time_per_training_s"], yerr=err, marker="o", capsize=3,
+                        linestyle=MODE_STYLE.get(mode, ":"), label=f"{partition} ({gpu}), {mode}")
+        ax.set_xlabel("packing factor N (trainings per GPU)")
+        ax.set_ylabel("time per training (s) = pack wall / N")
+        ax.set_title(f"{workload}: time per training vs N (lower is better)")
+        ax.set_xticks(sorted(s["factor"].unique()))
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, plt, path)
+
+
+def plot_split_vs_no_split(c: "Collected", path: Path) -> Path | None:
+    s = c.summary.dropna(subset=["time_per_training_s"])
+    if s.empty or s["mode"].nunique() < 2:
+        return None
+    plt = _plt()
+    groups = list(s.groupby(["workload", "partition", "gpu_type"]))
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
+    for ax, ((workload, partition, gpu), g) in zip(axes[0], groups):
+        for mode, m in g.groupby("mode"):
+            m = m.sort_values("factor")
+            ax.plot(m["factor"], m["time_per_training_s"], marker="o", linestyle=MODE_STYLE.get(mode, ":"),
+                    label=MODE_LABEL.get(mode, mode))
+        ax.set_title(f"{workload} on {partition} ({gpu}): split vs no split")
+        ax.set_xlabel("packing factor N")
+        ax.set_ylabel("time per training (s)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _save(fig, plt, path)
+
+
+def plot_throughput_curves(c: "Collected", path: Path) -> Path | None:
+    """The samples/s curve of every training in one pack: the first pack of the best (partition, mode, N)."""
+    t = c.records.trainings
+    if c.best_overall.empty or t.empty or "curve" not in t:
+        return None
+    best = c.best_overall.iloc[0]
+    match = t[(t["partition"] == best["partition"]) & (t["mode"] == best["mode"]) & (t["factor"] == best["factor"])
+              & t["curve"].map(lambda v: isinstance(v, list) and len(v) > 0)]
+    if match.empty:
+        return None
+    pack_id = sorted(match["pack_id"].unique())[0]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for _, r in match[match["pack_id"] == pack_id].iterrows():
+        xs, ys = zip(*r["curve"])
+        ax.plot(xs, ys, label=f"{r['training_id']}")
+    ax.set_title(f"Throughput of the {int(best['factor'])} trainings of pack {pack_id}")
+    ax.set_xlabel("seconds since the training loop started")
+    ax.set_ylabel("samples/s (per window)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, plt, path)
+
+
+def plot_cost(c: "Collected", path: Path) -> Path | None:
+    if c.cost.empty:
+        return None
+    plt = _plt()
+    cost = c.cost.copy()
+    labels = [f"{r['partition']}\n{r['gpu_model'] or r['gpu_type']}\nN={int(r['factor'])}" for _, r in cost.iterrows()]
+    has_rgu = cost["sweep_rgu_hours"].notna().any()
+    fig, axes = plt.subplots(1, 2 if has_rgu else 1, figsize=(11 if has_rgu else 6, 4.5), squeeze=False)
+    axes[0][0].bar(labels, cost["sweep_hours"], color="tab:blue")
+    axes[0][0].set_title(f"Sweep of {_trainings(c.sweep_trainings)}: GPU-hours (lower finishes first)")
+    axes[0][0].set_ylabel("GPU-hours at the best N")
+    if has_rgu:
+        axes[0][1].bar(labels, cost["sweep_rgu_hours"].fillna(0), color="tab:orange")
+        axes[0][1].set_title("Sweep cost: RGU-hours (lower costs less)")
+        axes[0][1].set_ylabel("RGU-hours")
+    for ax in axes[0]:
+        ax.grid(axis="y", alpha=0.3)
+    return _save(fig, plt, path)
+
+
+def _save(fig: Any, plt: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------- HTML ----------------
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"><figcaption>' \
+           f"{html.escape(alt)}</figcaption></figure>"
+
+
+def _table(df: pd.DataFrame, columns: dict[str, str], formats: dict[str, str]) -> str:
+    if df.empty:
+        return "<p>(none)</p>"
+    view = pd.DataFrame({label: [_fmt(v, formats[col]) if col in formats else ("-" if v is None else v)
+                                 for v in df[col]] for col, label in columns.items() if col in df})
+    return "<div class='scroll'>" + view.to_html(index=False, escape=True, border=0, classes="t") + "</div>"
+
+
+SUMMARY_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_type": "GPU", "mode": "mode", "factor": "N", "packs": "packs", "time_per_training_s": "s/training",
+                   "tpt_min_s": "min", "tpt_max_s": "max", "startup_s": "start-up s", "loop_s": "loop s",
+                   "trainings_per_hour": "trainings/h", "speedup_vs_n1": "speedup vs N=1",
+                   "samples_per_s": "samples/s/training", "pack_samples_per_s": "samples/s/pack",
+                   "failed": "failed", "oom": "OOM"}
+SUMMARY_FORMATS = {"time_per_training_s": ".2f", "tpt_min_s": ".2f", "tpt_max_s": ".2f", "startup_s": ".2f",
+                   "loop_s": ".2f", "trainings_per_hour": ".0f", "speedup_vs_n1": ".2f", "samples_per_s": ".0f",
+                   "pack_samples_per_s": ".0f", "packs": ".0f"}
+COST_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_model": "GPU model", "rgu": "RGU",
+                "mode": "mode", "factor": "best N", "time_per_training_s": "s/training",
+                "rgu_hours_per_training": "RGU-h/training", "sweep_hours": "sweep GPU-h",
+                "sweep_rgu_hours": "sweep RGU-h", "fastest": "fastest", "cheapest": "cheapest"}
+COST_FORMATS = {"rgu": ".1f", "time_per_training_s": ".2f", "rgu_hours_per_training": ".2e", "sweep_hours": ".3g",
+                "sweep_rgu_hours": ".3g"}
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em}.best{background:#e8f5e9;padding:.6em 1em;border-radius:6px}
+table.t{border-collapse:collapse;font-size:.85em}table.t td,table.t th{padding:3px 8px;border-bottom:1px solid #ddd;
+text-align:right}table.t th{background:#f3f3f3}img{max-width:100%}figcaption{font-size:.8em;color:#666}
+.warn{color:#a15c00}.scroll{overflow-x:auto}"""
+
+
+def write_report(c: "Collected", out: Path) -> list[Path]:
+    """plots/*.png and report.html in ``out``."""
+    from gpupack.collect import best_line
+
+    plots_dir = out / "plots"
+    made = [
+        (plot_time_per_training(c, plots_dir / "time_per_training.png"), "Time per training against N, per GPU type"),
+        (plot_split_vs_no_split(c, plots_dir / "split_vs_no_split.png"), "Split (TF logical GPUs) against no split"),
+        (plot_throughput_curves(c, plots_dir / "throughput_curves.png"), "Throughput of the trainings of one pack"),
+        (plot_cost(c, plots_dir / "cost.png"), "Time and RGU cost of the sweep per partition"),
+    ]
+    plots = [(p, alt) for p, alt in made if p is not None]
+    best = "".join(f"<p>{html.escape(best_line(r))}</p>" for _, r in c.best.iterrows()) or \
+        "<p>No packing factor finished without failures yet: no best N.</p>"
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>gpupack report</title>",
+        f"<style>{CSS}</style></head><body><h1>gpupack report</h1>",
+        f"<p>Runs: {html.escape(', '.join(sorted(set(map(str, c.records.trainings.get('run_dir', []))))))}</p>",
+        f"<div class='best'>{best}</div>",
+        "<h2>Time per training by packing factor N</h2>",
+        _table(c.summary, SUMMARY_COLUMNS, SUMMARY_FORMATS),
+        f"<h2>Cost at the best N (a sweep of {_trainings(c.sweep_trainings)} on one GPU)</h2>",
+        _table(c.cost, COST_COLUMNS, COST_FORMATS),
+        "".join(f"<p>{html.escape(line)}</p>" for line in (cost_lines(c) if not c.cost.empty else [])),
+        "<h2>Plots</h2>", "".join(_img(p, alt) for p, alt in plots),
+        "<h2>Best hyperparameters by validation accuracy</h2>",
+        "".join(f"<p>{html.escape(line)}</p>" for line in hyper_lines(c.hyper)) or "<p>(none)</p>",
+    ]
+    if c.records.warnings or c.records.pending:
+        parts.append("<h2>Warnings</h2>" + "".join(f"<p class='warn'>{html.escape(w)}</p>"
+                                                     for w in c.records.warnings))
+        if c.records.pending:
+            parts.append(f"<p class='warn'>{len(c.records.pending)} planned pack(s) have no record yet.</p>")
+    parts.append("</body></html>")
+    report = out / "report.html"
+    report.write_text("\n".join(parts), encoding="utf-8")
+    return [p for p, _ in plots] + [report]
