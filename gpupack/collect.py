@@ -33,8 +33,13 @@ FLAT = {
     "samples": ("throughput", "samples"), "samples_per_s": ("throughput", "samples_per_s"),
     "curve": ("throughput", "curve"),
     "val_accuracy": ("metrics", "val_accuracy"), "train_loss": ("metrics", "train_loss"),
+    "peak_rss_mb": ("memory", "peak_rss_mb"), "peak_gpu_mem_mb": ("memory", "peak_gpu_mem_mb"),
 }
-NESTED = {"timings", "throughput", "metrics"}
+NESTED = {"timings", "throughput", "metrics", "memory"}
+# Pack record: the sampler's summary, flattened (its raw samples stay in pack.json).
+PACK_FLAT = ("source", "note", "gpu_util_mean", "gpu_util_max", "gpu_mem_used_peak_mb", "gpu_mem_total_mb",
+             "cpu_percent_mean", "overhead_cpu_s", "overhead_fraction")
+LOADER_BOUND_FRACTION = 0.9  # training throughput at >= 90 % of the loader's own: loader-bound, not GPU-bound
 
 
 @dataclass
@@ -55,6 +60,14 @@ def flatten(rec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def flatten_pack(rec: dict[str, Any]) -> dict[str, Any]:
+    row = {k: v for k, v in rec.items() if k != "sampler"}
+    sampled = rec.get("sampler") or {}
+    for key in PACK_FLAT:
+        row[f"sampler_{key}"] = sampled.get(key)
+    return row
+
+
 def _read_all(paths: Iterable[Path], kind: str, run_root: Path, warnings: list[str]) -> list[dict[str, Any]]:
     rows = []
     for path in paths:
@@ -69,7 +82,7 @@ def _read_all(paths: Iterable[Path], kind: str, run_root: Path, warnings: list[s
             warnings.append(f"skipped {path}: record schema {rec.get('schema')!r}, this gpupack reads schema "
                             f"{SCHEMA_VERSION} (collect it with the gpupack version that wrote it)")
         else:
-            rows.append({**(flatten(rec) if kind == "training" else rec), "run_dir": str(run_root)})
+            rows.append({**(flatten(rec) if kind == "training" else flatten_pack(rec)), "run_dir": str(run_root)})
     return rows
 
 
@@ -106,17 +119,21 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     """
     if trainings.empty or packs.empty:
         return pd.DataFrame()
+    bounds = loader_bounds(trainings)
+    trainings, packs = _not_probes(trainings), _not_probes(packs)
+    if trainings.empty or packs.empty:
+        return pd.DataFrame()
     t = trainings.copy()
     t["ok"] = t["status"] == COMPLETED
     t["is_oom"] = t["status"] == OOM
-    for col in ("startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy"):
-        t[col] = pd.to_numeric(t[col], errors="coerce")
+    for col in ("startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb", "peak_gpu_mem_mb"):
+        t[col] = pd.to_numeric(t.get(col), errors="coerce")
     if "gpu_model" not in t:
         t["gpu_model"] = None
     keys = GROUP + ["factor"]
     timed = packs[packs["complete"].astype(bool)].copy()
-    for col in ("wall_s", "factor"):
-        timed[col] = pd.to_numeric(timed[col], errors="coerce")
+    for col in ("wall_s", "factor", "sampler_gpu_util_mean", "sampler_cpu_percent_mean", "sampler_gpu_mem_used_peak_mb"):
+        timed[col] = pd.to_numeric(timed.get(col), errors="coerce")
     timed["time_per_training_s"] = timed["wall_s"] / timed["factor"]
     pack_samples = t.groupby("pack_id")["samples"].sum()
     timed["pack_samples_per_s"] = pd.to_numeric(timed["pack_id"].map(pack_samples), errors="coerce") / timed["wall_s"]
@@ -129,6 +146,9 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
         tpt_min_s=("time_per_training_s", "min"),
         tpt_max_s=("time_per_training_s", "max"),
         pack_samples_per_s=("pack_samples_per_s", "median"),
+        gpu_util_mean=("sampler_gpu_util_mean", "mean"),
+        cpu_percent_mean=("sampler_cpu_percent_mean", "mean"),
+        gpu_mem_peak_mb=("sampler_gpu_mem_used_peak_mb", "max"),
     )
     per_training = t.groupby(keys, dropna=False).agg(
         trainings=("training_id", "count"),
@@ -137,6 +157,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
         startup_s=("startup_s", "median"),
         loop_s=("loop_s", "median"),
         samples_per_s=("samples_per_s", "median"),
+        peak_rss_mb=("peak_rss_mb", "max"),
         gpu_model=("gpu_model", _first),
     )
     out = per_pack.join(per_training, how="outer").reset_index()
@@ -146,7 +167,56 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     base = out[out["factor"] == 1].set_index(GROUP)["time_per_training_s"]
     base_of = pd.Series([base.get(tuple(k), math.nan) for k in out[GROUP].itertuples(index=False)], index=out.index)
     out["speedup_vs_n1"] = base_of / out["time_per_training_s"]
+    out["loader_bound_samples_per_s"] = [bounds.get(p, math.nan) for p in out["partition"]]
+    out["loader_bound"] = out["samples_per_s"] >= LOADER_BOUND_FRACTION * out["loader_bound_samples_per_s"]
     return out.sort_values(keys).reset_index(drop=True)
+
+
+def _not_probes(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[~frame["probe"].fillna(False).astype(bool)] if "probe" in frame else frame
+
+
+def _probes(frame: pd.DataFrame) -> pd.DataFrame:
+    if "probe" not in frame:
+        return frame.iloc[0:0]
+    return frame[frame["probe"].fillna(False).astype(bool) & (frame["status"] == COMPLETED)]
+
+
+def loader_bounds(trainings: pd.DataFrame) -> dict[str, float]:
+    """The data loader's own samples/s per partition (median over its loader-only probes)."""
+    probes = _probes(trainings)
+    if probes.empty:
+        return {}
+    return pd.to_numeric(probes["samples_per_s"], errors="coerce").groupby(probes["partition"]).median().to_dict()
+
+
+def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
+    """Throughput per setting of the workload's knobs (batch size, AMP, loader workers, pinned memory) and N,
+    with the loader-only bound of the same input-pipeline setting beside it."""
+    if trainings.empty or "knobs" not in trainings:
+        return pd.DataFrame()
+    t = _not_probes(trainings)
+    t = t[(t["status"] == COMPLETED) & t["knobs"].map(lambda k: isinstance(k, dict) and bool(k))]
+    if t.empty:
+        return pd.DataFrame()
+    knobs = pd.DataFrame(list(t["knobs"]), index=t.index)
+    varying = [c for c in knobs.columns if _nunique(knobs[c]) > 1] or list(knobs.columns)
+    frame = knobs[varying].astype(str).assign(
+        workload=t["workload"], partition=t["partition"], factor=t["factor"], loader_setting=t.get("loader_setting"),
+        samples_per_s=pd.to_numeric(t["samples_per_s"], errors="coerce"))
+    keys = ["workload", "partition"] + varying + ["factor"]
+    out = frame.groupby(keys, dropna=False).agg(samples_per_s=("samples_per_s", "median"),
+                                               trainings=("samples_per_s", "count"),
+                                               loader_setting=("loader_setting", _first)).reset_index()
+    probes = _probes(trainings)
+    bound = {}
+    if not probes.empty and "loader_setting" in probes:
+        rates = pd.to_numeric(probes["samples_per_s"], errors="coerce")
+        bound = rates.groupby([probes["partition"], probes["loader_setting"]]).median().to_dict()
+    out["loader_bound_samples_per_s"] = [bound.get((p, s), math.nan)
+                                         for p, s in zip(out["partition"], out["loader_setting"])]
+    out["loader_bound"] = out["samples_per_s"] >= LOADER_BOUND_FRACTION * out["loader_bound_samples_per_s"]
+    return out.drop(columns=["loader_setting"])
 
 
 def best_factors(summary: pd.DataFrame, by: Sequence[str] = tuple(GROUP)) -> pd.DataFrame:
@@ -165,7 +235,8 @@ def best_hyperparameters(trainings: pd.DataFrame, top: int = 5) -> pd.DataFrame:
     """Grid points ranked by validation accuracy, averaged over every completed run of them."""
     if trainings.empty:
         return pd.DataFrame()
-    t = trainings[(trainings["status"] == COMPLETED)].copy()
+    t = _not_probes(trainings)
+    t = t[(t["status"] == COMPLETED)].copy()
     t["val_accuracy"] = pd.to_numeric(t["val_accuracy"], errors="coerce")
     t = t[t["val_accuracy"].notna()]
     if t.empty:
@@ -218,6 +289,7 @@ class Collected:
     hyper: pd.DataFrame
     cost: pd.DataFrame
     sweep_trainings: int
+    knobs: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = None,
@@ -232,7 +304,8 @@ def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = No
     n = sweep_trainings or max(records.grid_sizes or [0]) or int(records.trainings["training_id"].nunique()
                                                                  if not records.trainings.empty else 0)
     cost = cost_table(overall, weights if weights is not None else records.rgu, n)
-    return Collected(records, summary, best, overall, best_hyperparameters(records.trainings), cost, n)
+    return Collected(records, summary, best, overall, best_hyperparameters(records.trainings), cost, n,
+                     knob_table(records.trainings))
 
 
 def write_outputs(c: Collected, out: Path, plots: bool = True) -> list[Path]:
@@ -247,12 +320,13 @@ def write_outputs(c: Collected, out: Path, plots: bool = True) -> list[Path]:
         "groups": _jsonable(c.summary), "best": _jsonable(c.best), "best_overall": _jsonable(c.best_overall),
         "best_lines": [best_line(r) for _, r in c.best.iterrows()], "cost": _jsonable(c.cost),
         "sweep_trainings": c.sweep_trainings, "best_hyperparameters": _jsonable(c.hyper),
+        "knobs": _jsonable(c.knobs),
         "warnings": c.records.warnings, "pending_packs": c.records.pending,
     })
     written = [run.summary_csv, run.summary_json]
     if not c.records.trainings.empty:
         table = c.records.trainings.copy()
-        for col in ("params", "curve", "error"):
+        for col in ("params", "curve", "error", "knobs"):
             if col in table:
                 table[col] = [json.dumps(v, default=str) if v is not None else None for v in table[col]]
         table = table.astype({col: "string" for col in table.columns if table[col].dtype == object})

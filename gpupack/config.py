@@ -25,6 +25,9 @@ class SweepConfig:
     # Your estimate of one training's wall time on its own (seconds), e.g. from an earlier run's records;
     # time limits shorter than it are refused before anything is submitted. null: not checked.
     training_estimate_s: Optional[float] = None
+    # Also run the input pipeline alone (N=1) for each distinct loader setting of the grid: the loader's
+    # samples/s is an upper bound on training throughput, and collect flags N that reach it.
+    loader_probe: bool = False
 
 
 @dataclass
@@ -42,6 +45,8 @@ class PackingConfig:
     threads_per_training: Optional[int] = None
     # Device the trainings use: auto (a GPU when the job has one, else CPU), cpu, or cuda.
     device: str = "auto"
+    # Seconds between two samples of the device (GPU utilization and memory via NVML; CPU % and RSS always).
+    sample_interval_s: float = 1.0
     # A training running longer than this is stopped and recorded as timed out; null: no limit.
     training_timeout_s: Optional[float] = None
     # Address-space limit of each training process (RLIMIT_AS), so one cannot take the host's memory from

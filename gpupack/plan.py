@@ -40,6 +40,7 @@ class Pack:
     factor: int
     index: int
     trainings: tuple[Training, ...]
+    probe: bool = False  # a data-loader-only probe: measured alone (N=1), kept out of the packing table
 
 
 @dataclass(frozen=True)
@@ -128,15 +129,39 @@ def pack_id(partition: str, mode: str, factor: int, index: int) -> str:
     return f"{partition}-{mode}-n{factor:02d}-{index:03d}"
 
 
+def loader_probes(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any],
+                  loader_param: str, loader_keys: Sequence[str]) -> list[Training]:
+    """One loader-only training per distinct input-pipeline setting of the grid (the loader's bound)."""
+    seen: dict[tuple[str, ...], Training] = {}
+    for index, point in enumerate(points):
+        params = {**fixed, **point}
+        key = tuple(json.dumps(params.get(k), default=str) for k in loader_keys)
+        if key not in seen:
+            probe = {**params, loader_param: True}
+            seen[key] = Training(training_id(workload, probe), workload, probe, grid_index=index)
+    return list(seen.values())
+
+
 def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapping[str, Any],
               factors: Iterable[int], modes: Iterable[str], partitions: Iterable[str], repeats: int,
-              seed_key: str = "seed") -> Plan:
-    """Every grid point runs at least once per (partition, mode, N), in at least ``repeats`` full packs."""
+              seed_key: str = "seed", loader_probe: tuple[str, Sequence[str]] | None = None) -> Plan:
+    """Every grid point runs at least once per (partition, mode, N), in at least ``repeats`` full packs.
+
+    With ``loader_probe`` (loader param, loader keys), each partition also gets one N=1 probe pack per
+    distinct input-pipeline setting, run first.
+    """
     points = expand_grid(grid)
     if not points:
         raise ConfigError("sweep.grid", dict(grid), "the grid is empty", "give at least one value per key")
     packs: list[Pack] = []
     notes: list[str] = []
+    if loader_probe:
+        probes = loader_probes(workload, points, fixed, *loader_probe)
+        for partition in partitions:
+            packs += [Pack(f"{partition}-loader-n01-{i:03d}", partition, "process", 1, i, (t,), probe=True)
+                      for i, t in enumerate(probes)]
+        notes.append(f"data-loader probe: {len(probes)} loader-only training(s) per partition measure the "
+                     "input pipeline's own samples/s")
     for factor in factors:
         n_packs = max(repeats, math.ceil(len(points) / factor))
         extra = n_packs * factor - len(points)

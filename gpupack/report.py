@@ -30,6 +30,30 @@ def _trainings(n: int) -> str:
     return f"{n} training" + ("" if n == 1 else "s")
 
 
+def _num(r: pd.Series, key: str) -> float | None:
+    value = r.get(key)
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def _util(r: pd.Series) -> str:
+    """GPU utilization where NVML sampled it, else the trainings' CPU % (100 = one core)."""
+    gpu, cpu = _num(r, "gpu_util_mean"), _num(r, "cpu_percent_mean")
+    return f"gpu {gpu:.0f}" if gpu is not None else (f"cpu {cpu:.0f}" if cpu is not None else "-")
+
+
+def _memory(r: pd.Series) -> str:
+    gpu, rss = _num(r, "gpu_mem_peak_mb"), _num(r, "peak_rss_mb")
+    return f"gpu {gpu:.0f}" if gpu is not None else (f"rss {rss:.0f}" if rss is not None else "-")
+
+
+def _throughput(r: pd.Series) -> str:
+    text = _fmt(r.get("samples_per_s"), ".0f")
+    bound = _num(r, "loader_bound_samples_per_s")
+    if bound is not None:
+        text += f" / {bound:.0f}" + (" loader-bound" if r.get("loader_bound") else "")
+    return text
+
+
 def _failed(r: pd.Series) -> str:
     return str(int(r["failed"])) + (f" ({int(r['oom'])} OOM: infeasible)" if r.get("oom") else "")
 
@@ -45,22 +69,24 @@ def render(c: "Collected", console: Console) -> None:
         console.print("No completed pack records yet.")
     else:
         table = Table(title="Time per training by packing factor N (pack wall time / N)")
-        for col in ("partition (GPU)", "mode", "N", "packs", "s/training", "min-max", "start-up s", "loop s",
-                    "trainings/h", "speedup", "samples/s/training", "failed"):
+        for col in ("partition (GPU)", "mode", "N", "packs", "s/training (min-max)", "start-up s", "loop s",
+                    "trainings/h", "speedup", "samples/s/training", "util %", "mem peak MB", "failed"):
             table.add_column(col, justify="left" if col in ("partition (GPU)", "mode") else "right")
         best_keys = {tuple(r[GROUP + ["factor"]]) for _, r in c.best.iterrows()}
         for _, r in c.summary.iterrows():
             mark = "bold green" if tuple(r[GROUP + ["factor"]]) in best_keys else None
             table.add_row(
                 f"{r['partition']} ({r['gpu_type']})", r["mode"], str(int(r["factor"])), _fmt(r["packs"], ".0f"),
-                _fmt(r["time_per_training_s"]), f"{_fmt(r['tpt_min_s'])}-{_fmt(r['tpt_max_s'])}",
+                f"{_fmt(r['time_per_training_s'])} ({_fmt(r['tpt_min_s'])}-{_fmt(r['tpt_max_s'])})",
                 _fmt(r["startup_s"]), _fmt(r["loop_s"]), _fmt(r["trainings_per_hour"], ".0f"),
-                _fmt(r["speedup_vs_n1"]), _fmt(r["samples_per_s"], ".0f"), _failed(r), style=mark)
+                _fmt(r["speedup_vs_n1"]), _throughput(r), _util(r), _memory(r), _failed(r), style=mark)
         console.print(table)
     if not c.hyper.empty:
         console.print("Best hyperparameters by validation accuracy (mean over runs):")
         for line in hyper_lines(c.hyper):
             console.print(f"  {line}", highlight=False)
+    if not c.knobs.empty:
+        render_knobs(c, console)
     if not c.records.trainings.empty and "data" in c.records.trainings:
         for data in sorted({d for d in c.records.trainings["data"].dropna()}):
             console.print(f"Data: {data}", highlight=False)
@@ -73,6 +99,23 @@ def render(c: "Collected", console: Console) -> None:
         console.print(f"[bold]{best_line(r)}[/]")
     if not c.summary.empty and c.best.empty:
         console.print("[red]No packing factor finished without failures: no best N.[/]")
+
+
+def knob_columns(knobs: pd.DataFrame) -> list[str]:
+    return [k for k in knobs.columns if k not in ("workload", "partition", "factor", "samples_per_s", "trainings",
+                                                  "loader_bound_samples_per_s", "loader_bound")]
+
+
+def render_knobs(c: "Collected", console: Console) -> None:
+    table = Table(title="Throughput by knob setting (samples/s per training, median) beside the loader-only bound")
+    names = knob_columns(c.knobs)
+    for col in ["partition", *names, "N", "samples/s/training", "loader-only samples/s", ""]:
+        table.add_column(col, justify="left" if col in ("partition", "") else "right")
+    for _, r in c.knobs.iterrows():
+        table.add_row(r["partition"], *(str(r[k]) for k in names), str(int(r["factor"])),
+                      _fmt(r["samples_per_s"], ".0f"), _fmt(r["loader_bound_samples_per_s"], ".0f"),
+                      "loader-bound" if r["loader_bound"] else "")
+    console.print(table)
 
 
 def hyper_lines(hyper: pd.DataFrame) -> list[str]:
@@ -245,10 +288,13 @@ SUMMARY_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_type":
                    "tpt_min_s": "min", "tpt_max_s": "max", "startup_s": "start-up s", "loop_s": "loop s",
                    "trainings_per_hour": "trainings/h", "speedup_vs_n1": "speedup vs N=1",
                    "samples_per_s": "samples/s/training", "pack_samples_per_s": "samples/s/pack",
-                   "failed": "failed", "oom": "OOM"}
+                   "loader_bound_samples_per_s": "loader-only samples/s", "loader_bound": "loader-bound",
+                   "gpu_util_mean": "GPU util %", "cpu_percent_mean": "CPU %", "gpu_mem_peak_mb": "GPU mem peak MB",
+                   "peak_rss_mb": "RSS peak MB", "failed": "failed", "oom": "OOM"}
 SUMMARY_FORMATS = {"time_per_training_s": ".2f", "tpt_min_s": ".2f", "tpt_max_s": ".2f", "startup_s": ".2f",
                    "loop_s": ".2f", "trainings_per_hour": ".0f", "speedup_vs_n1": ".2f", "samples_per_s": ".0f",
-                   "pack_samples_per_s": ".0f", "packs": ".0f"}
+                   "pack_samples_per_s": ".0f", "packs": ".0f", "loader_bound_samples_per_s": ".0f",
+                   "gpu_util_mean": ".0f", "cpu_percent_mean": ".0f", "gpu_mem_peak_mb": ".0f", "peak_rss_mb": ".0f"}
 COST_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_model": "GPU model", "rgu": "RGU",
                 "mode": "mode", "factor": "best N", "time_per_training_s": "s/training",
                 "rgu_hours_per_training": "RGU-h/training", "sweep_hours": "sweep GPU-h",
@@ -286,6 +332,11 @@ def write_report(c: "Collected", out: Path) -> list[Path]:
         f"<h2>Cost at the best N (a sweep of {_trainings(c.sweep_trainings)} on one GPU)</h2>",
         _table(c.cost, COST_COLUMNS, COST_FORMATS),
         "".join(f"<p>{html.escape(line)}</p>" for line in (cost_lines(c) if not c.cost.empty else [])),
+        "<h2>Throughput by knob setting, beside the loader-only bound</h2>",
+        _table(c.knobs, {**{k: k for k in ["partition", *knob_columns(c.knobs)]}, "factor": "N",
+                         "samples_per_s": "samples/s/training", "loader_bound_samples_per_s": "loader-only samples/s",
+                         "loader_bound": "loader-bound"} if not c.knobs.empty else {},
+               {"samples_per_s": ".0f", "loader_bound_samples_per_s": ".0f"}),
         "<h2>Plots</h2>", "".join(_img(p, alt) for p, alt in plots),
         "<h2>Best hyperparameters by validation accuracy</h2>",
         "".join(f"<p>{html.escape(line)}</p>" for line in hyper_lines(c.hyper)) or "<p>(none)</p>",

@@ -36,11 +36,13 @@ class SweepSpec:
     partitions: tuple[str, ...]
     repeats: int
     settings: PackSettings
+    loader_probe: bool = False
 
     def plan(self) -> Plan:
+        probe = (self.workload.loader_param, self.workload.loader_keys) if self.loader_probe else None
         return make_plan(sweep=self.name, workload=self.workload_ref, grid=self.grid, fixed=self.fixed,
                          factors=self.factors, modes=self.modes, partitions=self.partitions,
-                         repeats=self.repeats, seed_key=self.workload.seed_key)
+                         repeats=self.repeats, seed_key=self.workload.seed_key, loader_probe=probe)
 
 
 def _typed(workload: Workload, key: str, where: str, value: Any) -> Any:
@@ -130,6 +132,9 @@ def validate(cfg: DictConfig, submitter: Submitter) -> SweepSpec:
     for k in grid:
         fixed.pop(k, None)
     _check_params(workload, grid, fixed, set(raw_fixed))
+    if sweep.loader_probe and not workload.loader_param:
+        raise ConfigError("sweep.loader_probe", True, f"{workload.name} has no data-loader-only mode",
+                          "set sweep.loader_probe=false, or give the workload a loader_param")
 
     packing = cfg.packing
     factors = _check_factors(list(packing.factors))
@@ -145,6 +150,9 @@ def validate(cfg: DictConfig, submitter: Submitter) -> SweepSpec:
     if packing.threads_per_training is not None and packing.threads_per_training < 1:
         raise ConfigError("packing.threads_per_training", packing.threads_per_training, "must be >= 1 or null",
                           "leave it null to share the job's cores out")
+    if not packing.sample_interval_s > 0:
+        raise ConfigError("packing.sample_interval_s", packing.sample_interval_s, "must be > 0",
+                          "sample every second or so, e.g. packing.sample_interval_s=1")
     for key in ("training_timeout_s", "memory_limit_gb_per_training"):
         value = packing[key]
         if value is not None and not value > 0:
@@ -158,8 +166,9 @@ def validate(cfg: DictConfig, submitter: Submitter) -> SweepSpec:
     submitter.check(factors, partitions)
     return SweepSpec(
         name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed, factors=factors, modes=modes,
-        partitions=partitions, repeats=packing.repeats,
+        partitions=partitions, repeats=packing.repeats, loader_probe=bool(sweep.loader_probe),
         settings=PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
                               training_timeout_s=packing.training_timeout_s,
-                              memory_limit_gb_per_training=packing.memory_limit_gb_per_training),
+                              memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
+                              sample_interval_s=packing.sample_interval_s),
     )

@@ -27,10 +27,20 @@ def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any
     ctx = TrainingContext(device=spec["device"], threads=int(spec["threads"]), reporter=reporter)
     metrics = workload.train(params, ctx)
     finished = time.time()
+    import resource
+
+    # Peak resident memory of this training and of the loader workers it started (Linux reports KiB).
+    peak_rss_mb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
     loop = reporter.summary()
     spawned = float(spec.get("spawned_at", process_start))
     return {
         "metrics": {k: v for k, v in metrics.items() if k != "data"},
+        "memory": {"peak_rss_mb": round(peak_rss_mb, 1), "peak_gpu_mem_mb": metrics.get("peak_gpu_mem_mb")},
+        # The throughput knobs' values, and the input-pipeline setting this training shares with its loader probe.
+        "knobs": {k: getattr(params, k) for k in workload.knob_keys},
+        "loader_setting": json.dumps({k: getattr(params, k) for k in workload.loader_keys}, sort_keys=True,
+                                     default=str) if workload.loader_keys else None,
         "data": metrics.get("data"),
         "throughput": loop,
         "timings": {

@@ -69,6 +69,10 @@ class Reporter:
 
     def loop_ended(self) -> None:
         self.loop_end = time.time()
+        elapsed = self.loop_end - self._window_start
+        if self.loop_start is not None and self._window_samples and elapsed > 0:  # the last, partial window
+            self.curve.append((round(self.loop_end - self.loop_start, 3), round(self._window_samples / elapsed, 1)))
+            self._window_samples = 0
 
     def summary(self) -> dict[str, Any]:
         ended = self.loop_end is not None
@@ -106,6 +110,12 @@ class Workload(ABC):
     framework: ClassVar[str]  # "torch" or "tensorflow": packing modes check they can host it
     Params: ClassVar[type]  # a dataclass of hyperparameters with defaults
     seed_key: ClassVar[str] = "seed"
+    # The data-loader-only probe: the boolean hyperparameter that makes a training run only its input
+    # pipeline (None: this workload has no probe), and the hyperparameters the pipeline depends on.
+    loader_param: ClassVar[str | None] = None
+    loader_keys: ClassVar[tuple[str, ...]] = ()
+    # Throughput knobs a sweep may vary; collect shows throughput per setting of them.
+    knob_keys: ClassVar[tuple[str, ...]] = ()
 
     def check(self, params: Any) -> None:
         """Static checks run before submission (data present, values in range). Raise ConfigError."""

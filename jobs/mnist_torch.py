@@ -31,12 +31,19 @@ class MnistTorchParams:
     data_dir: Optional[str] = None
     num_workers: int = 0
     pin_memory: bool = False
+    # Mixed precision: float16 autocast + GradScaler on CUDA, bfloat16 autocast on CPU.
+    amp: bool = False
+    # Run only the input pipeline over the same batches (the loader's upper bound on throughput).
+    loader_only: bool = False
 
 
 class MnistTorch(Workload):
     name = "mnist_torch"
     framework = "torch"
     Params = MnistTorchParams
+    loader_param = "loader_only"
+    loader_keys = ("batch_size", "num_workers", "pin_memory", "train_samples", "epochs", "data_dir", "seed")
+    knob_keys = ("batch_size", "amp", "num_workers", "pin_memory")
 
     def check(self, params: MnistTorchParams) -> None:
         positive = {"lr": params.lr, "batch_size": params.batch_size, "epochs": params.epochs,
@@ -71,19 +78,28 @@ class MnistTorch(Workload):
                             generator=gen, num_workers=params.num_workers,
                             pin_memory=params.pin_memory and device.type == "cuda")
 
+        rep = ctx.reporter
+        if params.loader_only:
+            return _loader_only(params, loader, device, rep, torch, data.source)
         model = _build(params, nn).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=params.lr, momentum=params.momentum)
         loss_fn = nn.CrossEntropyLoss()
-        rep = ctx.reporter
+        autocast, scaler = _amp(params.amp, device, torch)
         rep.loop_started()
         running, count = 0.0, 0
         for _ in range(params.epochs):
             for xb, yb in loader:
                 xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
                 opt.zero_grad(set_to_none=True)
-                loss = loss_fn(model(xb), yb)
-                loss.backward()
-                opt.step()
+                with autocast():
+                    loss = loss_fn(model(xb), yb)
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    loss.backward()
+                    opt.step()
                 running += loss.item() * len(yb)
                 count += len(yb)
                 rep.step(len(yb))
@@ -93,8 +109,34 @@ class MnistTorch(Workload):
         return {
             "train_loss": running / max(count, 1),
             "val_accuracy": _accuracy(model, x_val, y_val, device, torch),
+            "peak_gpu_mem_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
             "data": data.source,
         }
+
+
+def _amp(enabled: bool, device: Any, torch: Any) -> tuple[Any, Any]:
+    """The autocast context and, on CUDA, the GradScaler that float16 needs."""
+    import contextlib
+
+    if not enabled:
+        return contextlib.nullcontext, None
+    if device.type == "cuda":
+        return (lambda: torch.autocast("cuda", dtype=torch.float16)), torch.amp.GradScaler("cuda")
+    return (lambda: torch.autocast("cpu", dtype=torch.bfloat16)), None
+
+
+def _loader_only(params: MnistTorchParams, loader: Any, device: Any, rep: Any, torch: Any,
+                 source: str) -> dict[str, Any]:
+    """The same batches, onto the device, and nothing else: what the input pipeline alone can deliver."""
+    rep.loop_started()
+    for _ in range(params.epochs):
+        for xb, yb in loader:
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            rep.step(len(yb))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    rep.loop_ended()
+    return {"loader_only": True, "data": source}
 
 
 def _build(params: MnistTorchParams, nn: Any) -> Any:

@@ -69,3 +69,27 @@ def test_workload_from_own_package_and_own_config_folder(tmp_path, subprocess_en
     assert len(records) == 8 and all(r["status"] == "completed" for r in records)
     assert all(r["workload"] == "own_workload.quadratic" for r in records)
     assert "Best packing factor for own_workload.quadratic on local" in proc.stdout
+
+
+@pytest.mark.slow
+def test_knob_sweep_records_metrics_and_shows_the_loader_bound(tmp_path, subprocess_env):
+    run_dir = tmp_path / "run"
+    proc = _gpupack(["+sweep=mnist_knobs", "packing.factors=[1]", "sweep.grid.batch_size=[128]",
+                     "sweep.fixed.train_samples=1500", "sweep.fixed.val_samples=500", "packing.sample_interval_s=0.2",
+                     f"run_dir={run_dir}"], subprocess_env, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    trainings = [json.loads(p.read_text()) for p in run_dir.glob("packs/*/trainings/*.json")]
+    assert len(trainings) == 4 + 2  # amp x num_workers, and a loader probe per num_workers
+    for rec in trainings:
+        assert rec["throughput"]["samples_per_s"] > 0 and rec["throughput"]["curve"]
+        assert rec["memory"]["peak_rss_mb"] > 50
+        assert set(rec["knobs"]) == {"batch_size", "amp", "num_workers", "pin_memory"}
+    for path in run_dir.glob("packs/*/pack.json"):
+        sampler = json.loads(path.read_text())["sampler"]
+        assert sampler["source"] in ("cpu", "nvml") and sampler["n_samples"] >= 1
+        if sampler["source"] == "cpu":
+            assert "sampling the CPU" in sampler["note"]
+            assert any(sample["trainings"] for sample in sampler["samples"])
+    assert "Throughput by knob setting" in proc.stdout and "loader-only samples/s" in proc.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["knobs"]) == 4 and all(k["loader_bound_samples_per_s"] for k in summary["knobs"])

@@ -93,3 +93,17 @@ def test_plan_json_round_trip():
     assert again == plan
     assert again.n_trainings == sum(p.factor for p in plan.packs)
 
+
+
+def test_loader_probe_packs_one_per_distinct_pipeline_setting():
+    plan = make_plan(sweep="s", workload="w", grid={"amp": [False, True], "batch_size": [64, 256]},
+                     fixed={"epochs": 1}, factors=[2], modes=["process"], partitions=["p100", "v100"], repeats=1,
+                     loader_probe=("loader_only", ("batch_size", "epochs")))
+    probes = [p for p in plan.packs if p.probe]
+    assert len(probes) == 4  # 2 batch sizes (amp does not change the pipeline) x 2 partitions
+    assert all(p.factor == 1 and p.pack_id.split("-")[1] == "loader" for p in probes)
+    assert sorted({t.params["batch_size"] for p in probes for t in p.trainings}) == [64, 256]
+    assert all(t.params["loader_only"] is True for p in probes for t in p.trainings)
+    assert plan.packs[0].probe  # probes run first
+    assert any("data-loader probe" in n for n in plan.notes)
+    assert [p for p in plan.packs if not p.probe and any(t.params.get("loader_only") for t in p.trainings)] == []

@@ -34,6 +34,8 @@ class PackContext:
     memory_limit_bytes: int | None = None
     # Called as each training ends, so its record is written at once and survives a later kill or requeue.
     on_finished: Callable[["TrainingOutcome"], None] = lambda outcome: None
+    # Called with (training id, pid) as each training's process starts, so the sampler can follow it.
+    on_started: Callable[[str, int], None] = lambda training_id, pid: None
 
 
 @dataclass
@@ -60,7 +62,7 @@ class Packer(ABC):
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
         """Start all trainings at once on ctx.device, wait for all, and say how each ended.
 
-        Call ctx.on_finished(outcome) as each one ends. One training failing must never stop the others.
+        Call ctx.on_started(training_id, pid) as each starts and ctx.on_finished(outcome) as each ends. One training failing must never stop the others.
         """
 
 

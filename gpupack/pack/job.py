@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from gpupack.monitor import DeviceInfo, detect_device
+from gpupack.monitor import DeviceInfo, detect_device, visible_index
 from gpupack.pack import PackContext, TrainingOutcome, load_packer, threads_for
 from gpupack.plan import Pack, Plan, Training
 from gpupack.records import (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, is_completed, pack_record, read_json,
                              training_record, write_json_atomic)
 from gpupack.rgu import model_from_device_name
 from gpupack.rundir import RunDir
+from gpupack.sampler import Sampler
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class PackSettings:
     # The RGU table's name of the GPU this pack's partition gives (from the cluster preset), used when NVML
     # cannot name the device itself.
     gpu_model: str | None = None
+    sample_interval_s: float = 1.0
 
 
 def job_cores() -> int:
@@ -100,12 +102,13 @@ def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pa
     return training_record(
         sweep=sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload,
         params=dict(training.params), grid_index=training.grid_index, reseed=training.reseed,
-        mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=concurrent,
+        mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=concurrent, probe=pack.probe,
         gpu_type=device.name if device.kind == "gpu" else "cpu", device=ctx_device, device_name=device.name,
         gpu_model=model, threads=threads, status=status_of(outcome), exit_code=outcome.exit_code, signal=outcome.signal,
         error=outcome.error, started_at=outcome.started_at, ended_at=outcome.ended_at,
         wall_s=outcome.ended_at - outcome.started_at,
         timings=result.get("timings"), throughput=result.get("throughput"), metrics=result.get("metrics"),
+        memory=result.get("memory"), knobs=result.get("knobs"), loader_setting=result.get("loader_setting"),
         data=result.get("data"), host=socket.gethostname(), **outcome.extra,
     )
 
@@ -135,21 +138,28 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, A
         write_json_atomic(run.training_record(pack_id, rec["training_id"]), rec)
         records.append(rec)
 
+    sampler = Sampler(interval_s=settings.sample_interval_s,
+                      gpu_index=visible_index(os.environ) if info.kind == "gpu" else None, no_gpu_reason=info.note)
     ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ),
-                      warmup_steps=settings.warmup_steps, on_finished=on_finished,
+                      warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
                       training_timeout_s=settings.training_timeout_s,
                       memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
                       if settings.memory_limit_gb_per_training else None)
-    load_packer(pack.mode).run(todo, ctx)
-    return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings))
+    sampler.start()
+    try:
+        load_packer(pack.mode).run(todo, ctx)
+    finally:
+        sampled = sampler.stop()
+    return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings), sampled)
 
 
 def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]], info: DeviceInfo,
-                      device: str, cores: int, threads: int, model: str | None = None) -> dict[str, Any]:
+                      device: str, cores: int, threads: int, model: str | None = None,
+                      sampled: dict[str, Any] | None = None) -> dict[str, Any]:
     started = min(r["started_at"] for r in records)
     ended = max(r["ended_at"] for r in records)
     rec = pack_record(
-        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition,
+        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition, probe=pack.probe,
         gpu_type=info.name if info.kind == "gpu" else "cpu", device=device, device_name=info.name,
         device_note=info.note, gpu_model=model, gpu_memory_total_mb=info.memory_total_mb,
         # Time per training is only meaningful when all N trainings ran together in this attempt.
@@ -164,6 +174,7 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
         # What the scheduler gave the job, to cross-check with sacct's gres/gpu.
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), slurm_job_gpus=os.environ.get("SLURM_JOB_GPUS"),
         slurm_partition=os.environ.get("SLURM_JOB_PARTITION"),
+        sampler=sampled,
     )
     write_json_atomic(run.pack_record(pack.pack_id), rec)
     return rec

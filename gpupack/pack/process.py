@@ -124,6 +124,7 @@ class ProcessPacker(Packer):
         try:
             for t in trainings:
                 running.append(_Running(t, ctx))
+                ctx.on_started(t.training_id, running[-1].proc.pid)
             reported: set[str] = set()
             while len(reported) < len(running):
                 for r in running:

@@ -1,0 +1,186 @@
+"""The pack's sampler: a thread beside the N trainings that samples the device at a fixed interval.
+
+With a GPU (NVML, through :func:`gpupack.monitor._nvml`, the one seam): utilization, memory used/total, and
+memory per training process (``nvmlDeviceGetComputeRunningProcesses``, or the MPS variant under MPS).
+NVML may not know a process's memory (``usedGpuMemory`` None): that is recorded as unknown, never as 0.
+Always, with psutil: each training's CPU % and resident memory (RSS, its children included). Without a GPU or
+NVML the sampler says so once and samples the CPU alone. Its own CPU time is measured, to show it is cheap.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import psutil
+
+from gpupack import monitor
+
+MAX_KEPT_SAMPLES = 600  # the pack record keeps at most this many (evenly thinned); statistics use all
+
+
+@dataclass
+class _Tracked:
+    training_id: str
+    proc: psutil.Process
+    peak_rss_mb: float = 0.0
+    cpu_samples: list[float] = field(default_factory=list)
+    peak_gpu_mem_mb: float | None = None
+    gpu_mem_known: bool = True
+
+
+class Sampler:
+    def __init__(self, interval_s: float = 1.0, gpu_index: int | None = None, mps: bool = False,
+                 no_gpu_reason: str = "",
+                 log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)) -> None:
+        self.interval_s = interval_s
+        self.mps = mps
+        self.log = log
+        self.tracked: dict[int, _Tracked] = {}
+        self.samples: list[dict[str, Any]] = []
+        self.cpu_time_s = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started_at = self._stopped_at = 0.0
+        self.nvml: Any = None
+        self.handle: Any = None
+        self.source, self.note, self.memory_total_mb = "cpu", "", None
+        self._open_nvml(gpu_index, no_gpu_reason)
+
+    # ---- NVML, through the one seam ----
+
+    def _open_nvml(self, gpu_index: int | None, no_gpu_reason: str) -> None:
+        if gpu_index is None:
+            self.note = f"{no_gpu_reason or 'no GPU in this job'}: sampling the CPU instead"
+        else:
+            try:
+                nvml = monitor._nvml()
+                nvml.nvmlInit()
+                self.handle = nvml.nvmlDeviceGetHandleByIndex(gpu_index)
+                self.nvml, self.source = nvml, "nvml"
+                self.memory_total_mb = nvml.nvmlDeviceGetMemoryInfo(self.handle).total / 2**20
+            except Exception as err:  # no library, no driver, no such device
+                self.note = f"NVML unavailable ({err.__class__.__name__}: {err}): sampling the CPU instead"
+        if self.note:
+            self.log(f"gpupack sampler: {self.note}")  # said once, not at every sample
+
+    def _gpu_sample(self) -> dict[str, Any]:
+        nvml, h = self.nvml, self.handle
+        util = nvml.nvmlDeviceGetUtilizationRates(h)
+        mem = nvml.nvmlDeviceGetMemoryInfo(h)
+        list_procs = (nvml.nvmlDeviceGetMPSComputeRunningProcesses if self.mps
+                      else nvml.nvmlDeviceGetComputeRunningProcesses)
+        per_pid = {p.pid: (None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20) for p in list_procs(h)}
+        return {"gpu_util": float(util.gpu), "gpu_mem_util": float(util.memory), "gpu_mem_used_mb": mem.used / 2**20,
+                "gpu_proc_mem_mb": per_pid}
+
+    # ---- trainings ----
+
+    def register(self, training_id: str, pid: int) -> None:
+        try:
+            proc = psutil.Process(pid)
+            proc.cpu_percent(None)  # primes the counter: the first real reading covers one interval
+        except psutil.Error:
+            return
+        with self._lock:
+            self.tracked[pid] = _Tracked(training_id, proc)
+
+    def _family(self, t: _Tracked) -> list[psutil.Process]:
+        try:
+            return [t.proc] + t.proc.children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def sample_once(self) -> dict[str, Any]:
+        sample: dict[str, Any] = {"t": time.time()}
+        if self.nvml is not None:
+            try:
+                sample.update(self._gpu_sample())
+            except Exception as err:  # a driver hiccup must not take the pack down
+                sample["gpu_error"] = str(err)
+        per_training: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            tracked = list(self.tracked.values())
+        for t in tracked:
+            rss = cpu = 0.0
+            family = self._family(t)
+            for p in family:
+                try:
+                    rss += p.memory_info().rss / 2**20
+                    cpu += p.cpu_percent(None) if p is t.proc else 0.0
+                except psutil.Error:
+                    continue
+            if not family:
+                continue
+            t.peak_rss_mb = max(t.peak_rss_mb, rss)
+            t.cpu_samples.append(cpu)
+            entry: dict[str, Any] = {"rss_mb": round(rss, 1), "cpu_percent": round(cpu, 1)}
+            if "gpu_proc_mem_mb" in sample:
+                pids = {p.pid for p in family}
+                mems = [m for pid, m in sample["gpu_proc_mem_mb"].items() if pid in pids]
+                if any(m is None for m in mems):
+                    t.gpu_mem_known = False  # NVML could not say: unknown, never 0
+                    entry["gpu_mem_mb"] = None
+                elif mems:
+                    entry["gpu_mem_mb"] = sum(mems)
+                    t.peak_gpu_mem_mb = max(t.peak_gpu_mem_mb or 0.0, sum(mems))
+            per_training[t.training_id] = entry
+        sample["trainings"] = per_training
+        self.samples.append(sample)
+        return sample
+
+    # ---- the thread ----
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.thread_time()
+            if self.tracked:  # nothing to attribute before the first training starts
+                self.sample_once()
+            self.cpu_time_s += time.thread_time() - began
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> "Sampler":
+        self._started_at = time.time()
+        self._thread = threading.Thread(target=self._run, name="gpupack-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._stopped_at = time.time()
+        if self.nvml is not None:
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+        return self.report()
+
+    def report(self) -> dict[str, Any]:
+        def stat(key: str, fn: Callable[[list[float]], float]) -> float | None:
+            values = [s[key] for s in self.samples if s.get(key) is not None]
+            return round(fn(values), 2) if values else None
+
+        wall = max(self._stopped_at - self._started_at, 1e-9) if self._started_at else None
+        step = max(1, len(self.samples) // MAX_KEPT_SAMPLES + (len(self.samples) % MAX_KEPT_SAMPLES > 0))
+        cpu_totals = [sum(e["cpu_percent"] for e in s["trainings"].values()) for s in self.samples if s["trainings"]]
+        return {
+            "source": self.source, "note": self.note, "interval_s": self.interval_s, "mps": self.mps,
+            "n_samples": len(self.samples), "samples": self.samples[::step],
+            "gpu_util_mean": stat("gpu_util", lambda v: sum(v) / len(v)), "gpu_util_max": stat("gpu_util", max),
+            "gpu_mem_used_peak_mb": stat("gpu_mem_used_mb", max), "gpu_mem_total_mb": self.memory_total_mb,
+            "cpu_percent_mean": round(sum(cpu_totals) / len(cpu_totals), 1) if cpu_totals else None,
+            "per_training": {
+                t.training_id: {
+                    "peak_rss_mb": round(t.peak_rss_mb, 1),
+                    "cpu_percent_mean": round(sum(t.cpu_samples) / len(t.cpu_samples), 1) if t.cpu_samples else None,
+                    "peak_gpu_mem_mb": t.peak_gpu_mem_mb if t.gpu_mem_known else None,
+                    "gpu_mem_known": t.gpu_mem_known if self.source == "nvml" else None,
+                } for t in self.tracked.values()},
+            "overhead_cpu_s": round(self.cpu_time_s, 4),
+            "overhead_fraction": round(self.cpu_time_s / wall, 5) if wall else None,
+        }
