@@ -45,6 +45,12 @@ class PackingConfig:
     threads_per_training: Optional[int] = None
     # Device the trainings use: auto (a GPU when the job has one, else CPU), cpu, or cuda.
     device: str = "auto"
+    # process mode on a GPU node: run the N trainings under CUDA MPS (started and always stopped by the pack).
+    mps: bool = False
+    # tf_logical mode on a GPU: the GPU memory shared out among the N logical GPUs (MB); null: the GPU's
+    # memory less tf_gpu_memory_reserve_mb, kept back for the CUDA context and TensorFlow itself.
+    tf_gpu_memory_budget_mb: Optional[int] = None
+    tf_gpu_memory_reserve_mb: int = 1024
     # Seconds between two samples of the device (GPU utilization and memory via NVML; CPU % and RSS always).
     sample_interval_s: float = 1.0
     # A training running longer than this is stopped and recorded as timed out; null: no limit.

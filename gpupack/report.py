@@ -97,8 +97,26 @@ def render(c: "Collected", console: Console) -> None:
         render_cost(c, console)
     for _, r in c.best.iterrows():
         console.print(f"[bold]{best_line(r)}[/]")
+    for line in mode_lines(c):
+        console.print(f"[bold]{line}[/]")
     if not c.summary.empty and c.best.empty:
         console.print("[red]No packing factor finished without failures: no best N.[/]")
+
+
+def mode_lines(c: "Collected") -> list[str]:
+    """Where a sweep compared modes: the best (mode, N) per partition, split against no split."""
+    if c.summary.empty or c.summary["mode"].nunique() < 2:
+        return []
+    lines = []
+    for _, r in c.best_overall.iterrows():
+        others = c.best[(c.best["workload"] == r["workload"]) & (c.best["partition"] == r["partition"])
+                        & (c.best["gpu_type"] == r["gpu_type"]) & (c.best["mode"] != r["mode"])]
+        versus = "; ".join(f"best {o['mode']}: N={int(o['factor'])}, {o['time_per_training_s']:.2f} s"
+                           for _, o in others.iterrows())
+        lines.append(f"Best (mode, N) for {r['workload']} on {r['partition']} ({r['gpu_type']}): "
+                     f"{MODE_LABEL.get(r['mode'], r['mode'])} N={int(r['factor'])} — "
+                     f"{r['time_per_training_s']:.2f} s per training" + (f" ({versus})." if versus else "."))
+    return lines
 
 
 def knob_columns(knobs: pd.DataFrame) -> list[str]:
@@ -320,7 +338,8 @@ def write_report(c: "Collected", out: Path) -> list[Path]:
         (plot_cost(c, plots_dir / "cost.png"), "Time and RGU cost of the sweep per partition"),
     ]
     plots = [(p, alt) for p, alt in made if p is not None]
-    best = "".join(f"<p>{html.escape(best_line(r))}</p>" for _, r in c.best.iterrows()) or \
+    best = "".join(f"<p>{html.escape(line)}</p>" for line in [best_line(r) for _, r in c.best.iterrows()]
+                   + mode_lines(c)) or \
         "<p>No packing factor finished without failures yet: no best N.</p>"
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>gpupack report</title>",

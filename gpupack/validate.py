@@ -141,10 +141,7 @@ def validate(cfg: DictConfig, submitter: Submitter) -> SweepSpec:
     modes = tuple(packing.modes)
     if not modes:
         raise ConfigError("packing.modes", [], "no packing mode given", "e.g. packing.modes=[process]")
-    for i, mode in enumerate(modes):
-        packer = load_packer(mode, key=f"packing.modes[{i}]")
-        for n in factors:
-            packer.check(workload, n)
+    packers = [load_packer(mode, key=f"packing.modes[{i}]") for i, mode in enumerate(modes)]
     if packing.repeats < 1:
         raise ConfigError("packing.repeats", packing.repeats, "must be >= 1", "measure each N at least once")
     if packing.threads_per_training is not None and packing.threads_per_training < 1:
@@ -164,11 +161,18 @@ def validate(cfg: DictConfig, submitter: Submitter) -> SweepSpec:
     for i, name in enumerate(partitions):
         check_name(f"partitions[{i}]", name)
     submitter.check(factors, partitions)
+    settings = PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
+                            training_timeout_s=packing.training_timeout_s,
+                            memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
+                            sample_interval_s=packing.sample_interval_s, mps=packing.mps,
+                            tf_gpu_memory_budget_mb=packing.tf_gpu_memory_budget_mb,
+                            tf_gpu_memory_reserve_mb=packing.tf_gpu_memory_reserve_mb)
+    for name in partitions:
+        capacity = submitter.capacity(name)
+        for packer in packers:
+            for n in factors:
+                packer.check(workload, n, capacity, settings)
     return SweepSpec(
         name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed, factors=factors, modes=modes,
-        partitions=partitions, repeats=packing.repeats, loader_probe=bool(sweep.loader_probe),
-        settings=PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
-                              training_timeout_s=packing.training_timeout_s,
-                              memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
-                              sample_interval_s=packing.sample_interval_s),
+        partitions=partitions, repeats=packing.repeats, loader_probe=bool(sweep.loader_probe), settings=settings,
     )

@@ -116,6 +116,8 @@ class Workload(ABC):
     loader_keys: ClassVar[tuple[str, ...]] = ()
     # Throughput knobs a sweep may vary; collect shows throughput per setting of them.
     knob_keys: ClassVar[tuple[str, ...]] = ()
+    # GPU memory one training needs at the least (MB): TF logical splits smaller than this are refused.
+    min_gpu_memory_mb: ClassVar[int] = 256
 
     def check(self, params: Any) -> None:
         """Static checks run before submission (data present, values in range). Raise ConfigError."""

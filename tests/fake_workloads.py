@@ -27,6 +27,8 @@ class ProbeParams:
     allocate_gb: float = 0.0
     raise_text: str = ""
     hang: bool = False
+    # Comma-separated environment variables the training reports back (to see what the packer gave it).
+    report_env: str = ""
 
 
 class Probe(Workload):
@@ -59,8 +61,9 @@ class Probe(Workload):
                 raise RuntimeError(f"probe failure on purpose (tag={params.tag!r})")
         ctx.reporter.loop_ended()
         # Deterministic "accuracy" so ranking tests know the answer: higher lr scores higher.
+        env = {k: os.environ.get(k) for k in params.report_env.split(",") if k}
         return {"train_loss": 1.0 / (1 + params.lr), "val_accuracy": min(params.lr, 1.0), "tag": params.tag,
-                "data": "probe (no data)"}
+                "env": env, "data": "probe (no data)"}
 
 
 WORKLOAD = Probe()

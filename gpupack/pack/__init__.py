@@ -27,6 +27,8 @@ class PackContext:
     device: str  # "cpu" or "cuda"
     threads: int  # per training
     env: Mapping[str, str]  # the job's environment, which trainings inherit
+    settings: Any = None  # the sweep's PackSettings (mode options: mps, TF memory budget, ...)
+    gpu_memory_total_mb: float | None = None  # the job's GPU, from NVML; None on a CPU
     warmup_steps: int = 10
     # Per-training limits (None: none): wall time, and address space (RLIMIT_AS) so one training cannot
     # take the host's memory from the others.
@@ -52,11 +54,19 @@ class TrainingOutcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """What the submitting side knows of a partition's device before anything runs (None: unknown)."""
+
+    has_gpu: bool | None = None
+    gpu_memory_mb: float | None = None
+
+
 class Packer(ABC):
     name: ClassVar[str]
 
-    def check(self, workload: Workload, factor: int) -> None:
-        """Refuse, before submission, a workload or N this mode cannot host (raise ConfigError)."""
+    def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
+        """Refuse, before submission, a workload, N or option this mode cannot host (raise ConfigError)."""
 
     @abstractmethod
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
@@ -89,6 +99,9 @@ def worker_env(base: Mapping[str, str], threads: int) -> dict[str, str]:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
         env[var] = str(threads)
     env["PYTHONUNBUFFERED"] = "1"
+    # TensorFlow in process mode must not reserve the whole GPU: otherwise the second of N trainings fails
+    # with CUDA out-of-memory. Harmless to torch.
+    env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
     return env
 
 

@@ -37,6 +37,9 @@ class PackSettings:
     # cannot name the device itself.
     gpu_model: str | None = None
     sample_interval_s: float = 1.0
+    mps: bool = False
+    tf_gpu_memory_budget_mb: int | None = None
+    tf_gpu_memory_reserve_mb: int = 1024
 
 
 def job_cores() -> int:
@@ -138,9 +141,10 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, A
         write_json_atomic(run.training_record(pack_id, rec["training_id"]), rec)
         records.append(rec)
 
-    sampler = Sampler(interval_s=settings.sample_interval_s,
+    sampler = Sampler(interval_s=settings.sample_interval_s, mps=settings.mps and pack.mode == "process",
                       gpu_index=visible_index(os.environ) if info.kind == "gpu" else None, no_gpu_reason=info.note)
-    ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ),
+    ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ), settings=settings,
+                      gpu_memory_total_mb=info.memory_total_mb,
                       warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
                       training_timeout_s=settings.training_timeout_s,
                       memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)

@@ -6,6 +6,7 @@ each gets its share of the cores (see :func:`gpupack.pack.threads_for`).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import resource
 import signal
@@ -13,11 +14,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Callable, Sequence
+from typing import IO, Any, Callable, Sequence
 
-from gpupack.pack import Packer, PackContext, TrainingOutcome, worker_env, worker_spec
+from gpupack.errors import ConfigError
+from gpupack.mps import mps_daemon
+from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome, worker_env, worker_spec
 from gpupack.plan import Training
 from gpupack.records import read_json, write_json_atomic
+from gpupack.workload import Workload
 
 POLL_S = 0.05
 ERROR_TAIL_LINES = 20
@@ -119,7 +123,21 @@ class _Running:
 class ProcessPacker(Packer):
     name = "process"
 
+    def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
+        if getattr(settings, "mps", False) and capacity.has_gpu is False:
+            raise ConfigError("packing.mps", True, "CUDA MPS needs a GPU and this node has none",
+                              "set packing.mps=false, or run on a GPU partition")
+
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
+        if not getattr(ctx.settings, "mps", False):
+            return self._run(trainings, ctx)
+        if ctx.gpu_memory_total_mb is None:
+            raise ConfigError("packing.mps", True, "CUDA MPS needs a GPU and this job has none",
+                              "set packing.mps=false, or run on a GPU partition")
+        with mps_daemon(ctx.env) as mps_env:
+            return self._run(trainings, dataclasses.replace(ctx, env={**ctx.env, **mps_env}))
+
+    def _run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
         running: list[_Running] = []
         try:
             for t in trainings:

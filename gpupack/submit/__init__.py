@@ -16,6 +16,8 @@ from typing import Any, Callable, Mapping, Sequence
 import submitit
 
 from gpupack.errors import ConfigError, nearest
+from gpupack.monitor import detect_device
+from gpupack.pack import Capacity
 from gpupack.pack.job import PackSettings, run_pack
 from gpupack.plan import Pack
 from gpupack.records import read_json, write_json_atomic
@@ -64,6 +66,11 @@ class Submitter(ABC):
 
     def check(self, factors: Sequence[int], partitions: Sequence[str]) -> None:
         """Cluster-specific checks before anything is submitted (raise ConfigError)."""
+
+    def capacity(self, partition: str) -> Capacity:
+        """What this machine's device is (local backend): NVML's answer, or no GPU."""
+        info = detect_device()
+        return Capacity(has_gpu=info.kind == "gpu", gpu_memory_mb=info.memory_total_mb)
 
     @abstractmethod
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:

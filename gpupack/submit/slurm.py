@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import math
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -17,6 +18,7 @@ from typing import Any, Sequence
 import submitit
 
 from gpupack.errors import ConfigError, SubmissionError, nearest
+from gpupack.pack import Capacity
 from gpupack.pack.job import PackSettings
 from gpupack.plan import Pack
 from gpupack.submit import PackJob, PackResult, ProgressFn, Submitter, job_result
@@ -86,6 +88,12 @@ class SlurmSubmitter(Submitter):
         if len(set(names)) != len(names):
             raise ConfigError("partitions", names, "a partition is listed twice", "list each once")
         return tuple(names)
+
+    def capacity(self, partition: str) -> Capacity:
+        """From the preset: a GPU if the partition asks for one, its memory from the model name (V100-16gb)."""
+        part = self.cluster.partitions[partition]
+        m = re.search(r"(\d+)gb$", part.model or "", re.IGNORECASE)
+        return Capacity(has_gpu=bool(part.gpu), gpu_memory_mb=float(m.group(1)) * 1024 if m else None)
 
     def account(self) -> str | None:
         return self.cluster.account or next((os.environ[v] for v in ACCOUNT_ENV if os.environ.get(v)), None)

@@ -1,0 +1,52 @@
+"""What the TensorFlow workloads share: device names, a Keras callback that feeds gpupack's reporter,
+per-model mixed precision, and the loader-only pass."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def tf_device(device: str) -> str:
+    """gpupack's device ("cpu", "cuda", or a logical device name) as a TensorFlow device string."""
+    return {"cpu": "/device:CPU:0", "cuda": "/device:GPU:0"}.get(device, device)
+
+
+def dtype_policy(amp: bool, device: str) -> str | None:
+    """Per-layer Keras dtype policy: per model, not global, because tf_logical trainings share one process."""
+    if not amp:
+        return None
+    return "mixed_float16" if "GPU" in tf_device(device) else "mixed_bfloat16"
+
+
+def reporter_callback(keras: Any, reporter: Any, batch_size: int) -> Any:
+    class Report(keras.callbacks.Callback):
+        def on_train_begin(self, logs: Any = None) -> None:
+            reporter.loop_started()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            reporter.step(batch_size)
+
+        def on_train_end(self, logs: Any = None) -> None:
+            reporter.loop_ended()
+
+    return Report()
+
+
+def loader_only(dataset: Any, epochs: int, reporter: Any) -> None:
+    reporter.loop_started()
+    for _ in range(epochs):
+        for xb, _yb in dataset:
+            reporter.step(int(xb.shape[0]))
+    reporter.loop_ended()
+
+
+def accuracy(model: Any, x: Any, y: Any, batch_size: int = 1000) -> float:
+    import numpy as np
+
+    logits = model.predict(x, batch_size=batch_size, verbose=0)
+    return float((np.argmax(logits, axis=1) == y).mean())
+
+
+def placement(model: Any) -> str:
+    """Where the model's first weight really lives (Keras 3 variables expose it as .value.device)."""
+    weight = model.trainable_weights[0]
+    return str(getattr(getattr(weight, "value", weight), "device", ""))

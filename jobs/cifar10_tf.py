@@ -1,0 +1,82 @@
+"""A small Keras CNN on CIFAR-10 (standard python batches from a data path), for process and tf_logical packing."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from gpupack.errors import ConfigError
+from gpupack.workload import TrainingContext, Workload
+from jobs import _cifar10_data, _tf_common
+
+
+@dataclass
+class Cifar10TfParams:
+    lr: float = 0.05
+    batch_size: int = 128
+    seed: int = 0
+    width: int = 32
+    epochs: int = 1
+    momentum: float = 0.9
+    train_samples: int = 50000
+    val_samples: int = 10000
+    data_dir: Optional[str] = None
+    amp: bool = False
+    loader_only: bool = False
+
+
+class Cifar10Tf(Workload):
+    name = "cifar10_tf"
+    framework = "tensorflow"
+    Params = Cifar10TfParams
+    loader_param = "loader_only"
+    loader_keys = ("batch_size", "train_samples", "epochs", "data_dir", "seed")
+    knob_keys = ("batch_size", "amp")
+    min_gpu_memory_mb = 1024
+
+    def check(self, params: Cifar10TfParams) -> None:
+        for key in ("lr", "batch_size", "epochs", "width", "train_samples", "val_samples"):
+            if not getattr(params, key) > 0:
+                raise ConfigError(key, getattr(params, key), "must be > 0", f"set {key} to a positive number")
+        _cifar10_data.find_dir(params.data_dir)
+
+    def train(self, params: Cifar10TfParams, ctx: TrainingContext) -> dict[str, Any]:
+        import numpy as np
+        import tensorflow as tf
+        import keras
+
+        data = _cifar10_data.load(params.data_dir)
+        order = np.random.default_rng(params.seed).permutation(len(data.y_train))[: params.train_samples]
+        x_train = data.x_train[order].astype("float32") / 255.0
+        y_train = data.y_train[order].astype("int64")
+        x_val = data.x_test[: params.val_samples].astype("float32") / 255.0
+        y_val = data.y_test[: params.val_samples]
+        device = _tf_common.tf_device(ctx.device)
+        with tf.device(device):
+            ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
+                  .shuffle(len(y_train), seed=params.seed).batch(params.batch_size).prefetch(2))
+            if params.loader_only:
+                _tf_common.loader_only(ds, params.epochs, ctx.reporter)
+                return {"loader_only": True, "data": data.source}
+            dtype = _tf_common.dtype_policy(params.amp, ctx.device)
+            init = keras.initializers.HeNormal(seed=params.seed)
+            w, layers = params.width, keras.layers
+            model = keras.Sequential([
+                keras.Input((32, 32, 3)),
+                layers.Conv2D(w, 3, padding="same", activation="relu", kernel_initializer=init, dtype=dtype),
+                layers.MaxPooling2D(),
+                layers.Conv2D(2 * w, 3, padding="same", activation="relu", kernel_initializer=init, dtype=dtype),
+                layers.MaxPooling2D(),
+                layers.Conv2D(4 * w, 3, padding="same", activation="relu", kernel_initializer=init, dtype=dtype),
+                layers.GlobalAveragePooling2D(),
+                layers.Dense(10, kernel_initializer=init, dtype="float32"),
+            ])
+            model.compile(optimizer=keras.optimizers.SGD(params.lr, momentum=params.momentum),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            history = model.fit(ds, epochs=params.epochs, verbose=0,
+                                callbacks=[_tf_common.reporter_callback(keras, ctx.reporter, params.batch_size)])
+            accuracy = _tf_common.accuracy(model, x_val, y_val)
+        return {"train_loss": float(history.history["loss"][-1]), "val_accuracy": accuracy, "data": data.source,
+                "device": device, "placed_on": _tf_common.placement(model)}
+
+
+WORKLOAD = Cifar10Tf()

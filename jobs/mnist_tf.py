@@ -1,0 +1,93 @@
+"""A Keras MNIST classifier (small dense net or CNN) on the real MNIST digits, for process and tf_logical packing.
+
+Everything the training creates lives under ``tf.device(<its device>)``, so in a tf_logical pack each training
+stays on its own logical device; mixed precision is a per-layer dtype policy for the same reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from gpupack.errors import ConfigError
+from gpupack.workload import TrainingContext, Workload
+from jobs import _mnist_data, _tf_common
+
+MODELS = ("mlp", "cnn")
+
+
+@dataclass
+class MnistTfParams:
+    lr: float = 0.05
+    batch_size: int = 64
+    seed: int = 0
+    model: str = "mlp"
+    hidden: int = 128
+    epochs: int = 1
+    momentum: float = 0.9
+    train_samples: int = 12000
+    val_samples: int = 10000
+    data_dir: Optional[str] = None
+    amp: bool = False
+    loader_only: bool = False
+
+
+class MnistTf(Workload):
+    name = "mnist_tf"
+    framework = "tensorflow"
+    Params = MnistTfParams
+    loader_param = "loader_only"
+    loader_keys = ("batch_size", "train_samples", "epochs", "data_dir", "seed")
+    knob_keys = ("batch_size", "amp")
+    min_gpu_memory_mb = 512
+
+    def check(self, params: MnistTfParams) -> None:
+        for key in ("lr", "batch_size", "epochs", "hidden", "train_samples", "val_samples"):
+            if not getattr(params, key) > 0:
+                raise ConfigError(key, getattr(params, key), "must be > 0", f"set {key} to a positive number")
+        if params.model not in MODELS:
+            raise ConfigError("model", params.model, "unknown model", f"use one of {', '.join(MODELS)}")
+        _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))
+
+    def train(self, params: MnistTfParams, ctx: TrainingContext) -> dict[str, Any]:
+        import numpy as np
+        import tensorflow as tf
+        import keras
+
+        data = _mnist_data.load(params.data_dir)
+        rng = np.random.default_rng(params.seed)
+        order = rng.permutation(len(data.y_train))[: params.train_samples]
+        x_train = (data.x_train[order].astype("float32") / 255.0)[..., None]
+        y_train = data.y_train[order].astype("int64")
+        x_val = (data.x_test[: params.val_samples].astype("float32") / 255.0)[..., None]
+        y_val = data.y_test[: params.val_samples]
+        device = _tf_common.tf_device(ctx.device)
+        with tf.device(device):
+            ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
+                  .shuffle(len(y_train), seed=params.seed).batch(params.batch_size).prefetch(2))
+            if params.loader_only:
+                _tf_common.loader_only(ds, params.epochs, ctx.reporter)
+                return {"loader_only": True, "data": data.source}
+            model = _build(keras, params, _tf_common.dtype_policy(params.amp, ctx.device))
+            model.compile(optimizer=keras.optimizers.SGD(params.lr, momentum=params.momentum),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            history = model.fit(ds, epochs=params.epochs, verbose=0,
+                                callbacks=[_tf_common.reporter_callback(keras, ctx.reporter, params.batch_size)])
+            accuracy = _tf_common.accuracy(model, x_val, y_val)
+        return {"train_loss": float(history.history["loss"][-1]), "val_accuracy": accuracy, "data": data.source,
+                "device": device, "placed_on": _tf_common.placement(model)}
+
+
+def _build(keras: Any, params: MnistTfParams, dtype: str | None) -> Any:
+    init = keras.initializers.GlorotUniform(seed=params.seed)
+    layers = keras.layers
+    if params.model == "cnn":
+        body = [layers.Conv2D(16, 3, activation="relu", kernel_initializer=init, dtype=dtype), layers.MaxPooling2D(),
+                layers.Conv2D(32, 3, activation="relu", kernel_initializer=init, dtype=dtype), layers.MaxPooling2D(),
+                layers.Flatten()]
+    else:
+        body = [layers.Flatten(), layers.Dense(params.hidden, activation="relu", kernel_initializer=init, dtype=dtype)]
+    return keras.Sequential([keras.Input((28, 28, 1)), *body,
+                             layers.Dense(10, kernel_initializer=init, dtype="float32")])
+
+
+WORKLOAD = MnistTf()

@@ -1,0 +1,41 @@
+"""A tiny TensorFlow workload for tests: a few matmuls on its device, placement reported, fails on request."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpupack.workload import TrainingContext, Workload
+from jobs._tf_common import tf_device
+
+
+@dataclass
+class TfProbeParams:
+    seed: int = 0
+    steps: int = 20
+    fail: bool = False
+    tag: str = ""
+
+
+class TfProbe(Workload):
+    name = "tf_probe"
+    framework = "tensorflow"
+    Params = TfProbeParams
+    min_gpu_memory_mb = 300
+
+    def train(self, params: TfProbeParams, ctx: TrainingContext) -> dict[str, Any]:
+        import tensorflow as tf
+
+        device = tf_device(ctx.device)
+        with tf.device(device):
+            w = tf.Variable(tf.random.stateless_normal((64, 64), seed=(params.seed, 0)))
+            ctx.reporter.loop_started()
+            for _ in range(params.steps):
+                w.assign(tf.tanh(tf.matmul(w, w)) * 0.5)
+                ctx.reporter.step(64)
+                if params.fail:
+                    raise RuntimeError(f"tf probe failure on purpose (tag={params.tag!r})")
+            ctx.reporter.loop_ended()
+        return {"val_accuracy": 0.5, "placed_on": w.device, "tag": params.tag, "data": "tf probe (no data)"}
+
+
+WORKLOAD = TfProbe()
