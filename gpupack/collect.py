@@ -200,7 +200,10 @@ def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
     if t.empty:
         return pd.DataFrame()
     knobs = pd.DataFrame(list(t["knobs"]), index=t.index)
-    varying = [c for c in knobs.columns if _nunique(knobs[c]) > 1] or list(knobs.columns)
+    varying = [c for c in knobs.columns if _nunique(knobs[c]) > 1]
+    if not varying and _probes(trainings).empty:
+        return pd.DataFrame()  # no knob varied and no loader bound: nothing the main table does not say
+    varying = varying or list(knobs.columns)
     frame = knobs[varying].astype(str).assign(
         workload=t["workload"], partition=t["partition"], factor=t["factor"], loader_setting=t.get("loader_setting"),
         samples_per_s=pd.to_numeric(t["samples_per_s"], errors="coerce"))

@@ -127,6 +127,14 @@ class Workload(ABC):
         """Train once; return final metrics (e.g. train_loss, val_accuracy) and a ``data`` description."""
 
 
+def require_positive(params: Any, *keys: str) -> None:
+    """A workload's check() helper: each named hyperparameter must be > 0."""
+    for key in keys:
+        value = getattr(params, key)
+        if not value > 0:
+            raise ConfigError(key, value, "must be > 0", f"set {key} to a positive number")
+
+
 def available_workloads() -> list[str]:
     pkg = importlib.import_module(WORKLOAD_PACKAGE)
     return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))

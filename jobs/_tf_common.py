@@ -50,3 +50,14 @@ def placement(model: Any) -> str:
     """Where the model's first weight really lives (Keras 3 variables expose it as .value.device)."""
     weight = model.trainable_weights[0]
     return str(getattr(getattr(weight, "value", weight), "device", ""))
+
+
+def fit_and_evaluate(keras: Any, model: Any, dataset: Any, params: Any, reporter: Any, x_val: Any,
+                     y_val: Any) -> dict[str, Any]:
+    """Compile (SGD with momentum), fit with every step reported, and measure validation accuracy."""
+    model.compile(optimizer=keras.optimizers.SGD(params.lr, momentum=params.momentum),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(dataset, epochs=params.epochs, verbose=0,
+                        callbacks=[reporter_callback(keras, reporter, params.batch_size)])
+    return {"train_loss": float(history.history["loss"][-1]), "val_accuracy": accuracy(model, x_val, y_val),
+            "placed_on": placement(model)}

@@ -4,8 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from gpupack.errors import ConfigError
-from gpupack.workload import TrainingContext, Workload
+from gpupack.workload import TrainingContext, Workload, require_positive
 from jobs import _cifar10_data, _tf_common
 
 
@@ -34,9 +33,7 @@ class Cifar10Tf(Workload):
     min_gpu_memory_mb = 1024
 
     def check(self, params: Cifar10TfParams) -> None:
-        for key in ("lr", "batch_size", "epochs", "width", "train_samples", "val_samples"):
-            if not getattr(params, key) > 0:
-                raise ConfigError(key, getattr(params, key), "must be > 0", f"set {key} to a positive number")
+        require_positive(params, "lr", "batch_size", "epochs", "width", "train_samples", "val_samples")
         _cifar10_data.find_dir(params.data_dir)
 
     def train(self, params: Cifar10TfParams, ctx: TrainingContext) -> dict[str, Any]:
@@ -70,13 +67,8 @@ class Cifar10Tf(Workload):
                 layers.GlobalAveragePooling2D(),
                 layers.Dense(10, kernel_initializer=init, dtype="float32"),
             ])
-            model.compile(optimizer=keras.optimizers.SGD(params.lr, momentum=params.momentum),
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-            history = model.fit(ds, epochs=params.epochs, verbose=0,
-                                callbacks=[_tf_common.reporter_callback(keras, ctx.reporter, params.batch_size)])
-            accuracy = _tf_common.accuracy(model, x_val, y_val)
-        return {"train_loss": float(history.history["loss"][-1]), "val_accuracy": accuracy, "data": data.source,
-                "device": device, "placed_on": _tf_common.placement(model)}
+            metrics = _tf_common.fit_and_evaluate(keras, model, ds, params, ctx.reporter, x_val, y_val)
+        return {**metrics, "data": data.source, "device": device}
 
 
 WORKLOAD = Cifar10Tf()

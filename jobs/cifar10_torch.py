@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from gpupack.errors import ConfigError
-from gpupack.workload import TrainingContext, Workload
+from gpupack.workload import TrainingContext, Workload, require_positive
 from jobs import _cifar10_data
+from jobs import _torch_common as common
 
 
 @dataclass
@@ -36,16 +36,12 @@ class Cifar10Torch(Workload):
     knob_keys = ("batch_size", "amp", "num_workers", "pin_memory")
 
     def check(self, params: Cifar10TorchParams) -> None:
-        for key in ("lr", "batch_size", "epochs", "width", "blocks", "train_samples", "val_samples"):
-            if not getattr(params, key) > 0:
-                raise ConfigError(key, getattr(params, key), "must be > 0", f"set {key} to a positive number")
+        require_positive(params, "lr", "batch_size", "epochs", "width", "blocks", "train_samples",
+                         "val_samples")
         _cifar10_data.find_dir(params.data_dir)
 
     def train(self, params: Cifar10TorchParams, ctx: TrainingContext) -> dict[str, Any]:
         import torch
-        from torch.utils.data import DataLoader, TensorDataset
-
-        from jobs.mnist_torch import _amp, _loader_only
 
         torch.set_num_threads(ctx.threads)
         torch.manual_seed(params.seed)
@@ -57,46 +53,14 @@ class Cifar10Torch(Workload):
         x_train, y_train = to_tensor(data.x_train)[order], torch.from_numpy(data.y_train).long()[order]
         x_val = to_tensor(data.x_test[: params.val_samples])
         y_val = torch.from_numpy(data.y_test[: params.val_samples]).long()
-        loader = DataLoader(TensorDataset(x_train, y_train), batch_size=params.batch_size, shuffle=True,
-                            generator=gen, num_workers=params.num_workers,
-                            pin_memory=params.pin_memory and device.type == "cuda")
-        rep = ctx.reporter
+        loader = common.make_loader(torch, x_train, y_train, params, device, gen)
         if params.loader_only:
-            return _loader_only(params, loader, device, rep, torch, data.source)
+            return common.loader_only(params, loader, device, ctx, torch, data.source)
         model = small_resnet(torch.nn, params.width, params.blocks).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=params.lr, momentum=params.momentum, weight_decay=5e-4)
-        loss_fn = torch.nn.CrossEntropyLoss()
-        autocast, scaler = _amp(params.amp, device, torch)
-        rep.loop_started()
-        running, count = 0.0, 0
-        model.train()
-        for _ in range(params.epochs):
-            for xb, yb in loader:
-                xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-                opt.zero_grad(set_to_none=True)
-                with autocast():
-                    loss = loss_fn(model(xb), yb)
-                if scaler is not None:
-                    scaler.scale(loss).backward()
-                    scaler.step(opt)
-                    scaler.update()
-                else:
-                    loss.backward()
-                    opt.step()
-                running += loss.item() * len(yb)
-                count += len(yb)
-                rep.step(len(yb))
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        rep.loop_ended()
-        model.eval()
-        correct = 0
-        with torch.no_grad():
-            for i in range(0, len(y_val), 1000):
-                correct += int((model(x_val[i:i + 1000].to(device)).argmax(1).cpu() == y_val[i:i + 1000]).sum())
-        return {"train_loss": running / max(count, 1), "val_accuracy": correct / max(len(y_val), 1),
-                "peak_gpu_mem_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
-                "data": data.source}
+        loss = common.train(model, opt, loader, params, device, ctx, torch)
+        return {"train_loss": loss, "val_accuracy": common.accuracy(model, x_val, y_val, device, torch, 1000),
+                "peak_gpu_mem_mb": common.peak_gpu_mem_mb(device, torch), "data": data.source}
 
 
 def small_resnet(nn: Any, width: int, blocks: int) -> Any:

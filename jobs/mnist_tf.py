@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from gpupack.errors import ConfigError
-from gpupack.workload import TrainingContext, Workload
+from gpupack.workload import TrainingContext, Workload, require_positive
 from jobs import _mnist_data, _tf_common
 
 MODELS = ("mlp", "cnn")
@@ -41,9 +41,7 @@ class MnistTf(Workload):
     min_gpu_memory_mb = 512
 
     def check(self, params: MnistTfParams) -> None:
-        for key in ("lr", "batch_size", "epochs", "hidden", "train_samples", "val_samples"):
-            if not getattr(params, key) > 0:
-                raise ConfigError(key, getattr(params, key), "must be > 0", f"set {key} to a positive number")
+        require_positive(params, "lr", "batch_size", "epochs", "hidden", "train_samples", "val_samples")
         if params.model not in MODELS:
             raise ConfigError("model", params.model, "unknown model", f"use one of {', '.join(MODELS)}")
         _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))
@@ -68,13 +66,8 @@ class MnistTf(Workload):
                 _tf_common.loader_only(ds, params.epochs, ctx.reporter)
                 return {"loader_only": True, "data": data.source}
             model = _build(keras, params, _tf_common.dtype_policy(params.amp, ctx.device))
-            model.compile(optimizer=keras.optimizers.SGD(params.lr, momentum=params.momentum),
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-            history = model.fit(ds, epochs=params.epochs, verbose=0,
-                                callbacks=[_tf_common.reporter_callback(keras, ctx.reporter, params.batch_size)])
-            accuracy = _tf_common.accuracy(model, x_val, y_val)
-        return {"train_loss": float(history.history["loss"][-1]), "val_accuracy": accuracy, "data": data.source,
-                "device": device, "placed_on": _tf_common.placement(model)}
+            metrics = _tf_common.fit_and_evaluate(keras, model, ds, params, ctx.reporter, x_val, y_val)
+        return {**metrics, "data": data.source, "device": device}
 
 
 def _build(keras: Any, params: MnistTfParams, dtype: str | None) -> Any:

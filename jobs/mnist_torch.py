@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from gpupack.errors import ConfigError
-from gpupack.workload import TrainingContext, Workload
+from gpupack.workload import TrainingContext, Workload, require_positive
 from jobs import _mnist_data
+from jobs import _torch_common as common
 
 MODELS = ("mlp", "cnn")
 
@@ -46,12 +47,7 @@ class MnistTorch(Workload):
     knob_keys = ("batch_size", "amp", "num_workers", "pin_memory")
 
     def check(self, params: MnistTorchParams) -> None:
-        positive = {"lr": params.lr, "batch_size": params.batch_size, "epochs": params.epochs,
-                    "hidden": params.hidden, "train_samples": params.train_samples,
-                    "val_samples": params.val_samples}
-        for key, value in positive.items():
-            if not value > 0:
-                raise ConfigError(key, value, "must be > 0", f"set {key} to a positive number")
+        require_positive(params, "lr", "batch_size", "epochs", "hidden", "train_samples", "val_samples")
         if params.model not in MODELS:
             raise ConfigError("model", params.model, "unknown model", f"use one of {', '.join(MODELS)}")
         if params.num_workers < 0:
@@ -60,83 +56,25 @@ class MnistTorch(Workload):
 
     def train(self, params: MnistTorchParams, ctx: TrainingContext) -> dict[str, Any]:
         import torch
-        from torch import nn
-        from torch.utils.data import DataLoader, TensorDataset
 
         torch.set_num_threads(ctx.threads)
         torch.manual_seed(params.seed)
         device = torch.device(ctx.device)
         data = _mnist_data.load(params.data_dir)
-
         gen = torch.Generator().manual_seed(params.seed)
         order = torch.randperm(len(data.y_train), generator=gen)[: params.train_samples]
         x_train = torch.from_numpy(data.x_train).float().div_(255.0).unsqueeze(1)[order]
         y_train = torch.from_numpy(data.y_train).long()[order]
         x_val = torch.from_numpy(data.x_test[: params.val_samples]).float().div_(255.0).unsqueeze(1)
         y_val = torch.from_numpy(data.y_test[: params.val_samples]).long()
-        loader = DataLoader(TensorDataset(x_train, y_train), batch_size=params.batch_size, shuffle=True,
-                            generator=gen, num_workers=params.num_workers,
-                            pin_memory=params.pin_memory and device.type == "cuda")
-
-        rep = ctx.reporter
+        loader = common.make_loader(torch, x_train, y_train, params, device, gen)
         if params.loader_only:
-            return _loader_only(params, loader, device, rep, torch, data.source)
-        model = _build(params, nn).to(device)
+            return common.loader_only(params, loader, device, ctx, torch, data.source)
+        model = _build(params, torch.nn).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=params.lr, momentum=params.momentum)
-        loss_fn = nn.CrossEntropyLoss()
-        autocast, scaler = _amp(params.amp, device, torch)
-        rep.loop_started()
-        running, count = 0.0, 0
-        for _ in range(params.epochs):
-            for xb, yb in loader:
-                xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-                opt.zero_grad(set_to_none=True)
-                with autocast():
-                    loss = loss_fn(model(xb), yb)
-                if scaler is not None:
-                    scaler.scale(loss).backward()
-                    scaler.step(opt)
-                    scaler.update()
-                else:
-                    loss.backward()
-                    opt.step()
-                running += loss.item() * len(yb)
-                count += len(yb)
-                rep.step(len(yb))
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        rep.loop_ended()
-        return {
-            "train_loss": running / max(count, 1),
-            "val_accuracy": _accuracy(model, x_val, y_val, device, torch),
-            "peak_gpu_mem_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
-            "data": data.source,
-        }
-
-
-def _amp(enabled: bool, device: Any, torch: Any) -> tuple[Any, Any]:
-    """The autocast context and, on CUDA, the GradScaler that float16 needs."""
-    import contextlib
-
-    if not enabled:
-        return contextlib.nullcontext, None
-    if device.type == "cuda":
-        return (lambda: torch.autocast("cuda", dtype=torch.float16)), torch.amp.GradScaler("cuda")
-    return (lambda: torch.autocast("cpu", dtype=torch.bfloat16)), None
-
-
-def _loader_only(params: MnistTorchParams, loader: Any, device: Any, rep: Any, torch: Any,
-                 source: str) -> dict[str, Any]:
-    """The same batches, onto the device, and nothing else: what the input pipeline alone can deliver."""
-    rep.loop_started()
-    for _ in range(params.epochs):
-        for xb, yb in loader:
-            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-            rep.step(len(yb))
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    rep.loop_ended()
-    return {"loader_only": True, "data": source}
+        loss = common.train(model, opt, loader, params, device, ctx, torch)
+        return {"train_loss": loss, "val_accuracy": common.accuracy(model, x_val, y_val, device, torch),
+                "peak_gpu_mem_mb": common.peak_gpu_mem_mb(device, torch), "data": data.source}
 
 
 def _build(params: MnistTorchParams, nn: Any) -> Any:
@@ -148,16 +86,6 @@ def _build(params: MnistTorchParams, nn: Any) -> Any:
         )
     return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, params.hidden), nn.ReLU(),
                          nn.Linear(params.hidden, 10))
-
-
-def _accuracy(model: Any, x: Any, y: Any, device: Any, torch: Any) -> float:
-    model.eval()
-    correct = 0
-    with torch.no_grad():
-        for i in range(0, len(y), 2000):
-            pred = model(x[i:i + 2000].to(device)).argmax(1).cpu()
-            correct += int((pred == y[i:i + 2000]).sum())
-    return correct / len(y)
 
 
 WORKLOAD = MnistTorch()
