@@ -29,7 +29,7 @@ def make_records(n: int, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
     per_group = n // len(groups)
     rows_p, rows_m, rows_f, pack_ids = [], [], [], []
     packs = []
-    for gi, (p, m, f) in enumerate(groups):
+    for p, m, f in groups:
         n_packs = max(1, per_group // f)
         for k in range(n_packs):
             pid = f"{p}-{m}-n{f:02d}-{k:05d}"

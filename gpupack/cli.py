@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -44,11 +43,8 @@ def default_run_dir(sweep: str, now: _dt.datetime | None = None) -> Path:
     return Path("runs") / sweep / stamp
 
 
-def prepare_run_dir(run: RunDir, plan: Plan) -> bool:
-    """Make the run directory usable; True when it resumes an earlier run of the same plan.
-
-    A directory holding a different plan is refused, never overwritten.
-    """
+def check_run_dir(run: RunDir, plan: Plan) -> bool:
+    """Read-only: True when the run directory holds this same plan (a resume); refuse one holding another."""
     if run.plan.exists():
         try:
             earlier = read_json(run.plan)
@@ -62,6 +58,16 @@ def prepare_run_dir(run: RunDir, plan: Plan) -> bool:
     if run.root.exists() and any(p.name != ".lock" for p in run.root.iterdir()):
         raise RunDirError(f"run_dir={str(run.root)!r} exists and is not a gpupack run. HINT: choose a new "
                           "or empty run_dir=...")
+    return False
+
+
+def prepare_run_dir(run: RunDir, plan: Plan) -> bool:
+    """Make the run directory usable; True when it resumes an earlier run of the same plan.
+
+    A directory holding a different plan is refused, never overwritten.
+    """
+    if check_run_dir(run, plan):
+        return True
     try:
         run.root.mkdir(parents=True, exist_ok=True)
         probe = run.root / ".write-probe"
@@ -154,7 +160,10 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
     if not cfg.wait:
         submitter.require_detachable()  # said before anything is written
     if cfg.dry_run:
-        print_plan(console, plan, spec.name, run, len(plan.packs), False)
+        print_plan(console, plan, spec.name, run, len(plan.packs), check_run_dir(run, plan))
+        first = plan.packs[0].trainings[0]
+        console.print("  hyperparameters of the first training: " +
+                      ", ".join(f"{k}={v}" for k, v in first.params.items()), highlight=False)
         for p in plan.packs:
             console.print(f"  {p.pack_id}: " + ", ".join(t.training_id for t in p.trainings), highlight=False)
         console.print("dry run: nothing was written or submitted.")

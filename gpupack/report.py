@@ -70,7 +70,7 @@ def render(c: "Collected", console: Console) -> None:
     else:
         table = Table(title="Time per training by packing factor N (pack wall time / N)")
         for col in ("partition (GPU)", "mode", "N", "packs", "s/training (min-max)", "start-up s", "loop s",
-                    "trainings/h", "speedup", "samples/s/training", "util %", "mem peak MB", "failed"):
+                    "trainings/h", "speedup", "samples/s", "util %", "mem peak MB", "failed"):
             table.add_column(col, justify="left" if col in ("partition (GPU)", "mode") else "right")
         best_keys = {tuple(r[GROUP + ["factor"]]) for _, r in c.best.iterrows()}
         for _, r in c.summary.iterrows():
@@ -93,7 +93,7 @@ def render(c: "Collected", console: Console) -> None:
     if c.records.pending:
         console.print(f"[yellow]{len(c.records.pending)} planned pack(s) have no record yet[/] (still running, "
                       "or lost: re-run the same command with run_dir=... to resume).")
-    if len(c.cost) > 1 or (len(c.cost) == 1 and c.cost["rgu"].notna().any()):
+    if not c.cost.empty:
         render_cost(c, console)
     for _, r in c.best.iterrows():
         console.print(f"[bold]{best_line(r)}[/]")
@@ -125,14 +125,18 @@ def knob_columns(knobs: pd.DataFrame) -> list[str]:
 
 
 def render_knobs(c: "Collected", console: Console) -> None:
-    table = Table(title="Throughput by knob setting (samples/s per training, median) beside the loader-only bound")
+    probed = c.knobs["loader_bound_samples_per_s"].notna().any()
+    table = Table(title="Throughput by knob setting (samples/s per training, median)"
+                  + (" beside the loader-only bound" if probed else ""))
     names = knob_columns(c.knobs)
-    for col in ["partition", *names, "N", "samples/s/training", "loader-only samples/s", ""]:
-        table.add_column(col, justify="left" if col in ("partition", "") else "right")
+    columns = ["partition", *names, "N", "samples/s/training"] + (["loader-only samples/s", "flag"] if probed else [])
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("partition", "flag") else "right")
     for _, r in c.knobs.iterrows():
-        table.add_row(r["partition"], *(str(r[k]) for k in names), str(int(r["factor"])),
-                      _fmt(r["samples_per_s"], ".0f"), _fmt(r["loader_bound_samples_per_s"], ".0f"),
-                      "loader-bound" if r["loader_bound"] else "")
+        row = [r["partition"], *(str(r[k]) for k in names), str(int(r["factor"])), _fmt(r["samples_per_s"], ".0f")]
+        if probed:
+            row += [_fmt(r["loader_bound_samples_per_s"], ".0f"), "loader-bound" if r["loader_bound"] else ""]
+        table.add_row(*row)
     console.print(table)
 
 
@@ -150,7 +154,7 @@ def cost_lines(c: "Collected") -> list[str]:
     for workload, group in c.cost.groupby("workload"):
         fastest = group[group["fastest"]].iloc[0]
         lines.append(f"{workload}: a sweep of {_trainings(c.sweep_trainings)} finishes first on "
-                     f"{fastest['partition']} ({_fmt(fastest['sweep_hours'], '.3g')} GPU-hours at N="
+                     f"{fastest['partition']} ({_fmt(fastest['sweep_hours'], '.3g')} hours on one device at N="
                      f"{int(fastest['factor'])}, {fastest['mode']}).")
         cheapest = group[group["cheapest"]]
         if len(cheapest):
@@ -158,15 +162,15 @@ def cost_lines(c: "Collected") -> list[str]:
             lines.append(f"{workload}: it costs least on {row['partition']} ({row['gpu_model']}): "
                          f"{_fmt(row['sweep_rgu_hours'], '.3g')} RGU-hours at N={int(row['factor'])}.")
         else:
-            lines.append(f"{workload}: no RGU weight is known for these GPUs (the table in conf/rgu/ has no "
-                         "such model), so no cost comparison.")
+            lines.append(f"{workload}: no RGU weight is known for {', '.join(sorted(set(map(str, group['gpu_type']))))}"
+                         " (not a GPU model of conf/rgu/), so no RGU cost.")
     return lines
 
 
 def render_cost(c: "Collected", console: Console) -> None:
-    table = Table(title=f"Cost at the best N, for a sweep of {_trainings(c.sweep_trainings)} on one GPU")
-    for col in ("partition", "GPU model", "RGU", "mode", "best N", "s/training", "RGU-h/training", "sweep GPU-h",
-                "sweep RGU-h", ""):
+    table = Table(title=f"Cost at the best N, for a sweep of {_trainings(c.sweep_trainings)} on one device")
+    for col in ("partition", "GPU model", "RGU", "mode", "best N", "s/training", "RGU-h/training", "sweep hours",
+                "sweep RGU-h", "verdict"):
         table.add_column(col, justify="left" if col in ("partition", "GPU model", "mode", "") else "right")
     for _, r in c.cost.iterrows():
         flags = " ".join(f for f, on in (("fastest", r["fastest"]), ("cheapest", r["cheapest"])) if on)
@@ -267,8 +271,8 @@ def plot_cost(c: "Collected", path: Path) -> Path | None:
     has_rgu = cost["sweep_rgu_hours"].notna().any()
     fig, axes = plt.subplots(1, 2 if has_rgu else 1, figsize=(11 if has_rgu else 6, 4.5), squeeze=False)
     axes[0][0].bar(labels, cost["sweep_hours"], color="tab:blue")
-    axes[0][0].set_title(f"Sweep of {_trainings(c.sweep_trainings)}: GPU-hours (lower finishes first)")
-    axes[0][0].set_ylabel("GPU-hours at the best N")
+    axes[0][0].set_title(f"Sweep of {_trainings(c.sweep_trainings)}: device-hours (lower finishes first)")
+    axes[0][0].set_ylabel("hours on one GPU (or CPU) at the best N")
     if has_rgu:
         axes[0][1].bar(labels, cost["sweep_rgu_hours"].fillna(0), color="tab:orange")
         axes[0][1].set_title("Sweep cost: RGU-hours (lower costs less)")

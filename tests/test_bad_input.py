@@ -92,3 +92,12 @@ def test_run_dir_of_another_sweep_is_refused(tmp_path, capsys):
     assert main(BASE + [f"run_dir={run_dir}"]) != 0
     assert "not a gpupack run" in capsys.readouterr().err
     assert (run_dir / "notes.txt").read_text() == "mine"
+
+
+def test_dry_run_also_refuses_a_run_dir_of_another_sweep(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "plan.json").write_text('{"schema": 1, "sweep": "other", "packs": []}')
+    assert main(BASE + ["dry_run=true", f"run_dir={run_dir}"]) == 2
+    assert "holds another sweep's plan" in capsys.readouterr().err
+    assert sorted(p.name for p in run_dir.iterdir()) == ["plan.json"]

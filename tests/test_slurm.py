@@ -150,7 +150,7 @@ def test_sweep_across_partitions_with_arrays(tmp_path, slurm_env):
     assert len(n1) == 3 and len({j.split("_")[0] for j in n1}) == 1 and all("_" in j for j in n1)  # one array
     rows = sacct(slurm_env, [j["job_id"] for j in jobs.values()], "JobID,Partition,State,AllocTRES")
     assert len(rows) == len(jobs)
-    for job_id, partition, state, tres in rows:
+    for _job_id, partition, state, tres in rows:
         assert state == "COMPLETED" and "gres/gpu=1" in tres and partition in ("p100", "a100")
     packs = [json.loads(p.read_text()) for p in run_dir.glob("packs/*/pack.json")]
     assert all(p["slurm_job_gpus"] is not None and p["job_id"] for p in packs)
