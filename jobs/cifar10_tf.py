@@ -2,34 +2,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from gpupack.workload import TrainingContext, Workload, require_positive
 from jobs import _cifar10_data, _tf_common
+from jobs._params import LOADER_PARAM, TF_KNOBS, TF_LOADER_KEYS, TrainingParams
 
 
 @dataclass
-class Cifar10TfParams:
-    lr: float = 0.05
+class Cifar10TfParams(TrainingParams):
     batch_size: int = 128
-    seed: int = 0
-    width: int = 32
-    epochs: int = 1
-    momentum: float = 0.9
     train_samples: int = 50000
-    val_samples: int = 10000
-    data_dir: Optional[str] = None
-    amp: bool = False
-    loader_only: bool = False
+    width: int = 32
 
 
 class Cifar10Tf(Workload):
     name = "cifar10_tf"
     framework = "tensorflow"
     Params = Cifar10TfParams
-    loader_param = "loader_only"
-    loader_keys = ("batch_size", "train_samples", "epochs", "data_dir", "seed")
-    knob_keys = ("batch_size", "amp")
+    loader_param, loader_keys, knob_keys = LOADER_PARAM, TF_LOADER_KEYS, TF_KNOBS
     min_gpu_memory_mb = 1024
 
     def check(self, params: Cifar10TfParams) -> None:

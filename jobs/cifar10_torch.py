@@ -2,38 +2,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from gpupack.workload import TrainingContext, Workload, require_positive
 from jobs import _cifar10_data
+from jobs._params import LOADER_PARAM, TORCH_KNOBS, TORCH_LOADER_KEYS, TorchLoaderParams
 from jobs import _torch_common as common
 
 
 @dataclass
-class Cifar10TorchParams:
-    lr: float = 0.05
+class Cifar10TorchParams(TorchLoaderParams):
     batch_size: int = 128
-    seed: int = 0
+    train_samples: int = 50000
     width: int = 16
     blocks: int = 2
-    epochs: int = 1
-    momentum: float = 0.9
-    train_samples: int = 50000
-    val_samples: int = 10000
-    data_dir: Optional[str] = None
-    num_workers: int = 0
-    pin_memory: bool = False
-    amp: bool = False
-    loader_only: bool = False
 
 
 class Cifar10Torch(Workload):
     name = "cifar10_torch"
     framework = "torch"
     Params = Cifar10TorchParams
-    loader_param = "loader_only"
-    loader_keys = ("batch_size", "num_workers", "pin_memory", "train_samples", "epochs", "data_dir", "seed")
-    knob_keys = ("batch_size", "amp", "num_workers", "pin_memory")
+    loader_param, loader_keys, knob_keys = LOADER_PARAM, TORCH_LOADER_KEYS, TORCH_KNOBS
 
     def check(self, params: Cifar10TorchParams) -> None:
         require_positive(params, "lr", "batch_size", "epochs", "width", "blocks", "train_samples",

@@ -6,38 +6,27 @@ stays on its own logical device; mixed precision is a per-layer dtype policy for
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, Workload, require_positive
 from jobs import _mnist_data, _tf_common
+from jobs._params import LOADER_PARAM, TF_KNOBS, TF_LOADER_KEYS, TrainingParams
 
 MODELS = ("mlp", "cnn")
 
 
 @dataclass
-class MnistTfParams:
-    lr: float = 0.05
-    batch_size: int = 64
-    seed: int = 0
+class MnistTfParams(TrainingParams):
     model: str = "mlp"
     hidden: int = 128
-    epochs: int = 1
-    momentum: float = 0.9
-    train_samples: int = 12000
-    val_samples: int = 10000
-    data_dir: Optional[str] = None
-    amp: bool = False
-    loader_only: bool = False
 
 
 class MnistTf(Workload):
     name = "mnist_tf"
     framework = "tensorflow"
     Params = MnistTfParams
-    loader_param = "loader_only"
-    loader_keys = ("batch_size", "train_samples", "epochs", "data_dir", "seed")
-    knob_keys = ("batch_size", "amp")
+    loader_param, loader_keys, knob_keys = LOADER_PARAM, TF_LOADER_KEYS, TF_KNOBS
     min_gpu_memory_mb = 512
 
     def check(self, params: MnistTfParams) -> None:

@@ -6,45 +6,28 @@ stays cheap and the import is counted in the training's start-up time, where it 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, Workload, require_positive
 from jobs import _mnist_data
+from jobs._params import LOADER_PARAM, TORCH_KNOBS, TORCH_LOADER_KEYS, TorchLoaderParams
 from jobs import _torch_common as common
 
 MODELS = ("mlp", "cnn")
 
 
 @dataclass
-class MnistTorchParams:
-    lr: float = 0.05
-    batch_size: int = 64
-    seed: int = 0
+class MnistTorchParams(TorchLoaderParams):
     model: str = "mlp"
     hidden: int = 128
-    epochs: int = 1
-    momentum: float = 0.9
-    # Trainings use the first train_samples of a seeded shuffle of the 60,000 training digits.
-    train_samples: int = 12000
-    val_samples: int = 10000
-    # Folder with the MNIST IDX files (or mnist.npz); null: the copy shipped with gpupack.
-    data_dir: Optional[str] = None
-    num_workers: int = 0
-    pin_memory: bool = False
-    # Mixed precision: float16 autocast + GradScaler on CUDA, bfloat16 autocast on CPU.
-    amp: bool = False
-    # Run only the input pipeline over the same batches (the loader's upper bound on throughput).
-    loader_only: bool = False
 
 
 class MnistTorch(Workload):
     name = "mnist_torch"
     framework = "torch"
     Params = MnistTorchParams
-    loader_param = "loader_only"
-    loader_keys = ("batch_size", "num_workers", "pin_memory", "train_samples", "epochs", "data_dir", "seed")
-    knob_keys = ("batch_size", "amp", "num_workers", "pin_memory")
+    loader_param, loader_keys, knob_keys = LOADER_PARAM, TORCH_LOADER_KEYS, TORCH_KNOBS
 
     def check(self, params: MnistTorchParams) -> None:
         require_positive(params, "lr", "batch_size", "epochs", "hidden", "train_samples", "val_samples")

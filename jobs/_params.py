@@ -1,0 +1,37 @@
+"""Hyperparameters every gpupack workload shares, as dataclasses workloads extend (a field redeclared in a
+subclass changes only its default). The class attributes below are what the workload contract reads."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class TrainingParams:
+    lr: float = 0.05
+    batch_size: int = 64
+    seed: int = 0
+    epochs: int = 1
+    momentum: float = 0.9
+    # Trainings use the first train_samples of a seeded shuffle of the training set.
+    train_samples: int = 12000
+    val_samples: int = 10000
+    # Folder with the data set's standard files; null: the copy shipped with gpupack, where there is one.
+    data_dir: Optional[str] = None
+    # Mixed precision: float16 (+ GradScaler in torch) on a GPU, bfloat16 on a CPU.
+    amp: bool = False
+    # Run only the input pipeline over the same batches (the loader's upper bound on throughput).
+    loader_only: bool = False
+
+
+@dataclass
+class TorchLoaderParams(TrainingParams):
+    num_workers: int = 0
+    pin_memory: bool = False
+
+
+LOADER_PARAM = "loader_only"
+TF_LOADER_KEYS = ("batch_size", "train_samples", "epochs", "data_dir", "seed")
+TORCH_LOADER_KEYS = TF_LOADER_KEYS + ("num_workers", "pin_memory")
+TF_KNOBS = ("batch_size", "amp")
+TORCH_KNOBS = ("batch_size", "amp", "num_workers", "pin_memory")
