@@ -319,7 +319,7 @@ SUMMARY_FORMATS = {"time_per_training_s": ".2f", "tpt_min_s": ".2f", "tpt_max_s"
                    "gpu_util_mean": ".0f", "cpu_percent_mean": ".0f", "gpu_mem_peak_mb": ".0f", "peak_rss_mb": ".0f"}
 COST_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_model": "GPU model", "rgu": "RGU",
                 "mode": "mode", "factor": "best N", "time_per_training_s": "s/training",
-                "rgu_hours_per_training": "RGU-h/training", "sweep_hours": "sweep GPU-h",
+                "rgu_hours_per_training": "RGU-h/training", "sweep_hours": "sweep hours",
                 "sweep_rgu_hours": "sweep RGU-h", "fastest": "fastest", "cheapest": "cheapest"}
 COST_FORMATS = {"rgu": ".1f", "time_per_training_s": ".2f", "rgu_hours_per_training": ".2e", "sweep_hours": ".3g",
                 "sweep_rgu_hours": ".3g"}
@@ -328,6 +328,16 @@ h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em}.best{background:#e8f5e9;
 table.t{border-collapse:collapse;font-size:.85em}table.t td,table.t th{padding:3px 8px;border-bottom:1px solid #ddd;
 text-align:right}table.t th{background:#f3f3f3}img{max-width:100%}figcaption{font-size:.8em;color:#666}
 .warn{color:#a15c00}.scroll{overflow-x:auto}"""
+
+
+def _knob_section(c: "Collected") -> str:
+    if c.knobs.empty:
+        return ""
+    columns = {**{k: k for k in ["partition", *knob_columns(c.knobs)]}, "factor": "N",
+               "samples_per_s": "samples/s/training", "loader_bound_samples_per_s": "loader-only samples/s",
+               "loader_bound": "loader-bound"}
+    return ("<h2>Throughput by knob setting, beside the loader-only bound</h2>"
+            + _table(c.knobs, columns, {"samples_per_s": ".0f", "loader_bound_samples_per_s": ".0f"}))
 
 
 def write_report(c: "Collected", out: Path) -> list[Path]:
@@ -352,14 +362,10 @@ def write_report(c: "Collected", out: Path) -> list[Path]:
         f"<div class='best'>{best}</div>",
         "<h2>Time per training by packing factor N</h2>",
         _table(c.summary, SUMMARY_COLUMNS, SUMMARY_FORMATS),
-        f"<h2>Cost at the best N (a sweep of {_trainings(c.sweep_trainings)} on one GPU)</h2>",
+        f"<h2>Cost at the best N (a sweep of {_trainings(c.sweep_trainings)} on one device)</h2>",
         _table(c.cost, COST_COLUMNS, COST_FORMATS),
         "".join(f"<p>{html.escape(line)}</p>" for line in (cost_lines(c) if not c.cost.empty else [])),
-        "<h2>Throughput by knob setting, beside the loader-only bound</h2>",
-        _table(c.knobs, {**{k: k for k in ["partition", *knob_columns(c.knobs)]}, "factor": "N",
-                         "samples_per_s": "samples/s/training", "loader_bound_samples_per_s": "loader-only samples/s",
-                         "loader_bound": "loader-bound"} if not c.knobs.empty else {},
-               {"samples_per_s": ".0f", "loader_bound_samples_per_s": ".0f"}),
+        _knob_section(c),
         "<h2>Plots</h2>", "".join(_img(p, alt) for p, alt in plots),
         "<h2>Best hyperparameters by validation accuracy</h2>",
         "".join(f"<p>{html.escape(line)}</p>" for line in hyper_lines(c.hyper)) or "<p>(none)</p>",
