@@ -94,6 +94,11 @@ class RunLock:
             os.close(fd)
             raise RunDirError(f"run_dir={str(self.path.parent)!r}: another gpupack sweep is running in it. "
                               "HINT: wait for it, or choose another run_dir=...") from None
+        except OSError as err:  # a file system without flock (Lustre mounted without -o flock): go on unlocked
+            import sys
+
+            print(f"gpupack: warning: cannot lock {self.path} ({err.strerror}); do not start two sweeps in this "
+                  "run directory at once", file=sys.stderr)
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd

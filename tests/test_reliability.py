@@ -206,3 +206,16 @@ def test_names_used_in_paths_cannot_escape_the_run_directory(tmp_path, name):
 def test_no_shell_anywhere():
     sources = list((REPO / "gpupack").rglob("*.py")) + list((REPO / "jobs").rglob("*.py"))
     assert sources and not [p for p in sources if "shell=True" in p.read_text()]
+
+
+def test_a_file_system_without_flock_warns_and_goes_on(tmp_path, monkeypatch, capsys):
+    import errno
+    import fcntl
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    with RunLock(RunDir(tmp_path)):
+        pass
+    assert "cannot lock" in capsys.readouterr().err
