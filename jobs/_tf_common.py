@@ -5,6 +5,33 @@ from __future__ import annotations
 from typing import Any
 
 
+def run(params: Any, ctx: Any, data: Any, build_model: Any) -> dict[str, Any]:
+    """A whole Keras training on an image data set (x/y train/test uint8 arrays): the seeded subset, a
+    tf.data pipeline, then either the pipeline alone or ``build_model(keras, dtype_policy)`` fitted and
+    evaluated — all under ``tf.device(<this training's device>)``."""
+    import numpy as np
+    import tensorflow as tf
+    import keras
+
+    def scaled(x: Any) -> Any:
+        x = x.astype("float32") / 255.0
+        return x[..., None] if x.ndim == 3 else x  # grey images get their channel axis
+
+    order = np.random.default_rng(params.seed).permutation(len(data.y_train))[: params.train_samples]
+    x_train, y_train = scaled(data.x_train[order]), data.y_train[order].astype("int64")
+    x_val, y_val = scaled(data.x_test[: params.val_samples]), data.y_test[: params.val_samples]
+    device = tf_device(ctx.device)
+    with tf.device(device):
+        ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
+              .shuffle(len(y_train), seed=params.seed).batch(params.batch_size).prefetch(2))
+        if params.loader_only:
+            loader_only(ds, params.epochs, ctx.reporter)
+            return {"loader_only": True, "data": data.source}
+        model = build_model(keras, dtype_policy(params.amp, ctx.device))
+        metrics = fit_and_evaluate(keras, model, ds, params, ctx.reporter, x_val, y_val)
+    return {**metrics, "data": data.source, "device": device}
+
+
 def tf_device(device: str) -> str:
     """gpupack's device ("cpu", "cuda", or a logical device name) as a TensorFlow device string."""
     return {"cpu": "/device:CPU:0", "cuda": "/device:GPU:0"}.get(device, device)

@@ -7,6 +7,36 @@ from typing import Any
 from gpupack.workload import TrainingContext
 
 
+def images(torch: Any, x: Any) -> Any:
+    """uint8 images (n, H, W) or (n, H, W, C) as float NCHW tensors in [0, 1]."""
+    t = torch.from_numpy(x).float().div_(255.0)
+    return t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2)
+
+
+def run(params: Any, ctx: TrainingContext, data: Any, build_model: Any, weight_decay: float = 0.0,
+        eval_batch: int = 2000) -> dict[str, Any]:
+    """A whole torch training on an image data set (x/y train/test arrays): the seeded subset, the loader,
+    then either the loader alone or SGD on ``build_model(torch.nn)`` and its validation accuracy."""
+    import torch
+
+    torch.set_num_threads(ctx.threads)
+    torch.manual_seed(params.seed)
+    device = torch.device(ctx.device)
+    gen = torch.Generator().manual_seed(params.seed)
+    order = torch.randperm(len(data.y_train), generator=gen)[: params.train_samples]
+    x_train, y_train = images(torch, data.x_train)[order], torch.from_numpy(data.y_train).long()[order]
+    x_val = images(torch, data.x_test[: params.val_samples])
+    y_val = torch.from_numpy(data.y_test[: params.val_samples]).long()
+    loader = make_loader(torch, x_train, y_train, params, device, gen)
+    if params.loader_only:
+        return loader_only(params, loader, device, ctx, torch, data.source)
+    model = build_model(torch.nn).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=params.lr, momentum=params.momentum, weight_decay=weight_decay)
+    loss = train(model, opt, loader, params, device, ctx, torch)
+    return {"train_loss": loss, "val_accuracy": accuracy(model, x_val, y_val, device, torch, eval_batch),
+            "peak_gpu_mem_mb": peak_gpu_mem_mb(device, torch), "data": data.source}
+
+
 def make_loader(torch: Any, x: Any, y: Any, params: Any, device: Any, gen: Any) -> Any:
     from torch.utils.data import DataLoader, TensorDataset
 

@@ -28,38 +28,23 @@ class Cifar10Tf(Workload):
         _cifar10_data.find_dir(params.data_dir)
 
     def train(self, params: Cifar10TfParams, ctx: TrainingContext) -> dict[str, Any]:
-        import numpy as np
-        import tensorflow as tf
-        import keras
+        return _tf_common.run(params, ctx, _cifar10_data.load(params.data_dir),
+                              lambda keras, dtype: _build(keras, params, dtype))
 
-        data = _cifar10_data.load(params.data_dir)
-        order = np.random.default_rng(params.seed).permutation(len(data.y_train))[: params.train_samples]
-        x_train = data.x_train[order].astype("float32") / 255.0
-        y_train = data.y_train[order].astype("int64")
-        x_val = data.x_test[: params.val_samples].astype("float32") / 255.0
-        y_val = data.y_test[: params.val_samples]
-        device = _tf_common.tf_device(ctx.device)
-        with tf.device(device):
-            ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
-                  .shuffle(len(y_train), seed=params.seed).batch(params.batch_size).prefetch(2))
-            if params.loader_only:
-                _tf_common.loader_only(ds, params.epochs, ctx.reporter)
-                return {"loader_only": True, "data": data.source}
-            dtype = _tf_common.dtype_policy(params.amp, ctx.device)
-            init = keras.initializers.HeNormal(seed=params.seed)
-            w, layers = params.width, keras.layers
-            model = keras.Sequential([
-                keras.Input((32, 32, 3)),
-                layers.Conv2D(w, 3, padding="same", activation="relu", kernel_initializer=init, dtype=dtype),
-                layers.MaxPooling2D(),
-                layers.Conv2D(2 * w, 3, padding="same", activation="relu", kernel_initializer=init, dtype=dtype),
-                layers.MaxPooling2D(),
-                layers.Conv2D(4 * w, 3, padding="same", activation="relu", kernel_initializer=init, dtype=dtype),
-                layers.GlobalAveragePooling2D(),
-                layers.Dense(10, kernel_initializer=init, dtype="float32"),
-            ])
-            metrics = _tf_common.fit_and_evaluate(keras, model, ds, params, ctx.reporter, x_val, y_val)
-        return {**metrics, "data": data.source, "device": device}
+
+def _build(keras: Any, params: Cifar10TfParams, dtype: str | None) -> Any:
+    init = keras.initializers.HeNormal(seed=params.seed)
+    w, layers = params.width, keras.layers
+    return keras.Sequential([
+        keras.Input((32, 32, 3)),
+        layers.Conv2D(w, 3, padding="same", activation="relu", kernel_initializer=init, dtype=dtype),
+        layers.MaxPooling2D(),
+        layers.Conv2D(2 * w, 3, padding="same", activation="relu", kernel_initializer=init, dtype=dtype),
+        layers.MaxPooling2D(),
+        layers.Conv2D(4 * w, 3, padding="same", activation="relu", kernel_initializer=init, dtype=dtype),
+        layers.GlobalAveragePooling2D(),
+        layers.Dense(10, kernel_initializer=init, dtype="float32"),
+    ])
 
 
 WORKLOAD = Cifar10Tf()

@@ -30,26 +30,9 @@ class Cifar10Torch(Workload):
         _cifar10_data.find_dir(params.data_dir)
 
     def train(self, params: Cifar10TorchParams, ctx: TrainingContext) -> dict[str, Any]:
-        import torch
-
-        torch.set_num_threads(ctx.threads)
-        torch.manual_seed(params.seed)
-        device = torch.device(ctx.device)
-        data = _cifar10_data.load(params.data_dir)
-        gen = torch.Generator().manual_seed(params.seed)
-        order = torch.randperm(len(data.y_train), generator=gen)[: params.train_samples]
-        to_tensor = lambda x: torch.from_numpy(x).permute(0, 3, 1, 2).float().div_(255.0)  # noqa: E731
-        x_train, y_train = to_tensor(data.x_train)[order], torch.from_numpy(data.y_train).long()[order]
-        x_val = to_tensor(data.x_test[: params.val_samples])
-        y_val = torch.from_numpy(data.y_test[: params.val_samples]).long()
-        loader = common.make_loader(torch, x_train, y_train, params, device, gen)
-        if params.loader_only:
-            return common.loader_only(params, loader, device, ctx, torch, data.source)
-        model = small_resnet(torch.nn, params.width, params.blocks).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=params.lr, momentum=params.momentum, weight_decay=5e-4)
-        loss = common.train(model, opt, loader, params, device, ctx, torch)
-        return {"train_loss": loss, "val_accuracy": common.accuracy(model, x_val, y_val, device, torch, 1000),
-                "peak_gpu_mem_mb": common.peak_gpu_mem_mb(device, torch), "data": data.source}
+        return common.run(params, ctx, _cifar10_data.load(params.data_dir),
+                          lambda nn: small_resnet(nn, params.width, params.blocks), weight_decay=5e-4,
+                          eval_batch=1000)
 
 
 def small_resnet(nn: Any, width: int, blocks: int) -> Any:

@@ -36,27 +36,8 @@ class MnistTf(Workload):
         _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))
 
     def train(self, params: MnistTfParams, ctx: TrainingContext) -> dict[str, Any]:
-        import numpy as np
-        import tensorflow as tf
-        import keras
-
-        data = _mnist_data.load(params.data_dir)
-        rng = np.random.default_rng(params.seed)
-        order = rng.permutation(len(data.y_train))[: params.train_samples]
-        x_train = (data.x_train[order].astype("float32") / 255.0)[..., None]
-        y_train = data.y_train[order].astype("int64")
-        x_val = (data.x_test[: params.val_samples].astype("float32") / 255.0)[..., None]
-        y_val = data.y_test[: params.val_samples]
-        device = _tf_common.tf_device(ctx.device)
-        with tf.device(device):
-            ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
-                  .shuffle(len(y_train), seed=params.seed).batch(params.batch_size).prefetch(2))
-            if params.loader_only:
-                _tf_common.loader_only(ds, params.epochs, ctx.reporter)
-                return {"loader_only": True, "data": data.source}
-            model = _build(keras, params, _tf_common.dtype_policy(params.amp, ctx.device))
-            metrics = _tf_common.fit_and_evaluate(keras, model, ds, params, ctx.reporter, x_val, y_val)
-        return {**metrics, "data": data.source, "device": device}
+        return _tf_common.run(params, ctx, _mnist_data.load(params.data_dir),
+                              lambda keras, dtype: _build(keras, params, dtype))
 
 
 def _build(keras: Any, params: MnistTfParams, dtype: str | None) -> Any:

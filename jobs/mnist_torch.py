@@ -38,26 +38,7 @@ class MnistTorch(Workload):
         _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))
 
     def train(self, params: MnistTorchParams, ctx: TrainingContext) -> dict[str, Any]:
-        import torch
-
-        torch.set_num_threads(ctx.threads)
-        torch.manual_seed(params.seed)
-        device = torch.device(ctx.device)
-        data = _mnist_data.load(params.data_dir)
-        gen = torch.Generator().manual_seed(params.seed)
-        order = torch.randperm(len(data.y_train), generator=gen)[: params.train_samples]
-        x_train = torch.from_numpy(data.x_train).float().div_(255.0).unsqueeze(1)[order]
-        y_train = torch.from_numpy(data.y_train).long()[order]
-        x_val = torch.from_numpy(data.x_test[: params.val_samples]).float().div_(255.0).unsqueeze(1)
-        y_val = torch.from_numpy(data.y_test[: params.val_samples]).long()
-        loader = common.make_loader(torch, x_train, y_train, params, device, gen)
-        if params.loader_only:
-            return common.loader_only(params, loader, device, ctx, torch, data.source)
-        model = _build(params, torch.nn).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=params.lr, momentum=params.momentum)
-        loss = common.train(model, opt, loader, params, device, ctx, torch)
-        return {"train_loss": loss, "val_accuracy": common.accuracy(model, x_val, y_val, device, torch),
-                "peak_gpu_mem_mb": common.peak_gpu_mem_mb(device, torch), "data": data.source}
+        return common.run(params, ctx, _mnist_data.load(params.data_dir), lambda nn: _build(params, nn))
 
 
 def _build(params: MnistTorchParams, nn: Any) -> Any:

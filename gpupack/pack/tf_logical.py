@@ -18,12 +18,11 @@ from typing import Any, Sequence
 
 from gpupack.errors import ConfigError
 from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome, worker_env, worker_spec
-from gpupack.pack.process import POLL_S, _child_setup, tail
+from gpupack.pack.process import KILL_GRACE_S, POLL_S, _child_setup, tail
 from gpupack.plan import Training
 from gpupack.records import read_json, write_json_atomic
 from gpupack.workload import Workload, load_workload
 
-KILL_GRACE_S = 5.0
 
 
 def split_memory_mb(total_mb: float, n: int, reserve_mb: float, budget_mb: float | None,
