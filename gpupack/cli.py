@@ -1,12 +1,12 @@
-"""``python -m gpupack +sweep=NAME [overrides]`` runs a sweep; ``python -m gpupack collect RUN_DIR`` re-collects.
+"""``python -m gpupack``: argument parsing and printing. The flow itself is :mod:`gpupack.sweep`.
 
-config (Hydra) → validate → plan → run directory → submit (one job per pack) → collect.
-Nothing is written or submitted until the whole config has been checked.
+    python -m gpupack +sweep=NAME [overrides]      run a sweep
+    python -m gpupack status RUN_DIR               where each pack stands
+    python -m gpupack collect RUN_DIR [...]        aggregate records again
 """
 from __future__ import annotations
 
-import datetime as _dt
-import json
+import argparse
 import logging
 import sys
 from collections import Counter
@@ -18,14 +18,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from gpupack import collect as collect_mod
-from gpupack.compose import compose_config
-from gpupack.errors import GpupackError, RunDirError
-from gpupack.plan import Pack, Plan
-from gpupack.records import is_completed, read_json, write_json_atomic
-from gpupack.rundir import RunDir, RunLock, check_name
-from gpupack.submit import load_submitter
-from gpupack.validate import require_sweep, validate
+from gpupack import __version__, report, sweep
+from gpupack.collect import make_console
+from gpupack.errors import ConfigError, GpupackError
+from gpupack.plan import Pack
 
 USAGE = """usage:
   python -m gpupack +sweep=NAME [key=value ...]   run a sweep (conf/sweep/NAME.yaml), e.g. +sweep=mnist_pack
@@ -33,68 +29,43 @@ USAGE = """usage:
   python -m gpupack status RUN_DIR                 where each pack stands (records, and the queue)
 
 overrides use Hydra's grammar: packing.factors=[1,2,4]  sweep.grid.lr=[0.1,0.01]  sweep.grid.seed=range(0,4)
-  run_dir=PATH (re-using one resumes it)  dry_run=true (plan only)  cluster=NAME (conf/cluster/NAME.yaml)"""
+  run_dir=PATH (re-using one resumes it)  dry_run=true (plan only)  cluster=NAME (conf/cluster/NAME.yaml)
+  sweep.workload=command sweep.fixed.argv=[python,train.py,--lr,'{lr}']   pack any program
+
+Hydra's flags:
+  --cfg job|hydra|all [-p PACKAGE] [--resolve]   print the composed config and exit (nothing runs)
+  --info                                         version, config search path, groups and what is installed
+  -h, --help                                     this help, with the config groups and their options
+  -m, --multirun                                 refused: gpupack is itself the sweeper (see below)"""
+
+MULTIRUN_REFUSAL = (
+    "-m/--multirun: gpupack is itself the sweeper, so there is nothing for Hydra's multirun to do. HINT: give the "
+    "values as a grid axis and gpupack packs them: sweep.grid.lr=0.1,0.01 (no -m). To pack your own Hydra app's "
+    "multirun, run that app with -m hydra/launcher=gpupack_local (or gpupack_slurm) hydra.launcher.pack=N")
 
 log = logging.getLogger("gpupack")
 
 
-def default_run_dir(sweep: str, now: _dt.datetime | None = None) -> Path:
-    stamp = (now or _dt.datetime.now()).strftime("%Y-%m-%d_%H-%M-%S")
-    return Path("runs") / sweep / stamp
+# ---------------- printing ----------------
 
-
-def check_run_dir(run: RunDir, plan: Plan) -> bool:
-    """Read-only: True when the run directory holds this same plan (a resume); refuse one holding another."""
-    if run.plan.exists():
-        try:
-            earlier = read_json(run.plan)
-        except (OSError, ValueError):
-            raise RunDirError(f"run_dir={str(run.root)!r}: plan.json is unreadable. HINT: choose a new "
-                              "run_dir=...") from None
-        if earlier != json.loads(json.dumps(plan.to_json(), default=str)):  # as it reads back from disk
-            raise RunDirError(f"run_dir={str(run.root)!r} holds another sweep's plan. HINT: choose a new "
-                              "run_dir=..., or re-run with the exact config of that run to resume it")
-        return True
-    if run.root.exists() and any(p.name != ".lock" for p in run.root.iterdir()):
-        raise RunDirError(f"run_dir={str(run.root)!r} exists and is not a gpupack run. HINT: choose a new "
-                          "or empty run_dir=...")
-    return False
-
-
-def prepare_run_dir(run: RunDir, plan: Plan) -> bool:
-    """Make the run directory usable; True when it resumes an earlier run of the same plan.
-
-    A directory holding a different plan is refused, never overwritten.
-    """
-    if check_run_dir(run, plan):
-        return True
-    try:
-        run.root.mkdir(parents=True, exist_ok=True)
-        probe = run.root / ".write-probe"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise RunDirError(f"run_dir={str(run.root)!r} is not writable ({err.strerror}). HINT: choose a "
-                          "writable run_dir=...") from None
-    return False
-
-
-def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
-    """The plan minus the packs whose every training has a completed record."""
-    return [p for p in plan.packs
-            if not all(is_completed(run.training_record(p.pack_id, t.training_id)) for t in p.trainings)]
-
-
-def print_plan(console: Console, plan: Plan, spec_name: str, run: RunDir, todo: int, resumed: bool) -> None:
+def print_plan(console: Console, prepared: sweep.Prepared) -> None:
+    plan = prepared.plan
     factors = sorted({p.factor for p in plan.packs})
     modes = sorted({p.mode for p in plan.packs})
-    console.print(f"[bold]gpupack[/] sweep [bold]{spec_name}[/]: workload {plan.workload}, "
+    console.print(f"[bold]gpupack[/] sweep [bold]{prepared.name}[/]: workload {plan.workload}, "
                   f"{plan.grid_size} grid point(s), N in {factors}, mode(s) {modes}")
-    console.print(f"  {len(plan.packs)} packs, {plan.n_trainings} trainings in all; run directory {run.root}")
+    console.print(f"  {len(plan.packs)} packs, {plan.n_trainings} trainings in all; run directory {prepared.run.root}")
     for note in plan.notes:
         console.print(f"  note: {note}")
-    if resumed:
-        console.print(f"  resuming: {len(plan.packs) - todo} pack(s) already complete, {todo} to run")
+
+
+def print_opened(console: Console, opened: sweep.Opened) -> None:
+    if opened.resumed:
+        console.print(f"  resuming: {opened.complete} pack(s) already complete, "
+                      f"{len(opened.todo) + len(opened.queued)} to run")
+    if opened.queued:
+        console.print(f"  {len(opened.queued)} pack(s) still queued or running from an earlier submission, not "
+                      f"submitted again: " + ", ".join(f"{p} (job {j})" for p, j in sorted(opened.queued.items())))
 
 
 STATES = ("pending", "running", "done", "failed")
@@ -150,104 +121,207 @@ class ProgressView:
         self.console.print(f"  [{finished}/{len(self.state)}] {pack.pack_id} {state:7s} ({counts})", highlight=False)
 
 
+# ---------------- commands ----------------
+
 def run_sweep(overrides: Sequence[str], console: Console) -> int:
-    cfg = compose_config(overrides)
-    require_sweep(cfg)
-    run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(check_name("sweep.name", cfg.sweep.name)))
-    submitter = load_submitter(cfg.cluster.backend, cfg.cluster, run)
-    spec = validate(cfg, submitter)
-    plan = spec.plan()
-    if not cfg.wait:
-        submitter.require_detachable()  # said before anything is written
-    if cfg.dry_run:
-        print_plan(console, plan, spec.name, run, len(plan.packs), check_run_dir(run, plan))
-        first = plan.packs[0].trainings[0]
-        console.print("  hyperparameters of the first training: " +
-                      ", ".join(f"{k}={v}" for k, v in first.params.items()), highlight=False)
-        for p in plan.packs:
-            console.print(f"  {p.pack_id}: " + ", ".join(t.training_id for t in p.trainings), highlight=False)
-        console.print("dry run: nothing was written or submitted.")
+    prepared = sweep.prepare(overrides)
+    if prepared.config.dry_run:
+        return dry_run(prepared, console)
+    print_plan(console, prepared)
+    view: ProgressView | None = None
+
+    def on_open(opened: sweep.Opened) -> None:
+        nonlocal view
+        print_opened(console, opened)
+        if prepared.wait:
+            view = ProgressView(console, opened.todo).__enter__()
+
+    try:
+        outcome = sweep.run(prepared, on_open=on_open, progress=lambda pack, state: view and view(pack, state))
+    finally:
+        if view is not None:
+            view.__exit__()
+    if not prepared.wait:
+        jobs = sorted({j.split("_")[0] for j in outcome.submitted.values()})
+        console.print(f"Submitted {len(outcome.submitted)} pack job(s): " + ", ".join(jobs) if jobs else
+                      "Nothing to submit.")
+        console.print(f"Run directory: {outcome.run_dir}\n  python -m gpupack status {outcome.run_dir}\n"
+                      f"  python -m gpupack collect {outcome.run_dir}")
         return 0
-    resumed = prepare_run_dir(run, plan)
-    with RunLock(run):
-        if not run.config.exists():
-            run.config.write_text(OmegaConf.to_yaml(cfg, resolve=True))
-            write_json_atomic(run.plan, plan.to_json())
-        todo = packs_to_run(run, plan)
-        queued = submitter.active_packs() if resumed else {}
-        print_plan(console, plan, spec.name, run, len(todo), resumed)
-        if queued:
-            console.print(f"  {len(queued)} pack(s) still queued or running from an earlier submission, not "
-                          f"submitted again: " + ", ".join(f"{p} (job {j})" for p, j in sorted(queued.items())))
-            todo = [p for p in todo if p.pack_id not in queued]
-        if not cfg.wait:
-            submitted = submitter.detach(todo, spec.settings)
-            console.print(f"Submitted {len(submitted)} pack job(s): " +
-                          ", ".join(sorted(set(j.split("_")[0] for j in submitted.values()))) if submitted else
-                          "Nothing to submit.")
-            console.print(f"Run directory: {run.root}\n  python -m gpupack status {run.root}\n"
-                          f"  python -m gpupack collect {run.root}")
-            return 0
-        with ProgressView(console, todo) as progress:
-            results = submitter.run_packs(todo, spec.settings, progress)
-        for r in results:
-            if not r.ok:
-                console.print(f"[red]pack {r.pack_id} (job {r.job_id}) did not finish:[/] {r.error}")
-        summary = collect_mod.collect([run.root], console)
-    console.print(f"Records and summary: {run.root}")
-    failed = int(summary["failed"].sum()) if not summary.empty else 0
-    return 0 if all(r.ok for r in results) and failed == 0 else 1
+    for r in outcome.results:
+        if not r.ok:
+            console.print(f"[red]pack {r.pack_id} (job {r.job_id}) did not finish:[/] {r.error}")
+    if outcome.collected is not None:
+        print_collected(console, outcome.collected, outcome.written)
+    console.print(f"Records and summary: {outcome.run_dir}")
+    return 0 if outcome.ok else 1
 
 
-def status(args: Sequence[str], console: Console) -> int:
-    """Where each pack of a run stands: from its records, and from the queue for the rest."""
-    if len(args) != 1 or not Path(args[0]).is_dir():
-        raise RunDirError(f"RUN_DIR={' '.join(args)!r}: give one run directory. HINT: python -m gpupack status "
-                          "runs/<sweep>/<date>_<time>")
-    run = RunDir(Path(args[0]))
-    if not run.plan.exists():
-        raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")
-    plan = Plan.from_json(read_json(run.plan))
-    cfg = OmegaConf.load(run.config)
-    submitter = load_submitter(cfg.cluster.backend, cfg.cluster, run)
-    jobs = submitter.jobs()
-    states = submitter.job_states([j["job_id"] for j in jobs.values()])
-    counts: dict[str, Counter[str]] = {}
-    lines = []
-    for p in plan.packs:
-        done = [t for t in p.trainings if is_completed(run.training_record(p.pack_id, t.training_id))]
-        if len(done) == len(p.trainings):
-            state = "done"
-        elif run.pack_record(p.pack_id).exists() and p.pack_id not in states:
-            state = "failed"
-        else:
-            job = jobs.get(p.pack_id, {}).get("job_id")
-            queue = states.get(job, "").split(" ")[0] if job else ""
-            state = {"PENDING": "pending", "REQUEUED": "pending", "RUNNING": "running"}.get(
-                queue, "failed" if queue else ("submitted" if job else "not submitted"))
-            lines.append(f"  {p.pack_id}: {state} ({len(done)}/{len(p.trainings)} trainings done"
-                         f"{f', job {job} {queue}' if job else ''})")
-        counts.setdefault(p.partition, Counter())[state] += 1
-    console.print(f"{run.root}: {len(plan.packs)} packs, sweep {plan.sweep}")
-    for partition, c in counts.items():
-        console.print(f"  {partition}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())), highlight=False)
-    for line in lines:
-        console.print(line, highlight=False)
+def dry_run(prepared: sweep.Prepared, console: Console) -> int:
+    print_plan(console, prepared)
+    if prepared.resumes:
+        console.print(f"  resuming: the run directory holds this plan; {len(sweep.packs_to_run(prepared.run, prepared.plan))}"
+                      " pack(s) to run")
+    first = prepared.plan.packs[0].trainings[0]
+    console.print("  hyperparameters of the first training: " +
+                  ", ".join(f"{k}={v}" for k, v in first.params.items()), highlight=False)
+    for p in prepared.plan.packs:
+        console.print(f"  {p.pack_id}: " + ", ".join(t.training_id for t in p.trainings), highlight=False)
+    console.print("dry run: nothing was written or submitted.")
     return 0
+
+
+def print_collected(console: Console, collected: object, written: Sequence[Path]) -> None:
+    report.render(collected, console)  # type: ignore[arg-type]
+    html = [p for p in written if p.name == "report.html"]
+    if html:
+        console.print(f"Report: {html[0]}")
+
+
+def status_command(args: Sequence[str], console: Console) -> int:
+    if len(args) != 1:
+        raise ConfigError("RUN_DIR", " ".join(args), "give one run directory",
+                          "python -m gpupack status runs/<sweep>/<date>_<time>")
+    st = sweep.status(args[0])
+    console.print(f"{st.run_dir}: {len(st.packs)} packs, sweep {st.sweep}")
+    if not st.queue_answered:
+        console.print("  the queue (sacct) did not answer: packs not finished show as unknown")
+    for partition, c in st.counts().items():
+        console.print(f"  {partition}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())), highlight=False)
+    for p in st.packs:
+        if p.state != "done":
+            console.print(f"  {p.pack_id}: {p.state} ({p.done}/{p.trainings} trainings done"
+                          f"{f', job {p.job_id}' if p.job_id else ''})", highlight=False)
+    return 0
+
+
+def collect_command(argv: Sequence[str], console: Console) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpupack collect",
+                                     description="Aggregate the records of one or more gpupack runs.")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    parser.add_argument("--trainings", type=int, default=None,
+                        help="cost a sweep of this many trainings (default: the runs' grid size)")
+    parser.add_argument("--rgu", type=Path, default=None,
+                        help="a YAML RGU table (models: {NAME: weight}); default: the run's, else conf/rgu/alliance")
+    parser.add_argument("--out", type=Path, default=None, help="where to write (default: the first RUN_DIR)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots and the HTML report")
+    args = parser.parse_args(list(argv))
+    missing = [a for a in args.run_dirs if not Path(a).is_dir()]
+    if missing:
+        raise ConfigError("RUN_DIR", missing[0], "not a directory", "give the run directory the sweep printed")
+    if args.trainings is not None and args.trainings < 1:
+        raise ConfigError("--trainings", args.trainings, "must be >= 1", "the number of trainings in the sweep to cost")
+    weights = None
+    if args.rgu is not None:
+        if not args.rgu.is_file():
+            raise ConfigError("--rgu", str(args.rgu), "no such file", "see conf/rgu/alliance.yaml for the format")
+        weights = dict(OmegaConf.load(args.rgu).get("models", {}))
+    elif not any((Path(d) / "config.yaml").exists() for d in args.run_dirs):
+        from gpupack.compose import config_dir
+
+        weights = dict(OmegaConf.load(config_dir() / "rgu" / "alliance.yaml").models)
+    collected, written = sweep.collect(args.run_dirs, weights=weights, sweep_trainings=args.trainings, out=args.out,
+                                       plots=not args.no_plots)
+    print_collected(console, collected, written)
+    return 0
+
+
+# ---------------- Hydra's flags ----------------
+
+def help_text(overrides: Sequence[str]) -> str:
+    from gpupack.compose import group_options
+
+    lines = [USAGE, "", "Config groups (choose with GROUP=OPTION; the sweep is added: +sweep=NAME):"]
+    for group, options in group_options(overrides).items():
+        lines.append(f"  {group}: {', '.join(options)}")
+    lines.append("\nEvery key, its type and its meaning: python -m gpupack +sweep=NAME --cfg job; "
+                 "the schema is gpupack/config.py")
+    return "\n".join(lines)
+
+
+def info_text(overrides: Sequence[str]) -> str:
+    import hydra
+
+    from gpupack.compose import group_options, search_path
+    from gpupack.pack import available_modes
+    from gpupack.submit import available_backends
+    from gpupack.workload import available_workloads
+
+    lines = [f"gpupack {__version__} (Hydra {hydra.__version__})", "", "Config search path:"]
+    lines += [f"  {p}" for p in search_path(overrides)]
+    lines += ["", "Config groups:"] + [f"  {g}: {', '.join(o)}" for g, o in group_options(overrides).items()]
+    lines += ["", "Installed:", f"  workloads (jobs/): {', '.join(available_workloads())} (or a dotted module name)",
+              f"  packing modes: {', '.join(available_modes())}", f"  backends: {', '.join(available_backends())}",
+              "  Hydra launchers for your own app: gpupack_local, gpupack_slurm (hydra/launcher=...)"]
+    return "\n".join(lines)
+
+
+def print_config(overrides: Sequence[str], which: str, package: str | None, resolve: bool) -> int:
+    from gpupack.compose import compose_config
+
+    if which not in ("job", "hydra", "all"):
+        raise ConfigError("--cfg", which, "unknown choice", "use --cfg job, --cfg hydra or --cfg all")
+    cfg = compose_config(overrides, with_hydra=which != "job")
+    if which == "hydra":
+        cfg = OmegaConf.create({"hydra": cfg.hydra})
+    elif which == "job" and "hydra" in cfg:
+        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    node = OmegaConf.select(cfg, package) if package else cfg
+    if package and node is None:
+        raise ConfigError("-p", package, "no such package in the composed config", "e.g. -p packing or -p sweep.grid")
+    if package:
+        print(f"# @package {package}")
+    print(OmegaConf.to_yaml(node, resolve=resolve) if OmegaConf.is_config(node) else node, end="")
+    return 0
+
+
+def split_flags(args: list[str]) -> tuple[dict[str, object], list[str]]:
+    """Hydra-style flags out of the argument list; the rest are overrides."""
+    flags: dict[str, object] = {}
+    rest: list[str] = []
+    it = iter(args)
+    for a in it:
+        if a in ("-h", "--help", "help"):
+            flags["help"] = True
+        elif a in ("-m", "--multirun"):
+            flags["multirun"] = True
+        elif a == "--info":
+            flags["info"] = True
+        elif a == "--resolve":
+            flags["resolve"] = True
+        elif a in ("--cfg", "-c", "-p", "--package"):
+            value = next(it, None)
+            if value is None:
+                raise ConfigError(a, None, "needs a value", "e.g. --cfg job, -p packing")
+            flags["cfg" if a in ("--cfg", "-c") else "package"] = value
+        elif a.startswith("--cfg="):
+            flags["cfg"] = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    return flags, rest
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("-h", "--help", "help"):
-        print(USAGE)
-        return 0
-    if args and args[0] == "collect":
-        return collect_mod.main(args[1:])
-    console = collect_mod.make_console()
+    console = make_console()
     try:
+        if args and args[0] == "collect":
+            return collect_command(args[1:], console)
         if args and args[0] == "status":
-            return status(args[1:], console)
-        return run_sweep(args, console)
+            return status_command(args[1:], console)
+        flags, overrides = split_flags(args)
+        if flags.get("help"):
+            print(help_text(overrides))
+            return 0
+        if flags.get("multirun"):
+            raise GpupackError(MULTIRUN_REFUSAL)
+        if flags.get("info"):
+            print(info_text(overrides))
+            return 0
+        if "cfg" in flags or "package" in flags:
+            return print_config(overrides, str(flags.get("cfg", "job")), flags.get("package"),  # type: ignore[arg-type]
+                                bool(flags.get("resolve")))
+        return run_sweep(overrides, console)
     except GpupackError as err:
         print(f"gpupack: error: {err}", file=sys.stderr)
         return err.exit_code

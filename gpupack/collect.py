@@ -11,7 +11,6 @@ million training records aggregate in about a second (benchmarks/collect_scale.p
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -357,41 +356,7 @@ def collect(run_dirs: Sequence[Path], console: Console | None = None, write: boo
     return c.summary
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpupack collect",
-                                     description="Aggregate the records of one or more gpupack runs.")
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    parser.add_argument("--trainings", type=int, default=None,
-                        help="cost a sweep of this many trainings (default: the runs' grid size)")
-    parser.add_argument("--rgu", type=Path, default=None,
-                        help="a YAML RGU table (models: {NAME: weight}); default: the run's, else conf/rgu/alliance")
-    parser.add_argument("--out", type=Path, default=None, help="where to write (default: the first RUN_DIR)")
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots and the HTML report")
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    missing = [a for a in args.run_dirs if not Path(a).is_dir()]
-    if missing:
-        print(f"gpupack: error: RUN_DIR={missing[0]!r}: not a directory. HINT: give the run directory the sweep "
-              "printed", file=sys.stderr)
-        return 2
-    if args.trainings is not None and args.trainings < 1:
-        print(f"gpupack: error: --trainings={args.trainings}: must be >= 1. HINT: the number of trainings "
-              "in the sweep to cost", file=sys.stderr)
-        return 2
-    weights = None
-    if args.rgu is not None:
-        if not args.rgu.is_file():
-            print(f"gpupack: error: --rgu={str(args.rgu)!r}: no such file. HINT: see conf/rgu/alliance.yaml for "
-                  "the format", file=sys.stderr)
-            return 2
-        weights = dict(OmegaConf.load(args.rgu).get("models", {}))
-    elif not any((Path(d) / "config.yaml").exists() for d in args.run_dirs):
-        from gpupack.compose import config_dir
+if __name__ == "__main__":  # python -m gpupack.collect RUN_DIR ...: the CLI's collect command
+    from gpupack.cli import main
 
-        weights = dict(OmegaConf.load(config_dir() / "rgu" / "alliance.yaml").models)
-    collect([Path(a) for a in args.run_dirs], weights=weights, sweep_trainings=args.trainings, out=args.out,
-            plots=not args.no_plots)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["collect", *sys.argv[1:]]))

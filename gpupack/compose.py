@@ -132,12 +132,39 @@ def _type_hint(key: str) -> str:
     return "give a value of the type this key documents in gpupack/config.py"
 
 
-def compose_config(overrides: Sequence[str]) -> DictConfig:
+GROUPS = ("sweep", "cluster", "rgu")
+
+
+def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
+    """gpupack's config composed from conf/ and the overrides; ``with_hydra`` keeps Hydra's own node."""
     register_configs()
     rewritten = grid_overrides(overrides)
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="gpupack"):
-            cfg = compose(config_name="config", overrides=list(rewritten))
+            cfg = compose(config_name="config", overrides=list(rewritten), return_hydra_config=with_hydra)
     except (HydraException, OmegaConfBaseException) as err:
         raise translate(err, rewritten) from None
     return cfg
+
+
+def group_options(overrides: Sequence[str] = ()) -> dict[str, list[str]]:
+    """The options of each config group (conf/<group>/*.yaml, and any hydra.searchpath the overrides add)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    searchpath = [o for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="gpupack"):
+        loader = GlobalHydra.instance().config_loader()
+        return {g: [o for o in loader.get_group_options(g, config_name="config", overrides=searchpath)
+                    if not o.endswith("_schema")] for g in GROUPS}
+
+
+def search_path(overrides: Sequence[str] = ()) -> list[str]:
+    """Where configs are looked up, in order (provider: path)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="gpupack"):
+        loader = GlobalHydra.instance().config_loader()
+        extra = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
+        return [f"{e.provider}: {e.path}" for e in loader.get_sources()] + [f"command line: {e}" for e in extra]

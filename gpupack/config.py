@@ -61,60 +61,15 @@ class PackingConfig:
 
 
 @dataclass
-class PartitionConfig:
-    """One kind of GPU a cluster offers, and how to ask SLURM for one of it."""
-
-    # Model specifier for --gpus-per-node=<gpu>:1 (or --gres=gpu:<gpu>:1); null: no GPU type is asked.
-    gpu: Optional[str] = None
-    # How to ask: "gpus_per_node" (the Alliance's recommended form) or "gres" (older sites).
-    request: str = "gpus_per_node"
-    # SLURM partition to submit to, where the site routes GPU types by partition; null: the site's default.
-    slurm_partition: Optional[str] = None
-    constraint: Optional[str] = None
-    # Name in the RGU table (e.g. V100-16gb), for cost comparisons.
-    model: Optional[str] = None
-    # The most CPUs and host memory one single-GPU job should get here (the site's per-GPU guidance).
-    max_cpus: Optional[int] = None
-    max_mem_gb: Optional[float] = None
-    # Retired hardware, kept so earlier measurements can still be labelled and compared.
-    retired: bool = False
-
-
-@dataclass
 class ClusterConfig:
-    """Where packs run; ``backend`` names a module under gpupack/submit/."""
+    """What every backend's config has; each backend module (gpupack/submit/<backend>.py) extends it with its
+    own fields (LocalConfig, SlurmConfig), as hydra-submitit-launcher's LocalQueueConf / SlurmQueueConf do."""
 
     name: str = "local"
+    # The module under gpupack/submit/ that runs packs.
     backend: str = "local"
-    # Partition label recorded with every pack on the local backend.
-    partition: str = "local"
-    # GPU types / partitions this cluster offers, by the name used in `partitions=[...]`.
-    partitions: Dict[str, PartitionConfig] = field(default_factory=dict)
-    # Partitions used when the command line names none.
-    default_partitions: List[str] = field(default_factory=list)
-    # SLURM account (--account); null: $SLURM_ACCOUNT or $SBATCH_ACCOUNT, as the Alliance documents.
-    account: Optional[str] = None
-    account_required: bool = False
-    # Time limit of one pack job.
+    # Time limit of one pack job (minutes).
     timeout_min: int = 60
-    # Resources one pack job asks for, scaled by N: ceil(N * cpus_per_training) CPUs, N * mem_gb_per_training GB.
-    cpus_per_training: float = 1.0
-    mem_gb_per_training: float = 2.0
-    # Local backend: packs run at once; null: one per visible GPU, or one on a CPU-only machine so packs
-    # do not disturb each other's timing.
-    max_parallel_packs: Optional[int] = None
-    # SLURM: array tasks of one (partition, mode, N) group running at once.
-    array_parallelism: int = 64
-    # SLURM: seconds before the time limit at which the pack is signalled to checkpoint and requeue.
-    signal_delay_s: int = 90
-    # SLURM: how many times a pack may be requeued after reaching its time limit.
-    max_num_timeout: int = 3
-    # Shell lines run before each job (e.g. "module load python/3.11", "source ~/venv/bin/activate").
-    setup: List[str] = field(default_factory=list)
-    # More sbatch options, passed as they are (e.g. {"qos": "high"}).
-    additional_parameters: Dict[str, Any] = field(default_factory=dict)
-    # Seconds between two looks at the queue while waiting.
-    poll_s: float = 5.0
 
 
 @dataclass
@@ -129,7 +84,9 @@ class RguConfig:
 class GpupackConfig:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     packing: PackingConfig = field(default_factory=PackingConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # A backend's own config (gpupack.submit.local.LocalConfig, gpupack.submit.slurm.SlurmConfig), chosen by
+    # cluster=NAME (conf/cluster/NAME.yaml names its schema in its defaults list).
+    cluster: Any = MISSING
     rgu: RguConfig = field(default_factory=RguConfig)
     # Where records go; null: runs/<sweep.name>/<date>_<time>. Re-using a run directory resumes it.
     run_dir: Optional[str] = None
@@ -142,7 +99,10 @@ class GpupackConfig:
 
 
 def register_configs() -> None:
+    from gpupack.submit import backend_configs  # each backend module owns its config dataclass
+
     cs = ConfigStore.instance()
     cs.store(name="gpupack_schema", node=GpupackConfig)
-    cs.store(group="cluster", name="cluster_schema", node=ClusterConfig, package="cluster")
+    for backend, node in backend_configs().items():
+        cs.store(group="cluster", name=f"{backend}_schema", node=node, package="cluster")
     cs.store(group="rgu", name="rgu_schema", node=RguConfig, package="rgu")

@@ -6,22 +6,31 @@ the key, the value and the fix.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from gpupack.errors import ConfigError, nearest
 from gpupack.pack import load_packer
 from gpupack.pack.job import PackSettings
 from gpupack.plan import Plan, expand_grid, grid_values, make_plan
 from gpupack.rundir import check_name
-from gpupack.submit import Submitter
+from gpupack.pack import Capacity
+from gpupack.submit import PackRequest
 from gpupack.workload import Workload, load_workload
 
 DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What the backend answered, once, before validation: the partitions, what one pack job on each can have,
+    and what a pack of each N asks for. Validation reads these and asks nothing else."""
+
+    partitions: tuple[str, ...]
+    capacities: Mapping[str, Capacity]
+    request: Callable[[int], PackRequest]  # a pure function of the backend's options
 
 
 @dataclass(frozen=True)
@@ -43,20 +52,6 @@ class SweepSpec:
         return make_plan(sweep=self.name, workload=self.workload_ref, grid=self.grid, fixed=self.fixed,
                          factors=self.factors, modes=self.modes, partitions=self.partitions,
                          repeats=self.repeats, seed_key=self.workload.seed_key, loader_probe=probe)
-
-
-def _typed(workload: Workload, key: str, where: str, value: Any) -> Any:
-    """``value`` converted to the type the workload's Params declares for ``key``."""
-    fields = {f.name for f in dataclasses.fields(workload.Params)}
-    if key not in fields:
-        raise ConfigError(f"{where}.{key}", value, f"{workload.name} has no hyperparameter {key!r}",
-                          nearest(key, fields))
-    try:
-        node = OmegaConf.merge(OmegaConf.structured(workload.Params), {key: value})
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"{where}.{key}", value, str(err).splitlines()[0],
-                          f"give {key} a value of the type jobs/{workload.name}.py declares") from None
-    return OmegaConf.to_container(node)[key]
 
 
 def _check_factors(factors: Any) -> tuple[int, ...]:
@@ -84,7 +79,7 @@ def _check_params(workload: Workload, grid: Mapping[str, list[Any]], fixed: Mapp
                   fixed_keys: set[str]) -> None:
     """Run the workload's own checks on every distinct training's hyperparameters."""
     for point in expand_grid(grid):
-        params = workload.Params(**{**fixed, **point})
+        params = workload.params({**fixed, **point})
         try:
             workload.check(params)
         except ConfigError as err:
@@ -109,39 +104,30 @@ def _check_estimate(cfg: DictConfig) -> None:
                               f"raise it above {estimate:g} s (cluster.timeout_min is in minutes)")
 
 
-def validate(cfg: DictConfig, submitter: Submitter) -> SweepSpec:
-    """Check everything; ``submitter`` answers the cluster's questions (partitions, resources, account)."""
-    require_sweep(cfg)
-    sweep = cfg.sweep
-    check_name("sweep.name", sweep.name)
-    workload = load_workload(sweep.workload)
+def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], str]) -> None:
+    """Each pack of N must fit what one job on each partition can have (CPUs, host memory). Pure."""
+    for name, cap in facts.capacities.items():
+        for i, n in enumerate(factors):
+            req = facts.request(n)
+            if cap.max_cpus and req.cpus and req.cpus > cap.max_cpus:
+                raise ConfigError(key(i), n, f"{n} trainings x {req.cpus_key}={req.cpus_each:g} = {req.cpus} CPUs, but "
+                                  f"one {name} GPU job gets at most {cap.max_cpus}",
+                                  f"lower N, or set {req.cpus_key}={cap.max_cpus / n:.2g} so N trainings share the cores")
+            if cap.max_mem_mb and req.mem_mb and req.mem_mb > cap.max_mem_mb:
+                raise ConfigError(key(i), n, f"{n} trainings x {req.mem_key}={req.mem_gb_each:g} = "
+                                  f"{req.mem_mb / 1024:.1f} GB, but a {name} node has {cap.max_mem_mb / 1024:.1f} GB",
+                                  f"lower N or {req.mem_key}")
 
-    raw_grid = OmegaConf.to_container(sweep.grid, resolve=True)
-    raw_fixed = OmegaConf.to_container(sweep.fixed, resolve=True)
-    if not raw_grid:
-        raise ConfigError("sweep.grid", raw_grid, "the grid is empty",
-                          "give at least one axis, e.g. +sweep.grid.lr=[0.1,0.01]")
-    both = set(raw_grid) & set(raw_fixed)
-    if both:
-        key = sorted(both)[0]
-        raise ConfigError(f"sweep.fixed.{key}", raw_fixed[key], "is also a grid axis",
-                          f"keep {key} in sweep.grid or in sweep.fixed, not both")
-    grid = {k: [_typed(workload, k, "sweep.grid", v) for v in grid_values(k, raw)] for k, raw in raw_grid.items()}
-    defaults = {f.name: getattr(workload.Params(), f.name) for f in dataclasses.fields(workload.Params)}
-    fixed = {**defaults, **{k: _typed(workload, k, "sweep.fixed", v) for k, v in raw_fixed.items()}}
-    for k in grid:
-        fixed.pop(k, None)
-    _check_params(workload, grid, fixed, set(raw_fixed))
-    if sweep.loader_probe and not workload.loader_param:
-        raise ConfigError("sweep.loader_probe", True, f"{workload.name} has no data-loader-only mode",
-                          "set sweep.loader_probe=false, or give the workload a loader_param")
 
+def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """packing.* on its own: factors, modes and the numeric options."""
     packing = cfg.packing
     factors = _check_factors(list(packing.factors))
     modes = tuple(packing.modes)
     if not modes:
         raise ConfigError("packing.modes", [], "no packing mode given", "e.g. packing.modes=[process]")
-    packers = [load_packer(mode, key=f"packing.modes[{i}]") for i, mode in enumerate(modes)]
+    for i, mode in enumerate(modes):
+        load_packer(mode, key=f"packing.modes[{i}]")
     if packing.repeats < 1:
         raise ConfigError("packing.repeats", packing.repeats, "must be >= 1", "measure each N at least once")
     if packing.threads_per_training is not None and packing.threads_per_training < 1:
@@ -154,25 +140,66 @@ def validate(cfg: DictConfig, submitter: Submitter) -> SweepSpec:
         value = packing[key]
         if value is not None and not value > 0:
             raise ConfigError(f"packing.{key}", value, "must be > 0 or null", "leave it null for no limit")
-    _check_estimate(cfg)
     if packing.device not in DEVICES:
         raise ConfigError("packing.device", packing.device, "unknown device", nearest(packing.device, DEVICES))
-    partitions = submitter.resolve_partitions(list(cfg.partitions))
-    for i, name in enumerate(partitions):
-        check_name(f"partitions[{i}]", name)
-    submitter.check(factors, partitions)
-    settings = PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
-                            training_timeout_s=packing.training_timeout_s,
-                            memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
-                            sample_interval_s=packing.sample_interval_s, mps=packing.mps,
-                            tf_gpu_memory_budget_mb=packing.tf_gpu_memory_budget_mb,
-                            tf_gpu_memory_reserve_mb=packing.tf_gpu_memory_reserve_mb)
-    for name in partitions:
-        capacity = submitter.capacity(name)
-        for packer in packers:
+    return factors, modes
+
+
+def pack_settings(packing: Any) -> PackSettings:
+    return PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
+                        training_timeout_s=packing.training_timeout_s,
+                        memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
+                        sample_interval_s=packing.sample_interval_s, mps=packing.mps,
+                        tf_gpu_memory_budget_mb=packing.tf_gpu_memory_budget_mb,
+                        tf_gpu_memory_reserve_mb=packing.tf_gpu_memory_reserve_mb)
+
+
+def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int], facts: ClusterFacts,
+                settings: PackSettings) -> None:
+    """Each mode refuses, before submission, a workload, N or option it cannot host on each partition."""
+    for mode in modes:
+        packer = load_packer(mode)
+        for name in facts.partitions:
             for n in factors:
-                packer.check(workload, n, capacity, settings)
-    return SweepSpec(
-        name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed, factors=factors, modes=modes,
-        partitions=partitions, repeats=packing.repeats, loader_probe=bool(sweep.loader_probe), settings=settings,
-    )
+                packer.check(workload, n, facts.capacities[name], settings)
+
+
+def validate(cfg: DictConfig, facts: ClusterFacts) -> SweepSpec:
+    """Check everything against the backend's answers (``facts``); pure: nothing is asked or written."""
+    require_sweep(cfg)
+    sweep = cfg.sweep
+    check_name("sweep.name", sweep.name)
+    workload = load_workload(sweep.workload)
+    grid, fixed = typed_grid(workload, OmegaConf.to_container(sweep.grid, resolve=True),
+                             OmegaConf.to_container(sweep.fixed, resolve=True))
+    if sweep.loader_probe and not workload.loader_param:
+        raise ConfigError("sweep.loader_probe", True, f"{workload.name} has no data-loader-only mode",
+                          "set sweep.loader_probe=false, or give the workload a loader_param")
+    factors, modes = check_packing(cfg)
+    _check_estimate(cfg)
+    for i, name in enumerate(facts.partitions):
+        check_name(f"partitions[{i}]", name)
+    check_fit(factors, facts, key=lambda i: f"packing.factors[{i}]")
+    settings = pack_settings(cfg.packing)
+    check_modes(workload, modes, factors, facts, settings)
+    return SweepSpec(name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed,
+                     factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
+                     loader_probe=bool(sweep.loader_probe), settings=settings)
+
+
+def typed_grid(workload: Workload, raw_grid: Any, raw_fixed: Any) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """The grid's values and the fixed hyperparameters, typed by the workload and checked by it."""
+    if not raw_grid:
+        raise ConfigError("sweep.grid", raw_grid, "the grid is empty",
+                          "give at least one axis, e.g. +sweep.grid.lr=[0.1,0.01]")
+    both = set(raw_grid) & set(raw_fixed)
+    if both:
+        key = sorted(both)[0]
+        raise ConfigError(f"sweep.fixed.{key}", raw_fixed[key], "is also a grid axis",
+                          f"keep {key} in sweep.grid or in sweep.fixed, not both")
+    grid = {k: [workload.typed(k, v, "sweep.grid") for v in grid_values(k, raw)] for k, raw in raw_grid.items()}
+    fixed = {**workload.defaults(), **{k: workload.typed(k, v, "sweep.fixed") for k, v in raw_fixed.items()}}
+    for k in grid:
+        fixed.pop(k, None)
+    _check_params(workload, grid, fixed, set(raw_fixed))
+    return grid, fixed

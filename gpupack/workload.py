@@ -6,8 +6,10 @@ the sweep's grid and fixed values are validated against before anything runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
+import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -94,6 +96,16 @@ class Reporter:
         }
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How process mode starts one training as its own program: argv (a list, never a shell), extra
+    environment variables, and the working directory (None: the job's)."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+
 @dataclass
 class TrainingContext:
     """What the packer gives a training: its device, its thread budget and its reporter."""
@@ -121,6 +133,45 @@ class Workload(ABC):
 
     def check(self, params: Any) -> None:
         """Static checks run before submission (data present, values in range). Raise ConfigError."""
+
+    # ---- hyperparameters: typed by the Params dataclass (a workload with open hyperparameters overrides these) ----
+
+    def defaults(self) -> dict[str, Any]:
+        """Every hyperparameter's default."""
+        return {f.name: getattr(self.Params(), f.name) for f in dataclasses.fields(self.Params)}
+
+    def typed(self, key: str, value: Any, where: str) -> Any:
+        """``value`` converted to the type Params declares for ``key``; ``where`` (sweep.grid, sweep.fixed) names
+        the config key in errors."""
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+        fields = {f.name for f in dataclasses.fields(self.Params)}
+        if key not in fields:
+            raise ConfigError(f"{where}.{key}", value, f"{self.name} has no hyperparameter {key!r}",
+                              nearest(key, fields))
+        try:
+            node = OmegaConf.merge(OmegaConf.structured(self.Params), {key: value})
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"{where}.{key}", value, str(err).splitlines()[0],
+                              f"give {key} a value of the type {self.name} declares") from None
+        return OmegaConf.to_container(node)[key]
+
+    def params(self, values: Mapping[str, Any]) -> Any:
+        """What train() and check() get: the Params dataclass built from plain values."""
+        return self.Params(**dict(values))
+
+    # ---- process mode: how a training starts as its own program, and what it reported ----
+
+    def launch(self, params: Mapping[str, Any], spec_path: str, result_path: str) -> Launch:
+        """By default gpupack's worker: a fresh interpreter that imports this workload and trains once."""
+        return Launch([sys.executable, "-m", "gpupack.worker", spec_path])
+
+    def result(self, params: Mapping[str, Any], raw: dict[str, Any] | None, spawned_at: float,
+               ended_at: float) -> dict[str, Any] | None:
+        """The training's result from what its program wrote at ``result_path`` (None: nothing) after it exited 0.
+        The worker writes the full result itself."""
+        return raw
 
     @abstractmethod
     def train(self, params: Any, ctx: TrainingContext) -> dict[str, Any]:
@@ -162,5 +213,5 @@ def load_workload(name: str, key: str = "sweep.workload") -> Workload:
 
 
 def params_from_mapping(workload: Workload, values: Mapping[str, Any]) -> Any:
-    """Build the workload's Params dataclass from plain values (a training's hyperparameters)."""
-    return workload.Params(**dict(values))
+    """Build what the workload's train() takes from plain values (a training's hyperparameters)."""
+    return workload.params(values)

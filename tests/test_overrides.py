@@ -3,17 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from pathlib import Path
-
-from gpupack.compose import compose_config
-from gpupack.rundir import RunDir
-from gpupack.submit import load_submitter
-from gpupack.validate import validate
+from gpupack.sweep import prepare
 
 
 def _plan(*overrides: str):
-    cfg = compose_config(["+sweep=mnist_pack", *overrides])
-    return validate(cfg, load_submitter(cfg.cluster.backend, cfg.cluster, RunDir(Path("unused")))).plan()
+    return prepare(["+sweep=mnist_pack", *overrides]).plan
 
 
 def test_default_sweep():

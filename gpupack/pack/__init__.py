@@ -56,10 +56,12 @@ class TrainingOutcome:
 
 @dataclass(frozen=True)
 class Capacity:
-    """What the submitting side knows of a partition's device before anything runs (None: unknown)."""
+    """What a backend says one pack job on a partition can have, asked once before anything runs (None: unknown)."""
 
     has_gpu: bool | None = None
     gpu_memory_mb: float | None = None
+    max_cpus: int | None = None  # CPUs one single-GPU job may get (site guidance, or the largest node)
+    max_mem_mb: float | None = None  # host memory one job may get
 
 
 class Packer(ABC):

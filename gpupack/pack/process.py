@@ -11,7 +11,6 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
@@ -21,7 +20,7 @@ from gpupack.mps import mps_daemon
 from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome, worker_env, worker_spec
 from gpupack.plan import Training
 from gpupack.records import read_json, write_json_atomic
-from gpupack.workload import Workload
+from gpupack.workload import Workload, load_workload
 
 POLL_S = 0.05
 ERROR_TAIL_LINES = 20
@@ -34,6 +33,14 @@ def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def _read_result(path: Path) -> dict[str, Any] | None:
+    """What the training wrote at its result path; a torn or foreign file counts as nothing written."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return None
 
 
 def _child_setup(memory_limit_bytes: int | None) -> Callable[[], None]:
@@ -53,10 +60,11 @@ def _child_setup(memory_limit_bytes: int | None) -> Callable[[], None]:
 
 
 class _Running:
-    def __init__(self, training: Training, ctx: PackContext) -> None:
+    def __init__(self, training: Training, ctx: PackContext, workload: Workload) -> None:
         run, pid = ctx.run, ctx.pack.pack_id
         tid = training.training_id
         self.training = training
+        self.workload = workload
         self.err_path = run.log(pid, tid, "err")
         self.result_path = run.work(pid, tid, "result")
         spec_path = run.work(pid, tid, "spec")
@@ -66,16 +74,32 @@ class _Running:
         write_json_atomic(spec_path, worker_spec(training, ctx, self.started_at))
         self._out: IO[bytes] = open(run.log(pid, tid, "out"), "wb")
         self._err: IO[bytes] = open(self.err_path, "wb")
-        # A list argv, never a shell: hyperparameter values travel in the spec file, not the command line.
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpupack.worker", str(spec_path)],
-            stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL,
-            env=worker_env(ctx.env, ctx.threads), start_new_session=True,
-            preexec_fn=_child_setup(ctx.memory_limit_bytes),
-        )
         self.ended_at: float | None = None
         self.timed_out = False
         self._kill_at: float | None = None
+        self.start_error: str | None = None
+        # A list argv, never a shell: gpupack's worker reads hyperparameters from the spec file; a command
+        # workload's argv items are templated one by one.
+        launch = workload.launch(training.params, str(spec_path), str(self.result_path))
+        try:
+            self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+                launch.argv, cwd=launch.cwd, stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL,
+                env={**worker_env(ctx.env, ctx.threads), **launch.env}, start_new_session=True,
+                preexec_fn=_child_setup(ctx.memory_limit_bytes),
+            )
+        except OSError as err:  # the program is gone or not executable on this node: this training fails alone
+            self.proc = None
+            self.start_error = f"could not start {launch.argv[0]!r}: {err.strerror or err}"
+            self._close()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def _close(self) -> None:
+        self.ended_at = time.time()
+        self._out.close()
+        self._err.close()
 
     def enforce(self, timeout_s: float | None) -> None:
         """Past its time limit: SIGTERM its process group, then SIGKILL after a grace period."""
@@ -91,23 +115,33 @@ class _Running:
             self._kill_at = None
 
     def _signal(self, sig: int) -> None:
+        if self.proc is None:
+            return
         try:
             os.killpg(self.proc.pid, sig)  # the training leads its own session: its children go too
         except ProcessLookupError:
             pass
 
     def poll(self) -> bool:
-        if self.ended_at is None and self.proc.poll() is not None:
-            self.ended_at = time.time()
-            self._out.close()
-            self._err.close()
+        if self.ended_at is None and self.proc is not None and self.proc.poll() is not None:
+            self._close()
         return self.ended_at is not None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
 
     def outcome(self) -> TrainingOutcome:
         assert self.ended_at is not None  # internal: only called after poll() said it ended
+        if self.proc is None:
+            return TrainingOutcome(self.training.training_id, self.started_at, self.ended_at, None, None,
+                                   self.start_error, None, extra={"timed_out": False})
         code = self.proc.returncode
         sig = -code if code < 0 else None
-        result = read_json(self.result_path) if code == 0 and self.result_path.exists() else None
+        result = None
+        if code == 0:
+            raw = _read_result(self.result_path)
+            result = self.workload.result(self.training.params, raw, self.started_at, self.ended_at)
         error = None
         if code != 0:
             error = tail(self.err_path) or (f"killed by signal {sig} ({signal.Signals(sig).name})" if sig else
@@ -140,9 +174,11 @@ class ProcessPacker(Packer):
     def _run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
         running: list[_Running] = []
         try:
+            workloads = {name: load_workload(name) for name in {t.workload for t in trainings}}
             for t in trainings:
-                running.append(_Running(t, ctx))
-                ctx.on_started(t.training_id, running[-1].proc.pid)
+                running.append(_Running(t, ctx, workloads[t.workload]))
+                if running[-1].pid is not None:
+                    ctx.on_started(t.training_id, running[-1].pid)
             reported: set[str] = set()
             while len(reported) < len(running):
                 for r in running:
@@ -153,8 +189,7 @@ class ProcessPacker(Packer):
                 time.sleep(POLL_S)
         except BaseException:  # the job is being cancelled or broke: take no orphan trainings with it
             for r in running:
-                if r.proc.poll() is None:
-                    r.proc.kill()
+                r.kill()
             raise
         return [r.outcome() for r in running]
 

@@ -1,8 +1,10 @@
 """Submission backends: the only place that knows about executors and clusters.
 
 Each backend is one module ``gpupack/submit/<backend>.py`` exposing ``SUBMITTER``, a :class:`Submitter`
-subclass; a cluster preset (conf/cluster/*.yaml) names its backend. All backends hand a pack to the
-same job body, :class:`PackJob` (:func:`gpupack.pack.job.run_pack`, checkpointable for requeues).
+subclass, and its own config dataclass (``SUBMITTER.Config``, registered as ``cluster/<backend>_schema``); a
+cluster preset (conf/cluster/*.yaml) names its backend. A backend answers, once, what each partition can hold
+(:meth:`Submitter.capacities`) so that validation stays pure; it maps its own queue states to gpupack's
+:data:`PACK_STATES`. All backends hand a pack to the same job body, :class:`PackJob`.
 """
 from __future__ import annotations
 
@@ -11,17 +13,20 @@ import pkgutil
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import submitit
 
-from gpupack.errors import ConfigError, nearest
-from gpupack.monitor import detect_device
+from gpupack.errors import ConfigError, SubmissionError, nearest
 from gpupack.pack import Capacity
 from gpupack.pack.job import PackSettings, run_pack
 from gpupack.plan import Pack
 from gpupack.records import read_json, write_json_atomic
-from gpupack.rundir import RunDir, check_name
+from gpupack.rundir import RunDir
+
+# gpupack's words for where a pack's job stands; each backend maps its queue's states onto these.
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+PACK_STATES = (PENDING, RUNNING, DONE, FAILED)
 
 
 @dataclass
@@ -34,12 +39,20 @@ class PackResult:
     record: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class PackRequest:
+    """What one pack job of N trainings asks the scheduler for, and the config keys that set it (for errors)."""
+
+    cpus: int | None
+    mem_mb: int | None
+    cpus_key: str = ""
+    mem_key: str = ""
+    cpus_each: float | None = None  # per training, as the user gave it
+    mem_gb_each: float | None = None
+
+
 # Called with (pack, state) as packs move: "pending" → "running" → "done" | "failed".
 ProgressFn = Callable[[Pack, str], None]
-
-# Queue states that mean a job may still run (sacct / submitit spellings).
-ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED",
-                 "REQUEUE_HOLD", "REQUEUE_FED")
 
 
 class PackJob(submitit.helpers.Checkpointable):
@@ -51,32 +64,37 @@ class PackJob(submitit.helpers.Checkpointable):
 
 
 class Submitter(ABC):
+    """One backend: where packs run. ``cluster`` is an instance of its ``Config`` (or a DictConfig of it)."""
+
+    Config: ClassVar[type]
+    detachable: ClassVar[bool] = False  # can submit and return (wait=false): jobs outlive this process
+    key_prefix: ClassVar[str] = "cluster"  # where its options live, for error messages (the launcher: hydra.launcher)
+
     def __init__(self, cluster: Any, run: RunDir) -> None:
         self.cluster = cluster
         self.run = run
 
+    def key(self, name: str) -> str:
+        return f"{self.key_prefix}.{name}"
+
+    @abstractmethod
     def resolve_partitions(self, requested: Sequence[str]) -> tuple[str, ...]:
-        """The partitions a sweep runs on; the local backend has exactly one."""
-        label = check_name("cluster.partition", self.cluster.partition)
-        if list(requested) not in ([], [label]):
-            raise ConfigError("partitions", list(requested), f"the {self.cluster.name} cluster has one partition, "
-                              f"{label!r}", "choose a SLURM cluster (cluster=slurm, cluster=fir, ...) to compare "
-                              "partitions")
-        return (label,)
+        """The partitions a sweep runs on, from what the user asked (empty: the backend's default)."""
 
-    def check(self, factors: Sequence[int], partitions: Sequence[str]) -> None:
-        """Cluster-specific checks before anything is submitted (raise ConfigError)."""
+    def check(self, partitions: Sequence[str]) -> None:
+        """The backend's own options, before anything is submitted (raise ConfigError)."""
 
-    def capacity(self, partition: str) -> Capacity:
-        """What this machine's device is (local backend): NVML's answer, or no GPU."""
-        info = detect_device()
-        return Capacity(has_gpu=info.kind == "gpu", gpu_memory_mb=info.memory_total_mb)
+    @abstractmethod
+    def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
+        """What one pack job on each partition can have. May ask the cluster (sinfo) or NVML, once."""
+
+    def request(self, factor: int) -> PackRequest:
+        """What one pack of ``factor`` trainings asks for. Pure."""
+        return PackRequest(cpus=None, mem_mb=None)
 
     @abstractmethod
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         """Run every pack as one job on one device, wait for all, and say how each job ended."""
-
-    detachable: bool = False  # can submit and return (wait=false): jobs outlive this process
 
     def require_detachable(self) -> None:
         if not self.detachable:
@@ -88,8 +106,8 @@ class Submitter(ABC):
         self.require_detachable()
         return {}
 
-    def job_states(self, job_ids: Sequence[str]) -> dict[str, str]:
-        """The queue's state of each job id (e.g. PENDING, RUNNING, COMPLETED); unknown ids are left out."""
+    def pack_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
+        """gpupack's state (PACK_STATES) of each job id the queue knows; None when the queue cannot be asked."""
         return {}
 
     # ---- the run directory's record of submitted jobs (jobs.json) ----
@@ -108,25 +126,39 @@ class Submitter(ABC):
         write_json_atomic(self.run.jobs, jobs)
 
     def active_packs(self) -> dict[str, str]:
-        """Packs whose job is still queued or running: pack id → job id."""
+        """Packs whose job is still queued or running: pack id → job id.
+
+        Fails closed: when the queue cannot be asked, a pack that may still run is not submitted twice.
+        """
         jobs = self.jobs()
         if not jobs:
             return {}
-        states = self.job_states([j["job_id"] for j in jobs.values()])
-        return {p: j["job_id"] for p, j in jobs.items()
-                if states.get(j["job_id"], "").split(" ")[0] in ACTIVE_STATES}
+        states = self.pack_states([j["job_id"] for j in jobs.values()])
+        if states is None:
+            raise SubmissionError(f"run_dir={str(self.run.root)!r}: the queue did not answer, so gpupack cannot tell "
+                                  "which of its packs still run; nothing was submitted again. HINT: retry when "
+                                  "sacct answers, or check with squeue -u $USER")
+        return {p: j["job_id"] for p, j in jobs.items() if states.get(j["job_id"]) in (PENDING, RUNNING)}
 
 
 def available_backends() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
-def load_submitter(backend: str, cluster: Any, run: RunDir, key: str = "cluster.backend") -> Submitter:
+def backend_class(backend: str, key: str = "cluster.backend") -> type[Submitter]:
     backends = available_backends()
     if backend not in backends:
         raise ConfigError(key, backend, "no such submission backend", nearest(backend, backends))
-    cls: type[Submitter] = importlib.import_module(f"{__name__}.{backend}").SUBMITTER
-    return cls(cluster, run)
+    return importlib.import_module(f"{__name__}.{backend}").SUBMITTER
+
+
+def backend_configs() -> dict[str, type]:
+    """Each backend's config dataclass, by backend name (registered in Hydra's ConfigStore)."""
+    return {name: backend_class(name).Config for name in available_backends()}
+
+
+def load_submitter(backend: str, cluster: Any, run: RunDir, key: str = "cluster.backend") -> Submitter:
+    return backend_class(backend, key)(cluster, run)
 
 
 def job_result(pack: Pack, job: submitit.Job) -> PackResult:

@@ -6,28 +6,61 @@ that packs never disturb each other's timing.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
+import psutil
 import submitit
 
+from gpupack.config import ClusterConfig
 from gpupack.errors import ConfigError
-from gpupack.monitor import gpu_count
-from gpupack.pack.job import PackSettings
+from gpupack.monitor import detect_device, gpu_count
+from gpupack.pack import Capacity
+from gpupack.pack.job import PackSettings, job_cores
 from gpupack.plan import Pack
+from gpupack.rundir import check_name
 from gpupack.submit import PackJob, PackResult, ProgressFn, Submitter, job_result
 
 POLL_S = 0.2
 
 
+@dataclass
+class LocalConfig(ClusterConfig):
+    """The local backend's options (conf/cluster/local.yaml)."""
+
+    # Partition label recorded with every pack.
+    partition: str = "local"
+    # Packs run at once; null: one per visible GPU, or one on a CPU-only machine so packs do not disturb
+    # each other's timing.
+    max_parallel_packs: Optional[int] = None
+
+
 class LocalSubmitter(Submitter):
-    def check(self, factors: Sequence[int], partitions: Sequence[str]) -> None:
+    Config = LocalConfig
+
+    def resolve_partitions(self, requested: Sequence[str]) -> tuple[str, ...]:
+        label = check_name(self.key("partition"), self.cluster.partition)
+        if list(requested) not in ([], [label]):
+            raise ConfigError("partitions", list(requested), f"the {self.cluster.name} cluster has one partition, "
+                              f"{label!r}", "choose a SLURM cluster (cluster=slurm, cluster=fir, ...) to compare "
+                              "partitions")
+        return (label,)
+
+    def check(self, partitions: Sequence[str]) -> None:
         slots = self.cluster.max_parallel_packs
         if slots is not None and slots < 1:
-            raise ConfigError("cluster.max_parallel_packs", slots, "must be >= 1 or null",
+            raise ConfigError(self.key("max_parallel_packs"), slots, "must be >= 1 or null",
                               "leave it null for one pack per device")
         if self.cluster.timeout_min < 1:
-            raise ConfigError("cluster.timeout_min", self.cluster.timeout_min, "must be >= 1",
+            raise ConfigError(self.key("timeout_min"), self.cluster.timeout_min, "must be >= 1",
                               "give each pack job at least a minute")
+
+    def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
+        """This machine: NVML's device (or none), the cores this process may use, its memory."""
+        info = detect_device()
+        cap = Capacity(has_gpu=info.kind == "gpu", gpu_memory_mb=info.memory_total_mb, max_cpus=job_cores(),
+                       max_mem_mb=psutil.virtual_memory().total / 2**20)
+        return {name: cap for name in partitions}
 
     def slots(self) -> list[list[int]]:
         """The devices packs may use at once: one GPU each, or one CPU-wide slot."""

@@ -13,19 +13,20 @@ import re
 import shutil
 import subprocess
 import time
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
 
 import submitit
 
+from gpupack.config import ClusterConfig
 from gpupack.errors import ConfigError, SubmissionError, nearest
 from gpupack.pack import Capacity
 from gpupack.pack.job import PackSettings
 from gpupack.plan import Pack
-from gpupack.submit import PackJob, PackResult, ProgressFn, Submitter, job_result
+from gpupack.submit import (DONE, FAILED, PENDING, RUNNING, PackJob, PackRequest, PackResult, ProgressFn, Submitter,
+                            job_result)
 
 ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")  # what Alliance users export in their shell
-FAILED_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-                 "PREEMPTED")
 
 
 def slurm_command(args: Sequence[str], timeout: float = 30) -> str | None:
@@ -70,7 +71,70 @@ def sbatch_parameters(cluster: Any, name: str, partition: Any, factor: int, acco
     return params
 
 
+@dataclass
+class PartitionConfig:
+    """One kind of GPU a cluster offers, and how to ask SLURM for one of it."""
+
+    # Model specifier for --gpus-per-node=<gpu>:1 (or --gres=gpu:<gpu>:1); null: no GPU type is asked.
+    gpu: Optional[str] = None
+    # How to ask: "gpus_per_node" (the Alliance's recommended form) or "gres" (older sites).
+    request: str = "gpus_per_node"
+    # SLURM partition to submit to, where the site routes GPU types by partition; null: the site's default.
+    slurm_partition: Optional[str] = None
+    constraint: Optional[str] = None
+    # Name in the RGU table (e.g. V100-16gb), for cost comparisons.
+    model: Optional[str] = None
+    # The most CPUs and host memory one single-GPU job should get here (the site's per-GPU guidance).
+    max_cpus: Optional[int] = None
+    max_mem_gb: Optional[float] = None
+    # Retired hardware, kept so earlier measurements can still be labelled and compared.
+    retired: bool = False
+
+
+@dataclass
+class SlurmConfig(ClusterConfig):
+    """The SLURM backend's options (conf/cluster/slurm.yaml and the Alliance presets)."""
+
+    # GPU types / partitions this cluster offers, by the name used in `partitions=[...]`.
+    partitions: Dict[str, PartitionConfig] = field(default_factory=dict)
+    # Partitions used when the command line names none.
+    default_partitions: List[str] = field(default_factory=list)
+    # SLURM account (--account); null: $SLURM_ACCOUNT or $SBATCH_ACCOUNT, as the Alliance documents.
+    account: Optional[str] = None
+    account_required: bool = False
+    # Resources one pack job asks for, scaled by N: ceil(N * cpus_per_training) CPUs, N * mem_gb_per_training GB.
+    cpus_per_training: float = 1.0
+    mem_gb_per_training: float = 2.0
+    # Array tasks of one (partition, mode, N) group running at once.
+    array_parallelism: int = 64
+    # Seconds before the time limit at which the pack is signalled to checkpoint and requeue.
+    signal_delay_s: int = 90
+    # How many times a pack may be requeued after reaching its time limit.
+    max_num_timeout: int = 3
+    # Shell lines run before each job (e.g. "module load python/3.11", "source ~/venv/bin/activate").
+    setup: List[str] = field(default_factory=list)
+    # More sbatch options, passed as they are (e.g. {"qos": "high"}).
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    # Seconds between two looks at the queue while waiting.
+    poll_s: float = 5.0
+
+
+# sacct / squeue states → gpupack's pack states (anything else that is not active counts as failed).
+QUEUE_STATES = {
+    "PENDING": PENDING, "REQUEUED": PENDING, "REQUEUE_HOLD": PENDING, "REQUEUE_FED": PENDING, "CONFIGURING": PENDING,
+    "SUSPENDED": PENDING, "RESIZING": PENDING,
+    "RUNNING": RUNNING, "COMPLETING": RUNNING, "STAGE_OUT": RUNNING, "SIGNALING": RUNNING,
+    "COMPLETED": DONE,
+}
+
+
+def pack_state(queue_state: str) -> str:
+    """gpupack's state of one sacct State field ("CANCELLED by 0" → failed)."""
+    return QUEUE_STATES.get(queue_state.split(" ")[0], FAILED)
+
+
 class SlurmSubmitter(Submitter):
+    Config = SlurmConfig
     detachable = True
 
     # ---------------- checks before anything is submitted ----------------
@@ -89,49 +153,45 @@ class SlurmSubmitter(Submitter):
             raise ConfigError("partitions", names, "a partition is listed twice", "list each once")
         return tuple(names)
 
-    def capacity(self, partition: str) -> Capacity:
-        """From the preset: a GPU if the partition asks for one, its memory from the model name (V100-16gb)."""
-        part = self.cluster.partitions[partition]
-        m = re.search(r"(\d+)gb$", part.model or "", re.IGNORECASE)
-        return Capacity(has_gpu=bool(part.gpu), gpu_memory_mb=float(m.group(1)) * 1024 if m else None)
-
     def account(self) -> str | None:
         return self.cluster.account or next((os.environ[v] for v in ACCOUNT_ENV if os.environ.get(v)), None)
 
-    def check(self, factors: Sequence[int], partitions: Sequence[str]) -> None:
+    def check(self, partitions: Sequence[str]) -> None:
         if self.cluster.account_required and not self.account():
-            raise ConfigError("cluster.account", None, f"the {self.cluster.name} cluster needs an allocation account",
-                              "add cluster.account=def-yourpi (or export SLURM_ACCOUNT=def-yourpi)")
+            raise ConfigError(self.key("account"), None, f"the {self.cluster.name} cluster needs an allocation "
+                              "account", f"add {self.key('account')}=def-yourpi (or export SLURM_ACCOUNT=def-yourpi)")
         for key in ("timeout_min", "array_parallelism", "max_num_timeout"):
             if getattr(self.cluster, key) < (0 if key == "max_num_timeout" else 1):
-                raise ConfigError(f"cluster.{key}", getattr(self.cluster, key), "is too small", "use 1 or more")
+                raise ConfigError(self.key(key), getattr(self.cluster, key), "is too small", "use 1 or more")
         for key in ("cpus_per_training", "mem_gb_per_training"):
             if not getattr(self.cluster, key) > 0:
-                raise ConfigError(f"cluster.{key}", getattr(self.cluster, key), "must be > 0",
+                raise ConfigError(self.key(key), getattr(self.cluster, key), "must be > 0",
                                   "give each training a share of the job, e.g. 0.5")
         for name in partitions:
             part = self.cluster.partitions[name]
             if part.request not in ("gpus_per_node", "gres"):
-                raise ConfigError(f"cluster.partitions.{name}.request", part.request, "unknown request form",
+                raise ConfigError(self.key(f"partitions.{name}.request"), part.request, "unknown request form",
                                   "use gpus_per_node or gres")
+
+    def request(self, factor: int) -> PackRequest:
+        cpus, mem_mb = resources(factor, self.cluster.cpus_per_training, self.cluster.mem_gb_per_training)
+        return PackRequest(cpus=cpus, mem_mb=mem_mb, cpus_key=self.key("cpus_per_training"),
+                           mem_key=self.key("mem_gb_per_training"), cpus_each=self.cluster.cpus_per_training,
+                           mem_gb_each=self.cluster.mem_gb_per_training)
+
+    def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
+        """From the preset (GPU memory from the model name, V100-16gb; per-GPU guidance) and, where SLURM
+        answers, sinfo: each partition and GPU type must exist; node CPUs and memory bound the rest."""
         live = self._live_limits(partitions)
+        out = {}
         for name in partitions:
             part = self.cluster.partitions[name]
-            max_cpus = part.max_cpus or live.get(name, {}).get("cpus")
-            max_mem_mb = (part.max_mem_gb * 1024 if part.max_mem_gb else None) or live.get(name, {}).get("mem_mb")
-            for i, n in enumerate(factors):
-                cpus, mem_mb = resources(n, self.cluster.cpus_per_training, self.cluster.mem_gb_per_training)
-                if max_cpus and cpus > max_cpus:
-                    raise ConfigError(f"packing.factors[{i}]", n,
-                                      f"{n} trainings x cluster.cpus_per_training={self.cluster.cpus_per_training} "
-                                      f"= {cpus} CPUs, but one {name} GPU job gets at most {max_cpus}",
-                                      f"lower N, or set cluster.cpus_per_training={max_cpus / n:.2g} so N trainings "
-                                      "share the cores")
-                if max_mem_mb and mem_mb > max_mem_mb:
-                    raise ConfigError(f"packing.factors[{i}]", n,
-                                      f"{n} trainings x cluster.mem_gb_per_training={self.cluster.mem_gb_per_training}"
-                                      f" = {mem_mb / 1024:.1f} GB, but a {name} node has {max_mem_mb / 1024:.1f} GB",
-                                      "lower N or cluster.mem_gb_per_training")
+            m = re.search(r"(\d+)gb$", part.model or "", re.IGNORECASE)
+            out[name] = Capacity(has_gpu=bool(part.gpu), gpu_memory_mb=float(m.group(1)) * 1024 if m else None,
+                                 max_cpus=part.max_cpus or live.get(name, {}).get("cpus"),
+                                 max_mem_mb=(part.max_mem_gb * 1024 if part.max_mem_gb else None)
+                                 or live.get(name, {}).get("mem_mb"))
+        return out
 
     def _live_limits(self, partitions: Sequence[str]) -> dict[str, dict[str, int]]:
         """Where SLURM answers: check each partition and GPU type exists; return node CPUs and memory."""
@@ -147,13 +207,13 @@ class SlurmSubmitter(Submitter):
             part = self.cluster.partitions[name]
             scope = by_partition.get(part.slurm_partition, []) if part.slurm_partition else rows
             if part.slurm_partition and not scope:
-                raise ConfigError(f"cluster.partitions.{name}.slurm_partition", part.slurm_partition,
+                raise ConfigError(self.key(f"partitions.{name}.slurm_partition"), part.slurm_partition,
                                   "SLURM (sinfo) has no such partition", nearest(part.slurm_partition, by_partition))
             if part.gpu and not any(f"gpu:{part.gpu}:" in r[3] or r[3].endswith(f"gpu:{part.gpu}") for r in scope):
                 where = f"partition {part.slurm_partition}" if part.slurm_partition else "this cluster"
                 types = sorted({g.split(":")[1] for r in scope for g in r[3].split(",") if g.startswith("gpu:")
                                 and g.count(":") >= 2})
-                raise ConfigError(f"cluster.partitions.{name}.gpu", part.gpu, f"{where} has no GPU of this type "
+                raise ConfigError(self.key(f"partitions.{name}.gpu"), part.gpu, f"{where} has no GPU of this type "
                                   "(sinfo)", nearest(part.gpu, types))
             limits[name] = {"cpus": max(int(r[1].rstrip("+")) for r in scope),
                             "mem_mb": max(int(r[2].rstrip("+")) for r in scope)}
@@ -208,17 +268,22 @@ class SlurmSubmitter(Submitter):
                     progress(pack, "running")
         return results
 
-    def job_states(self, job_ids: Sequence[str]) -> dict[str, str]:
+    def queue_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
+        """sacct's State of each job id (e.g. "CANCELLED by 0"); None when sacct does not answer."""
         if not job_ids:
             return {}
         out = slurm_command(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)])
         if out is None:
-            return {}
+            return None
         states: dict[str, str] = {}
         for line in out.splitlines():
             job_id, _, state = line.partition("|")
             states[job_id] = state  # the last line for an id is its latest (requeued) run
         return states
+
+    def pack_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
+        states = self.queue_states(job_ids)
+        return None if states is None else {j: pack_state(s) for j, s in states.items()}
 
 
 SUBMITTER = SlurmSubmitter
