@@ -29,6 +29,7 @@ GROUP = ["workload", "partition", "gpu_type", "mode"]
 # Nested record fields the tables need, flattened to columns at load: column → (field, key).
 FLAT = {
     "startup_s": ("timings", "startup_s"), "loop_s": ("timings", "loop_s"),
+    "timing_split": ("timings", "split"),  # False: a program that never marked its first step (command workload)
     "samples": ("throughput", "samples"), "samples_per_s": ("throughput", "samples_per_s"),
     "curve": ("throughput", "curve"),
     "val_accuracy": ("metrics", "val_accuracy"), "train_loss": ("metrics", "train_loss"),

@@ -175,3 +175,16 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
                 packs.append(Pack(pack_id(partition, mode, factor, index), partition, mode, factor, index,
                                   chunk))
     return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(packs), notes=tuple(notes))
+
+
+def plan_in_order(*, sweep: str, workload: str, params: Sequence[Mapping[str, Any]], factor: int, partition: str,
+                  mode: str) -> Plan:
+    """Trainings given one by one (a Hydra multirun's jobs), in their order, in packs of ``factor``; the last pack
+    may hold fewer. Nothing is repeated or reseeded: each training is one job the user asked for."""
+    if factor < 1:
+        raise ConfigError("pack", factor, "a pack holds at least one training", "use pack >= 1")
+    trainings = [Training(training_id(workload, p), workload, dict(p), grid_index=i) for i, p in enumerate(params)]
+    chunks = [tuple(trainings[i:i + factor]) for i in range(0, len(trainings), factor)]
+    packs = tuple(Pack(pack_id(partition, mode, len(c), index), partition, mode, len(c), index, c)
+                  for index, c in enumerate(chunks))
+    return Plan(sweep=sweep, workload=workload, grid_size=len(trainings), packs=packs)

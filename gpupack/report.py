@@ -81,6 +81,10 @@ def render(c: "Collected", console: Console) -> None:
                 _fmt(r["startup_s"]), _fmt(r["loop_s"]), _fmt(r["trainings_per_hour"], ".0f"),
                 _fmt(r["speedup_vs_n1"]), _throughput(r), _util(r), _memory(r), _failed(r), style=mark)
         console.print(table)
+        if unsplit_trainings(c):
+            console.print(f"start-up s / loop s: '-' for {unsplit_trainings(c)} training(s) whose program did not mark "
+                          "its first step, so their wall time is one figure (from gpupack.result import "
+                          "TrainingResult; call first_step() before the first step to split it).", highlight=False)
     if not c.hyper.empty:
         console.print("Best hyperparameters by validation accuracy (mean over runs):")
         for line in hyper_lines(c.hyper):
@@ -101,6 +105,14 @@ def render(c: "Collected", console: Console) -> None:
         console.print(f"[bold]{line}[/]")
     if not c.summary.empty and c.best.empty:
         console.print("[red]No packing factor finished without failures: no best N.[/]")
+
+
+def unsplit_trainings(c: "Collected") -> int:
+    """Trainings whose start-up and loop are one figure (a command that reported no first step)."""
+    t = c.records.trainings
+    if t.empty or "timing_split" not in t:
+        return 0
+    return int((t["timing_split"] == False).sum())  # noqa: E712 (None: not a command training)
 
 
 def mode_lines(c: "Collected") -> list[str]:

@@ -263,7 +263,20 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
             plots: bool = True) -> tuple[collect_mod.Collected, list[Path]]:
     """Aggregate the records of one or more runs and write the derived outputs (into ``out``, default the first
     run directory). Records are only read."""
-    paths = [Path(d) for d in run_dirs]
-    c = collect_mod.aggregate(paths, weights, sweep_trainings)
-    written = collect_mod.write_outputs(c, Path(out) if out else paths[0], plots=plots) if paths else []
+    given = [Path(d) for d in run_dirs]
+    c = collect_mod.aggregate(find_runs(given), weights, sweep_trainings)
+    written = collect_mod.write_outputs(c, Path(out) if out else given[0], plots=plots) if given else []
     return c, written
+
+
+def find_runs(paths: Sequence[Path], depth: int = 3) -> list[Path]:
+    """The run directories given, or found beneath a folder that is not one itself (a Hydra multirun directory
+    holds one per launch under .gpupack/; runs/<sweep>/ holds one per date)."""
+    out: list[Path] = []
+    for path in paths:
+        if (path / "plan.json").exists() or not path.is_dir():
+            out.append(path)
+            continue
+        found = sorted({p.parent for k in range(1, depth + 1) for p in path.glob("/".join(["*"] * k) + "/plan.json")})
+        out += found or [path]
+    return out

@@ -83,7 +83,8 @@ def _check_params(workload: Workload, grid: Mapping[str, list[Any]], fixed: Mapp
         try:
             workload.check(params)
         except ConfigError as err:
-            where = "sweep.grid" if err.key in grid else "sweep.fixed" if err.key in fixed_keys else "sweep"
+            base = err.key.split("[")[0].split(".")[0]  # argv[0] → argv, env.NAME → env
+            where = "sweep.grid" if base in grid else "sweep.fixed" if base in fixed_keys or base in fixed else "sweep"
             raise type(err)(f"{where}.{err.key}", err.value, err.why, err.hint) from None
 
 

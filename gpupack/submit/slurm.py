@@ -26,7 +26,8 @@ from gpupack.plan import Pack
 from gpupack.submit import (DONE, FAILED, PENDING, RUNNING, PackJob, PackRequest, PackResult, ProgressFn, Submitter,
                             job_result)
 
-ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")  # what Alliance users export in their shell
+ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")
+REQUEST_FORMS = ("gpus_per_node", "gres", "none")  # what Alliance users export in their shell
 
 
 def slurm_command(args: Sequence[str], timeout: float = 30) -> str | None:
@@ -53,11 +54,12 @@ def sbatch_parameters(cluster: Any, name: str, partition: Any, factor: int, acco
         "mem": f"{mem_mb}M", "job_name": f"gpupack-{name}-n{factor}", "signal_delay_s": int(cluster.signal_delay_s),
         "array_parallelism": int(cluster.array_parallelism),
     }
-    if partition.gpu:
+    if partition.request != "none":  # one GPU per pack: of the partition's type, or of any type
+        spec = f"{partition.gpu}:1" if partition.gpu else "1"
         if partition.request == "gres":
-            params["gres"] = f"gpu:{partition.gpu}:1"
+            params["gres"] = f"gpu:{spec}"
         else:
-            params["gpus_per_node"] = f"{partition.gpu}:1"
+            params["gpus_per_node"] = spec
     if partition.slurm_partition:
         params["partition"] = partition.slurm_partition
     if partition.constraint:
@@ -75,9 +77,10 @@ def sbatch_parameters(cluster: Any, name: str, partition: Any, factor: int, acco
 class PartitionConfig:
     """One kind of GPU a cluster offers, and how to ask SLURM for one of it."""
 
-    # Model specifier for --gpus-per-node=<gpu>:1 (or --gres=gpu:<gpu>:1); null: no GPU type is asked.
+    # Model specifier for --gpus-per-node=<gpu>:1 (or --gres=gpu:<gpu>:1); null: one GPU of any type.
     gpu: Optional[str] = None
-    # How to ask: "gpus_per_node" (the Alliance's recommended form) or "gres" (older sites).
+    # How to ask: "gpus_per_node" (the Alliance's recommended form), "gres" (older sites), or "none" (a CPU
+    # partition: no GPU is asked for).
     request: str = "gpus_per_node"
     # SLURM partition to submit to, where the site routes GPU types by partition; null: the site's default.
     slurm_partition: Optional[str] = None
@@ -169,9 +172,9 @@ class SlurmSubmitter(Submitter):
                                   "give each training a share of the job, e.g. 0.5")
         for name in partitions:
             part = self.cluster.partitions[name]
-            if part.request not in ("gpus_per_node", "gres"):
+            if part.request not in REQUEST_FORMS:
                 raise ConfigError(self.key(f"partitions.{name}.request"), part.request, "unknown request form",
-                                  "use gpus_per_node or gres")
+                                  nearest(part.request, REQUEST_FORMS))
 
     def request(self, factor: int) -> PackRequest:
         cpus, mem_mb = resources(factor, self.cluster.cpus_per_training, self.cluster.mem_gb_per_training)
@@ -187,7 +190,7 @@ class SlurmSubmitter(Submitter):
         for name in partitions:
             part = self.cluster.partitions[name]
             m = re.search(r"(\d+)gb$", part.model or "", re.IGNORECASE)
-            out[name] = Capacity(has_gpu=bool(part.gpu), gpu_memory_mb=float(m.group(1)) * 1024 if m else None,
+            out[name] = Capacity(has_gpu=part.request != "none", gpu_memory_mb=float(m.group(1)) * 1024 if m else None,
                                  max_cpus=part.max_cpus or live.get(name, {}).get("cpus"),
                                  max_mem_mb=(part.max_mem_gb * 1024 if part.max_mem_gb else None)
                                  or live.get(name, {}).get("mem_mb"))

@@ -1,0 +1,209 @@
+"""What a gpupack launcher does with one batch of a Hydra multirun: check the options, plan the jobs into packs of
+N in sweep order, run them through gpupack's own flow (:func:`gpupack.sweep.run`: run directory, lock, records,
+one pack per array task or local slot), and hand Hydra one ``JobReturn`` per job, in sweep order.
+
+Each batch (the basic sweeper sends one; Optuna sends several) is one gpupack run directory under
+``hydra.launcher.records_dir`` (default ``MULTIRUN_DIR/.gpupack/launch_<first job number>``), so
+``python -m gpupack collect MULTIRUN_DIR`` gives time per job for the whole multirun.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+
+from gpupack import sweep
+from gpupack.errors import ConfigError, nearest
+from gpupack.pack.job import PackSettings
+from gpupack.plan import Pack, plan_in_order
+from gpupack.records import read_json
+from gpupack.rundir import RunDir
+from gpupack.submit import load_submitter
+from gpupack.submit.local import LocalConfig
+from gpupack.submit.slurm import PartitionConfig, SlurmConfig
+from gpupack.validate import DEVICES, check_fit, check_modes
+from gpupack.workload import load_workload
+from gpupack.hydra_job import PAYLOAD, dump, return_path
+
+KEY = "hydra.launcher"
+WORKLOAD = "gpupack.hydra_job"
+GRES = re.compile(r"^gpu(?::([^:,]+))?:(\d+)$")
+
+log = logging.getLogger(__name__)
+
+
+class JobFailed(RuntimeError):
+    """A job whose process ended without handing back Hydra's JobReturn (killed, out of memory, timed out)."""
+
+
+def _positive(p: Mapping[str, Any], name: str, allow_none: bool = True, whole: bool = False) -> None:
+    value = p.get(name)
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)) \
+            or not value > 0:
+        raise ConfigError(f"{KEY}.{name}", value, f"must be a {'whole ' if whole else ''}number > 0"
+                          f"{' or null' if allow_none else ''}", f"e.g. {KEY}.{name}=1")
+
+
+def check_options(p: Mapping[str, Any]) -> None:
+    """The launcher's own options, before anything runs."""
+    if isinstance(p.get("pack"), bool) or not isinstance(p.get("pack"), int) or p["pack"] < 1:
+        raise ConfigError(f"{KEY}.pack", p.get("pack"), "a pack holds at least one job",
+                          f"{KEY}.pack=N puts N jobs on each GPU, e.g. {KEY}.pack=4")
+    for name in ("tasks_per_node", "nodes"):
+        if p.get(name, 1) != 1:
+            raise ConfigError(f"{KEY}.{name}", p[name], "a pack is one task on one node",
+                              f"leave it at 1; {KEY}.pack=N runs N jobs in that task")
+    for name, whole in (("timeout_min", True), ("threads_per_job", True), ("job_timeout_s", False),
+                        ("sample_interval_s", False), ("cpus_per_task", False), ("mem_gb", False),
+                        ("max_parallel_packs", True), ("array_parallelism", True), ("poll_s", False)):
+        if name in p:
+            _positive(p, name, allow_none=name not in ("timeout_min", "sample_interval_s"), whole=whole)
+    if p.get("device") not in DEVICES:
+        raise ConfigError(f"{KEY}.device", p.get("device"), "unknown device", nearest(str(p.get("device")), DEVICES))
+
+
+def gpu_request(p: Mapping[str, Any]) -> tuple[str | None, str]:
+    """(GPU type or None for any, request form) for one pack: packs share exactly one GPU, or run on CPUs."""
+    gres, per_node = p.get("gres"), p.get("gpus_per_node")
+    if gres:
+        m = GRES.match(str(gres))
+        if not m or int(m.group(2)) != 1:
+            raise ConfigError(f"{KEY}.gres", gres, "a pack's jobs share one GPU, so a pack asks for exactly one",
+                              f"e.g. {KEY}.gres=gpu:v100:1 (or gpu:1), and {KEY}.pack=N for N jobs on it")
+        return m.group(1), "gres"
+    if per_node in (None, 0):
+        return None, "none"
+    if per_node != 1:
+        raise ConfigError(f"{KEY}.gpus_per_node", per_node, "a pack's jobs share one GPU",
+                          f"use {KEY}.gpus_per_node=1 and {KEY}.pack=N; for one job on several GPUs keep "
+                          "hydra-submitit-launcher")
+    return None, "gpus_per_node"
+
+
+def cluster_config(backend: str, p: Mapping[str, Any]) -> Any:
+    """gpupack's backend config for these launcher options (hydra-submitit-launcher's names → gpupack's)."""
+    if backend == "local":
+        return LocalConfig(name="gpupack_local", backend="local", timeout_min=int(p["timeout_min"]),
+                           partition="local", max_parallel_packs=p.get("max_parallel_packs"))
+    gpu, request = gpu_request(p)
+    label = p.get("partition") or "default"
+    extra = {k: p[k] for k in ("qos", "comment", "exclude") if p.get(k)}
+    return SlurmConfig(
+        name="gpupack_slurm", backend="slurm", timeout_min=int(p["timeout_min"]),
+        partitions={label: PartitionConfig(gpu=gpu, request=request, slurm_partition=p.get("partition"),
+                                           constraint=p.get("constraint"), model=p.get("gpu_model"))},
+        default_partitions=[label], account=p.get("account"), cpus_per_training=float(p.get("cpus_per_task") or 1),
+        mem_gb_per_training=float(p.get("mem_gb") or 2), array_parallelism=int(p["array_parallelism"]),
+        signal_delay_s=int(p["signal_delay_s"]), max_num_timeout=int(p["max_num_timeout"]),
+        setup=list(p.get("setup") or []), additional_parameters={**extra, **(p.get("additional_parameters") or {})},
+        poll_s=float(p["poll_s"]))
+
+
+def app_dir() -> str:
+    """The app's folder (sys.path[0] for `python my_app.py`), so the job imports the app's sibling modules."""
+    first = sys.path[0] if sys.path and sys.path[0] else os.getcwd()
+    return str(Path(first).resolve())
+
+
+def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> sweep.Prepared:
+    """Check everything and plan the batch; nothing is written or submitted."""
+    p = launcher.params
+    check_options(p)
+    run = RunDir(Path(str(p["records_dir"])).absolute() / f"launch_{initial_job_idx:06d}")
+    cluster = cluster_config(launcher.backend, p)
+    backend = load_submitter(launcher.backend, cluster, run)
+    backend.key_prefix = KEY
+    facts = sweep.ask_backend(backend, [])
+    check_fit([p["pack"]], facts, key=lambda i: f"{KEY}.pack")
+    settings = PackSettings(device=p["device"], threads_per_training=p.get("threads_per_job"),
+                            training_timeout_s=p.get("job_timeout_s"), gpu_model=p.get("gpu_model"),
+                            sample_interval_s=float(p["sample_interval_s"]), mps=bool(p.get("mps")))
+    workload = load_workload(WORKLOAD)
+    from gpupack.pack import load_packer
+
+    load_packer(str(p["mode"]), key=f"{KEY}.mode")
+    try:
+        check_modes(workload, [p["mode"]], [p["pack"]], facts, settings)
+    except ConfigError as err:  # a mode speaks of gpupack's own keys: say the launcher's
+        raise ConfigError(f"{KEY}.mode", p["mode"], err.why, f"use {KEY}.mode=process") from None
+    cfg = launcher.config
+    jobs = [{"overrides": list(o), "job_num": initial_job_idx + i, "launch_dir": str(run.root), "app_dir": app_dir(),
+             "cwd": str(cfg.hydra.runtime.cwd)} for i, o in enumerate(job_overrides)]
+    task = str(cfg.hydra.job.name)
+    plan = plan_in_order(sweep=task, workload=WORKLOAD, params=jobs, factor=int(p["pack"]),
+                         partition=facts.partitions[0], mode=str(p["mode"]))
+    record = {"cluster": dataclasses.asdict(cluster), "hydra_launcher": dict(p), "hydra_task": task}
+    return sweep.Prepared(name=task, plan=plan, run=run, backend=backend, settings=settings, config=record)
+
+
+def make_sweep_dir(cfg: Any) -> None:
+    sweep_dir = Path(str(cfg.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    if "mode" in cfg.hydra.sweep and cfg.hydra.sweep.mode is not None:
+        os.chmod(sweep_dir, int(str(cfg.hydra.sweep.mode), 8))
+
+
+def failed_return(launcher: Any, training_params: Mapping[str, Any], pack: Pack, run: RunDir,
+                  training_id: str) -> JobReturn:
+    """Hydra's JobReturn for a job whose process never handed one back (killed, OOM, timeout, never started)."""
+    path = run.training_record(pack.pack_id, training_id)
+    rec = read_json(path) if path.exists() else {}
+    status, error = rec.get("status", "not run"), (rec.get("error") or "").strip().splitlines()
+    overrides = list(training_params["overrides"])
+    why = f"job #{training_params['job_num']} ({' '.join(overrides) or 'no overrides'}) {status} in gpupack pack " \
+          f"{pack.pack_id}" + (f": {error[-1]}" if error else "") + f" (logs: {run.log(pack.pack_id, training_id, 'err')})"
+    ret = JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=JobFailed(why),
+                    task_name=str(launcher.config.hydra.job.name))
+    try:
+        ret.cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, overrides)
+    except Exception:  # the config is a courtesy here; the failure is what Hydra must get
+        pass
+    return ret
+
+
+def job_returns(launcher: Any, prepared: sweep.Prepared) -> list[JobReturn]:
+    import cloudpickle
+
+    out = []
+    for pack in prepared.plan.packs:
+        for t in pack.trainings:
+            path = return_path(prepared.run.root, t.params["job_num"])
+            try:
+                with open(path, "rb") as f:
+                    out.append(cloudpickle.load(f))
+            except (OSError, EOFError):
+                out.append(failed_return(launcher, t.params, pack, prepared.run, t.training_id))
+    return out
+
+
+def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
+    assert launcher.config is not None and launcher.hydra_context is not None  # Hydra calls setup() first
+    if not job_overrides:
+        return []
+    prepared = prepare(launcher, job_overrides, initial_job_idx)  # a ConfigError here: nothing was written
+    make_sweep_dir(launcher.config)
+    pack = launcher.params["pack"]
+    log.info(f"gpupack '{launcher.backend}' launcher: {len(job_overrides)} job(s) in {len(prepared.plan.packs)} "
+             f"pack(s) of up to {pack} per {'GPU' if prepared.settings.device != 'cpu' else 'device'}; records in "
+             f"{prepared.run.root}")
+    for i, overrides in enumerate(job_overrides):
+        log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}")
+
+    def on_open(opened: sweep.Opened) -> None:  # the run directory is ours now: leave the jobs what they need
+        dump((launcher, Singleton.get_state()), prepared.run.root / PAYLOAD)
+
+    outcome = sweep.run(prepared, on_open=on_open, collect_outputs=False,
+                        progress=lambda p, state: log.info(f"gpupack: pack {p.pack_id} {state}"))
+    for r in outcome.results:
+        if not r.ok:
+            log.error(f"gpupack: pack {r.pack_id} (job {r.job_id}) did not finish: {r.error}")
+    return job_returns(launcher, prepared)

@@ -1,0 +1,93 @@
+"""Report a training's result to gpupack from any program: stdlib only, so it imports in a blink and without torch.
+
+A program packed by the ``command`` workload finds the path gpupack wants its result at in ``$GPUPACK_RESULT``.
+Outside gpupack (the variable unset) every call here does nothing, so the same script still runs on its own::
+
+    from gpupack.result import TrainingResult
+
+    result = TrainingResult()
+    result.first_step()                  # start-up ends here: gpupack splits start-up from the loop
+    for xb, yb in loader:
+        ...
+        result.step(len(yb))             # samples seen (throughput); cheap, writes nothing
+    result.finish(metrics={"val_accuracy": acc})
+
+The file is JSON: ``{"metrics": {...}, "samples": n, "steps": k, "loop_start": t, "loop_end": t}`` (times are
+``time.time()``); a program in another language may write the same keys itself. Written atomically, at the first
+step and at the end, so a training killed mid-way still says when its loop began.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from typing import Any, Mapping
+
+ENV = "GPUPACK_RESULT"
+
+
+def write_result(path: str, data: Mapping[str, Any]) -> None:
+    """``data`` as JSON at ``path``, atomically (temp file in the same folder, then rename)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".result.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(dict(data), f, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class TrainingResult:
+    """What one training reports: when its loop began and ended, samples and steps, and final metrics."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path if path is not None else os.environ.get(ENV)
+        self.loop_start: float | None = None
+        self.loop_end: float | None = None
+        self.samples = 0
+        self.steps = 0
+
+    @property
+    def active(self) -> bool:
+        """True when gpupack is listening (``$GPUPACK_RESULT`` is set)."""
+        return bool(self.path)
+
+    def first_step(self) -> None:
+        """Call right before the first training step: the time until now is start-up."""
+        self.loop_start = time.time()
+        self._write({})
+
+    def step(self, samples: int = 0) -> None:
+        """Call after each step with the samples it used (for samples/s); writes nothing."""
+        if self.loop_start is None:
+            self.loop_start = time.time()
+        self.steps += 1
+        self.samples += int(samples)
+
+    def finish(self, metrics: Mapping[str, Any] | None = None, samples: int | None = None) -> None:
+        """Call once at the end with the final metrics (numbers: val_accuracy, train_loss, ...)."""
+        self.loop_end = time.time()
+        if samples is not None:
+            self.samples = int(samples)
+        self._write(dict(metrics or {}))
+
+    def _write(self, metrics: dict[str, Any]) -> None:
+        if not self.path:
+            return
+        write_result(self.path, {"metrics": metrics, "samples": self.samples, "steps": self.steps,
+                                 "loop_start": self.loop_start, "loop_end": self.loop_end})
+
+
+def report(metrics: Mapping[str, Any] | None = None, samples: int | None = None) -> None:
+    """One call at the end of a program that reports only its metrics (start-up and loop stay one)."""
+    result = TrainingResult()
+    result.loop_end = time.time()
+    if samples is not None:
+        result.samples = int(samples)
+    result._write(dict(metrics or {}))

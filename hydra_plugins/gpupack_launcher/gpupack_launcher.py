@@ -1,0 +1,41 @@
+"""The launchers Hydra instantiates for hydra/launcher=gpupack_local and gpupack_slurm.
+
+Kept light: Hydra imports every module of a plugin package when it looks for plugins (without registering them
+in sys.modules, so no ``from __future__ import annotations`` here), so gpupack's machinery lives in
+:mod:`gpupack.hydra_launch` and :mod:`gpupack.hydra_job` and is imported only when a multirun launches.
+"""
+from typing import Any, ClassVar, Optional, Sequence
+
+from hydra.core.utils import JobReturn
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+
+class BaseGpupackLauncher(Launcher):
+    backend: ClassVar[str]  # a module under gpupack/submit/
+
+    def __init__(self, **params: Any) -> None:
+        self.params = {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+                       for k, v in params.items()}
+        self.config: Optional[DictConfig] = None
+        self.task_function: Optional[TaskFunction] = None
+        self.hydra_context: Optional[HydraContext] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from gpupack.hydra_launch import launch
+
+        return launch(self, job_overrides, initial_job_idx)
+
+
+class GpupackLocalLauncher(BaseGpupackLauncher):
+    backend = "local"
+
+
+class GpupackSlurmLauncher(BaseGpupackLauncher):
+    backend = "slurm"
