@@ -3,8 +3,9 @@ N in sweep order, run them through gpupack's own flow (:func:`gpupack.sweep.run`
 one pack per array task or local slot), and hand Hydra one ``JobReturn`` per job, in sweep order.
 
 Each batch (the basic sweeper sends one; Optuna sends several) is one gpupack run directory under
-``hydra.launcher.records_dir`` (default ``MULTIRUN_DIR/.gpupack/launch_<first job number>``), so
-``python -m gpupack collect MULTIRUN_DIR`` gives time per job for the whole multirun.
+``hydra.launcher.records_dir`` (default ``MULTIRUN_DIR/.gpupack/launch_<first job number>``, ``.2``, ``.3``... when
+the same multirun runs again into the same directory), so ``python -m gpupack collect MULTIRUN_DIR`` gives time
+per job for the whole multirun.
 """
 from __future__ import annotations
 
@@ -108,6 +109,16 @@ def cluster_config(backend: str, p: Mapping[str, Any]) -> Any:
         poll_s=float(p["poll_s"]))
 
 
+def fresh_dir(parent: Path, name: str) -> Path:
+    """A records directory no earlier launch used: running a multirun again into the same sweep directory runs
+    its jobs again (as Hydra's launchers do), and the earlier launch's records stay as they were."""
+    path, k = parent / name, 1
+    while path.exists():
+        k += 1
+        path = parent / f"{name}.{k}"
+    return path
+
+
 def app_dir() -> str:
     """The app's folder (sys.path[0] for `python my_app.py`), so the job imports the app's sibling modules."""
     first = sys.path[0] if sys.path and sys.path[0] else os.getcwd()
@@ -118,7 +129,7 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     """Check everything and plan the batch; nothing is written or submitted."""
     p = launcher.params
     check_options(p)
-    run = RunDir(Path(str(p["records_dir"])).absolute() / f"launch_{initial_job_idx:06d}")
+    run = RunDir(fresh_dir(Path(str(p["records_dir"])).absolute(), f"launch_{initial_job_idx:06d}"))
     cluster = cluster_config(launcher.backend, p)
     backend = load_submitter(launcher.backend, cluster, run)
     backend.key_prefix = KEY
