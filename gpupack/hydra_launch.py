@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.errors import CompactHydraException
 
 from gpupack import sweep
 from gpupack.errors import ConfigError, nearest
@@ -38,6 +39,10 @@ WORKLOAD = "gpupack.hydra_job"
 GRES = re.compile(r"^gpu(?::([^:,]+))?:(\d+)$")
 
 log = logging.getLogger(__name__)
+
+
+class LauncherConfigError(ConfigError, CompactHydraException):
+    """Bad launcher input: Hydra prints a CompactHydraException as its one line, without a traceback."""
 
 
 class JobFailed(RuntimeError):
@@ -131,8 +136,11 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     check_options(p)
     run = RunDir(fresh_dir(Path(str(p["records_dir"])).absolute(), f"launch_{initial_job_idx:06d}"))
     cluster = cluster_config(launcher.backend, p)
-    backend = load_submitter(launcher.backend, cluster, run)
-    backend.key_prefix = KEY
+    label = next(iter(getattr(cluster, "partitions", {}) or {"local": None}))
+    backend = load_submitter(launcher.backend, cluster, run, key_prefix=KEY, key_names={
+        "cpus_per_training": "cpus_per_task", "mem_gb_per_training": "mem_gb", "partition": "partition",
+        f"partitions.{label}.gpu": "gres", f"partitions.{label}.slurm_partition": "partition",
+        f"partitions.{label}.request": "gpus_per_node"})
     facts = sweep.ask_backend(backend, [])
     check_fit([p["pack"]], facts, key=lambda i: f"{KEY}.pack")
     settings = PackSettings(device=p["device"], threads_per_training=p.get("threads_per_job"),
@@ -200,7 +208,10 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     assert launcher.config is not None and launcher.hydra_context is not None  # Hydra calls setup() first
     if not job_overrides:
         return []
-    prepared = prepare(launcher, job_overrides, initial_job_idx)  # a ConfigError here: nothing was written
+    try:
+        prepared = prepare(launcher, job_overrides, initial_job_idx)  # nothing is written before this returns
+    except ConfigError as err:
+        raise LauncherConfigError(err.key, err.value, err.why, err.hint) from None
     make_sweep_dir(launcher.config)
     pack = launcher.params["pack"]
     log.info(f"gpupack '{launcher.backend}' launcher: {len(job_overrides)} job(s) in {len(prepared.plan.packs)} "

@@ -68,14 +68,17 @@ class Submitter(ABC):
 
     Config: ClassVar[type]
     detachable: ClassVar[bool] = False  # can submit and return (wait=false): jobs outlive this process
-    key_prefix: ClassVar[str] = "cluster"  # where its options live, for error messages (the launcher: hydra.launcher)
-
-    def __init__(self, cluster: Any, run: RunDir) -> None:
+    def __init__(self, cluster: Any, run: RunDir, key_prefix: str = "cluster",
+                 key_names: Mapping[str, str] | None = None) -> None:
         self.cluster = cluster
         self.run = run
+        # Where the user set these options, for error messages: gpupack's cluster.*, or a front-end's own names
+        # (the Hydra launcher: hydra.launcher.cpus_per_task for cpus_per_training, ...).
+        self.key_prefix = key_prefix
+        self.key_names = dict(key_names or {})
 
     def key(self, name: str) -> str:
-        return f"{self.key_prefix}.{name}"
+        return f"{self.key_prefix}.{self.key_names.get(name, name)}"
 
     @abstractmethod
     def resolve_partitions(self, requested: Sequence[str]) -> tuple[str, ...]:
@@ -157,8 +160,8 @@ def backend_configs() -> dict[str, type]:
     return {name: backend_class(name).Config for name in available_backends()}
 
 
-def load_submitter(backend: str, cluster: Any, run: RunDir, key: str = "cluster.backend") -> Submitter:
-    return backend_class(backend, key)(cluster, run)
+def load_submitter(backend: str, cluster: Any, run: RunDir, key: str = "cluster.backend", **keys: Any) -> Submitter:
+    return backend_class(backend, key)(cluster, run, **keys)
 
 
 def job_result(pack: Pack, job: submitit.Job) -> PackResult:

@@ -1,0 +1,27 @@
+"""A Hydra app for the launcher tests (imports nothing of gpupack). `mode` picks what a job does:
+ok (return lr * 10), raise (an exception), kill (SIGKILL itself: no JobReturn can come back), sleep then ok."""
+import os
+import signal
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    out = Path(HydraConfig.get().runtime.output_dir)
+    (out / "started.txt").write_text(f"{time.time()} {os.getpid()}\n")
+    time.sleep(cfg.sleep_s)
+    if cfg.mode == "raise":
+        raise RuntimeError(f"job failure on purpose (lr={cfg.lr})")
+    if cfg.mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    (out / "done.txt").write_text(f"{time.time()}\n")
+    return cfg.lr * 10
+
+
+if __name__ == "__main__":
+    main()

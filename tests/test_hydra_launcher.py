@@ -1,0 +1,183 @@
+"""The Hydra launcher plugin on real apps (tests/hydra_app, examples/hydra_app.py; neither imports gpupack):
+the jobs of a pack run at once, each in its own process with Hydra's own job directory; a failing job returns its
+failure and does not take its pack down; Optuna gets its return values; bad input is refused before anything runs;
+gpupack_slurm submits one array task per pack to the real slurmctld."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parent.parent
+APP = REPO / "tests" / "hydra_app" / "app.py"
+EXAMPLE = REPO / "examples" / "hydra_app.py"
+SLURM = ["hydra/launcher=gpupack_slurm", "hydra.launcher.partition=p100", "hydra.launcher.gres=gpu:p100:1",
+         "hydra.launcher.poll_s=0.5", "hydra.launcher.timeout_min=5", "hydra.launcher.mem_gb=1"]
+
+
+def multirun(script: Path, args: list[str], cwd: Path, env: dict[str, str], timeout: int = 300):
+    return subprocess.run([sys.executable, str(script), "-m", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=timeout)
+
+
+def records(sweep_dir: Path) -> dict[int, dict]:
+    """gpupack's training records of a multirun, by Hydra job number."""
+    out = {}
+    for path in sweep_dir.glob(".gpupack/*/packs/*/trainings/*.json"):
+        rec = json.loads(path.read_text())
+        out[rec["params"]["job_num"]] = rec
+    return out
+
+
+def started(job_dir: Path) -> float:
+    return float((job_dir / "started.txt").read_text().split()[0])
+
+
+def test_jobs_of_a_pack_run_at_once_each_with_hydras_job_dir(tmp_path, subprocess_env):
+    sweep_dir = tmp_path / "mr"
+    proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.pack=2", "hydra.launcher.sample_interval_s=0.2",
+                          "lr=0.1,0.2,0.3,0.4", "sleep_s=1.0", f"hydra.sweep.dir={sweep_dir}"], tmp_path, subprocess_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = records(sweep_dir)
+    assert sorted(recs) == [0, 1, 2, 3]
+    for num, lr in enumerate([0.1, 0.2, 0.3, 0.4]):
+        job_dir = sweep_dir / str(num)
+        hydra_cfg = OmegaConf.load(job_dir / ".hydra" / "hydra.yaml").hydra
+        assert hydra_cfg.job.num == num and hydra_cfg.mode == "MULTIRUN"
+        assert str(hydra_cfg.runtime.output_dir) == str(job_dir)
+        assert list(OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")) == [f"lr={lr}", "sleep_s=1.0"]
+        assert OmegaConf.load(job_dir / ".hydra" / "config.yaml").lr == lr
+        assert (job_dir / "done.txt").exists() and (job_dir / "app.log").exists()
+        rec = recs[num]
+        assert rec["status"] == "completed" and rec["metrics"]["return_value"] == pytest.approx(lr * 10)
+    # Packs of 2 in sweep order, and the two jobs of a pack overlap: each started before the other finished.
+    assert recs[0]["pack_id"] == recs[1]["pack_id"] != recs[2]["pack_id"] == recs[3]["pack_id"]
+    for a, b in ((0, 1), (2, 3)):
+        last_start = max(started(sweep_dir / str(a)), started(sweep_dir / str(b)))
+        first_end = min(float((sweep_dir / str(n) / "done.txt").read_text()) for n in (a, b))
+        assert last_start < first_end
+        assert {recs[a]["concurrent"], recs[b]["concurrent"]} == {2}
+    pids = {(sweep_dir / str(n) / "started.txt").read_text().split()[1] for n in range(4)}
+    assert len(pids) == 4  # each job in its own process
+
+    collected = subprocess.run([sys.executable, "-m", "gpupack", "collect", str(sweep_dir), "--no-plots"],
+                               capture_output=True, text=True, env=subprocess_env, timeout=120)
+    assert collected.returncode == 0, collected.stderr
+    assert "Best packing factor" in collected.stdout and "N=2" in collected.stdout
+
+
+def test_a_failing_job_returns_its_failure_and_the_pack_finishes(tmp_path, subprocess_env):
+    sweep_dir = tmp_path / "mr"
+    proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.pack=3", "mode=kill,raise,ok",
+                          f"hydra.sweep.dir={sweep_dir}"], tmp_path, subprocess_env)
+    # Hydra's basic sweeper raises the first failed job's error, in sweep order: job 0, killed by a signal.
+    assert proc.returncode != 0
+    assert "job #0 (mode=kill) killed in gpupack pack local-process-n03-000" in proc.stderr, proc.stderr
+    recs = records(sweep_dir)
+    assert {n: r["status"] for n, r in recs.items()} == {0: "killed", 1: "failed", 2: "completed"}
+    assert recs[0]["signal"] == 9 and "job failure on purpose" in recs[1]["error"]
+    assert len({r["pack_id"] for r in recs.values()}) == 1  # one pack of three, and it ran to its end
+    assert (sweep_dir / "2" / "done.txt").exists() and not (sweep_dir / "1" / "done.txt").exists()
+    pack = json.loads(next(sweep_dir.glob(".gpupack/*/packs/*/pack.json")).read_text())
+    assert pack["concurrent"] == 3 and pack["n_completed"] == 1 and pack["n_failed"] == 2
+
+
+@pytest.mark.slow
+def test_optuna_sweeper_gets_the_return_values(tmp_path, subprocess_env):
+    sweep_dir = tmp_path / "mr"
+    proc = multirun(EXAMPLE, ["hydra/sweeper=optuna", "hydra/launcher=gpupack_local", "hydra.launcher.pack=2",
+                              "lr=interval(0.001,0.3)", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",
+                              "hydra.sweeper.sampler.seed=1", "train_samples=1000", f"hydra.sweep.dir={sweep_dir}"],
+                    tmp_path, subprocess_env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = OmegaConf.load(sweep_dir / "optimization_results.yaml")
+    losses = [rec["metrics"]["return_value"] for rec in records(sweep_dir).values()]
+    assert len(losses) == 4 and results.best_value == pytest.approx(min(losses))
+    # Optuna asked in two batches of 2: two launches, each one pack of 2.
+    assert sorted(p.name for p in (sweep_dir / ".gpupack").iterdir()) == ["launch_000000", "launch_000002"]
+
+
+BAD = [
+    (["hydra.launcher.pack=0"], "hydra.launcher.pack=0"),
+    (["hydra.launcher.pack=-3"], "hydra.launcher.pack=-3"),
+    (["hydra.launcher.mode=proces"], "hydra.launcher.mode='proces'"),
+    (["hydra.launcher.mode=tf_logical"], "hydra.launcher.mode='tf_logical'"),
+    (["hydra.launcher.device=tpu"], "hydra.launcher.device='tpu'"),
+    (["hydra.launcher.job_timeout_s=-1"], "hydra.launcher.job_timeout_s=-1"),
+    (["hydra.launcher.nodes=2"], "hydra.launcher.nodes=2"),
+    (["hydra.launcher.max_parallel_packs=0"], "hydra.launcher.max_parallel_packs=0"),
+]
+
+
+def _refused_before_anything_ran(proc, sweep_dir: Path, needle: str) -> None:
+    err = proc.stderr.strip()
+    assert proc.returncode == 1, proc.stdout + err
+    assert err.splitlines()[0].startswith(needle) and "HINT" in err.splitlines()[0], err
+    assert "Traceback" not in err
+    assert not (sweep_dir / "0").exists() and not (sweep_dir / ".gpupack").exists()
+
+
+@pytest.mark.parametrize("overrides, needle", BAD, ids=[" ".join(b[0]) for b in BAD])
+def test_bad_launcher_input_is_one_line_and_runs_nothing(tmp_path, subprocess_env, overrides, needle):
+    sweep_dir = tmp_path / "mr"
+    proc = multirun(APP, ["hydra/launcher=gpupack_local", *overrides, "lr=0.1,0.2", f"hydra.sweep.dir={sweep_dir}"],
+                    tmp_path, subprocess_env, timeout=120)
+    _refused_before_anything_ran(proc, sweep_dir, needle)
+
+
+def _sacct_jobs(env) -> set[str]:
+    out = subprocess.run(["sacct", "-X", "-n", "-a", "-S", "now-1hour", "-o", "JobID"], capture_output=True, text=True,
+                         env=env).stdout
+    return set(out.split())
+
+
+SLURM_BAD = [
+    (["hydra.launcher.pack=9"], "hydra.launcher.pack=9"),  # 9 jobs x 1 CPU > the 8 CPUs of a node
+    (["hydra.launcher.pack=4", "hydra.launcher.mem_gb=5"], "hydra.launcher.pack=4"),  # 20 GB > 16 GB
+    (["hydra.launcher.gres=gpu:p100:2"], "hydra.launcher.gres='gpu:p100:2'"),
+    (["hydra.launcher.gres=gpu:k80:1"], "hydra.launcher.gres='k80'"),
+    (["hydra.launcher.gres=null", "hydra.launcher.gpus_per_node=2"], "hydra.launcher.gpus_per_node=2"),
+    (["hydra.launcher.partition=nowhere"], "hydra.launcher.partition='nowhere'"),
+]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("overrides, needle", SLURM_BAD, ids=[" ".join(b[0]) for b in SLURM_BAD])
+def test_bad_slurm_launcher_input_submits_nothing(tmp_path, slurm_env, overrides, needle):
+    sweep_dir = tmp_path / "mr"
+    before = _sacct_jobs(slurm_env)
+    proc = multirun(APP, [*SLURM, *overrides, "lr=0.1,0.2", f"hydra.sweep.dir={sweep_dir}"], tmp_path, slurm_env,
+                    timeout=120)
+    _refused_before_anything_ran(proc, sweep_dir, needle)
+    assert _sacct_jobs(slurm_env) == before
+
+
+@pytest.mark.slurm
+def test_gpupack_slurm_runs_one_array_task_per_pack(tmp_path, slurm_env):
+    sweep_dir = tmp_path / "mr"
+    proc = multirun(APP, [*SLURM, "hydra.launcher.pack=2", "lr=0.1,0.2,0.3", f"hydra.sweep.dir={sweep_dir}"],
+                    tmp_path, slurm_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = records(sweep_dir)
+    assert [recs[n]["status"] for n in range(3)] == ["completed"] * 3
+    assert recs[0]["pack_id"] == recs[1]["pack_id"] != recs[2]["pack_id"]
+    jobs = json.loads(next(sweep_dir.glob(".gpupack/*/jobs.json")).read_text())
+    assert len(jobs) == 2
+    job_ids = [j["job_id"] for j in jobs.values()]
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,Partition,State,AllocTRES", "-j", ",".join(job_ids)],
+                         capture_output=True, text=True, env=slurm_env, check=True).stdout
+    rows = [line.split("|") for line in out.splitlines()]
+    assert len(rows) == 2 and all(r[2] == "COMPLETED" and "gres/gpu=1" in r[3] for r in rows), rows
+    scripts = list(sweep_dir.glob(".gpupack/*/submitit/*/*_submission.sh"))
+    assert len(scripts) == 2
+    for script in scripts:  # what was asked (sacct's Partition can lag right after a job ends)
+        text = script.read_text()
+        assert "#SBATCH --partition=p100" in text and "#SBATCH --gres=gpu:p100:1" in text
+    for num in range(3):
+        hydra_cfg = OmegaConf.load(sweep_dir / str(num) / ".hydra" / "hydra.yaml").hydra
+        assert hydra_cfg.job.num == num
+        assert str(hydra_cfg.job.id).split("_")[0] in {j.split("_")[0] for j in job_ids}  # the SLURM job's id
