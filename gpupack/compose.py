@@ -7,10 +7,11 @@ that grid axis.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -135,12 +136,27 @@ def _type_hint(key: str) -> str:
 GROUPS = ("sweep", "cluster", "rgu")
 
 
+@contextlib.contextmanager
+def _gpupack_hydra() -> Iterator[None]:
+    """Hydra initialised on gpupack's conf/, leaving the caller's process as it was: Hydra keeps version_base in a
+    process-wide singleton, and a notebook or a Hydra app that calls gpupack must keep its own (job.chdir and more
+    depend on it)."""
+    from hydra.version import VersionBase
+
+    before = VersionBase.instance().getbase()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="gpupack"):
+            yield
+    finally:
+        VersionBase.instance().version_base = before
+
+
 def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
     """gpupack's config composed from conf/ and the overrides; ``with_hydra`` keeps Hydra's own node."""
     register_configs()
     rewritten = grid_overrides(overrides)
     try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="gpupack"):
+        with _gpupack_hydra():
             cfg = compose(config_name="config", overrides=list(rewritten), return_hydra_config=with_hydra)
     except (HydraException, OmegaConfBaseException) as err:
         raise translate(err, rewritten) from None
@@ -153,7 +169,7 @@ def group_options(overrides: Sequence[str] = ()) -> dict[str, list[str]]:
 
     register_configs()
     searchpath = [o for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="gpupack"):
+    with _gpupack_hydra():
         loader = GlobalHydra.instance().config_loader()
         return {g: [o for o in loader.get_group_options(g, config_name="config", overrides=searchpath)
                     if not o.endswith("_schema")] for g in GROUPS}
@@ -164,7 +180,7 @@ def search_path(overrides: Sequence[str] = ()) -> list[str]:
     from hydra.core.global_hydra import GlobalHydra
 
     register_configs()
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="gpupack"):
+    with _gpupack_hydra():
         loader = GlobalHydra.instance().config_loader()
         extra = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
         return [f"{e.provider}: {e.path}" for e in loader.get_sources()] + [f"command line: {e}" for e in extra]

@@ -85,6 +85,8 @@ def render(c: "Collected", console: Console) -> None:
             console.print(f"start-up s / loop s: '-' for {unsplit_trainings(c)} training(s) whose program did not mark "
                           "its first step, so their wall time is one figure (from gpupack.result import "
                           "TrainingResult; call first_step() before the first step to split it).", highlight=False)
+    for line in failure_lines(c):
+        console.print(line, highlight=False)
     if not c.hyper.empty:
         console.print("Best hyperparameters by validation accuracy (mean over runs):")
         for line in hyper_lines(c.hyper):
@@ -105,6 +107,28 @@ def render(c: "Collected", console: Console) -> None:
         console.print(f"[bold]{line}[/]")
     if not c.summary.empty and c.best.empty:
         console.print("[red]No packing factor finished without failures: no best N.[/]")
+
+
+def failure_lines(c: "Collected", most: int = 3) -> list[str]:
+    """Why trainings failed: each distinct last error line, how many trainings hit it, and one log to read."""
+    t = c.records.trainings
+    if t.empty or "status" not in t:
+        return []
+    failed = t[(t["status"] != "completed") & ~t.get("probe", pd.Series(False, index=t.index)).fillna(False).astype(bool)]
+    if failed.empty:
+        return []
+    reasons: dict[str, list[Any]] = {}
+    for _, r in failed.iterrows():
+        text = str(r.get("error") or r["status"]).strip().splitlines()
+        reasons.setdefault(f"{r['status']}: {text[-1] if text else r['status']}", []).append(r)
+    lines = [f"{len(failed)} training(s) did not complete:"]
+    for reason, rows in sorted(reasons.items(), key=lambda kv: -len(kv[1]))[:most]:
+        first = rows[0]
+        log = Path(str(first.get("run_dir", "."))) / "packs" / str(first["pack_id"]) / "logs" / f"{first['training_id']}.err"
+        lines.append(f"  {len(rows)} x {reason[:160]}  (e.g. {log})")
+    if len(reasons) > most:
+        lines.append(f"  ... and {len(reasons) - most} other reason(s): see summary.json and each record's error")
+    return lines
 
 
 def unsplit_trainings(c: "Collected") -> int:

@@ -193,12 +193,13 @@ def typed_grid(workload: Workload, raw_grid: Any, raw_fixed: Any) -> tuple[dict[
     if not raw_grid:
         raise ConfigError("sweep.grid", raw_grid, "the grid is empty",
                           "give at least one axis, e.g. +sweep.grid.lr=[0.1,0.01]")
+    # Typed first: a key that may not be a grid axis at all (command's argv) is refused for what it is.
+    grid = {k: [workload.typed(k, v, "sweep.grid") for v in grid_values(k, raw)] for k, raw in raw_grid.items()}
     both = set(raw_grid) & set(raw_fixed)
     if both:
         key = sorted(both)[0]
         raise ConfigError(f"sweep.fixed.{key}", raw_fixed[key], "is also a grid axis",
                           f"keep {key} in sweep.grid or in sweep.fixed, not both")
-    grid = {k: [workload.typed(k, v, "sweep.grid") for v in grid_values(k, raw)] for k, raw in raw_grid.items()}
     fixed = {**workload.defaults(), **{k: workload.typed(k, v, "sweep.fixed") for k, v in raw_fixed.items()}}
     for k in grid:
         fixed.pop(k, None)

@@ -27,6 +27,7 @@ from gpupack.result import ENV as RESULT_ENV
 from gpupack.workload import Launch, TrainingContext, Workload
 
 PROGRAM_KEYS = ("argv", "cwd", "env")  # what describes the program; every other key is a hyperparameter
+CONVERSIONS = {"r": repr, "s": str, "a": ascii}
 ARGV_HINT = "e.g. sweep.fixed.argv=[python,train.py,--lr,'{lr}']"
 
 
@@ -48,8 +49,10 @@ def render(template: str, values: Mapping[str, Any], key: str) -> str:
         if name not in values:
             raise ConfigError(key, template, f"{{{name}}} names no hyperparameter of this sweep",
                               f"{nearest(name, values)} (add it with sweep.grid.{name}=[...] or sweep.fixed.{name}=...)")
-        value = values[name]
-        value = {"r": repr, "s": str, "a": ascii}[conversion](value) if conversion else value
+        if conversion and conversion not in CONVERSIONS:
+            raise ConfigError(key, template, f"!{conversion} is not a conversion",
+                              "use {name}, {name!r}, {name!s} or {name!a}")
+        value = CONVERSIONS[conversion](values[name]) if conversion else values[name]
         try:
             out.append(format(value, spec or ""))
         except (ValueError, TypeError) as err:

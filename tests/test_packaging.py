@@ -18,7 +18,11 @@ def test_wheel_ships_conf_and_data_and_finds_them(tmp_path):
     wheel = next(tmp_path.glob("gpupack-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"gpupack/conf/config.yaml", "gpupack/conf/sweep/mnist_pack.yaml", "gpupack/conf/cluster/local.yaml",
-            "jobs/data/mnist/train-images-idx3-ubyte.gz", "jobs/data/mnist/t10k-labels-idx1-ubyte.gz"} <= names
+            "jobs/data/mnist/train-images-idx3-ubyte.gz", "jobs/data/mnist/t10k-labels-idx1-ubyte.gz",
+            "gpupack/conf/sweep/command.yaml", "jobs/command.py", "gpupack/result.py",
+            "hydra_plugins/gpupack_launcher/config.py", "hydra_plugins/gpupack_launcher/gpupack_launcher.py"} <= names
+    # hydra_plugins is a namespace shared with every Hydra plugin: an __init__.py there would hide the others.
+    assert "hydra_plugins/__init__.py" not in names
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, timeout=300, capture_output=True)
@@ -29,3 +33,21 @@ def test_wheel_ships_conf_and_data_and_finds_them(tmp_path):
     lines = out.splitlines()
     assert lines[0].startswith(str(site)) and lines[1] == str(site / "gpupack" / "conf")
     assert "60000 train, 10000 test" in lines[2]
+
+
+@pytest.mark.slow
+def test_installed_wheel_registers_the_hydra_launchers(tmp_path):
+    """Installed (not from a checkout), Hydra finds gpupack_local and gpupack_slurm beside other plugins."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO),
+                    "-w", str(tmp_path)], check=True, timeout=300, capture_output=True)
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+                    str(next(tmp_path.glob("gpupack-*.whl")))], check=True, timeout=300, capture_output=True)
+    app = tmp_path / "app.py"
+    app.write_text("import hydra, hydra_plugins.gpupack_launcher as g\nprint(g.__file__)\n"
+                   "@hydra.main(version_base=None)\ndef main(cfg):\n    pass\nmain()\n")
+    out = subprocess.run([sys.executable, str(app), "--info", "plugins"], capture_output=True, text=True,
+                         cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, timeout=120,
+                         check=True).stdout
+    assert out.splitlines()[0].startswith(str(site))  # the wheel's copy, not this checkout's
+    assert "GpupackLocalLauncher" in out and "GpupackSlurmLauncher" in out and "BasicLauncher" in out

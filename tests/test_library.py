@@ -1,0 +1,168 @@
+"""gpupack as a library (gpupack.sweep: prepare → run → status → collect, printing nothing) and the CLI's Hydra
+habits (--cfg, --resolve, -p, --info, --help, and -m refused)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from gpupack import sweep
+from gpupack.cli import main
+from gpupack.errors import ConfigError, RunDirError
+from gpupack.plan import make_plan
+from gpupack.submit import DONE, FAILED, PENDING, RUNNING
+
+REPO = Path(__file__).resolve().parent.parent
+PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack", "sweep.grid.lr=[0.1]"]
+
+
+def test_prepare_writes_nothing_and_run_returns_typed_results(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    prepared = sweep.prepare(PROBE + ["packing.factors=[1,2]", "packing.repeats=1", f"run_dir={run_dir}"])
+    assert not run_dir.exists() and not prepared.resumes
+    assert [p.factor for p in prepared.plan.packs] == [1, 2]
+    seen: list[sweep.Opened] = []
+    states: list[tuple[str, str]] = []
+    outcome = sweep.run(prepared, on_open=seen.append, progress=lambda p, s: states.append((p.pack_id, s)),
+                        plots=False)
+    assert capsys.readouterr().out == ""  # the library prints nothing; the CLI does
+    assert outcome.ok and [r.ok for r in outcome.results] == [True, True]
+    assert seen[0].resumed is False and len(seen[0].todo) == 2
+    assert {s for _, s in states} == {"pending", "running", "done"}
+    assert set(outcome.collected.summary["factor"]) == {1, 2}
+    assert (run_dir / "summary.json") in outcome.written
+
+    st = sweep.status(run_dir)
+    assert [p.state for p in st.packs] == [DONE, DONE] and st.counts()["local"][DONE] == 2
+
+    again = sweep.run(sweep.prepare(PROBE + ["packing.factors=[1,2]", "packing.repeats=1", f"run_dir={run_dir}"]),
+                      collect_outputs=False)
+    assert again.opened.resumed and again.opened.complete == 2 and again.opened.todo == []
+
+
+def test_prepare_refuses_bad_input_before_anything(tmp_path):
+    with pytest.raises(ConfigError, match=r"packing.factors\[0\]=0"):
+        sweep.prepare(PROBE + ["packing.factors=[0]", f"run_dir={tmp_path / 'run'}"])
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_dir_holding_another_plan_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    sweep.run(sweep.prepare(PROBE + ["packing.factors=[1]", "packing.repeats=1", f"run_dir={run_dir}"]),
+              collect_outputs=False)
+    other = sweep.prepare(PROBE + ["packing.factors=[2]", "packing.repeats=1", f"run_dir={run_dir}"])
+    with pytest.raises(RunDirError, match="another sweep's plan"):
+        sweep.run(other)
+
+
+PLAN = make_plan(sweep="s", workload="w", grid={"lr": [0.1, 0.2]}, fixed={}, factors=[2], modes=["process"],
+                 partitions=["p"], repeats=1)
+PACK = PLAN.packs[0]
+
+
+@pytest.mark.parametrize("done, has_record, job, states, expected", [
+    (2, True, None, {}, DONE),  # records first: complete whatever the queue says
+    (0, False, None, {}, "not submitted"),
+    (0, True, None, {}, FAILED),  # ran here (local backend) and left trainings unfinished
+    (0, False, "7", {"7": PENDING}, PENDING),
+    (1, False, "7", {"7": RUNNING}, RUNNING),
+    (1, True, "7", {"7": DONE}, FAILED),  # the job ended, a training did not complete
+    (0, False, "7", {"7": FAILED}, FAILED),
+    (0, False, "7", {}, "submitted"),  # sacct does not know it yet
+    (0, False, "7", None, "unknown"),  # the queue did not answer: say so, guess nothing
+])
+def test_pack_status_table(done, has_record, job, states, expected):
+    assert sweep.pack_status(PACK, done, has_record, job, states) == expected
+
+
+def test_slurm_queue_states_map_to_gpupack_states():
+    from gpupack.submit.slurm import pack_state
+
+    table = {"PENDING": PENDING, "REQUEUED": PENDING, "RUNNING": RUNNING, "COMPLETING": RUNNING, "COMPLETED": DONE,
+             "FAILED": FAILED, "CANCELLED by 0": FAILED, "TIMEOUT": FAILED, "OUT_OF_MEMORY": FAILED,
+             "NODE_FAIL": FAILED}
+    assert {k: pack_state(k) for k in table} == table
+
+
+def test_resume_fails_closed_when_the_queue_does_not_answer(tmp_path):
+    from gpupack.errors import SubmissionError
+    from gpupack.rundir import RunDir
+    from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter
+
+    class Silent(SlurmSubmitter):
+        def queue_states(self, job_ids):
+            return None  # sacct did not answer
+
+    run = RunDir(tmp_path)
+    backend = Silent(SlurmConfig(), run)
+    backend.remember({"p-process-n01-000": ("42", "p")})
+    with pytest.raises(SubmissionError, match="nothing was submitted again"):
+        backend.active_packs()
+
+
+def test_find_runs_under_a_folder(tmp_path):
+    for name in ("a/.gpupack/launch_000000", "a/.gpupack/launch_000002", "b"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "plan.json").write_text("{}")
+    assert sweep.find_runs([tmp_path / "a"]) == [tmp_path / "a/.gpupack/launch_000000",
+                                                  tmp_path / "a/.gpupack/launch_000002"]
+    assert sweep.find_runs([tmp_path / "b"]) == [tmp_path / "b"]
+
+
+# ---------------- the CLI's Hydra habits ----------------
+
+def test_cfg_job_prints_the_composed_config_and_runs_nothing(tmp_path, capsys):
+    assert main(["+sweep=mnist_pack", "packing.factors=[1,8]", "--cfg", "job", f"run_dir={tmp_path / 'r'}"]) == 0
+    cfg = OmegaConf.create(capsys.readouterr().out)
+    assert list(cfg.packing.factors) == [1, 8] and cfg.sweep.workload == "mnist_torch" and "hydra" not in cfg
+    assert not (tmp_path / "r").exists()
+
+
+def test_cfg_package_and_resolve(capsys):
+    assert main(["+sweep=mnist_pack", "--cfg", "job", "-p", "sweep.grid", "--resolve"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# @package sweep.grid") and OmegaConf.create(out).lr == [0.05, 0.1]
+    assert main(["+sweep=mnist_pack", "--cfg", "hydra"]) == 0
+    assert "hydra" in OmegaConf.create(capsys.readouterr().out)
+    assert main(["+sweep=mnist_pack", "--cfg", "jobs"]) == 2
+    assert "--cfg='jobs'" in capsys.readouterr().err
+
+
+def test_help_lists_config_groups_and_their_options(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "sweep: " in out and "mnist_pack" in out and "command" in out
+    assert "cluster: " in out and "narval" in out and "local_schema" not in out
+
+
+def test_help_sees_a_users_own_config_folder(capsys):
+    own = REPO / "examples" / "own_workload" / "conf"
+    assert main([f"hydra.searchpath=[file://{own}]", "-h"]) == 0
+    assert "quadratic_pack" in capsys.readouterr().out
+
+
+def test_info_says_versions_search_path_and_what_is_installed(capsys):
+    assert main(["--info"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("gpupack ") and "Config search path:" in out and "command" in out
+    assert "packing modes: process, tf_logical" in out and "backends: local, slurm" in out
+
+
+def test_multirun_is_refused_with_what_to_do_instead(capsys):
+    assert main(["+sweep=mnist_pack", "-m", "sweep.grid.lr=0.1,0.2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "gpupack is itself the sweeper" in err
+    assert "sweep.grid.lr=0.1,0.01" in err and "hydra/launcher=gpupack_local" in err
+
+
+def test_composing_gpupack_leaves_the_callers_hydra_version_base_alone():
+    """A notebook or Hydra app calling gpupack keeps its own version_base (job.chdir and more depend on it)."""
+    from hydra.version import VersionBase
+
+    from gpupack.compose import compose_config, group_options
+
+    before = VersionBase.instance().getbase()
+    compose_config(["+sweep=mnist_pack"])
+    group_options()
+    assert VersionBase.instance().getbase() is before
