@@ -352,6 +352,8 @@ def test_program_that_vanished_after_validation_fails_alone(tmp_path, vanishing)
     assert "could not start" in bad["error"]
     if vanishing == "program":
         assert str(gone / "tool") in bad["error"]
+    else:  # the folder is named, not the program (which is still there)
+        assert f"working directory '{gone / 'sub'}' does not exist" in bad["error"]
     assert ok["status"] == "completed" and ok["exit_code"] == 0
     ok_out = run.pack_dir(pack.pack_id) / "logs" / f"{ok['training_id']}.out"
     assert ok_out.read_text().strip() == "hello from ok"

@@ -89,7 +89,9 @@ class _Running:
             )
         except OSError as err:  # the program is gone or not executable on this node: this training fails alone
             self.proc = None
-            self.start_error = f"could not start {launch.argv[0]!r}: {err.strerror or err}"
+            where = launch.cwd if launch.cwd and not os.path.isdir(launch.cwd) else None
+            self.start_error = (f"could not start {launch.argv[0]!r}: its working directory {where!r} does not exist"
+                                if where else f"could not start {launch.argv[0]!r}: {err.strerror or err}")
             self._close()
 
     @property
