@@ -159,7 +159,7 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
              "cwd": str(cfg.hydra.runtime.cwd)} for i, o in enumerate(job_overrides)]
     task = str(cfg.hydra.job.name)
     plan = plan_in_order(sweep=task, workload=WORKLOAD, params=jobs, factor=int(p["pack"]),
-                         partition=facts.partitions[0], mode=str(p["mode"]))
+                         partition=facts.partitions[0], mode=str(p["mode"]), label=f"hydra:{task}")
     record = {"cluster": dataclasses.asdict(cluster), "hydra_launcher": dict(p), "hydra_task": task}
     return sweep.Prepared(name=task, plan=plan, run=run, backend=backend, settings=settings, config=record)
 

@@ -30,6 +30,11 @@ class Training:
     params: Mapping[str, Any]
     grid_index: int  # which grid point this training comes from
     reseed: int = 0  # 0 for the grid point itself; k > 0 for the k-th copy with a new seed
+    label: str | None = None  # how records and tables name the workload (default: its module); e.g. hydra:my_app
+
+    @property
+    def workload_label(self) -> str:
+        return self.label or self.workload
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,12 @@ class Plan:
         raise KeyError(pack_id)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": PLAN_SCHEMA, **asdict(self)}
+        data = {"schema": PLAN_SCHEMA, **asdict(self)}
+        for pack in data["packs"]:  # a label only where one is set, so plans written before labels still resume
+            for t in pack["trainings"]:
+                if t["label"] is None:
+                    del t["label"]
+        return data
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> "Plan":
@@ -178,12 +188,13 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
 
 
 def plan_in_order(*, sweep: str, workload: str, params: Sequence[Mapping[str, Any]], factor: int, partition: str,
-                  mode: str) -> Plan:
+                  mode: str, label: str | None = None) -> Plan:
     """Trainings given one by one (a Hydra multirun's jobs), in their order, in packs of ``factor``; the last pack
     may hold fewer. Nothing is repeated or reseeded: each training is one job the user asked for."""
     if factor < 1:
         raise ConfigError("pack", factor, "a pack holds at least one training", "use pack >= 1")
-    trainings = [Training(training_id(workload, p), workload, dict(p), grid_index=i) for i, p in enumerate(params)]
+    trainings = [Training(training_id(workload, p), workload, dict(p), grid_index=i, label=label)
+                 for i, p in enumerate(params)]
     chunks = [tuple(trainings[i:i + factor]) for i in range(0, len(trainings), factor)]
     packs = tuple(Pack(pack_id(partition, mode, len(c), index), partition, mode, len(c), index, c)
                   for index, c in enumerate(chunks))

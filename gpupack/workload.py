@@ -82,9 +82,9 @@ class Reporter:
         steady_s = (self.loop_end - self.steady_start) if ended and self.steady_start is not None else None
         if steady_s and self.steady_samples:
             samples_per_s = self.steady_samples / steady_s
-        elif loop_s:  # too few steps to leave warm-up out: say so through the flag below
+        elif loop_s and self.samples:  # too few steps to leave warm-up out: say so through the flag below
             samples_per_s = self.samples / loop_s
-        else:
+        else:  # no samples reported (a Hydra job, say): unknown, not 0
             samples_per_s = None
         return {
             "loop_s": loop_s,

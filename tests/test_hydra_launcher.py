@@ -54,6 +54,7 @@ def test_jobs_of_a_pack_run_at_once_each_with_hydras_job_dir(tmp_path, subproces
         assert (job_dir / "done.txt").exists() and (job_dir / "app.log").exists()
         rec = recs[num]
         assert rec["status"] == "completed" and rec["metrics"]["return_value"] == pytest.approx(lr * 10)
+        assert rec["workload"] == "hydra:app"  # the app, so two apps collected together stay apart
     # Packs of 2 in sweep order, and the two jobs of a pack overlap: each started before the other finished.
     assert recs[0]["pack_id"] == recs[1]["pack_id"] != recs[2]["pack_id"] == recs[3]["pack_id"]
     for a, b in ((0, 1), (2, 3)):
@@ -67,7 +68,7 @@ def test_jobs_of_a_pack_run_at_once_each_with_hydras_job_dir(tmp_path, subproces
     collected = subprocess.run([sys.executable, "-m", "gpupack", "collect", str(sweep_dir), "--no-plots"],
                                capture_output=True, text=True, env=subprocess_env, timeout=120)
     assert collected.returncode == 0, collected.stderr
-    assert "Best packing factor" in collected.stdout and "N=2" in collected.stdout
+    assert "Best packing factor for hydra:app on local" in collected.stdout and "N=2" in collected.stdout
 
 
 def test_a_failing_job_returns_its_failure_and_the_pack_finishes(tmp_path, subprocess_env):

@@ -107,3 +107,18 @@ def test_loader_probe_packs_one_per_distinct_pipeline_setting():
     assert plan.packs[0].probe  # probes run first
     assert any("data-loader probe" in n for n in plan.notes)
     assert [p for p in plan.packs if not p.probe and any(t.params.get("loader_only") for t in p.trainings)] == []
+
+
+def test_plan_json_has_no_label_unless_set_so_older_run_dirs_still_resume():
+    from gpupack.plan import plan_in_order
+
+    plan = make_plan(sweep="s", workload="w", grid={"lr": [0.1]}, fixed={}, factors=[1], modes=["process"],
+                     partitions=["p"], repeats=1)
+    assert "label" not in plan.to_json()["packs"][0]["trainings"][0]
+    assert Plan.from_json(plan.to_json()) == plan
+    labelled = plan_in_order(sweep="app", workload="gpupack.hydra_job", params=[{"job_num": 0}, {"job_num": 1},
+                             {"job_num": 2}], factor=2, partition="p", mode="process", label="hydra:app")
+    assert [p.factor for p in labelled.packs] == [2, 1]  # in order; the last pack holds the rest
+    assert [t.params["job_num"] for p in labelled.packs for t in p.trainings] == [0, 1, 2]
+    assert labelled.packs[0].trainings[0].workload_label == "hydra:app"
+    assert Plan.from_json(labelled.to_json()) == labelled

@@ -46,3 +46,11 @@ def test_long_trainings_keep_a_bounded_curve(monkeypatch):
     assert all(rate == pytest.approx(5.0) for _, rate in curve[:-1])  # 5 samples per 1 s tick, however merged
     assert 0 < curve[-1][1] <= 5.0  # the last, partial window
     assert [t for t, _ in curve] == sorted(t for t, _ in curve)
+
+
+def test_a_loop_that_reports_no_samples_has_no_throughput():
+    """A Hydra job (or any training that never calls step): samples/s is unknown, not 0."""
+    rep = workload.Reporter()
+    rep.loop_started()
+    rep.loop_ended()
+    assert rep.summary()["samples_per_s"] is None

@@ -103,7 +103,7 @@ def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pa
                           model: str | None = None) -> dict[str, Any]:
     result = outcome.result or {}
     return training_record(
-        sweep=sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload,
+        sweep=sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload_label,
         params=dict(training.params), grid_index=training.grid_index, reseed=training.reseed,
         mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=concurrent, probe=pack.probe,
         gpu_type=device.name if device.kind == "gpu" else "cpu", device=ctx_device, device_name=device.name,
@@ -174,7 +174,7 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
         n_oom=sum(r["status"] == OOM for r in records),
         started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
         cores=cores, threads_per_training=threads, host=socket.gethostname(), job_id=job_id(),
-        workload=pack.trainings[0].workload if pack.trainings else None,
+        workload=pack.trainings[0].workload_label if pack.trainings else None,
         # What the scheduler gave the job, to cross-check with sacct's gres/gpu.
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), slurm_job_gpus=os.environ.get("SLURM_JOB_GPUS"),
         slurm_partition=os.environ.get("SLURM_JOB_PARTITION"),
