@@ -48,7 +48,8 @@ class Records:
     packs: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)  # planned packs with no pack record yet
-    grid_sizes: list[int] = field(default_factory=list)  # trainings in each run's sweep grid
+    # Trainings in each sweep's grid: one entry per run, or per Hydra multirun (its launches, launch_*, add up).
+    grid_sizes: dict[str, int] = field(default_factory=dict)
     rgu: dict[str, float] = field(default_factory=dict)  # the RGU table the first run was configured with
 
 
@@ -65,6 +66,9 @@ def flatten_pack(rec: dict[str, Any]) -> dict[str, Any]:
     sampled = rec.get("sampler") or {}
     for key in PACK_FLAT:
         row[f"sampler_{key}"] = sampled.get(key)
+    # The sampler's peak RSS of each training's process: what a program that reports nothing itself is known by.
+    row["sampler_peak_rss_by_training"] = {tid: t.get("peak_rss_mb") for tid, t in
+                                           (sampled.get("per_training") or {}).items()}
     return row
 
 
@@ -96,7 +100,8 @@ def load_records(run_dirs: Sequence[Path]) -> Records:
         packs += _read_all(sorted(run.root.glob("packs/*/pack.json")), "pack", run.root, out.warnings)
         if run.plan.exists():
             plan = read_json(run.plan)
-            out.grid_sizes.append(int(plan.get("grid_size", 0)))
+            sweep_key = str(run.root.parent if run.root.name.startswith("launch_") else run.root)
+            out.grid_sizes[sweep_key] = out.grid_sizes.get(sweep_key, 0) + int(plan.get("grid_size", 0))
             out.pending += [f"{run.root}:{p['pack_id']}" for p in plan["packs"]
                             if not run.pack_record(p["pack_id"]).exists()]
         if run.config.exists() and not out.rgu:
@@ -128,14 +133,18 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     t["is_oom"] = t["status"] == OOM
     for col in ("startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb", "peak_gpu_mem_mb"):
         t[col] = pd.to_numeric(t.get(col), errors="coerce")
+    t["peak_rss_mb"] = t["peak_rss_mb"].fillna(_sampled_rss(t, packs))
     if "gpu_model" not in t:
         t["gpu_model"] = None
     keys = GROUP + ["factor"]
-    timed = packs[packs["complete"].astype(bool)].copy()
+    # Timed: packs whose N trainings ran together and of which at least one completed (a pack whose every
+    # training failed at once says nothing of how long a training takes).
+    completed = pd.to_numeric(packs.get("n_completed", pd.Series(1, index=packs.index)), errors="coerce").fillna(1)
+    timed = packs[packs["complete"].astype(bool) & (completed > 0)].copy()
     for col in ("wall_s", "factor", "sampler_gpu_util_mean", "sampler_cpu_percent_mean", "sampler_gpu_mem_used_peak_mb"):
         timed[col] = pd.to_numeric(timed.get(col), errors="coerce")
     timed["time_per_training_s"] = timed["wall_s"] / timed["factor"]
-    pack_samples = t.groupby("pack_id")["samples"].sum()
+    pack_samples = t.groupby("pack_id")["samples"].sum().replace(0, math.nan)  # none reported: unknown, not 0
     timed["pack_samples_per_s"] = pd.to_numeric(timed["pack_id"].map(pack_samples), errors="coerce") / timed["wall_s"]
     workload_of = t.drop_duplicates("pack_id").set_index("pack_id")["workload"]
     timed["workload"] = timed["pack_id"].map(workload_of)
@@ -170,6 +179,14 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     out["loader_bound_samples_per_s"] = [bounds.get(p, math.nan) for p in out["partition"]]
     out["loader_bound"] = out["samples_per_s"] >= LOADER_BOUND_FRACTION * out["loader_bound_samples_per_s"]
     return out.sort_values(keys).reset_index(drop=True)
+
+
+def _sampled_rss(t: pd.DataFrame, packs: pd.DataFrame) -> pd.Series:
+    """Each training's peak RSS as the pack's sampler saw it (by training id)."""
+    peaks: dict[str, Any] = {}
+    for by_training in packs.get("sampler_peak_rss_by_training", pd.Series(dtype=object)).dropna():
+        peaks.update(by_training)
+    return pd.to_numeric(t["training_id"].map(peaks), errors="coerce")
 
 
 def _not_probes(frame: pd.DataFrame) -> pd.DataFrame:
@@ -304,7 +321,7 @@ def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = No
     summary = summarize(records.trainings, records.packs)
     best = best_factors(summary)
     overall = best_factors(summary, by=("workload", "partition", "gpu_type"))
-    n = sweep_trainings or max(records.grid_sizes or [0]) or int(records.trainings["training_id"].nunique()
+    n = sweep_trainings or max(records.grid_sizes.values(), default=0) or int(records.trainings["training_id"].nunique()
                                                                  if not records.trainings.empty else 0)
     cost = cost_table(overall, weights if weights is not None else records.rgu, n)
     return Collected(records, summary, best, overall, best_hyperparameters(records.trainings), cost, n,

@@ -43,8 +43,11 @@ def grid_overrides(overrides: Sequence[str]) -> list[str]:
             ov = parser.parse_override(text)
         except (OverrideParseException, HydraException) as err:
             key, _, value = text.partition("=")
-            raise ConfigError(key, value, f"cannot parse ({_first_line(err)})",
-                              "write key=value, quoting values with special characters: key='a b'") from None
+            hint = "write key=value, quoting values with special characters: key='a b'"
+            if "{" in value:  # a command argv template: braces must be quoted inside Hydra's list syntax
+                hint = ("quote each templated item inside the list, and the whole override for the shell: "
+                        "'sweep.fixed.argv=[python,train.py,--lr,\"{lr}\"]'")
+            raise ConfigError(key, value, f"cannot parse ({_first_line(err)})", hint) from None
         if not ov.is_sweep_override():
             # Grid axes and fixed hyperparameters are checked against the workload's Params (with a
             # did-you-mean), so a user may set any of them without Hydra's "+" for new keys.
@@ -96,6 +99,12 @@ def translate(err: Exception, overrides: Sequence[str]) -> ConfigError:
         m = re.search(r"Key '([^']+)' is not in struct", msg) or re.search(r"Key '([^']+)' not in '", msg)
         if m:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
+            given = next((o.lstrip("+~") for o in overrides if o.lstrip("+~").startswith(f"{key}.")), None)
+            if not parent and given:  # grid.lr=... for sweep.grid.lr=...: name the key the user meant
+                meant = next((f"{g}.{given}" for g in ("sweep", "packing", "cluster") if key in _keys_under(g)), None)
+                if meant:
+                    return ConfigError(given.split("=", 1)[0], given.split("=", 1)[1], "unknown config key",
+                                       f"did you mean {meant}?")
             return ConfigError(key, _value_for(key, overrides), "unknown config key",
                                nearest(m.group(1), _keys_under(parent)) +
                                (" (add a new grid axis with +sweep.grid.NAME=[...])"

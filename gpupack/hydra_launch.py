@@ -142,7 +142,8 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
         f"partitions.{label}.gpu": "gres", f"partitions.{label}.slurm_partition": "partition",
         f"partitions.{label}.request": "gpus_per_node"})
     facts = sweep.ask_backend(backend, [])
-    check_fit([p["pack"]], facts, key=lambda i: f"{KEY}.pack")
+    # The largest pack this batch really makes: pack=8 with 2 jobs asks for 2 jobs' share, not 8.
+    check_fit([min(p["pack"], len(job_overrides))], facts, key=lambda i: f"{KEY}.pack", noun="jobs")
     settings = PackSettings(device=p["device"], threads_per_training=p.get("threads_per_job"),
                             training_timeout_s=p.get("job_timeout_s"), gpu_model=p.get("gpu_model"),
                             sample_interval_s=float(p["sample_interval_s"]), mps=bool(p.get("mps")))
@@ -161,7 +162,8 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     plan = plan_in_order(sweep=task, workload=WORKLOAD, params=jobs, factor=int(p["pack"]),
                          partition=facts.partitions[0], mode=str(p["mode"]), label=f"hydra:{task}")
     record = {"cluster": dataclasses.asdict(cluster), "hydra_launcher": dict(p), "hydra_task": task}
-    return sweep.Prepared(name=task, plan=plan, run=run, backend=backend, settings=settings, config=record)
+    return sweep.Prepared(name=task, plan=plan, run=run, backend=backend, settings=settings, config=record,
+                          capacities=dict(facts.capacities))
 
 
 def make_sweep_dir(cfg: Any) -> None:
@@ -210,13 +212,16 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         return []
     try:
         prepared = prepare(launcher, job_overrides, initial_job_idx)  # nothing is written before this returns
-    except ConfigError as err:
-        raise LauncherConfigError(err.key, err.value, err.why, err.hint) from None
+    except ConfigError as err:  # in the user's words: the gres they wrote, the pack they asked for
+        value = {f"{KEY}.gres": launcher.params.get("gres"), f"{KEY}.pack": launcher.params.get("pack")}.get(err.key,
+                                                                                                         err.value)
+        raise LauncherConfigError(err.key, value, err.why, err.hint) from None
     make_sweep_dir(launcher.config)
     pack = launcher.params["pack"]
+    gpu = any(c.has_gpu for c in prepared.capacities.values()) and prepared.settings.device != "cpu"
     log.info(f"gpupack '{launcher.backend}' launcher: {len(job_overrides)} job(s) in {len(prepared.plan.packs)} "
-             f"pack(s) of up to {pack} per {'GPU' if prepared.settings.device != 'cpu' else 'device'}; records in "
-             f"{prepared.run.root}")
+             f"pack(s) of up to {pack} per {'GPU' if gpu else 'device (no GPU: packs share the CPU cores)'}; "
+             f"records in {prepared.run.root}")
     for i, overrides in enumerate(job_overrides):
         log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}")
 

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpupack import collect as collect_mod
 from gpupack.compose import compose_config
 from gpupack.errors import RunDirError
+from gpupack.pack import Capacity
 from gpupack.pack.job import PackSettings
 from gpupack.plan import Pack, Plan
 from gpupack.records import is_completed, read_json, write_json_atomic
@@ -45,6 +46,7 @@ class Prepared:
     config: Any  # what config.yaml records (a DictConfig or a plain mapping)
     wait: bool = True
     spec: Any = None  # the validated SweepSpec, when prepared from gpupack's own config
+    capacities: Mapping[str, Capacity] = field(default_factory=dict)  # what the backend said each partition holds
 
     @property
     def resumes(self) -> bool:
@@ -106,11 +108,12 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
     run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(check_name("sweep.name", cfg.sweep.name)))
     backend = load_submitter(cfg.cluster.backend, cfg.cluster, run)
     check_packing(cfg)  # the factors are whole numbers before the backend is asked what a pack of N needs
-    spec = validate(cfg, ask_backend(backend, cfg.partitions))
+    facts = ask_backend(backend, cfg.partitions)
+    spec = validate(cfg, facts)
     if not cfg.wait:
         backend.require_detachable()  # said before anything is written
     return Prepared(name=spec.name, plan=spec.plan(), run=run, backend=backend, settings=spec.settings, config=cfg,
-                    wait=bool(cfg.wait), spec=spec)
+                    wait=bool(cfg.wait), spec=spec, capacities=dict(facts.capacities))
 
 
 # ---------------- the run directory ----------------

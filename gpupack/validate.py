@@ -105,17 +105,17 @@ def _check_estimate(cfg: DictConfig) -> None:
                               f"raise it above {estimate:g} s (cluster.timeout_min is in minutes)")
 
 
-def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], str]) -> None:
+def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], str], noun: str = "trainings") -> None:
     """Each pack of N must fit what one job on each partition can have (CPUs, host memory). Pure."""
     for name, cap in facts.capacities.items():
         for i, n in enumerate(factors):
             req = facts.request(n)
             if cap.max_cpus and req.cpus and req.cpus > cap.max_cpus:
-                raise ConfigError(key(i), n, f"{n} trainings x {req.cpus_key}={req.cpus_each:g} = {req.cpus} CPUs, but "
+                raise ConfigError(key(i), n, f"{n} {noun} x {req.cpus_key}={req.cpus_each:g} = {req.cpus} CPUs, but "
                                   f"one {name} GPU job gets at most {cap.max_cpus}",
-                                  f"lower N, or set {req.cpus_key}={cap.max_cpus / n:.2g} so N trainings share the cores")
+                                  f"lower N, or set {req.cpus_key}={cap.max_cpus / n:.2g} so N {noun} share the cores")
             if cap.max_mem_mb and req.mem_mb and req.mem_mb > cap.max_mem_mb:
-                raise ConfigError(key(i), n, f"{n} trainings x {req.mem_key}={req.mem_gb_each:g} = "
+                raise ConfigError(key(i), n, f"{n} {noun} x {req.mem_key}={req.mem_gb_each:g} = "
                                   f"{req.mem_mb / 1024:.1f} GB, but a {name} node has {cap.max_mem_mb / 1024:.1f} GB",
                                   f"lower N or {req.mem_key}")
 

@@ -46,6 +46,9 @@ CASES = [
                                                                          "estimate"]),
     (["sweep.fixed.batch_size=0"], ["sweep.fixed.batch_size=0", "HINT"]),
     (["sweep.grid.seed=[a]"], ["sweep.grid.seed='a'", "HINT"]),
+    (["grid.lr=[0.1]"], ["grid.lr='[0.1]'", "did you mean sweep.grid.lr=[0.1]"]),
+    (["sweep.workload=command", "sweep.fixed.argv=[python,t.py,--lr,{lr}]"],
+     ["sweep.fixed.argv=", "cannot parse", '"{lr}"']),
 ]
 
 

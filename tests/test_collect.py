@@ -266,3 +266,20 @@ def test_loader_bound_and_knob_table(run):
     assert bool(knobs.loc[("64", 1), "loader_bound"]) is True  # 950 >= 0.9 x 1000: the loader is the limit
     assert bool(knobs.loc[("256", 1), "loader_bound"]) is False  # 2000 < 0.9 x 4000
     assert bool(knobs.loc[("64", 2), "loader_bound"]) is False
+
+
+def test_sweep_size_of_a_multirun_adds_up_its_launches(tmp_path):
+    """Optuna launches a multirun in batches (one gpupack run each): the sweep costed is all of them."""
+    from gpupack.collect import load_records
+    from gpupack.plan import plan_in_order
+
+    for first, n in ((0, 2), (2, 2), (4, 1)):
+        run = RunDir(tmp_path / "mr" / ".gpupack" / f"launch_{first:06d}")
+        plan = plan_in_order(sweep="app", workload="w", params=[{"job_num": first + i} for i in range(n)], factor=2,
+                             partition="local", mode="process")
+        write_json_atomic(run.plan, plan.to_json())
+    other = RunDir(tmp_path / "other")
+    write_json_atomic(other.plan, plan_in_order(sweep="s", workload="w", params=[{"k": 1}], factor=1,
+                                                partition="local", mode="process").to_json())
+    records = load_records([tmp_path / "mr" / ".gpupack" / f"launch_{k:06d}" for k in (0, 2, 4)] + [other.root])
+    assert records.grid_sizes == {str(tmp_path / "mr" / ".gpupack"): 5, str(other.root): 1}

@@ -137,10 +137,10 @@ def _sacct_jobs(env) -> set[str]:
 
 
 SLURM_BAD = [
-    (["hydra.launcher.pack=9"], "hydra.launcher.pack=9"),  # 9 jobs x 1 CPU > the 8 CPUs of a node
-    (["hydra.launcher.pack=4", "hydra.launcher.mem_gb=5"], "hydra.launcher.pack=4"),  # 20 GB > 16 GB
+    (["hydra.launcher.pack=9"], "hydra.launcher.pack=9: 9 jobs x hydra.launcher.cpus_per_task=1"),  # > 8 CPUs
+    (["hydra.launcher.pack=4", "hydra.launcher.mem_gb=5"], "hydra.launcher.pack=4: 4 jobs x hydra.launcher.mem_gb=5"),
     (["hydra.launcher.gres=gpu:p100:2"], "hydra.launcher.gres='gpu:p100:2'"),
-    (["hydra.launcher.gres=gpu:k80:1"], "hydra.launcher.gres='k80'"),
+    (["hydra.launcher.gres=gpu:k80:1"], "hydra.launcher.gres='gpu:k80:1'"),
     (["hydra.launcher.gres=null", "hydra.launcher.gpus_per_node=2"], "hydra.launcher.gpus_per_node=2"),
     (["hydra.launcher.partition=nowhere"], "hydra.launcher.partition='nowhere'"),
 ]
@@ -151,10 +151,22 @@ SLURM_BAD = [
 def test_bad_slurm_launcher_input_submits_nothing(tmp_path, slurm_env, overrides, needle):
     sweep_dir = tmp_path / "mr"
     before = _sacct_jobs(slurm_env)
-    proc = multirun(APP, [*SLURM, *overrides, "lr=0.1,0.2", f"hydra.sweep.dir={sweep_dir}"], tmp_path, slurm_env,
+    nine_jobs = "lr=" + ",".join(str(k / 10) for k in range(1, 10))  # a pack of 9 is only made from 9 jobs
+    proc = multirun(APP, [*SLURM, *overrides, nine_jobs, f"hydra.sweep.dir={sweep_dir}"], tmp_path, slurm_env,
                     timeout=120)
     _refused_before_anything_ran(proc, sweep_dir, needle)
     assert _sacct_jobs(slurm_env) == before
+
+
+@pytest.mark.slurm
+def test_a_pack_larger_than_the_batch_asks_only_for_the_jobs_it_holds(tmp_path, slurm_env):
+    """pack=16 with 2 jobs makes one pack of 2: it asks for 2 jobs' CPUs and is not refused for 16."""
+    sweep_dir = tmp_path / "mr"
+    proc = multirun(APP, [*SLURM, "hydra.launcher.pack=16", "lr=0.1,0.2", "sleep_s=0", f"hydra.sweep.dir={sweep_dir}"],
+                    tmp_path, slurm_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    script = next(sweep_dir.glob(".gpupack/*/submitit/*/*_submission.sh")).read_text()
+    assert "#SBATCH --cpus-per-task=2" in script and "#SBATCH --mem=2048M" in script
 
 
 @pytest.mark.slurm

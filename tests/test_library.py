@@ -166,3 +166,32 @@ def test_composing_gpupack_leaves_the_callers_hydra_version_base_alone():
     compose_config(["+sweep=mnist_pack"])
     group_options()
     assert VersionBase.instance().getbase() is before
+
+
+@pytest.mark.parametrize("ok, record, expected", [
+    (True, {"n_failed": 0}, DONE),
+    (True, {"n_failed": 2}, FAILED),  # the job ended, but trainings failed: not "done" in the progress lines
+    (False, None, FAILED),
+])
+def test_a_pack_with_failed_trainings_shows_failed_in_progress(ok, record, expected):
+    from gpupack.submit import PackResult, progress_state
+
+    assert progress_state(PackResult("p", "local", "1", ok=ok, record=record)) == expected
+
+
+def test_packs_whose_every_training_failed_are_not_timed():
+    import pandas as pd
+
+    from gpupack.collect import summarize
+
+    trainings = pd.DataFrame([{"training_id": f"t{i}", "pack_id": p, "workload": "w", "partition": "local",
+                               "gpu_type": "cpu", "mode": "process", "factor": n, "status": s, "samples": 0}
+                              for i, (p, n, s) in enumerate([("a", 1, "failed"), ("b", 2, "completed"),
+                                                             ("b", 2, "completed")])])
+    packs = pd.DataFrame([{"pack_id": "a", "factor": 1, "complete": True, "wall_s": 0.1, "n_completed": 0,
+                           "partition": "local", "gpu_type": "cpu", "mode": "process"},
+                          {"pack_id": "b", "factor": 2, "complete": True, "wall_s": 4.0, "n_completed": 2,
+                           "partition": "local", "gpu_type": "cpu", "mode": "process"}])
+    out = summarize(trainings, packs).set_index("factor")
+    assert pd.isna(out.loc[1, "time_per_training_s"]) and out.loc[1, "failed"] == 1
+    assert out.loc[2, "time_per_training_s"] == 2.0 and pd.isna(out.loc[2, "pack_samples_per_s"])

@@ -164,6 +164,11 @@ def load_submitter(backend: str, cluster: Any, run: RunDir, key: str = "cluster.
     return backend_class(backend, key)(cluster, run, **keys)
 
 
+def progress_state(result: PackResult) -> str:
+    """How a finished pack shows in progress: done only when its job ran to its end and no training failed."""
+    return DONE if result.ok and not (result.record or {}).get("n_failed") else FAILED
+
+
 def job_result(pack: Pack, job: submitit.Job) -> PackResult:
     """How a finished submitit job ended: its pack record, or the error submitit re-raises."""
     try:

@@ -19,7 +19,7 @@ from gpupack.pack import Capacity
 from gpupack.pack.job import PackSettings, job_cores
 from gpupack.plan import Pack
 from gpupack.rundir import check_name
-from gpupack.submit import PackJob, PackResult, ProgressFn, Submitter, job_result
+from gpupack.submit import PackJob, PackResult, ProgressFn, Submitter, job_result, progress_state
 
 POLL_S = 0.2
 
@@ -90,7 +90,7 @@ class LocalSubmitter(Submitter):
                 pack, gpus, job = item
                 free.append(gpus)
                 results.append(job_result(pack, job))
-                progress(pack, "done" if results[-1].ok else "failed")
+                progress(pack, progress_state(results[-1]))
         return results
 
 

@@ -24,7 +24,7 @@ from gpupack.pack import Capacity
 from gpupack.pack.job import PackSettings
 from gpupack.plan import Pack
 from gpupack.submit import (DONE, FAILED, PENDING, RUNNING, PackJob, PackRequest, PackResult, ProgressFn, Submitter,
-                            job_result)
+                            job_result, progress_state)
 
 ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")
 REQUEST_FORMS = ("gpus_per_node", "gres", "none")  # what Alliance users export in their shell
@@ -265,7 +265,7 @@ class SlurmSubmitter(Submitter):
                 if job.done():
                     waiting.remove((pack, job))
                     results.append(job_result(pack, job))
-                    progress(pack, "done" if results[-1].ok else "failed")
+                    progress(pack, progress_state(results[-1]))
                 elif job.state.split(" ")[0] == "RUNNING" and shown.get(pack.pack_id) != "running":
                     shown[pack.pack_id] = "running"
                     progress(pack, "running")
