@@ -47,6 +47,13 @@ class PackingConfig:
     device: str = "auto"
     # process mode on a GPU node: run the N trainings under CUDA MPS (started and always stopped by the pack).
     mps: bool = False
+    # process mode: how each training's process starts. auto: forked from one preloaded server per pack (the
+    # framework, the workload and its data imported once) when the workload allows it, else a fresh interpreter;
+    # fork: require the server; fresh: always a fresh interpreter (what command and TensorFlow workloads use).
+    start: str = "auto"
+    # process mode: bind each training to its own share of the job's cores (sched_setaffinity) instead of letting
+    # N trainings float over all of them.
+    cpu_affinity: bool = False
     # tf_logical mode on a GPU: the GPU memory shared out among the N logical GPUs (MB); null: the GPU's
     # memory less tf_gpu_memory_reserve_mb, kept back for the CUDA context and TensorFlow itself.
     tf_gpu_memory_budget_mb: Optional[int] = None

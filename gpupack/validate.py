@@ -21,6 +21,7 @@ from gpupack.submit import PackRequest
 from gpupack.workload import Workload, load_workload
 
 DEVICES = ("auto", "cpu", "cuda")
+STARTS = ("auto", "fork", "fresh")
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,8 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
         value = packing[key]
         if value is not None and not value > 0:
             raise ConfigError(f"packing.{key}", value, "must be > 0 or null", "leave it null for no limit")
+    if packing.start not in STARTS:
+        raise ConfigError("packing.start", packing.start, "unknown start method", nearest(packing.start, STARTS))
     if packing.device not in DEVICES:
         raise ConfigError("packing.device", packing.device, "unknown device", nearest(packing.device, DEVICES))
     return factors, modes
@@ -150,7 +153,8 @@ def pack_settings(packing: Any) -> PackSettings:
     return PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
                         training_timeout_s=packing.training_timeout_s,
                         memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
-                        sample_interval_s=packing.sample_interval_s, mps=packing.mps,
+                        sample_interval_s=packing.sample_interval_s, mps=packing.mps, start=packing.start,
+                        cpu_affinity=packing.cpu_affinity,
                         tf_gpu_memory_budget_mb=packing.tf_gpu_memory_budget_mb,
                         tf_gpu_memory_reserve_mb=packing.tf_gpu_memory_reserve_mb)
 

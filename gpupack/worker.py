@@ -57,14 +57,16 @@ def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, process_start: float | None = None) -> int:
+    """Train as the spec says and write the result. ``process_start``: when this training's process began (a
+    child forked by the fork server began at its fork, not when this module was imported in the server)."""
     from gpupack.records import write_json_atomic
 
     args = sys.argv[1:] if argv is None else argv
     spec_path = Path(args[0])
     spec = json.loads(spec_path.read_text())
     try:
-        result = run_training(spec, _PROCESS_START)
+        result = run_training(spec, _PROCESS_START if process_start is None else process_start)
     except Exception:  # the packer records the failure from the exit code and the stderr tail
         traceback.print_exc()
         return 1

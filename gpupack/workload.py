@@ -13,7 +13,7 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
 
 from gpupack.errors import ConfigError, nearest
 
@@ -130,9 +130,18 @@ class Workload(ABC):
     knob_keys: ClassVar[tuple[str, ...]] = ()
     # GPU memory one training needs at the least (MB): TF logical splits smaller than this are refused.
     min_gpu_memory_mb: ClassVar[int] = 256
+    # Process mode may fork this workload's trainings from one preloaded server (fast start): true only when
+    # importing it, its framework and its data starts no thread and touches no device. TensorFlow starts threads
+    # at import, so TF workloads run as fresh interpreters.
+    forkable: ClassVar[bool] = False
 
     def check(self, params: Any) -> None:
         """Static checks run before submission (data present, values in range). Raise ConfigError."""
+
+    def preload(self, params: Sequence[Any]) -> None:
+        """In the fork server, once, before any training of the pack is forked: import what every training imports
+        and read what they all read (``params`` are theirs), so each starts with it in memory. Never touch a device:
+        no CUDA context may exist before a fork."""
 
     # ---- hyperparameters: typed by the Params dataclass (a workload with open hyperparameters overrides these) ----
 

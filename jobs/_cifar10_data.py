@@ -5,6 +5,8 @@ No PyPI package ships the CIFAR-10 images, and compute nodes have no internet: u
 """
 from __future__ import annotations
 
+import functools
+
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,7 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(images), np.asarray(batch[b"labels"], dtype=np.uint8)
 
 
+@functools.lru_cache(maxsize=4)  # read once per process: the fork server's copy is shared by every forked training
 def load(data_dir: str | None) -> Cifar10:
     folder = find_dir(data_dir)
     parts = [_read(folder / name) for name in TRAIN]

@@ -5,6 +5,8 @@ Compute nodes have no internet, so nothing is ever downloaded: with no data path
 """
 from __future__ import annotations
 
+import functools
+
 import gzip
 import struct
 from dataclasses import dataclass
@@ -76,6 +78,7 @@ def read_idx(path: Path) -> np.ndarray:
     return data.reshape(dims).copy()  # writable: torch.from_numpy warns on read-only buffers
 
 
+@functools.lru_cache(maxsize=4)  # read once per process: the fork server's copy is shared by every forked training
 def load(data_dir: str | None) -> Mnist:
     directory = resolve_dir(data_dir)
     files = find_files(directory)

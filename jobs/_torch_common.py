@@ -7,6 +7,14 @@ from typing import Any
 from gpupack.workload import TrainingContext
 
 
+def preload(load: Any, params: Any) -> None:
+    """What a torch workload's fork server does once: import torch and read each data folder the pack uses."""
+    import torch  # noqa: F401  (imported, never initialised on a device)
+
+    for data_dir in sorted({p.data_dir for p in params}, key=str):
+        load(data_dir)
+
+
 def images(torch: Any, x: Any) -> Any:
     """uint8 images (n, H, W) or (n, H, W, C) as float NCHW tensors in [0, 1]."""
     t = torch.from_numpy(x).float().div_(255.0)

@@ -21,6 +21,7 @@ class Cifar10TorchParams(TorchLoaderParams):
 class Cifar10Torch(Workload):
     name = "cifar10_torch"
     framework = "torch"
+    forkable = True  # torch imports without threads or CUDA: trainings fork from a preloaded server
     Params = Cifar10TorchParams
     loader_param, loader_keys, knob_keys = LOADER_PARAM, TORCH_LOADER_KEYS, TORCH_KNOBS
 
@@ -28,6 +29,9 @@ class Cifar10Torch(Workload):
         require_positive(params, "lr", "batch_size", "epochs", "width", "blocks", "train_samples",
                          "val_samples")
         _cifar10_data.find_dir(params.data_dir)
+
+    def preload(self, params: Any) -> None:
+        common.preload(_cifar10_data.load, params)
 
     def train(self, params: Cifar10TorchParams, ctx: TrainingContext) -> dict[str, Any]:
         return common.run(params, ctx, _cifar10_data.load(params.data_dir),

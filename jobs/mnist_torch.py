@@ -26,6 +26,7 @@ class MnistTorchParams(TorchLoaderParams):
 class MnistTorch(Workload):
     name = "mnist_torch"
     framework = "torch"
+    forkable = True  # torch imports without threads or CUDA: trainings fork from a preloaded server
     Params = MnistTorchParams
     loader_param, loader_keys, knob_keys = LOADER_PARAM, TORCH_LOADER_KEYS, TORCH_KNOBS
 
@@ -36,6 +37,9 @@ class MnistTorch(Workload):
         if params.num_workers < 0:
             raise ConfigError("num_workers", params.num_workers, "must be >= 0", "use 0 or more")
         _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))
+
+    def preload(self, params: Any) -> None:
+        common.preload(_mnist_data.load, params)
 
     def train(self, params: MnistTorchParams, ctx: TrainingContext) -> dict[str, Any]:
         return common.run(params, ctx, _mnist_data.load(params.data_dir), lambda nn: _build(params, nn))

@@ -49,3 +49,18 @@ def slurm_env() -> dict[str, str]:
             pytest.fail(message)
         pytest.skip(message)
     return env
+
+
+def training_process(err_log) -> "object | None":
+    """The running process of a training, found by its stderr log (fd 2): a fresh interpreter and a child forked
+    by the fork server both hold it open, while only the first has the spec in its command line."""
+    import psutil
+
+    target = str(err_log)
+    for proc in psutil.process_iter():
+        try:
+            if any(f.path == target for f in proc.open_files()):
+                return proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None

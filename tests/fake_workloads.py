@@ -29,16 +29,24 @@ class ProbeParams:
     hang: bool = False
     # Comma-separated environment variables the training reports back (to see what the packer gave it).
     report_env: str = ""
+    # Make the pack's fork server fail while preloading (its trainings must then start fresh).
+    preload_fail: bool = False
 
 
 class Probe(Workload):
     name = "probe"
     framework = "torch"
+    forkable = True  # pure Python: its trainings fork from the pack's server like the torch workloads'
+
     Params = ProbeParams
 
     def check(self, params: ProbeParams) -> None:
         if params.steps < 1:
             raise ConfigError("steps", params.steps, "must be >= 1", "use a positive step count")
+
+    def preload(self, params: Any) -> None:
+        if any(p.preload_fail for p in params):
+            raise RuntimeError("preload failure on purpose")
 
     def train(self, params: ProbeParams, ctx: TrainingContext) -> dict[str, Any]:
         if params.marker and not os.path.exists(params.marker):
@@ -63,7 +71,8 @@ class Probe(Workload):
         # Deterministic "accuracy" so ranking tests know the answer: higher lr scores higher.
         env = {k: os.environ.get(k) for k in params.report_env.split(",") if k}
         return {"train_loss": 1.0 / (1 + params.lr), "val_accuracy": min(params.lr, 1.0), "tag": params.tag,
-                "env": env, "data": "probe (no data)"}
+                "env": env, "data": "probe (no data)", "pid": os.getpid(), "own_session": os.getsid(0) == os.getpid(),
+                "cpus": sorted(os.sched_getaffinity(0)), "cwd": os.getcwd()}
 
 
 WORKLOAD = Probe()

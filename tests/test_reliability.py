@@ -75,28 +75,32 @@ def test_fault_is_recorded_and_others_finish(tmp_path, fault, settings, status, 
     assert rec["n_oom"] == (1 if status == "oom" else 0)
 
 
-def test_sigkilled_training_is_recorded_as_killed(tmp_path):
+@pytest.mark.parametrize("start", ["fork", "fresh"])
+def test_sigkilled_training_is_recorded_as_killed(tmp_path, start):
     run, pack = _pack(tmp_path, {"hang": True})
     faulty = next(t for t in pack.trainings if t.params["tag"] == "faulty")
-    spec = str(run.work(pack.pack_id, faulty.training_id, "spec"))
+    err_log = run.log(pack.pack_id, faulty.training_id, "err")
 
     def kill_when_started() -> None:
+        from tests.conftest import training_process
+
         for _ in range(400):
-            for proc in psutil.process_iter(["cmdline"]):
-                if spec in " ".join(proc.info["cmdline"] or []):
-                    time.sleep(0.5)
-                    proc.send_signal(signal.SIGKILL)
-                    return
+            proc = training_process(err_log)
+            if proc is not None:
+                time.sleep(0.5)
+                proc.send_signal(signal.SIGKILL)
+                return
             time.sleep(0.05)
 
     killer = multiprocessing.Process(target=kill_when_started)
     killer.start()
-    run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu"))
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", start=start))
     killer.join()
     recs = _records(run, pack)
     _assert_others_completed(recs)
     assert recs["faulty"]["status"] == "killed" and recs["faulty"]["signal"] == 9
     assert "signal 9" in recs["faulty"]["error"] or "SIGKILL" in recs["faulty"]["error"]
+    assert {r["start"] for r in recs.values()} == {start} and rec["n_completed"] == len(pack.trainings) - 1
 
 
 def test_killed_packer_takes_no_training_with_it_and_resume_runs_only_the_rest(tmp_path, subprocess_env):

@@ -148,7 +148,10 @@ def test_sweep_across_partitions_with_arrays(tmp_path, slurm_env):
     jobs = json.loads((run_dir / "jobs.json").read_text())
     n1 = [j["job_id"] for p, j in jobs.items() if "-n01-" in p and p.startswith("p100")]
     assert len(n1) == 3 and len({j.split("_")[0] for j in n1}) == 1 and all("_" in j for j in n1)  # one array
-    rows = sacct(slurm_env, [j["job_id"] for j in jobs.values()], "JobID,Partition,State,AllocTRES")
+    ids = [j["job_id"] for j in jobs.values()]
+    # slurmdbd records a job shortly after it ends: wait for accounting to list them all, then read it once.
+    assert wait_for(lambda: len(sacct(slurm_env, ids, "JobID")) == len(jobs), timeout_s=60)
+    rows = sacct(slurm_env, ids, "JobID,Partition,State,AllocTRES")
     assert len(rows) == len(jobs)
     for _job_id, partition, state, tres in rows:
         assert state == "COMPLETED" and "gres/gpu=1" in tres and partition in ("p100", "a100")

@@ -38,6 +38,8 @@ class PackSettings:
     gpu_model: str | None = None
     sample_interval_s: float = 1.0
     mps: bool = False
+    start: str = "auto"  # process mode: auto | fork | fresh
+    cpu_affinity: bool = False
     tf_gpu_memory_budget_mb: int | None = None
     tf_gpu_memory_reserve_mb: int = 1024
 

@@ -5,17 +5,16 @@ each gets its share of the cores (see :func:`gpupack.pack.threads_for`).
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
-import resource
 import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from gpupack.errors import ConfigError
+from gpupack.forkserver import ForkedProcess, ForkServer, isolate
 from gpupack.mps import mps_daemon
 from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome, worker_env, worker_spec
 from gpupack.plan import Training
@@ -24,7 +23,6 @@ from gpupack.workload import Workload, load_workload
 
 POLL_S = 0.05
 ERROR_TAIL_LINES = 20
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 KILL_GRACE_S = 5.0
 
 
@@ -43,24 +41,38 @@ def _read_result(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _child_setup(memory_limit_bytes: int | None) -> Callable[[], None]:
-    """What runs in each training's process before it starts (no Python objects of ours cross over)."""
+def _child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = None) -> Callable[[], None]:
+    """What runs in each fresh training process before it starts (no Python objects of ours cross over): be
+    SIGKILLed when the packer dies, even by SIGKILL (scancel, OOM killer), so no training outlives its job and holds
+    the GPU; then its address-space limit and its cores. A forked training does the same (gpupack.forkserver)."""
 
     def setup() -> None:
-        # Be SIGKILLed when the packer dies, even by SIGKILL (scancel, OOM killer), so no training outlives
-        # its job and holds the GPU. Linux only; elsewhere the packer's own cleanup must do.
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
-        if memory_limit_bytes:
-            resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
+        isolate(memory_limit_bytes, cpus)
 
     return setup
 
 
+def cpus_for(cores: Sequence[int], n: int, i: int) -> list[int]:
+    """The cores training ``i`` of ``n`` is bound to: its own contiguous share of the job's cores (the first
+    ``len(cores) % n`` trainings get one more), or one core each, round-robin, when trainings outnumber cores. Pure."""
+    cores = sorted(cores)
+    if n >= len(cores):
+        return [cores[i % len(cores)]]
+    share, extra = divmod(len(cores), n)
+    start = i * share + min(i, extra)
+    return cores[start:start + share + (1 if i < extra else 0)]
+
+
+def start_method(preference: str, workloads: Sequence[Workload]) -> str:
+    """fork (one preloaded server forks each training) or fresh (an interpreter per training). Pure."""
+    if preference == "fresh":
+        return "fresh"
+    return "fork" if len(workloads) == 1 and workloads[0].forkable else "fresh"
+
+
 class _Running:
-    def __init__(self, training: Training, ctx: PackContext, workload: Workload) -> None:
+    def __init__(self, training: Training, ctx: PackContext, workload: Workload, server: ForkServer | None,
+                 cpus: Sequence[int] | None) -> None:
         run, pid = ctx.run, ctx.pack.pack_id
         tid = training.training_id
         self.training = training
@@ -72,36 +84,38 @@ class _Running:
         self.result_path.unlink(missing_ok=True)  # a result left by an earlier attempt must not count
         self.started_at = time.time()
         write_json_atomic(spec_path, worker_spec(training, ctx, self.started_at))
-        self._out: IO[bytes] = open(run.log(pid, tid, "out"), "wb")
-        self._err: IO[bytes] = open(self.err_path, "wb")
         self.ended_at: float | None = None
         self.timed_out = False
         self._kill_at: float | None = None
         self.start_error: str | None = None
+        self.start = "fork" if server else "fresh"
+        self.cpus = list(cpus) if cpus else None
         # A list argv, never a shell: gpupack's worker reads hyperparameters from the spec file; a command
         # workload's argv items are templated one by one.
         launch = workload.launch(training.params, str(spec_path), str(self.result_path))
-        try:
-            self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                launch.argv, cwd=launch.cwd, stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL,
-                env={**worker_env(ctx.env, ctx.threads), **launch.env}, start_new_session=True,
-                preexec_fn=_child_setup(ctx.memory_limit_bytes),
-            )
-        except OSError as err:  # the program is gone or not executable on this node: this training fails alone
-            self.proc = None
-            where = launch.cwd if launch.cwd and not os.path.isdir(launch.cwd) else None
-            self.start_error = (f"could not start {launch.argv[0]!r}: its working directory {where!r} does not exist"
-                                if where else f"could not start {launch.argv[0]!r}: {err.strerror or err}")
-            self._close()
+        env = {**worker_env(ctx.env, ctx.threads), **launch.env}
+        out_path = run.log(pid, tid, "out")
+        self.proc: subprocess.Popen[bytes] | ForkedProcess | None = None
+        if server is not None:  # forked from the pack's preloaded server: no interpreter start, no import
+            self.proc = server.start(tid, spec_path, out_path, self.err_path, env, launch.cwd,
+                                     ctx.memory_limit_bytes, self.cpus)
+            return
+        with open(out_path, "wb") as out, open(self.err_path, "wb") as err:
+            try:
+                self.proc = subprocess.Popen(
+                    launch.argv, cwd=launch.cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                    start_new_session=True, preexec_fn=_child_setup(ctx.memory_limit_bytes, self.cpus))
+            except OSError as error:  # the program is gone or not executable on this node: it fails alone
+                where = launch.cwd if launch.cwd and not os.path.isdir(launch.cwd) else None
+                self.start_error = (f"could not start {launch.argv[0]!r}: its working directory {where!r} does "
+                                    "not exist" if where else f"could not start {launch.argv[0]!r}: "
+                                    f"{error.strerror or error}")
+                self.ended_at = time.time()
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def _close(self) -> None:
-        self.ended_at = time.time()
-        self._out.close()
-        self._err.close()
 
     def enforce(self, timeout_s: float | None) -> None:
         """Past its time limit: SIGTERM its process group, then SIGKILL after a grace period."""
@@ -126,7 +140,7 @@ class _Running:
 
     def poll(self) -> bool:
         if self.ended_at is None and self.proc is not None and self.proc.poll() is not None:
-            self._close()
+            self.ended_at = time.time()
         return self.ended_at is not None
 
     def kill(self) -> None:
@@ -137,7 +151,8 @@ class _Running:
         assert self.ended_at is not None  # internal: only called after poll() said it ended
         if self.proc is None:
             return TrainingOutcome(self.training.training_id, self.started_at, self.ended_at, None, None,
-                                   self.start_error, None, extra={"timed_out": False})
+                                   self.start_error, None, extra={"timed_out": False, "start": self.start,
+                                                                  "cpus": self.cpus})
         code = self.proc.returncode
         sig = -code if code < 0 else None
         result = None
@@ -153,13 +168,17 @@ class _Running:
         if self.timed_out:
             error = "stopped after packing.training_timeout_s; " + (error or "")
         return TrainingOutcome(self.training.training_id, self.started_at, self.ended_at, code, sig, error,
-                               result, extra={"timed_out": self.timed_out})
+                               result, extra={"timed_out": self.timed_out, "start": self.start, "cpus": self.cpus})
 
 
 class ProcessPacker(Packer):
     name = "process"
 
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
+        if getattr(settings, "start", "auto") == "fork" and not workload.forkable:
+            raise ConfigError("packing.start", "fork", f"{workload.name} cannot be forked from a preloaded server "
+                              f"({'a program of its own' if workload.framework in ('command', 'hydra') else 'its framework starts threads at import'})",
+                              "use packing.start=auto (it forks where it can) or fresh")
         if getattr(settings, "mps", False) and capacity.has_gpu is False:
             raise ConfigError("packing.mps", True, "CUDA MPS needs a GPU and this node has none",
                               "set packing.mps=false, or run on a GPU partition")
@@ -175,10 +194,18 @@ class ProcessPacker(Packer):
 
     def _run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
         running: list[_Running] = []
+        workloads = {name: load_workload(name) for name in {t.workload for t in trainings}}
+        settings = ctx.settings
+        method = start_method(getattr(settings, "start", "fresh"), list(workloads.values()))
+        cores = job_cpus()
+        cpus = [cpus_for(cores, len(trainings), i) if getattr(settings, "cpu_affinity", False) else None
+                for i in range(len(trainings))]
+        server = None
         try:
-            workloads = {name: load_workload(name) for name in {t.workload for t in trainings}}
-            for t in trainings:
-                running.append(_Running(t, ctx, workloads[t.workload]))
+            if method == "fork":
+                server = self._server(trainings, ctx)
+            for t, bound in zip(trainings, cpus):
+                running.append(_Running(t, ctx, workloads[t.workload], server, bound))
                 if running[-1].pid is not None:
                     ctx.on_started(t.training_id, running[-1].pid)
             reported: set[str] = set()
@@ -193,7 +220,30 @@ class ProcessPacker(Packer):
             for r in running:
                 r.kill()
             raise
+        finally:
+            if server is not None:
+                server.close()
         return [r.outcome() for r in running]
+
+    @staticmethod
+    def _server(trainings: Sequence[Training], ctx: PackContext) -> ForkServer | None:
+        """The pack's preloaded fork server; None (fresh interpreters, said in the server's log) if it cannot start."""
+        log = ctx.run.pack_dir(ctx.pack.pack_id) / "logs" / "forkserver.err"
+        try:
+            return ForkServer(trainings[0].workload, [t.params for t in trainings], worker_env(ctx.env, ctx.threads),
+                              log, setup=_child_setup(None))
+        except (RuntimeError, OSError) as err:
+            with open(log, "a") as f:
+                f.write(f"gpupack: {err}; starting each training as a fresh interpreter instead\n")
+            return None
+
+
+def job_cpus() -> list[int]:
+    """The cores this job may use (what SLURM or taskset gave it)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
 
 
 PACKER = ProcessPacker()

@@ -1,0 +1,109 @@
+"""Fast start: trainings forked from one preloaded server per pack keep the isolation of fresh processes (own
+process and session, environment, cores, limits, logs, exit status), and the server steps aside when it cannot
+start. CPU affinity shares the job's cores out."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gpupack.cli import main
+from gpupack.pack.job import PackSettings, run_pack
+from gpupack.pack.process import cpus_for, start_method
+from gpupack.plan import make_plan
+from gpupack.records import read_json, write_json_atomic
+from gpupack.rundir import RunDir
+from gpupack.workload import load_workload
+
+
+@pytest.mark.parametrize("cores, n, expected", [
+    ([0, 1], 1, [[0, 1]]),
+    ([0, 1], 2, [[0], [1]]),
+    ([0, 1], 3, [[0], [1], [0]]),  # more trainings than cores: one core each, round-robin
+    ([0, 1, 2, 3, 4], 2, [[0, 1, 2], [3, 4]]),  # the first gets the odd core
+    ([4, 5, 6, 7], 4, [[4], [5], [6], [7]]),  # the job's own cores, not 0..n
+    ([2, 9, 5], 1, [[2, 5, 9]]),
+])
+def test_cpus_for_shares_the_jobs_cores(cores, n, expected):
+    shares = [cpus_for(cores, n, i) for i in range(n)]
+    assert shares == expected
+    if n <= len(cores):  # disjoint, and every core used
+        assert sorted(c for s in shares for c in s) == sorted(cores)
+
+
+def test_start_method_forks_only_what_can_be_forked():
+    torch_like, tf, command = load_workload("mnist_torch"), load_workload("mnist_tf"), load_workload("command")
+    assert start_method("auto", [torch_like]) == "fork"
+    assert start_method("fresh", [torch_like]) == "fresh"
+    assert start_method("auto", [tf]) == "fresh" and start_method("auto", [command]) == "fresh"
+
+
+def _pack(tmp_path, n=2, **params):
+    plan = make_plan(sweep="fs", workload="tests.fake_workloads", grid={"tag": [f"t{i}" for i in range(n)]},
+                     fixed={"steps": 5, "sleep_s": 0.01, "report_env": "OMP_NUM_THREADS,CUDA_VISIBLE_DEVICES,MARK",
+                            **params}, factors=[n], modes=["process"], partitions=["local"], repeats=1)
+    run = RunDir(tmp_path / "run")
+    write_json_atomic(run.plan, plan.to_json())
+    return run, plan.packs[0]
+
+
+def _records(run, pack):
+    return {t.params["tag"]: read_json(run.training_record(pack.pack_id, t.training_id)) for t in pack.trainings}
+
+
+def test_forked_trainings_are_processes_of_their_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setenv("MARK", "from-the-job")
+    run, pack = _pack(tmp_path, n=2)
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", start="auto", cpu_affinity=True))
+    recs = _records(run, pack)
+    assert rec["n_completed"] == 2
+    pids = {r["metrics"]["pid"] for r in recs.values()}
+    assert len(pids) == 2 and os.getpid() not in pids
+    for r in recs.values():
+        m = r["metrics"]
+        assert r["start"] == "fork" and m["own_session"] is True
+        assert m["env"] == {"OMP_NUM_THREADS": str(r["threads"]), "CUDA_VISIBLE_DEVICES": "3",
+                            "MARK": "from-the-job"}  # the job's environment, threads capped
+        assert m["cpus"] == r["cpus"] and len(m["cpus"]) >= 1
+        t = r["timings"]
+        assert t["spawned_at"] <= t["process_start"] <= t["loop_start"]  # start-up is fork → first step
+        out = run.log(pack.pack_id, r["training_id"], "out")
+        assert out.exists()
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert recs["t0"]["metrics"]["cpus"] != recs["t1"]["metrics"]["cpus"]  # each its own share
+    assert (run.pack_dir(pack.pack_id) / "logs" / "forkserver.err").exists()
+
+
+def test_a_forked_training_that_raises_fails_alone_with_its_traceback(tmp_path):
+    plan = make_plan(sweep="fs", workload="tests.fake_workloads", grid={"fail": [True, False]}, fixed={"steps": 3},
+                     factors=[2], modes=["process"], partitions=["local"], repeats=1)
+    run = RunDir(tmp_path / "run")
+    write_json_atomic(run.plan, plan.to_json())
+    pack = plan.packs[0]
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", start="fork"))
+    recs = {t.params["fail"]: read_json(run.training_record(pack.pack_id, t.training_id)) for t in pack.trainings}
+    assert rec["n_completed"] == 1 and recs[False]["status"] == "completed"
+    assert recs[True]["status"] == "failed" and recs[True]["exit_code"] == 1
+    assert "probe failure on purpose" in recs[True]["error"] and recs[True]["start"] == "fork"
+
+
+def test_a_server_that_cannot_preload_steps_aside_for_fresh_interpreters(tmp_path):
+    run, pack = _pack(tmp_path, n=2, preload_fail=True)
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", start="auto"))
+    assert rec["n_completed"] == 2
+    assert {r["start"] for r in _records(run, pack).values()} == {"fresh"}
+    log = (run.pack_dir(pack.pack_id) / "logs" / "forkserver.err").read_text()
+    assert "preload failure on purpose" in log and "fresh interpreter instead" in log
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["packing.start=forked"], "packing.start='forked'"),
+    (["+sweep=mnist_tf_pack", "packing.start=fork"], "packing.start='fork'"),
+])
+def test_bad_start_is_refused_before_anything(tmp_path, capsys, overrides, needle):
+    base = [] if overrides[0].startswith("+sweep") else ["+sweep=mnist_pack"]
+    assert main(base + overrides + [f"run_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "HINT" in err
+    assert not (tmp_path / "run").exists()
