@@ -31,6 +31,7 @@ class ProbeParams:
     report_env: str = ""
     # Make the pack's fork server fail while preloading (its trainings must then start fresh).
     preload_fail: bool = False
+    preload_sleep_s: float = 0.0
 
 
 class Probe(Workload):
@@ -47,6 +48,7 @@ class Probe(Workload):
     def preload(self, params: Any) -> None:
         if any(p.preload_fail for p in params):
             raise RuntimeError("preload failure on purpose")
+        time.sleep(max((p.preload_sleep_s for p in params), default=0.0))
 
     def train(self, params: ProbeParams, ctx: TrainingContext) -> dict[str, Any]:
         if params.marker and not os.path.exists(params.marker):

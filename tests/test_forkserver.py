@@ -107,3 +107,13 @@ def test_bad_start_is_refused_before_anything(tmp_path, capsys, overrides, needl
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err and "HINT" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_servers_preload_is_the_packs_time(tmp_path):
+    """Forking saves each training its own import, but the one preload is paid by the pack: wall time counts it."""
+    run, pack = _pack(tmp_path, n=2, preload_sleep_s=1.5)
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", start="fork"))
+    recs = _records(run, pack).values()
+    assert {r["start"] for r in recs} == {"fork"}
+    assert all(r["timings"]["startup_s"] < 1.5 for r in recs)  # not in any training's own start-up
+    assert rec["wall_s"] >= 1.5 and rec["started_at"] <= min(r["started_at"] for r in recs) - 1.4

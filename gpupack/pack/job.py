@@ -152,17 +152,19 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, A
                       memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
                       if settings.memory_limit_gb_per_training else None)
     sampler.start()
-    try:
+    mode_started = time.time()  # the pack's clock: what a mode does before its trainings start (a fork server's
+    try:                        # preload, a TF host's start) is the pack's time too
         load_packer(pack.mode).run(todo, ctx)
     finally:
         sampled = sampler.stop()
-    return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings), sampled)
+    return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings), sampled,
+                             mode_started=mode_started)
 
 
 def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]], info: DeviceInfo,
                       device: str, cores: int, threads: int, model: str | None = None,
-                      sampled: dict[str, Any] | None = None) -> dict[str, Any]:
-    started = min(r["started_at"] for r in records)
+                      sampled: dict[str, Any] | None = None, mode_started: float | None = None) -> dict[str, Any]:
+    started = min([r["started_at"] for r in records] + ([mode_started] if mode_started else []))
     ended = max(r["ended_at"] for r in records)
     rec = pack_record(
         pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition, probe=pack.probe,
