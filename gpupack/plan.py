@@ -12,7 +12,7 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -154,11 +154,13 @@ def loader_probes(workload: str, points: Sequence[Mapping[str, Any]], fixed: Map
 
 def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapping[str, Any],
               factors: Iterable[int], modes: Iterable[str], partitions: Iterable[str], repeats: int,
-              seed_key: str = "seed", loader_probe: tuple[str, Sequence[str]] | None = None) -> Plan:
+              seed_key: str = "seed", loader_probe: tuple[str, Sequence[str]] | None = None,
+              group_keys: Mapping[str, Callable[[Mapping[str, Any]], Hashable]] | None = None) -> Plan:
     """Every grid point runs at least once per (partition, mode, N), in at least ``repeats`` full packs.
 
     With ``loader_probe`` (loader param, loader keys), each partition also gets one N=1 probe pack per
-    distinct input-pipeline setting, run first.
+    distinct input-pipeline setting, run first. A mode in ``group_keys`` packs only trainings of equal key
+    together (fused: same shapes): each group fills its own packs, and the plan says so.
     """
     points = expand_grid(grid)
     if not points:
@@ -180,11 +182,32 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
                          f"grid points with new seeds so that {n_packs} packs of {factor} are full")
         trainings = trainings_for(workload, points, fixed, n_packs * factor, seed_key)
         for partition, mode in itertools.product(partitions, modes):
-            for index in range(n_packs):
-                chunk = tuple(trainings[index * factor:(index + 1) * factor])
-                packs.append(Pack(pack_id(partition, mode, factor, index), partition, mode, factor, index,
-                                  chunk))
+            chunks = (grouped_chunks(workload, points, fixed, factor, repeats, seed_key, group_keys[mode])
+                      if group_keys and mode in group_keys else
+                      [tuple(trainings[i * factor:(i + 1) * factor]) for i in range(n_packs)])
+            packs += [Pack(pack_id(partition, mode, factor, index), partition, mode, factor, index, chunk)
+                      for index, chunk in enumerate(chunks)]
+            if group_keys and mode in group_keys and partition == next(iter(partitions)):
+                n_groups = len({group_keys[mode]({**fixed, **p}) for p in points})
+                if n_groups > 1:
+                    notes.append(f"{mode} N={factor}: the grid's {n_groups} shapes train in separate groups "
+                                 f"({len(chunks)} packs; each pack holds one shape)")
     return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(packs), notes=tuple(notes))
+
+
+def grouped_chunks(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any], factor: int,
+                   repeats: int, seed_key: str, key: Callable[[Mapping[str, Any]], Hashable]) -> list[tuple[Training, ...]]:
+    """Packs of ``factor`` trainings that share ``key``: each group of grid points fills its own packs (reseeded
+    copies of its own points where it has fewer than N), at least ``repeats`` packs per group."""
+    groups: dict[Hashable, list[Mapping[str, Any]]] = {}
+    for p in points:
+        groups.setdefault(key({**fixed, **p}), []).append(p)
+    chunks: list[tuple[Training, ...]] = []
+    for members in groups.values():
+        n_packs = max(repeats, math.ceil(len(members) / factor))
+        trainings = trainings_for(workload, members, fixed, n_packs * factor, seed_key)
+        chunks += [tuple(trainings[i * factor:(i + 1) * factor]) for i in range(n_packs)]
+    return chunks
 
 
 def plan_in_order(*, sweep: str, workload: str, params: Sequence[Mapping[str, Any]], factor: int, partition: str,

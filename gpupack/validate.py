@@ -52,7 +52,18 @@ class SweepSpec:
         probe = (self.workload.loader_param, self.workload.loader_keys) if self.loader_probe else None
         return make_plan(sweep=self.name, workload=self.workload_ref, grid=self.grid, fixed=self.fixed,
                          factors=self.factors, modes=self.modes, partitions=self.partitions,
-                         repeats=self.repeats, seed_key=self.workload.seed_key, loader_probe=probe)
+                         repeats=self.repeats, seed_key=self.workload.seed_key, loader_probe=probe,
+                         group_keys=group_keys(self.workload, self.modes))
+
+
+def group_keys(workload: Workload, modes: Sequence[str]) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
+    """The modes that group trainings into packs (fused: same shapes), each with its key function."""
+    out = {}
+    for mode in modes:
+        packer = load_packer(mode)
+        if packer.groups:
+            out[mode] = lambda params, packer=packer: packer.group_key(workload, params)
+    return out
 
 
 def _check_factors(factors: Any) -> tuple[int, ...]:
@@ -187,6 +198,14 @@ def validate(cfg: DictConfig, facts: ClusterFacts) -> SweepSpec:
     check_fit(factors, facts, key=lambda i: f"packing.factors[{i}]")
     settings = pack_settings(cfg.packing)
     check_modes(workload, modes, factors, facts, settings)
+    for mode, key in group_keys(workload, modes).items():  # every training must fit a group (fused: no AMP...)
+        for point in expand_grid(grid):
+            try:
+                key({**fixed, **point})
+            except ConfigError as err:
+                where = "sweep.grid" if err.key in grid else "sweep.fixed"
+                raise ConfigError(f"{where}.{err.key}", err.value, f"{err.why} (packing.modes has {mode})",
+                                  err.hint) from None
     return SweepSpec(name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed,
                      factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
                      loader_probe=bool(sweep.loader_probe), settings=settings)

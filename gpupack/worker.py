@@ -26,9 +26,15 @@ def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any
     reporter = Reporter(warmup_steps=int(spec.get("warmup_steps", 10)))
     ctx = TrainingContext(device=spec["device"], threads=int(spec["threads"]), reporter=reporter)
     metrics = workload.train(params, ctx)
-    finished = time.time()
+    return compose_result(spec, workload, params, reporter, metrics, process_start)
+
+
+def compose_result(spec: Mapping[str, Any], workload: Any, params: Any, reporter: Any, metrics: Mapping[str, Any],
+                   process_start: float) -> dict[str, Any]:
+    """One training's result from what it reported (the worker, and every training of a fused pack)."""
     import resource
 
+    finished = time.time()
     # Peak resident memory of this training and of the loader workers it started (Linux reports KiB).
     peak_rss_mb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                       resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024

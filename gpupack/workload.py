@@ -134,6 +134,8 @@ class Workload(ABC):
     # importing it, its framework and its data starts no thread and touches no device. TensorFlow starts threads
     # at import, so TF workloads run as fresh interpreters.
     forkable: ClassVar[bool] = False
+    # fused mode: N trainings of this workload can train as one batched model (fuse_key, train_fused).
+    fusable: ClassVar[bool] = False
 
     def check(self, params: Any) -> None:
         """Static checks run before submission (data present, values in range). Raise ConfigError."""
@@ -142,6 +144,15 @@ class Workload(ABC):
         """In the fork server, once, before any training of the pack is forked: import what every training imports
         and read what they all read (``params`` are theirs), so each starts with it in memory. Never touch a device:
         no CUDA context may exist before a fork."""
+
+    def fuse_key(self, params: Any) -> tuple[Any, ...]:
+        """fused mode: the hyperparameters that fix the model's and the batches' shapes; trainings with equal keys
+        train as one group. Raise ConfigError for a setting that cannot be fused (checked before submission)."""
+        raise ConfigError("packing.modes", "fused", f"{self.name} cannot be fused", "use packing.modes=[process]")
+
+    def train_fused(self, params: Sequence[Any], ctxs: Sequence["TrainingContext"]) -> list[Any]:
+        """fused mode: train the group at once; each training's metrics, or the exception that stopped it alone."""
+        raise ConfigError("packing.modes", "fused", f"{self.name} cannot be fused", "use packing.modes=[process]")
 
     # ---- hyperparameters: typed by the Params dataclass (a workload with open hyperparameters overrides these) ----
 

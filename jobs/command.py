@@ -85,7 +85,10 @@ class Command(Workload):
             if not isinstance(value, list) or any(isinstance(v, (list, dict)) for v in value):
                 raise ConfigError(full, value, "argv must be a list of strings (a list argv, never a shell line)",
                                   ARGV_HINT)
-            return [str(v) for v in value]
+            if any(v is None for v in value):
+                raise ConfigError(full, value, "an argv item is null", "quote it, or leave it out: [python,train.py]")
+            # Hydra parsed unquoted items: a boolean arrives as the user wrote it (true), not as Python's True.
+            return [str(v).lower() if isinstance(v, bool) else str(v) for v in value]
         if key == "cwd":
             if value is not None and not isinstance(value, str):
                 raise ConfigError(full, value, "must be a folder path or null", "e.g. sweep.fixed.cwd=/project/me/code")

@@ -27,6 +27,7 @@ class MnistTorch(Workload):
     name = "mnist_torch"
     framework = "torch"
     forkable = True  # torch imports without threads or CUDA: trainings fork from a preloaded server
+    fusable = True  # N MLPs/CNNs of one shape train as one batched model (jobs/_torch_fused.py)
     Params = MnistTorchParams
     loader_param, loader_keys, knob_keys = LOADER_PARAM, TORCH_LOADER_KEYS, TORCH_KNOBS
 
@@ -40,6 +41,20 @@ class MnistTorch(Workload):
 
     def preload(self, params: Any) -> None:
         common.preload(_mnist_data.load, params)
+
+    def fuse_key(self, params: MnistTorchParams) -> tuple[Any, ...]:
+        for key in ("amp", "loader_only"):  # autocast and the loader probe are per-process: not in a fused group
+            if getattr(params, key):
+                raise ConfigError(key, True, "cannot be fused", f"set {key}=false, or use packing.modes=[process]")
+        # What fixes shapes and step counts; lr, momentum and seed (init, data order) may differ within a group.
+        return (params.model, params.hidden, params.batch_size, params.epochs, params.train_samples,
+                params.val_samples, params.data_dir)
+
+    def train_fused(self, params: Any, ctxs: Any) -> list[Any]:
+        from jobs import _torch_fused
+
+        return _torch_fused.train_fused(params, ctxs, _mnist_data.load(params[0].data_dir),
+                                        lambda nn, p: _build(p, nn))
 
     def train(self, params: MnistTorchParams, ctx: TrainingContext) -> dict[str, Any]:
         return common.run(params, ctx, _mnist_data.load(params.data_dir), lambda nn: _build(params, nn))

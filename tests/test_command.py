@@ -457,3 +457,9 @@ def test_result_file_written_by_the_helper_round_trips_into_split_timings(tmp_pa
     out = result_from_report(json.loads(path.read_text()), spawned, time.time())
     assert out["timings"]["split"] is True and out["timings"]["startup_s"] >= 0 and out["timings"]["loop_s"] >= 0
     assert out["throughput"]["samples"] == 16 and out["metrics"] == {"val_accuracy": 0.6}
+
+
+def test_unquoted_booleans_reach_the_program_as_written_and_null_is_refused():
+    assert WORKLOAD.typed("argv", ["prog", True, False, 3, 0.5], "sweep.fixed") == ["prog", "true", "false", "3", "0.5"]
+    with pytest.raises(ConfigError, match="null"):
+        WORKLOAD.typed("argv", ["prog", None], "sweep.fixed")

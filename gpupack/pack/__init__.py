@@ -10,14 +10,14 @@ import importlib
 import pkgutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Sequence
 
 from gpupack.errors import ConfigError, nearest
 from gpupack.plan import Pack, Training
 from gpupack.rundir import RunDir
 from gpupack.workload import Workload
 
-_NOT_MODES = {"job"}  # modules here that are not packing modes
+_NOT_MODES = {"job", "host"}  # modules here that are not packing modes
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,15 @@ class Capacity:
 
 class Packer(ABC):
     name: ClassVar[str]
+    # True: the trainings of one pack must share a group key (fused: same shapes); the plan groups them up front.
+    groups: ClassVar[bool] = False
 
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
         """Refuse, before submission, a workload, N or option this mode cannot host (raise ConfigError)."""
+
+    def group_key(self, workload: Workload, params: Mapping[str, Any]) -> Hashable:
+        """With ``groups``: the key trainings of one pack share (raise ConfigError for a training it cannot host)."""
+        return None
 
     @abstractmethod
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:

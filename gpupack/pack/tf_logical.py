@@ -9,18 +9,13 @@ failed while the others go on.
 """
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 from gpupack.errors import ConfigError
-from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome, worker_env, worker_spec
-from gpupack.pack.process import KILL_GRACE_S, POLL_S, _child_setup, tail
+from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome
+from gpupack.pack.host import host_specs, run_host
 from gpupack.plan import Training
-from gpupack.records import read_json, write_json_atomic
 from gpupack.workload import Workload, load_workload
 
 
@@ -60,7 +55,6 @@ class TfLogicalPacker(Packer):
                             settings.tf_gpu_memory_budget_mb, workload.min_gpu_memory_mb)
 
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
-        run, pack_id = ctx.run, ctx.pack.pack_id
         n = len(trainings)
         on_gpu = ctx.device == "cuda" and ctx.gpu_memory_total_mb is not None
         memory_mb = None
@@ -70,83 +64,9 @@ class TfLogicalPacker(Packer):
                                         ctx.settings.tf_gpu_memory_budget_mb, workload.min_gpu_memory_mb)
         devices = logical_devices("gpu" if on_gpu else "cpu", n)
         spawned = time.time()
-        specs = []
-        for t, device in zip(trainings, devices):
-            spec = worker_spec(t, ctx, spawned)
-            spec.update(device=device, training_id=t.training_id,
-                        error_path=str(run.work(pack_id, t.training_id, "error")))
-            Path(spec["result_path"]).unlink(missing_ok=True)
-            Path(spec["error_path"]).unlink(missing_ok=True)
-            specs.append(spec)
-        host_spec = run.pack_dir(pack_id) / "work" / "tf_host.spec.json"
-        write_json_atomic(host_spec, {"kind": "gpu" if on_gpu else "cpu", "memory_limit_mb": memory_mb,
-                                      "threads": ctx.threads * n, "trainings": specs})
-        err_path = run.pack_dir(pack_id) / "logs" / "tf_host.err"
-        err_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(run.pack_dir(pack_id) / "logs" / "tf_host.out", "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "gpupack.tf_host", str(host_spec)], stdout=out, stderr=err,
-                                    stdin=subprocess.DEVNULL, env=worker_env(ctx.env, ctx.threads * n),
-                                    start_new_session=True, preexec_fn=_child_setup(ctx.memory_limit_bytes))
-            for t in trainings:
-                ctx.on_started(t.training_id, proc.pid)  # one process hosts them all
-            return self._follow(proc, specs, ctx, spawned, err_path)
-
-    def _follow(self, proc: subprocess.Popen, specs: list[dict[str, Any]], ctx: PackContext, spawned: float,
-                err_path: Path) -> list[TrainingOutcome]:
-        outcomes: dict[str, TrainingOutcome] = {}
-        timed_out, kill_at = False, None
-        try:
-            while True:
-                for spec in specs:
-                    tid = spec["training_id"]
-                    if tid not in outcomes:
-                        outcome = _landed(spec, spawned)
-                        if outcome is not None:
-                            outcomes[tid] = outcome
-                            ctx.on_finished(outcome)
-                if proc.poll() is not None or len(outcomes) == len(specs):
-                    break
-                now = time.time()
-                if ctx.training_timeout_s and not timed_out and now - spawned > ctx.training_timeout_s:
-                    timed_out, kill_at = True, now + KILL_GRACE_S
-                    proc.send_signal(signal.SIGTERM)
-                elif kill_at is not None and now > kill_at:
-                    proc.kill()
-                    kill_at = None
-                time.sleep(POLL_S)
-            proc.wait()
-        except BaseException:
-            proc.kill()
-            raise
-        ended = time.time()
-        for spec in specs:  # trainings the TF process never finished: it died, or was stopped
-            tid = spec["training_id"]
-            if tid not in outcomes:
-                landed = _landed(spec, spawned)
-                code = proc.returncode
-                outcome = landed or TrainingOutcome(
-                    tid, spawned, ended, code, -code if code and code < 0 else None,
-                    ("stopped after packing.training_timeout_s; " if timed_out else "") +
-                    (tail(err_path) or f"the TF process exited with code {code}"), None,
-                    extra={"timed_out": timed_out})
-                outcomes[tid] = outcome
-                ctx.on_finished(outcome)
-        return [outcomes[s["training_id"]] for s in specs]
-
-
-def _landed(spec: dict[str, Any], spawned: float) -> TrainingOutcome | None:
-    """A training's outcome once its thread wrote a result or an error; None while it runs."""
-    result_path, error_path = Path(spec["result_path"]), Path(spec["error_path"])
-    if result_path.exists():
-        result = read_json(result_path)
-        # Started when the shared TF process was spawned: its start-up is every training's, as in process mode.
-        return TrainingOutcome(spec["training_id"], spawned, result["timings"]["finished"], 0, None, None,
-                               result, extra={"logical_device": spec["device"]})
-    if error_path.exists():
-        error = read_json(error_path)
-        return TrainingOutcome(spec["training_id"], spawned, error["ended"], 1, None, error["error"], None,
-                               extra={"logical_device": spec["device"]})
-    return None
+        specs = host_specs(trainings, ctx, spawned, devices)
+        return run_host("gpupack.tf_host", "tf_host", specs, ctx, spawned,
+                        extra={"kind": "gpu" if on_gpu else "cpu", "memory_limit_mb": memory_mb})
 
 
 PACKER = TfLogicalPacker()

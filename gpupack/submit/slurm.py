@@ -27,7 +27,8 @@ from gpupack.submit import (DONE, FAILED, PENDING, RUNNING, PackJob, PackRequest
                             job_result, progress_state)
 
 ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")
-REQUEST_FORMS = ("gpus_per_node", "gres", "none")  # what Alliance users export in their shell
+REQUEST_FORMS = ("gpus_per_node", "gres", "none")
+FINISH_POLL_S = 0.2  # how soon a finished pack is seen: a stat of its result file  # what Alliance users export in their shell
 
 
 def slurm_command(args: Sequence[str], timeout: float = 30) -> str | None:
@@ -253,20 +254,26 @@ class SlurmSubmitter(Submitter):
         return {p.pack_id: str(j.job_id) for p, j in self.submit(packs, settings)}
 
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
+        """Submit, then wait: a pack's end is seen from its result file within FINISH_POLL_S (a stat, no queue
+        call); the queue is asked whether pending packs started only every cluster.poll_s."""
         submitted = self.submit(packs, settings)
         for pack, _ in submitted:
             progress(pack, "pending")
         shown: dict[str, str] = {}
         results: list[PackResult] = []
         waiting = list(submitted)
+        next_queue_look = time.time() + self.cluster.poll_s
         while waiting:
-            time.sleep(self.cluster.poll_s)
+            time.sleep(FINISH_POLL_S)
+            look = time.time() >= next_queue_look
+            if look:
+                next_queue_look = time.time() + self.cluster.poll_s
             for pack, job in list(waiting):
                 if job.done():
                     waiting.remove((pack, job))
                     results.append(job_result(pack, job))
                     progress(pack, progress_state(results[-1]))
-                elif job.state.split(" ")[0] == "RUNNING" and shown.get(pack.pack_id) != "running":
+                elif look and shown.get(pack.pack_id) != "running" and job.state.split(" ")[0] == "RUNNING":
                     shown[pack.pack_id] = "running"
                     progress(pack, "running")
         return results

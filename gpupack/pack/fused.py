@@ -1,0 +1,40 @@
+"""Fused packing: the N trainings of a pack train as one batched model in one process (torch.func: stacked
+weights, functional_call, vmap), each with its own hyperparameters where they do not change shapes (learning
+rate, momentum, weight decay, seed: initialisation and data order), its own loss, metrics and training record.
+
+Hyperparameters that change shapes (model, hidden size, batch size, ...: the workload's ``fuse_key``) split a pack
+into fused groups, planned up front (:meth:`FusedPacker.group_key`). The host process is
+:mod:`gpupack.fused_host`; spawning, following and stopping it is the helper tf_logical shares
+(:mod:`gpupack.pack.host`). One process hosts the group: if it dies, every training of the pack fails with it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Hashable, Mapping, Sequence
+
+from gpupack.errors import ConfigError
+from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome
+from gpupack.pack.host import host_specs, run_host
+from gpupack.plan import Training
+from gpupack.workload import Workload
+
+
+class FusedPacker(Packer):
+    name = "fused"
+    groups = True  # trainings of one pack must share a fuse key
+
+    def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
+        if not workload.fusable:
+            raise ConfigError("packing.modes", "fused", f"{workload.name} cannot be fused (no batched model: it "
+                              f"is a {workload.framework} workload without train_fused)",
+                              f"use packing.modes=[process] for {workload.name}")
+
+    def group_key(self, workload: Workload, params: Mapping[str, Any]) -> Hashable:
+        return workload.fuse_key(workload.params(params))
+
+    def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
+        spawned = time.time()
+        return run_host("gpupack.fused_host", "fused_host", host_specs(trainings, ctx, spawned), ctx, spawned)
+
+
+PACKER = FusedPacker()
