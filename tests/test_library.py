@@ -146,7 +146,7 @@ def test_info_says_versions_search_path_and_what_is_installed(capsys):
     assert main(["--info"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("gpupack ") and "Config search path:" in out and "command" in out
-    assert "packing modes: process, tf_logical" in out and "backends: local, slurm" in out
+    assert "packing modes: fused, process, tf_logical" in out and "backends: local, slurm" in out
 
 
 def test_multirun_is_refused_with_what_to_do_instead(capsys):
