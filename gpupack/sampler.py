@@ -176,7 +176,8 @@ class Sampler:
             "cpu_percent_mean": round(sum(cpu_totals) / len(cpu_totals), 1) if cpu_totals else None,
             "per_training": {
                 t.training_id: {
-                    "peak_rss_mb": round(t.peak_rss_mb, 1),
+                    # Never sampled (ended between two samples): unknown, not 0.
+                    "peak_rss_mb": round(t.peak_rss_mb, 1) if t.cpu_samples else None,
                     "cpu_percent_mean": round(sum(t.cpu_samples) / len(t.cpu_samples), 1) if t.cpu_samples else None,
                     "peak_gpu_mem_mb": t.peak_gpu_mem_mb if t.gpu_mem_known else None,
                     "gpu_mem_known": t.gpu_mem_known if self.source == "nvml" else None,

@@ -125,3 +125,14 @@ def test_a_training_that_ended_is_skipped_not_fatal(two_trainings):
     b.wait()
     sample = sampler.sample_once()
     assert "ta" in sample["trainings"] and "tb" not in sample["trainings"]
+
+
+def test_a_training_the_sampler_never_saw_has_unknown_memory_not_zero():
+    import os
+
+    sampler = Sampler(interval_s=600, log=lambda msg: None)
+    sampler.start()
+    sampler.register("t-short", os.getpid())  # registered after the first sample, stopped before the next
+    out = sampler.stop()
+    assert out["per_training"]["t-short"]["peak_rss_mb"] is None
+    assert out["per_training"]["t-short"]["cpu_percent_mean"] is None
