@@ -15,8 +15,9 @@ from typing import Any, Hashable, Mapping, Sequence
 from gpupack.errors import ConfigError
 from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome
 from gpupack.pack.host import host_specs, run_host
+from gpupack.pack.process import start_method
 from gpupack.plan import Training
-from gpupack.workload import Workload
+from gpupack.workload import Workload, load_workload
 
 
 class FusedPacker(Packer):
@@ -34,7 +35,10 @@ class FusedPacker(Packer):
 
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
         spawned = time.time()
-        return run_host("gpupack.fused_host", "fused_host", host_specs(trainings, ctx, spawned), ctx, spawned)
+        workloads = [load_workload(t.workload) for t in trainings[:1]]
+        fork = start_method(getattr(ctx.settings, "start", "fresh"), workloads) == "fork"
+        return run_host("gpupack.fused_host", "fused_host", host_specs(trainings, ctx, spawned), ctx, spawned,
+                        fork=fork)
 
 
 PACKER = FusedPacker()
