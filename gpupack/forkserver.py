@@ -79,10 +79,9 @@ def _child(req: Mapping[str, Any], forked_at: float) -> None:
         os.environ.update(req["env"])
         if req.get("cwd"):
             os.chdir(req["cwd"])
-        import importlib
+        from gpupack import worker
 
-        # gpupack's worker (one training), or a host of them all (gpupack.fused_host): a module with main()
-        code = importlib.import_module(req.get("main") or "gpupack.worker").main([req["spec"]], process_start=forked_at)
+        code = worker.main([req["spec"]], process_start=forked_at)
     except BaseException:  # anything before the worker runs: its traceback is the training's stderr
         import traceback
 
@@ -176,21 +175,12 @@ class ForkedProcess:
             self._server.pump()
         return self.returncode
 
-    def send_signal(self, sig: int) -> None:
+    def kill(self) -> None:
         if self.returncode is None:
             try:
-                os.killpg(self.pid, sig)  # its own session: its children go too
+                os.killpg(self.pid, signal.SIGKILL)  # its own session: its children go too
             except ProcessLookupError:
                 pass
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def wait(self) -> int:
-        while self.poll() is None:
-            time.sleep(0.02)
-        assert self.returncode is not None
-        return self.returncode
 
 
 class ForkServer:
@@ -244,11 +234,9 @@ class ForkServer:
             self._handle(msg)
 
     def start(self, training_id: str, spec: Path, out: Path, err: Path, env: Mapping[str, str],
-              cwd: str | None = None, rlimit_as: int | None = None, cpus: Sequence[int] | None = None,
-              main: str | None = None) -> ForkedProcess:
-        """Fork one child that runs ``main`` (default gpupack.worker) on ``spec``."""
+              cwd: str | None = None, rlimit_as: int | None = None, cpus: Sequence[int] | None = None) -> ForkedProcess:
         self._send({"start": training_id, "spec": str(spec), "out": str(out), "err": str(err), "env": dict(env),
-                    "cwd": cwd, "rlimit_as": rlimit_as, "cpus": list(cpus) if cpus else None, "main": main})
+                    "cwd": cwd, "rlimit_as": rlimit_as, "cpus": list(cpus) if cpus else None})
         while True:
             msg = self._read(READY_TIMEOUT_S)
             if msg is None:

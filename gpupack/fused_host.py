@@ -15,9 +15,7 @@ import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 
-def main(argv: list[str] | None = None, process_start: float | None = None) -> int:
-    """``process_start``: when this host's process began (forked from the pack's preloaded server: its fork)."""
-    begun = _PROCESS_START if process_start is None else process_start
+def main(argv: list[str] | None = None) -> int:
     from gpupack.records import write_json_atomic
     from gpupack.worker import compose_result
     from gpupack.workload import Reporter, TrainingContext, load_workload
@@ -48,7 +46,7 @@ def main(argv: list[str] | None = None, process_start: float | None = None) -> i
             write_json_atomic(Path(t["error_path"]), {"started": started, "ended": time.time(),
                                                       "error": f"{out.__class__.__name__}: {out}"})
         else:
-            write_json_atomic(Path(t["result_path"]), compose_result(t, workload, p, ctx.reporter, out, begun))
+            write_json_atomic(Path(t["result_path"]), compose_result(t, workload, p, ctx.reporter, out, _PROCESS_START))
     return 0
 
 

@@ -77,9 +77,6 @@ def test_a_diverging_model_fails_alone_and_the_others_finish(tmp_path):
     rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu"))
     recs = {t.params["lr"]: read_json(run.training_record(pack.pack_id, t.training_id)) for t in pack.trainings}
     assert rec["n_completed"] == 2 and rec["n_failed"] == 1 and rec["mode"] == "fused"
-    # the host was forked from the pack's preloaded server (fast start), not started as a fresh interpreter
-    assert (run.pack_dir(pack.pack_id) / "logs" / "forkserver.err").exists()
-    assert "fresh interpreter instead" not in (run.pack_dir(pack.pack_id) / "logs" / "forkserver.err").read_text()
     assert recs[1e9]["status"] == "failed" and "loss became" in recs[1e9]["error"]
     for lr in (0.05, 0.1):
         r = recs[lr]

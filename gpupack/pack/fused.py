@@ -15,9 +15,8 @@ from typing import Any, Hashable, Mapping, Sequence
 from gpupack.errors import ConfigError
 from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome
 from gpupack.pack.host import host_specs, run_host
-from gpupack.pack.process import start_method
 from gpupack.plan import Training
-from gpupack.workload import Workload, load_workload
+from gpupack.workload import Workload
 
 
 class FusedPacker(Packer):
@@ -35,10 +34,7 @@ class FusedPacker(Packer):
 
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
         spawned = time.time()
-        workloads = [load_workload(t.workload) for t in trainings[:1]]
-        fork = start_method(getattr(ctx.settings, "start", "fresh"), workloads) == "fork"
-        return run_host("gpupack.fused_host", "fused_host", host_specs(trainings, ctx, spawned), ctx, spawned,
-                        fork=fork)
+        return run_host("gpupack.fused_host", "fused_host", host_specs(trainings, ctx, spawned), ctx, spawned)
 
 
 PACKER = FusedPacker()

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gpupack.forkserver import ForkServer
 from gpupack.pack import PackContext, TrainingOutcome, worker_env, worker_spec
 from gpupack.pack.process import KILL_GRACE_S, POLL_S, _child_setup, tail
 from gpupack.plan import Training
@@ -38,46 +37,24 @@ def host_specs(trainings: Sequence[Training], ctx: PackContext, spawned: float,
 
 
 def run_host(module: str, name: str, specs: list[dict[str, Any]], ctx: PackContext, spawned: float,
-             extra: Mapping[str, Any] | None = None, fork: bool = False) -> list[TrainingOutcome]:
-    """Start ``python -m module`` on the pack's specs and follow it to its end. ``fork``: fork the host from a
-    server that preloaded the workload (as process mode's fast start does), so the pack pays no interpreter start
-    and no framework import; if that server cannot start, the host starts fresh."""
+             extra: Mapping[str, Any] | None = None) -> list[TrainingOutcome]:
+    """Start ``python -m module`` on the pack's specs and follow it to its end."""
     run, pack_id = ctx.run, ctx.pack.pack_id
     n = len(specs)
     host_spec = run.pack_dir(pack_id) / "work" / f"{name}.spec.json"
     write_json_atomic(host_spec, {"threads": ctx.threads * n, "trainings": specs, **(extra or {})})
-    logs = run.pack_dir(pack_id) / "logs"
-    err_path, out_path = logs / f"{name}.err", logs / f"{name}.out"
+    err_path = run.pack_dir(pack_id) / "logs" / f"{name}.err"
     err_path.parent.mkdir(parents=True, exist_ok=True)
-    env = worker_env(ctx.env, ctx.threads * n)
-    server = _server(specs, env, logs / "forkserver.err") if fork else None
-    try:
-        if server is not None:
-            proc: Any = server.start(name, host_spec, out_path, err_path, env, rlimit_as=ctx.memory_limit_bytes,
-                                     main=module)
-        else:
-            with open(out_path, "wb") as out, open(err_path, "wb") as err:
-                proc = subprocess.Popen([sys.executable, "-m", module, str(host_spec)], stdout=out, stderr=err,
-                                        stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                        preexec_fn=_child_setup(ctx.memory_limit_bytes))
+    with open(run.pack_dir(pack_id) / "logs" / f"{name}.out", "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", module, str(host_spec)], stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, env=worker_env(ctx.env, ctx.threads * n),
+                                start_new_session=True, preexec_fn=_child_setup(ctx.memory_limit_bytes))
         for spec in specs:
             ctx.on_started(spec["training_id"], proc.pid)  # one process hosts them all
         return follow(proc, specs, ctx, spawned, err_path, name)
-    finally:
-        if server is not None:
-            server.close()
 
 
-def _server(specs: Sequence[Mapping[str, Any]], env: Mapping[str, str], log: Path) -> ForkServer | None:
-    try:
-        return ForkServer(specs[0]["workload"], [s["params"] for s in specs], env, log, setup=_child_setup(None))
-    except (RuntimeError, OSError) as err:
-        with open(log, "a") as f:
-            f.write(f"gpupack: {err}; starting the host as a fresh interpreter instead\n")
-        return None
-
-
-def follow(proc: Any, specs: list[dict[str, Any]], ctx: PackContext, spawned: float, err_path: Path,
+def follow(proc: subprocess.Popen, specs: list[dict[str, Any]], ctx: PackContext, spawned: float, err_path: Path,
            name: str) -> list[TrainingOutcome]:
     outcomes: dict[str, TrainingOutcome] = {}
     timed_out, kill_at = False, None
