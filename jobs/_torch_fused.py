@@ -84,8 +84,10 @@ def train_fused(params_list: Sequence[Any], ctxs: Sequence[TrainingContext], dat
     failure: list[BaseException | None] = [None] * n
     running = torch.zeros(n, dtype=torch.float64)
     count = 0
+    base.eval()  # eval: the warm-up must not touch BatchNorm's running statistics
     with torch.no_grad():  # the first batched call pays torch.func's lazy set-up (~1 s): start-up, not loop
         batched_loss(weights, buffers, x_all[:, :2], y_all[:, :2])
+    base.train()  # as alone: batch statistics (BatchNorm) while training, running statistics to evaluate
     for ctx in ctxs:
         ctx.reporter.loop_started()
     for epoch in range(params_list[0].epochs):
@@ -113,7 +115,7 @@ def train_fused(params_list: Sequence[Any], ctxs: Sequence[TrainingContext], dat
         if alive[m]:
             ctx.reporter.loop_ended()
     if keep is not None:
-        keep += [{name: w[m].detach().clone() for name, w in weights.items()} for m in range(n)]
+        keep += [{name: t[m].detach().clone() for name, t in {**weights, **buffers}.items()} for m in range(n)]
     accuracy = fused_accuracy(torch, vmap, functional_call, base, weights, buffers, x_val, y_val, eval_batch)
     return [failure[m] if failure[m] is not None else
             {"train_loss": running[m].item() / max(count, 1), "val_accuracy": accuracy[m], "data": data.source,
@@ -136,6 +138,7 @@ def sgd_step(weights: dict[str, Any], bufs: dict[str, Any], lr: Any, momentum: A
 
 def fused_accuracy(torch: Any, vmap: Any, functional_call: Any, base: Any, weights: Any, buffers: Any, x: Any,
                    y: Any, batch: int) -> list[float]:
+    base.eval()  # as alone's accuracy(): BatchNorm uses each model's running statistics
     correct = torch.zeros(len(next(iter(weights.values()))), dtype=torch.long)
     with torch.no_grad():
         forward = vmap(lambda w, b, xb: functional_call(base, (w, b), (xb,)), in_dims=(0, 0, None))

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, Workload, require_positive
 from jobs import _cifar10_data
 from jobs._params import LOADER_PARAM, TORCH_KNOBS, TORCH_LOADER_KEYS, TorchLoaderParams
@@ -22,6 +23,7 @@ class Cifar10Torch(Workload):
     name = "cifar10_torch"
     framework = "torch"
     forkable = True  # torch imports without threads or CUDA: trainings fork from a preloaded server
+    fusable = True  # N ResNets of one shape train as one batched model; BatchNorm's statistics stay per model
     Params = Cifar10TorchParams
     loader_param, loader_keys, knob_keys = LOADER_PARAM, TORCH_LOADER_KEYS, TORCH_KNOBS
 
@@ -32,6 +34,20 @@ class Cifar10Torch(Workload):
 
     def preload(self, params: Any) -> None:
         common.preload(_cifar10_data.load, params)
+
+    def fuse_key(self, params: Cifar10TorchParams) -> tuple[Any, ...]:
+        for key in ("amp", "loader_only"):  # autocast and the loader probe are per-process: not in a fused group
+            if getattr(params, key):
+                raise ConfigError(key, True, "cannot be fused", f"set {key}=false, or use packing.modes=[process]")
+        return (params.width, params.blocks, params.batch_size, params.epochs, params.train_samples,
+                params.val_samples, params.data_dir)
+
+    def train_fused(self, params: Any, ctxs: Any) -> list[Any]:
+        from jobs import _torch_fused
+
+        return _torch_fused.train_fused(params, ctxs, _cifar10_data.load(params[0].data_dir),
+                                        lambda nn, p: small_resnet(nn, p.width, p.blocks), weight_decay=5e-4,
+                                        eval_batch=1000)
 
     def train(self, params: Cifar10TorchParams, ctx: TrainingContext) -> dict[str, Any]:
         return common.run(params, ctx, _cifar10_data.load(params.data_dir),

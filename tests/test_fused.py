@@ -125,3 +125,37 @@ def test_process_and_fused_in_one_table_with_the_best_mode_and_n(tmp_path, subpr
                                                                       ("fused", 2)}
     assert all(g["failed"] == 0 for g in summary["groups"])
     assert "Best (mode, N) for mnist_torch on local (cpu):" in proc.stdout
+
+
+def test_resnets_with_batchnorm_fuse_with_their_own_statistics():
+    """cifar10_torch (conv + BatchNorm): weights and each model's running statistics as alone, one epoch
+    (BatchNorm amplifies float rounding over further steps at this learning rate: 1e-7 after one epoch here)."""
+    import numpy as np
+    from types import SimpleNamespace
+
+    from jobs.cifar10_torch import small_resnet
+
+    cifar = load_workload("cifar10_torch")
+    rng = np.random.default_rng(0)
+    data = SimpleNamespace(x_train=rng.integers(0, 255, (300, 32, 32, 3), dtype=np.uint8),
+                           y_train=rng.integers(0, 10, 300).astype(np.uint8),
+                           x_test=rng.integers(0, 255, (50, 32, 32, 3), dtype=np.uint8),
+                           y_test=rng.integers(0, 10, 50).astype(np.uint8), source="synthetic")
+    group = [cifar.params({**cifar.defaults(), "lr": lr, "seed": seed, "train_samples": 128, "val_samples": 50,
+                           "batch_size": 32, "epochs": 1, "width": 4, "blocks": 1}) for lr, seed in ((0.05, 0), (0.1, 1))]
+    torch.set_num_threads(1)
+    alone, accuracy = [], []
+    for p in group:
+        built = []
+        out = _torch_common.run(p, _ctx(), data, lambda nn, p=p: built.append(small_resnet(nn, p.width, p.blocks))
+                                or built[-1], weight_decay=5e-4, eval_batch=1000)
+        alone.append({k: v.detach() for k, v in built[0].state_dict().items()})
+        accuracy.append(out["val_accuracy"])
+    kept: list[dict] = []
+    results = _torch_fused.train_fused(group, [_ctx(), _ctx()], data, lambda nn, p: small_resnet(nn, p.width, p.blocks),
+                                       weight_decay=5e-4, eval_batch=1000, keep=kept)
+    for i, (a, f) in enumerate(zip(alone, kept)):
+        assert a.keys() == f.keys()  # running_mean/var and num_batches_tracked too
+        for name in a:
+            assert torch.allclose(a[name].double(), f[name].double(), rtol=1e-5, atol=1e-5), (i, name)
+        assert results[i]["val_accuracy"] == accuracy[i]  # evaluated with running statistics, as alone
