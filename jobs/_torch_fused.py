@@ -10,8 +10,19 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Iterator, Sequence
 
+from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext
 from jobs._torch_common import images
+
+
+def fuse_key(params: Any, *shape_keys: str) -> tuple[Any, ...]:
+    """The group key of a torch image workload: its own shape hyperparameters and what fixes the batches and the
+    step count; lr, momentum and seed (initialisation, data order) may differ within a group."""
+    for key in ("amp", "loader_only"):  # autocast and the loader probe are per-process: not in a fused group
+        if getattr(params, key):
+            raise ConfigError(key, True, "cannot be fused", f"set {key}=false, or use packing.modes=[process]")
+    return tuple(getattr(params, k) for k in shape_keys) + (
+        params.batch_size, params.epochs, params.train_samples, params.val_samples, params.data_dir)
 
 
 class Diverged(RuntimeError):

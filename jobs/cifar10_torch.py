@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, Workload, require_positive
 from jobs import _cifar10_data
 from jobs._params import LOADER_PARAM, TORCH_KNOBS, TORCH_LOADER_KEYS, TorchLoaderParams
@@ -36,11 +35,9 @@ class Cifar10Torch(Workload):
         common.preload(_cifar10_data.load, params)
 
     def fuse_key(self, params: Cifar10TorchParams) -> tuple[Any, ...]:
-        for key in ("amp", "loader_only"):  # autocast and the loader probe are per-process: not in a fused group
-            if getattr(params, key):
-                raise ConfigError(key, True, "cannot be fused", f"set {key}=false, or use packing.modes=[process]")
-        return (params.width, params.blocks, params.batch_size, params.epochs, params.train_samples,
-                params.val_samples, params.data_dir)
+        from jobs import _torch_fused
+
+        return _torch_fused.fuse_key(params, "width", "blocks")
 
     def train_fused(self, params: Any, ctxs: Any) -> list[Any]:
         from jobs import _torch_fused

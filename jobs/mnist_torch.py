@@ -43,12 +43,9 @@ class MnistTorch(Workload):
         common.preload(_mnist_data.load, params)
 
     def fuse_key(self, params: MnistTorchParams) -> tuple[Any, ...]:
-        for key in ("amp", "loader_only"):  # autocast and the loader probe are per-process: not in a fused group
-            if getattr(params, key):
-                raise ConfigError(key, True, "cannot be fused", f"set {key}=false, or use packing.modes=[process]")
-        # What fixes shapes and step counts; lr, momentum and seed (init, data order) may differ within a group.
-        return (params.model, params.hidden, params.batch_size, params.epochs, params.train_samples,
-                params.val_samples, params.data_dir)
+        from jobs import _torch_fused
+
+        return _torch_fused.fuse_key(params, "model", "hidden")
 
     def train_fused(self, params: Any, ctxs: Any) -> list[Any]:
         from jobs import _torch_fused
