@@ -75,7 +75,7 @@ def test_workload_from_own_package_and_own_config_folder(tmp_path, subprocess_en
 def test_knob_sweep_records_metrics_and_shows_the_loader_bound(tmp_path, subprocess_env):
     run_dir = tmp_path / "run"
     proc = _gpupack(["+sweep=mnist_knobs", "packing.factors=[1]", "sweep.grid.batch_size=[128]",
-                     "sweep.fixed.train_samples=1500", "sweep.fixed.val_samples=500", "packing.sample_interval_s=0.2",
+                     "sweep.fixed.train_samples=12000", "sweep.fixed.val_samples=500", "packing.sample_interval_s=0.05",
                      f"run_dir={run_dir}"], subprocess_env, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     trainings = [json.loads(p.read_text()) for p in run_dir.glob("packs/*/trainings/*.json")]
