@@ -52,14 +52,16 @@ def slurm_env() -> dict[str, str]:
 
 
 def training_process(err_log) -> "object | None":
-    """The running process of a training, found by its stderr log (fd 2): a fresh interpreter and a child forked
-    by the fork server both hold it open, while only the first has the spec in its command line."""
+    """The running process of a training: the one whose stderr (fd 2) is its log. A fresh interpreter and a child
+    forked by the fork server both have it there (only the first has the spec in its command line); the packer
+    holds the same file for a moment while it starts a fresh child, but never as its fd 2 — matching any open file
+    once picked the packer (pytest itself) and killed it."""
     import psutil
 
     target = str(err_log)
     for proc in psutil.process_iter():
         try:
-            if any(f.path == target for f in proc.open_files()):
+            if any(f.path == target and f.fd == 2 for f in proc.open_files()):
                 return proc
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
