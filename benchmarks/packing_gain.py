@@ -6,8 +6,8 @@
 
 What it runs (local default backend, this machine), one after the other, each into its own run directory:
 
-    python -m gpupack +sweep=mnist_pack packing.start=fresh run_dir=OUT/fresh
-    python -m gpupack +sweep=mnist_pack packing.start=fork  run_dir=OUT/fork
+    python -m gpupack +sweep=mnist_pack packing.process.start=fresh run_dir=OUT/fresh
+    python -m gpupack +sweep=mnist_pack packing.process.start=fork  run_dir=OUT/fork
 
 (--quick adds packing.factors=[1,2] packing.repeats=1 sweep.grid.lr=[0.1] sweep.grid.batch_size=[128]
 sweep.fixed.train_samples=2000 sweep.fixed.epochs=1 sweep.fixed.val_samples=500.)
@@ -45,7 +45,7 @@ QUICK = ["packing.factors=[1,2]", "packing.repeats=1", "sweep.grid.lr=[0.1]", "s
 def run(out: Path, quick: bool) -> dict[str, Any]:
     results: dict[str, Any] = {"quick": quick, "runs": {}}
     for start in STARTS:
-        argv = [PYTHON, "-m", "gpupack", "+sweep=mnist_pack", f"packing.start={start}", f"run_dir={out / start}"]
+        argv = [PYTHON, "-m", "gpupack", "+sweep=mnist_pack", f"packing.process.start={start}", f"run_dir={out / start}"]
         argv += QUICK if quick else []
         say(f"running: {' '.join(argv[1:])}")
         rc, wall = run_logged(argv, out / f"{start}.log")

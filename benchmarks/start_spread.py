@@ -7,7 +7,7 @@
 One pack per (N, start), each its own sweep on the local default backend, for N in --factors and start in
 (fresh, fork), in that order:
 
-    python -m gpupack +sweep=mnist_pack packing.factors=[N] packing.repeats=1 packing.start=START \
+    python -m gpupack +sweep=mnist_pack packing.factors=[N] packing.repeats=1 packing.process.start=START \
         sweep.grid.lr=[0.1] sweep.grid.batch_size=[128] sweep.grid.seed='range(0,N)' \
         sweep.fixed.train_samples=2000 sweep.fixed.epochs=1 sweep.fixed.val_samples=500 \
         packing.sample_interval_s=0.2 run_dir=OUT/nN-START
@@ -51,7 +51,7 @@ QUICK_FACTORS = [1, 4]
 
 def sweep_argv(n: int, start: str, run_dir: Path, sample_interval: float) -> list[str]:
     return [PYTHON, "-m", "gpupack", "+sweep=mnist_pack", f"packing.factors=[{n}]", "packing.repeats=1",
-            f"packing.start={start}", "sweep.grid.lr=[0.1]", "sweep.grid.batch_size=[128]",
+            f"packing.process.start={start}", "sweep.grid.lr=[0.1]", "sweep.grid.batch_size=[128]",
             f"sweep.grid.seed=range(0,{n})", "sweep.fixed.train_samples=2000", "sweep.fixed.epochs=1",
             "sweep.fixed.val_samples=500", f"packing.sample_interval_s={sample_interval}", f"run_dir={run_dir}"]
 

@@ -25,7 +25,7 @@ each round (--rounds K alternates them K times), each from the repository root:
     forked from one preloaded server per pack:
       python -m gpupack +sweep=mnist_pack cluster=slurm partitions=[p100] cluster.poll_s=0.5
         cluster.cpus_per_training=0.5 cluster.mem_gb_per_training=0.75 cluster.timeout_min=10
-        packing.factors=[N] packing.repeats=1 packing.start=fork sweep.grid.lr=[0.05] sweep.grid.batch_size=[128]
+        packing.factors=[N] packing.repeats=1 packing.process.start=fork sweep.grid.lr=[0.05] sweep.grid.batch_size=[128]
         'sweep.grid.seed=range(0,32)' sweep.fixed.train_samples=10000 sweep.fixed.epochs=1
         sweep.fixed.val_samples=2000 run_dir=DIR
     cpus_per_training=0.5, mem_gb_per_training=0.75: a pack of N=8 then asks ceil(8 x 0.5) = 4 CPUs and 6 GB, so two
@@ -105,7 +105,7 @@ def command(tool: str, folder: Path, n_trainings: int, train_samples: int, parti
     return [PYTHON, "-m", "gpupack", "+sweep=mnist_pack", "cluster=slurm", f"partitions=[{partition}]",
             "cluster.poll_s=0.5", f"cluster.cpus_per_training={CPUS_PER_TRAINING}",
             f"cluster.mem_gb_per_training={MEM_GB_PER_TRAINING}", "cluster.timeout_min=10", f"packing.factors=[{n}]",
-            "packing.repeats=1", "packing.start=fork", f"sweep.grid.lr=[{LR}]", f"sweep.grid.batch_size=[{BATCH}]",
+            "packing.repeats=1", "packing.process.start=fork", f"sweep.grid.lr=[{LR}]", f"sweep.grid.batch_size=[{BATCH}]",
             f"sweep.grid.seed=range(0,{n_trainings})", f"sweep.fixed.train_samples={train_samples}",
             "sweep.fixed.epochs=1", "sweep.fixed.val_samples=2000", f"run_dir={folder}"]
 

@@ -23,6 +23,11 @@ from gpupack.config import GpupackConfig, register_configs
 from gpupack.errors import ConfigError, nearest
 
 GRID_PREFIX = "sweep.grid."
+# Options each packing mode now owns (packing.<mode>.<option>), by their former key.
+MOVED = {"packing.mps": "packing.process.mps", "packing.start": "packing.process.start",
+         "packing.cpu_affinity": "packing.process.cpu_affinity",
+         "packing.tf_gpu_memory_budget_mb": "packing.tf_logical.gpu_memory_budget_mb",
+         "packing.tf_gpu_memory_reserve_mb": "packing.tf_logical.gpu_memory_reserve_mb"}
 FREE_PREFIXES = (GRID_PREFIX, "sweep.fixed.")
 
 
@@ -97,6 +102,9 @@ def translate(err: Exception, overrides: Sequence[str]) -> ConfigError:
         key = getattr(cause, "full_key", None) or "config"
         msg = _first_line(cause)
         m = re.search(r"Key '([^']+)' is not in struct", msg) or re.search(r"Key '([^']+)' not in '", msg)
+        if m and key in MOVED:  # options that now live under their mode
+            return ConfigError(key, _value_for(key, overrides), "this option moved under its packing mode",
+                               f"write {MOVED[key]}={_value_for(key, overrides)}")
         if m:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
             given = next((o.lstrip("+~") for o in overrides if o.lstrip("+~").startswith(f"{key}.")), None)

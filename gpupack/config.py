@@ -5,7 +5,7 @@ semantic checks (N >= 1, a known mode, an existing data path) live in :mod:`gpup
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -32,7 +32,8 @@ class SweepConfig:
 
 @dataclass
 class PackingConfig:
-    """How trainings share a device."""
+    """How trainings share a device. Each mode's own options are packing.<mode>.* (its module's Options dataclass,
+    added by :func:`packing_schema`): packing.process.mps, packing.process.start, packing.tf_logical.*."""
 
     # Packing factors N to measure: N trainings at once on one device. The source study's GPU factors were
     # 1, 3, 5, 8, 13, 21, 34; the default here suits a 2-core machine.
@@ -45,19 +46,6 @@ class PackingConfig:
     threads_per_training: Optional[int] = None
     # Device the trainings use: auto (a GPU when the job has one, else CPU), cpu, or cuda.
     device: str = "auto"
-    # process mode on a GPU node: run the N trainings under CUDA MPS (started and always stopped by the pack).
-    mps: bool = False
-    # process mode: how each training's process starts. auto: forked from one preloaded server per pack (the
-    # framework, the workload and its data imported once) when the workload allows it, else a fresh interpreter;
-    # fork: require the server; fresh: always a fresh interpreter (what command and TensorFlow workloads use).
-    start: str = "auto"
-    # process mode: bind each training to its own share of the job's cores (sched_setaffinity) instead of letting
-    # N trainings float over all of them.
-    cpu_affinity: bool = False
-    # tf_logical mode on a GPU: the GPU memory shared out among the N logical GPUs (MB); null: the GPU's
-    # memory less tf_gpu_memory_reserve_mb, kept back for the CUDA context and TensorFlow itself.
-    tf_gpu_memory_budget_mb: Optional[int] = None
-    tf_gpu_memory_reserve_mb: int = 1024
     # Seconds between two samples of the device (GPU utilization and memory via NVML; CPU % and RSS always).
     sample_interval_s: float = 1.0
     # A training running longer than this is stopped and recorded as timed out; null: no limit.
@@ -105,11 +93,21 @@ class GpupackConfig:
     dry_run: bool = False
 
 
+def packing_schema() -> type:
+    """PackingConfig with one section per packing mode that has options, typed by the mode's own dataclass: the
+    modes own their options, and no mode is named here."""
+    from gpupack.pack import available_modes, load_packer
+
+    sections = [(mode, packer.Options, field(default_factory=packer.Options))
+                for mode, packer in ((m, load_packer(m)) for m in available_modes()) if packer.Options]
+    return make_dataclass("PackingConfig", sections, bases=(PackingConfig,))
+
+
 def register_configs() -> None:
     from gpupack.submit import backend_configs  # each backend module owns its config dataclass
 
     cs = ConfigStore.instance()
-    cs.store(name="gpupack_schema", node=GpupackConfig)
+    cs.store(name="gpupack_schema", node=GpupackConfig(packing=packing_schema()()))
     for backend, node in backend_configs().items():
         cs.store(group="cluster", name=f"{backend}_schema", node=node, package="cluster")
     cs.store(group="rgu", name="rgu_schema", node=RguConfig, package="rgu")

@@ -146,7 +146,7 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     check_fit([min(p["pack"], len(job_overrides))], facts, key=lambda i: f"{KEY}.pack", noun="jobs")
     settings = PackSettings(device=p["device"], threads_per_training=p.get("threads_per_job"),
                             training_timeout_s=p.get("job_timeout_s"), gpu_model=p.get("gpu_model"),
-                            sample_interval_s=float(p["sample_interval_s"]), mps=bool(p.get("mps")))
+                            sample_interval_s=float(p["sample_interval_s"]), mode_options=launcher_mode_options(p))
     workload = load_workload(WORKLOAD)
     from gpupack.pack import load_packer
 
@@ -164,6 +164,16 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     record = {"cluster": dataclasses.asdict(cluster), "hydra_launcher": dict(p), "hydra_task": task}
     return sweep.Prepared(name=task, plan=plan, run=run, backend=backend, settings=settings, config=record,
                           capacities=dict(facts.capacities))
+
+
+def launcher_mode_options(p: Mapping[str, Any]) -> dict[str, Any]:
+    """The launcher's mps option, given to its mode when that mode has one (process: packing.process.mps)."""
+    from gpupack.pack import load_packer
+
+    options = load_packer(str(p["mode"]), key=f"{KEY}.mode").Options
+    if options is None or "mps" not in {f.name for f in dataclasses.fields(options)}:
+        return {}
+    return {str(p["mode"]): options(mps=bool(p.get("mps")))}
 
 
 def make_sweep_dir(cfg: Any) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from gpupack.errors import ConfigError, nearest
-from gpupack.pack import load_packer
+from gpupack.pack import available_modes, load_packer
 from gpupack.pack.job import PackSettings
 from gpupack.plan import Plan, expand_grid, grid_values, make_plan
 from gpupack.rundir import check_name
@@ -21,7 +21,6 @@ from gpupack.submit import PackRequest
 from gpupack.workload import Workload, load_workload
 
 DEVICES = ("auto", "cpu", "cuda")
-STARTS = ("auto", "fork", "fresh")
 
 
 @dataclass(frozen=True)
@@ -153,8 +152,6 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
         value = packing[key]
         if value is not None and not value > 0:
             raise ConfigError(f"packing.{key}", value, "must be > 0 or null", "leave it null for no limit")
-    if packing.start not in STARTS:
-        raise ConfigError("packing.start", packing.start, "unknown start method", nearest(packing.start, STARTS))
     if packing.device not in DEVICES:
         raise ConfigError("packing.device", packing.device, "unknown device", nearest(packing.device, DEVICES))
     return factors, modes
@@ -164,10 +161,18 @@ def pack_settings(packing: Any) -> PackSettings:
     return PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
                         training_timeout_s=packing.training_timeout_s,
                         memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
-                        sample_interval_s=packing.sample_interval_s, mps=packing.mps, start=packing.start,
-                        cpu_affinity=packing.cpu_affinity,
-                        tf_gpu_memory_budget_mb=packing.tf_gpu_memory_budget_mb,
-                        tf_gpu_memory_reserve_mb=packing.tf_gpu_memory_reserve_mb)
+                        sample_interval_s=packing.sample_interval_s, mode_options=mode_options(packing))
+
+
+def mode_options(packing: Any) -> dict[str, Any]:
+    """packing.<mode>.* as each mode's own Options instance (what the pack's job gets)."""
+    out = {}
+    for mode in available_modes():
+        options = load_packer(mode).Options
+        if options is not None:
+            given = packing.get(mode) if hasattr(packing, "get") else None
+            out[mode] = options(**OmegaConf.to_container(given)) if given is not None else options()
+    return out
 
 
 def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int], facts: ClusterFacts,

@@ -195,3 +195,16 @@ def test_packs_whose_every_training_failed_are_not_timed():
     out = summarize(trainings, packs).set_index("factor")
     assert pd.isna(out.loc[1, "time_per_training_s"]) and out.loc[1, "failed"] == 1
     assert out.loc[2, "time_per_training_s"] == 2.0 and pd.isna(out.loc[2, "pack_samples_per_s"])
+
+
+def test_each_mode_owns_its_options():
+    """packing.<mode>.* is the mode's own dataclass, reaching the pack as PackSettings.mode_options."""
+    from gpupack.pack.process import ProcessOptions
+    from gpupack.pack.tf_logical import TfLogicalOptions
+
+    p = sweep.prepare(["+sweep=mnist_pack", "packing.process.start=fresh", "packing.process.cpu_affinity=true",
+                       "packing.tf_logical.gpu_memory_reserve_mb=512"])
+    opts = p.settings.mode_options
+    assert opts["process"] == ProcessOptions(start="fresh", cpu_affinity=True)
+    assert opts["tf_logical"] == TfLogicalOptions(gpu_memory_reserve_mb=512)
+    assert "fused" not in opts  # a mode with no options has no section

@@ -18,6 +18,7 @@ import pytest
 from gpupack.cli import main
 from gpupack.errors import RunDirError
 from gpupack.pack.job import PackSettings, run_pack
+from gpupack.pack.process import ProcessOptions
 from gpupack.plan import make_plan
 from gpupack.records import read_json, write_json_atomic
 from gpupack.rundir import RunDir, RunLock
@@ -94,7 +95,7 @@ def test_sigkilled_training_is_recorded_as_killed(tmp_path, start):
 
     killer = multiprocessing.Process(target=kill_when_started)
     killer.start()
-    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", start=start))
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", mode_options={"process": ProcessOptions(start=start)}))
     killer.join()
     recs = _records(run, pack)
     _assert_others_completed(recs)

@@ -15,6 +15,7 @@ from gpupack.mps import mps_daemon
 from gpupack.pack import PackContext
 from gpupack.pack.job import PackSettings, run_pack
 from gpupack.pack.process import PACKER as PROCESS
+from gpupack.pack.process import ProcessOptions
 from gpupack.pack.tf_logical import logical_devices, split_memory_mb
 from gpupack.plan import make_plan
 from gpupack.records import read_json, write_json_atomic
@@ -92,7 +93,7 @@ def test_mps_starts_passes_its_dirs_to_trainings_and_quits(tmp_path, mps_stand_i
     run, pack = _pack(tmp_path, {"lr": [0.1, 0.2],
                                  "report_env": ["CUDA_MPS_PIPE_DIRECTORY,CUDA_MPS_LOG_DIRECTORY"]})
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ),
-                      settings=PackSettings(mps=True), gpu_memory_total_mb=16384)
+                      settings=PackSettings(mode_options={"process": ProcessOptions(mps=True)}), gpu_memory_total_mb=16384)
     outcomes = PROCESS.run(pack.trainings, ctx)
     calls = mps_stand_in()
     assert [c["argv"] for c in calls] == [["-d"], []] and calls[1]["stdin"] == "quit\n"
@@ -107,7 +108,7 @@ def test_mps_starts_passes_its_dirs_to_trainings_and_quits(tmp_path, mps_stand_i
 def test_mps_quits_when_the_pack_fails(tmp_path, mps_stand_in, monkeypatch):
     run, pack = _pack(tmp_path, {"lr": [0.1]})
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ),
-                      settings=PackSettings(mps=True), gpu_memory_total_mb=16384)
+                      settings=PackSettings(mode_options={"process": ProcessOptions(mps=True)}), gpu_memory_total_mb=16384)
 
     def broken(self, trainings, ctx):
         raise RuntimeError("the packer broke")
@@ -128,7 +129,7 @@ def test_mps_missing_binary_is_a_clear_error(tmp_path, monkeypatch):
 def test_mps_on_a_job_without_gpu_is_refused(tmp_path):
     run, pack = _pack(tmp_path, {"lr": [0.1]})
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ),
-                      settings=PackSettings(mps=True), gpu_memory_total_mb=None)
+                      settings=PackSettings(mode_options={"process": ProcessOptions(mps=True)}), gpu_memory_total_mb=None)
     with pytest.raises(ConfigError, match="needs a GPU"):
         PROCESS.run(pack.trainings, ctx)
 
@@ -159,7 +160,7 @@ def test_tf_logical_pack_one_training_raises_the_others_finish(tmp_path):
     (["+sweep=mnist_pack", "packing.modes=[tf_logical]"], ["packing.modes='tf_logical'", "torch workload"]),
     (["+sweep=mnist_tf_pack", "cluster=fir", "cluster.account=def-pi", "partitions=[h100_1g.10gb]",
       "packing.factors=[1,34]", "cluster.cpus_per_training=0.25"], ["packing.factors=34", "use N <= 18"]),
-    (["+sweep=mnist_pack", "packing.mps=true"], ["packing.mps=True", "needs a GPU and this node has none"]),
+    (["+sweep=mnist_pack", "packing.process.mps=true"], ["packing.process.mps=True", "needs a GPU and this node has none"]),
     (["+sweep=cifar10_pack"], ["sweep.fixed.data_dir=None", "data_batch_1", "test_batch"]),
 ])
 def test_tf_bad_input(tmp_path, capsys, monkeypatch, overrides, needles):

@@ -68,6 +68,8 @@ class Packer(ABC):
     name: ClassVar[str]
     # True: the trainings of one pack must share a group key (fused: same shapes); the plan groups them up front.
     groups: ClassVar[bool] = False
+    # The mode's own options: a dataclass whose fields are packing.<mode>.<field> (None: the mode has none).
+    Options: ClassVar[type | None] = None
 
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
         """Refuse, before submission, a workload, N or option this mode cannot host (raise ConfigError)."""
@@ -82,6 +84,15 @@ class Packer(ABC):
 
         Call ctx.on_started(training_id, pid) as each starts and ctx.on_finished(outcome) as each ends. One training failing must never stop the others.
         """
+
+
+def options_of(settings: Any, mode: str) -> Any:
+    """The options of ``mode`` in a pack's settings (its defaults when the settings carry none)."""
+    given = (getattr(settings, "mode_options", None) or {}).get(mode)
+    if given is not None:
+        return given
+    options = load_packer(mode).Options
+    return options() if options else None
 
 
 def available_modes() -> list[str]:

@@ -10,12 +10,12 @@ import os
 import re
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from gpupack.monitor import DeviceInfo, detect_device, visible_index
-from gpupack.pack import PackContext, TrainingOutcome, load_packer, threads_for
+from gpupack.pack import PackContext, TrainingOutcome, load_packer, options_of, threads_for
 from gpupack.plan import Pack, Plan, Training
 from gpupack.records import (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, is_completed, pack_record, read_json,
                              training_record, write_json_atomic)
@@ -37,11 +37,8 @@ class PackSettings:
     # cannot name the device itself.
     gpu_model: str | None = None
     sample_interval_s: float = 1.0
-    mps: bool = False
-    start: str = "auto"  # process mode: auto | fork | fresh
-    cpu_affinity: bool = False
-    tf_gpu_memory_budget_mb: int | None = None
-    tf_gpu_memory_reserve_mb: int = 1024
+    # Each mode's own options (mode → its Options dataclass instance: packing.process.*, packing.tf_logical.*).
+    mode_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 def job_cores() -> int:
@@ -143,7 +140,7 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, A
         write_json_atomic(run.training_record(pack_id, rec["training_id"]), rec)
         records.append(rec)
 
-    sampler = Sampler(interval_s=settings.sample_interval_s, mps=settings.mps and pack.mode == "process",
+    sampler = Sampler(interval_s=settings.sample_interval_s, mps=bool(getattr(options_of(settings, pack.mode), "mps", False)),
                       gpu_index=visible_index(os.environ) if info.kind == "gpu" else None, no_gpu_reason=info.note)
     ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ), settings=settings,
                       gpu_memory_total_mb=info.memory_total_mb,

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass
 import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gpupack.errors import ConfigError
+from gpupack.errors import ConfigError, nearest
 from gpupack.forkserver import ForkedProcess, ForkServer, isolate
 from gpupack.mps import mps_daemon
-from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome, worker_env, worker_spec
+from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome, options_of, worker_env, worker_spec
 from gpupack.plan import Training
 from gpupack.records import read_json, write_json_atomic
 from gpupack.workload import Workload, load_workload
@@ -171,35 +172,56 @@ class _Running:
                                result, extra={"timed_out": self.timed_out, "start": self.start, "cpus": self.cpus})
 
 
+STARTS = ("auto", "fork", "fresh")
+
+
+@dataclass
+class ProcessOptions:
+    """packing.process.*: how process mode starts and places its trainings."""
+
+    # On a GPU node: run the N trainings under CUDA MPS (started and always stopped by the pack).
+    mps: bool = False
+    # auto: fork each training from one preloaded server per pack (the framework, the workload and its data imported
+    # once) when the workload allows it, else a fresh interpreter; fork: require the server; fresh: always a fresh
+    # interpreter (what command and TensorFlow workloads use).
+    start: str = "auto"
+    # Bind each training to its own share of the job's cores (sched_setaffinity) instead of letting N trainings
+    # float over all of them.
+    cpu_affinity: bool = False
+
+
 class ProcessPacker(Packer):
     name = "process"
+    Options = ProcessOptions
 
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
-        if getattr(settings, "start", "auto") == "fork" and not workload.forkable:
-            raise ConfigError("packing.start", "fork", f"{workload.name} cannot be forked from a preloaded server "
-                              f"({'a program of its own' if workload.framework in ('command', 'hydra') else 'its framework starts threads at import'})",
-                              "use packing.start=auto (it forks where it can) or fresh")
-        if getattr(settings, "mps", False) and capacity.has_gpu is False:
-            raise ConfigError("packing.mps", True, "CUDA MPS needs a GPU and this node has none",
-                              "set packing.mps=false, or run on a GPU partition")
+        opts = options_of(settings, self.name)
+        if opts.start not in STARTS:
+            raise ConfigError("packing.process.start", opts.start, "unknown start method", nearest(opts.start, STARTS))
+        if opts.start == "fork" and not workload.forkable:
+            raise ConfigError("packing.process.start", "fork", f"{workload.name} cannot be forked from a preloaded "
+                              f"server ({'a program of its own' if workload.framework in ('command', 'hydra') else 'its framework starts threads at import'})",
+                              "use packing.process.start=auto (it forks where it can) or fresh")
+        if opts.mps and capacity.has_gpu is False:
+            raise ConfigError("packing.process.mps", True, "CUDA MPS needs a GPU and this node has none",
+                              "set packing.process.mps=false, or run on a GPU partition")
 
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
-        if not getattr(ctx.settings, "mps", False):
+        if not options_of(ctx.settings, self.name).mps:
             return self._run(trainings, ctx)
         if ctx.gpu_memory_total_mb is None:
-            raise ConfigError("packing.mps", True, "CUDA MPS needs a GPU and this job has none",
-                              "set packing.mps=false, or run on a GPU partition")
+            raise ConfigError("packing.process.mps", True, "CUDA MPS needs a GPU and this job has none",
+                              "set packing.process.mps=false, or run on a GPU partition")
         with mps_daemon(ctx.env) as mps_env:
             return self._run(trainings, dataclasses.replace(ctx, env={**ctx.env, **mps_env}))
 
     def _run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
         running: list[_Running] = []
         workloads = {name: load_workload(name) for name in {t.workload for t in trainings}}
-        settings = ctx.settings
-        method = start_method(getattr(settings, "start", "fresh"), list(workloads.values()))
+        opts = options_of(ctx.settings, self.name) if ctx.settings is not None else ProcessOptions(start="fresh")
+        method = start_method(opts.start, list(workloads.values()))
         cores = job_cpus()
-        cpus = [cpus_for(cores, len(trainings), i) if getattr(settings, "cpu_affinity", False) else None
-                for i in range(len(trainings))]
+        cpus = [cpus_for(cores, len(trainings), i) if opts.cpu_affinity else None for i in range(len(trainings))]
         server = None
         try:
             if method == "fork":

@@ -10,10 +10,11 @@ failed while the others go on.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 from gpupack.errors import ConfigError
-from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome
+from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome, options_of
 from gpupack.pack.host import host_specs, run_host
 from gpupack.plan import Training
 from gpupack.workload import Workload, load_workload
@@ -28,13 +29,13 @@ def split_memory_mb(total_mb: float, n: int, reserve_mb: float, budget_mb: float
     """
     budget = budget_mb if budget_mb is not None else total_mb - reserve_mb
     if budget > total_mb:
-        raise ConfigError("packing.tf_gpu_memory_budget_mb", budget_mb, f"more than the GPU's {total_mb:.0f} MB",
+        raise ConfigError("packing.tf_logical.gpu_memory_budget_mb", budget_mb, f"more than the GPU's {total_mb:.0f} MB",
                           f"give at most {total_mb - reserve_mb:.0f}")
     per = int(budget // n)
     if per < min_per_split_mb:
         raise ConfigError(key, n, f"{n} logical GPUs of {per} MB each (budget {budget:.0f} MB of {total_mb:.0f} MB) "
                           f"are below the workload's minimum of {min_per_split_mb:.0f} MB",
-                          f"use N <= {int(budget // min_per_split_mb)}, or raise packing.tf_gpu_memory_budget_mb")
+                          f"use N <= {int(budget // min_per_split_mb)}, or raise packing.tf_logical.gpu_memory_budget_mb")
     return per
 
 
@@ -42,8 +43,19 @@ def logical_devices(kind: str, n: int) -> list[str]:
     return [f"/device:{'GPU' if kind == 'gpu' else 'CPU'}:{i}" for i in range(n)]
 
 
+@dataclass
+class TfLogicalOptions:
+    """packing.tf_logical.*: how a GPU is split into N logical GPUs."""
+
+    # The GPU memory shared out among the N logical GPUs (MB); null: the GPU's memory less gpu_memory_reserve_mb,
+    # kept back for the CUDA context and TensorFlow itself.
+    gpu_memory_budget_mb: Optional[int] = None
+    gpu_memory_reserve_mb: int = 1024
+
+
 class TfLogicalPacker(Packer):
     name = "tf_logical"
+    Options = TfLogicalOptions
 
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
         if workload.framework != "tensorflow":
@@ -51,8 +63,9 @@ class TfLogicalPacker(Packer):
                               "TF logical devices only host TensorFlow trainings",
                               f"use packing.modes=[process] for {workload.name}")
         if capacity.has_gpu and capacity.gpu_memory_mb:
-            split_memory_mb(capacity.gpu_memory_mb, factor, settings.tf_gpu_memory_reserve_mb,
-                            settings.tf_gpu_memory_budget_mb, workload.min_gpu_memory_mb)
+            opts = options_of(settings, self.name)
+            split_memory_mb(capacity.gpu_memory_mb, factor, opts.gpu_memory_reserve_mb, opts.gpu_memory_budget_mb,
+                            workload.min_gpu_memory_mb)
 
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
         n = len(trainings)
@@ -60,8 +73,9 @@ class TfLogicalPacker(Packer):
         memory_mb = None
         if on_gpu:
             workload = load_workload(trainings[0].workload)
-            memory_mb = split_memory_mb(ctx.gpu_memory_total_mb, n, ctx.settings.tf_gpu_memory_reserve_mb,
-                                        ctx.settings.tf_gpu_memory_budget_mb, workload.min_gpu_memory_mb)
+            opts = options_of(ctx.settings, self.name)
+            memory_mb = split_memory_mb(ctx.gpu_memory_total_mb, n, opts.gpu_memory_reserve_mb,
+                                        opts.gpu_memory_budget_mb, workload.min_gpu_memory_mb)
         devices = logical_devices("gpu" if on_gpu else "cpu", n)
         spawned = time.time()
         specs = host_specs(trainings, ctx, spawned, devices)
