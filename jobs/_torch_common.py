@@ -4,7 +4,49 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from gpupack.workload import TrainingContext
+from abc import abstractmethod
+from typing import ClassVar
+
+from gpupack.workload import TrainingContext, Workload
+from jobs._params import LOADER_PARAM, TORCH_KNOBS, TORCH_LOADER_KEYS
+
+
+class TorchImageWorkload(Workload):
+    """A torch classifier on an image data set, trained alone (:func:`run`) or fused with others of its shape
+    (jobs/_torch_fused.py): what mnist_torch and cifar10_torch share. A subclass names its data module, builds its
+    model, and says which hyperparameters fix that model's shape."""
+
+    framework = "torch"
+    forkable = True  # torch imports without threads or CUDA: trainings fork from a preloaded server
+    fusable = True  # N models of one shape train as one batched model
+    loader_param, loader_keys, knob_keys = LOADER_PARAM, TORCH_LOADER_KEYS, TORCH_KNOBS
+    data: ClassVar[Any]  # a module with load(data_dir) → x_train, y_train, x_test, y_test, source
+    shape_keys: ClassVar[tuple[str, ...]]  # the hyperparameters that fix the model's shape (fused groups)
+    weight_decay: ClassVar[float] = 0.0
+    eval_batch: ClassVar[int] = 2000
+
+    @abstractmethod
+    def build(self, params: Any, nn: Any) -> Any:
+        """The model for these hyperparameters, from ``torch.nn``."""
+
+    def preload(self, params: Any) -> None:
+        preload(self.data.load, params)
+
+    def fuse_key(self, params: Any) -> tuple[Any, ...]:
+        from jobs import _torch_fused
+
+        return _torch_fused.fuse_key(params, *self.shape_keys)
+
+    def train_fused(self, params: Any, ctxs: Any) -> list[Any]:
+        from jobs import _torch_fused
+
+        return _torch_fused.train_fused(params, ctxs, self.data.load(params[0].data_dir),
+                                        lambda nn, p: self.build(p, nn), weight_decay=self.weight_decay,
+                                        eval_batch=self.eval_batch)
+
+    def train(self, params: Any, ctx: TrainingContext) -> dict[str, Any]:
+        return run(params, ctx, self.data.load(params.data_dir), lambda nn: self.build(params, nn),
+                   weight_decay=self.weight_decay, eval_batch=self.eval_batch)
 
 
 def preload(load: Any, params: Any) -> None:

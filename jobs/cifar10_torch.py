@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpupack.workload import TrainingContext, Workload, require_positive
+from gpupack.workload import require_positive
 from jobs import _cifar10_data
-from jobs._params import LOADER_PARAM, TORCH_KNOBS, TORCH_LOADER_KEYS, TorchLoaderParams
 from jobs import _torch_common as common
+from jobs._params import TorchLoaderParams
 
 
 @dataclass
@@ -18,38 +18,21 @@ class Cifar10TorchParams(TorchLoaderParams):
     blocks: int = 2
 
 
-class Cifar10Torch(Workload):
+class Cifar10Torch(common.TorchImageWorkload):
     name = "cifar10_torch"
-    framework = "torch"
-    forkable = True  # torch imports without threads or CUDA: trainings fork from a preloaded server
-    fusable = True  # N ResNets of one shape train as one batched model; BatchNorm's statistics stay per model
     Params = Cifar10TorchParams
-    loader_param, loader_keys, knob_keys = LOADER_PARAM, TORCH_LOADER_KEYS, TORCH_KNOBS
+    data = _cifar10_data
+    shape_keys = ("width", "blocks")  # BatchNorm's running statistics stay per model when fused
+    weight_decay = 5e-4
+    eval_batch = 1000
 
     def check(self, params: Cifar10TorchParams) -> None:
         require_positive(params, "lr", "batch_size", "epochs", "width", "blocks", "train_samples",
                          "val_samples")
         _cifar10_data.find_dir(params.data_dir)
 
-    def preload(self, params: Any) -> None:
-        common.preload(_cifar10_data.load, params)
-
-    def fuse_key(self, params: Cifar10TorchParams) -> tuple[Any, ...]:
-        from jobs import _torch_fused
-
-        return _torch_fused.fuse_key(params, "width", "blocks")
-
-    def train_fused(self, params: Any, ctxs: Any) -> list[Any]:
-        from jobs import _torch_fused
-
-        return _torch_fused.train_fused(params, ctxs, _cifar10_data.load(params[0].data_dir),
-                                        lambda nn, p: small_resnet(nn, p.width, p.blocks), weight_decay=5e-4,
-                                        eval_batch=1000)
-
-    def train(self, params: Cifar10TorchParams, ctx: TrainingContext) -> dict[str, Any]:
-        return common.run(params, ctx, _cifar10_data.load(params.data_dir),
-                          lambda nn: small_resnet(nn, params.width, params.blocks), weight_decay=5e-4,
-                          eval_batch=1000)
+    def build(self, params: Cifar10TorchParams, nn: Any) -> Any:
+        return small_resnet(nn, params.width, params.blocks)
 
 
 def small_resnet(nn: Any, width: int, blocks: int) -> Any:
