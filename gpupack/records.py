@@ -58,9 +58,15 @@ def pack_record(**fields: Any) -> dict[str, Any]:
     return {"schema": SCHEMA_VERSION, "kind": "pack", **fields}
 
 
+def read_json_or_none(path: Path | str) -> dict[str, Any] | None:
+    """The JSON object at ``path``; None when it is missing, torn or not an object (nothing usable was written)."""
+    try:
+        return read_json(Path(path))
+    except (OSError, ValueError):
+        return None
+
+
 def is_completed(path: Path) -> bool:
     """True when ``path`` holds a complete training record of a training that finished."""
-    try:
-        return read_json(path).get("status") == COMPLETED
-    except (OSError, ValueError):
-        return False
+    rec = read_json_or_none(path)
+    return rec is not None and rec.get("status") == COMPLETED

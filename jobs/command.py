@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gpupack.errors import ConfigError, nearest
+from gpupack.records import read_json_or_none
 from gpupack.result import ENV as RESULT_ENV
 from gpupack.workload import Launch, TrainingContext, Workload
 
@@ -146,7 +147,7 @@ class Command(Workload):
             ctx.reporter.loop_ended()
             if proc.returncode != 0:
                 raise RuntimeError(f"{launch.argv[0]} exited with code {proc.returncode}")
-            raw = _load(path)
+            raw = read_json_or_none(path)
         return dict((raw or {}).get("metrics") or {})
 
 
@@ -170,17 +171,6 @@ def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:
         if not (Path(script) if os.path.isabs(script) else cwd / script).is_file():
             raise ConfigError("argv[1]", script, f"no such script (looked in {cwd})",
                               "give the script's path, or set sweep.fixed.cwd to the folder that holds it")
-
-
-def _load(path: str) -> dict[str, Any] | None:
-    import json
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def result_from_report(raw: dict[str, Any] | None, spawned_at: float, ended_at: float) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from gpupack.forkserver import ForkedProcess, ForkServer, isolate
 from gpupack.mps import mps_daemon
 from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome, options_of, worker_env, worker_spec
 from gpupack.plan import Training
-from gpupack.records import read_json, write_json_atomic
+from gpupack.records import read_json_or_none, write_json_atomic
 from gpupack.workload import Workload, load_workload
 
 POLL_S = 0.05
@@ -32,14 +32,6 @@ def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
-
-
-def _read_result(path: Path) -> dict[str, Any] | None:
-    """What the training wrote at its result path; a torn or foreign file counts as nothing written."""
-    try:
-        return read_json(path)
-    except (OSError, ValueError):
-        return None
 
 
 def _child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = None) -> Callable[[], None]:
@@ -158,7 +150,7 @@ class _Running:
         sig = -code if code < 0 else None
         result = None
         if code == 0:
-            raw = _read_result(self.result_path)
+            raw = read_json_or_none(self.result_path)  # torn or foreign: nothing written
             result = self.workload.result(self.training.params, raw, self.started_at, self.ended_at)
         error = None
         if code != 0:
