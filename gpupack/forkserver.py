@@ -202,7 +202,6 @@ class ForkServer:
             why = (reply or {}).get("error") or f"no answer (see {log})"
             self.close()
             raise RuntimeError(f"the fork server did not start: {why}")
-        self.preload_s = float(reply["ready"])
 
     def _send(self, msg: Mapping[str, Any]) -> None:
         assert self.proc.stdin is not None

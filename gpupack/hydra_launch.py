@@ -143,16 +143,14 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
         f"partitions.{label}.request": "gpus_per_node"})
     facts = sweep.ask_backend(backend, [])
     # The largest pack this batch really makes: pack=8 with 2 jobs asks for 2 jobs' share, not 8.
-    check_fit([min(p["pack"], len(job_overrides))], facts, key=lambda i: f"{KEY}.pack", noun="jobs")
+    largest = min(p["pack"], len(job_overrides))
+    check_fit([largest], facts, key=lambda i: f"{KEY}.pack", noun="jobs")
     settings = PackSettings(device=p["device"], threads_per_training=p.get("threads_per_job"),
                             training_timeout_s=p.get("job_timeout_s"), gpu_model=p.get("gpu_model"),
                             sample_interval_s=float(p["sample_interval_s"]), mode_options=launcher_mode_options(p))
     workload = load_workload(WORKLOAD)
-    from gpupack.pack import load_packer
-
-    load_packer(str(p["mode"]), key=f"{KEY}.mode")
     try:
-        check_modes(workload, [p["mode"]], [p["pack"]], facts, settings)
+        check_modes(workload, [p["mode"]], [largest], facts, settings)
     except ConfigError as err:  # a mode speaks of gpupack's own keys: say the launcher's
         raise ConfigError(f"{KEY}.mode", p["mode"], err.why, f"use {KEY}.mode=process") from None
     cfg = launcher.config
@@ -167,7 +165,8 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
 
 
 def launcher_mode_options(p: Mapping[str, Any]) -> dict[str, Any]:
-    """The launcher's mps option, given to its mode when that mode has one (process: packing.process.mps)."""
+    """The launcher's mps option, given to its mode when that mode has one (process: packing.process.mps).
+    Loading the mode here is also where an unknown hydra.launcher.mode is refused."""
     from gpupack.pack import load_packer
 
     options = load_packer(str(p["mode"]), key=f"{KEY}.mode").Options
@@ -190,8 +189,9 @@ def failed_return(launcher: Any, training_params: Mapping[str, Any], pack: Pack,
     rec = read_json(path) if path.exists() else {}
     status, error = rec.get("status", "not run"), (rec.get("error") or "").strip().splitlines()
     overrides = list(training_params["overrides"])
-    why = f"job #{training_params['job_num']} ({' '.join(overrides) or 'no overrides'}) {status} in gpupack pack " \
-          f"{pack.pack_id}" + (f": {error[-1]}" if error else "") + f" (logs: {run.log(pack.pack_id, training_id, 'err')})"
+    why = (f"job #{training_params['job_num']} ({' '.join(overrides) or 'no overrides'}) {status} in gpupack pack "
+           f"{pack.pack_id}" + (f": {error[-1]}" if error else "")
+           + f" (logs: {run.log(pack.pack_id, training_id, 'err')})")
     ret = JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=JobFailed(why),
                     task_name=str(launcher.config.hydra.job.name))
     try:

@@ -28,7 +28,7 @@ from gpupack.plan import Pack, Plan
 from gpupack.records import is_completed, read_json, write_json_atomic
 from gpupack.rundir import RunDir, RunLock, check_name
 from gpupack.submit import DONE, FAILED, PENDING, RUNNING, PackResult, ProgressFn, Submitter, load_submitter
-from gpupack.validate import ClusterFacts, check_packing, require_sweep, validate
+from gpupack.validate import ClusterFacts, require_sweep, validate
 
 __all__ = ["Prepared", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "ask_backend", "run", "status",
            "collect", "default_run_dir"]
@@ -107,7 +107,6 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
     require_sweep(cfg)
     run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(check_name("sweep.name", cfg.sweep.name)))
     backend = load_submitter(cfg.cluster.backend, cfg.cluster, run)
-    check_packing(cfg)  # the factors are whole numbers before the backend is asked what a pack of N needs
     facts = ask_backend(backend, cfg.partitions)
     spec = validate(cfg, facts)
     if not cfg.wait:

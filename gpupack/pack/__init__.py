@@ -82,7 +82,8 @@ class Packer(ABC):
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
         """Start all trainings at once on ctx.device, wait for all, and say how each ended.
 
-        Call ctx.on_started(training_id, pid) as each starts and ctx.on_finished(outcome) as each ends. One training failing must never stop the others.
+        Call ctx.on_started(training_id, pid) as each starts and ctx.on_finished(outcome) as each ends. One
+        training failing must never stop the others.
         """
 
 

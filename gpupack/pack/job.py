@@ -140,7 +140,8 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, A
         write_json_atomic(run.training_record(pack_id, rec["training_id"]), rec)
         records.append(rec)
 
-    sampler = Sampler(interval_s=settings.sample_interval_s, mps=bool(getattr(options_of(settings, pack.mode), "mps", False)),
+    mps = bool(getattr(options_of(settings, pack.mode), "mps", False))  # the sampler lists MPS clients then
+    sampler = Sampler(interval_s=settings.sample_interval_s, mps=mps,
                       gpu_index=visible_index(os.environ) if info.kind == "gpu" else None, no_gpu_reason=info.note)
     ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ), settings=settings,
                       gpu_memory_total_mb=info.memory_total_mb,

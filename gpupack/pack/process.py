@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -109,7 +109,6 @@ class _Running:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-
     def enforce(self, timeout_s: float | None) -> None:
         """Past its time limit: SIGTERM its process group, then SIGKILL after a grace period."""
         if timeout_s is None or self.ended_at is not None:
@@ -191,9 +190,10 @@ class ProcessPacker(Packer):
         if opts.start not in STARTS:
             raise ConfigError("packing.process.start", opts.start, "unknown start method", nearest(opts.start, STARTS))
         if opts.start == "fork" and not workload.forkable:
+            why = ("a program of its own" if workload.framework in ("command", "hydra")
+                   else "its framework starts threads at import")
             raise ConfigError("packing.process.start", "fork", f"{workload.name} cannot be forked from a preloaded "
-                              f"server ({'a program of its own' if workload.framework in ('command', 'hydra') else 'its framework starts threads at import'})",
-                              "use packing.process.start=auto (it forks where it can) or fresh")
+                              f"server ({why})", "use packing.process.start=auto (it forks where it can) or fresh")
         if opts.mps and capacity.has_gpu is False:
             raise ConfigError("packing.process.mps", True, "CUDA MPS needs a GPU and this node has none",
                               "set packing.process.mps=false, or run on a GPU partition")

@@ -29,13 +29,14 @@ def split_memory_mb(total_mb: float, n: int, reserve_mb: float, budget_mb: float
     """
     budget = budget_mb if budget_mb is not None else total_mb - reserve_mb
     if budget > total_mb:
-        raise ConfigError("packing.tf_logical.gpu_memory_budget_mb", budget_mb, f"more than the GPU's {total_mb:.0f} MB",
-                          f"give at most {total_mb - reserve_mb:.0f}")
+        raise ConfigError("packing.tf_logical.gpu_memory_budget_mb", budget_mb,
+                          f"more than the GPU's {total_mb:.0f} MB", f"give at most {total_mb - reserve_mb:.0f}")
     per = int(budget // n)
     if per < min_per_split_mb:
         raise ConfigError(key, n, f"{n} logical GPUs of {per} MB each (budget {budget:.0f} MB of {total_mb:.0f} MB) "
                           f"are below the workload's minimum of {min_per_split_mb:.0f} MB",
-                          f"use N <= {int(budget // min_per_split_mb)}, or raise packing.tf_logical.gpu_memory_budget_mb")
+                          f"use N <= {int(budget // min_per_split_mb)}, "
+                          "or raise packing.tf_logical.gpu_memory_budget_mb")
     return per
 
 

@@ -26,9 +26,9 @@ from gpupack.plan import Pack
 from gpupack.submit import (DONE, FAILED, PENDING, RUNNING, PackJob, PackRequest, PackResult, ProgressFn, Submitter,
                             job_result, progress_state)
 
-ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")
+ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")  # what Alliance users export in their shell
 REQUEST_FORMS = ("gpus_per_node", "gres", "none")
-FINISH_POLL_S = 0.2  # how soon a finished pack is seen: a stat of its result file  # what Alliance users export in their shell
+FINISH_POLL_S = 0.2  # how soon a finished pack is seen: a stat of its result file
 
 
 def slurm_command(args: Sequence[str], timeout: float = 30) -> str | None:
