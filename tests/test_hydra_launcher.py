@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,9 +182,17 @@ def test_gpupack_slurm_runs_one_array_task_per_pack(tmp_path, slurm_env):
     jobs = json.loads(next(sweep_dir.glob(".gpupack/*/jobs.json")).read_text())
     assert len(jobs) == 2
     job_ids = [j["job_id"] for j in jobs.values()]
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,Partition,State,AllocTRES", "-j", ",".join(job_ids)],
-                         capture_output=True, text=True, env=slurm_env, check=True).stdout
-    rows = [line.split("|") for line in out.splitlines()]
+
+    def accounted() -> list[list[str]]:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,Partition,State,AllocTRES", "-j",
+                              ",".join(job_ids)], capture_output=True, text=True, env=slurm_env, check=True).stdout
+        return [line.split("|") for line in out.splitlines()]
+
+    # gpupack sees a pack's end from its result file at once; slurmdbd records it a moment later: wait for that.
+    deadline = time.time() + 60
+    while time.time() < deadline and not (len(accounted()) == 2 and all(r[2] == "COMPLETED" for r in accounted())):
+        time.sleep(0.5)
+    rows = accounted()
     assert len(rows) == 2 and all(r[2] == "COMPLETED" and "gres/gpu=1" in r[3] for r in rows), rows
     scripts = list(sweep_dir.glob(".gpupack/*/submitit/*/*_submission.sh"))
     assert len(scripts) == 2
