@@ -6,6 +6,8 @@ tools wrote and prints one plain-text table.
 """
 from __future__ import annotations
 
+import argparse
+
 import datetime as _dt
 import json
 import math
@@ -21,6 +23,15 @@ from typing import Any, Iterable, Sequence
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 DEFAULT_SLURM_CONF = "/tmp/gpupack-slurm/etc/slurm.conf"
+
+
+def parser(name: str, doc: str, quick_help: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes: --quick, --out, --report (each script adds its own)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--out", help=f"output folder (default runs/benchmarks/{name}/<date>_<time>)")
+    ap.add_argument("--report", metavar="OUT", help="re-print the table of an earlier run's folder; runs nothing")
+    return ap
 
 
 def out_dir(name: str, given: str | None) -> Path:

@@ -16,12 +16,11 @@ each mode's best N with the ratio of the two bests (the issue's goal: fused best
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import PYTHON, fmt, out_dir, ratio, read_json, run_logged, say, table, tail, write_json  # noqa: E402
+from _bench import parser, PYTHON, fmt, out_dir, ratio, read_json, run_logged, say, table, tail, write_json  # noqa: E402
 
 FULL = ["packing.factors=[1,2,4,8,16]", "packing.repeats=2", "sweep.grid.lr=[0.02,0.05,0.1,0.2]",
         "sweep.grid.batch_size=[128]", "sweep.grid.seed=[0,1,2,3]", "sweep.fixed.train_samples=10000",
@@ -52,11 +51,7 @@ def report(run_dir: Path) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script works")
-    parser.add_argument("--out", default=None, help="where the run goes (default runs/benchmarks/fused_vs_process/...)")
-    parser.add_argument("--report", default=None, help="re-print the table of an earlier run directory")
-    args = parser.parse_args()
+    args = parser("fused_vs_process", __doc__, "tiny sizes: checks the script works").parse_args()
     if args.report:
         print(report(Path(args.report) / "run"))
         return 0

@@ -29,13 +29,12 @@ about +-30 % between runs (README): compare figures of one run, side by side, ra
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import PYTHON, fmt, out_dir, ratio, read_json, run_logged, say, table, tail, write_json  # noqa: E402
+from _bench import parser, PYTHON, fmt, out_dir, ratio, read_json, run_logged, say, table, tail, write_json  # noqa: E402
 
 STARTS = ("fresh", "fork")
 QUICK = ["packing.factors=[1,2]", "packing.repeats=1", "sweep.grid.lr=[0.1]", "sweep.grid.batch_size=[128]",
@@ -45,7 +44,8 @@ QUICK = ["packing.factors=[1,2]", "packing.repeats=1", "sweep.grid.lr=[0.1]", "s
 def run(out: Path, quick: bool) -> dict[str, Any]:
     results: dict[str, Any] = {"quick": quick, "runs": {}}
     for start in STARTS:
-        argv = [PYTHON, "-m", "gpupack", "+sweep=mnist_pack", f"packing.process.start={start}", f"run_dir={out / start}"]
+        argv = [PYTHON, "-m", "gpupack", "+sweep=mnist_pack", f"packing.process.start={start}",
+                f"run_dir={out / start}"]
         argv += QUICK if quick else []
         say(f"running: {' '.join(argv[1:])}")
         rc, wall = run_logged(argv, out / f"{start}.log")
@@ -114,10 +114,7 @@ def report(out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes, to check that the script works")
-    ap.add_argument("--out", help="output folder (default runs/benchmarks/packing_gain/<date>_<time>)")
-    ap.add_argument("--report", metavar="OUT", help="re-print the table of an earlier run's folder; runs nothing")
+    ap = parser("packing_gain", __doc__, "tiny sizes, to check that the script works")
     args = ap.parse_args()
     if args.report:
         report(Path(args.report))

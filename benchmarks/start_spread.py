@@ -34,14 +34,13 @@ importing torch: about 34 x 0.4 GB of RSS on this machine. Run directories, logs
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import (PYTHON, fmt, load_run, out_dir, ratio, read_json, run_logged, say, table, tail,  # noqa: E402
+from _bench import (parser, PYTHON, fmt, load_run, out_dir, ratio, read_json, run_logged, say, table, tail,  # noqa: E402
                     write_json)
 
 STARTS = ("fresh", "fork")
@@ -125,14 +124,11 @@ def report(out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="N = 1, 4 only, to check that the script works")
+    ap = parser("start_spread", __doc__, "N = 1, 4 only, to check that the script works")
     ap.add_argument("--factors", type=lambda s: [int(x) for x in s.split(",")],
                     help="comma-separated N (default 1,4,16,34; --quick: 1,4)")
     ap.add_argument("--sample-interval", type=float, default=0.2,
                     help="packing.sample_interval_s of every sweep (default 0.2)")
-    ap.add_argument("--out", help="output folder (default runs/benchmarks/start_spread/<date>_<time>)")
-    ap.add_argument("--report", metavar="OUT", help="re-print the table of an earlier run's folder; runs nothing")
     args = ap.parse_args()
     if args.report:
         report(Path(args.report))

@@ -25,7 +25,8 @@ each round (--rounds K alternates them K times), each from the repository root:
     forked from one preloaded server per pack:
       python -m gpupack +sweep=mnist_pack cluster=slurm partitions=[p100] cluster.poll_s=0.5
         cluster.cpus_per_training=0.5 cluster.mem_gb_per_training=0.75 cluster.timeout_min=10
-        packing.factors=[N] packing.repeats=1 packing.process.start=fork sweep.grid.lr=[0.05] sweep.grid.batch_size=[128]
+        packing.factors=[N] packing.repeats=1 packing.process.start=fork sweep.grid.lr=[0.05]
+        sweep.grid.batch_size=[128]
         'sweep.grid.seed=range(0,32)' sweep.fixed.train_samples=10000 sweep.fixed.epochs=1
         sweep.fixed.val_samples=2000 run_dir=DIR
     cpus_per_training=0.5, mem_gb_per_training=0.75: a pack of N=8 then asks ceil(8 x 0.5) = 4 CPUs and 6 GB, so two
@@ -71,7 +72,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import (DEFAULT_SLURM_CONF, PYTHON, REPO, fmt, load_run, median, out_dir, ratio, read_json,  # noqa: E402
+from _bench import (parser, DEFAULT_SLURM_CONF, PYTHON, REPO, fmt, load_run, median, out_dir, ratio, read_json,  # noqa: E402
                     run_logged, say, table, tail, write_json)
 
 TOOLS = ("submitit", "gpupack N=4", "gpupack N=8", "launcher pack=4")
@@ -105,7 +106,8 @@ def command(tool: str, folder: Path, n_trainings: int, train_samples: int, parti
     return [PYTHON, "-m", "gpupack", "+sweep=mnist_pack", "cluster=slurm", f"partitions=[{partition}]",
             "cluster.poll_s=0.5", f"cluster.cpus_per_training={CPUS_PER_TRAINING}",
             f"cluster.mem_gb_per_training={MEM_GB_PER_TRAINING}", "cluster.timeout_min=10", f"packing.factors=[{n}]",
-            "packing.repeats=1", "packing.process.start=fork", f"sweep.grid.lr=[{LR}]", f"sweep.grid.batch_size=[{BATCH}]",
+            "packing.repeats=1", "packing.process.start=fork", f"sweep.grid.lr=[{LR}]",
+            f"sweep.grid.batch_size=[{BATCH}]",
             f"sweep.grid.seed=range(0,{n_trainings})", f"sweep.fixed.train_samples={train_samples}",
             "sweep.fixed.epochs=1", "sweep.fixed.val_samples=2000", f"run_dir={folder}"]
 
@@ -271,16 +273,13 @@ def report(out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="8 trainings of 2000 samples, to check the script works")
+    ap = parser("vs_submitit", __doc__, "8 trainings of 2000 samples, to check the script works")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of the 4 tools, alternated (default 1)")
     ap.add_argument("--trainings", type=int, help="trainings per tool (default 32; --quick: 8)")
     ap.add_argument("--partition", default="p100", help="SLURM partition with typed GPUs (default p100)")
     ap.add_argument("--idle-wait", type=float, default=300, help="seconds to wait for an idle partition")
     ap.add_argument("--sacct-wait", type=float, default=120, help="seconds to wait for sacct to list every job")
     ap.add_argument("--command-timeout", type=float, default=1800, help="seconds one tool's command may take")
-    ap.add_argument("--out", help="output folder (default runs/benchmarks/vs_submitit/<date>_<time>)")
-    ap.add_argument("--report", metavar="OUT", help="re-print the table of an earlier run's folder; runs nothing")
     args = ap.parse_args()
     if args.report:
         report(Path(args.report))
