@@ -9,13 +9,12 @@ exits non-zero, so gpupack records it as failed and Hydra gets Hydra's own failu
 from __future__ import annotations
 
 import numbers
-import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Mapping
 
+from gpupack.records import atomic_file
 from gpupack.workload import Launch, TrainingContext, Workload
 
 PAYLOAD = "hydra_launch.pkl"
@@ -39,15 +38,8 @@ def dump(obj: Any, path: Path) -> None:
     """cloudpickle ``obj`` to ``path`` atomically (a torn pickle must never be read back)."""
     import cloudpickle
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            cloudpickle.dump(obj, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, binary=True) as f:
+        cloudpickle.dump(obj, f)
 
 
 def metrics_of(value: Any) -> dict[str, float]:

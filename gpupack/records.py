@@ -5,11 +5,12 @@ One JSON file per training and one per pack, each with a schema version, written
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import IO, Any, Iterator, Mapping
 
 SCHEMA_VERSION = 1
 COMPLETED = "completed"
@@ -27,12 +28,15 @@ def _file_mode() -> int:
     return 0o666 & ~umask & ~0o002
 
 
-def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+@contextlib.contextmanager
+def atomic_file(path: Path, binary: bool = False) -> Iterator[IO[Any]]:
+    """Write ``path`` all at once: a temp file in the same folder, fsync, the file mode of :func:`_file_mode`, then
+    a rename, so a reader never sees half a file; on an error nothing is left behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True, default=str)
+        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, _file_mode())
@@ -40,6 +44,11 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    with atomic_file(path) as f:
+        json.dump(data, f, indent=1, sort_keys=True, default=str)
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Report a training's result to gpupack from any program: stdlib only, so it imports in a blink and without torch.
+"""Report a training's result to gpupack from any program: it imports only the standard library (and gpupack's
+record writer), so it loads in a blink and without torch.
 
 A program packed by the ``command`` workload finds the path gpupack wants its result at in ``$GPUPACK_RESULT``.
 Outside gpupack (the variable unset) every call here does nothing, so the same script still runs on its own::
@@ -18,29 +19,19 @@ step and at the end, so a training killed mid-way still says when its loop began
 """
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
 ENV = "GPUPACK_RESULT"
 
 
 def write_result(path: str, data: Mapping[str, Any]) -> None:
-    """``data`` as JSON at ``path``, atomically (temp file in the same folder, then rename)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".result.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(dict(data), f, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """``data`` as JSON at ``path``, atomically (gpupack's record writer: temp file, fsync, rename)."""
+    from gpupack.records import write_json_atomic  # the standard library only: no torch, nothing slow
+
+    write_json_atomic(Path(path), dict(data))
 
 
 class TrainingResult:

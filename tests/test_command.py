@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -364,7 +365,7 @@ def test_program_that_vanished_after_validation_fails_alone(tmp_path, vanishing)
 def test_result_is_a_no_op_without_gpupack_result(tmp_path, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(result_module.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a stray temp file would land here
     writes = []
     monkeypatch.setattr(result_module, "write_result", lambda *a, **k: writes.append(a))
     result = TrainingResult()

@@ -59,3 +59,31 @@ def test_is_completed(tmp_path, content, expected):
     if content is not None:
         path.write_text(content)
     assert is_completed(path) is expected
+
+
+def test_a_reader_polling_while_records_are_rewritten_never_sees_half_a_record(tmp_path):
+    """atomic_file (records, fork results, Hydra JobReturns): a reader in another process, polling while a writer
+    rewrites one large record again and again, always reads a whole one."""
+    import multiprocessing
+
+    path = tmp_path / "rec.json"
+    write_json_atomic(path, {"i": -1, "pad": "x" * 200_000})
+    stop = multiprocessing.Event()
+    torn = multiprocessing.Value("i", 0)
+    reads = multiprocessing.Value("i", 0)
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                read_json(path)
+                reads.value += 1
+            except ValueError:
+                torn.value += 1
+
+    proc = multiprocessing.Process(target=reader)
+    proc.start()
+    for i in range(300):
+        write_json_atomic(path, {"i": i, "pad": "x" * 200_000})
+    stop.set()
+    proc.join(30)
+    assert reads.value > 0 and torn.value == 0
