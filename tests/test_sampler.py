@@ -47,7 +47,10 @@ class FakeNvml:
 
 @pytest.fixture
 def two_trainings():
-    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:  # sampled once each is a running interpreter, not an image the kernel has barely mapped
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     yield procs
     for p in procs:
         p.kill()
