@@ -226,8 +226,9 @@ def test_time_limit_requeues_and_finished_trainings_are_not_rerun(tmp_path, slur
     marker = tmp_path / "slow-once"
     args = PROBE + ["partitions=[p100]", "packing.factors=[2]", "sweep.grid.lr=[0.1]",
                     f"sweep.grid.marker=['',{marker}]", "sweep.fixed.first_attempt_sleep_s=600",
-                    # SLURM's limit is 1 minute; the pack is signalled 30 s before it, then requeued by submitit
-                    "cluster.timeout_min=1", "cluster.signal_delay_s=30", f"run_dir={run_dir}"]
+                    # SLURM's limit is 2 minutes; the pack is signalled 30 s before it, then requeued by submitit.
+                    # 90 s per attempt: with 30 s, a loaded CI machine once timed out every attempt.
+                    "cluster.timeout_min=2", "cluster.signal_delay_s=30", f"run_dir={run_dir}"]
     proc = gpupack(args, slurm_env, timeout=540)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = records(run_dir)
