@@ -3,6 +3,7 @@
     python -m gpupack +sweep=NAME [overrides]      run a sweep
     python -m gpupack status RUN_DIR               where each pack stands
     python -m gpupack collect RUN_DIR [...]        aggregate records again
+    python -m gpupack clear-oom RUN_DIR [...]      let N that ran out of memory count again
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ USAGE = """usage:
   python -m gpupack +sweep=NAME [key=value ...]   run a sweep (conf/sweep/NAME.yaml), e.g. +sweep=mnist_pack
   python -m gpupack collect RUN_DIR [RUN_DIR ...]  aggregate the records of one or more runs again
   python -m gpupack status RUN_DIR                 where each pack stands (records, and the queue)
+  python -m gpupack clear-oom RUN_DIR [--partition P] [--mode M] [--factor N]
+                                                   an N that ran out of memory stays infeasible until cleared
 
 overrides use Hydra's grammar: packing.factors=[1,2,4]  sweep.grid.lr=[0.1,0.01]  sweep.grid.seed=range(0,4)
   run_dir=PATH (re-using one resumes it)  dry_run=true (plan only)  cluster=NAME (conf/cluster/NAME.yaml)
@@ -195,6 +198,23 @@ def status_command(args: Sequence[str], console: Console) -> int:
     return 0
 
 
+def clear_oom_command(argv: Sequence[str], console: Console) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpupack clear-oom",
+                                     description="Count again the N whose trainings ran out of memory (the records "
+                                                 "are kept; RUN_DIR/cleared_oom.json says what was cleared).")
+    parser.add_argument("run_dir", metavar="RUN_DIR")
+    parser.add_argument("--partition", default=None)
+    parser.add_argument("--mode", default=None)
+    parser.add_argument("--factor", type=int, default=None, help="only this N")
+    args = parser.parse_args(list(argv))
+    if not Path(args.run_dir).is_dir():
+        raise ConfigError("RUN_DIR", args.run_dir, "not a directory", "give the run directory the sweep printed")
+    n = sweep.clear_oom(args.run_dir, partition=args.partition, mode=args.mode, factor=args.factor)
+    console.print(f"{n} out-of-memory record(s) cleared in {args.run_dir}" if n else
+                  "no out-of-memory record to clear there", highlight=False)
+    return 0
+
+
 def collect_command(argv: Sequence[str], console: Console) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpupack collect",
                                      description="Aggregate the records of one or more gpupack runs.")
@@ -309,6 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return collect_command(args[1:], console)
         if args and args[0] == "status":
             return status_command(args[1:], console)
+        if args and args[0] == "clear-oom":
+            return clear_oom_command(args[1:], console)
         flags, overrides = split_flags(args)
         if flags.get("help"):
             print(help_text(overrides))

@@ -22,6 +22,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 from rich.console import Console
 
+from gpupack.choose import choose, tie_label
 from gpupack.records import COMPLETED, OOM, SCHEMA_VERSION, read_json, write_json_atomic
 from gpupack.rundir import RunDir
 
@@ -39,6 +40,7 @@ NESTED = {"timings", "throughput", "metrics", "memory"}
 # Pack record: the sampler's summary, flattened (its raw samples stay in pack.json).
 PACK_FLAT = ("source", "note", "gpu_util_mean", "gpu_util_max", "gpu_mem_used_peak_mb", "gpu_mem_total_mb",
              "cpu_percent_mean", "overhead_cpu_s", "overhead_fraction")
+CLEARED_OOM = "cleared_oom.json"  # RUN_DIR/cleared_oom.json: OOMs the user cleared (python -m gpupack clear-oom)
 LOADER_BOUND_FRACTION = 0.9  # training throughput at >= 90 % of the loader's own: loader-bound, not GPU-bound
 
 
@@ -51,6 +53,12 @@ class Records:
     # Trainings in each sweep's grid: one entry per run, or per Hydra multirun (its launches, launch_*, add up).
     grid_sizes: dict[str, int] = field(default_factory=dict)
     rgu: dict[str, float] = field(default_factory=dict)  # the RGU table the first run was configured with
+    cleared: list[dict[str, Any]] = field(default_factory=list)  # OOMs a user cleared, per run directory
+
+    def latest(self) -> pd.DataFrame:
+        """Each training's latest record (earlier attempts, kept under attempts/, left out)."""
+        t = self.trainings
+        return t[t["attempt"] == 0] if not t.empty and "attempt" in t else t
 
 
 def flatten(rec: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +80,9 @@ def flatten_pack(rec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _read_all(paths: Iterable[Path], kind: str, run_root: Path, warnings: list[str]) -> list[dict[str, Any]]:
+def _read_all(paths: Iterable[Path], kind: str, run_root: Path, warnings: list[str],
+              attempt: int = 0) -> list[dict[str, Any]]:
+    """Records of one kind; ``attempt`` 0 for the latest, k for an earlier attempt kept under attempts/<k>/."""
     rows = []
     for path in paths:
         try:
@@ -86,8 +96,46 @@ def _read_all(paths: Iterable[Path], kind: str, run_root: Path, warnings: list[s
             warnings.append(f"skipped {path}: record schema {rec.get('schema')!r}, this gpupack reads schema "
                             f"{SCHEMA_VERSION} (collect it with the gpupack version that wrote it)")
         else:
-            rows.append({**(flatten(rec) if kind == "training" else flatten_pack(rec)), "run_dir": str(run_root)})
+            rows.append({**(flatten(rec) if kind == "training" else flatten_pack(rec)), "run_dir": str(run_root),
+                         "attempt": attempt})
     return rows
+
+
+def _attempt_of(path: Path) -> int:
+    return int(path.parent.name) if path.parent.name.isdigit() else 0
+
+
+def _read_attempts(run: RunDir, warnings: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Earlier attempts' records (packs/<id>/attempts/<k>/): a resumed pack moves them there, and they still count
+    (an OOM there makes its N infeasible; a pack whose N trainings all ran together there is still a timing)."""
+    trainings: list[dict[str, Any]] = []
+    packs: list[dict[str, Any]] = []
+    for path in sorted(run.root.glob("packs/*/attempts/*/*.json")):
+        kind, into = ("pack", packs) if path.name == "pack.json" else ("training", trainings)
+        into += _read_all([path], kind, run.root, warnings, attempt=_attempt_of(path) or 1)
+    return trainings, packs
+
+
+def read_cleared(run: RunDir) -> list[dict[str, Any]]:
+    """The OOMs a user cleared (``gpupack clear-oom``): entries {partition, mode, factor, cleared_at}, None = any."""
+    path = run.root / CLEARED_OOM
+    rec = read_json(path) if path.exists() else {}
+    return list(rec.get("cleared", []))
+
+
+def cleared_mask(rows: pd.DataFrame, cleared: Sequence[Mapping[str, Any]]) -> pd.Series:
+    """True for each OOM record a user cleared: it matches an entry and ended before the entry was written."""
+    out = pd.Series(False, index=rows.index)
+    if not cleared or rows.empty:
+        return out
+    ended = pd.to_numeric(rows.get("ended_at"), errors="coerce").fillna(0)
+    for entry in cleared:
+        match = (rows["run_dir"] == entry["run_dir"]) & (ended <= float(entry["cleared_at"]))
+        for key in ("partition", "mode", "factor"):
+            if entry.get(key) is not None:
+                match &= rows[key] == entry[key]
+        out |= match
+    return out
 
 
 def load_records(run_dirs: Sequence[Path]) -> Records:
@@ -98,6 +146,10 @@ def load_records(run_dirs: Sequence[Path]) -> Records:
         run = RunDir(Path(root))
         trainings += _read_all(sorted(run.root.glob("packs/*/trainings/*.json")), "training", run.root, out.warnings)
         packs += _read_all(sorted(run.root.glob("packs/*/pack.json")), "pack", run.root, out.warnings)
+        earlier_trainings, earlier_packs = _read_attempts(run, out.warnings)
+        trainings += earlier_trainings
+        packs += earlier_packs
+        out.cleared += [{**entry, "run_dir": str(run.root)} for entry in read_cleared(run)]
         if run.plan.exists():
             plan = read_json(run.plan)
             sweep_key = str(run.root.parent if run.root.name.startswith("launch_") else run.root)
@@ -116,11 +168,13 @@ def _first(series: pd.Series) -> Any:
     return values.iloc[0] if len(values) else None
 
 
-def summarize(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
+def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Mapping[str, Any]] = ()) -> pd.DataFrame:
     """One row per (workload, partition, GPU type, mode, N).
 
-    Time per training = pack wall / N, over packs whose N trainings all ran together; median and
-    spread over those packs. Failures count every training record that did not complete; OOMs apart.
+    Time per training = pack wall / N, over packs whose N trainings all ran together (in any attempt); median,
+    spread and a bootstrap interval over those packs (:mod:`gpupack.choose`). Every attempt of a training counts:
+    ``failed`` counts attempts that did not complete, ``oom`` those that ran out of memory (unless the user cleared
+    them), ``unfinished`` the trainings whose latest record is not completed.
     """
     if trainings.empty or packs.empty:
         return pd.DataFrame()
@@ -129,26 +183,19 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     if trainings.empty or packs.empty:
         return pd.DataFrame()
     t = trainings.copy()
+    if "attempt" not in t:
+        t["attempt"] = 0
     t["ok"] = t["status"] == COMPLETED
-    t["is_oom"] = t["status"] == OOM
+    t["oom_cleared"] = (t["status"] == OOM) & cleared_mask(t, cleared)
+    t["is_oom"] = (t["status"] == OOM) & ~t["oom_cleared"]
+    t["unfinished"] = (t["attempt"] == 0) & ~t["ok"]
     for col in ("startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb", "peak_gpu_mem_mb"):
         t[col] = pd.to_numeric(t.get(col), errors="coerce")
     t["peak_rss_mb"] = t["peak_rss_mb"].fillna(_sampled_rss(t, packs))
     if "gpu_model" not in t:
         t["gpu_model"] = None
     keys = GROUP + ["factor"]
-    # Timed: packs whose N trainings ran together and of which at least one completed (a pack whose every
-    # training failed at once says nothing of how long a training takes).
-    completed = pd.to_numeric(packs.get("n_completed", pd.Series(1, index=packs.index)), errors="coerce").fillna(1)
-    timed = packs[packs["complete"].astype(bool) & (completed > 0)].copy()
-    for col in ("wall_s", "factor", "sampler_gpu_util_mean", "sampler_cpu_percent_mean", "sampler_gpu_mem_used_peak_mb"):
-        timed[col] = pd.to_numeric(timed.get(col), errors="coerce")
-    timed["time_per_training_s"] = timed["wall_s"] / timed["factor"]
-    pack_samples = t.groupby("pack_id")["samples"].sum().replace(0, math.nan)  # none reported: unknown, not 0
-    timed["pack_samples_per_s"] = pd.to_numeric(timed["pack_id"].map(pack_samples), errors="coerce") / timed["wall_s"]
-    workload_of = t.drop_duplicates("pack_id").set_index("pack_id")["workload"]
-    timed["workload"] = timed["pack_id"].map(workload_of)
-
+    timed = timed_packs(t, packs)
     per_pack = timed.groupby(keys).agg(
         packs=("pack_id", "count"),
         time_per_training_s=("time_per_training_s", "median"),
@@ -159,26 +206,83 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
         cpu_percent_mean=("sampler_cpu_percent_mean", "mean"),
         gpu_mem_peak_mb=("sampler_gpu_mem_used_peak_mb", "max"),
     )
+    latest = t[t["attempt"] == 0]
     per_training = t.groupby(keys, dropna=False).agg(
-        trainings=("training_id", "count"),
+        attempts=("training_id", "count"),
         failed=("ok", lambda s: int((~s).sum())),
+        unfinished=("unfinished", "sum"),
         oom=("is_oom", "sum"),
+        oom_cleared=("oom_cleared", "sum"),
+        peak_rss_mb=("peak_rss_mb", "max"),
+    ).join(latest.groupby(keys, dropna=False).agg(
+        trainings=("training_id", "count"),
         startup_s=("startup_s", "median"),
         loop_s=("loop_s", "median"),
         samples_per_s=("samples_per_s", "median"),
-        peak_rss_mb=("peak_rss_mb", "max"),
         gpu_model=("gpu_model", _first),
-    )
+    ), how="left")
     out = per_pack.join(per_training, how="outer").reset_index()
-    out["failed"] = out["failed"].fillna(0).astype(int)
-    out["oom"] = out["oom"].fillna(0).astype(int)  # counted apart: an OOM makes N infeasible on this device
+    for col in ("failed", "unfinished", "oom", "oom_cleared", "attempts", "trainings"):
+        out[col] = out[col].fillna(0).astype(int)  # an OOM (counted apart) makes N infeasible on this device
     out["trainings_per_hour"] = 3600.0 / out["time_per_training_s"]
     base = out[out["factor"] == 1].set_index(GROUP)["time_per_training_s"]
     base_of = pd.Series([base.get(tuple(k), math.nan) for k in out[GROUP].itertuples(index=False)], index=out.index)
     out["speedup_vs_n1"] = base_of / out["time_per_training_s"]
     out["loader_bound_samples_per_s"] = [bounds.get(p, math.nan) for p in out["partition"]]
     out["loader_bound"] = out["samples_per_s"] >= LOADER_BOUND_FRACTION * out["loader_bound_samples_per_s"]
-    return out.sort_values(keys).reset_index(drop=True)
+    out = out.sort_values(keys).reset_index(drop=True)
+    return with_choices(out, timed)
+
+
+def timed_packs(t: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
+    """The packs that time a training: its N trainings ran together and at least one completed (a pack whose every
+    training failed at once says nothing of how long a training takes). One row per pack and attempt."""
+    completed = pd.to_numeric(packs.get("n_completed", pd.Series(1, index=packs.index)), errors="coerce").fillna(1)
+    timed = packs[packs["complete"].astype(bool) & (completed > 0)].copy()
+    if "attempt" not in timed:
+        timed["attempt"] = 0
+    for col in ("wall_s", "factor", "sampler_gpu_util_mean", "sampler_cpu_percent_mean",
+                "sampler_gpu_mem_used_peak_mb"):
+        timed[col] = pd.to_numeric(timed.get(col), errors="coerce")
+    timed["time_per_training_s"] = timed["wall_s"] / timed["factor"]
+    latest = t[t["attempt"] == 0]
+    pack_samples = latest.groupby("pack_id")["samples"].sum().replace(0, math.nan)  # none reported: unknown, not 0
+    samples = pd.to_numeric(timed["pack_id"].map(pack_samples), errors="coerce").where(timed["attempt"] == 0)
+    timed["pack_samples_per_s"] = samples / timed["wall_s"]  # an earlier attempt's samples are not told apart: unknown
+    workload_of = t.drop_duplicates("pack_id").set_index("pack_id")["workload"]
+    timed["workload"] = timed["pack_id"].map(workload_of)
+    return timed
+
+
+def with_choices(summary: pd.DataFrame, timed: pd.DataFrame) -> pd.DataFrame:
+    """The noise-aware choice per (workload, partition, GPU type, mode) (:func:`gpupack.choose.choose`), as columns:
+    the bootstrap interval of each N's median, whether N is within noise of the lowest, which N is chosen, and the
+    group's verdict (ties, rule, provisional, repeats that would settle it)."""
+    out = summary.copy()
+    for col, default in (("tpt_ci_low_s", math.nan), ("tpt_ci_high_s", math.nan), ("within_noise", False),
+                         ("chosen", False), ("infeasible", False), ("ties", None), ("tie_rule", None),
+                         ("provisional", None), ("repeats_needed", None), ("choice_method", None)):
+        out[col] = default
+    out["infeasible"] = (out["oom"] > 0)
+    times = timed.dropna(subset=["time_per_training_s"]).groupby(GROUP + ["factor"])["time_per_training_s"].apply(list)
+    for key, idx in out.groupby(GROUP, dropna=False).groups.items():
+        group = out.loc[idx]
+        blocked = set(group.loc[(group["oom"] > 0) | (group["unfinished"] > 0), "factor"].astype(int))
+        by_n = {int(n): times.get((*key, n), []) for n in group["factor"]}
+        by_n = {n: v for n, v in by_n.items() if v}
+        choice = choose(by_n, infeasible=blocked)
+        for i, r in group.iterrows():
+            interval = choice.intervals.get(int(r["factor"]))
+            if interval is not None:
+                out.loc[i, ["tpt_ci_low_s", "tpt_ci_high_s"]] = [interval.low, interval.high]
+            out.loc[i, "within_noise"] = int(r["factor"]) in choice.ties
+            out.loc[i, "chosen"] = choice.best is not None and int(r["factor"]) == choice.best
+        out.loc[idx, "ties"] = tie_label(choice.ties, sorted(by_n)) if len(choice.ties) > 1 else None
+        out.loc[idx, "tie_rule"] = choice.rule
+        out.loc[idx, "provisional"] = choice.provisional
+        out.loc[idx, "repeats_needed"] = choice.repeats_needed
+        out.loc[idx, "choice_method"] = choice.method
+    return out
 
 
 def _sampled_rss(t: pd.DataFrame, packs: pd.DataFrame) -> pd.Series:
@@ -240,15 +344,15 @@ def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_factors(summary: pd.DataFrame, by: Sequence[str] = tuple(GROUP)) -> pd.DataFrame:
-    """Per group, the N (and mode, when ``by`` leaves mode out) with the lowest time per training,
-    among N with no failed training and at least one timed pack."""
+    """Per (workload, partition, GPU type, mode): the N the noise-aware choice picked (see :func:`with_choices`).
+    With ``by`` leaving mode out: among each mode's chosen N, the one with the lowest time per training."""
     if summary.empty:
         return summary
-    eligible = summary[(summary["failed"] == 0) & summary["time_per_training_s"].notna()]
-    if eligible.empty:
-        return eligible
-    idx = eligible.groupby(list(by))["time_per_training_s"].idxmin()
-    return eligible.loc[idx].reset_index(drop=True)
+    chosen = summary[summary["chosen"].astype(bool)]
+    if chosen.empty or list(by) == GROUP:
+        return chosen.reset_index(drop=True)
+    idx = chosen.groupby(list(by))["time_per_training_s"].idxmin()
+    return chosen.loc[idx].reset_index(drop=True)
 
 
 def best_hyperparameters(trainings: pd.DataFrame, top: int = 5) -> pd.DataFrame:
@@ -285,7 +389,8 @@ def _nunique(col: pd.Series) -> int:
 def best_line(row: Mapping[str, Any]) -> str:
     speed = row.get("speedup_vs_n1")
     gain = f", {speed:.2f}x the trainings per hour of N=1" if speed == speed and speed is not None else ""
-    return (f"Best packing factor for {row['workload']} on {row['partition']} ({row['gpu_type']}), "
+    provisional = " (provisional)" if row.get("provisional") else ""
+    return (f"Best packing factor{provisional} for {row['workload']} on {row['partition']} ({row['gpu_type']}), "
             f"mode {row['mode']}: N={int(row['factor'])} — {row['time_per_training_s']:.2f} s per training"
             f"{gain}.")
 
@@ -318,7 +423,7 @@ def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = No
     from gpupack.rgu import cost_table
 
     records = load_records(run_dirs)
-    summary = summarize(records.trainings, records.packs)
+    summary = summarize(records.trainings, records.packs, records.cleared)
     best = best_factors(summary)
     overall = best_factors(summary, by=("workload", "partition", "gpu_type"))
     n = sweep_trainings or max(records.grid_sizes.values(), default=0) or int(records.trainings["training_id"].nunique()

@@ -42,6 +42,10 @@ class PackingConfig:
     modes: List[str] = field(default_factory=lambda: ["process"])
     # Packs measured per (mode, N) at least, so time per training has a median and a spread.
     repeats: int = 2
+    # The order packs run in: interleaved (each N's packs spread over the whole run, seeded: drift, warm caches or
+    # a neighbour's job cannot line up with N) or by_factor (all N=1 packs, then N=2, ...). Recorded in plan.json.
+    order: str = "interleaved"
+    order_seed: int = 0
     # Threads each training may use; null: max(1, cores // N) (oversubscribing cores cost 2.4-3x here).
     threads_per_training: Optional[int] = None
     # Device the trainings use: auto (a GPU when the job has one, else CPU), cpu, or cuda.

@@ -10,6 +10,7 @@ import hashlib
 import itertools
 import json
 import math
+import random
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
@@ -19,6 +20,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from gpupack.errors import ConfigError
 
 PLAN_SCHEMA = 1
+ORDERS = ("interleaved", "by_factor")  # packing.order
+ORDER_GIVEN = "as given"  # a plan whose order is the user's (a Hydra multirun's jobs), or one written before orders
 # Only strings that start like a Hydra sweep function are expanded; any other string is a literal value.
 _SWEEP_FUNCTION = re.compile(r"^\s*(range|choice|interval|glob|shuffle|sort)\s*\(")
 
@@ -53,8 +56,9 @@ class Plan:
     sweep: str
     workload: str
     grid_size: int
-    packs: tuple[Pack, ...]
+    packs: tuple[Pack, ...]  # in the order they run
     notes: tuple[str, ...] = field(default=())
+    order: str = ORDER_GIVEN  # how that order was made, e.g. "interleaved (seed 0)"
 
     @property
     def n_trainings(self) -> int:
@@ -80,7 +84,17 @@ class Plan:
             Pack(**{**p, "trainings": tuple(Training(**t) for t in p["trainings"])}) for p in data["packs"]
         )
         return Plan(sweep=data["sweep"], workload=data["workload"], grid_size=data["grid_size"],
-                    packs=packs, notes=tuple(data.get("notes", ())))
+                    packs=packs, notes=tuple(data.get("notes", ())), order=data.get("order", ORDER_GIVEN))
+
+    def same_sweep(self, other: "Plan") -> bool:
+        """The same packs of the same trainings, whatever order each runs them in (a plan written by an earlier
+        gpupack, in N order, is still resumed: in its own order)."""
+        def key(plan: Plan) -> Any:
+            data = plan.to_json()
+            data.pop("order", None)
+            data["packs"] = sorted(data["packs"], key=lambda p: p["pack_id"])
+            return json.loads(json.dumps(data, default=str))  # as it reads back from disk
+        return key(self) == key(other)
 
 
 def grid_values(key: str, value: Any) -> list[Any]:
@@ -155,8 +169,12 @@ def loader_probes(workload: str, points: Sequence[Mapping[str, Any]], fixed: Map
 def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapping[str, Any],
               factors: Iterable[int], modes: Iterable[str], partitions: Iterable[str], repeats: int,
               seed_key: str = "seed", loader_probe: tuple[str, Sequence[str]] | None = None,
-              group_keys: Mapping[str, Callable[[Mapping[str, Any]], Hashable]] | None = None) -> Plan:
+              group_keys: Mapping[str, Callable[[Mapping[str, Any]], Hashable]] | None = None,
+              order: str = "interleaved", order_seed: int = 0) -> Plan:
     """Every grid point runs at least once per (partition, mode, N), in at least ``repeats`` full packs.
+
+    ``order`` (see :func:`run_order`): interleaved spreads each N's packs over the whole run, so warm caches, drift or
+    a neighbour's job cannot line up with N; by_factor runs all N=1 packs, then N=2, ...
 
     With ``loader_probe`` (loader param, loader keys), each partition also gets one N=1 probe pack per
     distinct input-pipeline setting, run first. A mode in ``group_keys`` packs only trainings of equal key
@@ -192,7 +210,27 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
                 if n_groups > 1:
                     notes.append(f"{mode} N={factor}: the grid's {n_groups} shapes train in separate groups "
                                  f"({len(chunks)} packs; each pack holds one shape)")
-    return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(packs), notes=tuple(notes))
+    probes = [p for p in packs if p.probe]
+    ordered = probes + run_order([p for p in packs if not p.probe], order, order_seed)
+    return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(ordered), notes=tuple(notes),
+                order=f"{order} (seed {order_seed})" if order == "interleaved" else order)
+
+
+def run_order(packs: Sequence[Pack], order: str, seed: int = 0) -> list[Pack]:
+    """The order packs run in. by_factor: as planned (N by N). interleaved: a seeded stratified shuffle — the k-th of
+    a (partition, mode, N) group's n packs lands at a random point of the k-th n-th of the run, so every group is
+    spread evenly over the whole run and no group's packs cluster at its start or end."""
+    if order == "by_factor":
+        return list(packs)
+    if order != "interleaved":
+        raise ConfigError("packing.order", order, "unknown pack order", f"use one of {', '.join(ORDERS)}")
+    groups: dict[tuple[str, str, int], list[Pack]] = {}
+    for p in packs:
+        groups.setdefault((p.partition, p.mode, p.factor), []).append(p)
+    rng = random.Random(seed)
+    keyed = [((k + rng.random()) / len(members), p.pack_id, p)
+             for members in groups.values() for k, p in enumerate(members)]
+    return [p for _, _, p in sorted(keyed, key=lambda item: item[:2])]
 
 
 def grouped_chunks(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any], factor: int,

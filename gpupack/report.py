@@ -55,7 +55,27 @@ def _throughput(r: pd.Series) -> str:
 
 
 def _failed(r: pd.Series) -> str:
-    return str(int(r["failed"])) + (f" ({int(r['oom'])} OOM: infeasible)" if r.get("oom") else "")
+    """Failed attempts of all attempts (an attempt kept from before a resume counts), and OOMs apart."""
+    text = f"{int(r['failed'])}/{int(r.get('attempts', r['failed']))}"
+    if r.get("oom"):
+        text += f" ({int(r['oom'])} OOM: infeasible)"
+    elif r.get("oom_cleared"):
+        text += f" ({int(r['oom_cleared'])} OOM cleared)"
+    return text
+
+
+def _tpt(r: pd.Series) -> str:
+    """Median time per training and its bootstrap interval (min-max where one pack gives no interval)."""
+    low, high = _num(r, "tpt_ci_low_s"), _num(r, "tpt_ci_high_s")
+    if low is not None and high is not None:
+        return f"{_fmt(r['time_per_training_s'])} [{low:.2f}-{high:.2f}]"
+    return _fmt(r["time_per_training_s"])
+
+
+def _n(r: pd.Series) -> str:
+    """N, marked: * the chosen N, ~ within noise of the lowest median."""
+    mark = "*" if r.get("chosen") else ("~" if r.get("within_noise") else "")
+    return f"{int(r['factor'])}{mark}"
 
 
 # ---------------- terminal ----------------
@@ -68,19 +88,19 @@ def render(c: "Collected", console: Console) -> None:
     if c.summary.empty:
         console.print("No completed pack records yet.")
     else:
-        table = Table(title="Time per training by packing factor N (pack wall time / N)")
-        for col in ("partition (GPU)", "mode", "N", "packs", "s/training (min-max)", "start-up s", "loop s",
-                    "trainings/h", "speedup", "samples/s", "util %", "mem peak MB", "failed"):
+        table = Table(title="Time per training by packing factor N (pack wall time / N; median [95% interval])")
+        for col in ("partition (GPU)", "mode", "N", "packs", "s/training", "start-up s", "loop s",
+                    "trainings/h", "speedup", "samples/s", "util %", "mem peak MB", "failed/attempts"):
             table.add_column(col, justify="left" if col in ("partition (GPU)", "mode") else "right")
         best_keys = {tuple(r[GROUP + ["factor"]]) for _, r in c.best.iterrows()}
         for _, r in c.summary.iterrows():
             mark = "bold green" if tuple(r[GROUP + ["factor"]]) in best_keys else None
             table.add_row(
-                f"{r['partition']} ({r['gpu_type']})", r["mode"], str(int(r["factor"])), _fmt(r["packs"], ".0f"),
-                f"{_fmt(r['time_per_training_s'])} ({_fmt(r['tpt_min_s'])}-{_fmt(r['tpt_max_s'])})",
+                f"{r['partition']} ({r['gpu_type']})", r["mode"], _n(r), _fmt(r["packs"], ".0f"), _tpt(r),
                 _fmt(r["startup_s"]), _fmt(r["loop_s"]), _fmt(r["trainings_per_hour"], ".0f"),
                 _fmt(r["speedup_vs_n1"]), _throughput(r), _util(r), _memory(r), _failed(r), style=mark)
         console.print(table)
+        console.print("N*: the chosen N; N~: within noise of the lowest median.", highlight=False)
         if unsplit_trainings(c):
             console.print(f"start-up s / loop s: '-' for {unsplit_trainings(c)} training(s) whose program did not mark "
                           "its first step, so their wall time is one figure (from gpupack.result import "
@@ -103,6 +123,8 @@ def render(c: "Collected", console: Console) -> None:
         render_cost(c, console)
     for _, r in c.best.iterrows():
         console.print(f"[bold]{best_line(r)}[/]")
+        for line in choice_lines(r):
+            console.print(f"  {line}", highlight=False)
     for line in mode_lines(c):
         console.print(f"[bold]{line}[/]")
     if not c.summary.empty and c.best.empty:
@@ -128,6 +150,22 @@ def failure_lines(c: "Collected", most: int = 3) -> list[str]:
         lines.append(f"  {len(rows)} x {reason[:160]}  (e.g. {log})")
     if len(reasons) > most:
         lines.append(f"  ... and {len(reasons) - most} other reason(s): see summary.json and each record's error")
+    return lines
+
+
+def choice_lines(r: pd.Series) -> list[str]:
+    """How the best N of one group was picked: its ties, the rule, and whether the answer is settled."""
+    lines = []
+    if r.get("ties"):
+        lines.append(f"{r['ties']} tie (within noise of the lowest median); picked by the rule: {r['tie_rule']}.")
+    if r.get("provisional"):
+        need = r.get("repeats_needed")
+        more = f"; about {int(need)} packs per N would settle it (packing.repeats={int(need)})" if need else ""
+        lines.append(f"Provisional: {int(r['packs'])} pack(s) at this N is too few for the interval{more}.")
+    elif r.get("repeats_needed"):
+        lines.append(f"About {int(r['repeats_needed'])} packs per N would tell the tied N apart.")
+    if r.get("choice_method"):
+        lines.append(f"Method: {r['choice_method']}.")
     return lines
 
 
@@ -239,11 +277,13 @@ def plot_time_per_training(c: "Collected", path: Path) -> Path | None:
     for ax, workload in zip(axes[0], workloads):
         for (partition, gpu, mode), g in s[s["workload"] == workload].groupby(["partition", "gpu_type", "mode"]):
             g = g.sort_values("factor")
-            err = [g["time_per_training_s"] - g["tpt_min_s"], g["tpt_max_s"] - g["time_per_training_s"]]
+            low = g.get("tpt_ci_low_s", g["tpt_min_s"]).fillna(g["tpt_min_s"])  # the interval; min-max for one pack
+            high = g.get("tpt_ci_high_s", g["tpt_max_s"]).fillna(g["tpt_max_s"])
+            err = [(g["time_per_training_s"] - low).clip(lower=0), (high - g["time_per_training_s"]).clip(lower=0)]
             ax.errorbar(g["factor"], g["time_per_training_s"], yerr=err, marker="o", capsize=3,
                         linestyle=MODE_STYLE.get(mode, ":"), label=f"{partition} ({gpu}), {mode}")
         ax.set_xlabel("packing factor N (trainings per GPU)")
-        ax.set_ylabel("time per training (s) = pack wall / N")
+        ax.set_ylabel("time per training (s) = pack wall / N, 95% interval")
         ax.set_title(f"{workload}: time per training vs N (lower is better)")
         ax.set_xticks(sorted(s["factor"].unique()))
         ax.set_ylim(bottom=0)
@@ -343,13 +383,15 @@ def _table(df: pd.DataFrame, columns: dict[str, str], formats: dict[str, str]) -
 
 
 SUMMARY_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_type": "GPU", "mode": "mode", "factor": "N", "packs": "packs", "time_per_training_s": "s/training",
-                   "tpt_min_s": "min", "tpt_max_s": "max", "startup_s": "start-up s", "loop_s": "loop s",
+                   "tpt_ci_low_s": "95% low", "tpt_ci_high_s": "95% high", "chosen": "chosen",
+                   "within_noise": "within noise", "tpt_min_s": "min", "tpt_max_s": "max", "startup_s": "start-up s", "loop_s": "loop s",
                    "trainings_per_hour": "trainings/h", "speedup_vs_n1": "speedup vs N=1",
                    "samples_per_s": "samples/s/training", "pack_samples_per_s": "samples/s/pack",
                    "loader_bound_samples_per_s": "loader-only samples/s", "loader_bound": "loader-bound",
                    "gpu_util_mean": "GPU util %", "cpu_percent_mean": "CPU %", "gpu_mem_peak_mb": "GPU mem peak MB",
-                   "peak_rss_mb": "RSS peak MB", "failed": "failed", "oom": "OOM"}
-SUMMARY_FORMATS = {"time_per_training_s": ".2f", "tpt_min_s": ".2f", "tpt_max_s": ".2f", "startup_s": ".2f",
+                   "peak_rss_mb": "RSS peak MB", "attempts": "attempts", "failed": "failed", "oom": "OOM",
+                   "oom_cleared": "OOM cleared"}
+SUMMARY_FORMATS = {"time_per_training_s": ".2f", "tpt_ci_low_s": ".2f", "tpt_ci_high_s": ".2f", "tpt_min_s": ".2f", "tpt_max_s": ".2f", "startup_s": ".2f",
                    "loop_s": ".2f", "trainings_per_hour": ".0f", "speedup_vs_n1": ".2f", "samples_per_s": ".0f",
                    "pack_samples_per_s": ".0f", "packs": ".0f", "loader_bound_samples_per_s": ".0f",
                    "gpu_util_mean": ".0f", "cpu_percent_mean": ".0f", "gpu_mem_peak_mb": ".0f", "peak_rss_mb": ".0f"}
@@ -388,7 +430,8 @@ def write_report(c: "Collected", out: Path) -> list[Path]:
         (plot_cost(c, plots_dir / "cost.png"), "Time and RGU cost of the sweep per partition"),
     ]
     plots = [(p, alt) for p, alt in made if p is not None]
-    best = "".join(f"<p>{html.escape(line)}</p>" for line in [best_line(r) for _, r in c.best.iterrows()]
+    best = "".join(f"<p>{html.escape(line)}</p>" for line in [text for _, r in c.best.iterrows()
+                                                                 for text in [best_line(r), *choice_lines(r)]]
                    + mode_lines(c)) or \
         "<p>No packing factor finished without failures yet: no best N.</p>"
     parts = [

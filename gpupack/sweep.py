@@ -11,7 +11,7 @@ a notebook calls them directly.
 from __future__ import annotations
 
 import datetime as _dt
-import json
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,13 +25,13 @@ from gpupack.errors import RunDirError
 from gpupack.pack import Capacity
 from gpupack.pack.job import PackSettings
 from gpupack.plan import Pack, Plan
-from gpupack.records import is_completed, read_json, write_json_atomic
+from gpupack.records import OOM, is_completed, read_json, write_json_atomic
 from gpupack.rundir import RunDir, RunLock, check_name
 from gpupack.submit import DONE, FAILED, PENDING, RUNNING, PackResult, ProgressFn, Submitter, load_submitter
 from gpupack.validate import ClusterFacts, require_sweep, validate
 
 __all__ = ["Prepared", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "ask_backend", "run", "status",
-           "collect", "default_run_dir"]
+           "collect", "clear_oom", "default_run_dir"]
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Outcome:
     @property
     def failed_trainings(self) -> int:
         summary = self.collected.summary if self.collected is not None else None
-        return int(summary["failed"].sum()) if summary is not None and not summary.empty else 0
+        return int(summary["unfinished"].sum()) if summary is not None and not summary.empty else 0
 
     @property
     def ok(self) -> bool:
@@ -125,7 +125,11 @@ def check_run_dir(run: RunDir, plan: Plan) -> bool:
         except (OSError, ValueError):
             raise RunDirError(f"run_dir={str(run.root)!r}: plan.json is unreadable. HINT: choose a new "
                               "run_dir=...") from None
-        if earlier != json.loads(json.dumps(plan.to_json(), default=str)):  # as it reads back from disk
+        try:
+            same = Plan.from_json(earlier).same_sweep(plan)
+        except (KeyError, TypeError):
+            same = False
+        if not same:
             raise RunDirError(f"run_dir={str(run.root)!r} holds another sweep's plan. HINT: choose a new "
                               "run_dir=..., or re-run with the exact config of that run to resume it")
         return True
@@ -177,6 +181,8 @@ def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Call
         if not run_dir.config.exists():
             run_dir.config.write_text(_config_yaml(prepared.config))
             write_json_atomic(run_dir.plan, plan.to_json())
+        if resumed:  # the order the run was planned in (an earlier gpupack's plan may order its packs otherwise)
+            plan = Plan.from_json(read_json(run_dir.plan))
         todo = packs_to_run(run_dir, plan)
         queued = backend.active_packs() if resumed else {}
         opened = Opened(resumed=resumed, todo=[p for p in todo if p.pack_id not in queued],
@@ -282,3 +288,28 @@ def find_runs(paths: Sequence[Path], depth: int = 3) -> list[Path]:
         found = sorted({p.parent for k in range(1, depth + 1) for p in path.glob("/".join(["*"] * k) + "/plan.json")})
         out += found or [path]
     return out
+
+
+# ---------------- clearing OOMs ----------------
+
+def clear_oom(run_dir: Path | str, *, partition: str | None = None, mode: str | None = None,
+              factor: int | None = None) -> int:
+    """Let N that ran out of memory count again (after the user changed what made them: a smaller batch, another
+    GPU): the OOM records so far that match are no longer counted as infeasible. Nothing is deleted — the records
+    stay, and RUN_DIR/cleared_oom.json says what was cleared and when. Returns how many OOM records it clears."""
+    run = RunDir(Path(run_dir))
+    if not run.plan.exists():
+        raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")
+    records = collect_mod.load_records([run.root])
+    t = records.trainings
+    if t.empty:
+        return 0
+    entry = {"partition": partition, "mode": mode, "factor": factor, "cleared_at": time.time()}
+    match = (t["status"] == OOM) & ~collect_mod.cleared_mask(t, records.cleared)
+    for key in ("partition", "mode", "factor"):
+        if entry[key] is not None:
+            match &= t[key] == entry[key]
+    if match.any():
+        path = run.root / collect_mod.CLEARED_OOM
+        write_json_atomic(path, {"cleared": collect_mod.read_cleared(run) + [entry]})
+    return int(match.sum())

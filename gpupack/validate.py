@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpupack.errors import ConfigError, nearest
 from gpupack.pack import available_modes, load_packer
 from gpupack.pack.job import PackSettings
-from gpupack.plan import Plan, expand_grid, grid_values, make_plan
+from gpupack.plan import ORDERS, Plan, expand_grid, grid_values, make_plan
 from gpupack.rundir import check_name
 from gpupack.pack import Capacity
 from gpupack.submit import PackRequest
@@ -46,13 +46,16 @@ class SweepSpec:
     repeats: int
     settings: PackSettings
     loader_probe: bool = False
+    order: str = "interleaved"
+    order_seed: int = 0
 
     def plan(self) -> Plan:
         probe = (self.workload.loader_param, self.workload.loader_keys) if self.loader_probe else None
         return make_plan(sweep=self.name, workload=self.workload_ref, grid=self.grid, fixed=self.fixed,
                          factors=self.factors, modes=self.modes, partitions=self.partitions,
                          repeats=self.repeats, seed_key=self.workload.seed_key, loader_probe=probe,
-                         group_keys=group_keys(self.workload, self.modes))
+                         group_keys=group_keys(self.workload, self.modes), order=self.order,
+                         order_seed=self.order_seed)
 
 
 def group_keys(workload: Workload, modes: Sequence[str]) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
@@ -142,6 +145,8 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
         load_packer(mode, key=f"packing.modes[{i}]")
     if packing.repeats < 1:
         raise ConfigError("packing.repeats", packing.repeats, "must be >= 1", "measure each N at least once")
+    if packing.order not in ORDERS:
+        raise ConfigError("packing.order", packing.order, "unknown pack order", nearest(packing.order, ORDERS))
     if packing.threads_per_training is not None and packing.threads_per_training < 1:
         raise ConfigError("packing.threads_per_training", packing.threads_per_training, "must be >= 1 or null",
                           "leave it null to share the job's cores out")
@@ -213,7 +218,8 @@ def validate(cfg: DictConfig, facts: ClusterFacts) -> SweepSpec:
                                   err.hint) from None
     return SweepSpec(name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed,
                      factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
-                     loader_probe=bool(sweep.loader_probe), settings=settings)
+                     loader_probe=bool(sweep.loader_probe), settings=settings, order=cfg.packing.order,
+                     order_seed=int(cfg.packing.order_seed))
 
 
 def typed_grid(workload: Workload, raw_grid: Any, raw_fixed: Any) -> tuple[dict[str, list[Any]], dict[str, Any]]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,9 @@ class ProbeParams:
     # Make the pack's fork server fail while preloading (its trainings must then start fresh).
     preload_fail: bool = False
     preload_sleep_s: float = 0.0
+    # A folder: a training that finds another training of this folder running beside it fails once with a CUDA
+    # out-of-memory error (the first time only, so a resume of its pack then completes).
+    oom_when_shared: str = ""
 
 
 class Probe(Workload):
@@ -56,6 +60,8 @@ class Probe(Workload):
             deadline = time.time() + params.first_attempt_sleep_s
             while time.time() < deadline:
                 time.sleep(0.1)
+        if params.oom_when_shared:
+            _oom_when_shared(params.oom_when_shared)
         if params.allocate_gb:
             block = bytearray(int(params.allocate_gb * 2**30))  # MemoryError under RLIMIT_AS
             del block
@@ -75,6 +81,30 @@ class Probe(Workload):
         return {"train_loss": 1.0 / (1 + params.lr), "val_accuracy": min(params.lr, 1.0), "tag": params.tag,
                 "env": env, "data": "probe (no data)", "pid": os.getpid(), "own_session": os.getsid(0) == os.getpid(),
                 "cpus": sorted(os.sched_getaffinity(0)), "cwd": os.getcwd()}
+
+
+def _first(marker: Path) -> bool:
+    """True for the one caller that creates ``marker`` (atomic: O_EXCL)."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def _oom_when_shared(folder: str) -> None:
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    me = root / f"running-{os.getpid()}"
+    me.touch()
+    try:
+        time.sleep(0.5)  # long enough for trainings started together to see each other
+        shared = len(list(root.glob("running-*"))) > 1
+        if shared and _first(root / "oomed"):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (fake: another training shares the GPU)")
+    finally:
+        time.sleep(0.5)  # still running while a later-starting neighbour looks
+        me.unlink()
 
 
 WORKLOAD = Probe()

@@ -42,7 +42,7 @@ def _summary(run: RunDir) -> pd.DataFrame:
 # (N, pack walls) -> time per training median = median(wall / N)
 CASES = [
     ({1: [10.0, 12.0], 2: [12.0, 14.0], 4: [30.0, 34.0]}, 2, {1: 11.0, 2: 6.5, 4: 8.0}),
-    ({1: [10.0], 3: [27.0], 5: [40.0]}, 5, {1: 10.0, 3: 9.0, 5: 8.0}),
+    ({1: [10.0, 10.2, 9.8], 3: [27.0, 27.3, 26.7], 5: [40.0, 40.4, 39.6]}, 5, {1: 10.0, 3: 9.0, 5: 8.0}),
     ({1: [5.0, 5.0, 8.0], 2: [12.0, 12.0, 12.0]}, 1, {1: 5.0, 2: 6.0}),
 ]
 
@@ -64,10 +64,16 @@ def test_time_per_training_and_best_n(run, walls, best_n, tpt):
     assert rowb["trainings_per_hour"] == pytest.approx(3600 / tpt[best_n])
 
 
+def _packs(run: RunDir, factor: int, walls: list[float], **kw) -> None:
+    """Packs of N completed trainings, one per wall time (several, so the choice has an interval)."""
+    for i, wall in enumerate(walls):
+        _write_pack(run, factor, i, wall, ["completed"] * factor, **kw)
+
+
 def test_a_failed_training_excludes_its_n(run):
-    _write_pack(run, 1, 0, 10.0, ["completed"])
+    _packs(run, 1, [10.0, 10.1, 9.9])
     _write_pack(run, 2, 0, 8.0, ["completed", "failed"])  # fastest, but one training failed
-    _write_pack(run, 3, 0, 27.0, ["completed"] * 3)
+    _packs(run, 3, [27.0, 27.3, 26.7])
     summary = _summary(run)
     assert int(summary.set_index("factor").loc[2, "failed"]) == 1
     assert list(best_factors(summary)["factor"]) == [3]
@@ -83,7 +89,7 @@ def test_an_oom_is_counted_apart_and_makes_its_n_infeasible(run):
     assert list(best_factors(summary.reset_index())["factor"]) == [1]
     console = Console(record=True, width=250)
     collect([run.root], console=console)
-    assert "1 (1 OOM: infeasible)" in console.export_text()
+    assert "1/4 (1 OOM: infeasible)" in console.export_text()
 
 
 def test_incomplete_pack_gives_no_timing(run):
@@ -95,10 +101,10 @@ def test_incomplete_pack_gives_no_timing(run):
 
 
 def test_best_per_partition_and_mode(run):
-    _write_pack(run, 1, 0, 10.0, ["completed"], partition="p100")
-    _write_pack(run, 2, 0, 16.0, ["completed"] * 2, partition="p100")
-    _write_pack(run, 1, 0, 10.0, ["completed"], partition="v100")
-    _write_pack(run, 2, 0, 24.0, ["completed"] * 2, partition="v100")
+    _packs(run, 1, [10.0, 10.1, 9.9], partition="p100")
+    _packs(run, 2, [16.0, 16.2, 15.8], partition="p100")
+    _packs(run, 1, [10.0, 10.1, 9.9], partition="v100")
+    _packs(run, 2, [24.0, 24.2, 23.8], partition="v100")
     best = best_factors(_summary(run)).set_index("partition")["factor"].to_dict()
     assert best == {"p100": 2, "v100": 1}
 
@@ -123,8 +129,8 @@ def test_torn_and_foreign_files_are_skipped_with_their_name(run):
 
 
 def test_collect_prints_best_line_and_writes_summaries(run):
-    _write_pack(run, 1, 0, 10.0, ["completed"])
-    _write_pack(run, 2, 0, 12.0, ["completed"] * 2)
+    _packs(run, 1, [10.0, 10.1, 9.9, 10.0, 10.05])
+    _packs(run, 2, [12.0, 12.1, 11.9, 12.0, 12.05])
     console = Console(record=True, width=200)
     collect([run.root], console=console)
     text = console.export_text()
@@ -189,7 +195,7 @@ def test_unknown_model_has_no_cost_but_still_a_time():
 
 
 def _write_pack_model(run, partition, model, factor, wall):
-    _write_pack(run, factor, 0, wall, ["completed"] * factor, partition=partition)
+    _packs(run, factor, [wall, wall * 1.01, wall * 0.99], partition=partition)  # median: wall
     for p in run.root.glob(f"packs/{partition}-*/trainings/*.json"):
         rec = read_json(p)
         rec["gpu_model"] = model
@@ -208,19 +214,20 @@ def test_collect_over_two_runs_writes_everything(tmp_path):
     collect([r.root for r in runs], console=console, weights={"P100-12gb": 1.0, "A100-40gb": 4.0},
             sweep_trainings=100, out=out)
     text = console.export_text()
-    assert "Best packing factor for w on p100 (cpu), mode process: N=2 — 15.00 s per training" in text
-    assert "Best packing factor for w on a100 (cpu), mode process: N=2 — 6.00 s per training" in text
+    assert "Best packing factor (provisional) for w on p100 (cpu), mode process: N=2 — 15.00 s per training" in text
+    assert "Best packing factor (provisional) for w on a100 (cpu), mode process: N=2 — 6.00 s per training" in text
+    assert "about 5 packs per N would settle it (packing.repeats=5)" in text
     assert "finishes first on a100" in text and "costs least on p100 (P100-12gb)" in text
     for name in ("summary.csv", "summary.json", "trainings.parquet", "report.html", "plots/time_per_training.png",
                  "plots/cost.png", "plots/throughput_curves.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
-    assert len(pd.read_parquet(out / "trainings.parquet")) == 6
+    assert len(pd.read_parquet(out / "trainings.parquet")) == 18
     data = read_json(out / "summary.json")
     cost = {c["partition"]: c for c in data["cost"]}
     assert cost["p100"]["sweep_rgu_hours"] == pytest.approx(100 * 15.0 / 3600 * 1.0)
     assert cost["a100"]["sweep_rgu_hours"] == pytest.approx(100 * 6.0 / 3600 * 4.0)
     html_text = (out / "report.html").read_text()
-    assert html_text.count("data:image/png;base64,") == 3 and "Best packing factor for w on a100" in html_text
+    assert html_text.count("data:image/png;base64,") == 3 and "Best packing factor (provisional) for w on a100" in html_text
 
 
 def test_older_schema_is_refused_with_its_name_and_in_progress_runs_say_what_is_pending(run):

@@ -21,7 +21,7 @@ def test_prepare_writes_nothing_and_run_returns_typed_results(tmp_path, capsys):
     run_dir = tmp_path / "run"
     prepared = sweep.prepare(PROBE + ["packing.factors=[1,2]", "packing.repeats=1", f"run_dir={run_dir}"])
     assert not run_dir.exists() and not prepared.resumes
-    assert [p.factor for p in prepared.plan.packs] == [1, 2]
+    assert sorted(p.factor for p in prepared.plan.packs) == [1, 2]
     seen: list[sweep.Opened] = []
     states: list[tuple[str, str]] = []
     outcome = sweep.run(prepared, on_open=seen.append, progress=lambda p, s: states.append((p.pack_id, s)),

@@ -36,9 +36,9 @@ def test_training_id_is_stable_and_order_independent():
     assert a.startswith("w-")
 
 
-def _plan(grid, factors, repeats=1, modes=("process",), partitions=("local",)):
+def _plan(grid, factors, repeats=1, modes=("process",), partitions=("local",), order="by_factor"):
     return make_plan(sweep="s", workload="w", grid=grid, fixed={"epochs": 1}, factors=factors, modes=modes,
-                     partitions=partitions, repeats=repeats)
+                     partitions=partitions, repeats=repeats, order=order)
 
 
 @pytest.mark.parametrize(
@@ -122,3 +122,52 @@ def test_plan_json_has_no_label_unless_set_so_older_run_dirs_still_resume():
     assert [t.params["job_num"] for p in labelled.packs for t in p.trainings] == [0, 1, 2]
     assert labelled.packs[0].trainings[0].workload_label == "hydra:app"
     assert Plan.from_json(labelled.to_json()) == labelled
+
+
+# ---------------- the order packs run in ----------------
+
+def _positions(plan):
+    """Each (partition, mode, N) group's packs' positions in the run, as fractions of the run."""
+    out = {}
+    for i, p in enumerate(plan.packs):
+        out.setdefault(p.factor, []).append((i + 0.5) / len(plan.packs))
+    return out
+
+
+def test_interleaved_order_spreads_every_n_over_the_whole_run_and_is_recorded():
+    plan = _plan({"lr": [0.1, 0.2, 0.3, 0.4]}, [1, 2, 3, 4, 8], repeats=6, order="interleaved")
+    by_n = _positions(plan)
+    assert plan.order == "interleaved (seed 0)" and plan.to_json()["order"] == "interleaved (seed 0)"
+    for n, pos in by_n.items():  # each N's mean position near the middle, and present in both halves of the run
+        assert abs(sum(pos) / len(pos) - 0.5) < 0.12, (n, pos)
+        assert min(pos) < 0.3 and max(pos) > 0.7, (n, pos)
+    assert sorted(p.pack_id for p in plan.packs) == sorted(p.pack_id for p in _plan(
+        {"lr": [0.1, 0.2, 0.3, 0.4]}, [1, 2, 3, 4, 8], repeats=6).packs)  # the same packs, in another order
+
+
+def test_by_factor_order_runs_n_by_n():
+    plan = _plan({"lr": [0.1, 0.2]}, [1, 2, 3], repeats=3)
+    assert [p.factor for p in plan.packs] == sorted(p.factor for p in plan.packs)
+    assert plan.order == "by_factor"
+
+
+def test_interleaved_order_is_seeded():
+    a = make_plan(sweep="s", workload="w", grid={"lr": [0.1, 0.2]}, fixed={}, factors=[1, 2, 3], modes=["process"],
+                  partitions=["local"], repeats=4, order_seed=1)
+    b = make_plan(sweep="s", workload="w", grid={"lr": [0.1, 0.2]}, fixed={}, factors=[1, 2, 3], modes=["process"],
+                  partitions=["local"], repeats=4, order_seed=1)
+    c = make_plan(sweep="s", workload="w", grid={"lr": [0.1, 0.2]}, fixed={}, factors=[1, 2, 3], modes=["process"],
+                  partitions=["local"], repeats=4, order_seed=2)
+    assert [p.pack_id for p in a.packs] == [p.pack_id for p in b.packs] != [p.pack_id for p in c.packs]
+    assert Plan.from_json(a.to_json()) == a and a.same_sweep(c) and c.order == "interleaved (seed 2)"
+
+
+def test_a_plan_written_before_orders_is_the_same_sweep():
+    new = _plan({"lr": [0.1, 0.2]}, [1, 2], repeats=2, order="interleaved")
+    old = new.to_json()
+    del old["order"]
+    old["packs"] = sorted(old["packs"], key=lambda p: (p["factor"], p["index"]))
+    earlier = Plan.from_json(old)
+    assert earlier.order == "as given" and earlier.same_sweep(new)
+    other = _plan({"lr": [0.1, 0.3]}, [1, 2], repeats=2, order="interleaved")
+    assert not other.same_sweep(new)

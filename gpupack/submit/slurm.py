@@ -6,7 +6,6 @@ Packs of one (partition, mode, N) group share one job array. Every SLURM command
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import os
 import re
@@ -230,12 +229,15 @@ class SlurmSubmitter(Submitter):
                                       max_num_timeout=int(self.cluster.max_num_timeout))
 
     def submit(self, packs: Sequence[Pack], settings: PackSettings) -> list[tuple[Pack, submitit.Job]]:
-        """One job array per (partition, mode, N); returns each pack with its job."""
+        """One job array per (partition, mode, N), submitted in the plan's order (interleaved N): each array's tasks
+        in the order their packs were planned. When they run is then the scheduler's choice; each pack record keeps
+        its start time and host. Returns each pack with its job."""
         account = self.account()
         out: list[tuple[Pack, submitit.Job]] = []
-        key = lambda p: (p.partition, p.mode, p.factor)  # noqa: E731
-        for (partition, _mode, factor), group in itertools.groupby(sorted(packs, key=key), key=key):
-            group = list(group)
+        groups: dict[tuple[str, str, int], list[Pack]] = {}
+        for p in packs:
+            groups.setdefault((p.partition, p.mode, p.factor), []).append(p)
+        for (partition, _mode, factor), group in groups.items():
             executor = self._executor()
             executor.update_parameters(**sbatch_parameters(self.cluster, partition,
                                                            self.cluster.partitions[partition], factor, account))

@@ -1,0 +1,259 @@
+"""Choose the best packing factor N from time per training, with regard to noise.
+
+Pure and deterministic: no I/O, no clock; the same inputs and ``seed`` give the same answer.
+
+Method
+------
+For each feasible N, its time per training is the **median over its packs** (robust to one slow pack).
+A **percentile bootstrap over packs** gives that median's interval: each N's packs are resampled with
+replacement, independently per N, ``resamples`` times from ``numpy.random.default_rng(seed)``, and the
+interval is the central ``confidence`` share of the resampled medians (None with fewer than 2 packs).
+
+``lowest`` is the N with the lowest median. Another N **ties** with it when the bootstrap interval of
+the difference of their medians, median(N) - median(lowest), computed on the same resamples, contains 0.
+Among the ties the ``rule`` picks: ``"smallest"`` N (least memory, least interference between the
+trainings of a pack) or ``"lowest"`` median. ``infeasible`` N (an OOM) are never picked, never tie, and
+are left out of everything else (their timings, if any, are not trusted either).
+
+A single pack has no spread of its own, and resampling it would claim it is exact (zero width), so it
+would be separated from the lowest by any gap beyond the lowest's interval: too eager. Instead its
+resampled median is drawn as ``x * (1 + s * Z)``, Z standard normal, s the pooled relative spread of
+one pack (below) over the N with 2 packs or more: one pack is as noisy as the other packs were. With no
+N having 2 packs there is no spread at all and nothing can be told apart: every N ties. Conservative:
+a single pack widens the difference's interval, so it ties more often, never less.
+
+``provisional`` is True when the lowest or any N tying with it has fewer than ``min_packs`` packs.
+
+Sample size
+-----------
+s is the pooled relative standard deviation of one pack: ``s^2 = sum_N sum_i (t_i/mean_N - 1)^2 /
+sum_N (k_N - 1)`` over N with k_N >= 2 packs. The median of n packs has variance about (pi/2) s^2 / n
+(its efficiency against the mean is 2/pi for normal noise), so the difference of two medians has
+variance pi s^2 / n, and the normal-approximation sample size to tell a relative gap d apart at this
+confidence with 80 % power is ``n = ceil(pi * s^2 * (z_{1-alpha/2} + z_{0.8})^2 / d^2)``. d is the gap
+from the lowest to the *nearest* tying N whose median is at least 1 % higher (closer ones are not worth
+separating: any of them is as good). ``repeats_needed`` is that n (at least one more pack than the pair
+has now, since they still tie), raised to ``min_packs`` when provisional, capped at 50 (50 means 50 or
+more: past that, the N are as good as equal). It is None when settled (no tie worth separating and not
+provisional) or not estimable (no spread: no N has 2 packs).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from types import MappingProxyType
+
+import numpy as np
+
+RULES = {
+    "smallest": "smallest N among ties (least memory, least interference)",
+    "lowest": "lowest median among ties",
+}
+MAX_REPEATS = 50  # beyond this many packs per N a gap is too small to matter for a packing factor
+NOT_WORTH = 0.01  # medians within 1 % of the lowest: any of those N is as good, no packs spent to separate them
+POWER = 0.8  # chance that repeats_needed packs separate a real gap of that size
+
+
+@dataclass(frozen=True)
+class Interval:
+    median: float  # median time per training over this N's packs (seconds)
+    low: float | None  # bootstrap interval of that median (None with < 2 packs)
+    high: float | None
+    packs: int
+
+
+@dataclass(frozen=True)
+class Choice:
+    best: int | None  # the N picked: by `rule` among the ties (None: no feasible N with a timing)
+    lowest: int | None  # the N with the lowest median
+    ties: tuple[int, ...]  # N within noise of `lowest` (lowest included), ascending; (lowest,) when none
+    rule: str  # which rule picked among ties, in words
+    intervals: Mapping[int, Interval]  # feasible N with at least one timing
+    provisional: bool  # too few packs for the method to be trusted
+    repeats_needed: int | None  # packs per N that would likely settle it (None: settled or not estimable)
+    method: str  # the method in words
+
+
+@dataclass(frozen=True)
+class Gain:
+    median: float  # relative improvement of b over a: 1 - median(b)/median(a) (0.1: b is 10 % faster)
+    low: float | None  # its bootstrap interval (None when a or b has < 2 packs)
+    high: float | None
+
+
+def _check(confidence: float, resamples: int) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+
+
+def _clean(values: Sequence[float], what: str) -> np.ndarray:
+    """Finite positive timings; NaN is a pack without a timing and is dropped, anything else wrong is an error."""
+    arr = np.asarray(list(values), dtype=float)
+    arr = arr[~np.isnan(arr)]
+    if np.any(~np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(f"{what}: times per training must be finite and > 0, got {arr.tolist()}")
+    return arr
+
+
+def _boot_medians(samples: Sequence[np.ndarray], resamples: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Bootstrap medians, one (resamples,) array per sample; samples of equal size are drawn in one batch.
+
+    With each sample sorted, a resample's order statistics are the sample at the sorted drawn indices, so
+    sorting small integers stands in for a median over gathered floats (several times faster).
+    """
+    out: dict[int, np.ndarray] = {}
+    by_size: dict[int, list[int]] = {}
+    for i, s in enumerate(samples):
+        by_size.setdefault(len(s), []).append(i)
+    for k in sorted(by_size):  # fixed draw order: deterministic for a seed
+        members = by_size[k]
+        data = np.sort(np.stack([samples[i] for i in members]), axis=1)  # (m, k)
+        idx = np.sort(rng.integers(0, k, size=(len(members), resamples, k), dtype=np.int32), axis=2)
+        mid = idx[:, :, [(k - 1) // 2, k // 2]]  # the one or two middle order statistics
+        meds = np.take_along_axis(data[:, None, :], mid, axis=2).mean(axis=2)  # (m, resamples)
+        for row, i in enumerate(members):
+            out[i] = meds[row]
+    return [out[i] for i in range(len(samples))]
+
+
+def _pooled_spread(samples: Sequence[np.ndarray]) -> float | None:
+    """Pooled relative standard deviation of one pack over samples of >= 2 packs; None when there is none."""
+    num, dof = 0.0, 0
+    for s in samples:
+        if len(s) >= 2:
+            num += float(np.sum((s / s.mean() - 1.0) ** 2))
+            dof += len(s) - 1
+    return math.sqrt(num / dof) if dof else None
+
+
+def _pct(confidence: float) -> str:
+    return f"{round(confidence * 100, 6):g}%"
+
+
+def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] = (), confidence: float = 0.95,
+           resamples: int = 2000, seed: int = 0, min_packs: int = 5, rule: str = "smallest") -> Choice:
+    """The best N from each N's times per training (one value per pack); see the module docstring."""
+    _check(confidence, resamples)
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {sorted(RULES)}, got {rule!r}")
+    if min_packs < 2:
+        raise ValueError(f"min_packs must be >= 2 (one pack has no interval), got {min_packs}")
+    alpha = 1.0 - confidence
+    method = (f"{_pct(confidence)} percentile bootstrap over packs ({resamples} resamples, seed {seed}); "
+              "N ties with the lowest when the interval of the difference of medians contains 0")
+    skip = set(infeasible)
+    data = {n: _clean(v, f"N={n}") for n, v in sorted(times.items()) if n not in skip}
+    data = {n: v for n, v in data.items() if len(v)}
+    if any(n < 1 for n in data):
+        raise ValueError(f"packing factors must be >= 1, got {sorted(data)}")
+    if not data:
+        return Choice(None, None, (), RULES[rule], MappingProxyType({}), False, None, method)
+
+    ns = list(data)
+    samples = [data[n] for n in ns]
+    rng = np.random.default_rng(seed)
+    spread = _pooled_spread(samples)
+    multi = [i for i, s in enumerate(samples) if len(s) >= 2]
+    boots = np.empty((len(ns), resamples))
+    for i, m in zip(multi, _boot_medians([samples[i] for i in multi], resamples, rng)):
+        boots[i] = m
+    for i, s in enumerate(samples):
+        if len(s) == 1:  # borrowed spread: one pack is as noisy as the others (module docstring)
+            boots[i] = s[0] * (1.0 + (spread or 0.0) * rng.standard_normal(resamples))
+
+    medians = np.array([float(np.median(s)) for s in samples])
+    q = np.quantile(boots, [alpha / 2, 1 - alpha / 2], axis=1)
+    intervals = {n: Interval(float(medians[i]), float(q[0, i]) if len(samples[i]) >= 2 else None,
+                             float(q[1, i]) if len(samples[i]) >= 2 else None, len(samples[i]))
+                 for i, n in enumerate(ns)}
+
+    lo = int(np.argmin(medians))  # first minimum: the smaller N wins an exact tie of medians
+    lowest = ns[lo]
+    if spread is None:  # no N has 2 packs: nothing can be told apart from anything
+        tied = list(range(len(ns)))
+    else:
+        dq = np.quantile(boots - boots[lo], [alpha / 2, 1 - alpha / 2], axis=1)
+        tied = [i for i in range(len(ns)) if i == lo or dq[0, i] <= 0.0 <= dq[1, i]]
+    ties = tuple(ns[i] for i in tied)
+    best = min(ties) if rule == "smallest" else lowest
+    provisional = any(len(samples[i]) < min_packs for i in tied)
+
+    repeats: int | None = None
+    if spread is not None:
+        gaps = {i: (medians[i] - medians[lo]) / medians[lo] for i in tied if i != lo}
+        worth = {i: g for i, g in gaps.items() if g >= NOT_WORTH}
+        need = [min_packs] if provisional else []
+        if worth:
+            near = min(worth, key=lambda i: (worth[i], ns[i]))
+            z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(POWER)
+            n = math.ceil(math.pi * spread**2 * z**2 / worth[near] ** 2)
+            need.append(max(n, len(samples[lo]) + 1, len(samples[near]) + 1))  # they still tie: more than now
+        if need:
+            repeats = min(max(need), MAX_REPEATS)
+    return Choice(best, lowest, ties, RULES[rule], MappingProxyType(intervals), provisional, repeats, method)
+
+
+def tie_label(ties: Sequence[int], measured: Sequence[int] | None = None) -> str:
+    """'N=2–4' for a run of consecutive factors, 'N=2, 8' otherwise, 'N=4' alone ('none' for no ties).
+
+    Consecutive means adjacent among ``measured`` (the factors that were measured) when given, so ties
+    (3, 5) among measured [1, 3, 5, 8] are 'N=3–5'; without it, adjacent integers.
+    """
+    if not ties:
+        return "none"
+    # Rank among the measured factors, or the integers themselves: consecutive ranks make a run.
+    rank = {n: i for i, n in enumerate(sorted(set(measured)))} if measured is not None else {n: n for n in ties}
+    missing = [n for n in ties if n not in rank]
+    if missing:
+        raise ValueError(f"ties {missing} are not among the measured factors {sorted(set(measured or ()))}")
+    runs: list[list[int]] = []
+    for n in sorted(set(ties)):
+        if runs and rank[n] == rank[runs[-1][-1]] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return "N=" + ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
+
+
+def gain(a: Sequence[float], b: Sequence[float], *, confidence: float = 0.95, resamples: int = 2000,
+         seed: int = 0) -> Gain:
+    """Relative gain of b over a in median time per training, with its percentile bootstrap interval."""
+    _check(confidence, resamples)
+    xa, xb = _clean(a, "a"), _clean(b, "b")
+    if not len(xa) or not len(xb):
+        raise ValueError("gain needs at least one timing on each side")
+    med = 1.0 - float(np.median(xb)) / float(np.median(xa))
+    if len(xa) < 2 or len(xb) < 2:  # a single pack has no spread to resample
+        return Gain(med, None, None)
+    rng = np.random.default_rng(seed)
+    ba = _boot_medians([xa], resamples, rng)[0]
+    bb = _boot_medians([xb], resamples, rng)[0]
+    alpha = 1.0 - confidence
+    low, high = np.quantile(1.0 - bb / ba, [alpha / 2, 1 - alpha / 2])
+    return Gain(med, float(low), float(high))
+
+
+def keeps_improving(a: Sequence[float], b: Sequence[float], threshold: float = 0.05, *,
+                    names: tuple[str, str] = ("a", "b"), confidence: float = 0.95, resamples: int = 2000,
+                    seed: int = 0) -> tuple[bool, str]:
+    """Whether b beats a by >= ``threshold`` (median gain) and beyond noise (interval above 0), and why.
+
+    ``names`` label a and b in the reason, e.g. ("N=5", "N=8").
+    """
+    g = gain(a, b, confidence=confidence, resamples=resamples, seed=seed)
+    na, nb = names
+    span = "" if g.low is None else f"interval {g.low * 100:+.1f} %..{g.high * 100:+.1f} %"
+    if g.median < 0:
+        return False, f"{nb} is slower than {na} by {-g.median * 100:.1f} % per training"
+    head = f"{nb} improves on {na} by {g.median * 100:.1f} %"
+    if g.median < threshold:
+        return False, f"{head} (< {threshold * 100:g} %)"
+    if g.low is None:
+        return False, f"{head} but a single pack has no spread: cannot tell it from noise"
+    if g.low <= 0:
+        return False, f"{head} within noise ({span})"
+    return True, f"{head} (>= {threshold * 100:g} %, {span})"

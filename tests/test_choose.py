@@ -1,0 +1,247 @@
+"""gpupack.choose: the best N with regard to noise (bootstrap intervals, ties, rules, sample size)."""
+from __future__ import annotations
+
+import math
+import time
+from statistics import NormalDist
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from gpupack.choose import MAX_REPEATS, RULES, Choice, _boot_medians, choose, gain, keeps_improving, tie_label
+
+
+def packs(center: float, rel: float, k: int) -> list[float]:
+    """k pack times spread evenly over center * (1 ± rel): deterministic, and the median is exactly center."""
+    return list(center * (1 + rel * np.linspace(-1, 1, k)))
+
+
+# --- choose ---------------------------------------------------------------------------------------------------
+
+def test_clear_winner_with_many_packs() -> None:
+    c = choose({1: packs(10, 0.02, 20), 2: packs(7, 0.02, 20), 4: packs(5, 0.02, 20), 8: packs(6, 0.02, 20)})
+    assert (c.best, c.lowest, c.ties) == (4, 4, (4,))
+    assert not c.provisional and c.repeats_needed is None
+    assert c.rule == RULES["smallest"] and "bootstrap" in c.method and "2000 resamples" in c.method
+    for n, iv in c.intervals.items():
+        assert iv.packs == 20 and iv.low is not None and iv.high is not None
+        assert iv.low <= iv.median <= iv.high
+
+
+@pytest.mark.parametrize("rule, best", [("smallest", 2), ("lowest", 4)])
+def test_two_n_within_noise_tie_and_rule_picks(rule: str, best: int) -> None:
+    # 0.7 % apart with 3 % spread per pack: a tie; the gap is under 1 %, not worth packs to separate.
+    c = choose({1: packs(10, 0.03, 10), 2: packs(7.0, 0.03, 10), 4: packs(6.95, 0.03, 10)}, rule=rule)
+    assert c.lowest == 4 and c.ties == (2, 4) and c.best == best
+    assert c.rule == RULES[rule]
+    assert not c.provisional and c.repeats_needed is None
+
+
+def test_tie_worth_separating_estimates_repeats() -> None:
+    # 2 % apart with 3 % spread: tied at 10 packs; n = ceil(pi s^2 (z_0.975 + z_0.8)^2 / d^2) says how many.
+    a, b = packs(7.14, 0.03, 10), packs(7.0, 0.03, 10)
+    c = choose({2: a, 4: b})
+    assert c.ties == (2, 4) and c.best == 2 and not c.provisional
+    s2 = sum(((np.array(x) / np.mean(x) - 1) ** 2).sum() for x in (a, b)) / 18  # pooled relative variance
+    z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)
+    assert c.repeats_needed == math.ceil(math.pi * s2 * z**2 / (0.14 / 7.0) ** 2) == 26
+
+
+def test_repeats_capped() -> None:
+    c = choose({2: packs(7.08, 0.2, 10), 4: packs(7.0, 0.2, 10)})  # 1.1 % apart, 20 % spread: hopeless
+    assert c.ties == (2, 4) and c.repeats_needed == MAX_REPEATS
+
+
+def test_clearly_separated_when_apart() -> None:
+    c = choose({2: packs(7.2, 0.03, 10), 4: packs(7.0, 0.03, 10)})
+    assert c.ties == (4,) and c.best == 4
+
+
+@pytest.mark.parametrize("rule", ["smallest", "lowest"])
+def test_infeasible_lowest_is_never_chosen(rule: str) -> None:
+    times = {1: packs(10, 0.02, 10), 2: packs(7, 0.02, 10), 4: packs(4, 0.02, 10), 8: packs(6.95, 0.02, 10)}
+    c = choose(times, infeasible={4}, rule=rule)
+    assert c.lowest == 8 and c.ties == (2, 8) and c.best == (8 if rule == "lowest" else 2)
+    assert 4 not in c.intervals
+    assert choose(times, rule=rule).best == 4  # feasible, it would have won
+
+
+@pytest.mark.parametrize("times, infeasible", [({}, ()), ({1: [], 2: []}, ()), ({1: [5.0, 5.1], 2: [4.0]}, {1, 2})])
+def test_nothing_feasible_gives_none(times: dict[int, list[float]], infeasible: set[int]) -> None:
+    c = choose(times, infeasible=infeasible)
+    assert (c.best, c.lowest, c.ties, dict(c.intervals)) == (None, None, (), {})
+    assert not c.provisional and c.repeats_needed is None
+
+
+def test_fewer_than_min_packs_is_provisional() -> None:
+    times = {1: packs(10, 0.03, 3), 2: packs(7, 0.03, 3), 4: packs(5, 0.03, 3)}
+    c = choose(times)
+    assert c.best == 4 and c.provisional
+    assert c.repeats_needed is not None and c.repeats_needed > 3
+    assert not choose(times, min_packs=3).provisional
+
+
+def test_provisional_only_counts_the_ties() -> None:
+    # N=1 has 2 packs but is far off: it does not make the choice provisional.
+    c = choose({1: packs(10, 0.03, 2), 4: packs(5, 0.03, 8)})
+    assert c.ties == (4,) and not c.provisional and c.repeats_needed is None
+
+
+@pytest.mark.parametrize("x, tied", [
+    (5.2, True),   # inside the lowest's interval [4.72, 5.28]
+    (5.5, True),   # outside it, but within one pack's spread: a single pack cannot rule itself out
+    (6.5, False),  # far beyond both
+])
+def test_single_pack_n_borrows_the_pooled_spread(x: float, tied: bool) -> None:
+    c = choose({1: packs(8, 0.02, 10), 2: [x], 4: packs(5, 0.1, 10)})
+    iv = c.intervals[4]
+    assert iv.low is not None and iv.high is not None and iv.high < 5.5
+    assert c.intervals[2] == type(iv)(x, None, None, 1)
+    assert (2 in c.ties) is tied and c.lowest == 4
+    assert c.provisional is tied  # a 1-pack N among the ties makes it provisional
+
+
+def test_single_pack_everywhere_ties_everything() -> None:
+    c = choose({1: [10.0], 2: [7.0], 4: [5.0]})
+    assert c.lowest == 4 and c.ties == (1, 2, 4) and c.best == 1
+    assert c.provisional and c.repeats_needed is None  # no spread to estimate from
+    assert all(iv.low is None and iv.high is None for iv in c.intervals.values())
+
+
+def test_deterministic_for_a_seed() -> None:
+    rng = np.random.default_rng(3)
+    times = {n: list(rng.normal(7 - 0.02 * n, 0.2, 6)) for n in (1, 2, 3, 4)}
+    a, b = choose(times, seed=11), choose(times, seed=11)
+    assert a == b
+    assert a.intervals != choose(times, seed=12).intervals  # the seed does drive the resamples
+
+
+def test_bootstrap_median_matches_numpy() -> None:
+    for k in (2, 3, 4, 5, 50):
+        x = np.random.default_rng(k).normal(size=k)
+        got = _boot_medians([x, 2 * x], 300, np.random.default_rng(7))
+        idx = np.random.default_rng(7).integers(0, k, size=(2, 300, k), dtype=np.int32)
+        xs = np.sort(x)
+        assert np.allclose(got[0], np.median(xs[idx[0]], axis=1))
+        assert np.allclose(got[1], np.median(2 * xs[idx[1]], axis=1))
+
+
+def test_fast() -> None:
+    rng = np.random.default_rng(0)
+    times = {n: list(rng.normal(10 - 0.1 * n, 0.3, 50)) for n in range(1, 21)}
+    choose(times)
+    best = min(_timed(lambda: choose(times)) for _ in range(3))
+    assert best < 0.1
+
+
+def _timed(f: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+@pytest.mark.parametrize("kwargs", [{"rule": "fastest"}, {"confidence": 1.0}, {"resamples": 0}, {"min_packs": 1}])
+def test_bad_arguments(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        choose({1: [1.0, 1.1]}, **kwargs)
+
+
+@pytest.mark.parametrize("bad", [[1.0, -1.0], [1.0, 0.0], [1.0, float("inf")]])
+def test_bad_times(bad: list[float]) -> None:
+    with pytest.raises(ValueError):
+        choose({1: bad})
+
+
+def test_nan_is_a_pack_without_timing() -> None:
+    assert choose({1: [5.0, float("nan"), 5.2]}).intervals[1].packs == 2
+
+
+def test_drift_fools_n_ordered_runs_not_interleaved() -> None:
+    """Why run order matters (data only): a slow linear drift by run position, no other noise.
+
+    True time per training is N=1: 10, N=2: 7, N=3: 6.9, N=4: 8. Run all of N=1's packs, then N=2's...
+    and the drift charges each later N 10 positions more: N=3 looks worse than N=2 beyond noise. Run them
+    round-robin and the drift is shared: N=3 is the lowest again (and within noise of N=2).
+    """
+    true, drift, k = {1: 10.0, 2: 7.0, 3: 6.9, 4: 8.0}, 0.05, 10
+    by_n = {n: [true[n] + drift * ((n - 1) * k + r) for r in range(k)] for n in true}
+    interleaved = {n: [true[n] + drift * (r * len(true) + n - 1) for r in range(k)] for n in true}
+    fooled = choose(by_n, rule="lowest")
+    assert fooled.best == 2 and 3 not in fooled.ties and not fooled.provisional
+    right = choose(interleaved, rule="lowest")
+    assert right.best == 3 and right.ties == (2, 3)
+
+
+# --- tie_label ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ties, measured, label", [
+    ((4,), None, "N=4"),
+    ((2, 3, 4), None, "N=2–4"),
+    ((2, 3), None, "N=2–3"),
+    ((2, 8), None, "N=2, 8"),
+    ((8, 2), None, "N=2, 8"),
+    ((1, 2, 3, 8), None, "N=1–3, 8"),
+    ((3, 5), [1, 3, 5, 8], "N=3–5"),
+    ((3, 5), None, "N=3, 5"),
+    ((1, 5), [1, 3, 5, 8], "N=1, 5"),
+    ((), None, "none"),
+])
+def test_tie_label(ties: tuple[int, ...], measured: list[int] | None, label: str) -> None:
+    assert tie_label(ties, measured) == label
+
+
+def test_tie_label_rejects_unmeasured() -> None:
+    with pytest.raises(ValueError):
+        tie_label((3, 4), [1, 3, 5])
+
+
+# --- gain / keeps_improving -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("b_center, b_spread, keeps, why", [
+    (8.0, 0.02, True, ">= 5 %"),          # 20 % faster, tight: keep going
+    (9.8, 0.02, False, "(< 5 %)"),         # 2 %: below the threshold
+    (9.0, 0.9, False, "within noise"),     # 10 % median gain, huge spread
+    (10.5, 0.02, False, "slower"),
+])
+def test_keeps_improving(b_center: float, b_spread: float, keeps: bool, why: str) -> None:
+    a, b = packs(10, 0.02, 8), packs(b_center, b_spread, 8)
+    ok, reason = keeps_improving(a, b, names=("N=5", "N=8"))
+    assert ok is keeps and why in reason and "N=8" in reason and "N=5" in reason
+
+
+def test_keeps_improving_reason_text() -> None:
+    ok, reason = keeps_improving(packs(10, 0.02, 8), packs(9.79, 0.02, 8), names=("N=5", "N=8"))
+    assert not ok and reason == "N=8 improves on N=5 by 2.1 % (< 5 %)"
+    ok, reason = keeps_improving(packs(10, 0.02, 8), packs(9.0, 0.9, 8), names=("N=5", "N=8"))
+    assert not ok and reason.startswith("N=8 improves on N=5 by 10.0 % within noise (interval -")
+
+
+def test_gain_interval_and_single_pack() -> None:
+    g = gain(packs(10, 0.02, 8), packs(8, 0.02, 8))
+    assert g.median == pytest.approx(0.2) and g.low is not None and g.high is not None
+    assert 0 < g.low <= g.median <= g.high
+    assert gain(packs(10, 0.02, 8), packs(8, 0.02, 8), seed=5) == gain(packs(10, 0.02, 8), packs(8, 0.02, 8), seed=5)
+    single = gain([10.0], packs(8, 0.02, 8))
+    assert single.median == pytest.approx(0.2) and single.low is None and single.high is None
+    ok, reason = keeps_improving([10.0], packs(8, 0.02, 8))
+    assert not ok and "single pack" in reason
+    with pytest.raises(ValueError):
+        gain([], [1.0])
+
+
+def test_choice_is_frozen() -> None:
+    c = choose({1: [1.0, 1.1]})
+    assert isinstance(c, Choice)
+    with pytest.raises(AttributeError):
+        c.best = 2  # type: ignore[misc]
+
+
+def test_still_tied_asks_for_more_packs_than_now() -> None:
+    # Bimodal packs: the median's bootstrap swings between the modes, wider than the normal approximation,
+    # so the formula says fewer packs than the 10 already run; the answer is at least one more.
+    def bimodal(c: float) -> list[float]:
+        return [c * 0.97] * 5 + [c * 1.03] * 5
+
+    c = choose({2: bimodal(7.4), 4: bimodal(7.0)})
+    assert c.ties == (2, 4) and not c.provisional and c.repeats_needed == 11
