@@ -390,9 +390,9 @@ def best_line(row: Mapping[str, Any]) -> str:
     speed = row.get("speedup_vs_n1")
     gain = f", {speed:.2f}x the trainings per hour of N=1" if speed == speed and speed is not None else ""
     provisional = " (provisional)" if row.get("provisional") else ""
-    return (f"Best packing factor{provisional} for {row['workload']} on {row['partition']} ({row['gpu_type']}), "
+    return (f"Best packing factor for {row['workload']} on {row['partition']} ({row['gpu_type']}), "
             f"mode {row['mode']}: N={int(row['factor'])} — {row['time_per_training_s']:.2f} s per training"
-            f"{gain}.")
+            f"{gain}{provisional}.")
 
 
 def make_console() -> Console:

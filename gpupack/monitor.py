@@ -1,7 +1,10 @@
 """The one seam to NVML (nvidia-ml-py, ``import pynvml``): what device a job has.
 
-With no GPU, no driver or no NVML library the answer says so, and the job runs on the CPU.
-Tests fake :func:`_nvml` and nothing else.
+The device is the one CUDA_VISIBLE_DEVICES names first: an index, a ``GPU-<uuid>``, or a MIG slice
+(``MIG-<uuid>``, or ``MIG-GPU-<uuid>/<gi>/<ci>`` on R450/R460 drivers). A slice is looked up as itself, so its
+name ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") and memory are the slice's, not its parent GPU's.
+With no GPU, no driver, no NVML library or a device NVML does not know, the answer says so, and the job runs on
+the CPU. Tests fake :func:`_nvml` and nothing else.
 """
 from __future__ import annotations
 
@@ -9,15 +12,25 @@ import os
 import platform
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Mapping
+from typing import Any, Iterator, Mapping
 
 
 @dataclass(frozen=True)
 class DeviceInfo:
     kind: str  # "gpu" or "cpu"
-    name: str  # NVML's device name, or the CPU model
-    memory_total_mb: float | None = None
-    note: str = ""  # why there is no GPU, when there is none
+    name: str  # NVML's device name (a MIG slice's own, e.g. "NVIDIA H100 80GB HBM3 MIG 1g.10gb"), or the CPU model
+    memory_total_mb: float | None = None  # a MIG slice's own memory, not its parent GPU's
+    note: str = ""  # why there is no GPU, when there is none; how the GPU was chosen, when that was a guess
+    uuid: str | None = None  # NVML's UUID ("GPU-…", or "MIG-…" for a slice): the sampler opens the same device by it
+    mig: bool = False  # a MIG slice of a GPU, not a whole GPU
+
+
+@dataclass(frozen=True)
+class VisibleGpu:
+    """The device CUDA_VISIBLE_DEVICES gives the job, as an NVML handle (a MIG device handle for a slice)."""
+    handle: Any
+    mig: bool
+    note: str = ""
 
 
 def _nvml() -> ModuleType:
@@ -37,15 +50,129 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def visible_index(env: Mapping[str, str]) -> int | None:
-    """NVML index of the first GPU in CUDA_VISIBLE_DEVICES; None when it hides every GPU."""
+def first_visible(env: Mapping[str, str]) -> str | None:
+    """The first device CUDA_VISIBLE_DEVICES names ("0" when it is unset); None when it hides every GPU."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
-        return 0
+        return "0"
     first = visible.split(",")[0].strip()
-    if first == "" or first == "-1":
+    return None if first in ("", "-1") else first  # CUDA stops at the first invalid entry: "-1,0" hides all
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value  # older bindings return bytes
+
+
+def _uuid(nvml: Any, handle: Any) -> str:
+    try:
+        return _text(nvml.nvmlDeviceGetUUID(handle))
+    except Exception:  # a device whose UUID NVML cannot read matches no UUID
+        return ""
+
+
+def _mig_enabled(nvml: Any, handle: Any) -> bool:
+    try:
+        return nvml.nvmlDeviceGetMigMode(handle)[0] == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)
+    except Exception:  # NotSupported before Ampere; bindings without MIG
+        return False
+
+
+def _mig_devices(nvml: Any, parent: Any) -> Iterator[Any]:
+    """The MIG device handles that exist under a GPU (none when it is not in MIG mode)."""
+    try:
+        count = nvml.nvmlDeviceGetMaxMigDeviceCount(parent)
+    except Exception:  # NotSupported before Ampere; bindings without MIG
+        return
+    for i in range(count):
+        try:
+            yield nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, i)
+        except Exception:  # NotFound: the count is how many may exist, not how many do
+            continue
+
+
+def _devices(nvml: Any) -> Iterator[tuple[Any, Any]]:
+    """Every GPU NVML sees (parent None), each followed by its MIG devices (with their parent GPU)."""
+    for i in range(nvml.nvmlDeviceGetCount()):
+        gpu = nvml.nvmlDeviceGetHandleByIndex(i)
+        yield gpu, None
+        for mig in _mig_devices(nvml, gpu):
+            yield mig, gpu
+
+
+def _as_cuda_sees(nvml: Any, gpu: Any, named: str) -> VisibleGpu:
+    """A whole GPU, or, when it is in MIG mode, the slice of it CUDA runs on: CUDA never uses a MIG-mode GPU
+    as a whole, so costing and sizing the whole GPU would be wrong."""
+    if not _mig_enabled(nvml, gpu):
+        return VisibleGpu(gpu, mig=False)
+    slices = list(_mig_devices(nvml, gpu))
+    if not slices:
+        raise LookupError(f"{named} is in MIG mode and has no MIG device")
+    note = "" if len(slices) == 1 else (
+        f"{named} is in MIG mode with {len(slices)} MIG devices and CUDA_VISIBLE_DEVICES names the whole GPU: "
+        f"taken as its first MIG device; name the slice by its MIG UUID to be sure")
+    return VisibleGpu(slices[0], mig=True, note=note)
+
+
+def _by_index(nvml: Any, index: int) -> VisibleGpu:
+    count = nvml.nvmlDeviceGetCount()
+    if count <= index:
+        raise LookupError(f"NVML sees no GPU {index} (it sees {count})")
+    return _as_cuda_sees(nvml, nvml.nvmlDeviceGetHandleByIndex(index), f"GPU {index}")
+
+
+def _by_uuid(nvml: Any, uuid: str) -> VisibleGpu:
+    try:  # recent drivers look up MIG UUIDs too
+        handle, mig = nvml.nvmlDeviceGetHandleByUUID(uuid), uuid.startswith("MIG-")
+    except Exception:  # NotFound, an older driver, or an abbreviated UUID (CUDA takes a unique prefix)
+        found = [(u, h, parent) for h, parent in _devices(nvml) if (u := _uuid(nvml, h)).startswith(uuid)]
+        exact = [f for f in found if f[0] == uuid]
+        if not exact and len(found) != 1:
+            raise LookupError(f"{uuid} (from CUDA_VISIBLE_DEVICES) is the start of {len(found)} devices' UUIDs"
+                              if found else f"NVML knows no GPU or MIG device {uuid} (from CUDA_VISIBLE_DEVICES)")
+        _, handle, parent = (exact or found)[0]
+        mig = parent is not None
+    return VisibleGpu(handle, mig=True) if mig else _as_cuda_sees(nvml, handle, uuid)
+
+
+def _instance_ids(nvml: Any, mig: Any) -> tuple[int, int] | None:
+    try:
+        return nvml.nvmlDeviceGetGpuInstanceId(mig), nvml.nvmlDeviceGetComputeInstanceId(mig)
+    except Exception:  # a MIG device NVML cannot place matches no gi/ci
         return None
-    return int(first) if first.isdigit() else 0  # a UUID or MIG id: NVML index 0 of what we see
+
+
+def _by_legacy_mig(nvml: Any, entry: str) -> VisibleGpu:
+    """``MIG-GPU-<uuid>/<gi>/<ci>``: the slice with GPU instance ID gi and compute instance ID ci of that GPU."""
+    try:  # the drivers that wrote this form look it up themselves
+        return VisibleGpu(nvml.nvmlDeviceGetHandleByUUID(entry), mig=True)
+    except Exception:
+        pass
+    parts = entry[len("MIG-"):].split("/")
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        raise LookupError(f"CUDA_VISIBLE_DEVICES names {entry!r}, not MIG-GPU-<uuid>/<gi>/<ci>")
+    parent_uuid, ids = parts[0], (int(parts[1]), int(parts[2]))
+    for handle, parent in _devices(nvml):
+        if parent is not None and _uuid(nvml, parent) == parent_uuid and _instance_ids(nvml, handle) == ids:
+            return VisibleGpu(handle, mig=True)
+    raise LookupError(f"NVML knows no MIG device {entry} (from CUDA_VISIBLE_DEVICES)")
+
+
+def resolve_visible(env: Mapping[str, str], nvml: Any) -> VisibleGpu | None:
+    """The NVML handle of the device CUDA_VISIBLE_DEVICES names first, over an initialized ``nvml``.
+
+    None when it hides every GPU; LookupError (its message says why) when it names a device NVML does not know,
+    never index 0 in its place.
+    """
+    entry = first_visible(env)
+    if entry is None:
+        return None
+    if entry.isdigit():
+        return _by_index(nvml, int(entry))
+    if entry.startswith("MIG-GPU-"):
+        return _by_legacy_mig(nvml, entry)
+    if entry.startswith(("GPU-", "MIG-")):
+        return _by_uuid(nvml, entry)
+    raise LookupError(f"CUDA_VISIBLE_DEVICES names {entry!r}: not an index, GPU-<uuid> or MIG-<uuid>")
 
 
 def detect_device(env: Mapping[str, str] | None = None) -> DeviceInfo:
@@ -56,16 +183,17 @@ def detect_device(env: Mapping[str, str] | None = None) -> DeviceInfo:
     except Exception as err:  # NVMLError_LibraryNotFound / DriverNotLoaded on a CPU machine
         return DeviceInfo("cpu", cpu_name(), note=f"NVML unavailable ({err.__class__.__name__}: {err})")
     try:
-        index = visible_index(env)
-        if index is None:
-            return DeviceInfo("cpu", cpu_name(), note="this job was given no GPU (CUDA_VISIBLE_DEVICES is empty)")
-        if nvml.nvmlDeviceGetCount() <= index:
-            return DeviceInfo("cpu", cpu_name(), note="NVML sees no GPU")
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        name = nvml.nvmlDeviceGetName(handle)
-        name = name.decode() if isinstance(name, bytes) else name
-        total = nvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20
-        return DeviceInfo("gpu", name, memory_total_mb=total)
+        try:
+            visible = resolve_visible(env, nvml)
+        except LookupError as err:
+            return DeviceInfo("cpu", cpu_name(), note=str(err))
+        if visible is None:
+            return DeviceInfo("cpu", cpu_name(), note="this job was given no GPU "
+                              f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '')!r})")
+        name = _text(nvml.nvmlDeviceGetName(visible.handle))
+        total = nvml.nvmlDeviceGetMemoryInfo(visible.handle).total / 2**20
+        return DeviceInfo("gpu", name, memory_total_mb=total, note=visible.note,
+                          uuid=_uuid(nvml, visible.handle) or None, mig=visible.mig)
     finally:
         nvml.nvmlShutdown()
 

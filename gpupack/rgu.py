@@ -13,6 +13,8 @@ import pandas as pd
 _NAME_RULES = [
     (re.compile(r"H100.*?(\d)g\.(\d+)gb", re.I), lambda m: f"H100-{m[1]}g.{m[2]}gb"),
     (re.compile(r"A100.*?(\d)g\.(\d+)gb", re.I), lambda m: f"A100-{m[1]}g.{m[2]}gb"),
+    # Any other MIG slice (an unreadable profile, a GPU without slice rules): unknown, never its whole GPU's weight.
+    (re.compile(r"\bMIG\b"), lambda m: None),
     (re.compile(r"H100", re.I), lambda m: "H100-80gb"),
     (re.compile(r"A100.*80\s*GB", re.I), lambda m: "A100-80gb"),
     (re.compile(r"A100", re.I), lambda m: "A100-40gb"),

@@ -34,7 +34,11 @@ class _Tracked:
 class Sampler:
     def __init__(self, interval_s: float = 1.0, gpu_index: int | None = None, mps: bool = False,
                  no_gpu_reason: str = "",
-                 log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)) -> None:
+                 log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
+                 gpu: str | None = None) -> None:
+        """``gpu``: the device to sample as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"; the job passes
+        the UUID detect_device found, so both see the same device, a MIG slice included); ``gpu_index``: an NVML
+        index, the older form. Neither: no GPU, for ``no_gpu_reason``."""
         self.interval_s = interval_s
         self.mps = mps
         self.log = log
@@ -48,33 +52,64 @@ class Sampler:
         self.nvml: Any = None
         self.handle: Any = None
         self.source, self.note, self.memory_total_mb = "cpu", "", None
-        self._open_nvml(gpu_index, no_gpu_reason)
+        self.mig = False
+        self._util_supported = True  # NVML does not report utilization on a MIG slice (NotSupported)
+        self._open_nvml(gpu if gpu is not None else None if gpu_index is None else str(gpu_index), no_gpu_reason)
 
     # ---- NVML, through the one seam ----
 
-    def _open_nvml(self, gpu_index: int | None, no_gpu_reason: str) -> None:
-        if gpu_index is None:
+    def _open_nvml(self, gpu: str | None, no_gpu_reason: str) -> None:
+        if gpu is None:
             self.note = f"{no_gpu_reason or 'no GPU in this job'}: sampling the CPU instead"
         else:
+            nvml: Any = None
             try:
                 nvml = monitor._nvml()
                 nvml.nvmlInit()
-                self.handle = nvml.nvmlDeviceGetHandleByIndex(gpu_index)
-                self.nvml, self.source = nvml, "nvml"
-                self.memory_total_mb = nvml.nvmlDeviceGetMemoryInfo(self.handle).total / 2**20
-            except Exception as err:  # no library, no driver, no such device
+                # The same lookup as detect_device's: a MIG slice is sampled as itself, not as its parent GPU.
+                visible = monitor.resolve_visible({"CUDA_VISIBLE_DEVICES": gpu}, nvml)
+                if visible is None:
+                    raise LookupError(f"CUDA_VISIBLE_DEVICES={gpu!r} hides every GPU")
+                self.memory_total_mb = nvml.nvmlDeviceGetMemoryInfo(visible.handle).total / 2**20
+                self.handle, self.mig, self.nvml, self.source = visible.handle, visible.mig, nvml, "nvml"
+            except LookupError as err:  # no such device: said, never another device sampled in its place
+                self.note = f"{err}: sampling the CPU instead"
+            except Exception as err:  # no library, no driver
                 self.note = f"NVML unavailable ({err.__class__.__name__}: {err}): sampling the CPU instead"
+            if self.nvml is None and nvml is not None:
+                try:
+                    nvml.nvmlShutdown()
+                except Exception:
+                    pass
         if self.note:
             self.log(f"gpupack sampler: {self.note}")  # said once, not at every sample
 
+    def _utilization(self) -> Any:
+        """NVML's utilization rates, or None once NVML said it does not report them on this device."""
+        if not self._util_supported:
+            return None
+        try:
+            return self.nvml.nvmlDeviceGetUtilizationRates(self.handle)
+        except Exception as err:
+            not_supported = getattr(self.nvml, "NVMLError_NotSupported", None)
+            if not_supported is None or not isinstance(err, not_supported):
+                raise  # a driver hiccup: this sample records gpu_error, as any other
+            self._util_supported = False
+            note = (f"NVML does not report GPU utilization on this {'MIG slice' if self.mig else 'device'}: "
+                    "recorded as unknown (None), memory still sampled")
+            self.note = f"{self.note}; {note}" if self.note else note
+            self.log(f"gpupack sampler: {note}")  # once: later samples do not ask again
+            return None
+
     def _gpu_sample(self) -> dict[str, Any]:
         nvml, h = self.nvml, self.handle
-        util = nvml.nvmlDeviceGetUtilizationRates(h)
+        util = self._utilization()
         mem = nvml.nvmlDeviceGetMemoryInfo(h)
         list_procs = (nvml.nvmlDeviceGetMPSComputeRunningProcesses if self.mps
                       else nvml.nvmlDeviceGetComputeRunningProcesses)
         per_pid = {p.pid: (None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20) for p in list_procs(h)}
-        return {"gpu_util": float(util.gpu), "gpu_mem_util": float(util.memory), "gpu_mem_used_mb": mem.used / 2**20,
+        return {"gpu_util": None if util is None else float(util.gpu),
+                "gpu_mem_util": None if util is None else float(util.memory), "gpu_mem_used_mb": mem.used / 2**20,
                 "gpu_proc_mem_mb": per_pid}
 
     # ---- trainings ----

@@ -102,6 +102,6 @@ def test_a_tie_is_reported_as_a_tie_with_its_rule_and_a_provisional_answer_says_
     assert list(s["within_noise"]) == [False, True, True, False] and s.loc[2, "chosen"]  # 6.0 s vs 6.1 s: a tie
     text = _text(collected)
     assert "N=2–3 tie (within noise of the lowest median); picked by the rule: smallest N" in text
-    assert "Best packing factor (provisional) for w on local (cpu), mode process: N=2" in text
+    assert "Best packing factor for w on local (cpu), mode process: N=2" in text
     assert "Provisional: 3 pack(s)" in text and "packs per N would settle it" in text
     assert "│ 2* │" in text and "│ 3~ │" in text and "│  1 │" in text  # N marks: chosen *, within noise ~

@@ -214,8 +214,8 @@ def test_collect_over_two_runs_writes_everything(tmp_path):
     collect([r.root for r in runs], console=console, weights={"P100-12gb": 1.0, "A100-40gb": 4.0},
             sweep_trainings=100, out=out)
     text = console.export_text()
-    assert "Best packing factor (provisional) for w on p100 (cpu), mode process: N=2 — 15.00 s per training" in text
-    assert "Best packing factor (provisional) for w on a100 (cpu), mode process: N=2 — 6.00 s per training" in text
+    assert "Best packing factor for w on p100 (cpu), mode process: N=2 — 15.00 s per training" in text
+    assert "Best packing factor for w on a100 (cpu), mode process: N=2 — 6.00 s per training" in text
     assert "about 5 packs per N would settle it (packing.repeats=5)" in text
     assert "finishes first on a100" in text and "costs least on p100 (P100-12gb)" in text
     for name in ("summary.csv", "summary.json", "trainings.parquet", "report.html", "plots/time_per_training.png",
@@ -227,7 +227,7 @@ def test_collect_over_two_runs_writes_everything(tmp_path):
     assert cost["p100"]["sweep_rgu_hours"] == pytest.approx(100 * 15.0 / 3600 * 1.0)
     assert cost["a100"]["sweep_rgu_hours"] == pytest.approx(100 * 6.0 / 3600 * 4.0)
     html_text = (out / "report.html").read_text()
-    assert html_text.count("data:image/png;base64,") == 3 and "Best packing factor (provisional) for w on a100" in html_text
+    assert html_text.count("data:image/png;base64,") == 3 and "Best packing factor for w on a100" in html_text
 
 
 def test_older_schema_is_refused_with_its_name_and_in_progress_runs_say_what_is_pending(run):

@@ -27,6 +27,9 @@ class FakeNvml:
     def nvmlShutdown(self):
         self.calls.append("shutdown")
 
+    def nvmlDeviceGetCount(self):
+        return 1
+
     def nvmlDeviceGetHandleByIndex(self, i):
         return f"gpu{i}"
 
@@ -139,3 +142,92 @@ def test_a_training_the_sampler_never_saw_has_unknown_memory_not_zero():
     out = sampler.stop()
     assert out["per_training"]["t-short"]["peak_rss_mb"] is None
     assert out["per_training"]["t-short"]["cpu_percent_mean"] is None
+
+
+# ---------------- MIG: the sampler opens the slice the job was given ----------------
+
+from tests.test_monitor import A100_40, H100, H100_1G, H100_3G, MigNvml  # noqa: E402
+
+
+@pytest.mark.parametrize("driver", ["recent", "old"])
+def test_on_a_mig_slice_memory_is_sampled_and_utilization_is_unknown_not_zero(monkeypatch, two_trainings, driver):
+    a, b = two_trainings
+    fake = MigNvml(driver=driver, procs=[(a.pid, 300 * 2**20), (b.pid, None)])
+    asked: list[object] = []
+    util = fake.nvmlDeviceGetUtilizationRates
+    fake.nvmlDeviceGetUtilizationRates = lambda h: asked.append(h) or util(h)
+    monkeypatch.setattr(monitor, "_nvml", lambda: fake)
+    messages: list[str] = []
+    sampler = Sampler(interval_s=0.02, gpu=H100_1G.uuid, log=messages.append)
+    assert sampler.source == "nvml" and sampler.mig and sampler.memory_total_mb == H100_1G.total_mb
+    sampler.register("ta", a.pid)
+    sampler.register("tb", b.pid)
+    sample = sampler.sample_once()
+    assert "gpu_error" not in sample  # NotSupported is not a failed sample: memory is still there
+    assert sample["gpu_util"] is None and sample["gpu_mem_util"] is None and sample["gpu_mem_used_mb"] == 1500
+    assert sample["trainings"]["ta"]["gpu_mem_mb"] == 300 and sample["trainings"]["tb"]["gpu_mem_mb"] is None
+    assert f"compute {('mig', 1, 0)}" in fake.calls  # the slice's processes, not the whole GPU's
+    sampler.start()
+    time.sleep(0.15)
+    report = sampler.stop()
+    assert report["n_samples"] >= 3 and all(s["gpu_util"] is None and "gpu_error" not in s for s in report["samples"])
+    assert len(asked) == 1  # asked once: NVML's NotSupported does not change between samples
+    assert len(messages) == 1 and "utilization" in messages[0] and "MIG slice" in messages[0]
+    assert report["source"] == "nvml" and "utilization" in report["note"]
+    assert report["gpu_util_mean"] is None and report["gpu_util_max"] is None  # unknown, never 0
+    assert report["gpu_mem_total_mb"] == H100_1G.total_mb and report["gpu_mem_used_peak_mb"] == 1500
+    assert report["per_training"]["ta"]["peak_gpu_mem_mb"] == 300
+
+
+def test_a_whole_gpu_still_reports_utilization(monkeypatch):
+    monkeypatch.setattr(monitor, "_nvml", lambda: MigNvml())
+    messages: list[str] = []
+    sampler = Sampler(gpu=A100_40.uuid, log=messages.append)
+    sample = sampler.sample_once()
+    assert not sampler.mig and sample["gpu_util"] == 55 and sample["gpu_mem_util"] == 20 and not messages
+    assert sampler.memory_total_mb == A100_40.total_mb
+
+
+@pytest.mark.parametrize("visible, slice_", [
+    (H100_1G.uuid, H100_1G), (f"MIG-{H100.uuid}/2/0", H100_3G), ("1", H100_1G)])
+def test_the_sampler_opens_the_device_detect_device_found(monkeypatch, visible, slice_):
+    fake = MigNvml(driver="old")
+    monkeypatch.setattr(monitor, "_nvml", lambda: fake)
+    info = monitor.detect_device({"CUDA_VISIBLE_DEVICES": visible})
+    sampler = Sampler(gpu=info.uuid, log=lambda m: None)  # what run_pack passes
+    assert info.uuid == slice_.uuid and sampler.mig
+    assert sampler.memory_total_mb == info.memory_total_mb == slice_.total_mb
+
+
+@pytest.mark.parametrize("gpu", ["MIG-deadbeef-0000-5000-8000-000000000000", "-1", "9"])
+def test_a_device_nvml_does_not_know_is_not_sampled_in_its_place(monkeypatch, gpu):
+    fake = MigNvml()
+    monkeypatch.setattr(monitor, "_nvml", lambda: fake)
+    messages: list[str] = []
+    sampler = Sampler(gpu=gpu, log=messages.append)
+    assert sampler.source == "cpu" and sampler.nvml is None and sampler.memory_total_mb is None
+    assert len(messages) == 1 and "CPU" in messages[0] and gpu in messages[0]
+    assert "shutdown" in fake.calls  # NVML opened for the lookup is closed again
+
+
+def test_a_pack_on_a_mig_slice_records_the_slice(monkeypatch, tmp_path):
+    from gpupack.pack.job import PackSettings, run_pack
+    from gpupack.plan import make_plan
+    from gpupack.records import write_json_atomic
+    from gpupack.rundir import RunDir
+
+    fake = MigNvml(driver="old")
+    monkeypatch.setattr(monitor, "_nvml", lambda: fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", H100_1G.uuid)
+    run = RunDir(tmp_path / "run")
+    plan = make_plan(sweep="t", workload="tests.fake_workloads", grid={"lr": [0.1, 0.2]},
+                     fixed={"steps": 10, "sleep_s": 0.03}, factors=[2], modes=["process"], partitions=["local"],
+                     repeats=1)
+    write_json_atomic(run.plan, plan.to_json())
+    rec = run_pack(str(run.root), plan.packs[0].pack_id, PackSettings(device="cpu", sample_interval_s=0.05))
+    assert rec["n_completed"] == 2
+    assert rec["device_name"] == H100_1G.name and rec["gpu_model"] == "H100-1g.10gb"
+    assert rec["gpu_memory_total_mb"] == H100_1G.total_mb
+    assert rec["sampler"]["source"] == "nvml" and rec["sampler"]["gpu_mem_total_mb"] == H100_1G.total_mb
+    assert rec["sampler"]["n_samples"] >= 1 and rec["sampler"]["gpu_mem_used_peak_mb"] == 1500
+    assert rec["sampler"]["gpu_util_mean"] is None and "utilization" in rec["sampler"]["note"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gpupack.monitor import DeviceInfo, detect_device, visible_index
+from gpupack.monitor import DeviceInfo, detect_device, first_visible
 from gpupack.pack import PackContext, TrainingOutcome, load_packer, options_of, threads_for
 from gpupack.plan import Pack, Plan, Training
 from gpupack.records import (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, is_completed, pack_record, read_json,
@@ -141,8 +141,8 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, A
         records.append(rec)
 
     mps = bool(getattr(options_of(settings, pack.mode), "mps", False))  # the sampler lists MPS clients then
-    sampler = Sampler(interval_s=settings.sample_interval_s, mps=mps,
-                      gpu_index=visible_index(os.environ) if info.kind == "gpu" else None, no_gpu_reason=info.note)
+    sampler = Sampler(interval_s=settings.sample_interval_s, mps=mps, no_gpu_reason=info.note,
+                      gpu=(info.uuid or first_visible(os.environ)) if info.kind == "gpu" else None)
     ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ), settings=settings,
                       gpu_memory_total_mb=info.memory_total_mb,
                       warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
