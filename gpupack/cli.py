@@ -52,6 +52,18 @@ log = logging.getLogger("gpupack")
 # ---------------- printing ----------------
 
 def print_plan(console: Console, prepared: sweep.Prepared) -> None:
+    for warning in prepared.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    auto = prepared.spec.auto if prepared.spec is not None else None
+    if auto is not None:
+        console.print(f"[bold]gpupack[/] sweep [bold]{prepared.name}[/]: workload {prepared.plan.workload}, "
+                      f"{prepared.plan.grid_size} grid point(s); packing.factors=auto probes N along "
+                      f"{list(auto.ladder)} ({auto.repeats} packs per N, stop below a {auto.min_gain:.0%} gain), then "
+                      + ("runs the rest of the grid at the best N" if auto.then == "run" else "stops (packing.then=stop)"))
+        if auto.cut:
+            console.print(f"  note: {auto.cut}", highlight=False)
+        console.print(f"  run directory {prepared.run.root}")
+        return
     plan = prepared.plan
     factors = sorted({p.factor for p in plan.packs})
     modes = sorted({p.mode for p in plan.packs})
@@ -139,8 +151,16 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
         if prepared.wait:
             view = ProgressView(console, opened.todo).__enter__()
 
+    def on_step(step: object) -> None:  # packing.factors=auto: each probed N, as it is decided
+        verdict = getattr(step, "verdict")
+        console.print(f"  probe {getattr(step, 'partition')} N={getattr(step, 'factor')}: "
+                      + ("climbing" if verdict == "climb" else f"stop — {verdict}"), highlight=False)
+
+    if prepared.spec is not None and prepared.spec.auto is not None:
+        view = ProgressView(console, []).__enter__()
     try:
-        outcome = sweep.run(prepared, on_open=on_open, progress=lambda pack, state: view and view(pack, state))
+        outcome = sweep.run(prepared, on_open=on_open, progress=lambda pack, state: view and view(pack, state),
+                            on_step=on_step)
     finally:
         if view is not None:
             view.__exit__()

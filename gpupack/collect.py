@@ -254,6 +254,31 @@ def timed_packs(t: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     return timed
 
 
+def pack_times(records: Records) -> dict[str, dict[int, list[float]]]:
+    """Per partition and N, the time per training of each timed pack (what :mod:`gpupack.choose` weighs)."""
+    t, packs = _not_probes(records.trainings), _not_probes(records.packs)
+    if t.empty or packs.empty:
+        return {}
+    t = t.copy()
+    if "attempt" not in t:
+        t["attempt"] = 0
+    t["samples"] = pd.to_numeric(t.get("samples"), errors="coerce")
+    timed = timed_packs(t, packs).dropna(subset=["time_per_training_s"])
+    out: dict[str, dict[int, list[float]]] = {}
+    for (partition, n), values in timed.groupby(["partition", "factor"])["time_per_training_s"]:
+        out.setdefault(str(partition), {})[int(n)] = [float(v) for v in values]
+    return out
+
+
+def split_phase(frame: pd.DataFrame, phase: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows not of ``phase``, rows of it): a packing.factors=auto run's grid at the best N is shown apart from the
+    probe that chose it."""
+    if frame.empty or "phase" not in frame:
+        return frame, frame.iloc[0:0]
+    of = frame["phase"] == phase
+    return frame[~of], frame[of]
+
+
 def with_choices(summary: pd.DataFrame, timed: pd.DataFrame) -> pd.DataFrame:
     """The noise-aware choice per (workload, partition, GPU type, mode) (:func:`gpupack.choose.choose`), as columns:
     the bootstrap interval of each N's median, whether N is within noise of the lowest, which N is chosen, and the
@@ -415,6 +440,9 @@ class Collected:
     cost: pd.DataFrame
     sweep_trainings: int
     knobs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # packing.factors=auto: the grid run at the best N, apart from the probe (the main summary) that chose it.
+    production: pd.DataFrame = field(default_factory=pd.DataFrame)
+    auto_lines: list[str] = field(default_factory=list)  # what the probe did and why it stopped (auto.json)
 
 
 def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = None,
@@ -423,14 +451,17 @@ def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = No
     from gpupack.rgu import cost_table
 
     records = load_records(run_dirs)
-    summary = summarize(records.trainings, records.packs, records.cleared)
+    probe_t, run_t = split_phase(records.trainings, "run")
+    probe_p, run_p = split_phase(records.packs, "run")
+    summary = summarize(probe_t, probe_p, records.cleared)
+    production = summarize(run_t, run_p, records.cleared) if not run_t.empty else pd.DataFrame()
     best = best_factors(summary)
     overall = best_factors(summary, by=("workload", "partition", "gpu_type"))
     n = sweep_trainings or max(records.grid_sizes.values(), default=0) or int(records.trainings["training_id"].nunique()
                                                                  if not records.trainings.empty else 0)
     cost = cost_table(overall, weights if weights is not None else records.rgu, n)
     return Collected(records, summary, best, overall, best_hyperparameters(records.trainings), cost, n,
-                     knob_table(records.trainings))
+                     knob_table(records.trainings), production)
 
 
 def write_outputs(c: Collected, out: Path, plots: bool = True) -> list[Path]:

@@ -25,9 +25,24 @@ class SweepConfig:
     # Your estimate of one training's wall time on its own (seconds), e.g. from an earlier run's records;
     # time limits shorter than it are refused before anything is submitted. null: not checked.
     training_estimate_s: Optional[float] = None
+    # Memory one training needs on its device (MB: GPU memory on a GPU partition, host memory on a CPU), which
+    # caps N before anything runs; null: the peak of earlier records of the same setting, or a default (1 GB).
+    training_memory_mb: Optional[float] = None
     # Also run the input pipeline alone (N=1) for each distinct loader setting of the grid: the loader's
     # samples/s is an upper bound on training throughput, and collect flags N that reach it.
     loader_probe: bool = False
+
+
+@dataclass
+class AutoConfig:
+    """packing.factors=auto: probe N along the ladder, stop when it stops paying, run the grid at the best N."""
+
+    # N tried in turn (the source study's ladder), as far as memory allows.
+    ladder: List[int] = field(default_factory=lambda: [1, 2, 3, 5, 8, 13, 21, 34])
+    # Stop when the next N improves time per training by less than this (0.05: 5 %) or within noise.
+    min_gain: float = 0.05
+    # Packs per probed N; null: packing.repeats.
+    repeats: Optional[int] = None
 
 
 @dataclass
@@ -36,8 +51,14 @@ class PackingConfig:
     added by :func:`packing_schema`): packing.process.mps, packing.process.start, packing.tf_logical.*."""
 
     # Packing factors N to measure: N trainings at once on one device. The source study's GPU factors were
-    # 1, 3, 5, 8, 13, 21, 34; the default here suits a 2-core machine.
-    factors: List[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    # 1, 3, 5, 8, 13, 21, 34; the default here suits a 2-core machine. "auto": find the best N by probing
+    # packing.auto.ladder on one device per partition, then run the grid at it (packing.then).
+    factors: Any = field(default_factory=lambda: [1, 2, 3, 4])
+    # With factors=auto: run the rest of the grid at the best N found (run), or only measure (stop).
+    then: str = "run"
+    auto: AutoConfig = field(default_factory=lambda: AutoConfig())
+    # Share of a device's memory N trainings may fill (GPU: NVML's total; CPU: host memory); the source's ~80 %.
+    memory_fraction: float = 0.8
     # Packing modes to compare; each is a module under gpupack/pack/.
     modes: List[str] = field(default_factory=lambda: ["process"])
     # Packs measured per (mode, N) at least, so time per training has a median and a spread.

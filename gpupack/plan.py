@@ -59,6 +59,7 @@ class Plan:
     packs: tuple[Pack, ...]  # in the order they run
     notes: tuple[str, ...] = field(default=())
     order: str = ORDER_GIVEN  # how that order was made, e.g. "interleaved (seed 0)"
+    phase: str | None = None  # packing.factors=auto: "probe" (finding the best N) or "run" (the grid at it)
 
     @property
     def n_trainings(self) -> int:
@@ -76,6 +77,8 @@ class Plan:
             for t in pack["trainings"]:
                 if t["label"] is None:
                     del t["label"]
+        if data["phase"] is None:
+            del data["phase"]
         return data
 
     @staticmethod
@@ -84,7 +87,8 @@ class Plan:
             Pack(**{**p, "trainings": tuple(Training(**t) for t in p["trainings"])}) for p in data["packs"]
         )
         return Plan(sweep=data["sweep"], workload=data["workload"], grid_size=data["grid_size"],
-                    packs=packs, notes=tuple(data.get("notes", ())), order=data.get("order", ORDER_GIVEN))
+                    packs=packs, notes=tuple(data.get("notes", ())), order=data.get("order", ORDER_GIVEN),
+                    phase=data.get("phase"))
 
     def same_sweep(self, other: "Plan") -> bool:
         """The same packs of the same trainings, whatever order each runs them in (a plan written by an earlier
@@ -170,7 +174,8 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
               factors: Iterable[int], modes: Iterable[str], partitions: Iterable[str], repeats: int,
               seed_key: str = "seed", loader_probe: tuple[str, Sequence[str]] | None = None,
               group_keys: Mapping[str, Callable[[Mapping[str, Any]], Hashable]] | None = None,
-              order: str = "interleaved", order_seed: int = 0) -> Plan:
+              order: str = "interleaved", order_seed: int = 0, points: Sequence[Mapping[str, Any]] | None = None,
+              phase: str | None = None) -> Plan:
     """Every grid point runs at least once per (partition, mode, N), in at least ``repeats`` full packs.
 
     ``order`` (see :func:`run_order`): interleaved spreads each N's packs over the whole run, so warm caches, drift or
@@ -180,7 +185,7 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
     distinct input-pipeline setting, run first. A mode in ``group_keys`` packs only trainings of equal key
     together (fused: same shapes): each group fills its own packs, and the plan says so.
     """
-    points = expand_grid(grid)
+    points = expand_grid(grid) if points is None else list(points)  # points: a part of the grid (what is left)
     if not points:
         raise ConfigError("sweep.grid", dict(grid), "the grid is empty", "give at least one value per key")
     packs: list[Pack] = []
@@ -213,7 +218,7 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
     probes = [p for p in packs if p.probe]
     ordered = probes + run_order([p for p in packs if not p.probe], order, order_seed)
     return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(ordered), notes=tuple(notes),
-                order=f"{order} (seed {order_seed})" if order == "interleaved" else order)
+                order=f"{order} (seed {order_seed})" if order == "interleaved" else order, phase=phase)
 
 
 def run_order(packs: Sequence[Pack], order: str, seed: int = 0) -> list[Pack]:

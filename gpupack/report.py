@@ -88,19 +88,15 @@ def render(c: "Collected", console: Console) -> None:
     if c.summary.empty:
         console.print("No completed pack records yet.")
     else:
-        table = Table(title="Time per training by packing factor N (pack wall time / N; median [95% interval])")
-        for col in ("partition (GPU)", "mode", "N", "packs", "s/training", "start-up s", "loop s",
-                    "trainings/h", "speedup", "samples/s", "util %", "mem peak MB", "failed/attempts"):
-            table.add_column(col, justify="left" if col in ("partition (GPU)", "mode") else "right")
-        best_keys = {tuple(r[GROUP + ["factor"]]) for _, r in c.best.iterrows()}
-        for _, r in c.summary.iterrows():
-            mark = "bold green" if tuple(r[GROUP + ["factor"]]) in best_keys else None
-            table.add_row(
-                f"{r['partition']} ({r['gpu_type']})", r["mode"], _n(r), _fmt(r["packs"], ".0f"), _tpt(r),
-                _fmt(r["startup_s"]), _fmt(r["loop_s"]), _fmt(r["trainings_per_hour"], ".0f"),
-                _fmt(r["speedup_vs_n1"]), _throughput(r), _util(r), _memory(r), _failed(r), style=mark)
-        console.print(table)
+        title = "Time per training by packing factor N (pack wall time / N; median [95% interval])"
+        console.print(summary_table(c.summary, ("probe (packing.factors=auto): " if c.auto_lines else "") + title,
+                                    {tuple(r[GROUP + ["factor"]]) for _, r in c.best.iterrows()}))
         console.print("N*: the chosen N; N~: within noise of the lowest median.", highlight=False)
+    for line in c.auto_lines:
+        console.print(line, highlight=False)
+    if not c.production.empty:
+        console.print(summary_table(c.production, "The rest of the grid at the best N (packing.then=run)", set()))
+    if not c.summary.empty:
         if unsplit_trainings(c):
             console.print(f"start-up s / loop s: '-' for {unsplit_trainings(c)} training(s) whose program did not mark "
                           "its first step, so their wall time is one figure (from gpupack.result import "
@@ -151,6 +147,22 @@ def failure_lines(c: "Collected", most: int = 3) -> list[str]:
     if len(reasons) > most:
         lines.append(f"  ... and {len(reasons) - most} other reason(s): see summary.json and each record's error")
     return lines
+
+
+def summary_table(summary: pd.DataFrame, title: str, best_keys: set[tuple[Any, ...]]) -> Table:
+    from gpupack.collect import GROUP
+
+    table = Table(title=title)
+    for col in ("partition (GPU)", "mode", "N", "packs", "s/training", "start/loop s", "speedup", "samples/s",
+                "util %", "mem MB", "failed/attempts"):
+        table.add_column(col, justify="left" if col in ("partition (GPU)", "mode") else "right")
+    for _, r in summary.iterrows():
+        mark = "bold green" if tuple(r[GROUP + ["factor"]]) in best_keys else None
+        table.add_row(
+            f"{r['partition']} ({r['gpu_type']})", r["mode"], _n(r), _fmt(r["packs"], ".0f"), _tpt(r),
+            f"{_fmt(r['startup_s'])}/{_fmt(r['loop_s'])}", _fmt(r["speedup_vs_n1"]), _throughput(r), _util(r),
+            _memory(r), _failed(r), style=mark)
+    return table
 
 
 def choice_lines(r: pd.Series) -> list[str]:

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpupack import collect as collect_mod
 from gpupack.compose import compose_config
 from gpupack.errors import RunDirError
+from gpupack.memory import candidate_runs, find_measured
 from gpupack.pack import Capacity
 from gpupack.pack.job import PackSettings
 from gpupack.plan import Pack, Plan
@@ -47,6 +48,7 @@ class Prepared:
     wait: bool = True
     spec: Any = None  # the validated SweepSpec, when prepared from gpupack's own config
     capacities: Mapping[str, Capacity] = field(default_factory=dict)  # what the backend said each partition holds
+    warnings: tuple[str, ...] = ()  # for the user before anything runs (e.g. a request leaving GPUs idle)
 
     @property
     def resumes(self) -> bool:
@@ -72,6 +74,7 @@ class Outcome:
     results: list[PackResult] = field(default_factory=list)  # wait=true: how each pack's job ended
     collected: collect_mod.Collected | None = None
     written: list[Path] = field(default_factory=list)
+    auto: Any = None  # packing.factors=auto: what the probe did (gpupack.auto.AutoReport)
 
     @property
     def run_dir(self) -> Path:
@@ -108,11 +111,14 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
     run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(check_name("sweep.name", cfg.sweep.name)))
     backend = load_submitter(cfg.cluster.backend, cfg.cluster, run)
     facts = ask_backend(backend, cfg.partitions)
-    spec = validate(cfg, facts)
+    spec = validate(cfg, facts, measure=lambda workload, settings, seed_key: find_measured(
+        candidate_runs(run.root), workload, settings, seed_key))
+    if spec.memory is not None and spec.memory.host.measured:
+        backend.measured_host_mb = spec.memory.host.mb  # what SLURM requests are sized by
     if not cfg.wait:
         backend.require_detachable()  # said before anything is written
     return Prepared(name=spec.name, plan=spec.plan(), run=run, backend=backend, settings=spec.settings, config=cfg,
-                    wait=bool(cfg.wait), spec=spec, capacities=dict(facts.capacities))
+                    wait=bool(cfg.wait), spec=spec, capacities=dict(facts.capacities), warnings=spec.warnings)
 
 
 # ---------------- the run directory ----------------
@@ -172,9 +178,13 @@ def _config_yaml(config: Any) -> str:
 # ---------------- run ----------------
 
 def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Callable[[Opened], None] | None = None,
-        collect_outputs: bool = True, plots: bool = True) -> Outcome:
+        collect_outputs: bool = True, plots: bool = True, on_step: Callable[[Any], None] | None = None) -> Outcome:
     """Open the run directory (resume or refuse, lock), submit what is left, and — unless the sweep detaches —
     wait for it and collect. ``on_open`` sees what was found before anything is submitted."""
+    if prepared.spec is not None and prepared.spec.auto is not None:
+        from gpupack.auto import run_auto  # packing.factors=auto: probe for the best N, then run the grid at it
+
+        return run_auto(prepared, progress=progress, plots=plots, on_step=on_step)
     run_dir, plan, backend = prepared.run, prepared.plan, prepared.backend
     resumed = prepare_run_dir(run_dir, plan)
     with RunLock(run_dir):
@@ -273,6 +283,14 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
     run directory). Records are only read."""
     given = [Path(d) for d in run_dirs]
     c = collect_mod.aggregate(find_runs(given), weights, sweep_trainings)
+    for path in given:  # a packing.factors=auto run says what its probe did
+        from gpupack.auto import AutoReport, Step, read_auto
+
+        rec = read_auto(path)
+        if rec:
+            c.auto_lines += AutoReport(steps=[Step(**s) for s in rec["steps"]], stopped=rec["stopped"],
+                                       best=rec["best"], then=rec["then"], run_dir=rec.get("run_dir"),
+                                       left=rec.get("left")).lines()
     written = collect_mod.write_outputs(c, Path(out) if out else given[0], plots=plots) if given else []
     return c, written
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from gpupack.errors import ConfigError, nearest
+from gpupack.memory import Measured, TrainingMemory, check_memory, estimate, setting_key
 from gpupack.pack import available_modes, load_packer
 from gpupack.pack.job import PackSettings
 from gpupack.plan import ORDERS, Plan, expand_grid, grid_values, make_plan
@@ -30,7 +31,20 @@ class ClusterFacts:
 
     partitions: tuple[str, ...]
     capacities: Mapping[str, Capacity]
-    request: Callable[[int], PackRequest]  # a pure function of the backend's options
+    # What a pack of N asks for: a pure function of the backend's options and, where given, the measured peak host
+    # memory of one training (MB).
+    request: Callable[..., PackRequest]
+
+
+@dataclass(frozen=True)
+class AutoSpec:
+    """packing.factors=auto, checked: the ladder as far as each partition can hold it, and why it ends there."""
+
+    ladder: tuple[int, ...]  # N that fit every partition, in the order tried
+    cut: str | None  # why the ladder ends before its last rung (memory, CPUs), None when it does not
+    min_gain: float
+    repeats: int
+    then: str  # run | stop
 
 
 @dataclass(frozen=True)
@@ -48,6 +62,9 @@ class SweepSpec:
     loader_probe: bool = False
     order: str = "interleaved"
     order_seed: int = 0
+    memory: TrainingMemory | None = None  # one training's memory: what capped N and sizes requests
+    auto: AutoSpec | None = None  # packing.factors=auto: probe first (gpupack/auto.py); factors is then its ladder
+    warnings: tuple[str, ...] = ()  # said before anything runs, e.g. a request that leaves a node's GPUs idle
 
     def plan(self) -> Plan:
         probe = (self.workload.loader_param, self.workload.loader_keys) if self.loader_probe else None
@@ -68,7 +85,13 @@ def group_keys(workload: Workload, modes: Sequence[str]) -> dict[str, Callable[[
     return out
 
 
+THEN = ("run", "stop")
+
+
 def _check_factors(factors: Any) -> tuple[int, ...]:
+    if isinstance(factors, str):
+        raise ConfigError("packing.factors", factors, "is neither a list of N nor auto",
+                          "e.g. packing.factors=[1,2,4] or packing.factors=auto")
     if not factors:
         raise ConfigError("packing.factors", list(factors or []), "no packing factor given",
                           "list at least one, e.g. packing.factors=[1,2,4]")
@@ -119,26 +142,34 @@ def _check_estimate(cfg: DictConfig) -> None:
                               f"raise it above {estimate:g} s (cluster.timeout_min is in minutes)")
 
 
-def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], str], noun: str = "trainings") -> None:
+def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], str], noun: str = "trainings",
+              request_host_mb: float | None = None) -> None:
     """Each pack of N must fit what one job on each partition can have (CPUs, host memory). Pure."""
     for name, cap in facts.capacities.items():
         for i, n in enumerate(factors):
-            req = facts.request(n)
+            req = facts.request(n, request_host_mb) if request_host_mb is not None else facts.request(n)
             if cap.max_cpus and req.cpus and req.cpus > cap.max_cpus:
                 raise ConfigError(key(i), n, f"{n} {noun} x {req.cpus_key}={req.cpus_each:g} = {req.cpus} CPUs, but "
                                   f"one {name} GPU job gets at most {cap.max_cpus}",
                                   f"lower N, or set {req.cpus_key}={cap.max_cpus / n:.2g} so N {noun} share the cores")
             if cap.max_mem_mb and req.mem_mb and req.mem_mb > cap.max_mem_mb:
-                raise ConfigError(key(i), n, f"{n} {noun} x {req.mem_key}={req.mem_gb_each:g} = "
+                raise ConfigError(key(i), n, f"{n} {noun} x {req.mem_key}={req.mem_gb_each:g} ({req.mem_why}) = "
                                   f"{req.mem_mb / 1024:.1f} GB, but a {name} node has {cap.max_mem_mb / 1024:.1f} GB",
                                   f"lower N or {req.mem_key}")
 
 
+def is_auto(cfg: DictConfig) -> bool:
+    return isinstance(cfg.packing.factors, str) and cfg.packing.factors == "auto"
+
+
 def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """packing.* on its own: factors, modes and the numeric options."""
+    """packing.* on its own: factors (or auto's ladder), modes and the numeric options."""
     packing = cfg.packing
-    factors = _check_factors(list(packing.factors))
     modes = tuple(packing.modes)
+    if is_auto(cfg):
+        factors = _check_auto(cfg)
+    else:
+        factors = _check_factors(packing.factors if isinstance(packing.factors, str) else list(packing.factors))
     if not modes:
         raise ConfigError("packing.modes", [], "no packing mode given", "e.g. packing.modes=[process]")
     for i, mode in enumerate(modes):
@@ -159,7 +190,34 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
             raise ConfigError(f"packing.{key}", value, "must be > 0 or null", "leave it null for no limit")
     if packing.device not in DEVICES:
         raise ConfigError("packing.device", packing.device, "unknown device", nearest(packing.device, DEVICES))
+    if not 0 < packing.memory_fraction <= 1:
+        raise ConfigError("packing.memory_fraction", packing.memory_fraction, "must be in (0, 1]",
+                          "e.g. packing.memory_fraction=0.8 (the source's 80 % target)")
     return factors, modes
+
+
+def _check_auto(cfg: DictConfig) -> tuple[int, ...]:
+    packing = cfg.packing
+    ladder = list(packing.auto.ladder)
+    for i, n in enumerate(ladder):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"packing.auto.ladder[{i}]", n, "a packing factor must be a whole number >= 1",
+                              "e.g. packing.auto.ladder=[1,2,3,5,8]")
+    if len(ladder) < 2 or ladder != sorted(set(ladder)):
+        raise ConfigError("packing.auto.ladder", ladder, "needs two or more N, rising, each once",
+                          "e.g. packing.auto.ladder=[1,2,3,5,8,13,21,34]")
+    if not 0 <= packing.auto.min_gain < 1:
+        raise ConfigError("packing.auto.min_gain", packing.auto.min_gain, "must be in [0, 1)",
+                          "e.g. packing.auto.min_gain=0.05 (stop below a 5 % gain)")
+    if packing.auto.repeats is not None and packing.auto.repeats < 2:
+        raise ConfigError("packing.auto.repeats", packing.auto.repeats, "must be >= 2 or null",
+                          "a probe needs two packs per N to tell a gain from noise")
+    if packing.then not in THEN:
+        raise ConfigError("packing.then", packing.then, "unknown choice", nearest(packing.then, THEN))
+    if len(packing.modes) != 1:
+        raise ConfigError("packing.modes", list(packing.modes), "packing.factors=auto probes one mode",
+                          "choose one, e.g. packing.modes=[process]; compare modes with explicit factors")
+    return tuple(ladder)
 
 
 def pack_settings(packing: Any) -> PackSettings:
@@ -190,8 +248,50 @@ def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int]
                 packer.check(workload, n, facts.capacities[name], settings)
 
 
-def validate(cfg: DictConfig, facts: ClusterFacts) -> SweepSpec:
-    """Check everything against the backend's answers (``facts``); pure: nothing is asked or written."""
+def idle_gpu_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_mb: float | None) -> list[str]:
+    """Where a pack's request (CPUs, memory) lets fewer packs onto a node than it has GPUs, the others sit idle for
+    the whole sweep: say so, with what would fit. Pure."""
+    out = []
+    for name, cap in facts.capacities.items():
+        if not (cap.node_gpus and cap.node_gpus > 1):
+            continue
+        for n in factors:
+            req = facts.request(n, measured_host_mb)
+            per_node = [cap.node_gpus]
+            if req.cpus and cap.node_cpus:
+                per_node.append(cap.node_cpus // req.cpus)
+            if req.mem_mb and cap.node_mem_mb:
+                per_node.append(int(cap.node_mem_mb // req.mem_mb))
+            if min(per_node) < cap.node_gpus:
+                out.append(f"{name}: a pack of N={n} asks {req.cpus} CPUs and {(req.mem_mb or 0) / 1024:.1f} GB "
+                           f"({req.mem_key}={req.mem_gb_each:g}, {req.mem_why}); a node has {cap.node_gpus} GPUs, "
+                           f"{cap.node_cpus} CPUs and {(cap.node_mem_mb or 0) / 1024:.1f} GB, so {min(per_node)} "
+                           f"pack(s) fit per node and {cap.node_gpus - min(per_node)} GPU(s) sit idle. HINT: lower "
+                           f"{req.mem_key} or {req.cpus_key} to a node's share per GPU")
+    return out
+
+
+def auto_ladder(ladder: Sequence[int], facts: ClusterFacts, memory: TrainingMemory, fraction: float,
+                measured_host_mb: float | None,
+                check_mode: Callable[[int], None] = lambda n: None) -> tuple[tuple[int, ...], str | None]:
+    """The ladder as far as every partition holds it (memory, CPUs, processes, the mode's own limits), and why it
+    stops there. Pure."""
+    for i, n in enumerate(ladder):
+        try:
+            check_fit([n], facts, key=lambda _: "packing.auto.ladder", request_host_mb=measured_host_mb)
+            check_mode(n)
+            check_memory([n], facts.capacities, memory, fraction, key=lambda _: "packing.auto.ladder")
+        except ConfigError as err:
+            if i == 0:
+                raise
+            return tuple(ladder[:i]), f"N={n} not tried: {err.why}"
+    return tuple(ladder), None
+
+
+def validate(cfg: DictConfig, facts: ClusterFacts,
+             measure: Callable[[str, set[str], str], Measured] | None = None) -> SweepSpec:
+    """Check everything against the backend's answers (``facts``) and, through ``measure``, what earlier records
+    say one training's memory is (None: nothing measured). Pure, given those: nothing is asked or written here."""
     require_sweep(cfg)
     sweep = cfg.sweep
     check_name("sweep.name", sweep.name)
@@ -205,9 +305,24 @@ def validate(cfg: DictConfig, facts: ClusterFacts) -> SweepSpec:
     _check_estimate(cfg)
     for i, name in enumerate(facts.partitions):
         check_name(f"partitions[{i}]", name)
-    check_fit(factors, facts, key=lambda i: f"packing.factors[{i}]")
+    stated = sweep.training_memory_mb
+    if stated is not None and not stated > 0:
+        raise ConfigError("sweep.training_memory_mb", stated, "must be > 0 or null", "give MB, e.g. 800")
+    settings_seen = {setting_key({**fixed, **p}, workload.seed_key) for p in expand_grid(grid)}
+    measured = measure(sweep.workload, settings_seen, workload.seed_key) if measure else Measured()
+    memory = estimate(stated, measured)
+    fraction = float(cfg.packing.memory_fraction)
     settings = pack_settings(cfg.packing)
-    check_modes(workload, modes, factors, facts, settings)
+    auto = None
+    if is_auto(cfg):
+        factors, cut = auto_ladder(factors, facts, memory, fraction, measured.host_mb,
+                                   lambda n: check_modes(workload, modes, [n], facts, settings))
+        auto = AutoSpec(ladder=factors, cut=cut, min_gain=float(cfg.packing.auto.min_gain),
+                        repeats=int(cfg.packing.auto.repeats or max(2, cfg.packing.repeats)), then=cfg.packing.then)
+    else:
+        check_fit(factors, facts, key=lambda i: f"packing.factors[{i}]", request_host_mb=measured.host_mb)
+        check_modes(workload, modes, factors, facts, settings)  # a mode's own limit is the more specific answer
+        check_memory(factors, facts.capacities, memory, fraction, key=lambda i: f"packing.factors[{i}]")
     for mode, key in group_keys(workload, modes).items():  # every training must fit a group (fused: no AMP...)
         for point in expand_grid(grid):
             try:
@@ -219,7 +334,8 @@ def validate(cfg: DictConfig, facts: ClusterFacts) -> SweepSpec:
     return SweepSpec(name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed,
                      factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
                      loader_probe=bool(sweep.loader_probe), settings=settings, order=cfg.packing.order,
-                     order_seed=int(cfg.packing.order_seed))
+                     order_seed=int(cfg.packing.order_seed), memory=memory, auto=auto,
+                     warnings=tuple(idle_gpu_warnings(factors, facts, measured.host_mb)))
 
 
 def typed_grid(workload: Workload, raw_grid: Any, raw_fixed: Any) -> tuple[dict[str, list[Any]], dict[str, Any]]:

@@ -62,6 +62,11 @@ class Capacity:
     gpu_memory_mb: float | None = None
     max_cpus: int | None = None  # CPUs one single-GPU job may get (site guidance, or the largest node)
     max_mem_mb: float | None = None  # host memory one job may get
+    max_processes: int | None = None  # processes a job may still start (ulimit -u, kernel.threads-max)
+    # One node as the scheduler reports it (sinfo), to tell when a pack's request leaves a node's GPUs idle.
+    node_gpus: int | None = None
+    node_cpus: int | None = None
+    node_mem_mb: float | None = None
 
 
 class Packer(ABC):

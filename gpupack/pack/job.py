@@ -137,6 +137,8 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, A
     def on_finished(outcome: TrainingOutcome) -> None:
         rec = build_training_record(outcome, by_id[outcome.training_id], pack, plan.sweep, info, device, threads,
                                     len(todo), gpu_model(info, settings))
+        if plan.phase:  # packing.factors=auto: a probe's record, or the run's at the best N
+            rec["phase"] = plan.phase
         write_json_atomic(run.training_record(pack_id, rec["training_id"]), rec)
         records.append(rec)
 
@@ -156,12 +158,13 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, A
     finally:
         sampled = sampler.stop()
     return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings), sampled,
-                             mode_started=mode_started)
+                             mode_started=mode_started, phase=plan.phase)
 
 
 def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]], info: DeviceInfo,
                       device: str, cores: int, threads: int, model: str | None = None,
-                      sampled: dict[str, Any] | None = None, mode_started: float | None = None) -> dict[str, Any]:
+                      sampled: dict[str, Any] | None = None, mode_started: float | None = None,
+                      phase: str | None = None) -> dict[str, Any]:
     started = min([r["started_at"] for r in records] + ([mode_started] if mode_started else []))
     ended = max(r["ended_at"] for r in records)
     rec = pack_record(
@@ -182,5 +185,7 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
         slurm_partition=os.environ.get("SLURM_JOB_PARTITION"),
         sampler=sampled,
     )
+    if phase:
+        rec["phase"] = phase
     write_json_atomic(run.pack_record(pack.pack_id), rec)
     return rec

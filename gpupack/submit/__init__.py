@@ -49,6 +49,7 @@ class PackRequest:
     mem_key: str = ""
     cpus_each: float | None = None  # per training, as the user gave it
     mem_gb_each: float | None = None
+    mem_why: str = "as set"  # where mem_gb_each comes from: as set, the measured peak with headroom, or a default
 
 
 # Called with (pack, state) as packs move: "pending" → "running" → "done" | "failed".
@@ -76,6 +77,8 @@ class Submitter(ABC):
         # (the Hydra launcher: hydra.launcher.cpus_per_task for cpus_per_training, ...).
         self.key_prefix = key_prefix
         self.key_names = dict(key_names or {})
+        # The peak host memory of one training in earlier records (MB), set by prepare: sizes memory requests.
+        self.measured_host_mb: float | None = None
 
     def key(self, name: str) -> str:
         return f"{self.key_prefix}.{self.key_names.get(name, name)}"
@@ -91,8 +94,9 @@ class Submitter(ABC):
     def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
         """What one pack job on each partition can have. May ask the cluster (sinfo) or NVML, once."""
 
-    def request(self, factor: int) -> PackRequest:
-        """What one pack of ``factor`` trainings asks for. Pure."""
+    def request(self, factor: int, measured_host_mb: float | None = None) -> PackRequest:
+        """What one pack of ``factor`` trainings asks for, from its options and the measured peak host memory of one
+        training (default: self.measured_host_mb). Pure."""
         return PackRequest(cpus=None, mem_mb=None)
 
     @abstractmethod

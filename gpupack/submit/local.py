@@ -5,7 +5,9 @@ that packs never disturb each other's timing.
 """
 from __future__ import annotations
 
+import resource
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -35,6 +37,21 @@ class LocalConfig(ClusterConfig):
     max_parallel_packs: Optional[int] = None
 
 
+def process_room() -> int | None:
+    """Processes this user may still start here: the soft ulimit -u (which counts threads too) and the kernel's pid
+    space, less what runs now. None when neither is known."""
+    running = len(psutil.pids())
+    room = []
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft != resource.RLIM_INFINITY:
+        room.append(soft - running)
+    try:
+        room.append(int(Path("/proc/sys/kernel/pid_max").read_text()) - running)
+    except (OSError, ValueError):
+        pass
+    return max(0, min(room)) if room else None
+
+
 class LocalSubmitter(Submitter):
     Config = LocalConfig
 
@@ -59,7 +76,7 @@ class LocalSubmitter(Submitter):
         """This machine: NVML's device (or none), the cores this process may use, its memory."""
         info = detect_device()
         cap = Capacity(has_gpu=info.kind == "gpu", gpu_memory_mb=info.memory_total_mb, max_cpus=job_cores(),
-                       max_mem_mb=psutil.virtual_memory().total / 2**20)
+                       max_mem_mb=psutil.virtual_memory().total / 2**20, max_processes=process_room())
         return {name: cap for name in partitions}
 
     def slots(self) -> list[list[int]]:

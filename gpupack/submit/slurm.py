@@ -19,6 +19,7 @@ import submitit
 
 from gpupack.config import ClusterConfig
 from gpupack.errors import ConfigError, SubmissionError, nearest
+from gpupack.memory import request_mb
 from gpupack.pack import Capacity
 from gpupack.pack.job import PackSettings
 from gpupack.plan import Pack
@@ -27,6 +28,7 @@ from gpupack.submit import (DONE, FAILED, PENDING, RUNNING, PackJob, PackRequest
 
 ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")  # what Alliance users export in their shell
 REQUEST_FORMS = ("gpus_per_node", "gres", "none")
+DEFAULT_MEM_GB = 2.0  # per training, when cluster.mem_gb_per_training is null and nothing was measured
 FINISH_POLL_S = 0.2  # how soon a finished pack is seen: a stat of its result file
 
 
@@ -46,9 +48,12 @@ def resources(factor: int, cpus_per_training: float, mem_gb_per_training: float)
     return max(1, math.ceil(factor * cpus_per_training)), max(1, math.ceil(factor * mem_gb_per_training * 1024))
 
 
-def sbatch_parameters(cluster: Any, name: str, partition: Any, factor: int, account: str | None) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for one pack of N trainings on one GPU of ``partition``. Pure."""
-    cpus, mem_mb = resources(factor, cluster.cpus_per_training, cluster.mem_gb_per_training)
+def sbatch_parameters(cluster: Any, name: str, partition: Any, factor: int, account: str | None,
+                      mem_gb_each: float | None = None) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for one pack of N trainings on one GPU of ``partition`` (memory per
+    training: ``mem_gb_each``, else cluster.mem_gb_per_training). Pure."""
+    each = mem_gb_each if mem_gb_each is not None else cluster.mem_gb_per_training or DEFAULT_MEM_GB
+    cpus, mem_mb = resources(factor, cluster.cpus_per_training, each)
     params: dict[str, Any] = {
         "time": int(cluster.timeout_min), "nodes": 1, "ntasks_per_node": 1, "cpus_per_task": cpus,
         "mem": f"{mem_mb}M", "job_name": f"gpupack-{name}-n{factor}", "signal_delay_s": int(cluster.signal_delay_s),
@@ -107,7 +112,9 @@ class SlurmConfig(ClusterConfig):
     account_required: bool = False
     # Resources one pack job asks for, scaled by N: ceil(N * cpus_per_training) CPUs, N * mem_gb_per_training GB.
     cpus_per_training: float = 1.0
-    mem_gb_per_training: float = 2.0
+    # null: the peak RSS of earlier trainings of the same setting x 1.5 (gpupack/memory.py), or 2 GB when none was
+    # measured yet, so a pack does not ask for memory it never uses (and leave a node's other GPUs idle).
+    mem_gb_per_training: Optional[float] = None
     # Array tasks of one (partition, mode, N) group running at once.
     array_parallelism: int = 64
     # Seconds before the time limit at which the pack is signalled to checkpoint and requeue.
@@ -129,6 +136,12 @@ QUEUE_STATES = {
     "RUNNING": RUNNING, "COMPLETING": RUNNING, "STAGE_OUT": RUNNING, "SIGNALING": RUNNING,
     "COMPLETED": DONE,
 }
+
+
+def gpus_in(gres: str, gpu: str | None) -> int:
+    """GPUs of type ``gpu`` (any type: None) in one sinfo %G field, e.g. "gpu:v100:4(S:0-1),gpu:t4:2"."""
+    return sum(int(count) for kind, count in re.findall(r"gpu:(?:([^:,(]+):)?(\d+)", gres)
+               if gpu is None or kind == gpu)
 
 
 def pack_state(queue_state: str) -> str:
@@ -167,7 +180,10 @@ class SlurmSubmitter(Submitter):
             if getattr(self.cluster, key) < (0 if key == "max_num_timeout" else 1):
                 raise ConfigError(self.key(key), getattr(self.cluster, key), "is too small", "use 1 or more")
         for key in ("cpus_per_training", "mem_gb_per_training"):
-            if not getattr(self.cluster, key) > 0:
+            value = getattr(self.cluster, key)
+            if key == "mem_gb_per_training" and value is None:
+                continue  # sized from measured figures
+            if not value > 0:
                 raise ConfigError(self.key(key), getattr(self.cluster, key), "must be > 0",
                                   "give each training a share of the job, e.g. 0.5")
         for name in partitions:
@@ -176,11 +192,13 @@ class SlurmSubmitter(Submitter):
                 raise ConfigError(self.key(f"partitions.{name}.request"), part.request, "unknown request form",
                                   nearest(part.request, REQUEST_FORMS))
 
-    def request(self, factor: int) -> PackRequest:
-        cpus, mem_mb = resources(factor, self.cluster.cpus_per_training, self.cluster.mem_gb_per_training)
+    def request(self, factor: int, measured_host_mb: float | None = None) -> PackRequest:
+        measured = measured_host_mb if measured_host_mb is not None else self.measured_host_mb
+        each_mb, why = request_mb(measured, self.cluster.mem_gb_per_training, DEFAULT_MEM_GB)
+        cpus, mem_mb = resources(factor, self.cluster.cpus_per_training, each_mb / 1024)
         return PackRequest(cpus=cpus, mem_mb=mem_mb, cpus_key=self.key("cpus_per_training"),
                            mem_key=self.key("mem_gb_per_training"), cpus_each=self.cluster.cpus_per_training,
-                           mem_gb_each=self.cluster.mem_gb_per_training)
+                           mem_gb_each=round(each_mb / 1024, 3), mem_why=why)
 
     def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
         """From the preset (GPU memory from the model name, V100-16gb; per-GPU guidance) and, where SLURM
@@ -193,7 +211,10 @@ class SlurmSubmitter(Submitter):
             out[name] = Capacity(has_gpu=part.request != "none", gpu_memory_mb=float(m.group(1)) * 1024 if m else None,
                                  max_cpus=part.max_cpus or live.get(name, {}).get("cpus"),
                                  max_mem_mb=(part.max_mem_gb * 1024 if part.max_mem_gb else None)
-                                 or live.get(name, {}).get("mem_mb"))
+                                 or live.get(name, {}).get("mem_mb"),
+                                 node_gpus=live.get(name, {}).get("node_gpus"),
+                                 node_cpus=live.get(name, {}).get("node_cpus"),
+                                 node_mem_mb=live.get(name, {}).get("node_mem_mb"))
         return out
 
     def _live_limits(self, partitions: Sequence[str]) -> dict[str, dict[str, int]]:
@@ -220,6 +241,10 @@ class SlurmSubmitter(Submitter):
                                   "(sinfo)", nearest(part.gpu, types))
             limits[name] = {"cpus": max(int(r[1].rstrip("+")) for r in scope),
                             "mem_mb": max(int(r[2].rstrip("+")) for r in scope)}
+            gpu_nodes = [(gpus_in(r[3], part.gpu), int(r[1].rstrip("+")), int(r[2].rstrip("+"))) for r in scope]
+            gpu_nodes = [g for g in gpu_nodes if g[0]]
+            if gpu_nodes:  # the nodes with the most GPUs of this type: where idle GPUs are worst
+                limits[name].update(zip(("node_gpus", "node_cpus", "node_mem_mb"), max(gpu_nodes)))
         return limits
 
     # ---------------- submission ----------------
@@ -239,8 +264,8 @@ class SlurmSubmitter(Submitter):
             groups.setdefault((p.partition, p.mode, p.factor), []).append(p)
         for (partition, _mode, factor), group in groups.items():
             executor = self._executor()
-            executor.update_parameters(**sbatch_parameters(self.cluster, partition,
-                                                           self.cluster.partitions[partition], factor, account))
+            executor.update_parameters(**sbatch_parameters(self.cluster, partition, self.cluster.partitions[partition],
+                                                           factor, account, self.request(factor).mem_gb_each))
             try:
                 labelled = dataclasses.replace(settings, gpu_model=self.cluster.partitions[partition].model)
                 with executor.batch():
