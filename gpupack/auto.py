@@ -19,6 +19,7 @@ probe and the run apart (records carry ``phase``). RUN_DIR/auto.json says what w
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,15 @@ def verdict(factor: int, times: Mapping[int, Sequence[float]], best_so_far: int 
     return "climb" if better else why
 
 
+def probe_points(points: Sequence[Mapping[str, Any]], count: int, seed: int) -> list[Mapping[str, Any]]:
+    """The grid points a probe step of ``count`` trainings trains: the first of one seeded shuffle of the grid, the
+    same shuffle at every step, so each step is a random draw of the grid (its mix of slow and fast settings is the
+    grid's) and a bigger step extends the smaller ones' sample. Fewer points than ``count``: make_plan reseeds. Pure."""
+    shuffled = list(points)
+    random.Random(seed).shuffle(shuffled)
+    return shuffled[:count]
+
+
 def remaining_points(points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any], workload: str,
                      completed: set[str]) -> list[Mapping[str, Any]]:
     """The grid points whose own training (not a reseeded copy) the probe did not complete. Pure."""
@@ -120,6 +130,7 @@ def run_auto(prepared: Any, *, progress: Callable[..., None] | None = None,
             plan = make_plan(sweep=spec.name, workload=spec.workload_ref, grid=spec.grid, fixed=spec.fixed,
                              factors=[n], modes=spec.modes, partitions=climbing, repeats=auto.repeats,
                              seed_key=spec.workload.seed_key, order=spec.order, order_seed=spec.order_seed,
+                             points=probe_points(expand_grid(spec.grid), n * auto.repeats, spec.order_seed),
                              phase=PROBE)
             outcome = sweep.run(sub_prepared(prepared, plan, step_run, factors=[n]), progress=progress,
                                 collect_outputs=False)

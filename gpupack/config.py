@@ -25,8 +25,8 @@ class SweepConfig:
     # Your estimate of one training's wall time on its own (seconds), e.g. from an earlier run's records;
     # time limits shorter than it are refused before anything is submitted. null: not checked.
     training_estimate_s: Optional[float] = None
-    # Memory one training needs on its device (MB: GPU memory on a GPU partition, host memory on a CPU), which
-    # caps N before anything runs; null: the peak of earlier records of the same setting, or a default (1 GB).
+    # Memory one training needs (MB), which caps N before anything runs: N x it must fit packing.memory_fraction
+    # of the device. Used until earlier records of the same setting measured it; null: a default (1 GB).
     training_memory_mb: Optional[float] = None
     # Also run the input pipeline alone (N=1) for each distinct loader setting of the grid: the loader's
     # samples/s is an upper bound on training throughput, and collect flags N that reach it.

@@ -2,11 +2,11 @@
 size what a pack asks the scheduler for.
 
 The figure for a training comes, first found, from:
-  1. ``sweep.training_memory_mb`` (the user's word: on a GPU partition, GPU memory; on a CPU, host memory);
-  2. earlier records of the same workload and setting (same hyperparameters, any seed): the highest peak seen, in
+  1. earlier records of the same workload and setting (same hyperparameters, any seed): the highest peak seen, in
      this run directory and its siblings (``runs/<sweep>/*``) — GPU memory per process as NVML saw it, else torch's
      own peak plus a CUDA context; host memory as the training's peak RSS;
-  3. a conservative default.
+  2. ``sweep.training_memory_mb`` (the user's word, until something is measured);
+  3. a conservative default (1 GB).
 :func:`find_measured` reads records (I/O); everything else here is pure.
 """
 from __future__ import annotations
@@ -61,13 +61,11 @@ def setting_key(params: Mapping[str, Any], seed_key: str = "seed") -> str:
 
 
 def estimate(stated_mb: float | None, measured: Measured) -> TrainingMemory:
-    """The figure for one training, from the user's word, the records, or the default (in that order). Pure."""
-    if stated_mb is not None:
-        stated = Figure(float(stated_mb), f"sweep.training_memory_mb={stated_mb:g}")
-        return TrainingMemory(host=_measured_or(measured.host_mb, measured, stated), gpu=stated)
+    """The figure for one training, from the records, the user's word, or the default (in that order). Pure."""
+    stated = Figure(float(stated_mb), f"sweep.training_memory_mb={stated_mb:g}") if stated_mb is not None else None
     return TrainingMemory(
-        host=_measured_or(measured.host_mb, measured, Figure(DEFAULT_HOST_MB, "a default: nothing measured yet")),
-        gpu=_measured_or(measured.gpu_mb, measured, Figure(DEFAULT_GPU_MB, "a default: nothing measured yet")))
+        host=_measured_or(measured.host_mb, measured, stated or Figure(DEFAULT_HOST_MB, "a default: nothing measured")),
+        gpu=_measured_or(measured.gpu_mb, measured, stated or Figure(DEFAULT_GPU_MB, "a default: nothing measured")))
 
 
 def _measured_or(mb: float | None, measured: Measured, fallback: Figure) -> Figure:
@@ -163,8 +161,9 @@ def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_
             found += bool(rss or nvml or torch_peak)
         if found:
             seen_in.append(str(run))
+    where = ", ".join(seen_in[:2]) + (" ..." if len(seen_in) > 2 else "")
     return Measured(host_mb=max(host) if host else None, gpu_mb=max(gpu) if gpu else None,
-                    trainings=len(host) or len(gpu), where=", ".join(seen_in[:2]) + (" ..." if len(seen_in) > 2 else ""))
+                    trainings=len(host) or len(gpu), where=where)
 
 
 def _sampled_peaks(run: Path) -> dict[str, dict[str, Any]]:

@@ -87,6 +87,10 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
+        if self.auto is not None:  # a probe stopping at an OOM or a failure is an answer, not a failed run
+            production = self.collected.production if self.collected is not None else None
+            unfinished = int(production["unfinished"].sum()) if production is not None and not production.empty else 0
+            return any(n is not None for n in self.auto.best.values()) and unfinished == 0
         return all(r.ok for r in self.results) and self.failed_trainings == 0
 
 

@@ -36,6 +36,8 @@ class ProbeParams:
     # A folder: a training that finds another training of this folder running beside it fails once with a CUDA
     # out-of-memory error (the first time only, so a resume of its pack then completes).
     oom_when_shared: str = ""
+    # Seconds of pure CPU work (a busy loop): trainings that compete for the cores, so packing them plateaus.
+    busy_s: float = 0.0
 
 
 class Probe(Workload):
@@ -60,6 +62,8 @@ class Probe(Workload):
             deadline = time.time() + params.first_attempt_sleep_s
             while time.time() < deadline:
                 time.sleep(0.1)
+        if params.busy_s:
+            _spin(params.busy_s)
         if params.oom_when_shared:
             _oom_when_shared(params.oom_when_shared)
         if params.allocate_gb:
@@ -81,6 +85,14 @@ class Probe(Workload):
         return {"train_loss": 1.0 / (1 + params.lr), "val_accuracy": min(params.lr, 1.0), "tag": params.tag,
                 "env": env, "data": "probe (no data)", "pid": os.getpid(), "own_session": os.getsid(0) == os.getpid(),
                 "cpus": sorted(os.sched_getaffinity(0)), "cwd": os.getcwd()}
+
+
+def _spin(cpu_s: float) -> None:
+    """Burn ``cpu_s`` seconds of this process's CPU time (not wall time: sharing a core makes it take longer)."""
+    end = time.process_time() + cpu_s
+    x = 0
+    while time.process_time() < end:
+        x += 1
 
 
 def _first(marker: Path) -> bool:

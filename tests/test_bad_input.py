@@ -47,6 +47,16 @@ CASES = [
     (["sweep.fixed.batch_size=0"], ["sweep.fixed.batch_size=0", "HINT"]),
     (["sweep.grid.seed=[a]"], ["sweep.grid.seed='a'", "HINT"]),
     (["grid.lr=[0.1]"], ["grid.lr='[0.1]'", "did you mean sweep.grid.lr=[0.1]"]),
+    (["packing.factors=[100000]"], ["packing.factors[0]=100000", "budget", "lower N to at most"]),
+    (["packing.factors=abc"], ["packing.factors='abc'", "auto"]),
+    (["packing.factors=auto", "packing.modes=[process,fused]"], ["packing.modes=", "one mode"]),
+    (["packing.factors=auto", "packing.then=go"], ["packing.then='go'", "run"]),
+    (["packing.factors=auto", "packing.auto.ladder=[3,1]"], ["packing.auto.ladder=[3, 1]", "rising"]),
+    (["packing.factors=auto", "packing.auto.min_gain=1.5"], ["packing.auto.min_gain=1.5", "HINT"]),
+    (["packing.factors=auto", "packing.auto.repeats=1"], ["packing.auto.repeats=1", "two packs"]),
+    (["packing.memory_fraction=0"], ["packing.memory_fraction=0", "80 %"]),
+    (["sweep.training_memory_mb=-5"], ["sweep.training_memory_mb=-5", "HINT"]),
+    (["packing.order=random"], ["packing.order='random'", "interleaved"]),
     (["sweep.workload=command", "sweep.fixed.argv=[python,t.py,--lr,{lr}]"],
      ["sweep.fixed.argv=", "cannot parse", '"{lr}"']),
 ]
@@ -58,7 +68,7 @@ def test_bad_input_is_one_clear_line_and_starts_nothing(tmp_path, capsys, overri
     has_run_dir = any(o.startswith("run_dir=") for o in overrides)
     code = main(BASE + overrides + ([] if has_run_dir else [f"run_dir={run_dir}"]))
     err = capsys.readouterr().err.strip()
-    assert code != 0
+    assert code == 2, err  # the documented exit code of bad input
     assert len(err.splitlines()) == 1, err
     assert err.startswith("gpupack: error: ")
     for needle in needles:

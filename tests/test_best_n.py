@@ -105,3 +105,204 @@ def test_a_tie_is_reported_as_a_tie_with_its_rule_and_a_provisional_answer_says_
     assert "Best packing factor for w on local (cpu), mode process: N=2" in text
     assert "Provisional: 3 pack(s)" in text and "packs per N would settle it" in text
     assert "│ 2* │" in text and "│ 3~ │" in text and "│  1 │" in text  # N marks: chosen *, within noise ~
+
+
+# ---------------- capacity caps, before anything runs ----------------
+
+from gpupack.errors import ConfigError  # noqa: E402
+from gpupack.memory import Measured, TrainingMemory, Figure, check_memory, estimate  # noqa: E402
+from gpupack.pack import Capacity  # noqa: E402
+from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter  # noqa: E402
+from gpupack.validate import ClusterFacts, idle_gpu_warnings  # noqa: E402
+
+
+def test_a_hundred_thousand_trainings_on_the_local_default_are_refused_in_one_line(tmp_path, capsys):
+    code = main(["+sweep=mnist_pack", "packing.factors=[100000]", f"run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "packing.factors[0]=100000" in err and "of host memory" in err and "lower N to at most" in err
+    assert not (tmp_path / "run").exists()
+
+
+def _write_training(run: RunDir, workload: str, params: dict, rss_mb: float) -> None:
+    write_json_atomic(run.training_record("local-process-n01-000", "t0"), training_record(
+        pack_id="local-process-n01-000", training_id="t0", workload=workload, params=params, status="completed",
+        memory={"peak_rss_mb": rss_mb, "peak_gpu_mem_mb": None}))
+    write_json_atomic(run.plan, {"schema": 1})
+
+
+def test_memory_measured_in_an_earlier_run_of_the_same_setting_caps_n(tmp_path):
+    """An earlier run (a sibling under runs/<sweep>/) measured 3 GB per training of this setting: N=8 (24 GB) no
+    longer fits this machine's budget; a training of another setting, or nothing measured, does not cap it."""
+    params = {"lr": 0.1, "steps": 20, "sleep_s": 0.02}
+    overrides = PROBE + ["sweep.grid.lr=[0.1]", "packing.factors=[8]", "packing.memory_fraction=0.8",
+                         f"run_dir={tmp_path / 'sweep' / 'new'}"]
+    defaults = {k: v for k, v in sweep.prepare(overrides).spec.fixed.items()}
+    _write_training(RunDir(tmp_path / "sweep" / "other"), "tests.fake_workloads",
+                    {**defaults, **params, "lr": 0.5, "seed": 0}, rss_mb=3000)  # another setting
+    assert sweep.prepare(overrides).spec.memory.host.measured is False
+    _write_training(RunDir(tmp_path / "sweep" / "earlier"), "tests.fake_workloads",
+                    {**defaults, **params, "seed": 7}, rss_mb=3000)  # same setting, another seed
+    budget_gb = sweep.prepare(PROBE + ["packing.factors=[1]", f"run_dir={tmp_path / 'x'}"]).capacities[
+        "local"].max_mem_mb * 0.8 / 1024
+    if budget_gb >= 24:
+        pytest.skip(f"this machine holds 8 x 3 GB in its budget ({budget_gb:.0f} GB)")
+    with pytest.raises(ConfigError, match=r"packing.factors\[0\]=8: 8 trainings x 3000 MB \(the peak of 1 earlier"):
+        sweep.prepare(overrides)
+
+
+@pytest.mark.parametrize("gpu_mb, measured_gpu, n, refused", [
+    (16384, None, 13, True),   # 13 x 1024 (default) > 80 % of 16 GB
+    (16384, None, 12, False),
+    (16384, 300.0, 34, False),  # measured 300 MB: the source's N=34 fits a V100-16gb
+    (16384, 500.0, 34, True),
+    (10240, 500.0, 16, False),  # an H100 1g.10gb slice: 8 GB budget
+    (10240, 500.0, 17, True),
+])
+def test_gpu_memory_caps_n(gpu_mb, measured_gpu, n, refused):
+    cap = {"v100": Capacity(has_gpu=True, gpu_memory_mb=gpu_mb, max_mem_mb=None)}
+    memory = estimate(None, Measured(gpu_mb=measured_gpu, trainings=3, where="runs/x"))
+    if refused:
+        with pytest.raises(ConfigError, match=f"packing.factors\\[0\\]={n}: .* of GPU memory"):
+            check_memory([n], cap, memory, 0.8, key=lambda i: f"packing.factors[{i}]")
+    else:
+        check_memory([n], cap, memory, 0.8, key=lambda i: f"packing.factors[{i}]")
+
+
+def test_too_many_processes_are_refused():
+    memory = TrainingMemory(host=Figure(1.0, "x"), gpu=Figure(1.0, "x"))
+    with pytest.raises(ConfigError, match="may start 50 more"):
+        check_memory([64], {"local": Capacity(max_processes=50)}, memory, 0.8, key=lambda i: "packing.factors[0]")
+
+
+def _slurm(mem_gb=None):
+    cluster = SlurmConfig(name="t", backend="slurm", partitions={}, cpus_per_training=1.0, mem_gb_per_training=mem_gb)
+    return SlurmSubmitter(cluster, RunDir(Path("/nonexistent")))
+
+
+@pytest.mark.parametrize("mem_gb, measured, mem_mb, why", [
+    (None, None, 4 * 2048, "default"),
+    (None, 640.0, 4 * 960, "measured peak 640 MB x 1.5"),
+    (None, 100.0, 4 * 512, "measured peak 100 MB"),  # never below 512 MB a training
+    (3.0, 640.0, 4 * 3072, "as set"),  # the user's setting wins
+])
+def test_slurm_requests_are_sized_from_the_measured_peak(mem_gb, measured, mem_mb, why):
+    backend = _slurm(mem_gb)
+    backend.measured_host_mb = measured
+    req = backend.request(4)
+    assert req.mem_mb == mem_mb and why in req.mem_why
+
+
+def test_a_request_that_leaves_a_nodes_gpus_idle_is_warned_about():
+    """The issue's case: N=4 asking 8 GB on a 15.6 GB node with 2 GPUs leaves one GPU idle; sized from the measured
+    0.64 GB peak it does not."""
+    backend = _slurm()
+    facts = ClusterFacts(partitions=("p100",), request=backend.request, capacities={
+        "p100": Capacity(has_gpu=True, node_gpus=2, node_cpus=8, node_mem_mb=16000)})
+    warned = idle_gpu_warnings([4], facts, None)
+    assert len(warned) == 1 and "1 pack(s) fit per node and 1 GPU(s) sit idle" in warned[0]
+    assert "cluster.mem_gb_per_training=2" in warned[0]
+    assert idle_gpu_warnings([4], facts, 640.0) == []
+
+
+# ---------------- packing.factors=auto ----------------
+
+from gpupack.auto import verdict  # noqa: E402
+
+
+@pytest.mark.parametrize("times, best, oom, unfinished, expected", [
+    ({1: [10, 10.1], 2: [6, 6.1]}, 1, 0, 0, "climb"),
+    ({1: [10, 10.1], 2: [9.8, 9.9]}, 1, 0, 0, "improves on N=1 by 2.0 % (< 5 %)"),  # a plateau
+    ({1: [10, 10.1], 2: [11, 11.1]}, 1, 0, 0, "N=2 is slower than N=1"),
+    ({1: [10, 10.1], 2: [7.0, 10.6]}, 1, 0, 0, "within noise"),  # 12 % better by the median, not beyond noise
+    ({1: [10, 10.1], 2: [6, 6.1]}, 1, 1, 0, "N=2 ran out of memory (1 training(s))"),
+    ({1: [10, 10.1], 2: [6, 6.1]}, 1, 0, 2, "N=2: 2 training(s) did not complete"),
+    ({1: [10, 10.1]}, 1, 0, 0, "no pack of it finished"),
+])
+def test_each_reason_auto_stops_for(times, best, oom, unfinished, expected):
+    assert expected in verdict(2, times, best, oom, unfinished, 0.05)
+
+
+AUTO = PROBE + ["packing.factors=auto", "sweep.fixed.steps=5", "sweep.fixed.sleep_s=0.01"]
+
+
+def _auto(tmp_path, *extra):
+    run_dir = tmp_path / "run"
+    outcome = sweep.run(sweep.prepare(AUTO + [f"run_dir={run_dir}", *extra]), plots=False)
+    return run_dir, outcome
+
+
+def test_auto_stops_on_a_plateau_and_runs_the_rest_of_the_grid_at_the_best_n(tmp_path):
+    """CPU-bound trainings on two cores: N past 2 stops paying. The probe says why it stopped, picks N, and the grid
+    points it did not train run at that N, shown apart."""
+    import os
+
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(cores)[:2])  # two cores, whatever the machine: the packs inherit it
+    try:
+        _plateau(tmp_path)
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
+PLATEAU = ["sweep.grid.lr=[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0]", "+sweep.fixed.busy_s=2.0",
+           "packing.auto.ladder=[1,2,3,4,8]", "packing.auto.repeats=2"]
+
+
+def _plateau(tmp_path):
+    run_dir, outcome = _auto(tmp_path, *PLATEAU)
+    report = outcome.auto
+    why = report.stopped["local"]
+    assert any(s in why for s in ("< 5 %", "slower than", "within noise")), why
+    best = report.best["local"]
+    # 2 cores: past N=2 a pack only amortizes its start; the climb stops before the ladder's end (8)
+    assert best in [s.factor for s in report.steps] and report.steps[-1].factor <= 4
+    assert report.run_dir == str(run_dir / "run") and report.left and report.left > 0
+    production = outcome.collected.production
+    assert list(production["factor"].unique()) == [best] and int(production["unfinished"].sum()) == 0
+    assert all(r["phase"] == "run" for r in map(read_json_file, (run_dir / "run").glob("packs/*/pack.json")))
+    text = _text(outcome.collected)
+    assert "probe (packing.factors=auto)" in text and "The rest of the grid at the best N" in text
+    assert f"local: probe stopped — {why}. Best N: {best}." in text
+
+    again, _ = sweep.collect([run_dir], plots=False)  # a later collect says the same
+    assert f"local: probe stopped — {why}. Best N: {best}." in _text(again)
+    resumed = sweep.run(sweep.prepare(AUTO + [f"run_dir={run_dir}", *PLATEAU]), plots=False)
+    assert resumed.results == [] and resumed.auto.best == report.best  # nothing ran again; the same answer
+
+
+def read_json_file(path):
+    from gpupack.records import read_json
+
+    return read_json(path)
+
+
+def test_auto_stops_at_an_oom_and_does_not_choose_that_n(tmp_path):
+    run_dir, outcome = _auto(tmp_path, "sweep.grid.lr=[0.1,0.2,0.3]", f"+sweep.fixed.oom_when_shared={tmp_path / 'g'}",
+                             "packing.auto.ladder=[1,2,3]", "packing.auto.repeats=2")
+    assert outcome.auto.stopped["local"].startswith("N=2 ran out of memory")
+    assert outcome.auto.best["local"] == 1 and [s.factor for s in outcome.auto.steps] == [1, 2]
+    assert not (run_dir / "probe" / "n03").exists()  # N=3 was never tried
+
+
+def test_auto_stops_where_the_measured_memory_passes_the_budget(tmp_path):
+    """Predicted by the stated 50 MB, N=5 would fit; the probe measures ~300 MB a training, and stops before N=5."""
+    run_dir, outcome = _auto(tmp_path, "sweep.grid.lr=[0.1]", "+sweep.fixed.allocate_gb=0.25",
+                             "sweep.training_memory_mb=50", "packing.memory_fraction=0.05",
+                             "packing.auto.ladder=[1,2,3,5,8]", "packing.auto.repeats=2")
+    budget_mb = outcome.prepared.capacities["local"].max_mem_mb * 0.05
+    steps = [s.factor for s in outcome.auto.steps]
+    why = outcome.auto.stopped["local"]
+    assert "not tried" in why and "the peak of" in why and "of host memory" in why, why
+    next_n = int(why.split("N=")[1].split(" ")[0])
+    assert next_n * 300 > budget_mb * 0.9 and next_n not in steps  # stopped before the N that would not fit
+
+
+def test_auto_ladder_is_cut_by_predicted_memory_before_anything_runs(tmp_path):
+    prepared = sweep.prepare(AUTO + [f"run_dir={tmp_path / 'run'}", "sweep.training_memory_mb=4000",
+                                     "packing.memory_fraction=0.5", "packing.auto.ladder=[1,2,3,5,8]"])
+    budget = prepared.capacities["local"].max_mem_mb * 0.5
+    fit = [n for n in (1, 2, 3, 5, 8) if n * 4000 <= budget]
+    assert list(prepared.spec.auto.ladder) == fit and f"N={[1, 2, 3, 5, 8][len(fit)]} not tried" in \
+        prepared.spec.auto.cut
+    assert not (tmp_path / "run").exists()
