@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpupack import collect as collect_mod
 from gpupack.choose import keeps_improving
 from gpupack.errors import ConfigError, RunDirError
-from gpupack.memory import check_memory, estimate, find_measured
+from gpupack.memory import candidate_runs, check_memory, estimate, find_measured
 from gpupack.plan import Plan, expand_grid, make_plan, training_id
 from gpupack.records import COMPLETED, OOM, read_json, write_json_atomic
 from gpupack.rundir import RunDir, RunLock
@@ -216,12 +216,14 @@ def sub_prepared(prepared: Any, plan: Plan, run: RunDir, factors: Sequence[int])
 
 
 def next_rung_fits(prepared: Any, partition: str, rest: Sequence[int], records_roots: Sequence[Path]) -> str | None:
-    """None when the next N fits the partition's memory budget by what the probe has measured so far; else why not."""
+    """None when the next N fits the partition's memory budget by what was measured so far (the probe's records and
+    the earlier runs prepare read); else why not."""
     if not rest:
         return None
     spec = prepared.spec
     settings = {key for key in _settings(spec)}
-    measured = find_measured(records_roots, spec.workload_ref, settings, spec.workload.seed_key)
+    measured = find_measured([*records_roots, *candidate_runs(prepared.run.root)], spec.workload_ref, settings,
+                             spec.workload.seed_key)
     memory = estimate(prepared.config.sweep.training_memory_mb, measured)
     try:
         check_memory([rest[0]], {partition: prepared.capacities[partition]}, memory,

@@ -60,8 +60,9 @@ def print_plan(console: Console, prepared: sweep.Prepared) -> None:
                       f"{prepared.plan.grid_size} grid point(s); packing.factors=auto probes N along "
                       f"{list(auto.ladder)} ({auto.repeats} packs per N, stop below a {auto.min_gain:.0%} gain), then "
                       + ("runs the rest of the grid at the best N" if auto.then == "run" else "stops (packing.then=stop)"))
-        if auto.cut:
-            console.print(f"  note: {auto.cut}", highlight=False)
+        for note in (auto.cut, auto.memory_note):
+            if note:
+                console.print(f"  note: {note}", highlight=False)
         console.print(f"  run directory {prepared.run.root}")
         return
     plan = prepared.plan

@@ -30,9 +30,12 @@ from gpupack.rundir import RunDir
 from gpupack.submit import load_submitter
 from gpupack.submit.local import LocalConfig
 from gpupack.submit.slurm import PartitionConfig, SlurmConfig
+from gpupack.memory import Measured, check_memory, estimate
 from gpupack.validate import DEVICES, check_fit, check_modes
 from gpupack.workload import load_workload
 from gpupack.hydra_job import PAYLOAD, dump, return_path
+
+MEMORY_FRACTION = 0.8  # as packing.memory_fraction's default
 
 KEY = "hydra.launcher"
 WORKLOAD = "gpupack.hydra_job"
@@ -145,6 +148,8 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     # The largest pack this batch really makes: pack=8 with 2 jobs asks for 2 jobs' share, not 8.
     largest = min(p["pack"], len(job_overrides))
     check_fit([largest], facts, key=lambda i: f"{KEY}.pack", noun="jobs")
+    # N jobs' memory must fit the device too (nothing measured for an app's jobs: the default figure per job).
+    check_memory([largest], facts.capacities, estimate(None, Measured()), MEMORY_FRACTION, key=lambda i: f"{KEY}.pack")
     settings = PackSettings(device=p["device"], threads_per_training=p.get("threads_per_job"),
                             training_timeout_s=p.get("job_timeout_s"), gpu_model=p.get("gpu_model"),
                             sample_interval_s=float(p["sample_interval_s"]), mode_options=launcher_mode_options(p))

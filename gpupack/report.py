@@ -280,6 +280,8 @@ def _plt() -> Any:
 
 
 def plot_time_per_training(c: "Collected", path: Path) -> Path | None:
+    if "time_per_training_s" not in c.summary:  # no pack has finished yet
+        return None
     s = c.summary.dropna(subset=["time_per_training_s"])
     if s.empty:
         return None
@@ -305,6 +307,8 @@ def plot_time_per_training(c: "Collected", path: Path) -> Path | None:
 
 
 def plot_split_vs_no_split(c: "Collected", path: Path) -> Path | None:
+    if "time_per_training_s" not in c.summary:
+        return None
     s = c.summary.dropna(subset=["time_per_training_s"])
     if s.empty or s["mode"].nunique() < 2:
         return None

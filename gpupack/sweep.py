@@ -263,6 +263,11 @@ def status(run_dir: Path | str) -> RunStatus:
         raise RunDirError(f"RUN_DIR={str(run.root)!r}: not a directory. HINT: python -m gpupack status "
                           "runs/<sweep>/<date>_<time>")
     if not run.plan.exists():
+        subs = [p for p in find_runs([run.root]) if p != run.root and (p / "plan.json").exists()]
+        if subs:  # packing.factors=auto (probe/nNN/, run/) or a Hydra multirun (.gpupack/launch_*): each one's packs
+            parts = [status(p) for p in subs]
+            return RunStatus(run.root, parts[0].sweep, [p for part in parts for p in part.packs],
+                             queue_answered=all(part.queue_answered for part in parts))
         raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")
     plan = Plan.from_json(read_json(run.plan))
     cfg = OmegaConf.load(run.config)

@@ -40,11 +40,14 @@ class ClusterFacts:
 class AutoSpec:
     """packing.factors=auto, checked: the ladder as far as each partition can hold it, and why it ends there."""
 
-    ladder: tuple[int, ...]  # N that fit every partition, in the order tried
-    cut: str | None  # why the ladder ends before its last rung (memory, CPUs), None when it does not
+    ladder: tuple[int, ...]  # N a job on every partition can hold (CPUs, the mode's limits), in the order tried
+    cut: str | None  # why the ladder ends before its last rung, None when it does not
     min_gain: float
     repeats: int
     then: str  # run | stop
+    # Where memory would stop the climb by today's figures (a default or stated one until the probe measures):
+    # the probe re-checks each next N against what it measured, so this is a forecast, not a cut.
+    memory_note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -272,20 +275,27 @@ def idle_gpu_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host
 
 
 def auto_ladder(ladder: Sequence[int], facts: ClusterFacts, memory: TrainingMemory, fraction: float,
-                measured_host_mb: float | None,
-                check_mode: Callable[[int], None] = lambda n: None) -> tuple[tuple[int, ...], str | None]:
-    """The ladder as far as every partition holds it (memory, CPUs, processes, the mode's own limits), and why it
-    stops there. Pure."""
+                measured_host_mb: float | None, check_mode: Callable[[int], None] = lambda n: None
+                ) -> tuple[tuple[int, ...], str | None, str | None]:
+    """The ladder as far as a job on every partition holds it (CPUs, the mode's own limits) and why it stops there;
+    and where memory would stop it by today's figures (a forecast: the probe re-checks with what it measures).
+    The first rung must fit. Pure."""
+    memory_note = None
     for i, n in enumerate(ladder):
         try:
             check_fit([n], facts, key=lambda _: "packing.auto.ladder", request_host_mb=measured_host_mb)
             check_mode(n)
+        except ConfigError as err:
+            if i == 0:
+                raise
+            return tuple(ladder[:i]), f"N={n} not tried: {err.why}", memory_note
+        try:
             check_memory([n], facts.capacities, memory, fraction, key=lambda _: "packing.auto.ladder")
         except ConfigError as err:
             if i == 0:
                 raise
-            return tuple(ladder[:i]), f"N={n} not tried: {err.why}"
-    return tuple(ladder), None
+            memory_note = memory_note or f"by today's memory figures the climb stops before N={n} ({err.why})"
+    return tuple(ladder), None, memory_note
 
 
 def validate(cfg: DictConfig, facts: ClusterFacts,
@@ -315,10 +325,11 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     settings = pack_settings(cfg.packing)
     auto = None
     if is_auto(cfg):
-        factors, cut = auto_ladder(factors, facts, memory, fraction, measured.host_mb,
-                                   lambda n: check_modes(workload, modes, [n], facts, settings))
+        factors, cut, memory_note = auto_ladder(factors, facts, memory, fraction, measured.host_mb,
+                                                lambda n: check_modes(workload, modes, [n], facts, settings))
         auto = AutoSpec(ladder=factors, cut=cut, min_gain=float(cfg.packing.auto.min_gain),
-                        repeats=int(cfg.packing.auto.repeats or max(2, cfg.packing.repeats)), then=cfg.packing.then)
+                        repeats=int(cfg.packing.auto.repeats or max(2, cfg.packing.repeats)), then=cfg.packing.then,
+                        memory_note=memory_note)
     else:
         check_fit(factors, facts, key=lambda i: f"packing.factors[{i}]", request_host_mb=measured.host_mb)
         check_modes(workload, modes, factors, facts, settings)  # a mode's own limit is the more specific answer

@@ -289,7 +289,8 @@ def test_auto_stops_where_the_measured_memory_passes_the_budget(tmp_path):
     """Predicted by the stated 50 MB, N=5 would fit; the probe measures ~300 MB a training, and stops before N=5."""
     run_dir, outcome = _auto(tmp_path, "sweep.grid.lr=[0.1]", "+sweep.fixed.allocate_gb=0.25",
                              "sweep.training_memory_mb=50", "packing.memory_fraction=0.05",
-                             "packing.auto.ladder=[1,2,3,5,8]", "packing.auto.repeats=2")
+                             "packing.auto.ladder=[1,2,3,5,8]", "packing.auto.repeats=3", "sweep.fixed.sleep_s=0.1",
+                             "packing.auto.min_gain=0")  # sleeping trainings: every N pays, memory alone stops it
     budget_mb = outcome.prepared.capacities["local"].max_mem_mb * 0.05
     steps = [s.factor for s in outcome.auto.steps]
     why = outcome.auto.stopped["local"]
@@ -298,11 +299,27 @@ def test_auto_stops_where_the_measured_memory_passes_the_budget(tmp_path):
     assert next_n * 300 > budget_mb * 0.9 and next_n not in steps  # stopped before the N that would not fit
 
 
-def test_auto_ladder_is_cut_by_predicted_memory_before_anything_runs(tmp_path):
-    prepared = sweep.prepare(AUTO + [f"run_dir={tmp_path / 'run'}", "sweep.training_memory_mb=4000",
-                                     "packing.memory_fraction=0.5", "packing.auto.ladder=[1,2,3,5,8]"])
+def test_auto_forecasts_where_memory_stops_it_and_the_probe_decides(tmp_path):
+    """Stated 4 GB a training, the climb would stop early; the probe measures a few MB and climbs past it."""
+    overrides = AUTO + [f"run_dir={tmp_path / 'run'}", "sweep.training_memory_mb=4000", "packing.memory_fraction=0.5",
+                        "packing.auto.ladder=[1,2,3,5,8]", "sweep.grid.lr=[0.1]", "packing.auto.repeats=2",
+                        "sweep.fixed.sleep_s=0.1"]
+    prepared = sweep.prepare(overrides)
     budget = prepared.capacities["local"].max_mem_mb * 0.5
-    fit = [n for n in (1, 2, 3, 5, 8) if n * 4000 <= budget]
-    assert list(prepared.spec.auto.ladder) == fit and f"N={[1, 2, 3, 5, 8][len(fit)]} not tried" in \
-        prepared.spec.auto.cut
+    first_out = next(n for n in (1, 2, 3, 5, 8) if n * 4000 > budget)
+    assert list(prepared.spec.auto.ladder) == [1, 2, 3, 5, 8] and prepared.spec.auto.cut is None
+    assert f"stops before N={first_out}" in prepared.spec.auto.memory_note
     assert not (tmp_path / "run").exists()
+    outcome = sweep.run(prepared, plots=False)
+    assert max(s.factor for s in outcome.auto.steps) > first_out  # measured figures replaced the stated one
+
+
+def test_status_of_an_auto_run_lists_its_probe_and_run_packs(tmp_path):
+    run_dir, outcome = _auto(tmp_path, "sweep.grid.lr=[0.1,0.2,0.3,0.4,0.5]", "packing.auto.ladder=[1,2]",
+                             "packing.auto.repeats=2")
+    subs = [run_dir / "probe" / "n01", run_dir / "probe" / "n02", run_dir / "run"]
+    assert outcome.auto.run_dir == str(subs[2]) and outcome.auto.left == 1  # the probe trained 4 of the 5 points
+    expected = [p.pack_id for sub in subs for p in sweep.status(sub).packs]
+    st = sweep.status(run_dir)
+    assert sorted(p.pack_id for p in st.packs) == sorted(expected) and len(expected) == 2 + 2 + 1
+    assert all(p.state == "done" for p in st.packs)
