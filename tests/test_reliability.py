@@ -208,7 +208,9 @@ def test_names_used_in_paths_cannot_escape_the_run_directory(tmp_path, name):
         RunDir(tmp_path).training_record("p", name)
 
 
-def test_no_shell_anywhere():
+def test_lint_no_shell_true_in_the_sources():
+    """A lint, not the guarantee: that values reach a training unchanged, never through a shell, is tested by
+    behaviour (tests/test_command.py sends quotes, ;, $( ) and newlines and checks they arrive as given)."""
     sources = list((REPO / "gpupack").rglob("*.py")) + list((REPO / "jobs").rglob("*.py"))
     assert sources and not [p for p in sources if "shell=True" in p.read_text()]
 
