@@ -31,8 +31,8 @@ from gpupack import collect as collect_mod
 from gpupack.choose import keeps_improving
 from gpupack.errors import ConfigError, RunDirError
 from gpupack.memory import candidate_runs, check_memory, estimate, find_measured
-from gpupack.plan import Plan, expand_grid, make_plan, training_id
-from gpupack.records import COMPLETED, OOM, read_json, write_json_atomic
+from gpupack.plan import Plan, expand_grid, make_plan, run_order, training_id
+from gpupack.records import COMPLETED, OOM, make_dirs, read_json, write_json_atomic, write_text_atomic
 from gpupack.rundir import RunDir, RunLock
 from gpupack.submit import PackResult, load_submitter
 
@@ -92,6 +92,26 @@ def verdict(factor: int, times: Mapping[int, Sequence[float]], best_so_far: int 
     return "climb" if better else why
 
 
+def step_plan(spec: Any, partitions: Sequence[str], n: int, best_so_far: Mapping[str, int | None],
+              repeats: int) -> Plan:
+    """One probe step: ``repeats`` packs of the new N on each partition still climbing, and as many of that
+    partition's best N so far, all in one interleaved order. Pure."""
+    points = expand_grid(spec.grid)
+    packs = []
+    for partition in partitions:
+        factors = [n] + ([best_so_far[partition]] if best_so_far.get(partition) not in (None, n) else [])
+        for factor in factors:
+            part = make_plan(sweep=spec.name, workload=spec.workload_ref, grid=spec.grid, fixed=spec.fixed,
+                             factors=[factor], modes=spec.modes, partitions=[partition], repeats=repeats,
+                             seed_key=spec.workload.seed_key, order="by_factor",
+                             points=probe_points(points, factor * repeats, spec.order_seed), phase=PROBE)
+            packs += part.packs
+    ordered = run_order(packs, spec.order, spec.order_seed)
+    return Plan(sweep=spec.name, workload=spec.workload_ref, grid_size=len(points), packs=tuple(ordered),
+                order=f"{spec.order} (seed {spec.order_seed})" if spec.order == "interleaved" else spec.order,
+                phase=PROBE)
+
+
 def probe_points(points: Sequence[Mapping[str, Any]], count: int, seed: int) -> list[Mapping[str, Any]]:
     """The grid points a probe step of ``count`` trainings trains: the first of one seeded shuffle of the grid, the
     same shuffle at every step, so each step is a random draw of the grid (its mix of slow and fast settings is the
@@ -127,15 +147,13 @@ def run_auto(prepared: Any, *, progress: Callable[..., None] | None = None,
             if not climbing:
                 break
             step_run = RunDir(root.root / PROBE / f"n{n:02d}")
-            plan = make_plan(sweep=spec.name, workload=spec.workload_ref, grid=spec.grid, fixed=spec.fixed,
-                             factors=[n], modes=spec.modes, partitions=climbing, repeats=auto.repeats,
-                             seed_key=spec.workload.seed_key, order=spec.order, order_seed=spec.order_seed,
-                             points=probe_points(expand_grid(spec.grid), n * auto.repeats, spec.order_seed),
-                             phase=PROBE)
-            outcome = sweep.run(sub_prepared(prepared, plan, step_run, factors=[n]), progress=progress,
-                                collect_outputs=False)
+            plan = step_plan(spec, climbing, n, best_so_far, auto.repeats)
+            outcome = sweep.run(sub_prepared(prepared, plan, step_run, factors=sorted({p.factor for p in plan.packs})),
+                                progress=progress, collect_outputs=False)
             results += outcome.results
-            records = collect_mod.load_records(probe_runs(root))
+            # The verdict weighs this step alone: the new N against the best so far, measured again beside it, so
+            # drift between steps (a neighbour's job, a warm cache) cannot decide the climb.
+            records = collect_mod.load_records([step_run.root])
             summary = collect_mod.summarize(records.trainings, records.packs, records.cleared)
             times = collect_mod.pack_times(records)
             for partition in list(climbing):
@@ -195,9 +213,9 @@ def open_root(root: RunDir, config: Any) -> None:
     if root.root.exists() and any(p.name != ".lock" for p in root.root.iterdir()):
         raise RunDirError(f"run_dir={str(root.root)!r} exists and is not a gpupack run. HINT: choose a new or empty "
                           "run_dir=...")
-    root.root.mkdir(parents=True, exist_ok=True)
-    root.config.write_text(OmegaConf.to_yaml(config, resolve=True) if isinstance(config, DictConfig)
-                           else OmegaConf.to_yaml(OmegaConf.create(dict(config))))
+    make_dirs(root.root)
+    write_text_atomic(root.config, OmegaConf.to_yaml(config, resolve=True) if isinstance(config, DictConfig)
+                      else OmegaConf.to_yaml(OmegaConf.create(dict(config))))
 
 
 def probe_runs(root: RunDir) -> list[Path]:
