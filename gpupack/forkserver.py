@@ -66,8 +66,9 @@ def _child(req: Mapping[str, Any], forked_at: float) -> None:
     try:
         os.setsid()
         isolate(req.get("rlimit_as"), req.get("cpus"))
-        out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        err = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # 0o664 masked by the umask: gpupack's file mode (records.file_mode), never world-writable.
+        out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o664)
+        err = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o664)
         null = os.open(os.devnull, os.O_RDONLY)
         for fd, target in ((null, 0), (out, 1), (err, 2)):
             os.dup2(fd, target)
@@ -188,8 +189,9 @@ class ForkServer:
 
     def __init__(self, workload: str, params: Sequence[Mapping[str, Any]], env: Mapping[str, str], log: Path,
                  setup: Callable[[], None] | None = None) -> None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log, "wb")
+        from gpupack.records import open_log
+
+        self._log = open_log(log)
         self.proc = subprocess.Popen([sys.executable, "-m", "gpupack.forkserver"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, env=dict(env), preexec_fn=setup)
         assert self.proc.stdout is not None

@@ -4,10 +4,13 @@ A pack holds one GPU for its wall time, so one training costs (pack wall / N) x 
 """
 from __future__ import annotations
 
+import math
 import re
-from typing import Mapping
+from typing import Any, Mapping
 
 import pandas as pd
+
+from gpupack.errors import ConfigError
 
 # NVML device names → the RGU table's model names (e.g. "Tesla V100-SXM2-16GB" → V100-16gb).
 _NAME_RULES = [
@@ -35,6 +38,20 @@ def model_from_device_name(name: str | None) -> str | None:
         if m:
             return model(m)
     return None
+
+
+def check_weights(models: Mapping[str, Any], key: str = "rgu.models") -> dict[str, float]:
+    """The RGU table's weights, each a finite number > 0: a zero or negative weight would make the dearest GPU the
+    'cheapest'. ConfigError names the model."""
+    out: dict[str, float] = {}
+    for name, weight in models.items():
+        ok = isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight) and weight > 0
+        if not ok:
+            shown = int(weight) if isinstance(weight, float) and weight.is_integer() else weight
+            raise ConfigError(f"{key}.{name}", shown, "an RGU weight must be a number > 0 (what one GPU-hour of the "
+                              "model costs)", f"e.g. {key}.{name}=2.2, as in conf/rgu/alliance.yaml")
+        out[str(name)] = float(weight)
+    return out
 
 
 def cost_table(best: pd.DataFrame, weights: Mapping[str, float], sweep_trainings: int) -> pd.DataFrame:

@@ -16,6 +16,7 @@ from gpupack.memory import Measured, TrainingMemory, check_memory, estimate, set
 from gpupack.pack import available_modes, load_packer
 from gpupack.pack.job import PackSettings
 from gpupack.plan import ORDERS, Plan, expand_grid, grid_values, make_plan
+from gpupack.rgu import check_weights
 from gpupack.rundir import check_name
 from gpupack.pack import Capacity
 from gpupack.submit import PackRequest
@@ -303,6 +304,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     """Check everything against the backend's answers (``facts``) and, through ``measure``, what earlier records
     say one training's memory is (None: nothing measured). Pure, given those: nothing is asked or written here."""
     require_sweep(cfg)
+    check_weights(OmegaConf.to_container(cfg.rgu.models, resolve=True))
     sweep = cfg.sweep
     check_name("sweep.name", sweep.name)
     workload = load_workload(sweep.workload)

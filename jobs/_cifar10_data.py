@@ -6,7 +6,6 @@ No PyPI package ships the CIFAR-10 images, and compute nodes have no internet: u
 from __future__ import annotations
 
 import functools
-
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +43,60 @@ def find_dir(data_dir: str | None, key: str = "data_dir") -> Path:
                     f"stage {SUBDIR} (data_batch_1..5, test_batch) there")
 
 
+# What a CIFAR-10 batch holds besides dicts, lists, bytes and ints: numpy arrays. An array pickles as
+# _reconstruct + ndarray + dtype (protocols 2-4; numpy 2 writes numpy._core), or as _frombuffer (protocol 5). Nothing
+# else is looked up, so a pickle in a shared folder cannot name os.system (or any callable) and run it.
+_ALLOWED = frozenset({
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+})
+_CONVERT_HINT = (f"use the {SUBDIR} files from the CIFAR-10 page, or convert your data once to dicts of b'data' (a "
+                 "uint8 numpy array, n x 3072) and b'labels' (a list of ints) pickled with numpy arrays only")
+
+
+class _Refused(pickle.UnpicklingError):
+    """A pickle named something a CIFAR-10 batch never holds."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.what = f"{module}.{name}"
+        super().__init__(self.what)
+
+
+def _latin1(text: str, encoding: str = "latin1") -> bytes:
+    """Python 3's protocol 2 writes bytes as _codecs.encode(text, 'latin1'): that call alone, never another codec."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise _Refused("_codecs", f"encode(..., {encoding!r})")
+    return text.encode("latin1")
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) == ("_codecs", "encode"):
+            return _latin1
+        if (module, name) not in _ALLOWED:
+            raise _Refused(module, name)
+        return super().find_class(module, name)
+
+
+def _unpickle(path: Path) -> object:
+    """The batch at ``path``, unpickled with only what a CIFAR-10 batch holds; DataError names the file otherwise."""
+    try:
+        with open(path, "rb") as f:
+            return _BatchUnpickler(f, encoding="bytes").load()
+    except _Refused as err:
+        raise DataError("sweep.fixed.data_dir", str(path), f"the pickle names {err.what}, which no CIFAR-10 batch "
+                        "holds: refused without running it", _CONVERT_HINT) from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as err:
+        raise DataError("sweep.fixed.data_dir", str(path), f"not a CIFAR-10 python batch ({err})",
+                        _CONVERT_HINT) from None
+
+
 def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    with open(path, "rb") as f:
-        batch = pickle.load(f, encoding="bytes")
+    batch = _unpickle(path)
+    if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
+        raise DataError("sweep.fixed.data_dir", str(path), "not a CIFAR-10 python batch (no dict of b'data' and "
+                        "b'labels')", _CONVERT_HINT)
     data = np.asarray(batch[b"data"], dtype=np.uint8)
     images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # CHW rows → NHWC images
     return np.ascontiguousarray(images), np.asarray(batch[b"labels"], dtype=np.uint8)

@@ -152,12 +152,16 @@ def test_64_concurrent_writers_never_tear_a_record(tmp_path):
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o000, 0o664)])
-def test_records_follow_the_umask_and_are_never_world_writable(tmp_path, umask, mode):
+def test_records_follow_the_umask_and_are_never_world_writable(tmp_path, monkeypatch, umask, mode):
+    from gpupack import records
+
     old = os.umask(umask)
+    monkeypatch.setattr(records, "_umask", None)  # as a process started under this umask: read once, at first use
     try:
         write_json_atomic(tmp_path / "r.json", {"a": 1})
     finally:
         os.umask(old)
+        records._umask = None
     assert stat.S_IMODE(os.stat(tmp_path / "r.json").st_mode) == mode
 
 

@@ -12,10 +12,11 @@ import pytest
 from gpupack.cli import main
 from gpupack.errors import ConfigError
 from gpupack.mps import mps_daemon
-from gpupack.pack import PackContext
+from gpupack.pack import Capacity, PackContext
 from gpupack.pack.job import PackSettings, run_pack
 from gpupack.pack.process import PACKER as PROCESS
 from gpupack.pack.process import ProcessOptions
+from gpupack.pack.tf_logical import PACKER as TF_LOGICAL
 from gpupack.pack.tf_logical import logical_devices, split_memory_mb
 from gpupack.plan import make_plan
 from gpupack.records import read_json, write_json_atomic
@@ -93,7 +94,8 @@ def test_mps_starts_passes_its_dirs_to_trainings_and_quits(tmp_path, mps_stand_i
     run, pack = _pack(tmp_path, {"lr": [0.1, 0.2],
                                  "report_env": ["CUDA_MPS_PIPE_DIRECTORY,CUDA_MPS_LOG_DIRECTORY"]})
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ),
-                      settings=PackSettings(mode_options={"process": ProcessOptions(mps=True)}), gpu_memory_total_mb=16384)
+                      settings=PackSettings(mode_options={"process": ProcessOptions(mps=True)}),
+                      gpu_memory_total_mb=16384)
     outcomes = PROCESS.run(pack.trainings, ctx)
     calls = mps_stand_in()
     assert [c["argv"] for c in calls] == [["-d"], []] and calls[1]["stdin"] == "quit\n"
@@ -108,7 +110,8 @@ def test_mps_starts_passes_its_dirs_to_trainings_and_quits(tmp_path, mps_stand_i
 def test_mps_quits_when_the_pack_fails(tmp_path, mps_stand_in, monkeypatch):
     run, pack = _pack(tmp_path, {"lr": [0.1]})
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ),
-                      settings=PackSettings(mode_options={"process": ProcessOptions(mps=True)}), gpu_memory_total_mb=16384)
+                      settings=PackSettings(mode_options={"process": ProcessOptions(mps=True)}),
+                      gpu_memory_total_mb=16384)
 
     def broken(self, trainings, ctx):
         raise RuntimeError("the packer broke")
@@ -129,7 +132,8 @@ def test_mps_missing_binary_is_a_clear_error(tmp_path, monkeypatch):
 def test_mps_on_a_job_without_gpu_is_refused(tmp_path):
     run, pack = _pack(tmp_path, {"lr": [0.1]})
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ),
-                      settings=PackSettings(mode_options={"process": ProcessOptions(mps=True)}), gpu_memory_total_mb=None)
+                      settings=PackSettings(mode_options={"process": ProcessOptions(mps=True)}),
+                      gpu_memory_total_mb=None)
     with pytest.raises(ConfigError, match="needs a GPU"):
         PROCESS.run(pack.trainings, ctx)
 
@@ -160,8 +164,11 @@ def test_tf_logical_pack_one_training_raises_the_others_finish(tmp_path):
     (["+sweep=mnist_pack", "packing.modes=[tf_logical]"], ["packing.modes='tf_logical'", "torch workload"]),
     (["+sweep=mnist_tf_pack", "cluster=fir", "cluster.account=def-pi", "partitions=[h100_1g.10gb]",
       "packing.factors=[1,34]", "cluster.cpus_per_training=0.25"], ["packing.factors=34", "use N <= 18"]),
-    (["+sweep=mnist_pack", "packing.process.mps=true"], ["packing.process.mps=True", "needs a GPU and this node has none"]),
+    (["+sweep=mnist_pack", "packing.process.mps=true"],
+     ["packing.process.mps=True", "needs a GPU and this node has none"]),
     (["+sweep=cifar10_pack"], ["sweep.fixed.data_dir=None", "data_batch_1", "test_batch"]),
+    (["+sweep=mnist_tf_pack", "cluster=fir", "cluster.account=def-pi", "packing.modes=[tf_logical]",
+      "packing.memory_limit_gb_per_training=4"], ["packing.memory_limit_gb_per_training=4", "RLIMIT_AS", "--mem"]),
 ])
 def test_tf_bad_input(tmp_path, capsys, monkeypatch, overrides, needles):
     monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo: the preset alone
@@ -171,6 +178,62 @@ def test_tf_bad_input(tmp_path, capsys, monkeypatch, overrides, needles):
     for needle in needles:
         assert needle in err, err
     assert not (tmp_path / "run").exists()
+
+
+# ---------------- tf_logical: one process hosts N trainings, so its memory limit is the pack's ----------------
+
+def test_tf_logical_host_gets_n_times_the_per_training_limit(tmp_path, monkeypatch):
+    """RLIMIT_AS is per process and tf_logical's one host process holds all N trainings: N x the per-training limit
+    (not one training's, which N trainings together would hit at once)."""
+    seen = {}
+
+    def fake_run_host(module, name, specs, ctx, spawned, extra=None):  # the host itself is not started
+        seen["limit"] = ctx.memory_limit_bytes
+        return []
+
+    monkeypatch.setattr("gpupack.pack.tf_logical.run_host", fake_run_host)
+    run, pack = _pack(tmp_path, {"tag": ["a", "b", "c"]}, workload="tests.fake_tf_workload", mode="tf_logical")
+    per = 3 * 2**30
+    ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ),
+                      settings=PackSettings(device="cpu", memory_limit_gb_per_training=3), memory_limit_bytes=per)
+    TF_LOGICAL.run(pack.trainings, ctx)
+    assert seen["limit"] == 3 * per
+    TF_LOGICAL.run(pack.trainings, PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ)))
+    assert seen["limit"] is None  # no limit stays no limit
+
+
+def _tf_workload():
+    from gpupack.workload import load_workload
+
+    return load_workload("tests.fake_tf_workload")
+
+
+@pytest.mark.parametrize("capacity, device", [(Capacity(has_gpu=True, gpu_memory_mb=16384), "auto"),
+                                              (Capacity(has_gpu=True), "cuda")])
+def test_tf_logical_refuses_rlimit_as_on_a_gpu_job(capacity, device):
+    settings = PackSettings(device=device, memory_limit_gb_per_training=4)
+    with pytest.raises(ConfigError, match=r"packing.memory_limit_gb_per_training=4: .*RLIMIT_AS.*HINT: .*--mem"):
+        TF_LOGICAL.check(_tf_workload(), 2, capacity, settings)
+
+
+@pytest.mark.parametrize("capacity, settings", [
+    (Capacity(has_gpu=False), PackSettings(memory_limit_gb_per_training=4)),  # a CPU job: the limit is the pack's
+    (Capacity(has_gpu=True, gpu_memory_mb=16384), PackSettings(device="cpu", memory_limit_gb_per_training=4)),
+    (Capacity(has_gpu=True, gpu_memory_mb=16384), PackSettings()),  # no limit asked
+])
+def test_tf_logical_allows_what_cuda_never_sees(capacity, settings):
+    TF_LOGICAL.check(_tf_workload(), 2, capacity, settings)
+
+
+def test_tf_logical_refuses_rlimit_as_when_the_job_finds_a_gpu(tmp_path, monkeypatch):
+    """The partition's check could not know (the local backend, device=auto): the pack refuses at its start, before
+    a host starts under a limit CUDA cannot work in."""
+    monkeypatch.setattr("gpupack.pack.tf_logical.run_host", lambda *a, **k: pytest.fail("the host started"))
+    run, pack = _pack(tmp_path, {"tag": ["a", "b"]}, workload="tests.fake_tf_workload", mode="tf_logical")
+    ctx = PackContext(run=run, pack=pack, device="cuda", threads=1, env=dict(os.environ), gpu_memory_total_mb=16384,
+                      settings=PackSettings(memory_limit_gb_per_training=4), memory_limit_bytes=4 * 2**30)
+    with pytest.raises(ConfigError, match="RLIMIT_AS"):
+        TF_LOGICAL.run(pack.trainings, ctx)
 
 
 # ---------------- CIFAR-10 ----------------

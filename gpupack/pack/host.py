@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from gpupack.pack import PackContext, TrainingOutcome, worker_env, worker_spec
 from gpupack.pack.process import KILL_GRACE_S, POLL_S, _child_setup, tail
 from gpupack.plan import Training
-from gpupack.records import read_json, write_json_atomic
+from gpupack.records import open_log, read_json, write_json_atomic
 
 
 def host_specs(trainings: Sequence[Training], ctx: PackContext, spawned: float,
@@ -44,8 +44,7 @@ def run_host(module: str, name: str, specs: list[dict[str, Any]], ctx: PackConte
     host_spec = run.pack_dir(pack_id) / "work" / f"{name}.spec.json"
     write_json_atomic(host_spec, {"threads": ctx.threads * n, "trainings": specs, **(extra or {})})
     err_path = run.pack_dir(pack_id) / "logs" / f"{name}.err"
-    err_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(run.pack_dir(pack_id) / "logs" / f"{name}.out", "wb") as out, open(err_path, "wb") as err:
+    with open_log(run.pack_dir(pack_id) / "logs" / f"{name}.out") as out, open_log(err_path) as err:
         proc = subprocess.Popen([sys.executable, "-m", module, str(host_spec)], stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL, env=worker_env(ctx.env, ctx.threads * n),
                                 start_new_session=True, preexec_fn=_child_setup(ctx.memory_limit_bytes))

@@ -19,7 +19,7 @@ from gpupack.forkserver import ForkedProcess, ForkServer, isolate
 from gpupack.mps import mps_daemon
 from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome, options_of, worker_env, worker_spec
 from gpupack.plan import Training
-from gpupack.records import read_json_or_none, write_json_atomic
+from gpupack.records import make_dirs, open_log, read_json_or_none, write_json_atomic
 from gpupack.workload import Workload, load_workload
 
 POLL_S = 0.05
@@ -73,7 +73,7 @@ class _Running:
         self.err_path = run.log(pid, tid, "err")
         self.result_path = run.work(pid, tid, "result")
         spec_path = run.work(pid, tid, "spec")
-        self.err_path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.err_path.parent)
         self.result_path.unlink(missing_ok=True)  # a result left by an earlier attempt must not count
         self.started_at = time.time()
         write_json_atomic(spec_path, worker_spec(training, ctx, self.started_at))
@@ -93,7 +93,7 @@ class _Running:
             self.proc = server.start(tid, spec_path, out_path, self.err_path, env, launch.cwd,
                                      ctx.memory_limit_bytes, self.cpus)
             return
-        with open(out_path, "wb") as out, open(self.err_path, "wb") as err:
+        with open_log(out_path) as out, open_log(self.err_path) as err:
             try:
                 self.proc = subprocess.Popen(
                     launch.argv, cwd=launch.cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
@@ -247,8 +247,8 @@ class ProcessPacker(Packer):
             return ForkServer(trainings[0].workload, [t.params for t in trainings], worker_env(ctx.env, ctx.threads),
                               log, setup=_child_setup(None))
         except (RuntimeError, OSError) as err:
-            with open(log, "a") as f:
-                f.write(f"gpupack: {err}; starting each training as a fresh interpreter instead\n")
+            with open_log(log, append=True) as f:
+                f.write(f"gpupack: {err}; starting each training as a fresh interpreter instead\n".encode())
             return None
 
 
