@@ -4,15 +4,23 @@
     python -m gpupack status RUN_DIR               where each pack stands
     python -m gpupack collect RUN_DIR [...]        aggregate records again
     python -m gpupack clear-oom RUN_DIR [...]      let N that ran out of memory count again
+
+Stopped by Ctrl-C (SIGINT), kill (SIGTERM) or a closed terminal (SIGHUP), it says what it did in one line and exits
+128 + the signal's number (130, 143, 129), as a shell reports a command killed by that signal. On the local backend it
+cancels its pack jobs and their trainings first; jobs submitted to SLURM keep running.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from types import FrameType
+from typing import Iterator, Sequence
 
 from omegaconf import OmegaConf
 from rich.console import Console
@@ -39,7 +47,11 @@ Hydra's flags:
   --cfg job|hydra|all [-p PACKAGE] [--resolve]   print the composed config and exit (nothing runs)
   --info                                         version, config search path, groups and what is installed
   -h, --help                                     this help, with the config groups and their options
-  -m, --multirun                                 refused: gpupack is itself the sweeper (see below)"""
+  -m, --multirun                                 refused: gpupack is itself the sweeper (see below)
+
+Ctrl-C, kill or a closed terminal: the local backend's pack jobs and trainings are cancelled (finished trainings keep
+their records: run again with the same run_dir to resume); jobs submitted to SLURM keep running. Exit 128 + the
+signal's number: 130 (SIGINT), 143 (SIGTERM), 129 (SIGHUP)."""
 
 MULTIRUN_REFUSAL = (
     "-m/--multirun: gpupack is itself the sweeper, so there is nothing for Hydra's multirun to do. HINT: give the "
@@ -47,6 +59,80 @@ MULTIRUN_REFUSAL = (
     "multirun, run that app with -m hydra/launcher=gpupack_local (or gpupack_slurm) hydra.launcher.pack=N")
 
 log = logging.getLogger("gpupack")
+
+
+# ---------------- stopping ----------------
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(KeyboardInterrupt):
+    """The CLI was asked to stop: Ctrl-C (SIGINT), kill (SIGTERM) or a closed terminal (SIGHUP). Raised in the main
+    thread, so every ``finally`` runs and the local backend cancels its jobs on the way out (SIGTERM and SIGHUP would
+    otherwise end the CLI at once and orphan them). A KeyboardInterrupt, so what cleans up after Ctrl-C cleans up
+    after the others too. ``what`` says what became of the run."""
+
+    def __init__(self, signum: int, what: str = "") -> None:
+        super().__init__(signum, what)
+        self.signum, self.what = signum, what
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # what a shell reports for a command killed by this signal
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """While the CLI runs, SIGINT, SIGTERM and SIGHUP raise :class:`Stopped`; a second one while it stops is let go,
+    so the cancel is not cut short. A signal the CLI was started with ignored stays ignored (``nohup`` must still
+    outlive a closed terminal). Only the main thread may set handlers: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopping = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def stopped_line(stop: KeyboardInterrupt) -> str:
+    """The one line the CLI prints when stopped: which signal, and what became of the run."""
+    signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
+    what = stop.what if isinstance(stop, Stopped) and stop.what else "nothing was left running"
+    return f"stopped by {signal_name(signum)}: {what}"
+
+
+def after_stop(prepared: sweep.Prepared) -> str:
+    """What became of a sweep the CLI was stopped in: the local backend's jobs were cancelled with their trainings
+    (gpupack.submit.local), while jobs submitted to a cluster outlive the CLI and are left alone."""
+    run_dir = prepared.run.root
+    if not prepared.backend.detachable:
+        return (f"its local pack jobs and their trainings were cancelled; finished trainings keep their records. "
+                f"HINT: run the same command with run_dir={run_dir} to resume")
+    jobs = sorted({str(j["job_id"]).split("_")[0] for j in prepared.backend.jobs().values()}) \
+        if prepared.run.jobs.exists() else []
+    if not jobs:
+        return "nothing was submitted"
+    return (f"the pack jobs submitted to SLURM stay queued or running. HINT: follow them with python -m gpupack status "
+            f"{run_dir}, collect with python -m gpupack collect {run_dir}, or cancel them with scancel "
+            f"{' '.join(jobs)}")
 
 
 # ---------------- printing ----------------
@@ -162,6 +248,8 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
     try:
         outcome = sweep.run(prepared, on_open=on_open, progress=lambda pack, state: view and view(pack, state),
                             on_step=on_step)
+    except KeyboardInterrupt as stop:  # the local backend cancelled its jobs on the way here: say what became of it
+        raise Stopped(getattr(stop, "signum", signal.SIGINT), after_stop(prepared)) from None
     finally:
         if view is not None:
             view.__exit__()
@@ -343,6 +431,16 @@ def split_flags(args: list[str]) -> tuple[dict[str, object], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The CLI; stopped by a signal at any point, it prints one line (no traceback) and exits 128 + its number."""
+    try:
+        with stop_on_signals():
+            return dispatch(argv)
+    except KeyboardInterrupt as stop:
+        print(f"gpupack: {stopped_line(stop)}", file=sys.stderr)
+        return stop.exit_code if isinstance(stop, Stopped) else 128 + signal.SIGINT
+
+
+def dispatch(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     console = make_console()
     try:
@@ -368,7 +466,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GpupackError as err:
         print(f"gpupack: error: {err}", file=sys.stderr)
         return err.exit_code
-    except KeyboardInterrupt:
-        print("gpupack: interrupted; finished trainings keep their records. Re-run with the same run_dir to "
-              "resume.", file=sys.stderr)
-        return 130

@@ -26,7 +26,7 @@ from gpupack.memory import candidate_runs, find_measured
 from gpupack.pack import Capacity
 from gpupack.pack.job import PackSettings
 from gpupack.plan import Pack, Plan
-from gpupack.records import OOM, is_completed, read_json, write_json_atomic
+from gpupack.records import OOM, is_completed, make_dirs, read_json, write_json_atomic, write_text_atomic
 from gpupack.rundir import RunDir, RunLock, check_name
 from gpupack.submit import DONE, FAILED, PENDING, RUNNING, PackResult, ProgressFn, Submitter, load_submitter
 from gpupack.validate import ClusterFacts, require_sweep, validate
@@ -157,7 +157,7 @@ def prepare_run_dir(run: RunDir, plan: Plan) -> bool:
     if check_run_dir(run, plan):
         return True
     try:
-        run.root.mkdir(parents=True, exist_ok=True)
+        make_dirs(run.root)
         probe = run.root / ".write-probe"
         probe.write_text("")
         probe.unlink()
@@ -193,7 +193,7 @@ def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Call
     resumed = prepare_run_dir(run_dir, plan)
     with RunLock(run_dir):
         if not run_dir.config.exists():
-            run_dir.config.write_text(_config_yaml(prepared.config))
+            write_text_atomic(run_dir.config, _config_yaml(prepared.config))
             write_json_atomic(run_dir.plan, plan.to_json())
         if resumed:  # the order the run was planned in (an earlier gpupack's plan may order its packs otherwise)
             plan = Plan.from_json(read_json(run_dir.plan))

@@ -6,19 +6,24 @@ record, all atomically. Earlier non-completed records are moved to ``attempts/``
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
+import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
+from gpupack.errors import RunDirError
 from gpupack.monitor import DeviceInfo, detect_device, first_visible
 from gpupack.pack import PackContext, TrainingOutcome, load_packer, options_of, threads_for
 from gpupack.plan import Pack, Plan, Training
-from gpupack.records import (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, is_completed, pack_record, read_json,
-                             training_record, write_json_atomic)
+from gpupack.records import (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, file_mode, is_completed, make_dirs,
+                             pack_record, read_json, read_json_or_none, training_record, write_json_atomic)
 from gpupack.rgu import model_from_device_name
 from gpupack.rundir import RunDir
 from gpupack.sampler import Sampler
@@ -69,10 +74,109 @@ OOM_PATTERNS = re.compile(
     r"|OOM when allocating|std::bad_alloc|Cannot allocate memory", re.IGNORECASE)
 
 
+# ---------------- out of memory, as the kernel or SLURM's cgroup says it ----------------
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+OOM_KILLED_BY = "oom_killed_by"  # in a training's record: what says a SIGKILL was for memory
+
+
+def memory_events_path(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT) -> Path | None:
+    """The file where this process's cgroup counts OOM kills: cgroup v2 ``memory.events``, else v1
+    ``memory.oom_control`` (both have an ``oom_kill N`` line); None where neither is readable. The trainings live in
+    their packer's cgroup, so a kill of one by the kernel (host memory) or by SLURM's cgroup (the job's limit) counts
+    here. The test seam for OOM detection: tests point it at a file of their own."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    candidates: list[Path] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        rel = path.strip().lstrip("/")
+        if controllers == "":  # v2; on a hybrid host its tree is mounted at unified/
+            candidates += [root / rel / "memory.events", root / "unified" / rel / "memory.events"]
+        elif "memory" in controllers.split(","):  # v1; in a container without a cgroup namespace, its own
+            candidates += [root / "memory" / rel / "memory.oom_control", root / "memory" / "memory.oom_control"]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def oom_kill_count(path: Path | None = None) -> int | None:
+    """The ``oom_kill`` counter of ``path`` (default: :func:`memory_events_path`); None where it cannot be read."""
+    path = memory_events_path() if path is None else path
+    if path is None:
+        return None
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def note_oom_kill(outcome: TrainingOutcome, oom_kills_before: int | None) -> None:
+    """A training that died by SIGKILL while its cgroup's oom_kill counter rose (since the pack started) was killed
+    for memory, not by a person or a scheduler: mark its outcome so that :func:`status_of` records it as oom and its
+    N becomes infeasible. Without a readable counter it stays killed."""
+    if outcome.signal != signal.SIGKILL or oom_kills_before is None or outcome.extra.get("timed_out"):
+        return
+    now = oom_kill_count()
+    if now is None or now <= oom_kills_before:
+        return
+    outcome.extra[OOM_KILLED_BY] = f"cgroup: {now - oom_kills_before} OOM kill(s) counted while the pack ran"
+    why = f"killed by the out-of-memory killer ({outcome.extra[OOM_KILLED_BY]})"
+    outcome.error = f"{outcome.error}\n{why}" if outcome.error else why
+
+
+def record_job_oom(run: RunDir, pack_id: str, since: float, why: str) -> list[str]:
+    """The pack's job ran out of memory as SLURM tells it afterwards (sacct OUT_OF_MEMORY, slurmstepd's oom-kill line),
+    maybe taking the packer with it. Records of this attempt (started since ``since``) of trainings that died by
+    SIGKILL become oom; a training left with no record at all (its packer was killed first) gets an oom record on
+    the device a sibling's record of this attempt names. The packer writes every other record; here SLURM is the only
+    witness left. Returns the trainings it could not record (no sibling to say the device), for the caller to report.
+    """
+    plan = Plan.from_json(read_json(run.plan))
+    pack = plan.pack(pack_id)
+    ours: dict[str, dict[str, Any]] = {}
+    lost: list[Training] = []
+    for t in pack.trainings:
+        rec = read_json_or_none(run.training_record(pack_id, t.training_id))
+        if rec is None:
+            lost.append(t)
+        elif float(rec.get("started_at") or 0) >= since:
+            ours[t.training_id] = rec
+    for tid, rec in ours.items():
+        if rec.get("status") == KILLED and rec.get("signal") == signal.SIGKILL:
+            error = f"{rec['error']}\n{why}" if rec.get("error") else why
+            write_json_atomic(run.training_record(pack_id, tid), {**rec, "status": OOM, OOM_KILLED_BY: why,
+                                                                  "error": error})
+    sibling = next(iter(ours.values()), None)
+    if sibling is None:
+        return [t.training_id for t in lost]
+    info = DeviceInfo(kind="cpu" if sibling.get("gpu_type") == "cpu" else "gpu", name=str(sibling.get("device_name")))
+    for t in lost:
+        outcome = TrainingOutcome(t.training_id, float(sibling["started_at"]), time.time(), None, signal.SIGKILL, why,
+                                  extra={OOM_KILLED_BY: why})
+        rec = build_training_record(outcome, t, pack, plan.sweep, info, str(sibling.get("device")),
+                                    int(sibling.get("threads") or 1), int(sibling.get("concurrent") or pack.factor),
+                                    sibling.get("gpu_model"))
+        rec["host"] = sibling.get("host")  # where it ran, not this submitting host
+        if plan.phase:
+            rec["phase"] = plan.phase
+        write_json_atomic(run.training_record(pack_id, t.training_id), rec)
+    return []
+
+
 def status_of(outcome: TrainingOutcome) -> str:
     if outcome.extra.get("timed_out"):
         return TIMEOUT
     if outcome.result is None and outcome.error and OOM_PATTERNS.search(outcome.error):
+        return OOM
+    if outcome.extra.get(OOM_KILLED_BY):  # SIGKILLed by the kernel or SLURM's cgroup (note_oom_kill, record_job_oom)
         return OOM
     if outcome.signal is not None:
         return KILLED
@@ -89,7 +193,7 @@ def move_aside(path: Path, attempts_dir: Path) -> None:
     while (attempts_dir / str(k) / path.name).exists():
         k += 1
     target = attempts_dir / str(k) / path.name
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(target.parent)
     os.replace(path, target)
 
 
@@ -115,8 +219,40 @@ def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pa
     )
 
 
+@contextlib.contextmanager
+def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
+    """Hold ``packs/<pack_id>/.lock`` (flock) while the pack runs, so that a second packer of the same pack (a job
+    submitted twice, a resume while the first still runs) stops before it moves or writes any record. The kernel
+    drops the lock when its holder dies (scancel, OOM), so a stale lock never blocks a resume."""
+    path = run.pack_dir(pack_id) / ".lock"
+    make_dirs(path.parent)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, file_mode())
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise RunDirError(f"pack {pack_id!r} of run_dir={str(run.root)!r} is already being run by another packer "
+                              f"(pid {holder} on {socket.gethostname()} holds {path}); this one stopped and touched "
+                              f"none of its records. HINT: let the first finish (python -m gpupack status {run.root}), "
+                              "or cancel its job before running the pack again") from None
+        except OSError as err:  # a file system without flock (Lustre without -o flock): run unlocked, as RunLock does
+            print(f"gpupack: warning: cannot lock {path} ({err.strerror}); do not run this pack twice at once",
+                  file=sys.stderr)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
 def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, Any]:
     run = RunDir(Path(run_root))
+    with pack_lock(run, pack_id):
+        return _run_pack(run, pack_id, settings)
+
+
+def _run_pack(run: RunDir, pack_id: str, settings: PackSettings) -> dict[str, Any]:
     plan = Plan.from_json(read_json(run.plan))
     pack = plan.pack(pack_id)
     todo = [t for t in pack.trainings if not is_completed(run.training_record(pack_id, t.training_id))]
@@ -133,8 +269,10 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, A
     threads = threads_for(cores, len(todo), settings.threads_per_training)
     by_id = {t.training_id: t for t in todo}
     records: list[dict[str, Any]] = []
+    oom_kills_before = oom_kill_count()  # a rise by a training's end tells an OOM kill from any other SIGKILL
 
     def on_finished(outcome: TrainingOutcome) -> None:
+        note_oom_kill(outcome, oom_kills_before)
         rec = build_training_record(outcome, by_id[outcome.training_id], pack, plan.sweep, info, device, threads,
                                     len(todo), gpu_model(info, settings))
         if plan.phase:  # packing.factors=auto: a probe's record, or the run's at the best N

@@ -5,14 +5,19 @@ that packs never disturb each other's timing.
 """
 from __future__ import annotations
 
+import functools
 import resource
+import subprocess
+import threading
 import time
+import types
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import psutil
 import submitit
+import submitit.local.local as submitit_local
 
 from gpupack.config import ClusterConfig
 from gpupack.errors import ConfigError
@@ -24,6 +29,7 @@ from gpupack.rundir import check_name
 from gpupack.submit import PackJob, PackResult, ProgressFn, Submitter, job_result, progress_state
 
 POLL_S = 0.2
+CANCEL_WAIT_S = 5.0  # for each level of a cancelled job's process tree to be gone
 
 
 @dataclass
@@ -50,6 +56,94 @@ def process_room() -> int | None:
     except (OSError, ValueError):
         pass
     return max(0, min(room)) if room else None
+
+
+# ---------------- pack jobs that never outlive gpupack ----------------
+
+_NEW_SESSION = types.SimpleNamespace(Popen=functools.partial(subprocess.Popen, start_new_session=True))
+_submit_lock = threading.Lock()
+
+
+class SessionLocalExecutor(submitit.LocalExecutor):
+    """submitit's local executor, with each job's controller started in a session of its own, so that the terminal's
+    signals (Ctrl-C, a hang-up) reach gpupack alone and gpupack cancels its jobs itself (:func:`cancel_jobs`). A
+    controller in the terminal's process group prints a KeyboardInterrupt traceback on Ctrl-C, and on a hang-up dies
+    at once and leaves its pack job and trainings running, with no parent left to find them by."""
+
+    def _submit_command(self, command: str) -> Any:
+        # submitit starts the controller with its module's subprocess.Popen and has no option for a session: its module
+        # sees one that starts a new session during this call (under a lock: the swap is module-wide).
+        with _submit_lock:
+            real = submitit_local.subprocess
+            submitit_local.subprocess = _NEW_SESSION  # type: ignore[assignment]
+            try:
+                return super()._submit_command(command)
+            finally:
+                submitit_local.subprocess = real
+
+
+def controllers_of(folder: Path | str) -> set[int]:
+    """The submitit controllers this process started for ``folder`` (its children whose command line ends with it),
+    found even when a stop came between starting one and holding its job."""
+    pids = set()
+    for child in psutil.Process().children():
+        try:
+            cmd = child.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if "submitit.local._local" in cmd and cmd[-1] == str(folder):
+            pids.add(child.pid)
+    return pids
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children()
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE  # a killed child of a killed parent lingers as a zombie
+    except psutil.NoSuchProcess:
+        return False
+
+
+def process_levels(pids: Iterable[int]) -> list[list[psutil.Process]]:
+    """``pids`` and all their descendants, level by level: parents before their children."""
+    level = []
+    for pid in pids:
+        try:
+            level.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    levels = []
+    while level:
+        levels.append(level)
+        level = [c for p in level for c in _children(p)]
+    return levels
+
+
+def cancel_jobs(controller_pids: Iterable[int]) -> int:
+    """Stop local pack jobs now, with every process under them: submitit's controller, the packer, its fork server,
+    each training and what a training started. Trainings lead sessions of their own, so no signal to one group reaches
+    them all, and submitit's job ignores SIGTERM. The whole tree is listed first (an orphan is re-parented and could no
+    longer be found), then SIGKILLed level by level, each level gone before the next, so the packer dies before its
+    trainings and records none of them as killed by the cancel: they simply run again on resume, while the trainings
+    that finished keep their records. Returns how many processes it stopped."""
+    stopped = 0
+    for level in process_levels(controller_pids):
+        for proc in level:
+            try:
+                proc.kill()  # psutil checks the pid was not reused since it was listed
+                stopped += 1
+            except psutil.NoSuchProcess:
+                pass
+        deadline = time.time() + CANCEL_WAIT_S
+        while any(_running(p) for p in level) and time.time() < deadline:
+            time.sleep(0.02)
+    return stopped
 
 
 class LocalSubmitter(Submitter):
@@ -86,10 +180,20 @@ class LocalSubmitter(Submitter):
         return [[i % gpus] for i in range(n)] if gpus else [[] for _ in range(n)]
 
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
-        executor = submitit.LocalExecutor(folder=str(self.run.submitit / "%j"))
+        executor = SessionLocalExecutor(folder=str(self.run.submitit / "%j"))
+        running: list[tuple[Pack, list[int], submitit.Job]] = []
+        try:
+            return self._run(executor, packs, settings, progress, running)
+        except BaseException:  # stopped (Ctrl-C, or a signal the CLI turned into one) or broken: these jobs run under
+            # this process, and none may outlive it
+            cancel_jobs({int(job.job_id) for *_, job in running} | controllers_of(executor.folder))
+            raise
+
+    def _run(self, executor: submitit.LocalExecutor, packs: Sequence[Pack], settings: PackSettings,
+             progress: ProgressFn, running: list[tuple[Pack, list[int], submitit.Job]]) -> list[PackResult]:
+        """Submit packs as slots free up and wait for all; ``running`` holds the jobs not yet finished."""
         free = self.slots()
         queue = list(packs)
-        running: list[tuple[Pack, list[int], submitit.Job]] = []
         results: list[PackResult] = []
         for p in queue:
             progress(p, "pending")

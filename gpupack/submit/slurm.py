@@ -21,7 +21,7 @@ from gpupack.config import ClusterConfig
 from gpupack.errors import ConfigError, SubmissionError, nearest
 from gpupack.memory import request_mb
 from gpupack.pack import Capacity
-from gpupack.pack.job import PackSettings
+from gpupack.pack.job import PackSettings, record_job_oom
 from gpupack.plan import Pack
 from gpupack.submit import (DONE, FAILED, PENDING, RUNNING, PackJob, PackRequest, PackResult, ProgressFn, Submitter,
                             job_result, progress_state)
@@ -135,7 +135,15 @@ QUEUE_STATES = {
     "SUSPENDED": PENDING, "RESIZING": PENDING,
     "RUNNING": RUNNING, "COMPLETING": RUNNING, "STAGE_OUT": RUNNING, "SIGNALING": RUNNING,
     "COMPLETED": DONE,
+    "OUT_OF_MEMORY": FAILED,  # failed with an OOM: see out_of_memory
 }
+# sacct's states of a job that SLURM's cgroup stopped for memory: failed, and its trainings killed for it are oom.
+OOM_QUEUE_STATES = frozenset({"OUT_OF_MEMORY"})
+# What SLURM writes in a job's stderr when its cgroup killed a process for memory, e.g. "slurmstepd: error: Detected
+# 1 oom-kill event(s) in StepId=12.batch. Some of your processes may have been killed by the cgroup out-of-memory
+# handler." or "srun: error: n1: task 0: Out Of Memory". Only SLURM's own lines: a training's text is not evidence.
+OOM_STDERR = re.compile(r"^(?:slurmstepd|srun): .*(?:oom-kill event|out of memory|exceeded (?:job )?memory limit)",
+                        re.IGNORECASE | re.MULTILINE)
 
 
 def gpus_in(gres: str, gpu: str | None) -> int:
@@ -147,6 +155,12 @@ def gpus_in(gres: str, gpu: str | None) -> int:
 def pack_state(queue_state: str) -> str:
     """gpupack's state of one sacct State field ("CANCELLED by 0" → failed)."""
     return QUEUE_STATES.get(queue_state.split(" ")[0], FAILED)
+
+
+def out_of_memory(queue_state: str | None, stderr: str | None = None) -> bool:
+    """True when a job ended out of memory: sacct says OUT_OF_MEMORY, or SLURM said so in the job's stderr (sacct may
+    lag behind, or not run at all on a site without accounting)."""
+    return (queue_state or "").split(" ")[0] in OOM_QUEUE_STATES or bool(OOM_STDERR.search(stderr or ""))
 
 
 class SlurmSubmitter(Submitter):
@@ -283,6 +297,7 @@ class SlurmSubmitter(Submitter):
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         """Submit, then wait: a pack's end is seen from its result file within FINISH_POLL_S (a stat, no queue
         call); the queue is asked whether pending packs started only every cluster.poll_s."""
+        since = time.time()  # records of trainings started from now on are this submission's
         submitted = self.submit(packs, settings)
         for pack, _ in submitted:
             progress(pack, "pending")
@@ -298,12 +313,26 @@ class SlurmSubmitter(Submitter):
             for pack, job in list(waiting):
                 if job.done():
                     waiting.remove((pack, job))
-                    results.append(job_result(pack, job))
+                    results.append(self.ended(pack, job, since))
                     progress(pack, progress_state(results[-1]))
                 elif look and shown.get(pack.pack_id) != "running" and job.state.split(" ")[0] == "RUNNING":
                     shown[pack.pack_id] = "running"
                     progress(pack, "running")
         return results
+
+    def ended(self, pack: Pack, job: submitit.Job, since: float) -> PackResult:
+        """How a pack's job ended. When SLURM says it ran out of memory, the trainings its cgroup killed are recorded as
+        oom (gpupack.pack.job.record_job_oom), so their N is infeasible; any it cannot record are named in the error."""
+        result = job_result(pack, job)
+        if not out_of_memory(job.state, job.stderr()):
+            return result
+        why = f"SLURM: job {job.job_id} ran out of memory (its cgroup killed a process)"
+        unrecorded = record_job_oom(self.run, pack.pack_id, since, why)
+        if unrecorded:
+            result.ok = False
+            result.error = (f"{why}; training(s) {', '.join(unrecorded)} left no record. HINT: raise "
+                            f"{self.key('mem_gb_per_training')} or lower N")
+        return result
 
     def queue_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
         """sacct's State of each job id (e.g. "CANCELLED by 0"); None when sacct does not answer."""
