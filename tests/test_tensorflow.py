@@ -184,22 +184,27 @@ def test_tf_bad_input(tmp_path, capsys, monkeypatch, overrides, needles):
 
 def test_tf_logical_host_gets_n_times_the_per_training_limit(tmp_path, monkeypatch):
     """RLIMIT_AS is per process and tf_logical's one host process holds all N trainings: N x the per-training limit
-    (not one training's, which N trainings together would hit at once)."""
-    seen = {}
+    (not one training's, which N trainings together would hit at once). The shared host (gpupack/pack/host.py) sets
+    it, so the fused mode's host gets the same."""
+    seen = []
 
-    def fake_run_host(module, name, specs, ctx, spawned, extra=None):  # the host itself is not started
-        seen["limit"] = ctx.memory_limit_bytes
-        return []
+    class Stop(Exception):
+        pass
 
-    monkeypatch.setattr("gpupack.pack.tf_logical.run_host", fake_run_host)
+    def fake_child_setup(limit):  # what the host process would be started under; the host itself is not started
+        seen.append(limit)
+        raise Stop
+
+    monkeypatch.setattr("gpupack.pack.host._child_setup", fake_child_setup)
     run, pack = _pack(tmp_path, {"tag": ["a", "b", "c"]}, workload="tests.fake_tf_workload", mode="tf_logical")
     per = 3 * 2**30
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ),
                       settings=PackSettings(device="cpu", memory_limit_gb_per_training=3), memory_limit_bytes=per)
-    TF_LOGICAL.run(pack.trainings, ctx)
-    assert seen["limit"] == 3 * per
-    TF_LOGICAL.run(pack.trainings, PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ)))
-    assert seen["limit"] is None  # no limit stays no limit
+    with pytest.raises(Stop):
+        TF_LOGICAL.run(pack.trainings, ctx)
+    with pytest.raises(Stop):
+        TF_LOGICAL.run(pack.trainings, PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ)))
+    assert seen == [3 * per, None]  # no limit stays no limit
 
 
 def _tf_workload():

@@ -14,7 +14,7 @@ from typing import Any, Hashable, Mapping, Sequence
 
 from gpupack.errors import ConfigError
 from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome
-from gpupack.pack.host import host_specs, run_host
+from gpupack.pack.host import host_specs, refuse_rlimit_on_gpu, run_host
 from gpupack.plan import Training
 from gpupack.workload import Workload
 
@@ -28,11 +28,15 @@ class FusedPacker(Packer):
             raise ConfigError("packing.modes", "fused", f"{workload.name} cannot be fused (no batched model: it "
                               f"is a {workload.framework} workload without train_fused)",
                               f"use packing.modes=[process] for {workload.name}")
+        if capacity.has_gpu and getattr(settings, "device", "auto") != "cpu":
+            refuse_rlimit_on_gpu(self.name, getattr(settings, "memory_limit_gb_per_training", None))
 
     def group_key(self, workload: Workload, params: Mapping[str, Any]) -> Hashable:
         return workload.fuse_key(workload.params(params))
 
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
+        if ctx.device == "cuda":  # a partition check could not tell this job would have a GPU (local, device=auto)
+            refuse_rlimit_on_gpu(self.name, ctx.memory_limit_bytes / 2**30 if ctx.memory_limit_bytes else None)
         spawned = time.time()
         return run_host("gpupack.fused_host", "fused_host", host_specs(trainings, ctx, spawned), ctx, spawned)
 

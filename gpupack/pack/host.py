@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from gpupack.errors import ConfigError
 from gpupack.pack import PackContext, TrainingOutcome, worker_env, worker_spec
 from gpupack.pack.process import KILL_GRACE_S, POLL_S, _child_setup, tail
 from gpupack.plan import Training
@@ -36,6 +37,24 @@ def host_specs(trainings: Sequence[Training], ctx: PackContext, spawned: float,
     return specs
 
 
+LIMIT_KEY = "packing.memory_limit_gb_per_training"
+
+
+def refuse_rlimit_on_gpu(mode: str, limit_gb: float | None) -> None:
+    """RLIMIT_AS on a GPU job: CUDA reserves far more address space than memory it uses (TensorFlow's allocator and
+    the unified address space), so an address-space limit sized to host memory makes CUDA fail to start."""
+    if limit_gb:
+        raise ConfigError(LIMIT_KEY, limit_gb, f"{mode} on a GPU cannot run under an address-space limit "
+                          "(RLIMIT_AS): CUDA reserves more address space than any host-memory figure",
+                          "leave it null on GPU jobs: SLURM's cgroup already caps the job's host memory at the --mem "
+                          "it asks for (cluster.mem_gb_per_training per training)")
+
+
+def pack_memory_limit(per_training_bytes: int | None, n: int) -> int | None:
+    """The address-space limit of the one host process of n trainings: n x one training's figure. Pure."""
+    return per_training_bytes * n if per_training_bytes else None
+
+
 def run_host(module: str, name: str, specs: list[dict[str, Any]], ctx: PackContext, spawned: float,
              extra: Mapping[str, Any] | None = None) -> list[TrainingOutcome]:
     """Start ``python -m module`` on the pack's specs and follow it to its end."""
@@ -47,7 +66,9 @@ def run_host(module: str, name: str, specs: list[dict[str, Any]], ctx: PackConte
     with open_log(run.pack_dir(pack_id) / "logs" / f"{name}.out") as out, open_log(err_path) as err:
         proc = subprocess.Popen([sys.executable, "-m", module, str(host_spec)], stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL, env=worker_env(ctx.env, ctx.threads * n),
-                                start_new_session=True, preexec_fn=_child_setup(ctx.memory_limit_bytes))
+                                start_new_session=True,
+                                # One process hosts all N: the per-training limit applies N times over.
+                                preexec_fn=_child_setup(pack_memory_limit(ctx.memory_limit_bytes, len(specs))))
         for spec in specs:
             ctx.on_started(spec["training_id"], proc.pid)  # one process hosts them all
         return follow(proc, specs, ctx, spawned, err_path, name)

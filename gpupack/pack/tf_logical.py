@@ -10,32 +10,14 @@ failed while the others go on.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from gpupack.errors import ConfigError
 from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome, options_of
-from gpupack.pack.host import host_specs, run_host
+from gpupack.pack.host import host_specs, refuse_rlimit_on_gpu, run_host
 from gpupack.plan import Training
 from gpupack.workload import Workload, load_workload
-
-LIMIT_KEY = "packing.memory_limit_gb_per_training"
-
-
-def refuse_rlimit_on_gpu(limit_gb: float | None) -> None:
-    """RLIMIT_AS on a GPU job: CUDA reserves far more address space than memory it uses (TensorFlow's allocator and
-    the unified address space), so an address-space limit sized to host memory makes CUDA fail to start."""
-    if limit_gb:
-        raise ConfigError(LIMIT_KEY, limit_gb, "tf_logical on a GPU cannot run under an address-space limit "
-                          "(RLIMIT_AS): CUDA reserves more address space than any host-memory figure",
-                          "leave it null on GPU jobs: SLURM's cgroup already caps the job's host memory at the --mem "
-                          "it asks for (cluster.mem_gb_per_training per training)")
-
-
-def pack_memory_limit(per_training_bytes: int | None, n: int) -> int | None:
-    """The address-space limit of the one host process of n trainings: n x one training's figure. Pure."""
-    return per_training_bytes * n if per_training_bytes else None
-
 
 def split_memory_mb(total_mb: float, n: int, reserve_mb: float, budget_mb: float | None,
                     min_per_split_mb: float, key: str = "packing.factors") -> int:
@@ -80,7 +62,7 @@ class TfLogicalPacker(Packer):
                               "TF logical devices only host TensorFlow trainings",
                               f"use packing.modes=[process] for {workload.name}")
         if capacity.has_gpu and getattr(settings, "device", "auto") != "cpu":
-            refuse_rlimit_on_gpu(getattr(settings, "memory_limit_gb_per_training", None))
+            refuse_rlimit_on_gpu(self.name, getattr(settings, "memory_limit_gb_per_training", None))
         if capacity.has_gpu and capacity.gpu_memory_mb:
             opts = options_of(settings, self.name)
             split_memory_mb(capacity.gpu_memory_mb, factor, opts.gpu_memory_reserve_mb, opts.gpu_memory_budget_mb,
@@ -91,7 +73,7 @@ class TfLogicalPacker(Packer):
         on_gpu = ctx.device == "cuda" and ctx.gpu_memory_total_mb is not None
         memory_mb = None
         if on_gpu:  # a partition check could not tell this job would have a GPU (local backend, device=auto)
-            refuse_rlimit_on_gpu(ctx.memory_limit_bytes / 2**30 if ctx.memory_limit_bytes else None)
+            refuse_rlimit_on_gpu(self.name, ctx.memory_limit_bytes / 2**30 if ctx.memory_limit_bytes else None)
             workload = load_workload(trainings[0].workload)
             opts = options_of(ctx.settings, self.name)
             memory_mb = split_memory_mb(ctx.gpu_memory_total_mb, n, opts.gpu_memory_reserve_mb,
@@ -99,9 +81,7 @@ class TfLogicalPacker(Packer):
         devices = logical_devices("gpu" if on_gpu else "cpu", n)
         spawned = time.time()
         specs = host_specs(trainings, ctx, spawned, devices)
-        # One process hosts all n: the per-training limit applies to the pack, not to each thread's share.
-        host_ctx = replace(ctx, memory_limit_bytes=pack_memory_limit(ctx.memory_limit_bytes, n))
-        return run_host("gpupack.tf_host", "tf_host", specs, host_ctx, spawned,
+        return run_host("gpupack.tf_host", "tf_host", specs, ctx, spawned,  # the host's limit: N x one training's
                         extra={"kind": "gpu" if on_gpu else "cpu", "memory_limit_mb": memory_mb})
 
 
