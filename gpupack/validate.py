@@ -330,7 +330,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
         factors, cut, memory_note = auto_ladder(factors, facts, memory, fraction, measured.host_mb,
                                                 lambda n: check_modes(workload, modes, [n], facts, settings))
         auto = AutoSpec(ladder=factors, cut=cut, min_gain=float(cfg.packing.auto.min_gain),
-                        repeats=int(cfg.packing.auto.repeats or max(2, cfg.packing.repeats)), then=cfg.packing.then,
+                        repeats=int(cfg.packing.auto.repeats or max(3, cfg.packing.repeats)), then=cfg.packing.then,
                         memory_note=memory_note)
     else:
         check_fit(factors, facts, key=lambda i: f"packing.factors[{i}]", request_host_mb=measured.host_mb)

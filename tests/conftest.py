@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Callable
+
 import os
 import sys
 from pathlib import Path
@@ -65,3 +67,15 @@ def training_process(err_log) -> "object | None":
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return None
+
+
+def wait_for(predicate: "Callable[[], bool]", timeout_s: float = 240, every_s: float = 0.5) -> bool:
+    """True as soon as ``predicate()`` is; False after ``timeout_s``."""
+    import time
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(every_s)
+    return False

@@ -20,19 +20,10 @@ from gpupack.pack.job import PackSettings, run_pack
 from gpupack.plan import make_plan
 from gpupack.records import read_json, write_json_atomic
 from gpupack.rundir import RunDir
-from tests.conftest import training_process
+from tests.conftest import training_process, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 SEARCHPATH = f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]"
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 180, every_s: float = 0.1) -> bool:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(every_s)
-    return False
 
 
 def sweep_args(run_dir: Path, marker: Path, *more: str) -> list[str]:

@@ -34,13 +34,7 @@ def records(run_dir: Path) -> dict[str, dict]:
             for p in run_dir.glob("packs/*/trainings/*.json")}
 
 
-def wait_for(predicate, timeout_s=240, every_s=0.5):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(every_s)
-    return False
+from tests.conftest import wait_for  # noqa: E402
 
 
 # ---------------- pure builders ----------------
