@@ -218,6 +218,10 @@ def _check_auto(cfg: DictConfig) -> tuple[int, ...]:
                           "a probe needs two packs per N to tell a gain from noise")
     if packing.then not in THEN:
         raise ConfigError("packing.then", packing.then, "unknown choice", nearest(packing.then, THEN))
+    if not cfg.wait:
+        raise ConfigError("wait", False, "packing.factors=auto decides each probe step from the last one's records, "
+                          "so it waits for them", "leave wait=true (on a cluster, run it in a job or a tmux session), "
+                          "or probe with explicit packing.factors=[...] and wait=false")
     if len(packing.modes) != 1:
         raise ConfigError("packing.modes", list(packing.modes), "packing.factors=auto probes one mode",
                           "choose one, e.g. packing.modes=[process]; compare modes with explicit factors")
