@@ -1,87 +1,209 @@
-"""How long collect's aggregation takes for many training records (issue: 1,000,000 in <= 5 s).
+"""How long collect takes for 1,000,000 trainings, from a run directory on disk (issue 14: <= 10 s end to end).
 
-    .venv/bin/python benchmarks/collect_scale.py [N_TRAININGS]
+    .venv/bin/python benchmarks/collect_scale.py [--trainings N] [--factors 16,34] [--repeat K] [--cli] [--out DIR]
 
-Generates N training records and their pack records as collect holds them after loading (flat rows), in
-4 partitions x 2 modes x 7 packing factors (1, 3, 5, 8, 13, 21, 34), then times each aggregation step.
-Loading from disk is not included: a million JSON files is a file-system benchmark, not collect's.
+1. Writes a run directory as gpupack's pack jobs leave it: 4 partitions x 2 modes x N in --factors (default 16 and
+   34: a million trainings are run packed, at the N a probe chose), the trainings spread evenly. For each pack, its
+   pack.json and its trainings' columnar file (packs/<id>/trainings.arrows, by gpupack.collect.columnar_bytes, what
+   the job body writes, from records with every field gpupack.records writes: params, timings, a 16-point throughput
+   curve...); for the first 2 packs of each (partition, mode, N), JSON training records only (no columnar file:
+   collect reads their JSON); and one resumed pack whose first attempt sits under attempts/1/. The JSON twins of the
+   columnar packs' training records are left out: collect does not open them while the columnar file is current,
+   and a million of them is ~4 GB to write. Not timed (about a minute for 1,000,000).
+2. Times what ``python -m gpupack collect`` does before it prints, end to end from disk (a warm page cache: the files
+   were just written): load_records (the run directory → flat frames: one columnar file per pack, the JSON of the
+   rest, every earlier attempt) and aggregate_records (time per training, best N with its bootstrap, RGU cost, best
+   hyperparameters, knobs). --repeat K: K times, the median counts. With --cli, also the whole
+   ``python -m gpupack collect RUN_DIR --no-plots`` in a fresh process (imports, the tables, summary.csv/json and a
+   1,000,000-row trainings.parquet).
+3. Checks that the records loaded are the ones written (rows, packs, the OOMs at p100's largest N that rule it out).
+
+Loading costs about 0.1 ms a pack (a file to open and parse, whatever its N) plus about 2.5 s a million rows, so the
+same million trainings in smaller packs take longer (BENCHMARKS.md has the figures).
+
+The run directory goes under runs/benchmarks/collect_scale/<date>_<time>/run (``--out DIR`` for elsewhere); it is
+removed at the end unless --keep.
 """
 from __future__ import annotations
 
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
-import pandas as pd
 
-from gpupack.collect import best_factors, best_hyperparameters, summarize
-from gpupack.rgu import cost_table
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-FACTORS = [1, 3, 5, 8, 13, 21, 34]
+from _bench import PYTHON, REPO, out_dir  # noqa: E402
+
+from gpupack.collect import (COLUMNAR, aggregate_records, columnar_bytes, flatten, flatten_pack,  # noqa: E402
+                             load_records)
+from gpupack.records import pack_record, training_record  # noqa: E402
+from gpupack.rundir import RunDir  # noqa: E402
+
+FACTORS = [16, 34]
 PARTITIONS = {"p100": "P100-12gb", "v100": "V100-16gb", "a100": "A100-40gb", "h100": "H100-80gb"}
 MODES = ["process", "tf_logical"]
 WEIGHTS = {"P100-12gb": 1.0, "V100-16gb": 2.2, "A100-40gb": 4.0, "H100-80gb": 12.2}
+JSON_ONLY_PACKS = 2  # per group's first packs: JSON training records, no columnar file
+OOM_PARTITION = "p100"  # two OOMs there at the largest N: that N must drop out of its best-N choice
 
 
-def make_records(n: int, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _sorted(value: Any) -> Any:
+    """Keys in the order a record read back from its JSON has them (records are written with sort_keys)."""
+    return {k: _sorted(value[k]) for k in sorted(value)} if isinstance(value, dict) else value
+
+
+def training(pack_id: str, tid: str, partition: str, mode: str, factor: int, status: str, index: int,
+             draw: np.ndarray) -> dict[str, Any]:
+    """One training record with every field the job body writes (gpupack.pack.job.build_training_record); ``draw``:
+    start-up, loop, samples/s, accuracy, loss, RSS and GPU memory."""
+    startup, loop, rate, accuracy, loss, rss, gpu_mem = (float(x) for x in draw)
+    return _sorted(training_record(
+        sweep="scale", pack_id=pack_id, training_id=tid, workload="mnist_torch",
+        params={"lr": [0.1, 0.03, 0.01][index % 3], "batch_size": [64, 128, 256][index // 3 % 3], "seed": index},
+        grid_index=index // 5, reseed=0, mode=mode, factor=factor, partition=partition, concurrent=factor,
+        probe=False, gpu_type="Tesla V100-SXM2-16GB", device="cuda", device_name="Tesla V100-SXM2-16GB",
+        gpu_model=PARTITIONS[partition], threads=1, status=status, exit_code=0 if status == "completed" else 1,
+        signal=None, error=None if status == "completed" else "CUDA out of memory", started_at=0.0,
+        ended_at=startup + loop, wall_s=startup + loop,
+        timings={"startup_s": startup, "loop_s": loop, "split": True},
+        throughput={"samples": 60000, "samples_per_s": rate, "curve": [[0.5 * k, rate] for k in range(1, 17)]},
+        metrics={"val_accuracy": accuracy, "train_loss": loss}, memory={"peak_rss_mb": rss, "peak_gpu_mem_mb": gpu_mem},
+        knobs={"batch_size": 128, "amp": False}, loader_setting="bs128", data="MNIST 60000/10000",
+        host="node1", timed_out=False, start="fork", cpus=[index % 2]))
+
+
+def pack(pack_id: str, partition: str, mode: str, factor: int, wall: float, tids: list[str],
+         statuses: list[str]) -> dict[str, Any]:
+    """One pack record with the fields gpupack.pack.job.write_pack_record writes."""
+    return _sorted(pack_record(
+        pack_id=pack_id, mode=mode, factor=factor, partition=partition, probe=False,
+        gpu_type="Tesla V100-SXM2-16GB", device="cuda", device_name="Tesla V100-SXM2-16GB", device_note="",
+        gpu_model=PARTITIONS[partition], gpu_memory_total_mb=16384.0, concurrent=factor, complete=True,
+        training_ids=tids, n_completed=statuses.count("completed"),
+        n_failed=factor - statuses.count("completed"), n_oom=statuses.count("oom"), started_at=0.0, ended_at=wall,
+        wall_s=wall, written_at=wall, cores=8, threads_per_training=1, host="node1", job_id="1234_5",
+        workload="mnist_torch", cuda_visible_devices="0", slurm_job_gpus="0", slurm_partition=partition,
+        sampler={"source": "nvml", "gpu_util_mean": 80.0, "gpu_mem_used_peak_mb": 9000.0,
+                 "per_training": {t: {"peak_rss_mb": 900.0} for t in tids}}))
+
+
+def _write(path: Path, data: bytes) -> None:
+    """The files as the jobs leave them, without the jobs' fsync per file (the setup only; it is not timed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def write_run(root: Path, n: int, seed: int = 0, json_twins: bool = False,
+              factors: Sequence[int] = FACTORS) -> tuple[int, int, int]:
+    """The run directory; returns (trainings, packs, JSON-only packs). ``json_twins``: the columnar packs' training
+    records as JSON too, as the jobs leave them (tests read the run both ways)."""
     rng = np.random.default_rng(seed)
-    groups = [(p, m, f) for p in PARTITIONS for m in MODES for f in FACTORS]
+    run = RunDir(root)
+    groups = [(p, m, f) for p in PARTITIONS for m in MODES for f in factors]
     per_group = n // len(groups)
-    rows_p, rows_m, rows_f, pack_ids = [], [], [], []
-    packs = []
-    for p, m, f in groups:
-        n_packs = max(1, per_group // f)
-        for k in range(n_packs):
-            pid = f"{p}-{m}-n{f:02d}-{k:05d}"
-            packs.append((pid, p, m, f, 10.0 * (1 + 0.3 * rng.random()) * f ** 0.6))
-        idx = np.arange(per_group)
-        pack_ids.append(np.array([f"{p}-{m}-n{f:02d}-{k:05d}" for k in (idx // f) % n_packs]))
-        rows_p.append(np.full(per_group, p))
-        rows_m.append(np.full(per_group, m))
-        rows_f.append(np.full(per_group, f))
-    total = per_group * len(groups)
-    # one OOM in every (p100, *, N=34) group: that N must drop out of the best-N choice there
-    all_p, all_f = np.concatenate(rows_p), np.concatenate(rows_f)
-    status = np.full(total, "completed", dtype=object)
-    status[np.flatnonzero((all_p == "p100") & (all_f == 34))[:2]] = "oom"
-    lrs = rng.choice([0.1, 0.03, 0.01], total)
-    trainings = pd.DataFrame({
-        "training_id": [f"w-{i:07d}" for i in range(total)],
-        "pack_id": np.concatenate(pack_ids), "workload": "mnist_torch",
-        "partition": all_p, "mode": np.concatenate(rows_m), "factor": all_f,
-        "gpu_type": "cpu", "gpu_model": [PARTITIONS[p] for p in all_p], "status": status,
-        "startup_s": rng.normal(4, 0.5, total), "loop_s": rng.normal(3, 0.3, total),
-        "samples": np.full(total, 60000), "samples_per_s": rng.normal(20000, 2000, total),
-        "val_accuracy": rng.normal(0.95, 0.01, total),
-        "params": [{"lr": float(lr), "seed": int(i % 5)} for i, lr in enumerate(lrs)],
-    })
-    pack_frame = pd.DataFrame(packs, columns=["pack_id", "partition", "mode", "factor", "wall_s"])
-    pack_frame["gpu_type"] = "cpu"
-    pack_frame["complete"] = True
-    return trainings, pack_frame
+    trainings = packs = json_only = 0
+    means, spreads = np.array([4, 3, 20000, 0.95, 0.2, 900, 1500]), np.array([0.5, 0.3, 2000, 0.01, 0.02, 50, 50])
+    for partition, mode, factor in groups:
+        ooms = 2 if (partition, factor) == (OOM_PARTITION, max(factors)) else 0
+        for k in range(max(1, per_group // factor)):
+            pack_id = f"{partition}-{mode}-n{factor:02d}-{k:05d}"
+            tids = [f"{pack_id}-t{i:02d}" for i in range(factor)]
+            statuses = ["oom" if k == 0 and i < ooms else "completed" for i in range(factor)]
+            draws = rng.normal(means, spreads, size=(factor, len(means)))
+            records = [training(pack_id, t, partition, mode, factor, s, trainings + i, d)
+                       for i, (t, s, d) in enumerate(zip(tids, statuses, draws))]
+            wall = 10.0 * (1 + 0.3 * rng.random()) * factor ** 0.6
+            pack_rec = pack(pack_id, partition, mode, factor, wall, tids, statuses)
+            (run.pack_dir(pack_id) / "trainings").mkdir(parents=True)
+            if k < JSON_ONLY_PACKS or json_twins:
+                for rec in records:
+                    _write(run.training_record(pack_id, rec["training_id"]), json.dumps(rec, indent=1).encode())
+            json_only += k < JSON_ONLY_PACKS
+            _write(run.pack_record(pack_id), json.dumps(pack_rec, indent=1).encode())
+            if k >= JSON_ONLY_PACKS:  # after its pack.json, as the job writes it
+                _write(run.pack_dir(pack_id) / COLUMNAR, columnar_bytes([flatten(r) for r in records],
+                                                                       flatten_pack(pack_rec)))
+            trainings += factor
+            packs += 1
+    planned = [{"pack_id": path.name} for path in sorted((root / "packs").iterdir())]
+    plan = {"sweep": "scale", "grid_size": trainings, "packs": planned}
+    _write(run.plan, json.dumps(plan).encode())  # what collect reads of it: the grid's size, the packs planned
+    resumed = f"v100-process-n{factors[0]:02d}-00000"  # a JSON-only pack: its first attempt, kept under attempts/1/
+    first = run.pack_dir(resumed) / "attempts" / "1"
+    first.mkdir(parents=True)
+    for path in sorted((run.pack_dir(resumed) / "trainings").glob("*.json"))[:1]:
+        shutil.copy(path, first / path.name)
+    shutil.copy(run.pack_record(resumed), first / "pack.json")
+    return trainings, packs, json_only
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
+def time_collect(root: Path) -> tuple[dict[str, float], Any]:
+    """One load + aggregate of the run directory, timed: what collect does before it prints."""
     t0 = time.perf_counter()
-    trainings, packs = make_records(n)
+    records = load_records([root])
     t1 = time.perf_counter()
-    summary = summarize(trainings, packs)
+    c = aggregate_records(records, WEIGHTS, 1000)
     t2 = time.perf_counter()
-    overall = best_factors(summary, by=("workload", "partition", "gpu_type"))
-    best_factors(summary)
-    cost = cost_table(overall, WEIGHTS, 1000)
-    t3 = time.perf_counter()
-    hyper = best_hyperparameters(trainings)
-    t4 = time.perf_counter()
-    print(f"training records: {len(trainings):,}  pack records: {len(packs):,}  groups: {len(summary)}")
-    print(f"generate records:            {t1 - t0:6.2f} s (not part of collect)")
-    print(f"summarize (time per training, speedup, throughput, failures): {t2 - t1:6.2f} s")
-    print(f"best N per group + RGU cost: {t3 - t2:6.2f} s")
-    print(f"best hyperparameters:        {t4 - t3:6.2f} s")
-    print(f"aggregation in all:          {t4 - t1:6.2f} s  (target <= 5 s for 1,000,000 records)")
-    print(cost[["partition", "mode", "factor", "time_per_training_s", "rgu_hours_per_training"]].to_string(index=False))
-    print(f"best hyperparameters: {hyper.iloc[0].to_dict()}")
+    return {"load": t1 - t0, "aggregate": t2 - t1, "end_to_end": t2 - t0}, c
+
+
+def time_cli(root: Path) -> float:
+    """The whole ``python -m gpupack collect RUN_DIR --no-plots`` in a fresh process."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([PYTHON, "-m", "gpupack", "collect", str(root), "--no-plots"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trainings", type=int, default=1_000_000)
+    ap.add_argument("--factors", type=lambda v: [int(x) for x in v.split(",")], default=FACTORS,
+                    help=f"the packing factors N, comma-separated (default {','.join(map(str, FACTORS))})")
+    ap.add_argument("--repeat", type=int, default=1, help="time load + aggregate this many times; the median counts")
+    ap.add_argument("--out", help="output folder (default runs/benchmarks/collect_scale/<date>_<time>)")
+    ap.add_argument("--cli", action="store_true", help="also time python -m gpupack collect RUN_DIR --no-plots")
+    ap.add_argument("--keep", action="store_true", help="keep the run directory")
+    args = ap.parse_args(argv)
+    root = out_dir("collect_scale", args.out) / "run"
+    if root.exists():
+        sys.exit(f"{root} exists: remove it, or give another --out")
+    t0 = time.perf_counter()
+    n, n_packs, json_only = write_run(root, args.trainings, factors=args.factors)
+    written = time.perf_counter() - t0
+    runs = [time_collect(root) for _ in range(max(1, args.repeat))]
+    c = runs[-1][1]
+    assert len(c.records.latest()) == n and len(c.records.trainings) == n + 1 and len(c.records.packs) == n_packs + 1
+    chosen = {(r.partition, r.mode): int(r.factor) for r in c.best.itertuples()}
+    assert all(chosen.get((OOM_PARTITION, m)) != max(args.factors) for m in MODES)  # its OOMs rule that N out
+    timings = {k: statistics.median(t[k] for t, _ in runs) for k in ("load", "aggregate", "end_to_end")}
+    timings["write"] = written
+    print(f"training records: {n:,} in {n_packs:,} packs of N = {', '.join(map(str, args.factors))} "
+          f"({json_only} of them JSON-only, 1 resumed), groups: {len(c.summary)}")
+    print(f"write the run directory:      {written:6.2f} s (not part of collect)")
+    print(f"load_records (from disk):     {timings['load']:6.2f} s")
+    print(f"aggregate_records:            {timings['aggregate']:6.2f} s")
+    totals = ", ".join(f"{t['end_to_end']:.2f}" for t, _ in runs)
+    each = f"  (median of {totals})" if len(runs) > 1 else ""
+    print(f"load + aggregate, end to end: {timings['end_to_end']:6.2f} s{each}  (target <= 10 s for 1,000,000)")
+    if args.cli:
+        timings["cli"] = time_cli(root)
+        print(f"python -m gpupack collect RUN_DIR --no-plots: {timings['cli']:5.2f} s (a fresh process: imports, "
+              "the tables, summary.csv/json and trainings.parquet included)")
+    columns = ["partition", "mode", "factor", "time_per_training_s", "rgu_hours_per_training"]
+    print(c.cost[columns].to_string(index=False))
+    if not args.keep:
+        shutil.rmtree(root)
+    return timings
 
 
 if __name__ == "__main__":

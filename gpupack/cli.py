@@ -28,7 +28,7 @@ from rich.live import Live
 from rich.table import Table
 
 from gpupack import __version__, report, sweep
-from gpupack.collect import make_console
+from gpupack.report import make_console
 from gpupack.errors import ConfigError, GpupackError
 from gpupack.plan import Pack
 
@@ -271,6 +271,12 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
 
 def dry_run(prepared: sweep.Prepared, console: Console) -> int:
     print_plan(console, prepared)
+    if prepared.spec is not None and prepared.spec.auto is not None:
+        auto = prepared.spec.auto
+        console.print(f"  the probe decides each step from the last: it starts with {auto.repeats} pack(s) of "
+                      f"N={auto.ladder[0]} per partition")
+        console.print("dry run: nothing was written or submitted.")
+        return 0
     if prepared.resumes:
         console.print(f"  resuming: the run directory holds this plan; {len(sweep.packs_to_run(prepared.run, prepared.plan))}"
                       " pack(s) to run")
@@ -283,8 +289,8 @@ def dry_run(prepared: sweep.Prepared, console: Console) -> int:
     return 0
 
 
-def print_collected(console: Console, collected: object, written: Sequence[Path]) -> None:
-    report.render(collected, console)  # type: ignore[arg-type]
+def print_collected(console: Console, collected: object, written: Sequence[Path], wide: bool = False) -> None:
+    report.render(collected, console, wide=wide)  # type: ignore[arg-type]
     html = [p for p in written if p.name == "report.html"]
     if html:
         console.print(f"Report: {html[0]}")
@@ -334,6 +340,9 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
                         help="a YAML RGU table (models: {NAME: weight}); default: the run's, else conf/rgu/alliance")
     parser.add_argument("--out", type=Path, default=None, help="where to write (default: the first RUN_DIR)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots and the HTML report")
+    parser.add_argument("--wide", action="store_true",
+                        help="every column of the table (start-up/loop, utilization, the loader bound); summary.csv "
+                             "always has them")
     args = parser.parse_args(list(argv))
     missing = [a for a in args.run_dirs if not Path(a).is_dir()]
     if missing:
@@ -351,7 +360,7 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
         weights = dict(OmegaConf.load(config_dir() / "rgu" / "alliance.yaml").models)
     collected, written = sweep.collect(args.run_dirs, weights=weights, sweep_trainings=args.trainings, out=args.out,
                                        plots=not args.no_plots)
-    print_collected(console, collected, written)
+    print_collected(console, collected, written, wide=args.wide)
     return 0
 
 

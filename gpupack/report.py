@@ -1,20 +1,25 @@
-"""What a person reads: the terminal tables (rich), PNG plots (matplotlib, headless) and one self-contained
-HTML report (images embedded) that can be copied off a cluster and opened anywhere."""
+"""What a person reads, from what :mod:`gpupack.collect` computes: the terminal tables (rich), the summary files
+(CSV, JSON, Parquet), PNG plots (matplotlib, headless) and one self-contained HTML report (images embedded) that can
+be copied off a cluster and opened anywhere. The CLI and :mod:`gpupack.sweep` decide when to print and write."""
 from __future__ import annotations
 
 import base64
 import html
+import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from gpupack.collect import GROUP, Collected, aggregate, shared_host
+from gpupack.records import SCHEMA_VERSION, write_json_atomic
+from gpupack.rundir import RunDir
 
-if TYPE_CHECKING:
-    from gpupack.collect import Collected
+WIDTH = 120  # the main table fits this many columns unless --wide
 
 MODE_STYLE = {"process": "-", "tf_logical": "--"}
 MODE_LABEL = {"process": "no split (process)", "tf_logical": "split (TF logical)"}
@@ -78,24 +83,67 @@ def _n(r: pd.Series) -> str:
     return f"{int(r['factor'])}{mark}"
 
 
+def best_line(row: Mapping[str, Any]) -> str:
+    speed = row.get("speedup_vs_n1")
+    gain = f", {speed:.2f}x the trainings per hour of N=1" if speed == speed and speed is not None else ""
+    provisional = " (provisional)" if row.get("provisional") else ""
+    return (f"Best packing factor for {row['workload']} on {row['partition']} ({row['gpu_type']}), "
+            f"mode {row['mode']}: N={int(row['factor'])} — {row['time_per_training_s']:.2f} s per training"
+            f"{gain}{provisional}.")
+
+
+def make_console() -> Console:
+    """A console that does not squeeze the table to 80 columns when output goes to a file or a pipe."""
+    console = Console()
+    return console if console.is_terminal else Console(width=150)
+
+
 # ---------------- terminal ----------------
 
-def render(c: "Collected", console: Console) -> None:
-    from gpupack.collect import GROUP, best_line
+def pending_lines(c: Collected) -> list[str]:
+    """What a run with no finished pack has so far: its plan, the packs still to come, the trainings recorded."""
+    r = c.records
+    if not r.planned and r.trainings.empty and r.packs.empty:
+        where = ", ".join(r.runs) or "the directory given"
+        return [f"Nothing to collect yet in {where}: no plan.json and no records (give the run directory a sweep "
+                "printed)."]
+    done = r.planned - len(r.pending)
+    lines = [f"No pack has finished yet: {done} of {r.planned} planned pack(s) have a record, "
+             f"{len(r.pending)} pending." if r.planned else "No pack record yet."]
+    if not r.trainings.empty:
+        lines.append(f"{len(r.latest())} training record(s) so far; the table follows once a pack finishes.")
+    lines += [f"Follow it: python -m gpupack status {run}" for run in r.runs[:1]]
+    return lines
 
+
+def shared_cores_line(c: Collected) -> str | None:
+    host = shared_host(c.records)
+    if host is None:
+        return None
+    return (f"note: all packs ran on one host ({host}), sharing its cores as on the local test cluster: timings "
+            "measure overhead.")
+
+
+def render(c: Collected, console: Console, wide: bool = False) -> None:
     for w in c.records.warnings:
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
     if c.summary.empty:
-        console.print("No completed pack records yet.")
+        for line in pending_lines(c):
+            console.print(line, highlight=False)
     else:
         title = "Time per training by packing factor N (pack wall time / N; median [95% interval])"
         console.print(summary_table(c.summary, ("probe (packing.factors=auto): " if c.auto_lines else "") + title,
-                                    {tuple(r[GROUP + ["factor"]]) for _, r in c.best.iterrows()}))
-        console.print("N*: the chosen N; N~: within noise of the lowest median.", highlight=False)
+                                    {tuple(r[GROUP + ["factor"]]) for _, r in c.best.iterrows()}, wide=wide))
+        console.print("N*: the chosen N; N~: within noise of the lowest median."
+                      + ("" if wide else " Every column: --wide (and summary.csv)."), highlight=False)
+    shared = shared_cores_line(c)
+    if shared:
+        console.print(shared, highlight=False)
     for line in c.auto_lines:
         console.print(line, highlight=False)
     if not c.production.empty:
-        console.print(summary_table(c.production, "The rest of the grid at the best N (packing.then=run)", set()))
+        console.print(summary_table(c.production, "The rest of the grid at the best N (packing.then=run)", set(),
+                                    wide=wide))
     if not c.summary.empty:
         if unsplit_trainings(c):
             console.print(f"start-up s / loop s: '-' for {unsplit_trainings(c)} training(s) whose program did not mark "
@@ -107,12 +155,15 @@ def render(c: "Collected", console: Console) -> None:
         console.print("Best hyperparameters by validation accuracy (mean over runs):")
         for line in hyper_lines(c.hyper):
             console.print(f"  {line}", highlight=False)
+    elif not c.summary.empty:
+        console.print("Best hyperparameters: nothing to rank (one grid point, or only the seed varies).",
+                      highlight=False)
     if not c.knobs.empty:
         render_knobs(c, console)
     if not c.records.trainings.empty and "data" in c.records.trainings:
-        for data in sorted({d for d in c.records.trainings["data"].dropna()}):
+        for data in sorted(map(str, c.records.trainings["data"].dropna().unique())):
             console.print(f"Data: {data}", highlight=False)
-    if c.records.pending:
+    if c.records.pending and not c.summary.empty:  # with no table, pending_lines said it
         console.print(f"[yellow]{len(c.records.pending)} planned pack(s) have no record yet[/] (still running, "
                       "or lost: re-run the same command with run_dir=... to resume).")
     if not c.cost.empty:
@@ -127,41 +178,64 @@ def render(c: "Collected", console: Console) -> None:
         console.print("[red]No packing factor finished without failures: no best N.[/]")
 
 
-def failure_lines(c: "Collected", most: int = 3) -> list[str]:
+def failure_lines(c: Collected, most: int = 3) -> list[str]:
     """Why trainings failed: each distinct last error line, how many trainings hit it, and one log to read."""
     t = c.records.trainings
     if t.empty or "status" not in t:
         return []
-    failed = t[(t["status"] != "completed") & ~t.get("probe", pd.Series(False, index=t.index)).fillna(False).astype(bool)]
+    probe = t.get("probe", pd.Series(False, index=t.index)).fillna(False).astype(bool)
+    failed = t[(t["status"] != "completed") & ~probe]
     if failed.empty:
         return []
     reasons: dict[str, list[Any]] = {}
     for _, r in failed.iterrows():
-        text = str(r.get("error") or r["status"]).strip().splitlines()
+        error = r.get("error")  # text, or missing (None, or NaN in a text column)
+        text = (error if isinstance(error, str) and error.strip() else str(r["status"])).strip().splitlines()
         reasons.setdefault(f"{r['status']}: {text[-1] if text else r['status']}", []).append(r)
     lines = [f"{len(failed)} training(s) did not complete:"]
     for reason, rows in sorted(reasons.items(), key=lambda kv: -len(kv[1]))[:most]:
         first = rows[0]
-        log = Path(str(first.get("run_dir", "."))) / "packs" / str(first["pack_id"]) / "logs" / f"{first['training_id']}.err"
+        log = (Path(str(first.get("run_dir", "."))) / "packs" / str(first["pack_id"]) / "logs"
+               / f"{first['training_id']}.err")
         lines.append(f"  {len(rows)} x {reason[:160]}  (e.g. {log})")
     if len(reasons) > most:
         lines.append(f"  ... and {len(reasons) - most} other reason(s): see summary.json and each record's error")
     return lines
 
 
-def summary_table(summary: pd.DataFrame, title: str, best_keys: set[tuple[Any, ...]]) -> Table:
-    from gpupack.collect import GROUP
+def _gpu(r: pd.Series) -> str:
+    """The partition and its GPU, by the RGU table's short name where known (a device name can be 30 characters)."""
+    model = r.get("gpu_model")
+    return f"{r['partition']} ({model if isinstance(model, str) and model else r['gpu_type']})"
 
-    table = Table(title=title)
-    for col in ("partition (GPU)", "mode", "N", "packs", "s/training", "start/loop s", "speedup", "samples/s",
-                "util %", "mem MB", "failed/attempts"):
-        table.add_column(col, justify="left" if col in ("partition (GPU)", "mode") else "right")
+
+# The main table's columns: (header, cell, where: "both", "default" or "wide"). The default fits WIDTH columns;
+# --wide shows every column, and summary.csv has every figure.
+COLUMNS: list[tuple[str, Any, str]] = [
+    ("partition (GPU)", _gpu, "both"),
+    ("mode", lambda r: str(r["mode"]), "both"),
+    ("N", _n, "both"),
+    ("packs", lambda r: _fmt(r["packs"], ".0f"), "both"),
+    ("s/training", _tpt, "both"),
+    ("start/loop s", lambda r: f"{_fmt(r['startup_s'])}/{_fmt(r['loop_s'])}", "wide"),
+    ("speedup", lambda r: _fmt(r["speedup_vs_n1"]), "both"),
+    ("samples/s", _throughput, "wide"),  # per training, with the loader-only bound beside it
+    ("util %", _util, "wide"),
+    ("mem MB", _memory, "both"),
+    ("failed/attempts", _failed, "both"),
+]
+
+
+def summary_table(summary: pd.DataFrame, title: str, best_keys: set[tuple[Any, ...]], wide: bool = False) -> Table:
+    """The main table: one row per (partition, mode, N), in :data:`WIDTH` columns unless ``wide`` (no outer edge,
+    rules between columns only)."""
+    columns = [(h, cell) for h, cell, where in COLUMNS if where in ("both", "wide" if wide else "default")]
+    table = Table(title=title, box=box.MINIMAL, show_edge=False, pad_edge=False)
+    for header, _ in columns:
+        table.add_column(header, justify="left" if header in ("partition (GPU)", "mode") else "right")
     for _, r in summary.iterrows():
         mark = "bold green" if tuple(r[GROUP + ["factor"]]) in best_keys else None
-        table.add_row(
-            f"{r['partition']} ({r['gpu_type']})", r["mode"], _n(r), _fmt(r["packs"], ".0f"), _tpt(r),
-            f"{_fmt(r['startup_s'])}/{_fmt(r['loop_s'])}", _fmt(r["speedup_vs_n1"]), _throughput(r), _util(r),
-            _memory(r), _failed(r), style=mark)
+        table.add_row(*(cell(r) for _, cell in columns), style=mark)
     return table
 
 
@@ -181,7 +255,7 @@ def choice_lines(r: pd.Series) -> list[str]:
     return lines
 
 
-def unsplit_trainings(c: "Collected") -> int:
+def unsplit_trainings(c: Collected) -> int:
     """Trainings whose start-up and loop are one figure (a command that reported no first step)."""
     t = c.records.trainings
     if t.empty or "timing_split" not in t:
@@ -189,7 +263,7 @@ def unsplit_trainings(c: "Collected") -> int:
     return int((t["timing_split"] == False).sum())  # noqa: E712 (None: not a command training)
 
 
-def mode_lines(c: "Collected") -> list[str]:
+def mode_lines(c: Collected) -> list[str]:
     """Where a sweep compared modes: the best (mode, N) per partition, split against no split."""
     if c.summary.empty or c.summary["mode"].nunique() < 2:
         return []
@@ -210,7 +284,7 @@ def knob_columns(knobs: pd.DataFrame) -> list[str]:
                                                   "loader_bound_samples_per_s", "loader_bound")]
 
 
-def render_knobs(c: "Collected", console: Console) -> None:
+def render_knobs(c: Collected, console: Console) -> None:
     probed = c.knobs["loader_bound_samples_per_s"].notna().any()
     table = Table(title="Throughput by knob setting (samples/s per training, median)"
                   + (" beside the loader-only bound" if probed else ""))
@@ -235,7 +309,7 @@ def hyper_lines(hyper: pd.DataFrame) -> list[str]:
     return lines
 
 
-def cost_lines(c: "Collected") -> list[str]:
+def cost_lines(c: Collected) -> list[str]:
     lines = []
     for workload, group in c.cost.groupby("workload"):
         fastest = group[group["fastest"]].iloc[0]
@@ -253,7 +327,7 @@ def cost_lines(c: "Collected") -> list[str]:
     return lines
 
 
-def render_cost(c: "Collected", console: Console) -> None:
+def render_cost(c: Collected, console: Console) -> None:
     table = Table(title=f"Cost at the best N, for a sweep of {_trainings(c.sweep_trainings)} on one device")
     for col in ("partition", "GPU model", "RGU", "mode", "best N", "s/training", "RGU-h/training", "sweep hours",
                 "sweep RGU-h", "verdict"):
@@ -279,7 +353,7 @@ def _plt() -> Any:
     return plt
 
 
-def plot_time_per_training(c: "Collected", path: Path) -> Path | None:
+def plot_time_per_training(c: Collected, path: Path) -> Path | None:
     if "time_per_training_s" not in c.summary:  # no pack has finished yet
         return None
     s = c.summary.dropna(subset=["time_per_training_s"])
@@ -306,7 +380,7 @@ def plot_time_per_training(c: "Collected", path: Path) -> Path | None:
     return _save(fig, plt, path)
 
 
-def plot_split_vs_no_split(c: "Collected", path: Path) -> Path | None:
+def plot_split_vs_no_split(c: Collected, path: Path) -> Path | None:
     if "time_per_training_s" not in c.summary:
         return None
     s = c.summary.dropna(subset=["time_per_training_s"])
@@ -329,21 +403,21 @@ def plot_split_vs_no_split(c: "Collected", path: Path) -> Path | None:
     return _save(fig, plt, path)
 
 
-def plot_throughput_curves(c: "Collected", path: Path) -> Path | None:
+def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
     """The samples/s curve of every training in one pack: the first pack of the best (partition, mode, N)."""
     t = c.records.trainings
     if c.best_overall.empty or t.empty or "curve" not in t:
         return None
     best = c.best_overall.iloc[0]
     match = t[(t["partition"] == best["partition"]) & (t["mode"] == best["mode"]) & (t["factor"] == best["factor"])
-              & t["curve"].map(lambda v: isinstance(v, list) and len(v) > 0)]
+              & t["curve"].map(lambda v: isinstance(v, str) and v not in ("[]", "null"))]  # JSON text (collect)
     if match.empty:
         return None
     pack_id = sorted(match["pack_id"].unique())[0]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for _, r in match[match["pack_id"] == pack_id].iterrows():
-        xs, ys = zip(*r["curve"])
+        xs, ys = zip(*json.loads(r["curve"]))
         ax.plot(xs, ys, label=f"{r['training_id']}")
     ax.set_title(f"Throughput of the {int(best['factor'])} trainings of pack {pack_id}")
     ax.set_xlabel("seconds since the training loop started")
@@ -354,7 +428,7 @@ def plot_throughput_curves(c: "Collected", path: Path) -> Path | None:
     return _save(fig, plt, path)
 
 
-def plot_cost(c: "Collected", path: Path) -> Path | None:
+def plot_cost(c: Collected, path: Path) -> Path | None:
     if c.cost.empty:
         return None
     plt = _plt()
@@ -398,16 +472,19 @@ def _table(df: pd.DataFrame, columns: dict[str, str], formats: dict[str, str]) -
     return "<div class='scroll'>" + view.to_html(index=False, escape=True, border=0, classes="t") + "</div>"
 
 
-SUMMARY_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_type": "GPU", "mode": "mode", "factor": "N", "packs": "packs", "time_per_training_s": "s/training",
+SUMMARY_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_type": "GPU", "mode": "mode", "factor": "N",
+                   "packs": "packs", "time_per_training_s": "s/training",
                    "tpt_ci_low_s": "95% low", "tpt_ci_high_s": "95% high", "chosen": "chosen",
-                   "within_noise": "within noise", "tpt_min_s": "min", "tpt_max_s": "max", "startup_s": "start-up s", "loop_s": "loop s",
+                   "within_noise": "within noise", "tpt_min_s": "min", "tpt_max_s": "max",
+                   "startup_s": "start-up s", "loop_s": "loop s",
                    "trainings_per_hour": "trainings/h", "speedup_vs_n1": "speedup vs N=1",
                    "samples_per_s": "samples/s/training", "pack_samples_per_s": "samples/s/pack",
                    "loader_bound_samples_per_s": "loader-only samples/s", "loader_bound": "loader-bound",
                    "gpu_util_mean": "GPU util %", "cpu_percent_mean": "CPU %", "gpu_mem_peak_mb": "GPU mem peak MB",
                    "peak_rss_mb": "RSS peak MB", "attempts": "attempts", "failed": "failed", "oom": "OOM",
                    "oom_cleared": "OOM cleared"}
-SUMMARY_FORMATS = {"time_per_training_s": ".2f", "tpt_ci_low_s": ".2f", "tpt_ci_high_s": ".2f", "tpt_min_s": ".2f", "tpt_max_s": ".2f", "startup_s": ".2f",
+SUMMARY_FORMATS = {"time_per_training_s": ".2f", "tpt_ci_low_s": ".2f", "tpt_ci_high_s": ".2f", "tpt_min_s": ".2f",
+                   "tpt_max_s": ".2f", "startup_s": ".2f",
                    "loop_s": ".2f", "trainings_per_hour": ".0f", "speedup_vs_n1": ".2f", "samples_per_s": ".0f",
                    "pack_samples_per_s": ".0f", "packs": ".0f", "loader_bound_samples_per_s": ".0f",
                    "gpu_util_mean": ".0f", "cpu_percent_mean": ".0f", "gpu_mem_peak_mb": ".0f", "peak_rss_mb": ".0f"}
@@ -424,7 +501,7 @@ text-align:right}table.t th{background:#f3f3f3}img{max-width:100%}figcaption{fon
 .warn{color:#a15c00}.scroll{overflow-x:auto}"""
 
 
-def _knob_section(c: "Collected") -> str:
+def _knob_section(c: Collected) -> str:
     if c.knobs.empty:
         return ""
     columns = {**{k: k for k in ["partition", *knob_columns(c.knobs)]}, "factor": "N",
@@ -434,10 +511,8 @@ def _knob_section(c: "Collected") -> str:
             + _table(c.knobs, columns, {"samples_per_s": ".0f", "loader_bound_samples_per_s": ".0f"}))
 
 
-def write_report(c: "Collected", out: Path) -> list[Path]:
+def write_report(c: Collected, out: Path) -> list[Path]:
     """plots/*.png and report.html in ``out``."""
-    from gpupack.collect import best_line
-
     plots_dir = out / "plots"
     made = [
         (plot_time_per_training(c, plots_dir / "time_per_training.png"), "Time per training against N, per GPU type"),
@@ -474,3 +549,63 @@ def write_report(c: "Collected", out: Path) -> list[Path]:
     report = out / "report.html"
     report.write_text("\n".join(parts), encoding="utf-8")
     return [p for p, _ in plots] + [report]
+
+
+# ---------------- files ----------------
+
+def _jsonable(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return json.loads(df.to_json(orient="records")) if not df.empty else []
+
+
+def _text_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """Lists and dicts as JSON text, for Parquet (params, knobs, the curve and the CPUs already are), and each error
+    as JSON text, as trainings.parquet has always held it."""
+    table = table.copy()
+    for col in ("params", "knobs", "curve", "cpus"):
+        if col in table and table[col].dtype == object:  # dicts and lists (a frame built by hand)
+            table[col] = [json.dumps(v, default=str) if v is not None else None for v in table[col]]
+    if "error" in table:
+        error = table["error"].astype(object)
+        text = error.map(lambda v: isinstance(v, str))
+        table["error"] = error.where(~text, error[text].map(json.dumps)).where(text, None)
+    objects = [col for col in table.columns if table[col].dtype == object]
+    return table.astype({col: "string" for col in objects})
+
+
+def write_outputs(c: Collected, out: Path, plots: bool = True) -> list[Path]:
+    """summary.csv (every column of the table), summary.json, trainings.parquet, and (with plots) plots/*.png and
+    report.html."""
+    out.mkdir(parents=True, exist_ok=True)
+    run = RunDir(out)
+    c.summary.to_csv(run.summary_csv, index=False)
+    write_json_atomic(run.summary_json, {
+        "schema": SCHEMA_VERSION, "runs": sorted(set(c.records.trainings.get("run_dir", pd.Series(dtype=str)))),
+        "groups": _jsonable(c.summary), "best": _jsonable(c.best), "best_overall": _jsonable(c.best_overall),
+        "best_lines": [best_line(r) for _, r in c.best.iterrows()], "cost": _jsonable(c.cost),
+        "sweep_trainings": c.sweep_trainings, "best_hyperparameters": _jsonable(c.hyper),
+        "knobs": _jsonable(c.knobs),
+        "warnings": c.records.warnings, "pending_packs": c.records.pending,
+    })
+    written = [run.summary_csv, run.summary_json]
+    if not c.records.trainings.empty:
+        _text_columns(c.records.trainings).to_parquet(out / "trainings.parquet", index=False)
+        written.append(out / "trainings.parquet")
+    if plots:
+        written += write_report(c, out)
+    return written
+
+
+def collect(run_dirs: Sequence[Path], console: Console | None = None, write: bool = True,
+            weights: Mapping[str, float] | None = None, sweep_trainings: int | None = None,
+            out: Path | None = None, plots: bool = True, wide: bool = False) -> pd.DataFrame:
+    """Aggregate, print, and write the outputs into ``out`` (default: the first run directory): the CLI's collect in
+    one call, for a notebook or a test."""
+    console = console or make_console()
+    c = aggregate(run_dirs, weights, sweep_trainings)
+    render(c, console, wide=wide)
+    if write and run_dirs:
+        written = write_outputs(c, Path(out) if out else Path(run_dirs[0]), plots=plots)
+        report_html = [p for p in written if p.name == "report.html"]
+        if report_html:
+            console.print(f"Report: {report_html[0]}")
+    return c.summary

@@ -300,7 +300,9 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
             c.auto_lines += AutoReport(steps=[Step(**s) for s in rec["steps"]], stopped=rec["stopped"],
                                        best=rec["best"], then=rec["then"], run_dir=rec.get("run_dir"),
                                        left=rec.get("left")).lines()
-    written = collect_mod.write_outputs(c, Path(out) if out else given[0], plots=plots) if given else []
+    from gpupack.report import write_outputs  # the files a person reads; report builds on collect, never back
+
+    written = write_outputs(c, Path(out) if out else given[0], plots=plots) if given else []
     return c, written
 
 

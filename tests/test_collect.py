@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from gpupack.collect import best_factors, best_hyperparameters, collect, load_records, summarize
+from gpupack.collect import best_factors, best_hyperparameters, load_records, summarize
 from gpupack.records import pack_record, read_json, training_record, write_json_atomic
+from gpupack.report import collect
 from gpupack.rundir import RunDir
 
 
@@ -151,7 +152,8 @@ def test_only_incomplete_packs_gives_a_table_without_timing(run):
 
 # ---------------- RGU cost, outputs, many runs ----------------
 
-from gpupack.collect import aggregate, write_outputs  # noqa: E402
+from gpupack.collect import aggregate  # noqa: E402
+from gpupack.report import write_outputs  # noqa: E402
 from gpupack.rgu import cost_table, model_from_device_name  # noqa: E402
 
 
@@ -290,3 +292,185 @@ def test_sweep_size_of_a_multirun_adds_up_its_launches(tmp_path):
                                                 partition="local", mode="process").to_json())
     records = load_records([tmp_path / "mr" / ".gpupack" / f"launch_{k:06d}" for k in (0, 2, 4)] + [other.root])
     assert records.grid_sizes == {str(tmp_path / "mr" / ".gpupack"): 5, str(other.root): 1}
+
+
+# ---------------- the columnar file of each pack (issue 14, item 10) ----------------
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from gpupack.collect import COLUMNAR, ColumnarReader, Records, Rows, write_columnar  # noqa: E402
+
+
+def read_columnar(pack_dir: Path) -> tuple[Rows, dict] | None:
+    return ColumnarReader().read(str(pack_dir))
+
+
+def _varied_run(run: RunDir) -> list[str]:
+    """Packs whose records differ in every way a column can: statuses, OOMs, failures with errors, lists and dicts,
+    ints in one pack and floats in another, a field only some records have, an earlier attempt. Returns pack ids."""
+    _packs(run, 1, [10.0, 10.1, 9.9])
+    _write_pack(run, 2, 0, 12.0, ["completed", "oom"])
+    _write_pack(run, 2, 1, 11.0, ["completed", "failed"], lrs=[0.3, 0.7])
+    _write_pack_model(run, "p100", "P100-12gb", 2, 20.0)
+    for i, path in enumerate(sorted(run.root.glob("packs/*/trainings/*.json"))):
+        rec = read_json(path)
+        rec["cpus"] = [i % 2, 1]  # a list (process mode's CPU affinity)
+        rec["knobs"] = {"batch_size": 64 if i % 3 else 128}
+        rec["exit_code"] = 0 if rec["status"] == "completed" else 1
+        rec["error"] = None if rec["status"] == "completed" else f"RuntimeError: boom {i}\nlast line {i}"
+        rec["metrics"]["train_loss"] = 1 if i % 2 else 0.5  # an int in some packs, a float in others
+        if i % 4 == 0:
+            rec["phase"] = "run"
+        rec["marker"] = i if "-n01-" in path.parent.parent.name else f"m{i}"  # an int in some packs, text in others
+        write_json_atomic(path, rec)
+    resumed = "local-process-n02-001"  # its failed training ran again: the first attempt moves under attempts/1/
+    first = run.training_record(resumed, "w-2-1-1")
+    (run.pack_dir(resumed) / "attempts" / "1").mkdir(parents=True)
+    os.replace(first, run.pack_dir(resumed) / "attempts" / "1" / first.name)
+    os.replace(run.pack_record(resumed), run.pack_dir(resumed) / "attempts" / "1" / "pack.json")
+    _write_pack(run, 2, 1, 10.5, ["completed", "completed"], lrs=[0.3, 0.7])
+    return sorted(p.name for p in run.root.glob("packs/*"))
+
+
+def _same(a: Records, b: Records) -> None:
+    pd.testing.assert_frame_equal(a.trainings, b.trainings)
+    pd.testing.assert_frame_equal(a.packs, b.packs)
+    assert a.warnings == b.warnings
+
+
+def test_columnar_files_give_the_same_records_and_summary_as_the_json(run):
+    pack_ids = _varied_run(run)
+    from_json = load_records([run.root], columnar=False)
+    for pack_id in pack_ids:
+        assert write_columnar(run, pack_id) == run.pack_dir(pack_id) / COLUMNAR
+        assert read_columnar(run.pack_dir(pack_id)) is not None  # current: collect reads it, not the JSON
+    from_columnar = load_records([run.root])
+    _same(from_json, from_columnar)
+    in_path_order = [read_json(p)["training_id"] for p in sorted(run.root.glob("packs/*/trainings/*.json"))]
+    assert list(from_columnar.latest()["training_id"]) == in_path_order  # as the JSON records were always read
+    assert set(from_columnar.trainings["attempt"]) == {0, 1}  # the earlier attempt is still read, from its JSON
+    assert from_columnar.trainings["curve"].notna().any()
+    pd.testing.assert_frame_equal(summarize(from_json.trainings, from_json.packs),
+                                  summarize(from_columnar.trainings, from_columnar.packs))
+    assert best_hyperparameters(from_json.trainings).equals(best_hyperparameters(from_columnar.trainings))
+
+
+def test_columnar_files_are_what_collect_reads(run, monkeypatch):
+    pack_ids = _varied_run(run)
+    for pack_id in pack_ids:
+        write_columnar(run, pack_id)
+    import gpupack.collect as collect_mod
+
+    read = []
+    real = collect_mod.read_json
+    monkeypatch.setattr(collect_mod, "read_json", lambda path: read.append(path) or real(path))
+    load_records([run.root])
+    assert all("attempts" in str(path) for path in read), read  # only the earlier attempt's JSON records
+
+
+def test_a_pack_with_records_newer_than_its_columnar_file_is_read_from_its_json(run):
+    """A resumed pack: its training records changed after its columnar file was written."""
+    _packs(run, 1, [10.0, 10.1, 9.9])
+    pack_id = "local-process-n01-001"
+    write_columnar(run, pack_id)
+    record = run.training_record(pack_id, "w-1-1-0")
+    rec = read_json(record)
+    rec["status"] = "failed"
+    write_json_atomic(record, rec)
+    stamp = os.stat(run.pack_dir(pack_id) / COLUMNAR).st_mtime_ns
+    os.utime(record.parent, ns=(stamp + 10**6, stamp + 10**6))  # a later clock tick than the columnar file's
+    assert read_columnar(run.pack_dir(pack_id)) is None
+    loaded = load_records([run.root])
+    assert loaded.trainings.set_index("training_id").loc["w-1-1-0", "status"] == "failed"
+    _same(loaded, load_records([run.root], columnar=False))
+    os.replace(run.pack_record(pack_id), run.pack_dir(pack_id) / "moved.json")  # a resume moved pack.json aside
+    os.utime(record.parent, ns=(stamp, stamp))
+    assert read_columnar(run.pack_dir(pack_id)) is None
+
+
+def test_a_pack_with_a_bad_record_gets_no_columnar_file_and_collect_still_warns(run):
+    _packs(run, 1, [10.0])
+    pack_id = "local-process-n01-000"
+    torn = run.training_record(pack_id, "torn")
+    torn.write_text('{"schema": 1, "kind": "trai')
+    assert write_columnar(run, pack_id) is None and not (run.pack_dir(pack_id) / COLUMNAR).exists()
+    assert any(str(torn) in w for w in load_records([run.root]).warnings)
+
+
+def test_the_pack_job_writes_the_columnar_file_with_its_pack_record(run):
+    from gpupack.monitor import DeviceInfo
+    from gpupack.pack.job import write_pack_record
+    from gpupack.plan import plan_in_order
+
+    plan = plan_in_order(sweep="s", workload="w", params=[{"lr": 0.1}, {"lr": 0.2}], factor=2, partition="local",
+                         mode="process")
+    pack = plan.packs[0]
+    records = []
+    for t in pack.trainings:
+        rec = training_record(pack_id=pack.pack_id, training_id=t.training_id, workload="w", params=dict(t.params),
+                              mode="process", factor=2, partition="local", gpu_type="cpu", status="completed",
+                              started_at=1.0, ended_at=5.0, timings={"startup_s": 1.0, "loop_s": 3.0})
+        write_json_atomic(run.training_record(pack.pack_id, t.training_id), rec)
+        records.append(rec)
+    write_pack_record(run, pack, records, DeviceInfo(kind="cpu", name="cpu"), "cpu", cores=2, threads=1)
+    table, pack_row = read_columnar(run.pack_dir(pack.pack_id))
+    assert table.rows == 2 and pack_row["wall_s"] == 4.0 and pack_row["complete"] is True
+    _same(load_records([run.root]), load_records([run.root], columnar=False))
+
+
+def test_collect_is_pure_it_imports_no_report_and_prints_nothing():
+    """Aggregation is records in, frames out: report builds on collect, and the CLI and sweep print and write."""
+    code = ("import sys, gpupack.collect; bad = [m for m in ('gpupack.report', 'gpupack.cli', 'rich', 'matplotlib') "
+            "if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    import ast
+
+    import gpupack.collect as collect_mod
+
+    tree = ast.parse(Path(collect_mod.__file__).read_text())
+    body = [n for n in tree.body if not (isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))]
+    calls = {ast.unparse(n.func) for node in body for n in ast.walk(node) if isinstance(n, ast.Call)}
+    assert not calls & {"print", "console.print", "Console"}, calls
+
+
+# ---------------- collect at every moment of a run (issue 14, item 1) ----------------
+
+def _detached_run(root: Path) -> RunDir:
+    """A run right after wait=false: its plan and config, one training recorded, no pack finished."""
+    from gpupack.plan import make_plan
+
+    run = RunDir(root)
+    plan = make_plan(sweep="s", workload="w", grid={"lr": [0.1, 0.2]}, fixed={}, factors=[1, 2], modes=["process"],
+                     partitions=["local"], repeats=1)
+    write_json_atomic(run.plan, plan.to_json())
+    run.config.write_text("cluster:\n  name: local\n  backend: local\n")
+    pack, training = plan.packs[0], plan.packs[0].trainings[0]
+    write_json_atomic(run.training_record(pack.pack_id, training.training_id), training_record(
+        pack_id=pack.pack_id, training_id=training.training_id, workload="w", params=dict(training.params),
+        mode="process", factor=pack.factor, partition="local", gpu_type="cpu", status="completed", started_at=0.0,
+        ended_at=1.0, timings={"startup_s": 0.5, "loop_s": 0.5}, metrics={"val_accuracy": 0.5}))
+    return run
+
+
+def test_collect_right_after_wait_false_says_what_is_pending(tmp_path, capsys):
+    from gpupack.cli import main
+
+    run = _detached_run(tmp_path / "run")
+    assert main(["collect", str(run.root)]) == 0  # with plots: the plot of no finished pack raised here
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err and "error" not in out.err, out.err
+    assert "No pack has finished yet: 0 of 3 planned pack(s) have a record, 3 pending." in out.out, out.out
+    assert "1 training record(s) so far" in out.out and f"python -m gpupack status {run.root}" in out.out
+
+
+def test_collect_on_an_empty_directory_says_there_is_nothing_yet(tmp_path, capsys):
+    from gpupack.cli import main
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["collect", str(empty)]) == 0
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err and f"Nothing to collect yet in {empty}" in out.out, out.out + out.err

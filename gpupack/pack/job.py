@@ -326,4 +326,12 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
     if phase:
         rec["phase"] = phase
     write_json_atomic(run.pack_record(pack.pack_id), rec)
+    try:  # the pack's trainings in one columnar file: collect reads one file per pack, not one per training
+        from gpupack.collect import write_columnar
+
+        write_columnar(run, pack.pack_id)
+    except Exception as err:  # only a faster copy: without it collect reads the JSON records, the same rows
+        import sys
+
+        print(f"gpupack: warning: no columnar file for pack {pack.pack_id} ({err!r})", file=sys.stderr)
     return rec
