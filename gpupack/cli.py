@@ -145,7 +145,8 @@ def print_plan(console: Console, prepared: sweep.Prepared) -> None:
         console.print(f"[bold]gpupack[/] sweep [bold]{prepared.name}[/]: workload {prepared.plan.workload}, "
                       f"{prepared.plan.grid_size} grid point(s); packing.factors=auto probes N along "
                       f"{list(auto.ladder)} ({auto.repeats} packs per N, stop below a {auto.min_gain:.0%} gain), then "
-                      + ("runs the rest of the grid at the best N" if auto.then == "run" else "stops (packing.then=stop)"))
+                      + ("runs the rest of the grid at the best N" if auto.then == "run"
+                         else "stops (packing.then=stop)"))
         for note in (auto.cut, auto.memory_note):
             if note:
                 console.print(f"  note: {note}", highlight=False)
@@ -278,7 +279,8 @@ def dry_run(prepared: sweep.Prepared, console: Console) -> int:
         console.print("dry run: nothing was written or submitted.")
         return 0
     if prepared.resumes:
-        console.print(f"  resuming: the run directory holds this plan; {len(sweep.packs_to_run(prepared.run, prepared.plan))}"
+        todo = len(sweep.packs_to_run(prepared.run, prepared.plan))
+        console.print(f"  resuming: the run directory holds this plan; {todo}"
                       " pack(s) to run")
     first = prepared.plan.packs[0].trainings[0]
     console.print("  hyperparameters of the first training: " +

@@ -321,5 +321,6 @@ def test_status_of_an_auto_run_lists_its_probe_and_run_packs(tmp_path):
     assert outcome.auto.run_dir == str(subs[2]) and outcome.auto.left == 1  # the probe trained 4 of the 5 points
     expected = [p.pack_id for sub in subs for p in sweep.status(sub).packs]
     st = sweep.status(run_dir)
-    assert sorted(p.pack_id for p in st.packs) == sorted(expected) and len(expected) == 2 + (2 + 2) + 1  # N=1 again at N=2
+    # n02 holds N=1 again, measured beside N=2
+    assert sorted(p.pack_id for p in st.packs) == sorted(expected) and len(expected) == 2 + (2 + 2) + 1
     assert all(p.state == "done" for p in st.packs)
