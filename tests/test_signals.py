@@ -41,6 +41,7 @@ class Cli:
     def __init__(self, args: list[str], env: dict[str, str], folder: Path,
                  setup: Callable[[], None] | None = None) -> None:
         self.out, self.err = folder / "cli.out", folder / "cli.err"
+        setup = setup or _terminal  # as from a terminal, whatever this test runner inherited (CI may run under nohup)
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "gpupack", *args], stdout=out, stderr=err, text=True,
                                          env=env, cwd=REPO, start_new_session=True, preexec_fn=setup)
@@ -148,6 +149,10 @@ def test_a_stopped_local_run_resumes_with_the_finished_training_kept(tmp_path, s
     assert "1 to run" in again.stdout
     assert all(p.read_bytes() == content for p, content in kept.items())  # not rerun, not rewritten
     assert len(completed(run_dir)) == 2
+
+
+def _terminal() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _nohup() -> None:
