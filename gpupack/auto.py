@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from statistics import median
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -163,7 +164,7 @@ def run_auto(prepared: Any, *, progress: Callable[..., None] | None = None,
                               auto.min_gain)
                 if why == "climb":
                     best_so_far[partition] = n if best_so_far[partition] is None or \
-                        _median(by_n[n]) < _median(by_n[best_so_far[partition]]) else best_so_far[partition]
+                        median(by_n[n]) < median(by_n[best_so_far[partition]]) else best_so_far[partition]
                     why = next_rung_fits(prepared, partition, auto.ladder[i + 1:], records_roots=probe_runs(root)) \
                         or ("climb" if i + 1 < len(auto.ladder) else
                             (auto.cut or f"the ladder ends at N={n}"))
@@ -295,15 +296,14 @@ def _row(summary: Any, partition: str, factor: int) -> dict[str, Any]:
     return rows.iloc[0].to_dict() if len(rows) else {}
 
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
-def read_auto(root: Path) -> dict[str, Any] | None:
+def read_auto(root: Path) -> AutoReport | None:
+    """What an auto run's probe did, from RUN_DIR/auto.json (None: not an auto run)."""
     path = root / AUTO_RECORD
-    return read_json(path) if path.exists() else None
+    if not path.exists():
+        return None
+    rec = read_json(path)
+    return AutoReport(steps=[Step(**s) for s in rec["steps"]], stopped=rec["stopped"], best=rec["best"],
+                      then=rec["then"], run_dir=rec.get("run_dir"), left=rec.get("left"))
 
 
 __all__ = ["run_auto", "AutoReport", "Step", "verdict", "remaining_points", "production_plan", "OOM"]

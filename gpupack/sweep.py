@@ -292,14 +292,12 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
     run directory). Records are only read."""
     given = [Path(d) for d in run_dirs]
     c = collect_mod.aggregate(find_runs(given), weights, sweep_trainings)
-    for path in given:  # a packing.factors=auto run says what its probe did
-        from gpupack.auto import AutoReport, Step, read_auto
+    from gpupack.auto import read_auto
 
-        rec = read_auto(path)
-        if rec:
-            c.auto_lines += AutoReport(steps=[Step(**s) for s in rec["steps"]], stopped=rec["stopped"],
-                                       best=rec["best"], then=rec["then"], run_dir=rec.get("run_dir"),
-                                       left=rec.get("left")).lines()
+    for path in given:  # a packing.factors=auto run says what its probe did
+        report = read_auto(path)
+        if report is not None:
+            c.auto_lines += report.lines()
     from gpupack.report import write_outputs  # the files a person reads; report builds on collect, never back
 
     written = write_outputs(c, Path(out) if out else given[0], plots=plots) if given else []
@@ -334,10 +332,9 @@ def clear_oom(run_dir: Path | str, *, partition: str | None = None, mode: str | 
     if t.empty:
         return 0
     entry = {"partition": partition, "mode": mode, "factor": factor, "cleared_at": time.time()}
-    match = (t["status"] == OOM) & ~collect_mod.cleared_mask(t, records.cleared)
-    for key in ("partition", "mode", "factor"):
-        if entry[key] is not None:
-            match &= t[key] == entry[key]
+    # What this entry would clear that no earlier one did: the same rule collect applies (cleared_mask).
+    match = (t["status"] == OOM) & ~collect_mod.cleared_mask(t, records.cleared) \
+        & collect_mod.cleared_mask(t, [{**entry, "run_dir": str(run.root)}])
     if match.any():
         path = run.root / collect_mod.CLEARED_OOM
         write_json_atomic(path, {"cleared": collect_mod.read_cleared(run) + [entry]})
