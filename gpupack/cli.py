@@ -153,10 +153,13 @@ def print_plan(console: Console, prepared: sweep.Prepared) -> None:
         console.print(f"  run directory {prepared.run.root}")
         return
     plan = prepared.plan
-    factors = sorted({p.factor for p in plan.packs})
-    modes = sorted({p.mode for p in plan.packs})
+    factors = sorted({p.factor for p in plan.packs if p.spread is None})
+    modes = sorted({p.mode for p in plan.packs if p.spread is None})
+    spread = sorted({p.devices for p in plan.packs if p.spread is not None})
+    layouts = sorted({p.mode for p in plan.packs if p.spread is not None})
     console.print(f"[bold]gpupack[/] sweep [bold]{prepared.name}[/]: workload {plan.workload}, "
-                  f"{plan.grid_size} grid point(s), N in {factors}, mode(s) {modes}")
+                  f"{plan.grid_size} grid point(s), N in {factors}, mode(s) {modes}"
+                  + (f"; one training spread over k in {spread} devices with {', '.join(layouts)}" if spread else ""))
     console.print(f"  {len(plan.packs)} packs, {plan.n_trainings} trainings in all; run directory {prepared.run.root}")
     for note in plan.notes:
         console.print(f"  note: {note}")

@@ -41,8 +41,11 @@ FLAT = {
     "curve": ("throughput", "curve"),
     "val_accuracy": ("metrics", "val_accuracy"), "train_loss": ("metrics", "train_loss"),
     "peak_rss_mb": ("memory", "peak_rss_mb"), "peak_gpu_mem_mb": ("memory", "peak_gpu_mem_mb"),
+    # one training spread over k devices: what its strategy measured (gpupack/spread/)
+    "allreduce_bytes_per_step": ("spread", "allreduce_bytes_per_step"),
+    "allreduce_s_per_step": ("spread", "allreduce_s_per_step"), "replicas": ("spread", "replicas"),
 }
-NESTED = {"timings", "throughput", "metrics", "memory"}
+NESTED = {"timings", "throughput", "metrics", "memory", "spread"}
 # Pack record: the sampler's summary, flattened (its raw samples stay in pack.json).
 PACK_FLAT = ("source", "note", "gpu_util_mean", "gpu_util_max", "gpu_mem_used_peak_mb", "gpu_mem_total_mb",
              "cpu_percent_mean", "overhead_cpu_s", "overhead_fraction")
@@ -70,11 +73,12 @@ _S, _F, _I, _B = pa.large_string(), pa.float64(), pa.int64(), pa.bool_()
 KNOWN_TYPES: dict[str, pa.DataType] = {
     **{k: _S for k in ("kind", "sweep", "pack_id", "training_id", "workload", "mode", "partition", "gpu_type",
                        "device", "device_name", "gpu_model", "status", "error", "loader_setting", "data", "host",
-                       "start", "phase")},
+                       "start", "phase", "strategy")},
     **{k: _I for k in ("schema", "grid_index", "reseed", "factor", "concurrent", "threads", "exit_code", "signal",
-                       "samples")},
+                       "samples", "devices", "replicas")},
     **{k: _F for k in ("started_at", "ended_at", "wall_s", "startup_s", "loop_s", "samples_per_s", "val_accuracy",
-                       "train_loss", "peak_rss_mb", "peak_gpu_mem_mb", "memory_limit_mb")},
+                       "train_loss", "peak_rss_mb", "peak_gpu_mem_mb", "memory_limit_mb", "allreduce_bytes_per_step",
+                       "allreduce_s_per_step")},
     **{k: _B for k in ("probe", "timing_split", "timed_out")},
 }
 # A local test SLURM cluster (scripts/local_slurm.sh with conf/cluster/slurm.yaml): its partitions are one host.
@@ -708,6 +712,18 @@ def pack_times(records: Records) -> dict[str, dict[int, list[float]]]:
     return out
 
 
+def packing_times(trainings: pd.DataFrame, packs: pd.DataFrame) -> dict[tuple[Any, ...], list[float]]:
+    """Each (workload, partition, GPU type, mode, N)'s time per training of every timed pack."""
+    t, packs = _not_probes(trainings), _not_probes(packs)
+    if t.empty or packs.empty:
+        return {}
+    t = t.assign(samples=pd.to_numeric(t.get("samples"), errors="coerce"),
+                 attempt=t["attempt"] if "attempt" in t else 0)
+    timed = timed_packs(t, packs).dropna(subset=["time_per_training_s"])
+    return {tuple(k): [float(v) for v in values]
+            for k, values in timed.groupby(GROUP + ["factor"])["time_per_training_s"]}
+
+
 def split_phase(frame: pd.DataFrame, phase: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(rows not of ``phase``, rows of it): a packing.factors=auto run's grid at the best N is shown apart from the
     probe that chose it."""
@@ -911,15 +927,22 @@ class Collected:
     # packing.factors=auto: the grid run at the best N, apart from the probe (the main summary) that chose it.
     production: pd.DataFrame = field(default_factory=pd.DataFrame)
     auto_lines: list[str] = field(default_factory=list)  # what the probe did and why it stopped (auto.json)
+    # spread.devices: one training on k devices (gpupack/layouts.py), and every layout beside packing's with verdicts
+    spread: pd.DataFrame = field(default_factory=pd.DataFrame)
+    layouts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    verdicts: list[str] = field(default_factory=list)
 
 
 def aggregate_records(records: Records, weights: Mapping[str, float] | None = None,
                       sweep_trainings: int | None = None) -> Collected:
     """Everything collect shows and writes, computed from loaded records. Pure."""
+    from gpupack.layouts import compare, split_spread, spread_summary, verdicts
     from gpupack.rgu import cost_table
 
-    probe_t, run_t = split_phase(records.trainings, "run")
-    probe_p, run_p = split_phase(records.packs, "run")
+    packing_t, spread_t = split_spread(records.trainings)  # one training on k devices: apart, then beside
+    packing_p, spread_p = split_spread(records.packs)
+    probe_t, run_t = split_phase(packing_t, "run")
+    probe_p, run_p = split_phase(packing_p, "run")
     summary = summarize(probe_t, probe_p, records.cleared)
     production = summarize(run_t, run_p, records.cleared) if not run_t.empty else pd.DataFrame()
     best = best_factors(summary)
@@ -927,8 +950,13 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     n = sweep_trainings or max(records.grid_sizes.values(), default=0) or int(records.trainings["training_id"].nunique()
                                                                  if not records.trainings.empty else 0)
     cost = cost_table(overall, weights if weights is not None else records.rgu, n)
+    weights = weights if weights is not None else records.rgu
+    cost = cost_table(overall, weights, n)
+    spread = spread_summary(spread_t, spread_p)
+    layouts = compare(summary, spread, packing_times(probe_t, probe_p), weights) if not spread.empty else pd.DataFrame()
     return Collected(records, summary, best, overall, best_hyperparameters(records.trainings), cost, n,
-                     knob_table(records.trainings), production)
+                     knob_table(records.trainings), production, spread=spread, layouts=layouts,
+                     verdicts=verdicts(layouts))
 
 
 def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = None,

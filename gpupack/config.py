@@ -82,6 +82,23 @@ class PackingConfig:
 
 
 @dataclass
+class SpreadConfig:
+    """One training spread over k devices, measured beside packing (N trainings on one device): the source studies'
+    other answer (MirroredStrategy over 1-8 V100s: 128, 164, 190, 196, 229 s; DDP with gloo vs NCCL)."""
+
+    # k: the devices one training spreads over, each k its own packs (k <= the GPUs of one node; on a CPU machine,
+    # k processes or k logical CPU devices stand in). Empty: no spread, packing only.
+    devices: List[int] = field(default_factory=list)
+    # The module under gpupack/spread/ that spreads it: ddp (torch: DistributedDataParallel, one process per device)
+    # or mirrored (TensorFlow: tf.distribute.MirroredStrategy, one process over k devices).
+    strategy: str = "ddp"
+    # ddp: the process group's backend, gloo or nccl (NCCL needs GPUs); a list, e.g. [gloo,nccl], measures both.
+    ddp_backend: Any = "gloo"
+    # Trainings measured per (strategy, k); null: packing.repeats.
+    repeats: Optional[int] = None
+
+
+@dataclass
 class ClusterConfig:
     """What every backend's config has; each backend module (gpupack/submit/<backend>.py) extends it with its
     own fields (LocalConfig, SlurmConfig), as hydra-submitit-launcher's LocalQueueConf / SlurmQueueConf do."""
@@ -105,6 +122,7 @@ class RguConfig:
 class GpupackConfig:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     packing: PackingConfig = field(default_factory=PackingConfig)
+    spread: SpreadConfig = field(default_factory=SpreadConfig)
     # A backend's own config (gpupack.submit.local.LocalConfig, gpupack.submit.slurm.SlurmConfig), chosen by
     # cluster=NAME (conf/cluster/NAME.yaml names its schema in its defaults list).
     cluster: Any = MISSING

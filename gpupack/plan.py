@@ -49,6 +49,15 @@ class Pack:
     index: int
     trainings: tuple[Training, ...]
     probe: bool = False  # a data-loader-only probe: measured alone (N=1), kept out of the packing table
+    # One training spread over k devices (spread.devices): k, and the strategy module (gpupack/spread/) that runs
+    # it; ``mode`` is then the strategy's label (ddp-gloo, mirrored). 1 and None: N trainings on one device.
+    devices: int = 1
+    spread: str | None = None
+
+    @property
+    def units(self) -> int:
+        """What the pack's job is sized by: N trainings on one device, or k processes/devices of one training."""
+        return self.factor * self.devices
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,8 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         data = {"schema": PLAN_SCHEMA, **asdict(self)}
         for pack in data["packs"]:  # a label only where one is set, so plans written before labels still resume
+            if pack["spread"] is None:  # likewise a spread pack's fields
+                del pack["spread"], pack["devices"]
             for t in pack["trainings"]:
                 if t["label"] is None:
                     del t["label"]
@@ -157,6 +168,21 @@ def pack_id(partition: str, mode: str, factor: int, index: int) -> str:
     return f"{partition}-{mode}-n{factor:02d}-{index:03d}"
 
 
+def spread_pack_id(partition: str, label: str, devices: int, index: int) -> str:
+    return f"{partition}-{label}-k{devices:02d}-{index:03d}"
+
+
+def spread_packs(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any],
+                 partitions: Iterable[str], layouts: Sequence[tuple[str, str]], devices: Sequence[int], repeats: int,
+                 seed_key: str = "seed") -> list[Pack]:
+    """One training per pack, spread over k devices, for each (strategy, label) layout and k: every grid point once,
+    at least ``repeats`` times (reseeded copies), the same trainings N=1 packing runs, so the two compare."""
+    trainings = trainings_for(workload, points, fixed, max(repeats, len(points)), seed_key)
+    return [Pack(spread_pack_id(partition, label, k, i), partition, label, 1, i, (t,), devices=k, spread=strategy)
+            for partition in partitions for strategy, label in layouts for k in devices
+            for i, t in enumerate(trainings)]
+
+
 def loader_probes(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any],
                   loader_param: str, loader_keys: Sequence[str]) -> list[Training]:
     """One loader-only training per distinct input-pipeline setting of the grid (the loader's bound)."""
@@ -175,7 +201,8 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
               seed_key: str = "seed", loader_probe: tuple[str, Sequence[str]] | None = None,
               group_keys: Mapping[str, Callable[[Mapping[str, Any]], Hashable]] | None = None,
               order: str = "interleaved", order_seed: int = 0, points: Sequence[Mapping[str, Any]] | None = None,
-              phase: str | None = None) -> Plan:
+              phase: str | None = None, spread_layouts: Sequence[tuple[str, str]] = (),
+              spread_devices: Sequence[int] = (), spread_repeats: int | None = None) -> Plan:
     """Every grid point runs at least once per (partition, mode, N), in at least ``repeats`` full packs.
 
     ``order`` (see :func:`run_order`): interleaved spreads each N's packs over the whole run, so warm caches, drift or
@@ -184,6 +211,9 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
     With ``loader_probe`` (loader param, loader keys), each partition also gets one N=1 probe pack per
     distinct input-pipeline setting, run first. A mode in ``group_keys`` packs only trainings of equal key
     together (fused: same shapes): each group fills its own packs, and the plan says so.
+
+    ``spread_layouts`` ((strategy, label) pairs) × ``spread_devices`` (k) add packs of one training spread over k
+    devices (:func:`spread_packs`), interleaved with the packing packs.
     """
     points = expand_grid(grid) if points is None else list(points)  # points: a part of the grid (what is left)
     if not points:
@@ -215,6 +245,11 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
                 if n_groups > 1:
                     notes.append(f"{mode} N={factor}: the grid's {n_groups} shapes train in separate groups "
                                  f"({len(chunks)} packs; each pack holds one shape)")
+    if spread_layouts and spread_devices:
+        packs += spread_packs(workload, points, fixed, partitions, spread_layouts, spread_devices,
+                              spread_repeats or repeats, seed_key)
+        notes.append(f"spread: one training over k={', '.join(map(str, spread_devices))} device(s) with "
+                     f"{', '.join(label for _, label in spread_layouts)}, beside packing")
     probes = [p for p in packs if p.probe]
     ordered = probes + run_order([p for p in packs if not p.probe], order, order_seed)
     return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(ordered), notes=tuple(notes),
@@ -229,9 +264,9 @@ def run_order(packs: Sequence[Pack], order: str, seed: int = 0) -> list[Pack]:
         return list(packs)
     if order != "interleaved":
         raise ConfigError("packing.order", order, "unknown pack order", f"use one of {', '.join(ORDERS)}")
-    groups: dict[tuple[str, str, int], list[Pack]] = {}
+    groups: dict[tuple[str, str, int, int], list[Pack]] = {}
     for p in packs:
-        groups.setdefault((p.partition, p.mode, p.factor), []).append(p)
+        groups.setdefault((p.partition, p.mode, p.factor, p.devices), []).append(p)
     rng = random.Random(seed)
     keyed = [((k + rng.random()) / len(members), p.pack_id, p)
              for members in groups.values() for k, p in enumerate(members)]

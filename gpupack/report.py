@@ -174,6 +174,8 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
             console.print(f"  {line}", highlight=False)
     for line in mode_lines(c):
         console.print(f"[bold]{line}[/]")
+    if not c.spread.empty:
+        render_layouts(c, console)
     if not c.summary.empty and c.best.empty:
         console.print("[red]No packing factor finished without failures: no best N.[/]")
 
@@ -342,6 +344,54 @@ def render_cost(c: Collected, console: Console) -> None:
         console.print(line, highlight=False)
 
 
+LAYOUT_COLUMNS = {"partition": "partition", "gpu_type": "GPU type", "layout": "layout",
+                  "devices_per_training": "devices/training", "packs": "packs", "wall_s": "one training s",
+                  "time_per_training_s": "s/training", "device_s_per_training": "device-s/training",
+                  "trainings_per_device_hour": "trainings/device-h", "rgu_hours_per_1000": "RGU-h/1000",
+                  "samples_per_s": "samples/s", "allreduce_bytes_per_step": "all-reduce B/step",
+                  "allreduce_s_per_step": "all-reduce s/step", "best": "best"}
+
+
+def _devices(x: float) -> str:
+    return f"1/{round(1 / x)}" if x < 1 else f"{x:g}"
+
+
+def render_layouts(c: Collected, console: Console) -> None:
+    """One training on k devices beside N trainings on one device: one table (fits 120 columns; every figure is in
+    summary.json and the HTML report), then a verdict per GPU type."""
+    if c.layouts.empty:
+        console.print("Spread (one training on k devices): " + "; ".join(
+            f"{r['mode']} k={int(r['devices'])}: {_fmt(r['wall_s'])} s" for _, r in c.spread.iterrows())
+            + " (nothing to compare with: no packing pack finished)", highlight=False)
+        return
+    t = c.layouts
+    mb = pd.to_numeric(t.get("allreduce_bytes_per_step"), errors="coerce") / 2**20
+    columns: list[tuple[str, Any]] = [
+        ("partition (GPU)", _gpu), ("layout", lambda r: str(r["layout"])),
+        ("devices", lambda r: _devices(r["devices_per_training"])), ("packs", lambda r: str(int(r["packs"] or 0))),
+        ("wall s", lambda r: _fmt(r["wall_s"])), ("device-s", lambda r: _fmt(r["device_s_per_training"])),
+    ]
+    if t["rgu"].notna().any():
+        columns.append(("RGU-h/1000", lambda r: _fmt(r["rgu_hours_per_1000"], ".3g")))
+    if mb.notna().any():
+        columns += [("MB/step", lambda r: _fmt(mb[r.name], ".3f")),
+                    ("comm s", lambda r: _fmt(r.get("allreduce_s_per_step"), ".4f"))]
+    columns.append(("best", lambda r: "*" if r["best"] else ""))
+    table = Table(title="One training on k devices (spread) beside N trainings on one device (packing)")
+    for header, _ in columns:
+        table.add_column(header, justify="left" if header in ("partition (GPU)", "layout") else "right",
+                         no_wrap=header == "layout")
+    for _, r in t.iterrows():
+        table.add_row(*(cell(r) for _, cell in columns))
+    console.print(table)
+    console.print("devices: per training (1/N packed, k spread). wall s: one training, start to end. device-s: device "
+                  "time per training (pack wall / N packed, k x wall spread); the fewest uses a device-hour, and an "
+                  "RGU-hour, best." + (" MB/step: all-reduced per step; comm s: per step, the all-reduces in flight "
+                                       "(overlapping backward)." if mb.notna().any() else ""), highlight=False)
+    for line in c.verdicts:
+        console.print(f"[bold]{line}[/]", highlight=False)
+
+
 # ---------------- plots ----------------
 
 def _plt() -> Any:
@@ -448,6 +498,29 @@ def plot_cost(c: Collected, path: Path) -> Path | None:
     return _save(fig, plt, path)
 
 
+def plot_layouts(c: Collected, path: Path) -> Path | None:
+    """Time per training and device time per training against devices used per training (1/N packed, k spread)."""
+    if c.layouts.empty:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for key, group in c.layouts.groupby(["workload", "partition", "gpu_type"]):
+        for answer, marker in (("packing", "o"), ("spread", "s")):
+            part = group[group["answer"] == answer].sort_values("devices_per_training")
+            for mode, rows in part.groupby("mode"):
+                label = f"{key[1]} {mode}"
+                axes[0].plot(rows["devices_per_training"], rows["time_per_training_s"], marker=marker, label=label)
+                axes[1].plot(rows["devices_per_training"], rows["device_s_per_training"], marker=marker, label=label)
+    for ax, ylabel in zip(axes, ("time per training (s)", "device-seconds per training")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("devices per training (1/N packed, k spread)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Spread over k devices beside packing N on one")
+    return _save(fig, plt, path)
+
+
 def _save(fig: Any, plt: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -511,6 +584,17 @@ def _knob_section(c: Collected) -> str:
             + _table(c.knobs, columns, {"samples_per_s": ".0f", "loader_bound_samples_per_s": ".0f"}))
 
 
+def _layout_section(c: Collected) -> str:
+    if c.layouts.empty:
+        return ""
+    return ("<h2>One training on k devices beside N trainings on one device</h2>"
+            + _table(c.layouts, {"workload": "workload", **LAYOUT_COLUMNS},
+                     {"wall_s": ".2f", "time_per_training_s": ".2f", "device_s_per_training": ".2f",
+                      "trainings_per_device_hour": ".0f", "rgu_hours_per_1000": ".3g", "samples_per_s": ".0f",
+                      "allreduce_bytes_per_step": ".0f", "allreduce_s_per_step": ".4f", "devices_per_training": ".3g"})
+            + "".join(f"<p>{html.escape(line)}</p>" for line in c.verdicts))
+
+
 def write_report(c: Collected, out: Path) -> list[Path]:
     """plots/*.png and report.html in ``out``."""
     plots_dir = out / "plots"
@@ -519,6 +603,7 @@ def write_report(c: Collected, out: Path) -> list[Path]:
         (plot_split_vs_no_split(c, plots_dir / "split_vs_no_split.png"), "Split (TF logical GPUs) against no split"),
         (plot_throughput_curves(c, plots_dir / "throughput_curves.png"), "Throughput of the trainings of one pack"),
         (plot_cost(c, plots_dir / "cost.png"), "Time and RGU cost of the sweep per partition"),
+        (plot_layouts(c, plots_dir / "spread_vs_packing.png"), "One training on k devices beside N on one device"),
     ]
     plots = [(p, alt) for p, alt in made if p is not None]
     best = "".join(f"<p>{html.escape(line)}</p>" for line in [text for _, r in c.best.iterrows()
@@ -536,6 +621,7 @@ def write_report(c: Collected, out: Path) -> list[Path]:
         _table(c.cost, COST_COLUMNS, COST_FORMATS),
         "".join(f"<p>{html.escape(line)}</p>" for line in (cost_lines(c) if not c.cost.empty else [])),
         _knob_section(c),
+        _layout_section(c),
         "<h2>Plots</h2>", "".join(_img(p, alt) for p, alt in plots),
         "<h2>Best hyperparameters by validation accuracy</h2>",
         "".join(f"<p>{html.escape(line)}</p>" for line in hyper_lines(c.hyper)) or "<p>(none)</p>",
@@ -584,6 +670,8 @@ def write_outputs(c: Collected, out: Path, plots: bool = True) -> list[Path]:
         "best_lines": [best_line(r) for _, r in c.best.iterrows()], "cost": _jsonable(c.cost),
         "sweep_trainings": c.sweep_trainings, "best_hyperparameters": _jsonable(c.hyper),
         "knobs": _jsonable(c.knobs),
+        "spread": _jsonable(c.spread.drop(columns=["walls"], errors="ignore")),
+        "layouts": _jsonable(c.layouts.drop(columns=["times"], errors="ignore")), "verdicts": c.verdicts,
         "warnings": c.records.warnings, "pending_packs": c.records.pending,
     })
     written = [run.summary_csv, run.summary_json]

@@ -52,6 +52,16 @@ class AutoSpec:
 
 
 @dataclass(frozen=True)
+class SpreadSpec:
+    """spread.*, checked: one training over each k devices, by each layout of the strategy (ddp-gloo, mirrored)."""
+
+    strategy: str
+    layouts: tuple[tuple[str, str], ...]  # (strategy module, label): the label is the packs' mode
+    devices: tuple[int, ...]
+    repeats: int
+
+
+@dataclass(frozen=True)
 class SweepSpec:
     name: str
     workload: Workload
@@ -69,6 +79,7 @@ class SweepSpec:
     memory: TrainingMemory | None = None  # one training's memory: what capped N and sizes requests
     auto: AutoSpec | None = None  # packing.factors=auto: probe first (gpupack/auto.py); factors is then its ladder
     warnings: tuple[str, ...] = ()  # said before anything runs, e.g. a request that leaves a node's GPUs idle
+    spread: SpreadSpec | None = None  # spread.devices: one training over k devices, beside packing
 
     def plan(self) -> Plan:
         probe = (self.workload.loader_param, self.workload.loader_keys) if self.loader_probe else None
@@ -76,7 +87,10 @@ class SweepSpec:
                          factors=self.factors, modes=self.modes, partitions=self.partitions,
                          repeats=self.repeats, seed_key=self.workload.seed_key, loader_probe=probe,
                          group_keys=group_keys(self.workload, self.modes), order=self.order,
-                         order_seed=self.order_seed)
+                         order_seed=self.order_seed,
+                         spread_layouts=self.spread.layouts if self.spread else (),
+                         spread_devices=self.spread.devices if self.spread else (),
+                         spread_repeats=self.spread.repeats if self.spread else None)
 
 
 def group_keys(workload: Workload, modes: Sequence[str]) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
@@ -147,15 +161,17 @@ def _check_estimate(cfg: DictConfig) -> None:
 
 
 def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], str], noun: str = "trainings",
-              request_host_mb: float | None = None) -> None:
-    """Each pack of N must fit what one job on each partition can have (CPUs, host memory). Pure."""
+              request_host_mb: float | None = None, per_node: bool = False) -> None:
+    """Each pack of N must fit what one job on each partition can have (CPUs, host memory); ``per_node``: a job of
+    several GPUs (spread), bounded by a whole node rather than one GPU's share. Pure."""
     for name, cap in facts.capacities.items():
+        max_cpus = (cap.node_cpus or cap.max_cpus) if per_node else cap.max_cpus
         for i, n in enumerate(factors):
             req = facts.request(n, request_host_mb) if request_host_mb is not None else facts.request(n)
-            if cap.max_cpus and req.cpus and req.cpus > cap.max_cpus:
+            if max_cpus and req.cpus and req.cpus > max_cpus:
                 raise ConfigError(key(i), n, f"{n} {noun} x {req.cpus_key}={req.cpus_each:g} = {req.cpus} CPUs, but "
-                                  f"one {name} GPU job gets at most {cap.max_cpus}",
-                                  f"lower N, or set {req.cpus_key}={cap.max_cpus / n:.2g} so N {noun} share the cores")
+                                  f"one {name} {'node has' if per_node else 'GPU job gets at most'} {max_cpus}",
+                                  f"lower N, or set {req.cpus_key}={max_cpus / n:.2g} so N {noun} share the cores")
             if cap.max_mem_mb and req.mem_mb and req.mem_mb > cap.max_mem_mb:
                 raise ConfigError(key(i), n, f"{n} {noun} x {req.mem_key}={req.mem_gb_each:g} ({req.mem_why}) = "
                                   f"{req.mem_mb / 1024:.1f} GB, but a {name} node has {cap.max_mem_mb / 1024:.1f} GB",
@@ -226,6 +242,38 @@ def _check_auto(cfg: DictConfig) -> tuple[int, ...]:
         raise ConfigError("packing.modes", list(packing.modes), "packing.factors=auto probes one mode",
                           "choose one, e.g. packing.modes=[process]; compare modes with explicit factors")
     return tuple(ladder)
+
+
+def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts, memory: TrainingMemory,
+                        fraction: float, measured_host_mb: float | None) -> SpreadSpec | None:
+    """spread.*: the strategy, its layouts and each k against the workload and one node of each partition (devices,
+    CPUs, memory: each of the k processes or replicas holds a whole model). None when spread.devices is empty."""
+    from gpupack.spread import check_spread, load_strategy
+
+    spread = cfg.spread
+    devices = list(spread.devices)
+    if not devices:
+        return None
+    if is_auto(cfg):
+        raise ConfigError("spread.devices", devices, "packing.factors=auto probes packing alone",
+                          "give explicit packing.factors=[...] to measure spread beside packing, or spread.devices=[]")
+    if spread.repeats is not None and spread.repeats < 1:
+        raise ConfigError("spread.repeats", spread.repeats, "must be >= 1 or null", "measure each k at least once")
+    strategy = load_strategy(spread.strategy)
+    labels = strategy.labels(spread)
+    check_spread(strategy, workload, devices, labels, facts.capacities, spread)
+    check_fit(devices, facts, key=lambda i: f"spread.devices[{i}]", noun="processes of one training",
+              request_host_mb=measured_host_mb, per_node=True)
+    for name, cap in facts.capacities.items():  # each device holds a whole replica: k x one training's host memory
+        budget = (cap.node_mem_mb or cap.max_mem_mb or 0) * fraction
+        for i, k in enumerate(devices):
+            if budget and k * memory.host.mb > budget:
+                raise ConfigError(f"spread.devices[{i}]", k, f"{k} replicas x {memory.host.mb:.0f} MB "
+                                  f"({memory.host.source}) of host memory is over {name}'s budget of "
+                                  f"{budget / 1024:.1f} GB ({fraction:.0%})",
+                                  "lower k, or raise packing.memory_fraction")
+    return SpreadSpec(strategy=strategy.name, layouts=tuple((strategy.name, label) for label in labels),
+                      devices=tuple(devices), repeats=int(spread.repeats or cfg.packing.repeats))
 
 
 def pack_settings(packing: Any) -> PackSettings:
@@ -340,6 +388,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
         check_fit(factors, facts, key=lambda i: f"packing.factors[{i}]", request_host_mb=measured.host_mb)
         check_modes(workload, modes, factors, facts, settings)  # a mode's own limit is the more specific answer
         check_memory(factors, facts.capacities, memory, fraction, key=lambda i: f"packing.factors[{i}]")
+    spread = check_spread_config(cfg, workload, facts, memory, fraction, measured.host_mb)
     for mode, key in group_keys(workload, modes).items():  # every training must fit a group (fused: no AMP...)
         for point in expand_grid(grid):
             try:
@@ -352,7 +401,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
                      factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
                      loader_probe=bool(sweep.loader_probe), settings=settings, order=cfg.packing.order,
                      order_seed=int(cfg.packing.order_seed), memory=memory, auto=auto,
-                     warnings=tuple(idle_gpu_warnings(factors, facts, measured.host_mb)))
+                     warnings=tuple(idle_gpu_warnings(factors, facts, measured.host_mb)), spread=spread)
 
 
 def typed_grid(workload: Workload, raw_grid: Any, raw_fixed: Any) -> tuple[dict[str, list[Any]], dict[str, Any]]:

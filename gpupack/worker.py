@@ -24,9 +24,29 @@ def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any
     workload = load_workload(spec["workload"])
     params = params_from_mapping(workload, spec["params"])
     reporter = Reporter(warmup_steps=int(spec.get("warmup_steps", 10)))
-    ctx = TrainingContext(device=spec["device"], threads=int(spec["threads"]), reporter=reporter)
-    metrics = workload.train(params, ctx)
-    return compose_result(spec, workload, params, reporter, metrics, process_start)
+    spread = join_spread(spec.get("spread"))
+    ctx = TrainingContext(device=spread.device if spread else spec["device"], threads=int(spec["threads"]),
+                          reporter=reporter, spread=spread)
+    try:
+        metrics = workload.train(params, ctx)
+        result = compose_result(spec, workload, params, reporter, metrics, process_start)
+        if spread is not None:  # what the strategy measured (all-reduce bytes and time per step), and where it ran
+            result["spread"] = {**spread.placement.to_json(), **spread.stats()}
+        return result
+    finally:
+        if spread is not None:
+            spread.close()
+
+
+def join_spread(placement: Mapping[str, Any] | None) -> Any:
+    """One training spread over k devices: its strategy sets this process up (DDP joins the process group) and
+    returns the Spread the workload calls; None for a training on one device."""
+    if not placement:
+        return None
+    from gpupack.spread import Placement, load_strategy
+
+    where = Placement.from_json(placement)
+    return load_strategy(where.strategy).join(where)
 
 
 def compose_result(spec: Mapping[str, Any], workload: Any, params: Any, reporter: Any, metrics: Mapping[str, Any],

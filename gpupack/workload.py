@@ -108,11 +108,13 @@ class Launch:
 
 @dataclass
 class TrainingContext:
-    """What the packer gives a training: its device, its thread budget and its reporter."""
+    """What the packer gives a training: its device, its thread budget and its reporter; and, for one training
+    spread over k devices (spread.devices), its :class:`gpupack.spread.Spread` (None: one device, not spread)."""
 
     device: str
     threads: int
     reporter: Reporter
+    spread: Any = None
 
 
 class Workload(ABC):
@@ -136,6 +138,9 @@ class Workload(ABC):
     forkable: ClassVar[bool] = False
     # fused mode: N trainings of this workload can train as one batched model (fuse_key, train_fused).
     fusable: ClassVar[bool] = False
+    # Spread strategies (gpupack/spread/) this workload can train under, over k devices: its train() calls
+    # ctx.spread (wrap the model, shard each global batch, build under its scope) when it is set.
+    spreads: ClassVar[tuple[str, ...]] = ()
 
     def check(self, params: Any) -> None:
         """Static checks run before submission (data present, values in range). Raise ConfigError."""

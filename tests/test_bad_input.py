@@ -60,6 +60,19 @@ CASES = [
     (["packing.order=random"], ["packing.order='random'", "interleaved"]),
     (["sweep.workload=command", "sweep.fixed.argv=[python,t.py,--lr,{lr}]"],
      ["sweep.fixed.argv=", "cannot parse", '"{lr}"']),
+    # spread: one training over k devices (issue 13)
+    (["spread.devices=[1,512]"], ["spread.devices[1]=512", "a local node has", "k <="]),
+    (["spread.devices=[1,2]", "spread.strategy=mirrored"], ["spread.strategy='mirrored'", "torch workload",
+                                                            "spread.strategy=ddp"]),
+    (["spread.devices=[1,2]", "spread.strategy=ddp", "sweep.workload=mnist_tf"],
+     ["spread.strategy='ddp'", "tensorflow workload", "spread.strategy=mirrored"]),
+    (["spread.devices=[1,2]", "spread.ddp_backend=nccl"], ["spread.ddp_backend='nccl'", "gloo"]),
+    (["spread.devices=[2]", "spread.ddp_backend=mpi"], ["spread.ddp_backend='mpi'", "HINT"]),
+    (["spread.devices=[0]"], ["spread.devices[0]=0", "HINT"]),
+    (["spread.devices=[2,2]"], ["spread.devices=[2, 2]", "twice"]),
+    (["spread.devices=[2]", "spread.strategy=horovod"], ["spread.strategy='horovod'", "ddp"]),
+    (["spread.devices=[2]", "spread.repeats=0"], ["spread.repeats=0", "HINT"]),
+    (["spread.devices=[2]", "packing.factors=auto"], ["spread.devices=[2]", "auto"]),
 ]
 
 

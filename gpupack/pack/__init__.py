@@ -38,6 +38,8 @@ class PackContext:
     on_finished: Callable[["TrainingOutcome"], None] = lambda outcome: None
     # Called with (training id, pid) as each training's process starts, so the sampler can follow it.
     on_started: Callable[[str, int], None] = lambda training_id, pid: None
+    # One training spread over k devices (gpupack/spread/): where it runs (strategy, k, device); None: packing.
+    spread: Any = None
 
 
 @dataclass
@@ -139,4 +141,5 @@ def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> dict
         "warmup_steps": ctx.warmup_steps,
         "spawned_at": spawned_at,
         "result_path": str(ctx.run.work(ctx.pack.pack_id, training.training_id, "result")),
+        **({"spread": ctx.spread.to_json()} if ctx.spread is not None else {}),
     }

@@ -215,8 +215,16 @@ def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pa
         wall_s=outcome.ended_at - outcome.started_at,
         timings=result.get("timings"), throughput=result.get("throughput"), metrics=result.get("metrics"),
         memory=result.get("memory"), knobs=result.get("knobs"), loader_setting=result.get("loader_setting"),
-        data=result.get("data"), host=socket.gethostname(), **outcome.extra,
+        data=result.get("data"), host=socket.gethostname(), **spread_fields(pack, result), **outcome.extra,
     )
+
+
+def spread_fields(pack: Pack, result: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A spread pack's record fields: k devices, the strategy, and what it measured (all-reduce bytes per step, ...).
+    Nothing for a packing pack, whose records stay as they were."""
+    if pack.spread is None:
+        return {}
+    return {"devices": pack.devices, "strategy": pack.spread, "spread": (result or {}).get("spread")}
 
 
 @contextlib.contextmanager
@@ -265,6 +273,7 @@ def _run_pack(run: RunDir, pack_id: str, settings: PackSettings) -> dict[str, An
 
     info = detect_device()
     device = choose_device(settings.device, info)
+    runner, placement = runner_of(pack, device)
     cores = job_cores()
     threads = threads_for(cores, len(todo), settings.threads_per_training)
     by_id = {t.training_id: t for t in todo}
@@ -280,7 +289,8 @@ def _run_pack(run: RunDir, pack_id: str, settings: PackSettings) -> dict[str, An
         write_json_atomic(run.training_record(pack_id, rec["training_id"]), rec)
         records.append(rec)
 
-    mps = bool(getattr(options_of(settings, pack.mode), "mps", False))  # the sampler lists MPS clients then
+    # the sampler lists MPS clients then
+    mps = placement is None and bool(getattr(options_of(settings, pack.mode), "mps", False))
     sampler = Sampler(interval_s=settings.sample_interval_s, mps=mps, no_gpu_reason=info.note,
                       gpu=(info.uuid or first_visible(os.environ)) if info.kind == "gpu" else None)
     ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ), settings=settings,
@@ -288,15 +298,26 @@ def _run_pack(run: RunDir, pack_id: str, settings: PackSettings) -> dict[str, An
                       warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
                       training_timeout_s=settings.training_timeout_s,
                       memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
-                      if settings.memory_limit_gb_per_training else None)
+                      if settings.memory_limit_gb_per_training else None, spread=placement)
     sampler.start()
     mode_started = time.time()  # the pack's clock: what a mode does before its trainings start (a fork server's
     try:                        # preload, a TF host's start) is the pack's time too
-        load_packer(pack.mode).run(todo, ctx)
+        runner.run(todo, ctx)
     finally:
         sampled = sampler.stop()
     return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings), sampled,
                              mode_started=mode_started, phase=plan.phase)
+
+
+def runner_of(pack: Pack, device: str) -> tuple[Any, Any]:
+    """What runs the pack: its packing mode (N trainings on one device), or its spread strategy (one training over
+    k devices) with where that training runs."""
+    if pack.spread is None:
+        return load_packer(pack.mode), None
+    from gpupack.spread import load_strategy
+
+    strategy = load_strategy(pack.spread)
+    return strategy, strategy.placement(pack.mode, pack.devices, device)
 
 
 def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]], info: DeviceInfo,
@@ -321,7 +342,7 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
         # What the scheduler gave the job, to cross-check with sacct's gres/gpu.
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), slurm_job_gpus=os.environ.get("SLURM_JOB_GPUS"),
         slurm_partition=os.environ.get("SLURM_JOB_PARTITION"),
-        sampler=sampled,
+        sampler=sampled, **spread_fields(pack),
     )
     if phase:
         rec["phase"] = phase

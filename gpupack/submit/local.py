@@ -169,8 +169,11 @@ class LocalSubmitter(Submitter):
     def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
         """This machine: NVML's device (or none), the cores this process may use, its memory."""
         info = detect_device()
+        gpus = gpu_count() if info.kind == "gpu" else 0
         cap = Capacity(has_gpu=info.kind == "gpu", gpu_memory_mb=info.memory_total_mb, max_cpus=job_cores(),
-                       max_mem_mb=psutil.virtual_memory().total / 2**20, max_processes=process_room())
+                       max_mem_mb=psutil.virtual_memory().total / 2**20, max_processes=process_room(),
+                       # this machine is the node: a training may spread over its GPUs, or over its cores on a CPU
+                       node_gpus=gpus or None, node_cpus=job_cores(), node_mem_mb=psutil.virtual_memory().total / 2**20)
         return {name: cap for name in partitions}
 
     def slots(self) -> list[list[int]]:
@@ -181,7 +184,7 @@ class LocalSubmitter(Submitter):
 
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         executor = SessionLocalExecutor(folder=str(self.run.submitit / "%j"))
-        running: list[tuple[Pack, list[int], submitit.Job]] = []
+        running: list[tuple[Pack, list[list[int]], submitit.Job]] = []
         try:
             return self._run(executor, packs, settings, progress, running)
         except BaseException:  # stopped (Ctrl-C, or a signal the CLI turned into one) or broken: these jobs run under
@@ -190,29 +193,47 @@ class LocalSubmitter(Submitter):
             raise
 
     def _run(self, executor: submitit.LocalExecutor, packs: Sequence[Pack], settings: PackSettings,
-             progress: ProgressFn, running: list[tuple[Pack, list[int], submitit.Job]]) -> list[PackResult]:
+             progress: ProgressFn, running: list[tuple[Pack, list[list[int]], submitit.Job]]) -> list[PackResult]:
         """Submit packs as slots free up and wait for all; ``running`` holds the jobs not yet finished."""
         free = self.slots()
+        n_slots, n_gpus = len(free), gpu_count()
         queue = list(packs)
         results: list[PackResult] = []
         for p in queue:
             progress(p, "pending")
         while queue or running:
-            while queue and free:
-                pack, gpus = queue.pop(0), free.pop(0)
+            while queue and len(free) >= slots_needed(queue[0], n_slots, n_gpus):
+                pack = queue.pop(0)
+                taken = [free.pop(0) for _ in range(slots_needed(pack, n_slots, n_gpus))]
+                gpus = spread_gpus(pack, taken)
                 executor.update_parameters(timeout_min=self.cluster.timeout_min, gpus_per_node=len(gpus),
                                            visible_gpus=gpus, name=pack.pack_id)
                 job = executor.submit(PackJob(), str(self.run.root), pack.pack_id, settings)
-                running.append((pack, gpus, job))
+                running.append((pack, taken, job))
                 progress(pack, "running")
             time.sleep(POLL_S)
             for item in [r for r in running if r[2].done()]:
                 running.remove(item)
-                pack, gpus, job = item
-                free.append(gpus)
+                pack, taken, job = item
+                free += taken
                 results.append(job_result(pack, job))
                 progress(pack, progress_state(results[-1]))
         return results
+
+
+def slots_needed(pack: Pack, n_slots: int, n_gpus: int) -> int:
+    """Slots a pack holds while it runs: one; for one training spread over k GPUs, k (at most every slot: then it
+    holds them all and takes the machine's first k GPUs). On a CPU machine a slot is the whole machine, and a spread
+    training's k processes share it. Pure."""
+    return min(pack.devices, n_slots) if n_gpus and pack.devices > 1 else 1
+
+
+def spread_gpus(pack: Pack, taken: Sequence[list[int]]) -> list[int]:
+    """The GPUs a pack's job sees: its slots' (one each), or k distinct ones for a spread training. Pure."""
+    gpus = sorted({g for slot in taken for g in slot})
+    if pack.devices > 1 and gpus and len(gpus) < pack.devices:  # fewer slots than k: it holds all, so GPUs 0..k-1
+        return list(range(pack.devices))
+    return gpus
 
 
 SUBMITTER = LocalSubmitter

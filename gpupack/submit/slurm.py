@@ -49,18 +49,20 @@ def resources(factor: int, cpus_per_training: float, mem_gb_per_training: float)
 
 
 def sbatch_parameters(cluster: Any, name: str, partition: Any, factor: int, account: str | None,
-                      mem_gb_each: float | None = None) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for one pack of N trainings on one GPU of ``partition`` (memory per
-    training: ``mem_gb_each``, else cluster.mem_gb_per_training). Pure."""
+                      mem_gb_each: float | None = None, devices: int = 1) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for one pack of N trainings on one GPU of ``partition``, or (``devices`` = k
+    > 1) of one training spread over k GPUs of one node: k processes or replicas, each sized as one training (memory
+    per training: ``mem_gb_each``, else cluster.mem_gb_per_training). The pack starts one process per device itself,
+    so the job is one task either way. Pure."""
     each = mem_gb_each if mem_gb_each is not None else cluster.mem_gb_per_training or DEFAULT_MEM_GB
-    cpus, mem_mb = resources(factor, cluster.cpus_per_training, each)
+    cpus, mem_mb = resources(factor * devices, cluster.cpus_per_training, each)
     params: dict[str, Any] = {
         "time": int(cluster.timeout_min), "nodes": 1, "ntasks_per_node": 1, "cpus_per_task": cpus,
-        "mem": f"{mem_mb}M", "job_name": f"gpupack-{name}-n{factor}", "signal_delay_s": int(cluster.signal_delay_s),
-        "array_parallelism": int(cluster.array_parallelism),
+        "mem": f"{mem_mb}M", "job_name": f"gpupack-{name}-" + (f"k{devices}" if devices > 1 else f"n{factor}"),
+        "signal_delay_s": int(cluster.signal_delay_s), "array_parallelism": int(cluster.array_parallelism),
     }
-    if partition.request != "none":  # one GPU per pack: of the partition's type, or of any type
-        spec = f"{partition.gpu}:1" if partition.gpu else "1"
+    if partition.request != "none":  # k GPUs per pack (1 when packing): of the partition's type, or of any type
+        spec = f"{partition.gpu}:{devices}" if partition.gpu else str(devices)
         if partition.request == "gres":
             params["gres"] = f"gpu:{spec}"
         else:
@@ -273,20 +275,22 @@ class SlurmSubmitter(Submitter):
         its start time and host. Returns each pack with its job."""
         account = self.account()
         out: list[tuple[Pack, submitit.Job]] = []
-        groups: dict[tuple[str, str, int], list[Pack]] = {}
+        groups: dict[tuple[str, str, int, int], list[Pack]] = {}
         for p in packs:
-            groups.setdefault((p.partition, p.mode, p.factor), []).append(p)
-        for (partition, _mode, factor), group in groups.items():
+            groups.setdefault((p.partition, p.mode, p.factor, p.devices), []).append(p)
+        for (partition, _mode, factor, devices), group in groups.items():
             executor = self._executor()
             executor.update_parameters(**sbatch_parameters(self.cluster, partition, self.cluster.partitions[partition],
-                                                           factor, account, self.request(factor).mem_gb_each))
+                                                           factor, account, self.request(factor).mem_gb_each,
+                                                           devices=devices))
             try:
                 labelled = dataclasses.replace(settings, gpu_model=self.cluster.partitions[partition].model)
                 with executor.batch():
                     jobs = [executor.submit(PackJob(), str(self.run.root), p.pack_id, labelled) for p in group]
             except Exception as err:  # sbatch refused: say which group and why, keep what was submitted
                 self.remember({p.pack_id: (str(j.job_id), p.partition) for p, j in out})
-                raise SubmissionError(f"sbatch refused the {partition} N={factor} array: {err}".strip()) from None
+                what = f"k={devices}" if devices > 1 else f"N={factor}"
+                raise SubmissionError(f"sbatch refused the {partition} {what} array: {err}".strip()) from None
             out += list(zip(group, jobs))
         self.remember({p.pack_id: (str(j.job_id), p.partition) for p, j in out})
         return out

@@ -1,0 +1,222 @@
+"""One training spread over k devices beside packing: the plan, the job requests, the comparison and its verdict (pure,
+table-driven), and real runs on this machine and on the local slurmctld (k gloo processes standing in for k GPUs)."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+import pandas as pd
+import pytest
+
+from gpupack.layouts import compare, split_spread, spread_summary, verdicts
+from gpupack.plan import Plan, make_plan
+from gpupack.submit.local import slots_needed, spread_gpus
+from gpupack.submit.slurm import sbatch_parameters
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ---------------- the plan ----------------
+
+def _plan(**kw):
+    args = dict(sweep="s", workload="w", grid={"lr": [0.1, 0.2]}, fixed={"seed": 0}, factors=[1, 2], modes=["process"],
+                partitions=["p100"], repeats=3, spread_layouts=[("ddp", "ddp-gloo")], spread_devices=[1, 2])
+    return make_plan(**{**args, **kw})
+
+
+def test_spread_packs_hold_one_training_over_k_devices_of_the_same_trainings_as_n1():
+    plan = _plan()
+    spread = [p for p in plan.packs if p.spread]
+    assert {(p.devices, len(p.trainings), p.factor, p.mode) for p in spread} == {(1, 1, 1, "ddp-gloo"),
+                                                                                 (2, 1, 1, "ddp-gloo")}
+    assert sorted(p.pack_id for p in spread if p.devices == 2) == [f"p100-ddp-gloo-k02-{i:03d}" for i in range(3)]
+    assert all(p.units == p.devices for p in spread)
+    n1 = {t.training_id for p in plan.packs if not p.spread and p.factor == 1 for t in p.trainings}
+    assert {t.training_id for p in spread if p.devices == 2 for t in p.trainings} == n1  # the same trainings
+    assert any("spread" in n for n in plan.notes)
+
+
+def test_spread_repeats_are_their_own():
+    assert sum(1 for p in _plan(spread_repeats=5).packs if p.devices == 2) == 5
+
+
+def test_spread_packs_interleave_with_packing_by_k():
+    plan = _plan()
+    order = [p.pack_id for p in plan.packs]
+    k2 = [i for i, p in enumerate(plan.packs) if p.devices == 2]
+    assert k2[0] < len(order) / 2 < k2[-1]  # spread over the run, not bunched with k=1 or at one end
+
+
+def test_a_plan_with_spread_packs_round_trips_and_a_plan_without_them_keeps_its_json():
+    plan = _plan()
+    assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    packing_only = _plan(spread_layouts=(), spread_devices=())
+    assert all("devices" not in p and "spread" not in p for p in packing_only.to_json()["packs"])
+
+
+# ---------------- what the job asks for ----------------
+
+@pytest.mark.parametrize("request_form, devices, factor, gpus, cpus, mem, name", [
+    ("gpus_per_node", 2, 1, ("gpus_per_node", "v100:2"), 2, "4096M", "gpupack-v100-k2"),
+    ("gres", 4, 1, ("gres", "gpu:v100:4"), 4, "8192M", "gpupack-v100-k4"),
+    ("gpus_per_node", 1, 3, ("gpus_per_node", "v100:1"), 3, "6144M", "gpupack-v100-n3"),
+])
+def test_a_spread_pack_asks_for_k_gpus_on_one_node_and_a_share_per_device(request_form, devices, factor, gpus, cpus,
+                                                                          mem, name):
+    cluster = NS(cpus_per_training=1.0, mem_gb_per_training=2.0, timeout_min=30, signal_delay_s=60,
+                 array_parallelism=8, setup=[], additional_parameters={})
+    part = NS(gpu="v100", request=request_form, slurm_partition=None, constraint=None)
+    params = sbatch_parameters(cluster, "v100", part, factor, None, devices=devices)
+    assert params[gpus[0]] == gpus[1] and params["nodes"] == 1 and params["ntasks_per_node"] == 1
+    assert params["cpus_per_task"] == cpus and params["mem"] == mem and params["job_name"] == name
+
+
+@pytest.mark.parametrize("devices, n_slots, n_gpus, taken, needed, gpus", [
+    (1, 4, 4, [[2]], 1, [2]),
+    (2, 4, 4, [[0], [3]], 2, [0, 3]),  # two GPU slots: two distinct GPUs
+    (4, 2, 4, [[0], [1]], 2, [0, 1, 2, 3]),  # more GPUs than slots: it holds every slot and the first k GPUs
+    (2, 1, 0, [[]], 1, []),  # a CPU machine: the one slot; the k processes share its cores
+])
+def test_local_slots_of_a_spread_pack(devices, n_slots, n_gpus, taken, needed, gpus):
+    pack = NS(devices=devices)
+    assert slots_needed(pack, n_slots, n_gpus) == needed
+    assert spread_gpus(pack, taken) == gpus
+
+
+# ---------------- the comparison and its verdict (pure) ----------------
+
+def _packing_summary(times):
+    return pd.DataFrame([{"workload": "w", "partition": "v100", "gpu_type": "Tesla V100", "mode": "process",
+                          "factor": n, "time_per_training_s": t, "packs": 3, "oom": 0, "unfinished": 0,
+                          "gpu_model": "V100-16gb", "samples_per_s": 100.0} for n, t in times.items()])
+
+
+def _spread_records(walls):
+    trainings, packs = [], []
+    for k, values in walls.items():
+        for i, w in enumerate(values):
+            pid = f"v100-ddp-gloo-k{k:02d}-{i:03d}"
+            common = {"workload": "w", "partition": "v100", "gpu_type": "Tesla V100", "mode": "ddp-gloo",
+                      "devices": k, "strategy": "ddp", "pack_id": pid, "attempt": 0, "gpu_model": "V100-16gb"}
+            trainings.append({**common, "training_id": f"t{i}", "status": "completed", "samples_per_s": 900.0,
+                              "allreduce_bytes_per_step": 407080.0 if k > 1 else 0.0, "allreduce_s_per_step": 0.001})
+            packs.append({**common, "wall_s": w, "n_completed": 1, "complete": True})
+    return pd.DataFrame(trainings), pd.DataFrame(packs)
+
+
+# The source study's V100 figures: one training on 1, 2, 4, 8 GPUs took 128, 164, 190, 229 s; packed, say 40 s a
+# training at N=5.
+SOURCE_WALLS = {1: [128.0, 127.0, 129.0], 2: [164.0, 163.0, 166.0], 4: [190.0, 191.0, 189.0], 8: [229.0, 230.0, 228.0]}
+
+
+def test_the_source_study_verdict_packing_uses_a_device_hour_best():
+    t, p = _spread_records(SOURCE_WALLS)
+    spread = spread_summary(t, p)
+    assert list(spread["devices"]) == [1, 2, 4, 8]
+    assert list(spread["device_s_per_training"]) == [128.0, 328.0, 760.0, 1832.0]  # k x the median wall
+    times = {(("w", "v100", "Tesla V100", "process", 5)): [40.0, 41.0, 39.0],
+             (("w", "v100", "Tesla V100", "process", 1)): [128.0, 126.0, 130.0]}
+    table = compare(_packing_summary({1: 128.0, 5: 40.0}), spread, times, {"V100-16gb": 2.2})
+    assert list(table["devices_per_training"]) == [0.2, 1.0, 1.0, 2.0, 4.0, 8.0]
+    best = table[table["best"]]
+    assert list(best["layout"]) == ["process N=5"]
+    assert math.isclose(best["rgu_hours_per_1000"].iloc[0], 40.0 / 3600 * 2.2 * 1000)
+    (line,) = verdicts(table)
+    assert "a device-hour goes furthest with 5 trainings on one device (process N=5)" in line
+    assert "one training on 1 device (ddp-gloo k=1) spends 3.20x that" in line.lower()
+    assert "RGU-hours" in line
+
+
+def test_when_spread_finishes_in_less_device_time_it_is_the_verdict():
+    t, p = _spread_records({2: [4.0, 4.1, 3.9]})  # a training that scales: 2 x 4 s = 8 s of device time
+    times = {("w", "v100", "Tesla V100", "process", 1): [10.0, 10.2, 9.8]}
+    table = compare(_packing_summary({1: 10.0}), spread_summary(t, p), times, {})
+    assert list(table.loc[table["best"], "layout"]) == ["ddp-gloo k=2"]
+    (line,) = verdicts(table)
+    assert line.startswith("w on v100 (Tesla V100): a device-hour goes furthest with one training on 2 devices")
+    assert "RGU" not in line  # no weight known: no cost claimed
+
+
+def test_within_noise_is_said_and_a_missing_answer_gives_no_verdict():
+    t, p = _spread_records({2: [10.0, 30.0, 6.0]})  # device-s 20, 60, 12: overlaps packing's 14-22
+    times = {("w", "v100", "Tesla V100", "process", 1): [22.0, 14.0, 18.0]}
+    table = compare(_packing_summary({1: 18.0}), spread_summary(t, p), times, {})
+    assert "within noise" in verdicts(table)[0]
+    spread_only = compare(pd.DataFrame(), spread_summary(t, p), {}, {})
+    assert not spread_only["best"].any()
+    assert "no verdict yet: nothing usable measured for packing" in verdicts(spread_only)[0]
+
+
+def test_a_failed_spread_training_is_never_the_verdict():
+    t, p = _spread_records({2: [1.0]})  # fastest of all, but it failed
+    t["status"] = "failed"
+    times = {("w", "v100", "Tesla V100", "process", 1): [10.0]}
+    table = compare(_packing_summary({1: 10.0}), spread_summary(t, p), times, {})
+    assert not table["best"].any()
+    assert "no verdict yet: nothing usable measured for spread" in verdicts(table)[0]
+
+
+def test_split_spread_keeps_packing_rows_apart():
+    frame = pd.DataFrame([{"strategy": None, "x": 1}, {"strategy": "ddp", "x": 2}])
+    packing, spread = split_spread(frame)
+    assert list(packing["x"]) == [1] and list(spread["x"]) == [2]
+    assert split_spread(pd.DataFrame([{"x": 1}]))[1].empty
+
+
+# ---------------- real runs ----------------
+
+def gpupack(args, env=None, timeout=900):
+    return subprocess.run([sys.executable, "-m", "gpupack", *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO)
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in run_dir.glob("packs/*/trainings/*.json")]
+
+
+SMALL = ["sweep.fixed.train_samples=2048", "sweep.fixed.val_samples=500", "sweep.grid.batch_size=[64]"]
+
+
+@pytest.mark.slow
+def test_mnist_spread_runs_ddp_beside_packing_in_one_table_with_a_verdict(tmp_path, subprocess_env):
+    run_dir = tmp_path / "run"
+    proc = gpupack(["+sweep=mnist_spread", *SMALL, "packing.repeats=2", f"run_dir={run_dir}"], subprocess_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = _records(run_dir)
+    spread = [r for r in recs if r.get("strategy") == "ddp"]
+    assert {r["devices"] for r in spread} == {1, 2} and all(r["status"] == "completed" for r in recs)
+    k2 = [r for r in spread if r["devices"] == 2]
+    assert all(r["spread"]["world"] == 2 and r["spread"]["allreduce_bytes_per_step"] > 0 for r in k2)
+    assert "One training on k devices (spread) beside N trainings on one device" in proc.stdout
+    assert "ddp-gloo k=2" in proc.stdout and "process N=2" in proc.stdout
+    assert "a device-hour goes furthest with" in proc.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["verdicts"]) == 1 and {r["answer"] for r in summary["layouts"]} == {"packing", "spread"}
+    assert (run_dir / "plots" / "spread_vs_packing.png").exists()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_ddp_k2_runs_as_a_two_gpu_job_on_the_local_slurmctld(tmp_path, slurm_env):
+    from tests.test_slurm import sacct
+    from tests.conftest import wait_for
+
+    run_dir = tmp_path / "run"
+    proc = gpupack(["+sweep=mnist_spread", *SMALL, "cluster=slurm", "partitions=[p100]", "packing.factors=[1]",
+                    "packing.repeats=1", "spread.devices=[2]", f"run_dir={run_dir}"], slurm_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    jobs = json.loads((run_dir / "jobs.json").read_text())
+    k2 = [j["job_id"] for p, j in jobs.items() if "-k02-" in p]
+    assert len(k2) == 1
+    assert wait_for(lambda: len(sacct(slurm_env, k2, "JobID")) == 1, timeout_s=60)
+    ((_job, state, tres),) = sacct(slurm_env, k2, "JobID,State,AllocTRES")
+    assert state == "COMPLETED" and "gres/gpu=2" in tres  # a real 2-GPU job
+    pack = next(json.loads(p.read_text()) for p in run_dir.glob("packs/*-k02-*/pack.json"))
+    assert pack["devices"] == 2 and len(pack["slurm_job_gpus"].split(",")) == 2
+    (rec,) = [r for r in _records(run_dir) if r.get("devices") == 2]
+    assert rec["status"] == "completed" and rec["spread"]["world"] == 2
+    assert "a device-hour goes furthest with" in proc.stdout
