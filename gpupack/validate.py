@@ -245,7 +245,8 @@ def _check_auto(cfg: DictConfig) -> tuple[int, ...]:
 
 
 def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts, memory: TrainingMemory,
-                        fraction: float, measured_host_mb: float | None) -> SpreadSpec | None:
+                        fraction: float, measured_host_mb: float | None, grid: Mapping[str, list[Any]],
+                        fixed: Mapping[str, Any]) -> SpreadSpec | None:
     """spread.*: the strategy, its layouts and each k against the workload and one node of each partition (devices,
     CPUs, memory: each of the k processes or replicas holds a whole model). None when spread.devices is empty."""
     from gpupack.spread import check_spread, load_strategy
@@ -262,6 +263,14 @@ def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts
     strategy = load_strategy(spread.strategy)
     labels = strategy.labels(spread)
     check_spread(strategy, workload, devices, labels, facts.capacities, spread)
+    for point in expand_grid(grid):  # the workload's own limits, e.g. a global batch that splits over k devices
+        for k in devices:
+            try:
+                workload.check_spread(workload.params({**fixed, **point}), strategy.name, k)
+            except ConfigError as err:
+                where = "sweep.grid" if err.key in grid else "sweep.fixed"
+                raise ConfigError(f"{where}.{err.key}", err.value, f"{err.why} (spread.devices has {k})",
+                                  err.hint) from None
     check_fit(devices, facts, key=lambda i: f"spread.devices[{i}]", noun="processes of one training",
               request_host_mb=measured_host_mb, per_node=True)
     for name, cap in facts.capacities.items():  # each device holds a whole replica: k x one training's host memory
@@ -388,7 +397,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
         check_fit(factors, facts, key=lambda i: f"packing.factors[{i}]", request_host_mb=measured.host_mb)
         check_modes(workload, modes, factors, facts, settings)  # a mode's own limit is the more specific answer
         check_memory(factors, facts.capacities, memory, fraction, key=lambda i: f"packing.factors[{i}]")
-    spread = check_spread_config(cfg, workload, facts, memory, fraction, measured.host_mb)
+    spread = check_spread_config(cfg, workload, facts, memory, fraction, measured.host_mb, grid, fixed)
     for mode, key in group_keys(workload, modes).items():  # every training must fit a group (fused: no AMP...)
         for point in expand_grid(grid):
             try:

@@ -145,6 +145,10 @@ class Workload(ABC):
     def check(self, params: Any) -> None:
         """Static checks run before submission (data present, values in range). Raise ConfigError."""
 
+    def check_spread(self, params: Any, strategy: str, devices: int) -> None:
+        """Before anything runs, for a training spread over ``devices`` devices by ``strategy``: refuse (ConfigError)
+        hyperparameters that cannot spread that way, e.g. a global batch that does not split over the devices."""
+
     def preload(self, params: Sequence[Any]) -> None:
         """In the fork server, once, before any training of the pack is forked: import what every training imports
         and read what they all read (``params`` are theirs), so each starts with it in memory. Never touch a device:

@@ -1,4 +1,8 @@
-"""What the torch workloads share: the loader, the training loop (with AMP), the loader-only pass, accuracy."""
+"""What the torch workloads share: the loader, the training loop (with AMP), the loader-only pass, accuracy.
+
+Spread over k devices (``ctx.spread``, gpupack/spread/ddp.py), the same loop trains the wrapped model on this rank's
+slice of each global batch (``batch_size`` stays the global batch at every k); alone, it is untouched.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -7,6 +11,7 @@ from typing import Any
 from abc import abstractmethod
 from typing import ClassVar
 
+from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, Workload
 from jobs._params import LOADER_PARAM, TORCH_KNOBS, TORCH_LOADER_KEYS
 
@@ -19,6 +24,7 @@ class TorchImageWorkload(Workload):
     framework = "torch"
     forkable = True  # torch imports without threads or CUDA: trainings fork from a preloaded server
     fusable = True  # N models of one shape train as one batched model
+    spreads = ("ddp",)  # one training over k devices: DistributedDataParallel, one process per device
     loader_param, loader_keys, knob_keys = LOADER_PARAM, TORCH_LOADER_KEYS, TORCH_KNOBS
     data: ClassVar[Any]  # a module with load(data_dir) → x_train, y_train, x_test, y_test, source
     shape_keys: ClassVar[tuple[str, ...]]  # the hyperparameters that fix the model's shape (fused groups)
@@ -31,6 +37,17 @@ class TorchImageWorkload(Workload):
 
     def preload(self, params: Any) -> None:
         preload(self.data.load, params)
+
+    def check_spread(self, params: Any, strategy: str, devices: int) -> None:
+        """Each of the k processes trains on its slice of every global batch, and a spread training drops the last
+        partial batch (so k=1 and k=2 see the same steps): a batch needs k samples, and the data one full batch."""
+        if params.batch_size < devices:
+            raise ConfigError("batch_size", params.batch_size, f"one global batch is split over the {devices} "
+                              "processes of a spread training", f"use batch_size >= {devices}, or fewer devices")
+        if params.train_samples < params.batch_size:
+            raise ConfigError("train_samples", params.train_samples, f"is below batch_size={params.batch_size}, and a "
+                              "spread training drops the partial last batch, so it would take no step",
+                              "use train_samples >= batch_size")
 
     def fuse_key(self, params: Any) -> tuple[Any, ...]:
         from jobs import _torch_fused
@@ -82,21 +99,32 @@ def run(params: Any, ctx: TrainingContext, data: Any, build_model: Any, weight_d
     x_train, y_train = images(torch, data.x_train[order.numpy()]), torch.from_numpy(data.y_train[order.numpy()]).long()
     x_val = images(torch, data.x_test[: params.val_samples])
     y_val = torch.from_numpy(data.y_test[: params.val_samples]).long()
-    loader = make_loader(torch, x_train, y_train, params, device, gen)
+    spread = ctx.spread
+    if spread is not None and params.batch_size < spread.world:  # some rank's slice of every batch would be empty
+        raise ConfigError("batch_size", params.batch_size, f"one global batch is split over the {spread.world} "
+                          "processes of a spread training", f"use batch_size >= {spread.world}, or fewer devices")
+    # Spread: a last batch smaller than the global one is dropped at every k, so k=1 and k=2 train on the same batches
+    # and no rank's slice is ever empty.
+    loader = make_loader(torch, x_train, y_train, params, device, gen, drop_last=spread is not None)
     if params.loader_only:
         return loader_only(params, loader, device, ctx, torch, data.source)
     model = build_model(torch.nn).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=params.lr, momentum=params.momentum, weight_decay=weight_decay)
-    loss = train(model, opt, loader, params, device, ctx, torch)
+    trained = spread.wrap(model) if spread is not None else model  # DDP: the same parameters, all-reduced
+    opt = torch.optim.SGD(trained.parameters(), lr=params.lr, momentum=params.momentum, weight_decay=weight_decay)
+    loss = train(trained, opt, loader, params, device, ctx, torch)
+    if spread is not None:
+        loss = spread.mean(loss)  # each rank's mean, weighted to its share below: their mean is the global mean
+    # Evaluated on the unwrapped model: every rank holds the same weights, and no all-reduce runs outside training.
     return {"train_loss": loss, "val_accuracy": accuracy(model, x_val, y_val, device, torch, eval_batch),
             "peak_gpu_mem_mb": peak_gpu_mem_mb(device, torch), "data": data.source}
 
 
-def make_loader(torch: Any, x: Any, y: Any, params: Any, device: Any, gen: Any) -> Any:
+def make_loader(torch: Any, x: Any, y: Any, params: Any, device: Any, gen: Any, drop_last: bool = False) -> Any:
     from torch.utils.data import DataLoader, TensorDataset
 
     return DataLoader(TensorDataset(x, y), batch_size=params.batch_size, shuffle=True, generator=gen,
-                      num_workers=params.num_workers, pin_memory=params.pin_memory and device.type == "cuda")
+                      num_workers=params.num_workers, pin_memory=params.pin_memory and device.type == "cuda",
+                      drop_last=drop_last)
 
 
 def amp(enabled: bool, device: Any, torch: Any) -> tuple[Any, Any]:
@@ -125,19 +153,33 @@ def loader_only(params: Any, loader: Any, device: Any, ctx: TrainingContext, tor
 
 def train(model: Any, opt: Any, loader: Any, params: Any, device: Any, ctx: TrainingContext,
           torch: Any) -> float:
-    """The training loop, each step reported; returns the mean training loss."""
+    """The training loop, each step reported; returns the mean training loss (spread: this rank's share of it).
+
+    A caller that puts a list under ``ctx.reporter.info["losses"]`` gets each step's loss appended to it (spread: this
+    rank's weighted share; the step's global loss is the mean over ranks), to compare loss curves in tests."""
     loss_fn = torch.nn.CrossEntropyLoss()
     autocast, scaler = amp(params.amp, device, torch)
     rep = ctx.reporter
+    spread = ctx.spread
+    losses = rep.info.get("losses")
     rep.loop_started()
     running, count = 0.0, 0
     model.train()
     for _ in range(params.epochs):
         for xb, yb in loader:
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            n = len(yb)  # the global batch: what the step trained on, over all ranks
+            weight = 1.0
+            if spread is not None:
+                xb, yb = spread.shard(xb, yb)
+                # DDP averages the ranks' gradients: a slice's mean loss weighted by its share of the batch keeps that
+                # average the global batch's mean gradient when slices differ by one sample (1.0 when they are equal).
+                weight = len(yb) * spread.world / n
             opt.zero_grad(set_to_none=True)
             with autocast():
                 loss = loss_fn(model(xb), yb)
+                if weight != 1.0:
+                    loss = loss * weight
             if scaler is not None:
                 scaler.scale(loss).backward()
                 scaler.step(opt)
@@ -145,9 +187,12 @@ def train(model: Any, opt: Any, loader: Any, params: Any, device: Any, ctx: Trai
             else:
                 loss.backward()
                 opt.step()
-            running += loss.item() * len(yb)
-            count += len(yb)
-            rep.step(len(yb))
+            value = loss.item()
+            running += value * n
+            count += n
+            if losses is not None:
+                losses.append(value)
+            rep.step(n)
     if device.type == "cuda":
         torch.cuda.synchronize()
     rep.loop_ended()

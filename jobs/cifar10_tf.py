@@ -21,6 +21,10 @@ class Cifar10Tf(Workload):
     framework = "tensorflow"
     Params = Cifar10TfParams
     loader_param, loader_keys, knob_keys = LOADER_PARAM, TF_LOADER_KEYS, TF_KNOBS
+    spreads = ("mirrored",)  # _tf_common builds under ctx.spread.scope()
+
+    def check_spread(self, params: Any, strategy: str, devices: int) -> None:
+        _tf_common.check_even_split(min(params.batch_size, params.train_samples), devices)
     min_gpu_memory_mb = 1024
 
     def check(self, params: Cifar10TfParams) -> None:

@@ -27,6 +27,10 @@ class MnistTf(Workload):
     framework = "tensorflow"
     Params = MnistTfParams
     loader_param, loader_keys, knob_keys = LOADER_PARAM, TF_LOADER_KEYS, TF_KNOBS
+    spreads = ("mirrored",)  # _tf_common builds under ctx.spread.scope()
+
+    def check_spread(self, params: Any, strategy: str, devices: int) -> None:
+        _tf_common.check_even_split(min(params.batch_size, params.train_samples), devices)
     min_gpu_memory_mb = 512
 
     def check(self, params: MnistTfParams) -> None:

@@ -73,6 +73,9 @@ CASES = [
     (["spread.devices=[2]", "spread.strategy=horovod"], ["spread.strategy='horovod'", "ddp"]),
     (["spread.devices=[2]", "spread.repeats=0"], ["spread.repeats=0", "HINT"]),
     (["spread.devices=[2]", "packing.factors=auto"], ["spread.devices=[2]", "auto"]),
+    (["spread.devices=[1,2]", "spread.strategy=mirrored", "sweep.workload=mnist_tf", "sweep.grid.batch_size=[63]"],
+     ["sweep.grid.batch_size=63", "spread.devices has 2", "divisible by 2"]),
+    (["spread.devices=[1,2]", "sweep.grid.batch_size=[1]"], ["sweep.grid.batch_size=1", "batch_size >= 2"]),
 ]
 
 

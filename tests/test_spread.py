@@ -199,6 +199,20 @@ def test_mnist_spread_runs_ddp_beside_packing_in_one_table_with_a_verdict(tmp_pa
     assert (run_dir / "plots" / "spread_vs_packing.png").exists()
 
 
+@pytest.mark.slow
+def test_mnist_tf_spread_runs_mirrored_over_logical_cpus_beside_packing(tmp_path, subprocess_env):
+    run_dir = tmp_path / "run"
+    proc = gpupack(["+sweep=mnist_tf_spread", "sweep.fixed.train_samples=2048", "sweep.fixed.val_samples=500",
+                    "packing.repeats=1", f"run_dir={run_dir}"], subprocess_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    spread = [r for r in _records(run_dir) if r.get("strategy") == "mirrored"]
+    assert {r["devices"] for r in spread} == {1, 2} and all(r["status"] == "completed" for r in spread)
+    k2 = next(r for r in spread if r["devices"] == 2)
+    assert k2["spread"]["replicas"] == 2 and len(k2["spread"]["replica_devices"]) == 2  # two logical CPU devices
+    assert "mirrored k=2" in proc.stdout and "process N=2" in proc.stdout
+    assert "a device-hour goes furthest with" in proc.stdout
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_ddp_k2_runs_as_a_two_gpu_job_on_the_local_slurmctld(tmp_path, slurm_env):

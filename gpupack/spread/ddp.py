@@ -1,0 +1,427 @@
+"""DDP: one torch training over k devices as k processes (one per device), gradients all-reduced by
+``torch.nn.parallel.DistributedDataParallel`` over gloo (CPU or GPU) or NCCL (GPUs only).
+
+The pack's side (:meth:`DdpStrategy.run`) starts k fresh ``python -m gpupack.worker`` processes, rank r of k each
+with its own spec, and follows them as one training: one rank failing fails the training and the others are killed
+(they would wait in an all-reduce for it until their time-out). The training's side (:meth:`DdpStrategy.join`) joins
+the process group and gives the workload a :class:`DdpSpread`, which counts what each step all-reduces (bytes,
+buckets, in-flight time) with a DDP communication hook, so records say what spreading cost in communication.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from gpupack.errors import ConfigError, nearest
+from gpupack.spread import Placement, Spread, Strategy
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+    from gpupack.pack import Capacity, PackContext, TrainingOutcome
+    from gpupack.plan import Training
+    from gpupack.workload import Workload
+
+KEY = "spread.ddp_backend"
+BACKENDS = ("gloo", "nccl")
+PREFIX = "ddp-"
+# How long a rank waits for the others (rendezvous, one collective) before it gives up. The pack kills the others as
+# soon as one rank dies, so this only ends a process group whose ranks all hang.
+JOIN_TIMEOUT_S = 600.0
+# Finished all-reduce intervals kept before the ones no later all-reduce can overlap are folded into one total.
+FOLD_AT = 1024
+# A rank's error that only says a peer went away (gloo, NCCL): the failed peer, not this rank, is the cause.
+PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker|remote process|"
+                       r"communicator was aborted|Socket Timeout|Timed out waiting", re.IGNORECASE)
+# A failing rank closes its connections before its interpreter has ended, so a peer can fail of that first: a rank that
+# only lost a peer waits this long for the rank that caused it to end too, before the others are stopped.
+PEER_GRACE_S = 5.0
+
+
+def backends_of(value: Any) -> list[str]:
+    """spread.ddp_backend as a list: one name, or a list of names (a plain list or an OmegaConf ListConfig). Pure."""
+    names = [value] if isinstance(value, str) else list(value) if value is not None else []
+    if not names:
+        raise ConfigError(KEY, value, "no DDP backend is given", "use spread.ddp_backend=gloo, or [gloo,nccl] on GPUs")
+    for name in names:
+        if name not in BACKENDS:
+            raise ConfigError(KEY, name, "unknown DDP backend", nearest(str(name), BACKENDS))
+    if len(set(names)) != len(names):
+        raise ConfigError(KEY, names, "a backend is listed twice", "list each backend once, e.g. [gloo,nccl]")
+    return names
+
+
+def backend_of(label: str) -> str:
+    """The backend a pack's mode names: ddp-gloo → gloo. Pure."""
+    backend = label[len(PREFIX):] if label.startswith(PREFIX) else label
+    if backend not in BACKENDS:
+        raise ConfigError(KEY, backend, f"the pack mode {label!r} names no DDP backend",
+                          nearest(backend, BACKENDS))
+    return backend
+
+
+def free_port(addr: str) -> int:
+    """A TCP port nobody listens on now, for rank 0's rendezvous (the OS picks it; a tiny race with other programs
+    remains until rank 0 binds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return int(s.getsockname()[1])
+
+
+# ---------------- the pack's side ----------------
+
+
+class _Rank:
+    """One rank's process: its spec, logs and result; forked from the pack's preloaded server where process mode would
+    fork (``server``), else a fresh interpreter (never a shell)."""
+
+    def __init__(self, training: "Training", ctx: "PackContext", rank: int, world: int, port: int, threads: int,
+                 started: float, server: Any = None) -> None:
+        from gpupack.pack import worker_env, worker_spec
+        from gpupack.pack.process import _child_setup
+        from gpupack.records import make_dirs, open_log, write_json_atomic
+
+        run, pack_id, tid = ctx.run, ctx.pack.pack_id, training.training_id
+        name = tid if rank == 0 else f"{tid}.rank{rank}"  # rank 0's files are the training's own
+        self.rank = rank
+        self.err_path = run.log(pack_id, name, "err")
+        self.result_path = run.work(pack_id, name, "result")
+        spec_path = run.work(pack_id, name, "spec")
+        make_dirs(self.err_path.parent)
+        self.result_path.unlink(missing_ok=True)  # a result left by an earlier attempt must not count
+        placement = dataclasses.replace(ctx.spread, rank=rank, world=world, master_port=port)
+        spec = worker_spec(training, dataclasses.replace(ctx, threads=threads, spread=placement), started)
+        spec["result_path"] = str(self.result_path)
+        write_json_atomic(spec_path, spec)
+        # On GPUs every rank sees all of the job's devices and takes cuda:<rank> itself (DdpSpread.device).
+        self.killed = False  # by the pack (a peer failed, the time-out, the job stopping), not by its own fault
+        self.proc: Any
+        if server is not None:  # torch and the data already imported: no interpreter start, as in process mode
+            self.proc = server.start(name, spec_path, run.log(pack_id, name, "out"), self.err_path,
+                                     worker_env(ctx.env, threads), None, ctx.memory_limit_bytes, None)
+            return
+        with open_log(run.log(pack_id, name, "out")) as out, open_log(self.err_path) as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gpupack.worker", str(spec_path)], stdout=out, stderr=err,
+                stdin=subprocess.DEVNULL, env=worker_env(ctx.env, threads), start_new_session=True,
+                preexec_fn=_child_setup(ctx.memory_limit_bytes))
+
+    def send(self, sig: int) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.killed = True
+        try:
+            os.killpg(self.proc.pid, sig)  # the rank leads its own session: its loader workers go too
+        except ProcessLookupError:
+            pass
+
+    @property
+    def failed(self) -> bool:
+        """Ended non-zero by its own doing (an exception, a crash, a kill the pack did not send)."""
+        code = self.proc.poll()
+        return code is not None and code != 0 and not self.killed
+
+
+def _tail(rank: _Rank) -> str:
+    from gpupack.pack.process import tail
+
+    code = rank.proc.returncode
+    if code is not None and code < 0:
+        fallback = f"killed by signal {-code} ({signal.Signals(-code).name})"
+    else:
+        fallback = f"exited with code {code}"
+    return tail(rank.err_path) or fallback
+
+
+def lost_a_peer(rank: _Rank) -> bool:
+    return bool(PEER_LOST.search(_tail(rank)))
+
+
+def culprit(failed: Sequence[_Rank]) -> _Rank:
+    """Of the ranks that failed, the cause: the first whose error is not a lost peer (else the first)."""
+    return next((r for r in failed if not lost_a_peer(r)), failed[0])
+
+
+def rank_server(training: "Training", ctx: "PackContext") -> Any:
+    """The fork server the ranks start from, where process mode would fork the same training (packing.process.start
+    auto or fork, a forkable workload), so the two answers pay the same start-up; None: fresh interpreters."""
+    from gpupack.pack import options_of
+    from gpupack.pack.process import PACKER, start_method
+    from gpupack.workload import load_workload
+
+    start = options_of(ctx.settings, "process").start if ctx.settings is not None else "fresh"
+    if start_method(start, [load_workload(training.workload)]) != "fork":
+        return None
+    return PACKER._server([training], ctx)  # None, said in its log, when it cannot start
+
+
+class DdpStrategy(Strategy):
+    name = "ddp"
+    framework = "torch"
+
+    def labels(self, options: Any) -> list[str]:
+        return [PREFIX + b for b in backends_of(getattr(options, "ddp_backend", "gloo"))]
+
+    def placement(self, label: str, devices: int, device: str) -> Placement:
+        return Placement(strategy=self.name, label=label, devices=devices, device=device, world=devices,
+                         backend=backend_of(label))
+
+    def check(self, workload: "Workload", devices: int, label: str, capacity: "Capacity", options: Any) -> None:
+        if backend_of(label) == "nccl" and capacity.has_gpu is not True:
+            raise ConfigError(KEY, "nccl", "NCCL all-reduces between GPUs and this partition/machine has none",
+                              "use spread.ddp_backend=gloo (it all-reduces between CPU processes too), or a GPU "
+                              "partition")
+
+    def run(self, trainings: Sequence["Training"], ctx: "PackContext") -> list["TrainingOutcome"]:
+        # A spread pack holds one training; were there more, each would take all k devices in turn.
+        return [self._run_one(t, ctx) for t in trainings]
+
+    def _run_one(self, training: "Training", ctx: "PackContext") -> "TrainingOutcome":
+        from gpupack.pack import TrainingOutcome
+        from gpupack.pack.process import KILL_GRACE_S, POLL_S
+        from gpupack.records import read_json_or_none
+        from gpupack.workload import load_workload
+
+        assert ctx.spread is not None  # internal: job.runner_of sets it for every spread pack
+        k = ctx.spread.devices
+        threads = max(1, ctx.threads // k)  # the job's cores shared by the k ranks
+        ranks: list[_Rank] = []
+        timed_out, kill_at, first_failure = False, None, None
+        cause: _Rank | None = None
+        start_error: str | None = None
+        server = rank_server(training, ctx)
+        started = time.time()  # after the server's preload, as process mode's trainings (the pack's wall counts it)
+        try:
+            port = free_port(ctx.spread.master_addr)
+            for r in range(k):
+                try:
+                    ranks.append(_Rank(training, ctx, r, k, port, threads, started, server))
+                except OSError as err:  # no process for this rank (memory, process limit): the training fails alone
+                    start_error = f"rank {r} of {k}: could not start: {err.strerror or err}"
+                    for other in ranks:
+                        other.send(signal.SIGKILL)
+                    break
+                ctx.on_started(training.training_id, ranks[-1].proc.pid)
+            while any(r.proc.poll() is None for r in ranks):
+                now = time.time()
+                failed = [r for r in ranks if r.failed]
+                if failed and cause is None:
+                    first_failure = first_failure or now
+                    if not all(lost_a_peer(r) for r in failed) or now - first_failure > PEER_GRACE_S:
+                        cause = culprit(failed)
+                        for r in ranks:  # the others would wait for it in an all-reduce: end them now
+                            r.send(signal.SIGKILL)
+                if ctx.training_timeout_s is not None and not timed_out and now - started > ctx.training_timeout_s:
+                    timed_out, kill_at = True, now + KILL_GRACE_S
+                    for r in ranks:
+                        r.send(signal.SIGTERM)
+                elif kill_at is not None and now > kill_at:
+                    for r in ranks:
+                        r.send(signal.SIGKILL)
+                    kill_at = None
+                time.sleep(POLL_S)
+            ended = time.time()  # the training's end: before the fork server is closed, as in process mode
+        except BaseException:  # the job is being cancelled or broke: take no orphan rank with it
+            for r in ranks:
+                r.send(signal.SIGKILL)
+            deadline = time.time() + KILL_GRACE_S
+            while any(r.proc.poll() is None for r in ranks) and time.time() < deadline:
+                time.sleep(POLL_S)
+            raise
+        finally:
+            if server is not None:
+                server.close()
+        if cause is None and any(r.failed for r in ranks):  # failed as the last to end, or in the poll that saw
+            cause = culprit([r for r in ranks if r.failed])  # all end
+        if cause is None and timed_out:
+            cause = next((r for r in ranks if r.proc.returncode != 0), None)
+        code: int | None = cause.proc.returncode if cause is not None else 0
+        result, error = None, None
+        if start_error is not None:
+            code, error = None, start_error
+        elif cause is not None:
+            error = f"rank {cause.rank} of {k}: {_tail(cause)}"
+        else:
+            raw = read_json_or_none(ranks[0].result_path)  # rank 0's result is the training's
+            result = load_workload(training.workload).result(training.params, raw, started, ended)
+            if result is None:
+                error = "exited 0 but wrote no result"
+        if timed_out:
+            error = "stopped after packing.training_timeout_s; " + (error or "")
+        sig = -code if code is not None and code < 0 else None
+        outcome = TrainingOutcome(training.training_id, started, ended, code, sig, error,
+                                  result, extra={"timed_out": timed_out, "ranks": k,
+                                                 "start": "fork" if server is not None else "fresh"})
+        ctx.on_finished(outcome)
+        return outcome
+
+    # ---------------- the training's side ----------------
+
+    def join(self, placement: Placement) -> "DdpSpread":
+        import torch
+        import torch.distributed as dist
+
+        backend = placement.backend or backend_of(placement.label)
+        if placement.device == "cuda":
+            torch.cuda.set_device(placement.rank)  # before NCCL makes its communicator on the current device
+        dist.init_process_group(backend, init_method=f"tcp://{placement.master_addr}:{placement.master_port}",
+                                 rank=placement.rank, world_size=placement.world,
+                                 timeout=timedelta(seconds=JOIN_TIMEOUT_S))
+        return DdpSpread(placement)
+
+
+class _CommCount:
+    """What the communication hook saw: buckets, bytes, backward passes, and when each all-reduce was in flight.
+    Futures complete on the backend's threads, hence the lock."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.buckets = 0
+        self.bytes = 0
+        self.steps = 0  # backward passes: one per optimizer step, counted at each pass's last bucket
+        self._inflight: dict[int, float] = {}
+        self._next = 0
+        self._done: list[tuple[float, float]] = []
+        self._folded_s = 0.0
+
+    def started(self, nbytes: int, last: bool) -> int:
+        with self.lock:
+            self.buckets += 1
+            self.bytes += nbytes
+            self.steps += int(last)
+            token, self._next = self._next, self._next + 1
+            self._inflight[token] = self.clock()
+            return token
+
+    def finished(self, token: int) -> None:
+        end = self.clock()
+        with self.lock:
+            self._done.append((self._inflight.pop(token), end))
+            if len(self._done) >= FOLD_AT:
+                # No later all-reduce starts before the earliest one still in flight (or now): what ended by then
+                # can be summed once and forgotten.
+                self._fold(min(self._inflight.values(), default=end))
+
+    def _fold(self, before: float) -> None:
+        kept = []
+        for start, end in _merged(self._done):
+            if end <= before:
+                self._folded_s += end - start
+            else:
+                kept.append((start, end))
+        self._done = kept
+
+    def busy_s(self) -> float:
+        """Seconds during which at least one all-reduce was in flight (the union of the intervals)."""
+        with self.lock:
+            return self._folded_s + sum(end - start for start, end in _merged(self._done))
+
+
+def _merged(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _counting_hook(state: _CommCount, bucket: "dist.GradBucket") -> "torch.futures.Future[torch.Tensor]":
+    """DDP's own all-reduce (``allreduce_hook``: divide by the world, sum), counted on the way: the bucket's bytes as
+    sent, and its time from the hook's call to the all-reduce's completion."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    buffer = bucket.buffer()
+    token = state.started(buffer.numel() * buffer.element_size(), bucket.is_last())
+    fut = allreduce_hook(None, bucket)  # None: the default (world) process group, the one DDP was built on
+
+    def done(f: Any) -> Any:
+        state.finished(token)
+        return f.value()
+
+    return fut.then(done)
+
+
+class DdpSpread(Spread):
+    """One rank of a DDP training: the process group is joined; the workload wraps, shards and averages here."""
+
+    def __init__(self, placement: Placement) -> None:
+        super().__init__(placement)
+        self._count: _CommCount | None = None
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.rank}" if self.placement.device == "cuda" else "cpu"
+
+    def wrap(self, model: Any) -> Any:
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        on_gpu = self.placement.device == "cuda"
+        ddp = DistributedDataParallel(model, device_ids=[self.rank] if on_gpu else None)
+        self._count = _CommCount()
+        # DDP checks a hook's annotations as objects; this module's are strings (postponed), and torch is imported
+        # only here, in the training's process.
+        _counting_hook.__annotations__.update(bucket=dist.GradBucket, state=_CommCount,
+                                              **{"return": torch.futures.Future[torch.Tensor]})
+        ddp.register_comm_hook(self._count, _counting_hook)
+        return ddp
+
+    def shard(self, *tensors: Any) -> tuple[Any, ...]:
+        import torch
+
+        return tuple(torch.tensor_split(t, self.world)[self.rank] for t in tensors)
+
+    def mean(self, value: float) -> float:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return float(t.item()) / self.world
+
+    def stats(self) -> dict[str, Any]:
+        count = self._count
+        if count is None:  # never wrapped (a loader-only training): nothing was all-reduced
+            return {}
+        steps = count.steps
+
+        def per_step(total: float) -> float | None:
+            return total / steps if steps else None
+
+        return {
+            "backend": self.placement.backend,
+            "comm_steps": steps,
+            "allreduce_bytes_per_step": per_step(count.bytes),
+            "allreduce_buckets_per_step": per_step(count.buckets),
+            # The union of the all-reduces' in-flight intervals, not their sum: buckets overlap one another and the
+            # backward pass, so this is the time the network was busy, an upper bound on what it added to a step.
+            # Host clock: on CUDA tensors a future's callback may run once the kernel is queued, before it ends, so
+            # with NCCL this is closer to the launch time than to the transfer (CUDA events would time the device).
+            "allreduce_s_per_step": per_step(count.busy_s()),
+        }
+
+    def close(self) -> None:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # leaving is best effort: the process ends next
+            pass
+
+
+STRATEGY = DdpStrategy()
