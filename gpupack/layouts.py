@@ -118,12 +118,30 @@ def _name(r: Mapping[str, Any]) -> str:
     return f"{r['factor']} training{'s' if r['factor'] > 1 else ''} on one device ({r['layout']})"
 
 
+def _first_up(text: str) -> str:
+    return text[:1].upper() + text[1:]  # str.capitalize would lower "N=1"
+
+
 def _noise(a: Sequence[float], b: Sequence[float]) -> str:
     """Whether b's device time differs from a's beyond noise (bootstrap interval of the gain, gpupack.choose)."""
     if len(a) < 2 or len(b) < 2:
         return ", a single pack: not told from noise"
     g = gain(a, b)
     return ", within noise" if g.low is not None and g.low <= 0 <= g.high else ""
+
+
+def _wider(group: pd.DataFrame, best: Mapping[str, Any], other: Mapping[str, Any]) -> str:
+    """When the spread answer beside the best is one device (k=1: DDP or Mirrored with nothing to sync), the best
+    spread over more than one device too: what the user asked about."""
+    if other["answer"] != "spread" or other["devices"] > 1:
+        return ""
+    wide = group[(group["answer"] == "spread") & (group["devices"] > 1) & group["usable"].astype(bool)]
+    if wide.empty:
+        return ""
+    w = wide.loc[wide["device_s_per_training"].idxmin()]
+    ratio = w["device_s_per_training"] / best["device_s_per_training"]
+    return (f" Over more than one device the best is {w['layout']}: {ratio:.2f}x the best's device time "
+            f"({w['device_s_per_training']:.3g} device-s), one training finishing in {w['wall_s']:.3g} s.")
 
 
 def verdicts(table: pd.DataFrame) -> list[str]:
@@ -147,7 +165,7 @@ def verdicts(table: pd.DataFrame) -> list[str]:
         cost = (f", {b['rgu_hours_per_1000']:.3g} RGU-hours per 1000 trainings" if b["rgu"] == b["rgu"] else "")
         lines.append(f"{where}: a device-hour goes furthest with {_name(b)}: {b['device_s_per_training']:.3g} "
                      f"device-s per training ({b['trainings_per_device_hour']:.0f} trainings per device-hour{cost}). "
-                     f"{_name(o).capitalize()} spends {ratio:.2f}x that ({o['device_s_per_training']:.3g} device-s"
+                     f"{_first_up(_name(o))} spends {ratio:.2f}x that ({o['device_s_per_training']:.3g} device-s"
                      f"{_noise(b['times'], o['times'])}); one training finishes in {o['wall_s']:.3g} s there, "
-                     f"{b['wall_s']:.3g} s with the best.")
+                     f"{b['wall_s']:.3g} s with the best." + _wider(group, b, o))
     return lines

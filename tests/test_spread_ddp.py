@@ -305,3 +305,15 @@ def test_a_training_past_its_time_limit_is_stopped_on_every_rank(tmp_path):
     tr = read_json(run.training_record(pack.pack_id, pack.trainings[0].training_id))
     assert tr["status"] == "timeout" and tr["timed_out"] is True and tr["signal"] == signal.SIGKILL
     assert tr["error"].startswith("stopped after packing.training_timeout_s")
+
+
+@pytest.mark.parametrize("visible, world, refused", [(2, 2, False), (4, 2, False), (1, 2, True), (0, 4, True)])
+def test_a_rank_refuses_a_job_with_fewer_gpus_than_ranks(visible, world, refused):
+    from gpupack.errors import ConfigError
+    from gpupack.spread.ddp import check_visible
+
+    if refused:
+        with pytest.raises(ConfigError, match=f"needs {world} GPUs in its job, but it sees {visible}"):
+            check_visible(visible, world, "0")
+    else:
+        check_visible(visible, world, "0,1")

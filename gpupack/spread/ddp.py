@@ -70,6 +70,16 @@ def backend_of(label: str) -> str:
     return backend
 
 
+def check_visible(visible: int, world: int, named: str | None) -> None:
+    """Rank r trains on cuda:r, so the job must see at least as many GPUs as the training has ranks (a job given
+    fewer than it asked for, or a CUDA_VISIBLE_DEVICES set by hand): say so instead of CUDA's invalid device. Pure."""
+    if visible < world:
+        raise ConfigError("spread.devices", world, f"one training on {world} GPUs needs {world} GPUs in its job, but "
+                          f"it sees {visible} (CUDA_VISIBLE_DEVICES={named!r})",
+                          "ask the scheduler for k GPUs on one node (gpupack does, --gpus-per-node=<type>:k), and do "
+                          "not narrow CUDA_VISIBLE_DEVICES in the job's setup")
+
+
 def free_port(addr: str) -> int:
     """A TCP port nobody listens on now, for rank 0's rendezvous (the OS picks it; a tiny race with other programs
     remains until rank 0 binds it)."""
@@ -273,6 +283,7 @@ class DdpStrategy(Strategy):
 
         backend = placement.backend or backend_of(placement.label)
         if placement.device == "cuda":
+            check_visible(torch.cuda.device_count(), placement.world, os.environ.get("CUDA_VISIBLE_DEVICES"))
             torch.cuda.set_device(placement.rank)  # before NCCL makes its communicator on the current device
         dist.init_process_group(backend, init_method=f"tcp://{placement.master_addr}:{placement.master_port}",
                                  rank=placement.rank, world_size=placement.world,
