@@ -936,7 +936,7 @@ class Collected:
 def aggregate_records(records: Records, weights: Mapping[str, float] | None = None,
                       sweep_trainings: int | None = None) -> Collected:
     """Everything collect shows and writes, computed from loaded records. Pure."""
-    from gpupack.layouts import compare, split_spread, spread_summary, verdicts
+    from gpupack.layouts import compare, split_spread, spread_summary, training_walls, verdicts
     from gpupack.rgu import cost_table
 
     packing_t, spread_t = split_spread(records.trainings)  # one training on k devices: apart, then beside
@@ -949,14 +949,14 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     overall = best_factors(summary, by=("workload", "partition", "gpu_type"))
     n = sweep_trainings or max(records.grid_sizes.values(), default=0) or int(records.trainings["training_id"].nunique()
                                                                  if not records.trainings.empty else 0)
-    cost = cost_table(overall, weights if weights is not None else records.rgu, n)
     weights = weights if weights is not None else records.rgu
     cost = cost_table(overall, weights, n)
     spread = spread_summary(spread_t, spread_p)
-    layouts = compare(summary, spread, packing_times(probe_t, probe_p), weights) if not spread.empty else pd.DataFrame()
-    return Collected(records, summary, best, overall, best_hyperparameters(records.trainings), cost, n,
-                     knob_table(records.trainings), production, spread=spread, layouts=layouts,
-                     verdicts=verdicts(layouts))
+    layouts = (compare(summary, spread, packing_times(probe_t, probe_p), weights, training_walls(probe_t))
+               if not spread.empty else pd.DataFrame())
+    # Hyperparameters and knobs are ranked over packed trainings: a spread one repeats an N=1 training on k devices
+    return Collected(records, summary, best, overall, best_hyperparameters(packing_t), cost, n,
+                     knob_table(packing_t), production, spread=spread, layouts=layouts, verdicts=verdicts(layouts))
 
 
 def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = None,

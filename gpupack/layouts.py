@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from gpupack.choose import gain
-from gpupack.records import COMPLETED
+from gpupack.records import COMPLETED, OOM
 
 KEY = ["workload", "partition", "gpu_type"]
 # What a spread training's record says it measured (the strategy's stats), flattened by collect.
@@ -40,62 +40,86 @@ def _num(frame: pd.DataFrame, col: str) -> pd.Series:
 
 
 def spread_summary(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (workload, partition, GPU type, layout, k): a spread training's wall (median over its packs),
-    the device-seconds it spent (k x wall), samples/s, and what the strategy measured (all-reduce bytes and in-flight
-    time per step). A pack counts when its training completed."""
+    """One row per (workload, partition, GPU type, layout, k): the job's wall (median over the packs whose training
+    completed, in any attempt, as packing's time per training counts), the device-seconds it held (k x that wall),
+    one training's own wall (its record: start to end, without the job's start-up), samples/s, failures over every
+    attempt, and what the strategy measured (all-reduce bytes and in-flight time per step)."""
     if trainings.empty or packs.empty:
         return pd.DataFrame()
-    t = trainings[trainings["attempt"] == 0] if "attempt" in trainings else trainings
+    t = trainings.assign(attempt=trainings["attempt"] if "attempt" in trainings else 0)
     done = packs[_num(packs, "n_completed").fillna(0) > 0].copy()
-    if "attempt" in done:
-        done = done[done["attempt"] == 0]
     done["wall_s"] = _num(done, "wall_s")
     done["devices"] = _num(done, "devices").astype("Int64")
     keys = KEY + ["mode", "devices"]
     per_pack = done.groupby(keys).agg(packs=("pack_id", "count"), wall_s=("wall_s", "median"),
                                       walls=("wall_s", list))
     t = t.assign(devices=_num(t, "devices").astype("Int64"), ok=t["status"] == COMPLETED,
-                 samples_per_s=_num(t, "samples_per_s"), val_accuracy=_num(t, "val_accuracy"),
-                 train_loss=_num(t, "train_loss"), **{c: _num(t, c) for c in SPREAD_COLUMNS})
+                 training_wall_s=_num(t, "wall_s"), samples_per_s=_num(t, "samples_per_s"),
+                 val_accuracy=_num(t, "val_accuracy"), train_loss=_num(t, "train_loss"),
+                 gpu_model=t["gpu_model"] if "gpu_model" in t else None,
+                 **{c: _num(t, c) for c in SPREAD_COLUMNS})
+    t["unfinished"] = (t["attempt"] == 0) & ~t["ok"]
+    t["is_oom"] = t["status"] == OOM
+    latest = t[(t["attempt"] == 0) & t["ok"]]
     per_training = t.groupby(keys, dropna=False).agg(
-        trainings=("training_id", "count"), failed=("ok", lambda s: int((~s).sum())),
+        attempts=("training_id", "count"), failed=("ok", lambda s: int((~s).sum())),
+        unfinished=("unfinished", "sum"), oom=("is_oom", "sum"), strategy=("strategy", "first"),
+        gpu_model=("gpu_model", "first"),
+    ).join(latest.groupby(keys, dropna=False).agg(
+        trainings=("training_id", "count"), training_wall_s=("training_wall_s", "median"),
         samples_per_s=("samples_per_s", "median"), val_accuracy=("val_accuracy", "median"),
-        train_loss=("train_loss", "median"), strategy=("strategy", "first"),
-        gpu_model=("gpu_model", "first") if "gpu_model" in t else ("strategy", lambda s: None),
-        **{c: (c, "median") for c in SPREAD_COLUMNS})
+        train_loss=("train_loss", "median"), **{c: (c, "median") for c in SPREAD_COLUMNS}), how="left")
     out = per_pack.join(per_training, how="outer").reset_index()
-    out["packs"] = out["packs"].fillna(0).astype(int)
+    for col in ("packs", "attempts", "failed", "unfinished", "oom", "trainings"):
+        out[col] = out[col].fillna(0).astype(int)
     out["device_s_per_training"] = out["wall_s"] * out["devices"].astype(float)
     return out.sort_values(keys).reset_index(drop=True)
 
 
+def training_walls(trainings: pd.DataFrame) -> dict[tuple[Any, ...], float]:
+    """Packing: one training's own wall (its record, start to end), median per (workload, partition, GPU type, mode,
+    N), over the latest completed records."""
+    if trainings.empty:
+        return {}
+    t = trainings[(trainings["status"] == COMPLETED)
+                  & ((trainings["attempt"] == 0) if "attempt" in trainings else True)]
+    walls = _num(t, "wall_s").groupby([t[c] for c in KEY + ["mode", "factor"]]).median()
+    return {tuple(k): float(v) for k, v in walls.items() if v == v}
+
+
 def compare(packing: pd.DataFrame, spread: pd.DataFrame, packing_times: Mapping[tuple[Any, ...], Sequence[float]],
-            weights: Mapping[str, float]) -> pd.DataFrame:
+            weights: Mapping[str, float], walls: Mapping[tuple[Any, ...], float] | None = None) -> pd.DataFrame:
     """Every layout of one (workload, partition, GPU type) in one table: packing (mode, N) from collect's summary and
     spread (label, k); devices per training (1/N or k), time per training (what a device spends per training when
     packed; one training's wall when spread), device-seconds and RGU-hours per training, and the best layout of its
     GPU type (the fewest device-seconds per training; ``beside`` says how the best of the other answer compares).
-    ``packing_times``: each packing (key, mode, N)'s per-pack times per training, for the noise check."""
+    ``packing_times``: each packing (key, mode, N)'s per-pack times per training, for the noise check; ``walls``: its
+    trainings' own wall (:func:`training_walls`). ``wall_s`` is one training's own wall, start to end; ``job_wall_s``
+    the wall its job held the device(s) for, the job's start-up (a fork server's preload) included."""
+    walls = walls or {}
     rows: list[dict[str, Any]] = []
     for _, r in packing.iterrows() if not packing.empty else ():
         n = int(r["factor"])
+        key = (*[r[k] for k in KEY], r["mode"], n)
+        packs = r.get("packs")
         rows.append({**{k: r[k] for k in KEY}, "answer": "packing", "layout": f"{r['mode']} N={n}",
                      "mode": r["mode"], "factor": n, "devices": 1, "devices_per_training": 1.0 / n,
-                     "time_per_training_s": r["time_per_training_s"], "wall_s": r["time_per_training_s"] * n,
-                     "device_s_per_training": r["time_per_training_s"], "samples_per_s": r.get("samples_per_s"),
-                     "packs": r.get("packs"), "usable": not (r.get("oom", 0) or r.get("unfinished", 0)),
-                     "gpu_model": r.get("gpu_model"), "times": list(packing_times.get((*[r[k] for k in KEY],
-                                                                                        r["mode"], n), []))})
+                     "time_per_training_s": r["time_per_training_s"], "wall_s": walls.get(key, math.nan),
+                     "job_wall_s": r["time_per_training_s"] * n, "device_s_per_training": r["time_per_training_s"],
+                     "samples_per_s": r.get("samples_per_s"), "packs": int(packs) if pd.notna(packs) else 0,
+                     "usable": not (r.get("oom", 0) or r.get("unfinished", 0)) and pd.notna(packs),
+                     "gpu_model": r.get("gpu_model"), "times": list(packing_times.get(key, []))})
     for _, r in spread.iterrows() if not spread.empty else ():
         k = int(r["devices"])
-        walls = [w for w in (r["walls"] if isinstance(r.get("walls"), list) else []) if w == w]
+        job_walls = [w for w in (r["walls"] if isinstance(r.get("walls"), list) else []) if w == w]
         rows.append({**{c: r[c] for c in KEY}, "answer": "spread", "layout": f"{r['mode']} k={k}", "mode": r["mode"],
-                     "factor": 1, "devices": k, "devices_per_training": float(k), "time_per_training_s": r["wall_s"],
-                     "wall_s": r["wall_s"], "device_s_per_training": r["device_s_per_training"],
-                     "samples_per_s": r.get("samples_per_s"), "packs": r.get("packs"),
-                     "usable": not r.get("failed", 0) and r.get("packs", 0) > 0, "gpu_model": r.get("gpu_model"),
+                     "factor": 1, "devices": k, "devices_per_training": float(k),
+                     "time_per_training_s": r["training_wall_s"], "wall_s": r["training_wall_s"],
+                     "job_wall_s": r["wall_s"], "device_s_per_training": r["device_s_per_training"],
+                     "samples_per_s": r.get("samples_per_s"), "packs": int(r.get("packs") or 0),
+                     "usable": not (r.get("unfinished", 0) or r.get("oom", 0)) and r.get("packs", 0) > 0, "gpu_model": r.get("gpu_model"),
                      "allreduce_bytes_per_step": r.get("allreduce_bytes_per_step"),
-                     "allreduce_s_per_step": r.get("allreduce_s_per_step"), "times": [w * k for w in walls]})
+                     "allreduce_s_per_step": r.get("allreduce_s_per_step"), "times": [w * k for w in job_walls]})
     if not rows:
         return pd.DataFrame()
     out = pd.DataFrame(rows)
@@ -116,6 +140,10 @@ def _name(r: Mapping[str, Any]) -> str:
     if r["answer"] == "spread":
         return f"one training on {r['devices']} device{'s' if r['devices'] > 1 else ''} ({r['layout']})"
     return f"{r['factor']} training{'s' if r['factor'] > 1 else ''} on one device ({r['layout']})"
+
+
+def _s(seconds: Any) -> str:
+    return f"{seconds:.3g} s" if isinstance(seconds, (int, float)) and seconds == seconds else "an unknown time"
 
 
 def _first_up(text: str) -> str:
@@ -141,7 +169,7 @@ def _wider(group: pd.DataFrame, best: Mapping[str, Any], other: Mapping[str, Any
     w = wide.loc[wide["device_s_per_training"].idxmin()]
     ratio = w["device_s_per_training"] / best["device_s_per_training"]
     return (f" Over more than one device the best is {w['layout']}: {ratio:.2f}x the best's device time "
-            f"({w['device_s_per_training']:.3g} device-s), one training finishing in {w['wall_s']:.3g} s.")
+            f"({w['device_s_per_training']:.3g} device-s), one training taking {_s(w['wall_s'])}.")
 
 
 def verdicts(table: pd.DataFrame) -> list[str]:
@@ -166,6 +194,6 @@ def verdicts(table: pd.DataFrame) -> list[str]:
         lines.append(f"{where}: a device-hour goes furthest with {_name(b)}: {b['device_s_per_training']:.3g} "
                      f"device-s per training ({b['trainings_per_device_hour']:.0f} trainings per device-hour{cost}). "
                      f"{_first_up(_name(o))} spends {ratio:.2f}x that ({o['device_s_per_training']:.3g} device-s"
-                     f"{_noise(b['times'], o['times'])}); one training finishes in {o['wall_s']:.3g} s there, "
-                     f"{b['wall_s']:.3g} s with the best." + _wider(group, b, o))
+                     f"{_noise(b['times'], o['times'])}); one training takes {_s(o['wall_s'])} there, "
+                     f"{_s(b['wall_s'])} with the best." + _wider(group, b, o))
     return lines

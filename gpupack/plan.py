@@ -54,11 +54,6 @@ class Pack:
     devices: int = 1
     spread: str | None = None
 
-    @property
-    def units(self) -> int:
-        """What the pack's job is sized by: N trainings on one device, or k processes/devices of one training."""
-        return self.factor * self.devices
-
 
 @dataclass(frozen=True)
 class Plan:

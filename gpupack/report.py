@@ -174,7 +174,7 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
             console.print(f"  {line}", highlight=False)
     for line in mode_lines(c):
         console.print(f"[bold]{line}[/]")
-    if not c.spread.empty:
+    if not c.layouts.empty:
         render_layouts(c, console)
     if not c.summary.empty and c.best.empty:
         console.print("[red]No packing factor finished without failures: no best N.[/]")
@@ -348,8 +348,9 @@ LAYOUT_COLUMNS = {"partition": "partition", "gpu_type": "GPU type", "layout": "l
                   "devices_per_training": "devices/training", "packs": "packs", "wall_s": "one training s",
                   "time_per_training_s": "s/training", "device_s_per_training": "device-s/training",
                   "trainings_per_device_hour": "trainings/device-h", "rgu_hours_per_1000": "RGU-h/1000",
-                  "samples_per_s": "samples/s", "allreduce_bytes_per_step": "all-reduce B/step",
-                  "allreduce_s_per_step": "all-reduce s/step", "best": "best"}
+                  "samples_per_s": "samples/s", "job_wall_s": "job wall s",
+                  "allreduce_bytes_per_step": "all-reduce B/step", "allreduce_s_per_step": "all-reduce s/step",
+                  "best": "best"}
 
 
 def _devices(x: float) -> str:
@@ -359,22 +360,17 @@ def _devices(x: float) -> str:
 def render_layouts(c: Collected, console: Console) -> None:
     """One training on k devices beside N trainings on one device: one table (fits 120 columns; every figure is in
     summary.json and the HTML report), then a verdict per GPU type."""
-    if c.layouts.empty:
-        console.print("Spread (one training on k devices): " + "; ".join(
-            f"{r['mode']} k={int(r['devices'])}: {_fmt(r['wall_s'])} s" for _, r in c.spread.iterrows())
-            + " (nothing to compare with: no packing pack finished)", highlight=False)
-        return
     t = c.layouts
-    mb = pd.to_numeric(t.get("allreduce_bytes_per_step"), errors="coerce") / 2**20
+    mib = pd.to_numeric(t.get("allreduce_bytes_per_step"), errors="coerce") / 2**20
     columns: list[tuple[str, Any]] = [
         ("partition (GPU)", _gpu), ("layout", lambda r: str(r["layout"])),
-        ("devices", lambda r: _devices(r["devices_per_training"])), ("packs", lambda r: str(int(r["packs"] or 0))),
+        ("devices", lambda r: _devices(r["devices_per_training"])), ("packs", lambda r: str(int(r["packs"]))),
         ("wall s", lambda r: _fmt(r["wall_s"])), ("device-s", lambda r: _fmt(r["device_s_per_training"])),
     ]
     if t["rgu"].notna().any():
         columns.append(("RGU-h/1000", lambda r: _fmt(r["rgu_hours_per_1000"], ".3g")))
-    if mb.notna().any():
-        columns += [("MB/step", lambda r: _fmt(mb[r.name], ".3f")),
+    if mib.notna().any():
+        columns += [("MiB/step", lambda r: _fmt(mib[r.name], ".3f")),
                     ("comm s", lambda r: _fmt(r.get("allreduce_s_per_step"), ".4f"))]
     columns.append(("best", lambda r: "*" if r["best"] else ""))
     table = Table(title="One training on k devices (spread) beside N trainings on one device (packing)")
@@ -384,10 +380,16 @@ def render_layouts(c: Collected, console: Console) -> None:
     for _, r in t.iterrows():
         table.add_row(*(cell(r) for _, cell in columns))
     console.print(table)
-    console.print("devices: per training (1/N packed, k spread). wall s: one training, start to end. device-s: device "
-                  "time per training (pack wall / N packed, k x wall spread); the fewest uses a device-hour, and an "
-                  "RGU-hour, best." + (" MB/step: all-reduced per step; comm s: per step, the all-reduces in flight "
-                                       "(overlapping backward)." if mb.notna().any() else ""), highlight=False)
+    console.print("devices: per training (1/N packed, k spread). wall s: one training, its start to its end. device-s: "
+                  "device time per training, the job's start-up included (packed: the pack's wall / N; spread: k x "
+                  "the job's wall); the fewest uses a device-hour, and an RGU-hour, best."
+                  + (" MiB/step: handed to the all-reduce each step (at k=1 it stays in the process); comm s: per "
+                     "step, the all-reduces in flight on the host clock (overlapping backward)."
+                     if mib.notna().any() else ""), highlight=False)
+    if (t["gpu_type"] == "cpu").any():
+        console.print("note: with no GPU, k processes (DDP) or k logical devices (Mirrored) on the same cores stand in "
+                      "for k devices, and each counts as a device: the verdict is the mechanism's, not a GPU's.",
+                      highlight=False)
     for line in c.verdicts:
         console.print(f"[bold]{line}[/]", highlight=False)
 
@@ -589,8 +591,9 @@ def _layout_section(c: Collected) -> str:
         return ""
     return ("<h2>One training on k devices beside N trainings on one device</h2>"
             + _table(c.layouts, {"workload": "workload", **LAYOUT_COLUMNS},
-                     {"wall_s": ".2f", "time_per_training_s": ".2f", "device_s_per_training": ".2f",
-                      "trainings_per_device_hour": ".0f", "rgu_hours_per_1000": ".3g", "samples_per_s": ".0f",
+                     {"wall_s": ".2f", "job_wall_s": ".2f", "time_per_training_s": ".2f",
+                      "device_s_per_training": ".2f", "trainings_per_device_hour": ".0f", "rgu_hours_per_1000": ".3g",
+                      "samples_per_s": ".0f",
                       "allreduce_bytes_per_step": ".0f", "allreduce_s_per_step": ".4f", "devices_per_training": ".3g"})
             + "".join(f"<p>{html.escape(line)}</p>" for line in c.verdicts))
 

@@ -82,8 +82,11 @@ class Outcome:
 
     @property
     def failed_trainings(self) -> int:
-        summary = self.collected.summary if self.collected is not None else None
-        return int(summary["unfinished"].sum()) if summary is not None and not summary.empty else 0
+        """Trainings whose latest record did not complete: packed ones and those spread over k devices."""
+        if self.collected is None:
+            return 0
+        return sum(int(frame["unfinished"].sum()) for frame in (self.collected.summary, self.collected.spread)
+                   if not frame.empty and "unfinished" in frame)
 
     @property
     def ok(self) -> bool:

@@ -261,6 +261,7 @@ def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts
     if spread.repeats is not None and spread.repeats < 1:
         raise ConfigError("spread.repeats", spread.repeats, "must be >= 1 or null", "measure each k at least once")
     strategy = load_strategy(spread.strategy)
+    _refuse_other_strategies_options(spread, strategy.name)
     labels = strategy.labels(spread)
     check_spread(strategy, workload, devices, labels, facts.capacities, spread)
     for point in expand_grid(grid):  # the workload's own limits, e.g. a global batch that splits over k devices
@@ -283,6 +284,22 @@ def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts
                                   "lower k, or raise packing.memory_fraction")
     return SpreadSpec(strategy=strategy.name, layouts=tuple((strategy.name, label) for label in labels),
                       devices=tuple(devices), repeats=int(spread.repeats or cfg.packing.repeats))
+
+
+def _refuse_other_strategies_options(spread: Any, strategy: str) -> None:
+    """spread.<name>_* are the options of strategy <name> (spread.ddp_backend: ddp's): one set for another strategy
+    would be silently ignored, so it is refused."""
+    from dataclasses import fields
+
+    from gpupack.config import SpreadConfig
+    from gpupack.spread import available_strategies
+
+    for f in fields(SpreadConfig):
+        owner = f.name.split("_", 1)[0]
+        if owner in available_strategies() and owner != strategy and spread[f.name] != f.default:
+            raise ConfigError(f"spread.{f.name}", spread[f.name],
+                              f"is an option of spread.strategy={owner}, and this sweep spreads with {strategy}",
+                              f"drop spread.{f.name}, or use spread.strategy={owner}")
 
 
 def pack_settings(packing: Any) -> PackSettings:

@@ -39,15 +39,12 @@ class TorchImageWorkload(Workload):
         preload(self.data.load, params)
 
     def check_spread(self, params: Any, strategy: str, devices: int) -> None:
-        """Each of the k processes trains on its slice of every global batch, and a spread training drops the last
-        partial batch (so k=1 and k=2 see the same steps): a batch needs k samples, and the data one full batch."""
-        if params.batch_size < devices:
-            raise ConfigError("batch_size", params.batch_size, f"one global batch is split over the {devices} "
-                              "processes of a spread training", f"use batch_size >= {devices}, or fewer devices")
-        if params.train_samples < params.batch_size:
-            raise ConfigError("train_samples", params.train_samples, f"is below batch_size={params.batch_size}, and a "
-                              "spread training drops the partial last batch, so it would take no step",
-                              "use train_samples >= batch_size")
+        """Each of the k processes trains on its slice of every global batch: a batch needs k samples."""
+        first = min(params.batch_size, params.train_samples)
+        if first < devices:
+            key = "batch_size" if params.batch_size <= params.train_samples else "train_samples"
+            raise ConfigError(key, getattr(params, key), f"one global batch ({first} samples) is split over the "
+                              f"{devices} processes of a spread training", f"use {key} >= {devices}, or fewer devices")
 
     def fuse_key(self, params: Any) -> tuple[Any, ...]:
         from jobs import _torch_fused
@@ -103,9 +100,8 @@ def run(params: Any, ctx: TrainingContext, data: Any, build_model: Any, weight_d
     if spread is not None and params.batch_size < spread.world:  # some rank's slice of every batch would be empty
         raise ConfigError("batch_size", params.batch_size, f"one global batch is split over the {spread.world} "
                           "processes of a spread training", f"use batch_size >= {spread.world}, or fewer devices")
-    # Spread: a last batch smaller than the global one is dropped at every k, so k=1 and k=2 train on the same batches
-    # and no rank's slice is ever empty.
-    loader = make_loader(torch, x_train, y_train, params, device, gen, drop_last=spread is not None)
+    # Spread: the same batches as packing's trainings (a last partial batch included, split unevenly; see train()).
+    loader = make_loader(torch, x_train, y_train, params, device, gen)
     if params.loader_only:
         return loader_only(params, loader, device, ctx, torch, data.source)
     model = build_model(torch.nn).to(device)
@@ -119,12 +115,11 @@ def run(params: Any, ctx: TrainingContext, data: Any, build_model: Any, weight_d
             "peak_gpu_mem_mb": peak_gpu_mem_mb(device, torch), "data": data.source}
 
 
-def make_loader(torch: Any, x: Any, y: Any, params: Any, device: Any, gen: Any, drop_last: bool = False) -> Any:
+def make_loader(torch: Any, x: Any, y: Any, params: Any, device: Any, gen: Any) -> Any:
     from torch.utils.data import DataLoader, TensorDataset
 
     return DataLoader(TensorDataset(x, y), batch_size=params.batch_size, shuffle=True, generator=gen,
-                      num_workers=params.num_workers, pin_memory=params.pin_memory and device.type == "cuda",
-                      drop_last=drop_last)
+                      num_workers=params.num_workers, pin_memory=params.pin_memory and device.type == "cuda")
 
 
 def amp(enabled: bool, device: Any, torch: Any) -> tuple[Any, Any]:
@@ -170,6 +165,8 @@ def train(model: Any, opt: Any, loader: Any, params: Any, device: Any, ctx: Trai
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             n = len(yb)  # the global batch: what the step trained on, over all ranks
             weight = 1.0
+            if spread is not None and n < spread.world:  # a last partial batch too small to give every rank a sample:
+                continue  # every rank skips it alike (the only step a spread training leaves out)
             if spread is not None:
                 xb, yb = spread.shard(xb, yb)
                 # DDP averages the ranks' gradients: a slice's mean loss weighted by its share of the batch keeps that

@@ -76,6 +76,8 @@ CASES = [
     (["spread.devices=[1,2]", "spread.strategy=mirrored", "sweep.workload=mnist_tf", "sweep.grid.batch_size=[63]"],
      ["sweep.grid.batch_size=63", "spread.devices has 2", "divisible by 2"]),
     (["spread.devices=[1,2]", "sweep.grid.batch_size=[1]"], ["sweep.grid.batch_size=1", "batch_size >= 2"]),
+    (["spread.devices=[1,2]", "spread.strategy=mirrored", "sweep.workload=mnist_tf", "spread.ddp_backend=nccl"],
+     ["spread.ddp_backend='nccl'", "option of spread.strategy=ddp"]),
 ]
 
 

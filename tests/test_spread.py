@@ -14,7 +14,7 @@ import pytest
 
 from gpupack.layouts import compare, split_spread, spread_summary, verdicts
 from gpupack.plan import Plan, make_plan
-from gpupack.submit.local import slots_needed, spread_gpus
+from gpupack.submit.local import spread_gpus, take_slots
 from gpupack.submit.slurm import sbatch_parameters
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,7 +34,6 @@ def test_spread_packs_hold_one_training_over_k_devices_of_the_same_trainings_as_
     assert {(p.devices, len(p.trainings), p.factor, p.mode) for p in spread} == {(1, 1, 1, "ddp-gloo"),
                                                                                  (2, 1, 1, "ddp-gloo")}
     assert sorted(p.pack_id for p in spread if p.devices == 2) == [f"p100-ddp-gloo-k02-{i:03d}" for i in range(3)]
-    assert all(p.units == p.devices for p in spread)
     n1 = {t.training_id for p in plan.packs if not p.spread and p.factor == 1 for t in p.trainings}
     assert {t.training_id for p in spread if p.devices == 2 for t in p.trainings} == n1  # the same trainings
     assert any("spread" in n for n in plan.notes)
@@ -75,16 +74,20 @@ def test_a_spread_pack_asks_for_k_gpus_on_one_node_and_a_share_per_device(reques
     assert params["cpus_per_task"] == cpus and params["mem"] == mem and params["job_name"] == name
 
 
-@pytest.mark.parametrize("devices, n_slots, n_gpus, taken, needed, gpus", [
-    (1, 4, 4, [[2]], 1, [2]),
-    (2, 4, 4, [[0], [3]], 2, [0, 3]),  # two GPU slots: two distinct GPUs
-    (4, 2, 4, [[0], [1]], 2, [0, 1, 2, 3]),  # more GPUs than slots: it holds every slot and the first k GPUs
-    (2, 1, 0, [[]], 1, []),  # a CPU machine: the one slot; the k processes share its cores
+@pytest.mark.parametrize("devices, free, n_slots, n_gpus, taken, left, gpus", [
+    (1, [[2], [3]], 4, 4, [[2]], [[3]], [2]),
+    (2, [[0], [3]], 4, 4, [[0], [3]], [], [0, 3]),  # two GPU slots: two distinct GPUs
+    (2, [[1], [1], [0]], 4, 2, [[1], [0]], [[1]], [0, 1]),  # slots repeat GPUs: never two of the same GPU
+    (2, [[1], [1]], 4, 2, None, [[1], [1]], None),  # GPU 0 is busy: wait, do not share it
+    (4, [[0], [1]], 2, 4, [[0], [1]], [], [0, 1, 2, 3]),  # fewer slots than k: all of them, then the first k GPUs
+    (2, [[]], 1, 0, [[]], [], []),  # a CPU machine: the one slot; the k processes share its cores
 ])
-def test_local_slots_of_a_spread_pack(devices, n_slots, n_gpus, taken, needed, gpus):
+def test_local_slots_of_a_spread_pack(devices, free, n_slots, n_gpus, taken, left, gpus):
     pack = NS(devices=devices)
-    assert slots_needed(pack, n_slots, n_gpus) == needed
-    assert spread_gpus(pack, taken) == gpus
+    assert take_slots(pack, free, n_slots, n_gpus) == taken
+    assert free == left
+    if taken is not None:
+        assert spread_gpus(pack, taken) == gpus
 
 
 # ---------------- the comparison and its verdict (pure) ----------------
@@ -236,3 +239,72 @@ def test_ddp_k2_runs_as_a_two_gpu_job_on_the_local_slurmctld(tmp_path, slurm_env
     (rec,) = [r for r in _records(run_dir) if r.get("devices") == 2]
     assert rec["status"] == "completed" and rec["spread"]["world"] == 2
     assert "a device-hour goes furthest with" in proc.stdout
+
+
+# ---------------- records on disk → collect → the table (the real loader, no job run) ----------------
+
+def _write_pack(root: Path, pack_id: str, mode: str, factor: int, walls: list[float], status: str = "completed",
+                devices: int | None = None, pack_wall: float | None = None, t0: float = 1000.0) -> None:
+    from gpupack.records import pack_record, training_record, write_json_atomic
+
+    spread = {"devices": devices, "strategy": "ddp", "spread": {"allreduce_bytes_per_step": 407080.0,
+                                                                "allreduce_s_per_step": 0.001}} if devices else {}
+    common = dict(sweep="s", pack_id=pack_id, workload="w", mode=mode, factor=factor, partition="p100",
+                  gpu_type="Tesla P100", gpu_model="P100-12gb", probe=False, **spread)
+    recs = []
+    for i, w in enumerate(walls):
+        recs.append(training_record(**common, training_id=f"{pack_id}-t{i}", params={"seed": i}, grid_index=0,
+                                    status=status, started_at=t0 + 0.5, ended_at=t0 + 0.5 + w, wall_s=w,
+                                    throughput={"samples": 1000, "samples_per_s": 1000 / w}, metrics={},
+                                    timings={"startup_s": 0.1, "loop_s": w - 0.1}))
+        write_json_atomic(root / "packs" / pack_id / "trainings" / f"{pack_id}-t{i}.json", recs[-1])
+    wall = pack_wall if pack_wall is not None else max(walls) + 0.5
+    done = sum(status == "completed" for _ in walls)
+    write_json_atomic(root / "packs" / pack_id / "pack.json", pack_record(
+        **common, complete=True, n_completed=done, n_failed=len(walls) - done, n_oom=(len(walls) - done) * (
+            status == "oom"), started_at=t0, ended_at=t0 + wall, wall_s=wall, concurrent=len(walls),
+        training_ids=[r["training_id"] for r in recs]))
+
+
+def _layout_run(tmp_path: Path, spread_status: str = "completed", oom: bool = True) -> Path:
+    root = tmp_path / "run"
+    for i in range(3):
+        _write_pack(root, f"p100-process-n01-{i:03d}", "process", 1, [10.0], t0=1000.0 * i)
+        _write_pack(root, f"p100-process-n04-{i:03d}", "process", 4, [12.0, 12.0, 12.0, 12.0], t0=1000.0 * i)
+        if oom:
+            _write_pack(root, f"p100-process-n08-{i:03d}", "process", 8, [1.0] * 8, status="oom", t0=1000.0 * i)
+        # one training on 2 devices: 6 s of its own, 8 s of job (the pack's start-up included): 16 device-s
+        _write_pack(root, f"p100-ddp-gloo-k02-{i:03d}", "ddp-gloo", 1, [6.0], status=spread_status, devices=2,
+                    pack_wall=8.0, t0=1000.0 * i)
+    return root
+
+
+def test_collect_puts_spread_beside_packing_from_records_on_disk_with_an_all_oom_n(tmp_path):
+    from gpupack.collect import aggregate
+    from gpupack.report import make_console, render
+
+    c = aggregate([_layout_run(tmp_path)], weights={"P100-12gb": 1.0})
+    assert set(c.summary["factor"]) == {1, 4, 8}  # spread rows stay out of the packing table
+    t = c.layouts.set_index("layout")
+    assert t.loc["process N=4", "device_s_per_training"] == pytest.approx(12.5 / 4)  # pack wall / N
+    assert t.loc["process N=4", "wall_s"] == pytest.approx(12.0)  # one training's own wall
+    assert t.loc["ddp-gloo k=2", "device_s_per_training"] == pytest.approx(16.0)  # k x the job's wall
+    assert t.loc["ddp-gloo k=2", "wall_s"] == pytest.approx(6.0)
+    assert not t.loc["process N=8", "usable"] and t.loc["process N=8", "packs"] == 0  # every pack OOM'd
+    assert list(c.layouts.loc[c.layouts["best"], "layout"]) == ["process N=4"]
+    assert "one training takes 6 s there, 12 s with the best" in c.verdicts[0]
+    console = make_console()
+    with console.capture() as cap:
+        render(c, console)
+    out = cap.get()
+    assert "ddp-gloo k=2" in out and "a device-hour goes furthest with 4 trainings on one device" in out
+
+
+def test_a_run_whose_spread_trainings_failed_is_not_ok(tmp_path):
+    from gpupack.collect import aggregate
+    from gpupack.sweep import Outcome
+
+    ok = Outcome(prepared=None, opened=None, collected=aggregate([_layout_run(tmp_path / "a", oom=False)]))
+    failed = Outcome(prepared=None, opened=None, collected=aggregate([_layout_run(tmp_path / "b", "failed", False)]))
+    assert ok.failed_trainings == 0 and ok.ok
+    assert failed.failed_trainings == 3 and not failed.ok

@@ -270,7 +270,7 @@ class DdpStrategy(Strategy):
             error = "stopped after packing.training_timeout_s; " + (error or "")
         sig = -code if code is not None and code < 0 else None
         outcome = TrainingOutcome(training.training_id, started, ended, code, sig, error,
-                                  result, extra={"timed_out": timed_out, "ranks": k,
+                                  result, extra={"timed_out": timed_out, "ranks": k, "threads_per_rank": threads,
                                                  "start": "fork" if server is not None else "fresh"})
         ctx.on_finished(outcome)
         return outcome

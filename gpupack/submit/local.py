@@ -202,9 +202,8 @@ class LocalSubmitter(Submitter):
         for p in queue:
             progress(p, "pending")
         while queue or running:
-            while queue and len(free) >= slots_needed(queue[0], n_slots, n_gpus):
+            while queue and (taken := take_slots(queue[0], free, n_slots, n_gpus)) is not None:
                 pack = queue.pop(0)
-                taken = [free.pop(0) for _ in range(slots_needed(pack, n_slots, n_gpus))]
                 gpus = spread_gpus(pack, taken)
                 executor.update_parameters(timeout_min=self.cluster.timeout_min, gpus_per_node=len(gpus),
                                            visible_gpus=gpus, name=pack.pack_id)
@@ -221,17 +220,38 @@ class LocalSubmitter(Submitter):
         return results
 
 
-def slots_needed(pack: Pack, n_slots: int, n_gpus: int) -> int:
-    """Slots a pack holds while it runs: one; for one training spread over k GPUs, k (at most every slot: then it
-    holds them all and takes the machine's first k GPUs). On a CPU machine a slot is the whole machine, and a spread
-    training's k processes share it. Pure."""
-    return min(pack.devices, n_slots) if n_gpus and pack.devices > 1 else 1
+def take_slots(pack: Pack, free: list[list[int]], n_slots: int, n_gpus: int) -> list[list[int]] | None:
+    """The free slots a pack starts on, removed from ``free``; None while it must wait. One slot; a training spread over
+    k GPUs takes slots of k distinct GPUs (with max_parallel_packs above the GPU count, slots repeat GPUs, and two
+    slots of one GPU would share it with another pack), or, where the slots name fewer than k GPUs (max_parallel_packs
+    below k), every slot: nothing else runs beside it. On a CPU machine a slot is the whole machine, and a spread
+    training's k processes share it."""
+    if not free:
+        return None
+    if not (n_gpus and pack.devices > 1):
+        return [free.pop(0)]
+    if len({g for slot in free for g in slot}) < pack.devices and n_slots > len(free):
+        return None  # not enough distinct GPUs free yet
+    if len({g for slot in free for g in slot}) < pack.devices:  # every slot is free and still too few GPUs: hold all
+        taken = list(free)
+        free.clear()
+        return taken
+    taken, seen = [], set()
+    for slot in list(free):
+        if len(seen) == pack.devices:
+            break
+        if not set(slot) & seen:
+            seen.update(slot)
+            taken.append(slot)
+            free.remove(slot)
+    return taken
 
 
 def spread_gpus(pack: Pack, taken: Sequence[list[int]]) -> list[int]:
-    """The GPUs a pack's job sees: its slots' (one each), or k distinct ones for a spread training. Pure."""
+    """The GPUs a pack's job sees: its slots' (one each), or k distinct ones for a spread training; holding every slot
+    of fewer than k GPUs, the machine's first k. Pure."""
     gpus = sorted({g for slot in taken for g in slot})
-    if pack.devices > 1 and gpus and len(gpus) < pack.devices:  # fewer slots than k: it holds all, so GPUs 0..k-1
+    if pack.devices > 1 and gpus and len(gpus) < pack.devices:
         return list(range(pack.devices))
     return gpus
 
