@@ -114,10 +114,11 @@ def compare(packing: pd.DataFrame, spread: pd.DataFrame, packing_times: Mapping[
         job_walls = [w for w in (r["walls"] if isinstance(r.get("walls"), list) else []) if w == w]
         rows.append({**{c: r[c] for c in KEY}, "answer": "spread", "layout": f"{r['mode']} k={k}", "mode": r["mode"],
                      "factor": 1, "devices": k, "devices_per_training": float(k),
-                     "time_per_training_s": r["training_wall_s"], "wall_s": r["training_wall_s"],
+                     "time_per_training_s": r["wall_s"], "wall_s": r["training_wall_s"],
                      "job_wall_s": r["wall_s"], "device_s_per_training": r["device_s_per_training"],
                      "samples_per_s": r.get("samples_per_s"), "packs": int(r.get("packs") or 0),
-                     "usable": not (r.get("unfinished", 0) or r.get("oom", 0)) and r.get("packs", 0) > 0, "gpu_model": r.get("gpu_model"),
+                     "usable": not (r.get("unfinished", 0) or r.get("oom", 0)) and r.get("packs", 0) > 0,
+                     "gpu_model": r.get("gpu_model"),
                      "allreduce_bytes_per_step": r.get("allreduce_bytes_per_step"),
                      "allreduce_s_per_step": r.get("allreduce_s_per_step"), "times": [w * k for w in job_walls]})
     if not rows:
@@ -144,10 +145,6 @@ def _name(r: Mapping[str, Any]) -> str:
 
 def _s(seconds: Any) -> str:
     return f"{seconds:.3g} s" if isinstance(seconds, (int, float)) and seconds == seconds else "an unknown time"
-
-
-def _first_up(text: str) -> str:
-    return text[:1].upper() + text[1:]  # str.capitalize would lower "N=1"
 
 
 def _noise(a: Sequence[float], b: Sequence[float]) -> str:
@@ -193,7 +190,8 @@ def verdicts(table: pd.DataFrame) -> list[str]:
         cost = (f", {b['rgu_hours_per_1000']:.3g} RGU-hours per 1000 trainings" if b["rgu"] == b["rgu"] else "")
         lines.append(f"{where}: a device-hour goes furthest with {_name(b)}: {b['device_s_per_training']:.3g} "
                      f"device-s per training ({b['trainings_per_device_hour']:.0f} trainings per device-hour{cost}). "
-                     f"{_first_up(_name(o))} spends {ratio:.2f}x that ({o['device_s_per_training']:.3g} device-s"
+                     f"The best {o['answer']}, {_name(o)}, spends {ratio:.2f}x that "
+                     f"({o['device_s_per_training']:.3g} device-s"
                      f"{_noise(b['times'], o['times'])}); one training takes {_s(o['wall_s'])} there, "
                      f"{_s(b['wall_s'])} with the best." + _wider(group, b, o))
     return lines

@@ -43,6 +43,7 @@ class Sampler:
         self.mps = mps
         self.log = log
         self.tracked: dict[int, _Tracked] = {}
+        self._holders: dict[str, _Tracked] = {}  # training id → the entry holding its figures (its first process)
         self.samples: list[dict[str, Any]] = []
         self.cpu_time_s = 0.0
         self._lock = threading.Lock()
@@ -122,6 +123,7 @@ class Sampler:
             return
         with self._lock:
             self.tracked[pid] = _Tracked(training_id, proc)
+            self._holders.setdefault(training_id, self.tracked[pid])  # keeps the training's figures (sample_once)
 
     def _family(self, t: _Tracked) -> list[psutil.Process]:
         try:
@@ -136,33 +138,40 @@ class Sampler:
                 sample.update(self._gpu_sample())
             except Exception as err:  # a driver hiccup must not take the pack down
                 sample["gpu_error"] = str(err)
-        per_training: dict[str, dict[str, Any]] = {}
         with self._lock:
             tracked = list(self.tracked.values())
+        # One training may be several processes (a training spread over k devices: one per rank): its figures are
+        # their sum at each sample, and its peaks the peaks of those sums.
+        families: dict[str, list[tuple[_Tracked, list[psutil.Process]]]] = {}
         for t in tracked:
-            rss = cpu = 0.0
             family = self._family(t)
-            for p in family:
-                try:
-                    rss += p.memory_info().rss / 2**20
-                    cpu += p.cpu_percent(None) if p is t.proc else 0.0
-                except psutil.Error:
-                    continue
-            if not family:
-                continue
-            t.peak_rss_mb = max(t.peak_rss_mb, rss)
-            t.cpu_samples.append(cpu)
+            if family:
+                families.setdefault(t.training_id, []).append((t, family))
+        per_training: dict[str, dict[str, Any]] = {}
+        for training_id, members in families.items():
+            rss = cpu = 0.0
+            pids: set[int] = set()
+            for t, family in members:
+                pids |= {p.pid for p in family}
+                for p in family:
+                    try:
+                        rss += p.memory_info().rss / 2**20
+                        cpu += p.cpu_percent(None) if p is t.proc else 0.0
+                    except psutil.Error:
+                        continue
+            first = self._holders[training_id]  # the training's figures, on its first process's entry
+            first.peak_rss_mb = max(first.peak_rss_mb, rss)
+            first.cpu_samples.append(cpu)
             entry: dict[str, Any] = {"rss_mb": round(rss, 1), "cpu_percent": round(cpu, 1)}
             if "gpu_proc_mem_mb" in sample:
-                pids = {p.pid for p in family}
                 mems = [m for pid, m in sample["gpu_proc_mem_mb"].items() if pid in pids]
                 if any(m is None for m in mems):
-                    t.gpu_mem_known = False  # NVML could not say: unknown, never 0
+                    first.gpu_mem_known = False  # NVML could not say: unknown, never 0
                     entry["gpu_mem_mb"] = None
                 elif mems:
                     entry["gpu_mem_mb"] = sum(mems)
-                    t.peak_gpu_mem_mb = max(t.peak_gpu_mem_mb or 0.0, sum(mems))
-            per_training[t.training_id] = entry
+                    first.peak_gpu_mem_mb = max(first.peak_gpu_mem_mb or 0.0, sum(mems))
+            per_training[training_id] = entry
         sample["trainings"] = per_training
         self.samples.append(sample)
         return sample
@@ -216,7 +225,7 @@ class Sampler:
                     "cpu_percent_mean": round(sum(t.cpu_samples) / len(t.cpu_samples), 1) if t.cpu_samples else None,
                     "peak_gpu_mem_mb": t.peak_gpu_mem_mb if t.gpu_mem_known else None,
                     "gpu_mem_known": t.gpu_mem_known if self.source == "nvml" else None,
-                } for t in self.tracked.values()},
+                } for t in self._holders.values()},
             "overhead_cpu_s": round(self.cpu_time_s, 4),
             "overhead_fraction": round(self.cpu_time_s / wall, 5) if wall else None,
         }

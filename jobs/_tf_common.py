@@ -53,7 +53,7 @@ def _run_spread(params: Any, ctx: Any, data: Any, build_model: Any, train: tuple
         return {"loader_only": True, "data": data.source}
     check_even_split(min(params.batch_size, len(y_train)), ctx.spread.placement.devices)
     with ctx.spread.scope():  # model, optimizer and compile: their variables become mirrored
-        model = build_model(keras, dtype_policy(params.amp, ctx.device))
+        model = ctx.spread.wrap(build_model(keras, dtype_policy(params.amp, ctx.device)))
         metrics = fit_and_evaluate(keras, model, ds, params, ctx.reporter, *val)
     devices = ctx.spread.stats().get("replica_devices") or [tf_device(ctx.device)]
     # The replicas Keras really trained over: the strategy in scope when the model was made (a model made outside

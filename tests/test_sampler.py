@@ -231,3 +231,27 @@ def test_a_pack_on_a_mig_slice_records_the_slice(monkeypatch, tmp_path):
     assert rec["sampler"]["source"] == "nvml" and rec["sampler"]["gpu_mem_total_mb"] == H100_1G.total_mb
     assert rec["sampler"]["n_samples"] >= 1 and rec["sampler"]["gpu_mem_used_peak_mb"] == 1500
     assert rec["sampler"]["gpu_util_mean"] is None and "utilization" in rec["sampler"]["note"]
+
+
+def test_a_training_of_several_processes_is_sampled_as_their_sum():
+    """A training spread over k devices runs k processes (DDP ranks) under one training id: its figures are theirs
+    together, not the last-registered rank's."""
+    import psutil
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(60 * 2**20); time.sleep(30)"])
+             for _ in range(2)]
+    try:
+        time.sleep(1.0)  # both hold their 60 MB
+        s = Sampler(interval_s=0.1, no_gpu_reason="test")
+        for p in procs:
+            s.register("t-spread", p.pid)
+        sample = s.sample_once()
+        one = sum(psutil.Process(p.pid).memory_info().rss for p in procs[:1]) / 2**20
+        assert sample["trainings"]["t-spread"]["rss_mb"] > 1.8 * one  # both ranks, not one
+        report = s.report()
+        assert list(report["per_training"]) == ["t-spread"]
+        assert report["per_training"]["t-spread"]["peak_rss_mb"] > 1.8 * one
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -130,7 +130,7 @@ def test_the_source_study_verdict_packing_uses_a_device_hour_best():
     assert math.isclose(best["rgu_hours_per_1000"].iloc[0], 40.0 / 3600 * 2.2 * 1000)
     (line,) = verdicts(table)
     assert "a device-hour goes furthest with 5 trainings on one device (process N=5)" in line
-    assert "One training on 1 device (ddp-gloo k=1) spends 3.20x that" in line
+    assert "The best spread, one training on 1 device (ddp-gloo k=1), spends 3.20x that" in line
     assert "RGU-hours" in line
     assert "Over more than one device the best is ddp-gloo k=2: 8.20x the best's device time (328 device-s)" in line
 
@@ -142,7 +142,7 @@ def test_when_spread_finishes_in_less_device_time_it_is_the_verdict():
     assert list(table.loc[table["best"], "layout"]) == ["ddp-gloo k=2"]
     (line,) = verdicts(table)
     assert line.startswith("w on v100 (Tesla V100): a device-hour goes furthest with one training on 2 devices")
-    assert "1 training on one device (process N=1) spends 1.25x that" in line
+    assert "The best packing, 1 training on one device (process N=1), spends 1.25x that" in line
     assert "RGU" not in line  # no weight known: no cost claimed
 
 

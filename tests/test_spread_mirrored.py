@@ -135,3 +135,17 @@ def test_tf_workloads_say_they_spread_with_mirrored() -> None:
     check_spread(strategy, load_workload("mnist_tf"), [1, 2], ["mirrored"], cpus, None)
     with pytest.raises(ConfigError, match="needs 3 CPUs standing in"):
         check_spread(strategy, load_workload("mnist_tf"), [3], ["mirrored"], cpus, None)
+
+
+@pytest.mark.parametrize("shapes, dtypes, replicas, expected", [
+    ([(784, 32), (32,), (32, 10), (10,)], ["float32"] * 4, 2, (784 * 32 + 32 + 32 * 10 + 10) * 4),
+    ([(10, 10)], ["float16"], 4, 200),
+    ([(784, 32)], ["float32"], 1, 0),  # one replica: nothing to all-reduce
+])
+def test_mirrored_all_reduce_bytes_are_the_trainable_weights(shapes, dtypes, replicas, expected):
+    from types import SimpleNamespace
+
+    from gpupack.spread.mirrored import allreduce_bytes
+
+    weights = [SimpleNamespace(shape=s, dtype=d) for s, d in zip(shapes, dtypes)]
+    assert allreduce_bytes(weights, replicas) == expected

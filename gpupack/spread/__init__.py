@@ -46,8 +46,10 @@ class Placement:
     rank: int = 0  # this process among the training's processes
     world: int = 1  # the training's processes: k for DDP, 1 for MirroredStrategy
     backend: str | None = None  # ddp: gloo | nccl
-    master_addr: str = "127.0.0.1"  # ddp: where rank 0 listens for the process group's rendezvous
+    master_addr: str = "127.0.0.1"  # ddp: where rank 0 listens for the process group's rendezvous (TCP)
     master_port: int = 0
+    # ddp: the rendezvous instead, e.g. file:///<job tmp>/store (a file of this training alone: no port to race for)
+    init_method: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

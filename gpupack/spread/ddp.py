@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import tempfile
 import re
 import signal
 import socket
@@ -22,6 +24,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from gpupack.errors import ConfigError, nearest
+from gpupack.mps import job_tmp
 from gpupack.spread import Placement, Spread, Strategy
 
 if TYPE_CHECKING:
@@ -210,9 +213,15 @@ class DdpStrategy(Strategy):
         cause: _Rank | None = None
         start_error: str | None = None
         server = rank_server(training, ctx)
+        rendezvous: str | None = None
         started = time.time()  # after the server's preload, as process mode's trainings (the pack's wall counts it)
         try:
-            port = free_port(ctx.spread.master_addr)
+            # The ranks meet through a file in the job's node-local temporary space, unique to this training: a TCP
+            # port picked here could be taken by another pack's rendezvous before rank 0 binds it.
+            rendezvous = tempfile.mkdtemp(prefix="gpupack-ddp-", dir=job_tmp(ctx.env))
+            ctx = dataclasses.replace(ctx, spread=dataclasses.replace(
+                ctx.spread, init_method=f"file://{os.path.join(rendezvous, 'store')}"))
+            port = 0
             for r in range(k):
                 try:
                     ranks.append(_Rank(training, ctx, r, k, port, threads, started, server))
@@ -251,6 +260,8 @@ class DdpStrategy(Strategy):
         finally:
             if server is not None:
                 server.close()
+            if rendezvous is not None:
+                shutil.rmtree(rendezvous, ignore_errors=True)
         if cause is None and any(r.failed for r in ranks):  # failed as the last to end, or in the poll that saw
             cause = culprit([r for r in ranks if r.failed])  # all end
         if cause is None and timed_out:
@@ -285,7 +296,8 @@ class DdpStrategy(Strategy):
         if placement.device == "cuda":
             check_visible(torch.cuda.device_count(), placement.world, os.environ.get("CUDA_VISIBLE_DEVICES"))
             torch.cuda.set_device(placement.rank)  # before NCCL makes its communicator on the current device
-        dist.init_process_group(backend, init_method=f"tcp://{placement.master_addr}:{placement.master_port}",
+        init = placement.init_method or f"tcp://{placement.master_addr}:{placement.master_port}"
+        dist.init_process_group(backend, init_method=init,
                                  rank=placement.rank, world_size=placement.world,
                                  timeout=timedelta(seconds=JOIN_TIMEOUT_S))
         return DdpSpread(placement)

@@ -62,11 +62,31 @@ class MirroredSpread(Spread):
     def scope(self) -> ContextManager[Any]:
         return self.strategy.scope()
 
+    def wrap(self, model: Any) -> Any:
+        """The model is already mirrored (built under the scope): kept, to say what each step all-reduces."""
+        self.model = model
+        return model
+
     def stats(self) -> dict[str, Any]:
         # How replicas' gradients are summed; TF keeps it private, so read it only where it is.
         ops = getattr(self.strategy.extended, "_cross_device_ops", None)
-        return {"replicas": int(self.strategy.num_replicas_in_sync), "replica_devices": self.devices,
-                "cross_device_ops": type(ops).__name__ if ops is not None else None}
+        out = {"replicas": int(self.strategy.num_replicas_in_sync), "replica_devices": self.devices,
+               "cross_device_ops": type(ops).__name__ if ops is not None else None}
+        model = getattr(self, "model", None)
+        if model is not None:  # no hook into TF's all-reduce: computed, as the record says
+            out["allreduce_bytes_per_step"] = allreduce_bytes(model.trainable_weights, out["replicas"])
+            out["allreduce_bytes_source"] = "computed: every trainable weight's gradient, once per step"
+        return out
+
+
+def allreduce_bytes(weights: Any, replicas: int) -> int:
+    """What MirroredStrategy all-reduces each step: one gradient per trainable weight, of its size and dtype (none
+    with one replica: nothing to reduce). Pure, given the weights (anything with .shape and .dtype)."""
+    import numpy as np
+
+    if replicas < 2:
+        return 0
+    return int(sum(int(np.prod(w.shape)) * np.dtype(str(w.dtype)).itemsize for w in weights))
 
 
 class Mirrored(Strategy):
