@@ -11,6 +11,7 @@ import time
 _PROCESS_START = time.time()  # before any heavy import, so start-up is measured whole
 
 import json  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -97,6 +98,10 @@ def main(argv: list[str] | None = None, process_start: float | None = None) -> i
         traceback.print_exc()
         return 1
     write_json_atomic(Path(spec["result_path"]), result)
+    if spec.get("spread"):  # a DDP rank: its result is written; end here, before the interpreter's finalization, where
+        sys.stdout.flush()  # gloo's threads can still free tensors and abort the process (SIGABRT, pytorch#179291)
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

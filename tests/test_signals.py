@@ -152,7 +152,10 @@ def test_a_stopped_local_run_resumes_with_the_finished_training_kept(tmp_path, s
 
 
 def _terminal() -> None:
+    # A terminal's process starts with both at their defaults; a shell's background job (CI started with `cmd &`)
+    # inherits SIGINT ignored, and Python then keeps it ignored: Ctrl-C could not reach gpupack there.
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _nohup() -> None:

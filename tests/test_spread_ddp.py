@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from gpupack.records import read_json, write_json_atomic
 from gpupack.rundir import RunDir
 from gpupack.spread import Placement, check_spread, load_strategy
 from gpupack.spread import ddp
-from gpupack.spread.ddp import STRATEGY, _merged, culprit, free_port
+from gpupack.spread.ddp import STRATEGY, _merged, culprit
 from gpupack.workload import Reporter, TrainingContext, Workload, load_workload
 
 SMALL = {"model": "mlp", "hidden": 32, "train_samples": 500, "val_samples": 500, "epochs": 1, "lr": 0.05}
@@ -172,12 +173,12 @@ def test_each_step_all_reduces_the_gradients_whatever_the_batch(tmp_path):
     assert per_sample[128] < per_sample[32]  # the same bytes a step over more samples: spreading pays at big batches
 
 
-def test_bytes_and_steps_are_counted_per_backward_pass_over_several_buckets():
+def test_bytes_and_steps_are_counted_per_backward_pass_over_several_buckets(tmp_path):
     import torch
 
     # World 1 in this process: DDP still all-reduces (with itself) through the hook, bucket by bucket.
     spread = STRATEGY.join(dataclasses.replace(STRATEGY.placement("ddp-gloo", 1, "cpu"),
-                                               master_port=free_port("127.0.0.1")))
+                                               init_method=f"file://{tmp_path / 'store'}"))
     try:
         assert spread.stats() == {}  # nothing measured before the model is wrapped
         torch.manual_seed(0)
@@ -198,12 +199,12 @@ def test_bytes_and_steps_are_counted_per_backward_pass_over_several_buckets():
     assert stats["allreduce_s_per_step"] > 0 and stats["backend"] == "gloo"
 
 
-def _rank_losses(rank: int, world: int, port: int, params: dict[str, Any], out: str) -> None:
+def _rank_losses(rank: int, world: int, init: str, params: dict[str, Any], out: str) -> None:
     """One rank of a DDP training of mnist_torch through the workload's real loop, in a spawned process."""
     from gpupack.worker import join_spread
 
     spread = join_spread(dataclasses.replace(STRATEGY.placement("ddp-gloo", world, "cpu"), rank=rank,
-                                             master_port=port).to_json())
+                                             init_method=init).to_json())
     workload = load_workload("mnist_torch")
     reporter = Reporter(warmup_steps=1, info={"losses": []})
     try:
@@ -212,6 +213,7 @@ def _rank_losses(rank: int, world: int, port: int, params: dict[str, Any], out: 
                                                              **spread.stats()}))
     finally:
         spread.close()
+    os._exit(0)  # as gpupack's worker ends a rank: before finalization, where gloo's threads may abort it
 
 
 def test_two_ranks_train_the_loss_curve_of_one(tmp_path):
@@ -221,7 +223,8 @@ def test_two_ranks_train_the_loss_curve_of_one(tmp_path):
     # An odd global batch: rank 0 takes 8 samples, rank 1 takes 7, and the step is still the batch's mean (weighting
     # the slices' losses equally would be off by ~1e-3 here).
     params = {**SMALL, "batch_size": 15, "train_samples": 15 * 8}
-    mp.spawn(_rank_losses, args=(2, free_port("127.0.0.1"), params, str(tmp_path)), nprocs=2)
+    # The ranks meet through a file of this test's own, as the pack's ranks do (no TCP port to race for).
+    mp.spawn(_rank_losses, args=(2, f"file://{tmp_path / 'store'}", params, str(tmp_path)), nprocs=2)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     together = [(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"])]
 

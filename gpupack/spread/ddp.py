@@ -15,7 +15,6 @@ import shutil
 import tempfile
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -83,14 +82,6 @@ def check_visible(visible: int, world: int, named: str | None) -> None:
                           "not narrow CUDA_VISIBLE_DEVICES in the job's setup")
 
 
-def free_port(addr: str) -> int:
-    """A TCP port nobody listens on now, for rank 0's rendezvous (the OS picks it; a tiny race with other programs
-    remains until rank 0 binds it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return int(s.getsockname()[1])
-
-
 # ---------------- the pack's side ----------------
 
 
@@ -98,7 +89,7 @@ class _Rank:
     """One rank's process: its spec, logs and result; forked from the pack's preloaded server where process mode would
     fork (``server``), else a fresh interpreter (never a shell)."""
 
-    def __init__(self, training: "Training", ctx: "PackContext", rank: int, world: int, port: int, threads: int,
+    def __init__(self, training: "Training", ctx: "PackContext", rank: int, world: int, threads: int,
                  started: float, server: Any = None) -> None:
         from gpupack.pack import worker_env, worker_spec
         from gpupack.pack.process import _child_setup
@@ -112,7 +103,7 @@ class _Rank:
         spec_path = run.work(pack_id, name, "spec")
         make_dirs(self.err_path.parent)
         self.result_path.unlink(missing_ok=True)  # a result left by an earlier attempt must not count
-        placement = dataclasses.replace(ctx.spread, rank=rank, world=world, master_port=port)
+        placement = dataclasses.replace(ctx.spread, rank=rank, world=world)
         spec = worker_spec(training, dataclasses.replace(ctx, threads=threads, spread=placement), started)
         spec["result_path"] = str(self.result_path)
         write_json_atomic(spec_path, spec)
@@ -221,10 +212,9 @@ class DdpStrategy(Strategy):
             rendezvous = tempfile.mkdtemp(prefix="gpupack-ddp-", dir=job_tmp(ctx.env))
             ctx = dataclasses.replace(ctx, spread=dataclasses.replace(
                 ctx.spread, init_method=f"file://{os.path.join(rendezvous, 'store')}"))
-            port = 0
             for r in range(k):
                 try:
-                    ranks.append(_Rank(training, ctx, r, k, port, threads, started, server))
+                    ranks.append(_Rank(training, ctx, r, k, threads, started, server))
                 except OSError as err:  # no process for this rank (memory, process limit): the training fails alone
                     start_error = f"rank {r} of {k}: could not start: {err.strerror or err}"
                     for other in ranks:
