@@ -113,16 +113,20 @@ SLURM_CASES = [
 @pytest.mark.parametrize("overrides, key, hint", SLURM_CASES, ids=[" ".join(c[0]) for c in SLURM_CASES])
 def test_bad_input_checked_against_sinfo(tmp_path, capsys, monkeypatch, slurm_env, overrides, key, hint):
     monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])
-    jobs_before = subprocess.run(["sacct", "-X", "-n", "-a", "-S", "now-1hour", "-o", "JobID"], capture_output=True,
-                                 text=True, env=slurm_env).stdout
+    # Jobs submitted from now on (slurmdbd records an earlier test's job a moment after it ends, so a plain before/after
+    # list of jobs can grow without anything submitted here): by their submit time, as sacct and squeue give it.
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
     code = main(PROBE + overrides + [f"run_dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert key in err and hint in err, err
     assert not (tmp_path / "run").exists()
-    jobs_after = subprocess.run(["sacct", "-X", "-n", "-a", "-S", "now-1hour", "-o", "JobID"], capture_output=True,
-                                text=True, env=slurm_env).stdout
-    assert jobs_after == jobs_before  # nothing was submitted
+    rows = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "-S", since, "-o", "JobID,Submit"], capture_output=True,
+                          text=True, env=slurm_env).stdout.split()
+    queued = subprocess.run(["squeue", "-h", "-o", "%i|%V"], capture_output=True, text=True,
+                            env=slurm_env).stdout.split()
+    submitted_since = [r for r in rows + queued if r.count("|") == 1 and r.split("|")[1] >= since]
+    assert submitted_since == []  # nothing was submitted
 
 
 # ---------------- real submissions ----------------
