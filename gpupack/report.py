@@ -513,8 +513,13 @@ def plot_layouts(c: Collected, path: Path) -> Path | None:
                 label = f"{key[1]} {mode}"
                 axes[0].plot(rows["devices_per_training"], rows["wall_s"], marker=marker, label=label)
                 axes[1].plot(rows["devices_per_training"], rows["device_s_per_training"], marker=marker, label=label)
+    ticks = sorted(set(c.layouts["devices_per_training"]))
+    labels = [f"1/{round(1 / x)}\n(N={round(1 / x)})" if x < 1 else f"{x:g}\n(k={x:g})" if x > 1 else "1"
+              for x in ticks]
     for ax, ylabel in zip(axes, ("one training, start to end (s)", "device-seconds per training")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, labels)
+        ax.minorticks_off()
         ax.set_xlabel("devices per training (1/N packed, k spread)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
