@@ -59,6 +59,20 @@ def first_visible(env: Mapping[str, str]) -> str | None:
     return None if first in ("", "-1") else first  # CUDA stops at the first invalid entry: "-1,0" hides all
 
 
+def visible_devices(env: Mapping[str, str], k: int) -> list[str]:
+    """The first ``k`` devices CUDA_VISIBLE_DEVICES names, as it names them (unset: indexes 0..k-1); CUDA stops at
+    the first invalid entry, so does this. What a job spread over k GPUs uses (rank r: cuda:r)."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [str(i) for i in range(k)]
+    out = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry in ("", "-1"):
+            break
+        out.append(entry)
+    return out[:k]
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value  # older bindings return bytes
 

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import psutil
 
@@ -35,10 +35,12 @@ class Sampler:
     def __init__(self, interval_s: float = 1.0, gpu_index: int | None = None, mps: bool = False,
                  no_gpu_reason: str = "",
                  log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
-                 gpu: str | None = None) -> None:
+                 gpu: str | None = None, more_gpus: Sequence[str] = ()) -> None:
         """``gpu``: the device to sample as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"; the job passes
         the UUID detect_device found, so both see the same device, a MIG slice included); ``gpu_index``: an NVML
-        index, the older form. Neither: no GPU, for ``no_gpu_reason``."""
+        index, the older form. Neither: no GPU, for ``no_gpu_reason``. ``more_gpus``: the other devices of a job
+        that spreads one training over several (sampled with it: utilization averaged, memory summed, and each
+        device's figures under ``gpus``)."""
         self.interval_s = interval_s
         self.mps = mps
         self.log = log
@@ -55,7 +57,9 @@ class Sampler:
         self.source, self.note, self.memory_total_mb = "cpu", "", None
         self.mig = False
         self._util_supported = True  # NVML does not report utilization on a MIG slice (NotSupported)
+        self.more_handles: list[Any] = []
         self._open_nvml(gpu if gpu is not None else None if gpu_index is None else str(gpu_index), no_gpu_reason)
+        self._open_more(more_gpus)
 
     # ---- NVML, through the one seam ----
 
@@ -85,12 +89,29 @@ class Sampler:
         if self.note:
             self.log(f"gpupack sampler: {self.note}")  # said once, not at every sample
 
-    def _utilization(self) -> Any:
+    def _open_more(self, gpus: Sequence[str]) -> None:
+        """The other GPUs of a spread job, by the same lookup; one NVML does not know is said and left out."""
+        if self.nvml is None:
+            return
+        for gpu in gpus:
+            try:
+                visible = monitor.resolve_visible({"CUDA_VISIBLE_DEVICES": gpu}, self.nvml)
+                if visible is None:
+                    raise LookupError(f"CUDA_VISIBLE_DEVICES={gpu!r} hides every GPU")
+                self.more_handles.append(visible.handle)
+                self.memory_total_mb = (self.memory_total_mb or 0.0) + \
+                    self.nvml.nvmlDeviceGetMemoryInfo(visible.handle).total / 2**20
+            except Exception as err:
+                note = f"GPU {gpu!r} of this job not sampled ({err})"
+                self.note = f"{self.note}; {note}" if self.note else note
+                self.log(f"gpupack sampler: {note}")
+
+    def _utilization(self, handle: Any = None) -> Any:
         """NVML's utilization rates, or None once NVML said it does not report them on this device."""
         if not self._util_supported:
             return None
         try:
-            return self.nvml.nvmlDeviceGetUtilizationRates(self.handle)
+            return self.nvml.nvmlDeviceGetUtilizationRates(self.handle if handle is None else handle)
         except Exception as err:
             not_supported = getattr(self.nvml, "NVMLError_NotSupported", None)
             if not_supported is None or not isinstance(err, not_supported):
@@ -103,15 +124,29 @@ class Sampler:
             return None
 
     def _gpu_sample(self) -> dict[str, Any]:
-        nvml, h = self.nvml, self.handle
-        util = self._utilization()
-        mem = nvml.nvmlDeviceGetMemoryInfo(h)
+        nvml = self.nvml
         list_procs = (nvml.nvmlDeviceGetMPSComputeRunningProcesses if self.mps
                       else nvml.nvmlDeviceGetComputeRunningProcesses)
-        per_pid = {p.pid: (None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20) for p in list_procs(h)}
-        return {"gpu_util": None if util is None else float(util.gpu),
-                "gpu_mem_util": None if util is None else float(util.memory), "gpu_mem_used_mb": mem.used / 2**20,
-                "gpu_proc_mem_mb": per_pid}
+        devices: list[dict[str, Any]] = []
+        per_pid: dict[int, float | None] = {}
+        for h in [self.handle, *self.more_handles]:
+            util = self._utilization(h)
+            mem = nvml.nvmlDeviceGetMemoryInfo(h)
+            devices.append({"gpu_util": None if util is None else float(util.gpu),
+                            "gpu_mem_util": None if util is None else float(util.memory),
+                            "gpu_mem_used_mb": mem.used / 2**20})
+            for p in list_procs(h):  # a process on several GPUs (a DDP rank's context) is summed over them
+                used = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
+                total = per_pid.get(p.pid, 0.0)
+                per_pid[p.pid] = None if total is None or used is None else total + used  # unknown stays unknown
+        utils = [d["gpu_util"] for d in devices if d["gpu_util"] is not None]
+        mem_utils = [d["gpu_mem_util"] for d in devices if d["gpu_mem_util"] is not None]
+        out = {"gpu_util": sum(utils) / len(utils) if utils else None,
+               "gpu_mem_util": sum(mem_utils) / len(mem_utils) if mem_utils else None,
+               "gpu_mem_used_mb": sum(d["gpu_mem_used_mb"] for d in devices), "gpu_proc_mem_mb": per_pid}
+        if len(devices) > 1:
+            out["gpus"] = devices
+        return out
 
     # ---- trainings ----
 

@@ -269,3 +269,14 @@ def test_a_mig_mode_gpu_named_by_index_with_several_slices_says_which_was_taken(
 ])
 def test_real_mig_device_names_map_to_slice_models(name, model):
     assert model_from_device_name(name) == model
+
+
+@pytest.mark.parametrize("visible, k, expected", [
+    (None, 2, ["0", "1"]), ("3,1,2", 2, ["3", "1"]), ("GPU-a,GPU-b", 2, ["GPU-a", "GPU-b"]), ("0,-1,2", 3, ["0"]),
+    ("", 2, []), ("5", 4, ["5"]),
+])
+def test_the_first_k_visible_devices(visible, k, expected):
+    from gpupack.monitor import visible_devices
+
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert visible_devices(env, k) == expected

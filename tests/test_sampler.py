@@ -255,3 +255,47 @@ def test_a_training_of_several_processes_is_sampled_as_their_sum():
         for p in procs:
             p.kill()
             p.wait()
+
+
+class TwoGpus(FakeNvml):
+    """Two whole GPUs: GPU 0 busy at 80 %, GPU 1 at 40 %; each rank of a DDP training has its context on its own GPU,
+    and rank 0 a small one on GPU 1 too."""
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=80 if h == "gpu0" else 40, memory=10)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return SimpleNamespace(total=16 * 2**30, used=(3000 if h == "gpu0" else 1000) * 2**20)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        rank0, rank1 = (p for p, _ in self.procs)
+        return ([SimpleNamespace(pid=rank0, usedGpuMemory=2000 * 2**20)] if h == "gpu0" else
+                [SimpleNamespace(pid=rank1, usedGpuMemory=900 * 2**20), SimpleNamespace(pid=rank0,
+                                                                                       usedGpuMemory=100 * 2**20)])
+
+
+def test_a_job_spread_over_two_gpus_samples_both(monkeypatch, two_trainings):
+    rank0, rank1 = (p.pid for p in two_trainings)
+    monkeypatch.setattr(monitor, "_nvml", lambda: TwoGpus([(rank0, None), (rank1, None)]))
+    s = Sampler(interval_s=0.1, gpu="0", more_gpus=["1"])
+    s.register("t-ddp", rank0)
+    s.register("t-ddp", rank1)
+    sample = s.sample_once()
+    assert sample["gpu_util"] == 60.0 and sample["gpu_mem_used_mb"] == 4000.0  # mean utilization, summed memory
+    assert [g["gpu_util"] for g in sample["gpus"]] == [80.0, 40.0]
+    assert sample["gpu_proc_mem_mb"] == {rank0: 2100.0, rank1: 900.0}  # rank 0 on both GPUs: summed
+    assert sample["trainings"]["t-ddp"]["gpu_mem_mb"] == 3000.0  # the training: both ranks on both GPUs
+    assert s.memory_total_mb == 32 * 1024
+    s.stop()
+
+
+def test_a_gpu_of_the_job_nvml_does_not_know_is_said_and_left_out(monkeypatch, two_trainings):
+    monkeypatch.setattr(monitor, "_nvml", lambda: TwoGpus([(p.pid, None) for p in two_trainings]))
+    said: list[str] = []
+    s = Sampler(interval_s=0.1, gpu="0", more_gpus=["7"], log=said.append)
+    assert s.more_handles == [] and "GPU '7' of this job not sampled" in s.note and said
+    assert "gpus" not in s.sample_once()
+    s.stop()

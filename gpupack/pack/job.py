@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from gpupack.errors import RunDirError
-from gpupack.monitor import DeviceInfo, detect_device, first_visible
+from gpupack.monitor import DeviceInfo, detect_device, first_visible, visible_devices
 from gpupack.pack import PackContext, TrainingOutcome, load_packer, options_of, threads_for
 from gpupack.plan import Pack, Plan, Training
 from gpupack.records import (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, file_mode, is_completed, make_dirs,
@@ -291,8 +291,10 @@ def _run_pack(run: RunDir, pack_id: str, settings: PackSettings) -> dict[str, An
 
     # the sampler lists MPS clients then
     mps = placement is None and bool(getattr(options_of(settings, pack.mode), "mps", False))
+    # A training spread over k GPUs: the job's other k-1 sampled with the first (rank r trains on cuda:r)
+    more = visible_devices(os.environ, pack.devices)[1:] if info.kind == "gpu" and pack.devices > 1 else []
     sampler = Sampler(interval_s=settings.sample_interval_s, mps=mps, no_gpu_reason=info.note,
-                      gpu=(info.uuid or first_visible(os.environ)) if info.kind == "gpu" else None)
+                      gpu=(info.uuid or first_visible(os.environ)) if info.kind == "gpu" else None, more_gpus=more)
     ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ), settings=settings,
                       gpu_memory_total_mb=info.memory_total_mb,
                       warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
