@@ -207,17 +207,19 @@ class ProcessPacker(Packer):
         with mps_daemon(ctx.env) as mps_env:
             return self._run(trainings, dataclasses.replace(ctx, env={**ctx.env, **mps_env}))
 
-    def _run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
+    def _run(self, trainings: Sequence[Training], ctx: PackContext,
+             opts: ProcessOptions | None = None) -> list[TrainingOutcome]:
         running: list[_Running] = []
         workloads = {name: load_workload(name) for name in {t.workload for t in trainings}}
-        opts = options_of(ctx.settings, self.name) if ctx.settings is not None else ProcessOptions(start="fresh")
+        if opts is None:
+            opts = options_of(ctx.settings, self.name) if ctx.settings is not None else ProcessOptions(start="fresh")
         method = start_method(opts.start, list(workloads.values()))
         cores = job_cpus()
         cpus = [cpus_for(cores, len(trainings), i) if opts.cpu_affinity else None for i in range(len(trainings))]
         server = None
         try:
             if method == "fork":
-                server = self._server(trainings, ctx)
+                server = self.preloaded_server(trainings, ctx)
             for t, bound in zip(trainings, cpus):
                 running.append(_Running(t, ctx, workloads[t.workload], server, bound))
                 if running[-1].pid is not None:
@@ -239,8 +241,14 @@ class ProcessPacker(Packer):
                 server.close()
         return [r.outcome() for r in running]
 
+    def run_as_processes(self, trainings: Sequence[Training], ctx: PackContext,
+                         opts: ProcessOptions) -> list[TrainingOutcome]:
+        """Process mode's machinery with options of the caller's (a spread strategy's one training, one process):
+        start, follow, time out and record each training as process mode does, without MPS."""
+        return self._run(trainings, ctx, opts)
+
     @staticmethod
-    def _server(trainings: Sequence[Training], ctx: PackContext) -> ForkServer | None:
+    def preloaded_server(trainings: Sequence[Training], ctx: PackContext) -> ForkServer | None:
         """The pack's preloaded fork server; None (fresh interpreters, said in the server's log) if it cannot start."""
         log = ctx.run.pack_dir(ctx.pack.pack_id) / "logs" / "forkserver.err"
         try:

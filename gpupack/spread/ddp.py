@@ -166,7 +166,7 @@ def rank_server(training: "Training", ctx: "PackContext") -> Any:
     start = options_of(ctx.settings, "process").start if ctx.settings is not None else "fresh"
     if start_method(start, [load_workload(training.workload)]) != "fork":
         return None
-    return PACKER._server([training], ctx)  # None, said in its log, when it cannot start
+    return PACKER.preloaded_server([training], ctx)  # None, said in its log, when it cannot start
 
 
 class DdpStrategy(Strategy):

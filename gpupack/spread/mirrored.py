@@ -9,7 +9,6 @@ any k is the same step on the same global batch.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any, ContextManager, Sequence, TypeVar
 
 from gpupack.errors import ConfigError
@@ -106,10 +105,7 @@ class Mirrored(Strategy):
             refuse_rlimit_on_gpu(self.name, ctx.memory_limit_bytes / 2**30 if ctx.memory_limit_bytes else None)
         # Process mode's one training, started, followed, timed out and recorded as it does; always a fresh
         # interpreter, never under MPS or bound to a share of the cores (its threads are all the job's cores).
-        fresh = {"process": ProcessOptions(start="fresh")}
-        settings = (dataclasses.replace(ctx.settings, mode_options={**ctx.settings.mode_options, **fresh})
-                    if ctx.settings is not None else None)
-        return PROCESS._run(trainings, dataclasses.replace(ctx, settings=settings))
+        return PROCESS.run_as_processes(trainings, ctx, ProcessOptions(start="fresh"))
 
     def join(self, placement: Placement) -> Spread:
         import os
