@@ -144,7 +144,7 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
         raise ValueError(f"min_packs must be >= 2 (one pack has no interval), got {min_packs}")
     alpha = 1.0 - confidence
     method = (f"{_pct(confidence)} percentile bootstrap over packs ({resamples} resamples, seed {seed}); "
-              "N ties with the lowest when the interval of the difference of medians contains 0")
+              "tie: the difference of medians' interval holds 0")
     skip = set(infeasible)
     data = {n: _clean(v, f"N={n}") for n, v in sorted(times.items()) if n not in skip}
     data = {n: v for n, v in data.items() if len(v)}
