@@ -315,6 +315,9 @@ def status_command(args: Sequence[str], console: Console) -> int:
         if p.state != "done":
             console.print(f"  {p.pack_id}: {p.state} ({p.done}/{p.trainings} trainings done"
                           f"{f', job {p.job_id}' if p.job_id else ''})", highlight=False)
+    if any(p.state == sweep.STOPPED for p in st.packs):
+        console.print(f"  stopped: started and ended without a pack record (stopped or killed); re-run the same "
+                      f"command with run_dir={st.run_dir} to resume: completed trainings are kept", highlight=False)
     return 0
 
 

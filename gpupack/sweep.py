@@ -222,7 +222,7 @@ def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Call
 class PackStatus:
     pack_id: str
     partition: str
-    state: str  # pending | running | done | failed | submitted | not submitted | unknown
+    state: str  # pending | running | done | failed | stopped | submitted | not submitted | unknown
     done: int  # trainings with a completed record
     trainings: int
     job_id: str | None = None
@@ -242,13 +242,17 @@ class RunStatus:
         return out
 
 
+STOPPED = "stopped"  # started here and ended with no pack record (stopped or killed mid-run): resume it
+
+
 def pack_status(pack: Pack, done: int, has_record: bool, job_id: str | None,
-                states: Mapping[str, str] | None) -> str:
-    """Where one pack stands, from its records first and the queue (gpupack states) for the rest. Pure."""
+                states: Mapping[str, str] | None, started: bool = False) -> str:
+    """Where one pack stands, from its records first and the queue (gpupack states) for the rest; ``started``: its
+    job body began here (its folder exists), which a backend that keeps no job ids (local) tells no other way. Pure."""
     if done == len(pack.trainings):
         return DONE
     if job_id is None:
-        return FAILED if has_record else "not submitted"
+        return FAILED if has_record else STOPPED if started else "not submitted"
     if states is None:
         return "unknown"
     queue = states.get(job_id)
@@ -281,7 +285,8 @@ def status(run_dir: Path | str) -> RunStatus:
     for p in plan.packs:
         done = sum(is_completed(run.training_record(p.pack_id, t.training_id)) for t in p.trainings)
         job = jobs.get(p.pack_id, {}).get("job_id")
-        state = pack_status(p, done, run.pack_record(p.pack_id).exists(), job, states)
+        state = pack_status(p, done, run.pack_record(p.pack_id).exists(), job, states,
+                            started=run.pack_dir(p.pack_id).is_dir())
         packs.append(PackStatus(p.pack_id, p.partition, state, done, len(p.trainings), job))
     return RunStatus(run.root, plan.sweep, packs, queue_answered=states is not None)
 

@@ -64,6 +64,8 @@ PACK = PLAN.packs[0]
 @pytest.mark.parametrize("done, has_record, job, states, expected", [
     (2, True, None, {}, DONE),  # records first: complete whatever the queue says
     (0, False, None, {}, "not submitted"),
+    ((1, True), False, None, {}, "stopped"),  # began here (local), stopped mid-run before its pack record
+    ((0, True), False, None, {}, "stopped"),
     (0, True, None, {}, FAILED),  # ran here (local backend) and left trainings unfinished
     (0, False, "7", {"7": PENDING}, PENDING),
     (1, False, "7", {"7": RUNNING}, RUNNING),
@@ -73,7 +75,8 @@ PACK = PLAN.packs[0]
     (0, False, "7", None, "unknown"),  # the queue did not answer: say so, guess nothing
 ])
 def test_pack_status_table(done, has_record, job, states, expected):
-    assert sweep.pack_status(PACK, done, has_record, job, states) == expected
+    done, started = done if isinstance(done, tuple) else (done, False)
+    assert sweep.pack_status(PACK, done, has_record, job, states, started=started) == expected
 
 
 def test_slurm_queue_states_map_to_gpupack_states():

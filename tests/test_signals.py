@@ -143,6 +143,10 @@ def test_a_stopped_local_run_resumes_with_the_finished_training_kept(tmp_path, s
         assert cli.stop(signal.SIGTERM, to_group=False)[0] == 143
     finally:
         cli.clean_up()
+    from gpupack import sweep
+
+    states = {p.state for p in sweep.status(run_dir).packs}
+    assert states == {"stopped"}, states  # begun here and stopped mid-run: not "not submitted"
     again = subprocess.run([sys.executable, "-m", "gpupack", *sweep_args(run_dir, marker)], capture_output=True,
                            text=True, env=subprocess_env, cwd=REPO, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
