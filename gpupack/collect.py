@@ -696,17 +696,22 @@ def timed_packs(t: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     return timed
 
 
+def _timed_packs_of(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
+    """The timed packs of records as loaded (probes left out), each with its time per training."""
+    t, packs = _not_probes(trainings), _not_probes(packs)
+    if t.empty or packs.empty:
+        return pd.DataFrame(columns=["time_per_training_s"])
+    t = t.assign(samples=pd.to_numeric(t.get("samples"), errors="coerce"),
+                 attempt=t["attempt"] if "attempt" in t else 0)
+    return timed_packs(t, packs).dropna(subset=["time_per_training_s"])
+
+
 def pack_times(records: Records) -> dict[str, dict[int, list[float]]]:
     """Per partition and N, the time per training of each timed pack (what :mod:`gpupack.choose` weighs)."""
-    t, packs = _not_probes(records.trainings), _not_probes(records.packs)
-    if t.empty or packs.empty:
-        return {}
-    t = t.copy()
-    if "attempt" not in t:
-        t["attempt"] = 0
-    t["samples"] = pd.to_numeric(t.get("samples"), errors="coerce")
-    timed = timed_packs(t, packs).dropna(subset=["time_per_training_s"])
+    timed = _timed_packs_of(records.trainings, records.packs)
     out: dict[str, dict[int, list[float]]] = {}
+    if timed.empty:
+        return out
     for (partition, n), values in timed.groupby(["partition", "factor"])["time_per_training_s"]:
         out.setdefault(str(partition), {})[int(n)] = [float(v) for v in values]
     return out
@@ -714,12 +719,9 @@ def pack_times(records: Records) -> dict[str, dict[int, list[float]]]:
 
 def packing_times(trainings: pd.DataFrame, packs: pd.DataFrame) -> dict[tuple[Any, ...], list[float]]:
     """Each (workload, partition, GPU type, mode, N)'s time per training of every timed pack."""
-    t, packs = _not_probes(trainings), _not_probes(packs)
-    if t.empty or packs.empty:
+    timed = _timed_packs_of(trainings, packs)
+    if timed.empty:
         return {}
-    t = t.assign(samples=pd.to_numeric(t.get("samples"), errors="coerce"),
-                 attempt=t["attempt"] if "attempt" in t else 0)
-    timed = timed_packs(t, packs).dropna(subset=["time_per_training_s"])
     return {tuple(k): [float(v) for v in values]
             for k, values in timed.groupby(GROUP + ["factor"])["time_per_training_s"]}
 

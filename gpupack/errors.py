@@ -6,7 +6,7 @@ the CLI prints ``str(err)`` as one line and exits non-zero.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 
 class GpupackError(Exception):
@@ -48,3 +48,13 @@ def nearest(word: str, choices: Iterable[str]) -> str:
     if close:
         return "did you mean " + " or ".join(repr(c) for c in close) + "?"
     return "valid: " + ", ".join(options) if options else "nothing is available"
+
+
+def require_counts(values: Sequence[Any], key: str, noun: str, example: str, each: str | None = None) -> None:
+    """Each of ``values`` a whole number >= 1 (a bool is not one), else a ConfigError on ``key[i]`` naming ``noun``
+    ("a packing factor") with ``example`` as the hint; with ``each`` ("N"), also none listed twice."""
+    for i, n in enumerate(values):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"{key}[{i}]", n, f"{noun} must be a whole number >= 1", f"e.g. {example}")
+    if each is not None and len(set(values)) != len(values):
+        raise ConfigError(key, list(values), f"{noun} is listed twice", f"list each {each} once")

@@ -91,8 +91,8 @@ def compare(packing: pd.DataFrame, spread: pd.DataFrame, packing_times: Mapping[
             weights: Mapping[str, float], walls: Mapping[tuple[Any, ...], float] | None = None) -> pd.DataFrame:
     """Every layout of one (workload, partition, GPU type) in one table: packing (mode, N) from collect's summary and
     spread (label, k); devices per training (1/N or k), time per training (what a device spends per training when
-    packed; one training's wall when spread), device-seconds and RGU-hours per training, and the best layout of its
-    GPU type (the fewest device-seconds per training; ``beside`` says how the best of the other answer compares).
+    packed; the job's wall when spread), device-seconds and RGU-hours per training, and the best layout of its
+    GPU type (the fewest device-seconds per training, when both answers have a usable layout).
     ``packing_times``: each packing (key, mode, N)'s per-pack times per training, for the noise check; ``walls``: its
     trainings' own wall (:func:`training_walls`). ``wall_s`` is one training's own wall, start to end; ``job_wall_s``
     the wall its job held the device(s) for, the job's start-up (a fork server's preload) included."""

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from gpupack.errors import ConfigError, nearest
+from gpupack.errors import ConfigError, nearest, require_counts
 from gpupack.memory import Measured, TrainingMemory, check_memory, estimate, setting_key
 from gpupack.pack import available_modes, load_packer
 from gpupack.pack.job import PackSettings
@@ -113,13 +113,7 @@ def _check_factors(factors: Any) -> tuple[int, ...]:
     if not factors:
         raise ConfigError("packing.factors", list(factors or []), "no packing factor given",
                           "list at least one, e.g. packing.factors=[1,2,4]")
-    for i, n in enumerate(factors):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"packing.factors[{i}]", n, "a packing factor must be a whole number >= 1",
-                              "e.g. packing.factors=[1,2,4]")
-    if len(set(factors)) != len(factors):
-        raise ConfigError("packing.factors", list(factors), "a packing factor is listed twice",
-                          "list each N once")
+    require_counts(factors, "packing.factors", "a packing factor", "packing.factors=[1,2,4]", each="N")
     return tuple(factors)
 
 
@@ -219,10 +213,7 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
 def _check_auto(cfg: DictConfig) -> tuple[int, ...]:
     packing = cfg.packing
     ladder = list(packing.auto.ladder)
-    for i, n in enumerate(ladder):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"packing.auto.ladder[{i}]", n, "a packing factor must be a whole number >= 1",
-                              "e.g. packing.auto.ladder=[1,2,3,5,8]")
+    require_counts(ladder, "packing.auto.ladder", "a packing factor", "packing.auto.ladder=[1,2,3,5,8]")
     if len(ladder) < 2 or ladder != sorted(set(ladder)):
         raise ConfigError("packing.auto.ladder", ladder, "needs two or more N, rising, each once",
                           "e.g. packing.auto.ladder=[1,2,3,5,8,13,21,34]")

@@ -39,12 +39,7 @@ class TorchImageWorkload(Workload):
         preload(self.data.load, params)
 
     def check_spread(self, params: Any, strategy: str, devices: int) -> None:
-        """Each of the k processes trains on its slice of every global batch: a batch needs k samples."""
-        first = min(params.batch_size, params.train_samples)
-        if first < devices:
-            key = "batch_size" if params.batch_size <= params.train_samples else "train_samples"
-            raise ConfigError(key, getattr(params, key), f"one global batch ({first} samples) is split over the "
-                              f"{devices} processes of a spread training", f"use {key} >= {devices}, or fewer devices")
+        check_split(params, devices)
 
     def fuse_key(self, params: Any) -> tuple[Any, ...]:
         from jobs import _torch_fused
@@ -61,6 +56,16 @@ class TorchImageWorkload(Workload):
     def train(self, params: Any, ctx: TrainingContext) -> dict[str, Any]:
         return run(params, ctx, self.data.load(params.data_dir), lambda nn: self.build(params, nn),
                    weight_decay=self.weight_decay, eval_batch=self.eval_batch)
+
+
+def check_split(params: Any, devices: int) -> None:
+    """Each of the k processes of a spread training trains on its slice of every global batch: a batch needs k
+    samples. Checked before anything runs (check_spread) and by each rank (run)."""
+    first = min(params.batch_size, params.train_samples)
+    if first < devices:
+        key = "batch_size" if params.batch_size <= params.train_samples else "train_samples"
+        raise ConfigError(key, getattr(params, key), f"one global batch ({first} samples) is split over the "
+                          f"{devices} processes of a spread training", f"use {key} >= {devices}, or fewer devices")
 
 
 def preload(load: Any, params: Any) -> None:
@@ -97,9 +102,8 @@ def run(params: Any, ctx: TrainingContext, data: Any, build_model: Any, weight_d
     x_val = images(torch, data.x_test[: params.val_samples])
     y_val = torch.from_numpy(data.y_test[: params.val_samples]).long()
     spread = ctx.spread
-    if spread is not None and params.batch_size < spread.world:  # some rank's slice of every batch would be empty
-        raise ConfigError("batch_size", params.batch_size, f"one global batch is split over the {spread.world} "
-                          "processes of a spread training", f"use batch_size >= {spread.world}, or fewer devices")
+    if spread is not None:  # some rank's slice of every batch would be empty
+        check_split(params, spread.world)
     # Spread: the same batches as packing's trainings (a last partial batch included, split unevenly; see train()).
     loader = make_loader(torch, x_train, y_train, params, device, gen)
     if params.loader_only:

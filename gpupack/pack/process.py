@@ -12,7 +12,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from gpupack.errors import ConfigError, nearest
 from gpupack.forkserver import ForkedProcess, ForkServer, isolate
@@ -43,6 +43,26 @@ def _child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = No
         isolate(memory_limit_bytes, cpus)
 
     return setup
+
+
+def start_process(argv: Sequence[str], name: str, spec_path: Path, out_path: Path, err_path: Path,
+                  env: Mapping[str, str], cwd: str | None, server: ForkServer | None, memory_limit_bytes: int | None,
+                  cpus: Sequence[int] | None = None) -> subprocess.Popen[bytes] | ForkedProcess:
+    """Start one training's process (a packed training, a DDP rank): forked from the pack's preloaded server, else
+    ``argv`` as a program of its own (a list, never a shell) in a session of its own, with its logs, its limits and
+    death with the packer. OSError when the program cannot start."""
+    if server is not None:  # no interpreter start, no import
+        return server.start(name, spec_path, out_path, err_path, env, cwd, memory_limit_bytes, cpus)
+    with open_log(out_path) as out, open_log(err_path) as err:
+        return subprocess.Popen(list(argv), cwd=cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=dict(env),
+                                start_new_session=True, preexec_fn=_child_setup(memory_limit_bytes, cpus))
+
+
+def exit_error(err_path: Path, code: int | None) -> str:
+    """Why a process that exited non-zero failed: its stderr's last lines, else its signal or exit code."""
+    fallback = (f"killed by signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0
+                else f"exited with code {code}")
+    return tail(err_path) or fallback
 
 
 def cpus_for(cores: Sequence[int], n: int, i: int) -> list[int]:
@@ -87,23 +107,16 @@ class _Running:
         # workload's argv items are templated one by one.
         launch = workload.launch(training.params, str(spec_path), str(self.result_path))
         env = {**worker_env(ctx.env, ctx.threads), **launch.env}
-        out_path = run.log(pid, tid, "out")
         self.proc: subprocess.Popen[bytes] | ForkedProcess | None = None
-        if server is not None:  # forked from the pack's preloaded server: no interpreter start, no import
-            self.proc = server.start(tid, spec_path, out_path, self.err_path, env, launch.cwd,
-                                     ctx.memory_limit_bytes, self.cpus)
-            return
-        with open_log(out_path) as out, open_log(self.err_path) as err:
-            try:
-                self.proc = subprocess.Popen(
-                    launch.argv, cwd=launch.cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
-                    start_new_session=True, preexec_fn=_child_setup(ctx.memory_limit_bytes, self.cpus))
-            except OSError as error:  # the program is gone or not executable on this node: it fails alone
-                where = launch.cwd if launch.cwd and not os.path.isdir(launch.cwd) else None
-                self.start_error = (f"could not start {launch.argv[0]!r}: its working directory {where!r} does "
-                                    "not exist" if where else f"could not start {launch.argv[0]!r}: "
-                                    f"{error.strerror or error}")
-                self.ended_at = time.time()
+        try:
+            self.proc = start_process(launch.argv, tid, spec_path, run.log(pid, tid, "out"), self.err_path, env,
+                                      launch.cwd, server, ctx.memory_limit_bytes, self.cpus)
+        except OSError as error:  # the program is gone or not executable on this node: it fails alone
+            where = launch.cwd if launch.cwd and not os.path.isdir(launch.cwd) else None
+            self.start_error = (f"could not start {launch.argv[0]!r}: its working directory {where!r} does "
+                                "not exist" if where else f"could not start {launch.argv[0]!r}: "
+                                f"{error.strerror or error}")
+            self.ended_at = time.time()
 
     @property
     def pid(self) -> int | None:
@@ -153,8 +166,7 @@ class _Running:
             result = self.workload.result(self.training.params, raw, self.started_at, self.ended_at)
         error = None
         if code != 0:
-            error = tail(self.err_path) or (f"killed by signal {sig} ({signal.Signals(sig).name})" if sig else
-                                            f"exited with code {code}")
+            error = exit_error(self.err_path, code)
         elif result is None:
             error = "exited 0 but wrote no result"
         if self.timed_out:

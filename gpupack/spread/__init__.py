@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Mapping, Sequence
 
-from gpupack.errors import ConfigError, nearest
+from gpupack.errors import ConfigError, nearest, require_counts
 
 if TYPE_CHECKING:  # the pack's side only: a training's process imports this module without them
     from gpupack.pack import Capacity, PackContext, TrainingOutcome
@@ -46,9 +46,8 @@ class Placement:
     rank: int = 0  # this process among the training's processes
     world: int = 1  # the training's processes: k for DDP, 1 for MirroredStrategy
     backend: str | None = None  # ddp: gloo | nccl
-    master_addr: str = "127.0.0.1"  # ddp: where rank 0 listens for the process group's rendezvous (TCP)
-    master_port: int = 0
-    # ddp: the rendezvous instead, e.g. file:///<job tmp>/store (a file of this training alone: no port to race for)
+    # ddp: where the ranks meet, file:///<job tmp>/store (a file of this training alone: no port to race for);
+    # None: torch's env:// (MASTER_ADDR, MASTER_PORT), for a process group set up by hand
     init_method: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -167,12 +166,7 @@ def check_spread(strategy: Strategy, workload: "Workload", devices: Sequence[int
         raise ConfigError(KEY, strategy.name, f"{workload.name} does not say how to spread itself with it "
                           "(Workload.spreads)", "leave spread.devices=[], or make the workload call ctx.spread "
                           "(see jobs/_torch_common.py)")
-    for i, k in enumerate(devices):
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ConfigError(f"spread.devices[{i}]", k, "a device count must be a whole number >= 1",
-                              "e.g. spread.devices=[1,2,4]")
-    if len(set(devices)) != len(devices):
-        raise ConfigError("spread.devices", list(devices), "a device count is listed twice", "list each k once")
+    require_counts(devices, "spread.devices", "a device count", "spread.devices=[1,2,4]", each="k")
     for name, cap in capacities.items():
         most, what = devices_on(cap)
         for i, k in enumerate(devices):

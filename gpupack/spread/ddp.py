@@ -15,7 +15,6 @@ import shutil
 import tempfile
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -92,8 +91,8 @@ class _Rank:
     def __init__(self, training: "Training", ctx: "PackContext", rank: int, world: int, threads: int,
                  started: float, server: Any = None) -> None:
         from gpupack.pack import worker_env, worker_spec
-        from gpupack.pack.process import _child_setup
-        from gpupack.records import make_dirs, open_log, write_json_atomic
+        from gpupack.pack.process import start_process
+        from gpupack.records import make_dirs, write_json_atomic
 
         run, pack_id, tid = ctx.run, ctx.pack.pack_id, training.training_id
         name = tid if rank == 0 else f"{tid}.rank{rank}"  # rank 0's files are the training's own
@@ -109,16 +108,9 @@ class _Rank:
         write_json_atomic(spec_path, spec)
         # On GPUs every rank sees all of the job's devices and takes cuda:<rank> itself (DdpSpread.device).
         self.killed = False  # by the pack (a peer failed, the time-out, the job stopping), not by its own fault
-        self.proc: Any
-        if server is not None:  # torch and the data already imported: no interpreter start, as in process mode
-            self.proc = server.start(name, spec_path, run.log(pack_id, name, "out"), self.err_path,
-                                     worker_env(ctx.env, threads), None, ctx.memory_limit_bytes, None)
-            return
-        with open_log(run.log(pack_id, name, "out")) as out, open_log(self.err_path) as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpupack.worker", str(spec_path)], stdout=out, stderr=err,
-                stdin=subprocess.DEVNULL, env=worker_env(ctx.env, threads), start_new_session=True,
-                preexec_fn=_child_setup(ctx.memory_limit_bytes))
+        self.proc: Any = start_process([sys.executable, "-m", "gpupack.worker", str(spec_path)], name, spec_path,
+                                       run.log(pack_id, name, "out"), self.err_path, worker_env(ctx.env, threads),
+                                       None, server, ctx.memory_limit_bytes)
 
     def send(self, sig: int) -> None:
         if self.proc.poll() is not None:
@@ -137,14 +129,9 @@ class _Rank:
 
 
 def _tail(rank: _Rank) -> str:
-    from gpupack.pack.process import tail
+    from gpupack.pack.process import exit_error
 
-    code = rank.proc.returncode
-    if code is not None and code < 0:
-        fallback = f"killed by signal {-code} ({signal.Signals(-code).name})"
-    else:
-        fallback = f"exited with code {code}"
-    return tail(rank.err_path) or fallback
+    return exit_error(rank.err_path, rank.proc.returncode)
 
 
 def lost_a_peer(rank: _Rank) -> bool:
@@ -286,7 +273,7 @@ class DdpStrategy(Strategy):
         if placement.device == "cuda":
             check_visible(torch.cuda.device_count(), placement.world, os.environ.get("CUDA_VISIBLE_DEVICES"))
             torch.cuda.set_device(placement.rank)  # before NCCL makes its communicator on the current device
-        init = placement.init_method or f"tcp://{placement.master_addr}:{placement.master_port}"
+        init = placement.init_method or "env://"
         dist.init_process_group(backend, init_method=init,
                                  rank=placement.rank, world_size=placement.world,
                                  timeout=timedelta(seconds=JOIN_TIMEOUT_S))

@@ -230,10 +230,10 @@ def take_slots(pack: Pack, free: list[list[int]], n_slots: int, n_gpus: int) -> 
         return None
     if not (n_gpus and pack.devices > 1):
         return [free.pop(0)]
-    if len({g for slot in free for g in slot}) < pack.devices and n_slots > len(free):
-        return None  # not enough distinct GPUs free yet
-    if len({g for slot in free for g in slot}) < pack.devices:  # every slot is free and still too few GPUs: hold all
-        taken = list(free)
+    if len({g for slot in free for g in slot}) < pack.devices:
+        if n_slots > len(free):
+            return None  # not enough distinct GPUs free yet
+        taken = list(free)  # every slot is free and still too few GPUs: hold them all
         free.clear()
         return taken
     taken, seen = [], set()
