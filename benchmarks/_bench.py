@@ -61,6 +61,29 @@ def run_logged(argv: Sequence[str], log: Path, env: dict[str, str] | None = None
     return rc, wall
 
 
+def run_sweep(argv: Sequence[str], out: Path, key: str, label: str | None = None) -> dict[str, Any]:
+    """Run one gpupack sweep whose run directory is ``out/key``, its output in ``out/key.log``; say how it ended (its
+    log's tail when it failed). Returns its entry for results.json."""
+    log = out / f"{key}.log"
+    say(f"running: {label or ' '.join(argv[1:])}")
+    rc, wall = run_logged(argv, log)
+    say(f"  exit {rc} after {wall:.1f} s (output: {log})")
+    if rc != 0:
+        say(tail(log))
+    return {"argv": list(argv[1:]), "rc": rc, "wall_s": wall, "run_dir": str(out / key)}
+
+
+def bench_main(name: str, doc: str, quick_help: str, run: Any, report: Any) -> None:
+    """The main of a benchmark that takes only the common options: --report re-prints, else run, then report."""
+    args = parser(name, doc, quick_help).parse_args()
+    if args.report:
+        report(Path(args.report))
+        return
+    out = out_dir(name, args.out)
+    run(out, args.quick)
+    report(out)
+
+
 def say(msg: str) -> None:
     print(msg, flush=True)
 

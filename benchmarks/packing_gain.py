@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import parser, PYTHON, fmt, out_dir, ratio, read_json, run_logged, say, table, tail, write_json  # noqa: E402
+from _bench import PYTHON, bench_main, fmt, ratio, read_json, run_sweep, say, table, write_json  # noqa: E402
 
 STARTS = ("fresh", "fork")
 QUICK = ["packing.factors=[1,2]", "packing.repeats=1", "sweep.grid.lr=[0.1]", "sweep.grid.batch_size=[128]",
@@ -47,12 +47,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         argv = [PYTHON, "-m", "gpupack", "+sweep=mnist_pack", f"packing.process.start={start}",
                 f"run_dir={out / start}"]
         argv += QUICK if quick else []
-        say(f"running: {' '.join(argv[1:])}")
-        rc, wall = run_logged(argv, out / f"{start}.log")
-        say(f"  exit {rc} after {wall:.1f} s (output: {out / f'{start}.log'})")
-        if rc != 0:
-            say(tail(out / f"{start}.log"))
-        results["runs"][start] = {"argv": argv[1:], "rc": rc, "wall_s": wall, "run_dir": str(out / start)}
+        results["runs"][start] = run_sweep(argv, out, start)
     write_json(out / "results.json", results)
     return results
 
@@ -114,14 +109,7 @@ def report(out: Path) -> None:
 
 
 def main() -> None:
-    ap = parser("packing_gain", __doc__, "tiny sizes, to check that the script works")
-    args = ap.parse_args()
-    if args.report:
-        report(Path(args.report))
-        return
-    out = out_dir("packing_gain", args.out)
-    run(out, args.quick)
-    report(out)
+    bench_main("packing_gain", __doc__, "tiny sizes, to check that the script works", run, report)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import parser, PYTHON, fmt, out_dir, ratio, read_json, run_logged, say, table, tail, write_json  # noqa: E402
+from _bench import PYTHON, bench_main, fmt, ratio, read_json, run_sweep, say, table, write_json  # noqa: E402
 
 SWEEPS = {"ddp": "mnist_spread", "mirrored": "mnist_tf_spread"}
 QUICK = ["packing.repeats=1", "sweep.fixed.train_samples=2048", "sweep.fixed.val_samples=500", "sweep.fixed.epochs=1"]
@@ -35,12 +35,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
     results: dict[str, Any] = {"quick": quick, "runs": {}}
     for name, sweep in SWEEPS.items():
         argv = [PYTHON, "-m", "gpupack", f"+sweep={sweep}", f"run_dir={out / name}"] + (QUICK if quick else [])
-        say(f"running: {' '.join(argv[1:])}")
-        rc, wall = run_logged(argv, out / f"{name}.log")
-        say(f"  exit {rc} after {wall:.1f} s (output: {out / f'{name}.log'})")
-        if rc != 0:
-            say(tail(out / f"{name}.log"))
-        results["runs"][name] = {"argv": argv[1:], "rc": rc, "wall_s": wall, "run_dir": str(out / name)}
+        results["runs"][name] = run_sweep(argv, out, name)
     write_json(out / "results.json", results)
     return results
 
@@ -72,14 +67,7 @@ def report(out: Path) -> None:
 
 
 def main() -> None:
-    ap = parser("spread_vs_packing", __doc__, "tiny sizes, to check that the script works")
-    args = ap.parse_args()
-    if args.report:
-        report(Path(args.report))
-        return
-    out = out_dir("spread_vs_packing", args.out)
-    run(out, args.quick)
-    report(out)
+    bench_main("spread_vs_packing", __doc__, "tiny sizes, to check that the script works", run, report)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import (parser, PYTHON, fmt, load_run, out_dir, ratio, read_json, run_logged, say, table, tail,  # noqa: E402
+from _bench import (parser, PYTHON, fmt, load_run, out_dir, ratio, read_json, run_sweep, say, table,  # noqa: E402
                     write_json)
 
 STARTS = ("fresh", "fork")
@@ -61,13 +61,7 @@ def run(out: Path, factors: list[int], sample_interval: float, quick: bool) -> N
         for start in STARTS:
             key = f"n{n}-{start}"
             argv = sweep_argv(n, start, out / key, sample_interval)
-            say(f"running: N={n} start={start}")
-            rc, wall = run_logged(argv, out / f"{key}.log")
-            say(f"  exit {rc} after {wall:.1f} s (output: {out / (key + '.log')})")
-            if rc != 0:
-                say(tail(out / f"{key}.log"))
-            results["runs"][key] = {"argv": argv[1:], "rc": rc, "wall_s": wall, "run_dir": str(out / key),
-                                    "n": n, "start": start}
+            results["runs"][key] = {**run_sweep(argv, out, key, label=f"N={n} start={start}"), "n": n, "start": start}
             write_json(out / "results.json", results)
 
 
