@@ -7,7 +7,6 @@ tools wrote and prints one plain-text table.
 from __future__ import annotations
 
 import argparse
-
 import datetime as _dt
 import json
 import math

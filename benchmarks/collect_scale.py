@@ -4,8 +4,8 @@
 
 1. Writes a run directory as gpupack's pack jobs leave it: 4 partitions x 2 modes x N in --factors (default 16 and
    34: a million trainings are run packed, at the N a probe chose), the trainings spread evenly. For each pack, its
-   pack.json and its trainings' columnar file (packs/<id>/trainings.arrows, by gpupack.collect.columnar_bytes, what
-   the job body writes, from records with every field gpupack.records writes: params, timings, a 16-point throughput
+   pack.json and its trainings' columnar file (packs/<id>/trainings.arrows, by gpupack.analysis.collect.columnar_bytes, what
+   the job body writes, from records with every field gpupack.core.records writes: params, timings, a 16-point throughput
    curve...); for the first 2 packs of each (partition, mode, N), JSON training records only (no columnar file:
    collect reads their JSON); and one resumed pack whose first attempt sits under attempts/1/. The JSON twins of the
    columnar packs' training records are left out: collect does not open them while the columnar file is current,
@@ -42,10 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench import PYTHON, REPO, out_dir  # noqa: E402
 
-from gpupack.collect import (COLUMNAR, aggregate_records, columnar_bytes, flatten, flatten_pack,  # noqa: E402
-                             load_records)
-from gpupack.records import pack_record, training_record  # noqa: E402
-from gpupack.rundir import RunDir  # noqa: E402
+from gpupack.analysis.collect import COLUMNAR, aggregate_records, columnar_bytes, flatten, flatten_pack, load_records  # noqa: E402
+from gpupack.core.records import pack_record, training_record  # noqa: E402
+from gpupack.core.rundir import RunDir  # noqa: E402
 
 FACTORS = [16, 34]
 PARTITIONS = {"p100": "P100-12gb", "v100": "V100-16gb", "a100": "A100-40gb", "h100": "H100-80gb"}
@@ -62,7 +61,7 @@ def _sorted(value: Any) -> Any:
 
 def training(pack_id: str, tid: str, partition: str, mode: str, factor: int, status: str, index: int,
              draw: np.ndarray) -> dict[str, Any]:
-    """One training record with every field the job body writes (gpupack.pack.job.build_training_record); ``draw``:
+    """One training record with every field the job body writes (gpupack.job.body.build_training_record); ``draw``:
     start-up, loop, samples/s, accuracy, loss, RSS and GPU memory."""
     startup, loop, rate, accuracy, loss, rss, gpu_mem = (float(x) for x in draw)
     return _sorted(training_record(
@@ -82,7 +81,7 @@ def training(pack_id: str, tid: str, partition: str, mode: str, factor: int, sta
 
 def pack(pack_id: str, partition: str, mode: str, factor: int, wall: float, tids: list[str],
          statuses: list[str]) -> dict[str, Any]:
-    """One pack record with the fields gpupack.pack.job.write_pack_record writes."""
+    """One pack record with the fields gpupack.job.body.write_pack_record writes."""
     return _sorted(pack_record(
         pack_id=pack_id, mode=mode, factor=factor, partition=partition, probe=False,
         gpu_type="Tesla V100-SXM2-16GB", device="cuda", device_name="Tesla V100-SXM2-16GB", device_note="",

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import parser, PYTHON, fmt, out_dir, ratio, read_json, run_logged, say, table, tail, write_json  # noqa: E402
+from _bench import PYTHON, fmt, out_dir, parser, ratio, read_json, run_logged, say, table, tail, write_json  # noqa: E402
 
 FULL = ["packing.factors=[1,2,4,8,16]", "packing.repeats=2", "sweep.grid.lr=[0.02,0.05,0.1,0.2]",
         "sweep.grid.batch_size=[128]", "sweep.grid.seed=[0,1,2,3]", "sweep.fixed.train_samples=10000",

@@ -40,8 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import (parser, PYTHON, fmt, load_run, out_dir, ratio, read_json, run_sweep, say, table,  # noqa: E402
-                    write_json)
+from _bench import PYTHON, fmt, load_run, out_dir, parser, ratio, read_json, run_sweep, say, table, write_json  # noqa: E402
 
 STARTS = ("fresh", "fork")
 FULL_FACTORS = [1, 4, 16, 34]

@@ -72,8 +72,23 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import (parser, DEFAULT_SLURM_CONF, PYTHON, REPO, fmt, load_run, median, out_dir, ratio, read_json,  # noqa: E402
-                    run_logged, say, table, tail, write_json)
+from _bench import (  # noqa: E402
+    DEFAULT_SLURM_CONF,
+    PYTHON,
+    REPO,
+    fmt,
+    load_run,
+    median,
+    out_dir,
+    parser,
+    ratio,
+    read_json,
+    run_logged,
+    say,
+    table,
+    tail,
+    write_json,
+)
 
 TOOLS = ("submitit", "gpupack N=4", "gpupack N=8", "launcher pack=4")
 SLUG = {"submitit": "submitit", "gpupack N=4": "gpupack_n4", "gpupack N=8": "gpupack_n8",

@@ -13,9 +13,8 @@ from __future__ import annotations
 import logging
 
 import hydra
-from omegaconf import DictConfig
-
 from mnist_mlp import train
+from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 

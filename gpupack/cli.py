@@ -28,9 +28,9 @@ from rich.live import Live
 from rich.table import Table
 
 from gpupack import __version__, report, sweep
-from gpupack.report import make_console
+from gpupack.core.plan import Pack
 from gpupack.errors import ConfigError, GpupackError
-from gpupack.plan import Pack
+from gpupack.report import make_console
 
 USAGE = """usage:
   python -m gpupack +sweep=NAME [key=value ...]   run a sweep (conf/sweep/NAME.yaml), e.g. +sweep=mnist_pack
@@ -363,7 +363,7 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
             raise ConfigError("--rgu", str(args.rgu), "no such file", "see conf/rgu/alliance.yaml for the format")
         weights = dict(OmegaConf.load(args.rgu).get("models", {}))
     elif not any((Path(d) / "config.yaml").exists() for d in args.run_dirs):
-        from gpupack.compose import config_dir
+        from gpupack.setup.compose import config_dir
 
         weights = dict(OmegaConf.load(config_dir() / "rgu" / "alliance.yaml").models)
     collected, written = sweep.collect(args.run_dirs, weights=weights, sweep_trainings=args.trainings, out=args.out,
@@ -375,7 +375,7 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
 # ---------------- Hydra's flags ----------------
 
 def help_text(overrides: Sequence[str]) -> str:
-    from gpupack.compose import group_options
+    from gpupack.setup.compose import group_options
 
     lines = [USAGE, "", "Config groups (choose with GROUP=OPTION; the sweep is added: +sweep=NAME):"]
     for group, options in group_options(overrides).items():
@@ -388,22 +388,22 @@ def help_text(overrides: Sequence[str]) -> str:
 def info_text(overrides: Sequence[str]) -> str:
     import hydra
 
-    from gpupack.compose import group_options, search_path
     from gpupack.pack import available_modes
+    from gpupack.setup.compose import group_options, search_path
     from gpupack.submit import available_backends
     from gpupack.workload import available_workloads
 
     lines = [f"gpupack {__version__} (Hydra {hydra.__version__})", "", "Config search path:"]
     lines += [f"  {p}" for p in search_path(overrides)]
     lines += ["", "Config groups:"] + [f"  {g}: {', '.join(o)}" for g, o in group_options(overrides).items()]
-    lines += ["", "Installed:", f"  workloads (jobs/): {', '.join(available_workloads())} (or a dotted module name)",
+    lines += ["", "Installed:", f"  workloads (gpupack/workloads/): {', '.join(available_workloads())} (or a dotted module name)",
               f"  packing modes: {', '.join(available_modes())}", f"  backends: {', '.join(available_backends())}",
               "  Hydra launchers for your own app: gpupack_local, gpupack_slurm (hydra/launcher=...)"]
     return "\n".join(lines)
 
 
 def print_config(overrides: Sequence[str], which: str, package: str | None, resolve: bool) -> int:
-    from gpupack.compose import compose_config
+    from gpupack.setup.compose import compose_config
 
     if which not in ("job", "hydra", "all"):
         raise ConfigError("--cfg", which, "unknown choice", "use --cfg job, --cfg hydra or --cfg all")

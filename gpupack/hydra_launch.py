@@ -22,23 +22,23 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.errors import CompactHydraException
 
 from gpupack import sweep
+from gpupack.core.memory import Measured, check_memory, estimate
+from gpupack.core.plan import Pack, plan_in_order
+from gpupack.core.records import read_json
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError, nearest
-from gpupack.pack.job import PackSettings
-from gpupack.plan import Pack, plan_in_order
-from gpupack.records import read_json
-from gpupack.rundir import RunDir
+from gpupack.runtime.hydra_job import PAYLOAD, dump, return_path
+from gpupack.setup.validate import DEVICES, check_fit, check_modes
 from gpupack.submit import load_submitter
 from gpupack.submit.local import LocalConfig
 from gpupack.submit.slurm import PartitionConfig, SlurmConfig
-from gpupack.memory import Measured, check_memory, estimate
-from gpupack.validate import DEVICES, check_fit, check_modes
 from gpupack.workload import load_workload
-from gpupack.hydra_job import PAYLOAD, dump, return_path
 
 MEMORY_FRACTION = 0.8  # as packing.memory_fraction's default
 
 KEY = "hydra.launcher"
-WORKLOAD = "gpupack.hydra_job"
+WORKLOAD = "gpupack.runtime.hydra_job"
 GRES = re.compile(r"^gpu(?::([^:,]+))?:(\d+)$")
 
 log = logging.getLogger(__name__)

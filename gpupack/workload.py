@@ -1,6 +1,6 @@
 """The workload contract: given hyperparameters, a device and a reporter, train and return metrics.
 
-A workload is a module ``jobs/<name>.py`` exposing ``WORKLOAD``, an instance of :class:`Workload`.
+A built-in workload is a module ``gpupack/workloads/<name>.py`` exposing ``WORKLOAD``, an instance of :class:`Workload`.
 It never knows how it was packed. Its hyperparameters are a dataclass (``Params``): the schema that
 the sweep's grid and fixed values are validated against before anything runs.
 """
@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 from gpupack.errors import ConfigError, nearest
 
-WORKLOAD_PACKAGE = "jobs"
+WORKLOAD_PACKAGE = "gpupack.workloads"
 
 
 @dataclass
@@ -194,7 +194,7 @@ class Workload(ABC):
 
     def launch(self, params: Mapping[str, Any], spec_path: str, result_path: str) -> Launch:
         """By default gpupack's worker: a fresh interpreter that imports this workload and trains once."""
-        return Launch([sys.executable, "-m", "gpupack.worker", spec_path])
+        return Launch([sys.executable, "-m", "gpupack.runtime.worker", spec_path])
 
     def result(self, params: Mapping[str, Any], raw: dict[str, Any] | None, spawned_at: float,
                ended_at: float) -> dict[str, Any] | None:
@@ -221,18 +221,18 @@ def available_workloads() -> list[str]:
 
 
 def load_workload(name: str, key: str = "sweep.workload") -> Workload:
-    """``jobs.<name>``'s ``WORKLOAD``; a dotted name (``mypkg.mymodule``) imports that module instead,
+    """``gpupack.workloads.<name>``'s ``WORKLOAD``; a dotted name (``mypkg.mymodule``) imports that module instead,
     so users can keep workloads in their own packages. An unknown name is a ConfigError."""
     if "." in name:
         try:
             module = importlib.import_module(name)
         except ImportError as err:
             raise ConfigError(key, name, f"cannot import it ({err})",
-                              "make the module importable (PYTHONPATH) or use a workload from jobs/") from None
+                              "make the module importable (PYTHONPATH) or use a built-in workload (python -m gpupack --info lists them)") from None
     else:
         names = available_workloads()
         if name not in names:
-            raise ConfigError(key, name, "no such workload in jobs/", nearest(name, names))
+            raise ConfigError(key, name, "no such built-in workload", nearest(name, names))
         module = importlib.import_module(f"{WORKLOAD_PACKAGE}.{name}")
     workload = getattr(module, "WORKLOAD", None)
     if not isinstance(workload, Workload):

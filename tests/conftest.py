@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from typing import Callable
-
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 

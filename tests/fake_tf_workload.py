@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupack.workload import TrainingContext, Workload
-from jobs._tf_common import tf_device
+from gpupack.workloads._tf_common import tf_device
 
 
 @dataclass

@@ -48,10 +48,10 @@ import random  # noqa: E402
 
 import pytest  # noqa: E402
 
-from gpupack.collect import best_factors, load_records, summarize  # noqa: E402
-from gpupack.plan import make_plan  # noqa: E402
-from gpupack.records import pack_record, training_record, write_json_atomic  # noqa: E402
-from gpupack.rundir import RunDir  # noqa: E402
+from gpupack.analysis.collect import best_factors, load_records, summarize  # noqa: E402
+from gpupack.core.plan import make_plan  # noqa: E402
+from gpupack.core.records import pack_record, training_record, write_json_atomic  # noqa: E402
+from gpupack.core.rundir import RunDir  # noqa: E402
 
 TRUE_TPT = {1: 10.0, 2: 9.0, 3: 6.0, 4: 7.0}  # seconds per training on a quiet machine: N=3 is best
 
@@ -109,11 +109,11 @@ def test_a_tie_is_reported_as_a_tie_with_its_rule_and_a_provisional_answer_says_
 
 # ---------------- capacity caps, before anything runs ----------------
 
+from gpupack.core.memory import Figure, Measured, TrainingMemory, check_memory, estimate  # noqa: E402
+from gpupack.core.types import Capacity  # noqa: E402
 from gpupack.errors import ConfigError  # noqa: E402
-from gpupack.memory import Measured, TrainingMemory, Figure, check_memory, estimate  # noqa: E402
-from gpupack.pack import Capacity  # noqa: E402
+from gpupack.setup.validate import ClusterFacts, idle_gpu_warnings  # noqa: E402
 from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter  # noqa: E402
-from gpupack.validate import ClusterFacts, idle_gpu_warnings  # noqa: E402
 
 
 def test_a_hundred_thousand_trainings_on_the_local_default_are_refused_in_one_line(tmp_path, capsys):
@@ -207,7 +207,7 @@ def test_a_request_that_leaves_a_nodes_gpus_idle_is_warned_about():
 
 # ---------------- packing.factors=auto ----------------
 
-from gpupack.auto import verdict  # noqa: E402
+from gpupack.flow.auto import verdict  # noqa: E402
 
 
 @pytest.mark.parametrize("times, best, oom, unfinished, expected", [
@@ -272,7 +272,7 @@ def _plateau(tmp_path):
 
 
 def read_json_file(path):
-    from gpupack.records import read_json
+    from gpupack.core.records import read_json
 
     return read_json(path)
 

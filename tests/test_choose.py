@@ -1,4 +1,4 @@
-"""gpupack.choose: the best N with regard to noise (bootstrap intervals, ties, rules, sample size)."""
+"""gpupack.analysis.choose: the best N with regard to noise (bootstrap intervals, ties, rules, sample size)."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from gpupack.choose import MAX_REPEATS, RULES, Choice, _boot_medians, choose, gain, keeps_improving, tie_label
+from gpupack.analysis.choose import MAX_REPEATS, RULES, Choice, _boot_medians, choose, gain, keeps_improving, tie_label
 
 
 def packs(center: float, rel: float, k: int) -> list[float]:

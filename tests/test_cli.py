@@ -1,7 +1,7 @@
 """The command line's own pieces: the progress view."""
 from __future__ import annotations
 
-from gpupack.plan import make_plan
+from gpupack.core.plan import make_plan
 
 
 def test_progress_view_counts_per_partition():

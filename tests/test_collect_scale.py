@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpupack.collect import COLUMNAR, ColumnarReader, load_records
+from gpupack.analysis.collect import COLUMNAR, ColumnarReader, load_records
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "collect_scale.py"
 

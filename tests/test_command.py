@@ -24,13 +24,14 @@ import pytest
 
 import gpupack.result as result_module
 from gpupack.cli import main
+from gpupack.core.plan import make_plan
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
-from gpupack.pack.job import PackSettings, run_pack
-from gpupack.plan import make_plan
-from gpupack.records import read_json, write_json_atomic
+from gpupack.job.body import run_pack
 from gpupack.result import ENV, TrainingResult, report
-from gpupack.rundir import RunDir
-from jobs.command import WORKLOAD, render, result_from_report
+from gpupack.workloads.command import WORKLOAD, render, result_from_report
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = REPO / "tests" / "programs" / "report_train.py"

@@ -8,11 +8,12 @@ import os
 import pytest
 
 from gpupack.cli import main
-from gpupack.pack.job import PackSettings, run_pack
+from gpupack.core.plan import make_plan
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings
+from gpupack.job.body import run_pack
 from gpupack.pack.process import ProcessOptions, cpus_for, start_method
-from gpupack.plan import make_plan
-from gpupack.records import read_json, write_json_atomic
-from gpupack.rundir import RunDir
 from gpupack.workload import load_workload
 
 

@@ -12,13 +12,18 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpupack.cli import main  # noqa: E402
-from gpupack.pack.job import PackSettings, run_pack  # noqa: E402
-from gpupack.plan import make_plan  # noqa: E402
-from gpupack.records import read_json, write_json_atomic  # noqa: E402
-from gpupack.rundir import RunDir  # noqa: E402
+from gpupack.core.plan import make_plan  # noqa: E402
+from gpupack.core.records import read_json, write_json_atomic  # noqa: E402
+from gpupack.core.rundir import RunDir  # noqa: E402
+from gpupack.core.types import PackSettings
+from gpupack.job.body import run_pack  # noqa: E402
 from gpupack.workload import Reporter, TrainingContext, load_workload  # noqa: E402
-from jobs import _mnist_data, _torch_common, _torch_fused  # noqa: E402
-from jobs.mnist_torch import _build  # noqa: E402
+from gpupack.workloads import (
+    _mnist_data,
+    _torch_common,
+    _torch_fused,  # noqa: E402
+)
+from gpupack.workloads.mnist_torch import _build  # noqa: E402
 
 WORKLOAD = load_workload("mnist_torch")
 
@@ -130,10 +135,11 @@ def test_process_and_fused_in_one_table_with_the_best_mode_and_n(tmp_path, subpr
 def test_resnets_with_batchnorm_fuse_with_their_own_statistics():
     """cifar10_torch (conv + BatchNorm): weights and each model's running statistics as alone, one epoch
     (BatchNorm amplifies float rounding over further steps at this learning rate: 1e-7 after one epoch here)."""
-    import numpy as np
     from types import SimpleNamespace
 
-    from jobs.cifar10_torch import small_resnet
+    import numpy as np
+
+    from gpupack.workloads.cifar10_torch import small_resnet
 
     cifar = load_workload("cifar10_torch")
     rng = np.random.default_rng(0)

@@ -12,15 +12,16 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 
-from gpupack import records
 from gpupack.cli import main
+from gpupack.core import records
+from gpupack.core.plan import make_plan
+from gpupack.core.records import atomic_file, make_dirs, open_log, read_json, write_json_atomic
+from gpupack.core.rgu import check_weights
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
-from gpupack.pack.job import PackSettings, run_pack
-from gpupack.plan import make_plan
-from gpupack.records import atomic_file, make_dirs, open_log, read_json, write_json_atomic
-from gpupack.rgu import check_weights
-from gpupack.rundir import RunDir
-from jobs import _cifar10_data
+from gpupack.job.body import run_pack
+from gpupack.workloads import _cifar10_data
 
 
 def _proc_umask() -> int:

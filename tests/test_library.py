@@ -9,9 +9,9 @@ from omegaconf import OmegaConf
 
 from gpupack import sweep
 from gpupack.cli import main
+from gpupack.core.plan import make_plan
+from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import ConfigError, RunDirError
-from gpupack.plan import make_plan
-from gpupack.submit import DONE, FAILED, PENDING, RUNNING
 
 REPO = Path(__file__).resolve().parent.parent
 PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack", "sweep.grid.lr=[0.1]"]
@@ -89,8 +89,8 @@ def test_slurm_queue_states_map_to_gpupack_states():
 
 
 def test_resume_fails_closed_when_the_queue_does_not_answer(tmp_path):
+    from gpupack.core.rundir import RunDir
     from gpupack.errors import SubmissionError
-    from gpupack.rundir import RunDir
     from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter
 
     class Silent(SlurmSubmitter):
@@ -163,7 +163,7 @@ def test_composing_gpupack_leaves_the_callers_hydra_version_base_alone():
     """A notebook or Hydra app calling gpupack keeps its own version_base (job.chdir and more depend on it)."""
     from hydra.version import VersionBase
 
-    from gpupack.compose import compose_config, group_options
+    from gpupack.setup.compose import compose_config, group_options
 
     before = VersionBase.instance().getbase()
     compose_config(["+sweep=mnist_pack"])
@@ -177,7 +177,8 @@ def test_composing_gpupack_leaves_the_callers_hydra_version_base_alone():
     (False, None, FAILED),
 ])
 def test_a_pack_with_failed_trainings_shows_failed_in_progress(ok, record, expected):
-    from gpupack.submit import PackResult, progress_state
+    from gpupack.core.types import PackResult
+    from gpupack.submit import progress_state
 
     assert progress_state(PackResult("p", "local", "1", ok=ok, record=record)) == expected
 
@@ -185,7 +186,7 @@ def test_a_pack_with_failed_trainings_shows_failed_in_progress(ok, record, expec
 def test_packs_whose_every_training_failed_are_not_timed():
     import pandas as pd
 
-    from gpupack.collect import summarize
+    from gpupack.analysis.collect import summarize
 
     trainings = pd.DataFrame([{"training_id": f"t{i}", "pack_id": p, "workload": "w", "partition": "local",
                                "gpu_type": "cpu", "mode": "process", "factor": n, "status": s, "samples": 0}

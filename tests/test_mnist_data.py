@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpupack.errors import DataError
-from jobs import _mnist_data
+from gpupack.workloads import _mnist_data
 
 
 def _write_idx(path, array, gz):

@@ -1,4 +1,4 @@
-"""The NVML seam: a fake NVML at gpupack.monitor._nvml, and the real one on this machine."""
+"""The NVML seam: a fake NVML at gpupack.runtime.monitor._nvml, and the real one on this machine."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from gpupack import monitor
-from gpupack.compose import config_dir
-from gpupack.rgu import model_from_device_name
+from gpupack.core.rgu import model_from_device_name
+from gpupack.runtime import monitor
+from gpupack.setup.compose import config_dir
 
 
 class FakeNvml:
@@ -276,7 +276,7 @@ def test_real_mig_device_names_map_to_slice_models(name, model):
     ("", 2, []), ("5", 4, ["5"]),
 ])
 def test_the_first_k_visible_devices(visible, k, expected):
-    from gpupack.monitor import visible_devices
+    from gpupack.runtime.monitor import visible_devices
 
     env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
     assert visible_devices(env, k) == expected

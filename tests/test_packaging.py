@@ -26,7 +26,7 @@ def test_wheel_ships_conf_and_data_and_finds_them(tmp_path):
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, timeout=300, capture_output=True)
-    code = ("import gpupack, jobs._mnist_data as d; from gpupack.compose import config_dir; "
+    code = ("import gpupack, gpupack.workloads._mnist_data as d; from gpupack.setup.compose import config_dir; "
             "print(gpupack.__file__); print(config_dir()); print(d.load(None).source)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, timeout=120, check=True).stdout

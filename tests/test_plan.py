@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpupack.core.plan import Plan, expand_grid, grid_values, make_plan, training_id
 from gpupack.errors import ConfigError
-from gpupack.plan import Plan, expand_grid, grid_values, make_plan, training_id
 
 
 @pytest.mark.parametrize(
@@ -110,13 +110,13 @@ def test_loader_probe_packs_one_per_distinct_pipeline_setting():
 
 
 def test_plan_json_has_no_label_unless_set_so_older_run_dirs_still_resume():
-    from gpupack.plan import plan_in_order
+    from gpupack.core.plan import plan_in_order
 
     plan = make_plan(sweep="s", workload="w", grid={"lr": [0.1]}, fixed={}, factors=[1], modes=["process"],
                      partitions=["p"], repeats=1)
     assert "label" not in plan.to_json()["packs"][0]["trainings"][0]
     assert Plan.from_json(plan.to_json()) == plan
-    labelled = plan_in_order(sweep="app", workload="gpupack.hydra_job", params=[{"job_num": 0}, {"job_num": 1},
+    labelled = plan_in_order(sweep="app", workload="gpupack.runtime.hydra_job", params=[{"job_num": 0}, {"job_num": 1},
                              {"job_num": 2}], factor=2, partition="p", mode="process", label="hydra:app")
     assert [p.factor for p in labelled.packs] == [2, 1]  # in order; the last pack holds the rest
     assert [t.params["job_num"] for p in labelled.packs for t in p.trainings] == [0, 1, 2]

@@ -8,12 +8,13 @@ import time
 
 import pytest
 
+from gpupack.core.plan import make_plan
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings
+from gpupack.job.body import run_pack
 from gpupack.pack import PackContext, threads_for, worker_env
-from gpupack.pack.job import PackSettings, run_pack
 from gpupack.pack.process import PACKER
-from gpupack.plan import make_plan
-from gpupack.records import read_json, write_json_atomic
-from gpupack.rundir import RunDir
 
 WORKLOAD = "tests.fake_workloads"
 
@@ -81,7 +82,7 @@ def test_a_killed_training_is_recorded_as_killed(tmp_path):
     victim = pack.trainings[0]
     # Make the victim slow so we can kill it mid-training.
     slow = dict(victim.params, steps=500, sleep_s=0.02)
-    from gpupack.plan import Training
+    from gpupack.core.plan import Training
 
     object.__setattr__(victim, "params", slow)
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ))

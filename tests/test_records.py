@@ -7,8 +7,14 @@ import stat
 
 import pytest
 
-from gpupack.records import (SCHEMA_VERSION, is_completed, pack_record, read_json, training_record,
-                             write_json_atomic)
+from gpupack.core.records import (
+    SCHEMA_VERSION,
+    is_completed,
+    pack_record,
+    read_json,
+    training_record,
+    write_json_atomic,
+)
 
 
 def test_round_trip_with_schema_and_odd_values(tmp_path):

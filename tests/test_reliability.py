@@ -16,12 +16,13 @@ import psutil
 import pytest
 
 from gpupack.cli import main
+from gpupack.core.plan import make_plan
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir, RunLock
+from gpupack.core.types import PackSettings
 from gpupack.errors import RunDirError
-from gpupack.pack.job import PackSettings, run_pack
+from gpupack.job.body import run_pack
 from gpupack.pack.process import ProcessOptions
-from gpupack.plan import make_plan
-from gpupack.records import read_json, write_json_atomic
-from gpupack.rundir import RunDir, RunLock
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOAD = "tests.fake_workloads"
@@ -106,7 +107,7 @@ def test_sigkilled_training_is_recorded_as_killed(tmp_path, start):
 
 def test_killed_packer_takes_no_training_with_it_and_resume_runs_only_the_rest(tmp_path, subprocess_env):
     run, pack = _pack(tmp_path, {"hang": True})
-    code = ("import sys; from gpupack.pack.job import PackSettings, run_pack; "
+    code = ("import sys; from gpupack.job.body import PackSettings, run_pack; "
             "run_pack(sys.argv[1], sys.argv[2], PackSettings(device='cpu'))")
     packer = subprocess.Popen([sys.executable, "-c", code, str(run.root), pack.pack_id], env=subprocess_env)
     ok = [t for t in pack.trainings if t.params["tag"] != "faulty"]
@@ -153,7 +154,7 @@ def test_64_concurrent_writers_never_tear_a_record(tmp_path):
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o000, 0o664)])
 def test_records_follow_the_umask_and_are_never_world_writable(tmp_path, monkeypatch, umask, mode):
-    from gpupack import records
+    from gpupack.core import records
 
     old = os.umask(umask)
     monkeypatch.setattr(records, "_umask", None)  # as a process started under this umask: read once, at first use

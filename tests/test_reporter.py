@@ -1,5 +1,5 @@
 """The reporter: steady throughput leaves warm-up out; the curve has one point per window. And the report collect
-prints (gpupack/report.py): the main table fits 120 columns, a shared host is said, seeds are not ranked."""
+prints (gpupack/report/): the main table fits 120 columns, a shared host is said, seeds are not ranked."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,9 +9,9 @@ import pytest
 from rich.console import Console
 
 from gpupack import report, workload
-from gpupack.collect import aggregate
-from gpupack.records import pack_record, training_record, write_json_atomic
-from gpupack.rundir import RunDir
+from gpupack.analysis.collect import aggregate
+from gpupack.core.records import pack_record, training_record, write_json_atomic
+from gpupack.core.rundir import RunDir
 
 
 def test_steady_throughput_excludes_warmup_and_curve_has_windows(monkeypatch):

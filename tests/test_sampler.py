@@ -1,4 +1,4 @@
-"""The pack sampler through a fake NVML at the one seam (gpupack.monitor._nvml), and on this machine for real."""
+"""The pack sampler through a fake NVML at the one seam (gpupack.runtime.monitor._nvml), and on this machine for real."""
 from __future__ import annotations
 
 import subprocess
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpupack import monitor
-from gpupack.sampler import Sampler
+from gpupack.runtime import monitor
+from gpupack.runtime.sampler import Sampler
 
 
 class FakeNvml:
@@ -211,10 +211,11 @@ def test_a_device_nvml_does_not_know_is_not_sampled_in_its_place(monkeypatch, gp
 
 
 def test_a_pack_on_a_mig_slice_records_the_slice(monkeypatch, tmp_path):
-    from gpupack.pack.job import PackSettings, run_pack
-    from gpupack.plan import make_plan
-    from gpupack.records import write_json_atomic
-    from gpupack.rundir import RunDir
+    from gpupack.core.plan import make_plan
+    from gpupack.core.records import write_json_atomic
+    from gpupack.core.rundir import RunDir
+    from gpupack.core.types import PackSettings
+    from gpupack.job.body import run_pack
 
     fake = MigNvml(driver="old")
     monkeypatch.setattr(monitor, "_nvml", lambda: fake)

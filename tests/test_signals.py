@@ -15,11 +15,12 @@ from typing import Callable
 import psutil
 import pytest
 
+from gpupack.core.plan import make_plan
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings
 from gpupack.errors import RunDirError
-from gpupack.pack.job import PackSettings, run_pack
-from gpupack.plan import make_plan
-from gpupack.records import read_json, write_json_atomic
-from gpupack.rundir import RunDir
+from gpupack.job.body import run_pack
 from tests.conftest import training_process, wait_for
 
 REPO = Path(__file__).resolve().parent.parent

@@ -36,7 +36,6 @@ def records(run_dir: Path) -> dict[str, dict]:
 
 from tests.conftest import wait_for  # noqa: E402
 
-
 # ---------------- pure builders ----------------
 
 @pytest.mark.parametrize("factor, cpus_per, mem_per, cpus, mem_mb", [
@@ -88,8 +87,8 @@ def test_cluster_bad_input_without_slurm(tmp_path, capsys, monkeypatch, override
 
 
 def test_account_from_the_environment_is_accepted(tmp_path, monkeypatch):
-    from gpupack.compose import compose_config
-    from gpupack.rundir import RunDir
+    from gpupack.core.rundir import RunDir
+    from gpupack.setup.compose import compose_config
     from gpupack.submit import load_submitter
 
     monkeypatch.setenv("SLURM_ACCOUNT", "def-env")

@@ -12,8 +12,8 @@ from types import SimpleNamespace as NS
 import pandas as pd
 import pytest
 
-from gpupack.layouts import compare, split_spread, spread_summary, verdicts
-from gpupack.plan import Plan, make_plan
+from gpupack.analysis.layouts import compare, split_spread, spread_summary, verdicts
+from gpupack.core.plan import Plan, make_plan
 from gpupack.submit.local import spread_gpus, take_slots
 from gpupack.submit.slurm import sbatch_parameters
 
@@ -221,8 +221,8 @@ def test_mnist_tf_spread_runs_mirrored_over_logical_cpus_beside_packing(tmp_path
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_ddp_k2_runs_as_a_two_gpu_job_on_the_local_slurmctld(tmp_path, slurm_env):
-    from tests.test_slurm import sacct
     from tests.conftest import wait_for
+    from tests.test_slurm import sacct
 
     run_dir = tmp_path / "run"
     proc = gpupack(["+sweep=mnist_spread", *SMALL, "cluster=slurm", "partitions=[p100]", "packing.factors=[1]",
@@ -245,7 +245,7 @@ def test_ddp_k2_runs_as_a_two_gpu_job_on_the_local_slurmctld(tmp_path, slurm_env
 
 def _write_pack(root: Path, pack_id: str, mode: str, factor: int, walls: list[float], status: str = "completed",
                 devices: int | None = None, pack_wall: float | None = None, t0: float = 1000.0) -> None:
-    from gpupack.records import pack_record, training_record, write_json_atomic
+    from gpupack.core.records import pack_record, training_record, write_json_atomic
 
     spread = {"devices": devices, "strategy": "ddp", "spread": {"allreduce_bytes_per_step": 407080.0,
                                                                 "allreduce_s_per_step": 0.001}} if devices else {}
@@ -280,7 +280,7 @@ def _layout_run(tmp_path: Path, spread_status: str = "completed", oom: bool = Tr
 
 
 def test_collect_puts_spread_beside_packing_from_records_on_disk_with_an_all_oom_n(tmp_path):
-    from gpupack.collect import aggregate
+    from gpupack.analysis.collect import aggregate
     from gpupack.report import make_console, render
 
     c = aggregate([_layout_run(tmp_path)], weights={"P100-12gb": 1.0})
@@ -301,7 +301,7 @@ def test_collect_puts_spread_beside_packing_from_records_on_disk_with_an_all_oom
 
 
 def test_a_run_whose_spread_trainings_failed_is_not_ok(tmp_path):
-    from gpupack.collect import aggregate
+    from gpupack.analysis.collect import aggregate
     from gpupack.sweep import Outcome
 
     ok = Outcome(prepared=None, opened=None, collected=aggregate([_layout_run(tmp_path / "a", oom=False)]))

@@ -20,14 +20,13 @@ from typing import Any
 
 import pytest
 
+from gpupack.core.plan import Plan, make_plan
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import Capacity, PackSettings
 from gpupack.errors import ConfigError
-from gpupack.pack import Capacity
-from gpupack.pack.job import PackSettings, run_pack
-from gpupack.plan import Plan, make_plan
-from gpupack.records import read_json, write_json_atomic
-from gpupack.rundir import RunDir
-from gpupack.spread import Placement, check_spread, load_strategy
-from gpupack.spread import ddp
+from gpupack.job.body import run_pack
+from gpupack.spread import Placement, check_spread, ddp, load_strategy
 from gpupack.spread.ddp import STRATEGY, _merged, culprit
 from gpupack.workload import Reporter, TrainingContext, Workload, load_workload
 
@@ -147,7 +146,7 @@ def _spread_plan(tmp_path: Path, workload: str, grid: dict[str, list[Any]], fixe
 def test_each_step_all_reduces_the_gradients_whatever_the_batch(tmp_path):
     import torch
 
-    from jobs.mnist_torch import MnistTorchParams, _build
+    from gpupack.workloads.mnist_torch import MnistTorchParams, _build
 
     run, plan = _spread_plan(tmp_path, "mnist_torch", {"batch_size": [32, 128]}, SMALL)
     n_params = sum(p.numel() for p in _build(MnistTorchParams(**SMALL), torch.nn).parameters())
@@ -201,7 +200,7 @@ def test_bytes_and_steps_are_counted_per_backward_pass_over_several_buckets(tmp_
 
 def _rank_losses(rank: int, world: int, init: str, params: dict[str, Any], out: str) -> None:
     """One rank of a DDP training of mnist_torch through the workload's real loop, in a spawned process."""
-    from gpupack.worker import join_spread
+    from gpupack.runtime.worker import join_spread
 
     spread = join_spread(dataclasses.replace(STRATEGY.placement("ddp-gloo", world, "cpu"), rank=rank,
                                              init_method=init).to_json())

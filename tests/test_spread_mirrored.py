@@ -8,15 +8,15 @@ from unittest import mock
 
 import pytest
 
+from gpupack.core.plan import Plan, spread_packs
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import Capacity, PackSettings
 from gpupack.errors import ConfigError
-from gpupack.pack import Capacity
-from gpupack.pack.job import PackSettings, run_pack
-from gpupack.plan import Plan, spread_packs
-from gpupack.records import read_json, write_json_atomic
-from gpupack.rundir import RunDir
+from gpupack.job.body import run_pack
 from gpupack.spread import Placement, check_spread, load_strategy
 from gpupack.spread.mirrored import first_gpus, make_devices
-from jobs._tf_common import check_even_split
+from gpupack.workloads._tf_common import check_even_split
 
 # Small, so each k costs one TF process start (~5-10 s here) and a second of training: 8 steps of a 64 global batch.
 FIXED = {"model": "mlp", "hidden": 32, "train_samples": 512, "val_samples": 200, "epochs": 1, "batch_size": 64,

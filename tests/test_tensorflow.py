@@ -10,18 +10,19 @@ from pathlib import Path
 import pytest
 
 from gpupack.cli import main
+from gpupack.core.plan import make_plan
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import Capacity, PackSettings
 from gpupack.errors import ConfigError
-from gpupack.mps import mps_daemon
-from gpupack.pack import Capacity, PackContext
-from gpupack.pack.job import PackSettings, run_pack
+from gpupack.job.body import run_pack
+from gpupack.pack import PackContext
 from gpupack.pack.process import PACKER as PROCESS
 from gpupack.pack.process import ProcessOptions
 from gpupack.pack.tf_logical import PACKER as TF_LOGICAL
 from gpupack.pack.tf_logical import logical_devices, split_memory_mb
-from gpupack.plan import make_plan
-from gpupack.records import read_json, write_json_atomic
-from gpupack.rundir import RunDir
-from jobs import _cifar10_data
+from gpupack.runtime.mps import mps_daemon
+from gpupack.workloads import _cifar10_data
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -195,7 +196,7 @@ def test_tf_logical_host_gets_n_times_the_per_training_limit(tmp_path, monkeypat
         seen.append(limit)
         raise Stop
 
-    monkeypatch.setattr("gpupack.pack.host._child_setup", fake_child_setup)
+    monkeypatch.setattr("gpupack.pack._host._child_setup", fake_child_setup)
     run, pack = _pack(tmp_path, {"tag": ["a", "b", "c"]}, workload="tests.fake_tf_workload", mode="tf_logical")
     per = 3 * 2**30
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ),

@@ -1,7 +1,7 @@
 """Packing modes: how N trainings share one device inside one job.
 
 Each mode is one module ``gpupack/pack/<mode>.py`` exposing ``PACKER``, a :class:`Packer`. Modes
-never know about SLURM; the job body (:mod:`gpupack.pack.job`) hands them the trainings and writes
+never know about SLURM; the job body (:mod:`gpupack.job.body`) hands them the trainings and writes
 the records from what they return.
 """
 from __future__ import annotations
@@ -9,12 +9,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Hashable, Mapping, Sequence
 
+from gpupack.core.plan import Pack, Training
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
-from gpupack.plan import Pack, Training
-from gpupack.rundir import RunDir
 from gpupack.workload import Workload
 
 _NOT_MODES = {"job", "host"}  # modules here that are not packing modes
@@ -42,33 +43,8 @@ class PackContext:
     spread: Any = None
 
 
-@dataclass
-class TrainingOutcome:
-    """How one training ended, as the packer saw it."""
-
-    training_id: str
-    started_at: float
-    ended_at: float
-    exit_code: int | None  # None when the training did not run as its own process
-    signal: int | None = None
-    error: str | None = None  # last lines of the training's stderr or exception
-    result: dict[str, Any] | None = None  # what the training reported (None if it never finished)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Capacity:
-    """What a backend says one pack job on a partition can have, asked once before anything runs (None: unknown)."""
-
-    has_gpu: bool | None = None
-    gpu_memory_mb: float | None = None
-    max_cpus: int | None = None  # CPUs one single-GPU job may get (site guidance, or the largest node)
-    max_mem_mb: float | None = None  # host memory one job may get
-    max_processes: int | None = None  # processes a job may still start (ulimit -u, kernel.threads-max)
-    # One node as the scheduler reports it (sinfo), to tell when a pack's request leaves a node's GPUs idle.
-    node_gpus: int | None = None
-    node_cpus: int | None = None
-    node_mem_mb: float | None = None
 
 
 class Packer(ABC):

@@ -4,18 +4,19 @@ rate, momentum, weight decay, seed: initialisation and data order), its own loss
 
 Hyperparameters that change shapes (model, hidden size, batch size, ...: the workload's ``fuse_key``) split a pack
 into fused groups, planned up front (:meth:`FusedPacker.group_key`). The host process is
-:mod:`gpupack.fused_host`; spawning, following and stopping it is the helper tf_logical shares
-(:mod:`gpupack.pack.host`). One process hosts the group: if it dies, every training of the pack fails with it.
+:mod:`gpupack.runtime.fused_host`; spawning, following and stopping it is the helper tf_logical shares
+(:mod:`gpupack.pack._host`). One process hosts the group: if it dies, every training of the pack fails with it.
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Hashable, Mapping, Sequence
 
+from gpupack.core.plan import Training
+from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.errors import ConfigError
-from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome
-from gpupack.pack.host import host_specs, refuse_rlimit_on_gpu, run_host
-from gpupack.plan import Training
+from gpupack.pack import PackContext, Packer
+from gpupack.pack._host import host_specs, refuse_rlimit_on_gpu, run_host
 from gpupack.workload import Workload
 
 
@@ -38,7 +39,7 @@ class FusedPacker(Packer):
         if ctx.device == "cuda":  # a partition check could not tell this job would have a GPU (local, device=auto)
             refuse_rlimit_on_gpu(self.name, ctx.memory_limit_bytes / 2**30 if ctx.memory_limit_bytes else None)
         spawned = time.time()
-        return run_host("gpupack.fused_host", "fused_host", host_specs(trainings, ctx, spawned), ctx, spawned)
+        return run_host("gpupack.runtime.fused_host", "fused_host", host_specs(trainings, ctx, spawned), ctx, spawned)
 
 
 PACKER = FusedPacker()

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from gpupack.core.plan import Training
+from gpupack.core.records import make_dirs, open_log, read_json_or_none, write_json_atomic
+from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
-from gpupack.forkserver import ForkedProcess, ForkServer, isolate
-from gpupack.mps import mps_daemon
-from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome, options_of, worker_env, worker_spec
-from gpupack.plan import Training
-from gpupack.records import make_dirs, open_log, read_json_or_none, write_json_atomic
+from gpupack.pack import PackContext, Packer, options_of, worker_env, worker_spec
+from gpupack.runtime.forkserver import ForkedProcess, ForkServer, isolate
+from gpupack.runtime.mps import mps_daemon
 from gpupack.workload import Workload, load_workload
 
 POLL_S = 0.05
@@ -37,7 +38,7 @@ def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
 def _child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = None) -> Callable[[], None]:
     """What runs in each fresh training process before it starts (no Python objects of ours cross over): be
     SIGKILLed when the packer dies, even by SIGKILL (scancel, OOM killer), so no training outlives its job and holds
-    the GPU; then its address-space limit and its cores. A forked training does the same (gpupack.forkserver)."""
+    the GPU; then its address-space limit and its cores. A forked training does the same (gpupack.runtime.forkserver)."""
 
     def setup() -> None:
         isolate(memory_limit_bytes, cpus)

@@ -3,7 +3,7 @@ devices before TensorFlow initialises, and the N trainings run at once in thread
 logical device with ``tf.device``.
 
 On a GPU each logical GPU gets ``memory_limit`` = the pack's GPU memory budget / N; on a CPU the splits are
-plain logical CPUs (TensorFlow refuses memory limits there). The TF process is :mod:`gpupack.tf_host`; this
+plain logical CPUs (TensorFlow refuses memory limits there). The TF process is :mod:`gpupack.runtime.tf_host`; this
 packer starts it, follows each training's result as it lands, and records a training whose thread raised as
 failed while the others go on.
 """
@@ -13,11 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from gpupack.core.plan import Training
+from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.errors import ConfigError
-from gpupack.pack import Capacity, Packer, PackContext, TrainingOutcome, options_of
-from gpupack.pack.host import host_specs, refuse_rlimit_on_gpu, run_host
-from gpupack.plan import Training
+from gpupack.pack import PackContext, Packer, options_of
+from gpupack.pack._host import host_specs, refuse_rlimit_on_gpu, run_host
 from gpupack.workload import Workload, load_workload
+
 
 def split_memory_mb(total_mb: float, n: int, reserve_mb: float, budget_mb: float | None,
                     min_per_split_mb: float, key: str = "packing.factors") -> int:
@@ -81,7 +83,7 @@ class TfLogicalPacker(Packer):
         devices = logical_devices("gpu" if on_gpu else "cpu", n)
         spawned = time.time()
         specs = host_specs(trainings, ctx, spawned, devices)
-        return run_host("gpupack.tf_host", "tf_host", specs, ctx, spawned,  # the host's limit: N x one training's
+        return run_host("gpupack.runtime.tf_host", "tf_host", specs, ctx, spawned,  # the host's limit: N x one training's
                         extra={"kind": "gpu" if on_gpu else "cpu", "memory_limit_mb": memory_mb})
 
 

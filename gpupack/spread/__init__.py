@@ -7,12 +7,12 @@ halves:
 - the pack's side (:meth:`Strategy.run`, inside the job, like a packing mode's ``run``): start the training's
   process(es) over the job's k devices — DDP one process per device, MirroredStrategy one process for all — follow
   them and say how the training ended;
-- the training's side (:meth:`Strategy.join`, in each of those processes, called by :mod:`gpupack.worker`): set the
+- the training's side (:meth:`Strategy.join`, in each of those processes, called by :mod:`gpupack.runtime.worker`): set the
   process up (DDP: join the process group; Mirrored: make the strategy over k devices) and hand the workload a
   :class:`Spread`, the few calls a workload makes to spread itself (wrap the model, take its share of a batch, build
   under a scope). The workload never knows which strategy it runs under.
 
-A pack of a spread training is an ordinary :class:`gpupack.plan.Pack` of one training whose ``devices`` is k and
+A pack of a spread training is an ordinary :class:`gpupack.core.plan.Pack` of one training whose ``devices`` is k and
 whose ``spread`` names the strategy; its mode is the strategy's label (``ddp-gloo``, ``ddp-nccl``, ``mirrored``), so
 records, collect and the report keep one word for one layout.
 """
@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Mapping, Sequen
 from gpupack.errors import ConfigError, nearest, require_counts
 
 if TYPE_CHECKING:  # the pack's side only: a training's process imports this module without them
-    from gpupack.pack import Capacity, PackContext, TrainingOutcome
-    from gpupack.plan import Training
+    from gpupack.core.plan import Training
+    from gpupack.core.types import Capacity, TrainingOutcome
+    from gpupack.pack import PackContext
     from gpupack.workload import Workload
 
 KEY = "spread.strategy"

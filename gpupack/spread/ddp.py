@@ -1,7 +1,7 @@
 """DDP: one torch training over k devices as k processes (one per device), gradients all-reduced by
 ``torch.nn.parallel.DistributedDataParallel`` over gloo (CPU or GPU) or NCCL (GPUs only).
 
-The pack's side (:meth:`DdpStrategy.run`) starts k fresh ``python -m gpupack.worker`` processes, rank r of k each
+The pack's side (:meth:`DdpStrategy.run`) starts k fresh ``python -m gpupack.runtime.worker`` processes, rank r of k each
 with its own spec, and follows them as one training: one rank failing fails the training and the others are killed
 (they would wait in an all-reduce for it until their time-out). The training's side (:meth:`DdpStrategy.join`) joins
 the process group and gives the workload a :class:`DdpSpread`, which counts what each step all-reduces (bytes,
@@ -11,26 +11,27 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import tempfile
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from gpupack.errors import ConfigError, nearest
-from gpupack.mps import job_tmp
+from gpupack.runtime.mps import job_tmp
 from gpupack.spread import Placement, Spread, Strategy
 
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-    from gpupack.pack import Capacity, PackContext, TrainingOutcome
-    from gpupack.plan import Training
+    from gpupack.core.plan import Training
+    from gpupack.core.types import Capacity, TrainingOutcome
+    from gpupack.pack import PackContext
     from gpupack.workload import Workload
 
 KEY = "spread.ddp_backend"
@@ -90,9 +91,9 @@ class _Rank:
 
     def __init__(self, training: "Training", ctx: "PackContext", rank: int, world: int, threads: int,
                  started: float, server: Any = None) -> None:
+        from gpupack.core.records import make_dirs, write_json_atomic
         from gpupack.pack import worker_env, worker_spec
         from gpupack.pack.process import start_process
-        from gpupack.records import make_dirs, write_json_atomic
 
         run, pack_id, tid = ctx.run, ctx.pack.pack_id, training.training_id
         name = tid if rank == 0 else f"{tid}.rank{rank}"  # rank 0's files are the training's own
@@ -108,7 +109,7 @@ class _Rank:
         write_json_atomic(spec_path, spec)
         # On GPUs every rank sees all of the job's devices and takes cuda:<rank> itself (DdpSpread.device).
         self.killed = False  # by the pack (a peer failed, the time-out, the job stopping), not by its own fault
-        self.proc: Any = start_process([sys.executable, "-m", "gpupack.worker", str(spec_path)], name, spec_path,
+        self.proc: Any = start_process([sys.executable, "-m", "gpupack.runtime.worker", str(spec_path)], name, spec_path,
                                        run.log(pack_id, name, "out"), self.err_path, worker_env(ctx.env, threads),
                                        None, server, ctx.memory_limit_bytes)
 
@@ -178,9 +179,9 @@ class DdpStrategy(Strategy):
         return [self._run_one(t, ctx) for t in trainings]
 
     def _run_one(self, training: "Training", ctx: "PackContext") -> "TrainingOutcome":
-        from gpupack.pack import TrainingOutcome
+        from gpupack.core.records import read_json_or_none
+        from gpupack.core.types import TrainingOutcome
         from gpupack.pack.process import KILL_GRACE_S, POLL_S
-        from gpupack.records import read_json_or_none
         from gpupack.workload import load_workload
 
         assert ctx.spread is not None  # internal: job.runner_of sets it for every spread pack

@@ -15,8 +15,9 @@ from gpupack.errors import ConfigError
 from gpupack.spread import Placement, Spread, Strategy
 
 if TYPE_CHECKING:  # the pack's side only: the training's process imports this module without them
-    from gpupack.pack import PackContext, TrainingOutcome
-    from gpupack.plan import Training
+    from gpupack.core.plan import Training
+    from gpupack.core.types import TrainingOutcome
+    from gpupack.pack import PackContext
 
 T = TypeVar("T")
 
@@ -95,7 +96,7 @@ class Mirrored(Strategy):
     framework = "tensorflow"
 
     def run(self, trainings: Sequence["Training"], ctx: "PackContext") -> list["TrainingOutcome"]:
-        from gpupack.pack.host import refuse_rlimit_on_gpu
+        from gpupack.pack._host import refuse_rlimit_on_gpu
         from gpupack.pack.process import PACKER as PROCESS
         from gpupack.pack.process import ProcessOptions
 

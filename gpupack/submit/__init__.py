@@ -17,39 +17,24 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import submitit
 
+from gpupack.core.plan import Pack
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, Capacity, PackRequest, PackResult, PackSettings
 from gpupack.errors import ConfigError, SubmissionError, nearest
-from gpupack.pack import Capacity
-from gpupack.pack.job import PackSettings, run_pack
-from gpupack.plan import Pack
-from gpupack.records import read_json, write_json_atomic
-from gpupack.rundir import RunDir
-
-# gpupack's words for where a pack's job stands; each backend maps its queue's states onto these.
-PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
-PACK_STATES = (PENDING, RUNNING, DONE, FAILED)
+from gpupack.job.body import run_pack
 
 
 @dataclass
-class PackResult:
-    pack_id: str
-    partition: str
-    job_id: str | None
-    ok: bool  # the job ran to its end (its trainings may still have failed: see the records)
-    error: str | None = None
-    record: dict[str, Any] | None = None
+class ClusterConfig:
+    """What every backend's config has; each backend module (gpupack/submit/<backend>.py) extends it with its
+    own fields (LocalConfig, SlurmConfig), as hydra-submitit-launcher's LocalQueueConf / SlurmQueueConf do."""
 
-
-@dataclass(frozen=True)
-class PackRequest:
-    """What one pack job of N trainings asks the scheduler for, and the config keys that set it (for errors)."""
-
-    cpus: int | None
-    mem_mb: int | None
-    cpus_key: str = ""
-    mem_key: str = ""
-    cpus_each: float | None = None  # per training, as the user gave it
-    mem_gb_each: float | None = None
-    mem_why: str = "as set"  # where mem_gb_each comes from: as set, the measured peak with headroom, or a default
+    name: str = "local"
+    # The module under gpupack/submit/ that runs packs.
+    backend: str = "local"
+    # Time limit of one pack job (minutes).
+    timeout_min: int = 60
 
 
 # Called with (pack, state) as packs move: "pending" → "running" → "done" | "failed".

@@ -11,22 +11,21 @@ import subprocess
 import threading
 import time
 import types
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import psutil
 import submitit
 import submitit.local.local as submitit_local
 
-from gpupack.config import ClusterConfig
+from gpupack.core.plan import Pack
+from gpupack.core.rundir import check_name
+from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import ConfigError
-from gpupack.monitor import detect_device, gpu_count
-from gpupack.pack import Capacity
-from gpupack.pack.job import PackSettings, job_cores
-from gpupack.plan import Pack
-from gpupack.rundir import check_name
-from gpupack.submit import PackJob, PackResult, ProgressFn, Submitter, job_result, progress_state
+from gpupack.job.body import job_cores
+from gpupack.runtime.monitor import detect_device, gpu_count
+from gpupack.submit import ClusterConfig, PackJob, ProgressFn, Submitter, job_result, progress_state
 
 POLL_S = 0.2
 CANCEL_WAIT_S = 5.0  # for each level of a cancelled job's process tree to be gone

@@ -17,14 +17,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import submitit
 
-from gpupack.config import ClusterConfig
+from gpupack.core.memory import request_mb
+from gpupack.core.plan import Pack
+from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, Capacity, PackRequest, PackResult, PackSettings
 from gpupack.errors import ConfigError, SubmissionError, nearest
-from gpupack.memory import request_mb
-from gpupack.pack import Capacity
-from gpupack.pack.job import PackSettings, record_job_oom
-from gpupack.plan import Pack
-from gpupack.submit import (DONE, FAILED, PENDING, RUNNING, PackJob, PackRequest, PackResult, ProgressFn, Submitter,
-                            job_result, progress_state)
+from gpupack.job.body import record_job_oom
+from gpupack.submit import ClusterConfig, PackJob, ProgressFn, Submitter, job_result, progress_state
 
 ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")  # what Alliance users export in their shell
 REQUEST_FORMS = ("gpus_per_node", "gres", "none")
@@ -114,7 +112,7 @@ class SlurmConfig(ClusterConfig):
     account_required: bool = False
     # Resources one pack job asks for, scaled by N: ceil(N * cpus_per_training) CPUs, N * mem_gb_per_training GB.
     cpus_per_training: float = 1.0
-    # null: the peak RSS of earlier trainings of the same setting x 1.5 (gpupack/memory.py), or 2 GB when none was
+    # null: the peak RSS of earlier trainings of the same setting x 1.5 (gpupack/core/memory.py), or 2 GB when none was
     # measured yet, so a pack does not ask for memory it never uses (and leave a node's other GPUs idle).
     mem_gb_per_training: Optional[float] = None
     # Array tasks of one (partition, mode, N) group running at once.
@@ -326,7 +324,7 @@ class SlurmSubmitter(Submitter):
 
     def ended(self, pack: Pack, job: submitit.Job, since: float) -> PackResult:
         """How a pack's job ended. When SLURM says it ran out of memory, the trainings its cgroup killed are recorded as
-        oom (gpupack.pack.job.record_job_oom), so their N is infeasible; any it cannot record are named in the error."""
+        oom (gpupack.job.body.record_job_oom), so their N is infeasible; any it cannot record are named in the error."""
         result = job_result(pack, job)
         if not out_of_memory(job.state, job.stderr()):
             return result

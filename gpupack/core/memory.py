@@ -1,0 +1,175 @@
+"""How much memory one training needs, and how many fit on a device: the figures that cap N before anything runs and
+size what a pack asks the scheduler for.
+
+The figure for a training comes, first found, from:
+  1. earlier records of the same workload and setting (same hyperparameters, any seed): the highest peak seen, in
+     this run directory and its siblings (``runs/<sweep>/*``) — GPU memory per process as NVML saw it, else torch's
+     own peak plus a CUDA context; host memory as the training's peak RSS;
+  2. ``sweep.training_memory_mb`` (the user's word, until something is measured);
+  3. a conservative default (1 GB).
+:func:`find_measured` reads records (I/O); everything else here is pure.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from gpupack.core.records import read_json_or_none
+from gpupack.core.types import Capacity
+from gpupack.errors import ConfigError
+
+DEFAULT_HOST_MB = 1024.0  # nothing measured: a Python + torch training peaks near 0.3-0.8 GB of RSS
+DEFAULT_GPU_MB = 1024.0  # nothing measured: a CUDA context (0.3-0.5 GB) and a small model's tensors and workspace
+CUDA_CONTEXT_MB = 400.0  # what torch.cuda.max_memory_allocated leaves out: the context of each process
+REQUEST_HEADROOM = 1.5  # a SLURM request is the measured peak x this (allocator growth, a longer epoch)
+MIN_REQUEST_MB = 512.0
+MAX_RECORDS_READ = 4000  # the newest records read for evidence: bounded, so prepare stays quick on a big run
+MAX_RUNS_READ = 20
+
+
+@dataclass(frozen=True)
+class Figure:
+    """Memory of one training (MB), and where the figure comes from, in words."""
+
+    mb: float
+    source: str
+    measured: bool = False
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    host: Figure  # resident memory of one training's process
+    gpu: Figure  # GPU memory of one training (its process's share as NVML sees it)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The highest peaks seen in earlier records of the same workload and setting (None: none seen)."""
+
+    host_mb: float | None = None
+    gpu_mb: float | None = None
+    trainings: int = 0
+    where: str = ""
+
+
+def setting_key(params: Mapping[str, Any], seed_key: str = "seed") -> str:
+    """The hyperparameters that set a training's memory: all but its seed."""
+    return json.dumps({k: v for k, v in params.items() if k != seed_key}, sort_keys=True, default=str)
+
+
+def estimate(stated_mb: float | None, measured: Measured) -> TrainingMemory:
+    """The figure for one training, from the records, the user's word, or the default (in that order). Pure."""
+    stated = Figure(float(stated_mb), f"sweep.training_memory_mb={stated_mb:g}") if stated_mb is not None else None
+    return TrainingMemory(
+        host=_measured_or(measured.host_mb, measured, stated or Figure(DEFAULT_HOST_MB, "a default: nothing measured")),
+        gpu=_measured_or(measured.gpu_mb, measured, stated or Figure(DEFAULT_GPU_MB, "a default: nothing measured")))
+
+
+def _measured_or(mb: float | None, measured: Measured, fallback: Figure) -> Figure:
+    if mb is None:
+        return fallback
+    return Figure(mb, f"the peak of {measured.trainings} earlier training(s) of this setting in {measured.where}",
+                  measured=True)
+
+
+def fits(budget_mb: float | None, each_mb: float) -> int | None:
+    """How many trainings of ``each_mb`` fit in ``budget_mb`` (None: no budget known)."""
+    return None if budget_mb is None else max(0, math.floor(budget_mb / each_mb))
+
+
+def check_memory(factors: Sequence[int], capacities: Mapping[str, Capacity], memory: TrainingMemory,
+                 fraction: float, key: Callable[[int], str]) -> None:
+    """Each N must fit each partition's device: N x the GPU figure within fraction x the GPU's memory, N x the host
+    figure within fraction x the host memory one job may have; N processes within what the job may start. Pure."""
+    for name, cap in capacities.items():
+        gpu_budget = cap.gpu_memory_mb * fraction if cap.has_gpu and cap.gpu_memory_mb else None
+        host_budget = cap.max_mem_mb * fraction if cap.max_mem_mb else None
+        for i, n in enumerate(factors):
+            if gpu_budget is not None and n * memory.gpu.mb > gpu_budget:
+                _refuse(key(i), n, name, "GPU", memory.gpu, gpu_budget, cap.gpu_memory_mb, fraction)
+            if host_budget is not None and n * memory.host.mb > host_budget:
+                _refuse(key(i), n, name, "host", memory.host, host_budget, cap.max_mem_mb, fraction)
+            if cap.max_processes is not None and n > cap.max_processes:
+                raise ConfigError(key(i), n, f"{n} trainings are {n} processes, but a job on {name} may start "
+                                  f"{cap.max_processes} more (ulimit -u, kernel.threads-max)",
+                                  f"lower N to at most {cap.max_processes}")
+
+
+def _refuse(key: str, n: int, partition: str, where: str, figure: Figure, budget_mb: float, total_mb: float | None,
+            fraction: float) -> None:
+    most = fits(budget_mb, figure.mb)
+    raise ConfigError(key, n, f"{n} trainings x {figure.mb:.0f} MB ({figure.source}) = {n * figure.mb / 1024:.1f} GB "
+                      f"of {where} memory, but {partition}'s budget is {budget_mb / 1024:.1f} GB "
+                      f"({fraction:.0%} of {(total_mb or 0) / 1024:.1f} GB)",
+                      f"lower N to at most {most}" + ("" if figure.measured else
+                                                      ", or state sweep.training_memory_mb=MB (or run N=1 first: "
+                                                      "measured figures replace the default)")
+                      + ", or raise packing.memory_fraction")
+
+
+def request_mb(measured_host_mb: float | None, given_gb: float | None, default_gb: float) -> tuple[float, str]:
+    """Host memory a pack asks for per training (MB), and why: the user's setting, else the measured peak with
+    headroom, else the default. Pure."""
+    if given_gb is not None:
+        return given_gb * 1024.0, "as set"
+    if measured_host_mb is not None:
+        return max(MIN_REQUEST_MB, measured_host_mb * REQUEST_HEADROOM), \
+            f"measured peak {measured_host_mb:.0f} MB x {REQUEST_HEADROOM:g}"
+    return default_gb * 1024.0, "default: nothing measured yet"
+
+
+# ---------------- evidence from earlier records (I/O) ----------------
+
+def candidate_runs(run_root: Path) -> list[Path]:
+    """This run directory and its siblings (runs/<sweep>/<date>_<time>), newest first, at most MAX_RUNS_READ."""
+    siblings = [p for p in run_root.parent.glob("*") if (p / "plan.json").exists()] if run_root.parent.is_dir() else []
+    ordered = sorted(set(siblings) - {run_root}, key=lambda p: p.stat().st_mtime, reverse=True)
+    return ([run_root] if (run_root / "plan.json").exists() else []) + ordered[:MAX_RUNS_READ]
+
+
+def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_key: str = "seed") -> Measured:
+    """The highest host and GPU peaks of earlier trainings of ``workload`` whose setting is one of ``settings``."""
+    host: list[float] = []
+    gpu: list[float] = []
+    seen_in: list[str] = []
+    read = 0
+    for run in runs:
+        sampled = _sampled_peaks(run)
+        found = 0
+        for path in sorted(run.glob("packs/*/trainings/*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+            if read >= MAX_RECORDS_READ:
+                break
+            read += 1
+            rec = read_json_or_none(path)
+            if not rec or rec.get("workload") != workload or setting_key(rec.get("params") or {}, seed_key) \
+                    not in settings:
+                continue
+            own = rec.get("memory") or {}
+            by_sampler = sampled.get(str(rec.get("training_id")), {})
+            rss = own.get("peak_rss_mb") or by_sampler.get("peak_rss_mb")
+            nvml = by_sampler.get("peak_gpu_mem_mb")
+            torch_peak = own.get("peak_gpu_mem_mb")
+            if rss:
+                host.append(float(rss))
+            if nvml:
+                gpu.append(float(nvml))
+            elif torch_peak:
+                gpu.append(float(torch_peak) + CUDA_CONTEXT_MB)
+            found += bool(rss or nvml or torch_peak)
+        if found:
+            seen_in.append(str(run))
+    where = ", ".join(seen_in[:2]) + (" ..." if len(seen_in) > 2 else "")
+    return Measured(host_mb=max(host) if host else None, gpu_mb=max(gpu) if gpu else None,
+                    trainings=len(host) or len(gpu), where=where)
+
+
+def _sampled_peaks(run: Path) -> dict[str, dict[str, Any]]:
+    """Per training id, the sampler's peaks (pack.json): what a program that reports nothing itself is known by."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in run.glob("packs/*/pack.json"):
+        rec = read_json_or_none(path) or {}
+        out.update(((rec.get("sampler") or {}).get("per_training") or {}))
+    return out

@@ -1,0 +1,86 @@
+"""The types every layer shares: what a backend says a partition holds, what a pack's job is told and asks for,
+how a training and a pack job ended. Defined here, at the bottom, so that the modules that use them import
+downward only."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass
+class TrainingOutcome:
+    """How one training ended, as the packer saw it."""
+
+    training_id: str
+    started_at: float
+    ended_at: float
+    exit_code: int | None  # None when the training did not run as its own process
+    signal: int | None = None
+    error: str | None = None  # last lines of the training's stderr or exception
+    result: dict[str, Any] | None = None  # what the training reported (None if it never finished)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a backend says one pack job on a partition can have, asked once before anything runs (None: unknown)."""
+
+    has_gpu: bool | None = None
+    gpu_memory_mb: float | None = None
+    max_cpus: int | None = None  # CPUs one single-GPU job may get (site guidance, or the largest node)
+    max_mem_mb: float | None = None  # host memory one job may get
+    max_processes: int | None = None  # processes a job may still start (ulimit -u, kernel.threads-max)
+    # One node as the scheduler reports it (sinfo), to tell when a pack's request leaves a node's GPUs idle.
+    node_gpus: int | None = None
+    node_cpus: int | None = None
+    node_mem_mb: float | None = None
+
+
+
+@dataclass(frozen=True)
+class PackSettings:
+    """What the job needs besides the plan; pickled by submitit with the call."""
+
+    device: str = "auto"  # auto | cpu | cuda
+    threads_per_training: int | None = None
+    warmup_steps: int = 10
+    training_timeout_s: float | None = None
+    memory_limit_gb_per_training: float | None = None
+    # The RGU table's name of the GPU this pack's partition gives (from the cluster preset), used when NVML
+    # cannot name the device itself.
+    gpu_model: str | None = None
+    sample_interval_s: float = 1.0
+    # Each mode's own options (mode → its Options dataclass instance: packing.process.*, packing.tf_logical.*).
+    mode_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+
+# gpupack's words for where a pack's job stands; each backend maps its queue's states onto these.
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+
+
+PACK_STATES = (PENDING, RUNNING, DONE, FAILED)
+
+
+@dataclass
+class PackResult:
+    pack_id: str
+    partition: str
+    job_id: str | None
+    ok: bool  # the job ran to its end (its trainings may still have failed: see the records)
+    error: str | None = None
+    record: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class PackRequest:
+    """What one pack job of N trainings asks the scheduler for, and the config keys that set it (for errors)."""
+
+    cpus: int | None
+    mem_mb: int | None
+    cpus_key: str = ""
+    mem_key: str = ""
+    cpus_each: float | None = None  # per training, as the user gave it
+    mem_gb_each: float | None = None
+    mem_why: str = "as set"  # where mem_gb_each comes from: as set, the measured peak with headroom, or a default
+

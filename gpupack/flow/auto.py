@@ -1,0 +1,263 @@
+"""``packing.factors=auto``: find the best N by experiment, then run the grid at it.
+
+On one device per partition, N climbs the ladder (packing.auto.ladder: 1, 2, 3, 5, 8, 13, 21, 34), a step at a time,
+each step a run of its own under RUN_DIR/probe/nNN/ (packing.auto.repeats packs of N). A partition stops climbing
+when
+
+  - the new N does not improve time per training on the best so far by packing.auto.min_gain (5 %) beyond noise
+    (:func:`gpupack.analysis.choose.keeps_improving`);
+  - a training at the new N ran out of memory, or failed;
+  - the next N would not fit: predicted (the ladder was cut before anything ran) or measured (the peaks the probe
+    just recorded, times the next N, pass the memory budget);
+  - the ladder ends.
+
+The best N is then the noise-aware choice over every probed N (:mod:`gpupack.analysis.choose`), and — with
+packing.then=run — the grid points the probe did not already complete run at it under RUN_DIR/run/. Every step is an
+ordinary run directory, so re-running the same command resumes the probe where it stopped, and collect reads the
+probe and the run apart (records carry ``phase``). RUN_DIR/auto.json says what was probed and why it stopped.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any, Callable, Mapping, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from gpupack.analysis import collect as collect_mod
+from gpupack.analysis.choose import keeps_improving
+from gpupack.core.memory import candidate_runs, check_memory, estimate, find_measured
+from gpupack.core.plan import Plan, expand_grid, make_plan, run_order, training_id
+from gpupack.core.records import COMPLETED, OOM, make_dirs, write_json_atomic, write_text_atomic
+from gpupack.core.rundir import RunDir, RunLock
+from gpupack.core.types import PackResult
+from gpupack.errors import ConfigError, RunDirError
+from gpupack.flow.collect import AUTO_RECORD, PROBE, RUN, AutoReport, Step, collect
+from gpupack.flow.run import Opened, Outcome, run_plain
+from gpupack.submit import load_submitter
+
+# ---------------- pure decisions ----------------
+
+def verdict(factor: int, times: Mapping[int, Sequence[float]], best_so_far: int | None, oom: int, unfinished: int,
+            min_gain: float) -> str:
+    """Whether a partition climbs past ``factor`` (returns "climb") or why it stops there. Pure."""
+    if oom:
+        return f"N={factor} ran out of memory ({oom} training(s))"
+    if unfinished:
+        return f"N={factor}: {unfinished} training(s) did not complete"
+    if not times.get(factor):
+        return f"N={factor}: no pack of it finished with all its trainings together"
+    if best_so_far is None:
+        return "climb"
+    better, why = keeps_improving(times[best_so_far], times[factor], min_gain,
+                                  names=(f"N={best_so_far}", f"N={factor}"))
+    return "climb" if better else why
+
+
+def step_plan(spec: Any, partitions: Sequence[str], n: int, best_so_far: Mapping[str, int | None],
+              repeats: int) -> Plan:
+    """One probe step: ``repeats`` packs of the new N on each partition still climbing, and as many of that
+    partition's best N so far, all in one interleaved order. Pure."""
+    points = expand_grid(spec.grid)
+    packs = []
+    for partition in partitions:
+        factors = [n] + ([best_so_far[partition]] if best_so_far.get(partition) not in (None, n) else [])
+        for factor in factors:
+            part = make_plan(sweep=spec.name, workload=spec.workload_ref, grid=spec.grid, fixed=spec.fixed,
+                             factors=[factor], modes=spec.modes, partitions=[partition], repeats=repeats,
+                             seed_key=spec.workload.seed_key, order="by_factor",
+                             points=probe_points(points, factor * repeats, spec.order_seed), phase=PROBE)
+            packs += part.packs
+    ordered = run_order(packs, spec.order, spec.order_seed)
+    return Plan(sweep=spec.name, workload=spec.workload_ref, grid_size=len(points), packs=tuple(ordered),
+                order=f"{spec.order} (seed {spec.order_seed})" if spec.order == "interleaved" else spec.order,
+                phase=PROBE)
+
+
+def probe_points(points: Sequence[Mapping[str, Any]], count: int, seed: int) -> list[Mapping[str, Any]]:
+    """The grid points a probe step of ``count`` trainings trains: the first of one seeded shuffle of the grid, the
+    same shuffle at every step, so each step is a random draw of the grid (its mix of slow and fast settings is the
+    grid's) and a bigger step extends the smaller ones' sample. Fewer points than ``count``: make_plan reseeds. Pure."""
+    shuffled = list(points)
+    random.Random(seed).shuffle(shuffled)
+    return shuffled[:count]
+
+
+def remaining_points(points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any], workload: str,
+                     completed: set[str]) -> list[Mapping[str, Any]]:
+    """The grid points whose own training (not a reseeded copy) the probe did not complete. Pure."""
+    return [p for p in points if training_id(workload, {**fixed, **p}) not in completed]
+
+
+# ---------------- the run ----------------
+
+def run_auto(prepared: Any, *, progress: Callable[..., None] | None = None,
+             on_step: Callable[[Step], None] | None = None, plots: bool = True) -> Any:
+    """Probe, choose, and (packing.then=run) run the rest of the grid at the best N. Returns an Outcome whose
+    ``auto`` says what was probed."""
+    spec, root = prepared.spec, prepared.run
+    auto = spec.auto
+    open_root(root, prepared.config)
+    report = AutoReport(then=auto.then)
+    results: list[PackResult] = []
+    with RunLock(root):
+        climbing = list(spec.partitions)
+        best_so_far: dict[str, int | None] = {p: None for p in climbing}
+        for i, n in enumerate(auto.ladder):
+            if not climbing:
+                break
+            step_run = RunDir(root.root / PROBE / f"n{n:02d}")
+            plan = step_plan(spec, climbing, n, best_so_far, auto.repeats)
+            outcome = run_plain(sub_prepared(prepared, plan, step_run, factors=sorted({p.factor for p in plan.packs})),
+                                progress=progress, collect_outputs=False)
+            results += outcome.results
+            # The verdict weighs this step alone: the new N against the best so far, measured again beside it, so
+            # drift between steps (a neighbour's job, a warm cache) cannot decide the climb.
+            records = collect_mod.load_records([step_run.root])
+            summary = collect_mod.summarize(records.trainings, records.packs, records.cleared)
+            times = collect_mod.pack_times(records)
+            for partition in list(climbing):
+                row = _row(summary, partition, n)
+                by_n = times.get(partition, {})
+                why = verdict(n, by_n, best_so_far[partition], int(row.get("oom", 0)), int(row.get("unfinished", 0)),
+                              auto.min_gain)
+                if why == "climb":
+                    best_so_far[partition] = n if best_so_far[partition] is None or \
+                        median(by_n[n]) < median(by_n[best_so_far[partition]]) else best_so_far[partition]
+                    why = next_rung_fits(prepared, partition, auto.ladder[i + 1:], records_roots=probe_runs(root)) \
+                        or ("climb" if i + 1 < len(auto.ladder) else
+                            (auto.cut or f"the ladder ends at N={n}"))
+                step = Step(partition, n, str(step_run.root), why)
+                report.steps.append(step)
+                if on_step:
+                    on_step(step)
+                if why != "climb":
+                    report.stopped[partition] = why
+                    climbing.remove(partition)
+        collected = collect_mod.aggregate(probe_runs(root))
+        chosen = {r["partition"]: int(r["factor"]) for _, r in collected.best.iterrows()}
+        report.best = {p: chosen.get(p) for p in spec.partitions}
+        if auto.then == RUN and any(v is not None for v in report.best.values()):
+            completed = probe_completed(collected.records)
+            report.left = max(len(remaining_points(expand_grid(spec.grid), spec.fixed, spec.workload_ref,
+                                                   completed.get(p, set()))) for p, n in report.best.items()
+                              if n is not None)
+            production = production_plan(spec, report.best, completed)
+            if production is not None:
+                run_dir = RunDir(root.root / RUN)
+                outcome = run_plain(sub_prepared(prepared, production, run_dir,
+                                                 factors=sorted({p.factor for p in production.packs})),
+                                    progress=progress, collect_outputs=False)
+                results += outcome.results
+                report.run_dir = str(run_dir.root)
+        write_json_atomic(root.root / AUTO_RECORD, {
+            "schema": 1, "written_at": time.time(), "ladder": list(auto.ladder), "cut": auto.cut,
+            "min_gain": auto.min_gain, "repeats": auto.repeats, "then": auto.then,
+            "steps": [dataclasses.asdict(s) for s in report.steps], "stopped": report.stopped, "best": report.best,
+            "run_dir": report.run_dir, "left": report.left})
+    collected, written = collect([root.root], plots=plots)
+    return Outcome(prepared, Opened(resumed=False, todo=[], complete=0, queued={}), results=results,
+                         collected=collected, written=written, auto=report)
+
+
+def open_root(root: RunDir, config: Any) -> None:
+    """RUN_DIR for an auto sweep holds config.yaml, auto.json, probe/ and run/; a plain run there is refused."""
+    if root.plan.exists():
+        raise RunDirError(f"run_dir={str(root.root)!r} holds a sweep with fixed packing factors. HINT: choose a new "
+                          "run_dir=... for packing.factors=auto")
+    if root.config.exists():
+        earlier = OmegaConf.load(root.config)
+        if OmegaConf.select(earlier, "packing.factors") != "auto":
+            raise RunDirError(f"run_dir={str(root.root)!r} holds another sweep. HINT: choose a new run_dir=...")
+        return
+    if root.root.exists() and any(p.name != ".lock" for p in root.root.iterdir()):
+        raise RunDirError(f"run_dir={str(root.root)!r} exists and is not a gpupack run. HINT: choose a new or empty "
+                          "run_dir=...")
+    make_dirs(root.root)
+    write_text_atomic(root.config, OmegaConf.to_yaml(config, resolve=True) if isinstance(config, DictConfig)
+                      else OmegaConf.to_yaml(OmegaConf.create(dict(config))))
+
+
+def probe_runs(root: RunDir) -> list[Path]:
+    return sorted(p.parent for p in (root.root / PROBE).glob("n*/plan.json"))
+
+
+def sub_prepared(prepared: Any, plan: Plan, run: RunDir, factors: Sequence[int]) -> Any:
+    """A Prepared for one step: the same sweep and backend options, this plan, its own run directory."""
+    config = prepared.config
+    if isinstance(config, DictConfig):
+        config = OmegaConf.merge(config, {"packing": {"factors": list(factors)}, "run_dir": str(run.root)})
+    backend = load_submitter(prepared.config.cluster.backend, prepared.config.cluster, run)
+    backend.measured_host_mb = prepared.backend.measured_host_mb
+    spec = dataclasses.replace(prepared.spec, auto=None, factors=tuple(factors))  # a step is a plain run
+    return dataclasses.replace(prepared, plan=plan, run=run, backend=backend, config=config, spec=spec)
+
+
+def next_rung_fits(prepared: Any, partition: str, rest: Sequence[int], records_roots: Sequence[Path]) -> str | None:
+    """None when the next N fits the partition's memory budget by what was measured so far (the probe's records and
+    the earlier runs prepare read); else why not."""
+    if not rest:
+        return None
+    spec = prepared.spec
+    settings = {key for key in _settings(spec)}
+    measured = find_measured([*records_roots, *candidate_runs(prepared.run.root)], spec.workload_ref, settings,
+                             spec.workload.seed_key)
+    memory = estimate(prepared.config.sweep.training_memory_mb, measured)
+    try:
+        check_memory([rest[0]], {partition: prepared.capacities[partition]}, memory,
+                     float(prepared.config.packing.memory_fraction), key=lambda _: "packing.auto.ladder")
+    except ConfigError as err:
+        return f"N={rest[0]} not tried: {err.why}"
+    return None
+
+
+def _settings(spec: Any) -> set[str]:
+    from gpupack.core.memory import setting_key
+
+    return {setting_key({**spec.fixed, **p}, spec.workload.seed_key) for p in expand_grid(spec.grid)}
+
+
+def probe_completed(records: collect_mod.Records) -> dict[str, set[str]]:
+    """Per partition, the training ids the probe completed."""
+    t = records.latest()
+    if t.empty:
+        return {}
+    done = t[t["status"] == COMPLETED]
+    return {p: set(g["training_id"]) for p, g in done.groupby("partition")}
+
+
+def production_plan(spec: Any, best: Mapping[str, int | None], completed: Mapping[str, set[str]]) -> Plan | None:
+    """The grid points the probe did not complete, at each partition's best N (None: nothing left to run)."""
+    points = expand_grid(spec.grid)
+    packs = []
+    notes: list[str] = []
+    for partition, n in best.items():
+        if n is None:
+            continue
+        left = remaining_points(points, spec.fixed, spec.workload_ref, completed.get(partition, set()))
+        if not left:
+            continue
+        part = make_plan(sweep=spec.name, workload=spec.workload_ref, grid=spec.grid, fixed=spec.fixed, factors=[n],
+                         modes=spec.modes, partitions=[partition], repeats=1, seed_key=spec.workload.seed_key,
+                         order=spec.order, order_seed=spec.order_seed, points=left, phase=RUN)
+        packs += part.packs
+        notes += [f"{partition}: {note}" for note in part.notes]
+    if not packs:
+        return None
+    return Plan(sweep=spec.name, workload=spec.workload_ref, grid_size=len(points), packs=tuple(packs),
+                notes=tuple(notes), order=f"{spec.order} (seed {spec.order_seed})", phase=RUN)
+
+
+def _row(summary: Any, partition: str, factor: int) -> dict[str, Any]:
+    if summary.empty:
+        return {}
+    rows = summary[(summary["partition"] == partition) & (summary["factor"] == factor)]
+    return rows.iloc[0].to_dict() if len(rows) else {}
+
+
+
+
+__all__ = ["run_auto", "AutoReport", "Step", "verdict", "remaining_points", "production_plan", "OOM"]

@@ -1,0 +1,87 @@
+"""Collect one or more runs: aggregate their records (:mod:`gpupack.analysis`), add what a ``packing.factors=auto``
+run's probe did (RUN_DIR/auto.json, read here and written by :mod:`gpupack.flow.auto`), and write the files a person
+reads (:mod:`gpupack.report`). Records are only read."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from gpupack.analysis import collect as collect_mod
+from gpupack.core.records import read_json
+from gpupack.report import write_outputs
+
+PROBE, RUN = "probe", "run"  # RUN_DIR/probe/nNN/ and RUN_DIR/run/ of an auto sweep
+AUTO_RECORD = "auto.json"
+
+
+@dataclass
+class Step:
+    partition: str
+    factor: int
+    run_dir: str
+    verdict: str  # "climb" or why this partition stopped here
+
+
+@dataclass
+class AutoReport:
+    """What the probe did: each step, and per partition the best N and why it stopped."""
+
+    steps: list[Step] = field(default_factory=list)
+    stopped: dict[str, str] = field(default_factory=dict)  # partition → why it stopped climbing
+    best: dict[str, int | None] = field(default_factory=dict)  # partition → the best N (None: none finished)
+    then: str = RUN
+    run_dir: str | None = None  # RUN_DIR/run, where the grid ran at the best N (then=run)
+    left: int | None = None  # grid points the probe had not completed (then=run)
+
+    def lines(self) -> list[str]:
+        out = []
+        for partition, why in self.stopped.items():
+            best = self.best.get(partition)
+            out.append(f"{partition}: probe stopped — {why}. Best N: {best if best is not None else 'none'}.")
+        if self.run_dir:
+            out.append(f"The rest of the grid ({self.left} grid point(s) the probe did not complete) ran at the best N:"
+                       f" {self.run_dir}")
+        elif self.then == RUN and self.left == 0:
+            out.append("The probe completed every grid point: nothing was left to run at the best N.")
+        elif self.then == "stop":
+            out.append("packing.then=stop: measured only; run the grid with packing.factors=[N].")
+        return out
+
+
+def read_auto(root: Path) -> AutoReport | None:
+    """What an auto run's probe did, from RUN_DIR/auto.json (None: not an auto run)."""
+    path = root / AUTO_RECORD
+    if not path.exists():
+        return None
+    rec = read_json(path)
+    return AutoReport(steps=[Step(**s) for s in rec["steps"]], stopped=rec["stopped"], best=rec["best"],
+                      then=rec["then"], run_dir=rec.get("run_dir"), left=rec.get("left"))
+
+
+def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | None = None,
+            sweep_trainings: int | None = None, out: Path | str | None = None,
+            plots: bool = True) -> tuple[collect_mod.Collected, list[Path]]:
+    """Aggregate the records of one or more runs and write the derived outputs (into ``out``, default the first
+    run directory). Records are only read."""
+    given = [Path(d) for d in run_dirs]
+    c = collect_mod.aggregate(find_runs(given), weights, sweep_trainings)
+    for path in given:  # a packing.factors=auto run says what its probe did
+        report = read_auto(path)
+        if report is not None:
+            c.auto_lines += report.lines()
+    written = write_outputs(c, Path(out) if out else given[0], plots=plots) if given else []
+    return c, written
+
+
+def find_runs(paths: Sequence[Path], depth: int = 3) -> list[Path]:
+    """The run directories given, or found beneath a folder that is not one itself (a Hydra multirun directory
+    holds one per launch under .gpupack/; runs/<sweep>/ holds one per date)."""
+    out: list[Path] = []
+    for path in paths:
+        if (path / "plan.json").exists() or not path.is_dir():
+            out.append(path)
+            continue
+        found = sorted({p.parent for k in range(1, depth + 1) for p in path.glob("/".join(["*"] * k) + "/plan.json")})
+        out += found or [path]
+    return out

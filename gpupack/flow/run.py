@@ -1,0 +1,223 @@
+"""A sweep with fixed packing factors: prepare (compose → validate → plan, writing nothing), then run (open the run
+directory: resume or refuse, lock; submit what is left; wait; collect). ``packing.factors=auto`` builds on this
+(:mod:`gpupack.flow.auto`); :mod:`gpupack.sweep` chooses between them."""
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from gpupack.analysis import collect as collect_mod
+from gpupack.core.memory import candidate_runs, find_measured
+from gpupack.core.plan import Pack, Plan
+from gpupack.core.records import is_completed, make_dirs, read_json, write_json_atomic, write_text_atomic
+from gpupack.core.rundir import RunDir, RunLock, check_name
+from gpupack.core.types import Capacity, PackResult, PackSettings
+from gpupack.errors import RunDirError
+from gpupack.flow.collect import collect
+from gpupack.setup.compose import compose_config
+from gpupack.setup.validate import ClusterFacts, require_sweep, validate
+from gpupack.submit import ProgressFn, Submitter, load_submitter
+
+
+@dataclass
+class Prepared:
+    """A checked sweep, ready to run: its plan, where it goes, and the backend that runs it. Nothing is written yet."""
+
+    name: str
+    plan: Plan
+    run: RunDir
+    backend: Submitter
+    settings: PackSettings
+    config: Any  # what config.yaml records (a DictConfig or a plain mapping)
+    wait: bool = True
+    spec: Any = None  # the validated SweepSpec, when prepared from gpupack's own config
+    capacities: Mapping[str, Capacity] = field(default_factory=dict)  # what the backend said each partition holds
+    warnings: tuple[str, ...] = ()  # for the user before anything runs (e.g. a request leaving GPUs idle)
+
+    @property
+    def resumes(self) -> bool:
+        """True when the run directory already holds this plan (read-only; a different plan is refused)."""
+        return check_run_dir(self.run, self.plan)
+
+
+@dataclass
+class Opened:
+    """What :func:`run` found in the run directory, before submitting anything."""
+
+    resumed: bool
+    todo: list[Pack]  # packs to submit now
+    complete: int  # packs whose every training already has a completed record
+    queued: dict[str, str]  # pack id → job id still queued or running from an earlier submission
+
+
+@dataclass
+class Outcome:
+    prepared: Prepared
+    opened: Opened
+    submitted: dict[str, str] = field(default_factory=dict)  # wait=false: pack id → job id
+    results: list[PackResult] = field(default_factory=list)  # wait=true: how each pack's job ended
+    collected: collect_mod.Collected | None = None
+    written: list[Path] = field(default_factory=list)
+    auto: Any = None  # packing.factors=auto: what the probe did (gpupack.flow.auto.AutoReport)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.prepared.run.root
+
+    @property
+    def failed_trainings(self) -> int:
+        """Trainings whose latest record did not complete: packed ones and those spread over k devices."""
+        if self.collected is None:
+            return 0
+        return sum(int(frame["unfinished"].sum()) for frame in (self.collected.summary, self.collected.spread)
+                   if not frame.empty and "unfinished" in frame)
+
+    @property
+    def ok(self) -> bool:
+        if self.auto is not None:  # a probe stopping at an OOM or a failure is an answer, not a failed run
+            production = self.collected.production if self.collected is not None else None
+            unfinished = int(production["unfinished"].sum()) if production is not None and not production.empty else 0
+            return any(n is not None for n in self.auto.best.values()) and unfinished == 0
+        return all(r.ok for r in self.results) and self.failed_trainings == 0
+
+
+def default_run_dir(sweep: str, now: _dt.datetime | None = None) -> Path:
+    stamp = (now or _dt.datetime.now()).strftime("%Y-%m-%d_%H-%M-%S")
+    return Path("runs") / sweep / stamp
+
+
+def ask_backend(backend: Submitter, requested_partitions: Sequence[str]) -> ClusterFacts:
+    """The backend's answers, asked once: partitions, its own options, what each partition's pack job can have."""
+    partitions = backend.resolve_partitions(list(requested_partitions))
+    for i, name in enumerate(partitions):
+        check_name(f"partitions[{i}]", name)
+    backend.check(partitions)
+    return ClusterFacts(partitions=partitions, capacities=backend.capacities(partitions), request=backend.request)
+
+
+def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> Prepared:
+    """Compose (unless ``cfg`` is given), validate against the backend's answers and plan. Writes nothing."""
+    cfg = compose_config(overrides) if cfg is None else cfg
+    require_sweep(cfg)
+    run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(check_name("sweep.name", cfg.sweep.name)))
+    backend = load_submitter(cfg.cluster.backend, cfg.cluster, run)
+    facts = ask_backend(backend, cfg.partitions)
+    spec = validate(cfg, facts, measure=lambda workload, settings, seed_key: find_measured(
+        candidate_runs(run.root), workload, settings, seed_key))
+    if spec.memory is not None and spec.memory.host.measured:
+        backend.measured_host_mb = spec.memory.host.mb  # what SLURM requests are sized by
+    if not cfg.wait:
+        backend.require_detachable()  # said before anything is written
+    return Prepared(name=spec.name, plan=spec.plan(), run=run, backend=backend, settings=spec.settings, config=cfg,
+                    wait=bool(cfg.wait), spec=spec, capacities=dict(facts.capacities), warnings=spec.warnings)
+
+
+# ---------------- the run directory ----------------
+
+def check_run_dir(run: RunDir, plan: Plan) -> bool:
+    """Read-only: True when the run directory holds this same plan (a resume); refuse one holding another."""
+    if run.plan.exists():
+        try:
+            earlier = read_json(run.plan)
+        except (OSError, ValueError):
+            raise RunDirError(f"run_dir={str(run.root)!r}: plan.json is unreadable. HINT: choose a new "
+                              "run_dir=...") from None
+        try:
+            same = Plan.from_json(earlier).same_sweep(plan)
+        except (KeyError, TypeError):
+            same = False
+        if not same:
+            raise RunDirError(f"run_dir={str(run.root)!r} holds another sweep's plan. HINT: choose a new "
+                              "run_dir=..., or re-run with the exact config of that run to resume it")
+        return True
+    if run.root.exists() and any(p.name != ".lock" for p in run.root.iterdir()):
+        raise RunDirError(f"run_dir={str(run.root)!r} exists and is not a gpupack run. HINT: choose a new "
+                          "or empty run_dir=...")
+    return False
+
+
+def prepare_run_dir(run: RunDir, plan: Plan) -> bool:
+    """Make the run directory usable; True when it resumes an earlier run of the same plan.
+
+    A directory holding a different plan is refused, never overwritten.
+    """
+    if check_run_dir(run, plan):
+        return True
+    try:
+        make_dirs(run.root)
+        probe = run.root / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise RunDirError(f"run_dir={str(run.root)!r} is not writable ({err.strerror}). HINT: choose a "
+                          "writable run_dir=...") from None
+    return False
+
+
+def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
+    """The plan minus the packs whose every training has a completed record."""
+    return [p for p in plan.packs
+            if not all(is_completed(run.training_record(p.pack_id, t.training_id)) for t in p.trainings)]
+
+
+def _config_yaml(config: Any) -> str:
+    if isinstance(config, DictConfig):
+        return OmegaConf.to_yaml(config, resolve=True)
+    return OmegaConf.to_yaml(OmegaConf.create(dict(config)))
+
+
+# ---------------- run ----------------
+
+def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
+              on_open: Callable[[Opened], None] | None = None, collect_outputs: bool = True,
+              plots: bool = True) -> Outcome:
+    """Open the run directory (resume or refuse, lock), submit what is left, and — unless the sweep detaches —
+    wait for it and collect. ``on_open`` sees what was found before anything is submitted."""
+    run_dir, plan, backend = prepared.run, prepared.plan, prepared.backend
+    resumed = prepare_run_dir(run_dir, plan)
+    with RunLock(run_dir):
+        if not run_dir.config.exists():
+            write_text_atomic(run_dir.config, _config_yaml(prepared.config))
+            write_json_atomic(run_dir.plan, plan.to_json())
+        if resumed:  # the order the run was planned in (an earlier gpupack's plan may order its packs otherwise)
+            plan = Plan.from_json(read_json(run_dir.plan))
+        todo = packs_to_run(run_dir, plan)
+        queued = backend.active_packs() if resumed else {}
+        opened = Opened(resumed=resumed, todo=[p for p in todo if p.pack_id not in queued],
+                        complete=len(plan.packs) - len(todo), queued=queued)
+        if on_open:
+            on_open(opened)
+        outcome = Outcome(prepared, opened)
+        if not prepared.wait:
+            outcome.submitted = backend.detach(opened.todo, prepared.settings)
+            return outcome
+        outcome.results = backend.run_packs(opened.todo, prepared.settings, progress or (lambda pack, state: None))
+        if collect_outputs:
+            outcome.collected, outcome.written = collect([run_dir.root], plots=plots)
+    return outcome
+
+
+# ---------------- status ----------------
+
+
+
+
+
+
+
+
+
+
+
+# ---------------- collect ----------------
+
+
+
+
+
+# ---------------- clearing OOMs ----------------
+

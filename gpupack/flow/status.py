@@ -1,0 +1,114 @@
+"""Where a run stands (its records first, then the backend's queue), and clearing OOMs a user has dealt with."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from omegaconf import OmegaConf
+
+from gpupack.analysis import collect as collect_mod
+from gpupack.core.plan import Pack, Plan
+from gpupack.core.records import OOM, is_completed, read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
+from gpupack.errors import RunDirError
+from gpupack.flow.collect import find_runs
+from gpupack.submit import load_submitter
+
+
+@dataclass
+class PackStatus:
+    pack_id: str
+    partition: str
+    state: str  # pending | running | done | failed | stopped | submitted | not submitted | unknown
+    done: int  # trainings with a completed record
+    trainings: int
+    job_id: str | None = None
+
+
+@dataclass
+class RunStatus:
+    run_dir: Path
+    sweep: str
+    packs: list[PackStatus]
+    queue_answered: bool = True
+
+    def counts(self) -> dict[str, Counter[str]]:
+        out: dict[str, Counter[str]] = {}
+        for p in self.packs:
+            out.setdefault(p.partition, Counter())[p.state] += 1
+        return out
+
+
+STOPPED = "stopped"  # started here and ended with no pack record (stopped or killed mid-run): resume it
+
+
+def pack_status(pack: Pack, done: int, has_record: bool, job_id: str | None,
+                states: Mapping[str, str] | None, started: bool = False) -> str:
+    """Where one pack stands, from its records first and the queue (gpupack states) for the rest; ``started``: its
+    job body began here (its folder exists), which a backend that keeps no job ids (local) tells no other way. Pure."""
+    if done == len(pack.trainings):
+        return DONE
+    if job_id is None:
+        return FAILED if has_record else STOPPED if started else "not submitted"
+    if states is None:
+        return "unknown"
+    queue = states.get(job_id)
+    if queue in (PENDING, RUNNING):
+        return queue
+    if queue is None:
+        return FAILED if has_record else "submitted"  # sacct does not know it yet, or no longer
+    return FAILED  # the job ended (done or failed) and left trainings without a completed record
+
+
+def status(run_dir: Path | str) -> RunStatus:
+    """Where each pack of a run stands: from its records, and from the backend's queue for the rest."""
+    run = RunDir(Path(run_dir))
+    if not run.root.is_dir():
+        raise RunDirError(f"RUN_DIR={str(run.root)!r}: not a directory. HINT: python -m gpupack status "
+                          "runs/<sweep>/<date>_<time>")
+    if not run.plan.exists():
+        subs = [p for p in find_runs([run.root]) if p != run.root and (p / "plan.json").exists()]
+        if subs:  # packing.factors=auto (probe/nNN/, run/) or a Hydra multirun (.gpupack/launch_*): each one's packs
+            parts = [status(p) for p in subs]
+            return RunStatus(run.root, parts[0].sweep, [p for part in parts for p in part.packs],
+                             queue_answered=all(part.queue_answered for part in parts))
+        raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")
+    plan = Plan.from_json(read_json(run.plan))
+    cfg = OmegaConf.load(run.config)
+    backend = load_submitter(cfg.cluster.backend, cfg.cluster, run)
+    jobs = backend.jobs()
+    states = backend.pack_states([j["job_id"] for j in jobs.values()])
+    packs = []
+    for p in plan.packs:
+        done = sum(is_completed(run.training_record(p.pack_id, t.training_id)) for t in p.trainings)
+        job = jobs.get(p.pack_id, {}).get("job_id")
+        state = pack_status(p, done, run.pack_record(p.pack_id).exists(), job, states,
+                            started=run.pack_dir(p.pack_id).is_dir())
+        packs.append(PackStatus(p.pack_id, p.partition, state, done, len(p.trainings), job))
+    return RunStatus(run.root, plan.sweep, packs, queue_answered=states is not None)
+
+
+def clear_oom(run_dir: Path | str, *, partition: str | None = None, mode: str | None = None,
+              factor: int | None = None) -> int:
+    """Let N that ran out of memory count again (after the user changed what made them: a smaller batch, another
+    GPU): the OOM records so far that match are no longer counted as infeasible. Nothing is deleted — the records
+    stay, and RUN_DIR/cleared_oom.json says what was cleared and when. Returns how many OOM records it clears."""
+    run = RunDir(Path(run_dir))
+    if not run.plan.exists():
+        raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")
+    records = collect_mod.load_records([run.root])
+    t = records.trainings
+    if t.empty:
+        return 0
+    entry = {"partition": partition, "mode": mode, "factor": factor, "cleared_at": time.time()}
+    # What this entry would clear that no earlier one did: the same rule collect applies (cleared_mask).
+    match = (t["status"] == OOM) & ~collect_mod.cleared_mask(t, records.cleared) \
+        & collect_mod.cleared_mask(t, [{**entry, "run_dir": str(run.root)}])
+    if match.any():
+        path = run.root / collect_mod.CLEARED_OOM
+        write_json_atomic(path, {"cleared": collect_mod.read_cleared(run) + [entry]})
+    return int(match.sum())

@@ -1,0 +1,351 @@
+"""The job body: what runs inside one submitted job, on whatever backend submitted it.
+
+It reads the plan, skips trainings that already have a completed record (resume), asks the pack's mode
+to run the rest at once on the job's device, and writes one training record per training and one pack
+record, all atomically. Earlier non-completed records are moved to ``attempts/`` first, never overwritten.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from gpupack.core.plan import Pack, Plan, Training
+from gpupack.core.records import (
+    COMPLETED,
+    FAILED,
+    KILLED,
+    OOM,
+    TIMEOUT,
+    file_mode,
+    is_completed,
+    make_dirs,
+    pack_record,
+    read_json,
+    read_json_or_none,
+    training_record,
+    write_json_atomic,
+)
+from gpupack.core.rgu import model_from_device_name
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings, TrainingOutcome
+from gpupack.errors import RunDirError
+from gpupack.pack import PackContext, load_packer, options_of, threads_for
+from gpupack.runtime.jobenv import job_id
+from gpupack.runtime.monitor import DeviceInfo, detect_device, first_visible, visible_devices
+from gpupack.runtime.sampler import Sampler
+
+
+def job_cores() -> int:
+    """Cores this job may use: its CPU affinity (what SLURM or taskset gave it), not the node's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def choose_device(preference: str, info: DeviceInfo) -> str:
+    if preference == "auto":
+        return "cuda" if info.kind == "gpu" else "cpu"
+    return preference
+
+
+
+
+# How frameworks say "out of memory" (torch CPU/CUDA, TF, Python, C++), in a training's stderr tail.
+OOM_PATTERNS = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|out of memory|MemoryError|can't allocate memory|ResourceExhausted"
+    r"|OOM when allocating|std::bad_alloc|Cannot allocate memory", re.IGNORECASE)
+
+
+# ---------------- out of memory, as the kernel or SLURM's cgroup says it ----------------
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+OOM_KILLED_BY = "oom_killed_by"  # in a training's record: what says a SIGKILL was for memory
+
+
+def memory_events_path(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT) -> Path | None:
+    """The file where this process's cgroup counts OOM kills: cgroup v2 ``memory.events``, else v1
+    ``memory.oom_control`` (both have an ``oom_kill N`` line); None where neither is readable. The trainings live in
+    their packer's cgroup, so a kill of one by the kernel (host memory) or by SLURM's cgroup (the job's limit) counts
+    here. The test seam for OOM detection: tests point it at a file of their own."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    candidates: list[Path] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        rel = path.strip().lstrip("/")
+        if controllers == "":  # v2; on a hybrid host its tree is mounted at unified/
+            candidates += [root / rel / "memory.events", root / "unified" / rel / "memory.events"]
+        elif "memory" in controllers.split(","):  # v1; in a container without a cgroup namespace, its own
+            candidates += [root / "memory" / rel / "memory.oom_control", root / "memory" / "memory.oom_control"]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def oom_kill_count(path: Path | None = None) -> int | None:
+    """The ``oom_kill`` counter of ``path`` (default: :func:`memory_events_path`); None where it cannot be read."""
+    path = memory_events_path() if path is None else path
+    if path is None:
+        return None
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def note_oom_kill(outcome: TrainingOutcome, oom_kills_before: int | None) -> None:
+    """A training that died by SIGKILL while its cgroup's oom_kill counter rose (since the pack started) was killed
+    for memory, not by a person or a scheduler: mark its outcome so that :func:`status_of` records it as oom and its
+    N becomes infeasible. Without a readable counter it stays killed."""
+    if outcome.signal != signal.SIGKILL or oom_kills_before is None or outcome.extra.get("timed_out"):
+        return
+    now = oom_kill_count()
+    if now is None or now <= oom_kills_before:
+        return
+    outcome.extra[OOM_KILLED_BY] = f"cgroup: {now - oom_kills_before} OOM kill(s) counted while the pack ran"
+    why = f"killed by the out-of-memory killer ({outcome.extra[OOM_KILLED_BY]})"
+    outcome.error = f"{outcome.error}\n{why}" if outcome.error else why
+
+
+def record_job_oom(run: RunDir, pack_id: str, since: float, why: str) -> list[str]:
+    """The pack's job ran out of memory as SLURM tells it afterwards (sacct OUT_OF_MEMORY, slurmstepd's oom-kill line),
+    maybe taking the packer with it. Records of this attempt (started since ``since``) of trainings that died by
+    SIGKILL become oom; a training left with no record at all (its packer was killed first) gets an oom record on
+    the device a sibling's record of this attempt names. The packer writes every other record; here SLURM is the only
+    witness left. Returns the trainings it could not record (no sibling to say the device), for the caller to report.
+    """
+    plan = Plan.from_json(read_json(run.plan))
+    pack = plan.pack(pack_id)
+    ours: dict[str, dict[str, Any]] = {}
+    lost: list[Training] = []
+    for t in pack.trainings:
+        rec = read_json_or_none(run.training_record(pack_id, t.training_id))
+        if rec is None:
+            lost.append(t)
+        elif float(rec.get("started_at") or 0) >= since:
+            ours[t.training_id] = rec
+    for tid, rec in ours.items():
+        if rec.get("status") == KILLED and rec.get("signal") == signal.SIGKILL:
+            error = f"{rec['error']}\n{why}" if rec.get("error") else why
+            write_json_atomic(run.training_record(pack_id, tid), {**rec, "status": OOM, OOM_KILLED_BY: why,
+                                                                  "error": error})
+    sibling = next(iter(ours.values()), None)
+    if sibling is None:
+        return [t.training_id for t in lost]
+    info = DeviceInfo(kind="cpu" if sibling.get("gpu_type") == "cpu" else "gpu", name=str(sibling.get("device_name")))
+    for t in lost:
+        outcome = TrainingOutcome(t.training_id, float(sibling["started_at"]), time.time(), None, signal.SIGKILL, why,
+                                  extra={OOM_KILLED_BY: why})
+        rec = build_training_record(outcome, t, pack, plan.sweep, info, str(sibling.get("device")),
+                                    int(sibling.get("threads") or 1), int(sibling.get("concurrent") or pack.factor),
+                                    sibling.get("gpu_model"))
+        rec["host"] = sibling.get("host")  # where it ran, not this submitting host
+        if plan.phase:
+            rec["phase"] = plan.phase
+        write_json_atomic(run.training_record(pack_id, t.training_id), rec)
+    return []
+
+
+def status_of(outcome: TrainingOutcome) -> str:
+    if outcome.extra.get("timed_out"):
+        return TIMEOUT
+    if outcome.result is None and outcome.error and OOM_PATTERNS.search(outcome.error):
+        return OOM
+    if outcome.extra.get(OOM_KILLED_BY):  # SIGKILLed by the kernel or SLURM's cgroup (note_oom_kill, record_job_oom)
+        return OOM
+    if outcome.signal is not None:
+        return KILLED
+    if outcome.exit_code not in (0, None) or outcome.result is None:
+        return FAILED
+    return COMPLETED
+
+
+def move_aside(path: Path, attempts_dir: Path) -> None:
+    """Keep an earlier attempt's record: move it under attempts/<k>/ instead of overwriting it."""
+    if not path.exists():
+        return
+    k = 1
+    while (attempts_dir / str(k) / path.name).exists():
+        k += 1
+    target = attempts_dir / str(k) / path.name
+    make_dirs(target.parent)
+    os.replace(path, target)
+
+
+def gpu_model(info: DeviceInfo, settings: PackSettings) -> str | None:
+    return model_from_device_name(info.name) if info.kind == "gpu" else settings.gpu_model
+
+
+def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, sweep: str,
+                          device: DeviceInfo, ctx_device: str, threads: int, concurrent: int,
+                          model: str | None = None) -> dict[str, Any]:
+    result = outcome.result or {}
+    return training_record(
+        sweep=sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload_label,
+        params=dict(training.params), grid_index=training.grid_index, reseed=training.reseed,
+        mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=concurrent, probe=pack.probe,
+        gpu_type=device.name if device.kind == "gpu" else "cpu", device=ctx_device, device_name=device.name,
+        gpu_model=model, threads=threads, status=status_of(outcome), exit_code=outcome.exit_code, signal=outcome.signal,
+        error=outcome.error, started_at=outcome.started_at, ended_at=outcome.ended_at,
+        wall_s=outcome.ended_at - outcome.started_at,
+        timings=result.get("timings"), throughput=result.get("throughput"), metrics=result.get("metrics"),
+        memory=result.get("memory"), knobs=result.get("knobs"), loader_setting=result.get("loader_setting"),
+        data=result.get("data"), host=socket.gethostname(), **spread_fields(pack, result), **outcome.extra,
+    )
+
+
+def spread_fields(pack: Pack, result: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A spread pack's record fields: k devices, the strategy, and what it measured (all-reduce bytes per step, ...).
+    Nothing for a packing pack, whose records stay as they were."""
+    if pack.spread is None:
+        return {}
+    return {"devices": pack.devices, "strategy": pack.spread, "spread": (result or {}).get("spread")}
+
+
+@contextlib.contextmanager
+def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
+    """Hold ``packs/<pack_id>/.lock`` (flock) while the pack runs, so that a second packer of the same pack (a job
+    submitted twice, a resume while the first still runs) stops before it moves or writes any record. The kernel
+    drops the lock when its holder dies (scancel, OOM), so a stale lock never blocks a resume."""
+    path = run.pack_dir(pack_id) / ".lock"
+    make_dirs(path.parent)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, file_mode())
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise RunDirError(f"pack {pack_id!r} of run_dir={str(run.root)!r} is already being run by another packer "
+                              f"(pid {holder} on {socket.gethostname()} holds {path}); this one stopped and touched "
+                              f"none of its records. HINT: let the first finish (python -m gpupack status {run.root}), "
+                              "or cancel its job before running the pack again") from None
+        except OSError as err:  # a file system without flock (Lustre without -o flock): run unlocked, as RunLock does
+            print(f"gpupack: warning: cannot lock {path} ({err.strerror}); do not run this pack twice at once",
+                  file=sys.stderr)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, Any]:
+    run = RunDir(Path(run_root))
+    with pack_lock(run, pack_id):
+        return _run_pack(run, pack_id, settings)
+
+
+def _run_pack(run: RunDir, pack_id: str, settings: PackSettings) -> dict[str, Any]:
+    plan = Plan.from_json(read_json(run.plan))
+    pack = plan.pack(pack_id)
+    todo = [t for t in pack.trainings if not is_completed(run.training_record(pack_id, t.training_id))]
+    if not todo:
+        return read_json(run.pack_record(pack_id))
+    attempts = run.pack_dir(pack_id) / "attempts"
+    for t in todo:
+        move_aside(run.training_record(pack_id, t.training_id), attempts)
+    move_aside(run.pack_record(pack_id), attempts)
+
+    info = detect_device()
+    device = choose_device(settings.device, info)
+    runner, placement = runner_of(pack, device)
+    cores = job_cores()
+    threads = threads_for(cores, len(todo), settings.threads_per_training)
+    by_id = {t.training_id: t for t in todo}
+    records: list[dict[str, Any]] = []
+    oom_kills_before = oom_kill_count()  # a rise by a training's end tells an OOM kill from any other SIGKILL
+
+    def on_finished(outcome: TrainingOutcome) -> None:
+        note_oom_kill(outcome, oom_kills_before)
+        rec = build_training_record(outcome, by_id[outcome.training_id], pack, plan.sweep, info, device, threads,
+                                    len(todo), gpu_model(info, settings))
+        if plan.phase:  # packing.factors=auto: a probe's record, or the run's at the best N
+            rec["phase"] = plan.phase
+        write_json_atomic(run.training_record(pack_id, rec["training_id"]), rec)
+        records.append(rec)
+
+    # the sampler lists MPS clients then
+    mps = placement is None and bool(getattr(options_of(settings, pack.mode), "mps", False))
+    # A training spread over k GPUs: the job's other k-1 sampled with the first (rank r trains on cuda:r)
+    more = visible_devices(os.environ, pack.devices)[1:] if info.kind == "gpu" and pack.devices > 1 else []
+    sampler = Sampler(interval_s=settings.sample_interval_s, mps=mps, no_gpu_reason=info.note,
+                      gpu=(info.uuid or first_visible(os.environ)) if info.kind == "gpu" else None, more_gpus=more)
+    ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ), settings=settings,
+                      gpu_memory_total_mb=info.memory_total_mb,
+                      warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
+                      training_timeout_s=settings.training_timeout_s,
+                      memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
+                      if settings.memory_limit_gb_per_training else None, spread=placement)
+    sampler.start()
+    mode_started = time.time()  # the pack's clock: what a mode does before its trainings start (a fork server's
+    try:                        # preload, a TF host's start) is the pack's time too
+        runner.run(todo, ctx)
+    finally:
+        sampled = sampler.stop()
+    return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings), sampled,
+                             mode_started=mode_started, phase=plan.phase)
+
+
+def runner_of(pack: Pack, device: str) -> tuple[Any, Any]:
+    """What runs the pack: its packing mode (N trainings on one device), or its spread strategy (one training over
+    k devices) with where that training runs."""
+    if pack.spread is None:
+        return load_packer(pack.mode), None
+    from gpupack.spread import load_strategy
+
+    strategy = load_strategy(pack.spread)
+    return strategy, strategy.placement(pack.mode, pack.devices, device)
+
+
+def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]], info: DeviceInfo,
+                      device: str, cores: int, threads: int, model: str | None = None,
+                      sampled: dict[str, Any] | None = None, mode_started: float | None = None,
+                      phase: str | None = None) -> dict[str, Any]:
+    started = min([r["started_at"] for r in records] + ([mode_started] if mode_started else []))
+    ended = max(r["ended_at"] for r in records)
+    rec = pack_record(
+        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition, probe=pack.probe,
+        gpu_type=info.name if info.kind == "gpu" else "cpu", device=device, device_name=info.name,
+        device_note=info.note, gpu_model=model, gpu_memory_total_mb=info.memory_total_mb,
+        # Time per training is only meaningful when all N trainings ran together in this attempt.
+        concurrent=len(records), complete=len(records) == pack.factor,
+        training_ids=[r["training_id"] for r in records],
+        n_completed=sum(r["status"] == COMPLETED for r in records),
+        n_failed=sum(r["status"] != COMPLETED for r in records),
+        n_oom=sum(r["status"] == OOM for r in records),
+        started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
+        cores=cores, threads_per_training=threads, host=socket.gethostname(), job_id=job_id(),
+        workload=pack.trainings[0].workload_label if pack.trainings else None,
+        # What the scheduler gave the job, to cross-check with sacct's gres/gpu.
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), slurm_job_gpus=os.environ.get("SLURM_JOB_GPUS"),
+        slurm_partition=os.environ.get("SLURM_JOB_PARTITION"),
+        sampler=sampled, **spread_fields(pack),
+    )
+    if phase:
+        rec["phase"] = phase
+    write_json_atomic(run.pack_record(pack.pack_id), rec)
+    try:  # the pack's trainings in one columnar file: collect reads one file per pack, not one per training
+        from gpupack.analysis.collect import write_columnar
+
+        write_columnar(run, pack.pack_id)
+    except Exception as err:  # only a faster copy: without it collect reads the JSON records, the same rows
+        import sys
+
+        print(f"gpupack: warning: no columnar file for pack {pack.pack_id} ({err!r})", file=sys.stderr)
+    return rec

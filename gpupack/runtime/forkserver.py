@@ -1,0 +1,267 @@
+"""Fast start for process mode: one preloaded server per pack forks each training.
+
+A fresh interpreter per training pays Python's start-up and the framework import (``import torch`` ≈ 3 s here) N
+times at once, competing for the same cores. The server pays it once: it imports the workload (and its framework
+and data, :meth:`gpupack.workload.Workload.preload`), then forks one child per training. Each child gets the same
+isolation as a fresh process: its own process and session, death with its parent (PR_SET_PDEATHSIG, and the server
+dies with the packer), its address-space limit, its CPU affinity, its stdout/stderr files, its environment (threads,
+``CUDA_VISIBLE_DEVICES``) and its exit status. No CUDA context exists before the fork: preloading imports, it never
+touches a device.
+
+Protocol (JSON lines; packer → server on stdin, server → packer on stdout):
+
+    → {"preload": {"workload": REF, "params": [...]}}       ← {"ready": SECONDS} | {"error": TEXT}
+    → {"start": ID, "spec": P, "out": P, "err": P, "env": {...}, "cwd": P|null, "rlimit_as": N|null, "cpus": [...]|null}
+    ← {"started": ID, "pid": PID}        ← {"ended": ID, "returncode": RC}   (RC < 0: killed by signal -RC)
+
+The packer side is :class:`ForkServer`, whose :meth:`ForkServer.start` returns a :class:`ForkedProcess` that reads
+like ``subprocess.Popen`` (pid, poll, returncode, kill).
+"""
+from __future__ import annotations
+
+import time
+
+_SERVER_START = time.time()
+
+import json  # noqa: E402
+import os  # noqa: E402
+import selectors  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable, Mapping, Sequence  # noqa: E402
+
+READY_TIMEOUT_S = 600.0  # a framework import on a busy node can be slow; past this the pack fails loudly
+
+
+# ---------------- the server (its own process) ----------------
+
+def _write(msg: Mapping[str, Any]) -> None:
+    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+def isolate(rlimit_as: int | None, cpus: Sequence[int] | None) -> None:
+    """What every training process does first, forked or fresh: die with its parent, then its limits."""
+    import ctypes
+    import resource
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (linux/prctl.h)
+    except (OSError, AttributeError):
+        pass
+    if rlimit_as:
+        resource.setrlimit(resource.RLIMIT_AS, (rlimit_as, rlimit_as))
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except (AttributeError, OSError):  # not Linux, or cores taken away: run where the job runs
+            pass
+
+
+def _child(req: Mapping[str, Any], forked_at: float) -> None:
+    """In the forked child: become a training process of its own, run the worker, never return."""
+    code = 1
+    try:
+        os.setsid()
+        isolate(req.get("rlimit_as"), req.get("cpus"))
+        # 0o664 masked by the umask: gpupack's file mode (records.file_mode), never world-writable.
+        out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o664)
+        err = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o664)
+        null = os.open(os.devnull, os.O_RDONLY)
+        for fd, target in ((null, 0), (out, 1), (err, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        if req.get("cwd"):
+            os.chdir(req["cwd"])
+        from gpupack.runtime import worker
+
+        code = worker.main([req["spec"]], process_start=forked_at)
+    except BaseException:  # anything before the worker runs: its traceback is the training's stderr
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _preload(req: Mapping[str, Any]) -> None:
+    from gpupack.workload import load_workload
+
+    workload = load_workload(req["workload"])
+    workload.preload([workload.params(p) for p in req.get("params", [])])
+
+
+class Lines:
+    """Whole lines from a raw file descriptor. select() sees the fd, never a Python buffer, so a second line that
+    arrived with the first is never left unseen."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buffer, self.closed = fd, b"", False
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(fd, selectors.EVENT_READ)
+
+    def read(self, timeout: float | None) -> dict[str, Any] | None:
+        """The next message; None when the other side closed (``closed``) or said nothing within ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.buffer and not self.closed:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self.sel.select(left):
+                return None
+            chunk = os.read(self.fd, 65536)
+            self.buffer += chunk
+            self.closed = not chunk
+        if b"\n" not in self.buffer:
+            return None
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+
+def serve() -> int:
+    """Read requests until the packer closes stdin; fork a training per request; report each exit."""
+    children: dict[int, str] = {}
+    requests = Lines(sys.stdin.fileno())
+    try:
+        first = requests.read(None)
+        if first is None:
+            return 1
+        _preload(first["preload"])
+    except BaseException as err:  # the packer falls back to fresh interpreters and says why
+        _write({"error": f"{err.__class__.__name__}: {err}"})
+        return 1
+    _write({"ready": round(time.time() - _SERVER_START, 3)})
+    while not requests.closed or children:
+        req = requests.read(0.02) if not requests.closed else None
+        if req is not None:
+            forked_at = time.time()
+            pid = os.fork()
+            if pid == 0:
+                _child(req, forked_at)
+            children[pid] = req["start"]
+            _write({"started": req["start"], "pid": pid})
+        elif requests.closed:
+            time.sleep(0.02)
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            _write({"ended": children.pop(pid), "returncode": os.waitstatus_to_exitcode(status)})
+    return 0
+
+
+# ---------------- the packer's side ----------------
+
+class ForkedProcess:
+    """A training forked by the server, read like ``subprocess.Popen``."""
+
+    def __init__(self, server: "ForkServer", training_id: str, pid: int) -> None:
+        self._server, self.training_id, self.pid = server, training_id, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._server.pump()
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)  # its own session: its children go too
+            except ProcessLookupError:
+                pass
+
+
+class ForkServer:
+    """The pack's preloaded server: start it, :meth:`start` trainings, :meth:`close` when all have ended."""
+
+    def __init__(self, workload: str, params: Sequence[Mapping[str, Any]], env: Mapping[str, str], log: Path,
+                 setup: Callable[[], None] | None = None) -> None:
+        from gpupack.core.records import open_log
+
+        self._log = open_log(log)
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpupack.runtime.forkserver"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, env=dict(env), preexec_fn=setup)
+        assert self.proc.stdout is not None
+        self._lines = Lines(self.proc.stdout.fileno())
+        self._processes: dict[str, ForkedProcess] = {}
+        self._pending: dict[str, int] = {}  # ended before the packer asked (returncode by training id)
+        self._send({"preload": {"workload": workload, "params": [dict(p) for p in params]}})
+        reply = self._read(READY_TIMEOUT_S)
+        if reply is None or "ready" not in reply:
+            why = (reply or {}).get("error") or f"no answer (see {log})"
+            self.close()
+            raise RuntimeError(f"the fork server did not start: {why}")
+
+    def _send(self, msg: Mapping[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def _read(self, timeout: float | None) -> dict[str, Any] | None:
+        """The server's next message; None when it is gone or (with a timeout) silent that long."""
+        return self._lines.read(timeout)
+
+    def _handle(self, msg: Mapping[str, Any]) -> None:
+        if "ended" in msg:
+            proc = self._processes.get(msg["ended"])
+            if proc is not None:
+                proc.returncode = int(msg["returncode"])
+            else:
+                self._pending[msg["ended"]] = int(msg["returncode"])
+
+    def pump(self) -> None:
+        """Take in whatever the server has said (exits), without waiting."""
+        while True:
+            msg = self._read(0)
+            if msg is None:
+                if self.proc.poll() is not None:  # the server died: its children died with it
+                    for p in self._processes.values():
+                        if p.returncode is None:
+                            p.returncode = -signal.SIGKILL
+                return
+            self._handle(msg)
+
+    def start(self, training_id: str, spec: Path, out: Path, err: Path, env: Mapping[str, str],
+              cwd: str | None = None, rlimit_as: int | None = None, cpus: Sequence[int] | None = None) -> ForkedProcess:
+        self._send({"start": training_id, "spec": str(spec), "out": str(out), "err": str(err), "env": dict(env),
+                    "cwd": cwd, "rlimit_as": rlimit_as, "cpus": list(cpus) if cpus else None})
+        while True:
+            msg = self._read(READY_TIMEOUT_S)
+            if msg is None:
+                raise RuntimeError("the fork server stopped answering")
+            if msg.get("started") == training_id:
+                proc = ForkedProcess(self, training_id, int(msg["pid"]))
+                self._processes[training_id] = proc
+                if training_id in self._pending:
+                    proc.returncode = self._pending.pop(training_id)
+                return proc
+            self._handle(msg)
+
+    def close(self) -> None:
+        """No more trainings: the server exits once its children have (it is killed if it lingers)."""
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        finally:
+            self._log.close()
+
+
+if __name__ == "__main__":
+    sys.exit(serve())

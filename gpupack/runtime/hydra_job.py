@@ -1,0 +1,90 @@
+"""One Hydra job as a gpupack training, run by gpupack's worker in its own process.
+
+The launcher pickles itself and Hydra's singletons once per launch (as hydra-submitit-launcher does per job);
+each job's worker unpickles them and runs the job exactly as Hydra's own launchers do (``run_job``: output
+directory, ``.hydra/`` files, job number and id, logging, callbacks), then pickles the ``JobReturn`` for the
+launcher. A job that fails still writes its ``JobReturn`` (status FAILED, the exception) before its process
+exits non-zero, so gpupack records it as failed and Hydra gets Hydra's own failure.
+"""
+from __future__ import annotations
+
+import numbers
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Mapping
+
+from gpupack.core.records import atomic_file
+from gpupack.workload import Launch, TrainingContext, Workload
+
+PAYLOAD = "hydra_launch.pkl"
+RETURNS = "returns"
+
+
+@dataclass
+class HydraJobParams:
+    overrides: List[str] = field(default_factory=list)
+    job_num: int = 0
+    launch_dir: str = ""  # this launch's gpupack run directory (the payload, and each job's JobReturn)
+    cwd: str = ""  # the app's working directory when it launched (Hydra's original cwd)
+    app_dir: str = ""  # the app's own folder, so its sibling modules import in the job as they did at launch
+
+
+def return_path(launch_dir: str | Path, job_num: int) -> Path:
+    return Path(launch_dir) / RETURNS / f"{job_num}.pkl"
+
+
+def dump(obj: Any, path: Path) -> None:
+    """cloudpickle ``obj`` to ``path`` atomically (a torn pickle must never be read back)."""
+    import cloudpickle
+
+    with atomic_file(path, binary=True) as f:
+        cloudpickle.dump(obj, f)
+
+
+def metrics_of(value: Any) -> dict[str, float]:
+    """The numbers a task function returned, as record metrics (a float, or a mapping of them)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return {"return_value": float(value)}
+    if isinstance(value, Mapping):
+        return {str(k): float(v) for k, v in value.items() if isinstance(v, numbers.Real) and not isinstance(v, bool)}
+    return {}
+
+
+class HydraJob(Workload):
+    name = "hydra_job"
+    framework = "hydra"  # a whole Python program of its own: only process mode hosts it
+    Params = HydraJobParams
+
+    def launch(self, params: Mapping[str, Any], spec_path: str, result_path: str) -> Launch:
+        return Launch([sys.executable, "-m", "gpupack.runtime.worker", spec_path], cwd=params.get("cwd") or None)
+
+    def train(self, params: HydraJobParams, ctx: TrainingContext) -> dict[str, Any]:
+        import cloudpickle
+        from hydra.core.singleton import Singleton
+        from hydra.core.utils import JobStatus, run_job, setup_globals
+        from omegaconf import open_dict
+
+        from gpupack.runtime.jobenv import job_id
+
+        if params.app_dir and params.app_dir not in sys.path:
+            sys.path.insert(0, params.app_dir)  # before unpickling: the task function's modules import here
+        with open(Path(params.launch_dir) / PAYLOAD, "rb") as f:
+            launcher, singleton_state = cloudpickle.load(f)
+        Singleton.set_state(singleton_state)
+        setup_globals()
+        config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(params.overrides))
+        with open_dict(config.hydra.job) as job:
+            job.id = f"{job_id()}_{params.job_num}"
+            job.num = params.job_num
+        ctx.reporter.loop_started()  # start-up: process, imports, unpickling, the sweep config
+        ret = run_job(hydra_context=launcher.hydra_context, task_function=launcher.task_function, config=config,
+                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        ctx.reporter.loop_ended()
+        dump(ret, return_path(params.launch_dir, params.job_num))
+        if ret.status == JobStatus.FAILED:
+            raise ret._return_value  # recorded as failed, with the traceback in the job's .err log
+        return metrics_of(ret.return_value)
+
+
+WORKLOAD = HydraJob()

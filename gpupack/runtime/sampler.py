@@ -1,0 +1,266 @@
+"""The pack's sampler: a thread beside the N trainings that samples the device at a fixed interval.
+
+With a GPU (NVML, through :func:`gpupack.runtime.monitor._nvml`, the one seam): utilization, memory used/total, and
+memory per training process (``nvmlDeviceGetComputeRunningProcesses``, or the MPS variant under MPS).
+NVML may not know a process's memory (``usedGpuMemory`` None): that is recorded as unknown, never as 0.
+Always, with psutil: each training's CPU % and resident memory (RSS, its children included). Without a GPU or
+NVML the sampler says so once and samples the CPU alone. Its own CPU time is measured, to show it is cheap.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import psutil
+
+from gpupack.runtime import monitor
+
+MAX_KEPT_SAMPLES = 600  # the pack record keeps at most this many (evenly thinned); statistics use all
+
+
+@dataclass
+class _Tracked:
+    training_id: str
+    proc: psutil.Process
+    peak_rss_mb: float = 0.0
+    cpu_samples: list[float] = field(default_factory=list)
+    peak_gpu_mem_mb: float | None = None
+    gpu_mem_known: bool = True
+
+
+class Sampler:
+    def __init__(self, interval_s: float = 1.0, gpu_index: int | None = None, mps: bool = False,
+                 no_gpu_reason: str = "",
+                 log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
+                 gpu: str | None = None, more_gpus: Sequence[str] = ()) -> None:
+        """``gpu``: the device to sample as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"; the job passes
+        the UUID detect_device found, so both see the same device, a MIG slice included); ``gpu_index``: an NVML
+        index, the older form. Neither: no GPU, for ``no_gpu_reason``. ``more_gpus``: the other devices of a job
+        that spreads one training over several (sampled with it: utilization averaged, memory summed, and each
+        device's figures under ``gpus``)."""
+        self.interval_s = interval_s
+        self.mps = mps
+        self.log = log
+        self.tracked: dict[int, _Tracked] = {}
+        self._holders: dict[str, _Tracked] = {}  # training id → the entry holding its figures (its first process)
+        self.samples: list[dict[str, Any]] = []
+        self.cpu_time_s = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started_at = self._stopped_at = 0.0
+        self.nvml: Any = None
+        self.handle: Any = None
+        self.source, self.note, self.memory_total_mb = "cpu", "", None
+        self.mig = False
+        self._util_supported = True  # NVML does not report utilization on a MIG slice (NotSupported)
+        self.more_handles: list[Any] = []
+        self._open_nvml(gpu if gpu is not None else None if gpu_index is None else str(gpu_index), no_gpu_reason)
+        self._open_more(more_gpus)
+
+    # ---- NVML, through the one seam ----
+
+    def _open_nvml(self, gpu: str | None, no_gpu_reason: str) -> None:
+        if gpu is None:
+            self.note = f"{no_gpu_reason or 'no GPU in this job'}: sampling the CPU instead"
+        else:
+            nvml: Any = None
+            try:
+                nvml = monitor._nvml()
+                nvml.nvmlInit()
+                # The same lookup as detect_device's: a MIG slice is sampled as itself, not as its parent GPU.
+                visible = monitor.resolve_visible({"CUDA_VISIBLE_DEVICES": gpu}, nvml)
+                if visible is None:
+                    raise LookupError(f"CUDA_VISIBLE_DEVICES={gpu!r} hides every GPU")
+                self.memory_total_mb = nvml.nvmlDeviceGetMemoryInfo(visible.handle).total / 2**20
+                self.handle, self.mig, self.nvml, self.source = visible.handle, visible.mig, nvml, "nvml"
+            except LookupError as err:  # no such device: said, never another device sampled in its place
+                self.note = f"{err}: sampling the CPU instead"
+            except Exception as err:  # no library, no driver
+                self.note = f"NVML unavailable ({err.__class__.__name__}: {err}): sampling the CPU instead"
+            if self.nvml is None and nvml is not None:
+                try:
+                    nvml.nvmlShutdown()
+                except Exception:
+                    pass
+        if self.note:
+            self.log(f"gpupack sampler: {self.note}")  # said once, not at every sample
+
+    def _open_more(self, gpus: Sequence[str]) -> None:
+        """The other GPUs of a spread job, by the same lookup; one NVML does not know is said and left out."""
+        if self.nvml is None:
+            return
+        for gpu in gpus:
+            try:
+                visible = monitor.resolve_visible({"CUDA_VISIBLE_DEVICES": gpu}, self.nvml)
+                if visible is None:
+                    raise LookupError(f"CUDA_VISIBLE_DEVICES={gpu!r} hides every GPU")
+                self.more_handles.append(visible.handle)
+                self.memory_total_mb = (self.memory_total_mb or 0.0) + \
+                    self.nvml.nvmlDeviceGetMemoryInfo(visible.handle).total / 2**20
+            except Exception as err:
+                note = f"GPU {gpu!r} of this job not sampled ({err})"
+                self.note = f"{self.note}; {note}" if self.note else note
+                self.log(f"gpupack sampler: {note}")
+
+    def _utilization(self, handle: Any = None) -> Any:
+        """NVML's utilization rates, or None once NVML said it does not report them on this device."""
+        if not self._util_supported:
+            return None
+        try:
+            return self.nvml.nvmlDeviceGetUtilizationRates(self.handle if handle is None else handle)
+        except Exception as err:
+            not_supported = getattr(self.nvml, "NVMLError_NotSupported", None)
+            if not_supported is None or not isinstance(err, not_supported):
+                raise  # a driver hiccup: this sample records gpu_error, as any other
+            self._util_supported = False
+            note = (f"NVML does not report GPU utilization on this {'MIG slice' if self.mig else 'device'}: "
+                    "recorded as unknown (None), memory still sampled")
+            self.note = f"{self.note}; {note}" if self.note else note
+            self.log(f"gpupack sampler: {note}")  # once: later samples do not ask again
+            return None
+
+    def _gpu_sample(self) -> dict[str, Any]:
+        nvml = self.nvml
+        list_procs = (nvml.nvmlDeviceGetMPSComputeRunningProcesses if self.mps
+                      else nvml.nvmlDeviceGetComputeRunningProcesses)
+        devices: list[dict[str, Any]] = []
+        per_pid: dict[int, float | None] = {}
+        for h in [self.handle, *self.more_handles]:
+            util = self._utilization(h)
+            mem = nvml.nvmlDeviceGetMemoryInfo(h)
+            devices.append({"gpu_util": None if util is None else float(util.gpu),
+                            "gpu_mem_util": None if util is None else float(util.memory),
+                            "gpu_mem_used_mb": mem.used / 2**20})
+            for p in list_procs(h):  # a process on several GPUs (a DDP rank's context) is summed over them
+                used = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
+                total = per_pid.get(p.pid, 0.0)
+                per_pid[p.pid] = None if total is None or used is None else total + used  # unknown stays unknown
+        utils = [d["gpu_util"] for d in devices if d["gpu_util"] is not None]
+        mem_utils = [d["gpu_mem_util"] for d in devices if d["gpu_mem_util"] is not None]
+        out = {"gpu_util": sum(utils) / len(utils) if utils else None,
+               "gpu_mem_util": sum(mem_utils) / len(mem_utils) if mem_utils else None,
+               "gpu_mem_used_mb": sum(d["gpu_mem_used_mb"] for d in devices), "gpu_proc_mem_mb": per_pid}
+        if len(devices) > 1:
+            out["gpus"] = devices
+        return out
+
+    # ---- trainings ----
+
+    def register(self, training_id: str, pid: int) -> None:
+        try:
+            proc = psutil.Process(pid)
+            proc.cpu_percent(None)  # primes the counter: the first real reading covers one interval
+        except psutil.Error:
+            return
+        with self._lock:
+            self.tracked[pid] = _Tracked(training_id, proc)
+            self._holders.setdefault(training_id, self.tracked[pid])  # keeps the training's figures (sample_once)
+
+    def _family(self, t: _Tracked) -> list[psutil.Process]:
+        try:
+            return [t.proc] + t.proc.children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def sample_once(self) -> dict[str, Any]:
+        sample: dict[str, Any] = {"t": time.time()}
+        if self.nvml is not None:
+            try:
+                sample.update(self._gpu_sample())
+            except Exception as err:  # a driver hiccup must not take the pack down
+                sample["gpu_error"] = str(err)
+        with self._lock:
+            tracked = list(self.tracked.values())
+        # One training may be several processes (a training spread over k devices: one per rank): its figures are
+        # their sum at each sample, and its peaks the peaks of those sums.
+        families: dict[str, list[tuple[_Tracked, list[psutil.Process]]]] = {}
+        for t in tracked:
+            family = self._family(t)
+            if family:
+                families.setdefault(t.training_id, []).append((t, family))
+        per_training: dict[str, dict[str, Any]] = {}
+        for training_id, members in families.items():
+            rss = cpu = 0.0
+            pids: set[int] = set()
+            for t, family in members:
+                pids |= {p.pid for p in family}
+                for p in family:
+                    try:
+                        rss += p.memory_info().rss / 2**20
+                        cpu += p.cpu_percent(None) if p is t.proc else 0.0
+                    except psutil.Error:
+                        continue
+            first = self._holders[training_id]  # the training's figures, on its first process's entry
+            first.peak_rss_mb = max(first.peak_rss_mb, rss)
+            first.cpu_samples.append(cpu)
+            entry: dict[str, Any] = {"rss_mb": round(rss, 1), "cpu_percent": round(cpu, 1)}
+            if "gpu_proc_mem_mb" in sample:
+                mems = [m for pid, m in sample["gpu_proc_mem_mb"].items() if pid in pids]
+                if any(m is None for m in mems):
+                    first.gpu_mem_known = False  # NVML could not say: unknown, never 0
+                    entry["gpu_mem_mb"] = None
+                elif mems:
+                    entry["gpu_mem_mb"] = sum(mems)
+                    first.peak_gpu_mem_mb = max(first.peak_gpu_mem_mb or 0.0, sum(mems))
+            per_training[training_id] = entry
+        sample["trainings"] = per_training
+        self.samples.append(sample)
+        return sample
+
+    # ---- the thread ----
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.thread_time()
+            if self.tracked:  # nothing to attribute before the first training starts
+                self.sample_once()
+            self.cpu_time_s += time.thread_time() - began
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> "Sampler":
+        self._started_at = time.time()
+        self._thread = threading.Thread(target=self._run, name="gpupack-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._stopped_at = time.time()
+        if self.nvml is not None:
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+        return self.report()
+
+    def report(self) -> dict[str, Any]:
+        def stat(key: str, fn: Callable[[list[float]], float]) -> float | None:
+            values = [s[key] for s in self.samples if s.get(key) is not None]
+            return round(fn(values), 2) if values else None
+
+        wall = max(self._stopped_at - self._started_at, 1e-9) if self._started_at else None
+        step = max(1, len(self.samples) // MAX_KEPT_SAMPLES + (len(self.samples) % MAX_KEPT_SAMPLES > 0))
+        cpu_totals = [sum(e["cpu_percent"] for e in s["trainings"].values()) for s in self.samples if s["trainings"]]
+        return {
+            "source": self.source, "note": self.note, "interval_s": self.interval_s, "mps": self.mps,
+            "n_samples": len(self.samples), "samples": self.samples[::step],
+            "gpu_util_mean": stat("gpu_util", lambda v: sum(v) / len(v)), "gpu_util_max": stat("gpu_util", max),
+            "gpu_mem_used_peak_mb": stat("gpu_mem_used_mb", max), "gpu_mem_total_mb": self.memory_total_mb,
+            "cpu_percent_mean": round(sum(cpu_totals) / len(cpu_totals), 1) if cpu_totals else None,
+            "per_training": {
+                t.training_id: {
+                    # Never sampled (ended between two samples): unknown, not 0.
+                    "peak_rss_mb": round(t.peak_rss_mb, 1) if t.cpu_samples else None,
+                    "cpu_percent_mean": round(sum(t.cpu_samples) / len(t.cpu_samples), 1) if t.cpu_samples else None,
+                    "peak_gpu_mem_mb": t.peak_gpu_mem_mb if t.gpu_mem_known else None,
+                    "gpu_mem_known": t.gpu_mem_known if self.source == "nvml" else None,
+                } for t in self._holders.values()},
+            "overhead_cpu_s": round(self.cpu_time_s, 4),
+            "overhead_fraction": round(self.cpu_time_s / wall, 5) if wall else None,
+        }

@@ -1,0 +1,109 @@
+"""One training, in its own process: ``python -m gpupack.runtime.worker SPEC.json``.
+
+The packer writes the spec (workload, hyperparameters, device, threads); the worker trains and writes
+its result next to it. It never writes the training record: only the packer knows how the process
+ended (exit code, signal), so it alone composes the record from both.
+"""
+from __future__ import annotations
+
+import time
+
+_PROCESS_START = time.time()  # before any heavy import, so start-up is measured whole
+
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Mapping  # noqa: E402
+
+
+def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any]:
+    """Train once in this process and return the result: timings, throughput and metrics."""
+    from gpupack.workload import Reporter, TrainingContext, load_workload, params_from_mapping
+
+    workload = load_workload(spec["workload"])
+    params = params_from_mapping(workload, spec["params"])
+    reporter = Reporter(warmup_steps=int(spec.get("warmup_steps", 10)))
+    spread = join_spread(spec.get("spread"))
+    ctx = TrainingContext(device=spread.device if spread else spec["device"], threads=int(spec["threads"]),
+                          reporter=reporter, spread=spread)
+    try:
+        metrics = workload.train(params, ctx)
+        result = compose_result(spec, workload, params, reporter, metrics, process_start)
+        if spread is not None:  # what the strategy measured (all-reduce bytes and time per step), and where it ran
+            result["spread"] = {**spread.placement.to_json(), **spread.stats()}
+        return result
+    finally:
+        if spread is not None:
+            spread.close()
+
+
+def join_spread(placement: Mapping[str, Any] | None) -> Any:
+    """One training spread over k devices: its strategy sets this process up (DDP joins the process group) and
+    returns the Spread the workload calls; None for a training on one device."""
+    if not placement:
+        return None
+    from gpupack.spread import Placement, load_strategy
+
+    where = Placement.from_json(placement)
+    return load_strategy(where.strategy).join(where)
+
+
+def compose_result(spec: Mapping[str, Any], workload: Any, params: Any, reporter: Any, metrics: Mapping[str, Any],
+                   process_start: float) -> dict[str, Any]:
+    """One training's result from what it reported (the worker, and every training of a fused pack)."""
+    import resource
+
+    finished = time.time()
+    # Peak resident memory of this training and of the loader workers it started (Linux reports KiB).
+    peak_rss_mb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+    loop = reporter.summary()
+    spawned = float(spec.get("spawned_at", process_start))
+    return {
+        "metrics": {k: v for k, v in metrics.items() if k != "data"},
+        "memory": {"peak_rss_mb": round(peak_rss_mb, 1), "peak_gpu_mem_mb": metrics.get("peak_gpu_mem_mb")},
+        # The throughput knobs' values, and the input-pipeline setting this training shares with its loader probe.
+        "knobs": {k: getattr(params, k) for k in workload.knob_keys},
+        "loader_setting": json.dumps({k: getattr(params, k) for k in workload.loader_keys}, sort_keys=True,
+                                     default=str) if workload.loader_keys else None,
+        "data": metrics.get("data"),
+        "throughput": loop,
+        "timings": {
+            "spawned_at": spawned,
+            "process_start": process_start,
+            "loop_start": reporter.loop_start,
+            "loop_end": reporter.loop_end,
+            "finished": finished,
+            # start-up: process spawn → first step (imports, data, model); the table shows it apart.
+            "startup_s": (reporter.loop_start - spawned) if reporter.loop_start is not None else None,
+            "loop_s": loop["loop_s"],
+            "teardown_s": (finished - reporter.loop_end) if reporter.loop_end is not None else None,
+        },
+    }
+
+
+def main(argv: list[str] | None = None, process_start: float | None = None) -> int:
+    """Train as the spec says and write the result. ``process_start``: when this training's process began (a
+    child forked by the fork server began at its fork, not when this module was imported in the server)."""
+    from gpupack.core.records import write_json_atomic
+
+    args = sys.argv[1:] if argv is None else argv
+    spec_path = Path(args[0])
+    spec = json.loads(spec_path.read_text())
+    try:
+        result = run_training(spec, _PROCESS_START if process_start is None else process_start)
+    except Exception:  # the packer records the failure from the exit code and the stderr tail
+        traceback.print_exc()
+        return 1
+    write_json_atomic(Path(spec["result_path"]), result)
+    if spec.get("spread"):  # a DDP rank: its result is written; end here, before the interpreter's finalization, where
+        sys.stdout.flush()  # gloo's threads can still free tensors and abort the process (SIGABRT, pytorch#179291)
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Compose the config with Hydra (config tree + override grammar), turning its errors into one line.
+
+gpupack is itself a sweeper, so it composes with Hydra's compose API rather than ``@hydra.main``: the
+same YAML tree and override grammar, with errors that name the key, the value and the fix. A Hydra
+sweep override on a grid key (``sweep.grid.lr=0.1,0.01`` or ``sweep.grid.seed=range(0,4)``) becomes
+that grid axis.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+import re
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from gpupack.errors import ConfigError, nearest
+from gpupack.setup.config import GpupackConfig, register_configs
+
+GRID_PREFIX = "sweep.grid."
+# Options each packing mode now owns (packing.<mode>.<option>), by their former key.
+MOVED = {"packing.mps": "packing.process.mps", "packing.start": "packing.process.start",
+         "packing.cpu_affinity": "packing.process.cpu_affinity",
+         "packing.tf_gpu_memory_budget_mb": "packing.tf_logical.gpu_memory_budget_mb",
+         "packing.tf_gpu_memory_reserve_mb": "packing.tf_logical.gpu_memory_reserve_mb"}
+FREE_PREFIXES = (GRID_PREFIX, "sweep.fixed.")
+
+
+def config_dir() -> Path:
+    """conf/ of a checkout, else the copy shipped in the wheel as gpupack.conf."""
+    checkout = Path(__file__).resolve().parents[2] / "conf"
+    if (checkout / "config.yaml").is_file():
+        return checkout
+    return Path(str(importlib.resources.files("gpupack.conf")))
+
+
+def grid_overrides(overrides: Sequence[str]) -> list[str]:
+    """Rewrite Hydra sweep overrides of sweep.grid.* keys as list values; refuse sweeps elsewhere."""
+    parser = OverridesParser.create()
+    out = []
+    for text in overrides:
+        try:
+            ov = parser.parse_override(text)
+        except (OverrideParseException, HydraException) as err:
+            key, _, value = text.partition("=")
+            hint = "write key=value, quoting values with special characters: key='a b'"
+            if "{" in value:  # a command argv template: braces must be quoted inside Hydra's list syntax
+                hint = ("quote each templated item inside the list, and the whole override for the shell: "
+                        "'sweep.fixed.argv=[python,train.py,--lr,\"{lr}\"]'")
+            raise ConfigError(key, value, f"cannot parse ({_first_line(err)})", hint) from None
+        if not ov.is_sweep_override():
+            # Grid axes and fixed hyperparameters are checked against the workload's Params (with a
+            # did-you-mean), so a user may set any of them without Hydra's "+" for new keys.
+            out.append(f"++{text}" if text.startswith(FREE_PREFIXES) else text)
+            continue
+        key = ov.get_key_element()
+        if not key.lstrip("+~").startswith(GRID_PREFIX):
+            raise ConfigError(key, ov.input_line.split("=", 1)[1], "sweep syntax only makes a grid axis",
+                              f"put the values under {GRID_PREFIX}<name>, or give one value")
+        values = [v for v in ov.sweep_iterator()]
+        out.append(f"++{key.lstrip('+')}={_list_literal(values)}")
+    return out
+
+
+def _list_literal(values: list) -> str:
+    def one(v: object) -> str:
+        if isinstance(v, str):
+            return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return "null" if v is None else str(v).lower() if isinstance(v, bool) else repr(v)
+
+    return "[" + ",".join(one(v) for v in values) + "]"
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else err.__class__.__name__
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return err
+
+
+def translate(err: Exception, overrides: Sequence[str]) -> ConfigError:
+    """One ConfigError for whatever Hydra or OmegaConf raised while composing."""
+    if isinstance(err, MissingConfigException):
+        m = re.search(r"Could not find '([^']+)'", str(err))
+        missing = m.group(1) if m else (err.missing_cfg_file or "?")
+        group, _, name = missing.rpartition("/")
+        options = [o for o in (err.options or []) if not o.endswith("_schema")]
+        if group:
+            return ConfigError(group, name, f"no {group} named {name!r} in conf/{group}/",
+                               nearest(name, options) if options else f"add conf/{group}/{name}.yaml")
+        return ConfigError("config", missing, "no such config", "check the +group=name overrides")
+    cause = _root_cause(err)
+    if isinstance(cause, OmegaConfBaseException):
+        key = getattr(cause, "full_key", None) or "config"
+        msg = _first_line(cause)
+        m = re.search(r"Key '([^']+)' is not in struct", msg) or re.search(r"Key '([^']+)' not in '", msg)
+        if m and key in MOVED:  # options that now live under their mode
+            return ConfigError(key, _value_for(key, overrides), "this option moved under its packing mode",
+                               f"write {MOVED[key]}={_value_for(key, overrides)}")
+        if m:
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            given = next((o.lstrip("+~") for o in overrides if o.lstrip("+~").startswith(f"{key}.")), None)
+            if not parent and given:  # grid.lr=... for sweep.grid.lr=...: name the key the user meant
+                meant = next((f"{g}.{given}" for g in ("sweep", "packing", "cluster") if key in _keys_under(g)), None)
+                if meant:
+                    return ConfigError(given.split("=", 1)[0], given.split("=", 1)[1], "unknown config key",
+                                       f"did you mean {meant}?")
+            return ConfigError(key, _value_for(key, overrides), "unknown config key",
+                               nearest(m.group(1), _keys_under(parent)) +
+                               (" (add a new grid axis with +sweep.grid.NAME=[...])"
+                                if parent.startswith("sweep.grid") else ""))
+        value = getattr(cause, "value", None) if hasattr(cause, "value") else _value_for(key, overrides)
+        if value is None:
+            value = _value_for(key, overrides)
+        return ConfigError(key, value, msg, _type_hint(key))
+    return ConfigError("config", " ".join(overrides), _first_line(err),
+                       "check the override syntax: key=value, +key=value to add, ~key to delete")
+
+
+def _value_for(key: str, overrides: Sequence[str]) -> str:
+    base = re.sub(r"\[\d+\]$", "", key)
+    for text in overrides:
+        k, _, v = text.partition("=")
+        if k.lstrip("+~") in (key, base):
+            return v
+    return "?"
+
+
+def _keys_under(parent: str) -> list[str]:
+    node = OmegaConf.structured(GpupackConfig)
+    for part in [p for p in parent.split(".") if p]:
+        try:
+            node = node[part]
+        except Exception:
+            return []
+    return list(node.keys()) if isinstance(node, DictConfig) else []
+
+
+def _type_hint(key: str) -> str:
+    if key.startswith("packing.factors"):
+        return "give whole numbers >= 1, e.g. packing.factors=[1,2,4]"
+    return "give a value of the type this key documents in gpupack/setup/config.py"
+
+
+GROUPS = ("sweep", "cluster", "rgu")
+
+
+@contextlib.contextmanager
+def _gpupack_hydra() -> Iterator[None]:
+    """Hydra initialised on gpupack's conf/, leaving the caller's process as it was: Hydra keeps version_base in a
+    process-wide singleton, and a notebook or a Hydra app that calls gpupack must keep its own (job.chdir and more
+    depend on it)."""
+    from hydra.version import VersionBase
+
+    before = VersionBase.instance().getbase()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="gpupack"):
+            yield
+    finally:
+        VersionBase.instance().version_base = before
+
+
+def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
+    """gpupack's config composed from conf/ and the overrides; ``with_hydra`` keeps Hydra's own node."""
+    register_configs()
+    rewritten = grid_overrides(overrides)
+    try:
+        with _gpupack_hydra():
+            cfg = compose(config_name="config", overrides=list(rewritten), return_hydra_config=with_hydra)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise translate(err, rewritten) from None
+    return cfg
+
+
+def group_options(overrides: Sequence[str] = ()) -> dict[str, list[str]]:
+    """The options of each config group (conf/<group>/*.yaml, and any hydra.searchpath the overrides add)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    searchpath = [o for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
+    with _gpupack_hydra():
+        loader = GlobalHydra.instance().config_loader()
+        return {g: [o for o in loader.get_group_options(g, config_name="config", overrides=searchpath)
+                    if not o.endswith("_schema")] for g in GROUPS}
+
+
+def search_path(overrides: Sequence[str] = ()) -> list[str]:
+    """Where configs are looked up, in order (provider: path)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    with _gpupack_hydra():
+        loader = GlobalHydra.instance().config_loader()
+        extra = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
+        return [f"{e.provider}: {e.path}" for e in loader.get_sources()] + [f"command line: {e}" for e in extra]

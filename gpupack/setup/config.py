@@ -1,0 +1,146 @@
+"""The config schema: dataclasses registered in Hydra's ConfigStore.
+
+YAML under ``conf/`` holds the options and is validated against these types when Hydra composes it;
+semantic checks (N >= 1, a known mode, an existing data path) live in :mod:`gpupack.setup.validate`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from gpupack.pack import available_modes, load_packer
+from gpupack.submit import backend_configs  # each backend module owns its config dataclass
+
+
+@dataclass
+class SweepConfig:
+    """What to train: one workload, a grid of hyperparameters, and the ones held fixed."""
+
+    name: str = MISSING
+    workload: str = MISSING
+    # Each value is a list of values, a single value, or a Hydra sweep string such as "range(0,4)".
+    grid: Dict[str, Any] = field(default_factory=dict)
+    # Hyperparameters every training shares (training length, model size, data path, ...).
+    fixed: Dict[str, Any] = field(default_factory=dict)
+    # Your estimate of one training's wall time on its own (seconds), e.g. from an earlier run's records;
+    # time limits shorter than it are refused before anything is submitted. null: not checked.
+    training_estimate_s: Optional[float] = None
+    # Memory one training needs (MB), which caps N before anything runs: N x it must fit packing.memory_fraction
+    # of the device. Used until earlier records of the same setting measured it; null: a default (1 GB).
+    training_memory_mb: Optional[float] = None
+    # Also run the input pipeline alone (N=1) for each distinct loader setting of the grid: the loader's
+    # samples/s is an upper bound on training throughput, and collect flags N that reach it.
+    loader_probe: bool = False
+
+
+@dataclass
+class AutoConfig:
+    """packing.factors=auto: probe N along the ladder, stop when it stops paying, run the grid at the best N."""
+
+    # N tried in turn (the source study's ladder), as far as memory allows.
+    ladder: List[int] = field(default_factory=lambda: [1, 2, 3, 5, 8, 13, 21, 34])
+    # Stop when the next N improves time per training by less than this (0.05: 5 %) or within noise.
+    min_gain: float = 0.05
+    # Packs per probed N (and of the best N so far, measured again beside it); null: packing.repeats, at least 3
+    # (with 2 packs a side, a real 5 % gain is rarely beyond noise).
+    repeats: Optional[int] = None
+
+
+@dataclass
+class PackingConfig:
+    """How trainings share a device. Each mode's own options are packing.<mode>.* (its module's Options dataclass,
+    added by :func:`packing_schema`): packing.process.mps, packing.process.start, packing.tf_logical.*."""
+
+    # Packing factors N to measure: N trainings at once on one device. The source study's GPU factors were
+    # 1, 3, 5, 8, 13, 21, 34; the default here suits a 2-core machine. "auto": find the best N by probing
+    # packing.auto.ladder on one device per partition, then run the grid at it (packing.then).
+    factors: Any = field(default_factory=lambda: [1, 2, 3, 4])
+    # With factors=auto: run the rest of the grid at the best N found (run), or only measure (stop).
+    then: str = "run"
+    auto: AutoConfig = field(default_factory=lambda: AutoConfig())
+    # Share of a device's memory N trainings may fill (GPU: NVML's total; CPU: host memory); the source's ~80 %.
+    memory_fraction: float = 0.8
+    # Packing modes to compare; each is a module under gpupack/pack/.
+    modes: List[str] = field(default_factory=lambda: ["process"])
+    # Packs measured per (mode, N) at least, so time per training has a median and a spread.
+    repeats: int = 2
+    # The order packs run in: interleaved (each N's packs spread over the whole run, seeded: drift, warm caches or
+    # a neighbour's job cannot line up with N) or by_factor (all N=1 packs, then N=2, ...). Recorded in plan.json.
+    order: str = "interleaved"
+    order_seed: int = 0
+    # Threads each training may use; null: max(1, cores // N) (oversubscribing cores cost 2.4-3x here).
+    threads_per_training: Optional[int] = None
+    # Device the trainings use: auto (a GPU when the job has one, else CPU), cpu, or cuda.
+    device: str = "auto"
+    # Seconds between two samples of the device (GPU utilization and memory via NVML; CPU % and RSS always).
+    sample_interval_s: float = 1.0
+    # A training running longer than this is stopped and recorded as timed out; null: no limit.
+    training_timeout_s: Optional[float] = None
+    # Address-space limit of each training process (RLIMIT_AS), so one cannot take the host's memory from
+    # the others; past it the training fails with an out-of-memory error, recorded as oom. null: no limit.
+    memory_limit_gb_per_training: Optional[float] = None
+
+
+@dataclass
+class SpreadConfig:
+    """One training spread over k devices, measured beside packing (N trainings on one device): the source studies'
+    other answer (MirroredStrategy over 1-8 V100s: 128, 164, 190, 196, 229 s; DDP with gloo vs NCCL)."""
+
+    # k: the devices one training spreads over, each k its own packs (k <= the GPUs of one node; on a CPU machine,
+    # k processes or k logical CPU devices stand in). Empty: no spread, packing only.
+    devices: List[int] = field(default_factory=list)
+    # The module under gpupack/spread/ that spreads it: ddp (torch: DistributedDataParallel, one process per device)
+    # or mirrored (TensorFlow: tf.distribute.MirroredStrategy, one process over k devices).
+    strategy: str = "ddp"
+    # ddp: the process group's backend, gloo or nccl (NCCL needs GPUs); a list, e.g. [gloo,nccl], measures both.
+    ddp_backend: Any = "gloo"
+    # Trainings measured per (strategy, k); null: packing.repeats.
+    repeats: Optional[int] = None
+
+
+
+
+@dataclass
+class RguConfig:
+    """GPU model → RGU weight (cost of one GPU-hour), as data in conf/rgu/."""
+
+    source: str = ""
+    models: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class GpupackConfig:
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    packing: PackingConfig = field(default_factory=PackingConfig)
+    spread: SpreadConfig = field(default_factory=SpreadConfig)
+    # A backend's own config (gpupack.submit.local.LocalConfig, gpupack.submit.slurm.SlurmConfig), chosen by
+    # cluster=NAME (conf/cluster/NAME.yaml names its schema in its defaults list).
+    cluster: Any = MISSING
+    rgu: RguConfig = field(default_factory=RguConfig)
+    # Where records go; null: runs/<sweep.name>/<date>_<time>. Re-using a run directory resumes it.
+    run_dir: Optional[str] = None
+    # Partitions / GPU types to run on (keys of cluster.partitions); empty: the cluster's default_partitions.
+    partitions: List[str] = field(default_factory=list)
+    # Wait for the jobs and collect; false: submit, print the job ids and return (see `status` and `collect`).
+    wait: bool = True
+    # Plan and validate only: print the plan and write nothing.
+    dry_run: bool = False
+
+
+def packing_schema() -> type:
+    """PackingConfig with one section per packing mode that has options, typed by the mode's own dataclass: the
+    modes own their options, and no mode is named here."""
+    sections = [(mode, packer.Options, field(default_factory=packer.Options))
+                for mode, packer in ((m, load_packer(m)) for m in available_modes()) if packer.Options]
+    return make_dataclass("PackingConfig", sections, bases=(PackingConfig,))
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="gpupack_schema", node=GpupackConfig(packing=packing_schema()()))
+    for backend, node in backend_configs().items():
+        cs.store(group="cluster", name=f"{backend}_schema", node=node, package="cluster")
+    cs.store(group="rgu", name="rgu_schema", node=RguConfig, package="rgu")

@@ -1,0 +1,438 @@
+"""Check a composed config before anything starts, and turn it into a typed :class:`SweepSpec`.
+
+Hydra already checked the types of gpupack's own keys; this checks meaning (N >= 1, a known mode and
+workload, a grid the workload understands, data that is there). Every failure is a ConfigError naming
+the key, the value and the fix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from gpupack.core.memory import Measured, TrainingMemory, check_memory, estimate, setting_key
+from gpupack.core.plan import ORDERS, Plan, expand_grid, grid_values, make_plan
+from gpupack.core.rgu import check_weights
+from gpupack.core.rundir import check_name
+from gpupack.core.types import Capacity, PackRequest, PackSettings
+from gpupack.errors import ConfigError, nearest, require_counts
+from gpupack.pack import available_modes, load_packer
+from gpupack.workload import Workload, load_workload
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What the backend answered, once, before validation: the partitions, what one pack job on each can have,
+    and what a pack of each N asks for. Validation reads these and asks nothing else."""
+
+    partitions: tuple[str, ...]
+    capacities: Mapping[str, Capacity]
+    # What a pack of N asks for: a pure function of the backend's options and, where given, the measured peak host
+    # memory of one training (MB).
+    request: Callable[..., PackRequest]
+
+
+@dataclass(frozen=True)
+class AutoSpec:
+    """packing.factors=auto, checked: the ladder as far as each partition can hold it, and why it ends there."""
+
+    ladder: tuple[int, ...]  # N a job on every partition can hold (CPUs, the mode's limits), in the order tried
+    cut: str | None  # why the ladder ends before its last rung, None when it does not
+    min_gain: float
+    repeats: int
+    then: str  # run | stop
+    # Where memory would stop the climb by today's figures (a default or stated one until the probe measures):
+    # the probe re-checks each next N against what it measured, so this is a forecast, not a cut.
+    memory_note: str | None = None
+
+
+@dataclass(frozen=True)
+class SpreadSpec:
+    """spread.*, checked: one training over each k devices, by each layout of the strategy (ddp-gloo, mirrored)."""
+
+    strategy: str
+    layouts: tuple[tuple[str, str], ...]  # (strategy module, label): the label is the packs' mode
+    devices: tuple[int, ...]
+    repeats: int
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    workload: Workload
+    workload_ref: str  # how the sweep named it (jobs/ name or dotted module): what workers import
+    grid: dict[str, list[Any]]  # typed values per key
+    fixed: dict[str, Any]  # every other hyperparameter: the workload's defaults with sweep.fixed on top
+    factors: tuple[int, ...]
+    modes: tuple[str, ...]
+    partitions: tuple[str, ...]
+    repeats: int
+    settings: PackSettings
+    loader_probe: bool = False
+    order: str = "interleaved"
+    order_seed: int = 0
+    memory: TrainingMemory | None = None  # one training's memory: what capped N and sizes requests
+    auto: AutoSpec | None = None  # packing.factors=auto: probe first (gpupack/flow/auto.py); factors is then its ladder
+    warnings: tuple[str, ...] = ()  # said before anything runs, e.g. a request that leaves a node's GPUs idle
+    spread: SpreadSpec | None = None  # spread.devices: one training over k devices, beside packing
+
+    def plan(self) -> Plan:
+        probe = (self.workload.loader_param, self.workload.loader_keys) if self.loader_probe else None
+        return make_plan(sweep=self.name, workload=self.workload_ref, grid=self.grid, fixed=self.fixed,
+                         factors=self.factors, modes=self.modes, partitions=self.partitions,
+                         repeats=self.repeats, seed_key=self.workload.seed_key, loader_probe=probe,
+                         group_keys=group_keys(self.workload, self.modes), order=self.order,
+                         order_seed=self.order_seed,
+                         spread_layouts=self.spread.layouts if self.spread else (),
+                         spread_devices=self.spread.devices if self.spread else (),
+                         spread_repeats=self.spread.repeats if self.spread else None)
+
+
+def group_keys(workload: Workload, modes: Sequence[str]) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
+    """The modes that group trainings into packs (fused: same shapes), each with its key function."""
+    out = {}
+    for mode in modes:
+        packer = load_packer(mode)
+        if packer.groups:
+            out[mode] = lambda params, packer=packer: packer.group_key(workload, params)
+    return out
+
+
+THEN = ("run", "stop")
+
+
+def _check_factors(factors: Any) -> tuple[int, ...]:
+    if isinstance(factors, str):
+        raise ConfigError("packing.factors", factors, "is neither a list of N nor auto",
+                          "e.g. packing.factors=[1,2,4] or packing.factors=auto")
+    if not factors:
+        raise ConfigError("packing.factors", list(factors or []), "no packing factor given",
+                          "list at least one, e.g. packing.factors=[1,2,4]")
+    require_counts(factors, "packing.factors", "a packing factor", "packing.factors=[1,2,4]", each="N")
+    return tuple(factors)
+
+
+def require_sweep(cfg: DictConfig) -> None:
+    for key in ("name", "workload"):
+        if OmegaConf.is_missing(cfg.sweep, key):
+            raise ConfigError(f"sweep.{key}", "???", "no sweep chosen",
+                              "choose one with +sweep=NAME, e.g. python -m gpupack +sweep=mnist_pack")
+
+
+def _check_params(workload: Workload, grid: Mapping[str, list[Any]], fixed: Mapping[str, Any],
+                  fixed_keys: set[str]) -> None:
+    """Run the workload's own checks on every distinct training's hyperparameters."""
+    for point in expand_grid(grid):
+        params = workload.params({**fixed, **point})
+        try:
+            workload.check(params)
+        except ConfigError as err:
+            base = err.key.split("[")[0].split(".")[0]  # argv[0] → argv, env.NAME → env
+            where = "sweep.grid" if base in grid else "sweep.fixed" if base in fixed_keys or base in fixed else "sweep"
+            raise type(err)(f"{where}.{err.key}", err.value, err.why, err.hint) from None
+
+
+def _check_estimate(cfg: DictConfig) -> None:
+    """A time limit below one training's stated time can only end in timeouts: refuse it up front."""
+    estimate = cfg.sweep.training_estimate_s
+    if estimate is None:
+        return
+    if not estimate > 0:
+        raise ConfigError("sweep.training_estimate_s", estimate, "must be > 0 or null", "give seconds, e.g. 120")
+    limits = {"packing.training_timeout_s": cfg.packing.training_timeout_s,
+              "cluster.timeout_min": cfg.cluster.timeout_min * 60.0}
+    for key, limit_s in limits.items():
+        if limit_s is not None and limit_s < estimate:
+            value = cfg.packing.training_timeout_s if key.startswith("packing") else cfg.cluster.timeout_min
+            raise ConfigError(key, value, f"is {limit_s:.0f} s, below one training's estimate "
+                              f"(sweep.training_estimate_s={estimate:g})",
+                              f"raise it above {estimate:g} s (cluster.timeout_min is in minutes)")
+
+
+def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], str], noun: str = "trainings",
+              request_host_mb: float | None = None, per_node: bool = False) -> None:
+    """Each pack of N must fit what one job on each partition can have (CPUs, host memory); ``per_node``: a job of
+    several GPUs (spread), bounded by a whole node rather than one GPU's share. Pure."""
+    for name, cap in facts.capacities.items():
+        max_cpus = (cap.node_cpus or cap.max_cpus) if per_node else cap.max_cpus
+        for i, n in enumerate(factors):
+            req = facts.request(n, request_host_mb) if request_host_mb is not None else facts.request(n)
+            if max_cpus and req.cpus and req.cpus > max_cpus:
+                raise ConfigError(key(i), n, f"{n} {noun} x {req.cpus_key}={req.cpus_each:g} = {req.cpus} CPUs, but "
+                                  f"one {name} {'node has' if per_node else 'GPU job gets at most'} {max_cpus}",
+                                  f"lower N, or set {req.cpus_key}={max_cpus / n:.2g} so N {noun} share the cores")
+            if cap.max_mem_mb and req.mem_mb and req.mem_mb > cap.max_mem_mb:
+                raise ConfigError(key(i), n, f"{n} {noun} x {req.mem_key}={req.mem_gb_each:g} ({req.mem_why}) = "
+                                  f"{req.mem_mb / 1024:.1f} GB, but a {name} node has {cap.max_mem_mb / 1024:.1f} GB",
+                                  f"lower N or {req.mem_key}")
+
+
+def is_auto(cfg: DictConfig) -> bool:
+    return isinstance(cfg.packing.factors, str) and cfg.packing.factors == "auto"
+
+
+def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """packing.* on its own: factors (or auto's ladder), modes and the numeric options."""
+    packing = cfg.packing
+    modes = tuple(packing.modes)
+    if is_auto(cfg):
+        factors = _check_auto(cfg)
+    else:
+        factors = _check_factors(packing.factors if isinstance(packing.factors, str) else list(packing.factors))
+    if not modes:
+        raise ConfigError("packing.modes", [], "no packing mode given", "e.g. packing.modes=[process]")
+    for i, mode in enumerate(modes):
+        load_packer(mode, key=f"packing.modes[{i}]")
+    if packing.repeats < 1:
+        raise ConfigError("packing.repeats", packing.repeats, "must be >= 1", "measure each N at least once")
+    if packing.order not in ORDERS:
+        raise ConfigError("packing.order", packing.order, "unknown pack order", nearest(packing.order, ORDERS))
+    if packing.threads_per_training is not None and packing.threads_per_training < 1:
+        raise ConfigError("packing.threads_per_training", packing.threads_per_training, "must be >= 1 or null",
+                          "leave it null to share the job's cores out")
+    if not packing.sample_interval_s > 0:
+        raise ConfigError("packing.sample_interval_s", packing.sample_interval_s, "must be > 0",
+                          "sample every second or so, e.g. packing.sample_interval_s=1")
+    for key in ("training_timeout_s", "memory_limit_gb_per_training"):
+        value = packing[key]
+        if value is not None and not value > 0:
+            raise ConfigError(f"packing.{key}", value, "must be > 0 or null", "leave it null for no limit")
+    if packing.device not in DEVICES:
+        raise ConfigError("packing.device", packing.device, "unknown device", nearest(packing.device, DEVICES))
+    if not 0 < packing.memory_fraction <= 1:
+        raise ConfigError("packing.memory_fraction", packing.memory_fraction, "must be in (0, 1]",
+                          "e.g. packing.memory_fraction=0.8 (the source's 80 % target)")
+    return factors, modes
+
+
+def _check_auto(cfg: DictConfig) -> tuple[int, ...]:
+    packing = cfg.packing
+    ladder = list(packing.auto.ladder)
+    require_counts(ladder, "packing.auto.ladder", "a packing factor", "packing.auto.ladder=[1,2,3,5,8]")
+    if len(ladder) < 2 or ladder != sorted(set(ladder)):
+        raise ConfigError("packing.auto.ladder", ladder, "needs two or more N, rising, each once",
+                          "e.g. packing.auto.ladder=[1,2,3,5,8,13,21,34]")
+    if not 0 <= packing.auto.min_gain < 1:
+        raise ConfigError("packing.auto.min_gain", packing.auto.min_gain, "must be in [0, 1)",
+                          "e.g. packing.auto.min_gain=0.05 (stop below a 5 % gain)")
+    if packing.auto.repeats is not None and packing.auto.repeats < 2:
+        raise ConfigError("packing.auto.repeats", packing.auto.repeats, "must be >= 2 or null",
+                          "a probe needs two packs per N to tell a gain from noise")
+    if packing.then not in THEN:
+        raise ConfigError("packing.then", packing.then, "unknown choice", nearest(packing.then, THEN))
+    if not cfg.wait:
+        raise ConfigError("wait", False, "packing.factors=auto decides each probe step from the last one's records, "
+                          "so it waits for them", "leave wait=true (on a cluster, run it in a job or a tmux session), "
+                          "or probe with explicit packing.factors=[...] and wait=false")
+    if len(packing.modes) != 1:
+        raise ConfigError("packing.modes", list(packing.modes), "packing.factors=auto probes one mode",
+                          "choose one, e.g. packing.modes=[process]; compare modes with explicit factors")
+    return tuple(ladder)
+
+
+def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts, memory: TrainingMemory,
+                        fraction: float, measured_host_mb: float | None, grid: Mapping[str, list[Any]],
+                        fixed: Mapping[str, Any]) -> SpreadSpec | None:
+    """spread.*: the strategy, its layouts and each k against the workload and one node of each partition (devices,
+    CPUs, memory: each of the k processes or replicas holds a whole model). None when spread.devices is empty."""
+    from gpupack.spread import check_spread, load_strategy
+
+    spread = cfg.spread
+    devices = list(spread.devices)
+    if not devices:
+        return None
+    if is_auto(cfg):
+        raise ConfigError("spread.devices", devices, "packing.factors=auto probes packing alone",
+                          "give explicit packing.factors=[...] to measure spread beside packing, or spread.devices=[]")
+    if spread.repeats is not None and spread.repeats < 1:
+        raise ConfigError("spread.repeats", spread.repeats, "must be >= 1 or null", "measure each k at least once")
+    strategy = load_strategy(spread.strategy)
+    _refuse_other_strategies_options(spread, strategy.name)
+    labels = strategy.labels(spread)
+    check_spread(strategy, workload, devices, labels, facts.capacities, spread)
+    for point in expand_grid(grid):  # the workload's own limits, e.g. a global batch that splits over k devices
+        for k in devices:
+            try:
+                workload.check_spread(workload.params({**fixed, **point}), strategy.name, k)
+            except ConfigError as err:
+                where = "sweep.grid" if err.key in grid else "sweep.fixed"
+                raise ConfigError(f"{where}.{err.key}", err.value, f"{err.why} (spread.devices has {k})",
+                                  err.hint) from None
+    check_fit(devices, facts, key=lambda i: f"spread.devices[{i}]", noun="processes of one training",
+              request_host_mb=measured_host_mb, per_node=True)
+    for name, cap in facts.capacities.items():  # each device holds a whole replica: k x one training's host memory
+        budget = (cap.node_mem_mb or cap.max_mem_mb or 0) * fraction
+        for i, k in enumerate(devices):
+            if budget and k * memory.host.mb > budget:
+                raise ConfigError(f"spread.devices[{i}]", k, f"{k} replicas x {memory.host.mb:.0f} MB "
+                                  f"({memory.host.source}) of host memory is over {name}'s budget of "
+                                  f"{budget / 1024:.1f} GB ({fraction:.0%})",
+                                  "lower k, or raise packing.memory_fraction")
+    return SpreadSpec(strategy=strategy.name, layouts=tuple((strategy.name, label) for label in labels),
+                      devices=tuple(devices), repeats=int(spread.repeats or cfg.packing.repeats))
+
+
+def _refuse_other_strategies_options(spread: Any, strategy: str) -> None:
+    """spread.<name>_* are the options of strategy <name> (spread.ddp_backend: ddp's): one set for another strategy
+    would be silently ignored, so it is refused."""
+    from dataclasses import fields
+
+    from gpupack.setup.config import SpreadConfig
+    from gpupack.spread import available_strategies
+
+    for f in fields(SpreadConfig):
+        owner = f.name.split("_", 1)[0]
+        if owner in available_strategies() and owner != strategy and spread[f.name] != f.default:
+            raise ConfigError(f"spread.{f.name}", spread[f.name],
+                              f"is an option of spread.strategy={owner}, and this sweep spreads with {strategy}",
+                              f"drop spread.{f.name}, or use spread.strategy={owner}")
+
+
+def pack_settings(packing: Any) -> PackSettings:
+    return PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
+                        training_timeout_s=packing.training_timeout_s,
+                        memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
+                        sample_interval_s=packing.sample_interval_s, mode_options=mode_options(packing))
+
+
+def mode_options(packing: Any) -> dict[str, Any]:
+    """packing.<mode>.* as each mode's own Options instance (what the pack's job gets)."""
+    out = {}
+    for mode in available_modes():
+        options = load_packer(mode).Options
+        if options is not None:
+            given = packing.get(mode) if hasattr(packing, "get") else None
+            out[mode] = options(**OmegaConf.to_container(given)) if given is not None else options()
+    return out
+
+
+def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int], facts: ClusterFacts,
+                settings: PackSettings) -> None:
+    """Each mode refuses, before submission, a workload, N or option it cannot host on each partition."""
+    for mode in modes:
+        packer = load_packer(mode)
+        for name in facts.partitions:
+            for n in factors:
+                packer.check(workload, n, facts.capacities[name], settings)
+
+
+def idle_gpu_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_mb: float | None) -> list[str]:
+    """Where a pack's request (CPUs, memory) lets fewer packs onto a node than it has GPUs, the others sit idle for
+    the whole sweep: say so, with what would fit. Pure."""
+    out = []
+    for name, cap in facts.capacities.items():
+        if not (cap.node_gpus and cap.node_gpus > 1):
+            continue
+        for n in factors:
+            req = facts.request(n, measured_host_mb)
+            per_node = [cap.node_gpus]
+            if req.cpus and cap.node_cpus:
+                per_node.append(cap.node_cpus // req.cpus)
+            if req.mem_mb and cap.node_mem_mb:
+                per_node.append(int(cap.node_mem_mb // req.mem_mb))
+            if min(per_node) < cap.node_gpus:
+                out.append(f"{name}: a pack of N={n} asks {req.cpus} CPUs and {(req.mem_mb or 0) / 1024:.1f} GB "
+                           f"({req.mem_key}={req.mem_gb_each:g}, {req.mem_why}); a node has {cap.node_gpus} GPUs, "
+                           f"{cap.node_cpus} CPUs and {(cap.node_mem_mb or 0) / 1024:.1f} GB, so {min(per_node)} "
+                           f"pack(s) fit per node and {cap.node_gpus - min(per_node)} GPU(s) sit idle. HINT: lower "
+                           f"{req.mem_key} or {req.cpus_key} to a node's share per GPU")
+    return out
+
+
+def auto_ladder(ladder: Sequence[int], facts: ClusterFacts, memory: TrainingMemory, fraction: float,
+                measured_host_mb: float | None, check_mode: Callable[[int], None] = lambda n: None
+                ) -> tuple[tuple[int, ...], str | None, str | None]:
+    """The ladder as far as a job on every partition holds it (CPUs, the mode's own limits) and why it stops there;
+    and where memory would stop it by today's figures (a forecast: the probe re-checks with what it measures).
+    The first rung must fit. Pure."""
+    memory_note = None
+    for i, n in enumerate(ladder):
+        try:
+            check_fit([n], facts, key=lambda _: "packing.auto.ladder", request_host_mb=measured_host_mb)
+            check_mode(n)
+        except ConfigError as err:
+            if i == 0:
+                raise
+            return tuple(ladder[:i]), f"N={n} not tried: {err.why}", memory_note
+        try:
+            check_memory([n], facts.capacities, memory, fraction, key=lambda _: "packing.auto.ladder")
+        except ConfigError as err:
+            if i == 0:
+                raise
+            memory_note = memory_note or f"by today's memory figures the climb stops before N={n} ({err.why})"
+    return tuple(ladder), None, memory_note
+
+
+def validate(cfg: DictConfig, facts: ClusterFacts,
+             measure: Callable[[str, set[str], str], Measured] | None = None) -> SweepSpec:
+    """Check everything against the backend's answers (``facts``) and, through ``measure``, what earlier records
+    say one training's memory is (None: nothing measured). Pure, given those: nothing is asked or written here."""
+    require_sweep(cfg)
+    check_weights(OmegaConf.to_container(cfg.rgu.models, resolve=True))
+    sweep = cfg.sweep
+    check_name("sweep.name", sweep.name)
+    workload = load_workload(sweep.workload)
+    grid, fixed = typed_grid(workload, OmegaConf.to_container(sweep.grid, resolve=True),
+                             OmegaConf.to_container(sweep.fixed, resolve=True))
+    if sweep.loader_probe and not workload.loader_param:
+        raise ConfigError("sweep.loader_probe", True, f"{workload.name} has no data-loader-only mode",
+                          "set sweep.loader_probe=false, or give the workload a loader_param")
+    factors, modes = check_packing(cfg)
+    _check_estimate(cfg)
+    for i, name in enumerate(facts.partitions):
+        check_name(f"partitions[{i}]", name)
+    stated = sweep.training_memory_mb
+    if stated is not None and not stated > 0:
+        raise ConfigError("sweep.training_memory_mb", stated, "must be > 0 or null", "give MB, e.g. 800")
+    settings_seen = {setting_key({**fixed, **p}, workload.seed_key) for p in expand_grid(grid)}
+    measured = measure(sweep.workload, settings_seen, workload.seed_key) if measure else Measured()
+    memory = estimate(stated, measured)
+    fraction = float(cfg.packing.memory_fraction)
+    settings = pack_settings(cfg.packing)
+    auto = None
+    if is_auto(cfg):
+        factors, cut, memory_note = auto_ladder(factors, facts, memory, fraction, measured.host_mb,
+                                                lambda n: check_modes(workload, modes, [n], facts, settings))
+        auto = AutoSpec(ladder=factors, cut=cut, min_gain=float(cfg.packing.auto.min_gain),
+                        repeats=int(cfg.packing.auto.repeats or max(3, cfg.packing.repeats)), then=cfg.packing.then,
+                        memory_note=memory_note)
+    else:
+        check_fit(factors, facts, key=lambda i: f"packing.factors[{i}]", request_host_mb=measured.host_mb)
+        check_modes(workload, modes, factors, facts, settings)  # a mode's own limit is the more specific answer
+        check_memory(factors, facts.capacities, memory, fraction, key=lambda i: f"packing.factors[{i}]")
+    spread = check_spread_config(cfg, workload, facts, memory, fraction, measured.host_mb, grid, fixed)
+    for mode, key in group_keys(workload, modes).items():  # every training must fit a group (fused: no AMP...)
+        for point in expand_grid(grid):
+            try:
+                key({**fixed, **point})
+            except ConfigError as err:
+                where = "sweep.grid" if err.key in grid else "sweep.fixed"
+                raise ConfigError(f"{where}.{err.key}", err.value, f"{err.why} (packing.modes has {mode})",
+                                  err.hint) from None
+    return SweepSpec(name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed,
+                     factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
+                     loader_probe=bool(sweep.loader_probe), settings=settings, order=cfg.packing.order,
+                     order_seed=int(cfg.packing.order_seed), memory=memory, auto=auto,
+                     warnings=tuple(idle_gpu_warnings(factors, facts, measured.host_mb)), spread=spread)
+
+
+def typed_grid(workload: Workload, raw_grid: Any, raw_fixed: Any) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """The grid's values and the fixed hyperparameters, typed by the workload and checked by it."""
+    if not raw_grid:
+        raise ConfigError("sweep.grid", raw_grid, "the grid is empty",
+                          "give at least one axis, e.g. +sweep.grid.lr=[0.1,0.01]")
+    # Typed first: a key that may not be a grid axis at all (command's argv) is refused for what it is.
+    grid = {k: [workload.typed(k, v, "sweep.grid") for v in grid_values(k, raw)] for k, raw in raw_grid.items()}
+    both = set(raw_grid) & set(raw_fixed)
+    if both:
+        key = sorted(both)[0]
+        raise ConfigError(f"sweep.fixed.{key}", raw_fixed[key], "is also a grid axis",
+                          f"keep {key} in sweep.grid or in sweep.fixed, not both")
+    fixed = {**workload.defaults(), **{k: workload.typed(k, v, "sweep.fixed") for k, v in raw_fixed.items()}}
+    for k in grid:
+        fixed.pop(k, None)
+    _check_params(workload, grid, fixed, set(raw_fixed))
+    return grid, fixed

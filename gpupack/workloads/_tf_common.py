@@ -1,0 +1,130 @@
+"""What the TensorFlow workloads share: device names, a Keras callback that feeds gpupack's reporter,
+per-model mixed precision, and the loader-only pass."""
+from __future__ import annotations
+
+from typing import Any
+
+from gpupack.errors import ConfigError
+
+
+def run(params: Any, ctx: Any, data: Any, build_model: Any) -> dict[str, Any]:
+    """A whole Keras training on an image data set (x/y train/test uint8 arrays): the seeded subset, a
+    tf.data pipeline, then either the pipeline alone or ``build_model(keras, dtype_policy)`` fitted and
+    evaluated — all under ``tf.device(<this training's device>)``, or, spread over k devices (ctx.spread), under
+    the strategy's scope."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    def scaled(x: Any) -> Any:
+        x = x.astype("float32") / 255.0
+        return x[..., None] if x.ndim == 3 else x  # grey images get their channel axis
+
+    order = np.random.default_rng(params.seed).permutation(len(data.y_train))[: params.train_samples]
+    x_train, y_train = scaled(data.x_train[order]), data.y_train[order].astype("int64")
+    x_val, y_val = scaled(data.x_test[: params.val_samples]), data.y_test[: params.val_samples]
+    if ctx.spread is not None:
+        return _run_spread(params, ctx, data, build_model, (x_train, y_train), (x_val, y_val))
+    device = tf_device(ctx.device)
+    with tf.device(device):
+        ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
+              .shuffle(len(y_train), seed=params.seed).batch(params.batch_size).prefetch(2))
+        if params.loader_only:
+            loader_only(ds, params.epochs, ctx.reporter)
+            return {"loader_only": True, "data": data.source}
+        model = build_model(keras, dtype_policy(params.amp, ctx.device))
+        metrics = fit_and_evaluate(keras, model, ds, params, ctx.reporter, x_val, y_val)
+    return {**metrics, "data": data.source, "device": device}
+
+
+def _run_spread(params: Any, ctx: Any, data: Any, build_model: Any, train: tuple[Any, Any],
+                val: tuple[Any, Any]) -> dict[str, Any]:
+    """The same training spread over k devices (ctx.spread: a tf.distribute strategy). No ``tf.device``: the
+    strategy places the variables and the replicas. The dataset keeps the global batch (``batch_size``), which Keras
+    splits over the replicas, so the reporter counts the global batch per step, as at k=1."""
+    import keras
+    import tensorflow as tf
+
+    x_train, y_train = train
+    ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
+          .shuffle(len(y_train), seed=params.seed).batch(params.batch_size).prefetch(2))
+    if params.loader_only:  # the input pipeline alone, on the host: nothing to spread
+        loader_only(ds, params.epochs, ctx.reporter)
+        return {"loader_only": True, "data": data.source}
+    check_even_split(min(params.batch_size, len(y_train)), ctx.spread.placement.devices)
+    with ctx.spread.scope():  # model, optimizer and compile: their variables become mirrored
+        model = ctx.spread.wrap(build_model(keras, dtype_policy(params.amp, ctx.device)))
+        metrics = fit_and_evaluate(keras, model, ds, params, ctx.reporter, *val)
+    devices = ctx.spread.stats().get("replica_devices") or [tf_device(ctx.device)]
+    # The replicas Keras really trained over: the strategy in scope when the model was made (a model made outside
+    # the scope trains on one device whatever the strategy says).
+    return {**metrics, "data": data.source, "device": ",".join(devices),
+            "replicas": int(model.distribute_strategy.num_replicas_in_sync)}
+
+
+def check_even_split(first_batch: int, replicas: int) -> None:
+    """Keras 3 under a tf.distribute strategy builds the model from the first batch's per-replica shares averaged
+    together (TF trainer ``_maybe_symbolic_build``), which fails (AddN: shapes differ) unless the first global batch
+    splits evenly over the replicas. A later, partial last batch may split unevenly. Pure."""
+    if first_batch % replicas:
+        raise ConfigError("batch_size", first_batch, f"one training spread over {replicas} replicas needs its first "
+                          f"global batch to split evenly over them (Keras builds the model from equal shares)",
+                          f"use a batch_size (and train_samples, if smaller) divisible by {replicas}")
+
+
+def tf_device(device: str) -> str:
+    """gpupack's device ("cpu", "cuda", or a logical device name) as a TensorFlow device string."""
+    return {"cpu": "/device:CPU:0", "cuda": "/device:GPU:0"}.get(device, device)
+
+
+def dtype_policy(amp: bool, device: str) -> str | None:
+    """Per-layer Keras dtype policy: per model, not global, because tf_logical trainings share one process."""
+    if not amp:
+        return None
+    return "mixed_float16" if "GPU" in tf_device(device) else "mixed_bfloat16"
+
+
+def reporter_callback(keras: Any, reporter: Any, batch_size: int) -> Any:
+    class Report(keras.callbacks.Callback):
+        def on_train_begin(self, logs: Any = None) -> None:
+            reporter.loop_started()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            reporter.step(batch_size)
+
+        def on_train_end(self, logs: Any = None) -> None:
+            reporter.loop_ended()
+
+    return Report()
+
+
+def loader_only(dataset: Any, epochs: int, reporter: Any) -> None:
+    reporter.loop_started()
+    for _ in range(epochs):
+        for xb, _yb in dataset:
+            reporter.step(int(xb.shape[0]))
+    reporter.loop_ended()
+
+
+def accuracy(model: Any, x: Any, y: Any, batch_size: int = 1000) -> float:
+    import numpy as np
+
+    logits = model.predict(x, batch_size=batch_size, verbose=0)
+    return float((np.argmax(logits, axis=1) == y).mean())
+
+
+def placement(model: Any) -> str:
+    """Where the model's first weight really lives (Keras 3 variables expose it as .value.device)."""
+    weight = model.trainable_weights[0]
+    return str(getattr(getattr(weight, "value", weight), "device", ""))
+
+
+def fit_and_evaluate(keras: Any, model: Any, dataset: Any, params: Any, reporter: Any, x_val: Any,
+                     y_val: Any) -> dict[str, Any]:
+    """Compile (SGD with momentum), fit with every step reported, and measure validation accuracy."""
+    model.compile(optimizer=keras.optimizers.SGD(params.lr, momentum=params.momentum),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(dataset, epochs=params.epochs, verbose=0,
+                        callbacks=[reporter_callback(keras, reporter, params.batch_size)])
+    return {"train_loss": float(history.history["loss"][-1]), "val_accuracy": accuracy(model, x_val, y_val),
+            "placed_on": placement(model)}

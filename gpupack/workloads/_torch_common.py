@@ -1,0 +1,206 @@
+"""What the torch workloads share: the loader, the training loop (with AMP), the loader-only pass, accuracy.
+
+Spread over k devices (``ctx.spread``, gpupack/spread/ddp.py), the same loop trains the wrapped model on this rank's
+slice of each global batch (``batch_size`` stays the global batch at every k); alone, it is untouched.
+"""
+from __future__ import annotations
+
+import contextlib
+from abc import abstractmethod
+from typing import Any, ClassVar
+
+from gpupack.errors import ConfigError
+from gpupack.workload import TrainingContext, Workload
+from gpupack.workloads import _torch_fused
+from gpupack.workloads._images import images
+from gpupack.workloads._params import LOADER_PARAM, TORCH_KNOBS, TORCH_LOADER_KEYS
+
+
+class TorchImageWorkload(Workload):
+    """A torch classifier on an image data set, trained alone (:func:`run`) or fused with others of its shape
+    (jobs/_torch_fused.py): what mnist_torch and cifar10_torch share. A subclass names its data module, builds its
+    model, and says which hyperparameters fix that model's shape."""
+
+    framework = "torch"
+    forkable = True  # torch imports without threads or CUDA: trainings fork from a preloaded server
+    fusable = True  # N models of one shape train as one batched model
+    spreads = ("ddp",)  # one training over k devices: DistributedDataParallel, one process per device
+    loader_param, loader_keys, knob_keys = LOADER_PARAM, TORCH_LOADER_KEYS, TORCH_KNOBS
+    data: ClassVar[Any]  # a module with load(data_dir) → x_train, y_train, x_test, y_test, source
+    shape_keys: ClassVar[tuple[str, ...]]  # the hyperparameters that fix the model's shape (fused groups)
+    weight_decay: ClassVar[float] = 0.0
+    eval_batch: ClassVar[int] = 2000
+
+    @abstractmethod
+    def build(self, params: Any, nn: Any) -> Any:
+        """The model for these hyperparameters, from ``torch.nn``."""
+
+    def preload(self, params: Any) -> None:
+        preload(self.data.load, params)
+
+    def check_spread(self, params: Any, strategy: str, devices: int) -> None:
+        check_split(params, devices)
+
+    def fuse_key(self, params: Any) -> tuple[Any, ...]:
+        return _torch_fused.fuse_key(params, *self.shape_keys)
+
+    def train_fused(self, params: Any, ctxs: Any) -> list[Any]:
+        return _torch_fused.train_fused(params, ctxs, self.data.load(params[0].data_dir),
+                                        lambda nn, p: self.build(p, nn), weight_decay=self.weight_decay,
+                                        eval_batch=self.eval_batch)
+
+    def train(self, params: Any, ctx: TrainingContext) -> dict[str, Any]:
+        return run(params, ctx, self.data.load(params.data_dir), lambda nn: self.build(params, nn),
+                   weight_decay=self.weight_decay, eval_batch=self.eval_batch)
+
+
+def check_split(params: Any, devices: int) -> None:
+    """Each of the k processes of a spread training trains on its slice of every global batch: a batch needs k
+    samples. Checked before anything runs (check_spread) and by each rank (run)."""
+    first = min(params.batch_size, params.train_samples)
+    if first < devices:
+        key = "batch_size" if params.batch_size <= params.train_samples else "train_samples"
+        raise ConfigError(key, getattr(params, key), f"one global batch ({first} samples) is split over the "
+                          f"{devices} processes of a spread training", f"use {key} >= {devices}, or fewer devices")
+
+
+def preload(load: Any, params: Any) -> None:
+    """What a torch workload's fork server does once: import torch and read each data folder the pack uses."""
+    import torch  # noqa: F401  (imported, never initialised on a device)
+
+    # What a training imports lazily on its way to the first step: the first optimizer pulls in torch._dynamo
+    # (~1 s here). Imports only; they start no thread, so forking after them stays safe.
+    import torch._dynamo  # noqa: F401
+    import torch.utils.data  # noqa: F401
+
+    for data_dir in sorted({p.data_dir for p in params}, key=str):
+        load(data_dir)
+
+
+
+
+def run(params: Any, ctx: TrainingContext, data: Any, build_model: Any, weight_decay: float = 0.0,
+        eval_batch: int = 2000) -> dict[str, Any]:
+    """A whole torch training on an image data set (x/y train/test arrays): the seeded subset, the loader,
+    then either the loader alone or SGD on ``build_model(torch.nn)`` and its validation accuracy."""
+    import torch
+
+    torch.set_num_threads(ctx.threads)
+    torch.manual_seed(params.seed)
+    device = torch.device(ctx.device)
+    gen = torch.Generator().manual_seed(params.seed)
+    order = torch.randperm(len(data.y_train), generator=gen)[: params.train_samples]
+    # Subset first, then convert: converting all 60,000 images to float to keep a few thousand cost ~0.5 s of start-up.
+    x_train, y_train = images(torch, data.x_train[order.numpy()]), torch.from_numpy(data.y_train[order.numpy()]).long()
+    x_val = images(torch, data.x_test[: params.val_samples])
+    y_val = torch.from_numpy(data.y_test[: params.val_samples]).long()
+    spread = ctx.spread
+    if spread is not None:  # some rank's slice of every batch would be empty
+        check_split(params, spread.world)
+    # Spread: the same batches as packing's trainings (a last partial batch included, split unevenly; see train()).
+    loader = make_loader(torch, x_train, y_train, params, device, gen)
+    if params.loader_only:
+        return loader_only(params, loader, device, ctx, torch, data.source)
+    model = build_model(torch.nn).to(device)
+    trained = spread.wrap(model) if spread is not None else model  # DDP: the same parameters, all-reduced
+    opt = torch.optim.SGD(trained.parameters(), lr=params.lr, momentum=params.momentum, weight_decay=weight_decay)
+    loss = train(trained, opt, loader, params, device, ctx, torch)
+    if spread is not None:
+        loss = spread.mean(loss)  # each rank's mean, weighted to its share below: their mean is the global mean
+    # Evaluated on the unwrapped model: every rank holds the same weights, and no all-reduce runs outside training.
+    return {"train_loss": loss, "val_accuracy": accuracy(model, x_val, y_val, device, torch, eval_batch),
+            "peak_gpu_mem_mb": peak_gpu_mem_mb(device, torch), "data": data.source}
+
+
+def make_loader(torch: Any, x: Any, y: Any, params: Any, device: Any, gen: Any) -> Any:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    return DataLoader(TensorDataset(x, y), batch_size=params.batch_size, shuffle=True, generator=gen,
+                      num_workers=params.num_workers, pin_memory=params.pin_memory and device.type == "cuda")
+
+
+def amp(enabled: bool, device: Any, torch: Any) -> tuple[Any, Any]:
+    """The autocast context and, on CUDA, the GradScaler that float16 needs (bfloat16 on CPU needs none)."""
+    if not enabled:
+        return contextlib.nullcontext, None
+    if device.type == "cuda":
+        return (lambda: torch.autocast("cuda", dtype=torch.float16)), torch.amp.GradScaler("cuda")
+    return (lambda: torch.autocast("cpu", dtype=torch.bfloat16)), None
+
+
+def loader_only(params: Any, loader: Any, device: Any, ctx: TrainingContext, torch: Any,
+                source: str) -> dict[str, Any]:
+    """The same batches, onto the device, and nothing else: what the input pipeline alone can deliver."""
+    rep = ctx.reporter
+    rep.loop_started()
+    for _ in range(params.epochs):
+        for xb, yb in loader:
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            rep.step(len(yb))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    rep.loop_ended()
+    return {"loader_only": True, "data": source}
+
+
+def train(model: Any, opt: Any, loader: Any, params: Any, device: Any, ctx: TrainingContext,
+          torch: Any) -> float:
+    """The training loop, each step reported; returns the mean training loss (spread: this rank's share of it).
+
+    A caller that puts a list under ``ctx.reporter.info["losses"]`` gets each step's loss appended to it (spread: this
+    rank's weighted share; the step's global loss is the mean over ranks), to compare loss curves in tests."""
+    loss_fn = torch.nn.CrossEntropyLoss()
+    autocast, scaler = amp(params.amp, device, torch)
+    rep = ctx.reporter
+    spread = ctx.spread
+    losses = rep.info.get("losses")
+    rep.loop_started()
+    running, count = 0.0, 0
+    model.train()
+    for _ in range(params.epochs):
+        for xb, yb in loader:
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            n = len(yb)  # the global batch: what the step trained on, over all ranks
+            weight = 1.0
+            if spread is not None and n < spread.world:  # a last partial batch too small to give every rank a sample:
+                continue  # every rank skips it alike (the only step a spread training leaves out)
+            if spread is not None:
+                xb, yb = spread.shard(xb, yb)
+                # DDP averages the ranks' gradients: a slice's mean loss weighted by its share of the batch keeps that
+                # average the global batch's mean gradient when slices differ by one sample (1.0 when they are equal).
+                weight = len(yb) * spread.world / n
+            opt.zero_grad(set_to_none=True)
+            with autocast():
+                loss = loss_fn(model(xb), yb)
+                if weight != 1.0:
+                    loss = loss * weight
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+            value = loss.item()
+            running += value * n
+            count += n
+            if losses is not None:
+                losses.append(value)
+            rep.step(n)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    rep.loop_ended()
+    return running / max(count, 1)
+
+
+def accuracy(model: Any, x: Any, y: Any, device: Any, torch: Any, batch: int = 2000) -> float:
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(y), batch):
+            correct += int((model(x[i:i + batch].to(device)).argmax(1).cpu() == y[i:i + batch]).sum())
+    return correct / max(len(y), 1)
+
+
+def peak_gpu_mem_mb(device: Any, torch: Any) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None

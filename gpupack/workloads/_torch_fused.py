@@ -1,0 +1,159 @@
+"""Fused training: N same-shape torch models trained as one batched model with torch.func (stack_module_state +
+functional_call + vmap), each exactly as if it had trained alone (jobs/_torch_common.run): its own seeded subset
+and data order (a DataLoader over indices with its own generator, so the generator is consumed as alone), its own
+initialisation (torch.manual_seed(seed) before building it), its own learning rate, momentum and weight decay in
+a per-model SGD, its own loss and metrics. A model whose loss stops being finite is stopped and reported failed;
+the others go on (its slice of the batched weights is independent of theirs).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Iterator, Sequence
+
+from gpupack.errors import ConfigError
+from gpupack.workload import TrainingContext
+from gpupack.workloads._images import images
+
+
+def fuse_key(params: Any, *shape_keys: str) -> tuple[Any, ...]:
+    """The group key of a torch image workload: its own shape hyperparameters and what fixes the batches and the
+    step count; lr, momentum and seed (initialisation, data order) may differ within a group."""
+    for key in ("amp", "loader_only"):  # autocast and the loader probe are per-process: not in a fused group
+        if getattr(params, key):
+            raise ConfigError(key, True, "cannot be fused", f"set {key}=false, or use packing.modes=[process]")
+    return tuple(getattr(params, k) for k in shape_keys) + (
+        params.batch_size, params.epochs, params.train_samples, params.val_samples, params.data_dir)
+
+
+class Diverged(RuntimeError):
+    """A fused model's loss became NaN or infinite: that training failed, the others of its group go on."""
+
+
+def subset(torch: Any, data: Any, params: Any, gen: Any) -> tuple[Any, Any]:
+    """The training's seeded subset, consuming ``gen`` exactly as _torch_common.run does."""
+    order = torch.randperm(len(data.y_train), generator=gen)[: params.train_samples].numpy()
+    return images(torch, data.x_train[order]), torch.from_numpy(data.y_train[order]).long()
+
+
+def index_loader(torch: Any, n: int, batch_size: int, gen: Any) -> Any:
+    """Batches of indices in the order a DataLoader(shuffle=True, generator=gen) gives its batches."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    return DataLoader(TensorDataset(torch.arange(n)), batch_size=batch_size, shuffle=True, generator=gen)
+
+
+def lockstep(loaders: Sequence[Any]) -> Iterator[list[Any]]:
+    """One batch of each loader per step; at the end every iterator is drained (a DataLoader draws from its
+    generator when it finds its end, and each model's generator must advance exactly as alone)."""
+    iters = [iter(loader) for loader in loaders]
+    while True:
+        batches = [next(it, None) for it in iters]
+        if any(b is None for b in batches):
+            if not all(b is None for b in batches):
+                raise RuntimeError("fused loaders of one group gave different numbers of batches")
+            return
+        yield [b[0] for b in batches]
+
+
+def train_fused(params_list: Sequence[Any], ctxs: Sequence[TrainingContext], data: Any,
+                build_model: Callable[[Any, Any], Any], weight_decay: float = 0.0, eval_batch: int = 2000,
+                keep: list[dict[str, Any]] | None = None) -> list[dict[str, Any] | BaseException]:
+    """Train the group; return each training's metrics, or the exception that stopped it (Diverged). ``keep``: a
+    list that receives each model's final weights (a state dict per training), for callers that keep models."""
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, stack_module_state, vmap
+
+    device = torch.device(ctxs[0].device)
+    n = len(params_list)
+    xs, ys, loaders, models = [], [], [], []
+    for p in params_list:  # each model set up as alone: seed, subset, loader, then initialisation
+        torch.manual_seed(p.seed)
+        gen = torch.Generator().manual_seed(p.seed)
+        x, y = subset(torch, data, p, gen)
+        xs.append(x)
+        ys.append(y)
+        loaders.append(index_loader(torch, len(y), p.batch_size, gen))
+        models.append(build_model(torch.nn, p).to(device))
+    base = copy.deepcopy(models[0]).to("meta")
+    weights, buffers = stack_module_state(models)  # {name: [N, ...]} leaves that require grad
+    x_all, y_all = torch.stack(xs).to(device), torch.stack(ys).to(device)  # [N, S, ...]
+    x_val = images(torch, data.x_test[: params_list[0].val_samples]).to(device)
+    y_val = torch.from_numpy(data.y_test[: params_list[0].val_samples]).long().to(device)
+    per_model = lambda values: torch.tensor(values, dtype=x_all.dtype, device=device)  # noqa: E731
+    lr = per_model([p.lr for p in params_list])
+    momentum = per_model([p.momentum for p in params_list])
+    decay = per_model([weight_decay] * n)
+
+    def loss_of(w: Any, b: Any, xb: Any, yb: Any) -> Any:
+        return F.cross_entropy(functional_call(base, (w, b), (xb,)), yb)
+
+    batched_loss = vmap(loss_of)
+    rows = torch.arange(n, device=device)[:, None]
+    bufs: dict[str, Any] = {}
+    alive = [True] * n
+    failure: list[BaseException | None] = [None] * n
+    running = torch.zeros(n, dtype=torch.float64)
+    count = 0
+    base.eval()  # eval: the warm-up must not touch BatchNorm's running statistics
+    with torch.no_grad():  # the first batched call pays torch.func's lazy set-up (~1 s): start-up, not loop
+        batched_loss(weights, buffers, x_all[:, :2], y_all[:, :2])
+    base.train()  # as alone: batch statistics (BatchNorm) while training, running statistics to evaluate
+    for ctx in ctxs:
+        ctx.reporter.loop_started()
+    for epoch in range(params_list[0].epochs):
+        for step, idx in enumerate(lockstep(loaders)):
+            idx = torch.stack(idx).to(device)  # [N, B]: each model's own batch
+            xb, yb = x_all[rows, idx], y_all[rows, idx]
+            losses = batched_loss(weights, buffers, xb, yb)
+            for w in weights.values():
+                w.grad = None
+            losses.sum().backward()  # the models are independent: each gets its own gradient
+            with torch.no_grad():
+                sgd_step(weights, bufs, lr, momentum, decay)
+            values = losses.detach().to("cpu", torch.float64)
+            for m in range(n):
+                if alive[m] and not torch.isfinite(values[m]):
+                    alive[m] = False
+                    failure[m] = Diverged(f"loss became {values[m].item()} at epoch {epoch + 1}, step {step + 1}: "
+                                          "this model stopped, the others of its fused group went on")
+                    ctxs[m].reporter.loop_ended()
+                elif alive[m]:
+                    ctxs[m].reporter.step(len(idx[m]))
+            running += values.nan_to_num(0.0) * len(idx[0])
+            count += len(idx[0])
+    for m, ctx in enumerate(ctxs):
+        if alive[m]:
+            ctx.reporter.loop_ended()
+    if keep is not None:
+        keep += [{name: t[m].detach().clone() for name, t in {**weights, **buffers}.items()} for m in range(n)]
+    accuracy = fused_accuracy(torch, vmap, functional_call, base, weights, buffers, x_val, y_val, eval_batch)
+    return [failure[m] if failure[m] is not None else
+            {"train_loss": running[m].item() / max(count, 1), "val_accuracy": accuracy[m], "data": data.source,
+             "fused_group": n}
+            for m in range(n)]
+
+
+def sgd_step(weights: dict[str, Any], bufs: dict[str, Any], lr: Any, momentum: Any, decay: Any) -> None:
+    """torch.optim.SGD's update (dampening 0, no Nesterov), one learning rate, momentum and weight decay per model."""
+    for name, w in weights.items():
+        shape = (-1,) + (1,) * (w.dim() - 1)
+        d_p = w.grad + decay.view(shape) * w
+        buf = bufs.get(name)
+        if buf is None:  # SGD's first step: the buffer is the gradient itself
+            buf = bufs[name] = d_p.clone()
+        else:
+            buf.mul_(momentum.view(shape)).add_(d_p)
+        w.sub_(lr.view(shape) * buf)
+
+
+def fused_accuracy(torch: Any, vmap: Any, functional_call: Any, base: Any, weights: Any, buffers: Any, x: Any,
+                   y: Any, batch: int) -> list[float]:
+    base.eval()  # as alone's accuracy(): BatchNorm uses each model's running statistics
+    correct = torch.zeros(len(next(iter(weights.values()))), dtype=torch.long)
+    with torch.no_grad():
+        forward = vmap(lambda w, b, xb: functional_call(base, (w, b), (xb,)), in_dims=(0, 0, None))
+        for i in range(0, len(y), batch):
+            logits = forward(weights, buffers, x[i:i + batch])  # [N, b, classes]
+            correct += (logits.argmax(-1).cpu() == y[i:i + batch].cpu()).sum(1)
+    return [c / max(len(y), 1) for c in correct.tolist()]

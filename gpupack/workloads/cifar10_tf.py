@@ -1,0 +1,54 @@
+"""A small Keras CNN on CIFAR-10 (standard python batches from a data path), for process and tf_logical packing."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpupack.workload import TrainingContext, Workload, require_positive
+from gpupack.workloads import _cifar10_data, _tf_common
+from gpupack.workloads._params import LOADER_PARAM, TF_KNOBS, TF_LOADER_KEYS, TrainingParams
+
+
+@dataclass
+class Cifar10TfParams(TrainingParams):
+    batch_size: int = 128
+    train_samples: int = 50000
+    width: int = 32
+
+
+class Cifar10Tf(Workload):
+    name = "cifar10_tf"
+    framework = "tensorflow"
+    Params = Cifar10TfParams
+    loader_param, loader_keys, knob_keys = LOADER_PARAM, TF_LOADER_KEYS, TF_KNOBS
+    spreads = ("mirrored",)  # _tf_common builds under ctx.spread.scope()
+
+    def check_spread(self, params: Any, strategy: str, devices: int) -> None:
+        _tf_common.check_even_split(min(params.batch_size, params.train_samples), devices)
+    min_gpu_memory_mb = 1024
+
+    def check(self, params: Cifar10TfParams) -> None:
+        require_positive(params, "lr", "batch_size", "epochs", "width", "train_samples", "val_samples")
+        _cifar10_data.find_dir(params.data_dir)
+
+    def train(self, params: Cifar10TfParams, ctx: TrainingContext) -> dict[str, Any]:
+        return _tf_common.run(params, ctx, _cifar10_data.load(params.data_dir),
+                              lambda keras, dtype: _build(keras, params, dtype))
+
+
+def _build(keras: Any, params: Cifar10TfParams, dtype: str | None) -> Any:
+    init = keras.initializers.HeNormal(seed=params.seed)
+    w, layers = params.width, keras.layers
+    return keras.Sequential([
+        keras.Input((32, 32, 3)),
+        layers.Conv2D(w, 3, padding="same", activation="relu", kernel_initializer=init, dtype=dtype),
+        layers.MaxPooling2D(),
+        layers.Conv2D(2 * w, 3, padding="same", activation="relu", kernel_initializer=init, dtype=dtype),
+        layers.MaxPooling2D(),
+        layers.Conv2D(4 * w, 3, padding="same", activation="relu", kernel_initializer=init, dtype=dtype),
+        layers.GlobalAveragePooling2D(),
+        layers.Dense(10, kernel_initializer=init, dtype="float32"),
+    ])
+
+
+WORKLOAD = Cifar10Tf()

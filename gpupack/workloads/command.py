@@ -1,0 +1,207 @@
+"""Pack any program without touching it: ``sweep.workload=command``.
+
+    sweep.fixed.argv=[python, train.py, --lr, "{lr}", --seed, "{seed}"]   sweep.grid.lr=[0.1,0.01]
+
+Each ``{name}`` in an argv item is replaced by that training's hyperparameter (a list argv, never a shell;
+``{{``/``}}`` are literal braces; ``{lr:.0e}`` takes a format spec; a name that is no hyperparameter is refused
+before anything runs). ``sweep.fixed.cwd`` (the program's working directory) and ``sweep.fixed.env`` (extra
+environment variables) are templated the same way. Every other key of the grid or of ``sweep.fixed`` is a
+hyperparameter, typed as Hydra parsed it.
+
+The program's exit status is the training's status and its wall time the training's time. gpupack sets
+``GPUPACK_RESULT`` to a path; a program that writes JSON there (:mod:`gpupack.result` does it in three calls)
+reports metrics and samples, and — when it marks its first step — start-up apart from the loop.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import string
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from gpupack.core.records import read_json_or_none
+from gpupack.errors import ConfigError, nearest
+from gpupack.result import ENV as RESULT_ENV
+from gpupack.workload import Launch, TrainingContext, Workload
+
+PROGRAM_KEYS = ("argv", "cwd", "env")  # what describes the program; every other key is a hyperparameter
+CONVERSIONS = {"r": repr, "s": str, "a": ascii}
+ARGV_HINT = "e.g. sweep.fixed.argv=[python,train.py,--lr,'{lr}']"
+
+
+def render(template: str, values: Mapping[str, Any], key: str) -> str:
+    """``template`` with each ``{name}`` (optionally ``{name:spec}`` or ``{name!r}``) replaced by values[name]."""
+    out = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as err:
+        raise ConfigError(key, template, f"is not a valid template ({err})",
+                          "write {{ and }} for literal braces, {name} for a hyperparameter") from None
+    for literal, name, spec, conversion in parsed:
+        out.append(literal)
+        if name is None:
+            continue
+        if not name or not name.isidentifier() and not name.replace("-", "_").isidentifier():
+            raise ConfigError(key, template, f"{{{name}}} is not a hyperparameter placeholder",
+                              "name a hyperparameter, e.g. {lr}; write {{ and }} for literal braces")
+        if name not in values:
+            raise ConfigError(key, template, f"{{{name}}} names no hyperparameter of this sweep",
+                              f"{nearest(name, values)} (add it with sweep.grid.{name}=[...] or sweep.fixed.{name}=...)")
+        if conversion and conversion not in CONVERSIONS:
+            raise ConfigError(key, template, f"!{conversion} is not a conversion",
+                              "use {name}, {name!r}, {name!s} or {name!a}")
+        value = CONVERSIONS[conversion](values[name]) if conversion else values[name]
+        try:
+            out.append(format(value, spec or ""))
+        except (ValueError, TypeError) as err:
+            raise ConfigError(key, template, f"format spec {spec!r} does not fit {name}={value!r} ({err})",
+                              "drop the spec, or give one that fits the value, e.g. {lr:.0e}") from None
+    return "".join(out)
+
+
+class Command(Workload):
+    name = "command"
+    framework = "command"  # a program of its own: only process mode can host it
+    Params = dict
+
+    # ---- hyperparameters are open: the program's own, whatever the user names ----
+
+    def defaults(self) -> dict[str, Any]:
+        return {"argv": [], "cwd": None, "env": {}}
+
+    def typed(self, key: str, value: Any, where: str) -> Any:
+        full = f"{where}.{key}"
+        if key not in PROGRAM_KEYS:
+            if isinstance(value, dict):
+                raise ConfigError(full, value, "a hyperparameter must be a value or a list of values",
+                                  "give a number, a string or a list")
+            return value
+        if where != "sweep.fixed":
+            raise ConfigError(full, value, f"{key} describes the program, not a hyperparameter",
+                              f"set it once as sweep.fixed.{key}")
+        if key == "argv":
+            if not isinstance(value, list) or any(isinstance(v, (list, dict)) for v in value):
+                raise ConfigError(full, value, "argv must be a list of strings (a list argv, never a shell line)",
+                                  ARGV_HINT)
+            if any(v is None for v in value):
+                raise ConfigError(full, value, "an argv item is null", "quote it, or leave it out: [python,train.py]")
+            # Hydra parsed unquoted items: a boolean arrives as the user wrote it (true), not as Python's True.
+            return [str(v).lower() if isinstance(v, bool) else str(v) for v in value]
+        if key == "cwd":
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(full, value, "must be a folder path or null", "e.g. sweep.fixed.cwd=/project/me/code")
+            return value
+        if not isinstance(value, dict) or any(isinstance(v, (list, dict)) for v in value.values()):
+            raise ConfigError(full, value, "env must map variable names to values",
+                              "e.g. +sweep.fixed.env.WANDB_MODE=offline")
+        return {str(k): str(v) for k, v in value.items()}
+
+    def params(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(values)
+
+    @staticmethod
+    def hyperparameters(params: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in params.items() if k not in PROGRAM_KEYS}
+
+    def program(self, params: Mapping[str, Any]) -> Launch:
+        """The rendered argv, environment and working directory of one training (refuses bad templates)."""
+        values = self.hyperparameters(params)
+        argv = [render(item, values, f"argv[{i}]") for i, item in enumerate(params.get("argv") or [])]
+        env = {name: render(v, values, f"env.{name}") for name, v in (params.get("env") or {}).items()}
+        cwd = render(params["cwd"], values, "cwd") if params.get("cwd") else None
+        return Launch(argv, env, cwd)
+
+    def check(self, params: Mapping[str, Any]) -> None:
+        if not params.get("argv"):
+            raise ConfigError("argv", params.get("argv"), "no program given (argv is empty)", ARGV_HINT)
+        launch = self.program(params)
+        for name in launch.env:
+            if not name.replace("_", "a").isalnum() or name[0].isdigit():
+                raise ConfigError(f"env.{name}", launch.env[name], "is not an environment variable name",
+                                  "use letters, digits and _, not starting with a digit")
+        cwd = Path(launch.cwd) if launch.cwd else Path.cwd()
+        if not cwd.is_dir():
+            raise ConfigError("cwd", launch.cwd, "is not a folder", "give an existing folder, or leave cwd unset")
+        check_program(launch.argv, cwd, {**os.environ, **launch.env})
+
+    # ---- process mode: the program itself is the training's process ----
+
+    def launch(self, params: Mapping[str, Any], spec_path: str, result_path: str) -> Launch:
+        program = self.program(params)
+        return Launch(program.argv, {**program.env, RESULT_ENV: result_path}, program.cwd)
+
+    def result(self, params: Mapping[str, Any], raw: dict[str, Any] | None, spawned_at: float,
+               ended_at: float) -> dict[str, Any]:
+        return result_from_report(raw, spawned_at, ended_at)
+
+    def train(self, params: Mapping[str, Any], ctx: TrainingContext) -> dict[str, Any]:
+        """Run the program to its end in this process's stead (for modes that host trainings in-process)."""
+        with tempfile.TemporaryDirectory(prefix="gpupack-command-") as tmp:
+            path = os.path.join(tmp, "result.json")
+            launch = self.launch(params, "", path)
+            ctx.reporter.loop_started()
+            proc = subprocess.run(launch.argv, cwd=launch.cwd, env={**os.environ, **launch.env})
+            ctx.reporter.loop_ended()
+            if proc.returncode != 0:
+                raise RuntimeError(f"{launch.argv[0]} exited with code {proc.returncode}")
+            raw = read_json_or_none(path)
+        return dict((raw or {}).get("metrics") or {})
+
+
+def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:
+    """The program must exist where it will run: a path (relative to cwd) to an executable file, or a name on
+    PATH; and ``python SCRIPT.py``'s script must exist too."""
+    program = argv[0]
+    if os.sep in program:
+        path = Path(program) if os.path.isabs(program) else cwd / program
+        if not path.is_file():
+            raise ConfigError("argv[0]", program, f"no such program ({path})",
+                              "give the path of an executable file, or a program on PATH such as python")
+        if not os.access(path, os.X_OK):
+            raise ConfigError("argv[0]", program, "is not executable",
+                              f"chmod +x {program}, or run it through its interpreter: [python,{program},...]")
+    elif shutil.which(program, path=env.get("PATH")) is None:
+        raise ConfigError("argv[0]", program, "is not a program on PATH",
+                          "install it, load its module, or give its full path")
+    script = argv[1] if len(argv) > 1 else ""
+    if Path(program).name.startswith("python") and script.endswith(".py") and not script.startswith("-"):
+        if not (Path(script) if os.path.isabs(script) else cwd / script).is_file():
+            raise ConfigError("argv[1]", script, f"no such script (looked in {cwd})",
+                              "give the script's path, or set sweep.fixed.cwd to the folder that holds it")
+
+
+def result_from_report(raw: dict[str, Any] | None, spawned_at: float, ended_at: float) -> dict[str, Any]:
+    """A command training's result in the worker's schema, from what the program reported (or nothing).
+
+    Start-up and loop are split only when the program marked its first step (``loop_start``); otherwise the whole
+    wall time is one figure and ``timings.split`` is false (the table says so).
+    """
+    raw = raw or {}
+    loop_start, loop_end = _time(raw.get("loop_start")), _time(raw.get("loop_end"))
+    loop_s = loop_end - loop_start if loop_start is not None and loop_end is not None else None
+    samples = int(raw.get("samples") or 0)
+    rate_over = loop_s if loop_s else ended_at - spawned_at
+    return {
+        "metrics": {k: v for k, v in (raw.get("metrics") or {}).items()},
+        "memory": {"peak_rss_mb": None, "peak_gpu_mem_mb": None},  # the sampler follows the process's RSS
+        "knobs": {},
+        "loader_setting": None,
+        "data": None,
+        "throughput": {"loop_s": loop_s, "steps": int(raw.get("steps") or 0), "samples": samples,
+                       "samples_per_s": samples / rate_over if samples and rate_over > 0 else None,
+                       "warmup_excluded": False, "curve": []},
+        "timings": {"spawned_at": spawned_at, "process_start": None, "loop_start": loop_start, "loop_end": loop_end,
+                    "finished": ended_at, "startup_s": loop_start - spawned_at if loop_start is not None else None,
+                    "loop_s": loop_s, "teardown_s": ended_at - loop_end if loop_end is not None else None,
+                    "split": loop_start is not None},
+    }
+
+
+def _time(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+WORKLOAD = Command()

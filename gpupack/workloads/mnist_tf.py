@@ -1,0 +1,60 @@
+"""A Keras MNIST classifier (small dense net or CNN) on the real MNIST digits, for process and tf_logical packing.
+
+Everything the training creates lives under ``tf.device(<its device>)``, so in a tf_logical pack each training
+stays on its own logical device; mixed precision is a per-layer dtype policy for the same reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpupack.errors import ConfigError
+from gpupack.workload import TrainingContext, Workload, require_positive
+from gpupack.workloads import _mnist_data, _tf_common
+from gpupack.workloads._params import LOADER_PARAM, TF_KNOBS, TF_LOADER_KEYS, TrainingParams
+
+MODELS = ("mlp", "cnn")
+
+
+@dataclass
+class MnistTfParams(TrainingParams):
+    model: str = "mlp"
+    hidden: int = 128
+
+
+class MnistTf(Workload):
+    name = "mnist_tf"
+    framework = "tensorflow"
+    Params = MnistTfParams
+    loader_param, loader_keys, knob_keys = LOADER_PARAM, TF_LOADER_KEYS, TF_KNOBS
+    spreads = ("mirrored",)  # _tf_common builds under ctx.spread.scope()
+
+    def check_spread(self, params: Any, strategy: str, devices: int) -> None:
+        _tf_common.check_even_split(min(params.batch_size, params.train_samples), devices)
+    min_gpu_memory_mb = 512
+
+    def check(self, params: MnistTfParams) -> None:
+        require_positive(params, "lr", "batch_size", "epochs", "hidden", "train_samples", "val_samples")
+        if params.model not in MODELS:
+            raise ConfigError("model", params.model, "unknown model", f"use one of {', '.join(MODELS)}")
+        _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))
+
+    def train(self, params: MnistTfParams, ctx: TrainingContext) -> dict[str, Any]:
+        return _tf_common.run(params, ctx, _mnist_data.load(params.data_dir),
+                              lambda keras, dtype: _build(keras, params, dtype))
+
+
+def _build(keras: Any, params: MnistTfParams, dtype: str | None) -> Any:
+    init = keras.initializers.GlorotUniform(seed=params.seed)
+    layers = keras.layers
+    if params.model == "cnn":
+        body = [layers.Conv2D(16, 3, activation="relu", kernel_initializer=init, dtype=dtype), layers.MaxPooling2D(),
+                layers.Conv2D(32, 3, activation="relu", kernel_initializer=init, dtype=dtype), layers.MaxPooling2D(),
+                layers.Flatten()]
+    else:
+        body = [layers.Flatten(), layers.Dense(params.hidden, activation="relu", kernel_initializer=init, dtype=dtype)]
+    return keras.Sequential([keras.Input((28, 28, 1)), *body,
+                             layers.Dense(10, kernel_initializer=init, dtype="float32")])
+
+
+WORKLOAD = MnistTf()

@@ -1,0 +1,55 @@
+"""A torch MNIST classifier (a small MLP or CNN) trained on the real MNIST digits.
+
+torch is imported inside training (:mod:`gpupack.workloads._torch_common`), so that validating a sweep on the submitting side
+stays cheap and the import is counted in the training's start-up time, where it really is paid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpupack.errors import ConfigError
+from gpupack.workload import require_positive
+from gpupack.workloads import _mnist_data
+from gpupack.workloads import _torch_common as common
+from gpupack.workloads._params import TorchLoaderParams
+
+MODELS = ("mlp", "cnn")
+
+
+@dataclass
+class MnistTorchParams(TorchLoaderParams):
+    model: str = "mlp"
+    hidden: int = 128
+
+
+class MnistTorch(common.TorchImageWorkload):
+    name = "mnist_torch"
+    Params = MnistTorchParams
+    data = _mnist_data
+    shape_keys = ("model", "hidden")
+
+    def check(self, params: MnistTorchParams) -> None:
+        require_positive(params, "lr", "batch_size", "epochs", "hidden", "train_samples", "val_samples")
+        if params.model not in MODELS:
+            raise ConfigError("model", params.model, "unknown model", f"use one of {', '.join(MODELS)}")
+        if params.num_workers < 0:
+            raise ConfigError("num_workers", params.num_workers, "must be >= 0", "use 0 or more")
+        _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))
+
+    def build(self, params: MnistTorchParams, nn: Any) -> Any:
+        return _build(params, nn)
+
+
+def _build(params: MnistTorchParams, nn: Any) -> Any:
+    if params.model == "cnn":
+        return nn.Sequential(
+            nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(32 * 5 * 5, 10),
+        )
+    return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, params.hidden), nn.ReLU(),
+                         nn.Linear(params.hidden, 10))
+
+
+WORKLOAD = MnistTorch()
