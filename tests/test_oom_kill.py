@@ -14,8 +14,8 @@ from gpupack.core.plan import make_plan
 from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, PackSettings, TrainingOutcome
-from gpupack.job.body import build_training_record, record_job_oom, run_pack, status_of
 from gpupack.job import body as job
+from gpupack.job.body import build_training_record, record_job_oom, run_pack, status_of
 from gpupack.runtime.monitor import DeviceInfo
 from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter, out_of_memory, pack_state
 

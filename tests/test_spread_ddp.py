@@ -20,13 +20,14 @@ from typing import Any
 
 import pytest
 
+from gpupack.core.placement import Placement
 from gpupack.core.plan import Plan, make_plan
 from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import Capacity, PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
-from gpupack.spread import Placement, check_spread, ddp, load_strategy
+from gpupack.spread import check_spread, ddp, load_strategy
 from gpupack.spread.ddp import STRATEGY, _merged, culprit
 from gpupack.workload import Reporter, TrainingContext, Workload, load_workload
 

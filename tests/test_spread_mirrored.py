@@ -8,13 +8,14 @@ from unittest import mock
 
 import pytest
 
+from gpupack.core.placement import Placement
 from gpupack.core.plan import Plan, spread_packs
 from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import Capacity, PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
-from gpupack.spread import Placement, check_spread, load_strategy
+from gpupack.spread import check_spread, load_strategy
 from gpupack.spread.mirrored import first_gpus, make_devices
 from gpupack.workloads._tf_common import check_even_split
 

@@ -21,9 +21,10 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from gpupack.core.placement import Placement, Spread
 from gpupack.errors import ConfigError, nearest
 from gpupack.runtime.mps import job_tmp
-from gpupack.spread import Placement, Spread, Strategy
+from gpupack.spread import Strategy
 
 if TYPE_CHECKING:
     import torch

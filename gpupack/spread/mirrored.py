@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ContextManager, Sequence, TypeVar
 
+from gpupack.core.placement import Placement, Spread
 from gpupack.errors import ConfigError
-from gpupack.spread import Placement, Spread, Strategy
+from gpupack.spread import Strategy
 
 if TYPE_CHECKING:  # the pack's side only: the training's process imports this module without them
     from gpupack.core.plan import Training
