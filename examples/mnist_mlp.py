@@ -1,6 +1,6 @@
 """A small torch MLP on MNIST: what both example programs (train.py, hydra_app.py) train. Knows nothing of gpupack.
 
-The digits are read from the IDX files in gpupack's repository (jobs/data/mnist), or from --data / data_dir.
+The digits are read from the IDX files in gpupack's repository (gpupack/workloads/data/mnist), or from --data / data_dir.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-DEFAULT_DATA = Path(__file__).resolve().parent.parent / "jobs" / "data" / "mnist"
+DEFAULT_DATA = Path(__file__).resolve().parent.parent / "gpupack" / "workloads" / "data" / "mnist"
 
 
 def _idx(path: Path) -> np.ndarray:

@@ -11,10 +11,10 @@ The work is in :mod:`gpupack.flow`: a run with fixed factors (``flow.run``), ``p
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from gpupack.flow.auto import run_auto
-from gpupack.flow.collect import collect, find_runs
+from gpupack.flow.collect import Step, collect, find_runs
 from gpupack.flow.run import Opened, Outcome, Prepared, ask_backend, default_run_dir, prepare, run_plain
 from gpupack.flow.status import PackStatus, RunStatus, clear_oom, pack_status, status
 from gpupack.submit import ProgressFn
@@ -24,7 +24,7 @@ __all__ = ["Prepared", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare"
 
 
 def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Callable[[Opened], None] | None = None,
-        collect_outputs: bool = True, plots: bool = True, on_step: Callable[[Any], None] | None = None) -> Outcome:
+        collect_outputs: bool = True, plots: bool = True, on_step: Callable[[Step], None] | None = None) -> Outcome:
     """Open the run directory (resume or refuse, lock), submit what is left, and — unless the sweep detaches —
     wait for it and collect. ``on_open`` sees what was found before anything is submitted. With
     ``packing.factors=auto``: probe for the best N, then run the grid at it (``on_step`` sees each probed N)."""

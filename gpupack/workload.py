@@ -13,7 +13,7 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence, cast
 
 from gpupack.errors import ConfigError, nearest
 
@@ -77,9 +77,9 @@ class Reporter:
             self._window_samples = 0
 
     def summary(self) -> dict[str, Any]:
-        ended = self.loop_end is not None
-        loop_s = (self.loop_end - self.loop_start) if ended and self.loop_start is not None else None
-        steady_s = (self.loop_end - self.steady_start) if ended and self.steady_start is not None else None
+        end = self.loop_end
+        loop_s = (end - self.loop_start) if end is not None and self.loop_start is not None else None
+        steady_s = (end - self.steady_start) if end is not None and self.steady_start is not None else None
         if steady_s and self.steady_samples:
             samples_per_s = self.steady_samples / steady_s
         elif loop_s and self.samples:  # too few steps to leave warm-up out: say so through the flag below
@@ -184,7 +184,7 @@ class Workload(ABC):
         except OmegaConfBaseException as err:
             raise ConfigError(f"{where}.{key}", value, str(err).splitlines()[0],
                               f"give {key} a value of the type {self.name} declares") from None
-        return OmegaConf.to_container(node)[key]
+        return cast(dict[str, Any], OmegaConf.to_container(node))[key]  # a structured config: a dict
 
     def params(self, values: Mapping[str, Any]) -> Any:
         """What train() and check() get: the Params dataclass built from plain values."""

@@ -18,9 +18,15 @@ def test_wheel_ships_conf_and_data_and_finds_them(tmp_path):
     wheel = next(tmp_path.glob("gpupack-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"gpupack/conf/config.yaml", "gpupack/conf/sweep/mnist_pack.yaml", "gpupack/conf/cluster/local.yaml",
-            "jobs/data/mnist/train-images-idx3-ubyte.gz", "jobs/data/mnist/t10k-labels-idx1-ubyte.gz",
-            "gpupack/conf/sweep/command.yaml", "jobs/command.py", "gpupack/result.py",
+            "gpupack/workloads/data/mnist/train-images-idx3-ubyte.gz",
+            "gpupack/workloads/data/mnist/t10k-labels-idx1-ubyte.gz",
+            "gpupack/conf/sweep/command.yaml", "gpupack/workloads/command.py", "gpupack/result.py",
             "hydra_plugins/gpupack_launcher/config.py", "hydra_plugins/gpupack_launcher/gpupack_launcher.py"} <= names
+    # Every module of every layer ships, and nothing but gpupack and its Hydra plugin folder is installed at the top
+    # level (a top-level `jobs` package once let a user's jobs.py shadow the built-in workloads).
+    modules = {str(m.relative_to(REPO)) for m in (REPO / "gpupack").rglob("*.py")}
+    assert modules <= names, sorted(modules - names)
+    assert {n.split("/")[0] for n in names if not n.startswith("gpupack-")} == {"gpupack", "hydra_plugins"}
     # hydra_plugins is a namespace shared with every Hydra plugin: an __init__.py there would hide the others.
     assert "hydra_plugins/__init__.py" not in names
     site = tmp_path / "site"

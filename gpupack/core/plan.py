@@ -216,11 +216,11 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
     packs: list[Pack] = []
     notes: list[str] = []
     if loader_probe:
-        probes = loader_probes(workload, points, fixed, *loader_probe)
+        alone = loader_probes(workload, points, fixed, *loader_probe)
         for partition in partitions:
             packs += [Pack(f"{partition}-loader-n01-{i:03d}", partition, "process", 1, i, (t,), probe=True)
-                      for i, t in enumerate(probes)]
-        notes.append(f"data-loader probe: {len(probes)} loader-only training(s) per partition measure the "
+                      for i, t in enumerate(alone)]
+        notes.append(f"data-loader probe: {len(alone)} loader-only training(s) per partition measure the "
                      "input pipeline's own samples/s")
     for factor in factors:
         n_packs = max(repeats, math.ceil(len(points) / factor))
@@ -245,7 +245,7 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
                               spread_repeats or repeats, seed_key)
         notes.append(f"spread: one training over k={', '.join(map(str, spread_devices))} device(s) with "
                      f"{', '.join(label for _, label in spread_layouts)}, beside packing")
-    probes = [p for p in packs if p.probe]
+    probes: list[Pack] = [p for p in packs if p.probe]
     ordered = probes + run_order([p for p in packs if not p.probe], order, order_seed)
     return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(ordered), notes=tuple(notes),
                 order=f"{order} (seed {order_seed})" if order == "interleaved" else order, phase=phase)

@@ -25,18 +25,20 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Callable, Mapping, Sequence
 
+import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from gpupack.analysis import collect as collect_mod
 from gpupack.analysis.choose import keeps_improving
 from gpupack.core.memory import candidate_runs, check_memory, estimate, find_measured
-from gpupack.core.plan import Plan, expand_grid, make_plan, run_order, training_id
+from gpupack.core.plan import Pack, Plan, expand_grid, make_plan, run_order, training_id
 from gpupack.core.records import COMPLETED, OOM, make_dirs, write_json_atomic, write_text_atomic
 from gpupack.core.rundir import RunDir, RunLock
 from gpupack.core.types import PackResult
 from gpupack.errors import ConfigError, RunDirError
 from gpupack.flow.collect import AUTO_RECORD, PROBE, RUN, AutoReport, Step, collect
-from gpupack.flow.run import Opened, Outcome, run_plain
+from gpupack.flow.run import Opened, Outcome, Prepared, run_plain
+from gpupack.setup.validate import AutoSpec, SweepSpec
 from gpupack.submit import load_submitter
 
 # ---------------- pure decisions ----------------
@@ -57,14 +59,15 @@ def verdict(factor: int, times: Mapping[int, Sequence[float]], best_so_far: int 
     return "climb" if better else why
 
 
-def step_plan(spec: Any, partitions: Sequence[str], n: int, best_so_far: Mapping[str, int | None],
+def step_plan(spec: SweepSpec, partitions: Sequence[str], n: int, best_so_far: Mapping[str, int | None],
               repeats: int) -> Plan:
     """One probe step: ``repeats`` packs of the new N on each partition still climbing, and as many of that
     partition's best N so far, all in one interleaved order. Pure."""
     points = expand_grid(spec.grid)
-    packs = []
+    packs: list[Pack] = []
     for partition in partitions:
-        factors = [n] + ([best_so_far[partition]] if best_so_far.get(partition) not in (None, n) else [])
+        best = best_so_far.get(partition)
+        factors = [n] + ([best] if best is not None and best != n else [])
         for factor in factors:
             part = make_plan(sweep=spec.name, workload=spec.workload_ref, grid=spec.grid, fixed=spec.fixed,
                              factors=[factor], modes=spec.modes, partitions=[partition], repeats=repeats,
@@ -94,13 +97,13 @@ def remaining_points(points: Sequence[Mapping[str, Any]], fixed: Mapping[str, An
 
 # ---------------- the run ----------------
 
-def run_auto(prepared: Any, *, progress: Callable[..., None] | None = None,
-             on_step: Callable[[Step], None] | None = None, plots: bool = True) -> Any:
+def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
+             on_step: Callable[[Step], None] | None = None, plots: bool = True) -> Outcome:
     """Probe, choose, and (packing.then=run) run the rest of the grid at the best N. Returns an Outcome whose
     ``auto`` says what was probed."""
-    spec, root = prepared.spec, prepared.run
-    auto = spec.auto
-    open_root(root, prepared.config)
+    spec, auto, config = auto_parts(prepared)
+    root = prepared.run
+    open_root(root, config)
     report = AutoReport(then=auto.then)
     results: list[PackResult] = []
     with RunLock(root):
@@ -125,8 +128,8 @@ def run_auto(prepared: Any, *, progress: Callable[..., None] | None = None,
                 why = verdict(n, by_n, best_so_far[partition], int(row.get("oom", 0)), int(row.get("unfinished", 0)),
                               auto.min_gain)
                 if why == "climb":
-                    best_so_far[partition] = n if best_so_far[partition] is None or \
-                        median(by_n[n]) < median(by_n[best_so_far[partition]]) else best_so_far[partition]
+                    best = best_so_far[partition]
+                    best_so_far[partition] = n if best is None or median(by_n[n]) < median(by_n[best]) else best
                     why = next_rung_fits(prepared, partition, auto.ladder[i + 1:], records_roots=probe_runs(root)) \
                         or ("climb" if i + 1 < len(auto.ladder) else
                             (auto.cut or f"the ladder ends at N={n}"))
@@ -181,40 +184,49 @@ def open_root(root: RunDir, config: Any) -> None:
                       else OmegaConf.to_yaml(OmegaConf.create(dict(config))))
 
 
+def auto_parts(prepared: Prepared) -> tuple[SweepSpec, AutoSpec, DictConfig]:
+    """An auto sweep's spec, its probe's settings and its config: always prepared from gpupack's own config (the Hydra
+    launcher runs its jobs as they come, never auto)."""
+    spec = prepared.spec
+    if spec is None or spec.auto is None or not isinstance(prepared.config, DictConfig):
+        raise TypeError("packing.factors=auto runs a sweep prepared from gpupack's config (gpupack.sweep.prepare)")
+    return spec, spec.auto, prepared.config
+
+
 def probe_runs(root: RunDir) -> list[Path]:
     return sorted(p.parent for p in (root.root / PROBE).glob("n*/plan.json"))
 
 
-def sub_prepared(prepared: Any, plan: Plan, run: RunDir, factors: Sequence[int]) -> Any:
+def sub_prepared(prepared: Prepared, plan: Plan, run: RunDir, factors: Sequence[int]) -> Prepared:
     """A Prepared for one step: the same sweep and backend options, this plan, its own run directory."""
-    config = prepared.config
-    if isinstance(config, DictConfig):
-        config = OmegaConf.merge(config, {"packing": {"factors": list(factors)}, "run_dir": str(run.root)})
-    backend = load_submitter(prepared.config.cluster.backend, prepared.config.cluster, run)
+    spec, _, config = auto_parts(prepared)
+    merged = OmegaConf.merge(config, {"packing": {"factors": list(factors)}, "run_dir": str(run.root)})
+    assert isinstance(merged, DictConfig)  # a DictConfig merged with a dict stays one (not user input)
+    backend = load_submitter(config.cluster.backend, config.cluster, run)
     backend.measured_host_mb = prepared.backend.measured_host_mb
-    spec = dataclasses.replace(prepared.spec, auto=None, factors=tuple(factors))  # a step is a plain run
-    return dataclasses.replace(prepared, plan=plan, run=run, backend=backend, config=config, spec=spec)
+    step = dataclasses.replace(spec, auto=None, factors=tuple(factors))  # a step is a plain run
+    return dataclasses.replace(prepared, plan=plan, run=run, backend=backend, config=merged, spec=step)
 
 
-def next_rung_fits(prepared: Any, partition: str, rest: Sequence[int], records_roots: Sequence[Path]) -> str | None:
+def next_rung_fits(prepared: Prepared, partition: str, rest: Sequence[int], records_roots: Sequence[Path]) -> str | None:
     """None when the next N fits the partition's memory budget by what was measured so far (the probe's records and
     the earlier runs prepare read); else why not."""
     if not rest:
         return None
-    spec = prepared.spec
+    spec, _, config = auto_parts(prepared)
     settings = {key for key in _settings(spec)}
     measured = find_measured([*records_roots, *candidate_runs(prepared.run.root)], spec.workload_ref, settings,
                              spec.workload.seed_key)
-    memory = estimate(prepared.config.sweep.training_memory_mb, measured)
+    memory = estimate(config.sweep.training_memory_mb, measured)
     try:
         check_memory([rest[0]], {partition: prepared.capacities[partition]}, memory,
-                     float(prepared.config.packing.memory_fraction), key=lambda _: "packing.auto.ladder")
+                     float(config.packing.memory_fraction), key=lambda _: "packing.auto.ladder")
     except ConfigError as err:
         return f"N={rest[0]} not tried: {err.why}"
     return None
 
 
-def _settings(spec: Any) -> set[str]:
+def _settings(spec: SweepSpec) -> set[str]:
     from gpupack.core.memory import setting_key
 
     return {setting_key({**spec.fixed, **p}, spec.workload.seed_key) for p in expand_grid(spec.grid)}
@@ -229,10 +241,10 @@ def probe_completed(records: collect_mod.Records) -> dict[str, set[str]]:
     return {p: set(g["training_id"]) for p, g in done.groupby("partition")}
 
 
-def production_plan(spec: Any, best: Mapping[str, int | None], completed: Mapping[str, set[str]]) -> Plan | None:
+def production_plan(spec: SweepSpec, best: Mapping[str, int | None], completed: Mapping[str, set[str]]) -> Plan | None:
     """The grid points the probe did not complete, at each partition's best N (None: nothing left to run)."""
     points = expand_grid(spec.grid)
-    packs = []
+    packs: list[Pack] = []
     notes: list[str] = []
     for partition, n in best.items():
         if n is None:
@@ -251,7 +263,7 @@ def production_plan(spec: Any, best: Mapping[str, int | None], completed: Mappin
                 notes=tuple(notes), order=f"{spec.order} (seed {spec.order_seed})", phase=RUN)
 
 
-def _row(summary: Any, partition: str, factor: int) -> dict[str, Any]:
+def _row(summary: pd.DataFrame, partition: str, factor: int) -> dict[str, Any]:
     if summary.empty:
         return {}
     rows = summary[(summary["partition"] == partition) & (summary["factor"] == factor)]

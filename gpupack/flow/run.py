@@ -17,9 +17,9 @@ from gpupack.core.records import is_completed, make_dirs, read_json, write_json_
 from gpupack.core.rundir import RunDir, RunLock, check_name
 from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import RunDirError
-from gpupack.flow.collect import collect
+from gpupack.flow.collect import AutoReport, collect
 from gpupack.setup.compose import compose_config
-from gpupack.setup.validate import ClusterFacts, require_sweep, validate
+from gpupack.setup.validate import ClusterFacts, SweepSpec, require_sweep, validate
 from gpupack.submit import ProgressFn, Submitter, load_submitter
 
 
@@ -32,9 +32,9 @@ class Prepared:
     run: RunDir
     backend: Submitter
     settings: PackSettings
-    config: Any  # what config.yaml records (a DictConfig or a plain mapping)
+    config: DictConfig | Mapping[str, Any]  # what config.yaml records
     wait: bool = True
-    spec: Any = None  # the validated SweepSpec, when prepared from gpupack's own config
+    spec: SweepSpec | None = None  # the validated sweep, when prepared from gpupack's own config
     capacities: Mapping[str, Capacity] = field(default_factory=dict)  # what the backend said each partition holds
     warnings: tuple[str, ...] = ()  # for the user before anything runs (e.g. a request leaving GPUs idle)
 
@@ -62,7 +62,7 @@ class Outcome:
     results: list[PackResult] = field(default_factory=list)  # wait=true: how each pack's job ended
     collected: collect_mod.Collected | None = None
     written: list[Path] = field(default_factory=list)
-    auto: Any = None  # packing.factors=auto: what the probe did (gpupack.flow.auto.AutoReport)
+    auto: AutoReport | None = None  # packing.factors=auto: what the probe did
 
     @property
     def run_dir(self) -> Path:
@@ -164,7 +164,7 @@ def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
             if not all(is_completed(run.training_record(p.pack_id, t.training_id)) for t in p.trainings)]
 
 
-def _config_yaml(config: Any) -> str:
+def _config_yaml(config: DictConfig | Mapping[str, Any]) -> str:
     if isinstance(config, DictConfig):
         return OmegaConf.to_yaml(config, resolve=True)
     return OmegaConf.to_yaml(OmegaConf.create(dict(config)))

@@ -60,7 +60,7 @@ def grid_overrides(overrides: Sequence[str]) -> list[str]:
             continue
         key = ov.get_key_element()
         if not key.lstrip("+~").startswith(GRID_PREFIX):
-            raise ConfigError(key, ov.input_line.split("=", 1)[1], "sweep syntax only makes a grid axis",
+            raise ConfigError(key, (ov.input_line or "").split("=", 1)[1], "sweep syntax only makes a grid axis",
                               f"put the values under {GRID_PREFIX}<name>, or give one value")
         values = [v for v in ov.sweep_iterator()]
         out.append(f"++{key.lstrip('+')}={_list_literal(values)}")
@@ -141,7 +141,7 @@ def _keys_under(parent: str) -> list[str]:
             node = node[part]
         except Exception:
             return []
-    return list(node.keys()) if isinstance(node, DictConfig) else []
+    return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
 
 
 def _type_hint(key: str) -> str:

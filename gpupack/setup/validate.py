@@ -7,7 +7,8 @@ the key, the value and the fix.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+import functools
+from typing import Any, Callable, Mapping, Sequence, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -80,7 +81,8 @@ class SweepSpec:
     spread: SpreadSpec | None = None  # spread.devices: one training over k devices, beside packing
 
     def plan(self) -> Plan:
-        probe = (self.workload.loader_param, self.workload.loader_keys) if self.loader_probe else None
+        param = self.workload.loader_param
+        probe = (param, self.workload.loader_keys) if self.loader_probe and param else None
         return make_plan(sweep=self.name, workload=self.workload_ref, grid=self.grid, fixed=self.fixed,
                          factors=self.factors, modes=self.modes, partitions=self.partitions,
                          repeats=self.repeats, seed_key=self.workload.seed_key, loader_probe=probe,
@@ -93,11 +95,11 @@ class SweepSpec:
 
 def group_keys(workload: Workload, modes: Sequence[str]) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
     """The modes that group trainings into packs (fused: same shapes), each with its key function."""
-    out = {}
+    out: dict[str, Callable[[Mapping[str, Any]], Any]] = {}
     for mode in modes:
         packer = load_packer(mode)
         if packer.groups:
-            out[mode] = lambda params, packer=packer: packer.group_key(workload, params)
+            out[mode] = functools.partial(packer.group_key, workload)
     return out
 
 
@@ -305,7 +307,8 @@ def mode_options(packing: Any) -> dict[str, Any]:
         options = load_packer(mode).Options
         if options is not None:
             given = packing.get(mode) if hasattr(packing, "get") else None
-            out[mode] = options(**OmegaConf.to_container(given)) if given is not None else options()
+            out[mode] = options(**cast(dict[str, Any], OmegaConf.to_container(given))) if given is not None \
+                else options()
     return out
 
 
@@ -371,7 +374,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     """Check everything against the backend's answers (``facts``) and, through ``measure``, what earlier records
     say one training's memory is (None: nothing measured). Pure, given those: nothing is asked or written here."""
     require_sweep(cfg)
-    check_weights(OmegaConf.to_container(cfg.rgu.models, resolve=True))
+    check_weights(cast(dict[str, Any], OmegaConf.to_container(cfg.rgu.models, resolve=True)))
     sweep = cfg.sweep
     check_name("sweep.name", sweep.name)
     workload = load_workload(sweep.workload)

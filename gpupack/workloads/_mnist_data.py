@@ -1,7 +1,7 @@
 """Read MNIST from a data path: the standard IDX files (gzipped or not) or one ``mnist.npz``.
 
 Compute nodes have no internet, so nothing is ever downloaded: with no data path the copy shipped in
-``jobs/data/mnist`` (the real 70,000 digits, see its README) is used.
+``gpupack/workloads/data/mnist`` (the real 70,000 digits, see its README) is used.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Fused training: N same-shape torch models trained as one batched model with torch.func (stack_module_state +
-functional_call + vmap), each exactly as if it had trained alone (jobs/_torch_common.run): its own seeded subset
+functional_call + vmap), each exactly as if it had trained alone (gpupack/workloads/_torch_common.run): its own seeded subset
 and data order (a DataLoader over indices with its own generator, so the generator is consumed as alone), its own
 initialisation (torch.manual_seed(seed) before building it), its own learning rate, momentum and weight decay in
 a per-model SGD, its own loss and metrics. A model whose loss stops being finite is stopped and reported failed;
@@ -48,11 +48,12 @@ def lockstep(loaders: Sequence[Any]) -> Iterator[list[Any]]:
     iters = [iter(loader) for loader in loaders]
     while True:
         batches = [next(it, None) for it in iters]
-        if any(b is None for b in batches):
-            if not all(b is None for b in batches):
+        present = [b for b in batches if b is not None]
+        if len(present) < len(batches):
+            if present:
                 raise RuntimeError("fused loaders of one group gave different numbers of batches")
             return
-        yield [b[0] for b in batches]
+        yield [b[0] for b in present]
 
 
 def train_fused(params_list: Sequence[Any], ctxs: Sequence[TrainingContext], data: Any,
@@ -103,8 +104,8 @@ def train_fused(params_list: Sequence[Any], ctxs: Sequence[TrainingContext], dat
         ctx.reporter.loop_started()
     for epoch in range(params_list[0].epochs):
         for step, idx in enumerate(lockstep(loaders)):
-            idx = torch.stack(idx).to(device)  # [N, B]: each model's own batch
-            xb, yb = x_all[rows, idx], y_all[rows, idx]
+            batch = torch.stack(idx).to(device)  # [N, B]: each model's own batch
+            xb, yb = x_all[rows, batch], y_all[rows, batch]
             losses = batched_loss(weights, buffers, xb, yb)
             for w in weights.values():
                 w.grad = None
@@ -128,7 +129,7 @@ def train_fused(params_list: Sequence[Any], ctxs: Sequence[TrainingContext], dat
     if keep is not None:
         keep += [{name: t[m].detach().clone() for name, t in {**weights, **buffers}.items()} for m in range(n)]
     accuracy = fused_accuracy(torch, vmap, functional_call, base, weights, buffers, x_val, y_val, eval_batch)
-    return [failure[m] if failure[m] is not None else
+    return [failed if (failed := failure[m]) is not None else
             {"train_loss": running[m].item() / max(count, 1), "val_accuracy": accuracy[m], "data": data.source,
              "fused_group": n}
             for m in range(n)]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from gpupack.workload import require_positive
 from gpupack.workloads import _cifar10_data
@@ -21,7 +21,7 @@ class Cifar10TorchParams(TorchLoaderParams):
 class Cifar10Torch(common.TorchImageWorkload):
     name = "cifar10_torch"
     Params = Cifar10TorchParams
-    data = _cifar10_data
+    data: ClassVar[Any] = _cifar10_data  # the data module (load, source)
     shape_keys = ("width", "blocks")  # BatchNorm's running statistics stay per model when fused
     weight_decay = 5e-4
     eval_batch = 1000

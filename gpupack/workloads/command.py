@@ -20,7 +20,7 @@ import string
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from gpupack.core.records import read_json_or_none
 from gpupack.errors import ConfigError, nearest
@@ -28,7 +28,7 @@ from gpupack.result import ENV as RESULT_ENV
 from gpupack.workload import Launch, TrainingContext, Workload
 
 PROGRAM_KEYS = ("argv", "cwd", "env")  # what describes the program; every other key is a hyperparameter
-CONVERSIONS = {"r": repr, "s": str, "a": ascii}
+CONVERSIONS: dict[str, Callable[[object], str]] = {"r": repr, "s": str, "a": ascii}
 ARGV_HINT = "e.g. sweep.fixed.argv=[python,train.py,--lr,'{lr}']"
 
 

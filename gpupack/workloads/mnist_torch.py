@@ -6,7 +6,7 @@ stays cheap and the import is counted in the training's start-up time, where it 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from gpupack.errors import ConfigError
 from gpupack.workload import require_positive
@@ -26,7 +26,7 @@ class MnistTorchParams(TorchLoaderParams):
 class MnistTorch(common.TorchImageWorkload):
     name = "mnist_torch"
     Params = MnistTorchParams
-    data = _mnist_data
+    data: ClassVar[Any] = _mnist_data  # the data module (load, source)
     shape_keys = ("model", "hidden")
 
     def check(self, params: MnistTorchParams) -> None:
