@@ -227,8 +227,8 @@ def load_workload(name: str, key: str = "sweep.workload") -> Workload:
         try:
             module = importlib.import_module(name)
         except ImportError as err:
-            raise ConfigError(key, name, f"cannot import it ({err})",
-                              "make the module importable (PYTHONPATH) or use a built-in workload (python -m gpupack --info lists them)") from None
+            raise ConfigError(key, name, f"cannot import it ({err})", "make the module importable (PYTHONPATH) or "
+                              "use a built-in workload (python -m gpupack --info lists them)") from None
     else:
         names = available_workloads()
         if name not in names:

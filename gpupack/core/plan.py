@@ -269,7 +269,8 @@ def run_order(packs: Sequence[Pack], order: str, seed: int = 0) -> list[Pack]:
 
 
 def grouped_chunks(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any], factor: int,
-                   repeats: int, seed_key: str, key: Callable[[Mapping[str, Any]], Hashable]) -> list[tuple[Training, ...]]:
+                   repeats: int, seed_key: str,
+                   key: Callable[[Mapping[str, Any]], Hashable]) -> list[tuple[Training, ...]]:
     """Packs of ``factor`` trainings that share ``key``: each group of grid points fills its own packs (reseeded
     copies of its own points where it has fewer than N), at least ``repeats`` packs per group."""
     groups: dict[Hashable, list[Mapping[str, Any]]] = {}

@@ -208,7 +208,8 @@ def sub_prepared(prepared: Prepared, plan: Plan, run: RunDir, factors: Sequence[
     return dataclasses.replace(prepared, plan=plan, run=run, backend=backend, config=merged, spec=step)
 
 
-def next_rung_fits(prepared: Prepared, partition: str, rest: Sequence[int], records_roots: Sequence[Path]) -> str | None:
+def next_rung_fits(prepared: Prepared, partition: str, rest: Sequence[int],
+                   records_roots: Sequence[Path]) -> str | None:
     """None when the next N fits the partition's memory budget by what was measured so far (the probe's records and
     the earlier runs prepare read); else why not."""
     if not rest:

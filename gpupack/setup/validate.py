@@ -6,8 +6,8 @@ the key, the value and the fix.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 import functools
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, cast
 
 from omegaconf import DictConfig, OmegaConf

@@ -5,6 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from gpupack.errors import ConfigError
+from gpupack.workload import Workload
+from gpupack.workloads._params import LOADER_PARAM, TF_KNOBS, TF_LOADER_KEYS
+
+
+class KerasWorkload(Workload):
+    """What the Keras workloads share: TensorFlow, the loader knobs, one training spread by MirroredStrategy."""
+
+    framework = "tensorflow"
+    loader_param, loader_keys, knob_keys = LOADER_PARAM, TF_LOADER_KEYS, TF_KNOBS
+    spreads = ("mirrored",)  # run() builds under ctx.spread.scope()
+
+    def check_spread(self, params: Any, strategy: str, devices: int) -> None:
+        check_even_split(min(params.batch_size, params.train_samples), devices)
+
 
 
 def run(params: Any, ctx: Any, data: Any, build_model: Any) -> dict[str, Any]:

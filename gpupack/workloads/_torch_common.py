@@ -18,8 +18,8 @@ from gpupack.workloads._params import LOADER_PARAM, TORCH_KNOBS, TORCH_LOADER_KE
 
 class TorchImageWorkload(Workload):
     """A torch classifier on an image data set, trained alone (:func:`run`) or fused with others of its shape
-    (gpupack/workloads/_torch_fused.py): what mnist_torch and cifar10_torch share. A subclass names its data module, builds its
-    model, and says which hyperparameters fix that model's shape."""
+    (gpupack/workloads/_torch_fused.py): what mnist_torch and cifar10_torch share. A subclass names its data module,
+    builds its model, and says which hyperparameters fix that model's shape."""
 
     framework = "torch"
     forkable = True  # torch imports without threads or CUDA: trainings fork from a preloaded server

@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpupack.workload import TrainingContext, Workload, require_positive
+from gpupack.workload import TrainingContext, require_positive
 from gpupack.workloads import _cifar10_data, _tf_common
-from gpupack.workloads._params import LOADER_PARAM, TF_KNOBS, TF_LOADER_KEYS, TrainingParams
+from gpupack.workloads._params import TrainingParams
 
 
 @dataclass
@@ -16,15 +16,9 @@ class Cifar10TfParams(TrainingParams):
     width: int = 32
 
 
-class Cifar10Tf(Workload):
+class Cifar10Tf(_tf_common.KerasWorkload):
     name = "cifar10_tf"
-    framework = "tensorflow"
     Params = Cifar10TfParams
-    loader_param, loader_keys, knob_keys = LOADER_PARAM, TF_LOADER_KEYS, TF_KNOBS
-    spreads = ("mirrored",)  # _tf_common builds under ctx.spread.scope()
-
-    def check_spread(self, params: Any, strategy: str, devices: int) -> None:
-        _tf_common.check_even_split(min(params.batch_size, params.train_samples), devices)
     min_gpu_memory_mb = 1024
 
     def check(self, params: Cifar10TfParams) -> None:

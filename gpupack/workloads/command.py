@@ -49,7 +49,8 @@ def render(template: str, values: Mapping[str, Any], key: str) -> str:
                               "name a hyperparameter, e.g. {lr}; write {{ and }} for literal braces")
         if name not in values:
             raise ConfigError(key, template, f"{{{name}}} names no hyperparameter of this sweep",
-                              f"{nearest(name, values)} (add it with sweep.grid.{name}=[...] or sweep.fixed.{name}=...)")
+                              f"{nearest(name, values)} "
+                              f"(add it with sweep.grid.{name}=[...] or sweep.fixed.{name}=...)")
         if conversion and conversion not in CONVERSIONS:
             raise ConfigError(key, template, f"!{conversion} is not a conversion",
                               "use {name}, {name!r}, {name!s} or {name!a}")

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupack.errors import ConfigError
-from gpupack.workload import TrainingContext, Workload, require_positive
+from gpupack.workload import TrainingContext, require_positive
 from gpupack.workloads import _mnist_data, _tf_common
-from gpupack.workloads._params import LOADER_PARAM, TF_KNOBS, TF_LOADER_KEYS, TrainingParams
+from gpupack.workloads._params import TrainingParams
 
 MODELS = ("mlp", "cnn")
 
@@ -22,15 +22,9 @@ class MnistTfParams(TrainingParams):
     hidden: int = 128
 
 
-class MnistTf(Workload):
+class MnistTf(_tf_common.KerasWorkload):
     name = "mnist_tf"
-    framework = "tensorflow"
     Params = MnistTfParams
-    loader_param, loader_keys, knob_keys = LOADER_PARAM, TF_LOADER_KEYS, TF_KNOBS
-    spreads = ("mirrored",)  # _tf_common builds under ctx.spread.scope()
-
-    def check_spread(self, params: Any, strategy: str, devices: int) -> None:
-        _tf_common.check_even_split(min(params.batch_size, params.train_samples), devices)
     min_gpu_memory_mb = 512
 
     def check(self, params: MnistTfParams) -> None:

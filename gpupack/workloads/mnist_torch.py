@@ -1,7 +1,7 @@
 """A torch MNIST classifier (a small MLP or CNN) trained on the real MNIST digits.
 
-torch is imported inside training (:mod:`gpupack.workloads._torch_common`), so that validating a sweep on the submitting side
-stays cheap and the import is counted in the training's start-up time, where it really is paid.
+torch is imported inside training (:mod:`gpupack.workloads._torch_common`), so that validating a sweep on the submitting
+side stays cheap and the import is counted in the training's start-up time, where it really is paid.
 """
 from __future__ import annotations
 
