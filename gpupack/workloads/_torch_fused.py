@@ -1,9 +1,9 @@
 """Fused training: N same-shape torch models trained as one batched model with torch.func (stack_module_state +
 functional_call + vmap), each exactly as if it had trained alone (gpupack/workloads/_torch_common.run): its own
 seeded subset and data order (a DataLoader over indices with its own generator, so the generator is consumed as
-alone), its own initialisation (torch.manual_seed(seed) before building it), its own learning rate, momentum and weight decay in
-a per-model SGD, its own loss and metrics. A model whose loss stops being finite is stopped and reported failed;
-the others go on (its slice of the batched weights is independent of theirs).
+alone), its own initialisation (torch.manual_seed(seed) before building it), its own learning rate, momentum and
+weight decay in a per-model SGD, its own loss and metrics. A model whose loss stops being finite is stopped and
+reported failed; the others go on (its slice of the batched weights is independent of theirs).
 """
 from __future__ import annotations
 
