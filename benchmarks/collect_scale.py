@@ -4,11 +4,11 @@
 
 1. Writes a run directory as gpupack's pack jobs leave it: 4 partitions x 2 modes x N in --factors (default 16 and
    34: a million trainings are run packed, at the N a probe chose), the trainings spread evenly. For each pack, its
-   pack.json and its trainings' columnar file (packs/<id>/trainings.arrows, by gpupack.analysis.collect.columnar_bytes, what
-   the job body writes, from records with every field gpupack.core.records writes: params, timings, a 16-point throughput
-   curve...); for the first 2 packs of each (partition, mode, N), JSON training records only (no columnar file:
-   collect reads their JSON); and one resumed pack whose first attempt sits under attempts/1/. The JSON twins of the
-   columnar packs' training records are left out: collect does not open them while the columnar file is current,
+   pack.json and its trainings' columnar file (packs/<id>/trainings.arrows, by gpupack.core.columnar.columnar_bytes,
+   what the job body writes, from records with every field gpupack.core.records writes: params, timings, a 16-point
+   throughput curve...); for the first 2 packs of each (partition, mode, N), JSON training records only (no columnar
+   file: collect reads their JSON); and one resumed pack whose first attempt sits under attempts/1/. The JSON twins of
+   the columnar packs' training records are left out: collect does not open them while the columnar file is current,
    and a million of them is ~4 GB to write. Not timed (about a minute for 1,000,000).
 2. Times what ``python -m gpupack collect`` does before it prints, end to end from disk (a warm page cache: the files
    were just written): load_records (the run directory → flat frames: one columnar file per pack, the JSON of the
@@ -42,7 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench import PYTHON, REPO, out_dir  # noqa: E402
 
-from gpupack.analysis.collect import COLUMNAR, aggregate_records, columnar_bytes, flatten, flatten_pack, load_records  # noqa: E402
+from gpupack.analysis.collect import aggregate_records  # noqa: E402
+from gpupack.analysis.load import load_records  # noqa: E402
+from gpupack.core.columnar import COLUMNAR, columnar_bytes, flatten, flatten_pack  # noqa: E402
 from gpupack.core.records import pack_record, training_record  # noqa: E402
 from gpupack.core.rundir import RunDir  # noqa: E402
 

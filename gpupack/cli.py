@@ -22,15 +22,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Iterator, Sequence
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from gpupack import __version__, report, sweep
+from gpupack import __version__, sweep
 from gpupack.core.plan import Pack
 from gpupack.errors import ConfigError, GpupackError
-from gpupack.report import make_console
+from gpupack.report.terminal import make_console, render_collected
 
 USAGE = """usage:
   python -m gpupack +sweep=NAME [key=value ...]   run a sweep (conf/sweep/NAME.yaml), e.g. +sweep=mnist_pack
@@ -231,7 +231,7 @@ class ProgressView:
 
 def run_sweep(overrides: Sequence[str], console: Console) -> int:
     prepared = sweep.prepare(overrides)
-    if prepared.config.dry_run:
+    if isinstance(prepared.config, DictConfig) and prepared.config.dry_run:  # the CLI composes a DictConfig
         return dry_run(prepared, console)
     print_plan(console, prepared)
     view: ProgressView | None = None
@@ -242,16 +242,19 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
         if prepared.wait:
             view = ProgressView(console, opened.todo).__enter__()
 
-    def on_step(step: object) -> None:  # packing.factors=auto: each probed N, as it is decided
-        verdict = getattr(step, "verdict")
-        console.print(f"  probe {getattr(step, 'partition')} N={getattr(step, 'factor')}: "
+    def on_step(step: sweep.Step) -> None:  # packing.factors=auto: each probed N, as it is decided
+        verdict = step.verdict
+        console.print(f"  probe {step.partition} N={step.factor}: "
                       + ("climbing" if verdict == "climb" else f"stop — {verdict}"), highlight=False)
+
+    def progress(pack: Pack, state: str) -> None:
+        if view is not None:
+            view(pack, state)
 
     if prepared.spec is not None and prepared.spec.auto is not None:
         view = ProgressView(console, []).__enter__()
     try:
-        outcome = sweep.run(prepared, on_open=on_open, progress=lambda pack, state: view and view(pack, state),
-                            on_step=on_step)
+        outcome = sweep.run(prepared, on_open=on_open, progress=progress, on_step=on_step)
     except KeyboardInterrupt as stop:  # the local backend cancelled its jobs on the way here: say what became of it
         raise Stopped(getattr(stop, "signum", signal.SIGINT), after_stop(prepared)) from None
     finally:
@@ -268,7 +271,7 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
         if not r.ok:
             console.print(f"[red]pack {r.pack_id} (job {r.job_id}) did not finish:[/] {r.error}")
     if outcome.collected is not None:
-        print_collected(console, outcome.collected, outcome.written)
+        render_collected(outcome.collected, outcome.written, console)
     console.print(f"Records and summary: {outcome.run_dir}")
     return 0 if outcome.ok else 1
 
@@ -292,13 +295,6 @@ def dry_run(prepared: sweep.Prepared, console: Console) -> int:
         console.print(f"  {p.pack_id}: " + ", ".join(t.training_id for t in p.trainings), highlight=False)
     console.print("dry run: nothing was written or submitted.")
     return 0
-
-
-def print_collected(console: Console, collected: object, written: Sequence[Path], wide: bool = False) -> None:
-    report.render(collected, console, wide=wide)  # type: ignore[arg-type]
-    html = [p for p in written if p.name == "report.html"]
-    if html:
-        console.print(f"Report: {html[0]}")
 
 
 def status_command(args: Sequence[str], console: Console) -> int:
@@ -361,14 +357,18 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
     if args.rgu is not None:
         if not args.rgu.is_file():
             raise ConfigError("--rgu", str(args.rgu), "no such file", "see conf/rgu/alliance.yaml for the format")
-        weights = dict(OmegaConf.load(args.rgu).get("models", {}))
+        table = OmegaConf.load(args.rgu)
+        if not isinstance(table, DictConfig):
+            raise ConfigError("--rgu", str(args.rgu), "is a list, not a table of models",
+                              "see conf/rgu/alliance.yaml for the format")
+        weights = dict(table.get("models", {}))
     elif not any((Path(d) / "config.yaml").exists() for d in args.run_dirs):
         from gpupack.setup.compose import config_dir
 
         weights = dict(OmegaConf.load(config_dir() / "rgu" / "alliance.yaml").models)
     collected, written = sweep.collect(args.run_dirs, weights=weights, sweep_trainings=args.trainings, out=args.out,
                                        plots=not args.no_plots)
-    print_collected(console, collected, written, wide=args.wide)
+    render_collected(collected, written, console, wide=args.wide)
     return 0
 
 
@@ -396,7 +396,8 @@ def info_text(overrides: Sequence[str]) -> str:
     lines = [f"gpupack {__version__} (Hydra {hydra.__version__})", "", "Config search path:"]
     lines += [f"  {p}" for p in search_path(overrides)]
     lines += ["", "Config groups:"] + [f"  {g}: {', '.join(o)}" for g, o in group_options(overrides).items()]
-    lines += ["", "Installed:", f"  workloads (gpupack/workloads/): {', '.join(available_workloads())} (or a dotted module name)",
+    lines += ["", "Installed:",
+              f"  workloads (gpupack/workloads/): {', '.join(available_workloads())} (or a dotted module name)",
               f"  packing modes: {', '.join(available_modes())}", f"  backends: {', '.join(available_backends())}",
               "  Hydra launchers for your own app: gpupack_local, gpupack_slurm (hydra/launcher=...)"]
     return "\n".join(lines)
@@ -411,7 +412,7 @@ def print_config(overrides: Sequence[str], which: str, package: str | None, reso
     if which == "hydra":
         cfg = OmegaConf.create({"hydra": cfg.hydra})
     elif which == "job" and "hydra" in cfg:
-        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        cfg = OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"])
     node = OmegaConf.select(cfg, package) if package else cfg
     if package and node is None:
         raise ConfigError("-p", package, "no such package in the composed config", "e.g. -p packing or -p sweep.grid")

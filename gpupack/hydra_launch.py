@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -30,16 +29,15 @@ from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError, nearest
 from gpupack.runtime.hydra_job import PAYLOAD, dump, return_path
 from gpupack.setup.validate import DEVICES, check_fit, check_modes
-from gpupack.submit import load_submitter
-from gpupack.submit.local import LocalConfig
-from gpupack.submit.slurm import PartitionConfig, SlurmConfig
+from gpupack.submit import backend_class
 from gpupack.workload import load_workload
 
 MEMORY_FRACTION = 0.8  # as packing.memory_fraction's default
 
 KEY = "hydra.launcher"
 WORKLOAD = "gpupack.runtime.hydra_job"
-GRES = re.compile(r"^gpu(?::([^:,]+))?:(\d+)$")
+# The launcher's options that are its mode's too (packing.<mode>.<name>), given to the mode when it has them.
+MODE_OPTIONS = ("mps",)
 
 log = logging.getLogger(__name__)
 
@@ -80,43 +78,6 @@ def check_options(p: Mapping[str, Any]) -> None:
         raise ConfigError(f"{KEY}.device", p.get("device"), "unknown device", nearest(str(p.get("device")), DEVICES))
 
 
-def gpu_request(p: Mapping[str, Any]) -> tuple[str | None, str]:
-    """(GPU type or None for any, request form) for one pack: packs share exactly one GPU, or run on CPUs."""
-    gres, per_node = p.get("gres"), p.get("gpus_per_node")
-    if gres:
-        m = GRES.match(str(gres))
-        if not m or int(m.group(2)) != 1:
-            raise ConfigError(f"{KEY}.gres", gres, "a pack's jobs share one GPU, so a pack asks for exactly one",
-                              f"e.g. {KEY}.gres=gpu:v100:1 (or gpu:1), and {KEY}.pack=N for N jobs on it")
-        return m.group(1), "gres"
-    if per_node in (None, 0):
-        return None, "none"
-    if per_node != 1:
-        raise ConfigError(f"{KEY}.gpus_per_node", per_node, "a pack's jobs share one GPU",
-                          f"use {KEY}.gpus_per_node=1 and {KEY}.pack=N; for one job on several GPUs keep "
-                          "hydra-submitit-launcher")
-    return None, "gpus_per_node"
-
-
-def cluster_config(backend: str, p: Mapping[str, Any]) -> Any:
-    """gpupack's backend config for these launcher options (hydra-submitit-launcher's names → gpupack's)."""
-    if backend == "local":
-        return LocalConfig(name="gpupack_local", backend="local", timeout_min=int(p["timeout_min"]),
-                           partition="local", max_parallel_packs=p.get("max_parallel_packs"))
-    gpu, request = gpu_request(p)
-    label = p.get("partition") or "default"
-    extra = {k: p[k] for k in ("qos", "comment", "exclude") if p.get(k)}
-    return SlurmConfig(
-        name="gpupack_slurm", backend="slurm", timeout_min=int(p["timeout_min"]),
-        partitions={label: PartitionConfig(gpu=gpu, request=request, slurm_partition=p.get("partition"),
-                                           constraint=p.get("constraint"), model=p.get("gpu_model"))},
-        default_partitions=[label], account=p.get("account"), cpus_per_training=float(p.get("cpus_per_task") or 1),
-        mem_gb_per_training=float(p.get("mem_gb") or 2), array_parallelism=int(p["array_parallelism"]),
-        signal_delay_s=int(p["signal_delay_s"]), max_num_timeout=int(p["max_num_timeout"]),
-        setup=list(p.get("setup") or []), additional_parameters={**extra, **(p.get("additional_parameters") or {})},
-        poll_s=float(p["poll_s"]))
-
-
 def fresh_dir(parent: Path, name: str) -> Path:
     """A records directory no earlier launch used: running a multirun again into the same sweep directory runs
     its jobs again (as Hydra's launchers do), and the earlier launch's records stay as they were."""
@@ -138,12 +99,8 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     p = launcher.params
     check_options(p)
     run = RunDir(fresh_dir(Path(str(p["records_dir"])).absolute(), f"launch_{initial_job_idx:06d}"))
-    cluster = cluster_config(launcher.backend, p)
-    label = next(iter(getattr(cluster, "partitions", {}) or {"local": None}))
-    backend = load_submitter(launcher.backend, cluster, run, key_prefix=KEY, key_names={
-        "cpus_per_training": "cpus_per_task", "mem_gb_per_training": "mem_gb", "partition": "partition",
-        f"partitions.{label}.gpu": "gres", f"partitions.{label}.slurm_partition": "partition",
-        f"partitions.{label}.request": "gpus_per_node"})
+    # the backend maps the launcher's options (hydra-submitit-launcher's names) to its own config
+    backend = backend_class(launcher.backend).from_launcher(p, run, KEY)
     facts = sweep.ask_backend(backend, [])
     # The largest pack this batch really makes: pack=8 with 2 jobs asks for 2 jobs' share, not 8.
     largest = min(p["pack"], len(job_overrides))
@@ -164,20 +121,20 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     task = str(cfg.hydra.job.name)
     plan = plan_in_order(sweep=task, workload=WORKLOAD, params=jobs, factor=int(p["pack"]),
                          partition=facts.partitions[0], mode=str(p["mode"]), label=f"hydra:{task}")
-    record = {"cluster": dataclasses.asdict(cluster), "hydra_launcher": dict(p), "hydra_task": task}
+    record = {"cluster": dataclasses.asdict(backend.cluster), "hydra_launcher": dict(p), "hydra_task": task}
     return sweep.Prepared(name=task, plan=plan, run=run, backend=backend, settings=settings, config=record,
                           capacities=dict(facts.capacities))
 
 
 def launcher_mode_options(p: Mapping[str, Any]) -> dict[str, Any]:
-    """The launcher's mps option, given to its mode when that mode has one (process: packing.process.mps).
-    Loading the mode here is also where an unknown hydra.launcher.mode is refused."""
+    """The mode's own options (its ``Options``) built from the launcher's MODE_OPTIONS it has (process:
+    packing.process.mps from hydra.launcher.mps); none when it has none of them. Loading the mode here is also where
+    an unknown hydra.launcher.mode is refused."""
     from gpupack.pack import load_packer
 
     options = load_packer(str(p["mode"]), key=f"{KEY}.mode").Options
-    if options is None or "mps" not in {f.name for f in dataclasses.fields(options)}:
-        return {}
-    return {str(p["mode"]): options(mps=bool(p.get("mps")))}
+    given = {f.name: p.get(f.name) for f in dataclasses.fields(options) if f.name in MODE_OPTIONS} if options else {}
+    return {str(p["mode"]): options(**given)} if options and given else {}
 
 
 def make_sweep_dir(cfg: Any) -> None:

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from gpupack.cli import main
+from tests.fakes import FakeConfig, use_fake_submitter
 
 BASE = ["+sweep=mnist_pack"]
 
@@ -94,6 +95,50 @@ def test_bad_input_is_one_clear_line_and_starts_nothing(tmp_path, capsys, overri
         assert needle in err, err
     assert "HINT:" in err
     assert not run_dir.exists()  # nothing was written, so nothing was submitted
+
+
+# The same checks against what a backend says its partitions hold (tests/fakes.py's table: v100 16 GB, 8 CPUs and
+# 40 GB per GPU job, nodes of 4 GPUs; cpu: no GPU, 16 CPUs, 64 GB), whatever this machine has: no NVML, no sinfo.
+FAKE_CASES = [
+    (["partitions=[v100]", "packing.factors=[1,9]"], {},
+     ["packing.factors[1]=9", "9 CPUs", "at most 8", "cluster.cpus_per_training=0.89"]),
+    (["partitions=[k80]"], {}, ["partitions[0]='k80'", "no such partition", "v100"]),
+    (["partitions=[v100]", "packing.factors=[21]"], {"cpus_per_training": 0.25},
+     ["packing.factors[0]=21", "42.0 GB", "a v100 node has 40.0 GB", "cluster.mem_gb_per_training"]),
+    (["partitions=[v100]", "packing.factors=[1,200]"], {"cpus_per_training": None, "mem_gb_per_training": None},
+     ["packing.factors[1]=200", "GPU memory", "v100's budget is 12.8 GB", "at most 12"]),
+    (["partitions=[v100,cpu]", "packing.factors=[1,200]"], {"cpus_per_training": None, "mem_gb_per_training": None},
+     ["packing.factors[1]=200", "at most 12"]),
+    (["partitions=[cpu]", "packing.factors=[1,200]"], {"cpus_per_training": None, "mem_gb_per_training": None},
+     ["packing.factors[1]=200", "host memory", "cpu's budget is 51.2 GB", "at most 51"]),
+]
+
+
+@pytest.mark.parametrize("overrides, config, needles", FAKE_CASES, ids=[" ".join(c[0]) for c in FAKE_CASES])
+def test_bad_input_against_a_backends_capacities(tmp_path, capsys, monkeypatch, overrides, config, needles):
+    made = use_fake_submitter(monkeypatch, config=FakeConfig(**config))
+    run_dir = tmp_path / "run"
+    code = main(BASE + overrides + [f"run_dir={run_dir}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("gpupack: error: "), err
+    for needle in needles:
+        assert needle in err, err
+    assert "HINT:" in err
+    assert not run_dir.exists()
+    [backend] = made
+    partitions = next(o for o in overrides if o.startswith("partitions="))[len("partitions=["):-1].split(",")
+    known = all(p in backend.table for p in partitions)
+    assert backend.asked == ([tuple(partitions)] if known else [])  # asked once, before anything else; never ran
+    assert backend.ran == []
+
+
+def test_input_that_fits_the_backends_capacities_plans_and_runs_nothing_on_dry_run(tmp_path, capsys, monkeypatch):
+    made = use_fake_submitter(monkeypatch)
+    code = main(BASE + ["partitions=[v100,h100]", "packing.factors=[1,8]", "dry_run=true", f"run_dir={tmp_path}/r"])
+    out = capsys.readouterr().out
+    assert code == 0 and "dry run: nothing was written" in out and "v100-process-n08-000" in out, out
+    assert [b.asked for b in made] == [[("v100", "h100")]] and made[0].ran == []
+    assert not (tmp_path / "r").exists()
 
 
 def test_no_sweep_chosen(capsys):

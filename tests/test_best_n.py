@@ -5,8 +5,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpupack import report, sweep
+from gpupack import sweep
 from gpupack.cli import main
+from gpupack.report.terminal import render
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack"]
@@ -14,7 +15,7 @@ PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_p
 
 def _text(collected) -> str:
     console = Console(record=True, width=250)
-    report.render(collected, console)
+    render(collected, console)
     return console.export_text()
 
 
@@ -48,7 +49,8 @@ import random  # noqa: E402
 
 import pytest  # noqa: E402
 
-from gpupack.analysis.collect import best_factors, load_records, summarize  # noqa: E402
+from gpupack.analysis.load import load_records  # noqa: E402
+from gpupack.analysis.summary import best_factors, summarize  # noqa: E402
 from gpupack.core.plan import make_plan  # noqa: E402
 from gpupack.core.records import pack_record, training_record, write_json_atomic  # noqa: E402
 from gpupack.core.rundir import RunDir  # noqa: E402

@@ -8,10 +8,12 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from gpupack.analysis.collect import best_factors, best_hyperparameters, load_records, summarize
+from gpupack.analysis.load import load_records
+from gpupack.analysis.summary import best_factors, summarize
+from gpupack.analysis.tables import best_hyperparameters
 from gpupack.core.records import pack_record, read_json, training_record, write_json_atomic
 from gpupack.core.rundir import RunDir
-from gpupack.report import collect
+from gpupack.flow.collect import collect
 
 
 def _write_pack(run: RunDir, factor: int, index: int, wall: float, statuses: list[str], mode: str = "process",
@@ -154,7 +156,7 @@ def test_only_incomplete_packs_gives_a_table_without_timing(run):
 
 from gpupack.analysis.collect import aggregate  # noqa: E402
 from gpupack.core.rgu import cost_table, model_from_device_name  # noqa: E402
-from gpupack.report import write_outputs  # noqa: E402
+from gpupack.report.files import write_outputs  # noqa: E402
 
 
 @pytest.mark.parametrize("name, model", [
@@ -247,7 +249,7 @@ def test_older_schema_is_refused_with_its_name_and_in_progress_runs_say_what_is_
 
 
 def test_loader_bound_and_knob_table(run):
-    from gpupack.analysis.collect import knob_table
+    from gpupack.analysis.tables import knob_table
 
     def write(pack_id, factor, rate, knobs, setting, probe=False, wall=10.0):
         for i in range(factor):
@@ -279,7 +281,7 @@ def test_loader_bound_and_knob_table(run):
 
 def test_sweep_size_of_a_multirun_adds_up_its_launches(tmp_path):
     """Optuna launches a multirun in batches (one gpupack run each): the sweep costed is all of them."""
-    from gpupack.analysis.collect import load_records
+    from gpupack.analysis.load import load_records
     from gpupack.core.plan import plan_in_order
 
     for first, n in ((0, 2), (2, 2), (4, 1)):
@@ -300,7 +302,8 @@ import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
-from gpupack.analysis.collect import COLUMNAR, ColumnarReader, Records, Rows, write_columnar  # noqa: E402
+from gpupack.analysis.load import Records  # noqa: E402
+from gpupack.core.columnar import COLUMNAR, ColumnarReader, Rows, write_columnar  # noqa: E402
 
 
 def read_columnar(pack_dir: Path) -> tuple[Rows, dict] | None:
@@ -361,7 +364,7 @@ def test_columnar_files_are_what_collect_reads(run, monkeypatch):
     pack_ids = _varied_run(run)
     for pack_id in pack_ids:
         write_columnar(run, pack_id)
-    import gpupack.analysis.collect as collect_mod
+    import gpupack.core.columnar as collect_mod
 
     read = []
     real = collect_mod.read_json
@@ -422,8 +425,9 @@ def test_the_pack_job_writes_the_columnar_file_with_its_pack_record(run):
 
 def test_collect_is_pure_it_imports_no_report_and_prints_nothing():
     """Aggregation is records in, frames out: report builds on collect, and the CLI and sweep print and write."""
-    code = ("import sys, gpupack.analysis.collect; bad = [m for m in ('gpupack.report', 'gpupack.cli', 'rich', 'matplotlib') "
-            "if m in sys.modules]; print(bad)")
+    code = ("import sys, gpupack.analysis.collect; "
+            "bad = [m for m in ('gpupack.report', 'gpupack.cli', 'rich', 'matplotlib') if m in sys.modules]; "
+            "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
     import ast

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpupack.analysis.collect import COLUMNAR, ColumnarReader, load_records
+from gpupack.analysis.load import load_records
+from gpupack.core.columnar import COLUMNAR, ColumnarReader
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "collect_scale.py"
 

@@ -52,7 +52,7 @@ def test_tiny_sweep_runs_records_and_names_the_best_n(tmp_path, subprocess_env):
     assert {p: p.read_bytes() for p in before} == before
 
     # collect, on demand, from the records alone
-    collected = subprocess.run([sys.executable, "-m", "gpupack.analysis.collect", str(run_dir)], capture_output=True,
+    collected = subprocess.run([sys.executable, "-m", "gpupack.collect", str(run_dir)], capture_output=True,
                                text=True, env=subprocess_env, timeout=120)
     assert collected.returncode == 0 and "Best packing factor" in collected.stdout
 

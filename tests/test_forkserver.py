@@ -56,7 +56,8 @@ def test_forked_trainings_are_processes_of_their_own(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     monkeypatch.setenv("MARK", "from-the-job")
     run, pack = _pack(tmp_path, n=2)
-    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", mode_options={"process": ProcessOptions(start="auto", cpu_affinity=True)}))
+    options = ProcessOptions(start="auto", cpu_affinity=True)
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", mode_options={"process": options}))
     recs = _records(run, pack)
     assert rec["n_completed"] == 2
     pids = {r["metrics"]["pid"] for r in recs.values()}
@@ -82,7 +83,8 @@ def test_a_forked_training_that_raises_fails_alone_with_its_traceback(tmp_path):
     run = RunDir(tmp_path / "run")
     write_json_atomic(run.plan, plan.to_json())
     pack = plan.packs[0]
-    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", mode_options={"process": ProcessOptions(start="fork")}))
+    rec = run_pack(str(run.root), pack.pack_id,
+                   PackSettings(device="cpu", mode_options={"process": ProcessOptions(start="fork")}))
     recs = {t.params["fail"]: read_json(run.training_record(pack.pack_id, t.training_id)) for t in pack.trainings}
     assert rec["n_completed"] == 1 and recs[False]["status"] == "completed"
     assert recs[True]["status"] == "failed" and recs[True]["exit_code"] == 1
@@ -91,7 +93,8 @@ def test_a_forked_training_that_raises_fails_alone_with_its_traceback(tmp_path):
 
 def test_a_server_that_cannot_preload_steps_aside_for_fresh_interpreters(tmp_path):
     run, pack = _pack(tmp_path, n=2, preload_fail=True)
-    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", mode_options={"process": ProcessOptions(start="auto")}))
+    rec = run_pack(str(run.root), pack.pack_id,
+                   PackSettings(device="cpu", mode_options={"process": ProcessOptions(start="auto")}))
     assert rec["n_completed"] == 2
     assert {r["start"] for r in _records(run, pack).values()} == {"fresh"}
     log = (run.pack_dir(pack.pack_id) / "logs" / "forkserver.err").read_text()
@@ -114,7 +117,8 @@ def test_bad_start_is_refused_before_anything(tmp_path, capsys, overrides, needl
 def test_the_servers_preload_is_the_packs_time(tmp_path):
     """Forking saves each training its own import, but the one preload is paid by the pack: wall time counts it."""
     run, pack = _pack(tmp_path, n=2, preload_sleep_s=1.5)
-    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", mode_options={"process": ProcessOptions(start="fork")}))
+    rec = run_pack(str(run.root), pack.pack_id,
+                   PackSettings(device="cpu", mode_options={"process": ProcessOptions(start="fork")}))
     recs = _records(run, pack).values()
     assert {r["start"] for r in recs} == {"fork"}
     assert all(r["timings"]["startup_s"] < 1.5 for r in recs)  # not in any training's own start-up

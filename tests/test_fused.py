@@ -15,14 +15,10 @@ from gpupack.cli import main  # noqa: E402
 from gpupack.core.plan import make_plan  # noqa: E402
 from gpupack.core.records import read_json, write_json_atomic  # noqa: E402
 from gpupack.core.rundir import RunDir  # noqa: E402
-from gpupack.core.types import PackSettings
+from gpupack.core.types import PackSettings  # noqa: E402
 from gpupack.job.body import run_pack  # noqa: E402
 from gpupack.workload import Reporter, TrainingContext, load_workload  # noqa: E402
-from gpupack.workloads import (
-    _mnist_data,
-    _torch_common,
-    _torch_fused,  # noqa: E402
-)
+from gpupack.workloads import _mnist_data, _torch_common, _torch_fused  # noqa: E402
 from gpupack.workloads.mnist_torch import _build  # noqa: E402
 
 WORKLOAD = load_workload("mnist_torch")
@@ -148,7 +144,8 @@ def test_resnets_with_batchnorm_fuse_with_their_own_statistics():
                            x_test=rng.integers(0, 255, (50, 32, 32, 3), dtype=np.uint8),
                            y_test=rng.integers(0, 10, 50).astype(np.uint8), source="synthetic")
     group = [cifar.params({**cifar.defaults(), "lr": lr, "seed": seed, "train_samples": 128, "val_samples": 50,
-                           "batch_size": 32, "epochs": 1, "width": 4, "blocks": 1}) for lr, seed in ((0.05, 0), (0.1, 1))]
+                           "batch_size": 32, "epochs": 1, "width": 4, "blocks": 1})
+             for lr, seed in ((0.05, 0), (0.1, 1))]
     torch.set_num_threads(1)
     alone, accuracy = [], []
     for p in group:

@@ -40,8 +40,9 @@ def started(job_dir: Path) -> float:
 
 def test_jobs_of_a_pack_run_at_once_each_with_hydras_job_dir(tmp_path, subprocess_env):
     sweep_dir = tmp_path / "mr"
-    proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.pack=2", "hydra.launcher.sample_interval_s=0.2",
-                          "lr=0.1,0.2,0.3,0.4", "sleep_s=1.0", f"hydra.sweep.dir={sweep_dir}"], tmp_path, subprocess_env)
+    proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.pack=2",
+                          "hydra.launcher.sample_interval_s=0.2", "lr=0.1,0.2,0.3,0.4", "sleep_s=1.0",
+                          f"hydra.sweep.dir={sweep_dir}"], tmp_path, subprocess_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = records(sweep_dir)
     assert sorted(recs) == [0, 1, 2, 3]

@@ -41,6 +41,33 @@ def test_prepare_writes_nothing_and_run_returns_typed_results(tmp_path, capsys):
     assert again.opened.resumed and again.opened.complete == 2 and again.opened.todo == []
 
 
+def test_a_sweep_through_a_backend_that_runs_packs_in_this_process(tmp_path, monkeypatch):
+    """The whole flow over tests/fakes.py's FakeSubmitter: asked its capacities once, each pack run through the real
+    job body (run_pack) in this process, collected; then status and resume through the same backend."""
+    from gpupack.core.records import read_json
+    from tests.fakes import FakeConfig, use_fake_submitter
+
+    made = use_fake_submitter(monkeypatch, config=FakeConfig(default_partitions=["cpu"]))
+    run_dir = tmp_path / "run"
+    overrides = PROBE + ["sweep.grid.lr=[0.1,0.2]", "packing.factors=[1,2]", "packing.device=cpu",
+                         f"run_dir={run_dir}"]
+    prepared = sweep.prepare(overrides)
+    states: list[tuple[str, str]] = []
+    outcome = sweep.run(prepared, progress=lambda p, s: states.append((p.pack_id, s)), plots=False)
+    backend = made[0]
+    assert backend.asked == [("cpu",)] and [p for p, _ in backend.ran] == [p.pack_id for p in prepared.plan.packs]
+    assert outcome.ok and [r.ok for r in outcome.results] == [True] * 3
+    assert states == [(p.pack_id, s) for p in prepared.plan.packs for s in ("pending", "running", "done")]
+    for i, pack in enumerate(prepared.plan.packs, start=1):
+        record = read_json(run_dir / "packs" / pack.pack_id / "pack.json")
+        assert record["job_id"] == f"fake-{i}" and record["partition"] == "cpu"
+        assert record["n_completed"] == pack.factor
+    assert sorted(outcome.collected.summary["factor"]) == [1, 2]
+    assert [p.state for p in sweep.status(run_dir).packs] == [DONE] * 3
+    again = sweep.run(sweep.prepare(overrides), collect_outputs=False)
+    assert again.opened.resumed and again.opened.todo == [] and made[-1].ran == []
+
+
 def test_prepare_refuses_bad_input_before_anything(tmp_path):
     with pytest.raises(ConfigError, match=r"packing.factors\[0\]=0"):
         sweep.prepare(PROBE + ["packing.factors=[0]", f"run_dir={tmp_path / 'run'}"])
@@ -186,7 +213,7 @@ def test_a_pack_with_failed_trainings_shows_failed_in_progress(ok, record, expec
 def test_packs_whose_every_training_failed_are_not_timed():
     import pandas as pd
 
-    from gpupack.analysis.collect import summarize
+    from gpupack.analysis.summary import summarize
 
     trainings = pd.DataFrame([{"training_id": f"t{i}", "pack_id": p, "workload": "w", "partition": "local",
                                "gpu_type": "cpu", "mode": "process", "factor": n, "status": s, "samples": 0}

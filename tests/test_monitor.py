@@ -1,39 +1,13 @@
 """The NVML seam: a fake NVML at gpupack.runtime.monitor._nvml, and the real one on this machine."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import SimpleNamespace
-
 import pytest
 from omegaconf import OmegaConf
 
 from gpupack.core.rgu import model_from_device_name
 from gpupack.runtime import monitor
 from gpupack.setup.compose import config_dir
-
-
-class FakeNvml:
-    def __init__(self, names, fail=None):
-        self.names, self.fail, self.shutdowns = names, fail, 0
-
-    def nvmlInit(self):
-        if self.fail:
-            raise self.fail
-
-    def nvmlShutdown(self):
-        self.shutdowns += 1
-
-    def nvmlDeviceGetCount(self):
-        return len(self.names)
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetName(self, h):
-        return self.names[h].encode()  # older bindings return bytes
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return SimpleNamespace(total=16 * 2**30)
+from tests.fakes import A100_1G, A100_40, A100_80, H100, H100_1G, H100_3G, V100, FakeNvml, mig_nvml
 
 
 @pytest.mark.parametrize("visible, names, kind, name", [
@@ -43,7 +17,7 @@ class FakeNvml:
     ("0", [], "cpu", None),
 ])
 def test_detect_device_with_fake_nvml(monkeypatch, visible, names, kind, name):
-    fake = FakeNvml(names)
+    fake = FakeNvml(names=names)
     monkeypatch.setattr(monitor, "_nvml", lambda: fake)
     env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
     info = monitor.detect_device(env)
@@ -52,10 +26,12 @@ def test_detect_device_with_fake_nvml(monkeypatch, visible, names, kind, name):
         assert info.name == name and info.memory_total_mb == 16 * 1024
     else:
         assert info.note
+    assert fake.shutdowns == 1  # NVML opened is closed again
 
 
 def test_nvml_init_failure_falls_back_to_cpu_and_says_why(monkeypatch):
-    monkeypatch.setattr(monitor, "_nvml", lambda: FakeNvml([], fail=RuntimeError("NVML Shared Library Not Found")))
+    fake = FakeNvml(names=[], fail_init=RuntimeError("NVML Shared Library Not Found"))
+    monkeypatch.setattr(monitor, "_nvml", lambda: fake)
     info = monitor.detect_device({})
     assert info.kind == "cpu" and "NVML Shared Library Not Found" in info.note
     assert monitor.gpu_count() == 0
@@ -71,136 +47,6 @@ def test_real_nvml_on_this_machine_is_handled():
 
 # ---------------- MIG: the device CUDA_VISIBLE_DEVICES names, a slice as itself ----------------
 
-class FakeNvmlError(Exception):
-    pass
-
-
-class FakeNotFound(FakeNvmlError):
-    pass
-
-
-class FakeNotSupported(FakeNvmlError):
-    pass
-
-
-@dataclass
-class FakeMig:
-    name: str
-    uuid: str
-    total_mb: float
-    gi: int  # GPU instance ID
-    ci: int  # compute instance ID
-
-
-@dataclass
-class FakeGpu:
-    name: str
-    uuid: str
-    total_mb: float
-    migs: dict[int, FakeMig] | None = None  # MIG device index -> slice; None: no MIG (before Ampere)
-    mig_mode: bool = False
-
-
-H100_1G = FakeMig("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "MIG-1c1f9a3e-6b2d-5f0c-9d7e-2a4b8c6d0e11", 9984, 9, 0)
-H100_3G = FakeMig("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "MIG-3c3f9a3e-6b2d-5f0c-9d7e-2a4b8c6d0e33", 40448, 2, 0)
-A100_1G = FakeMig("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "MIG-a1a1d2c4-0e5f-5a6b-8c7d-9e0f1a2b3c4d", 9728, 13, 0)
-MACHINE = [  # NVML index order
-    FakeGpu("Tesla V100-SXM2-16GB", "GPU-0a0b0c0d-1111-2222-3333-444455556666", 16384),
-    # MIG device indices 0 and 2 exist, 1 does not: the max count is how many may exist, not how many do
-    FakeGpu("NVIDIA H100 80GB HBM3", "GPU-h100h100-7777-8888-9999-aaaabbbbcccc", 81559, {0: H100_1G, 2: H100_3G}, True),
-    FakeGpu("NVIDIA A100-SXM4-80GB", "GPU-a100a100-dddd-eeee-ffff-000011112222", 81920, {0: A100_1G}, True),
-    FakeGpu("NVIDIA A100-SXM4-40GB", "GPU-a140a140-3333-4444-5555-666677778888", 40960, {}, False),  # MIG off
-]
-
-
-class MigNvml:
-    """Answers like nvidia-ml-py on a node with MIG slices. ``driver="recent"``: nvmlDeviceGetHandleByUUID finds
-    GPUs, MIG UUIDs and the MIG-GPU-<uuid>/<gi>/<ci> form; ``"old"``: only whole GPUs by their full UUID."""
-
-    NVMLError = FakeNvmlError
-    NVMLError_NotFound = FakeNotFound
-    NVMLError_NotSupported = FakeNotSupported
-    NVML_DEVICE_MIG_ENABLE = 1
-
-    def __init__(self, gpus=MACHINE, driver="recent", procs=(), used_mb=1500):
-        self.gpus, self.driver, self.procs, self.used_mb = gpus, driver, procs, used_mb
-        self.calls: list[str] = []
-
-    def _dev(self, h):
-        return self.gpus[h[1]] if h[0] == "gpu" else self.gpus[h[1]].migs[h[2]]
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlShutdown(self):
-        self.calls.append("shutdown")
-
-    def nvmlDeviceGetCount(self):
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        if i >= len(self.gpus):
-            raise FakeNvmlError("Invalid Argument")
-        return ("gpu", i)
-
-    def nvmlDeviceGetHandleByUUID(self, uuid):
-        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-        for i, g in enumerate(self.gpus):
-            if g.uuid == uuid:
-                return ("gpu", i)
-            for j, m in (g.migs or {}).items():
-                legacy = f"MIG-{g.uuid}/{m.gi}/{m.ci}"
-                if self.driver == "recent" and uuid in (m.uuid, legacy):
-                    return ("mig", i, j)
-        raise FakeNotFound("Not Found")
-
-    def nvmlDeviceGetMigMode(self, h):
-        g = self._dev(h)
-        if h[0] == "mig" or g.migs is None:
-            raise FakeNotSupported("Not Supported")
-        return [int(g.mig_mode), int(g.mig_mode)]
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, h):
-        g = self._dev(h)
-        if h[0] == "mig" or g.migs is None:
-            raise FakeNotSupported("Not Supported")
-        return 7 if g.mig_mode else 0
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, j):
-        if j not in (self._dev(h).migs or {}):
-            raise FakeNotFound("Not Found")
-        return ("mig", h[1], j)
-
-    def nvmlDeviceGetGpuInstanceId(self, h):
-        if h[0] != "mig":
-            raise FakeNotSupported("Not Supported")
-        return self._dev(h).gi
-
-    def nvmlDeviceGetComputeInstanceId(self, h):
-        if h[0] != "mig":
-            raise FakeNotSupported("Not Supported")
-        return self._dev(h).ci
-
-    def nvmlDeviceGetUUID(self, h):
-        return self._dev(h).uuid
-
-    def nvmlDeviceGetName(self, h):
-        return self._dev(h).name.encode()  # older bindings return bytes
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return SimpleNamespace(total=int(self._dev(h).total_mb * 2**20), used=self.used_mb * 2**20)
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        if h[0] == "mig":  # what NVML answers on a MIG device handle
-            raise FakeNotSupported("Not Supported")
-        return SimpleNamespace(gpu=55, memory=20)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h):
-        self.calls.append(f"compute {h}")
-        return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in self.procs]
-
-
-V100, H100, A100_80, A100_40 = MACHINE
 NO_SUCH_MIG = "MIG-deadbeef-0000-5000-8000-000000000000"
 
 
@@ -229,7 +75,7 @@ NO_SUCH_MIG = "MIG-deadbeef-0000-5000-8000-000000000000"
     ("nonsense", None, None),
 ])
 def test_detect_device_names_what_cuda_visible_devices_names(monkeypatch, driver, visible, device, mig):
-    fake = MigNvml(driver=driver)
+    fake = mig_nvml(driver=driver)
     monkeypatch.setattr(monitor, "_nvml", lambda: fake)
     info = monitor.detect_device({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible})
     if device is None:  # never index 0 (or any other device) in its place
@@ -243,7 +89,7 @@ def test_detect_device_names_what_cuda_visible_devices_names(monkeypatch, driver
 
 
 def test_an_h100_1g_10gb_slice_is_named_sized_and_costed_as_the_slice(monkeypatch):
-    fake = MigNvml(driver="old")  # the harder path: NVML does not look the MIG UUID up, the slices are walked
+    fake = mig_nvml(driver="old")  # the harder path: NVML does not look the MIG UUID up, the slices are walked
     monkeypatch.setattr(monitor, "_nvml", lambda: fake)
     info = monitor.detect_device({"CUDA_VISIBLE_DEVICES": H100_1G.uuid})
     assert info.kind == "gpu" and info.mig and info.name == "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
@@ -254,7 +100,7 @@ def test_an_h100_1g_10gb_slice_is_named_sized_and_costed_as_the_slice(monkeypatc
 
 
 def test_a_mig_mode_gpu_named_by_index_with_several_slices_says_which_was_taken(monkeypatch):
-    monkeypatch.setattr(monitor, "_nvml", lambda: MigNvml())
+    monkeypatch.setattr(monitor, "_nvml", lambda: mig_nvml())
     info = monitor.detect_device({"CUDA_VISIBLE_DEVICES": "1"})
     assert info.kind == "gpu" and info.mig and info.name == H100_1G.name and info.uuid == H100_1G.uuid
     assert "MIG mode" in info.note and "first MIG device" in info.note

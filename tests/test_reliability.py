@@ -96,7 +96,8 @@ def test_sigkilled_training_is_recorded_as_killed(tmp_path, start):
 
     killer = multiprocessing.Process(target=kill_when_started)
     killer.start()
-    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", mode_options={"process": ProcessOptions(start=start)}))
+    rec = run_pack(str(run.root), pack.pack_id,
+                   PackSettings(device="cpu", mode_options={"process": ProcessOptions(start=start)}))
     killer.join()
     recs = _records(run, pack)
     _assert_others_completed(recs)

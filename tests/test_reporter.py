@@ -8,10 +8,12 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from gpupack import report, workload
+from gpupack import workload
 from gpupack.analysis.collect import aggregate
 from gpupack.core.records import pack_record, training_record, write_json_atomic
 from gpupack.core.rundir import RunDir
+from gpupack.report.files import write_outputs
+from gpupack.report.terminal import render, summary_table
 
 
 def test_steady_throughput_excludes_warmup_and_curve_has_windows(monkeypatch):
@@ -98,7 +100,7 @@ def _sweep(run: RunDir, partitions: tuple[str, ...] = ("v100",), grid: bool = Tr
 
 def _render(run_dirs: list[Path], wide: bool = False) -> str:
     console = Console(record=True, width=250 if wide else 120)  # --wide is for a wide terminal
-    report.render(aggregate(run_dirs), console, wide=wide)
+    render(aggregate(run_dirs), console, wide=wide)
     return console.export_text()
 
 
@@ -107,7 +109,7 @@ def test_the_main_table_fits_120_columns_and_wide_shows_every_column(tmp_path):
     _sweep(run, partitions=("v100", "a100"), host="node1")
     c = aggregate([run.root])
     console = Console(record=True, width=120)
-    table = report.summary_table(c.summary, "t", set())
+    table = summary_table(c.summary, "t", set())
     assert console.measure(table).maximum <= 120  # its natural width: no cell wraps
     text = _render([run.root])
     lines = text.splitlines()
@@ -119,7 +121,7 @@ def test_the_main_table_fits_120_columns_and_wide_shows_every_column(tmp_path):
     assert "2 x oom: oom" in text  # no error text: the status says why, never "nan"
     wide = _render([run.root], wide=True)
     assert "start/loop s" in wide and "util %" in wide and "gpu 88" in wide
-    report.write_outputs(c, run.root, plots=False)
+    write_outputs(c, run.root, plots=False)
     csv = pd.read_csv(run.summary_csv)
     assert {"startup_s", "loop_s", "gpu_util_mean", "samples_per_s", "tpt_ci_low_s", "oom"} <= set(csv.columns)
 

@@ -1,51 +1,16 @@
-"""The pack sampler through a fake NVML at the one seam (gpupack.runtime.monitor._nvml), and on this machine for real."""
+"""The pack sampler through a fake NVML at the one seam (gpupack.runtime.monitor._nvml), and on this machine for
+real."""
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
 import pytest
 
 from gpupack.runtime import monitor
 from gpupack.runtime.sampler import Sampler
-
-
-class FakeNvml:
-    """Answers like nvidia-ml-py: utilization, memory, and the compute processes on the GPU."""
-
-    def __init__(self, procs, util=(37, 12), used_mb=3000, fail_init=None, mps_procs=None):
-        self.procs, self.util, self.used_mb, self.fail_init = procs, util, used_mb, fail_init
-        self.mps_procs = mps_procs
-        self.calls: list[str] = []
-
-    def nvmlInit(self):
-        if self.fail_init:
-            raise self.fail_init
-
-    def nvmlShutdown(self):
-        self.calls.append("shutdown")
-
-    def nvmlDeviceGetCount(self):
-        return 1
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return f"gpu{i}"
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return SimpleNamespace(total=16 * 2**30, used=self.used_mb * 2**20)
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        return SimpleNamespace(gpu=self.util[0], memory=self.util[1])
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h):
-        self.calls.append("compute")
-        return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in self.procs]
-
-    def nvmlDeviceGetMPSComputeRunningProcesses(self, h):
-        self.calls.append("mps")
-        return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in (self.mps_procs or [])]
+from tests.fakes import A100_40, H100, H100_1G, H100_3G, FakeGpu, FakeNvml, mig_nvml
 
 
 @pytest.fixture
@@ -62,7 +27,7 @@ def two_trainings():
 
 def test_gpu_samples_with_per_process_memory_and_unknown_memory(monkeypatch, two_trainings):
     a, b = two_trainings
-    fake = FakeNvml([(a.pid, 512 * 2**20), (b.pid, None), (99999999, 7 * 2**20)])
+    fake = FakeNvml(procs=[(a.pid, 512 * 2**20), (b.pid, None), (99999999, 7 * 2**20)])
     monkeypatch.setattr(monitor, "_nvml", lambda: fake)
     messages: list[str] = []
     sampler = Sampler(interval_s=0.05, gpu_index=0, log=messages.append)
@@ -86,17 +51,17 @@ def test_gpu_samples_with_per_process_memory_and_unknown_memory(monkeypatch, two
 
 def test_mps_uses_the_mps_process_list(monkeypatch, two_trainings):
     a, _ = two_trainings
-    fake = FakeNvml([], mps_procs=[(a.pid, 256 * 2**20)])
+    fake = FakeNvml(mps_procs=[(a.pid, 256 * 2**20)])
     monkeypatch.setattr(monitor, "_nvml", lambda: fake)
     sampler = Sampler(gpu_index=0, mps=True, log=lambda m: None)
     sampler.register("ta", a.pid)
     assert sampler.sample_once()["trainings"]["ta"]["gpu_mem_mb"] == 256
-    assert "mps" in fake.calls and "compute" not in fake.calls
+    assert f"mps {('gpu', 0)}" in fake.calls and not any(c.startswith("compute") for c in fake.calls)
 
 
 def test_nvml_init_failure_falls_back_to_cpu_and_says_so_once(monkeypatch, two_trainings):
     a, _ = two_trainings
-    monkeypatch.setattr(monitor, "_nvml", lambda: FakeNvml([], fail_init=RuntimeError("Driver Not Loaded")))
+    monkeypatch.setattr(monitor, "_nvml", lambda: FakeNvml(fail_init=RuntimeError("Driver Not Loaded")))
     messages: list[str] = []
     sampler = Sampler(interval_s=0.02, gpu_index=0, log=messages.append)
     sampler.register("ta", a.pid)
@@ -146,13 +111,10 @@ def test_a_training_the_sampler_never_saw_has_unknown_memory_not_zero():
 
 # ---------------- MIG: the sampler opens the slice the job was given ----------------
 
-from tests.test_monitor import A100_40, H100, H100_1G, H100_3G, MigNvml  # noqa: E402
-
-
 @pytest.mark.parametrize("driver", ["recent", "old"])
 def test_on_a_mig_slice_memory_is_sampled_and_utilization_is_unknown_not_zero(monkeypatch, two_trainings, driver):
     a, b = two_trainings
-    fake = MigNvml(driver=driver, procs=[(a.pid, 300 * 2**20), (b.pid, None)])
+    fake = mig_nvml(driver=driver, procs=[(a.pid, 300 * 2**20), (b.pid, None)])
     asked: list[object] = []
     util = fake.nvmlDeviceGetUtilizationRates
     fake.nvmlDeviceGetUtilizationRates = lambda h: asked.append(h) or util(h)
@@ -180,7 +142,7 @@ def test_on_a_mig_slice_memory_is_sampled_and_utilization_is_unknown_not_zero(mo
 
 
 def test_a_whole_gpu_still_reports_utilization(monkeypatch):
-    monkeypatch.setattr(monitor, "_nvml", lambda: MigNvml())
+    monkeypatch.setattr(monitor, "_nvml", lambda: mig_nvml())
     messages: list[str] = []
     sampler = Sampler(gpu=A100_40.uuid, log=messages.append)
     sample = sampler.sample_once()
@@ -191,7 +153,7 @@ def test_a_whole_gpu_still_reports_utilization(monkeypatch):
 @pytest.mark.parametrize("visible, slice_", [
     (H100_1G.uuid, H100_1G), (f"MIG-{H100.uuid}/2/0", H100_3G), ("1", H100_1G)])
 def test_the_sampler_opens_the_device_detect_device_found(monkeypatch, visible, slice_):
-    fake = MigNvml(driver="old")
+    fake = mig_nvml(driver="old")
     monkeypatch.setattr(monitor, "_nvml", lambda: fake)
     info = monitor.detect_device({"CUDA_VISIBLE_DEVICES": visible})
     sampler = Sampler(gpu=info.uuid, log=lambda m: None)  # what run_pack passes
@@ -201,7 +163,7 @@ def test_the_sampler_opens_the_device_detect_device_found(monkeypatch, visible, 
 
 @pytest.mark.parametrize("gpu", ["MIG-deadbeef-0000-5000-8000-000000000000", "-1", "9"])
 def test_a_device_nvml_does_not_know_is_not_sampled_in_its_place(monkeypatch, gpu):
-    fake = MigNvml()
+    fake = mig_nvml()
     monkeypatch.setattr(monitor, "_nvml", lambda: fake)
     messages: list[str] = []
     sampler = Sampler(gpu=gpu, log=messages.append)
@@ -217,7 +179,7 @@ def test_a_pack_on_a_mig_slice_records_the_slice(monkeypatch, tmp_path):
     from gpupack.core.types import PackSettings
     from gpupack.job.body import run_pack
 
-    fake = MigNvml(driver="old")
+    fake = mig_nvml(driver="old")
     monkeypatch.setattr(monitor, "_nvml", lambda: fake)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", H100_1G.uuid)
     run = RunDir(tmp_path / "run")
@@ -258,29 +220,18 @@ def test_a_training_of_several_processes_is_sampled_as_their_sum():
             p.wait()
 
 
-class TwoGpus(FakeNvml):
+def two_gpus(rank0: int, rank1: int) -> FakeNvml:
     """Two whole GPUs: GPU 0 busy at 80 %, GPU 1 at 40 %; each rank of a DDP training has its context on its own GPU,
     and rank 0 a small one on GPU 1 too."""
-
-    def nvmlDeviceGetCount(self):
-        return 2
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        return SimpleNamespace(gpu=80 if h == "gpu0" else 40, memory=10)
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return SimpleNamespace(total=16 * 2**30, used=(3000 if h == "gpu0" else 1000) * 2**20)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h):
-        rank0, rank1 = (p for p, _ in self.procs)
-        return ([SimpleNamespace(pid=rank0, usedGpuMemory=2000 * 2**20)] if h == "gpu0" else
-                [SimpleNamespace(pid=rank1, usedGpuMemory=900 * 2**20), SimpleNamespace(pid=rank0,
-                                                                                       usedGpuMemory=100 * 2**20)])
+    return FakeNvml([FakeGpu("Tesla V100-SXM2-16GB", "GPU-00000000-0000-4000-8000-000000000000", 16384, util=(80, 10),
+                             used_mb=3000, procs=[(rank0, 2000 * 2**20)]),
+                     FakeGpu("Tesla V100-SXM2-16GB", "GPU-00000001-0000-4000-8000-000000000000", 16384, util=(40, 10),
+                             used_mb=1000, procs=[(rank1, 900 * 2**20), (rank0, 100 * 2**20)])])
 
 
 def test_a_job_spread_over_two_gpus_samples_both(monkeypatch, two_trainings):
     rank0, rank1 = (p.pid for p in two_trainings)
-    monkeypatch.setattr(monitor, "_nvml", lambda: TwoGpus([(rank0, None), (rank1, None)]))
+    monkeypatch.setattr(monitor, "_nvml", lambda: two_gpus(rank0, rank1))
     s = Sampler(interval_s=0.1, gpu="0", more_gpus=["1"])
     s.register("t-ddp", rank0)
     s.register("t-ddp", rank1)
@@ -294,7 +245,7 @@ def test_a_job_spread_over_two_gpus_samples_both(monkeypatch, two_trainings):
 
 
 def test_a_gpu_of_the_job_nvml_does_not_know_is_said_and_left_out(monkeypatch, two_trainings):
-    monkeypatch.setattr(monitor, "_nvml", lambda: TwoGpus([(p.pid, None) for p in two_trainings]))
+    monkeypatch.setattr(monitor, "_nvml", lambda: two_gpus(*(p.pid for p in two_trainings)))
     said: list[str] = []
     s = Sampler(interval_s=0.1, gpu="0", more_gpus=["7"], log=said.append)
     assert s.more_handles == [] and "GPU '7' of this job not sampled" in s.note and said

@@ -196,7 +196,7 @@ def test_tf_logical_host_gets_n_times_the_per_training_limit(tmp_path, monkeypat
         seen.append(limit)
         raise Stop
 
-    monkeypatch.setattr("gpupack.pack._host._child_setup", fake_child_setup)
+    monkeypatch.setattr("gpupack.runtime.supervisor.child_setup", fake_child_setup)
     run, pack = _pack(tmp_path, {"tag": ["a", "b", "c"]}, workload="tests.fake_tf_workload", mode="tf_logical")
     per = 3 * 2**30
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ),

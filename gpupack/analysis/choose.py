@@ -246,7 +246,7 @@ def keeps_improving(a: Sequence[float], b: Sequence[float], threshold: float = 0
     """
     g = gain(a, b, confidence=confidence, resamples=resamples, seed=seed)
     na, nb = names
-    span = "" if g.low is None else f"interval {g.low * 100:+.1f} %..{g.high * 100:+.1f} %"
+    span = "" if g.low is None or g.high is None else f"interval {g.low * 100:+.1f} %..{g.high * 100:+.1f} %"
     if g.median < 0:
         return False, f"{nb} is slower than {na} by {-g.median * 100:.1f} % per training"
     head = f"{nb} improves on {na} by {g.median * 100:.1f} %"

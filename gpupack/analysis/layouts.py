@@ -148,11 +148,12 @@ def _s(seconds: Any) -> str:
 
 
 def _noise(a: Sequence[float], b: Sequence[float]) -> str:
-    """Whether b's device time differs from a's beyond noise (bootstrap interval of the gain, gpupack.analysis.choose)."""
+    """Whether b's device time differs from a's beyond noise (the bootstrap interval of the gain,
+    gpupack.analysis.choose)."""
     if len(a) < 2 or len(b) < 2:
         return ", a single pack: not told from noise"
     g = gain(a, b)
-    return ", within noise" if g.low is not None and g.low <= 0 <= g.high else ""
+    return ", within noise" if g.low is not None and g.high is not None and g.low <= 0 <= g.high else ""
 
 
 def _wider(group: pd.DataFrame, best: Mapping[str, Any], other: Mapping[str, Any]) -> str:

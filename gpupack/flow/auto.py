@@ -28,8 +28,10 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from gpupack.analysis import collect as collect_mod
 from gpupack.analysis.choose import keeps_improving
+from gpupack.analysis.collect import aggregate
+from gpupack.analysis.load import Records, load_records
+from gpupack.analysis.summary import pack_times, summarize
 from gpupack.core.memory import candidate_runs, check_memory, estimate, find_measured
 from gpupack.core.plan import Pack, Plan, expand_grid, make_plan, run_order, training_id
 from gpupack.core.records import COMPLETED, OOM, make_dirs, write_json_atomic, write_text_atomic
@@ -119,9 +121,9 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
             results += outcome.results
             # The verdict weighs this step alone: the new N against the best so far, measured again beside it, so
             # drift between steps (a neighbour's job, a warm cache) cannot decide the climb.
-            records = collect_mod.load_records([step_run.root])
-            summary = collect_mod.summarize(records.trainings, records.packs, records.cleared)
-            times = collect_mod.pack_times(records)
+            records = load_records([step_run.root])
+            summary = summarize(records.trainings, records.packs, records.cleared)
+            times = pack_times(records)
             for partition in list(climbing):
                 row = _row(summary, partition, n)
                 by_n = times.get(partition, {})
@@ -140,7 +142,7 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                 if why != "climb":
                     report.stopped[partition] = why
                     climbing.remove(partition)
-        collected = collect_mod.aggregate(probe_runs(root))
+        collected = aggregate(probe_runs(root))
         chosen = {r["partition"]: int(r["factor"]) for _, r in collected.best.iterrows()}
         report.best = {p: chosen.get(p) for p in spec.partitions}
         if auto.then == RUN and any(v is not None for v in report.best.values()):
@@ -233,7 +235,7 @@ def _settings(spec: SweepSpec) -> set[str]:
     return {setting_key({**spec.fixed, **p}, spec.workload.seed_key) for p in expand_grid(spec.grid)}
 
 
-def probe_completed(records: collect_mod.Records) -> dict[str, set[str]]:
+def probe_completed(records: Records) -> dict[str, set[str]]:
     """Per partition, the training ids the probe completed."""
     t = records.latest()
     if t.empty:

@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from gpupack.analysis import collect as collect_mod
+from rich.console import Console
+
+from gpupack.analysis.collect import Collected, aggregate
 from gpupack.core.records import read_json
-from gpupack.report import write_outputs
+from gpupack.report.files import write_outputs
+from gpupack.report.terminal import render_collected
 
 PROBE, RUN = "probe", "run"  # RUN_DIR/probe/nNN/ and RUN_DIR/run/ of an auto sweep
 AUTO_RECORD = "auto.json"
@@ -60,17 +63,20 @@ def read_auto(root: Path) -> AutoReport | None:
 
 
 def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | None = None,
-            sweep_trainings: int | None = None, out: Path | str | None = None,
-            plots: bool = True) -> tuple[collect_mod.Collected, list[Path]]:
+            sweep_trainings: int | None = None, out: Path | str | None = None, plots: bool = True,
+            console: Console | None = None, wide: bool = False) -> tuple[Collected, list[Path]]:
     """Aggregate the records of one or more runs and write the derived outputs (into ``out``, default the first
-    run directory). Records are only read."""
+    run directory). Records are only read. With a ``console``, print there what ``python -m gpupack collect`` prints
+    (every column with ``wide``): the one call a notebook or a test makes."""
     given = [Path(d) for d in run_dirs]
-    c = collect_mod.aggregate(find_runs(given), weights, sweep_trainings)
+    c = aggregate(find_runs(given), weights, sweep_trainings)
     for path in given:  # a packing.factors=auto run says what its probe did
         report = read_auto(path)
         if report is not None:
             c.auto_lines += report.lines()
     written = write_outputs(c, Path(out) if out else given[0], plots=plots) if given else []
+    if console is not None:
+        render_collected(c, written, console, wide=wide)
     return c, written
 
 

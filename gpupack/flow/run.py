@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from gpupack.analysis import collect as collect_mod
+from gpupack.analysis.collect import Collected
 from gpupack.core.memory import candidate_runs, find_measured
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.records import is_completed, make_dirs, read_json, write_json_atomic, write_text_atomic
@@ -60,7 +60,7 @@ class Outcome:
     opened: Opened
     submitted: dict[str, str] = field(default_factory=dict)  # wait=false: pack id → job id
     results: list[PackResult] = field(default_factory=list)  # wait=true: how each pack's job ended
-    collected: collect_mod.Collected | None = None
+    collected: Collected | None = None
     written: list[Path] = field(default_factory=list)
     auto: AutoReport | None = None  # packing.factors=auto: what the probe did
 

@@ -9,7 +9,7 @@ from typing import Mapping
 
 from omegaconf import OmegaConf
 
-from gpupack.analysis import collect as collect_mod
+from gpupack.analysis.load import CLEARED_OOM, cleared_mask, load_records, read_cleared
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.records import OOM, is_completed, read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
@@ -100,15 +100,15 @@ def clear_oom(run_dir: Path | str, *, partition: str | None = None, mode: str | 
     run = RunDir(Path(run_dir))
     if not run.plan.exists():
         raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")
-    records = collect_mod.load_records([run.root])
+    records = load_records([run.root])
     t = records.trainings
     if t.empty:
         return 0
     entry = {"partition": partition, "mode": mode, "factor": factor, "cleared_at": time.time()}
     # What this entry would clear that no earlier one did: the same rule collect applies (cleared_mask).
-    match = (t["status"] == OOM) & ~collect_mod.cleared_mask(t, records.cleared) \
-        & collect_mod.cleared_mask(t, [{**entry, "run_dir": str(run.root)}])
+    match = (t["status"] == OOM) & ~cleared_mask(t, records.cleared) \
+        & cleared_mask(t, [{**entry, "run_dir": str(run.root)}])
     if match.any():
-        path = run.root / collect_mod.CLEARED_OOM
-        write_json_atomic(path, {"cleared": collect_mod.read_cleared(run) + [entry]})
+        path = run.root / CLEARED_OOM
+        write_json_atomic(path, {"cleared": read_cleared(run) + [entry]})
     return int(match.sum())

@@ -15,8 +15,10 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
+from gpupack.core.columnar import write_columnar
+from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.records import (
     COMPLETED,
@@ -37,10 +39,13 @@ from gpupack.core.rgu import model_from_device_name
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.errors import RunDirError
-from gpupack.pack import PackContext, load_packer, options_of, threads_for
-from gpupack.runtime.jobenv import job_id
+from gpupack.pack import PackContext, Packer, load_packer, options_of, threads_for
+from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.runtime.monitor import DeviceInfo, detect_device, first_visible, visible_devices
 from gpupack.runtime.sampler import Sampler
+
+if TYPE_CHECKING:
+    from gpupack.spread import Strategy
 
 
 def job_cores() -> int:
@@ -245,13 +250,15 @@ def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
         os.close(fd)
 
 
-def run_pack(run_root: str, pack_id: str, settings: PackSettings) -> dict[str, Any]:
+def run_pack(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None) -> dict[str, Any]:
+    """Run one pack in this job. ``job``: the job as its backend tells it (Submitter.job_environment); None (a pack run
+    outside any backend): as :meth:`JobEnvironment.from_environ` reads it."""
     run = RunDir(Path(run_root))
     with pack_lock(run, pack_id):
-        return _run_pack(run, pack_id, settings)
+        return _run_pack(run, pack_id, settings, job or JobEnvironment.from_environ())
 
 
-def _run_pack(run: RunDir, pack_id: str, settings: PackSettings) -> dict[str, Any]:
+def _run_pack(run: RunDir, pack_id: str, settings: PackSettings, job: JobEnvironment) -> dict[str, Any]:
     plan = Plan.from_json(read_json(run.plan))
     pack = plan.pack(pack_id)
     todo = [t for t in pack.trainings if not is_completed(run.training_record(pack_id, t.training_id))]
@@ -281,13 +288,14 @@ def _run_pack(run: RunDir, pack_id: str, settings: PackSettings) -> dict[str, An
         records.append(rec)
 
     # the sampler lists MPS clients then
-    mps = placement is None and bool(getattr(options_of(settings, pack.mode), "mps", False))
+    mps = isinstance(runner, Packer) and runner.watches_mps(options_of(settings, pack.mode))
     # A training spread over k GPUs: the job's other k-1 sampled with the first (rank r trains on cuda:r)
     more = visible_devices(os.environ, pack.devices)[1:] if info.kind == "gpu" and pack.devices > 1 else []
     sampler = Sampler(interval_s=settings.sample_interval_s, mps=mps, no_gpu_reason=info.note,
                       gpu=(info.uuid or first_visible(os.environ)) if info.kind == "gpu" else None, more_gpus=more)
-    ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=dict(os.environ), settings=settings,
-                      gpu_memory_total_mb=info.memory_total_mb,
+    # the trainings inherit the job's environment, and its id as the backend names it (jobenv.job_id)
+    ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env={**os.environ, **job.exported()},
+                      settings=settings, gpu_memory_total_mb=info.memory_total_mb,
                       warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
                       training_timeout_s=settings.training_timeout_s,
                       memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
@@ -299,10 +307,10 @@ def _run_pack(run: RunDir, pack_id: str, settings: PackSettings) -> dict[str, An
     finally:
         sampled = sampler.stop()
     return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings), sampled,
-                             mode_started=mode_started, phase=plan.phase)
+                             mode_started=mode_started, phase=plan.phase, job=job)
 
 
-def runner_of(pack: Pack, device: str) -> tuple[Any, Any]:
+def runner_of(pack: Pack, device: str) -> tuple[Packer | Strategy, Placement | None]:
     """What runs the pack: its packing mode (N trainings on one device), or its spread strategy (one training over
     k devices) with where that training runs."""
     if pack.spread is None:
@@ -316,7 +324,9 @@ def runner_of(pack: Pack, device: str) -> tuple[Any, Any]:
 def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]], info: DeviceInfo,
                       device: str, cores: int, threads: int, model: str | None = None,
                       sampled: dict[str, Any] | None = None, mode_started: float | None = None,
-                      phase: str | None = None) -> dict[str, Any]:
+                      phase: str | None = None, job: JobEnvironment | None = None) -> dict[str, Any]:
+    """Write the pack record of this attempt. ``job``: as in :func:`run_pack`."""
+    fields = (job or JobEnvironment.from_environ()).record_fields()
     started = min([r["started_at"] for r in records] + ([mode_started] if mode_started else []))
     ended = max(r["ended_at"] for r in records)
     rec = pack_record(
@@ -330,22 +340,18 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
         n_failed=sum(r["status"] != COMPLETED for r in records),
         n_oom=sum(r["status"] == OOM for r in records),
         started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
-        cores=cores, threads_per_training=threads, host=socket.gethostname(), job_id=job_id(),
+        cores=cores, threads_per_training=threads, host=socket.gethostname(), job_id=fields["job_id"],
         workload=pack.trainings[0].workload_label if pack.trainings else None,
         # What the scheduler gave the job, to cross-check with sacct's gres/gpu.
-        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), slurm_job_gpus=os.environ.get("SLURM_JOB_GPUS"),
-        slurm_partition=os.environ.get("SLURM_JOB_PARTITION"),
+        cuda_visible_devices=fields["cuda_visible_devices"], slurm_job_gpus=fields["slurm_job_gpus"],
+        slurm_partition=fields["slurm_partition"],
         sampler=sampled, **spread_fields(pack),
     )
     if phase:
         rec["phase"] = phase
     write_json_atomic(run.pack_record(pack.pack_id), rec)
     try:  # the pack's trainings in one columnar file: collect reads one file per pack, not one per training
-        from gpupack.analysis.collect import write_columnar
-
         write_columnar(run, pack.pack_id)
     except Exception as err:  # only a faster copy: without it collect reads the JSON records, the same rows
-        import sys
-
         print(f"gpupack: warning: no columnar file for pack {pack.pack_id} ({err!r})", file=sys.stderr)
     return rec

@@ -49,6 +49,10 @@ class PackContext:
 
 class Packer(ABC):
     name: ClassVar[str]
+    # How the report names this mode beside another (gpupack.report): by whether it splits the device (None: by name),
+    # and the matplotlib line style of its curves.
+    split_label: ClassVar[str | None] = None
+    line_style: ClassVar[str] = ":"
     # True: the trainings of one pack must share a group key (fused: same shapes); the plan groups them up front.
     groups: ClassVar[bool] = False
     # The mode's own options: a dataclass whose fields are packing.<mode>.<field> (None: the mode has none).
@@ -60,6 +64,11 @@ class Packer(ABC):
     def group_key(self, workload: Workload, params: Mapping[str, Any]) -> Hashable:
         """With ``groups``: the key trainings of one pack share (raise ConfigError for a training it cannot host)."""
         return None
+
+    def watches_mps(self, options: Any) -> bool:
+        """True when, with these options (its ``Options``), this mode runs a pack's trainings under CUDA MPS: the job's
+        sampler then lists the MPS clients."""
+        return False
 
     @abstractmethod
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:

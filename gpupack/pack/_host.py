@@ -7,19 +7,16 @@ training's result (the worker's schema) or error file, so one training failing n
 """
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gpupack.core.plan import Training
-from gpupack.core.records import open_log, read_json, write_json_atomic
+from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.types import TrainingOutcome
 from gpupack.errors import ConfigError
 from gpupack.pack import PackContext, worker_env, worker_spec
-from gpupack.pack.process import KILL_GRACE_S, POLL_S, _child_setup, tail
+from gpupack.runtime.supervisor import ChildSpec, Supervisor, tail
 
 
 def host_specs(trainings: Sequence[Training], ctx: PackContext, spawned: float,
@@ -58,60 +55,45 @@ def pack_memory_limit(per_training_bytes: int | None, n: int) -> int | None:
 
 def run_host(module: str, name: str, specs: list[dict[str, Any]], ctx: PackContext, spawned: float,
              extra: Mapping[str, Any] | None = None) -> list[TrainingOutcome]:
-    """Start ``python -m module`` on the pack's specs and follow it to its end."""
+    """Start ``python -m module`` on the pack's specs under a supervisor and follow it to its end: each training's
+    outcome as it lands, and for those the host never finished (it died, or was stopped past its time limit) its
+    exit."""
     run, pack_id = ctx.run, ctx.pack.pack_id
     n = len(specs)
     host_spec = run.pack_dir(pack_id) / "work" / f"{name}.spec.json"
     write_json_atomic(host_spec, {"threads": ctx.threads * n, "trainings": specs, **(extra or {})})
-    err_path = run.pack_dir(pack_id) / "logs" / f"{name}.err"
-    with open_log(run.pack_dir(pack_id) / "logs" / f"{name}.out") as out, open_log(err_path) as err:
-        proc = subprocess.Popen([sys.executable, "-m", module, str(host_spec)], stdout=out, stderr=err,
-                                stdin=subprocess.DEVNULL, env=worker_env(ctx.env, ctx.threads * n),
-                                start_new_session=True,
-                                # One process hosts all N: the per-training limit applies N times over.
-                                preexec_fn=_child_setup(pack_memory_limit(ctx.memory_limit_bytes, len(specs))))
-        for spec in specs:
-            ctx.on_started(spec["training_id"], proc.pid)  # one process hosts them all
-        return follow(proc, specs, ctx, spawned, err_path, name)
-
-
-def follow(proc: subprocess.Popen, specs: list[dict[str, Any]], ctx: PackContext, spawned: float, err_path: Path,
-           name: str) -> list[TrainingOutcome]:
+    logs = run.pack_dir(pack_id) / "logs"
+    # One process hosts all N: the per-training limit applies N times over. Its time limit counts from the spawn.
+    host = ChildSpec(name, [sys.executable, "-m", module, str(host_spec)], logs / f"{name}.out", logs / f"{name}.err",
+                     worker_env(ctx.env, ctx.threads * n), started_at=spawned,
+                     memory_limit_bytes=pack_memory_limit(ctx.memory_limit_bytes, n))
     outcomes: dict[str, TrainingOutcome] = {}
-    timed_out, kill_at = False, None
-    try:
-        while True:
-            for spec in specs:
-                tid = spec["training_id"]
-                if tid not in outcomes:
-                    outcome = landed(spec, spawned)
-                    if outcome is not None:
-                        outcomes[tid] = outcome
-                        ctx.on_finished(outcome)
-            if proc.poll() is not None or len(outcomes) == len(specs):
-                break
-            now = time.time()
-            if ctx.training_timeout_s and not timed_out and now - spawned > ctx.training_timeout_s:
-                timed_out, kill_at = True, now + KILL_GRACE_S
-                proc.send_signal(signal.SIGTERM)
-            elif kill_at is not None and now > kill_at:
-                proc.kill()
-                kill_at = None
-            time.sleep(POLL_S)
-        proc.wait()
-    except BaseException:
-        proc.kill()
-        raise
-    ended = time.time()
+
+    def look() -> None:
+        for spec in specs:
+            tid = spec["training_id"]
+            if tid not in outcomes:
+                outcome = landed(spec, spawned)
+                if outcome is not None:
+                    outcomes[tid] = outcome
+                    ctx.on_finished(outcome)
+
+    with Supervisor(ctx.training_timeout_s or None) as supervisor:
+        pid = supervisor.start(host).pid
+        if pid is None:  # no interpreter for the host (no memory, no process left): the pack fails, as it always did
+            raise supervisor.children[0].start_error or OSError(f"the {name} process did not start")
+        for spec in specs:
+            ctx.on_started(spec["training_id"], pid)  # one process hosts them all
+        (ended,) = supervisor.follow(on_poll=look)
     for spec in specs:  # trainings the host never finished: it died, or was stopped
         tid = spec["training_id"]
         if tid not in outcomes:
-            code = proc.returncode
+            code = ended.returncode
             outcome = landed(spec, spawned) or TrainingOutcome(
-                tid, spawned, ended, code, -code if code and code < 0 else None,
-                ("stopped after packing.training_timeout_s; " if timed_out else "") +
-                (tail(err_path) or f"the {name} process exited with code {code}"), None,
-                extra={"timed_out": timed_out})
+                tid, spawned, ended.ended_at, code, ended.signal,
+                ("stopped after packing.training_timeout_s; " if ended.timed_out else "") +
+                (tail(ended.err_path) or f"the {name} process exited with code {code}"), None,
+                extra={"timed_out": ended.timed_out})
             outcomes[tid] = outcome
             ctx.on_finished(outcome)
     return [outcomes[s["training_id"]] for s in specs]

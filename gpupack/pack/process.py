@@ -7,63 +7,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
-import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Sequence
 
 from gpupack.core.plan import Training
-from gpupack.core.records import make_dirs, open_log, read_json_or_none, write_json_atomic
+from gpupack.core.records import make_dirs, read_json_or_none, write_json_atomic
 from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
 from gpupack.pack import PackContext, Packer, options_of, worker_env, worker_spec
-from gpupack.runtime.forkserver import ForkedProcess, ForkServer, isolate
+from gpupack.runtime.forkserver import ForkServer
 from gpupack.runtime.mps import mps_daemon
+from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor, fork_server
 from gpupack.workload import Workload, load_workload
-
-POLL_S = 0.05
-ERROR_TAIL_LINES = 20
-KILL_GRACE_S = 5.0
-
-
-def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = None) -> Callable[[], None]:
-    """What runs in each fresh training process before it starts (no Python objects of ours cross over): be
-    SIGKILLed when the packer dies, even by SIGKILL (scancel, OOM killer), so no training outlives its job and holds
-    the GPU; then its address-space limit and its cores. A forked training does the same (gpupack.runtime.forkserver)."""
-
-    def setup() -> None:
-        isolate(memory_limit_bytes, cpus)
-
-    return setup
-
-
-def start_process(argv: Sequence[str], name: str, spec_path: Path, out_path: Path, err_path: Path,
-                  env: Mapping[str, str], cwd: str | None, server: ForkServer | None, memory_limit_bytes: int | None,
-                  cpus: Sequence[int] | None = None) -> subprocess.Popen[bytes] | ForkedProcess:
-    """Start one training's process (a packed training, a DDP rank): forked from the pack's preloaded server, else
-    ``argv`` as a program of its own (a list, never a shell) in a session of its own, with its logs, its limits and
-    death with the packer. OSError when the program cannot start."""
-    if server is not None:  # no interpreter start, no import
-        return server.start(name, spec_path, out_path, err_path, env, cwd, memory_limit_bytes, cpus)
-    with open_log(out_path) as out, open_log(err_path) as err:
-        return subprocess.Popen(list(argv), cwd=cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=dict(env),
-                                start_new_session=True, preexec_fn=_child_setup(memory_limit_bytes, cpus))
-
-
-def exit_error(err_path: Path, code: int | None) -> str:
-    """Why a process that exited non-zero failed: its stderr's last lines, else its signal or exit code."""
-    fallback = (f"killed by signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0
-                else f"exited with code {code}")
-    return tail(err_path) or fallback
 
 
 def cpus_for(cores: Sequence[int], n: int, i: int) -> list[int]:
@@ -84,96 +40,60 @@ def start_method(preference: str, workloads: Sequence[Workload]) -> str:
     return "fork" if len(workloads) == 1 and workloads[0].forkable else "fresh"
 
 
-class _Running:
-    def __init__(self, training: Training, ctx: PackContext, workload: Workload, server: ForkServer | None,
-                 cpus: Sequence[int] | None) -> None:
+class _Training:
+    """One training of the pack: its spec and files, the child the supervisor starts for it, and how it ended."""
+
+    def __init__(self, training: Training, ctx: PackContext, workload: Workload, cpus: Sequence[int] | None) -> None:
         run, pid = ctx.run, ctx.pack.pack_id
         tid = training.training_id
         self.training = training
         self.workload = workload
-        self.err_path = run.log(pid, tid, "err")
         self.result_path = run.work(pid, tid, "result")
         spec_path = run.work(pid, tid, "spec")
-        make_dirs(self.err_path.parent)
+        err_path = run.log(pid, tid, "err")
+        make_dirs(err_path.parent)
         self.result_path.unlink(missing_ok=True)  # a result left by an earlier attempt must not count
-        self.started_at = time.time()
-        write_json_atomic(spec_path, worker_spec(training, ctx, self.started_at))
-        self.ended_at: float | None = None
-        self.timed_out = False
-        self._kill_at: float | None = None
-        self.start_error: str | None = None
-        self.start = "fork" if server else "fresh"
-        self.cpus = list(cpus) if cpus else None
+        started_at = time.time()
+        write_json_atomic(spec_path, worker_spec(training, ctx, started_at))
         # A list argv, never a shell: gpupack's worker reads hyperparameters from the spec file; a command
         # workload's argv items are templated one by one.
-        launch = workload.launch(training.params, str(spec_path), str(self.result_path))
-        env = {**worker_env(ctx.env, ctx.threads), **launch.env}
-        self.proc: subprocess.Popen[bytes] | ForkedProcess | None = None
-        try:
-            self.proc = start_process(launch.argv, tid, spec_path, run.log(pid, tid, "out"), self.err_path, env,
-                                      launch.cwd, server, ctx.memory_limit_bytes, self.cpus)
-        except OSError as error:  # the program is gone or not executable on this node: it fails alone
-            where = launch.cwd if launch.cwd and not os.path.isdir(launch.cwd) else None
-            self.start_error = (f"could not start {launch.argv[0]!r}: its working directory {where!r} does "
-                                "not exist" if where else f"could not start {launch.argv[0]!r}: "
-                                f"{error.strerror or error}")
-            self.ended_at = time.time()
+        self.launch = workload.launch(training.params, str(spec_path), str(self.result_path))
+        self.child = ChildSpec(tid, self.launch.argv, run.log(pid, tid, "out"), err_path,
+                               {**worker_env(ctx.env, ctx.threads), **self.launch.env}, spec_path, self.launch.cwd,
+                               ctx.memory_limit_bytes, list(cpus) if cpus else None, started_at)
+        self._outcome: TrainingOutcome | None = None
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+    def outcome(self, ended: ChildExit) -> TrainingOutcome:
+        if self._outcome is None:
+            self._outcome = self._make_outcome(ended)
+        return self._outcome
 
-    def enforce(self, timeout_s: float | None) -> None:
-        """Past its time limit: SIGTERM its process group, then SIGKILL after a grace period."""
-        if timeout_s is None or self.ended_at is not None:
-            return
-        now = time.time()
-        if not self.timed_out and now - self.started_at > timeout_s:
-            self.timed_out = True
-            self._kill_at = now + KILL_GRACE_S
-            self._signal(signal.SIGTERM)
-        elif self._kill_at is not None and now > self._kill_at:
-            self._signal(signal.SIGKILL)
-            self._kill_at = None
-
-    def _signal(self, sig: int) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)  # the training leads its own session: its children go too
-        except ProcessLookupError:
-            pass
-
-    def poll(self) -> bool:
-        if self.ended_at is None and self.proc is not None and self.proc.poll() is not None:
-            self.ended_at = time.time()
-        return self.ended_at is not None
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-
-    def outcome(self) -> TrainingOutcome:
-        assert self.ended_at is not None  # internal: only called after poll() said it ended
-        if self.proc is None:
-            return TrainingOutcome(self.training.training_id, self.started_at, self.ended_at, None, None,
-                                   self.start_error, None, extra={"timed_out": False, "start": self.start,
-                                                                  "cpus": self.cpus})
-        code = self.proc.returncode
-        sig = -code if code < 0 else None
+    def _make_outcome(self, ended: ChildExit) -> TrainingOutcome:
+        tid = self.training.training_id
+        extra = {"timed_out": ended.timed_out, "start": ended.start, "cpus": ended.cpus}
+        if ended.start_error is not None:  # the program is gone or not executable on this node: it fails alone
+            why = start_failure(self.launch.argv, self.launch.cwd, ended.start_error)
+            return TrainingOutcome(tid, ended.started_at, ended.ended_at, None, None, why, None, extra=extra)
+        code = ended.returncode
         result = None
         if code == 0:
             raw = read_json_or_none(self.result_path)  # torn or foreign: nothing written
-            result = self.workload.result(self.training.params, raw, self.started_at, self.ended_at)
+            result = self.workload.result(self.training.params, raw, ended.started_at, ended.ended_at)
         error = None
         if code != 0:
-            error = exit_error(self.err_path, code)
+            error = ended.error()
         elif result is None:
             error = "exited 0 but wrote no result"
-        if self.timed_out:
+        if ended.timed_out:
             error = "stopped after packing.training_timeout_s; " + (error or "")
-        return TrainingOutcome(self.training.training_id, self.started_at, self.ended_at, code, sig, error,
-                               result, extra={"timed_out": self.timed_out, "start": self.start, "cpus": self.cpus})
+        return TrainingOutcome(tid, ended.started_at, ended.ended_at, code, ended.signal, error, result, extra=extra)
+
+
+def start_failure(argv: Sequence[str], cwd: str | None, error: OSError) -> str:
+    """Why a training's program could not start. Pure."""
+    if cwd and not os.path.isdir(cwd):
+        return f"could not start {argv[0]!r}: its working directory {cwd!r} does not exist"
+    return f"could not start {argv[0]!r}: {error.strerror or error}"
 
 
 STARTS = ("auto", "fork", "fresh")
@@ -196,7 +116,12 @@ class ProcessOptions:
 
 class ProcessPacker(Packer):
     name = "process"
+    split_label = "no split (process)"
+    line_style = "-"
     Options = ProcessOptions
+
+    def watches_mps(self, options: Any) -> bool:
+        return bool(options.mps)
 
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
         opts = options_of(settings, self.name)
@@ -220,57 +145,36 @@ class ProcessPacker(Packer):
         with mps_daemon(ctx.env) as mps_env:
             return self._run(trainings, dataclasses.replace(ctx, env={**ctx.env, **mps_env}))
 
-    def _run(self, trainings: Sequence[Training], ctx: PackContext,
-             opts: ProcessOptions | None = None) -> list[TrainingOutcome]:
-        running: list[_Running] = []
-        workloads = {name: load_workload(name) for name in {t.workload for t in trainings}}
-        if opts is None:
-            opts = options_of(ctx.settings, self.name) if ctx.settings is not None else ProcessOptions(start="fresh")
-        method = start_method(opts.start, list(workloads.values()))
-        cores = job_cpus()
-        cpus = [cpus_for(cores, len(trainings), i) if opts.cpu_affinity else None for i in range(len(trainings))]
-        server = None
-        try:
-            if method == "fork":
-                server = self.preloaded_server(trainings, ctx)
-            for t, bound in zip(trainings, cpus):
-                running.append(_Running(t, ctx, workloads[t.workload], server, bound))
-                if running[-1].pid is not None:
-                    ctx.on_started(t.training_id, running[-1].pid)
-            reported: set[str] = set()
-            while len(reported) < len(running):
-                for r in running:
-                    r.enforce(ctx.training_timeout_s)
-                    if r.training.training_id not in reported and r.poll():
-                        reported.add(r.training.training_id)
-                        ctx.on_finished(r.outcome())
-                time.sleep(POLL_S)
-        except BaseException:  # the job is being cancelled or broke: take no orphan trainings with it
-            for r in running:
-                r.kill()
-            raise
-        finally:
-            if server is not None:
-                server.close()
-        return [r.outcome() for r in running]
+    def _run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
+        opts = options_of(ctx.settings, self.name) if ctx.settings is not None else ProcessOptions(start="fresh")
+        return run_processes(trainings, ctx, opts)
 
-    def run_as_processes(self, trainings: Sequence[Training], ctx: PackContext,
-                         opts: ProcessOptions) -> list[TrainingOutcome]:
-        """Process mode's machinery with options of the caller's (a spread strategy's one training, one process):
-        start, follow, time out and record each training as process mode does, without MPS."""
-        return self._run(trainings, ctx, opts)
 
-    @staticmethod
-    def preloaded_server(trainings: Sequence[Training], ctx: PackContext) -> ForkServer | None:
-        """The pack's preloaded fork server; None (fresh interpreters, said in the server's log) if it cannot start."""
-        log = ctx.run.pack_dir(ctx.pack.pack_id) / "logs" / "forkserver.err"
-        try:
-            return ForkServer(trainings[0].workload, [t.params for t in trainings], worker_env(ctx.env, ctx.threads),
-                              log, setup=_child_setup(None))
-        except (RuntimeError, OSError) as err:
-            with open_log(log, append=True) as f:
-                f.write(f"gpupack: {err}; starting each training as a fresh interpreter instead\n".encode())
-            return None
+def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: ProcessOptions) -> list[TrainingOutcome]:
+    """Process mode's machinery (also a spread strategy's one training, one process, with its options): each
+    training a child of one supervisor (gpupack.runtime.supervisor), forked or fresh, started, followed, timed out and
+    recorded; without MPS (the caller's)."""
+    workloads = {name: load_workload(name) for name in {t.workload for t in trainings}}
+    method = start_method(opts.start, list(workloads.values()))
+    cores = job_cpus()
+    cpus = [cpus_for(cores, len(trainings), i) if opts.cpu_affinity else None for i in range(len(trainings))]
+    server = preloaded_server(trainings, ctx) if method == "fork" else None
+    packed: list[_Training] = []
+    with Supervisor(ctx.training_timeout_s, server) as supervisor:
+        for t, bound in zip(trainings, cpus):
+            packed.append(_Training(t, ctx, workloads[t.workload], bound))
+            pid = supervisor.start(packed[-1].child).pid
+            if pid is not None:
+                ctx.on_started(t.training_id, pid)
+        by_name = {p.training.training_id: p for p in packed}
+        exits = supervisor.follow(on_exit=lambda ended: ctx.on_finished(by_name[ended.name].outcome(ended)))
+    return [p.outcome(ended) for p, ended in zip(packed, exits)]
+
+
+def preloaded_server(trainings: Sequence[Training], ctx: PackContext) -> ForkServer | None:
+    """The pack's preloaded fork server; None (fresh interpreters, said in the server's log) if it cannot start."""
+    return fork_server(trainings[0].workload, [t.params for t in trainings], worker_env(ctx.env, ctx.threads),
+                       ctx.run.pack_dir(ctx.pack.pack_id) / "logs" / "forkserver.err")
 
 
 def job_cpus() -> list[int]:

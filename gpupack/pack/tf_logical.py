@@ -56,6 +56,8 @@ class TfLogicalOptions:
 
 class TfLogicalPacker(Packer):
     name = "tf_logical"
+    split_label = "split (TF logical)"
+    line_style = "--"
     Options = TfLogicalOptions
 
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
@@ -72,18 +74,20 @@ class TfLogicalPacker(Packer):
 
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
         n = len(trainings)
-        on_gpu = ctx.device == "cuda" and ctx.gpu_memory_total_mb is not None
+        total_mb = ctx.gpu_memory_total_mb if ctx.device == "cuda" else None
+        on_gpu = total_mb is not None
         memory_mb = None
-        if on_gpu:  # a partition check could not tell this job would have a GPU (local backend, device=auto)
+        if total_mb is not None:  # a partition check could not tell this job would have a GPU (local, device=auto)
             refuse_rlimit_on_gpu(self.name, ctx.memory_limit_bytes / 2**30 if ctx.memory_limit_bytes else None)
             workload = load_workload(trainings[0].workload)
             opts = options_of(ctx.settings, self.name)
-            memory_mb = split_memory_mb(ctx.gpu_memory_total_mb, n, opts.gpu_memory_reserve_mb,
+            memory_mb = split_memory_mb(total_mb, n, opts.gpu_memory_reserve_mb,
                                         opts.gpu_memory_budget_mb, workload.min_gpu_memory_mb)
         devices = logical_devices("gpu" if on_gpu else "cpu", n)
         spawned = time.time()
         specs = host_specs(trainings, ctx, spawned, devices)
-        return run_host("gpupack.runtime.tf_host", "tf_host", specs, ctx, spawned,  # the host's limit: N x one training's
+        # The host's memory limit: N x one training's.
+        return run_host("gpupack.runtime.tf_host", "tf_host", specs, ctx, spawned,
                         extra={"kind": "gpu" if on_gpu else "cpu", "memory_limit_mb": memory_mb})
 
 

@@ -74,9 +74,9 @@ class HydraJob(Workload):
         Singleton.set_state(singleton_state)
         setup_globals()
         config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(params.overrides))
-        with open_dict(config.hydra.job) as job:
-            job.id = f"{job_id()}_{params.job_num}"
-            job.num = params.job_num
+        with open_dict(config.hydra.job):  # the pack's job, as its backend named it to the pack (jobenv.job_id)
+            config.hydra.job.id = f"{job_id()}_{params.job_num}"
+            config.hydra.job.num = params.job_num
         ctx.reporter.loop_started()  # start-up: process, imports, unpickling, the sweep config
         ret = run_job(hydra_context=launcher.hydra_context, task_function=launcher.task_function, config=config,
                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")

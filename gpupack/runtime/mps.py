@@ -30,7 +30,8 @@ def mps_daemon(env: Mapping[str, str]) -> Iterator[dict[str, str]]:
     control = shutil.which(CONTROL, path=env.get("PATH"))
     if control is None:
         raise ConfigError("packing.process.mps", True, f"{CONTROL} is not on this node's PATH",
-                          "load the CUDA module that provides it (e.g. module load cuda), or set packing.process.mps=false")
+                          "load the CUDA module that provides it (e.g. module load cuda), "
+                          "or set packing.process.mps=false")
     root = Path(tempfile.mkdtemp(prefix="gpupack-mps-", dir=job_tmp(env)))
     mps_env = {"CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(root / "log")}
     for path in mps_env.values():

@@ -7,10 +7,10 @@ halves:
 - the pack's side (:meth:`Strategy.run`, inside the job, like a packing mode's ``run``): start the training's
   process(es) over the job's k devices — DDP one process per device, MirroredStrategy one process for all — follow
   them and say how the training ended;
-- the training's side (:meth:`Strategy.join`, in each of those processes, called by :mod:`gpupack.runtime.worker`): set the
-  process up (DDP: join the process group; Mirrored: make the strategy over k devices) and hand the workload a
-  :class:`Spread`, the few calls a workload makes to spread itself (wrap the model, take its share of a batch, build
-  under a scope). The workload never knows which strategy it runs under.
+- the training's side (:meth:`Strategy.join`, in each of those processes, called by
+  :mod:`gpupack.runtime.worker`): set the process up (DDP: join the process group; Mirrored: make the strategy over
+  k devices) and hand the workload a :class:`Spread`, the few calls a workload makes to spread itself (wrap the
+  model, take its share of a batch, build under a scope). The workload never knows which strategy it runs under.
 
 A pack of a spread training is an ordinary :class:`gpupack.core.plan.Pack` of one training whose ``devices`` is k and
 whose ``spread`` names the strategy; its mode is the strategy's label (``ddp-gloo``, ``ddp-nccl``, ``mirrored``), so
@@ -18,12 +18,10 @@ records, collect and the report keep one word for one layout.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from gpupack.core.placement import Placement, Spread
 from gpupack.errors import ConfigError, nearest, require_counts
@@ -35,10 +33,6 @@ if TYPE_CHECKING:  # the pack's side only: a training's process imports this mod
     from gpupack.workload import Workload
 
 KEY = "spread.strategy"
-
-
-
-
 
 
 class Strategy(ABC):
@@ -98,7 +92,7 @@ def check_spread(strategy: Strategy, workload: "Workload", devices: Sequence[int
     if strategy.name not in workload.spreads:
         raise ConfigError(KEY, strategy.name, f"{workload.name} does not say how to spread itself with it "
                           "(Workload.spreads)", "leave spread.devices=[], or make the workload call ctx.spread "
-                          "(see jobs/_torch_common.py)")
+                          "(see gpupack/workloads/_torch_common.py)")
     require_counts(devices, "spread.devices", "a device count", "spread.devices=[1,2,4]", each="k")
     for name, cap in capacities.items():
         most, what = devices_on(cap)

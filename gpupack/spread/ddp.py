@@ -1,11 +1,12 @@
 """DDP: one torch training over k devices as k processes (one per device), gradients all-reduced by
 ``torch.nn.parallel.DistributedDataParallel`` over gloo (CPU or GPU) or NCCL (GPUs only).
 
-The pack's side (:meth:`DdpStrategy.run`) starts k fresh ``python -m gpupack.runtime.worker`` processes, rank r of k each
-with its own spec, and follows them as one training: one rank failing fails the training and the others are killed
-(they would wait in an all-reduce for it until their time-out). The training's side (:meth:`DdpStrategy.join`) joins
-the process group and gives the workload a :class:`DdpSpread`, which counts what each step all-reduces (bytes,
-buckets, in-flight time) with a DDP communication hook, so records say what spreading cost in communication.
+The pack's side (:meth:`DdpStrategy.run`) starts k ``python -m gpupack.runtime.worker`` processes under one
+supervisor (:mod:`gpupack.runtime.supervisor`), rank r of k each with its own spec, and follows them as one training:
+one rank failing fails the training and the others are killed (they would wait in an all-reduce for it until their
+time-out). The training's side (:meth:`DdpStrategy.join`) joins the process group and gives the workload a
+:class:`DdpSpread`, which counts what each step all-reduces (bytes, buckets, in-flight time) with a DDP communication
+hook, so records say what spreading cost in communication.
 """
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import dataclasses
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from gpupack.core.placement import Placement, Spread
 from gpupack.errors import ConfigError, nearest
 from gpupack.runtime.mps import job_tmp
+from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor, Together, fork_server, tail
 from gpupack.spread import Strategy
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from gpupack.core.plan import Training
     from gpupack.core.types import Capacity, TrainingOutcome
     from gpupack.pack import PackContext
+    from gpupack.runtime.forkserver import ForkServer
     from gpupack.workload import Workload
 
 KEY = "spread.ddp_backend"
@@ -86,76 +88,62 @@ def check_visible(visible: int, world: int, named: str | None) -> None:
 # ---------------- the pack's side ----------------
 
 
-class _Rank:
-    """One rank's process: its spec, logs and result; forked from the pack's preloaded server where process mode would
-    fork (``server``), else a fresh interpreter (never a shell)."""
+def rank_child(training: "Training", ctx: "PackContext", rank: int, world: int, threads: int,
+               started: float) -> ChildSpec:
+    """Rank ``rank`` of ``world``: its spec written, the child its supervisor starts (forked from the pack's preloaded
+    server where process mode would fork, else a fresh interpreter, never a shell)."""
+    from gpupack.core.records import make_dirs, write_json_atomic
+    from gpupack.pack import worker_env, worker_spec
 
-    def __init__(self, training: "Training", ctx: "PackContext", rank: int, world: int, threads: int,
-                 started: float, server: Any = None) -> None:
-        from gpupack.core.records import make_dirs, write_json_atomic
-        from gpupack.pack import worker_env, worker_spec
-        from gpupack.pack.process import start_process
-
-        run, pack_id, tid = ctx.run, ctx.pack.pack_id, training.training_id
-        name = tid if rank == 0 else f"{tid}.rank{rank}"  # rank 0's files are the training's own
-        self.rank = rank
-        self.err_path = run.log(pack_id, name, "err")
-        self.result_path = run.work(pack_id, name, "result")
-        spec_path = run.work(pack_id, name, "spec")
-        make_dirs(self.err_path.parent)
-        self.result_path.unlink(missing_ok=True)  # a result left by an earlier attempt must not count
-        placement = dataclasses.replace(ctx.spread, rank=rank, world=world)
-        spec = worker_spec(training, dataclasses.replace(ctx, threads=threads, spread=placement), started)
-        spec["result_path"] = str(self.result_path)
-        write_json_atomic(spec_path, spec)
-        # On GPUs every rank sees all of the job's devices and takes cuda:<rank> itself (DdpSpread.device).
-        self.killed = False  # by the pack (a peer failed, the time-out, the job stopping), not by its own fault
-        self.proc: Any = start_process([sys.executable, "-m", "gpupack.runtime.worker", str(spec_path)], name, spec_path,
-                                       run.log(pack_id, name, "out"), self.err_path, worker_env(ctx.env, threads),
-                                       None, server, ctx.memory_limit_bytes)
-
-    def send(self, sig: int) -> None:
-        if self.proc.poll() is not None:
-            return
-        self.killed = True
-        try:
-            os.killpg(self.proc.pid, sig)  # the rank leads its own session: its loader workers go too
-        except ProcessLookupError:
-            pass
-
-    @property
-    def failed(self) -> bool:
-        """Ended non-zero by its own doing (an exception, a crash, a kill the pack did not send)."""
-        code = self.proc.poll()
-        return code is not None and code != 0 and not self.killed
+    run, pack_id, tid = ctx.run, ctx.pack.pack_id, training.training_id
+    name = rank_name(tid, rank)  # rank 0's files are the training's own
+    err_path = run.log(pack_id, name, "err")
+    result_path = run.work(pack_id, name, "result")
+    spec_path = run.work(pack_id, name, "spec")
+    make_dirs(err_path.parent)
+    result_path.unlink(missing_ok=True)  # a result left by an earlier attempt must not count
+    placement = dataclasses.replace(ctx.spread, rank=rank, world=world)
+    spec = worker_spec(training, dataclasses.replace(ctx, threads=threads, spread=placement), started)
+    spec["result_path"] = str(result_path)
+    write_json_atomic(spec_path, spec)
+    # On GPUs every rank sees all of the job's devices and takes cuda:<rank> itself (DdpSpread.device).
+    argv = [sys.executable, "-m", "gpupack.runtime.worker", str(spec_path)]
+    return ChildSpec(name, argv, run.log(pack_id, name, "out"), err_path, worker_env(ctx.env, threads), spec_path,
+                     memory_limit_bytes=ctx.memory_limit_bytes, started_at=started)
 
 
-def _tail(rank: _Rank) -> str:
-    from gpupack.pack.process import exit_error
-
-    return exit_error(rank.err_path, rank.proc.returncode)
+def rank_name(training_id: str, rank: int) -> str:
+    return training_id if rank == 0 else f"{training_id}.rank{rank}"
 
 
-def lost_a_peer(rank: _Rank) -> bool:
-    return bool(PEER_LOST.search(_tail(rank)))
+def lost_a_peer(rank: ChildExit) -> bool:
+    """A rank whose error (its stderr's last lines: an exit code or signal never says it) only says a peer went away:
+    the consequence of another's failure."""
+    return bool(PEER_LOST.search(tail(rank.err_path)))
 
 
-def culprit(failed: Sequence[_Rank]) -> _Rank:
+# A failed rank kills the others; one that only lost a peer waits PEER_GRACE_S for the rank that caused it.
+RANKS_FAIL_TOGETHER = Together(consequence=lost_a_peer, grace_s=PEER_GRACE_S)
+
+
+def culprit(failed: Sequence[ChildExit]) -> ChildExit:
     """Of the ranks that failed, the cause: the first whose error is not a lost peer (else the first)."""
-    return next((r for r in failed if not lost_a_peer(r)), failed[0])
+    return RANKS_FAIL_TOGETHER.culprit(failed)
 
 
-def rank_server(training: "Training", ctx: "PackContext") -> Any:
+def rank_server(training: "Training", ctx: "PackContext") -> "ForkServer | None":
     """The fork server the ranks start from, where process mode would fork the same training (packing.process.start
     auto or fork, a forkable workload), so the two answers pay the same start-up; None: fresh interpreters."""
-    from gpupack.pack import options_of
-    from gpupack.pack.process import PACKER, start_method
+    from gpupack.pack import options_of, worker_env
+    from gpupack.pack.process import start_method
     from gpupack.workload import load_workload
 
     start = options_of(ctx.settings, "process").start if ctx.settings is not None else "fresh"
     if start_method(start, [load_workload(training.workload)]) != "fork":
         return None
-    return PACKER.preloaded_server([training], ctx)  # None, said in its log, when it cannot start
+    # None, said in its log, when it cannot start
+    return fork_server(training.workload, [training.params], worker_env(ctx.env, ctx.threads),
+                       ctx.run.pack_dir(ctx.pack.pack_id) / "logs" / "forkserver.err")
 
 
 class DdpStrategy(Strategy):
@@ -182,77 +170,46 @@ class DdpStrategy(Strategy):
     def _run_one(self, training: "Training", ctx: "PackContext") -> "TrainingOutcome":
         from gpupack.core.records import read_json_or_none
         from gpupack.core.types import TrainingOutcome
-        from gpupack.pack.process import KILL_GRACE_S, POLL_S
         from gpupack.workload import load_workload
 
         assert ctx.spread is not None  # internal: job.runner_of sets it for every spread pack
         k = ctx.spread.devices
         threads = max(1, ctx.threads // k)  # the job's cores shared by the k ranks
-        ranks: list[_Rank] = []
-        timed_out, kill_at, first_failure = False, None, None
-        cause: _Rank | None = None
-        start_error: str | None = None
         server = rank_server(training, ctx)
         rendezvous: str | None = None
         started = time.time()  # after the server's preload, as process mode's trainings (the pack's wall counts it)
         try:
-            # The ranks meet through a file in the job's node-local temporary space, unique to this training: a TCP
-            # port picked here could be taken by another pack's rendezvous before rank 0 binds it.
-            rendezvous = tempfile.mkdtemp(prefix="gpupack-ddp-", dir=job_tmp(ctx.env))
-            ctx = dataclasses.replace(ctx, spread=dataclasses.replace(
-                ctx.spread, init_method=f"file://{os.path.join(rendezvous, 'store')}"))
-            for r in range(k):
-                try:
-                    ranks.append(_Rank(training, ctx, r, k, threads, started, server))
-                except OSError as err:  # no process for this rank (memory, process limit): the training fails alone
-                    start_error = f"rank {r} of {k}: could not start: {err.strerror or err}"
-                    for other in ranks:
-                        other.send(signal.SIGKILL)
-                    break
-                ctx.on_started(training.training_id, ranks[-1].proc.pid)
-            while any(r.proc.poll() is None for r in ranks):
-                now = time.time()
-                failed = [r for r in ranks if r.failed]
-                if failed and cause is None:
-                    first_failure = first_failure or now
-                    if not all(lost_a_peer(r) for r in failed) or now - first_failure > PEER_GRACE_S:
-                        cause = culprit(failed)
-                        for r in ranks:  # the others would wait for it in an all-reduce: end them now
-                            r.send(signal.SIGKILL)
-                if ctx.training_timeout_s is not None and not timed_out and now - started > ctx.training_timeout_s:
-                    timed_out, kill_at = True, now + KILL_GRACE_S
-                    for r in ranks:
-                        r.send(signal.SIGTERM)
-                elif kill_at is not None and now > kill_at:
-                    for r in ranks:
-                        r.send(signal.SIGKILL)
-                    kill_at = None
-                time.sleep(POLL_S)
-            ended = time.time()  # the training's end: before the fork server is closed, as in process mode
-        except BaseException:  # the job is being cancelled or broke: take no orphan rank with it
-            for r in ranks:
-                r.send(signal.SIGKILL)
-            deadline = time.time() + KILL_GRACE_S
-            while any(r.proc.poll() is None for r in ranks) and time.time() < deadline:
-                time.sleep(POLL_S)
-            raise
+            with Supervisor(ctx.training_timeout_s, server, RANKS_FAIL_TOGETHER) as supervisor:
+                # The ranks meet through a file in the job's node-local temporary space, unique to this training: a
+                # TCP port picked here could be taken by another pack's rendezvous before rank 0 binds it.
+                rendezvous = tempfile.mkdtemp(prefix="gpupack-ddp-", dir=job_tmp(ctx.env))
+                ctx = dataclasses.replace(ctx, spread=dataclasses.replace(
+                    ctx.spread, init_method=f"file://{os.path.join(rendezvous, 'store')}"))
+                for r in range(k):
+                    pid = supervisor.start(rank_child(training, ctx, r, k, threads, started)).pid
+                    if pid is None:  # no process for this rank (memory, process limit): the others are killed
+                        break
+                    ctx.on_started(training.training_id, pid)
+                ranks = supervisor.follow()
+                # the training's end: before the fork server is closed, as in process mode
+                ended = max(r.ended_at for r in ranks)
         finally:
-            if server is not None:
-                server.close()
             if rendezvous is not None:
                 shutil.rmtree(rendezvous, ignore_errors=True)
-        if cause is None and any(r.failed for r in ranks):  # failed as the last to end, or in the poll that saw
-            cause = culprit([r for r in ranks if r.failed])  # all end
+        timed_out = any(r.timed_out for r in ranks)
+        cause = supervisor.culprit
         if cause is None and timed_out:
-            cause = next((r for r in ranks if r.proc.returncode != 0), None)
-        code: int | None = cause.proc.returncode if cause is not None else 0
+            cause = next((r for r in ranks if r.returncode != 0), None)
+        code: int | None = cause.returncode if cause is not None else 0
         result, error = None, None
-        if start_error is not None:
-            code, error = None, start_error
+        rank_of = {rank_name(training.training_id, r): r for r in range(k)}
+        if cause is not None and cause.start_error is not None:
+            why = cause.start_error.strerror or cause.start_error
+            code, error = None, f"rank {rank_of[cause.name]} of {k}: could not start: {why}"
         elif cause is not None:
-            error = f"rank {cause.rank} of {k}: {_tail(cause)}"
+            error = f"rank {rank_of[cause.name]} of {k}: {cause.error()}"
         else:
-            raw = read_json_or_none(ranks[0].result_path)  # rank 0's result is the training's
+            raw = read_json_or_none(ctx.run.work(ctx.pack.pack_id, training.training_id, "result"))  # rank 0's
             result = load_workload(training.workload).result(training.params, raw, started, ended)
             if result is None:
                 error = "exited 0 but wrote no result"
@@ -347,7 +304,8 @@ def _counting_hook(state: _CommCount, bucket: "dist.GradBucket") -> "torch.futur
 
     buffer = bucket.buffer()
     token = state.started(buffer.numel() * buffer.element_size(), bucket.is_last())
-    fut = allreduce_hook(None, bucket)  # None: the default (world) process group, the one DDP was built on
+    world: Any = None  # the default (world) process group, the one DDP was built on
+    fut = allreduce_hook(world, bucket)
 
     def done(f: Any) -> Any:
         state.finished(token)

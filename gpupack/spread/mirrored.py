@@ -71,7 +71,7 @@ class MirroredSpread(Spread):
     def stats(self) -> dict[str, Any]:
         # How replicas' gradients are summed; TF keeps it private, so read it only where it is.
         ops = getattr(self.strategy.extended, "_cross_device_ops", None)
-        out = {"replicas": int(self.strategy.num_replicas_in_sync), "replica_devices": self.devices,
+        out: dict[str, Any] = {"replicas": int(self.strategy.num_replicas_in_sync), "replica_devices": self.devices,
                "cross_device_ops": type(ops).__name__ if ops is not None else None}
         model = getattr(self, "model", None)
         if model is not None:  # no hook into TF's all-reduce: computed, as the record says
@@ -98,8 +98,7 @@ class Mirrored(Strategy):
 
     def run(self, trainings: Sequence["Training"], ctx: "PackContext") -> list["TrainingOutcome"]:
         from gpupack.pack._host import refuse_rlimit_on_gpu
-        from gpupack.pack.process import PACKER as PROCESS
-        from gpupack.pack.process import ProcessOptions
+        from gpupack.pack.process import ProcessOptions, run_processes
 
         if len(trainings) != 1:  # internal: spread_packs makes packs of one training
             raise ValueError(f"a mirrored pack runs one training, not {len(trainings)}")
@@ -107,7 +106,7 @@ class Mirrored(Strategy):
             refuse_rlimit_on_gpu(self.name, ctx.memory_limit_bytes / 2**30 if ctx.memory_limit_bytes else None)
         # Process mode's one training, started, followed, timed out and recorded as it does; always a fresh
         # interpreter, never under MPS or bound to a share of the cores (its threads are all the job's cores).
-        return PROCESS.run_as_processes(trainings, ctx, ProcessOptions(start="fresh"))
+        return run_processes(trainings, ctx, ProcessOptions(start="fresh"))
 
     def join(self, placement: Placement) -> Spread:
         import os

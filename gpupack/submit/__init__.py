@@ -4,7 +4,10 @@ Each backend is one module ``gpupack/submit/<backend>.py`` exposing ``SUBMITTER`
 subclass, and its own config dataclass (``SUBMITTER.Config``, registered as ``cluster/<backend>_schema``); a
 cluster preset (conf/cluster/*.yaml) names its backend. A backend answers, once, what each partition can hold
 (:meth:`Submitter.capacities`) so that validation stays pure; it maps its own queue states to gpupack's
-:data:`PACK_STATES`. All backends hand a pack to the same job body, :class:`PackJob`.
+:data:`PACK_STATES`. All backends hand a pack to the same job body, :class:`PackJob`, which runs it with the job as
+its backend tells it (:meth:`Submitter.job_environment`, as submitit has one JobEnvironment per executor). A backend
+that a Hydra launcher runs on maps the launcher's options (hydra-submitit-launcher's names) to its own config
+(:meth:`Submitter.from_launcher`).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from gpupack.core.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, Capacity, PackRequest, PackResult, PackSettings
 from gpupack.errors import ConfigError, SubmissionError, nearest
 from gpupack.job.body import run_pack
+from gpupack.runtime.jobenv import JobEnvironment
 
 
 @dataclass
@@ -42,11 +46,15 @@ ProgressFn = Callable[[Pack, str], None]
 
 
 class PackJob(submitit.helpers.Checkpointable):
-    """The job body as submitit runs it. Checkpointable: when SLURM signals the time limit, submitit
-    requeues the same call, and run_pack then runs only the trainings that have no completed record."""
+    """The job body as submitit runs it, for ``backend`` (its Submitter class, which says what job the pack runs in).
+    Checkpointable: when SLURM signals the time limit, submitit requeues the same call, and run_pack then runs only
+    the trainings that have no completed record."""
+
+    def __init__(self, backend: type[Submitter]) -> None:
+        self.backend = backend
 
     def __call__(self, run_root: str, pack_id: str, settings: PackSettings) -> dict[str, Any]:
-        return run_pack(run_root, pack_id, settings)
+        return run_pack(run_root, pack_id, settings, job=self.backend.job_environment())
 
 
 class Submitter(ABC):
@@ -54,6 +62,7 @@ class Submitter(ABC):
 
     Config: ClassVar[type]
     detachable: ClassVar[bool] = False  # can submit and return (wait=false): jobs outlive this process
+
     def __init__(self, cluster: Any, run: RunDir, key_prefix: str = "cluster",
                  key_names: Mapping[str, str] | None = None) -> None:
         self.cluster = cluster
@@ -67,6 +76,32 @@ class Submitter(ABC):
 
     def key(self, name: str) -> str:
         return f"{self.key_prefix}.{self.key_names.get(name, name)}"
+
+    @classmethod
+    @abstractmethod
+    def job_environment(cls) -> JobEnvironment:
+        """Inside one of this backend's jobs: the job as the pack record names it (from submitit's JobEnvironment and
+        the scheduler's own variables)."""
+
+    # ---- a Hydra launcher's options (hydra-submitit-launcher's names: timeout_min, partition, gres, mem_gb, ...) ----
+
+    @classmethod
+    def launcher_config(cls, options: Mapping[str, Any], key: str) -> Any:
+        """This backend's Config from a Hydra launcher's options; an error names the launcher's own key
+        (``key``.<option>)."""
+        raise ConfigError(key, cls.__module__.rpartition(".")[2], "no Hydra launcher runs on this backend",
+                          "use hydra/launcher=gpupack_local or hydra/launcher=gpupack_slurm")
+
+    @classmethod
+    def launcher_names(cls, cluster: Any) -> dict[str, str]:
+        """The launcher's name of each of this backend's options that it names otherwise (for :meth:`key`)."""
+        return {}
+
+    @classmethod
+    def from_launcher(cls, options: Mapping[str, Any], run: RunDir, key: str) -> Submitter:
+        """This backend, configured by a Hydra launcher's options; its errors name the launcher's keys."""
+        cluster = cls.launcher_config(options, key)
+        return cls(cluster, run, key_prefix=key, key_names=cls.launcher_names(cluster))
 
     @abstractmethod
     def resolve_partitions(self, requested: Sequence[str]) -> tuple[str, ...]:

@@ -6,6 +6,7 @@ that packs never disturb each other's timing.
 from __future__ import annotations
 
 import functools
+import os
 import resource
 import subprocess
 import threading
@@ -13,7 +14,7 @@ import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import psutil
 import submitit
@@ -24,6 +25,7 @@ from gpupack.core.rundir import check_name
 from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import job_cores
+from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.runtime.monitor import detect_device, gpu_count
 from gpupack.submit import ClusterConfig, PackJob, ProgressFn, Submitter, job_result, progress_state
 
@@ -148,6 +150,18 @@ def cancel_jobs(controller_pids: Iterable[int]) -> int:
 class LocalSubmitter(Submitter):
     Config = LocalConfig
 
+    @classmethod
+    def job_environment(cls) -> JobEnvironment:
+        """submitit's local job (its id) and the GPUs this backend let it see (CUDA_VISIBLE_DEVICES)."""
+        return JobEnvironment(job_id=submitit.JobEnvironment().job_id,
+                              cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    @classmethod
+    def launcher_config(cls, options: Mapping[str, Any], key: str) -> LocalConfig:
+        """hydra/launcher=gpupack_local: timeout_min and max_parallel_packs, as they are."""
+        return LocalConfig(name="gpupack_local", backend="local", timeout_min=int(options["timeout_min"]),
+                           partition="local", max_parallel_packs=options.get("max_parallel_packs"))
+
     def resolve_partitions(self, requested: Sequence[str]) -> tuple[str, ...]:
         label = check_name(self.key("partition"), self.cluster.partition)
         if list(requested) not in ([], [label]):
@@ -206,7 +220,7 @@ class LocalSubmitter(Submitter):
                 gpus = spread_gpus(pack, taken)
                 executor.update_parameters(timeout_min=self.cluster.timeout_min, gpus_per_node=len(gpus),
                                            visible_gpus=gpus, name=pack.pack_id)
-                job = executor.submit(PackJob(), str(self.run.root), pack.pack_id, settings)
+                job = executor.submit(PackJob(type(self)), str(self.run.root), pack.pack_id, settings)
                 running.append((pack, taken, job))
                 progress(pack, "running")
             time.sleep(POLL_S)
@@ -232,10 +246,11 @@ def take_slots(pack: Pack, free: list[list[int]], n_slots: int, n_gpus: int) -> 
     if len({g for slot in free for g in slot}) < pack.devices:
         if n_slots > len(free):
             return None  # not enough distinct GPUs free yet
-        taken = list(free)  # every slot is free and still too few GPUs: hold them all
+        every = list(free)  # every slot is free and still too few GPUs: hold them all
         free.clear()
-        return taken
-    taken, seen = [], set()
+        return every
+    taken: list[list[int]] = []
+    seen: set[int] = set()
     for slot in list(free):
         if len(seen) == pack.devices:
             break

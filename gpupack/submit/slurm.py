@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import submitit
 
@@ -22,12 +22,15 @@ from gpupack.core.plan import Pack
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, Capacity, PackRequest, PackResult, PackSettings
 from gpupack.errors import ConfigError, SubmissionError, nearest
 from gpupack.job.body import record_job_oom
+from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.submit import ClusterConfig, PackJob, ProgressFn, Submitter, job_result, progress_state
 
 ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")  # what Alliance users export in their shell
 REQUEST_FORMS = ("gpus_per_node", "gres", "none")
 DEFAULT_MEM_GB = 2.0  # per training, when cluster.mem_gb_per_training is null and nothing was measured
 FINISH_POLL_S = 0.2  # how soon a finished pack is seen: a stat of its result file
+LAUNCHER_GRES = re.compile(r"^gpu(?::([^:,]+))?:(\d+)$")  # a Hydra launcher's gres: gpu:1, gpu:v100:1
+LAUNCHER_LABEL = "default"  # the Hydra launcher's one partition, when it names no SLURM partition
 
 
 def slurm_command(args: Sequence[str], timeout: float = 30) -> str | None:
@@ -163,9 +166,66 @@ def out_of_memory(queue_state: str | None, stderr: str | None = None) -> bool:
     return (queue_state or "").split(" ")[0] in OOM_QUEUE_STATES or bool(OOM_STDERR.search(stderr or ""))
 
 
+def launcher_gpu_request(options: Mapping[str, Any], key: str) -> tuple[str | None, str]:
+    """(GPU type or None for any, request form) for one pack from a Hydra launcher's gres / gpus_per_node: packs share
+    exactly one GPU, or run on CPUs. An error names ``key``.<option>."""
+    gres, per_node = options.get("gres"), options.get("gpus_per_node")
+    if gres:
+        m = LAUNCHER_GRES.match(str(gres))
+        if not m or int(m.group(2)) != 1:
+            raise ConfigError(f"{key}.gres", gres, "a pack's jobs share one GPU, so a pack asks for exactly one",
+                              f"e.g. {key}.gres=gpu:v100:1 (or gpu:1), and {key}.pack=N for N jobs on it")
+        return m.group(1), "gres"
+    if per_node in (None, 0):
+        return None, "none"
+    if per_node != 1:
+        raise ConfigError(f"{key}.gpus_per_node", per_node, "a pack's jobs share one GPU",
+                          f"use {key}.gpus_per_node=1 and {key}.pack=N; for one job on several GPUs keep "
+                          "hydra-submitit-launcher")
+    return None, "gpus_per_node"
+
+
 class SlurmSubmitter(Submitter):
     Config = SlurmConfig
     detachable = True
+
+    @classmethod
+    def job_environment(cls) -> JobEnvironment:
+        """submitit's SLURM job (its id, array task included: 1234_5) and what SLURM gave it, to cross-check with
+        sacct's gres/gpu."""
+        return JobEnvironment(job_id=submitit.JobEnvironment().job_id,
+                              cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                              slurm_job_gpus=os.environ.get("SLURM_JOB_GPUS"),
+                              slurm_partition=os.environ.get("SLURM_JOB_PARTITION"))
+
+    # ---------------- a Hydra launcher's options ----------------
+
+    @classmethod
+    def launcher_config(cls, options: Mapping[str, Any], key: str) -> SlurmConfig:
+        """hydra/launcher=gpupack_slurm: one partition (its SLURM partition, gres or gpus_per_node, constraint,
+        gpu_model); cpus_per_task and mem_gb of ONE job (null: 1 CPU, 2 GB); qos, comment and exclude as sbatch
+        options."""
+        gpu, request = launcher_gpu_request(options, key)
+        label = options.get("partition") or LAUNCHER_LABEL
+        extra = {k: options[k] for k in ("qos", "comment", "exclude") if options.get(k)}
+        return SlurmConfig(
+            name="gpupack_slurm", backend="slurm", timeout_min=int(options["timeout_min"]),
+            partitions={label: PartitionConfig(gpu=gpu, request=request, slurm_partition=options.get("partition"),
+                                               constraint=options.get("constraint"), model=options.get("gpu_model"))},
+            default_partitions=[label], account=options.get("account"),
+            cpus_per_training=float(options.get("cpus_per_task") or 1),
+            mem_gb_per_training=float(options.get("mem_gb") or 2), array_parallelism=int(options["array_parallelism"]),
+            signal_delay_s=int(options["signal_delay_s"]), max_num_timeout=int(options["max_num_timeout"]),
+            setup=list(options.get("setup") or []),
+            additional_parameters={**extra, **(options.get("additional_parameters") or {})},
+            poll_s=float(options["poll_s"]))
+
+    @classmethod
+    def launcher_names(cls, cluster: Any) -> dict[str, str]:
+        label = next(iter(cluster.partitions))
+        return {"cpus_per_training": "cpus_per_task", "mem_gb_per_training": "mem_gb", "partition": "partition",
+                f"partitions.{label}.gpu": "gres", f"partitions.{label}.slurm_partition": "partition",
+                f"partitions.{label}.request": "gpus_per_node"}
 
     # ---------------- checks before anything is submitted ----------------
 
@@ -284,7 +344,8 @@ class SlurmSubmitter(Submitter):
             try:
                 labelled = dataclasses.replace(settings, gpu_model=self.cluster.partitions[partition].model)
                 with executor.batch():
-                    jobs = [executor.submit(PackJob(), str(self.run.root), p.pack_id, labelled) for p in group]
+                    jobs = [executor.submit(PackJob(type(self)), str(self.run.root), p.pack_id, labelled)
+                            for p in group]
             except Exception as err:  # sbatch refused: say which group and why, keep what was submitted
                 self.remember({p.pack_id: (str(j.job_id), p.partition) for p, j in out})
                 what = f"k={devices}" if devices > 1 else f"N={factor}"

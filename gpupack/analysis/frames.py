@@ -1,0 +1,162 @@
+"""Frame assembly: the rows of many packs (:class:`gpupack.core.columnar.Rows`, one piece a pack) as one frame.
+
+The pieces of each layout are joined at once in Arrow, the layouts conformed to one schema, and the frame converted
+to pandas once: what makes a run of a million trainings load in seconds (benchmarks/collect_scale.py).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from gpupack.core.columnar import JSON_PREFIX, STRING, Rows, column, json_array, layout_columns, same
+
+# Kept as JSON text after load, decoded where read: a million curves or hyperparameter sets take seconds to decode one
+# by one; one plot draws curves, and best_hyperparameters and knob_table parse theirs in bulk (json_columns).
+TEXT_COLUMNS = ("curve", "params", "knobs", "cpus")
+
+
+@dataclass
+class Pieces:
+    """Rows as read, one piece per pack (or per run's earlier attempts), in path order."""
+
+    rows: list[Rows] = field(default_factory=list)
+    run_dirs: list[str] = field(default_factory=list)
+    attempts: list[Sequence[int] | int] = field(default_factory=list)  # one for the piece, or one a row
+
+    def add(self, rows: Rows, run_dir: str, attempts: Sequence[int] | int) -> None:
+        if rows.rows:
+            self.rows.append(rows)
+            self.run_dirs.append(run_dir)
+            self.attempts.append(attempts)
+
+    def frame(self) -> pd.DataFrame:
+        if not self.rows:
+            return pd.DataFrame()
+        runs, where = np.unique(np.array(self.run_dirs, dtype=object), return_inverse=True)
+        lengths = [r.rows for r in self.rows]
+        run_dir = pa.DictionaryArray.from_arrays(np.repeat(where.astype(np.int32), lengths), list(runs))
+        frame = decode_json(assemble(self.rows).to_pandas())
+        frame["run_dir"] = run_dir.cast(STRING).to_pandas()  # built in Arrow: a million Python strs cost
+        attempt = np.repeat(np.array([a if isinstance(a, int) else 0 for a in self.attempts], np.int64), lengths)
+        for start, each in zip(np.cumsum([0, *lengths[:-1]]), self.attempts):
+            if not isinstance(each, int):  # earlier attempts: one a row
+                attempt[start:start + len(each)] = each
+        frame["attempt"] = attempt
+        return frame
+
+
+def assemble(pieces: list[Rows]) -> pa.Table:
+    """One table of every piece's rows, in order: the pieces of each layout joined at once (their varying columns
+    concatenated, each shared column made from one value per piece), then the layouts, conformed to one schema."""
+    layouts: list[pa.Schema] = []  # each distinct layout, once
+    layout_of = np.empty(len(pieces), dtype=np.int64)
+    last = -1
+    for i, piece in enumerate(pieces):
+        schema = piece.layout
+        if last < 0 or not schema.equals(layouts[last], check_metadata=True):  # mostly the one before's: one test
+            last = next((k for k, known in enumerate(layouts) if known.equals(schema, check_metadata=True)),
+                        len(layouts))
+            if last == len(layouts):
+                layouts.append(schema)
+        layout_of[i] = last
+    tables = [_layout_table(layout, [p for p, k in zip(pieces, layout_of) if k == i])
+              for i, layout in enumerate(layouts)]
+    if len(tables) > 1:
+        return _in_order(_conformed(tables), layout_of, np.array([p.rows for p in pieces]))
+    return tables[0]
+
+
+def _layout_table(layout: pa.Schema, pieces: list[Rows]) -> pa.Table:
+    """The rows of pieces of one layout, one chunk a column (what pandas filters fast, and slices at no cost): varying
+    columns joined, shared ones repeated from one value a piece."""
+    names, shared = layout_columns(layout)
+    plain = layout.remove_metadata()
+    varying = pa.Table.from_batches([p.batch for p in pieces], plain).combine_chunks()
+    columns = dict(zip(plain.names, varying.columns))
+    owner = np.repeat(np.arange(len(pieces)), [p.rows for p in pieces])
+    for name, values in zip(shared, zip(*(p.shared for p in pieces))):  # one tuple of values a shared column
+        column_name, array = column(name, list(values))
+        # one value in every piece (the sweep, the host...): repeated, no index to follow
+        columns[column_name] = pa.repeat(array[0], len(owner)) if same(values) else array.take(owner)
+    ordered = [c for name in names for c in (name, JSON_PREFIX + name) if c in columns]
+    return pa.table([columns[c] for c in ordered], names=ordered)
+
+
+def _in_order(tables: list[pa.Table], layout_of: np.ndarray, lengths: np.ndarray) -> pa.Table:
+    """The rows of the layouts' tables back in the order of the pieces: each run of pieces of one layout is one slice
+    of its table, a chunk of the result (runs are long: the packs of a run mostly share one layout)."""
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(layout_of)) + 1])
+    offsets = [0] * len(tables)
+    slices = []
+    for start, n in zip(starts, np.add.reduceat(lengths, starts)):
+        k = layout_of[start]
+        slices.append(tables[k].slice(offsets[k], n))
+        offsets[k] += n
+    return pa.concat_tables(slices)
+
+
+def _conformed(tables: list[pa.Table]) -> list[pa.Table]:
+    """Tables of different layouts under one schema: int and float of different packs widen to float, as pandas
+    does with mixed rows; a missing column is null; a column typed one way in one table and another way in another
+    is JSON text in both (what mixed types are in one pack)."""
+    try:
+        schema = pa.unify_schemas([t.schema for t in tables], promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        tables = _as_json(tables)
+        schema = pa.unify_schemas([t.schema for t in tables], promote_options="permissive")
+    return [_conform(t, schema) for t in tables]
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    n = table.num_rows
+    names = set(table.column_names)
+    columns = [_cast(table.column(f.name), f.type) if f.name in names else pa.nulls(n, f.type) for f in schema]
+    return pa.table(columns, schema=schema)
+
+
+def _cast(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
+    return column if column.type == kind else column.cast(kind)
+
+
+def _as_json(tables: list[pa.Table]) -> list[pa.Table]:
+    """Every column whose types conflict across tables, as JSON text in each."""
+    types: dict[str, set[pa.DataType]] = {}
+    for t in tables:
+        for f in t.schema:
+            if not pa.types.is_null(f.type):
+                types.setdefault(f.name, set()).add(f.type)
+    numeric = {pa.int64(), pa.float64()}
+    conflicting = {name for name, ts in types.items() if len(ts) > 1 and not ts <= numeric}
+    return [pa.table({JSON_PREFIX + n if n in conflicting else n:
+                      json_array(t.column(n).to_pylist()) if n in conflicting else t.column(n)
+                      for n in t.column_names}) for t in tables]
+
+
+def _decode(text: pd.Series) -> np.ndarray:
+    """JSON text → Python values, each distinct text decoded once (such values repeat: a field of one setting)."""
+    codes, uniques = pd.factorize(text)
+    values = np.empty(len(uniques) + 1, dtype=object)  # the last slot: None, for missing text (code -1)
+    for i, u in enumerate(uniques):
+        values[i] = json.loads(u)
+    return values[codes]
+
+
+def decode_json(frame: pd.DataFrame) -> pd.DataFrame:
+    """``json:<name>`` columns back to ``<name>`` (decoded, but for :data:`TEXT_COLUMNS`), merged with a plain
+    ``<name>`` column of packs where that column held scalars."""
+    for col in [c for c in frame.columns if c.startswith(JSON_PREFIX)]:
+        name = col[len(JSON_PREFIX):]
+        text = frame.pop(col)
+        if name in TEXT_COLUMNS and name not in frame:
+            frame[name] = text
+            continue
+        values = text.to_numpy(dtype=object, na_value=None) if name in TEXT_COLUMNS else _decode(text)
+        if name in frame:
+            values = np.where(text.isna().to_numpy(), frame[name].to_numpy(dtype=object, na_value=None), values)
+        frame[name] = values
+    return frame

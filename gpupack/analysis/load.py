@@ -1,0 +1,197 @@
+"""Loading: run directories → :class:`Records`, every record of the runs as flat frames.
+
+Each pack is read from its columnar file where it is current (:mod:`gpupack.core.columnar`), else from its JSON
+records, with the same rows; earlier attempts (packs/<id>/attempts/<k>/) from their JSON; then the run's plan (grid
+size, pending packs), the OOMs a user cleared, and from its config the RGU table and the cluster. Reads only.
+"""
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence, cast
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from gpupack.analysis.frames import Pieces
+from gpupack.core.columnar import ColumnarReader, pack_rows, read_records, split_rows
+from gpupack.core.records import read_json
+from gpupack.core.rundir import RunDir
+
+CLEARED_OOM = "cleared_oom.json"  # RUN_DIR/cleared_oom.json: OOMs the user cleared (python -m gpupack clear-oom)
+# A local test SLURM cluster (scripts/local_slurm.sh with conf/cluster/slurm.yaml): its partitions are one host.
+LOCAL_TEST_CLUSTER = ("slurm", frozenset({"p100", "v100", "a100"}))
+
+
+@dataclass
+class Records:
+    """Every record read, flat. ``trainings``: a row per training record, the latest (``attempt`` 0) and each earlier
+    attempt's; nested fields lifted to columns (:data:`gpupack.core.columnar.FLAT`); lists and dicts as Python
+    values, but those of :data:`gpupack.analysis.frames.TEXT_COLUMNS`, kept as their JSON text. ``packs``: a row per
+    pack record, the sampler's summary lifted."""
+
+    trainings: pd.DataFrame
+    packs: pd.DataFrame
+    warnings: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)  # planned packs with no pack record yet
+    # Trainings in each sweep's grid: one entry per run, or per Hydra multirun (its launches, launch_*, add up).
+    grid_sizes: dict[str, int] = field(default_factory=dict)
+    rgu: dict[str, float] = field(default_factory=dict)  # the RGU table the first run was configured with
+    cleared: list[dict[str, Any]] = field(default_factory=list)  # OOMs a user cleared, per run directory
+    runs: list[str] = field(default_factory=list)  # the run directories read
+    planned: int = 0  # packs in the runs' plans
+    clusters: dict[str, tuple[str, str, frozenset[str]]] = field(default_factory=dict)  # run → name, backend, parts
+
+    def latest(self) -> pd.DataFrame:
+        """Each training's latest record (earlier attempts, kept under attempts/, left out)."""
+        t = self.trainings
+        return t[t["attempt"] == 0] if not t.empty and "attempt" in t else t
+
+
+def _pack_dirs(run: RunDir) -> list[str]:
+    try:
+        with os.scandir(run.root / "packs") as entries:
+            return [e.path for e in sorted(entries, key=lambda e: e.name) if e.is_dir()]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _attempt_records(pack_dirs: Sequence[str]) -> list[Path]:
+    """packs/*/attempts/*/*.json in path order, as sorted(glob) gives them, at one stat a pack without attempts."""
+    out = []
+    for pack_dir in pack_dirs:
+        try:
+            with os.scandir(f"{pack_dir}/attempts") as entries:
+                attempts = sorted(e.name for e in entries if e.is_dir())
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for attempt in attempts:
+            out += sorted(Path(pack_dir, "attempts", attempt).glob("*.json"))
+    return out
+
+
+def _attempt_of(path: Path) -> int:
+    return int(path.parent.name) if path.parent.name.isdigit() else 0
+
+
+def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: Pieces, packs: list[dict[str, Any]],
+                   warnings: list[str]) -> None:
+    """Earlier attempts' records (packs/<id>/attempts/<k>/), from their JSON: a resumed pack moves them there, and
+    they still count (an OOM there makes its N infeasible; a pack whose N trainings all ran together there is still
+    a timing)."""
+    rows: list[dict[str, Any]] = []
+    attempts: list[int] = []
+    for path in _attempt_records(pack_dirs):
+        attempt = _attempt_of(path) or 1
+        if path.name == "pack.json":
+            packs += [{**row, "run_dir": str(run.root), "attempt": attempt}
+                      for row in read_records([path], "pack", warnings)]
+        else:
+            read = read_records([path], "training", warnings)
+            rows += read
+            attempts += [attempt] * len(read)
+    trainings.add(split_rows(rows), str(run.root), attempts)
+
+
+def read_cleared(run: RunDir) -> list[dict[str, Any]]:
+    """The OOMs a user cleared (``gpupack clear-oom``): entries {partition, mode, factor, cleared_at}, None = any."""
+    path = run.root / CLEARED_OOM
+    rec = read_json(path) if path.exists() else {}
+    return list(rec.get("cleared", []))
+
+
+def cleared_mask(rows: pd.DataFrame, cleared: Sequence[Mapping[str, Any]]) -> pd.Series:
+    """True for each OOM record a user cleared: it matches an entry and ended before the entry was written."""
+    out = pd.Series(False, index=rows.index)
+    if not cleared or rows.empty:
+        return out
+    ended = pd.to_numeric(rows.get("ended_at"), errors="coerce").fillna(0)
+    for entry in cleared:
+        match = (rows["run_dir"] == entry["run_dir"]) & (ended <= float(entry["cleared_at"]))
+        for key in ("partition", "mode", "factor"):
+            if entry.get(key) is not None:
+                match &= rows[key] == entry[key]
+        out |= match
+    return out
+
+
+def _read_run(run: RunDir, trainings: Pieces, packs: list[dict[str, Any]], warnings: list[str],
+              reader: ColumnarReader | None) -> set[str]:
+    """One run's training rows (into ``trainings``) and pack rows (into ``packs``): the latest records pack by pack,
+    from the columnar file where it is current, else from the JSON records; then every earlier attempt's, from
+    JSON. Returns the packs with a pack record (pack.json)."""
+    root = str(run.root)
+    pack_dirs = _pack_dirs(run)
+    recorded = set()
+    for pack_dir in pack_dirs:
+        read = reader.read(pack_dir) if reader is not None else None
+        if read is not None:  # current: its pack.json is there
+            rows, pack_records = read[0], [read[1]]
+        else:
+            training_rows, pack_records = pack_rows(Path(pack_dir), warnings)
+            rows = split_rows(training_rows)
+        if read is not None or os.path.exists(f"{pack_dir}/pack.json"):
+            recorded.add(os.path.basename(pack_dir))
+        trainings.add(rows, root, 0)
+        packs += [{**row, "run_dir": root, "attempt": 0} for row in pack_records]
+    _read_attempts(run, pack_dirs, trainings, packs, warnings)
+    return recorded
+
+
+def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None:
+    """The run's plan (grid size, packs still without a record: ``recorded`` are those with one), the OOMs cleared,
+    and from its config the RGU table and the cluster."""
+    out.cleared += [{**entry, "run_dir": str(run.root)} for entry in read_cleared(run)]
+    if run.plan.exists():
+        plan = read_json(run.plan)
+        sweep_key = str(run.root.parent if run.root.name.startswith("launch_") else run.root)
+        out.grid_sizes[sweep_key] = out.grid_sizes.get(sweep_key, 0) + int(plan.get("grid_size", 0))
+        out.planned += len(plan["packs"])
+        out.pending += [f"{run.root}:{p['pack_id']}" for p in plan["packs"] if p["pack_id"] not in recorded]
+    if run.config.exists():
+        cfg = cast(DictConfig, OmegaConf.load(run.config))  # the run's config.yaml, as gpupack wrote it: a mapping
+        rgu = cfg.get("rgu")
+        if rgu is not None and "models" in rgu and not out.rgu:
+            out.rgu = dict(rgu.models)
+        cluster = cfg.get("cluster") or {}
+        out.clusters[str(run.root)] = (str(cluster.get("name")), str(cluster.get("backend")),
+                                       frozenset(cluster.get("partitions") or ()))
+
+
+def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
+    """Every record of the runs, as flat frames. ``columnar=False`` reads the JSON records only (what the columnar
+    files hold is the same: tests compare the two)."""
+    out = Records(pd.DataFrame(), pd.DataFrame())
+    trainings = Pieces()
+    packs: list[dict[str, Any]] = []
+    reader = ColumnarReader() if columnar else None
+    collecting = gc.isenabled()
+    gc.disable()  # a million rows allocate millions of objects, none cyclic: the collector would scan them often
+    try:
+        for root in run_dirs:
+            run = RunDir(Path(root))
+            out.runs.append(str(run.root))
+            recorded = _read_run(run, trainings, packs, out.warnings, reader)
+            _read_plan_and_config(run, out, recorded)
+        out.trainings, out.packs = trainings.frame(), pd.DataFrame(packs)
+    finally:
+        if collecting:
+            gc.enable()
+    return out
+
+
+def shared_host(records: Records) -> str | None:
+    """The host every pack ran on, where that means the packs shared its cores: packs of different partitions on
+    one host, or the local test SLURM cluster (its partitions are one machine). None otherwise."""
+    packs = records.packs
+    if packs.empty or "host" not in packs:
+        return None
+    hosts = packs["host"].dropna().unique()
+    if len(hosts) != 1:
+        return None
+    partitions = set(packs["partition"].dropna()) if "partition" in packs else set()
+    test_cluster = any((name, parts) == LOCAL_TEST_CLUSTER and backend == "slurm"
+                       for name, backend, parts in records.clusters.values())
+    return str(hosts[0]) if len(partitions) > 1 or test_cluster else None

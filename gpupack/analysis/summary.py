@@ -1,0 +1,231 @@
+"""Summary and choice: records → time per training per (workload, partition, GPU type, mode, N) → the best N.
+
+Time per training is a timed pack's wall over its N (:func:`timed_packs`); the noise-aware choice among the N of a
+group is :func:`gpupack.analysis.choose.choose`'s (:func:`with_choices`). Pure pandas on the frames
+:mod:`gpupack.analysis.load` reads.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from gpupack.analysis.choose import choose, tie_label
+from gpupack.analysis.load import Records, cleared_mask
+from gpupack.core.records import COMPLETED, OOM
+
+GROUP = ["workload", "partition", "gpu_type", "mode"]
+LOADER_BOUND_FRACTION = 0.9  # training throughput at >= 90 % of the loader's own: loader-bound, not GPU-bound
+
+
+def first_value(series: pd.Series) -> Any:
+    values = series.dropna()
+    return values.iloc[0] if len(values) else None
+
+
+def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Mapping[str, Any]] = ()) -> pd.DataFrame:
+    """One row per (workload, partition, GPU type, mode, N).
+
+    Time per training = pack wall / N, over packs whose N trainings all ran together (in any attempt); median,
+    spread and a bootstrap interval over those packs (:mod:`gpupack.analysis.choose`). Every attempt of a training
+    counts: ``failed`` counts attempts that did not complete, ``oom`` those that ran out of memory (unless the user
+    cleared them), ``unfinished`` the trainings whose latest record is not completed.
+    """
+    if trainings.empty or packs.empty:
+        return pd.DataFrame()
+    trainings = only_columns(trainings, SUMMARY_INPUTS)  # each filter below copies every column it keeps: keep few
+    bounds = loader_bounds(trainings)
+    trainings, packs = not_probes(trainings), not_probes(packs)
+    if trainings.empty or packs.empty:
+        return pd.DataFrame()
+    t = trainings.copy()
+    if "attempt" not in t:
+        t["attempt"] = 0
+    t["ok"] = t["status"] == COMPLETED
+    t["oom_cleared"] = (t["status"] == OOM) & cleared_mask(t, cleared)
+    t["is_oom"] = (t["status"] == OOM) & ~t["oom_cleared"]
+    t["unfinished"] = (t["attempt"] == 0) & ~t["ok"]
+    for col in ("startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb", "peak_gpu_mem_mb"):
+        t[col] = pd.to_numeric(t.get(col), errors="coerce")
+    t["peak_rss_mb"] = t["peak_rss_mb"].fillna(_sampled_rss(t, packs))
+    if "gpu_model" not in t:
+        t["gpu_model"] = None
+    keys = GROUP + ["factor"]
+    timed = timed_packs(t, packs)
+    per_pack = timed.groupby(keys).agg(
+        packs=("pack_id", "count"),
+        time_per_training_s=("time_per_training_s", "median"),
+        tpt_min_s=("time_per_training_s", "min"),
+        tpt_max_s=("time_per_training_s", "max"),
+        pack_samples_per_s=("pack_samples_per_s", "median"),
+        gpu_util_mean=("sampler_gpu_util_mean", "mean"),
+        cpu_percent_mean=("sampler_cpu_percent_mean", "mean"),
+        gpu_mem_peak_mb=("sampler_gpu_mem_used_peak_mb", "max"),
+    )
+    latest = t[t["attempt"] == 0]
+    per_training = t.groupby(keys, dropna=False).agg(
+        attempts=("training_id", "count"),
+        failed=("ok", lambda s: int((~s).sum())),
+        unfinished=("unfinished", "sum"),
+        oom=("is_oom", "sum"),
+        oom_cleared=("oom_cleared", "sum"),
+        peak_rss_mb=("peak_rss_mb", "max"),
+    ).join(latest.groupby(keys, dropna=False).agg(
+        trainings=("training_id", "count"),
+        startup_s=("startup_s", "median"),
+        loop_s=("loop_s", "median"),
+        samples_per_s=("samples_per_s", "median"),
+        gpu_model=("gpu_model", first_value),
+    ), how="left")
+    out = per_pack.join(per_training, how="outer").reset_index()
+    for col in ("failed", "unfinished", "oom", "oom_cleared", "attempts", "trainings"):
+        out[col] = out[col].fillna(0).astype(int)  # an OOM (counted apart) makes N infeasible on this device
+    out["trainings_per_hour"] = 3600.0 / out["time_per_training_s"]
+    base = out[out["factor"] == 1].set_index(GROUP)["time_per_training_s"]
+    base_of = pd.Series([base.get(tuple(k), math.nan) for k in out[GROUP].itertuples(index=False)], index=out.index)
+    out["speedup_vs_n1"] = base_of / out["time_per_training_s"]
+    out["loader_bound_samples_per_s"] = [bounds.get(p, math.nan) for p in out["partition"]]
+    out["loader_bound"] = out["samples_per_s"] >= LOADER_BOUND_FRACTION * out["loader_bound_samples_per_s"]
+    out = out.sort_values(keys).reset_index(drop=True)
+    return with_choices(out, timed)
+
+
+# The training columns summarize reads (what cleared_mask, loader_bounds and timed_packs read included).
+SUMMARY_INPUTS = (*GROUP, "factor", "attempt", "status", "probe", "run_dir", "ended_at", "training_id", "pack_id",
+                  "gpu_model", "startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb",
+                  "peak_gpu_mem_mb")
+
+
+def only_columns(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    return frame[[c for c in columns if c in frame]]
+
+
+def timed_packs(t: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
+    """The packs that time a training: its N trainings ran together and at least one completed (a pack whose every
+    training failed at once says nothing of how long a training takes). One row per pack and attempt."""
+    completed = pd.to_numeric(packs.get("n_completed", pd.Series(1, index=packs.index)), errors="coerce").fillna(1)
+    timed = packs[packs["complete"].astype(bool) & (completed > 0)].copy()
+    if "attempt" not in timed:
+        timed["attempt"] = 0
+    for col in ("wall_s", "factor", "sampler_gpu_util_mean", "sampler_cpu_percent_mean",
+                "sampler_gpu_mem_used_peak_mb"):
+        timed[col] = pd.to_numeric(timed.get(col), errors="coerce")
+    timed["time_per_training_s"] = timed["wall_s"] / timed["factor"]
+    latest = pd.DataFrame({"samples": t["samples"].where(t["attempt"] == 0), "workload": t["workload"]})
+    per_pack = latest.groupby(t["pack_id"], sort=False).agg(samples=("samples", "sum"), workload=("workload", "first"))
+    pack_samples = per_pack["samples"].replace(0, math.nan)  # none reported: unknown, not 0
+    samples = pd.to_numeric(timed["pack_id"].map(pack_samples), errors="coerce").where(timed["attempt"] == 0)
+    timed["pack_samples_per_s"] = samples / timed["wall_s"]  # an earlier attempt's samples are not told apart: unknown
+    timed["workload"] = timed["pack_id"].map(per_pack["workload"])
+    return timed
+
+
+def _timed_packs_of(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
+    """The timed packs of records as loaded (probes left out), each with its time per training."""
+    t, packs = not_probes(trainings), not_probes(packs)
+    if t.empty or packs.empty:
+        return pd.DataFrame(columns=["time_per_training_s"])
+    t = t.assign(samples=pd.to_numeric(t.get("samples"), errors="coerce"),
+                 attempt=t["attempt"] if "attempt" in t else 0)
+    return timed_packs(t, packs).dropna(subset=["time_per_training_s"])
+
+
+def pack_times(records: Records) -> dict[str, dict[int, list[float]]]:
+    """Per partition and N, the time per training of each timed pack (what :mod:`gpupack.analysis.choose` weighs)."""
+    timed = _timed_packs_of(records.trainings, records.packs)
+    out: dict[str, dict[int, list[float]]] = {}
+    if timed.empty:
+        return out
+    for (partition, n), values in timed.groupby(["partition", "factor"])["time_per_training_s"]:
+        out.setdefault(str(partition), {})[int(n)] = [float(v) for v in values]
+    return out
+
+
+def packing_times(trainings: pd.DataFrame, packs: pd.DataFrame) -> dict[tuple[Any, ...], list[float]]:
+    """Each (workload, partition, GPU type, mode, N)'s time per training of every timed pack."""
+    timed = _timed_packs_of(trainings, packs)
+    if timed.empty:
+        return {}
+    return {tuple(k): [float(v) for v in values]
+            for k, values in timed.groupby(GROUP + ["factor"])["time_per_training_s"]}
+
+
+def split_phase(frame: pd.DataFrame, phase: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows not of ``phase``, rows of it): a packing.factors=auto run's grid at the best N is shown apart from the
+    probe that chose it."""
+    if frame.empty or "phase" not in frame:
+        return frame, frame.iloc[0:0]
+    of = frame["phase"] == phase
+    return frame[~of], frame[of]
+
+
+def with_choices(summary: pd.DataFrame, timed: pd.DataFrame) -> pd.DataFrame:
+    """The noise-aware choice per (workload, partition, GPU type, mode) (:func:`gpupack.analysis.choose.choose`), as
+    columns: the bootstrap interval of each N's median, whether N is within noise of the lowest, which N is chosen,
+    and the group's verdict (ties, rule, provisional, repeats that would settle it)."""
+    out = summary.copy()
+    for col, default in (("tpt_ci_low_s", math.nan), ("tpt_ci_high_s", math.nan), ("within_noise", False),
+                         ("chosen", False), ("infeasible", False), ("ties", None), ("tie_rule", None),
+                         ("provisional", None), ("repeats_needed", None), ("choice_method", None)):
+        out[col] = default
+    out["infeasible"] = (out["oom"] > 0)
+    times = timed.dropna(subset=["time_per_training_s"]).groupby(GROUP + ["factor"])["time_per_training_s"].apply(list)
+    for key, idx in out.groupby(GROUP, dropna=False).groups.items():
+        group = out.loc[idx]
+        blocked = set(group.loc[(group["oom"] > 0) | (group["unfinished"] > 0), "factor"].astype(int))
+        by_n = {int(n): times.get((*key, n), []) for n in group["factor"]}
+        by_n = {n: v for n, v in by_n.items() if v}
+        choice = choose(by_n, infeasible=blocked)
+        for i, r in group.iterrows():
+            interval = choice.intervals.get(int(r["factor"]))
+            if interval is not None:
+                out.loc[i, ["tpt_ci_low_s", "tpt_ci_high_s"]] = [interval.low, interval.high]
+            out.loc[i, "within_noise"] = int(r["factor"]) in choice.ties
+            out.loc[i, "chosen"] = choice.best is not None and int(r["factor"]) == choice.best
+        out.loc[idx, "ties"] = tie_label(choice.ties, sorted(by_n)) if len(choice.ties) > 1 else None
+        out.loc[idx, "tie_rule"] = choice.rule
+        out.loc[idx, "provisional"] = choice.provisional
+        out.loc[idx, "repeats_needed"] = choice.repeats_needed
+        out.loc[idx, "choice_method"] = choice.method
+    return out
+
+
+def _sampled_rss(t: pd.DataFrame, packs: pd.DataFrame) -> pd.Series:
+    """Each training's peak RSS as the pack's sampler saw it (by training id), for trainings that report none."""
+    peaks: dict[str, Any] = {}
+    if t["peak_rss_mb"].isna().any():
+        for by_training in packs.get("sampler_peak_rss_by_training", pd.Series(dtype=object)).dropna():
+            peaks.update(by_training)
+    return pd.to_numeric(t["training_id"].map(peaks), errors="coerce")
+
+
+def not_probes(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[~frame["probe"].fillna(False).astype(bool)] if "probe" in frame else frame
+
+
+def completed_probes(frame: pd.DataFrame) -> pd.DataFrame:
+    if "probe" not in frame:
+        return frame.iloc[0:0]
+    return frame[frame["probe"].fillna(False).astype(bool) & (frame["status"] == COMPLETED)]
+
+
+def loader_bounds(trainings: pd.DataFrame) -> dict[str, float]:
+    """The data loader's own samples/s per partition (median over its loader-only probes)."""
+    probes = completed_probes(trainings)
+    if probes.empty:
+        return {}
+    return pd.to_numeric(probes["samples_per_s"], errors="coerce").groupby(probes["partition"]).median().to_dict()
+
+
+
+def best_factors(summary: pd.DataFrame, by: Sequence[str] = tuple(GROUP)) -> pd.DataFrame:
+    """Per (workload, partition, GPU type, mode): the N the noise-aware choice picked (see :func:`with_choices`).
+    With ``by`` leaving mode out: among each mode's chosen N, the one with the lowest time per training."""
+    if summary.empty:
+        return summary
+    chosen = summary[summary["chosen"].astype(bool)]
+    if chosen.empty or list(by) == GROUP:
+        return chosen.reset_index(drop=True)
+    idx = chosen.groupby(list(by))["time_per_training_s"].idxmin()
+    return chosen.loc[idx].reset_index(drop=True)

@@ -1,0 +1,131 @@
+"""The knob and hyperparameter tables: throughput per setting of the workload's knobs (and the loader's own bound
+beside it), and grid points ranked by validation accuracy. Knobs and hyperparameters are JSON text in the frame
+(:data:`gpupack.analysis.frames.TEXT_COLUMNS`), parsed here in bulk (:func:`json_columns`).
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+
+from gpupack.analysis.summary import LOADER_BOUND_FRACTION, completed_probes, first_value, not_probes, only_columns
+from gpupack.core.columnar import STRING
+from gpupack.core.records import COMPLETED
+
+SEED_NAMES = ("seed",)  # hyperparameters that repeat a grid point rather than make a new one
+
+
+def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
+    """Throughput per setting of the workload's knobs (batch size, AMP, loader workers, pinned memory) and N,
+    with the loader-only bound of the same input-pipeline setting beside it."""
+    if trainings.empty or "knobs" not in trainings:
+        return pd.DataFrame()
+    trainings = only_columns(trainings, ("workload", "partition", "factor", "status", "probe", "knobs",
+                                         "loader_setting", "samples_per_s"))
+    t = not_probes(trainings)
+    t = t[(t["status"] == COMPLETED) & _has_object(t["knobs"])]
+    if t.empty:
+        return pd.DataFrame()
+    knobs = json_columns(t["knobs"])
+    varying = [c for c in knobs.columns if _nunique(knobs[c]) > 1]
+    if not varying and completed_probes(trainings).empty:
+        return pd.DataFrame()  # no knob varied and no loader bound: nothing the main table does not say
+    varying = varying or list(knobs.columns)
+    frame = knobs[varying].astype(str).assign(
+        workload=t["workload"], partition=t["partition"], factor=t["factor"], loader_setting=t.get("loader_setting"),
+        samples_per_s=pd.to_numeric(t["samples_per_s"], errors="coerce"))
+    keys = ["workload", "partition"] + varying + ["factor"]
+    out = frame.groupby(keys, dropna=False).agg(samples_per_s=("samples_per_s", "median"),
+                                               trainings=("samples_per_s", "count"),
+                                               loader_setting=("loader_setting", first_value)).reset_index()
+    probes = completed_probes(trainings)
+    bound = {}
+    if not probes.empty and "loader_setting" in probes:
+        rates = pd.to_numeric(probes["samples_per_s"], errors="coerce")
+        bound = rates.groupby([probes["partition"], probes["loader_setting"]]).median().to_dict()
+    out["loader_bound_samples_per_s"] = [bound.get((p, s), math.nan)
+                                         for p, s in zip(out["partition"], out["loader_setting"])]
+    out["loader_bound"] = out["samples_per_s"] >= LOADER_BOUND_FRACTION * out["loader_bound_samples_per_s"]
+    return out.drop(columns=["loader_setting"])
+
+
+def _has_object(values: pd.Series) -> pd.Series:
+    """True where a value is a non-empty JSON object (text) or dict."""
+    if values.dtype != object:
+        return values.notna() & ~values.isin(["{}", "null"])
+    return values.map(lambda v: bool(v) and (isinstance(v, dict) or (isinstance(v, str) and v not in ("{}", "null"))))
+
+
+def json_columns(text: pd.Series) -> pd.DataFrame:
+    """JSON objects (text, as the frame holds params and knobs; or dicts), one column per name, aligned with
+    ``text``: parsed at once by Arrow's JSON reader, or, where it cannot type them as Python would (a name of
+    mixed types, nested values, dates), each distinct text by Python's json."""
+    if text.dtype == object:  # dicts (a frame built by hand): as the text the columnar files hold
+        text = text.map(lambda v: v if isinstance(v, str) or v is None else json.dumps(v))
+    try:
+        return _arrow_json(text)
+    except (pa.ArrowException, ValueError):
+        codes, uniques = pd.factorize(text)
+        distinct = pd.DataFrame([json.loads(t) for t in uniques])
+        if (codes < 0).any():  # rows without an object: a row of None (object columns, so ints stay ints)
+            distinct = pd.concat([distinct.astype(object), pd.DataFrame({c: [None] for c in distinct.columns})])
+            codes = np.where(codes < 0, len(uniques), codes)
+        return distinct.iloc[codes].set_axis(text.index)
+
+
+def _arrow_json(text: pd.Series) -> pd.DataFrame:
+    """One JSON object a line, all in one buffer (joined in Arrow, no Python str per row), read by Arrow."""
+    texts = pa.array(text, type=STRING, from_pandas=True)
+    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    lines = pc.binary_join_element_wise(pc.fill_null(texts, "{}"), pa.scalar("", STRING), pa.scalar("\n", STRING))
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset:lines.offset + len(lines) + 1]
+    table = pa_json.read_json(pa.BufferReader(lines.buffers()[2].slice(offsets[0], offsets[-1] - offsets[0])))
+    if table.num_rows != len(text) or not all(pa.types.is_primitive(f.type) or pa.types.is_string(f.type)
+                                              for f in table.schema) or any(pa.types.is_temporal(f.type)
+                                                                            for f in table.schema):
+        raise ValueError("not one flat object a line of numbers, text and booleans")
+    return table.to_pandas().set_axis(text.index)
+
+
+def best_hyperparameters(trainings: pd.DataFrame, top: int = 5) -> pd.DataFrame:
+    """Grid points ranked by validation accuracy, averaged over every completed run of them. Empty where there is
+    no grid to rank: one grid point, or only the seed varies (ranking seeds would pass noise off as a choice)."""
+    if trainings.empty:
+        return pd.DataFrame()
+    t = not_probes(only_columns(trainings, ("workload", "training_id", "status", "probe", "val_accuracy", "params")))
+    t = t[(t["status"] == COMPLETED)].copy()
+    t["val_accuracy"] = pd.to_numeric(t["val_accuracy"], errors="coerce")
+    t = t[t["val_accuracy"].notna()]
+    if t.empty:
+        return pd.DataFrame()
+    params = json_columns(t["params"])
+    keys = sorted(k for k in params.columns if k not in SEED_NAMES and _nunique(params[k]) > 1)
+    if not keys:
+        return pd.DataFrame()
+    frame = pd.DataFrame({k: _groupable(params[k]) for k in keys}).assign(
+        workload=t["workload"], val_accuracy=t["val_accuracy"], training_id=t["training_id"])
+    ranked = frame.groupby(["workload"] + keys, dropna=False).agg(
+        val_accuracy=("val_accuracy", "mean"), runs=("val_accuracy", "count"),
+        trainings=("training_id", "nunique"))
+    best = ranked.sort_values("val_accuracy", ascending=False).head(top).reset_index()
+    for k in keys:  # as text, the way the value reads (0.1, 128, adam)
+        best[k] = [str(v.item() if isinstance(v, np.generic) else v) for v in best[k]]
+    return best
+
+
+def _groupable(col: pd.Series) -> pd.Series:
+    """Values to group by: lists and dicts (unhashable) as their text."""
+    return col.astype(str) if col.dtype == object and col.map(lambda v: isinstance(v, (list, dict, np.ndarray))).any() \
+        else col
+
+
+def _nunique(col: pd.Series) -> int:
+    try:
+        return int(col.nunique(dropna=False))
+    except TypeError:  # unhashable values (lists): compare their text
+        return int(col.astype(str).nunique(dropna=False))

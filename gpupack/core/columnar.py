@@ -1,0 +1,264 @@
+"""The columnar file of a pack: its trainings' flat rows in one file (``packs/<id>/trainings.arrows``).
+
+A record format, below every layer that uses it: the pack's job writes it (:func:`write_columnar`, once its pack
+record is written), :mod:`gpupack.analysis` reads it (:class:`ColumnarReader`), and both turn records into the same
+flat rows (:func:`flatten`, :func:`flatten_pack`, :func:`split_rows`), so a pack read from its file or from its JSON
+records gives the same frame.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from gpupack.core.records import SCHEMA_VERSION, atomic_file, read_json
+from gpupack.core.rundir import RunDir
+
+# Nested record fields the tables need, flattened to columns at load: column → (field, key).
+FLAT = {
+    "startup_s": ("timings", "startup_s"), "loop_s": ("timings", "loop_s"),
+    "timing_split": ("timings", "split"),  # False: a program that never marked its first step (command workload)
+    "samples": ("throughput", "samples"), "samples_per_s": ("throughput", "samples_per_s"),
+    "curve": ("throughput", "curve"),
+    "val_accuracy": ("metrics", "val_accuracy"), "train_loss": ("metrics", "train_loss"),
+    "peak_rss_mb": ("memory", "peak_rss_mb"), "peak_gpu_mem_mb": ("memory", "peak_gpu_mem_mb"),
+    # one training spread over k devices: what its strategy measured (gpupack/spread/)
+    "allreduce_bytes_per_step": ("spread", "allreduce_bytes_per_step"),
+    "allreduce_s_per_step": ("spread", "allreduce_s_per_step"), "replicas": ("spread", "replicas"),
+}
+NESTED = {"timings", "throughput", "metrics", "memory", "spread"}
+# Pack record: the sampler's summary, flattened (its raw samples stay in pack.json).
+PACK_FLAT = ("source", "note", "gpu_util_mean", "gpu_util_max", "gpu_mem_used_peak_mb", "gpu_mem_total_mb",
+             "cpu_percent_mean", "overhead_cpu_s", "overhead_fraction")
+
+# packs/<id>/trainings.arrows: an Arrow IPC stream of one batch, the columns that vary between the pack's trainings
+# (pyarrow.ipc.open_stream reads it), then JSON: the pack record's flat row, the number of trainings, and the value of
+# each column every training of the pack shares (its sweep, partition, device...: one value, not N). Written by the
+# pack's job (write_columnar); read by gpupack.analysis.load (ColumnarReader).
+COLUMNAR = "trainings.arrows"
+JSON_PREFIX = "json:"  # a column of lists, dicts or mixed types: JSON text under this prefix in the columnar file
+_META_SCHEMA = b"gpupack.schema"
+_META_COLUMNS = b"gpupack.columns"  # every column of the rows, in order
+_META_SHARED = b"gpupack.shared"  # the columns all rows share one value of: in the JSON after the stream
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the end of an Arrow IPC stream
+# The Arrow type of each field of gpupack's training records, whatever the values of one pack (a pack without an
+# error has a null one): packs then share one layout, parsed once and joined without promotion.
+# Text is large_string: what pandas' str columns hold, so a million rows convert without a cast.
+STRING = _S = pa.large_string()
+_F, _I, _B = pa.float64(), pa.int64(), pa.bool_()
+KNOWN_TYPES: dict[str, pa.DataType] = {
+    **{k: _S for k in ("kind", "sweep", "pack_id", "training_id", "workload", "mode", "partition", "gpu_type",
+                       "device", "device_name", "gpu_model", "status", "error", "loader_setting", "data", "host",
+                       "start", "phase", "strategy")},
+    **{k: _I for k in ("schema", "grid_index", "reseed", "factor", "concurrent", "threads", "exit_code", "signal",
+                       "samples", "devices", "replicas")},
+    **{k: _F for k in ("started_at", "ended_at", "wall_s", "startup_s", "loop_s", "samples_per_s", "val_accuracy",
+                       "train_loss", "peak_rss_mb", "peak_gpu_mem_mb", "memory_limit_mb", "allreduce_bytes_per_step",
+                       "allreduce_s_per_step")},
+    **{k: _B for k in ("probe", "timing_split", "timed_out")},
+}
+
+
+def flatten(rec: dict[str, Any]) -> dict[str, Any]:
+    """A training record as one flat row: nested fields the tables use lifted to columns."""
+    row = {k: v for k, v in rec.items() if k not in NESTED}
+    for col, (outer, inner) in FLAT.items():
+        row[col] = (rec.get(outer) or {}).get(inner)
+    return row
+
+
+def flatten_pack(rec: dict[str, Any]) -> dict[str, Any]:
+    row = {k: v for k, v in rec.items() if k != "sampler"}
+    sampled = rec.get("sampler") or {}
+    for key in PACK_FLAT:
+        row[f"sampler_{key}"] = sampled.get(key)
+    # The sampler's peak RSS of each training's process: what a program that reports nothing itself is known by.
+    row["sampler_peak_rss_by_training"] = {tid: t.get("peak_rss_mb") for tid, t in
+                                           (sampled.get("per_training") or {}).items()}
+    return row
+
+
+def read_records(paths: Iterable[Path], kind: str, warnings: list[str]) -> list[dict[str, Any]]:
+    """Flat rows of the records of one kind at ``paths``; what cannot be read is skipped with a warning."""
+    rows = []
+    for path in paths:
+        try:
+            rec = read_json(path)
+        except (OSError, ValueError) as err:
+            warnings.append(f"skipped {path}: unreadable or torn ({err.__class__.__name__})")
+            continue
+        if rec.get("kind") != kind:
+            warnings.append(f"skipped {path}: not a {kind} record")
+        elif rec.get("schema") != SCHEMA_VERSION:
+            warnings.append(f"skipped {path}: record schema {rec.get('schema')!r}, this gpupack reads schema "
+                            f"{SCHEMA_VERSION} (collect it with the gpupack version that wrote it)")
+        else:
+            rows.append(flatten(rec) if kind == "training" else flatten_pack(rec))
+    return rows
+
+
+# ---------------- rows as columns, and the file ----------------
+
+def _arrow_type(values: Sequence[Any]) -> pa.DataType | None:
+    """The Arrow type that holds ``values`` as they are; None for lists, dicts or mixed types (kept as JSON)."""
+    kinds = {type(v) for v in values if v is not None}
+    if not kinds:
+        return pa.null()
+    if kinds == {bool}:
+        return pa.bool_()
+    if kinds == {int}:
+        return pa.int64()
+    if kinds <= {int, float}:
+        return pa.float64()
+    if kinds == {str}:
+        return _S
+    return None
+
+
+def json_array(values: Sequence[Any]) -> pa.Array:
+    return pa.array([None if v is None else json.dumps(v) for v in values], _S)
+
+
+def column(name: str, values: list[Any]) -> tuple[str, pa.Array]:
+    """One column: the field's known type where the values fit it as they are (never a float cut to an int, a bool
+    made a number), else their own type, else JSON text."""
+    kind, known = _arrow_type(values), KNOWN_TYPES.get(name)
+    if known is not None and (kind in (known, pa.null()) or (known == _F and kind == _I)):
+        kind = known
+    if kind is not None:
+        try:
+            return name, pa.array(values, kind)
+        except (pa.ArrowException, OverflowError):  # an int beyond 64 bits: JSON keeps it whole
+            pass
+    return JSON_PREFIX + name, json_array(values)
+
+
+def same(values: Sequence[Any]) -> bool:
+    """Every value equal, and of one type (1, 1.0 and True are == in Python, not in a column)."""
+    first = values[0]
+    return all(type(v) is type(first) and v == first for v in values[1:])
+
+
+@dataclass
+class Rows:
+    """Flat rows as columns: ``batch`` holds the columns that vary between rows (typed, lists and dicts as JSON text
+    under ``json:<name>``), ``shared`` the one value of each column all rows share. Its schema's metadata names
+    every column in order and which are shared: what the rows' layout is, the same for every pack alike."""
+
+    batch: pa.RecordBatch
+    rows: int
+    shared: list[Any]
+
+    @property
+    def layout(self) -> pa.Schema:
+        return self.batch.schema
+
+
+def layout_columns(layout: pa.Schema) -> tuple[list[str], list[str]]:
+    """(every column of the rows, in order; the columns all rows share one value of) of a :attr:`Rows.layout`."""
+    meta = layout.metadata or {}
+    return json.loads(meta[_META_COLUMNS]), json.loads(meta[_META_SHARED])
+
+
+def split_rows(rows: Sequence[Mapping[str, Any]]) -> Rows:
+    """The one way rows become columns, whether they come from a pack's columnar file or from its JSON records, so
+    both give the same frame."""
+    names = list(dict.fromkeys(key for row in rows for key in row))
+    values = {name: [row.get(name) for row in rows] for name in names}
+    shared = [name for name in names if rows and same(values[name])]
+    varying = dict(column(name, values[name]) for name in names if name not in shared)
+    meta = {_META_SCHEMA: str(SCHEMA_VERSION), _META_COLUMNS: json.dumps(names), _META_SHARED: json.dumps(shared)}
+    schema = pa.schema([pa.field(name, array.type) for name, array in varying.items()], metadata=meta)
+    batch = pa.RecordBatch.from_arrays(list(varying.values()), schema=schema)
+    return Rows(batch, len(rows), [values[name][0] for name in shared])
+
+
+def pack_rows(pack_dir: Path, warnings: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training rows, pack rows) of one pack from its JSON records, in path order."""
+    trainings = read_records(sorted((pack_dir / "trainings").glob("*.json")), "training", warnings)
+    pack_json = pack_dir / "pack.json"
+    return trainings, read_records([pack_json] if pack_json.exists() else [], "pack", warnings)
+
+
+def write_columnar(run: RunDir, pack_id: str) -> Path | None:
+    """Write the pack's training rows and its pack record's row into ``packs/<id>/trainings.arrows``, atomically.
+
+    The job body calls it once the pack record is written. Written only when every record of the pack reads
+    cleanly, so collect's warnings about a bad record come from the JSON, as without the file. Returns the path, or
+    None when nothing was written."""
+    pack_dir = run.pack_dir(pack_id)
+    warnings: list[str] = []
+    trainings, packs = pack_rows(pack_dir, warnings)
+    if warnings or len(packs) != 1:
+        return None
+    return write_rows(pack_dir / COLUMNAR, trainings, packs[0])
+
+
+def write_rows(path: Path, trainings: Sequence[Mapping[str, Any]], pack_row: Mapping[str, Any]) -> Path:
+    """Flat training rows and their pack's flat row as one columnar file at ``path``, atomically."""
+    with atomic_file(path, binary=True) as f:
+        f.write(columnar_bytes(trainings, pack_row))
+    return path
+
+
+def columnar_bytes(trainings: Sequence[Mapping[str, Any]], pack_row: Mapping[str, Any]) -> bytes:
+    """What a columnar file holds: the varying columns of the training rows as an Arrow IPC stream of one batch, then
+    JSON: the pack row (one row: its JSON reads faster than a batch of its own), the rows, the shared values."""
+    rows = split_rows(trainings)
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, rows.layout) as writer:
+        writer.write_batch(rows.batch)
+    tail = {"pack": pack_row, "rows": rows.rows, "shared": rows.shared}
+    return sink.getvalue().to_pybytes() + json.dumps(tail).encode()
+
+
+def _changed_after(path: str, stamp_ns: int) -> bool:
+    try:
+        return os.stat(path).st_mtime_ns > stamp_ns
+    except FileNotFoundError:
+        return True
+
+
+class ColumnarReader:
+    """Reads packs' columnar files, parsing each distinct layout once (the packs of a run share a few)."""
+
+    def __init__(self) -> None:
+        self.layouts: dict[bytes, pa.Schema | None] = {}
+
+    def read(self, pack_dir: str) -> tuple[Rows, dict[str, Any]] | None:
+        """(training rows, pack row) of a pack; None where it has no columnar file, where its records changed after
+        the file was written (a resumed pack: its trainings/ folder or pack.json is newer, or pack.json was moved
+        aside), or where the file is unreadable or of another schema — its JSON records say the same, and are read
+        instead."""
+        path = f"{pack_dir}/{COLUMNAR}"
+        try:
+            stamp = os.stat(path).st_mtime_ns
+            if _changed_after(f"{pack_dir}/trainings", stamp) or _changed_after(f"{pack_dir}/pack.json", stamp):
+                return None
+            with open(path, "rb", buffering=0) as f:
+                data = f.read()
+            source = pa.BufferReader(data)
+            message = ipc.read_message(source)
+            layout = self._layout(data[:source.tell()], message)
+            if layout is None:
+                return None
+            batch = ipc.read_record_batch(ipc.read_message(source), layout)
+            end = source.tell()
+            if data[end:end + len(_EOS)] != _EOS:  # one batch, as columnar_bytes writes it
+                return None
+            tail = json.loads(data[end + len(_EOS):])
+            return Rows(batch, int(tail["rows"]), list(tail["shared"])), tail["pack"]
+        except (OSError, ValueError, KeyError, TypeError, EOFError, pa.ArrowException):
+            return None
+
+    def _layout(self, key: bytes, message: ipc.Message) -> pa.Schema | None:
+        if key not in self.layouts:
+            schema = ipc.read_schema(message)
+            fits = (schema.metadata or {}).get(_META_SCHEMA) == str(SCHEMA_VERSION).encode()
+            self.layouts[key] = schema if fits else None
+        return self.layouts[key]

@@ -1,0 +1,59 @@
+"""The files a run's collect writes: summary.csv (every column of the table), summary.json, trainings.parquet, and
+(with plots) the PNG plots and report.html (:mod:`gpupack.report.html`)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gpupack.analysis.collect import Collected
+from gpupack.core.records import SCHEMA_VERSION, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.report.html import write_report
+from gpupack.report.text import best_line
+
+
+def _jsonable(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return json.loads(df.to_json(orient="records")) if not df.empty else []
+
+
+def _text_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """Lists and dicts as JSON text, for Parquet (params, knobs, the curve and the CPUs already are), and each error
+    as JSON text, as trainings.parquet has always held it."""
+    table = table.copy()
+    for col in ("params", "knobs", "curve", "cpus"):
+        if col in table and table[col].dtype == object:  # dicts and lists (a frame built by hand)
+            table[col] = [json.dumps(v, default=str) if v is not None else None for v in table[col]]
+    if "error" in table:
+        error = table["error"].astype(object)
+        text = error.map(lambda v: isinstance(v, str))
+        table["error"] = error.where(~text, error[text].map(json.dumps)).where(text, None)
+    objects = [col for col in table.columns if table[col].dtype == object]
+    return table.astype({col: "string" for col in objects})
+
+
+def write_outputs(c: Collected, out: Path, plots: bool = True) -> list[Path]:
+    """summary.csv (every column of the table), summary.json, trainings.parquet, and (with plots) plots/*.png and
+    report.html."""
+    out.mkdir(parents=True, exist_ok=True)
+    run = RunDir(out)
+    c.summary.to_csv(run.summary_csv, index=False)
+    write_json_atomic(run.summary_json, {
+        "schema": SCHEMA_VERSION, "runs": sorted(set(c.records.trainings.get("run_dir", pd.Series(dtype=str)))),
+        "groups": _jsonable(c.summary), "best": _jsonable(c.best), "best_overall": _jsonable(c.best_overall),
+        "best_lines": [best_line(r) for _, r in c.best.iterrows()], "cost": _jsonable(c.cost),
+        "sweep_trainings": c.sweep_trainings, "best_hyperparameters": _jsonable(c.hyper),
+        "knobs": _jsonable(c.knobs),
+        "spread": _jsonable(c.spread.drop(columns=["walls"], errors="ignore")),
+        "layouts": _jsonable(c.layouts.drop(columns=["times"], errors="ignore")), "verdicts": c.verdicts,
+        "warnings": c.records.warnings, "pending_packs": c.records.pending,
+    })
+    written = [run.summary_csv, run.summary_json]
+    if not c.records.trainings.empty:
+        _text_columns(c.records.trainings).to_parquet(out / "trainings.parquet", index=False)
+        written.append(out / "trainings.parquet")
+    if plots:
+        written += write_report(c, out)
+    return written

@@ -1,0 +1,157 @@
+"""The PNG plots (matplotlib, headless): time per training against N, split against no split, the curves of one
+pack, the cost, spread beside packing. matplotlib is imported only when a plot is drawn (it is heavy)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gpupack.analysis.collect import Collected
+from gpupack.report.text import mode_label, packer_of, trainings_phrase
+
+
+def _line_style(mode: Any) -> str:
+    """The matplotlib line style of a mode's curves: its Packer's ``line_style`` (":" for a name the registry does not
+    hold)."""
+    packer = packer_of(mode)
+    return packer.line_style if packer is not None else ":"
+
+
+def _plt() -> Any:
+    import matplotlib  # here, not at the top: matplotlib is heavy, and only a plot needs it
+
+    matplotlib.use("Agg")  # headless: compute nodes and CI have no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_time_per_training(c: Collected, path: Path) -> Path | None:
+    if "time_per_training_s" not in c.summary:  # no pack has finished yet
+        return None
+    s = c.summary.dropna(subset=["time_per_training_s"])
+    if s.empty:
+        return None
+    plt = _plt()
+    workloads = sorted(s["workload"].unique())
+    fig, axes = plt.subplots(1, len(workloads), figsize=(7 * len(workloads), 4.5), squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        for (partition, gpu, mode), g in s[s["workload"] == workload].groupby(["partition", "gpu_type", "mode"]):
+            g = g.sort_values("factor")
+            low = g.get("tpt_ci_low_s", g["tpt_min_s"]).fillna(g["tpt_min_s"])  # the interval; min-max for one pack
+            high = g.get("tpt_ci_high_s", g["tpt_max_s"]).fillna(g["tpt_max_s"])
+            err = [(g["time_per_training_s"] - low).clip(lower=0), (high - g["time_per_training_s"]).clip(lower=0)]
+            ax.errorbar(g["factor"], g["time_per_training_s"], yerr=err, marker="o", capsize=3,
+                        linestyle=_line_style(mode), label=f"{partition} ({gpu}), {mode}")
+        ax.set_xlabel("packing factor N (trainings per GPU)")
+        ax.set_ylabel("time per training (s) = pack wall / N, 95% interval")
+        ax.set_title(f"{workload}: time per training vs N (lower is better)")
+        ax.set_xticks(sorted(s["factor"].unique()))
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, plt, path)
+
+
+def plot_split_vs_no_split(c: Collected, path: Path) -> Path | None:
+    if "time_per_training_s" not in c.summary:
+        return None
+    s = c.summary.dropna(subset=["time_per_training_s"])
+    if s.empty or s["mode"].nunique() < 2:
+        return None
+    plt = _plt()
+    groups = list(s.groupby(["workload", "partition", "gpu_type"]))
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
+    for ax, ((workload, partition, gpu), g) in zip(axes[0], groups):
+        for mode, m in g.groupby("mode"):
+            m = m.sort_values("factor")
+            ax.plot(m["factor"], m["time_per_training_s"], marker="o", linestyle=_line_style(mode),
+                    label=mode_label(mode))
+        ax.set_title(f"{workload} on {partition} ({gpu}): split vs no split")
+        ax.set_xlabel("packing factor N")
+        ax.set_ylabel("time per training (s)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _save(fig, plt, path)
+
+
+def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
+    """The samples/s curve of every training in one pack: the first pack of the best (partition, mode, N)."""
+    t = c.records.trainings
+    if c.best_overall.empty or t.empty or "curve" not in t:
+        return None
+    best = c.best_overall.iloc[0]
+    match = t[(t["partition"] == best["partition"]) & (t["mode"] == best["mode"]) & (t["factor"] == best["factor"])
+              & t["curve"].map(lambda v: isinstance(v, str) and v not in ("[]", "null"))]  # JSON text (collect)
+    if match.empty:
+        return None
+    pack_id = sorted(match["pack_id"].unique())[0]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for _, r in match[match["pack_id"] == pack_id].iterrows():
+        xs, ys = zip(*json.loads(r["curve"]))
+        ax.plot(xs, ys, label=f"{r['training_id']}")
+    ax.set_title(f"Throughput of the {int(best['factor'])} trainings of pack {pack_id}")
+    ax.set_xlabel("seconds since the training loop started")
+    ax.set_ylabel("samples/s (per window)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, plt, path)
+
+
+def plot_cost(c: Collected, path: Path) -> Path | None:
+    if c.cost.empty:
+        return None
+    plt = _plt()
+    cost = c.cost.copy()
+    labels = [f"{r['partition']}\n{r['gpu_model'] or r['gpu_type']}\nN={int(r['factor'])}" for _, r in cost.iterrows()]
+    has_rgu = cost["sweep_rgu_hours"].notna().any()
+    fig, axes = plt.subplots(1, 2 if has_rgu else 1, figsize=(11 if has_rgu else 6, 4.5), squeeze=False)
+    axes[0][0].bar(labels, cost["sweep_hours"], color="tab:blue")
+    axes[0][0].set_title(f"Sweep of {trainings_phrase(c.sweep_trainings)}: device-hours (lower finishes first)")
+    axes[0][0].set_ylabel("hours on one GPU (or CPU) at the best N")
+    if has_rgu:
+        axes[0][1].bar(labels, cost["sweep_rgu_hours"].fillna(0), color="tab:orange")
+        axes[0][1].set_title("Sweep cost: RGU-hours (lower costs less)")
+        axes[0][1].set_ylabel("RGU-hours")
+    for ax in axes[0]:
+        ax.grid(axis="y", alpha=0.3)
+    return _save(fig, plt, path)
+
+
+def plot_layouts(c: Collected, path: Path) -> Path | None:
+    """Time per training and device time per training against devices used per training (1/N packed, k spread)."""
+    if c.layouts.empty:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for key, group in c.layouts.groupby(["workload", "partition", "gpu_type"]):
+        for answer, marker in (("packing", "o"), ("spread", "s")):
+            part = group[group["answer"] == answer].sort_values("devices_per_training")
+            for mode, rows in part.groupby("mode"):
+                label = f"{key[1]} {mode}"
+                axes[0].plot(rows["devices_per_training"], rows["wall_s"], marker=marker, label=label)
+                axes[1].plot(rows["devices_per_training"], rows["device_s_per_training"], marker=marker, label=label)
+    ticks = sorted(set(c.layouts["devices_per_training"]))
+    labels = [f"1/{round(1 / x)}\n(N={round(1 / x)})" if x < 1 else f"{x:g}\n(k={x:g})" if x > 1 else "1"
+              for x in ticks]
+    for ax, ylabel in zip(axes, ("one training, start to end (s)", "device-seconds per training")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, labels)
+        ax.minorticks_off()
+        ax.set_xlabel("devices per training (1/N packed, k spread)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Spread over k devices beside packing N on one")
+    return _save(fig, plt, path)
+
+
+def _save(fig: Any, plt: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,311 @@
+"""The terminal: rich tables and lines from what :mod:`gpupack.analysis.collect` computes (the main table fits
+:data:`WIDTH` columns unless --wide), and the console they print on."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from gpupack.analysis.collect import Collected
+from gpupack.analysis.load import shared_host
+from gpupack.analysis.summary import GROUP
+from gpupack.report.text import (
+    best_line,
+    choice_lines,
+    cost_lines,
+    fmt,
+    hyper_lines,
+    knob_columns,
+    mode_lines,
+    trainings_phrase,
+)
+
+WIDTH = 120  # the main table fits this many columns unless --wide
+
+
+def _num(r: pd.Series, key: str) -> float | None:
+    value = r.get(key)
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def _util(r: pd.Series) -> str:
+    """GPU utilization where NVML sampled it, else the trainings' CPU % (100 = one core)."""
+    gpu, cpu = _num(r, "gpu_util_mean"), _num(r, "cpu_percent_mean")
+    return f"gpu {gpu:.0f}" if gpu is not None else (f"cpu {cpu:.0f}" if cpu is not None else "-")
+
+
+def _memory(r: pd.Series) -> str:
+    gpu, rss = _num(r, "gpu_mem_peak_mb"), _num(r, "peak_rss_mb")
+    return f"gpu {gpu:.0f}" if gpu is not None else (f"rss {rss:.0f}" if rss is not None else "-")
+
+
+def _throughput(r: pd.Series) -> str:
+    text = fmt(r.get("samples_per_s"), ".0f")
+    bound = _num(r, "loader_bound_samples_per_s")
+    if bound is not None:
+        text += f" / {bound:.0f}" + (" loader-bound" if r.get("loader_bound") else "")
+    return text
+
+
+def _failed(r: pd.Series) -> str:
+    """Failed attempts of all attempts (an attempt kept from before a resume counts), and OOMs apart."""
+    text = f"{int(r['failed'])}/{int(r.get('attempts', r['failed']))}"
+    if r.get("oom"):
+        text += f" ({int(r['oom'])} OOM: infeasible)"
+    elif r.get("oom_cleared"):
+        text += f" ({int(r['oom_cleared'])} OOM cleared)"
+    return text
+
+
+def _tpt(r: pd.Series) -> str:
+    """Median time per training and its bootstrap interval (min-max where one pack gives no interval)."""
+    low, high = _num(r, "tpt_ci_low_s"), _num(r, "tpt_ci_high_s")
+    if low is not None and high is not None:
+        return f"{fmt(r['time_per_training_s'])} [{low:.2f}-{high:.2f}]"
+    return fmt(r["time_per_training_s"])
+
+
+def _n(r: pd.Series) -> str:
+    """N, marked: * the chosen N, ~ within noise of the lowest median."""
+    mark = "*" if r.get("chosen") else ("~" if r.get("within_noise") else "")
+    return f"{int(r['factor'])}{mark}"
+
+
+def make_console() -> Console:
+    """A console that does not squeeze the table to 80 columns when output goes to a file or a pipe."""
+    console = Console()
+    return console if console.is_terminal else Console(width=150)
+
+
+def pending_lines(c: Collected) -> list[str]:
+    """What a run with no finished pack has so far: its plan, the packs still to come, the trainings recorded."""
+    r = c.records
+    if not r.planned and r.trainings.empty and r.packs.empty:
+        where = ", ".join(r.runs) or "the directory given"
+        return [f"Nothing to collect yet in {where}: no plan.json and no records (give the run directory a sweep "
+                "printed)."]
+    done = r.planned - len(r.pending)
+    lines = [f"No pack has finished yet: {done} of {r.planned} planned pack(s) have a record, "
+             f"{len(r.pending)} pending." if r.planned else "No pack record yet."]
+    if not r.trainings.empty:
+        lines.append(f"{len(r.latest())} training record(s) so far; the table follows once a pack finishes.")
+    lines += [f"Follow it: python -m gpupack status {run}" for run in r.runs[:1]]
+    return lines
+
+
+def shared_cores_line(c: Collected) -> str | None:
+    host = shared_host(c.records)
+    if host is None:
+        return None
+    return (f"note: all packs ran on one host ({host}), sharing its cores as on the local test cluster: timings "
+            "measure overhead.")
+
+
+def render(c: Collected, console: Console, wide: bool = False) -> None:
+    for w in c.records.warnings:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    if c.summary.empty:
+        for line in pending_lines(c):
+            console.print(line, highlight=False)
+    else:
+        title = "Time per training by packing factor N (pack wall time / N; median [95% interval])"
+        console.print(summary_table(c.summary, ("probe (packing.factors=auto): " if c.auto_lines else "") + title,
+                                    {tuple(r[GROUP + ["factor"]]) for _, r in c.best.iterrows()}, wide=wide))
+        console.print("N*: the chosen N; N~: within noise of the lowest median."
+                      + ("" if wide else " Every column: --wide (and summary.csv)."), highlight=False)
+    shared = shared_cores_line(c)
+    if shared:
+        console.print(shared, highlight=False)
+    for line in c.auto_lines:
+        console.print(line, highlight=False)
+    if not c.production.empty:
+        console.print(summary_table(c.production, "The rest of the grid at the best N (packing.then=run)", set(),
+                                    wide=wide))
+    if not c.summary.empty:
+        if unsplit_trainings(c):
+            console.print(f"start-up s / loop s: '-' for {unsplit_trainings(c)} training(s) whose program did not mark "
+                          "its first step, so their wall time is one figure (from gpupack.result import "
+                          "TrainingResult; call first_step() before the first step to split it).", highlight=False)
+    for line in failure_lines(c):
+        console.print(line, highlight=False)
+    if not c.hyper.empty:
+        console.print("Best hyperparameters by validation accuracy (mean over runs):")
+        for line in hyper_lines(c.hyper):
+            console.print(f"  {line}", highlight=False)
+    elif not c.summary.empty:
+        console.print("Best hyperparameters: nothing to rank (one grid point, or only the seed varies).",
+                      highlight=False)
+    if not c.knobs.empty:
+        render_knobs(c, console)
+    if not c.records.trainings.empty and "data" in c.records.trainings:
+        for data in sorted(map(str, c.records.trainings["data"].dropna().unique())):
+            console.print(f"Data: {data}", highlight=False)
+    if c.records.pending and not c.summary.empty:  # with no table, pending_lines said it
+        console.print(f"[yellow]{len(c.records.pending)} planned pack(s) have no record yet[/] (still running, "
+                      "or lost: re-run the same command with run_dir=... to resume).")
+    if not c.cost.empty:
+        render_cost(c, console)
+    for _, r in c.best.iterrows():
+        console.print(f"[bold]{best_line(r)}[/]")
+        for line in choice_lines(r):
+            console.print(f"  {line}", highlight=False)
+    for line in mode_lines(c):
+        console.print(f"[bold]{line}[/]")
+    if not c.layouts.empty:
+        render_layouts(c, console)
+    if not c.summary.empty and c.best.empty:
+        console.print("[red]No packing factor finished without failures: no best N.[/]")
+
+
+def failure_lines(c: Collected, most: int = 3) -> list[str]:
+    """Why trainings failed: each distinct last error line, how many trainings hit it, and one log to read."""
+    t = c.records.trainings
+    if t.empty or "status" not in t:
+        return []
+    probe = t.get("probe", pd.Series(False, index=t.index)).fillna(False).astype(bool)
+    failed = t[(t["status"] != "completed") & ~probe]
+    if failed.empty:
+        return []
+    reasons: dict[str, list[Any]] = {}
+    for _, r in failed.iterrows():
+        error = r.get("error")  # text, or missing (None, or NaN in a text column)
+        text = (error if isinstance(error, str) and error.strip() else str(r["status"])).strip().splitlines()
+        reasons.setdefault(f"{r['status']}: {text[-1] if text else r['status']}", []).append(r)
+    lines = [f"{len(failed)} training(s) did not complete:"]
+    for reason, rows in sorted(reasons.items(), key=lambda kv: -len(kv[1]))[:most]:
+        first = rows[0]
+        log = (Path(str(first.get("run_dir", "."))) / "packs" / str(first["pack_id"]) / "logs"
+               / f"{first['training_id']}.err")
+        lines.append(f"  {len(rows)} x {reason[:160]}  (e.g. {log})")
+    if len(reasons) > most:
+        lines.append(f"  ... and {len(reasons) - most} other reason(s): see summary.json and each record's error")
+    return lines
+
+
+def _gpu(r: pd.Series) -> str:
+    """The partition and its GPU, by the RGU table's short name where known (a device name can be 30 characters)."""
+    model = r.get("gpu_model")
+    return f"{r['partition']} ({model if isinstance(model, str) and model else r['gpu_type']})"
+
+
+# The main table's columns: (header, cell, where: "both", "default" or "wide"). The default fits WIDTH columns;
+# --wide shows every column, and summary.csv has every figure.
+COLUMNS: list[tuple[str, Any, str]] = [
+    ("partition (GPU)", _gpu, "both"),
+    ("mode", lambda r: str(r["mode"]), "both"),
+    ("N", _n, "both"),
+    ("packs", lambda r: fmt(r["packs"], ".0f"), "both"),
+    ("s/training", _tpt, "both"),
+    ("start/loop s", lambda r: f"{fmt(r['startup_s'])}/{fmt(r['loop_s'])}", "wide"),
+    ("speedup", lambda r: fmt(r["speedup_vs_n1"]), "both"),
+    ("samples/s", _throughput, "wide"),  # per training, with the loader-only bound beside it
+    ("util %", _util, "wide"),
+    ("mem MB", _memory, "both"),
+    ("failed/attempts", _failed, "both"),
+]
+
+
+def summary_table(summary: pd.DataFrame, title: str, best_keys: set[tuple[Any, ...]], wide: bool = False) -> Table:
+    """The main table: one row per (partition, mode, N), in :data:`WIDTH` columns unless ``wide`` (no outer edge,
+    rules between columns only)."""
+    columns = [(h, cell) for h, cell, where in COLUMNS if where in ("both", "wide" if wide else "default")]
+    table = Table(title=title, box=box.MINIMAL, show_edge=False, pad_edge=False)
+    for header, _ in columns:
+        table.add_column(header, justify="left" if header in ("partition (GPU)", "mode") else "right")
+    for _, r in summary.iterrows():
+        mark = "bold green" if tuple(r[GROUP + ["factor"]]) in best_keys else None
+        table.add_row(*(cell(r) for _, cell in columns), style=mark)
+    return table
+
+
+def unsplit_trainings(c: Collected) -> int:
+    """Trainings whose start-up and loop are one figure (a command that reported no first step)."""
+    t = c.records.trainings
+    if t.empty or "timing_split" not in t:
+        return 0
+    return int((t["timing_split"] == False).sum())  # noqa: E712 (None: not a command training)
+
+
+def render_knobs(c: Collected, console: Console) -> None:
+    probed = c.knobs["loader_bound_samples_per_s"].notna().any()
+    table = Table(title="Throughput by knob setting (samples/s per training, median)"
+                  + (" beside the loader-only bound" if probed else ""))
+    names = knob_columns(c.knobs)
+    columns = ["partition", *names, "N", "samples/s/training"] + (["loader-only samples/s", "flag"] if probed else [])
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("partition", "flag") else "right")
+    for _, r in c.knobs.iterrows():
+        row = [r["partition"], *(str(r[k]) for k in names), str(int(r["factor"])), fmt(r["samples_per_s"], ".0f")]
+        if probed:
+            row += [fmt(r["loader_bound_samples_per_s"], ".0f"), "loader-bound" if r["loader_bound"] else ""]
+        table.add_row(*row)
+    console.print(table)
+
+
+def render_cost(c: Collected, console: Console) -> None:
+    table = Table(title=f"Cost at the best N, for a sweep of {trainings_phrase(c.sweep_trainings)} on one device")
+    for col in ("partition", "GPU model", "RGU", "mode", "best N", "s/training", "RGU-h/training", "sweep hours",
+                "sweep RGU-h", "verdict"):
+        table.add_column(col, justify="left" if col in ("partition", "GPU model", "mode", "") else "right")
+    for _, r in c.cost.iterrows():
+        flags = " ".join(f for f, on in (("fastest", r["fastest"]), ("cheapest", r["cheapest"])) if on)
+        table.add_row(r["partition"], str(r["gpu_model"] or "-"), fmt(r["rgu"], ".1f"), r["mode"],
+                      str(int(r["factor"])), fmt(r["time_per_training_s"]), fmt(r["rgu_hours_per_training"], ".2e"),
+                      fmt(r["sweep_hours"], ".3g"), fmt(r["sweep_rgu_hours"], ".3g"), flags)
+    console.print(table)
+    for line in cost_lines(c):
+        console.print(line, highlight=False)
+
+
+def _devices(x: float) -> str:
+    return f"1/{round(1 / x)}" if x < 1 else f"{x:g}"
+
+
+def render_layouts(c: Collected, console: Console) -> None:
+    """One training on k devices beside N trainings on one device: one table (fits 120 columns; every figure is in
+    summary.json and the HTML report), then a verdict per GPU type."""
+    t = c.layouts
+    mib = pd.to_numeric(t.get("allreduce_bytes_per_step"), errors="coerce") / 2**20
+    columns: list[tuple[str, Any]] = [
+        ("partition (GPU)", _gpu), ("layout", lambda r: str(r["layout"])),
+        ("devices", lambda r: _devices(r["devices_per_training"])), ("packs", lambda r: str(int(r["packs"]))),
+        ("wall s", lambda r: fmt(r["wall_s"])), ("device-s", lambda r: fmt(r["device_s_per_training"])),
+    ]
+    if t["rgu"].notna().any():
+        columns.append(("RGU-h/1000", lambda r: fmt(r["rgu_hours_per_1000"], ".3g")))
+    if mib.notna().any():
+        columns += [("MiB/step", lambda r: fmt(mib[r.name], ".3f")),
+                    ("comm s", lambda r: fmt(r.get("allreduce_s_per_step"), ".4f"))]
+    columns.append(("best", lambda r: "*" if r["best"] else ""))
+    table = Table(title="One training on k devices (spread) beside N trainings on one device (packing)")
+    for header, _ in columns:
+        table.add_column(header, justify="left" if header in ("partition (GPU)", "layout") else "right",
+                         no_wrap=header == "layout")
+    for _, r in t.iterrows():
+        table.add_row(*(cell(r) for _, cell in columns))
+    console.print(table)
+    console.print("devices: per training (1/N packed, k spread). wall s: one training, its start to its end. device-s: "
+                  "device time per training, the job's start-up included (packed: the pack's wall / N; spread: k x "
+                  "the job's wall); the fewest uses a device-hour, and an RGU-hour, best."
+                  + (" MiB/step: handed to the all-reduce each step (at k=1 it stays in the process); comm s: per "
+                     "step, the all-reduces in flight on the host clock (overlapping backward)."
+                     if mib.notna().any() else ""), highlight=False)
+    if (t["gpu_type"] == "cpu").any():
+        console.print("note: with no GPU, k processes (DDP) or k logical devices (Mirrored) on the same cores stand in "
+                      "for k devices, and each counts as a device: the verdict is the mechanism's, not a GPU's.",
+                      highlight=False)
+    for line in c.verdicts:
+        console.print(f"[bold]{line}[/]", highlight=False)
+
+
+def render_collected(c: Collected, written: Sequence[Path], console: Console, wide: bool = False) -> None:
+    """What ``python -m gpupack collect`` prints: the tables and lines, then where the HTML report went."""
+    render(c, console, wide=wide)
+    report_html = [p for p in written if p.name == "report.html"]
+    if report_html:
+        console.print(f"Report: {report_html[0]}")

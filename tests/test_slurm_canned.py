@@ -1,0 +1,155 @@
+"""The SLURM backend's reading of sinfo and sacct, with canned answers at its one seam (gpupack.submit.slurm.
+slurm_command), without a slurmctld: what tests/test_slurm.py checks against the local cluster, in the fast tier."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpupack.cli import main
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, Capacity
+from gpupack.errors import ConfigError, SubmissionError
+from gpupack.submit import slurm
+from gpupack.submit.slurm import PartitionConfig, SlurmConfig, SlurmSubmitter, gpus_in
+from tests.fakes import SINFO, canned_slurm
+from tests.test_slurm import PROBE, SLURM_CASES
+
+# What `sinfo -h -o %P|%c|%m|%G` answers on scripts/local_slurm.sh's cluster (one node of 2 GPUs per type, 8 CPUs and
+# 16000 MB each; p100 the default partition).
+LOCAL_SINFO = "p100*|8|16000|gpu:p100:2\nv100|8|16000|gpu:v100:2\na100|8|16000|gpu:a100:2\n"
+
+
+def submitter(tmp_path: Path, **partitions: PartitionConfig) -> SlurmSubmitter:
+    return SlurmSubmitter(SlurmConfig(name="site", backend="slurm", partitions=dict(partitions)), RunDir(tmp_path))
+
+
+@pytest.fixture
+def asked(monkeypatch):
+    """SINFO and SACCT (tests/fakes.py) as the cluster's answers; the command lines gpupack ran."""
+    lines: list[list[str]] = []
+    monkeypatch.setattr(slurm, "slurm_command", canned_slurm(asked=lines))
+    return lines
+
+
+# ---------------- sinfo ----------------
+
+@pytest.mark.parametrize("gres, gpu, n", [
+    ("gpu:v100:4(S:0-1)", "v100", 4), ("gpu:t4:2,gpu:v100:1", "v100", 1), ("gpu:t4:2,gpu:v100:1", "t4", 2),
+    ("gpu:t4:2,gpu:v100:1", None, 3), ("gpu:4", None, 4), ("gpu:4", "v100", 0), ("(null)", None, 0),
+    ("gpu:a100:4(S:0-3)", "a10", 0)])
+def test_gpus_in_one_sinfo_gres_field(gres, gpu, n):
+    assert gpus_in(gres, gpu) == n
+
+
+def test_capacities_from_sinfo_and_the_preset(tmp_path, asked):
+    sub = submitter(tmp_path, v100=PartitionConfig(gpu="v100", model="V100-16gb"),
+                    a100=PartitionConfig(gpu="a100", slurm_partition="gpubase", model="A100-40gb", max_cpus=12),
+                    cpu=PartitionConfig(request="none", slurm_partition="cpu"))
+    caps = sub.capacities(["v100", "a100", "cpu"])
+    assert asked == [["sinfo", "-h", "-o", "%P|%c|%m|%G"]]  # asked once for all partitions
+    # no slurm_partition: any node of the cluster; its nodes with the most V100s (4) bound a whole node
+    assert caps["v100"] == Capacity(has_gpu=True, gpu_memory_mb=16 * 1024, max_cpus=64, max_mem_mb=510000,
+                                    node_gpus=4, node_cpus=32, node_mem_mb=191000)
+    # the preset's per-GPU guidance wins over the node's size; "64+" and "510000+" read as at least
+    assert caps["a100"] == Capacity(has_gpu=True, gpu_memory_mb=40 * 1024, max_cpus=12, max_mem_mb=510000,
+                                    node_gpus=4, node_cpus=64, node_mem_mb=510000)
+    assert caps["cpu"] == Capacity(has_gpu=False, gpu_memory_mb=None, max_cpus=48, max_mem_mb=187000)
+
+
+def test_sinfo_names_each_partition_once_though_a_node_is_in_two(tmp_path, monkeypatch):
+    monkeypatch.setattr(slurm, "slurm_command", canned_slurm(sinfo=SINFO + "debug|4|8000|gpu:t4:1\n"))
+    sub = submitter(tmp_path, t4=PartitionConfig(gpu="t4", slurm_partition="gpu"),
+                    dbg=PartitionConfig(gpu="t4", slurm_partition="debug"))
+    caps = sub.capacities(["t4", "dbg"])
+    assert (caps["t4"].max_cpus, caps["t4"].node_gpus, caps["t4"].node_cpus) == (32, 2, 16)  # "gpu*": the default
+    assert (caps["dbg"].max_cpus, caps["dbg"].max_mem_mb, caps["dbg"].node_gpus) == (4, 8000, 1)
+
+
+@pytest.mark.parametrize("part, key, needles", [
+    (PartitionConfig(gpu="v100", slurm_partition="gpus"), "cluster.partitions.x.slurm_partition='gpus'",
+     ["has no such partition", "gpu"]),
+    (PartitionConfig(gpu="h100", slurm_partition="gpubase"), "cluster.partitions.x.gpu='h100'",
+     ["partition gpubase has no GPU of this type", "a100"]),
+    (PartitionConfig(gpu="a100"), None, []),  # no slurm_partition: any partition with an A100 will do
+    (PartitionConfig(gpu="k80"), "cluster.partitions.x.gpu='k80'", ["this cluster has no GPU of this type"]),
+])
+def test_a_partition_or_gpu_type_sinfo_does_not_know_is_refused(tmp_path, asked, part, key, needles):
+    sub = submitter(tmp_path, x=part)
+    if key is None:
+        assert sub.capacities(["x"])["x"].node_gpus == 4
+        return
+    with pytest.raises(ConfigError) as err:
+        sub.capacities(["x"])
+    assert str(err.value).startswith(key) and "HINT:" in str(err.value)
+    for needle in needles:
+        assert needle in str(err.value)
+
+
+def test_away_from_the_cluster_the_preset_is_all_there_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(slurm, "slurm_command", canned_slurm(sinfo=None, sacct=None))
+    sub = submitter(tmp_path, x=PartitionConfig(gpu="k80", slurm_partition="nowhere", model="K80-12gb", max_cpus=6))
+    assert sub.capacities(["x"]) == {"x": Capacity(has_gpu=True, gpu_memory_mb=12 * 1024, max_cpus=6)}
+
+
+def test_slurm_command_answers_none_without_slurm(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo here
+    assert slurm.slurm_command(["sinfo", "-h"]) is None
+
+
+# The bad input of tests/test_slurm.py's test_bad_input_checked_against_sinfo, against canned sinfo of the same cluster.
+@pytest.mark.parametrize("overrides, key, hint", SLURM_CASES, ids=[" ".join(c[0]) for c in SLURM_CASES])
+def test_bad_input_checked_against_canned_sinfo(tmp_path, capsys, monkeypatch, overrides, key, hint):
+    lines: list[list[str]] = []
+    monkeypatch.setattr(slurm, "slurm_command", canned_slurm(sinfo=LOCAL_SINFO, asked=lines))
+    monkeypatch.setattr(SlurmSubmitter, "submit", lambda *a, **k: pytest.fail("submitted"))
+    code = main(PROBE + overrides + [f"run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert key in err and hint in err, err
+    assert not (tmp_path / "run").exists()
+    assert all(line[0] == "sinfo" for line in lines)  # nothing but sinfo was asked
+
+
+def test_good_input_against_canned_sinfo_is_planned(tmp_path, monkeypatch):
+    from gpupack import sweep
+
+    monkeypatch.setattr(slurm, "slurm_command", canned_slurm(sinfo=LOCAL_SINFO))
+    prepared = sweep.prepare(PROBE + ["partitions=[p100,a100]", f"run_dir={tmp_path / 'run'}"])
+    assert prepared.capacities["p100"] == Capacity(has_gpu=True, gpu_memory_mb=12 * 1024, max_cpus=8,
+                                                   max_mem_mb=16000, node_gpus=2, node_cpus=8, node_mem_mb=16000)
+    assert prepared.capacities["a100"].gpu_memory_mb == 40 * 1024
+    assert {p.partition for p in prepared.plan.packs} == {"p100", "a100"}
+
+
+# ---------------- sacct ----------------
+
+def test_sacct_states_of_each_job(tmp_path, asked):
+    sub = submitter(tmp_path)
+    ids = ["101", "102_0", "102_1", "103", "104", "105"]
+    assert sub.queue_states(ids) == {"101": "COMPLETED", "102_0": "RUNNING", "102_1": "PENDING",
+                                     "103": "CANCELLED by 0", "104": "RUNNING", "105": "OUT_OF_MEMORY"}
+    assert asked == [["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(ids)]]
+    assert sub.pack_states(ids) == {"101": DONE, "102_0": RUNNING, "102_1": PENDING, "103": FAILED,
+                                    "104": RUNNING,  # requeued, then running: its last line
+                                    "105": FAILED}
+
+
+def test_no_job_no_sacct(tmp_path, asked):
+    assert submitter(tmp_path).queue_states([]) == {} and asked == []
+
+
+def test_the_packs_still_queued_or_running_are_not_submitted_again(tmp_path, asked):
+    sub = submitter(tmp_path)
+    sub.remember({"a": ("101", "v100"), "b": ("102_0", "v100"), "c": ("102_1", "v100"), "d": ("103", "v100"),
+                  "e": ("104", "v100")})
+    assert sub.active_packs() == {"b": "102_0", "c": "102_1", "e": "104"}
+
+
+def test_resume_fails_closed_when_sacct_does_not_answer(tmp_path, monkeypatch):
+    monkeypatch.setattr(slurm, "slurm_command", canned_slurm(sacct=None))
+    sub = submitter(tmp_path)
+    sub.remember({"a": ("101", "v100")})
+    assert sub.queue_states(["101"]) is None and sub.pack_states(["101"]) is None
+    with pytest.raises(SubmissionError, match="nothing was submitted again"):
+        sub.active_packs()
