@@ -68,6 +68,19 @@ def training_process(err_log) -> "object | None":
     return None
 
 
+def kill_when_found(find: Callable[[], "object | None"], tries: int, sig: int = 9) -> None:
+    """Send ``sig`` (SIGKILL) to the process ``find`` returns, half a second after it first exists (past its start)."""
+    import time
+
+    for _ in range(tries):
+        proc = find()
+        if proc is not None:
+            time.sleep(0.5)
+            proc.send_signal(sig)  # type: ignore[attr-defined]
+            return
+        time.sleep(0.05)
+
+
 def wait_for(predicate: "Callable[[], bool]", timeout_s: float = 240, every_s: float = 0.5) -> bool:
     """True as soon as ``predicate()`` is; False after ``timeout_s``."""
     import time

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import pytest
 
@@ -88,14 +87,13 @@ def test_a_killed_training_is_recorded_as_killed(tmp_path):
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ))
 
     def killer() -> None:
-        spec = run.work(pack.pack_id, victim.training_id, "spec")
-        for _ in range(200):
-            for proc in __import__("psutil").process_iter(["cmdline"]):
-                if str(spec) in " ".join(proc.info["cmdline"] or []):
-                    time.sleep(0.5)
-                    proc.send_signal(signal.SIGKILL)
-                    return
-            time.sleep(0.05)
+        import psutil
+
+        from tests.conftest import kill_when_found
+
+        spec = str(run.work(pack.pack_id, victim.training_id, "spec"))
+        kill_when_found(lambda: next((p for p in psutil.process_iter(["cmdline"])
+                                      if spec in " ".join(p.info["cmdline"] or [])), None), tries=200)
 
     thread = threading.Thread(target=killer)
     thread.start()

@@ -84,15 +84,9 @@ def test_sigkilled_training_is_recorded_as_killed(tmp_path, start):
     err_log = run.log(pack.pack_id, faulty.training_id, "err")
 
     def kill_when_started() -> None:
-        from tests.conftest import training_process
+        from tests.conftest import kill_when_found, training_process
 
-        for _ in range(400):
-            proc = training_process(err_log)
-            if proc is not None:
-                time.sleep(0.5)
-                proc.send_signal(signal.SIGKILL)
-                return
-            time.sleep(0.05)
+        kill_when_found(lambda: training_process(err_log), tries=400)
 
     killer = multiprocessing.Process(target=kill_when_started)
     killer.start()

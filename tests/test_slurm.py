@@ -176,15 +176,18 @@ def test_detach_then_status_and_collect(tmp_path, slurm_env):
     assert collected.returncode == 0 and "Best packing factor for tests.fake_workloads on v100" in collected.stdout
 
 
+def slow_once(tmp_path: Path, partition: str, *extra: str) -> tuple[Path, Path, list[str]]:
+    """A pack of two trainings on one partition: one fast (no marker), one slow on its first attempt only."""
+    run_dir, marker = tmp_path / "run", tmp_path / "slow-once"
+    return run_dir, marker, PROBE + [f"partitions=[{partition}]", "packing.factors=[2]", "sweep.grid.lr=[0.1]",
+                                     f"sweep.grid.marker=['',{marker}]", "sweep.fixed.first_attempt_sleep_s=600",
+                                     *extra, f"run_dir={run_dir}"]
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_resume_after_scancel_reruns_only_missing_trainings(tmp_path, slurm_env):
-    run_dir = tmp_path / "run"
-    marker = tmp_path / "slow-once"
-    # two trainings: no marker (fast), and one that is slow on its first attempt only
-    args = PROBE + ["partitions=[a100]", "packing.factors=[2]", "sweep.grid.lr=[0.1]",
-                    f"sweep.grid.marker=['',{marker}]", "sweep.fixed.first_attempt_sleep_s=600",
-                    f"run_dir={run_dir}"]
+    run_dir, marker, args = slow_once(tmp_path, "a100")
     proc = gpupack(args + ["wait=false"], slurm_env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job_id = next(iter(json.loads((run_dir / "jobs.json").read_text()).values()))["job_id"]
@@ -219,13 +222,9 @@ def test_resume_after_scancel_reruns_only_missing_trainings(tmp_path, slurm_env)
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_time_limit_requeues_and_finished_trainings_are_not_rerun(tmp_path, slurm_env):
-    run_dir = tmp_path / "run"
-    marker = tmp_path / "slow-once"
-    args = PROBE + ["partitions=[p100]", "packing.factors=[2]", "sweep.grid.lr=[0.1]",
-                    f"sweep.grid.marker=['',{marker}]", "sweep.fixed.first_attempt_sleep_s=600",
-                    # SLURM's limit is 2 minutes; the pack is signalled 30 s before it, then requeued by submitit.
-                    # 90 s per attempt: with 30 s, a loaded CI machine once timed out every attempt.
-                    "cluster.timeout_min=2", "cluster.signal_delay_s=30", f"run_dir={run_dir}"]
+    # SLURM's limit is 2 minutes; the pack is signalled 30 s before it, then requeued by submitit.
+    # 90 s per attempt: with 30 s, a loaded CI machine once timed out every attempt.
+    run_dir, marker, args = slow_once(tmp_path, "p100", "cluster.timeout_min=2", "cluster.signal_delay_s=30")
     proc = gpupack(args, slurm_env, timeout=540)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = records(run_dir)
