@@ -1,4 +1,5 @@
-"""``python -m gpupack``: argument parsing and printing. The flow itself is :mod:`gpupack.sweep`.
+"""``python -m gpupack``: argument parsing and printing. The flow itself is :mod:`gpupack.sweep`; printing a plan and
+its progress is :mod:`gpupack.cli_show`, stopping on a signal :mod:`gpupack.cli_stop`.
 
     python -m gpupack +sweep=NAME [overrides]      run a sweep
     python -m gpupack status RUN_DIR               where each pack stands
@@ -12,23 +13,20 @@ cancels its pack jobs and their trainings first; jobs submitted to SLURM keep ru
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import signal
 import sys
-import threading
-from collections import Counter
 from pathlib import Path
-from types import FrameType
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
 from gpupack import __version__, sweep
+from gpupack.cli_show import ProgressView, print_opened, print_plan
+from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.plan import Pack
+from gpupack.core.rundir import RunDir
 from gpupack.errors import ConfigError, GpupackError
 from gpupack.report.terminal import make_console, render_collected
 
@@ -59,172 +57,6 @@ MULTIRUN_REFUSAL = (
     "multirun, run that app with -m hydra/launcher=gpupack_local (or gpupack_slurm) hydra.launcher.pack=N")
 
 log = logging.getLogger("gpupack")
-
-
-# ---------------- stopping ----------------
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class Stopped(KeyboardInterrupt):
-    """The CLI was asked to stop: Ctrl-C (SIGINT), kill (SIGTERM) or a closed terminal (SIGHUP). Raised in the main
-    thread, so every ``finally`` runs and the local backend cancels its jobs on the way out (SIGTERM and SIGHUP would
-    otherwise end the CLI at once and orphan them). A KeyboardInterrupt, so what cleans up after Ctrl-C cleans up
-    after the others too. ``what`` says what became of the run."""
-
-    def __init__(self, signum: int, what: str = "") -> None:
-        super().__init__(signum, what)
-        self.signum, self.what = signum, what
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum  # what a shell reports for a command killed by this signal
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """While the CLI runs, SIGINT, SIGTERM and SIGHUP raise :class:`Stopped`; a second one while it stops is let go,
-    so the cancel is not cut short. A signal the CLI was started with ignored stays ignored (``nohup`` must still
-    outlive a closed terminal). Only the main thread may set handlers: elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    stopping = False
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        if not stopping:
-            stopping = True
-            raise Stopped(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def stopped_line(stop: KeyboardInterrupt) -> str:
-    """The one line the CLI prints when stopped: which signal, and what became of the run."""
-    signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
-    what = stop.what if isinstance(stop, Stopped) and stop.what else "nothing was left running"
-    return f"stopped by {signal_name(signum)}: {what}"
-
-
-def after_stop(prepared: sweep.Prepared) -> str:
-    """What became of a sweep the CLI was stopped in: the local backend's jobs were cancelled with their trainings
-    (gpupack.submit.local), while jobs submitted to a cluster outlive the CLI and are left alone."""
-    run_dir = prepared.run.root
-    if not prepared.backend.detachable:
-        return (f"its local pack jobs and their trainings were cancelled; finished trainings keep their records. "
-                f"HINT: run the same command with run_dir={run_dir} to resume")
-    jobs = sorted({str(j["job_id"]).split("_")[0] for j in prepared.backend.jobs().values()}) \
-        if prepared.run.jobs.exists() else []
-    if not jobs:
-        return "nothing was submitted"
-    return (f"the pack jobs submitted to SLURM stay queued or running. HINT: follow them with python -m gpupack status "
-            f"{run_dir}, collect with python -m gpupack collect {run_dir}, or cancel them with scancel "
-            f"{' '.join(jobs)}")
-
-
-# ---------------- printing ----------------
-
-def print_plan(console: Console, prepared: sweep.Prepared) -> None:
-    for warning in prepared.warnings:
-        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
-    auto = prepared.spec.auto if prepared.spec is not None else None
-    if auto is not None:
-        console.print(f"[bold]gpupack[/] sweep [bold]{prepared.name}[/]: workload {prepared.plan.workload}, "
-                      f"{prepared.plan.grid_size} grid point(s); packing.factors=auto probes N along "
-                      f"{list(auto.ladder)} ({auto.repeats} packs per N, stop below a {auto.min_gain:.0%} gain), then "
-                      + ("runs the rest of the grid at the best N" if auto.then == "run"
-                         else "stops (packing.then=stop)"))
-        for note in (auto.cut, auto.memory_note):
-            if note:
-                console.print(f"  note: {note}", highlight=False)
-        console.print(f"  run directory {prepared.run.root}")
-        return
-    plan = prepared.plan
-    factors = sorted({p.factor for p in plan.packs if p.spread is None})
-    modes = sorted({p.mode for p in plan.packs if p.spread is None})
-    spread = sorted({p.devices for p in plan.packs if p.spread is not None})
-    layouts = sorted({p.mode for p in plan.packs if p.spread is not None})
-    console.print(f"[bold]gpupack[/] sweep [bold]{prepared.name}[/]: workload {plan.workload}, "
-                  f"{plan.grid_size} grid point(s), N in {factors}, mode(s) {modes}"
-                  + (f"; one training spread over k in {spread} devices with {', '.join(layouts)}" if spread else ""))
-    console.print(f"  {len(plan.packs)} packs, {plan.n_trainings} trainings in all; run directory {prepared.run.root}")
-    for note in plan.notes:
-        console.print(f"  note: {note}")
-
-
-def print_opened(console: Console, opened: sweep.Opened) -> None:
-    if opened.resumed:
-        console.print(f"  resuming: {opened.complete} pack(s) already complete, "
-                      f"{len(opened.todo) + len(opened.queued)} to run")
-    if opened.queued:
-        console.print(f"  {len(opened.queued)} pack(s) still queued or running from an earlier submission, not "
-                      f"submitted again: " + ", ".join(f"{p} (job {j})" for p, j in sorted(opened.queued.items())))
-
-
-STATES = ("pending", "running", "done", "failed")
-
-
-class ProgressView:
-    """Packs per partition as they move pending → running → done | failed.
-
-    In a terminal: a live table (rich). Elsewhere (a log, CI): one line per change.
-    """
-
-    def __init__(self, console: Console, packs: Sequence[Pack]) -> None:
-        self.console = console
-        self.partition = {p.pack_id: p.partition for p in packs}
-        self.state: dict[str, str] = {p.pack_id: "pending" for p in packs}
-        self.live = Live(self.table(), console=console, auto_refresh=False) if console.is_terminal else None
-
-    def counts(self) -> dict[str, Counter[str]]:
-        out: dict[str, Counter[str]] = {}
-        for pack_id, state in self.state.items():
-            out.setdefault(self.partition[pack_id], Counter())[state] += 1
-        return out
-
-    def table(self) -> Table:
-        table = Table(title="packs")
-        table.add_column("partition")
-        for state in STATES:
-            table.add_column(state, justify="right")
-        for partition, c in sorted(self.counts().items()):
-            table.add_row(partition, *(str(c[s]) for s in STATES))
-        return table
-
-    def __enter__(self) -> "ProgressView":
-        if self.live:
-            self.live.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live:
-            self.live.stop()
-
-    def __call__(self, pack: Pack, state: str) -> None:
-        if self.state.get(pack.pack_id) == state:
-            return
-        self.state[pack.pack_id] = state
-        self.partition[pack.pack_id] = pack.partition
-        if self.live:
-            self.live.update(self.table(), refresh=True)
-            return
-        finished = sum(s in ("done", "failed") for s in self.state.values())
-        counts = "; ".join(f"{part}: " + ", ".join(f"{s} {c[s]}" for s in STATES)
-                           for part, c in sorted(self.counts().items()))
-        self.console.print(f"  [{finished}/{len(self.state)}] {pack.pack_id} {state:7s} ({counts})", highlight=False)
 
 
 # ---------------- commands ----------------
@@ -362,7 +194,7 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
             raise ConfigError("--rgu", str(args.rgu), "is a list, not a table of models",
                               "see conf/rgu/alliance.yaml for the format")
         weights = dict(table.get("models", {}))
-    elif not any((Path(d) / "config.yaml").exists() for d in args.run_dirs):
+    elif not any(RunDir(Path(d)).config.exists() for d in args.run_dirs):
         from gpupack.setup.compose import config_dir
 
         weights = dict(OmegaConf.load(config_dir() / "rgu" / "alliance.yaml").models)

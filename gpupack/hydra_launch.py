@@ -27,8 +27,9 @@ from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError, nearest
-from gpupack.runtime.hydra_job import PAYLOAD, dump, return_path
-from gpupack.setup.validate import DEVICES, check_fit, check_modes
+from gpupack.runtime.hydra_job import dump
+from gpupack.setup.fit import check_fit
+from gpupack.setup.validate import DEVICES, check_modes
 from gpupack.submit import backend_class
 from gpupack.workload import load_workload
 
@@ -98,7 +99,7 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     """Check everything and plan the batch; nothing is written or submitted."""
     p = launcher.params
     check_options(p)
-    run = RunDir(fresh_dir(Path(str(p["records_dir"])).absolute(), f"launch_{initial_job_idx:06d}"))
+    run = RunDir(fresh_dir(Path(str(p["records_dir"])).absolute(), RunDir.launch_name(initial_job_idx)))
     # the backend maps the launcher's options (hydra-submitit-launcher's names) to its own config
     backend = backend_class(launcher.backend).from_launcher(p, run, KEY)
     facts = sweep.ask_backend(backend, [])
@@ -169,7 +170,7 @@ def job_returns(launcher: Any, prepared: sweep.Prepared) -> list[JobReturn]:
     out = []
     for pack in prepared.plan.packs:
         for t in pack.trainings:
-            path = return_path(prepared.run.root, t.params["job_num"])
+            path = prepared.run.hydra_return(t.params["job_num"])
             try:
                 with open(path, "rb") as f:
                     out.append(cloudpickle.load(f))
@@ -198,7 +199,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}")
 
     def on_open(opened: sweep.Opened) -> None:  # the run directory is ours now: leave the jobs what they need
-        dump((launcher, Singleton.get_state()), prepared.run.root / PAYLOAD)
+        dump((launcher, Singleton.get_state()), prepared.run.hydra_payload)
 
     outcome = sweep.run(prepared, on_open=on_open, collect_outputs=False,
                         progress=lambda p, state: log.info(f"gpupack: pack {p.pack_id} {state}"))

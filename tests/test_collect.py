@@ -12,7 +12,7 @@ from gpupack.analysis.load import load_records
 from gpupack.analysis.summary import best_factors, summarize
 from gpupack.analysis.tables import best_hyperparameters
 from gpupack.core.records import pack_record, read_json, training_record, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.rundir import COLUMNAR, RunDir
 from gpupack.flow.collect import collect
 
 
@@ -303,7 +303,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 from gpupack.analysis.load import Records  # noqa: E402
-from gpupack.core.columnar import COLUMNAR, ColumnarReader, Rows, write_columnar  # noqa: E402
+from gpupack.core.columnar import ColumnarReader, Rows, write_columnar  # noqa: E402
 
 
 def read_columnar(pack_dir: Path) -> tuple[Rows, dict] | None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from gpupack.analysis.load import load_records
-from gpupack.core.columnar import COLUMNAR, ColumnarReader
+from gpupack.core.columnar import ColumnarReader
+from gpupack.core.rundir import COLUMNAR
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "collect_scale.py"
 

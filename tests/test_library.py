@@ -107,7 +107,7 @@ def test_pack_status_table(done, has_record, job, states, expected):
 
 
 def test_slurm_queue_states_map_to_gpupack_states():
-    from gpupack.submit.slurm import pack_state
+    from gpupack.submit._slurm_queue import pack_state
 
     table = {"PENDING": PENDING, "REQUEUED": PENDING, "RUNNING": RUNNING, "COMPLETING": RUNNING, "COMPLETED": DONE,
              "FAILED": FAILED, "CANCELLED by 0": FAILED, "TIMEOUT": FAILED, "OUT_OF_MEMORY": FAILED,

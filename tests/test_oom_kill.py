@@ -17,7 +17,8 @@ from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, PackSettings, Tra
 from gpupack.job import body as job
 from gpupack.job.body import build_training_record, record_job_oom, run_pack, status_of
 from gpupack.runtime.monitor import DeviceInfo
-from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter, out_of_memory, pack_state
+from gpupack.submit._slurm_queue import out_of_memory, pack_state
+from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter
 
 WORKLOAD = "tests.fake_workloads"
 

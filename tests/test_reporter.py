@@ -151,8 +151,8 @@ def test_the_local_test_cluster_is_said_to_share_cores_even_with_one_partition(t
     run = RunDir(tmp_path / "run")
     _sweep(run, partitions=("v100",), host="me")
     assert SHARED not in _render([run.root])  # one partition on one host: nothing says the packs shared cores
-    run.config.write_text("cluster:\n  name: slurm\n  backend: slurm\n  partitions:\n    p100: {gpu: p100}\n"
-                          "    v100: {gpu: v100}\n    a100: {gpu: a100}\n")
+    run.config.write_text("cluster:\n  name: slurm\n  backend: slurm\n  nodes_share_one_host: true\n  partitions:\n"
+                          "    p100: {gpu: p100}\n    v100: {gpu: v100}\n    a100: {gpu: a100}\n")
     assert SHARED in _render([run.root])
 
 

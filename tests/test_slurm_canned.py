@@ -1,4 +1,4 @@
-"""The SLURM backend's reading of sinfo and sacct, with canned answers at its one seam (gpupack.submit.slurm.
+"""The SLURM backend's reading of sinfo and sacct, with canned answers at its one seam (gpupack.submit._slurm_queue.
 slurm_command), without a slurmctld: what tests/test_slurm.py checks against the local cluster, in the fast tier."""
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from gpupack.cli import main
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, Capacity
 from gpupack.errors import ConfigError, SubmissionError
-from gpupack.submit import slurm
-from gpupack.submit.slurm import PartitionConfig, SlurmConfig, SlurmSubmitter, gpus_in
+from gpupack.submit import _slurm_queue as slurm  # the backend's seam to the cluster: sinfo, sacct
+from gpupack.submit._slurm_queue import gpus_in
+from gpupack.submit.slurm import PartitionConfig, SlurmConfig, SlurmSubmitter
 from tests.fakes import SINFO, canned_slurm
 from tests.test_slurm import PROBE, SLURM_CASES
 

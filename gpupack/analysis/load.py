@@ -2,7 +2,8 @@
 
 Each pack is read from its columnar file where it is current (:mod:`gpupack.core.columnar`), else from its JSON
 records, with the same rows; earlier attempts (packs/<id>/attempts/<k>/) from their JSON; then the run's plan (grid
-size, pending packs), the OOMs a user cleared, and from its config the RGU table and the cluster. Reads only.
+size, pending packs), the OOMs a user cleared, and from its config the RGU table and whether its cluster's nodes are
+one host. Reads only.
 """
 from __future__ import annotations
 
@@ -18,11 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpupack.analysis.frames import Pieces
 from gpupack.core.columnar import ColumnarReader, pack_rows, read_records, split_rows
 from gpupack.core.records import read_json
-from gpupack.core.rundir import RunDir
-
-CLEARED_OOM = "cleared_oom.json"  # RUN_DIR/cleared_oom.json: OOMs the user cleared (python -m gpupack clear-oom)
-# A local test SLURM cluster (scripts/local_slurm.sh with conf/cluster/slurm.yaml): its partitions are one host.
-LOCAL_TEST_CLUSTER = ("slurm", frozenset({"p100", "v100", "a100"}))
+from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, RunDir
 
 
 @dataclass
@@ -42,7 +39,8 @@ class Records:
     cleared: list[dict[str, Any]] = field(default_factory=list)  # OOMs a user cleared, per run directory
     runs: list[str] = field(default_factory=list)  # the run directories read
     planned: int = 0  # packs in the runs' plans
-    clusters: dict[str, tuple[str, str, frozenset[str]]] = field(default_factory=dict)  # run → name, backend, parts
+    # run → its config's cluster.nodes_share_one_host: the cluster's nodes are one machine (a local test SLURM)
+    one_host: dict[str, bool] = field(default_factory=dict)
 
     def latest(self) -> pd.DataFrame:
         """Each training's latest record (earlier attempts, kept under attempts/, left out)."""
@@ -50,25 +48,17 @@ class Records:
         return t[t["attempt"] == 0] if not t.empty and "attempt" in t else t
 
 
-def _pack_dirs(run: RunDir) -> list[str]:
-    try:
-        with os.scandir(run.root / "packs") as entries:
-            return [e.path for e in sorted(entries, key=lambda e: e.name) if e.is_dir()]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
 def _attempt_records(pack_dirs: Sequence[str]) -> list[Path]:
     """packs/*/attempts/*/*.json in path order, as sorted(glob) gives them, at one stat a pack without attempts."""
     out = []
     for pack_dir in pack_dirs:
         try:
-            with os.scandir(f"{pack_dir}/attempts") as entries:
+            with os.scandir(f"{pack_dir}/{ATTEMPTS}") as entries:
                 attempts = sorted(e.name for e in entries if e.is_dir())
         except (FileNotFoundError, NotADirectoryError):
             continue
         for attempt in attempts:
-            out += sorted(Path(pack_dir, "attempts", attempt).glob("*.json"))
+            out += sorted(Path(pack_dir, ATTEMPTS, attempt).glob("*.json"))
     return out
 
 
@@ -85,7 +75,7 @@ def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: Pieces, pac
     attempts: list[int] = []
     for path in _attempt_records(pack_dirs):
         attempt = _attempt_of(path) or 1
-        if path.name == "pack.json":
+        if path.name == PACK_RECORD:
             packs += [{**row, "run_dir": str(run.root), "attempt": attempt}
                       for row in read_records([path], "pack", warnings)]
         else:
@@ -97,7 +87,7 @@ def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: Pieces, pac
 
 def read_cleared(run: RunDir) -> list[dict[str, Any]]:
     """The OOMs a user cleared (``gpupack clear-oom``): entries {partition, mode, factor, cleared_at}, None = any."""
-    path = run.root / CLEARED_OOM
+    path = run.cleared_oom
     rec = read_json(path) if path.exists() else {}
     return list(rec.get("cleared", []))
 
@@ -123,7 +113,7 @@ def _read_run(run: RunDir, trainings: Pieces, packs: list[dict[str, Any]], warni
     from the columnar file where it is current, else from the JSON records; then every earlier attempt's, from
     JSON. Returns the packs with a pack record (pack.json)."""
     root = str(run.root)
-    pack_dirs = _pack_dirs(run)
+    pack_dirs = run.pack_dirs()
     recorded = set()
     for pack_dir in pack_dirs:
         read = reader.read(pack_dir) if reader is not None else None
@@ -132,7 +122,7 @@ def _read_run(run: RunDir, trainings: Pieces, packs: list[dict[str, Any]], warni
         else:
             training_rows, pack_records = pack_rows(Path(pack_dir), warnings)
             rows = split_rows(training_rows)
-        if read is not None or os.path.exists(f"{pack_dir}/pack.json"):
+        if read is not None or os.path.exists(f"{pack_dir}/{PACK_RECORD}"):
             recorded.add(os.path.basename(pack_dir))
         trainings.add(rows, root, 0)
         packs += [{**row, "run_dir": root, "attempt": 0} for row in pack_records]
@@ -142,11 +132,11 @@ def _read_run(run: RunDir, trainings: Pieces, packs: list[dict[str, Any]], warni
 
 def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None:
     """The run's plan (grid size, packs still without a record: ``recorded`` are those with one), the OOMs cleared,
-    and from its config the RGU table and the cluster."""
+    and from its config the RGU table and whether the cluster's nodes are one host."""
     out.cleared += [{**entry, "run_dir": str(run.root)} for entry in read_cleared(run)]
     if run.plan.exists():
         plan = read_json(run.plan)
-        sweep_key = str(run.root.parent if run.root.name.startswith("launch_") else run.root)
+        sweep_key = str(run.sweep_root)
         out.grid_sizes[sweep_key] = out.grid_sizes.get(sweep_key, 0) + int(plan.get("grid_size", 0))
         out.planned += len(plan["packs"])
         out.pending += [f"{run.root}:{p['pack_id']}" for p in plan["packs"] if p["pack_id"] not in recorded]
@@ -156,8 +146,7 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
         if rgu is not None and "models" in rgu and not out.rgu:
             out.rgu = dict(rgu.models)
         cluster = cfg.get("cluster") or {}
-        out.clusters[str(run.root)] = (str(cluster.get("name")), str(cluster.get("backend")),
-                                       frozenset(cluster.get("partitions") or ()))
+        out.one_host[str(run.root)] = bool(cluster.get("nodes_share_one_host", False))
 
 
 def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
@@ -184,7 +173,8 @@ def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
 
 def shared_host(records: Records) -> str | None:
     """The host every pack ran on, where that means the packs shared its cores: packs of different partitions on
-    one host, or the local test SLURM cluster (its partitions are one machine). None otherwise."""
+    one host, or on a cluster whose nodes are one machine (cluster.nodes_share_one_host: the local test SLURM).
+    None otherwise."""
     packs = records.packs
     if packs.empty or "host" not in packs:
         return None
@@ -192,6 +182,4 @@ def shared_host(records: Records) -> str | None:
     if len(hosts) != 1:
         return None
     partitions = set(packs["partition"].dropna()) if "partition" in packs else set()
-    test_cluster = any((name, parts) == LOCAL_TEST_CLUSTER and backend == "slurm"
-                       for name, backend, parts in records.clusters.values())
-    return str(hosts[0]) if len(partitions) > 1 or test_cluster else None
+    return str(hosts[0]) if len(partitions) > 1 or any(records.one_host.values()) else None

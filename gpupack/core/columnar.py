@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from gpupack.core.records import SCHEMA_VERSION, atomic_file, read_json
-from gpupack.core.rundir import RunDir
+from gpupack.core.rundir import COLUMNAR, PACK_RECORD, TRAININGS, RunDir
 
 # Nested record fields the tables need, flattened to columns at load: column → (field, key).
 FLAT = {
@@ -39,8 +39,7 @@ PACK_FLAT = ("source", "note", "gpu_util_mean", "gpu_util_max", "gpu_mem_used_pe
 # packs/<id>/trainings.arrows: an Arrow IPC stream of one batch, the columns that vary between the pack's trainings
 # (pyarrow.ipc.open_stream reads it), then JSON: the pack record's flat row, the number of trainings, and the value of
 # each column every training of the pack shares (its sweep, partition, device...: one value, not N). Written by the
-# pack's job (write_columnar); read by gpupack.analysis.load (ColumnarReader).
-COLUMNAR = "trainings.arrows"
+# pack's job (write_columnar); read by gpupack.analysis.load (ColumnarReader). Its name: gpupack.core.rundir.COLUMNAR.
 JSON_PREFIX = "json:"  # a column of lists, dicts or mixed types: JSON text under this prefix in the columnar file
 _META_SCHEMA = b"gpupack.schema"
 _META_COLUMNS = b"gpupack.columns"  # every column of the rows, in order
@@ -180,8 +179,8 @@ def split_rows(rows: Sequence[Mapping[str, Any]]) -> Rows:
 
 def pack_rows(pack_dir: Path, warnings: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(training rows, pack rows) of one pack from its JSON records, in path order."""
-    trainings = read_records(sorted((pack_dir / "trainings").glob("*.json")), "training", warnings)
-    pack_json = pack_dir / "pack.json"
+    trainings = read_records(sorted((pack_dir / TRAININGS).glob("*.json")), "training", warnings)
+    pack_json = pack_dir / PACK_RECORD
     return trainings, read_records([pack_json] if pack_json.exists() else [], "pack", warnings)
 
 
@@ -196,7 +195,7 @@ def write_columnar(run: RunDir, pack_id: str) -> Path | None:
     trainings, packs = pack_rows(pack_dir, warnings)
     if warnings or len(packs) != 1:
         return None
-    return write_rows(pack_dir / COLUMNAR, trainings, packs[0])
+    return write_rows(run.columnar(pack_id), trainings, packs[0])
 
 
 def write_rows(path: Path, trainings: Sequence[Mapping[str, Any]], pack_row: Mapping[str, Any]) -> Path:
@@ -238,7 +237,7 @@ class ColumnarReader:
         path = f"{pack_dir}/{COLUMNAR}"
         try:
             stamp = os.stat(path).st_mtime_ns
-            if _changed_after(f"{pack_dir}/trainings", stamp) or _changed_after(f"{pack_dir}/pack.json", stamp):
+            if _changed_after(f"{pack_dir}/{TRAININGS}", stamp) or _changed_after(f"{pack_dir}/{PACK_RECORD}", stamp):
                 return None
             with open(path, "rb", buffering=0) as f:
                 data = f.read()

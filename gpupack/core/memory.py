@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from gpupack.core.records import read_json_or_none
+from gpupack.core.rundir import RunDir
 from gpupack.core.types import Capacity
 from gpupack.errors import ConfigError
 
@@ -125,9 +126,9 @@ def request_mb(measured_host_mb: float | None, given_gb: float | None, default_g
 
 def candidate_runs(run_root: Path) -> list[Path]:
     """This run directory and its siblings (runs/<sweep>/<date>_<time>), newest first, at most MAX_RUNS_READ."""
-    siblings = [p for p in run_root.parent.glob("*") if (p / "plan.json").exists()] if run_root.parent.is_dir() else []
+    siblings = [p for p in run_root.parent.glob("*") if RunDir(p).plan.exists()] if run_root.parent.is_dir() else []
     ordered = sorted(set(siblings) - {run_root}, key=lambda p: p.stat().st_mtime, reverse=True)
-    return ([run_root] if (run_root / "plan.json").exists() else []) + ordered[:MAX_RUNS_READ]
+    return ([run_root] if RunDir(run_root).plan.exists() else []) + ordered[:MAX_RUNS_READ]
 
 
 def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_key: str = "seed") -> Measured:
@@ -139,7 +140,7 @@ def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_
     for run in runs:
         sampled = _sampled_peaks(run)
         found = 0
-        for path in sorted(run.glob("packs/*/trainings/*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        for path in sorted(RunDir(run).training_records(), key=lambda p: p.stat().st_mtime, reverse=True):
             if read >= MAX_RECORDS_READ:
                 break
             read += 1
@@ -169,7 +170,7 @@ def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_
 def _sampled_peaks(run: Path) -> dict[str, dict[str, Any]]:
     """Per training id, the sampler's peaks (pack.json): what a program that reports nothing itself is known by."""
     out: dict[str, dict[str, Any]] = {}
-    for path in run.glob("packs/*/pack.json"):
+    for path in RunDir(run).pack_records():
         rec = read_json_or_none(path) or {}
         out.update(((rec.get("sampler") or {}).get("per_training") or {}))
     return out

@@ -1,18 +1,31 @@
 """The run directory: one place for the layout, so no module builds a path of its own.
 
     RUN_DIR/
-      config.yaml                              the resolved config as run
+      config.yaml                              the resolved config as run (the cluster's options included)
       plan.json                                trainings and packs, with ids
       packs/<pack_id>/pack.json                the pack record
       packs/<pack_id>/trainings/<id>.json      one training record per training
+      packs/<pack_id>/trainings.arrows         the pack's records as one columnar file (gpupack.core.columnar)
       packs/<pack_id>/logs/<id>.out|.err       each training's output
       packs/<pack_id>/work/                    worker specs and results in flight
+      packs/<pack_id>/attempts/<k>/            records of earlier attempts (a resumed pack moves them there)
+      packs/<pack_id>/.lock                    held by the packer running the pack
       jobs.json                                pack id → submitted job id (SLURM), for status and resume
       submitit/                                submitit's job folders
       summary.csv  summary.json                written by collect
+      cleared_oom.json                         the OOMs a user cleared (python -m gpupack clear-oom)
+      .lock                                    held while a sweep runs in the directory
+      auto.json  probe/nNN/  run/              packing.factors=auto: what the probe did, each of its steps (a run
+                                               directory of its own), and the rest of the grid at the best N
+      hydra_launch.pkl  returns/<job>.pkl      a Hydra launch (MULTIRUN_DIR/.gpupack/launch_<first job>/): the
+                                               pickled launcher, and each job's JobReturn
+
+Collect reads thousands of packs: where it walks them as ``str`` folders (``os.scandir``), it joins the same names
+(:data:`PACK_RECORD`, :data:`TRAININGS`, :data:`COLUMNAR`, :data:`ATTEMPTS`) without a Path each.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +33,15 @@ from pathlib import Path
 from gpupack.errors import ConfigError
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+PLAN = "plan.json"
+PACK_RECORD = "pack.json"  # packs/<pack_id>/pack.json
+TRAININGS = "trainings"  # packs/<pack_id>/trainings/<id>.json
+COLUMNAR = "trainings.arrows"  # packs/<pack_id>/trainings.arrows
+ATTEMPTS = "attempts"  # packs/<pack_id>/attempts/<k>/
+LOCK = ".lock"  # RUN_DIR/.lock and packs/<pack_id>/.lock
+PROBE, RUN = "probe", "run"  # packing.factors=auto: RUN_DIR/probe/nNN/ and RUN_DIR/run/
+LAUNCH = "launch_"  # a Hydra launch's run directory: MULTIRUN_DIR/.gpupack/launch_<first job number>[.k]
 
 
 def check_name(key: str, value: str) -> str:
@@ -34,13 +56,35 @@ def check_name(key: str, value: str) -> str:
 class RunDir:
     root: Path
 
+    @staticmethod
+    def below(folder: Path, depth: int = 3) -> list[Path]:
+        """The run directories (folders holding a plan.json) up to ``depth`` levels beneath ``folder``, sorted."""
+        return sorted({p.parent for k in range(1, depth + 1) for p in folder.glob("/".join(["*"] * k) + "/" + PLAN)})
+
+    @staticmethod
+    def launch_name(first_job: int) -> str:
+        """The name of a Hydra launch's run directory, in its records_dir (MULTIRUN_DIR/.gpupack/)."""
+        return f"{LAUNCH}{first_job:06d}"
+
+    @property
+    def is_launch(self) -> bool:
+        """One launch of a Hydra multirun (launch_*): the launches of one multirun add up to its sweep."""
+        return self.root.name.startswith(LAUNCH)
+
+    @property
+    def sweep_root(self) -> Path:
+        """The directory of the sweep this run is part of: a Hydra launch's records_dir, else the run's own."""
+        return self.root.parent if self.is_launch else self.root
+
+    # ---------------- the run's own files ----------------
+
     @property
     def config(self) -> Path:
         return self.root / "config.yaml"
 
     @property
     def plan(self) -> Path:
-        return self.root / "plan.json"
+        return self.root / PLAN
 
     @property
     def jobs(self) -> Path:
@@ -51,6 +95,11 @@ class RunDir:
         return self.root / "submitit"
 
     @property
+    def submitit_folder(self) -> Path:
+        """submitit's folder pattern: submitit/<job id>/ for each job (%j: submitit puts the job id there)."""
+        return self.submitit / "%j"
+
+    @property
     def summary_csv(self) -> Path:
         return self.root / "summary.csv"
 
@@ -58,14 +107,97 @@ class RunDir:
     def summary_json(self) -> Path:
         return self.root / "summary.json"
 
+    @property
+    def cleared_oom(self) -> Path:
+        return self.root / "cleared_oom.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK
+
+    @property
+    def write_probe(self) -> Path:
+        """An empty file written and removed at once, to see that the directory is writable."""
+        return self.root / ".write-probe"
+
+    def holds_only_lock(self) -> bool:
+        """True when the directory is missing, empty, or holds nothing but a lock left behind."""
+        return not self.root.exists() or all(p.name == LOCK for p in self.root.iterdir())
+
+    # ---------------- packing.factors=auto ----------------
+
+    @property
+    def auto_record(self) -> Path:
+        return self.root / "auto.json"
+
+    def probe_step(self, factor: int) -> RunDir:
+        return RunDir(self.root / PROBE / f"n{factor:02d}")
+
+    def probe_steps(self) -> list[Path]:
+        """The probe's steps that planned a run (probe/nNN/ with its plan.json), in N order."""
+        return sorted(p.parent for p in (self.root / PROBE).glob("n*/" + PLAN))
+
+    @property
+    def auto_run(self) -> RunDir:
+        return RunDir(self.root / RUN)
+
+    # ---------------- a Hydra launch ----------------
+
+    @property
+    def hydra_payload(self) -> Path:
+        return self.root / "hydra_launch.pkl"
+
+    def hydra_return(self, job_num: int) -> Path:
+        return self.root / "returns" / f"{int(job_num)}.pkl"
+
+    # ---------------- packs ----------------
+
+    @property
+    def packs(self) -> Path:
+        return self.root / "packs"
+
+    def pack_dirs(self) -> list[str]:
+        """Every packs/<pack_id>/ folder, in name order, as ``str`` (none: [])."""
+        try:
+            with os.scandir(self.packs) as entries:
+                return [e.path for e in sorted(entries, key=lambda e: e.name) if e.is_dir()]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
     def pack_dir(self, pack_id: str) -> Path:
-        return self.root / "packs" / check_name("pack_id", pack_id)
+        return self.packs / check_name("pack_id", pack_id)
+
+    def pack_records(self) -> list[Path]:
+        """Every packs/<pack_id>/pack.json written so far (this attempt's)."""
+        return list(self.packs.glob(f"*/{PACK_RECORD}"))
+
+    def training_records(self) -> list[Path]:
+        """Every packs/<pack_id>/trainings/<id>.json written so far (each training's latest)."""
+        return list(self.packs.glob(f"*/{TRAININGS}/*.json"))
 
     def pack_record(self, pack_id: str) -> Path:
-        return self.pack_dir(pack_id) / "pack.json"
+        return self.pack_dir(pack_id) / PACK_RECORD
+
+    def pack_lock(self, pack_id: str) -> Path:
+        return self.pack_dir(pack_id) / LOCK
+
+    def trainings(self, pack_id: str) -> Path:
+        """packs/<pack_id>/trainings/: the pack's training records."""
+        return self.pack_dir(pack_id) / TRAININGS
 
     def training_record(self, pack_id: str, training_id: str) -> Path:
-        return self.pack_dir(pack_id) / "trainings" / f"{check_name('training_id', training_id)}.json"
+        return self.trainings(pack_id) / f"{check_name('training_id', training_id)}.json"
+
+    def columnar(self, pack_id: str) -> Path:
+        return self.pack_dir(pack_id) / COLUMNAR
+
+    def attempts(self, pack_id: str) -> Path:
+        return self.pack_dir(pack_id) / ATTEMPTS
+
+    def attempt_record(self, pack_id: str, attempt: int, record: Path) -> Path:
+        """Where the record ``record`` (a training's or the pack's) of an earlier attempt ``attempt`` (1, 2...) is kept:
+        packs/<pack_id>/attempts/<attempt>/<its name>."""
+        return self.attempts(pack_id) / str(int(attempt)) / record.name
 
     def log(self, pack_id: str, training_id: str, stream: str) -> Path:
         return self.pack_dir(pack_id) / "logs" / f"{check_name('training_id', training_id)}.{stream}"
@@ -78,7 +210,7 @@ class RunLock:
     """An exclusive lock on a run directory, so two sweeps never write into the same one at once."""
 
     def __init__(self, run: RunDir) -> None:
-        self.path = run.root / ".lock"
+        self.path = run.lock
         self._fd: int | None = None
 
     def __enter__(self) -> "RunLock":

@@ -38,7 +38,7 @@ from gpupack.core.records import COMPLETED, OOM, make_dirs, write_json_atomic, w
 from gpupack.core.rundir import RunDir, RunLock
 from gpupack.core.types import PackResult
 from gpupack.errors import ConfigError, RunDirError
-from gpupack.flow.collect import AUTO_RECORD, PROBE, RUN, AutoReport, Step, collect
+from gpupack.flow.collect import PROBE, RUN, AutoReport, Step, collect
 from gpupack.flow.run import Opened, Outcome, Prepared, run_plain
 from gpupack.setup.validate import AutoSpec, SweepSpec
 from gpupack.submit import load_submitter
@@ -114,7 +114,7 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
         for i, n in enumerate(auto.ladder):
             if not climbing:
                 break
-            step_run = RunDir(root.root / PROBE / f"n{n:02d}")
+            step_run = root.probe_step(n)
             plan = step_plan(spec, climbing, n, best_so_far, auto.repeats)
             outcome = run_plain(sub_prepared(prepared, plan, step_run, factors=sorted({p.factor for p in plan.packs})),
                                 progress=progress, collect_outputs=False)
@@ -152,13 +152,13 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                               if n is not None)
             production = production_plan(spec, report.best, completed)
             if production is not None:
-                run_dir = RunDir(root.root / RUN)
+                run_dir = root.auto_run
                 outcome = run_plain(sub_prepared(prepared, production, run_dir,
                                                  factors=sorted({p.factor for p in production.packs})),
                                     progress=progress, collect_outputs=False)
                 results += outcome.results
                 report.run_dir = str(run_dir.root)
-        write_json_atomic(root.root / AUTO_RECORD, {
+        write_json_atomic(root.auto_record, {
             "schema": 1, "written_at": time.time(), "ladder": list(auto.ladder), "cut": auto.cut,
             "min_gain": auto.min_gain, "repeats": auto.repeats, "then": auto.then,
             "steps": [dataclasses.asdict(s) for s in report.steps], "stopped": report.stopped, "best": report.best,
@@ -178,7 +178,7 @@ def open_root(root: RunDir, config: Any) -> None:
         if OmegaConf.select(earlier, "packing.factors") != "auto":
             raise RunDirError(f"run_dir={str(root.root)!r} holds another sweep. HINT: choose a new run_dir=...")
         return
-    if root.root.exists() and any(p.name != ".lock" for p in root.root.iterdir()):
+    if not root.holds_only_lock():
         raise RunDirError(f"run_dir={str(root.root)!r} exists and is not a gpupack run. HINT: choose a new or empty "
                           "run_dir=...")
     make_dirs(root.root)
@@ -196,7 +196,7 @@ def auto_parts(prepared: Prepared) -> tuple[SweepSpec, AutoSpec, DictConfig]:
 
 
 def probe_runs(root: RunDir) -> list[Path]:
-    return sorted(p.parent for p in (root.root / PROBE).glob("n*/plan.json"))
+    return root.probe_steps()
 
 
 def sub_prepared(prepared: Prepared, plan: Plan, run: RunDir, factors: Sequence[int]) -> Prepared:

@@ -11,11 +11,12 @@ from rich.console import Console
 
 from gpupack.analysis.collect import Collected, aggregate
 from gpupack.core.records import read_json
+from gpupack.core.rundir import RunDir
 from gpupack.report.files import write_outputs
 from gpupack.report.terminal import render_collected
 
-PROBE, RUN = "probe", "run"  # RUN_DIR/probe/nNN/ and RUN_DIR/run/ of an auto sweep
-AUTO_RECORD = "auto.json"
+# The phases of an auto sweep (plan.phase; packing.then=run): their folders are RunDir.probe_step(n) and RunDir.auto_run
+PROBE, RUN = "probe", "run"
 
 
 @dataclass
@@ -54,7 +55,7 @@ class AutoReport:
 
 def read_auto(root: Path) -> AutoReport | None:
     """What an auto run's probe did, from RUN_DIR/auto.json (None: not an auto run)."""
-    path = root / AUTO_RECORD
+    path = RunDir(root).auto_record
     if not path.exists():
         return None
     rec = read_json(path)
@@ -85,9 +86,8 @@ def find_runs(paths: Sequence[Path], depth: int = 3) -> list[Path]:
     holds one per launch under .gpupack/; runs/<sweep>/ holds one per date)."""
     out: list[Path] = []
     for path in paths:
-        if (path / "plan.json").exists() or not path.is_dir():
+        if RunDir(path).plan.exists() or not path.is_dir():
             out.append(path)
             continue
-        found = sorted({p.parent for k in range(1, depth + 1) for p in path.glob("/".join(["*"] * k) + "/plan.json")})
-        out += found or [path]
+        out += RunDir.below(path, depth) or [path]
     return out

@@ -134,7 +134,7 @@ def check_run_dir(run: RunDir, plan: Plan) -> bool:
             raise RunDirError(f"run_dir={str(run.root)!r} holds another sweep's plan. HINT: choose a new "
                               "run_dir=..., or re-run with the exact config of that run to resume it")
         return True
-    if run.root.exists() and any(p.name != ".lock" for p in run.root.iterdir()):
+    if not run.holds_only_lock():
         raise RunDirError(f"run_dir={str(run.root)!r} exists and is not a gpupack run. HINT: choose a new "
                           "or empty run_dir=...")
     return False
@@ -149,7 +149,7 @@ def prepare_run_dir(run: RunDir, plan: Plan) -> bool:
         return True
     try:
         make_dirs(run.root)
-        probe = run.root / ".write-probe"
+        probe = run.write_probe
         probe.write_text("")
         probe.unlink()
     except OSError as err:

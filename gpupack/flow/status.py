@@ -9,7 +9,7 @@ from typing import Mapping
 
 from omegaconf import OmegaConf
 
-from gpupack.analysis.load import CLEARED_OOM, cleared_mask, load_records, read_cleared
+from gpupack.analysis.load import cleared_mask, load_records, read_cleared
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.records import OOM, is_completed, read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
@@ -71,7 +71,7 @@ def status(run_dir: Path | str) -> RunStatus:
         raise RunDirError(f"RUN_DIR={str(run.root)!r}: not a directory. HINT: python -m gpupack status "
                           "runs/<sweep>/<date>_<time>")
     if not run.plan.exists():
-        subs = [p for p in find_runs([run.root]) if p != run.root and (p / "plan.json").exists()]
+        subs = [p for p in find_runs([run.root]) if p != run.root and RunDir(p).plan.exists()]
         if subs:  # packing.factors=auto (probe/nNN/, run/) or a Hydra multirun (.gpupack/launch_*): each one's packs
             parts = [status(p) for p in subs]
             return RunStatus(run.root, parts[0].sweep, [p for part in parts for p in part.packs],
@@ -109,6 +109,5 @@ def clear_oom(run_dir: Path | str, *, partition: str | None = None, mode: str | 
     match = (t["status"] == OOM) & ~cleared_mask(t, records.cleared) \
         & cleared_mask(t, [{**entry, "run_dir": str(run.root)}])
     if match.any():
-        path = run.root / CLEARED_OOM
-        write_json_atomic(path, {"cleared": read_cleared(run) + [entry]})
+        write_json_atomic(run.cleared_oom, {"cleared": read_cleared(run) + [entry]})
     return int(match.sum())

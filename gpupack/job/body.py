@@ -181,14 +181,14 @@ def status_of(outcome: TrainingOutcome) -> str:
     return COMPLETED
 
 
-def move_aside(path: Path, attempts_dir: Path) -> None:
-    """Keep an earlier attempt's record: move it under attempts/<k>/ instead of overwriting it."""
+def move_aside(run: RunDir, pack_id: str, path: Path) -> None:
+    """Keep an earlier attempt's record of the pack: move it under attempts/<k>/ instead of overwriting it."""
     if not path.exists():
         return
     k = 1
-    while (attempts_dir / str(k) / path.name).exists():
+    while run.attempt_record(pack_id, k, path).exists():
         k += 1
-    target = attempts_dir / str(k) / path.name
+    target = run.attempt_record(pack_id, k, path)
     make_dirs(target.parent)
     os.replace(path, target)
 
@@ -228,7 +228,7 @@ def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
     """Hold ``packs/<pack_id>/.lock`` (flock) while the pack runs, so that a second packer of the same pack (a job
     submitted twice, a resume while the first still runs) stops before it moves or writes any record. The kernel
     drops the lock when its holder dies (scancel, OOM), so a stale lock never blocks a resume."""
-    path = run.pack_dir(pack_id) / ".lock"
+    path = run.pack_lock(pack_id)
     make_dirs(path.parent)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, file_mode())
     try:
@@ -264,10 +264,9 @@ def _run_pack(run: RunDir, pack_id: str, settings: PackSettings, job: JobEnviron
     todo = [t for t in pack.trainings if not is_completed(run.training_record(pack_id, t.training_id))]
     if not todo:
         return read_json(run.pack_record(pack_id))
-    attempts = run.pack_dir(pack_id) / "attempts"
     for t in todo:
-        move_aside(run.training_record(pack_id, t.training_id), attempts)
-    move_aside(run.pack_record(pack_id), attempts)
+        move_aside(run, pack_id, run.training_record(pack_id, t.training_id))
+    move_aside(run, pack_id, run.pack_record(pack_id))
 
     info = detect_device()
     device = choose_device(settings.device, info)

@@ -60,11 +60,11 @@ def run_host(module: str, name: str, specs: list[dict[str, Any]], ctx: PackConte
     exit."""
     run, pack_id = ctx.run, ctx.pack.pack_id
     n = len(specs)
-    host_spec = run.pack_dir(pack_id) / "work" / f"{name}.spec.json"
+    host_spec = run.work(pack_id, name, "spec")
     write_json_atomic(host_spec, {"threads": ctx.threads * n, "trainings": specs, **(extra or {})})
-    logs = run.pack_dir(pack_id) / "logs"
     # One process hosts all N: the per-training limit applies N times over. Its time limit counts from the spawn.
-    host = ChildSpec(name, [sys.executable, "-m", module, str(host_spec)], logs / f"{name}.out", logs / f"{name}.err",
+    host = ChildSpec(name, [sys.executable, "-m", module, str(host_spec)], run.log(pack_id, name, "out"),
+                     run.log(pack_id, name, "err"),
                      worker_env(ctx.env, ctx.threads * n), started_at=spawned,
                      memory_limit_bytes=pack_memory_limit(ctx.memory_limit_bytes, n))
     outcomes: dict[str, TrainingOutcome] = {}

@@ -113,6 +113,12 @@ class ProcessOptions:
     # float over all of them.
     cpu_affinity: bool = False
 
+    def check(self) -> None:
+        """Refuse a value out of range (ConfigError on packing.process.<field>), whether or not process mode is used:
+        what needs the workload or the node (fork, MPS) is :meth:`ProcessPacker.check`'s."""
+        if self.start not in STARTS:
+            raise ConfigError("packing.process.start", self.start, "unknown start method", nearest(self.start, STARTS))
+
 
 class ProcessPacker(Packer):
     name = "process"
@@ -124,9 +130,7 @@ class ProcessPacker(Packer):
         return bool(options.mps)
 
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
-        opts = options_of(settings, self.name)
-        if opts.start not in STARTS:
-            raise ConfigError("packing.process.start", opts.start, "unknown start method", nearest(opts.start, STARTS))
+        opts = options_of(settings, self.name)  # its values were checked with every mode's (ProcessOptions.check)
         if opts.start == "fork" and not workload.forkable:
             why = ("a program of its own" if workload.framework in ("command", "hydra")
                    else "its framework starts threads at import")
@@ -174,7 +178,7 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
 def preloaded_server(trainings: Sequence[Training], ctx: PackContext) -> ForkServer | None:
     """The pack's preloaded fork server; None (fresh interpreters, said in the server's log) if it cannot start."""
     return fork_server(trainings[0].workload, [t.params for t in trainings], worker_env(ctx.env, ctx.threads),
-                       ctx.run.pack_dir(ctx.pack.pack_id) / "logs" / "forkserver.err")
+                       ctx.run.log(ctx.pack.pack_id, "forkserver", "err"))
 
 
 def job_cpus() -> list[int]:

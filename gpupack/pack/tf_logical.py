@@ -53,6 +53,18 @@ class TfLogicalOptions:
     gpu_memory_budget_mb: Optional[int] = None
     gpu_memory_reserve_mb: int = 1024
 
+    def check(self) -> None:
+        """Refuse a value out of range (ConfigError on packing.tf_logical.<field>), whether or not tf_logical is used:
+        the budget against a GPU's memory is :func:`split_memory_mb`'s."""
+        if self.gpu_memory_budget_mb is not None and not self.gpu_memory_budget_mb > 0:
+            raise ConfigError("packing.tf_logical.gpu_memory_budget_mb", self.gpu_memory_budget_mb,
+                              "must be > 0 or null", "give MB, e.g. packing.tf_logical.gpu_memory_budget_mb=8000, "
+                              "or leave it null for the GPU's memory less gpu_memory_reserve_mb")
+        if not self.gpu_memory_reserve_mb >= 0:
+            raise ConfigError("packing.tf_logical.gpu_memory_reserve_mb", self.gpu_memory_reserve_mb, "must be >= 0",
+                              "give MB kept back for the CUDA context and TensorFlow, e.g. "
+                              "packing.tf_logical.gpu_memory_reserve_mb=1024")
+
 
 class TfLogicalPacker(Packer):
     name = "tf_logical"

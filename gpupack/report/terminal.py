@@ -14,6 +14,7 @@ from rich.table import Table
 from gpupack.analysis.collect import Collected
 from gpupack.analysis.load import shared_host
 from gpupack.analysis.summary import GROUP
+from gpupack.core.rundir import RunDir
 from gpupack.report.text import (
     best_line,
     choice_lines,
@@ -179,8 +180,7 @@ def failure_lines(c: Collected, most: int = 3) -> list[str]:
     lines = [f"{len(failed)} training(s) did not complete:"]
     for reason, rows in sorted(reasons.items(), key=lambda kv: -len(kv[1]))[:most]:
         first = rows[0]
-        log = (Path(str(first.get("run_dir", "."))) / "packs" / str(first["pack_id"]) / "logs"
-               / f"{first['training_id']}.err")
+        log = RunDir(Path(str(first.get("run_dir", ".")))).log(str(first["pack_id"]), str(first["training_id"]), "err")
         lines.append(f"  {len(rows)} x {reason[:160]}  (e.g. {log})")
     if len(reasons) > most:
         lines.append(f"  ... and {len(reasons) - most} other reason(s): see summary.json and each record's error")

@@ -15,23 +15,17 @@ from pathlib import Path
 from typing import Any, List, Mapping
 
 from gpupack.core.records import atomic_file
+from gpupack.core.rundir import RunDir
 from gpupack.workload import Launch, TrainingContext, Workload
-
-PAYLOAD = "hydra_launch.pkl"
-RETURNS = "returns"
 
 
 @dataclass
 class HydraJobParams:
     overrides: List[str] = field(default_factory=list)
     job_num: int = 0
-    launch_dir: str = ""  # this launch's gpupack run directory (the payload, and each job's JobReturn)
+    launch_dir: str = ""  # this launch's gpupack run directory (RunDir.hydra_payload, each job's RunDir.hydra_return)
     cwd: str = ""  # the app's working directory when it launched (Hydra's original cwd)
     app_dir: str = ""  # the app's own folder, so its sibling modules import in the job as they did at launch
-
-
-def return_path(launch_dir: str | Path, job_num: int) -> Path:
-    return Path(launch_dir) / RETURNS / f"{job_num}.pkl"
 
 
 def dump(obj: Any, path: Path) -> None:
@@ -69,7 +63,8 @@ class HydraJob(Workload):
 
         if params.app_dir and params.app_dir not in sys.path:
             sys.path.insert(0, params.app_dir)  # before unpickling: the task function's modules import here
-        with open(Path(params.launch_dir) / PAYLOAD, "rb") as f:
+        launch = RunDir(Path(params.launch_dir))
+        with open(launch.hydra_payload, "rb") as f:
             launcher, singleton_state = cloudpickle.load(f)
         Singleton.set_state(singleton_state)
         setup_globals()
@@ -81,7 +76,7 @@ class HydraJob(Workload):
         ret = run_job(hydra_context=launcher.hydra_context, task_function=launcher.task_function, config=config,
                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
         ctx.reporter.loop_ended()
-        dump(ret, return_path(params.launch_dir, params.job_num))
+        dump(ret, launch.hydra_return(params.job_num))
         if ret.status == JobStatus.FAILED:
             raise ret._return_value  # recorded as failed, with the traceback in the job's .err log
         return metrics_of(ret.return_value)

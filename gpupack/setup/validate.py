@@ -2,7 +2,9 @@
 
 Hydra already checked the types of gpupack's own keys; this checks meaning (N >= 1, a known mode and
 workload, a grid the workload understands, data that is there). Every failure is a ConfigError naming
-the key, the value and the fix.
+the key, the value and the fix. Its parts: :mod:`gpupack.setup.fit` (against what the backend answered: fit, idle
+GPUs, auto's ladder), :mod:`gpupack.setup.options` (each mode's and strategy's own options, each checked by itself),
+:mod:`gpupack.setup.spread_check` (spread.*).
 """
 from __future__ import annotations
 
@@ -16,24 +18,15 @@ from gpupack.core.memory import Measured, TrainingMemory, check_memory, estimate
 from gpupack.core.plan import ORDERS, Plan, expand_grid, grid_values, make_plan
 from gpupack.core.rgu import check_weights
 from gpupack.core.rundir import check_name
-from gpupack.core.types import Capacity, PackRequest, PackSettings
+from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError, nearest, require_counts
-from gpupack.pack import available_modes, load_packer
+from gpupack.pack import load_packer
+from gpupack.setup.fit import ClusterFacts, auto_ladder, check_fit, idle_gpu_warnings
+from gpupack.setup.options import check_strategy_options, pack_settings
+from gpupack.setup.spread_check import SpreadSpec, check_spread_config
 from gpupack.workload import Workload, load_workload
 
 DEVICES = ("auto", "cpu", "cuda")
-
-
-@dataclass(frozen=True)
-class ClusterFacts:
-    """What the backend answered, once, before validation: the partitions, what one pack job on each can have,
-    and what a pack of each N asks for. Validation reads these and asks nothing else."""
-
-    partitions: tuple[str, ...]
-    capacities: Mapping[str, Capacity]
-    # What a pack of N asks for: a pure function of the backend's options and, where given, the measured peak host
-    # memory of one training (MB).
-    request: Callable[..., PackRequest]
 
 
 @dataclass(frozen=True)
@@ -48,16 +41,6 @@ class AutoSpec:
     # Where memory would stop the climb by today's figures (a default or stated one until the probe measures):
     # the probe re-checks each next N against what it measured, so this is a forecast, not a cut.
     memory_note: str | None = None
-
-
-@dataclass(frozen=True)
-class SpreadSpec:
-    """spread.*, checked: one training over each k devices, by each layout of the strategy (ddp-gloo, mirrored)."""
-
-    strategy: str
-    layouts: tuple[tuple[str, str], ...]  # (strategy module, label): the label is the packs' mode
-    devices: tuple[int, ...]
-    repeats: int
 
 
 @dataclass(frozen=True)
@@ -154,24 +137,6 @@ def _check_estimate(cfg: DictConfig) -> None:
                               f"raise it above {estimate:g} s (cluster.timeout_min is in minutes)")
 
 
-def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], str], noun: str = "trainings",
-              request_host_mb: float | None = None, per_node: bool = False) -> None:
-    """Each pack of N must fit what one job on each partition can have (CPUs, host memory); ``per_node``: a job of
-    several GPUs (spread), bounded by a whole node rather than one GPU's share. Pure."""
-    for name, cap in facts.capacities.items():
-        max_cpus = (cap.node_cpus or cap.max_cpus) if per_node else cap.max_cpus
-        for i, n in enumerate(factors):
-            req = facts.request(n, request_host_mb) if request_host_mb is not None else facts.request(n)
-            if max_cpus and req.cpus and req.cpus > max_cpus:
-                raise ConfigError(key(i), n, f"{n} {noun} x {req.cpus_key}={req.cpus_each:g} = {req.cpus} CPUs, but "
-                                  f"one {name} {'node has' if per_node else 'GPU job gets at most'} {max_cpus}",
-                                  f"lower N, or set {req.cpus_key}={max_cpus / n:.2g} so N {noun} share the cores")
-            if cap.max_mem_mb and req.mem_mb and req.mem_mb > cap.max_mem_mb:
-                raise ConfigError(key(i), n, f"{n} {noun} x {req.mem_key}={req.mem_gb_each:g} ({req.mem_why}) = "
-                                  f"{req.mem_mb / 1024:.1f} GB, but a {name} node has {cap.max_mem_mb / 1024:.1f} GB",
-                                  f"lower N or {req.mem_key}")
-
-
 def is_auto(cfg: DictConfig) -> bool:
     return isinstance(cfg.packing.factors, str) and cfg.packing.factors == "auto"
 
@@ -235,83 +200,6 @@ def _check_auto(cfg: DictConfig) -> tuple[int, ...]:
     return tuple(ladder)
 
 
-def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts, memory: TrainingMemory,
-                        fraction: float, measured_host_mb: float | None, grid: Mapping[str, list[Any]],
-                        fixed: Mapping[str, Any]) -> SpreadSpec | None:
-    """spread.*: the strategy, its layouts and each k against the workload and one node of each partition (devices,
-    CPUs, memory: each of the k processes or replicas holds a whole model). None when spread.devices is empty."""
-    from gpupack.spread import check_spread, load_strategy
-
-    spread = cfg.spread
-    devices = list(spread.devices)
-    if not devices:
-        return None
-    if is_auto(cfg):
-        raise ConfigError("spread.devices", devices, "packing.factors=auto probes packing alone",
-                          "give explicit packing.factors=[...] to measure spread beside packing, or spread.devices=[]")
-    if spread.repeats is not None and spread.repeats < 1:
-        raise ConfigError("spread.repeats", spread.repeats, "must be >= 1 or null", "measure each k at least once")
-    strategy = load_strategy(spread.strategy)
-    _refuse_other_strategies_options(spread, strategy.name)
-    labels = strategy.labels(spread)
-    check_spread(strategy, workload, devices, labels, facts.capacities, spread)
-    for point in expand_grid(grid):  # the workload's own limits, e.g. a global batch that splits over k devices
-        for k in devices:
-            try:
-                workload.check_spread(workload.params({**fixed, **point}), strategy.name, k)
-            except ConfigError as err:
-                where = "sweep.grid" if err.key in grid else "sweep.fixed"
-                raise ConfigError(f"{where}.{err.key}", err.value, f"{err.why} (spread.devices has {k})",
-                                  err.hint) from None
-    check_fit(devices, facts, key=lambda i: f"spread.devices[{i}]", noun="processes of one training",
-              request_host_mb=measured_host_mb, per_node=True)
-    for name, cap in facts.capacities.items():  # each device holds a whole replica: k x one training's host memory
-        budget = (cap.node_mem_mb or cap.max_mem_mb or 0) * fraction
-        for i, k in enumerate(devices):
-            if budget and k * memory.host.mb > budget:
-                raise ConfigError(f"spread.devices[{i}]", k, f"{k} replicas x {memory.host.mb:.0f} MB "
-                                  f"({memory.host.source}) of host memory is over {name}'s budget of "
-                                  f"{budget / 1024:.1f} GB ({fraction:.0%})",
-                                  "lower k, or raise packing.memory_fraction")
-    return SpreadSpec(strategy=strategy.name, layouts=tuple((strategy.name, label) for label in labels),
-                      devices=tuple(devices), repeats=int(spread.repeats or cfg.packing.repeats))
-
-
-def _refuse_other_strategies_options(spread: Any, strategy: str) -> None:
-    """spread.<name>_* are the options of strategy <name> (spread.ddp_backend: ddp's): one set for another strategy
-    would be silently ignored, so it is refused."""
-    from dataclasses import fields
-
-    from gpupack.setup.config import SpreadConfig
-    from gpupack.spread import available_strategies
-
-    for f in fields(SpreadConfig):
-        owner = f.name.split("_", 1)[0]
-        if owner in available_strategies() and owner != strategy and spread[f.name] != f.default:
-            raise ConfigError(f"spread.{f.name}", spread[f.name],
-                              f"is an option of spread.strategy={owner}, and this sweep spreads with {strategy}",
-                              f"drop spread.{f.name}, or use spread.strategy={owner}")
-
-
-def pack_settings(packing: Any) -> PackSettings:
-    return PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
-                        training_timeout_s=packing.training_timeout_s,
-                        memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
-                        sample_interval_s=packing.sample_interval_s, mode_options=mode_options(packing))
-
-
-def mode_options(packing: Any) -> dict[str, Any]:
-    """packing.<mode>.* as each mode's own Options instance (what the pack's job gets)."""
-    out = {}
-    for mode in available_modes():
-        options = load_packer(mode).Options
-        if options is not None:
-            given = packing.get(mode) if hasattr(packing, "get") else None
-            out[mode] = options(**cast(dict[str, Any], OmegaConf.to_container(given))) if given is not None \
-                else options()
-    return out
-
-
 def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int], facts: ClusterFacts,
                 settings: PackSettings) -> None:
     """Each mode refuses, before submission, a workload, N or option it cannot host on each partition."""
@@ -320,53 +208,6 @@ def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int]
         for name in facts.partitions:
             for n in factors:
                 packer.check(workload, n, facts.capacities[name], settings)
-
-
-def idle_gpu_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_mb: float | None) -> list[str]:
-    """Where a pack's request (CPUs, memory) lets fewer packs onto a node than it has GPUs, the others sit idle for
-    the whole sweep: say so, with what would fit. Pure."""
-    out = []
-    for name, cap in facts.capacities.items():
-        if not (cap.node_gpus and cap.node_gpus > 1):
-            continue
-        for n in factors:
-            req = facts.request(n, measured_host_mb)
-            per_node = [cap.node_gpus]
-            if req.cpus and cap.node_cpus:
-                per_node.append(cap.node_cpus // req.cpus)
-            if req.mem_mb and cap.node_mem_mb:
-                per_node.append(int(cap.node_mem_mb // req.mem_mb))
-            if min(per_node) < cap.node_gpus:
-                out.append(f"{name}: a pack of N={n} asks {req.cpus} CPUs and {(req.mem_mb or 0) / 1024:.1f} GB "
-                           f"({req.mem_key}={req.mem_gb_each:g}, {req.mem_why}); a node has {cap.node_gpus} GPUs, "
-                           f"{cap.node_cpus} CPUs and {(cap.node_mem_mb or 0) / 1024:.1f} GB, so {min(per_node)} "
-                           f"pack(s) fit per node and {cap.node_gpus - min(per_node)} GPU(s) sit idle. HINT: lower "
-                           f"{req.mem_key} or {req.cpus_key} to a node's share per GPU")
-    return out
-
-
-def auto_ladder(ladder: Sequence[int], facts: ClusterFacts, memory: TrainingMemory, fraction: float,
-                measured_host_mb: float | None, check_mode: Callable[[int], None] = lambda n: None
-                ) -> tuple[tuple[int, ...], str | None, str | None]:
-    """The ladder as far as a job on every partition holds it (CPUs, the mode's own limits) and why it stops there;
-    and where memory would stop it by today's figures (a forecast: the probe re-checks with what it measures).
-    The first rung must fit. Pure."""
-    memory_note = None
-    for i, n in enumerate(ladder):
-        try:
-            check_fit([n], facts, key=lambda _: "packing.auto.ladder", request_host_mb=measured_host_mb)
-            check_mode(n)
-        except ConfigError as err:
-            if i == 0:
-                raise
-            return tuple(ladder[:i]), f"N={n} not tried: {err.why}", memory_note
-        try:
-            check_memory([n], facts.capacities, memory, fraction, key=lambda _: "packing.auto.ladder")
-        except ConfigError as err:
-            if i == 0:
-                raise
-            memory_note = memory_note or f"by today's memory figures the climb stops before N={n} ({err.why})"
-    return tuple(ladder), None, memory_note
 
 
 def validate(cfg: DictConfig, facts: ClusterFacts,
@@ -384,6 +225,9 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
         raise ConfigError("sweep.loader_probe", True, f"{workload.name} has no data-loader-only mode",
                           "set sweep.loader_probe=false, or give the workload a loader_param")
     factors, modes = check_packing(cfg)
+    # Every mode's and strategy's own options, used by this sweep or not: a value out of range is refused, not ignored.
+    settings = pack_settings(cfg.packing)
+    check_strategy_options(cfg.spread)
     _check_estimate(cfg)
     for i, name in enumerate(facts.partitions):
         check_name(f"partitions[{i}]", name)
@@ -394,7 +238,6 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     measured = measure(sweep.workload, settings_seen, workload.seed_key) if measure else Measured()
     memory = estimate(stated, measured)
     fraction = float(cfg.packing.memory_fraction)
-    settings = pack_settings(cfg.packing)
     auto = None
     if is_auto(cfg):
         factors, cut, memory_note = auto_ladder(factors, facts, memory, fraction, measured.host_mb,
@@ -406,7 +249,8 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
         check_fit(factors, facts, key=lambda i: f"packing.factors[{i}]", request_host_mb=measured.host_mb)
         check_modes(workload, modes, factors, facts, settings)  # a mode's own limit is the more specific answer
         check_memory(factors, facts.capacities, memory, fraction, key=lambda i: f"packing.factors[{i}]")
-    spread = check_spread_config(cfg, workload, facts, memory, fraction, measured.host_mb, grid, fixed)
+    spread = check_spread_config(cfg, workload, facts, memory, fraction, measured.host_mb, grid, fixed,
+                                 auto=is_auto(cfg))
     for mode, key in group_keys(workload, modes).items():  # every training must fit a group (fused: no AMP...)
         for point in expand_grid(grid):
             try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from gpupack.core.placement import Placement, Spread
@@ -38,6 +39,9 @@ KEY = "spread.strategy"
 class Strategy(ABC):
     name: ClassVar[str]
     framework: ClassVar[str]  # the workloads it can spread: "torch" or "tensorflow"
+    # The strategy's own options: a dataclass whose field F is spread.<name>_F (spread.ddp_backend: ddp's backend),
+    # with a ``check()`` that refuses a bad value (ConfigError); None: the strategy has none.
+    Options: ClassVar[type | None] = None
 
     def labels(self, options: Any) -> list[str]:
         """The layouts this strategy measures, as pack modes (ddp: one per spread.ddp_backend)."""
@@ -70,6 +74,16 @@ def load_strategy(name: str, key: str = KEY) -> Strategy:
     if name not in names:
         raise ConfigError(key, name, "no such spread strategy", nearest(name, names))
     return importlib.import_module(f"{__name__}.{name}").STRATEGY
+
+
+def strategy_options(strategy: Strategy, spread: Any) -> Any:
+    """``strategy``'s Options from the spread config's spread.<name>_* keys (a field not given keeps its default);
+    None when the strategy has no options."""
+    if strategy.Options is None:
+        return None
+    prefix = f"{strategy.name}_"
+    given = {f.name: spread[prefix + f.name] for f in fields(strategy.Options) if prefix + f.name in spread}
+    return strategy.Options(**given)
 
 
 def devices_on(capacity: "Capacity") -> tuple[int | None, str]:

@@ -66,6 +66,18 @@ def backends_of(value: Any) -> list[str]:
     return names
 
 
+@dataclasses.dataclass(frozen=True)
+class DdpOptions:
+    """ddp's own options, spread.ddp_<field> in the config: spread.ddp_backend, the process group's backend(s)."""
+
+    backend: Any = "gloo"  # gloo or nccl, or a list of them (each measured): spread.ddp_backend
+
+    def check(self) -> None:
+        """Refuse a backend that is not gloo or nccl, none, or one listed twice (ConfigError on spread.ddp_backend),
+        whether or not this sweep spreads with ddp."""
+        backends_of(self.backend)
+
+
 def backend_of(label: str) -> str:
     """The backend a pack's mode names: ddp-gloo → gloo. Pure."""
     backend = label[len(PREFIX):] if label.startswith(PREFIX) else label
@@ -143,12 +155,13 @@ def rank_server(training: "Training", ctx: "PackContext") -> "ForkServer | None"
         return None
     # None, said in its log, when it cannot start
     return fork_server(training.workload, [training.params], worker_env(ctx.env, ctx.threads),
-                       ctx.run.pack_dir(ctx.pack.pack_id) / "logs" / "forkserver.err")
+                       ctx.run.log(ctx.pack.pack_id, "forkserver", "err"))
 
 
 class DdpStrategy(Strategy):
     name = "ddp"
     framework = "torch"
+    Options = DdpOptions
 
     def labels(self, options: Any) -> list[str]:
         return [PREFIX + b for b in backends_of(getattr(options, "ddp_backend", "gloo"))]

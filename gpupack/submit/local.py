@@ -196,7 +196,7 @@ class LocalSubmitter(Submitter):
         return [[i % gpus] for i in range(n)] if gpus else [[] for _ in range(n)]
 
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
-        executor = SessionLocalExecutor(folder=str(self.run.submitit / "%j"))
+        executor = SessionLocalExecutor(folder=str(self.run.submitit_folder))
         running: list[tuple[Pack, list[list[int]], submitit.Job]] = []
         try:
             return self._run(executor, packs, settings, progress, running)

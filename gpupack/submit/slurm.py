@@ -1,7 +1,7 @@
 """SLURM: each pack is one array task on one GPU, through submitit's SlurmExecutor.
 
-Packs of one (partition, mode, N) group share one job array. Every SLURM command gpupack runs itself
-(sinfo, sacct) goes through :func:`slurm_command`, the one seam to the cluster besides submitit.
+Packs of one (partition, mode, N) group share one job array. What gpupack asks SLURM itself (sinfo, sacct), and
+how it reads the answers, is in :mod:`gpupack.submit._slurm_queue`, the one seam to the cluster besides submitit.
 """
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import dataclasses
 import math
 import os
 import re
-import shutil
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -19,11 +17,11 @@ import submitit
 
 from gpupack.core.memory import request_mb
 from gpupack.core.plan import Pack
-from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, Capacity, PackRequest, PackResult, PackSettings
+from gpupack.core.types import Capacity, PackRequest, PackResult, PackSettings
 from gpupack.errors import ConfigError, SubmissionError, nearest
 from gpupack.job.body import record_job_oom
 from gpupack.runtime.jobenv import JobEnvironment
-from gpupack.submit import ClusterConfig, PackJob, ProgressFn, Submitter, job_result, progress_state
+from gpupack.submit import ClusterConfig, PackJob, ProgressFn, Submitter, _slurm_queue, job_result, progress_state
 
 ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")  # what Alliance users export in their shell
 REQUEST_FORMS = ("gpus_per_node", "gres", "none")
@@ -31,17 +29,6 @@ DEFAULT_MEM_GB = 2.0  # per training, when cluster.mem_gb_per_training is null a
 FINISH_POLL_S = 0.2  # how soon a finished pack is seen: a stat of its result file
 LAUNCHER_GRES = re.compile(r"^gpu(?::([^:,]+))?:(\d+)$")  # a Hydra launcher's gres: gpu:1, gpu:v100:1
 LAUNCHER_LABEL = "default"  # the Hydra launcher's one partition, when it names no SLURM partition
-
-
-def slurm_command(args: Sequence[str], timeout: float = 30) -> str | None:
-    """Run a SLURM client command; None when SLURM is not installed or does not answer."""
-    if shutil.which(args[0]) is None:
-        return None
-    try:
-        proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
 
 
 def resources(factor: int, cpus_per_training: float, mem_gb_per_training: float) -> tuple[int, int]:
@@ -130,40 +117,9 @@ class SlurmConfig(ClusterConfig):
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
     # Seconds between two looks at the queue while waiting.
     poll_s: float = 5.0
-
-
-# sacct / squeue states → gpupack's pack states (anything else that is not active counts as failed).
-QUEUE_STATES = {
-    "PENDING": PENDING, "REQUEUED": PENDING, "REQUEUE_HOLD": PENDING, "REQUEUE_FED": PENDING, "CONFIGURING": PENDING,
-    "SUSPENDED": PENDING, "RESIZING": PENDING,
-    "RUNNING": RUNNING, "COMPLETING": RUNNING, "STAGE_OUT": RUNNING, "SIGNALING": RUNNING,
-    "COMPLETED": DONE,
-    "OUT_OF_MEMORY": FAILED,  # failed with an OOM: see out_of_memory
-}
-# sacct's states of a job that SLURM's cgroup stopped for memory: failed, and its trainings killed for it are oom.
-OOM_QUEUE_STATES = frozenset({"OUT_OF_MEMORY"})
-# What SLURM writes in a job's stderr when its cgroup killed a process for memory, e.g. "slurmstepd: error: Detected
-# 1 oom-kill event(s) in StepId=12.batch. Some of your processes may have been killed by the cgroup out-of-memory
-# handler." or "srun: error: n1: task 0: Out Of Memory". Only SLURM's own lines: a training's text is not evidence.
-OOM_STDERR = re.compile(r"^(?:slurmstepd|srun): .*(?:oom-kill event|out of memory|exceeded (?:job )?memory limit)",
-                        re.IGNORECASE | re.MULTILINE)
-
-
-def gpus_in(gres: str, gpu: str | None) -> int:
-    """GPUs of type ``gpu`` (any type: None) in one sinfo %G field, e.g. "gpu:v100:4(S:0-1),gpu:t4:2"."""
-    return sum(int(count) for kind, count in re.findall(r"gpu:(?:([^:,(]+):)?(\d+)", gres)
-               if gpu is None or kind == gpu)
-
-
-def pack_state(queue_state: str) -> str:
-    """gpupack's state of one sacct State field ("CANCELLED by 0" → failed)."""
-    return QUEUE_STATES.get(queue_state.split(" ")[0], FAILED)
-
-
-def out_of_memory(queue_state: str | None, stderr: str | None = None) -> bool:
-    """True when a job ended out of memory: sacct says OUT_OF_MEMORY, or SLURM said so in the job's stderr (sacct may
-    lag behind, or not run at all on a site without accounting)."""
-    return (queue_state or "").split(" ")[0] in OOM_QUEUE_STATES or bool(OOM_STDERR.search(stderr or ""))
+    # True where the cluster's nodes are one machine (scripts/local_slurm.sh: a slurmd per GPU type on one host), so
+    # packs share its cores whatever their partition, and the report says so. false on a real cluster.
+    nodes_share_one_host: bool = False
 
 
 def launcher_gpu_request(options: Mapping[str, Any], key: str) -> tuple[str | None, str]:
@@ -277,7 +233,7 @@ class SlurmSubmitter(Submitter):
     def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
         """From the preset (GPU memory from the model name, V100-16gb; per-GPU guidance) and, where SLURM
         answers, sinfo: each partition and GPU type must exist; node CPUs and memory bound the rest."""
-        live = self._live_limits(partitions)
+        live = _slurm_queue.live_limits(self.cluster.partitions, partitions, self.key)
         out = {}
         for name in partitions:
             part = self.cluster.partitions[name]
@@ -291,40 +247,10 @@ class SlurmSubmitter(Submitter):
                                  node_mem_mb=live.get(name, {}).get("node_mem_mb"))
         return out
 
-    def _live_limits(self, partitions: Sequence[str]) -> dict[str, dict[str, int]]:
-        """Where SLURM answers: check each partition and GPU type exists; return node CPUs and memory."""
-        out = slurm_command(["sinfo", "-h", "-o", "%P|%c|%m|%G"])
-        if out is None:
-            return {}  # not on the cluster (e.g. preparing a sweep elsewhere): the preset is all we know
-        rows = [line.split("|") for line in out.splitlines() if line.count("|") == 3]
-        by_partition: dict[str, list[list[str]]] = {}
-        for row in rows:
-            by_partition.setdefault(row[0].rstrip("*"), []).append(row)
-        limits: dict[str, dict[str, int]] = {}
-        for name in partitions:
-            part = self.cluster.partitions[name]
-            scope = by_partition.get(part.slurm_partition, []) if part.slurm_partition else rows
-            if part.slurm_partition and not scope:
-                raise ConfigError(self.key(f"partitions.{name}.slurm_partition"), part.slurm_partition,
-                                  "SLURM (sinfo) has no such partition", nearest(part.slurm_partition, by_partition))
-            if part.gpu and not any(f"gpu:{part.gpu}:" in r[3] or r[3].endswith(f"gpu:{part.gpu}") for r in scope):
-                where = f"partition {part.slurm_partition}" if part.slurm_partition else "this cluster"
-                types = sorted({g.split(":")[1] for r in scope for g in r[3].split(",") if g.startswith("gpu:")
-                                and g.count(":") >= 2})
-                raise ConfigError(self.key(f"partitions.{name}.gpu"), part.gpu, f"{where} has no GPU of this type "
-                                  "(sinfo)", nearest(part.gpu, types))
-            limits[name] = {"cpus": max(int(r[1].rstrip("+")) for r in scope),
-                            "mem_mb": max(int(r[2].rstrip("+")) for r in scope)}
-            gpu_nodes = [(gpus_in(r[3], part.gpu), int(r[1].rstrip("+")), int(r[2].rstrip("+"))) for r in scope]
-            gpu_nodes = [g for g in gpu_nodes if g[0]]
-            if gpu_nodes:  # the nodes with the most GPUs of this type: where idle GPUs are worst
-                limits[name].update(zip(("node_gpus", "node_cpus", "node_mem_mb"), max(gpu_nodes)))
-        return limits
-
     # ---------------- submission ----------------
 
     def _executor(self) -> submitit.SlurmExecutor:
-        return submitit.SlurmExecutor(folder=str(self.run.submitit / "%j"),
+        return submitit.SlurmExecutor(folder=str(self.run.submitit_folder),
                                       max_num_timeout=int(self.cluster.max_num_timeout))
 
     def submit(self, packs: Sequence[Pack], settings: PackSettings) -> list[tuple[Pack, submitit.Job]]:
@@ -387,7 +313,7 @@ class SlurmSubmitter(Submitter):
         """How a pack's job ended. When SLURM says it ran out of memory, the trainings its cgroup killed are recorded as
         oom (gpupack.job.body.record_job_oom), so their N is infeasible; any it cannot record are named in the error."""
         result = job_result(pack, job)
-        if not out_of_memory(job.state, job.stderr()):
+        if not _slurm_queue.out_of_memory(job.state, job.stderr()):
             return result
         why = f"SLURM: job {job.job_id} ran out of memory (its cgroup killed a process)"
         unrecorded = record_job_oom(self.run, pack.pack_id, since, why)
@@ -399,20 +325,11 @@ class SlurmSubmitter(Submitter):
 
     def queue_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
         """sacct's State of each job id (e.g. "CANCELLED by 0"); None when sacct does not answer."""
-        if not job_ids:
-            return {}
-        out = slurm_command(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)])
-        if out is None:
-            return None
-        states: dict[str, str] = {}
-        for line in out.splitlines():
-            job_id, _, state = line.partition("|")
-            states[job_id] = state  # the last line for an id is its latest (requeued) run
-        return states
+        return _slurm_queue.queue_states(job_ids)
 
     def pack_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
         states = self.queue_states(job_ids)
-        return None if states is None else {j: pack_state(s) for j, s in states.items()}
+        return None if states is None else {j: _slurm_queue.pack_state(s) for j, s in states.items()}
 
 
 SUBMITTER = SlurmSubmitter

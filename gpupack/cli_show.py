@@ -1,0 +1,103 @@
+"""What the CLI prints of a sweep as it runs: the plan, what a resumed run directory holds, and the packs' progress
+(a live table in a terminal, one line per change elsewhere)."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from gpupack import sweep
+from gpupack.core.plan import Pack
+
+
+def print_plan(console: Console, prepared: sweep.Prepared) -> None:
+    for warning in prepared.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    auto = prepared.spec.auto if prepared.spec is not None else None
+    if auto is not None:
+        console.print(f"[bold]gpupack[/] sweep [bold]{prepared.name}[/]: workload {prepared.plan.workload}, "
+                      f"{prepared.plan.grid_size} grid point(s); packing.factors=auto probes N along "
+                      f"{list(auto.ladder)} ({auto.repeats} packs per N, stop below a {auto.min_gain:.0%} gain), then "
+                      + ("runs the rest of the grid at the best N" if auto.then == "run"
+                         else "stops (packing.then=stop)"))
+        for note in (auto.cut, auto.memory_note):
+            if note:
+                console.print(f"  note: {note}", highlight=False)
+        console.print(f"  run directory {prepared.run.root}")
+        return
+    plan = prepared.plan
+    factors = sorted({p.factor for p in plan.packs if p.spread is None})
+    modes = sorted({p.mode for p in plan.packs if p.spread is None})
+    spread = sorted({p.devices for p in plan.packs if p.spread is not None})
+    layouts = sorted({p.mode for p in plan.packs if p.spread is not None})
+    console.print(f"[bold]gpupack[/] sweep [bold]{prepared.name}[/]: workload {plan.workload}, "
+                  f"{plan.grid_size} grid point(s), N in {factors}, mode(s) {modes}"
+                  + (f"; one training spread over k in {spread} devices with {', '.join(layouts)}" if spread else ""))
+    console.print(f"  {len(plan.packs)} packs, {plan.n_trainings} trainings in all; run directory {prepared.run.root}")
+    for note in plan.notes:
+        console.print(f"  note: {note}")
+
+
+def print_opened(console: Console, opened: sweep.Opened) -> None:
+    if opened.resumed:
+        console.print(f"  resuming: {opened.complete} pack(s) already complete, "
+                      f"{len(opened.todo) + len(opened.queued)} to run")
+    if opened.queued:
+        console.print(f"  {len(opened.queued)} pack(s) still queued or running from an earlier submission, not "
+                      f"submitted again: " + ", ".join(f"{p} (job {j})" for p, j in sorted(opened.queued.items())))
+
+
+STATES = ("pending", "running", "done", "failed")
+
+
+class ProgressView:
+    """Packs per partition as they move pending → running → done | failed.
+
+    In a terminal: a live table (rich). Elsewhere (a log, CI): one line per change.
+    """
+
+    def __init__(self, console: Console, packs: Sequence[Pack]) -> None:
+        self.console = console
+        self.partition = {p.pack_id: p.partition for p in packs}
+        self.state: dict[str, str] = {p.pack_id: "pending" for p in packs}
+        self.live = Live(self.table(), console=console, auto_refresh=False) if console.is_terminal else None
+
+    def counts(self) -> dict[str, Counter[str]]:
+        out: dict[str, Counter[str]] = {}
+        for pack_id, state in self.state.items():
+            out.setdefault(self.partition[pack_id], Counter())[state] += 1
+        return out
+
+    def table(self) -> Table:
+        table = Table(title="packs")
+        table.add_column("partition")
+        for state in STATES:
+            table.add_column(state, justify="right")
+        for partition, c in sorted(self.counts().items()):
+            table.add_row(partition, *(str(c[s]) for s in STATES))
+        return table
+
+    def __enter__(self) -> "ProgressView":
+        if self.live:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.live.stop()
+
+    def __call__(self, pack: Pack, state: str) -> None:
+        if self.state.get(pack.pack_id) == state:
+            return
+        self.state[pack.pack_id] = state
+        self.partition[pack.pack_id] = pack.partition
+        if self.live:
+            self.live.update(self.table(), refresh=True)
+            return
+        finished = sum(s in ("done", "failed") for s in self.state.values())
+        counts = "; ".join(f"{part}: " + ", ".join(f"{s} {c[s]}" for s in STATES)
+                           for part, c in sorted(self.counts().items()))
+        self.console.print(f"  [{finished}/{len(self.state)}] {pack.pack_id} {state:7s} ({counts})", highlight=False)

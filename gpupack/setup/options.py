@@ -1,0 +1,42 @@
+"""The options each packing mode and spread strategy owns (its ``Options`` dataclass), built from the config and
+checked by the dataclass itself — every mode's and every strategy's, whether or not this sweep uses it, so a value
+out of range is refused before anything is submitted rather than silently ignored."""
+from __future__ import annotations
+
+from typing import Any, cast
+
+from omegaconf import OmegaConf
+
+from gpupack.core.types import PackSettings
+from gpupack.pack import available_modes, load_packer
+from gpupack.spread import available_strategies, load_strategy, strategy_options
+
+
+def mode_options(packing: Any) -> dict[str, Any]:
+    """packing.<mode>.* as each mode's own Options instance (what the pack's job gets), each checked by itself
+    (ConfigError naming packing.<mode>.<field>)."""
+    out = {}
+    for mode in available_modes():
+        options = load_packer(mode).Options
+        if options is not None:
+            given = packing.get(mode) if hasattr(packing, "get") else None
+            out[mode] = options(**cast(dict[str, Any], OmegaConf.to_container(given))) if given is not None \
+                else options()
+            out[mode].check()
+    return out
+
+
+def pack_settings(packing: Any) -> PackSettings:
+    return PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
+                        training_timeout_s=packing.training_timeout_s,
+                        memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
+                        sample_interval_s=packing.sample_interval_s, mode_options=mode_options(packing))
+
+
+def check_strategy_options(spread: Any) -> None:
+    """spread.<strategy>_* checked by each strategy's own Options (ddp: spread.ddp_backend), whatever spread.devices
+    and spread.strategy are."""
+    for name in available_strategies():
+        options = strategy_options(load_strategy(name), spread)
+        if options is not None:
+            options.check()

@@ -1,0 +1,78 @@
+"""spread.*, checked: one training over each k devices, by each layout of the strategy, against the workload and one
+node of each partition. Pure, given what the backend answered."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from omegaconf import DictConfig
+
+from gpupack.core.memory import TrainingMemory
+from gpupack.core.plan import expand_grid
+from gpupack.errors import ConfigError
+from gpupack.setup.config import SpreadConfig
+from gpupack.setup.fit import ClusterFacts, check_fit
+from gpupack.spread import available_strategies, check_spread, load_strategy
+from gpupack.workload import Workload
+
+
+@dataclass(frozen=True)
+class SpreadSpec:
+    """spread.*, checked: one training over each k devices, by each layout of the strategy (ddp-gloo, mirrored)."""
+
+    strategy: str
+    layouts: tuple[tuple[str, str], ...]  # (strategy module, label): the label is the packs' mode
+    devices: tuple[int, ...]
+    repeats: int
+
+
+def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts, memory: TrainingMemory,
+                        fraction: float, measured_host_mb: float | None, grid: Mapping[str, list[Any]],
+                        fixed: Mapping[str, Any], auto: bool = False) -> SpreadSpec | None:
+    """spread.*: the strategy, its layouts and each k against the workload and one node of each partition (devices,
+    CPUs, memory: each of the k processes or replicas holds a whole model). None when spread.devices is empty.
+    ``auto``: packing.factors=auto, which probes packing alone."""
+    spread = cfg.spread
+    devices = list(spread.devices)
+    if not devices:
+        return None
+    if auto:
+        raise ConfigError("spread.devices", devices, "packing.factors=auto probes packing alone",
+                          "give explicit packing.factors=[...] to measure spread beside packing, or spread.devices=[]")
+    if spread.repeats is not None and spread.repeats < 1:
+        raise ConfigError("spread.repeats", spread.repeats, "must be >= 1 or null", "measure each k at least once")
+    strategy = load_strategy(spread.strategy)
+    _refuse_other_strategies_options(spread, strategy.name)
+    labels = strategy.labels(spread)
+    check_spread(strategy, workload, devices, labels, facts.capacities, spread)
+    for point in expand_grid(grid):  # the workload's own limits, e.g. a global batch that splits over k devices
+        for k in devices:
+            try:
+                workload.check_spread(workload.params({**fixed, **point}), strategy.name, k)
+            except ConfigError as err:
+                where = "sweep.grid" if err.key in grid else "sweep.fixed"
+                raise ConfigError(f"{where}.{err.key}", err.value, f"{err.why} (spread.devices has {k})",
+                                  err.hint) from None
+    check_fit(devices, facts, key=lambda i: f"spread.devices[{i}]", noun="processes of one training",
+              request_host_mb=measured_host_mb, per_node=True)
+    for name, cap in facts.capacities.items():  # each device holds a whole replica: k x one training's host memory
+        budget = (cap.node_mem_mb or cap.max_mem_mb or 0) * fraction
+        for i, k in enumerate(devices):
+            if budget and k * memory.host.mb > budget:
+                raise ConfigError(f"spread.devices[{i}]", k, f"{k} replicas x {memory.host.mb:.0f} MB "
+                                  f"({memory.host.source}) of host memory is over {name}'s budget of "
+                                  f"{budget / 1024:.1f} GB ({fraction:.0%})",
+                                  "lower k, or raise packing.memory_fraction")
+    return SpreadSpec(strategy=strategy.name, layouts=tuple((strategy.name, label) for label in labels),
+                      devices=tuple(devices), repeats=int(spread.repeats or cfg.packing.repeats))
+
+
+def _refuse_other_strategies_options(spread: Any, strategy: str) -> None:
+    """spread.<name>_* are the options of strategy <name> (spread.ddp_backend: ddp's): one set for another strategy
+    would be silently ignored, so it is refused."""
+    for f in fields(SpreadConfig):
+        owner = f.name.split("_", 1)[0]
+        if owner in available_strategies() and owner != strategy and spread[f.name] != f.default:
+            raise ConfigError(f"spread.{f.name}", spread[f.name],
+                              f"is an option of spread.strategy={owner}, and this sweep spreads with {strategy}",
+                              f"drop spread.{f.name}, or use spread.strategy={owner}")

@@ -1,0 +1,115 @@
+"""The SLURM backend's questions to the scheduler, and how it reads the answers: sinfo (which partitions and GPU types
+exist, node CPUs and memory) and sacct (each job's state, an OOM among them).
+
+Every SLURM command gpupack runs itself goes through :func:`slurm_command`, the one seam to the cluster besides
+submitit (tests answer it with canned text). Private to :mod:`gpupack.submit.slurm` (the leading underscore keeps it
+out of the backends :func:`gpupack.submit.available_backends` lists).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from typing import Callable, Mapping, Optional, Protocol, Sequence
+
+from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
+from gpupack.errors import ConfigError, nearest
+
+# sacct / squeue states → gpupack's pack states (anything else that is not active counts as failed).
+QUEUE_STATES = {
+    "PENDING": PENDING, "REQUEUED": PENDING, "REQUEUE_HOLD": PENDING, "REQUEUE_FED": PENDING, "CONFIGURING": PENDING,
+    "SUSPENDED": PENDING, "RESIZING": PENDING,
+    "RUNNING": RUNNING, "COMPLETING": RUNNING, "STAGE_OUT": RUNNING, "SIGNALING": RUNNING,
+    "COMPLETED": DONE,
+    "OUT_OF_MEMORY": FAILED,  # failed with an OOM: see out_of_memory
+}
+# sacct's states of a job that SLURM's cgroup stopped for memory: failed, and its trainings killed for it are oom.
+OOM_QUEUE_STATES = frozenset({"OUT_OF_MEMORY"})
+# What SLURM writes in a job's stderr when its cgroup killed a process for memory, e.g. "slurmstepd: error: Detected
+# 1 oom-kill event(s) in StepId=12.batch. Some of your processes may have been killed by the cgroup out-of-memory
+# handler." or "srun: error: n1: task 0: Out Of Memory". Only SLURM's own lines: a training's text is not evidence.
+OOM_STDERR = re.compile(r"^(?:slurmstepd|srun): .*(?:oom-kill event|out of memory|exceeded (?:job )?memory limit)",
+                        re.IGNORECASE | re.MULTILINE)
+
+
+class SinfoPartition(Protocol):
+    """What sinfo is checked against, of one partition of the preset (gpupack.submit.slurm.PartitionConfig)."""
+
+    gpu: Optional[str]
+    slurm_partition: Optional[str]
+
+
+def slurm_command(args: Sequence[str], timeout: float = 30) -> str | None:
+    """Run a SLURM client command; None when SLURM is not installed or does not answer."""
+    if shutil.which(args[0]) is None:
+        return None
+    try:
+        proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def gpus_in(gres: str, gpu: str | None) -> int:
+    """GPUs of type ``gpu`` (any type: None) in one sinfo %G field, e.g. "gpu:v100:4(S:0-1),gpu:t4:2"."""
+    return sum(int(count) for kind, count in re.findall(r"gpu:(?:([^:,(]+):)?(\d+)", gres)
+               if gpu is None or kind == gpu)
+
+
+def pack_state(queue_state: str) -> str:
+    """gpupack's state of one sacct State field ("CANCELLED by 0" → failed)."""
+    return QUEUE_STATES.get(queue_state.split(" ")[0], FAILED)
+
+
+def out_of_memory(queue_state: str | None, stderr: str | None = None) -> bool:
+    """True when a job ended out of memory: sacct says OUT_OF_MEMORY, or SLURM said so in the job's stderr (sacct may
+    lag behind, or not run at all on a site without accounting)."""
+    return (queue_state or "").split(" ")[0] in OOM_QUEUE_STATES or bool(OOM_STDERR.search(stderr or ""))
+
+
+def live_limits(configured: Mapping[str, SinfoPartition], partitions: Sequence[str],
+                key: Callable[[str], str]) -> dict[str, dict[str, int]]:
+    """Where SLURM answers sinfo: check that each partition of ``partitions`` (configured as ``configured`` says) and
+    its GPU type exist; return node CPUs and memory, and of the nodes with the most GPUs of its type, their GPUs,
+    CPUs and memory. {} where sinfo does not answer. A ConfigError names ``key(<option>)``."""
+    out = slurm_command(["sinfo", "-h", "-o", "%P|%c|%m|%G"])
+    if out is None:
+        return {}  # not on the cluster (e.g. preparing a sweep elsewhere): the preset is all we know
+    rows = [line.split("|") for line in out.splitlines() if line.count("|") == 3]
+    by_partition: dict[str, list[list[str]]] = {}
+    for row in rows:
+        by_partition.setdefault(row[0].rstrip("*"), []).append(row)
+    limits: dict[str, dict[str, int]] = {}
+    for name in partitions:
+        part = configured[name]
+        scope = by_partition.get(part.slurm_partition, []) if part.slurm_partition else rows
+        if part.slurm_partition and not scope:
+            raise ConfigError(key(f"partitions.{name}.slurm_partition"), part.slurm_partition,
+                              "SLURM (sinfo) has no such partition", nearest(part.slurm_partition, by_partition))
+        if part.gpu and not any(f"gpu:{part.gpu}:" in r[3] or r[3].endswith(f"gpu:{part.gpu}") for r in scope):
+            where = f"partition {part.slurm_partition}" if part.slurm_partition else "this cluster"
+            types = sorted({g.split(":")[1] for r in scope for g in r[3].split(",") if g.startswith("gpu:")
+                            and g.count(":") >= 2})
+            raise ConfigError(key(f"partitions.{name}.gpu"), part.gpu, f"{where} has no GPU of this type "
+                              "(sinfo)", nearest(part.gpu, types))
+        limits[name] = {"cpus": max(int(r[1].rstrip("+")) for r in scope),
+                        "mem_mb": max(int(r[2].rstrip("+")) for r in scope)}
+        gpu_nodes = [(gpus_in(r[3], part.gpu), int(r[1].rstrip("+")), int(r[2].rstrip("+"))) for r in scope]
+        gpu_nodes = [g for g in gpu_nodes if g[0]]
+        if gpu_nodes:  # the nodes with the most GPUs of this type: where idle GPUs are worst
+            limits[name].update(zip(("node_gpus", "node_cpus", "node_mem_mb"), max(gpu_nodes)))
+    return limits
+
+
+def queue_states(job_ids: Sequence[str]) -> dict[str, str] | None:
+    """sacct's State of each job id (e.g. "CANCELLED by 0"); None when sacct does not answer."""
+    if not job_ids:
+        return {}
+    out = slurm_command(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)])
+    if out is None:
+        return None
+    states: dict[str, str] = {}
+    for line in out.splitlines():
+        job_id, _, state = line.partition("|")
+        states[job_id] = state  # the last line for an id is its latest (requeued) run
+    return states

@@ -1,0 +1,77 @@
+"""The one supervisor of every child process (gpupack/runtime/supervisor.py), on its own: real short programs, no
+timing decides a verdict (the programs that must be stopped sleep far past every limit)."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpupack.runtime.supervisor import ChildSpec, Supervisor, Together
+
+
+def spec(tmp_path: Path, name: str, code: str) -> ChildSpec:
+    return ChildSpec(name, [sys.executable, "-c", code], tmp_path / f"{name}.out", tmp_path / f"{name}.err",
+                     dict(os.environ))
+
+
+SLEEP = "import time; time.sleep(120)"
+FAIL = "import sys; sys.stderr.write('boom: the cause\\n'); sys.exit(3)"
+
+
+def test_each_child_reports_how_it_ended(tmp_path):
+    with Supervisor() as sup:
+        sup.start(spec(tmp_path, "ok", "print('hi')"))
+        sup.start(spec(tmp_path, "bad", FAIL))
+        sup.start(ChildSpec("gone", ["/nonexistent/program"], tmp_path / "g.out", tmp_path / "g.err", {}))
+        seen: list[str] = []
+        exits = {e.name: e for e in sup.follow(on_exit=lambda e: seen.append(e.name))}
+    assert sorted(seen) == ["bad", "gone", "ok"]  # on_exit once per child
+    assert exits["ok"].returncode == 0 and not exits["ok"].failed and (tmp_path / "ok.out").read_text() == "hi\n"
+    assert exits["bad"].returncode == 3 and exits["bad"].failed and "boom: the cause" in exits["bad"].error()
+    assert exits["gone"].start_error is not None and exits["gone"].failed and exits["gone"].pid is None
+
+
+def test_past_its_time_limit_a_child_gets_sigterm_then_sigkill(tmp_path):
+    ignores_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    with Supervisor(timeout_s=0.2) as sup:
+        sup.start(spec(tmp_path, "polite", SLEEP))
+        sup.start(spec(tmp_path, "stubborn", ignores_term))
+        exits = {e.name: e for e in sup.follow()}
+    assert exits["polite"].timed_out and exits["polite"].signal == signal.SIGTERM
+    assert exits["stubborn"].timed_out and exits["stubborn"].signal == signal.SIGKILL  # after the grace period
+    assert not exits["polite"].failed  # stopped by its supervisor, not by its own doing
+
+
+def test_a_group_fails_together_and_names_its_culprit(tmp_path):
+    with Supervisor(together=Together()) as sup:
+        sup.start(spec(tmp_path, "waiter", SLEEP))  # a DDP rank waiting in an all-reduce for the failed one
+        sup.start(spec(tmp_path, "cause", FAIL))
+        exits = {e.name: e for e in sup.follow()}
+    assert sup.culprit is not None and sup.culprit.name == "cause"
+    assert exits["waiter"].stopped and exits["waiter"].signal == signal.SIGKILL
+
+
+def test_a_consequence_waits_for_its_cause_to_be_named(tmp_path):
+    """A rank that failed only because its peer died is not the culprit when the peer fails too."""
+    lost_peer = "import sys; sys.stderr.write('lost its peer\\n'); sys.exit(1)"
+    late_cause = "import sys, time; time.sleep(0.5); sys.stderr.write('the real error\\n'); sys.exit(2)"
+    together = Together(consequence=lambda e: "lost its peer" in e.error(), grace_s=60.0)
+    with Supervisor(together=together) as sup:
+        sup.start(spec(tmp_path, "consequence", lost_peer))
+        sup.start(spec(tmp_path, "cause", late_cause))
+        sup.follow()
+    assert sup.culprit is not None and sup.culprit.name == "cause"
+
+
+def test_leaving_by_an_exception_kills_and_reaps_every_child(tmp_path):
+    sup = Supervisor()
+    with pytest.raises(KeyboardInterrupt):
+        with sup:
+            child = sup.start(spec(tmp_path, "orphan?", SLEEP))
+            raise KeyboardInterrupt
+    assert child.poll() and child.exit().signal == signal.SIGKILL  # reaped: no training outlives its pack
+    with pytest.raises(ProcessLookupError):
+        os.kill(child.pid or 0, 0)
