@@ -9,22 +9,13 @@ from pathlib import Path
 import pandas as pd
 
 from gpupack.analysis.collect import Collected
+from gpupack.report import text
 from gpupack.report.plots import (
     plot_cost,
     plot_layouts,
     plot_split_vs_no_split,
     plot_throughput_curves,
     plot_time_per_training,
-)
-from gpupack.report.text import (
-    best_line,
-    choice_lines,
-    cost_lines,
-    fmt,
-    hyper_lines,
-    knob_columns,
-    mode_lines,
-    trainings_phrase,
 )
 
 LAYOUT_COLUMNS = {"partition": "partition", "gpu_type": "GPU type", "layout": "layout",
@@ -45,7 +36,7 @@ def _img(path: Path, alt: str) -> str:
 def _table(df: pd.DataFrame, columns: dict[str, str], formats: dict[str, str]) -> str:
     if df.empty:
         return "<p>(none)</p>"
-    view = pd.DataFrame({label: [fmt(v, formats[col]) if col in formats else ("-" if v is None else v)
+    view = pd.DataFrame({label: [text.fmt(v, formats[col]) if col in formats else ("-" if v is None else v)
                                  for v in df[col]] for col, label in columns.items() if col in df})
     return "<div class='scroll'>" + view.to_html(index=False, escape=True, border=0, classes="t") + "</div>"
 
@@ -82,7 +73,7 @@ text-align:right}table.t th{background:#f3f3f3}img{max-width:100%}figcaption{fon
 def _knob_section(c: Collected) -> str:
     if c.knobs.empty:
         return ""
-    columns = {**{k: k for k in ["partition", *knob_columns(c.knobs)]}, "factor": "N",
+    columns = {**{k: k for k in ["partition", *text.knob_columns(c.knobs)]}, "factor": "N",
                "samples_per_s": "samples/s/training", "loader_bound_samples_per_s": "loader-only samples/s",
                "loader_bound": "loader-bound"}
     return ("<h2>Throughput by knob setting, beside the loader-only bound</h2>"
@@ -112,9 +103,9 @@ def write_report(c: Collected, out: Path) -> list[Path]:
         (plot_layouts(c, plots_dir / "spread_vs_packing.png"), "One training on k devices beside N on one device"),
     ]
     plots = [(p, alt) for p, alt in made if p is not None]
-    best = "".join(f"<p>{html.escape(line)}</p>" for line in [text for _, r in c.best.iterrows()
-                                                                 for text in [best_line(r), *choice_lines(r)]]
-                   + mode_lines(c)) or \
+    best = "".join(f"<p>{html.escape(line)}</p>" for line in [said for _, r in c.best.iterrows()
+                                                                 for said in [text.best_line(r), *text.choice_lines(r)]]
+                   + text.mode_lines(c)) or \
         "<p>No packing factor finished without failures yet: no best N.</p>"
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>gpupack report</title>",
@@ -123,14 +114,14 @@ def write_report(c: Collected, out: Path) -> list[Path]:
         f"<div class='best'>{best}</div>",
         "<h2>Time per training by packing factor N</h2>",
         _table(c.summary, SUMMARY_COLUMNS, SUMMARY_FORMATS),
-        f"<h2>Cost at the best N (a sweep of {trainings_phrase(c.sweep_trainings)} on one device)</h2>",
+        f"<h2>Cost at the best N (a sweep of {text.trainings_phrase(c.sweep_trainings)} on one device)</h2>",
         _table(c.cost, COST_COLUMNS, COST_FORMATS),
-        "".join(f"<p>{html.escape(line)}</p>" for line in (cost_lines(c) if not c.cost.empty else [])),
+        "".join(f"<p>{html.escape(line)}</p>" for line in (text.cost_lines(c) if not c.cost.empty else [])),
         _knob_section(c),
         _layout_section(c),
         "<h2>Plots</h2>", "".join(_img(p, alt) for p, alt in plots),
         "<h2>Best hyperparameters by validation accuracy</h2>",
-        "".join(f"<p>{html.escape(line)}</p>" for line in hyper_lines(c.hyper)) or "<p>(none)</p>",
+        "".join(f"<p>{html.escape(line)}</p>" for line in text.hyper_lines(c.hyper)) or "<p>(none)</p>",
     ]
     if c.records.warnings or c.records.pending:
         parts.append("<h2>Warnings</h2>" + "".join(f"<p class='warn'>{html.escape(w)}</p>"
