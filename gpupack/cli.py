@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+import hydra
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
@@ -28,7 +29,11 @@ from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.plan import Pack
 from gpupack.core.rundir import RunDir
 from gpupack.errors import ConfigError, GpupackError
+from gpupack.pack import available_modes
 from gpupack.report.terminal import make_console, render_collected
+from gpupack.setup.compose import compose_config, config_dir, group_options, search_path
+from gpupack.submit import available_backends
+from gpupack.workload import available_workloads
 
 USAGE = """usage:
   python -m gpupack +sweep=NAME [key=value ...]   run a sweep (conf/sweep/NAME.yaml), e.g. +sweep=mnist_pack
@@ -195,8 +200,6 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
                               "see conf/rgu/alliance.yaml for the format")
         weights = dict(table.get("models", {}))
     elif not any(RunDir(Path(d)).config.exists() for d in args.run_dirs):
-        from gpupack.setup.compose import config_dir
-
         weights = dict(OmegaConf.load(config_dir() / "rgu" / "alliance.yaml").models)
     collected, written = sweep.collect(args.run_dirs, weights=weights, sweep_trainings=args.trainings, out=args.out,
                                        plots=not args.no_plots)
@@ -207,8 +210,6 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
 # ---------------- Hydra's flags ----------------
 
 def help_text(overrides: Sequence[str]) -> str:
-    from gpupack.setup.compose import group_options
-
     lines = [USAGE, "", "Config groups (choose with GROUP=OPTION; the sweep is added: +sweep=NAME):"]
     for group, options in group_options(overrides).items():
         lines.append(f"  {group}: {', '.join(options)}")
@@ -218,13 +219,6 @@ def help_text(overrides: Sequence[str]) -> str:
 
 
 def info_text(overrides: Sequence[str]) -> str:
-    import hydra
-
-    from gpupack.pack import available_modes
-    from gpupack.setup.compose import group_options, search_path
-    from gpupack.submit import available_backends
-    from gpupack.workload import available_workloads
-
     lines = [f"gpupack {__version__} (Hydra {hydra.__version__})", "", "Config search path:"]
     lines += [f"  {p}" for p in search_path(overrides)]
     lines += ["", "Config groups:"] + [f"  {g}: {', '.join(o)}" for g, o in group_options(overrides).items()]
@@ -236,8 +230,6 @@ def info_text(overrides: Sequence[str]) -> str:
 
 
 def print_config(overrides: Sequence[str], which: str, package: str | None, resolve: bool) -> int:
-    from gpupack.setup.compose import compose_config
-
     if which not in ("job", "hydra", "all"):
         raise ConfigError("--cfg", which, "unknown choice", "use --cfg job, --cfg hydra or --cfg all")
     cfg = compose_config(overrides, with_hydra=which != "job")

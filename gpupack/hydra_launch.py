@@ -27,6 +27,7 @@ from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError, nearest
+from gpupack.pack import load_packer
 from gpupack.runtime.hydra_job import dump
 from gpupack.setup.fit import check_fit
 from gpupack.setup.validate import DEVICES, check_modes
@@ -131,8 +132,6 @@ def launcher_mode_options(p: Mapping[str, Any]) -> dict[str, Any]:
     """The mode's own options (its ``Options``) built from the launcher's MODE_OPTIONS it has (process:
     packing.process.mps from hydra.launcher.mps); none when it has none of them. Loading the mode here is also where
     an unknown hydra.launcher.mode is refused."""
-    from gpupack.pack import load_packer
-
     options = load_packer(str(p["mode"]), key=f"{KEY}.mode").Options
     given = {f.name: p.get(f.name) for f in dataclasses.fields(options) if f.name in MODE_OPTIONS} if options else {}
     return {str(p["mode"]): options(**given)} if options and given else {}

@@ -25,12 +25,13 @@ Collect reads thousands of packs: where it walks them as ``str`` folders (``os.s
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupack.errors import ConfigError
+from gpupack.errors import ConfigError, RunDirError
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -214,11 +215,6 @@ class RunLock:
         self._fd: int | None = None
 
     def __enter__(self) -> "RunLock":
-        import fcntl
-        import os
-
-        from gpupack.errors import RunDirError
-
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o664)  # masked by the umask: records.file_mode()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -237,8 +233,6 @@ class RunLock:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import os
-
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -32,7 +32,7 @@ from gpupack.analysis.choose import keeps_improving
 from gpupack.analysis.collect import aggregate
 from gpupack.analysis.load import Records, load_records
 from gpupack.analysis.summary import pack_times, summarize
-from gpupack.core.memory import candidate_runs, check_memory, estimate, find_measured
+from gpupack.core.memory import candidate_runs, check_memory, estimate, find_measured, setting_key
 from gpupack.core.plan import Pack, Plan, expand_grid, make_plan, run_order, training_id
 from gpupack.core.records import COMPLETED, OOM, make_dirs, write_json_atomic, write_text_atomic
 from gpupack.core.rundir import RunDir, RunLock
@@ -230,8 +230,6 @@ def next_rung_fits(prepared: Prepared, partition: str, rest: Sequence[int],
 
 
 def _settings(spec: SweepSpec) -> set[str]:
-    from gpupack.core.memory import setting_key
-
     return {setting_key({**spec.fixed, **p}, spec.workload.seed_key) for p in expand_grid(spec.grid)}
 
 

@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from gpupack.core.columnar import write_columnar
 from gpupack.core.placement import Placement
@@ -43,9 +43,7 @@ from gpupack.pack import PackContext, Packer, load_packer, options_of, threads_f
 from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.runtime.monitor import DeviceInfo, detect_device, first_visible, visible_devices
 from gpupack.runtime.sampler import Sampler
-
-if TYPE_CHECKING:
-    from gpupack.spread import Strategy
+from gpupack.spread import Strategy, load_strategy
 
 
 def job_cores() -> int:
@@ -314,8 +312,6 @@ def runner_of(pack: Pack, device: str) -> tuple[Packer | Strategy, Placement | N
     k devices) with where that training runs."""
     if pack.spread is None:
         return load_packer(pack.mode), None
-    from gpupack.spread import load_strategy
-
     strategy = load_strategy(pack.spread)
     return strategy, strategy.placement(pack.mode, pack.devices, device)
 

@@ -12,9 +12,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Hashable, Mapping, Sequence
 
+from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Training
 from gpupack.core.rundir import RunDir
-from gpupack.core.types import Capacity, TrainingOutcome
+from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
 from gpupack.workload import Workload
 
@@ -28,7 +29,7 @@ class PackContext:
     device: str  # "cpu" or "cuda"
     threads: int  # per training
     env: Mapping[str, str]  # the job's environment, which trainings inherit
-    settings: Any = None  # the sweep's PackSettings (mode options: mps, TF memory budget, ...)
+    settings: PackSettings | None = None  # the sweep's (mode options: mps, TF memory budget, ...)
     gpu_memory_total_mb: float | None = None  # the job's GPU, from NVML; None on a CPU
     warmup_steps: int = 10
     # Per-training limits (None: none): wall time, and address space (RLIMIT_AS) so one training cannot
@@ -40,7 +41,7 @@ class PackContext:
     # Called with (training id, pid) as each training's process starts, so the sampler can follow it.
     on_started: Callable[[str, int], None] = lambda training_id, pid: None
     # One training spread over k devices (gpupack/spread/): where it runs (strategy, k, device); None: packing.
-    spread: Any = None
+    spread: Placement | None = None
 
 
 
@@ -58,7 +59,7 @@ class Packer(ABC):
     # The mode's own options: a dataclass whose fields are packing.<mode>.<field> (None: the mode has none).
     Options: ClassVar[type | None] = None
 
-    def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
+    def check(self, workload: Workload, factor: int, capacity: Capacity, settings: PackSettings) -> None:
         """Refuse, before submission, a workload, N or option this mode cannot host (raise ConfigError)."""
 
     def group_key(self, workload: Workload, params: Mapping[str, Any]) -> Hashable:
@@ -79,9 +80,9 @@ class Packer(ABC):
         """
 
 
-def options_of(settings: Any, mode: str) -> Any:
+def options_of(settings: PackSettings | None, mode: str) -> Any:  # Any: the mode's own Options dataclass
     """The options of ``mode`` in a pack's settings (its defaults when the settings carry none)."""
-    given = (getattr(settings, "mode_options", None) or {}).get(mode)
+    given = (settings.mode_options if settings is not None else {}).get(mode)
     if given is not None:
         return given
     options = load_packer(mode).Options

@@ -32,6 +32,8 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable, Mapping, Sequence  # noqa: E402
 
+from gpupack.core.records import open_log  # noqa: E402
+
 READY_TIMEOUT_S = 600.0  # a framework import on a busy node can be slow; past this the pack fails loudly
 
 
@@ -80,7 +82,7 @@ def _child(req: Mapping[str, Any], forked_at: float) -> None:
         os.environ.update(req["env"])
         if req.get("cwd"):
             os.chdir(req["cwd"])
-        from gpupack.runtime import worker
+        from gpupack.runtime import worker  # in the forked child: the server itself never trains
 
         code = worker.main([req["spec"]], process_start=forked_at)
     except BaseException:  # anything before the worker runs: its traceback is the training's stderr
@@ -96,7 +98,7 @@ def _child(req: Mapping[str, Any], forked_at: float) -> None:
 
 
 def _preload(req: Mapping[str, Any]) -> None:
-    from gpupack.workload import load_workload
+    from gpupack.workload import load_workload  # what the server preloads is the pack's time, counted from here
 
     workload = load_workload(req["workload"])
     workload.preload([workload.params(p) for p in req.get("params", [])])
@@ -189,8 +191,6 @@ class ForkServer:
 
     def __init__(self, workload: str, params: Sequence[Mapping[str, Any]], env: Mapping[str, str], log: Path,
                  setup: Callable[[], None] | None = None) -> None:
-        from gpupack.core.records import open_log
-
         self._log = open_log(log)
         self.proc = subprocess.Popen([sys.executable, "-m", "gpupack.runtime.forkserver"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, env=dict(env), preexec_fn=setup)

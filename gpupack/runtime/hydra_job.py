@@ -16,6 +16,7 @@ from typing import Any, List, Mapping
 
 from gpupack.core.records import atomic_file
 from gpupack.core.rundir import RunDir
+from gpupack.runtime.jobenv import job_id
 from gpupack.workload import Launch, TrainingContext, Workload
 
 
@@ -59,7 +60,6 @@ class HydraJob(Workload):
         from hydra.core.utils import JobStatus, run_job, setup_globals
         from omegaconf import open_dict
 
-        from gpupack.runtime.jobenv import job_id
 
         if params.app_dir and params.app_dir not in sys.path:
             sys.path.insert(0, params.app_dir)  # before unpickling: the task function's modules import here

@@ -20,7 +20,12 @@ from typing import Any, Mapping  # noqa: E402
 
 def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any]:
     """Train once in this process and return the result: timings, throughput and metrics."""
-    from gpupack.workload import Reporter, TrainingContext, load_workload, params_from_mapping
+    from gpupack.workload import (  # after _PROCESS_START: a training's imports are its start-up
+        Reporter,
+        TrainingContext,
+        load_workload,
+        params_from_mapping,
+    )
 
     workload = load_workload(spec["workload"])
     params = params_from_mapping(workload, spec["params"])
@@ -46,7 +51,7 @@ def join_spread(placement: Mapping[str, Any] | None) -> Any:
         return None
     import importlib
 
-    from gpupack.core.placement import Placement
+    from gpupack.core.placement import Placement  # only a spread training's process needs it
 
     where = Placement.from_json(placement)
     # The strategy by its module name, as a workload is found by its name: its training's side runs in this process,
@@ -91,7 +96,7 @@ def compose_result(spec: Mapping[str, Any], workload: Any, params: Any, reporter
 def main(argv: list[str] | None = None, process_start: float | None = None) -> int:
     """Train as the spec says and write the result. ``process_start``: when this training's process began (a
     child forked by the fork server began at its fork, not when this module was imported in the server)."""
-    from gpupack.core.records import write_json_atomic
+    from gpupack.core.records import write_json_atomic  # after _PROCESS_START: a training's imports are its start-up
 
     args = sys.argv[1:] if argv is None else argv
     spec_path = Path(args[0])

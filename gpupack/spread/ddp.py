@@ -105,7 +105,10 @@ def rank_child(training: "Training", ctx: "PackContext", rank: int, world: int, 
     """Rank ``rank`` of ``world``: its spec written, the child its supervisor starts (forked from the pack's preloaded
     server where process mode would fork, else a fresh interpreter, never a shell)."""
     from gpupack.core.records import make_dirs, write_json_atomic
-    from gpupack.pack import worker_env, worker_spec
+    from gpupack.pack import (  # the pack's side: a rank's process imports this module to join, without it
+        worker_env,
+        worker_spec,
+    )
 
     run, pack_id, tid = ctx.run, ctx.pack.pack_id, training.training_id
     name = rank_name(tid, rank)  # rank 0's files are the training's own
@@ -114,6 +117,7 @@ def rank_child(training: "Training", ctx: "PackContext", rank: int, world: int, 
     spec_path = run.work(pack_id, name, "spec")
     make_dirs(err_path.parent)
     result_path.unlink(missing_ok=True)  # a result left by an earlier attempt must not count
+    assert ctx.spread is not None  # the job body hands a spread pack its placement (not user input)
     placement = dataclasses.replace(ctx.spread, rank=rank, world=world)
     spec = worker_spec(training, dataclasses.replace(ctx, threads=threads, spread=placement), started)
     spec["result_path"] = str(result_path)

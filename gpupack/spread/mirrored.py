@@ -97,7 +97,9 @@ class Mirrored(Strategy):
     framework = "tensorflow"
 
     def run(self, trainings: Sequence["Training"], ctx: "PackContext") -> list["TrainingOutcome"]:
-        from gpupack.pack._host import refuse_rlimit_on_gpu
+        from gpupack.pack._host import (
+            refuse_rlimit_on_gpu,  # the pack's side: a rank's process imports this module to join, without it
+        )
         from gpupack.pack.process import ProcessOptions, run_processes
 
         if len(trainings) != 1:  # internal: spread_packs makes packs of one training
