@@ -192,7 +192,7 @@ def test_tf_logical_host_gets_n_times_the_per_training_limit(tmp_path, monkeypat
     class Stop(Exception):
         pass
 
-    def fake_child_setup(limit):  # what the host process would be started under; the host itself is not started
+    def fake_child_setup(limit, cpus=None):  # what the host would be started under; the host is not started
         seen.append(limit)
         raise Stop
 

@@ -236,8 +236,7 @@ class Supervisor:
         if self.server is not None and spec.spec_path is not None:
             return self.server.start(spec.name, spec.spec_path, spec.out_path, spec.err_path, spec.env, spec.cwd,
                                      spec.memory_limit_bytes, spec.cpus)
-        limit = spec.memory_limit_bytes
-        setup = child_setup(limit, spec.cpus) if spec.cpus else child_setup(limit)
+        setup = child_setup(spec.memory_limit_bytes, spec.cpus)
         with open_log(spec.out_path) as out, open_log(spec.err_path) as err:
             return subprocess.Popen(list(spec.argv), cwd=spec.cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                     env=dict(spec.env), start_new_session=True, preexec_fn=setup)
