@@ -201,9 +201,8 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
         weights = dict(table.get("models", {}))
     elif not any(RunDir(Path(d)).config.exists() for d in args.run_dirs):
         weights = dict(OmegaConf.load(config_dir() / "rgu" / "alliance.yaml").models)
-    collected, written = sweep.collect(args.run_dirs, weights=weights, sweep_trainings=args.trainings, out=args.out,
-                                       plots=not args.no_plots)
-    render_collected(collected, written, console, wide=args.wide)
+    sweep.collect(args.run_dirs, weights=weights, sweep_trainings=args.trainings, out=args.out,
+                  plots=not args.no_plots, console=console, wide=args.wide)
     return 0
 
 
