@@ -40,26 +40,16 @@ from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.errors import RunDirError
 from gpupack.pack import PackContext, Packer, load_packer, options_of, threads_for
-from gpupack.runtime.jobenv import JobEnvironment
+from gpupack.runtime.jobenv import JobEnvironment, job_cores
 from gpupack.runtime.monitor import DeviceInfo, detect_device, first_visible, visible_devices
 from gpupack.runtime.sampler import Sampler
 from gpupack.spread import Strategy, load_strategy
-
-
-def job_cores() -> int:
-    """Cores this job may use: its CPU affinity (what SLURM or taskset gave it), not the node's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def choose_device(preference: str, info: DeviceInfo) -> str:
     if preference == "auto":
         return "cuda" if info.kind == "gpu" else "cpu"
     return preference
-
-
 
 
 # How frameworks say "out of memory" (torch CPU/CUDA, TF, Python, C++), in a training's stderr tail.

@@ -17,6 +17,7 @@ from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
 from gpupack.pack import PackContext, Packer, options_of, worker_env, worker_spec
 from gpupack.runtime.forkserver import ForkServer
+from gpupack.runtime.jobenv import job_cpus
 from gpupack.runtime.mps import mps_daemon
 from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor, fork_server
 from gpupack.workload import Workload, load_workload
@@ -181,12 +182,6 @@ def preloaded_server(trainings: Sequence[Training], ctx: PackContext) -> ForkSer
                        ctx.run.log(ctx.pack.pack_id, "forkserver", "err"))
 
 
-def job_cpus() -> list[int]:
-    """The cores this job may use (what SLURM or taskset gave it)."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return list(range(os.cpu_count() or 1))
 
 
 PACKER = ProcessPacker()

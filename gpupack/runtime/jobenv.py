@@ -59,3 +59,16 @@ def job_id(environ: Mapping[str, str] | None = None) -> str | None:
     as :meth:`JobEnvironment.from_environ` reads it."""
     env = os.environ if environ is None else environ
     return env.get(JOB_ID_ENV) or JobEnvironment.from_environ(env).job_id
+
+
+def job_cpus() -> list[int]:
+    """The cores this job may use (what SLURM or taskset gave it)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def job_cores() -> int:
+    """How many cores this job may use: its CPU affinity, not the node's count."""
+    return len(job_cpus())

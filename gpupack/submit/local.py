@@ -24,8 +24,7 @@ from gpupack.core.plan import Pack
 from gpupack.core.rundir import check_name
 from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import ConfigError
-from gpupack.job.body import job_cores
-from gpupack.runtime.jobenv import JobEnvironment
+from gpupack.runtime.jobenv import JobEnvironment, job_cores
 from gpupack.runtime.monitor import detect_device, gpu_count
 from gpupack.submit import ClusterConfig, PackJob, ProgressFn, Submitter, job_result, progress_state
 
