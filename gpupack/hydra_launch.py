@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -21,6 +22,7 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.errors import CompactHydraException
 
 from gpupack import sweep
+from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.memory import Measured, check_memory, estimate
 from gpupack.core.plan import Pack, plan_in_order
 from gpupack.core.records import read_json
@@ -48,8 +50,10 @@ class LauncherConfigError(ConfigError, CompactHydraException):
     """Bad launcher input: Hydra prints a CompactHydraException as its one line, without a traceback."""
 
 
-class JobFailed(RuntimeError):
-    """A job whose process ended without handing back Hydra's JobReturn (killed, out of memory, timed out)."""
+class JobFailed(CompactHydraException, RuntimeError):
+    """A job that failed, as Hydra prints it: the app's own traceback (or, for a job whose process ended without
+    handing back its JobReturn: killed, out of memory, timed out, how it ended) and the path of its log. Compact: Hydra
+    prints its text alone, not the launcher's and sweeper's frames that the failure crossed to get here."""
 
 
 def _positive(p: Mapping[str, Any], name: str, allow_none: bool = True, whole: bool = False) -> None:
@@ -122,7 +126,8 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
              "cwd": str(cfg.hydra.runtime.cwd)} for i, o in enumerate(job_overrides)]
     task = str(cfg.hydra.job.name)
     plan = plan_in_order(sweep=task, workload=WORKLOAD, params=jobs, factor=int(p["pack"]),
-                         partition=facts.partitions[0], mode=str(p["mode"]), label=f"hydra:{task}")
+                         partition=facts.partitions[0], mode=str(p["mode"]), label=f"hydra:{task}",
+                         names=[f"job{j['job_num']}" for j in jobs])
     record = {"cluster": dataclasses.asdict(backend.cluster), "hydra_launcher": dict(p), "hydra_task": task}
     return sweep.Prepared(name=task, plan=plan, run=run, backend=backend, settings=settings, config=record,
                           capacities=dict(facts.capacities))
@@ -163,6 +168,20 @@ def failed_return(launcher: Any, training_params: Mapping[str, Any], pack: Pack,
     return ret
 
 
+def raised_failure(ret: JobReturn, training_params: Mapping[str, Any], pack: Pack, run: RunDir,
+                   training_id: str) -> JobReturn:
+    """A job's own failure (its task function raised), as Hydra's basic launcher shows it: the app's traceback
+    (gpupack.runtime.hydra_job.portable_failure), then where its full log is. The job's exception is the cause."""
+    err = ret._return_value
+    text = getattr(err, "gpupack_traceback", None) or f"{type(err).__name__}: {err}"
+    overrides = " ".join(training_params["overrides"]) or "no overrides"
+    failure = JobFailed(f"job #{training_params['job_num']} ({overrides}) failed in gpupack pack {pack.pack_id}:\n"
+                        f"{text}\n(log: {run.log(pack.pack_id, training_id, 'err')})")
+    failure.__cause__ = err
+    ret._return_value = failure
+    return ret
+
+
 def job_returns(launcher: Any, prepared: sweep.Prepared) -> list[JobReturn]:
     import cloudpickle
 
@@ -172,28 +191,75 @@ def job_returns(launcher: Any, prepared: sweep.Prepared) -> list[JobReturn]:
             path = prepared.run.hydra_return(t.params["job_num"])
             try:
                 with open(path, "rb") as f:
-                    out.append(cloudpickle.load(f))
+                    ret = cloudpickle.load(f)
             except (OSError, EOFError):
                 out.append(failed_return(launcher, t.params, pack, prepared.run, t.training_id))
+                continue
+            failed = ret.status == JobStatus.FAILED
+            out.append(raised_failure(ret, t.params, pack, prepared.run, t.training_id) if failed else ret)
     return out
 
 
+def short_batch(sweeper: Any, batch: int, pack: int) -> str | None:
+    """The line for a batch smaller than ``pack`` because the sweeper sends fewer jobs at a time (Optuna's n_jobs,
+    the basic sweeper's max_batch_size), with the fix; None where the batch fills a pack or the whole multirun (or its
+    last batch) is simply smaller. Pure."""
+    if batch >= pack:
+        return None
+    for name in ("n_jobs", "max_batch_size"):
+        limit = sweeper.get(name) if hasattr(sweeper, "get") else None
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit < pack:
+            return (f"hydra.sweeper.{name}={limit} sends at most {limit} job(s) at a time, fewer than "
+                    f"{KEY}.pack={pack}: each pack holds only {limit}. HINT: set hydra.sweeper.{name}={pack} "
+                    f"(or a multiple of it) to fill packs of {pack}, or {KEY}.pack={limit}")
+    return None
+
+
 def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
+    """One batch of the multirun. Stopped by Ctrl-C (SIGINT), kill (SIGTERM) or a closed terminal (SIGHUP): its pack
+    jobs on this machine are cancelled with their jobs (SLURM's are left queued or running), it says so in one line
+    (no traceback) and the multirun exits 128 + the signal's number, as gpupack's CLI does."""
     assert launcher.config is not None and launcher.hydra_context is not None  # Hydra calls setup() first
     if not job_overrides:
         return []
+    batch: list[sweep.Prepared] = []  # this batch's plan, once it has one (what a stop says became of it)
+    try:
+        with stop_on_signals():
+            return launch_batch(launcher, job_overrides, initial_job_idx, batch)
+    except KeyboardInterrupt as stop:
+        signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
+        sys.stderr.write(f"gpupack: {stopped_line(Stopped(signum, stopped_what(batch[0]) if batch else ''))}\n")
+        raise SystemExit(128 + signum) from None
+
+
+def stopped_what(prepared: sweep.Prepared) -> str:
+    """What became of a batch stopped by a signal: SLURM's jobs outlive it (as the CLI says); this machine's were
+    cancelled with their Hydra jobs, and a multirun run again runs its jobs again (as Hydra's launchers do)."""
+    if prepared.backend.detachable:
+        return after_stop(prepared)
+    return (f"its pack jobs and their Hydra jobs were cancelled; finished jobs keep their outputs, and gpupack's "
+            f"records are in {prepared.run.root}")
+
+
+def launch_batch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
+                 batch: list[sweep.Prepared]) -> list[JobReturn]:
     try:
         prepared = prepare(launcher, job_overrides, initial_job_idx)  # nothing is written before this returns
     except ConfigError as err:  # in the user's words: the gres they wrote, the pack they asked for
         value = {f"{KEY}.gres": launcher.params.get("gres"), f"{KEY}.pack": launcher.params.get("pack")}.get(err.key,
                                                                                                          err.value)
         raise LauncherConfigError(err.key, value, err.why, err.hint) from None
+    batch.append(prepared)
     make_sweep_dir(launcher.config)
     pack = launcher.params["pack"]
     gpu = any(c.has_gpu for c in prepared.capacities.values()) and prepared.settings.device != "cpu"
     log.info(f"gpupack '{launcher.backend}' launcher: {len(job_overrides)} job(s) in {len(prepared.plan.packs)} "
              f"pack(s) of up to {pack} per {'GPU' if gpu else 'device (no GPU: packs share the CPU cores)'}; "
              f"records in {prepared.run.root}")
+    short = short_batch(launcher.config.hydra.sweeper, len(job_overrides), pack)
+    if short and not getattr(launcher, "said_short_batch", False):  # once per multirun, not once per batch
+        log.warning(f"gpupack: {short}")
+        launcher.said_short_batch = True
     for i, overrides in enumerate(job_overrides):
         log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}")
 

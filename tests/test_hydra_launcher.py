@@ -5,13 +5,17 @@ gpupack_slurm submits one array task per pack to the real slurmctld."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from omegaconf import OmegaConf
+
+from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "tests" / "hydra_app" / "app.py"
@@ -87,6 +91,85 @@ def test_a_failing_job_returns_its_failure_and_the_pack_finishes(tmp_path, subpr
     assert (sweep_dir / "2" / "done.txt").exists() and not (sweep_dir / "1" / "done.txt").exists()
     pack = json.loads(next(sweep_dir.glob(".gpupack/*/packs/*/pack.json")).read_text())
     assert pack["concurrent"] == 3 and pack["n_completed"] == 1 and pack["n_failed"] == 2
+
+
+def test_a_raising_job_shows_its_own_traceback_and_its_log_named_by_job_number(tmp_path, subprocess_env):
+    """As Hydra's basic launcher shows a failed job: the app's frames, not the launcher's or the sweeper's; and
+    where its whole log is, a file named by the job's number."""
+    sweep_dir = tmp_path / "mr"
+    proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.pack=2", "mode=ok,raise", "sleep_s=0",
+                          f"hydra.sweep.dir={sweep_dir}"], tmp_path, subprocess_env)
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "job #1 (mode=raise sleep_s=0) failed in gpupack pack local-process-n02-000:" in err, err
+    assert "Traceback (most recent call last):" in err and f'File "{APP}"' in err and ", in main" in err, err
+    assert "RuntimeError: job failure on purpose (lr=0.1)" in err, err
+    for foreign in ("basic_sweeper.py", "hydra_launch.py", "gpupack_launcher.py", "run_job"):
+        assert foreign not in err, err  # only the app's own frames
+    log = Path(err.split("(log: ")[1].split(")")[0])
+    assert log.is_file() and log.name.startswith("job1-") and log.suffix == ".err"
+    assert "job failure on purpose" in log.read_text()
+
+
+SHORT = [  # (sweeper options, batch, pack) -> the key the line names, or None
+    ({"n_jobs": 1}, 1, 4, "hydra.sweeper.n_jobs=1"),
+    ({"n_jobs": 4}, 1, 4, None),  # Optuna's last batch (n_trials not a multiple of n_jobs): nothing to fix
+    ({"n_jobs": 2}, 2, 2, None),
+    ({"max_batch_size": 2}, 2, 3, "hydra.sweeper.max_batch_size=2"),
+    ({"max_batch_size": None}, 2, 4, None),  # the whole multirun is smaller than pack: one pack of 2, as asked
+    ({}, 1, 8, None),
+]
+
+
+@pytest.mark.parametrize("sweeper, batch, pack, key", SHORT)
+def test_a_batch_smaller_than_pack_because_of_the_sweeper_is_said_with_the_fix(sweeper, batch, pack, key):
+    from gpupack.hydra_launch import short_batch
+
+    line = short_batch(OmegaConf.create(sweeper), batch, pack)
+    if key is None:
+        assert line is None
+    else:
+        assert line is not None and line.startswith(key) and "HINT" in line and f"={pack}" in line, line
+
+
+def test_the_sweepers_short_batches_are_said_once_per_multirun(tmp_path, subprocess_env):
+    sweep_dir = tmp_path / "mr"
+    proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.pack=2", "hydra.sweeper.max_batch_size=1",
+                          "lr=0.1,0.2", "sleep_s=0", f"hydra.sweep.dir={sweep_dir}"], tmp_path, subprocess_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = (proc.stdout + proc.stderr).count("hydra.sweeper.max_batch_size=1 sends at most 1 job(s) at a time")
+    assert said == 1, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_multirun_says_one_line_and_leaves_nothing_running(tmp_path, subprocess_env, sig):
+    sweep_dir = tmp_path / "mr"
+    out, err = tmp_path / "out", tmp_path / "err"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen([sys.executable, str(APP), "-m", "hydra/launcher=gpupack_local",
+                                 "hydra.launcher.pack=2", "lr=0.1,0.2", "sleep_s=600", f"hydra.sweep.dir={sweep_dir}"],
+                                stdout=o, stderr=e, cwd=tmp_path, env=subprocess_env, start_new_session=True)
+    try:
+        assert wait_for(lambda: all((sweep_dir / str(n) / "started.txt").exists() for n in (0, 1)), 120)
+        jobs = [int((sweep_dir / str(n) / "started.txt").read_text().split()[1]) for n in (0, 1)]
+        proc.send_signal(sig)
+        code = proc.wait(timeout=60)
+        text = err.read_text().strip()
+        assert code == 128 + sig, text
+        assert "Traceback" not in text, text
+        assert text.splitlines()[-1].startswith(f"gpupack: stopped by {signal.Signals(sig).name}: its pack jobs "
+                                                "and their Hydra jobs were cancelled"), text
+        assert wait_for(lambda: not any(_running(pid) for pid in jobs), 30), "a job outlived its multirun"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.mark.slow

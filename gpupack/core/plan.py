@@ -285,12 +285,14 @@ def grouped_chunks(workload: str, points: Sequence[Mapping[str, Any]], fixed: Ma
 
 
 def plan_in_order(*, sweep: str, workload: str, params: Sequence[Mapping[str, Any]], factor: int, partition: str,
-                  mode: str, label: str | None = None) -> Plan:
+                  mode: str, label: str | None = None, names: Sequence[str] | None = None) -> Plan:
     """Trainings given one by one (a Hydra multirun's jobs), in their order, in packs of ``factor``; the last pack
-    may hold fewer. Nothing is repeated or reseeded: each training is one job the user asked for."""
+    may hold fewer. Nothing is repeated or reseeded: each training is one job the user asked for. ``names``: what
+    each training's id starts with instead of the workload's name (a Hydra job's number, so its logs say which job)."""
     if factor < 1:
         raise ConfigError("pack", factor, "a pack holds at least one training", "use pack >= 1")
-    trainings = [Training(training_id(workload, p), workload, dict(p), grid_index=i, label=label)
+    trainings = [Training(training_id(names[i] if names else workload, p), workload, dict(p), grid_index=i,
+                          label=label)
                  for i, p in enumerate(params)]
     chunks = [tuple(trainings[i:i + factor]) for i in range(0, len(trainings), factor)]
     packs = tuple(Pack(pack_id(partition, mode, len(c), index), partition, mode, len(c), index, c)

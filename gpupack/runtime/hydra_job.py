@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Mapping
@@ -46,6 +47,34 @@ def metrics_of(value: Any) -> dict[str, float]:
     return {}
 
 
+def app_traceback(err: BaseException) -> str:
+    """The failure as Hydra's own launcher prints it: the app's frames only, from below ``run_job`` down."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name != "run_job":
+        tb = tb.tb_next
+    frames = tb.tb_next if tb is not None else err.__traceback__
+    return "".join(traceback.format_exception(type(err), err, frames)).rstrip()
+
+
+def portable_failure(err: BaseException) -> BaseException:
+    """The job's exception, made to cross to the launcher's process: its traceback as text (``app_traceback``, a
+    traceback itself does not pickle), and a plain RuntimeError with the same text where the exception would not
+    unpickle (an exception class whose ``__init__`` takes other arguments than it passes on)."""
+    import cloudpickle
+
+    text = app_traceback(err)
+    try:
+        cloudpickle.loads(cloudpickle.dumps(err))
+    except Exception:  # any failure to round-trip: the text is what the launcher needs
+        err = RuntimeError(f"{type(err).__name__}: {err}")
+    try:
+        err.gpupack_traceback = text  # type: ignore[attr-defined]
+    except AttributeError:  # an exception that takes no attributes: its text alone
+        err = RuntimeError(text)
+        err.gpupack_traceback = text  # type: ignore[attr-defined]
+    return err
+
+
 class HydraJob(Workload):
     name = "hydra_job"
     framework = "hydra"  # a whole Python program of its own: only process mode hosts it
@@ -76,9 +105,12 @@ class HydraJob(Workload):
         ret = run_job(hydra_context=launcher.hydra_context, task_function=launcher.task_function, config=config,
                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
         ctx.reporter.loop_ended()
+        failure = ret._return_value if ret.status == JobStatus.FAILED else None
+        if failure is not None:
+            ret._return_value = portable_failure(failure)
         dump(ret, launch.hydra_return(params.job_num))
-        if ret.status == JobStatus.FAILED:
-            raise ret._return_value  # recorded as failed, with the traceback in the job's .err log
+        if failure is not None:
+            raise failure  # recorded as failed, with the traceback in the job's .err log
         return metrics_of(ret.return_value)
 
 
