@@ -8,7 +8,7 @@
 
 32 trainings of the MNIST MLP (784-128-10, SGD lr 0.05 momentum 0.9, batch 128, train_samples=10000, epochs=1,
 2000 validation images, seeds 0..31) on the local slurmctld, partition p100 (one node: 8 CPUs, 16000 MB, 2 GPUs
-gpu:p100:2, the GPUs fake, all three nodes sharing this machine's 2 real cores). Four tools, run in this order in
+gpu:p100:2, the GPUs fake, all three nodes sharing this machine's 2 real cores). Five tools, run in this order in
 each round (--rounds K alternates them K times), each from the repository root:
 
 (i) submitit: hydra-submitit-launcher with examples/hydra_app.py, one job per training, each 1 GPU, 1 CPU, 2 GB,
@@ -33,8 +33,10 @@ each round (--rounds K alternates them K times), each from the repository root:
     packs (8 CPUs, 12 GB) fit the node at once and the node's 2 GPUs bound how many run together, as they bound the
     2 submitit jobs. gpupack's defaults (1 CPU, 2 GB per training) would ask 8 CPUs and 16 GB for one pack of 8:
     more memory than the node's 16000 MB (refused), and even at 1.9 GB one pack would take all 8 CPUs.
-(iii) launcher pack=4: gpupack's Hydra launcher with the same app, the same shares per job:
-      python examples/hydra_app.py -m hydra/launcher=gpupack_slurm hydra.launcher.pack=4
+(iii) launcher pack=4 fork and launcher pack=4 fresh: gpupack's Hydra launcher with the same app, the same shares
+    per job, its jobs forked from one server per pack that preloaded the app (start=fork), or each a fresh
+    interpreter (start=fresh):
+      python examples/hydra_app.py -m hydra/launcher=gpupack_slurm hydra.launcher.pack=4 hydra.launcher.start=fork
         hydra.launcher.partition=p100 hydra.launcher.gres=gpu:p100:1 hydra.launcher.poll_s=0.5
         hydra.launcher.cpus_per_task=0.5 hydra.launcher.mem_gb=0.75 hydra.launcher.timeout_min=10
         hydra.sweep.dir=DIR lr=0.05 batch_size=128 epochs=1 train_samples=10000 'seed=range(0,32)'
@@ -90,9 +92,9 @@ from _bench import (  # noqa: E402
     write_json,
 )
 
-TOOLS = ("submitit", "gpupack N=4", "gpupack N=8", "launcher pack=4")
+TOOLS = ("submitit", "gpupack N=4", "gpupack N=8", "launcher pack=4 fork", "launcher pack=4 fresh")
 SLUG = {"submitit": "submitit", "gpupack N=4": "gpupack_n4", "gpupack N=8": "gpupack_n8",
-        "launcher pack=4": "launcher_p4"}
+        "launcher pack=4 fork": "launcher_p4_fork", "launcher pack=4 fresh": "launcher_p4_fresh"}
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
           "SUSPENDED", "RESIZING", "STAGE_OUT", "SIGNALING"}
 CPUS_PER_TRAINING = 0.5
@@ -112,8 +114,9 @@ def command(tool: str, folder: Path, n_trainings: int, train_samples: int, parti
                       "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=10",
                       "hydra.launcher.array_parallelism=2", "hydra.launcher.setup=['export OMP_NUM_THREADS=1']"
                       ] + app_args
-    if tool == "launcher pack=4":
+    if tool.startswith("launcher pack=4"):
         return app + ["hydra/launcher=gpupack_slurm", "hydra.launcher.pack=4", f"hydra.launcher.partition={partition}",
+                      f"hydra.launcher.start={tool.split()[-1]}",
                       f"hydra.launcher.gres=gpu:{partition}:1", "hydra.launcher.poll_s=0.5",
                       f"hydra.launcher.cpus_per_task={CPUS_PER_TRAINING}",
                       f"hydra.launcher.mem_gb={MEM_GB_PER_TRAINING}", "hydra.launcher.timeout_min=10"] + app_args
@@ -289,7 +292,7 @@ def report(out: Path) -> None:
 
 def main() -> None:
     ap = parser("vs_submitit", __doc__, "8 trainings of 2000 samples, to check the script works")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds of the 4 tools, alternated (default 1)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the 5 tools, alternated (default 1)")
     ap.add_argument("--trainings", type=int, help="trainings per tool (default 32; --quick: 8)")
     ap.add_argument("--partition", default="p100", help="SLURM partition with typed GPUs (default p100)")
     ap.add_argument("--idle-wait", type=float, default=300, help="seconds to wait for an idle partition")

@@ -10,6 +10,7 @@ per job for the whole multirun.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import signal
@@ -41,7 +42,7 @@ MEMORY_FRACTION = 0.8  # as packing.memory_fraction's default
 KEY = "hydra.launcher"
 WORKLOAD = "gpupack.runtime.hydra_job"
 # The launcher's options that are its mode's too (packing.<mode>.<name>), given to the mode when it has them.
-MODE_OPTIONS = ("mps",)
+MODE_OPTIONS = ("mps", "start")
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,19 @@ def check_options(p: Mapping[str, Any]) -> None:
             _positive(p, name, allow_none=name not in ("timeout_min", "sample_interval_s"), whole=whole)
     if p.get("device") not in DEVICES:
         raise ConfigError(f"{KEY}.device", p.get("device"), "unknown device", nearest(str(p.get("device")), DEVICES))
+    check_preload(p.get("preload") or [])
+
+
+def check_preload(modules: Sequence[Any]) -> None:
+    """hydra.launcher.preload: modules this interpreter can import (found, not imported: that is the server's)."""
+    for i, name in enumerate(modules):
+        try:
+            found = isinstance(name, str) and importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package that is missing, or an empty name
+            found = False
+        if not found:
+            raise ConfigError(f"{KEY}.preload[{i}]", name, "is no module this Python can import",
+                              f"install it in {sys.executable}'s environment, or drop it from {KEY}.preload")
 
 
 def fresh_dir(parent: Path, name: str) -> Path:
@@ -137,9 +151,21 @@ def launcher_mode_options(p: Mapping[str, Any]) -> dict[str, Any]:
     """The mode's own options (its ``Options``) built from the launcher's MODE_OPTIONS it has (process:
     packing.process.mps from hydra.launcher.mps); none when it has none of them. Loading the mode here is also where
     an unknown hydra.launcher.mode is refused."""
-    options = load_packer(str(p["mode"]), key=f"{KEY}.mode").Options
-    given = {f.name: p.get(f.name) for f in dataclasses.fields(options) if f.name in MODE_OPTIONS} if options else {}
-    return {str(p["mode"]): options(**given)} if options and given else {}
+    mode = str(p["mode"])
+    options = load_packer(mode, key=f"{KEY}.mode").Options
+    given = {f.name: p[f.name] for f in dataclasses.fields(options) if f.name in MODE_OPTIONS and f.name in p} \
+        if options else {}
+    if not options or not given:
+        return {}
+    built = options(**given)
+    check = getattr(built, "check", None)
+    try:
+        if check is not None:
+            check()
+    except ConfigError as err:  # packing.<mode>.<name> is hydra.launcher.<name> here
+        raise ConfigError(err.key.replace(f"packing.{mode}.", f"{KEY}."), err.value, err.why,
+                          err.hint.replace(f"packing.{mode}.", f"{KEY}.")) from None
+    return {mode: built}
 
 
 def make_sweep_dir(cfg: Any) -> None:
@@ -271,4 +297,19 @@ def launch_batch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_
     for r in outcome.results:
         if not r.ok:
             log.error(f"gpupack: pack {r.pack_id} (job {r.job_id}) did not finish: {r.error}")
+    for line in fork_fallbacks(prepared):
+        log.warning(f"gpupack: {line}")
     return job_returns(launcher, prepared)
+
+
+def fork_fallbacks(prepared: sweep.Prepared) -> list[str]:
+    """One line per pack whose jobs started as fresh interpreters although they would have been forked from its
+    preloaded server, and why (records' ``fork_fallback``: the app's import initialised CUDA, its preload failed)."""
+    lines = []
+    for pack in prepared.plan.packs:
+        paths = [prepared.run.training_record(pack.pack_id, t.training_id) for t in pack.trainings]
+        why = next((str(r["fork_fallback"]) for r in (read_json(p) for p in paths if p.exists())
+                    if r.get("fork_fallback")), None)
+        if why:
+            lines.append(f"pack {pack.pack_id} started its jobs as fresh interpreters, not forked: {why}")
+    return lines

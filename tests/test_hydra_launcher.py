@@ -196,6 +196,8 @@ BAD = [
     (["hydra.launcher.job_timeout_s=-1"], "hydra.launcher.job_timeout_s=-1"),
     (["hydra.launcher.nodes=2"], "hydra.launcher.nodes=2"),
     (["hydra.launcher.max_parallel_packs=0"], "hydra.launcher.max_parallel_packs=0"),
+    (["hydra.launcher.start=sideways"], "hydra.launcher.start='sideways'"),
+    (["hydra.launcher.preload=[no_such_module_here]"], "hydra.launcher.preload[0]='no_such_module_here'"),
 ]
 
 

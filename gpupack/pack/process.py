@@ -44,7 +44,8 @@ def start_method(preference: str, workloads: Sequence[Workload]) -> str:
 class _Training:
     """One training of the pack: its spec and files, the child the supervisor starts for it, and how it ended."""
 
-    def __init__(self, training: Training, ctx: PackContext, workload: Workload, cpus: Sequence[int] | None) -> None:
+    def __init__(self, training: Training, ctx: PackContext, workload: Workload, cpus: Sequence[int] | None,
+                 fork_fallback: str | None = None) -> None:
         run, pid = ctx.run, ctx.pack.pack_id
         tid = training.training_id
         self.training = training
@@ -63,6 +64,7 @@ class _Training:
                                {**worker_env(ctx.env, ctx.threads), **self.launch.env}, spec_path, self.launch.cwd,
                                ctx.memory_limit_bytes, list(cpus) if cpus else None, started_at)
         self._outcome: TrainingOutcome | None = None
+        self.fork_fallback = fork_fallback  # why it starts fresh although the pack would fork (None: as asked)
 
     def outcome(self, ended: ChildExit) -> TrainingOutcome:
         if self._outcome is None:
@@ -71,7 +73,8 @@ class _Training:
 
     def _make_outcome(self, ended: ChildExit) -> TrainingOutcome:
         tid = self.training.training_id
-        extra = {"timed_out": ended.timed_out, "start": ended.start, "cpus": ended.cpus}
+        extra = {"timed_out": ended.timed_out, "start": ended.start, "cpus": ended.cpus,
+                 **({"fork_fallback": self.fork_fallback} if self.fork_fallback else {})}
         if ended.start_error is not None:  # the program is gone or not executable on this node: it fails alone
             why = start_failure(self.launch.argv, self.launch.cwd, ended.start_error)
             return TrainingOutcome(tid, ended.started_at, ended.ended_at, None, None, why, None, extra=extra)
@@ -163,11 +166,11 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
     method = start_method(opts.start, list(workloads.values()))
     cores = job_cpus()
     cpus = [cpus_for(cores, len(trainings), i) if opts.cpu_affinity else None for i in range(len(trainings))]
-    server = preloaded_server(trainings, ctx) if method == "fork" else None
+    server, fallback = preloaded_server(trainings, ctx) if method == "fork" else (None, None)
     packed: list[_Training] = []
     with Supervisor(ctx.training_timeout_s, server) as supervisor:
         for t, bound in zip(trainings, cpus):
-            packed.append(_Training(t, ctx, workloads[t.workload], bound))
+            packed.append(_Training(t, ctx, workloads[t.workload], bound, fallback))
             pid = supervisor.start(packed[-1].child).pid
             if pid is not None:
                 ctx.on_started(t.training_id, pid)
@@ -176,12 +179,11 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
     return [p.outcome(ended) for p, ended in zip(packed, exits)]
 
 
-def preloaded_server(trainings: Sequence[Training], ctx: PackContext) -> ForkServer | None:
-    """The pack's preloaded fork server; None (fresh interpreters, said in the server's log) if it cannot start."""
+def preloaded_server(trainings: Sequence[Training], ctx: PackContext) -> tuple[ForkServer | None, str | None]:
+    """The pack's preloaded fork server; None and why (fresh interpreters, said in the server's log and in each
+    training's record as ``fork_fallback``) if it cannot start."""
     return fork_server(trainings[0].workload, [t.params for t in trainings], worker_env(ctx.env, ctx.threads),
                        ctx.run.log(ctx.pack.pack_id, "forkserver", "err"))
-
-
 
 
 PACKER = ProcessPacker()

@@ -102,6 +102,32 @@ def _preload(req: Mapping[str, Any]) -> None:
 
     workload = load_workload(req["workload"])
     workload.preload([workload.params(p) for p in req.get("params", [])])
+    why = fork_unsafe(sys.modules)
+    if why:  # the packer starts fresh interpreters instead, and says why
+        raise ForkUnsafe(why)
+
+
+class ForkUnsafe(RuntimeError):
+    """What the preload did makes forking unsafe (a CUDA context, a runtime that started its threads)."""
+
+
+def fork_unsafe(modules: Mapping[str, Any]) -> str | None:
+    """Why a process that imported ``modules`` (sys.modules after the preload) must not fork trainings, or None. A
+    forked child inherits a CUDA context it cannot use (CUDA is not fork-safe), and TensorFlow's or JAX's runtime
+    threads stopped mid-state. Only what is already imported is asked: nothing here imports or initialises anything."""
+    torch = modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is not None and cuda.is_initialized():
+            return "the preload initialised CUDA (torch.cuda.is_initialized() is true): a forked child cannot use it"
+    except Exception:  # a half-imported torch: leave the decision to the other checks
+        pass
+    if "tensorflow" in modules:
+        return "the preload imported TensorFlow, which starts its threads at import"
+    jax_bridge = modules.get("jax._src.xla_bridge")
+    if jax_bridge is not None and getattr(jax_bridge, "_backends", None):
+        return "the preload initialised a JAX backend"
+    return None
 
 
 class Lines:
@@ -139,7 +165,7 @@ def serve() -> int:
             return 1
         _preload(first["preload"])
     except BaseException as err:  # the packer falls back to fresh interpreters and says why
-        _write({"error": f"{err.__class__.__name__}: {err}"})
+        _write({"error": str(err) if isinstance(err, ForkUnsafe) else f"{err.__class__.__name__}: {err}"})
         return 1
     _write({"ready": round(time.time() - _SERVER_START, 3)})
     while not requests.closed or children:

@@ -8,12 +8,13 @@ exits non-zero, so gpupack records it as failed and Hydra gets Hydra's own failu
 """
 from __future__ import annotations
 
+import importlib
 import numbers
 import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Mapping
+from typing import Any, List, Mapping, Sequence
 
 from gpupack.core.records import atomic_file
 from gpupack.core.rundir import RunDir
@@ -75,26 +76,48 @@ def portable_failure(err: BaseException) -> BaseException:
     return err
 
 
+_PAYLOADS: dict[str, tuple[Any, Any]] = {}  # launch dir -> (launcher, Hydra's singletons), unpickled once a process
+
+
+def payload(params: HydraJobParams) -> tuple[Any, Any]:
+    """The launcher and Hydra's singletons the launch left for its jobs, with the app's folder on sys.path first (the
+    task function's modules import as they did at launch). Read once per process: a job forked from the pack's
+    preloaded server finds it (and the app's modules it imported) already there."""
+    import cloudpickle
+
+    if params.app_dir and params.app_dir not in sys.path:
+        sys.path.insert(0, params.app_dir)
+    if params.launch_dir not in _PAYLOADS:
+        with open(RunDir(Path(params.launch_dir)).hydra_payload, "rb") as f:
+            _PAYLOADS[params.launch_dir] = cloudpickle.load(f)
+    return _PAYLOADS[params.launch_dir]
+
+
 class HydraJob(Workload):
     name = "hydra_job"
     framework = "hydra"  # a whole Python program of its own: only process mode hosts it
     Params = HydraJobParams
+    # Its pack's server preloads the app (unpickling the task function imports its module and what it uses, e.g.
+    # torch) and forks each job; an app whose import initialises CUDA makes the server refuse (forkserver.fork_unsafe)
+    # and its jobs start fresh.
+    forkable = True
+
+    def preload(self, params: Sequence[Any]) -> None:
+        for p in params[:1]:  # one launch: every job of the pack shares its payload
+            launcher, _ = payload(p)
+            for module in launcher.params.get("preload") or ():  # hydra.launcher.preload: what the app imports late
+                importlib.import_module(str(module))
 
     def launch(self, params: Mapping[str, Any], spec_path: str, result_path: str) -> Launch:
         return Launch([sys.executable, "-m", "gpupack.runtime.worker", spec_path], cwd=params.get("cwd") or None)
 
     def train(self, params: HydraJobParams, ctx: TrainingContext) -> dict[str, Any]:
-        import cloudpickle
         from hydra.core.singleton import Singleton
         from hydra.core.utils import JobStatus, run_job, setup_globals
         from omegaconf import open_dict
 
-
-        if params.app_dir and params.app_dir not in sys.path:
-            sys.path.insert(0, params.app_dir)  # before unpickling: the task function's modules import here
         launch = RunDir(Path(params.launch_dir))
-        with open(launch.hydra_payload, "rb") as f:
-            launcher, singleton_state = cloudpickle.load(f)
+        launcher, singleton_state = payload(params)
         Singleton.set_state(singleton_state)
         setup_globals()
         config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(params.overrides))

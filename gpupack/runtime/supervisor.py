@@ -56,15 +56,16 @@ def child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = Non
 
 
 def fork_server(workload: str, params: Sequence[Mapping[str, Any]], env: Mapping[str, str],
-                log: Path) -> ForkServer | None:
-    """A preloaded fork server for ``workload``'s trainings (it dies with the packer); None (fresh interpreters, said
-    in its log) if it cannot start."""
+                log: Path) -> tuple[ForkServer | None, str | None]:
+    """A preloaded fork server for ``workload``'s trainings (it dies with the packer), or None and why it did not
+    start (its preload failed, or made forking unsafe: forkserver.fork_unsafe); the trainings then start as fresh
+    interpreters, and the reason is in its log too."""
     try:
-        return ForkServer(workload, params, env, log, setup=child_setup(None))
+        return ForkServer(workload, params, env, log, setup=child_setup(None)), None
     except (RuntimeError, OSError) as err:
         with open_log(log, append=True) as f:
             f.write(f"gpupack: {err}; starting each training as a fresh interpreter instead\n".encode())
-        return None
+        return None, str(err)
 
 
 @dataclass(frozen=True)

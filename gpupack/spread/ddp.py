@@ -159,7 +159,7 @@ def rank_server(training: "Training", ctx: "PackContext") -> "ForkServer | None"
         return None
     # None, said in its log, when it cannot start
     return fork_server(training.workload, [training.params], worker_env(ctx.env, ctx.threads),
-                       ctx.run.log(ctx.pack.pack_id, "forkserver", "err"))
+                       ctx.run.log(ctx.pack.pack_id, "forkserver", "err"))[0]
 
 
 class DdpStrategy(Strategy):

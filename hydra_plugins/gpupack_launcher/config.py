@@ -38,6 +38,13 @@ class BaseGpupackConf:
     sample_interval_s: float = 1.0
     # Run each pack's jobs under CUDA MPS (process mode on a GPU).
     mps: bool = False
+    # How each job's process starts: auto (fork it from one server per pack that preloaded the app: its module and
+    # what it imports, e.g. torch; fresh interpreters where that is unsafe, said in one line), fork, or fresh (a new
+    # interpreter per job that imports everything again).
+    start: str = "auto"
+    # Modules the pack's server imports besides the app's (what the app imports inside its task function), e.g.
+    # [torch, lightning]; with start=fresh, nothing.
+    preload: List[str] = field(default_factory=list)
     # gpupack's records (time per job, per pack): under the multirun directory. `python -m gpupack collect
     # MULTIRUN_DIR` reads them.
     records_dir: str = "${hydra.sweep.dir}/.gpupack"
