@@ -181,6 +181,11 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
                         help="a YAML RGU table (models: {NAME: weight}); default: the run's, else conf/rgu/alliance")
     parser.add_argument("--out", type=Path, default=None, help="where to write (default: the first RUN_DIR)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots and the HTML report")
+    parser.add_argument("--metric", default=None,
+                        help="rank hyperparameters by this metric (default: the run's collect.metric, else "
+                             "val_accuracy, or the one metric reported)")
+    parser.add_argument("--goal", default=None, help="max or min: which way the metric is better (default: the "
+                                                     "run's collect.goal, or known for val_accuracy)")
     parser.add_argument("--wide", action="store_true",
                         help="every column of the table (start-up/loop, utilization, the loader bound); summary.csv "
                              "always has them")
@@ -202,7 +207,7 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
     elif not any(RunDir(Path(d)).config.exists() for d in args.run_dirs):
         weights = dict(OmegaConf.load(config_dir() / "rgu" / "alliance.yaml").models)
     sweep.collect(args.run_dirs, weights=weights, sweep_trainings=args.trainings, out=args.out,
-                  plots=not args.no_plots, console=console, wide=args.wide)
+                  plots=not args.no_plots, console=console, wide=args.wide, metric=args.metric, goal=args.goal)
     return 0
 
 

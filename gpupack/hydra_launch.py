@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.errors import CompactHydraException
+from omegaconf import OmegaConf
 
 from gpupack import sweep
 from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
@@ -142,9 +143,20 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     plan = plan_in_order(sweep=task, workload=WORKLOAD, params=jobs, factor=int(p["pack"]),
                          partition=facts.partitions[0], mode=str(p["mode"]), label=f"hydra:{task}",
                          names=[f"job{j['job_num']}" for j in jobs])
-    record = {"cluster": dataclasses.asdict(backend.cluster), "hydra_launcher": dict(p), "hydra_task": task}
+    record = {"cluster": dataclasses.asdict(backend.cluster), "hydra_launcher": dict(p), "hydra_task": task,
+              "collect": {"metric": None, "goal": sweeper_goal(cfg.hydra.sweeper)}}
     return sweep.Prepared(name=task, plan=plan, run=run, backend=backend, settings=settings, config=record,
                           capacities=dict(facts.capacities))
+
+
+def sweeper_goal(sweeper: Any) -> str | None:
+    """collect.goal from the sweeper's ``direction`` (Optuna's minimize/maximize; a multi-objective list: its first,
+    which is the task's first returned value), or None where the sweeper has none (the basic sweeper). Pure."""
+    direction: Any = sweeper.get("direction") if hasattr(sweeper, "get") else None
+    if isinstance(direction, (list, tuple)) or OmegaConf.is_list(direction):
+        direction = direction[0] if len(direction) else None
+    name = str(getattr(direction, "name", direction) or "").lower()
+    return {"minimize": "min", "maximize": "max"}.get(name)
 
 
 def launcher_mode_options(p: Mapping[str, Any]) -> dict[str, Any]:

@@ -116,7 +116,8 @@ def test_best_hyperparameters_rank_by_accuracy(run):
     _write_pack(run, 2, 0, 10.0, ["completed", "completed"], lrs=[0.3, 0.7])
     _write_pack(run, 2, 1, 10.0, ["completed", "failed"], lrs=[0.5, 0.9])  # the failed one is not ranked
     hyper = best_hyperparameters(load_records([run.root]).trainings)
-    assert list(hyper["lr"]) == ["0.7", "0.5", "0.3"]
+    assert (hyper.metric, hyper.goal) == ("val_accuracy", "max")
+    assert list(hyper.table["lr"]) == ["0.7", "0.5", "0.3"]
 
 
 def test_torn_and_foreign_files_are_skipped_with_their_name(run):
@@ -357,7 +358,7 @@ def test_columnar_files_give_the_same_records_and_summary_as_the_json(run):
     assert from_columnar.trainings["curve"].notna().any()
     pd.testing.assert_frame_equal(summarize(from_json.trainings, from_json.packs),
                                   summarize(from_columnar.trainings, from_columnar.packs))
-    assert best_hyperparameters(from_json.trainings).equals(best_hyperparameters(from_columnar.trainings))
+    assert best_hyperparameters(from_json.trainings).table.equals(best_hyperparameters(from_columnar.trainings).table)
 
 
 def test_columnar_files_are_what_collect_reads(run, monkeypatch):

@@ -167,9 +167,9 @@ def test_no_real_grid_ranks_no_seeds(tmp_path):
     run = RunDir(tmp_path / "run")
     _sweep(run, grid=False)  # one grid point, repeated with different seeds
     text = _render([run.root])
-    assert "Best hyperparameters by validation accuracy" not in text and "seed=" not in text
+    assert "Best hyperparameters by val_accuracy" not in text and "seed=" not in text
     assert "Best hyperparameters: nothing to rank" in text
     other = RunDir(tmp_path / "grid")
     _sweep(other, grid=True)
     ranked = _render([other.root])
-    assert "Best hyperparameters by validation accuracy" in ranked and "lr=" in ranked and "seed=" not in ranked
+    assert "Best hyperparameters by val_accuracy (highest first" in ranked and "lr=" in ranked and "seed=" not in ranked

@@ -23,7 +23,7 @@ import pandas as pd
 from gpupack.analysis.layouts import compare, split_spread, spread_summary, training_walls, verdicts
 from gpupack.analysis.load import Records, load_records
 from gpupack.analysis.summary import best_factors, packing_times, split_phase, summarize
-from gpupack.analysis.tables import best_hyperparameters, knob_table
+from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table
 from gpupack.core.rgu import cost_table
 
 __all__ = ["Collected", "aggregate", "aggregate_records"]
@@ -35,7 +35,7 @@ class Collected:
     summary: pd.DataFrame
     best: pd.DataFrame  # per (workload, partition, GPU type, mode)
     best_overall: pd.DataFrame  # per (workload, partition, GPU type): the best (mode, N)
-    hyper: pd.DataFrame
+    hyper: Ranking  # grid points ranked by collect.metric towards collect.goal, or why not
     cost: pd.DataFrame
     sweep_trainings: int
     knobs: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -50,8 +50,10 @@ class Collected:
 
 
 def aggregate_records(records: Records, weights: Mapping[str, float] | None = None,
-                      sweep_trainings: int | None = None) -> Collected:
-    """Everything collect shows and writes, computed from loaded records. Pure."""
+                      sweep_trainings: int | None = None, metric: str | None = None,
+                      goal: str | None = None) -> Collected:
+    """Everything collect shows and writes, computed from loaded records; hyperparameters ranked by ``metric`` towards
+    ``goal`` (else as the runs were configured: collect.metric, collect.goal). Pure."""
     packing_t, spread_t = split_spread(records.trainings)  # one training on k devices: apart, then beside
     packing_p, spread_p = split_spread(records.packs)
     probe_t, run_t = split_phase(packing_t, "run")
@@ -68,11 +70,13 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     layouts = (compare(summary, spread, packing_times(probe_t, probe_p), weights, training_walls(probe_t))
                if not spread.empty else pd.DataFrame())
     # Hyperparameters and knobs are ranked over packed trainings: a spread one repeats an N=1 training on k devices
-    return Collected(records, summary, best, overall, best_hyperparameters(packing_t), cost, n,
+    ranking = best_hyperparameters(packing_t, metric=metric or records.rank.get("metric"),
+                                   goal=goal or records.rank.get("goal"))
+    return Collected(records, summary, best, overall, ranking, cost, n,
                      knob_table(packing_t), production, spread=spread, layouts=layouts, verdicts=verdicts(layouts))
 
 
 def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = None,
-              sweep_trainings: int | None = None) -> Collected:
+              sweep_trainings: int | None = None, metric: str | None = None, goal: str | None = None) -> Collected:
     """Load the runs' records and aggregate them (:func:`aggregate_records`). Reads only."""
-    return aggregate_records(load_records(run_dirs), weights, sweep_trainings)
+    return aggregate_records(load_records(run_dirs), weights, sweep_trainings, metric, goal)

@@ -17,7 +17,7 @@ from gpupack.core.columnar import JSON_PREFIX, STRING, Rows, column, json_array,
 
 # Kept as JSON text after load, decoded where read: a million curves or hyperparameter sets take seconds to decode one
 # by one; one plot draws curves, and best_hyperparameters and knob_table parse theirs in bulk (json_columns).
-TEXT_COLUMNS = ("curve", "params", "knobs", "cpus")
+TEXT_COLUMNS = ("curve", "params", "knobs", "cpus", "metrics")
 
 
 @dataclass

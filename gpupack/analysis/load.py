@@ -41,6 +41,9 @@ class Records:
     planned: int = 0  # packs in the runs' plans
     # run → its config's cluster.nodes_share_one_host: the cluster's nodes are one machine (a local test SLURM)
     one_host: dict[str, bool] = field(default_factory=dict)
+    # collect.metric / collect.goal as the first run that set them was configured (the Hydra launcher sets the goal
+    # from the Optuna sweeper's direction)
+    rank: dict[str, str] = field(default_factory=dict)
 
     def latest(self) -> pd.DataFrame:
         """Each training's latest record (earlier attempts, kept under attempts/, left out)."""
@@ -147,6 +150,9 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
             out.rgu = dict(rgu.models)
         cluster = cfg.get("cluster") or {}
         out.one_host[str(run.root)] = bool(cluster.get("nodes_share_one_host", False))
+        rank = cfg.get("collect") or {}
+        if not out.rank:
+            out.rank = {k: str(rank[k]) for k in ("metric", "goal") if rank.get(k) is not None}
 
 
 def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:

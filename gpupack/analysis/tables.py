@@ -1,11 +1,12 @@
 """The knob and hyperparameter tables: throughput per setting of the workload's knobs (and the loader's own bound
-beside it), and grid points ranked by validation accuracy. Knobs and hyperparameters are JSON text in the frame
-(:data:`gpupack.analysis.frames.TEXT_COLUMNS`), parsed here in bulk (:func:`json_columns`).
+beside it), and grid points ranked by a metric the trainings reported. Knobs, hyperparameters and metrics are JSON
+text in the frame (:data:`gpupack.analysis.frames.TEXT_COLUMNS`), parsed here in bulk (:func:`json_columns`).
 """
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,7 @@ import pyarrow.json as pa_json
 
 from gpupack.analysis.summary import LOADER_BOUND_FRACTION, completed_probes, first_value, not_probes, only_columns
 from gpupack.core.columnar import STRING
+from gpupack.core.goal import KNOWN_GOALS
 from gpupack.core.records import COMPLETED
 
 SEED_NAMES = ("seed",)  # hyperparameters that repeat a grid point rather than make a new one
@@ -92,30 +94,103 @@ def _arrow_json(text: pd.Series) -> pd.DataFrame:
     return table.to_pandas().set_axis(text.index)
 
 
-def best_hyperparameters(trainings: pd.DataFrame, top: int = 5) -> pd.DataFrame:
-    """Grid points ranked by validation accuracy, averaged over every completed run of them. Empty where there is
-    no grid to rank: one grid point, or only the seed varies (ranking seeds would pass noise off as a choice)."""
+HOW_TO_REPORT = ("report one from your program (gpupack.result / $GPUPACK_RESULT, sweep.fixed.metrics regexes over a "
+                 "script's stdout, or a Hydra task's return value) and name it with collect.metric=NAME")
+# A Hydra job's params (gpupack.runtime.hydra_job.HydraJobParams): its hyperparameters are its overrides; the rest
+# is where and which job it was.
+HYDRA_JOB_KEYS = ("overrides", "job_num", "launch_dir", "cwd", "app_dir")
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Grid points ranked by one metric (``table``), or why none are (``note``)."""
+
+    table: pd.DataFrame
+    metric: str | None = None
+    goal: str | None = None
+    note: str = ""
+
+
+def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | None = None,
+                         goal: str | None = None) -> Ranking:
+    """Grid points ranked by ``metric`` (collect.metric; by default val_accuracy where reported, or the one metric the
+    trainings report) towards ``goal`` (max/min; by default only where known, core.goal.KNOWN_GOALS), averaged over
+    every completed run of them. Nothing is ranked where there is no grid (one grid point, or only the seed varies:
+    ranking seeds would pass noise off as a choice), no metric, or no known goal: ``note`` says which and how to fix it.
+    Pure."""
     if trainings.empty:
-        return pd.DataFrame()
-    t = not_probes(only_columns(trainings, ("workload", "training_id", "status", "probe", "val_accuracy", "params")))
+        return Ranking(pd.DataFrame())
+    t = not_probes(only_columns(trainings, ("workload", "training_id", "status", "probe", "val_accuracy",
+                                            "train_loss", "metrics", "params")))
     t = t[(t["status"] == COMPLETED)].copy()
-    t["val_accuracy"] = pd.to_numeric(t["val_accuracy"], errors="coerce")
-    t = t[t["val_accuracy"].notna()]
     if t.empty:
-        return pd.DataFrame()
-    params = json_columns(t["params"])
+        return Ranking(pd.DataFrame())
+    values = metric_values(t)
+    reported = [c for c in values.columns if values[c].notna().any()]
+    metric = metric or ("val_accuracy" if "val_accuracy" in reported else reported[0] if len(reported) == 1 else None)
+    if metric is None or metric not in reported:
+        return Ranking(pd.DataFrame(), note=no_metric(metric, reported))
+    goal = goal or KNOWN_GOALS.get(metric)
+    if goal is None:
+        return Ranking(pd.DataFrame(), metric, note=(
+            f"not ranked: which way is better for {metric!r} is not known. HINT: collect.goal=min (or max); "
+            f"python -m gpupack collect RUN_DIR --metric {metric} --goal min"))
+    score = values[metric]
+    t, score = t[score.notna()], score[score.notna()]
+    params = hyperparameters(json_columns(t["params"]))
     keys = sorted(k for k in params.columns if k not in SEED_NAMES and _nunique(params[k]) > 1)
     if not keys:
-        return pd.DataFrame()
+        return Ranking(pd.DataFrame(), metric, goal, "nothing to rank (one grid point, or only the seed varies)")
     frame = pd.DataFrame({k: _groupable(params[k]) for k in keys}).assign(
-        workload=t["workload"], val_accuracy=t["val_accuracy"], training_id=t["training_id"])
+        workload=t["workload"].to_numpy(), score=score.to_numpy(), training_id=t["training_id"].to_numpy())
     ranked = frame.groupby(["workload"] + keys, dropna=False).agg(
-        val_accuracy=("val_accuracy", "mean"), runs=("val_accuracy", "count"),
-        trainings=("training_id", "nunique"))
-    best = ranked.sort_values("val_accuracy", ascending=False).head(top).reset_index()
+        score=("score", "mean"), runs=("score", "count"), trainings=("training_id", "nunique"))
+    best = ranked.sort_values("score", ascending=goal == "min").head(top).reset_index()
     for k in keys:  # as text, the way the value reads (0.1, 128, adam)
         best[k] = [str(v.item() if isinstance(v, np.generic) else v) for v in best[k]]
-    return best
+    return Ranking(best.rename(columns={"score": metric}), metric, goal)
+
+
+def no_metric(asked: str | None, reported: list[str]) -> str:
+    """Why nothing is ranked for want of a metric: the one asked for is not reported, or none is known. Pure."""
+    if asked is not None:
+        return (f"not ranked: collect.metric={asked!r} is no metric the trainings reported "
+                f"({', '.join(reported) if reported else 'they reported none'}). HINT: "
+                + (f"collect.metric={reported[0]}" if reported else HOW_TO_REPORT))
+    if reported:
+        return (f"not ranked: no metric chosen, and the trainings report several ({', '.join(reported)}). "
+                f"HINT: collect.metric=NAME collect.goal=min|max")
+    return f"not ranked: the trainings reported no metric. HINT: {HOW_TO_REPORT}"
+
+
+def metric_values(t: pd.DataFrame) -> pd.DataFrame:
+    """Every numeric metric the trainings reported, a column each, aligned with ``t`` (the records' ``metrics``; runs
+    recorded before that column carry val_accuracy and train_loss alone)."""
+    if "metrics" in t and _has_object(t["metrics"]).any():
+        parsed = json_columns(t["metrics"].where(_has_object(t["metrics"]), "{}")).set_axis(t.index)
+    else:
+        parsed = pd.DataFrame(index=t.index)
+    for col in ("val_accuracy", "train_loss"):  # the flat columns of older records
+        if col in t and col not in parsed:
+            parsed[col] = t[col]
+    numeric = {c: pd.to_numeric(parsed[c], errors="coerce") for c in parsed.columns}
+    return pd.DataFrame({c: v for c, v in numeric.items() if v.notna().any()}, index=t.index)
+
+
+def hyperparameters(params: pd.DataFrame) -> pd.DataFrame:
+    """The hyperparameters in a frame of training params: as they are, but a Hydra job's, which are its overrides
+    (``lr=0.1`` → column lr, value 0.1 as text), not its job number or folders. Pure."""
+    if "overrides" not in params or not {"job_num", "launch_dir"} <= set(params.columns):
+        return params
+    rows = [dict(_override(o) for o in (items if isinstance(items, (list, np.ndarray)) else []))
+            for items in params["overrides"]]
+    return pd.DataFrame(rows, index=params.index)
+
+
+def _override(item: object) -> tuple[str, str]:
+    """``key=value`` (Hydra's override grammar: +key=, ++key=, ~key) as (key, value text)."""
+    key, _, value = str(item).partition("=")
+    return key.lstrip("+~"), value
 
 
 def _groupable(col: pd.Series) -> pd.Series:

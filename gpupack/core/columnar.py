@@ -68,6 +68,7 @@ def flatten(rec: dict[str, Any]) -> dict[str, Any]:
     row = {k: v for k, v in rec.items() if k not in NESTED}
     for col, (outer, inner) in FLAT.items():
         row[col] = (rec.get(outer) or {}).get(inner)
+    row["metrics"] = rec.get("metrics") or {}  # every metric it reported, by name: collect ranks by any of them
     return row
 
 

@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 from rich.console import Console
 
 from gpupack.analysis.collect import Collected, aggregate
+from gpupack.core.goal import check_goal
 from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
 from gpupack.report.files import write_outputs
@@ -65,12 +66,16 @@ def read_auto(root: Path) -> AutoReport | None:
 
 def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | None = None,
             sweep_trainings: int | None = None, out: Path | str | None = None, plots: bool = True,
-            console: Console | None = None, wide: bool = False) -> tuple[Collected, list[Path]]:
+            console: Console | None = None, wide: bool = False, metric: str | None = None,
+            goal: str | None = None) -> tuple[Collected, list[Path]]:
     """Aggregate the records of one or more runs and write the derived outputs (into ``out``, default the first
     run directory). Records are only read. With a ``console``, print there what ``python -m gpupack collect`` prints
-    (every column with ``wide``): the one call a notebook or a test makes."""
+    (every column with ``wide``): the one call a notebook or a test makes. ``metric``/``goal``: rank hyperparameters by
+    that metric, that way (default: as the runs were configured, collect.metric and collect.goal)."""
     given = [Path(d) for d in run_dirs]
-    c = aggregate(find_runs(given), weights, sweep_trainings)
+    if goal is not None:
+        check_goal(goal, "--goal")
+    c = aggregate(find_runs(given), weights, sweep_trainings, metric, goal)
     for path in given:  # a packing.factors=auto run says what its probe did
         report = read_auto(path)
         if report is not None:

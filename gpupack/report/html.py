@@ -120,8 +120,9 @@ def write_report(c: Collected, out: Path) -> list[Path]:
         _knob_section(c),
         _layout_section(c),
         "<h2>Plots</h2>", "".join(_img(p, alt) for p, alt in plots),
-        "<h2>Best hyperparameters by validation accuracy</h2>",
-        "".join(f"<p>{html.escape(line)}</p>" for line in text.hyper_lines(c.hyper)) or "<p>(none)</p>",
+        f"<h2>{html.escape(text.hyper_title(c.hyper))}</h2>",
+        "".join(f"<p>{html.escape(line)}</p>" for line in text.hyper_lines(c.hyper))
+        or f"<p>{html.escape(c.hyper.note or '(none)')}</p>",
     ]
     if c.records.warnings or c.records.pending:
         parts.append("<h2>Warnings</h2>" + "".join(f"<p class='warn'>{html.escape(w)}</p>"

@@ -21,6 +21,7 @@ from gpupack.report.text import (
     cost_lines,
     fmt,
     hyper_lines,
+    hyper_title,
     knob_columns,
     mode_lines,
     trainings_phrase,
@@ -134,13 +135,12 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
                           "TrainingResult; call first_step() before the first step to split it).", highlight=False)
     for line in failure_lines(c):
         console.print(line, highlight=False)
-    if not c.hyper.empty:
-        console.print("Best hyperparameters by validation accuracy (mean over runs):")
+    if not c.hyper.table.empty:
+        console.print(f"{hyper_title(c.hyper)}:", highlight=False, markup=False)
         for line in hyper_lines(c.hyper):
-            console.print(f"  {line}", highlight=False)
-    elif not c.summary.empty:
-        console.print("Best hyperparameters: nothing to rank (one grid point, or only the seed varies).",
-                      highlight=False)
+            console.print(f"  {line}", highlight=False, markup=False, emoji=False)
+    elif not c.summary.empty and c.hyper.note:
+        console.print(f"Best hyperparameters: {c.hyper.note}", highlight=False, markup=False, emoji=False)
     if not c.knobs.empty:
         render_knobs(c, console)
     if not c.records.trainings.empty and "data" in c.records.trainings:

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from gpupack.analysis.collect import Collected
+from gpupack.analysis.tables import Ranking
 from gpupack.pack import Packer, available_modes, load_packer
 
 
@@ -81,12 +82,20 @@ def knob_columns(knobs: pd.DataFrame) -> list[str]:
                                                   "loader_bound_samples_per_s", "loader_bound")]
 
 
-def hyper_lines(hyper: pd.DataFrame) -> list[str]:
+def hyper_title(ranking: Ranking) -> str:
+    """What the hyperparameters are ranked by, and which way."""
+    if ranking.metric is None or ranking.goal is None:
+        return "Best hyperparameters"
+    return f"Best hyperparameters by {ranking.metric} ({'lowest' if ranking.goal == 'min' else 'highest'} first, " \
+           "mean over runs)"
+
+
+def hyper_lines(ranking: Ranking) -> list[str]:
     lines = []
-    for _, r in hyper.iterrows():
-        params = ", ".join(f"{k}={r[k]}" for k in hyper.columns
-                           if k not in ("workload", "val_accuracy", "runs", "trainings"))
-        lines.append(f"{r['workload']}: {params}  val_accuracy={r['val_accuracy']:.4f} ({int(r['runs'])} runs)")
+    table, metric = ranking.table, ranking.metric
+    for _, r in table.iterrows():
+        params = ", ".join(f"{k}={r[k]}" for k in table.columns if k not in ("workload", metric, "runs", "trainings"))
+        lines.append(f"{r['workload']}: {params}  {metric}={r[metric]:.4g} ({int(r['runs'])} runs)")
     return lines
 
 

@@ -104,6 +104,17 @@ class SpreadConfig:
 
 
 @dataclass
+class CollectConfig:
+    """How collect ranks the grid's hyperparameters (also `python -m gpupack collect RUN --metric NAME --goal min`)."""
+
+    # The metric to rank by, as the trainings reported it (gpupack.result / $GPUPACK_RESULT, sweep.fixed.metrics, a
+    # Hydra task's return value: return_value). null: val_accuracy where reported, else the one metric reported.
+    metric: Optional[str] = None
+    # max or min: which way the metric is better. null: known only for val_accuracy (max); say it for any other.
+    goal: Optional[str] = None
+
+
+@dataclass
 class RguConfig:
     """GPU model → RGU weight (cost of one GPU-hour), as data in conf/rgu/."""
 
@@ -120,6 +131,7 @@ class GpupackConfig:
     # cluster=NAME (conf/cluster/NAME.yaml names its schema in its defaults list).
     cluster: Any = MISSING
     rgu: RguConfig = field(default_factory=RguConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
     # Where records go; null: runs/<sweep.name>/<date>_<time>. Re-using a run directory resumes it.
     run_dir: Optional[str] = None
     # Partitions / GPU types to run on (keys of cluster.partitions); empty: the cluster's default_partitions.

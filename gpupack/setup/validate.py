@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from gpupack.core.goal import check_goal
 from gpupack.core.memory import Measured, TrainingMemory, check_memory, estimate, setting_key
 from gpupack.core.plan import ORDERS, Plan, expand_grid, grid_values, make_plan
 from gpupack.core.rgu import check_weights
@@ -225,6 +226,8 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
         raise ConfigError("sweep.loader_probe", True, f"{workload.name} has no data-loader-only mode",
                           "set sweep.loader_probe=false, or give the workload a loader_param")
     factors, modes = check_packing(cfg)
+    if cfg.collect.goal is not None:
+        check_goal(cfg.collect.goal, "collect.goal")
     # Every mode's and strategy's own options, used by this sweep or not: a value out of range is refused, not ignored.
     settings = pack_settings(cfg.packing)
     check_strategy_options(cfg.spread)
