@@ -22,6 +22,7 @@ from typing import Sequence
 import hydra
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape
 
 from gpupack import __version__, sweep
 from gpupack.cli_show import ProgressView, print_opened, print_plan
@@ -106,7 +107,8 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
         return 0
     for r in outcome.results:
         if not r.ok:
-            console.print(f"[red]pack {r.pack_id} (job {r.job_id}) did not finish:[/] {r.error}")
+            console.print(f"[red]pack {r.pack_id} (job {r.job_id}) did not finish:[/] {escape(str(r.error))}",
+                          markup=True)
     if outcome.collected is not None:
         render_collected(outcome.collected, outcome.written, console)
     console.print(f"Records and summary: {outcome.run_dir}")

@@ -7,6 +7,7 @@ from typing import Sequence
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from gpupack import sweep
@@ -15,14 +16,15 @@ from gpupack.core.plan import Pack
 
 def print_plan(console: Console, prepared: sweep.Prepared) -> None:
     for warning in prepared.warnings:
-        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, markup=True)
     auto = prepared.spec.auto if prepared.spec is not None else None
     if auto is not None:
-        console.print(f"[bold]gpupack[/] sweep [bold]{prepared.name}[/]: workload {prepared.plan.workload}, "
-                      f"{prepared.plan.grid_size} grid point(s); packing.factors=auto probes N along "
-                      f"{list(auto.ladder)} ({auto.repeats} packs per N, stop below a {auto.min_gain:.0%} gain), then "
+        console.print(f"[bold]gpupack[/] sweep [bold]{escape(prepared.name)}[/]: workload "
+                      f"{escape(prepared.plan.workload)}, {prepared.plan.grid_size} grid point(s); "
+                      f"packing.factors=auto probes N along {escape(str(list(auto.ladder)))} ({auto.repeats} packs "
+                      f"per N, stop below a {auto.min_gain:.0%} gain), then "
                       + ("runs the rest of the grid at the best N" if auto.then == "run"
-                         else "stops (packing.then=stop)"))
+                         else "stops (packing.then=stop)"), markup=True)
         for note in (auto.cut, auto.memory_note):
             if note:
                 console.print(f"  note: {note}", highlight=False)
@@ -33,9 +35,10 @@ def print_plan(console: Console, prepared: sweep.Prepared) -> None:
     modes = sorted({p.mode for p in plan.packs if p.spread is None})
     spread = sorted({p.devices for p in plan.packs if p.spread is not None})
     layouts = sorted({p.mode for p in plan.packs if p.spread is not None})
-    console.print(f"[bold]gpupack[/] sweep [bold]{prepared.name}[/]: workload {plan.workload}, "
-                  f"{plan.grid_size} grid point(s), N in {factors}, mode(s) {modes}"
-                  + (f"; one training spread over k in {spread} devices with {', '.join(layouts)}" if spread else ""))
+    console.print(f"[bold]gpupack[/] sweep [bold]{escape(prepared.name)}[/]: workload {escape(plan.workload)}, "
+                  + escape(f"{plan.grid_size} grid point(s), N in {factors}, mode(s) {modes}"
+                           + (f"; one training spread over k in {spread} devices with {', '.join(layouts)}"
+                              if spread else "")), markup=True)
     console.print(f"  {len(plan.packs)} packs, {plan.n_trainings} trainings in all; run directory {prepared.run.root}")
     for note in plan.notes:
         console.print(f"  note: {note}")

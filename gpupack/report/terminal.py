@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import pandas as pd
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gpupack.analysis.collect import Collected
@@ -80,8 +81,11 @@ def _n(r: pd.Series) -> str:
 
 def make_console() -> Console:
     """A console that does not squeeze the table to 80 columns when output goes to a file or a pipe."""
-    console = Console()
-    return console if console.is_terminal else Console(width=150)
+    # Markup and emoji off: what gpupack prints is mostly the user's text (sweep and task names, values, paths, errors),
+    # and rich would render ":train:" as an emoji and "[bold]" as style; gpupack's own styled lines say markup=True
+    # and escape what they quote.
+    console = Console(markup=False, emoji=False)
+    return console if console.is_terminal else Console(width=150, markup=False, emoji=False)
 
 
 def pending_lines(c: Collected) -> list[str]:
@@ -110,7 +114,7 @@ def shared_cores_line(c: Collected) -> str | None:
 
 def render(c: Collected, console: Console, wide: bool = False) -> None:
     for w in c.records.warnings:
-        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, markup=True)
     if c.summary.empty:
         for line in pending_lines(c):
             console.print(line, highlight=False)
@@ -148,19 +152,19 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
             console.print(f"Data: {data}", highlight=False)
     if c.records.pending and not c.summary.empty:  # with no table, pending_lines said it
         console.print(f"[yellow]{len(c.records.pending)} planned pack(s) have no record yet[/] (still running, "
-                      "or lost: re-run the same command with run_dir=... to resume).")
+                      "or lost: re-run the same command with run_dir=... to resume).", markup=True)
     if not c.cost.empty:
         render_cost(c, console)
     for _, r in c.best.iterrows():
-        console.print(f"[bold]{best_line(r)}[/]")
+        console.print(f"[bold]{escape(best_line(r))}[/]", markup=True)
         for line in choice_lines(r):
             console.print(f"  {line}", highlight=False)
     for line in mode_lines(c):
-        console.print(f"[bold]{line}[/]")
+        console.print(f"[bold]{escape(line)}[/]", markup=True)
     if not c.layouts.empty:
         render_layouts(c, console)
     if not c.summary.empty and c.best.empty:
-        console.print("[red]No packing factor finished without failures: no best N.[/]")
+        console.print("[red]No packing factor finished without failures: no best N.[/]", markup=True)
 
 
 def failure_lines(c: Collected, most: int = 3) -> list[str]:
@@ -300,7 +304,7 @@ def render_layouts(c: Collected, console: Console) -> None:
                       "for k devices, and each counts as a device: the verdict is the mechanism's, not a GPU's.",
                       highlight=False)
     for line in c.verdicts:
-        console.print(f"[bold]{line}[/]", highlight=False)
+        console.print(f"[bold]{escape(line)}[/]", highlight=False, markup=True)
 
 
 def render_collected(c: Collected, written: Sequence[Path], console: Console, wide: bool = False) -> None:
