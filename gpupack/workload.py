@@ -149,6 +149,11 @@ class Workload(ABC):
         """Before anything runs, for a training spread over ``devices`` devices by ``strategy``: refuse (ConfigError)
         hyperparameters that cannot spread that way, e.g. a global batch that does not split over the devices."""
 
+    def filler_seed(self, fixed: Mapping[str, Any]) -> str | None:
+        """The hyperparameter a copy of a grid point changes to be another training (its seed: a pack is filled with
+        new seeds), or None where no seed reaches the training: the copy then repeats the point unchanged."""
+        return self.seed_key
+
     def preload(self, params: Sequence[Any]) -> None:
         """In the fork server, once, before any training of the pack is forked: import what every training imports
         and read what they all read (``params`` are theirs), so each starts with it in memory. Never touch a device:

@@ -33,6 +33,7 @@ class Training:
     params: Mapping[str, Any]
     grid_index: int  # which grid point this training comes from
     reseed: int = 0  # 0 for the grid point itself; k > 0 for the k-th copy with a new seed
+    repeat: int = 0  # k > 0: the k-th copy of a grid point whose program takes no seed (run again unchanged)
     label: str | None = None  # how records and tables name the workload (default: its module); e.g. hydra:my_app
 
     @property
@@ -141,13 +142,19 @@ def _reseeded(params: Mapping[str, Any], seed_key: str, k: int) -> dict[str, Any
 
 
 def trainings_for(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any],
-                  count: int, seed_key: str = "seed") -> list[Training]:
-    """``count`` trainings cycling over the grid points; a point used again gets a new seed (k*1000 added)."""
+                  count: int, seed_key: str | None = "seed") -> list[Training]:
+    """``count`` trainings cycling over the grid points; a point used again gets a new seed (k*1000 added), or, where
+    no seed reaches the training (``seed_key`` None), is repeated unchanged as its k-th repeat: no record then claims
+    a seed its program never saw."""
     out: list[Training] = []
     seen: set[str] = set()
     for i in range(count):
         index, k = i % len(points), i // len(points)
         params = {**fixed, **points[index]}
+        if seed_key is None:
+            base = training_id(workload, params)
+            out.append(Training(f"{base}-r{k}" if k else base, workload, params, grid_index=index, repeat=k))
+            continue
         while True:  # a reseeded copy must not collide with another grid point's seed
             candidate = _reseeded(params, seed_key, k) if k else dict(params)
             tid = training_id(workload, candidate)
@@ -169,7 +176,7 @@ def spread_pack_id(partition: str, label: str, devices: int, index: int) -> str:
 
 def spread_packs(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any],
                  partitions: Iterable[str], layouts: Sequence[tuple[str, str]], devices: Sequence[int], repeats: int,
-                 seed_key: str = "seed") -> list[Pack]:
+                 seed_key: str | None = "seed") -> list[Pack]:
     """One training per pack, spread over k devices, for each (strategy, label) layout and k: every grid point once,
     at least ``repeats`` times (reseeded copies), the same trainings N=1 packing runs, so the two compare."""
     trainings = trainings_for(workload, points, fixed, max(repeats, len(points)), seed_key)
@@ -193,7 +200,7 @@ def loader_probes(workload: str, points: Sequence[Mapping[str, Any]], fixed: Map
 
 def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapping[str, Any],
               factors: Iterable[int], modes: Iterable[str], partitions: Iterable[str], repeats: int,
-              seed_key: str = "seed", loader_probe: tuple[str, Sequence[str]] | None = None,
+              seed_key: str | None = "seed", loader_probe: tuple[str, Sequence[str]] | None = None,
               group_keys: Mapping[str, Callable[[Mapping[str, Any]], Hashable]] | None = None,
               order: str = "interleaved", order_seed: int = 0, points: Sequence[Mapping[str, Any]] | None = None,
               phase: str | None = None, spread_layouts: Sequence[tuple[str, str]] = (),
@@ -226,8 +233,10 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
         n_packs = max(repeats, math.ceil(len(points) / factor))
         extra = n_packs * factor - len(points)
         if extra:
+            how = (f"with new seeds ({seed_key})" if seed_key is not None else
+                   "unchanged (labelled repeats: the program takes no seed, so a new one would not reach it)")
             notes.append(f"N={factor}: the grid has {len(points)} point(s); {extra} more training(s) repeat "
-                         f"grid points with new seeds so that {n_packs} packs of {factor} are full")
+                         f"grid points {how} so that {n_packs} packs of {factor} are full")
         trainings = trainings_for(workload, points, fixed, n_packs * factor, seed_key)
         for partition, mode in itertools.product(partitions, modes):
             chunks = (grouped_chunks(workload, points, fixed, factor, repeats, seed_key, group_keys[mode])
@@ -269,7 +278,7 @@ def run_order(packs: Sequence[Pack], order: str, seed: int = 0) -> list[Pack]:
 
 
 def grouped_chunks(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any], factor: int,
-                   repeats: int, seed_key: str,
+                   repeats: int, seed_key: str | None,
                    key: Callable[[Mapping[str, Any]], Hashable]) -> list[tuple[Training, ...]]:
     """Packs of ``factor`` trainings that share ``key``: each group of grid points fills its own packs (reseeded
     copies of its own points where it has fewer than N), at least ``repeats`` packs per group."""

@@ -73,7 +73,7 @@ def step_plan(spec: SweepSpec, partitions: Sequence[str], n: int, best_so_far: M
         for factor in factors:
             part = make_plan(sweep=spec.name, workload=spec.workload_ref, grid=spec.grid, fixed=spec.fixed,
                              factors=[factor], modes=spec.modes, partitions=[partition], repeats=repeats,
-                             seed_key=spec.workload.seed_key, order="by_factor",
+                             seed_key=spec.filler_seed, order="by_factor",
                              points=probe_points(points, factor * repeats, spec.order_seed), phase=PROBE)
             packs += part.packs
     ordered = run_order(packs, spec.order, spec.order_seed)
@@ -254,7 +254,7 @@ def production_plan(spec: SweepSpec, best: Mapping[str, int | None], completed: 
         if not left:
             continue
         part = make_plan(sweep=spec.name, workload=spec.workload_ref, grid=spec.grid, fixed=spec.fixed, factors=[n],
-                         modes=spec.modes, partitions=[partition], repeats=1, seed_key=spec.workload.seed_key,
+                         modes=spec.modes, partitions=[partition], repeats=1, seed_key=spec.filler_seed,
                          order=spec.order, order_seed=spec.order_seed, points=left, phase=RUN)
         packs += part.packs
         notes += [f"{partition}: {note}" for note in part.notes]

@@ -191,7 +191,7 @@ def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pa
     result = outcome.result or {}
     return training_record(
         sweep=sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload_label,
-        params=dict(training.params), grid_index=training.grid_index, reseed=training.reseed,
+        params=dict(training.params), grid_index=training.grid_index, reseed=training.reseed, repeat=training.repeat,
         mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=concurrent, probe=pack.probe,
         gpu_type=device.name if device.kind == "gpu" else "cpu", device=ctx_device, device_name=device.name,
         gpu_model=model, threads=threads, status=status_of(outcome), exit_code=outcome.exit_code, signal=outcome.signal,

@@ -64,12 +64,17 @@ class SweepSpec:
     warnings: tuple[str, ...] = ()  # said before anything runs, e.g. a request that leaves a node's GPUs idle
     spread: SpreadSpec | None = None  # spread.devices: one training over k devices, beside packing
 
+    @property
+    def filler_seed(self) -> str | None:
+        """What fills a pack's extra places: new seeds where the seed reaches the training, else repeats."""
+        return self.workload.filler_seed(self.fixed)
+
     def plan(self) -> Plan:
         param = self.workload.loader_param
         probe = (param, self.workload.loader_keys) if self.loader_probe and param else None
         return make_plan(sweep=self.name, workload=self.workload_ref, grid=self.grid, fixed=self.fixed,
                          factors=self.factors, modes=self.modes, partitions=self.partitions,
-                         repeats=self.repeats, seed_key=self.workload.seed_key, loader_probe=probe,
+                         repeats=self.repeats, seed_key=self.filler_seed, loader_probe=probe,
                          group_keys=group_keys(self.workload, self.modes), order=self.order,
                          order_seed=self.order_seed,
                          spread_layouts=self.spread.layouts if self.spread else (),

@@ -63,6 +63,14 @@ def render(template: str, values: Mapping[str, Any], key: str) -> str:
     return "".join(out)
 
 
+def _names(template: str) -> set[str]:
+    """The placeholder names in a template ("" where it does not parse: render refuses it later)."""
+    try:
+        return {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(template) if name}
+    except ValueError:
+        return set()
+
+
 class Command(Workload):
     name = "command"
     framework = "command"  # a program of its own: only process mode can host it
@@ -114,6 +122,11 @@ class Command(Workload):
         env = {name: render(v, values, f"env.{name}") for name, v in (params.get("env") or {}).items()}
         cwd = render(params["cwd"], values, "cwd") if params.get("cwd") else None
         return Launch(argv, env, cwd)
+
+    def filler_seed(self, fixed: Mapping[str, Any]) -> str | None:
+        """The seed reaches the program only through a ``{seed}`` in its argv, env or cwd."""
+        templates = [*(fixed.get("argv") or []), *(fixed.get("env") or {}).values(), fixed.get("cwd") or ""]
+        return self.seed_key if any(_names(str(t)) & {self.seed_key} for t in templates) else None
 
     def check(self, params: Mapping[str, Any]) -> None:
         if not params.get("argv"):
