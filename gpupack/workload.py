@@ -149,6 +149,10 @@ class Workload(ABC):
         """Before anything runs, for a training spread over ``devices`` devices by ``strategy``: refuse (ConfigError)
         hyperparameters that cannot spread that way, e.g. a global batch that does not split over the devices."""
 
+    def failure_hint(self, params: Mapping[str, Any], error: str) -> str | None:
+        """A HINT to add to a failed training's error (its stderr's tail), or None."""
+        return None
+
     def filler_seed(self, fixed: Mapping[str, Any]) -> str | None:
         """The hyperparameter a copy of a grid point changes to be another training (its seed: a pack is filled with
         new seeds), or None where no seed reaches the training: the copy then repeats the point unchanged."""

@@ -86,6 +86,8 @@ class _Training:
         error = None
         if code != 0:
             error = ended.error()
+            hint = self.workload.failure_hint(self.training.params, error)
+            error = f"{error}\n{hint}" if hint else error
         elif result is None:
             error = "exited 0 but wrote no result"
         if ended.timed_out:

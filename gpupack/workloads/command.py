@@ -18,6 +18,7 @@ import os
 import shutil
 import string
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -28,6 +29,8 @@ from gpupack.result import ENV as RESULT_ENV
 from gpupack.workload import Launch, TrainingContext, Workload
 
 PROGRAM_KEYS = ("argv", "cwd", "env")  # what describes the program; every other key is a hyperparameter
+# Placeholders that are no hyperparameter: {python} is the interpreter running gpupack (its venv, activated or not).
+RESERVED = {"python": sys.executable}
 CONVERSIONS: dict[str, Callable[[object], str]] = {"r": repr, "s": str, "a": ascii}
 ARGV_HINT = "e.g. sweep.fixed.argv=[python,train.py,--lr,'{lr}']"
 
@@ -117,7 +120,7 @@ class Command(Workload):
 
     def program(self, params: Mapping[str, Any]) -> Launch:
         """The rendered argv, environment and working directory of one training (refuses bad templates)."""
-        values = self.hyperparameters(params)
+        values = {**RESERVED, **self.hyperparameters(params)}
         argv = [render(item, values, f"argv[{i}]") for i, item in enumerate(params.get("argv") or [])]
         env = {name: render(v, values, f"env.{name}") for name, v in (params.get("env") or {}).items()}
         cwd = render(params["cwd"], values, "cwd") if params.get("cwd") else None
@@ -146,6 +149,19 @@ class Command(Workload):
     def launch(self, params: Mapping[str, Any], spec_path: str, result_path: str) -> Launch:
         program = self.program(params)
         return Launch(program.argv, {**program.env, RESULT_ENV: result_path}, program.cwd)
+
+    def failure_hint(self, params: Mapping[str, Any], error: str) -> str | None:
+        """A program that could not import a module may have run under another interpreter than gpupack's: say
+        which one ran it."""
+        if "ModuleNotFoundError" not in error and "No module named" not in error:
+            return None
+        argv = self.program(params).argv
+        program = argv[0] if argv else ""
+        ran = shutil.which(program) or program
+        if os.path.abspath(ran) == os.path.abspath(sys.executable):
+            return None
+        return (f"HINT: argv[0] {program!r} ran {ran}, not the Python running gpupack ({sys.executable}): write "
+                f"{{python}} in sweep.fixed.argv to use gpupack's, or install the module for {ran}")
 
     def result(self, params: Mapping[str, Any], raw: dict[str, Any] | None, spawned_at: float,
                ended_at: float) -> dict[str, Any]:
