@@ -13,6 +13,7 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence, cast
 
 from gpupack.errors import ConfigError, nearest
@@ -206,9 +207,9 @@ class Workload(ABC):
         return Launch([sys.executable, "-m", "gpupack.runtime.worker", spec_path])
 
     def result(self, params: Mapping[str, Any], raw: dict[str, Any] | None, spawned_at: float,
-               ended_at: float) -> dict[str, Any] | None:
-        """The training's result from what its program wrote at ``result_path`` (None: nothing) after it exited 0.
-        The worker writes the full result itself."""
+               ended_at: float, stdout: Path | None = None) -> dict[str, Any] | None:
+        """The training's result from what its program wrote at ``result_path`` (None: nothing) after it exited 0,
+        and its ``stdout`` log. The worker writes the full result itself."""
         return raw
 
     @abstractmethod

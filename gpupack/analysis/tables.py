@@ -109,6 +109,7 @@ class Ranking:
     metric: str | None = None
     goal: str | None = None
     note: str = ""
+    column: str | None = None  # the table's column of the metric (its name, unless a hyperparameter has it too)
 
 
 def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | None = None,
@@ -148,7 +149,8 @@ def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | No
     best = ranked.sort_values("score", ascending=goal == "min").head(top).reset_index()
     for k in keys:  # as text, the way the value reads (0.1, 128, adam)
         best[k] = [str(v.item() if isinstance(v, np.generic) else v) for v in best[k]]
-    return Ranking(best.rename(columns={"score": metric}), metric, goal)
+    column = metric if metric not in keys else f"{metric} (metric)"
+    return Ranking(best.rename(columns={"score": column}), metric, goal, column=column)
 
 
 def no_metric(asked: str | None, reported: list[str]) -> str:

@@ -82,7 +82,8 @@ class _Training:
         result = None
         if code == 0:
             raw = read_json_or_none(self.result_path)  # torn or foreign: nothing written
-            result = self.workload.result(self.training.params, raw, ended.started_at, ended.ended_at)
+            result = self.workload.result(self.training.params, raw, ended.started_at, ended.ended_at,
+                                          self.child.out_path)
         error = None
         if code != 0:
             error = ended.error()

@@ -92,10 +92,10 @@ def hyper_title(ranking: Ranking) -> str:
 
 def hyper_lines(ranking: Ranking) -> list[str]:
     lines = []
-    table, metric = ranking.table, ranking.metric
+    table, metric, column = ranking.table, ranking.metric, ranking.column
     for _, r in table.iterrows():
-        params = ", ".join(f"{k}={r[k]}" for k in table.columns if k not in ("workload", metric, "runs", "trainings"))
-        lines.append(f"{r['workload']}: {params}  {metric}={r[metric]:.4g} ({int(r['runs'])} runs)")
+        params = ", ".join(f"{k}={r[k]}" for k in table.columns if k not in ("workload", column, "runs", "trainings"))
+        lines.append(f"{r['workload']}: {params}  {metric}={r[column]:.4g} ({int(r['runs'])} runs)")
     return lines
 
 

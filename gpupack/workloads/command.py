@@ -15,6 +15,7 @@ reports metrics and samples, and — when it marks its first step — start-up a
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import string
 import subprocess
@@ -28,7 +29,7 @@ from gpupack.errors import ConfigError, nearest
 from gpupack.result import ENV as RESULT_ENV
 from gpupack.workload import Launch, TrainingContext, Workload
 
-PROGRAM_KEYS = ("argv", "cwd", "env")  # what describes the program; every other key is a hyperparameter
+PROGRAM_KEYS = ("argv", "cwd", "env", "metrics")  # what describes the program; every other key is a hyperparameter
 # Placeholders that are no hyperparameter: {python} is the interpreter running gpupack (its venv, activated or not).
 RESERVED = {"python": sys.executable}
 CONVERSIONS: dict[str, Callable[[object], str]] = {"r": repr, "s": str, "a": ascii}
@@ -82,7 +83,7 @@ class Command(Workload):
     # ---- hyperparameters are open: the program's own, whatever the user names ----
 
     def defaults(self) -> dict[str, Any]:
-        return {"argv": [], "cwd": None, "env": {}}
+        return {"argv": [], "cwd": None, "env": {}, "metrics": {}}
 
     def typed(self, key: str, value: Any, where: str) -> Any:
         full = f"{where}.{key}"
@@ -102,6 +103,8 @@ class Command(Workload):
                 raise ConfigError(full, value, "an argv item is null", "quote it, or leave it out: [python,train.py]")
             # Hydra parsed unquoted items: a boolean arrives as the user wrote it (true), not as Python's True.
             return [str(v).lower() if isinstance(v, bool) else str(v) for v in value]
+        if key == "metrics":
+            return stdout_patterns(value, full)
         if key == "cwd":
             if value is not None and not isinstance(value, str):
                 raise ConfigError(full, value, "must be a folder path or null", "e.g. sweep.fixed.cwd=/project/me/code")
@@ -164,8 +167,12 @@ class Command(Workload):
                 f"{{python}} in sweep.fixed.argv to use gpupack's, or install the module for {ran}")
 
     def result(self, params: Mapping[str, Any], raw: dict[str, Any] | None, spawned_at: float,
-               ended_at: float) -> dict[str, Any]:
-        return result_from_report(raw, spawned_at, ended_at)
+               ended_at: float, stdout: Path | None = None) -> dict[str, Any]:
+        result = result_from_report(raw, spawned_at, ended_at)
+        patterns = params.get("metrics") or {}
+        if patterns and stdout is not None:  # what the program reported itself wins over what its output shows
+            result["metrics"] = {**metrics_from_output(stdout, patterns), **result["metrics"]}
+        return result
 
     def train(self, params: Mapping[str, Any], ctx: TrainingContext) -> dict[str, Any]:
         """Run the program to its end in this process's stead (for modes that host trainings in-process)."""
@@ -179,6 +186,43 @@ class Command(Workload):
                 raise RuntimeError(f"{launch.argv[0]} exited with code {proc.returncode}")
             raw = read_json_or_none(path)
         return dict((raw or {}).get("metrics") or {})
+
+
+def stdout_patterns(value: Any, key: str) -> dict[str, str]:
+    """sweep.fixed.metrics: metric name → a regular expression over the program's stdout with one group (or a group
+    named ``value``) that holds the number."""
+    if not isinstance(value, dict):
+        raise ConfigError(key, value, "must map metric names to regular expressions",
+                          f"e.g. '+{key}.loss=Average loss: ([0-9.]+)'")
+    for name, pattern in value.items():
+        try:
+            compiled = re.compile(str(pattern))
+        except re.error as err:
+            raise ConfigError(f"{key}.{name}", pattern, f"is not a regular expression ({err})",
+                              "escape ( ) [ ] . with a backslash where you mean the character") from None
+        if compiled.groups != 1 and "value" not in compiled.groupindex:
+            raise ConfigError(f"{key}.{name}", pattern, f"has {compiled.groups} groups: gpupack cannot tell which "
+                              "holds the number", "give exactly one group, e.g. 'loss: ([0-9.]+)', or name it "
+                              "(?P<value>...)")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def metrics_from_output(path: Path, patterns: Mapping[str, str]) -> dict[str, float]:
+    """Each metric's number from the program's stdout: the last match wins (the final epoch's, the test set's)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for name, pattern in patterns.items():
+        compiled = re.compile(pattern)
+        for match in compiled.finditer(text):
+            raw = match.group("value") if "value" in compiled.groupindex else match.group(1)
+            try:
+                out[name] = float(raw)
+            except (TypeError, ValueError):  # a match that holds no number: the earlier one stands
+                continue
+    return out
 
 
 def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:
