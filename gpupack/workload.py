@@ -105,6 +105,9 @@ class Launch:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    # A Python program a preloaded fork server can run in a forked child instead of starting argv afresh:
+    # {"script": PATH} or {"module": NAME}, and "argv" (sys.argv as python would set it); None: argv only.
+    python_main: dict[str, Any] | None = None
 
 
 @dataclass
@@ -149,6 +152,10 @@ class Workload(ABC):
     def check_spread(self, params: Any, strategy: str, devices: int) -> None:
         """Before anything runs, for a training spread over ``devices`` devices by ``strategy``: refuse (ConfigError)
         hyperparameters that cannot spread that way, e.g. a global batch that does not split over the devices."""
+
+    def can_fork(self, params: Mapping[str, Any]) -> bool:
+        """Whether this training may be forked from a preloaded server (``forkable``, unless its params decide)."""
+        return self.forkable
 
     def failure_hint(self, params: Mapping[str, Any], error: str) -> str | None:
         """A HINT to add to a failed training's error (its stderr's tail), or None."""

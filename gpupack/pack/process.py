@@ -9,7 +9,7 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from gpupack.core.plan import Training
 from gpupack.core.records import make_dirs, read_json_or_none, write_json_atomic
@@ -34,11 +34,15 @@ def cpus_for(cores: Sequence[int], n: int, i: int) -> list[int]:
     return cores[start:start + share + (1 if i < extra else 0)]
 
 
-def start_method(preference: str, workloads: Sequence[Workload]) -> str:
+def start_method(preference: str, workloads: Sequence[Workload],
+                 params: Sequence[Mapping[str, Any]] | None = None) -> str:
     """fork (one preloaded server forks each training) or fresh (an interpreter per training). Pure."""
     if preference == "fresh":
         return "fresh"
-    return "fork" if len(workloads) == 1 and workloads[0].forkable else "fresh"
+    if len(workloads) != 1:
+        return "fresh"
+    forkable = all(workloads[0].can_fork(p) for p in params) if params else workloads[0].forkable
+    return "fork" if forkable else "fresh"
 
 
 class _Training:
@@ -62,7 +66,8 @@ class _Training:
         self.launch = workload.launch(training.params, str(spec_path), str(self.result_path))
         self.child = ChildSpec(tid, self.launch.argv, run.log(pid, tid, "out"), err_path,
                                {**worker_env(ctx.env, ctx.threads), **self.launch.env}, spec_path, self.launch.cwd,
-                               ctx.memory_limit_bytes, list(cpus) if cpus else None, started_at)
+                               ctx.memory_limit_bytes, list(cpus) if cpus else None, started_at,
+                               self.launch.python_main)
         self._outcome: TrainingOutcome | None = None
         self.fork_fallback = fork_fallback  # why it starts fresh although the pack would fork (None: as asked)
 
@@ -166,7 +171,7 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
     training a child of one supervisor (gpupack.runtime.supervisor), forked or fresh, started, followed, timed out and
     recorded; without MPS (the caller's)."""
     workloads = {name: load_workload(name) for name in {t.workload for t in trainings}}
-    method = start_method(opts.start, list(workloads.values()))
+    method = start_method(opts.start, list(workloads.values()), [t.params for t in trainings])
     cores = job_cpus()
     cpus = [cpus_for(cores, len(trainings), i) if opts.cpu_affinity else None for i in range(len(trainings))]
     server, fallback = preloaded_server(trainings, ctx) if method == "fork" else (None, None)

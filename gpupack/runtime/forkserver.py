@@ -82,9 +82,12 @@ def _child(req: Mapping[str, Any], forked_at: float) -> None:
         os.environ.update(req["env"])
         if req.get("cwd"):
             os.chdir(req["cwd"])
-        from gpupack.runtime import worker  # in the forked child: the server itself never trains
+        if req.get("python_main"):  # a Python program of the user's, as `python SCRIPT.py ...` would run it
+            code = run_main(req["python_main"])
+        else:
+            from gpupack.runtime import worker  # in the forked child: the server itself never trains
 
-        code = worker.main([req["spec"]], process_start=forked_at)
+            code = worker.main([req["spec"]], process_start=forked_at)
     except BaseException:  # anything before the worker runs: its traceback is the training's stderr
         import traceback
 
@@ -95,6 +98,50 @@ def _child(req: Mapping[str, Any], forked_at: float) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def run_main(entry: Mapping[str, Any]) -> int:
+    """Run a Python program in this (forked) process as ``python SCRIPT.py ARGS`` or ``python -m MODULE ARGS`` would:
+    sys.argv, sys.path[0] (the script's folder, or the working directory for -m), ``__name__ == "__main__"``, atexit
+    handlers at the end, and its exit status (SystemExit's code; an uncaught exception: its traceback, 1)."""
+    import atexit
+    import runpy
+    import traceback
+
+    sys.argv = [str(a) for a in entry["argv"]]
+    code: int = 0
+    try:
+        if entry.get("module"):
+            sys.path[0] = os.getcwd()
+            runpy.run_module(str(entry["module"]), run_name="__main__", alter_sys=True)
+        else:
+            script = str(entry["script"])
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        code = _exit_code(stop.code)
+    except BaseException as err:  # as the interpreter reports it, without gpupack's and runpy's frames above it
+        tb = err.__traceback__
+        while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
+                                  or "runpy" in os.path.basename(tb.tb_frame.f_code.co_filename)):
+            tb = tb.tb_next
+        traceback.print_exception(type(err), err, tb)
+        code = 1
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:  # an exit handler that fails: the interpreter prints it and keeps the exit status
+        traceback.print_exc()
+    return code
+
+
+def _exit_code(code: object) -> int:
+    """What the interpreter exits with for ``sys.exit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
 
 
 def _preload(req: Mapping[str, Any]) -> None:
@@ -261,9 +308,11 @@ class ForkServer:
             self._handle(msg)
 
     def start(self, training_id: str, spec: Path, out: Path, err: Path, env: Mapping[str, str],
-              cwd: str | None = None, rlimit_as: int | None = None, cpus: Sequence[int] | None = None) -> ForkedProcess:
+              cwd: str | None = None, rlimit_as: int | None = None, cpus: Sequence[int] | None = None,
+              python_main: Mapping[str, Any] | None = None) -> ForkedProcess:
         self._send({"start": training_id, "spec": str(spec), "out": str(out), "err": str(err), "env": dict(env),
-                    "cwd": cwd, "rlimit_as": rlimit_as, "cpus": list(cpus) if cpus else None})
+                    "cwd": cwd, "rlimit_as": rlimit_as, "cpus": list(cpus) if cpus else None,
+                    "python_main": dict(python_main) if python_main else None})
         while True:
             msg = self._read(READY_TIMEOUT_S)
             if msg is None:

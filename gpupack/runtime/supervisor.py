@@ -83,6 +83,7 @@ class ChildSpec:
     memory_limit_bytes: int | None = None  # RLIMIT_AS
     cpus: Sequence[int] | None = None  # bound to these cores (sched_setaffinity); None: the job's
     started_at: float | None = None  # where its time limit counts from; None: when it is started
+    python_main: Mapping[str, Any] | None = None  # forked: this Python program (forkserver.run_main), not the worker
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,7 @@ class Supervisor:
     def _spawn(self, spec: ChildSpec) -> subprocess.Popen[bytes] | ForkedProcess:
         if self.server is not None and spec.spec_path is not None:
             return self.server.start(spec.name, spec.spec_path, spec.out_path, spec.err_path, spec.env, spec.cwd,
-                                     spec.memory_limit_bytes, spec.cpus)
+                                     spec.memory_limit_bytes, spec.cpus, spec.python_main)
         setup = child_setup(spec.memory_limit_bytes, spec.cpus)
         with open_log(spec.out_path) as out, open_log(spec.err_path) as err:
             return subprocess.Popen(list(spec.argv), cwd=spec.cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,

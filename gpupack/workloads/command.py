@@ -14,6 +14,8 @@ reports metrics and samples, and — when it marks its first step — start-up a
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import re
 import shutil
@@ -22,14 +24,16 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from gpupack.core.records import read_json_or_none
 from gpupack.errors import ConfigError, nearest
 from gpupack.result import ENV as RESULT_ENV
 from gpupack.workload import Launch, TrainingContext, Workload
 
-PROGRAM_KEYS = ("argv", "cwd", "env", "metrics")  # what describes the program; every other key is a hyperparameter
+# What describes the program; every other key is a hyperparameter.
+PROGRAM_KEYS = ("argv", "cwd", "env", "metrics", "start", "preload")
+STARTS = ("fresh", "fork")
 # Placeholders that are no hyperparameter: {python} is the interpreter running gpupack (its venv, activated or not).
 RESERVED = {"python": sys.executable}
 CONVERSIONS: dict[str, Callable[[object], str]] = {"r": repr, "s": str, "a": ascii}
@@ -83,7 +87,7 @@ class Command(Workload):
     # ---- hyperparameters are open: the program's own, whatever the user names ----
 
     def defaults(self) -> dict[str, Any]:
-        return {"argv": [], "cwd": None, "env": {}, "metrics": {}}
+        return {"argv": [], "cwd": None, "env": {}, "metrics": {}, "start": "fresh", "preload": []}
 
     def typed(self, key: str, value: Any, where: str) -> Any:
         full = f"{where}.{key}"
@@ -105,6 +109,15 @@ class Command(Workload):
             return [str(v).lower() if isinstance(v, bool) else str(v) for v in value]
         if key == "metrics":
             return stdout_patterns(value, full)
+        if key == "start":
+            if value not in STARTS:
+                raise ConfigError(full, value, "unknown start", f"{nearest(str(value), STARTS)}: fresh (a new "
+                                  "interpreter per training) or fork (from a server that imported sweep.fixed.preload)")
+            return value
+        if key == "preload":
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(full, value, "must be a list of module names", "e.g. sweep.fixed.preload=[torch]")
+            return value
         if key == "cwd":
             if value is not None and not isinstance(value, str):
                 raise ConfigError(full, value, "must be a folder path or null", "e.g. sweep.fixed.cwd=/project/me/code")
@@ -146,12 +159,29 @@ class Command(Workload):
         if not cwd.is_dir():
             raise ConfigError("cwd", launch.cwd, "is not a folder", "give an existing folder, or leave cwd unset")
         check_program(launch.argv, cwd, {**os.environ, **launch.env})
+        if params.get("start") == "fork":
+            if python_main(launch.argv, {**os.environ, **launch.env}) is None:
+                raise ConfigError("start", "fork", f"argv {launch.argv[:3]} is not a Python program this interpreter "
+                                  "runs (python SCRIPT.py ... or python -m MODULE ...)",
+                                  "write sweep.fixed.argv=['{python}',train.py,...], or leave start=fresh")
+            for i, module in enumerate(params.get("preload") or []):
+                check_importable(module, f"preload[{i}]")
 
     # ---- process mode: the program itself is the training's process ----
 
     def launch(self, params: Mapping[str, Any], spec_path: str, result_path: str) -> Launch:
         program = self.program(params)
-        return Launch(program.argv, {**program.env, RESULT_ENV: result_path}, program.cwd)
+        main = python_main(program.argv, {**os.environ, **program.env}) if params.get("start") == "fork" else None
+        return Launch(program.argv, {**program.env, RESULT_ENV: result_path}, program.cwd, main)
+
+    # ---- fork start (sweep.fixed.start=fork): a forked child runs the script as python would ----
+
+    def can_fork(self, params: Mapping[str, Any]) -> bool:
+        return params.get("start") == "fork"
+
+    def preload(self, params: Sequence[Any]) -> None:
+        for module in (params[0].get("preload") or []) if params else []:
+            importlib.import_module(str(module))
 
     def failure_hint(self, params: Mapping[str, Any], error: str) -> str | None:
         """A program that could not import a module may have run under another interpreter than gpupack's: say
@@ -186,6 +216,33 @@ class Command(Workload):
                 raise RuntimeError(f"{launch.argv[0]} exited with code {proc.returncode}")
             raw = read_json_or_none(path)
         return dict((raw or {}).get("metrics") or {})
+
+
+def python_main(argv: Sequence[str], env: Mapping[str, str]) -> dict[str, Any] | None:
+    """``[PY, SCRIPT.py, ARGS...]`` or ``[PY, -m, MODULE, ARGS...]`` run by this very interpreter (PY is {python},
+    or a path or PATH name that is sys.executable: a venv's python is a link to the system's, so paths are compared
+    unresolved) as the fork server's request; None for anything else. Pure, given PATH."""
+    if len(argv) < 2:
+        return None
+    found = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
+    if found is None or os.path.abspath(found) != os.path.abspath(sys.executable):
+        return None
+    if argv[1] == "-m" and len(argv) > 2:
+        return {"module": argv[2], "argv": [argv[2], *argv[3:]]}
+    if argv[1].startswith("-"):
+        return None  # other interpreter options (-c, -u, -X...): only a fresh interpreter honours them
+    return {"script": argv[1], "argv": list(argv[1:])}
+
+
+def check_importable(module: str, key: str) -> None:
+    """A module this interpreter can import (found, not imported: that is the fork server's)."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing, or an empty name
+        found = False
+    if not found:
+        raise ConfigError(key, module, "is no module this Python can import",
+                          f"install it in {sys.executable}'s environment, or drop it from sweep.fixed.preload")
 
 
 def stdout_patterns(value: Any, key: str) -> dict[str, str]:
