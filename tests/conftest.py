@@ -91,3 +91,12 @@ def wait_for(predicate: "Callable[[], bool]", timeout_s: float = 240, every_s: f
             return True
         time.sleep(every_s)
     return False
+
+
+def as_from_a_terminal() -> None:
+    """A child's signals as a terminal starts a process: a shell's background job (CI started with `cmd &`) inherits
+    SIGINT ignored, and Python keeps it ignored, so Ctrl-C could not reach what the test starts (preexec_fn)."""
+    import signal
+
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

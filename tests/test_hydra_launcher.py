@@ -15,7 +15,7 @@ import psutil
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import wait_for
+from tests.conftest import as_from_a_terminal, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "tests" / "hydra_app" / "app.py"
@@ -148,7 +148,8 @@ def test_a_stopped_multirun_says_one_line_and_leaves_nothing_running(tmp_path, s
     with open(out, "w") as o, open(err, "w") as e:
         proc = subprocess.Popen([sys.executable, str(APP), "-m", "hydra/launcher=gpupack_local",
                                  "hydra.launcher.pack=2", "lr=0.1,0.2", "sleep_s=600", f"hydra.sweep.dir={sweep_dir}"],
-                                stdout=o, stderr=e, cwd=tmp_path, env=subprocess_env, start_new_session=True)
+                                stdout=o, stderr=e, cwd=tmp_path, env=subprocess_env, start_new_session=True,
+                                preexec_fn=as_from_a_terminal)  # Ctrl-C reaches it, whatever CI inherited
     try:
         assert wait_for(lambda: all((sweep_dir / str(n) / "started.txt").exists() for n in (0, 1)), 120)
         jobs = [int((sweep_dir / str(n) / "started.txt").read_text().split()[1]) for n in (0, 1)]

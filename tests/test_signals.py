@@ -21,7 +21,7 @@ from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import RunDirError
 from gpupack.job.body import run_pack
-from tests.conftest import training_process, wait_for
+from tests.conftest import as_from_a_terminal, training_process, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 SEARCHPATH = f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]"
@@ -156,11 +156,7 @@ def test_a_stopped_local_run_resumes_with_the_finished_training_kept(tmp_path, s
     assert len(completed(run_dir)) == 2
 
 
-def _terminal() -> None:
-    # A terminal's process starts with both at their defaults; a shell's background job (CI started with `cmd &`)
-    # inherits SIGINT ignored, and Python then keeps it ignored: Ctrl-C could not reach gpupack there.
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+_terminal = as_from_a_terminal
 
 
 def _nohup() -> None:
