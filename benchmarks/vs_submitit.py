@@ -34,9 +34,10 @@ each round (--rounds K alternates them K times), each from the repository root:
     2 submitit jobs. gpupack's defaults (1 CPU, 2 GB per training) would ask 8 CPUs and 16 GB for one pack of 8:
     more memory than the node's 16000 MB (refused), and even at 1.9 GB one pack would take all 8 CPUs.
 (iii) launcher pack=4 fork and launcher pack=4 fresh: gpupack's Hydra launcher with the same app, the same shares
-    per job, its jobs forked from one server per pack that preloaded the app (start=fork), or each a fresh
-    interpreter (start=fresh):
+    per job, its jobs forked from one server per pack that preloaded the app and torch (start=fork; the app imports
+    torch inside its task function, so hydra.launcher.preload names it), or each a fresh interpreter (start=fresh):
       python examples/hydra_app.py -m hydra/launcher=gpupack_slurm hydra.launcher.pack=4 hydra.launcher.start=fork
+        hydra.launcher.preload=[torch]
         hydra.launcher.partition=p100 hydra.launcher.gres=gpu:p100:1 hydra.launcher.poll_s=0.5
         hydra.launcher.cpus_per_task=0.5 hydra.launcher.mem_gb=0.75 hydra.launcher.timeout_min=10
         hydra.sweep.dir=DIR lr=0.05 batch_size=128 epochs=1 train_samples=10000 'seed=range(0,32)'
@@ -117,6 +118,7 @@ def command(tool: str, folder: Path, n_trainings: int, train_samples: int, parti
     if tool.startswith("launcher pack=4"):
         return app + ["hydra/launcher=gpupack_slurm", "hydra.launcher.pack=4", f"hydra.launcher.partition={partition}",
                       f"hydra.launcher.start={tool.split()[-1]}",
+                      *(["hydra.launcher.preload=[torch]"] if tool.endswith("fork") else []),
                       f"hydra.launcher.gres=gpu:{partition}:1", "hydra.launcher.poll_s=0.5",
                       f"hydra.launcher.cpus_per_task={CPUS_PER_TRAINING}",
                       f"hydra.launcher.mem_gb={MEM_GB_PER_TRAINING}", "hydra.launcher.timeout_min=10"] + app_args
