@@ -54,6 +54,10 @@ class Pack:
     # it; ``mode`` is then the strategy's label (ddp-gloo, mirrored). 1 and None: N trainings on one device.
     devices: int = 1
     spread: str | None = None
+    # A streaming lane (packing.stream): one of K jobs that drain the queue named here, N slots each; a slot that frees
+    # takes the next unclaimed training of the queue (gpupack.core.claims). ``trainings`` is the lane's share of the
+    # queue in the plan (where their records live); the lane runs whichever of the queue's trainings it claims.
+    stream: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,17 @@ class Plan:
     def n_trainings(self) -> int:
         return sum(len(p.trainings) for p in self.packs)
 
+    def lanes(self, stream: str) -> list[Pack]:
+        """The lanes that drain queue ``stream``, in lane order."""
+        return sorted((p for p in self.packs if p.stream == stream), key=lambda p: p.index)
+
+    def queue(self, stream: str) -> list[tuple[Pack, Training]]:
+        """Queue ``stream``'s trainings in the order they are claimed (the plan's order before it was dealt out to the
+        lanes), each with the lane whose folder holds its records."""
+        lanes = self.lanes(stream)
+        dealt = [(i, lane.index, lane, t) for lane in lanes for i, t in enumerate(lane.trainings)]
+        return [(lane, t) for _, _, lane, t in sorted(dealt, key=lambda item: item[:2])]
+
     def pack(self, pack_id: str) -> Pack:
         for p in self.packs:
             if p.pack_id == pack_id:
@@ -81,6 +96,8 @@ class Plan:
         for pack in data["packs"]:  # a label only where one is set, so plans written before labels still resume
             if pack["spread"] is None:  # likewise a spread pack's fields
                 del pack["spread"], pack["devices"]
+            if pack["stream"] is None:  # and a streaming lane's
+                del pack["stream"]
             for t in pack["trainings"]:
                 if t["label"] is None:
                     del t["label"]
@@ -170,6 +187,20 @@ def pack_id(partition: str, mode: str, factor: int, index: int) -> str:
     return f"{partition}-{mode}-n{factor:02d}-{index:03d}"
 
 
+def stream_id(partition: str, mode: str, factor: int) -> str:
+    """The name of the queue a (partition, mode, N) group streams from (claims/<it>/)."""
+    return f"{partition}-{mode}-n{factor:02d}-queue"
+
+
+def stream_lanes(partition: str, mode: str, factor: int, trainings: Sequence[Training], jobs: int) -> list[Pack]:
+    """K lanes (jobs) of N slots that drain ``trainings`` together: no more lanes than the queue fills at its start
+    (ceil(trainings / N)), each dealt every K-th training as its share (its records' home). Pure."""
+    k = max(1, min(jobs, math.ceil(len(trainings) / factor)))
+    queue = stream_id(partition, mode, factor)
+    return [Pack(f"{partition}-{mode}-n{factor:02d}-s{j:03d}", partition, mode, factor, j, tuple(trainings[j::k]),
+                 stream=queue) for j in range(k)]
+
+
 def spread_pack_id(partition: str, label: str, devices: int, index: int) -> str:
     return f"{partition}-{label}-k{devices:02d}-{index:03d}"
 
@@ -204,7 +235,8 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
               group_keys: Mapping[str, Callable[[Mapping[str, Any]], Hashable]] | None = None,
               order: str = "interleaved", order_seed: int = 0, points: Sequence[Mapping[str, Any]] | None = None,
               phase: str | None = None, spread_layouts: Sequence[tuple[str, str]] = (),
-              spread_devices: Sequence[int] = (), spread_repeats: int | None = None) -> Plan:
+              spread_devices: Sequence[int] = (), spread_repeats: int | None = None,
+              stream_jobs: int | None = None) -> Plan:
     """Every grid point runs at least once per (partition, mode, N), in at least ``repeats`` full packs.
 
     ``order`` (see :func:`run_order`): interleaved spreads each N's packs over the whole run, so warm caches, drift or
@@ -216,6 +248,9 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
 
     ``spread_layouts`` ((strategy, label) pairs) × ``spread_devices`` (k) add packs of one training spread over k
     devices (:func:`spread_packs`), interleaved with the packing packs.
+
+    ``stream_jobs`` (K): each (partition, mode, N) runs the grid once as K streaming lanes (:func:`stream_lanes`)
+    instead of whole packs: no filler, no repeats (a production run, not a measurement).
     """
     points = expand_grid(grid) if points is None else list(points)  # points: a part of the grid (what is left)
     if not points:
@@ -229,6 +264,14 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
                       for i, t in enumerate(alone)]
         notes.append(f"data-loader probe: {len(alone)} loader-only training(s) per partition measure the "
                      "input pipeline's own samples/s")
+    if stream_jobs is not None:
+        trainings = trainings_for(workload, points, fixed, len(points), seed_key)
+        for factor, partition, mode in itertools.product(factors, partitions, modes):
+            packs += stream_lanes(partition, mode, factor, trainings, stream_jobs)
+        most = 1 + max(p.index for p in packs)
+        notes.append(f"streaming: up to {most} job(s) of N slots per (partition, mode, N) drain the grid's "
+                     f"{len(points)} training(s); a slot that frees takes the next unclaimed one")
+        factors = ()  # nothing else is planned for them
     for factor in factors:
         n_packs = max(repeats, math.ceil(len(points) / factor))
         extra = n_packs * factor - len(points)
@@ -255,7 +298,8 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
         notes.append(f"spread: one training over k={', '.join(map(str, spread_devices))} device(s) with "
                      f"{', '.join(label for _, label in spread_layouts)}, beside packing")
     probes: list[Pack] = [p for p in packs if p.probe]
-    ordered = probes + run_order([p for p in packs if not p.probe], order, order_seed)
+    lanes = [p for p in packs if p.stream]  # they run together, not in turn: no order to shuffle
+    ordered = probes + lanes + run_order([p for p in packs if not p.probe and not p.stream], order, order_seed)
     return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(ordered), notes=tuple(notes),
                 order=f"{order} (seed {order_seed})" if order == "interleaved" else order, phase=phase)
 
@@ -294,15 +338,20 @@ def grouped_chunks(workload: str, points: Sequence[Mapping[str, Any]], fixed: Ma
 
 
 def plan_in_order(*, sweep: str, workload: str, params: Sequence[Mapping[str, Any]], factor: int, partition: str,
-                  mode: str, label: str | None = None, names: Sequence[str] | None = None) -> Plan:
+                  mode: str, label: str | None = None, names: Sequence[str] | None = None,
+                  stream_jobs: int | None = None) -> Plan:
     """Trainings given one by one (a Hydra multirun's jobs), in their order, in packs of ``factor``; the last pack
     may hold fewer. Nothing is repeated or reseeded: each training is one job the user asked for. ``names``: what
-    each training's id starts with instead of the workload's name (a Hydra job's number, so its logs say which job)."""
+    each training's id starts with instead of the workload's name (a Hydra job's number, so its logs say which job).
+    ``stream_jobs`` (K): K lanes of ``factor`` slots drain them in this order instead (:func:`stream_lanes`)."""
     if factor < 1:
         raise ConfigError("pack", factor, "a pack holds at least one training", "use pack >= 1")
     trainings = [Training(training_id(names[i] if names else workload, p), workload, dict(p), grid_index=i,
                           label=label)
                  for i, p in enumerate(params)]
+    if stream_jobs is not None:
+        return Plan(sweep=sweep, workload=workload, grid_size=len(trainings),
+                    packs=tuple(stream_lanes(partition, mode, factor, trainings, stream_jobs)))
     chunks = [tuple(trainings[i:i + factor]) for i in range(0, len(trainings), factor)]
     packs = tuple(Pack(pack_id(partition, mode, len(c), index), partition, mode, len(c), index, c)
                   for index, c in enumerate(chunks))

@@ -10,6 +10,7 @@
       packs/<pack_id>/work/                    worker specs and results in flight
       packs/<pack_id>/attempts/<k>/            records of earlier attempts (a resumed pack moves them there)
       packs/<pack_id>/.lock                    held by the packer running the pack
+      claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.claims)
       jobs.json                                pack id → submitted job id (SLURM), for status and resume
       submitit/                                submitit's job folders
       summary.csv  summary.json                written by collect
@@ -86,6 +87,10 @@ class RunDir:
     @property
     def plan(self) -> Path:
         return self.root / PLAN
+
+    def claims(self, queue: str) -> Path:
+        """claims/<queue>/: the claims of one streaming queue's trainings."""
+        return self.root / "claims" / check_name("stream", queue)
 
     @property
     def jobs(self) -> Path:

@@ -52,6 +52,11 @@ class PackSettings:
     sample_interval_s: float = 1.0
     # Each mode's own options (mode → its Options dataclass instance: packing.process.*, packing.tf_logical.*).
     mode_options: Mapping[str, Any] = field(default_factory=dict)
+    # A streaming lane claims no training it could not finish within this many seconds of its start (the job's time
+    # limit less the requeue signal's delay; set by the backend); None: no limit.
+    claim_until_s: float | None = None
+    # One training's wall as the sweep estimates it (sweep.training_estimate_s), until a lane has measured its own.
+    training_estimate_s: float | None = None
 
 
 

@@ -255,7 +255,8 @@ def production_plan(spec: SweepSpec, best: Mapping[str, int | None], completed: 
             continue
         part = make_plan(sweep=spec.name, workload=spec.workload_ref, grid=spec.grid, fixed=spec.fixed, factors=[n],
                          modes=spec.modes, partitions=[partition], repeats=1, seed_key=spec.filler_seed,
-                         order=spec.order, order_seed=spec.order_seed, points=left, phase=RUN)
+                         order=spec.order, order_seed=spec.order_seed, points=left, phase=RUN,
+                         stream_jobs=spec.streams(production=True))
         packs += part.packs
         notes += [f"{partition}: {note}" for note in part.notes]
     if not packs:

@@ -96,7 +96,8 @@ def ask_backend(backend: Submitter, requested_partitions: Sequence[str]) -> Clus
     for i, name in enumerate(partitions):
         check_name(f"partitions[{i}]", name)
     backend.check(partitions)
-    return ClusterFacts(partitions=partitions, capacities=backend.capacities(partitions), request=backend.request)
+    return ClusterFacts(partitions=partitions, capacities=backend.capacities(partitions), request=backend.request,
+                        stream_jobs=backend.stream_jobs)
 
 
 def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> Prepared:
@@ -159,9 +160,14 @@ def prepare_run_dir(run: RunDir, plan: Plan) -> bool:
 
 
 def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
-    """The plan minus the packs whose every training has a completed record."""
-    return [p for p in plan.packs
-            if not all(is_completed(run.training_record(p.pack_id, t.training_id)) for t in p.trainings)]
+    """The plan minus the packs whose every training has a completed record; a streaming lane runs while any
+    training of its queue has none (every lane of the queue then drains it again, each releasing the claims its
+    own earlier run left)."""
+    def done(p: Pack) -> bool:
+        return all(is_completed(run.training_record(p.pack_id, t.training_id)) for t in p.trainings)
+
+    unfinished = {p.stream for p in plan.packs if p.stream is not None and not done(p)}
+    return [p for p in plan.packs if (p.stream in unfinished if p.stream is not None else not done(p))]
 
 
 def _config_yaml(config: DictConfig | Mapping[str, Any]) -> str:

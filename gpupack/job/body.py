@@ -39,7 +39,7 @@ from gpupack.core.rgu import model_from_device_name
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.errors import RunDirError
-from gpupack.pack import PackContext, Packer, load_packer, options_of, threads_for
+from gpupack.pack import PackContext, Packer, Stream, load_packer, options_of, threads_for
 from gpupack.runtime.jobenv import JobEnvironment, job_cores
 from gpupack.runtime.monitor import DeviceInfo, detect_device, first_visible, visible_devices
 from gpupack.runtime.sampler import Sampler
@@ -256,22 +256,37 @@ def _run_pack(run: RunDir, pack_id: str, settings: PackSettings, job: JobEnviron
         move_aside(run, pack_id, run.training_record(pack_id, t.training_id))
     move_aside(run, pack_id, run.pack_record(pack_id))
 
+    return execute(run, plan, pack, todo, settings, job)
+
+
+def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], settings: PackSettings,
+            job: JobEnvironment, stream: Stream | None = None, homes: Mapping[str, str] | None = None,
+            extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Run ``todo`` on this job's device with the pack's mode or strategy, write a training record as each ends and
+    the pack record at the end. A streaming lane (``stream``) starts ``todo`` in its N slots and refills them from
+    the stream; ``homes`` says where each streamed training's records live; ``extra``: more pack record fields."""
     info = detect_device()
     device = choose_device(settings.device, info)
     runner, placement = runner_of(pack, device)
     cores = job_cores()
-    threads = threads_for(cores, len(todo), settings.threads_per_training)
-    by_id = {t.training_id: t for t in todo}
+    threads = threads_for(cores, pack.factor if stream is not None else len(todo), settings.threads_per_training)
+    concurrent = pack.factor if stream is not None else len(todo)
+    by_id = {t.training_id: t for t in (stream.queue if stream is not None else todo)}
     records: list[dict[str, Any]] = []
     oom_kills_before = oom_kill_count()  # a rise by a training's end tells an OOM kill from any other SIGKILL
+    homes = dict(homes or {})
 
     def on_finished(outcome: TrainingOutcome) -> None:
         note_oom_kill(outcome, oom_kills_before)
         rec = build_training_record(outcome, by_id[outcome.training_id], pack, plan.sweep, info, device, threads,
-                                    len(todo), gpu_model(info, settings))
+                                    concurrent, gpu_model(info, settings))
         if plan.phase:  # packing.factors=auto: a probe's record, or the run's at the best N
             rec["phase"] = plan.phase
-        write_json_atomic(run.training_record(pack_id, rec["training_id"]), rec)
+        if stream is not None:  # which lane, slot and job ran it; its record lives with its share of the plan
+            stream.ended(outcome.training_id, outcome.ended_at - outcome.started_at)
+            rec.update(stream=pack.stream, lane=pack.index, job_id=job.job_id,
+                       home=homes.get(outcome.training_id, pack.pack_id))
+        write_json_atomic(run.training_record(homes.get(outcome.training_id, pack.pack_id), rec["training_id"]), rec)
         records.append(rec)
 
     # the sampler lists MPS clients then
@@ -286,15 +301,32 @@ def _run_pack(run: RunDir, pack_id: str, settings: PackSettings, job: JobEnviron
                       warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
                       training_timeout_s=settings.training_timeout_s,
                       memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
-                      if settings.memory_limit_gb_per_training else None, spread=placement)
+                      if settings.memory_limit_gb_per_training else None, spread=placement, stream=stream, homes=homes)
     sampler.start()
     mode_started = time.time()  # the pack's clock: what a mode does before its trainings start (a fork server's
     try:                        # preload, a TF host's start) is the pack's time too
-        runner.run(todo, ctx)
+        if todo:
+            runner.run(todo, ctx)
     finally:
         sampled = sampler.stop()
     return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings), sampled,
-                             mode_started=mode_started, phase=plan.phase, job=job)
+                             mode_started=mode_started, phase=plan.phase, job=job, extra=extra)
+
+
+def slot_use(records: Sequence[Mapping[str, Any]], slots: int, started: float, ended: float) -> dict[str, Any]:
+    """How busy the pack's N slots were: ``slot_occupancy`` = Σ training wall / (N × pack wall), and the idle gaps
+    between one training's end and the next one's start in the same slot (a streaming lane's refills). Pure."""
+    wall = ended - started
+    busy = sum(float(r["ended_at"]) - float(r["started_at"]) for r in records)
+    by_slot: dict[int, list[tuple[float, float]]] = {}
+    for r in records:  # a mode whose trainings share one host process names no slots: no gaps to tell
+        if r.get("slot") is not None:
+            by_slot.setdefault(int(r["slot"]), []).append((float(r["started_at"]), float(r["ended_at"])))
+    gaps = [b[0] - a[1] for spans in by_slot.values() for a, b in zip(sorted(spans), sorted(spans)[1:])]
+    return {"slots": slots, "busy_s": busy,
+            "slot_occupancy": busy / (slots * wall) if wall > 0 and slots else None,
+            "slot_gap_mean_s": sum(gaps) / len(gaps) if gaps else None,
+            "slot_gap_max_s": max(gaps) if gaps else None}
 
 
 def runner_of(pack: Pack, device: str) -> tuple[Packer | Strategy, Placement | None]:
@@ -309,17 +341,20 @@ def runner_of(pack: Pack, device: str) -> tuple[Packer | Strategy, Placement | N
 def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]], info: DeviceInfo,
                       device: str, cores: int, threads: int, model: str | None = None,
                       sampled: dict[str, Any] | None = None, mode_started: float | None = None,
-                      phase: str | None = None, job: JobEnvironment | None = None) -> dict[str, Any]:
-    """Write the pack record of this attempt. ``job``: as in :func:`run_pack`."""
+                      phase: str | None = None, job: JobEnvironment | None = None,
+                      extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Write the pack record of this attempt. ``job``: as in :func:`run_pack`; ``extra``: more fields (a lane's)."""
     fields = (job or JobEnvironment.from_environ()).record_fields()
     started = min([r["started_at"] for r in records] + ([mode_started] if mode_started else []))
-    ended = max(r["ended_at"] for r in records)
+    ended = max([r["ended_at"] for r in records] + ([mode_started] if mode_started else []))
+    slots = slot_use(records, pack.factor, started, ended)
     rec = pack_record(
         pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition, probe=pack.probe,
         gpu_type=info.name if info.kind == "gpu" else "cpu", device=device, device_name=info.name,
         device_note=info.note, gpu_model=model, gpu_memory_total_mb=info.memory_total_mb,
-        # Time per training is only meaningful when all N trainings ran together in this attempt.
-        concurrent=len(records), complete=len(records) == pack.factor,
+        # Time per training is only meaningful when all N trainings ran together in this attempt (a lane's N slots
+        # ran whatever they claimed: it times the production run, not N).
+        concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None,
         training_ids=[r["training_id"] for r in records],
         n_completed=sum(r["status"] == COMPLETED for r in records),
         n_failed=sum(r["status"] != COMPLETED for r in records),
@@ -330,11 +365,13 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
         # What the scheduler gave the job, to cross-check with sacct's gres/gpu.
         cuda_visible_devices=fields["cuda_visible_devices"], slurm_job_gpus=fields["slurm_job_gpus"],
         slurm_partition=fields["slurm_partition"],
-        sampler=sampled, **spread_fields(pack),
+        sampler=sampled, **spread_fields(pack), **slots, **(extra or {}),
     )
     if phase:
         rec["phase"] = phase
     write_json_atomic(run.pack_record(pack.pack_id), rec)
+    if pack.stream is not None:  # its trainings' records live in other lanes' folders too: collect reads the JSON
+        return rec
     try:  # the pack's trainings in one columnar file: collect reads one file per pack, not one per training
         write_columnar(run, pack.pack_id)
     except Exception as err:  # only a faster copy: without it collect reads the JSON records, the same rows

@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence
 
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Training
@@ -20,6 +20,20 @@ from gpupack.errors import ConfigError, nearest
 from gpupack.workload import Workload
 
 _NOT_MODES = {"job", "host"}  # modules here that are not packing modes
+
+
+class Stream(Protocol):
+    """Where a streaming lane's freed slots take their next training (gpupack.job.stream.Lane)."""
+
+    @property
+    def queue(self) -> Sequence[Training]:
+        """Every training of the queue (what a fork server preloads for: any of them may come to this lane)."""
+
+    def next(self) -> Training | None:
+        """The next training this lane claimed, or None: the queue is drained (or the lane stops claiming)."""
+
+    def ended(self, training_id: str, wall_s: float) -> None:
+        """A training of this lane ended after ``wall_s`` (before its slot asks for the next)."""
 
 
 @dataclass(frozen=True)
@@ -42,8 +56,14 @@ class PackContext:
     on_started: Callable[[str, int], None] = lambda training_id, pid: None
     # One training spread over k devices (gpupack/spread/): where it runs (strategy, k, device); None: packing.
     spread: Placement | None = None
+    # A streaming lane (packing.stream): its slots take their next training from here as they free.
+    stream: Stream | None = None
+    # training id → the pack whose folder holds its records and logs, where that is not ``pack`` (a streamed
+    # training's home is the lane the plan dealt it to, whichever lane runs it).
+    homes: Mapping[str, str] = field(default_factory=dict)
 
-
+    def home(self, training_id: str) -> str:
+        return self.homes.get(training_id, self.pack.pack_id)
 
 
 
@@ -56,6 +76,9 @@ class Packer(ABC):
     line_style: ClassVar[str] = ":"
     # True: the trainings of one pack must share a group key (fused: same shapes); the plan groups them up front.
     groups: ClassVar[bool] = False
+    # True: a slot that frees can take another training while the others run (packing.stream); a mode whose N
+    # trainings share one host process cannot.
+    streams: ClassVar[bool] = False
     # The mode's own options: a dataclass whose fields are packing.<mode>.<field> (None: the mode has none).
     Options: ClassVar[type | None] = None
 
@@ -126,6 +149,6 @@ def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> dict
         "threads": ctx.threads,
         "warmup_steps": ctx.warmup_steps,
         "spawned_at": spawned_at,
-        "result_path": str(ctx.run.work(ctx.pack.pack_id, training.training_id, "result")),
+        "result_path": str(ctx.run.work(ctx.home(training.training_id), training.training_id, "result")),
         **({"spread": ctx.spread.to_json()} if ctx.spread is not None else {}),
     }

@@ -49,10 +49,11 @@ class _Training:
     """One training of the pack: its spec and files, the child the supervisor starts for it, and how it ended."""
 
     def __init__(self, training: Training, ctx: PackContext, workload: Workload, cpus: Sequence[int] | None,
-                 fork_fallback: str | None = None) -> None:
-        run, pid = ctx.run, ctx.pack.pack_id
+                 fork_fallback: str | None = None, slot: int = 0) -> None:
         tid = training.training_id
+        run, pid = ctx.run, ctx.home(tid)  # a streamed training's files live with its records, whoever runs it
         self.training = training
+        self.slot = slot
         self.workload = workload
         self.result_path = run.work(pid, tid, "result")
         spec_path = run.work(pid, tid, "spec")
@@ -78,7 +79,7 @@ class _Training:
 
     def _make_outcome(self, ended: ChildExit) -> TrainingOutcome:
         tid = self.training.training_id
-        extra = {"timed_out": ended.timed_out, "start": ended.start, "cpus": ended.cpus,
+        extra = {"timed_out": ended.timed_out, "start": ended.start, "cpus": ended.cpus, "slot": self.slot,
                  **({"fork_fallback": self.fork_fallback} if self.fork_fallback else {})}
         if ended.start_error is not None:  # the program is gone or not executable on this node: it fails alone
             why = start_failure(self.launch.argv, self.launch.cwd, ended.start_error)
@@ -134,6 +135,7 @@ class ProcessOptions:
 
 class ProcessPacker(Packer):
     name = "process"
+    streams = True
     split_label = "no split (process)"
     line_style = "-"
     Options = ProcessOptions
@@ -169,25 +171,41 @@ class ProcessPacker(Packer):
 def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: ProcessOptions) -> list[TrainingOutcome]:
     """Process mode's machinery (also a spread strategy's one training, one process, with its options): each
     training a child of one supervisor (gpupack.runtime.supervisor), forked or fresh, started, followed, timed out and
-    recorded; without MPS (the caller's)."""
-    workloads = {name: load_workload(name) for name in {t.workload for t in trainings}}
-    method = start_method(opts.start, list(workloads.values()), [t.params for t in trainings])
+    recorded; without MPS (the caller's). With ``ctx.stream``, a slot whose training ends takes the next one the
+    stream gives, until it gives none."""
+    stream = ctx.stream
+    every = list(stream.queue) if stream is not None else list(trainings)  # what the server preloads for
+    workloads = {name: load_workload(name) for name in {t.workload for t in every}}
+    method = start_method(opts.start, list(workloads.values()), [t.params for t in every])
+    slots = ctx.pack.factor if stream is not None else len(trainings)
     cores = job_cpus()
-    cpus = [cpus_for(cores, len(trainings), i) if opts.cpu_affinity else None for i in range(len(trainings))]
-    server, fallback = preloaded_server(trainings, ctx) if method == "fork" else (None, None)
+    cpus = [cpus_for(cores, slots, i) if opts.cpu_affinity else None for i in range(slots)]
+    server, fallback = preloaded_server(every, ctx) if method == "fork" and every else (None, None)
     packed: list[_Training] = []
+    by_name: dict[str, _Training] = {}
     with Supervisor(ctx.training_timeout_s, server) as supervisor:
-        for t, bound in zip(trainings, cpus):
-            packed.append(_Training(t, ctx, workloads[t.workload], bound, fallback))
+        def start(t: Training, slot: int) -> None:
+            packed.append(_Training(t, ctx, workloads[t.workload], cpus[slot], fallback, slot))
+            by_name[t.training_id] = packed[-1]
             pid = supervisor.start(packed[-1].child).pid
             if pid is not None:
                 ctx.on_started(t.training_id, pid)
-        by_name = {p.training.training_id: p for p in packed}
-        exits = supervisor.follow(on_exit=lambda ended: ctx.on_finished(by_name[ended.name].outcome(ended)))
-    return [p.outcome(ended) for p, ended in zip(packed, exits)]
+
+        def ended(child: ChildExit) -> None:
+            done = by_name[child.name]
+            ctx.on_finished(done.outcome(child))
+            following = stream.next() if stream is not None else None
+            if following is not None:  # the freed slot takes the next training at once
+                start(following, done.slot)
+
+        for slot, t in enumerate(trainings):
+            start(t, slot)
+        exits = supervisor.follow(on_exit=ended)
+    return [p.outcome(child) for p, child in zip(packed, exits)]
 
 
 def preloaded_server(trainings: Sequence[Training], ctx: PackContext) -> tuple[ForkServer | None, str | None]:
+    # (a stream's server preloads for the whole queue: any of its trainings may come to this lane)
     """The pack's preloaded fork server; None and why (fresh interpreters, said in the server's log and in each
     training's record as ``fork_fallback``) if it cannot start."""
     return fork_server(trainings[0].workload, [t.params for t in trainings], worker_env(ctx.env, ctx.threads),

@@ -71,6 +71,13 @@ class PackingConfig:
     # a neighbour's job cannot line up with N) or by_factor (all N=1 packs, then N=2, ...). Recorded in plan.json.
     order: str = "interleaved"
     order_seed: int = 0
+    # Streaming: K jobs of N slots drain the trainings, a freed slot taking the next unclaimed one at once, instead of
+    # whole packs that wait for their slowest. auto: on for a production run (factors=auto's run at the best N),
+    # off while measuring N (explicit factors, the probe: whole packs, pack wall / N); on; off.
+    stream: str = "auto"
+    # Streaming jobs per (partition, mode, N); null: as many as run at once (local: one per device slot; SLURM:
+    # cluster.array_parallelism), never more than the trainings fill at the start.
+    jobs: Optional[int] = None
     # Threads each training may use; null: max(1, cores // N) (oversubscribing cores cost 2.4-3x here).
     threads_per_training: Optional[int] = None
     # Device the trainings use: auto (a GPU when the job has one, else CPU), cpu, or cuda.

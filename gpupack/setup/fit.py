@@ -21,6 +21,8 @@ class ClusterFacts:
     # What a pack of N asks for: a pure function of the backend's options and, where given, the measured peak host
     # memory of one training (MB).
     request: Callable[..., PackRequest]
+    # How many streaming jobs of one (partition, mode, N) may run at once on a partition (packing.jobs=null).
+    stream_jobs: Callable[[str], int] = lambda partition: 1
 
 
 def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], str], noun: str = "trainings",

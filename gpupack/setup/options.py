@@ -26,8 +26,9 @@ def mode_options(packing: Any) -> dict[str, Any]:
     return out
 
 
-def pack_settings(packing: Any) -> PackSettings:
+def pack_settings(packing: Any, estimate_s: float | None = None) -> PackSettings:
     return PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
+                        training_estimate_s=estimate_s,
                         training_timeout_s=packing.training_timeout_s,
                         memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
                         sample_interval_s=packing.sample_interval_s, mode_options=mode_options(packing))

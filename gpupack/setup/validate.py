@@ -28,6 +28,7 @@ from gpupack.setup.spread_check import SpreadSpec, check_spread_config
 from gpupack.workload import Workload, load_workload
 
 DEVICES = ("auto", "cpu", "cuda")
+STREAMS = ("auto", "on", "off")  # packing.stream
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,12 @@ class SweepSpec:
     auto: AutoSpec | None = None  # packing.factors=auto: probe first (gpupack/flow/auto.py); factors is then its ladder
     warnings: tuple[str, ...] = ()  # said before anything runs, e.g. a request that leaves a node's GPUs idle
     spread: SpreadSpec | None = None  # spread.devices: one training over k devices, beside packing
+    stream: str = "off"  # packing.stream: auto | on | off
+    stream_jobs: int = 1  # K streaming jobs per (partition, mode, N): packing.jobs, else what runs at once
+
+    def streams(self, production: bool) -> int | None:
+        """K when this run streams (on; auto: a production run, never while measuring N), else None."""
+        return self.stream_jobs if self.stream == "on" or (self.stream == "auto" and production) else None
 
     @property
     def filler_seed(self) -> str | None:
@@ -79,7 +86,8 @@ class SweepSpec:
                          order_seed=self.order_seed,
                          spread_layouts=self.spread.layouts if self.spread else (),
                          spread_devices=self.spread.devices if self.spread else (),
-                         spread_repeats=self.spread.repeats if self.spread else None)
+                         spread_repeats=self.spread.repeats if self.spread else None,
+                         stream_jobs=self.streams(production=False))
 
 
 def group_keys(workload: Workload, modes: Sequence[str]) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
@@ -173,6 +181,19 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
         value = packing[key]
         if value is not None and not value > 0:
             raise ConfigError(f"packing.{key}", value, "must be > 0 or null", "leave it null for no limit")
+    if packing.stream not in STREAMS:
+        raise ConfigError("packing.stream", packing.stream, "unknown streaming choice",
+                          nearest(packing.stream, STREAMS))
+    jobs = packing.jobs
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ConfigError("packing.jobs", jobs, "must be a whole number >= 1 or null",
+                          "e.g. packing.jobs=2, or null for as many as run at once")
+    if packing.stream == "on":
+        for i, mode in enumerate(modes):
+            if not load_packer(mode).streams:
+                raise ConfigError(f"packing.modes[{i}]", mode, "cannot stream: its N trainings share one process, "
+                                  "so a slot cannot take a new training while the others run",
+                                  "use packing.modes=[process] with packing.stream=on, or packing.stream=off")
     if packing.device not in DEVICES:
         raise ConfigError("packing.device", packing.device, "unknown device", nearest(packing.device, DEVICES))
     if not 0 < packing.memory_fraction <= 1:
@@ -234,7 +255,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     if cfg.collect.goal is not None:
         check_goal(cfg.collect.goal, "collect.goal")
     # Every mode's and strategy's own options, used by this sweep or not: a value out of range is refused, not ignored.
-    settings = pack_settings(cfg.packing)
+    settings = pack_settings(cfg.packing, cfg.sweep.training_estimate_s)
     check_strategy_options(cfg.spread)
     _check_estimate(cfg)
     for i, name in enumerate(facts.partitions):
@@ -271,7 +292,9 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
                      factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
                      loader_probe=bool(sweep.loader_probe), settings=settings, order=cfg.packing.order,
                      order_seed=int(cfg.packing.order_seed), memory=memory, auto=auto,
-                     warnings=tuple(idle_gpu_warnings(factors, facts, measured.host_mb)), spread=spread)
+                     warnings=tuple(idle_gpu_warnings(factors, facts, measured.host_mb)), spread=spread,
+                     stream=str(cfg.packing.stream),
+                     stream_jobs=int(cfg.packing.jobs or min(facts.stream_jobs(p) for p in facts.partitions)))
 
 
 def typed_grid(workload: Workload, raw_grid: Any, raw_fixed: Any) -> tuple[dict[str, list[Any]], dict[str, Any]]:

@@ -12,20 +12,23 @@ that a Hydra launcher runs on maps the launcher's options (hydra-submitit-launch
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import submitit
 
-from gpupack.core.plan import Pack
-from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.plan import Pack, Plan
+from gpupack.core.records import read_json, read_json_or_none, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, Capacity, PackRequest, PackResult, PackSettings
 from gpupack.errors import ConfigError, SubmissionError, nearest
 from gpupack.job.body import run_pack
+from gpupack.job.stream import run_lane
 from gpupack.runtime.jobenv import JobEnvironment
 
 
@@ -54,7 +57,16 @@ class PackJob(submitit.helpers.Checkpointable):
         self.backend = backend
 
     def __call__(self, run_root: str, pack_id: str, settings: PackSettings) -> dict[str, Any]:
-        return run_pack(run_root, pack_id, settings, job=self.backend.job_environment())
+        job = self.backend.job_environment()
+        plan = read_json_or_none(RunDir(Path(run_root)).plan)
+        if plan is None or Plan.from_json(plan).pack(pack_id).stream is None:
+            return run_pack(run_root, pack_id, settings, job=job)
+        record = run_lane(run_root, pack_id, settings, job=job)
+        if record.get("stopped_claiming") and record.get("unclaimed") and self.backend.requeues:
+            # Near its time limit with trainings left: requeue now, as SLURM's signal would a little later
+            # (submitit's handler checkpoints this call and requeues it; the lane's next run goes on with the queue).
+            os.kill(os.getpid(), self.backend.requeue_signal())
+        return record
 
 
 class Submitter(ABC):
@@ -62,6 +74,7 @@ class Submitter(ABC):
 
     Config: ClassVar[type]
     detachable: ClassVar[bool] = False  # can submit and return (wait=false): jobs outlive this process
+    requeues: ClassVar[bool] = False  # a job signalled near its time limit is requeued (submitit's checkpoint)
 
     def __init__(self, cluster: Any, run: RunDir, key_prefix: str = "cluster",
                  key_names: Mapping[str, str] | None = None) -> None:
@@ -113,6 +126,20 @@ class Submitter(ABC):
     @abstractmethod
     def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
         """What one pack job on each partition can have. May ask the cluster (sinfo) or NVML, once."""
+
+    @classmethod
+    def requeue_signal(cls) -> int:
+        """The signal that makes one of this backend's jobs checkpoint and requeue (requeues=True)."""
+        raise NotImplementedError(f"{cls.__name__} does not requeue")
+
+    def stream_jobs(self, partition: str) -> int:
+        """How many streaming lanes of one (partition, mode, N) may run at once here (packing.jobs=null)."""
+        return 1
+
+    def claim_until_s(self) -> float | None:
+        """Seconds after a job starts past which a streaming lane claims nothing it could not finish: the job's time
+        limit, less the warning signal's delay where the backend requeues."""
+        return float(self.cluster.timeout_min) * 60
 
     def request(self, factor: int, measured_host_mb: float | None = None) -> PackRequest:
         """What one pack of ``factor`` trainings asks for, from its options and the measured peak host memory of one

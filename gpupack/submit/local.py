@@ -5,6 +5,7 @@ that packs never disturb each other's timing.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import resource
@@ -194,8 +195,12 @@ class LocalSubmitter(Submitter):
         n = self.cluster.max_parallel_packs or max(gpus, 1)
         return [[i % gpus] for i in range(n)] if gpus else [[] for _ in range(n)]
 
+    def stream_jobs(self, partition: str) -> int:
+        return len(self.slots())
+
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         executor = SessionLocalExecutor(folder=str(self.run.submitit_folder))
+        settings = dataclasses.replace(settings, claim_until_s=self.claim_until_s())
         running: list[tuple[Pack, list[list[int]], submitit.Job]] = []
         try:
             return self._run(executor, packs, settings, progress, running)

@@ -9,6 +9,7 @@ import dataclasses
 import math
 import os
 import re
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -144,6 +145,20 @@ def launcher_gpu_request(options: Mapping[str, Any], key: str) -> tuple[str | No
 class SlurmSubmitter(Submitter):
     Config = SlurmConfig
     detachable = True
+    requeues = True
+
+    @classmethod
+    def requeue_signal(cls) -> int:
+        """The signal submitit asks SLURM to send before the time limit (--signal, USR2 unless
+        SUBMITIT_PREEMPT_SIGNAL names another); its handler checkpoints the call and requeues the job."""
+        name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
+        return int(getattr(signal, f"SIG{name}", signal.SIGUSR2))
+
+    def stream_jobs(self, partition: str) -> int:
+        return int(self.cluster.array_parallelism)
+
+    def claim_until_s(self) -> float | None:
+        return max(0.0, float(self.cluster.timeout_min) * 60 - float(self.cluster.signal_delay_s))
 
     @classmethod
     def job_environment(cls) -> JobEnvironment:
@@ -268,7 +283,8 @@ class SlurmSubmitter(Submitter):
                                                            factor, account, self.request(factor).mem_gb_each,
                                                            devices=devices))
             try:
-                labelled = dataclasses.replace(settings, gpu_model=self.cluster.partitions[partition].model)
+                labelled = dataclasses.replace(settings, gpu_model=self.cluster.partitions[partition].model,
+                                               claim_until_s=self.claim_until_s())
                 with executor.batch():
                     jobs = [executor.submit(PackJob(type(self)), str(self.run.root), p.pack_id, labelled)
                             for p in group]

@@ -1,0 +1,109 @@
+"""A streaming lane: one of K jobs that drain a queue of trainings together, N slots each (packing.stream).
+
+The lane claims trainings from the run directory (:mod:`gpupack.core.claims`) in the queue's order: N at its start,
+then one each time a slot frees, until none is left unclaimed; then its job ends. A training whose record says
+completed is never claimed. At its start the lane releases the claims an earlier run of itself left (it holds the
+lane's lock, so that run is dead: a requeue, a SIGKILL, a node failure, a cancel), and those trainings run again.
+Near its job's time limit it claims nothing it could not finish (``PackSettings.claim_until_s``): the slots it
+stops filling are left for the lane's requeued run or for the other lanes.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from gpupack.core.claims import Holder, claim, claims, release_stale
+from gpupack.core.plan import Pack, Plan, Training
+from gpupack.core.records import is_completed, read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings
+from gpupack.job.body import execute, move_aside, pack_lock
+from gpupack.runtime.jobenv import JobEnvironment
+
+
+class Lane:
+    """The claims of one lane: :meth:`next` is what a freed slot takes (a :class:`gpupack.pack.Stream`)."""
+
+    def __init__(self, run: RunDir, plan: Plan, pack: Pack, holder: Holder, settings: PackSettings,
+                 clock: Callable[[], float] = time.time) -> None:
+        if pack.stream is None:
+            raise ValueError(f"pack {pack.pack_id} is not a streaming lane")
+        self.run, self.pack, self.holder, self.settings, self.clock = run, pack, holder, settings, clock
+        self.items = plan.queue(pack.stream)
+        self.folder = run.claims(pack.stream)
+        self.homes = {t.training_id: home.pack_id for home, t in self.items}
+        self.started = clock()
+        self.claimed: list[str] = []
+        self.walls: list[float] = []  # of the trainings this lane ran to their end
+        self.stopped: str | None = None  # why it stopped claiming before the queue was drained
+        self._cursor = 0
+
+    @property
+    def queue(self) -> Sequence[Training]:
+        return [t for _, t in self.items]
+
+    def record(self, training_id: str) -> Path:
+        return self.run.training_record(self.homes[training_id], training_id)
+
+    def completed(self) -> set[str]:
+        return {t.training_id for t in self.queue if is_completed(self.record(t.training_id))}
+
+    def estimate_s(self) -> float | None:
+        """How long the next training may take: the longest this lane has run so far, else the sweep's estimate."""
+        return max(self.walls) if self.walls else self.settings.training_estimate_s
+
+    def out_of_time(self) -> str | None:
+        """Why the lane claims no more: a training started now would pass the job's time limit (less the requeue
+        signal's delay). None: there is time (or no limit, or nothing to estimate by)."""
+        limit, estimate = self.settings.claim_until_s, self.estimate_s()
+        if limit is None or estimate is None:
+            return None
+        left = limit - (self.clock() - self.started)
+        if left >= estimate:
+            return None
+        return (f"{left:.0f} s left before the job's time limit, and a training takes up to {estimate:.0f} s: "
+                "the rest is left for the requeued job or the other lanes")
+
+    def next(self) -> Training | None:
+        if self.stopped is None:
+            self.stopped = self.out_of_time()
+        if self.stopped is not None:
+            return None
+        while self._cursor < len(self.items):
+            home, training = self.items[self._cursor]
+            self._cursor += 1
+            path = self.record(training.training_id)
+            if is_completed(path) or not claim(self.folder, training.training_id, self.holder):
+                continue
+            if is_completed(path):  # completed by an earlier run of this lane, whose claim it kept
+                continue
+            move_aside(self.run, home.pack_id, path)  # an earlier attempt's record is kept, never overwritten
+            self.claimed.append(training.training_id)
+            return training
+        return None
+
+    def ended(self, training_id: str, wall_s: float) -> None:
+        self.walls.append(wall_s)
+
+
+def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None) -> dict[str, Any]:
+    """Run one streaming lane in this job until its queue is drained; its pack record says what it ran."""
+    run = RunDir(Path(run_root))
+    job = job or JobEnvironment.from_environ()
+    with pack_lock(run, pack_id):
+        plan = Plan.from_json(read_json(run.plan))
+        pack = plan.pack(pack_id)
+        lane = Lane(run, plan, pack, Holder.here(pack_id, job.job_id), settings)
+        released = release_stale(lane.folder, lane.holder, keep=lane.completed())
+        move_aside(run, pack_id, run.pack_record(pack_id))
+        first: list[Training] = []
+        while len(first) < pack.factor and (training := lane.next()) is not None:
+            first.append(training)
+        rec = execute(run, plan, pack, first, settings, job, stream=lane, homes=lane.homes,
+                      extra={"stream": pack.stream, "lane": pack.index, "released": released})
+        left = len(lane.items) - len(lane.completed() | set(claims(lane.folder)))
+        rec.update(claimed=lane.claimed, stopped_claiming=lane.stopped, unclaimed=left)
+        write_json_atomic(run.pack_record(pack_id), rec)
+        return rec
+
