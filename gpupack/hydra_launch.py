@@ -34,7 +34,7 @@ from gpupack.errors import ConfigError, nearest
 from gpupack.pack import load_packer
 from gpupack.runtime.hydra_job import dump
 from gpupack.setup.fit import check_fit
-from gpupack.setup.validate import DEVICES, check_modes
+from gpupack.setup.validate import DEVICES, STREAMS, check_modes
 from gpupack.submit import backend_class
 from gpupack.workload import load_workload
 
@@ -82,6 +82,11 @@ def check_options(p: Mapping[str, Any]) -> None:
                         ("max_parallel_packs", True), ("array_parallelism", True), ("poll_s", False)):
         if name in p:
             _positive(p, name, allow_none=name not in ("timeout_min", "sample_interval_s"), whole=whole)
+    if p.get("stream", "auto") not in STREAMS:
+        raise ConfigError(f"{KEY}.stream", p.get("stream"), "unknown streaming choice",
+                          nearest(str(p.get("stream")), STREAMS))
+    if "jobs" in p:
+        _positive(p, "jobs", whole=True)
     if p.get("device") not in DEVICES:
         raise ConfigError(f"{KEY}.device", p.get("device"), "unknown device", nearest(str(p.get("device")), DEVICES))
     check_preload(p.get("preload") or [])
@@ -142,11 +147,28 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     task = str(cfg.hydra.job.name)
     plan = plan_in_order(sweep=task, workload=WORKLOAD, params=jobs, factor=int(p["pack"]),
                          partition=facts.partitions[0], mode=str(p["mode"]), label=f"hydra:{task}",
-                         names=[f"job{j['job_num']}" for j in jobs])
+                         names=[f"job{j['job_num']}" for j in jobs],
+                         stream_jobs=launcher_stream_jobs(p, facts.stream_jobs(facts.partitions[0])))
     record = {"cluster": dataclasses.asdict(backend.cluster), "hydra_launcher": dict(p), "hydra_task": task,
               "collect": {"metric": None, "goal": sweeper_goal(cfg.hydra.sweeper)}}
     return sweep.Prepared(name=task, plan=plan, run=run, backend=backend, settings=settings, config=record,
                           capacities=dict(facts.capacities))
+
+
+def launcher_stream_jobs(p: Mapping[str, Any], at_once: int) -> int | None:
+    """K streaming jobs for a batch (hydra.launcher.stream: auto and on stream, a launch being a production run;
+    off: whole packs), hydra.launcher.jobs or as many as run at once; None: whole packs. A mode that cannot stream
+    runs whole packs under auto, and is refused under on. Pure."""
+    stream = str(p.get("stream", "auto"))
+    if stream == "off":
+        return None
+    if not load_packer(str(p["mode"]), key=f"{KEY}.mode").streams:
+        if stream == "on":
+            raise ConfigError(f"{KEY}.stream", "on", f"mode {p['mode']} runs a pack's jobs in one process, so a slot "
+                              "cannot take a new job while the others run", f"use {KEY}.mode=process or "
+                              f"{KEY}.stream=off")
+        return None
+    return int(p.get("jobs") or at_once)
 
 
 def sweeper_goal(sweeper: Any) -> str | None:
@@ -291,8 +313,11 @@ def launch_batch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_
     make_sweep_dir(launcher.config)
     pack = launcher.params["pack"]
     gpu = any(c.has_gpu for c in prepared.capacities.values()) and prepared.settings.device != "cpu"
+    streamed = any(p.stream for p in prepared.plan.packs)
+    how = (f"streaming job(s) of {pack} slots, each slot taking the next job as it frees" if streamed else
+           f"pack(s) of up to {pack}")
     log.info(f"gpupack '{launcher.backend}' launcher: {len(job_overrides)} job(s) in {len(prepared.plan.packs)} "
-             f"pack(s) of up to {pack} per {'GPU' if gpu else 'device (no GPU: packs share the CPU cores)'}; "
+             f"{how} per {'GPU' if gpu else 'device (no GPU: packs share the CPU cores)'}; "
              f"records in {prepared.run.root}")
     short = short_batch(launcher.config.hydra.sweeper, len(job_overrides), pack)
     if short and not getattr(launcher, "said_short_batch", False):  # once per multirun, not once per batch

@@ -22,6 +22,7 @@ import pandas as pd
 
 from gpupack.analysis.layouts import compare, split_spread, spread_summary, training_walls, verdicts
 from gpupack.analysis.load import Records, load_records
+from gpupack.analysis.occupancy import occupancy, timeline
 from gpupack.analysis.summary import best_factors, packing_times, split_phase, summarize
 from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table
 from gpupack.core.rgu import cost_table
@@ -47,6 +48,10 @@ class Collected:
     spread: pd.DataFrame = field(default_factory=pd.DataFrame)
     layouts: pd.DataFrame = field(default_factory=pd.DataFrame)
     verdicts: list[str] = field(default_factory=list)
+    # How busy the slots were, whole packs and streaming lanes alike (gpupack/analysis/occupancy.py), and one bar per
+    # training on its job's slot (the report's timeline)
+    occupancy: pd.DataFrame = field(default_factory=pd.DataFrame)
+    timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def aggregate_records(records: Records, weights: Mapping[str, float] | None = None,
@@ -73,7 +78,8 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     ranking = best_hyperparameters(packing_t, metric=metric or records.rank.get("metric"),
                                    goal=goal or records.rank.get("goal"))
     return Collected(records, summary, best, overall, ranking, cost, n,
-                     knob_table(packing_t), production, spread=spread, layouts=layouts, verdicts=verdicts(layouts))
+                     knob_table(packing_t), production, spread=spread, layouts=layouts, verdicts=verdicts(layouts),
+                     occupancy=occupancy(packing_p), timeline=timeline(packing_t, packing_p))
 
 
 def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = None,

@@ -16,6 +16,7 @@ from gpupack.report.plots import (
     plot_split_vs_no_split,
     plot_throughput_curves,
     plot_time_per_training,
+    plot_timeline,
 )
 
 LAYOUT_COLUMNS = {"partition": "partition", "gpu_type": "GPU type", "layout": "layout",
@@ -92,6 +93,13 @@ def _layout_section(c: Collected) -> str:
             + "".join(f"<p>{html.escape(line)}</p>" for line in c.verdicts))
 
 
+OCCUPANCY_COLUMNS = {"partition": "partition", "gpu_type": "GPU", "mode": "mode", "factor": "N", "how": "how",
+                     "jobs": "jobs", "trainings": "trainings", "device_s_per_training": "device-s/training",
+                     "slot_occupancy": "slot occupancy", "gap_mean_s": "gap s", "span_s": "span s"}
+OCCUPANCY_FORMATS = {"device_s_per_training": ".2f", "slot_occupancy": ".2f", "gap_mean_s": ".2f",
+                     "span_s": ".1f"}
+
+
 def write_report(c: Collected, out: Path) -> list[Path]:
     """plots/*.png and report.html in ``out``."""
     plots_dir = out / "plots"
@@ -101,6 +109,7 @@ def write_report(c: Collected, out: Path) -> list[Path]:
         (plot_throughput_curves(c, plots_dir / "throughput_curves.png"), "Throughput of the trainings of one pack"),
         (plot_cost(c, plots_dir / "cost.png"), "Time and RGU cost of the sweep per partition"),
         (plot_layouts(c, plots_dir / "spread_vs_packing.png"), "One training on k devices beside N on one device"),
+        (plot_timeline(c, plots_dir / "timeline.png"), "The slots over time: a bar per training"),
     ]
     plots = [(p, alt) for p, alt in made if p is not None]
     best = "".join(f"<p>{html.escape(line)}</p>" for line in [said for _, r in c.best.iterrows()
@@ -119,6 +128,8 @@ def write_report(c: Collected, out: Path) -> list[Path]:
         "".join(f"<p>{html.escape(line)}</p>" for line in (text.cost_lines(c) if not c.cost.empty else [])),
         _knob_section(c),
         _layout_section(c),
+        "<h2>Slot occupancy</h2>" + _table(c.occupancy, OCCUPANCY_COLUMNS, OCCUPANCY_FORMATS) if not c.occupancy.empty
+        else "",
         "<h2>Plots</h2>", "".join(_img(p, alt) for p, alt in plots),
         f"<h2>{html.escape(text.hyper_title(c.hyper))}</h2>",
         "".join(f"<p>{html.escape(line)}</p>" for line in text.hyper_lines(c.hyper))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupack.analysis.collect import Collected
+from gpupack.analysis.occupancy import STREAMED, WHOLE
 from gpupack.report.text import mode_label, packer_of, trainings_phrase
 
 
@@ -146,6 +147,36 @@ def plot_layouts(c: Collected, path: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle("Spread over k devices beside packing N on one")
+    return _save(fig, plt, path)
+
+
+TIMELINE_ROWS = 48  # more slots than this: the first ones, and the title says so
+
+
+def plot_timeline(c: Collected, path: Path) -> Path | None:
+    """The slots' timeline (a Gantt chart): one row per slot of each job (a whole pack's slots share a row per slot
+    index, pack after pack), one bar per training; the white between bars is an idle slot."""
+    t = c.timeline
+    if t.empty:
+        return None
+    rows = t.assign(row=[f"{g} {job} slot {slot}" if how == STREAMED else f"{g} packs slot {slot}"
+                         for g, job, slot, how in zip(t["group"], t["job"], t["slot"], t["how"])])
+    names = list(dict.fromkeys(rows["row"]))[:TIMELINE_ROWS]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(11, 0.35 * len(names) + 1.5))
+    colours = {STREAMED: "tab:green", WHOLE: "tab:blue"}
+    for y, name in enumerate(names):
+        bars = rows[rows["row"] == name]
+        ax.broken_barh(list(zip(bars["start_s"], bars["end_s"] - bars["start_s"])), (y - 0.4, 0.8),
+                       facecolors=[colours[h] if s == "completed" else "tab:red"
+                                   for h, s in zip(bars["how"], bars["status"])], edgecolor="white", linewidth=0.5)
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from the first training's start")
+    more = len(dict.fromkeys(rows["row"])) - len(names)
+    ax.set_title("Slots over time: a bar per training (blue: whole packs, green: streaming, red: not completed)"
+                 + (f"; {more} more rows not shown" if more > 0 else ""), fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
     return _save(fig, plt, path)
 
 

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from gpupack.analysis.collect import Collected
 from gpupack.analysis.load import shared_host
+from gpupack.analysis.occupancy import STREAMED
 from gpupack.analysis.summary import GROUP
 from gpupack.core.rundir import RunDir
 from gpupack.report.text import (
@@ -163,7 +164,13 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
         console.print(f"[bold]{escape(line)}[/]", markup=True)
     if not c.layouts.empty:
         render_layouts(c, console)
-    if not c.summary.empty and c.best.empty:
+    if not c.occupancy.empty:
+        render_occupancy(c, console)
+    streamed_only = not c.occupancy.empty and set(c.occupancy["how"]) == {STREAMED}
+    if not c.summary.empty and c.best.empty and streamed_only:
+        console.print("A streaming run times the run, not N (its slots ran whatever they claimed): device-s per "
+                      "training above; measure N with whole packs (packing.stream=off).", highlight=False)
+    elif not c.summary.empty and c.best.empty:
         console.print("[red]No packing factor finished without failures: no best N.[/]", markup=True)
 
 
@@ -305,6 +312,23 @@ def render_layouts(c: Collected, console: Console) -> None:
                       highlight=False)
     for line in c.verdicts:
         console.print(f"[bold]{escape(line)}[/]", highlight=False, markup=True)
+
+
+def render_occupancy(c: Collected, console: Console) -> None:
+    """How busy the slots were: whole packs beside streaming lanes, per group."""
+    table = Table(title="Slot occupancy: Σ training wall / (N × job wall), whole packs and streaming lanes")
+    for col in ("partition (GPU)", "mode", "N", "how", "jobs", "trainings", "device-s/training", "occupancy",
+                "gap s", "span s"):
+        table.add_column(col, justify="left" if col in ("partition (GPU)", "mode", "how") else "right")
+    for _, r in c.occupancy.iterrows():
+        table.add_row(_gpu(r), str(r["mode"]), str(int(r["factor"])), str(r["how"]), str(int(r["jobs"])),
+                      str(int(r["trainings"])), fmt(r["device_s_per_training"]), fmt(r["slot_occupancy"], ".2f"),
+                      fmt(r["gap_mean_s"], ".2f"), fmt(r["span_s"]))
+    console.print(table)
+    console.print("device-s/training: the jobs' walls over the trainings they completed. occupancy: 1.00 is every "
+                  "slot busy from its job's start to its end (a whole pack waits for its slowest training; a "
+                  "streaming slot takes the next at once). gap s: mean idle time between two trainings of a slot.",
+                  highlight=False)
 
 
 def render_collected(c: Collected, written: Sequence[Path], console: Console, wide: bool = False) -> None:

@@ -17,6 +17,12 @@ class BaseGpupackConf:
     pack: int = 1
     # How the jobs of a pack share the GPU: a module under gpupack/pack/ that hosts any program (process).
     mode: str = "process"
+    # auto/on: each pack job is a streaming lane of `pack` slots, and a slot whose job ends takes the next job of the
+    # batch at once (no slot waits for the pack's slowest job); off: whole packs of `pack` jobs, one after another.
+    stream: str = "auto"
+    # Streaming pack jobs per batch; null: as many as run at once (local: one per device slot; SLURM:
+    # array_parallelism), never more than the batch fills.
+    jobs: Optional[int] = None
     # Time limit of one pack (minutes).
     timeout_min: int = 60
     # CPUs and host memory (GB) ONE job needs; a pack of N asks N times. null: 1 CPU, 2 GB.

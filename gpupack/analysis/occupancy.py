@@ -1,0 +1,79 @@
+"""How busy the slots were: whole packs (a pack waits for its slowest training) and streaming lanes (a freed slot
+takes the next training) side by side, per (workload, partition, GPU type, mode, N). Pure pandas.
+
+- ``slot_occupancy`` = Σ training wall / (N × job wall), over the jobs of a group: 1.0 is every slot busy from the
+  job's start to its end; what is missing is idle slots (waiting for the slowest, a fork server's preload).
+- ``device_s_per_training`` = Σ job wall / trainings completed: what a training costs in device time when the jobs
+  run as they ran (a pack's wall / N for whole packs, the lanes' walls / completed for a stream).
+- ``timeline``: one bar per training on its (job, slot) row, for the report's Gantt chart.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+KEYS = ["workload", "partition", "gpu_type", "mode", "factor", "how"]
+WHOLE, STREAMED = "whole packs", "streaming"
+
+
+def _latest_packing(packs: pd.DataFrame) -> pd.DataFrame:
+    """The latest attempt of every packing pack or lane that says how busy its slots were (probes left out)."""
+    if packs.empty or "busy_s" not in packs:
+        return pd.DataFrame()
+    p = packs
+    if "attempt" in p:
+        p = p[p["attempt"] == 0]
+    if "probe" in p:
+        p = p[~p["probe"].fillna(False).astype(bool)]
+    return p[pd.to_numeric(p["busy_s"], errors="coerce").notna()].copy()
+
+
+def how_of(packs: pd.DataFrame) -> pd.Series:
+    stream = packs["stream"] if "stream" in packs else pd.Series(None, index=packs.index)
+    return stream.notna().map({True: STREAMED, False: WHOLE})
+
+
+def occupancy(packs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (workload, partition, GPU type, mode, N, whole packs | streaming): jobs, trainings completed,
+    device-seconds per training, slot occupancy, mean idle gap between two trainings of a slot, and the span from
+    the first job's start to the last one's end."""
+    p = _latest_packing(packs)
+    if p.empty:
+        return pd.DataFrame()
+    p["how"] = how_of(p)
+    for col in ("wall_s", "busy_s", "slots", "n_completed", "slot_gap_mean_s", "started_at", "ended_at", "factor"):
+        p[col] = pd.to_numeric(p.get(col), errors="coerce")
+    p["slot_s"] = p["slots"].fillna(p["factor"]) * p["wall_s"]
+    if "workload" not in p:
+        p["workload"] = None
+    out = p.groupby(KEYS, dropna=False).agg(
+        jobs=("pack_id", "count"), trainings=("n_completed", "sum"), device_s=("wall_s", "sum"),
+        busy_s=("busy_s", "sum"), slot_s=("slot_s", "sum"), gap_mean_s=("slot_gap_mean_s", "mean"),
+        started=("started_at", "min"), ended=("ended_at", "max")).reset_index()
+    out["device_s_per_training"] = out["device_s"] / out["trainings"].where(out["trainings"] > 0)
+    out["slot_occupancy"] = out["busy_s"] / out["slot_s"].where(out["slot_s"] > 0)
+    out["span_s"] = out["ended"] - out["started"]
+    return out.drop(columns=["started", "ended", "slot_s"]).sort_values(KEYS).reset_index(drop=True)
+
+
+def timeline(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
+    """One row per training of the latest attempt that ran in a slot: the job that ran it (its pack or lane id),
+    its slot, start and end (seconds from the first start), and whether its group streamed."""
+    t = trainings
+    if t.empty or "slot" not in t:
+        return pd.DataFrame()
+    if "attempt" in t:
+        t = t[t["attempt"] == 0]
+    if "probe" in t:
+        t = t[~t["probe"].fillna(False).astype(bool)]
+    t = t[pd.to_numeric(t["slot"], errors="coerce").notna()]
+    if t.empty:
+        return pd.DataFrame()
+    start = pd.to_numeric(t["started_at"], errors="coerce")
+    origin = start.min()
+    stream = t["stream"] if "stream" in t else pd.Series(None, index=t.index)
+    return pd.DataFrame({
+        "group": t["partition"].astype(str) + " " + t["mode"].astype(str) + " N=" + t["factor"].astype(str),
+        "job": t["pack_id"], "slot": pd.to_numeric(t["slot"]).astype(int),
+        "how": stream.notna().map({True: STREAMED, False: WHOLE}),
+        "start_s": start - origin, "end_s": pd.to_numeric(t["ended_at"], errors="coerce") - origin,
+        "status": t["status"]}).sort_values(["group", "how", "start_s"]).reset_index(drop=True)
