@@ -95,7 +95,10 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
         plan = Plan.from_json(read_json(run.plan))
         pack = plan.pack(pack_id)
         lane = Lane(run, plan, pack, Holder.here(pack_id, job.job_id), settings)
-        released = release_stale(lane.folder, lane.holder, keep=lane.completed())
+        completed = lane.completed()
+        if len(completed) == len(lane.items) and run.pack_record(pack_id).exists():
+            return read_json(run.pack_record(pack_id))  # the queue is drained: nothing to run, nothing to move
+        released = release_stale(lane.folder, lane.holder, keep=completed)
         move_aside(run, pack_id, run.pack_record(pack_id))
         first: list[Training] = []
         while len(first) < pack.factor and (training := lane.next()) is not None:

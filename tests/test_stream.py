@@ -1,0 +1,266 @@
+"""Streaming lanes (packing.stream): the plan's lanes, claims exactly once across concurrent jobs, a SIGKILLed lane's
+trainings run again on resume and no other does, the time limit (a fake clock), requeue through the backend's
+signal, and the CLI end to end. No verdict here depends on how fast anything ran."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpupack.core.claims import Holder, claim, claims, release_stale
+from gpupack.core.plan import Plan, make_plan, plan_in_order, stream_lanes, trainings_for
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings
+from gpupack.errors import ConfigError
+from gpupack.flow.run import packs_to_run
+from gpupack.job.stream import Lane, run_lane
+from gpupack.runtime.jobenv import JobEnvironment
+from gpupack.setup.compose import compose_config
+from gpupack.setup.validate import check_packing
+from gpupack.submit import PackJob
+from tests.conftest import wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE = "tests.fake_workloads"
+
+
+def _plan(tmp_path, n_trainings=8, factor=2, jobs=2, **fixed):
+    plan = make_plan(sweep="s", workload=FAKE, grid={"tag": [f"t{i}" for i in range(n_trainings)]},
+                     fixed={"steps": 1, "sleep_s": 0.0, **fixed}, factors=[factor], modes=["process"],
+                     partitions=["local"], repeats=1, stream_jobs=jobs)
+    run = RunDir(tmp_path / "run")
+    write_json_atomic(run.plan, plan.to_json())
+    return run, plan
+
+
+def _records(run: RunDir) -> dict[str, dict]:
+    return {p.stem: read_json(p) for p in run.packs.glob("*/trainings/*.json")}
+
+
+# ---------------- the plan ----------------
+
+@pytest.mark.parametrize("n, factor, jobs, lanes, shares", [
+    (8, 2, 2, 2, [4, 4]),
+    (7, 2, 3, 3, [3, 2, 2]),
+    (3, 2, 5, 2, [2, 1]),  # never more lanes than the trainings fill at the start: ceil(3 / 2)
+    (1, 4, 8, 1, [1]),
+])
+def test_lanes_deal_the_queue_out(n, factor, jobs, lanes, shares):
+    trainings = trainings_for(FAKE, [{"tag": f"t{i}"} for i in range(n)], {}, n)
+    packs = stream_lanes("local", "process", factor, trainings, jobs)
+    assert [len(p.trainings) for p in packs] == shares and len(packs) == lanes
+    assert {p.stream for p in packs} == {"local-process-n%02d-queue" % factor}
+    assert [p.pack_id for p in packs] == [f"local-process-n{factor:02d}-s{j:03d}" for j in range(lanes)]
+    plan = Plan(sweep="s", workload=FAKE, grid_size=n, packs=tuple(packs))
+    assert [t for _, t in plan.queue(packs[0].stream or "")] == trainings  # claimed in the grid's order
+    assert plan.n_trainings == n  # each training once in the plan
+    assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+
+
+def test_a_streaming_plan_has_no_filler_and_keeps_probes_apart():
+    plan = make_plan(sweep="s", workload=FAKE, grid={"tag": ["a", "b", "c"]}, fixed={}, factors=[2],
+                     modes=["process"], partitions=["local"], repeats=3, stream_jobs=1)
+    assert [len(p.trainings) for p in plan.packs] == [3]  # the grid once: no repeats, no reseeded filler
+    assert any("streaming" in n for n in plan.notes)
+    fixed = make_plan(sweep="s", workload=FAKE, grid={"tag": ["a", "b", "c"]}, fixed={}, factors=[2],
+                      modes=["process"], partitions=["local"], repeats=3)
+    assert all(p.stream is None for p in fixed.packs) and "stream" not in fixed.to_json()["packs"][0]
+
+
+def test_a_hydra_batch_streams_in_sweep_order():
+    plan = plan_in_order(sweep="app", workload="w", params=[{"job_num": i} for i in range(5)], factor=2,
+                         partition="local", mode="process", stream_jobs=1)
+    (lane,) = plan.packs
+    assert [t.params["job_num"] for _, t in plan.queue(lane.stream or "")] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["packing.stream=sometimes"], "packing.stream"),
+    (["packing.jobs=0"], "packing.jobs"),
+    (["packing.stream=on", "packing.modes=[fused]"], "packing.modes[0]"),
+])
+def test_bad_streaming_options_are_refused_in_one_line(overrides, key):
+    cfg = compose_config(["+sweep=mnist_pack", *overrides])
+    with pytest.raises(ConfigError) as err:
+        check_packing(cfg)
+    assert err.value.key == key and "HINT" in str(err.value)
+
+
+# ---------------- claims ----------------
+
+def _claim_all(folder: str, ids: list[str], name: str, out) -> None:
+    holder = Holder.here(name, None)
+    out.put((name, [i for i in ids if claim(Path(folder), i, holder)]))
+
+
+def test_racing_claimers_claim_each_training_exactly_once(tmp_path):
+    ids = [f"t{i:03d}" for i in range(300)]
+    out: multiprocessing.Queue = multiprocessing.Queue()
+    procs = [multiprocessing.Process(target=_claim_all, args=(str(tmp_path), ids, f"lane{k}", out)) for k in range(4)]
+    for p in procs:
+        p.start()
+    won = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join()
+    every = [i for got in won.values() for i in got]
+    assert sorted(every) == ids  # each id won once, none lost
+    assert {i: rec["lane"] for i, rec in claims(tmp_path).items()} == {i: k for k, got in won.items() for i in got}
+
+
+def test_only_a_later_run_of_the_same_lane_releases_its_claims(tmp_path):
+    first, other = Holder.here("lane0", "1_0"), Holder.here("lane1", "1_1")
+    assert claim(tmp_path, "a", first) and claim(tmp_path, "b", first) and claim(tmp_path, "c", other)
+    assert not claim(tmp_path, "a", other)  # held
+    assert release_stale(tmp_path, first) == []  # its own live claims are not stale to itself
+    again = Holder.here("lane0", "1_0")  # the lane requeued: a new incarnation
+    assert sorted(release_stale(tmp_path, again, keep={"b"})) == ["a"]  # b completed: its claim stays
+    assert sorted(claims(tmp_path)) == ["b", "c"]
+    assert claim(tmp_path, "a", other)
+
+
+# ---------------- lanes ----------------
+
+def _lane_cmd(run: RunDir, pack_id: str) -> list[str]:
+    return [sys.executable, "-c", "import sys; from gpupack.job.stream import run_lane; from gpupack.core.types "
+            "import PackSettings; run_lane(sys.argv[1], sys.argv[2], PackSettings(device='cpu'))",
+            str(run.root), pack_id]
+
+
+def test_two_lanes_racing_for_the_last_claims_never_run_a_training_twice(tmp_path, subprocess_env):
+    run, plan = _plan(tmp_path, n_trainings=40, factor=2, jobs=2)
+    procs = [subprocess.Popen(_lane_cmd(run, p.pack_id), env=subprocess_env, cwd=REPO) for p in plan.packs]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    recs = _records(run)
+    assert len(recs) == 40 and all(r["status"] == "completed" for r in recs.values())
+    ran = [read_json(run.pack_record(p.pack_id))["training_ids"] for p in plan.packs]
+    assert sorted(ran[0] + ran[1]) == sorted(recs)  # every training ran, and by one lane only
+    assert not list(run.packs.glob("*/attempts"))  # nothing was run a second time
+    assert {r["lane"] for r in recs.values()} <= {0, 1}
+    for p in plan.packs:
+        lane = read_json(run.pack_record(p.pack_id))
+        assert lane["stream"] == p.stream and lane["unclaimed"] == 0 and lane["complete"] is False
+        assert 0 < lane["slot_occupancy"] <= 1
+
+
+def test_a_sigkilled_lane_s_trainings_run_again_on_resume_and_no_other_does(tmp_path, subprocess_env):
+    # t0 and t1 hang on their first attempt (until the marker exists), the rest are quick.
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    plan = make_plan(sweep="s", workload=FAKE, grid={"tag": [f"t{i}" for i in range(8)]},
+                     fixed={"steps": 1, "sleep_s": 0.0, "first_attempt_sleep_s": 600.0}, factors=[2],
+                     modes=["process"], partitions=["local"], repeats=1, stream_jobs=2,
+                     points=[{"tag": f"t{i}", "marker": str(markers / f"t{i}") if i < 2 else ""} for i in range(8)])
+    run = RunDir(tmp_path / "run")
+    write_json_atomic(run.plan, plan.to_json())
+    lane_a, lane_b = plan.packs
+    held = [t.training_id for _, t in plan.queue(lane_a.stream or "")][:2]
+    a = subprocess.Popen(_lane_cmd(run, lane_a.pack_id), env=subprocess_env, cwd=REPO, start_new_session=True)
+    try:
+        folder = run.claims(lane_a.stream or "")
+        assert wait_for(lambda: (markers / "t0").exists() and (markers / "t1").exists(), timeout_s=120)
+        assert {i for i, r in claims(folder).items() if r["lane"] == lane_a.pack_id} == set(held)
+        # lane B drains the rest while A holds t0 and t1: it never takes them
+        run_lane(str(run.root), lane_b.pack_id, PackSettings(device="cpu"))
+        b_ran = read_json(run.pack_record(lane_b.pack_id))["training_ids"]
+        assert sorted(b_ran) == sorted(set(_records(run)))  # B ran everything recorded so far
+        assert set(b_ran).isdisjoint(held) and len(b_ran) == 6
+    finally:
+        os.killpg(a.pid, signal.SIGKILL)  # the job dies: scancel, a node failure, the OOM killer
+        a.wait(timeout=60)
+    assert sorted(p.pack_id for p in packs_to_run(run, plan)) == [lane_a.pack_id, lane_b.pack_id]
+    rec = run_lane(str(run.root), lane_a.pack_id, PackSettings(device="cpu"))  # the resume's lane A
+    assert sorted(rec["released"]) == sorted(held) and sorted(rec["training_ids"]) == sorted(held)
+    recs = _records(run)
+    assert len(recs) == 8 and all(r["status"] == "completed" for r in recs.values())
+    assert not list(run.packs.glob("*/attempts/*/*.json"))  # the killed attempt left no record; none ran twice
+    assert packs_to_run(run, plan) == []
+    run_lane(str(run.root), lane_b.pack_id, PackSettings(device="cpu"))  # a lane of a drained queue runs nothing
+    assert len(_records(run)) == 8 and not list(run.packs.glob("*/attempts/*/*.json"))
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_lane_claims_nothing_it_could_not_finish_before_its_time_limit(tmp_path):
+    run, plan = _plan(tmp_path, n_trainings=4, factor=1, jobs=1)
+    (pack,) = plan.packs
+    clock = _Clock()
+    lane = Lane(run, plan, pack, Holder.here(pack.pack_id, "7"),
+                PackSettings(claim_until_s=100.0, training_estimate_s=30.0), clock=clock)
+    first = lane.next()
+    assert first is not None and lane.stopped is None
+    clock.now = 60.0  # 40 s left, a training may take 30 s
+    lane.ended(first.training_id, 50.0)  # ... but the one it ran took 50 s: that is the estimate now
+    assert lane.next() is None and "50 s" in (lane.stopped or "")
+    assert len(claims(lane.folder)) == 1  # nothing else was claimed
+
+
+def test_no_time_limit_or_nothing_to_estimate_by_claims_on(tmp_path):
+    run, plan = _plan(tmp_path, n_trainings=3, factor=1, jobs=1)
+    (pack,) = plan.packs
+    clock = _Clock()
+    clock.now = 1e6
+    for settings in (PackSettings(), PackSettings(claim_until_s=10.0)):
+        lane = Lane(run, plan, pack, Holder.here(pack.pack_id, "7"), settings, clock=clock)
+        assert lane.out_of_time() is None
+
+
+class _Requeueing:
+    """A backend's side of PackJob: its job environment, and whether and how its jobs requeue."""
+
+    requeues = True
+    signals: list[int] = []
+
+    @classmethod
+    def job_environment(cls) -> JobEnvironment:
+        return JobEnvironment(job_id="9_0")
+
+    @classmethod
+    def requeue_signal(cls) -> int:
+        return signal.SIGUSR1
+
+
+@pytest.mark.parametrize("requeues", [True, False])
+def test_a_lane_out_of_time_with_trainings_left_asks_its_backend_to_requeue(tmp_path, monkeypatch, requeues):
+    run, plan = _plan(tmp_path, n_trainings=3, factor=1, jobs=1)
+    seen: list[int] = []
+    monkeypatch.setattr(_Requeueing, "requeues", requeues)
+    old = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    try:
+        rec = PackJob(_Requeueing)(str(run.root), plan.packs[0].pack_id,  # type: ignore[arg-type]
+                                   PackSettings(device="cpu", claim_until_s=0.0, training_estimate_s=10.0))
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert rec["unclaimed"] == 3 and rec["stopped_claiming"] and rec["training_ids"] == []
+    assert seen == ([signal.SIGUSR1] if requeues else [])
+
+
+# ---------------- end to end ----------------
+
+def test_the_cli_streams_a_sweep_and_collect_shows_occupancy(tmp_path, subprocess_env):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "gpupack", f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]",
+                           "+sweep=probe_pack", "packing.factors=[2]", "packing.stream=on",
+                           "sweep.grid.lr=[0.1,0.2,0.3,0.4,0.5]", "cluster.max_parallel_packs=2",
+                           f"run_dir={run_dir}"], capture_output=True, text=True, env=subprocess_env, cwd=REPO,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = _records(RunDir(run_dir))
+    assert len(recs) == 5 and all(r["status"] == "completed" for r in recs.values())
+    assert "Slot occupancy" in proc.stdout and "streaming" in proc.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (row,) = summary["occupancy"]
+    assert row["how"] == "streaming" and row["trainings"] == 5 and row["jobs"] == 2
+    assert (run_dir / "plots" / "timeline.png").exists()
