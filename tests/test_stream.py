@@ -264,3 +264,62 @@ def test_the_cli_streams_a_sweep_and_collect_shows_occupancy(tmp_path, subproces
     (row,) = summary["occupancy"]
     assert row["how"] == "streaming" and row["trainings"] == 5 and row["jobs"] == 2
     assert (run_dir / "plots" / "timeline.png").exists()
+
+
+# ---------------- the local slurmctld ----------------
+
+def _slurm_sweep(run_dir: Path, *extra: str) -> list[str]:
+    return [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack", "cluster=slurm",
+            "cluster.poll_s=0.5", "partitions=[v100]", "packing.factors=[2]", "packing.stream=on",
+            f"run_dir={run_dir}", *extra]
+
+
+def _sacct_jobs(env: dict, job_ids: list[str]) -> list[list[str]]:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    return [line.split("|") for line in out.splitlines()]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_two_streaming_jobs_drain_32_trainings_on_slurm(tmp_path, slurm_env):
+    run_dir = tmp_path / "run"
+    lrs = ",".join(f"0.{i:02d}" for i in range(1, 33))
+    proc = subprocess.run([sys.executable, "-m", "gpupack", *_slurm_sweep(run_dir, f"sweep.grid.lr=[{lrs}]",
+                                                                          "packing.jobs=2")],
+                          capture_output=True, text=True, env=slurm_env, cwd=REPO, timeout=540)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = RunDir(run_dir)
+    recs = _records(run)
+    assert len(recs) == 32 and all(r["status"] == "completed" for r in recs.values())
+    assert not list(run.packs.glob("*/attempts/*/*.json"))  # every training ran exactly once
+    jobs = json.loads(run.jobs.read_text())
+    assert len(jobs) == 2
+    ids = [j["job_id"] for j in jobs.values()]
+    assert wait_for(lambda: len(_sacct_jobs(slurm_env, ids)) == 2, timeout_s=60)
+    assert all(state == "COMPLETED" for _, state in _sacct_jobs(slurm_env, ids))
+    assert {r["job_id"] for r in recs.values()} == set(ids)  # both lanes ran trainings, in those two jobs
+    assert len(claims(run.claims(next(iter(Plan.from_json(read_json(run.plan)).packs)).stream or ""))) == 32
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_time_limit_reached_mid_queue_requeues_and_finishes_the_rest(tmp_path, slurm_env):
+    # One lane of one slot, 2-minute limit signalled 90 s before it: a lane claims nothing after 30 s that it could
+    # not finish (a training says it takes 20 s), so after the second training it requeues itself, and its next run
+    # drains the rest. The first two are not rerun.
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "gpupack", *_slurm_sweep(
+        run_dir, "packing.factors=[1]", "sweep.grid.lr=[0.1,0.2,0.3,0.4]", "sweep.fixed.steps=1",
+        "sweep.fixed.sleep_s=12", "sweep.training_estimate_s=20", "packing.jobs=1", "cluster.timeout_min=2",
+        "cluster.signal_delay_s=90")], capture_output=True, text=True, env=slurm_env, cwd=REPO, timeout=540)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = RunDir(run_dir)
+    recs = _records(run)
+    assert len(recs) == 4 and all(r["status"] == "completed" for r in recs.values())
+    assert [p.name for p in run.packs.glob("*/attempts/*/*.json")] == ["pack.json"]  # the first run's; none ran twice
+    (pack_id,) = json.loads(run.jobs.read_text())
+    lane = read_json(run.pack_record(pack_id))
+    assert lane["unclaimed"] == 0 and len(lane["training_ids"]) < 4  # its last run ran what the first left
+    earlier = list((run.pack_dir(pack_id) / "attempts").glob("*/pack.json"))
+    assert earlier and read_json(earlier[0])["stopped_claiming"]  # the first run stopped claiming, then requeued
