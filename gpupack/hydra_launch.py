@@ -246,17 +246,19 @@ def job_returns(launcher: Any, prepared: sweep.Prepared) -> list[JobReturn]:
     import cloudpickle
 
     out = []
-    for pack in prepared.plan.packs:
-        for t in pack.trainings:
-            path = prepared.run.hydra_return(t.params["job_num"])
-            try:
-                with open(path, "rb") as f:
-                    ret = cloudpickle.load(f)
-            except (OSError, EOFError):
-                out.append(failed_return(launcher, t.params, pack, prepared.run, t.training_id))
-                continue
-            failed = ret.status == JobStatus.FAILED
-            out.append(raised_failure(ret, t.params, pack, prepared.run, t.training_id) if failed else ret)
+    # In sweep order, as Hydra's sweepers expect: a streaming lane's share of the plan is every K-th job
+    ordered = sorted(((pack, t) for pack in prepared.plan.packs for t in pack.trainings),
+                     key=lambda item: int(item[1].params["job_num"]))
+    for pack, t in ordered:
+        path = prepared.run.hydra_return(t.params["job_num"])
+        try:
+            with open(path, "rb") as f:
+                ret = cloudpickle.load(f)
+        except (OSError, EOFError):
+            out.append(failed_return(launcher, t.params, pack, prepared.run, t.training_id))
+            continue
+        failed = ret.status == JobStatus.FAILED
+        out.append(raised_failure(ret, t.params, pack, prepared.run, t.training_id) if failed else ret)
     return out
 
 

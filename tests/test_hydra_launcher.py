@@ -44,7 +44,7 @@ def started(job_dir: Path) -> float:
 
 def test_jobs_of_a_pack_run_at_once_each_with_hydras_job_dir(tmp_path, subprocess_env):
     sweep_dir = tmp_path / "mr"
-    proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.pack=2",
+    proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.stream=off", "hydra.launcher.pack=2",
                           "hydra.launcher.sample_interval_s=0.2", "lr=0.1,0.2,0.3,0.4", "sleep_s=1.0",
                           f"hydra.sweep.dir={sweep_dir}"], tmp_path, subprocess_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -79,7 +79,8 @@ def test_jobs_of_a_pack_run_at_once_each_with_hydras_job_dir(tmp_path, subproces
 
 def test_a_failing_job_returns_its_failure_and_the_pack_finishes(tmp_path, subprocess_env):
     sweep_dir = tmp_path / "mr"
-    proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.pack=3", "mode=kill,raise,ok",
+    proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.stream=off", "hydra.launcher.pack=3",
+                          "mode=kill,raise,ok",
                           f"hydra.sweep.dir={sweep_dir}"], tmp_path, subprocess_env)
     # Hydra's basic sweeper raises the first failed job's error, in sweep order: job 0, killed by a signal.
     assert proc.returncode != 0
@@ -97,7 +98,8 @@ def test_a_raising_job_shows_its_own_traceback_and_its_log_named_by_job_number(t
     """As Hydra's basic launcher shows a failed job: the app's frames, not the launcher's or the sweeper's; and
     where its whole log is, a file named by the job's number."""
     sweep_dir = tmp_path / "mr"
-    proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.pack=2", "mode=ok,raise", "sleep_s=0",
+    proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.stream=off", "hydra.launcher.pack=2",
+                          "mode=ok,raise", "sleep_s=0",
                           f"hydra.sweep.dir={sweep_dir}"], tmp_path, subprocess_env)
     assert proc.returncode != 0
     err = proc.stderr
@@ -261,7 +263,8 @@ def test_a_pack_larger_than_the_batch_asks_only_for_the_jobs_it_holds(tmp_path, 
 @pytest.mark.slurm
 def test_gpupack_slurm_runs_one_array_task_per_pack(tmp_path, slurm_env):
     sweep_dir = tmp_path / "mr"
-    proc = multirun(APP, [*SLURM, "hydra.launcher.pack=2", "lr=0.1,0.2,0.3", f"hydra.sweep.dir={sweep_dir}"],
+    proc = multirun(APP, [*SLURM, "hydra.launcher.stream=off", "hydra.launcher.pack=2", "lr=0.1,0.2,0.3",
+                          f"hydra.sweep.dir={sweep_dir}"],
                     tmp_path, slurm_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = records(sweep_dir)
@@ -291,3 +294,45 @@ def test_gpupack_slurm_runs_one_array_task_per_pack(tmp_path, slurm_env):
         hydra_cfg = OmegaConf.load(sweep_dir / str(num) / ".hydra" / "hydra.yaml").hydra
         assert hydra_cfg.job.num == num
         assert str(hydra_cfg.job.id).split("_")[0] in {j.split("_")[0] for j in job_ids}  # the SLURM job's id
+
+
+def test_a_streamed_batch_returns_its_jobs_in_sweep_order(tmp_path):
+    """Two lanes deal the batch out every other job; Hydra still gets job 0, 1, 2, ... in that order."""
+    import types
+
+    import cloudpickle
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from gpupack.core.plan import plan_in_order
+    from gpupack.core.rundir import RunDir
+    from gpupack.hydra_launch import job_returns
+
+    plan = plan_in_order(sweep="app", workload="w", params=[{"job_num": i} for i in range(6)], factor=2,
+                         partition="local", mode="process", stream_jobs=2)
+    assert [len(p.trainings) for p in plan.packs] == [3, 3]
+    run = RunDir(tmp_path)
+    for i in range(6):
+        ret = JobReturn(overrides=[f"x={i}"], status=JobStatus.COMPLETED, _return_value=i)
+        path = run.hydra_return(i)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(cloudpickle.dumps(ret))
+    returns = job_returns(None, types.SimpleNamespace(plan=plan, run=run))
+    assert [r.return_value for r in returns] == [0, 1, 2, 3, 4, 5]
+
+
+def test_the_launcher_streams_a_batch_of_unequal_jobs(tmp_path, subprocess_env):
+    sweep_dir = tmp_path / "mr"
+    proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.pack=2",
+                          "hydra.launcher.max_parallel_packs=2", "lr=0.1,0.2,0.3", "sleep_s=0,1",
+                          f"hydra.sweep.dir={sweep_dir}"], tmp_path, subprocess_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "streaming job(s) of 2 slots" in proc.stderr + proc.stdout
+    recs = records(sweep_dir)
+    assert sorted(recs) == list(range(6)) and all(r["status"] == "completed" for r in recs.values())
+    assert {r["stream"] for r in recs.values()} == {"local-process-n02-queue"}
+    for num, rec in recs.items():
+        lr = float(next(o for o in rec["params"]["overrides"] if o.startswith("lr=")).split("=")[1])
+        assert rec["metrics"]["return_value"] == pytest.approx(lr * 10)
+        assert (sweep_dir / str(num) / "done.txt").exists()
+    lanes = list(sweep_dir.glob(".gpupack/*/packs/*/pack.json"))
+    assert len(lanes) == 2 and sum(json.loads(p.read_text())["n_completed"] for p in lanes) == 6

@@ -50,14 +50,15 @@ def _records(run: RunDir) -> dict[str, dict]:
     (8, 2, 2, 2, [4, 4]),
     (7, 2, 3, 3, [3, 2, 2]),
     (3, 2, 5, 2, [2, 1]),  # never more lanes than the trainings fill at the start: ceil(3 / 2)
-    (1, 4, 8, 1, [1]),
+    (1, 4, 8, 1, [1]),  # and no more slots than trainings: one slot
 ])
 def test_lanes_deal_the_queue_out(n, factor, jobs, lanes, shares):
     trainings = trainings_for(FAKE, [{"tag": f"t{i}"} for i in range(n)], {}, n)
     packs = stream_lanes("local", "process", factor, trainings, jobs)
+    slots = min(factor, n)
     assert [len(p.trainings) for p in packs] == shares and len(packs) == lanes
-    assert {p.stream for p in packs} == {"local-process-n%02d-queue" % factor}
-    assert [p.pack_id for p in packs] == [f"local-process-n{factor:02d}-s{j:03d}" for j in range(lanes)]
+    assert {p.stream for p in packs} == {f"local-process-n{slots:02d}-queue"} and {p.factor for p in packs} == {slots}
+    assert [p.pack_id for p in packs] == [f"local-process-n{slots:02d}-s{j:03d}" for j in range(lanes)]
     plan = Plan(sweep="s", workload=FAKE, grid_size=n, packs=tuple(packs))
     assert [t for _, t in plan.queue(packs[0].stream or "")] == trainings  # claimed in the grid's order
     assert plan.n_trainings == n  # each training once in the plan

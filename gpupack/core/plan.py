@@ -194,7 +194,9 @@ def stream_id(partition: str, mode: str, factor: int) -> str:
 
 def stream_lanes(partition: str, mode: str, factor: int, trainings: Sequence[Training], jobs: int) -> list[Pack]:
     """K lanes (jobs) of N slots that drain ``trainings`` together: no more lanes than the queue fills at its start
-    (ceil(trainings / N)), each dealt every K-th training as its share (its records' home). Pure."""
+    (ceil(trainings / N)), no more slots than it has trainings, each lane dealt every K-th training as its share (its
+    records' home). Pure."""
+    factor = max(1, min(factor, len(trainings)))  # a lane has no more slots than the queue has trainings
     k = max(1, min(jobs, math.ceil(len(trainings) / factor)))
     queue = stream_id(partition, mode, factor)
     return [Pack(f"{partition}-{mode}-n{factor:02d}-s{j:03d}", partition, mode, factor, j, tuple(trainings[j::k]),
