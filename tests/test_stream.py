@@ -186,6 +186,30 @@ def test_a_sigkilled_lane_s_trainings_run_again_on_resume_and_no_other_does(tmp_
     assert len(_records(run)) == 8 and not list(run.packs.glob("*/attempts/*/*.json"))
 
 
+def test_slurm_out_of_memory_marks_only_what_that_lane_ran(tmp_path):
+    from gpupack.job.body import record_job_oom
+
+    run, plan = _plan(tmp_path, n_trainings=6, factor=2, jobs=2)
+    queue = plan.queue(plan.packs[0].stream or "")
+    since = 1000.0
+
+    def write(i: int, ran_in: str, started: float, status: str = "killed") -> None:
+        home, t = queue[i]
+        write_json_atomic(run.training_record(home.pack_id, t.training_id),
+                          {"kind": "training", "training_id": t.training_id, "pack_id": ran_in, "status": status,
+                           "signal": 9 if status == "killed" else None, "started_at": started, "error": None})
+
+    lane = plan.packs[0].pack_id
+    write(1, lane, since + 1)  # lives in lane 1's folder, ran in lane 0: its OOM
+    write(2, lane, since - 50)  # an earlier attempt of lane 0
+    write(3, plan.packs[1].pack_id, since + 1)  # killed in the other lane: not this job's OOM
+    write(4, lane, since + 1, "completed")
+    assert record_job_oom(run, lane, since, "SLURM: job 5 ran out of memory") == []
+    recs = _records(run)
+    status = {t.training_id: recs.get(t.training_id, {}).get("status") for _, t in queue}
+    assert [status[t.training_id] for _, t in queue] == [None, "oom", "killed", "killed", "completed", None]
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = 0.0

@@ -125,6 +125,8 @@ def record_job_oom(run: RunDir, pack_id: str, since: float, why: str) -> list[st
     """
     plan = Plan.from_json(read_json(run.plan))
     pack = plan.pack(pack_id)
+    if pack.stream is not None:
+        return _record_lane_oom(run, plan, pack, since, why)
     ours: dict[str, dict[str, Any]] = {}
     lost: list[Training] = []
     for t in pack.trainings:
@@ -152,6 +154,21 @@ def record_job_oom(run: RunDir, pack_id: str, since: float, why: str) -> list[st
         if plan.phase:
             rec["phase"] = plan.phase
         write_json_atomic(run.training_record(pack_id, t.training_id), rec)
+    return []
+
+
+def _record_lane_oom(run: RunDir, plan: Plan, pack: Pack, since: float, why: str) -> list[str]:
+    """record_job_oom for a streaming lane: the records this lane wrote in this attempt (wherever they live) of
+    trainings SIGKILLed become oom. A training it held with no record is left to its claim: the lane's next run
+    releases it and runs it again."""
+    for home, t in plan.queue(pack.stream or ""):
+        path = run.training_record(home.pack_id, t.training_id)
+        rec = read_json_or_none(path)
+        if rec is None or rec.get("pack_id") != pack.pack_id or float(rec.get("started_at") or 0) < since:
+            continue
+        if rec.get("status") == KILLED and rec.get("signal") == signal.SIGKILL:
+            error = f"{rec['error']}\n{why}" if rec.get("error") else why
+            write_json_atomic(path, {**rec, "status": OOM, OOM_KILLED_BY: why, "error": error})
     return []
 
 
