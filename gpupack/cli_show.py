@@ -39,7 +39,10 @@ def print_plan(console: Console, prepared: sweep.Prepared) -> None:
                   + escape(f"{plan.grid_size} grid point(s), N in {factors}, mode(s) {modes}"
                            + (f"; one training spread over k in {spread} devices with {', '.join(layouts)}"
                               if spread else "")), markup=True)
-    console.print(f"  {len(plan.packs)} packs, {plan.n_trainings} trainings in all; run directory {prepared.run.root}")
+    lanes = sum(p.stream is not None for p in plan.packs)
+    jobs = (f"{lanes} streaming job(s)" + (f" and {len(plan.packs) - lanes} packs" if len(plan.packs) > lanes else "")
+            if lanes else f"{len(plan.packs)} packs")
+    console.print(f"  {jobs}, {plan.n_trainings} trainings in all; run directory {prepared.run.root}")
     for note in plan.notes:
         console.print(f"  note: {note}")
 

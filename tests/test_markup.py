@@ -14,6 +14,7 @@ NAME = "x:train:[bold]y"
 def test_a_task_name_with_emoji_codes_and_markup_prints_as_written(tmp_path, subprocess_env):
     sweep_dir = tmp_path / "mr"
     proc = subprocess.run([sys.executable, str(APP), "-m", "hydra/launcher=gpupack_local", "hydra.launcher.pack=2",
+                           "hydra.launcher.stream=off",
                            f"hydra.job.name='{NAME}'", "lr=0.1,0.2", "sleep_s=0", f"hydra.sweep.dir={sweep_dir}"],
                           capture_output=True, text=True, cwd=tmp_path, env=subprocess_env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
