@@ -161,6 +161,11 @@ class Workload(ABC):
         """A HINT to add to a failed training's error (its stderr's tail), or None."""
         return None
 
+    def cost(self, params: Mapping[str, Any]) -> float | None:
+        """A training's length relative to the others of its sweep (any unit), or None where the workload cannot tell:
+        a stream claims the longest first, so the short ones fill the slots at its end (LPT order)."""
+        return None
+
     def filler_seed(self, fixed: Mapping[str, Any]) -> str | None:
         """The hyperparameter a copy of a grid point changes to be another training (its seed: a pack is filled with
         new seeds), or None where no seed reaches the training: the copy then repeats the point unchanged."""

@@ -75,6 +75,30 @@ def test_a_streaming_plan_has_no_filler_and_keeps_probes_apart():
     assert all(p.stream is None for p in fixed.packs) and "stream" not in fixed.to_json()["packs"][0]
 
 
+@pytest.mark.parametrize("costs, order", [
+    ([1, 4, 1, 4], [1, 3, 0, 2]),  # longest first, stable among equals
+    ([3, 2, 1, 0], [0, 1, 2, 3]),
+    ([1, None, 4, 2], [0, 1, 2, 3]),  # one unknown: the grid's order
+    (None, [0, 1, 2, 3]),  # no estimate at all
+])
+def test_a_stream_claims_the_longest_first_where_the_workload_can_tell(costs, order):
+    points = [{"tag": f"t{i}", "lr": float(i)} for i in range(4)]
+    cost = (lambda p: costs[int(p["lr"])]) if costs is not None else None
+    plan = make_plan(sweep="s", workload=FAKE, grid={}, fixed={}, factors=[2], modes=["process"],
+                     partitions=["local"], repeats=1, stream_jobs=1, points=points, cost=cost)
+    (lane,) = plan.packs
+    assert [t.params["tag"] for t in lane.trainings] == [f"t{i}" for i in order]
+    assert ("longest first" in plan.notes[0]) == (order != [0, 1, 2, 3] or costs == [3, 2, 1, 0])
+
+
+def test_mnist_tells_a_training_s_length_by_the_samples_it_sees():
+    from gpupack.workload import load_workload
+
+    mnist = load_workload("mnist_torch")
+    assert mnist.cost({"epochs": 4, "train_samples": 1000}) == 4 * mnist.cost({"epochs": 1, "train_samples": 1000})
+    assert load_workload("command").cost({"argv": ["x"]}) is None
+
+
 def test_a_hydra_batch_streams_in_sweep_order():
     plan = plan_in_order(sweep="app", workload="w", params=[{"job_num": i} for i in range(5)], factor=2,
                          partition="local", mode="process", stream_jobs=1)

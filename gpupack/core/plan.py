@@ -203,6 +203,17 @@ def stream_lanes(partition: str, mode: str, factor: int, trainings: Sequence[Tra
                  stream=queue) for j in range(k)]
 
 
+def longest_first(trainings: Sequence[Training],
+                  cost: Callable[[Mapping[str, Any]], float | None] | None) -> list[Training]:
+    """The trainings longest first (stable), where ``cost`` tells every one's length; else as given. Claimed in this
+    order, the short ones fill the slots at a stream's end instead of one long one running alone (LPT). Pure."""
+    costs = [cost(t.params) for t in trainings] if cost is not None else []
+    if not costs or any(c is None for c in costs):
+        return list(trainings)
+    order = sorted(range(len(trainings)), key=lambda i: -float(costs[i] or 0))
+    return [trainings[i] for i in order]
+
+
 def spread_pack_id(partition: str, label: str, devices: int, index: int) -> str:
     return f"{partition}-{label}-k{devices:02d}-{index:03d}"
 
@@ -238,7 +249,8 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
               order: str = "interleaved", order_seed: int = 0, points: Sequence[Mapping[str, Any]] | None = None,
               phase: str | None = None, spread_layouts: Sequence[tuple[str, str]] = (),
               spread_devices: Sequence[int] = (), spread_repeats: int | None = None,
-              stream_jobs: int | None = None) -> Plan:
+              stream_jobs: int | None = None,
+              cost: Callable[[Mapping[str, Any]], float | None] | None = None) -> Plan:
     """Every grid point runs at least once per (partition, mode, N), in at least ``repeats`` full packs.
 
     ``order`` (see :func:`run_order`): interleaved spreads each N's packs over the whole run, so warm caches, drift or
@@ -252,7 +264,8 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
     devices (:func:`spread_packs`), interleaved with the packing packs.
 
     ``stream_jobs`` (K): each (partition, mode, N) runs the grid once as K streaming lanes (:func:`stream_lanes`)
-    instead of whole packs: no filler, no repeats (a production run, not a measurement).
+    instead of whole packs: no filler, no repeats (a production run, not a measurement); with ``cost`` (a training's
+    relative length, :meth:`gpupack.workload.Workload.cost`) known for every training, longest first.
     """
     points = expand_grid(grid) if points is None else list(points)  # points: a part of the grid (what is left)
     if not points:
@@ -267,12 +280,14 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
         notes.append(f"data-loader probe: {len(alone)} loader-only training(s) per partition measure the "
                      "input pipeline's own samples/s")
     if stream_jobs is not None:
-        trainings = trainings_for(workload, points, fixed, len(points), seed_key)
+        trainings = longest_first(trainings_for(workload, points, fixed, len(points), seed_key), cost)
         for factor, partition, mode in itertools.product(factors, partitions, modes):
             packs += stream_lanes(partition, mode, factor, trainings, stream_jobs)
         most = 1 + max(p.index for p in packs)
+        ordered = cost is not None and all(cost(t.params) is not None for t in trainings)
         notes.append(f"streaming: up to {most} job(s) of N slots per (partition, mode, N) drain the grid's "
-                     f"{len(points)} training(s); a slot that frees takes the next unclaimed one")
+                     f"{len(points)} training(s); a slot that frees takes the next unclaimed one"
+                     + (", longest first (the workload's estimate)" if ordered else ", in the grid's order"))
         factors = ()  # nothing else is planned for them
     for factor in factors:
         n_packs = max(repeats, math.ceil(len(points) / factor))

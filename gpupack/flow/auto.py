@@ -256,7 +256,7 @@ def production_plan(spec: SweepSpec, best: Mapping[str, int | None], completed: 
         part = make_plan(sweep=spec.name, workload=spec.workload_ref, grid=spec.grid, fixed=spec.fixed, factors=[n],
                          modes=spec.modes, partitions=[partition], repeats=1, seed_key=spec.filler_seed,
                          order=spec.order, order_seed=spec.order_seed, points=left, phase=RUN,
-                         stream_jobs=spec.streams(production=True))
+                         stream_jobs=spec.streams(production=True), cost=spec.workload.cost)
         packs += part.packs
         notes += [f"{partition}: {note}" for note in part.notes]
     if not packs:

@@ -87,7 +87,7 @@ class SweepSpec:
                          spread_layouts=self.spread.layouts if self.spread else (),
                          spread_devices=self.spread.devices if self.spread else (),
                          spread_repeats=self.spread.repeats if self.spread else None,
-                         stream_jobs=self.streams(production=False))
+                         stream_jobs=self.streams(production=False), cost=self.workload.cost)
 
 
 def group_keys(workload: Workload, modes: Sequence[str]) -> dict[str, Callable[[Mapping[str, Any]], Any]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, Workload
@@ -30,6 +30,10 @@ class TorchImageWorkload(Workload):
     shape_keys: ClassVar[tuple[str, ...]]  # the hyperparameters that fix the model's shape (fused groups)
     weight_decay: ClassVar[float] = 0.0
     eval_batch: ClassVar[int] = 2000
+
+    def cost(self, params: Mapping[str, Any]) -> float | None:
+        """Samples seen: epochs x train_samples (the model and batch size of one sweep usually stay put)."""
+        return float(params["epochs"]) * float(params["train_samples"])
 
     @abstractmethod
     def build(self, params: Any, nn: Any) -> Any:
