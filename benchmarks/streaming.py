@@ -24,6 +24,10 @@ the next training as it frees. From the records of each run:
   issue's goal is occupancy >= 0.97 and this <= 1.05;
 - command s: the whole command as a user waits for it (collect and the report included).
 
+Then the same for a Hydra multirun of 6 jobs of unequal length through gpupack's launcher (tests/hydra_app/app.py,
+jobs that sleep 0.5 s or 3 s: lr=0.1,0.2,0.3 x sleep_s=0.5,3), hydra.launcher.pack=2, stream=off (whole packs)
+and stream=on, with the idle slot-seconds: Σ over pack jobs of (slots x job wall) less Σ job wall.
+
 The run directories, each command's output and results.json stay in OUT (default
 runs/benchmarks/streaming/<date>_<time>/). A 2-core machine is noisy: compare within one run.
 """
@@ -52,8 +56,23 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
                     f"packing.stream={stream}", "packing.process.start=fork", f"run_dir={out / key}",
                     *(QUICK if quick else FULL)]
             results["runs"][key] = {**run_sweep(argv, out, key, f"{how}, N={n}"), "n": n, "how": how}
+    app = Path(__file__).resolve().parent.parent / "tests" / "hydra_app" / "app.py"
+    for how, stream in HOWS.items():
+        key = f"launcher-{stream}"
+        argv = [PYTHON, str(app), "-m", "hydra/launcher=gpupack_local", "hydra.launcher.pack=2",
+                f"hydra.launcher.stream={stream}", "lr=0.1,0.2,0.3", "sleep_s=0.5,3", f"hydra.sweep.dir={out / key}"]
+        results["launcher"] = {**results.get("launcher", {}), how: run_sweep(argv, out, key, f"launcher, {how}")}
     write_json(out / "results.json", results)
     return results
+
+
+def idle(sweep_dir: Path) -> dict[str, Any]:
+    """A launch's pack jobs: how many, Σ slot-seconds, Σ busy and the idle slot-seconds between."""
+    packs = [read_json(p) for p in sweep_dir.glob(".gpupack/*/packs/*/pack.json")]
+    slot_s = sum(float(p.get("slots") or p["factor"]) * float(p["wall_s"]) for p in packs)
+    busy = sum(float(p.get("busy_s") or 0) for p in packs)
+    return {"jobs": len(packs), "done": sum(int(p["n_completed"]) for p in packs), "slot_s": slot_s, "busy_s": busy,
+            "idle_s": slot_s - busy}
 
 
 def measure(run_dir: Path, n: int) -> dict[str, Any]:
@@ -105,6 +124,20 @@ def report(out: Path) -> None:
                        fmt(ratio(streamed.get("occupancy"), whole.get("occupancy")))])
     say(table(["N", "makespan streaming / whole", "command streaming / whole", "occupancy streaming / whole"],
               ratios, title="Streaming as a multiple of whole packs (below 1: faster; occupancy above 1: busier)"))
+    launcher = results.get("launcher", {})
+    if launcher:
+        lrows, figures = [], {}
+        for how, entry in launcher.items():
+            figures[how] = {**idle(Path(entry["run_dir"])), "wall_s": entry["wall_s"]}
+            m = figures[how]
+            lrows.append([how, m["jobs"], f"{m['done']}/6", fmt(m["busy_s"], 1), fmt(m["slot_s"], 1),
+                          fmt(m["idle_s"], 1), fmt(m["wall_s"], 1)])
+        say("")
+        say(table(["launcher, pack=2", "pack jobs", "done", "Σ job wall s", "slot-s", "idle slot-s", "command s"],
+                  lrows, title="A Hydra multirun of 6 unequal jobs through gpupack's launcher"))
+        whole, streamed = figures.get("whole packs", {}), figures.get("streaming", {})
+        say(f"streaming / whole packs: idle slot-s {fmt(ratio(streamed.get('idle_s'), whole.get('idle_s')))}, "
+            f"command {fmt(ratio(streamed.get('wall_s'), whole.get('wall_s')))}")
     say(f"\nrecords and logs: {out}")
 
 
