@@ -372,3 +372,48 @@ def test_a_time_limit_reached_mid_queue_requeues_and_finishes_the_rest(tmp_path,
     assert lane["unclaimed"] == 0 and len(lane["training_ids"]) < 4  # its last run ran what the first left
     earlier = list((run.pack_dir(pack_id) / "attempts").glob("*/pack.json"))
     assert earlier and read_json(earlier[0])["stopped_claiming"]  # the first run stopped claiming, then requeued
+
+
+@pytest.mark.parametrize("stream, lanes", [("auto", True), ("on", True), ("off", False)])
+def test_auto_measures_with_whole_packs_and_streams_its_production_run(tmp_path, stream, lanes):
+    from gpupack import sweep
+    from gpupack.flow.auto import production_plan, step_plan
+
+    prepared = sweep.prepare([f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack",
+                              "packing.factors=auto", f"packing.stream={stream}", "sweep.grid.lr=[0.1,0.2,0.3]",
+                              f"run_dir={tmp_path / 'run'}"])
+    spec = prepared.spec
+    assert spec is not None
+    probe = step_plan(spec, ["local"], 2, {"local": 1}, 3)
+    assert all(p.stream is None for p in probe.packs)  # the probe measures N: whole packs, always
+    production = production_plan(spec, {"local": 2}, {})
+    assert production is not None
+    assert all((p.stream is not None) == lanes for p in production.packs)
+    assert production.n_trainings == 3 if lanes else production.n_trainings >= 3
+
+
+@pytest.mark.parametrize("options, jobs", [
+    ({"stream": "auto", "mode": "process"}, 4),
+    ({"stream": "on", "mode": "process", "jobs": 2}, 2),
+    ({"stream": "off", "mode": "process"}, None),
+    ({"stream": "auto", "mode": "fused"}, None),  # a mode that cannot stream runs whole packs under auto
+])
+def test_the_launcher_streams_its_batches_unless_told_not_to(options, jobs):
+    from gpupack.hydra_launch import launcher_stream_jobs
+
+    assert launcher_stream_jobs(options, at_once=4) == jobs
+
+
+@pytest.mark.parametrize("options, key", [
+    ({"stream": "maybe"}, "hydra.launcher.stream"),
+    ({"jobs": 0}, "hydra.launcher.jobs"),
+])
+def test_bad_launcher_streaming_options_are_refused(options, key):
+    from gpupack.hydra_launch import check_options, launcher_stream_jobs
+
+    with pytest.raises(ConfigError) as err:
+        check_options({"pack": 2, "device": "auto", **options})
+    assert err.value.key == key
+    with pytest.raises(ConfigError) as err:
+        launcher_stream_jobs({"stream": "on", "mode": "fused"}, at_once=1)
+    assert err.value.key == "hydra.launcher.stream" and "HINT" in str(err.value)
