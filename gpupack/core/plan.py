@@ -284,10 +284,10 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
         for factor, partition, mode in itertools.product(factors, partitions, modes):
             packs += stream_lanes(partition, mode, factor, trainings, stream_jobs)
         most = 1 + max(p.index for p in packs)
-        ordered = cost is not None and all(cost(t.params) is not None for t in trainings)
+        by_cost = cost is not None and all(cost(t.params) is not None for t in trainings)
         notes.append(f"streaming: up to {most} job(s) of N slots per (partition, mode, N) drain the grid's "
                      f"{len(points)} training(s); a slot that frees takes the next unclaimed one"
-                     + (", longest first (the workload's estimate)" if ordered else ", in the grid's order"))
+                     + (", longest first (the workload's estimate)" if by_cost else ", in the grid's order"))
         factors = ()  # nothing else is planned for them
     for factor in factors:
         n_packs = max(repeats, math.ceil(len(points) / factor))
