@@ -84,7 +84,7 @@ def preload(load: Any, params: Any) -> None:
 
 
 def run(params: Any, ctx: TrainingContext, data: Any, build_model: Any, weight_decay: float = 0.0,
-        eval_batch: int = 2000) -> dict[str, Any]:
+        eval_batch: int = 2000, channels_last: bool = False) -> dict[str, Any]:
     """A whole torch training on an image data set (x/y train/test arrays): the seeded subset, the loader,
     then either the loader alone or SGD on ``build_model(torch.nn)`` and its validation accuracy."""
     import torch
@@ -106,9 +106,12 @@ def run(params: Any, ctx: TrainingContext, data: Any, build_model: Any, weight_d
     if params.loader_only:
         return loader_only(params, loader, device, ctx, torch, data.source)
     model = build_model(torch.nn).to(device)
+    memory_format = torch.channels_last if channels_last else None
+    if memory_format is not None:  # NHWC: what tensor cores' convolutions want (with AMP)
+        model = model.to(memory_format=memory_format)
     trained = spread.wrap(model) if spread is not None else model  # DDP: the same parameters, all-reduced
     opt = torch.optim.SGD(trained.parameters(), lr=params.lr, momentum=params.momentum, weight_decay=weight_decay)
-    loss = train(trained, opt, loader, params, device, ctx, torch)
+    loss = train(trained, opt, loader, params, device, ctx, torch, memory_format)
     if spread is not None:
         loss = spread.mean(loss)  # each rank's mean, weighted to its share below: their mean is the global mean
     # Evaluated on the unwrapped model: every rank holds the same weights, and no all-reduce runs outside training.
@@ -148,7 +151,7 @@ def loader_only(params: Any, loader: Any, device: Any, ctx: TrainingContext, tor
 
 
 def train(model: Any, opt: Any, loader: Any, params: Any, device: Any, ctx: TrainingContext,
-          torch: Any) -> float:
+          torch: Any, memory_format: Any = None) -> float:
     """The training loop, each step reported; returns the mean training loss (spread: this rank's share of it).
 
     A caller that puts a list under ``ctx.reporter.info["losses"]`` gets each step's loss appended to it (spread: this
@@ -164,6 +167,8 @@ def train(model: Any, opt: Any, loader: Any, params: Any, device: Any, ctx: Trai
     for _ in range(params.epochs):
         for xb, yb in loader:
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            if memory_format is not None:
+                xb = xb.contiguous(memory_format=memory_format)
             n = len(yb)  # the global batch: what the step trained on, over all ranks
             weight = 1.0
             if spread is not None and n < spread.world:  # a last partial batch too small to give every rank a sample:
