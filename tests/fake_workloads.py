@@ -38,6 +38,9 @@ class ProbeParams:
     oom_when_shared: str = ""
     # Seconds of pure CPU work (a busy loop): trainings that compete for the cores, so packing them plateaus.
     busy_s: float = 0.0
+    # A programmed device: "N:seconds,..." sleeps that long when N trainings share the device ($GPUPACK_N), so a
+    # test's time per training is a function of N, whatever the machine's load.
+    sleep_by_n: str = ""
 
 
 class Probe(Workload):
@@ -64,6 +67,9 @@ class Probe(Workload):
                 time.sleep(0.1)
         if params.busy_s:
             _spin(params.busy_s)
+        if params.sleep_by_n:
+            table = dict(item.split(":") for item in params.sleep_by_n.split(","))
+            time.sleep(float(table[os.environ["GPUPACK_N"]]))
         if params.oom_when_shared:
             _oom_when_shared(params.oom_when_shared)
         if params.allocate_gb:

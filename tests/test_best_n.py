@@ -235,19 +235,13 @@ def _auto(tmp_path, *extra):
 
 
 def test_auto_stops_on_a_plateau_and_runs_the_rest_of_the_grid_at_the_best_n(tmp_path):
-    """CPU-bound trainings on two cores: N past 2 stops paying. The probe says why it stopped, picks N, and the grid
-    points it did not train run at that N, shown apart."""
-    import os
-
-    cores = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, sorted(cores)[:2])  # two cores, whatever the machine: the packs inherit it
-    try:
-        _plateau(tmp_path)
-    finally:
-        os.sched_setaffinity(0, cores)
+    """A programmed device: a training takes 1 s alone or two at a time, 2.7 s three at a time (time per training
+    0.5 s at N=2, 0.9 s at N=3), whatever the machine's load. The probe stops at N=3, says why, picks N=2, and the
+    grid points it did not train run at that N, shown apart."""
+    _plateau(tmp_path)
 
 
-PLATEAU = ["sweep.grid.lr=[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0]", "+sweep.fixed.busy_s=2.0",
+PLATEAU = ["sweep.grid.lr=[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0]", "+sweep.fixed.sleep_by_n='1:1.0,2:1.0,3:2.7'",
            "packing.auto.ladder=[1,2,3,4,8]", "packing.auto.repeats=2"]
 
 
@@ -255,10 +249,9 @@ def _plateau(tmp_path):
     run_dir, outcome = _auto(tmp_path, *PLATEAU)
     report = outcome.auto
     why = report.stopped["local"]
-    assert any(s in why for s in ("< 5 %", "slower than", "within noise")), why
+    assert "slower than" in why, why
     best = report.best["local"]
-    # 2 cores: past N=2 a pack only amortizes its start; the climb stops before the ladder's end (8)
-    assert best in [s.factor for s in report.steps] and report.steps[-1].factor <= 4
+    assert best == 2 and [s.factor for s in report.steps] == [1, 2, 3]  # N=3 is slower: the climb stops there
     assert report.run_dir == str(run_dir / "run") and report.left and report.left > 0
     production = outcome.collected.production
     assert list(production["factor"].unique()) == [best] and int(production["unfinished"].sum()) == 0

@@ -57,8 +57,28 @@ def test_oom_kill_count_reads_both_cgroup_versions(tmp_path, text, count):
     assert job.oom_kill_count(tmp_path / "missing") is None
 
 
-def test_this_machine_gives_a_counter_or_none():
-    assert job.oom_kill_count() is None or job.oom_kill_count() >= 0  # never raises, wherever it runs
+def test_this_machine_gives_its_cgroup_s_counter_or_none():
+    """Where this process's cgroup has a readable OOM counter, the count is that file's oom_kill line; else None."""
+    path = job.memory_events_path()
+    count = job.oom_kill_count()
+    if path is None:
+        assert count is None
+    else:
+        lines = dict(line.split(" ", 1) for line in path.read_text().splitlines() if " " in line)
+        assert count == (int(lines["oom_kill"]) if "oom_kill" in lines else None)
+
+
+@pytest.mark.parametrize("text, count", [
+    ("low 0\nhigh 0\nmax 0\noom 2\noom_kill 2\n", 2),  # cgroup v2 memory.events
+    ("oom_kill_disable 0\nunder_oom 0\noom_kill 7\n", 7),  # v1 memory.oom_control
+    ("low 0\nhigh 0\n", None),  # no counter in it
+    ("oom_kill many\n", None),  # not a number
+])
+def test_the_counter_is_read_from_the_file(tmp_path, text, count):
+    path = tmp_path / "memory.events"
+    path.write_text(text)
+    assert job.oom_kill_count(path) == count
+    assert job.oom_kill_count(tmp_path / "missing") is None
 
 
 # ---------------- a SIGKILL in a pack, with or without an OOM kill counted ----------------

@@ -222,7 +222,9 @@ def test_a_second_packer_of_a_pack_stops_and_touches_no_record(tmp_path):
         started = time.time()
         with pytest.raises(RunDirError) as refused:
             run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu"))
-        assert time.time() - started < 5  # at once, not after waiting for the lock
+        # At once rather than waiting for the lock: a blocking flock would wait as long as the holder holds it (for
+        # ever here), so this bound is liveness, not speed.
+        assert time.time() - started < 60
     message = str(refused.value)
     assert pack.pack_id in message and "already being run by another packer" in message and "HINT:" in message
     assert "4242" in message

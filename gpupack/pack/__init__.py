@@ -129,6 +129,10 @@ def threads_for(cores: int, factor: int, override: int | None = None) -> int:
     return override if override else max(1, cores // factor)
 
 
+# What a training of process mode is told of its pack: how many trainings share its device (N; a lane's slots).
+PACK_SIZE_ENV = "GPUPACK_N"
+
+
 def worker_env(base: Mapping[str, str], threads: int) -> dict[str, str]:
     """The environment of one training process: the job's, with thread pools capped to its share."""
     env = dict(base)

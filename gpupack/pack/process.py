@@ -15,7 +15,7 @@ from gpupack.core.plan import Training
 from gpupack.core.records import make_dirs, read_json_or_none, write_json_atomic
 from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
-from gpupack.pack import PackContext, Packer, options_of, worker_env, worker_spec
+from gpupack.pack import PACK_SIZE_ENV, PackContext, Packer, options_of, worker_env, worker_spec
 from gpupack.runtime.forkserver import ForkServer
 from gpupack.runtime.jobenv import job_cpus
 from gpupack.runtime.mps import mps_daemon
@@ -66,7 +66,8 @@ class _Training:
         # workload's argv items are templated one by one.
         self.launch = workload.launch(training.params, str(spec_path), str(self.result_path))
         self.child = ChildSpec(tid, self.launch.argv, run.log(pid, tid, "out"), err_path,
-                               {**worker_env(ctx.env, ctx.threads), **self.launch.env}, spec_path, self.launch.cwd,
+                               {**worker_env(ctx.env, ctx.threads), PACK_SIZE_ENV: str(ctx.pack.factor),
+                                **self.launch.env}, spec_path, self.launch.cwd,
                                ctx.memory_limit_bytes, list(cpus) if cpus else None, started_at,
                                self.launch.python_main)
         self._outcome: TrainingOutcome | None = None

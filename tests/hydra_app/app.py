@@ -1,5 +1,7 @@
 """A Hydra app for the launcher tests (imports nothing of gpupack). `mode` picks what a job does:
-ok (return lr * 10), raise (an exception), kill (SIGKILL itself: no JobReturn can come back), sleep then ok."""
+ok (return lr * 10), raise (an exception), kill (SIGKILL itself: no JobReturn can come back), sleep then ok.
+`meet` > 0: a barrier, not a clock: wait until that many jobs of the multirun have started (jobs run one after
+another never meet: the job fails after 120 s)."""
 import os
 import signal
 import time
@@ -14,6 +16,11 @@ from omegaconf import DictConfig
 def main(cfg: DictConfig) -> float:
     out = Path(HydraConfig.get().runtime.output_dir)
     (out / "started.txt").write_text(f"{time.time()} {os.getpid()}\n")
+    deadline = time.time() + 120
+    while cfg.meet and len(list(out.parent.glob("*/started.txt"))) < cfg.meet:
+        if time.time() > deadline:
+            raise RuntimeError(f"only {len(list(out.parent.glob('*/started.txt')))} of {cfg.meet} jobs ever met")
+        time.sleep(0.05)
     time.sleep(cfg.sleep_s)
     if cfg.mode == "raise":
         raise RuntimeError(f"job failure on purpose (lr={cfg.lr})")
