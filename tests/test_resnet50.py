@@ -85,3 +85,15 @@ def test_a_resnet50_training_reports_images_per_second_and_why_amp_was_ignored(t
     training = read_json(run.training_record(pack.pack_id, pack.trainings[0].training_id))
     assert training["throughput"]["samples"] == 16 and training["throughput"]["samples_per_s"] > 0
     assert training["metrics"]["amp_note"] == AMP_ON_CPU and "synthetic" in training["data"]
+
+
+def test_fused_mode_hosts_n_resnet50s(tmp_path):
+    assert type(own_resnet50(torch.nn, 10)) is type(own_resnet50(torch.nn, 10))  # stacking needs one class
+    plan = make_plan(sweep="r", workload="resnet50", grid={"lr": [0.1, 0.05]},
+                     fixed={"train_samples": 16, "val_samples": 8, "batch_size": 8},
+                     factors=[2], modes=["fused"], partitions=["local"], repeats=1)
+    run = RunDir(tmp_path / "run")
+    write_json_atomic(run.plan, plan.to_json())
+    (pack,) = plan.packs
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu"))
+    assert rec["n_completed"] == 2 and rec["mode"] == "fused", rec

@@ -148,6 +148,12 @@ def own_resnet50(nn: Any, num_classes: int = 1000) -> Any:
     """ResNet-50 v1.5 as torchvision defines it: stem conv 7x7/2 + max pool, four stages of bottlenecks
     (1x1 → 3x3 with the stride → 1x1 x4), a 1x1 conv + BN downsample on each stage's first block, average pool, fc;
     BN weights 1 and biases 0, convolutions Kaiming-normal (fan_out), as torchvision initialises them."""
+    return _resnet_class(nn)(num_classes)
+
+
+@functools.lru_cache(maxsize=None)
+def _resnet_class(nn: Any) -> Any:
+    """The classes, made once per torch.nn: N models of one class is what fused mode's stacking asks for."""
 
     class Bottleneck(nn.Module):
         expansion = 4
@@ -171,7 +177,7 @@ def own_resnet50(nn: Any, num_classes: int = 1000) -> Any:
             return self.relu(out + (self.downsample(x) if self.downsample is not None else x))
 
     class ResNet(nn.Module):
-        def __init__(self) -> None:
+        def __init__(self, num_classes: int) -> None:
             super().__init__()
             self.inplanes = 64
             self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
@@ -206,7 +212,7 @@ def own_resnet50(nn: Any, num_classes: int = 1000) -> Any:
             x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
             return self.fc(self.avgpool(x).flatten(1))
 
-    return ResNet()
+    return ResNet
 
 
 WORKLOAD = ResNet50()
