@@ -1,0 +1,164 @@
+"""The `gpu` tier: the GPU path against a real CUDA device (`pytest -m gpu`; scripts/gpu_check.sh runs it on the
+device machine). Where there is none every test is skipped with the reason. Nothing here decides on speed: each test
+asserts what ran where and what was recorded.
+
+Covered: the device and its RGU model name from the real NVML; N=4 process packing on cuda, forked from a server
+that never touched CUDA, with each training's GPU memory (torch's peak; NVML's per-process figure where the driver
+gives one); the memory cap from NVML's total; fused equivalence on CUDA; DDP over NCCL at k=1; MPS where
+nvidia-cuda-mps-control exists; the sampler's utilization and memory on a busy GPU.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from gpupack.core.memory import Measured, check_memory, estimate
+from gpupack.core.plan import make_plan
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rgu import model_from_device_name
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import Capacity, PackSettings
+from gpupack.errors import ConfigError
+from gpupack.job.body import run_pack
+from gpupack.pack.process import ProcessOptions
+from gpupack.runtime.monitor import detect_device, first_visible
+from gpupack.runtime.sampler import Sampler
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _why_no_gpu() -> str | None:
+    """None where NVML sees a GPU and torch can use it (asked in a child: this process never touches CUDA)."""
+    info = detect_device(os.environ)
+    if info.kind != "gpu":
+        return f"no GPU here: {info.note}"
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True, timeout=120)
+    if probe.stdout.strip() != "True":
+        return f"NVML sees {info.name}, but torch cannot use it: {(probe.stderr or probe.stdout).strip()[-300:]}"
+    return None
+
+
+WHY = _why_no_gpu()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY is not None, reason=WHY or "")]
+SMALL = {"train_samples": 2048, "val_samples": 512, "batch_size": 128, "epochs": 1}
+
+
+def _run(tmp_path: Path, factor: int, settings: PackSettings, mode: str = "process", **grid: list) -> tuple:
+    plan = make_plan(sweep="gpu", workload="mnist_torch", grid=grid or {"seed": list(range(factor))}, fixed=SMALL,
+                     factors=[factor], modes=[mode], partitions=["local"], repeats=1)
+    run = RunDir(tmp_path / "run")
+    write_json_atomic(run.plan, plan.to_json())
+    pack = plan.packs[0]
+    rec = run_pack(str(run.root), pack.pack_id, settings)
+    trainings = [read_json(run.training_record(pack.pack_id, t.training_id)) for t in pack.trainings]
+    return rec, trainings
+
+
+def test_nvml_names_the_device_and_its_rgu_model():
+    info = detect_device(os.environ)
+    assert info.kind == "gpu" and info.memory_total_mb and info.memory_total_mb > 1000
+    model = model_from_device_name(info.name)
+    table = OmegaConf.load(REPO / "conf" / "rgu" / "alliance.yaml")
+    assert model in table.models, (info.name, model)  # e.g. NVIDIA H100 80GB HBM3 → H100-80gb
+
+
+def test_four_forked_trainings_share_the_gpu_and_record_their_memory(tmp_path):
+    settings = PackSettings(device="cuda", sample_interval_s=0.2,
+                            mode_options={"process": ProcessOptions(start="fork")})
+    rec, trainings = _run(tmp_path, 4, settings)
+    assert rec["n_completed"] == 4, [t["error"] for t in trainings]
+    assert rec["gpu_type"] != "cpu" and rec["device"] == "cuda"
+    for t in trainings:
+        assert t["start"] == "fork" and not t.get("fork_fallback")  # the server never touched CUDA; the child did
+        assert t["memory"]["peak_gpu_mem_mb"] > 0  # torch's own peak in the training
+    sampled = rec["sampler"]
+    assert sampled["source"] == "nvml" and sampled["gpu_mem_used_peak_mb"] > 0
+    per = [p for p in sampled["per_training"].values() if p["gpu_mem_known"]]
+    assert all(p["peak_gpu_mem_mb"] > 0 for p in per)  # NVML's per-process figure, where the driver gives it
+
+
+def test_the_memory_cap_comes_from_nvmls_total():
+    info = detect_device(os.environ)
+    total = float(info.memory_total_mb or 0)
+    capacity = Capacity(has_gpu=True, gpu_memory_mb=total)
+    memory = estimate(1000.0, Measured())  # 1000 MB a training, as stated
+    fits = math.floor(total * 0.8 / 1000)
+    check_memory([fits], {"local": capacity}, memory, 0.8, key=lambda i: "packing.factors[0]")
+    with pytest.raises(ConfigError) as err:
+        check_memory([fits + 1], {"local": capacity}, memory, 0.8, key=lambda i: "packing.factors[0]")
+    assert "GPU memory" in err.value.why and f"at most {fits}" in err.value.hint
+
+
+def test_fused_models_on_cuda_end_where_each_would_alone():
+    import torch
+
+    from gpupack.workload import Reporter, TrainingContext, load_workload
+    from gpupack.workloads import _mnist_data, _torch_common, _torch_fused
+    from gpupack.workloads.mnist_torch import _build
+
+    workload = load_workload("mnist_torch")
+    group = [workload.params({**workload.defaults(), **SMALL, "hidden": 32, "lr": lr, "seed": s})
+             for lr, s in ((0.05, 0), (0.2, 1))]
+    data = _mnist_data.load(None)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    def ctx() -> TrainingContext:
+        return TrainingContext(device="cuda", threads=1, reporter=Reporter())
+
+    alone = []
+    for p in group:
+        built: list = []
+        _torch_common.run(p, ctx(), data, lambda nn, p=p: built.append(_build(p, nn)) or built[-1])
+        alone.append({k: v.detach().cpu() for k, v in built[0].state_dict().items()})
+    kept: list[dict] = []
+    _torch_fused.train_fused(group, [ctx() for _ in group], data, lambda nn, p: _build(p, nn), keep=kept)
+    for a, f in zip(alone, kept):
+        for name in a:
+            assert torch.allclose(a[name], f[name].cpu(), rtol=1e-3, atol=1e-4), name
+
+
+def test_ddp_over_nccl_at_k1(tmp_path):
+    plan = make_plan(sweep="gpu", workload="mnist_torch", grid={"seed": [0]}, fixed=SMALL, factors=[], modes=[],
+                     partitions=["local"], repeats=1, spread_layouts=[("ddp", "ddp-nccl")], spread_devices=[1])
+    run = RunDir(tmp_path / "run")
+    write_json_atomic(run.plan, plan.to_json())
+    (pack,) = plan.packs
+    run_pack(str(run.root), pack.pack_id, PackSettings(device="cuda"))
+    rec = read_json(run.training_record(pack.pack_id, pack.trainings[0].training_id))
+    assert rec["status"] == "completed", rec["error"]
+    assert rec["spread"]["backend"] == "nccl" and rec["spread"]["world"] == 1
+
+
+@pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None,
+                    reason="nvidia-cuda-mps-control is not on PATH: MPS cannot start here")
+def test_two_trainings_under_mps(tmp_path):
+    settings = PackSettings(device="cuda", sample_interval_s=0.2,
+                            mode_options={"process": ProcessOptions(mps=True)})
+    rec, trainings = _run(tmp_path, 2, settings)
+    assert rec["n_completed"] == 2, [t["error"] for t in trainings]
+    assert rec["sampler"]["mps"] is True
+
+
+def test_the_sampler_sees_a_busy_gpu():
+    info = detect_device(os.environ)
+    sampler = Sampler(interval_s=0.1, gpu=info.uuid or first_visible(os.environ), no_gpu_reason=info.note)
+    sampler.start()
+    try:
+        subprocess.run([sys.executable, "-c", "import time, torch\n"
+                        "x = torch.randn(4096, 4096, device='cuda')\n"
+                        "end = time.time() + 3\n"
+                        "while time.time() < end:\n    x = (x @ x).tanh()\n"
+                        "torch.cuda.synchronize()"], check=True, timeout=300)
+    finally:
+        sampled = sampler.stop()
+    assert sampled["source"] == "nvml" and sampled["n_samples"] > 0
+    assert sampled["gpu_util_max"] > 0 and sampled["gpu_mem_used_peak_mb"] > 0
