@@ -161,6 +161,11 @@ class Workload(ABC):
         """A HINT to add to a failed training's error (its stderr's tail), or None."""
         return None
 
+    def device_note(self, params: Mapping[str, Any], has_gpu: bool | None) -> str | None:
+        """What this training will do otherwise than asked on a partition with (or without) a GPU, said once before
+        anything runs (e.g. amp ignored on a CPU), or None."""
+        return None
+
     def cost(self, params: Mapping[str, Any]) -> float | None:
         """A training's length relative to the others of its sweep (any unit), or None where the workload cannot tell:
         a stream claims the longest first, so the short ones fill the slots at its end (LPT order)."""

@@ -97,3 +97,13 @@ def test_fused_mode_hosts_n_resnet50s(tmp_path):
     (pack,) = plan.packs
     rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu"))
     assert rec["n_completed"] == 2 and rec["mode"] == "fused", rec
+
+
+@pytest.mark.parametrize("amp, noted", [(True, True), (False, False)])
+def test_amp_on_a_partition_without_a_gpu_is_said_before_anything_runs(tmp_path, amp, noted):
+    from gpupack import sweep
+
+    prepared = sweep.prepare(["+sweep=resnet50_pack", f"sweep.fixed.amp={str(amp).lower()}",
+                              f"run_dir={tmp_path / 'run'}", "packing.device=cpu"])
+    assert any(AMP_ON_CPU in w for w in prepared.warnings) is noted
+    assert not (tmp_path / "run").exists()

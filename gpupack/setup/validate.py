@@ -292,9 +292,23 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
                      factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
                      loader_probe=bool(sweep.loader_probe), settings=settings, order=cfg.packing.order,
                      order_seed=int(cfg.packing.order_seed), memory=memory, auto=auto,
-                     warnings=tuple(idle_gpu_warnings(factors, facts, measured.host_mb)), spread=spread,
+                     warnings=tuple(idle_gpu_warnings(factors, facts, measured.host_mb))
+                     + device_notes(workload, grid, fixed, facts, settings.device), spread=spread,
                      stream=str(cfg.packing.stream),
                      stream_jobs=int(cfg.packing.jobs or min(facts.stream_jobs(p) for p in facts.partitions)))
+
+
+def device_notes(workload: Workload, grid: Mapping[str, Any], fixed: Mapping[str, Any], facts: ClusterFacts,
+                 device: str) -> tuple[str, ...]:
+    """What the workload will do otherwise than asked on each partition (its device_note), each said once. Pure."""
+    notes: list[str] = []
+    for partition in facts.partitions:
+        has_gpu = facts.capacities[partition].has_gpu if device != "cpu" else False
+        for point in expand_grid(grid):
+            note = workload.device_note({**fixed, **point}, has_gpu)
+            if note and f"{partition}: {note}" not in notes:
+                notes.append(f"{partition}: {note}")
+    return tuple(notes)
 
 
 def typed_grid(workload: Workload, raw_grid: Any, raw_fixed: Any) -> tuple[dict[str, list[Any]], dict[str, Any]]:

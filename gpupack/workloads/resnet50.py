@@ -96,6 +96,9 @@ class ResNet50(common.TorchImageWorkload):
                                   "keep image_size=32 and num_classes=10 with data=cifar10, or use data=synthetic")
             _cifar10_data.find_dir(params.data_dir)
 
+    def device_note(self, params: Any, has_gpu: bool | None) -> str | None:
+        return f"amp=true is {AMP_ON_CPU}" if params.get("amp") and has_gpu is False else None
+
     def cost(self, params: Any) -> float | None:
         return float(params["epochs"]) * float(params["train_samples"]) * float(params["image_size"]) ** 2
 
