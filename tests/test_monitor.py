@@ -98,7 +98,7 @@ def test_an_h100_1g_10gb_slice_is_named_sized_and_costed_as_the_slice(monkeypatc
     assert 9 * 1024 < info.memory_total_mb < 11 * 1024  # the slice's ~10 GB, not the parent's 80 GB
     model = model_from_device_name(info.name)
     weights = OmegaConf.load(config_dir() / "rgu" / "alliance.yaml").models
-    assert model == "H100-1g.10gb" and weights[model] == 1.7 and weights["H100-80gb"] == 12.2
+    assert model == "H100-1g.10gb" and weights[model] == 1.74 and weights["H100-80gb"] == 12.2
 
 
 def test_a_mig_mode_gpu_named_by_index_with_several_slices_says_which_was_taken(monkeypatch):

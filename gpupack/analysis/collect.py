@@ -25,7 +25,7 @@ from gpupack.analysis.load import Records, load_records
 from gpupack.analysis.occupancy import occupancy, timeline
 from gpupack.analysis.summary import best_factors, packing_times, split_phase, summarize
 from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table
-from gpupack.core.rgu import cost_table
+from gpupack.core.rgu import billed_packs, cost_table
 
 __all__ = ["Collected", "aggregate", "aggregate_records"]
 
@@ -70,7 +70,7 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     n = sweep_trainings or max(records.grid_sizes.values(), default=0) or int(records.trainings["training_id"].nunique()
                                                                  if not records.trainings.empty else 0)
     weights = weights if weights is not None else records.rgu
-    cost = cost_table(overall, weights, n)
+    cost = cost_table(overall, weights, n, billed_packs(probe_p))
     spread = spread_summary(spread_t, spread_p)
     layouts = (compare(summary, spread, packing_times(probe_t, probe_p), weights, training_walls(probe_t))
                if not spread.empty else pd.DataFrame())

@@ -1,6 +1,8 @@
 """RGU cost: what a training and a whole sweep cost on each partition at its best packing factor. Pure.
 
-A pack holds one GPU for its wall time, so one training costs (pack wall / N) x the GPU model's RGU weight.
+A pack holds one GPU for its wall time, so one training costs (pack wall / N) x what the pack is billed per hour: the
+GPU model's RGU weight, or more where its cores or memory pass the GPU's bundle (gpupack.core.billing: the largest of
+the three bills).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from gpupack.core.billing import GPU_ONLY, Bundle, bill
 from gpupack.errors import ConfigError
 
 # NVML device names → the RGU table's model names (e.g. "Tesla V100-SXM2-16GB" → V100-16gb).
@@ -54,15 +57,46 @@ def check_weights(models: Mapping[str, Any], key: str = "rgu.models") -> dict[st
     return out
 
 
-def cost_table(best: pd.DataFrame, weights: Mapping[str, float], sweep_trainings: int) -> pd.DataFrame:
-    """Per partition (at its best mode and N): RGU-hours per training and for a sweep of
-    ``sweep_trainings`` trainings on one GPU, the sweep's wall time, and which is fastest and cheapest."""
+def billed_packs(packs: pd.DataFrame) -> pd.DataFrame:
+    """Per (partition, mode, N): the term that bills its packs and how many times the GPU's RGU (from each pack
+    record's ``billing``: what its job asked, and the bundle). Packs with no billing record (a local run): none."""
+    if packs.empty or "billing" not in packs:
+        return pd.DataFrame(columns=["partition", "mode", "factor", "billed_term", "billed_multiple"])
+    rows = []
+    for _, p in packs.iterrows():
+        asked = p["billing"]
+        if not isinstance(asked, Mapping):
+            continue
+        charged = bill(Bundle(1.0, asked.get("bundle_cores"), asked.get("bundle_mem_gb")), asked.get("cpus"),
+                       asked.get("mem_gb"), float(asked.get("gpus") or 1))
+        rows.append({"partition": p["partition"], "mode": p["mode"], "factor": p["factor"], "billed_term": charged.term,
+                     "billed_multiple": charged.multiple})
+    if not rows:
+        return pd.DataFrame(columns=["partition", "mode", "factor", "billed_term", "billed_multiple"])
+    frame = pd.DataFrame(rows)
+    return frame.groupby(["partition", "mode", "factor"], as_index=False).agg(
+        billed_term=("billed_term", "first"), billed_multiple=("billed_multiple", "max"))
+
+
+def cost_table(best: pd.DataFrame, weights: Mapping[str, float], sweep_trainings: int,
+               billed: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per partition (at its best mode and N): the RGU-hours billed per training (``billed``: the term and multiple
+    its packs were billed by, from :func:`billed_packs`; none known: the GPU's RGU, as a site without bundles) and for
+    a sweep of ``sweep_trainings`` trainings on one GPU, what a request sized to the bundle would cost, the sweep's
+    wall time, and which is fastest and cheapest (by what is billed)."""
     if best.empty:
         return pd.DataFrame()
     out = best[["workload", "partition", "gpu_type", "gpu_model", "mode", "factor", "time_per_training_s"]].copy()
     out["rgu"] = [weights.get(m) if isinstance(m, str) else None for m in out["gpu_model"]]
     out["rgu"] = pd.to_numeric(out["rgu"], errors="coerce")
-    out["rgu_hours_per_training"] = out["time_per_training_s"] / 3600.0 * out["rgu"]
+    if billed is not None and not billed.empty:
+        out = out.merge(billed, on=["partition", "mode", "factor"], how="left")
+    else:
+        out["billed_term"], out["billed_multiple"] = None, float("nan")
+    out["billed_term"] = out["billed_term"].where(out["billed_term"].notna(), GPU_ONLY)
+    out["billed_multiple"] = pd.to_numeric(out["billed_multiple"], errors="coerce").fillna(1.0)
+    out["rgu_hours_at_bundle"] = out["time_per_training_s"] / 3600.0 * out["rgu"]
+    out["rgu_hours_per_training"] = out["rgu_hours_at_bundle"] * out["billed_multiple"]
     out["sweep_trainings"] = sweep_trainings
     out["sweep_hours"] = sweep_trainings * out["time_per_training_s"] / 3600.0
     out["sweep_rgu_hours"] = sweep_trainings * out["rgu_hours_per_training"]

@@ -34,6 +34,9 @@ class Capacity:
     node_gpus: int | None = None
     node_cpus: int | None = None
     node_mem_mb: float | None = None
+    # What one GPU (or MIG slice) of this partition is billed against (gpupack.core.billing): its cores and memory.
+    bundle_cores: float | None = None
+    bundle_mem_gb: float | None = None
 
 
 
@@ -55,6 +58,9 @@ class PackSettings:
     # A streaming lane claims no training it could not finish within this many seconds of its start (the job's time
     # limit less the requeue signal's delay; set by the backend); None: no limit.
     claim_until_s: float | None = None
+    # What this pack's job asked and what one GPU here is billed against, for the pack record (gpupack.core.billing):
+    # gpus, cpus, mem_gb, bundle_cores, bundle_mem_gb. Empty: not known (a local run).
+    billing: Mapping[str, Any] = field(default_factory=dict)
     # One training's wall as the sweep estimates it (sweep.training_estimate_s), until a lane has measured its own.
     training_estimate_s: float | None = None
 

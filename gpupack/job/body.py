@@ -326,8 +326,9 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
             runner.run(todo, ctx)
     finally:
         sampled = sampler.stop()
+    billing = {"billing": dict(settings.billing)} if settings.billing else {}  # what the job asked, its bundle
     return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings), sampled,
-                             mode_started=mode_started, phase=plan.phase, job=job, extra=extra)
+                             mode_started=mode_started, phase=plan.phase, job=job, extra={**(extra or {}), **billing})
 
 
 def slot_use(records: Sequence[Mapping[str, Any]], slots: int, started: float, ended: float) -> dict[str, Any]:

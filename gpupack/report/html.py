@@ -60,9 +60,12 @@ SUMMARY_FORMATS = {"time_per_training_s": ".2f", "tpt_ci_low_s": ".2f", "tpt_ci_
                    "gpu_util_mean": ".0f", "cpu_percent_mean": ".0f", "gpu_mem_peak_mb": ".0f", "peak_rss_mb": ".0f"}
 COST_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_model": "GPU model", "rgu": "RGU",
                 "mode": "mode", "factor": "best N", "time_per_training_s": "s/training",
-                "rgu_hours_per_training": "RGU-h/training", "sweep_hours": "sweep hours",
+                "billed_term": "billed by", "billed_multiple": "x GPU's RGU",
+                "rgu_hours_per_training": "RGU-h/training", "rgu_hours_at_bundle": "RGU-h at bundle",
+                "sweep_hours": "sweep hours",
                 "sweep_rgu_hours": "sweep RGU-h", "fastest": "fastest", "cheapest": "cheapest"}
-COST_FORMATS = {"rgu": ".1f", "time_per_training_s": ".2f", "rgu_hours_per_training": ".2e", "sweep_hours": ".3g",
+COST_FORMATS = {"rgu": ".2f", "time_per_training_s": ".2f", "rgu_hours_per_training": ".2e", "sweep_hours": ".3g",
+                "billed_multiple": ".2f", "rgu_hours_at_bundle": ".2e",
                 "sweep_rgu_hours": ".3g"}
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em}.best{background:#e8f5e9;padding:.6em 1em;border-radius:6px}

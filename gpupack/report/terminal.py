@@ -260,13 +260,15 @@ def render_knobs(c: Collected, console: Console) -> None:
 
 def render_cost(c: Collected, console: Console) -> None:
     table = Table(title=f"Cost at the best N, for a sweep of {trainings_phrase(c.sweep_trainings)} on one device")
-    for col in ("partition", "GPU model", "RGU", "mode", "best N", "s/training", "RGU-h/training", "sweep hours",
-                "sweep RGU-h", "verdict"):
-        table.add_column(col, justify="left" if col in ("partition", "GPU model", "mode", "") else "right")
+    for col in ("partition", "GPU model", "RGU", "mode", "best N", "s/training", "billed by", "RGU-h/training",
+                "at bundle", "sweep hours", "sweep RGU-h", "verdict"):
+        table.add_column(col, justify="left" if col in ("partition", "GPU model", "mode", "billed by") else "right")
     for _, r in c.cost.iterrows():
         flags = " ".join(f for f, on in (("fastest", r["fastest"]), ("cheapest", r["cheapest"])) if on)
-        table.add_row(r["partition"], str(r["gpu_model"] or "-"), fmt(r["rgu"], ".1f"), r["mode"],
-                      str(int(r["factor"])), fmt(r["time_per_training_s"]), fmt(r["rgu_hours_per_training"], ".2e"),
+        term = str(r["billed_term"]) + (f" x{r['billed_multiple']:.2f}" if r["billed_multiple"] > 1 else "")
+        table.add_row(r["partition"], str(r["gpu_model"] or "-"), fmt(r["rgu"], ".2f"), r["mode"],
+                      str(int(r["factor"])), fmt(r["time_per_training_s"]), term,
+                      fmt(r["rgu_hours_per_training"], ".2e"), fmt(r["rgu_hours_at_bundle"], ".2e"),
                       fmt(r["sweep_hours"], ".3g"), fmt(r["sweep_rgu_hours"], ".3g"), flags)
     console.print(table)
     for line in cost_lines(c):

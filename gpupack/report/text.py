@@ -99,6 +99,17 @@ def hyper_lines(ranking: Ranking) -> list[str]:
     return lines
 
 
+def verdict_line(workload: str, cheapest: Any, fastest: Any) -> str:
+    """One line: the partition, mode and N that bill the least per training, and those that finish a sweep first."""
+    def where(r: Any) -> str:
+        return f"{r['partition']} ({r['mode']}, N={int(r['factor'])})"
+
+    billed = str(cheapest["billed_term"])
+    return (f"{workload}: cheapest per training: {where(cheapest)}, {fmt(cheapest['rgu_hours_per_training'], '.3g')} "
+            f"RGU-h billed by {billed}; fastest sweep: {where(fastest)}, {fmt(fastest['time_per_training_s'])} s per "
+            "training.")
+
+
 def cost_lines(c: Collected) -> list[str]:
     lines = []
     for workload, group in c.cost.groupby("workload"):
@@ -111,6 +122,7 @@ def cost_lines(c: Collected) -> list[str]:
             row = cheapest.iloc[0]
             lines.append(f"{workload}: it costs least on {row['partition']} ({row['gpu_model']}): "
                          f"{fmt(row['sweep_rgu_hours'], '.3g')} RGU-hours at N={int(row['factor'])}.")
+            lines.append(verdict_line(workload, row, fastest))
         else:
             lines.append(f"{workload}: no RGU weight is known for {', '.join(sorted(set(map(str, group['gpu_type']))))}"
                          " (not a GPU model of conf/rgu/), so no RGU cost.")

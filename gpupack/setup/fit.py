@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+from gpupack.core.billing import CORES, Bundle, over_bundle
 from gpupack.core.memory import TrainingMemory, check_memory
 from gpupack.core.types import Capacity, PackRequest
 from gpupack.errors import ConfigError
@@ -63,6 +64,27 @@ def idle_gpu_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host
                            f"{cap.node_cpus} CPUs and {(cap.node_mem_mb or 0) / 1024:.1f} GB, so {min(per_node)} "
                            f"pack(s) fit per node and {cap.node_gpus - min(per_node)} GPU(s) sit idle. HINT: lower "
                            f"{req.mem_key} or {req.cpus_key} to a node's share per GPU")
+    return out
+
+
+def bundle_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_mb: float | None) -> list[str]:
+    """Where a pack of N asks more cores or memory than one GPU's bundle, the allocation is charged for the largest
+    of the three (gpupack.core.billing): say what it asks, the bundle, and the billed multiple of the GPU's RGU, with
+    the fix. Pure."""
+    out = []
+    for name, cap in facts.capacities.items():
+        bundle = Bundle(1.0, cap.bundle_cores, cap.bundle_mem_gb)
+        for n in factors:
+            req = facts.request(n, measured_host_mb)
+            over = over_bundle(bundle, req.cpus, (req.mem_mb or 0) / 1024 if req.mem_mb else None)
+            if over is None:
+                continue
+            fix = (f"fewer cores per training ({req.cpus_key})" if over.term == CORES else
+                   f"measured memory sizing ({req.mem_key}=null after a first run) or less per training "
+                   f"({req.mem_key})")
+            out.append(f"{name}: a pack of N={n} asks {req.cpus} cores and {(req.mem_mb or 0) / 1024:.1f} GB; one "
+                       f"GPU's bundle here is {cap.bundle_cores:g} cores and {cap.bundle_mem_gb:g} GB, so the pack is "
+                       f"billed by {over.term}: {over.multiple:.2f}x the GPU's RGU. HINT: {fix}, or a smaller N")
     return out
 
 

@@ -22,7 +22,7 @@ from gpupack.core.rundir import check_name
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError, nearest, require_counts
 from gpupack.pack import load_packer
-from gpupack.setup.fit import ClusterFacts, auto_ladder, check_fit, idle_gpu_warnings
+from gpupack.setup.fit import ClusterFacts, auto_ladder, bundle_warnings, check_fit, idle_gpu_warnings
 from gpupack.setup.options import check_strategy_options, pack_settings
 from gpupack.setup.spread_check import SpreadSpec, check_spread_config
 from gpupack.workload import Workload, load_workload
@@ -293,6 +293,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
                      loader_probe=bool(sweep.loader_probe), settings=settings, order=cfg.packing.order,
                      order_seed=int(cfg.packing.order_seed), memory=memory, auto=auto,
                      warnings=tuple(idle_gpu_warnings(factors, facts, measured.host_mb))
+                     + tuple(bundle_warnings(factors, facts, measured.host_mb))
                      + device_notes(workload, grid, fixed, facts, settings.device), spread=spread,
                      stream=str(cfg.packing.stream),
                      stream_jobs=int(cfg.packing.jobs or min(facts.stream_jobs(p) for p in facts.partitions)))

@@ -86,6 +86,11 @@ class PartitionConfig:
     # The most CPUs and host memory one single-GPU job should get here (the site's per-GPU guidance).
     max_cpus: Optional[int] = None
     max_mem_gb: Optional[float] = None
+    # The cores and memory (GB) that come with one GPU (or MIG slice) here, which a job is charged against: the
+    # largest of its RGU, its cores over bundle_cores and its memory over bundle_mem_gb bills it (gpupack.core.billing).
+    # null: this site bills the GPU alone (as far as gpupack knows).
+    bundle_cores: Optional[float] = None
+    bundle_mem_gb: Optional[float] = None
     # Retired hardware, kept so earlier measurements can still be labelled and compared.
     retired: bool = False
 
@@ -259,7 +264,8 @@ class SlurmSubmitter(Submitter):
                                  or live.get(name, {}).get("mem_mb"),
                                  node_gpus=live.get(name, {}).get("node_gpus"),
                                  node_cpus=live.get(name, {}).get("node_cpus"),
-                                 node_mem_mb=live.get(name, {}).get("node_mem_mb"))
+                                 node_mem_mb=live.get(name, {}).get("node_mem_mb"),
+                                 bundle_cores=part.bundle_cores, bundle_mem_gb=part.bundle_mem_gb)
         return out
 
     # ---------------- submission ----------------
@@ -283,8 +289,13 @@ class SlurmSubmitter(Submitter):
                                                            factor, account, self.request(factor).mem_gb_each,
                                                            devices=devices))
             try:
-                labelled = dataclasses.replace(settings, gpu_model=self.cluster.partitions[partition].model,
-                                               claim_until_s=self.claim_until_s())
+                part = self.cluster.partitions[partition]
+                req = self.request(factor)
+                asked = {"gpus": devices, "cpus": req.cpus * devices if req.cpus else None,
+                         "mem_gb": req.mem_mb * devices / 1024 if req.mem_mb else None,
+                         "bundle_cores": part.bundle_cores, "bundle_mem_gb": part.bundle_mem_gb}
+                labelled = dataclasses.replace(settings, gpu_model=part.model, claim_until_s=self.claim_until_s(),
+                                               billing=asked)
                 with executor.batch():
                     jobs = [executor.submit(PackJob(type(self)), str(self.run.root), p.pack_id, labelled)
                             for p in group]
