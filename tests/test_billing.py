@@ -34,3 +34,68 @@ def test_only_a_request_over_its_bundle_is_flagged():
     assert over_bundle(Bundle(12.2, 16, 124.5), 8, 100) is None
     flagged = over_bundle(Bundle(12.2, 16, 124.5), 17, 136)
     assert isinstance(flagged, Bill) and flagged.term == MEMORY and flagged.multiple == pytest.approx(136 / 124.5)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_slice_and_a_whole_gpu_compared_by_what_bills(tmp_path, slurm_env):
+    """On the local slurmctld: partitions standing for an H100 and its 1g.10gb slice, each with a bundle. A pack of 2
+    asks 2 cores and 2 GB: over the slice's bundle (1 core, 1 GB: billed by cores, 2x), within the whole GPU's. Said
+    before submitting; the cost table names the term; one verdict line names the cheapest and the fastest."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "gpupack", f"hydra.searchpath=[file://{repo / 'tests' / 'conf'}]",
+                           "+sweep=probe_pack", "cluster=slices", "partitions=[whole,slice]", "packing.factors=[2]",
+                           "cluster.poll_s=0.5", "cluster.cpus_per_training=1", "cluster.mem_gb_per_training=1",
+                           f"run_dir={run_dir}"], capture_output=True, text=True, env=slurm_env, cwd=repo,
+                          timeout=540)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "slice: a pack of N=2 asks 2 cores and 2.0 GB; one GPU's bundle here is 1 cores and 1 GB, so the pack " \
+           "is billed by cores: 2.00x the GPU's RGU" in " ".join(out.split())
+    assert "whole: a pack of N=2" not in out
+    cost = {r["partition"]: r for r in json.loads((run_dir / "summary.json").read_text())["cost"]}
+    assert cost["slice"]["billed_term"] == CORES and cost["slice"]["billed_multiple"] == pytest.approx(2.0)
+    assert cost["whole"]["billed_term"] == GPU and cost["whole"]["billed_multiple"] == pytest.approx(1.0)
+    for r in cost.values():  # billed = time per training x the GPU's RGU x what bills
+        assert r["rgu_hours_per_training"] == pytest.approx(r["time_per_training_s"] / 3600 * r["rgu"]
+                                                            * r["billed_multiple"])
+    cheapest = next(p for p, r in cost.items() if r["cheapest"])
+    fastest = next(p for p, r in cost.items() if r["fastest"])
+    assert f"cheapest per training: {cheapest} (process, N=2)" in " ".join(out.split())
+    assert f"fastest sweep: {fastest} (process, N=2)" in " ".join(out.split())
+
+
+def test_auto_by_cost_stops_where_billing_rises_though_time_still_falls():
+    """A partition whose bundle is 4 cores: a pack of 8 asks 8 and is billed twice its GPU's RGU. N=8 is faster per
+    training (0.6 s against 1.0 s) but dearer (1.2 against 1.0): objective=time climbs, objective=cost stops."""
+    from types import SimpleNamespace
+
+    from gpupack.core.types import Capacity, PackRequest
+    from gpupack.flow.auto import billed_multiple, verdict, weighed
+
+    prepared = SimpleNamespace(capacities={"h100": Capacity(bundle_cores=4, bundle_mem_gb=100)},
+                               backend=SimpleNamespace(request=lambda n: PackRequest(cpus=n, mem_mb=n * 1024)))
+    assert [billed_multiple(prepared, "h100", n) for n in (1, 4, 8)] == [1.0, 1.0, 2.0]
+    times = {4: [1.0, 1.01, 0.99, 1.0], 8: [0.6, 0.61, 0.59, 0.6]}
+    assert verdict(8, weighed(prepared, "h100", times, "time"), 4, 0, 0, 0.05) == "climb"
+    by_cost = weighed(prepared, "h100", times, "cost")
+    assert by_cost[8] == pytest.approx([1.2, 1.22, 1.18, 1.2]) and by_cost[4] == times[4]
+    assert "slower than" in verdict(8, by_cost, 4, 0, 0, 0.05)
+    no_bundle = SimpleNamespace(capacities={"local": Capacity()}, backend=prepared.backend)
+    assert weighed(no_bundle, "local", times, "cost") == times  # a site without bundles: cost orders as time
+
+
+def test_a_bad_objective_is_refused():
+    from gpupack.errors import ConfigError
+    from gpupack.setup.compose import compose_config
+    from gpupack.setup.validate import check_packing
+
+    with pytest.raises(ConfigError) as err:
+        check_packing(compose_config(["+sweep=mnist_pack", "packing.factors=auto", "packing.auto.objective=money"]))
+    assert err.value.key == "packing.auto.objective" and "HINT" in str(err.value)

@@ -28,10 +28,11 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from gpupack.analysis.choose import keeps_improving
+from gpupack.analysis.choose import choose, keeps_improving
 from gpupack.analysis.collect import aggregate
 from gpupack.analysis.load import Records, load_records
 from gpupack.analysis.summary import pack_times, summarize
+from gpupack.core.billing import Bundle, bill
 from gpupack.core.memory import candidate_runs, check_memory, estimate, find_measured, setting_key
 from gpupack.core.plan import Pack, Plan, expand_grid, make_plan, run_order, training_id
 from gpupack.core.records import COMPLETED, OOM, make_dirs, write_json_atomic, write_text_atomic
@@ -126,7 +127,7 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
             times = pack_times(records)
             for partition in list(climbing):
                 row = _row(summary, partition, n)
-                by_n = times.get(partition, {})
+                by_n = weighed(prepared, partition, times.get(partition, {}), auto.objective)
                 why = verdict(n, by_n, best_so_far[partition], int(row.get("oom", 0)), int(row.get("unfinished", 0)),
                               auto.min_gain)
                 if why == "climb":
@@ -144,6 +145,8 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                     climbing.remove(partition)
         collected = aggregate(probe_runs(root))
         chosen = {r["partition"]: int(r["factor"]) for _, r in collected.best.iterrows()}
+        if auto.objective == "cost":  # the same noise-aware choice, over the RGU billed per training
+            chosen = cheapest_n(prepared, collected, pack_times(collected.records))
         report.best = {p: chosen.get(p) for p in spec.partitions}
         if auto.then == RUN and any(v is not None for v in report.best.values()):
             completed = probe_completed(collected.records)
@@ -193,6 +196,42 @@ def auto_parts(prepared: Prepared) -> tuple[SweepSpec, AutoSpec, DictConfig]:
     if spec is None or spec.auto is None or not isinstance(prepared.config, DictConfig):
         raise TypeError("packing.factors=auto runs a sweep prepared from gpupack's config (gpupack.sweep.prepare)")
     return spec, spec.auto, prepared.config
+
+
+def billed_multiple(prepared: Prepared, partition: str, n: int) -> float:
+    """How many times its GPU's RGU a pack of N is billed on ``partition`` (its request against the GPU's bundle)."""
+    cap = prepared.capacities.get(partition)
+    if cap is None:
+        return 1.0
+    req = prepared.backend.request(n)
+    return bill(Bundle(1.0, cap.bundle_cores, cap.bundle_mem_gb), req.cpus,
+                req.mem_mb / 1024 if req.mem_mb else None).multiple
+
+
+def weighed(prepared: Prepared, partition: str, times: Mapping[int, Sequence[float]],
+            objective: str) -> dict[int, list[float]]:
+    """Time per training of each N, or (objective cost) what it bills: time x the pack's billed multiple (its GPU's
+    RGU is the same at every N of a partition, so the multiple alone orders them)."""
+    if objective != "cost":
+        return {n: list(t) for n, t in times.items()}
+    return {n: [x * billed_multiple(prepared, partition, n) for x in t] for n, t in times.items()}
+
+
+def cheapest_n(prepared: Prepared, collected: Any, times: Mapping[str, Mapping[int, Sequence[float]]]
+               ) -> dict[str, int]:
+    """Per partition, the noise-aware choice of N by billed cost per training, among the N that ran without an OOM or
+    a failure."""
+    out: dict[str, int] = {}
+    summary = collected.summary
+    for partition, by_n in times.items():
+        rows = summary[summary["partition"] == partition] if not summary.empty else summary
+        ok = {int(r["factor"]) for _, r in rows.iterrows() if not r["oom"] and not r["unfinished"]}
+        candidates = {n: t for n, t in weighed(prepared, partition, by_n, "cost").items() if n in ok and t}
+        if candidates:
+            best = choose(candidates).best
+            if best is not None:
+                out[partition] = best
+    return out
 
 
 def probe_runs(root: RunDir) -> list[Path]:

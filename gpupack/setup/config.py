@@ -47,6 +47,9 @@ class AutoConfig:
     # Packs per probed N (and of the best N so far, measured again beside it); null: packing.repeats, at least 3
     # (with 2 packs a side, a real 5 % gain is rarely beyond noise).
     repeats: Optional[int] = None
+    # What the climb weighs: time per training, or cost: the RGU billed per training (time x what bills a pack of N:
+    # its GPU's RGU, or more where its cores or memory pass the GPU's bundle). cost stops where billing rises.
+    objective: str = "time"
 
 
 @dataclass

@@ -43,6 +43,7 @@ class AutoSpec:
     # Where memory would stop the climb by today's figures (a default or stated one until the probe measures):
     # the probe re-checks each next N against what it measured, so this is a forecast, not a cut.
     memory_note: str | None = None
+    objective: str = "time"  # packing.auto.objective: time | cost (the RGU billed per training)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ def group_keys(workload: Workload, modes: Sequence[str]) -> dict[str, Callable[[
 
 
 THEN = ("run", "stop")
+OBJECTIVES = ("time", "cost")  # packing.auto.objective
 
 
 def _check_factors(factors: Any) -> tuple[int, ...]:
@@ -215,6 +217,9 @@ def _check_auto(cfg: DictConfig) -> tuple[int, ...]:
     if packing.auto.repeats is not None and packing.auto.repeats < 2:
         raise ConfigError("packing.auto.repeats", packing.auto.repeats, "must be >= 2 or null",
                           "a probe needs two packs per N to tell a gain from noise")
+    if packing.auto.objective not in OBJECTIVES:
+        raise ConfigError("packing.auto.objective", packing.auto.objective, "unknown objective",
+                          nearest(packing.auto.objective, OBJECTIVES))
     if packing.then not in THEN:
         raise ConfigError("packing.then", packing.then, "unknown choice", nearest(packing.then, THEN))
     if not cfg.wait:
@@ -273,7 +278,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
                                                 lambda n: check_modes(workload, modes, [n], facts, settings))
         auto = AutoSpec(ladder=factors, cut=cut, min_gain=float(cfg.packing.auto.min_gain),
                         repeats=int(cfg.packing.auto.repeats or max(3, cfg.packing.repeats)), then=cfg.packing.then,
-                        memory_note=memory_note)
+                        memory_note=memory_note, objective=str(cfg.packing.auto.objective))
     else:
         check_fit(factors, facts, key=lambda i: f"packing.factors[{i}]", request_host_mb=measured.host_mb)
         check_modes(workload, modes, factors, facts, settings)  # a mode's own limit is the more specific answer
