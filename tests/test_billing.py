@@ -99,3 +99,16 @@ def test_a_bad_objective_is_refused():
     with pytest.raises(ConfigError) as err:
         check_packing(compose_config(["+sweep=mnist_pack", "packing.factors=auto", "packing.auto.objective=money"]))
     assert err.value.key == "packing.auto.objective" and "HINT" in str(err.value)
+
+
+def test_rorqual_n34_at_4gb_warns_that_memory_bills_before_anything_is_submitted(tmp_path, capsys, monkeypatch):
+    from gpupack.cli import main
+
+    monkeypatch.setenv("SLURM_ACCOUNT", "def-pi")
+    assert main(["+sweep=mnist_pack", "cluster=rorqual", "packing.factors=[34]", "cluster.mem_gb_per_training=4",
+                 "cluster.cpus_per_training=0.4", "dry_run=true", f"run_dir={tmp_path / 'run'}"]) == 0
+    captured = capsys.readouterr()
+    said = " ".join((captured.out + captured.err).split())
+    assert "h100: a pack of N=34 asks 14 cores and 136.0 GB; one GPU's bundle here is 16 cores and 124.5 GB, so the " \
+           "pack is billed by memory: 1.09x the GPU's RGU. HINT:" in said, said
+    assert not (tmp_path / "run").exists()  # a dry run: nothing written, nothing submitted
