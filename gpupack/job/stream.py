@@ -19,21 +19,25 @@ from gpupack.core.records import is_completed, read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import execute, move_aside, pack_lock
-from gpupack.runtime.jobenv import JobEnvironment
+from gpupack.runtime.jobenv import JobEnvironment, job_started_at
+
+# A training is claimed only with this much time to spare past its estimate (seconds, or this share of it): a training
+# that ends just as the limit's signal comes would be killed and run again.
+CLAIM_MARGIN_S, CLAIM_MARGIN = 2.0, 0.1
 
 
 class Lane:
     """The claims of one lane: :meth:`next` is what a freed slot takes (a :class:`gpupack.pack.Stream`)."""
 
     def __init__(self, run: RunDir, plan: Plan, pack: Pack, holder: Holder, settings: PackSettings,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, started: float | None = None) -> None:
         if pack.stream is None:
             raise ValueError(f"pack {pack.pack_id} is not a streaming lane")
         self.run, self.pack, self.holder, self.settings, self.clock = run, pack, holder, settings, clock
         self.items = plan.queue(pack.stream)
         self.folder = run.claims(pack.stream)
         self.homes = {t.training_id: home.pack_id for home, t in self.items}
-        self.started = clock()
+        self.started = clock() if started is None else started  # the job's start: its time limit counts from there
         self.claimed: list[str] = []
         self.walls: list[float] = []  # of the trainings this lane ran to their end
         self.stopped: str | None = None  # why it stopped claiming before the queue was drained
@@ -60,7 +64,8 @@ class Lane:
         if limit is None or estimate is None:
             return None
         left = limit - (self.clock() - self.started)
-        if left >= estimate:
+        needed = estimate + max(CLAIM_MARGIN_S, CLAIM_MARGIN * estimate)  # its record written, its process reaped
+        if left >= needed:
             return None
         return (f"{left:.0f} s left before the job's time limit, and a training takes up to {estimate:.0f} s: "
                 "the rest is left for the requeued job or the other lanes")
@@ -94,7 +99,7 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
     with pack_lock(run, pack_id):
         plan = Plan.from_json(read_json(run.plan))
         pack = plan.pack(pack_id)
-        lane = Lane(run, plan, pack, Holder.here(pack_id, job.job_id), settings)
+        lane = Lane(run, plan, pack, Holder.here(pack_id, job.job_id), settings, started=job_started_at())
         completed = lane.completed()
         if len(completed) == len(lane.items) and run.pack_record(pack_id).exists():
             return read_json(run.pack_record(pack_id))  # the queue is drained: nothing to run, nothing to move

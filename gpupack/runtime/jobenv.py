@@ -61,6 +61,18 @@ def job_id(environ: Mapping[str, str] | None = None) -> str | None:
     return env.get(JOB_ID_ENV) or JobEnvironment.from_environ(env).job_id
 
 
+def job_started_at(environ: Mapping[str, str] | None = None) -> float:
+    """When this job started, which its time limit counts from: SLURM's SLURM_JOB_START_TIME (an epoch, Slurm 21.08
+    and later), else this process's own start (a job's first process: submitit's, running the job body)."""
+    env = os.environ if environ is None else environ
+    given = env.get("SLURM_JOB_START_TIME", "")
+    if given.isdigit():
+        return float(given)
+    import psutil  # deferred: only a streaming lane asks
+
+    return float(psutil.Process().create_time())
+
+
 def job_cpus() -> list[int]:
     """The cores this job may use (what SLURM or taskset gave it)."""
     try:
