@@ -13,7 +13,6 @@ so the one before is provably dead: requeued, killed, cancelled, or its node gon
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import socket
@@ -65,19 +64,12 @@ def claim(folder: Path, training_id: str, holder: Holder) -> bool:
         return True
     except FileExistsError:
         return False
-    except OSError as err:  # NFS: the link may have been made although the reply was lost
+    except OSError:  # NFS: the link may have been made although the reply was lost
         if os.stat(mine).st_nlink == 2:
             return True
-        if err.errno in (errno.EEXIST,):
-            return False
         raise
     finally:
         os.unlink(mine)
-
-
-def holder_of(folder: Path, training_id: str) -> dict[str, Any] | None:
-    """The claim on ``training_id`` (None: unclaimed)."""
-    return read_json_or_none(claim_path(folder, training_id))
 
 
 def claims(folder: Path) -> dict[str, dict[str, Any]]:

@@ -286,8 +286,8 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
     device = choose_device(settings.device, info)
     runner, placement = runner_of(pack, device)
     cores = job_cores()
-    threads = threads_for(cores, pack.factor if stream is not None else len(todo), settings.threads_per_training)
-    concurrent = pack.factor if stream is not None else len(todo)
+    concurrent = pack.factor if stream is not None else len(todo)  # a lane's slots, else the trainings at once
+    threads = threads_for(cores, concurrent, settings.threads_per_training)
     by_id = {t.training_id: t for t in (stream.queue if stream is not None else todo)}
     records: list[dict[str, Any]] = []
     oom_kills_before = oom_kill_count()  # a rise by a training's end tells an OOM kill from any other SIGKILL
@@ -299,11 +299,11 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
                                     concurrent, gpu_model(info, settings))
         if plan.phase:  # packing.factors=auto: a probe's record, or the run's at the best N
             rec["phase"] = plan.phase
+        home = homes.get(outcome.training_id, pack.pack_id)
         if stream is not None:  # which lane, slot and job ran it; its record lives with its share of the plan
             stream.ended(outcome.training_id, outcome.ended_at - outcome.started_at)
-            rec.update(stream=pack.stream, lane=pack.index, job_id=job.job_id,
-                       home=homes.get(outcome.training_id, pack.pack_id))
-        write_json_atomic(run.training_record(homes.get(outcome.training_id, pack.pack_id), rec["training_id"]), rec)
+            rec.update(stream=pack.stream, lane=pack.index, job_id=job.job_id, home=home)
+        write_json_atomic(run.training_record(home, rec["training_id"]), rec)
         records.append(rec)
 
     # the sampler lists MPS clients then
@@ -340,7 +340,8 @@ def slot_use(records: Sequence[Mapping[str, Any]], slots: int, started: float, e
     for r in records:  # a mode whose trainings share one host process names no slots: no gaps to tell
         if r.get("slot") is not None:
             by_slot.setdefault(int(r["slot"]), []).append((float(r["started_at"]), float(r["ended_at"])))
-    gaps = [b[0] - a[1] for spans in by_slot.values() for a, b in zip(sorted(spans), sorted(spans)[1:])]
+    ordered = [sorted(spans) for spans in by_slot.values()]
+    gaps = [b[0] - a[1] for spans in ordered for a, b in zip(spans, spans[1:])]
     return {"slots": slots, "busy_s": busy,
             "slot_occupancy": busy / (slots * wall) if wall > 0 and slots else None,
             "slot_gap_mean_s": sum(gaps) / len(gaps) if gaps else None,
