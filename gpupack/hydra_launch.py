@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from gpupack import sweep
 from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
+from gpupack.core import pickling
 from gpupack.core.memory import Measured, check_memory, estimate
 from gpupack.core.plan import Pack, plan_in_order
 from gpupack.core.records import read_json
@@ -32,7 +33,6 @@ from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError, nearest
 from gpupack.pack import load_packer
-from gpupack.runtime.hydra_job import dump
 from gpupack.setup.fit import check_fit
 from gpupack.setup.validate import DEVICES, STREAMS, check_modes
 from gpupack.submit import backend_class
@@ -243,8 +243,6 @@ def raised_failure(ret: JobReturn, training_params: Mapping[str, Any], pack: Pac
 
 
 def job_returns(launcher: Any, prepared: sweep.Prepared) -> list[JobReturn]:
-    import cloudpickle
-
     out = []
     # In sweep order, as Hydra's sweepers expect: a streaming lane's share of the plan is every K-th job
     ordered = sorted(((pack, t) for pack in prepared.plan.packs for t in pack.trainings),
@@ -252,8 +250,7 @@ def job_returns(launcher: Any, prepared: sweep.Prepared) -> list[JobReturn]:
     for pack, t in ordered:
         path = prepared.run.hydra_return(t.params["job_num"])
         try:
-            with open(path, "rb") as f:
-                ret = cloudpickle.load(f)
+            ret = pickling.load(path)
         except (OSError, EOFError):
             out.append(failed_return(launcher, t.params, pack, prepared.run, t.training_id))
             continue
@@ -329,7 +326,7 @@ def launch_batch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_
         log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}")
 
     def on_open(opened: sweep.Opened) -> None:  # the run directory is ours now: leave the jobs what they need
-        dump((launcher, Singleton.get_state()), prepared.run.hydra_payload)
+        pickling.dump((launcher, Singleton.get_state()), prepared.run.hydra_payload)
 
     outcome = sweep.run(prepared, on_open=on_open, collect_outputs=False,
                         progress=lambda p, state: log.info(f"gpupack: pack {p.pack_id} {state}"))

@@ -41,6 +41,10 @@ class ProbeParams:
     # A programmed device: "N:seconds,..." sleeps that long when N trainings share the device ($GPUPACK_N), so a
     # test's time per training is a function of N, whatever the machine's load.
     sleep_by_n: str = ""
+    # A barrier, not a clock: "FOLDER:K" waits until K trainings have arrived in FOLDER. Trainings run together meet
+    # at once; trainings run one after the other never meet, and fail after meet_timeout_s (a liveness bound).
+    meet: str = ""
+    meet_timeout_s: float = 120.0
 
 
 class Probe(Workload):
@@ -60,6 +64,8 @@ class Probe(Workload):
         time.sleep(max((p.preload_sleep_s for p in params), default=0.0))
 
     def train(self, params: ProbeParams, ctx: TrainingContext) -> dict[str, Any]:
+        if params.meet:
+            _meet(params.meet, params.meet_timeout_s)
         if params.marker and not os.path.exists(params.marker):
             open(params.marker, "w").close()
             deadline = time.time() + params.first_attempt_sleep_s
@@ -99,6 +105,18 @@ def _spin(cpu_s: float) -> None:
     x = 0
     while time.process_time() < end:
         x += 1
+
+
+def _meet(spec: str, timeout_s: float) -> None:
+    folder, _, k = spec.rpartition(":")
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"arrived-{os.getpid()}").touch()
+    deadline = time.time() + timeout_s
+    while len(list(root.glob("arrived-*"))) < int(k):
+        if time.time() > deadline:
+            raise RuntimeError(f"only {len(list(root.glob('arrived-*')))} of {k} trainings ever met in {folder}")
+        time.sleep(0.02)
 
 
 def _first(marker: Path) -> bool:

@@ -252,8 +252,10 @@ class FaultParams:
     # The failing rank first leaves the process group (its peers fail of a lost connection), then lingers this long
     # before it raises: the race where the peers' errors land first.
     linger_s: float = 0.0
-    # A hang ends in an error after this long, so a pack that failed to stop it still ends (and its test goes red).
-    hang_s: float = 30.0
+    # A hang ends in an error after this long, so a pack that failed to stop it still ends; the rank then leaves a
+    # file in `hung_dir`, which a test of the stop finds (an outcome, not a clock: a stopped rank never writes it).
+    hang_s: float = 120.0
+    hung_dir: str = ""
     ignore_term: bool = False  # the other ranks ignore SIGTERM: only the SIGKILL after the grace period ends them
 
 
@@ -280,6 +282,8 @@ class RankFault(Workload):
         deadline = time.time() + params.hang_s
         while time.time() < deadline:
             time.sleep(0.1)
+        if params.hung_dir:
+            (Path(params.hung_dir) / f"rank{ctx.spread.rank}").write_text("hung to the end of hang_s: never stopped")
         raise RuntimeError(f"rank {ctx.spread.rank} was left hanging for {params.hang_s} s")
 
 
@@ -288,11 +292,11 @@ WORKLOAD = RankFault()
 
 @pytest.mark.parametrize("then, linger_s", [("hang", 0.0), ("allreduce", 1.5)])
 def test_a_failing_rank_fails_the_training_with_its_error_and_the_others_are_stopped(tmp_path, then, linger_s):
-    run, plan = _spread_plan(tmp_path, __name__, {"fail_rank": [1]}, {"then": then, "linger_s": linger_s})
+    run, plan = _spread_plan(tmp_path, __name__, {"fail_rank": [1]},
+                             {"then": then, "linger_s": linger_s, "hung_dir": str(tmp_path)})
     pack = plan.packs[0]
-    began = time.time()
     rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu"))
-    assert time.time() - began < 20  # rank 0 alone would hang for 30 s
+    assert not (tmp_path / "rank0").exists()  # rank 0 was stopped, not left to hang to its end
     tr = read_json(run.training_record(pack.pack_id, pack.trainings[0].training_id))
     assert rec["n_failed"] == 1 and tr["status"] == "failed" and tr["exit_code"] == 1 and tr["signal"] is None
     assert tr["error"].startswith("rank 1 of 2: ") and "rank fault on purpose in rank 1" in tr["error"]
@@ -300,11 +304,12 @@ def test_a_failing_rank_fails_the_training_with_its_error_and_the_others_are_sto
 
 
 def test_a_training_past_its_time_limit_is_stopped_on_every_rank(tmp_path):
-    run, plan = _spread_plan(tmp_path, __name__, {"fail_rank": [-1]}, {"then": "hang", "ignore_term": True})
+    run, plan = _spread_plan(tmp_path, __name__, {"fail_rank": [-1]},
+                             {"then": "hang", "ignore_term": True, "hung_dir": str(tmp_path)})
     pack = plan.packs[0]
-    began = time.time()
     run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", training_timeout_s=3))
-    assert time.time() - began < 20  # SIGTERM at 3 s, SIGKILL KILL_GRACE_S later; a hang ends itself at 30 s
+    # SIGTERM at 3 s (ignored), SIGKILL KILL_GRACE_S later: neither rank hung on to the end of its hang_s
+    assert not any((tmp_path / f"rank{r}").exists() for r in range(2))
     tr = read_json(run.training_record(pack.pack_id, pack.trainings[0].training_id))
     assert tr["status"] == "timeout" and tr["timed_out"] is True and tr["signal"] == signal.SIGKILL
     assert tr["error"].startswith("stopped after packing.training_timeout_s")

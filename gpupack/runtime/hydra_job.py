@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Mapping, Sequence
 
-from gpupack.core.records import atomic_file
+from gpupack.core import pickling
 from gpupack.core.rundir import RunDir
 from gpupack.runtime.jobenv import job_id
 from gpupack.workload import Launch, TrainingContext, Workload
@@ -29,14 +29,6 @@ class HydraJobParams:
     launch_dir: str = ""  # this launch's gpupack run directory (RunDir.hydra_payload, each job's RunDir.hydra_return)
     cwd: str = ""  # the app's working directory when it launched (Hydra's original cwd)
     app_dir: str = ""  # the app's own folder, so its sibling modules import in the job as they did at launch
-
-
-def dump(obj: Any, path: Path) -> None:
-    """cloudpickle ``obj`` to ``path`` atomically (a torn pickle must never be read back)."""
-    import cloudpickle
-
-    with atomic_file(path, binary=True) as f:
-        cloudpickle.dump(obj, f)
 
 
 def metrics_of(value: Any) -> dict[str, float]:
@@ -61,11 +53,11 @@ def portable_failure(err: BaseException) -> BaseException:
     """The job's exception, made to cross to the launcher's process: its traceback as text (``app_traceback``, a
     traceback itself does not pickle), and a plain RuntimeError with the same text where the exception would not
     unpickle (an exception class whose ``__init__`` takes other arguments than it passes on)."""
-    import cloudpickle
+    import pickle
 
     text = app_traceback(err)
     try:
-        cloudpickle.loads(cloudpickle.dumps(err))
+        pickle.loads(pickling.dumps(err))
     except Exception:  # any failure to round-trip: the text is what the launcher needs
         err = RuntimeError(f"{type(err).__name__}: {err}")
     try:
@@ -83,13 +75,10 @@ def payload(params: HydraJobParams) -> tuple[Any, Any]:
     """The launcher and Hydra's singletons the launch left for its jobs, with the app's folder on sys.path first (the
     task function's modules import as they did at launch). Read once per process: a job forked from the pack's
     preloaded server finds it (and the app's modules it imported) already there."""
-    import cloudpickle
-
     if params.app_dir and params.app_dir not in sys.path:
         sys.path.insert(0, params.app_dir)
     if params.launch_dir not in _PAYLOADS:
-        with open(RunDir(Path(params.launch_dir)).hydra_payload, "rb") as f:
-            _PAYLOADS[params.launch_dir] = cloudpickle.load(f)
+        _PAYLOADS[params.launch_dir] = pickling.load(RunDir(Path(params.launch_dir)).hydra_payload)
     return _PAYLOADS[params.launch_dir]
 
 
@@ -131,7 +120,7 @@ class HydraJob(Workload):
         failure = ret._return_value if ret.status == JobStatus.FAILED else None
         if failure is not None:
             ret._return_value = portable_failure(failure)
-        dump(ret, launch.hydra_return(params.job_num))
+        pickling.dump(ret, launch.hydra_return(params.job_num))
         if failure is not None:
             raise failure  # recorded as failed, with the traceback in the job's .err log
         return metrics_of(ret.return_value)

@@ -1,0 +1,68 @@
+"""cloudpickle that keeps where a function's code came from.
+
+What gpupack ships by value (a Hydra app's task function and the ``__main__`` code it reaches, in the launch's
+payload) must fail in the job as it would have failed at home: a traceback that names the app's file and line and
+shows that line. cloudpickle 3.1.3 rewrites every pickled code object's ``co_filename`` to ``"<dynamic-code>"`` (to
+make payloads deterministic), so tracebacks lose the file, and linecache the source line. gpupack does not need a
+deterministic payload, it needs the user's frames: code objects travel here by ``marshal``, the format of ``.pyc``
+files, which keeps every field of the code and of the code nested in its constants (lambdas, comprehensions,
+inner functions), whatever the installed cloudpickle does with its own. Code objects never cross Python versions
+(cloudpickle's do not either): the job runs the interpreter that launched it.
+"""
+from __future__ import annotations
+
+import marshal
+import types
+from collections import ChainMap
+from pathlib import Path
+from typing import IO, Any, Callable, Mapping
+
+from gpupack.core.records import atomic_file
+
+
+def _code(data: bytes) -> types.CodeType:
+    """The code object back from its marshal bytes (named by reference in the pickle, so it must stay importable)."""
+    code = marshal.loads(data)
+    if not isinstance(code, types.CodeType):  # only this module's reducer writes these bytes
+        raise TypeError(f"expected marshalled code, got {type(code).__name__}")
+    return code
+
+
+def _reduce_code(code: types.CodeType) -> tuple[Callable[[bytes], types.CodeType], tuple[bytes]]:
+    return _code, (marshal.dumps(code),)
+
+
+def _pickler_class() -> type:
+    """cloudpickle's Pickler with code objects reduced by marshal; every other type as cloudpickle does it."""
+    import cloudpickle
+
+    base: Mapping[Any, Any] = cloudpickle.Pickler.dispatch_table
+    return type("CodeKeepingPickler", (cloudpickle.Pickler,),
+                {"dispatch_table": ChainMap({types.CodeType: _reduce_code}, base)})  # type: ignore[arg-type]
+
+
+def dump_to(obj: Any, f: IO[bytes]) -> None:
+    """Pickle ``obj`` to ``f`` as cloudpickle would, code objects keeping their file name."""
+    _pickler_class()(f).dump(obj)
+
+
+def dumps(obj: Any) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    dump_to(obj, buf)
+    return buf.getvalue()
+
+
+def dump(obj: Any, path: Path) -> None:
+    """Pickle ``obj`` to ``path`` atomically (a torn pickle must never be read back)."""
+    with atomic_file(path, binary=True) as f:
+        dump_to(obj, f)
+
+
+def load(path: Path) -> Any:
+    """What :func:`dump` wrote (plain pickle reads it: cloudpickle's and this module's reducers are importable)."""
+    import cloudpickle
+
+    with open(path, "rb") as f:
+        return cloudpickle.load(f)
