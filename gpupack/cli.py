@@ -45,7 +45,7 @@ USAGE = """usage:
 
 overrides use Hydra's grammar: packing.factors=[1,2,4]  sweep.grid.lr=[0.1,0.01]  sweep.grid.seed=range(0,4)
   run_dir=PATH (re-using one resumes it)  dry_run=true (plan only)  cluster=NAME (conf/cluster/NAME.yaml)
-  sweep.workload=command sweep.fixed.argv=[python,train.py,--lr,'{lr}']   pack any program
+  +sweep=command 'sweep.fixed.argv=[{python},examples/train.py,--lr,{lr}]' sweep.grid.lr=[0.1,0.03]  pack a script
 
 Hydra's flags:
   --cfg job|hydra|all [-p PACKAGE] [--resolve]   print the composed config and exit (nothing runs)
@@ -219,8 +219,8 @@ def help_text(overrides: Sequence[str]) -> str:
     lines = [USAGE, "", "Config groups (choose with GROUP=OPTION; the sweep is added: +sweep=NAME):"]
     for group, options in group_options(overrides).items():
         lines.append(f"  {group}: {', '.join(options)}")
-    lines.append("\nEvery key, its type and its meaning: python -m gpupack +sweep=NAME --cfg job; "
-                 "the schema is gpupack/config.py")
+    lines.append("\nEvery key and its value: python -m gpupack +sweep=NAME --cfg job; each key's type and meaning: "
+                 "the schema, gpupack/setup/config.py")
     return "\n".join(lines)
 
 

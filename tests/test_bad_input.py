@@ -59,8 +59,8 @@ CASES = [
     (["packing.memory_fraction=0"], ["packing.memory_fraction=0", "80 %"]),
     (["sweep.training_memory_mb=-5"], ["sweep.training_memory_mb=-5", "HINT"]),
     (["packing.order=random"], ["packing.order='random'", "interleaved"]),
-    (["sweep.workload=command", "sweep.fixed.argv=[python,t.py,--lr,{lr}]"],
-     ["sweep.fixed.argv=", "cannot parse", '"{lr}"']),
+    (["sweep.workload=command", "sweep.fixed.argv=[python,t.py,--lr,{lr]"],
+     ["sweep.fixed.argv=", "cannot parse", '"{lr}"', '"{python}"']),
     # spread: one training over k devices (issue 13)
     (["spread.devices=[1,512]"], ["spread.devices[1]=512", "a local node has", "k <="]),
     (["spread.devices=[1,2]", "spread.strategy=mirrored"], ["spread.strategy='mirrored'", "torch workload",

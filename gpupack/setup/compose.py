@@ -11,7 +11,7 @@ import contextlib
 import importlib.resources
 import re
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -39,19 +39,40 @@ def config_dir() -> Path:
     return Path(str(importlib.resources.files("gpupack.conf")))
 
 
+# A template field as a user writes it bare, which Hydra's grammar cannot read (a dict with no colon): {lr}, {x!r}.
+# One with a format spec ({lr:.0e}) is a valid dict to Hydra, so it keeps its meaning there and needs its quotes.
+_FIELD = r"\{[A-Za-z_][A-Za-z0-9_]*(?:![rsa])?\}"
+_BARE_ITEM = re.compile(rf"(?<=[\[,])(\s*)({_FIELD})(\s*)(?=[,\]])")
+
+
+def quote_fields(text: str) -> str:
+    """``key=[{python},train.py,--lr,{lr}]`` as ``key=["{python}",train.py,--lr,"{lr}"]`` for the free keys (a
+    workload's fixed values and grid axes): the shell strips the quotes a user put around ``'{lr}'``, and a bare
+    ``{lr}`` is a dict to Hydra's grammar, which no argv item, path or variable of a workload is."""
+    key, eq, value = text.partition("=")
+    if not eq or not key.lstrip("+~").startswith(FREE_PREFIXES):
+        return text
+    if re.fullmatch(_FIELD, value.strip()):
+        return f'{key}="{value.strip()}"'
+    if not value.startswith("["):
+        return text
+    return key + "=" + _BARE_ITEM.sub(lambda m: m[1] + '"' + m[2] + '"' + m[3], value)
+
+
 def grid_overrides(overrides: Sequence[str]) -> list[str]:
     """Rewrite Hydra sweep overrides of sweep.grid.* keys as list values; refuse sweeps elsewhere."""
     parser = OverridesParser.create()
     out = []
-    for text in overrides:
+    for given in overrides:
+        text = quote_fields(given)
         try:
             ov = parser.parse_override(text)
         except (OverrideParseException, HydraException) as err:
-            key, _, value = text.partition("=")
+            key, _, value = given.partition("=")
             hint = "write key=value, quoting values with special characters: key='a b'"
-            if "{" in value:  # a command argv template: braces must be quoted inside Hydra's list syntax
-                hint = ("quote each templated item inside the list, and the whole override for the shell: "
-                        "'sweep.fixed.argv=[python,train.py,--lr,\"{lr}\"]'")
+            if "{" in value:  # a template inside Hydra's list syntax: quote it, and the override for the shell
+                hint = ("write each templated item in double quotes and the whole override in single quotes, e.g. "
+                        "'sweep.fixed.argv=[\"{python}\",train.py,--lr,\"{lr}\",--out,\"runs/{lr}\"]'")
             raise ConfigError(key, value, f"cannot parse ({_first_line(err)})", hint) from None
         if not ov.is_sweep_override():
             # Grid axes and fixed hyperparameters are checked against the workload's Params (with a
@@ -147,7 +168,24 @@ def _keys_under(parent: str) -> list[str]:
 def _type_hint(key: str) -> str:
     if key.startswith("packing.factors"):
         return "give whole numbers >= 1, e.g. packing.factors=[1,2,4]"
-    return "give a value of the type this key documents in gpupack/setup/config.py"
+    kind = _declared_type(key)
+    if kind is None:
+        return "give a value of the type this key takes (python -m gpupack +sweep=NAME --cfg job shows its value)"
+    example = {"int": "a whole number, e.g. 3", "float": "a number, e.g. 0.5", "bool": "true or false",
+               "str": "a string, quoted if it has special characters"}.get(kind, kind)
+    return f"{key} takes {example}"
+
+
+def _declared_type(key: str) -> str | None:
+    """The type ``key`` is declared with in the schema (gpupack.setup.config), by name; None where it has none."""
+    parent, _, last = re.sub(r"\[\d+\]$", "", key).rpartition(".")
+    try:
+        root = OmegaConf.structured(GpupackConfig)
+        node = (OmegaConf.select(root, parent) if parent else root)._get_node(last)
+        kind = node._metadata.ref_type
+    except Exception:  # a key of a group's own config, or none: no declared type to name
+        return None
+    return getattr(kind, "__name__", None) if kind is not None and kind is not Any else None
 
 
 GROUPS = ("sweep", "cluster", "rgu")
