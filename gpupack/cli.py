@@ -16,6 +16,7 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -136,16 +137,32 @@ def dry_run(prepared: sweep.Prepared, console: Console) -> int:
     return 0
 
 
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
 def status_command(args: Sequence[str], console: Console) -> int:
     if len(args) != 1:
         raise ConfigError("RUN_DIR", " ".join(args), "give one run directory",
                           "python -m gpupack status runs/<sweep>/<date>_<time>")
     st = sweep.status(args[0])
-    console.print(f"{st.run_dir}: {len(st.packs)} packs, sweep {st.sweep}")
+    now = time.time()
+    total = sum(sum(c.values()) for c in st.trainings.values())
+    console.print(f"{st.run_dir}: sweep {st.sweep}, {total} trainings in {len(st.packs)} packs", highlight=False)
     if not st.queue_answered:
         console.print("  the queue (sacct) did not answer: packs not finished show as unknown")
-    for partition, c in st.counts().items():
-        console.print(f"  {partition}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())), highlight=False)
+    packs = st.counts()
+    for partition, c in st.trainings.items():
+        console.print(f"  {partition}: trainings " + ", ".join(f"{k} {c[k]}" for k in sweep.TRAINING_STATES) +
+                      "; packs " + ", ".join(f"{k} {v}" for k, v in sorted(packs.get(partition, {}).items())),
+                      highlight=False)
+    elapsed, left = st.elapsed_s(now), st.left_s(now)
+    if elapsed is not None:
+        when = "took" if st.ended_at is not None else "elapsed"
+        rest = "" if st.ended_at is not None else (
+            ", left: unknown until a training ends" if left is None else f", about {_duration(left)} left at this rate")
+        console.print(f"  {when} {_duration(elapsed)}{rest}", highlight=False)
     for p in st.packs:
         if p.state != "done":
             console.print(f"  {p.pack_id}: {p.state} ({p.done}/{p.trainings} trainings done"

@@ -16,11 +16,12 @@ from typing import Callable
 from gpupack.flow.auto import run_auto
 from gpupack.flow.collect import Step, collect, find_runs
 from gpupack.flow.run import Opened, Outcome, Prepared, ask_backend, default_run_dir, packs_to_run, prepare, run_plain
-from gpupack.flow.status import STOPPED, PackStatus, RunStatus, clear_oom, pack_status, status
+from gpupack.flow.status import STOPPED, TRAINING_STATES, PackStatus, RunStatus, clear_oom, pack_status, status
 from gpupack.submit import ProgressFn
 
 __all__ = ["Prepared", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "ask_backend", "run", "status",
-           "collect", "clear_oom", "default_run_dir", "find_runs", "pack_status", "packs_to_run", "STOPPED", "Step"]
+           "collect", "clear_oom", "default_run_dir", "find_runs", "pack_status", "packs_to_run", "STOPPED", "Step",
+           "TRAINING_STATES"]
 
 
 def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Callable[[Opened], None] | None = None,

@@ -3,6 +3,7 @@ resume after scancel, requeue at the time limit, and bad input refused before su
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -171,7 +172,8 @@ def test_detach_then_status_and_collect(tmp_path, slurm_env):
 
     first = status_text()
     assert "v100:" in first
-    assert wait_for(lambda: "v100: done 3" in status_text()), status_text()
+    assert wait_for(lambda: re.search(r"v100: trainings completed \d+, failed 0, running 0, waiting 0; packs done 3",
+                                      status_text())), status_text()
     collected = gpupack(["collect", str(run_dir)], slurm_env, timeout=120)
     assert collected.returncode == 0 and "Best packing factor for tests.fake_workloads on v100" in collected.stdout
 

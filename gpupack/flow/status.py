@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from gpupack.analysis.load import cleared_mask, load_records, read_cleared
 from gpupack.core.plan import Pack, Plan
-from gpupack.core.records import OOM, is_completed, read_json, write_json_atomic
+from gpupack.core.records import COMPLETED, OOM, is_completed, read_json, read_json_or_none, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import RunDirError
@@ -29,18 +29,53 @@ class PackStatus:
     job_id: str | None = None
 
 
+# A training's state, as a progress bar counts it
+T_COMPLETED, T_FAILED, T_RUNNING, T_WAITING = "completed", "failed", "running", "waiting"
+TRAINING_STATES = (T_COMPLETED, T_FAILED, T_RUNNING, T_WAITING)
+
+
 @dataclass
 class RunStatus:
     run_dir: Path
     sweep: str
     packs: list[PackStatus]
     queue_answered: bool = True
+    trainings: dict[str, Counter[str]] = field(default_factory=dict)  # partition -> training state -> count
+    started_at: float | None = None  # the first training's start, from the records
+    ended_at: float | None = None  # the last training's end, once none is running or waiting
 
     def counts(self) -> dict[str, Counter[str]]:
         out: dict[str, Counter[str]] = {}
         for p in self.packs:
             out.setdefault(p.partition, Counter())[p.state] += 1
         return out
+
+    def elapsed_s(self, now: float) -> float | None:
+        return None if self.started_at is None else (self.ended_at or now) - self.started_at
+
+    def left_s(self, now: float) -> float | None:
+        """What is left at the rate so far, as a progress bar estimates it; None before any training ended."""
+        total = Counter[str]()
+        for c in self.trainings.values():
+            total.update(c)
+        return eta_s(self.elapsed_s(now), total[T_COMPLETED] + total[T_FAILED], total[T_RUNNING] + total[T_WAITING])
+
+
+def eta_s(elapsed_s: float | None, ended: int, left: int) -> float | None:
+    """Time left at the rate so far (elapsed / ended × left). Pure."""
+    if left == 0:
+        return 0.0
+    if elapsed_s is None or ended == 0:
+        return None
+    return elapsed_s / ended * left
+
+
+def training_state(record: Mapping[str, object] | None, started: bool, pack_state: str) -> str:
+    """One training's state: its record first; without one, running only while its pack runs and it has started
+    (its log exists). Pure."""
+    if record is not None:
+        return T_COMPLETED if record.get("status") == COMPLETED else T_FAILED
+    return T_RUNNING if started and pack_state == RUNNING else T_WAITING
 
 
 STOPPED = "stopped"  # started here and ended with no pack record (stopped or killed mid-run): resume it
@@ -74,8 +109,16 @@ def status(run_dir: Path | str) -> RunStatus:
         subs = [p for p in find_runs([run.root]) if p != run.root and RunDir(p).plan.exists()]
         if subs:  # packing.factors=auto (probe/nNN/, run/) or a Hydra multirun (.gpupack/launch_*): each one's packs
             parts = [status(p) for p in subs]
+            merged: dict[str, Counter[str]] = {}
+            for part in parts:
+                for partition, c in part.trainings.items():
+                    merged.setdefault(partition, Counter()).update(c)
+            finished = all(c[T_RUNNING] + c[T_WAITING] == 0 for c in merged.values())
             return RunStatus(run.root, parts[0].sweep, [p for part in parts for p in part.packs],
-                             queue_answered=all(part.queue_answered for part in parts))
+                             queue_answered=all(part.queue_answered for part in parts), trainings=merged,
+                             started_at=min((q.started_at for q in parts if q.started_at), default=None),
+                             ended_at=max((q.ended_at for q in parts if q.ended_at), default=None) if finished
+                             else None)
         raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")
     plan = Plan.from_json(read_json(run.plan))
     cfg = OmegaConf.load(run.config)
@@ -83,13 +126,25 @@ def status(run_dir: Path | str) -> RunStatus:
     jobs = backend.jobs()
     states = backend.pack_states([j["job_id"] for j in jobs.values()])
     packs = []
+    trainings: dict[str, Counter[str]] = {}
+    starts, ends = [], []
     for p in plan.packs:
         done = sum(is_completed(run.training_record(p.pack_id, t.training_id)) for t in p.trainings)
         job = jobs.get(p.pack_id, {}).get("job_id")
         state = pack_status(p, done, run.pack_record(p.pack_id).exists(), job, states,
                             started=run.pack_dir(p.pack_id).is_dir())
         packs.append(PackStatus(p.pack_id, p.partition, state, done, len(p.trainings), job))
-    return RunStatus(run.root, plan.sweep, packs, queue_answered=states is not None)
+        for t in p.trainings:
+            rec = read_json_or_none(run.training_record(p.pack_id, t.training_id))
+            started = run.log(p.pack_id, t.training_id, "out").exists()
+            trainings.setdefault(p.partition, Counter())[training_state(rec, started, state)] += 1
+            if rec is not None:
+                starts.append(float(rec.get("started_at") or 0) or None)
+                ends.append(float(rec.get("ended_at") or 0) or None)
+    finished = all(c[T_RUNNING] + c[T_WAITING] == 0 for c in trainings.values())
+    return RunStatus(run.root, plan.sweep, packs, queue_answered=states is not None, trainings=trainings,
+                     started_at=min((s for s in starts if s), default=None),
+                     ended_at=max((e for e in ends if e), default=None) if finished else None)
 
 
 def clear_oom(run_dir: Path | str, *, partition: str | None = None, mode: str | None = None,

@@ -1,0 +1,74 @@
+"""`status` counts trainings as a progress bar would: completed, failed, running and waiting per partition, the time
+so far and what is left at that rate (issue 28)."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gpupack import sweep
+from gpupack.cli import main
+from gpupack.core.records import read_json
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PENDING, RUNNING
+from gpupack.flow.status import RunStatus, eta_s, training_state
+
+REPO = Path(__file__).resolve().parent.parent
+PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack"]
+
+
+@pytest.mark.parametrize("record, started, pack_state, expected", [
+    ({"status": "completed"}, True, "done", "completed"),
+    ({"status": "failed"}, True, RUNNING, "failed"),
+    ({"status": "oom"}, True, "failed", "failed"),
+    ({"status": "timeout"}, True, RUNNING, "failed"),
+    (None, True, RUNNING, "running"),
+    (None, False, RUNNING, "waiting"),  # a slot of the pack has not taken it yet
+    (None, True, "stopped", "waiting"),  # a log of an earlier attempt: not running now
+    (None, False, PENDING, "waiting"),
+])
+def test_training_state_table(record, started, pack_state, expected):
+    assert training_state(record, started, pack_state) == expected
+
+
+@pytest.mark.parametrize("elapsed, ended, left, expected", [
+    (100.0, 4, 4, 100.0), (100.0, 1, 3, 300.0), (100.0, 0, 3, None), (None, 0, 3, None), (100.0, 4, 0, 0.0)])
+def test_eta_is_elapsed_over_ended_times_left(elapsed, ended, left, expected):
+    assert eta_s(elapsed, ended, left) == expected
+
+
+def test_left_counts_every_partition():
+    st = RunStatus(Path("."), "s", [], trainings={"a": Counter(completed=2, running=1), "b": Counter(failed=1,
+                                                                                                      waiting=2)},
+                   started_at=1000.0)
+    assert st.elapsed_s(now=1030.0) == 30.0 and st.left_s(now=1030.0) == pytest.approx(30.0 / 3 * 3)
+
+
+def test_status_of_a_finished_run_with_a_failure_and_of_one_resumed_halfway(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    overrides = PROBE + ["sweep.grid.lr=[0.1,0.2]", "sweep.grid.fail=[false,true]", "packing.factors=[2]",
+                         "packing.repeats=1", f"run_dir={run_dir}"]
+    sweep.run(sweep.prepare(overrides), collect_outputs=False, plots=False)
+    st = sweep.status(run_dir)
+    assert st.trainings == {"local": Counter(completed=2, failed=2)}
+    assert st.started_at is not None and st.ended_at is not None and st.ended_at > st.started_at
+    assert st.left_s(now=st.ended_at + 999) == 0.0
+    assert main(["status", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "4 trainings in 2 packs" in out and "local: trainings completed 2, failed 2, running 0, waiting 0" in out
+    assert "took " in out and "left" not in out
+
+    # One pack's records gone, as if its job had not run yet: its trainings wait, and time left is estimated
+    run = RunDir(run_dir)
+    plan = read_json(run.plan)
+    first = plan["packs"][0]
+    for t in first["trainings"]:
+        run.training_record(first["pack_id"], t["training_id"]).unlink()
+    run.pack_record(first["pack_id"]).unlink()
+    st = sweep.status(run_dir)
+    counts = st.trainings["local"]
+    assert counts["waiting"] == 2 and counts["completed"] + counts["failed"] == 2 and st.ended_at is None
+    assert main(["status", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "waiting 2" in out and "elapsed " in out and "left at this rate" in out, out
