@@ -203,6 +203,10 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
     parser.add_argument("--metric", default=None,
                         help="rank hyperparameters by this metric (default: the run's collect.metric, else "
                              "val_accuracy, or the one metric reported)")
+    parser.add_argument("--pattern", default=None,
+                        help="read --metric from each training's kept stdout after the run: a regular expression with "
+                             "one group holding the number (the last match wins), e.g. --metric val_loss "
+                             "--pattern 'val_loss=([0-9.]+)'")
     parser.add_argument("--goal", default=None, help="max or min: which way the metric is better (default: the "
                                                      "run's collect.goal, or known for val_accuracy)")
     parser.add_argument("--wide", action="store_true",
@@ -226,7 +230,8 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
     elif not any(RunDir(Path(d)).config.exists() for d in args.run_dirs):
         weights = dict(OmegaConf.load(config_dir() / "rgu" / "alliance.yaml").models)
     sweep.collect(args.run_dirs, weights=weights, sweep_trainings=args.trainings, out=args.out,
-                  plots=not args.no_plots, console=console, wide=args.wide, metric=args.metric, goal=args.goal)
+                  plots=not args.no_plots, console=console, wide=args.wide, metric=args.metric, goal=args.goal,
+                  pattern=args.pattern)
     return 0
 
 

@@ -44,6 +44,9 @@ class ProbeParams:
     # A barrier, not a clock: "FOLDER:K" waits until K trainings have arrived in FOLDER. Trainings run together meet
     # at once; trainings run one after the other never meet, and fail after meet_timeout_s (a liveness bound).
     meet: str = ""
+    # A line printed to stdout at the end, formatted with the params (e.g. "score: {lr}"), after an earlier line with
+    # the same words and another number ("epoch 1 score: 0.5"): a metric to read back later, whose last match wins
+    say: str = ""
     meet_timeout_s: float = 120.0
 
 
@@ -92,6 +95,9 @@ class Probe(Workload):
             if params.fail:
                 raise RuntimeError(f"probe failure on purpose (tag={params.tag!r})")
         ctx.reporter.loop_ended()
+        if params.say:
+            print(f"epoch 1 {params.say.format(lr=0.5, seed=params.seed)}")
+            print(params.say.format(lr=params.lr, seed=params.seed), flush=True)
         # Deterministic "accuracy" so ranking tests know the answer: higher lr scores higher.
         env = {k: os.environ.get(k) for k in params.report_env.split(",") if k}
         return {"train_loss": 1.0 / (1 + params.lr), "val_accuracy": min(params.lr, 1.0), "tag": params.tag,

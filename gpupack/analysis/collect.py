@@ -21,11 +21,12 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from gpupack.analysis.layouts import compare, split_spread, spread_summary, training_walls, verdicts
-from gpupack.analysis.load import Records, load_records
+from gpupack.analysis.load import Records, load_records, with_stdout_metric
 from gpupack.analysis.occupancy import occupancy, timeline
 from gpupack.analysis.summary import best_factors, packing_times, split_phase, summarize
 from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table
 from gpupack.core.rgu import billed_packs, cost_table
+from gpupack.errors import ConfigError
 
 __all__ = ["Collected", "aggregate", "aggregate_records"]
 
@@ -83,6 +84,14 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
 
 
 def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = None,
-              sweep_trainings: int | None = None, metric: str | None = None, goal: str | None = None) -> Collected:
-    """Load the runs' records and aggregate them (:func:`aggregate_records`). Reads only."""
-    return aggregate_records(load_records(run_dirs), weights, sweep_trainings, metric, goal)
+              sweep_trainings: int | None = None, metric: str | None = None, goal: str | None = None,
+              pattern: str | None = None) -> Collected:
+    """Load the runs' records and aggregate them (:func:`aggregate_records`); with ``pattern``, ``metric`` is read
+    from each training's kept stdout where it reported none (:func:`with_stdout_metric`). Reads only."""
+    records = load_records(run_dirs)
+    if pattern is not None:
+        if metric is None:
+            raise ConfigError("--pattern", pattern, "reads a metric, and no --metric names it",
+                              f"add --metric NAME, e.g. --metric val_loss --pattern {pattern!r}")
+        records = with_stdout_metric(records, metric, pattern)
+    return aggregate_records(records, weights, sweep_trainings, metric, goal)

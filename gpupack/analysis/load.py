@@ -7,6 +7,7 @@ one host. Reads only.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from gpupack.analysis.frames import Pieces
 from gpupack.core.columnar import ColumnarReader, pack_rows, read_records, split_rows
 from gpupack.core.records import read_json
 from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, RunDir
+from gpupack.core.stdout_metrics import metrics_from_output, stdout_patterns
 
 
 @dataclass
@@ -189,3 +191,27 @@ def shared_host(records: Records) -> str | None:
         return None
     partitions = set(packs["partition"].dropna()) if "partition" in packs else set()
     return str(hosts[0]) if len(partitions) > 1 or any(records.one_host.values()) else None
+
+
+def with_stdout_metric(records: Records, name: str, pattern: str) -> Records:
+    """``records`` with metric ``name`` read from each training's kept stdout by ``pattern`` (the last match), for a
+    metric the run did not ask for (``collect --metric NAME --pattern REGEX``). What a training reported itself wins,
+    as at run time. Only the latest attempt's log is kept, so earlier attempts keep what they recorded. Reads only:
+    the records on disk are not changed."""
+    import json
+
+    patterns = stdout_patterns({name: pattern}, "--pattern")
+    t = records.trainings
+    if t.empty:
+        return records
+    t = t.copy()
+    homes = t["home"] if "home" in t.columns else pd.Series([None] * len(t), index=t.index)
+    metrics = []
+    for (_, row), home in zip(t.iterrows(), homes):
+        reported = json.loads(row["metrics"]) if isinstance(row["metrics"], str) else dict(row["metrics"] or {})
+        if int(row.get("attempt") or 0) == 0 and name not in reported:
+            log = RunDir(Path(str(row["run_dir"]))).log(str(home or row["pack_id"]), str(row["training_id"]), "out")
+            reported.update(metrics_from_output(log, patterns))
+        metrics.append(json.dumps(reported))
+    t["metrics"] = metrics
+    return dataclasses.replace(records, trainings=t)

@@ -67,15 +67,16 @@ def read_auto(root: Path) -> AutoReport | None:
 def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | None = None,
             sweep_trainings: int | None = None, out: Path | str | None = None, plots: bool = True,
             console: Console | None = None, wide: bool = False, metric: str | None = None,
-            goal: str | None = None) -> tuple[Collected, list[Path]]:
+            goal: str | None = None, pattern: str | None = None) -> tuple[Collected, list[Path]]:
     """Aggregate the records of one or more runs and write the derived outputs (into ``out``, default the first
     run directory). Records are only read. With a ``console``, print there what ``python -m gpupack collect`` prints
     (every column with ``wide``): the one call a notebook or a test makes. ``metric``/``goal``: rank hyperparameters by
-    that metric, that way (default: as the runs were configured, collect.metric and collect.goal)."""
+    that metric, that way (default: as the runs were configured, collect.metric and collect.goal); ``pattern``: read
+    ``metric`` from each training's kept stdout (a regular expression, its one group or ``value`` the number)."""
     given = [Path(d) for d in run_dirs]
     if goal is not None:
         check_goal(goal, "--goal")
-    c = aggregate(find_runs(given), weights, sweep_trainings, metric, goal)
+    c = aggregate(find_runs(given), weights, sweep_trainings, metric, goal, pattern)
     for path in given:  # a packing.factors=auto run says what its probe did
         report = read_auto(path)
         if report is not None:

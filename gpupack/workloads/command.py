@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import re
 import shutil
 import string
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gpupack.core.records import read_json_or_none
+from gpupack.core.stdout_metrics import metrics_from_output, stdout_patterns
 from gpupack.errors import ConfigError, nearest
 from gpupack.result import ENV as RESULT_ENV
 from gpupack.workload import Launch, TrainingContext, Workload
@@ -243,43 +243,6 @@ def check_importable(module: str, key: str) -> None:
     if not found:
         raise ConfigError(key, module, "is no module this Python can import",
                           f"install it in {sys.executable}'s environment, or drop it from sweep.fixed.preload")
-
-
-def stdout_patterns(value: Any, key: str) -> dict[str, str]:
-    """sweep.fixed.metrics: metric name → a regular expression over the program's stdout with one group (or a group
-    named ``value``) that holds the number."""
-    if not isinstance(value, dict):
-        raise ConfigError(key, value, "must map metric names to regular expressions",
-                          f"e.g. '+{key}.loss=Average loss: ([0-9.]+)'")
-    for name, pattern in value.items():
-        try:
-            compiled = re.compile(str(pattern))
-        except re.error as err:
-            raise ConfigError(f"{key}.{name}", pattern, f"is not a regular expression ({err})",
-                              "escape ( ) [ ] . with a backslash where you mean the character") from None
-        if compiled.groups != 1 and "value" not in compiled.groupindex:
-            raise ConfigError(f"{key}.{name}", pattern, f"has {compiled.groups} groups: gpupack cannot tell which "
-                              "holds the number", "give exactly one group, e.g. 'loss: ([0-9.]+)', or name it "
-                              "(?P<value>...)")
-    return {str(k): str(v) for k, v in value.items()}
-
-
-def metrics_from_output(path: Path, patterns: Mapping[str, str]) -> dict[str, float]:
-    """Each metric's number from the program's stdout: the last match wins (the final epoch's, the test set's)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return {}
-    out: dict[str, float] = {}
-    for name, pattern in patterns.items():
-        compiled = re.compile(pattern)
-        for match in compiled.finditer(text):
-            raw = match.group("value") if "value" in compiled.groupindex else match.group(1)
-            try:
-                out[name] = float(raw)
-            except (TypeError, ValueError):  # a match that holds no number: the earlier one stands
-                continue
-    return out
 
 
 def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:
