@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import signal
 import sys
 import time
@@ -35,7 +36,7 @@ from gpupack.pack import available_modes
 from gpupack.report.terminal import make_console, render_collected
 from gpupack.setup.compose import compose_config, config_dir, group_options, search_path
 from gpupack.submit import available_backends
-from gpupack.workload import available_workloads
+from gpupack.workload import available_workloads, load_workload
 
 USAGE = """usage:
   python -m gpupack +sweep=NAME [key=value ...]   run a sweep (conf/sweep/NAME.yaml), e.g. +sweep=mnist_pack
@@ -131,10 +132,24 @@ def dry_run(prepared: sweep.Prepared, console: Console) -> int:
     first = prepared.plan.packs[0].trainings[0]
     console.print("  hyperparameters of the first training: " +
                   ", ".join(f"{k}={v}" for k, v in first.params.items()), highlight=False)
+    console.print(f"  its command line: {first_command(prepared)}", highlight=False)
     for p in prepared.plan.packs:
         console.print(f"  {p.pack_id}: " + ", ".join(t.training_id for t in p.trainings), highlight=False)
     console.print("dry run: nothing was written or submitted.")
     return 0
+
+
+def first_command(prepared: sweep.Prepared) -> str:
+    """The first training's command line as its workload will start it (templates filled), with the working folder
+    and the variables it adds; its files are named, not written."""
+    pack = prepared.plan.packs[0]
+    first = pack.trainings[0]
+    launch = load_workload(first.workload).launch(
+        first.params, str(prepared.run.work(pack.pack_id, first.training_id, "spec")),
+        str(prepared.run.work(pack.pack_id, first.training_id, "result")))
+    env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(launch.env.items()))
+    return ((f"(cd {shlex.quote(str(launch.cwd))} && " if launch.cwd else "") + (f"{env} " if env else "")
+            + shlex.join(str(a) for a in launch.argv) + (")" if launch.cwd else ""))
 
 
 def _duration(seconds: float) -> str:

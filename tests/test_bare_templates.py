@@ -58,3 +58,18 @@ def test_the_help_s_command_example_plans_as_pasted(tmp_path, monkeypatch):
     assert {t.params["lr"] for p in prepared.plan.packs for t in p.trainings} == {0.1, 0.03}
     assert {tuple(t.params["argv"]) for p in prepared.plan.packs for t in p.trainings} == {
         ("{python}", "examples/train.py", "--lr", "{lr}")}
+
+
+def test_a_dry_run_prints_the_first_training_s_real_command_line(tmp_path, capsys, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from gpupack.cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    assert main(["+sweep=command", "sweep.fixed.argv=[{python},examples/train.py,--lr,{lr}]", "sweep.grid.lr=[0.1]",
+                 "packing.factors=[1]", "dry_run=true", f"run_dir={tmp_path / 'run'}"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert f"its command line: GPUPACK_RESULT={tmp_path / 'run'}/packs/" in out, out
+    assert f"{sys.executable} examples/train.py --lr 0.1" in out and "{lr}" not in out.split("command line:")[1], out
+    assert not (tmp_path / "run").exists()  # named, not written
