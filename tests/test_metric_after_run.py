@@ -50,3 +50,13 @@ def test_what_a_training_reported_wins_and_a_pattern_needs_a_metric(tmp_path):
         sweep.collect([run_dir], metric=None, pattern="score: (x)", plots=False, out=tmp_path / "o")
     with pytest.raises(ConfigError, match="has 2 groups"):
         with_stdout_metric(records, "score", "(a)(b)")
+
+
+def test_a_run_with_no_known_rgu_says_so_in_a_line_with_no_table_of_dashes(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    sweep.run(sweep.prepare([*PROBE, "packing.factors=[1]", f"run_dir={run_dir}"]), collect_outputs=False,
+              plots=False)
+    assert main(["collect", str(run_dir), "--no-plots", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "no RGU weight is known for cpu" in out and "finishes first on local" in out, out
+    assert "Cost at the best N" not in out and "no bundle known" not in out, out

@@ -259,6 +259,10 @@ def render_knobs(c: Collected, console: Console) -> None:
 
 
 def render_cost(c: Collected, console: Console) -> None:
+    if c.cost["rgu"].isna().all():  # no partition with a known RGU (a CPU-only run): the lines say so, no table of -
+        for line in cost_lines(c):
+            console.print(line, highlight=False)
+        return
     table = Table(title=f"Cost at the best N, for a sweep of {trainings_phrase(c.sweep_trainings)} on one device")
     for col in ("partition", "GPU model", "RGU", "mode", "best N", "s/training", "billed by", "RGU-h/training",
                 "at bundle", "sweep hours", "sweep RGU-h", "verdict"):
