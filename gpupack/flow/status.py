@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from gpupack.analysis.load import cleared_mask, load_records, read_cleared
 from gpupack.core.plan import Pack, Plan
-from gpupack.core.records import COMPLETED, OOM, is_completed, read_json, read_json_or_none, write_json_atomic
+from gpupack.core.records import COMPLETED, OOM, read_json, read_json_or_none, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import RunDirError
@@ -113,12 +113,11 @@ def status(run_dir: Path | str) -> RunStatus:
             for part in parts:
                 for partition, c in part.trainings.items():
                     merged.setdefault(partition, Counter()).update(c)
-            finished = all(c[T_RUNNING] + c[T_WAITING] == 0 for c in merged.values())
             return RunStatus(run.root, parts[0].sweep, [p for part in parts for p in part.packs],
                              queue_answered=all(part.queue_answered for part in parts), trainings=merged,
                              started_at=min((q.started_at for q in parts if q.started_at), default=None),
-                             ended_at=max((q.ended_at for q in parts if q.ended_at), default=None) if finished
-                             else None)
+                             ended_at=max((q.ended_at for q in parts if q.ended_at), default=None)
+                             if _all_ended(merged) else None)
         raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")
     plan = Plan.from_json(read_json(run.plan))
     cfg = OmegaConf.load(run.config)
@@ -129,22 +128,26 @@ def status(run_dir: Path | str) -> RunStatus:
     trainings: dict[str, Counter[str]] = {}
     starts, ends = [], []
     for p in plan.packs:
-        done = sum(is_completed(run.training_record(p.pack_id, t.training_id)) for t in p.trainings)
+        recs = {t.training_id: read_json_or_none(run.training_record(p.pack_id, t.training_id)) for t in p.trainings}
+        done = sum(rec is not None and rec.get("status") == COMPLETED for rec in recs.values())
         job = jobs.get(p.pack_id, {}).get("job_id")
         state = pack_status(p, done, run.pack_record(p.pack_id).exists(), job, states,
                             started=run.pack_dir(p.pack_id).is_dir())
         packs.append(PackStatus(p.pack_id, p.partition, state, done, len(p.trainings), job))
-        for t in p.trainings:
-            rec = read_json_or_none(run.training_record(p.pack_id, t.training_id))
-            started = run.log(p.pack_id, t.training_id, "out").exists()
+        for tid, rec in recs.items():
+            started = run.log(p.pack_id, tid, "out").exists()
             trainings.setdefault(p.partition, Counter())[training_state(rec, started, state)] += 1
             if rec is not None:
                 starts.append(float(rec.get("started_at") or 0) or None)
                 ends.append(float(rec.get("ended_at") or 0) or None)
-    finished = all(c[T_RUNNING] + c[T_WAITING] == 0 for c in trainings.values())
     return RunStatus(run.root, plan.sweep, packs, queue_answered=states is not None, trainings=trainings,
                      started_at=min((s for s in starts if s), default=None),
-                     ended_at=max((e for e in ends if e), default=None) if finished else None)
+                     ended_at=max((e for e in ends if e), default=None) if _all_ended(trainings) else None)
+
+
+def _all_ended(trainings: Mapping[str, Counter[str]]) -> bool:
+    """No training of any partition running or waiting: the run's end is its last training's."""
+    return all(c[T_RUNNING] + c[T_WAITING] == 0 for c in trainings.values())
 
 
 def clear_oom(run_dir: Path | str, *, partition: str | None = None, mode: str | None = None,
