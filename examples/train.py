@@ -34,6 +34,8 @@ def main() -> None:
                     on_step=result.step if result else lambda samples: None)
     if result:
         result.finish(metrics=metrics)
+    # The line PyTorch's MNIST example prints: a pattern can read it (sweep.fixed.metrics, or collect --pattern).
+    print(f"Test set: Average loss: {metrics['val_loss']:.4f}, Accuracy: {metrics['val_accuracy']:.2%}")
     print(json.dumps({"lr": args.lr, "seed": args.seed, **metrics}))
 
 

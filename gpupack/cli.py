@@ -45,9 +45,15 @@ USAGE = """usage:
   python -m gpupack clear-oom RUN_DIR [--partition P] [--mode M] [--factor N]
                                                    an N that ran out of memory stays infeasible until cleared
 
-overrides use Hydra's grammar: packing.factors=[1,2,4]  sweep.grid.lr=[0.1,0.01]  sweep.grid.seed=range(0,4)
-  run_dir=PATH (re-using one resumes it)  dry_run=true (plan only)  cluster=NAME (conf/cluster/NAME.yaml)
-  +sweep=command 'sweep.fixed.argv=[{python},examples/train.py,--lr,{lr}]' sweep.grid.lr=[0.1,0.03]  pack a script
+overrides use Hydra's grammar (quote a value with brackets, braces or parentheses for the shell):
+  packing.factors=[1,2,4]  sweep.grid.lr=[0.1,0.01]  'sweep.grid.seed=range(0,4)'  cluster=NAME (conf/cluster/NAME.yaml)
+  run_dir=PATH (re-using one resumes it)  dry_run=true (plan only, and the first training's command line)
+
+examples (paste them from the repository's root):
+  python -m gpupack +sweep=mnist_pack packing.factors=[1,2,4] 'sweep.grid.seed=range(0,2)'
+  python -m gpupack +sweep=command 'sweep.fixed.argv=[{python},examples/train.py,--lr,{lr}]' sweep.grid.lr=[0.1,0.03]
+  python -m gpupack +sweep=mnist_pack cluster=narval cluster.account=def-yourpi dry_run=true   # the plan on a cluster
+  python -m gpupack +sweep=mnist_pack --cfg job -p packing
 
 Hydra's flags:
   --cfg job|hydra|all [-p PACKAGE] [--resolve]   print the composed config and exit (nothing runs)

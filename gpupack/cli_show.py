@@ -17,6 +17,12 @@ from gpupack.core.plan import Pack
 def print_plan(console: Console, prepared: sweep.Prepared) -> None:
     for warning in prepared.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, markup=True)
+    _print_plan(console, prepared)
+    for mode, note in (prepared.spec.start_notes() if prepared.spec is not None else {}).items():
+        console.print(f"  trainings start ({mode}): {note}", highlight=False)
+
+
+def _print_plan(console: Console, prepared: sweep.Prepared) -> None:
     auto = prepared.spec.auto if prepared.spec is not None else None
     if auto is not None:
         console.print(f"[bold]gpupack[/] sweep [bold]{escape(prepared.name)}[/]: workload "

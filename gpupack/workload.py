@@ -140,6 +140,8 @@ class Workload(ABC):
     # importing it, its framework and its data starts no thread and touches no device. TensorFlow starts threads
     # at import, so TF workloads run as fresh interpreters.
     forkable: ClassVar[bool] = False
+    # Why its trainings start fresh when it is not forkable: the run's header and a refused start=fork say it.
+    fresh_reason: ClassVar[str] = "its framework starts threads at import"
     # fused mode: N trainings of this workload can train as one batched model (fuse_key, train_fused).
     fusable: ClassVar[bool] = False
     # Spread strategies (gpupack/spread/) this workload can train under, over k devices: its train() calls
@@ -153,9 +155,10 @@ class Workload(ABC):
         """Before anything runs, for a training spread over ``devices`` devices by ``strategy``: refuse (ConfigError)
         hyperparameters that cannot spread that way, e.g. a global batch that does not split over the devices."""
 
-    def can_fork(self, params: Mapping[str, Any]) -> bool:
-        """Whether this training may be forked from a preloaded server (``forkable``, unless its params decide)."""
-        return self.forkable
+    def fork_refusal(self, params: Mapping[str, Any]) -> str | None:
+        """Why this training may not be forked from a preloaded server (``forkable``, unless its params decide), or
+        None when it may."""
+        return None if self.forkable else self.fresh_reason
 
     def failure_hint(self, params: Mapping[str, Any], error: str) -> str | None:
         """A HINT to add to a failed training's error (its stderr's tail), or None."""

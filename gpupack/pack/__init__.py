@@ -89,6 +89,10 @@ class Packer(ABC):
         """With ``groups``: the key trainings of one pack share (raise ConfigError for a training it cannot host)."""
         return None
 
+    def start_note(self, workload: Workload, params: Sequence[Mapping[str, Any]], settings: PackSettings) -> str:
+        """How this mode starts a pack's trainings, for the run's header: one line, fresh or forked and why."""
+        return f"one process per pack hosts its N trainings ({self.name})"
+
     def watches_mps(self, options: Any) -> bool:
         """True when, with these options (its ``Options``), this mode runs a pack's trainings under CUDA MPS: the job's
         sampler then lists the MPS clients."""

@@ -34,15 +34,21 @@ def cpus_for(cores: Sequence[int], n: int, i: int) -> list[int]:
     return cores[start:start + share + (1 if i < extra else 0)]
 
 
+def start_choice(preference: str, workloads: Sequence[Workload],
+                 params: Sequence[Mapping[str, Any]] | None = None) -> tuple[str, str | None]:
+    """fork (one preloaded server forks each training) or fresh (an interpreter per training), and why fresh. Pure."""
+    if preference == "fresh":
+        return "fresh", "packing.process.start=fresh"
+    if len(workloads) != 1:
+        return "fresh", "the pack mixes workloads, and one server preloads one"
+    refusals = sorted({why for p in (params or [{}]) if (why := workloads[0].fork_refusal(p))})
+    return ("fresh", "; ".join(refusals)) if refusals else ("fork", None)
+
+
 def start_method(preference: str, workloads: Sequence[Workload],
                  params: Sequence[Mapping[str, Any]] | None = None) -> str:
-    """fork (one preloaded server forks each training) or fresh (an interpreter per training). Pure."""
-    if preference == "fresh":
-        return "fresh"
-    if len(workloads) != 1:
-        return "fresh"
-    forkable = all(workloads[0].can_fork(p) for p in params) if params else workloads[0].forkable
-    return "fork" if forkable else "fresh"
+    """fork or fresh (:func:`start_choice`, without the why)."""
+    return start_choice(preference, workloads, params)[0]
 
 
 class _Training:
@@ -144,11 +150,15 @@ class ProcessPacker(Packer):
     def watches_mps(self, options: Any) -> bool:
         return bool(options.mps)
 
+    def start_note(self, workload: Workload, params: Sequence[Mapping[str, Any]], settings: Any) -> str:
+        method, why = start_choice(options_of(settings, self.name).start, [workload], params)
+        if method == "fork":
+            return "fork: each training is forked from one server per pack that imported the workload once"
+        return f"fresh: a new interpreter per training ({why})"
+
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
         opts = options_of(settings, self.name)  # its values were checked with every mode's (ProcessOptions.check)
-        if opts.start == "fork" and not workload.forkable:
-            why = ("a program of its own" if workload.framework in ("command", "hydra")
-                   else "its framework starts threads at import")
+        if opts.start == "fork" and (why := workload.fork_refusal({})):
             raise ConfigError("packing.process.start", "fork", f"{workload.name} cannot be forked from a preloaded "
                               f"server ({why})", "use packing.process.start=auto (it forks where it can) or fresh")
         if opts.mps and capacity.has_gpu is False:

@@ -72,6 +72,11 @@ class SweepSpec:
         """K when this run streams (on; auto: a production run, never while measuring N), else None."""
         return self.stream_jobs if self.stream == "on" or (self.stream == "auto" and production) else None
 
+    def start_notes(self) -> dict[str, str]:
+        """How each mode starts a pack's trainings (fork or fresh, and why fresh), for the run's header."""
+        params = [{**self.fixed, **{key: values[0] for key, values in self.grid.items() if values}}]
+        return {mode: load_packer(mode).start_note(self.workload, params, self.settings) for mode in self.modes}
+
     @property
     def filler_seed(self) -> str | None:
         """What fills a pack's extra places: new seeds where the seed reaches the training, else repeats."""

@@ -13,6 +13,7 @@ class KerasWorkload(Workload):
     """What the Keras workloads share: TensorFlow, the loader knobs, one training spread by MirroredStrategy."""
 
     framework = "tensorflow"
+    fresh_reason = "TensorFlow starts threads at import"
     loader_param, loader_keys, knob_keys = LOADER_PARAM, TF_LOADER_KEYS, TF_KNOBS
     spreads = ("mirrored",)  # run() builds under ctx.spread.scope()
 

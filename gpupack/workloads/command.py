@@ -83,6 +83,7 @@ class Command(Workload):
     name = "command"
     framework = "command"  # a program of its own: only process mode can host it
     Params = dict
+    fresh_reason = "a program starts fresh unless sweep.fixed.start=fork, for a Python script or -m module"
 
     # ---- hyperparameters are open: the program's own, whatever the user names ----
 
@@ -176,8 +177,8 @@ class Command(Workload):
 
     # ---- fork start (sweep.fixed.start=fork): a forked child runs the script as python would ----
 
-    def can_fork(self, params: Mapping[str, Any]) -> bool:
-        return params.get("start") == "fork"
+    def fork_refusal(self, params: Mapping[str, Any]) -> str | None:
+        return None if params.get("start") == "fork" else self.fresh_reason
 
     def preload(self, params: Sequence[Any]) -> None:
         for module in (params[0].get("preload") or []) if params else []:
