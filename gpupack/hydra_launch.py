@@ -318,6 +318,8 @@ def launch_batch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_
     log.info(f"gpupack '{launcher.backend}' launcher: {len(job_overrides)} job(s) in {len(prepared.plan.packs)} "
              f"{how} per {'GPU' if gpu else 'device (no GPU: packs share the CPU cores)'}; "
              f"records in {prepared.run.root}")
+    log.info(f"gpupack: each job's prints (stdout, stderr) are in its folder under {launcher.config.hydra.sweep.dir}, "
+             f"as {launcher.config.hydra.job.name}.out and .err beside Hydra's {launcher.config.hydra.job.name}.log")
     short = short_batch(launcher.config.hydra.sweeper, len(job_overrides), pack)
     if short and not getattr(launcher, "said_short_batch", False):  # once per multirun, not once per batch
         log.warning(f"gpupack: {short}")

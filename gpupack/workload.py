@@ -119,6 +119,9 @@ class TrainingContext:
     threads: int
     reporter: Reporter
     spread: Any = None
+    # Where this training's stdout and stderr are kept (its .out and .err logs); None where the packer keeps none
+    # of its own (trainings hosted in one process).
+    logs: tuple[str, str] | None = None
 
 
 class Workload(ABC):

@@ -54,6 +54,9 @@ def test_jobs_of_a_pack_run_at_once_each_with_hydras_job_dir(tmp_path, subproces
         assert list(OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")) == [f"lr={lr}", "sleep_s=1.0", "meet=2"]
         assert OmegaConf.load(job_dir / ".hydra" / "config.yaml").lr == lr
         assert (job_dir / "done.txt").exists() and (job_dir / "app.log").exists()
+        # its prints, beside Hydra's app.log: the same files as gpupack's logs of the job
+        assert (job_dir / "app.out").read_text() == f"job prints lr={lr}\n"
+        assert f"job warns lr={lr}" in (job_dir / "app.err").read_text()
         rec = recs[num]
         assert rec["status"] == "completed" and rec["metrics"]["return_value"] == pytest.approx(lr * 10)
         assert rec["workload"] == "hydra:app"  # the app, so two apps collected together stay apart
@@ -104,11 +107,12 @@ def test_a_raising_job_shows_its_own_traceback_and_its_log_named_by_job_number(t
     assert "Traceback (most recent call last):" in err and f'File "{APP}", line {line}, in main' in err, err
     assert 'raise RuntimeError(f"job failure on purpose (lr={cfg.lr})")' in err, err
     assert "RuntimeError: job failure on purpose (lr=0.1)" in err, err
-    for foreign in ("basic_sweeper.py", "hydra_launch.py", "gpupack_launcher.py", "run_job"):
+    for foreign in ("basic_sweeper.py", "hydra_launch.py", "gpupack_launcher.py", "run_job", "hydra_job.py"):
         assert foreign not in err, err  # only the app's own frames
     log = Path(err.split("(log: ")[1].split(")")[0])
     assert log.is_file() and log.name.startswith("job1-") and log.suffix == ".err"
     assert "job failure on purpose" in log.read_text()
+    assert (sweep_dir / "1" / "app.err").read_text() == log.read_text()  # the same file, in the job's folder too
 
 
 SHORT = [  # (sweeper options, batch, pack) -> the key the line names, or None

@@ -158,5 +158,6 @@ def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> dict
         "warmup_steps": ctx.warmup_steps,
         "spawned_at": spawned_at,
         "result_path": str(ctx.run.work(ctx.home(training.training_id), training.training_id, "result")),
+        "logs": [str(ctx.run.log(ctx.home(training.training_id), training.training_id, s)) for s in ("out", "err")],
         **({"spread": ctx.spread.to_json()} if ctx.spread is not None else {}),
     }

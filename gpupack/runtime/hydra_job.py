@@ -8,13 +8,15 @@ exits non-zero, so gpupack records it as failed and Hydra gets Hydra's own failu
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import numbers
+import os
 import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Mapping, Sequence
+from typing import Any, Callable, List, Mapping, Sequence
 
 from gpupack.core import pickling
 from gpupack.core.rundir import RunDir
@@ -46,7 +48,42 @@ def app_traceback(err: BaseException) -> str:
     while tb is not None and tb.tb_frame.f_code.co_name != "run_job":
         tb = tb.tb_next
     frames = tb.tb_next if tb is not None else err.__traceback__
+    while frames is not None and frames.tb_frame.f_code.co_filename == __file__:  # logs_in_job_dir's wrapper
+        frames = frames.tb_next
     return "".join(traceback.format_exception(type(err), err, frames)).rstrip()
+
+
+def logs_in_job_dir(task_function: Callable[[Any], Any], logs: tuple[str, str] | None) -> Callable[[Any], Any]:
+    """The task function, which first puts the job's stdout and stderr (gpupack's logs of it) in its Hydra output
+    folder as ``<job name>.out`` and ``.err``, beside Hydra's ``<job name>.log``: where a Hydra user looks, and live
+    while the job runs. N jobs at once (on other nodes, on SLURM) cannot share a terminal readably, so they are not
+    echoed there."""
+    if logs is None:
+        return task_function
+
+    @functools.wraps(task_function)
+    def task(cfg: Any) -> Any:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_cfg = HydraConfig.get()
+        for log, suffix in zip(logs, (".out", ".err")):
+            link(Path(log), Path(hydra_cfg.runtime.output_dir) / f"{hydra_cfg.job.name}{suffix}")
+        return task_function(cfg)
+
+    return task
+
+
+def link(source: Path, target: Path) -> None:
+    """``target`` becomes a hard link to ``source`` (the same file, growing as it is written; a job run again into
+    the same folder replaces the earlier link, whose file gpupack's records of that launch keep). A filesystem
+    without hard links between the two gets a symbolic link."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        tmp.symlink_to(source)
+    os.replace(tmp, target)
 
 
 def portable_failure(err: BaseException) -> BaseException:
@@ -114,7 +151,8 @@ class HydraJob(Workload):
             config.hydra.job.id = f"{job_id()}_{params.job_num}"
             config.hydra.job.num = params.job_num
         ctx.reporter.loop_started()  # start-up: process, imports, unpickling, the sweep config
-        ret = run_job(hydra_context=launcher.hydra_context, task_function=launcher.task_function, config=config,
+        ret = run_job(hydra_context=launcher.hydra_context, config=config,
+                      task_function=logs_in_job_dir(launcher.task_function, ctx.logs),
                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
         ctx.reporter.loop_ended()
         failure = ret._return_value if ret.status == JobStatus.FAILED else None

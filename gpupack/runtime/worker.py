@@ -31,8 +31,9 @@ def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any
     params = params_from_mapping(workload, spec["params"])
     reporter = Reporter(warmup_steps=int(spec.get("warmup_steps", 10)))
     spread = join_spread(spec.get("spread"))
+    logs = spec.get("logs")
     ctx = TrainingContext(device=spread.device if spread else spec["device"], threads=int(spec["threads"]),
-                          reporter=reporter, spread=spread)
+                          reporter=reporter, spread=spread, logs=(logs[0], logs[1]) if logs else None)
     try:
         metrics = workload.train(params, ctx)
         result = compose_result(spec, workload, params, reporter, metrics, process_start)

@@ -4,6 +4,7 @@ ok (return lr * 10), raise (an exception), kill (SIGKILL itself: no JobReturn ca
 another never meet: the job fails after 120 s)."""
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from omegaconf import DictConfig
 def main(cfg: DictConfig) -> float:
     out = Path(HydraConfig.get().runtime.output_dir)
     (out / "started.txt").write_text(f"{time.time()} {os.getpid()}\n")
+    print(f"job prints lr={cfg.lr}", flush=True)  # where a Hydra user finds a job's output: its folder
+    print(f"job warns lr={cfg.lr}", file=sys.stderr, flush=True)
     deadline = time.time() + 120
     while cfg.meet and len(list(out.parent.glob("*/started.txt"))) < cfg.meet:
         if time.time() > deadline:
