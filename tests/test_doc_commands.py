@@ -29,6 +29,7 @@ import pytest
 from gpupack.cli import help_text
 from tests.doc_commands import REPO, DocCommand, from_docs, from_help
 
+
 def _once(commands: list[DocCommand]) -> list[DocCommand]:
     first: dict[str, DocCommand] = {}
     for command in commands:

@@ -17,8 +17,9 @@ ARGV = "sweep.fixed.argv=[{python},examples/train.py,--lr,{lr}]"
      {"process": "fresh: a new interpreter per training (a program starts fresh unless sweep.fixed.start=fork"}),
     (["+sweep=command", ARGV, "sweep.grid.lr=[0.1]", "sweep.fixed.start=fork"],
      {"process": "fork: each training is forked"}),
-    (["+sweep=mnist_tf_pack"], {"process": "fresh: a new interpreter per training (TensorFlow starts threads at import)",
-                                "tf_logical": "one process per pack hosts its N trainings (tf_logical)"}),
+    (["+sweep=mnist_tf_pack"],
+     {"process": "fresh: a new interpreter per training (TensorFlow starts threads at import)",
+      "tf_logical": "one process per pack hosts its N trainings (tf_logical)"}),
     (["+sweep=mnist_pack", "packing.modes=[process,fused]"],
      {"process": "fork:", "fused": "one process per pack hosts its N trainings (fused)"}),
 ])
