@@ -313,6 +313,12 @@ def test_the_cli_streams_a_sweep_and_collect_shows_occupancy(tmp_path, subproces
     (row,) = summary["occupancy"]
     assert row["how"] == "streaming" and row["trainings"] == 5 and row["jobs"] == 2
     assert (run_dir / "plots" / "timeline.png").exists()
+    # the main table leads with what the stream measured: its lanes and their device-seconds per training
+    (group,) = summary["groups"]
+    assert group["lanes"] == 2 and group["stream_s_per_training"] == pytest.approx(row["device_s_per_training"])
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("local"))
+    assert "2 lanes" in line and f"{row['device_s_per_training']:.2f} stream" in line, proc.stdout
+    assert "lanes, stream: a streaming run" in proc.stdout
 
 
 # ---------------- the local slurmctld ----------------
@@ -423,3 +429,33 @@ def test_bad_launcher_streaming_options_are_refused(options, key):
     with pytest.raises(ConfigError) as err:
         launcher_stream_jobs({"stream": "on", "mode": "fused"}, at_once=1)
     assert err.value.key == "hydra.launcher.stream" and "HINT" in str(err.value)
+
+
+# ---------------- the main table's row of a stream ----------------
+
+def _summary_row(factor: int, packs: float) -> dict:
+    return {"workload": "w", "partition": "local", "gpu_type": "cpu", "mode": "process", "factor": factor,
+            "packs": packs}
+
+
+@pytest.mark.parametrize("rows, occ, expected", [
+    # streamed only: its lanes and their device-s per training
+    ([_summary_row(2, float("nan"))], [(2, "streaming", 3, 1.5)], [(3, 1.5)]),
+    # whole packs timed it: the packs' figures stand, the stream adds nothing to the row
+    ([_summary_row(2, 4.0)], [(2, "whole packs", 4, 0.9), (2, "streaming", 1, 0.7)], [(0, None)]),
+    # another N streamed: this row keeps its dashes' meaning (nothing ran it)
+    ([_summary_row(4, float("nan"))], [(2, "streaming", 1, 0.7)], [(0, None)]),
+    ([], [(2, "streaming", 1, 0.7)], []),
+])
+def test_with_lanes(rows, occ, expected):
+    import pandas as pd
+
+    from gpupack.analysis.occupancy import with_lanes
+
+    occupancy = pd.DataFrame([{"workload": "w", "partition": "local", "gpu_type": "cpu", "mode": "process",
+                               "factor": n, "how": how, "jobs": jobs, "device_s_per_training": s}
+                              for n, how, jobs, s in occ])
+    out = with_lanes(pd.DataFrame(rows, columns=list(_summary_row(1, 0))), occupancy)
+    got = [(int(r["lanes"]), None if pd.isna(r["stream_s_per_training"]) else r["stream_s_per_training"])
+           for _, r in out.iterrows()]
+    assert got == expected

@@ -22,7 +22,7 @@ import pandas as pd
 
 from gpupack.analysis.layouts import compare, split_spread, spread_summary, training_walls, verdicts
 from gpupack.analysis.load import Records, load_records, with_stdout_metric
-from gpupack.analysis.occupancy import occupancy, timeline
+from gpupack.analysis.occupancy import occupancy, timeline, with_lanes
 from gpupack.analysis.summary import best_factors, packing_times, split_phase, summarize
 from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table
 from gpupack.core.rgu import billed_packs, cost_table
@@ -64,8 +64,9 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     packing_p, spread_p = split_spread(records.packs)
     probe_t, run_t = split_phase(packing_t, "run")
     probe_p, run_p = split_phase(packing_p, "run")
-    summary = summarize(probe_t, probe_p, records.cleared)
-    production = summarize(run_t, run_p, records.cleared) if not run_t.empty else pd.DataFrame()
+    summary = with_lanes(summarize(probe_t, probe_p, records.cleared), occupancy(probe_p))
+    production = (with_lanes(summarize(run_t, run_p, records.cleared), occupancy(run_p)) if not run_t.empty
+                  else pd.DataFrame())
     best = best_factors(summary)
     overall = best_factors(summary, by=("workload", "partition", "gpu_type"))
     n = sweep_trainings or max(records.grid_sizes.values(), default=0) or int(records.trainings["training_id"].nunique()

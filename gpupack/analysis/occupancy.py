@@ -55,6 +55,23 @@ def occupancy(packs: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns=["started", "ended", "slot_s"]).sort_values(KEYS).reset_index(drop=True)
 
 
+def with_lanes(summary: pd.DataFrame, occ: pd.DataFrame) -> pd.DataFrame:
+    """The main table's rows with what their streaming lanes measured: ``lanes`` (jobs) and
+    ``stream_s_per_training`` (device-seconds per training: the lanes' walls over the trainings they completed) for
+    an (N, mode, partition) that no whole pack timed, so a streaming run's row leads with its time, not dashes."""
+    out = summary.copy()
+    out["lanes"], out["stream_s_per_training"] = 0, float("nan")
+    if out.empty or occ.empty:
+        return out
+    streamed = occ[occ["how"] == STREAMED].set_index(KEYS[:-1])
+    for i, r in out.iterrows():
+        key = tuple(r[k] for k in KEYS[:-1])
+        if key in streamed.index and not (pd.to_numeric(r.get("packs"), errors="coerce") > 0):
+            row = streamed.loc[[key]].iloc[0]
+            out.loc[i, ["lanes", "stream_s_per_training"]] = [int(row["jobs"]), row["device_s_per_training"]]
+    return out
+
+
 def timeline(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     """One row per training of the latest attempt that ran in a slot: the job that ran it (its pack or lane id),
     its slot, start and end (seconds from the first start), and whether its group streamed."""

@@ -299,6 +299,7 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
                                     concurrent, gpu_model(info, settings))
         if plan.phase:  # packing.factors=auto: a probe's record, or the run's at the best N
             rec["phase"] = plan.phase
+        fill_memory(rec, sampler.figures(outcome.training_id))
         home = homes.get(outcome.training_id, pack.pack_id)
         if stream is not None:  # which lane, slot and job ran it; its record lives with its share of the plan
             stream.ended(outcome.training_id, outcome.ended_at - outcome.started_at)
@@ -329,6 +330,18 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
     billing = {"billing": dict(settings.billing)} if settings.billing else {}  # what the job asked, its bundle
     return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings), sampled,
                              mode_started=mode_started, phase=plan.phase, job=job, extra={**(extra or {}), **billing})
+
+
+def fill_memory(rec: dict[str, Any], sampled: Mapping[str, Any]) -> None:
+    """A figure the training did not report itself (a program of the ``command`` workload reports no memory) is the
+    sampler's, so the record says what the tables show; ``memory.from_sampler`` names those (sampled every
+    ``packing.sample_interval_s``: a shorter peak can be missed)."""
+    memory = dict(rec.get("memory") or {})  # None: a training that failed before reporting anything
+    filled = [key for key in ("peak_rss_mb", "peak_gpu_mem_mb")
+              if memory.get(key) is None and sampled.get(key) is not None]
+    if filled:
+        rec["memory"] = {"peak_rss_mb": None, "peak_gpu_mem_mb": None, **memory,
+                         **{key: sampled[key] for key in filled}, "from_sampler": filled}
 
 
 def slot_use(records: Sequence[Mapping[str, Any]], slots: int, started: float, ended: float) -> dict[str, Any]:

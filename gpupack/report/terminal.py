@@ -67,11 +67,31 @@ def _failed(r: pd.Series) -> str:
 
 
 def _tpt(r: pd.Series) -> str:
-    """Median time per training and its bootstrap interval (min-max where one pack gives no interval)."""
+    """Median time per training and its bootstrap interval (min-max where one pack gives no interval); a row that
+    only streamed: its lanes' device-seconds per training, marked ``stream`` (no interval: a stream times the run)."""
+    if _num(r, "time_per_training_s") is None and _num(r, "stream_s_per_training") is not None:
+        return f"{fmt(r['stream_s_per_training'])} stream"
     low, high = _num(r, "tpt_ci_low_s"), _num(r, "tpt_ci_high_s")
     if low is not None and high is not None:
         return f"{fmt(r['time_per_training_s'])} [{low:.2f}-{high:.2f}]"
     return fmt(r["time_per_training_s"])
+
+
+STREAM_LEGEND = ("lanes, stream: a streaming run (each slot took the next training as one ended); its s/training is "
+                 "the lanes' device-seconds per training (job walls / trainings completed), with no interval and no "
+                 "best N: a stream times the run, not N (measure N with packing.stream=off).")
+
+
+def _streamed_rows(summary: pd.DataFrame) -> bool:
+    return not summary.empty and "lanes" in summary and bool((summary["lanes"] > 0).any())
+
+
+def _packs(r: pd.Series) -> str:
+    """Whole packs that timed this N, or the streaming lanes that ran it (``2 lanes``)."""
+    lanes = int(_num(r, "lanes") or 0)
+    if _num(r, "packs") is None and lanes:
+        return f"{lanes} lane{'s' if lanes > 1 else ''}"
+    return fmt(r["packs"], ".0f")
 
 
 def _n(r: pd.Series) -> str:
@@ -125,6 +145,8 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
                                     {tuple(r[GROUP + ["factor"]]) for _, r in c.best.iterrows()}, wide=wide))
         console.print("N*: the chosen N; N~: within noise of the lowest median."
                       + ("" if wide else " Every column: --wide (and summary.csv)."), highlight=False)
+        if _streamed_rows(c.summary):
+            console.print(STREAM_LEGEND, highlight=False)
     shared = shared_cores_line(c)
     if shared:
         console.print(shared, highlight=False)
@@ -167,10 +189,7 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
     if not c.occupancy.empty:
         render_occupancy(c, console)
     streamed_only = not c.occupancy.empty and set(c.occupancy["how"]) == {STREAMED}
-    if not c.summary.empty and c.best.empty and streamed_only:
-        console.print("A streaming run times the run, not N (its slots ran whatever they claimed): device-s per "
-                      "training above; measure N with whole packs (packing.stream=off).", highlight=False)
-    elif not c.summary.empty and c.best.empty:
+    if not c.summary.empty and c.best.empty and not streamed_only:
         console.print("[red]No packing factor finished without failures: no best N.[/]", markup=True)
 
 
@@ -210,7 +229,7 @@ COLUMNS: list[tuple[str, Any, str]] = [
     ("partition (GPU)", _gpu, "both"),
     ("mode", lambda r: str(r["mode"]), "both"),
     ("N", _n, "both"),
-    ("packs", lambda r: fmt(r["packs"], ".0f"), "both"),
+    ("packs", _packs, "both"),
     ("s/training", _tpt, "both"),
     ("start/loop s", lambda r: f"{fmt(r['startup_s'])}/{fmt(r['loop_s'])}", "wide"),
     ("speedup", lambda r: fmt(r["speedup_vs_n1"]), "both"),

@@ -239,6 +239,21 @@ class Sampler:
                 pass
         return self.report()
 
+    def _figures(self, t: _Tracked) -> dict[str, Any]:
+        return {
+            # Never sampled (ended between two samples): unknown, not 0.
+            "peak_rss_mb": round(t.peak_rss_mb, 1) if t.cpu_samples else None,
+            "cpu_percent_mean": round(sum(t.cpu_samples) / len(t.cpu_samples), 1) if t.cpu_samples else None,
+            "peak_gpu_mem_mb": t.peak_gpu_mem_mb if t.gpu_mem_known else None,
+            "gpu_mem_known": t.gpu_mem_known if self.source == "nvml" else None,
+        }
+
+    def figures(self, training_id: str) -> dict[str, Any]:
+        """What the samples so far say of one training (peak RSS, GPU memory, CPU %); empty if never registered."""
+        with self._lock:
+            tracked = self._holders.get(training_id)
+            return self._figures(tracked) if tracked is not None else {}
+
     def report(self) -> dict[str, Any]:
         def stat(key: str, fn: Callable[[list[float]], float]) -> float | None:
             values = [s[key] for s in self.samples if s.get(key) is not None]
@@ -253,14 +268,7 @@ class Sampler:
             "gpu_util_mean": stat("gpu_util", lambda v: sum(v) / len(v)), "gpu_util_max": stat("gpu_util", max),
             "gpu_mem_used_peak_mb": stat("gpu_mem_used_mb", max), "gpu_mem_total_mb": self.memory_total_mb,
             "cpu_percent_mean": round(sum(cpu_totals) / len(cpu_totals), 1) if cpu_totals else None,
-            "per_training": {
-                t.training_id: {
-                    # Never sampled (ended between two samples): unknown, not 0.
-                    "peak_rss_mb": round(t.peak_rss_mb, 1) if t.cpu_samples else None,
-                    "cpu_percent_mean": round(sum(t.cpu_samples) / len(t.cpu_samples), 1) if t.cpu_samples else None,
-                    "peak_gpu_mem_mb": t.peak_gpu_mem_mb if t.gpu_mem_known else None,
-                    "gpu_mem_known": t.gpu_mem_known if self.source == "nvml" else None,
-                } for t in self._holders.values()},
+            "per_training": {t.training_id: self._figures(t) for t in self._holders.values()},
             "overhead_cpu_s": round(self.cpu_time_s, 4),
             "overhead_fraction": round(self.cpu_time_s / wall, 5) if wall else None,
         }
