@@ -41,7 +41,7 @@ ALL = _once(from_docs() + from_help(help_text([])))  # each text once, where it 
 
 # Appended to a real run of each sweep config: tiny sizes, one N, one repeat (a key the command sets is left to it).
 _MNIST = ["sweep.fixed.train_samples=256", "sweep.fixed.val_samples=128", "sweep.fixed.epochs=1", "packing.repeats=1",
-          "packing.factors=[2]"]
+          "packing.factors=[2]", "sweep.grid.batch_size=[128]"]
 TINY: dict[str, list[str]] = {
     "mnist_pack": _MNIST, "mnist_tf_pack": _MNIST, "mnist_spread": _MNIST + ["spread.repeats=1"],
     "mnist_tf_spread": _MNIST + ["spread.repeats=1"],
@@ -51,7 +51,8 @@ TINY: dict[str, list[str]] = {
                       "packing.factors=[2]"],
     "resnet50_gpu": ["sweep.fixed.train_samples=16", "sweep.fixed.val_samples=8", "sweep.fixed.image_size=32",
                      "sweep.fixed.batch_size=8", "packing.repeats=1", "packing.factors=[2]"],
-    "quadratic_pack": [], "command": [],  # examples/train.py trains 6000 samples in about a second
+    "quadratic_pack": [],
+    "command": ["packing.repeats=1", "packing.factors=[2]"],  # examples/train.py: 6000 samples, about a second
     "auto": ["packing.auto.ladder=[1,2]", "packing.auto.repeats=2"],  # packing.factors=auto climbs no further
     "hydra": ["train_samples=256"],  # examples/conf/hydra_app.yaml
 }
