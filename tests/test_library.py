@@ -2,6 +2,7 @@
 habits (--cfg, --resolve, -p, --info, --help, and -m refused)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,8 @@ PACK = PLAN.packs[0]
     (0, False, None, {}, "not submitted"),
     ((1, True), False, None, {}, "stopped"),  # began here (local), stopped mid-run before its pack record
     ((0, True), False, None, {}, "stopped"),
+    ((1, True, True), False, None, {}, RUNNING),  # began here and a live packer holds its lock (local)
+    ((0, False, False, True), False, None, {}, PENDING),  # not begun, while a live sweep holds the run (local)
     (0, True, None, {}, FAILED),  # ran here (local backend) and left trainings unfinished
     (0, False, "7", {"7": PENDING}, PENDING),
     (1, False, "7", {"7": RUNNING}, RUNNING),
@@ -102,8 +105,30 @@ PACK = PLAN.packs[0]
     (0, False, "7", None, "unknown"),  # the queue did not answer: say so, guess nothing
 ])
 def test_pack_status_table(done, has_record, job, states, expected):
-    done, started = done if isinstance(done, tuple) else (done, False)
-    assert sweep.pack_status(PACK, done, has_record, job, states, started=started) == expected
+    done, started, held, sweep_held = (*done, False, False, False)[:4] if isinstance(done, tuple) else (
+        done, False, False, False)
+    assert sweep.pack_status(PACK, done, has_record, job, states, started=started, held=held,
+                             sweep_held=sweep_held) == expected
+
+
+def test_a_lock_is_held_here_by_a_live_holder_of_this_host(tmp_path):
+    import socket
+    import subprocess
+
+    from gpupack.core.rundir import held_here, holder_line
+
+    lock = tmp_path / ".lock"
+    assert not held_here(lock)  # no lock file: nothing runs
+    lock.write_text(holder_line())
+    assert held_here(lock)  # this process
+    lock.write_text(f"{os.getpid()} another-host\n")
+    assert not held_here(lock)  # a pid of another host says nothing here
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock.write_text(f"{dead.pid} {socket.gethostname()}\n")
+    assert not held_here(lock)  # a holder that died (killed mid-run)
+    lock.write_text(f"{os.getpid()}\n")
+    assert not held_here(lock)  # an older lock's line, with no host
 
 
 def test_slurm_queue_states_map_to_gpupack_states():

@@ -72,3 +72,30 @@ def test_status_of_a_finished_run_with_a_failure_and_of_one_resumed_halfway(tmp_
     assert main(["status", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "waiting 2" in out and "elapsed " in out and "left at this rate" in out, out
+
+
+def test_status_of_a_local_sweep_mid_run_says_running_and_pending(tmp_path, subprocess_env):
+    """The local backend keeps no job ids: a live packer's pack lock says its pack runs, a live sweep's run lock says
+    its other packs wait their turn (it said 'stopped' and 'not submitted' mid-run). A barrier holds the first pack
+    running while status looks (``meet`` of 3 with packs of 2: it waits until the test lets it go)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import wait_for
+
+    run_dir, gate = tmp_path / "run", tmp_path / "gate"
+    proc = subprocess.Popen([sys.executable, "-m", "gpupack", *PROBE, "sweep.grid.lr=[0.1,0.2,0.3,0.4]",
+                             f"+sweep.fixed.meet={gate}:3", "+sweep.fixed.meet_timeout_s=60", "packing.factors=[2]",
+                             "packing.repeats=1", "packing.order=by_factor", f"run_dir={run_dir}"],
+                            env=subprocess_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: len(list(gate.glob("*"))) >= 2, timeout_s=120)  # both of the first pack arrived
+        st = sweep.status(run_dir)
+        states = sorted(p.state for p in st.packs)
+        assert states == [PENDING, RUNNING], states
+        assert st.trainings["local"]["running"] == 2 and st.trainings["local"]["waiting"] == 2
+    finally:
+        (gate / "arrived-release").write_text("")  # a third arrival: the barrier opens
+        proc.wait(timeout=120)
+    after = sweep.status(run_dir)
+    assert sorted(p.state for p in after.packs) == ["done", "done"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,6 +213,31 @@ class RunDir:
         return self.pack_dir(pack_id) / "work" / f"{check_name('training_id', training_id)}.{what}.json"
 
 
+def holder_line() -> str:
+    """What a lock file says of its holder: ``pid host``."""
+    return f"{os.getpid()} {socket.gethostname()}\n"
+
+
+def held_here(lock: Path) -> bool:
+    """Whether the holder a lock file names (:func:`holder_line`) is a live process of this host: how ``status`` tells
+    a local pack or sweep that runs from one that was stopped, without taking the lock (which would stop a packer
+    starting at that moment). A holder that ended keeps its line; only a killed one leaves no record behind, and a
+    pid reused since then reads as live (rare, and only until the next run ends)."""
+    try:
+        words = lock.read_text().split()
+    except OSError:
+        return False
+    if len(words) != 2 or not words[0].isdigit() or words[1] != socket.gethostname():
+        return False
+    try:
+        os.kill(int(words[0]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
 class RunLock:
     """An exclusive lock on a run directory, so two sweeps never write into the same one at once."""
 
@@ -233,7 +259,7 @@ class RunLock:
             print(f"gpupack: warning: cannot lock {self.path} ({err.strerror}); do not start two sweeps in this "
                   "run directory at once", file=sys.stderr)
         os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        os.write(fd, holder_line().encode())
         self._fd = fd
         return self
 

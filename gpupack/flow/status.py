@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from gpupack.analysis.load import cleared_mask, load_records, read_cleared
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.records import COMPLETED, OOM, read_json, read_json_or_none, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.rundir import RunDir, held_here
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import RunDirError
 from gpupack.flow.collect import find_runs
@@ -82,13 +82,19 @@ STOPPED = "stopped"  # started here and ended with no pack record (stopped or ki
 
 
 def pack_status(pack: Pack, done: int, has_record: bool, job_id: str | None,
-                states: Mapping[str, str] | None, started: bool = False) -> str:
-    """Where one pack stands, from its records first and the queue (gpupack states) for the rest; ``started``: its
-    job body began here (its folder exists), which a backend that keeps no job ids (local) tells no other way. Pure."""
+                states: Mapping[str, str] | None, started: bool = False, held: bool = False,
+                sweep_held: bool = False) -> str:
+    """Where one pack stands, from its records first and the queue (gpupack states) for the rest. A backend that
+    keeps no job ids (local) tells it by the run directory alone: ``started``, its job body began (its folder
+    exists); ``held``, a live packer holds the pack's lock; ``sweep_held``, a live sweep holds the run's. Pure."""
     if done == len(pack.trainings):
         return DONE
     if job_id is None:
-        return FAILED if has_record else STOPPED if started else "not submitted"
+        if has_record:
+            return FAILED
+        if started:
+            return RUNNING if held else STOPPED
+        return PENDING if sweep_held else "not submitted"
     if states is None:
         return "unknown"
     queue = states.get(job_id)
@@ -127,12 +133,14 @@ def status(run_dir: Path | str) -> RunStatus:
     packs = []
     trainings: dict[str, Counter[str]] = {}
     starts, ends = [], []
+    sweep_held = held_here(run.lock)
     for p in plan.packs:
         recs = {t.training_id: read_json_or_none(run.training_record(p.pack_id, t.training_id)) for t in p.trainings}
         done = sum(rec is not None and rec.get("status") == COMPLETED for rec in recs.values())
         job = jobs.get(p.pack_id, {}).get("job_id")
         state = pack_status(p, done, run.pack_record(p.pack_id).exists(), job, states,
-                            started=run.pack_dir(p.pack_id).is_dir())
+                            started=run.pack_dir(p.pack_id).is_dir(), held=held_here(run.pack_lock(p.pack_id)),
+                            sweep_held=sweep_held)
         packs.append(PackStatus(p.pack_id, p.partition, state, done, len(p.trainings), job))
         for tid, rec in recs.items():
             started = run.log(p.pack_id, tid, "out").exists()

@@ -36,7 +36,7 @@ from gpupack.core.records import (
     write_json_atomic,
 )
 from gpupack.core.rgu import model_from_device_name
-from gpupack.core.rundir import RunDir
+from gpupack.core.rundir import RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.errors import RunDirError
 from gpupack.pack import PackContext, Packer, Stream, load_packer, options_of, threads_for
@@ -240,16 +240,17 @@ def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            pid, _, host = os.pread(fd, 128, 0).decode(errors="replace").strip().partition(" ")
             raise RunDirError(f"pack {pack_id!r} of run_dir={str(run.root)!r} is already being run by another packer "
-                              f"(pid {holder} on {socket.gethostname()} holds {path}); this one stopped and touched "
+                              f"(pid {pid or 'unknown'} on {host or socket.gethostname()} holds {path}); this one "
+                              "stopped and touched "
                               f"none of its records. HINT: let the first finish (python -m gpupack status {run.root}), "
                               "or cancel its job before running the pack again") from None
         except OSError as err:  # a file system without flock (Lustre without -o flock): run unlocked, as RunLock does
             print(f"gpupack: warning: cannot lock {path} ({err.strerror}); do not run this pack twice at once",
                   file=sys.stderr)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, holder_line().encode(), 0)
         yield
     finally:
         os.close(fd)
