@@ -205,25 +205,3 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
         if collect_outputs:
             outcome.collected, outcome.written = collect([run_dir.root], plots=plots)
     return outcome
-
-
-# ---------------- status ----------------
-
-
-
-
-
-
-
-
-
-
-
-# ---------------- collect ----------------
-
-
-
-
-
-# ---------------- clearing OOMs ----------------
-

@@ -19,8 +19,6 @@ from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
 from gpupack.workload import Workload
 
-_NOT_MODES = {"job", "host"}  # modules here that are not packing modes
-
 
 class Stream(Protocol):
     """Where a streaming lane's freed slots take their next training (gpupack.job.stream.Lane)."""
@@ -118,7 +116,7 @@ def options_of(settings: PackSettings | None, mode: str) -> Any:  # Any: the mod
 
 def available_modes() -> list[str]:
     names = (m.name for m in pkgutil.iter_modules(__path__))
-    return sorted(n for n in names if not n.startswith("_") and n not in _NOT_MODES)
+    return sorted(n for n in names if not n.startswith("_"))
 
 
 def load_packer(mode: str, key: str = "packing.modes") -> Packer:

@@ -284,13 +284,11 @@ class SlurmSubmitter(Submitter):
         for p in packs:
             groups.setdefault((p.partition, p.mode, p.factor, p.devices), []).append(p)
         for (partition, _mode, factor, devices), group in groups.items():
+            part, req = self.cluster.partitions[partition], self.request(factor)
             executor = self._executor()
-            executor.update_parameters(**sbatch_parameters(self.cluster, partition, self.cluster.partitions[partition],
-                                                           factor, account, self.request(factor).mem_gb_each,
-                                                           devices=devices))
+            executor.update_parameters(**sbatch_parameters(self.cluster, partition, part, factor, account,
+                                                           req.mem_gb_each, devices=devices))
             try:
-                part = self.cluster.partitions[partition]
-                req = self.request(factor)
                 asked = {"gpus": devices, "cpus": req.cpus * devices if req.cpus else None,
                          "mem_gb": req.mem_mb * devices / 1024 if req.mem_mb else None,
                          "bundle_cores": part.bundle_cores, "bundle_mem_gb": part.bundle_mem_gb}
