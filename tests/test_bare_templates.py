@@ -53,7 +53,9 @@ def test_the_help_s_command_example_plans_as_pasted(tmp_path, monkeypatch):
 
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)
     line = next(text for text in help_text([]).splitlines() if "+sweep=command" in text)
-    words = shlex.split(line.split("  pack ")[0])
+    words = shlex.split(line, comments=True)
+    assert words[:3] == ["python", "-m", "gpupack"]  # a whole command, as tests/test_doc_commands.py runs it
+    words = words[3:]
     prepared = sweep.prepare([*words, "packing.factors=[1]", f"run_dir={tmp_path / 'run'}"])
     assert {t.params["lr"] for p in prepared.plan.packs for t in p.trainings} == {0.1, 0.03}
     assert {tuple(t.params["argv"]) for p in prepared.plan.packs for t in p.trainings} == {

@@ -27,8 +27,11 @@ from gpupack.core.rundir import RunDir
 from gpupack.core.types import Capacity, PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
-from gpupack.spread import check_spread, ddp, load_strategy
-from gpupack.spread.ddp import STRATEGY, _merged, culprit
+from gpupack.runtime.joins import ddp
+from gpupack.runtime.joins import join as join_placement
+from gpupack.runtime.joins.ddp import _merged
+from gpupack.spread import check_spread, load_strategy
+from gpupack.spread.ddp import STRATEGY, culprit
 from gpupack.workload import Reporter, TrainingContext, Workload, load_workload
 
 SMALL = {"model": "mlp", "hidden": 32, "train_samples": 500, "val_samples": 500, "epochs": 1, "lr": 0.05}
@@ -177,7 +180,7 @@ def test_bytes_and_steps_are_counted_per_backward_pass_over_several_buckets(tmp_
     import torch
 
     # World 1 in this process: DDP still all-reduces (with itself) through the hook, bucket by bucket.
-    spread = STRATEGY.join(dataclasses.replace(STRATEGY.placement("ddp-gloo", 1, "cpu"),
+    spread = join_placement(dataclasses.replace(STRATEGY.placement("ddp-gloo", 1, "cpu"),
                                                init_method=f"file://{tmp_path / 'store'}"))
     try:
         assert spread.stats() == {}  # nothing measured before the model is wrapped
@@ -318,7 +321,7 @@ def test_a_training_past_its_time_limit_is_stopped_on_every_rank(tmp_path):
 @pytest.mark.parametrize("visible, world, refused", [(2, 2, False), (4, 2, False), (1, 2, True), (0, 4, True)])
 def test_a_rank_refuses_a_job_with_fewer_gpus_than_ranks(visible, world, refused):
     from gpupack.errors import ConfigError
-    from gpupack.spread.ddp import check_visible
+    from gpupack.runtime.joins.ddp import check_visible
 
     if refused:
         with pytest.raises(ConfigError, match=f"needs {world} GPUs in its job, but it sees {visible}"):

@@ -15,8 +15,9 @@ from gpupack.core.rundir import RunDir
 from gpupack.core.types import Capacity, PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
+from gpupack.runtime.joins import join
+from gpupack.runtime.joins.mirrored import first_gpus, make_devices
 from gpupack.spread import check_spread, load_strategy
-from gpupack.spread.mirrored import first_gpus, make_devices
 from gpupack.workloads._tf_common import check_even_split
 
 # Small, so each k costs one TF process start (~5-10 s here) and a second of training: 8 steps of a 64 global batch.
@@ -115,7 +116,7 @@ def test_join_refuses_on_a_job_with_fewer_gpus_before_setting_anything() -> None
     assert tf.config.growth == []
     with pytest.raises(ConfigError, match="needs 2 GPUs"):  # the strategy's own join, TensorFlow faked out
         with mock.patch.dict(sys.modules, {"tensorflow": tf}):
-            load_strategy("mirrored").join(Placement(strategy="mirrored", label="mirrored", devices=2, device="cuda"))
+            join(Placement(strategy="mirrored", label="mirrored", devices=2, device="cuda"))
 
 
 def test_global_batch_must_split_evenly_over_the_replicas() -> None:
@@ -146,7 +147,7 @@ def test_tf_workloads_say_they_spread_with_mirrored() -> None:
 def test_mirrored_all_reduce_bytes_are_the_trainable_weights(shapes, dtypes, replicas, expected):
     from types import SimpleNamespace
 
-    from gpupack.spread.mirrored import allreduce_bytes
+    from gpupack.runtime.joins.mirrored import allreduce_bytes
 
     weights = [SimpleNamespace(shape=s, dtype=d) for s, d in zip(shapes, dtypes)]
     assert allreduce_bytes(weights, replicas) == expected

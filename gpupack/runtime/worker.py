@@ -50,14 +50,10 @@ def join_spread(placement: Mapping[str, Any] | None) -> Any:
     returns the Spread the workload calls; None for a training on one device."""
     if not placement:
         return None
-    import importlib
+    from gpupack.core.placement import Placement  # only a spread training's process needs them
+    from gpupack.runtime.joins import join
 
-    from gpupack.core.placement import Placement  # only a spread training's process needs it
-
-    where = Placement.from_json(placement)
-    # The strategy by its module name, as a workload is found by its name: its training's side runs in this process,
-    # while the package of strategies sits above the runtime that starts processes (docs/ARCHITECTURE.md).
-    return importlib.import_module(f"gpupack.spread.{where.strategy}").STRATEGY.join(where)
+    return join(Placement.from_json(placement))
 
 
 def compose_result(spec: Mapping[str, Any], workload: Any, params: Any, reporter: Any, metrics: Mapping[str, Any],

@@ -7,10 +7,11 @@ halves:
 - the pack's side (:meth:`Strategy.run`, inside the job, like a packing mode's ``run``): start the training's
   process(es) over the job's k devices — DDP one process per device, MirroredStrategy one process for all — follow
   them and say how the training ended;
-- the training's side (:meth:`Strategy.join`, in each of those processes, called by
-  :mod:`gpupack.runtime.worker`): set the process up (DDP: join the process group; Mirrored: make the strategy over
-  k devices) and hand the workload a :class:`Spread`, the few calls a workload makes to spread itself (wrap the
-  model, take its share of a batch, build under a scope). The workload never knows which strategy it runs under.
+- the training's side (``join`` in ``gpupack/runtime/joins/<strategy>.py``, in each of those processes, called by
+  :mod:`gpupack.runtime.worker`, which imports it downward): set the process up (DDP: join the process group;
+  Mirrored: make the strategy over k devices) and hand the workload a ``Spread``, the few calls a workload makes to
+  spread itself (wrap the model, take its share of a batch, build under a scope). The workload never knows which
+  strategy it runs under.
 
 A pack of a spread training is an ordinary :class:`gpupack.core.plan.Pack` of one training whose ``devices`` is k and
 whose ``spread`` names the strategy; its mode is the strategy's label (``ddp-gloo``, ``ddp-nccl``, ``mirrored``), so
@@ -24,7 +25,7 @@ from abc import ABC, abstractmethod
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
-from gpupack.core.placement import Placement, Spread
+from gpupack.core.placement import Placement
 from gpupack.errors import ConfigError, nearest, require_counts
 
 if TYPE_CHECKING:  # the pack's side only: a training's process imports this module without them
@@ -60,9 +61,6 @@ class Strategy(ABC):
         """Run the pack's one training over ``ctx.devices`` devices; call ctx.on_started / ctx.on_finished as a
         packing mode does, and say how it ended."""
 
-    @abstractmethod
-    def join(self, placement: Placement) -> Spread:
-        """In the training's process, before the workload trains: set the process up and return its Spread."""
 
 
 def available_strategies() -> list[str]:

@@ -1,0 +1,15 @@
+"""The training's side of each spread strategy, in the training's own process (:mod:`gpupack.runtime.worker`): one
+module per strategy, named as its pack's side in :mod:`gpupack.spread`, with ``join(placement) -> Spread``: set the
+process up (DDP: join the process group; Mirrored: make the strategy over k devices) and hand the workload its
+:class:`gpupack.core.placement.Spread`. It sits below the job and the pack's side, so the worker imports it downward.
+"""
+from __future__ import annotations
+
+import importlib
+
+from gpupack.core.placement import Placement, Spread
+
+
+def join(placement: Placement) -> Spread:
+    """The strategy's training side sets this process up and returns the Spread the workload calls."""
+    return importlib.import_module(f"{__name__}.{placement.strategy}").join(placement)
