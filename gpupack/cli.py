@@ -36,7 +36,7 @@ from gpupack.pack import available_modes
 from gpupack.report.terminal import make_console, render_collected
 from gpupack.setup.compose import compose_config, config_dir, group_options, search_path
 from gpupack.submit import available_backends
-from gpupack.workload import available_workloads, load_workload
+from gpupack.workloads import available_workloads, load_workload
 
 USAGE = """usage:
   python -m gpupack +sweep=NAME [key=value ...]   run a sweep (conf/sweep/NAME.yaml), e.g. +sweep=mnist_pack

@@ -36,7 +36,7 @@ from gpupack.pack import load_packer
 from gpupack.setup.fit import check_fit
 from gpupack.setup.validate import DEVICES, STREAMS, check_modes
 from gpupack.submit import backend_class
-from gpupack.workload import load_workload
+from gpupack.workloads import load_workload
 
 MEMORY_FRACTION = 0.8  # as packing.memory_fraction's default
 

@@ -7,8 +7,6 @@ the sweep's grid and fixed values are validated against before anything runs.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -17,8 +15,6 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence, cast
 
 from gpupack.errors import ConfigError, nearest
-
-WORKLOAD_PACKAGE = "gpupack.workloads"
 
 
 @dataclass
@@ -246,32 +242,6 @@ def require_positive(params: Any, *keys: str) -> None:
         value = getattr(params, key)
         if not value > 0:
             raise ConfigError(key, value, "must be > 0", f"set {key} to a positive number")
-
-
-def available_workloads() -> list[str]:
-    pkg = importlib.import_module(WORKLOAD_PACKAGE)
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
-
-
-def load_workload(name: str, key: str = "sweep.workload") -> Workload:
-    """``gpupack.workloads.<name>``'s ``WORKLOAD``; a dotted name (``mypkg.mymodule``) imports that module instead,
-    so users can keep workloads in their own packages. An unknown name is a ConfigError."""
-    if "." in name:
-        try:
-            module = importlib.import_module(name)
-        except ImportError as err:
-            raise ConfigError(key, name, f"cannot import it ({err})", "make the module importable (PYTHONPATH) or "
-                              "use a built-in workload (python -m gpupack --info lists them)") from None
-    else:
-        names = available_workloads()
-        if name not in names:
-            raise ConfigError(key, name, "no such built-in workload", nearest(name, names))
-        module = importlib.import_module(f"{WORKLOAD_PACKAGE}.{name}")
-    workload = getattr(module, "WORKLOAD", None)
-    if not isinstance(workload, Workload):
-        raise ConfigError(key, name, f"module {module.__name__} defines no WORKLOAD",
-                          "define WORKLOAD = YourWorkload() in it")
-    return workload
 
 
 def params_from_mapping(workload: Workload, values: Mapping[str, Any]) -> Any:

@@ -7,7 +7,7 @@ import os
 import sys
 
 from gpupack.cli import main
-from gpupack.workload import load_workload
+from gpupack.workloads import load_workload
 
 COMMAND = load_workload("command")
 

@@ -14,7 +14,7 @@ from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
 from gpupack.pack.process import ProcessOptions, cpus_for, start_method
-from gpupack.workload import load_workload
+from gpupack.workloads import load_workload
 
 
 @pytest.mark.parametrize("cores, n, expected", [

@@ -17,8 +17,8 @@ from gpupack.core.records import read_json, write_json_atomic  # noqa: E402
 from gpupack.core.rundir import RunDir  # noqa: E402
 from gpupack.core.types import PackSettings  # noqa: E402
 from gpupack.job.body import run_pack  # noqa: E402
-from gpupack.workload import Reporter, TrainingContext, load_workload  # noqa: E402
-from gpupack.workloads import _mnist_data, _torch_common, _torch_fused  # noqa: E402
+from gpupack.workload import Reporter, TrainingContext  # noqa: E402
+from gpupack.workloads import _mnist_data, _torch_common, _torch_fused, load_workload  # noqa: E402
 from gpupack.workloads.mnist_torch import _build  # noqa: E402
 
 WORKLOAD = load_workload("mnist_torch")

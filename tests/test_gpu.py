@@ -100,8 +100,8 @@ def test_the_memory_cap_comes_from_nvmls_total():
 def test_fused_models_on_cuda_end_where_each_would_alone():
     import torch
 
-    from gpupack.workload import Reporter, TrainingContext, load_workload
-    from gpupack.workloads import _mnist_data, _torch_common, _torch_fused
+    from gpupack.workload import Reporter, TrainingContext
+    from gpupack.workloads import _mnist_data, _torch_common, _torch_fused, load_workload
     from gpupack.workloads.mnist_torch import _build
 
     workload = load_workload("mnist_torch")

@@ -47,3 +47,33 @@ def test_an_upward_import_breaks_the_contract(tmp_path, importer, imported):
     assert proc.returncode != 0
     module = importer.replace("/", ".").removesuffix(".py")
     assert "BROKEN" in proc.stdout and module in proc.stdout, proc.stdout[-3000:]
+
+
+# ---------------- imports by name (importlib), which the contract above cannot see ----------------
+
+def test_imports_by_name_keep_the_layers():
+    from tests.dynamic_imports import by_name, violations
+
+    found = by_name(ROOT / "gpupack")
+    assert len(found) >= 7, found  # the backends, modes, strategies' two sides, workloads, user modules
+    assert violations(ROOT / "gpupack", ROOT / "pyproject.toml") == []
+
+
+@pytest.mark.parametrize("importer, call, says", [
+    # what runtime/worker.py did before a strategy's training side moved below it (issue 29)
+    ("gpupack/runtime/worker.py", 'importlib.import_module(f"gpupack.spread.{name}")', "upward"),
+    ("gpupack/workload.py", 'importlib.import_module(f"gpupack.workloads.{name}")', "upward"),
+    ("gpupack/core/plan.py", "importlib.import_module(name)", "named by data"),
+    ("gpupack/workload.py", 'importlib.import_module("gpupack.result")', "a sibling"),
+])
+def test_an_upward_import_by_name_breaks_it(tmp_path, importer, call, says):
+    from tests.dynamic_imports import violations
+
+    copy = tmp_path / "gpupack"
+    shutil.copytree(ROOT / "gpupack", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy.parent / importer
+    target.write_text(target.read_text() + f"\n\ndef _by_name(name: str) -> object:\n    import importlib\n\n"
+                      f"    return {call}\n")
+    found = violations(copy, ROOT / "pyproject.toml")
+    module = importer.replace("/", ".").removesuffix(".py")
+    assert len(found) == 1 and found[0].startswith(module) and says in found[0], found

@@ -11,7 +11,7 @@ from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
-from gpupack.workload import load_workload
+from gpupack.workloads import load_workload
 from gpupack.workloads.resnet50 import AMP_ON_CPU, LAYERS, ResNet50Params, on_device, own_resnet50, synthetic
 
 torch = pytest.importorskip("torch")

@@ -32,7 +32,8 @@ from gpupack.runtime.joins import join as join_placement
 from gpupack.runtime.joins.ddp import _merged
 from gpupack.spread import check_spread, load_strategy
 from gpupack.spread.ddp import STRATEGY, culprit
-from gpupack.workload import Reporter, TrainingContext, Workload, load_workload
+from gpupack.workload import Reporter, TrainingContext, Workload
+from gpupack.workloads import load_workload
 
 SMALL = {"model": "mlp", "hidden": 32, "train_samples": 500, "val_samples": 500, "epochs": 1, "lr": 0.05}
 NO_GPU = Capacity(has_gpu=False, node_cpus=2)

@@ -127,7 +127,7 @@ def test_global_batch_must_split_evenly_over_the_replicas() -> None:
 
 
 def test_tf_workloads_say_they_spread_with_mirrored() -> None:
-    from gpupack.workload import load_workload
+    from gpupack.workloads import load_workload
 
     assert all(load_workload(w).spreads == ("mirrored",) for w in ("mnist_tf", "cifar10_tf"))
     strategy = load_strategy("mirrored")

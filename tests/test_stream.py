@@ -92,7 +92,7 @@ def test_a_stream_claims_the_longest_first_where_the_workload_can_tell(costs, or
 
 
 def test_mnist_tells_a_training_s_length_by_the_samples_it_sees():
-    from gpupack.workload import load_workload
+    from gpupack.workloads import load_workload
 
     mnist = load_workload("mnist_torch")
     assert mnist.cost({"epochs": 4, "train_samples": 1000}) == 4 * mnist.cost({"epochs": 1, "train_samples": 1000})

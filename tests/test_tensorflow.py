@@ -210,7 +210,7 @@ def test_tf_logical_host_gets_n_times_the_per_training_limit(tmp_path, monkeypat
 
 
 def _tf_workload():
-    from gpupack.workload import load_workload
+    from gpupack.workloads import load_workload
 
     return load_workload("tests.fake_tf_workload")
 

@@ -20,7 +20,8 @@ from gpupack.runtime.forkserver import ForkServer
 from gpupack.runtime.jobenv import job_cpus
 from gpupack.runtime.mps import mps_daemon
 from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor, fork_server
-from gpupack.workload import Workload, load_workload
+from gpupack.workload import Workload
+from gpupack.workloads import load_workload
 
 
 def cpus_for(cores: Sequence[int], n: int, i: int) -> list[int]:

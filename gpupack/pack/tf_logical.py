@@ -18,7 +18,8 @@ from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.errors import ConfigError
 from gpupack.pack import PackContext, Packer, options_of
 from gpupack.pack._host import host_specs, refuse_rlimit_on_gpu, run_host
-from gpupack.workload import Workload, load_workload
+from gpupack.workload import Workload
+from gpupack.workloads import load_workload
 
 
 def split_memory_mb(total_mb: float, n: int, reserve_mb: float, budget_mb: float | None,

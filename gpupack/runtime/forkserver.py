@@ -145,7 +145,7 @@ def _exit_code(code: object) -> int:
 
 
 def _preload(req: Mapping[str, Any]) -> None:
-    from gpupack.workload import load_workload  # what the server preloads is the pack's time, counted from here
+    from gpupack.workloads import load_workload  # what the server preloads is the pack's time, counted from here
 
     workload = load_workload(req["workload"])
     workload.preload([workload.params(p) for p in req.get("params", [])])

@@ -20,12 +20,8 @@ from typing import Any, Mapping  # noqa: E402
 
 def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any]:
     """Train once in this process and return the result: timings, throughput and metrics."""
-    from gpupack.workload import (  # after _PROCESS_START: a training's imports are its start-up
-        Reporter,
-        TrainingContext,
-        load_workload,
-        params_from_mapping,
-    )
+    from gpupack.workload import Reporter, TrainingContext, params_from_mapping
+    from gpupack.workloads import load_workload
 
     workload = load_workload(spec["workload"])
     params = params_from_mapping(workload, spec["params"])

@@ -25,7 +25,8 @@ from gpupack.pack import load_packer
 from gpupack.setup.fit import ClusterFacts, auto_ladder, bundle_warnings, check_fit, idle_gpu_warnings
 from gpupack.setup.options import check_strategy_options, pack_settings
 from gpupack.setup.spread_check import SpreadSpec, check_spread_config
-from gpupack.workload import Workload, load_workload
+from gpupack.workload import Workload
+from gpupack.workloads import load_workload
 
 DEVICES = ("auto", "cpu", "cuda")
 STREAMS = ("auto", "on", "off")  # packing.stream

@@ -30,7 +30,8 @@ from gpupack.runtime.joins.ddp import BACKENDS, KEY, PREFIX, backend_of
 from gpupack.runtime.mps import job_tmp
 from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor, Together, fork_server, tail
 from gpupack.spread import Strategy
-from gpupack.workload import Workload, load_workload
+from gpupack.workload import Workload
+from gpupack.workloads import load_workload
 
 # A rank's error that only says a peer went away (gloo, NCCL): the failed peer, not this rank, is the cause.
 PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker|remote process|"

@@ -1,1 +1,36 @@
-"""Training workloads that gpupack packs. One module per workload, each exposing ``WORKLOAD``."""
+"""Training workloads that gpupack packs. One module per workload, each exposing ``WORKLOAD``; :func:`load_workload`
+finds one by name (or a user's module by its dotted name). Here, above ``gpupack.workload`` (the base class), so the
+import by name runs downward from every layer that loads a workload.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from gpupack.errors import ConfigError, nearest
+from gpupack.workload import Workload
+
+
+def available_workloads() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def load_workload(name: str, key: str = "sweep.workload") -> Workload:
+    """``gpupack.workloads.<name>``'s ``WORKLOAD``; a dotted name (``mypkg.mymodule``) imports that module instead,
+    so users can keep workloads in their own packages. An unknown name is a ConfigError."""
+    if "." in name:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as err:
+            raise ConfigError(key, name, f"cannot import it ({err})", "make the module importable (PYTHONPATH) or "
+                              "use a built-in workload (python -m gpupack --info lists them)") from None
+    else:
+        names = available_workloads()
+        if name not in names:
+            raise ConfigError(key, name, "no such built-in workload", nearest(name, names))
+        module = importlib.import_module(f"{__name__}.{name}")
+    workload = getattr(module, "WORKLOAD", None)
+    if not isinstance(workload, Workload):
+        raise ConfigError(key, name, f"module {module.__name__} defines no WORKLOAD",
+                          "define WORKLOAD = YourWorkload() in it")
+    return workload
