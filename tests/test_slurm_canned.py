@@ -154,3 +154,31 @@ def test_resume_fails_closed_when_sacct_does_not_answer(tmp_path, monkeypatch):
     assert sub.queue_states(["101"]) is None and sub.pack_states(["101"]) is None
     with pytest.raises(SubmissionError, match="nothing was submitted again"):
         sub.active_packs()
+
+
+# ---------------- the SLURM job environment: its own, read by no one below the backend ----------------
+
+@pytest.mark.parametrize("env, started_at, scheduler", [
+    ({"SLURM_JOB_START_TIME": "1795550000", "SLURM_JOB_GPUS": "0,1", "SLURM_JOB_PARTITION": "gpubase",
+      "CUDA_VISIBLE_DEVICES": "0,1"}, 1795550000.0, {"slurm_job_gpus": "0,1", "slurm_partition": "gpubase"}),
+    ({}, None, {"slurm_job_gpus": None, "slurm_partition": None}),  # before Slurm 21.08: no start time given
+    ({"SLURM_JOB_START_TIME": "soon"}, None, {"slurm_job_gpus": None, "slurm_partition": None}),
+])
+def test_slurm_job_environment(env, started_at, scheduler):
+    from gpupack.submit.slurm import slurm_job_environment
+
+    job = slurm_job_environment("12_3", env)
+    assert job.started_at == started_at and job.job_id == "12_3"
+    assert job.record_fields() == {"job_id": "12_3", "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+                                   **scheduler}
+    if started_at is not None:
+        assert job.start() == started_at  # a streaming lane's time limit counts from SLURM's start
+
+
+def test_the_job_body_reads_no_scheduler_variable():
+    """Each backend hands the job body its own job environment (issue 29): no SLURM_ name below the backends."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "gpupack"
+    below = [p for p in (*root.glob("job/*.py"), root / "runtime" / "jobenv.py") if "SLURM_" in p.read_text()]
+    assert below == []

@@ -258,10 +258,10 @@ def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
 
 def run_pack(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None) -> dict[str, Any]:
     """Run one pack in this job. ``job``: the job as its backend tells it (Submitter.job_environment); None (a pack run
-    outside any backend): as :meth:`JobEnvironment.from_environ` reads it."""
+    outside any backend): this process (:meth:`JobEnvironment.here`)."""
     run = RunDir(Path(run_root))
     with pack_lock(run, pack_id):
-        return _run_pack(run, pack_id, settings, job or JobEnvironment.from_environ())
+        return _run_pack(run, pack_id, settings, job or JobEnvironment.here())
 
 
 def _run_pack(run: RunDir, pack_id: str, settings: PackSettings, job: JobEnvironment) -> dict[str, Any]:
@@ -377,7 +377,7 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
                       phase: str | None = None, job: JobEnvironment | None = None,
                       extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write the pack record of this attempt. ``job``: as in :func:`run_pack`; ``extra``: more fields (a lane's)."""
-    fields = (job or JobEnvironment.from_environ()).record_fields()
+    fields = (job or JobEnvironment.here()).record_fields()
     started = min([r["started_at"] for r in records] + ([mode_started] if mode_started else []))
     ended = max([r["ended_at"] for r in records] + ([mode_started] if mode_started else []))
     slots = slot_use(records, pack.factor, started, ended)
@@ -393,11 +393,10 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
         n_failed=sum(r["status"] != COMPLETED for r in records),
         n_oom=sum(r["status"] == OOM for r in records),
         started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
-        cores=cores, threads_per_training=threads, host=socket.gethostname(), job_id=fields["job_id"],
+        cores=cores, threads_per_training=threads, host=socket.gethostname(),
         workload=pack.trainings[0].workload_label if pack.trainings else None,
-        # What the scheduler gave the job, to cross-check with sacct's gres/gpu.
-        cuda_visible_devices=fields["cuda_visible_devices"], slurm_job_gpus=fields["slurm_job_gpus"],
-        slurm_partition=fields["slurm_partition"],
+        # The job (its id, its GPUs), and what the scheduler gave it, to cross-check with sacct's gres/gpu.
+        **fields,
         sampler=sampled, **spread_fields(pack), **slots, **(extra or {}),
     )
     if phase:

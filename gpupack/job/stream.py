@@ -19,7 +19,7 @@ from gpupack.core.records import is_completed, read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import execute, move_aside, pack_lock
-from gpupack.runtime.jobenv import JobEnvironment, job_started_at
+from gpupack.runtime.jobenv import JobEnvironment
 
 # A training is claimed only with this much time to spare past its estimate (seconds, or this share of it): a training
 # that ends just as the limit's signal comes would be killed and run again.
@@ -95,11 +95,11 @@ class Lane:
 def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None) -> dict[str, Any]:
     """Run one streaming lane in this job until its queue is drained; its pack record says what it ran."""
     run = RunDir(Path(run_root))
-    job = job or JobEnvironment.from_environ()
+    job = job or JobEnvironment.here()
     with pack_lock(run, pack_id):
         plan = Plan.from_json(read_json(run.plan))
         pack = plan.pack(pack_id)
-        lane = Lane(run, plan, pack, Holder.here(pack_id, job.job_id), settings, started=job_started_at())
+        lane = Lane(run, plan, pack, Holder.here(pack_id, job.job_id), settings, started=job.start())
         completed = lane.completed()
         if len(completed) == len(lane.items) and run.pack_record(pack_id).exists():
             return read_json(run.pack_record(pack_id))  # the queue is drained: nothing to run, nothing to move

@@ -147,6 +147,15 @@ def launcher_gpu_request(options: Mapping[str, Any], key: str) -> tuple[str | No
     return None, "gpus_per_node"
 
 
+def slurm_job_environment(job_id: str | None, env: Mapping[str, str]) -> JobEnvironment:
+    """A SLURM job as its variables describe it. Pure."""
+    start = env.get("SLURM_JOB_START_TIME", "")
+    return JobEnvironment(job_id=job_id, cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+                          started_at=float(start) if start.isdigit() else None,
+                          scheduler={"slurm_job_gpus": env.get("SLURM_JOB_GPUS"),
+                                     "slurm_partition": env.get("SLURM_JOB_PARTITION")})
+
+
 class SlurmSubmitter(Submitter):
     Config = SlurmConfig
     detachable = True
@@ -167,12 +176,10 @@ class SlurmSubmitter(Submitter):
 
     @classmethod
     def job_environment(cls) -> JobEnvironment:
-        """submitit's SLURM job (its id, array task included: 1234_5) and what SLURM gave it, to cross-check with
-        sacct's gres/gpu."""
-        return JobEnvironment(job_id=submitit.JobEnvironment().job_id,
-                              cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                              slurm_job_gpus=os.environ.get("SLURM_JOB_GPUS"),
-                              slurm_partition=os.environ.get("SLURM_JOB_PARTITION"))
+        """submitit's SLURM job (its id, array task included: 1234_5), when it started (SLURM_JOB_START_TIME, an
+        epoch, Slurm 21.08 and later: a streaming lane's time limit counts from it) and what SLURM gave it, to
+        cross-check with sacct's gres/gpu."""
+        return slurm_job_environment(submitit.JobEnvironment().job_id, os.environ)
 
     # ---------------- a Hydra launcher's options ----------------
 
