@@ -182,3 +182,16 @@ def test_the_job_body_reads_no_scheduler_variable():
     root = Path(__file__).resolve().parent.parent / "gpupack"
     below = [p for p in (*root.glob("job/*.py"), root / "runtime" / "jobenv.py") if "SLURM_" in p.read_text()]
     assert below == []
+
+
+@pytest.mark.parametrize("field, value", [("bundle_cores", 0.0), ("bundle_mem_gb", -1.0), ("max_cpus", 0),
+                                          ("max_mem_gb", 0.0), ("request", "gpu_per_node")])
+def test_a_preset_partition_is_checked_though_this_run_does_not_use_it(tmp_path, field, value):
+    """Every value of the config is checked where its field is declared, used or not (issue 29: a preset's bundle
+    or core figures were accepted when the run named another partition)."""
+    sub = submitter(tmp_path, used=PartitionConfig(gpu="a100"), unused=PartitionConfig(gpu="t4", **{field: value}))
+    with pytest.raises(ConfigError) as err:
+        sub.check(["used"])
+    assert str(err.value).startswith(f"cluster.partitions.unused.{field}=") and "HINT:" in str(err.value)
+    sub.cluster.partitions["unused"] = PartitionConfig(gpu="t4")
+    sub.check(["used"])  # the same preset with sound figures passes

@@ -121,7 +121,11 @@ class Submitter(ABC):
         """The partitions a sweep runs on, from what the user asked (empty: the backend's default)."""
 
     def check(self, partitions: Sequence[str]) -> None:
-        """The backend's own options, before anything is submitted (raise ConfigError)."""
+        """Every option of this backend's config, used by this run or not, before anything is submitted (raise
+        ConfigError). Here :class:`ClusterConfig`'s own fields; a backend checks its fields and calls this."""
+        if self.cluster.timeout_min < 1:
+            raise ConfigError(self.key("timeout_min"), self.cluster.timeout_min, "must be >= 1",
+                              "give each pack job at least a minute")
 
     @abstractmethod
     def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:

@@ -171,13 +171,11 @@ class LocalSubmitter(Submitter):
         return (label,)
 
     def check(self, partitions: Sequence[str]) -> None:
+        super().check(partitions)
         slots = self.cluster.max_parallel_packs
         if slots is not None and slots < 1:
             raise ConfigError(self.key("max_parallel_packs"), slots, "must be >= 1 or null",
                               "leave it null for one pack per device")
-        if self.cluster.timeout_min < 1:
-            raise ConfigError(self.key("timeout_min"), self.cluster.timeout_min, "must be >= 1",
-                              "give each pack job at least a minute")
 
     def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
         """This machine: NVML's device (or none), the cores this process may use, its memory."""

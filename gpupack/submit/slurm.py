@@ -95,6 +95,17 @@ class PartitionConfig:
     retired: bool = False
 
 
+def check_partition(part: Any, key: str) -> None:
+    """A partition's fields (a :class:`PartitionConfig`, or its DictConfig), one ConfigError naming ``key.field``."""
+    if part.request not in REQUEST_FORMS:
+        raise ConfigError(f"{key}.request", part.request, "unknown request form", nearest(part.request, REQUEST_FORMS))
+    for field_name in ("max_cpus", "max_mem_gb", "bundle_cores", "bundle_mem_gb"):
+        value = getattr(part, field_name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"{key}.{field_name}", value, "must be > 0 or null",
+                              "give the site's figure for one GPU, or null where the site gives none")
+
+
 @dataclass
 class SlurmConfig(ClusterConfig):
     """The SLURM backend's options (conf/cluster/slurm.yaml and the Alliance presets)."""
@@ -230,10 +241,11 @@ class SlurmSubmitter(Submitter):
         return self.cluster.account or next((os.environ[v] for v in ACCOUNT_ENV if os.environ.get(v)), None)
 
     def check(self, partitions: Sequence[str]) -> None:
+        super().check(partitions)
         if self.cluster.account_required and not self.account():
             raise ConfigError(self.key("account"), None, f"the {self.cluster.name} cluster needs an allocation "
                               "account", f"add {self.key('account')}=def-yourpi (or export SLURM_ACCOUNT=def-yourpi)")
-        for key in ("timeout_min", "array_parallelism", "max_num_timeout"):
+        for key in ("array_parallelism", "max_num_timeout"):
             if getattr(self.cluster, key) < (0 if key == "max_num_timeout" else 1):
                 raise ConfigError(self.key(key), getattr(self.cluster, key), "is too small", "use 1 or more")
         for key in ("cpus_per_training", "mem_gb_per_training"):
@@ -243,11 +255,8 @@ class SlurmSubmitter(Submitter):
             if not value > 0:
                 raise ConfigError(self.key(key), getattr(self.cluster, key), "must be > 0",
                                   "give each training a share of the job, e.g. 0.5")
-        for name in partitions:
-            part = self.cluster.partitions[name]
-            if part.request not in REQUEST_FORMS:
-                raise ConfigError(self.key(f"partitions.{name}.request"), part.request, "unknown request form",
-                                  nearest(part.request, REQUEST_FORMS))
+        for name, part in self.cluster.partitions.items():  # every preset partition, chosen for this run or not
+            check_partition(part, self.key(f"partitions.{name}"))
 
     def request(self, factor: int, measured_host_mb: float | None = None) -> PackRequest:
         measured = measured_host_mb if measured_host_mb is not None else self.measured_host_mb
