@@ -31,6 +31,12 @@ CASES = [
     (["sweep.fixed.model=resnet"], ["sweep.fixed.model='resnet'", "mlp"]),
     (["packing.factr=[1]"], ["packing.factr", "factors"]),
     (["packing.repeats=0"], ["packing.repeats=0", "HINT"]),
+    # packing.auto.* and packing.then, checked with explicit factors too (issue 29: they were accepted unused)
+    (["packing.auto.min_gain=-1"], ["packing.auto.min_gain=-1.0", "HINT"]),
+    (["packing.auto.repeats=0"], ["packing.auto.repeats=0", "HINT"]),
+    (["packing.auto.ladder=[0]"], ["packing.auto.ladder[0]=0", "HINT"]),
+    (["packing.auto.objective=speed"], ["packing.auto.objective='speed'", "time"]),
+    (["packing.then=go"], ["packing.then='go'", "run"]),
     (["packing.device=tpu"], ["packing.device='tpu'", "HINT"]),
     (["cluster=nowhere"], ["cluster", "nowhere", "local"]),
     (["cluster.partition=../x"], ["cluster.partition='../x'", "HINT"]),

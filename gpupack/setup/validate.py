@@ -167,8 +167,9 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """packing.* on its own: factors (or auto's ladder), modes and the numeric options."""
     packing = cfg.packing
     modes = tuple(packing.modes)
+    ladder = _check_auto_options(packing)  # every run: a value is checked whether this run uses it or not
     if is_auto(cfg):
-        factors = _check_auto(cfg)
+        factors = _check_auto(cfg, ladder)
     else:
         factors = _check_factors(packing.factors if isinstance(packing.factors, str) else list(packing.factors))
     if not modes:
@@ -210,8 +211,8 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
     return factors, modes
 
 
-def _check_auto(cfg: DictConfig) -> tuple[int, ...]:
-    packing = cfg.packing
+def _check_auto_options(packing: DictConfig) -> tuple[int, ...]:
+    """packing.auto.* and packing.then, checked on every run (explicit factors too); the ladder."""
     ladder = list(packing.auto.ladder)
     require_counts(ladder, "packing.auto.ladder", "a packing factor", "packing.auto.ladder=[1,2,3,5,8]")
     if len(ladder) < 2 or ladder != sorted(set(ladder)):
@@ -228,6 +229,12 @@ def _check_auto(cfg: DictConfig) -> tuple[int, ...]:
                           nearest(packing.auto.objective, OBJECTIVES))
     if packing.then not in THEN:
         raise ConfigError("packing.then", packing.then, "unknown choice", nearest(packing.then, THEN))
+    return tuple(ladder)
+
+
+def _check_auto(cfg: DictConfig, ladder: tuple[int, ...]) -> tuple[int, ...]:
+    """packing.factors=auto with the rest of the sweep: what a probe needs."""
+    packing = cfg.packing
     if not cfg.wait:
         raise ConfigError("wait", False, "packing.factors=auto decides each probe step from the last one's records, "
                           "so it waits for them", "leave wait=true (on a cluster, run it in a job or a tmux session), "
@@ -235,7 +242,7 @@ def _check_auto(cfg: DictConfig) -> tuple[int, ...]:
     if len(packing.modes) != 1:
         raise ConfigError("packing.modes", list(packing.modes), "packing.factors=auto probes one mode",
                           "choose one, e.g. packing.modes=[process]; compare modes with explicit factors")
-    return tuple(ladder)
+    return ladder
 
 
 def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int], facts: ClusterFacts,
