@@ -33,12 +33,11 @@ from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError, nearest
 from gpupack.pack import load_packer
+from gpupack.setup.config import PackingConfig
 from gpupack.setup.fit import check_fit
 from gpupack.setup.validate import DEVICES, STREAMS, check_modes
 from gpupack.submit import backend_class
 from gpupack.workloads import load_workload
-
-MEMORY_FRACTION = 0.8  # as packing.memory_fraction's default
 
 KEY = "hydra.launcher"
 WORKLOAD = "gpupack.runtime.hydra_job"
@@ -132,7 +131,8 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     largest = min(p["pack"], len(job_overrides))
     check_fit([largest], facts, key=lambda i: f"{KEY}.pack", noun="jobs")
     # N jobs' memory must fit the device too (nothing measured for an app's jobs: the default figure per job).
-    check_memory([largest], facts.capacities, estimate(None, Measured()), MEMORY_FRACTION, key=lambda i: f"{KEY}.pack")
+    check_memory([largest], facts.capacities, estimate(None, Measured()),
+                 PackingConfig.memory_fraction, key=lambda i: f"{KEY}.pack")
     settings = PackSettings(device=p["device"], threads_per_training=p.get("threads_per_job"),
                             training_timeout_s=p.get("job_timeout_s"), gpu_model=p.get("gpu_model"),
                             sample_interval_s=float(p["sample_interval_s"]), mode_options=launcher_mode_options(p))
