@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from gpupack import sweep
 from gpupack.cli import main
 from gpupack.core.plan import make_plan
+from gpupack.core.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import ConfigError, RunDirError
 
@@ -264,3 +265,28 @@ def test_each_mode_owns_its_options():
     assert opts["process"] == ProcessOptions(start="fresh", cpu_affinity=True)
     assert opts["tf_logical"] == TfLogicalOptions(gpu_memory_reserve_mb=512)
     assert "fused" not in opts  # a mode with no options has no section
+
+
+@pytest.mark.parametrize("holds, plan, expected", [
+    ({}, None, False),  # new: an auto root is made
+    ({"config.yaml": "packing:\n  factors: auto\n"}, None, True),  # an auto root resumed
+    ({"config.yaml": "packing:\n  factors: [1, 2]\n"}, None, "holds another sweep"),
+    ({"plan.json": "{}"}, None, "holds a sweep with fixed packing factors"),
+    ({"notes.txt": "mine"}, None, "is not a gpupack run"),
+    ({"notes.txt": "mine"}, PLAN, "is not a gpupack run"),
+    ({}, PLAN, False),
+])
+def test_one_opener_of_a_run_directory_plain_or_auto(tmp_path, holds, plan, expected):
+    """flow.run.open_run_dir opens a plain run's directory and a packing.factors=auto root alike (issue 29: two
+    pieces of code did it)."""
+    from gpupack.flow.run import open_run_dir
+
+    run = RunDir(tmp_path / "run")
+    for name, text in holds.items():
+        (run.root / name).parent.mkdir(parents=True, exist_ok=True)
+        (run.root / name).write_text(text)
+    if isinstance(expected, str):
+        with pytest.raises(RunDirError, match=expected):
+            open_run_dir(run, plan)
+    else:
+        assert open_run_dir(run, plan) is expected and run.root.is_dir()

@@ -35,12 +35,12 @@ from gpupack.analysis.summary import pack_times, summarize
 from gpupack.core.billing import Bundle, bill
 from gpupack.core.memory import candidate_runs, check_memory, estimate, find_measured, setting_key
 from gpupack.core.plan import Pack, Plan, expand_grid, make_plan, run_order, training_id
-from gpupack.core.records import COMPLETED, OOM, make_dirs, write_json_atomic, write_text_atomic
+from gpupack.core.records import COMPLETED, OOM, write_json_atomic, write_text_atomic
 from gpupack.core.rundir import RunDir, RunLock
 from gpupack.core.types import PackResult
-from gpupack.errors import ConfigError, RunDirError
+from gpupack.errors import ConfigError
 from gpupack.flow.collect import PROBE, RUN, AutoReport, Step, collect
-from gpupack.flow.run import Opened, Outcome, Prepared, run_plain
+from gpupack.flow.run import Opened, Outcome, Prepared, config_yaml, open_run_dir, run_plain
 from gpupack.setup.validate import AutoSpec, SweepSpec
 from gpupack.submit import load_submitter
 
@@ -106,10 +106,12 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
     ``auto`` says what was probed."""
     spec, auto, config = auto_parts(prepared)
     root = prepared.run
-    open_root(root, config)
+    resumed = open_run_dir(root, None)
     report = AutoReport(then=auto.then)
     results: list[PackResult] = []
     with RunLock(root):
+        if not resumed:
+            write_text_atomic(root.config, config_yaml(config))
         climbing = list(spec.partitions)
         best_so_far: dict[str, int | None] = {p: None for p in climbing}
         for i, n in enumerate(auto.ladder):
@@ -169,24 +171,6 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
     collected, written = collect([root.root], plots=plots)
     return Outcome(prepared, Opened(resumed=False, todo=[], complete=0, queued={}), results=results,
                          collected=collected, written=written, auto=report)
-
-
-def open_root(root: RunDir, config: Any) -> None:
-    """RUN_DIR for an auto sweep holds config.yaml, auto.json, probe/ and run/; a plain run there is refused."""
-    if root.plan.exists():
-        raise RunDirError(f"run_dir={str(root.root)!r} holds a sweep with fixed packing factors. HINT: choose a new "
-                          "run_dir=... for packing.factors=auto")
-    if root.config.exists():
-        earlier = OmegaConf.load(root.config)
-        if OmegaConf.select(earlier, "packing.factors") != "auto":
-            raise RunDirError(f"run_dir={str(root.root)!r} holds another sweep. HINT: choose a new run_dir=...")
-        return
-    if not root.holds_only_lock():
-        raise RunDirError(f"run_dir={str(root.root)!r} exists and is not a gpupack run. HINT: choose a new or empty "
-                          "run_dir=...")
-    make_dirs(root.root)
-    write_text_atomic(root.config, OmegaConf.to_yaml(config, resolve=True) if isinstance(config, DictConfig)
-                      else OmegaConf.to_yaml(OmegaConf.create(dict(config))))
 
 
 def auto_parts(prepared: Prepared) -> tuple[SweepSpec, AutoSpec, DictConfig]:

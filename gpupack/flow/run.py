@@ -119,9 +119,18 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
 
 # ---------------- the run directory ----------------
 
-def check_run_dir(run: RunDir, plan: Plan) -> bool:
-    """Read-only: True when the run directory holds this same plan (a resume); refuse one holding another."""
-    if run.plan.exists():
+def check_run_dir(run: RunDir, plan: Plan | None) -> bool:
+    """Read-only: True when the run directory holds this same sweep (a resume); refuse one holding another. ``plan``
+    None: a ``packing.factors=auto`` root (config.yaml, auto.json, probe/, run/: no plan.json of its own)."""
+    if plan is None:
+        if run.plan.exists():
+            raise RunDirError(f"run_dir={str(run.root)!r} holds a sweep with fixed packing factors. HINT: choose a "
+                              "new run_dir=... for packing.factors=auto")
+        if run.config.exists():
+            if OmegaConf.select(OmegaConf.load(run.config), "packing.factors") != "auto":
+                raise RunDirError(f"run_dir={str(run.root)!r} holds another sweep. HINT: choose a new run_dir=...")
+            return True
+    elif run.plan.exists():
         try:
             earlier = read_json(run.plan)
         except (OSError, ValueError):
@@ -141,11 +150,10 @@ def check_run_dir(run: RunDir, plan: Plan) -> bool:
     return False
 
 
-def prepare_run_dir(run: RunDir, plan: Plan) -> bool:
-    """Make the run directory usable; True when it resumes an earlier run of the same plan.
-
-    A directory holding a different plan is refused, never overwritten.
-    """
+def open_run_dir(run: RunDir, plan: Plan | None) -> bool:
+    """The one opener of a run directory, a plain run's (``plan``) or a ``packing.factors=auto`` root's (None): make
+    it usable; True when it resumes an earlier run of the same sweep. A directory holding another sweep is refused,
+    never overwritten."""
     if check_run_dir(run, plan):
         return True
     try:
@@ -170,7 +178,8 @@ def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
     return [p for p in plan.packs if (p.stream in unfinished if p.stream is not None else not done(p))]
 
 
-def _config_yaml(config: DictConfig | Mapping[str, Any]) -> str:
+def config_yaml(config: DictConfig | Mapping[str, Any]) -> str:
+    """What config.yaml records: the composed config, resolved (a front-end's own mapping as it is)."""
     if isinstance(config, DictConfig):
         return OmegaConf.to_yaml(config, resolve=True)
     return OmegaConf.to_yaml(OmegaConf.create(dict(config)))
@@ -184,10 +193,10 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
     """Open the run directory (resume or refuse, lock), submit what is left, and — unless the sweep detaches —
     wait for it and collect. ``on_open`` sees what was found before anything is submitted."""
     run_dir, plan, backend = prepared.run, prepared.plan, prepared.backend
-    resumed = prepare_run_dir(run_dir, plan)
+    resumed = open_run_dir(run_dir, plan)
     with RunLock(run_dir):
         if not run_dir.config.exists():
-            write_text_atomic(run_dir.config, _config_yaml(prepared.config))
+            write_text_atomic(run_dir.config, config_yaml(prepared.config))
             write_json_atomic(run_dir.plan, plan.to_json())
         if resumed:  # the order the run was planned in (an earlier gpupack's plan may order its packs otherwise)
             plan = Plan.from_json(read_json(run_dir.plan))
