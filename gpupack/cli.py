@@ -131,7 +131,7 @@ def dry_run(prepared: sweep.Prepared, console: Console) -> int:
                       f"N={auto.ladder[0]} per partition")
         console.print("dry run: nothing was written or submitted.")
         return 0
-    if prepared.resumes:
+    if prepared.resumes():
         todo = len(sweep.packs_to_run(prepared.run, prepared.plan))
         console.print(f"  resuming: the run directory holds this plan; {todo}"
                       " pack(s) to run")

@@ -155,7 +155,7 @@ def test_only_incomplete_packs_gives_a_table_without_timing(run):
 
 # ---------------- RGU cost, outputs, many runs ----------------
 
-from gpupack.analysis.collect import aggregate  # noqa: E402
+from gpupack.analysis.aggregate import aggregate  # noqa: E402
 from gpupack.core.rgu import cost_table, model_from_device_name  # noqa: E402
 from gpupack.report.files import write_outputs  # noqa: E402
 
@@ -426,14 +426,14 @@ def test_the_pack_job_writes_the_columnar_file_with_its_pack_record(run):
 
 def test_collect_is_pure_it_imports_no_report_and_prints_nothing():
     """Aggregation is records in, frames out: report builds on collect, and the CLI and sweep print and write."""
-    code = ("import sys, gpupack.analysis.collect; "
+    code = ("import sys, gpupack.analysis.aggregate; "
             "bad = [m for m in ('gpupack.report', 'gpupack.cli', 'rich', 'matplotlib') if m in sys.modules]; "
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
     import ast
 
-    import gpupack.analysis.collect as collect_mod
+    import gpupack.analysis.aggregate as collect_mod
 
     tree = ast.parse(Path(collect_mod.__file__).read_text())
     body = [n for n in tree.body if not (isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))]

@@ -22,7 +22,7 @@ PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_p
 def test_prepare_writes_nothing_and_run_returns_typed_results(tmp_path, capsys):
     run_dir = tmp_path / "run"
     prepared = sweep.prepare(PROBE + ["packing.factors=[1,2]", "packing.repeats=1", f"run_dir={run_dir}"])
-    assert not run_dir.exists() and not prepared.resumes
+    assert not run_dir.exists() and not prepared.resumes()
     assert sorted(p.factor for p in prepared.plan.packs) == [1, 2]
     seen: list[sweep.Opened] = []
     states: list[tuple[str, str]] = []

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from gpupack import workload
-from gpupack.analysis.collect import aggregate
+from gpupack.analysis.aggregate import aggregate
 from gpupack.core.records import pack_record, training_record, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.report.files import write_outputs

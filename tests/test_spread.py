@@ -280,7 +280,7 @@ def _layout_run(tmp_path: Path, spread_status: str = "completed", oom: bool = Tr
 
 
 def test_collect_puts_spread_beside_packing_from_records_on_disk_with_an_all_oom_n(tmp_path):
-    from gpupack.analysis.collect import aggregate
+    from gpupack.analysis.aggregate import aggregate
     from gpupack.report.terminal import make_console, render
 
     c = aggregate([_layout_run(tmp_path)], weights={"P100-12gb": 1.0})
@@ -301,7 +301,7 @@ def test_collect_puts_spread_beside_packing_from_records_on_disk_with_an_all_oom
 
 
 def test_a_run_whose_spread_trainings_failed_is_not_ok(tmp_path):
-    from gpupack.analysis.collect import aggregate
+    from gpupack.analysis.aggregate import aggregate
     from gpupack.sweep import Outcome
 
     ok = Outcome(prepared=None, opened=None, collected=aggregate([_layout_run(tmp_path / "a", oom=False)]))

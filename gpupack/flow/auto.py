@@ -28,8 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from gpupack.analysis.aggregate import aggregate
 from gpupack.analysis.choose import choose, keeps_improving
-from gpupack.analysis.collect import aggregate
 from gpupack.analysis.load import Records, load_records
 from gpupack.analysis.summary import pack_times, summarize
 from gpupack.core.billing import Bundle, bill

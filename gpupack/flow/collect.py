@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 
 from rich.console import Console
 
-from gpupack.analysis.collect import Collected, aggregate
+from gpupack.analysis.aggregate import Collected, aggregate
 from gpupack.core.goal import check_goal
 from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir

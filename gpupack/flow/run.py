@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from gpupack.analysis.collect import Collected
+from gpupack.analysis.aggregate import Collected
 from gpupack.core.memory import candidate_runs, find_measured
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.records import is_completed, make_dirs, read_json, write_json_atomic, write_text_atomic
@@ -38,9 +38,9 @@ class Prepared:
     capacities: Mapping[str, Capacity] = field(default_factory=dict)  # what the backend said each partition holds
     warnings: tuple[str, ...] = ()  # for the user before anything runs (e.g. a request leaving GPUs idle)
 
-    @property
     def resumes(self) -> bool:
-        """True when the run directory already holds this plan (read-only; a different plan is refused)."""
+        """True when the run directory already holds this plan: it reads the directory, and refuses one holding
+        another sweep (RunDirError), so it is a call, not a property."""
         return check_run_dir(self.run, self.plan)
 
 

@@ -1,4 +1,4 @@
-"""What a person reads, from what :mod:`gpupack.analysis.collect` computes, one module per job: :mod:`.terminal`
+"""What a person reads, from what :mod:`gpupack.analysis.aggregate` computes, one module per job: :mod:`.terminal`
 (the rich tables and lines), :mod:`.plots` (PNG, matplotlib headless), :mod:`.html` (one self-contained report.html,
 images embedded, that can be copied off a cluster and opened anywhere), :mod:`.files` (summary.csv, summary.json,
 trainings.parquet, then the plots and the HTML), and :mod:`.text` (the sentences they share).

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpupack.analysis.collect import Collected
+from gpupack.analysis.aggregate import Collected
 from gpupack.core.records import SCHEMA_VERSION, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.report.html import write_report

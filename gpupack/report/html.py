@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpupack.analysis.collect import Collected
+from gpupack.analysis.aggregate import Collected
 from gpupack.report import text
 from gpupack.report.plots import (
     plot_cost,

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpupack.analysis.collect import Collected
+from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.occupancy import STREAMED, WHOLE
 from gpupack.report.text import mode_label, packer_of, trainings_phrase
 

@@ -1,4 +1,4 @@
-"""The terminal: rich tables and lines from what :mod:`gpupack.analysis.collect` computes (the main table fits
+"""The terminal: rich tables and lines from what :mod:`gpupack.analysis.aggregate` computes (the main table fits
 :data:`WIDTH` columns unless --wide), and the console they print on."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gpupack.analysis.collect import Collected
+from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.load import shared_host
 from gpupack.analysis.occupancy import STREAMED
 from gpupack.analysis.summary import GROUP

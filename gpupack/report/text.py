@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from gpupack.analysis.collect import Collected
+from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.tables import Ranking
 from gpupack.pack import Packer, available_modes, load_packer
 
