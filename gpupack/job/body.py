@@ -256,16 +256,18 @@ def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
         os.close(fd)
 
 
-def run_pack(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None) -> dict[str, Any]:
+def run_pack(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
+             plan: Plan | None = None) -> dict[str, Any]:
     """Run one pack in this job. ``job``: the job as its backend tells it (Submitter.job_environment); None (a pack run
-    outside any backend): this process (:meth:`JobEnvironment.here`)."""
+    outside any backend): this process (:meth:`JobEnvironment.here`). ``plan``: the run's, as the caller read it
+    (None: read here)."""
     run = RunDir(Path(run_root))
     with pack_lock(run, pack_id):
-        return _run_pack(run, pack_id, settings, job or JobEnvironment.here())
+        return _run_pack(run, plan or Plan.from_json(read_json(run.plan)), pack_id, settings,
+                         job or JobEnvironment.here())
 
 
-def _run_pack(run: RunDir, pack_id: str, settings: PackSettings, job: JobEnvironment) -> dict[str, Any]:
-    plan = Plan.from_json(read_json(run.plan))
+def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job: JobEnvironment) -> dict[str, Any]:
     pack = plan.pack(pack_id)
     todo = [t for t in pack.trainings if not is_completed(run.training_record(pack_id, t.training_id))]
     if not todo:

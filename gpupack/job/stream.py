@@ -92,12 +92,14 @@ class Lane:
         self.walls.append(wall_s)
 
 
-def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None) -> dict[str, Any]:
-    """Run one streaming lane in this job until its queue is drained; its pack record says what it ran."""
+def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
+             plan: Plan | None = None) -> dict[str, Any]:
+    """Run one streaming lane in this job until its queue is drained; its pack record says what it ran. ``plan``:
+    the run's, as the caller read it (None: read here)."""
     run = RunDir(Path(run_root))
     job = job or JobEnvironment.here()
     with pack_lock(run, pack_id):
-        plan = Plan.from_json(read_json(run.plan))
+        plan = plan or Plan.from_json(read_json(run.plan))
         pack = plan.pack(pack_id)
         lane = Lane(run, plan, pack, Holder.here(pack_id, job.job_id), settings, started=job.start())
         completed = lane.completed()

@@ -23,7 +23,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import submitit
 
 from gpupack.core.plan import Pack, Plan
-from gpupack.core.records import read_json, read_json_or_none, write_json_atomic
+from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, Capacity, PackRequest, PackResult, PackSettings
 from gpupack.errors import ConfigError, SubmissionError, nearest
@@ -58,10 +58,10 @@ class PackJob(submitit.helpers.Checkpointable):
 
     def __call__(self, run_root: str, pack_id: str, settings: PackSettings) -> dict[str, Any]:
         job = self.backend.job_environment()
-        plan = read_json_or_none(RunDir(Path(run_root)).plan)
-        if plan is None or Plan.from_json(plan).pack(pack_id).stream is None:
-            return run_pack(run_root, pack_id, settings, job=job)
-        record = run_lane(run_root, pack_id, settings, job=job)
+        plan = Plan.from_json(read_json(RunDir(Path(run_root)).plan))  # read once: the job body is handed it
+        if plan.pack(pack_id).stream is None:
+            return run_pack(run_root, pack_id, settings, job=job, plan=plan)
+        record = run_lane(run_root, pack_id, settings, job=job, plan=plan)
         if record.get("stopped_claiming") and record.get("unclaimed") and self.backend.requeues:
             # Near its time limit with trainings left: requeue now, as SLURM's signal would a little later
             # (submitit's handler checkpoints this call and requeues it; the lane's next run goes on with the queue).
