@@ -184,13 +184,14 @@ class Workload(ABC):
         no CUDA context may exist before a fork."""
 
     def fuse_key(self, params: Any) -> tuple[Any, ...]:
-        """fused mode: the hyperparameters that fix the model's and the batches' shapes; trainings with equal keys
-        train as one group. Raise ConfigError for a setting that cannot be fused (checked before submission)."""
-        raise ConfigError("packing.modes", "fused", f"{self.name} cannot be fused", "use packing.modes=[process]")
+        """With ``fusable``: the hyperparameters that fix the model's and the batches' shapes; trainings with equal
+        keys train as one group. Raise ConfigError for a setting that cannot be fused (checked before submission).
+        A workload that is not fusable is refused by the mode that fuses before this is asked."""
+        raise NotImplementedError(f"{self.name} says fusable but defines no fuse_key")
 
     def train_fused(self, params: Sequence[Any], ctxs: Sequence["TrainingContext"]) -> list[Any]:
-        """fused mode: train the group at once; each training's metrics, or the exception that stopped it alone."""
-        raise ConfigError("packing.modes", "fused", f"{self.name} cannot be fused", "use packing.modes=[process]")
+        """With ``fusable``: train the group at once; each training's metrics, or the exception that stopped it."""
+        raise NotImplementedError(f"{self.name} says fusable but defines no train_fused")
 
     # ---- hyperparameters: typed by the Params dataclass (a workload with open hyperparameters overrides these) ----
 
