@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench import PYTHON, REPO, out_dir  # noqa: E402
 
-from gpupack.analysis.collect import aggregate_records  # noqa: E402
+from gpupack.analysis.aggregate import aggregate_records  # noqa: E402
 from gpupack.analysis.load import load_records  # noqa: E402
 from gpupack.core.columnar import COLUMNAR, columnar_bytes, flatten, flatten_pack  # noqa: E402
 from gpupack.core.records import pack_record, training_record  # noqa: E402

@@ -96,7 +96,7 @@ def _clean(values: Sequence[float], what: str) -> np.ndarray:
     arr = arr[~np.isnan(arr)]
     if np.any(~np.isfinite(arr)) or np.any(arr <= 0):
         raise ValueError(f"{what}: times per training must be finite and > 0, got {arr.tolist()}")
-    return arr
+    return np.asarray(arr)
 
 
 def _boot_medians(samples: Sequence[np.ndarray], resamples: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -143,7 +143,7 @@ def _decode(text: pd.Series) -> np.ndarray:
     values = np.empty(len(uniques) + 1, dtype=object)  # the last slot: None, for missing text (code -1)
     for i, u in enumerate(uniques):
         values[i] = json.loads(u)
-    return values[codes]
+    return np.asarray(values[codes])
 
 
 def decode_json(frame: pd.DataFrame) -> pd.DataFrame:

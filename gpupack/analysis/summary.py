@@ -215,7 +215,8 @@ def loader_bounds(trainings: pd.DataFrame) -> dict[str, float]:
     probes = completed_probes(trainings)
     if probes.empty:
         return {}
-    return pd.to_numeric(probes["samples_per_s"], errors="coerce").groupby(probes["partition"]).median().to_dict()
+    medians = pd.to_numeric(probes["samples_per_s"], errors="coerce").groupby(probes["partition"]).median()
+    return {str(partition): float(value) for partition, value in medians.items()}
 
 
 

@@ -214,7 +214,7 @@ def columnar_bytes(trainings: Sequence[Mapping[str, Any]], pack_row: Mapping[str
     with ipc.new_stream(sink, rows.layout) as writer:
         writer.write_batch(rows.batch)
     tail = {"pack": pack_row, "rows": rows.rows, "shared": rows.shared}
-    return sink.getvalue().to_pybytes() + json.dumps(tail).encode()
+    return bytes(sink.getvalue().to_pybytes()) + json.dumps(tail).encode()
 
 
 def _changed_after(path: str, stamp_ns: int) -> bool:

@@ -122,7 +122,7 @@ class Plan:
             data.pop("order", None)
             data["packs"] = sorted(data["packs"], key=lambda p: p["pack_id"])
             return json.loads(json.dumps(data, default=str))  # as it reads back from disk
-        return key(self) == key(other)
+        return bool(key(self) == key(other))
 
 
 def grid_values(key: str, value: Any) -> list[Any]:

@@ -123,7 +123,10 @@ def load_packer(mode: str, key: str = "packing.modes") -> Packer:
     modes = available_modes()
     if mode not in modes:
         raise ConfigError(key, mode, "no such packing mode", nearest(mode, modes))
-    return importlib.import_module(f"{__name__}.{mode}").PACKER
+    packer = getattr(importlib.import_module(f"{__name__}.{mode}"), "PACKER", None)
+    if not isinstance(packer, Packer):
+        raise TypeError(f"gpupack/pack/{mode}.py defines no PACKER, a Packer")
+    return packer
 
 
 def threads_for(cores: int, factor: int, override: int | None = None) -> int:

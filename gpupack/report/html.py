@@ -39,7 +39,7 @@ def _table(df: pd.DataFrame, columns: dict[str, str], formats: dict[str, str]) -
         return "<p>(none)</p>"
     view = pd.DataFrame({label: [text.fmt(v, formats[col]) if col in formats else ("-" if v is None else v)
                                  for v in df[col]] for col, label in columns.items() if col in df})
-    return "<div class='scroll'>" + view.to_html(index=False, escape=True, border=0, classes="t") + "</div>"
+    return "<div class='scroll'>" + str(view.to_html(index=False, escape=True, border=0, classes="t")) + "</div>"
 
 
 SUMMARY_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_type": "GPU", "mode": "mode", "factor": "N",

@@ -199,7 +199,8 @@ class Lines:
         if b"\n" not in self.buffer:
             return None
         line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)
+        message: dict[str, Any] = json.loads(line)  # the server writes one JSON object per line
+        return message
 
 
 def serve() -> int:

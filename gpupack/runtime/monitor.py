@@ -12,7 +12,7 @@ import os
 import platform
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, cast
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class VisibleGpu:
 def _nvml() -> ModuleType:
     import pynvml  # from nvidia-ml-py
 
-    return pynvml
+    return cast(ModuleType, pynvml)  # no stubs: the NVML seam's one dynamic edge
 
 
 def cpu_name() -> str:
@@ -86,7 +86,7 @@ def _uuid(nvml: Any, handle: Any) -> str:
 
 def _mig_enabled(nvml: Any, handle: Any) -> bool:
     try:
-        return nvml.nvmlDeviceGetMigMode(handle)[0] == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)
+        return bool(nvml.nvmlDeviceGetMigMode(handle)[0] == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1))
     except Exception:  # NotSupported before Ampere; bindings without MIG
         return False
 

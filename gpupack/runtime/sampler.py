@@ -162,7 +162,7 @@ class Sampler:
 
     def _family(self, t: _Tracked) -> list[psutil.Process]:
         try:
-            return [t.proc] + t.proc.children(recursive=True)
+            return [t.proc, *t.proc.children(recursive=True)]
         except psutil.Error:
             return []
 

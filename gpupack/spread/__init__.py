@@ -71,7 +71,10 @@ def load_strategy(name: str, key: str = KEY) -> Strategy:
     names = available_strategies()
     if name not in names:
         raise ConfigError(key, name, "no such spread strategy", nearest(name, names))
-    return importlib.import_module(f"{__name__}.{name}").STRATEGY
+    strategy = getattr(importlib.import_module(f"{__name__}.{name}"), "STRATEGY", None)
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"gpupack/spread/{name}.py defines no STRATEGY, a Strategy")
+    return strategy
 
 
 def strategy_options(strategy: Strategy, spread: Any) -> Any:

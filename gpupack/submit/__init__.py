@@ -207,7 +207,10 @@ def backend_class(backend: str, key: str = "cluster.backend") -> type[Submitter]
     backends = available_backends()
     if backend not in backends:
         raise ConfigError(key, backend, "no such submission backend", nearest(backend, backends))
-    return importlib.import_module(f"{__name__}.{backend}").SUBMITTER
+    submitter = getattr(importlib.import_module(f"{__name__}.{backend}"), "SUBMITTER", None)
+    if not (isinstance(submitter, type) and issubclass(submitter, Submitter)):
+        raise TypeError(f"gpupack/submit/{backend}.py defines no SUBMITTER, a Submitter class")
+    return submitter
 
 
 def backend_configs() -> dict[str, type]:

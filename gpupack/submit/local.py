@@ -99,14 +99,14 @@ def controllers_of(folder: Path | str) -> set[int]:
 
 def _children(proc: psutil.Process) -> list[psutil.Process]:
     try:
-        return proc.children()
+        return list(proc.children())
     except psutil.NoSuchProcess:
         return []
 
 
 def _running(proc: psutil.Process) -> bool:
     try:
-        return proc.status() != psutil.STATUS_ZOMBIE  # a killed child of a killed parent lingers as a zombie
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)  # a killed child of a killed parent lingers as a zombie
     except psutil.NoSuchProcess:
         return False
 

@@ -74,7 +74,8 @@ def read_idx(path: Path) -> np.ndarray:
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):
         raise DataError("data_dir", str(path), "truncated IDX file", "copy the file again")
-    return data.reshape(dims).copy()  # writable: torch.from_numpy warns on read-only buffers
+    out: np.ndarray = data.reshape(dims).copy()  # writable: torch.from_numpy warns on read-only buffers
+    return out
 
 
 @functools.lru_cache(maxsize=4)  # read once per process: the fork server's copy is shared by every forked training

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, cast
 
 import numpy as np
 
@@ -144,7 +144,7 @@ def _torchvision_resnet50() -> Callable[..., Any] | None:
         from torchvision.models import resnet50 as made  # a CUDA wheel beside a CPU torch fails here
     except (ImportError, RuntimeError, OSError, AttributeError):
         return None
-    return made
+    return cast(Callable[..., Any], made)
 
 
 def own_resnet50(nn: Any, num_classes: int = 1000) -> Any:

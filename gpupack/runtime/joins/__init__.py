@@ -12,4 +12,7 @@ from gpupack.core.placement import Placement, Spread
 
 def join(placement: Placement) -> Spread:
     """The strategy's training side sets this process up and returns the Spread the workload calls."""
-    return importlib.import_module(f"{__name__}.{placement.strategy}").join(placement)
+    spread = importlib.import_module(f"{__name__}.{placement.strategy}").join(placement)
+    if not isinstance(spread, Spread):
+        raise TypeError(f"gpupack/runtime/joins/{placement.strategy}.py's join returned no Spread")
+    return spread

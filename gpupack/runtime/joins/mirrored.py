@@ -5,7 +5,7 @@ strategy over them. The workload builds and compiles its model under :meth:`Mirr
 """
 from __future__ import annotations
 
-from typing import Any, ContextManager, Sequence, TypeVar
+from typing import Any, ContextManager, Sequence, TypeVar, cast
 
 from gpupack.core.placement import Placement, Spread
 from gpupack.errors import ConfigError
@@ -51,7 +51,7 @@ class MirroredSpread(Spread):
         self.devices = [str(d) for d in strategy.extended.worker_devices]
 
     def scope(self) -> ContextManager[Any]:
-        return self.strategy.scope()
+        return cast(ContextManager[Any], self.strategy.scope())  # TensorFlow's, untyped
 
     def wrap(self, model: Any) -> Any:
         """The model is already mirrored (built under the scope): kept, to say what each step all-reduces."""
