@@ -6,10 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from gpupack import sweep
-from gpupack.cli import main
 from gpupack.core.plan import make_plan
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
@@ -112,159 +110,46 @@ def test_pack_status_table(done, has_record, job, states, expected):
                              sweep_held=sweep_held) == expected
 
 
-def test_a_lock_is_held_here_by_a_live_holder_of_this_host(tmp_path):
-    import socket
+def test_a_lock_is_held_here_while_a_process_of_this_host_holds_it(tmp_path):
+    """status tells a running local pack from a stopped one by its lock, without taking it: held while a process holds
+    the flock; not once it is released, nor by a holder that died and is not reaped yet (a zombie holds no lock: it
+    read 'running' when the pid alone was asked)."""
     import subprocess
+    import sys
 
-    from gpupack.core.rundir import held_here, holder_line
+    import psutil
 
-    lock = tmp_path / ".lock"
-    assert not held_here(lock)  # no lock file: nothing runs
-    lock.write_text(holder_line())
-    assert held_here(lock)  # this process
-    lock.write_text(f"{os.getpid()} another-host\n")
-    assert not held_here(lock)  # a pid of another host says nothing here
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    lock.write_text(f"{dead.pid} {socket.gethostname()}\n")
-    assert not held_here(lock)  # a holder that died (killed mid-run)
-    lock.write_text(f"{os.getpid()}\n")
-    assert not held_here(lock)  # an older lock's line, with no host
-
-
-def test_slurm_queue_states_map_to_gpupack_states():
-    from gpupack.submit._slurm_queue import pack_state
-
-    table = {"PENDING": PENDING, "REQUEUED": PENDING, "RUNNING": RUNNING, "COMPLETING": RUNNING, "COMPLETED": DONE,
-             "FAILED": FAILED, "CANCELLED by 0": FAILED, "TIMEOUT": FAILED, "OUT_OF_MEMORY": FAILED,
-             "NODE_FAIL": FAILED}
-    assert {k: pack_state(k) for k in table} == table
-
-
-def test_resume_fails_closed_when_the_queue_does_not_answer(tmp_path):
-    from gpupack.core.rundir import RunDir
-    from gpupack.errors import SubmissionError
-    from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter
-
-    class Silent(SlurmSubmitter):
-        def queue_states(self, job_ids):
-            return None  # sacct did not answer
+    from gpupack.core.rundir import RunLock, held_here
+    from tests.conftest import wait_for
 
     run = RunDir(tmp_path)
-    backend = Silent(SlurmConfig(), run)
-    backend.remember({"p-process-n01-000": ("42", "p")})
-    with pytest.raises(SubmissionError, match="nothing was submitted again"):
-        backend.active_packs()
-
-
-def test_find_runs_under_a_folder(tmp_path):
-    for name in ("a/.gpupack/launch_000000", "a/.gpupack/launch_000002", "b"):
-        (tmp_path / name).mkdir(parents=True)
-        (tmp_path / name / "plan.json").write_text("{}")
-    assert sweep.find_runs([tmp_path / "a"]) == [tmp_path / "a/.gpupack/launch_000000",
-                                                  tmp_path / "a/.gpupack/launch_000002"]
-    assert sweep.find_runs([tmp_path / "b"]) == [tmp_path / "b"]
-
-
-# ---------------- the CLI's Hydra habits ----------------
-
-def test_cfg_job_prints_the_composed_config_and_runs_nothing(tmp_path, capsys):
-    assert main(["+sweep=mnist_pack", "packing.factors=[1,8]", "--cfg", "job", f"run_dir={tmp_path / 'r'}"]) == 0
-    cfg = OmegaConf.create(capsys.readouterr().out)
-    assert list(cfg.packing.factors) == [1, 8] and cfg.sweep.workload == "mnist_torch" and "hydra" not in cfg
-    assert not (tmp_path / "r").exists()
-
-
-def test_cfg_package_and_resolve(capsys):
-    assert main(["+sweep=mnist_pack", "--cfg", "job", "-p", "sweep.grid", "--resolve"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("# @package sweep.grid") and OmegaConf.create(out).lr == [0.05, 0.1]
-    assert main(["+sweep=mnist_pack", "--cfg", "hydra"]) == 0
-    assert "hydra" in OmegaConf.create(capsys.readouterr().out)
-    assert main(["+sweep=mnist_pack", "--cfg", "jobs"]) == 2
-    assert "--cfg='jobs'" in capsys.readouterr().err
-
-
-def test_help_lists_config_groups_and_their_options(capsys):
-    assert main(["--help"]) == 0
-    out = capsys.readouterr().out
-    assert "sweep: " in out and "mnist_pack" in out and "command" in out
-    assert "cluster: " in out and "narval" in out and "local_schema" not in out
-
-
-def test_help_sees_a_users_own_config_folder(capsys):
-    own = REPO / "examples" / "own_workload" / "conf"
-    assert main([f"hydra.searchpath=[file://{own}]", "-h"]) == 0
-    assert "quadratic_pack" in capsys.readouterr().out
-
-
-def test_info_says_versions_search_path_and_what_is_installed(capsys):
-    assert main(["--info"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("gpupack ") and "Config search path:" in out and "command" in out
-    assert "packing modes: fused, process, tf_logical" in out and "backends: local, slurm" in out
-
-
-def test_multirun_is_refused_with_what_to_do_instead(capsys):
-    assert main(["+sweep=mnist_pack", "-m", "sweep.grid.lr=0.1,0.2"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "gpupack is itself the sweeper" in err
-    assert "sweep.grid.lr=0.1,0.01" in err and "hydra/launcher=gpupack_local" in err
-
-
-def test_composing_gpupack_leaves_the_callers_hydra_version_base_alone():
-    """A notebook or Hydra app calling gpupack keeps its own version_base (job.chdir and more depend on it)."""
-    from hydra.version import VersionBase
-
-    from gpupack.setup.compose import compose_config, group_options
-
-    before = VersionBase.instance().getbase()
-    compose_config(["+sweep=mnist_pack"])
-    group_options()
-    assert VersionBase.instance().getbase() is before
-
-
-@pytest.mark.parametrize("ok, record, expected", [
-    (True, {"n_failed": 0}, DONE),
-    (True, {"n_failed": 2}, FAILED),  # the job ended, but trainings failed: not "done" in the progress lines
-    (False, None, FAILED),
-])
-def test_a_pack_with_failed_trainings_shows_failed_in_progress(ok, record, expected):
-    from gpupack.core.types import PackResult
-    from gpupack.submit import progress_state
-
-    assert progress_state(PackResult("p", "local", "1", ok=ok, record=record)) == expected
-
-
-def test_packs_whose_every_training_failed_are_not_timed():
-    import pandas as pd
-
-    from gpupack.analysis.summary import summarize
-
-    trainings = pd.DataFrame([{"training_id": f"t{i}", "pack_id": p, "workload": "w", "partition": "local",
-                               "gpu_type": "cpu", "mode": "process", "factor": n, "status": s, "samples": 0}
-                              for i, (p, n, s) in enumerate([("a", 1, "failed"), ("b", 2, "completed"),
-                                                             ("b", 2, "completed")])])
-    packs = pd.DataFrame([{"pack_id": "a", "factor": 1, "complete": True, "wall_s": 0.1, "n_completed": 0,
-                           "partition": "local", "gpu_type": "cpu", "mode": "process"},
-                          {"pack_id": "b", "factor": 2, "complete": True, "wall_s": 4.0, "n_completed": 2,
-                           "partition": "local", "gpu_type": "cpu", "mode": "process"}])
-    out = summarize(trainings, packs).set_index("factor")
-    assert pd.isna(out.loc[1, "time_per_training_s"]) and out.loc[1, "failed"] == 1
-    assert out.loc[2, "time_per_training_s"] == 2.0 and pd.isna(out.loc[2, "pack_samples_per_s"])
-
-
-def test_each_mode_owns_its_options():
-    """packing.<mode>.* is the mode's own dataclass, reaching the pack as PackSettings.mode_options."""
-    from gpupack.pack.process import ProcessOptions
-    from gpupack.pack.tf_logical import TfLogicalOptions
-
-    p = sweep.prepare(["+sweep=mnist_pack", "packing.process.start=fresh", "packing.process.cpu_affinity=true",
-                       "packing.tf_logical.gpu_memory_reserve_mb=512"])
-    opts = p.settings.mode_options
-    assert opts["process"] == ProcessOptions(start="fresh", cpu_affinity=True)
-    assert opts["tf_logical"] == TfLogicalOptions(gpu_memory_reserve_mb=512)
-    assert "fused" not in opts  # a mode with no options has no section
+    assert not held_here(run.lock)  # no lock file: nothing runs
+    with RunLock(run):
+        assert held_here(run.lock)
+    assert not held_here(run.lock)  # released: its holder line stays, the lock does not
+    hold = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('held', flush=True); sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", hold, str(run.lock)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "held"
+        assert held_here(run.lock)  # another live process of this host holds it (the line names this host)
+        assert child.stdin is not None
+        child.stdin.close()  # it ends, and stays a zombie until it is waited for
+        assert wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, timeout_s=30)
+        assert not held_here(run.lock)
+    finally:
+        child.wait()
+    run.lock.write_text(run.lock.read_text().split()[0] + " another-host\n")
+    with RunLock(run):  # held, but its line says another host: this host cannot tell, so not held here
+        run.lock.write_text(f"{os.getpid()} another-host\n")
+        assert not held_here(run.lock)
+    # Without Linux's lock table: the pid the line names, alive or not
+    no_table = tmp_path / "no-proc-locks"
+    run.lock.write_text(f"{os.getpid()} {__import__('socket').gethostname()}\n")
+    assert held_here(run.lock, proc_locks=no_table)
+    run.lock.write_text(f"{child.pid} {__import__('socket').gethostname()}\n")
+    assert not held_here(run.lock, proc_locks=no_table)
 
 
 @pytest.mark.parametrize("holds, plan, expected", [

@@ -218,19 +218,31 @@ def holder_line() -> str:
     return f"{os.getpid()} {socket.gethostname()}\n"
 
 
-def held_here(lock: Path) -> bool:
-    """Whether the holder a lock file names (:func:`holder_line`) is a live process of this host: how ``status`` tells
-    a local pack or sweep that runs from one that was stopped, without taking the lock (which would stop a packer
-    starting at that moment). A holder that ended keeps its line; only a killed one leaves no record behind, and a
-    pid reused since then reads as live (rare, and only until the next run ends)."""
+def held_here(lock: Path, proc_locks: Path = Path("/proc/locks")) -> bool:
+    """Whether a process of this host holds the lock (:class:`RunLock`, a pack's lock): how ``status`` tells a local
+    pack or sweep that runs from one that was stopped, without taking the lock (which would stop a packer starting
+    at that moment). The holder line (:func:`holder_line`) must name this host; then Linux's lock table says whether
+    the file's flock is held (a holder that died, even one not yet reaped, holds none). Elsewhere: whether the pid
+    it names lives (a pid reused since reads as live)."""
     try:
         words = lock.read_text().split()
+        inode = lock.stat().st_ino
     except OSError:
         return False
     if len(words) != 2 or not words[0].isdigit() or words[1] != socket.gethostname():
         return False
     try:
-        os.kill(int(words[0]), 0)
+        table = proc_locks.read_text()
+    except OSError:  # not Linux
+        return _alive(int(words[0]))
+    # e.g. "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234567 0 EOF": the device and inode are the 6th field
+    return any(f[1] == "FLOCK" and f[5].rsplit(":", 1)[-1] == str(inode)
+               for f in (line.split() for line in table.splitlines()) if len(f) > 5)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, another user's
