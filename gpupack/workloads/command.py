@@ -19,13 +19,10 @@ import importlib.util
 import os
 import shutil
 import string
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from gpupack.core.records import read_json_or_none
 from gpupack.core.stdout_metrics import metrics_from_output, stdout_patterns
 from gpupack.errors import ConfigError, nearest
 from gpupack.result import ENV as RESULT_ENV
@@ -206,17 +203,9 @@ class Command(Workload):
         return result
 
     def train(self, params: Mapping[str, Any], ctx: TrainingContext) -> dict[str, Any]:
-        """Run the program to its end in this process's stead (for modes that host trainings in-process)."""
-        with tempfile.TemporaryDirectory(prefix="gpupack-command-") as tmp:
-            path = os.path.join(tmp, "result.json")
-            launch = self.launch(params, "", path)
-            ctx.reporter.loop_started()
-            proc = subprocess.run(launch.argv, cwd=launch.cwd, env={**os.environ, **launch.env})
-            ctx.reporter.loop_ended()
-            if proc.returncode != 0:
-                raise RuntimeError(f"{launch.argv[0]} exited with code {proc.returncode}")
-            raw = read_json_or_none(path)
-        return dict((raw or {}).get("metrics") or {})
+        """Never called: a program is its own process (``launch``), started and followed by the one supervisor, and
+        no mode or strategy hosts a ``command`` training in-process (its framework is none of theirs)."""
+        raise NotImplementedError("a command training runs as its own process (process mode), never in-process")
 
 
 def python_main(argv: Sequence[str], env: Mapping[str, str]) -> dict[str, Any] | None:
