@@ -116,3 +116,24 @@ def test_resume_runs_only_trainings_without_a_completed_record(tmp_path):
     assert read_json(run.training_record(pack.pack_id, ok.training_id)) == first_ok  # untouched
     kept = run.pack_dir(pack.pack_id) / "attempts" / "1"
     assert (kept / f"{bad.training_id}.json").exists() and (kept / "pack.json").exists()  # nothing overwritten
+
+
+# ---------------- one builder of a training's outcome from its child's end ----------------
+
+@pytest.mark.parametrize("code, error, result, timed_out, expected_error, expected_signal", [
+    (0, None, {"metrics": {}}, False, None, None),                         # completed
+    (0, None, None, False, "exited 0 but wrote no result", None),          # exited 0, wrote nothing
+    (1, "RuntimeError: boom", None, False, "RuntimeError: boom", None),    # raised
+    (-9, "killed by SIGKILL", None, False, "killed by SIGKILL", 9),         # killed: the signal is -code
+    (-15, "killed by SIGTERM", None, True, "stopped after packing.training_timeout_s; killed by SIGTERM", 15),
+    (None, "could not start 'x': No such file", None, False, "could not start 'x': No such file", None),
+])
+def test_ended_outcome(code, error, result, timed_out, expected_error, expected_signal):
+    """process mode's training, a DDP training's ranks and a host's trainings all end through this one builder."""
+    from gpupack.pack import ended_outcome
+
+    outcome = ended_outcome("t", 1.0, 3.0, code, error=error, result=result, timed_out=timed_out,
+                            extra={"slot": 2})
+    assert (outcome.exit_code, outcome.signal, outcome.error, outcome.result) == (code, expected_signal,
+                                                                                  expected_error, result)
+    assert outcome.extra == {"timed_out": timed_out, "slot": 2}

@@ -7,6 +7,7 @@ the records from what they return.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -148,6 +149,32 @@ def worker_env(base: Mapping[str, str], threads: int) -> dict[str, str]:
     # with CUDA out-of-memory. Harmless to torch.
     env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
     return env
+
+
+TIMED_OUT = "stopped after packing.training_timeout_s; "
+
+
+def ended_outcome(training_id: str, started: float, ended: float, code: int | None, *, error: str | None,
+                  result: dict[str, Any] | None, timed_out: bool = False,
+                  extra: Mapping[str, Any] | None = None) -> TrainingOutcome:
+    """How a training's child ended, as its outcome: the one builder for process mode's training, a DDP training's
+    ranks and a host's trainings. ``code``: the child's exit status (< 0: killed by that signal; None: it never
+    started); ``error``: what the child's end says (None where it exited 0); a child that exited 0 with no result
+    failed; a time-out says so first. Pure."""
+    if code == 0 and error is None and result is None:
+        error = "exited 0 but wrote no result"
+    if timed_out:
+        error = TIMED_OUT + (error or "")
+    signal = -code if code is not None and code < 0 else None
+    return TrainingOutcome(training_id, started, ended, code, signal, error, result,
+                           extra={"timed_out": timed_out, **(extra or {})})
+
+
+def start_failure(argv: Sequence[str], cwd: str | None, error: OSError) -> str:
+    """Why a child's program could not start. Pure."""
+    if cwd and not os.path.isdir(cwd):
+        return f"could not start {argv[0]!r}: its working directory {cwd!r} does not exist"
+    return f"could not start {argv[0]!r}: {error.strerror or error}"
 
 
 def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> dict[str, Any]:

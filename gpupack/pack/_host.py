@@ -15,7 +15,7 @@ from gpupack.core.plan import Training
 from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.types import TrainingOutcome
 from gpupack.errors import ConfigError
-from gpupack.pack import PackContext, worker_env, worker_spec
+from gpupack.pack import PackContext, ended_outcome, worker_env, worker_spec
 from gpupack.runtime.supervisor import ChildSpec, Supervisor, tail
 
 
@@ -89,11 +89,9 @@ def run_host(module: str, name: str, specs: list[dict[str, Any]], ctx: PackConte
         tid = spec["training_id"]
         if tid not in outcomes:
             code = ended.returncode
-            outcome = landed(spec, spawned) or TrainingOutcome(
-                tid, spawned, ended.ended_at, code, ended.signal,
-                ("stopped after packing.training_timeout_s; " if ended.timed_out else "") +
-                (tail(ended.err_path) or f"the {name} process exited with code {code}"), None,
-                extra={"timed_out": ended.timed_out})
+            outcome = landed(spec, spawned) or ended_outcome(
+                tid, spawned, ended.ended_at, code, result=None, timed_out=ended.timed_out,
+                error=tail(ended.err_path) or f"the {name} process exited with code {code}")
             outcomes[tid] = outcome
             ctx.on_finished(outcome)
     return [outcomes[s["training_id"]] for s in specs]

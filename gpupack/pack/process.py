@@ -6,7 +6,6 @@ each gets its share of the cores (see :func:`gpupack.pack.threads_for`).
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -15,7 +14,16 @@ from gpupack.core.plan import Training
 from gpupack.core.records import make_dirs, read_json_or_none, write_json_atomic
 from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
-from gpupack.pack import PACK_SIZE_ENV, PackContext, Packer, options_of, worker_env, worker_spec
+from gpupack.pack import (
+    PACK_SIZE_ENV,
+    PackContext,
+    Packer,
+    ended_outcome,
+    options_of,
+    start_failure,
+    worker_env,
+    worker_spec,
+)
 from gpupack.runtime.forkserver import ForkServer
 from gpupack.runtime.jobenv import job_cpus
 from gpupack.runtime.mps import mps_daemon
@@ -86,35 +94,21 @@ class _Training:
         return self._outcome
 
     def _make_outcome(self, ended: ChildExit) -> TrainingOutcome:
-        tid = self.training.training_id
-        extra = {"timed_out": ended.timed_out, "start": ended.start, "cpus": ended.cpus, "slot": self.slot,
+        extra = {"start": ended.start, "cpus": ended.cpus, "slot": self.slot,
                  **({"fork_fallback": self.fork_fallback} if self.fork_fallback else {})}
+        code, result, error = ended.returncode, None, None
         if ended.start_error is not None:  # the program is gone or not executable on this node: it fails alone
-            why = start_failure(self.launch.argv, self.launch.cwd, ended.start_error)
-            return TrainingOutcome(tid, ended.started_at, ended.ended_at, None, None, why, None, extra=extra)
-        code = ended.returncode
-        result = None
-        if code == 0:
+            code, error = None, start_failure(self.launch.argv, self.launch.cwd, ended.start_error)
+        elif code == 0:
             raw = read_json_or_none(self.result_path)  # torn or foreign: nothing written
             result = self.workload.result(self.training.params, raw, ended.started_at, ended.ended_at,
                                           self.child.out_path)
-        error = None
-        if code != 0:
+        else:
             error = ended.error()
             hint = self.workload.failure_hint(self.training.params, error)
             error = f"{error}\n{hint}" if hint else error
-        elif result is None:
-            error = "exited 0 but wrote no result"
-        if ended.timed_out:
-            error = "stopped after packing.training_timeout_s; " + (error or "")
-        return TrainingOutcome(tid, ended.started_at, ended.ended_at, code, ended.signal, error, result, extra=extra)
-
-
-def start_failure(argv: Sequence[str], cwd: str | None, error: OSError) -> str:
-    """Why a training's program could not start. Pure."""
-    if cwd and not os.path.isdir(cwd):
-        return f"could not start {argv[0]!r}: its working directory {cwd!r} does not exist"
-    return f"could not start {argv[0]!r}: {error.strerror or error}"
+        return ended_outcome(self.training.training_id, ended.started_at, ended.ended_at, code, error=error,
+                             result=result, timed_out=ended.timed_out, extra=extra)
 
 
 STARTS = ("auto", "fork", "fresh")

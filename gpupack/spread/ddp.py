@@ -23,7 +23,7 @@ from gpupack.core.plan import Training
 from gpupack.core.records import make_dirs, read_json_or_none, write_json_atomic
 from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
-from gpupack.pack import PackContext, options_of, worker_env, worker_spec
+from gpupack.pack import PackContext, ended_outcome, options_of, worker_env, worker_spec
 from gpupack.pack.process import start_method
 from gpupack.runtime.forkserver import ForkServer
 from gpupack.runtime.joins.ddp import BACKENDS, KEY, PREFIX, backend_of
@@ -183,14 +183,9 @@ class DdpStrategy(Strategy):
         else:
             raw = read_json_or_none(ctx.run.work(ctx.pack.pack_id, training.training_id, "result"))  # rank 0's
             result = load_workload(training.workload).result(training.params, raw, started, ended)
-            if result is None:
-                error = "exited 0 but wrote no result"
-        if timed_out:
-            error = "stopped after packing.training_timeout_s; " + (error or "")
-        sig = -code if code is not None and code < 0 else None
-        outcome = TrainingOutcome(training.training_id, started, ended, code, sig, error,
-                                  result, extra={"timed_out": timed_out, "ranks": k, "threads_per_rank": threads,
-                                                 "start": "fork" if server is not None else "fresh"})
+        outcome = ended_outcome(training.training_id, started, ended, code, error=error, result=result,
+                                timed_out=timed_out, extra={"ranks": k, "threads_per_rank": threads,
+                                                            "start": "fork" if server is not None else "fresh"})
         ctx.on_finished(outcome)
         return outcome
 
