@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from gpupack.core.plan import Training
 from gpupack.core.records import make_dirs, read_json_or_none, write_json_atomic
-from gpupack.core.types import Capacity, TrainingOutcome
+from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
 from gpupack.pack import (
     PACK_SIZE_ENV,
@@ -161,17 +161,20 @@ class ProcessPacker(Packer):
                               "set packing.process.mps=false, or run on a GPU partition")
 
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
-        if not options_of(ctx.settings, self.name).mps:
-            return self._run(trainings, ctx)
+        opts = process_options(ctx.settings)  # worked out once for the pack
+        if not opts.mps:
+            return run_processes(trainings, ctx, opts)
         if ctx.gpu_memory_total_mb is None:
             raise ConfigError("packing.process.mps", True, "CUDA MPS needs a GPU and this job has none",
                               "set packing.process.mps=false, or run on a GPU partition")
         with mps_daemon(ctx.env) as mps_env:
-            return self._run(trainings, dataclasses.replace(ctx, env={**ctx.env, **mps_env}))
+            return run_processes(trainings, dataclasses.replace(ctx, env={**ctx.env, **mps_env}), opts)
 
-    def _run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
-        opts = options_of(ctx.settings, self.name) if ctx.settings is not None else ProcessOptions(start="fresh")
-        return run_processes(trainings, ctx, opts)
+
+def process_options(settings: PackSettings | None) -> ProcessOptions:
+    """packing.process.* as a pack's settings carry them; a pack run with no settings starts fresh interpreters.
+    What a spread strategy that starts processes as process mode does (DDP's ranks) reads too."""
+    return options_of(settings, PACKER.name) if settings is not None else ProcessOptions(start="fresh")
 
 
 def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: ProcessOptions) -> list[TrainingOutcome]:

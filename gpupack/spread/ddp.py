@@ -23,8 +23,8 @@ from gpupack.core.plan import Training
 from gpupack.core.records import make_dirs, read_json_or_none, write_json_atomic
 from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
-from gpupack.pack import PackContext, ended_outcome, options_of, worker_env, worker_spec
-from gpupack.pack.process import start_method
+from gpupack.pack import PackContext, ended_outcome, worker_env, worker_spec
+from gpupack.pack.process import process_options, start_method
 from gpupack.runtime.forkserver import ForkServer
 from gpupack.runtime.joins.ddp import BACKENDS, KEY, PREFIX, backend_of
 from gpupack.runtime.mps import job_tmp
@@ -113,8 +113,7 @@ def culprit(failed: Sequence[ChildExit]) -> ChildExit:
 def rank_server(training: "Training", ctx: "PackContext") -> "ForkServer | None":
     """The fork server the ranks start from, where process mode would fork the same training (packing.process.start
     auto or fork, a forkable workload), so the two answers pay the same start-up; None: fresh interpreters."""
-    start = options_of(ctx.settings, "process").start if ctx.settings is not None else "fresh"
-    if start_method(start, [load_workload(training.workload)]) != "fork":
+    if start_method(process_options(ctx.settings).start, [load_workload(training.workload)]) != "fork":
         return None
     # None, said in its log, when it cannot start
     return fork_server(training.workload, [training.params], worker_env(ctx.env, ctx.threads),
