@@ -114,10 +114,10 @@ def test_mps_quits_when_the_pack_fails(tmp_path, mps_stand_in, monkeypatch):
                       settings=PackSettings(mode_options={"process": ProcessOptions(mps=True)}),
                       gpu_memory_total_mb=16384)
 
-    def broken(self, trainings, ctx):
+    def broken(trainings, ctx, opts):
         raise RuntimeError("the packer broke")
 
-    monkeypatch.setattr(type(PROCESS), "_run", broken)
+    monkeypatch.setattr("gpupack.pack.process.run_processes", broken)
     with pytest.raises(RuntimeError, match="the packer broke"):
         PROCESS.run(pack.trainings, ctx)
     assert [c["argv"] for c in mps_stand_in()] == [["-d"], []]
