@@ -119,37 +119,37 @@ def test_a_lock_is_held_here_while_a_process_of_this_host_holds_it(tmp_path):
 
     import psutil
 
-    from gpupack.core.rundir import RunLock, held_here
+    from gpupack.core.rundir import HeldLocks, RunLock
     from tests.conftest import wait_for
 
     run = RunDir(tmp_path)
-    assert not held_here(run.lock)  # no lock file: nothing runs
+    assert not HeldLocks().holds(run.lock)  # no lock file: nothing runs
     with RunLock(run):
-        assert held_here(run.lock)
-    assert not held_here(run.lock)  # released: its holder line stays, the lock does not
+        assert HeldLocks().holds(run.lock)
+    assert not HeldLocks().holds(run.lock)  # released: its holder line stays, the lock does not
     hold = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
             "print('held', flush=True); sys.stdin.read()")
     child = subprocess.Popen([sys.executable, "-c", hold, str(run.lock)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "held"
-        assert held_here(run.lock)  # another live process of this host holds it (the line names this host)
+        assert HeldLocks().holds(run.lock)  # another live process of this host holds it (the line names this host)
         assert child.stdin is not None
         child.stdin.close()  # it ends, and stays a zombie until it is waited for
         assert wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, timeout_s=30)
-        assert not held_here(run.lock)
+        assert not HeldLocks().holds(run.lock)
     finally:
         child.wait()
     run.lock.write_text(run.lock.read_text().split()[0] + " another-host\n")
     with RunLock(run):  # held, but its line says another host: this host cannot tell, so not held here
         run.lock.write_text(f"{os.getpid()} another-host\n")
-        assert not held_here(run.lock)
+        assert not HeldLocks().holds(run.lock)
     # Without Linux's lock table: the pid the line names, alive or not
     no_table = tmp_path / "no-proc-locks"
     run.lock.write_text(f"{os.getpid()} {__import__('socket').gethostname()}\n")
-    assert held_here(run.lock, proc_locks=no_table)
+    assert HeldLocks(no_table).holds(run.lock)
     run.lock.write_text(f"{child.pid} {__import__('socket').gethostname()}\n")
-    assert not held_here(run.lock, proc_locks=no_table)
+    assert not HeldLocks(no_table).holds(run.lock)
 
 
 @pytest.mark.parametrize("holds, plan, expected", [

@@ -218,26 +218,34 @@ def holder_line() -> str:
     return f"{os.getpid()} {socket.gethostname()}\n"
 
 
-def held_here(lock: Path, proc_locks: Path = Path("/proc/locks")) -> bool:
-    """Whether a process of this host holds the lock (:class:`RunLock`, a pack's lock): how ``status`` tells a local
-    pack or sweep that runs from one that was stopped, without taking the lock (which would stop a packer starting
-    at that moment). The holder line (:func:`holder_line`) must name this host; then Linux's lock table says whether
-    the file's flock is held (a holder that died, even one not yet reaped, holds none). Elsewhere: whether the pid
-    it names lives (a pid reused since reads as live)."""
-    try:
-        words = lock.read_text().split()
-        inode = lock.stat().st_ino
-    except OSError:
-        return False
-    if len(words) != 2 or not words[0].isdigit() or words[1] != socket.gethostname():
-        return False
-    try:
-        table = proc_locks.read_text()
-    except OSError:  # not Linux
-        return _alive(int(words[0]))
-    # e.g. "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234567 0 EOF": the device and inode are the 6th field
-    return any(f[1] == "FLOCK" and f[5].rsplit(":", 1)[-1] == str(inode)
-               for f in (line.split() for line in table.splitlines()) if len(f) > 5)
+class HeldLocks:
+    """Which locks (:class:`RunLock`, a pack's lock) a process of this host holds: how ``status`` tells a local pack
+    or sweep that runs from one that was stopped, without taking a lock (which would stop a packer starting at that
+    moment). Linux's lock table is read once, for every lock asked after (a holder that died, even one not yet
+    reaped, holds no flock); elsewhere the pid a lock's holder line names is asked (a pid reused since reads as
+    live)."""
+
+    def __init__(self, proc_locks: Path = Path("/proc/locks")) -> None:
+        try:
+            table = proc_locks.read_text()
+        except OSError:  # not Linux
+            self.inodes: set[str] | None = None
+            return
+        # e.g. "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234567 0 EOF": the device and inode are the 6th field
+        self.inodes = {f[5].rsplit(":", 1)[-1] for f in (line.split() for line in table.splitlines())
+                       if len(f) > 5 and f[1] == "FLOCK"}
+
+    def holds(self, lock: Path) -> bool:
+        """Whether a process of this host holds ``lock``: its holder line (:func:`holder_line`) names this host, and
+        its flock is held."""
+        try:
+            words = lock.read_text().split()
+            inode = lock.stat().st_ino
+        except OSError:
+            return False
+        if len(words) != 2 or not words[0].isdigit() or words[1] != socket.gethostname():
+            return False
+        return _alive(int(words[0])) if self.inodes is None else str(inode) in self.inodes
 
 
 def _alive(pid: int) -> bool:

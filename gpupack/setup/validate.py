@@ -169,7 +169,8 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
     modes = tuple(packing.modes)
     ladder = _check_auto_options(packing)  # every run: a value is checked whether this run uses it or not
     if is_auto(cfg):
-        factors = _check_auto(cfg, ladder)
+        _check_auto(cfg)
+        factors = ladder
     else:
         factors = _check_factors(packing.factors if isinstance(packing.factors, str) else list(packing.factors))
     if not modes:
@@ -232,7 +233,7 @@ def _check_auto_options(packing: DictConfig) -> tuple[int, ...]:
     return tuple(ladder)
 
 
-def _check_auto(cfg: DictConfig, ladder: tuple[int, ...]) -> tuple[int, ...]:
+def _check_auto(cfg: DictConfig) -> None:
     """packing.factors=auto with the rest of the sweep: what a probe needs."""
     packing = cfg.packing
     if not cfg.wait:
@@ -242,7 +243,6 @@ def _check_auto(cfg: DictConfig, ladder: tuple[int, ...]) -> tuple[int, ...]:
     if len(packing.modes) != 1:
         raise ConfigError("packing.modes", list(packing.modes), "packing.factors=auto probes one mode",
                           "choose one, e.g. packing.modes=[process]; compare modes with explicit factors")
-    return ladder
 
 
 def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int], facts: ClusterFacts,
