@@ -77,3 +77,60 @@ def test_an_upward_import_by_name_breaks_it(tmp_path, importer, call, says):
     found = violations(copy, ROOT / "pyproject.toml")
     module = importer.replace("/", ".").removesuffix(".py")
     assert len(found) == 1 and found[0].startswith(module) and says in found[0], found
+
+
+# ---------------- processes: one place starts them ----------------
+
+# Where a process may start, and why there: the supervisor's spawn (every process inside a job: trainings, ranks,
+# hosts, the fork server, MPS's control), the fork server's fork of a training (on the supervisor's request, in the
+# server's own process), and the submitting side's cluster seam (sbatch, squeue, sacct, scancel; submitit's local
+# controller), which runs outside any job.
+PROCESS_STARTERS = {"gpupack/runtime/supervisor.py": {"subprocess.Popen"},
+                    "gpupack/runtime/forkserver.py": {"os.fork"},
+                    "gpupack/submit/_slurm_queue.py": {"subprocess.run"},
+                    "gpupack/submit/local.py": {"subprocess.Popen"}}
+STARTS = {f"subprocess.{n}" for n in ("Popen", "run", "call", "check_call", "check_output", "getoutput",
+                                      "getstatusoutput")} | {f"os.{n}" for n in (
+    "fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "spawnv", "spawnve", "spawnl", "spawnle",
+    "spawnvp", "spawnlp", "execv", "execve", "execvp", "execvpe", "execl", "execlp")} | {
+    "multiprocessing.Process", "multiprocessing.Pool", "pty.spawn"}
+
+
+def process_starts(root: Path) -> dict[str, set[str]]:
+    """Every ``module.function`` of STARTS that a file under ``root`` names (called or passed, not a type hint), by
+    file."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        hints = {id(n) for node in ast.walk(tree) for hint in (
+            [getattr(node, "returns", None)] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else
+            [node.annotation] if isinstance(node, (ast.arg, ast.AnnAssign)) else []) if hint is not None
+            for n in ast.walk(hint)}
+        for node in ast.walk(tree):
+            if id(node) in hints:
+                continue
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                name = f"{node.value.id}.{node.attr}"
+                if name in STARTS:
+                    found.setdefault(path.relative_to(root.parent).as_posix(), set()).add(name)
+            elif isinstance(node, ast.ImportFrom) and node.module in ("subprocess", "os", "multiprocessing", "pty"):
+                for alias in node.names:  # `from subprocess import Popen` would hide it from the check above
+                    if f"{node.module}.{alias.name}" in STARTS:
+                        found.setdefault(path.relative_to(root.parent).as_posix(), set()).add(
+                            f"{node.module}.{alias.name}")
+    return found
+
+
+def test_only_the_supervisor_starts_a_process_inside_a_job():
+    assert process_starts(ROOT / "gpupack") == PROCESS_STARTERS
+
+
+def test_a_process_started_elsewhere_is_caught(tmp_path):
+    copy = tmp_path / "gpupack"
+    shutil.copytree(ROOT / "gpupack", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    mps = copy / "runtime" / "mps.py"
+    mps.write_text(mps.read_text() + "\n\ndef _quit(control: str) -> None:\n"
+                   "    import subprocess\n    subprocess.run([control], input=b'quit\\n')\n")
+    assert process_starts(copy)["gpupack/runtime/mps.py"] == {"subprocess.run"}

@@ -2,6 +2,7 @@
 slurm_command), without a slurmctld: what tests/test_slurm.py checks against the local cluster, in the fast tier."""
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -160,7 +161,8 @@ def test_resume_fails_closed_when_sacct_does_not_answer(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("env, started_at, scheduler", [
     ({"SLURM_JOB_START_TIME": "1795550000", "SLURM_JOB_GPUS": "0,1", "SLURM_JOB_PARTITION": "gpubase",
-      "CUDA_VISIBLE_DEVICES": "0,1"}, 1795550000.0, {"slurm_job_gpus": "0,1", "slurm_partition": "gpubase"}),
+      "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_TMPDIR": "/localscratch/me.12.0"}, 1795550000.0,
+     {"slurm_job_gpus": "0,1", "slurm_partition": "gpubase"}),
     ({}, None, {"slurm_job_gpus": None, "slurm_partition": None}),  # before Slurm 21.08: no start time given
     ({"SLURM_JOB_START_TIME": "soon"}, None, {"slurm_job_gpus": None, "slurm_partition": None}),
 ])
@@ -171,17 +173,20 @@ def test_slurm_job_environment(env, started_at, scheduler):
     assert job.started_at == started_at and job.job_id == "12_3"
     assert job.record_fields() == {"job_id": "12_3", "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
                                    **scheduler}
+    # MPS's pipes and DDP's rendezvous go to the node-local disk the job was given, else the process's own tmp
+    assert job.temp_dir() == env.get("SLURM_TMPDIR", tempfile.gettempdir())
     if started_at is not None:
         assert job.start() == started_at  # a streaming lane's time limit counts from SLURM's start
 
 
 def test_the_job_body_reads_no_scheduler_variable():
-    """Each backend hands the job body its own job environment (issue 29): no SLURM_ name below the backends."""
+    """Each backend hands the job body its own job environment (issue 29): no SLURM_ name outside SLURM's backend
+    (the job body, the modes, the strategies, the runtime: MPS and DDP take the job's temporary space from it)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent / "gpupack"
-    below = [p for p in (*root.glob("job/*.py"), root / "runtime" / "jobenv.py") if "SLURM_" in p.read_text()]
-    assert below == []
+    slurm = {root / "submit" / "slurm.py", root / "submit" / "_slurm_queue.py"}
+    assert [p for p in root.rglob("*.py") if p not in slurm and "SLURM_" in p.read_text()] == []
 
 
 @pytest.mark.parametrize("field, value", [("bundle_cores", 0.0), ("bundle_mem_gb", -1.0), ("max_cpus", 0),

@@ -75,3 +75,26 @@ def test_leaving_by_an_exception_kills_and_reaps_every_child(tmp_path):
     assert child.poll() and child.exit().signal == signal.SIGKILL  # reaped: no training outlives its pack
     with pytest.raises(ProcessLookupError):
         os.kill(child.pid or 0, 0)
+
+
+def test_the_fork_server_is_started_by_the_supervisor_in_a_session_of_its_own(tmp_path):
+    with Supervisor() as sup:
+        fallback = sup.preload("tests.fake_workloads", [{}], dict(os.environ), tmp_path / "forkserver.err")
+        assert fallback is None and sup.server is not None
+        pid = sup.server.proc.pid
+        assert os.getsid(pid) == pid  # its own session, as every child's: a stop's killpg reaches what it started
+    assert sup.server.proc.returncode is not None  # closed and reaped on leaving the block
+
+
+def test_a_helper_program_runs_to_its_end_or_is_killed_past_its_limit(tmp_path):
+    sup = Supervisor()
+    fed = sup.call(spec(tmp_path, "fed", "import sys; print(sys.stdin.read().upper())"), stdin=b"quit\n")
+    assert fed.returncode == 0 and not fed.failed and (tmp_path / "fed.out").read_text() == "QUIT\n\n"
+    # A helper that starts a helper of its own and hangs: its whole process group is killed at the limit.
+    hung = sup.call(spec(tmp_path, "hung", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+                                            "'import time; time.sleep(120)']); print('started', flush=True); "
+                                            "time.sleep(120)"), timeout_s=1.0)
+    assert hung.timed_out and hung.signal == signal.SIGKILL
+    gone = sup.call(ChildSpec("gone", ["/nonexistent/program"], tmp_path / "g.out", tmp_path / "g.err", {}))
+    assert gone.failed and gone.start_error is not None
+    assert sup.children == []  # helpers are not the pack's children: follow() does not wait for them

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import sys
 from pathlib import Path
@@ -75,7 +76,6 @@ def mps_stand_in(tmp_path, monkeypatch):
     exe.write_text(STAND_IN.format(python=sys.executable, log=str(log)))
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("SLURM_TMPDIR", str(tmp_path / "job-tmp"))
     (tmp_path / "job-tmp").mkdir()
     return lambda: [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
@@ -96,7 +96,7 @@ def test_mps_starts_passes_its_dirs_to_trainings_and_quits(tmp_path, mps_stand_i
                                  "report_env": ["CUDA_MPS_PIPE_DIRECTORY,CUDA_MPS_LOG_DIRECTORY"]})
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ),
                       settings=PackSettings(mode_options={"process": ProcessOptions(mps=True)}),
-                      gpu_memory_total_mb=16384)
+                      gpu_memory_total_mb=16384, tmp_dir=str(tmp_path / "job-tmp"))
     outcomes = PROCESS.run(pack.trainings, ctx)
     calls = mps_stand_in()
     assert [c["argv"] for c in calls] == [["-d"], []] and calls[1]["stdin"] == "quit\n"
@@ -112,7 +112,7 @@ def test_mps_quits_when_the_pack_fails(tmp_path, mps_stand_in, monkeypatch):
     run, pack = _pack(tmp_path, {"lr": [0.1]})
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ),
                       settings=PackSettings(mode_options={"process": ProcessOptions(mps=True)}),
-                      gpu_memory_total_mb=16384)
+                      gpu_memory_total_mb=16384, tmp_dir=str(tmp_path / "job-tmp"))
 
     def broken(trainings, ctx, opts):
         raise RuntimeError("the packer broke")
@@ -126,7 +126,7 @@ def test_mps_quits_when_the_pack_fails(tmp_path, mps_stand_in, monkeypatch):
 def test_mps_missing_binary_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ConfigError, match="nvidia-cuda-mps-control is not on this node's PATH"):
-        with mps_daemon({"PATH": str(tmp_path)}):
+        with mps_daemon({"PATH": str(tmp_path)}, str(tmp_path), lambda name, kind: tmp_path / f"{name}.{kind}"):
             pass
 
 
@@ -288,3 +288,16 @@ def test_tf_mnist_sweep_compares_split_and_no_split(tmp_path, subprocess_env):
                                                                      ("tf_logical", 1), ("tf_logical", 2)}
     assert "Best (mode, N) for mnist_tf on local (cpu):" in proc.stdout
     assert (run_dir / "plots" / "split_vs_no_split.png").exists()
+
+
+def test_an_mps_daemon_that_does_not_start_fails_the_pack_with_its_words(tmp_path, mps_stand_in):
+    """The control program runs under the supervisor: its failure is its stderr, and its temp space goes."""
+    exe = Path(shutil.which("nvidia-cuda-mps-control"))
+    exe.write_text(f"#!{sys.executable}\nimport sys\nsys.stderr.write('MPS: no GPU in exclusive mode\\n')\n"
+                   "sys.exit(1)\n")
+    logs = tmp_path / "logs"
+    with pytest.raises(RuntimeError, match="did not start the MPS daemon: MPS: no GPU in exclusive mode"):
+        with mps_daemon(dict(os.environ), str(tmp_path / "job-tmp"), lambda name, kind: logs / f"{name}.{kind}"):
+            pass
+    assert list((tmp_path / "job-tmp").iterdir()) == []  # its pipe and log dirs removed
+    assert "exclusive mode" in (logs / "mps-start.err").read_text()

@@ -322,7 +322,8 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
                       warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
                       training_timeout_s=settings.training_timeout_s,
                       memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
-                      if settings.memory_limit_gb_per_training else None, spread=placement, stream=stream, homes=homes)
+                      if settings.memory_limit_gb_per_training else None, spread=placement, stream=stream, homes=homes,
+                      tmp_dir=job.temp_dir())
     sampler.start()
     mode_started = time.time()  # the pack's clock: what a mode does before its trainings start (a fork server's
     try:                        # preload, a TF host's start) is the pack's time too

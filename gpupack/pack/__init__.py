@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence
@@ -60,6 +61,8 @@ class PackContext:
     # training id → the pack whose folder holds its records and logs, where that is not ``pack`` (a streamed
     # training's home is the lane the plan dealt it to, whichever lane runs it).
     homes: Mapping[str, str] = field(default_factory=dict)
+    # The job's own temporary space (JobEnvironment.temp_dir): MPS's pipes, DDP's rendezvous.
+    tmp_dir: str = field(default_factory=tempfile.gettempdir)
 
     def home(self, training_id: str) -> str:
         return self.homes.get(training_id, self.pack.pack_id)

@@ -24,10 +24,9 @@ from gpupack.pack import (
     worker_env,
     worker_spec,
 )
-from gpupack.runtime.forkserver import ForkServer
 from gpupack.runtime.jobenv import job_cpus
 from gpupack.runtime.mps import mps_daemon
-from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor, fork_server
+from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor
 from gpupack.workload import Workload
 from gpupack.workloads import load_workload
 
@@ -167,7 +166,7 @@ class ProcessPacker(Packer):
         if ctx.gpu_memory_total_mb is None:
             raise ConfigError("packing.process.mps", True, "CUDA MPS needs a GPU and this job has none",
                               "set packing.process.mps=false, or run on a GPU partition")
-        with mps_daemon(ctx.env) as mps_env:
+        with mps_daemon(ctx.env, ctx.tmp_dir, lambda name, kind: ctx.run.log(ctx.pack.pack_id, name, kind)) as mps_env:
             return run_processes(trainings, dataclasses.replace(ctx, env={**ctx.env, **mps_env}), opts)
 
 
@@ -189,10 +188,10 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
     slots = ctx.pack.factor if stream is not None else len(trainings)
     cores = job_cpus()
     cpus = [cpus_for(cores, slots, i) if opts.cpu_affinity else None for i in range(slots)]
-    server, fallback = preloaded_server(every, ctx) if method == "fork" and every else (None, None)
     packed: list[_Training] = []
     by_name: dict[str, _Training] = {}
-    with Supervisor(ctx.training_timeout_s, server) as supervisor:
+    with Supervisor(ctx.training_timeout_s) as supervisor:
+        fallback = preload(supervisor, every, ctx) if method == "fork" and every else None
         def start(t: Training, slot: int) -> None:
             packed.append(_Training(t, ctx, workloads[t.workload], cpus[slot], fallback, slot))
             by_name[t.training_id] = packed[-1]
@@ -213,12 +212,12 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
     return [p.outcome(child) for p, child in zip(packed, exits)]
 
 
-def preloaded_server(trainings: Sequence[Training], ctx: PackContext) -> tuple[ForkServer | None, str | None]:
-    # (a stream's server preloads for the whole queue: any of its trainings may come to this lane)
-    """The pack's preloaded fork server; None and why (fresh interpreters, said in the server's log and in each
-    training's record as ``fork_fallback``) if it cannot start."""
-    return fork_server(trainings[0].workload, [t.params for t in trainings], worker_env(ctx.env, ctx.threads),
-                       ctx.run.log(ctx.pack.pack_id, "forkserver", "err"))
+def preload(supervisor: Supervisor, trainings: Sequence[Training], ctx: PackContext) -> str | None:
+    """Start ``supervisor``'s preloaded fork server for ``trainings`` (a stream's: the whole queue, since any of its
+    trainings may come to this lane); None, or why it did not start (fresh interpreters, said in the server's log and
+    in each training's record as ``fork_fallback``). DDP's ranks start from one too."""
+    return supervisor.preload(trainings[0].workload, [t.params for t in trainings], worker_env(ctx.env, ctx.threads),
+                              ctx.run.log(ctx.pack.pack_id, "forkserver", "err"))
 
 
 PACKER = ProcessPacker()

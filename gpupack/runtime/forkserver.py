@@ -30,7 +30,7 @@ import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable, Mapping, Sequence  # noqa: E402
+from typing import IO, Any, Callable, Mapping, Sequence  # noqa: E402
 
 from gpupack.core.records import open_log  # noqa: E402
 
@@ -263,12 +263,17 @@ class ForkedProcess:
 class ForkServer:
     """The pack's preloaded server: start it, :meth:`start` trainings, :meth:`close` when all have ended."""
 
-    def __init__(self, workload: str, params: Sequence[Mapping[str, Any]], env: Mapping[str, str], log: Path,
-                 setup: Callable[[], None] | None = None) -> None:
+    def __init__(self, workload: str, params: Sequence[Mapping[str, Any]], log: Path,
+                 start: Callable[[Sequence[str], IO[bytes]], subprocess.Popen[bytes]]) -> None:
+        """``start(argv, stderr)``: the server's process with pipes to its stdin and stdout, as its supervisor starts
+        every process (gpupack.runtime.supervisor.Supervisor.preload)."""
         self._log = open_log(log)
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpupack.runtime.forkserver"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._log, env=dict(env), preexec_fn=setup)
-        assert self.proc.stdout is not None
+        try:
+            self.proc = start([sys.executable, "-m", "gpupack.runtime.forkserver"], self._log)
+        except OSError:
+            self._log.close()
+            raise
+        assert self.proc.stdout is not None  # internal: start() gives it a pipe
         self._lines = Lines(self.proc.stdout.fileno())
         self._processes: dict[str, ForkedProcess] = {}
         self._pending: dict[str, int] = {}  # ended before the packer asked (returncode by training id)

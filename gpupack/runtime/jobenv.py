@@ -10,6 +10,7 @@ process: :meth:`JobEnvironment.here`.
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -28,6 +29,9 @@ class JobEnvironment:
     # When the job started, which its time limit counts from (an epoch); None: the scheduler does not say, and the
     # job's first process (submitit's, running the job body) started it.
     started_at: float | None = None
+    # The job's own temporary space (on SLURM, the Alliance's node-local disk, removed with the job); None:
+    # the process's (TMPDIR, else /tmp). MPS's pipes and DDP's rendezvous live there.
+    tmp_dir: str | None = None
     # What the scheduler gave the job, kept in the pack record as named there (SLURM: slurm_job_gpus, ...).
     scheduler: Mapping[str, str | None] = field(default_factory=dict)
 
@@ -38,6 +42,10 @@ class JobEnvironment:
     def exported(self) -> dict[str, str]:
         """The variables the pack's trainings inherit, for :func:`job_id` in a training's process."""
         return {JOB_ID_ENV: self.job_id} if self.job_id else {}
+
+    def temp_dir(self) -> str:
+        """Where this job keeps its temporary files: the scheduler's own space, else TMPDIR, else /tmp."""
+        return self.tmp_dir or tempfile.gettempdir()
 
     def start(self) -> float:
         """When this job started: as its scheduler said, else this process's own start."""

@@ -19,12 +19,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Mapping, Sequence
+from typing import IO, Any, Callable, Mapping, Sequence
 
 from gpupack.core.records import open_log
 from gpupack.runtime.forkserver import ForkedProcess, ForkServer, isolate
 
 POLL_S = 0.05  # how often the children are looked at
+HELPER_TIMEOUT_S = 60.0  # a helper program (MPS's control) that takes longer has hung
 KILL_GRACE_S = 5.0  # between a SIGTERM and the SIGKILL that follows; also how long a stop waits to reap
 ERROR_TAIL_LINES = 20
 
@@ -55,17 +56,14 @@ def child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = Non
     return setup
 
 
-def fork_server(workload: str, params: Sequence[Mapping[str, Any]], env: Mapping[str, str],
-                log: Path) -> tuple[ForkServer | None, str | None]:
-    """A preloaded fork server for ``workload``'s trainings (it dies with the packer), or None and why it did not
-    start (its preload failed, or made forking unsafe: forkserver.fork_unsafe); the trainings then start as fresh
-    interpreters, and the reason is in its log too."""
-    try:
-        return ForkServer(workload, params, env, log, setup=child_setup(None)), None
-    except (RuntimeError, OSError) as err:
-        with open_log(log, append=True) as f:
-            f.write(f"gpupack: {err}; starting each training as a fresh interpreter instead\n".encode())
-        return None, str(err)
+def spawn(argv: Sequence[str], env: Mapping[str, str], *, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
+          stdin: int = subprocess.DEVNULL, cwd: str | None = None, memory_limit_bytes: int | None = None,
+          cpus: Sequence[int] | None = None) -> subprocess.Popen[bytes]:
+    """The one place a program starts inside a job (a training, a rank, a host, the fork server, MPS's control): never a
+    shell, in a session of its own (a signal to its process group reaches the helpers it starts too), dying with the
+    packer, under its address-space limit and on its cores."""
+    return subprocess.Popen(list(argv), cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env),
+                            start_new_session=True, preexec_fn=child_setup(memory_limit_bytes, cpus))
 
 
 @dataclass(frozen=True)
@@ -193,13 +191,15 @@ class Child:
 
 @dataclass
 class Supervisor:
-    """Start, follow, time out, (fail together,) reap and report the children of one pack or training.
+    """Start, follow, time out, (fail together,) reap and report the children of one pack or training; start their
+    fork server (:meth:`preload`) and run helper programs to their end (:meth:`call`).
 
     Use it as a context manager: leaving the block by an exception kills and reaps every child still running; the
-    fork server, if given, is closed on leaving it either way."""
+    fork server, if started, is closed on leaving it either way."""
 
     timeout_s: float | None = None  # each child's time limit, from its started_at
-    server: ForkServer | None = None  # where children with a spec_path are forked from
+    server: ForkServer | None = field(default=None, init=False)  # started by preload(): where children with a
+    # spec_path are forked from
     together: Together | None = None  # None: each child fails alone
     children: list[Child] = field(default_factory=list)
     culprit: ChildExit | None = None  # the member whose failure failed the group (with ``together``)
@@ -238,10 +238,47 @@ class Supervisor:
         if self.server is not None and spec.spec_path is not None:
             return self.server.start(spec.name, spec.spec_path, spec.out_path, spec.err_path, spec.env, spec.cwd,
                                      spec.memory_limit_bytes, spec.cpus, spec.python_main)
-        setup = child_setup(spec.memory_limit_bytes, spec.cpus)
         with open_log(spec.out_path) as out, open_log(spec.err_path) as err:
-            return subprocess.Popen(list(spec.argv), cwd=spec.cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                    env=dict(spec.env), start_new_session=True, preexec_fn=setup)
+            return spawn(spec.argv, spec.env, stdout=out, stderr=err, cwd=spec.cwd,
+                         memory_limit_bytes=spec.memory_limit_bytes, cpus=spec.cpus)
+
+    def preload(self, workload: str, params: Sequence[Mapping[str, Any]], env: Mapping[str, str],
+                log: Path) -> str | None:
+        """Start the preloaded fork server that children with a ``spec_path`` are forked from, for ``workload``'s
+        trainings (it dies with the packer and is closed on leaving the block); None, or why it did not start (its
+        preload failed, or made forking unsafe: forkserver.fork_unsafe): the children then start as fresh
+        interpreters, and the reason is in its log too."""
+
+        def start(argv: Sequence[str], err: IO[bytes]) -> subprocess.Popen[bytes]:
+            return spawn(argv, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+
+        try:
+            self.server = ForkServer(workload, params, log, start)
+            return None
+        except (RuntimeError, OSError) as err:
+            with open_log(log, append=True) as f:
+                f.write(f"gpupack: {err}; starting each training as a fresh interpreter instead\n".encode())
+            return str(err)
+
+    def call(self, spec: ChildSpec, stdin: bytes | None = None, timeout_s: float = HELPER_TIMEOUT_S) -> ChildExit:
+        """Run a helper program to its end (MPS's control), fed ``stdin``, its process group killed past
+        ``timeout_s``; how it ended. A helper is no child of the pack: follow() does not wait for it."""
+        started = time.time()
+        try:
+            with open_log(spec.out_path) as out, open_log(spec.err_path) as err:
+                proc = spawn(spec.argv, spec.env, stdout=out, stderr=err, cwd=spec.cwd,
+                             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL)
+        except OSError as error:
+            return Child(spec, None, started, False, error).exit()
+        helper = Child(spec, proc, started, False)
+        try:
+            proc.communicate(stdin, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            helper.timed_out = True
+            helper.signal(signal.SIGKILL)
+            proc.wait()
+        helper.poll()
+        return helper.exit()
 
     def follow(self, on_exit: Callable[[ChildExit], None] | None = None,
                on_poll: Callable[[], None] | None = None) -> list[ChildExit]:

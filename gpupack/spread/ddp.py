@@ -24,11 +24,9 @@ from gpupack.core.records import make_dirs, read_json_or_none, write_json_atomic
 from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
 from gpupack.pack import PackContext, ended_outcome, worker_env, worker_spec
-from gpupack.pack.process import process_options, start_method
-from gpupack.runtime.forkserver import ForkServer
+from gpupack.pack.process import preload, process_options, start_method
 from gpupack.runtime.joins.ddp import BACKENDS, KEY, PREFIX, backend_of
-from gpupack.runtime.mps import job_tmp
-from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor, Together, fork_server, tail
+from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor, Together, tail
 from gpupack.spread import Strategy
 from gpupack.workload import Workload
 from gpupack.workloads import load_workload
@@ -110,14 +108,13 @@ def culprit(failed: Sequence[ChildExit]) -> ChildExit:
     return RANKS_FAIL_TOGETHER.culprit(failed)
 
 
-def rank_server(training: "Training", ctx: "PackContext") -> "ForkServer | None":
-    """The fork server the ranks start from, where process mode would fork the same training (packing.process.start
-    auto or fork, a forkable workload), so the two answers pay the same start-up; None: fresh interpreters."""
+def rank_preload(training: "Training", ctx: "PackContext", supervisor: Supervisor) -> bool:
+    """Start the fork server the ranks start from where process mode would fork the same training (packing.process.start
+    auto or fork, a forkable workload), so the two answers pay the same start-up; False: fresh interpreters (said in
+    its log when it cannot start)."""
     if start_method(process_options(ctx.settings).start, [load_workload(training.workload)]) != "fork":
-        return None
-    # None, said in its log, when it cannot start
-    return fork_server(training.workload, [training.params], worker_env(ctx.env, ctx.threads),
-                       ctx.run.log(ctx.pack.pack_id, "forkserver", "err"))[0]
+        return False
+    return preload(supervisor, [training], ctx) is None
 
 
 class DdpStrategy(Strategy):
@@ -146,14 +143,15 @@ class DdpStrategy(Strategy):
         assert ctx.spread is not None  # internal: job.runner_of sets it for every spread pack
         k = ctx.spread.devices
         threads = max(1, ctx.threads // k)  # the job's cores shared by the k ranks
-        server = rank_server(training, ctx)
         rendezvous: str | None = None
-        started = time.time()  # after the server's preload, as process mode's trainings (the pack's wall counts it)
         try:
-            with Supervisor(ctx.training_timeout_s, server, RANKS_FAIL_TOGETHER) as supervisor:
+            with Supervisor(ctx.training_timeout_s, together=RANKS_FAIL_TOGETHER) as supervisor:
+                forked = rank_preload(training, ctx, supervisor)
+                started = time.time()  # after the server's preload, as process mode's trainings (the pack's wall
+                # counts it)
                 # The ranks meet through a file in the job's node-local temporary space, unique to this training: a
                 # TCP port picked here could be taken by another pack's rendezvous before rank 0 binds it.
-                rendezvous = tempfile.mkdtemp(prefix="gpupack-ddp-", dir=job_tmp(ctx.env))
+                rendezvous = tempfile.mkdtemp(prefix="gpupack-ddp-", dir=ctx.tmp_dir)
                 ctx = dataclasses.replace(ctx, spread=dataclasses.replace(
                     ctx.spread, init_method=f"file://{os.path.join(rendezvous, 'store')}"))
                 for r in range(k):
@@ -184,7 +182,7 @@ class DdpStrategy(Strategy):
             result = load_workload(training.workload).result(training.params, raw, started, ended)
         outcome = ended_outcome(training.training_id, started, ended, code, error=error, result=result,
                                 timed_out=timed_out, extra={"ranks": k, "threads_per_rank": threads,
-                                                            "start": "fork" if server is not None else "fresh"})
+                                                            "start": "fork" if forked else "fresh"})
         ctx.on_finished(outcome)
         return outcome
 

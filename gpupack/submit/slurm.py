@@ -162,7 +162,7 @@ def slurm_job_environment(job_id: str | None, env: Mapping[str, str]) -> JobEnvi
     """A SLURM job as its variables describe it. Pure."""
     start = env.get("SLURM_JOB_START_TIME", "")
     return JobEnvironment(job_id=job_id, cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
-                          started_at=float(start) if start.isdigit() else None,
+                          started_at=float(start) if start.isdigit() else None, tmp_dir=env.get("SLURM_TMPDIR"),
                           scheduler={"slurm_job_gpus": env.get("SLURM_JOB_GPUS"),
                                      "slurm_partition": env.get("SLURM_JOB_PARTITION")})
 
