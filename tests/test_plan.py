@@ -98,7 +98,7 @@ def test_plan_json_round_trip():
 def test_loader_probe_packs_one_per_distinct_pipeline_setting():
     plan = make_plan(sweep="s", workload="w", grid={"amp": [False, True], "batch_size": [64, 256]},
                      fixed={"epochs": 1}, factors=[2], modes=["process"], partitions=["p100", "v100"], repeats=1,
-                     loader_probe=("loader_only", ("batch_size", "epochs")))
+                     loader_probe=("loader_only", ("batch_size", "epochs"), "process"))
     probes = [p for p in plan.packs if p.probe]
     assert len(probes) == 4  # 2 batch sizes (amp does not change the pipeline) x 2 partitions
     assert all(p.factor == 1 and p.pack_id.split("-")[1] == "loader" for p in probes)

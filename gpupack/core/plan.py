@@ -244,7 +244,7 @@ def loader_probes(workload: str, points: Sequence[Mapping[str, Any]], fixed: Map
 
 def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapping[str, Any],
               factors: Iterable[int], modes: Iterable[str], partitions: Iterable[str], repeats: int,
-              seed_key: str | None = "seed", loader_probe: tuple[str, Sequence[str]] | None = None,
+              seed_key: str | None = "seed", loader_probe: tuple[str, Sequence[str], str] | None = None,
               group_keys: Mapping[str, Callable[[Mapping[str, Any]], Hashable]] | None = None,
               order: str = "interleaved", order_seed: int = 0, points: Sequence[Mapping[str, Any]] | None = None,
               phase: str | None = None, spread_layouts: Sequence[tuple[str, str]] = (),
@@ -256,8 +256,8 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
     ``order`` (see :func:`run_order`): interleaved spreads each N's packs over the whole run, so warm caches, drift or
     a neighbour's job cannot line up with N; by_factor runs all N=1 packs, then N=2, ...
 
-    With ``loader_probe`` (loader param, loader keys), each partition also gets one N=1 probe pack per
-    distinct input-pipeline setting, run first. A mode in ``group_keys`` packs only trainings of equal key
+    With ``loader_probe`` (loader param, loader keys, the mode it runs in), each partition also gets one N=1 probe
+    pack per distinct input-pipeline setting, run first. A mode in ``group_keys`` packs only trainings of equal key
     together (fused: same shapes): each group fills its own packs, and the plan says so.
 
     ``spread_layouts`` ((strategy, label) pairs) × ``spread_devices`` (k) add packs of one training spread over k
@@ -273,9 +273,10 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
     packs: list[Pack] = []
     notes: list[str] = []
     if loader_probe:
-        alone = loader_probes(workload, points, fixed, *loader_probe)
+        param, keys, solo = loader_probe  # solo: the mode that runs one training as it runs alone
+        alone = loader_probes(workload, points, fixed, param, keys)
         for partition in partitions:
-            packs += [Pack(f"{partition}-loader-n01-{i:03d}", partition, "process", 1, i, (t,), probe=True)
+            packs += [Pack(f"{partition}-loader-n01-{i:03d}", partition, solo, 1, i, (t,), probe=True)
                       for i, t in enumerate(alone)]
         notes.append(f"data-loader probe: {len(alone)} loader-only training(s) per partition measure the "
                      "input pipeline's own samples/s")

@@ -81,6 +81,9 @@ class Packer(ABC):
     # True: a slot that frees can take another training while the others run (packing.stream); a mode whose N
     # trainings share one host process cannot.
     streams: ClassVar[bool] = False
+    # True: a pack of one is one training in a process of its own, as it runs alone: what a data-loader probe
+    # (sweep.loader_probe) runs in (:func:`solo_mode`).
+    solo: ClassVar[bool] = False
     # The mode's own options: a dataclass whose fields are packing.<mode>.<field> (None: the mode has none).
     Options: ClassVar[type | None] = None
 
@@ -121,6 +124,14 @@ def options_of(settings: PackSettings | None, mode: str) -> Any:  # Any: the mod
 def available_modes() -> list[str]:
     names = (m.name for m in pkgutil.iter_modules(__path__))
     return sorted(n for n in names if not n.startswith("_"))
+
+
+def solo_mode() -> str:
+    """The mode whose pack of one is a training alone in its own process (``Packer.solo``)."""
+    solo = [mode for mode in available_modes() if load_packer(mode).solo]
+    if len(solo) != 1:
+        raise TypeError(f"exactly one packing mode may say solo = True, not {solo}")
+    return solo[0]
 
 
 def load_packer(mode: str, key: str = "packing.modes") -> Packer:

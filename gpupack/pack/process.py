@@ -137,6 +137,7 @@ class ProcessOptions:
 class ProcessPacker(Packer):
     name = "process"
     streams = True
+    solo = True
     split_label = "no split (process)"
     line_style = "-"
     Options = ProcessOptions

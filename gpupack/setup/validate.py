@@ -21,7 +21,7 @@ from gpupack.core.rgu import check_weights
 from gpupack.core.rundir import check_name
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError, nearest, require_counts
-from gpupack.pack import load_packer
+from gpupack.pack import load_packer, solo_mode
 from gpupack.setup.fit import ClusterFacts, auto_ladder, bundle_warnings, check_fit, idle_gpu_warnings
 from gpupack.setup.options import check_strategy_options, pack_settings
 from gpupack.setup.spread_check import SpreadSpec, check_spread_config
@@ -85,7 +85,7 @@ class SweepSpec:
 
     def plan(self) -> Plan:
         param = self.workload.loader_param
-        probe = (param, self.workload.loader_keys) if self.loader_probe and param else None
+        probe = (param, self.workload.loader_keys, solo_mode()) if self.loader_probe and param else None
         return make_plan(sweep=self.name, workload=self.workload_ref, grid=self.grid, fixed=self.fixed,
                          factors=self.factors, modes=self.modes, partitions=self.partitions,
                          repeats=self.repeats, seed_key=self.filler_seed, loader_probe=probe,
