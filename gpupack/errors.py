@@ -58,3 +58,21 @@ def require_counts(values: Sequence[Any], key: str, noun: str, example: str, eac
             raise ConfigError(f"{key}[{i}]", n, f"{noun} must be a whole number >= 1", f"e.g. {example}")
     if each is not None and len(set(values)) != len(values):
         raise ConfigError(key, list(values), f"{noun} is listed twice", f"list each {each} once")
+
+
+def require_choice(value: object, choices: Sequence[str], key: str, what: str) -> str:
+    """``value`` one of ``choices``, else a ConfigError on ``key`` ("unknown ``what``") with the nearest choices."""
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(key, value, f"unknown {what}", nearest(str(value), choices))
+    return value
+
+
+def require_positive(value: object, key: str, example: str, *, whole: bool = False, allow_none: bool = True) -> None:
+    """``value`` a number > 0 (``whole``: a whole number; a bool is neither), or None where ``allow_none``; else a
+    ConfigError on ``key`` with ``example`` (``key=VALUE``) as the hint."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)) \
+            or not value > 0:
+        what = f"must be a {'whole ' if whole else ''}number > 0{' or null' if allow_none else ''}"
+        raise ConfigError(key, value, what, f"e.g. {example}")

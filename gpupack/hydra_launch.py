@@ -10,34 +10,34 @@ per job for the whole multirun.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.errors import CompactHydraException
-from omegaconf import OmegaConf
+from hydra.types import HydraContext
+from omegaconf import DictConfig, OmegaConf
 
 from gpupack import sweep
 from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core import pickling
-from gpupack.core.memory import Measured, check_memory, estimate
+from gpupack.core.memory import Measured, estimate
 from gpupack.core.plan import Pack, plan_in_order
 from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
-from gpupack.core.types import PackSettings
-from gpupack.errors import ConfigError, nearest
+from gpupack.core.types import Options, PackSettings
+from gpupack.errors import ConfigError, require_positive
 from gpupack.pack import load_packer
 from gpupack.setup.config import PackingConfig
-from gpupack.setup.fit import check_fit
-from gpupack.setup.validate import DEVICES, STREAMS, check_modes
+from gpupack.setup.validate import check_job_options, check_packs
 from gpupack.submit import backend_class
 from gpupack.workloads import load_workload
+from gpupack.workloads.command import check_importable
 
 KEY = "hydra.launcher"
 WORKLOAD = "gpupack.runtime.hydra_job"
@@ -45,6 +45,19 @@ WORKLOAD = "gpupack.runtime.hydra_job"
 MODE_OPTIONS = ("mps", "start")
 
 log = logging.getLogger(__name__)
+
+
+class HydraLauncher(Protocol):
+    """What gpupack reads of a launcher (hydra_plugins.gpupack_launcher's, after Hydra's setup())."""
+
+    @property
+    def backend(self) -> str:
+        """The module under gpupack/submit/ that runs its packs."""
+
+    params: dict[str, Any]  # hydra.launcher.*, plain: user input of any type, checked by check_options
+    config: DictConfig
+    hydra_context: HydraContext
+    said_short_batch: bool
 
 
 class LauncherConfigError(ConfigError, CompactHydraException):
@@ -57,18 +70,12 @@ class JobFailed(CompactHydraException, RuntimeError):
     prints its text alone, not the launcher's and sweeper's frames that the failure crossed to get here."""
 
 
-def _positive(p: Mapping[str, Any], name: str, allow_none: bool = True, whole: bool = False) -> None:
-    value = p.get(name)
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)) \
-            or not value > 0:
-        raise ConfigError(f"{KEY}.{name}", value, f"must be a {'whole ' if whole else ''}number > 0"
-                          f"{' or null' if allow_none else ''}", f"e.g. {KEY}.{name}=1")
+# The launcher's names of what a pack's trainings are given, where packing.* names them otherwise.
+JOB_OPTION_NAMES = {"threads_per_training": "threads_per_job", "training_timeout_s": "job_timeout_s"}
 
 
 def check_options(p: Mapping[str, Any]) -> None:
-    """The launcher's own options, before anything runs."""
+    """The launcher's own options, before anything runs; those it shares with packing.* by the same checks."""
     if isinstance(p.get("pack"), bool) or not isinstance(p.get("pack"), int) or p["pack"] < 1:
         raise ConfigError(f"{KEY}.pack", p.get("pack"), "a pack holds at least one job",
                           f"{KEY}.pack=N puts N jobs on each GPU, e.g. {KEY}.pack=4")
@@ -76,31 +83,14 @@ def check_options(p: Mapping[str, Any]) -> None:
         if p.get(name, 1) != 1:
             raise ConfigError(f"{KEY}.{name}", p[name], "a pack is one task on one node",
                               f"leave it at 1; {KEY}.pack=N runs N jobs in that task")
-    for name, whole in (("timeout_min", True), ("threads_per_job", True), ("job_timeout_s", False),
-                        ("sample_interval_s", False), ("cpus_per_task", False), ("mem_gb", False),
+    check_job_options(p, KEY, {}, JOB_OPTION_NAMES)
+    for name, whole in (("timeout_min", True), ("cpus_per_task", False), ("mem_gb", False),
                         ("max_parallel_packs", True), ("array_parallelism", True), ("poll_s", False)):
         if name in p:
-            _positive(p, name, allow_none=name not in ("timeout_min", "sample_interval_s"), whole=whole)
-    if p.get("stream", "auto") not in STREAMS:
-        raise ConfigError(f"{KEY}.stream", p.get("stream"), "unknown streaming choice",
-                          nearest(str(p.get("stream")), STREAMS))
-    if "jobs" in p:
-        _positive(p, "jobs", whole=True)
-    if p.get("device") not in DEVICES:
-        raise ConfigError(f"{KEY}.device", p.get("device"), "unknown device", nearest(str(p.get("device")), DEVICES))
-    check_preload(p.get("preload") or [])
-
-
-def check_preload(modules: Sequence[Any]) -> None:
-    """hydra.launcher.preload: modules this interpreter can import (found, not imported: that is the server's)."""
-    for i, name in enumerate(modules):
-        try:
-            found = isinstance(name, str) and importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):  # a parent package that is missing, or an empty name
-            found = False
-        if not found:
-            raise ConfigError(f"{KEY}.preload[{i}]", name, "is no module this Python can import",
-                              f"install it in {sys.executable}'s environment, or drop it from {KEY}.preload")
+            require_positive(p.get(name), f"{KEY}.{name}", f"{KEY}.{name}=1", whole=whole,
+                             allow_none=name != "timeout_min")
+    for i, name in enumerate(p.get("preload") or []):  # found, not imported: that is the server's
+        check_importable(name, f"{KEY}.preload[{i}]", f"{KEY}.preload")
 
 
 def fresh_dir(parent: Path, name: str) -> Path:
@@ -119,7 +109,7 @@ def app_dir() -> str:
     return str(Path(first).resolve())
 
 
-def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> sweep.Prepared:
+def prepare(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> sweep.Prepared:
     """Check everything and plan the batch; nothing is written or submitted."""
     p = launcher.params
     check_options(p)
@@ -129,17 +119,15 @@ def prepare(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     facts = sweep.ask_backend(backend, [])
     # The largest pack this batch really makes: pack=8 with 2 jobs asks for 2 jobs' share, not 8.
     largest = min(p["pack"], len(job_overrides))
-    check_fit([largest], facts, key=lambda i: f"{KEY}.pack", noun="jobs")
-    # N jobs' memory must fit the device too (nothing measured for an app's jobs: the default figure per job).
-    check_memory([largest], facts.capacities, estimate(None, Measured()),
-                 PackingConfig.memory_fraction, key=lambda i: f"{KEY}.pack")
     settings = PackSettings(device=p["device"], threads_per_training=p.get("threads_per_job"),
                             training_timeout_s=p.get("job_timeout_s"), gpu_model=p.get("gpu_model"),
                             sample_interval_s=float(p["sample_interval_s"]), mode_options=launcher_mode_options(p))
-    workload = load_workload(WORKLOAD)
-    try:
-        check_modes(workload, [p["mode"]], [largest], facts, settings)
+    try:  # nothing measured for an app's jobs: the default memory figure per job
+        check_packs(load_workload(WORKLOAD), [p["mode"]], [largest], facts, settings, estimate(None, Measured()),
+                    PackingConfig.memory_fraction, lambda i: f"{KEY}.pack", noun="jobs")
     except ConfigError as err:  # a mode speaks of gpupack's own keys: say the launcher's
+        if err.key == f"{KEY}.pack":
+            raise
         raise ConfigError(f"{KEY}.mode", p["mode"], err.why, f"use {KEY}.mode=process") from None
     cfg = launcher.config
     jobs = [{"overrides": list(o), "job_num": initial_job_idx + i, "launch_dir": str(run.root), "app_dir": app_dir(),
@@ -181,7 +169,7 @@ def sweeper_goal(sweeper: Any) -> str | None:
     return {"minimize": "min", "maximize": "max"}.get(name)
 
 
-def launcher_mode_options(p: Mapping[str, Any]) -> dict[str, Any]:
+def launcher_mode_options(p: Mapping[str, Any]) -> dict[str, Options]:
     """The mode's own options (its ``Options``) built from the launcher's MODE_OPTIONS it has (process:
     packing.process.mps from hydra.launcher.mps); none when it has none of them. Loading the mode here is also where
     an unknown hydra.launcher.mode is refused."""
@@ -192,10 +180,8 @@ def launcher_mode_options(p: Mapping[str, Any]) -> dict[str, Any]:
     if not options or not given:
         return {}
     built = options(**given)
-    check = getattr(built, "check", None)
     try:
-        if check is not None:
-            check()
+        built.check()
     except ConfigError as err:  # packing.<mode>.<name> is hydra.launcher.<name> here
         raise ConfigError(err.key.replace(f"packing.{mode}.", f"{KEY}."), err.value, err.why,
                           err.hint.replace(f"packing.{mode}.", f"{KEY}.")) from None
@@ -209,7 +195,7 @@ def make_sweep_dir(cfg: Any) -> None:
         os.chmod(sweep_dir, int(str(cfg.hydra.sweep.mode), 8))
 
 
-def failed_return(launcher: Any, training_params: Mapping[str, Any], pack: Pack, run: RunDir,
+def failed_return(launcher: HydraLauncher, training_params: Mapping[str, Any], pack: Pack, run: RunDir,
                   training_id: str) -> JobReturn:
     """Hydra's JobReturn for a job whose process never handed one back (killed, OOM, timeout, never started)."""
     path = run.training_record(pack.pack_id, training_id)
@@ -242,7 +228,7 @@ def raised_failure(ret: JobReturn, training_params: Mapping[str, Any], pack: Pac
     return ret
 
 
-def job_returns(launcher: Any, prepared: sweep.Prepared) -> list[JobReturn]:
+def job_returns(launcher: HydraLauncher, prepared: sweep.Prepared) -> list[JobReturn]:
     out = []
     # In sweep order, as Hydra's sweepers expect: a streaming lane's share of the plan is every K-th job
     ordered = sorted(((pack, t) for pack in prepared.plan.packs for t in pack.trainings),
@@ -274,11 +260,10 @@ def short_batch(sweeper: Any, batch: int, pack: int) -> str | None:
     return None
 
 
-def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
+def launch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
     """One batch of the multirun. Stopped by Ctrl-C (SIGINT), kill (SIGTERM) or a closed terminal (SIGHUP): its pack
     jobs on this machine are cancelled with their jobs (SLURM's are left queued or running), it says so in one line
     (no traceback) and the multirun exits 128 + the signal's number, as gpupack's CLI does."""
-    assert launcher.config is not None and launcher.hydra_context is not None  # Hydra calls setup() first
     if not job_overrides:
         return []
     batch: list[sweep.Prepared] = []  # this batch's plan, once it has one (what a stop says became of it)
@@ -300,7 +285,7 @@ def stopped_what(prepared: sweep.Prepared) -> str:
             f"records are in {prepared.run.root}")
 
 
-def launch_batch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
+def launch_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
                  batch: list[sweep.Prepared]) -> list[JobReturn]:
     try:
         prepared = prepare(launcher, job_overrides, initial_job_idx)  # nothing is written before this returns
@@ -321,7 +306,7 @@ def launch_batch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_
     log.info(f"gpupack: each job's prints (stdout, stderr) are in its folder under {launcher.config.hydra.sweep.dir}, "
              f"as {launcher.config.hydra.job.name}.out and .err beside Hydra's {launcher.config.hydra.job.name}.log")
     short = short_batch(launcher.config.hydra.sweeper, len(job_overrides), pack)
-    if short and not getattr(launcher, "said_short_batch", False):  # once per multirun, not once per batch
+    if short and not launcher.said_short_batch:  # once per multirun, not once per batch
         log.warning(f"gpupack: {short}")
         launcher.said_short_batch = True
     for i, overrides in enumerate(job_overrides):

@@ -30,8 +30,8 @@ from gpupack.job.body import run_pack
 from gpupack.runtime.joins import ddp
 from gpupack.runtime.joins import join as join_placement
 from gpupack.runtime.joins.ddp import _merged
-from gpupack.spread import check_spread, load_strategy
-from gpupack.spread.ddp import STRATEGY, culprit
+from gpupack.spread import check_spread, load_strategy, strategy_options
+from gpupack.spread.ddp import STRATEGY, DdpOptions, culprit
 from gpupack.workload import Reporter, TrainingContext, Workload
 from gpupack.workloads import load_workload
 
@@ -46,14 +46,14 @@ NO_GPU = Capacity(has_gpu=False, node_cpus=2)
     ("gloo", ["ddp-gloo"]), (["gloo"], ["ddp-gloo"]), (["gloo", "nccl"], ["ddp-gloo", "ddp-nccl"]),
     ("nccl", ["ddp-nccl"])])
 def test_labels_one_per_backend(given, labels):
-    assert STRATEGY.labels(SimpleNamespace(ddp_backend=given)) == labels
+    assert STRATEGY.labels(DdpOptions(backend=given)) == labels
 
 
 def test_labels_take_an_omegaconf_list():
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.create({"ddp_backend": ["nccl", "gloo"]})
-    assert STRATEGY.labels(cfg) == ["ddp-nccl", "ddp-gloo"]
+    spread = OmegaConf.create({"devices": [2], "ddp_backend": ["nccl", "gloo"]})  # the spread section, as composed
+    assert STRATEGY.labels(strategy_options(STRATEGY, spread)) == ["ddp-nccl", "ddp-gloo"]
 
 
 @pytest.mark.parametrize("given, value, why", [
@@ -61,7 +61,7 @@ def test_labels_take_an_omegaconf_list():
     ([], [], "no DDP backend"), (["gloo", "gloo"], ["gloo", "gloo"], "listed twice")])
 def test_bad_backends_are_refused_naming_the_key(given, value, why):
     with pytest.raises(ConfigError) as err:
-        STRATEGY.labels(SimpleNamespace(ddp_backend=given))
+        STRATEGY.labels(DdpOptions(backend=given))
     assert err.value.key == "spread.ddp_backend" and err.value.value == value and why in err.value.why
     if given == "glo":
         assert "gloo" in err.value.hint  # the nearest name
@@ -88,7 +88,7 @@ def test_nccl_without_a_gpu_is_refused_and_gloo_is_not():
 
 
 def test_check_spread_accepts_the_torch_workloads_and_refuses_nccl_on_a_cpu_partition():
-    options = SimpleNamespace(ddp_backend=["gloo", "nccl"])
+    options = DdpOptions(backend=["gloo", "nccl"])
     strategy = load_strategy("ddp")
     assert strategy is STRATEGY
     for name in ("mnist_torch", "cifar10_torch"):

@@ -4,7 +4,7 @@ downward only."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping, Protocol, TypeVar
 
 
 @dataclass
@@ -40,6 +40,19 @@ class Capacity:
 
 
 
+class Options(Protocol):
+    """A mode's or a strategy's own options (its ``Options`` dataclass: packing.<mode>.*, spread.<strategy>_*), which
+    refuse a bad value themselves, whether or not the sweep uses them. A dataclass: its fields are the config keys."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    def check(self) -> None:
+        """Raise ConfigError naming the key, the value and the fix."""
+
+
+OptionsT = TypeVar("OptionsT", bound=Options)
+
+
 @dataclass(frozen=True)
 class PackSettings:
     """What the job needs besides the plan; pickled by submitit with the call."""
@@ -54,7 +67,7 @@ class PackSettings:
     gpu_model: str | None = None
     sample_interval_s: float = 1.0
     # Each mode's own options (mode → its Options dataclass instance: packing.process.*, packing.tf_logical.*).
-    mode_options: Mapping[str, Any] = field(default_factory=dict)
+    mode_options: Mapping[str, Options] = field(default_factory=dict)
     # A streaming lane claims no training it could not finish within this many seconds of its start (the job's time
     # limit less the requeue signal's delay; set by the backend); None: no limit.
     claim_until_s: float | None = None
@@ -64,6 +77,14 @@ class PackSettings:
     # One training's wall as the sweep estimates it (sweep.training_estimate_s), until a lane has measured its own.
     training_estimate_s: float | None = None
 
+    def options(self, mode: str, kind: type[OptionsT]) -> OptionsT:
+        """``mode``'s own options as these settings carry them, else its defaults (``kind()``)."""
+        given = self.mode_options.get(mode)
+        if given is None:
+            return kind()
+        if not isinstance(given, kind):
+            raise TypeError(f"the settings carry {type(given).__name__} for mode {mode}, not {kind.__name__}")
+        return given
 
 
 # gpupack's words for where a pack's job stands; each backend maps its queue's states onto these.

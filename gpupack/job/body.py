@@ -39,7 +39,7 @@ from gpupack.core.rgu import model_from_device_name
 from gpupack.core.rundir import RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.errors import RunDirError
-from gpupack.pack import PackContext, Packer, Stream, load_packer, options_of, threads_for
+from gpupack.pack import PackContext, Packer, Stream, load_packer, threads_for
 from gpupack.runtime.jobenv import JobEnvironment, job_cores
 from gpupack.runtime.monitor import DeviceInfo, detect_device, first_visible, visible_devices
 from gpupack.runtime.sampler import Sampler
@@ -311,7 +311,7 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
         records.append(rec)
 
     # the sampler lists MPS clients then
-    mps = isinstance(runner, Packer) and runner.watches_mps(options_of(settings, pack.mode))
+    mps = isinstance(runner, Packer) and runner.watches_mps(settings)
     # A training spread over k GPUs: the job's other k-1 sampled with the first (rank r trains on cuda:r)
     more = visible_devices(os.environ, pack.devices)[1:] if info.kind == "gpu" and pack.devices > 1 else []
     sampler = Sampler(interval_s=settings.sample_interval_s, mps=mps, no_gpu_reason=info.note,

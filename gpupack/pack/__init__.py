@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequenc
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Training
 from gpupack.core.rundir import RunDir
-from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
+from gpupack.core.types import Capacity, Options, PackSettings, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
 from gpupack.workload import Workload
 
@@ -85,7 +85,7 @@ class Packer(ABC):
     # (sweep.loader_probe) runs in (:func:`solo_mode`).
     solo: ClassVar[bool] = False
     # The mode's own options: a dataclass whose fields are packing.<mode>.<field> (None: the mode has none).
-    Options: ClassVar[type | None] = None
+    Options: ClassVar[type[Options] | None] = None
 
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: PackSettings) -> None:
         """Refuse, before submission, a workload, N or option this mode cannot host (raise ConfigError)."""
@@ -98,9 +98,9 @@ class Packer(ABC):
         """How this mode starts a pack's trainings, for the run's header: one line, fresh or forked and why."""
         return f"one process per pack hosts its N trainings ({self.name})"
 
-    def watches_mps(self, options: Any) -> bool:
-        """True when, with these options (its ``Options``), this mode runs a pack's trainings under CUDA MPS: the job's
-        sampler then lists the MPS clients."""
+    def watches_mps(self, settings: PackSettings) -> bool:
+        """True when, with these settings (its ``Options`` in them), this mode runs a pack's trainings under CUDA MPS:
+        the job's sampler then lists the MPS clients."""
         return False
 
     @abstractmethod
@@ -111,14 +111,6 @@ class Packer(ABC):
         training failing must never stop the others.
         """
 
-
-def options_of(settings: PackSettings | None, mode: str) -> Any:  # Any: the mode's own Options dataclass
-    """The options of ``mode`` in a pack's settings (its defaults when the settings carry none)."""
-    given = (settings.mode_options if settings is not None else {}).get(mode)
-    if given is not None:
-        return given
-    options = load_packer(mode).Options
-    return options() if options else None
 
 
 def available_modes() -> list[str]:

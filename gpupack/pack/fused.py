@@ -13,7 +13,7 @@ import time
 from typing import Any, Hashable, Mapping, Sequence
 
 from gpupack.core.plan import Training
-from gpupack.core.types import Capacity, TrainingOutcome
+from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.errors import ConfigError
 from gpupack.pack import PackContext, Packer
 from gpupack.pack._host import host_specs, refuse_rlimit_on_gpu, run_host
@@ -24,13 +24,13 @@ class FusedPacker(Packer):
     name = "fused"
     groups = True  # trainings of one pack must share a fuse key
 
-    def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
+    def check(self, workload: Workload, factor: int, capacity: Capacity, settings: PackSettings) -> None:
         if not workload.fusable:
             raise ConfigError("packing.modes", "fused", f"{workload.name} cannot be fused (no batched model: it "
                               f"is a {workload.framework} workload without train_fused)",
                               f"use packing.modes=[process] for {workload.name}")
-        if capacity.has_gpu and getattr(settings, "device", "auto") != "cpu":
-            refuse_rlimit_on_gpu(self.name, getattr(settings, "memory_limit_gb_per_training", None))
+        if capacity.has_gpu and settings.device != "cpu":
+            refuse_rlimit_on_gpu(self.name, settings.memory_limit_gb_per_training)
 
     def group_key(self, workload: Workload, params: Mapping[str, Any]) -> Hashable:
         return workload.fuse_key(workload.params(params))

@@ -19,7 +19,6 @@ from gpupack.pack import (
     PackContext,
     Packer,
     ended_outcome,
-    options_of,
     start_failure,
     worker_env,
     worker_spec,
@@ -142,17 +141,17 @@ class ProcessPacker(Packer):
     line_style = "-"
     Options = ProcessOptions
 
-    def watches_mps(self, options: Any) -> bool:
-        return bool(options.mps)
+    def watches_mps(self, settings: PackSettings) -> bool:
+        return process_options(settings).mps
 
-    def start_note(self, workload: Workload, params: Sequence[Mapping[str, Any]], settings: Any) -> str:
-        method, why = start_choice(options_of(settings, self.name).start, [workload], params)
+    def start_note(self, workload: Workload, params: Sequence[Mapping[str, Any]], settings: PackSettings) -> str:
+        method, why = start_choice(process_options(settings).start, [workload], params)
         if method == "fork":
             return "fork: each training is forked from one server per pack that imported the workload once"
         return f"fresh: a new interpreter per training ({why})"
 
-    def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
-        opts = options_of(settings, self.name)  # its values were checked with every mode's (ProcessOptions.check)
+    def check(self, workload: Workload, factor: int, capacity: Capacity, settings: PackSettings) -> None:
+        opts = process_options(settings)  # its values were checked with every mode's (ProcessOptions.check)
         if opts.start == "fork" and (why := workload.fork_refusal({})):
             raise ConfigError("packing.process.start", "fork", f"{workload.name} cannot be forked from a preloaded "
                               f"server ({why})", "use packing.process.start=auto (it forks where it can) or fresh")
@@ -174,7 +173,7 @@ class ProcessPacker(Packer):
 def process_options(settings: PackSettings | None) -> ProcessOptions:
     """packing.process.* as a pack's settings carry them; a pack run with no settings starts fresh interpreters.
     What a spread strategy that starts processes as process mode does (DDP's ranks) reads too."""
-    return options_of(settings, PACKER.name) if settings is not None else ProcessOptions(start="fresh")
+    return settings.options(PACKER.name, ProcessOptions) if settings is not None else ProcessOptions(start="fresh")
 
 
 def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: ProcessOptions) -> list[TrainingOutcome]:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from gpupack.core.plan import Training
-from gpupack.core.types import Capacity, TrainingOutcome
+from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.errors import ConfigError
-from gpupack.pack import PackContext, Packer, options_of
+from gpupack.pack import PackContext, Packer
 from gpupack.pack._host import host_specs, refuse_rlimit_on_gpu, run_host
 from gpupack.workload import Workload
 from gpupack.workloads import load_workload
@@ -73,15 +73,15 @@ class TfLogicalPacker(Packer):
     line_style = "--"
     Options = TfLogicalOptions
 
-    def check(self, workload: Workload, factor: int, capacity: Capacity, settings: Any) -> None:
+    def check(self, workload: Workload, factor: int, capacity: Capacity, settings: PackSettings) -> None:
         if workload.framework != "tensorflow":
             raise ConfigError("packing.modes", "tf_logical", f"{workload.name} is a {workload.framework} workload and "
                               "TF logical devices only host TensorFlow trainings",
                               f"use packing.modes=[process] for {workload.name}")
-        if capacity.has_gpu and getattr(settings, "device", "auto") != "cpu":
-            refuse_rlimit_on_gpu(self.name, getattr(settings, "memory_limit_gb_per_training", None))
+        if capacity.has_gpu and settings.device != "cpu":
+            refuse_rlimit_on_gpu(self.name, settings.memory_limit_gb_per_training)
         if capacity.has_gpu and capacity.gpu_memory_mb:
-            opts = options_of(settings, self.name)
+            opts = settings.options(self.name, TfLogicalOptions)
             split_memory_mb(capacity.gpu_memory_mb, factor, opts.gpu_memory_reserve_mb, opts.gpu_memory_budget_mb,
                             workload.min_gpu_memory_mb)
 
@@ -93,7 +93,7 @@ class TfLogicalPacker(Packer):
         if total_mb is not None:  # a partition check could not tell this job would have a GPU (local, device=auto)
             refuse_rlimit_on_gpu(self.name, ctx.memory_limit_bytes / 2**30 if ctx.memory_limit_bytes else None)
             workload = load_workload(trainings[0].workload)
-            opts = options_of(ctx.settings, self.name)
+            opts = (ctx.settings or PackSettings()).options(self.name, TfLogicalOptions)
             memory_mb = split_memory_mb(total_mb, n, opts.gpu_memory_reserve_mb,
                                         opts.gpu_memory_budget_mb, workload.min_gpu_memory_mb)
         devices = logical_devices("gpu" if on_gpu else "cpu", n)

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Iterator, Mapping, cast
 
+# pynvml ships no types: the module and its handles are the NVML seam's dynamic edge, named here once.
+Nvml = Any  # the pynvml module (or a test's fake of it)
+NvmlHandle = Any  # an NVML device handle: a GPU's or a MIG slice's
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -28,7 +32,7 @@ class DeviceInfo:
 @dataclass(frozen=True)
 class VisibleGpu:
     """The device CUDA_VISIBLE_DEVICES gives the job, as an NVML handle (a MIG device handle for a slice)."""
-    handle: Any
+    handle: NvmlHandle
     mig: bool
     note: str = ""
 
@@ -77,21 +81,21 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value  # older bindings return bytes
 
 
-def _uuid(nvml: Any, handle: Any) -> str:
+def _uuid(nvml: Nvml, handle: NvmlHandle) -> str:
     try:
         return _text(nvml.nvmlDeviceGetUUID(handle))
     except Exception:  # a device whose UUID NVML cannot read matches no UUID
         return ""
 
 
-def _mig_enabled(nvml: Any, handle: Any) -> bool:
+def _mig_enabled(nvml: Nvml, handle: NvmlHandle) -> bool:
     try:
         return bool(nvml.nvmlDeviceGetMigMode(handle)[0] == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1))
     except Exception:  # NotSupported before Ampere; bindings without MIG
         return False
 
 
-def _mig_devices(nvml: Any, parent: Any) -> Iterator[Any]:
+def _mig_devices(nvml: Nvml, parent: NvmlHandle) -> Iterator[NvmlHandle]:
     """The MIG device handles that exist under a GPU (none when it is not in MIG mode)."""
     try:
         count = nvml.nvmlDeviceGetMaxMigDeviceCount(parent)
@@ -104,7 +108,7 @@ def _mig_devices(nvml: Any, parent: Any) -> Iterator[Any]:
             continue
 
 
-def _devices(nvml: Any) -> Iterator[tuple[Any, Any]]:
+def _devices(nvml: Nvml) -> Iterator[tuple[NvmlHandle, NvmlHandle]]:
     """Every GPU NVML sees (parent None), each followed by its MIG devices (with their parent GPU)."""
     for i in range(nvml.nvmlDeviceGetCount()):
         gpu = nvml.nvmlDeviceGetHandleByIndex(i)
@@ -113,7 +117,7 @@ def _devices(nvml: Any) -> Iterator[tuple[Any, Any]]:
             yield mig, gpu
 
 
-def _as_cuda_sees(nvml: Any, gpu: Any, named: str) -> VisibleGpu:
+def _as_cuda_sees(nvml: Nvml, gpu: NvmlHandle, named: str) -> VisibleGpu:
     """A whole GPU, or, when it is in MIG mode, the slice of it CUDA runs on: CUDA never uses a MIG-mode GPU
     as a whole, so costing and sizing the whole GPU would be wrong."""
     if not _mig_enabled(nvml, gpu):
@@ -127,14 +131,14 @@ def _as_cuda_sees(nvml: Any, gpu: Any, named: str) -> VisibleGpu:
     return VisibleGpu(slices[0], mig=True, note=note)
 
 
-def _by_index(nvml: Any, index: int) -> VisibleGpu:
+def _by_index(nvml: Nvml, index: int) -> VisibleGpu:
     count = nvml.nvmlDeviceGetCount()
     if count <= index:
         raise LookupError(f"NVML sees no GPU {index} (it sees {count})")
     return _as_cuda_sees(nvml, nvml.nvmlDeviceGetHandleByIndex(index), f"GPU {index}")
 
 
-def _by_uuid(nvml: Any, uuid: str) -> VisibleGpu:
+def _by_uuid(nvml: Nvml, uuid: str) -> VisibleGpu:
     try:  # recent drivers look up MIG UUIDs too
         handle, mig = nvml.nvmlDeviceGetHandleByUUID(uuid), uuid.startswith("MIG-")
     except Exception:  # NotFound, an older driver, or an abbreviated UUID (CUDA takes a unique prefix)
@@ -148,14 +152,14 @@ def _by_uuid(nvml: Any, uuid: str) -> VisibleGpu:
     return VisibleGpu(handle, mig=True) if mig else _as_cuda_sees(nvml, handle, uuid)
 
 
-def _instance_ids(nvml: Any, mig: Any) -> tuple[int, int] | None:
+def _instance_ids(nvml: Nvml, mig: NvmlHandle) -> tuple[int, int] | None:
     try:
         return nvml.nvmlDeviceGetGpuInstanceId(mig), nvml.nvmlDeviceGetComputeInstanceId(mig)
     except Exception:  # a MIG device NVML cannot place matches no gi/ci
         return None
 
 
-def _by_legacy_mig(nvml: Any, entry: str) -> VisibleGpu:
+def _by_legacy_mig(nvml: Nvml, entry: str) -> VisibleGpu:
     """``MIG-GPU-<uuid>/<gi>/<ci>``: the slice with GPU instance ID gi and compute instance ID ci of that GPU."""
     try:  # the drivers that wrote this form look it up themselves
         return VisibleGpu(nvml.nvmlDeviceGetHandleByUUID(entry), mig=True)
@@ -171,7 +175,7 @@ def _by_legacy_mig(nvml: Any, entry: str) -> VisibleGpu:
     raise LookupError(f"NVML knows no MIG device {entry} (from CUDA_VISIBLE_DEVICES)")
 
 
-def resolve_visible(env: Mapping[str, str], nvml: Any) -> VisibleGpu | None:
+def resolve_visible(env: Mapping[str, str], nvml: Nvml) -> VisibleGpu | None:
     """The NVML handle of the device CUDA_VISIBLE_DEVICES names first, over an initialized ``nvml``.
 
     None when it hides every GPU; LookupError (its message says why) when it names a device NVML does not know,

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import psutil
 
 from gpupack.runtime import monitor
+from gpupack.runtime.monitor import Nvml, NvmlHandle
 
 MAX_KEPT_SAMPLES = 600  # the pack record keeps at most this many (evenly thinned); statistics use all
 
@@ -52,12 +53,12 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started_at = self._stopped_at = 0.0
-        self.nvml: Any = None
-        self.handle: Any = None
+        self.nvml: Nvml = None  # None: no NVML (CPU figures only)
+        self.handle: NvmlHandle = None
         self.source, self.note, self.memory_total_mb = "cpu", "", None
         self.mig = False
         self._util_supported = True  # NVML does not report utilization on a MIG slice (NotSupported)
-        self.more_handles: list[Any] = []
+        self.more_handles: list[NvmlHandle] = []
         self._open_nvml(gpu if gpu is not None else None if gpu_index is None else str(gpu_index), no_gpu_reason)
         self._open_more(more_gpus)
 
@@ -67,7 +68,7 @@ class Sampler:
         if gpu is None:
             self.note = f"{no_gpu_reason or 'no GPU in this job'}: sampling the CPU instead"
         else:
-            nvml: Any = None
+            nvml: Nvml = None
             try:
                 nvml = monitor._nvml()
                 nvml.nvmlInit()
@@ -106,7 +107,7 @@ class Sampler:
                 self.note = f"{self.note}; {note}" if self.note else note
                 self.log(f"gpupack sampler: {note}")
 
-    def _utilization(self, handle: Any = None) -> Any:
+    def _utilization(self, handle: NvmlHandle | None = None) -> Any:
         """NVML's utilization rates, or None once NVML said it does not report them on this device."""
         if not self._util_supported:
             return None

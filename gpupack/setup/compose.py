@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gpupack.errors import ConfigError, nearest
-from gpupack.setup.config import GpupackConfig, register_configs
+from gpupack.setup.config import register_configs, schema
 
 GRID_PREFIX = "sweep.grid."
 # Options each packing mode now owns (packing.<mode>.<option>), by their former key.
@@ -156,7 +156,7 @@ def _value_for(key: str, overrides: Sequence[str]) -> str:
 
 
 def _keys_under(parent: str) -> list[str]:
-    node = OmegaConf.structured(GpupackConfig)
+    node = OmegaConf.structured(schema())
     for part in [p for p in parent.split(".") if p]:
         try:
             node = node[part]
@@ -180,7 +180,7 @@ def _declared_type(key: str) -> str | None:
     """The type ``key`` is declared with in the schema (gpupack.setup.config), by name; None where it has none."""
     parent, _, last = re.sub(r"\[\d+\]$", "", key).rpartition(".")
     try:
-        root = OmegaConf.structured(GpupackConfig)
+        root = OmegaConf.structured(schema())
         node = (OmegaConf.select(root, parent) if parent else root)._get_node(last)
         kind = node._metadata.ref_type
     except Exception:  # a key of a group's own config, or none: no declared type to name

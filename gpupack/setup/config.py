@@ -5,13 +5,14 @@ semantic checks (N >= 1, a known mode, an existing data path) live in :mod:`gpup
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, make_dataclass
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, Dict, List, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from gpupack.pack import available_modes, load_packer
+from gpupack.spread import available_strategies, load_strategy
 from gpupack.submit import backend_configs  # each backend module owns its config dataclass
 
 
@@ -103,14 +104,12 @@ class SpreadConfig:
     # k processes or k logical CPU devices stand in). Empty: no spread, packing only.
     devices: List[int] = field(default_factory=list)
     # The module under gpupack/spread/ that spreads it: ddp (torch: DistributedDataParallel, one process per device)
-    # or mirrored (TensorFlow: tf.distribute.MirroredStrategy, one process over k devices).
+    # or mirrored (TensorFlow: tf.distribute.MirroredStrategy, one process over k devices). Each strategy's own
+    # options are spread.<strategy>_<option> (its module's Options dataclass, added by :func:`spread_schema`):
+    # spread.ddp_backend, the process group's backend, gloo or nccl (a list, e.g. [gloo,nccl], measures both).
     strategy: str = "ddp"
-    # ddp: the process group's backend, gloo or nccl (NCCL needs GPUs); a list, e.g. [gloo,nccl], measures both.
-    ddp_backend: Any = "gloo"
     # Trainings measured per (strategy, k); null: packing.repeats.
     repeats: Optional[int] = None
-
-
 
 
 @dataclass
@@ -160,9 +159,23 @@ def packing_schema() -> type:
     return make_dataclass("PackingConfig", sections, bases=(PackingConfig,))
 
 
+def spread_schema() -> type:
+    """SpreadConfig with each spread strategy's own options as spread.<strategy>_<option>, typed and defaulted by the
+    strategy's Options dataclass (ddp's backend: spread.ddp_backend): no strategy is named here."""
+    options = [(f"{name}_{f.name}", get_type_hints(strategy.Options)[f.name], field(default=f.default))
+               for name, strategy in ((s, load_strategy(s)) for s in available_strategies()) if strategy.Options
+               for f in fields(strategy.Options)]
+    return make_dataclass("SpreadConfig", options, bases=(SpreadConfig,))
+
+
+def schema() -> GpupackConfig:
+    """The whole schema: GpupackConfig with every mode's and strategy's own options in their sections."""
+    return GpupackConfig(packing=packing_schema()(), spread=spread_schema()())
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
-    cs.store(name="gpupack_schema", node=GpupackConfig(packing=packing_schema()()))
+    cs.store(name="gpupack_schema", node=schema())
     for backend, node in backend_configs().items():
         cs.store(group="cluster", name=f"{backend}_schema", node=node, package="cluster")
     cs.store(group="rgu", name="rgu_schema", node=RguConfig, package="rgu")

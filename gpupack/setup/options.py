@@ -5,28 +5,28 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from gpupack.core.types import PackSettings
+from gpupack.core.types import Options, PackSettings
 from gpupack.pack import available_modes, load_packer
 from gpupack.spread import available_strategies, load_strategy, strategy_options
 
 
-def mode_options(packing: Any) -> dict[str, Any]:
+def mode_options(packing: DictConfig) -> dict[str, Options]:
     """packing.<mode>.* as each mode's own Options instance (what the pack's job gets), each checked by itself
     (ConfigError naming packing.<mode>.<field>)."""
-    out = {}
+    out: dict[str, Options] = {}
     for mode in available_modes():
         options = load_packer(mode).Options
         if options is not None:
-            given = packing.get(mode) if hasattr(packing, "get") else None
+            given = packing.get(mode)
             out[mode] = options(**cast(dict[str, Any], OmegaConf.to_container(given))) if given is not None \
                 else options()
             out[mode].check()
     return out
 
 
-def pack_settings(packing: Any, estimate_s: float | None = None) -> PackSettings:
+def pack_settings(packing: DictConfig, estimate_s: float | None = None) -> PackSettings:
     return PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
                         training_estimate_s=estimate_s,
                         training_timeout_s=packing.training_timeout_s,
@@ -34,7 +34,7 @@ def pack_settings(packing: Any, estimate_s: float | None = None) -> PackSettings
                         sample_interval_s=packing.sample_interval_s, mode_options=mode_options(packing))
 
 
-def check_strategy_options(spread: Any) -> None:
+def check_strategy_options(spread: DictConfig) -> None:
     """spread.<strategy>_* checked by each strategy's own Options (ddp: spread.ddp_backend), whatever spread.devices
     and spread.strategy are."""
     for name in available_strategies():

@@ -10,9 +10,8 @@ from omegaconf import DictConfig
 from gpupack.core.memory import TrainingMemory
 from gpupack.core.plan import expand_grid
 from gpupack.errors import ConfigError
-from gpupack.setup.config import SpreadConfig
 from gpupack.setup.fit import ClusterFacts, check_fit
-from gpupack.spread import available_strategies, check_spread, load_strategy
+from gpupack.spread import available_strategies, check_spread, load_strategy, strategy_options
 from gpupack.workload import Workload
 
 
@@ -43,8 +42,9 @@ def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts
         raise ConfigError("spread.repeats", spread.repeats, "must be >= 1 or null", "measure each k at least once")
     strategy = load_strategy(spread.strategy)
     _refuse_other_strategies_options(spread, strategy.name)
-    labels = strategy.labels(spread)
-    check_spread(strategy, workload, devices, labels, facts.capacities, spread)
+    options = strategy_options(strategy, spread)
+    labels = strategy.labels(options)
+    check_spread(strategy, workload, devices, labels, facts.capacities, options)
     for point in expand_grid(grid):  # the workload's own limits, e.g. a global batch that splits over k devices
         for k in devices:
             try:
@@ -67,12 +67,17 @@ def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts
                       devices=tuple(devices), repeats=int(spread.repeats or cfg.packing.repeats))
 
 
-def _refuse_other_strategies_options(spread: Any, strategy: str) -> None:
+def _refuse_other_strategies_options(spread: Mapping[str, Any], strategy: str) -> None:
     """spread.<name>_* are the options of strategy <name> (spread.ddp_backend: ddp's): one set for another strategy
     would be silently ignored, so it is refused."""
-    for f in fields(SpreadConfig):
-        owner = f.name.split("_", 1)[0]
-        if owner in available_strategies() and owner != strategy and spread[f.name] != f.default:
-            raise ConfigError(f"spread.{f.name}", spread[f.name],
-                              f"is an option of spread.strategy={owner}, and this sweep spreads with {strategy}",
-                              f"drop spread.{f.name}, or use spread.strategy={owner}")
+    for owner in available_strategies():
+        options = load_strategy(owner).Options
+        if owner == strategy or options is None:
+            continue
+        defaults = options()
+        for f in fields(options):
+            key = f"{owner}_{f.name}"
+            if key in spread and spread[key] != getattr(defaults, f.name):
+                raise ConfigError(f"spread.{key}", spread[key],
+                                  f"is an option of spread.strategy={owner}, and this sweep spreads with {strategy}",
+                                  f"drop spread.{key}, or use spread.strategy={owner}")

@@ -20,7 +20,7 @@ from gpupack.core.plan import ORDERS, Plan, expand_grid, grid_values, make_plan
 from gpupack.core.rgu import check_weights
 from gpupack.core.rundir import check_name
 from gpupack.core.types import PackSettings
-from gpupack.errors import ConfigError, nearest, require_counts
+from gpupack.errors import ConfigError, require_choice, require_counts, require_positive
 from gpupack.pack import load_packer, solo_mode
 from gpupack.setup.fit import ClusterFacts, auto_ladder, bundle_warnings, check_fit, idle_gpu_warnings
 from gpupack.setup.options import check_strategy_options, pack_settings
@@ -179,37 +179,44 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
         load_packer(mode, key=f"packing.modes[{i}]")
     if packing.repeats < 1:
         raise ConfigError("packing.repeats", packing.repeats, "must be >= 1", "measure each N at least once")
-    if packing.order not in ORDERS:
-        raise ConfigError("packing.order", packing.order, "unknown pack order", nearest(packing.order, ORDERS))
-    if packing.threads_per_training is not None and packing.threads_per_training < 1:
-        raise ConfigError("packing.threads_per_training", packing.threads_per_training, "must be >= 1 or null",
-                          "leave it null to share the job's cores out")
-    if not packing.sample_interval_s > 0:
-        raise ConfigError("packing.sample_interval_s", packing.sample_interval_s, "must be > 0",
-                          "sample every second or so, e.g. packing.sample_interval_s=1")
-    for key in ("training_timeout_s", "memory_limit_gb_per_training"):
-        value = packing[key]
-        if value is not None and not value > 0:
-            raise ConfigError(f"packing.{key}", value, "must be > 0 or null", "leave it null for no limit")
-    if packing.stream not in STREAMS:
-        raise ConfigError("packing.stream", packing.stream, "unknown streaming choice",
-                          nearest(packing.stream, STREAMS))
-    jobs = packing.jobs
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-        raise ConfigError("packing.jobs", jobs, "must be a whole number >= 1 or null",
-                          "e.g. packing.jobs=2, or null for as many as run at once")
+    require_choice(packing.order, ORDERS, "packing.order", "pack order")
+    check_job_options(packing, "packing", {"threads_per_training": "threads_per_training=2, or null to share the "
+                                                                   "job's cores out",
+                                           "training_timeout_s": "training_timeout_s=3600, or null for no limit"})
+    require_positive(packing.memory_limit_gb_per_training, "packing.memory_limit_gb_per_training",
+                     "packing.memory_limit_gb_per_training=4, or null for no limit")
     if packing.stream == "on":
         for i, mode in enumerate(modes):
             if not load_packer(mode).streams:
                 raise ConfigError(f"packing.modes[{i}]", mode, "cannot stream: its N trainings share one process, "
                                   "so a slot cannot take a new training while the others run",
                                   "use packing.modes=[process] with packing.stream=on, or packing.stream=off")
-    if packing.device not in DEVICES:
-        raise ConfigError("packing.device", packing.device, "unknown device", nearest(packing.device, DEVICES))
     if not 0 < packing.memory_fraction <= 1:
         raise ConfigError("packing.memory_fraction", packing.memory_fraction, "must be in (0, 1]",
                           "e.g. packing.memory_fraction=0.8 (the source's 80 % target)")
     return factors, modes
+
+
+def check_job_options(options: Any, prefix: str, examples: Mapping[str, str],
+                      names: Mapping[str, str] | None = None) -> None:
+    """What a pack's trainings are given, as packing.* names them or a Hydra launcher does (``names``: the launcher's
+    name of each, e.g. threads_per_job): device, stream, threads, samples, time limit, streaming jobs. One check for
+    both front-ends; ``examples``: the hint of a key that has its own."""
+    names = names or {}
+
+    def key(name: str) -> str:
+        return f"{prefix}.{names.get(name, name)}"
+
+    require_choice(options.get("device", "auto"), DEVICES, key("device"), "device")
+    require_choice(options.get("stream", "auto"), STREAMS, key("stream"), "streaming choice")
+    for name, whole, allow_none, example in (("threads_per_training", True, True, "2"),
+                                             ("sample_interval_s", False, False, "1"),
+                                             ("training_timeout_s", False, True, "3600"),
+                                             ("jobs", True, True, "2, or null for as many as run at once")):
+        if names.get(name, name) in options:
+            require_positive(options.get(names.get(name, name)), key(name),
+                             f"{prefix}.{examples.get(name, f'{names.get(name, name)}={example}')}",
+                             whole=whole, allow_none=allow_none)
 
 
 def _check_auto_options(packing: DictConfig) -> tuple[int, ...]:
@@ -225,11 +232,8 @@ def _check_auto_options(packing: DictConfig) -> tuple[int, ...]:
     if packing.auto.repeats is not None and packing.auto.repeats < 2:
         raise ConfigError("packing.auto.repeats", packing.auto.repeats, "must be >= 2 or null",
                           "a probe needs two packs per N to tell a gain from noise")
-    if packing.auto.objective not in OBJECTIVES:
-        raise ConfigError("packing.auto.objective", packing.auto.objective, "unknown objective",
-                          nearest(packing.auto.objective, OBJECTIVES))
-    if packing.then not in THEN:
-        raise ConfigError("packing.then", packing.then, "unknown choice", nearest(packing.then, THEN))
+    require_choice(packing.auto.objective, OBJECTIVES, "packing.auto.objective", "objective")
+    require_choice(packing.then, THEN, "packing.then", "choice")
     return tuple(ladder)
 
 
@@ -253,6 +257,16 @@ def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int]
         for name in facts.partitions:
             for n in factors:
                 packer.check(workload, n, facts.capacities[name], settings)
+
+
+def check_packs(workload: Workload, modes: Sequence[str], factors: Sequence[int], facts: ClusterFacts,
+                settings: PackSettings, memory: TrainingMemory, fraction: float, key: Callable[[int], str],
+                noun: str = "trainings", request_host_mb: float | None = None) -> None:
+    """Packs of each N against what the backend answered, for a sweep and a Hydra launcher's batch alike: a job's
+    CPUs and host memory, then each mode's own limits (the more specific answer), then the device's memory."""
+    check_fit(factors, facts, key=key, noun=noun, request_host_mb=request_host_mb)
+    check_modes(workload, modes, factors, facts, settings)
+    check_memory(factors, facts.capacities, memory, fraction, key=key)
 
 
 def validate(cfg: DictConfig, facts: ClusterFacts,
@@ -293,9 +307,8 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
                         repeats=int(cfg.packing.auto.repeats or max(3, cfg.packing.repeats)), then=cfg.packing.then,
                         memory_note=memory_note, objective=str(cfg.packing.auto.objective))
     else:
-        check_fit(factors, facts, key=lambda i: f"packing.factors[{i}]", request_host_mb=measured.host_mb)
-        check_modes(workload, modes, factors, facts, settings)  # a mode's own limit is the more specific answer
-        check_memory(factors, facts.capacities, memory, fraction, key=lambda i: f"packing.factors[{i}]")
+        check_packs(workload, modes, factors, facts, settings, memory, fraction, lambda i: f"packing.factors[{i}]",
+                    request_host_mb=measured.host_mb)
     spread = check_spread_config(cfg, workload, facts, memory, fraction, measured.host_mb, grid, fixed,
                                  auto=is_auto(cfg))
     for mode, key in group_keys(workload, modes).items():  # every training must fit a group (fused: no AMP...)

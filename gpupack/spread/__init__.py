@@ -30,7 +30,7 @@ from gpupack.errors import ConfigError, nearest, require_counts
 
 if TYPE_CHECKING:  # the pack's side only: a training's process imports this module without them
     from gpupack.core.plan import Training
-    from gpupack.core.types import Capacity, TrainingOutcome
+    from gpupack.core.types import Capacity, Options, TrainingOutcome
     from gpupack.pack import PackContext
     from gpupack.workload import Workload
 
@@ -42,9 +42,9 @@ class Strategy(ABC):
     framework: ClassVar[str]  # the workloads it can spread: "torch" or "tensorflow"
     # The strategy's own options: a dataclass whose field F is spread.<name>_F (spread.ddp_backend: ddp's backend),
     # with a ``check()`` that refuses a bad value (ConfigError); None: the strategy has none.
-    Options: ClassVar[type | None] = None
+    Options: ClassVar[type[Options] | None] = None
 
-    def labels(self, options: Any) -> list[str]:
+    def labels(self, options: object) -> list[str]:
         """The layouts this strategy measures, as pack modes (ddp: one per spread.ddp_backend)."""
         return [self.name]
 
@@ -52,7 +52,7 @@ class Strategy(ABC):
         """Where a pack of ``label`` over ``devices`` devices runs, as its job found the device ("cpu"/"cuda")."""
         return Placement(strategy=self.name, label=label, devices=devices, device=device)
 
-    def check(self, workload: "Workload", devices: int, label: str, capacity: "Capacity", options: Any) -> None:
+    def check(self, workload: "Workload", devices: int, label: str, capacity: "Capacity", options: object) -> None:
         """Refuse, before anything starts, what this strategy cannot spread (raise ConfigError). The framework and
         device count are checked for every strategy by :func:`check_spread`."""
 
@@ -77,7 +77,7 @@ def load_strategy(name: str, key: str = KEY) -> Strategy:
     return strategy
 
 
-def strategy_options(strategy: Strategy, spread: Any) -> Any:
+def strategy_options(strategy: Strategy, spread: Mapping[str, Any]) -> Options | None:
     """``strategy``'s Options from the spread config's spread.<name>_* keys (a field not given keeps its default);
     None when the strategy has no options."""
     if strategy.Options is None:
@@ -96,7 +96,7 @@ def devices_on(capacity: "Capacity") -> tuple[int | None, str]:
 
 
 def check_spread(strategy: Strategy, workload: "Workload", devices: Sequence[int], labels: Sequence[str],
-                 capacities: Mapping[str, "Capacity"], options: Any) -> None:
+                 capacities: Mapping[str, "Capacity"], options: object) -> None:
     """spread.* against the workload and what each partition's node has; one ConfigError line each. Pure."""
     if workload.framework != strategy.framework:
         others = [s for s in available_strategies() if load_strategy(s).framework == workload.framework]

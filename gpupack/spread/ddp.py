@@ -122,14 +122,14 @@ class DdpStrategy(Strategy):
     framework = "torch"
     Options = DdpOptions
 
-    def labels(self, options: Any) -> list[str]:
-        return [PREFIX + b for b in backends_of(getattr(options, "ddp_backend", "gloo"))]
+    def labels(self, options: object) -> list[str]:
+        return [PREFIX + b for b in backends_of(options.backend if isinstance(options, DdpOptions) else "gloo")]
 
     def placement(self, label: str, devices: int, device: str) -> Placement:
         return Placement(strategy=self.name, label=label, devices=devices, device=device, world=devices,
                          backend=backend_of(label))
 
-    def check(self, workload: "Workload", devices: int, label: str, capacity: "Capacity", options: Any) -> None:
+    def check(self, workload: "Workload", devices: int, label: str, capacity: "Capacity", options: object) -> None:
         if backend_of(label) == "nccl" and capacity.has_gpu is not True:
             raise ConfigError(KEY, "nccl", "NCCL all-reduces between GPUs and this partition/machine has none",
                               "use spread.ddp_backend=gloo (it all-reduces between CPU processes too), or a GPU "

@@ -18,7 +18,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Generic, Mapping, Sequence, TypeVar
 
 import submitit
 
@@ -69,16 +69,20 @@ class PackJob(submitit.helpers.Checkpointable):
         return record
 
 
-class Submitter(ABC):
-    """One backend: where packs run. ``cluster`` is an instance of its ``Config`` (or a DictConfig of it)."""
+ConfigT = TypeVar("ConfigT", bound=ClusterConfig)
 
-    Config: ClassVar[type]
+
+class Submitter(ABC, Generic[ConfigT]):
+    """One backend: where packs run. ``cluster`` is an instance of its ``Config`` (or a DictConfig of it, which reads
+    the same: Hydra composes the config against that dataclass)."""
+
+    Config: ClassVar[type[ClusterConfig]]
     detachable: ClassVar[bool] = False  # can submit and return (wait=false): jobs outlive this process
     requeues: ClassVar[bool] = False  # a job signalled near its time limit is requeued (submitit's checkpoint)
 
-    def __init__(self, cluster: Any, run: RunDir, key_prefix: str = "cluster",
+    def __init__(self, cluster: ConfigT, run: RunDir, key_prefix: str = "cluster",
                  key_names: Mapping[str, str] | None = None) -> None:
-        self.cluster = cluster
+        self.cluster: ConfigT = cluster
         self.run = run
         # Where the user set these options, for error messages: gpupack's cluster.*, or a front-end's own names
         # (the Hydra launcher: hydra.launcher.cpus_per_task for cpus_per_training, ...).
@@ -106,7 +110,7 @@ class Submitter(ABC):
                           "use hydra/launcher=gpupack_local or hydra/launcher=gpupack_slurm")
 
     @classmethod
-    def launcher_names(cls, cluster: Any) -> dict[str, str]:
+    def launcher_names(cls, cluster: ClusterConfig) -> dict[str, str]:
         """The launcher's name of each of this backend's options that it names otherwise (for :meth:`key`)."""
         return {}
 
@@ -218,7 +222,8 @@ def backend_configs() -> dict[str, type]:
     return {name: backend_class(name).Config for name in available_backends()}
 
 
-def load_submitter(backend: str, cluster: Any, run: RunDir, key: str = "cluster.backend", **keys: Any) -> Submitter:
+def load_submitter(backend: str, cluster: ClusterConfig, run: RunDir, key: str = "cluster.backend",
+                   **keys: Any) -> Submitter[ClusterConfig]:
     return backend_class(backend, key)(cluster, run, **keys)
 
 

@@ -147,7 +147,7 @@ def cancel_jobs(controller_pids: Iterable[int]) -> int:
     return stopped
 
 
-class LocalSubmitter(Submitter):
+class LocalSubmitter(Submitter[LocalConfig]):
     Config = LocalConfig
 
     @classmethod

@@ -37,7 +37,7 @@ def resources(factor: int, cpus_per_training: float, mem_gb_per_training: float)
     return max(1, math.ceil(factor * cpus_per_training)), max(1, math.ceil(factor * mem_gb_per_training * 1024))
 
 
-def sbatch_parameters(cluster: Any, name: str, partition: Any, factor: int, account: str | None,
+def sbatch_parameters(cluster: SlurmConfig, name: str, partition: PartitionConfig, factor: int, account: str | None,
                       mem_gb_each: float | None = None, devices: int = 1) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for one pack of N trainings on one GPU of ``partition``, or (``devices`` = k
     > 1) of one training spread over k GPUs of one node: k processes or replicas, each sized as one training (memory
@@ -167,7 +167,7 @@ def slurm_job_environment(job_id: str | None, env: Mapping[str, str]) -> JobEnvi
                                      "slurm_partition": env.get("SLURM_JOB_PARTITION")})
 
 
-class SlurmSubmitter(Submitter):
+class SlurmSubmitter(Submitter[SlurmConfig]):
     Config = SlurmConfig
     detachable = True
     requeues = True

@@ -6,6 +6,7 @@ from typing import Any
 
 from gpupack.errors import ConfigError
 from gpupack.workload import Workload
+from gpupack.workloads._framework import DataModule, Framework, Loader, Model, Tensor
 from gpupack.workloads._params import LOADER_PARAM, TF_KNOBS, TF_LOADER_KEYS
 
 
@@ -22,7 +23,7 @@ class KerasWorkload(Workload):
 
 
 
-def run(params: Any, ctx: Any, data: Any, build_model: Any) -> dict[str, Any]:
+def run(params: Any, ctx: Any, data: DataModule, build_model: Any) -> dict[str, Any]:
     """A whole Keras training on an image data set (x/y train/test uint8 arrays): the seeded subset, a
     tf.data pipeline, then either the pipeline alone or ``build_model(keras, dtype_policy)`` fitted and
     evaluated — all under ``tf.device(<this training's device>)``, or, spread over k devices (ctx.spread), under
@@ -31,7 +32,7 @@ def run(params: Any, ctx: Any, data: Any, build_model: Any) -> dict[str, Any]:
     import numpy as np
     import tensorflow as tf
 
-    def scaled(x: Any) -> Any:
+    def scaled(x: Tensor) -> Any:
         x = x.astype("float32") / 255.0
         return x[..., None] if x.ndim == 3 else x  # grey images get their channel axis
 
@@ -52,7 +53,7 @@ def run(params: Any, ctx: Any, data: Any, build_model: Any) -> dict[str, Any]:
     return {**metrics, "data": data.source, "device": device}
 
 
-def _run_spread(params: Any, ctx: Any, data: Any, build_model: Any, train: tuple[Any, Any],
+def _run_spread(params: Any, ctx: Any, data: DataModule, build_model: Any, train: tuple[Any, Any],
                 val: tuple[Any, Any]) -> dict[str, Any]:
     """The same training spread over k devices (ctx.spread: a tf.distribute strategy). No ``tf.device``: the
     strategy places the variables and the replicas. The dataset keeps the global batch (``batch_size``), which Keras
@@ -99,7 +100,7 @@ def dtype_policy(amp: bool, device: str) -> str | None:
     return "mixed_float16" if "GPU" in tf_device(device) else "mixed_bfloat16"
 
 
-def reporter_callback(keras: Any, reporter: Any, batch_size: int) -> Any:
+def reporter_callback(keras: Framework, reporter: Any, batch_size: int) -> Any:
     class Report(keras.callbacks.Callback):
         def on_train_begin(self, logs: Any = None) -> None:
             reporter.loop_started()
@@ -113,7 +114,7 @@ def reporter_callback(keras: Any, reporter: Any, batch_size: int) -> Any:
     return Report()
 
 
-def loader_only(dataset: Any, epochs: int, reporter: Any) -> None:
+def loader_only(dataset: Loader, epochs: int, reporter: Any) -> None:
     reporter.loop_started()
     for _ in range(epochs):
         for xb, _yb in dataset:
@@ -121,21 +122,21 @@ def loader_only(dataset: Any, epochs: int, reporter: Any) -> None:
     reporter.loop_ended()
 
 
-def accuracy(model: Any, x: Any, y: Any, batch_size: int = 1000) -> float:
+def accuracy(model: Model, x: Tensor, y: Tensor, batch_size: int = 1000) -> float:
     import numpy as np
 
     logits = model.predict(x, batch_size=batch_size, verbose=0)
     return float((np.argmax(logits, axis=1) == y).mean())
 
 
-def placement(model: Any) -> str:
+def placement(model: Model) -> str:
     """Where the model's first weight really lives (Keras 3 variables expose it as .value.device)."""
     weight = model.trainable_weights[0]
     return str(getattr(getattr(weight, "value", weight), "device", ""))
 
 
-def fit_and_evaluate(keras: Any, model: Any, dataset: Any, params: Any, reporter: Any, x_val: Any,
-                     y_val: Any) -> dict[str, Any]:
+def fit_and_evaluate(keras: Framework, model: Model, dataset: Loader, params: Any, reporter: Any, x_val: Tensor,
+                     y_val: Tensor) -> dict[str, Any]:
     """Compile (SGD with momentum), fit with every step reported, and measure validation accuracy."""
     model.compile(optimizer=keras.optimizers.SGD(params.lr, momentum=params.momentum),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))

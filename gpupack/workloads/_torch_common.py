@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Mapping
 from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, Workload
 from gpupack.workloads import _torch_fused
+from gpupack.workloads._framework import DataModule, Device, Framework, Generator, Loader, Model, Optimizer, Tensor
 from gpupack.workloads._images import images
 from gpupack.workloads._params import LOADER_PARAM, TORCH_KNOBS, TORCH_LOADER_KEYS
 
@@ -26,7 +27,7 @@ class TorchImageWorkload(Workload):
     fusable = True  # N models of one shape train as one batched model
     spreads = ("ddp",)  # one training over k devices: DistributedDataParallel, one process per device
     loader_param, loader_keys, knob_keys = LOADER_PARAM, TORCH_LOADER_KEYS, TORCH_KNOBS
-    data: ClassVar[Any]  # a module with load(data_dir) → x_train, y_train, x_test, y_test, source
+    data: ClassVar[DataModule]  # a module with load(data_dir) → x_train, y_train, x_test, y_test, source
     shape_keys: ClassVar[tuple[str, ...]]  # the hyperparameters that fix the model's shape (fused groups)
     weight_decay: ClassVar[float] = 0.0
     eval_batch: ClassVar[int] = 2000
@@ -36,7 +37,7 @@ class TorchImageWorkload(Workload):
         return float(params["epochs"]) * float(params["train_samples"])
 
     @abstractmethod
-    def build(self, params: Any, nn: Any) -> Any:
+    def build(self, params: Any, nn: Framework) -> Any:
         """The model for these hyperparameters, from ``torch.nn``."""
 
     def preload(self, params: Any) -> None:
@@ -83,7 +84,7 @@ def preload(load: Any, params: Any) -> None:
 
 
 
-def run(params: Any, ctx: TrainingContext, data: Any, build_model: Any, weight_decay: float = 0.0,
+def run(params: Any, ctx: TrainingContext, data: DataModule, build_model: Any, weight_decay: float = 0.0,
         eval_batch: int = 2000, channels_last: bool = False) -> dict[str, Any]:
     """A whole torch training on an image data set (x/y train/test arrays): the seeded subset, the loader,
     then either the loader alone or SGD on ``build_model(torch.nn)`` and its validation accuracy."""
@@ -119,14 +120,14 @@ def run(params: Any, ctx: TrainingContext, data: Any, build_model: Any, weight_d
             "peak_gpu_mem_mb": peak_gpu_mem_mb(device, torch), "data": data.source}
 
 
-def make_loader(torch: Any, x: Any, y: Any, params: Any, device: Any, gen: Any) -> Any:
+def make_loader(torch: Framework, x: Tensor, y: Tensor, params: Any, device: Device, gen: Generator) -> Any:
     from torch.utils.data import DataLoader, TensorDataset
 
     return DataLoader(TensorDataset(x, y), batch_size=params.batch_size, shuffle=True, generator=gen,
                       num_workers=params.num_workers, pin_memory=params.pin_memory and device.type == "cuda")
 
 
-def amp(enabled: bool, device: Any, torch: Any) -> tuple[Any, Any]:
+def amp(enabled: bool, device: Device, torch: Framework) -> tuple[Any, Any]:
     """The autocast context and, on CUDA, the GradScaler that float16 needs (bfloat16 on CPU needs none)."""
     if not enabled:
         return contextlib.nullcontext, None
@@ -135,7 +136,7 @@ def amp(enabled: bool, device: Any, torch: Any) -> tuple[Any, Any]:
     return (lambda: torch.autocast("cpu", dtype=torch.bfloat16)), None
 
 
-def loader_only(params: Any, loader: Any, device: Any, ctx: TrainingContext, torch: Any,
+def loader_only(params: Any, loader: Loader, device: Device, ctx: TrainingContext, torch: Framework,
                 source: str) -> dict[str, Any]:
     """The same batches, onto the device, and nothing else: what the input pipeline alone can deliver."""
     rep = ctx.reporter
@@ -150,8 +151,8 @@ def loader_only(params: Any, loader: Any, device: Any, ctx: TrainingContext, tor
     return {"loader_only": True, "data": source}
 
 
-def train(model: Any, opt: Any, loader: Any, params: Any, device: Any, ctx: TrainingContext,
-          torch: Any, memory_format: Any = None) -> float:
+def train(model: Model, opt: Optimizer, loader: Loader, params: Any, device: Device, ctx: TrainingContext,
+          torch: Framework, memory_format: Framework = None) -> float:
     """The training loop, each step reported; returns the mean training loss (spread: this rank's share of it).
 
     A caller that puts a list under ``ctx.reporter.info["losses"]`` gets each step's loss appended to it (spread: this
@@ -202,7 +203,7 @@ def train(model: Any, opt: Any, loader: Any, params: Any, device: Any, ctx: Trai
     return running / max(count, 1)
 
 
-def accuracy(model: Any, x: Any, y: Any, device: Any, torch: Any, batch: int = 2000) -> float:
+def accuracy(model: Model, x: Tensor, y: Tensor, device: Device, torch: Framework, batch: int = 2000) -> float:
     model.eval()
     correct = 0
     with torch.no_grad():
@@ -211,5 +212,5 @@ def accuracy(model: Any, x: Any, y: Any, device: Any, torch: Any, batch: int = 2
     return correct / max(len(y), 1)
 
 
-def peak_gpu_mem_mb(device: Any, torch: Any) -> float | None:
+def peak_gpu_mem_mb(device: Device, torch: Framework) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None

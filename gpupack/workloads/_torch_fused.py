@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext
+from gpupack.workloads._framework import DataModule, Framework, Generator, Model, Tensor
 from gpupack.workloads._images import images
 
 
@@ -29,13 +30,13 @@ class Diverged(RuntimeError):
     """A fused model's loss became NaN or infinite: that training failed, the others of its group go on."""
 
 
-def subset(torch: Any, data: Any, params: Any, gen: Any) -> tuple[Any, Any]:
+def subset(torch: Framework, data: DataModule, params: Any, gen: Generator) -> tuple[Any, Any]:
     """The training's seeded subset, consuming ``gen`` exactly as _torch_common.run does."""
     order = torch.randperm(len(data.y_train), generator=gen)[: params.train_samples].numpy()
     return images(torch, data.x_train[order]), torch.from_numpy(data.y_train[order]).long()
 
 
-def index_loader(torch: Any, n: int, batch_size: int, gen: Any) -> Any:
+def index_loader(torch: Framework, n: int, batch_size: int, gen: Generator) -> Any:
     """Batches of indices in the order a DataLoader(shuffle=True, generator=gen) gives its batches."""
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -56,7 +57,7 @@ def lockstep(loaders: Sequence[Any]) -> Iterator[list[Any]]:
         yield [b[0] for b in present]
 
 
-def train_fused(params_list: Sequence[Any], ctxs: Sequence[TrainingContext], data: Any,
+def train_fused(params_list: Sequence[Any], ctxs: Sequence[TrainingContext], data: DataModule,
                 build_model: Callable[[Any, Any], Any], weight_decay: float = 0.0, eval_batch: int = 2000,
                 keep: list[dict[str, Any]] | None = None) -> list[dict[str, Any] | BaseException]:
     """Train the group; return each training's metrics, or the exception that stopped it (Diverged). ``keep``: a
@@ -86,7 +87,7 @@ def train_fused(params_list: Sequence[Any], ctxs: Sequence[TrainingContext], dat
     momentum = per_model([p.momentum for p in params_list])
     decay = per_model([weight_decay] * n)
 
-    def loss_of(w: Any, b: Any, xb: Any, yb: Any) -> Any:
+    def loss_of(w: Tensor, b: Tensor, xb: Tensor, yb: Tensor) -> Any:
         return F.cross_entropy(functional_call(base, (w, b), (xb,)), yb)
 
     batched_loss = vmap(loss_of)
@@ -135,7 +136,7 @@ def train_fused(params_list: Sequence[Any], ctxs: Sequence[TrainingContext], dat
             for m in range(n)]
 
 
-def sgd_step(weights: dict[str, Any], bufs: dict[str, Any], lr: Any, momentum: Any, decay: Any) -> None:
+def sgd_step(weights: dict[str, Any], bufs: dict[str, Any], lr: Tensor, momentum: Tensor, decay: Tensor) -> None:
     """torch.optim.SGD's update (dampening 0, no Nesterov), one learning rate, momentum and weight decay per model."""
     for name, w in weights.items():
         shape = (-1,) + (1,) * (w.dim() - 1)
@@ -148,8 +149,8 @@ def sgd_step(weights: dict[str, Any], bufs: dict[str, Any], lr: Any, momentum: A
         w.sub_(lr.view(shape) * buf)
 
 
-def fused_accuracy(torch: Any, vmap: Any, functional_call: Any, base: Any, weights: Any, buffers: Any, x: Any,
-                   y: Any, batch: int) -> list[float]:
+def fused_accuracy(torch: Framework, vmap: Framework, functional_call: Framework, base: Model, weights: Tensor,
+                   buffers: Tensor, x: Tensor, y: Tensor, batch: int) -> list[float]:
     base.eval()  # as alone's accuracy(): BatchNorm uses each model's running statistics
     correct = torch.zeros(len(next(iter(weights.values()))), dtype=torch.long)
     with torch.no_grad():

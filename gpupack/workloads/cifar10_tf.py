@@ -6,6 +6,7 @@ from typing import Any
 
 from gpupack.workload import TrainingContext, require_positive
 from gpupack.workloads import _cifar10_data, _tf_common
+from gpupack.workloads._framework import Framework
 from gpupack.workloads._params import TrainingParams
 
 
@@ -30,7 +31,7 @@ class Cifar10Tf(_tf_common.KerasWorkload):
                               lambda keras, dtype: _build(keras, params, dtype))
 
 
-def _build(keras: Any, params: Cifar10TfParams, dtype: str | None) -> Any:
+def _build(keras: Framework, params: Cifar10TfParams, dtype: str | None) -> Any:
     init = keras.initializers.HeNormal(seed=params.seed)
     w, layers = params.width, keras.layers
     return keras.Sequential([

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 from gpupack.workload import require_positive
 from gpupack.workloads import _cifar10_data
 from gpupack.workloads import _torch_common as common
+from gpupack.workloads._framework import DataModule, Framework, Tensor
 from gpupack.workloads._params import TorchLoaderParams
 
 
@@ -21,7 +22,7 @@ class Cifar10TorchParams(TorchLoaderParams):
 class Cifar10Torch(common.TorchImageWorkload):
     name = "cifar10_torch"
     Params = Cifar10TorchParams
-    data: ClassVar[Any] = _cifar10_data  # the data module (load, source)
+    data: ClassVar[DataModule] = _cifar10_data  # the data module (load, source)
     shape_keys = ("width", "blocks")  # BatchNorm's running statistics stay per model when fused
     weight_decay = 5e-4
     eval_batch = 1000
@@ -31,11 +32,11 @@ class Cifar10Torch(common.TorchImageWorkload):
                          "val_samples")
         _cifar10_data.find_dir(params.data_dir)
 
-    def build(self, params: Cifar10TorchParams, nn: Any) -> Any:
+    def build(self, params: Cifar10TorchParams, nn: Framework) -> Any:
         return small_resnet(nn, params.width, params.blocks)
 
 
-def small_resnet(nn: Any, width: int, blocks: int) -> Any:
+def small_resnet(nn: Framework, width: int, blocks: int) -> Any:
     """conv stem → `blocks` residual blocks per stage at widths w, 2w, 4w (stride 2 between) → pool → linear."""
 
     class Block(nn.Module):
@@ -48,7 +49,7 @@ def small_resnet(nn: Any, width: int, blocks: int) -> Any:
                          nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
             self.act = nn.ReLU(inplace=True)
 
-        def forward(self, x: Any) -> Any:
+        def forward(self, x: Tensor) -> Any:
             return self.act(self.body(x) + self.skip(x))
 
     layers: list[Any] = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]

@@ -224,15 +224,16 @@ def python_main(argv: Sequence[str], env: Mapping[str, str]) -> dict[str, Any] |
     return {"script": argv[1], "argv": list(argv[1:])}
 
 
-def check_importable(module: str, key: str) -> None:
-    """A module this interpreter can import (found, not imported: that is the fork server's)."""
+def check_importable(module: object, key: str, listed_in: str = "sweep.fixed.preload") -> None:
+    """A module this interpreter can import (found, not imported: that is the fork server's), listed in
+    ``listed_in`` (sweep.fixed.preload, hydra.launcher.preload)."""
     try:
-        found = importlib.util.find_spec(module) is not None
+        found = isinstance(module, str) and importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a parent package that is missing, or an empty name
         found = False
     if not found:
         raise ConfigError(key, module, "is no module this Python can import",
-                          f"install it in {sys.executable}'s environment, or drop it from sweep.fixed.preload")
+                          f"install it in {sys.executable}'s environment, or drop it from {listed_in}")
 
 
 def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, require_positive
 from gpupack.workloads import _mnist_data, _tf_common
+from gpupack.workloads._framework import Framework
 from gpupack.workloads._params import TrainingParams
 
 MODELS = ("mlp", "cnn")
@@ -38,7 +39,7 @@ class MnistTf(_tf_common.KerasWorkload):
                               lambda keras, dtype: _build(keras, params, dtype))
 
 
-def _build(keras: Any, params: MnistTfParams, dtype: str | None) -> Any:
+def _build(keras: Framework, params: MnistTfParams, dtype: str | None) -> Any:
     init = keras.initializers.GlorotUniform(seed=params.seed)
     layers = keras.layers
     if params.model == "cnn":

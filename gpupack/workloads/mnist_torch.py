@@ -12,6 +12,7 @@ from gpupack.errors import ConfigError
 from gpupack.workload import require_positive
 from gpupack.workloads import _mnist_data
 from gpupack.workloads import _torch_common as common
+from gpupack.workloads._framework import DataModule, Framework
 from gpupack.workloads._params import TorchLoaderParams
 
 MODELS = ("mlp", "cnn")
@@ -26,7 +27,7 @@ class MnistTorchParams(TorchLoaderParams):
 class MnistTorch(common.TorchImageWorkload):
     name = "mnist_torch"
     Params = MnistTorchParams
-    data: ClassVar[Any] = _mnist_data  # the data module (load, source)
+    data: ClassVar[DataModule] = _mnist_data  # the data module (load, source)
     shape_keys = ("model", "hidden")
 
     def check(self, params: MnistTorchParams) -> None:
@@ -37,11 +38,11 @@ class MnistTorch(common.TorchImageWorkload):
             raise ConfigError("num_workers", params.num_workers, "must be >= 0", "use 0 or more")
         _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))
 
-    def build(self, params: MnistTorchParams, nn: Any) -> Any:
+    def build(self, params: MnistTorchParams, nn: Framework) -> Any:
         return _build(params, nn)
 
 
-def _build(params: MnistTorchParams, nn: Any) -> Any:
+def _build(params: MnistTorchParams, nn: Framework) -> Any:
     if params.model == "cnn":
         return nn.Sequential(
             nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2),

@@ -24,6 +24,7 @@ from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, require_positive
 from gpupack.workloads import _cifar10_data
 from gpupack.workloads import _torch_common as common
+from gpupack.workloads._framework import DataModule, Framework, Tensor
 from gpupack.workloads._params import TorchLoaderParams
 
 DATA = ("synthetic", "cifar10")
@@ -73,7 +74,7 @@ def images_for(params: ResNet50Params) -> Any:
 class ResNet50(common.TorchImageWorkload):
     name = "resnet50"
     Params = ResNet50Params
-    data: ClassVar[Any] = _cifar10_data  # with data=cifar10; synthetic images are made per sweep (images_for)
+    data: ClassVar[DataModule] = _cifar10_data  # with data=cifar10; synthetic images are made per sweep (images_for)
     shape_keys = ("data", "image_size", "num_classes", "channels_last")
     weight_decay = 1e-4
     eval_batch = 256
@@ -102,7 +103,7 @@ class ResNet50(common.TorchImageWorkload):
     def cost(self, params: Any) -> float | None:
         return float(params["epochs"]) * float(params["train_samples"]) * float(params["image_size"]) ** 2
 
-    def build(self, params: ResNet50Params, nn: Any) -> Any:
+    def build(self, params: ResNet50Params, nn: Framework) -> Any:
         return resnet50(nn, params.num_classes)
 
     def preload(self, params: Any) -> None:
@@ -131,7 +132,7 @@ def on_device(params: ResNet50Params, device: str) -> tuple[ResNet50Params, str 
     return params, None
 
 
-def resnet50(nn: Any, num_classes: int = 1000) -> Any:
+def resnet50(nn: Framework, num_classes: int = 1000) -> Any:
     """torchvision's resnet50 where torchvision imports, else the same network defined here (same module names)."""
     maker = _torchvision_resnet50()
     if maker is not None:
@@ -147,7 +148,7 @@ def _torchvision_resnet50() -> Callable[..., Any] | None:
     return cast(Callable[..., Any], made)
 
 
-def own_resnet50(nn: Any, num_classes: int = 1000) -> Any:
+def own_resnet50(nn: Framework, num_classes: int = 1000) -> Any:
     """ResNet-50 v1.5 as torchvision defines it: stem conv 7x7/2 + max pool, four stages of bottlenecks
     (1x1 → 3x3 with the stride → 1x1 x4), a 1x1 conv + BN downsample on each stage's first block, average pool, fc;
     BN weights 1 and biases 0, convolutions Kaiming-normal (fan_out), as torchvision initialises them."""
@@ -155,7 +156,7 @@ def own_resnet50(nn: Any, num_classes: int = 1000) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _resnet_class(nn: Any) -> Any:
+def _resnet_class(nn: Framework) -> Any:
     """The classes, made once per torch.nn: N models of one class is what fused mode's stacking asks for."""
 
     class Bottleneck(nn.Module):
@@ -173,7 +174,7 @@ def _resnet_class(nn: Any) -> Any:
             self.downsample = downsample
             self.stride = stride
 
-        def forward(self, x: Any) -> Any:
+        def forward(self, x: Tensor) -> Any:
             out = self.relu(self.bn1(self.conv1(x)))
             out = self.relu(self.bn2(self.conv2(out)))
             out = self.bn3(self.conv3(out))
@@ -210,7 +211,7 @@ def _resnet_class(nn: Any) -> Any:
             layers += [Bottleneck(self.inplanes, width, 1, None) for _ in range(1, blocks)]
             return nn.Sequential(*layers)
 
-        def forward(self, x: Any) -> Any:
+        def forward(self, x: Tensor) -> Any:
             x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
             x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
             return self.fc(self.avgpool(x).flatten(1))

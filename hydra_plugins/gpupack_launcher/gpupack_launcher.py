@@ -4,7 +4,7 @@ Kept light: Hydra imports every module of a plugin package when it looks for plu
 in sys.modules, so no ``from __future__ import annotations`` here), so gpupack's machinery lives in
 :mod:`gpupack.hydra_launch` and :mod:`gpupack.runtime.hydra_job` and is imported only when a multirun launches.
 """
-from typing import Any, ClassVar, Optional, Sequence
+from typing import Any, ClassVar, Dict, Sequence
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
@@ -14,13 +14,16 @@ from omegaconf import DictConfig, OmegaConf
 
 class BaseGpupackLauncher(Launcher):
     backend: ClassVar[str]  # a module under gpupack/submit/
+    # Set by setup(), which Hydra calls before launch(): a launcher is never asked to launch without them.
+    config: DictConfig
+    hydra_context: HydraContext
+    task_function: TaskFunction
 
     def __init__(self, **params: Any) -> None:
-        self.params = {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
-                       for k, v in params.items()}
-        self.config: Optional[DictConfig] = None
-        self.task_function: Optional[TaskFunction] = None
-        self.hydra_context: Optional[HydraContext] = None
+        # The launcher's options, plain (hydra.launcher.*: user input of any type, checked by gpupack.hydra_launch)
+        self.params: Dict[str, Any] = {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+                                       for k, v in params.items()}
+        self.said_short_batch = False  # a short batch is said once per multirun, not once per batch
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config

@@ -1,0 +1,19 @@
+"""The framework objects the built-in workloads handle, named as their hints use them.
+
+torch and TensorFlow are imported inside the functions that run in a training's own process, never at a module's top:
+the packer, the fork server before its preload and the CLI import the workloads without a framework, and neither ships
+types mypy can follow here cheaply. Their objects reach the hints untyped: each alias below says what it holds, so an
+``Any`` in a workload is one of these dynamic edges, named, rather than a hint left open.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+Framework = Any  # the torch, torch.nn, tensorflow or keras module, imported by the caller in the training's process
+Tensor = Any  # a torch.Tensor, a tf.Tensor or a NumPy array: a batch, its labels, a weight, a loss
+Model = Any  # a torch.nn.Module or a keras.Model
+Device = Any  # a torch.device
+Loader = Any  # a torch DataLoader, a tf.data.Dataset, or an iterator of batches
+Optimizer = Any  # a torch.optim.Optimizer
+Generator = Any  # a torch.Generator: the seeded source of one training's shuffles
+DataModule = Any  # _mnist_data or _cifar10_data: load(data_dir) → x_train, y_train, x_test, y_test, source
