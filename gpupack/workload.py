@@ -12,9 +12,12 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence, cast
 
 from gpupack.errors import ConfigError, nearest
+
+if TYPE_CHECKING:  # a user's program imports this module: nothing more at run time
+    from gpupack.core.placement import Spread
 
 
 @dataclass
@@ -114,7 +117,7 @@ class TrainingContext:
     device: str
     threads: int
     reporter: Reporter
-    spread: Any = None
+    spread: Spread | None = None
     # Where this training's stdout and stderr are kept (its .out and .err logs); None where the packer keeps none
     # of its own (trainings hosted in one process).
     logs: tuple[str, str] | None = None

@@ -8,6 +8,8 @@ import contextlib
 from dataclasses import asdict, dataclass
 from typing import Any, ContextManager, Mapping
 
+from gpupack.core.frameworks import Model, Tensor
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -57,16 +59,16 @@ class Spread:
         """The device this process trains on (DDP over GPUs: cuda:<rank>; otherwise the job's device)."""
         return self.placement.device
 
-    def wrap(self, model: Any) -> Any:
+    def wrap(self, model: Model) -> Model:
         """The model as this strategy trains it (DDP: DistributedDataParallel, with its all-reduces counted)."""
         return model
 
-    def shard(self, *tensors: Any) -> tuple[Any, ...]:
+    def shard(self, *tensors: Tensor) -> tuple[Tensor, ...]:
         """This process's share of one global batch (DDP: the rank's contiguous slice). The workload keeps loading
         the global batch (``batch_size``), so the global batch is the same at every k."""
         return tensors
 
-    def scope(self) -> ContextManager[Any]:
+    def scope(self) -> ContextManager[object]:
         """Where the model, its optimizer and compile must be built (MirroredStrategy's scope)."""
         return contextlib.nullcontext()
 

@@ -20,7 +20,7 @@ from gpupack.errors import RunDirError
 from gpupack.flow.collect import AutoReport, collect
 from gpupack.setup.compose import compose_config
 from gpupack.setup.validate import ClusterFacts, SweepSpec, require_sweep, validate
-from gpupack.submit import ProgressFn, Submitter, load_submitter
+from gpupack.submit import ClusterConfig, ProgressFn, Submitter, load_submitter
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Prepared:
     name: str
     plan: Plan
     run: RunDir
-    backend: Submitter
+    backend: Submitter[ClusterConfig]
     settings: PackSettings
     config: DictConfig | Mapping[str, Any]  # what config.yaml records
     wait: bool = True
@@ -90,7 +90,7 @@ def default_run_dir(sweep: str, now: _dt.datetime | None = None) -> Path:
     return Path("runs") / sweep / stamp
 
 
-def ask_backend(backend: Submitter, requested_partitions: Sequence[str]) -> ClusterFacts:
+def ask_backend(backend: Submitter[ClusterConfig], requested_partitions: Sequence[str]) -> ClusterFacts:
     """The backend's answers, asked once: partitions, its own options, what each partition's pack job can have."""
     partitions = backend.resolve_partitions(list(requested_partitions))
     for i, name in enumerate(partitions):

@@ -15,7 +15,10 @@ import os  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Mapping  # noqa: E402
+from typing import TYPE_CHECKING, Any, Mapping  # noqa: E402
+
+if TYPE_CHECKING:  # a spread training's process imports it when it joins
+    from gpupack.core.placement import Spread
 
 
 def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any]:
@@ -41,7 +44,7 @@ def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any
             spread.close()
 
 
-def join_spread(placement: Mapping[str, Any] | None) -> Any:
+def join_spread(placement: Mapping[str, Any] | None) -> Spread | None:
     """One training spread over k devices: its strategy sets this process up (DDP joins the process group) and
     returns the Spread the workload calls; None for a training on one device."""
     if not placement:

@@ -88,7 +88,7 @@ def grid_overrides(overrides: Sequence[str]) -> list[str]:
     return out
 
 
-def _list_literal(values: list) -> str:
+def _list_literal(values: list[Any]) -> str:
     def one(v: object) -> str:
         if isinstance(v, str):
             return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"

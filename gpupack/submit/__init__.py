@@ -44,6 +44,9 @@ class ClusterConfig:
     timeout_min: int = 60
 
 
+# A submitted pack's job, as submitit follows it: its result is the pack record.
+PackJobHandle = submitit.Job[dict[str, Any]]
+
 # Called with (pack, state) as packs move: "pending" → "running" → "done" | "failed".
 ProgressFn = Callable[[Pack, str], None]
 
@@ -53,7 +56,7 @@ class PackJob(submitit.helpers.Checkpointable):
     Checkpointable: when SLURM signals the time limit, submitit requeues the same call, and run_pack then runs only
     the trainings that have no completed record."""
 
-    def __init__(self, backend: type[Submitter]) -> None:
+    def __init__(self, backend: type[Submitter[ClusterConfig]]) -> None:
         self.backend = backend
 
     def __call__(self, run_root: str, pack_id: str, settings: PackSettings) -> dict[str, Any]:
@@ -69,7 +72,7 @@ class PackJob(submitit.helpers.Checkpointable):
         return record
 
 
-ConfigT = TypeVar("ConfigT", bound=ClusterConfig)
+ConfigT = TypeVar("ConfigT", bound=ClusterConfig, covariant=True)
 
 
 class Submitter(ABC, Generic[ConfigT]):
@@ -103,7 +106,7 @@ class Submitter(ABC, Generic[ConfigT]):
     # ---- a Hydra launcher's options (hydra-submitit-launcher's names: timeout_min, partition, gres, mem_gb, ...) ----
 
     @classmethod
-    def launcher_config(cls, options: Mapping[str, Any], key: str) -> Any:
+    def launcher_config(cls, options: Mapping[str, Any], key: str) -> ConfigT:
         """This backend's Config from a Hydra launcher's options; an error names the launcher's own key
         (``key``.<option>)."""
         raise ConfigError(key, cls.__module__.rpartition(".")[2], "no Hydra launcher runs on this backend",
@@ -115,7 +118,7 @@ class Submitter(ABC, Generic[ConfigT]):
         return {}
 
     @classmethod
-    def from_launcher(cls, options: Mapping[str, Any], run: RunDir, key: str) -> Submitter:
+    def from_launcher(cls, options: Mapping[str, Any], run: RunDir, key: str) -> Submitter[ConfigT]:
         """This backend, configured by a Hydra launcher's options; its errors name the launcher's keys."""
         cluster = cls.launcher_config(options, key)
         return cls(cluster, run, key_prefix=key, key_names=cls.launcher_names(cluster))
@@ -207,7 +210,7 @@ def available_backends() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
-def backend_class(backend: str, key: str = "cluster.backend") -> type[Submitter]:
+def backend_class(backend: str, key: str = "cluster.backend") -> type[Submitter[ClusterConfig]]:
     backends = available_backends()
     if backend not in backends:
         raise ConfigError(key, backend, "no such submission backend", nearest(backend, backends))
@@ -232,7 +235,7 @@ def progress_state(result: PackResult) -> str:
     return DONE if result.ok and not (result.record or {}).get("n_failed") else FAILED
 
 
-def job_result(pack: Pack, job: submitit.Job) -> PackResult:
+def job_result(pack: Pack, job: PackJobHandle) -> PackResult:
     """How a finished submitit job ended: its pack record, or the error submitit re-raises."""
     try:
         record = job.result()

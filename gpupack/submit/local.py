@@ -27,7 +27,7 @@ from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import ConfigError
 from gpupack.runtime.jobenv import JobEnvironment, job_cores
 from gpupack.runtime.monitor import detect_device, gpu_count
-from gpupack.submit import ClusterConfig, PackJob, ProgressFn, Submitter, job_result, progress_state
+from gpupack.submit import ClusterConfig, PackJob, PackJobHandle, ProgressFn, Submitter, job_result, progress_state
 
 POLL_S = 0.2
 CANCEL_WAIT_S = 5.0  # for each level of a cancelled job's process tree to be gone
@@ -199,7 +199,7 @@ class LocalSubmitter(Submitter[LocalConfig]):
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         executor = SessionLocalExecutor(folder=str(self.run.submitit_folder))
         settings = dataclasses.replace(settings, claim_until_s=self.claim_until_s())
-        running: list[tuple[Pack, list[list[int]], submitit.Job]] = []
+        running: list[tuple[Pack, list[list[int]], PackJobHandle]] = []
         try:
             return self._run(executor, packs, settings, progress, running)
         except BaseException:  # stopped (Ctrl-C, or a signal the CLI turned into one) or broken: these jobs run under
@@ -208,7 +208,7 @@ class LocalSubmitter(Submitter[LocalConfig]):
             raise
 
     def _run(self, executor: submitit.LocalExecutor, packs: Sequence[Pack], settings: PackSettings,
-             progress: ProgressFn, running: list[tuple[Pack, list[list[int]], submitit.Job]]) -> list[PackResult]:
+             progress: ProgressFn, running: list[tuple[Pack, list[list[int]], PackJobHandle]]) -> list[PackResult]:
         """Submit packs as slots free up and wait for all; ``running`` holds the jobs not yet finished."""
         free = self.slots()
         n_slots, n_gpus = len(free), gpu_count()

@@ -22,7 +22,16 @@ from gpupack.core.types import Capacity, PackRequest, PackResult, PackSettings
 from gpupack.errors import ConfigError, SubmissionError, nearest
 from gpupack.job.body import record_job_oom
 from gpupack.runtime.jobenv import JobEnvironment
-from gpupack.submit import ClusterConfig, PackJob, ProgressFn, Submitter, _slurm_queue, job_result, progress_state
+from gpupack.submit import (
+    ClusterConfig,
+    PackJob,
+    PackJobHandle,
+    ProgressFn,
+    Submitter,
+    _slurm_queue,
+    job_result,
+    progress_state,
+)
 
 ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")  # what Alliance users export in their shell
 REQUEST_FORMS = ("gpus_per_node", "gres", "none")
@@ -290,12 +299,12 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         return submitit.SlurmExecutor(folder=str(self.run.submitit_folder),
                                       max_num_timeout=int(self.cluster.max_num_timeout))
 
-    def submit(self, packs: Sequence[Pack], settings: PackSettings) -> list[tuple[Pack, submitit.Job]]:
+    def submit(self, packs: Sequence[Pack], settings: PackSettings) -> list[tuple[Pack, PackJobHandle]]:
         """One job array per (partition, mode, N), submitted in the plan's order (interleaved N): each array's tasks
         in the order their packs were planned. When they run is then the scheduler's choice; each pack record keeps
         its start time and host. Returns each pack with its job."""
         account = self.account()
-        out: list[tuple[Pack, submitit.Job]] = []
+        out: list[tuple[Pack, PackJobHandle]] = []
         groups: dict[tuple[str, str, int, int], list[Pack]] = {}
         for p in packs:
             groups.setdefault((p.partition, p.mode, p.factor, p.devices), []).append(p)
@@ -350,7 +359,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                     progress(pack, "running")
         return results
 
-    def ended(self, pack: Pack, job: submitit.Job, since: float) -> PackResult:
+    def ended(self, pack: Pack, job: PackJobHandle, since: float) -> PackResult:
         """How a pack's job ended. When SLURM says it ran out of memory, the trainings its cgroup killed are recorded as
         oom (gpupack.job.body.record_job_oom), so their N is infeasible; any it cannot record are named in the error."""
         result = job_result(pack, job)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpupack.core.frameworks import DataModule, Framework, Loader, Model, Tensor
 from gpupack.errors import ConfigError
 from gpupack.workload import Workload
-from gpupack.workloads._framework import DataModule, Framework, Loader, Model, Tensor
 from gpupack.workloads._params import LOADER_PARAM, TF_KNOBS, TF_LOADER_KEYS
 
 

@@ -9,10 +9,10 @@ import contextlib
 from abc import abstractmethod
 from typing import Any, ClassVar, Mapping
 
+from gpupack.core.frameworks import DataModule, Device, Framework, Generator, Loader, Model, Optimizer, Tensor
 from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, Workload
 from gpupack.workloads import _torch_fused
-from gpupack.workloads._framework import DataModule, Device, Framework, Generator, Loader, Model, Optimizer, Tensor
 from gpupack.workloads._images import images
 from gpupack.workloads._params import LOADER_PARAM, TORCH_KNOBS, TORCH_LOADER_KEYS
 

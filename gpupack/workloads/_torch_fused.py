@@ -10,9 +10,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Iterator, Sequence
 
+from gpupack.core.frameworks import DataModule, Framework, Generator, Model, Tensor
 from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext
-from gpupack.workloads._framework import DataModule, Framework, Generator, Model, Tensor
 from gpupack.workloads._images import images
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from gpupack.core.frameworks import DataModule, Framework, Tensor
 from gpupack.workload import require_positive
 from gpupack.workloads import _cifar10_data
 from gpupack.workloads import _torch_common as common
-from gpupack.workloads._framework import DataModule, Framework, Tensor
 from gpupack.workloads._params import TorchLoaderParams
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpupack.core.frameworks import Framework
 from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, require_positive
 from gpupack.workloads import _mnist_data, _tf_common
-from gpupack.workloads._framework import Framework
 from gpupack.workloads._params import TrainingParams
 
 MODELS = ("mlp", "cnn")

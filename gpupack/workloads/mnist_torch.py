@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from gpupack.core.frameworks import DataModule, Framework
 from gpupack.errors import ConfigError
 from gpupack.workload import require_positive
 from gpupack.workloads import _mnist_data
 from gpupack.workloads import _torch_common as common
-from gpupack.workloads._framework import DataModule, Framework
 from gpupack.workloads._params import TorchLoaderParams
 
 MODELS = ("mlp", "cnn")

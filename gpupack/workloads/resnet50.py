@@ -20,11 +20,11 @@ from typing import Any, Callable, ClassVar, cast
 
 import numpy as np
 
+from gpupack.core.frameworks import DataModule, Framework, Tensor
 from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, require_positive
 from gpupack.workloads import _cifar10_data
 from gpupack.workloads import _torch_common as common
-from gpupack.workloads._framework import DataModule, Framework, Tensor
 from gpupack.workloads._params import TorchLoaderParams
 
 DATA = ("synthetic", "cifar10")

@@ -10,6 +10,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from gpupack.core.frameworks import Model, Tensor
 from gpupack.core.placement import Placement, Spread
 from gpupack.errors import ConfigError, nearest
 
@@ -146,7 +147,7 @@ class DdpSpread(Spread):
     def device(self) -> str:
         return f"cuda:{self.rank}" if self.placement.device == "cuda" else "cpu"
 
-    def wrap(self, model: Any) -> Any:
+    def wrap(self, model: Model) -> Model:
         import torch
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
@@ -161,7 +162,7 @@ class DdpSpread(Spread):
         ddp.register_comm_hook(self._count, _counting_hook)
         return ddp
 
-    def shard(self, *tensors: Any) -> tuple[Any, ...]:
+    def shard(self, *tensors: Tensor) -> tuple[Tensor, ...]:
         import torch
 
         return tuple(torch.tensor_split(t, self.world)[self.rank] for t in tensors)

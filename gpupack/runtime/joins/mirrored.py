@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, ContextManager, Sequence, TypeVar, cast
 
+from gpupack.core.frameworks import Framework, Model, Tensor
 from gpupack.core.placement import Placement, Spread
 from gpupack.errors import ConfigError
 
@@ -25,7 +26,7 @@ def first_gpus(physical: Sequence[T], k: int, visible: str | None = None) -> lis
     return list(physical[:k])
 
 
-def make_devices(tf: Any, device: str, k: int, visible: str | None = None) -> list[str]:
+def make_devices(tf: Framework, device: str, k: int, visible: str | None = None) -> list[str]:
     """k TensorFlow devices for the strategy, made before TensorFlow initialises them (afterwards it refuses:
     "Virtual devices cannot be modified after being initialized")."""
     if device == "cuda":
@@ -50,10 +51,10 @@ class MirroredSpread(Spread):
         # Where the replicas really run, as the strategy resolved the devices it was given.
         self.devices = [str(d) for d in strategy.extended.worker_devices]
 
-    def scope(self) -> ContextManager[Any]:
-        return cast(ContextManager[Any], self.strategy.scope())  # TensorFlow's, untyped
+    def scope(self) -> ContextManager[object]:
+        return cast(ContextManager[object], self.strategy.scope())  # TensorFlow's, untyped
 
-    def wrap(self, model: Any) -> Any:
+    def wrap(self, model: Model) -> Model:
         """The model is already mirrored (built under the scope): kept, to say what each step all-reduces."""
         self.model = model
         return model
@@ -70,7 +71,7 @@ class MirroredSpread(Spread):
         return out
 
 
-def allreduce_bytes(weights: Any, replicas: int) -> int:
+def allreduce_bytes(weights: Sequence[Tensor], replicas: int) -> int:
     """What MirroredStrategy all-reduces each step: one gradient per trainable weight, of its size and dtype (none
     with one replica: nothing to reduce). Pure, given the weights (anything with .shape and .dtype)."""
     import numpy as np
