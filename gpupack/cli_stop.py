@@ -71,10 +71,10 @@ def after_stop(prepared: sweep.Prepared) -> str:
     """What became of a sweep the CLI was stopped in: the local backend's jobs were cancelled with their trainings
     (gpupack.submit.local), while jobs submitted to a cluster outlive the CLI and are left alone."""
     run_dir = prepared.run.root
-    if not prepared.backend.detachable:
+    if not prepared.submitter.detachable:
         return (f"its local pack jobs and their trainings were cancelled; finished trainings keep their records. "
                 f"HINT: run the same command with run_dir={run_dir} to resume")
-    jobs = sorted({str(j["job_id"]).split("_")[0] for j in prepared.backend.jobs().values()}) \
+    jobs = sorted({str(j["job_id"]).split("_")[0] for j in prepared.submitter.jobs().values()}) \
         if prepared.run.jobs.exists() else []
     if not jobs:
         return "nothing was submitted"

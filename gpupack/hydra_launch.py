@@ -115,8 +115,8 @@ def prepare(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], ini
     check_options(p)
     run = RunDir(fresh_dir(Path(str(p["records_dir"])).absolute(), RunDir.launch_name(initial_job_idx)))
     # the backend maps the launcher's options (hydra-submitit-launcher's names) to its own config
-    backend = backend_class(launcher.backend).from_launcher(p, run, KEY)
-    facts = sweep.ask_backend(backend, [])
+    submitter = backend_class(launcher.backend).from_launcher(p, run, KEY)
+    facts = sweep.ask_submitter(submitter, [])
     # The largest pack this batch really makes: pack=8 with 2 jobs asks for 2 jobs' share, not 8.
     largest = min(p["pack"], len(job_overrides))
     settings = PackSettings(device=p["device"], threads_per_training=p.get("threads_per_job"),
@@ -137,9 +137,9 @@ def prepare(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], ini
                          partition=facts.partitions[0], mode=str(p["mode"]), label=f"hydra:{task}",
                          names=[f"job{j['job_num']}" for j in jobs],
                          stream_jobs=launcher_stream_jobs(p, facts.stream_jobs(facts.partitions[0])))
-    record = {"cluster": dataclasses.asdict(backend.cluster), "hydra_launcher": dict(p), "hydra_task": task,
+    record = {"cluster": dataclasses.asdict(submitter.cluster), "hydra_launcher": dict(p), "hydra_task": task,
               "collect": {"metric": None, "goal": sweeper_goal(cfg.hydra.sweeper)}}
-    return sweep.Prepared(name=task, plan=plan, run=run, backend=backend, settings=settings, config=record,
+    return sweep.Prepared(name=task, plan=plan, run=run, submitter=submitter, settings=settings, config=record,
                           capacities=dict(facts.capacities))
 
 
@@ -279,7 +279,7 @@ def launch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], init
 def stopped_what(prepared: sweep.Prepared) -> str:
     """What became of a batch stopped by a signal: SLURM's jobs outlive it (as the CLI says); this machine's were
     cancelled with their Hydra jobs, and a multirun run again runs its jobs again (as Hydra's launchers do)."""
-    if prepared.backend.detachable:
+    if prepared.submitter.detachable:
         return after_stop(prepared)
     return (f"its pack jobs and their Hydra jobs were cancelled; finished jobs keep their outputs, and gpupack's "
             f"records are in {prepared.run.root}")

@@ -15,11 +15,11 @@ from typing import Callable
 
 from gpupack.flow.auto import run_auto
 from gpupack.flow.collect import Step, collect, find_runs
-from gpupack.flow.run import Opened, Outcome, Prepared, ask_backend, default_run_dir, packs_to_run, prepare, run_plain
+from gpupack.flow.run import Opened, Outcome, Prepared, ask_submitter, default_run_dir, packs_to_run, prepare, run_plain
 from gpupack.flow.status import STOPPED, TRAINING_STATES, PackStatus, RunStatus, clear_oom, pack_status, status
 from gpupack.submit import ProgressFn
 
-__all__ = ["Prepared", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "ask_backend", "run", "status",
+__all__ = ["Prepared", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "ask_submitter", "run", "status",
            "collect", "clear_oom", "default_run_dir", "find_runs", "pack_status", "packs_to_run", "STOPPED", "Step",
            "TRAINING_STATES"]
 

@@ -80,14 +80,14 @@ def test_auto_by_cost_stops_where_billing_rises_though_time_still_falls():
     from gpupack.flow.auto import billed_multiple, verdict, weighed
 
     prepared = SimpleNamespace(capacities={"h100": Capacity(bundle_cores=4, bundle_mem_gb=100)},
-                               backend=SimpleNamespace(request=lambda n: PackRequest(cpus=n, mem_mb=n * 1024)))
+                               submitter=SimpleNamespace(request=lambda n: PackRequest(cpus=n, mem_mb=n * 1024)))
     assert [billed_multiple(prepared, "h100", n) for n in (1, 4, 8)] == [1.0, 1.0, 2.0]
     times = {4: [1.0, 1.01, 0.99, 1.0], 8: [0.6, 0.61, 0.59, 0.6]}
     assert verdict(8, weighed(prepared, "h100", times, "time"), 4, 0, 0, 0.05) == "climb"
     by_cost = weighed(prepared, "h100", times, "cost")
     assert by_cost[8] == pytest.approx([1.2, 1.22, 1.18, 1.2]) and by_cost[4] == times[4]
     assert "slower than" in verdict(8, by_cost, 4, 0, 0, 0.05)
-    no_bundle = SimpleNamespace(capacities={"local": Capacity()}, backend=prepared.backend)
+    no_bundle = SimpleNamespace(capacities={"local": Capacity()}, submitter=prepared.submitter)
     assert weighed(no_bundle, "local", times, "cost") == times  # a site without bundles: cost orders as time
 
 

@@ -187,7 +187,7 @@ def billed_multiple(prepared: Prepared, partition: str, n: int) -> float:
     cap = prepared.capacities.get(partition)
     if cap is None:
         return 1.0
-    req = prepared.backend.request(n)
+    req = prepared.submitter.request(n)
     return bill(Bundle(1.0, cap.bundle_cores, cap.bundle_mem_gb), req.cpus,
                 req.mem_mb / 1024 if req.mem_mb else None).multiple
 
@@ -227,10 +227,10 @@ def sub_prepared(prepared: Prepared, plan: Plan, run: RunDir, factors: Sequence[
     spec, _, config = auto_parts(prepared)
     merged = OmegaConf.merge(config, {"packing": {"factors": list(factors)}, "run_dir": str(run.root)})
     assert isinstance(merged, DictConfig)  # a DictConfig merged with a dict stays one (not user input)
-    backend = load_submitter(config.cluster.backend, config.cluster, run)
-    backend.measured_host_mb = prepared.backend.measured_host_mb
+    submitter = load_submitter(config.cluster.backend, config.cluster, run)
+    submitter.measured_host_mb = prepared.submitter.measured_host_mb
     step = dataclasses.replace(spec, auto=None, factors=tuple(factors))  # a step is a plain run
-    return dataclasses.replace(prepared, plan=plan, run=run, backend=backend, config=merged, spec=step)
+    return dataclasses.replace(prepared, plan=plan, run=run, submitter=submitter, config=merged, spec=step)
 
 
 def next_rung_fits(prepared: Prepared, partition: str, rest: Sequence[int],

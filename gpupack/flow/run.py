@@ -30,7 +30,7 @@ class Prepared:
     name: str
     plan: Plan
     run: RunDir
-    backend: Submitter[ClusterConfig]
+    submitter: Submitter[ClusterConfig]
     settings: PackSettings
     config: DictConfig | Mapping[str, Any]  # what config.yaml records
     wait: bool = True
@@ -90,14 +90,14 @@ def default_run_dir(sweep: str, now: _dt.datetime | None = None) -> Path:
     return Path("runs") / sweep / stamp
 
 
-def ask_backend(backend: Submitter[ClusterConfig], requested_partitions: Sequence[str]) -> ClusterFacts:
-    """The backend's answers, asked once: partitions, its own options, what each partition's pack job can have."""
-    partitions = backend.resolve_partitions(list(requested_partitions))
+def ask_submitter(submitter: Submitter[ClusterConfig], requested_partitions: Sequence[str]) -> ClusterFacts:
+    """The submitter's answers, asked once: partitions, its own options, what each partition's pack job can have."""
+    partitions = submitter.resolve_partitions(list(requested_partitions))
     for i, name in enumerate(partitions):
         check_name(f"partitions[{i}]", name)
-    backend.check(partitions)
-    return ClusterFacts(partitions=partitions, capacities=backend.capacities(partitions), request=backend.request,
-                        stream_jobs=backend.stream_jobs)
+    submitter.check(partitions)
+    return ClusterFacts(partitions=partitions, capacities=submitter.capacities(partitions), request=submitter.request,
+                        stream_jobs=submitter.stream_jobs)
 
 
 def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> Prepared:
@@ -105,15 +105,15 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
     cfg = compose_config(overrides) if cfg is None else cfg
     require_sweep(cfg)
     run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(check_name("sweep.name", cfg.sweep.name)))
-    backend = load_submitter(cfg.cluster.backend, cfg.cluster, run)
-    facts = ask_backend(backend, cfg.partitions)
+    submitter = load_submitter(cfg.cluster.backend, cfg.cluster, run)
+    facts = ask_submitter(submitter, cfg.partitions)
     spec = validate(cfg, facts, measure=lambda workload, settings, seed_key: find_measured(
         candidate_runs(run.root), workload, settings, seed_key))
     if spec.memory is not None and spec.memory.host.measured:
-        backend.measured_host_mb = spec.memory.host.mb  # what SLURM requests are sized by
+        submitter.measured_host_mb = spec.memory.host.mb  # what SLURM requests are sized by
     if not cfg.wait:
-        backend.require_detachable()  # said before anything is written
-    return Prepared(name=spec.name, plan=spec.plan(), run=run, backend=backend, settings=spec.settings, config=cfg,
+        submitter.require_detachable()  # said before anything is written
+    return Prepared(name=spec.name, plan=spec.plan(), run=run, submitter=submitter, settings=spec.settings, config=cfg,
                     wait=bool(cfg.wait), spec=spec, capacities=dict(facts.capacities), warnings=spec.warnings)
 
 
@@ -192,7 +192,7 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
               plots: bool = True) -> Outcome:
     """Open the run directory (resume or refuse, lock), submit what is left, and — unless the sweep detaches —
     wait for it and collect. ``on_open`` sees what was found before anything is submitted."""
-    run_dir, plan, backend = prepared.run, prepared.plan, prepared.backend
+    run_dir, plan, submitter = prepared.run, prepared.plan, prepared.submitter
     resumed = open_run_dir(run_dir, plan)
     with RunLock(run_dir):
         if not run_dir.config.exists():
@@ -201,16 +201,16 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
         if resumed:  # the order the run was planned in (an earlier gpupack's plan may order its packs otherwise)
             plan = Plan.from_json(read_json(run_dir.plan))
         todo = packs_to_run(run_dir, plan)
-        queued = backend.active_packs() if resumed else {}
+        queued = submitter.active_packs() if resumed else {}
         opened = Opened(resumed=resumed, todo=[p for p in todo if p.pack_id not in queued],
                         complete=len(plan.packs) - len(todo), queued=queued)
         if on_open:
             on_open(opened)
         outcome = Outcome(prepared, opened)
         if not prepared.wait:
-            outcome.submitted = backend.detach(opened.todo, prepared.settings)
+            outcome.submitted = submitter.detach(opened.todo, prepared.settings)
             return outcome
-        outcome.results = backend.run_packs(opened.todo, prepared.settings, progress or (lambda pack, state: None))
+        outcome.results = submitter.run_packs(opened.todo, prepared.settings, progress or (lambda pack, state: None))
         if collect_outputs:
             outcome.collected, outcome.written = collect([run_dir.root], plots=plots)
     return outcome

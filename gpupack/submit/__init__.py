@@ -52,23 +52,23 @@ ProgressFn = Callable[[Pack, str], None]
 
 
 class PackJob(submitit.helpers.Checkpointable):
-    """The job body as submitit runs it, for ``backend`` (its Submitter class, which says what job the pack runs in).
+    """The job body as submitit runs it, for ``submitter`` (its Submitter class, which says what job the pack runs in).
     Checkpointable: when SLURM signals the time limit, submitit requeues the same call, and run_pack then runs only
     the trainings that have no completed record."""
 
-    def __init__(self, backend: type[Submitter[ClusterConfig]]) -> None:
-        self.backend = backend
+    def __init__(self, submitter: type[Submitter[ClusterConfig]]) -> None:
+        self.submitter = submitter
 
     def __call__(self, run_root: str, pack_id: str, settings: PackSettings) -> dict[str, Any]:
-        job = self.backend.job_environment()
+        job = self.submitter.job_environment()
         plan = Plan.from_json(read_json(RunDir(Path(run_root)).plan))  # read once: the job body is handed it
         if plan.pack(pack_id).stream is None:
             return run_pack(run_root, pack_id, settings, job=job, plan=plan)
         record = run_lane(run_root, pack_id, settings, job=job, plan=plan)
-        if record.get("stopped_claiming") and record.get("unclaimed") and self.backend.requeues:
+        if record.get("stopped_claiming") and record.get("unclaimed") and self.submitter.requeues:
             # Near its time limit with trainings left: requeue now, as SLURM's signal would a little later
             # (submitit's handler checkpoints this call and requeues it; the lane's next run goes on with the queue).
-            os.kill(os.getpid(), self.backend.requeue_signal())
+            os.kill(os.getpid(), self.submitter.requeue_signal())
         return record
 
 
