@@ -34,8 +34,9 @@ from gpupack.core.types import Options, PackSettings
 from gpupack.errors import ConfigError, require_positive
 from gpupack.pack import load_packer
 from gpupack.setup.config import PackingConfig
+from gpupack.setup.fit import ClusterFacts
 from gpupack.setup.validate import check_job_options, check_packs
-from gpupack.submit import backend_class
+from gpupack.submit import ClusterConfig, backend_class
 from gpupack.workloads import load_workload
 from gpupack.workloads.command import check_importable
 
@@ -116,7 +117,14 @@ def prepare(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], ini
     run = RunDir(fresh_dir(Path(str(p["records_dir"])).absolute(), RunDir.launch_name(initial_job_idx)))
     # the backend maps the launcher's options (hydra-submitit-launcher's names) to its own config
     submitter = backend_class(launcher.backend).from_launcher(p, run, KEY)
-    facts = sweep.ask_submitter(submitter, [])
+    return sweep.prepare_run(run, submitter, [], lambda facts: check_batch(launcher, job_overrides, initial_job_idx,
+                                                                          run, submitter.cluster, facts))
+
+
+def check_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, run: RunDir,
+                cluster: ClusterConfig, facts: ClusterFacts) -> sweep.Checked:
+    """The batch against the submitter's answers: packs that fit, the mode's own limits; its plan in sweep order."""
+    p = launcher.params
     # The largest pack this batch really makes: pack=8 with 2 jobs asks for 2 jobs' share, not 8.
     largest = min(p["pack"], len(job_overrides))
     settings = PackSettings(device=p["device"], threads_per_training=p.get("threads_per_job"),
@@ -137,10 +145,9 @@ def prepare(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], ini
                          partition=facts.partitions[0], mode=str(p["mode"]), label=f"hydra:{task}",
                          names=[f"job{j['job_num']}" for j in jobs],
                          stream_jobs=launcher_stream_jobs(p, facts.stream_jobs(facts.partitions[0])))
-    record = {"cluster": dataclasses.asdict(submitter.cluster), "hydra_launcher": dict(p), "hydra_task": task,
+    record = {"cluster": dataclasses.asdict(cluster), "hydra_launcher": dict(p), "hydra_task": task,
               "collect": {"metric": None, "goal": sweeper_goal(cfg.hydra.sweeper)}}
-    return sweep.Prepared(name=task, plan=plan, run=run, submitter=submitter, settings=settings, config=record,
-                          capacities=dict(facts.capacities))
+    return sweep.Checked(name=task, plan=plan, settings=settings, config=record)
 
 
 def launcher_stream_jobs(p: Mapping[str, Any], at_once: int) -> int | None:

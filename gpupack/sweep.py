@@ -15,13 +15,24 @@ from typing import Callable
 
 from gpupack.flow.auto import run_auto
 from gpupack.flow.collect import Step, collect, find_runs
-from gpupack.flow.run import Opened, Outcome, Prepared, ask_submitter, default_run_dir, packs_to_run, prepare, run_plain
+from gpupack.flow.run import (
+    Checked,
+    Opened,
+    Outcome,
+    Prepared,
+    ask_submitter,
+    default_run_dir,
+    packs_to_run,
+    prepare,
+    prepare_run,
+    run_plain,
+)
 from gpupack.flow.status import STOPPED, TRAINING_STATES, PackStatus, RunStatus, clear_oom, pack_status, status
 from gpupack.submit import ProgressFn
 
-__all__ = ["Prepared", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "ask_submitter", "run", "status",
-           "collect", "clear_oom", "default_run_dir", "find_runs", "pack_status", "packs_to_run", "STOPPED", "Step",
-           "TRAINING_STATES"]
+__all__ = ["Prepared", "Checked", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "prepare_run",
+           "ask_submitter", "run", "status", "collect", "clear_oom", "default_run_dir", "find_runs", "pack_status",
+           "packs_to_run", "STOPPED", "Step", "TRAINING_STATES"]
 
 
 def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Callable[[Opened], None] | None = None,

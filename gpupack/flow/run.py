@@ -44,6 +44,19 @@ class Prepared:
         return check_run_dir(self.run, self.plan)
 
 
+@dataclass(frozen=True)
+class Checked:
+    """What a front-end's reading of its config gives :func:`prepare_run`, checked against the submitter's answers."""
+
+    name: str
+    plan: Plan
+    settings: PackSettings
+    config: DictConfig | Mapping[str, Any]  # what config.yaml records
+    wait: bool = True
+    spec: SweepSpec | None = None
+    warnings: tuple[str, ...] = ()
+
+
 @dataclass
 class Opened:
     """What :func:`run` found in the run directory, before submitting anything."""
@@ -100,21 +113,37 @@ def ask_submitter(submitter: Submitter[ClusterConfig], requested_partitions: Seq
                         stream_jobs=submitter.stream_jobs)
 
 
+def prepare_run(run: RunDir, submitter: Submitter[ClusterConfig], partitions: Sequence[str],
+                check: Callable[[ClusterFacts], Checked]) -> Prepared:
+    """The one preparation of a sweep, whichever front-end read its config (gpupack's own: :func:`prepare`; a Hydra
+    launcher's batch: gpupack.hydra_launch.prepare): the submitter's answers asked once, ``check`` against them (every
+    value checked, the plan made), then what the submitter must know before anything is written. Writes nothing."""
+    facts = ask_submitter(submitter, partitions)
+    checked = check(facts)
+    memory = checked.spec.memory if checked.spec is not None else None
+    if memory is not None and memory.host.measured:
+        submitter.measured_host_mb = memory.host.mb  # what SLURM requests are sized by
+    if not checked.wait:
+        submitter.require_detachable()  # said before anything is written
+    return Prepared(name=checked.name, plan=checked.plan, run=run, submitter=submitter, settings=checked.settings,
+                    config=checked.config, wait=checked.wait, spec=checked.spec, capacities=dict(facts.capacities),
+                    warnings=checked.warnings)
+
+
 def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> Prepared:
-    """Compose (unless ``cfg`` is given), validate against the backend's answers and plan. Writes nothing."""
+    """gpupack's own config: compose (unless ``cfg`` is given), then :func:`prepare_run` with
+    :func:`gpupack.setup.validate.validate` as its check. Writes nothing."""
     cfg = compose_config(overrides) if cfg is None else cfg
     require_sweep(cfg)
     run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(check_name("sweep.name", cfg.sweep.name)))
-    submitter = load_submitter(cfg.cluster.backend, cfg.cluster, run)
-    facts = ask_submitter(submitter, cfg.partitions)
-    spec = validate(cfg, facts, measure=lambda workload, settings, seed_key: find_measured(
-        candidate_runs(run.root), workload, settings, seed_key))
-    if spec.memory is not None and spec.memory.host.measured:
-        submitter.measured_host_mb = spec.memory.host.mb  # what SLURM requests are sized by
-    if not cfg.wait:
-        submitter.require_detachable()  # said before anything is written
-    return Prepared(name=spec.name, plan=spec.plan(), run=run, submitter=submitter, settings=spec.settings, config=cfg,
-                    wait=bool(cfg.wait), spec=spec, capacities=dict(facts.capacities), warnings=spec.warnings)
+
+    def check(facts: ClusterFacts) -> Checked:
+        spec = validate(cfg, facts, measure=lambda workload, settings, seed_key: find_measured(
+            candidate_runs(run.root), workload, settings, seed_key))
+        return Checked(name=spec.name, plan=spec.plan(), settings=spec.settings, config=cfg, wait=bool(cfg.wait),
+                       spec=spec, warnings=spec.warnings)
+
+    return prepare_run(run, load_submitter(cfg.cluster.backend, cfg.cluster, run), cfg.partitions, check)
 
 
 # ---------------- the run directory ----------------
