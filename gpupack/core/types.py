@@ -89,8 +89,6 @@ class PackSettings:
 
 # gpupack's words for where a pack's job stands; each backend maps its queue's states onto these.
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
-
-
 PACK_STATES = (PENDING, RUNNING, DONE, FAILED)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import pkgutil
 import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -16,9 +15,9 @@ from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequenc
 
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Training
+from gpupack.core.registry import exported, module_names, require_known
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import Capacity, Options, PackSettings, TrainingOutcome
-from gpupack.errors import ConfigError, nearest
 from gpupack.workload import Workload
 
 
@@ -114,8 +113,7 @@ class Packer(ABC):
 
 
 def available_modes() -> list[str]:
-    names = (m.name for m in pkgutil.iter_modules(__path__))
-    return sorted(n for n in names if not n.startswith("_"))
+    return module_names(__path__)
 
 
 def solo_mode() -> str:
@@ -127,13 +125,9 @@ def solo_mode() -> str:
 
 
 def load_packer(mode: str, key: str = "packing.modes") -> Packer:
-    modes = available_modes()
-    if mode not in modes:
-        raise ConfigError(key, mode, "no such packing mode", nearest(mode, modes))
-    packer = getattr(importlib.import_module(f"{__name__}.{mode}"), "PACKER", None)
-    if not isinstance(packer, Packer):
-        raise TypeError(f"gpupack/pack/{mode}.py defines no PACKER, a Packer")
-    return packer
+    require_known(mode, available_modes(), key, "packing mode")
+    # an abstract class as the kind to check against (python/mypy#4717)
+    return exported(importlib.import_module(f"{__name__}.{mode}"), "PACKER", Packer)  # type: ignore[type-abstract]
 
 
 def threads_for(cores: int, factor: int, override: int | None = None) -> int:

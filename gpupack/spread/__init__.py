@@ -20,13 +20,13 @@ records, collect and the report keep one word for one layout.
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from abc import ABC, abstractmethod
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from gpupack.core.placement import Placement
-from gpupack.errors import ConfigError, nearest, require_counts
+from gpupack.core.registry import exported, module_names, require_known
+from gpupack.errors import ConfigError, require_counts
 
 if TYPE_CHECKING:  # the pack's side only: a training's process imports this module without them
     from gpupack.core.plan import Training
@@ -64,17 +64,13 @@ class Strategy(ABC):
 
 
 def available_strategies() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    return module_names(__path__)
 
 
 def load_strategy(name: str, key: str = KEY) -> Strategy:
-    names = available_strategies()
-    if name not in names:
-        raise ConfigError(key, name, "no such spread strategy", nearest(name, names))
-    strategy = getattr(importlib.import_module(f"{__name__}.{name}"), "STRATEGY", None)
-    if not isinstance(strategy, Strategy):
-        raise TypeError(f"gpupack/spread/{name}.py defines no STRATEGY, a Strategy")
-    return strategy
+    require_known(name, available_strategies(), key, "spread strategy")
+    # an abstract class as the kind to check against (python/mypy#4717)
+    return exported(importlib.import_module(f"{__name__}.{name}"), "STRATEGY", Strategy)  # type: ignore[type-abstract]
 
 
 def strategy_options(strategy: Strategy, spread: Mapping[str, Any]) -> Options | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import pkgutil
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -24,9 +23,10 @@ import submitit
 
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.registry import exported, module_names, require_known
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, Capacity, PackRequest, PackResult, PackSettings
-from gpupack.errors import ConfigError, SubmissionError, nearest
+from gpupack.errors import ConfigError, SubmissionError
 from gpupack.job.body import run_pack
 from gpupack.job.stream import run_lane
 from gpupack.runtime.jobenv import JobEnvironment
@@ -207,16 +207,14 @@ class Submitter(ABC, Generic[ConfigT]):
 
 
 def available_backends() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    return module_names(__path__)
 
 
 def backend_class(backend: str, key: str = "cluster.backend") -> type[Submitter[ClusterConfig]]:
-    backends = available_backends()
-    if backend not in backends:
-        raise ConfigError(key, backend, "no such submission backend", nearest(backend, backends))
-    submitter = getattr(importlib.import_module(f"{__name__}.{backend}"), "SUBMITTER", None)
-    if not (isinstance(submitter, type) and issubclass(submitter, Submitter)):
-        raise TypeError(f"gpupack/submit/{backend}.py defines no SUBMITTER, a Submitter class")
+    require_known(backend, available_backends(), key, "submission backend")
+    submitter = exported(importlib.import_module(f"{__name__}.{backend}"), "SUBMITTER", type)
+    if not issubclass(submitter, Submitter):
+        raise TypeError(f"gpupack/submit/{backend}.py's SUBMITTER is no Submitter class")
     return submitter
 
 

@@ -5,14 +5,14 @@ import by name runs downward from every layer that loads a workload.
 from __future__ import annotations
 
 import importlib
-import pkgutil
 
-from gpupack.errors import ConfigError, nearest
+from gpupack.core.registry import module_names, require_known
+from gpupack.errors import ConfigError
 from gpupack.workload import Workload
 
 
 def available_workloads() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    return module_names(__path__)
 
 
 def load_workload(name: str, key: str = "sweep.workload") -> Workload:
@@ -25,9 +25,7 @@ def load_workload(name: str, key: str = "sweep.workload") -> Workload:
             raise ConfigError(key, name, f"cannot import it ({err})", "make the module importable (PYTHONPATH) or "
                               "use a built-in workload (python -m gpupack --info lists them)") from None
     else:
-        names = available_workloads()
-        if name not in names:
-            raise ConfigError(key, name, "no such built-in workload", nearest(name, names))
+        require_known(name, available_workloads(), key, "built-in workload")
         module = importlib.import_module(f"{__name__}.{name}")
     workload = getattr(module, "WORKLOAD", None)
     if not isinstance(workload, Workload):
