@@ -166,7 +166,7 @@ def launcher_stream_jobs(p: Mapping[str, Any], at_once: int) -> int | None:
     return int(p.get("jobs") or at_once)
 
 
-def sweeper_goal(sweeper: Any) -> str | None:
+def sweeper_goal(sweeper: DictConfig) -> str | None:
     """collect.goal from the sweeper's ``direction`` (Optuna's minimize/maximize; a multi-objective list: its first,
     which is the task's first returned value), or None where the sweeper has none (the basic sweeper). Pure."""
     direction: Any = sweeper.get("direction") if hasattr(sweeper, "get") else None
@@ -195,7 +195,7 @@ def launcher_mode_options(p: Mapping[str, Any]) -> dict[str, Options]:
     return {mode: built}
 
 
-def make_sweep_dir(cfg: Any) -> None:
+def make_sweep_dir(cfg: DictConfig) -> None:
     sweep_dir = Path(str(cfg.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     if "mode" in cfg.hydra.sweep and cfg.hydra.sweep.mode is not None:
@@ -252,7 +252,7 @@ def job_returns(launcher: HydraLauncher, prepared: sweep.Prepared) -> list[JobRe
     return out
 
 
-def short_batch(sweeper: Any, batch: int, pack: int) -> str | None:
+def short_batch(sweeper: DictConfig, batch: int, pack: int) -> str | None:
     """The line for a batch smaller than ``pack`` because the sweeper sends fewer jobs at a time (Optuna's n_jobs,
     the basic sweeper's max_batch_size), with the fix; None where the batch fills a pack or the whole multirun (or its
     last batch) is simply smaller. Pure."""

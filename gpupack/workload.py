@@ -124,7 +124,11 @@ class TrainingContext:
 
 
 class Workload(ABC):
-    """One kind of training that gpupack can pack."""
+    """One kind of training that gpupack can pack.
+
+    ``params`` below is this workload's own ``Params`` instance (a dict for the ``command`` workload): user
+    hyperparameters of a type each workload declares, so the base and the packer hold them as ``Any`` and each
+    workload's overrides name its own type."""
 
     name: ClassVar[str]
     framework: ClassVar[str]  # "torch" or "tensorflow": packing modes check they can host it

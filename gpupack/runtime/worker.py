@@ -17,8 +17,9 @@ import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING, Any, Mapping  # noqa: E402
 
-if TYPE_CHECKING:  # a spread training's process imports it when it joins
+if TYPE_CHECKING:  # imported by name when the training runs, or when it joins a spread
     from gpupack.core.placement import Spread
+    from gpupack.workload import Reporter, Workload
 
 
 def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any]:
@@ -55,7 +56,8 @@ def join_spread(placement: Mapping[str, Any] | None) -> Spread | None:
     return join(Placement.from_json(placement))
 
 
-def compose_result(spec: Mapping[str, Any], workload: Any, params: Any, reporter: Any, metrics: Mapping[str, Any],
+def compose_result(spec: Mapping[str, Any], workload: Workload, params: Any,
+                   reporter: Reporter, metrics: Mapping[str, Any],
                    process_start: float) -> dict[str, Any]:
     """One training's result from what it reported (the worker, and every training of a fused pack)."""
     import resource

@@ -2,11 +2,11 @@
 per-model mixed precision, and the loader-only pass."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from gpupack.core.frameworks import DataModule, Framework, Loader, Model, Tensor
 from gpupack.errors import ConfigError
-from gpupack.workload import Workload
+from gpupack.workload import Reporter, TrainingContext, Workload
 from gpupack.workloads._params import LOADER_PARAM, TF_KNOBS, TF_LOADER_KEYS
 
 
@@ -23,7 +23,7 @@ class KerasWorkload(Workload):
 
 
 
-def run(params: Any, ctx: Any, data: DataModule, build_model: Any) -> dict[str, Any]:
+def run(params: Any, ctx: TrainingContext, data: DataModule, build_model: Any) -> dict[str, Any]:
     """A whole Keras training on an image data set (x/y train/test uint8 arrays): the seeded subset, a
     tf.data pipeline, then either the pipeline alone or ``build_model(keras, dtype_policy)`` fitted and
     evaluated — all under ``tf.device(<this training's device>)``, or, spread over k devices (ctx.spread), under
@@ -53,7 +53,7 @@ def run(params: Any, ctx: Any, data: DataModule, build_model: Any) -> dict[str, 
     return {**metrics, "data": data.source, "device": device}
 
 
-def _run_spread(params: Any, ctx: Any, data: DataModule, build_model: Any, train: tuple[Any, Any],
+def _run_spread(params: Any, ctx: TrainingContext, data: DataModule, build_model: Any, train: tuple[Any, Any],
                 val: tuple[Any, Any]) -> dict[str, Any]:
     """The same training spread over k devices (ctx.spread: a tf.distribute strategy). No ``tf.device``: the
     strategy places the variables and the replicas. The dataset keeps the global batch (``batch_size``), which Keras
@@ -61,17 +61,21 @@ def _run_spread(params: Any, ctx: Any, data: DataModule, build_model: Any, train
     import keras
     import tensorflow as tf
 
+    spread = ctx.spread
+    if spread is None:  # internal: run() comes here for a spread training only
+        raise RuntimeError("_run_spread needs ctx.spread")
+
     x_train, y_train = train
     ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
           .shuffle(len(y_train), seed=params.seed).batch(params.batch_size).prefetch(2))
     if params.loader_only:  # the input pipeline alone, on the host: nothing to spread
         loader_only(ds, params.epochs, ctx.reporter)
         return {"loader_only": True, "data": data.source}
-    check_even_split(min(params.batch_size, len(y_train)), ctx.spread.placement.devices)
-    with ctx.spread.scope():  # model, optimizer and compile: their variables become mirrored
-        model = ctx.spread.wrap(build_model(keras, dtype_policy(params.amp, ctx.device)))
+    check_even_split(min(params.batch_size, len(y_train)), spread.placement.devices)
+    with spread.scope():  # model, optimizer and compile: their variables become mirrored
+        model = spread.wrap(build_model(keras, dtype_policy(params.amp, ctx.device)))
         metrics = fit_and_evaluate(keras, model, ds, params, ctx.reporter, *val)
-    devices = ctx.spread.stats().get("replica_devices") or [tf_device(ctx.device)]
+    devices = spread.stats().get("replica_devices") or [tf_device(ctx.device)]
     # The replicas Keras really trained over: the strategy in scope when the model was made (a model made outside
     # the scope trains on one device whatever the strategy says).
     return {**metrics, "data": data.source, "device": ",".join(devices),
@@ -100,21 +104,21 @@ def dtype_policy(amp: bool, device: str) -> str | None:
     return "mixed_float16" if "GPU" in tf_device(device) else "mixed_bfloat16"
 
 
-def reporter_callback(keras: Framework, reporter: Any, batch_size: int) -> Any:
+def reporter_callback(keras: Framework, reporter: Reporter, batch_size: int) -> Any:
     class Report(keras.callbacks.Callback):
-        def on_train_begin(self, logs: Any = None) -> None:
+        def on_train_begin(self, logs: Mapping[str, float] | None = None) -> None:
             reporter.loop_started()
 
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_end(self, batch: int, logs: Mapping[str, float] | None = None) -> None:
             reporter.step(batch_size)
 
-        def on_train_end(self, logs: Any = None) -> None:
+        def on_train_end(self, logs: Mapping[str, float] | None = None) -> None:
             reporter.loop_ended()
 
     return Report()
 
 
-def loader_only(dataset: Loader, epochs: int, reporter: Any) -> None:
+def loader_only(dataset: Loader, epochs: int, reporter: Reporter) -> None:
     reporter.loop_started()
     for _ in range(epochs):
         for xb, _yb in dataset:
@@ -135,7 +139,7 @@ def placement(model: Model) -> str:
     return str(getattr(getattr(weight, "value", weight), "device", ""))
 
 
-def fit_and_evaluate(keras: Framework, model: Model, dataset: Loader, params: Any, reporter: Any, x_val: Tensor,
+def fit_and_evaluate(keras: Framework, model: Model, dataset: Loader, params: Any, reporter: Reporter, x_val: Tensor,
                      y_val: Tensor) -> dict[str, Any]:
     """Compile (SGD with momentum), fit with every step reported, and measure validation accuracy."""
     model.compile(optimizer=keras.optimizers.SGD(params.lr, momentum=params.momentum),

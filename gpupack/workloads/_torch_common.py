@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import abstractmethod
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
 
 from gpupack.core.frameworks import DataModule, Device, Framework, Generator, Loader, Model, Optimizer, Tensor
 from gpupack.errors import ConfigError
@@ -49,7 +49,7 @@ class TorchImageWorkload(Workload):
     def fuse_key(self, params: Any) -> tuple[Any, ...]:
         return _torch_fused.fuse_key(params, *self.shape_keys)
 
-    def train_fused(self, params: Any, ctxs: Any) -> list[Any]:
+    def train_fused(self, params: Any, ctxs: Sequence[TrainingContext]) -> list[Any]:
         return _torch_fused.train_fused(params, ctxs, self.data.load(params[0].data_dir),
                                         lambda nn, p: self.build(p, nn), weight_decay=self.weight_decay,
                                         eval_batch=self.eval_batch)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, cast
+from typing import Any, Callable, ClassVar, Sequence, cast
 
 import numpy as np
 
@@ -118,7 +118,7 @@ class ResNet50(common.TorchImageWorkload):
                             channels_last=params.channels_last)
         return {**result, **({"amp_note": note} if note else {})}  # samples/s is images/s
 
-    def train_fused(self, params: Any, ctxs: Any) -> list[Any]:
+    def train_fused(self, params: Any, ctxs: Sequence[TrainingContext]) -> list[Any]:
         from gpupack.workloads import _torch_fused
 
         return _torch_fused.train_fused(params, ctxs, images_for(params[0]), lambda nn, p: self.build(p, nn),
