@@ -135,7 +135,8 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
     :func:`gpupack.setup.validate.validate` as its check. Writes nothing."""
     cfg = compose_config(overrides) if cfg is None else cfg
     require_sweep(cfg)
-    run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(check_name("sweep.name", cfg.sweep.name)))
+    # sweep.name is checked with every other value (validate), before anything is written
+    run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(str(cfg.sweep.name)))
 
     def check(facts: ClusterFacts) -> Checked:
         spec = validate(cfg, facts, measure=lambda workload, settings, seed_key: find_measured(

@@ -272,8 +272,8 @@ def check_packs(workload: Workload, modes: Sequence[str], factors: Sequence[int]
 def validate(cfg: DictConfig, facts: ClusterFacts,
              measure: Callable[[str, set[str], str], Measured] | None = None) -> SweepSpec:
     """Check everything against the backend's answers (``facts``) and, through ``measure``, what earlier records
-    say one training's memory is (None: nothing measured). Pure, given those: nothing is asked or written here."""
-    require_sweep(cfg)
+    say one training's memory is (None: nothing measured). Pure, given those: nothing is asked or written here. A sweep
+    was chosen (require_sweep, where the front-end reads its config)."""
     check_weights(cast(dict[str, Any], OmegaConf.to_container(cfg.rgu.models, resolve=True)))
     sweep = cfg.sweep
     check_name("sweep.name", sweep.name)
@@ -290,8 +290,6 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     settings = pack_settings(cfg.packing, cfg.sweep.training_estimate_s)
     check_strategy_options(cfg.spread)
     _check_estimate(cfg)
-    for i, name in enumerate(facts.partitions):
-        check_name(f"partitions[{i}]", name)
     stated = sweep.training_memory_mb
     if stated is not None and not stated > 0:
         raise ConfigError("sweep.training_memory_mb", stated, "must be > 0 or null", "give MB, e.g. 800")
