@@ -49,6 +49,8 @@ def _print_plan(console: Console, prepared: sweep.Prepared) -> None:
     jobs = (f"{lanes} streaming job(s)" + (f" and {len(plan.packs) - lanes} packs" if len(plan.packs) > lanes else "")
             if lanes else f"{len(plan.packs)} packs")
     console.print(f"  {jobs}, {plan.n_trainings} trainings in all; run directory {prepared.run.root}")
+    for line in sweep.forecast(prepared):
+        console.print(f"  {line}", highlight=False)
     for note in plan.notes:
         console.print(f"  note: {note}")
 

@@ -22,6 +22,7 @@ from gpupack.flow.run import (
     Prepared,
     ask_submitter,
     default_run_dir,
+    forecast,
     packs_to_run,
     prepare,
     prepare_run,
@@ -31,8 +32,8 @@ from gpupack.flow.status import STOPPED, TRAINING_STATES, PackStatus, RunStatus,
 from gpupack.submit import ProgressFn
 
 __all__ = ["Prepared", "Checked", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "prepare_run",
-           "ask_submitter", "run", "status", "collect", "clear_oom", "default_run_dir", "find_runs", "pack_status",
-           "packs_to_run", "STOPPED", "Step", "TRAINING_STATES"]
+           "ask_submitter", "forecast", "run", "status", "collect", "clear_oom", "default_run_dir", "find_runs",
+           "pack_status", "packs_to_run", "STOPPED", "Step", "TRAINING_STATES"]
 
 
 def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Callable[[Opened], None] | None = None,

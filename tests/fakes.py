@@ -336,13 +336,21 @@ SACCT = """\
 
 
 def canned_slurm(sinfo: str | None = SINFO, sacct: str | None = SACCT,
-                 asked: list[list[str]] | None = None) -> Callable[..., str | None]:
+                 asked: list[list[str]] | None = None,
+                 more: Mapping[str, str | None] | None = None) -> Callable[..., str | None]:
     """A stand-in for gpupack.submit._slurm_queue.slurm_command: the canned text of each command (None: it did not
-    answer, as away from the cluster); ``asked`` collects each command line."""
+    answer, as away from the cluster); ``asked`` collects each command line. ``more``: other commands' answers, by
+    the command and its first words ("scontrol show", "sacctmgr show assoc", "sacctmgr show qos", "squeue")."""
 
     def slurm_command(args: Sequence[str], timeout: float = 30) -> str | None:
         if asked is not None:
             asked.append(list(args))
-        return {"sinfo": sinfo, "sacct": sacct}.get(args[0])
+        if args[0] in ("sinfo", "sacct"):
+            return {"sinfo": sinfo, "sacct": sacct}[args[0]]
+        words = [a for a in args if not a.startswith("-")]
+        for n in (3, 2, 1):
+            if more and " ".join(words[:n]) in more:
+                return more[" ".join(words[:n])]
+        return None
 
     return slurm_command

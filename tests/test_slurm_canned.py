@@ -200,3 +200,80 @@ def test_a_preset_partition_is_checked_though_this_run_does_not_use_it(tmp_path,
     assert str(err.value).startswith(f"cluster.partitions.unused.{field}=") and "HINT:" in str(err.value)
     sub.cluster.partitions["unused"] = PartitionConfig(gpu="t4")
     sub.check(["used"])  # the same preset with sound figures passes
+
+
+# ---------------- the site's limits: MaxArraySize, MaxSubmitJobs (issue 30) ----------------
+
+SCONTROL = "Configuration data as of 2026-11-25T00:00:00\nMaxArraySize            = 5\nMaxJobCount    = 10000\n"
+LIMITS = {"scontrol show config": SCONTROL,
+          "sacctmgr show assoc": "|normal|normal,high\n",  # no association limit; default QOS normal
+          "sacctmgr show qos": "normal|7\nhigh|500\n",
+          "squeue": "101\n102_0\n102_1\n"}
+
+
+@pytest.mark.parametrize("answers, qos, expected", [
+    (LIMITS, None, (5, 7, "QOS normal's MaxSubmitJobsPerUser=7", 3)),
+    (LIMITS, "high", (5, 500, "QOS high's MaxSubmitJobsPerUser=500", 3)),  # the QOS the jobs are submitted under
+    ({**LIMITS, "sacctmgr show assoc": "4|normal|normal\n"}, None, (5, 4, "your association's MaxSubmitJobs=4", 3)),
+    ({**LIMITS, "sacctmgr show assoc": "||normal,high\n"}, None, (5, 7, "QOS normal's MaxSubmitJobsPerUser=7", 3)),
+    ({"scontrol show config": SCONTROL}, None, (5, None, "", 0)),  # sacctmgr/squeue silent: unknown, not zero
+    ({}, None, (None, None, "", 0)),  # away from the cluster
+])
+def test_site_limits_read_from_scontrol_sacctmgr_and_squeue(monkeypatch, answers, qos, expected):
+    monkeypatch.setattr(slurm, "slurm_command", canned_slurm(more=answers))
+    got = slurm.site_limits("me", qos)
+    assert (got.max_array_size, got.max_submit, got.submit_source, got.queued) == expected
+
+
+def _packs(n: int, factors: tuple[int, ...] = (1,)) -> list:
+    from gpupack.core.plan import make_plan
+
+    plan = make_plan(sweep="s", workload="tests.fake_workloads", grid={"lr": [i + 1 for i in range(n)]}, fixed={},
+                     factors=factors, modes=["process"], partitions=["v100"], repeats=1)
+    return list(plan.packs)
+
+
+@pytest.mark.parametrize("n, size, expected", [(12, 5, [5, 5, 2]), (5, 5, [5]), (3, None, [3]), (0, 5, [])])
+def test_arrays_are_split_at_max_array_size(n, size, expected):
+    from gpupack.submit.slurm import array_chunks
+
+    packs = _packs(n) if n else []
+    chunks = array_chunks(packs, size)
+    assert [len(c) for c in chunks] == expected
+    assert [p for c in chunks for p in c] == packs  # every pack once, in the plan's order
+
+
+def test_a_submission_past_the_users_job_limit_is_refused_whole_before_any_sbatch(tmp_path, monkeypatch):
+    monkeypatch.setattr(slurm, "slurm_command", canned_slurm(sinfo=LOCAL_SINFO, more=LIMITS))
+    sub = SlurmSubmitter(SlurmConfig(name="site", backend="slurm", partitions={"v100": PartitionConfig(gpu="v100")}),
+                         RunDir(tmp_path))
+    monkeypatch.setattr(SlurmSubmitter, "_executor", lambda self: pytest.fail("sbatch was called"))
+    from gpupack.core.types import PackSettings
+
+    forecast = sub.job_forecast(_packs(6))
+    assert (forecast.jobs, forecast.arrays, forecast.allowed, forecast.over) == (6, 2, 4, True)  # 7 less 3 queued
+    with pytest.raises(SubmissionError) as err:
+        sub.submit(_packs(6), PackSettings())
+    text = str(err.value)
+    assert "makes 6 job(s)" in text and "queue 4 more now" in text and "MaxSubmitJobsPerUser=7" in text
+    assert "nothing was submitted" in text and "HINT: packing.stream=on" in text
+    assert not sub.run.jobs.exists()  # nothing remembered as submitted
+
+
+def test_the_sites_stated_limit_counts_where_it_is_lower(tmp_path, monkeypatch):
+    monkeypatch.setattr(slurm, "slurm_command", canned_slurm(sinfo=LOCAL_SINFO, more=LIMITS))
+    cluster = SlurmConfig(name="narval", backend="slurm", partitions={"v100": PartitionConfig(gpu="v100")},
+                          max_jobs_per_user=2)
+    forecast = SlurmSubmitter(cluster, RunDir(tmp_path)).job_forecast(_packs(1))
+    assert (forecast.allowed, forecast.limit) == (0, "cluster.max_jobs_per_user=2, the site's stated limit")
+
+
+def test_a_dry_run_says_its_jobs_and_files_against_the_limits(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(slurm, "slurm_command", canned_slurm(sinfo=LOCAL_SINFO, more=LIMITS))
+    code = main(PROBE + ["partitions=[v100]", "packing.factors=[1,2]", "+sweep.grid.lr=[0.1,0.2,0.3,0.4,0.5,0.6]",
+                         f"run_dir={tmp_path / 'run'}", "dry_run=true"])
+    out = " ".join(capsys.readouterr().out.split())  # as one line, whatever the terminal's width
+    assert code == 0, out
+    assert "jobs: 9 in 3 job array(s) of at most 5 tasks (MaxArraySize); the site lets you queue 4 more now " \
+           "(QOS normal's MaxSubmitJobsPerUser=7, 3 queued): as it stands, submitting refuses it whole" in out, out
+    assert "files: about " in out and not (tmp_path / "run").exists()

@@ -55,6 +55,17 @@ def check_name(key: str, value: str) -> str:
     return value
 
 
+# What a run directory holds, per training (its spec, result, stdout, stderr, record), per pack (its record, lock,
+# columnar file, fork server's log), per job (submitit's submitted call, result, stdout, stderr) and once (config,
+# plan, lock, summary, parquet, report, plots): the file forecast a dry run gives (files_forecast).
+FILES_PER_TRAINING, FILES_PER_PACK, FILES_PER_JOB, FILES_PER_RUN = 5, 4, 4, 13
+
+
+def files_forecast(trainings: int, packs: int, jobs: int) -> int:
+    """About how many files a run of these trainings, packs and jobs leaves in its run directory. Pure."""
+    return FILES_PER_TRAINING * trainings + FILES_PER_PACK * packs + FILES_PER_JOB * jobs + FILES_PER_RUN
+
+
 @dataclass(frozen=True)
 class RunDir:
     root: Path

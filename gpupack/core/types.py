@@ -103,6 +103,22 @@ class PackResult:
 
 
 @dataclass(frozen=True)
+class JobForecast:
+    """The jobs a submission of some packs makes, against what the site lets the user have (a backend's answer)."""
+
+    jobs: int  # one per pack (an array task each on SLURM)
+    arrays: int = 0  # SLURM job arrays they go in (0: no arrays)
+    max_array_size: int | None = None  # tasks per array at most (MaxArraySize)
+    allowed: int | None = None  # more jobs the user may queue now (the limit less those queued); None: no limit known
+    limit: str = ""  # which limit ``allowed`` comes from, e.g. "your association's MaxSubmitJobs=1000"
+    queued: int = 0  # the user's jobs already queued or running
+
+    @property
+    def over(self) -> bool:
+        return self.allowed is not None and self.jobs > self.allowed
+
+
+@dataclass(frozen=True)
 class PackRequest:
     """What one pack job of N trainings asks the scheduler for, and the config keys that set it (for errors)."""
 

@@ -14,7 +14,7 @@ from gpupack.analysis.aggregate import Collected
 from gpupack.core.memory import candidate_runs, find_measured
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.records import is_completed, make_dirs, read_json, write_json_atomic, write_text_atomic
-from gpupack.core.rundir import RunDir, RunLock, check_name
+from gpupack.core.rundir import RunDir, RunLock, check_name, files_forecast
 from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import RunDirError
 from gpupack.flow.collect import AutoReport, collect
@@ -145,6 +145,20 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
                        spec=spec, warnings=spec.warnings)
 
     return prepare_run(run, load_submitter(cfg.cluster.backend, cfg.cluster, run), cfg.partitions, check)
+
+
+def forecast(prepared: Prepared) -> list[str]:
+    """What the run will make, said before it starts (and by a dry run): its jobs against what the site lets the user
+    queue, and about how many files its run directory will hold."""
+    plan, jobs = prepared.plan, prepared.submitter.job_forecast(prepared.plan.packs)
+    arrays = (f" in {jobs.arrays} job array(s)" + (f" of at most {jobs.max_array_size:,} tasks (MaxArraySize)"
+                                                    if jobs.max_array_size else "")) if jobs.arrays else ""
+    line = f"jobs: {jobs.jobs:,}{arrays}"
+    if jobs.allowed is not None:
+        line += (f"; the site lets you queue {jobs.allowed:,} more now ({jobs.limit}, {jobs.queued:,} queued)"
+                 + (": as it stands, submitting refuses it whole" if jobs.over else ""))
+    files = files_forecast(plan.n_trainings, len(plan.packs), jobs.jobs)
+    return [line, f"files: about {files:,} in the run directory ({files / max(1, plan.n_trainings):.1f} per training)"]
 
 
 # ---------------- the run directory ----------------

@@ -25,7 +25,17 @@ from gpupack.core.plan import Pack, Plan
 from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.registry import exported, module_names, require_known
 from gpupack.core.rundir import RunDir
-from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, Capacity, PackRequest, PackResult, PackSettings
+from gpupack.core.types import (
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    Capacity,
+    JobForecast,
+    PackRequest,
+    PackResult,
+    PackSettings,
+)
 from gpupack.errors import ConfigError, SubmissionError
 from gpupack.job.body import run_pack
 from gpupack.job.stream import run_lane
@@ -156,6 +166,11 @@ class Submitter(ABC, Generic[ConfigT]):
         """What one pack of ``factor`` trainings asks for, from its options and the measured peak host memory of one
         training (default: self.measured_host_mb). Pure."""
         return PackRequest(cpus=None, mem_mb=None)
+
+    def job_forecast(self, packs: Sequence[Pack]) -> JobForecast:
+        """The jobs submitting ``packs`` makes, against the site's limits where the backend knows them (one job per
+        pack here, no limit)."""
+        return JobForecast(jobs=len(packs))
 
     @abstractmethod
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:

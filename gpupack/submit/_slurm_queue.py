@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
@@ -113,3 +114,50 @@ def queue_states(job_ids: Sequence[str]) -> dict[str, str] | None:
         job_id, _, state = line.partition("|")
         states[job_id] = state  # the last line for an id is its latest (requeued) run
     return states
+
+
+@dataclass(frozen=True)
+class SiteLimits:
+    """What SLURM lets one user submit, as it says itself (None: no limit, or SLURM did not say)."""
+
+    # scontrol's MaxArraySize: an array's task indices run 0 .. MaxArraySize-1, so an array holds that many tasks
+    max_array_size: int | None = None
+    # Jobs the user may have queued or running at once, each array task counting one (MaxSubmitJobs of the user's
+    # association, MaxSubmitJobsPerUser of its QOS: the lower), and which limit that is, for the error line
+    max_submit: int | None = None
+    submit_source: str = ""
+    queued: int = 0  # the user's jobs in the queue now (array tasks each), which count against max_submit
+
+
+def _whole(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+def site_limits(user: str, qos: str | None = None) -> SiteLimits:
+    """MaxArraySize (scontrol show config), the user's submit limit (sacctmgr: its associations' MaxSubmitJobs, and
+    MaxSubmitJobsPerUser of ``qos``, else of its associations' default QOS, else of every QOS they allow) and its jobs
+    in the queue now (squeue). A question SLURM does not answer leaves its figure unknown (None, 0 queued)."""
+    config = slurm_command(["scontrol", "show", "config"]) or ""
+    found = re.search(r"^MaxArraySize\s*=\s*(\d+)", config, re.MULTILINE)
+    limits: list[tuple[int, str]] = []
+    qos_names: set[str] = {qos} if qos else set()
+    assoc = slurm_command(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}",
+                           "format=MaxSubmit,DefaultQOS,QOS"]) or ""
+    for line in assoc.splitlines():
+        fields = (line.split("|") + ["", "", ""])[:3]
+        if (most := _whole(fields[0])) is not None:
+            limits.append((most, f"your association's MaxSubmitJobs={most}"))
+        if not qos:
+            qos_names |= {fields[1]} if fields[1] else {q for q in fields[2].split(",") if q}
+    if qos_names:
+        qos_table = slurm_command(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxSubmitPU"]) or ""
+        for line in qos_table.splitlines():
+            name, _, most_text = line.partition("|")
+            if name in qos_names and (most := _whole(most_text)) is not None:
+                limits.append((most, f"QOS {name}'s MaxSubmitJobsPerUser={most}"))
+    queue = slurm_command(["squeue", "-h", "-r", "-u", user, "-o", "%i"])
+    lowest = min(limits) if limits else None
+    return SiteLimits(max_array_size=int(found.group(1)) if found else None,
+                      max_submit=lowest[0] if lowest else None, submit_source=lowest[1] if lowest else "",
+                      queued=len(queue.split()) if queue else 0)

@@ -6,6 +6,7 @@ how it reads the answers, is in :mod:`gpupack.submit._slurm_queue`, the one seam
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import math
 import os
 import re
@@ -18,8 +19,8 @@ import submitit
 
 from gpupack.core.memory import request_mb
 from gpupack.core.plan import Pack
-from gpupack.core.types import Capacity, PackRequest, PackResult, PackSettings
-from gpupack.errors import ConfigError, SubmissionError, nearest
+from gpupack.core.types import Capacity, JobForecast, PackRequest, PackResult, PackSettings
+from gpupack.errors import ConfigError, SubmissionError, nearest, require_positive
 from gpupack.job.body import record_job_oom
 from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.submit import (
@@ -143,6 +144,10 @@ class SlurmConfig(ClusterConfig):
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
     # Seconds between two looks at the queue while waiting.
     poll_s: float = 5.0
+    # Jobs you may have queued or running at once, array tasks counting one each, as the site states it (the
+    # Alliance's Narval and Rorqual: 1000). SLURM's own limits are read too (MaxArraySize; sacctmgr's MaxSubmitJobs of
+    # your association and QOS) and the lowest kept: what would pass it is never submitted. null: SLURM's only.
+    max_jobs_per_user: Optional[int] = None
     # True where the cluster's nodes are one machine (scripts/local_slurm.sh: a slurmd per GPU type on one host), so
     # packs share its cores whatever their partition, and the report says so. false on a real cluster.
     nodes_share_one_host: bool = False
@@ -176,10 +181,35 @@ def slurm_job_environment(job_id: str | None, env: Mapping[str, str]) -> JobEnvi
                                      "slurm_partition": env.get("SLURM_JOB_PARTITION")})
 
 
+def array_groups(packs: Sequence[Pack]) -> dict[tuple[str, str, int, int], list[Pack]]:
+    """Packs by what their job asks for, (partition, mode, N, devices): a job array each, in the plan's order. Pure."""
+    groups: dict[tuple[str, str, int, int], list[Pack]] = {}
+    for p in packs:
+        groups.setdefault((p.partition, p.mode, p.factor, p.devices), []).append(p)
+    return groups
+
+
+def array_chunks(group: Sequence[Pack], max_array_size: int | None) -> list[list[Pack]]:
+    """A group's packs as the arrays SLURM accepts: at most ``max_array_size`` tasks each (None: one array). Pure."""
+    size = max_array_size or len(group) or 1
+    return [list(group[i:i + size]) for i in range(0, len(group), size)]
+
+
+def over_limit(forecast: JobForecast, key: str) -> str:
+    """The line for a submission of more jobs than the site lets the user queue now (``key``: the config key of the
+    site's stated limit)."""
+    return (f"this submission makes {forecast.jobs} job(s) (one per pack) and the site lets you queue "
+            f"{forecast.allowed} more now ({forecast.limit}; {forecast.queued} of yours queued or running): nothing "
+            "was submitted. HINT: packing.stream=on runs the grid as a few jobs per (partition, mode, N) that take "
+            "trainings as slots free; or run fewer N or grid points per run and resume the same run_dir later "
+            f"(it submits only what is left); {key} sets the site's stated limit")
+
+
 class SlurmSubmitter(Submitter[SlurmConfig]):
     Config = SlurmConfig
     detachable = True
     requeues = True
+    _limits: _slurm_queue.SiteLimits | None = None  # asked once per submitter (site_limits)
 
     @classmethod
     def requeue_signal(cls) -> int:
@@ -254,6 +284,8 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         if self.cluster.account_required and not self.account():
             raise ConfigError(self.key("account"), None, f"the {self.cluster.name} cluster needs an allocation "
                               "account", f"add {self.key('account')}=def-yourpi (or export SLURM_ACCOUNT=def-yourpi)")
+        require_positive(self.cluster.max_jobs_per_user, self.key("max_jobs_per_user"),
+                         f"{self.key('max_jobs_per_user')}=1000, or null for SLURM's own limits", whole=True)
         for key in ("array_parallelism", "max_num_timeout"):
             if getattr(self.cluster, key) < (0 if key == "max_num_timeout" else 1):
                 raise ConfigError(self.key(key), getattr(self.cluster, key), "is too small", "use 1 or more")
@@ -299,16 +331,37 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         return submitit.SlurmExecutor(folder=str(self.run.submitit_folder),
                                       max_num_timeout=int(self.cluster.max_num_timeout))
 
+    def site_limits(self) -> _slurm_queue.SiteLimits:
+        """What SLURM lets this user submit (asked once), with the site's stated job limit where it is lower."""
+        if self._limits is None:
+            live = _slurm_queue.site_limits(getpass.getuser(), self.cluster.additional_parameters.get("qos"))
+            stated = self.cluster.max_jobs_per_user
+            if stated is not None and (live.max_submit is None or stated < live.max_submit):
+                live = dataclasses.replace(live, max_submit=stated, submit_source=f"{self.key('max_jobs_per_user')}="
+                                           f"{stated}, the site's stated limit")
+            self._limits = live
+        return self._limits
+
+    def job_forecast(self, packs: Sequence[Pack]) -> JobForecast:
+        limits = self.site_limits()
+        arrays = sum(len(array_chunks(g, limits.max_array_size)) for g in array_groups(packs).values())
+        allowed = None if limits.max_submit is None else max(0, limits.max_submit - limits.queued)
+        return JobForecast(jobs=len(packs), arrays=arrays, max_array_size=limits.max_array_size, allowed=allowed,
+                           limit=limits.submit_source, queued=limits.queued)
+
     def submit(self, packs: Sequence[Pack], settings: PackSettings) -> list[tuple[Pack, PackJobHandle]]:
-        """One job array per (partition, mode, N), submitted in the plan's order (interleaved N): each array's tasks
-        in the order their packs were planned. When they run is then the scheduler's choice; each pack record keeps
-        its start time and host. Returns each pack with its job."""
+        """One job array per (partition, mode, N), split where it would pass MaxArraySize, submitted in the plan's
+        order (interleaved N): each array's tasks in the order their packs were planned. When they run is then the
+        scheduler's choice; each pack record keeps its start time and host. A submission of more jobs than the site
+        lets the user queue now is refused whole, before any sbatch. Returns each pack with its job."""
+        forecast = self.job_forecast(packs)
+        if forecast.over:
+            raise SubmissionError(over_limit(forecast, self.key("max_jobs_per_user")))
         account = self.account()
         out: list[tuple[Pack, PackJobHandle]] = []
-        groups: dict[tuple[str, str, int, int], list[Pack]] = {}
-        for p in packs:
-            groups.setdefault((p.partition, p.mode, p.factor, p.devices), []).append(p)
-        for (partition, _mode, factor, devices), group in groups.items():
+        arrays = [(key, chunk) for key, group in array_groups(packs).items()
+                  for chunk in array_chunks(group, forecast.max_array_size)]
+        for (partition, _mode, factor, devices), group in arrays:
             part, req = self.cluster.partitions[partition], self.request(factor)
             executor = self._executor()
             executor.update_parameters(**sbatch_parameters(self.cluster, partition, part, factor, account,
