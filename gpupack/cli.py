@@ -123,6 +123,10 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
     return 0 if outcome.ok else 1
 
 
+# A dry run lists this many packs, then counts the rest.
+LISTED_PACKS = 40
+
+
 def dry_run(prepared: sweep.Prepared, console: Console) -> int:
     print_plan(console, prepared)
     if prepared.spec is not None and prepared.spec.auto is not None:
@@ -139,8 +143,12 @@ def dry_run(prepared: sweep.Prepared, console: Console) -> int:
     console.print("  hyperparameters of the first training: " +
                   ", ".join(f"{k}={v}" for k, v in first.params.items()), highlight=False)
     console.print(f"  its command line: {first_command(prepared)}", highlight=False)
-    for p in prepared.plan.packs:
+    packs = prepared.plan.packs
+    for p in packs[:LISTED_PACKS]:
         console.print(f"  {p.pack_id}: " + ", ".join(t.training_id for t in p.trainings), highlight=False)
+    if len(packs) > LISTED_PACKS:  # a sweep of thousands of packs: the header above says what they are
+        console.print(f"  ... and {len(packs) - LISTED_PACKS:,} more packs (plan.json lists each one once the run "
+                      "starts)", highlight=False)
     console.print("dry run: nothing was written or submitted.")
     return 0
 

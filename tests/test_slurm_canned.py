@@ -277,3 +277,16 @@ def test_a_dry_run_says_its_jobs_and_files_against_the_limits(tmp_path, monkeypa
     assert "jobs: 9 in 3 job array(s) of at most 5 tasks (MaxArraySize); the site lets you queue 4 more now " \
            "(QOS normal's MaxSubmitJobsPerUser=7, 3 queued): as it stands, submitting refuses it whole" in out, out
     assert "files: about " in out and not (tmp_path / "run").exists()
+
+
+def test_a_dry_run_of_thousands_of_packs_lists_a_few_and_counts_the_rest(tmp_path, monkeypatch, capsys):
+    from gpupack.cli import LISTED_PACKS
+
+    monkeypatch.setattr(slurm, "slurm_command", canned_slurm(sinfo=LOCAL_SINFO, more=LIMITS))
+    assert main(PROBE + ["partitions=[v100]", "packing.factors=[1]", "sweep.grid.lr=range(1,2001)",
+                         f"run_dir={tmp_path / 'run'}", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    listed = [line for line in out.splitlines() if line.startswith("  v100-process-n01-")]
+    assert len(listed) == LISTED_PACKS and f"... and {2000 - LISTED_PACKS:,} more packs" in out
+    # 2,000 jobs: 400 arrays at MaxArraySize=5, far past the 4 this user may still queue
+    assert "jobs: 2,000 in 400 job array(s)" in " ".join(out.split())
