@@ -2,6 +2,7 @@
 resume after scancel, requeue at the time limit, and bad input refused before submission."""
 from __future__ import annotations
 
+import getpass
 import json
 import re
 import subprocess
@@ -238,3 +239,74 @@ def test_time_limit_requeues_and_finished_trainings_are_not_rerun(tmp_path, slur
     job_id = json.loads((run_dir / "jobs.json").read_text())[fast["pack_id"]]["job_id"]
     log = "".join(p.read_text() for p in (run_dir / "submitit").glob(f"{job_id}*/*.err"))
     assert "timed-out" in log or "Requeued" in log or "requeue" in log.lower(), log[-2000:]
+
+
+# ---------------- the site's limits, as the local slurmctld enforces them (issue 30) ----------------
+
+def _scontrol_value(env: dict[str, str], name: str) -> str | None:
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, env=env).stdout
+    m = re.search(rf"^{name}\s*=\s*(\S+)", out, re.MULTILINE)
+    return m.group(1) if m else None
+
+
+@pytest.fixture
+def lowered_max_array_size(slurm_env):
+    """The local cluster with MaxArraySize=5 for one test (slurm.conf and scontrol reconfigure), then put back."""
+    conf = Path(slurm_env["SLURM_CONF"])
+    original = conf.read_text()
+
+    def apply(text: str, expected: str) -> None:
+        conf.write_text(text)
+        subprocess.run(["scontrol", "reconfigure"], env=slurm_env, check=True, capture_output=True)
+        assert wait_for(lambda: _scontrol_value(slurm_env, "MaxArraySize") == expected, timeout_s=30)
+
+    before = _scontrol_value(slurm_env, "MaxArraySize") or "1001"
+    apply(re.sub(r"(?m)^MaxArraySize=.*\n", "", original) + "MaxArraySize=5\n", "5")
+    try:
+        yield 5
+    finally:
+        apply(original, before)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_group_past_max_array_size_runs_as_several_arrays(tmp_path, slurm_env, lowered_max_array_size):
+    run_dir = tmp_path / "run"
+    proc = gpupack(PROBE + ["partitions=[p100]", "packing.factors=[1]", "sweep.grid.lr=range(1,13)",
+                            "sweep.fixed.steps=2", "cluster.array_parallelism=12", f"run_dir={run_dir}"], slurm_env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "12 job array" not in proc.stdout and "in 3 job array(s) of at most 5 tasks" in " ".join(proc.stdout.split())
+    jobs = json.loads((run_dir / "jobs.json").read_text())
+    arrays = {j["job_id"].split("_")[0] for j in jobs.values()}
+    assert len(jobs) == 12 and len(arrays) == 3  # 5 + 5 + 2 tasks, none refused
+    recs = records(run_dir)
+    assert len(recs) == 12 and all(r["status"] == "completed" for r in recs.values())  # every training once
+
+
+@pytest.fixture
+def submit_limit(slurm_env):
+    """The user's association with MaxSubmitJobs=3 for one test (sacctmgr), then no limit again."""
+    user = getpass.getuser()
+
+    def set_to(value: int) -> None:
+        subprocess.run(["sacctmgr", "-i", "modify", "user", "where", f"name={user}", "set", f"MaxSubmitJobs={value}"],
+                       env=slurm_env, check=True, capture_output=True)
+
+    set_to(3)
+    try:
+        yield 3
+    finally:
+        set_to(-1)
+
+
+@pytest.mark.slurm
+def test_a_sweep_past_the_users_job_limit_is_refused_before_any_sbatch(tmp_path, slurm_env, submit_limit):
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
+    proc = gpupack(PROBE + ["partitions=[p100]", "packing.factors=[1]", "sweep.grid.lr=range(1,7)",
+                            f"run_dir={tmp_path / 'run'}"], slurm_env)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    assert "makes 6 job(s)" in err and "MaxSubmitJobs=3" in err and "nothing was submitted" in err, err
+    rows = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "-S", since, "-o", "JobID"], capture_output=True,
+                          text=True, env=slurm_env).stdout.split()
+    assert rows == []  # no sbatch ran
