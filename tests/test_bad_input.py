@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from gpupack.cli import main
+from gpupack.errors import ConfigError
 from tests.fakes import FakeConfig, use_fake_submitter
 
 BASE = ["+sweep=mnist_pack"]
@@ -184,3 +185,26 @@ def test_dry_run_also_refuses_a_run_dir_of_another_sweep(tmp_path, capsys):
     assert main(BASE + ["dry_run=true", f"run_dir={run_dir}"]) == 2
     assert "holds another sweep's plan" in capsys.readouterr().err
     assert sorted(p.name for p in run_dir.iterdir()) == ["plan.json"]
+
+
+@pytest.mark.parametrize("key, values", [
+    ("batch_size", [64, "128", 256]), ("lr", [1, "0.5", 0.25]), ("data_dir", [None, "/data"]), ("amp", [True, "false"]),
+])
+def test_a_grid_axis_is_typed_at_once_as_each_value_would_be(key, values):
+    """typed_values validates a whole axis in one merge (a grid of thousands), with typed()'s result for each."""
+    from gpupack.workloads import load_workload
+
+    workload = load_workload("mnist_torch")
+    assert workload.typed_values(key, values, "sweep.grid") == [workload.typed(key, v, "sweep.grid") for v in values]
+
+
+@pytest.mark.parametrize("values, bad", [([64, "many", "x"], "many"), ([1.5], 1.5), ([2, None], None)])
+def test_a_grid_axis_with_a_bad_value_names_the_first_in_typeds_words(values, bad):
+    from gpupack.workloads import load_workload
+
+    workload = load_workload("mnist_torch")
+    with pytest.raises(ConfigError) as err:
+        workload.typed_values("batch_size", values, "sweep.grid")
+    with pytest.raises(ConfigError) as alone:
+        workload.typed("batch_size", bad, "sweep.grid")
+    assert str(err.value) == str(alone.value)

@@ -59,10 +59,13 @@ def quote_fields(text: str) -> str:
     return key + "=" + _BARE_ITEM.sub(lambda m: m[1] + '"' + m[2] + '"' + m[3], value)
 
 
-def grid_overrides(overrides: Sequence[str]) -> list[str]:
-    """Rewrite Hydra sweep overrides of sweep.grid.* keys as list values; refuse sweeps elsewhere."""
+def grid_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, list[Any]]]:
+    """The overrides Hydra composes, and the grid axes given in Hydra's sweep syntax (sweep.grid.lr=range(1,5001),
+    a,b,c): their values, which compose_config sets after composing (a list literal of thousands of values costs
+    Hydra's parser seconds). A later plain value of the same key wins, as in Hydra; sweeps elsewhere are refused."""
     parser = OverridesParser.create()
-    out = []
+    out: list[str] = []
+    axes: dict[str, list[Any]] = {}
     for given in overrides:
         text = quote_fields(given)
         try:
@@ -77,24 +80,15 @@ def grid_overrides(overrides: Sequence[str]) -> list[str]:
         if not ov.is_sweep_override():
             # Grid axes and fixed hyperparameters are checked against the workload's Params (with a
             # did-you-mean), so a user may set any of them without Hydra's "+" for new keys.
+            axes.pop(ov.get_key_element().lstrip("+~"), None)
             out.append(f"++{text}" if text.startswith(FREE_PREFIXES) else text)
             continue
         key = ov.get_key_element()
         if not key.lstrip("+~").startswith(GRID_PREFIX):
             raise ConfigError(key, (ov.input_line or "").split("=", 1)[1], "sweep syntax only makes a grid axis",
                               f"put the values under {GRID_PREFIX}<name>, or give one value")
-        values = [v for v in ov.sweep_iterator()]
-        out.append(f"++{key.lstrip('+')}={_list_literal(values)}")
-    return out
-
-
-def _list_literal(values: list[Any]) -> str:
-    def one(v: object) -> str:
-        if isinstance(v, str):
-            return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
-        return "null" if v is None else str(v).lower() if isinstance(v, bool) else repr(v)
-
-    return "[" + ",".join(one(v) for v in values) + "]"
+        axes[key.lstrip("+")] = list(ov.sweep_iterator())
+    return out, axes
 
 
 def _first_line(err: BaseException) -> str:
@@ -209,10 +203,12 @@ def _gpupack_hydra() -> Iterator[None]:
 def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
     """gpupack's config composed from conf/ and the overrides; ``with_hydra`` keeps Hydra's own node."""
     register_configs()
-    rewritten = grid_overrides(overrides)
+    rewritten, axes = grid_overrides(overrides)
     try:
         with _gpupack_hydra():
             cfg = compose(config_name="config", overrides=list(rewritten), return_hydra_config=with_hydra)
+        for key, values in axes.items():  # sweep.grid is Dict[str, Any]: any list of values composes
+            OmegaConf.update(cfg, key, values, merge=False, force_add=True)
     except (HydraException, OmegaConfBaseException) as err:
         raise translate(err, rewritten) from None
     return cfg

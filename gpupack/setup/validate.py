@@ -347,7 +347,7 @@ def typed_grid(workload: Workload, raw_grid: Any, raw_fixed: Any) -> tuple[dict[
         raise ConfigError("sweep.grid", raw_grid, "the grid is empty",
                           "give at least one axis, e.g. +sweep.grid.lr=[0.1,0.01]")
     # Typed first: a key that may not be a grid axis at all (command's argv) is refused for what it is.
-    grid = {k: [workload.typed(k, v, "sweep.grid") for v in grid_values(k, raw)] for k, raw in raw_grid.items()}
+    grid = {k: workload.typed_values(k, grid_values(k, raw), "sweep.grid") for k, raw in raw_grid.items()}
     both = set(raw_grid) & set(raw_fixed)
     if both:
         key = sorted(both)[0]
