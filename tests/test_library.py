@@ -97,7 +97,9 @@ PACK = PLAN.packs[0]
     ((0, False, False, True), False, None, {}, PENDING),  # not begun, while a live sweep holds the run (local)
     (0, True, None, {}, FAILED),  # ran here (local backend) and left trainings unfinished
     (0, False, "7", {"7": PENDING}, PENDING),
-    (1, False, "7", {"7": RUNNING}, RUNNING),
+    ((1, True), False, "7", {"7": RUNNING}, RUNNING),
+    (0, False, "7", {"7": RUNNING}, PENDING),  # its job is a lane of packs running another: its turn is to come
+    ((1, True), True, "7", {"7": RUNNING}, FAILED),  # its lane went on to the next pack: this one ended failing
     (1, True, "7", {"7": DONE}, FAILED),  # the job ended, a training did not complete
     (0, False, "7", {"7": FAILED}, FAILED),
     (0, False, "7", {}, "submitted"),  # sacct does not know it yet

@@ -300,13 +300,34 @@ def submit_limit(slurm_env):
 
 
 @pytest.mark.slurm
-def test_a_sweep_past_the_users_job_limit_is_refused_before_any_sbatch(tmp_path, slurm_env, submit_limit):
+@pytest.mark.slow
+def test_a_sweep_past_the_users_job_limit_runs_as_lanes_within_it(tmp_path, slurm_env, submit_limit):
+    """6 packs, MaxSubmitJobs=3: three jobs run two packs each in turn; every training completes once."""
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
+    run_dir = tmp_path / "run"
     proc = gpupack(PROBE + ["partitions=[p100]", "packing.factors=[1]", "sweep.grid.lr=range(1,7)",
-                            f"run_dir={tmp_path / 'run'}"], slurm_env)
+                            "sweep.fixed.steps=2", f"run_dir={run_dir}"], slurm_env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "jobs: 3 (lanes of packs: up to 2 packs each, in turn)" in " ".join(proc.stdout.split())
+    jobs = json.loads((run_dir / "jobs.json").read_text())
+    assert len(jobs) == 6 and len({j["job_id"] for j in jobs.values()}) == 3
+    recs = records(run_dir)
+    assert len(recs) == 6 and all(r["status"] == "completed" for r in recs.values())
+    lanes = {json.loads(f.read_text())["job_id"] for f in run_dir.glob("packs/*/pack.json")}
+    assert len(lanes) == 3  # each pack's record names the lane (array task) that ran it
+    rows = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "-S", since, "-o", "JobID"], capture_output=True,
+                          text=True, env=slurm_env).stdout.split()
+    assert len(rows) <= submit_limit  # never more jobs than the limit
+
+
+@pytest.mark.slurm
+def test_a_sweep_that_cannot_fit_the_users_job_limit_is_refused_before_any_sbatch(tmp_path, slurm_env, submit_limit):
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
+    proc = gpupack(PROBE + ["partitions=[p100]", "packing.factors=[1,2,3,4]", f"run_dir={tmp_path / 'run'}"],
+                   slurm_env)  # four (partition, mode, N): four lanes at the least, past MaxSubmitJobs=3
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     err = proc.stderr.strip().splitlines()[-1]
-    assert "makes 6 job(s)" in err and "MaxSubmitJobs=3" in err and "nothing was submitted" in err, err
+    assert "needs 4 job(s) at the least" in err and "MaxSubmitJobs=3" in err and "nothing was submitted" in err, err
     rows = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "-S", since, "-o", "JobID"], capture_output=True,
                           text=True, env=slurm_env).stdout.split()
     assert rows == []  # no sbatch ran

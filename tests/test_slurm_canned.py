@@ -250,13 +250,14 @@ def test_a_submission_past_the_users_job_limit_is_refused_whole_before_any_sbatc
     monkeypatch.setattr(SlurmSubmitter, "_executor", lambda self: pytest.fail("sbatch was called"))
     from gpupack.core.types import PackSettings
 
-    forecast = sub.job_forecast(_packs(6))
-    assert (forecast.jobs, forecast.arrays, forecast.allowed, forecast.over) == (6, 2, 4, True)  # 7 less 3 queued
+    packs = _packs(6, factors=(1, 2, 3, 4, 5))  # five (partition, mode, N) groups: five lanes at the least
+    forecast = sub.job_forecast(packs)
+    assert (forecast.jobs, forecast.allowed, forecast.over) == (5, 4, True)  # 7 less 3 queued
     with pytest.raises(SubmissionError) as err:
-        sub.submit(_packs(6), PackSettings())
+        sub.submit(packs, PackSettings())
     text = str(err.value)
-    assert "makes 6 job(s)" in text and "queue 4 more now" in text and "MaxSubmitJobsPerUser=7" in text
-    assert "nothing was submitted" in text and "HINT: packing.stream=on" in text
+    assert "needs 5 job(s) at the least" in text and "queue 4 more now" in text and "MaxSubmitJobsPerUser=7" in text
+    assert "nothing was submitted" in text and "HINT: wait for some of your jobs to end" in text
     assert not sub.run.jobs.exists()  # nothing remembered as submitted
 
 
@@ -274,8 +275,10 @@ def test_a_dry_run_says_its_jobs_and_files_against_the_limits(tmp_path, monkeypa
                          f"run_dir={tmp_path / 'run'}", "dry_run=true"])
     out = " ".join(capsys.readouterr().out.split())  # as one line, whatever the terminal's width
     assert code == 0, out
-    assert "jobs: 9 in 3 job array(s) of at most 5 tasks (MaxArraySize); the site lets you queue 4 more now " \
-           "(QOS normal's MaxSubmitJobsPerUser=7, 3 queued): as it stands, submitting refuses it whole" in out, out
+    # 6 packs of N=1 and 3 of N=2 in the 4 jobs this user may still queue: 2 + 1 lanes (in proportion, 1 at least)
+    assert ("jobs: 3 (lanes of packs: up to 3 packs each, in turn) in 2 job array(s) of at most 5 tasks "
+            "(MaxArraySize); the site lets you queue 4 more now (QOS normal's MaxSubmitJobsPerUser=7, 3 queued)") in out
+    assert "refuses" not in out
     assert "files: about " in out and not (tmp_path / "run").exists()
 
 
@@ -288,5 +291,32 @@ def test_a_dry_run_of_thousands_of_packs_lists_a_few_and_counts_the_rest(tmp_pat
     out = capsys.readouterr().out
     listed = [line for line in out.splitlines() if line.startswith("  v100-process-n01-")]
     assert len(listed) == LISTED_PACKS and f"... and {2000 - LISTED_PACKS:,} more packs" in out
-    # 2,000 jobs: 400 arrays at MaxArraySize=5, far past the 4 this user may still queue
-    assert "jobs: 2,000 in 400 job array(s)" in " ".join(out.split())
+    # 2,000 packs in the 4 jobs this user may still queue: 4 lanes of 500 packs, one array
+    assert "jobs: 4 (lanes of packs: up to 500 packs each, in turn) in 1 job array(s)" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("sizes, at_once, allowed, expected", [
+    ([3, 2], 64, None, [3, 2]),  # a group runs at once: a job per pack, as before
+    ([6000, 3000], 64, None, [64, 64]),  # thousands of packs: as many lanes as run at once
+    ([6000, 3000], 64, 1000, [64, 64]),
+    ([6, 3], 64, 4, [2, 1]),  # past the user's limit: shared in proportion
+    ([100, 1, 1], 64, 10, [8, 1, 1]),  # at least one lane a group
+    ([5, 5, 5], 64, 2, None),  # not even one lane a group fits: refused
+])
+def test_lanes_per_group_within_the_limits(sizes, at_once, allowed, expected):
+    from gpupack.submit.slurm import lane_counts
+
+    counts = lane_counts(sizes, at_once, allowed)
+    assert counts == expected
+    if counts is not None:
+        assert all(1 <= k <= size for k, size in zip(counts, sizes))
+        assert allowed is None or sum(counts) <= allowed
+
+
+def test_a_groups_packs_are_dealt_to_its_lanes_in_the_plans_order():
+    from gpupack.submit.slurm import deal
+
+    packs = _packs(7)
+    lanes = deal(packs, 3)
+    assert [[packs.index(p) for p in lane] for lane in lanes] == [[0, 3, 6], [1, 4], [2, 5]]
+    assert deal(packs, 7) == [[p] for p in packs]  # one lane a pack: a job per pack, as before

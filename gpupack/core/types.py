@@ -106,7 +106,8 @@ class PackResult:
 class JobForecast:
     """The jobs a submission of some packs makes, against what the site lets the user have (a backend's answer)."""
 
-    jobs: int  # one per pack (an array task each on SLURM)
+    jobs: int  # a lane of packs each (an array task each on SLURM); at the least possible where over the limit
+    packs: int = 0  # the packs they run
     arrays: int = 0  # SLURM job arrays they go in (0: no arrays)
     max_array_size: int | None = None  # tasks per array at most (MaxArraySize)
     allowed: int | None = None  # more jobs the user may queue now (the limit less those queued); None: no limit known

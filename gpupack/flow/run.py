@@ -153,7 +153,9 @@ def forecast(prepared: Prepared) -> list[str]:
     plan, jobs = prepared.plan, prepared.submitter.job_forecast(prepared.plan.packs)
     arrays = (f" in {jobs.arrays} job array(s)" + (f" of at most {jobs.max_array_size:,} tasks (MaxArraySize)"
                                                     if jobs.max_array_size else "")) if jobs.arrays else ""
-    line = f"jobs: {jobs.jobs:,}{arrays}"
+    lanes = f" (lanes of packs: up to {-(-jobs.packs // jobs.jobs):,} packs each, in turn)" \
+        if jobs.packs > jobs.jobs and not jobs.over else ""
+    line = f"jobs: {jobs.jobs:,}{lanes}{arrays}"
     if jobs.allowed is not None:
         line += (f"; the site lets you queue {jobs.allowed:,} more now ({jobs.limit}, {jobs.queued:,} queued)"
                  + (": as it stands, submitting refuses it whole" if jobs.over else ""))

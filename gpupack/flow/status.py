@@ -98,6 +98,10 @@ def pack_status(pack: Pack, done: int, has_record: bool, job_id: str | None,
     if states is None:
         return "unknown"
     queue = states.get(job_id)
+    if queue == RUNNING and not started:  # its job runs the packs of a lane in turn, and this one's turn is to come
+        return PENDING
+    if queue == RUNNING and has_record:  # its lane went on to its next pack: this one ended with failures
+        return FAILED
     if queue in (PENDING, RUNNING):
         return queue
     if queue is None:

@@ -26,6 +26,20 @@ from gpupack.runtime.jobenv import JobEnvironment
 CLAIM_MARGIN_S, CLAIM_MARGIN = 2.0, 0.1
 
 
+def out_of_time(limit_s: float | None, elapsed_s: float, estimate_s: float | None, what: str) -> str | None:
+    """Why a lane starts no more work (``what``: a training, a pack): one started now, taking up to ``estimate_s``,
+    would pass the job's time limit (``limit_s`` after its start, less the requeue signal's delay). None: there is
+    time, or no limit, or nothing to estimate by. Pure."""
+    if limit_s is None or estimate_s is None:
+        return None
+    left = limit_s - elapsed_s
+    needed = estimate_s + max(CLAIM_MARGIN_S, CLAIM_MARGIN * estimate_s)  # its record written, its process reaped
+    if left >= needed:
+        return None
+    return (f"{left:.0f} s left before the job's time limit, and {what} takes up to {estimate_s:.0f} s: "
+            "the rest is left for the requeued job or the other lanes")
+
+
 class Lane:
     """The claims of one lane: :meth:`next` is what a freed slot takes (a :class:`gpupack.pack.Stream`)."""
 
@@ -60,15 +74,7 @@ class Lane:
     def out_of_time(self) -> str | None:
         """Why the lane claims no more: a training started now would pass the job's time limit (less the requeue
         signal's delay). None: there is time (or no limit, or nothing to estimate by)."""
-        limit, estimate = self.settings.claim_until_s, self.estimate_s()
-        if limit is None or estimate is None:
-            return None
-        left = limit - (self.clock() - self.started)
-        needed = estimate + max(CLAIM_MARGIN_S, CLAIM_MARGIN * estimate)  # its record written, its process reaped
-        if left >= needed:
-            return None
-        return (f"{left:.0f} s left before the job's time limit, and a training takes up to {estimate:.0f} s: "
-                "the rest is left for the requeued job or the other lanes")
+        return out_of_time(self.settings.claim_until_s, self.clock() - self.started, self.estimate_s(), "a training")
 
     def next(self) -> Training | None:
         if self.stopped is None:

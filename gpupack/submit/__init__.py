@@ -39,6 +39,7 @@ from gpupack.core.types import (
 from gpupack.errors import ConfigError, SubmissionError
 from gpupack.job.body import run_pack
 from gpupack.job.stream import run_lane
+from gpupack.job.turns import run_in_turn
 from gpupack.runtime.jobenv import JobEnvironment
 
 
@@ -69,12 +70,16 @@ class PackJob(submitit.helpers.Checkpointable):
     def __init__(self, submitter: type[Submitter[ClusterConfig]]) -> None:
         self.submitter = submitter
 
-    def __call__(self, run_root: str, pack_id: str, settings: PackSettings) -> dict[str, Any]:
+    def __call__(self, run_root: str, pack_id: str | list[str], settings: PackSettings) -> dict[str, Any]:
+        """One pack (its id), a streaming lane (its pack id), or a lane of whole packs run in turn (their ids)."""
         job = self.submitter.job_environment()
         plan = Plan.from_json(read_json(RunDir(Path(run_root)).plan))  # read once: the job body is handed it
-        if plan.pack(pack_id).stream is None:
+        if isinstance(pack_id, list):
+            record = run_in_turn(run_root, pack_id, settings, job=job, plan=plan)
+        elif plan.pack(pack_id).stream is None:
             return run_pack(run_root, pack_id, settings, job=job, plan=plan)
-        record = run_lane(run_root, pack_id, settings, job=job, plan=plan)
+        else:
+            record = run_lane(run_root, pack_id, settings, job=job, plan=plan)
         if record.get("stopped_claiming") and record.get("unclaimed") and self.submitter.requeues:
             # Near its time limit with trainings left: requeue now, as SLURM's signal would a little later
             # (submitit's handler checkpoints this call and requeues it; the lane's next run goes on with the queue).
@@ -170,7 +175,7 @@ class Submitter(ABC, Generic[ConfigT]):
     def job_forecast(self, packs: Sequence[Pack]) -> JobForecast:
         """The jobs submitting ``packs`` makes, against the site's limits where the backend knows them (one job per
         pack here, no limit)."""
-        return JobForecast(jobs=len(packs))
+        return JobForecast(jobs=len(packs), packs=len(packs))
 
     @abstractmethod
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
@@ -249,9 +254,15 @@ def progress_state(result: PackResult) -> str:
 
 
 def job_result(pack: Pack, job: PackJobHandle) -> PackResult:
-    """How a finished submitit job ended: its pack record, or the error submitit re-raises."""
+    """How a finished submitit job ended for ``pack``: its pack record (of a lane of packs: the one it ran for this
+    pack), or the error submitit re-raises."""
     try:
         record = job.result()
     except Exception as err:
         return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=False, error=str(err)[-2000:])
+    if "records" in record and "lane" in record:  # a lane of whole packs (gpupack.job.turns)
+        if pack.pack_id not in record["records"]:
+            return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=False,
+                              error=f"its lane left it unrun: {record.get('stopped_claiming') or 'no time left'}")
+        record = record["records"][pack.pack_id]
     return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=True, record=record)

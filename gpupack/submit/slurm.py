@@ -13,7 +13,7 @@ import re
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, TypeVar
 
 import submitit
 
@@ -34,6 +34,7 @@ from gpupack.submit import (
     progress_state,
 )
 
+T = TypeVar("T")
 ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")  # what Alliance users export in their shell
 REQUEST_FORMS = ("gpus_per_node", "gres", "none")
 DEFAULT_MEM_GB = 2.0  # per training, when cluster.mem_gb_per_training is null and nothing was measured
@@ -181,27 +182,52 @@ def slurm_job_environment(job_id: str | None, env: Mapping[str, str]) -> JobEnvi
                                      "slurm_partition": env.get("SLURM_JOB_PARTITION")})
 
 
-def array_groups(packs: Sequence[Pack]) -> dict[tuple[str, str, int, int], list[Pack]]:
+# What a pack's job asks for: (partition, mode, N, devices).
+GroupKey = tuple[str, str, int, int]
+
+
+def array_groups(packs: Sequence[Pack]) -> dict[GroupKey, list[Pack]]:
     """Packs by what their job asks for, (partition, mode, N, devices): a job array each, in the plan's order. Pure."""
-    groups: dict[tuple[str, str, int, int], list[Pack]] = {}
+    groups: dict[GroupKey, list[Pack]] = {}
     for p in packs:
         groups.setdefault((p.partition, p.mode, p.factor, p.devices), []).append(p)
     return groups
 
 
-def array_chunks(group: Sequence[Pack], max_array_size: int | None) -> list[list[Pack]]:
-    """A group's packs as the arrays SLURM accepts: at most ``max_array_size`` tasks each (None: one array). Pure."""
-    size = max_array_size or len(group) or 1
-    return [list(group[i:i + size]) for i in range(0, len(group), size)]
+def array_chunks(tasks: Sequence[T], max_array_size: int | None) -> list[list[T]]:
+    """A group's array tasks as the arrays SLURM accepts: at most ``max_array_size`` tasks each (None: one). Pure."""
+    size = max_array_size or len(tasks) or 1
+    return [list(tasks[i:i + size]) for i in range(0, len(tasks), size)]
+
+
+def lane_counts(sizes: Sequence[int], at_once: int, allowed: int | None) -> list[int] | None:
+    """Jobs (lanes of packs) for groups of ``sizes`` packs: as many as run at once (``at_once``: array_parallelism),
+    never more than a group's packs, and all of them within ``allowed`` (the jobs the user may still queue; None: no
+    limit), shared out in proportion, at least one a group; None where not even one a group fits. Pure."""
+    counts = [min(size, at_once) for size in sizes]
+    if allowed is None or sum(counts) <= allowed:
+        return counts
+    if allowed < len(counts):
+        return None
+    shares = [max(1, c * allowed // sum(counts)) for c in counts]
+    while sum(shares) > allowed:  # the max(1, ...) may take one too many: from the largest share
+        shares[shares.index(max(shares))] -= 1
+    return shares
+
+
+def deal(group: Sequence[Pack], lanes: int) -> list[list[Pack]]:
+    """A group's packs dealt to ``lanes`` jobs in the plan's order (lane i: packs i, i + lanes, ...), so every lane
+    runs packs from the whole run (interleaved N stays interleaved). Pure."""
+    return [list(group[i::lanes]) for i in range(lanes)]
 
 
 def over_limit(forecast: JobForecast, key: str) -> str:
-    """The line for a submission of more jobs than the site lets the user queue now (``key``: the config key of the
-    site's stated limit)."""
-    return (f"this submission makes {forecast.jobs} job(s) (one per pack) and the site lets you queue "
-            f"{forecast.allowed} more now ({forecast.limit}; {forecast.queued} of yours queued or running): nothing "
-            "was submitted. HINT: packing.stream=on runs the grid as a few jobs per (partition, mode, N) that take "
-            "trainings as slots free; or run fewer N or grid points per run and resume the same run_dir later "
+    """The line for a submission that needs more jobs than the site lets the user queue now, even at one lane of
+    packs per (partition, mode, N) (``key``: the config key of the site's stated limit)."""
+    return (f"this submission needs {forecast.jobs} job(s) at the least (one lane of packs for each (partition, mode, "
+            f"N) of its {forecast.packs} pack(s)) and the site lets you queue {forecast.allowed} more now "
+            f"({forecast.limit}; {forecast.queued} of yours queued or running): nothing was submitted. HINT: wait "
+            "for some of your jobs to end, or run fewer N or partitions per run and resume the same run_dir later "
             f"(it submits only what is left); {key} sets the site's stated limit")
 
 
@@ -342,25 +368,35 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
             self._limits = live
         return self._limits
 
-    def job_forecast(self, packs: Sequence[Pack]) -> JobForecast:
+    def lanes(self, packs: Sequence[Pack]) -> tuple[JobForecast, list[tuple[GroupKey, list[list[Pack]]]]]:
+        """The jobs submitting ``packs`` makes: each (partition, mode, N) group's packs dealt to its lanes (one pack
+        each where the group runs at once), against the site's limits; no lanes where they cannot fit."""
         limits = self.site_limits()
-        arrays = sum(len(array_chunks(g, limits.max_array_size)) for g in array_groups(packs).values())
+        groups = list(array_groups(packs).items())
         allowed = None if limits.max_submit is None else max(0, limits.max_submit - limits.queued)
-        return JobForecast(jobs=len(packs), arrays=arrays, max_array_size=limits.max_array_size, allowed=allowed,
-                           limit=limits.submit_source, queued=limits.queued)
+        counts = lane_counts([len(g) for _, g in groups], int(self.cluster.array_parallelism), allowed)
+        lanes = [(key, deal(group, k)) for (key, group), k in zip(groups, counts)] if counts is not None else []
+        arrays = sum(len(array_chunks(group_lanes, limits.max_array_size)) for _, group_lanes in lanes)
+        forecast = JobForecast(jobs=sum(counts) if counts is not None else len(groups), packs=len(packs),
+                               arrays=arrays, max_array_size=limits.max_array_size, allowed=allowed,
+                               limit=limits.submit_source, queued=limits.queued)
+        return forecast, lanes
+
+    def job_forecast(self, packs: Sequence[Pack]) -> JobForecast:
+        return self.lanes(packs)[0]
 
     def submit(self, packs: Sequence[Pack], settings: PackSettings) -> list[tuple[Pack, PackJobHandle]]:
         """One job array per (partition, mode, N), split where it would pass MaxArraySize, submitted in the plan's
         order (interleaved N): each array's tasks in the order their packs were planned. When they run is then the
         scheduler's choice; each pack record keeps its start time and host. A submission of more jobs than the site
         lets the user queue now is refused whole, before any sbatch. Returns each pack with its job."""
-        forecast = self.job_forecast(packs)
+        forecast, lanes = self.lanes(packs)
         if forecast.over:
             raise SubmissionError(over_limit(forecast, self.key("max_jobs_per_user")))
         account = self.account()
         out: list[tuple[Pack, PackJobHandle]] = []
-        arrays = [(key, chunk) for key, group in array_groups(packs).items()
-                  for chunk in array_chunks(group, forecast.max_array_size)]
+        arrays = [(key, chunk) for key, group_lanes in lanes
+                  for chunk in array_chunks(group_lanes, forecast.max_array_size)]
         for (partition, _mode, factor, devices), group in arrays:
             part, req = self.cluster.partitions[partition], self.request(factor)
             executor = self._executor()
@@ -372,14 +408,15 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                          "bundle_cores": part.bundle_cores, "bundle_mem_gb": part.bundle_mem_gb}
                 labelled = dataclasses.replace(settings, gpu_model=part.model, claim_until_s=self.claim_until_s(),
                                                billing=asked)
-                with executor.batch():
-                    jobs = [executor.submit(PackJob(type(self)), str(self.run.root), p.pack_id, labelled)
-                            for p in group]
+                with executor.batch():  # a lane of one pack runs it as before; of more, in turn
+                    jobs = [executor.submit(PackJob(type(self)), str(self.run.root),
+                                            lane[0].pack_id if len(lane) == 1 else [p.pack_id for p in lane],
+                                            labelled) for lane in group]
             except Exception as err:  # sbatch refused: say which group and why, keep what was submitted
                 self.remember({p.pack_id: (str(j.job_id), p.partition) for p, j in out})
                 what = f"k={devices}" if devices > 1 else f"N={factor}"
                 raise SubmissionError(f"sbatch refused the {partition} {what} array: {err}".strip()) from None
-            out += list(zip(group, jobs))
+            out += [(p, job) for lane, job in zip(group, jobs) for p in lane]
         self.remember({p.pack_id: (str(j.job_id), p.partition) for p, j in out})
         return out
 
@@ -407,7 +444,8 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                     waiting.remove((pack, job))
                     results.append(self.ended(pack, job, since))
                     progress(pack, progress_state(results[-1]))
-                elif look and shown.get(pack.pack_id) != "running" and job.state.split(" ")[0] == "RUNNING":
+                elif look and shown.get(pack.pack_id) != "running" and job.state.split(" ")[0] == "RUNNING" \
+                        and self.run.pack_dir(pack.pack_id).is_dir():  # its job body began (a lane: its turn came)
                     shown[pack.pack_id] = "running"
                     progress(pack, "running")
         return results

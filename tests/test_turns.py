@@ -1,0 +1,76 @@
+"""A lane of whole packs (gpupack/job/turns.py, issue 30: jobs are lanes): one job runs its share of a group's packs
+in turn, each measured as alone in a job, completed packs skipped, no pack started past the job's time (fake clock)."""
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+
+import pytest
+
+from gpupack.core.plan import make_plan
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings
+from gpupack.job.turns import run_in_turn
+from gpupack.runtime.jobenv import JobEnvironment
+from gpupack.submit import PackJob
+from tests.test_stream import _Requeueing
+
+SETTINGS = PackSettings(device="cpu")
+
+
+def _run(tmp_path, n=3):
+    run = RunDir(tmp_path / "run")
+    plan = make_plan(sweep="t", workload="tests.fake_workloads", grid={"lr": [0.1 * (i + 1) for i in range(n)]},
+                     fixed={"steps": 2}, factors=[1], modes=["process"], partitions=["local"], repeats=1)
+    write_json_atomic(run.plan, plan.to_json())
+    return run, plan
+
+
+def test_a_lane_runs_its_packs_in_turn_each_with_its_own_records(tmp_path):
+    run, plan = _run(tmp_path)
+    ids = [p.pack_id for p in plan.packs]
+    out = run_in_turn(str(run.root), ids, SETTINGS)
+    assert list(out["records"]) == ids and out["unclaimed"] == 0 and out["stopped_claiming"] is None
+    for p in plan.packs:  # each pack its own record and timing, as alone in a job
+        rec = read_json(run.pack_record(p.pack_id))
+        assert rec["n_completed"] == 1 and rec["complete"] is True
+        assert read_json(run.training_record(p.pack_id, p.trainings[0].training_id))["status"] == "completed"
+    walls = [read_json(run.pack_record(i))["wall_s"] for i in ids]
+    again = run_in_turn(str(run.root), ids, SETTINGS)  # a requeued lane: its completed packs are skipped
+    assert [read_json(run.pack_record(i))["wall_s"] for i in ids] == walls and list(again["records"]) == ids
+
+
+def test_a_lane_starts_no_pack_it_could_not_finish_before_its_time_limit(tmp_path):
+    run, plan = _run(tmp_path)
+    ticks = itertools.count(start=100, step=100)  # each look at the clock: 100 s later
+    out = run_in_turn(str(run.root), [p.pack_id for p in plan.packs], PackSettings(device="cpu", claim_until_s=250),
+                      job=JobEnvironment(job_id="1_0", started_at=0.0), clock=lambda: float(next(ticks)))
+    # pack 1 ran (100 s by the clock); at 400 s nothing of 100 s fits before 250 s: the other two are left
+    assert list(out["records"]) == [plan.packs[0].pack_id] and out["unclaimed"] == 2
+    assert "a pack takes up to 100 s" in out["stopped_claiming"]
+    assert not run.pack_record(plan.packs[1].pack_id).exists()
+
+
+class _LateLane(_Requeueing):
+    """A job that started 1000 s ago: past a 60 s limit once its first pack has given an estimate."""
+
+    @classmethod
+    def job_environment(cls) -> JobEnvironment:
+        return JobEnvironment(job_id="9_0", started_at=time.time() - 1000)
+
+
+@pytest.mark.parametrize("requeues", [True, False])
+def test_a_lane_of_packs_out_of_time_asks_its_backend_to_requeue(tmp_path, monkeypatch, requeues):
+    run, plan = _run(tmp_path, n=2)
+    seen: list[int] = []
+    monkeypatch.setattr(_LateLane, "requeues", requeues)
+    old = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    try:
+        out = PackJob(_LateLane)(str(run.root), [p.pack_id for p in plan.packs],  # type: ignore[arg-type]
+                                 PackSettings(device="cpu", claim_until_s=60.0))
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert out["unclaimed"] == 1 and list(out["records"]) == [plan.packs[0].pack_id]
+    assert seen == ([signal.SIGUSR1] if requeues else [])
