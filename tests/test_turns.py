@@ -74,3 +74,17 @@ def test_a_lane_of_packs_out_of_time_asks_its_backend_to_requeue(tmp_path, monke
         signal.signal(signal.SIGUSR1, old)
     assert out["unclaimed"] == 1 and list(out["records"]) == [plan.packs[0].pack_id]
     assert seen == ([signal.SIGUSR1] if requeues else [])
+
+
+def test_streaming_lanes_dealt_to_one_job_drain_their_queue_once(tmp_path):
+    """Where the user's job limit deals two streaming lanes of a queue to one job, the first drains it and the
+    second finds nothing left: every training runs once."""
+    from tests.test_stream import _plan, _records
+
+    run, plan = _plan(tmp_path, n_trainings=4, factor=2, jobs=2)
+    assert [p.stream is not None for p in plan.packs] == [True, True]
+    out = run_in_turn(str(run.root), [p.pack_id for p in plan.packs], SETTINGS)
+    recs = _records(run)
+    assert len(recs) == 4 and all(r["status"] == "completed" for r in recs.values())
+    first, second = (out["records"][p.pack_id] for p in plan.packs)
+    assert len(first["claimed"]) == 4 and second["claimed"] == []

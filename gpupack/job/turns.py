@@ -18,7 +18,7 @@ from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
-from gpupack.job.stream import out_of_time
+from gpupack.job.stream import out_of_time, run_lane
 from gpupack.runtime.jobenv import JobEnvironment
 
 
@@ -38,6 +38,8 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
             return {"lane": list(pack_ids), "records": records, "stopped_claiming": stopped,
                     "unclaimed": len(pack_ids) - i}
         began = clock()
-        records[pack_id] = run_pack(run_root, pack_id, settings, job=job, plan=plan)
+        # a streaming lane's pack too, where the user's job limit dealt several to one job: it drains its queue
+        run_one = run_lane if plan.pack(pack_id).stream is not None else run_pack
+        records[pack_id] = run_one(run_root, pack_id, settings, job=job, plan=plan)
         walls.append(clock() - began)
     return {"lane": list(pack_ids), "records": records, "stopped_claiming": None, "unclaimed": 0}
