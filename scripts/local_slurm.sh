@@ -6,6 +6,9 @@
 #   scripts/local_slurm.sh stop     stop the daemons (state is kept under $GPUPACK_SLURM_DIR)
 #   scripts/local_slurm.sh status   sinfo, or exit 1 when slurmctld does not answer
 #   scripts/local_slurm.sh env      print `export SLURM_CONF=...` for your shell: eval "$(scripts/local_slurm.sh env)"
+#   scripts/local_slurm.sh limits [MAX_ARRAY_SIZE [MAX_SUBMIT_JOBS]]
+#                                   a site's limits, lowered for a test: MaxArraySize (slurm.conf, scontrol reconfigure)
+#                                   and this user's MaxSubmitJobs (sacctmgr); with no number, SLURM's defaults again
 #
 # Needs root (it installs packages and runs the daemons as root). Everything lives in $GPUPACK_SLURM_DIR.
 set -euo pipefail
@@ -172,10 +175,24 @@ stop() {
   log "stopped slurmd, slurmctld and slurmdbd (munge and MariaDB keep running)"
 }
 
+limits() {
+  local array_size=${1:-} submit=${2:--1}
+  sed -i '/^MaxArraySize=/d' "$ETC/slurm.conf"
+  [ -n "$array_size" ] && echo "MaxArraySize=$array_size" >> "$ETC/slurm.conf"
+  scontrol reconfigure
+  for _ in $(seq 100); do  # reconfigure returns before slurmctld has read it
+    scontrol show config | grep -qE "^MaxArraySize +=? *${array_size:-1001}$" && break
+    sleep 0.2
+  done
+  sacctmgr -i modify user where name="$(id -un)" set MaxSubmitJobs="$submit" >/dev/null
+  log "MaxArraySize=${array_size:-1001 (default)}, MaxSubmitJobs of $(id -un)=${submit/#-1/none}"
+}
+
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) sinfo -h -o "%P %t %G" ;;
   env) echo "export SLURM_CONF=$SLURM_CONF" ;;
-  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+  limits) shift; limits "$@" ;;
+  *) echo "usage: $0 start|stop|status|env|limits [MAX_ARRAY_SIZE [MAX_SUBMIT_JOBS]]" >&2; exit 2 ;;
 esac

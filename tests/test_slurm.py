@@ -2,7 +2,6 @@
 resume after scancel, requeue at the time limit, and bad input refused before submission."""
 from __future__ import annotations
 
-import getpass
 import json
 import re
 import subprocess
@@ -243,29 +242,20 @@ def test_time_limit_requeues_and_finished_trainings_are_not_rerun(tmp_path, slur
 
 # ---------------- the site's limits, as the local slurmctld enforces them (issue 30) ----------------
 
-def _scontrol_value(env: dict[str, str], name: str) -> str | None:
-    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, env=env).stdout
-    m = re.search(rf"^{name}\s*=\s*(\S+)", out, re.MULTILINE)
-    return m.group(1) if m else None
+def site_limits(env: dict[str, str], *numbers: int) -> None:
+    """The local cluster's MaxArraySize and this user's MaxSubmitJobs, lowered (numbers) or back to SLURM's own."""
+    subprocess.run([str(REPO / "scripts" / "local_slurm.sh"), "limits", *map(str, numbers)], env=env, check=True,
+                   capture_output=True, timeout=120)
 
 
 @pytest.fixture
 def lowered_max_array_size(slurm_env):
-    """The local cluster with MaxArraySize=5 for one test (slurm.conf and scontrol reconfigure), then put back."""
-    conf = Path(slurm_env["SLURM_CONF"])
-    original = conf.read_text()
-
-    def apply(text: str, expected: str) -> None:
-        conf.write_text(text)
-        subprocess.run(["scontrol", "reconfigure"], env=slurm_env, check=True, capture_output=True)
-        assert wait_for(lambda: _scontrol_value(slurm_env, "MaxArraySize") == expected, timeout_s=30)
-
-    before = _scontrol_value(slurm_env, "MaxArraySize") or "1001"
-    apply(re.sub(r"(?m)^MaxArraySize=.*\n", "", original) + "MaxArraySize=5\n", "5")
+    """The local cluster with MaxArraySize=5 for one test, then put back."""
+    site_limits(slurm_env, 5)
     try:
         yield 5
     finally:
-        apply(original, before)
+        site_limits(slurm_env)
 
 
 @pytest.mark.slurm
@@ -285,18 +275,12 @@ def test_a_group_past_max_array_size_runs_as_several_arrays(tmp_path, slurm_env,
 
 @pytest.fixture
 def submit_limit(slurm_env):
-    """The user's association with MaxSubmitJobs=3 for one test (sacctmgr), then no limit again."""
-    user = getpass.getuser()
-
-    def set_to(value: int) -> None:
-        subprocess.run(["sacctmgr", "-i", "modify", "user", "where", f"name={user}", "set", f"MaxSubmitJobs={value}"],
-                       env=slurm_env, check=True, capture_output=True)
-
-    set_to(3)
+    """This user's MaxSubmitJobs=3 for one test (sacctmgr), then no limit again."""
+    site_limits(slurm_env, 1001, 3)
     try:
         yield 3
     finally:
-        set_to(-1)
+        site_limits(slurm_env)
 
 
 @pytest.mark.slurm

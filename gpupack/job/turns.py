@@ -35,11 +35,11 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
     for i, pack_id in enumerate(pack_ids):
         stopped = out_of_time(settings.claim_until_s, clock() - started, max(walls, default=None), "a pack")
         if stopped is not None:
-            return {"lane": list(pack_ids), "records": records, "stopped_claiming": stopped,
+            return {"in_turn": list(pack_ids), "records": records, "stopped_claiming": stopped,
                     "unclaimed": len(pack_ids) - i}
         began = clock()
         # a streaming lane's pack too, where the user's job limit dealt several to one job: it drains its queue
         run_one = run_lane if plan.pack(pack_id).stream is not None else run_pack
         records[pack_id] = run_one(run_root, pack_id, settings, job=job, plan=plan)
         walls.append(clock() - began)
-    return {"lane": list(pack_ids), "records": records, "stopped_claiming": None, "unclaimed": 0}
+    return {"in_turn": list(pack_ids), "records": records, "stopped_claiming": None, "unclaimed": 0}

@@ -260,7 +260,7 @@ def job_result(pack: Pack, job: PackJobHandle) -> PackResult:
         record = job.result()
     except Exception as err:
         return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=False, error=str(err)[-2000:])
-    if "records" in record and "lane" in record:  # a lane of whole packs (gpupack.job.turns)
+    if "in_turn" in record:  # a lane of whole packs (gpupack.job.turns.run_in_turn)
         if pack.pack_id not in record["records"]:
             return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=False,
                               error=f"its lane left it unrun: {record.get('stopped_claiming') or 'no time left'}")
