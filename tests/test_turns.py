@@ -88,3 +88,18 @@ def test_streaming_lanes_dealt_to_one_job_drain_their_queue_once(tmp_path):
     assert len(recs) == 4 and all(r["status"] == "completed" for r in recs.values())
     first, second = (out["records"][p.pack_id] for p in plan.packs)
     assert len(first["claimed"]) == 4 and second["claimed"] == []
+
+
+def test_each_pack_of_a_lane_gets_its_own_result_from_the_lanes_job(tmp_path):
+    from types import SimpleNamespace
+
+    from gpupack.submit import job_result
+
+    run, plan = _run(tmp_path, n=2)
+    ran, left = plan.packs
+    lane = {"in_turn": [ran.pack_id, left.pack_id], "records": {ran.pack_id: {"n_completed": 1}},
+            "stopped_claiming": "12 s left before the job's time limit", "unclaimed": 1}
+    job = SimpleNamespace(job_id="9_3", result=lambda: lane)
+    first, second = job_result(ran, job), job_result(left, job)  # type: ignore[arg-type]
+    assert first.ok and first.record == {"n_completed": 1} and first.job_id == "9_3"
+    assert not second.ok and "its lane left it unrun: 12 s left" in (second.error or "")
