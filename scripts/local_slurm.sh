@@ -149,6 +149,11 @@ start() {
     IFS=: read -r name gpu port <<<"$node"
     running "slurmd -N $name" || slurmd -N "$name"
   done
+  wait_nodes
+  log "up: export SLURM_CONF=$SLURM_CONF"
+}
+
+wait_nodes() {
   for _ in $(seq 150); do
     sinfo -h -o "%t" 2>/dev/null | grep -qE "idle|mix|alloc" && [ "$(sinfo -h -o '%t' | grep -cvE 'idle|mix|alloc')" = 0 ] && break
     sinfo -h -N -o "%N %t" 2>/dev/null | awk '$2 ~ /drain|down/ {print $1}' | while read -r n; do
@@ -160,7 +165,6 @@ start() {
     log "the cluster did not come up; logs: $BASE/log"
     exit 1
   fi
-  log "up: export SLURM_CONF=$SLURM_CONF"
 }
 
 stop() {
@@ -177,13 +181,16 @@ stop() {
 
 limits() {
   local array_size=${1:-} submit=${2:--1}
-  sed -i '/^MaxArraySize=/d' "$ETC/slurm.conf"
+  sed -i '/^MaxArraySize=/d; /^AccountingStorageEnforce=/d' "$ETC/slurm.conf"
   [ -n "$array_size" ] && echo "MaxArraySize=$array_size" >> "$ETC/slurm.conf"
-  scontrol reconfigure
-  for _ in $(seq 100); do  # reconfigure returns before slurmctld has read it
-    scontrol show config | grep -qE "^MaxArraySize +=? *${array_size:-1001}$" && break
-    sleep 0.2
-  done
+  # a submit limit that SLURM enforces, as a site's is (sbatch refuses past it)
+  [ "$submit" != "-1" ] && echo "AccountingStorageEnforce=limits" >> "$ETC/slurm.conf"
+  # slurmctld reads MaxArraySize when it starts (scontrol reconfigure shows the new value and keeps the old limit):
+  # restart it; its state (jobs, nodes) is kept in StateSaveLocation, the slurmd keep running
+  pkill -x slurmctld 2>/dev/null || true
+  for _ in $(seq 100); do pgrep -x slurmctld >/dev/null || break; sleep 0.2; done
+  slurmctld
+  wait_nodes 2>/dev/null
   sacctmgr -i modify user where name="$(id -un)" set MaxSubmitJobs="$submit" >/dev/null
   log "MaxArraySize=${array_size:-1001 (default)}, MaxSubmitJobs of $(id -un)=${submit/#-1/none}"
 }
