@@ -11,7 +11,8 @@ after. The trainings are a program that ends at once (the `command` workload run
 gpupack's own overhead and its jobs, not training:
 
     gpupack:  python -m gpupack +sweep=command sweep.fixed.argv=[/bin/true,{i}] sweep.grid.i=range(0,T)
-              packing.factors=[8] packing.repeats=1 cluster=slurm partitions=[p100]
+              packing.factors=[8] packing.repeats=1 cluster=slurm partitions=[p100] cluster.cpus_per_training=0.25
+              cluster.mem_gb_per_training=0.25
     by hand:  submitit's map_array of T tasks (one job per training), the same program
 
 For each: whether it ran to its end, the jobs SLURM saw (sacct), trainings completed (each once?), files left in
@@ -43,10 +44,11 @@ def _limits(*numbers: int) -> None:
                    capture_output=True, timeout=120)
 
 
-def _jobs_since(since: str) -> int:
-    out = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "-S", since, "-o", "JobID"], capture_output=True,
-                         text=True, env=_env()).stdout
-    return len(out.split())
+def _jobs_since(since: str, name: str) -> int:
+    """Jobs (array tasks each) SLURM recorded since ``since`` whose name starts with ``name``."""
+    out = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "--array", "-S", since, "-o", "JobID,JobName"],
+                         capture_output=True, text=True, env=_env()).stdout
+    return sum(1 for line in out.splitlines() if line.partition("|")[2].startswith(name))
 
 
 def _files(folder: Path) -> int:
@@ -58,7 +60,8 @@ def gpupack_run(out: Path, trainings: int) -> dict[str, Any]:
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
     argv = [PYTHON, "-m", "gpupack", "+sweep=command", "sweep.fixed.argv=[/bin/true,\"{i}\"]",
             f"sweep.grid.i=range(0,{trainings})", f"packing.factors=[{N}]", "packing.repeats=1", "cluster=slurm",
-            "partitions=[p100]", "cluster.poll_s=1", f"run_dir={run_dir}"]
+            "partitions=[p100]", "cluster.poll_s=1", "cluster.cpus_per_training=0.25",
+            "cluster.mem_gb_per_training=0.25", f"run_dir={run_dir}"]
     say(f"running gpupack: {trainings} trainings at N={N}")
     began = time.time()
     proc = subprocess.run(argv, capture_output=True, text=True, env=_env(), cwd=REPO, timeout=3600)
@@ -66,7 +69,7 @@ def gpupack_run(out: Path, trainings: int) -> dict[str, Any]:
     (out / "gpupack.log").write_text(proc.stdout + proc.stderr)
     recs = [read_json(p) for p in run_dir.glob("packs/*/trainings/*.json")]
     once = Counter(r["training_id"] for r in recs)
-    return {"rc": proc.returncode, "wall_s": wall, "jobs": _jobs_since(since), "trainings": trainings,
+    return {"rc": proc.returncode, "wall_s": wall, "jobs": _jobs_since(since, "gpupack-"), "trainings": trainings,
             "completed": sum(r["status"] == "completed" for r in recs), "ran_twice": sum(c > 1 for c in once.values()),
             "files": _files(run_dir), "packs": len(list(run_dir.glob("packs/*/pack.json")))}
 
@@ -89,21 +92,24 @@ def by_hand(out: Path, trainings: int) -> dict[str, Any]:
         completed = sum(j.result() == 0 for j in jobs)
     except Exception as err:  # what the user sees
         error = str(err).strip().splitlines()[-1][:160]
-    return {"wall_s": time.time() - began, "jobs": _jobs_since(since), "trainings": trainings, "completed": completed,
+    return {"wall_s": time.time() - began, "jobs": _jobs_since(since, "submitit"), "trainings": trainings,
+            "completed": completed,
             "error": error, "files": _files(folder) if folder.exists() else 0}
 
 
 def dry_run(out: Path) -> dict[str, Any]:
     argv = [PYTHON, "-m", "gpupack", "+sweep=command", "sweep.fixed.argv=[/bin/true,\"{i}\"]",
             "sweep.grid.i=range(0,100000)", f"packing.factors=[{N}]", "packing.repeats=1", "cluster=slurm",
-            "partitions=[p100]", f"run_dir={out / 'dry'}", "dry_run=true"]
+            "partitions=[p100]", "cluster.cpus_per_training=0.25", "cluster.mem_gb_per_training=0.25",
+            f"run_dir={out / 'dry'}", "dry_run=true"]
     began = time.time()
     proc = subprocess.run(argv, capture_output=True, text=True, env=_env(), cwd=REPO, timeout=600)
-    text = " ".join(proc.stdout.split())
     (out / "dry_run.log").write_text(proc.stdout + proc.stderr)
-    lines = [seg.split("  ")[0] for seg in (text.split(" jobs: ", 1)[-1:] + text.split(" files: ", 1)[-1:])]
-    return {"rc": proc.returncode, "wall_s": time.time() - began, "jobs_line": "jobs: " + lines[0][:150],
-            "files_line": "files: " + lines[1][:80]}
+    text = " ".join(proc.stdout.split())  # the terminal's line breaks undone
+    jobs = text.split(" jobs: ", 1)[-1].split(" files: ", 1)[0]
+    files = text.split(" files: ", 1)[-1].split(" per training)", 1)[0]
+    return {"rc": proc.returncode, "wall_s": time.time() - began, "jobs_line": f"jobs: {jobs}",
+            "files_line": f"files: {files} per training)"}
 
 
 def run(out: Path, quick: bool) -> None:

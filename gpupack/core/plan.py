@@ -125,11 +125,16 @@ class Plan:
         return bool(key(self) == key(other))
 
 
+def is_sweep_function(value: Any) -> bool:
+    """A Hydra sweep function's text (range(0,4), choice(a,b), ...): a grid axis whose values the plan expands."""
+    return isinstance(value, str) and bool(_SWEEP_FUNCTION.match(value))
+
+
 def grid_values(key: str, value: Any) -> list[Any]:
     """The values one grid key takes: a list as is, a Hydra sweep string expanded, a scalar alone."""
     if isinstance(value, (list, tuple)):
         values = list(value)
-    elif isinstance(value, str) and _SWEEP_FUNCTION.match(value):
+    elif is_sweep_function(value):
         override = OverridesParser.create().parse_override(f"{key}={value}")
         values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
     else:

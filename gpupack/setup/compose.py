@@ -19,6 +19,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from gpupack.core.plan import is_sweep_function
 from gpupack.errors import ConfigError, nearest
 from gpupack.setup.config import register_configs, schema
 
@@ -59,13 +60,14 @@ def quote_fields(text: str) -> str:
     return key + "=" + _BARE_ITEM.sub(lambda m: m[1] + '"' + m[2] + '"' + m[3], value)
 
 
-def grid_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, list[Any]]]:
-    """The overrides Hydra composes, and the grid axes given in Hydra's sweep syntax (sweep.grid.lr=range(1,5001),
-    a,b,c): their values, which compose_config sets after composing (a list literal of thousands of values costs
-    Hydra's parser seconds). A later plain value of the same key wins, as in Hydra; sweeps elsewhere are refused."""
+def grid_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str | list[Any]]]:
+    """The overrides Hydra composes, and the grid axes given in Hydra's sweep syntax, which compose_config sets after
+    composing: a,b,c as its values, range(1,5001) as its text for the plan to expand (a list literal of thousands of
+    values costs Hydra's parser seconds, and as many OmegaConf nodes more). A later plain value of the same key wins,
+    as in Hydra; sweeps elsewhere are refused."""
     parser = OverridesParser.create()
     out: list[str] = []
-    axes: dict[str, list[Any]] = {}
+    axes: dict[str, str | list[Any]] = {}
     for given in overrides:
         text = quote_fields(given)
         try:
@@ -87,7 +89,10 @@ def grid_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, list[
         if not key.lstrip("+~").startswith(GRID_PREFIX):
             raise ConfigError(key, (ov.input_line or "").split("=", 1)[1], "sweep syntax only makes a grid axis",
                               f"put the values under {GRID_PREFIX}<name>, or give one value")
-        axes[key.lstrip("+")] = list(ov.sweep_iterator())
+        value = text.split("=", 1)[1]
+        # a sweep function (range(0,100000)) stays the text it is, expanded by the plan (core.plan.grid_values):
+        # thousands of values as OmegaConf nodes cost seconds; a list of values (a,b,c) is set as one
+        axes[key.lstrip("+")] = value.strip() if is_sweep_function(value) else list(ov.sweep_iterator())
     return out, axes
 
 

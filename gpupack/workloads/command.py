@@ -156,7 +156,8 @@ class Command(Workload):
         cwd = Path(launch.cwd) if launch.cwd else Path.cwd()
         if not cwd.is_dir():
             raise ConfigError("cwd", launch.cwd, "is not a folder", "give an existing folder, or leave cwd unset")
-        check_program(launch.argv, cwd, {**os.environ, **launch.env})
+        # the program's PATH, without copying the whole environment once per training (a grid of thousands)
+        check_program(launch.argv, cwd, {"PATH": launch.env.get("PATH", os.environ.get("PATH", ""))})
         if params.get("start") == "fork":
             if python_main(launch.argv, {**os.environ, **launch.env}) is None:
                 raise ConfigError("start", "fork", f"argv {launch.argv[:3]} is not a Python program this interpreter "
