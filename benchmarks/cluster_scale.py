@@ -46,7 +46,7 @@ def _limits(*numbers: int) -> None:
 
 def _jobs_since(since: str, name: str) -> int:
     """Jobs (array tasks each) SLURM recorded since ``since`` whose name starts with ``name``."""
-    out = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "--array", "-S", since, "-o", "JobID,JobName"],
+    out = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "-S", since, "-o", "JobID,JobName"],
                          capture_output=True, text=True, env=_env()).stdout
     return sum(1 for line in out.splitlines() if line.partition("|")[2].startswith(name))
 
