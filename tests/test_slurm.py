@@ -249,18 +249,20 @@ def site_limits(env: dict[str, str], *numbers: int) -> None:
 
 
 @pytest.fixture
-def lowered_max_array_size(slurm_env):
-    """The local cluster with MaxArraySize=5 for one test, then put back."""
-    site_limits(slurm_env, 5)
+def limited(slurm_env, request):
+    """The local cluster with a site's limits lowered for one test (the parameter: MaxArraySize[, MaxSubmitJobs]),
+    then SLURM's own again."""
+    site_limits(slurm_env, *request.param)
     try:
-        yield 5
+        yield request.param
     finally:
         site_limits(slurm_env)
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_group_past_max_array_size_runs_as_several_arrays(tmp_path, slurm_env, lowered_max_array_size):
+@pytest.mark.parametrize("limited", [(5,)], indirect=True)
+def test_a_group_past_max_array_size_runs_as_several_arrays(tmp_path, slurm_env, limited):
     run_dir = tmp_path / "run"
     proc = gpupack(PROBE + ["partitions=[p100]", "packing.factors=[1]", "sweep.grid.lr=range(1,13)",
                             "sweep.fixed.steps=2", "cluster.array_parallelism=12", f"run_dir={run_dir}"], slurm_env)
@@ -273,19 +275,10 @@ def test_a_group_past_max_array_size_runs_as_several_arrays(tmp_path, slurm_env,
     assert len(recs) == 12 and all(r["status"] == "completed" for r in recs.values())  # every training once
 
 
-@pytest.fixture
-def submit_limit(slurm_env):
-    """This user's MaxSubmitJobs=3 for one test (sacctmgr), then no limit again."""
-    site_limits(slurm_env, 1001, 3)
-    try:
-        yield 3
-    finally:
-        site_limits(slurm_env)
-
-
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_sweep_past_the_users_job_limit_runs_as_lanes_within_it(tmp_path, slurm_env, submit_limit):
+@pytest.mark.parametrize("limited", [(1001, 3)], indirect=True)
+def test_a_sweep_past_the_users_job_limit_runs_as_lanes_within_it(tmp_path, slurm_env, limited):
     """6 packs, MaxSubmitJobs=3: three jobs run two packs each in turn; every training completes once."""
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
     run_dir = tmp_path / "run"
@@ -301,11 +294,12 @@ def test_a_sweep_past_the_users_job_limit_runs_as_lanes_within_it(tmp_path, slur
     assert len(lanes) == 3  # each pack's record names the lane (array task) that ran it
     rows = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "-S", since, "-o", "JobID"], capture_output=True,
                           text=True, env=slurm_env).stdout.split()
-    assert len(rows) <= submit_limit  # never more jobs than the limit
+    assert len(rows) <= 3  # never more jobs than the limit (which SLURM enforces here)
 
 
 @pytest.mark.slurm
-def test_a_sweep_that_cannot_fit_the_users_job_limit_is_refused_before_any_sbatch(tmp_path, slurm_env, submit_limit):
+@pytest.mark.parametrize("limited", [(1001, 3)], indirect=True)
+def test_a_sweep_that_cannot_fit_the_users_job_limit_is_refused_before_any_sbatch(tmp_path, slurm_env, limited):
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
     proc = gpupack(PROBE + ["partitions=[p100]", "packing.factors=[1,2,3,4]", f"run_dir={tmp_path / 'run'}"],
                    slurm_env)  # four (partition, mode, N): four lanes at the least, past MaxSubmitJobs=3
