@@ -103,3 +103,15 @@ def test_each_pack_of_a_lane_gets_its_own_result_from_the_lanes_job(tmp_path):
     first, second = job_result(ran, job), job_result(left, job)  # type: ignore[arg-type]
     assert first.ok and first.record == {"n_completed": 1} and first.job_id == "9_3"
     assert not second.ok and "its lane left it unrun: 12 s left" in (second.error or "")
+
+
+def test_a_requeued_lane_takes_no_estimate_from_the_packs_it_had_completed(tmp_path):
+    """A pack an earlier run of the lane completed is skipped at once: it says nothing of how long the next takes."""
+    run, plan = _run(tmp_path)
+    ids = [p.pack_id for p in plan.packs]
+    run_in_turn(str(run.root), ids[:1], SETTINGS)  # the lane's earlier run completed its first pack
+    ticks = itertools.count(start=100, step=100)  # each look at the clock: 100 s later, skipped pack or not
+    out = run_in_turn(str(run.root), ids, PackSettings(device="cpu", claim_until_s=350),
+                      job=JobEnvironment(job_id="1_0", started_at=0.0), clock=lambda: float(next(ticks)))
+    # the skipped pack gave no estimate, so the second pack started; after it (100 s) none fits before 350 s
+    assert list(out["records"]) == ids[:2] and out["unclaimed"] == 1

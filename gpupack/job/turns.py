@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gpupack.core.plan import Plan
-from gpupack.core.records import read_json
+from gpupack.core.records import is_completed, read_json
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
@@ -27,7 +27,8 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
     """Run ``pack_ids`` in turn in this job; what each pack's record says (``records``), and, where the job's time ran
     short, why it stopped (``stopped_claiming``) and how many packs it left (``unclaimed``)."""
     job = job or JobEnvironment.here()
-    plan = plan or Plan.from_json(read_json(RunDir(Path(run_root)).plan))
+    run = RunDir(Path(run_root))
+    plan = plan or Plan.from_json(read_json(run.plan))
     started = job.start()
     records: dict[str, dict[str, Any]] = {}
     walls: list[float] = []
@@ -37,9 +38,12 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
         if stopped is not None:
             return {"in_turn": list(pack_ids), "records": records, "stopped_claiming": stopped,
                     "unclaimed": len(pack_ids) - i}
+        pack = plan.pack(pack_id)
+        ran_before = all(is_completed(run.training_record(pack_id, t.training_id)) for t in pack.trainings)
         began = clock()
         # a streaming lane's pack too, where the user's job limit dealt several to one job: it drains its queue
-        run_one = run_lane if plan.pack(pack_id).stream is not None else run_pack
+        run_one = run_lane if pack.stream is not None else run_pack
         records[pack_id] = run_one(run_root, pack_id, settings, job=job, plan=plan)
-        walls.append(clock() - began)
+        if not ran_before:  # a pack an earlier run of this lane completed takes no time: no estimate of the next
+            walls.append(clock() - began)
     return {"in_turn": list(pack_ids), "records": records, "stopped_claiming": None, "unclaimed": 0}
