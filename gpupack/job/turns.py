@@ -32,7 +32,6 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
     started = job.start()
     records: dict[str, dict[str, Any]] = {}
     walls: list[float] = []
-    stopped: str | None = None
     for i, pack_id in enumerate(pack_ids):
         stopped = out_of_time(settings.claim_until_s, clock() - started, max(walls, default=None), "a pack")
         if stopped is not None:

@@ -213,10 +213,10 @@ def check_job_options(options: Any, prefix: str, examples: Mapping[str, str],
                                              ("sample_interval_s", False, False, "1"),
                                              ("training_timeout_s", False, True, "3600"),
                                              ("jobs", True, True, "2, or null for as many as run at once")):
-        if names.get(name, name) in options:
-            require_positive(options.get(names.get(name, name)), key(name),
-                             f"{prefix}.{examples.get(name, f'{names.get(name, name)}={example}')}",
-                             whole=whole, allow_none=allow_none)
+        given = names.get(name, name)  # as this front-end names it
+        if given in options:
+            require_positive(options.get(given), f"{prefix}.{given}",
+                             f"{prefix}.{examples.get(name, f'{given}={example}')}", whole=whole, allow_none=allow_none)
 
 
 def _check_auto_options(packing: DictConfig) -> tuple[int, ...]:
