@@ -242,6 +242,36 @@ def test_time_limit_requeues_and_finished_trainings_are_not_rerun(tmp_path, slur
 
 # ---------------- the site's limits, as the local slurmctld enforces them (issue 30) ----------------
 
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_of_two_gpus_runs_two_packs_each_on_its_gpu_billed_as_two_bundles(tmp_path, slurm_env):
+    """Issue 30, item 4: the local cluster's nodes hold 2 GPUs; gpus_per_job=2 runs 2 x N trainings in one job, each
+    training seeing only its pack's GPU, and the job is billed as 2 bundles."""
+    run_dir = tmp_path / "run"
+    proc = gpupack(PROBE + ["partitions=[v100]", "packing.factors=[2]", "sweep.grid.lr=[0.1,0.2,0.3,0.4]",
+                            "+sweep.fixed.report_env=CUDA_VISIBLE_DEVICES", "cluster.partitions.v100.gpus_per_job=2",
+                            "cluster.partitions.v100.bundle_cores=2", "cluster.partitions.v100.bundle_mem_gb=8",
+                            f"run_dir={run_dir}"], slurm_env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert re.search(r"jobs: 1 \(lanes of packs: up to 2 packs each, one at a time on each GPU\) in 1 job array\(s\)"
+                     r".*, 2 GPUs in all", " ".join(proc.stdout.split()))
+    recs = records(run_dir)
+    assert len(recs) == 4 and all(r["status"] == "completed" for r in recs.values())
+    by_pack: dict[str, set] = {}
+    for key, r in recs.items():
+        seen = r["metrics"]["env"]["CUDA_VISIBLE_DEVICES"]
+        assert seen == r["cuda_visible_devices"] and "," not in seen  # one GPU, the one its record names
+        by_pack.setdefault(key.split("/")[0], set()).add(seen)
+    assert sorted(g for gpus in by_pack.values() for g in gpus) == ["0", "1"]  # a pack on each of the job's GPUs
+    packs = [json.loads(p.read_text()) for p in run_dir.glob("packs/*/pack.json")]
+    assert len({p["job_id"] for p in packs}) == 1 and all(p["billing"]["gpus"] == 2 for p in packs)
+    job = packs[0]["job_id"]
+    assert wait_for(lambda: len(sacct(slurm_env, [job], "JobID")) == 1, timeout_s=60)
+    assert "gres/gpu=2" in sacct(slurm_env, [job])[0][2]
+    collected = gpupack(["collect", str(run_dir)], slurm_env, timeout=120)
+    assert collected.returncode == 0, collected.stderr
+
+
 def site_limits(env: dict[str, str], *numbers: int) -> None:
     """The local cluster's MaxArraySize and this user's MaxSubmitJobs, lowered (numbers) or back to SLURM's own."""
     subprocess.run([str(REPO / "scripts" / "local_slurm.sh"), "limits", *map(str, numbers)], env=env, check=True,

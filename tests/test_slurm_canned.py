@@ -320,3 +320,96 @@ def test_a_groups_packs_are_dealt_to_its_lanes_in_the_plans_order():
     lanes = deal(packs, 3)
     assert [[packs.index(p) for p in lane] for lane in lanes] == [[0, 3, 6], [1, 4], [2, 5]]
     assert deal(packs, 7) == [[p] for p in packs]  # one lane a pack: a job per pack, as before
+
+
+# ---------------- jobs of several GPUs: whole nodes (issue 30, item 4) ----------------
+
+def test_a_job_of_g_gpus_asks_g_gpus_and_g_shares_of_cores_and_memory():
+    from types import SimpleNamespace as NS
+
+    from gpupack.submit.slurm import sbatch_parameters
+
+    cluster = NS(cpus_per_training=1.0, mem_gb_per_training=2.0, timeout_min=30, signal_delay_s=60,
+                 array_parallelism=8, setup=[], additional_parameters={})
+    part = NS(gpu="h100", request="gpus_per_node", slurm_partition=None, constraint=None)
+    one, four = (sbatch_parameters(cluster, "h100", part, 3, None, gpus=g) for g in (1, 4))
+    assert (one["gpus_per_node"], one["cpus_per_task"], one["mem"], one["job_name"]) == \
+        ("h100:1", 3, "6144M", "gpupack-h100-n3")
+    assert (four["gpus_per_node"], four["cpus_per_task"], four["mem"], four["job_name"]) == \
+        ("h100:4", 12, "24576M", "gpupack-h100-n3-g4")
+
+
+def test_packs_are_dealt_to_jobs_of_g_gpus_and_billed_as_g_bundles(tmp_path, monkeypatch):
+    monkeypatch.setattr(slurm, "slurm_command", canned_slurm(sinfo=LOCAL_SINFO))
+    part = PartitionConfig(gpu="v100", gpus_per_job=2, bundle_cores=4, bundle_mem_gb=8)
+    sub = SlurmSubmitter(SlurmConfig(name="site", backend="slurm", partitions={"v100": part}, mem_gb_per_training=1),
+                         RunDir(tmp_path))
+    packs = _packs(6)  # six packs of N=1: three jobs of two GPUs run them at once
+    forecast, lanes = sub.lanes(packs)
+    assert (forecast.jobs, forecast.gpus) == (3, 6) and [len(lane) for _, group in lanes for lane in group] == [2] * 3
+    submitted: list[tuple] = []
+
+    class Executor:
+        def update_parameters(self, **params):
+            self.params = params
+
+        def batch(self):
+            import contextlib
+
+            return contextlib.nullcontext()
+
+        def submit(self, job, run_root, pack_ids, settings):
+            submitted.append((self.params, pack_ids, settings))
+            from types import SimpleNamespace
+
+            return SimpleNamespace(job_id=f"5_{len(submitted) - 1}")
+
+    monkeypatch.setattr(SlurmSubmitter, "_executor", lambda self: Executor())
+    from gpupack.core.types import PackSettings
+
+    sub.submit(packs, PackSettings())
+    assert len(submitted) == 3
+    for params, pack_ids, settings in submitted:
+        assert params["gpus_per_node"] == "v100:2" and isinstance(pack_ids, list) and len(pack_ids) == 2
+        assert settings.job_gpus == 2 and settings.billing["gpus"] == 2
+    from gpupack.core.billing import Bundle, bill
+
+    asked = submitted[0][2].billing  # what the job asked, within its two GPUs' bundles: billed as 2 bundles
+    charged = bill(Bundle(1.0, asked["bundle_cores"], asked["bundle_mem_gb"]), asked["cpus"], asked["mem_gb"],
+                   asked["gpus"])
+    assert charged.bundles == 2 and charged.multiple == 1.0
+
+
+@pytest.mark.parametrize("fields, value, needle", [
+    ({"gpus_per_job": 0}, 0, "whole number > 0"), ({"gpus_per_job": 1.5}, 1.5, "whole number > 0"),
+    ({"gpus_per_job": 2, "whole_node_gpus": 4}, 2, "1 GPU or a whole node of 4"),
+    ({"gpus_per_job": 2, "request": "none"}, 2, "has no GPUs")])
+def test_gpus_per_job_is_checked_in_every_preset_partition(tmp_path, fields, value, needle):
+    sub = submitter(tmp_path, used=PartitionConfig(gpu="a100"), node=PartitionConfig(gpu="h100", **fields))
+    with pytest.raises(ConfigError) as err:
+        sub.check(["used"])
+    text = str(err.value)
+    assert text.startswith(f"cluster.partitions.node.gpus_per_job={value}") and needle in text and "HINT:" in text
+
+
+def test_a_job_asking_more_gpus_than_a_node_holds_is_refused_from_sinfo(tmp_path, monkeypatch):
+    monkeypatch.setattr(slurm, "slurm_command", canned_slurm(sinfo=LOCAL_SINFO))
+    sub = submitter(tmp_path, v100=PartitionConfig(gpu="v100", gpus_per_job=4))
+    with pytest.raises(ConfigError) as err:
+        sub.capacities(["v100"])
+    assert "cluster.partitions.v100.gpus_per_job=4" in str(err.value) and "hold 2 GPUs" in str(err.value)
+
+
+def test_trillium_gives_one_gpu_or_whole_nodes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # away from the cluster: the preset alone
+    code = main(["+sweep=mnist_pack", "cluster=trillium", "cluster.account=def-pi",
+                 "cluster.partitions.h100.gpus_per_job=2", f"run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "cluster.partitions.h100.gpus_per_job=2" in err and "whole node of 4" in err, err
+    code = main(["+sweep=mnist_pack", "cluster=trillium", "cluster.account=def-pi",
+                 "cluster.partitions.h100.gpus_per_job=4", "packing.factors=[8]", f"run_dir={tmp_path / 'run'}",
+                 "dry_run=true"])
+    out = " ".join(capsys.readouterr().out.split())
+    # 2 packs of 8 on a whole node of 4 GPUs: one job, two of its GPUs idle, said before it is submitted
+    assert code == 0 and "jobs: 1 (lanes of packs: up to 2 packs each, one at a time on each GPU) in 1 job array(s), 4 GPUs in all, " \
+        "of which 2 get no pack" in out, out

@@ -115,3 +115,76 @@ def test_a_requeued_lane_takes_no_estimate_from_the_packs_it_had_completed(tmp_p
                       job=JobEnvironment(job_id="1_0", started_at=0.0), clock=lambda: float(next(ticks)))
     # the skipped pack gave no estimate, so the second pack started; after it (100 s) none fits before 350 s
     assert list(out["records"]) == ids[:2] and out["unclaimed"] == 1
+
+
+def _gpu_plan(tmp_path, packs=4, n=2, **fixed):
+    run = RunDir(tmp_path / "run")
+    plan = make_plan(sweep="t", workload="tests.fake_workloads", grid={"lr": [0.1 * (i + 1) for i in range(packs * n)]},
+                     fixed={"steps": 2, "report_env": "CUDA_VISIBLE_DEVICES", **fixed}, factors=[n],
+                     modes=["process"], partitions=["local"], repeats=1)
+    write_json_atomic(run.plan, plan.to_json())
+    return run, plan
+
+
+def test_a_job_of_two_gpus_runs_a_pack_on_each_at_once_each_training_seeing_only_its_gpu(tmp_path):
+    """A whole-node job (issue 30, item 4): 2 GPUs, N=2 each; the four trainings of two packs meet (a barrier, not a
+    clock: they ran at once), and each sees one GPU, its pack's, named in its record."""
+    run, plan = _gpu_plan(tmp_path, packs=2, meet=f"{tmp_path / 'meet'}:4", meet_timeout_s=60)
+    (tmp_path / "meet").mkdir()
+    ids = [p.pack_id for p in plan.packs]
+    job = JobEnvironment(job_id="7_0", cuda_visible_devices="2,5", tmp_dir=str(tmp_path / "tmp"))
+    out = run_in_turn(str(run.root), ids, PackSettings(device="cpu", job_gpus=2), job=job)
+    assert sorted(out["records"]) == sorted(ids)
+    seen = {}
+    for p in plan.packs:
+        recs = [read_json(run.training_record(p.pack_id, t.training_id)) for t in p.trainings]
+        assert [r["status"] for r in recs] == ["completed"] * 2, [r.get("error") for r in recs]
+        gpus = {r["cuda_visible_devices"] for r in recs} | {r["metrics"]["env"]["CUDA_VISIBLE_DEVICES"] for r in recs}
+        assert len(gpus) == 1  # the pack's trainings saw one GPU, the one their record names
+        seen[p.pack_id] = gpus.pop()
+        assert read_json(run.pack_record(p.pack_id))["cuda_visible_devices"] == seen[p.pack_id]
+    assert sorted(seen.values()) == ["2", "5"]  # one pack on each of the job's GPUs
+
+
+def test_a_job_of_two_gpus_takes_the_next_pack_on_whichever_gpu_is_free(tmp_path):
+    run, plan = _gpu_plan(tmp_path, packs=5, n=1)
+    ids = [p.pack_id for p in plan.packs]
+    out = run_in_turn(str(run.root), ids, PackSettings(device="cpu", job_gpus=2),
+                      job=JobEnvironment(job_id="7_1", cuda_visible_devices="0,1", tmp_dir=str(tmp_path / "tmp")))
+    assert sorted(out["records"]) == sorted(ids) and out["unclaimed"] == 0
+    gpus = [read_json(run.pack_record(i))["cuda_visible_devices"] for i in ids]
+    assert set(gpus) <= {"0", "1"} and all(g is not None for g in gpus)
+    again = run_in_turn(str(run.root), ids, PackSettings(device="cpu", job_gpus=2),  # requeued: nothing runs twice
+                        job=JobEnvironment(job_id="7_1", cuda_visible_devices="0,1", tmp_dir=str(tmp_path / "tmp")))
+    assert [read_json(run.pack_record(i))["cuda_visible_devices"] for i in ids] == gpus and len(again["records"]) == 5
+
+
+def test_a_pack_that_fails_on_one_gpu_stops_the_lane_and_is_raised(tmp_path, monkeypatch):
+    import threading
+
+    import gpupack.job.turns as turns
+
+    run, plan = _gpu_plan(tmp_path, packs=4, n=1)
+    ids = [p.pack_id for p in plan.packs]
+    ran: list[str] = []
+    both_begun, failure_seen = threading.Barrier(2, timeout=30), threading.Event()
+    fail = turns.Turns.fail
+
+    def seen(self, err):
+        fail(self, err)
+        failure_seen.set()
+
+    def run_pack(run_root, pack_id, settings, job, plan):
+        ran.append(pack_id)
+        both_begun.wait()  # a pack on each GPU
+        if pack_id == ids[0]:
+            raise OSError("disk full")
+        assert failure_seen.wait(30)  # the other GPU ends its pack after the failure: it takes no next one
+        return {"pack_id": pack_id}
+
+    monkeypatch.setattr(turns, "run_pack", run_pack)
+    monkeypatch.setattr(turns.Turns, "fail", seen)
+    with pytest.raises(OSError, match="disk full"):
+        run_in_turn(str(run.root), ids, PackSettings(device="cpu", job_gpus=2),
+                    job=JobEnvironment(job_id="7_2", cuda_visible_devices="0,1", tmp_dir=str(tmp_path / "tmp")))
+    assert sorted(ran) == sorted(ids[:2])  # the failed pack and the one beside it; no pack began after the failure

@@ -76,6 +76,9 @@ class PackSettings:
     billing: Mapping[str, Any] = field(default_factory=dict)
     # One training's wall as the sweep estimates it (sweep.training_estimate_s), until a lane has measured its own.
     training_estimate_s: float | None = None
+    # GPUs this job holds (set by the backend): a lane of packs runs one pack on each of them at once, each pack on
+    # its GPU alone (gpupack.job.turns).
+    job_gpus: int = 1
 
     def options(self, mode: str, kind: type[OptionsT]) -> OptionsT:
         """``mode``'s own options as these settings carry them, else its defaults (``kind()``)."""
@@ -113,6 +116,8 @@ class JobForecast:
     allowed: int | None = None  # more jobs the user may queue now (the limit less those queued); None: no limit known
     limit: str = ""  # which limit ``allowed`` comes from, e.g. "your association's MaxSubmitJobs=1000"
     queued: int = 0  # the user's jobs already queued or running
+    gpus: int = 0  # GPUs the jobs hold in all (0: not told; one a job, a spread training's k)
+    idle_gpus: int = 0  # GPUs of jobs of several that no pack of theirs will use (fewer packs than GPUs)
 
     @property
     def over(self) -> bool:

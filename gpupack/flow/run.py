@@ -153,9 +153,14 @@ def forecast(prepared: Prepared) -> list[str]:
     plan, jobs = prepared.plan, prepared.submitter.job_forecast(prepared.plan.packs)
     arrays = (f" in {jobs.arrays} job array(s)" + (f" of at most {jobs.max_array_size:,} tasks (MaxArraySize)"
                                                     if jobs.max_array_size else "")) if jobs.arrays else ""
-    lanes = f" (lanes of packs: up to {-(-jobs.packs // jobs.jobs):,} packs each, in turn)" \
+    turns = "one at a time on each GPU" if jobs.gpus > jobs.jobs else "in turn"
+    lanes = f" (lanes of packs: up to {-(-jobs.packs // jobs.jobs):,} packs each, {turns})" \
         if jobs.packs > jobs.jobs and not jobs.over else ""
-    line = f"jobs: {jobs.jobs:,}{lanes}{arrays}"
+    gpus = f", {jobs.gpus:,} GPUs in all" if jobs.gpus > jobs.jobs else ""
+    if jobs.idle_gpus:
+        gpus += (f", of which {jobs.idle_gpus:,} get no pack (a job's GPUs outnumber its packs: more repeats, or "
+                 "fewer gpus_per_job)")
+    line = f"jobs: {jobs.jobs:,}{lanes}{arrays}{gpus}"
     if jobs.allowed is not None:
         line += (f"; the site lets you queue {jobs.allowed:,} more now ({jobs.limit}, {jobs.queued:,} queued)"
                  + (": as it stands, submitting refuses it whole" if jobs.over else ""))

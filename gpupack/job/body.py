@@ -285,7 +285,8 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
     """Run ``todo`` on this job's device with the pack's mode or strategy, write a training record as each ends and
     the pack record at the end. A streaming lane (``stream``) starts ``todo`` in its N slots and refills them from
     the stream; ``homes`` says where each streamed training's records live; ``extra``: more pack record fields."""
-    info = detect_device()
+    env = job.device_env()  # the job's GPUs: one of them, in a job of several GPUs (JobEnvironment.on_gpu)
+    info = detect_device(env)
     device = choose_device(settings.device, info)
     runner, placement = runner_of(pack, device)
     cores = job_cores()
@@ -302,6 +303,7 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
                                     concurrent, gpu_model(info, settings))
         if plan.phase:  # packing.factors=auto: a probe's record, or the run's at the best N
             rec["phase"] = plan.phase
+        rec["cuda_visible_devices"] = env.get("CUDA_VISIBLE_DEVICES")  # the GPUs it was given
         fill_memory(rec, sampler.figures(outcome.training_id))
         home = homes.get(outcome.training_id, pack.pack_id)
         if stream is not None:  # which lane, slot and job ran it; its record lives with its share of the plan
@@ -313,11 +315,11 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
     # the sampler lists MPS clients then
     mps = isinstance(runner, Packer) and runner.watches_mps(settings)
     # A training spread over k GPUs: the job's other k-1 sampled with the first (rank r trains on cuda:r)
-    more = visible_devices(os.environ, pack.devices)[1:] if info.kind == "gpu" and pack.devices > 1 else []
+    more = visible_devices(env, pack.devices)[1:] if info.kind == "gpu" and pack.devices > 1 else []
     sampler = Sampler(interval_s=settings.sample_interval_s, mps=mps, no_gpu_reason=info.note,
-                      gpu=(info.uuid or first_visible(os.environ)) if info.kind == "gpu" else None, more_gpus=more)
+                      gpu=(info.uuid or first_visible(env)) if info.kind == "gpu" else None, more_gpus=more)
     # the trainings inherit the job's environment, and its id as the backend names it (jobenv.job_id)
-    ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env={**os.environ, **job.exported()},
+    ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=env,
                       settings=settings, gpu_memory_total_mb=info.memory_total_mb,
                       warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
                       training_timeout_s=settings.training_timeout_s,

@@ -1,4 +1,5 @@
-"""A lane of whole packs: one job that runs its share of one (partition, mode, N) group's packs, one after another.
+"""A lane of whole packs: one job that runs its share of one (partition, mode, N) group's packs, one after another,
+one at a time on each of the job's GPUs.
 
 A sweep of thousands of packs runs as a few such jobs per group (the backend deals the packs out, within the site's
 job limits) instead of one job per pack. Each pack is still measured as it would be alone in its job
@@ -6,10 +7,16 @@ job limits) instead of one job per pack. Each pack is still measured as it would
 training), keeps its own folder and records, and a completed pack is skipped, so a requeued lane goes on where it
 stopped. Near its job's time limit the lane starts no pack it could not finish (by the longest pack it ran so far)
 and says what it left, and its backend requeues it (:class:`gpupack.submit.PackJob`).
+
+A job of G GPUs (``settings.job_gpus``: a whole node, on a site that gives GPUs by the node) runs G packs at once,
+each on its GPU alone (:meth:`JobEnvironment.on_gpu`: its trainings see that GPU only, its MPS daemon is that GPU's);
+each GPU takes the lane's next pack as its last one ends.
 """
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -22,27 +29,79 @@ from gpupack.job.stream import out_of_time, run_lane
 from gpupack.runtime.jobenv import JobEnvironment
 
 
+class Turns:
+    """The lane's packs not yet begun, shared by the job's GPUs, and what the lane did."""
+
+    def __init__(self, pack_ids: Sequence[str], settings: PackSettings, started: float,
+                 clock: Callable[[], float]) -> None:
+        self.queue = deque(pack_ids)
+        self.settings, self.started, self.clock = settings, started, clock
+        self.records: dict[str, dict[str, Any]] = {}
+        self.walls: list[float] = []
+        self.stopped: str | None = None
+        self.failed: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def take(self) -> str | None:
+        """The next pack to begin, or None: none left, a GPU's pack failed, or too little time for one more."""
+        with self._lock:
+            if not self.queue or self.failed is not None or self.stopped is not None:
+                return None
+            self.stopped = out_of_time(self.settings.claim_until_s, self.clock() - self.started,
+                                       max(self.walls, default=None), "a pack")
+            return None if self.stopped is not None else self.queue.popleft()
+
+    def ended(self, pack_id: str, record: dict[str, Any], wall_s: float | None) -> None:
+        with self._lock:
+            self.records[pack_id] = record
+            if wall_s is not None:
+                self.walls.append(wall_s)
+
+    def fail(self, err: BaseException) -> None:
+        with self._lock:
+            self.failed = self.failed or err
+
+    def result(self, pack_ids: Sequence[str]) -> dict[str, Any]:
+        return {"in_turn": list(pack_ids), "records": self.records, "stopped_claiming": self.stopped,
+                "unclaimed": len(self.queue) if self.stopped is not None else 0}
+
+
 def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, job: JobEnvironment | None = None,
                 plan: Plan | None = None, clock: Callable[[], float] = time.time) -> dict[str, Any]:
-    """Run ``pack_ids`` in turn in this job; what each pack's record says (``records``), and, where the job's time ran
-    short, why it stopped (``stopped_claiming``) and how many packs it left (``unclaimed``)."""
+    """Run ``pack_ids`` in turn in this job, one at a time on each of its ``settings.job_gpus`` GPUs; what each pack's
+    record says (``records``), and, where the job's time ran short, why it stopped (``stopped_claiming``) and how many
+    packs it left (``unclaimed``). A pack that raises stops the lane (the other GPUs end their pack) and is raised."""
     job = job or JobEnvironment.here()
     run = RunDir(Path(run_root))
     plan = plan or Plan.from_json(read_json(run.plan))
-    started = job.start()
-    records: dict[str, dict[str, Any]] = {}
-    walls: list[float] = []
-    for i, pack_id in enumerate(pack_ids):
-        stopped = out_of_time(settings.claim_until_s, clock() - started, max(walls, default=None), "a pack")
-        if stopped is not None:
-            return {"in_turn": list(pack_ids), "records": records, "stopped_claiming": stopped,
-                    "unclaimed": len(pack_ids) - i}
+    turns = Turns(pack_ids, settings, job.start(), clock)
+    gpus = job.gpus(settings.job_gpus) if settings.job_gpus > 1 else []
+    if len(gpus) <= 1:
+        take_turns(run, plan, turns, job)
+    else:
+        workers = [threading.Thread(target=take_turns, args=(run, plan, turns, job.on_gpu(gpu, i)),
+                                    name=f"gpupack-gpu{i}") for i, gpu in enumerate(gpus)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    if turns.failed is not None:
+        raise turns.failed
+    return turns.result(pack_ids)
+
+
+def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment) -> None:
+    """Run the lane's next pack on ``job``'s device until none is left to begin."""
+    while (pack_id := turns.take()) is not None:
         pack = plan.pack(pack_id)
         ran_before = all(is_completed(run.training_record(pack_id, t.training_id)) for t in pack.trainings)
-        began = clock()
+        began = turns.clock()
         # a streaming lane's pack too, where the user's job limit dealt several to one job: it drains its queue
         run_one = run_lane if pack.stream is not None else run_pack
-        records[pack_id] = run_one(run_root, pack_id, settings, job=job, plan=plan)
-        if not ran_before:  # a pack an earlier run of this lane completed takes no time: no estimate of the next
-            walls.append(clock() - began)
-    return {"in_turn": list(pack_ids), "records": records, "stopped_claiming": None, "unclaimed": 0}
+        try:
+            record = run_one(str(run.root), pack_id, turns.settings, job=job, plan=plan)
+        except BaseException as err:  # noqa: BLE001 - raised again by run_in_turn, in the job's own thread
+            turns.fail(err)
+            return
+        # a pack an earlier run of this lane completed takes no time: no estimate of the next
+        turns.ended(pack_id, record, None if ran_before else turns.clock() - began)

@@ -9,6 +9,7 @@ process: :meth:`JobEnvironment.here`.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -40,8 +41,29 @@ class JobEnvironment:
         return {"job_id": self.job_id, "cuda_visible_devices": self.cuda_visible_devices, **self.scheduler}
 
     def exported(self) -> dict[str, str]:
-        """The variables the pack's trainings inherit, for :func:`job_id` in a training's process."""
-        return {JOB_ID_ENV: self.job_id} if self.job_id else {}
+        """The variables the pack's trainings inherit: the job's id (:func:`job_id` in a training's process) and the
+        GPUs it runs on (one of a several-GPU job's: :meth:`on_gpu`)."""
+        gpus = self.cuda_visible_devices
+        return {**({JOB_ID_ENV: self.job_id} if self.job_id else {}),
+                **({"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {})}
+
+    def device_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment as a pack of this job sees its device: the process's, with this job's GPUs."""
+        return {**(os.environ if environ is None else environ), **self.exported()}
+
+    def gpus(self, wanted: int) -> list[str]:
+        """The ``wanted`` GPUs of this job, as CUDA_VISIBLE_DEVICES names them (unset: indexes 0, 1, ...); fewer where
+        it names fewer."""
+        named = self.cuda_visible_devices
+        listed = [d for d in named.split(",") if d] if named is not None else [str(i) for i in range(wanted)]
+        return listed[:wanted]
+
+    def on_gpu(self, device: str, index: int) -> JobEnvironment:
+        """This job as one of its GPUs' packs sees it: that GPU alone, and temporary space of its own (one MPS daemon
+        per GPU keeps its pipes there)."""
+        tmp = os.path.join(self.temp_dir(), f"gpu{index}")
+        os.makedirs(tmp, exist_ok=True)
+        return dataclasses.replace(self, cuda_visible_devices=device, tmp_dir=tmp)
 
     def temp_dir(self) -> str:
         """Where this job keeps its temporary files: the scheduler's own space, else TMPDIR, else /tmp."""

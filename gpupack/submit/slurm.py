@@ -49,20 +49,23 @@ def resources(factor: int, cpus_per_training: float, mem_gb_per_training: float)
 
 
 def sbatch_parameters(cluster: SlurmConfig, name: str, partition: PartitionConfig, factor: int, account: str | None,
-                      mem_gb_each: float | None = None, devices: int = 1) -> dict[str, Any]:
+                      mem_gb_each: float | None = None, devices: int = 1, gpus: int = 1) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for one pack of N trainings on one GPU of ``partition``, or (``devices`` = k
     > 1) of one training spread over k GPUs of one node: k processes or replicas, each sized as one training (memory
-    per training: ``mem_gb_each``, else cluster.mem_gb_per_training). The pack starts one process per device itself,
-    so the job is one task either way. Pure."""
+    per training: ``mem_gb_each``, else cluster.mem_gb_per_training), or (``gpus`` = G > 1) for a lane of packs of N
+    on G GPUs of one node at once, each GPU's share sized as one pack's. The job starts its processes itself, so it is
+    one task. Pure."""
     each = mem_gb_each if mem_gb_each is not None else cluster.mem_gb_per_training or DEFAULT_MEM_GB
     cpus, mem_mb = resources(factor * devices, cluster.cpus_per_training, each)
+    cpus, mem_mb = cpus * gpus, mem_mb * gpus
+    suffix = f"k{devices}" if devices > 1 else f"n{factor}" + (f"-g{gpus}" if gpus > 1 else "")
     params: dict[str, Any] = {
         "time": int(cluster.timeout_min), "nodes": 1, "ntasks_per_node": 1, "cpus_per_task": cpus,
-        "mem": f"{mem_mb}M", "job_name": f"gpupack-{name}-" + (f"k{devices}" if devices > 1 else f"n{factor}"),
+        "mem": f"{mem_mb}M", "job_name": f"gpupack-{name}-{suffix}",
         "signal_delay_s": int(cluster.signal_delay_s), "array_parallelism": int(cluster.array_parallelism),
     }
-    if partition.request != "none":  # k GPUs per pack (1 when packing): of the partition's type, or of any type
-        spec = f"{partition.gpu}:{devices}" if partition.gpu else str(devices)
+    if partition.request != "none":  # k GPUs per pack (1 when packing), G per lane: of the partition's type, or any
+        spec = f"{partition.gpu}:{devices * gpus}" if partition.gpu else str(devices * gpus)
         if partition.request == "gres":
             params["gres"] = f"gpu:{spec}"
         else:
@@ -102,6 +105,12 @@ class PartitionConfig:
     # null: this site bills the GPU alone (as far as gpupack knows).
     bundle_cores: Optional[float] = None
     bundle_mem_gb: Optional[float] = None
+    # GPUs one job holds, each running its own pack of N at once (a lane of packs, each GPU taking the next pack as
+    # its last ends): a whole node where the site gives GPUs by the node. A spread training's job keeps its k.
+    gpus_per_job: int = 1
+    # Where the site gives a job exactly 1 GPU or whole nodes of this many (Trillium: 4), gpus_per_job must be one
+    # of the two; null: any count up to a node's.
+    whole_node_gpus: Optional[int] = None
     # Retired hardware, kept so earlier measurements can still be labelled and compared.
     retired: bool = False
 
@@ -115,6 +124,16 @@ def check_partition(part: Any, key: str) -> None:
         if value is not None and not value > 0:
             raise ConfigError(f"{key}.{field_name}", value, "must be > 0 or null",
                               "give the site's figure for one GPU, or null where the site gives none")
+    require_positive(part.whole_node_gpus, f"{key}.whole_node_gpus", f"{key}.whole_node_gpus=4", whole=True)
+    require_positive(part.gpus_per_job, f"{key}.gpus_per_job", f"{key}.gpus_per_job=1", whole=True,
+                     allow_none=False)
+    if part.gpus_per_job > 1 and part.request == "none":
+        raise ConfigError(f"{key}.gpus_per_job", part.gpus_per_job, "a CPU partition (request=none) has no GPUs",
+                          f"use {key}.gpus_per_job=1")
+    if part.whole_node_gpus and part.gpus_per_job not in (1, part.whole_node_gpus):
+        raise ConfigError(f"{key}.gpus_per_job", part.gpus_per_job,
+                          f"this site gives a job 1 GPU or a whole node of {part.whole_node_gpus}",
+                          f"use {key}.gpus_per_job=1 or {part.whole_node_gpus}")
 
 
 @dataclass
@@ -340,6 +359,11 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         out = {}
         for name in partitions:
             part = self.cluster.partitions[name]
+            node_gpus = live.get(name, {}).get("node_gpus")
+            if node_gpus and part.gpus_per_job > node_gpus:
+                key = self.key(f"partitions.{name}.gpus_per_job")
+                raise ConfigError(key, part.gpus_per_job, f"{name}'s nodes hold {node_gpus} GPUs (sinfo), and a job's "
+                                  "GPUs are on one node", f"use {key}={node_gpus} (a whole node) or fewer")
             m = re.search(r"(\d+)gb$", part.model or "", re.IGNORECASE)
             out[name] = Capacity(has_gpu=part.request != "none", gpu_memory_mb=float(m.group(1)) * 1024 if m else None,
                                  max_cpus=part.max_cpus or live.get(name, {}).get("cpus"),
@@ -368,18 +392,30 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
             self._limits = live
         return self._limits
 
+    def job_gpus(self, key: GroupKey) -> int:
+        """GPUs one job of a (partition, mode, N, k) group holds: the partition's gpus_per_job for packs of N, a
+        spread training's k."""
+        partition, _mode, _factor, devices = key
+        return devices if devices > 1 else int(self.cluster.partitions[partition].gpus_per_job)
+
     def lanes(self, packs: Sequence[Pack]) -> tuple[JobForecast, list[tuple[GroupKey, list[list[Pack]]]]]:
         """The jobs submitting ``packs`` makes: each (partition, mode, N) group's packs dealt to its lanes (one pack
-        each where the group runs at once), against the site's limits; no lanes where they cannot fit."""
+        a GPU where the group runs at once), against the site's limits; no lanes where they cannot fit."""
         limits = self.site_limits()
         groups = list(array_groups(packs).items())
         allowed = None if limits.max_submit is None else max(0, limits.max_submit - limits.queued)
-        counts = lane_counts([len(g) for _, g in groups], int(self.cluster.array_parallelism), allowed)
+        per_gpu = [1 if key[3] > 1 else self.job_gpus(key) for key, _ in groups]  # packs a job runs at once
+        counts = lane_counts([-(-len(g) // at_once) for (_, g), at_once in zip(groups, per_gpu)],
+                             int(self.cluster.array_parallelism), allowed)
         lanes = [(key, deal(group, k)) for (key, group), k in zip(groups, counts)] if counts is not None else []
         arrays = sum(len(array_chunks(group_lanes, limits.max_array_size)) for _, group_lanes in lanes)
+        gpus = sum(len(group_lanes) * self.job_gpus(key) for key, group_lanes in lanes)
+        idle = sum(max(0, self.job_gpus(key) - len(lane)) for key, group_lanes in lanes if key[3] == 1
+                   for lane in group_lanes)
         forecast = JobForecast(jobs=sum(counts) if counts is not None else len(groups), packs=len(packs),
                                arrays=arrays, max_array_size=limits.max_array_size, allowed=allowed,
-                               limit=limits.submit_source, queued=limits.queued)
+                               limit=limits.submit_source, queued=limits.queued, gpus=gpus,
+                               idle_gpus=idle)
         return forecast, lanes
 
     def job_forecast(self, packs: Sequence[Pack]) -> JobForecast:
@@ -397,21 +433,23 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         out: list[tuple[Pack, PackJobHandle]] = []
         arrays = [(key, chunk) for key, group_lanes in lanes
                   for chunk in array_chunks(group_lanes, forecast.max_array_size)]
-        for (partition, _mode, factor, devices), group in arrays:
-            part, req = self.cluster.partitions[partition], self.request(factor)
+        for key, group in arrays:
+            partition, _mode, factor, devices = key
+            part, req, gpus = self.cluster.partitions[partition], self.request(factor), self.job_gpus(key)
+            lane_gpus = 1 if devices > 1 else gpus  # packs of N: one a GPU at once; a spread training: its k
             executor = self._executor()
             executor.update_parameters(**sbatch_parameters(self.cluster, partition, part, factor, account,
-                                                           req.mem_gb_each, devices=devices))
-            try:
-                asked = {"gpus": devices, "cpus": req.cpus * devices if req.cpus else None,
-                         "mem_gb": req.mem_mb * devices / 1024 if req.mem_mb else None,
+                                                           req.mem_gb_each, devices=devices, gpus=lane_gpus))
+            try:  # what the job asked, billed as its GPUs' bundles (gpupack.core.billing)
+                asked = {"gpus": gpus, "cpus": req.cpus * gpus if req.cpus else None,
+                         "mem_gb": req.mem_mb * gpus / 1024 if req.mem_mb else None,
                          "bundle_cores": part.bundle_cores, "bundle_mem_gb": part.bundle_mem_gb}
                 labelled = dataclasses.replace(settings, gpu_model=part.model, claim_until_s=self.claim_until_s(),
-                                               billing=asked)
-                with executor.batch():  # a lane of one pack runs it as before; of more, in turn
+                                               billing=asked, job_gpus=lane_gpus)
+                with executor.batch():  # a lane of one pack runs it as before; of more, in turn (on each GPU)
                     jobs = [executor.submit(PackJob(type(self)), str(self.run.root),
-                                            lane[0].pack_id if len(lane) == 1 else [p.pack_id for p in lane],
-                                            labelled) for lane in group]
+                                            lane[0].pack_id if len(lane) == 1 and lane_gpus == 1
+                                            else [p.pack_id for p in lane], labelled) for lane in group]
             except Exception as err:  # sbatch refused: say which group and why, keep what was submitted
                 self.remember({p.pack_id: (str(j.job_id), p.partition) for p, j in out})
                 what = f"k={devices}" if devices > 1 else f"N={factor}"
