@@ -3,6 +3,7 @@ its progress is :mod:`gpupack.cli_show`, stopping on a signal :mod:`gpupack.cli_
 
     python -m gpupack +sweep=NAME [overrides]      run a sweep
     python -m gpupack status RUN_DIR               where each pack stands
+    python -m gpupack watch RUN_DIR                follow a run until it ends (from any shell; leaving keeps its jobs)
     python -m gpupack collect RUN_DIR [...]        aggregate records again
     python -m gpupack clear-oom RUN_DIR [...]      let N that ran out of memory count again
 
@@ -27,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpupack import __version__, sweep
-from gpupack.cli_show import ProgressView, print_opened, print_plan
+from gpupack.cli_show import ProgressView, StatusView, print_opened, print_plan, print_status
 from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.plan import Pack
 from gpupack.core.rundir import RunDir
@@ -42,6 +43,8 @@ USAGE = """usage:
   python -m gpupack +sweep=NAME [key=value ...]   run a sweep (conf/sweep/NAME.yaml), e.g. +sweep=mnist_pack
   python -m gpupack collect RUN_DIR [RUN_DIR ...]  aggregate the records of one or more runs again
   python -m gpupack status RUN_DIR                 where each pack stands (records, and the queue)
+  python -m gpupack watch RUN_DIR [--every S]      follow a run until it ends, from any shell (Ctrl-C: stop watching;
+                                                   its SLURM jobs go on)
   python -m gpupack clear-oom RUN_DIR [--partition P] [--mode M] [--factor N]
                                                    an N that ran out of memory stays infeasible until cleared
 
@@ -166,40 +169,42 @@ def first_command(prepared: sweep.Prepared) -> str:
             + shlex.join(str(a) for a in launch.argv) + (")" if launch.cwd else ""))
 
 
-def _duration(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
 def status_command(args: Sequence[str], console: Console) -> int:
     if len(args) != 1:
         raise ConfigError("RUN_DIR", " ".join(args), "give one run directory",
                           "python -m gpupack status runs/<sweep>/<date>_<time>")
-    st = sweep.status(args[0])
-    now = time.time()
-    total = sum(sum(c.values()) for c in st.trainings.values())
-    console.print(f"{st.run_dir}: sweep {st.sweep}, {total} trainings in {len(st.packs)} packs", highlight=False)
-    if not st.queue_answered:
-        console.print("  the queue (sacct) did not answer: packs not finished show as unknown")
-    packs = st.counts()
-    for partition, c in st.trainings.items():
-        console.print(f"  {partition}: trainings " + ", ".join(f"{k} {c[k]}" for k in sweep.TRAINING_STATES) +
-                      "; packs " + ", ".join(f"{k} {v}" for k, v in sorted(packs.get(partition, {}).items())),
-                      highlight=False)
-    elapsed, left = st.elapsed_s(now), st.left_s(now)
-    if elapsed is not None:
-        when = "took" if st.ended_at is not None else "elapsed"
-        rest = "" if st.ended_at is not None else (
-            ", left: unknown until a training ends" if left is None else f", about {_duration(left)} left at this rate")
-        console.print(f"  {when} {_duration(elapsed)}{rest}", highlight=False)
-    for p in st.packs:
-        if p.state != "done":
-            console.print(f"  {p.pack_id}: {p.state} ({p.done}/{p.trainings} trainings done"
-                          f"{f', job {p.job_id}' if p.job_id else ''})", highlight=False)
-    if any(p.state == sweep.STOPPED for p in st.packs):
-        console.print(f"  stopped: started and ended without a pack record (stopped or killed); re-run the same "
-                      f"command with run_dir={st.run_dir} to resume: completed trainings are kept", highlight=False)
+    print_status(console, sweep.status(args[0]), time.time())
     return 0
+
+
+WATCH_EVERY_S = 10.0  # how often `watch` asks the records and the queue (sacct) by default
+
+
+def watch_command(argv: Sequence[str], console: Console) -> int:
+    """Follow a run from any shell until it has ended; leaving (Ctrl-C) leaves its jobs running. Exit 0 when every
+    training completed, 1 otherwise."""
+    parser = argparse.ArgumentParser(prog="python -m gpupack watch", add_help=False)
+    parser.add_argument("run_dir", nargs="?")
+    parser.add_argument("--every", type=float, default=WATCH_EVERY_S)
+    args, rest = parser.parse_known_args(list(argv))
+    if rest or args.run_dir is None:
+        raise ConfigError("RUN_DIR", " ".join(argv), "give one run directory (and --every SECONDS)",
+                          "python -m gpupack watch runs/<sweep>/<date>_<time> --every 10")
+    if not args.every > 0:
+        raise ConfigError("--every", args.every, "must be > 0 seconds", "--every 10")
+    last = None
+    try:
+        with StatusView(console) as view:
+            for last in sweep.follow(args.run_dir, args.every):
+                view.show(last, time.time())
+    except KeyboardInterrupt:
+        console.print(f"stopped watching; the run's jobs go on. Come back with: python -m gpupack watch {args.run_dir}")
+        return 128 + signal.SIGINT
+    if last is None:  # follow yields at least once
+        return 1
+    print_status(console, last, time.time())
+    console.print(f"  python -m gpupack collect {last.run_dir}", highlight=False)
+    return 0 if all(p.state == "done" for p in last.packs) else 1
 
 
 def clear_oom_command(argv: Sequence[str], console: Console) -> int:
@@ -347,6 +352,8 @@ def dispatch(argv: Sequence[str] | None = None) -> int:
             return collect_command(args[1:], console)
         if args and args[0] == "status":
             return status_command(args[1:], console)
+        if args and args[0] == "watch":
+            return watch_command(args[1:], console)
         if args and args[0] == "clear-oom":
             return clear_oom_command(args[1:], console)
         flags, overrides = split_flags(args)

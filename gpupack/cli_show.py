@@ -12,6 +12,7 @@ from rich.table import Table
 
 from gpupack import sweep
 from gpupack.core.plan import Pack
+from gpupack.flow.status import RunStatus
 
 
 def print_plan(console: Console, prepared: sweep.Prepared) -> None:
@@ -115,3 +116,84 @@ class ProgressView:
         counts = "; ".join(f"{part}: " + ", ".join(f"{s} {c[s]}" for s in STATES)
                            for part, c in sorted(self.counts().items()))
         self.console.print(f"  [{finished}/{len(self.state)}] {pack.pack_id} {state:7s} ({counts})", highlight=False)
+
+
+def duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def print_status(console: Console, st: RunStatus, now: float) -> None:
+    """Where a run stands: trainings and packs per partition, elapsed and left, and each pack not done."""
+    total = sum(sum(c.values()) for c in st.trainings.values())
+    console.print(f"{st.run_dir}: sweep {st.sweep}, {total} trainings in {len(st.packs)} packs", highlight=False)
+    if not st.queue_answered:
+        console.print("  the queue (sacct) did not answer: packs not finished show as unknown")
+    packs = st.counts()
+    for partition, c in st.trainings.items():
+        console.print(f"  {partition}: trainings " + ", ".join(f"{k} {c[k]}" for k in sweep.TRAINING_STATES) +
+                      "; packs " + ", ".join(f"{k} {v}" for k, v in sorted(packs.get(partition, {}).items())),
+                      highlight=False)
+    elapsed, left = st.elapsed_s(now), st.left_s(now)
+    if elapsed is not None:
+        when = "took" if st.ended_at is not None else "elapsed"
+        rest = "" if st.ended_at is not None else (
+            ", left: unknown until a training ends" if left is None else f", about {duration(left)} left at this rate")
+        console.print(f"  {when} {duration(elapsed)}{rest}", highlight=False)
+    for p in st.packs:
+        if p.state != "done":
+            console.print(f"  {p.pack_id}: {p.state} ({p.done}/{p.trainings} trainings done"
+                          f"{f', job {p.job_id}' if p.job_id else ''})", highlight=False)
+    if any(p.state == sweep.STOPPED for p in st.packs):
+        console.print(f"  stopped: started and ended without a pack record (stopped or killed); re-run the same "
+                      f"command with run_dir={st.run_dir} to resume: completed trainings are kept", highlight=False)
+
+
+class StatusView:
+    """A run followed from its records and the queue (``watch``): in a terminal a live table of trainings per
+    partition, elapsed and left; elsewhere (a log) one line each time the counts change."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.live = Live(Table(), console=console, auto_refresh=False) if console.is_terminal else None
+        self.said = ""
+
+    def __enter__(self) -> "StatusView":
+        if self.live:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.live.stop()
+
+    def line(self, st: RunStatus, now: float) -> str:
+        total = Counter[str]()
+        for c in st.trainings.values():
+            total.update(c)
+        left = st.left_s(now)
+        return (", ".join(f"{k} {total[k]}" for k in sweep.TRAINING_STATES)
+                + ("" if left is None or st.ended_at is not None else f"; about {duration(left)} left"))
+
+    def table(self, st: RunStatus, now: float) -> Table:
+        elapsed = st.elapsed_s(now)
+        table = Table(title=f"{st.sweep}: {st.run_dir}", caption=self.line(st, now)
+                      + (f"; elapsed {duration(elapsed)}" if elapsed is not None else ""))
+        table.add_column("partition")
+        for state in sweep.TRAINING_STATES:
+            table.add_column(state, justify="right")
+        table.add_column("packs")
+        packs = st.counts()
+        for partition, c in sorted(st.trainings.items()):
+            table.add_row(partition, *(str(c[s]) for s in sweep.TRAINING_STATES),
+                          ", ".join(f"{k} {v}" for k, v in sorted(packs.get(partition, {}).items())))
+        return table
+
+    def show(self, st: RunStatus, now: float) -> None:
+        if self.live:
+            self.live.update(self.table(st, now), refresh=True)
+            return
+        counts = self.line(st, now).split("; about")[0]  # a log line when the counts change, not the estimate
+        if counts != self.said:
+            self.said = counts
+            self.console.print(f"  {self.line(st, now)}", highlight=False)

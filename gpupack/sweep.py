@@ -28,11 +28,22 @@ from gpupack.flow.run import (
     prepare_run,
     run_plain,
 )
-from gpupack.flow.status import STOPPED, TRAINING_STATES, PackStatus, RunStatus, clear_oom, pack_status, status
+from gpupack.flow.status import (
+    STOPPED,
+    TRAINING_STATES,
+    PackStatus,
+    RunStatus,
+    clear_oom,
+    follow,
+    has_ended,
+    pack_status,
+    status,
+)
 from gpupack.submit import ProgressFn
 
 __all__ = ["Prepared", "Checked", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "prepare_run",
-           "ask_submitter", "forecast", "run", "status", "collect", "clear_oom", "default_run_dir", "find_runs",
+           "ask_submitter", "forecast", "run", "status", "follow", "has_ended", "collect", "clear_oom",
+           "default_run_dir", "find_runs",
            "pack_status", "packs_to_run", "STOPPED", "Step", "TRAINING_STATES"]
 
 

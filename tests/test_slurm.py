@@ -172,8 +172,10 @@ def test_detach_then_status_and_collect(tmp_path, slurm_env):
 
     first = status_text()
     assert "v100:" in first
-    assert wait_for(lambda: re.search(r"v100: trainings completed \d+, failed 0, running 0, waiting 0; packs done 3",
-                                      status_text())), status_text()
+    watched = gpupack(["watch", str(run_dir), "--every", "0.5"], slurm_env, timeout=300)  # from another shell
+    assert watched.returncode == 0, watched.stdout + watched.stderr
+    assert re.search(r"v100: trainings completed \d+, failed 0, running 0, waiting 0; packs done 3", watched.stdout)
+    assert re.search(r"v100: trainings completed \d+, failed 0, running 0, waiting 0; packs done 3", status_text())
     collected = gpupack(["collect", str(run_dir)], slurm_env, timeout=120)
     assert collected.returncode == 0 and "Best packing factor for tests.fake_workloads on v100" in collected.stdout
 

@@ -411,5 +411,5 @@ def test_trillium_gives_one_gpu_or_whole_nodes(tmp_path, capsys, monkeypatch):
                  "dry_run=true"])
     out = " ".join(capsys.readouterr().out.split())
     # 2 packs of 8 on a whole node of 4 GPUs: one job, two of its GPUs idle, said before it is submitted
-    assert code == 0 and "jobs: 1 (lanes of packs: up to 2 packs each, one at a time on each GPU) in 1 job array(s), 4 GPUs in all, " \
-        "of which 2 get no pack" in out, out
+    assert code == 0 and ("jobs: 1 (lanes of packs: up to 2 packs each, one at a time on each GPU) in 1 job "
+                          "array(s), 4 GPUs in all, of which 2 get no pack") in out, out

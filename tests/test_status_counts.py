@@ -99,3 +99,63 @@ def test_status_of_a_local_sweep_mid_run_says_running_and_pending(tmp_path, subp
         proc.wait(timeout=120)
     after = sweep.status(run_dir)
     assert sorted(p.state for p in after.packs) == ["done", "done"]
+
+
+# ---------------- watch: follow a run from any shell (issue 30, item 5) ----------------
+
+def _st(*states: str) -> RunStatus:
+    from gpupack.flow.status import PackStatus
+
+    return RunStatus(Path("r"), "s", [PackStatus(f"p{i}", "v100", s, 0, 1) for i, s in enumerate(states)],
+                     trainings={"v100": Counter(waiting=len(states))})
+
+
+@pytest.mark.parametrize("states, ended", [
+    (("done", "failed"), True), (("done", "stopped", "not submitted"), True),
+    (("done", "pending"), False), (("running",), False), (("submitted",), False),
+    (("unknown", "done"), False),  # the queue did not answer: never ended on its silence
+])
+def test_a_run_has_ended_when_none_of_its_packs_may_still_run(states, ended):
+    from gpupack.flow.status import has_ended
+
+    assert has_ended(_st(*states)) is ended
+
+
+def test_follow_looks_until_the_run_has_ended_and_sleeps_between_looks_only():
+    from gpupack.flow.status import follow
+
+    answers = iter([_st("submitted", "pending"), _st("running", "pending"), _st("done", "running"),
+                    _st("done", "failed")])
+    slept: list[float] = []
+    seen = [[p.state for p in st.packs] for st in follow("r", 7.0, sleep=slept.append, look=lambda _: next(answers))]
+    assert seen[-1] == ["done", "failed"] and len(seen) == 4 and slept == [7.0] * 3
+
+
+def test_watch_a_finished_run_prints_its_status_and_exits_by_its_outcome(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    sweep.run(sweep.prepare(PROBE + ["sweep.grid.lr=[0.1,0.2]", "sweep.grid.fail=[false,true]",
+                                     "packing.factors=[2]", "packing.repeats=1", f"run_dir={run_dir}"]),
+              collect_outputs=False, plots=False)
+    assert main(["watch", str(run_dir), "--every", "0.1"]) == 1  # a training failed
+    out = capsys.readouterr().out
+    assert "local: trainings completed 2, failed 2, running 0, waiting 0" in out
+    assert f"python -m gpupack collect {run_dir}" in out
+
+
+@pytest.mark.parametrize("argv, needle", [([], "RUN_DIR=''"), (["a", "b"], "RUN_DIR='a b'"),
+                                          (["r", "--every", "0"], "--every=0.0"), (["r", "--nope"], "--nope")])
+def test_watch_bad_input_is_one_line(argv, needle, capsys):
+    assert main(["watch", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "HINT:" in err, err
+
+
+def test_leaving_watch_says_the_jobs_go_on_and_how_to_come_back(monkeypatch, capsys):
+    def interrupted(run_dir, every_s):
+        yield _st("running")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "follow", interrupted)
+    assert main(["watch", "runs/x"]) == 130
+    out = capsys.readouterr().out
+    assert "the run's jobs go on" in out and "python -m gpupack watch runs/x" in out

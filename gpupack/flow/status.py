@@ -5,7 +5,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Iterator, Mapping
 
 from omegaconf import OmegaConf
 
@@ -156,6 +156,29 @@ def status(run_dir: Path | str) -> RunStatus:
     return RunStatus(run.root, plan.sweep, packs, queue_answered=states is not None, trainings=trainings,
                      started_at=min((s for s in starts if s), default=None),
                      ended_at=max((e for e in ends if e), default=None) if _all_ended(trainings) else None)
+
+
+# A pack in one of these states may still run: a run is followed (``watch``) until none of its packs is.
+MAY_RUN = (PENDING, RUNNING, "submitted", "unknown")
+
+
+def has_ended(st: RunStatus) -> bool:
+    """Nothing of the run may still run: every pack done, failed, stopped or never submitted (a queue that did not
+    answer leaves its packs unknown, so a run is never called ended on its silence). Pure."""
+    return all(p.state not in MAY_RUN for p in st.packs)
+
+
+def follow(run_dir: Path | str, every_s: float, sleep: Callable[[float], None] = time.sleep,
+           look: Callable[[Path | str], RunStatus] | None = None) -> Iterator[RunStatus]:
+    """The run's status every ``every_s`` seconds, from its records and the queue (``look``: :func:`status`), until
+    it has ended (the last status yielded is the ended one). Reads only: nothing is submitted, nothing held open."""
+    look = look or status
+    while True:
+        st = look(run_dir)
+        yield st
+        if has_ended(st):
+            return
+        sleep(every_s)
 
 
 def _all_ended(trainings: Mapping[str, Counter[str]]) -> bool:
