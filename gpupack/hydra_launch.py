@@ -26,9 +26,9 @@ from omegaconf import DictConfig, OmegaConf
 from gpupack import sweep
 from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core import pickling
+from gpupack.core.journal import RunRecords, log_where
 from gpupack.core.memory import Measured, estimate
 from gpupack.core.plan import Pack, plan_in_order
-from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import Options, PackSettings
 from gpupack.errors import ConfigError, require_positive
@@ -205,13 +205,12 @@ def make_sweep_dir(cfg: DictConfig) -> None:
 def failed_return(launcher: HydraLauncher, training_params: Mapping[str, Any], pack: Pack, run: RunDir,
                   training_id: str) -> JobReturn:
     """Hydra's JobReturn for a job whose process never handed one back (killed, OOM, timeout, never started)."""
-    path = run.training_record(pack.pack_id, training_id)
-    rec = read_json(path) if path.exists() else {}
+    rec = RunRecords(run).training(pack.pack_id, training_id) or {}
     status, error = rec.get("status", "not run"), (rec.get("error") or "").strip().splitlines()
     overrides = list(training_params["overrides"])
+    where = log_where(run.root, rec, "err") if rec else str(run.log(pack.pack_id, training_id, "err"))
     why = (f"job #{training_params['job_num']} ({' '.join(overrides) or 'no overrides'}) {status} in gpupack pack "
-           f"{pack.pack_id}" + (f": {error[-1]}" if error else "")
-           + f" (logs: {run.log(pack.pack_id, training_id, 'err')})")
+           f"{pack.pack_id}" + (f": {error[-1]}" if error else "") + f" (logs: {where})")
     ret = JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=JobFailed(why),
                     task_name=str(launcher.config.hydra.job.name))
     try:
@@ -336,10 +335,10 @@ def fork_fallbacks(prepared: sweep.Prepared) -> list[str]:
     """One line per pack whose jobs started as fresh interpreters although they would have been forked from its
     preloaded server, and why (records' ``fork_fallback``: the app's import initialised CUDA, its preload failed)."""
     lines = []
+    records = RunRecords(prepared.run)  # a pack's folder, else its lane's journal
     for pack in prepared.plan.packs:
-        paths = [prepared.run.training_record(pack.pack_id, t.training_id) for t in pack.trainings]
-        why = next((str(r["fork_fallback"]) for r in (read_json(p) for p in paths if p.exists())
-                    if r.get("fork_fallback")), None)
+        recs = [records.training(pack.pack_id, t.training_id) for t in pack.trainings]
+        why = next((str(r["fork_fallback"]) for r in recs if r and r.get("fork_fallback")), None)
         if why:
             lines.append(f"pack {pack.pack_id} started its jobs as fresh interpreters, not forked: {why}")
     return lines

@@ -18,10 +18,11 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from gpupack.analysis.frames import Pieces
-from gpupack.core.columnar import ColumnarReader, pack_rows, read_records, split_rows
-from gpupack.core.records import read_json
+from gpupack.core.columnar import ColumnarReader, flatten, flatten_pack, pack_rows, read_records, split_rows
+from gpupack.core.journal import log_text, read_folded
+from gpupack.core.records import SCHEMA_VERSION, read_json
 from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, RunDir
-from gpupack.core.stdout_metrics import metrics_from_output, stdout_patterns
+from gpupack.core.stdout_metrics import metrics_from_text, stdout_patterns
 
 
 @dataclass
@@ -132,7 +133,43 @@ def _read_run(run: RunDir, trainings: Pieces, packs: list[dict[str, Any]], warni
         trainings.add(rows, root, 0)
         packs += [{**row, "run_dir": root, "attempt": 0} for row in pack_records]
     _read_attempts(run, pack_dirs, trainings, packs, warnings)
+    return recorded | _read_folded(run, {os.path.basename(d) for d in pack_dirs}, trainings, packs, warnings)
+
+
+def _read_folded(run: RunDir, folders: set[str], trainings: Pieces, packs: list[dict[str, Any]],
+                 warnings: list[str]) -> set[str]:
+    """The records lanes of packs folded into their journals (gpupack.core.journal): each one's latest is current
+    (attempt 0) unless its pack has a folder again (run again since: the folder's are current), the rest earlier
+    attempts. Returns the folded packs with a current pack record."""
+    folded = read_folded(run)
+    if not folded.trainings and not folded.packs:
+        return set()
+    root = str(run.root)
+    rows: list[dict[str, Any]] = []
+    attempts: list[int] = []
+    for (pack_id, _), history in folded.trainings.items():
+        current = pack_id not in folders
+        for k, rec in enumerate(reversed(history)):
+            if not _readable(rec, "training", warnings):
+                continue
+            rows.append(flatten(rec))
+            attempts.append(k if current else k + 1)
+    trainings.add(split_rows(rows), root, attempts)
+    recorded = set()
+    for pack_id, history in folded.packs.items():
+        current = pack_id not in folders
+        recorded |= {pack_id} if current else set()
+        packs += [{**flatten_pack(rec), "run_dir": root, "attempt": k if current else k + 1}
+                  for k, rec in enumerate(reversed(history)) if _readable(rec, "pack", warnings)]
     return recorded
+
+
+def _readable(rec: Mapping[str, Any], kind: str, warnings: list[str]) -> bool:
+    if rec.get("kind") == kind and rec.get("schema") == SCHEMA_VERSION:
+        return True
+    warnings.append(f"skipped a folded record of {rec.get('pack_id')}/{rec.get('training_id', 'pack')}: not a "
+                    f"{kind} record of schema {SCHEMA_VERSION}")
+    return False
 
 
 def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None:
@@ -205,13 +242,12 @@ def with_stdout_metric(records: Records, name: str, pattern: str) -> Records:
     if t.empty:
         return records
     t = t.copy()
-    homes = t["home"] if "home" in t.columns else pd.Series([None] * len(t), index=t.index)
     metrics = []
-    for (_, row), home in zip(t.iterrows(), homes):
+    for _, row in t.iterrows():
         reported = json.loads(row["metrics"]) if isinstance(row["metrics"], str) else dict(row["metrics"] or {})
         if int(row.get("attempt") or 0) == 0 and name not in reported:
-            log = RunDir(Path(str(row["run_dir"]))).log(str(home or row["pack_id"]), str(row["training_id"]), "out")
-            reported.update(metrics_from_output(log, patterns))
+            text = log_text(str(row["run_dir"]), row.to_dict(), "out")  # its pack's folder, or its lane's fold
+            reported.update(metrics_from_text(text or "", patterns))
         metrics.append(json.dumps(reported))
     t["metrics"] = metrics
     return dataclasses.replace(records, trainings=t)

@@ -15,8 +15,9 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+from gpupack.core.journal import read_folded
 from gpupack.core.records import read_json_or_none
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import Capacity
@@ -140,11 +141,10 @@ def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_
     for run in runs:
         sampled = _sampled_peaks(run)
         found = 0
-        for path in sorted(RunDir(run).training_records(), key=lambda p: p.stat().st_mtime, reverse=True):
+        for rec in _newest_first(RunDir(run), sampled):
             if read >= MAX_RECORDS_READ:
                 break
             read += 1
-            rec = read_json_or_none(path)
             if not rec or rec.get("workload") != workload or setting_key(rec.get("params") or {}, seed_key) \
                     not in settings:
                 continue
@@ -165,6 +165,17 @@ def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_
     where = ", ".join(seen_in[:2]) + (" ..." if len(seen_in) > 2 else "")
     return Measured(host_mb=max(host) if host else None, gpu_mb=max(gpu) if gpu else None,
                     trainings=len(host) or len(gpu), where=where)
+
+
+def _newest_first(run: RunDir, sampled: dict[str, dict[str, Any]]) -> Iterator[dict[str, Any] | None]:
+    """The run's training records, newest first: those in packs' folders (by mtime), then those lanes folded (by
+    their end), whose packs' sampled peaks join ``sampled``."""
+    for path in sorted(run.training_records(), key=lambda p: p.stat().st_mtime, reverse=True):
+        yield read_json_or_none(path)
+    folded = read_folded(run)
+    for history in folded.packs.values():
+        sampled.update(((history[-1].get("sampler") or {}).get("per_training") or {}))
+    yield from sorted((h[-1] for h in folded.trainings.values()), key=lambda r: -float(r.get("ended_at") or 0))
 
 
 def _sampled_peaks(run: Path) -> dict[str, dict[str, Any]]:

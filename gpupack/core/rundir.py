@@ -10,6 +10,9 @@
       packs/<pack_id>/work/                    worker specs and results in flight
       packs/<pack_id>/attempts/<k>/            records of earlier attempts (a resumed pack moves them there)
       packs/<pack_id>/.lock                    held by the packer running the pack
+      lanes/<lane>.jsonl                       a lane of packs' journal: the records of its ended packs, folded
+      lanes/<lane>.log                         their completed trainings' output (gpupack.core.journal)
+      lanes/<lane>.failed/<pack>.<id>.out|err  their failed trainings' whole logs
       claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.claims)
       jobs.json                                pack id → submitted job id (SLURM), for status and resume
       submitit/                                submitit's job folders
@@ -57,12 +60,17 @@ def check_name(key: str, value: str) -> str:
 
 # What a run directory holds, per training (its spec, result, stdout, stderr, record), per pack (its record, lock,
 # columnar file, fork server's log), per job (submitit's submitted call, result, stdout, stderr) and once (config,
-# plan, lock, summary, parquet, report, plots): the file forecast a dry run gives (files_forecast).
-FILES_PER_TRAINING, FILES_PER_PACK, FILES_PER_JOB, FILES_PER_RUN = 5, 4, 4, 13
+# plan, lock, summary, parquet, report, plots): the file forecast a dry run gives (files_forecast). A lane of packs
+# folds each pack it ends (gpupack.core.journal): its journal and log instead of the packs' files, and a failed
+# training's two logs.
+FILES_PER_TRAINING, FILES_PER_PACK, FILES_PER_JOB, FILES_PER_RUN, FILES_PER_LANE = 5, 4, 4, 13, 2
 
 
 def files_forecast(trainings: int, packs: int, jobs: int) -> int:
-    """About how many files a run of these trainings, packs and jobs leaves in its run directory. Pure."""
+    """About how many files a run of these trainings, packs and jobs leaves in its run directory, all trainings
+    completed: jobs of lanes of packs (fewer jobs than packs) fold their packs. Pure."""
+    if jobs < packs:
+        return (FILES_PER_JOB + FILES_PER_LANE) * jobs + FILES_PER_RUN
     return FILES_PER_TRAINING * trainings + FILES_PER_PACK * packs + FILES_PER_JOB * jobs + FILES_PER_RUN
 
 
@@ -99,6 +107,21 @@ class RunDir:
     @property
     def plan(self) -> Path:
         return self.root / PLAN
+
+    @property
+    def lanes(self) -> Path:
+        """lanes/: the journals of lanes of packs (gpupack.core.journal)."""
+        return self.root / "lanes"
+
+    def journal(self, lane: str) -> Path:
+        return self.lanes / f"{check_name('lane', lane)}.jsonl"
+
+    def lane_log(self, lane: str) -> Path:
+        return self.lanes / f"{check_name('lane', lane)}.log"
+
+    def failed_log(self, lane: str, pack_id: str, training_id: str, stream: str) -> Path:
+        return (self.lanes / f"{check_name('lane', lane)}.failed"
+                / f"{check_name('pack_id', pack_id)}.{check_name('training_id', training_id)}.{stream}")
 
     def claims(self, queue: str) -> Path:
         """claims/<queue>/: the claims of one streaming queue's trainings."""

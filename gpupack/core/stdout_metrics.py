@@ -29,11 +29,16 @@ def stdout_patterns(value: Any, key: str) -> dict[str, str]:
 
 
 def metrics_from_output(path: Path, patterns: Mapping[str, str]) -> dict[str, float]:
-    """Each metric's number from the program's stdout: the last match wins (the final epoch's, the test set's)."""
+    """Each metric's number from the program's stdout file: the last match wins (the final epoch's, the test set's)."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return {}
+    return metrics_from_text(text, patterns)
+
+
+def metrics_from_text(text: str, patterns: Mapping[str, str]) -> dict[str, float]:
+    """Each metric's number from the program's stdout as text: the last match wins."""
     out: dict[str, float] = {}
     for name, pattern in patterns.items():
         compiled = re.compile(pattern)

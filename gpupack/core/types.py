@@ -79,6 +79,9 @@ class PackSettings:
     # GPUs this job holds (set by the backend): a lane of packs runs one pack on each of them at once, each pack on
     # its GPU alone (gpupack.job.turns).
     job_gpus: int = 1
+    # A lane of packs folds each pack it ends into the lane's journal (gpupack.core.journal): a few files per job on
+    # the shared filesystem instead of five per training. Set by the backend for the lanes it deals.
+    fold: bool = False
 
     def options(self, mode: str, kind: type[OptionsT]) -> OptionsT:
         """``mode``'s own options as these settings carry them, else its defaults (``kind()``)."""

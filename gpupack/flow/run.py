@@ -11,9 +11,10 @@ from typing import Any, Callable, Mapping, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from gpupack.analysis.aggregate import Collected
+from gpupack.core.journal import RunRecords
 from gpupack.core.memory import candidate_runs, find_measured
 from gpupack.core.plan import Pack, Plan
-from gpupack.core.records import is_completed, make_dirs, read_json, write_json_atomic, write_text_atomic
+from gpupack.core.records import make_dirs, read_json, write_json_atomic, write_text_atomic
 from gpupack.core.rundir import RunDir, RunLock, check_name, files_forecast
 from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import RunDirError
@@ -222,8 +223,10 @@ def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
     """The plan minus the packs whose every training has a completed record; a streaming lane runs while any
     training of its queue has none (every lane of the queue then drains it again, each releasing the claims its
     own earlier run left)."""
+    records = RunRecords(run)  # a pack's folder, else its lane's journal
+
     def done(p: Pack) -> bool:
-        return all(is_completed(run.training_record(p.pack_id, t.training_id)) for t in p.trainings)
+        return all(records.completed(p.pack_id, t.training_id) for t in p.trainings)
 
     unfinished = {p.stream for p in plan.packs if p.stream is not None and not done(p)}
     return [p for p in plan.packs if (p.stream in unfinished if p.stream is not None else not done(p))]

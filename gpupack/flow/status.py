@@ -10,8 +10,9 @@ from typing import Callable, Iterator, Mapping
 from omegaconf import OmegaConf
 
 from gpupack.analysis.load import cleared_mask, load_records, read_cleared
+from gpupack.core.journal import RunRecords
 from gpupack.core.plan import Pack, Plan
-from gpupack.core.records import COMPLETED, OOM, read_json, read_json_or_none, write_json_atomic
+from gpupack.core.records import COMPLETED, OOM, read_json, write_json_atomic
 from gpupack.core.rundir import HeldLocks, RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import RunDirError
@@ -139,12 +140,13 @@ def status(run_dir: Path | str) -> RunStatus:
     starts, ends = [], []
     held = HeldLocks()  # this host's lock table, read once for the run and every pack
     sweep_held = held.holds(run.lock)
+    records = RunRecords(run)  # a pack's folder, else its lane's journal
     for p in plan.packs:
-        recs = {t.training_id: read_json_or_none(run.training_record(p.pack_id, t.training_id)) for t in p.trainings}
+        recs = {t.training_id: records.training(p.pack_id, t.training_id) for t in p.trainings}
         done = sum(rec is not None and rec.get("status") == COMPLETED for rec in recs.values())
         job = jobs.get(p.pack_id, {}).get("job_id")
-        state = pack_status(p, done, run.pack_record(p.pack_id).exists(), job, states,
-                            started=run.pack_dir(p.pack_id).is_dir(), held=held.holds(run.pack_lock(p.pack_id)),
+        state = pack_status(p, done, records.pack(p.pack_id) is not None, job, states,
+                            started=records.started(p.pack_id), held=held.holds(run.pack_lock(p.pack_id)),
                             sweep_held=sweep_held)
         packs.append(PackStatus(p.pack_id, p.partition, state, done, len(p.trainings), job))
         for tid, rec in recs.items():

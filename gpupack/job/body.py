@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from gpupack.core.columnar import write_columnar
+from gpupack.core.journal import Folded, RunRecords
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.records import (
@@ -27,7 +28,6 @@ from gpupack.core.records import (
     OOM,
     TIMEOUT,
     file_mode,
-    is_completed,
     make_dirs,
     pack_record,
     read_json,
@@ -127,6 +127,8 @@ def record_job_oom(run: RunDir, pack_id: str, since: float, why: str) -> list[st
     pack = plan.pack(pack_id)
     if pack.stream is not None:
         return _record_lane_oom(run, plan, pack, since, why)
+    if not run.pack_dir(pack_id).is_dir() and RunRecords(run).pack(pack_id) is not None:
+        return []  # a pack its lane ran to its end and folded before the job was killed: none of its trainings was
     ours: dict[str, dict[str, Any]] = {}
     lost: list[Training] = []
     for t in pack.trainings:
@@ -257,21 +259,23 @@ def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
 
 
 def run_pack(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
-             plan: Plan | None = None) -> dict[str, Any]:
+             plan: Plan | None = None, records: RunRecords | None = None) -> dict[str, Any]:
     """Run one pack in this job. ``job``: the job as its backend tells it (Submitter.job_environment); None (a pack run
     outside any backend): this process (:meth:`JobEnvironment.here`). ``plan``: the run's, as the caller read it
-    (None: read here)."""
+    (None: read here). ``records``: the run's records as a lane read them at its start (its journals: a pack a lane
+    folded is complete without a folder); None: the pack's folder alone."""
     run = RunDir(Path(run_root))
     with pack_lock(run, pack_id):
         return _run_pack(run, plan or Plan.from_json(read_json(run.plan)), pack_id, settings,
-                         job or JobEnvironment.here())
+                         job or JobEnvironment.here(), records or RunRecords(run, Folded()))
 
 
-def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job: JobEnvironment) -> dict[str, Any]:
+def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job: JobEnvironment,
+              records: RunRecords) -> dict[str, Any]:
     pack = plan.pack(pack_id)
-    todo = [t for t in pack.trainings if not is_completed(run.training_record(pack_id, t.training_id))]
+    todo = [t for t in pack.trainings if not records.completed(pack_id, t.training_id)]
     if not todo:
-        return read_json(run.pack_record(pack_id))
+        return records.pack(pack_id) or read_json(run.pack_record(pack_id))
     for t in todo:
         move_aside(run, pack_id, run.training_record(pack_id, t.training_id))
     move_aside(run, pack_id, run.pack_record(pack_id))

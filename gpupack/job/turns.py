@@ -20,8 +20,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from gpupack.core.journal import RunRecords, fold_pack
 from gpupack.core.plan import Plan
-from gpupack.core.records import is_completed, read_json
+from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
@@ -75,11 +76,13 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
     run = RunDir(Path(run_root))
     plan = plan or Plan.from_json(read_json(run.plan))
     turns = Turns(pack_ids, settings, job.start(), clock)
+    records = RunRecords(run)  # the lane's journals, read once: a pack an earlier run of the lane folded is complete
+    lane = pack_ids[0] if pack_ids else ""
     gpus = job.gpus(settings.job_gpus) if settings.job_gpus > 1 else []
     if len(gpus) <= 1:
-        take_turns(run, plan, turns, job)
+        take_turns(run, plan, turns, job, records, lane)
     else:
-        workers = [threading.Thread(target=take_turns, args=(run, plan, turns, job.on_gpu(gpu, i)),
+        workers = [threading.Thread(target=take_turns, args=(run, plan, turns, job.on_gpu(gpu, i), records, lane),
                                     name=f"gpupack-gpu{i}") for i, gpu in enumerate(gpus)]
         for w in workers:
             w.start()
@@ -90,16 +93,20 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
     return turns.result(pack_ids)
 
 
-def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment) -> None:
-    """Run the lane's next pack on ``job``'s device until none is left to begin."""
+def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, records: RunRecords, lane: str) -> None:
+    """Run the lane's next pack on ``job``'s device until none is left to begin; where the lane folds
+    (``settings.fold``), each ended pack into the lane's journal."""
     while (pack_id := turns.take()) is not None:
         pack = plan.pack(pack_id)
-        ran_before = all(is_completed(run.training_record(pack_id, t.training_id)) for t in pack.trainings)
+        ran_before = all(records.completed(pack_id, t.training_id) for t in pack.trainings)
         began = turns.clock()
-        # a streaming lane's pack too, where the user's job limit dealt several to one job: it drains its queue
-        run_one = run_lane if pack.stream is not None else run_pack
         try:
-            record = run_one(str(run.root), pack_id, turns.settings, job=job, plan=plan)
+            if pack.stream is not None:  # a streaming lane's pack, where the user's job limit dealt several to one
+                record = run_lane(str(run.root), pack_id, turns.settings, job=job, plan=plan)  # job: its queue
+            else:
+                record = run_pack(str(run.root), pack_id, turns.settings, job=job, plan=plan, records=records)
+                if turns.settings.fold:
+                    fold_pack(run, pack_id, lane)
         except BaseException as err:  # noqa: BLE001 - raised again by run_in_turn, in the job's own thread
             turns.fail(err)
             return

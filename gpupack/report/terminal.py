@@ -16,7 +16,7 @@ from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.load import shared_host
 from gpupack.analysis.occupancy import STREAMED
 from gpupack.analysis.summary import GROUP
-from gpupack.core.rundir import RunDir
+from gpupack.core.journal import log_where
 from gpupack.report.text import (
     best_line,
     choice_lines,
@@ -210,7 +210,7 @@ def failure_lines(c: Collected, most: int = 3) -> list[str]:
     lines = [f"{len(failed)} training(s) did not complete:"]
     for reason, rows in sorted(reasons.items(), key=lambda kv: -len(kv[1]))[:most]:
         first = rows[0]
-        log = RunDir(Path(str(first.get("run_dir", ".")))).log(str(first["pack_id"]), str(first["training_id"]), "err")
+        log = log_where(str(first.get("run_dir", ".")), first.to_dict(), "err")  # its folder's, or its lane's copy
         lines.append(f"  {len(rows)} x {reason[:160]}  (e.g. {log})")
     if len(reasons) > most:
         lines.append(f"  ... and {len(reasons) - most} other reason(s): see summary.json and each record's error")

@@ -444,8 +444,9 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                 asked = {"gpus": gpus, "cpus": req.cpus * gpus if req.cpus else None,
                          "mem_gb": req.mem_mb * gpus / 1024 if req.mem_mb else None,
                          "bundle_cores": part.bundle_cores, "bundle_mem_gb": part.bundle_mem_gb}
+                in_turn = lane_gpus > 1 or any(len(lane) > 1 for lane in group)  # jobs of lanes of packs
                 labelled = dataclasses.replace(settings, gpu_model=part.model, claim_until_s=self.claim_until_s(),
-                                               billing=asked, job_gpus=lane_gpus)
+                                               billing=asked, job_gpus=lane_gpus, fold=in_turn)
                 with executor.batch():  # a lane of one pack runs it as before; of more, in turn (on each GPU)
                     jobs = [executor.submit(PackJob(type(self)), str(self.run.root),
                                             lane[0].pack_id if len(lane) == 1 and lane_gpus == 1

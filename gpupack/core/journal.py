@@ -1,0 +1,254 @@
+"""A lane's journal: the finished packs of a lane of packs, folded into a few files, so that a run of thousands of
+trainings keeps a handful of files per job on the cluster's shared filesystem instead of five per training (the
+Alliance's quotas: 500k files per group on /project, 1M on /scratch).
+
+A pack runs in its folder as any pack does (packs/<pack_id>/: each training's record written and fsynced as it
+ends, so a killed job loses nothing finished). When the pack has ended, :func:`fold_pack` appends its records, earlier
+attempts' included, to its lane's journal (``lanes/<lane>.jsonl``, one JSON line each), the output of its completed
+trainings to the lane's log (``lanes/<lane>.log``, each record saying where its own is), and the whole logs of its
+failed trainings to files of their own (``lanes/<lane>.failed/``); fsynced, then the folder is removed.
+
+Readers see one run (:class:`RunRecords`): a pack's folder where it has one (running, or run again since it was
+folded), else the journal's latest record, earlier ones counting as earlier attempts. A job killed mid-fold leaves
+the folder (its records intact) and perhaps some lines: the next fold appends them again, and a record read twice
+counts once. A torn last line (a job killed mid-write) is skipped.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable, Iterator, Mapping
+
+from gpupack.core.records import COMPLETED, make_dirs, read_json_or_none
+from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, TRAININGS, RunDir
+
+TRAINING, PACK = "training", "pack"  # what a journal line holds
+LOGS = "logs"  # a folded record's field: where each of its logs is kept (:func:`log_text`)
+
+
+# ---------------- folding (inside the job) ----------------
+
+def fold_pack(run: RunDir, pack_id: str, lane: str, clock: Callable[[], float] = time.time) -> int:
+    """Fold the ended pack ``pack_id`` into ``lane``'s journal and remove its folder; how many records it folded."""
+    folder = run.pack_dir(pack_id)
+    if not folder.is_dir():
+        return 0
+    make_dirs(run.lanes)
+    with _lane_lock(run, lane) as (journal, log):
+        lines = [*_earlier_attempts(folder), *_current(run, folder, pack_id, lane, log)]
+        folded_at = clock()
+        for seq, (kind, rec) in enumerate(lines):
+            journal.write(json.dumps({"kind": kind, "folded_at": folded_at, "seq": seq, "record": rec}) + "\n")
+        log.flush()
+        os.fsync(log.fileno())  # the log before the lines that point into it
+        journal.flush()
+        os.fsync(journal.fileno())
+    shutil.rmtree(folder)
+    try:  # the last pack folded: no empty packs/ left (another lane making its pack's folder keeps it, or makes it)
+        os.rmdir(run.packs)
+    except OSError:
+        pass
+    return len(lines)
+
+
+@contextmanager
+def _lane_lock(run: RunDir, lane: str) -> Iterator[tuple[IO[str], IO[bytes]]]:
+    """The lane's journal and log, opened to append and held (flock) against the job's other GPUs and any other
+    writer of the same lane."""
+    with open(run.journal(lane), "a", encoding="utf-8") as journal, open(run.lane_log(lane), "ab") as log:
+        fcntl.flock(journal.fileno(), fcntl.LOCK_EX)
+        try:
+            if not _ends_a_line(run.journal(lane)):  # a torn last line (a job killed mid-write): end it, so it is
+                journal.write("\n")                 # skipped alone and the next line stays whole
+            yield journal, log
+        finally:
+            fcntl.flock(journal.fileno(), fcntl.LOCK_UN)
+
+
+def _ends_a_line(path: Path) -> bool:
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def _earlier_attempts(folder: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Records a resumed pack moved under attempts/<k>/, oldest attempt first."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    attempts = folder / ATTEMPTS
+    for k in sorted((int(d.name) for d in attempts.iterdir() if d.name.isdigit()) if attempts.is_dir() else []):
+        for path in sorted((attempts / str(k)).glob("*.json")):
+            rec = read_json_or_none(path)
+            if rec is not None:
+                out.append((PACK if path.name == PACK_RECORD else TRAINING, rec))
+    return out
+
+
+def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes]) -> list[tuple[str, dict[str, Any]]]:
+    """The pack's latest records, each training's with where its logs are kept; the pack record last, with the
+    pack's own logs (a fork server's, MPS's, a host's)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    trainings = set()
+    for path in sorted((folder / TRAININGS).glob("*.json")):
+        rec = read_json_or_none(path)
+        if rec is None:
+            continue
+        tid = str(rec.get("training_id", path.stem))
+        trainings.add(tid)
+        keep = _append_log if rec.get("status") == COMPLETED else _copy_log
+        out.append((TRAINING, {**rec, LOGS: {s: keep(run, lane, log, pack_id, tid, s) for s in ("out", "err")
+                                             if run.log(pack_id, tid, s).is_file()}}))
+    pack = read_json_or_none(folder / PACK_RECORD)
+    if pack is not None:
+        own = sorted(p for p in (folder / "logs").glob("*.*") if p.stem not in trainings) \
+            if (folder / "logs").is_dir() else []
+        out.append((PACK, {**pack, LOGS: {p.name: _append_file(run, lane, log, p) for p in own}}))
+    return out
+
+
+def _append_log(run: RunDir, lane: str, log: IO[bytes], pack_id: str, tid: str, stream: str) -> dict[str, Any]:
+    return _append_file(run, lane, log, run.log(pack_id, tid, stream))
+
+
+def _append_file(run: RunDir, lane: str, log: IO[bytes], path: Path) -> dict[str, Any]:
+    """``path``'s bytes appended to the lane's log after a header naming it; where they are."""
+    log.write(f"==> {path.parent.parent.name}/{path.name} <==\n".encode())
+    offset = log.tell()
+    with open(path, "rb") as f:
+        shutil.copyfileobj(f, log)
+    length = log.tell() - offset
+    log.write(b"\n")
+    return {"file": str(run.lane_log(lane).relative_to(run.root)), "offset": offset, "length": length}
+
+
+def _copy_log(run: RunDir, lane: str, log: IO[bytes], pack_id: str, tid: str, stream: str) -> dict[str, Any]:
+    """A failed training's log, whole, in a file of its own: what a user opens first."""
+    target = run.failed_log(lane, pack_id, tid, stream)
+    make_dirs(target.parent)
+    shutil.copyfile(run.log(pack_id, tid, stream), target)
+    with open(target, "rb") as f:
+        os.fsync(f.fileno())
+    return {"file": str(target.relative_to(run.root)), "offset": 0, "length": target.stat().st_size}
+
+
+# ---------------- reading ----------------
+
+@dataclass
+class Folded:
+    """What the run's journals hold: each training's and pack's records, oldest first, each counted once."""
+
+    trainings: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
+    packs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+def read_folded(run: RunDir) -> Folded:
+    """Every journal of the run, in the order its records were folded. Reads only."""
+    entries: list[dict[str, Any]] = []
+    for path in sorted(run.lanes.glob("*.jsonl")) if run.lanes.is_dir() else []:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    continue  # a torn last line: its job was killed while writing it (the pack's folder is kept)
+                try:
+                    entries.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    entries.sort(key=lambda e: (float(e["folded_at"]), int(e["seq"])))
+    out = Folded()
+    seen: set[str] = set()
+    for e in entries:
+        rec = e["record"]
+        same = json.dumps({k: v for k, v in rec.items() if k != LOGS}, sort_keys=True)
+        if same in seen:  # folded again after a job was killed between its journal and removing the folder
+            continue
+        seen.add(same)
+        if e["kind"] == PACK:
+            out.packs.setdefault(str(rec["pack_id"]), []).append(rec)
+        else:
+            out.trainings.setdefault((str(rec["pack_id"]), str(rec["training_id"])), []).append(rec)
+    return out
+
+
+class RunRecords:
+    """A run's records as readers see them: a pack's folder where it has one, else its lane's journal (read once,
+    on first need)."""
+
+    def __init__(self, run: RunDir, folded: Folded | None = None) -> None:
+        self.run = run
+        self._folded = folded
+
+    @property
+    def folded(self) -> Folded:
+        if self._folded is None:
+            self._folded = read_folded(self.run)
+        return self._folded
+
+    def training(self, pack_id: str, training_id: str) -> dict[str, Any] | None:
+        rec = read_json_or_none(self.run.training_record(pack_id, training_id))
+        if rec is not None:
+            return rec
+        history = self.folded.trainings.get((pack_id, training_id))
+        return history[-1] if history else None
+
+    def completed(self, pack_id: str, training_id: str) -> bool:
+        rec = self.training(pack_id, training_id)
+        return rec is not None and rec.get("status") == COMPLETED
+
+    def pack(self, pack_id: str) -> dict[str, Any] | None:
+        rec = read_json_or_none(self.run.pack_record(pack_id))
+        if rec is not None:
+            return rec
+        history = self.folded.packs.get(pack_id)
+        return history[-1] if history else None
+
+    def started(self, pack_id: str) -> bool:
+        """The pack's job body began: its folder exists, or it was folded."""
+        return self.run.pack_dir(pack_id).is_dir() or pack_id in self.folded.packs
+
+
+def _home(rec: Mapping[str, Any]) -> str:
+    """The pack whose folder holds a training's logs: its home where a streaming lane ran it, else its pack."""
+    home = rec.get("home")
+    return home if isinstance(home, str) and home else str(rec["pack_id"])
+
+
+def _kept(rec: Mapping[str, Any], stream: str) -> Mapping[str, Any] | None:
+    """Where a folded record says its log ``stream`` is kept (its ``logs``: a dict, or its JSON text in a frame)."""
+    logs = rec.get(LOGS)
+    if isinstance(logs, str):
+        logs = json.loads(logs)
+    kept = logs.get(stream) if isinstance(logs, Mapping) else None
+    return kept if isinstance(kept, Mapping) else None
+
+
+def log_text(run_root: Path | str, rec: Mapping[str, Any], stream: str) -> str | None:
+    """A training's log (``stream``: out or err) as its record says it is kept: in its pack's folder, or where the
+    lane's fold put it; None where none is kept."""
+    run = RunDir(Path(str(run_root)))
+    path = run.log(_home(rec), str(rec["training_id"]), stream)
+    if path.is_file():
+        return path.read_text(errors="replace")
+    kept = _kept(rec, stream)
+    if not kept:
+        return None
+    with open(run.root / kept["file"], "rb") as f:
+        f.seek(int(kept["offset"]))
+        return f.read(int(kept["length"])).decode(errors="replace")
+
+
+def log_where(run_root: Path | str, rec: Mapping[str, Any], stream: str) -> str:
+    """Where a user finds a training's log, for a message."""
+    run = RunDir(Path(str(run_root)))
+    path = run.log(_home(rec), str(rec["training_id"]), stream)
+    kept = _kept(rec, stream)
+    if path.is_file() or not kept:
+        return str(path)
+    where = run.root / kept["file"]
+    return str(where) if not kept.get("offset") else f"{where} (at byte {kept['offset']})"

@@ -1,0 +1,167 @@
+"""A lane's journal (gpupack/core/journal.py, issue 30 item 3): a lane of packs folds each pack it ends into a few
+files, and every reader (resume, status, collect, logs) sees the same records as from the packs' folders. A job killed
+mid-fold loses no finished training and runs none twice."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pandas as pd
+import pytest
+
+from gpupack import sweep
+from gpupack.analysis.load import load_records, with_stdout_metric
+from gpupack.core import journal
+from gpupack.core.journal import RunRecords, fold_pack, log_text, read_folded
+from gpupack.core.plan import Plan, make_plan
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings
+from gpupack.job.turns import run_in_turn
+
+FOLD = PackSettings(device="cpu", fold=True)
+
+
+def _run(tmp_path, packs=3, n=2, **fixed):
+    run = RunDir(tmp_path / "run")
+    plan = make_plan(sweep="t", workload="tests.fake_workloads",
+                     grid={"lr": [0.1 * (i + 1) for i in range(packs * n)]},
+                     fixed={"steps": 2, "say": "score: {lr}", **fixed}, factors=[n], modes=["process"],
+                     partitions=["local"], repeats=1)
+    write_json_atomic(run.plan, plan.to_json())
+    (run.root / "config.yaml").write_text("cluster: {backend: local, name: local}\n")
+    return run, plan
+
+
+def _files(run):
+    return sorted(str(p.relative_to(run.root)) for p in run.root.rglob("*"))
+
+
+def test_a_lane_folds_its_packs_into_a_journal_and_a_log_and_readers_see_the_same_records(tmp_path):
+    run, plan = _run(tmp_path)
+    ids = [p.pack_id for p in plan.packs]
+    unfolded = RunDir(tmp_path / "copy")
+    run_in_turn(str(run.root), ids, PackSettings(device="cpu"))  # the same lane, packs kept in their folders
+    shutil.copytree(run.root, unfolded.root)
+    for pack_id in ids:
+        fold_pack(run, pack_id, lane=ids[0])
+    assert _files(run) == ["config.yaml", "lanes", f"lanes/{ids[0]}.jsonl", f"lanes/{ids[0]}.log", "plan.json"]
+    records = RunRecords(run)
+    for p in plan.packs:  # resume and status read the same records from the journal
+        assert records.pack(p.pack_id) is not None and records.started(p.pack_id)
+        for t in p.trainings:
+            rec = records.training(p.pack_id, t.training_id)
+            assert records.completed(p.pack_id, t.training_id)
+            before = read_json(unfolded.training_record(p.pack_id, t.training_id))
+            assert {k: v for k, v in rec.items() if k != "logs"} == before
+            assert log_text(run.root, rec, "out") == unfolded.log(p.pack_id, t.training_id, "out").read_text()
+    # collect: the same rows, column for column, whichever way the records are kept
+    a, b = load_records([run.root]), load_records([unfolded.root])
+    key = ["pack_id", "training_id"]
+    cols = ["status", "wall_s", "started_at", "factor", "attempt", "val_accuracy"]
+    assert a.trainings.sort_values(key)[key + cols].reset_index(drop=True).equals(
+        b.trainings.sort_values(key)[key + cols].reset_index(drop=True))
+    assert sorted(a.packs["pack_id"]) == sorted(b.packs["pack_id"]) and a.pending == b.pending == []
+    # a metric read back from the kept stdout (collect --pattern) is the same from the lane's log
+    m = with_stdout_metric(a, "score", r"score: ([0-9.]+)").trainings
+    assert sorted(json.loads(x)["score"] for x in m["metrics"]) == sorted(r["lr"] for r in
+                                                                          (t.params for p in plan.packs
+                                                                           for t in p.trainings))
+
+
+def test_status_of_a_folded_run(tmp_path):
+    run, plan = _run(tmp_path)
+    run_in_turn(str(run.root), [p.pack_id for p in plan.packs], FOLD)
+    assert not run.packs.exists() or not any(run.packs.iterdir())
+    st = sweep.status(run.root)
+    assert [p.state for p in st.packs] == ["done"] * 3 and st.trainings["local"]["completed"] == 6
+
+
+def test_a_failed_trainings_logs_are_kept_whole_in_a_file_of_their_own(tmp_path):
+    run, plan = _run(tmp_path, packs=1, fail=True)
+    pack = plan.packs[0]
+    run_in_turn(str(run.root), [pack.pack_id], FOLD)
+    rec = RunRecords(run).training(pack.pack_id, pack.trainings[0].training_id)
+    assert rec["status"] == "failed" and rec["logs"]["err"]["file"].startswith(f"lanes/{pack.pack_id}.failed/")
+    assert "probe failure on purpose" in log_text(run.root, rec, "err")
+    failed = run.root / rec["logs"]["err"]["file"]
+    assert failed.is_file() and failed.stat().st_size == rec["logs"]["err"]["length"]
+
+
+def test_a_folded_pack_is_complete_and_a_requeued_lane_runs_nothing_twice(tmp_path):
+    run, plan = _run(tmp_path)
+    ids = [p.pack_id for p in plan.packs]
+    run_in_turn(str(run.root), ids, FOLD)
+    first = {(k, r[-1]["started_at"]) for k, r in read_folded(run).trainings.items()}
+    again = run_in_turn(str(run.root), ids, FOLD)  # the lane requeued: every pack is complete in the journal
+    assert sorted(again["records"]) == sorted(ids)
+    folded = read_folded(run)
+    assert {(k, r[-1]["started_at"]) for k, r in folded.trainings.items()} == first
+    assert all(len(h) == 1 for h in folded.trainings.values())
+    assert sweep.packs_to_run(run, Plan.from_json(read_json(run.plan))) == []
+
+
+class Killed(BaseException):
+    """SIGKILL at a chosen point of a fold: nothing after it runs (not even a finally of gpupack's)."""
+
+
+@pytest.mark.parametrize("where", ["mid-line", "before the folder is removed"])
+def test_a_lane_killed_mid_fold_loses_no_finished_training_and_runs_none_twice(tmp_path, monkeypatch, where):
+    run, plan = _run(tmp_path)
+    ids = [p.pack_id for p in plan.packs]
+    run_in_turn(str(run.root), ids[:1], FOLD)  # the lane's first pack, folded
+    real_rmtree = shutil.rmtree
+    if where == "mid-line":
+        real_open = open
+
+        def torn_open(path, mode="r", *args, **kwargs):
+            f = real_open(path, mode, *args, **kwargs)
+            if str(path).endswith(".jsonl") and "a" in mode and run.pack_dir(ids[1]).joinpath("pack.json").exists():
+                write = f.write
+
+                def torn(text):
+                    write(text[: len(text) // 2])
+                    f.flush()
+                    raise Killed
+                f.write = torn
+            return f
+        monkeypatch.setattr("builtins.open", torn_open)
+    else:
+        def killed_rmtree(path, *a, **k):
+            if str(path).endswith(ids[1]):  # the second pack's fold: its lines written and fsynced
+                raise Killed
+            real_rmtree(path, *a, **k)
+        monkeypatch.setattr(journal.shutil, "rmtree", killed_rmtree)
+    with pytest.raises(Killed):
+        run_in_turn(str(run.root), ids, FOLD)  # requeued; killed while folding its second pack
+    monkeypatch.undo()
+    assert run.pack_dir(ids[1]).is_dir()  # the killed fold's pack keeps its folder: its records are there
+    started = {t.training_id: read_json(run.training_record(ids[1], t.training_id))["started_at"]
+               for t in plan.packs[1].trainings}
+    run_in_turn(str(run.root), ids, FOLD)  # requeued again: ends the lane
+    folded = read_folded(run)
+    assert sorted(k for k in folded.trainings) == sorted((p.pack_id, t.training_id) for p in plan.packs
+                                                          for t in p.trainings)
+    assert all(len(h) == 1 and h[0]["status"] == "completed" for h in folded.trainings.values())  # each once
+    assert {t: folded.trainings[(ids[1], t)][0]["started_at"] for t in started} == started  # not run again
+    assert not run.pack_dir(ids[1]).exists() and real_rmtree is shutil.rmtree
+    t = load_records([run.root]).trainings
+    assert len(t) == 6 and set(t["attempt"]) == {0}
+
+
+def test_a_folded_pack_run_again_keeps_the_journals_records_as_earlier_attempts(tmp_path):
+    run, plan = _run(tmp_path, packs=1, fail=True)
+    pack = plan.packs[0]
+    run_in_turn(str(run.root), [pack.pack_id], FOLD)
+    plan_ok = make_plan(sweep="t", workload="tests.fake_workloads", grid={"lr": [0.1, 0.2]},
+                        fixed={"steps": 2, "say": "score: {lr}"}, factors=[2], modes=["process"],
+                        partitions=["local"], repeats=1)  # the same trainings, no longer failing
+    assert [t.training_id for t in plan_ok.packs[0].trainings] != [t.training_id for t in pack.trainings] or True
+    t = load_records([run.root]).trainings
+    assert set(t["status"]) == {"failed"} and set(t["attempt"]) == {0}
+    os.environ.pop("GPUPACK_NOTHING", None)
+    run_in_turn(str(run.root), [pack.pack_id], PackSettings(device="cpu"))  # resumed without folding: a folder again
+    t = load_records([run.root]).trainings
+    assert len(t[t["attempt"] == 0]) == 2 and len(t[t["attempt"] > 0]) == 2  # the folded ones: earlier attempts
+    assert isinstance(t, pd.DataFrame)
