@@ -32,6 +32,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import DEFAULT_SLURM_CONF, PYTHON, REPO, bench_main, fmt, read_json, say, table, write_json  # noqa: E402
 
+from gpupack.core.journal import read_folded  # noqa: E402
+from gpupack.core.rundir import RunDir  # noqa: E402
+
 MAX_ARRAY_SIZE, MAX_SUBMIT_JOBS, N = 50, 20, 8
 
 
@@ -67,11 +70,27 @@ def gpupack_run(out: Path, trainings: int) -> dict[str, Any]:
     proc = subprocess.run(argv, capture_output=True, text=True, env=_env(), cwd=REPO, timeout=3600)
     wall = time.time() - began
     (out / "gpupack.log").write_text(proc.stdout + proc.stderr)
-    recs = [read_json(p) for p in run_dir.glob("packs/*/trainings/*.json")]
+    folded = read_folded(RunDir(run_dir))  # what the lanes folded, every record each kept (earlier attempts too)
+    recs = [read_json(p) for p in run_dir.glob("packs/*/trainings/*.json")] + \
+        [r for history in folded.trainings.values() for r in history]
     once = Counter(r["training_id"] for r in recs)
     return {"rc": proc.returncode, "wall_s": wall, "jobs": _jobs_since(since, "gpupack-"), "trainings": trainings,
             "completed": sum(r["status"] == "completed" for r in recs), "ran_twice": sum(c > 1 for c in once.values()),
-            "files": _files(run_dir), "packs": len(list(run_dir.glob("packs/*/pack.json")))}
+            "files": _files(run_dir), "packs": len(list(run_dir.glob("packs/*/pack.json"))) + len(folded.packs),
+            "submitit_files": _files(run_dir / "submitit"), "lane_files": _files(run_dir / "lanes")}
+
+
+def default_sweep(out: Path) -> dict[str, Any]:
+    """The README's main command (the default sweep, on this machine): its run directory's files per training."""
+    run_dir = out / "default"
+    say("running the default sweep (python -m gpupack +sweep=mnist_pack)")
+    proc = subprocess.run([PYTHON, "-m", "gpupack", "+sweep=mnist_pack", f"run_dir={run_dir}"], capture_output=True,
+                          text=True, cwd=REPO, timeout=1800, env={k: v for k, v in os.environ.items()
+                                                                  if k != "SLURM_CONF"})
+    (out / "default.log").write_text(proc.stdout + proc.stderr)
+    trainings = len(read_json(run_dir / "plan.json")["packs"]) and sum(
+        len(p["trainings"]) for p in read_json(run_dir / "plan.json")["packs"])
+    return {"rc": proc.returncode, "trainings": trainings, "files": _files(run_dir)}
 
 
 def by_hand(out: Path, trainings: int) -> dict[str, Any]:
@@ -120,6 +139,7 @@ def run(out: Path, quick: bool) -> None:
                    "gpupack": gpupack_run(out, trainings), "by_hand": by_hand(out, trainings), "dry": dry_run(out)}
     finally:
         _limits()
+    results["default"] = default_sweep(out)
     write_json(out / "results.json", results)
 
 
@@ -137,7 +157,15 @@ def report(out: Path) -> None:
                     f"{r['max_submit_jobs']}, N={N}"))
     if h["error"]:
         say(f"a task per training: {h['error']}")
+    say(f"gpupack's files: {g['submitit_files']} of submitit's (4 a job), {g['lane_files']} in lanes/ (the lanes' "
+        f"journals and logs, and failed trainings' logs), {g['files'] - g['submitit_files'] - g['lane_files']} of the "
+        "run's own")
     say(f"dry run of 100,000 trainings: {fmt(d['wall_s'], 1)} s; {d['jobs_line']}; {d['files_line']}")
+    if "default" in r:
+        df = r["default"]
+        say(f"the default sweep (python -m gpupack +sweep=mnist_pack, local backend, a job per pack): {df['files']} "
+            f"files for {df['trainings']} trainings, {fmt(df['files'] / max(1, df['trainings']))} per training"
+            + ("" if df["rc"] == 0 else f" (exit {df['rc']})"))
 
 
 if __name__ == "__main__":

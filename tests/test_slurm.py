@@ -31,8 +31,21 @@ def sacct(env, job_ids, fields="JobID,State,AllocTRES"):
 
 
 def records(run_dir: Path) -> dict[str, dict]:
-    return {f"{p.parent.parent.name}/{p.stem}": json.loads(p.read_text())
-            for p in run_dir.glob("packs/*/trainings/*.json")}
+    """Each training's latest record: in its pack's folder, or where its lane folded it (gpupack.core.journal)."""
+    from gpupack.core.journal import read_folded
+    from gpupack.core.rundir import RunDir
+
+    folded = {f"{pack}/{tid}": history[-1] for (pack, tid), history in read_folded(RunDir(run_dir)).trainings.items()}
+    return {**folded, **{f"{p.parent.parent.name}/{p.stem}": json.loads(p.read_text())
+                         for p in run_dir.glob("packs/*/trainings/*.json")}}
+
+
+def pack_records(run_dir: Path) -> list[dict]:
+    from gpupack.core.journal import read_folded
+    from gpupack.core.rundir import RunDir
+
+    here = {p.parent.name: json.loads(p.read_text()) for p in run_dir.glob("packs/*/pack.json")}
+    return [*here.values(), *(h[-1] for k, h in read_folded(RunDir(run_dir)).packs.items() if k not in here)]
 
 
 from tests.conftest import wait_for  # noqa: E402
@@ -265,8 +278,8 @@ def test_a_job_of_two_gpus_runs_two_packs_each_on_its_gpu_billed_as_two_bundles(
         assert seen == r["cuda_visible_devices"] and "," not in seen  # one GPU, the one its record names
         by_pack.setdefault(key.split("/")[0], set()).add(seen)
     assert sorted(g for gpus in by_pack.values() for g in gpus) == ["0", "1"]  # a pack on each of the job's GPUs
-    packs = [json.loads(p.read_text()) for p in run_dir.glob("packs/*/pack.json")]
-    assert len({p["job_id"] for p in packs}) == 1 and all(p["billing"]["gpus"] == 2 for p in packs)
+    packs = pack_records(run_dir)
+    assert len(packs) == 2 and len({p["job_id"] for p in packs}) == 1 and all(p["billing"]["gpus"] == 2 for p in packs)
     job = packs[0]["job_id"]
     assert wait_for(lambda: len(sacct(slurm_env, [job], "JobID")) == 1, timeout_s=60)
     assert "gres/gpu=2" in sacct(slurm_env, [job])[0][2]
@@ -322,7 +335,10 @@ def test_a_sweep_past_the_users_job_limit_runs_as_lanes_within_it(tmp_path, slur
     assert len(jobs) == 6 and len({j["job_id"] for j in jobs.values()}) == 3
     recs = records(run_dir)
     assert len(recs) == 6 and all(r["status"] == "completed" for r in recs.values())
-    lanes = {json.loads(f.read_text())["job_id"] for f in run_dir.glob("packs/*/pack.json")}
+    lanes = {p["job_id"] for p in pack_records(run_dir)}
+    # each lane folded its packs: a journal and a log per lane, no pack folder left (issue 30, item 3)
+    assert len(list(run_dir.glob("lanes/*.jsonl"))) == 3 and not list(run_dir.glob("packs/*"))
+    assert "Best packing factor for tests.fake_workloads on p100" in proc.stdout  # collect read the journals
     assert len(lanes) == 3  # each pack's record names the lane (array task) that ran it
     rows = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "-S", since, "-o", "JobID"], capture_output=True,
                           text=True, env=slurm_env).stdout.split()

@@ -372,6 +372,7 @@ def test_packs_are_dealt_to_jobs_of_g_gpus_and_billed_as_g_bundles(tmp_path, mon
     for params, pack_ids, settings in submitted:
         assert params["gpus_per_node"] == "v100:2" and isinstance(pack_ids, list) and len(pack_ids) == 2
         assert settings.job_gpus == 2 and settings.billing["gpus"] == 2
+        assert settings.fold and params["stderr_to_stdout"] is True  # lanes fold: a few files a job
     from gpupack.core.billing import Bundle, bill
 
     asked = submitted[0][2].billing  # what the job asked, within its two GPUs' bundles: billed as 2 bundles

@@ -49,6 +49,8 @@ def fold_pack(run: RunDir, pack_id: str, lane: str, clock: Callable[[], float] =
         os.fsync(log.fileno())  # the log before the lines that point into it
         journal.flush()
         os.fsync(journal.fileno())
+        if log.tell() == 0:  # no output to keep (so far): no empty file
+            run.lane_log(lane).unlink()
     shutil.rmtree(folder)
     try:  # the last pack folded: no empty packs/ left (another lane making its pack's folder keeps it, or makes it)
         os.rmdir(run.packs)
@@ -104,13 +106,21 @@ def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes])
         trainings.add(tid)
         keep = _append_log if rec.get("status") == COMPLETED else _copy_log
         out.append((TRAINING, {**rec, LOGS: {s: keep(run, lane, log, pack_id, tid, s) for s in ("out", "err")
-                                             if run.log(pack_id, tid, s).is_file()}}))
+                                             if _has_output(run.log(pack_id, tid, s))}}))
     pack = read_json_or_none(folder / PACK_RECORD)
     if pack is not None:
-        own = sorted(p for p in (folder / "logs").glob("*.*") if p.stem not in trainings) \
+        own = sorted(p for p in (folder / "logs").glob("*.*") if p.stem not in trainings and _has_output(p)) \
             if (folder / "logs").is_dir() else []
         out.append((PACK, {**pack, LOGS: {p.name: _append_file(run, lane, log, p) for p in own}}))
     return out
+
+
+def _has_output(path: Path) -> bool:
+    """A log with something in it: an empty one is kept as nothing (its record then names no log)."""
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def _append_log(run: RunDir, lane: str, log: IO[bytes], pack_id: str, tid: str, stream: str) -> dict[str, Any]:

@@ -438,13 +438,14 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
             part, req, gpus = self.cluster.partitions[partition], self.request(factor), self.job_gpus(key)
             lane_gpus = 1 if devices > 1 else gpus  # packs of N: one a GPU at once; a spread training: its k
             executor = self._executor()
+            in_turn = lane_gpus > 1 or any(len(lane) > 1 for lane in group)  # jobs of lanes of packs: folded
             executor.update_parameters(**sbatch_parameters(self.cluster, partition, part, factor, account,
-                                                           req.mem_gb_each, devices=devices, gpus=lane_gpus))
+                                                           req.mem_gb_each, devices=devices, gpus=lane_gpus),
+                                       stderr_to_stdout=in_turn)  # a file a job less where files per job count
             try:  # what the job asked, billed as its GPUs' bundles (gpupack.core.billing)
                 asked = {"gpus": gpus, "cpus": req.cpus * gpus if req.cpus else None,
                          "mem_gb": req.mem_mb * gpus / 1024 if req.mem_mb else None,
                          "bundle_cores": part.bundle_cores, "bundle_mem_gb": part.bundle_mem_gb}
-                in_turn = lane_gpus > 1 or any(len(lane) > 1 for lane in group)  # jobs of lanes of packs
                 labelled = dataclasses.replace(settings, gpu_model=part.model, claim_until_s=self.claim_until_s(),
                                                billing=asked, job_gpus=lane_gpus, fold=in_turn)
                 with executor.batch():  # a lane of one pack runs it as before; of more, in turn (on each GPU)
@@ -493,7 +494,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         """How a pack's job ended. When SLURM says it ran out of memory, the trainings its cgroup killed are recorded as
         oom (gpupack.job.body.record_job_oom), so their N is infeasible; any it cannot record are named in the error."""
         result = job_result(pack, job)
-        if not _slurm_queue.out_of_memory(job.state, job.stderr()):
+        if not _slurm_queue.out_of_memory(job.state, (job.stderr() or "") + (job.stdout() or "")):  # merged: a lane's
             return result
         why = f"SLURM: job {job.job_id} ran out of memory (its cgroup killed a process)"
         unrecorded = record_job_oom(self.run, pack.pack_id, since, why)
