@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from typing import Sequence, TypeVar
 
 from rich.console import Console
 from rich.live import Live
@@ -68,17 +68,37 @@ def print_opened(console: Console, opened: sweep.Opened) -> None:
 STATES = ("pending", "running", "done", "failed")
 
 
-class ProgressView:
+ViewT = TypeVar("ViewT", bound="LiveView")
+
+
+class LiveView:
+    """In a terminal, a live table (rich) shown while the view is entered; elsewhere (a log, CI) none: the view
+    prints lines."""
+
+    def __init__(self, console: Console, first: Table) -> None:
+        self.console = console
+        self.live = Live(first, console=console, auto_refresh=False) if console.is_terminal else None
+
+    def __enter__(self: ViewT) -> ViewT:
+        if self.live:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.live.stop()
+
+
+class ProgressView(LiveView):
     """Packs per partition as they move pending → running → done | failed.
 
     In a terminal: a live table (rich). Elsewhere (a log, CI): one line per change.
     """
 
     def __init__(self, console: Console, packs: Sequence[Pack]) -> None:
-        self.console = console
         self.partition = {p.pack_id: p.partition for p in packs}
         self.state: dict[str, str] = {p.pack_id: "pending" for p in packs}
-        self.live = Live(self.table(), console=console, auto_refresh=False) if console.is_terminal else None
+        super().__init__(console, self.table())
 
     def counts(self) -> dict[str, Counter[str]]:
         out: dict[str, Counter[str]] = {}
@@ -94,15 +114,6 @@ class ProgressView:
         for partition, c in sorted(self.counts().items()):
             table.add_row(partition, *(str(c[s]) for s in STATES))
         return table
-
-    def __enter__(self) -> "ProgressView":
-        if self.live:
-            self.live.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live:
-            self.live.stop()
 
     def __call__(self, pack: Pack, state: str) -> None:
         if self.state.get(pack.pack_id) == state:
@@ -149,23 +160,13 @@ def print_status(console: Console, st: RunStatus, now: float) -> None:
                       f"command with run_dir={st.run_dir} to resume: completed trainings are kept", highlight=False)
 
 
-class StatusView:
+class StatusView(LiveView):
     """A run followed from its records and the queue (``watch``): in a terminal a live table of trainings per
     partition, elapsed and left; elsewhere (a log) one line each time the counts change."""
 
     def __init__(self, console: Console) -> None:
-        self.console = console
-        self.live = Live(Table(), console=console, auto_refresh=False) if console.is_terminal else None
+        super().__init__(console, Table())
         self.said = ""
-
-    def __enter__(self) -> "StatusView":
-        if self.live:
-            self.live.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live:
-            self.live.stop()
 
     def line(self, st: RunStatus, now: float) -> str:
         total = Counter[str]()
