@@ -88,8 +88,7 @@ def default_sweep(out: Path) -> dict[str, Any]:
                           text=True, cwd=REPO, timeout=1800, env={k: v for k, v in os.environ.items()
                                                                   if k != "SLURM_CONF"})
     (out / "default.log").write_text(proc.stdout + proc.stderr)
-    trainings = len(read_json(run_dir / "plan.json")["packs"]) and sum(
-        len(p["trainings"]) for p in read_json(run_dir / "plan.json")["packs"])
+    trainings = sum(len(p["trainings"]) for p in read_json(run_dir / "plan.json")["packs"])
     return {"rc": proc.returncode, "trainings": trainings, "files": _files(run_dir)}
 
 
@@ -126,7 +125,7 @@ def dry_run(out: Path) -> dict[str, Any]:
     (out / "dry_run.log").write_text(proc.stdout + proc.stderr)
     text = " ".join(proc.stdout.split())  # the terminal's line breaks undone
     jobs = text.split(" jobs: ", 1)[-1].split(" files: ", 1)[0]
-    files = text.split(" files: ", 1)[-1].split(" per training)", 1)[0]
+    files = text.split(" files: ", 1)[-1].split(" per training", 1)[0]
     return {"rc": proc.returncode, "wall_s": time.time() - began, "jobs_line": f"jobs: {jobs}",
             "files_line": f"files: {files} per training)"}
 
