@@ -196,6 +196,7 @@ def test_bytes_and_steps_are_counted_per_backward_pass_over_several_buckets(tmp_
             opt.step()
         stats = spread.stats()
     finally:
+        wrapped = opt = None  # the DDP model (its reducer) before its process group: freed after, it can hang
         spread.close()
     # DDP rebuilds its buckets after the first pass (in the order gradients became ready): more than one a step.
     assert stats["allreduce_buckets_per_step"] > 1 and stats["comm_steps"] == 3

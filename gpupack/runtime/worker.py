@@ -103,13 +103,20 @@ def main(argv: list[str] | None = None, process_start: float | None = None) -> i
         result = run_training(spec, _PROCESS_START if process_start is None else process_start)
     except Exception:  # the packer records the failure from the exit code and the stderr tail
         traceback.print_exc()
-        return 1
+        return _end_rank(spec, 1)
     write_json_atomic(Path(spec["result_path"]), result)
-    if spec.get("spread"):  # a DDP rank: its result is written; end here, before the interpreter's finalization, where
-        sys.stdout.flush()  # gloo's threads can still free tensors and abort the process (SIGABRT, pytorch#179291)
+    return _end_rank(spec, 0)
+
+
+def _end_rank(spec: Mapping[str, Any], code: int) -> int:
+    """A DDP rank ends here, its result written or its failure printed, before the interpreter's finalization: there
+    gloo's threads can still free tensors and abort the process (SIGABRT, pytorch#179291), and a DDP model a failure's
+    traceback still holds, freed after its process group, waits on them for ever."""
+    if spec.get("spread"):
+        sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
-    return 0
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":
