@@ -58,6 +58,11 @@ def _files(folder: Path) -> int:
     return sum(1 for p in folder.rglob("*") if p.is_file())
 
 
+def _inodes(folder: Path) -> int:
+    """Files and folders below ``folder`` and itself: what a file-count quota counts."""
+    return 1 + sum(1 for _ in folder.rglob("*"))
+
+
 def gpupack_run(out: Path, trainings: int) -> dict[str, Any]:
     run_dir = out / "gpupack"
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
@@ -77,7 +82,8 @@ def gpupack_run(out: Path, trainings: int) -> dict[str, Any]:
     return {"rc": proc.returncode, "wall_s": wall, "jobs": _jobs_since(since, "gpupack-"), "trainings": trainings,
             "completed": sum(r["status"] == "completed" for r in recs), "ran_twice": sum(c > 1 for c in once.values()),
             "files": _files(run_dir), "packs": len(list(run_dir.glob("packs/*/pack.json"))) + len(folded.packs),
-            "submitit_files": _files(run_dir / "submitit"), "lane_files": _files(run_dir / "lanes")}
+            "submitit_files": _files(run_dir / "submitit"), "lane_files": _files(run_dir / "lanes"),
+            "inodes": _inodes(run_dir)}
 
 
 def default_sweep(out: Path) -> dict[str, Any]:
@@ -89,7 +95,7 @@ def default_sweep(out: Path) -> dict[str, Any]:
                                                                   if k != "SLURM_CONF"})
     (out / "default.log").write_text(proc.stdout + proc.stderr)
     trainings = sum(len(p["trainings"]) for p in read_json(run_dir / "plan.json")["packs"])
-    return {"rc": proc.returncode, "trainings": trainings, "files": _files(run_dir)}
+    return {"rc": proc.returncode, "trainings": trainings, "files": _files(run_dir), "inodes": _inodes(run_dir)}
 
 
 def by_hand(out: Path, trainings: int) -> dict[str, Any]:
@@ -146,7 +152,7 @@ def report(out: Path) -> None:
     r = read_json(out / "results.json")
     g, h, d = r["gpupack"], r["by_hand"], r["dry"]
     rows = [["gpupack (lanes)", "yes" if g["rc"] == 0 else f"no (exit {g['rc']})", g["jobs"],
-             f"{g['completed']}/{g['trainings']}", g["ran_twice"], g["files"], fmt(g["files"] / g["trainings"]),
+             f"{g['completed']}/{g['trainings']}", g["ran_twice"], g["files"], fmt(g["files"] / g["trainings"], 3),
              fmt(g["wall_s"], 1)],
             ["a task per training (submitit)", "yes" if not h["error"] else "no", h["jobs"],
              f"{h['completed']}/{h['trainings']}", "-", h["files"], fmt(h["files"] / h["trainings"]),
@@ -156,9 +162,10 @@ def report(out: Path) -> None:
                     f"{r['max_submit_jobs']}, N={N}"))
     if h["error"]:
         say(f"a task per training: {h['error']}")
-    say(f"gpupack's files: {g['submitit_files']} of submitit's (4 a job), {g['lane_files']} in lanes/ (the lanes' "
+    say(f"gpupack's files: {g['submitit_files']} of submitit's (3 a job: its call, result and log; a folder an array), {g['lane_files']} in lanes/ (the lanes' "
         f"journals and logs, and failed trainings' logs), {g['files'] - g['submitit_files'] - g['lane_files']} of the "
-        "run's own")
+        f"run's own; with its folders, {g.get('inodes', '?')} entries ({fmt(g.get('inodes', 0) / g['trainings'], 3)} "
+        "per training), what a file-count quota counts")
     say(f"dry run of 100,000 trainings: {fmt(d['wall_s'], 1)} s; {d['jobs_line']}; {d['files_line']}")
     if "default" in r:
         df = r["default"]

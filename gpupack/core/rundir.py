@@ -15,7 +15,7 @@
       lanes/<lane>.failed/<pack>.<id>.out|err  their failed trainings' whole logs
       claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.claims)
       jobs.json                                pack id → submitted job id (SLURM), for status and resume
-      submitit/                                submitit's job folders
+      submitit/<array>/                        submitit's files of each job (array), a folder per array
       summary.csv  summary.json                written by collect
       cleared_oom.json                         the OOMs a user cleared (python -m gpupack clear-oom)
       .lock                                    held while a sweep runs in the directory
@@ -61,8 +61,8 @@ def check_name(key: str, value: str) -> str:
 # What a run directory holds, per training (its spec, result, stdout, stderr, record), per pack (its record, lock,
 # columnar file, fork server's log), per job (submitit's submitted call, result, stdout, stderr) and once (config,
 # plan, lock, summary, parquet, report, plots): the file forecast a dry run gives (files_forecast). A lane of packs
-# folds each pack it ends (gpupack.core.journal): its journal and log instead of the packs' files, and a failed
-# training's two logs.
+# folds each pack it ends (gpupack.core.journal): its journal and log instead of the packs' files (and a failed
+# training's two logs), and its job's stdout and stderr are one file.
 FILES_PER_TRAINING, FILES_PER_PACK, FILES_PER_JOB, FILES_PER_RUN, FILES_PER_LANE = 5, 4, 4, 13, 2
 
 
@@ -70,7 +70,7 @@ def files_forecast(trainings: int, packs: int, jobs: int) -> int:
     """About how many files a run of these trainings, packs and jobs leaves in its run directory, all trainings
     completed: jobs of lanes of packs (fewer jobs than packs) fold their packs. Pure."""
     if jobs < packs:
-        return (FILES_PER_JOB + FILES_PER_LANE) * jobs + FILES_PER_RUN
+        return (FILES_PER_JOB - 1 + FILES_PER_LANE) * jobs + FILES_PER_RUN
     return FILES_PER_TRAINING * trainings + FILES_PER_PACK * packs + FILES_PER_JOB * jobs + FILES_PER_RUN
 
 
@@ -137,8 +137,9 @@ class RunDir:
 
     @property
     def submitit_folder(self) -> Path:
-        """submitit's folder pattern: submitit/<job id>/ for each job (%j: submitit puts the job id there)."""
-        return self.submitit / "%j"
+        """submitit's folder pattern: submitit/<array id>/ for each job array, or job (%A: submitit puts the array's id
+        there, a job's own where it is none): a folder per array, not per task, where folders count against a quota."""
+        return self.submitit / "%A"
 
     @property
     def summary_csv(self) -> Path:
