@@ -51,12 +51,8 @@ def fold_pack(run: RunDir, pack_id: str, lane: str, clock: Callable[[], float] =
         os.fsync(journal.fileno())
         if log.tell() == 0:  # no output to keep (so far): no empty file
             run.lane_log(lane).unlink()
-    shutil.rmtree(folder)
-    try:  # the last pack folded: no empty packs/ left (another lane making its pack's folder keeps it, or makes it)
-        os.rmdir(run.packs)
-    except OSError:
-        pass
-    return len(lines)
+    shutil.rmtree(folder)  # packs/ itself stays: another lane, here or on another node, may be making its pack's
+    return len(lines)       # folder in it at this moment
 
 
 @contextmanager
