@@ -162,8 +162,9 @@ def report(out: Path) -> None:
                     f"{r['max_submit_jobs']}, N={N}"))
     if h["error"]:
         say(f"a task per training: {h['error']}")
-    say(f"gpupack's files: {g['submitit_files']} of submitit's (3 a job: its call, result and log; a folder an array), {g['lane_files']} in lanes/ (the lanes' "
-        f"journals and logs, and failed trainings' logs), {g['files'] - g['submitit_files'] - g['lane_files']} of the "
+    say(f"gpupack's files: {g['submitit_files']} of submitit's (3 a job: its call, result and log; a folder an "
+        f"array), {g['lane_files']} in lanes/ (the lanes' journals and logs, and failed trainings' logs), "
+        f"{g['files'] - g['submitit_files'] - g['lane_files']} of the "
         f"run's own; with its folders, {g.get('inodes', '?')} entries ({fmt(g.get('inodes', 0) / g['trainings'], 3)} "
         "per training), what a file-count quota counts")
     say(f"dry run of 100,000 trainings: {fmt(d['wall_s'], 1)} s; {d['jobs_line']}; {d['files_line']}")
