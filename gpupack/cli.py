@@ -18,6 +18,7 @@ import logging
 import shlex
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
@@ -161,9 +162,9 @@ def first_command(prepared: sweep.Prepared) -> str:
     and the variables it adds; its files are named, not written."""
     pack = prepared.plan.packs[0]
     first = pack.trainings[0]
-    launch = load_workload(first.workload).launch(
-        first.params, str(prepared.run.work(pack.pack_id, first.training_id, "spec")),
-        str(prepared.run.work(pack.pack_id, first.training_id, "result")))
+    work = Path(tempfile.gettempdir()) / f"gpupack-{pack.pack_id}"  # the job's node-local work folder (PackContext)
+    launch = load_workload(first.workload).launch(first.params, str(work / f"{first.training_id}.spec.json"),
+                                                  str(work / f"{first.training_id}.result.json"))
     env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(launch.env.items()))
     return ((f"(cd {shlex.quote(str(launch.cwd))} && " if launch.cwd else "") + (f"{env} " if env else "")
             + shlex.join(str(a) for a in launch.argv) + (")" if launch.cwd else ""))

@@ -72,6 +72,9 @@ def test_a_dry_run_prints_the_first_training_s_real_command_line(tmp_path, capsy
     assert main(["+sweep=command", "sweep.fixed.argv=[{python},examples/train.py,--lr,{lr}]", "sweep.grid.lr=[0.1]",
                  "packing.factors=[1]", "dry_run=true", f"run_dir={tmp_path / 'run'}"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
-    assert f"its command line: GPUPACK_RESULT={tmp_path / 'run'}/packs/" in out, out
+    import tempfile
+
+    # its spec and result in the job's node-local work folder, not the run directory
+    assert f"its command line: GPUPACK_RESULT={tempfile.gettempdir()}/gpupack-local-process-n01-000/" in out, out
     assert f"{sys.executable} examples/train.py --lr 0.1" in out and "{lr}" not in out.split("command line:")[1], out
     assert not (tmp_path / "run").exists()  # named, not written

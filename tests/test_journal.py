@@ -162,3 +162,20 @@ def test_a_folded_pack_run_again_keeps_the_journals_records_as_earlier_attempts(
     assert len(t[t["attempt"] == 0]) == 2 and len(t[t["attempt"] > 0]) == 2
     current = RunRecords(run).training(pack.pack_id, pack.trainings[0].training_id)
     assert current == read_json(run.training_record(pack.pack_id, pack.trainings[0].training_id))
+
+
+def test_specs_and_results_live_in_the_jobs_node_local_space_and_go_with_the_pack(tmp_path):
+    """The shared filesystem holds no spec or result file per training: they are written in the job's own temporary
+    space ($SLURM_TMPDIR on a cluster) and removed when the pack ends (issue 30, item 3)."""
+    from gpupack.job.body import run_pack
+    from gpupack.runtime.jobenv import JobEnvironment
+
+    run, plan = _run(tmp_path, packs=1)
+    node_local = tmp_path / "node-local"
+    node_local.mkdir()
+    pack = plan.packs[0]
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu"),
+                   job=JobEnvironment(job_id="3", tmp_dir=str(node_local)))
+    assert rec["n_completed"] == 2
+    assert not (run.pack_dir(pack.pack_id) / "work").exists()
+    assert list(node_local.iterdir()) == []  # the pack's work folder went with it

@@ -7,7 +7,7 @@
       packs/<pack_id>/trainings/<id>.json      one training record per training
       packs/<pack_id>/trainings.arrows         the pack's records as one columnar file (gpupack.core.columnar)
       packs/<pack_id>/logs/<id>.out|.err       each training's output
-      packs/<pack_id>/work/                    worker specs and results in flight
+      (the trainings' specs and results in flight live in the job's node-local space: PackContext.work)
       packs/<pack_id>/attempts/<k>/            records of earlier attempts (a resumed pack moves them there)
       packs/<pack_id>/.lock                    held by the packer running the pack
       lanes/<lane>.jsonl                       a lane of packs' journal: the records of its ended packs, folded
@@ -58,12 +58,12 @@ def check_name(key: str, value: str) -> str:
     return value
 
 
-# What a run directory holds, per training (its spec, result, stdout, stderr, record), per pack (its record, lock,
+# What a run directory holds, per training (its record, stdout, stderr), per pack (its record, lock,
 # columnar file, fork server's log), per job (submitit's submitted call, result, stdout, stderr) and once (config,
 # plan, lock, summary, parquet, report, plots): the file forecast a dry run gives (files_forecast). A lane of packs
 # folds each pack it ends (gpupack.core.journal): its journal and log instead of the packs' files (and a failed
 # training's two logs), and its job's stdout and stderr are one file.
-FILES_PER_TRAINING, FILES_PER_PACK, FILES_PER_JOB, FILES_PER_RUN, FILES_PER_LANE = 5, 4, 4, 13, 2
+FILES_PER_TRAINING, FILES_PER_PACK, FILES_PER_JOB, FILES_PER_RUN, FILES_PER_LANE = 3, 4, 4, 13, 2
 
 
 def files_forecast(trainings: int, packs: int, jobs: int) -> int:
@@ -245,6 +245,7 @@ class RunDir:
         return self.pack_dir(pack_id) / "logs" / f"{check_name('training_id', training_id)}.{stream}"
 
     def work(self, pack_id: str, training_id: str, what: str) -> Path:
+        """A spec or result in the pack's folder: where a pack context built outside a job body keeps them."""
         return self.pack_dir(pack_id) / "work" / f"{check_name('training_id', training_id)}.{what}.json"
 
 

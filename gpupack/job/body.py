@@ -10,9 +10,11 @@ import contextlib
 import fcntl
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -329,7 +331,9 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
                       training_timeout_s=settings.training_timeout_s,
                       memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
                       if settings.memory_limit_gb_per_training else None, spread=placement, stream=stream, homes=homes,
-                      tmp_dir=job.temp_dir())
+                      tmp_dir=job.temp_dir(),
+                      # specs and results in the job's node-local space ($SLURM_TMPDIR), not a file each on /project
+                      work_dir=tempfile.mkdtemp(prefix=f"gpupack-{pack.pack_id}-", dir=job.temp_dir()))
     sampler.start()
     mode_started = time.time()  # the pack's clock: what a mode does before its trainings start (a fork server's
     try:                        # preload, a TF host's start) is the pack's time too
@@ -337,6 +341,7 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
             runner.run(todo, ctx)
     finally:
         sampled = sampler.stop()
+        shutil.rmtree(ctx.work_dir or "", ignore_errors=True)
     billing = {"billing": dict(settings.billing)} if settings.billing else {}  # what the job asked, its bundle
     return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings), sampled,
                              mode_started=mode_started, phase=plan.phase, job=job, extra={**(extra or {}), **billing})

@@ -11,12 +11,13 @@ import os
 import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence
 
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Training
 from gpupack.core.registry import exported, module_names, require_known
-from gpupack.core.rundir import RunDir
+from gpupack.core.rundir import RunDir, check_name
 from gpupack.core.types import Capacity, Options, PackSettings, TrainingOutcome
 from gpupack.workload import Workload
 
@@ -62,9 +63,19 @@ class PackContext:
     homes: Mapping[str, str] = field(default_factory=dict)
     # The job's own temporary space (JobEnvironment.temp_dir): MPS's pipes, DDP's rendezvous.
     tmp_dir: str = field(default_factory=tempfile.gettempdir)
+    # Where the trainings' specs and results go while the pack runs: a folder of the job's own node-local space, made
+    # and removed by the job body, so the shared filesystem holds no file per training for them; None (a context built
+    # outside a job body): the pack's folder.
+    work_dir: str | None = None
 
     def home(self, training_id: str) -> str:
         return self.homes.get(training_id, self.pack.pack_id)
+
+    def work(self, name: str, what: str) -> Path:
+        """The spec, result or error file of ``name`` (a training, a DDP rank, a host process) while the pack runs."""
+        if self.work_dir is None:
+            return self.run.work(self.home(name), name, what)
+        return Path(self.work_dir) / f"{check_name('training_id', name)}.{what}.json"
 
 
 
@@ -185,7 +196,7 @@ def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> dict
         "threads": ctx.threads,
         "warmup_steps": ctx.warmup_steps,
         "spawned_at": spawned_at,
-        "result_path": str(ctx.run.work(ctx.home(training.training_id), training.training_id, "result")),
+        "result_path": str(ctx.work(training.training_id, "result")),
         "logs": [str(ctx.run.log(ctx.home(training.training_id), training.training_id, s)) for s in ("out", "err")],
         **({"spread": ctx.spread.to_json()} if ctx.spread is not None else {}),
     }

@@ -22,11 +22,10 @@ from gpupack.runtime.supervisor import ChildSpec, Supervisor, tail
 def host_specs(trainings: Sequence[Training], ctx: PackContext, spawned: float,
                devices: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Each training's worker spec, with where its error goes and (tf_logical) its device."""
-    run, pack_id = ctx.run, ctx.pack.pack_id
     specs = []
     for i, t in enumerate(trainings):
         spec = worker_spec(t, ctx, spawned)
-        spec.update(training_id=t.training_id, error_path=str(run.work(pack_id, t.training_id, "error")))
+        spec.update(training_id=t.training_id, error_path=str(ctx.work(t.training_id, "error")))
         if devices is not None:
             spec["device"] = devices[i]
         Path(spec["result_path"]).unlink(missing_ok=True)
@@ -60,7 +59,7 @@ def run_host(module: str, name: str, specs: list[dict[str, Any]], ctx: PackConte
     exit."""
     run, pack_id = ctx.run, ctx.pack.pack_id
     n = len(specs)
-    host_spec = run.work(pack_id, name, "spec")
+    host_spec = ctx.work(name, "spec")
     write_json_atomic(host_spec, {"threads": ctx.threads * n, "trainings": specs, **(extra or {})})
     # One process hosts all N: the per-training limit applies N times over. Its time limit counts from the spawn.
     host = ChildSpec(name, [sys.executable, "-m", module, str(host_spec)], run.log(pack_id, name, "out"),

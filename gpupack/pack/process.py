@@ -68,8 +68,8 @@ class _Training:
         self.training = training
         self.slot = slot
         self.workload = workload
-        self.result_path = run.work(pid, tid, "result")
-        spec_path = run.work(pid, tid, "spec")
+        self.result_path = ctx.work(tid, "result")
+        spec_path = ctx.work(tid, "spec")
         err_path = run.log(pid, tid, "err")
         make_dirs(err_path.parent)
         self.result_path.unlink(missing_ok=True)  # a result left by an earlier attempt must not count

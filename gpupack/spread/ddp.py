@@ -74,8 +74,8 @@ def rank_child(training: "Training", ctx: "PackContext", rank: int, world: int, 
     run, pack_id, tid = ctx.run, ctx.pack.pack_id, training.training_id
     name = rank_name(tid, rank)  # rank 0's files are the training's own
     err_path = run.log(pack_id, name, "err")
-    result_path = run.work(pack_id, name, "result")
-    spec_path = run.work(pack_id, name, "spec")
+    result_path = ctx.work(name, "result")
+    spec_path = ctx.work(name, "spec")
     make_dirs(err_path.parent)
     result_path.unlink(missing_ok=True)  # a result left by an earlier attempt must not count
     assert ctx.spread is not None  # the job body hands a spread pack its placement (not user input)
@@ -178,7 +178,7 @@ class DdpStrategy(Strategy):
         elif cause is not None:
             error = f"rank {rank_of[cause.name]} of {k}: {cause.error()}"
         else:
-            raw = read_json_or_none(ctx.run.work(ctx.pack.pack_id, training.training_id, "result"))  # rank 0's
+            raw = read_json_or_none(ctx.work(training.training_id, "result"))  # rank 0's
             result = load_workload(training.workload).result(training.params, raw, started, ended)
         outcome = ended_outcome(training.training_id, started, ended, code, error=error, result=result,
                                 timed_out=timed_out, extra={"ranks": k, "threads_per_rank": threads,
