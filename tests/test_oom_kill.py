@@ -203,11 +203,14 @@ def _write(run: RunDir, plan, pack, tag: str, outcome: TrainingOutcome) -> None:
 class FakeSlurmJob:
     """A finished SLURM job as submitit shows it: its state, its stderr, its result (or the error it re-raises)."""
 
-    def __init__(self, state: str, stderr: str, died: bool) -> None:
-        self.job_id, self.state, self._stderr, self.died = "12_0", state, stderr, died
+    def __init__(self, state: str, stderr: str | None, died: bool, stdout: str = "") -> None:
+        self.job_id, self.state, self._stderr, self.died, self._stdout = "12_0", state, stderr, died, stdout
 
-    def stderr(self) -> str:
+    def stderr(self) -> str | None:
         return self._stderr
+
+    def stdout(self) -> str:  # a lane's job has its stderr merged here (stderr_to_stdout)
+        return self._stdout
 
     def result(self) -> dict[str, Any]:
         if self.died:
@@ -232,6 +235,17 @@ def test_a_job_slurm_says_ran_out_of_memory_records_its_killed_and_lost_training
     assert lost["status"] == "oom" and lost["signal"] == 9 and lost["partition"] == "v100" and lost["factor"] == 3
     assert lost["gpu_type"] == "Tesla V100-SXM2-16GB" and lost["host"] == recs["done"]["host"]
     assert result.ok is False  # the packer died with the job (submitit re-raised)
+
+
+def test_a_lanes_oom_line_is_read_from_its_one_log(tmp_path):
+    """A lane's job writes stderr into its stdout (one file a job): SLURM's oom-kill line is found there."""
+    run, plan, pack = _slurm_pack(tmp_path)
+    since = time.time()
+    _write(run, plan, pack, "killed", TrainingOutcome("", since + 1, since + 3, -9, 9, "killed by signal 9 (SIGKILL)"))
+    job = FakeSlurmJob("FAILED", None, died=True, stdout="slurmstepd: error: Detected 1 oom-kill event(s) in StepId=12")
+    SlurmSubmitter(SlurmConfig(name="slurm", backend="slurm"), run).ended(pack, job, since)  # type: ignore[arg-type]
+    killed = next(t for t in pack.trainings if t.params["tag"] == "killed")
+    assert read_json(run.training_record(pack.pack_id, killed.training_id))["status"] == "oom"
 
 
 def test_a_job_that_ran_out_of_memory_with_no_record_to_go_by_is_reported(tmp_path):
