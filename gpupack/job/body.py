@@ -332,7 +332,7 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
                       memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
                       if settings.memory_limit_gb_per_training else None, spread=placement, stream=stream, homes=homes,
                       tmp_dir=job.temp_dir(),
-                      # specs and results in the job's node-local space ($SLURM_TMPDIR), not a file each on /project
+                      # specs and results in the job's node-local space (the scheduler's), not a file each on /project
                       work_dir=tempfile.mkdtemp(prefix=f"gpupack-{pack.pack_id}-", dir=job.temp_dir()))
     sampler.start()
     mode_started = time.time()  # the pack's clock: what a mode does before its trainings start (a fork server's
