@@ -202,15 +202,21 @@ def make_sweep_dir(cfg: DictConfig) -> None:
         os.chmod(sweep_dir, int(str(cfg.hydra.sweep.mode), 8))
 
 
-def failed_return(launcher: HydraLauncher, training_params: Mapping[str, Any], pack: Pack, run: RunDir,
+def _err_log(records: RunRecords, pack: Pack, training_id: str, rec: Mapping[str, Any] | None) -> str:
+    """Where a job's stderr is: its pack's folder, or where its lane folded it (``rec``: its record, if any)."""
+    run = records.run
+    return log_where(run.root, rec, "err") if rec else str(run.log(pack.pack_id, training_id, "err"))
+
+
+def failed_return(launcher: HydraLauncher, training_params: Mapping[str, Any], pack: Pack, records: RunRecords,
                   training_id: str) -> JobReturn:
     """Hydra's JobReturn for a job whose process never handed one back (killed, OOM, timeout, never started)."""
-    rec = RunRecords(run).training(pack.pack_id, training_id) or {}
+    rec = records.training(pack.pack_id, training_id) or {}
     status, error = rec.get("status", "not run"), (rec.get("error") or "").strip().splitlines()
     overrides = list(training_params["overrides"])
-    where = log_where(run.root, rec, "err") if rec else str(run.log(pack.pack_id, training_id, "err"))
     why = (f"job #{training_params['job_num']} ({' '.join(overrides) or 'no overrides'}) {status} in gpupack pack "
-           f"{pack.pack_id}" + (f": {error[-1]}" if error else "") + f" (logs: {where})")
+           f"{pack.pack_id}" + (f": {error[-1]}" if error else "")
+           + f" (logs: {_err_log(records, pack, training_id, rec)})")
     ret = JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=JobFailed(why),
                     task_name=str(launcher.config.hydra.job.name))
     try:
@@ -220,15 +226,16 @@ def failed_return(launcher: HydraLauncher, training_params: Mapping[str, Any], p
     return ret
 
 
-def raised_failure(ret: JobReturn, training_params: Mapping[str, Any], pack: Pack, run: RunDir,
+def raised_failure(ret: JobReturn, training_params: Mapping[str, Any], pack: Pack, records: RunRecords,
                    training_id: str) -> JobReturn:
     """A job's own failure (its task function raised), as Hydra's basic launcher shows it: the app's traceback
     (gpupack.runtime.hydra_job.portable_failure), then where its full log is. The job's exception is the cause."""
     err = ret._return_value
     text = getattr(err, "gpupack_traceback", None) or f"{type(err).__name__}: {err}"
+    log = _err_log(records, pack, training_id, records.training(pack.pack_id, training_id))
     overrides = " ".join(training_params["overrides"]) or "no overrides"
     failure = JobFailed(f"job #{training_params['job_num']} ({overrides}) failed in gpupack pack {pack.pack_id}:\n"
-                        f"{text}\n(log: {run.log(pack.pack_id, training_id, 'err')})")
+                        f"{text}\n(log: {log})")
     failure.__cause__ = err
     ret._return_value = failure
     return ret
@@ -239,15 +246,16 @@ def job_returns(launcher: HydraLauncher, prepared: sweep.Prepared) -> list[JobRe
     # In sweep order, as Hydra's sweepers expect: a streaming lane's share of the plan is every K-th job
     ordered = sorted(((pack, t) for pack in prepared.plan.packs for t in pack.trainings),
                      key=lambda item: int(item[1].params["job_num"]))
+    records = RunRecords(prepared.run)  # read once for every job: a pack's folder, else its lane's journal
     for pack, t in ordered:
         path = prepared.run.hydra_return(t.params["job_num"])
         try:
             ret = pickling.load(path)
         except (OSError, EOFError):
-            out.append(failed_return(launcher, t.params, pack, prepared.run, t.training_id))
+            out.append(failed_return(launcher, t.params, pack, records, t.training_id))
             continue
         failed = ret.status == JobStatus.FAILED
-        out.append(raised_failure(ret, t.params, pack, prepared.run, t.training_id) if failed else ret)
+        out.append(raised_failure(ret, t.params, pack, records, t.training_id) if failed else ret)
     return out
 
 
