@@ -179,3 +179,16 @@ def test_specs_and_results_live_in_the_jobs_node_local_space_and_go_with_the_pac
     assert rec["n_completed"] == 2
     assert not (run.pack_dir(pack.pack_id) / "work").exists()
     assert list(node_local.iterdir()) == []  # the pack's work folder went with it
+
+
+def test_the_memory_a_folded_run_measured_sizes_the_next_run(tmp_path):
+    """Memory requests are sized from earlier records (core.memory): those a lane folded count as those in folders,
+    the sampler's per-training peaks from the folded pack records included."""
+    from gpupack.core.memory import find_measured, setting_key
+
+    run, plan = _run(tmp_path)
+    run_in_turn(str(run.root), [p.pack_id for p in plan.packs], FOLD)
+    assert not any(run.packs.iterdir())  # every record is in the journal
+    settings = {setting_key(t.params) for p in plan.packs for t in p.trainings}
+    measured = find_measured([run.root], "tests.fake_workloads", settings)
+    assert measured.trainings == 6 and measured.host_mb is not None and measured.host_mb > 0

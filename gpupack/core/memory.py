@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from gpupack.core.journal import read_folded
+from gpupack.core.journal import Folded, read_folded
 from gpupack.core.records import read_json_or_none
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import Capacity
@@ -139,9 +139,10 @@ def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_
     seen_in: list[str] = []
     read = 0
     for run in runs:
-        sampled = _sampled_peaks(run)
+        folded = read_folded(RunDir(run))  # what its lanes folded, read once for its packs and its trainings
+        sampled = _sampled_peaks(run, folded)
         found = 0
-        for rec in _newest_first(RunDir(run), sampled):
+        for rec in _newest_first(RunDir(run), folded):
             if read >= MAX_RECORDS_READ:
                 break
             read += 1
@@ -167,21 +168,19 @@ def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_
                     trainings=len(host) or len(gpu), where=where)
 
 
-def _newest_first(run: RunDir, sampled: dict[str, dict[str, Any]]) -> Iterator[dict[str, Any] | None]:
+def _newest_first(run: RunDir, folded: Folded) -> Iterator[dict[str, Any] | None]:
     """The run's training records, newest first: those in packs' folders (by mtime), then those lanes folded (by
-    their end), whose packs' sampled peaks join ``sampled``."""
+    their end)."""
     for path in sorted(run.training_records(), key=lambda p: p.stat().st_mtime, reverse=True):
         yield read_json_or_none(path)
-    folded = read_folded(run)
-    for history in folded.packs.values():
-        sampled.update(((history[-1].get("sampler") or {}).get("per_training") or {}))
     yield from sorted((h[-1] for h in folded.trainings.values()), key=lambda r: -float(r.get("ended_at") or 0))
 
 
-def _sampled_peaks(run: Path) -> dict[str, dict[str, Any]]:
-    """Per training id, the sampler's peaks (pack.json): what a program that reports nothing itself is known by."""
+def _sampled_peaks(run: Path, folded: Folded) -> dict[str, dict[str, Any]]:
+    """Per training id, the sampler's peaks (pack records: in packs' folders, and those lanes folded): what a program
+    that reports nothing itself is known by."""
     out: dict[str, dict[str, Any]] = {}
-    for path in RunDir(run).pack_records():
-        rec = read_json_or_none(path) or {}
+    pack_recs = [read_json_or_none(path) or {} for path in RunDir(run).pack_records()]
+    for rec in [*(h[-1] for h in folded.packs.values()), *pack_recs]:
         out.update(((rec.get("sampler") or {}).get("per_training") or {}))
     return out
