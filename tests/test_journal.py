@@ -192,3 +192,15 @@ def test_the_memory_a_folded_run_measured_sizes_the_next_run(tmp_path):
     settings = {setting_key(t.params) for p in plan.packs for t in p.trainings}
     measured = find_measured([run.root], "tests.fake_workloads", settings)
     assert measured.trainings == 6 and measured.host_mb is not None and measured.host_mb > 0
+
+
+def test_a_folded_record_of_another_schema_is_skipped_with_a_warning_as_a_files_is(tmp_path):
+    run, plan = _run(tmp_path, packs=1)
+    run_in_turn(str(run.root), [plan.packs[0].pack_id], FOLD)
+    journal_path = next(run.lanes.glob("*.jsonl"))
+    lines = [json.loads(line) for line in journal_path.read_text().splitlines()]
+    lines[0]["record"]["schema"] = 99  # a training record written by another gpupack
+    journal_path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    records = load_records([run.root])
+    assert len(records.trainings) == 1  # the other training, not the one of schema 99
+    assert any("record schema 99" in w and str(run.lanes) in w for w in records.warnings), records.warnings

@@ -18,9 +18,9 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from gpupack.analysis.frames import Pieces
-from gpupack.core.columnar import ColumnarReader, flatten, flatten_pack, pack_rows, read_records, split_rows
+from gpupack.core.columnar import ColumnarReader, pack_rows, read_records, record_row, split_rows
 from gpupack.core.journal import log_text, read_folded
-from gpupack.core.records import SCHEMA_VERSION, read_json
+from gpupack.core.records import read_json
 from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, RunDir
 from gpupack.core.stdout_metrics import metrics_from_text, stdout_patterns
 
@@ -147,29 +147,24 @@ def _read_folded(run: RunDir, folders: set[str], trainings: Pieces, packs: list[
     root = str(run.root)
     rows: list[dict[str, Any]] = []
     attempts: list[int] = []
-    for (pack_id, _), history in folded.trainings.items():
+    for (pack_id, tid), history in folded.trainings.items():
         current = pack_id not in folders
         for k, rec in enumerate(reversed(history)):
-            if not _readable(rec, "training", warnings):
-                continue
-            rows.append(flatten(rec))
-            attempts.append(k if current else k + 1)
+            row = record_row(rec, "training", f"{run.lanes}: {pack_id}/{tid}", warnings)
+            if row is not None:
+                rows.append(row)
+                attempts.append(k if current else k + 1)
     trainings.add(split_rows(rows), root, attempts)
     recorded = set()
     for pack_id, history in folded.packs.items():
         current = pack_id not in folders
-        recorded |= {pack_id} if current else set()
-        packs += [{**flatten_pack(rec), "run_dir": root, "attempt": k if current else k + 1}
-                  for k, rec in enumerate(reversed(history)) if _readable(rec, "pack", warnings)]
+        if current:
+            recorded.add(pack_id)
+        for k, rec in enumerate(reversed(history)):
+            row = record_row(rec, "pack", f"{run.lanes}: {pack_id}", warnings)
+            if row is not None:
+                packs.append({**row, "run_dir": root, "attempt": k if current else k + 1})
     return recorded
-
-
-def _readable(rec: Mapping[str, Any], kind: str, warnings: list[str]) -> bool:
-    if rec.get("kind") == kind and rec.get("schema") == SCHEMA_VERSION:
-        return True
-    warnings.append(f"skipped a folded record of {rec.get('pack_id')}/{rec.get('training_id', 'pack')}: not a "
-                    f"{kind} record of schema {SCHEMA_VERSION}")
-    return False
 
 
 def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None:

@@ -92,14 +92,23 @@ def read_records(paths: Iterable[Path], kind: str, warnings: list[str]) -> list[
         except (OSError, ValueError) as err:
             warnings.append(f"skipped {path}: unreadable or torn ({err.__class__.__name__})")
             continue
-        if rec.get("kind") != kind:
-            warnings.append(f"skipped {path}: not a {kind} record")
-        elif rec.get("schema") != SCHEMA_VERSION:
-            warnings.append(f"skipped {path}: record schema {rec.get('schema')!r}, this gpupack reads schema "
-                            f"{SCHEMA_VERSION} (collect it with the gpupack version that wrote it)")
-        else:
-            rows.append(flatten(rec) if kind == "training" else flatten_pack(rec))
+        row = record_row(rec, kind, str(path), warnings)
+        if row is not None:
+            rows.append(row)
     return rows
+
+
+def record_row(rec: dict[str, Any], kind: str, where: str, warnings: list[str]) -> dict[str, Any] | None:
+    """One record's flat row, or None (with a warning naming ``where``) when it is not a record of ``kind`` this
+    gpupack reads: a JSON file's, or one a lane's journal holds."""
+    if rec.get("kind") != kind:
+        warnings.append(f"skipped {where}: not a {kind} record")
+    elif rec.get("schema") != SCHEMA_VERSION:
+        warnings.append(f"skipped {where}: record schema {rec.get('schema')!r}, this gpupack reads schema "
+                        f"{SCHEMA_VERSION} (collect it with the gpupack version that wrote it)")
+    else:
+        return flatten(rec) if kind == "training" else flatten_pack(rec)
+    return None
 
 
 # ---------------- rows as columns, and the file ----------------
