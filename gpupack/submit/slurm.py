@@ -398,20 +398,22 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         partition, _mode, _factor, devices = key
         return devices if devices > 1 else int(self.cluster.partitions[partition].gpus_per_job)
 
+    def packs_at_once(self, key: GroupKey) -> int:
+        """Packs one job of a group runs at once: one on each of its GPUs for packs of N, one spread training."""
+        return 1 if key[3] > 1 else self.job_gpus(key)
+
     def lanes(self, packs: Sequence[Pack]) -> tuple[JobForecast, list[tuple[GroupKey, list[list[Pack]]]]]:
         """The jobs submitting ``packs`` makes: each (partition, mode, N) group's packs dealt to its lanes (one pack
         a GPU where the group runs at once), against the site's limits; no lanes where they cannot fit."""
         limits = self.site_limits()
         groups = list(array_groups(packs).items())
         allowed = None if limits.max_submit is None else max(0, limits.max_submit - limits.queued)
-        per_gpu = [1 if key[3] > 1 else self.job_gpus(key) for key, _ in groups]  # packs a job runs at once
-        counts = lane_counts([-(-len(g) // at_once) for (_, g), at_once in zip(groups, per_gpu)],
+        counts = lane_counts([-(-len(group) // self.packs_at_once(key)) for key, group in groups],
                              int(self.cluster.array_parallelism), allowed)
         lanes = [(key, deal(group, k)) for (key, group), k in zip(groups, counts)] if counts is not None else []
         arrays = sum(len(array_chunks(group_lanes, limits.max_array_size)) for _, group_lanes in lanes)
         gpus = sum(len(group_lanes) * self.job_gpus(key) for key, group_lanes in lanes)
-        idle = sum(max(0, self.job_gpus(key) - len(lane)) for key, group_lanes in lanes if key[3] == 1
-                   for lane in group_lanes)
+        idle = sum(max(0, self.packs_at_once(key) - len(lane)) for key, group_lanes in lanes for lane in group_lanes)
         forecast = JobForecast(jobs=sum(counts) if counts is not None else len(groups), packs=len(packs),
                                arrays=arrays, max_array_size=limits.max_array_size, allowed=allowed,
                                limit=limits.submit_source, queued=limits.queued, gpus=gpus,
@@ -436,7 +438,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         for key, group in arrays:
             partition, _mode, factor, devices = key
             part, req, gpus = self.cluster.partitions[partition], self.request(factor), self.job_gpus(key)
-            lane_gpus = 1 if devices > 1 else gpus  # packs of N: one a GPU at once; a spread training: its k
+            lane_gpus = self.packs_at_once(key)  # the job's GPUs a lane's packs take one each (a spread: all k)
             executor = self._executor()
             in_turn = lane_gpus > 1 or any(len(lane) > 1 for lane in group)  # jobs of lanes of packs: folded
             executor.update_parameters(**sbatch_parameters(self.cluster, partition, part, factor, account,
