@@ -324,6 +324,8 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
     more = visible_devices(env, pack.devices)[1:] if info.kind == "gpu" and pack.devices > 1 else []
     sampler = Sampler(interval_s=settings.sample_interval_s, mps=mps, no_gpu_reason=info.note,
                       gpu=(info.uuid or first_visible(env)) if info.kind == "gpu" else None, more_gpus=more)
+    # specs and results in the job's node-local space (the scheduler's), not a file each on /project
+    work_dir = tempfile.mkdtemp(prefix=f"gpupack-{pack.pack_id}-", dir=job.temp_dir())
     # the trainings inherit the job's environment, and its id as the backend names it (jobenv.job_id)
     ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=env,
                       settings=settings, gpu_memory_total_mb=info.memory_total_mb,
@@ -331,9 +333,7 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
                       training_timeout_s=settings.training_timeout_s,
                       memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
                       if settings.memory_limit_gb_per_training else None, spread=placement, stream=stream, homes=homes,
-                      tmp_dir=job.temp_dir(),
-                      # specs and results in the job's node-local space (the scheduler's), not a file each on /project
-                      work_dir=tempfile.mkdtemp(prefix=f"gpupack-{pack.pack_id}-", dir=job.temp_dir()))
+                      tmp_dir=job.temp_dir(), work_dir=work_dir)
     sampler.start()
     mode_started = time.time()  # the pack's clock: what a mode does before its trainings start (a fork server's
     try:                        # preload, a TF host's start) is the pack's time too
@@ -341,7 +341,7 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
             runner.run(todo, ctx)
     finally:
         sampled = sampler.stop()
-        shutil.rmtree(ctx.work_dir or "", ignore_errors=True)
+        shutil.rmtree(work_dir, ignore_errors=True)
     billing = {"billing": dict(settings.billing)} if settings.billing else {}  # what the job asked, its bundle
     return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings), sampled,
                              mode_started=mode_started, phase=plan.phase, job=job, extra={**(extra or {}), **billing})
