@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 
 import pytest
 
@@ -101,6 +102,52 @@ def test_a_folded_pack_is_complete_and_a_requeued_lane_runs_nothing_twice(tmp_pa
     assert sweep.packs_to_run(run, Plan.from_json(read_json(run.plan))) == []
 
 
+@pytest.mark.parametrize("output", [(False, False), (False, True)], ids=["neither has output", "the second has"])
+def test_two_gpus_folding_into_one_lane_at_once_lose_nothing(tmp_path, monkeypatch, output):
+    """A job of 2 GPUs folds two packs into one lane at the same moment (the stop-36 CI failure): the first, with no
+    output to keep, removes the empty log; the second must neither fail to remove it again nor write its output into
+    the removed file. Both reach the lock before either holds it, and the first to ask holds it first."""
+    run, plan = _run(tmp_path, packs=2, say="")
+    ids = [p.pack_id for p in plan.packs]
+    run_in_turn(str(run.root), ids, PackSettings(device="cpu"))  # run, not folded yet
+    said = plan.packs[1].trainings[0].training_id
+    if output[1]:
+        run.log(ids[1], said, "out").write_text("score: 0.5\n")
+    real_flock = journal.fcntl.flock
+    both_waiting, first_done = threading.Barrier(2), threading.Event()
+
+    def flock(fd, op):
+        if op == journal.fcntl.LOCK_EX:
+            both_waiting.wait(timeout=30)
+            if threading.current_thread().name == "second":
+                first_done.wait(timeout=30)
+        real_flock(fd, op)
+        if op == journal.fcntl.LOCK_UN and threading.current_thread().name == "first":
+            first_done.set()
+    monkeypatch.setattr(journal.fcntl, "flock", flock)
+    errors = []
+
+    def fold(pack_id):
+        try:
+            fold_pack(run, pack_id, lane=ids[0])
+        except Exception as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+    threads = [threading.Thread(target=fold, args=(i,), name=name) for i, name in zip(ids, ["first", "second"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == [] and not any(run.pack_dir(i).exists() for i in ids)
+    records = RunRecords(run)
+    for p in plan.packs:
+        for t in p.trainings:
+            assert records.completed(p.pack_id, t.training_id)
+    if output[1]:
+        assert log_text(run.root, records.training(ids[1], said), "out") == "score: 0.5\n"
+    else:
+        assert not run.lane_log(ids[0]).exists()  # nothing to keep: no empty file
+
+
 class Killed(BaseException):
     """SIGKILL at a chosen point of a fold: nothing after it runs (not even a finally of gpupack's)."""
 
@@ -136,6 +183,8 @@ def test_a_lane_killed_mid_fold_loses_no_finished_training_and_runs_none_twice(t
         run_in_turn(str(run.root), ids, FOLD)  # requeued; killed while folding its second pack
     monkeypatch.undo()
     assert run.pack_dir(ids[1]).is_dir()  # the killed fold's pack keeps its folder: its records are there
+    t = load_records([run.root]).trainings  # collect now, before any requeue: each finished training once
+    assert len(t) == 4 and set(t["attempt"]) == {0}
     started = {t.training_id: read_json(run.training_record(ids[1], t.training_id))["started_at"]
                for t in plan.packs[1].trainings}
     run_in_turn(str(run.root), ids, FOLD)  # requeued again: ends the lane

@@ -24,6 +24,13 @@ def gpupack(args, env, timeout=600):
                           timeout=timeout, cwd=REPO)
 
 
+def said(proc: subprocess.CompletedProcess) -> str:
+    """What a failed gpupack printed, for an assertion: the head of stdout (where a pack's error is), its tail (the
+    table) and stderr's tail."""
+    out = proc.stdout if len(proc.stdout) <= 8000 else f"{proc.stdout[:5000]}\n[...]\n{proc.stdout[-3000:]}"
+    return f"{out}\n--- stderr ---\n{proc.stderr[-3000:]}"
+
+
 def sacct(env, job_ids, fields="JobID,State,AllocTRES"):
     out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", fields, "-j", ",".join(job_ids)], capture_output=True,
                          text=True, env=env, check=True).stdout
@@ -267,7 +274,7 @@ def test_a_job_of_two_gpus_runs_two_packs_each_on_its_gpu_billed_as_two_bundles(
                             "+sweep.fixed.report_env=CUDA_VISIBLE_DEVICES", "cluster.partitions.v100.gpus_per_job=2",
                             "cluster.partitions.v100.bundle_cores=2", "cluster.partitions.v100.bundle_mem_gb=8",
                             f"run_dir={run_dir}"], slurm_env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, said(proc)
     assert re.search(r"jobs: 1 \(lanes of packs: up to 2 packs each, one at a time on each GPU\) in 1 job array\(s\)"
                      r".*, 2 GPUs in all", " ".join(proc.stdout.split()))
     recs = records(run_dir)
@@ -311,7 +318,7 @@ def test_a_group_past_max_array_size_runs_as_several_arrays(tmp_path, slurm_env,
     run_dir = tmp_path / "run"
     proc = gpupack(PROBE + ["partitions=[p100]", "packing.factors=[1]", "sweep.grid.lr=range(1,13)",
                             "sweep.fixed.steps=2", "cluster.array_parallelism=12", f"run_dir={run_dir}"], slurm_env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, said(proc)
     assert "12 job array" not in proc.stdout and "in 3 job array(s) of at most 5 tasks" in " ".join(proc.stdout.split())
     jobs = json.loads((run_dir / "jobs.json").read_text())
     arrays = {j["job_id"].split("_")[0] for j in jobs.values()}
@@ -329,7 +336,7 @@ def test_a_sweep_past_the_users_job_limit_runs_as_lanes_within_it(tmp_path, slur
     run_dir = tmp_path / "run"
     proc = gpupack(PROBE + ["partitions=[p100]", "packing.factors=[1]", "sweep.grid.lr=range(1,7)",
                             "sweep.fixed.steps=2", f"run_dir={run_dir}"], slurm_env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, said(proc)
     assert "jobs: 3 (lanes of packs: up to 2 packs each, in turn)" in " ".join(proc.stdout.split())
     jobs = json.loads((run_dir / "jobs.json").read_text())
     assert len(jobs) == 6 and len({j["job_id"] for j in jobs.values()}) == 3

@@ -141,7 +141,7 @@ def _read_folded(run: RunDir, folders: set[str], trainings: Pieces, packs: list[
     """The records lanes of packs folded into their journals (gpupack.core.journal): each one's latest is current
     (attempt 0) unless its pack has a folder again (run again since: the folder's are current), the rest earlier
     attempts. Returns the folded packs with a current pack record."""
-    folded = read_folded(run)
+    folded = read_folded(run, folders)
     if not folded.trainings and not folded.packs:
         return set()
     root = str(run.root)

@@ -23,7 +23,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Mapping
+from typing import IO, Any, Callable, Collection, Iterator, Mapping
 
 from gpupack.core.records import COMPLETED, make_dirs, read_json_or_none
 from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, TRAININGS, RunDir
@@ -57,14 +57,16 @@ def fold_pack(run: RunDir, pack_id: str, lane: str, clock: Callable[[], float] =
 
 @contextmanager
 def _lane_lock(run: RunDir, lane: str) -> Iterator[tuple[IO[str], IO[bytes]]]:
-    """The lane's journal and log, opened to append and held (flock) against the job's other GPUs and any other
-    writer of the same lane."""
-    with open(run.journal(lane), "a", encoding="utf-8") as journal, open(run.lane_log(lane), "ab") as log:
+    """The lane's journal and log, held (flock on the journal) against the job's other GPUs and any other writer of
+    the same lane. The log is opened under the lock: a writer that found it empty removes it, and one that had
+    opened it before would write into the removed file (or fail to remove it again)."""
+    with open(run.journal(lane), "a", encoding="utf-8") as journal:
         fcntl.flock(journal.fileno(), fcntl.LOCK_EX)
         try:
             if not _ends_a_line(run.journal(lane)):  # a torn last line (a job killed mid-write): end it, so it is
                 journal.write("\n")                 # skipped alone and the next line stays whole
-            yield journal, log
+            with open(run.lane_log(lane), "ab") as log:
+                yield journal, log
         finally:
             fcntl.flock(journal.fileno(), fcntl.LOCK_UN)
 
@@ -154,8 +156,10 @@ class Folded:
     packs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
-def read_folded(run: RunDir) -> Folded:
-    """Every journal of the run, in the order its records were folded. Reads only."""
+def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
+    """Every journal of the run, in the order its records were folded. Reads only. ``folders``: the packs that have
+    a folder; a record one of them still holds (a fold cut off before it removed the folder) is the folder's, not
+    read here a second time."""
     entries: list[dict[str, Any]] = []
     for path in sorted(run.lanes.glob("*.jsonl")) if run.lanes.is_dir() else []:
         with open(path, encoding="utf-8") as f:
@@ -168,10 +172,11 @@ def read_folded(run: RunDir) -> Folded:
                     continue
     entries.sort(key=lambda e: (float(e["folded_at"]), int(e["seq"])))
     out = Folded()
-    seen: set[str] = set()
+    folded = {str(e["record"].get("pack_id")) for e in entries}
+    seen = {_same(rec) for pack_id in folded.intersection(folders) for rec in _folder_records(run.pack_dir(pack_id))}
     for e in entries:
         rec = e["record"]
-        same = json.dumps({k: v for k, v in rec.items() if k != LOGS}, sort_keys=True)
+        same = _same(rec)
         if same in seen:  # folded again after a job was killed between its journal and removing the folder
             continue
         seen.add(same)
@@ -180,6 +185,19 @@ def read_folded(run: RunDir) -> Folded:
         else:
             out.trainings.setdefault((str(rec["pack_id"]), str(rec["training_id"])), []).append(rec)
     return out
+
+
+def _same(rec: Mapping[str, Any]) -> str:
+    """A record's identity: the same record folded twice, or folded and still in its folder, is one."""
+    return json.dumps({k: v for k, v in rec.items() if k != LOGS}, sort_keys=True)
+
+
+def _folder_records(folder: Path) -> Iterator[dict[str, Any]]:
+    """Every record a pack's folder holds: its trainings', its own, its earlier attempts'."""
+    for path in [*folder.glob(f"{TRAININGS}/*.json"), folder / PACK_RECORD, *folder.glob(f"{ATTEMPTS}/*/*.json")]:
+        rec = read_json_or_none(path)
+        if rec is not None:
+            yield rec
 
 
 class RunRecords:
