@@ -41,6 +41,23 @@ def test_prepare_writes_nothing_and_run_returns_typed_results(tmp_path, capsys):
     assert again.opened.resumed and again.opened.complete == 2 and again.opened.todo == []
 
 
+def test_a_local_sweep_runs_as_one_lane_and_shows_each_pack_as_it_ends(tmp_path):
+    """The local backend's whole packs run in one job on this CPU machine's one slot (one job start for the sweep, not
+    one a pack: issues 30 and 31), in the plan's order; progress shows each pack running, then done, in turn, as its
+    record appears, not all at the lane's end."""
+    from gpupack.core.records import read_json
+
+    run_dir = tmp_path / "run"
+    prepared = sweep.prepare(PROBE + ["sweep.grid.lr=[0.1,0.2]", "packing.factors=[1,2]", f"run_dir={run_dir}"])
+    states: list[tuple[str, str]] = []
+    outcome = sweep.run(prepared, progress=lambda p, s: states.append((p.pack_id, s)), plots=False)
+    ids = [p.pack_id for p in prepared.plan.packs]
+    assert outcome.ok and len(ids) == 3
+    assert states == [(i, PENDING) for i in ids] + [(i, s) for i in ids for s in (RUNNING, DONE)]
+    assert len({read_json(run_dir / "packs" / i / "pack.json")["job_id"] for i in ids}) == 1
+    assert len([d for d in (run_dir / "submitit").iterdir() if d.name.isdigit()]) == 1
+
+
 def test_a_sweep_through_a_backend_that_runs_packs_in_this_process(tmp_path, monkeypatch):
     """The whole flow over tests/fakes.py's FakeSubmitter: asked its capacities once, each pack run through the real
     job body (run_pack) in this process, collected; then status and resume through the same backend."""

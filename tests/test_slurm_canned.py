@@ -314,7 +314,7 @@ def test_lanes_per_group_within_the_limits(sizes, at_once, allowed, expected):
 
 
 def test_a_groups_packs_are_dealt_to_its_lanes_in_the_plans_order():
-    from gpupack.submit.slurm import deal
+    from gpupack.core.plan import deal
 
     packs = _packs(7)
     lanes = deal(packs, 3)

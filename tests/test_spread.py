@@ -90,6 +90,19 @@ def test_local_slots_of_a_spread_pack(devices, free, n_slots, n_gpus, taken, lef
         assert spread_gpus(pack, taken) == gpus
 
 
+@pytest.mark.parametrize("slots, expected", [
+    (1, [["n1-0", "n2-0", "n1-1", "n2-1"], ["k2-0"], ["s-0"]]),  # one slot: every whole pack in one lane, in order
+    (2, [["n1-0", "n1-1"], ["n2-0", "n2-1"], ["k2-0"], ["s-0"]]),  # dealt to a lane a slot
+    (8, [["n1-0"], ["n2-0"], ["n1-1"], ["n2-1"], ["k2-0"], ["s-0"]]),  # never a lane with no pack
+])
+def test_a_local_runs_whole_packs_go_in_a_lane_a_slot_and_the_rest_a_job_each(slots, expected):
+    from gpupack.submit.local import local_lanes
+
+    packs = [NS(pack_id=i, stream="q" if i.startswith("s") else None, devices=2 if i.startswith("k") else 1)
+             for i in ["n1-0", "n2-0", "k2-0", "n1-1", "s-0", "n2-1"]]
+    assert [[p.pack_id for p in lane] for lane in local_lanes(packs, slots)] == expected
+
+
 # ---------------- the comparison and its verdict (pure) ----------------
 
 def _packing_summary(times):

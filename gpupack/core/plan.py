@@ -344,6 +344,12 @@ def run_order(packs: Sequence[Pack], order: str, seed: int = 0) -> list[Pack]:
     return [p for _, _, p in sorted(keyed, key=lambda item: item[:2])]
 
 
+def deal(packs: Sequence[Pack], lanes: int) -> list[list[Pack]]:
+    """Packs dealt to ``lanes`` jobs in the plan's order (lane i: packs i, i + lanes, ...), so every lane runs packs
+    from the whole run (interleaved N stays interleaved). Pure."""
+    return [list(packs[i::lanes]) for i in range(lanes)]
+
+
 def grouped_chunks(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any], factor: int,
                    repeats: int, seed_key: str | None,
                    key: Callable[[Mapping[str, Any]], Hashable]) -> list[tuple[Training, ...]]:

@@ -66,10 +66,10 @@ def check_name(key: str, value: str) -> str:
 FILES_PER_TRAINING, FILES_PER_PACK, FILES_PER_JOB, FILES_PER_RUN, FILES_PER_LANE = 3, 4, 4, 13, 2
 
 
-def files_forecast(trainings: int, packs: int, jobs: int) -> int:
+def files_forecast(trainings: int, packs: int, jobs: int, folds: bool = True) -> int:
     """About how many files a run of these trainings, packs and jobs leaves in its run directory, all trainings
-    completed: jobs of lanes of packs (fewer jobs than packs) fold their packs. Pure."""
-    if jobs < packs:
+    completed: jobs of lanes of packs (fewer jobs than packs) fold their packs where the backend ``folds``. Pure."""
+    if jobs < packs and folds:
         return (FILES_PER_JOB - 1 + FILES_PER_LANE) * jobs + FILES_PER_RUN
     return FILES_PER_TRAINING * trainings + FILES_PER_PACK * packs + FILES_PER_JOB * jobs + FILES_PER_RUN
 

@@ -121,6 +121,7 @@ class JobForecast:
     queued: int = 0  # the user's jobs already queued or running
     gpus: int = 0  # GPUs the jobs hold in all (0: not told; one a job, a spread training's k)
     idle_gpus: int = 0  # GPUs of jobs of several that no pack of theirs will use (fewer packs than GPUs)
+    folds: bool = True  # a lane of packs folds them into its journal (a cluster's shared filesystem)
 
     @property
     def over(self) -> bool:

@@ -1,7 +1,10 @@
-"""This machine, no cluster: submitit's LocalExecutor runs each pack as a job here.
+"""This machine, no cluster: submitit's LocalExecutor runs the run's packs as jobs here.
 
 Packs run one per device at a time — one per visible GPU, or one at a time on a CPU-only machine — so
-that packs never disturb each other's timing.
+that packs never disturb each other's timing. The whole packs go in lanes, one a slot: a job that runs its packs in
+turn (:func:`gpupack.job.turns.run_in_turn`), so a sweep pays one job start per slot, not one per pack, and no job
+start sits inside a pack's measure. A streaming lane's pack and a training spread over several devices are a job
+each. Lanes do not fold their packs (a cluster's lanes do, for its file quotas): each keeps its folder.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import subprocess
 import threading
 import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -21,9 +24,10 @@ import psutil
 import submitit
 import submitit.local.local as submitit_local
 
-from gpupack.core.plan import Pack
-from gpupack.core.rundir import check_name
-from gpupack.core.types import Capacity, PackResult, PackSettings
+from gpupack.core.plan import Pack, deal
+from gpupack.core.records import read_json_or_none
+from gpupack.core.rundir import RunDir, check_name
+from gpupack.core.types import PENDING, RUNNING, Capacity, JobForecast, PackResult, PackSettings
 from gpupack.errors import ConfigError
 from gpupack.runtime.jobenv import JobEnvironment, job_cores
 from gpupack.runtime.monitor import detect_device, gpu_count
@@ -196,43 +200,93 @@ class LocalSubmitter(Submitter[LocalConfig]):
     def stream_jobs(self, partition: str) -> int:
         return len(self.slots())
 
+    def job_forecast(self, packs: Sequence[Pack]) -> JobForecast:
+        return JobForecast(jobs=len(local_lanes(packs, len(self.slots()))), packs=len(packs), folds=False)
+
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         executor = SessionLocalExecutor(folder=str(self.run.submitit_folder))
-        settings = dataclasses.replace(settings, claim_until_s=self.claim_until_s())
-        running: list[tuple[Pack, list[list[int]], PackJobHandle]] = []
+        running: list[LaneJob] = []
         try:
             return self._run(executor, packs, settings, progress, running)
         except BaseException:  # stopped (Ctrl-C, or a signal the CLI turned into one) or broken: these jobs run under
             # this process, and none may outlive it
-            cancel_jobs({int(job.job_id) for *_, job in running} | controllers_of(executor.folder))
+            cancel_jobs({int(lane.job.job_id) for lane in running} | controllers_of(executor.folder))
             raise
 
     def _run(self, executor: submitit.LocalExecutor, packs: Sequence[Pack], settings: PackSettings,
-             progress: ProgressFn, running: list[tuple[Pack, list[list[int]], PackJobHandle]]) -> list[PackResult]:
-        """Submit packs as slots free up and wait for all; ``running`` holds the jobs not yet finished."""
+             progress: ProgressFn, running: list[LaneJob]) -> list[PackResult]:
+        """Submit lanes as slots free up and wait for all; ``running`` holds the jobs not yet finished."""
         free = self.slots()
         n_slots, n_gpus = len(free), gpu_count()
-        queue = list(packs)
+        queue = local_lanes(packs, n_slots)
         results: list[PackResult] = []
-        for p in queue:
-            progress(p, "pending")
+        for p in packs:
+            progress(p, PENDING)
         while queue or running:
-            while queue and (taken := take_slots(queue[0], free, n_slots, n_gpus)) is not None:
-                pack = queue.pop(0)
-                gpus = spread_gpus(pack, taken)
-                executor.update_parameters(timeout_min=self.cluster.timeout_min, gpus_per_node=len(gpus),
-                                           visible_gpus=gpus, name=pack.pack_id)
-                job = executor.submit(PackJob(type(self)), str(self.run.root), pack.pack_id, settings)
-                running.append((pack, taken, job))
-                progress(pack, "running")
+            while queue and (taken := take_slots(queue[0][0], free, n_slots, n_gpus)) is not None:
+                running.append(self._submit(executor, queue.pop(0), taken, settings))
+                progress(running[-1].packs[0], RUNNING)
             time.sleep(POLL_S)
-            for item in [r for r in running if r[2].done()]:
-                running.remove(item)
-                pack, taken, job = item
-                free += taken
-                results.append(job_result(pack, job))
-                progress(pack, progress_state(results[-1]))
+            for lane in running:
+                results += lane.look(self.run, progress)
+            for lane in [r for r in running if r.job.done()]:
+                running.remove(lane)
+                free += lane.slots
+                results += lane.finish(self.run, progress)
         return results
+
+    def _submit(self, executor: submitit.LocalExecutor, packs: list[Pack], taken: list[list[int]],
+                settings: PackSettings) -> LaneJob:
+        """One job for a lane's packs on the slots ``taken``: timeout_min a pack (each pack's share of the job)."""
+        gpus = spread_gpus(packs[0], taken)
+        executor.update_parameters(timeout_min=self.cluster.timeout_min * len(packs), gpus_per_node=len(gpus),
+                                   visible_gpus=gpus, name=packs[0].pack_id)
+        lane_settings = dataclasses.replace(settings, claim_until_s=(self.claim_until_s() or 0) * len(packs))
+        job = executor.submit(PackJob(type(self)), str(self.run.root),
+                              packs[0].pack_id if len(packs) == 1 else [p.pack_id for p in packs], lane_settings)
+        return LaneJob(packs, taken, job)
+
+
+def local_lanes(packs: Sequence[Pack], slots: int) -> list[list[Pack]]:
+    """The jobs a run here makes: its whole packs dealt in the plan's order to a lane a slot (a job that runs them in
+    turn), then each streaming lane's pack and each training spread over devices, a job each. Pure."""
+    whole = [p for p in packs if p.stream is None and p.devices <= 1]
+    return deal(whole, min(slots, len(whole))) + [[p] for p in packs if p.stream is not None or p.devices > 1]
+
+
+@dataclass
+class LaneJob:
+    """A job running here: its packs (a lane in turn, or one), the slots it holds, and what progress showed."""
+
+    packs: list[Pack]
+    slots: list[list[int]]
+    job: PackJobHandle
+    ended: list[str] = field(default_factory=list)  # the lane's packs that ended while it goes on, in turn
+
+    def look(self, run: RunDir, progress: ProgressFn) -> list[PackResult]:
+        """The lane's packs that ended since the last look, in turn, from their records (this job's): progress shows
+        each done and the next running while the job goes on. A lane of one pack ends with its job."""
+        out: list[PackResult] = []
+        while 1 < len(self.packs) > len(self.ended):
+            pack = self.packs[len(self.ended)]
+            record = read_json_or_none(run.pack_record(pack.pack_id))
+            if record is None or str(record.get("job_id")) != str(self.job.job_id):  # not yet, or an earlier run's
+                break
+            self.ended.append(pack.pack_id)
+            out.append(PackResult(pack.pack_id, pack.partition, str(self.job.job_id), ok=True, record=record))
+            progress(pack, progress_state(out[-1]))
+            if len(self.ended) < len(self.packs):
+                progress(self.packs[len(self.ended)], RUNNING)
+        return out
+
+    def finish(self, run: RunDir, progress: ProgressFn) -> list[PackResult]:
+        """How the job ended for each of its packs: the records they left, then the job's result for the rest (a
+        pack it did not end: the job's error)."""
+        out = self.look(run, progress)
+        for pack in [p for p in self.packs if p.pack_id not in self.ended]:
+            out.append(job_result(pack, self.job))
+            progress(pack, progress_state(out[-1]))
+        return out
 
 
 def take_slots(pack: Pack, free: list[list[int]], n_slots: int, n_gpus: int) -> list[list[int]] | None:

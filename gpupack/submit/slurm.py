@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, TypeVar
 import submitit
 
 from gpupack.core.memory import request_mb
-from gpupack.core.plan import Pack
+from gpupack.core.plan import Pack, deal
 from gpupack.core.types import Capacity, JobForecast, PackRequest, PackResult, PackSettings
 from gpupack.errors import ConfigError, SubmissionError, nearest, require_positive
 from gpupack.job.body import record_job_oom
@@ -232,12 +232,6 @@ def lane_counts(sizes: Sequence[int], at_once: int, allowed: int | None) -> list
     while sum(shares) > allowed:  # the max(1, ...) may take one too many: from the largest share
         shares[shares.index(max(shares))] -= 1
     return shares
-
-
-def deal(group: Sequence[Pack], lanes: int) -> list[list[Pack]]:
-    """A group's packs dealt to ``lanes`` jobs in the plan's order (lane i: packs i, i + lanes, ...), so every lane
-    runs packs from the whole run (interleaved N stays interleaved). Pure."""
-    return [list(group[i::lanes]) for i in range(lanes)]
 
 
 def over_limit(forecast: JobForecast, key: str) -> str:
