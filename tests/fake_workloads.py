@@ -1,7 +1,9 @@
 """A tiny workload for tests: no torch, trains nothing, fails or sleeps on request."""
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,9 @@ class ProbeParams:
     # the same words and another number ("epoch 1 score: 0.5"): a metric to read back later, whose last match wins
     say: str = ""
     meet_timeout_s: float = 120.0
+    # Modules the training imports itself, comma-separated, as an app that imports its framework inside its task
+    # function; its metrics say which were already imported when it began ("warm": forked from a server that had them).
+    lazy_import: str = ""
 
 
 class Probe(Workload):
@@ -67,6 +72,10 @@ class Probe(Workload):
         time.sleep(max((p.preload_sleep_s for p in params), default=0.0))
 
     def train(self, params: ProbeParams, ctx: TrainingContext) -> dict[str, Any]:
+        lazy = [m for m in params.lazy_import.split(",") if m]
+        warm = {m: m in sys.modules for m in lazy}
+        for m in lazy:
+            importlib.import_module(m)
         if params.meet:
             _meet(params.meet, params.meet_timeout_s)
         if params.marker and not os.path.exists(params.marker):
@@ -102,7 +111,7 @@ class Probe(Workload):
         env = {k: os.environ.get(k) for k in params.report_env.split(",") if k}
         return {"train_loss": 1.0 / (1 + params.lr), "val_accuracy": min(params.lr, 1.0), "tag": params.tag,
                 "env": env, "data": "probe (no data)", "pid": os.getpid(), "own_session": os.getsid(0) == os.getpid(),
-                "cpus": sorted(os.sched_getaffinity(0)), "cwd": os.getcwd()}
+                "cpus": sorted(os.sched_getaffinity(0)), "cwd": os.getcwd(), "warm": warm}
 
 
 def _spin(cpu_s: float) -> None:

@@ -128,3 +128,48 @@ def test_the_servers_preload_is_the_packs_time(tmp_path):
         t = r["timings"]
         assert t["startup_s"] == pytest.approx(t["loop_start"] - t["spawned_at"])
     assert rec["wall_s"] >= 1.5
+
+
+# ---------------- learned preload (issue 31) ----------------
+
+@pytest.mark.parametrize("new, expected, refused", [
+    (["colorsys"], ["colorsys"], {}),  # a standard library module
+    (["torch", "torch.nn", "torch.nn.functional"], ["torch"], {}),  # the root: importing it imports the rest
+    (["logging.config"], ["logging.config"], {}),  # a new submodule of a package the server had
+    (["tensorflow", "tensorflow.python"], [], {"tensorflow": "a framework that is not fork-safe"}),
+    (["tests.lazy_module"], [], {"tests.lazy_module": "the program's own module (not a library): it may do anything "
+                                                      "at import"}),
+    (["__main__", "ghost"], [], {}),  # the program itself; a failed import's placeholder
+])
+def test_what_a_child_imported_that_the_server_may_learn(new, expected, refused):
+    from types import ModuleType
+
+    from gpupack.runtime.forkserver import learnable, library_roots
+
+    site = library_roots()[0]
+    where = {"tests.lazy_module": "/home/me/app/tests/lazy_module.py", "colorsys": None}
+    modules = {name: ModuleType(name) for name in new if name != "ghost"}
+    for name, module in modules.items():
+        module.__file__ = where.get(name, f"{site}{name.replace('.', '/')}.py")
+    modules["ghost"] = None
+    assert learnable(new, modules, library_roots()) == (expected, refused)
+
+
+def test_a_stream_learns_what_its_first_training_imported_and_forks_the_next_ones_warm(tmp_path):
+    """A program that imports its libraries inside its task: the first training of a one-slot stream imports them
+    itself; the server learns the libraries (not the program's own module) when it ends, and every later training is
+    forked with them already imported."""
+    from gpupack import sweep
+
+    run_dir = tmp_path / "run"
+    outcome = sweep.run(sweep.prepare([
+        f"hydra.searchpath=[file://{os.path.dirname(__file__)}/conf]", "+sweep=probe_pack", "packing.factors=[1]",
+        "packing.stream=on", "sweep.grid.lr=[0.1,0.2,0.3]", "+sweep.fixed.lazy_import='colorsys,tests.lazy_module'",
+        f"run_dir={run_dir}"]), plots=False)
+    assert outcome.ok
+    recs = sorted((read_json(p) for p in run_dir.glob("packs/*/trainings/*.json")), key=lambda r: r["started_at"])
+    assert [r["start"] for r in recs] == ["fork"] * 3
+    assert [r["metrics"]["warm"] for r in recs] == [{"colorsys": False, "tests.lazy_module": False}] + \
+        [{"colorsys": True, "tests.lazy_module": False}] * 2
+    log = next(run_dir.glob("packs/*/logs/forkserver.err")).read_text()
+    assert "learned from" in log and "colorsys" in log and "tests.lazy_module" not in log.split("learned from")[1]

@@ -135,3 +135,22 @@ UNSAFE = [  # (what the preload left in sys.modules, the words of the reason or 
 def test_what_makes_a_preloaded_server_unsafe_to_fork(modules, words):
     why = fork_unsafe(modules)
     assert (why is None) if words is None else (why is not None and words in why), why
+
+
+def test_the_jobs_server_composes_one_jobs_config_before_it_forks(monkeypatch):
+    """Issue 31: what each job's config composition builds cold (the grammars' lexer caches) is built once in the
+    pack's server, by composing the first job's config there, with the launch's own singletons in place."""
+    from hydra.core.singleton import Singleton
+
+    from gpupack.runtime import hydra_job
+
+    composed: list[tuple[object, list[str], bool]] = []
+    state = Singleton.get_state()
+    loader = SimpleNamespace(load_sweep_config=lambda config, overrides: composed.append(
+        (config, overrides, Singleton._instances is state["instances"])))  # the launch's singletons, in place
+    launcher = SimpleNamespace(params={}, config="the app's config",
+                               hydra_context=SimpleNamespace(config_loader=loader))
+    monkeypatch.setattr(hydra_job, "payload", lambda params: (launcher, state))
+    jobs = [hydra_job.HydraJobParams(overrides=[f"lr={lr}"], job_num=i) for i, lr in enumerate((0.1, 0.2))]
+    hydra_job.WORKLOAD.preload(jobs)
+    assert composed == [("the app's config", ["lr=0.1"], True)]  # one job's, once

@@ -14,6 +14,17 @@ Protocol (JSON lines; packer → server on stdin, server → packer on stdout):
     → {"start": ID, "spec": P, "out": P, "err": P, "env": {...}, "cwd": P|null, "rlimit_as": N|null, "cpus": [...]|null}
     ← {"started": ID, "pid": PID}        ← {"ended": ID, "returncode": RC}   (RC < 0: killed by signal -RC)
 
+    ← {"learned": [MODULE...], "from": ID, "refused": {MODULE: WHY}}    ← {"refused": ID, "why": TEXT}
+
+**Learned preload.** A program that imports its framework inside its task function (most Hydra apps and scripts:
+torch, lightning) would pay that import in every forked child. Each child tells the server, as it ends, the
+libraries it imported that the server had not (:func:`learnable`: the roots of the new modules that live in the
+standard library, the installed packages or gpupack, never a known fork-unsafe framework nor the program's own
+modules, which may do anything at import). The server imports them before it forks the next training, once each;
+should that make forking unsafe after all (:func:`fork_unsafe`), it forks nothing more and each later training
+starts as a fresh interpreter (``refused``). ``preload=[...]`` (a Hydra launcher's, a workload's own preload)
+stays the way to say it up front.
+
 The packer side is :class:`ForkServer`, whose :meth:`ForkServer.start` returns a :class:`ForkedProcess` that reads
 like ``subprocess.Popen`` (pid, poll, returncode, kill).
 """
@@ -23,18 +34,23 @@ import time
 
 _SERVER_START = time.time()
 
+import importlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import selectors  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import sysconfig  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import IO, Any, Callable, Mapping, Sequence  # noqa: E402
 
 from gpupack.core.records import open_log  # noqa: E402
 
 READY_TIMEOUT_S = 600.0  # a framework import on a busy node can be slow; past this the pack fails loudly
+# Frameworks that start threads or a device runtime at import (fork_unsafe's): never learned, whoever imported them.
+NEVER_LEARNED = ("tensorflow", "tf_keras", "keras", "jax", "jaxlib")
+LEARN_LIMIT_BYTES = 60_000  # what a child reports fits a pipe's buffer: its write never blocks its exit
 
 
 # ---------------- the server (its own process) ----------------
@@ -62,9 +78,52 @@ def isolate(rlimit_as: int | None, cpus: Sequence[int] | None) -> None:
             pass
 
 
-def _child(req: Mapping[str, Any], forked_at: float) -> None:
+def library_roots() -> tuple[str, ...]:
+    """Where libraries live: the standard library and the installed packages (and gpupack itself)."""
+    paths = sysconfig.get_paths()
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+                 | {os.path.realpath(here) + os.sep})
+
+
+def learnable(new: Sequence[str], modules: Mapping[str, Any], roots: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """Of the modules a child imported (``new``, in ``modules``), those the server may import for the next trainings:
+    each new module whose package was not new too (importing it imports the rest), if it is a library (built in, or
+    a file under ``roots``) and no fork-unsafe framework; and why each other root is not. Pure."""
+    fresh = set(new)
+    learned: list[str] = []
+    refused: dict[str, str] = {}
+    for name in sorted(fresh):
+        parts = name.split(".")
+        if any(".".join(parts[:k]) in fresh for k in range(1, len(parts))) or name in ("__main__", "__mp_main__"):
+            continue
+        if modules.get(name) is None:  # a failed import's placeholder
+            continue
+        file = getattr(modules[name], "__file__", None)
+        if parts[0] in NEVER_LEARNED:
+            refused[name] = "a framework that is not fork-safe"
+        elif file and not os.path.realpath(file).startswith(tuple(roots)):
+            refused[name] = "the program's own module (not a library): it may do anything at import"
+        else:
+            learned.append(name)
+    return learned, refused
+
+
+def _report_imports(fd: int, known: set[str]) -> None:
+    """In the child, as it ends: the libraries it imported that the server had not, to the server's pipe."""
+    try:
+        learned, _ = learnable([m for m in list(sys.modules) if m not in known], sys.modules, library_roots())
+        os.write(fd, json.dumps(learned).encode()[:LEARN_LIMIT_BYTES])
+    except BaseException:  # nothing learned: the training's own outcome is what counts
+        pass
+    finally:
+        os.close(fd)
+
+
+def _child(req: Mapping[str, Any], forked_at: float, report_fd: int | None = None) -> None:
     """In the forked child: become a training process of its own, run the worker, never return."""
     code = 1
+    known = set(sys.modules)
     try:
         os.setsid()
         isolate(req.get("rlimit_as"), req.get("cpus"))
@@ -96,6 +155,8 @@ def _child(req: Mapping[str, Any], forked_at: float) -> None:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
+            if report_fd is not None:
+                _report_imports(report_fd, known)
         finally:
             os._exit(code)
 
@@ -158,6 +219,10 @@ class ForkUnsafe(RuntimeError):
     """What the preload did makes forking unsafe (a CUDA context, a runtime that started its threads)."""
 
 
+class ForkRefused(RuntimeError):
+    """The server forks no more (what it learned made forking unsafe): start this training fresh."""
+
+
 def fork_unsafe(modules: Mapping[str, Any]) -> str | None:
     """Why a process that imported ``modules`` (sys.modules after the preload) must not fork trainings, or None. A
     forked child inherits a CUDA context it cannot use (CUDA is not fork-safe), and TensorFlow's or JAX's runtime
@@ -203,9 +268,41 @@ class Lines:
         return message
 
 
+class Learner:
+    """What the server learned from its children's imports, and whether it may still fork (``unsafe``: why not)."""
+
+    def __init__(self) -> None:
+        self.tried: set[str] = set()
+        self.unsafe: str | None = None
+
+    def learn(self, report: bytes, training_id: str) -> None:
+        """Import what a child reported (once each), say so, and stop forking should that make it unsafe."""
+        try:
+            names = [str(n) for n in json.loads(report or b"[]")]
+        except ValueError:
+            return
+        learned, refused = [], {}
+        for name in names:
+            if name in self.tried or name in sys.modules or self.unsafe:
+                continue
+            self.tried.add(name)
+            try:
+                importlib.import_module(name)
+                learned.append(name)
+            except BaseException as err:  # a library that does not import here: the children import it themselves
+                refused[name] = f"{err.__class__.__name__}: {err}"
+        self.unsafe = self.unsafe or fork_unsafe(sys.modules)
+        if learned or refused:
+            _write({"learned": learned, "from": training_id, "refused": refused})
+            print(f"gpupack fork server: learned from {training_id}: {', '.join(learned) or '-'}"
+                  + (f"; refused {refused}" if refused else "")
+                  + (f"; it forks no more ({self.unsafe})" if self.unsafe else ""), file=sys.stderr, flush=True)
+
+
 def serve() -> int:
-    """Read requests until the packer closes stdin; fork a training per request; report each exit."""
-    children: dict[int, str] = {}
+    """Read requests until the packer closes stdin; fork a training per request; report each exit; learn what each
+    child imported (:class:`Learner`) before forking the next."""
+    children: dict[int, tuple[str, int]] = {}  # pid -> (training id, the read end of its report pipe)
     requests = Lines(sys.stdin.fileno())
     try:
         first = requests.read(None)
@@ -216,14 +313,20 @@ def serve() -> int:
         _write({"error": str(err) if isinstance(err, ForkUnsafe) else f"{err.__class__.__name__}: {err}"})
         return 1
     _write({"ready": round(time.time() - _SERVER_START, 3)})
+    learner = Learner()
     while not requests.closed or children:
         req = requests.read(0.02) if not requests.closed else None
-        if req is not None:
+        if req is not None and learner.unsafe:
+            _write({"refused": req["start"], "why": learner.unsafe})
+        elif req is not None:
             forked_at = time.time()
+            read_end, write_end = os.pipe()
             pid = os.fork()
             if pid == 0:
-                _child(req, forked_at)
-            children[pid] = req["start"]
+                os.close(read_end)
+                _child(req, forked_at, write_end)
+            os.close(write_end)
+            children[pid] = (req["start"], read_end)
             _write({"started": req["start"], "pid": pid})
         elif requests.closed:
             time.sleep(0.02)
@@ -234,8 +337,26 @@ def serve() -> int:
                 break
             if pid == 0:
                 break
-            _write({"ended": children.pop(pid), "returncode": os.waitstatus_to_exitcode(status)})
+            training_id, read_end = children.pop(pid)
+            _write({"ended": training_id, "returncode": os.waitstatus_to_exitcode(status)})
+            report = _read_report(read_end)
+            if not requests.closed:  # more trainings may come: worth importing for
+                learner.learn(report, training_id)
     return 0
+
+
+def _read_report(fd: int) -> bytes:
+    """What an ended child wrote to its report pipe (nothing, if it died before it could)."""
+    chunks = []
+    try:
+        os.set_blocking(fd, False)
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 # ---------------- the packer's side ----------------
@@ -277,6 +398,8 @@ class ForkServer:
         self._lines = Lines(self.proc.stdout.fileno())
         self._processes: dict[str, ForkedProcess] = {}
         self._pending: dict[str, int] = {}  # ended before the packer asked (returncode by training id)
+        self.learned: list[str] = []  # what the server imported from its children's reports, in order
+        self.refused: dict[str, str] = {}  # what it would not or could not import, and why
         self._send({"preload": {"workload": workload, "params": [dict(p) for p in params]}})
         reply = self._read(READY_TIMEOUT_S)
         if reply is None or "ready" not in reply:
@@ -294,7 +417,10 @@ class ForkServer:
         return self._lines.read(timeout)
 
     def _handle(self, msg: Mapping[str, Any]) -> None:
-        if "ended" in msg:
+        if "learned" in msg:
+            self.learned += [str(m) for m in msg["learned"]]
+            self.refused.update({str(k): str(v) for k, v in msg.get("refused", {}).items()})
+        elif "ended" in msg:
             proc = self._processes.get(msg["ended"])
             if proc is not None:
                 proc.returncode = int(msg["returncode"])
@@ -323,6 +449,8 @@ class ForkServer:
             msg = self._read(READY_TIMEOUT_S)
             if msg is None:
                 raise RuntimeError("the fork server stopped answering")
+            if msg.get("refused") == training_id:
+                raise ForkRefused(str(msg.get("why")))
             if msg.get("started") == training_id:
                 proc = ForkedProcess(self, training_id, int(msg["pid"]))
                 self._processes[training_id] = proc

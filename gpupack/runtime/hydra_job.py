@@ -130,9 +130,16 @@ class HydraJob(Workload):
 
     def preload(self, params: Sequence[Any]) -> None:
         for p in params[:1]:  # one launch: every job of the pack shares its payload
-            launcher, _ = payload(p)
+            launcher, singleton_state = payload(p)
             for module in launcher.params.get("preload") or ():  # hydra.launcher.preload: what the app imports late
                 importlib.import_module(str(module))
+            # One job's config composed here warms what each job's composition would build cold in its child: the
+            # override and interpolation grammars' lexer caches (ANTLR's DFA, filled as input is seen) and the
+            # config sources' imports (measured: 0.17 s a job's load_sweep_config cold, 0.10 s warm, 4 jobs at once)
+            from hydra.core.singleton import Singleton
+
+            Singleton.set_state(singleton_state)
+            launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(p.overrides))
 
     def launch(self, params: Mapping[str, Any], spec_path: str, result_path: str) -> Launch:
         return Launch([sys.executable, "-m", "gpupack.runtime.worker", spec_path], cwd=params.get("cwd") or None)

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import IO, Any, Callable, Mapping, Sequence
 
 from gpupack.core.records import open_log
-from gpupack.runtime.forkserver import ForkedProcess, ForkServer, isolate
+from gpupack.runtime.forkserver import ForkedProcess, ForkRefused, ForkServer, isolate
 
 POLL_S = 0.05  # how often the children are looked at
 HELPER_TIMEOUT_S = 60.0  # a helper program (MPS's control) that takes longer has hung
@@ -200,6 +200,7 @@ class Supervisor:
     timeout_s: float | None = None  # each child's time limit, from its started_at
     server: ForkServer | None = field(default=None, init=False)  # started by preload(): where children with a
     # spec_path are forked from
+    refused: str | None = field(default=None, init=False)  # why the server forks no more (ForkRefused)
     together: Together | None = None  # None: each child fails alone
     children: list[Child] = field(default_factory=list)
     culprit: ChildExit | None = None  # the member whose failure failed the group (with ``together``)
@@ -221,7 +222,7 @@ class Supervisor:
         """Start one child. A program that cannot start (OSError: gone, not executable, no memory or process left)
         gives a child that ended at once with ``start_error``; with ``together`` it fails the group."""
         started_at = spec.started_at if spec.started_at is not None else time.time()
-        forked = self.server is not None and spec.spec_path is not None
+        forked = self.server is not None and spec.spec_path is not None and self.refused is None
         try:
             proc = self._spawn(spec)
         except OSError as err:
@@ -230,14 +231,17 @@ class Supervisor:
             if self.together is not None and self.culprit is None:
                 self._fail_group(child.exit())
             return child
-        child = Child(spec, proc, started_at, forked)
+        child = Child(spec, proc, started_at, isinstance(proc, ForkedProcess))
         self.children.append(child)
         return child
 
     def _spawn(self, spec: ChildSpec) -> subprocess.Popen[bytes] | ForkedProcess:
-        if self.server is not None and spec.spec_path is not None:
-            return self.server.start(spec.name, spec.spec_path, spec.out_path, spec.err_path, spec.env, spec.cwd,
-                                     spec.memory_limit_bytes, spec.cpus, spec.python_main)
+        if self.server is not None and spec.spec_path is not None and self.refused is None:
+            try:
+                return self.server.start(spec.name, spec.spec_path, spec.out_path, spec.err_path, spec.env, spec.cwd,
+                                         spec.memory_limit_bytes, spec.cpus, spec.python_main)
+            except ForkRefused as why:  # what it learned made forking unsafe: this and later ones start fresh
+                self.refused = str(why)
         with open_log(spec.out_path) as out, open_log(spec.err_path) as err:
             return spawn(spec.argv, spec.env, stdout=out, stderr=err, cwd=spec.cwd,
                          memory_limit_bytes=spec.memory_limit_bytes, cpus=spec.cpus)
