@@ -140,8 +140,10 @@ def test_the_servers_preload_is_the_packs_time(tmp_path):
     (["tests.lazy_module"], [], {"tests.lazy_module": "the program's own module (not a library): it may do anything "
                                                       "at import"}),
     (["__main__", "ghost"], [], {}),  # the program itself; a failed import's placeholder
+    (["_cython_3_2_4"], [], {}),  # made at run time, no spec: nothing to import it by
 ])
 def test_what_a_child_imported_that_the_server_may_learn(new, expected, refused):
+    from importlib.machinery import ModuleSpec
     from types import ModuleType
 
     from gpupack.runtime.forkserver import learnable, library_roots
@@ -151,6 +153,7 @@ def test_what_a_child_imported_that_the_server_may_learn(new, expected, refused)
     modules = {name: ModuleType(name) for name in new if name != "ghost"}
     for name, module in modules.items():
         module.__file__ = where.get(name, f"{site}{name.replace('.', '/')}.py")
+        module.__spec__ = None if name in ("__main__", "_cython_3_2_4") else ModuleSpec(name, None)
     modules["ghost"] = None
     assert learnable(new, modules, library_roots()) == (expected, refused)
 
@@ -173,3 +176,13 @@ def test_a_stream_learns_what_its_first_training_imported_and_forks_the_next_one
         [{"colorsys": True, "tests.lazy_module": False}] * 2
     log = next(run_dir.glob("packs/*/logs/forkserver.err")).read_text()
     assert "learned from" in log and "colorsys" in log and "tests.lazy_module" not in log.split("learned from")[1]
+
+
+def test_a_whole_packs_server_learns_nothing_its_trainings_all_start_at_once(tmp_path):
+    """An import between a whole pack's training ends would sit inside the pack's measured wall, for no training
+    to gain from it: only a stream's server learns."""
+    run, pack = _pack(tmp_path, n=2, lazy_import="colorsys")
+    rec = run_pack(str(run.root), pack.pack_id,
+                   PackSettings(device="cpu", mode_options={"process": ProcessOptions(start="fork")}))
+    assert rec["n_completed"] == 2 and {r["start"] for r in _records(run, pack).values()} == {"fork"}
+    assert "learned" not in (run.pack_dir(pack.pack_id) / "logs" / "forkserver.err").read_text()

@@ -215,9 +215,11 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
 def preload(supervisor: Supervisor, trainings: Sequence[Training], ctx: PackContext) -> str | None:
     """Start ``supervisor``'s preloaded fork server for ``trainings`` (a stream's: the whole queue, since any of its
     trainings may come to this lane); None, or why it did not start (fresh interpreters, said in the server's log and
-    in each training's record as ``fork_fallback``). DDP's ranks start from one too."""
+    in each training's record as ``fork_fallback``). DDP's ranks start from one too. A stream's server learns what its
+    trainings import (a freed slot's next training is forked from it); a whole pack's does not: all its trainings
+    start at once, and an import between their ends would sit inside the pack's measured wall."""
     return supervisor.preload(trainings[0].workload, [t.params for t in trainings], worker_env(ctx.env, ctx.threads),
-                              ctx.run.log(ctx.pack.pack_id, "forkserver", "err"))
+                              ctx.run.log(ctx.pack.pack_id, "forkserver", "err"), learn=ctx.stream is not None)
 
 
 PACKER = ProcessPacker()

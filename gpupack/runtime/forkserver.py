@@ -10,14 +10,15 @@ touches a device.
 
 Protocol (JSON lines; packer → server on stdin, server → packer on stdout):
 
-    → {"preload": {"workload": REF, "params": [...]}}       ← {"ready": SECONDS} | {"error": TEXT}
+    → {"preload": {"workload": REF, "params": [...], "learn": BOOL}}       ← {"ready": SECONDS} | {"error": TEXT}
     → {"start": ID, "spec": P, "out": P, "err": P, "env": {...}, "cwd": P|null, "rlimit_as": N|null, "cpus": [...]|null}
     ← {"started": ID, "pid": PID}        ← {"ended": ID, "returncode": RC}   (RC < 0: killed by signal -RC)
 
     ← {"learned": [MODULE...], "from": ID, "refused": {MODULE: WHY}}    ← {"refused": ID, "why": TEXT}
 
-**Learned preload.** A program that imports its framework inside its task function (most Hydra apps and scripts:
-torch, lightning) would pay that import in every forked child. Each child tells the server, as it ends, the
+**Learned preload** (a stream's server: its freed slots' trainings are forked after others ended). A program that
+imports its framework inside its task function (most Hydra apps and scripts: torch, lightning) would pay that
+import in every forked child. Each child tells the server, as it ends, the
 libraries it imported that the server had not (:func:`learnable`: the roots of the new modules that live in the
 standard library, the installed packages or gpupack, never a known fork-unsafe framework nor the program's own
 modules, which may do anything at import). The server imports them before it forks the next training, once each;
@@ -97,8 +98,8 @@ def learnable(new: Sequence[str], modules: Mapping[str, Any], roots: Sequence[st
         parts = name.split(".")
         if any(".".join(parts[:k]) in fresh for k in range(1, len(parts))) or name in ("__main__", "__mp_main__"):
             continue
-        if modules.get(name) is None:  # a failed import's placeholder
-            continue
+        if getattr(modules.get(name), "__spec__", None) is None:  # a failed import's placeholder, or a module made
+            continue  # at run time (no spec: nothing to import it by)
         file = getattr(modules[name], "__file__", None)
         if parts[0] in NEVER_LEARNED:
             refused[name] = "a framework that is not fork-safe"
@@ -313,19 +314,21 @@ def serve() -> int:
         _write({"error": str(err) if isinstance(err, ForkUnsafe) else f"{err.__class__.__name__}: {err}"})
         return 1
     _write({"ready": round(time.time() - _SERVER_START, 3)})
-    learner = Learner()
+    learner = Learner() if first["preload"].get("learn") else None
     while not requests.closed or children:
         req = requests.read(0.02) if not requests.closed else None
-        if req is not None and learner.unsafe:
+        if req is not None and learner is not None and learner.unsafe:
             _write({"refused": req["start"], "why": learner.unsafe})
         elif req is not None:
             forked_at = time.time()
-            read_end, write_end = os.pipe()
+            read_end, write_end = os.pipe() if learner is not None else (-1, None)
             pid = os.fork()
             if pid == 0:
-                os.close(read_end)
+                if write_end is not None:
+                    os.close(read_end)
                 _child(req, forked_at, write_end)
-            os.close(write_end)
+            if write_end is not None:
+                os.close(write_end)
             children[pid] = (req["start"], read_end)
             _write({"started": req["start"], "pid": pid})
         elif requests.closed:
@@ -339,9 +342,10 @@ def serve() -> int:
                 break
             training_id, read_end = children.pop(pid)
             _write({"ended": training_id, "returncode": os.waitstatus_to_exitcode(status)})
-            report = _read_report(read_end)
-            if not requests.closed:  # more trainings may come: worth importing for
-                learner.learn(report, training_id)
+            if learner is not None:
+                report = _read_report(read_end)
+                if not requests.closed:  # more trainings may come: worth importing for
+                    learner.learn(report, training_id)
     return 0
 
 
@@ -385,9 +389,10 @@ class ForkServer:
     """The pack's preloaded server: start it, :meth:`start` trainings, :meth:`close` when all have ended."""
 
     def __init__(self, workload: str, params: Sequence[Mapping[str, Any]], log: Path,
-                 start: Callable[[Sequence[str], IO[bytes]], subprocess.Popen[bytes]]) -> None:
+                 start: Callable[[Sequence[str], IO[bytes]], subprocess.Popen[bytes]], learn: bool = False) -> None:
         """``start(argv, stderr)``: the server's process with pipes to its stdin and stdout, as its supervisor starts
-        every process (gpupack.runtime.supervisor.Supervisor.preload)."""
+        every process (gpupack.runtime.supervisor.Supervisor.preload). ``learn``: import what the children import
+        (:class:`Learner`), where later children start after earlier ones end (a stream's slots)."""
         self._log = open_log(log)
         try:
             self.proc = start([sys.executable, "-m", "gpupack.runtime.forkserver"], self._log)
@@ -400,7 +405,7 @@ class ForkServer:
         self._pending: dict[str, int] = {}  # ended before the packer asked (returncode by training id)
         self.learned: list[str] = []  # what the server imported from its children's reports, in order
         self.refused: dict[str, str] = {}  # what it would not or could not import, and why
-        self._send({"preload": {"workload": workload, "params": [dict(p) for p in params]}})
+        self._send({"preload": {"workload": workload, "params": [dict(p) for p in params], "learn": learn}})
         reply = self._read(READY_TIMEOUT_S)
         if reply is None or "ready" not in reply:
             why = (reply or {}).get("error") or f"no answer (see {log})"

@@ -247,17 +247,18 @@ class Supervisor:
                          memory_limit_bytes=spec.memory_limit_bytes, cpus=spec.cpus)
 
     def preload(self, workload: str, params: Sequence[Mapping[str, Any]], env: Mapping[str, str],
-                log: Path) -> str | None:
+                log: Path, learn: bool = False) -> str | None:
         """Start the preloaded fork server that children with a ``spec_path`` are forked from, for ``workload``'s
         trainings (it dies with the packer and is closed on leaving the block); None, or why it did not start (its
         preload failed, or made forking unsafe: forkserver.fork_unsafe): the children then start as fresh
-        interpreters, and the reason is in its log too."""
+        interpreters, and the reason is in its log too. ``learn``: the server learns its children's imports
+        (forkserver.Learner), for children started after others ended."""
 
         def start(argv: Sequence[str], err: IO[bytes]) -> subprocess.Popen[bytes]:
             return spawn(argv, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
 
         try:
-            self.server = ForkServer(workload, params, log, start)
+            self.server = ForkServer(workload, params, log, start, learn)
             return None
         except (RuntimeError, OSError) as err:
             with open_log(log, append=True) as f:
