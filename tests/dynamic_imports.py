@@ -14,7 +14,7 @@ USER_MODULES = {
     "gpupack.workloads": "a workload in the user's own package: sweep.workload=mypkg.mymodule",
     "gpupack.workloads.command": "sweep.fixed.preload: what a forked script's server imports first",
     "gpupack.runtime.hydra_job": "hydra.launcher.preload: what a Hydra app's job server imports first",
-    "gpupack.runtime.forkserver": "a learned preload: the libraries a forked child imported, for the next ones",
+    "gpupack.core.preload": "a learned preload: the libraries a program imports, for its forked trainings",
 }
 
 

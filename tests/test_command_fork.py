@@ -105,3 +105,53 @@ def test_a_module_runs_forked_as_python_dash_m(tmp_path):
     out = next(run_dir.glob("packs/*/logs/*.out")).read_text()
     assert json.loads(out) == {"a": 2, "b": 1} and out.index('"a"') < out.index('"b"')
     assert sys.executable  # the server is this interpreter's
+
+
+LAZY = '''
+import json, os, sys
+loaded = {m: m in sys.modules for m in ("colorsys", "wave", "lazy_helper")}
+
+
+def main():
+    import colorsys  # inside a function, as a task function imports its framework
+    import lazy_helper  # the program's own module beside it: it imports wave
+    with open(os.path.join(os.getcwd(), f"loaded-{sys.argv[1]}.json"), "w") as f:
+        json.dump(loaded, f)
+
+
+main()
+'''
+
+
+@pytest.mark.parametrize("start, preloaded", [("fork", True), ("fresh", False)])
+def test_a_forked_scripts_libraries_are_imported_once_by_its_server_never_its_own_modules(tmp_path, start,
+                                                                                          preloaded):
+    """Issue 31: every import of a forked script runs in its child, so its server imports the libraries the script's
+    files import, anywhere in them (a function's too) and in the modules beside it, before the first fork; never
+    the script's own modules (they may do anything at import)."""
+    app, run_dir = tmp_path / "app", tmp_path / "run"
+    app.mkdir()
+    (app / "lazy.py").write_text(LAZY)
+    (app / "lazy_helper.py").write_text("import wave  # noqa: F401\n")
+    assert main(["+sweep=command", f"sweep.fixed.argv=['{{python}}',{app / 'lazy.py'},'{{code}}']",
+                 f"sweep.fixed.cwd={tmp_path}", f"sweep.fixed.start={start}", "sweep.grid.code=[1,2]",
+                 "packing.factors=[2]", "packing.repeats=1", f"run_dir={run_dir}"]) == 0
+    for code in ("1", "2"):
+        loaded = json.loads((tmp_path / f"loaded-{code}.json").read_text())
+        assert loaded == {"colorsys": preloaded, "wave": preloaded, "lazy_helper": False}
+    if preloaded:
+        log = next(run_dir.glob("packs/*/logs/forkserver.err")).read_text()
+        assert "preloaded colorsys, wave (imported by the script's files)" in log
+
+
+def test_the_libraries_a_programs_files_import_anywhere(tmp_path):
+    from gpupack.core.preload import static_imports
+
+    (tmp_path / "main.py").write_text("import numpy\nfrom . import sibling\n\ndef task():\n    import torch.nn\n"
+                                      "    import tensorflow\n    from colorsys import rgb_to_hsv\n"
+                                      "    import no_such_module_here\n    import helper\n")
+    (tmp_path / "helper.py").write_text("import wave\nimport main  # a cycle: read once\n")
+    (tmp_path / "broken.py").write_text("def (:\n")
+    assert static_imports([tmp_path / "main.py", tmp_path / "broken.py"], {}) == ["colorsys", "numpy", "torch",
+                                                                                 "wave"]
+    assert static_imports([tmp_path / "main.py"], {"numpy": object()}) == ["colorsys", "torch", "wave"]

@@ -146,7 +146,7 @@ def test_what_a_child_imported_that_the_server_may_learn(new, expected, refused)
     from importlib.machinery import ModuleSpec
     from types import ModuleType
 
-    from gpupack.runtime.forkserver import learnable, library_roots
+    from gpupack.core.preload import learnable, library_roots
 
     site = library_roots()[0]
     where = {"tests.lazy_module": "/home/me/app/tests/lazy_module.py", "colorsys": None}

@@ -137,20 +137,32 @@ def test_what_makes_a_preloaded_server_unsafe_to_fork(modules, words):
     assert (why is None) if words is None else (why is not None and words in why), why
 
 
-def test_the_jobs_server_composes_one_jobs_config_before_it_forks(monkeypatch):
+def test_the_jobs_server_composes_one_jobs_config_and_imports_the_apps_libraries_before_it_forks(monkeypatch,
+                                                                                                 tmp_path):
     """Issue 31: what each job's config composition builds cold (the grammars' lexer caches) is built once in the
-    pack's server, by composing the first job's config there, with the launch's own singletons in place."""
+    pack's server, by composing the first job's config there, with the launch's own singletons in place; and the
+    libraries the app's files import, inside its task function too, are imported there once, not in every job."""
+    import importlib.util
+
     from hydra.core.singleton import Singleton
 
     from gpupack.runtime import hydra_job
 
+    (tmp_path / "my_app.py").write_text("def task(cfg):\n    import tabnanny\n    import my_helper\n")
+    (tmp_path / "my_helper.py").write_text("import ftplib\n")
+    spec = importlib.util.spec_from_file_location("my_app", tmp_path / "my_app.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    imported: list[tuple[list[str], str]] = []
+    monkeypatch.setattr(hydra_job, "import_libraries", lambda names, why: imported.append((names, why)))
     composed: list[tuple[object, list[str], bool]] = []
     state = Singleton.get_state()
     loader = SimpleNamespace(load_sweep_config=lambda config, overrides: composed.append(
         (config, overrides, Singleton._instances is state["instances"])))  # the launch's singletons, in place
-    launcher = SimpleNamespace(params={}, config="the app's config",
+    launcher = SimpleNamespace(params={}, config="the app's config", task_function=module.task,
                                hydra_context=SimpleNamespace(config_loader=loader))
     monkeypatch.setattr(hydra_job, "payload", lambda params: (launcher, state))
     jobs = [hydra_job.HydraJobParams(overrides=[f"lr={lr}"], job_num=i) for i, lr in enumerate((0.1, 0.2))]
     hydra_job.WORKLOAD.preload(jobs)
     assert composed == [("the app's config", ["lr=0.1"], True)]  # one job's, once
+    assert imported == [(["ftplib", "tabnanny"], "imported by the app's files")]

@@ -35,22 +35,19 @@ import time
 
 _SERVER_START = time.time()
 
-import importlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import selectors  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import sysconfig  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import IO, Any, Callable, Mapping, Sequence  # noqa: E402
 
+from gpupack.core.preload import import_libraries, learnable, library_roots  # noqa: E402
 from gpupack.core.records import open_log  # noqa: E402
 
 READY_TIMEOUT_S = 600.0  # a framework import on a busy node can be slow; past this the pack fails loudly
-# Frameworks that start threads or a device runtime at import (fork_unsafe's): never learned, whoever imported them.
-NEVER_LEARNED = ("tensorflow", "tf_keras", "keras", "jax", "jaxlib")
 LEARN_LIMIT_BYTES = 60_000  # what a child reports fits a pipe's buffer: its write never blocks its exit
 
 
@@ -77,37 +74,6 @@ def isolate(rlimit_as: int | None, cpus: Sequence[int] | None) -> None:
             os.sched_setaffinity(0, cpus)
         except (AttributeError, OSError):  # not Linux, or cores taken away: run where the job runs
             pass
-
-
-def library_roots() -> tuple[str, ...]:
-    """Where libraries live: the standard library and the installed packages (and gpupack itself)."""
-    paths = sysconfig.get_paths()
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-                 | {os.path.realpath(here) + os.sep})
-
-
-def learnable(new: Sequence[str], modules: Mapping[str, Any], roots: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """Of the modules a child imported (``new``, in ``modules``), those the server may import for the next trainings:
-    each new module whose package was not new too (importing it imports the rest), if it is a library (built in, or
-    a file under ``roots``) and no fork-unsafe framework; and why each other root is not. Pure."""
-    fresh = set(new)
-    learned: list[str] = []
-    refused: dict[str, str] = {}
-    for name in sorted(fresh):
-        parts = name.split(".")
-        if any(".".join(parts[:k]) in fresh for k in range(1, len(parts))) or name in ("__main__", "__mp_main__"):
-            continue
-        if getattr(modules.get(name), "__spec__", None) is None:  # a failed import's placeholder, or a module made
-            continue  # at run time (no spec: nothing to import it by)
-        file = getattr(modules[name], "__file__", None)
-        if parts[0] in NEVER_LEARNED:
-            refused[name] = "a framework that is not fork-safe"
-        elif file and not os.path.realpath(file).startswith(tuple(roots)):
-            refused[name] = "the program's own module (not a library): it may do anything at import"
-        else:
-            learned.append(name)
-    return learned, refused
 
 
 def _report_imports(fd: int, known: set[str]) -> None:
@@ -279,25 +245,19 @@ class Learner:
     def learn(self, report: bytes, training_id: str) -> None:
         """Import what a child reported (once each), say so, and stop forking should that make it unsafe."""
         try:
-            names = [str(n) for n in json.loads(report or b"[]")]
+            names = [str(n) for n in json.loads(report or b"[]") if str(n) not in self.tried]
         except ValueError:
             return
-        learned, refused = [], {}
-        for name in names:
-            if name in self.tried or name in sys.modules or self.unsafe:
-                continue
-            self.tried.add(name)
-            try:
-                importlib.import_module(name)
-                learned.append(name)
-            except BaseException as err:  # a library that does not import here: the children import it themselves
-                refused[name] = f"{err.__class__.__name__}: {err}"
-        self.unsafe = self.unsafe or fork_unsafe(sys.modules)
+        if self.unsafe or not names:
+            return
+        self.tried.update(names)
+        learned, refused = import_libraries(names, f"learned from {training_id}")
+        self.unsafe = fork_unsafe(sys.modules)
         if learned or refused:
             _write({"learned": learned, "from": training_id, "refused": refused})
-            print(f"gpupack fork server: learned from {training_id}: {', '.join(learned) or '-'}"
-                  + (f"; refused {refused}" if refused else "")
-                  + (f"; it forks no more ({self.unsafe})" if self.unsafe else ""), file=sys.stderr, flush=True)
+        if self.unsafe:
+            print(f"gpupack fork server: it forks no more ({self.unsafe}): each later training starts fresh",
+                  file=sys.stderr, flush=True)
 
 
 def serve() -> int:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from gpupack.core.preload import import_libraries, static_imports
 from gpupack.core.stdout_metrics import metrics_from_output, stdout_patterns
 from gpupack.errors import ConfigError, nearest
 from gpupack.result import ENV as RESULT_ENV
@@ -179,8 +180,27 @@ class Command(Workload):
         return None if params.get("start") == "fork" else self.fresh_reason
 
     def preload(self, params: Sequence[Any]) -> None:
-        for module in (params[0].get("preload") or []) if params else []:
+        if not params:
+            return
+        for module in params[0].get("preload") or []:
             importlib.import_module(str(module))
+        # what the script's own files import (every import of a forked script runs in its child): its libraries
+        import_libraries(static_imports(self.source_files(params[0]), sys.modules), "imported by the script's files")
+
+    def source_files(self, params: Mapping[str, Any]) -> list[Path]:
+        """The Python file a forked training runs (its script, or its -m module where it is a file), else none."""
+        launch = self.program(params)
+        main = python_main(launch.argv, {**os.environ, **launch.env})
+        cwd = Path(launch.cwd) if launch.cwd else Path.cwd()
+        if main is None:
+            return []
+        if "script" in main:
+            return [cwd / str(main["script"])]
+        try:
+            spec = importlib.util.find_spec(str(main["module"]))
+        except (ImportError, ValueError):
+            return []
+        return [Path(spec.origin)] if spec is not None and spec.origin and spec.has_location else []
 
     def failure_hint(self, params: Mapping[str, Any], error: str) -> str | None:
         """A program that could not import a module may have run under another interpreter than gpupack's: say

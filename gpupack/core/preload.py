@@ -1,0 +1,138 @@
+"""Learned preload: which libraries a fork server imports for its trainings beyond what their workload preloads.
+
+A program that imports its framework inside its task function (most Hydra apps and scripts: torch, lightning), or a
+script whose every import runs in the forked child, would pay those imports in each training. Two ways to know
+them without the user saying (``preload=[...]`` stays the way to say it):
+
+- before the first fork (:func:`static_imports`): the libraries the program's own files import anywhere, at their top
+  or inside a function, read from their source, following the modules beside them it imports;
+- after a child ended (:func:`learnable`): the libraries it imported that the server had not.
+
+Only libraries (built in, or files of the standard library, the installed packages or gpupack) are ever imported by
+the server, never the program's own modules (they may do anything at import) nor a framework that is not fork-safe
+(:data:`NEVER_LEARNED`); whatever still makes forking unsafe is caught by ``forkserver.fork_unsafe``.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+# Frameworks that start threads or a device runtime at import (fork_unsafe's): never learned, whoever imported them.
+NEVER_LEARNED = ("tensorflow", "tf_keras", "keras", "jax", "jaxlib", "pycuda")
+SCAN_FILES = 50  # the program's own files read at most (a large package is not walked whole)
+
+
+def library_roots() -> tuple[str, ...]:
+    """Where libraries live: the standard library and the installed packages (and gpupack itself)."""
+    paths = sysconfig.get_paths()
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+                 | {os.path.realpath(here) + os.sep})
+
+
+def learnable(new: Sequence[str], modules: Mapping[str, Any], roots: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """Of the modules a child imported (``new``, in ``modules``), those the server may import for the next trainings:
+    each new module whose package was not new too (importing it imports the rest), if it is a library (built in, or
+    a file under ``roots``) and no fork-unsafe framework; and why each other root is not. Pure."""
+    fresh = set(new)
+    learned: list[str] = []
+    refused: dict[str, str] = {}
+    for name in sorted(fresh):
+        parts = name.split(".")
+        if any(".".join(parts[:k]) in fresh for k in range(1, len(parts))) or name in ("__main__", "__mp_main__"):
+            continue
+        if getattr(modules.get(name), "__spec__", None) is None:  # a failed import's placeholder, or a module made
+            continue  # at run time (no spec: nothing to import it by)
+        file = getattr(modules[name], "__file__", None)
+        if parts[0] in NEVER_LEARNED:
+            refused[name] = "a framework that is not fork-safe"
+        elif file and not os.path.realpath(file).startswith(tuple(roots)):
+            refused[name] = "the program's own module (not a library): it may do anything at import"
+        else:
+            learned.append(name)
+    return learned, refused
+
+
+def static_imports(files: Sequence[Path], loaded: Mapping[str, Any]) -> list[str]:
+    """The libraries ``files`` (the program's own Python files) import anywhere, with those of the modules beside
+    them that they import, not yet in ``loaded`` (sys.modules) and fit for the server: their top-level names, sorted.
+    Reads source; imports nothing (a dotted name is looked up by its top-level package alone)."""
+    names: set[str] = set()
+    seen: set[Path] = set()
+    todo = [Path(f).resolve() for f in files]
+    while todo and len(seen) < SCAN_FILES:
+        path = todo.pop(0)
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        for name in _imported_names(path):
+            beside = _beside(path.parent, name)
+            if beside is not None:
+                todo.append(beside)
+            else:
+                names.add(name.split(".")[0])
+    return sorted(n for n in names if n not in loaded and _library(n))
+
+
+def _imported_names(path: Path) -> list[str]:
+    """Absolute module names a Python file imports (``import a.b``, ``from a.b import c``), anywhere in it."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError, OSError):
+        return []
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.append(node.module)
+    return out
+
+
+def _beside(folder: Path, name: str) -> Path | None:
+    """The program's own module ``name`` in ``folder`` (where a script's imports look first), else None."""
+    top = folder / name.split(".")[0]
+    for candidate in (top.with_suffix(".py"), top / "__init__.py"):
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
+def _library(name: str) -> bool:
+    """A top-level module this interpreter finds among the libraries, and may preload."""
+    if name in NEVER_LEARNED or name == "__main__":
+        return False
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    origin = spec.origin if spec.has_location else None
+    return origin is None or os.path.realpath(origin).startswith(library_roots())
+
+
+def import_libraries(names: Sequence[str], why: str) -> tuple[list[str], dict[str, str]]:
+    """Import ``names`` here (the fork server) not yet imported, each alone: those imported, and why the others
+    were not (a library that does not import here: the children import it themselves). Said on stderr, the server's
+    log, with ``why`` (where the names came from)."""
+    imported: list[str] = []
+    refused: dict[str, str] = {}
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+            imported.append(name)
+        except BaseException as err:  # noqa: BLE001 - any failure of someone else's import: not ours to stop on
+            refused[name] = f"{err.__class__.__name__}: {err}"
+    if imported or refused:
+        print(f"gpupack fork server: preloaded {', '.join(imported) or '-'} ({why})"
+              + (f"; could not import {refused}" if refused else ""), file=sys.stderr, flush=True)
+    return imported, refused
