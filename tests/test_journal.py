@@ -12,7 +12,7 @@ import pytest
 from gpupack import sweep
 from gpupack.analysis.load import load_records, with_stdout_metric
 from gpupack.core import journal
-from gpupack.core.journal import RunRecords, fold_pack, log_text, read_folded
+from gpupack.core.journal import RunRecords, fold_pack, kept_log, read_folded
 from gpupack.core.plan import Plan, make_plan
 from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
@@ -55,7 +55,7 @@ def test_a_lane_folds_its_packs_into_a_journal_and_a_log_and_readers_see_the_sam
             assert records.completed(p.pack_id, t.training_id)
             before = read_json(unfolded.training_record(p.pack_id, t.training_id))
             assert {k: v for k, v in rec.items() if k != "logs"} == before
-            assert log_text(run.root, rec, "out") == unfolded.log(p.pack_id, t.training_id, "out").read_text()
+            assert kept_log(run.root, rec, "out").read() == unfolded.log(p.pack_id, t.training_id, "out").read_text()
     # collect: the same rows, column for column, whichever way the records are kept
     a, b = load_records([run.root]), load_records([unfolded.root])
     key = ["pack_id", "training_id"]
@@ -84,7 +84,7 @@ def test_a_failed_trainings_logs_are_kept_whole_in_a_file_of_their_own(tmp_path)
     run_in_turn(str(run.root), [pack.pack_id], FOLD)
     rec = RunRecords(run).training(pack.pack_id, pack.trainings[0].training_id)
     assert rec["status"] == "failed" and rec["logs"]["err"]["file"].startswith(f"lanes/{pack.pack_id}.failed/")
-    assert "probe failure on purpose" in log_text(run.root, rec, "err")
+    assert "probe failure on purpose" in kept_log(run.root, rec, "err").read()
     failed = run.root / rec["logs"]["err"]["file"]
     assert failed.is_file() and failed.stat().st_size == rec["logs"]["err"]["length"]
 
@@ -143,7 +143,7 @@ def test_two_gpus_folding_into_one_lane_at_once_lose_nothing(tmp_path, monkeypat
         for t in p.trainings:
             assert records.completed(p.pack_id, t.training_id)
     if output[1]:
-        assert log_text(run.root, records.training(ids[1], said), "out") == "score: 0.5\n"
+        assert kept_log(run.root, records.training(ids[1], said), "out").read() == "score: 0.5\n"
     else:
         assert not run.lane_log(ids[0]).exists()  # nothing to keep: no empty file
 
@@ -253,3 +253,16 @@ def test_a_folded_record_of_another_schema_is_skipped_with_a_warning_as_a_files_
     records = load_records([run.root])
     assert len(records.trainings) == 1  # the other training, not the one of schema 99
     assert any("record schema 99" in w and str(run.lanes) in w for w in records.warnings), records.warnings
+
+
+def test_a_folded_packs_trainings_are_read_from_the_journal_without_an_open_each(tmp_path, monkeypatch):
+    """status or resume of 100,000 folded trainings: one look at each pack's folder, not a failed open per training
+    (a metadata request each on Lustre); a pack that has a folder again is read from it."""
+    run, plan = _run(tmp_path)
+    run_in_turn(str(run.root), [p.pack_id for p in plan.packs], FOLD)
+    opened: list[str] = []
+    real = journal.read_json_or_none
+    monkeypatch.setattr(journal, "read_json_or_none", lambda path: opened.append(str(path)) or real(path))
+    records = RunRecords(run)
+    assert all(records.completed(p.pack_id, t.training_id) for p in plan.packs for t in p.trainings)
+    assert [o for o in opened if "/trainings/" in o] == []

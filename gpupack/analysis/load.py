@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpupack.analysis.frames import Pieces
 from gpupack.core.columnar import ColumnarReader, pack_rows, read_records, record_row, split_rows
-from gpupack.core.journal import log_text, read_folded
+from gpupack.core.journal import kept_log, read_folded
 from gpupack.core.records import read_json
 from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, RunDir
 from gpupack.core.stdout_metrics import metrics_from_text, stdout_patterns
@@ -241,7 +241,8 @@ def with_stdout_metric(records: Records, name: str, pattern: str) -> Records:
     for _, row in t.iterrows():
         reported = json.loads(row["metrics"]) if isinstance(row["metrics"], str) else dict(row["metrics"] or {})
         if int(row.get("attempt") or 0) == 0 and name not in reported:
-            text = log_text(str(row["run_dir"]), row.to_dict(), "out")  # its pack's folder, or its lane's fold
+            kept = kept_log(str(row["run_dir"]), row.to_dict(), "out")  # its pack's folder, or its lane's fold
+            text = kept.read() if kept else None
             reported.update(metrics_from_text(text or "", patterns))
         metrics.append(json.dumps(reported))
     t["metrics"] = metrics

@@ -29,7 +29,7 @@ from gpupack.core.records import COMPLETED, make_dirs, read_json_or_none
 from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, TRAININGS, RunDir
 
 TRAINING, PACK = "training", "pack"  # what a journal line holds
-LOGS = "logs"  # a folded record's field: where each of its logs is kept (:func:`log_text`)
+LOGS = "logs"  # a folded record's field: where each of its logs is kept (:func:`kept_log`)
 
 
 # ---------------- folding (inside the job) ----------------
@@ -207,6 +207,7 @@ class RunRecords:
     def __init__(self, run: RunDir, folded: Folded | None = None) -> None:
         self.run = run
         self._folded = folded
+        self._folders: dict[str, bool] = {}  # a folded pack's: whether it had a folder again when first asked
 
     @property
     def folded(self) -> Folded:
@@ -215,11 +216,17 @@ class RunRecords:
         return self._folded
 
     def training(self, pack_id: str, training_id: str) -> dict[str, Any] | None:
-        rec = read_json_or_none(self.run.training_record(pack_id, training_id))
-        if rec is not None:
-            return rec
         history = self.folded.trainings.get((pack_id, training_id))
+        if not history or self._has_folder(pack_id):  # a folded pack without a folder: no open per training
+            rec = read_json_or_none(self.run.training_record(pack_id, training_id))  # (a stat each, on Lustre)
+            if rec is not None:
+                return rec
         return history[-1] if history else None
+
+    def _has_folder(self, pack_id: str) -> bool:
+        if pack_id not in self._folders:
+            self._folders[pack_id] = self.run.pack_dir(pack_id).is_dir()
+        return self._folders[pack_id]
 
     def completed(self, pack_id: str, training_id: str) -> bool:
         rec = self.training(pack_id, training_id)
@@ -252,27 +259,36 @@ def _kept(rec: Mapping[str, Any], stream: str) -> Mapping[str, Any] | None:
     return kept if isinstance(kept, Mapping) else None
 
 
-def log_text(run_root: Path | str, rec: Mapping[str, Any], stream: str) -> str | None:
+@dataclass(frozen=True)
+class KeptLog:
+    """Where a training's log is kept: a file of its own (its pack's folder, a failed training's copy) or a stretch
+    of its lane's log."""
+
+    path: Path
+    offset: int = 0
+    length: int = -1  # -1: to the end of the file
+
+    def read(self) -> str:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            return f.read(self.length).decode(errors="replace")
+
+    def __str__(self) -> str:
+        return str(self.path) if not self.offset else f"{self.path} (at byte {self.offset})"
+
+
+def kept_log(run_root: Path | str, rec: Mapping[str, Any], stream: str) -> KeptLog | None:
     """A training's log (``stream``: out or err) as its record says it is kept: in its pack's folder, or where the
     lane's fold put it; None where none is kept."""
     run = RunDir(Path(str(run_root)))
     path = run.log(_home(rec), str(rec["training_id"]), stream)
     if path.is_file():
-        return path.read_text(errors="replace")
+        return KeptLog(path)
     kept = _kept(rec, stream)
-    if not kept:
-        return None
-    with open(run.root / kept["file"], "rb") as f:
-        f.seek(int(kept["offset"]))
-        return f.read(int(kept["length"])).decode(errors="replace")
+    return KeptLog(run.root / kept["file"], int(kept["offset"]), int(kept["length"])) if kept else None
 
 
 def log_where(run_root: Path | str, rec: Mapping[str, Any], stream: str) -> str:
-    """Where a user finds a training's log, for a message."""
-    run = RunDir(Path(str(run_root)))
-    path = run.log(_home(rec), str(rec["training_id"]), stream)
-    kept = _kept(rec, stream)
-    if path.is_file() or not kept:
-        return str(path)
-    where = run.root / kept["file"]
-    return str(where) if not kept.get("offset") else f"{where} (at byte {kept['offset']})"
+    """Where a user finds a training's log, for a message: where it is kept, else where its pack would write it."""
+    kept = kept_log(run_root, rec, stream)
+    return str(kept) if kept else str(RunDir(Path(str(run_root))).log(_home(rec), str(rec["training_id"]), stream))
