@@ -34,7 +34,7 @@ from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.plan import Pack
 from gpupack.core.rundir import RunDir
 from gpupack.errors import ConfigError, GpupackError
-from gpupack.pack import available_modes
+from gpupack.pack import available_modes, work_file, work_prefix
 from gpupack.report.terminal import make_console, render_collected
 from gpupack.setup.compose import compose_config, config_dir, group_options, search_path
 from gpupack.submit import available_backends
@@ -162,9 +162,9 @@ def first_command(prepared: sweep.Prepared) -> str:
     and the variables it adds; its files are named, not written."""
     pack = prepared.plan.packs[0]
     first = pack.trainings[0]
-    work = Path(tempfile.gettempdir()) / f"gpupack-{pack.pack_id}"  # the job's node-local work folder (PackContext)
-    launch = load_workload(first.workload).launch(first.params, str(work / f"{first.training_id}.spec.json"),
-                                                  str(work / f"{first.training_id}.result.json"))
+    work = Path(tempfile.gettempdir()) / f"{work_prefix(pack.pack_id)}XXXXXXXX"  # the job's node-local work folder
+    launch = load_workload(first.workload).launch(first.params, str(work_file(work, first.training_id, "spec")),
+                                                  str(work_file(work, first.training_id, "result")))
     env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(launch.env.items()))
     return ((f"(cd {shlex.quote(str(launch.cwd))} && " if launch.cwd else "") + (f"{env} " if env else "")
             + shlex.join(str(a) for a in launch.argv) + (")" if launch.cwd else ""))

@@ -75,6 +75,7 @@ def test_a_dry_run_prints_the_first_training_s_real_command_line(tmp_path, capsy
     import tempfile
 
     # its spec and result in the job's node-local work folder, not the run directory
-    assert f"its command line: GPUPACK_RESULT={tempfile.gettempdir()}/gpupack-local-process-n01-000/" in out, out
+    work = f"{tempfile.gettempdir()}/gpupack-local-process-n01-000-XXXXXXXX/"  # mkdtemp's folder, its suffix unknown
+    assert f"its command line: GPUPACK_RESULT={work}" in out, out
     assert f"{sys.executable} examples/train.py --lr 0.1" in out and "{lr}" not in out.split("command line:")[1], out
     assert not (tmp_path / "run").exists()  # named, not written

@@ -41,7 +41,7 @@ from gpupack.core.rgu import model_from_device_name
 from gpupack.core.rundir import RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.errors import RunDirError
-from gpupack.pack import PackContext, Packer, Stream, load_packer, threads_for
+from gpupack.pack import PackContext, Packer, Stream, load_packer, threads_for, work_prefix
 from gpupack.runtime.jobenv import JobEnvironment, job_cores
 from gpupack.runtime.monitor import DeviceInfo, detect_device, first_visible, visible_devices
 from gpupack.runtime.sampler import Sampler
@@ -325,7 +325,7 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
     sampler = Sampler(interval_s=settings.sample_interval_s, mps=mps, no_gpu_reason=info.note,
                       gpu=(info.uuid or first_visible(env)) if info.kind == "gpu" else None, more_gpus=more)
     # specs and results in the job's node-local space (the scheduler's), not a file each on /project
-    work_dir = tempfile.mkdtemp(prefix=f"gpupack-{pack.pack_id}-", dir=job.temp_dir())
+    work_dir = tempfile.mkdtemp(prefix=work_prefix(pack.pack_id), dir=job.temp_dir())
     # the trainings inherit the job's environment, and its id as the backend names it (jobenv.job_id)
     ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=env,
                       settings=settings, gpu_memory_total_mb=info.memory_total_mb,

@@ -75,7 +75,17 @@ class PackContext:
         """The spec, result or error file of ``name`` (a training, a DDP rank, a host process) while the pack runs."""
         if self.work_dir is None:
             return self.run.work(self.home(name), name, what)
-        return Path(self.work_dir) / f"{check_name('training_id', name)}.{what}.json"
+        return work_file(self.work_dir, name, what)
+
+
+def work_prefix(pack_id: str) -> str:
+    """The name a pack's node-local work folder starts with (the job's temporary space: tempfile.mkdtemp's prefix)."""
+    return f"gpupack-{pack_id}-"
+
+
+def work_file(work_dir: Path | str, name: str, what: str) -> Path:
+    """``name``'s spec, result or error file in a pack's work folder. Pure."""
+    return Path(work_dir) / f"{check_name('training_id', name)}.{what}.json"
 
 
 
