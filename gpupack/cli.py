@@ -110,10 +110,13 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
     finally:
         if view is not None:
             view.__exit__()
-    if not prepared.wait:
+    if not prepared.wait and (outcome.auto is None or outcome.auto.waiting):  # a probe that has ended: its answer
         jobs = sorted({j.split("_")[0] for j in outcome.submitted.values()})
         console.print(f"Submitted {len(outcome.submitted)} pack job(s): " + ", ".join(jobs) if jobs else
                       "Nothing to submit.")
+        if outcome.auto is not None:
+            console.print(*outcome.auto.lines(), highlight=False)
+            return 0
         console.print(f"Run directory: {outcome.run_dir}\n  python -m gpupack status {outcome.run_dir}\n"
                       f"  python -m gpupack collect {outcome.run_dir}")
         return 0

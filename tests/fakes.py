@@ -298,15 +298,59 @@ class FakeSubmitter(Submitter):
         return results
 
 
+class FakeQueue:
+    """A scheduler's queue that outlives each gpupack call, which the test drains: each submitted pack waits
+    (pending) until :meth:`drain` runs it through the real job body, in this process."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, tuple[str, str, PackSettings]] = {}  # job id -> (run root, pack id, settings)
+        self.ended: dict[str, str] = {}  # job id -> pack id
+        self.submitted = 0
+
+    def submit(self, run: RunDir, pack_id: str, settings: PackSettings) -> str:
+        self.submitted += 1
+        job_id = f"queued-{self.submitted}"
+        self.waiting[job_id] = (str(run.root), pack_id, settings)
+        return job_id
+
+    def drain(self) -> list[str]:
+        """Run every waiting pack; each as <its run directory's name>/<pack id>, in the order they were submitted."""
+        ran = []
+        for job_id, (root, pack_id, settings) in list(self.waiting.items()):
+            run_pack(root, pack_id, settings, job=JobEnvironment(job_id=job_id, cuda_visible_devices=None))
+            del self.waiting[job_id]
+            self.ended[job_id] = pack_id
+            ran.append(f"{os.path.basename(root)}/{pack_id}")
+        return ran
+
+
+class DetachedFakeSubmitter(FakeSubmitter):
+    """A FakeSubmitter whose jobs outlive gpupack (wait=false): submitted to a :class:`FakeQueue`."""
+
+    detachable = True
+    queue: FakeQueue = FakeQueue()
+
+    def detach(self, packs: Sequence[Pack], settings: PackSettings) -> dict[str, str]:
+        submitted = {p.pack_id: self.queue.submit(self.run, p.pack_id, settings) for p in packs}
+        self.remember({p.pack_id: (submitted[p.pack_id], p.partition) for p in packs})
+        return submitted
+
+    def pack_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
+        return {j: "pending" if j in self.queue.waiting else "done" for j in job_ids}
+
+
 def use_fake_submitter(monkeypatch: Any, capacities: Mapping[str, Capacity] | None = None,
-                       config: FakeConfig | None = None) -> list[FakeSubmitter]:
-    """Every flow (run, auto, status) loads a FakeSubmitter instead of cluster.backend's; returns those made."""
+                       config: FakeConfig | None = None, queue: FakeQueue | None = None) -> list[FakeSubmitter]:
+    """Every flow (run, auto, status) loads a FakeSubmitter instead of cluster.backend's (with ``queue``: one whose
+    jobs outlive each call, in that queue); returns those made."""
     import gpupack.flow.auto
     import gpupack.flow.run
     import gpupack.flow.status
 
     made: list[FakeSubmitter] = []
-    load = FakeSubmitter.loader(capacities, config, made)
+    if queue is not None:
+        monkeypatch.setattr(DetachedFakeSubmitter, "queue", queue)
+    load = (FakeSubmitter if queue is None else DetachedFakeSubmitter).loader(capacities, config, made)
     for module in (gpupack.flow.run, gpupack.flow.auto, gpupack.flow.status):
         monkeypatch.setattr(module, "load_submitter", load)
     return made

@@ -59,7 +59,7 @@ CASES = [
     (["packing.factors=abc"], ["packing.factors='abc'", "auto"]),
     (["packing.factors=auto", "packing.modes=[process,fused]"], ["packing.modes=", "one mode"]),
     (["packing.factors=auto", "packing.then=go"], ["packing.then='go'", "run"]),
-    (["packing.factors=auto", "wait=false"], ["wait=False", "waits for them"]),
+    (["packing.factors=auto", "wait=false"], ["wait=False", "runs jobs in this process"]),  # the local backend
     (["packing.factors=auto", "packing.auto.ladder=[3,1]"], ["packing.auto.ladder=[3, 1]", "rising"]),
     (["packing.factors=auto", "packing.auto.min_gain=1.5"], ["packing.auto.min_gain=1.5", "HINT"]),
     (["packing.factors=auto", "packing.auto.repeats=1"], ["packing.auto.repeats=1", "two packs"]),

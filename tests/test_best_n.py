@@ -325,3 +325,29 @@ def test_status_of_an_auto_run_lists_its_probe_and_run_packs(tmp_path):
     # n02 holds N=1 again, measured beside N=2
     assert sorted(p.pack_id for p in st.packs) == sorted(expected) and len(expected) == 2 + (2 + 2) + 1
     assert all(p.state == "done" for p in st.packs)
+
+
+def test_auto_with_wait_false_submits_one_step_a_call_and_the_same_command_goes_on(tmp_path, monkeypatch):
+    """Issue 30, item 5: nothing waits on a login node. Each call submits the next step's jobs and returns; called
+    again while they are queued it submits nothing; once they have ended it decides from their records and submits
+    the next; the last call collects. Every pack runs once."""
+    from tests.fakes import FakeConfig, FakeQueue, use_fake_submitter
+
+    queue = FakeQueue()
+    use_fake_submitter(monkeypatch, config=FakeConfig(default_partitions=["cpu"]), queue=queue)
+    run_dir = tmp_path / "run"
+    command = AUTO + ["sweep.grid.lr=[0.1,0.2,0.3,0.4,0.5]", "packing.auto.ladder=[1,2]", "packing.auto.repeats=2",
+                      "packing.device=cpu", "wait=false", f"run_dir={run_dir}"]
+    waited, ran = [], []
+    for _ in range(6):
+        outcome = sweep.run(sweep.prepare(command), plots=False)
+        if outcome.auto.waiting is None:
+            break
+        waited.append((outcome.auto.waiting.rpartition("/")[2], len(outcome.submitted)))
+        again = sweep.run(sweep.prepare(command), plots=False)  # called again while they are queued
+        assert again.auto.waiting == outcome.auto.waiting and again.submitted == {}
+        ran += queue.drain()
+    assert waited == [("n01", 2), ("n02", 4), ("run", 1)]  # a step a call; N=1 again beside N=2; the point left
+    assert len(ran) == len(set(ran)) == 7 and queue.waiting == {}
+    assert outcome.auto.best == {"cpu": 2} and outcome.auto.run_dir == str(run_dir / "run")
+    assert int(outcome.collected.production["unfinished"].sum()) == 0

@@ -15,6 +15,10 @@ The best N is then the noise-aware choice over every probed N (:mod:`gpupack.ana
 packing.then=run — the grid points the probe did not already complete run at it under RUN_DIR/run/. Every step is an
 ordinary run directory, so re-running the same command resumes the probe where it stopped, and collect reads the
 probe and the run apart (records carry ``phase``). RUN_DIR/auto.json says what was probed and why it stopped.
+
+With ``wait=false`` (a cluster that keeps jobs after gpupack exits) nothing waits on a login node: a call submits the
+next step's jobs and returns; the same command, run again once they have ended, resumes the steps done so far,
+decides the next one from their records and submits it, until the grid has run at the best N.
 """
 from __future__ import annotations
 
@@ -122,6 +126,8 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
             outcome = run_plain(sub_prepared(prepared, plan, step_run, factors=sorted({p.factor for p in plan.packs})),
                                 progress=progress, collect_outputs=False)
             results += outcome.results
+            if not ended(outcome):  # wait=false: its jobs were submitted or still run; a later call decides
+                return waiting(prepared, report, f"the probe at N={n} in {step_run.root}", outcome)
             # The verdict weighs this step alone: the new N against the best so far, measured again beside it, so
             # drift between steps (a neighbour's job, a warm cache) cannot decide the climb.
             records = load_records([step_run.root])
@@ -162,6 +168,8 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                                                  factors=sorted({p.factor for p in production.packs})),
                                     progress=progress, collect_outputs=False)
                 results += outcome.results
+                if not ended(outcome):
+                    return waiting(prepared, report, f"the grid at the best N in {run_dir.root}", outcome)
                 report.run_dir = str(run_dir.root)
         write_json_atomic(root.auto_record, {
             "schema": 1, "written_at": time.time(), "ladder": list(auto.ladder), "cut": auto.cut,
@@ -171,6 +179,18 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
     collected, written = collect([root.root], plots=plots)
     return Outcome(prepared, Opened(resumed=False, todo=[], complete=0, queued={}), results=results,
                          collected=collected, written=written, auto=report)
+
+
+def ended(outcome: Outcome) -> bool:
+    """A step's run has nothing left to run or queued: every pack has its records (wait=true always ends so)."""
+    return not outcome.submitted and not outcome.opened.queued and (outcome.prepared.wait or not outcome.opened.todo)
+
+
+def waiting(prepared: Prepared, report: AutoReport, what: str, step: Outcome) -> Outcome:
+    """wait=false: the probe stops at a step whose jobs were just submitted (``step.submitted``) or still run; the
+    same command, run again once they have ended, resumes every step done so far and decides from their records."""
+    report.waiting = what
+    return Outcome(prepared, step.opened, submitted=dict(step.submitted), auto=report)
 
 
 def auto_parts(prepared: Prepared) -> tuple[SweepSpec, AutoSpec, DictConfig]:

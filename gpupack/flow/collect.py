@@ -38,8 +38,13 @@ class AutoReport:
     then: str = RUN
     run_dir: str | None = None  # RUN_DIR/run, where the grid ran at the best N (then=run)
     left: int | None = None  # grid points the probe had not completed (then=run)
+    # wait=false: the step whose jobs are queued or running now (its run directory), decided on a later call
+    waiting: str | None = None
 
     def lines(self) -> list[str]:
+        if self.waiting:
+            return [f"Waiting for {self.waiting}: run the same command again once its jobs have ended (python -m "
+                    f"gpupack watch {self.waiting.rpartition(' ')[2]}); it decides from their records and goes on."]
         out = []
         for partition, why in self.stopped.items():
             best = self.best.get(partition)

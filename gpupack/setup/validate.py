@@ -240,13 +240,6 @@ def _check_auto_options(packing: DictConfig) -> tuple[int, ...]:
 def _check_auto(cfg: DictConfig) -> None:
     """packing.factors=auto with the rest of the sweep: what a probe needs."""
     packing = cfg.packing
-    if not cfg.wait:
-        raise ConfigError("wait", False, "packing.factors=auto decides each probe step from the last one's records, "
-                          "so it waits for them",
-                          "leave wait=true (on a cluster, in a tmux or screen session on the login node: some "
-                          "sites, Trillium among them, let no job submit), or measure explicit "
-                          "packing.factors=[1,2,4,8] with wait=false, follow it with `python -m gpupack watch RUN_DIR` "
-                          "and let collect name the best N")
     if len(packing.modes) != 1:
         raise ConfigError("packing.modes", list(packing.modes), "packing.factors=auto probes one mode",
                           "choose one, e.g. packing.modes=[process]; compare modes with explicit factors")
