@@ -351,3 +351,17 @@ def test_auto_with_wait_false_submits_one_step_a_call_and_the_same_command_goes_
     assert len(ran) == len(set(ran)) == 7 and queue.waiting == {}
     assert outcome.auto.best == {"cpu": 2} and outcome.auto.run_dir == str(run_dir / "run")
     assert int(outcome.collected.production["unfinished"].sum()) == 0
+
+
+def test_the_cli_says_what_an_auto_call_with_wait_false_submitted_and_what_to_do_next(tmp_path, monkeypatch, capsys):
+    from gpupack.cli import main
+    from tests.fakes import FakeConfig, FakeQueue, use_fake_submitter
+
+    use_fake_submitter(monkeypatch, config=FakeConfig(default_partitions=["cpu"]), queue=FakeQueue())
+    run_dir = tmp_path / "run"
+    assert main(AUTO + ["sweep.grid.lr=[0.1,0.2,0.3]", "packing.auto.ladder=[1,2]", "packing.auto.repeats=2",
+                        "packing.device=cpu", "wait=false", f"run_dir={run_dir}"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Submitted 2 pack job(s): queued-1, queued-2" in out, out
+    assert (f"Waiting for the probe at N=1 in {run_dir}/probe/n01: run the same command again once its jobs have "
+            f"ended (python -m gpupack watch {run_dir}/probe/n01)") in out, out
