@@ -171,7 +171,7 @@ def test_the_docs_commands_are_all_found():
     assert any(c.where.startswith("--help") for c in ALL) and any(c.where.startswith("examples/") for c in ALL)
     # the fork fast start (a fenced block inside a list item), a continued line, an inline collect
     assert ("python -m gpupack +sweep=command 'sweep.fixed.argv=[{python},examples/train.py,--lr,{lr}]' "
-            "sweep.grid.lr=[0.1,0.03] sweep.fixed.start=fork sweep.fixed.preload=[torch]") in texts
+            "sweep.grid.lr=[0.1,0.03] sweep.fixed.start=fork") in texts
     assert any(t.startswith("python examples/hydra_app.py -m hydra/launcher=gpupack_slurm hydra.launcher.pack=2 "
                             "hydra.launcher.partition=v100") for t in texts)
     assert "python -m gpupack collect RUN_DIR --metric loss --goal min --pattern 'Average loss: ([0-9.]+)'" in texts
