@@ -33,7 +33,9 @@ each round (--rounds K alternates them K times), each from the repository root:
     packs (8 CPUs, 12 GB) fit the node at once and the node's 2 GPUs bound how many run together, as they bound the
     2 submitit jobs. gpupack's defaults (1 CPU, 2 GB per training) would ask 8 CPUs and 16 GB for one pack of 8:
     more memory than the node's 16000 MB (refused), and even at 1.9 GB one pack would take all 8 CPUs.
-(iii) launcher pack=4 fork and launcher pack=4 fresh: gpupack's Hydra launcher with the same app, the same shares
+(iii) launcher pack=4 defaults: gpupack's Hydra launcher with the same app and shares, nothing else said (its server
+    preloads what the app's files import and learns what its jobs import); launcher pack=4 fork and launcher pack=4
+    fresh: the same launcher, the same shares
     per job, its jobs forked from one server per pack that preloaded the app and torch (start=fork; the app imports
     torch inside its task function, so hydra.launcher.preload names it), or each a fresh interpreter (start=fresh):
       python examples/hydra_app.py -m hydra/launcher=gpupack_slurm hydra.launcher.pack=4 hydra.launcher.start=fork
@@ -93,9 +95,11 @@ from _bench import (  # noqa: E402
     write_json,
 )
 
-TOOLS = ("submitit", "gpupack N=4", "gpupack N=8", "launcher pack=4 fork", "launcher pack=4 fresh")
+TOOLS = ("submitit", "gpupack N=4", "gpupack N=8", "launcher pack=4 defaults", "launcher pack=4 fork",
+         "launcher pack=4 fresh")
 SLUG = {"submitit": "submitit", "gpupack N=4": "gpupack_n4", "gpupack N=8": "gpupack_n8",
-        "launcher pack=4 fork": "launcher_p4_fork", "launcher pack=4 fresh": "launcher_p4_fresh"}
+        "launcher pack=4 defaults": "launcher_p4_defaults", "launcher pack=4 fork": "launcher_p4_fork",
+        "launcher pack=4 fresh": "launcher_p4_fresh"}
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
           "SUSPENDED", "RESIZING", "STAGE_OUT", "SIGNALING"}
 CPUS_PER_TRAINING = 0.5
@@ -117,7 +121,7 @@ def command(tool: str, folder: Path, n_trainings: int, train_samples: int, parti
                       ] + app_args
     if tool.startswith("launcher pack=4"):
         return app + ["hydra/launcher=gpupack_slurm", "hydra.launcher.pack=4", f"hydra.launcher.partition={partition}",
-                      f"hydra.launcher.start={tool.split()[-1]}",
+                      *([] if tool.endswith("defaults") else [f"hydra.launcher.start={tool.split()[-1]}"]),
                       *(["hydra.launcher.preload=[torch]"] if tool.endswith("fork") else []),
                       f"hydra.launcher.gres=gpu:{partition}:1", "hydra.launcher.poll_s=0.5",
                       f"hydra.launcher.cpus_per_task={CPUS_PER_TRAINING}",
@@ -224,7 +228,7 @@ def run(out: Path, args: argparse.Namespace, n_trainings: int, train_samples: in
     results: dict[str, Any] = {"quick": args.quick, "trainings": n_trainings, "train_samples": train_samples,
                                "partition": args.partition, "rounds": args.rounds, "runs": []}
     for r in range(1, args.rounds + 1):
-        for tool in TOOLS:
+        for tool in [t for t in TOOLS if not args.tools or SLUG[t] in args.tools]:
             folder = out / f"round{r}" / SLUG[tool]
             argv = command(tool, folder, n_trainings, train_samples, args.partition)
             busy = wait_idle(args.partition, args.idle_wait)
@@ -294,7 +298,8 @@ def report(out: Path) -> None:
 
 def main() -> None:
     ap = parser("vs_submitit", __doc__, "8 trainings of 2000 samples, to check the script works")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds of the 5 tools, alternated (default 1)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the tools, alternated (default 1)")
+    ap.add_argument("--tools", nargs="+", choices=list(SLUG.values()), help="run only these (default: all)")
     ap.add_argument("--trainings", type=int, help="trainings per tool (default 32; --quick: 8)")
     ap.add_argument("--partition", default="p100", help="SLURM partition with typed GPUs (default p100)")
     ap.add_argument("--idle-wait", type=float, default=300, help="seconds to wait for an idle partition")
