@@ -365,3 +365,22 @@ def test_the_cli_says_what_an_auto_call_with_wait_false_submitted_and_what_to_do
     assert "Submitted 2 pack job(s): queued-1, queued-2" in out, out
     assert (f"Waiting for the probe at N=1 in {run_dir}/probe/n01: run the same command again once its jobs have "
             f"ended (python -m gpupack watch {run_dir}/probe/n01)") in out, out
+
+
+def test_auto_with_wait_false_decides_a_step_whose_trainings_failed_and_never_submits_it_again(tmp_path, monkeypatch):
+    """A failure or an OOM at a rung is how a climb often stops: the step is decided from its records, not run again
+    on every call (it would wait for itself forever)."""
+    from tests.fakes import FakeConfig, FakeQueue, use_fake_submitter
+
+    queue = FakeQueue()
+    use_fake_submitter(monkeypatch, config=FakeConfig(default_partitions=["cpu"]), queue=queue)
+    command = AUTO + ["sweep.grid.lr=[0.1,0.2,0.3]", "packing.auto.ladder=[1,2]", "packing.auto.repeats=2",
+                      "+sweep.fixed.fail=true", "packing.device=cpu", "wait=false", f"run_dir={tmp_path / 'run'}"]
+    first = sweep.run(sweep.prepare(command), plots=False)
+    assert first.auto.waiting and len(first.submitted) == 2
+    assert len(queue.drain()) == 2
+    for _ in range(2):  # decided, and the same answer on any later call
+        outcome = sweep.run(sweep.prepare(command), plots=False)
+        assert outcome.auto.waiting is None and outcome.submitted == {}
+        assert outcome.auto.best == {"cpu": None} and "did not complete" in outcome.auto.stopped["cpu"]
+    assert queue.submitted == 2 and queue.waiting == {}

@@ -155,3 +155,17 @@ def test_the_libraries_a_programs_files_import_anywhere(tmp_path):
     assert static_imports([tmp_path / "main.py", tmp_path / "broken.py"], {}) == ["colorsys", "numpy", "torch",
                                                                                  "wave"]
     assert static_imports([tmp_path / "main.py"], {"numpy": object()}) == ["colorsys", "torch", "wave"]
+
+
+def test_a_m_modules_file_is_found_without_importing_its_packages(tmp_path):
+    """`-m pkg.train`: the server reads the module's imports; finding its file imports nothing (a package's
+    __init__ may do anything), from the working folder first; none where there is none."""
+    from gpupack.workloads.command import module_file
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("raise RuntimeError('imported!')\n")
+    (tmp_path / "pkg" / "train.py").write_text("import colorsys\n")
+    assert module_file("pkg.train", [str(tmp_path)]) == tmp_path / "pkg" / "train.py"
+    assert module_file("pkg", [str(tmp_path)]) == tmp_path / "pkg" / "__init__.py"
+    assert module_file("pkg.missing", [str(tmp_path)]) is None and module_file("nope", [str(tmp_path)]) is None
+    assert "pkg" not in sys.modules

@@ -194,3 +194,35 @@ def test_one_opener_of_a_run_directory_plain_or_auto(tmp_path, holds, plan, expe
             open_run_dir(run, plan)
     else:
         assert open_run_dir(run, plan) is expected and run.root.is_dir()
+
+
+def test_a_local_lane_keeps_each_packs_time_limit_and_ignores_an_earlier_runs_pack_record(tmp_path):
+    """A lane of k packs: each pack keeps cluster.timeout_min (its trainings are stopped past it where
+    packing.training_timeout_s is unset; a user's own limit stands), so a hung pack ends alone; and a pack record
+    left by an earlier run, even one naming the same job id (pids repeat), is not taken for this run's."""
+    import time as clock
+    from types import SimpleNamespace
+
+    from gpupack.core.records import write_json_atomic
+    from gpupack.core.types import PackSettings
+    from gpupack.submit.local import LaneJob, LocalConfig, LocalSubmitter
+
+    submitted: list[tuple] = []
+    executor = SimpleNamespace(update_parameters=lambda **kw: submitted.append(("params", kw)),
+                               submit=lambda *args: submitted.append(("submit", args)) or SimpleNamespace(job_id="77"))
+    backend = LocalSubmitter(LocalConfig(timeout_min=5), RunDir(tmp_path / "run"))
+    packs = [SimpleNamespace(pack_id=f"p{i}", devices=1, partition="local") for i in range(3)]
+    for given, expected in ((None, 300.0), (42.0, 42.0)):
+        submitted.clear()
+        lane = backend._submit(executor, packs, [[]], PackSettings(device="cpu", training_timeout_s=given))
+        settings = submitted[1][1][-1]
+        assert settings.training_timeout_s == expected and settings.claim_until_s is None
+        assert submitted[0][1]["timeout_min"] == 5 * 4 and lane.packs == packs
+    run = RunDir(tmp_path / "run")
+    write_json_atomic(run.pack_record("p0"), {"job_id": "77", "started_at": clock.time() - 3600})  # an earlier run's
+    seen: list[tuple[str, str]] = []
+    lane = LaneJob(list(packs), [[]], SimpleNamespace(job_id="77"), submitted_at=clock.time())
+    assert lane.look(run, lambda p, s: seen.append((p.pack_id, s))) == [] and seen == []
+    write_json_atomic(run.pack_record("p0"), {"job_id": "77", "started_at": clock.time() + 1, "n_failed": 0})
+    assert [r.pack_id for r in lane.look(run, lambda p, s: seen.append((p.pack_id, s)))] == ["p0"]
+    assert seen == [("p0", DONE), ("p1", RUNNING)]

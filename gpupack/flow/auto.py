@@ -37,9 +37,10 @@ from gpupack.analysis.choose import choose, keeps_improving
 from gpupack.analysis.load import Records, load_records
 from gpupack.analysis.summary import pack_times, summarize
 from gpupack.core.billing import Bundle, bill
+from gpupack.core.journal import RunRecords
 from gpupack.core.memory import candidate_runs, check_memory, estimate, find_measured, setting_key
 from gpupack.core.plan import Pack, Plan, expand_grid, make_plan, run_order, training_id
-from gpupack.core.records import COMPLETED, OOM, write_json_atomic, write_text_atomic
+from gpupack.core.records import COMPLETED, OOM, read_json, write_json_atomic, write_text_atomic
 from gpupack.core.rundir import RunDir, RunLock
 from gpupack.core.types import PackResult
 from gpupack.errors import ConfigError
@@ -123,11 +124,13 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                 break
             step_run = root.probe_step(n)
             plan = step_plan(spec, climbing, n, best_so_far, auto.repeats)
-            outcome = run_plain(sub_prepared(prepared, plan, step_run, factors=sorted({p.factor for p in plan.packs})),
-                                progress=progress, collect_outputs=False)
-            results += outcome.results
-            if not ended(outcome):  # wait=false: its jobs were submitted or still run; a later call decides
-                return waiting(prepared, report, f"the probe at N={n} in {step_run.root}", outcome)
+            if not settled(prepared, step_run):  # wait=false: a step every pack of which ran is decided as it ran
+                outcome = run_plain(sub_prepared(prepared, plan, step_run,
+                                                 factors=sorted({p.factor for p in plan.packs})),
+                                    progress=progress, collect_outputs=False)
+                results += outcome.results
+                if not ended(outcome):  # wait=false: its jobs were submitted or still run; a later call decides
+                    return waiting(prepared, report, f"the probe at N={n} in {step_run.root}", outcome)
             # The verdict weighs this step alone: the new N against the best so far, measured again beside it, so
             # drift between steps (a neighbour's job, a warm cache) cannot decide the climb.
             records = load_records([step_run.root])
@@ -164,12 +167,13 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
             production = production_plan(spec, report.best, completed)
             if production is not None:
                 run_dir = root.auto_run
-                outcome = run_plain(sub_prepared(prepared, production, run_dir,
-                                                 factors=sorted({p.factor for p in production.packs})),
-                                    progress=progress, collect_outputs=False)
-                results += outcome.results
-                if not ended(outcome):
-                    return waiting(prepared, report, f"the grid at the best N in {run_dir.root}", outcome)
+                if not settled(prepared, run_dir):
+                    outcome = run_plain(sub_prepared(prepared, production, run_dir,
+                                                     factors=sorted({p.factor for p in production.packs})),
+                                        progress=progress, collect_outputs=False)
+                    results += outcome.results
+                    if not ended(outcome):
+                        return waiting(prepared, report, f"the grid at the best N in {run_dir.root}", outcome)
                 report.run_dir = str(run_dir.root)
         write_json_atomic(root.auto_record, {
             "schema": 1, "written_at": time.time(), "ladder": list(auto.ladder), "cut": auto.cut,
@@ -179,6 +183,16 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
     collected, written = collect([root.root], plots=plots)
     return Outcome(prepared, Opened(resumed=False, todo=[], complete=0, queued={}), results=results,
                          collected=collected, written=written, auto=report)
+
+
+def settled(prepared: Prepared, step: RunDir) -> bool:
+    """wait=false: every pack of a step that ran has its pack record (its trainings completed or not: a failure or
+    an OOM is what the verdict weighs), so a later call decides from it and never submits it again. wait=true runs
+    a step to its end in one call, and a resume runs its failed trainings again, as any run's does."""
+    if prepared.wait or not step.plan.exists():
+        return False
+    records = RunRecords(step)
+    return all(records.pack(p["pack_id"]) is not None for p in read_json(step.plan)["packs"])
 
 
 def ended(outcome: Outcome) -> bool:

@@ -48,7 +48,7 @@ from gpupack.core.preload import import_libraries, learnable, library_roots  # n
 from gpupack.core.records import open_log  # noqa: E402
 
 READY_TIMEOUT_S = 600.0  # a framework import on a busy node can be slow; past this the pack fails loudly
-LEARN_LIMIT_BYTES = 60_000  # what a child reports fits a pipe's buffer: its write never blocks its exit
+LEARN_LIMIT_BYTES = 60_000  # what a child reports fits a usual pipe's buffer (64 KiB)
 
 
 # ---------------- the server (its own process) ----------------
@@ -80,8 +80,9 @@ def _report_imports(fd: int, known: set[str]) -> None:
     """In the child, as it ends: the libraries it imported that the server had not, to the server's pipe."""
     try:
         learned, _ = learnable([m for m in list(sys.modules) if m not in known], sys.modules, library_roots())
+        os.set_blocking(fd, False)  # a pipe smaller than the report (a user past pipe-user-pages-soft): cut, not hung
         os.write(fd, json.dumps(learned).encode()[:LEARN_LIMIT_BYTES])
-    except BaseException:  # nothing learned: the training's own outcome is what counts
+    except BaseException:  # nothing learned (a cut report is no JSON): the training's own outcome is what counts
         pass
     finally:
         os.close(fd)

@@ -121,6 +121,16 @@ def payload(params: HydraJobParams) -> tuple[Any, Any]:
     return _PAYLOADS[params.launch_dir]
 
 
+def source_files(task_function: Any) -> list[Path]:
+    """The file that defines the task function (none for one that has no file of its own: a partial, a callable
+    object, a builtin): the preload reads its imports, it never fails on them."""
+    try:
+        source = inspect.getsourcefile(task_function)
+    except TypeError:
+        return []
+    return [Path(source)] if source else []
+
+
 class HydraJob(Workload):
     name = "hydra_job"
     framework = "hydra"  # a whole Python program of its own: only process mode hosts it
@@ -136,8 +146,7 @@ class HydraJob(Workload):
             for module in launcher.params.get("preload") or ():  # hydra.launcher.preload: what the app imports late
                 importlib.import_module(str(module))
             # what the app's own files import anywhere (inside its task function too): each job would import it
-            source = inspect.getsourcefile(launcher.task_function)
-            import_libraries(static_imports([Path(source)] if source else [], sys.modules),
+            import_libraries(static_imports(source_files(launcher.task_function), sys.modules),
                              "imported by the app's files")
             # One job's config composed here warms what each job's composition would build cold in its child: the
             # override and interpolation grammars' lexer caches (ANTLR's DFA, filled as input is seen) and the

@@ -255,7 +255,11 @@ class Supervisor:
         (forkserver.Learner), for children started after others ended."""
 
         def start(argv: Sequence[str], err: IO[bytes]) -> subprocess.Popen[bytes]:
-            return spawn(argv, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+            # A library the server imports may ask torch.cuda.is_available() at import: through NVML that leaves the
+            # CUDA driver uninitialised, so the children it forks can still use CUDA (PyTorch's fork-poisoning
+            # guard); the children get their own environment from each request
+            return spawn(argv, {**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=err)
 
         try:
             self.server = ForkServer(workload, params, log, start, learn)

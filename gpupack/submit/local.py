@@ -237,14 +237,19 @@ class LocalSubmitter(Submitter[LocalConfig]):
 
     def _submit(self, executor: submitit.LocalExecutor, packs: list[Pack], taken: list[list[int]],
                 settings: PackSettings) -> LaneJob:
-        """One job for a lane's packs on the slots ``taken``: timeout_min a pack (each pack's share of the job)."""
+        """One job for a lane's packs on the slots ``taken``. Each pack keeps its own limit, timeout_min: each of its
+        trainings is stopped past it (packing.training_timeout_s, where the user set none), so a pack that hangs
+        ends alone and the lane goes on; the job's own limit is a pack's more than its packs' (their preloads)."""
         gpus = spread_gpus(packs[0], taken)
-        executor.update_parameters(timeout_min=self.cluster.timeout_min * len(packs), gpus_per_node=len(gpus),
+        submitted_at = time.time()
+        executor.update_parameters(timeout_min=self.cluster.timeout_min * (len(packs) + 1), gpus_per_node=len(gpus),
                                    visible_gpus=gpus, name=packs[0].pack_id)
-        lane_settings = dataclasses.replace(settings, claim_until_s=(self.claim_until_s() or 0) * len(packs))
+        lane_settings = dataclasses.replace(  # no claim limit: nothing here requeues a lane that stopped claiming
+            settings, claim_until_s=None,
+            training_timeout_s=settings.training_timeout_s or self.cluster.timeout_min * 60.0)
         job = executor.submit(PackJob(type(self)), str(self.run.root),
                               packs[0].pack_id if len(packs) == 1 else [p.pack_id for p in packs], lane_settings)
-        return LaneJob(packs, taken, job)
+        return LaneJob(packs, taken, job, submitted_at)
 
 
 def local_lanes(packs: Sequence[Pack], slots: int) -> list[list[Pack]]:
@@ -261,6 +266,7 @@ class LaneJob:
     packs: list[Pack]
     slots: list[list[int]]
     job: PackJobHandle
+    submitted_at: float  # a pack record from before (an earlier run's, a reused pid's job id) is not this job's
     ended: list[str] = field(default_factory=list)  # the lane's packs that ended while it goes on, in turn
 
     def look(self, run: RunDir, progress: ProgressFn) -> list[PackResult]:
@@ -270,7 +276,8 @@ class LaneJob:
         while 1 < len(self.packs) > len(self.ended):
             pack = self.packs[len(self.ended)]
             record = read_json_or_none(run.pack_record(pack.pack_id))
-            if record is None or str(record.get("job_id")) != str(self.job.job_id):  # not yet, or an earlier run's
+            if record is None or str(record.get("job_id")) != str(self.job.job_id) \
+                    or float(record.get("started_at") or 0) < self.submitted_at:  # not yet, or an earlier run's
                 break
             self.ended.append(pack.pack_id)
             out.append(PackResult(pack.pack_id, pack.partition, str(self.job.job_id), ok=True, record=record))

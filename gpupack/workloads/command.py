@@ -15,6 +15,7 @@ reports metrics and samples, and — when it marks its first step — start-up a
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import shutil
@@ -196,11 +197,8 @@ class Command(Workload):
             return []
         if "script" in main:
             return [cwd / str(main["script"])]
-        try:
-            spec = importlib.util.find_spec(str(main["module"]))
-        except (ImportError, ValueError):
-            return []
-        return [Path(spec.origin)] if spec is not None and spec.origin and spec.has_location else []
+        found = module_file(str(main["module"]), [str(cwd), *sys.path])
+        return [found] if found is not None else []
 
     def failure_hint(self, params: Mapping[str, Any], error: str) -> str | None:
         """A program that could not import a module may have run under another interpreter than gpupack's: say
@@ -227,6 +225,24 @@ class Command(Workload):
         """Never called: a program is its own process (``launch``), started and followed by the one supervisor, and
         no mode or strategy hosts a ``command`` training in-process (its framework is none of theirs)."""
         raise NotImplementedError("a command training runs as its own process (process mode), never in-process")
+
+
+def module_file(name: str, path: Sequence[str]) -> Path | None:
+    """The file of module ``name`` (dotted) as ``python -m`` would find it from ``path`` (the working folder first),
+    found without importing anything: its packages' ``__init__`` may do anything at import."""
+    locations: Sequence[str] | None = list(path)
+    spec = None
+    for part in name.split("."):
+        if locations is None:
+            return None
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(part, list(locations))
+        except (ImportError, ValueError, OSError):
+            return None
+        if spec is None:
+            return None
+        locations = spec.submodule_search_locations
+    return Path(spec.origin) if spec is not None and spec.origin and spec.has_location else None
 
 
 def python_main(argv: Sequence[str], env: Mapping[str, str]) -> dict[str, Any] | None:
