@@ -15,6 +15,7 @@ the server, never the program's own modules (they may do anything at import) nor
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
 import os
@@ -28,6 +29,7 @@ NEVER_LEARNED = ("tensorflow", "tf_keras", "keras", "jax", "jaxlib", "pycuda")
 SCAN_FILES = 50  # the program's own files read at most (a large package is not walked whole)
 
 
+@functools.cache  # the same for the process's life: asked per ended child and per name read from source
 def library_roots() -> tuple[str, ...]:
     """Where libraries live: the standard library and the installed packages (and gpupack itself)."""
     paths = sysconfig.get_paths()

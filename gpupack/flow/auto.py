@@ -40,7 +40,7 @@ from gpupack.core.billing import Bundle, bill
 from gpupack.core.journal import RunRecords
 from gpupack.core.memory import candidate_runs, check_memory, estimate, find_measured, setting_key
 from gpupack.core.plan import Pack, Plan, expand_grid, make_plan, run_order, training_id
-from gpupack.core.records import COMPLETED, OOM, read_json, write_json_atomic, write_text_atomic
+from gpupack.core.records import COMPLETED, OOM, write_json_atomic, write_text_atomic
 from gpupack.core.rundir import RunDir, RunLock
 from gpupack.core.types import PackResult
 from gpupack.errors import ConfigError
@@ -124,7 +124,7 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                 break
             step_run = root.probe_step(n)
             plan = step_plan(spec, climbing, n, best_so_far, auto.repeats)
-            if not settled(prepared, step_run):  # wait=false: a step every pack of which ran is decided as it ran
+            if not settled(prepared, step_run, plan):  # wait=false: a step every pack of which ran is decided as it ran
                 outcome = run_plain(sub_prepared(prepared, plan, step_run,
                                                  factors=sorted({p.factor for p in plan.packs})),
                                     progress=progress, collect_outputs=False)
@@ -167,7 +167,7 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
             production = production_plan(spec, report.best, completed)
             if production is not None:
                 run_dir = root.auto_run
-                if not settled(prepared, run_dir):
+                if not settled(prepared, run_dir, production):
                     outcome = run_plain(sub_prepared(prepared, production, run_dir,
                                                      factors=sorted({p.factor for p in production.packs})),
                                         progress=progress, collect_outputs=False)
@@ -185,19 +185,20 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                          collected=collected, written=written, auto=report)
 
 
-def settled(prepared: Prepared, step: RunDir) -> bool:
+def settled(prepared: Prepared, step: RunDir, plan: Plan) -> bool:
     """wait=false: every pack of a step that ran has its pack record (its trainings completed or not: a failure or
     an OOM is what the verdict weighs), so a later call decides from it and never submits it again. wait=true runs
     a step to its end in one call, and a resume runs its failed trainings again, as any run's does."""
     if prepared.wait or not step.plan.exists():
         return False
     records = RunRecords(step)
-    return all(records.pack(p["pack_id"]) is not None for p in read_json(step.plan)["packs"])
+    return all(records.pack(p.pack_id) is not None for p in plan.packs)
 
 
 def ended(outcome: Outcome) -> bool:
-    """A step's run has nothing left to run or queued: every pack has its records (wait=true always ends so)."""
-    return not outcome.submitted and not outcome.opened.queued and (outcome.prepared.wait or not outcome.opened.todo)
+    """A step's run submitted nothing now (wait=false submits every pack left) and finds none still queued: every
+    pack has its records (wait=true always ends so)."""
+    return not outcome.submitted and not outcome.opened.queued
 
 
 def waiting(prepared: Prepared, report: AutoReport, what: str, step: Outcome) -> Outcome:

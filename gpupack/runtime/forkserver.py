@@ -14,7 +14,7 @@ Protocol (JSON lines; packer → server on stdin, server → packer on stdout):
     → {"start": ID, "spec": P, "out": P, "err": P, "env": {...}, "cwd": P|null, "rlimit_as": N|null, "cpus": [...]|null}
     ← {"started": ID, "pid": PID}        ← {"ended": ID, "returncode": RC}   (RC < 0: killed by signal -RC)
 
-    ← {"learned": [MODULE...], "from": ID, "refused": {MODULE: WHY}}    ← {"refused": ID, "why": TEXT}
+    ← {"refused": ID, "why": TEXT}      (what the server learned made forking unsafe: start ID fresh)
 
 **Learned preload** (a stream's server: its freed slots' trainings are forked after others ended). A program that
 imports its framework inside its task function (most Hydra apps and scripts: torch, lightning) would pay that
@@ -252,10 +252,8 @@ class Learner:
         if self.unsafe or not names:
             return
         self.tried.update(names)
-        learned, refused = import_libraries(names, f"learned from {training_id}")
+        import_libraries(names, f"learned from {training_id}")  # said in the server's log
         self.unsafe = fork_unsafe(sys.modules)
-        if learned or refused:
-            _write({"learned": learned, "from": training_id, "refused": refused})
         if self.unsafe:
             print(f"gpupack fork server: it forks no more ({self.unsafe}): each later training starts fresh",
                   file=sys.stderr, flush=True)
@@ -364,8 +362,6 @@ class ForkServer:
         self._lines = Lines(self.proc.stdout.fileno())
         self._processes: dict[str, ForkedProcess] = {}
         self._pending: dict[str, int] = {}  # ended before the packer asked (returncode by training id)
-        self.learned: list[str] = []  # what the server imported from its children's reports, in order
-        self.refused: dict[str, str] = {}  # what it would not or could not import, and why
         self._send({"preload": {"workload": workload, "params": [dict(p) for p in params], "learn": learn}})
         reply = self._read(READY_TIMEOUT_S)
         if reply is None or "ready" not in reply:
@@ -383,10 +379,7 @@ class ForkServer:
         return self._lines.read(timeout)
 
     def _handle(self, msg: Mapping[str, Any]) -> None:
-        if "learned" in msg:
-            self.learned += [str(m) for m in msg["learned"]]
-            self.refused.update({str(k): str(v) for k, v in msg.get("refused", {}).items()})
-        elif "ended" in msg:
+        if "ended" in msg:
             proc = self._processes.get(msg["ended"])
             if proc is not None:
                 proc.returncode = int(msg["returncode"])
