@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from gpupack.analysis.load import load_records
 from gpupack.core.claims import Holder, claim, claims, release_stale
+from gpupack.core.journal import RunRecords, read_folded
 from gpupack.core.plan import Plan, make_plan, plan_in_order, stream_lanes, trainings_for
-from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.records import SCHEMA_VERSION, read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
@@ -41,7 +43,18 @@ def _plan(tmp_path, n_trainings=8, factor=2, jobs=2, **fixed):
 
 
 def _records(run: RunDir) -> dict[str, dict]:
-    return {p.stem: read_json(p) for p in run.packs.glob("*/trainings/*.json")}
+    """Each training's current record, in a lane's folder or folded into a lane's journal."""
+    records = RunRecords(run)
+    plan = Plan.from_json(read_json(run.plan))
+    return {t.training_id: rec for p in plan.packs for t in p.trainings
+            if (rec := records.training(p.pack_id, t.training_id)) is not None}
+
+
+def _ran_twice(run: RunDir) -> list[str]:
+    """Trainings with more than one record: an earlier attempt's in a folder, or two in the journals."""
+    folded = read_folded(run)
+    return sorted({p.stem for p in run.packs.glob("*/attempts/*/*.json") if p.name != "pack.json"}
+                  | {tid for (_, tid), history in folded.trainings.items() if len(history) > 1})
 
 
 # ---------------- the plan ----------------
@@ -152,26 +165,84 @@ def test_only_a_later_run_of_the_same_lane_releases_its_claims(tmp_path):
 
 # ---------------- lanes ----------------
 
-def _lane_cmd(run: RunDir, pack_id: str) -> list[str]:
+def _lane_cmd(run: RunDir, pack_id: str, fold: bool = False) -> list[str]:
     return [sys.executable, "-c", "import sys; from gpupack.job.stream import run_lane; from gpupack.core.types "
-            "import PackSettings; run_lane(sys.argv[1], sys.argv[2], PackSettings(device='cpu'))",
-            str(run.root), pack_id]
+            "import PackSettings; run_lane(sys.argv[1], sys.argv[2], PackSettings(device='cpu', fold=sys.argv[3] "
+            "== 'fold'))", str(run.root), pack_id, "fold" if fold else "keep"]
 
 
-def test_two_lanes_racing_for_the_last_claims_never_run_a_training_twice(tmp_path, subprocess_env):
+@pytest.mark.parametrize("fold", [False, True])
+def test_two_lanes_racing_for_the_last_claims_never_run_a_training_twice(tmp_path, subprocess_env, fold):
     run, plan = _plan(tmp_path, n_trainings=40, factor=2, jobs=2)
-    procs = [subprocess.Popen(_lane_cmd(run, p.pack_id), env=subprocess_env, cwd=REPO) for p in plan.packs]
+    procs = [subprocess.Popen(_lane_cmd(run, p.pack_id, fold), env=subprocess_env, cwd=REPO) for p in plan.packs]
     assert [p.wait(timeout=300) for p in procs] == [0, 0]
     recs = _records(run)
     assert len(recs) == 40 and all(r["status"] == "completed" for r in recs.values())
-    ran = [read_json(run.pack_record(p.pack_id))["training_ids"] for p in plan.packs]
+    lanes = RunRecords(run)
+    ran = [(lanes.pack(p.pack_id) or {})["training_ids"] for p in plan.packs]
     assert sorted(ran[0] + ran[1]) == sorted(recs)  # every training ran, and by one lane only
-    assert not list(run.packs.glob("*/attempts"))  # nothing was run a second time
+    assert not _ran_twice(run)  # nothing was run a second time
     assert {r["lane"] for r in recs.values()} <= {0, 1}
     for p in plan.packs:
-        lane = read_json(run.pack_record(p.pack_id))
+        lane = lanes.pack(p.pack_id) or {}
         assert lane["stream"] == p.stream and lane["unclaimed"] == 0 and lane["complete"] is False
         assert 0 < lane["slot_occupancy"] <= 1
+    if fold:  # a few files a lane, none a training: its journal (and log), no claim, record or folder left
+        kept = {f"{p.pack_id}.{x}" for p in plan.packs for x in ("jsonl", "log")}
+        assert {p.name for p in run.lanes.iterdir()} <= kept
+        assert claims(run.claims(plan.packs[0].stream or "")) == {} and list(run.packs.iterdir()) == []
+        assert {r["home"] for r in recs.values()} == {p.pack_id for p in plan.packs}  # keyed by home, as planned
+        loaded = load_records([run.root]).trainings  # collect reads each once, as the current record
+        assert len(loaded) == 40 and set(loaded["attempt"]) == {0} and set(loaded["status"]) == {"completed"}
+    else:
+        assert len(list(run.packs.glob("*/trainings/*.json"))) == 40
+
+
+def test_a_claim_won_of_a_training_another_lane_folded_as_completed_is_let_go(tmp_path):
+    # Lane A runs t0 to its end and folds it: its claim goes. Lane B, which read the journals before that, then wins
+    # the claim of t0 (no file holds it now): it must find t0 in A's journal, let the claim go, and take t1.
+    run, plan = _plan(tmp_path, n_trainings=4, factor=1, jobs=2)
+    a_pack, b_pack = plan.packs
+    settings = PackSettings(device="cpu", fold=True)
+    a = Lane(run, plan, a_pack, Holder.here(a_pack.pack_id, "1_0"), settings)
+    b = Lane(run, plan, b_pack, Holder.here(b_pack.pack_id, "1_1"), settings)
+    assert b.completed() == set()  # B has read the (empty) journals
+    t0 = a.next()
+    assert t0 is not None and t0.training_id in claims(a.folder)
+    write_json_atomic(a.record(t0.training_id), {"kind": "training", "schema": SCHEMA_VERSION,
+                                                 "training_id": t0.training_id,
+                                                 "pack_id": a_pack.pack_id, "home": a.home(t0.training_id),
+                                                 "status": "completed", "started_at": 1.0, "ended_at": 2.0})
+    a.recorded(t0.training_id)
+    assert claims(a.folder) == {} and not a.record(t0.training_id).exists()  # folded: no claim, no record file
+    taken = b.next()
+    assert taken is not None and taken.training_id != t0.training_id  # B let t0 go
+    assert set(claims(b.folder)) == {taken.training_id}
+    assert RunRecords(run).completed(a.home(t0.training_id), t0.training_id)
+    rows = load_records([run.root]).trainings  # while A's folder is there (A runs on): folded is current
+    assert list(rows["training_id"]) == [t0.training_id] and list(rows["attempt"]) == [0]
+
+
+def test_a_folding_lane_folds_what_its_killed_run_left_and_runs_none_of_it_again(tmp_path):
+    # The lane's earlier run recorded t0 (completed) and t1 (failed), then was killed before folding them: its next
+    # run folds both, lets go of t0's claim and releases t1's, runs t1 again and the rest; t0 runs once.
+    run, plan = _plan(tmp_path, n_trainings=4, factor=1, jobs=1)
+    (pack,) = plan.packs
+    queue = [t.training_id for _, t in plan.queue(pack.stream or "")]
+    earlier = Holder.here(pack.pack_id, "1_0")
+    for tid, status in zip(queue, ("completed", "failed")):
+        assert claim(run.claims(pack.stream or ""), tid, earlier)
+        write_json_atomic(run.training_record(pack.pack_id, tid),
+                          {"kind": "training", "training_id": tid, "pack_id": pack.pack_id, "home": pack.pack_id,
+                           "status": status, "started_at": 1.0, "ended_at": 2.0})
+    rec = run_lane(str(run.root), pack.pack_id, PackSettings(device="cpu", fold=True))
+    assert sorted(rec["training_ids"]) == sorted(queue[1:]) and rec["released"] == [queue[1]]
+    history = read_folded(run).trainings
+    assert [r["status"] for r in history[(pack.pack_id, queue[0])]] == ["completed"]  # folded once, never rerun
+    assert [r["status"] for r in history[(pack.pack_id, queue[1])]] == ["failed", "completed"]
+    assert claims(run.claims(pack.stream or "")) == {} and not run.pack_dir(pack.pack_id).exists()
+    assert run_lane(str(run.root), pack.pack_id, PackSettings(device="cpu", fold=True)) == RunRecords(run).pack(
+        pack.pack_id)  # drained: the lane's folded record, nothing run
 
 
 def test_a_sigkilled_lane_s_trainings_run_again_on_resume_and_no_other_does(tmp_path, subprocess_env):
@@ -232,6 +303,28 @@ def test_slurm_out_of_memory_marks_only_what_that_lane_ran(tmp_path):
     recs = _records(run)
     status = {t.training_id: recs.get(t.training_id, {}).get("status") for _, t in queue}
     assert [status[t.training_id] for _, t in queue] == [None, "oom", "killed", "killed", "completed", None]
+
+
+def test_slurm_out_of_memory_amends_a_folded_lane_s_journal(tmp_path):
+    from gpupack.core.journal import fold_trainings
+    from gpupack.job.body import record_job_oom
+
+    run, plan = _plan(tmp_path, n_trainings=4, factor=2, jobs=1)
+    (pack,) = plan.packs
+    queue = [t.training_id for _, t in plan.queue(pack.stream or "")]
+    since = 1000.0
+    for tid, started, status in zip(queue, (since + 1, since - 50, since + 1), ("killed", "killed", "completed")):
+        write_json_atomic(run.training_record(pack.pack_id, tid),
+                          {"kind": "training", "training_id": tid, "pack_id": pack.pack_id, "home": pack.pack_id,
+                           "status": status, "signal": 9 if status == "killed" else None, "started_at": started,
+                           "error": None})
+    fold_trainings(run, pack.pack_id, queue[:3], pack.pack_id)  # the lane folded each as it ended
+    assert record_job_oom(run, pack.pack_id, since, "SLURM: job 5 ran out of memory") == []
+    history = read_folded(run).trainings
+    assert [r["status"] for r in history[(pack.pack_id, queue[0])]] == ["killed", "oom"]  # amended by a later line
+    assert [r["status"] for r in history[(pack.pack_id, queue[1])]] == ["killed"]  # an earlier attempt's: as it was
+    assert [r["status"] for r in history[(pack.pack_id, queue[2])]] == ["completed"]
+    assert RunRecords(run).training(pack.pack_id, queue[0])["oom_killed_by"] == "SLURM: job 5 ran out of memory"
 
 
 class _Clock:
@@ -347,14 +440,18 @@ def test_two_streaming_jobs_drain_32_trainings_on_slurm(tmp_path, slurm_env):
     run = RunDir(run_dir)
     recs = _records(run)
     assert len(recs) == 32 and all(r["status"] == "completed" for r in recs.values())
-    assert not list(run.packs.glob("*/attempts/*/*.json"))  # every training ran exactly once
+    assert not _ran_twice(run)  # every training ran exactly once
     jobs = json.loads(run.jobs.read_text())
     assert len(jobs) == 2
     ids = [j["job_id"] for j in jobs.values()]
     assert wait_for(lambda: len(_sacct_jobs(slurm_env, ids)) == 2, timeout_s=60)
     assert all(state == "COMPLETED" for _, state in _sacct_jobs(slurm_env, ids))
     assert {r["job_id"] for r in recs.values()} == set(ids)  # both lanes ran trainings, in those two jobs
-    assert len(claims(run.claims(next(iter(Plan.from_json(read_json(run.plan)).packs)).stream or ""))) == 32
+    # Folded: the lanes' journals hold every record, no file a training is left (claims, records, logs, folders)
+    assert sorted(p.name for p in run.lanes.glob("*.jsonl")) == sorted(f"{pack_id}.jsonl" for pack_id in jobs)
+    assert claims(run.claims(next(iter(Plan.from_json(read_json(run.plan)).packs)).stream or "")) == {}
+    assert not list(run.packs.iterdir()) if run.packs.is_dir() else True
+    assert all(RunRecords(run).pack(pack_id) is not None for pack_id in jobs)
 
 
 @pytest.mark.slurm
@@ -374,14 +471,13 @@ def test_a_time_limit_reached_mid_queue_requeues_and_finishes_the_rest(tmp_path,
     run = RunDir(run_dir)
     recs = _records(run)
     assert len(recs) == 8 and all(r["status"] == "completed" for r in recs.values())
-    assert {p.name for p in run.packs.glob("*/attempts/*/*.json")} <= {"pack.json"}  # no training ran twice
+    assert not _ran_twice(run)
     (pack_id,) = json.loads(run.jobs.read_text())
-    lane = read_json(run.pack_record(pack_id))
+    *earlier, lane = read_folded(run).packs[pack_id]  # the lane's record of each of its runs, folded as each ended
     assert lane["unclaimed"] == 0 and len(lane["training_ids"]) < 8  # its last run ran what the earlier left
     # Requeued through submitit's checkpoint: by the lane itself when it stopped claiming (an earlier run's record says
     # so), or by SLURM's own signal, which Slurm may send up to a minute early (its event resolution).
-    log = "".join(p.read_text() for p in run.submitit.glob("*/*_log.err"))
-    earlier = [read_json(p) for p in (run.pack_dir(pack_id) / "attempts").glob("*/pack.json")]
+    log = "".join(p.read_text() for p in run.submitit.glob("*/*_log*"))
     assert "caught signal" in log.lower() and "job requeue" in log.lower(), log[-2000:]
     assert all(e["stopped_claiming"] for e in earlier)  # a run that ended on its own ended out of time
 

@@ -148,7 +148,7 @@ def _read_folded(run: RunDir, folders: set[str], trainings: Pieces, packs: list[
     rows: list[dict[str, Any]] = []
     attempts: list[int] = []
     for (pack_id, tid), history in folded.trainings.items():
-        current = pack_id not in folders
+        current = _folded_is_current(run, folders, history[-1])
         for k, rec in enumerate(reversed(history)):
             row = record_row(rec, "training", f"{run.lanes}: {pack_id}/{tid}", warnings)
             if row is not None:
@@ -165,6 +165,13 @@ def _read_folded(run: RunDir, folders: set[str], trainings: Pieces, packs: list[
             if row is not None:
                 packs.append({**row, "run_dir": root, "attempt": k if current else k + 1})
     return recorded
+
+
+def _folded_is_current(run: RunDir, folders: set[str], rec: Mapping[str, Any]) -> bool:
+    """A training's latest folded record is its current one unless a folder holds a later record of it: its pack run
+    again since it was folded (the lane's fold of that one yet to come)."""
+    pack_id = str(rec.get("pack_id"))
+    return pack_id not in folders or not os.path.exists(run.training_record(pack_id, str(rec["training_id"])))
 
 
 def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None:

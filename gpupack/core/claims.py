@@ -10,6 +10,10 @@ appears whole, so a reader never sees it half written.
 A claim is never taken back while its holder may live: only a later run of the lane that made it (its pack lock held,
 so the one before is provably dead: requeued, killed, cancelled, or its node gone) releases it, by renaming it under
 ``claims/<queue>/released/``. A training whose record says completed is never claimed again, released or not.
+
+A lane that folds its records (a cluster's shared filesystem) removes its claim of a training once that training's
+completed record is in its journal (:func:`drop`): a lane that claims it after that finds it completed in the
+journals, and lets its claim go again. A failed training's claim stays, as before, until the lane's next run.
 """
 from __future__ import annotations
 
@@ -96,3 +100,15 @@ def release_stale(folder: Path, holder: Holder, keep: Iterable[str] = ()) -> lis
             continue
         released.append(training_id)
     return released
+
+
+def drop(folder: Path, training_ids: Iterable[str], lane: str) -> list[str]:
+    """Remove the claims ``lane`` (any run of it) holds of ``training_ids``: trainings whose completed record is
+    folded into a journal, where every lane sees it. Returns the training ids whose claim it removed."""
+    held = set(training_ids)
+    dropped = []
+    for training_id, rec in claims(folder).items() if held else ():
+        if training_id in held and rec.get("lane") == lane:
+            claim_path(folder, training_id).unlink(missing_ok=True)
+            dropped.append(training_id)
+    return dropped

@@ -8,6 +8,11 @@ attempts' included, to its lane's journal (``lanes/<lane>.jsonl``, one JSON line
 trainings to the lane's log (``lanes/<lane>.log``, each record saying where its own is), and the whole logs of its
 failed trainings to files of their own (``lanes/<lane>.failed/``); fsynced, then the folder is removed.
 
+A streaming lane that folds (:func:`fold_trainings`) writes its trainings' records and logs in its own folder and
+folds each as it ends, then the lane's own record and folder at its end: its claims of completed trainings go too
+(:mod:`gpupack.core.claims`), so a production run keeps its lanes' journals and logs, not files per training. A
+folded training's record is keyed by its home (the lane the plan dealt it to), as readers ask for it.
+
 Readers see one run (:class:`RunRecords`): a pack's folder where it has one (running, or run again since it was
 folded), else the journal's latest record, earlier ones counting as earlier attempts. A job killed mid-fold leaves
 the folder (its records intact) and perhaps some lines: the next fold appends them again, and a record read twice
@@ -39,9 +44,47 @@ def fold_pack(run: RunDir, pack_id: str, lane: str, clock: Callable[[], float] =
     folder = run.pack_dir(pack_id)
     if not folder.is_dir():
         return 0
+    folded = _fold(run, lane, clock,
+                   lambda log: [*_earlier_attempts(folder), *_current(run, folder, pack_id, lane, log)])
+    shutil.rmtree(folder)  # packs/ itself stays: another lane, here or on another node, may be making its pack's
+    return folded           # folder in it at this moment
+
+
+def fold_trainings(run: RunDir, pack_id: str, training_ids: Collection[str], lane: str,
+                   clock: Callable[[], float] = time.time) -> list[dict[str, Any]]:
+    """Fold the ended trainings ``training_ids`` of pack ``pack_id`` (a streaming lane's, as each ends) into
+    ``lane``'s journal, then remove their records and logs; the records it folded (a training with no record: none).
+    """
+    folder = run.pack_dir(pack_id)
+    recs: list[dict[str, Any]] = []
+
+    def lines(log: IO[bytes]) -> list[tuple[str, dict[str, Any]]]:
+        out = _trainings(run, folder, pack_id, lane, log, training_ids)
+        recs.extend(rec for _, rec in out)
+        return out
+
+    _fold(run, lane, clock, lines)
+    for rec in recs:
+        tid = str(rec["training_id"])
+        for path in (run.training_record(pack_id, tid), run.log(pack_id, tid, "out"), run.log(pack_id, tid, "err")):
+            path.unlink(missing_ok=True)
+    return recs
+
+
+def append_records(run: RunDir, lane: str, records: Collection[Mapping[str, Any]],
+                   clock: Callable[[], float] = time.time) -> None:
+    """Append amended training records to ``lane``'s journal (what SLURM tells after the job, e.g. an OOM): the
+    latest record of a training is its current one, the earlier ones stay as they were."""
+    _fold(run, lane, clock, lambda log: [(TRAINING, dict(rec)) for rec in records])
+
+
+def _fold(run: RunDir, lane: str, clock: Callable[[], float],
+          lines_of: Callable[[IO[bytes]], list[tuple[str, dict[str, Any]]]]) -> int:
+    """Append the lines ``lines_of`` makes (copying logs into the lane's log as it goes) to ``lane``'s journal,
+    fsynced, the log before the lines that point into it; how many lines."""
     make_dirs(run.lanes)
     with _lane_lock(run, lane) as (journal, log):
-        lines = [*_earlier_attempts(folder), *_current(run, folder, pack_id, lane, log)]
+        lines = lines_of(log)
         folded_at = clock()
         for seq, (kind, rec) in enumerate(lines):
             journal.write(json.dumps({"kind": kind, "folded_at": folded_at, "seq": seq, "record": rec}) + "\n")
@@ -51,8 +94,7 @@ def fold_pack(run: RunDir, pack_id: str, lane: str, clock: Callable[[], float] =
         os.fsync(journal.fileno())
         if log.tell() == 0:  # no output to keep (so far): no empty file
             run.lane_log(lane).unlink()
-    shutil.rmtree(folder)  # packs/ itself stays: another lane, here or on another node, may be making its pack's
-    return len(lines)       # folder in it at this moment
+    return len(lines)
 
 
 @contextmanager
@@ -94,22 +136,31 @@ def _earlier_attempts(folder: Path) -> list[tuple[str, dict[str, Any]]]:
 def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes]) -> list[tuple[str, dict[str, Any]]]:
     """The pack's latest records, each training's with where its logs are kept; the pack record last, with the
     pack's own logs (a fork server's, MPS's, a host's)."""
-    out: list[tuple[str, dict[str, Any]]] = []
-    trainings = set()
-    for path in sorted((folder / TRAININGS).glob("*.json")):
-        rec = read_json_or_none(path)
-        if rec is None:
-            continue
-        tid = str(rec.get("training_id", path.stem))
-        trainings.add(tid)
-        keep = _append_log if rec.get("status") == COMPLETED else _copy_log
-        out.append((TRAINING, {**rec, LOGS: {s: keep(run, lane, log, pack_id, tid, s) for s in ("out", "err")
-                                             if _has_output(run.log(pack_id, tid, s))}}))
+    out = _trainings(run, folder, pack_id, lane, log)
+    trainings = {str(rec["training_id"]) for _, rec in out}
     pack = read_json_or_none(folder / PACK_RECORD)
     if pack is not None:
         own = sorted(p for p in (folder / "logs").glob("*.*") if p.stem not in trainings and _has_output(p)) \
             if (folder / "logs").is_dir() else []
         out.append((PACK, {**pack, LOGS: {p.name: _append_file(run, lane, log, p) for p in own}}))
+    return out
+
+
+def _trainings(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes],
+               only: Collection[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The training records in the pack's folder (``only``: of these trainings), each with where its logs are kept:
+    a completed training's in the lane's log, a failed one's whole in a file of its own."""
+    paths = sorted((folder / TRAININGS).glob("*.json")) if only is None else \
+        [run.training_record(pack_id, tid) for tid in sorted(only)]
+    out: list[tuple[str, dict[str, Any]]] = []
+    for path in paths:
+        rec = read_json_or_none(path)
+        if rec is None:
+            continue
+        tid = str(rec.get("training_id", path.stem))
+        keep = _append_log if rec.get("status") == COMPLETED else _copy_log
+        out.append((TRAINING, {**rec, LOGS: {s: keep(run, lane, log, pack_id, tid, s) for s in ("out", "err")
+                                             if _has_output(run.log(pack_id, tid, s))}}))
     return out
 
 
@@ -160,16 +211,8 @@ def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
     """Every journal of the run, in the order its records were folded. Reads only. ``folders``: the packs that have
     a folder; a record one of them still holds (a fold cut off before it removed the folder) is the folder's, not
     read here a second time."""
-    entries: list[dict[str, Any]] = []
-    for path in sorted(run.lanes.glob("*.jsonl")) if run.lanes.is_dir() else []:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if not line.endswith("\n"):
-                    continue  # a torn last line: its job was killed while writing it (the pack's folder is kept)
-                try:
-                    entries.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+    entries = [e for path in (sorted(run.lanes.glob("*.jsonl")) if run.lanes.is_dir() else [])
+               for e in _entries(path)]
     entries.sort(key=lambda e: (float(e["folded_at"]), int(e["seq"])))
     out = Folded()
     folded = {str(e["record"].get("pack_id")) for e in entries}
@@ -183,8 +226,60 @@ def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
         if e["kind"] == PACK:
             out.packs.setdefault(str(rec["pack_id"]), []).append(rec)
         else:
-            out.trainings.setdefault((str(rec["pack_id"]), str(rec["training_id"])), []).append(rec)
+            out.trainings.setdefault((_home(rec), str(rec["training_id"])), []).append(rec)
     return out
+
+
+class CompletedTail:
+    """The trainings the run's journals record as completed, as (home pack, training id), read as the journals grow:
+    each :meth:`refresh` reads only what was appended since the last (a streaming lane asks after every claim it
+    wins: a training folded by another lane, whose claim it then removed, is done). Each journal is opened anew, so
+    NFS's close-to-open consistency shows another node's appends."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self.done: set[tuple[str, str]] = set()
+        self._offsets: dict[Path, int] = {}
+
+    def refresh(self) -> set[tuple[str, str]]:
+        for path in sorted(self.run.lanes.glob("*.jsonl")) if self.run.lanes.is_dir() else []:
+            start = self._offsets.get(path, 0)
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read()
+            whole = data.rfind(b"\n") + 1  # a line being written (or torn) waits for its end
+            self._offsets[path] = start + whole
+            for line in data[:whole].splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn line, ended by the next fold
+                rec = entry.get("record") or {}
+                if entry.get("kind") == TRAINING and rec.get("status") == COMPLETED:
+                    self.done.add((_home(rec), str(rec["training_id"])))
+        return self.done
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    """A journal's whole lines, parsed (a torn last line, its job killed while writing it, is skipped)."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def lane_trainings(run: RunDir, lane: str) -> dict[str, dict[str, Any]]:
+    """The latest record of each training ``lane``'s journal holds (training id → record): one journal read."""
+    path = run.journal(lane)
+    entries = _entries(path) if path.is_file() else []
+    entries.sort(key=lambda e: (float(e["folded_at"]), int(e["seq"])))
+    return {str(e["record"]["training_id"]): e["record"] for e in entries if e.get("kind") == TRAINING}
 
 
 def _same(rec: Mapping[str, Any]) -> str:
@@ -281,9 +376,10 @@ def kept_log(run_root: Path | str, rec: Mapping[str, Any], stream: str) -> KeptL
     """A training's log (``stream``: out or err) as its record says it is kept: in its pack's folder, or where the
     lane's fold put it; None where none is kept."""
     run = RunDir(Path(str(run_root)))
-    path = run.log(_home(rec), str(rec["training_id"]), stream)
-    if path.is_file():
-        return KeptLog(path)
+    for pack_id in dict.fromkeys((_home(rec), str(rec.get("pack_id") or _home(rec)))):  # a folding lane writes
+        path = run.log(pack_id, str(rec["training_id"]), stream)                         # its own folder
+        if path.is_file():
+            return KeptLog(path)
     kept = _kept(rec, stream)
     return KeptLog(run.root / kept["file"], int(kept["offset"]), int(kept["length"])) if kept else None
 

@@ -61,15 +61,15 @@ def check_name(key: str, value: str) -> str:
 # What a run directory holds, per training (its record, stdout, stderr), per pack (its record, lock,
 # columnar file, fork server's log), per job (submitit's submitted call, result, stdout, stderr) and once (config,
 # plan, lock, summary, parquet, report, plots): the file forecast a dry run gives (files_forecast). A lane of packs
-# folds each pack it ends (gpupack.core.journal): its journal and log instead of the packs' files (and a failed
-# training's two logs), and its job's stdout and stderr are one file.
+# (or a streaming lane) folds each pack (training) it ends (gpupack.core.journal): its journal and log instead of
+# the packs' files (and a failed training's two logs), and its job's stdout and stderr are one file.
 FILES_PER_TRAINING, FILES_PER_PACK, FILES_PER_JOB, FILES_PER_RUN, FILES_PER_LANE = 3, 4, 4, 13, 2
 
 
-def files_forecast(trainings: int, packs: int, jobs: int, folds: bool = True) -> int:
+def files_forecast(trainings: int, packs: int, jobs: int, folded: bool) -> int:
     """About how many files a run of these trainings, packs and jobs leaves in its run directory, all trainings
-    completed: jobs of lanes of packs (fewer jobs than packs) fold their packs where the backend ``folds``. Pure."""
-    if jobs < packs and folds:
+    completed; ``folded``: its jobs fold their packs or trainings into their lanes' journals. Pure."""
+    if folded:
         return (FILES_PER_JOB - 1 + FILES_PER_LANE) * jobs + FILES_PER_RUN
     return FILES_PER_TRAINING * trainings + FILES_PER_PACK * packs + FILES_PER_JOB * jobs + FILES_PER_RUN
 

@@ -165,11 +165,13 @@ def forecast(prepared: Prepared) -> list[str]:
     if jobs.allowed is not None:
         line += (f"; the site lets you queue {jobs.allowed:,} more now ({jobs.limit}, {jobs.queued:,} queued)"
                  + (": as it stands, submitting refuses it whole" if jobs.over else ""))
-    files = files_forecast(plan.n_trainings, len(plan.packs), jobs.jobs, jobs.folds)
+    streams = any(p.stream is not None for p in plan.packs)
+    folded = jobs.folds and (jobs.jobs < len(plan.packs) or streams)  # lanes of packs, or streaming lanes
+    files = files_forecast(plan.n_trainings, len(plan.packs), jobs.jobs, folded)
     each = files / max(1, plan.n_trainings)
     return [line, f"files: about {files:,} in the run directory ({each:.{1 if each >= 1 else 3}f} per training"
-            + (", each lane's packs folded into its journal)" if jobs.jobs < len(plan.packs) and jobs.folds
-               else ")")]
+            + ((", each lane's trainings folded into its journal)" if streams else
+                ", each lane's packs folded into its journal)") if folded else ")")]
 
 
 # ---------------- the run directory ----------------

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from gpupack.core.columnar import write_columnar
-from gpupack.core.journal import Folded, RunRecords
+from gpupack.core.journal import Folded, RunRecords, append_records, lane_trainings
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.records import (
@@ -162,17 +162,26 @@ def record_job_oom(run: RunDir, pack_id: str, since: float, why: str) -> list[st
 
 
 def _record_lane_oom(run: RunDir, plan: Plan, pack: Pack, since: float, why: str) -> list[str]:
-    """record_job_oom for a streaming lane: the records this lane wrote in this attempt (wherever they live) of
-    trainings SIGKILLed become oom. A training it held with no record is left to its claim: the lane's next run
-    releases it and runs it again."""
-    for home, t in plan.queue(pack.stream or ""):
-        path = run.training_record(home.pack_id, t.training_id)
-        rec = read_json_or_none(path)
-        if rec is None or rec.get("pack_id") != pack.pack_id or float(rec.get("started_at") or 0) < since:
-            continue
-        if rec.get("status") == KILLED and rec.get("signal") == signal.SIGKILL:
-            error = f"{rec['error']}\n{why}" if rec.get("error") else why
-            write_json_atomic(path, {**rec, "status": OOM, OOM_KILLED_BY: why, "error": error})
+    """record_job_oom for a streaming lane: the records this lane wrote in this attempt (in a folder, or folded into
+    its journal: amended there by a later line) of trainings SIGKILLed become oom. A training it held with no record
+    is left to its claim: the lane's next run releases it and runs it again."""
+    def ours(rec: Mapping[str, Any] | None) -> bool:
+        return (rec is not None and rec.get("pack_id") == pack.pack_id and float(rec.get("started_at") or 0) >= since
+                and rec.get("status") == KILLED and rec.get("signal") == signal.SIGKILL)
+
+    def as_oom(rec: Mapping[str, Any]) -> dict[str, Any]:
+        error = f"{rec['error']}\n{why}" if rec.get("error") else why
+        return {**rec, "status": OOM, OOM_KILLED_BY: why, "error": error}
+
+    for home, t in plan.queue(pack.stream or ""):  # its home's folder, or the lane's own where the lane folds
+        for path in dict.fromkeys((run.training_record(home.pack_id, t.training_id),
+                                   run.training_record(pack.pack_id, t.training_id))):
+            rec = read_json_or_none(path)
+            if ours(rec):
+                write_json_atomic(path, as_oom(rec or {}))
+    folded = [as_oom(rec) for rec in lane_trainings(run, pack.pack_id).values() if ours(rec)]
+    if folded:
+        append_records(run, pack.pack_id, folded)
     return []
 
 
@@ -286,11 +295,11 @@ def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job
 
 
 def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], settings: PackSettings,
-            job: JobEnvironment, stream: Stream | None = None, homes: Mapping[str, str] | None = None,
+            job: JobEnvironment, stream: Stream | None = None,
             extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run ``todo`` on this job's device with the pack's mode or strategy, write a training record as each ends and
     the pack record at the end. A streaming lane (``stream``) starts ``todo`` in its N slots and refills them from
-    the stream; ``homes`` says where each streamed training's records live; ``extra``: more pack record fields."""
+    the stream (which says where each streamed training's records live); ``extra``: more pack record fields."""
     env = job.device_env()  # the job's GPUs: one of them, in a job of several GPUs (JobEnvironment.on_gpu)
     info = detect_device(env)
     device = choose_device(settings.device, info)
@@ -301,7 +310,6 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
     by_id = {t.training_id: t for t in (stream.queue if stream is not None else todo)}
     records: list[dict[str, Any]] = []
     oom_kills_before = oom_kill_count()  # a rise by a training's end tells an OOM kill from any other SIGKILL
-    homes = dict(homes or {})
 
     def on_finished(outcome: TrainingOutcome) -> None:
         note_oom_kill(outcome, oom_kills_before)
@@ -311,12 +319,14 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
             rec["phase"] = plan.phase
         rec["cuda_visible_devices"] = env.get("CUDA_VISIBLE_DEVICES")  # the GPUs it was given
         fill_memory(rec, sampler.figures(outcome.training_id))
-        home = homes.get(outcome.training_id, pack.pack_id)
-        if stream is not None:  # which lane, slot and job ran it; its record lives with its share of the plan
-            stream.ended(outcome.training_id, outcome.ended_at - outcome.started_at)
-            rec.update(stream=pack.stream, lane=pack.index, job_id=job.job_id, home=home)
-        write_json_atomic(run.training_record(home, rec["training_id"]), rec)
+        tid = outcome.training_id
+        if stream is not None:  # which lane, slot and job ran it, and its share of the plan (its home)
+            stream.ended(tid, outcome.ended_at - outcome.started_at)
+            rec.update(stream=pack.stream, lane=pack.index, job_id=job.job_id, home=stream.home(tid))
+        write_json_atomic(run.training_record(stream.where(tid) if stream is not None else pack.pack_id, tid), rec)
         records.append(rec)
+        if stream is not None:
+            stream.recorded(tid)
 
     # the sampler lists MPS clients then
     mps = isinstance(runner, Packer) and runner.watches_mps(settings)
@@ -332,7 +342,7 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
                       warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
                       training_timeout_s=settings.training_timeout_s,
                       memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
-                      if settings.memory_limit_gb_per_training else None, spread=placement, stream=stream, homes=homes,
+                      if settings.memory_limit_gb_per_training else None, spread=placement, stream=stream,
                       tmp_dir=job.temp_dir(), work_dir=work_dir)
     sampler.start()
     mode_started = time.time()  # the pack's clock: what a mode does before its trainings start (a fork server's

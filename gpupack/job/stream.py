@@ -6,6 +6,11 @@ completed is never claimed. At its start the lane releases the claims an earlier
 lane's lock, so that run is dead: a requeue, a SIGKILL, a node failure, a cancel), and those trainings run again.
 Near its job's time limit it claims nothing it could not finish (``PackSettings.claim_until_s``): the slots it
 stops filling are left for the lane's requeued run or for the other lanes.
+
+Where its backend folds (``PackSettings.fold``: a cluster's shared filesystem), the lane writes its trainings'
+records and logs in its own folder, folds each into its journal as it ends and drops its claim of a completed one
+(:mod:`gpupack.core.journal`), and folds its own record and folder at its end: a handful of files per lane, not
+per training. A claim won of a training another lane folded as completed is let go at once.
 """
 from __future__ import annotations
 
@@ -13,9 +18,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gpupack.core.claims import Holder, claim, claims, release_stale
+from gpupack.core.claims import Holder, claim, claim_path, claims, drop, release_stale
+from gpupack.core.journal import CompletedTail, RunRecords, fold_pack, fold_trainings
 from gpupack.core.plan import Pack, Plan, Training
-from gpupack.core.records import is_completed, read_json, write_json_atomic
+from gpupack.core.records import COMPLETED, is_completed, read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import execute, move_aside, pack_lock
@@ -55,17 +61,39 @@ class Lane:
         self.claimed: list[str] = []
         self.walls: list[float] = []  # of the trainings this lane ran to their end
         self.stopped: str | None = None  # why it stopped claiming before the queue was drained
+        self.journals = CompletedTail(run)  # what the lanes folded as completed (none where the backend does not fold)
         self._cursor = 0
 
     @property
     def queue(self) -> Sequence[Training]:
         return [t for _, t in self.items]
 
+    @property
+    def folds(self) -> bool:
+        return self.settings.fold
+
+    def home(self, training_id: str) -> str:
+        return self.homes[training_id]
+
+    def where(self, training_id: str) -> str:
+        """The pack whose folder holds the training's record and logs while this lane runs it: its home, or this
+        lane's own folder where the lane folds (the lane removes that folder at its end)."""
+        return self.pack.pack_id if self.folds else self.homes[training_id]
+
     def record(self, training_id: str) -> Path:
-        return self.run.training_record(self.homes[training_id], training_id)
+        return self.run.training_record(self.where(training_id), training_id)
+
+    def is_completed(self, training_id: str, refresh: bool = False) -> bool:
+        """The training has a completed record: in a folder, or folded into a journal (``refresh``: read what the
+        journals gained since last asked)."""
+        if is_completed(self.record(training_id)):
+            return True
+        done = self.journals.refresh() if refresh else self.journals.done
+        return (self.homes[training_id], training_id) in done
 
     def completed(self) -> set[str]:
-        return {t.training_id for t in self.queue if is_completed(self.record(t.training_id))}
+        self.journals.refresh()
+        return {t.training_id for t in self.queue if self.is_completed(t.training_id)}
 
     def estimate_s(self) -> float | None:
         """How long the next training may take: the longest this lane has run so far, else the sweep's estimate."""
@@ -84,18 +112,29 @@ class Lane:
         while self._cursor < len(self.items):
             home, training = self.items[self._cursor]
             self._cursor += 1
-            path = self.record(training.training_id)
-            if is_completed(path) or not claim(self.folder, training.training_id, self.holder):
+            tid = training.training_id
+            if self.is_completed(tid) or not claim(self.folder, tid, self.holder):
                 continue
-            if is_completed(path):  # completed by an earlier run of this lane, whose claim it kept
+            if self.is_completed(tid, refresh=True):  # completed by an earlier run of this lane, whose claim it
+                if self.folds:                        # kept, or folded by a lane that then let its claim go
+                    claim_path(self.folder, tid).unlink(missing_ok=True)
                 continue
-            move_aside(self.run, home.pack_id, path)  # an earlier attempt's record is kept, never overwritten
-            self.claimed.append(training.training_id)
+            move_aside(self.run, self.where(tid), self.record(tid))  # an earlier attempt's record is kept
+            self.claimed.append(tid)
             return training
         return None
 
     def ended(self, training_id: str, wall_s: float) -> None:
         self.walls.append(wall_s)
+
+    def recorded(self, training_id: str) -> None:
+        """The training's record is written: where the lane folds, it goes into the journal with its logs, and a
+        completed training's claim goes (every lane now sees it completed in the journal)."""
+        if not self.folds:
+            return
+        recs = fold_trainings(self.run, self.pack.pack_id, [training_id], self.pack.pack_id)
+        if any(rec.get("status") == COMPLETED for rec in recs):
+            claim_path(self.folder, training_id).unlink(missing_ok=True)
 
 
 def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
@@ -108,18 +147,23 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
         plan = plan or Plan.from_json(read_json(run.plan))
         pack = plan.pack(pack_id)
         lane = Lane(run, plan, pack, Holder.here(pack_id, job.job_id), settings, started=job.start())
+        if lane.folds:  # what an earlier run of this lane recorded and did not fold before it was killed
+            fold_trainings(run, pack_id, [p.stem for p in run.trainings(pack_id).glob("*.json")], pack_id)
         completed = lane.completed()
-        if len(completed) == len(lane.items) and run.pack_record(pack_id).exists():
-            return read_json(run.pack_record(pack_id))  # the queue is drained: nothing to run, nothing to move
+        if len(completed) == len(lane.items) and (done := RunRecords(run).pack(pack_id)) is not None:
+            return done  # the queue is drained: nothing to run, nothing to move
         released = release_stale(lane.folder, lane.holder, keep=completed)
+        if lane.folds:  # the claims an earlier run of it held of trainings now folded as completed
+            drop(lane.folder, completed, pack_id)
         move_aside(run, pack_id, run.pack_record(pack_id))
         first: list[Training] = []
         while len(first) < pack.factor and (training := lane.next()) is not None:
             first.append(training)
-        rec = execute(run, plan, pack, first, settings, job, stream=lane, homes=lane.homes,
+        rec = execute(run, plan, pack, first, settings, job, stream=lane,
                       extra={"stream": pack.stream, "lane": pack.index, "released": released})
         left = len(lane.items) - len(lane.completed() | set(claims(lane.folder)))
         rec.update(claimed=lane.claimed, stopped_claiming=lane.stopped, unclaimed=left)
         write_json_atomic(run.pack_record(pack_id), rec)
+        if lane.folds:  # the lane's own record and logs; its folder goes
+            fold_pack(run, pack_id, pack_id)
         return rec
-

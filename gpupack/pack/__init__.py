@@ -35,6 +35,15 @@ class Stream(Protocol):
     def ended(self, training_id: str, wall_s: float) -> None:
         """A training of this lane ended after ``wall_s`` (before its slot asks for the next)."""
 
+    def home(self, training_id: str) -> str:
+        """The lane the plan dealt the training to: its record's identity (``home``), whichever lane runs it."""
+
+    def where(self, training_id: str) -> str:
+        """The pack whose folder holds the training's record and logs while it runs."""
+
+    def recorded(self, training_id: str) -> None:
+        """The training's record is written (the lane may fold it now)."""
+
 
 @dataclass(frozen=True)
 class PackContext:
@@ -58,9 +67,6 @@ class PackContext:
     spread: Placement | None = None
     # A streaming lane (packing.stream): its slots take their next training from here as they free.
     stream: Stream | None = None
-    # training id → the pack whose folder holds its records and logs, where that is not ``pack`` (a streamed
-    # training's home is the lane the plan dealt it to, whichever lane runs it).
-    homes: Mapping[str, str] = field(default_factory=dict)
     # The job's own temporary space (JobEnvironment.temp_dir): MPS's pipes, DDP's rendezvous.
     tmp_dir: str = field(default_factory=tempfile.gettempdir)
     # Where the trainings' specs and results go while the pack runs: a folder of the job's own node-local space, made
@@ -69,7 +75,8 @@ class PackContext:
     work_dir: str | None = None
 
     def home(self, training_id: str) -> str:
-        return self.homes.get(training_id, self.pack.pack_id)
+        """The pack whose folder holds the training's record and logs: the pack's, or where its stream says."""
+        return self.stream.where(training_id) if self.stream is not None else self.pack.pack_id
 
     def work(self, name: str, what: str) -> Path:
         """The spec, result or error file of ``name`` (a training, a DDP rank, a host process) while the pack runs."""

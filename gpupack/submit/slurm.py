@@ -434,7 +434,8 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
             part, req, gpus = self.cluster.partitions[partition], self.request(factor), self.job_gpus(key)
             lane_gpus = self.packs_at_once(key)  # the job's GPUs a lane's packs take one each (a spread: all k)
             executor = self._executor()
-            in_turn = lane_gpus > 1 or any(len(lane) > 1 for lane in group)  # jobs of lanes of packs: folded
+            # jobs of lanes of packs, and streaming lanes: folded into their journals
+            in_turn = lane_gpus > 1 or any(len(lane) > 1 or lane[0].stream is not None for lane in group)
             executor.update_parameters(**sbatch_parameters(self.cluster, partition, part, factor, account,
                                                            req.mem_gb_each, devices=devices, gpus=lane_gpus),
                                        stderr_to_stdout=in_turn)  # a file a job less where files per job count
