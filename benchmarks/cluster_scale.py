@@ -13,6 +13,8 @@ gpupack's own overhead and its jobs, not training:
     gpupack:  python -m gpupack +sweep=command sweep.fixed.argv=[/bin/true,{i}] sweep.grid.i=range(0,T)
               packing.factors=[8] packing.repeats=1 cluster=slurm partitions=[p100] cluster.cpus_per_training=0.25
               cluster.mem_gb_per_training=0.25
+              (whole packs in lanes, as a measurement of N runs; and again with packing.stream=on packing.jobs=20,
+              a production run: 20 streaming lanes of 8 slots drain the trainings)
     by hand:  submitit's map_array of T tasks (one job per training), the same program
 
 For each: whether it ran to its end, the jobs SLURM saw (sacct), trainings completed (each once?), files left in
@@ -63,18 +65,21 @@ def _inodes(folder: Path) -> int:
     return 1 + sum(1 for _ in folder.rglob("*"))
 
 
-def gpupack_run(out: Path, trainings: int) -> dict[str, Any]:
-    run_dir = out / "gpupack"
+def gpupack_run(out: Path, trainings: int, stream: bool = False) -> dict[str, Any]:
+    name = "gpupack_stream" if stream else "gpupack"
+    run_dir = out / name
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
     argv = [PYTHON, "-m", "gpupack", "+sweep=command", "sweep.fixed.argv=[/bin/true,\"{i}\"]",
             f"sweep.grid.i=range(0,{trainings})", f"packing.factors=[{N}]", "packing.repeats=1", "cluster=slurm",
             "partitions=[p100]", "cluster.poll_s=1", "cluster.cpus_per_training=0.25",
             "cluster.mem_gb_per_training=0.25", f"run_dir={run_dir}"]
-    say(f"running gpupack: {trainings} trainings at N={N}")
+    if stream:
+        argv += ["packing.stream=on", f"packing.jobs={MAX_SUBMIT_JOBS}"]
+    say(f"running gpupack: {trainings} trainings at N={N}" + (" in streaming lanes" if stream else ""))
     began = time.time()
     proc = subprocess.run(argv, capture_output=True, text=True, env=_env(), cwd=REPO, timeout=3600)
     wall = time.time() - began
-    (out / "gpupack.log").write_text(proc.stdout + proc.stderr)
+    (out / f"{name}.log").write_text(proc.stdout + proc.stderr)
     folded = read_folded(RunDir(run_dir))  # what the lanes folded, every record each kept (earlier attempts too)
     recs = [read_json(p) for p in run_dir.glob("packs/*/trainings/*.json")] + \
         [r for history in folded.trainings.values() for r in history]
@@ -83,7 +88,7 @@ def gpupack_run(out: Path, trainings: int) -> dict[str, Any]:
             "completed": sum(r["status"] == "completed" for r in recs), "ran_twice": sum(c > 1 for c in once.values()),
             "files": _files(run_dir), "packs": len(list(run_dir.glob("packs/*/pack.json"))) + len(folded.packs),
             "submitit_files": _files(run_dir / "submitit"), "lane_files": _files(run_dir / "lanes"),
-            "inodes": _inodes(run_dir)}
+            "inodes": _inodes(run_dir), "lanes": len(list(run_dir.glob("lanes/*.jsonl")))}
 
 
 def default_sweep(out: Path) -> dict[str, Any]:
@@ -141,7 +146,8 @@ def run(out: Path, quick: bool) -> None:
     _limits(MAX_ARRAY_SIZE, MAX_SUBMIT_JOBS)
     try:
         results = {"trainings": trainings, "max_array_size": MAX_ARRAY_SIZE, "max_submit_jobs": MAX_SUBMIT_JOBS,
-                   "gpupack": gpupack_run(out, trainings), "by_hand": by_hand(out, trainings), "dry": dry_run(out)}
+                   "gpupack": gpupack_run(out, trainings), "stream": gpupack_run(out, trainings, stream=True),
+                   "by_hand": by_hand(out, trainings), "dry": dry_run(out)}
     finally:
         _limits()
     results["default"] = default_sweep(out)
@@ -150,23 +156,26 @@ def run(out: Path, quick: bool) -> None:
 
 def report(out: Path) -> None:
     r = read_json(out / "results.json")
-    g, h, d = r["gpupack"], r["by_hand"], r["dry"]
-    rows = [["gpupack (lanes)", "yes" if g["rc"] == 0 else f"no (exit {g['rc']})", g["jobs"],
+    h, d = r["by_hand"], r["dry"]
+    ours = [(label, r[key]) for label, key in (("lanes of whole packs", "gpupack"), ("streaming lanes", "stream"))
+            if key in r]  # results written before streaming lanes were measured have the first only
+    rows = [[f"gpupack ({label})", "yes" if g["rc"] == 0 else f"no (exit {g['rc']})", g["jobs"],
              f"{g['completed']}/{g['trainings']}", g["ran_twice"], g["files"], fmt(g["files"] / g["trainings"], 3),
-             fmt(g["wall_s"], 1)],
-            ["a task per training (submitit)", "yes" if not h["error"] else "no", h["jobs"],
-             f"{h['completed']}/{h['trainings']}", "-", h["files"], fmt(h["files"] / h["trainings"]),
-             fmt(h["wall_s"], 1)]]
+             fmt(g["wall_s"], 1)] for label, g in ours]
+    rows.append(["a task per training (submitit)", "yes" if not h["error"] else "no", h["jobs"],
+                 f"{h['completed']}/{h['trainings']}", "-", h["files"], fmt(h["files"] / h["trainings"]),
+                 fmt(h["wall_s"], 1)])
     say(table(["", "ran to its end", "jobs (sacct)", "completed", "run twice", "files", "files/training", "wall s"],
               rows, f"{r['trainings']} trainings, MaxArraySize={r['max_array_size']}, MaxSubmitJobs="
                     f"{r['max_submit_jobs']}, N={N}"))
     if h["error"]:
         say(f"a task per training: {h['error']}")
-    say(f"gpupack's files: {g['submitit_files']} of submitit's (3 a job: its call, result and log; a folder an "
-        f"array), {g['lane_files']} in lanes/ (the lanes' journals and logs, and failed trainings' logs), "
-        f"{g['files'] - g['submitit_files'] - g['lane_files']} of the "
-        f"run's own; with its folders, {g.get('inodes', '?')} entries ({fmt(g.get('inodes', 0) / g['trainings'], 3)} "
-        "per training), what a file-count quota counts")
+    for label, g in ours:
+        say(f"gpupack's files ({label}): {g['submitit_files']} of submitit's (3 a job: its call, result and log; a "
+            f"folder an array), {g['lane_files']} in lanes/ (the lanes' journals and logs, and failed trainings' "
+            f"logs), {g['files'] - g['submitit_files'] - g['lane_files']} of the "
+            f"run's own; with its folders, {g.get('inodes', '?')} entries "
+            f"({fmt(g.get('inodes', 0) / g['trainings'], 3)} per training), what a file-count quota counts")
     say(f"dry run of 100,000 trainings: {fmt(d['wall_s'], 1)} s; {d['jobs_line']}; {d['files_line']}")
     if "default" in r:
         df = r["default"]

@@ -247,13 +247,14 @@ def job_returns(launcher: HydraLauncher, prepared: sweep.Prepared) -> list[JobRe
     ordered = sorted(((pack, t) for pack in prepared.plan.packs for t in pack.trainings),
                      key=lambda item: int(item[1].params["job_num"]))
     records = RunRecords(prepared.run)  # read once for every job: a pack's folder, else its lane's journal
+    folder = prepared.run.hydra_returns_dir
+    returns = pickling.read_streams(sorted(folder.glob("*.pkls")) if folder.is_dir() else [])
     for pack, t in ordered:
-        path = prepared.run.hydra_return(t.params["job_num"])
-        try:
-            ret = pickling.load(path)
-        except (OSError, EOFError):
+        pickled = returns.get(int(t.params["job_num"]))
+        if pickled is None:
             out.append(failed_return(launcher, t.params, pack, records, t.training_id))
             continue
+        ret = pickling.loads(pickled)
         failed = ret.status == JobStatus.FAILED
         out.append(raised_failure(ret, t.params, pack, records, t.training_id) if failed else ret)
     return out

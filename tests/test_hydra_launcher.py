@@ -15,6 +15,7 @@ import psutil
 import pytest
 from omegaconf import OmegaConf
 
+from gpupack.core import pickling
 from tests.conftest import as_from_a_terminal, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -302,7 +303,6 @@ def test_a_streamed_batch_returns_its_jobs_in_sweep_order(tmp_path):
     """Two lanes deal the batch out every other job; Hydra still gets job 0, 1, 2, ... in that order."""
     import types
 
-    import cloudpickle
     from hydra.core.utils import JobReturn, JobStatus
 
     from gpupack.core.plan import plan_in_order
@@ -313,13 +313,27 @@ def test_a_streamed_batch_returns_its_jobs_in_sweep_order(tmp_path):
                          partition="local", mode="process", stream_jobs=2)
     assert [len(p.trainings) for p in plan.packs] == [3, 3]
     run = RunDir(tmp_path)
-    for i in range(6):
+    for i in (5, 3, 1, 4, 2, 0):  # each lane's job appends its jobs' returns to its file as they end
         ret = JobReturn(overrides=[f"x={i}"], status=JobStatus.COMPLETED, _return_value=i)
-        path = run.hydra_return(i)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(cloudpickle.dumps(ret))
+        pickling.append(ret, i, run.hydra_returns(f"7_{i % 2}"))
     returns = job_returns(None, types.SimpleNamespace(plan=plan, run=run))
     assert [r.return_value for r in returns] == [0, 1, 2, 3, 4, 5]
+    assert sorted(p.name for p in run.hydra_returns_dir.iterdir()) == ["7_0.pkls", "7_1.pkls"]  # a file a job
+
+
+def test_a_job_s_later_return_wins_and_a_torn_one_is_left_out(tmp_path):
+    from hydra.core.utils import JobReturn, JobStatus
+
+    path = tmp_path / "returns" / "9.pkls"
+    for value in ("first", "again"):  # a job run again (a requeue, a resume) appends its new return
+        pickling.append(JobReturn(status=JobStatus.COMPLETED, _return_value=value), 3, path)
+    pickling.append(JobReturn(status=JobStatus.COMPLETED, _return_value="other"), 4, tmp_path / "returns" / "10.pkls")
+    whole = path.stat().st_size
+    pickling.append(JobReturn(status=JobStatus.COMPLETED, _return_value="torn"), 5, path)
+    with open(path, "r+b") as f:  # killed mid-write: the last entry cut short
+        f.truncate(whole + 20)
+    got = pickling.read_streams(sorted((tmp_path / "returns").glob("*.pkls")))
+    assert {k: pickling.loads(v).return_value for k, v in got.items()} == {3: "again", 4: "other"}
 
 
 def test_the_launcher_streams_a_batch_of_unequal_jobs(tmp_path, subprocess_env):

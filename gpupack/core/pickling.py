@@ -11,11 +11,15 @@ inner functions), whatever the installed cloudpickle does with its own. Code obj
 """
 from __future__ import annotations
 
+import fcntl
 import marshal
+import os
+import struct
+import time
 import types
 from collections import ChainMap
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping
+from typing import IO, Any, Callable, Iterable, Mapping
 
 from gpupack.core.records import atomic_file
 
@@ -66,3 +70,48 @@ def load(path: Path) -> Any:
 
     with open(path, "rb") as f:
         return cloudpickle.load(f)
+
+
+# A stream of pickles in one file: each entry a header (its key, its length) and the pickle. A job's processes append
+# to their job's file under flock, fsynced, so a run keeps one file per job, not one per training (file quotas).
+_HEADER = struct.Struct("<qdQ")  # key (e.g. a Hydra job's number), when it was written, the pickle's length
+
+
+def append(obj: Any, key: int, path: Path) -> None:
+    """Append ``obj``, pickled, to the stream at ``path`` under ``key`` (the latest entry of a key, in this file or
+    another, is its value). The whole entry is written with one write under the file's lock, then fsynced."""
+    data = dumps(obj)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            f.write(_HEADER.pack(key, time.time(), len(data)) + data)
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def read_streams(paths: Iterable[Path]) -> dict[int, bytes]:
+    """Each key's latest pickle in the streams at ``paths`` (unpickle with :func:`loads`). A torn last entry (its
+    writer killed mid-write) is left out."""
+    latest: dict[int, tuple[float, bytes]] = {}
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        at = 0
+        while at + _HEADER.size <= len(data):
+            key, written, length = _HEADER.unpack_from(data, at)
+            end = at + _HEADER.size + length
+            if end > len(data):
+                break
+            if key not in latest or written >= latest[key][0]:
+                latest[key] = (written, data[at + _HEADER.size:end])
+            at = end
+    return {key: pickled for key, (_, pickled) in latest.items()}
+
+
+def loads(data: bytes) -> Any:
+    import cloudpickle
+
+    return cloudpickle.loads(data)

@@ -10,10 +10,12 @@
       (the trainings' specs and results in flight live in the job's node-local space: PackContext.work)
       packs/<pack_id>/attempts/<k>/            records of earlier attempts (a resumed pack moves them there)
       packs/<pack_id>/.lock                    held by the packer running the pack
-      lanes/<lane>.jsonl                       a lane of packs' journal: the records of its ended packs, folded
+      lanes/<lane>.jsonl                       a lane's journal: the records of its ended packs (or, a streaming
+                                               lane's, trainings), folded
       lanes/<lane>.log                         their completed trainings' output (gpupack.core.journal)
       lanes/<lane>.failed/<pack>.<id>.out|err  their failed trainings' whole logs
-      claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.claims)
+      claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.claims; a
+                                               folding lane drops it once the training's completed record is folded)
       jobs.json                                pack id → submitted job id (SLURM), for status and resume
       submitit/<array>/                        submitit's files of each job (array), a folder per array
       summary.csv  summary.json                written by collect
@@ -21,8 +23,8 @@
       .lock                                    held while a sweep runs in the directory
       auto.json  probe/nNN/  run/              packing.factors=auto: what the probe did, each of its steps (a run
                                                directory of its own), and the rest of the grid at the best N
-      hydra_launch.pkl  returns/<job>.pkl      a Hydra launch (MULTIRUN_DIR/.gpupack/launch_<first job>/): the
-                                               pickled launcher, and each job's JobReturn
+      hydra_launch.pkl  returns/<job>.pkls     a Hydra launch (MULTIRUN_DIR/.gpupack/launch_<first job>/): the
+                                               pickled launcher, and its Hydra jobs' JobReturns, a file a gpupack job
 
 Collect reads thousands of packs: where it walks them as ``str`` folders (``os.scandir``), it joins the same names
 (:data:`PACK_RECORD`, :data:`TRAININGS`, :data:`COLUMNAR`, :data:`ATTEMPTS`) without a Path each.
@@ -189,8 +191,14 @@ class RunDir:
     def hydra_payload(self) -> Path:
         return self.root / "hydra_launch.pkl"
 
-    def hydra_return(self, job_num: int) -> Path:
-        return self.root / "returns" / f"{int(job_num)}.pkl"
+    def hydra_returns(self, job_id: str | None) -> Path:
+        """returns/<job>.pkls: the JobReturns of the Hydra jobs one gpupack job ran, appended as each ended
+        (:func:`gpupack.core.pickling.append`, keyed by the Hydra job's number)."""
+        return self.root / "returns" / f"{check_name('job_id', job_id or 'here')}.pkls"
+
+    @property
+    def hydra_returns_dir(self) -> Path:
+        return self.root / "returns"
 
     # ---------------- packs ----------------
 

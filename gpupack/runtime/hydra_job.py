@@ -30,7 +30,7 @@ from gpupack.workload import Launch, TrainingContext, Workload
 class HydraJobParams:
     overrides: List[str] = field(default_factory=list)
     job_num: int = 0
-    launch_dir: str = ""  # this launch's gpupack run directory (RunDir.hydra_payload, each job's RunDir.hydra_return)
+    launch_dir: str = ""  # this launch's gpupack run directory (RunDir.hydra_payload, its jobs' RunDir.hydra_returns)
     cwd: str = ""  # the app's working directory when it launched (Hydra's original cwd)
     app_dir: str = ""  # the app's own folder, so its sibling modules import in the job as they did at launch
 
@@ -180,7 +180,7 @@ class HydraJob(Workload):
         failure = ret._return_value if ret.status == JobStatus.FAILED else None
         if failure is not None:
             ret._return_value = portable_failure(failure)
-        pickling.dump(ret, launch.hydra_return(params.job_num))
+        pickling.append(ret, params.job_num, launch.hydra_returns(job_id()))  # one file a gpupack job, not a job
         if failure is not None:
             raise failure  # recorded as failed, with the traceback in the job's .err log
         return metrics_of(ret.return_value)
