@@ -269,3 +269,21 @@ def test_earlier_attempts_and_other_endings_are_left_alone(tmp_path):
     submitter = SlurmSubmitter(SlurmConfig(name="slurm", backend="slurm"), run)
     result = submitter.ended(pack, FakeSlurmJob("COMPLETED", "", died=False), since)  # type: ignore[arg-type]
     assert result.ok and before == {p: p.read_bytes() for p in run.root.glob("packs/*/trainings/*.json")}
+
+
+def test_a_lane_job_out_of_memory_reads_the_runs_journals_once_for_all_its_packs(tmp_path, monkeypatch):
+    """A lane of many packs ends with its one job: each pack is asked about, and the run's journals (every lane's)
+    are read once for that job, not once a pack."""
+    import gpupack.core.journal as journal
+
+    run = RunDir(tmp_path / "run")
+    plan = make_plan(sweep="t", workload=WORKLOAD, grid={"tag": [f"t{i}" for i in range(6)]}, fixed={"steps": 2},
+                     factors=[2], modes=["process"], partitions=["v100"], repeats=1)
+    write_json_atomic(run.plan, plan.to_json())
+    reads = []
+    real = journal.read_folded
+    monkeypatch.setattr(journal, "read_folded", lambda *a, **k: reads.append(1) or real(*a, **k))
+    submitter = SlurmSubmitter(SlurmConfig(name="slurm", backend="slurm"), run)
+    for pack in plan.packs:  # the lane never began them: no folder, nothing folded
+        submitter.ended(pack, FakeSlurmJob("OUT_OF_MEMORY", "", died=True), time.time())  # type: ignore[arg-type]
+    assert len(plan.packs) == 3 and len(reads) == 1

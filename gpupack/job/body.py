@@ -118,18 +118,18 @@ def note_oom_kill(outcome: TrainingOutcome, oom_kills_before: int | None) -> Non
     outcome.error = f"{outcome.error}\n{why}" if outcome.error else why
 
 
-def record_job_oom(run: RunDir, pack_id: str, since: float, why: str) -> list[str]:
+def record_job_oom(run: RunDir, pack_id: str, since: float, why: str, records: RunRecords | None = None) -> list[str]:
     """The pack's job ran out of memory as SLURM tells it afterwards (sacct OUT_OF_MEMORY, slurmstepd's oom-kill line),
     maybe taking the packer with it. Records of this attempt (started since ``since``) of trainings that died by
     SIGKILL become oom; a training left with no record at all (its packer was killed first) gets an oom record on
     the device a sibling's record of this attempt names. The packer writes every other record; here SLURM is the only
     witness left. Returns the trainings it could not record (no sibling to say the device), for the caller to report.
-    """
+    ``records``: the run's records as the caller holds them (a lane's job asks once for all its packs), else read."""
     plan = Plan.from_json(read_json(run.plan))
     pack = plan.pack(pack_id)
     if pack.stream is not None:
         return _record_lane_oom(run, plan, pack, since, why)
-    if not run.pack_dir(pack_id).is_dir() and RunRecords(run).pack(pack_id) is not None:
+    if not run.pack_dir(pack_id).is_dir() and (records or RunRecords(run)).pack(pack_id) is not None:
         return []  # a pack its lane ran to its end and folded before the job was killed: none of its trainings was
     ours: dict[str, dict[str, Any]] = {}
     lost: list[Training] = []

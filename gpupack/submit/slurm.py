@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, TypeVar
 
 import submitit
 
+from gpupack.core.journal import RunRecords
 from gpupack.core.memory import request_mb
 from gpupack.core.plan import Pack, deal
 from gpupack.core.types import Capacity, JobForecast, PackRequest, PackResult, PackSettings
@@ -249,6 +250,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
     detachable = True
     requeues = True
     _limits: _slurm_queue.SiteLimits | None = None  # asked once per submitter (site_limits)
+    _oom_records: dict[str, RunRecords] | None = None  # a job that ran out of memory: the run's records, read once
 
     @classmethod
     def requeue_signal(cls) -> int:
@@ -494,7 +496,9 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         if not _slurm_queue.out_of_memory(job.state, (job.stderr() or "") + (job.stdout() or "")):  # merged: a lane's
             return result
         why = f"SLURM: job {job.job_id} ran out of memory (its cgroup killed a process)"
-        unrecorded = record_job_oom(self.run, pack.pack_id, since, why)
+        self._oom_records = self._oom_records or {}  # a lane's packs end with its job: its journals read once
+        records = self._oom_records.setdefault(str(job.job_id), RunRecords(self.run))
+        unrecorded = record_job_oom(self.run, pack.pack_id, since, why, records)
         if unrecorded:
             result.ok = False
             result.error = (f"{why}; training(s) {', '.join(unrecorded)} left no record. HINT: raise "
