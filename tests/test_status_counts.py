@@ -159,3 +159,37 @@ def test_leaving_watch_says_the_jobs_go_on_and_how_to_come_back(monkeypatch, cap
     assert main(["watch", "runs/x"]) == 130
     out = capsys.readouterr().out
     assert "the run's jobs go on" in out and "python -m gpupack watch runs/x" in out
+
+
+def test_status_of_a_folding_streaming_lane_mid_run_counts_its_trainings_running(tmp_path, subprocess_env):
+    """A lane that folds writes its trainings' logs in its own folder, not their homes': status finds who runs a
+    training by its claim. Lane 0 holds two trainings at a barrier while status looks; lane 1 never started."""
+    import subprocess
+    import sys
+
+    from omegaconf import OmegaConf
+
+    from gpupack.core.plan import make_plan
+    from gpupack.core.records import write_json_atomic
+    from gpupack.setup.compose import compose_config
+    from tests.conftest import wait_for
+    from tests.test_stream import _lane_cmd
+
+    gate = tmp_path / "gate"
+    run = RunDir(tmp_path / "run")
+    plan = make_plan(sweep="s", workload="tests.fake_workloads", grid={"tag": [f"t{i}" for i in range(4)]},
+                     fixed={"steps": 1, "sleep_s": 0.0, "meet": f"{gate}:3", "meet_timeout_s": 60.0}, factors=[2],
+                     modes=["process"], partitions=["local"], repeats=1, stream_jobs=2)
+    write_json_atomic(run.plan, plan.to_json())
+    OmegaConf.save(compose_config([*PROBE, f"run_dir={run.root}"]), run.config)
+    lane = subprocess.Popen(_lane_cmd(run, plan.packs[0].pack_id, fold=True), env=subprocess_env, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: len(list(gate.glob("*"))) >= 2, timeout_s=120)  # both of its slots arrived
+        st = sweep.status(run.root)
+        assert st.trainings["local"]["running"] == 2 and st.trainings["local"]["waiting"] == 2, st.trainings
+        homes = {t.training_id: p.pack_id for p in plan.packs for t in p.trainings}
+        assert any(homes[p.stem] != plan.packs[0].pack_id for p in run.packs.glob("*/logs/*.out"))  # not its own
+    finally:
+        (gate / "arrived-release").write_text("")
+        lane.wait(timeout=120)

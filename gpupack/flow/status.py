@@ -5,11 +5,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from omegaconf import OmegaConf
 
 from gpupack.analysis.load import cleared_mask, load_records, read_cleared
+from gpupack.core.claims import claims
 from gpupack.core.journal import RunRecords
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.records import COMPLETED, OOM, read_json, write_json_atomic
@@ -141,16 +142,27 @@ def status(run_dir: Path | str) -> RunStatus:
     held = HeldLocks()  # this host's lock table, read once for the run and every pack
     sweep_held = held.holds(run.lock)
     records = RunRecords(run)  # a pack's folder, else its lane's journal
+    every = {p.pack_id: {t.training_id: records.training(p.pack_id, t.training_id) for t in p.trainings}
+             for p in plan.packs}
     for p in plan.packs:
-        recs = {t.training_id: records.training(p.pack_id, t.training_id) for t in p.trainings}
+        recs = every[p.pack_id]
         done = sum(rec is not None and rec.get("status") == COMPLETED for rec in recs.values())
         job = jobs.get(p.pack_id, {}).get("job_id")
         state = pack_status(p, done, records.pack(p.pack_id) is not None, job, states,
                             started=records.started(p.pack_id), held=held.holds(run.pack_lock(p.pack_id)),
                             sweep_held=sweep_held)
         packs.append(PackStatus(p.pack_id, p.partition, state, done, len(p.trainings), job))
-        for tid, rec in recs.items():
-            started = run.log(p.pack_id, tid, "out").exists()
+    by_pack = {s.pack_id: s.state for s in packs}
+    queues: dict[str, dict[str, dict[str, Any]]] = {}  # a streaming queue's claims, read once: who runs what
+    for p in plan.packs:
+        if p.stream is not None and p.stream not in queues:
+            queues[p.stream] = claims(run.claims(p.stream))
+        held_by = queues.get(p.stream or "", {})
+        for tid, rec in every[p.pack_id].items():
+            runner = str(held_by.get(tid, {}).get("lane") or p.pack_id)  # the lane running it (a claim), which logs
+            started = any(run.log(where, tid, "out").exists()             # in its own folder where it folds
+                          for where in dict.fromkeys((p.pack_id, runner)))
+            state = by_pack.get(runner, by_pack[p.pack_id])
             trainings.setdefault(p.partition, Counter())[training_state(rec, started, state)] += 1
             if rec is not None:
                 starts.append(float(rec.get("started_at") or 0) or None)
