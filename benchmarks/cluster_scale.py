@@ -179,7 +179,8 @@ def report(out: Path) -> None:
     say(f"dry run of 100,000 trainings: {fmt(d['wall_s'], 1)} s; {d['jobs_line']}; {d['files_line']}")
     if "default" in r:
         df = r["default"]
-        say(f"the default sweep (python -m gpupack +sweep=mnist_pack, local backend, a job per pack): {df['files']} "
+        say(f"the default sweep (python -m gpupack +sweep=mnist_pack, local backend: its packs in one lane, not "
+            f"folded): {df['files']} "
             f"files for {df['trainings']} trainings, {fmt(df['files'] / max(1, df['trainings']))} per training"
             + ("" if df["rc"] == 0 else f" (exit {df['rc']})"))
 

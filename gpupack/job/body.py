@@ -41,7 +41,7 @@ from gpupack.core.rgu import model_from_device_name
 from gpupack.core.rundir import RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.errors import RunDirError
-from gpupack.pack import PackContext, Packer, Stream, load_packer, threads_for, work_prefix
+from gpupack.pack import LaneShare, PackContext, Packer, Stream, load_packer, threads_for, work_prefix
 from gpupack.runtime.jobenv import JobEnvironment, job_cores
 from gpupack.runtime.monitor import DeviceInfo, detect_device, first_visible, visible_devices
 from gpupack.runtime.sampler import Sampler
@@ -270,19 +270,21 @@ def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
 
 
 def run_pack(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
-             plan: Plan | None = None, records: RunRecords | None = None) -> dict[str, Any]:
+             plan: Plan | None = None, records: RunRecords | None = None,
+             share: LaneShare | None = None) -> dict[str, Any]:
     """Run one pack in this job. ``job``: the job as its backend tells it (Submitter.job_environment); None (a pack run
     outside any backend): this process (:meth:`JobEnvironment.here`). ``plan``: the run's, as the caller read it
     (None: read here). ``records``: the run's records as a lane read them at its start (its journals: a pack a lane
-    folded is complete without a folder); None: the pack's folder alone."""
+    folded is complete without a folder); None: the pack's folder alone. ``share``: what the lane's packs on this
+    device share (a fork server); None: the pack starts its own."""
     run = RunDir(Path(run_root))
     with pack_lock(run, pack_id):
         return _run_pack(run, plan or Plan.from_json(read_json(run.plan)), pack_id, settings,
-                         job or JobEnvironment.here(), records or RunRecords(run, Folded()))
+                         job or JobEnvironment.here(), records or RunRecords(run, Folded()), share)
 
 
 def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job: JobEnvironment,
-              records: RunRecords) -> dict[str, Any]:
+              records: RunRecords, share: LaneShare | None) -> dict[str, Any]:
     pack = plan.pack(pack_id)
     todo = [t for t in pack.trainings if not records.completed(pack_id, t.training_id)]
     if not todo:
@@ -291,12 +293,12 @@ def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job
         move_aside(run, pack_id, run.training_record(pack_id, t.training_id))
     move_aside(run, pack_id, run.pack_record(pack_id))
 
-    return execute(run, plan, pack, todo, settings, job)
+    return execute(run, plan, pack, todo, settings, job, share=share)
 
 
 def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], settings: PackSettings,
             job: JobEnvironment, stream: Stream | None = None,
-            extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+            extra: Mapping[str, Any] | None = None, share: LaneShare | None = None) -> dict[str, Any]:
     """Run ``todo`` on this job's device with the pack's mode or strategy, write a training record as each ends and
     the pack record at the end. A streaming lane (``stream``) starts ``todo`` in its N slots and refills them from
     the stream (which says where each streamed training's records live); ``extra``: more pack record fields."""
@@ -343,10 +345,10 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
                       training_timeout_s=settings.training_timeout_s,
                       memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
                       if settings.memory_limit_gb_per_training else None, spread=placement, stream=stream,
-                      tmp_dir=job.temp_dir(), work_dir=work_dir)
+                      share=share, tmp_dir=job.temp_dir(), work_dir=work_dir)
     sampler.start()
-    mode_started = time.time()  # the pack's clock: what a mode does before its trainings start (a fork server's
-    try:                        # preload, a TF host's start) is the pack's time too
+    mode_started = time.time()  # what a mode does before its first training starts (a fork server's preload) is
+    try:                        # set-up, recorded as such: the pack's wall counts from that start (write_pack_record)
         if todo:
             runner.run(todo, ctx)
     finally:
@@ -400,10 +402,15 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
                       sampled: dict[str, Any] | None = None, mode_started: float | None = None,
                       phase: str | None = None, job: JobEnvironment | None = None,
                       extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Write the pack record of this attempt. ``job``: as in :func:`run_pack`; ``extra``: more fields (a lane's)."""
+    """Write the pack record of this attempt. ``job``: as in :func:`run_pack`; ``extra``: more fields (a lane's).
+    Its wall runs from its first training's start (a fresh interpreter's spawn, a fork, a host's spawn: each
+    training's own start-up is inside) to its last one's end; what its mode did once before (``mode_started``: a
+    fork server's preload, shared by a lane's packs or not) is its ``setup_s``, outside the wall as a job's start is."""
     fields = (job or JobEnvironment.here()).record_fields()
-    started = min([r["started_at"] for r in records] + ([mode_started] if mode_started else []))
-    ended = max([r["ended_at"] for r in records] + ([mode_started] if mode_started else []))
+    first = min((float(r["started_at"]) for r in records), default=None)
+    started = first if first is not None else (mode_started or time.time())
+    ended = max([float(r["ended_at"]) for r in records], default=started)
+    setup = {"setup_s": max(0.0, first - mode_started)} if first is not None and mode_started else {}
     slots = slot_use(records, pack.factor, started, ended)
     rec = pack_record(
         pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition, probe=pack.probe,
@@ -421,7 +428,7 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
         workload=pack.trainings[0].workload_label if pack.trainings else None,
         # The job (its id, its GPUs), and what the scheduler gave it, to cross-check with sacct's gres/gpu.
         **fields,
-        sampler=sampled, **spread_fields(pack), **slots, **(extra or {}),
+        sampler=sampled, **spread_fields(pack), **slots, **setup, **(extra or {}),
     )
     if phase:
         rec["phase"] = phase

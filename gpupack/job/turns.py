@@ -27,6 +27,7 @@ from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
 from gpupack.job.stream import out_of_time, run_lane
+from gpupack.pack import LaneShare
 from gpupack.runtime.jobenv import JobEnvironment
 
 
@@ -79,23 +80,31 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
     records = RunRecords(run)  # the lane's journals, read once: a pack an earlier run of the lane folded is complete
     lane = pack_ids[0] if pack_ids else ""
     gpus = job.gpus(settings.job_gpus) if settings.job_gpus > 1 else []
+    trainings = [t for pack_id in pack_ids for t in plan.pack(pack_id).trainings]  # what a shared server preloads
     if len(gpus) <= 1:
-        take_turns(run, plan, turns, job, records, lane)
+        with LaneShare(run, lane, trainings) as share:
+            take_turns(run, plan, turns, job, records, lane, share)
     else:
-        workers = [threading.Thread(target=take_turns, args=(run, plan, turns, job.on_gpu(gpu, i), records, lane),
-                                    name=f"gpupack-gpu{i}") for i, gpu in enumerate(gpus)]
+        shares = [LaneShare(run, f"{lane}-gpu{i}", trainings) for i in range(len(gpus))]  # a device's own
+        workers = [threading.Thread(target=take_turns, name=f"gpupack-gpu{i}",
+                                    args=(run, plan, turns, job.on_gpu(gpu, i), records, lane, shares[i]))
+                   for i, gpu in enumerate(gpus)]
         for w in workers:
             w.start()
         for w in workers:
             w.join()
+        for share in shares:
+            share.close()
     if turns.failed is not None:
         raise turns.failed
     return turns.result(pack_ids)
 
 
-def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, records: RunRecords, lane: str) -> None:
+def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, records: RunRecords, lane: str,
+               share: LaneShare | None = None) -> None:
     """Run the lane's next pack on ``job``'s device until none is left to begin; where the lane folds
-    (``settings.fold``), each ended pack into the lane's journal."""
+    (``settings.fold``), each ended pack into the lane's journal. ``share``: what the packs this device runs share
+    (a fork server started for the first, kept for the next)."""
     while (pack_id := turns.take()) is not None:
         pack = plan.pack(pack_id)
         ran_before = all(records.completed(pack_id, t.training_id) for t in pack.trainings)
@@ -104,7 +113,8 @@ def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, recor
             if pack.stream is not None:  # a streaming lane's pack, where the user's job limit dealt several to one
                 record = run_lane(str(run.root), pack_id, turns.settings, job=job, plan=plan)  # job: its queue
             else:
-                record = run_pack(str(run.root), pack_id, turns.settings, job=job, plan=plan, records=records)
+                record = run_pack(str(run.root), pack_id, turns.settings, job=job, plan=plan, records=records,
+                                  share=share)
                 if turns.settings.fold:
                     fold_pack(run, pack_id, lane)
         except BaseException as err:  # noqa: BLE001 - raised again by run_in_turn, in the job's own thread

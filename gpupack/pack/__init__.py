@@ -45,6 +45,50 @@ class Stream(Protocol):
         """The training's record is written (the lane may fold it now)."""
 
 
+class LaneShare:
+    """What the packs a lane runs one after another on one device share: what a mode starts once for them all and
+    keeps between them (process mode: its preloaded fork server), closed when the lane ends. A pack's wall counts from
+    its first training's start, so what a mode starts here is the lane's set-up, paid once, as a job start is.
+    ``trainings``: every training of the lane's packs (what a shared server preloads for)."""
+
+    def __init__(self, run: RunDir, lane: str, trainings: Sequence[Training] = ()) -> None:
+        self.run, self.lane, self.trainings = run, lane, list(trainings)
+        self._kept: dict[Hashable, Any] = {}
+        self._closers: list[Callable[[], None]] = []
+        self._logs: list[Path] = []
+
+    def log(self, name: str) -> Path:
+        """Where a shared process of the lane logs (lanes/<lane>.<name>.err): no pack's folder, which a lane that
+        folds removes while the process still runs; removed at the lane's end if nothing was written."""
+        path = self.run.lanes / f"{check_name('lane', self.lane)}.{check_name('name', name)}.err"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._logs.append(path)
+        return path
+
+    def get(self, key: Hashable, make: Callable[[], Any], close: Callable[[Any], None] | None = None) -> Any:
+        """What ``make`` made the first time ``key`` was asked for in this lane (``close`` it at the lane's end)."""
+        if key not in self._kept:
+            made = self._kept[key] = make()
+            if close is not None:
+                self._closers.append(lambda: close(made))
+        return self._kept[key]
+
+    def close(self) -> None:
+        try:
+            while self._closers:
+                self._closers.pop()()
+        finally:
+            for path in self._logs:
+                if path.is_file() and path.stat().st_size == 0:
+                    path.unlink()
+
+    def __enter__(self) -> "LaneShare":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 @dataclass(frozen=True)
 class PackContext:
     run: RunDir
@@ -67,6 +111,8 @@ class PackContext:
     spread: Placement | None = None
     # A streaming lane (packing.stream): its slots take their next training from here as they free.
     stream: Stream | None = None
+    # What the lane's packs on this device share (a fork server kept between them); None: the pack runs alone.
+    share: LaneShare | None = None
     # The job's own temporary space (JobEnvironment.temp_dir): MPS's pipes, DDP's rendezvous.
     tmp_dir: str = field(default_factory=tempfile.gettempdir)
     # Where the trainings' specs and results go while the pack runs: a folder of the job's own node-local space, made

@@ -23,9 +23,10 @@ from gpupack.pack import (
     worker_env,
     worker_spec,
 )
+from gpupack.runtime.forkserver import ForkServer
 from gpupack.runtime.jobenv import job_cpus
 from gpupack.runtime.mps import mps_daemon
-from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor
+from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor, fork_server
 from gpupack.workload import Workload
 from gpupack.workloads import load_workload
 
@@ -214,12 +215,23 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
 
 def preload(supervisor: Supervisor, trainings: Sequence[Training], ctx: PackContext) -> str | None:
     """Start ``supervisor``'s preloaded fork server for ``trainings`` (a stream's: the whole queue, since any of its
-    trainings may come to this lane); None, or why it did not start (fresh interpreters, said in the server's log and
-    in each training's record as ``fork_fallback``). DDP's ranks start from one too. A stream's server learns what its
-    trainings import (a freed slot's next training is forked from it); a whole pack's does not: all its trainings
-    start at once, and an import between their ends would sit inside the pack's measured wall."""
-    return supervisor.preload(trainings[0].workload, [t.params for t in trainings], worker_env(ctx.env, ctx.threads),
-                              ctx.run.log(ctx.pack.pack_id, "forkserver", "err"), learn=ctx.stream is not None)
+    trainings may come to this lane), or use the one the lane's packs share (``ctx.share``: started for the first,
+    preloaded for every training of the lane, kept for the next); None, or why it did not start (fresh interpreters,
+    said in the server's log and in each training's record as ``fork_fallback``). DDP's ranks start from one too. A
+    stream's server learns what its trainings import (a freed slot's next training is forked from it); a whole pack's
+    does not: all its trainings start at once, and an import between their ends would sit inside the pack's wall."""
+    workload, env = trainings[0].workload, worker_env(ctx.env, ctx.threads)
+    if ctx.share is None or ctx.stream is not None:
+        return supervisor.preload(workload, [t.params for t in trainings], env,
+                                  ctx.run.log(ctx.pack.pack_id, "forkserver", "err"), learn=ctx.stream is not None)
+    share = ctx.share
+    every = [t.params for t in share.trainings if t.workload == workload] or [t.params for t in trainings]
+    made = share.get(("forkserver", workload), lambda: fork_server(workload, every, env, share.log("forkserver")),
+                     close=lambda server: server.close() if isinstance(server, ForkServer) else None)
+    if isinstance(made, str):
+        return made
+    supervisor.use(made)  # its children's thread pools are set to each pack's share as they are forked
+    return None
 
 
 PACKER = ProcessPacker()

@@ -107,6 +107,7 @@ def _child(req: Mapping[str, Any], forked_at: float, report_fd: int | None = Non
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         os.environ.clear()
         os.environ.update(req["env"])
+        cap_thread_pools(req["env"])
         if req.get("cwd"):
             os.chdir(req["cwd"])
         if req.get("python_main"):  # a Python program of the user's, as `python SCRIPT.py ...` would run it
@@ -127,6 +128,17 @@ def _child(req: Mapping[str, Any], forked_at: float, report_fd: int | None = Non
                 _report_imports(report_fd, known)
         finally:
             os._exit(code)
+
+
+def cap_thread_pools(env: Mapping[str, str]) -> None:
+    """The native thread pools the server loaded (OpenMP, BLAS: they read OMP_NUM_THREADS and the like once, when the
+    server imported them) set to this child's share as its environment gives it: a server shared by packs of
+    several N forks each pack's trainings with their own share (threadpoolctl, which finds the loaded pools)."""
+    value = env.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=int(value))
 
 
 def run_main(entry: Mapping[str, Any]) -> int:

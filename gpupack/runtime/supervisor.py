@@ -189,6 +189,28 @@ class Child:
                          list(self.spec.cpus) if self.spec.cpus else None)
 
 
+def fork_server(workload: str, params: Sequence[Mapping[str, Any]], env: Mapping[str, str], log: Path,
+                learn: bool = False) -> ForkServer | str:
+    """A preloaded fork server for ``workload``'s trainings (``params``), started in ``env``, logging to ``log``; or
+    why it did not start (its preload failed, or made forking unsafe: forkserver.fork_unsafe), said in its log too.
+    ``learn``: the server learns its children's imports (forkserver.Learner), for children started after others
+    ended."""
+
+    def start(argv: Sequence[str], err: IO[bytes]) -> subprocess.Popen[bytes]:
+        # A library the server imports may ask torch.cuda.is_available() at import: through NVML that leaves the
+        # CUDA driver uninitialised, so the children it forks can still use CUDA (PyTorch's fork-poisoning
+        # guard); the children get their own environment from each request
+        return spawn(argv, {**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}, stdin=subprocess.PIPE,
+                     stdout=subprocess.PIPE, stderr=err)
+
+    try:
+        return ForkServer(workload, params, log, start, learn)
+    except (RuntimeError, OSError) as err:
+        with open_log(log, append=True) as f:
+            f.write(f"gpupack: {err}; starting each training as a fresh interpreter instead\n".encode())
+        return str(err)
+
+
 @dataclass
 class Supervisor:
     """Start, follow, time out, (fail together,) reap and report the children of one pack or training; start their
@@ -201,6 +223,7 @@ class Supervisor:
     server: ForkServer | None = field(default=None, init=False)  # started by preload(): where children with a
     # spec_path are forked from
     refused: str | None = field(default=None, init=False)  # why the server forks no more (ForkRefused)
+    owns_server: bool = field(default=True, init=False)  # False: a server a lane shares (use()), closed by the lane
     together: Together | None = None  # None: each child fails alone
     children: list[Child] = field(default_factory=list)
     culprit: ChildExit | None = None  # the member whose failure failed the group (with ``together``)
@@ -215,7 +238,7 @@ class Supervisor:
             if kind is not None:  # the job is being cancelled or broke: take no orphan child with it
                 self.stop()
         finally:
-            if self.server is not None:
+            if self.server is not None and self.owns_server:
                 self.server.close()
 
     def start(self, spec: ChildSpec) -> Child:
@@ -249,25 +272,18 @@ class Supervisor:
     def preload(self, workload: str, params: Sequence[Mapping[str, Any]], env: Mapping[str, str],
                 log: Path, learn: bool = False) -> str | None:
         """Start the preloaded fork server that children with a ``spec_path`` are forked from, for ``workload``'s
-        trainings (it dies with the packer and is closed on leaving the block); None, or why it did not start (its
-        preload failed, or made forking unsafe: forkserver.fork_unsafe): the children then start as fresh
-        interpreters, and the reason is in its log too. ``learn``: the server learns its children's imports
-        (forkserver.Learner), for children started after others ended."""
+        trainings (it dies with the packer and is closed on leaving the block); None, or why it did not start
+        (:func:`fork_server`): the children then start as fresh interpreters."""
+        made = fork_server(workload, params, env, log, learn)
+        if isinstance(made, str):
+            return made
+        self.server = made
+        return None
 
-        def start(argv: Sequence[str], err: IO[bytes]) -> subprocess.Popen[bytes]:
-            # A library the server imports may ask torch.cuda.is_available() at import: through NVML that leaves the
-            # CUDA driver uninitialised, so the children it forks can still use CUDA (PyTorch's fork-poisoning
-            # guard); the children get their own environment from each request
-            return spawn(argv, {**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}, stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=err)
-
-        try:
-            self.server = ForkServer(workload, params, log, start, learn)
-            return None
-        except (RuntimeError, OSError) as err:
-            with open_log(log, append=True) as f:
-                f.write(f"gpupack: {err}; starting each training as a fresh interpreter instead\n".encode())
-            return str(err)
+    def use(self, server: ForkServer) -> None:
+        """Fork children with a spec_path from ``server``, a server the caller keeps (a lane's, for its packs one after
+        another): it is not closed on leaving the block."""
+        self.server, self.owns_server = server, False
 
     def call(self, spec: ChildSpec, stdin: bytes | None = None, timeout_s: float = HELPER_TIMEOUT_S) -> ChildExit:
         """Run a helper program to its end (MPS's control), fed ``stdin``, its process group killed past
