@@ -53,6 +53,12 @@ class ProbeParams:
     # Modules the training imports itself, comma-separated, as an app that imports its framework inside its task
     # function; its metrics say which were already imported when it began ("warm": forked from a server that had them).
     lazy_import: str = ""
+    # The fork server's preload: modules it imports (comma-separated), and a file it appends a line to each time it
+    # preloads (how many servers a lane started)
+    preload_import: str = ""
+    preload_mark: str = ""
+    # Report the sizes of the native thread pools loaded in the training's process (threadpoolctl)
+    report_threads: bool = False
 
 
 class Probe(Workload):
@@ -70,6 +76,11 @@ class Probe(Workload):
         if any(p.preload_fail for p in params):
             raise RuntimeError("preload failure on purpose")
         time.sleep(max((p.preload_sleep_s for p in params), default=0.0))
+        for module in {m for p in params for m in p.preload_import.split(",") if m}:
+            importlib.import_module(module)
+        for mark in {p.preload_mark for p in params if p.preload_mark}:
+            with open(mark, "a") as f:
+                f.write(f"{os.getpid()}\n")
 
     def train(self, params: ProbeParams, ctx: TrainingContext) -> dict[str, Any]:
         lazy = [m for m in params.lazy_import.split(",") if m]
@@ -111,7 +122,16 @@ class Probe(Workload):
         env = {k: os.environ.get(k) for k in params.report_env.split(",") if k}
         return {"train_loss": 1.0 / (1 + params.lr), "val_accuracy": min(params.lr, 1.0), "tag": params.tag,
                 "env": env, "data": "probe (no data)", "pid": os.getpid(), "own_session": os.getsid(0) == os.getpid(),
-                "cpus": sorted(os.sched_getaffinity(0)), "cwd": os.getcwd(), "warm": warm}
+                "cpus": sorted(os.sched_getaffinity(0)), "cwd": os.getcwd(), "warm": warm,
+                "thread_pools": _thread_pools() if params.report_threads else None}
+
+
+def _thread_pools() -> dict[str, int]:
+    """Each loaded native thread pool's size (OpenMP, BLAS), by its library's name."""
+    from threadpoolctl import threadpool_info
+
+    return {f"{info['internal_api']}:{os.path.basename(info['filepath'])}": info["num_threads"]
+            for info in threadpool_info()}
 
 
 def _spin(cpu_s: float) -> None:

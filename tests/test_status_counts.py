@@ -165,7 +165,6 @@ def test_status_of_a_folding_streaming_lane_mid_run_counts_its_trainings_running
     """A lane that folds writes its trainings' logs in its own folder, not their homes': status finds who runs a
     training by its claim. Lane 0 holds two trainings at a barrier while status looks; lane 1 never started."""
     import subprocess
-    import sys
 
     from omegaconf import OmegaConf
 

@@ -174,7 +174,7 @@ def test_a_pack_that_fails_on_one_gpu_stops_the_lane_and_is_raised(tmp_path, mon
         fail(self, err)
         failure_seen.set()
 
-    def run_pack(run_root, pack_id, settings, job, plan, records):
+    def run_pack(run_root, pack_id, settings, job, plan, records, share=None):
         ran.append(pack_id)
         both_begun.wait()  # a pack on each GPU
         if pack_id == ids[0]:
@@ -188,3 +188,54 @@ def test_a_pack_that_fails_on_one_gpu_stops_the_lane_and_is_raised(tmp_path, mon
         run_in_turn(str(run.root), ids, PackSettings(device="cpu", job_gpus=2),
                     job=JobEnvironment(job_id="7_2", cuda_visible_devices="0,1", tmp_dir=str(tmp_path / "tmp")))
     assert sorted(ran) == sorted(ids[:2])  # the failed pack and the one beside it; no pack began after the failure
+
+
+def test_a_lanes_packs_share_one_fork_server_started_before_the_first_packs_wall(tmp_path):
+    """Three packs in turn (N = 1, 2, 1): one server preloads once for all of them (its log in lanes/, removed when
+    empty), each pack's wall counts from its first training, and the first pack's setup_s holds the preload."""
+    from gpupack.pack.process import ProcessOptions
+
+    mark = tmp_path / "preloads"
+    run = RunDir(tmp_path / "run")
+    plan = make_plan(sweep="t", workload="tests.fake_workloads", grid={"lr": [0.1, 0.2]},
+                     fixed={"steps": 2, "preload_mark": str(mark), "preload_sleep_s": 1.0}, factors=[1, 2],
+                     modes=["process"], partitions=["local"], repeats=1)
+    write_json_atomic(run.plan, plan.to_json())
+    ids = [p.pack_id for p in plan.packs]
+    assert len(ids) == 3
+    fork = PackSettings(device="cpu", mode_options={"process": ProcessOptions(start="fork")})
+    run_in_turn(str(run.root), ids, fork)
+    assert len(mark.read_text().splitlines()) == 1  # one server, one preload, for the lane
+    recs = [read_json(run.pack_record(i)) for i in ids]
+    first, *later = recs
+    assert first["setup_s"] >= 1.0 and all(r["setup_s"] < 1.0 for r in later)  # the preload (a sleep: a lower
+    trainings = [read_json(p) for p in run.packs.glob("*/trainings/*.json")]    # bound) was paid once
+    assert len(trainings) == 4 and {t["start"] for t in trainings} == {"fork"}
+    for r in recs:
+        starts = [t["started_at"] for t in trainings if t["pack_id"] == r["pack_id"]]
+        assert r["started_at"] == min(starts)
+    assert not run.lanes.exists() or list(run.lanes.iterdir()) == []  # the server said nothing: no log kept
+
+
+def test_a_shared_servers_children_get_their_packs_thread_share(tmp_path):
+    """The server loaded numpy's BLAS and OpenMP pools in the first pack's environment (N=1: every core); a pack of
+    N=2 forked from it runs each training's pools at its own share (threadpoolctl in the child)."""
+    import os
+
+    from gpupack.pack.process import ProcessOptions
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores: N=1 and N=2 then get different thread shares")
+    run = RunDir(tmp_path / "run")
+    plan = make_plan(sweep="t", workload="tests.fake_workloads", grid={"lr": [0.1, 0.2]},
+                     fixed={"steps": 1, "preload_import": "numpy", "report_threads": True}, factors=[1, 2],
+                     modes=["process"], partitions=["local"], repeats=1, order="by_factor")
+    write_json_atomic(run.plan, plan.to_json())
+    ids = [p.pack_id for p in plan.packs]
+    assert [plan.pack(i).factor for i in ids] == [1, 1, 2]
+    fork = PackSettings(device="cpu", mode_options={"process": ProcessOptions(start="fork")})
+    run_in_turn(str(run.root), ids, fork)
+    for path in run.packs.glob("*/trainings/*.json"):
+        rec = read_json(path)
+        pools = rec["metrics"]["thread_pools"]
+        assert pools and set(pools.values()) == {rec["threads"]}, (rec["factor"], rec["threads"], pools)

@@ -186,7 +186,11 @@ def _exit_code(code: object) -> int:
 
 
 def _preload(req: Mapping[str, Any]) -> None:
-    from gpupack.workloads import load_workload  # what the server preloads is the pack's time, counted from here
+    # threadpoolctl here, not in each child: its import sets a variable in os.environ, and a child's environment is
+    # its request's, whole (cap_thread_pools)
+    import threadpoolctl  # noqa: F401
+
+    from gpupack.workloads import load_workload  # the preload is set-up (a pack's setup_s), outside any pack's wall
 
     workload = load_workload(req["workload"])
     workload.preload([workload.params(p) for p in req.get("params", [])])
