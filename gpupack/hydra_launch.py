@@ -129,7 +129,8 @@ def check_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]],
     largest = min(p["pack"], len(job_overrides))
     settings = PackSettings(device=p["device"], threads_per_training=p.get("threads_per_job"),
                             training_timeout_s=p.get("job_timeout_s"), gpu_model=p.get("gpu_model"),
-                            sample_interval_s=float(p["sample_interval_s"]), mode_options=launcher_mode_options(p))
+                            sample_interval_s=float(p["sample_interval_s"]), mode_options=launcher_mode_options(p),
+                            memory_share=PackingConfig.memory_fraction)  # each job its share of the GPU
     try:  # nothing measured for an app's jobs: the default memory figure per job
         check_packs(load_workload(WORKLOAD), [p["mode"]], [largest], facts, settings, estimate(None, Measured()),
                     PackingConfig.memory_fraction, lambda i: f"{KEY}.pack", noun="jobs")

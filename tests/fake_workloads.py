@@ -59,6 +59,8 @@ class ProbeParams:
     preload_mark: str = ""
     # Report the sizes of the native thread pools loaded in the training's process (threadpoolctl)
     report_threads: bool = False
+    # Allocate on the GPU through torch (tests/fake_torch: logged, so a test sees it came after the memory share)
+    cuda_alloc: bool = False
 
 
 class Probe(Workload):
@@ -87,6 +89,10 @@ class Probe(Workload):
         warm = {m: m in sys.modules for m in lazy}
         for m in lazy:
             importlib.import_module(m)
+        if params.cuda_alloc:
+            import torch  # tests/fake_torch where a test puts it first
+
+            torch.zeros(1, device="cuda")
         if params.meet:
             _meet(params.meet, params.meet_timeout_s)
         if params.marker and not os.path.exists(params.marker):

@@ -184,3 +184,30 @@ def _sampled_peaks(run: Path, folded: Folded) -> dict[str, dict[str, Any]]:
     for rec in [*(h[-1] for h in folded.packs.values()), *pack_recs]:
         out.update(((rec.get("sampler") or {}).get("per_training") or {}))
     return out
+
+
+@dataclass(frozen=True)
+class MemoryShare:
+    """One training's share of its device's memory in a pack of ``slots`` (``packing.memory_share``): ``fraction``
+    of the device (``packing.memory_fraction`` / N) and its ``mb``. Enforced in the training's process where the
+    platform can (gpupack.runtime.memshare)."""
+
+    fraction: float
+    mb: float
+
+    def mps_limit(self) -> str:
+        """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for a client that sees its GPU as device 0 (whole MB)."""
+        return f"0={int(self.mb)}M"
+
+    def to_record(self) -> dict[str, float]:
+        return {"fraction": round(self.fraction, 6), "mb": round(self.mb, 1)}
+
+
+def memory_share(fraction: float | None, device_total_mb: float | None, slots: int) -> MemoryShare | None:
+    """Each of ``slots`` trainings' share of a device of ``device_total_mb`` that they may fill to ``fraction``
+    together; None: sharing off (``fraction`` None), or no GPU to share (a CPU: host memory is bounded by
+    ``packing.memory_limit_gb_per_training`` and the caps of N). Pure."""
+    if fraction is None or device_total_mb is None or slots < 1:
+        return None
+    each = fraction / slots
+    return MemoryShare(each, each * device_total_mb)

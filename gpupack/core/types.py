@@ -82,6 +82,9 @@ class PackSettings:
     # A lane of packs folds each pack it ends into the lane's journal (gpupack.core.journal): a few files per job on
     # the shared filesystem instead of five per training. Set by the backend for the lanes it deals.
     fold: bool = False
+    # The share of a GPU's memory a pack's trainings may fill together (packing.memory_fraction), split evenly and
+    # enforced per training (gpupack.runtime.memshare); None: packing.memory_share=off.
+    memory_share: float | None = None
 
     def options(self, mode: str, kind: type[OptionsT]) -> OptionsT:
         """``mode``'s own options as these settings carry them, else its defaults (``kind()``)."""

@@ -21,6 +21,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from gpupack.core.columnar import write_columnar
 from gpupack.core.journal import Folded, RunRecords, append_records, lane_trainings
+from gpupack.core.memory import memory_share
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.records import (
@@ -339,7 +340,10 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
     # specs and results in the job's node-local space (the scheduler's), not a file each on /project
     work_dir = tempfile.mkdtemp(prefix=work_prefix(pack.pack_id), dir=job.temp_dir())
     # the trainings inherit the job's environment, and its id as the backend names it (jobenv.job_id)
-    ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=env,
+    # each training's share of the GPU, enforced in its process where the platform can (packing.memory_share)
+    each = memory_share(settings.memory_share, info.memory_total_mb, pack.factor) \
+        if device == "cuda" and placement is None else None
+    ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=env, memory_share=each,
                       settings=settings, gpu_memory_total_mb=info.memory_total_mb,
                       warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
                       training_timeout_s=settings.training_timeout_s,

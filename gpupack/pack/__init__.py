@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence
 
+from gpupack.core.memory import MemoryShare
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Training
 from gpupack.core.registry import exported, module_names, require_known
@@ -111,6 +112,9 @@ class PackContext:
     spread: Placement | None = None
     # A streaming lane (packing.stream): its slots take their next training from here as they free.
     stream: Stream | None = None
+    # Each training's share of the GPU's memory (packing.memory_share: memory_fraction / N), which process mode
+    # gives each child to enforce (gpupack.runtime.memshare); None: off, a CPU, or a spread training.
+    memory_share: MemoryShare | None = None
     # What the lane's packs on this device share (a fork server kept between them); None: the pack runs alone.
     share: LaneShare | None = None
     # The job's own temporary space (JobEnvironment.temp_dir): MPS's pipes, DDP's rendezvous.

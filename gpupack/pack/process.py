@@ -25,7 +25,8 @@ from gpupack.pack import (
 )
 from gpupack.runtime.forkserver import ForkServer
 from gpupack.runtime.jobenv import job_cpus
-from gpupack.runtime.mps import mps_daemon
+from gpupack.runtime.memshare import SHARE_ENV
+from gpupack.runtime.mps import MPS_LIMIT_ENV, MPS_PIPE_ENV, mps_daemon
 from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor, fork_server
 from gpupack.workload import Workload
 from gpupack.workloads import load_workload
@@ -79,9 +80,10 @@ class _Training:
         # A list argv, never a shell: gpupack's worker reads hyperparameters from the spec file; a command
         # workload's argv items are templated one by one.
         self.launch = workload.launch(training.params, str(spec_path), str(self.result_path))
+        self.share, share_env = memory_share_env(ctx)
         self.child = ChildSpec(tid, self.launch.argv, run.log(pid, tid, "out"), err_path,
                                {**worker_env(ctx.env, ctx.threads), PACK_SIZE_ENV: str(ctx.pack.factor),
-                                **self.launch.env}, spec_path, self.launch.cwd,
+                                **self.launch.env, **share_env}, spec_path, self.launch.cwd,
                                ctx.memory_limit_bytes, list(cpus) if cpus else None, started_at,
                                self.launch.python_main)
         self._outcome: TrainingOutcome | None = None
@@ -94,7 +96,8 @@ class _Training:
 
     def _make_outcome(self, ended: ChildExit) -> TrainingOutcome:
         extra = {"start": ended.start, "cpus": ended.cpus, "slot": self.slot,
-                 **({"fork_fallback": self.fork_fallback} if self.fork_fallback else {})}
+                 **({"fork_fallback": self.fork_fallback} if self.fork_fallback else {}),
+                 **({"memory_share": self.share} if self.share else {})}
         code, result, error = ended.returncode, None, None
         if ended.start_error is not None:  # the program is gone or not executable on this node: it fails alone
             code, error = None, start_failure(self.launch.argv, self.launch.cwd, ended.start_error)
@@ -169,6 +172,20 @@ class ProcessPacker(Packer):
                               "set packing.process.mps=false, or run on a GPU partition")
         with mps_daemon(ctx.env, ctx.tmp_dir, lambda name, kind: ctx.run.log(ctx.pack.pack_id, name, kind)) as mps_env:
             return run_processes(trainings, dataclasses.replace(ctx, env={**ctx.env, **mps_env}), opts)
+
+
+def memory_share_env(ctx: PackContext) -> tuple[dict[str, Any], dict[str, str]]:
+    """What a training is given of its share of the GPU (ctx.memory_share): for its record (the share, and whether
+    its MPS client is limited to it), and its environment: the fraction its torch sets before its first allocation
+    (gpupack.runtime.memshare) and, under MPS (the pack's daemon, or one the job runs itself), its client's limit."""
+    share = ctx.memory_share
+    if share is None:
+        return {}, {}
+    env = {SHARE_ENV: f"{share.fraction:.6f}"}
+    mps = MPS_PIPE_ENV in ctx.env
+    if mps:
+        env[MPS_LIMIT_ENV] = share.mps_limit()
+    return {**share.to_record(), "mps_limit": env.get(MPS_LIMIT_ENV)}, env
 
 
 def process_options(settings: PackSettings | None) -> ProcessOptions:

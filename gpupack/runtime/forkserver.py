@@ -46,6 +46,7 @@ from typing import IO, Any, Callable, Mapping, Sequence  # noqa: E402
 
 from gpupack.core.preload import import_libraries, learnable, library_roots  # noqa: E402
 from gpupack.core.records import open_log  # noqa: E402
+from gpupack.runtime.memshare import limit_torch  # noqa: E402
 
 READY_TIMEOUT_S = 600.0  # a framework import on a busy node can be slow; past this the pack fails loudly
 LEARN_LIMIT_BYTES = 60_000  # what a child reports fits a usual pipe's buffer (64 KiB)
@@ -111,6 +112,7 @@ def _child(req: Mapping[str, Any], forked_at: float, report_fd: int | None = Non
         if req.get("cwd"):
             os.chdir(req["cwd"])
         if req.get("python_main"):  # a Python program of the user's, as `python SCRIPT.py ...` would run it
+            limit_torch()  # its share of the GPU, where the server preloaded torch: before the program allocates
             code = run_main(req["python_main"])
         else:
             from gpupack.runtime import worker  # in the forked child: the server itself never trains

@@ -18,6 +18,8 @@ from gpupack.errors import ConfigError
 from gpupack.runtime.supervisor import ChildSpec, Supervisor
 
 CONTROL = "nvidia-cuda-mps-control"
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"  # a client's way to its daemon: set, the process is an MPS client
+MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # a client's device memory limit, e.g. "0=4096M" (Volta onwards)
 
 
 @contextlib.contextmanager
@@ -32,7 +34,7 @@ def mps_daemon(env: Mapping[str, str], tmp_dir: str,
                           "or set packing.process.mps=false")
     root = Path(tempfile.mkdtemp(prefix="gpupack-mps-", dir=tmp_dir))
     try:
-        mps_env = {"CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(root / "log")}
+        mps_env = {MPS_PIPE_ENV: str(root / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(root / "log")}
         for path in mps_env.values():
             os.makedirs(path, exist_ok=True)
         daemon_env = {**env, **mps_env}

@@ -35,8 +35,14 @@ def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any
     ctx = TrainingContext(device=spread.device if spread else spec["device"], threads=int(spec["threads"]),
                           reporter=reporter, spread=spread, logs=(logs[0], logs[1]) if logs else None)
     try:
+        from gpupack.runtime.memshare import limit_torch
+
+        # its share of the GPU before its first CUDA allocation (a torch workload: torch imported for it here)
+        applied = limit_torch(load=workload.framework == "torch") if str(ctx.device).startswith("cuda") else None
         metrics = workload.train(params, ctx)
         result = compose_result(spec, workload, params, reporter, metrics, process_start)
+        if applied is not None:
+            result["memory_share_applied"] = applied
         if spread is not None:  # what the strategy measured (all-reduce bytes and time per step), and where it ran
             result["spread"] = {**spread.placement.to_json(), **spread.stats()}
         return result

@@ -67,6 +67,11 @@ class PackingConfig:
     auto: AutoConfig = field(default_factory=lambda: AutoConfig())
     # Share of a device's memory N trainings may fill (GPU: NVML's total; CPU: host memory); the source's ~80 %.
     memory_fraction: float = 0.8
+    # Each training's share of its GPU, memory_fraction / N, enforced where the platform can: an MPS client's limit
+    # (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), and torch's per-process memory fraction in the torch programs gpupack
+    # starts (its workloads, forked scripts, Hydra jobs), set before their first CUDA allocation; past it a training
+    # gets its own OOM and its neighbours keep running. on | off.
+    memory_share: str = "on"
     # Packing modes to compare; each is a module under gpupack/pack/.
     modes: List[str] = field(default_factory=lambda: ["process"])
     # Packs measured per (mode, N) at least, so time per training has a median and a spread.

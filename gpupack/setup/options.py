@@ -31,7 +31,8 @@ def pack_settings(packing: DictConfig, estimate_s: float | None = None) -> PackS
                         training_estimate_s=estimate_s,
                         training_timeout_s=packing.training_timeout_s,
                         memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
-                        sample_interval_s=packing.sample_interval_s, mode_options=mode_options(packing))
+                        sample_interval_s=packing.sample_interval_s, mode_options=mode_options(packing),
+                        memory_share=float(packing.memory_fraction) if packing.memory_share == "on" else None)
 
 
 def check_strategy_options(spread: DictConfig) -> None:

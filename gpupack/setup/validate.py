@@ -30,6 +30,7 @@ from gpupack.workloads import load_workload
 
 DEVICES = ("auto", "cpu", "cuda")
 STREAMS = ("auto", "on", "off")  # packing.stream
+SWITCH = ("on", "off")  # packing.memory_share
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,7 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
                 raise ConfigError(f"packing.modes[{i}]", mode, "cannot stream: its N trainings share one process, "
                                   "so a slot cannot take a new training while the others run",
                                   "use packing.modes=[process] with packing.stream=on, or packing.stream=off")
+    require_choice(packing.memory_share, SWITCH, "packing.memory_share", "memory share choice")
     if not 0 < packing.memory_fraction <= 1:
         raise ConfigError("packing.memory_fraction", packing.memory_fraction, "must be in (0, 1]",
                           "e.g. packing.memory_fraction=0.8 (the source's 80 % target)")

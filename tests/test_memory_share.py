@@ -1,0 +1,167 @@
+"""Each training's share of the GPU's memory (issue 32, item 1): what it is, and how each training is given it, at the
+seams a CPU machine can reach: MPS through its stand-in control program, torch through tests/fake_torch (a stand-in
+that logs each memory-fraction call and allocation), the job's GPU through FakeNvml."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpupack.cli import main
+from gpupack.core.memory import MemoryShare, memory_share
+from gpupack.core.plan import make_plan
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings
+from gpupack.job.body import run_pack
+from gpupack.pack import PackContext
+from gpupack.pack.process import PACKER as PROCESS
+from gpupack.pack.process import ProcessOptions
+from gpupack.runtime import monitor
+from tests.fakes import FakeNvml
+
+FAKE_TORCH = Path(__file__).resolve().parent / "fake_torch"
+MPS_STAND_IN = f"#!{sys.executable}\nimport sys\nsys.exit(0)\n"  # starts and quits a daemon, says nothing
+
+
+@pytest.mark.parametrize("fraction, total_mb, slots, expected", [
+    (0.8, 16384.0, 4, MemoryShare(0.2, 3276.8)),
+    (0.8, 81920.0, 1, MemoryShare(0.8, 65536.0)),
+    (1.0, 40960.0, 8, MemoryShare(0.125, 5120.0)),
+    (None, 16384.0, 4, None),  # packing.memory_share=off
+    (0.8, None, 4, None),  # no GPU: nothing to share here
+])
+def test_a_trainings_share_is_the_fraction_over_n(fraction, total_mb, slots, expected):
+    got = memory_share(fraction, total_mb, slots)
+    if expected is None:
+        assert got is None
+    else:
+        assert got is not None and got.fraction == pytest.approx(expected.fraction)
+        assert got.mb == pytest.approx(expected.mb) and got.mps_limit() == f"0={int(expected.mb)}M"
+
+
+def _pack(tmp_path, n=2, **fixed):
+    run = RunDir(tmp_path / "run")
+    plan = make_plan(sweep="m", workload="tests.fake_workloads", grid={"tag": [f"t{i}" for i in range(n)]},
+                     fixed={"steps": 1, **fixed}, factors=[n], modes=["process"], partitions=["local"], repeats=1)
+    write_json_atomic(run.plan, plan.to_json())
+    return run, plan.packs[0]
+
+
+def _torch_env(tmp_path) -> tuple[dict[str, str], Path]:
+    log = tmp_path / "torch.jsonl"
+    path = os.pathsep.join([str(FAKE_TORCH), str(Path(__file__).resolve().parent.parent),
+                            os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return {**os.environ, "PYTHONPATH": path, "FAKE_TORCH_LOG": str(log)}, log
+
+
+def _calls(log: Path) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for line in log.read_text().splitlines():
+        entry = json.loads(line)
+        out.setdefault(entry["pid"], []).append(entry)
+    return out
+
+
+@pytest.mark.parametrize("start", ["fork", "fresh"])
+def test_torchs_fraction_is_set_in_each_training_before_its_first_allocation(tmp_path, start):
+    """Two trainings on a 16 GB GPU at 0.8: each process sets torch's fraction to 0.4 of device 0, then allocates;
+    forked from a server that preloaded torch, or a fresh interpreter that imports it for the workload."""
+    env, log = _torch_env(tmp_path)
+    run, pack = _pack(tmp_path, n=2, cuda_alloc=True, preload_import="torch")
+    ctx = PackContext(run=run, pack=pack, device="cuda", threads=1, env=env, gpu_memory_total_mb=16384.0,
+                      settings=PackSettings(mode_options={"process": ProcessOptions(start=start)}),
+                      memory_share=memory_share(0.8, 16384.0, 2), tmp_dir=str(tmp_path))
+    outcomes = PROCESS.run(pack.trainings, ctx)
+    assert all(o.result is not None for o in outcomes), [o.error for o in outcomes]
+    calls = _calls(log)
+    assert len(calls) == 2  # one process a training
+    for entries in calls.values():
+        assert [e["what"] for e in entries] == ["fraction", "alloc"]  # the share first
+        assert entries[0]["fraction"] == pytest.approx(0.4) and entries[0]["device"] == 0
+    for o in outcomes:
+        assert o.extra["start"] == start and o.result["memory_share_applied"] == pytest.approx(0.4)
+        assert o.extra["memory_share"] == {"fraction": 0.4, "mb": 6553.6, "mps_limit": None}
+
+
+def test_a_forked_scripts_torch_gets_its_share_before_the_script_runs(tmp_path):
+    """A user's Python program forked from a server that preloaded torch (the command workload, start=fork): the
+    share is set in the child before the program's first line."""
+    from gpupack.workloads import load_workload
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch\ntorch.zeros(1, device='cuda')\n")
+    env, log = _torch_env(tmp_path)
+    run = RunDir(tmp_path / "run")
+    plan = make_plan(sweep="m", workload="command", grid={"i": [0, 1]},
+                     fixed={"argv": [sys.executable, str(script), "{i}"], "start": "fork", "preload": ["torch"]},
+                     factors=[2], modes=["process"], partitions=["local"], repeats=1, seed_key=None)
+    write_json_atomic(run.plan, plan.to_json())
+    pack = plan.packs[0]
+    load_workload("command")
+    ctx = PackContext(run=run, pack=pack, device="cuda", threads=1, env=env, gpu_memory_total_mb=16384.0,
+                      settings=PackSettings(mode_options={"process": ProcessOptions(start="auto")}),
+                      memory_share=memory_share(0.8, 16384.0, 2), tmp_dir=str(tmp_path))
+    outcomes = PROCESS.run(pack.trainings, ctx)
+    assert all(o.exit_code == 0 for o in outcomes), [o.error for o in outcomes]
+    assert {o.extra["start"] for o in outcomes} == {"fork"}
+    for entries in _calls(log).values():
+        assert [e["what"] for e in entries] == ["fraction", "alloc"] and entries[0]["fraction"] == pytest.approx(0.4)
+
+
+@pytest.fixture
+def mps_control(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "nvidia-cuda-mps-control"
+    exe.write_text(MPS_STAND_IN)
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("mps, own_daemon", [(True, False), (False, True), (False, False)])
+def test_each_mps_client_is_limited_to_its_share(tmp_path, mps_control, mps, own_daemon):
+    """Under the pack's MPS daemon, or one the job runs itself (the Alliance's recipe): each client's environment
+    carries CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for its share of device 0 (3 trainings of a 24 GB GPU at 0.9: 7372 MB).
+    Without MPS, no client limit (torch's fraction still applies)."""
+    run, pack = _pack(tmp_path, n=3, report_env="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,GPUPACK_MEMORY_SHARE")
+    env = {**os.environ, **({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "their-pipe")} if own_daemon else {})}
+    ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=env, gpu_memory_total_mb=24576.0,
+                      settings=PackSettings(mode_options={"process": ProcessOptions(mps=mps)}),
+                      memory_share=memory_share(0.9, 24576.0, 3), tmp_dir=str(tmp_path))
+    outcomes = PROCESS.run(pack.trainings, ctx)
+    limited = mps or own_daemon
+    for o in outcomes:
+        assert o.result["metrics"]["env"] == {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=7372M" if limited else None,
+                                              "GPUPACK_MEMORY_SHARE": "0.300000"}
+        assert o.extra["memory_share"]["mps_limit"] == ("0=7372M" if limited else None)
+
+
+@pytest.mark.parametrize("share, expected", [(0.8, {"fraction": 0.4, "mb": 6553.6}), (None, None)])
+def test_the_job_body_shares_the_gpu_nvml_names_and_records_each_share(tmp_path, monkeypatch, share, expected):
+    """The job's GPU as NVML tells it (a fake 16 GB T4): a pack of 2 gives each training 0.4 of it, recorded; with
+    packing.memory_share=off (None) nothing is given or recorded."""
+    env, log = _torch_env(tmp_path)
+    for key in ("PYTHONPATH", "FAKE_TORCH_LOG"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setattr(monitor, "_nvml", lambda: FakeNvml(names=["Tesla T4"]))
+    run, pack = _pack(tmp_path, n=2, cuda_alloc=True)
+    run_pack(str(run.root), pack.pack_id, PackSettings(device="auto", memory_share=share))
+    recs = [read_json(run.training_record(pack.pack_id, t.training_id)) for t in pack.trainings]
+    assert {r["device"] for r in recs} == {"cuda"} and {r["status"] for r in recs} == {"completed"}
+    for r in recs:
+        assert (None if "memory_share" not in r else {k: r["memory_share"][k] for k in ("fraction", "mb")}) == \
+            (None if expected is None else pytest.approx(expected))
+    whats = [e["what"] for entries in _calls(log).values() for e in entries]
+    assert whats.count("fraction") == (2 if share else 0) and whats.count("alloc") == 2
+
+
+def test_a_bad_memory_share_is_one_line_before_anything(tmp_path, capsys):
+    code = main(["+sweep=mnist_pack", "packing.memory_share=maybe", f"run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "packing.memory_share='maybe'" in err and "on" in err, err
+    assert not (tmp_path / "run").exists()
