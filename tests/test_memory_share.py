@@ -160,6 +160,21 @@ def test_the_job_body_shares_the_gpu_nvml_names_and_records_each_share(tmp_path,
     assert whats.count("fraction") == (2 if share else 0) and whats.count("alloc") == 2
 
 
+def test_a_training_past_its_share_is_recorded_oom_saying_its_share(tmp_path, monkeypatch):
+    """One training runs out of memory (its allocator refused past its share): it alone is oom, its record says the
+    share and how to give it more; its neighbour completes."""
+    monkeypatch.setattr(monitor, "_nvml", lambda: FakeNvml(names=["Tesla T4"]))
+    run, pack = _pack(tmp_path, n=2)
+    plan = read_json(run.plan)
+    plan["packs"][0]["trainings"][0]["params"]["raise_text"] = "CUDA out of memory. Tried to allocate 2.00 GiB"
+    write_json_atomic(run.plan, plan)
+    run_pack(str(run.root), pack.pack_id, PackSettings(device="auto", memory_share=0.8))
+    recs = [read_json(run.training_record(pack.pack_id, t.training_id)) for t in pack.trainings]
+    assert [r["status"] for r in recs] == ["oom", "completed"]
+    assert "its share of the GPU was 6554 MB (0.4 of the device" in recs[0]["error"]
+    assert "packing.memory_share=off" in recs[0]["error"] and "HINT" not in (recs[1].get("error") or "")
+
+
 def test_a_bad_memory_share_is_one_line_before_anything(tmp_path, capsys):
     code = main(["+sweep=mnist_pack", "packing.memory_share=maybe", f"run_dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err.strip()

@@ -322,6 +322,7 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
             rec["phase"] = plan.phase
         rec["cuda_visible_devices"] = env.get("CUDA_VISIBLE_DEVICES")  # the GPUs it was given
         fill_memory(rec, sampler.figures(outcome.training_id))
+        share_hint(rec)
         tid = outcome.training_id
         if stream is not None:  # which lane, slot and job ran it, and its share of the plan (its home)
             stream.ended(tid, outcome.ended_at - outcome.started_at)
@@ -361,6 +362,17 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
     billing = {"billing": dict(settings.billing)} if settings.billing else {}  # what the job asked, its bundle
     return write_pack_record(run, pack, records, info, device, cores, threads, gpu_model(info, settings), sampled,
                              mode_started=mode_started, phase=plan.phase, job=job, extra={**(extra or {}), **billing})
+
+
+def share_hint(rec: dict[str, Any]) -> None:
+    """A training that ran out of memory with a share of the GPU (packing.memory_share) says what its share was and
+    what would give it more: the limit may be what it hit, not the device."""
+    share = rec.get("memory_share")
+    if rec.get("status") != OOM or not isinstance(share, Mapping):
+        return
+    rec["error"] = (f"{rec.get('error') or 'out of memory'}\nHINT: its share of the GPU was {share['mb']:.0f} MB "
+                    f"({share['fraction']:.3g} of the device, packing.memory_share=on: packing.memory_fraction / N); "
+                    "lower N, raise packing.memory_fraction, or set packing.memory_share=off")
 
 
 def fill_memory(rec: dict[str, Any], sampled: Mapping[str, Any]) -> None:
