@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -61,6 +62,12 @@ class ProbeParams:
     report_threads: bool = False
     # Allocate on the GPU through torch (tests/fake_torch: logged, so a test sees it came after the memory share)
     cuda_alloc: bool = False
+    # A fault and its victims: "FILE" — fault: fail with an error of its own once FILE is made (it makes it);
+    # die_after: on its first attempt (marker), wait for FILE, then die as a neighbour's fault kills a process
+    # (die_as: "signal", SIGKILL; "cuda", an MPS client's CUDA error)
+    fault: str = ""
+    die_after: str = ""
+    die_as: str = "signal"
 
 
 class Probe(Workload):
@@ -89,6 +96,17 @@ class Probe(Workload):
         warm = {m: m in sys.modules for m in lazy}
         for m in lazy:
             importlib.import_module(m)
+        if params.fault:
+            Path(params.fault).touch()
+            raise RuntimeError("a bug of this training's own (its fault)")
+        if params.die_after and params.marker and _first(Path(params.marker)):
+            deadline = time.time() + 60
+            while not os.path.exists(params.die_after) and time.time() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.2)  # it dies after the fault, as an MPS server's clients do
+            if params.die_as == "signal":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (the MPS server failed)")
         if params.cuda_alloc:
             import torch  # tests/fake_torch where a test puts it first
 

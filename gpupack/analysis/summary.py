@@ -13,7 +13,7 @@ import pandas as pd
 
 from gpupack.analysis.choose import choose, tie_label
 from gpupack.analysis.load import Records, cleared_mask
-from gpupack.core.records import COMPLETED, OOM
+from gpupack.core.records import COMPLETED, OOM, VICTIM
 
 GROUP = ["workload", "partition", "gpu_type", "mode"]
 LOADER_BOUND_FRACTION = 0.9  # training throughput at >= 90 % of the loader's own: loader-bound, not GPU-bound
@@ -29,8 +29,9 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
 
     Time per training = pack wall / N, over packs whose N trainings all ran together (in any attempt); median,
     spread and a bootstrap interval over those packs (:mod:`gpupack.analysis.choose`). Every attempt of a training
-    counts: ``failed`` counts attempts that did not complete, ``oom`` those that ran out of memory (unless the user
-    cleared them), ``unfinished`` the trainings whose latest record is not completed.
+    counts: ``failed`` counts attempts that did not complete of their own fault, ``victims`` those another
+    training's fault took down (gpupack.core.victims: run again, never against N), ``oom`` those that ran out of
+    memory (unless the user cleared them), ``unfinished`` the trainings whose latest record is not completed.
     """
     if trainings.empty or packs.empty:
         return pd.DataFrame()
@@ -43,9 +44,11 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
     if "attempt" not in t:
         t["attempt"] = 0
     t["ok"] = t["status"] == COMPLETED
+    t["is_victim"] = t["status"] == VICTIM  # taken down by another's fault and run again: not its own failure
     t["oom_cleared"] = (t["status"] == OOM) & cleared_mask(t, cleared)
     t["is_oom"] = (t["status"] == OOM) & ~t["oom_cleared"]
     t["unfinished"] = (t["attempt"] == 0) & ~t["ok"]
+    t["is_failed"] = ~t["ok"] & ~t["is_victim"]
     for col in ("startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb", "peak_gpu_mem_mb"):
         t[col] = pd.to_numeric(t.get(col), errors="coerce")
     t["peak_rss_mb"] = t["peak_rss_mb"].fillna(_sampled_rss(t, packs))
@@ -66,7 +69,8 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
     latest = t[t["attempt"] == 0]
     per_training = t.groupby(keys, dropna=False).agg(
         attempts=("training_id", "count"),
-        failed=("ok", lambda s: int((~s).sum())),
+        failed=("is_failed", "sum"),
+        victims=("is_victim", "sum"),
         unfinished=("unfinished", "sum"),
         oom=("is_oom", "sum"),
         oom_cleared=("oom_cleared", "sum"),
@@ -79,7 +83,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
         gpu_model=("gpu_model", first_value),
     ), how="left")
     out = per_pack.join(per_training, how="outer").reset_index()
-    for col in ("failed", "unfinished", "oom", "oom_cleared", "attempts", "trainings"):
+    for col in ("failed", "victims", "unfinished", "oom", "oom_cleared", "attempts", "trainings"):
         out[col] = out[col].fillna(0).astype(int)  # an OOM (counted apart) makes N infeasible on this device
     out["trainings_per_hour"] = 3600.0 / out["time_per_training_s"]
     base = out[out["factor"] == 1].set_index(GROUP)["time_per_training_s"]

@@ -22,7 +22,8 @@ FAILED = "failed"  # the training exited non-zero
 KILLED = "killed"  # the training died from a signal
 OOM = "oom"  # out of memory, host or GPU: its N is infeasible on this device
 TIMEOUT = "timeout"  # ran past packing.training_timeout_s and was stopped
-STATUSES = (COMPLETED, FAILED, KILLED, OOM, TIMEOUT)
+VICTIM = "victim"  # taken down by another training's fault (gpupack.core.victims), then run again
+STATUSES = (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, VICTIM)
 
 
 # The umask, read once per process. Flipping it to read it (os.umask(0); os.umask(old)) is a race: another thread

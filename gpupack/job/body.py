@@ -30,6 +30,7 @@ from gpupack.core.records import (
     KILLED,
     OOM,
     TIMEOUT,
+    VICTIM,
     file_mode,
     make_dirs,
     pack_record,
@@ -41,6 +42,7 @@ from gpupack.core.records import (
 from gpupack.core.rgu import model_from_device_name
 from gpupack.core.rundir import RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
+from gpupack.core.victims import victims
 from gpupack.errors import RunDirError
 from gpupack.pack import LaneShare, PackContext, Packer, Stream, load_packer, threads_for, work_prefix
 from gpupack.runtime.jobenv import JobEnvironment, job_cores
@@ -294,7 +296,34 @@ def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job
         move_aside(run, pack_id, run.training_record(pack_id, t.training_id))
     move_aside(run, pack_id, run.pack_record(pack_id))
 
-    return execute(run, plan, pack, todo, settings, job, share=share)
+    rec = execute(run, plan, pack, todo, settings, job, share=share)
+    # victims where each training is a process of its own (a mode that can stream): one that dies alone can only
+    # take its neighbours down through the device; a host process's trainings die as one, a spread training is one
+    separate = pack.spread is None and load_packer(pack.mode).streams
+    taken = mark_victims(run, pack, rec) if separate else {}
+    if not taken:
+        return rec
+    # Run them again, once, in a fresh start of the mode (a new MPS daemon): their records and this attempt's pack
+    # record (its N trainings' timing) are kept as an earlier attempt
+    for tid in taken:
+        move_aside(run, pack_id, run.training_record(pack_id, tid))
+    move_aside(run, pack_id, run.pack_record(pack_id))
+    again = [t for t in pack.trainings if t.training_id in taken]
+    return execute(run, plan, pack, again, settings, job, share=share, extra={"victims_rerun": taken})
+
+
+def mark_victims(run: RunDir, pack: Pack, pack_rec: Mapping[str, Any]) -> dict[str, str]:
+    """Record the trainings of this attempt that another's fault took down (gpupack.core.victims) as ``victim``, with
+    ``victim_of`` and ``died_as``; victim → the training that faulted."""
+    recs = [r for tid in pack_rec.get("training_ids", [])
+            if (r := read_json_or_none(run.training_record(pack.pack_id, str(tid)))) is not None]
+    taken = victims(recs)
+    for rec in recs:
+        culprit = taken.get(str(rec["training_id"]))
+        if culprit is not None:
+            write_json_atomic(run.training_record(pack.pack_id, str(rec["training_id"])),
+                              {**rec, "status": VICTIM, "victim_of": culprit, "died_as": rec.get("status")})
+    return taken
 
 
 def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], settings: PackSettings,

@@ -57,8 +57,11 @@ def _throughput(r: pd.Series) -> str:
 
 
 def _failed(r: pd.Series) -> str:
-    """Failed attempts of all attempts (an attempt kept from before a resume counts), and OOMs apart."""
+    """Failed attempts of all attempts (an attempt kept from before a resume counts), and OOMs and victims of
+    another's fault apart."""
     text = f"{int(r['failed'])}/{int(r.get('attempts', r['failed']))}"
+    if r.get("victims"):
+        text += f" (+{int(r['victims'])} victims, run again)"
     if r.get("oom"):
         text += f" ({int(r['oom'])} OOM: infeasible)"
     elif r.get("oom_cleared"):

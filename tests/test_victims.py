@@ -1,0 +1,69 @@
+"""Victims of a neighbour's fault (issue 32, item 2): the pure rule, and a pack where one training faults and two die
+after it, run for real on the CPU (the fake workload's fault and its victims' deaths, a signal and an MPS client's
+CUDA error)."""
+from __future__ import annotations
+
+import pytest
+
+from gpupack.analysis.aggregate import aggregate
+from gpupack.core.plan import make_plan
+from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings
+from gpupack.core.victims import victims
+from gpupack.job.body import run_pack
+
+
+def _rec(tid, status, ended, signal=None, error=None):
+    return {"training_id": tid, "status": status, "ended_at": ended, "signal": signal, "error": error}
+
+
+@pytest.mark.parametrize("records, expected", [
+    # the first to fail faulted; a SIGKILL and an MPS client's CUDA error after it are its victims
+    ([_rec("a", "failed", 10.0, error="ValueError: nan"), _rec("b", "killed", 10.5, signal=9),
+      _rec("c", "failed", 11.0, error="RuntimeError: CUDA error: an illegal memory access was encountered"),
+      _rec("d", "completed", 30.0)], {"b": "a", "c": "a"}),
+    # a failure of its own (a Python error, no signal) at the same time is its own, not a victim
+    ([_rec("a", "failed", 10.0, error="boom"), _rec("b", "failed", 10.2, error="ValueError: bad lr")], {}),
+    # too long after the fault: a death of its own
+    ([_rec("a", "failed", 10.0), _rec("b", "killed", 25.0, signal=9)], {}),
+    # gpupack's own time limit is no neighbour's fault
+    ([_rec("a", "failed", 10.0), _rec("b", "timeout", 10.1, signal=9)], {}),
+    # one failure alone takes nobody down
+    ([_rec("a", "killed", 10.0, signal=9), _rec("b", "completed", 12.0)], {}),
+    # the order is by the end: the one that died first faulted
+    ([_rec("b", "killed", 10.4, signal=9), _rec("a", "oom", 10.0, error="CUDA out of memory")], {"b": "a"}),
+])
+def test_victims_table(records, expected):
+    assert victims(records) == expected
+
+
+def test_a_fault_that_takes_two_neighbours_down_reruns_them_and_counts_only_itself(tmp_path):
+    """t0 faults (its own error); t1 dies by SIGKILL and t2 by an MPS client's CUDA error right after: t0 is failed,
+    t1 and t2 are victims of t0, run again once in a fresh start of the mode, and complete. collect counts one
+    failure and two victims at N=3, no OOM, and t1 and t2 are finished: only t0's own failure is left against N."""
+    run = RunDir(tmp_path / "run")
+    flag = tmp_path / "fault"
+    plan = make_plan(sweep="v", workload="tests.fake_workloads", grid={"tag": ["t0", "t1", "t2"]},
+                     fixed={"steps": 1}, factors=[3], modes=["process"], partitions=["local"], repeats=1)
+    data = plan.to_json()
+    for t in data["packs"][0]["trainings"]:
+        tag = t["params"]["tag"]
+        if tag == "t0":
+            t["params"]["fault"] = str(flag)
+        else:
+            t["params"].update(die_after=str(flag), die_as="signal" if tag == "t1" else "cuda",
+                               marker=str(tmp_path / f"{tag}.first"))
+    write_json_atomic(run.plan, data)
+    pack = plan.packs[0]
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu"))
+    ids = {t.params["tag"]: t.training_id for t in pack.trainings}
+    latest = {tag: read_json(run.training_record(pack.pack_id, tid)) for tag, tid in ids.items()}
+    assert [latest[t]["status"] for t in ("t0", "t1", "t2")] == ["failed", "completed", "completed"]
+    assert rec["victims_rerun"] == {ids["t1"]: ids["t0"], ids["t2"]: ids["t0"]}
+    earlier = {r["training_id"]: r for r in map(read_json, run.pack_dir(pack.pack_id).glob("attempts/*/*.json"))
+               if r.get("kind") == "training"}
+    assert {tid: (r["status"], r["victim_of"], r["died_as"]) for tid, r in earlier.items()} == {
+        ids["t1"]: ("victim", ids["t0"], "killed"), ids["t2"]: ("victim", ids["t0"], "failed")}
+    row = aggregate([run.root]).summary.set_index("factor").loc[3]
+    assert (row["failed"], row["victims"], row["oom"], row["unfinished"]) == (1, 2, 0, 1)
