@@ -127,10 +127,10 @@ def check_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]],
     p = launcher.params
     # The largest pack this batch really makes: pack=8 with 2 jobs asks for 2 jobs' share, not 8.
     largest = min(p["pack"], len(job_overrides))
+    # No memory share per job here yet (packing.memory_share): the launcher has no option to size or turn it off
     settings = PackSettings(device=p["device"], threads_per_training=p.get("threads_per_job"),
                             training_timeout_s=p.get("job_timeout_s"), gpu_model=p.get("gpu_model"),
-                            sample_interval_s=float(p["sample_interval_s"]), mode_options=launcher_mode_options(p),
-                            memory_share=PackingConfig.memory_fraction)  # each job its share of the GPU
+                            sample_interval_s=float(p["sample_interval_s"]), mode_options=launcher_mode_options(p))
     try:  # nothing measured for an app's jobs: the default memory figure per job
         check_packs(load_workload(WORKLOAD), [p["mode"]], [largest], facts, settings, estimate(None, Measured()),
                     PackingConfig.memory_fraction, lambda i: f"{KEY}.pack", noun="jobs")
@@ -252,10 +252,13 @@ def job_returns(launcher: HydraLauncher, prepared: sweep.Prepared) -> list[JobRe
     returns = pickling.read_streams(sorted(folder.glob("*.pkls")) if folder.is_dir() else [])
     for pack, t in ordered:
         pickled = returns.get(int(t.params["job_num"]))
-        if pickled is None:
+        try:
+            ret = pickling.loads(pickled) if pickled is not None else None
+        except Exception:  # noqa: BLE001 - a return that does not load back: the job failed, as one with none
+            ret = None
+        if ret is None:
             out.append(failed_return(launcher, t.params, pack, records, t.training_id))
             continue
-        ret = pickling.loads(pickled)
         failed = ret.status == JobStatus.FAILED
         out.append(raised_failure(ret, t.params, pack, records, t.training_id) if failed else ret)
     return out

@@ -64,7 +64,7 @@ class ProbeParams:
     cuda_alloc: bool = False
     # A fault and its victims: "FILE" — fault: fail with an error of its own once FILE is made (it makes it);
     # die_after: on its first attempt (marker), wait for FILE, then die as a neighbour's fault kills a process
-    # (die_as: "signal", SIGKILL; "cuda", an MPS client's CUDA error)
+    # (die_as: "signal", SIGABRT; "cuda", an MPS client's CUDA error)
     fault: str = ""
     die_after: str = ""
     die_as: str = "signal"
@@ -104,8 +104,8 @@ class Probe(Workload):
             while not os.path.exists(params.die_after) and time.time() < deadline:
                 time.sleep(0.02)
             time.sleep(0.2)  # it dies after the fault, as an MPS server's clients do
-            if params.die_as == "signal":
-                os.kill(os.getpid(), signal.SIGKILL)
+            if params.die_as == "signal":  # as a CUDA fatal error aborts the process
+                os.kill(os.getpid(), signal.SIGABRT)
             raise RuntimeError("CUDA error: an illegal memory access was encountered (the MPS server failed)")
         if params.cuda_alloc:
             import torch  # tests/fake_torch where a test puts it first

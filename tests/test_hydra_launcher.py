@@ -330,10 +330,11 @@ def test_a_job_s_later_return_wins_and_a_torn_one_is_left_out(tmp_path):
     pickling.append(JobReturn(status=JobStatus.COMPLETED, _return_value="other"), 4, tmp_path / "returns" / "10.pkls")
     whole = path.stat().st_size
     pickling.append(JobReturn(status=JobStatus.COMPLETED, _return_value="torn"), 5, path)
-    with open(path, "r+b") as f:  # killed mid-write: the last entry cut short
+    with open(path, "r+b") as f:  # killed mid-write: the entry cut short...
         f.truncate(whole + 20)
+    pickling.append(JobReturn(status=JobStatus.COMPLETED, _return_value="after"), 6, path)  # ...and a requeue appends
     got = pickling.read_streams(sorted((tmp_path / "returns").glob("*.pkls")))
-    assert {k: pickling.loads(v).return_value for k, v in got.items()} == {3: "again", 4: "other"}
+    assert {k: pickling.loads(v).return_value for k, v in got.items()} == {3: "again", 4: "other", 6: "after"}
 
 
 def test_the_launcher_streams_a_batch_of_unequal_jobs(tmp_path, subprocess_env):

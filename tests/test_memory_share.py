@@ -126,8 +126,9 @@ def mps_control(tmp_path, monkeypatch):
 @pytest.mark.parametrize("mps, own_daemon", [(True, False), (False, True), (False, False)])
 def test_each_mps_client_is_limited_to_its_share(tmp_path, mps_control, mps, own_daemon):
     """Under the pack's MPS daemon, or one the job runs itself (the Alliance's recipe): each client's environment
-    carries CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for its share of device 0 (3 trainings of a 24 GB GPU at 0.9: 7372 MB).
-    Without MPS, no client limit (torch's fraction still applies)."""
+    carries CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for its share of device 0 (3 trainings of a 24 GB GPU at 0.9: 7372 MB),
+    and no torch fraction (a share of a share, where the client sees its limit as the device). Without MPS, no
+    client limit, and torch's fraction instead."""
     run, pack = _pack(tmp_path, n=3, report_env="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,GPUPACK_MEMORY_SHARE")
     env = {**os.environ, **({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "their-pipe")} if own_daemon else {})}
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=env, gpu_memory_total_mb=24576.0,
@@ -137,7 +138,7 @@ def test_each_mps_client_is_limited_to_its_share(tmp_path, mps_control, mps, own
     limited = mps or own_daemon
     for o in outcomes:
         assert o.result["metrics"]["env"] == {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=7372M" if limited else None,
-                                              "GPUPACK_MEMORY_SHARE": "0.300000"}
+                                              "GPUPACK_MEMORY_SHARE": None if limited else "0.300000"}
         assert o.extra["memory_share"]["mps_limit"] == ("0=7372M" if limited else None)
 
 

@@ -555,3 +555,24 @@ def test_with_lanes(rows, occ, expected):
     got = [(int(r["lanes"]), None if pd.isna(r["stream_s_per_training"]) else r["stream_s_per_training"])
            for _, r in out.iterrows()]
     assert got == expected
+
+
+def test_collect_counts_a_training_another_lane_runs_again_once(tmp_path):
+    """t failed in lane A and was folded there; lane B runs it again and its record sits in B's folder, not yet
+    folded (B runs on, or was killed before its fold): collect's current record of t is B's, A's an earlier attempt."""
+    from gpupack.core.journal import fold_trainings
+
+    run, plan = _plan(tmp_path, n_trainings=2, factor=1, jobs=2)
+    a, b = plan.packs
+    home, t = plan.queue(a.stream or "")[0]
+
+    def rec(ran_in: str, status: str, started: float) -> dict:
+        return {"kind": "training", "schema": SCHEMA_VERSION, "training_id": t.training_id, "pack_id": ran_in,
+                "home": home.pack_id, "status": status, "started_at": started, "ended_at": started + 1}
+
+    write_json_atomic(run.training_record(a.pack_id, t.training_id), rec(a.pack_id, "failed", 1.0))
+    fold_trainings(run, a.pack_id, [t.training_id], a.pack_id)
+    write_json_atomic(run.training_record(b.pack_id, t.training_id), rec(b.pack_id, "completed", 5.0))
+    rows = load_records([run.root]).trainings
+    got = sorted(zip(rows["attempt"], rows["status"], rows["pack_id"]))
+    assert got == [(0, "completed", b.pack_id), (1, "failed", a.pack_id)]

@@ -98,3 +98,38 @@ def test_a_helper_program_runs_to_its_end_or_is_killed_past_its_limit(tmp_path):
     gone = sup.call(ChildSpec("gone", ["/nonexistent/program"], tmp_path / "g.out", tmp_path / "g.err", {}))
     assert gone.failed and gone.start_error is not None
     assert sup.children == []  # helpers are not the pack's children: follow() does not wait for them
+
+
+def test_a_server_that_died_under_a_lane_starts_its_next_training_fresh_and_is_not_kept(tmp_path):
+    """A lane's shared server that died (killed, out of memory) fails no training: the supervisor starts the child as
+    a fresh interpreter and says why; the lane's share makes a new server for its next pack and closes the dead one."""
+    from gpupack.core.rundir import RunDir
+    from gpupack.pack import LaneShare
+
+    class DeadServer:
+        closed = False
+
+        def start(self, *args: object) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def close(self) -> None:
+            self.closed = True
+
+    dead = DeadServer()
+    sup = Supervisor()
+    sup.use(dead)  # type: ignore[arg-type]
+    spec = ChildSpec("t", [sys.executable, "-c", "print('fresh')"], tmp_path / "t.out", tmp_path / "t.err",
+                     dict(os.environ), spec_path=tmp_path / "t.spec.json")
+    with sup:
+        child = sup.start(spec)
+        (ended,) = sup.follow()
+    assert not child.forked and ended.returncode == 0 and (tmp_path / "t.out").read_text() == "fresh\n"
+    assert sup.refused is not None and "Broken pipe" in sup.refused and not dead.closed  # the lane's, not its own
+
+    share = LaneShare(RunDir(tmp_path / "run"), "lane")
+    servers = iter([dead, DeadServer()])
+    first = share.get("fs", lambda: next(servers), close=lambda s: s.close(), alive=lambda s: s is not dead)
+    again = share.get("fs", lambda: next(servers), close=lambda s: s.close(), alive=lambda s: s is not dead)
+    assert first is dead and again is not dead and dead.closed  # made anew, the dead one closed
+    share.close()
+    assert again.closed

@@ -20,26 +20,33 @@ def _rec(tid, status, ended, signal=None, error=None):
 
 @pytest.mark.parametrize("records, expected", [
     # the first to fail faulted; a SIGKILL and an MPS client's CUDA error after it are its victims
-    ([_rec("a", "failed", 10.0, error="ValueError: nan"), _rec("b", "killed", 10.5, signal=9),
+    ([_rec("a", "failed", 10.0, error="ValueError: nan"), _rec("b", "killed", 10.5, signal=6),
       _rec("c", "failed", 11.0, error="RuntimeError: CUDA error: an illegal memory access was encountered"),
       _rec("d", "completed", 30.0)], {"b": "a", "c": "a"}),
     # a failure of its own (a Python error, no signal) at the same time is its own, not a victim
     ([_rec("a", "failed", 10.0, error="boom"), _rec("b", "failed", 10.2, error="ValueError: bad lr")], {}),
     # too long after the fault: a death of its own
-    ([_rec("a", "failed", 10.0), _rec("b", "killed", 25.0, signal=9)], {}),
-    # gpupack's own time limit is no neighbour's fault
+    ([_rec("a", "failed", 10.0), _rec("b", "killed", 25.0, signal=6)], {}),
+    # gpupack's own time limit is no neighbour's fault, and no fault either
     ([_rec("a", "failed", 10.0), _rec("b", "timeout", 10.1, signal=9)], {}),
+    ([_rec("a", "timeout", 10.0, signal=9), _rec("b", "killed", 10.1, signal=6)], {}),
+    # the scheduler ending the job (SIGTERM, SIGKILL) is no neighbour's fault
+    ([_rec("a", "killed", 10.0, signal=15), _rec("b", "killed", 10.0, signal=15), _rec("c", "killed", 10.1,
+                                                                                      signal=9)], {}),
+    # an OOM is never a victim (the kernel's choice, or its own memory): it counts against N
+    ([_rec("a", "failed", 10.0), _rec("b", "oom", 10.2, signal=9, error="killed by the out-of-memory killer"),
+      _rec("c", "oom", 10.3, error="CUDA error: out of memory")], {}),
     # one failure alone takes nobody down
-    ([_rec("a", "killed", 10.0, signal=9), _rec("b", "completed", 12.0)], {}),
+    ([_rec("a", "killed", 10.0, signal=6), _rec("b", "completed", 12.0)], {}),
     # the order is by the end: the one that died first faulted
-    ([_rec("b", "killed", 10.4, signal=9), _rec("a", "oom", 10.0, error="CUDA out of memory")], {"b": "a"}),
+    ([_rec("b", "killed", 10.4, signal=11), _rec("a", "oom", 10.0, error="CUDA out of memory")], {"b": "a"}),
 ])
 def test_victims_table(records, expected):
     assert victims(records) == expected
 
 
 def test_a_fault_that_takes_two_neighbours_down_reruns_them_and_counts_only_itself(tmp_path):
-    """t0 faults (its own error); t1 dies by SIGKILL and t2 by an MPS client's CUDA error right after: t0 is failed,
+    """t0 faults (its own error); t1 dies by SIGABRT and t2 by an MPS client's CUDA error right after: t0 is failed,
     t1 and t2 are victims of t0, run again once in a fresh start of the mode, and complete. collect counts one
     failure and two victims at N=3, no OOM, and t1 and t2 are finished: only t0's own failure is left against N."""
     run = RunDir(tmp_path / "run")

@@ -95,7 +95,8 @@ def compare(packing: pd.DataFrame, spread: pd.DataFrame, packing_times: Mapping[
     GPU type (the fewest device-seconds per training, when both answers have a usable layout).
     ``packing_times``: each packing (key, mode, N)'s per-pack times per training, for the noise check; ``walls``: its
     trainings' own wall (:func:`training_walls`). ``wall_s`` is one training's own wall, start to end; ``job_wall_s``
-    the wall its job held the device(s) for, the job's start-up (a fork server's preload) included."""
+    the wall its job held the device(s) for from its first training's start (the mode's set-up, a fork server's
+    preload, is outside: the pack record's ``setup_s``, as a job's start is)."""
     walls = walls or {}
     rows: list[dict[str, Any]] = []
     for _, r in packing.iterrows() if not packing.empty else ():

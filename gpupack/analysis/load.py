@@ -147,8 +147,9 @@ def _read_folded(run: RunDir, folders: set[str], trainings: Pieces, packs: list[
     root = str(run.root)
     rows: list[dict[str, Any]] = []
     attempts: list[int] = []
+    held = _held_in_folders(run, folders)
     for (pack_id, tid), history in folded.trainings.items():
-        current = _folded_is_current(run, folders, history[-1])
+        current = tid not in held  # else a folder holds a later record of it (run again, its fold yet to come)
         for k, rec in enumerate(reversed(history)):
             row = record_row(rec, "training", f"{run.lanes}: {pack_id}/{tid}", warnings)
             if row is not None:
@@ -167,11 +168,16 @@ def _read_folded(run: RunDir, folders: set[str], trainings: Pieces, packs: list[
     return recorded
 
 
-def _folded_is_current(run: RunDir, folders: set[str], rec: Mapping[str, Any]) -> bool:
-    """A training's latest folded record is its current one unless a folder holds a later record of it: its pack run
-    again since it was folded (the lane's fold of that one yet to come)."""
-    pack_id = str(rec.get("pack_id"))
-    return pack_id not in folders or not os.path.exists(run.training_record(pack_id, str(rec["training_id"])))
+def _held_in_folders(run: RunDir, folders: set[str]) -> set[str]:
+    """The trainings a record in a pack's folder holds (training ids are unique in a run, whichever lane's folder): a
+    later record than any a journal holds of them (a pack run again, or a training another lane ran again)."""
+    held: set[str] = set()
+    for pack_id in folders:
+        try:
+            held.update(name[:-5] for name in os.listdir(run.trainings(pack_id)) if name.endswith(".json"))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return held
 
 
 def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None:

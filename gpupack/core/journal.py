@@ -230,23 +230,44 @@ def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
     return out
 
 
-class CompletedTail:
-    """The trainings the run's journals record as completed, as (home pack, training id), read as the journals grow:
-    each :meth:`refresh` reads only what was appended since the last (a streaming lane asks after every claim it
-    wins: a training folded by another lane, whose claim it then removed, is done). Each journal is opened anew, so
-    NFS's close-to-open consistency shows another node's appends."""
+def make_journals(run: RunDir, lanes: Collection[str]) -> None:
+    """Make the (empty) journals of streaming lanes before any of their jobs starts (the submitting process): a lane
+    then opens each of its queue's journals by name (:class:`CompletedTail`), and NFS's close-to-open consistency
+    holds for an open of a file that exists, where a directory listing or a name not found may be cached."""
+    if lanes:
+        make_dirs(run.lanes)
+    for lane in lanes:
+        with open(run.journal(lane), "a", encoding="utf-8"):
+            pass
 
-    def __init__(self, run: RunDir) -> None:
+
+class CompletedTail:
+    """The trainings the journals of ``lanes`` record as completed, as (home pack, training id), read as the journals
+    grow: each :meth:`refresh` reads only what was appended since the last (a streaming lane asks after every claim
+    it wins: a training folded by another lane, whose claim it then removed, is done). Each journal is opened anew
+    by its name (:func:`make_journals` made them), so NFS's close-to-open consistency shows another node's appends.
+    ``lanes`` None: every journal the run's lanes/ lists."""
+
+    def __init__(self, run: RunDir, lanes: Collection[str] | None = None) -> None:
         self.run = run
+        self.lanes = None if lanes is None else sorted(lanes)
         self.done: set[tuple[str, str]] = set()
         self._offsets: dict[Path, int] = {}
 
+    def _paths(self) -> list[Path]:
+        if self.lanes is not None:
+            return [self.run.journal(lane) for lane in self.lanes]
+        return sorted(self.run.lanes.glob("*.jsonl")) if self.run.lanes.is_dir() else []
+
     def refresh(self) -> set[tuple[str, str]]:
-        for path in sorted(self.run.lanes.glob("*.jsonl")) if self.run.lanes.is_dir() else []:
+        for path in self._paths():
             start = self._offsets.get(path, 0)
-            with open(path, "rb") as f:
-                f.seek(start)
-                data = f.read()
+            try:
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    data = f.read()
+            except FileNotFoundError:  # a lane that has folded nothing yet (a run submitted before journals were made)
+                continue
             whole = data.rfind(b"\n") + 1  # a line being written (or torn) waits for its end
             self._offsets[path] = start + whole
             for line in data[:whole].splitlines():

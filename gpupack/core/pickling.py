@@ -19,7 +19,7 @@ import time
 import types
 from collections import ChainMap
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Mapping
+from typing import IO, Any, Callable, Iterable, Iterator, Mapping
 
 from gpupack.core.records import atomic_file
 
@@ -72,43 +72,61 @@ def load(path: Path) -> Any:
         return cloudpickle.load(f)
 
 
-# A stream of pickles in one file: each entry a header (its key, its length) and the pickle. A job's processes append
-# to their job's file under flock, fsynced, so a run keeps one file per job, not one per training (file quotas).
+# A stream of pickles in one file: each entry a marker, a header (its key, when it was written, its length) and the
+# pickle. A job's processes append to their job's file under flock, fsynced, so a run keeps one file per job, not one
+# per training (file quotas). The marker lets a reader find the next whole entry past a torn one.
+_MARK = b"\x93GPKRET\n"
 _HEADER = struct.Struct("<qdQ")  # key (e.g. a Hydra job's number), when it was written, the pickle's length
 
 
 def append(obj: Any, key: int, path: Path) -> None:
     """Append ``obj``, pickled, to the stream at ``path`` under ``key`` (the latest entry of a key, in this file or
-    another, is its value). The whole entry is written with one write under the file's lock, then fsynced."""
+    another, is its value). The whole entry is written under the file's lock, then fsynced; a write that fails (a
+    full disk, a quota) is cut off again, so no torn entry is left for the next one to follow."""
     data = dumps(obj)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
-            f.write(_HEADER.pack(key, time.time(), len(data)) + data)
-            f.flush()
-            os.fsync(f.fileno())
+            start = f.seek(0, os.SEEK_END)
+            try:
+                f.write(_MARK + _HEADER.pack(key, time.time(), len(data)) + data)
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError:
+                f.truncate(start)
+                raise
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def read_streams(paths: Iterable[Path]) -> dict[int, bytes]:
-    """Each key's latest pickle in the streams at ``paths`` (unpickle with :func:`loads`). A torn last entry (its
-    writer killed mid-write) is left out."""
+    """Each key's latest pickle in the streams at ``paths`` (unpickle with :func:`loads`). A torn entry (its writer
+    killed mid-write) is left out, and the reading goes on at the next marker."""
     latest: dict[int, tuple[float, bytes]] = {}
     for path in paths:
         with open(path, "rb") as f:
             data = f.read()
-        at = 0
-        while at + _HEADER.size <= len(data):
-            key, written, length = _HEADER.unpack_from(data, at)
-            end = at + _HEADER.size + length
-            if end > len(data):
-                break
+        for key, written, pickled in _entries(data):
             if key not in latest or written >= latest[key][0]:
-                latest[key] = (written, data[at + _HEADER.size:end])
-            at = end
+                latest[key] = (written, pickled)
     return {key: pickled for key, (_, pickled) in latest.items()}
+
+
+def _entries(data: bytes) -> Iterator[tuple[int, float, bytes]]:
+    """The whole entries of a stream: each is read by its length, and is whole where the next marker (or the end)
+    follows it; past a torn one the next marker is looked for."""
+    at = data.find(_MARK)
+    while at >= 0:
+        body = at + len(_MARK)
+        if body + _HEADER.size <= len(data):
+            key, written, length = _HEADER.unpack_from(data, body)
+            end = body + _HEADER.size + length
+            if end == len(data) or (end < len(data) and data.startswith(_MARK, end)):
+                yield key, written, data[body + _HEADER.size:end]
+                at = end if end < len(data) else -1
+                continue
+        at = data.find(_MARK, at + 1)
 
 
 def loads(data: bytes) -> Any:

@@ -5,16 +5,19 @@ new clients are refused until all have exited); a device reset or an ECC error e
 host's OOM killer may take more than the process that ran it out. Counting every such death as its own training's
 failure would blame N for one training's fault. The rule here (pure): the first training of the pack to fail faulted;
 a training that failed after it, within :data:`WINDOW_S` of its end, of a death that is not its own program's error
-(a signal, or a CUDA, MPS or NCCL runtime error) is its victim. The job body records a victim as ``victim``
+(a crash signal, or a CUDA, MPS or NCCL runtime error) is its victim. Never a victim: an OOM (its own memory, or the
+kernel's choice: counted against N as an OOM), a training stopped by gpupack's time limit, one stopped by the
+scheduler (SIGTERM, SIGKILL: the job is ending, not a neighbour's fault). The job body records a victim as ``victim``
 (``victim_of``: the training that faulted, ``died_as``: how the victim died) and runs it again once, in a fresh start
 of the pack's mode (a new MPS daemon); a victim is neither oom nor unfinished, so it never counts against its N.
 """
 from __future__ import annotations
 
 import re
+import signal
 from typing import Any, Mapping, Sequence
 
-from gpupack.core.records import COMPLETED, TIMEOUT
+from gpupack.core.records import COMPLETED, FAILED, KILLED, TIMEOUT
 
 WINDOW_S = 10.0  # a victim dies within this long after the fault: an MPS server or a reset ends its clients at once
 # What a process prints when the device or its MPS server failed under it, not its own program's mistake
@@ -23,18 +26,23 @@ COLLATERAL = re.compile(r"CUDA error|CUDA_ERROR|cudaError|CUBLAS_STATUS|CUDNN_ST
                         r"Xid", re.IGNORECASE)
 
 
+# The signals a process dies of when its device or MPS server fails under it (a CUDA fatal error aborts)
+CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL)
+
+
 def collateral(rec: Mapping[str, Any]) -> bool:
-    """A death a neighbour's fault can cause: by a signal (gpupack's own time limit aside), or a device or MPS error.
-    Pure."""
-    if rec.get("status") == TIMEOUT:
+    """A death a neighbour's fault can cause: failed or killed (never an OOM or a time limit), by a crash signal or
+    a device, MPS or NCCL error. Pure."""
+    if rec.get("status") not in (FAILED, KILLED):
         return False
-    return rec.get("signal") is not None or bool(COLLATERAL.search(str(rec.get("error") or "")))
+    return rec.get("signal") in CRASH_SIGNALS or bool(COLLATERAL.search(str(rec.get("error") or "")))
 
 
 def victims(records: Sequence[Mapping[str, Any]], window_s: float = WINDOW_S) -> dict[str, str]:
     """The victims among one attempt's training records of a pack: victim's training id → the id of the training
     whose fault took it down (the first of the pack to fail). Empty when fewer than two failed. Pure."""
-    failed = sorted((r for r in records if r.get("status") != COMPLETED), key=lambda r: float(r.get("ended_at") or 0))
+    failed = sorted((r for r in records if r.get("status") not in (COMPLETED, TIMEOUT)),
+                    key=lambda r: float(r.get("ended_at") or 0))
     if len(failed) < 2:
         return {}
     first = failed[0]

@@ -159,7 +159,10 @@ def status(run_dir: Path | str) -> RunStatus:
             queues[p.stream] = claims(run.claims(p.stream))
         held_by = queues.get(p.stream or "", {})
         for tid, rec in every[p.pack_id].items():
-            runner = str(held_by.get(tid, {}).get("lane") or p.pack_id)  # the lane running it (a claim), which logs
+            claimed = held_by.get(tid, {})
+            if rec is not None and float(claimed.get("claimed_at") or 0) > float(rec.get("ended_at") or 0):
+                rec = None  # claimed again since that record ended: a lane runs it again
+            runner = str(claimed.get("lane") or p.pack_id)  # the lane running it (a claim), which logs
             started = any(run.log(where, tid, "out").exists()             # in its own folder where it folds
                           for where in dict.fromkeys((p.pack_id, runner)))
             state = by_pack.get(runner, by_pack[p.pack_id])

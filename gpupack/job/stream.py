@@ -61,7 +61,8 @@ class Lane:
         self.claimed: list[str] = []
         self.walls: list[float] = []  # of the trainings this lane ran to their end
         self.stopped: str | None = None  # why it stopped claiming before the queue was drained
-        self.journals = CompletedTail(run)  # what the lanes folded as completed (none where the backend does not fold)
+        # what the queue's lanes folded as completed (none where the backend does not fold), by their journals' names
+        self.journals = CompletedTail(run, [lane.pack_id for lane in plan.lanes(pack.stream)])
         self._cursor = 0
 
     @property
@@ -151,6 +152,8 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
             fold_trainings(run, pack_id, [p.stem for p in run.trainings(pack_id).glob("*.json")], pack_id)
         completed = lane.completed()
         if len(completed) == len(lane.items) and (done := RunRecords(run).pack(pack_id)) is not None:
+            if lane.folds:  # an earlier run killed mid-fold left its folder: fold what is left
+                fold_pack(run, pack_id, pack_id)
             return done  # the queue is drained: nothing to run, nothing to move
         released = release_stale(lane.folder, lane.holder, keep=completed)
         if lane.folds:  # the claims an earlier run of it held of trainings now folded as completed

@@ -55,7 +55,7 @@ class LaneShare:
     def __init__(self, run: RunDir, lane: str, trainings: Sequence[Training] = ()) -> None:
         self.run, self.lane, self.trainings = run, lane, list(trainings)
         self._kept: dict[Hashable, Any] = {}
-        self._closers: list[Callable[[], None]] = []
+        self._closers: dict[Hashable, Callable[[], None]] = {}
         self._logs: list[Path] = []
 
     def log(self, name: str) -> Path:
@@ -66,18 +66,23 @@ class LaneShare:
         self._logs.append(path)
         return path
 
-    def get(self, key: Hashable, make: Callable[[], Any], close: Callable[[Any], None] | None = None) -> Any:
-        """What ``make`` made the first time ``key`` was asked for in this lane (``close`` it at the lane's end)."""
+    def get(self, key: Hashable, make: Callable[[], Any], close: Callable[[Any], None] | None = None,
+            alive: Callable[[Any], bool] | None = None) -> Any:
+        """What ``make`` made the first time ``key`` was asked for in this lane (``close`` it at the lane's end); made
+        again where ``alive`` says the one kept is not (a server that died: the next pack gets a new one)."""
+        if key in self._kept and alive is not None and not alive(self._kept[key]):
+            self._closers.pop(key, lambda: None)()
+            del self._kept[key]
         if key not in self._kept:
             made = self._kept[key] = make()
             if close is not None:
-                self._closers.append(lambda: close(made))
+                self._closers[key] = lambda: close(made)
         return self._kept[key]
 
     def close(self) -> None:
         try:
             while self._closers:
-                self._closers.pop()()
+                self._closers.popitem()[1]()
         finally:
             for path in self._logs:
                 if path.is_file() and path.stat().st_size == 0:

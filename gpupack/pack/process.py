@@ -175,16 +175,18 @@ class ProcessPacker(Packer):
 
 
 def memory_share_env(ctx: PackContext) -> tuple[dict[str, Any], dict[str, str]]:
-    """What a training is given of its share of the GPU (ctx.memory_share): for its record (the share, and whether
-    its MPS client is limited to it), and its environment: the fraction its torch sets before its first allocation
-    (gpupack.runtime.memshare) and, under MPS (the pack's daemon, or one the job runs itself), its client's limit."""
+    """What a training is given of its share of the GPU (ctx.memory_share): for its record (the share, and how it is
+    enforced), and its environment: under MPS (the pack's daemon, or one the job runs itself) its client's limit,
+    which holds whatever the program is; else the fraction its torch sets before its first allocation
+    (gpupack.runtime.memshare). Not both: an MPS client may see its limit as the device's memory, and a fraction of
+    that would be a share of a share."""
     share = ctx.memory_share
     if share is None:
         return {}, {}
-    env = {SHARE_ENV: f"{share.fraction:.6f}"}
-    mps = MPS_PIPE_ENV in ctx.env
-    if mps:
-        env[MPS_LIMIT_ENV] = share.mps_limit()
+    if MPS_PIPE_ENV in ctx.env:
+        env = {MPS_LIMIT_ENV: share.mps_limit()}
+    else:
+        env = {SHARE_ENV: f"{share.fraction:.6f}"}
     return {**share.to_record(), "mps_limit": env.get(MPS_LIMIT_ENV)}, env
 
 
@@ -244,7 +246,8 @@ def preload(supervisor: Supervisor, trainings: Sequence[Training], ctx: PackCont
     share = ctx.share
     every = [t.params for t in share.trainings if t.workload == workload] or [t.params for t in trainings]
     made = share.get(("forkserver", workload), lambda: fork_server(workload, every, env, share.log("forkserver")),
-                     close=lambda server: server.close() if isinstance(server, ForkServer) else None)
+                     close=lambda server: server.close() if isinstance(server, ForkServer) else None,
+                     alive=lambda server: not isinstance(server, ForkServer) or server.proc.poll() is None)
     if isinstance(made, str):
         return made
     supervisor.use(made)  # its children's thread pools are set to each pack's share as they are forked

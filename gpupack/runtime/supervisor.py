@@ -265,6 +265,8 @@ class Supervisor:
                                          spec.memory_limit_bytes, spec.cpus, spec.python_main)
             except ForkRefused as why:  # what it learned made forking unsafe: this and later ones start fresh
                 self.refused = str(why)
+            except (RuntimeError, OSError) as failure:  # the server died or stopped answering: no training fails
+                self.refused = f"the fork server failed ({failure}): starting fresh interpreters"
         with open_log(spec.out_path) as out, open_log(spec.err_path) as err:
             return spawn(spec.argv, spec.env, stdout=out, stderr=err, cwd=spec.cwd,
                          memory_limit_bytes=spec.memory_limit_bytes, cpus=spec.cpus)

@@ -147,8 +147,8 @@ class DdpStrategy(Strategy):
         try:
             with Supervisor(ctx.training_timeout_s, together=RANKS_FAIL_TOGETHER) as supervisor:
                 forked = rank_preload(training, ctx, supervisor)
-                started = time.time()  # after the server's preload, as process mode's trainings (the pack's wall
-                # counts it)
+                started = time.time()  # after the server's preload, as process mode's trainings: the preload is
+                # set-up, outside the pack's wall (setup_s)
                 # The ranks meet through a file in the job's node-local temporary space, unique to this training: a
                 # TCP port picked here could be taken by another pack's rendezvous before rank 0 binds it.
                 rendezvous = tempfile.mkdtemp(prefix="gpupack-ddp-", dir=ctx.tmp_dir)

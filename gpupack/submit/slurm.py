@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, TypeVar
 
 import submitit
 
-from gpupack.core.journal import RunRecords
+from gpupack.core.journal import RunRecords, make_journals
 from gpupack.core.memory import request_mb
 from gpupack.core.plan import Pack, deal
 from gpupack.core.types import Capacity, JobForecast, PackRequest, PackResult, PackSettings
@@ -441,6 +441,8 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
             executor.update_parameters(**sbatch_parameters(self.cluster, partition, part, factor, account,
                                                            req.mem_gb_each, devices=devices, gpus=lane_gpus),
                                        stderr_to_stdout=in_turn)  # a file a job less where files per job count
+            if in_turn:  # a streaming lane reads its queue's journals by name: they exist before any job starts
+                make_journals(self.run, [p.pack_id for lane in group for p in lane if p.stream is not None])
             try:  # what the job asked, billed as its GPUs' bundles (gpupack.core.billing)
                 asked = {"gpus": gpus, "cpus": req.cpus * gpus if req.cpus else None,
                          "mem_gb": req.mem_mb * gpus / 1024 if req.mem_mb else None,
