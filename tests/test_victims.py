@@ -74,3 +74,41 @@ def test_a_fault_that_takes_two_neighbours_down_reruns_them_and_counts_only_itse
         ids["t1"]: ("victim", ids["t0"], "killed"), ids["t2"]: ("victim", ids["t0"], "failed")}
     row = aggregate([run.root]).summary.set_index("factor").loc[3]
     assert (row["failed"], row["victims"], row["oom"], row["unfinished"]) == (1, 2, 0, 1)
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_a_streaming_lanes_victims_run_again_in_its_slots(tmp_path, fold):
+    """A streaming lane of 3 slots: t0 faults, t1 (SIGABRT) and t2 (an MPS client's CUDA error) die right after it;
+    the lane records them as victims of t0 and its freed slots run them again, once; t3 runs as usual."""
+    from gpupack.core.journal import RunRecords, read_folded
+    from gpupack.job.stream import run_lane
+
+    run = RunDir(tmp_path / "run")
+    flag = tmp_path / "fault"
+    plan = make_plan(sweep="v", workload="tests.fake_workloads", grid={"tag": ["t0", "t1", "t2", "t3"]},
+                     fixed={"steps": 1}, factors=[3], modes=["process"], partitions=["local"], repeats=1,
+                     stream_jobs=1)
+    data = plan.to_json()
+    for t in data["packs"][0]["trainings"]:
+        tag = t["params"]["tag"]
+        if tag == "t0":
+            t["params"]["fault"] = str(flag)
+        elif tag in ("t1", "t2"):
+            t["params"].update(die_after=str(flag), die_as="signal" if tag == "t1" else "cuda",
+                               marker=str(tmp_path / f"{tag}.first"))
+    write_json_atomic(run.plan, data)
+    (lane,) = plan.packs
+    rec = run_lane(str(run.root), lane.pack_id, PackSettings(device="cpu", fold=fold))
+    ids = {t.params["tag"]: t.training_id for t in lane.trainings}
+    records = RunRecords(run)
+    latest = {tag: (records.training(lane.pack_id, tid) or {}).get("status") for tag, tid in ids.items()}
+    assert latest == {"t0": "failed", "t1": "completed", "t2": "completed", "t3": "completed"}
+    assert sorted(rec["training_ids"]) == sorted([ids["t0"], ids["t1"], ids["t1"], ids["t2"], ids["t2"], ids["t3"]])
+    if fold:
+        history = read_folded(run).trainings
+        earlier = {tid: history[(lane.pack_id, tid)][0] for tid in (ids["t1"], ids["t2"])}
+    else:
+        earlier = {r["training_id"]: r for r in map(read_json, run.pack_dir(lane.pack_id).glob("attempts/*/*.json"))
+                   if r.get("kind") == "training"}
+    assert {tid: (r["status"], r["victim_of"]) for tid, r in earlier.items()} == {
+        ids["t1"]: ("victim", ids["t0"]), ids["t2"]: ("victim", ids["t0"])}

@@ -17,7 +17,7 @@ import re
 import signal
 from typing import Any, Mapping, Sequence
 
-from gpupack.core.records import COMPLETED, FAILED, KILLED, TIMEOUT
+from gpupack.core.records import COMPLETED, FAILED, KILLED, TIMEOUT, VICTIM
 
 WINDOW_S = 10.0  # a victim dies within this long after the fault: an MPS server or a reset ends its clients at once
 # What a process prints when the device or its MPS server failed under it, not its own program's mistake
@@ -46,6 +46,19 @@ def victims(records: Sequence[Mapping[str, Any]], window_s: float = WINDOW_S) ->
     if len(failed) < 2:
         return {}
     first = failed[0]
-    fault_at = float(first.get("ended_at") or 0)
-    return {str(r["training_id"]): str(first["training_id"]) for r in failed[1:]
-            if float(r.get("ended_at") or 0) - fault_at <= window_s and collateral(r)}
+    return {str(r["training_id"]): culprit for r in failed[1:]
+            if (culprit := culprit_of(r, [first], window_s)) is not None}
+
+
+def culprit_of(rec: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]], window_s: float = WINDOW_S) -> str | None:
+    """The training whose fault took ``rec`` down, among the records that ended before it on its device
+    (``earlier``: a streaming lane's, as they end): the first that failed (not a victim itself, not a time limit)
+    within ``window_s`` before it, where ``rec``'s death is one a neighbour's fault causes; None: its own. Pure."""
+    if not collateral(rec):
+        return None
+    end = float(rec.get("ended_at") or 0)
+    faults = [r for r in earlier if r.get("status") not in (COMPLETED, TIMEOUT, VICTIM)
+              and r.get("training_id") != rec.get("training_id")
+              and 0 <= end - float(r.get("ended_at") or 0) <= window_s]
+    first = min(faults, key=lambda r: float(r.get("ended_at") or 0), default=None)
+    return None if first is None else str(first["training_id"])

@@ -356,6 +356,7 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
         if stream is not None:  # which lane, slot and job ran it, and its share of the plan (its home)
             stream.ended(tid, outcome.ended_at - outcome.started_at)
             rec.update(stream=pack.stream, lane=pack.index, job_id=job.job_id, home=stream.home(tid))
+            rec = stream.judge(rec)
         write_json_atomic(run.training_record(stream.where(tid) if stream is not None else pack.pack_id, tid), rec)
         records.append(rec)
         if stream is not None:

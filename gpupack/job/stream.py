@@ -15,15 +15,17 @@ per training. A claim won of a training another lane folded as completed is let 
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gpupack.core.claims import Holder, claim, claim_path, claims, drop, release_stale
 from gpupack.core.journal import CompletedTail, RunRecords, fold_pack, fold_trainings
 from gpupack.core.plan import Pack, Plan, Training
-from gpupack.core.records import COMPLETED, is_completed, read_json, write_json_atomic
+from gpupack.core.records import COMPLETED, VICTIM, is_completed, read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
+from gpupack.core.victims import culprit_of
 from gpupack.job.body import execute, move_aside, pack_lock
 from gpupack.runtime.jobenv import JobEnvironment
 
@@ -63,6 +65,10 @@ class Lane:
         self.stopped: str | None = None  # why it stopped claiming before the queue was drained
         # what the queue's lanes folded as completed (none where the backend does not fold), by their journals' names
         self.journals = CompletedTail(run, [lane.pack_id for lane in plan.lanes(pack.stream)])
+        self.ended_recs: list[dict[str, Any]] = []  # how its trainings ended, for telling a fault from its victims
+        self.again: deque[Training] = deque()  # victims of a neighbour's fault, to run once more (it holds them)
+        self.ran_again: set[str] = set()
+        self._by_id = {t.training_id: t for _, t in self.items}
         self._cursor = 0
 
     @property
@@ -110,6 +116,10 @@ class Lane:
             self.stopped = self.out_of_time()
         if self.stopped is not None:
             return None
+        if self.again:  # a victim, once more: this lane still holds its claim
+            training = self.again.popleft()
+            move_aside(self.run, self.where(training.training_id), self.record(training.training_id))
+            return training
         while self._cursor < len(self.items):
             home, training = self.items[self._cursor]
             self._cursor += 1
@@ -127,6 +137,18 @@ class Lane:
 
     def ended(self, training_id: str, wall_s: float) -> None:
         self.walls.append(wall_s)
+
+    def judge(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """A training's record as it ended, before it is written: a victim of a neighbour's fault on this lane's
+        device (gpupack.core.victims) is recorded as such and run again once, by this lane."""
+        tid = str(rec["training_id"])
+        culprit = culprit_of(rec, self.ended_recs) if tid not in self.ran_again else None
+        self.ended_recs = [*self.ended_recs[-4 * self.pack.factor:], rec]  # the recent ones: a fault's window
+        if culprit is None:
+            return rec
+        self.ran_again.add(tid)
+        self.again.append(self._by_id[tid])
+        return {**rec, "status": VICTIM, "victim_of": culprit, "died_as": rec.get("status")}
 
     def recorded(self, training_id: str) -> None:
         """The training's record is written: where the lane folds, it goes into the journal with its logs, and a

@@ -42,6 +42,10 @@ class Stream(Protocol):
     def where(self, training_id: str) -> str:
         """The pack whose folder holds the training's record and logs while it runs."""
 
+    def judge(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """The training's record as it ended, before it is written: the lane may tell it a victim of a neighbour's
+        fault (and run it again)."""
+
     def recorded(self, training_id: str) -> None:
         """The training's record is written (the lane may fold it now)."""
 
