@@ -133,3 +133,31 @@ def test_a_server_that_died_under_a_lane_starts_its_next_training_fresh_and_is_n
     assert first is dead and again is not dead and dead.closed  # made anew, the dead one closed
     share.close()
     assert again.closed
+
+
+def test_a_training_started_fresh_because_the_server_failed_says_why_in_its_record(tmp_path):
+    """Process mode with a lane's server that is dead: each training starts fresh, completes, and its outcome says why
+    it was not forked (fork_fallback), as one whose server never started does."""
+    from gpupack.core.plan import make_plan
+    from gpupack.core.records import write_json_atomic
+    from gpupack.core.rundir import RunDir
+    from gpupack.core.types import PackSettings
+    from gpupack.pack import LaneShare, PackContext
+    from gpupack.pack.process import PACKER, ProcessOptions
+
+    class DeadServer:
+        def start(self, *args: object) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    run = RunDir(tmp_path / "run")
+    plan = make_plan(sweep="s", workload="tests.fake_workloads", grid={"tag": ["a", "b"]}, fixed={"steps": 1},
+                     factors=[2], modes=["process"], partitions=["local"], repeats=1)
+    write_json_atomic(run.plan, plan.to_json())
+    pack = plan.packs[0]
+    share = LaneShare(run, "lane", pack.trainings)
+    share.get(("forkserver", "tests.fake_workloads"), DeadServer)
+    ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ), share=share,
+                      settings=PackSettings(mode_options={"process": ProcessOptions(start="fork")}))
+    outcomes = PACKER.run(pack.trainings, ctx)
+    assert [o.extra["start"] for o in outcomes] == ["fresh", "fresh"] and all(o.result for o in outcomes)
+    assert all("the fork server failed" in o.extra["fork_fallback"] for o in outcomes)

@@ -215,7 +215,10 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
         def start(t: Training, slot: int) -> None:
             packed.append(_Training(t, ctx, workloads[t.workload], cpus[slot], fallback, slot))
             by_name[t.training_id] = packed[-1]
-            pid = supervisor.start(packed[-1].child).pid
+            child = supervisor.start(packed[-1].child)
+            if method == "fork" and not child.forked and supervisor.refused:  # the server refused it or died: why
+                packed[-1].fork_fallback = supervisor.refused
+            pid = child.pid
             if pid is not None:
                 ctx.on_started(t.training_id, pid)
 

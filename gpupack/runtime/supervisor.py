@@ -245,11 +245,10 @@ class Supervisor:
         """Start one child. A program that cannot start (OSError: gone, not executable, no memory or process left)
         gives a child that ended at once with ``start_error``; with ``together`` it fails the group."""
         started_at = spec.started_at if spec.started_at is not None else time.time()
-        forked = self.server is not None and spec.spec_path is not None and self.refused is None
         try:
             proc = self._spawn(spec)
-        except OSError as err:
-            child = Child(spec, None, started_at, forked, err)
+        except OSError as err:  # a fresh start failed (a fork that fails falls back to one: _spawn)
+            child = Child(spec, None, started_at, False, err)
             self.children.append(child)
             if self.together is not None and self.culprit is None:
                 self._fail_group(child.exit())
