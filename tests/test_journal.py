@@ -266,3 +266,23 @@ def test_a_folded_packs_trainings_are_read_from_the_journal_without_an_open_each
     records = RunRecords(run)
     assert all(records.completed(p.pack_id, t.training_id) for p in plan.packs for t in p.trainings)
     assert [o for o in opened if "/trainings/" in o] == []
+
+
+def test_a_training_that_fails_twice_in_a_lane_keeps_each_failures_log(tmp_path):
+    """A failed training's whole log is copied out when its record is folded; failing again in the same lane (a
+    streaming lane's victim rerun, a resumed lane) copies the new log beside the first, and each record points at its
+    own."""
+    from gpupack.core.journal import fold_trainings
+    from gpupack.core.records import SCHEMA_VERSION, write_json_atomic
+
+    run = RunDir(tmp_path / "run")
+    for attempt, text in enumerate(["first failure\n", "second failure\n"]):
+        write_json_atomic(run.training_record("lane", "t"), {"kind": "training", "schema": SCHEMA_VERSION,
+                                                            "training_id": "t", "pack_id": "lane", "status": "failed",
+                                                            "started_at": float(attempt), "ended_at": attempt + 0.5})
+        run.log("lane", "t", "err").parent.mkdir(parents=True, exist_ok=True)
+        run.log("lane", "t", "err").write_text(text)
+        fold_trainings(run, "lane", ["t"], "lane")
+    first, second = read_folded(run).trainings[("lane", "t")]
+    assert kept_log(run.root, first, "err").read() == "first failure\n"
+    assert kept_log(run.root, second, "err").read() == "second failure\n"

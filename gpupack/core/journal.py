@@ -188,8 +188,11 @@ def _append_file(run: RunDir, lane: str, log: IO[bytes], path: Path) -> dict[str
 
 
 def _copy_log(run: RunDir, lane: str, log: IO[bytes], pack_id: str, tid: str, stream: str) -> dict[str, Any]:
-    """A failed training's log, whole, in a file of its own: what a user opens first."""
-    target = run.failed_log(lane, pack_id, tid, stream)
+    """A failed training's log, whole, in a file of its own: what a user opens first (a training that failed again in
+    this lane gets a file of its own again: each record points at its own failure's log)."""
+    copy = 1
+    while (target := run.failed_log(lane, pack_id, tid, stream, copy)).exists():  # under the lane's lock
+        copy += 1
     make_dirs(target.parent)
     shutil.copyfile(run.log(pack_id, tid, stream), target)
     with open(target, "rb") as f:

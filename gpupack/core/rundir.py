@@ -13,7 +13,7 @@
       lanes/<lane>.jsonl                       a lane's journal: the records of its ended packs (or, a streaming
                                                lane's, trainings), folded
       lanes/<lane>.log                         their completed trainings' output (gpupack.core.journal)
-      lanes/<lane>.failed/<pack>.<id>.out|err  their failed trainings' whole logs
+      lanes/<lane>.failed/<pack>.<id>.out|err  their failed trainings' whole logs (.<k>.out|err: a later failure's)
       claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.claims; a
                                                folding lane drops it once the training's completed record is folded)
       jobs.json                                pack id → submitted job id (SLURM), for status and resume
@@ -121,9 +121,11 @@ class RunDir:
     def lane_log(self, lane: str) -> Path:
         return self.lanes / f"{check_name('lane', lane)}.log"
 
-    def failed_log(self, lane: str, pack_id: str, training_id: str, stream: str) -> Path:
+    def failed_log(self, lane: str, pack_id: str, training_id: str, stream: str, copy: int = 1) -> Path:
+        """A failed training's whole log as its lane folded it; ``copy`` k > 1: its k-th failure's in that lane."""
+        again = f".{int(copy)}" if copy > 1 else ""
         return (self.lanes / f"{check_name('lane', lane)}.failed"
-                / f"{check_name('pack_id', pack_id)}.{check_name('training_id', training_id)}.{stream}")
+                / f"{check_name('pack_id', pack_id)}.{check_name('training_id', training_id)}{again}.{stream}")
 
     def claims(self, queue: str) -> Path:
         """claims/<queue>/: the claims of one streaming queue's trainings."""
