@@ -60,8 +60,10 @@ class ProbeParams:
     preload_mark: str = ""
     # Report the sizes of the native thread pools loaded in the training's process (threadpoolctl)
     report_threads: bool = False
-    # Allocate on the GPU through torch (tests/fake_torch: logged, so a test sees it came after the memory share)
+    # Allocate on the GPU through torch (tests/fake_torch: logged, so a test sees it came after the memory share);
+    # cuda_alloc_fraction: this share of the real device's memory at once (the gpu tier: past a training's share)
     cuda_alloc: bool = False
+    cuda_alloc_fraction: float = 0.0
     # A fault and its victims: "FILE" — fault: fail with an error of its own once FILE is made (it makes it);
     # die_after: on its first attempt (marker), wait for FILE, then die as a neighbour's fault kills a process
     # (die_as: "signal", SIGABRT; "cuda", an MPS client's CUDA error)
@@ -111,6 +113,12 @@ class Probe(Workload):
             import torch  # tests/fake_torch where a test puts it first
 
             torch.zeros(1, device="cuda")
+        if params.cuda_alloc_fraction:
+            import torch
+
+            total = torch.cuda.get_device_properties(0).total_memory
+            block = torch.empty(int(params.cuda_alloc_fraction * total), dtype=torch.uint8, device="cuda")
+            del block
         if params.meet:
             _meet(params.meet, params.meet_timeout_s)
         if params.marker and not os.path.exists(params.marker):

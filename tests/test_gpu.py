@@ -5,7 +5,8 @@ asserts what ran where and what was recorded.
 Covered: the device and its RGU model name from the real NVML; N=4 process packing on cuda, forked from a server
 that never touched CUDA, with each training's GPU memory (torch's peak; NVML's per-process figure where the driver
 gives one); the memory cap from NVML's total; fused equivalence on CUDA; DDP over NCCL at k=1; MPS where
-nvidia-cuda-mps-control exists; the sampler's utilization and memory on a busy GPU.
+nvidia-cuda-mps-control exists; the sampler's utilization and memory on a busy GPU; each training's share of the GPU
+enforced (torch's per-process fraction, and MPS's client limit where MPS can start).
 """
 from __future__ import annotations
 
@@ -162,3 +163,35 @@ def test_the_sampler_sees_a_busy_gpu():
         sampled = sampler.stop()
     assert sampled["source"] == "nvml" and sampled["n_samples"] > 0
     assert sampled["gpu_util_max"] > 0 and sampled["gpu_mem_used_peak_mb"] > 0
+
+
+def _share_pack(tmp_path: Path, settings: PackSettings) -> list[dict]:
+    """Two trainings at packing.memory_share=on, memory_fraction 0.8: 0.4 of the GPU each. "big" allocates 0.6 of
+    the device at once, past its share; "small" 0.1, within it."""
+    plan = make_plan(sweep="share", workload="tests.fake_workloads", grid={"tag": ["big", "small"]},
+                     fixed={"steps": 1}, factors=[2], modes=["process"], partitions=["local"], repeats=1)
+    data = plan.to_json()
+    for t in data["packs"][0]["trainings"]:
+        t["params"]["cuda_alloc_fraction"] = 0.6 if t["params"]["tag"] == "big" else 0.1
+    run = RunDir(tmp_path / "run")
+    write_json_atomic(run.plan, data)
+    pack = plan.packs[0]
+    run_pack(str(run.root), pack.pack_id, settings)
+    return [read_json(run.training_record(pack.pack_id, t.training_id)) for t in pack.trainings]
+
+
+def test_a_training_past_its_share_of_the_gpu_gets_its_own_oom_and_its_neighbour_completes(tmp_path):
+    big, small = _share_pack(tmp_path, PackSettings(device="cuda", memory_share=0.8))
+    assert big["status"] == "oom" and "its share of the GPU" in big["error"], big["error"]
+    assert small["status"] == "completed", small["error"]
+    assert big["memory_share"]["fraction"] == pytest.approx(0.4) and big["memory_share"]["mps_limit"] is None
+
+
+@pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None,
+                    reason="nvidia-cuda-mps-control is not on PATH: MPS cannot start here")
+def test_an_mps_client_past_its_limit_gets_its_own_oom_and_its_neighbour_completes(tmp_path):
+    big, small = _share_pack(tmp_path, PackSettings(device="cuda", memory_share=0.8,
+                                                    mode_options={"process": ProcessOptions(mps=True)}))
+    assert big["status"] == "oom", big["error"]
+    assert small["status"] == "completed", small["error"]
+    assert big["memory_share"]["mps_limit"].startswith("0=")
