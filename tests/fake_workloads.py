@@ -98,7 +98,7 @@ class Probe(Workload):
         warm = {m: m in sys.modules for m in lazy}
         for m in lazy:
             importlib.import_module(m)
-        if params.fault:
+        if params.fault and (not params.marker or _first(Path(params.marker))):  # with a marker: its first attempt
             Path(params.fault).touch()
             raise RuntimeError("a bug of this training's own (its fault)")
         if params.die_after and params.marker and _first(Path(params.marker)):

@@ -46,18 +46,21 @@ def test_victims_table(records, expected):
 
 
 def test_a_fault_that_takes_two_neighbours_down_reruns_them_and_counts_only_itself(tmp_path):
-    """t0 faults (its own error); t1 dies by SIGABRT and t2 by an MPS client's CUDA error right after: t0 is failed,
-    t1 and t2 are victims of t0, run again once in a fresh start of the mode, and complete. collect counts one
-    failure and two victims at N=3, no OOM, and t1 and t2 are finished: only t0's own failure is left against N."""
+    """t0 faults (its own error, on its first attempt); t1 dies by SIGABRT and t2 by an MPS client's CUDA error right
+    after: t0 is failed, t1 and t2 are victims of t0, run again once in a fresh start of the mode, and complete.
+    collect counts one failure and two victims at N=3, no OOM, and t1 and t2 are finished: only t0's own failure
+    holds N back, as any failed training does until it is run again. Resumed, t0 completes and N=3 is chosen: the
+    victims never counted against it."""
     run = RunDir(tmp_path / "run")
     flag = tmp_path / "fault"
     plan = make_plan(sweep="v", workload="tests.fake_workloads", grid={"tag": ["t0", "t1", "t2"]},
-                     fixed={"steps": 1}, factors=[3], modes=["process"], partitions=["local"], repeats=1)
+                     fixed={"steps": 1}, factors=[3], modes=["process"], partitions=["local"], repeats=2,
+                     order="by_factor")
     data = plan.to_json()
-    for t in data["packs"][0]["trainings"]:
+    for t in data["packs"][0]["trainings"]:  # the first pack's; the second runs as any
         tag = t["params"]["tag"]
         if tag == "t0":
-            t["params"]["fault"] = str(flag)
+            t["params"].update(fault=str(flag), marker=str(tmp_path / "t0.first"))
         else:
             t["params"].update(die_after=str(flag), die_as="signal" if tag == "t1" else "cuda",
                                marker=str(tmp_path / f"{tag}.first"))
@@ -72,8 +75,14 @@ def test_a_fault_that_takes_two_neighbours_down_reruns_them_and_counts_only_itse
                if r.get("kind") == "training"}
     assert {tid: (r["status"], r["victim_of"], r["died_as"]) for tid, r in earlier.items()} == {
         ids["t1"]: ("victim", ids["t0"], "killed"), ids["t2"]: ("victim", ids["t0"], "failed")}
+    run_pack(str(run.root), plan.packs[1].pack_id, PackSettings(device="cpu"))  # N=3's other pack: a timing
     row = aggregate([run.root]).summary.set_index("factor").loc[3]
     assert (row["failed"], row["victims"], row["oom"], row["unfinished"]) == (1, 2, 0, 1)
+    run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu"))  # a resume runs what is left: t0
+    collected = aggregate([run.root])
+    row = collected.summary.set_index("factor").loc[3]
+    assert (row["failed"], row["victims"], row["oom"], row["unfinished"]) == (1, 2, 0, 0)
+    assert not row["infeasible"] and collected.best["factor"].tolist() == [3]  # N is eligible, and chosen
 
 
 @pytest.mark.parametrize("fold", [False, True])
