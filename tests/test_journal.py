@@ -286,3 +286,20 @@ def test_a_training_that_fails_twice_in_a_lane_keeps_each_failures_log(tmp_path)
     first, second = read_folded(run).trainings[("lane", "t")]
     assert kept_log(run.root, first, "err").read() == "first failure\n"
     assert kept_log(run.root, second, "err").read() == "second failure\n"
+
+
+def test_a_lane_reads_its_queues_journals_by_name_made_before_any_job(tmp_path):
+    """The submitter makes each streaming lane's journal before any job starts; a lane then reads those by name (an
+    open, which NFS's close-to-open keeps fresh), never another lane's journal it was not given, and a name with no
+    journal yet is skipped."""
+    from gpupack.core.journal import CompletedTail, append_records, make_journals
+
+    run = RunDir(tmp_path / "run")
+    make_journals(run, ["a", "b"])
+    assert sorted(p.name for p in run.lanes.iterdir()) == ["a.jsonl", "b.jsonl"]
+    tail = CompletedTail(run, ["a", "b", "c"])
+    assert tail.refresh() == set()
+    append_records(run, "a", [{"training_id": "t1", "pack_id": "a", "home": "h", "status": "completed"}])
+    append_records(run, "x", [{"training_id": "t2", "pack_id": "x", "home": "h", "status": "completed"}])
+    append_records(run, "b", [{"training_id": "t3", "pack_id": "b", "home": "h", "status": "failed"}])
+    assert tail.refresh() == {("h", "t1")}  # x is not its queue's; t3 failed
