@@ -28,7 +28,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Collection, Iterator, Mapping
+from typing import IO, Any, Callable, Collection, Iterable, Iterator, Mapping
 
 from gpupack.core.records import COMPLETED, make_dirs, read_json_or_none
 from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, TRAININGS, RunDir
@@ -248,22 +248,15 @@ class CompletedTail:
     """The trainings the journals of ``lanes`` record as completed, as (home pack, training id), read as the journals
     grow: each :meth:`refresh` reads only what was appended since the last (a streaming lane asks after every claim
     it wins: a training folded by another lane, whose claim it then removed, is done). Each journal is opened anew
-    by its name (:func:`make_journals` made them), so NFS's close-to-open consistency shows another node's appends.
-    ``lanes`` None: every journal the run's lanes/ lists."""
+    by its name (:func:`make_journals` made them), so NFS's close-to-open consistency shows another node's appends."""
 
-    def __init__(self, run: RunDir, lanes: Collection[str] | None = None) -> None:
-        self.run = run
-        self.lanes = None if lanes is None else sorted(lanes)
+    def __init__(self, run: RunDir, lanes: Collection[str]) -> None:
+        self.paths = [run.journal(lane) for lane in sorted(lanes)]
         self.done: set[tuple[str, str]] = set()
         self._offsets: dict[Path, int] = {}
 
-    def _paths(self) -> list[Path]:
-        if self.lanes is not None:
-            return [self.run.journal(lane) for lane in self.lanes]
-        return sorted(self.run.lanes.glob("*.jsonl")) if self.run.lanes.is_dir() else []
-
     def refresh(self) -> set[tuple[str, str]]:
-        for path in self._paths():
+        for path in self.paths:
             start = self._offsets.get(path, 0)
             try:
                 with open(path, "rb") as f:
@@ -273,11 +266,7 @@ class CompletedTail:
                 continue
             whole = data.rfind(b"\n") + 1  # a line being written (or torn) waits for its end
             self._offsets[path] = start + whole
-            for line in data[:whole].splitlines():
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a torn line, ended by the next fold
+            for entry in _parsed(data[:whole].splitlines()):
                 rec = entry.get("record") or {}
                 if entry.get("kind") == TRAINING and rec.get("status") == COMPLETED:
                     self.done.add((_home(rec), str(rec["training_id"])))
@@ -286,16 +275,17 @@ class CompletedTail:
 
 def _entries(path: Path) -> list[dict[str, Any]]:
     """A journal's whole lines, parsed (a torn last line, its job killed while writing it, is skipped)."""
-    out = []
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.endswith("\n"):
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
+        return list(_parsed(line for line in f if line.endswith("\n")))
+
+
+def _parsed(lines: Iterable[str | bytes]) -> Iterator[dict[str, Any]]:
+    """Each journal line's entry; a line that is no JSON (torn, then ended by the next fold) is skipped."""
+    for line in lines:
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            continue
 
 
 def lane_trainings(run: RunDir, lane: str) -> dict[str, dict[str, Any]]:

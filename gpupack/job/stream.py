@@ -65,7 +65,8 @@ class Lane:
         self.stopped: str | None = None  # why it stopped claiming before the queue was drained
         # what the queue's lanes folded as completed (none where the backend does not fold), by their journals' names
         self.journals = CompletedTail(run, [lane.pack_id for lane in plan.lanes(pack.stream)])
-        self.ended_recs: list[dict[str, Any]] = []  # how its trainings ended, for telling a fault from its victims
+        # how its recent trainings ended (a fault's window), for telling a fault from its victims
+        self.ended_recs: deque[dict[str, Any]] = deque(maxlen=4 * pack.factor + 1)
         self.again: deque[Training] = deque()  # victims of a neighbour's fault, to run once more (it holds them)
         self.ran_again: set[str] = set()
         self._by_id = {t.training_id: t for _, t in self.items}
@@ -143,7 +144,7 @@ class Lane:
         device (gpupack.core.victims) is recorded as such and run again once, by this lane."""
         tid = str(rec["training_id"])
         culprit = culprit_of(rec, self.ended_recs) if tid not in self.ran_again else None
-        self.ended_recs = [*self.ended_recs[-4 * self.pack.factor:], rec]  # the recent ones: a fault's window
+        self.ended_recs.append(rec)
         if culprit is None:
             return rec
         self.ran_again.add(tid)

@@ -14,6 +14,7 @@ each GPU takes the lane's next pack as its last one ends.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -85,16 +86,15 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
         with LaneShare(run, lane, trainings) as share:
             take_turns(run, plan, turns, job, records, lane, share)
     else:
-        shares = [LaneShare(run, f"{lane}-gpu{i}", trainings) for i in range(len(gpus))]  # a device's own
-        workers = [threading.Thread(target=take_turns, name=f"gpupack-gpu{i}",
-                                    args=(run, plan, turns, job.on_gpu(gpu, i), records, lane, shares[i]))
-                   for i, gpu in enumerate(gpus)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        for share in shares:
-            share.close()
+        with contextlib.ExitStack() as stack:  # each device's own share, closed however the lane ends
+            shares = [stack.enter_context(LaneShare(run, f"{lane}-gpu{i}", trainings)) for i in range(len(gpus))]
+            workers = [threading.Thread(target=take_turns, name=f"gpupack-gpu{i}",
+                                        args=(run, plan, turns, job.on_gpu(gpu, i), records, lane, shares[i]))
+                       for i, gpu in enumerate(gpus)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
     if turns.failed is not None:
         raise turns.failed
     return turns.result(pack_ids)
