@@ -10,7 +10,7 @@ import pandas as pd
 
 from gpupack.analysis.load import load_records
 from gpupack.core.columnar import ColumnarReader
-from gpupack.core.rundir import COLUMNAR
+from gpupack.core.rundir import COLUMNAR, RunDir
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "collect_scale.py"
 
@@ -25,7 +25,7 @@ def _bench():
 
 def test_the_benchmark_times_load_and_aggregate_from_disk(tmp_path, capsys):
     timings = _bench().main(["--trainings", "3000", "--factors", "1,4,8", "--repeat", "2", "--out", str(tmp_path),
-                             "--keep"])
+                             "--keep", "--layout", "packs"])
     assert set(timings) == {"write", "load", "aggregate", "end_to_end"}
     assert 0 < timings["load"] < timings["end_to_end"]
     out = capsys.readouterr().out
@@ -41,10 +41,43 @@ def test_the_benchmark_times_load_and_aggregate_from_disk(tmp_path, capsys):
 
 def test_the_benchmark_writes_what_the_jobs_write(tmp_path):
     """Its columnar files hold what collect reads from the same records' JSON: the figure is collect's real path."""
-    n, n_packs, _ = _bench().write_run(tmp_path / "run", 600, json_twins=True)
+    written = _bench().write_run(tmp_path / "run", 600, json_twins=True)
+    n, n_packs = written.trainings, written.packs
     columnar = load_records([tmp_path / "run"])
     assert len(columnar.latest()) == n and len(columnar.packs) == n_packs + 1  # and the resumed pack's first attempt
     assert columnar.planned == n_packs and columnar.pending == []
     from_json = load_records([tmp_path / "run"], columnar=False)
     pd.testing.assert_frame_equal(columnar.trainings, from_json.trainings)
     pd.testing.assert_frame_equal(columnar.packs, from_json.packs)
+
+
+def _sorted(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows in one order: a lane's columnar file gives its rows lane by lane, its journal in the order folded."""
+    keys = [c for c in ("training_id", "pack_id", "attempt") if c in frame]
+    return frame.sort_values(keys).reset_index(drop=True)
+
+
+def test_the_lanes_layout_is_read_from_the_lanes_columnar_files_as_from_their_journals(tmp_path, monkeypatch):
+    """The default layout: packs dealt to lanes that folded them. Collect reads each lane's columnar file for the
+    journal bytes it covers and parses only what was folded after (an OOM amended) and the journals of lanes killed
+    before their end; what it reads is what the journals say."""
+    bench = _bench()
+    written = bench.write_run(tmp_path / "run", 2000, factors=[4, 8], layout="lanes", lanes=12)
+    run = RunDir(tmp_path / "run")
+    assert written.from_json == 2 and len(list(run.lanes.glob("*.arrows"))) == 10 and not run.packs.exists()
+    import gpupack.core.lane_columnar as lane_columnar
+
+    starts = {}
+    real = lane_columnar.journal_entries
+    monkeypatch.setattr(lane_columnar, "journal_entries",
+                        lambda path, start=0: starts.setdefault(path.stem, start) is not None and real(path, start))
+    columnar = load_records([run.root])
+    assert sum(start > 0 for start in starts.values()) == 10  # each file's lane: only the bytes after what it covers
+    assert len(columnar.latest()) == written.trainings and len(columnar.trainings) == written.trainings + 1
+    amended = columnar.trainings[columnar.trainings["status"] == "oom"]
+    assert set(amended["attempt"]) == {0} and (amended["error"] == "out of memory (SLURM)").sum() == 1
+    monkeypatch.undo()
+    from_json = load_records([run.root], columnar=False)
+    pd.testing.assert_frame_equal(_sorted(columnar.trainings), _sorted(from_json.trainings), check_like=True)
+    pd.testing.assert_frame_equal(_sorted(columnar.packs), _sorted(from_json.packs), check_like=True)
+    assert columnar.pending == [] and columnar.planned == written.packs

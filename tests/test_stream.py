@@ -187,8 +187,9 @@ def test_two_lanes_racing_for_the_last_claims_never_run_a_training_twice(tmp_pat
         lane = lanes.pack(p.pack_id) or {}
         assert lane["stream"] == p.stream and lane["unclaimed"] == 0 and lane["complete"] is False
         assert 0 < lane["slot_occupancy"] <= 1
-    if fold:  # a few files a lane, none a training: its journal (and log), no claim, record or folder left
-        kept = {f"{p.pack_id}.{x}" for p in plan.packs for x in ("jsonl", "log")}
+    if fold:  # a few files a lane, none a training: its journal (its log, its columnar file), no claim, record or
+        # folder left
+        kept = {f"{p.pack_id}.{x}" for p in plan.packs for x in ("jsonl", "log", "arrows")}
         assert {p.name for p in run.lanes.iterdir()} <= kept
         assert claims(run.claims(plan.packs[0].stream or "")) == {} and list(run.packs.iterdir()) == []
         assert {r["home"] for r in recs.values()} == {p.pack_id for p in plan.packs}  # keyed by home, as planned

@@ -32,6 +32,8 @@ def is_spread(frame: pd.DataFrame) -> pd.Series:
 def split_spread(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(packing rows, spread rows) of a trainings or packs frame."""
     mask = is_spread(frame)
+    if not mask.any():  # packing alone (most runs): no copy of a million rows
+        return frame, frame.iloc[0:0]
     return frame[~mask], frame[mask]
 
 

@@ -10,16 +10,21 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence, cast
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
 from gpupack.analysis.frames import Pieces
-from gpupack.core.columnar import ColumnarReader, pack_rows, read_records, record_row, split_rows
-from gpupack.core.journal import kept_log, read_folded
+from gpupack.core.columnar import ColumnarReader, pack_rows, read_records, split_rows
+from gpupack.core.journal import PACK, TRAINING, folder_records, identity, kept_log
+from gpupack.core.lane_columnar import Entry, LaneColumns, Part, later_counts, once, read_lane_columnar, tail_entries
 from gpupack.core.records import read_json
 from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, RunDir
 from gpupack.core.stdout_metrics import metrics_from_text, stdout_patterns
@@ -72,23 +77,20 @@ def _attempt_of(path: Path) -> int:
     return int(path.parent.name) if path.parent.name.isdigit() else 0
 
 
-def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: Pieces, packs: list[dict[str, Any]],
+def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: Pieces, packs: Pieces,
                    warnings: list[str]) -> None:
     """Earlier attempts' records (packs/<id>/attempts/<k>/), from their JSON: a resumed pack moves them there, and
     they still count (an OOM there makes its N infeasible; a pack whose N trainings all ran together there is still
     a timing)."""
-    rows: list[dict[str, Any]] = []
-    attempts: list[int] = []
+    rows: dict[str, list[dict[str, Any]]] = {"training": [], "pack": []}
+    attempts: dict[str, list[int]] = {"training": [], "pack": []}
     for path in _attempt_records(pack_dirs):
-        attempt = _attempt_of(path) or 1
-        if path.name == PACK_RECORD:
-            packs += [{**row, "run_dir": str(run.root), "attempt": attempt}
-                      for row in read_records([path], "pack", warnings)]
-        else:
-            read = read_records([path], "training", warnings)
-            rows += read
-            attempts += [attempt] * len(read)
-    trainings.add(split_rows(rows), str(run.root), attempts)
+        kind = "pack" if path.name == PACK_RECORD else "training"
+        read = read_records([path], kind, warnings)
+        rows[kind] += read
+        attempts[kind] += [_attempt_of(path) or 1] * len(read)
+    trainings.add(split_rows(rows["training"]), str(run.root), attempts["training"])
+    packs.add(split_rows(rows["pack"]), str(run.root), attempts["pack"])
 
 
 def read_cleared(run: RunDir) -> list[dict[str, Any]]:
@@ -113,7 +115,7 @@ def cleared_mask(rows: pd.DataFrame, cleared: Sequence[Mapping[str, Any]]) -> pd
     return out
 
 
-def _read_run(run: RunDir, trainings: Pieces, packs: list[dict[str, Any]], warnings: list[str],
+def _read_run(run: RunDir, trainings: Pieces, packs: Pieces, warnings: list[str],
               reader: ColumnarReader | None) -> set[str]:
     """One run's training rows (into ``trainings``) and pack rows (into ``packs``): the latest records pack by pack,
     from the columnar file where it is current, else from the JSON records; then every earlier attempt's, from
@@ -121,51 +123,96 @@ def _read_run(run: RunDir, trainings: Pieces, packs: list[dict[str, Any]], warni
     root = str(run.root)
     pack_dirs = run.pack_dirs()
     recorded = set()
+    pack_records: list[dict[str, Any]] = []
     for pack_dir in pack_dirs:
         read = reader.read(pack_dir) if reader is not None else None
         if read is not None:  # current: its pack.json is there
-            rows, pack_records = read[0], [read[1]]
+            rows, pack_record = read[0], [read[1]]
         else:
-            training_rows, pack_records = pack_rows(Path(pack_dir), warnings)
+            training_rows, pack_record = pack_rows(Path(pack_dir), warnings)
             rows = split_rows(training_rows)
         if read is not None or os.path.exists(f"{pack_dir}/{PACK_RECORD}"):
             recorded.add(os.path.basename(pack_dir))
         trainings.add(rows, root, 0)
-        packs += [{**row, "run_dir": root, "attempt": 0} for row in pack_records]
+        pack_records += pack_record
+    packs.add(split_rows(pack_records), root, 0)
     _read_attempts(run, pack_dirs, trainings, packs, warnings)
-    return recorded | _read_folded(run, {os.path.basename(d) for d in pack_dirs}, trainings, packs, warnings)
+    return recorded | _read_folded(run, {os.path.basename(d) for d in pack_dirs}, trainings, packs, warnings,
+                                   reader)
 
 
-def _read_folded(run: RunDir, folders: set[str], trainings: Pieces, packs: list[dict[str, Any]],
-                 warnings: list[str]) -> set[str]:
-    """The records lanes of packs folded into their journals (gpupack.core.journal): each one's latest is current
-    (attempt 0) unless its pack has a folder again (run again since: the folder's are current), the rest earlier
-    attempts. Returns the folded packs with a current pack record."""
-    folded = read_folded(run, folders)
-    if not folded.trainings and not folded.packs:
-        return set()
-    root = str(run.root)
-    rows: list[dict[str, Any]] = []
-    attempts: list[int] = []
+def _read_folded(run: RunDir, folders: set[str], trainings: Pieces, packs: Pieces, warnings: list[str],
+                 reader: ColumnarReader | None) -> set[str]:
+    """The records lanes folded into their journals (gpupack.core.journal): each one's latest is current (attempt 0)
+    unless a folder holds a later one (its pack run again, or its training run again by another lane: the folder's is
+    current), the rest earlier attempts. A lane's columnar file (gpupack.core.lane_columnar) gives the records it
+    covers as columns where no other source holds records of the same pack (another lane's journal, a folder); the
+    rest are weighed record by record. Returns the folded packs with a current pack record."""
+    lanes = sorted(path.stem for path in run.lanes.glob("*.jsonl")) if run.lanes.is_dir() else []
+    files: list[LaneColumns] = []
+    weighed: list[Entry] = []  # journal lines no columnar file covers: parsed
+    for lane in lanes:
+        columns = read_lane_columnar(run, lane, reader) if reader is not None else None
+        weighed += tail_entries(run, lane, columns.covers if columns else 0, warnings)
+        if columns is not None:
+            files.append(columns)
     held = _held_in_folders(run, folders)
-    for (pack_id, tid), history in folded.trainings.items():
-        current = tid not in held  # else a folder holds a later record of it (run again, its fold yet to come)
-        for k, rec in enumerate(reversed(history)):
-            row = record_row(rec, "training", f"{run.lanes}: {pack_id}/{tid}", warnings)
-            if row is not None:
-                rows.append(row)
-                attempts.append(k if current else k + 1)
-    trainings.add(split_rows(rows), root, attempts)
-    recorded = set()
-    for pack_id, history in folded.packs.items():
-        current = pack_id not in folders
-        if current:
-            recorded.add(pack_id)
-        for k, rec in enumerate(reversed(history)):
-            row = record_row(rec, "pack", f"{run.lanes}: {pack_id}", warnings)
-            if row is not None:
-                packs.append({**row, "run_dir": root, "attempt": k if current else k + 1})
-    return recorded
+    sources = Counter(home for f in files for home in f.homes)
+    sources.update({e.home for e in weighed if e.kind == TRAINING})
+    sources.update({e.home for e in weighed if e.kind == PACK})
+    apart = {home for home, n in sources.items() if n > 1} | folders  # a pack more than one source holds records of
+    root, recorded = str(run.root), set()
+    for f in files:
+        mask = _weighed_apart(f.trainings, apart & f.homes, folders, held)
+        weighed += f.trainings.entries(mask)
+        rows = f.trainings.without(mask)
+        if rows is not None:  # one lane's records of its packs alone: their attempts are what its journal held
+            trainings.add(rows, root, f.trainings.column("later").to_numpy()[~mask])  # after them
+        pack_mask = _weighed_apart(f.packs, apart, set(), set())
+        weighed += f.packs.entries(pack_mask)
+        pack_rows = f.packs.without(pack_mask)
+        if pack_rows is not None:
+            later = f.packs.column("later").to_numpy()[~pack_mask]
+            packs.add(pack_rows, root, later)
+            homes = np.asarray(f.packs.column("home").to_pylist(), dtype=object)[~pack_mask]
+            recorded.update(homes[later == 0])
+    return recorded | _weigh(run, weighed, folders, held, trainings, packs, warnings)
+
+
+def _weighed_apart(part: Part, homes: set[str], folders: set[str], held: set[str]) -> np.ndarray:
+    """The rows of a lane's file to weigh record by record: kept under a pack another source (or a folder) holds
+    records of, run by a pack or lane whose folder exists (it may hold the same record), or of a training a folder
+    holds (a later record of it)."""
+    mask = np.zeros(part.rows.rows if part.rows is not None else 0, dtype=bool)
+    if part.rows is None:
+        return mask
+    for name, values in (("home", homes), ("pack_id", folders), ("training_id", held)):
+        if values:  # (mostly none: a finished run's lanes hold their packs alone, and no folder is left)
+            column = part.column(name)
+            found = pc.is_in(column, value_set=pa.array(sorted(values), column.type))
+            mask |= found.fill_null(False).to_numpy(zero_copy_only=False)
+    return mask
+
+
+def _weigh(run: RunDir, entries: list[Entry], folders: set[str], held: set[str], trainings: Pieces,
+           packs: Pieces, warnings: list[str]) -> set[str]:
+    """Folded records weighed one by one, as the journals tell them: in the order folded, each record once (a record
+    a folder still holds, its fold cut off before the folder went, is the folder's), each training's and pack's
+    latest current unless a folder holds a later one. Returns the packs with a current pack record."""
+    if not entries:
+        return set()
+    entries = sorted(entries, key=lambda e: (e.folded_at, e.seq))
+    folded = {str(e.row.get("pack_id")) for e in entries}
+    seen = {identity(rec) for pack_id in folded & folders for rec in folder_records(run, pack_id)}
+    entries = once(entries, seen)
+    root = str(run.root)
+    kept = [e for e in entries if e.kind == TRAINING]
+    attempts = [later + (str(e.row.get("training_id")) in held) for e, later in zip(kept, later_counts(kept))]
+    trainings.add(split_rows([e.row for e in kept]), root, attempts)
+    pack_entries = [e for e in entries if e.kind == PACK]
+    pack_attempts = [later + (e.home in folders) for e, later in zip(pack_entries, later_counts(pack_entries))]
+    packs.add(split_rows([e.row for e in pack_entries]), root, pack_attempts)
+    return {e.home for e, attempt in zip(pack_entries, pack_attempts) if attempt == 0}
 
 
 def _held_in_folders(run: RunDir, folders: set[str]) -> set[str]:
@@ -207,7 +254,7 @@ def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
     files hold is the same: tests compare the two)."""
     out = Records(pd.DataFrame(), pd.DataFrame())
     trainings = Pieces()
-    packs: list[dict[str, Any]] = []
+    packs = Pieces()
     reader = ColumnarReader() if columnar else None
     collecting = gc.isenabled()
     gc.disable()  # a million rows allocate millions of objects, none cyclic: the collector would scan them often
@@ -217,7 +264,7 @@ def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
             out.runs.append(str(run.root))
             recorded = _read_run(run, trainings, packs, out.warnings, reader)
             _read_plan_and_config(run, out, recorded)
-        out.trainings, out.packs = trainings.frame(), pd.DataFrame(packs)
+        out.trainings, out.packs = trainings.frame(), packs.frame()
     finally:
         if collecting:
             gc.enable()

@@ -161,6 +161,8 @@ def split_phase(frame: pd.DataFrame, phase: str) -> tuple[pd.DataFrame, pd.DataF
     if frame.empty or "phase" not in frame:
         return frame, frame.iloc[0:0]
     of = frame["phase"] == phase
+    if not of.any():  # no grid run at the best N yet: no copy of a million rows
+        return frame, frame.iloc[0:0]
     return frame[~of], frame[of]
 
 
@@ -198,9 +200,10 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame) -> pd.DataFrame:
 def _sampled_rss(t: pd.DataFrame, packs: pd.DataFrame) -> pd.Series:
     """Each training's peak RSS as the pack's sampler saw it (by training id), for trainings that report none."""
     peaks: dict[str, Any] = {}
-    if t["peak_rss_mb"].isna().any():
-        for by_training in packs.get("sampler_peak_rss_by_training", pd.Series(dtype=object)).dropna():
-            peaks.update(by_training)
+    if not t["peak_rss_mb"].isna().any():  # every training reported its own: nothing to look up
+        return pd.Series(math.nan, index=t.index)
+    for by_training in packs.get("sampler_peak_rss_by_training", pd.Series(dtype=object)).dropna():
+        peaks.update(by_training)
     return pd.to_numeric(t["training_id"].map(peaks), errors="coerce")
 
 

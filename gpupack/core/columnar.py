@@ -219,11 +219,16 @@ def columnar_bytes(trainings: Sequence[Mapping[str, Any]], pack_row: Mapping[str
     """What a columnar file holds: the varying columns of the training rows as an Arrow IPC stream of one batch, then
     JSON: the pack row (one row: its JSON reads faster than a batch of its own), the rows, the shared values."""
     rows = split_rows(trainings)
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, rows.layout) as writer:
-        writer.write_batch(rows.batch)
     tail = {"pack": pack_row, "rows": rows.rows, "shared": rows.shared}
-    return bytes(sink.getvalue().to_pybytes()) + json.dumps(tail).encode()
+    return stream_bytes(rows.batch) + json.dumps(tail).encode()
+
+
+def stream_bytes(batch: pa.RecordBatch) -> bytes:
+    """One batch as an Arrow IPC stream (its schema, the batch, the end)."""
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
 
 
 def _changed_after(path: str, stamp_ns: int) -> bool:
@@ -251,19 +256,37 @@ class ColumnarReader:
                 return None
             with open(path, "rb", buffering=0) as f:
                 data = f.read()
-            source = pa.BufferReader(data)
-            message = ipc.read_message(source)
-            layout = self._layout(data[:source.tell()], message)
-            if layout is None:
+            read = self.parse(data)
+            if read is None:
                 return None
-            batch = ipc.read_record_batch(ipc.read_message(source), layout)
-            end = source.tell()
-            if data[end:end + len(_EOS)] != _EOS:  # one batch, as columnar_bytes writes it
-                return None
-            tail = json.loads(data[end + len(_EOS):])
-            return Rows(batch, int(tail["rows"]), list(tail["shared"])), tail["pack"]
+            rows, tail = read
+            return rows, tail["pack"]
         except (OSError, ValueError, KeyError, TypeError, EOFError, pa.ArrowException):
             return None
+
+    def parse(self, data: bytes) -> tuple[Rows, dict[str, Any]] | None:
+        """(the rows, the JSON after them) of a columnar file's bytes; None where its layout is of another schema.
+        Raises what a torn or foreign file raises (ValueError, KeyError, pyarrow's errors)."""
+        batch, end = self.batch(data, 0)
+        if batch is None:
+            return None
+        tail = json.loads(data[end:])
+        return Rows(batch, int(tail["rows"]), list(tail["shared"])), tail
+
+    def batch(self, data: bytes, start: int) -> tuple[pa.RecordBatch | None, int]:
+        """The one batch of the IPC stream at byte ``start`` of ``data`` (None: of another schema) and the byte after
+        the stream's end."""
+        source = pa.BufferReader(data)
+        source.seek(start)
+        message = ipc.read_message(source)
+        layout = self._layout(data[start:source.tell()], message)
+        if layout is None:
+            return None, 0
+        batch = ipc.read_record_batch(ipc.read_message(source), layout)
+        end = source.tell()
+        if data[end:end + len(_EOS)] != _EOS:  # one batch, as columnar_bytes writes it
+            raise ValueError("not one batch")
+        return batch, end + len(_EOS)
 
     def _layout(self, key: bytes, message: ipc.Message) -> pa.Schema | None:
         if key not in self.layouts:

@@ -21,6 +21,7 @@ counts once. A torn last line (a job killed mid-write) is skipped.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -214,9 +215,8 @@ def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
     """Every journal of the run, in the order its records were folded. Reads only. ``folders``: the packs that have
     a folder; a record one of them still holds (a fold cut off before it removed the folder) is the folder's, not
     read here a second time."""
-    entries = [e for path in (sorted(run.lanes.glob("*.jsonl")) if run.lanes.is_dir() else [])
-               for e in _entries(path)]
-    entries.sort(key=lambda e: (float(e["folded_at"]), int(e["seq"])))
+    entries = folded_order([e for path in (sorted(run.lanes.glob("*.jsonl")) if run.lanes.is_dir() else [])
+                            for e in _entries(path)])
     out = Folded()
     folded = {str(e["record"].get("pack_id")) for e in entries}
     seen = {_same(rec) for pack_id in folded.intersection(folders) for rec in _folder_records(run.pack_dir(pack_id))}
@@ -229,7 +229,7 @@ def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
         if e["kind"] == PACK:
             out.packs.setdefault(str(rec["pack_id"]), []).append(rec)
         else:
-            out.trainings.setdefault((_home(rec), str(rec["training_id"])), []).append(rec)
+            out.trainings.setdefault((home_of(rec), str(rec["training_id"])), []).append(rec)
     return out
 
 
@@ -269,7 +269,7 @@ class CompletedTail:
             for entry in _parsed(data[:whole].splitlines()):
                 rec = entry.get("record") or {}
                 if entry.get("kind") == TRAINING and rec.get("status") == COMPLETED:
-                    self.done.add((_home(rec), str(rec["training_id"])))
+                    self.done.add((home_of(rec), str(rec["training_id"])))
         return self.done
 
 
@@ -277,6 +277,50 @@ def _entries(path: Path) -> list[dict[str, Any]]:
     """A journal's whole lines, parsed (a torn last line, its job killed while writing it, is skipped)."""
     with open(path, encoding="utf-8") as f:
         return list(_parsed(line for line in f if line.endswith("\n")))
+
+
+def journal_entries(path: Path, start: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The entries of a journal's whole lines from byte ``start`` on, in the order folded, and the byte its last
+    whole line ends at (a line being written, or torn, is left for later)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read()
+    whole = data.rfind(b"\n") + 1
+    return folded_order(list(_parsed(data[:whole].splitlines()))), start + whole
+
+
+def held_journal(run: RunDir, lane: str) -> tuple[list[dict[str, Any]], int, str]:
+    """:func:`journal_entries` of ``lane``'s whole journal, read under its lock (no fold appends meanwhile), and the
+    :func:`fingerprint` of what was read."""
+    with open(run.journal(lane), "rb") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+        try:
+            entries, end = journal_entries(run.journal(lane))
+            return entries, end, fingerprint(run.journal(lane), end)
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+FINGERPRINT_BYTES = 4096
+
+
+def fingerprint(path: Path, end: int) -> str:
+    """What stays of a journal's first ``end`` bytes while lines are only appended: their first and last
+    :data:`FINGERPRINT_BYTES`, hashed, and, where the file ends there, its modification time (a journal rewritten in
+    place, or replaced, changes one of them). Two small reads, whatever the journal's size."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        digest.update(f.read(min(end, FINGERPRINT_BYTES)))
+        f.seek(max(0, end - FINGERPRINT_BYTES))
+        digest.update(f.read(min(end, FINGERPRINT_BYTES)))
+        stat = os.fstat(f.fileno())
+    stamp = f"@{stat.st_mtime_ns}" if stat.st_size == end else ""
+    return f"{end}:{digest.hexdigest()}{stamp}"
+
+
+def folded_order(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Entries in the order they were folded (a fold's lines share its time, in their sequence)."""
+    return sorted(entries, key=lambda e: (float(e["folded_at"]), int(e["seq"])))
 
 
 def _parsed(lines: Iterable[str | bytes]) -> Iterator[dict[str, Any]]:
@@ -291,14 +335,23 @@ def _parsed(lines: Iterable[str | bytes]) -> Iterator[dict[str, Any]]:
 def lane_trainings(run: RunDir, lane: str) -> dict[str, dict[str, Any]]:
     """The latest record of each training ``lane``'s journal holds (training id → record): one journal read."""
     path = run.journal(lane)
-    entries = _entries(path) if path.is_file() else []
-    entries.sort(key=lambda e: (float(e["folded_at"]), int(e["seq"])))
+    entries = folded_order(_entries(path)) if path.is_file() else []
     return {str(e["record"]["training_id"]): e["record"] for e in entries if e.get("kind") == TRAINING}
 
 
 def _same(rec: Mapping[str, Any]) -> str:
     """A record's identity: the same record folded twice, or folded and still in its folder, is one."""
     return json.dumps({k: v for k, v in rec.items() if k != LOGS}, sort_keys=True)
+
+
+def identity(rec: Mapping[str, Any]) -> int:
+    """:func:`_same` as a signed 64-bit number (a column of a lane's columnar file)."""
+    return int.from_bytes(hashlib.blake2b(_same(rec).encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def folder_records(run: RunDir, pack_id: str) -> Iterator[dict[str, Any]]:
+    """Every record the pack's folder holds (its trainings', its own, its earlier attempts')."""
+    return _folder_records(run.pack_dir(pack_id))
 
 
 def _folder_records(folder: Path) -> Iterator[dict[str, Any]]:
@@ -353,7 +406,7 @@ class RunRecords:
         return self.run.pack_dir(pack_id).is_dir() or pack_id in self.folded.packs
 
 
-def _home(rec: Mapping[str, Any]) -> str:
+def home_of(rec: Mapping[str, Any]) -> str:
     """The pack whose folder holds a training's logs: its home where a streaming lane ran it, else its pack."""
     home = rec.get("home")
     return home if isinstance(home, str) and home else str(rec["pack_id"])
@@ -390,7 +443,7 @@ def kept_log(run_root: Path | str, rec: Mapping[str, Any], stream: str) -> KeptL
     """A training's log (``stream``: out or err) as its record says it is kept: in its pack's folder, or where the
     lane's fold put it; None where none is kept."""
     run = RunDir(Path(str(run_root)))
-    for pack_id in dict.fromkeys((_home(rec), str(rec.get("pack_id") or _home(rec)))):  # a folding lane writes
+    for pack_id in dict.fromkeys((home_of(rec), str(rec.get("pack_id") or home_of(rec)))):  # a folding lane writes
         path = run.log(pack_id, str(rec["training_id"]), stream)                         # its own folder
         if path.is_file():
             return KeptLog(path)
@@ -401,4 +454,4 @@ def kept_log(run_root: Path | str, rec: Mapping[str, Any], stream: str) -> KeptL
 def log_where(run_root: Path | str, rec: Mapping[str, Any], stream: str) -> str:
     """Where a user finds a training's log, for a message: where it is kept, else where its pack would write it."""
     kept = kept_log(run_root, rec, stream)
-    return str(kept) if kept else str(RunDir(Path(str(run_root))).log(_home(rec), str(rec["training_id"]), stream))
+    return str(kept) if kept else str(RunDir(Path(str(run_root))).log(home_of(rec), str(rec["training_id"]), stream))

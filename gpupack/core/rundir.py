@@ -13,6 +13,8 @@
       lanes/<lane>.jsonl                       a lane's journal: the records of its ended packs (or, a streaming
                                                lane's, trainings), folded
       lanes/<lane>.log                         their completed trainings' output (gpupack.core.journal)
+      lanes/<lane>.arrows                      the journal's records as columns, written at the lane's end: what
+                                               collect reads instead of its lines (gpupack.core.lane_columnar)
       lanes/<lane>.failed/<pack>.<id>.out|err  their failed trainings' whole logs (.<k>.out|err: a later failure's)
       claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.claims; a
                                                folding lane drops it once the training's completed record is folded)
@@ -64,8 +66,9 @@ def check_name(key: str, value: str) -> str:
 # columnar file, fork server's log), per job (submitit's submitted call, result, stdout, stderr) and once (config,
 # plan, lock, summary, parquet, report, plots): the file forecast a dry run gives (files_forecast). A lane of packs
 # (or a streaming lane) folds each pack (training) it ends (gpupack.core.journal): its journal and log instead of
-# the packs' files (and a failed training's two logs), and its job's stdout and stderr are one file.
-FILES_PER_TRAINING, FILES_PER_PACK, FILES_PER_JOB, FILES_PER_RUN, FILES_PER_LANE = 3, 4, 4, 13, 2
+# the packs' files (and a failed training's two logs), and its job's stdout and stderr are one file; at its end, its
+# journal's columnar file.
+FILES_PER_TRAINING, FILES_PER_PACK, FILES_PER_JOB, FILES_PER_RUN, FILES_PER_LANE = 3, 4, 4, 13, 3
 
 
 def files_forecast(trainings: int, packs: int, jobs: int, folded: bool) -> int:
@@ -117,6 +120,9 @@ class RunDir:
 
     def journal(self, lane: str) -> Path:
         return self.lanes / f"{check_name('lane', lane)}.jsonl"
+
+    def lane_columnar(self, lane: str) -> Path:
+        return self.lanes / f"{check_name('lane', lane)}.arrows"
 
     def lane_log(self, lane: str) -> Path:
         return self.lanes / f"{check_name('lane', lane)}.log"

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 from gpupack.core.claims import Holder, claim, claim_path, claims, drop, release_stale
 from gpupack.core.journal import CompletedTail, RunRecords, fold_pack, fold_trainings
+from gpupack.core.lane_columnar import write_lane_columnar
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.records import COMPLETED, VICTIM, is_completed, read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
@@ -177,6 +178,7 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
         if len(completed) == len(lane.items) and (done := RunRecords(run).pack(pack_id)) is not None:
             if lane.folds:  # an earlier run killed mid-fold left its folder: fold what is left
                 fold_pack(run, pack_id, pack_id)
+                write_lane_columnar(run, pack_id)
             return done  # the queue is drained: nothing to run, nothing to move
         released = release_stale(lane.folder, lane.holder, keep=completed)
         if lane.folds:  # the claims an earlier run of it held of trainings now folded as completed
@@ -190,6 +192,7 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
         left = len(lane.items) - len(lane.completed() | set(claims(lane.folder)))
         rec.update(claimed=lane.claimed, stopped_claiming=lane.stopped, unclaimed=left)
         write_json_atomic(run.pack_record(pack_id), rec)
-        if lane.folds:  # the lane's own record and logs; its folder goes
+        if lane.folds:  # the lane's own record and logs; its folder goes; then what collect reads of its journal
             fold_pack(run, pack_id, pack_id)
+            write_lane_columnar(run, pack_id)
         return rec

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gpupack.core.journal import RunRecords, fold_pack
+from gpupack.core.lane_columnar import write_lane_columnar
 from gpupack.core.plan import Plan
 from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
@@ -95,6 +96,8 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
                 w.start()
             for w in workers:
                 w.join()
+    if settings.fold and any(plan.pack(p).stream is None for p in pack_ids):  # (a streaming lane writes its own)
+        write_lane_columnar(run, lane)  # what collect reads of the lane's journal (a killed run's: its next)
     if turns.failed is not None:
         raise turns.failed
     return turns.result(pack_ids)
