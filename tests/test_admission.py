@@ -20,7 +20,8 @@ from gpupack.core.records import write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
-from gpupack.job.stream import RECHECK_S, Gauge, Lane
+from gpupack.job import stream as stream_module
+from gpupack.job.stream import RECHECK_S, Gauge, Lane, run_lane
 from gpupack.pack import WAIT
 from gpupack.runtime import monitor
 from gpupack.runtime.monitor import free_memory_mb
@@ -254,6 +255,33 @@ def test_a_setting_s_peak_measured_in_this_run_admits_the_next(tmp_path, monkeyp
     second = lane.next()
     assert lane.next() is WAIT  # 600 + 600 > 1000
     assert second is not None
+
+
+def test_a_slot_that_waits_for_memory_takes_its_training_while_the_others_run(tmp_path, monkeypatch):
+    # Two trainings that complete only if they run together (a barrier, not a clock): the second does not fit the
+    # memory free at the lane's start, so its slot waits; NVML's answer grows as the first runs, and the waiting slot,
+    # asked again while the first still runs, takes it. A slot given up at its first WAIT would leave the first alone
+    # at the barrier until its liveness bound fails it.
+    sizes = [LARGE_MB, LARGE_MB]
+    lane, nvml, _ = _lane(tmp_path, monkeypatch, sizes, factor=2, budget=10000.0, other_mb=16384 - 450.0)
+    meet = f"{tmp_path / 'meet'}:2"
+    plan = make_plan(sweep="s", workload=FAKE, grid={"hold_mb": [LARGE_MB], "seed": [0, 1]},
+                     fixed={"steps": 1, "meet": meet, "meet_timeout_s": 30.0}, factors=[2], modes=["process"],
+                     partitions=["local"], repeats=1, stream_jobs=1)
+    write_json_atomic(lane.run.plan, plan.to_json())
+    (pack,) = plan.packs
+    looks = []
+
+    def free() -> float | None:  # 350 MB free for the first looks (the first goes: nothing else runs), then more
+        looks.append(1)
+        nvml.used_mb = 16384 - 350.0 if len(looks) <= 3 else 0.0
+        return free_memory_mb(True, {"CUDA_VISIBLE_DEVICES": "0"})
+
+    earlier = {(FAKE, setting_key(t.params)): Figure(LARGE_MB, "records", measured=True) for t in pack.trainings}
+    monkeypatch.setattr(stream_module, "lane_gauge", lambda *args: Gauge(free, 10000.0, True, earlier))
+    rec = run_lane(str(lane.run.root), pack.pack_id, PackSettings(device="cpu"))
+    assert rec["n_completed"] == 2, rec
+    assert rec["admission"]["waits"] >= 1  # the second did wait
 
 
 # ---------------- the config keys ----------------
