@@ -70,6 +70,14 @@ class ProbeParams:
     fault: str = ""
     die_after: str = ""
     die_as: str = "signal"
+    # Memory held: allocate hold_mb MB of host memory (every page touched), in 4 steps, and hold it hold_s seconds
+    # plus hold_s_per_100mb for each 100 MB (a larger model's training is longer).
+    # hold_device "FOLDER:MB": a programmed device of MB shared by the trainings that name FOLDER, as a GPU's memory
+    # is: an allocation that would take the memory they hold past MB fails with MemoryError (recorded as oom).
+    hold_mb: float = 0.0
+    hold_s: float = 0.0
+    hold_s_per_100mb: float = 0.0
+    hold_device: str = ""
 
 
 class Probe(Workload):
@@ -133,6 +141,8 @@ class Probe(Workload):
             time.sleep(float(table[os.environ["GPUPACK_N"]]))
         if params.oom_when_shared:
             _oom_when_shared(params.oom_when_shared)
+        if params.hold_mb:
+            _hold(params.hold_mb, params.hold_s + params.hold_s_per_100mb * params.hold_mb / 100, params.hold_device)
         if params.allocate_gb:
             block = bytearray(int(params.allocate_gb * 2**30))  # MemoryError under RLIMIT_AS
             del block
@@ -208,6 +218,50 @@ def _oom_when_shared(folder: str) -> None:
     finally:
         time.sleep(0.5)  # still running while a later-starting neighbour looks
         me.unlink()
+
+
+def _hold(mb: float, seconds: float, device: str) -> None:
+    """Allocate ``mb`` MB in 4 steps (pages touched: resident, not only reserved) and hold them ``seconds``; on a
+    programmed ``device`` ("FOLDER:MB") each step first books its MB there, under a lock, and fails with MemoryError
+    where the trainings alive holding memory on it would pass its MB."""
+    import fcntl
+
+    folder, _, capacity = device.rpartition(":")
+    root = Path(folder) if device else None
+    held: list[bytearray] = []
+    mine = root / f"held-{os.getpid()}" if root else None
+    try:
+        for _ in range(4):
+            step = int(mb * 2**20 / 4)
+            if root is not None and mine is not None:
+                root.mkdir(parents=True, exist_ok=True)
+                with open(root / "lock", "w") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    others = sum(float(p.read_text() or 0) for p in root.glob("held-*")
+                                 if p != mine and _alive(int(p.name[5:])))
+                    booked = sum(len(b) for b in held) / 2**20
+                    if others + booked + step / 2**20 > float(capacity):
+                        raise MemoryError(f"out of memory on the programmed device {device}: {booked:.0f} MB held, "
+                                          f"{step / 2**20:.0f} MB more asked, {others:.0f} MB held by others")
+                    mine.write_text(f"{booked + step / 2**20:.1f}")
+            block = bytearray(step)
+            block[::4096] = b"\x01" * len(range(0, step, 4096))  # touch every page: resident memory
+            held.append(block)
+            time.sleep(0.05)
+        time.sleep(seconds)
+    finally:
+        if mine is not None:
+            mine.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 WORKLOAD = Probe()

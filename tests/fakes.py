@@ -175,7 +175,8 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, h):
         dev = self._dev(h)
         used = getattr(dev, "used_mb", None)
-        return SimpleNamespace(total=int(dev.total_mb * MB), used=(self.used_mb if used is None else used) * MB)
+        used_mb = self.used_mb if used is None else used
+        return SimpleNamespace(total=int(dev.total_mb * MB), used=used_mb * MB, free=(dev.total_mb - used_mb) * MB)
 
     def nvmlDeviceGetUtilizationRates(self, h):
         if h[0] == "mig":  # what NVML answers on a MIG device handle

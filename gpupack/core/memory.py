@@ -134,35 +134,47 @@ def candidate_runs(run_root: Path) -> list[Path]:
 
 def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_key: str = "seed") -> Measured:
     """The highest host and GPU peaks of earlier trainings of ``workload`` whose setting is one of ``settings``."""
-    host: list[float] = []
-    gpu: list[float] = []
-    seen_in: list[str] = []
+    return _highest(list(_peaks(runs, workload, settings, seed_key)))
+
+
+def measured_by_setting(runs: Iterable[Path], workload: str, settings: set[str],
+                        seed_key: str = "seed") -> dict[str, Measured]:
+    """As :func:`find_measured`, each of ``settings`` apart (a streaming lane's admission: a training's own peak)."""
+    by: dict[str, list[tuple[str, float | None, float | None, str]]] = {}
+    for seen in _peaks(runs, workload, settings, seed_key):
+        by.setdefault(seen[0], []).append(seen)
+    return {setting: _highest(seen) for setting, seen in by.items()}
+
+
+def _peaks(runs: Iterable[Path], workload: str, settings: set[str],
+           seed_key: str) -> Iterator[tuple[str, float | None, float | None, str]]:
+    """(setting, host peak, GPU peak, run) of each earlier training of ``workload`` in one of ``settings`` that
+    recorded a peak: GPU memory per process as NVML saw it, else torch's own peak plus a CUDA context."""
     read = 0
     for run in runs:
         folded = read_folded(RunDir(run))  # what its lanes folded, read once for its packs and its trainings
         sampled = _sampled_peaks(run, folded)
-        found = 0
         for rec in _newest_first(RunDir(run), folded):
             if read >= MAX_RECORDS_READ:
-                break
+                return
             read += 1
-            if not rec or rec.get("workload") != workload or setting_key(rec.get("params") or {}, seed_key) \
-                    not in settings:
+            setting = setting_key(rec.get("params") or {}, seed_key) if rec else ""
+            if not rec or rec.get("workload") != workload or setting not in settings:
                 continue
             own = rec.get("memory") or {}
             by_sampler = sampled.get(str(rec.get("training_id")), {})
             rss = own.get("peak_rss_mb") or by_sampler.get("peak_rss_mb")
             nvml = by_sampler.get("peak_gpu_mem_mb")
             torch_peak = own.get("peak_gpu_mem_mb")
-            if rss:
-                host.append(float(rss))
-            if nvml:
-                gpu.append(float(nvml))
-            elif torch_peak:
-                gpu.append(float(torch_peak) + CUDA_CONTEXT_MB)
-            found += bool(rss or nvml or torch_peak)
-        if found:
-            seen_in.append(str(run))
+            gpu = float(nvml) if nvml else float(torch_peak) + CUDA_CONTEXT_MB if torch_peak else None
+            if rss or gpu:
+                yield setting, float(rss) if rss else None, gpu, str(run)
+
+
+def _highest(seen: Sequence[tuple[str, float | None, float | None, str]]) -> Measured:
+    host = [h for _, h, _, _ in seen if h is not None]
+    gpu = [g for _, _, g, _ in seen if g is not None]
+    seen_in = list(dict.fromkeys(run for *_, run in seen))
     where = ", ".join(seen_in[:2]) + (" ..." if len(seen_in) > 2 else "")
     return Measured(host_mb=max(host) if host else None, gpu_mb=max(gpu) if gpu else None,
                     trainings=len(host) or len(gpu), where=where)

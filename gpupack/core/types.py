@@ -85,6 +85,13 @@ class PackSettings:
     # The share of a GPU's memory a pack's trainings may fill together (packing.memory_fraction), split evenly and
     # enforced per training (gpupack.runtime.memshare); None: packing.memory_share=off.
     memory_share: float | None = None
+    # A streaming lane's freed slot takes a training only when the memory it is expected to peak at fits
+    # (packing.admission: gpupack.core.admission): the lane's budget is memory_fraction of its GPU's memory, or on a
+    # CPU host_memory_mb (None: memory_fraction of the host's); training_memory_mb is sweep.training_memory_mb.
+    admission: bool = True
+    memory_fraction: float = 0.8
+    host_memory_mb: float | None = None
+    training_memory_mb: float | None = None
 
     def options(self, mode: str, kind: type[OptionsT]) -> OptionsT:
         """``mode``'s own options as these settings carry them, else its defaults (``kind()``)."""

@@ -11,24 +11,78 @@ Where its backend folds (``PackSettings.fold``: a cluster's shared filesystem), 
 records and logs in its own folder, folds each into its journal as it ends and drops its claim of a completed one
 (:mod:`gpupack.core.journal`), and folds its own record and folder at its end: a handful of files per lane, not
 per training. A claim won of a training another lane folded as completed is let go at once.
+
+Where its trainings are admitted by memory (``PackSettings.admission``: :mod:`gpupack.core.admission`), a freed slot
+looks at the queue's next unclaimed trainings and claims only the one the rule admits, or none and waits (it claims
+nothing it does not start, so a training it passes over stays for the lane's next look or for another lane); what
+it measures by is its :class:`Gauge`.
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+import psutil
+
+from gpupack.core.admission import Candidate, Room, admit, expected_peak, lane_budget_mb, max_passes, peak_of
 from gpupack.core.claims import Holder, claim, claim_path, claims, drop, release_stale
 from gpupack.core.journal import CompletedTail, RunRecords, fold_pack, fold_trainings
 from gpupack.core.lane_columnar import write_lane_columnar
+from gpupack.core.memory import Figure, candidate_runs, measured_by_setting, setting_key
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.records import COMPLETED, VICTIM, is_completed, read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.core.victims import culprit_of
-from gpupack.job.body import execute, move_aside, pack_lock
+from gpupack.job.body import choose_device, execute, move_aside, pack_lock
+from gpupack.pack import WAIT, Wait
 from gpupack.runtime.jobenv import JobEnvironment
+from gpupack.runtime.monitor import detect_device, free_memory_mb
+from gpupack.workloads import load_workload
+
+# A waiting slot measures the device's free memory again at most this often (seconds), or as soon as a training ends.
+RECHECK_S = 0.5
+# How many of the queue's next trainings a freed slot looks at for one that fits: a bounded look, a few slots' worth.
+LOOKAHEAD_PER_SLOT = 4
+
+SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to peak alike
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """What a lane admits its trainings by (packing.admission): the device's free memory now (MB; the one seam,
+    :func:`gpupack.runtime.monitor.free_memory_mb`, which tests fake), the lane's budget, whether its trainings peak
+    on a GPU (their GPU memory counts) or a CPU (their resident memory), and the peaks earlier records of each
+    setting reached."""
+
+    free_mb: Callable[[], float | None]
+    budget_mb: float | None
+    on_gpu: bool
+    earlier: Mapping[SettingKey, Figure]
+
+
+def lane_gauge(run: RunDir, queue: Sequence[Training], settings: PackSettings, env: Mapping[str, str]) -> Gauge:
+    """The gauge of a lane on this job's device: NVML's free memory of its GPU, else the host's; the earlier records
+    of the queue's settings, in this run directory and its siblings (I/O)."""
+    on_gpu = choose_device(settings.device, info := detect_device(env)) == "cuda"
+    host_total = None if on_gpu else psutil.virtual_memory().total / 2**20
+    budget = lane_budget_mb(on_gpu, settings.memory_fraction, info.memory_total_mb, host_total,
+                            settings.host_memory_mb)
+    earlier: dict[SettingKey, Figure] = {}
+    for name in {t.workload for t in queue}:
+        seed = load_workload(name).seed_key
+        seen = {setting_key(t.params, seed) for t in queue if t.workload == name}
+        for setting, m in measured_by_setting(candidate_runs(run.root), name, seen, seed).items():
+            mb = m.gpu_mb if on_gpu else m.host_mb
+            if mb is not None:
+                earlier[name, setting] = Figure(mb, f"the peak of {m.trainings} earlier training(s) of this "
+                                                    f"setting in {m.where}", measured=True)
+    return Gauge(functools.partial(free_memory_mb, on_gpu, env), budget, on_gpu, earlier)
+
 
 # A training is claimed only with this much time to spare past its estimate (seconds, or this share of it): a training
 # that ends just as the limit's signal comes would be killed and run again.
@@ -53,7 +107,8 @@ class Lane:
     """The claims of one lane: :meth:`next` is what a freed slot takes (a :class:`gpupack.pack.Stream`)."""
 
     def __init__(self, run: RunDir, plan: Plan, pack: Pack, holder: Holder, settings: PackSettings,
-                 clock: Callable[[], float] = time.time, started: float | None = None) -> None:
+                 clock: Callable[[], float] = time.time, started: float | None = None,
+                 gauge: Gauge | None = None) -> None:
         if pack.stream is None:
             raise ValueError(f"pack {pack.pack_id} is not a streaming lane")
         self.run, self.pack, self.holder, self.settings, self.clock = run, pack, holder, settings, clock
@@ -71,7 +126,19 @@ class Lane:
         self.again: deque[Training] = deque()  # victims of a neighbour's fault, to run once more (it holds them)
         self.ran_again: set[str] = set()
         self._by_id = {t.training_id: t for _, t in self.items}
-        self._cursor = 0
+        self._cursor = 0  # every item before it is gone: claimed (by any lane) or completed
+        self._gone: set[int] = set()  # items past the cursor gone too (a head passed over keeps the cursor)
+        # admission (None: off): what each running training is expected to hold, the head passed over and how often,
+        # the peaks this run measured, and when the free memory was last looked at in vain
+        self.gauge = gauge
+        self._holding: dict[str, float] = {}
+        self._head: str | None = None
+        self._head_passes = 0
+        self._in_run: dict[SettingKey, float] = {}
+        self._seed_keys: dict[str, str] = {}
+        self._looked: float | None = None
+        self.passed_over = 0  # trainings started past a head that did not fit
+        self.waits = 0  # looks that found nothing fitting
 
     @property
     def queue(self) -> Sequence[Training]:
@@ -113,7 +180,7 @@ class Lane:
         signal's delay). None: there is time (or no limit, or nothing to estimate by)."""
         return out_of_time(self.settings.claim_until_s, self.clock() - self.started, self.estimate_s(), "a training")
 
-    def next(self) -> Training | None:
+    def next(self) -> Training | Wait | None:
         if self.stopped is None:
             self.stopped = self.out_of_time()
         if self.stopped is not None:
@@ -121,24 +188,100 @@ class Lane:
         if self.again:  # a victim, once more: this lane still holds its claim
             training = self.again.popleft()
             move_aside(self.run, self.where(training.training_id), self.record(training.training_id))
-            return training
+            return self._started(training)
+        if self.gauge is not None:
+            return self._admitted(self.gauge)
         while self._cursor < len(self.items):
-            home, training = self.items[self._cursor]
-            self._cursor += 1
-            tid = training.training_id
-            if self.is_completed(tid) or not claim(self.folder, tid, self.holder):
-                continue
-            if self.is_completed(tid, refresh=True):  # completed by an earlier run of this lane, whose claim it
-                if self.folds:                        # kept, or folded by a lane that then let its claim go
-                    claim_path(self.folder, tid).unlink(missing_ok=True)
-                continue
-            move_aside(self.run, self.where(tid), self.record(tid))  # an earlier attempt's record is kept
-            self.claimed.append(tid)
-            return training
+            if (claimed := self._claim(self._cursor)) is not None:
+                return self._started(claimed)
         return None
+
+    def _claim(self, i: int) -> Training | None:
+        """Claim the queue's item ``i`` (gone from this lane's look whether it wins it or not): the training, or None
+        where another lane holds it or it is completed."""
+        training = self.items[i][1]
+        tid = training.training_id
+        self._gone.add(i)
+        while self._cursor in self._gone:
+            self._cursor += 1
+        if self.is_completed(tid) or not claim(self.folder, tid, self.holder):
+            return None
+        if self.is_completed(tid, refresh=True):  # completed by an earlier run of this lane, whose claim it
+            if self.folds:                        # kept, or folded by a lane that then let its claim go
+                claim_path(self.folder, tid).unlink(missing_ok=True)
+            return None
+        move_aside(self.run, self.where(tid), self.record(tid))  # an earlier attempt's record is kept
+        self.claimed.append(tid)
+        return training
+
+    def _started(self, training: Training) -> Training:
+        if self.gauge is not None:  # what it is expected to hold until it ends (nothing known: nothing counted)
+            self._holding[training.training_id] = self.expected_mb(training) or 0.0
+        return training
+
+    def _admitted(self, gauge: Gauge) -> Training | Wait | None:
+        """The training the admission rule lets a freed slot start, claimed; WAIT: none fits the memory free now;
+        None: nothing is left to claim."""
+        if self._looked is not None and self.clock() - self._looked < RECHECK_S:
+            return WAIT  # nothing ended since the last look in vain, and it was a moment ago
+        while True:
+            window = self._window(LOOKAHEAD_PER_SLOT * self.pack.factor)
+            if not window:
+                return None
+            if window[0][1].training_id != self._head:
+                self._head, self._head_passes = window[0][1].training_id, 0
+            candidates = [Candidate(t.training_id, self.expected_mb(t)) for _, t in window]
+            room = Room(gauge.free_mb(), gauge.budget_mb, sum(self._holding.values()), len(self._holding))
+            verdict = admit(candidates, room, self._head_passes, max_passes(self.pack.factor))
+            if verdict.take is None:
+                self._looked, self.waits = self.clock(), self.waits + 1
+                return WAIT
+            training = self._claim(window[verdict.take][0])
+            if training is None:  # another lane took it, or it completed: look again
+                continue
+            self._head_passes += verdict.passes_head
+            self.passed_over += verdict.passes_head
+            return self._started(training)
+
+    def _window(self, size: int) -> list[tuple[int, Training]]:
+        """The queue's next ``size`` trainings no lane claimed and none completed, in order (a look: claims
+        nothing; those found claimed or completed are gone from later looks)."""
+        out: list[tuple[int, Training]] = []
+        for i in range(self._cursor, len(self.items)):
+            if len(out) == size:
+                break
+            if i in self._gone:
+                continue
+            tid = self.items[i][1].training_id
+            if claim_path(self.folder, tid).exists() or self.is_completed(tid):
+                self._gone.add(i)
+                continue
+            out.append((i, self.items[i][1]))
+        return out
+
+    def _setting(self, training: Training) -> SettingKey:
+        if training.workload not in self._seed_keys:
+            self._seed_keys[training.workload] = load_workload(training.workload).seed_key
+        return training.workload, setting_key(training.params, self._seed_keys[training.workload])
+
+    def expected_mb(self, training: Training) -> float | None:
+        """The memory ``training`` is expected to peak at on the lane's device (MB); None: not known."""
+        if self.gauge is None:
+            return None
+        key = self._setting(training)
+        figure = expected_peak(self.gauge.earlier.get(key), self.settings.training_memory_mb, self._in_run.get(key))
+        return None if figure is None else figure.mb
+
+    def admission(self) -> dict[str, Any] | None:
+        """What admission did, for the lane's record (None: off)."""
+        if self.gauge is None:
+            return None
+        return {"budget_mb": self.gauge.budget_mb, "passed_over": self.passed_over, "waits": self.waits}
 
     def ended(self, training_id: str, wall_s: float) -> None:
         self.walls.append(wall_s)
+        if self._holding.pop(training_id, None) is not None:
+            self._looked = None  # its memory frees: the next look measures again at once
 
     def judge(self, rec: dict[str, Any]) -> dict[str, Any]:
         """A training's record as it ended, before it is written: a victim of a neighbour's fault on this lane's
@@ -146,11 +289,19 @@ class Lane:
         tid = str(rec["training_id"])
         culprit = culprit_of(rec, self.ended_recs) if tid not in self.ran_again else None
         self.ended_recs.append(rec)
+        self._measured(rec)
         if culprit is None:
             return rec
         self.ran_again.add(tid)
         self.again.append(self._by_id[tid])
         return {**rec, "status": VICTIM, "victim_of": culprit, "died_as": rec.get("status")}
+
+    def _measured(self, rec: Mapping[str, Any]) -> None:
+        """A completed training's peak: its setting's figure in this run, where nothing earlier says one."""
+        peak = peak_of(rec, self.gauge.on_gpu) if self.gauge is not None and rec.get("status") == COMPLETED else None
+        if peak is not None:
+            key = self._setting(self._by_id[str(rec["training_id"])])
+            self._in_run[key] = max(peak, self._in_run.get(key, 0.0))
 
     def recorded(self, training_id: str) -> None:
         """The training's record is written: where the lane folds, it goes into the journal with its logs, and a
@@ -171,7 +322,9 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
     with pack_lock(run, pack_id):
         plan = plan or Plan.from_json(read_json(run.plan))
         pack = plan.pack(pack_id)
-        lane = Lane(run, plan, pack, Holder.here(pack_id, job.job_id), settings, started=job.start())
+        queue = [t for _, t in plan.queue(pack.stream or "")]
+        gauge = lane_gauge(run, queue, settings, job.device_env()) if settings.admission else None
+        lane = Lane(run, plan, pack, Holder.here(pack_id, job.job_id), settings, started=job.start(), gauge=gauge)
         if lane.folds:  # what an earlier run of this lane recorded and did not fold before it was killed
             fold_trainings(run, pack_id, [p.stem for p in run.trainings(pack_id).glob("*.json")], pack_id)
         completed = lane.completed()
@@ -185,12 +338,13 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
             drop(lane.folder, completed, pack_id)
         move_aside(run, pack_id, run.pack_record(pack_id))
         first: list[Training] = []
-        while len(first) < pack.factor and (training := lane.next()) is not None:
-            first.append(training)
+        while len(first) < pack.factor and isinstance(training := lane.next(), Training):
+            first.append(training)  # the rest of the slots wait for memory in the mode (gpupack.pack.Stream)
         rec = execute(run, plan, pack, first, settings, job, stream=lane,
                       extra={"stream": pack.stream, "lane": pack.index, "released": released})
         left = len(lane.items) - len(lane.completed() | set(claims(lane.folder)))
-        rec.update(claimed=lane.claimed, stopped_claiming=lane.stopped, unclaimed=left)
+        rec.update(claimed=lane.claimed, stopped_claiming=lane.stopped, unclaimed=left,
+                   **({"admission": admitted} if (admitted := lane.admission()) is not None else {}))
         write_json_atomic(run.pack_record(pack_id), rec)
         if lane.folds:  # the lane's own record and logs; its folder goes; then what collect reads of its journal
             fold_pack(run, pack_id, pack_id)

@@ -23,6 +23,17 @@ from gpupack.core.types import Capacity, Options, PackSettings, TrainingOutcome
 from gpupack.workload import Workload
 
 
+class Wait:
+    """What a stream answers a freed slot when the next training does not fit the device's memory yet (packing.
+    admission): ask again as another training ends, or after a short while."""
+
+    def __repr__(self) -> str:
+        return "WAIT"
+
+
+WAIT = Wait()
+
+
 class Stream(Protocol):
     """Where a streaming lane's freed slots take their next training (gpupack.job.stream.Lane)."""
 
@@ -30,8 +41,9 @@ class Stream(Protocol):
     def queue(self) -> Sequence[Training]:
         """Every training of the queue (what a fork server preloads for: any of them may come to this lane)."""
 
-    def next(self) -> Training | None:
-        """The next training this lane claimed, or None: the queue is drained (or the lane stops claiming)."""
+    def next(self) -> Training | Wait | None:
+        """The next training this lane claimed; :data:`WAIT`: none fits the memory free now (ask again); None: the
+        queue is drained (or the lane stops claiming)."""
 
     def ended(self, training_id: str, wall_s: float) -> None:
         """A training of this lane ended after ``wall_s`` (before its slot asks for the next)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -16,6 +17,7 @@ from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
 from gpupack.pack import (
     PACK_SIZE_ENV,
+    WAIT,
     PackContext,
     Packer,
     ended_outcome,
@@ -222,16 +224,30 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
             if pid is not None:
                 ctx.on_started(t.training_id, pid)
 
+        # a lane's free slots, in the order they freed: each takes the stream's next training, or waits while the
+        # stream says none fits the memory free now (asked again as another ends, and at each look)
+        free: deque[int] = deque(range(len(trainings), slots))
+
+        def fill() -> None:
+            while stream is not None and free:
+                following = stream.next()
+                if following is WAIT:
+                    return
+                if not isinstance(following, Training):  # drained: no slot takes anything more
+                    free.clear()
+                    return
+                start(following, free.popleft())
+
         def ended(child: ChildExit) -> None:
             done = by_name[child.name]
             ctx.on_finished(done.outcome(child))
-            following = stream.next() if stream is not None else None
-            if following is not None:  # the freed slot takes the next training at once
-                start(following, done.slot)
+            free.append(done.slot)
+            fill()  # the freed slot takes the next training at once, where it fits
 
         for slot, t in enumerate(trainings):
             start(t, slot)
-        exits = supervisor.follow(on_exit=ended)
+        fill()
+        exits = supervisor.follow(on_exit=ended, on_poll=fill if stream is not None else None)
     return [p.outcome(child) for p, child in zip(packed, exits)]
 
 

@@ -216,6 +216,29 @@ def detect_device(env: Mapping[str, str] | None = None) -> DeviceInfo:
         nvml.nvmlShutdown()
 
 
+def free_memory_mb(on_gpu: bool, env: Mapping[str, str] | None = None) -> float | None:
+    """Memory free now on the job's device (MB), what a streaming lane admits its next training by: NVML's free memory
+    of the GPU CUDA_VISIBLE_DEVICES names first; on a CPU the host's available memory (psutil). None: NVML cannot say
+    (the training is then admitted by the lane's budget alone)."""
+    if not on_gpu:
+        import psutil  # deferred: only a streaming lane that admits by memory asks
+
+        return float(psutil.virtual_memory().available) / 2**20
+    env = os.environ if env is None else env
+    try:
+        nvml = _nvml()
+        nvml.nvmlInit()
+    except Exception:  # no driver or library: nothing to measure by
+        return None
+    try:
+        visible = resolve_visible(env, nvml)
+        return None if visible is None else float(nvml.nvmlDeviceGetMemoryInfo(visible.handle).free) / 2**20
+    except (LookupError, nvml.NVMLError):
+        return None
+    finally:
+        nvml.nvmlShutdown()
+
+
 def gpu_count() -> int:
     """GPUs NVML sees on this machine; 0 without NVML or a driver."""
     try:

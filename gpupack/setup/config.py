@@ -72,6 +72,15 @@ class PackingConfig:
     # starts (its workloads, forked scripts, Hydra jobs), set before their first CUDA allocation; past it a training
     # gets its own OOM and its neighbours keep running. on | off.
     memory_share: str = "on"
+    # A streaming lane's freed slot takes its next training only when the memory the training is expected to peak at
+    # fits (earlier records of its setting, sweep.training_memory_mb, its setting's peak in this run): the device's free
+    # memory (NVML; a CPU: the host's) and the lane's budget, less what its running trainings are expected to hold.
+    # A large one that does not fit lets smaller ones that fit go past it N times, then waits for memory, never
+    # starved. on | off.
+    admission: str = "on"
+    # The host memory (MB) a streaming lane's trainings may hold together on a CPU, what admission packs against;
+    # null: packing.memory_fraction of the host's.
+    host_memory_mb: Optional[float] = None
     # Packing modes to compare; each is a module under gpupack/pack/.
     modes: List[str] = field(default_factory=lambda: ["process"])
     # Packs measured per (mode, N) at least, so time per training has a median and a spread.

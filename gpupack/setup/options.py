@@ -26,9 +26,12 @@ def mode_options(packing: DictConfig) -> dict[str, Options]:
     return out
 
 
-def pack_settings(packing: DictConfig, estimate_s: float | None = None) -> PackSettings:
+def pack_settings(packing: DictConfig, estimate_s: float | None = None,
+                  training_memory_mb: float | None = None) -> PackSettings:
     return PackSettings(device=packing.device, threads_per_training=packing.threads_per_training,
-                        training_estimate_s=estimate_s,
+                        training_estimate_s=estimate_s, training_memory_mb=training_memory_mb,
+                        admission=packing.admission == "on", memory_fraction=float(packing.memory_fraction),
+                        host_memory_mb=packing.host_memory_mb,
                         training_timeout_s=packing.training_timeout_s,
                         memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
                         sample_interval_s=packing.sample_interval_s, mode_options=mode_options(packing),

@@ -30,7 +30,7 @@ from gpupack.workloads import load_workload
 
 DEVICES = ("auto", "cpu", "cuda")
 STREAMS = ("auto", "on", "off")  # packing.stream
-SWITCH = ("on", "off")  # packing.memory_share
+SWITCH = ("on", "off")  # packing.memory_share, packing.admission
 
 
 @dataclass(frozen=True)
@@ -193,6 +193,9 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
                                   "so a slot cannot take a new training while the others run",
                                   "use packing.modes=[process] with packing.stream=on, or packing.stream=off")
     require_choice(packing.memory_share, SWITCH, "packing.memory_share", "memory share choice")
+    require_choice(packing.admission, SWITCH, "packing.admission", "admission choice")
+    require_positive(packing.host_memory_mb, "packing.host_memory_mb",
+                     "packing.host_memory_mb=8000, or null for packing.memory_fraction of the host's")
     if not 0 < packing.memory_fraction <= 1:
         raise ConfigError("packing.memory_fraction", packing.memory_fraction, "must be in (0, 1]",
                           "e.g. packing.memory_fraction=0.8 (the source's 80 % target)")
@@ -285,7 +288,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     if cfg.collect.goal is not None:
         check_goal(cfg.collect.goal, "collect.goal")
     # Every mode's and strategy's own options, used by this sweep or not: a value out of range is refused, not ignored.
-    settings = pack_settings(cfg.packing, cfg.sweep.training_estimate_s)
+    settings = pack_settings(cfg.packing, cfg.sweep.training_estimate_s, cfg.sweep.training_memory_mb)
     check_strategy_options(cfg.spread)
     _check_estimate(cfg)
     stated = sweep.training_memory_mb
