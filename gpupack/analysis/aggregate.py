@@ -28,7 +28,7 @@ from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table
 from gpupack.core.rgu import billed_packs, cost_table
 from gpupack.errors import ConfigError
 
-__all__ = ["Collected", "aggregate", "aggregate_records"]
+__all__ = ["Collected", "aggregate", "aggregate_records", "load"]
 
 
 @dataclass
@@ -87,12 +87,15 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
 def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = None,
               sweep_trainings: int | None = None, metric: str | None = None, goal: str | None = None,
               pattern: str | None = None) -> Collected:
-    """Load the runs' records and aggregate them (:func:`aggregate_records`); with ``pattern``, ``metric`` is read
-    from each training's kept stdout where it reported none (:func:`with_stdout_metric`). Reads only."""
+    """Load the runs' records (:func:`load`) and aggregate them (:func:`aggregate_records`). Reads only."""
+    return aggregate_records(load(run_dirs, metric, pattern), weights, sweep_trainings, metric, goal)
+
+
+def load(run_dirs: Sequence[Path], metric: str | None = None, pattern: str | None = None) -> Records:
+    """The runs' records; with ``pattern``, ``metric`` read from each training's kept stdout where it reported none
+    (:func:`with_stdout_metric`). Reads only."""
+    if pattern is not None and metric is None:
+        raise ConfigError("--pattern", pattern, "reads a metric, and no --metric names it",
+                          f"add --metric NAME, e.g. --metric val_loss --pattern {pattern!r}")
     records = load_records(run_dirs)
-    if pattern is not None:
-        if metric is None:
-            raise ConfigError("--pattern", pattern, "reads a metric, and no --metric names it",
-                              f"add --metric NAME, e.g. --metric val_loss --pattern {pattern!r}")
-        records = with_stdout_metric(records, metric, pattern)
-    return aggregate_records(records, weights, sweep_trainings, metric, goal)
+    return with_stdout_metric(records, metric, pattern) if pattern is not None and metric is not None else records

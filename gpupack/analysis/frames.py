@@ -18,8 +18,8 @@ from gpupack.core.columnar import JSON_PREFIX, STRING, Rows, column, json_array,
 # Kept as JSON text after load, decoded where read: a million curves or hyperparameter sets take seconds to decode one
 # by one; one plot draws curves, and best_hyperparameters and knob_table parse theirs in bulk (json_columns). A
 # folded record's logs (where its lane kept them: distinct for each training) are read where a log is shown
-# (journal.kept_log).
-TEXT_COLUMNS = ("curve", "params", "knobs", "cpus", "metrics", "logs")
+# (journal.kept_log); a pack's training ids and its sampler's peak per training (distinct for each pack) where needed.
+TEXT_COLUMNS = ("curve", "params", "knobs", "cpus", "metrics", "logs", "training_ids", "sampler_peak_rss_by_training")
 
 
 @dataclass
@@ -79,8 +79,10 @@ def _layout_table(layout: pa.Schema, pieces: list[Rows]) -> pa.Table:
     names, shared = layout_columns(layout)
     plain = layout.remove_metadata()
     varying = pa.Table.from_batches([p.batch for p in pieces], plain)
-    # column by column: several times faster than Table.combine_chunks on a million rows (pyarrow 26)
-    columns = {name: c.combine_chunks() for name, c in zip(plain.names, varying.columns)}
+    # One chunk a column (column by column: several times faster than Table.combine_chunks, pyarrow 26), but the
+    # texts kept whole in the files' memory, chunk a piece: most are never read (a curve, a log's place), and those
+    # parsed in bulk are joined then (tables.json_columns)
+    columns = {name: c if _text_column(name) else c.combine_chunks() for name, c in zip(plain.names, varying.columns)}
     owner = np.repeat(np.arange(len(pieces)), [p.rows for p in pieces])
     for name, values in zip(shared, zip(*(p.shared for p in pieces))):  # one tuple of values a shared column
         column_name, array = column(name, list(values))
@@ -88,6 +90,10 @@ def _layout_table(layout: pa.Schema, pieces: list[Rows]) -> pa.Table:
         columns[column_name] = pa.repeat(array[0], len(owner)) if same(values) else array.take(owner)
     ordered = [c for name in names for c in (name, JSON_PREFIX + name) if c in columns]
     return pa.table([columns[c] for c in ordered], names=ordered)
+
+
+def _text_column(name: str) -> bool:
+    return name.startswith(JSON_PREFIX) and name[len(JSON_PREFIX):] in TEXT_COLUMNS
 
 
 def _in_order(tables: list[pa.Table], layout_of: np.ndarray, lengths: np.ndarray) -> pa.Table:

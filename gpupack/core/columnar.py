@@ -273,18 +273,18 @@ class ColumnarReader:
         tail = json.loads(data[end:])
         return Rows(batch, int(tail["rows"]), list(tail["shared"])), tail
 
-    def batch(self, data: bytes, start: int) -> tuple[pa.RecordBatch | None, int]:
+    def batch(self, data: bytes | pa.Buffer, start: int) -> tuple[pa.RecordBatch | None, int]:
         """The one batch of the IPC stream at byte ``start`` of ``data`` (None: of another schema) and the byte after
-        the stream's end."""
+        the stream's end. From a buffer (a memory-mapped file) the batch's columns are the buffer's bytes."""
         source = pa.BufferReader(data)
         source.seek(start)
         message = ipc.read_message(source)
-        layout = self._layout(data[start:source.tell()], message)
+        layout = self._layout(bytes(data[start:source.tell()]), message)
         if layout is None:
             return None, 0
         batch = ipc.read_record_batch(ipc.read_message(source), layout)
         end = source.tell()
-        if data[end:end + len(_EOS)] != _EOS:  # one batch, as columnar_bytes writes it
+        if bytes(data[end:end + len(_EOS)]) != _EOS:  # one batch, as columnar_bytes writes it
             raise ValueError("not one batch")
         return batch, end + len(_EOS)
 

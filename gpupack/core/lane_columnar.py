@@ -208,15 +208,15 @@ def read_lane_columnar(run: RunDir, lane: str, reader: ColumnarReader) -> LaneCo
     """``lane``'s columnar file, where it reads and is current (its journal still begins with what it covers); else
     None: its journal is read instead."""
     try:
-        with open(run.lane_columnar(lane), "rb", buffering=0) as f:
-            data = f.read()
+        with pa.memory_map(str(run.lane_columnar(lane))) as f:  # its columns read where they lie, no copy
+            data = f.read_buffer()
         end, batches = 0, []
         for _ in range(4):  # trainings, beside them, packs, beside them
             batch, end = reader.batch(data, end)
             if batch is None:
                 return None
             batches.append(batch)
-        tail = json.loads(data[end:])
+        tail = json.loads(data.slice(end).to_pybytes())
         counts = (int(tail["rows"]), int(tail["pack_rows"]))
         if (batches[1].num_rows, batches[3].num_rows) != counts or not _sealed(run, lane, int(tail["covers"]),
                                                                                str(tail["seal"])):

@@ -3,17 +3,18 @@ run's probe did (RUN_DIR/auto.json, read here and written by :mod:`gpupack.flow.
 reads (:mod:`gpupack.report`). Records are only read."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from rich.console import Console
 
-from gpupack.analysis.aggregate import Collected, aggregate
+from gpupack.analysis.aggregate import Collected, aggregate_records, load
 from gpupack.core.goal import check_goal
 from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
-from gpupack.report.files import write_outputs
+from gpupack.report.files import write_outputs, write_trainings
 from gpupack.report.terminal import render_collected
 
 # The phases of an auto sweep (plan.phase; packing.then=run): their folders are RunDir.probe_step(n) and RunDir.auto_run
@@ -81,12 +82,17 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
     given = [Path(d) for d in run_dirs]
     if goal is not None:
         check_goal(goal, "--goal")
-    c = aggregate(find_runs(given), weights, sweep_trainings, metric, goal, pattern)
+    records = load(find_runs(given), metric, pattern)
+    where = Path(out) if out else given[0] if given else None
+    with ThreadPoolExecutor(1) as pool:  # trainings.parquet is the records: written while they are aggregated
+        parquet = pool.submit(write_trainings, records, where) if where is not None else None
+        c = aggregate_records(records, weights, sweep_trainings, metric, goal)
+        trainings = parquet.result() if parquet is not None else None
     for path in given:  # a packing.factors=auto run says what its probe did
         report = read_auto(path)
         if report is not None:
             c.auto_lines += report.lines()
-    written = write_outputs(c, Path(out) if out else given[0], plots=plots) if given else []
+    written = write_outputs(c, where, plots=plots, trainings=trainings) if where is not None else []
     if console is not None:
         render_collected(c, written, console, wide=wide)
     return c, written

@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from gpupack.analysis.aggregate import Collected
+from gpupack.analysis.load import Records
 from gpupack.core.records import SCHEMA_VERSION, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.report.html import write_report
@@ -22,26 +23,41 @@ def _jsonable(df: pd.DataFrame) -> list[dict[str, Any]]:
 def _text_columns(table: pd.DataFrame) -> pd.DataFrame:
     """Lists and dicts as JSON text, for Parquet (params, knobs, the curve and the CPUs already are), and each error
     as JSON text, as trainings.parquet has always held it."""
-    table = table.copy()
+    table = table.copy(deep=False)  # the columns replaced below are new; the rest are shared (copy on write)
     for col in ("params", "knobs", "curve", "cpus"):
         if col in table and table[col].dtype == object:  # dicts and lists (a frame built by hand)
             table[col] = [json.dumps(v, default=str) if v is not None else None for v in table[col]]
     if "error" in table:
-        error = table["error"].astype(object)
-        text = error.map(lambda v: isinstance(v, str))
-        table["error"] = error.where(~text, error[text].map(json.dumps)).where(text, None)
+        error = table["error"]
+        # text (a str column: every value that is not missing) quoted as JSON; anything else, no error
+        text = error.notna() if error.dtype != object else error.map(lambda v: isinstance(v, str)).astype(bool)
+        quoted = pd.Series(None, index=table.index, dtype=object)
+        quoted[text] = error[text].astype(str).map(json.dumps)
+        table["error"] = quoted
     objects = [col for col in table.columns if table[col].dtype == object]
     return table.astype({col: "string" for col in objects})
 
 
-def write_outputs(c: Collected, out: Path, plots: bool = True) -> list[Path]:
-    """summary.csv (every column of the table), summary.json, trainings.parquet, and (with plots) plots/*.png and
-    report.html."""
+def write_trainings(records: Records, out: Path) -> Path | None:
+    """trainings.parquet: every training record read, a row each (None: there is none). Arrow's writer lets go of
+    the interpreter while it compresses: collect writes it while it aggregates (gpupack.flow.collect)."""
+    if records.trainings.empty:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "trainings.parquet"
+    _text_columns(records.trainings).to_parquet(path, index=False)
+    return path
+
+
+def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path | None | bool = True) -> list[Path]:
+    """summary.csv (every column of the table), summary.json, trainings.parquet (``trainings``: True to write it
+    here; else what :func:`write_trainings` wrote already), and (with plots) plots/*.png and report.html."""
     out.mkdir(parents=True, exist_ok=True)
     run = RunDir(out)
     c.summary.to_csv(run.summary_csv, index=False)
     write_json_atomic(run.summary_json, {
-        "schema": SCHEMA_VERSION, "runs": sorted(set(c.records.trainings.get("run_dir", pd.Series(dtype=str)))),
+        "schema": SCHEMA_VERSION,
+        "runs": sorted(str(r) for r in c.records.trainings.get("run_dir", pd.Series(dtype=str)).dropna().unique()),
         "groups": _jsonable(c.summary), "best": _jsonable(c.best), "best_overall": _jsonable(c.best_overall),
         "best_lines": [best_line(r) for _, r in c.best.iterrows()], "cost": _jsonable(c.cost),
         "sweep_trainings": c.sweep_trainings, "best_hyperparameters": _jsonable(c.hyper.table),
@@ -53,9 +69,8 @@ def write_outputs(c: Collected, out: Path, plots: bool = True) -> list[Path]:
         "warnings": c.records.warnings, "pending_packs": c.records.pending,
     })
     written = [run.summary_csv, run.summary_json]
-    if not c.records.trainings.empty:
-        _text_columns(c.records.trainings).to_parquet(out / "trainings.parquet", index=False)
-        written.append(out / "trainings.parquet")
+    parquet = write_trainings(c.records, out) if trainings is True else trainings or None
+    written += [parquet] if isinstance(parquet, Path) else []
     if plots:
         written += write_report(c, out)
     return written
