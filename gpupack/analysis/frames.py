@@ -12,8 +12,22 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpupack.core.columnar import JSON_PREFIX, STRING, Rows, column, json_array, layout_columns, same
+
+
+def _pool() -> pa.MemoryPool:
+    """Arrow's allocator for a frame of a million rows: jemalloc where the wheel has it, else the system's. Arrow's
+    default here, mimalloc, gives the gigabyte a load joins back to the system and takes it anew, page by page: a
+    million trainings collected in 7 s instead of 5 (benchmarks/collect_scale.py --cli, BENCHMARKS.md)."""
+    try:
+        return pa.jemalloc_memory_pool()
+    except (NotImplementedError, pa.ArrowException):
+        return pa.system_memory_pool()
+
+
+POOL = _pool()
 
 # Kept as JSON text after load, decoded where read: a million curves or hyperparameter sets take seconds to decode one
 # by one; one plot draws curves, and best_hyperparameters and knob_table parse theirs in bulk (json_columns). A
@@ -42,14 +56,20 @@ class Pieces:
         runs, where = np.unique(np.array(self.run_dirs, dtype=object), return_inverse=True)
         lengths = [r.rows for r in self.rows]
         run_dir = pa.DictionaryArray.from_arrays(np.repeat(where.astype(np.int32), lengths), list(runs))
-        frame = decode_json(assemble(self.rows).to_pandas())
-        frame["run_dir"] = run_dir.cast(STRING).to_pandas()  # built in Arrow: a million Python strs cost
         attempt = np.repeat(np.array([a if isinstance(a, int) else 0 for a in self.attempts], np.int64), lengths)
         for start, each in zip(np.cumsum([0, *lengths[:-1]]), self.attempts):
             if not isinstance(each, int):  # earlier attempts: one a row
                 attempt[start:start + len(each)] = each
-        frame["attempt"] = attempt
-        return frame
+        # Every column in Arrow, then one conversion: pandas gets its columns of one type as one block (a column
+        # added after would make it join them at its first filter: a copy of every number column, half a second).
+        # run_dir is built in Arrow too: a million Python strs cost.
+        table = assemble(self.rows)
+        table = table.append_column("run_dir", run_dir.cast(STRING)).append_column("attempt", pa.array(attempt))
+        texts = {c: c[len(JSON_PREFIX):] for c in table.column_names
+                 if c.startswith(JSON_PREFIX) and c[len(JSON_PREFIX):] in TEXT_COLUMNS
+                 and c[len(JSON_PREFIX):] not in table.column_names}
+        table = table.rename_columns([texts.get(c, c) for c in table.column_names])  # kept as text (TEXT_COLUMNS)
+        return decode_json(table.to_pandas(memory_pool=POOL))
 
 
 def assemble(pieces: list[Rows]) -> pa.Table:
@@ -79,21 +99,17 @@ def _layout_table(layout: pa.Schema, pieces: list[Rows]) -> pa.Table:
     names, shared = layout_columns(layout)
     plain = layout.remove_metadata()
     varying = pa.Table.from_batches([p.batch for p in pieces], plain)
-    # One chunk a column (column by column: several times faster than Table.combine_chunks, pyarrow 26), but the
-    # texts kept whole in the files' memory, chunk a piece: most are never read (a curve, a log's place), and those
-    # parsed in bulk are joined then (tables.json_columns)
-    columns = {name: c if _text_column(name) else c.combine_chunks() for name, c in zip(plain.names, varying.columns)}
+    # One chunk a column, column by column: several times faster than Table.combine_chunks (pyarrow 26). (Chunks
+    # would cost more later: Arrow's take joins a chunked column's chunks first, so every filter of the frame would.)
+    columns = {name: c.combine_chunks(memory_pool=POOL) for name, c in zip(plain.names, varying.columns)}
     owner = np.repeat(np.arange(len(pieces)), [p.rows for p in pieces])
     for name, values in zip(shared, zip(*(p.shared for p in pieces))):  # one tuple of values a shared column
         column_name, array = column(name, list(values))
         # one value in every piece (the sweep, the host...): repeated, no index to follow
-        columns[column_name] = pa.repeat(array[0], len(owner)) if same(values) else array.take(owner)
+        columns[column_name] = (pa.repeat(array[0], len(owner)) if same(values)
+                                else pc.take(array, pa.array(owner), memory_pool=POOL))
     ordered = [c for name in names for c in (name, JSON_PREFIX + name) if c in columns]
     return pa.table([columns[c] for c in ordered], names=ordered)
-
-
-def _text_column(name: str) -> bool:
-    return name.startswith(JSON_PREFIX) and name[len(JSON_PREFIX):] in TEXT_COLUMNS
 
 
 def _in_order(tables: list[pa.Table], layout_of: np.ndarray, lengths: np.ndarray) -> pa.Table:

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
+from gpupack.analysis.frames import POOL
 from gpupack.analysis.summary import (
     LOADER_BOUND_FRACTION,
     completed_probes,
@@ -93,7 +94,7 @@ def json_columns(text: pd.Series) -> pd.DataFrame:
 def _arrow_json(text: pd.Series) -> pd.DataFrame:
     """One JSON object a line, all in one buffer (joined in Arrow, no Python str per row), read by Arrow."""
     texts = pa.array(text, type=STRING, from_pandas=True)
-    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    texts = texts.combine_chunks(memory_pool=POOL) if isinstance(texts, pa.ChunkedArray) else texts
     lines = pc.binary_join_element_wise(pc.fill_null(texts, "{}"), pa.scalar("", STRING), pa.scalar("\n", STRING))
     offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset:lines.offset + len(lines) + 1]
     table = pa_json.read_json(pa.BufferReader(lines.buffers()[2].slice(offsets[0], offsets[-1] - offsets[0])))
@@ -101,7 +102,7 @@ def _arrow_json(text: pd.Series) -> pd.DataFrame:
                                               for f in table.schema) or any(pa.types.is_temporal(f.type)
                                                                             for f in table.schema):
         raise ValueError("not one flat object a line of numbers, text and booleans")
-    return table.to_pandas().set_axis(text.index)
+    return table.to_pandas(memory_pool=POOL).set_axis(text.index)
 
 
 HOW_TO_REPORT = ("report one from your program (gpupack.result / $GPUPACK_RESULT, sweep.fixed.metrics regexes over a "
