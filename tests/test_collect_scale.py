@@ -81,3 +81,20 @@ def test_the_lanes_layout_is_read_from_the_lanes_columnar_files_as_from_their_jo
     pd.testing.assert_frame_equal(_sorted(columnar.trainings), _sorted(from_json.trainings), check_like=True)
     pd.testing.assert_frame_equal(_sorted(columnar.packs), _sorted(from_json.packs), check_like=True)
     assert columnar.pending == [] and columnar.planned == written.packs
+
+
+def test_the_engines_benchmark_times_the_same_reductions_in_each_engine_it_finds(tmp_path, capsys):
+    """benchmarks/collect_engines.py: pandas (what collect runs on) and every other engine installed, on one frame;
+    the ones not installed are named, not timed."""
+    spec = importlib.util.spec_from_file_location("collect_engines", SCRIPT.parent / "collect_engines.py")
+    engines = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engines)
+    bench = _bench()
+    bench.write_run(tmp_path / "run", 800, factors=[4], layout="lanes", lanes=4)
+    timings = engines.main(["--run", str(tmp_path / "run"), "--repeat", "1"])
+    assert "pandas" in timings and "pyarrow.compute" in timings
+    out = capsys.readouterr().out
+    assert all(name in out for name in engines.ENGINES)  # timed, or named as not installed
+    t = load_records([tmp_path / "run"]).trainings
+    pandas_groups, _ = engines.with_pandas(t)
+    assert len(pandas_groups) == t.groupby(engines.KEYS).ngroups == 8  # 4 partitions x 2 modes at N=4

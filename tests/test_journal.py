@@ -11,8 +11,9 @@ import pytest
 
 from gpupack import sweep
 from gpupack.analysis.load import load_records, with_stdout_metric
-from gpupack.core import journal
-from gpupack.core.journal import RunRecords, fold_pack, kept_log, read_folded
+from gpupack.core import journal, lane_columnar
+from gpupack.core.columnar import ColumnarReader
+from gpupack.core.journal import RunRecords, append_records, fold_pack, kept_log, read_folded
 from gpupack.core.plan import Plan, make_plan
 from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
@@ -303,3 +304,35 @@ def test_a_lane_reads_its_queues_journals_by_name_made_before_any_job(tmp_path):
     append_records(run, "x", [{"training_id": "t2", "pack_id": "x", "home": "h", "status": "completed"}])
     append_records(run, "b", [{"training_id": "t3", "pack_id": "b", "home": "h", "status": "failed"}])
     assert tail.refresh() == {("h", "t1")}  # x is not its queue's; t3 failed
+
+
+def test_a_lane_writes_its_journals_columnar_file_at_its_end_and_collect_reads_it_not_the_lines(tmp_path,
+                                                                                                  monkeypatch):
+    """A lane of packs that folds writes lanes/<lane>.arrows at its end (gpupack.core.lane_columnar): collect reads
+    the records from it and parses only what its journal gained after it (here: an OOM amended after the job), and
+    what it reads is what the journal says. A journal rewritten in place is read whole: the file is not used."""
+    run, plan = _run(tmp_path)
+    ids = [p.pack_id for p in plan.packs]
+    run_in_turn(str(run.root), ids, FOLD)
+    assert run.lane_columnar(ids[0]).is_file()
+    covers = lane_columnar.read_lane_columnar(run, ids[0], ColumnarReader())
+    assert covers is not None and covers.covers == run.journal(ids[0]).stat().st_size
+    first = read_folded(run).trainings[(ids[0], plan.packs[0].trainings[0].training_id)][-1]
+    append_records(run, ids[0], [{**first, "status": "oom", "error": "out of memory (SLURM)"}])
+    starts: list[int] = []
+    real = lane_columnar.journal_entries
+    monkeypatch.setattr(lane_columnar, "journal_entries",
+                        lambda path, start=0: starts.append(start) or real(path, start))
+    from_file = load_records([run.root])
+    assert starts == [covers.covers]  # the lines after what the file covers, alone
+    from_json = load_records([run.root], columnar=False)
+    for a, b, by in ((from_file.trainings, from_json.trainings, ["training_id", "attempt"]),
+                     (from_file.packs, from_json.packs, ["pack_id", "attempt"])):
+        assert a.sort_values(by).reset_index(drop=True).equals(b.sort_values(by).reset_index(drop=True)[a.columns])
+    latest = from_file.latest().set_index("training_id")
+    assert latest.loc[first["training_id"], "status"] == "oom" and len(from_file.trainings) == 7  # the first record
+    path = run.journal(ids[0])  # of the amended one: an earlier attempt. Now rewritten in place, its length kept:
+    path.write_text(path.read_text().replace('"status": "completed"', '"status": "COMPLETED"', 1))
+    starts.clear()
+    rewritten = load_records([run.root])
+    assert starts == [0] and (rewritten.trainings["status"] == "COMPLETED").sum() == 1  # read whole, as it is now
