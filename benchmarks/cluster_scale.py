@@ -172,8 +172,8 @@ def report(out: Path) -> None:
         say(f"a task per training: {h['error']}")
     for label, g in ours:
         say(f"gpupack's files ({label}): {g['submitit_files']} of submitit's (3 a job: its call, result and log; a "
-            f"folder an array), {g['lane_files']} in lanes/ (the lanes' journals and logs, and failed trainings' "
-            f"logs), {g['files'] - g['submitit_files'] - g['lane_files']} of the "
+            f"folder an array), {g['lane_files']} in lanes/ (the lanes' journals, columnar files and logs, and failed "
+            f"trainings' logs), {g['files'] - g['submitit_files'] - g['lane_files']} of the "
             f"run's own; with its folders, {g.get('inodes', '?')} entries "
             f"({fmt(g.get('inodes', 0) / g['trainings'], 3)} per training), what a file-count quota counts")
     say(f"dry run of 100,000 trainings: {fmt(d['wall_s'], 1)} s; {d['jobs_line']}; {d['files_line']}")
