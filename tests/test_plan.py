@@ -3,7 +3,17 @@ from __future__ import annotations
 
 import pytest
 
-from gpupack.core.plan import Pack, Plan, Training, expand_grid, grid_values, make_plan, measure_first, pack_id, training_id
+from gpupack.core.plan import (
+    Pack,
+    Plan,
+    Training,
+    expand_grid,
+    grid_values,
+    make_plan,
+    measure_first,
+    pack_id,
+    training_id,
+)
 from gpupack.errors import ConfigError
 
 
