@@ -225,6 +225,10 @@ def test_each_reason_auto_stops_for(times, best, oom, unfinished, expected):
     assert expected in verdict(2, times, best, oom, unfinished, 0.05)
 
 
+def test_auto_stops_where_its_n_was_skipped_for_memory():
+    assert verdict(2, {1: [10, 10.1]}, 1, 0, 0, 0.05, skipped=4) == "N=2 was skipped for memory (4 training(s))"
+
+
 AUTO = PROBE + ["packing.factors=auto", "sweep.fixed.steps=5", "sweep.fixed.sleep_s=0.01"]
 
 

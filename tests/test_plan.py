@@ -3,7 +3,17 @@ from __future__ import annotations
 
 import pytest
 
-from gpupack.core.plan import Plan, expand_grid, grid_values, make_plan, training_id
+from gpupack.core.plan import (
+    Pack,
+    Plan,
+    Training,
+    expand_grid,
+    grid_values,
+    make_plan,
+    measure_first,
+    pack_id,
+    training_id,
+)
 from gpupack.errors import ConfigError
 
 
@@ -136,13 +146,37 @@ def _positions(plan):
 
 def test_interleaved_order_spreads_every_n_over_the_whole_run_and_is_recorded():
     plan = _plan({"lr": [0.1, 0.2, 0.3, 0.4]}, [1, 2, 3, 4, 8], repeats=6, order="interleaved")
+    lead = 4  # each lr's first N=1 pack goes ahead (measure_first); the rest interleave
+    assert [p.factor for p in plan.packs[:lead]] == [1] * lead
     by_n = _positions(plan)
     assert plan.order == "interleaved (seed 0)" and plan.to_json()["order"] == "interleaved (seed 0)"
     for n, pos in by_n.items():  # each N's mean position near the middle, and present in both halves of the run
-        assert abs(sum(pos) / len(pos) - 0.5) < 0.12, (n, pos)
+        assert abs(sum(pos) / len(pos) - 0.5) < 0.12 or n == 1, (n, pos)  # N=1 leads with each setting's first
         assert min(pos) < 0.3 and max(pos) > 0.7, (n, pos)
     assert sorted(p.pack_id for p in plan.packs) == sorted(p.pack_id for p in _plan(
         {"lr": [0.1, 0.2, 0.3, 0.4]}, [1, 2, 3, 4, 8], repeats=6).packs)  # the same packs, in another order
+
+
+@pytest.mark.parametrize("order", ["interleaved", "by_factor"])
+def test_each_setting_s_smallest_n_runs_before_any_larger_pack_of_it(order):
+    plan = _plan({"lr": [0.1, 0.2, 0.3]}, [4, 2, 1], repeats=3, order=order)
+    first_at: dict[tuple[str, float], int] = {}
+    for i, p in enumerate(plan.packs):
+        for t in p.trainings:
+            first_at.setdefault((p.mode, t.params["lr"]), p.factor)
+    assert set(first_at.values()) == {1}  # every setting's first pack is an N=1 pack
+    lead = [p for p in plan.packs[:3]]
+    assert [p.factor for p in lead] == [1, 1, 1] and len({p.trainings[0].params["lr"] for p in lead}) == 3
+    assert sorted(p.pack_id for p in plan.packs) == sorted(p.pack_id for p in _plan(
+        {"lr": [0.1, 0.2, 0.3]}, [4, 2, 1], repeats=3, order=order).packs)
+
+
+def test_measure_first_keeps_the_order_where_the_smallest_n_leads_already():
+    packs = [Pack(pack_id("p", "process", n, i), "p", "process", n, i,
+                  (Training(f"t{n}{i}", "w", {"lr": 0.1, "seed": i}, 0),)) for n, i in ((1, 0), (2, 0), (1, 1))]
+    assert measure_first(packs) == packs
+    moved = [packs[1], packs[0], packs[2]]  # an N=2 pack ahead of the setting's first N=1 one
+    assert measure_first(moved) == packs
 
 
 def test_by_factor_order_runs_n_by_n():

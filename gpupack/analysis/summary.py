@@ -14,7 +14,7 @@ import pandas as pd
 
 from gpupack.analysis.choose import choose, tie_label
 from gpupack.analysis.load import Records, cleared_mask
-from gpupack.core.records import COMPLETED, OOM, VICTIM
+from gpupack.core.records import COMPLETED, OOM, SKIPPED_MEMORY, VICTIM
 
 GROUP = ["workload", "partition", "gpu_type", "mode"]
 LOADER_BOUND_FRACTION = 0.9  # training throughput at >= 90 % of the loader's own: loader-bound, not GPU-bound
@@ -48,11 +48,15 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
     t["is_victim"] = t["status"] == VICTIM  # taken down by another's fault and run again: not its own failure
     t["oom_cleared"] = (t["status"] == OOM) & cleared_mask(t, cleared)
     t["is_oom"] = (t["status"] == OOM) & ~t["oom_cleared"]
-    t["unfinished"] = (t["attempt"] == 0) & ~t["ok"]
-    t["is_failed"] = ~t["ok"] & ~t["is_victim"]
+    # not started: its pack's measured need passed the memory share (gpupack.core.pack_fit); its N is infeasible
+    t["was_skipped"] = t["status"] == SKIPPED_MEMORY
+    t["is_skipped"] = (t["attempt"] == 0) & t["was_skipped"]
+    t["skipped_why"] = t.get("error", pd.Series(None, index=t.index)).where(t["is_skipped"])
+    t["unfinished"] = (t["attempt"] == 0) & ~t["ok"] & ~t["is_skipped"]
+    t["is_failed"] = ~t["ok"] & ~t["is_victim"] & ~t["was_skipped"]
     for col in ("startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb", "peak_gpu_mem_mb"):
         t[col] = pd.to_numeric(t.get(col), errors="coerce")
-    t["peak_rss_mb"] = t["peak_rss_mb"].fillna(_sampled_rss(t, packs))
+    t["peak_rss_mb"] = t["peak_rss_mb"].fillna(_sampled_rss(t, packs)).where(~t["was_skipped"])
     if "gpu_model" not in t:
         t["gpu_model"] = None
     keys = GROUP + ["factor"]
@@ -81,6 +85,8 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
         oom=("is_oom", "sum"),
         oom_cleared=("oom_cleared", "sum"),
         peak_rss_mb=("peak_rss_mb", "max"),
+        skipped_memory=("is_skipped", "sum"),
+        skipped_memory_why=("skipped_why", first_value),
         trainings=("latest", "sum"),
         startup_s=("latest_startup_s", "median"),
         loop_s=("latest_loop_s", "median"),
@@ -88,7 +94,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
         gpu_model=("latest_gpu_model", first_value),
     )
     out = per_pack.join(per_training, how="outer").reset_index()
-    for col in ("failed", "victims", "unfinished", "oom", "oom_cleared", "attempts", "trainings"):
+    for col in ("failed", "victims", "unfinished", "oom", "oom_cleared", "attempts", "trainings", "skipped_memory"):
         out[col] = out[col].fillna(0).astype(int)  # an OOM (counted apart) makes N infeasible on this device
     out["trainings_per_hour"] = 3600.0 / out["time_per_training_s"]
     base = out[out["factor"] == 1].set_index(GROUP)["time_per_training_s"]
@@ -103,7 +109,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
 # The training columns summarize reads (what cleared_mask, loader_bounds and timed_packs read included).
 SUMMARY_INPUTS = (*GROUP, "factor", "attempt", "status", "probe", "run_dir", "ended_at", "training_id", "pack_id",
                   "gpu_model", "startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb",
-                  "peak_gpu_mem_mb")
+                  "peak_gpu_mem_mb", "error")
 
 
 def only_columns(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
@@ -186,11 +192,11 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame) -> pd.DataFrame:
                          ("chosen", False), ("infeasible", False), ("ties", None), ("tie_rule", None),
                          ("provisional", None), ("repeats_needed", None), ("choice_method", None)):
         out[col] = default
-    out["infeasible"] = (out["oom"] > 0)
+    out["infeasible"] = (out["oom"] > 0) | (out["skipped_memory"] > 0)
     times = timed.dropna(subset=["time_per_training_s"]).groupby(GROUP + ["factor"])["time_per_training_s"].apply(list)
     for key, idx in out.groupby(GROUP, dropna=False).groups.items():
         group = out.loc[idx]
-        blocked = set(group.loc[(group["oom"] > 0) | (group["unfinished"] > 0), "factor"].astype(int))
+        blocked = set(group.loc[group["infeasible"] | (group["unfinished"] > 0), "factor"].astype(int))
         by_n = {int(n): times.get((*key, n), []) for n in group["factor"]}
         by_n = {n: v for n, v in by_n.items() if v}
         choice = choose(by_n, infeasible=blocked)

@@ -322,7 +322,8 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
                      f"{', '.join(label for _, label in spread_layouts)}, beside packing")
     probes: list[Pack] = [p for p in packs if p.probe]
     lanes = [p for p in packs if p.stream]  # they run together, not in turn: no order to shuffle
-    ordered = probes + lanes + run_order([p for p in packs if not p.probe and not p.stream], order, order_seed)
+    ordered = probes + lanes + measure_first(run_order([p for p in packs if not p.probe and not p.stream], order,
+                                                       order_seed), seed_key)
     return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(ordered), notes=tuple(notes),
                 order=f"{order} (seed {order_seed})" if order == "interleaved" else order, phase=phase)
 
@@ -342,6 +343,34 @@ def run_order(packs: Sequence[Pack], order: str, seed: int = 0) -> list[Pack]:
     keyed = [((k + rng.random()) / len(members), p.pack_id, p)
              for members in groups.values() for k, p in enumerate(members)]
     return [p for _, _, p in sorted(keyed, key=lambda item: item[:2])]
+
+
+def measure_first(packs: Sequence[Pack], seed_key: str | None = "seed") -> list[Pack]:
+    """``packs`` in their order, but in each (partition, mode) the packs of its smallest N that first hold a setting
+    (every hyperparameter but the seed) go ahead of every other: where they run in turn, each setting is measured
+    before a larger pack of it is held against the memory share (gpupack.core.pack_fit). Pure; stable."""
+    packing = [p for p in packs if p.spread is None]
+    smallest: dict[tuple[str, str], int] = {}
+    for p in packing:
+        smallest[p.partition, p.mode] = min(p.factor, smallest.get((p.partition, p.mode), p.factor))
+    seen: set[tuple[str, str, str]] = set()
+    first: list[Pack] = []
+    for p in packing:
+        if p.factor != smallest[p.partition, p.mode]:
+            continue
+        new = {(p.partition, p.mode, _setting(t, seed_key)) for t in p.trainings} - seen
+        if new:
+            first.append(p)
+            seen |= new
+    lead = {p.pack_id for p in first}
+    return first + [p for p in packs if p.pack_id not in lead]
+
+
+def _setting(training: Training, seed_key: str | None) -> str:
+    """What sets a training's memory: its workload and every hyperparameter but its seed (as
+    gpupack.core.memory.setting_key, which sits above this module)."""
+    return training.workload + json.dumps({k: v for k, v in training.params.items() if k != seed_key},
+                                          sort_keys=True, default=str)
 
 
 def deal(packs: Sequence[Pack], lanes: int) -> list[list[Pack]]:

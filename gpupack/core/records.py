@@ -23,7 +23,10 @@ KILLED = "killed"  # the training died from a signal
 OOM = "oom"  # out of memory, host or GPU: its N is infeasible on this device
 TIMEOUT = "timeout"  # ran past packing.training_timeout_s and was stopped
 VICTIM = "victim"  # taken down by another training's fault (gpupack.core.victims), then run again
-STATUSES = (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, VICTIM)
+# Not started: its pack's measured need passed the device's memory share (gpupack.core.pack_fit); its N is infeasible
+# there. Checked again on resume (a larger share, a smaller peak may let it run), never an unfinished training.
+SKIPPED_MEMORY = "skipped_memory"
+STATUSES = (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, VICTIM, SKIPPED_MEMORY)
 
 
 # The umask, read once per process. Flipping it to read it (os.umask(0); os.umask(old)) is a race: another thread

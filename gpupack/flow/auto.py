@@ -52,10 +52,12 @@ from gpupack.submit import load_submitter
 # ---------------- pure decisions ----------------
 
 def verdict(factor: int, times: Mapping[int, Sequence[float]], best_so_far: int | None, oom: int, unfinished: int,
-            min_gain: float) -> str:
+            min_gain: float, skipped: int = 0) -> str:
     """Whether a partition climbs past ``factor`` (returns "climb") or why it stops there. Pure."""
     if oom:
         return f"N={factor} ran out of memory ({oom} training(s))"
+    if skipped:  # not started: what its setting measured passed the memory share (gpupack.core.pack_fit)
+        return f"N={factor} was skipped for memory ({skipped} training(s))"
     if unfinished:
         return f"N={factor}: {unfinished} training(s) did not complete"
     if not times.get(factor):
@@ -140,7 +142,7 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                 row = _row(summary, partition, n)
                 by_n = weighed(prepared, partition, times.get(partition, {}), auto.objective)
                 why = verdict(n, by_n, best_so_far[partition], int(row.get("oom", 0)), int(row.get("unfinished", 0)),
-                              auto.min_gain)
+                              auto.min_gain, int(row.get("skipped_memory", 0)))
                 if why == "climb":
                     best = best_so_far[partition]
                     best_so_far[partition] = n if best is None or median(by_n[n]) < median(by_n[best]) else best
@@ -244,7 +246,8 @@ def cheapest_n(prepared: Prepared, collected: Any, times: Mapping[str, Mapping[i
     summary = collected.summary
     for partition, by_n in times.items():
         rows = summary[summary["partition"] == partition] if not summary.empty else summary
-        ok = {int(r["factor"]) for _, r in rows.iterrows() if not r["oom"] and not r["unfinished"]}
+        ok = {int(r["factor"]) for _, r in rows.iterrows()
+              if not r["oom"] and not r["unfinished"] and not r.get("skipped_memory")}
         candidates = {n: t for n, t in weighed(prepared, partition, by_n, "cost").items() if n in ok and t}
         if candidates:
             best = choose(candidates).best

@@ -29,6 +29,7 @@ from gpupack.core.records import (
     FAILED,
     KILLED,
     OOM,
+    SKIPPED_MEMORY,
     TIMEOUT,
     VICTIM,
     file_mode,
@@ -44,6 +45,7 @@ from gpupack.core.rundir import RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.core.victims import victims
 from gpupack.errors import RunDirError
+from gpupack.job.fit import PeakBook, check_pack
 from gpupack.pack import LaneShare, PackContext, Packer, Stream, load_packer, threads_for, work_prefix
 from gpupack.runtime.jobenv import JobEnvironment, job_cores
 from gpupack.runtime.monitor import DeviceInfo, detect_device, first_visible, visible_devices
@@ -274,20 +276,21 @@ def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
 
 def run_pack(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
              plan: Plan | None = None, records: RunRecords | None = None,
-             share: LaneShare | None = None) -> dict[str, Any]:
+             share: LaneShare | None = None, peaks: PeakBook | None = None) -> dict[str, Any]:
     """Run one pack in this job. ``job``: the job as its backend tells it (Submitter.job_environment); None (a pack run
     outside any backend): this process (:meth:`JobEnvironment.here`). ``plan``: the run's, as the caller read it
     (None: read here). ``records``: the run's records as a lane read them at its start (its journals: a pack a lane
     folded is complete without a folder); None: the pack's folder alone. ``share``: what the lane's packs on this
-    device share (a fork server); None: the pack starts its own."""
+    device share (a fork server); None: the pack starts its own. ``peaks``: what the pack is held against before it
+    starts (a lane's, learnt as its packs end); None: read here."""
     run = RunDir(Path(run_root))
     with pack_lock(run, pack_id):
         return _run_pack(run, plan or Plan.from_json(read_json(run.plan)), pack_id, settings,
-                         job or JobEnvironment.here(), records or RunRecords(run, Folded()), share)
+                         job or JobEnvironment.here(), records or RunRecords(run, Folded()), share, peaks)
 
 
 def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job: JobEnvironment,
-              records: RunRecords, share: LaneShare | None) -> dict[str, Any]:
+              records: RunRecords, share: LaneShare | None, peaks: PeakBook | None = None) -> dict[str, Any]:
     pack = plan.pack(pack_id)
     todo = [t for t in pack.trainings if not records.completed(pack_id, t.training_id)]
     if not todo:
@@ -296,7 +299,15 @@ def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job
         move_aside(run, pack_id, run.training_record(pack_id, t.training_id))
     move_aside(run, pack_id, run.pack_record(pack_id))
 
+    book = peaks if peaks is not None or not settings.admission or pack.spread is not None \
+        else PeakBook(run, pack.trainings)
+    if book is not None and pack.spread is None:  # a spread pack is one training: nothing to pack
+        skipped = skip_for_memory(run, plan, pack, todo, settings, job, book)
+        if skipped is not None:
+            return skipped
     rec = execute(run, plan, pack, todo, settings, job, share=share)
+    if book is not None:
+        learn(run, pack, rec, book)
     # victims where each training is a process of its own (a mode that can stream): one that dies alone can only
     # take its neighbours down through the device; a host process's trainings die as one, a spread training is one
     separate = pack.spread is None and load_packer(pack.mode).streams
@@ -310,6 +321,38 @@ def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job
     move_aside(run, pack_id, run.pack_record(pack_id))
     again = [t for t in pack.trainings if t.training_id in taken]
     return execute(run, plan, pack, again, settings, job, share=share, extra={"victims_rerun": taken})
+
+
+def skip_for_memory(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], settings: PackSettings,
+                    job: JobEnvironment, book: PeakBook) -> dict[str, Any] | None:
+    """Hold the pack against its device's memory share by what its settings were measured to need
+    (:func:`gpupack.job.fit.check_pack`); where it does not fit, record its trainings and itself as skipped for memory
+    with the reason, and return its record (None: it fits, and runs)."""
+    info = detect_device(job.device_env())
+    device = choose_device(settings.device, info)
+    fit = check_pack(book, todo, pack.factor, settings, device == "cuda", info.memory_total_mb)
+    if fit.fits:
+        return None
+    now = time.time()
+    for t in todo:
+        outcome = TrainingOutcome(t.training_id, now, now, None, error=f"skipped for memory: {fit.why}")
+        rec = build_training_record(outcome, t, pack, plan.sweep, info, device, 0, pack.factor,
+                                    gpu_model(info, settings))
+        rec.update(status=SKIPPED_MEMORY, skipped_memory=fit.why)
+        if plan.phase:
+            rec["phase"] = plan.phase
+        write_json_atomic(run.training_record(pack.pack_id, t.training_id), rec)
+    print(f"gpupack: pack {pack.pack_id} not started, skipped for memory: {fit.why}", file=sys.stderr)
+    return write_pack_record(run, pack, [], info, device, job_cores(), 0, gpu_model(info, settings), phase=plan.phase,
+                             job=job, extra={"skipped_memory": fit.why,
+                                             "skipped_training_ids": [t.training_id for t in todo]})
+
+
+def learn(run: RunDir, pack: Pack, pack_rec: Mapping[str, Any], book: PeakBook) -> None:
+    """What the pack's trainings peaked at, for the next packs of their settings (read before a lane folds them)."""
+    recs = [r for tid in pack_rec.get("training_ids", [])
+            if (r := read_json_or_none(run.training_record(pack.pack_id, str(tid)))) is not None]
+    book.learn({t.training_id: t for t in pack.trainings}, recs)
 
 
 def mark_victims(run: RunDir, pack: Pack, pack_rec: Mapping[str, Any]) -> dict[str, str]:

@@ -28,6 +28,7 @@ from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
+from gpupack.job.fit import PeakBook
 from gpupack.job.stream import out_of_time, run_lane
 from gpupack.pack import LaneShare
 from gpupack.runtime.jobenv import JobEnvironment
@@ -83,14 +84,16 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
     lane = pack_ids[0] if pack_ids else ""
     gpus = job.gpus(settings.job_gpus) if settings.job_gpus > 1 else []
     trainings = [t for pack_id in pack_ids for t in plan.pack(pack_id).trainings]  # what a shared server preloads
+    # what each pack is held against before it starts: read once, learnt as the lane's packs end (packing.admission)
+    peaks = PeakBook(run, trainings) if settings.admission else None
     if len(gpus) <= 1:
         with LaneShare(run, lane, trainings) as share:
-            take_turns(run, plan, turns, job, records, lane, share)
+            take_turns(run, plan, turns, job, records, lane, share, peaks)
     else:
         with contextlib.ExitStack() as stack:  # each device's own share, closed however the lane ends
             shares = [stack.enter_context(LaneShare(run, f"{lane}-gpu{i}", trainings)) for i in range(len(gpus))]
             workers = [threading.Thread(target=take_turns, name=f"gpupack-gpu{i}",
-                                        args=(run, plan, turns, job.on_gpu(gpu, i), records, lane, shares[i]))
+                                        args=(run, plan, turns, job.on_gpu(gpu, i), records, lane, shares[i], peaks))
                        for i, gpu in enumerate(gpus)]
             for w in workers:
                 w.start()
@@ -104,10 +107,11 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
 
 
 def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, records: RunRecords, lane: str,
-               share: LaneShare | None = None) -> None:
+               share: LaneShare | None = None, peaks: PeakBook | None = None) -> None:
     """Run the lane's next pack on ``job``'s device until none is left to begin; where the lane folds
     (``settings.fold``), each ended pack into the lane's journal. ``share``: what the packs this device runs share
-    (a fork server started for the first, kept for the next)."""
+    (a fork server started for the first, kept for the next); ``peaks``: what each pack is held against before it
+    starts, the lane's (:class:`gpupack.job.fit.PeakBook`)."""
     while (pack_id := turns.take()) is not None:
         pack = plan.pack(pack_id)
         ran_before = all(records.completed(pack_id, t.training_id) for t in pack.trainings)
@@ -117,7 +121,7 @@ def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, recor
                 record = run_lane(str(run.root), pack_id, turns.settings, job=job, plan=plan)  # job: its queue
             else:
                 record = run_pack(str(run.root), pack_id, turns.settings, job=job, plan=plan, records=records,
-                                  share=share)
+                                  share=share, peaks=peaks)
                 if turns.settings.fold:
                     fold_pack(run, pack_id, lane)
         except BaseException as err:  # noqa: BLE001 - raised again by run_in_turn, in the job's own thread

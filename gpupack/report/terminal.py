@@ -17,6 +17,7 @@ from gpupack.analysis.load import shared_host
 from gpupack.analysis.occupancy import STREAMED
 from gpupack.analysis.summary import GROUP
 from gpupack.core.journal import log_where
+from gpupack.core.records import SKIPPED_MEMORY
 from gpupack.report.text import (
     best_line,
     choice_lines,
@@ -66,7 +67,21 @@ def _failed(r: pd.Series) -> str:
         text += f" ({int(r['oom'])} OOM: infeasible)"
     elif r.get("oom_cleared"):
         text += f" ({int(r['oom_cleared'])} OOM cleared)"
+    if r.get("skipped_memory"):
+        text += f" ({int(r['skipped_memory'])} skipped for memory: infeasible)"
     return text
+
+
+def skipped_lines(summary: pd.DataFrame) -> list[str]:
+    """Each N skipped for memory (gpupack.core.pack_fit): where, and why, in one line."""
+    if "skipped_memory" not in summary:
+        return []
+    lines = []
+    for _, r in summary[summary["skipped_memory"] > 0].iterrows():
+        why = str(r.get("skipped_memory_why") or "").removeprefix("skipped for memory: ")
+        lines.append(f"N={int(r['factor'])} skipped for memory on {r['partition']} ({r['gpu_type']}), {r['mode']}: "
+                     f"{int(r['skipped_memory'])} training(s) not started; {why}")
+    return lines
 
 
 def _tpt(r: pd.Series) -> str:
@@ -150,6 +165,8 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
                       + ("" if wide else " Every column: --wide (and summary.csv)."), highlight=False)
         if _streamed_rows(c.summary):
             console.print(STREAM_LEGEND, highlight=False)
+        for line in skipped_lines(c.summary):
+            console.print(line, highlight=False, markup=False)
     shared = shared_cores_line(c)
     if shared:
         console.print(shared, highlight=False)
@@ -202,7 +219,7 @@ def failure_lines(c: Collected, most: int = 3) -> list[str]:
     if t.empty or "status" not in t:
         return []
     probe = t.get("probe", pd.Series(False, index=t.index)).fillna(False).astype(bool)
-    failed = t[(t["status"] != "completed") & ~probe]
+    failed = t[(t["status"] != "completed") & (t["status"] != SKIPPED_MEMORY) & ~probe]  # skipped: skipped_lines
     if failed.empty:
         return []
     reasons: dict[str, list[Any]] = {}

@@ -1,0 +1,92 @@
+"""Packs admitted by memory (packing.admission): whether a whole pack of N may start, by what its trainings were
+measured to need.
+
+Before a pack starts, each of its trainings is expected to peak at what its setting (its workload and every
+hyperparameter but the seed: :func:`gpupack.core.memory.setting_key`) reached, first found: in this run (the packs
+that ended before it), in earlier runs (this run directory's siblings), ``sweep.training_memory_mb``; else not known.
+The pack fits where the sum of what is known stays within the device's memory share: ``packing.memory_fraction`` of
+the GPU's memory, on a CPU ``packing.host_memory_mb`` where given, else ``packing.memory_fraction`` of the host's. A
+pack that does not fit is not started but recorded as skipped for memory with the reason; its N is infeasible for
+that setting. What is not known counts as nothing (the pack starts, as without admission), and a pack of one training
+always starts: it is the smallest pack there is, the one that measures its setting. Everything here is pure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from gpupack.core.memory import Figure
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a pack's trainings may hold together (MB), and what it is, in words."""
+
+    mb: float
+    words: str
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Whether a pack may start, and why, in words (what it needs against what it may hold)."""
+
+    fits: bool
+    why: str
+
+
+def pack_budget(on_gpu: bool, fraction: float, device_total_mb: float | None, host_total_mb: float | None,
+                host_memory_mb: float | None) -> Budget | None:
+    """A pack's memory share on its device: ``fraction`` of the GPU's memory; on a CPU ``host_memory_mb``
+    (packing.host_memory_mb) where given, else ``fraction`` of the host's. None: nothing to go by. Pure."""
+    if on_gpu:
+        return Budget(fraction * device_total_mb, f"{fraction:g} x {gb(device_total_mb)} GPU memory") \
+            if device_total_mb else None
+    if host_memory_mb is not None:
+        return Budget(float(host_memory_mb), f"packing.host_memory_mb={host_memory_mb:g}")
+    return Budget(fraction * host_total_mb, f"{fraction:g} x {gb(host_total_mb)} host memory") \
+        if host_total_mb else None
+
+
+def training_peak(this_run: Figure | None, earlier: Figure | None, stated_mb: float | None) -> Figure | None:
+    """What one training of a setting is expected to peak at, first found: its setting's peak in this run, in earlier
+    runs, the user's ``sweep.training_memory_mb``; None: not known. Pure."""
+    if this_run is not None:
+        return this_run
+    if earlier is not None:
+        return earlier
+    return Figure(float(stated_mb), f"sweep.training_memory_mb={stated_mb:g}") if stated_mb is not None else None
+
+
+def pack_fit(n: int, peaks: Sequence[Figure | None], budget: Budget | None) -> Fit:
+    """Whether a pack of ``n`` trainings, expected to peak at ``peaks`` (one each; None: not known), fits ``budget``:
+    the sum of the known peaks within it. Pure."""
+    if n <= 1:
+        return Fit(True, "one training: the smallest pack, started whatever it is expected to need")
+    if budget is None:
+        return Fit(True, "no memory share known: started as without admission")
+    known = [p for p in peaks if p is not None]
+    if not known:
+        return Fit(True, "no training's peak is known yet: started as without admission")
+    need = sum(p.mb for p in known)
+    verdict = "<=" if need <= budget.mb else ">"
+    why = (f"N={n} needs {_terms(known)} = {gb(need)} {verdict} {budget.words} ({gb(budget.mb)})"
+           + (f", {len(peaks) - len(known)} training(s) not known" if len(known) < len(peaks) else "")
+           + f"; {_sources(known)}")
+    return Fit(need <= budget.mb, why)
+
+
+def _terms(known: Sequence[Figure]) -> str:
+    """The sum in words: equal peaks counted ("4 x 12.6 GB"), largest first."""
+    counts: dict[float, int] = {}
+    for p in known:
+        counts[p.mb] = counts.get(p.mb, 0) + 1
+    return " + ".join(f"{k} x {gb(mb)}" for mb, k in sorted(counts.items(), reverse=True))
+
+
+def _sources(known: Sequence[Figure]) -> str:
+    return "; ".join(dict.fromkeys(p.source for p in known))
+
+
+def gb(mb: float) -> str:
+    """MB in words: GB with one decimal from 1 GB up, whole MB below. Pure."""
+    return f"{mb / 1024:.1f} GB" if mb >= 1024 else f"{mb:.0f} MB"
