@@ -173,13 +173,11 @@ def _decode(text: pd.Series) -> np.ndarray:
 
 def decode_json(frame: pd.DataFrame) -> pd.DataFrame:
     """``json:<name>`` columns back to ``<name>`` (decoded, but for :data:`TEXT_COLUMNS`), merged with a plain
-    ``<name>`` column of packs where that column held scalars."""
+    ``<name>`` column of packs where that column held scalars. (A text column with no plain twin was named in Arrow
+    already, :meth:`Pieces.frame`.)"""
     for col in [c for c in frame.columns if c.startswith(JSON_PREFIX)]:
         name = col[len(JSON_PREFIX):]
         text = frame.pop(col)
-        if name in TEXT_COLUMNS and name not in frame:
-            frame[name] = text
-            continue
         values = text.to_numpy(dtype=object, na_value=None) if name in TEXT_COLUMNS else _decode(text)
         if name in frame:
             values = np.where(text.isna().to_numpy(), frame[name].to_numpy(dtype=object, na_value=None), values)

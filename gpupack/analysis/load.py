@@ -158,8 +158,7 @@ def _read_folded(run: RunDir, folders: set[str], trainings: Pieces, packs: Piece
             files.append(columns)
     held = _held_in_folders(run, folders)
     sources = Counter(home for f in files for home in f.homes)
-    sources.update({e.home for e in weighed if e.kind == TRAINING})
-    sources.update({e.home for e in weighed if e.kind == PACK})
+    sources.update({e.home for e in weighed})  # the journals' lines past the files count as one source more
     apart = {home for home, n in sources.items() if n > 1} | folders  # a pack more than one source holds records of
     root, recorded = str(run.root), set()
     for f in files:
@@ -176,7 +175,7 @@ def _read_folded(run: RunDir, folders: set[str], trainings: Pieces, packs: Piece
             packs.add(pack_rows, root, later)
             homes = np.asarray(f.packs.column("home").to_pylist(), dtype=object)[~pack_mask]
             recorded.update(homes[later == 0])
-    return recorded | _weigh(run, weighed, folders, held, trainings, packs, warnings)
+    return recorded | _weigh(run, weighed, folders, held, trainings, packs)
 
 
 def _weighed_apart(part: Part, homes: set[str], folders: set[str], held: set[str]) -> np.ndarray:
@@ -195,7 +194,7 @@ def _weighed_apart(part: Part, homes: set[str], folders: set[str], held: set[str
 
 
 def _weigh(run: RunDir, entries: list[Entry], folders: set[str], held: set[str], trainings: Pieces,
-           packs: Pieces, warnings: list[str]) -> set[str]:
+           packs: Pieces) -> set[str]:
     """Folded records weighed one by one, as the journals tell them: in the order folded, each record once (a record
     a folder still holds, its fold cut off before the folder went, is the folder's), each training's and pack's
     latest current unless a folder holds a later one. Returns the packs with a current pack record."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from gpupack.core.memory import CUDA_CONTEXT_MB, Figure
+from gpupack.core.pack_fit import pack_budget
 
 # A head passed over this many times by smaller trainings (N slots: one generation of the lane's slots) is reserved.
 PASSES_PER_SLOT = 1
@@ -103,13 +104,10 @@ def expected_peak(earlier: Figure | None, stated_mb: float | None, this_run_mb: 
 
 def lane_budget_mb(on_gpu: bool, fraction: float, device_total_mb: float | None, host_total_mb: float | None,
                    host_memory_mb: float | None) -> float | None:
-    """What a lane's trainings may hold together: ``fraction`` of the GPU's memory; on a CPU ``host_memory_mb``
-    (packing.host_memory_mb) where given, else ``fraction`` of the host's. None: nothing to go by. Pure."""
-    if on_gpu:
-        return fraction * device_total_mb if device_total_mb else None
-    if host_memory_mb is not None:
-        return float(host_memory_mb)
-    return fraction * host_total_mb if host_total_mb else None
+    """What a lane's trainings may hold together: a pack's memory share (:func:`gpupack.core.pack_fit.pack_budget`).
+    None: nothing to go by. Pure."""
+    budget = pack_budget(on_gpu, fraction, device_total_mb, host_total_mb, host_memory_mb)
+    return None if budget is None else budget.mb
 
 
 def peak_of(record: Mapping[str, object], on_gpu: bool) -> float | None:

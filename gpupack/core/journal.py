@@ -216,7 +216,7 @@ def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
     a folder; a record one of them still holds (a fold cut off before it removed the folder) is the folder's, not
     read here a second time."""
     entries = folded_order([e for path in (sorted(run.lanes.glob("*.jsonl")) if run.lanes.is_dir() else [])
-                            for e in _entries(path)])
+                            for e in journal_entries(path)[0]])
     out = Folded()
     folded = {str(e["record"].get("pack_id")) for e in entries}
     seen = {_same(rec) for pack_id in folded.intersection(folders) for rec in _folder_records(run.pack_dir(pack_id))}
@@ -257,31 +257,21 @@ class CompletedTail:
 
     def refresh(self) -> set[tuple[str, str]]:
         for path in self.paths:
-            start = self._offsets.get(path, 0)
-            try:
-                with open(path, "rb") as f:
-                    f.seek(start)
-                    data = f.read()
+            try:  # a line being written (or torn) waits for its end
+                entries, self._offsets[path] = journal_entries(path, self._offsets.get(path, 0))
             except FileNotFoundError:  # a lane that has folded nothing yet (a run submitted before journals were made)
                 continue
-            whole = data.rfind(b"\n") + 1  # a line being written (or torn) waits for its end
-            self._offsets[path] = start + whole
-            for entry in _parsed(data[:whole].splitlines()):
+            for entry in entries:
                 rec = entry.get("record") or {}
                 if entry.get("kind") == TRAINING and rec.get("status") == COMPLETED:
                     self.done.add((home_of(rec), str(rec["training_id"])))
         return self.done
 
 
-def _entries(path: Path) -> list[dict[str, Any]]:
-    """A journal's whole lines, parsed (a torn last line, its job killed while writing it, is skipped)."""
-    with open(path, encoding="utf-8") as f:
-        return list(_parsed(line for line in f if line.endswith("\n")))
-
-
 def journal_entries(path: Path, start: int = 0) -> tuple[list[dict[str, Any]], int]:
     """The entries of a journal's whole lines from byte ``start`` on, in the order folded, and the byte its last
-    whole line ends at (a line being written, or torn, is left for later)."""
+    whole line ends at (a line being written, or torn, is left for later; a torn line ended by the next fold is
+    skipped): the one way a journal is read."""
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read()
@@ -335,7 +325,7 @@ def _parsed(lines: Iterable[str | bytes]) -> Iterator[dict[str, Any]]:
 def lane_trainings(run: RunDir, lane: str) -> dict[str, dict[str, Any]]:
     """The latest record of each training ``lane``'s journal holds (training id → record): one journal read."""
     path = run.journal(lane)
-    entries = folded_order(_entries(path)) if path.is_file() else []
+    entries = journal_entries(path)[0] if path.is_file() else []
     return {str(e["record"]["training_id"]): e["record"] for e in entries if e.get("kind") == TRAINING}
 
 

@@ -6,8 +6,9 @@ The lane's job writes it at its end (:func:`write_lane_columnar`; :mod:`gpupack.
 from its journal's whole lines, read under the journal's lock, and it says how many of the journal's bytes it covers.
 A reader (:func:`read_lane_columnar`) takes it for those bytes and parses what was folded after them (a requeued run's
 records, an OOM amended after the job) from the journal: the journal stays the truth, the file is what it held when
-the lane ended. A file that does not read, of another schema, or covering more than the journal holds (a journal
-replaced) is not used, and the whole journal is read instead.
+the lane ended. A file that does not read, of another schema, or whose journal no longer begins with the bytes it
+covers (rewritten or replaced: :func:`gpupack.core.journal.fingerprint`) is not used, and the whole journal is read
+instead.
 
 The file: the training rows as an Arrow IPC stream of one batch (:func:`gpupack.core.columnar.split_rows`, as a
 pack's file), then a second stream of what each row's journal entry says beside its record (when it was folded, its
