@@ -1,7 +1,9 @@
 """Frame assembly: the rows of many packs (:class:`gpupack.core.columnar.Rows`, one piece a pack) as one frame.
 
-The pieces of each layout are joined at once in Arrow, the layouts conformed to one schema, and the frame converted
-to pandas once: what makes a run of a million trainings load in seconds (benchmarks/collect_scale.py).
+The pieces of each layout are joined at once in Arrow, the layouts conformed to one schema, each column the tables
+read joined into one chunk once, and the frame converted to pandas once: what makes a run of a million trainings
+load in a second (benchmarks/collect_scale.py). The columns no table reads (:data:`ASIDE`) stay in Arrow beside the
+frame, where they lie.
 """
 from __future__ import annotations
 
@@ -34,6 +36,11 @@ POOL = _pool()
 # folded record's logs (where its lane kept them: distinct for each training) are read where a log is shown
 # (journal.kept_log); a pack's training ids and its sampler's peak per training (distinct for each pack) where needed.
 TEXT_COLUMNS = ("curve", "params", "knobs", "cpus", "metrics", "logs", "training_ids", "sampler_peak_rss_by_training")
+# Kept beside the frame, in Arrow, not in it (:attr:`Pieces.aside`; :meth:`gpupack.analysis.load.Records.with_aside`
+# joins them to the rows that need them): each training's throughput curve (a third of a run's bytes) and where its
+# logs are kept, read by one plot and where a log is shown, never by the tables. Left in the chunks they were read in
+# (a lane's memory-mapped file) they cost nothing until read; in the frame, every filter of it would copy them.
+ASIDE = ("curve", "logs")
 
 
 @dataclass
@@ -50,9 +57,11 @@ class Pieces:
             self.run_dirs.append(run_dir)
             self.attempts.append(attempts)
 
-    def frame(self) -> pd.DataFrame:
+    def frame(self, aside: Sequence[str] = ()) -> tuple[pd.DataFrame, pa.Table]:
+        """The rows as one frame, and the columns named in ``aside`` apart from it (an Arrow table, a row for each of
+        the frame's, in its order: the frame's index is each row's position)."""
         if not self.rows:
-            return pd.DataFrame()
+            return pd.DataFrame(), pa.table({})
         runs, where = np.unique(np.array(self.run_dirs, dtype=object), return_inverse=True)
         lengths = [r.rows for r in self.rows]
         run_dir = pa.DictionaryArray.from_arrays(np.repeat(where.astype(np.int32), lengths), list(runs))
@@ -69,7 +78,53 @@ class Pieces:
                  if c.startswith(JSON_PREFIX) and c[len(JSON_PREFIX):] in TEXT_COLUMNS
                  and c[len(JSON_PREFIX):] not in table.column_names}
         table = table.rename_columns([texts.get(c, c) for c in table.column_names])  # kept as text (TEXT_COLUMNS)
-        return decode_json(table.to_pandas(memory_pool=POOL))
+        table, apart = _set_aside(table, aside)
+        return decode_json(one_chunk(table).to_pandas(memory_pool=POOL)), apart
+
+
+def one_chunk(table: pa.Table) -> pa.Table:
+    """``table`` with each text column in one chunk, joined column by column (several times faster than
+    Table.combine_chunks, pyarrow 26): pandas keeps text in Arrow, and Arrow's take joins a chunked column's chunks
+    first, so every filter of the frame would. Number columns are left as they are: pandas copies them into its
+    blocks whatever their chunks (joined first, they would be copied twice)."""
+    return pa.table([c if c.num_chunks == 1 or _fixed_width(c.type) else c.combine_chunks(memory_pool=POOL)
+                     for c in table.columns], schema=table.schema)
+
+
+def _fixed_width(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind))
+
+
+def _set_aside(table: pa.Table, names: Sequence[str]) -> tuple[pa.Table, pa.Table]:
+    """(``table`` without the columns ``names``, those columns as text, chunked as they are). A column whose packs
+    held it as JSON text in some and as a scalar in others (two columns, ``json:<name>`` and ``<name>``) is one text
+    column: the JSON where there is, else the scalar as JSON."""
+    apart: dict[str, pa.ChunkedArray] = {}
+    for name in names:
+        found = [c for c in (JSON_PREFIX + name, name) if c in table.column_names]
+        if not found:
+            continue
+        columns = [table.column(c) for c in found]
+        columns = [c if c.type == STRING else c.cast(STRING) for c in columns]
+        apart[name] = columns[0] if len(columns) == 1 else pc.coalesce(*columns)
+        table = table.drop_columns(found)
+    return table, pa.table(apart) if apart else pa.table({})
+
+
+def take_rows(column: pa.ChunkedArray, positions: np.ndarray) -> pa.ChunkedArray:
+    """The values of ``column`` at ``positions``, chunk by chunk: Arrow's take on a chunked column joins every chunk
+    first (the curves of a million trainings, to read the few a plot draws)."""
+    if len(positions) == len(column) and np.array_equal(positions, np.arange(len(column))):
+        return column
+    order = np.argsort(positions, kind="stable")
+    ordered = np.asarray(positions)[order]
+    bounds = np.cumsum([0, *(len(c) for c in column.chunks)])
+    which = np.searchsorted(bounds, ordered, side="right") - 1
+    cuts = np.flatnonzero(np.diff(which)) + 1
+    pieces = [column.chunk(int(which[run[0]])).take(pa.array(ordered[run] - bounds[which[run[0]]]))
+              for run in np.split(np.arange(len(ordered)), cuts) if len(run)]
+    taken = pa.chunked_array(pieces, column.type)
+    return taken.take(pa.array(np.argsort(order)))  # back in the order asked (a few values: one small join)
 
 
 def assemble(pieces: list[Rows]) -> pa.Table:
@@ -94,14 +149,13 @@ def assemble(pieces: list[Rows]) -> pa.Table:
 
 
 def _layout_table(layout: pa.Schema, pieces: list[Rows]) -> pa.Table:
-    """The rows of pieces of one layout, one chunk a column (what pandas filters fast, and slices at no cost): varying
-    columns joined, shared ones repeated from one value a piece."""
+    """The rows of pieces of one layout: varying columns as the pieces hold them (a chunk a piece), shared ones
+    repeated from one value a piece."""
     names, shared = layout_columns(layout)
     plain = layout.remove_metadata()
     varying = pa.Table.from_batches([p.batch for p in pieces], plain)
-    # One chunk a column, column by column: several times faster than Table.combine_chunks (pyarrow 26). (Chunks
-    # would cost more later: Arrow's take joins a chunked column's chunks first, so every filter of the frame would.)
-    columns = {name: c.combine_chunks(memory_pool=POOL) for name, c in zip(plain.names, varying.columns)}
+    # Chunked as read (a lane's memory-mapped file): joined once, at the end, for the columns the frame holds
+    columns = dict(zip(plain.names, varying.columns))
     owner = np.repeat(np.arange(len(pieces)), [p.rows for p in pieces])
     for name, values in zip(shared, zip(*(p.shared for p in pieces))):  # one tuple of values a shared column
         column_name, array = column(name, list(values))

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
-from gpupack.analysis.frames import Pieces
+from gpupack.analysis.frames import ASIDE, Pieces, take_rows
 from gpupack.core.columnar import ColumnarReader, pack_rows, read_records, split_rows
 from gpupack.core.journal import PACK, TRAINING, folder_records, identity, kept_log
 from gpupack.core.lane_columnar import Entry, LaneColumns, Part, later_counts, once, read_lane_columnar, tail_entries
@@ -52,6 +52,20 @@ class Records:
     # collect.metric / collect.goal as the first run that set them was configured (the Hydra launcher sets the goal
     # from the Optuna sweeper's direction)
     rank: dict[str, str] = field(default_factory=dict)
+    # The trainings' columns no table reads (gpupack.analysis.frames.ASIDE: the throughput curve, where the logs are
+    # kept), in Arrow, a row for each row of ``trainings`` as loaded (its index is the row's position): joined to the
+    # rows that need them by with_aside
+    aside: pa.Table = field(default_factory=lambda: pa.table({}))
+
+    def with_aside(self, rows: pd.DataFrame, names: Sequence[str] = ASIDE) -> pd.DataFrame:
+        """``rows`` (a selection of :attr:`trainings`, its index kept) with the columns ``names`` it lacks, from
+        :attr:`aside`: JSON text, as the frame holds lists and dicts."""
+        missing = [n for n in names if n not in rows and n in self.aside.column_names]
+        if not missing:
+            return rows
+        positions = rows.index.to_numpy(dtype=np.int64)
+        return rows.assign(**{n: np.array(take_rows(self.aside.column(n), positions).to_pylist(), dtype=object)
+                              for n in missing})
 
     def latest(self) -> pd.DataFrame:
         """Each training's latest record (earlier attempts, kept under attempts/, left out)."""
@@ -263,7 +277,7 @@ def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
             out.runs.append(str(run.root))
             recorded = _read_run(run, trainings, packs, out.warnings, reader)
             _read_plan_and_config(run, out, recorded)
-        out.trainings, out.packs = trainings.frame(), packs.frame()
+        (out.trainings, out.aside), (out.packs, _) = trainings.frame(ASIDE), packs.frame()
     finally:
         if collecting:
             gc.enable()
@@ -295,7 +309,7 @@ def with_stdout_metric(records: Records, name: str, pattern: str) -> Records:
     t = records.trainings
     if t.empty:
         return records
-    t = t.copy()
+    t = records.with_aside(t, ("logs",)).copy(deep=False)  # where each training's stdout is kept
     metrics = []
     for _, row in t.iterrows():
         reported = json.loads(row["metrics"]) if isinstance(row["metrics"], str) else dict(row["metrics"] or {})
@@ -305,4 +319,5 @@ def with_stdout_metric(records: Records, name: str, pattern: str) -> Records:
             reported.update(metrics_from_text(text or "", patterns))
         metrics.append(json.dumps(reported))
     t["metrics"] = metrics
-    return dataclasses.replace(records, trainings=t)
+    return dataclasses.replace(records, trainings=t.drop(columns=[c for c in ("logs",)
+                                                                     if c in t and c not in records.trainings]))

@@ -80,11 +80,14 @@ def plot_split_vs_no_split(c: Collected, path: Path) -> Path | None:
 def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
     """The samples/s curve of every training in one pack: the first pack of the best (partition, mode, N)."""
     t = c.records.trainings
-    if c.best_overall.empty or t.empty or "curve" not in t:
+    if c.best_overall.empty or t.empty:
         return None
     best = c.best_overall.iloc[0]
-    match = t[(t["partition"] == best["partition"]) & (t["mode"] == best["mode"]) & (t["factor"] == best["factor"])
-              & t["curve"].map(lambda v: isinstance(v, str) and v not in ("[]", "null"))]  # JSON text (collect)
+    match = c.records.with_aside(t[(t["partition"] == best["partition"]) & (t["mode"] == best["mode"])
+                                   & (t["factor"] == best["factor"])], ("curve",))
+    if "curve" not in match:
+        return None
+    match = match[match["curve"].map(lambda v: isinstance(v, str) and v not in ("[]", "null"))]  # JSON text (collect)
     if match.empty:
         return None
     pack_id = sorted(match["pack_id"].unique())[0]

@@ -219,17 +219,18 @@ def failure_lines(c: Collected, most: int = 3) -> list[str]:
     if t.empty or "status" not in t:
         return []
     probe = t.get("probe", pd.Series(False, index=t.index)).fillna(False).astype(bool)
-    failed = t[(t["status"] != "completed") & (t["status"] != SKIPPED_MEMORY) & ~probe]  # skipped: skipped_lines
-    if failed.empty:
+    mask = (t["status"] != "completed") & (t["status"] != SKIPPED_MEMORY) & ~probe  # skipped: skipped_lines
+    if not mask.any():
         return []
+    failed = t.loc[mask, ["status"] + [c for c in ("error",) if c in t]]  # a million rows: filter the two read
     reasons: dict[str, list[Any]] = {}
-    for _, r in failed.iterrows():
-        error = r.get("error")  # text, or missing (None, or NaN in a text column)
-        text = (error if isinstance(error, str) and error.strip() else str(r["status"])).strip().splitlines()
-        reasons.setdefault(f"{r['status']}: {text[-1] if text else r['status']}", []).append(r)
+    for index, status, error in zip(failed.index, failed["status"], failed.get("error", [None] * len(failed))):
+        # error: text, or missing (None, or NaN in a text column)
+        text = (error if isinstance(error, str) and error.strip() else str(status)).strip().splitlines()
+        reasons.setdefault(f"{status}: {text[-1] if text else status}", []).append(index)
     lines = [f"{len(failed)} training(s) did not complete:"]
     for reason, rows in sorted(reasons.items(), key=lambda kv: -len(kv[1]))[:most]:
-        first = rows[0]
+        first = c.records.with_aside(t.loc[rows[:1]], ("logs",)).iloc[0]  # where its logs are kept
         log = log_where(str(first.get("run_dir", ".")), first.to_dict(), "err")  # its folder's, or its lane's copy
         lines.append(f"  {len(rows)} x {reason[:160]}  (e.g. {log})")
     if len(reasons) > most:
