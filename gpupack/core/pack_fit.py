@@ -88,12 +88,13 @@ class Refit:
     why: str
 
 
-def largest_fit(peaks: Sequence[Figure | None], budget: Budget | None) -> Refit:
-    """The largest N below ``len(peaks)`` (at least 1) at which any N of these trainings fit ``budget`` by
-    :func:`pack_fit`: its N largest known peaks within it, so every pack of N dealt from them in any order fits (what
-    is not known counts as nothing, as in :func:`pack_fit`). Pure."""
+def largest_fit(peaks: Sequence[Figure | None], budget: Budget | None, most: int | None = None) -> Refit:
+    """The largest N up to ``most`` (default: below ``len(peaks)``, which did not fit; at least 1) at which any N of
+    these trainings fit ``budget`` by :func:`pack_fit`: its N largest known peaks within it, so every pack of N dealt
+    from them in any order fits (what is not known counts as nothing, as in :func:`pack_fit`). Pure."""
     largest = sorted(peaks, key=lambda p: -1.0 if p is None else p.mb, reverse=True)
-    for n in range(len(peaks) - 1, 1, -1):
+    top = len(peaks) - 1 if most is None else min(most, len(peaks))
+    for n in range(top, 1, -1):
         fit = pack_fit(n, largest[:n], budget)
         if fit.fits:
             return Refit(n, f"the largest N that fits: {fit.why}")

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from gpupack.core.columnar import write_columnar
 from gpupack.core.journal import Folded, RunRecords, append_records, lane_trainings
 from gpupack.core.memory import memory_share
+from gpupack.core.pack_fit import Fit
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Plan, Training, refit_packs, run_at_smaller_n
 from gpupack.core.records import (
@@ -342,13 +343,18 @@ def skip_for_memory(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training
     its record (None: it fits, and runs)."""
     info = detect_device(job.device_env())
     device = choose_device(settings.device, info)
+    records = records or RunRecords(run)
     fit = check_pack(book, todo, pack.factor, settings, device == "cuda", info.memory_total_mb)
+    most = None  # below the todo's number, which did not fit
+    if fit.fits and records.refits(pack.pack_id):  # an earlier attempt refit it: what is left goes on so, never as
+        fit, most = Fit(False, f"{fit.why}; but earlier trainings of this pack ran at a smaller N (skipped for memory "
+                        "then): the rest goes on so"), pack.factor - 1  # a pack of N whose timing is no N's
     if fit.fits:
         return None
     # a measurement sweep that runs these grid points at a smaller N has them measured there: refitting adds nothing
     below = run_at_smaller_n(plan, pack)
     left = [t for t in todo if t.training_id not in below]
-    refit = refit_n(book, left, settings, device == "cuda", info.memory_total_mb) if left else None
+    refit = refit_n(book, left, settings, device == "cuda", info.memory_total_mb, most) if left else None
     refits = refit_packs(pack, left, refit.n) if refit is not None else []
     runs_in = {t.training_id: r.pack_id for r in refits for t in r.trainings}
     now = time.time()
@@ -370,7 +376,7 @@ def skip_for_memory(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training
     rec = write_pack_record(run, pack, [], info, device, job_cores(), 0, gpu_model(info, settings), phase=plan.phase,
                             job=job, extra={"skipped_memory": fit.why, "refit": said,
                                             "skipped_training_ids": [t.training_id for t in todo]})
-    run_refits(run, plan, pack, refits, settings, job, book, records or RunRecords(run), share)
+    run_refits(run, plan, pack, refits, settings, job, book, records, share)
     return rec
 
 

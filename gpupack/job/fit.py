@@ -100,8 +100,8 @@ def check_pack(book: PeakBook, todo: Sequence[Training], n: int, settings: PackS
 
 
 def refit_n(book: PeakBook, todo: Sequence[Training], settings: PackSettings, on_gpu: bool,
-            device_total_mb: float | None) -> Refit:
-    """The largest N at which a skipped pack's ``todo`` trainings fit this job's device, by the rule that skipped it
-    (:func:`gpupack.core.pack_fit.largest_fit`)."""
+            device_total_mb: float | None, most: int | None = None) -> Refit:
+    """The largest N (up to ``most``) at which a skipped pack's ``todo`` trainings fit this job's device, by the rule
+    that skipped it (:func:`gpupack.core.pack_fit.largest_fit`)."""
     return largest_fit([book.figure(t, on_gpu, settings.training_memory_mb) for t in todo],
-                       budget_of(settings, on_gpu, device_total_mb))
+                       budget_of(settings, on_gpu, device_total_mb), most)
