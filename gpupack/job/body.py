@@ -21,7 +21,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from gpupack.core.columnar import write_columnar
 from gpupack.core.journal import Folded, RunRecords, append_records, lane_trainings
-from gpupack.core.memory import memory_share
+from gpupack.core.memory import MemoryShare, memory_share, memory_shares
 from gpupack.core.pack_fit import Fit
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Plan, Training, refit_packs, run_at_smaller_n
@@ -315,7 +315,7 @@ def run_measured(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], 
                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run ``todo`` as ``pack`` (:func:`execute`), teach ``book`` what they peaked at, and run the victims of
     another's fault again, once; the pack record. ``extra``: more fields of the pack's and its trainings' records."""
-    rec = execute(run, plan, pack, todo, settings, job, share=share, extra=extra, fields=extra)
+    rec = execute(run, plan, pack, todo, settings, job, share=share, extra=extra, fields=extra, book=book)
     if book is not None:
         learn(run, pack, rec, book)
     # victims where each training is a process of its own (a mode that can stream): one that dies alone can only
@@ -331,7 +331,7 @@ def run_measured(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], 
     move_aside(run, pack.pack_id, run.pack_record(pack.pack_id))
     again = [t for t in pack.trainings if t.training_id in taken]
     return execute(run, plan, pack, again, settings, job, share=share, extra={**(extra or {}), "victims_rerun": taken},
-                   fields=extra)
+                   fields=extra, book=book)
 
 
 def skip_for_memory(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], settings: PackSettings,
@@ -422,11 +422,12 @@ def mark_victims(run: RunDir, pack: Pack, pack_rec: Mapping[str, Any]) -> dict[s
 def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], settings: PackSettings,
             job: JobEnvironment, stream: Stream | None = None,
             extra: Mapping[str, Any] | None = None, share: LaneShare | None = None,
-            fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+            fields: Mapping[str, Any] | None = None, book: PeakBook | None = None) -> dict[str, Any]:
     """Run ``todo`` on this job's device with the pack's mode or strategy, write a training record as each ends and
     the pack record at the end. A streaming lane (``stream``) starts ``todo`` in its N slots and refills them from
     the stream (which says where each streamed training's records live); ``extra``: more pack record fields;
-    ``fields``: more fields of each training's record (a refit pack's ``refit_of``)."""
+    ``fields``: more fields of each training's record (a refit pack's ``refit_of``); ``book``: the peaks each
+    training's share of the GPU is sized by (:func:`own_shares`; None: read here where it is needed)."""
     env = job.device_env()  # the job's GPUs: one of them, in a job of several GPUs (JobEnvironment.on_gpu)
     info = detect_device(env)
     device = choose_device(settings.device, info)
@@ -470,7 +471,9 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
     # each training's share of the GPU, enforced in its process where the platform can (packing.memory_share)
     each = memory_share(settings.memory_share, info.memory_total_mb, pack.factor) \
         if device == "cuda" and placement is None else None
+    own = own_shares(run, todo, settings, info, book) if each is not None and stream is None else {}
     ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=env, memory_share=each,
+                      memory_shares=own,
                       settings=settings, gpu_memory_total_mb=info.memory_total_mb,
                       warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
                       training_timeout_s=settings.training_timeout_s,
@@ -490,15 +493,29 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
                              mode_started=mode_started, phase=plan.phase, job=job, extra={**(extra or {}), **billing})
 
 
+def own_shares(run: RunDir, todo: Sequence[Training], settings: PackSettings, info: DeviceInfo,
+               book: PeakBook | None) -> dict[str, MemoryShare]:
+    """Each of a whole pack's trainings' share of the GPU (:func:`gpupack.core.memory.memory_shares`): by what earlier
+    records measured of its setting (``book``'s GPU peaks: this run's, else earlier runs'; read here where the pack
+    has none), with ``settings.memory_margin``, else the equal split. A streaming lane's slots keep the equal split:
+    which trainings share the GPU there changes as they are claimed."""
+    book = book if book is not None else PeakBook(run, todo)
+    peaks = [book.figure(t, on_gpu=True, stated_mb=None) for t in todo]
+    shares = memory_shares(settings.memory_share, info.memory_total_mb, peaks, settings.memory_margin) or []
+    return {t.training_id: s for t, s in zip(todo, shares)}
+
+
 def share_hint(rec: dict[str, Any]) -> None:
     """A training that ran out of memory with a share of the GPU (packing.memory_share) says what its share was and
     what would give it more: the limit may be what it hit, not the device."""
     share = rec.get("memory_share")
     if rec.get("status") != OOM or not isinstance(share, Mapping):
         return
+    source = share.get("source") or "packing.memory_fraction / N"
     rec["error"] = (f"{rec.get('error') or 'out of memory'}\nHINT: its share of the GPU was {share['mb']:.0f} MB "
-                    f"({share['fraction']:.3g} of the device, packing.memory_share=on: packing.memory_fraction / N); "
-                    "lower N, raise packing.memory_fraction, or set packing.memory_share=off")
+                    f"({share['fraction']:.3g} of the device, packing.memory_share=on: {source}); "
+                    "lower N, raise packing.memory_fraction or packing.memory_margin, "
+                    "or set packing.memory_share=off")
 
 
 def fill_memory(rec: dict[str, Any], sampled: Mapping[str, Any]) -> None:
