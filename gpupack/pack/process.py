@@ -180,8 +180,8 @@ def memory_share_env(ctx: PackContext, training_id: str) -> tuple[dict[str, Any]
     """What a training is given of its share of the GPU (:meth:`PackContext.share_of`): for its record (the share,
     where it comes from, and how it is enforced), and its environment: under MPS (the pack's daemon, or one the job
     runs itself) its client's limit, which holds whatever the program is; else the fraction its torch sets before
-    its first allocation (gpupack.runtime.memshare). Not both: an MPS client may see its limit as the device's memory, and a fraction of
-    that would be a share of a share."""
+    its first allocation (gpupack.runtime.memshare). Not both: an MPS client may see its limit as the device's
+    memory, and a fraction of that would be a share of a share."""
     share = ctx.share_of(training_id)
     if share is None:
         return {}, {}
