@@ -143,6 +143,7 @@ def print_status(console: Console, st: RunStatus, now: float) -> None:
     packs = st.counts()
     for partition, c in st.trainings.items():
         console.print(f"  {partition}: trainings " + ", ".join(f"{k} {c[k]}" for k in sweep.TRAINING_STATES) +
+                      (f", {sweep.T_SKIPPED} {c[sweep.T_SKIPPED]}" if c[sweep.T_SKIPPED] else "") +
                       "; packs " + ", ".join(f"{k} {v}" for k, v in sorted(packs.get(partition, {}).items())),
                       highlight=False)
     elapsed, left = st.elapsed_s(now), st.left_s(now)
@@ -152,9 +153,14 @@ def print_status(console: Console, st: RunStatus, now: float) -> None:
             ", left: unknown until a training ends" if left is None else f", about {duration(left)} left at this rate")
         console.print(f"  {when} {duration(elapsed)}{rest}", highlight=False)
     for p in st.packs:
-        if p.state != "done":
+        if p.state == sweep.SKIPPED:  # its N infeasible, not a failure: how many, and why
+            console.print(f"  {p.pack_id}: {p.state} ({p.skipped}/{p.trainings} trainings not started, "
+                          f"{p.done} done): {p.why}" + (f"; {p.refit}" if p.refit else ""), highlight=False)
+        elif p.state != "done":
             console.print(f"  {p.pack_id}: {p.state} ({p.done}/{p.trainings} trainings done"
                           f"{f', job {p.job_id}' if p.job_id else ''})", highlight=False)
+        if p.why and p.state != sweep.SKIPPED:  # skipped for memory, its trainings run at a smaller N instead
+            console.print(f"  {p.pack_id}: skipped for memory: {p.why}; {p.refit}", highlight=False)
     if any(p.state == sweep.STOPPED for p in st.packs):
         console.print(f"  stopped: started and ended without a pack record (stopped or killed); re-run the same "
                       f"command with run_dir={st.run_dir} to resume: completed trainings are kept", highlight=False)

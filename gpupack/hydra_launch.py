@@ -212,7 +212,7 @@ def _err_log(records: RunRecords, pack: Pack, training_id: str, rec: Mapping[str
 def failed_return(launcher: HydraLauncher, training_params: Mapping[str, Any], pack: Pack, records: RunRecords,
                   training_id: str) -> JobReturn:
     """Hydra's JobReturn for a job whose process never handed one back (killed, OOM, timeout, never started)."""
-    rec = records.training(pack.pack_id, training_id) or {}
+    rec = records.current(pack.pack_id, training_id) or {}
     status, error = rec.get("status", "not run"), (rec.get("error") or "").strip().splitlines()
     overrides = list(training_params["overrides"])
     why = (f"job #{training_params['job_num']} ({' '.join(overrides) or 'no overrides'}) {status} in gpupack pack "
@@ -233,7 +233,7 @@ def raised_failure(ret: JobReturn, training_params: Mapping[str, Any], pack: Pac
     (gpupack.runtime.hydra_job.portable_failure), then where its full log is. The job's exception is the cause."""
     err = ret._return_value
     text = getattr(err, "gpupack_traceback", None) or f"{type(err).__name__}: {err}"
-    log = _err_log(records, pack, training_id, records.training(pack.pack_id, training_id))
+    log = _err_log(records, pack, training_id, records.current(pack.pack_id, training_id))
     overrides = " ".join(training_params["overrides"]) or "no overrides"
     failure = JobFailed(f"job #{training_params['job_num']} ({overrides}) failed in gpupack pack {pack.pack_id}:\n"
                         f"{text}\n(log: {log})")

@@ -29,7 +29,9 @@ from gpupack.flow.run import (
     run_plain,
 )
 from gpupack.flow.status import (
+    SKIPPED,
     STOPPED,
+    T_SKIPPED,
     TRAINING_STATES,
     PackStatus,
     RunStatus,
@@ -44,7 +46,7 @@ from gpupack.submit import ProgressFn
 __all__ = ["Prepared", "Checked", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "prepare_run",
            "ask_submitter", "forecast", "run", "status", "follow", "has_ended", "collect", "clear_oom",
            "default_run_dir", "find_runs",
-           "pack_status", "packs_to_run", "STOPPED", "Step", "TRAINING_STATES"]
+           "pack_status", "packs_to_run", "STOPPED", "SKIPPED", "T_SKIPPED", "Step", "TRAINING_STATES"]
 
 
 def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Callable[[Opened], None] | None = None,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpupack.cli import main
-from gpupack.core.memory import MemoryShare, memory_share
+from gpupack.core.memory import CUDA_CONTEXT_MB, Figure, MemoryShare, memory_share, memory_shares
 from gpupack.core.plan import make_plan
 from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
@@ -42,6 +42,43 @@ def test_a_trainings_share_is_the_fraction_over_n(fraction, total_mb, slots, exp
     else:
         assert got is not None and got.fraction == pytest.approx(expected.fraction)
         assert got.mb == pytest.approx(expected.mb) and got.mps_limit() == f"0={int(expected.mb)}M"
+
+
+def _measured(mb: float) -> Figure:
+    return Figure(mb, "the peak of 2 training(s) of its setting in runs/x", measured=True)
+
+
+GPU = 16384.0
+
+
+@pytest.mark.parametrize("peaks, margin, expected_mb, source", [
+    # nothing measured: the equal split, as before
+    ([None, None], 0.25, [6553.6, 6553.6], "packing.memory_fraction=0.8 / N=2"),
+    # a figure the user stated is not a measurement: the equal split
+    ([Figure(2000.0, "sweep.training_memory_mb=2000"), None], 0.25, [6553.6, 6553.6], "/ N=2"),
+    # measured: its peak x 1.25; the unmeasured one gets the rest of 0.8 x 16 GB
+    ([_measured(2000.0), None], 0.25, [2500.0, 0.8 * GPU - 2500.0], "runs/x: 2000 MB x (1 + packing.memory_margin"),
+    ([_measured(2000.0), None, None], 0.5, [3000.0, (0.8 * GPU - 3000.0) / 2, (0.8 * GPU - 3000.0) / 2],
+     "packing.memory_margin=0.5"),
+    # all measured: each its own, what is left over stays unshared (a training past its measure gets its own OOM)
+    ([_measured(2000.0), _measured(4000.0)], 0.25, [2500.0, 5000.0], "x (1 + packing.memory_margin=0.25)"),
+    ([_measured(1000.0)] * 2, 0.0, [1000.0, 1000.0], "1000 MB x (1 + packing.memory_margin=0)"),
+    # the measured shares do not fit 0.8 x 16 GB (2 x 6000 x 1.25 = 15000 MB): the equal split, saying why
+    ([_measured(6000.0), _measured(6000.0)], 0.25, [6553.6, 6553.6], "do not fit 0.8 x the device (13107 MB)"),
+    # they fit alone but leave nothing for the unmeasured one: the equal split
+    ([_measured(10486.0), None], 0.25, [6553.6, 6553.6], "with room for 1 unmeasured"),
+], ids=["none", "stated", "one-measured", "margin", "all-measured", "no-margin", "too-big", "no-room"])
+def test_a_trainings_share_comes_from_earlier_records_with_a_margin(peaks, margin, expected_mb, source):
+    shares = memory_shares(0.8, GPU, peaks, margin)
+    assert shares is not None and [s.mb for s in shares] == pytest.approx(expected_mb)
+    assert [s.fraction for s in shares] == pytest.approx([mb / GPU for mb in expected_mb])
+    assert source in shares[0].source, shares[0].source
+    assert sum(s.mb for s in shares) <= 0.8 * GPU + 1e-6  # never more than the pack may fill together
+
+
+def test_no_share_without_a_gpu_or_with_sharing_off():
+    assert memory_shares(None, GPU, [_measured(1.0)], 0.25) is None
+    assert memory_shares(0.8, None, [_measured(1.0)], 0.25) is None
 
 
 def _pack(tmp_path, n=2, **fixed):
@@ -85,7 +122,8 @@ def test_torchs_fraction_is_set_in_each_training_before_its_first_allocation(tmp
         assert entries[0]["fraction"] == pytest.approx(0.4) and entries[0]["device"] == 0
     for o in outcomes:
         assert o.extra["start"] == start and o.result["memory_share_applied"] == pytest.approx(0.4)
-        assert o.extra["memory_share"] == {"fraction": 0.4, "mb": 6553.6, "mps_limit": None}
+        assert o.extra["memory_share"] == {"fraction": 0.4, "mb": 6553.6, "mps_limit": None,
+                                           "source": "packing.memory_fraction=0.8 / N=2"}
 
 
 def test_a_forked_scripts_torch_gets_its_share_before_the_script_runs(tmp_path):
@@ -181,3 +219,39 @@ def test_a_bad_memory_share_is_one_line_before_anything(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "packing.memory_share='maybe'" in err and "on" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_forked_trainings_share_comes_from_an_earlier_record_of_its_setting(tmp_path, monkeypatch):
+    """An earlier run (a sibling run directory) measured the first training's setting at 1600 MB of torch's own peak
+    (+ a CUDA context: 2000 MB on the GPU): on a fake 16 GB T4 at 0.8, that training's torch is set to 2000 x 1.25 =
+    2500 MB of the device before its first allocation, the other (nothing measured) to the rest; each record says its
+    share and where it came from."""
+    env, log = _torch_env(tmp_path)
+    for key in ("PYTHONPATH", "FAKE_TORCH_LOG"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setattr(monitor, "_nvml", lambda: FakeNvml(names=["Tesla T4"]))
+    run, pack = _pack(tmp_path, n=2, cuda_alloc=True)
+    earlier = RunDir(tmp_path / "earlier")
+    write_json_atomic(earlier.plan, read_json(run.plan))
+    first, second = pack.trainings
+    write_json_atomic(earlier.training_record(pack.pack_id, first.training_id),
+                      {"training_id": first.training_id, "workload": first.workload, "params": dict(first.params),
+                       "status": "completed", "memory": {"peak_gpu_mem_mb": 2000.0 - CUDA_CONTEXT_MB}})
+    run_pack(str(run.root), pack.pack_id, PackSettings(device="auto", memory_share=0.8, memory_margin=0.25))
+    recs = {t.training_id: read_json(run.training_record(pack.pack_id, t.training_id)) for t in pack.trainings}
+    assert {r["status"] for r in recs.values()} == {"completed"}
+    mine, rest = recs[first.training_id]["memory_share"], recs[second.training_id]["memory_share"]
+    assert mine["mb"] == pytest.approx(2500.0) and mine["fraction"] == pytest.approx(2500.0 / 16384.0, abs=1e-6)
+    assert str(earlier.root) in mine["source"] and "2000 MB x (1 + packing.memory_margin=0.25)" in mine["source"]
+    assert rest["mb"] == pytest.approx(0.8 * 16384.0 - 2500.0) and "the rest of" in rest["source"]
+    # what each training's own process set its torch to, before its first allocation
+    fractions = sorted(entries[0]["fraction"] for entries in _calls(log).values())
+    assert [entries[0]["what"] for entries in _calls(log).values()] == ["fraction", "fraction"]
+    assert fractions == pytest.approx(sorted([2500.0 / 16384.0, (0.8 * 16384.0 - 2500.0) / 16384.0]), abs=1e-6)
+
+
+def test_a_bad_memory_margin_is_one_line_before_anything(tmp_path, capsys):
+    code = main(["+sweep=mnist_pack", "packing.memory_margin=-0.5", f"run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "packing.memory_margin=-0.5" in err and "HINT" in err, err
+    assert "packing.memory_margin=0.25" in err and not (tmp_path / "run").exists()

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Collection, Iterable, Iterator, Mapping
 
-from gpupack.core.records import COMPLETED, make_dirs, read_json_or_none
+from gpupack.core.plan import refit_parent
+from gpupack.core.records import COMPLETED, SKIPPED_MEMORY, make_dirs, read_json_or_none
 from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, TRAININGS, RunDir
 
 TRAINING, PACK = "training", "pack"  # what a journal line holds
@@ -354,12 +355,14 @@ def _folder_records(folder: Path) -> Iterator[dict[str, Any]]:
 
 class RunRecords:
     """A run's records as readers see them: a pack's folder where it has one, else its lane's journal (read once,
-    on first need)."""
+    on first need). A plan pack skipped for memory has its trainings run in refit packs
+    (:func:`gpupack.core.plan.refit_packs`), found by their names: :meth:`ran` and :meth:`current` follow them."""
 
     def __init__(self, run: RunDir, folded: Folded | None = None) -> None:
         self.run = run
         self._folded = folded
         self._folders: dict[str, bool] = {}  # a folded pack's: whether it had a folder again when first asked
+        self._refits: dict[str, list[str]] | None = None  # plan pack -> its refit packs, read once on first need
 
     @property
     def folded(self) -> Folded:
@@ -390,6 +393,32 @@ class RunRecords:
             return rec
         history = self.folded.packs.get(pack_id)
         return history[-1] if history else None
+
+    def refits(self, pack_id: str) -> list[str]:
+        """The refit packs that ran trainings of plan pack ``pack_id`` (in folders, or folded), in name order."""
+        if self._refits is None:
+            names = {os.path.basename(d) for d in self.run.pack_dirs()} | set(self.folded.packs) \
+                | {home for home, _ in self.folded.trainings}
+            self._refits = {}
+            for name in sorted(names):
+                parent = refit_parent(name)
+                if parent is not None:
+                    self._refits.setdefault(parent, []).append(name)
+        return self._refits.get(pack_id, [])
+
+    def ran(self, pack_id: str, training_id: str) -> bool:
+        """The training completed in its plan pack, or in a refit pack of it (its plan pack skipped for memory)."""
+        return self.completed(pack_id, training_id) or any(self.completed(r, training_id)
+                                                           for r in self.refits(pack_id))
+
+    def current(self, pack_id: str, training_id: str) -> dict[str, Any] | None:
+        """The training's record that says where it stands: its plan pack's, unless that pack was skipped for memory
+        and a refit pack of it has run the training since (the latest such record)."""
+        rec = self.training(pack_id, training_id)
+        if rec is not None and rec.get("status") != SKIPPED_MEMORY:
+            return rec
+        later = [r for refit in self.refits(pack_id) if (r := self.training(refit, training_id)) is not None]
+        return max(later, key=lambda r: float(r.get("started_at") or 0)) if later else rec
 
     def started(self, pack_id: str) -> bool:
         """The pack's job body began: its folder exists, or it was folded."""

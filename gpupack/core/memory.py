@@ -200,19 +200,20 @@ def _sampled_peaks(run: Path, folded: Folded) -> dict[str, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class MemoryShare:
-    """One training's share of its device's memory in a pack of ``slots`` (``packing.memory_share``): ``fraction``
-    of the device (``packing.memory_fraction`` / N) and its ``mb``. Enforced in the training's process where the
-    platform can (gpupack.runtime.memshare)."""
+    """One training's share of its device's memory (``packing.memory_share``): ``fraction`` of the device and its
+    ``mb``, and where it comes from (``source``, in words). Enforced in the training's process where the platform can
+    (gpupack.runtime.memshare)."""
 
     fraction: float
     mb: float
+    source: str = "packing.memory_fraction / N"
 
     def mps_limit(self) -> str:
         """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for a client that sees its GPU as device 0 (whole MB)."""
         return f"0={int(self.mb)}M"
 
-    def to_record(self) -> dict[str, float]:
-        return {"fraction": round(self.fraction, 6), "mb": round(self.mb, 1)}
+    def to_record(self) -> dict[str, float | str]:
+        return {"fraction": round(self.fraction, 6), "mb": round(self.mb, 1), "source": self.source}
 
 
 def memory_share(fraction: float | None, device_total_mb: float | None, slots: int) -> MemoryShare | None:
@@ -222,4 +223,37 @@ def memory_share(fraction: float | None, device_total_mb: float | None, slots: i
     if fraction is None or device_total_mb is None or slots < 1:
         return None
     each = fraction / slots
-    return MemoryShare(each, each * device_total_mb)
+    return MemoryShare(each, each * device_total_mb, f"packing.memory_fraction={fraction:g} / N={slots}")
+
+
+def memory_shares(fraction: float | None, device_total_mb: float | None, peaks: Sequence[Figure | None],
+                  margin: float) -> list[MemoryShare] | None:
+    """Each of a pack's trainings' share (one per ``peaks``, what earlier records measured of its setting; None or a
+    figure not measured: nothing measured). A training whose setting was measured gets that peak x (1 + ``margin``)
+    (``packing.memory_margin``), where those shares together fit ``fraction`` of the device; the rest of it is split
+    evenly among the others. Where none was measured, or the measured shares do not fit (with room for the others),
+    every training gets the equal split, ``fraction`` / N (:func:`memory_share`). None: sharing off, or no GPU. Pure.
+    """
+    equal = memory_share(fraction, device_total_mb, len(peaks))
+    if equal is None or fraction is None or device_total_mb is None:
+        return None
+    budget = fraction * device_total_mb
+    wanted = [p.mb * (1 + margin) if p is not None and p.measured else None for p in peaks]
+    known = sum(w for w in wanted if w is not None)
+    others = sum(w is None for w in wanted)
+    if known == 0:
+        return [equal] * len(peaks)
+    if known > budget or (others and known >= budget):
+        why = f"{equal.source}: the measured shares ({known:.0f} MB) do not fit {fraction:g} x the device " \
+              f"({budget:.0f} MB)" + (f" with room for {others} unmeasured" if others else "")
+        return [MemoryShare(equal.fraction, equal.mb, why)] * len(peaks)
+    rest = (budget - known) / others if others else 0.0
+    out = []
+    for p, w in zip(peaks, wanted):
+        if w is not None and p is not None:
+            out.append(MemoryShare(w / device_total_mb, w, f"{p.source}: {p.mb:.0f} MB x (1 + "
+                                   f"packing.memory_margin={margin:g})"))
+        else:
+            out.append(MemoryShare(rest / device_total_mb, rest, f"the rest of packing.memory_fraction={fraction:g} "
+                                   f"after {len(peaks) - others} measured share(s), over {others} unmeasured"))
+    return out

@@ -8,7 +8,12 @@ The pack fits where the sum of what is known stays within the device's memory sh
 the GPU's memory, on a CPU ``packing.host_memory_mb`` where given, else ``packing.memory_fraction`` of the host's. A
 pack that does not fit is not started but recorded as skipped for memory with the reason; its N is infeasible for
 that setting. What is not known counts as nothing (the pack starts, as without admission), and a pack of one training
-always starts: it is the smallest pack there is, the one that measures its setting. Everything here is pure.
+always starts: it is the smallest pack there is, the one that measures its setting.
+
+A skipped pack's trainings are not lost: they run in packs of the largest N that fits (:func:`largest_fit`, by the
+same rule), each a pack of its own at that N (:func:`gpupack.core.plan.refit_packs`), unless the plan runs their grid
+points at a smaller N anyway (:func:`gpupack.core.plan.run_at_smaller_n`: a measurement sweep). Everything here is
+pure.
 """
 from __future__ import annotations
 
@@ -73,6 +78,28 @@ def pack_fit(n: int, peaks: Sequence[Figure | None], budget: Budget | None) -> F
            + (f", {len(peaks) - len(known)} training(s) not known" if len(known) < len(peaks) else "")
            + f"; {_sources(known)}")
     return Fit(need <= budget.mb, why)
+
+
+@dataclass(frozen=True)
+class Refit:
+    """The N a skipped pack's trainings run at instead, and why, in words."""
+
+    n: int
+    why: str
+
+
+def largest_fit(peaks: Sequence[Figure | None], budget: Budget | None, most: int | None = None) -> Refit:
+    """The largest N up to ``most`` (default: below ``len(peaks)``, which did not fit; at least 1) at which any N of
+    these trainings fit ``budget`` by :func:`pack_fit`: its N largest known peaks within it, so every pack of N dealt
+    from them in any order fits (what is not known counts as nothing, as in :func:`pack_fit`). Pure."""
+    largest = sorted(peaks, key=lambda p: -1.0 if p is None else p.mb, reverse=True)
+    top = len(peaks) - 1 if most is None else min(most, len(peaks))
+    for n in range(top, 1, -1):
+        fit = pack_fit(n, largest[:n], budget)
+        if fit.fits:
+            return Refit(n, f"the largest N that fits: {fit.why}")
+    return Refit(1, "one training at a time: no pack of 2 of them fits"
+                 + (f" ({pack_fit(2, largest[:2], budget).why})" if len(peaks) > 1 else ""))
 
 
 def _terms(known: Sequence[Figure]) -> str:

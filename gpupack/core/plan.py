@@ -192,6 +192,50 @@ def pack_id(partition: str, mode: str, factor: int, index: int) -> str:
     return f"{partition}-{mode}-n{factor:02d}-{index:03d}"
 
 
+def refit_pack_id(parent: str, factor: int, first: int) -> str:
+    """A pack that runs trainings of the skipped pack ``parent`` at N = ``factor``, from its ``first``-th training on
+    (see :func:`refit_packs`)."""
+    return f"{parent}.n{factor:02d}-{first:03d}"
+
+
+_REFIT_TAIL = re.compile(r"n\d{2,}-\d{3,}")
+
+
+def refit_parent(pack_id: str) -> str | None:
+    """The plan's pack whose trainings a refit pack runs (:func:`refit_pack_id`); None: a pack of the plan itself. A
+    plan's pack id never holds '.' followed by its own tail (its N is '-nNN', after a '-'), whatever its partition."""
+    head, dot, tail = pack_id.rpartition(".")
+    return head if dot and _REFIT_TAIL.fullmatch(tail) else None
+
+
+def refit_packs(pack: Pack, todo: Sequence[Training], n: int) -> list[Pack]:
+    """The trainings ``todo`` of ``pack`` (skipped for memory) in packs of ``n``, in the pack's order; the last may
+    hold fewer, and its N is what it holds: a pack's N is always the number of trainings that ran together in it, so
+    its timing is never another N's. Pure.
+
+    Each is named after its pack, the N it runs at and the position (in ``pack``) of its first training
+    (``<pack_id>.nMM-FFF``), not recorded in plan.json: the plan stays what was planned (a resume compares it), and
+    a refit pack is known from its name alone (:func:`refit_parent`), in its folder or a lane's journal. Only the job
+    that runs ``pack`` makes them, under the pack's lock, so lanes running in parallel cannot make the same one (each
+    plan pack is one lane's); a resume that refits at another N, or from another training, makes other names, never
+    writing over what an earlier attempt recorded."""
+    position = {t.training_id: i for i, t in enumerate(pack.trainings)}
+    ordered = sorted(todo, key=lambda t: position[t.training_id])
+    chunks = [tuple(ordered[i:i + max(1, n)]) for i in range(0, len(ordered), max(1, n))]
+    return [Pack(refit_pack_id(pack.pack_id, len(c), position[c[0].training_id]), pack.partition, pack.mode, len(c),
+                 position[c[0].training_id], c, probe=pack.probe) for c in chunks]
+
+
+def run_at_smaller_n(plan: Plan, pack: Pack) -> frozenset[str]:
+    """The trainings of ``pack`` whose grid point the plan also runs at a smaller N in the same partition and mode: a
+    measurement sweep (several N) that has each point measured below, for which refitting a skipped pack adds
+    nothing (its N is infeasible; its points ran). Pure."""
+    below = {(t.workload, t.grid_index) for p in plan.packs
+             if p.partition == pack.partition and p.mode == pack.mode and p.factor < pack.factor
+             and p.spread is None and p.stream is None and not p.probe for t in p.trainings}
+    return frozenset(t.training_id for t in pack.trainings if (t.workload, t.grid_index) in below)
+
+
 def stream_id(partition: str, mode: str, factor: int) -> str:
     """The name of the queue a (partition, mode, N) group streams from (claims/<it>/)."""
     return f"{partition}-{mode}-n{factor:02d}-queue"

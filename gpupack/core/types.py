@@ -82,9 +82,12 @@ class PackSettings:
     # A lane of packs folds each pack it ends into the lane's journal (gpupack.core.journal): a few files per job on
     # the shared filesystem instead of five per training. Set by the backend for the lanes it deals.
     fold: bool = False
-    # The share of a GPU's memory a pack's trainings may fill together (packing.memory_fraction), split evenly and
-    # enforced per training (gpupack.runtime.memshare); None: packing.memory_share=off.
+    # The share of a GPU's memory a pack's trainings may fill together (packing.memory_fraction), split among them
+    # and enforced per training (gpupack.runtime.memshare); None: packing.memory_share=off.
     memory_share: float | None = None
+    # A training whose setting was measured gets its peak x (1 + this) instead, where they fit
+    # (packing.memory_margin: gpupack.core.memory.memory_shares).
+    memory_margin: float = 0.25
     # A streaming lane's freed slot takes a training only when the memory it is expected to peak at fits
     # (packing.admission: gpupack.core.admission): the lane's budget is memory_fraction of its GPU's memory, or on a
     # CPU host_memory_mb (None: memory_fraction of the host's); training_memory_mb is sweep.training_memory_mb.

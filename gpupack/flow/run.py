@@ -231,7 +231,7 @@ def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
     records = RunRecords(run)  # a pack's folder, else its lane's journal
 
     def done(p: Pack) -> bool:
-        return all(records.completed(p.pack_id, t.training_id) for t in p.trainings)
+        return all(records.ran(p.pack_id, t.training_id) for t in p.trainings)  # here, or in a refit of it
 
     unfinished = {p.stream for p in plan.packs if p.stream is not None and not done(p)}
     return [p for p in plan.packs if (p.stream in unfinished if p.stream is not None else not done(p))]

@@ -13,7 +13,7 @@ from gpupack.analysis.load import cleared_mask, load_records, read_cleared
 from gpupack.core.claims import claims
 from gpupack.core.journal import RunRecords
 from gpupack.core.plan import Pack, Plan
-from gpupack.core.records import COMPLETED, OOM, read_json, write_json_atomic
+from gpupack.core.records import COMPLETED, OOM, SKIPPED_MEMORY, read_json, write_json_atomic
 from gpupack.core.rundir import HeldLocks, RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import RunDirError
@@ -29,11 +29,17 @@ class PackStatus:
     done: int  # trainings with a completed record
     trainings: int
     job_id: str | None = None
+    skipped: int = 0  # trainings skipped for memory that run nowhere else (their grid points ran at a smaller N)
+    why: str | None = None  # why it was skipped for memory (its pack record's reason)
+    refit: str | None = None  # where its trainings run instead, in words: at the largest N that fits
 
 
-# A training's state, as a progress bar counts it
+# A training's state, as a progress bar counts it; skipped for memory (not started: its pack's measured need passed
+# the memory share, gpupack.core.pack_fit) is neither failed nor left to run, and is said only where there is one
 T_COMPLETED, T_FAILED, T_RUNNING, T_WAITING = "completed", "failed", "running", "waiting"
 TRAINING_STATES = (T_COMPLETED, T_FAILED, T_RUNNING, T_WAITING)
+T_SKIPPED = "skipped for memory"
+SKIPPED = "skipped for memory"  # a pack's state: its trainings not started, for memory, and run nowhere else
 
 
 @dataclass
@@ -76,7 +82,8 @@ def training_state(record: Mapping[str, object] | None, started: bool, pack_stat
     """One training's state: its record first; without one, running only while its pack runs and it has started
     (its log exists). Pure."""
     if record is not None:
-        return T_COMPLETED if record.get("status") == COMPLETED else T_FAILED
+        return T_COMPLETED if record.get("status") == COMPLETED else \
+            T_SKIPPED if record.get("status") == SKIPPED_MEMORY else T_FAILED
     return T_RUNNING if started and pack_state == RUNNING else T_WAITING
 
 
@@ -85,12 +92,16 @@ STOPPED = "stopped"  # started here and ended with no pack record (stopped or ki
 
 def pack_status(pack: Pack, done: int, has_record: bool, job_id: str | None,
                 states: Mapping[str, str] | None, started: bool = False, held: bool = False,
-                sweep_held: bool = False) -> str:
+                sweep_held: bool = False, skipped: int = 0) -> str:
     """Where one pack stands, from its records first and the queue (gpupack states) for the rest. A backend that
     keeps no job ids (local) tells it by the run directory alone: ``started``, its job body began (its folder
-    exists); ``held``, a live packer holds the pack's lock; ``sweep_held``, a live sweep holds the run's. Pure."""
+    exists); ``held``, a live packer holds the pack's lock; ``sweep_held``, a live sweep holds the run's.
+    ``skipped``: its trainings skipped for memory that run nowhere else; a pack whose every other training completed
+    is skipped for memory, not failed. Pure."""
     if done == len(pack.trainings):
         return DONE
+    if skipped and done + skipped == len(pack.trainings):
+        return SKIPPED
     if job_id is None:
         if has_record:
             return FAILED
@@ -142,16 +153,20 @@ def status(run_dir: Path | str) -> RunStatus:
     held = HeldLocks()  # this host's lock table, read once for the run and every pack
     sweep_held = held.holds(run.lock)
     records = RunRecords(run)  # a pack's folder, else its lane's journal
-    every = {p.pack_id: {t.training_id: records.training(p.pack_id, t.training_id) for t in p.trainings}
+    # each training's record that says where it stands: a refit pack's where its plan pack was skipped for memory
+    every = {p.pack_id: {t.training_id: records.current(p.pack_id, t.training_id) for t in p.trainings}
              for p in plan.packs}
     for p in plan.packs:
         recs = every[p.pack_id]
         done = sum(rec is not None and rec.get("status") == COMPLETED for rec in recs.values())
+        skipped = sum(skipped_here(rec) for rec in recs.values())
         job = jobs.get(p.pack_id, {}).get("job_id")
-        state = pack_status(p, done, records.pack(p.pack_id) is not None, job, states,
+        pack_rec = records.pack(p.pack_id)
+        state = pack_status(p, done, pack_rec is not None, job, states,
                             started=records.started(p.pack_id), held=held.holds(run.pack_lock(p.pack_id)),
-                            sweep_held=sweep_held)
-        packs.append(PackStatus(p.pack_id, p.partition, state, done, len(p.trainings), job))
+                            sweep_held=sweep_held, skipped=skipped)
+        why, refit = skipped_words(pack_rec, records.refits(p.pack_id))
+        packs.append(PackStatus(p.pack_id, p.partition, state, done, len(p.trainings), job, skipped, why, refit))
     by_pack = {s.pack_id: s.state for s in packs}
     queues: dict[str, dict[str, dict[str, Any]]] = {}  # a streaming queue's claims, read once: who runs what
     for p in plan.packs:
@@ -160,6 +175,9 @@ def status(run_dir: Path | str) -> RunStatus:
         held_by = queues.get(p.stream or "", {})
         for tid, rec in every[p.pack_id].items():
             claimed = held_by.get(tid, {})
+            runs_in = rec.get("runs_in") if rec is not None and rec.get("status") == SKIPPED_MEMORY else None
+            if runs_in:  # skipped for memory, to run in a refit pack that has not recorded it yet
+                rec, claimed = None, {"lane": runs_in}
             if rec is not None and float(claimed.get("claimed_at") or 0) > float(rec.get("ended_at") or 0):
                 rec = None  # claimed again since that record ended: a lane runs it again
             runner = str(claimed.get("lane") or p.pack_id)  # the lane running it (a claim), which logs
@@ -173,6 +191,22 @@ def status(run_dir: Path | str) -> RunStatus:
     return RunStatus(run.root, plan.sweep, packs, queue_answered=states is not None, trainings=trainings,
                      started_at=min((s for s in starts if s), default=None),
                      ended_at=max((e for e in ends if e), default=None) if _all_ended(trainings) else None)
+
+
+def skipped_here(rec: Mapping[str, Any] | None) -> bool:
+    """A training skipped for memory that runs nowhere else (no refit pack named to run it). Pure."""
+    return rec is not None and rec.get("status") == SKIPPED_MEMORY and not rec.get("runs_in")
+
+
+def skipped_words(pack_rec: Mapping[str, Any] | None, refits: list[str]) -> tuple[str | None, str | None]:
+    """Why a pack was skipped for memory (None: it was not), and where its trainings run instead, in words. Pure."""
+    if pack_rec is None or not pack_rec.get("skipped_memory"):
+        return None, None
+    said = pack_rec.get("refit") or {}
+    if not refits:
+        return str(pack_rec["skipped_memory"]), str(said.get("why")) if said.get("why") else None
+    return str(pack_rec["skipped_memory"]), f"its trainings run at N={said.get('n')} in {len(refits)} pack(s) " \
+        f"({', '.join(refits)})"
 
 
 # A pack in one of these states may still run: a run is followed (``watch``) until none of its packs is.

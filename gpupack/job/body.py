@@ -21,9 +21,10 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from gpupack.core.columnar import write_columnar
 from gpupack.core.journal import Folded, RunRecords, append_records, lane_trainings
-from gpupack.core.memory import memory_share
+from gpupack.core.memory import MemoryShare, memory_share, memory_shares
+from gpupack.core.pack_fit import Fit
 from gpupack.core.placement import Placement
-from gpupack.core.plan import Pack, Plan, Training
+from gpupack.core.plan import Pack, Plan, Training, refit_packs, run_at_smaller_n
 from gpupack.core.records import (
     COMPLETED,
     FAILED,
@@ -45,7 +46,7 @@ from gpupack.core.rundir import RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.core.victims import victims
 from gpupack.errors import RunDirError
-from gpupack.job.fit import PeakBook, check_pack
+from gpupack.job.fit import PeakBook, check_pack, refit_n
 from gpupack.pack import LaneShare, PackContext, Packer, Stream, load_packer, threads_for, work_prefix
 from gpupack.runtime.jobenv import JobEnvironment, job_cores
 from gpupack.runtime.monitor import DeviceInfo, detect_device, first_visible, visible_devices
@@ -292,7 +293,8 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
 def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job: JobEnvironment,
               records: RunRecords, share: LaneShare | None, peaks: PeakBook | None = None) -> dict[str, Any]:
     pack = plan.pack(pack_id)
-    todo = [t for t in pack.trainings if not records.completed(pack_id, t.training_id)]
+    # a training a refit pack of this one completed (it was skipped for memory before) ran: never run again
+    todo = [t for t in pack.trainings if not records.ran(pack_id, t.training_id)]
     if not todo:
         return records.pack(pack_id) or read_json(run.pack_record(pack_id))
     for t in todo:
@@ -302,10 +304,18 @@ def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job
     book = peaks if peaks is not None or not settings.admission or pack.spread is not None \
         else PeakBook(run, pack.trainings)
     if book is not None and pack.spread is None:  # a spread pack is one training: nothing to pack
-        skipped = skip_for_memory(run, plan, pack, todo, settings, job, book)
+        skipped = skip_for_memory(run, plan, pack, todo, settings, job, book, records, share)
         if skipped is not None:
             return skipped
-    rec = execute(run, plan, pack, todo, settings, job, share=share)
+    return run_measured(run, plan, pack, todo, settings, job, share, book)
+
+
+def run_measured(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], settings: PackSettings,
+                 job: JobEnvironment, share: LaneShare | None, book: PeakBook | None,
+                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Run ``todo`` as ``pack`` (:func:`execute`), teach ``book`` what they peaked at, and run the victims of
+    another's fault again, once; the pack record. ``extra``: more fields of the pack's and its trainings' records."""
+    rec = execute(run, plan, pack, todo, settings, job, share=share, extra=extra, fields=extra, book=book)
     if book is not None:
         learn(run, pack, rec, book)
     # victims where each training is a process of its own (a mode that can stream): one that dies alone can only
@@ -317,35 +327,75 @@ def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job
     # Run them again, once, in a fresh start of the mode (a new MPS daemon): their records and this attempt's pack
     # record (its N trainings' timing) are kept as an earlier attempt
     for tid in taken:
-        move_aside(run, pack_id, run.training_record(pack_id, tid))
-    move_aside(run, pack_id, run.pack_record(pack_id))
+        move_aside(run, pack.pack_id, run.training_record(pack.pack_id, tid))
+    move_aside(run, pack.pack_id, run.pack_record(pack.pack_id))
     again = [t for t in pack.trainings if t.training_id in taken]
-    return execute(run, plan, pack, again, settings, job, share=share, extra={"victims_rerun": taken})
+    return execute(run, plan, pack, again, settings, job, share=share, extra={**(extra or {}), "victims_rerun": taken},
+                   fields=extra, book=book)
 
 
 def skip_for_memory(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], settings: PackSettings,
-                    job: JobEnvironment, book: PeakBook) -> dict[str, Any] | None:
+                    job: JobEnvironment, book: PeakBook, records: RunRecords | None = None,
+                    share: LaneShare | None = None) -> dict[str, Any] | None:
     """Hold the pack against its device's memory share by what its settings were measured to need
     (:func:`gpupack.job.fit.check_pack`); where it does not fit, record its trainings and itself as skipped for memory
-    with the reason, and return its record (None: it fits, and runs)."""
+    with the reason (its N infeasible), run its trainings at the largest N that fits (:func:`run_refits`), and return
+    its record (None: it fits, and runs)."""
     info = detect_device(job.device_env())
     device = choose_device(settings.device, info)
+    records = records or RunRecords(run)
     fit = check_pack(book, todo, pack.factor, settings, device == "cuda", info.memory_total_mb)
+    most = None  # below the todo's number, which did not fit
+    if fit.fits and records.refits(pack.pack_id):  # an earlier attempt refit it: what is left goes on so, never as
+        fit, most = Fit(False, f"{fit.why}; but earlier trainings of this pack ran at a smaller N (skipped for memory "
+                        "then): the rest goes on so"), pack.factor - 1  # a pack of N whose timing is no N's
     if fit.fits:
         return None
+    # a measurement sweep that runs these grid points at a smaller N has them measured there: refitting adds nothing
+    below = run_at_smaller_n(plan, pack)
+    left = [t for t in todo if t.training_id not in below]
+    refit = refit_n(book, left, settings, device == "cuda", info.memory_total_mb, most) if left else None
+    refits = refit_packs(pack, left, refit.n) if refit is not None else []
+    runs_in = {t.training_id: r.pack_id for r in refits for t in r.trainings}
     now = time.time()
     for t in todo:
         outcome = TrainingOutcome(t.training_id, now, now, None, error=f"skipped for memory: {fit.why}")
         rec = build_training_record(outcome, t, pack, plan.sweep, info, device, 0, pack.factor,
                                     gpu_model(info, settings))
         rec.update(status=SKIPPED_MEMORY, skipped_memory=fit.why)
+        rec["runs_in"] = runs_in.get(t.training_id)  # the refit pack that runs it; None: its point ran at a smaller N
         if plan.phase:
             rec["phase"] = plan.phase
         write_json_atomic(run.training_record(pack.pack_id, t.training_id), rec)
-    print(f"gpupack: pack {pack.pack_id} not started, skipped for memory: {fit.why}", file=sys.stderr)
-    return write_pack_record(run, pack, [], info, device, job_cores(), 0, gpu_model(info, settings), phase=plan.phase,
-                             job=job, extra={"skipped_memory": fit.why,
-                                             "skipped_training_ids": [t.training_id for t in todo]})
+    why = refit.why if refit is not None else \
+        f"its {len(below)} training(s)' grid points run at a smaller N in this plan"
+    said = {"n": refit.n if refit is not None else None, "why": why, "packs": [r.pack_id for r in refits]}
+    print(f"gpupack: pack {pack.pack_id} not started, skipped for memory: {fit.why}; "
+          + (f"its trainings run at N={refit.n} ({len(refits)} pack(s))" if refit is not None else why),
+          file=sys.stderr)
+    rec = write_pack_record(run, pack, [], info, device, job_cores(), 0, gpu_model(info, settings), phase=plan.phase,
+                            job=job, extra={"skipped_memory": fit.why, "refit": said,
+                                            "skipped_training_ids": [t.training_id for t in todo]})
+    run_refits(run, plan, pack, refits, settings, job, book, records, share)
+    return rec
+
+
+def run_refits(run: RunDir, plan: Plan, pack: Pack, refits: Sequence[Pack], settings: PackSettings,
+               job: JobEnvironment, book: PeakBook, records: RunRecords, share: LaneShare | None) -> None:
+    """Run the refit packs of ``pack`` (skipped for memory) one after another, each measured and recorded as a pack
+    of its own at its N (:func:`run_measured`), under ``pack``'s lock (held by the caller). A training an earlier
+    refit of ``pack`` left unfinished (a killed job, another N) has that record moved aside as an earlier attempt:
+    the refit that runs it now holds its current one."""
+    for refit in refits:
+        with pack_lock(run, refit.pack_id):
+            for t in refit.trainings:
+                for earlier in records.refits(pack.pack_id):
+                    if earlier != refit.pack_id:
+                        move_aside(run, earlier, run.training_record(earlier, t.training_id))
+                move_aside(run, refit.pack_id, run.training_record(refit.pack_id, t.training_id))
+            move_aside(run, refit.pack_id, run.pack_record(refit.pack_id))
+            run_measured(run, plan, refit, refit.trainings, settings, job, share, book,
+                         extra={"refit_of": pack.pack_id})
 
 
 def learn(run: RunDir, pack: Pack, pack_rec: Mapping[str, Any], book: PeakBook) -> None:
@@ -371,10 +421,13 @@ def mark_victims(run: RunDir, pack: Pack, pack_rec: Mapping[str, Any]) -> dict[s
 
 def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], settings: PackSettings,
             job: JobEnvironment, stream: Stream | None = None,
-            extra: Mapping[str, Any] | None = None, share: LaneShare | None = None) -> dict[str, Any]:
+            extra: Mapping[str, Any] | None = None, share: LaneShare | None = None,
+            fields: Mapping[str, Any] | None = None, book: PeakBook | None = None) -> dict[str, Any]:
     """Run ``todo`` on this job's device with the pack's mode or strategy, write a training record as each ends and
     the pack record at the end. A streaming lane (``stream``) starts ``todo`` in its N slots and refills them from
-    the stream (which says where each streamed training's records live); ``extra``: more pack record fields."""
+    the stream (which says where each streamed training's records live); ``extra``: more pack record fields;
+    ``fields``: more fields of each training's record (a refit pack's ``refit_of``); ``book``: the peaks each
+    training's share of the GPU is sized by (:func:`own_shares`; None: read here where it is needed)."""
     env = job.device_env()  # the job's GPUs: one of them, in a job of several GPUs (JobEnvironment.on_gpu)
     info = detect_device(env)
     device = choose_device(settings.device, info)
@@ -392,6 +445,7 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
                                     concurrent, gpu_model(info, settings))
         if plan.phase:  # packing.factors=auto: a probe's record, or the run's at the best N
             rec["phase"] = plan.phase
+        rec.update(fields or {})
         rec["cuda_visible_devices"] = env.get("CUDA_VISIBLE_DEVICES")  # the GPUs it was given
         fill_memory(rec, sampler.figures(outcome.training_id))
         share_hint(rec)
@@ -417,7 +471,9 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
     # each training's share of the GPU, enforced in its process where the platform can (packing.memory_share)
     each = memory_share(settings.memory_share, info.memory_total_mb, pack.factor) \
         if device == "cuda" and placement is None else None
+    own = own_shares(run, todo, settings, info, book) if each is not None and stream is None else {}
     ctx = PackContext(run=run, pack=pack, device=device, threads=threads, env=env, memory_share=each,
+                      memory_shares=own,
                       settings=settings, gpu_memory_total_mb=info.memory_total_mb,
                       warmup_steps=settings.warmup_steps, on_finished=on_finished, on_started=sampler.register,
                       training_timeout_s=settings.training_timeout_s,
@@ -437,15 +493,29 @@ def execute(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], setti
                              mode_started=mode_started, phase=plan.phase, job=job, extra={**(extra or {}), **billing})
 
 
+def own_shares(run: RunDir, todo: Sequence[Training], settings: PackSettings, info: DeviceInfo,
+               book: PeakBook | None) -> dict[str, MemoryShare]:
+    """Each of a whole pack's trainings' share of the GPU (:func:`gpupack.core.memory.memory_shares`): by what earlier
+    records measured of its setting (``book``'s GPU peaks: this run's, else earlier runs'; read here where the pack
+    has none), with ``settings.memory_margin``, else the equal split. A streaming lane's slots keep the equal split:
+    which trainings share the GPU there changes as they are claimed."""
+    book = book if book is not None else PeakBook(run, todo)
+    peaks = [book.figure(t, on_gpu=True, stated_mb=None) for t in todo]
+    shares = memory_shares(settings.memory_share, info.memory_total_mb, peaks, settings.memory_margin) or []
+    return {t.training_id: s for t, s in zip(todo, shares)}
+
+
 def share_hint(rec: dict[str, Any]) -> None:
     """A training that ran out of memory with a share of the GPU (packing.memory_share) says what its share was and
     what would give it more: the limit may be what it hit, not the device."""
     share = rec.get("memory_share")
     if rec.get("status") != OOM or not isinstance(share, Mapping):
         return
+    source = share.get("source") or "packing.memory_fraction / N"
     rec["error"] = (f"{rec.get('error') or 'out of memory'}\nHINT: its share of the GPU was {share['mb']:.0f} MB "
-                    f"({share['fraction']:.3g} of the device, packing.memory_share=on: packing.memory_fraction / N); "
-                    "lower N, raise packing.memory_fraction, or set packing.memory_share=off")
+                    f"({share['fraction']:.3g} of the device, packing.memory_share=on: {source}); "
+                    "lower N, raise packing.memory_fraction or packing.memory_margin, "
+                    "or set packing.memory_share=off")
 
 
 def fill_memory(rec: dict[str, Any], sampled: Mapping[str, Any]) -> None:

@@ -16,7 +16,7 @@ import psutil
 
 from gpupack.core.admission import peak_of
 from gpupack.core.memory import Figure, Measured, candidate_runs, measured_by_setting, setting_key
-from gpupack.core.pack_fit import Fit, pack_budget, pack_fit, training_peak
+from gpupack.core.pack_fit import Budget, Fit, Refit, largest_fit, pack_budget, pack_fit, training_peak
 from gpupack.core.plan import Training
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
@@ -84,12 +84,24 @@ def _figure(m: Measured | None, on_gpu: bool, where: str | None) -> Figure | Non
     return Figure(mb, f"the peak of {m.trainings} training(s) of its setting in {where or m.where}", measured=True)
 
 
+def budget_of(settings: PackSettings, on_gpu: bool, device_total_mb: float | None) -> Budget | None:
+    """A pack's memory share on this job's device (I/O: the host's memory on a CPU)."""
+    host_total = None if on_gpu else psutil.virtual_memory().total / 2**20
+    return pack_budget(on_gpu, settings.memory_fraction, device_total_mb, host_total, settings.host_memory_mb)
+
+
 def check_pack(book: PeakBook, todo: Sequence[Training], n: int, settings: PackSettings, on_gpu: bool,
                device_total_mb: float | None) -> Fit:
-    """Whether the pack's ``todo`` trainings may start as a pack of ``n`` on this job's device (I/O: the host's
-    memory on a CPU)."""
+    """Whether the pack's ``todo`` trainings may start as a pack of ``n`` on this job's device."""
     if not settings.admission:
         return Fit(True, "packing.admission=off")
-    host_total = None if on_gpu else psutil.virtual_memory().total / 2**20
-    budget = pack_budget(on_gpu, settings.memory_fraction, device_total_mb, host_total, settings.host_memory_mb)
-    return pack_fit(n, [book.figure(t, on_gpu, settings.training_memory_mb) for t in todo], budget)
+    return pack_fit(n, [book.figure(t, on_gpu, settings.training_memory_mb) for t in todo],
+                    budget_of(settings, on_gpu, device_total_mb))
+
+
+def refit_n(book: PeakBook, todo: Sequence[Training], settings: PackSettings, on_gpu: bool,
+            device_total_mb: float | None, most: int | None = None) -> Refit:
+    """The largest N (up to ``most``) at which a skipped pack's ``todo`` trainings fit this job's device, by the rule
+    that skipped it (:func:`gpupack.core.pack_fit.largest_fit`)."""
+    return largest_fit([book.figure(t, on_gpu, settings.training_memory_mb) for t in todo],
+                       budget_of(settings, on_gpu, device_total_mb), most)

@@ -15,6 +15,7 @@ each GPU takes the lane's next pack as its last one ends.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections import deque
@@ -23,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from gpupack.core.journal import RunRecords, fold_pack
 from gpupack.core.lane_columnar import write_lane_columnar
-from gpupack.core.plan import Plan
+from gpupack.core.plan import Plan, refit_parent
 from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
@@ -106,6 +107,11 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
     return turns.result(pack_ids)
 
 
+def refit_folders(run: RunDir, pack_id: str) -> list[str]:
+    """The refit packs of ``pack_id`` that still have a folder: this run's, and any a killed run of the lane left."""
+    return [name for name in (os.path.basename(d) for d in run.pack_dirs()) if refit_parent(name) == pack_id]
+
+
 def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, records: RunRecords, lane: str,
                share: LaneShare | None = None, peaks: PeakBook | None = None) -> None:
     """Run the lane's next pack on ``job``'s device until none is left to begin; where the lane folds
@@ -114,7 +120,7 @@ def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, recor
     starts, the lane's (:class:`gpupack.job.fit.PeakBook`)."""
     while (pack_id := turns.take()) is not None:
         pack = plan.pack(pack_id)
-        ran_before = all(records.completed(pack_id, t.training_id) for t in pack.trainings)
+        ran_before = all(records.ran(pack_id, t.training_id) for t in pack.trainings)
         began = turns.clock()
         try:
             if pack.stream is not None:  # a streaming lane's pack, where the user's job limit dealt several to one
@@ -124,6 +130,8 @@ def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, recor
                                   share=share, peaks=peaks)
                 if turns.settings.fold:
                     fold_pack(run, pack_id, lane)
+                    for refit in refit_folders(run, pack_id):  # its trainings run at a smaller N (skipped for memory)
+                        fold_pack(run, refit, lane)
         except BaseException as err:  # noqa: BLE001 - raised again by run_in_turn, in the job's own thread
             turns.fail(err)
             return

@@ -136,6 +136,9 @@ class PackContext:
     # Each training's share of the GPU's memory (packing.memory_share: memory_fraction / N), which process mode
     # gives each child to enforce (gpupack.runtime.memshare); None: off, a CPU, or a spread training.
     memory_share: MemoryShare | None = None
+    # A training's own share where it is not the equal split (by id: what earlier records measured of its setting,
+    # gpupack.core.memory.memory_shares); the others get ``memory_share``.
+    memory_shares: Mapping[str, MemoryShare] = field(default_factory=dict)
     # What the lane's packs on this device share (a fork server kept between them); None: the pack runs alone.
     share: LaneShare | None = None
     # The job's own temporary space (JobEnvironment.temp_dir): MPS's pipes, DDP's rendezvous.
@@ -144,6 +147,10 @@ class PackContext:
     # and removed by the job body, so the shared filesystem holds no file per training for them; None (a context built
     # outside a job body): the pack's folder.
     work_dir: str | None = None
+
+    def share_of(self, training_id: str) -> MemoryShare | None:
+        """The training's share of the GPU's memory (None: none)."""
+        return self.memory_shares.get(training_id, self.memory_share)
 
     def home(self, training_id: str) -> str:
         """The pack whose folder holds the training's record and logs: the pack's, or where its stream says."""

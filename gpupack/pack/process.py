@@ -82,7 +82,7 @@ class _Training:
         # A list argv, never a shell: gpupack's worker reads hyperparameters from the spec file; a command
         # workload's argv items are templated one by one.
         self.launch = workload.launch(training.params, str(spec_path), str(self.result_path))
-        self.share, share_env = memory_share_env(ctx)
+        self.share, share_env = memory_share_env(ctx, tid)
         self.child = ChildSpec(tid, self.launch.argv, run.log(pid, tid, "out"), err_path,
                                {**worker_env(ctx.env, ctx.threads), PACK_SIZE_ENV: str(ctx.pack.factor),
                                 **self.launch.env, **share_env}, spec_path, self.launch.cwd,
@@ -176,13 +176,13 @@ class ProcessPacker(Packer):
             return run_processes(trainings, dataclasses.replace(ctx, env={**ctx.env, **mps_env}), opts)
 
 
-def memory_share_env(ctx: PackContext) -> tuple[dict[str, Any], dict[str, str]]:
-    """What a training is given of its share of the GPU (ctx.memory_share): for its record (the share, and how it is
-    enforced), and its environment: under MPS (the pack's daemon, or one the job runs itself) its client's limit,
-    which holds whatever the program is; else the fraction its torch sets before its first allocation
-    (gpupack.runtime.memshare). Not both: an MPS client may see its limit as the device's memory, and a fraction of
-    that would be a share of a share."""
-    share = ctx.memory_share
+def memory_share_env(ctx: PackContext, training_id: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """What a training is given of its share of the GPU (:meth:`PackContext.share_of`): for its record (the share,
+    where it comes from, and how it is enforced), and its environment: under MPS (the pack's daemon, or one the job
+    runs itself) its client's limit, which holds whatever the program is; else the fraction its torch sets before
+    its first allocation (gpupack.runtime.memshare). Not both: an MPS client may see its limit as the device's
+    memory, and a fraction of that would be a share of a share."""
+    share = ctx.share_of(training_id)
     if share is None:
         return {}, {}
     if MPS_PIPE_ENV in ctx.env:

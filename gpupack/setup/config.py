@@ -67,11 +67,16 @@ class PackingConfig:
     auto: AutoConfig = field(default_factory=lambda: AutoConfig())
     # Share of a device's memory N trainings may fill (GPU: NVML's total; CPU: host memory); the source's ~80 %.
     memory_fraction: float = 0.8
-    # Each training's share of its GPU, memory_fraction / N, enforced where the platform can: an MPS client's limit
+    # Each training's share of its GPU, memory_fraction / N (or what earlier records measured of its setting, with
+    # memory_margin), enforced where the platform can: an MPS client's limit
     # (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), and torch's per-process memory fraction in the torch programs gpupack
     # starts (its workloads, forked scripts, Hydra jobs), set before their first CUDA allocation; past it a training
     # gets its own OOM and its neighbours keep running. on | off.
     memory_share: str = "on"
+    # A training whose setting earlier records measured (this run's, earlier runs') gets that peak x (1 + this) as its
+    # share instead, where the pack's shares together fit memory_fraction; the others split the rest; the equal split
+    # where they do not fit. >= 0.
+    memory_margin: float = 0.25
     # A streaming lane's freed slot takes its next training only when the memory the training is expected to peak at
     # fits (earlier records of its setting, sweep.training_memory_mb, its setting's peak in this run): the device's free
     # memory (NVML; a CPU: the host's) and the lane's budget, less what its running trainings are expected to hold.

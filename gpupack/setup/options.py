@@ -35,7 +35,8 @@ def pack_settings(packing: DictConfig, estimate_s: float | None = None,
                         training_timeout_s=packing.training_timeout_s,
                         memory_limit_gb_per_training=packing.memory_limit_gb_per_training,
                         sample_interval_s=packing.sample_interval_s, mode_options=mode_options(packing),
-                        memory_share=float(packing.memory_fraction) if packing.memory_share == "on" else None)
+                        memory_share=float(packing.memory_fraction) if packing.memory_share == "on" else None,
+                        memory_margin=float(packing.memory_margin))
 
 
 def check_strategy_options(spread: DictConfig) -> None:

@@ -9,6 +9,7 @@ GPUs, auto's ladder), :mod:`gpupack.setup.options` (each mode's and strategy's o
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, cast
 
@@ -193,6 +194,7 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
                                   "so a slot cannot take a new training while the others run",
                                   "use packing.modes=[process] with packing.stream=on, or packing.stream=off")
     require_choice(packing.memory_share, SWITCH, "packing.memory_share", "memory share choice")
+    check_margin(packing.memory_margin)
     require_choice(packing.admission, SWITCH, "packing.admission", "admission choice")
     require_positive(packing.host_memory_mb, "packing.host_memory_mb",
                      "packing.host_memory_mb=8000, or null for packing.memory_fraction of the host's")
@@ -200,6 +202,13 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
         raise ConfigError("packing.memory_fraction", packing.memory_fraction, "must be in (0, 1]",
                           "e.g. packing.memory_fraction=0.8 (the source's 80 % target)")
     return factors, modes
+
+
+def check_margin(margin: object) -> None:
+    """packing.memory_margin: a finite number >= 0 (what a measured peak is raised by, as its share). Pure."""
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin < 0:
+        raise ConfigError("packing.memory_margin", margin, "must be a number >= 0 (a measured peak x (1 + it) is a "
+                          "training's share)", "e.g. packing.memory_margin=0.25, or 0 for the measured peak itself")
 
 
 def check_job_options(options: Any, prefix: str, examples: Mapping[str, str],

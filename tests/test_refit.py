@@ -1,0 +1,198 @@
+"""A pack skipped for memory has its trainings run at the largest N that fits (issue 32, item 4): the pure rule that
+picks that N, the refit packs' names, the plan's smaller N that makes a refit needless, and a production run (one N)
+whose trainings all run, recorded at the N they ran at, resumed without running them again, and shown by status as
+skipped for memory, not failed. No verdict depends on how fast anything ran."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gpupack import sweep
+from gpupack.cli import main
+from gpupack.core.memory import Figure
+from gpupack.core.pack_fit import Budget, largest_fit
+from gpupack.core.plan import Pack, Training, make_plan, refit_pack_id, refit_packs, refit_parent, run_at_smaller_n
+from gpupack.core.records import SKIPPED_MEMORY
+from gpupack.flow.status import SKIPPED, pack_status, training_state
+
+REPO = Path(__file__).resolve().parent.parent
+GB = 1024.0
+
+
+def _mb(mb: float) -> Figure:
+    return Figure(mb, "the peak of 1 training(s) of its setting in this run", measured=True)
+
+
+# ---------------- the rule: the largest N that fits ----------------
+
+@pytest.mark.parametrize("peaks, budget, n, words", [
+    ([_mb(200)] * 5, Budget(500, "packing.host_memory_mb=500"), 2, "N=2 needs 2 x 200 MB = 400 MB <="),
+    ([_mb(12.6 * GB)] * 4, Budget(0.8 * 24 * GB, "0.8 x 24.0 GB host memory"), 1, "no pack of 2 of them fits"),
+    ([_mb(3 * GB)] * 8, Budget(0.8 * 24 * GB, "0.8 x 24.0 GB host memory"), 6, "N=6 needs 6 x 3.0 GB = 18.0 GB <="),
+    # mixed settings: the N largest must fit, so any pack of N dealt from them does (here 5 + 4 > 8; 4 + 3 + 1 <= 8)
+    ([_mb(5 * GB), _mb(4 * GB), _mb(1 * GB), _mb(3 * GB)], Budget(8 * GB, "8 GB"), 1, "no pack of 2"),
+    ([_mb(4 * GB), _mb(1 * GB), _mb(1 * GB), _mb(3 * GB), _mb(1 * GB)], Budget(8 * GB, "8 GB"), 3,
+     "N=3 needs 1 x 4.0 GB + 1 x 3.0 GB + 1 x 1.0 GB = 8.0 GB <="),
+    # what is not known counts as nothing, as in pack_fit
+    ([_mb(300), None, None, _mb(100)], Budget(500, "packing.host_memory_mb=500"), 3, "1 training(s) not known"),
+    ([_mb(300), None, None, _mb(300)], Budget(500, "packing.host_memory_mb=500"), 1, "600 MB >"),  # both may meet
+    # never the N that was skipped: below the number of trainings
+    ([_mb(100)] * 3, Budget(1000, "1000 MB"), 2, "N=2 needs"),
+    ([_mb(900)], Budget(500, "500 MB"), 1, "one training at a time"),
+], ids=["equal", "none-of-2", "six", "largest-decide", "mixed-3", "unknown", "two-known", "below-skipped",
+        "alone"])
+def test_the_largest_n_that_fits(peaks, budget, n, words):
+    refit = largest_fit(peaks, budget)
+    assert refit.n == n and words in refit.why, refit
+
+
+def _trainings(k: int) -> tuple[Training, ...]:
+    return tuple(Training(f"w-{i}", "w", {"i": i}, grid_index=i) for i in range(k))
+
+
+@pytest.mark.parametrize("todo, n, expected", [
+    (range(5), 2, [("p.n02-000", 2, [0, 1]), ("p.n02-002", 2, [2, 3]), ("p.n01-004", 1, [4])]),
+    (range(8), 4, [("p.n04-000", 4, [0, 1, 2, 3]), ("p.n04-004", 4, [4, 5, 6, 7])]),
+    # a resume: what is left, in the pack's order, named from the position of each refit pack's first training
+    ([6, 1, 3], 2, [("p.n02-001", 2, [1, 3]), ("p.n01-006", 1, [6])]),
+    (range(3), 1, [("p.n01-000", 1, [0]), ("p.n01-001", 1, [1]), ("p.n01-002", 1, [2])]),
+])
+def test_refit_packs_hold_what_they_run_and_their_n_is_what_ran_together(todo, n, expected):
+    pack = Pack("p", "local", "process", 8, 0, _trainings(8))
+    got = refit_packs(pack, [pack.trainings[i] for i in todo], n)
+    assert [(p.pack_id, p.factor, [int(t.params["i"]) for t in p.trainings]) for p in got] == expected
+    assert all(refit_parent(p.pack_id) == "p" and (p.partition, p.mode) == ("local", "process") for p in got)
+
+
+@pytest.mark.parametrize("pack_id, parent", [
+    (refit_pack_id("gpu-process-n08-003", 3, 6), "gpu-process-n08-003"),
+    ("gpu-process-n08-003", None),  # a plan's packs are never refits, whatever their partition's name
+    ("gpu.a100-process-n08-003", None),
+    ("gpu.n02-process-n08-003", None),
+    ("gpu-process-n08-s001", None),
+    ("gpu-ddp-gloo-k02-000", None),
+])
+def test_a_refit_pack_is_known_by_its_name_alone(pack_id, parent):
+    assert refit_parent(pack_id) == parent
+
+
+@pytest.mark.parametrize("factors, skipped_n, covered", [
+    ([1, 2, 4], 4, 4),  # a measurement sweep: every point of N=4 runs at N=1 and N=2 too
+    ([2, 4], 4, 4),
+    ([4], 4, 0),  # a production run at one N: nothing runs them elsewhere
+    ([1, 4], 1, 0),  # nothing below N=1
+])
+def test_a_refit_is_needless_where_the_plan_runs_the_points_at_a_smaller_n(factors, skipped_n, covered):
+    plan = make_plan(sweep="s", workload="w", grid={"lr": [0.1, 0.2]}, fixed={}, factors=factors,
+                     modes=["process"], partitions=["local"], repeats=1)
+    pack = next(p for p in plan.packs if p.factor == skipped_n)
+    assert len(run_at_smaller_n(plan, pack)) == min(covered, len(pack.trainings))
+
+
+# ---------------- status: skipped for memory is not failed ----------------
+
+def test_a_skipped_training_is_counted_apart_from_failed():
+    assert training_state({"status": SKIPPED_MEMORY}, False, "done") == "skipped for memory"
+    pack = Pack("p", "local", "process", 4, 0, _trainings(4))
+    assert pack_status(pack, 0, True, None, None, started=True, skipped=4) == SKIPPED
+    assert pack_status(pack, 2, True, None, None, started=True, skipped=2) == SKIPPED
+    assert pack_status(pack, 1, True, None, None, started=True, skipped=2) == "failed"  # one failed too
+
+
+# ---------------- a production run at one N: every training runs ----------------
+
+def _production(run_dir: Path, *extra: str) -> list[str]:
+    """Five trainings that each hold 200 MB of host memory, planned at N=5 only, stated at 200 MB, under 500 MB."""
+    return [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack", "sweep.grid.lr=[0.1]",
+            "+sweep.grid.seed=[0,1,2,3,4]", "sweep.fixed.steps=1", "sweep.fixed.sleep_s=0", "+sweep.fixed.hold_mb=200",
+            "packing.factors=[5]", "packing.repeats=1", "packing.host_memory_mb=500", "sweep.training_memory_mb=200",
+            f"run_dir={run_dir}", *extra]
+
+
+def _records(run_dir: Path, kind: str) -> dict[str, dict]:
+    name = "pack.json" if kind == "pack" else "trainings/*.json"
+    return {str(p.relative_to(run_dir)): json.loads(p.read_text()) for p in run_dir.glob(f"packs/*/{name}")}
+
+
+def test_a_skipped_packs_trainings_run_at_the_largest_n_that_fits_and_are_not_run_again(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    outcome = sweep.run(sweep.prepare(_production(run_dir)), plots=False)
+    assert outcome.ok
+    packs = _records(run_dir, "pack")
+    parent = packs["packs/local-process-n05-000/pack.json"]
+    assert parent["skipped_memory"].startswith("N=5 needs 5 x 200 MB") and parent["refit"]["n"] == 2
+    refits = {p["pack_id"]: p for p in packs.values() if p.get("refit_of") == "local-process-n05-000"}
+    assert sorted(refits) == sorted(parent["refit"]["packs"]) == [
+        "local-process-n05-000.n01-004", "local-process-n05-000.n02-000", "local-process-n05-000.n02-002"]
+    # each refit pack is a real pack at the N its trainings ran at together: its timing is that N's
+    assert {pid: (p["factor"], len(p["training_ids"]), p["complete"]) for pid, p in refits.items()} == {
+        "local-process-n05-000.n02-000": (2, 2, True), "local-process-n05-000.n02-002": (2, 2, True),
+        "local-process-n05-000.n01-004": (1, 1, True)}
+    trainings = _records(run_dir, "training")
+    ran = Counter((r["factor"], r["status"]) for r in trainings.values())
+    assert ran == Counter({(5, SKIPPED_MEMORY): 5, (2, "completed"): 4, (1, "completed"): 1})
+    assert {r["training_id"] for r in trainings.values() if r["status"] == "completed"} == \
+        {r["training_id"] for r in trainings.values() if r["status"] == SKIPPED_MEMORY}  # each ran once, none lost
+    assert all(r["runs_in"] in refits for r in trainings.values() if r["status"] == SKIPPED_MEMORY)
+    # collect: N=5 infeasible (skipped, with its reason), the refit N timed, nothing unfinished
+    summary = outcome.collected.summary.set_index("factor")
+    assert summary.loc[5, "skipped_memory"] == 5 and summary.loc[5, "infeasible"]
+    assert summary.loc[2, "trainings"] == 4 and summary.loc[2, "packs"] == 2 and summary["unfinished"].sum() == 0
+    # status: every training completed, the pack done, saying where its trainings ran
+    st = sweep.status(run_dir)
+    assert st.trainings == {"local": Counter(completed=5)}
+    (p,) = st.packs
+    assert p.state == "done" and p.why == parent["skipped_memory"] and "run at N=2 in 3 pack(s)" in (p.refit or "")
+    # a resume finds every training ran, runs none again and overwrites nothing
+    before = {k: v["ended_at"] for k, v in trainings.items()}
+    again = sweep.run(sweep.prepare(_production(run_dir)), plots=False)
+    assert again.ok and again.opened.todo == []
+    assert {k: v["ended_at"] for k, v in _records(run_dir, "training").items()} == before
+    capsys.readouterr()
+    assert main(["status", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "local: trainings completed 5, failed 0" in out and "skipped for memory: N=5 needs" in out
+
+
+def test_a_resume_runs_only_what_an_earlier_refit_left(tmp_path):
+    """A refit cut off after its first pack: the resume runs the rest, not what completed."""
+    run_dir = tmp_path / "run"
+    assert sweep.run(sweep.prepare(_production(run_dir)), plots=False).ok
+    cut = run_dir / "packs" / "local-process-n05-000.n02-002"
+    for path in cut.rglob("*.json"):  # as if the job had been killed before this refit pack ran
+        path.unlink()
+    ran = {k: v["ended_at"] for k, v in _records(run_dir, "training").items() if v["status"] == "completed"}
+    again = sweep.run(sweep.prepare(_production(run_dir)), plots=False)
+    assert again.ok and [p.pack_id for p in again.opened.todo] == ["local-process-n05-000"]
+    now = {k: v for k, v in _records(run_dir, "training").items() if v["status"] == "completed"}
+    assert {k: now[k]["ended_at"] for k in ran} == ran  # what completed before is neither run again nor overwritten
+    new = [v for k, v in now.items() if k not in ran]
+    assert len(new) == 2 and {r["pack_id"] for r in new} == {"local-process-n05-000.n02-002"}
+    assert {r["factor"] for r in new} == {2}
+    # the two skipped records of the first attempt are kept as an earlier attempt, the others stay current
+    assert len(list((run_dir / "packs" / "local-process-n05-000" / "attempts").rglob("tests.*.json"))) == 2
+
+
+def test_a_measurement_sweep_refits_nothing_its_smaller_n_runs(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    overrides = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack", "sweep.grid.lr=[0.1]",
+                 "+sweep.grid.seed=[0,1,2,3]", "sweep.fixed.steps=1", "sweep.fixed.sleep_s=0",
+                 "+sweep.fixed.hold_mb=200", "packing.factors=[4,2,1]", "packing.repeats=1",
+                 "packing.host_memory_mb=500", f"run_dir={run_dir}"]
+    assert sweep.run(sweep.prepare(overrides), plots=False).ok
+    packs = _records(run_dir, "pack")
+    (skipped,) = [p for p in packs.values() if p.get("skipped_memory")]
+    assert skipped["refit"] == {"n": None, "packs": [],
+                                "why": "its 4 training(s)' grid points run at a smaller N in this plan"}
+    assert not any(p.get("refit_of") for p in packs.values())
+    st = sweep.status(run_dir)
+    assert st.trainings == {"local": Counter({"completed": 4 + 4, "skipped for memory": 4})}  # N=1, N=2, N=4
+    assert [p.state for p in st.packs if p.why] == [SKIPPED]
+    capsys.readouterr()
+    assert main(["status", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "failed 0" in out and "skipped for memory 4" in out
+    assert "skipped for memory (4/4 trainings not started, 0 done): N=4 needs 4 x 2" in out
