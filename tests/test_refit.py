@@ -140,6 +140,11 @@ def test_a_skipped_packs_trainings_run_at_the_largest_n_that_fits_and_are_not_ru
     # collect: N=5 infeasible (skipped, with its reason), the refit N timed, nothing unfinished
     summary = outcome.collected.summary.set_index("factor")
     assert summary.loc[5, "skipped_memory"] == 5 and summary.loc[5, "infeasible"]
+    assert summary.loc[5, "skipped_refit"] == 5  # ... and ran at N=2 and 1, counted in those rows too: said so
+    from gpupack.report.terminal import skipped_lines
+
+    (line,) = skipped_lines(outcome.collected.summary)
+    assert line.endswith("; 5 of them ran at the largest N that fits instead (its row)"), line
     assert summary.loc[2, "trainings"] == 4 and summary.loc[2, "packs"] == 2 and summary["unfinished"].sum() == 0
     # status: every training completed, the pack done, saying where its trainings ran
     st = sweep.status(run_dir)
@@ -188,6 +193,11 @@ def test_a_measurement_sweep_refits_nothing_its_smaller_n_runs(tmp_path, capsys)
     assert skipped["refit"] == {"n": None, "packs": [],
                                 "why": "its 4 training(s)' grid points run at a smaller N in this plan"}
     assert not any(p.get("refit_of") for p in packs.values())
+    from gpupack.flow.collect import collect
+    from gpupack.report.terminal import skipped_lines
+
+    (line,) = skipped_lines(collect([run_dir], plots=False)[0].summary)
+    assert line.startswith("N=4 skipped for memory") and "instead" not in line  # its points ran at N=1 and 2 anyway
     st = sweep.status(run_dir)
     assert st.trainings == {"local": Counter({"completed": 4 + 4, "skipped for memory": 4})}  # N=1, N=2, N=4
     assert [p.state for p in st.packs if p.why] == [SKIPPED]
@@ -196,3 +206,36 @@ def test_a_measurement_sweep_refits_nothing_its_smaller_n_runs(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "failed 0" in out and "skipped for memory 4" in out
     assert "skipped for memory (4/4 trainings not started, 0 done): N=4 needs 4 x 2" in out
+
+
+def test_an_oom_slurm_reports_after_the_job_reaches_the_refit_packs_it_ran(tmp_path):
+    """SLURM tells of an out-of-memory kill after the job: the trainings the job ran in refit packs (their plan pack
+    skipped for memory) are its too. One SIGKILLed in a refit pack becomes oom, one left with no record gets an oom
+    record there, at the refit's N, and the skipped plan pack's records stay as they are."""
+    from gpupack.core.journal import RunRecords
+    from gpupack.core.plan import Plan
+    from gpupack.core.records import read_json, write_json_atomic
+    from gpupack.core.rundir import RunDir
+    from gpupack.job.body import record_job_oom, refits_of
+
+    run_dir = tmp_path / "run"
+    assert sweep.run(sweep.prepare(_production(run_dir)), plots=False).ok
+    run = RunDir(run_dir)
+    parent = Plan.from_json(read_json(run.plan)).pack("local-process-n05-000")
+    refits = refits_of(parent, RunRecords(run))
+    assert [(p.pack_id, p.factor, len(p.trainings)) for p in refits] == [
+        ("local-process-n05-000.n02-000", 2, 2), ("local-process-n05-000.n02-002", 2, 2),
+        ("local-process-n05-000.n01-004", 1, 1)]
+    killed, lost = refits[1].trainings
+    since = min(read_json(run.training_record(refits[1].pack_id, t.training_id))["started_at"]
+                for t in refits[1].trainings)
+    path = run.training_record(refits[1].pack_id, killed.training_id)
+    write_json_atomic(path, {**read_json(path), "status": "killed", "signal": 9, "error": "killed by signal 9"})
+    run.training_record(refits[1].pack_id, lost.training_id).unlink()
+    skipped = {p: p.read_bytes() for p in (run_dir / "packs" / parent.pack_id).rglob("*.json")}
+    assert record_job_oom(run, parent.pack_id, since, "SLURM: job 7 ran out of memory") == []
+    got = read_json(path)
+    assert got["status"] == "oom" and "SLURM: job 7 ran out of memory" in got["error"]
+    made = read_json(run.training_record(refits[1].pack_id, lost.training_id))
+    assert made["status"] == "oom" and made["factor"] == 2 and made["refit_of"] == parent.pack_id
+    assert skipped == {p: p.read_bytes() for p in (run_dir / "packs" / parent.pack_id).rglob("*.json")}

@@ -51,6 +51,8 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
     # not started: its pack's measured need passed the memory share (gpupack.core.pack_fit); its N is infeasible
     t["was_skipped"] = t["status"] == SKIPPED_MEMORY
     t["is_skipped"] = (t["attempt"] == 0) & t["was_skipped"]
+    # ... and run at the largest N that fits instead (a refit pack: gpupack.core.plan.refit_packs), counted there too
+    t["is_refit"] = t["is_skipped"] & (t["runs_in"].notna() if "runs_in" in t else False)
     t["skipped_why"] = t.get("error", pd.Series(None, index=t.index)).where(t["is_skipped"])
     t["unfinished"] = (t["attempt"] == 0) & ~t["ok"] & ~t["is_skipped"]
     t["is_failed"] = ~t["ok"] & ~t["is_victim"] & ~t["was_skipped"]
@@ -86,6 +88,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
         oom_cleared=("oom_cleared", "sum"),
         peak_rss_mb=("peak_rss_mb", "max"),
         skipped_memory=("is_skipped", "sum"),
+        skipped_refit=("is_refit", "sum"),
         skipped_memory_why=("skipped_why", first_value),
         trainings=("latest", "sum"),
         startup_s=("latest_startup_s", "median"),
@@ -94,7 +97,8 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
         gpu_model=("latest_gpu_model", first_value),
     )
     out = per_pack.join(per_training, how="outer").reset_index()
-    for col in ("failed", "victims", "unfinished", "oom", "oom_cleared", "attempts", "trainings", "skipped_memory"):
+    for col in ("failed", "victims", "unfinished", "oom", "oom_cleared", "attempts", "trainings", "skipped_memory",
+                "skipped_refit"):
         out[col] = out[col].fillna(0).astype(int)  # an OOM (counted apart) makes N infeasible on this device
     out["trainings_per_hour"] = 3600.0 / out["time_per_training_s"]
     base = out[out["factor"] == 1].set_index(GROUP)["time_per_training_s"]
@@ -109,7 +113,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
 # The training columns summarize reads (what cleared_mask, loader_bounds and timed_packs read included).
 SUMMARY_INPUTS = (*GROUP, "factor", "attempt", "status", "probe", "run_dir", "ended_at", "training_id", "pack_id",
                   "gpu_model", "startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb",
-                  "peak_gpu_mem_mb", "error")
+                  "peak_gpu_mem_mb", "error", "runs_in")
 
 
 def only_columns(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:

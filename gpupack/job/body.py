@@ -24,7 +24,7 @@ from gpupack.core.journal import Folded, RunRecords, append_records, lane_traini
 from gpupack.core.memory import MemoryShare, memory_share, memory_shares
 from gpupack.core.pack_fit import Fit
 from gpupack.core.placement import Placement
-from gpupack.core.plan import Pack, Plan, Training, refit_packs, run_at_smaller_n
+from gpupack.core.plan import Pack, Plan, Training, refit_packs, refit_parent, run_at_smaller_n
 from gpupack.core.records import (
     COMPLETED,
     FAILED,
@@ -135,7 +135,32 @@ def record_job_oom(run: RunDir, pack_id: str, since: float, why: str, records: R
     pack = plan.pack(pack_id)
     if pack.stream is not None:
         return _record_lane_oom(run, plan, pack, since, why)
-    if not run.pack_dir(pack_id).is_dir() and (records or RunRecords(run)).pack(pack_id) is not None:
+    records = records or RunRecords(run)
+    lost = _record_pack_oom(run, plan, pack, since, why, records)
+    for refit in refits_of(pack, records):  # the packs its trainings ran in, skipped for memory at its N: the job's
+        if run.pack_dir(refit.pack_id).is_dir():  # too (one that never began has nothing SLURM could have killed)
+            lost += _record_pack_oom(run, plan, refit, since, why, records)
+    return lost
+
+
+def refits_of(pack: Pack, records: RunRecords) -> list[Pack]:
+    """The refit packs (:func:`gpupack.core.plan.refit_packs`) in which the job that skipped ``pack`` for memory ran
+    its trainings, as its pack record and its trainings' records say (``refit``, ``runs_in``); none where it was not
+    skipped, or where its trainings' grid points ran at a smaller N."""
+    said = (records.pack(pack.pack_id) or {}).get("refit") or {}
+    if not said.get("n"):
+        return []
+    runs_in = {t.training_id for t in pack.trainings
+               if ((records.training(pack.pack_id, t.training_id) or {}).get("runs_in"))}
+    named = set(said.get("packs") or [])
+    return [p for p in refit_packs(pack, [t for t in pack.trainings if t.training_id in runs_in], int(said["n"]))
+            if p.pack_id in named]
+
+
+def _record_pack_oom(run: RunDir, plan: Plan, pack: Pack, since: float, why: str, records: RunRecords) -> list[str]:
+    """:func:`record_job_oom` for one whole pack of the plan, or a refit pack of one."""
+    pack_id = pack.pack_id
+    if not run.pack_dir(pack_id).is_dir() and records.pack(pack_id) is not None:
         return []  # a pack its lane ran to its end and folded before the job was killed: none of its trainings was
     ours: dict[str, dict[str, Any]] = {}
     lost: list[Training] = []
@@ -163,6 +188,8 @@ def record_job_oom(run: RunDir, pack_id: str, since: float, why: str, records: R
         rec["host"] = sibling.get("host")  # where it ran, not this submitting host
         if plan.phase:
             rec["phase"] = plan.phase
+        if refit_parent(pack_id) is not None:  # as the refit pack's own records say (run_refits)
+            rec["refit_of"] = refit_parent(pack_id)
         write_json_atomic(run.training_record(pack_id, t.training_id), rec)
     return []
 

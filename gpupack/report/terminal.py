@@ -79,8 +79,10 @@ def skipped_lines(summary: pd.DataFrame) -> list[str]:
     lines = []
     for _, r in summary[summary["skipped_memory"] > 0].iterrows():
         why = str(r.get("skipped_memory_why") or "").removeprefix("skipped for memory: ")
+        refit = int(r.get("skipped_refit") or 0)  # run at the largest N that fits instead: counted at that N
         lines.append(f"N={int(r['factor'])} skipped for memory on {r['partition']} ({r['gpu_type']}), {r['mode']}: "
-                     f"{int(r['skipped_memory'])} training(s) not started; {why}")
+                     f"{int(r['skipped_memory'])} training(s) not started; {why}"
+                     + (f"; {refit} of them ran at the largest N that fits instead (its row)" if refit else ""))
     return lines
 
 
