@@ -60,14 +60,19 @@ GPU = 16384.0
     ([_measured(2000.0), None], 0.25, [2500.0, 0.8 * GPU - 2500.0], "runs/x: 2000 MB x (1 + packing.memory_margin"),
     ([_measured(2000.0), None, None], 0.5, [3000.0, (0.8 * GPU - 3000.0) / 2, (0.8 * GPU - 3000.0) / 2],
      "packing.memory_margin=0.5"),
-    # all measured: each its own, what is left over stays unshared (a training past its measure gets its own OOM)
-    ([_measured(2000.0), _measured(4000.0)], 0.25, [2500.0, 5000.0], "x (1 + packing.memory_margin=0.25)"),
-    ([_measured(1000.0)] * 2, 0.0, [1000.0, 1000.0], "1000 MB x (1 + packing.memory_margin=0)"),
+    # all measured: the whole 0.8 x 16 GB dealt in proportion to each one's measure x 1.25 (2500 : 5000), none left
+    # unshared (a training grown past its measure would get an OOM that rules its N out, with memory free)
+    ([_measured(2000.0), _measured(4000.0)], 0.25, [0.8 * GPU / 3, 0.8 * GPU * 2 / 3],
+     "x (1 + packing.memory_margin=0.25), x 1.75 to deal all of packing.memory_fraction=0.8 in proportion"),
+    ([_measured(1000.0)] * 2, 0.0, [6553.6, 6553.6], "1000 MB x (1 + packing.memory_margin=0), x 6.55"),
+    # exactly filled: nothing to scale
+    ([_measured(5242.88)] * 2, 0.25, [6553.6, 6553.6], "5243 MB x (1 + packing.memory_margin=0.25)"),
     # the measured shares do not fit 0.8 x 16 GB (2 x 6000 x 1.25 = 15000 MB): the equal split, saying why
     ([_measured(6000.0), _measured(6000.0)], 0.25, [6553.6, 6553.6], "do not fit 0.8 x the device (13107 MB)"),
     # they fit alone but leave nothing for the unmeasured one: the equal split
     ([_measured(10486.0), None], 0.25, [6553.6, 6553.6], "with room for 1 unmeasured"),
-], ids=["none", "stated", "one-measured", "margin", "all-measured", "no-margin", "too-big", "no-room"])
+], ids=["none", "stated", "one-measured", "margin", "all-measured", "no-margin", "exact", "too-big",
+        "no-room"])
 def test_a_trainings_share_comes_from_earlier_records_with_a_margin(peaks, margin, expected_mb, source):
     shares = memory_shares(0.8, GPU, peaks, margin)
     assert shares is not None and [s.mb for s in shares] == pytest.approx(expected_mb)

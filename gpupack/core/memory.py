@@ -231,8 +231,11 @@ def memory_shares(fraction: float | None, device_total_mb: float | None, peaks: 
     """Each of a pack's trainings' share (one per ``peaks``, what earlier records measured of its setting; None or a
     figure not measured: nothing measured). A training whose setting was measured gets that peak x (1 + ``margin``)
     (``packing.memory_margin``), where those shares together fit ``fraction`` of the device; the rest of it is split
-    evenly among the others. Where none was measured, or the measured shares do not fit (with room for the others),
-    every training gets the equal split, ``fraction`` / N (:func:`memory_share`). None: sharing off, or no GPU. Pure.
+    evenly among the others. Where every training was measured, the whole ``fraction`` is dealt in proportion to what
+    each needs (none gets less than its measure): memory left unshared would only turn a training that grows past its
+    measure into an OOM, and an OOM rules its N out. Where none was measured, or the measured shares do not fit (with
+    room for the others), every training gets the equal split, ``fraction`` / N (:func:`memory_share`). None: sharing
+    off, or no GPU. Pure.
     """
     equal = memory_share(fraction, device_total_mb, len(peaks))
     if equal is None or fraction is None or device_total_mb is None:
@@ -248,11 +251,14 @@ def memory_shares(fraction: float | None, device_total_mb: float | None, peaks: 
               f"({budget:.0f} MB)" + (f" with room for {others} unmeasured" if others else "")
         return [MemoryShare(equal.fraction, equal.mb, why)] * len(peaks)
     rest = (budget - known) / others if others else 0.0
+    scale = 1.0 if others else budget / known  # all measured: the whole fraction, in proportion (>= 1)
     out = []
     for p, w in zip(peaks, wanted):
         if w is not None and p is not None:
-            out.append(MemoryShare(w / device_total_mb, w, f"{p.source}: {p.mb:.0f} MB x (1 + "
-                                   f"packing.memory_margin={margin:g})"))
+            out.append(MemoryShare(w * scale / device_total_mb, w * scale, f"{p.source}: {p.mb:.0f} MB x (1 + "
+                                   f"packing.memory_margin={margin:g})"
+                                   + (f", x {scale:.3g} to deal all of packing.memory_fraction={fraction:g} in "
+                                      "proportion" if scale > 1.0 else "")))
         else:
             out.append(MemoryShare(rest / device_total_mb, rest, f"the rest of packing.memory_fraction={fraction:g} "
                                    f"after {len(peaks) - others} measured share(s), over {others} unmeasured"))
