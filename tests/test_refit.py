@@ -239,3 +239,30 @@ def test_an_oom_slurm_reports_after_the_job_reaches_the_refit_packs_it_ran(tmp_p
     made = read_json(run.training_record(refits[1].pack_id, lost.training_id))
     assert made["status"] == "oom" and made["factor"] == 2 and made["refit_of"] == parent.pack_id
     assert skipped == {p: p.read_bytes() for p in (run_dir / "packs" / parent.pack_id).rglob("*.json")}
+
+
+def test_a_training_two_refit_packs_ran_counts_its_latest_record_as_current(tmp_path):
+    """A resume that refits what an earlier refit left at another N leaves the training's record in two refit packs
+    (folded into a lane's journal, the earlier one is not moved aside): collect counts the latest as current and the
+    other as an earlier attempt, so the N it failed at shows a failed attempt, not an unfinished training."""
+    from gpupack.analysis.load import load_records
+    from gpupack.analysis.summary import summarize
+    from gpupack.core.records import read_json, write_json_atomic
+    from gpupack.core.rundir import RunDir
+
+    run_dir = tmp_path / "run"
+    assert sweep.run(sweep.prepare(_production(run_dir)), plots=False).ok
+    run = RunDir(run_dir)
+    first, again = "local-process-n05-000.n02-002", "local-process-n05-000.n01-003"
+    (tid,) = [p.stem for p in run.trainings(first).glob("*.json")][:1]
+    old = read_json(run.training_record(first, tid))
+    write_json_atomic(run.training_record(first, tid), {**old, "status": "failed", "error": "boom"})
+    write_json_atomic(run.training_record(again, tid), {**old, "pack_id": again, "factor": 1, "concurrent": 1,
+                                                        "started_at": old["started_at"] + 100.0,
+                                                        "ended_at": old["ended_at"] + 100.0})
+    records = load_records([run_dir])
+    mine = records.trainings[(records.trainings["training_id"] == tid) & records.trainings["refit_of"].notna()]
+    assert dict(zip(mine["pack_id"], mine["attempt"])) == {again: 0, first: 1}
+    assert len(records.latest()[records.latest()["training_id"] == tid].query("status != 'skipped_memory'")) == 1
+    summary = summarize(records.trainings, records.packs).set_index("factor")
+    assert summary["unfinished"].sum() == 0 and summary.loc[2, "failed"] == 1  # failed once at N=2, then ran at N=1

@@ -278,10 +278,30 @@ def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
             recorded = _read_run(run, trainings, packs, out.warnings, reader)
             _read_plan_and_config(run, out, recorded)
         (out.trainings, out.aside), (out.packs, _) = trainings.frame(ASIDE), packs.frame()
+        earlier_refits(out.trainings)
     finally:
         if collecting:
             gc.enable()
     return out
+
+
+def earlier_refits(t: pd.DataFrame) -> None:
+    """A training that refit packs of one skipped pack ran more than once (a resume that refit what an earlier refit
+    left at another N, or from another training: gpupack.job.body.run_refits) has one current record, its latest
+    start; the others count as its earlier attempts, as a pack's own earlier attempts do. Run again in a folder, the
+    earlier ones were moved aside already; folded into a lane's journal, each refit pack keeps its own latest record,
+    so this is where they are told apart. In place: only ``attempt`` changes, and only where such records are."""
+    if t.empty or "refit_of" not in t or "started_at" not in t:
+        return
+    refit = (t["refit_of"].notna() & (t["attempt"] == 0)).to_numpy()
+    if refit.sum() < 2:
+        return
+    rows = t.loc[refit, ["run_dir", "refit_of", "training_id", "started_at"]].sort_values("started_at",
+                                                                                            ascending=False)
+    later = rows.groupby(["run_dir", "refit_of", "training_id"], sort=False).cumcount()  # 0: the latest
+    again = later[later > 0]
+    if not again.empty:
+        t.loc[again.index, "attempt"] = again.to_numpy()
 
 
 def shared_host(records: Records) -> str | None:
