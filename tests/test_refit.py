@@ -49,6 +49,13 @@ def test_the_largest_n_that_fits(peaks, budget, n, words):
     assert refit.n == n and words in refit.why, refit
 
 
+def test_the_largest_n_is_capped_below_the_skipped_packs_n_not_below_what_is_left():
+    """What is left of a pack of 5 (2 trainings, the rest ran elsewhere) may run as a pack of 2: the job caps the refit
+    at the skipped N less one (job.body passes most), not at what is left less one."""
+    assert largest_fit([_mb(200)] * 2, Budget(500, "packing.host_memory_mb=500"), most=4).n == 2
+    assert largest_fit([_mb(200)] * 4, Budget(1000, "1000 MB"), most=3).n == 3
+
+
 def _trainings(k: int) -> tuple[Training, ...]:
     return tuple(Training(f"w-{i}", "w", {"i": i}, grid_index=i) for i in range(k))
 
@@ -266,3 +273,73 @@ def test_a_training_two_refit_packs_ran_counts_its_latest_record_as_current(tmp_
     assert len(records.latest()[records.latest()["training_id"] == tid].query("status != 'skipped_memory'")) == 1
     summary = summarize(records.trainings, records.packs).set_index("factor")
     assert summary["unfinished"].sum() == 0 and summary.loc[2, "failed"] == 1  # failed once at N=2, then ran at N=1
+
+
+def test_while_its_job_runs_the_refits_a_skipped_pack_is_running_not_failed(tmp_path):
+    """The skipped pack's record is written before its refit packs run: while the job (holding the pack's lock) runs
+    them, status says running, its trainings running or waiting, and the run not ended; cut off (no lock), stopped, to
+    resume."""
+    import shutil
+
+    from gpupack.core.rundir import RunDir
+    from gpupack.flow.status import RUNNING, STOPPED
+    from gpupack.job.body import pack_lock
+
+    run_dir = tmp_path / "run"
+    assert sweep.run(sweep.prepare(_production(run_dir)), plots=False).ok
+    for name in ("local-process-n05-000.n02-002", "local-process-n05-000.n01-004"):  # not recorded yet
+        shutil.rmtree(run_dir / "packs" / name)
+    with pack_lock(RunDir(run_dir), "local-process-n05-000"):
+        st = sweep.status(run_dir)
+        assert [p.state for p in st.packs] == [RUNNING]
+        assert st.trainings == {"local": Counter(completed=2, waiting=3)} and st.ended_at is None
+    assert [p.state for p in sweep.status(run_dir).packs] == [STOPPED]
+
+
+def test_refits_of_finds_the_packs_a_resume_refit_at_another_n(tmp_path):
+    """A refit cut off, resumed with a larger share: the rest runs at N=3 (.n03-002), and refits_of (what SLURM's late
+    OOM is written onto) finds that pack by the name the skipped pack's record gives it, with the trainings whose
+    records say it runs them, not by dealing them again."""
+    import shutil
+
+    from gpupack.core.journal import RunRecords
+    from gpupack.core.plan import Plan
+    from gpupack.core.records import read_json
+    from gpupack.core.rundir import RunDir
+    from gpupack.job.body import refits_of
+
+    run_dir = tmp_path / "run"
+    assert sweep.run(sweep.prepare(_production(run_dir)), plots=False).ok
+    for path in (run_dir / "packs" / "local-process-n05-000.n02-002").rglob("*.json"):
+        path.unlink()
+    shutil.rmtree(run_dir / "packs" / "local-process-n05-000.n01-004")
+    assert sweep.run(sweep.prepare(_production(run_dir, "packing.host_memory_mb=700")), plots=False).ok
+    run = RunDir(run_dir)
+    said = read_json(run.pack_record("local-process-n05-000"))["refit"]
+    assert said["n"] == 3 and said["packs"] == ["local-process-n05-000.n03-002"]
+    parent = Plan.from_json(read_json(run.plan)).pack("local-process-n05-000")
+    (refit,) = refits_of(parent, RunRecords(run))
+    assert (refit.pack_id, refit.factor) == ("local-process-n05-000.n03-002", 3)
+    assert [t.training_id for t in refit.trainings] == [t.training_id for t in parent.trainings[2:]]
+    assert {r["training_id"] for r in _records(run_dir, "training").values()
+            if r.get("pack_id") == refit.pack_id and r["status"] == "completed"} == \
+        {t.training_id for t in refit.trainings}
+
+
+def test_a_probe_step_refits_nothing_its_climb_ends_at_the_skipped_n(tmp_path):
+    """packing.factors=auto: a probe step whose pack does not fit is skipped and ends the climb there; its points are
+    not run at another N inside the probe (the grid runs at the best N after it)."""
+    run_dir = tmp_path / "run"
+    overrides = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack",
+                 "sweep.grid.lr=[0.1,0.2,0.3]", "+sweep.grid.seed=[0]", "sweep.fixed.steps=1", "sweep.fixed.sleep_s=0",
+                 "+sweep.fixed.hold_mb=200", "packing.factors=auto", "packing.auto.ladder=[1,3]",
+                 "packing.auto.repeats=2", "packing.host_memory_mb=500", "sweep.training_memory_mb=200",
+                 "packing.then=stop", f"run_dir={run_dir}"]
+    outcome = sweep.run(sweep.prepare(overrides), plots=False)
+    assert "N=3 was skipped for memory" in outcome.auto.stopped["local"]
+    step = run_dir / "probe" / "n03" / "packs"
+    skipped = [json.loads(p.read_text()) for p in step.glob("*/pack.json") if "skipped_memory" in p.read_text()]
+    assert len(skipped) == 2  # both packs of N=3 (packing.auto.repeats=2)
+    assert all(s["refit"] == {"n": None, "packs": [], "why": "a probe step: its climb ends at the skipped N"}
+               for s in skipped)
+    assert not [p for p in step.iterdir() if ".n0" in p.name]  # no refit pack

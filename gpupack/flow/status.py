@@ -160,9 +160,13 @@ def status(run_dir: Path | str) -> RunStatus:
         recs = every[p.pack_id]
         done = sum(rec is not None and rec.get("status") == COMPLETED for rec in recs.values())
         skipped = sum(skipped_here(rec) for rec in recs.values())
+        # skipped for memory, to run in a refit pack that has not recorded it yet: the job that wrote the pack's record
+        # (skipped) runs them now, or was cut off before: as a pack with no record yet (running, or to resume)
+        to_refit = any(rec is not None and rec.get("status") == SKIPPED_MEMORY and rec.get("runs_in")
+                       for rec in recs.values())
         job = jobs.get(p.pack_id, {}).get("job_id")
         pack_rec = records.pack(p.pack_id)
-        state = pack_status(p, done, pack_rec is not None, job, states,
+        state = pack_status(p, done, pack_rec is not None and not to_refit, job, states,
                             started=records.started(p.pack_id), held=held.holds(run.pack_lock(p.pack_id)),
                             sweep_held=sweep_held, skipped=skipped)
         why, refit = skipped_words(pack_rec, records.refits(p.pack_id))

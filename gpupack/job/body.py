@@ -42,7 +42,7 @@ from gpupack.core.records import (
     write_json_atomic,
 )
 from gpupack.core.rgu import model_from_device_name
-from gpupack.core.rundir import RunDir, holder_line
+from gpupack.core.rundir import PROBE, RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.core.victims import victims
 from gpupack.errors import RunDirError
@@ -148,13 +148,13 @@ def refits_of(pack: Pack, records: RunRecords) -> list[Pack]:
     its trainings, as its pack record and its trainings' records say (``refit``, ``runs_in``); none where it was not
     skipped, or where its trainings' grid points ran at a smaller N."""
     said = (records.pack(pack.pack_id) or {}).get("refit") or {}
-    if not said.get("n"):
-        return []
-    runs_in = {t.training_id for t in pack.trainings
-               if ((records.training(pack.pack_id, t.training_id) or {}).get("runs_in"))}
-    named = set(said.get("packs") or [])
-    return [p for p in refit_packs(pack, [t for t in pack.trainings if t.training_id in runs_in], int(said["n"]))
-            if p.pack_id in named]
+    runs_in: dict[str, list[Training]] = {}
+    for t in pack.trainings:  # each named pack holds the trainings whose record says it runs them, in the pack's order
+        where = (records.training(pack.pack_id, t.training_id) or {}).get("runs_in")
+        if where:
+            runs_in.setdefault(str(where), []).append(t)
+    return [Pack(name, pack.partition, pack.mode, len(held), pack.trainings.index(held[0]), tuple(held),
+                 probe=pack.probe) for name in said.get("packs") or [] if (held := runs_in.get(name))]
 
 
 def _record_pack_oom(run: RunDir, plan: Plan, pack: Pack, since: float, why: str, records: RunRecords) -> list[str]:
@@ -372,16 +372,18 @@ def skip_for_memory(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training
     device = choose_device(settings.device, info)
     records = records or RunRecords(run)
     fit = check_pack(book, todo, pack.factor, settings, device == "cuda", info.memory_total_mb)
-    most = None  # below the todo's number, which did not fit
-    if fit.fits and records.refits(pack.pack_id):  # an earlier attempt refit it: what is left goes on so, never as
-        fit, most = Fit(False, f"{fit.why}; but earlier trainings of this pack ran at a smaller N (skipped for memory "
-                        "then): the rest goes on so"), pack.factor - 1  # a pack of N whose timing is no N's
+    # an earlier attempt refit it and some ran there (only then is the todo short of the pack): the rest goes on so,
+    # never as a pack of N whose timing is no N's
+    if fit.fits and len(todo) < len(pack.trainings) and records.refits(pack.pack_id):
+        fit = Fit(False, f"{fit.why}; but earlier trainings of this pack ran at a smaller N (skipped for memory "
+                  "then): the rest goes on so")
     if fit.fits:
         return None
-    # a measurement sweep that runs these grid points at a smaller N has them measured there: refitting adds nothing
+    # a measurement sweep that runs these grid points at a smaller N has them measured there, and a probe step's climb
+    # ends at the skipped N (its verdict): refitting adds nothing
     below = run_at_smaller_n(plan, pack)
-    left = [t for t in todo if t.training_id not in below]
-    refit = refit_n(book, left, settings, device == "cuda", info.memory_total_mb, most) if left else None
+    left = [] if plan.phase == PROBE else [t for t in todo if t.training_id not in below]
+    refit = refit_n(book, left, settings, device == "cuda", info.memory_total_mb, pack.factor - 1) if left else None
     refits = refit_packs(pack, left, refit.n) if refit is not None else []
     runs_in = {t.training_id: r.pack_id for r in refits for t in r.trainings}
     now = time.time()
@@ -394,8 +396,8 @@ def skip_for_memory(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training
         if plan.phase:
             rec["phase"] = plan.phase
         write_json_atomic(run.training_record(pack.pack_id, t.training_id), rec)
-    why = refit.why if refit is not None else \
-        f"its {len(below)} training(s)' grid points run at a smaller N in this plan"
+    why = refit.why if refit is not None else "a probe step: its climb ends at the skipped N" \
+        if plan.phase == PROBE else f"its {len(below)} training(s)' grid points run at a smaller N in this plan"
     said = {"n": refit.n if refit is not None else None, "why": why, "packs": [r.pack_id for r in refits]}
     print(f"gpupack: pack {pack.pack_id} not started, skipped for memory: {fit.why}; "
           + (f"its trainings run at N={refit.n} ({len(refits)} pack(s))" if refit is not None else why),
