@@ -51,30 +51,40 @@ def _measured(mb: float) -> Figure:
 GPU = 16384.0
 
 
-@pytest.mark.parametrize("peaks, margin, expected_mb, source", [
+@pytest.mark.parametrize("peaks, margin, stated, expected_mb, source", [
     # nothing measured: the equal split, as before
-    ([None, None], 0.25, [6553.6, 6553.6], "packing.memory_fraction=0.8 / N=2"),
+    ([None, None], 0.25, None, [6553.6, 6553.6], "packing.memory_fraction=0.8 / N=2"),
     # a figure the user stated is not a measurement: the equal split
-    ([Figure(2000.0, "sweep.training_memory_mb=2000"), None], 0.25, [6553.6, 6553.6], "/ N=2"),
+    ([Figure(2000.0, "sweep.training_memory_mb=2000"), None], 0.25, None, [6553.6, 6553.6], "/ N=2"),
     # measured: its peak x 1.25; the unmeasured one gets the rest of 0.8 x 16 GB
-    ([_measured(2000.0), None], 0.25, [2500.0, 0.8 * GPU - 2500.0], "runs/x: 2000 MB x (1 + packing.memory_margin"),
-    ([_measured(2000.0), None, None], 0.5, [3000.0, (0.8 * GPU - 3000.0) / 2, (0.8 * GPU - 3000.0) / 2],
+    ([_measured(2000.0), None], 0.25, None, [2500.0, 0.8 * GPU - 2500.0],
+     "runs/x: 2000 MB x (1 + packing.memory_margin"),
+    ([_measured(2000.0), None, None], 0.5, None, [3000.0, (0.8 * GPU - 3000.0) / 2, (0.8 * GPU - 3000.0) / 2],
      "packing.memory_margin=0.5"),
-    # all measured: the whole 0.8 x 16 GB dealt in proportion to each one's measure x 1.25 (2500 : 5000), none left
-    # unshared (a training grown past its measure would get an OOM that rules its N out, with memory free)
-    ([_measured(2000.0), _measured(4000.0)], 0.25, [0.8 * GPU / 3, 0.8 * GPU * 2 / 3],
-     "x (1 + packing.memory_margin=0.25), x 1.75 to deal all of packing.memory_fraction=0.8 in proportion"),
-    ([_measured(1000.0)] * 2, 0.0, [6553.6, 6553.6], "1000 MB x (1 + packing.memory_margin=0), x 6.55"),
-    # exactly filled: nothing to scale
-    ([_measured(5242.88)] * 2, 0.25, [6553.6, 6553.6], "5243 MB x (1 + packing.memory_margin=0.25)"),
-    # the measured shares do not fit 0.8 x 16 GB (2 x 6000 x 1.25 = 15000 MB): the equal split, saying why
-    ([_measured(6000.0), _measured(6000.0)], 0.25, [6553.6, 6553.6], "do not fit 0.8 x the device (13107 MB)"),
-    # they fit alone but leave nothing for the unmeasured one: the equal split
-    ([_measured(10486.0), None], 0.25, [6553.6, 6553.6], "with room for 1 unmeasured"),
-], ids=["none", "stated", "one-measured", "margin", "all-measured", "no-margin", "exact", "too-big",
-        "no-room"])
-def test_a_trainings_share_comes_from_earlier_records_with_a_margin(peaks, margin, expected_mb, source):
-    shares = memory_shares(0.8, GPU, peaks, margin)
+    # all measured: the whole 0.8 x 16 GB dealt in proportion to the peaks (2000 : 4000), none left unshared (a
+    # training grown past its measure would get an OOM that rules its N out, with memory free), whatever the margin
+    ([_measured(2000.0), _measured(4000.0)], 0.25, None, [0.8 * GPU / 3, 0.8 * GPU * 2 / 3],
+     "2000 MB x 2.18: all of packing.memory_fraction, in proportion to the measured peaks"),
+    ([_measured(1000.0)] * 2, 0.0, None, [6553.6, 6553.6], "1000 MB x 6.55: all of packing.memory_fraction"),
+    # all measured, peaks within the fraction but not with the margin (0.6 + 0.1 of the device <= 0.8 < 0.875): still
+    # in proportion, none below its peak (not the equal split, which would hold the 9830 MB one to 6554 MB)
+    ([_measured(0.6 * GPU), _measured(0.1 * GPU)], 0.25, None, [0.8 * GPU * 6 / 7, 0.8 * GPU / 7], "x 1.14"),
+    # the measured peaks pass 0.8 x 16 GB: the equal split, saying why
+    ([_measured(7000.0), _measured(7000.0)], 0.25, None, [6553.6, 6553.6], "pass 0.8 x the device (13107 MB)"),
+    # one measured, the rest would starve the unmeasured one (0.8 - 0.6 x 1.25 = 0.05 of the device < 1024 MB): the
+    # margin is given up for it, down to the peak: 0.6 x 16 GB and 0.2 x 16 GB
+    ([_measured(0.6 * GPU), None], 0.25, None, [0.8 * GPU - 1024.0, 1024.0],
+     "the margin cut for 1024 MB to each unmeasured"),
+    # ... but not below the peak: three unmeasured need 3 x 1024 MB > 0.15 x 16 GB left: the equal split, saying why
+    ([_measured(0.65 * GPU), None, None, None], 0.25, None, [0.2 * GPU] * 4,
+     "leave less than 1024 MB for each of 3 unmeasured"),
+    # sweep.training_memory_mb stated: what each unmeasured one keeps at least (here 2000 MB of the 0.8 x 16 GB)
+    ([_measured(8000.0), None, None], 0.25, 2000.0, [0.8 * GPU - 4000.0, 2000.0, 2000.0], "the margin cut for 2000"),
+    ([_measured(8000.0), None, None], 0.25, 3000.0, [0.8 * GPU / 3] * 3, "leave less than 3000 MB for each of 2"),
+], ids=["none", "stated", "one-measured", "margin", "all-measured", "no-margin", "all-measured-tight", "too-big",
+        "margin-cut", "starved", "stated-floor", "stated-starved"])
+def test_a_trainings_share_comes_from_earlier_records_with_a_margin(peaks, margin, stated, expected_mb, source):
+    shares = memory_shares(0.8, GPU, peaks, margin, stated)
     assert shares is not None and [s.mb for s in shares] == pytest.approx(expected_mb)
     assert [s.fraction for s in shares] == pytest.approx([mb / GPU for mb in expected_mb])
     assert source in shares[0].source, shares[0].source
@@ -260,3 +270,25 @@ def test_a_bad_memory_margin_is_one_line_before_anything(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "packing.memory_margin=-0.5" in err and "HINT" in err, err
     assert "packing.memory_margin=0.25" in err and not (tmp_path / "run").exists()
+
+
+def test_a_share_is_never_sized_by_a_training_cut_short(tmp_path, monkeypatch):
+    """A training that ran out of memory (its share, a neighbour's fault) or was taken down peaked at no more than it
+    was let: a lower bound, not a measure. Neither an earlier run's such record nor one this run learns sizes a share:
+    the equal split stays."""
+    from gpupack.job.fit import PeakBook
+
+    monkeypatch.setattr(monitor, "_nvml", lambda: FakeNvml(names=["Tesla T4"]))
+    run, pack = _pack(tmp_path, n=2)
+    earlier = RunDir(tmp_path / "earlier")
+    write_json_atomic(earlier.plan, read_json(run.plan))
+    first, second = pack.trainings
+    cut = {"training_id": first.training_id, "workload": first.workload, "params": dict(first.params),
+           "status": "oom", "memory": {"peak_gpu_mem_mb": 3276.8}}
+    write_json_atomic(earlier.training_record(pack.pack_id, first.training_id), cut)
+    book = PeakBook(run, pack.trainings)
+    assert book.figure(first, on_gpu=True, stated_mb=None) is None
+    book.learn({second.training_id: second}, [{**cut, "training_id": second.training_id, "status": "victim"}])
+    assert book.figure(second, on_gpu=True, stated_mb=None) is None
+    book.learn({second.training_id: second}, [{**cut, "training_id": second.training_id, "status": "completed"}])
+    assert book.figure(second, on_gpu=True, stated_mb=None).mb == pytest.approx(3276.8 + CUDA_CONTEXT_MB)

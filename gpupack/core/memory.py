@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from gpupack.core.journal import Folded, read_folded
-from gpupack.core.records import read_json_or_none
+from gpupack.core.records import COMPLETED, read_json_or_none
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import Capacity
 from gpupack.errors import ConfigError
@@ -138,16 +138,18 @@ def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_
 
 
 def measured_by_setting(runs: Iterable[Path], workload: str, settings: set[str],
-                        seed_key: str = "seed") -> dict[str, Measured]:
-    """As :func:`find_measured`, each of ``settings`` apart (a streaming lane's admission: a training's own peak)."""
+                        seed_key: str = "seed", completed_only: bool = False) -> dict[str, Measured]:
+    """As :func:`find_measured`, each of ``settings`` apart (a streaming lane's admission: a training's own peak).
+    ``completed_only``: the peaks of trainings that completed alone (what a share is sized by: a training cut short,
+    by its share or a neighbour, peaked at no more than it was let, a lower bound of its need, not a measure)."""
     by: dict[str, list[tuple[str, float | None, float | None, str]]] = {}
-    for seen in _peaks(runs, workload, settings, seed_key):
+    for seen in _peaks(runs, workload, settings, seed_key, completed_only):
         by.setdefault(seen[0], []).append(seen)
     return {setting: _highest(seen) for setting, seen in by.items()}
 
 
-def _peaks(runs: Iterable[Path], workload: str, settings: set[str],
-           seed_key: str) -> Iterator[tuple[str, float | None, float | None, str]]:
+def _peaks(runs: Iterable[Path], workload: str, settings: set[str], seed_key: str,
+           completed_only: bool = False) -> Iterator[tuple[str, float | None, float | None, str]]:
     """(setting, host peak, GPU peak, run) of each earlier training of ``workload`` in one of ``settings`` that
     recorded a peak: GPU memory per process as NVML saw it, else torch's own peak plus a CUDA context."""
     read = 0
@@ -159,7 +161,8 @@ def _peaks(runs: Iterable[Path], workload: str, settings: set[str],
                 return
             read += 1
             setting = setting_key(rec.get("params") or {}, seed_key) if rec else ""
-            if not rec or rec.get("workload") != workload or setting not in settings:
+            if not rec or rec.get("workload") != workload or setting not in settings \
+                    or (completed_only and rec.get("status") != COMPLETED):
                 continue
             own = rec.get("memory") or {}
             by_sampler = sampled.get(str(rec.get("training_id")), {})
@@ -227,38 +230,52 @@ def memory_share(fraction: float | None, device_total_mb: float | None, slots: i
 
 
 def memory_shares(fraction: float | None, device_total_mb: float | None, peaks: Sequence[Figure | None],
-                  margin: float) -> list[MemoryShare] | None:
-    """Each of a pack's trainings' share (one per ``peaks``, what earlier records measured of its setting; None or a
-    figure not measured: nothing measured). A training whose setting was measured gets that peak x (1 + ``margin``)
-    (``packing.memory_margin``), where those shares together fit ``fraction`` of the device; the rest of it is split
-    evenly among the others. Where every training was measured, the whole ``fraction`` is dealt in proportion to what
-    each needs (none gets less than its measure): memory left unshared would only turn a training that grows past its
-    measure into an OOM, and an OOM rules its N out. Where none was measured, or the measured shares do not fit (with
-    room for the others), every training gets the equal split, ``fraction`` / N (:func:`memory_share`). None: sharing
-    off, or no GPU. Pure.
+                  margin: float, stated_mb: float | None = None) -> list[MemoryShare] | None:
+    """Each of a pack's trainings' share of ``fraction`` of the device (one per ``peaks``: what earlier records
+    measured of its setting; None, or a figure not measured: nothing measured). Pure.
+
+    - Nothing measured: the equal split, ``fraction`` / N (:func:`memory_share`).
+    - Every training measured, their peaks within the fraction: the whole of it dealt in proportion to them, so none
+      gets less than its peak and none is left unshared (memory left over would only turn a training that grows past
+      its measure into an OOM, and an OOM rules its N out).
+    - Some measured: each of those gets its peak x (1 + ``margin``) (``packing.memory_margin``), the others split the
+      rest, provided each of them keeps at least what an unmeasured training is expected to need (``stated_mb``,
+      sweep.training_memory_mb, else :data:`DEFAULT_GPU_MB`; never more than the equal split); where that takes some
+      of the margin, the measured ones give it up (never going below their peak).
+    - Otherwise (the measured peaks alone pass the fraction, or leave too little for the others): the equal split, and
+      each share says why. None: sharing off, or no GPU.
     """
     equal = memory_share(fraction, device_total_mb, len(peaks))
     if equal is None or fraction is None or device_total_mb is None:
         return None
     budget = fraction * device_total_mb
-    wanted = [p.mb * (1 + margin) if p is not None and p.measured else None for p in peaks]
-    known = sum(w for w in wanted if w is not None)
-    others = sum(w is None for w in wanted)
-    if known == 0:
+    measured = [p.mb if p is not None and p.measured else None for p in peaks]
+    need = sum(m for m in measured if m is not None)
+    others = sum(m is None for m in measured)
+    if need == 0:
         return [equal] * len(peaks)
-    if known > budget or (others and known >= budget):
-        why = f"{equal.source}: the measured shares ({known:.0f} MB) do not fit {fraction:g} x the device " \
-              f"({budget:.0f} MB)" + (f" with room for {others} unmeasured" if others else "")
+    floor = min(equal.mb, stated_mb if stated_mb is not None else DEFAULT_GPU_MB)  # each unmeasured one's least
+    if not others:
+        scale = budget / need if need <= budget else None
+    elif budget - need * (1 + margin) >= others * floor:
+        scale = 1 + margin
+    elif budget - need >= others * floor:
+        scale = (budget - others * floor) / need  # some of the margin given up for the unmeasured (>= 1)
+    else:
+        scale = None
+    if scale is None:
+        why = (f"{equal.source}: the measured peaks ({need:.0f} MB) "
+               + (f"leave less than {floor:.0f} MB for each of {others} unmeasured" if need <= budget else
+                  f"pass {fraction:g} x the device ({budget:.0f} MB)"))
         return [MemoryShare(equal.fraction, equal.mb, why)] * len(peaks)
-    rest = (budget - known) / others if others else 0.0
-    scale = 1.0 if others else budget / known  # all measured: the whole fraction, in proportion (>= 1)
+    rest = (budget - need * scale) / others if others else 0.0
     out = []
-    for p, w in zip(peaks, wanted):
-        if w is not None and p is not None:
-            out.append(MemoryShare(w * scale / device_total_mb, w * scale, f"{p.source}: {p.mb:.0f} MB x (1 + "
-                                   f"packing.memory_margin={margin:g})"
-                                   + (f", x {scale:.3g} to deal all of packing.memory_fraction={fraction:g} in "
-                                      "proportion" if scale > 1.0 else "")))
+    for p, m in zip(peaks, measured):
+        if m is not None and p is not None:
+            how = (f"x (1 + packing.memory_margin={margin:g})" if others and scale == 1 + margin else
+                   f"x {scale:.3g}: " + ("all of packing.memory_fraction, in proportion to the measured peaks"
+                                         if not others else f"the margin cut for {floor:.0f} MB to each unmeasured"))
+            out.append(MemoryShare(m * scale / device_total_mb, m * scale, f"{p.source}: {m:.0f} MB {how}"))
         else:
             out.append(MemoryShare(rest / device_total_mb, rest, f"the rest of packing.memory_fraction={fraction:g} "
                                    f"after {len(peaks) - others} measured share(s), over {others} unmeasured"))

@@ -530,7 +530,8 @@ def own_shares(run: RunDir, todo: Sequence[Training], settings: PackSettings, in
     which trainings share the GPU there changes as they are claimed."""
     book = book if book is not None else PeakBook(run, todo)
     peaks = [book.figure(t, on_gpu=True, stated_mb=None) for t in todo]
-    shares = memory_shares(settings.memory_share, info.memory_total_mb, peaks, settings.memory_margin) or []
+    shares = memory_shares(settings.memory_share, info.memory_total_mb, peaks, settings.memory_margin,
+                           settings.training_memory_mb) or []
     return {t.training_id: s for t, s in zip(todo, shares)}
 
 

@@ -18,6 +18,7 @@ from gpupack.core.admission import peak_of
 from gpupack.core.memory import Figure, Measured, candidate_runs, measured_by_setting, setting_key
 from gpupack.core.pack_fit import Budget, Fit, Refit, largest_fit, pack_budget, pack_fit, training_peak
 from gpupack.core.plan import Training
+from gpupack.core.records import COMPLETED
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.workloads import load_workload
@@ -26,8 +27,8 @@ SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to p
 
 
 class PeakBook:
-    """The highest host and GPU peaks per setting: this run's (read once, then learnt as packs end) and earlier
-    runs' (read once). Shared by the threads of a job of several GPUs."""
+    """The highest host and GPU peaks per setting of trainings that completed: this run's (read once, then learnt as
+    packs end) and earlier runs' (read once). Shared by the threads of a job of several GPUs."""
 
     def __init__(self, run: RunDir, trainings: Sequence[Training]) -> None:
         self._seed_keys: dict[str, str] = {}
@@ -47,14 +48,18 @@ class PeakBook:
             return out
         for name in {t.workload for t in trainings}:
             seen = {self.setting(t)[1] for t in trainings if t.workload == name}
-            for setting, m in measured_by_setting(runs, name, seen, self._seed_keys[name]).items():
+            for setting, m in measured_by_setting(runs, name, seen, self._seed_keys[name], completed_only=True).items():
                 out[name, setting] = m
         return out
 
     def learn(self, trainings: Mapping[str, Training], records: Iterable[Mapping[str, object]]) -> None:
-        """The peaks a pack's training records say (``trainings``: by id), each its setting's in this run if higher."""
+        """The peaks a pack's completed training records say (``trainings``: by id), each its setting's in this run
+        if higher. A training cut short (its share, a neighbour's fault, a victim about to run again) peaked at no
+        more than it was let: a lower bound of its need, which would size the next share too small."""
         with self._lock:
             for rec in records:
+                if rec.get("status") != COMPLETED:
+                    continue
                 t = trainings.get(str(rec.get("training_id")))
                 host, gpu = peak_of(rec, on_gpu=False), peak_of(rec, on_gpu=True) if rec.get("gpu_type") != "cpu" \
                     else None
