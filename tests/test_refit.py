@@ -151,7 +151,7 @@ def test_a_skipped_packs_trainings_run_at_the_largest_n_that_fits_and_are_not_ru
     from gpupack.report.terminal import skipped_lines
 
     (line,) = skipped_lines(outcome.collected.summary)
-    assert line.endswith("; 5 of them ran at the largest N that fits instead (its row)"), line
+    assert line.endswith("; 5 of them went on at the largest N that fits instead (its row)"), line
     assert summary.loc[2, "trainings"] == 4 and summary.loc[2, "packs"] == 2 and summary["unfinished"].sum() == 0
     # status: every training completed, the pack done, saying where its trainings ran
     st = sweep.status(run_dir)
@@ -317,6 +317,8 @@ def test_refits_of_finds_the_packs_a_resume_refit_at_another_n(tmp_path):
     run = RunDir(run_dir)
     said = read_json(run.pack_record("local-process-n05-000"))["refit"]
     assert said["n"] == 3 and said["packs"] == ["local-process-n05-000.n03-002"]
+    (st,) = sweep.status(run_dir).packs  # where they run now, not the earlier attempt's refit folders too
+    assert st.refit == "its trainings run at N=3 in 1 pack(s) (local-process-n05-000.n03-002)"
     parent = Plan.from_json(read_json(run.plan)).pack("local-process-n05-000")
     (refit,) = refits_of(parent, RunRecords(run))
     assert (refit.pack_id, refit.factor) == ("local-process-n05-000.n03-002", 3)
@@ -343,3 +345,25 @@ def test_a_probe_step_refits_nothing_its_climb_ends_at_the_skipped_n(tmp_path):
     assert all(s["refit"] == {"n": None, "packs": [], "why": "a probe step: its climb ends at the skipped N"}
                for s in skipped)
     assert not [p for p in step.iterdir() if ".n0" in p.name]  # no refit pack
+
+
+def test_only_a_training_skipped_for_memory_looks_for_a_refit_pack(tmp_path, monkeypatch):
+    """Whether a training ran (resume) or where it stands (status) looks through the run's refit packs (every pack's
+    folder listed) only for a training skipped for memory: a pack's job in a run of thousands of packs, which asks
+    of each of its trainings, lists nothing."""
+    from gpupack.core.journal import RunRecords
+    from gpupack.core.plan import Plan
+    from gpupack.core.records import read_json
+    from gpupack.core.rundir import RunDir
+
+    run_dir = tmp_path / "run"
+    assert sweep.run(sweep.prepare(_production(run_dir)), plots=False).ok
+    run = RunDir(run_dir)
+    parent = Plan.from_json(read_json(run.plan)).pack("local-process-n05-000")
+    listed = []
+    real = RunDir.pack_dirs
+    monkeypatch.setattr(RunDir, "pack_dirs", lambda self: listed.append(1) or real(self))
+    records = RunRecords(run)
+    assert not records.ran("local-process-n05-999", "w-0") and records.current("local-process-n05-999", "w-0") is None
+    assert listed == []  # no record, not skipped: nothing listed
+    assert all(records.ran(parent.pack_id, t.training_id) for t in parent.trainings) and listed == [1]  # once

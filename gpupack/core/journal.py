@@ -408,14 +408,19 @@ class RunRecords:
 
     def ran(self, pack_id: str, training_id: str) -> bool:
         """The training completed in its plan pack, or in a refit pack of it (its plan pack skipped for memory)."""
-        return self.completed(pack_id, training_id) or any(self.completed(r, training_id)
-                                                           for r in self.refits(pack_id))
+        rec = self.training(pack_id, training_id)
+        if rec is not None and rec.get("status") == COMPLETED:
+            return True
+        # only a training skipped for memory here may have run in a refit pack: the others never look for one (that
+        # lists every pack's folder, once a RunRecords; a pack's job in a run of thousands makes one of its own)
+        return rec is not None and rec.get("status") == SKIPPED_MEMORY and any(self.completed(r, training_id)
+                                                                               for r in self.refits(pack_id))
 
     def current(self, pack_id: str, training_id: str) -> dict[str, Any] | None:
         """The training's record that says where it stands: its plan pack's, unless that pack was skipped for memory
         and a refit pack of it has run the training since (the latest such record)."""
         rec = self.training(pack_id, training_id)
-        if rec is not None and rec.get("status") != SKIPPED_MEMORY:
+        if rec is None or rec.get("status") != SKIPPED_MEMORY:  # only a skipped one may have run elsewhere
             return rec
         later = [r for refit in self.refits(pack_id) if (r := self.training(refit, training_id)) is not None]
         return max(later, key=lambda r: float(r.get("started_at") or 0)) if later else rec

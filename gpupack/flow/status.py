@@ -169,7 +169,7 @@ def status(run_dir: Path | str) -> RunStatus:
         state = pack_status(p, done, pack_rec is not None and not to_refit, job, states,
                             started=records.started(p.pack_id), held=held.holds(run.pack_lock(p.pack_id)),
                             sweep_held=sweep_held, skipped=skipped)
-        why, refit = skipped_words(pack_rec, records.refits(p.pack_id))
+        why, refit = skipped_words(pack_rec)
         packs.append(PackStatus(p.pack_id, p.partition, state, done, len(p.trainings), job, skipped, why, refit))
     by_pack = {s.pack_id: s.state for s in packs}
     queues: dict[str, dict[str, dict[str, Any]]] = {}  # a streaming queue's claims, read once: who runs what
@@ -202,11 +202,13 @@ def skipped_here(rec: Mapping[str, Any] | None) -> bool:
     return rec is not None and rec.get("status") == SKIPPED_MEMORY and not rec.get("runs_in")
 
 
-def skipped_words(pack_rec: Mapping[str, Any] | None, refits: list[str]) -> tuple[str | None, str | None]:
-    """Why a pack was skipped for memory (None: it was not), and where its trainings run instead, in words. Pure."""
+def skipped_words(pack_rec: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
+    """Why a pack was skipped for memory (None: it was not), and where its trainings run instead, in words: the refit
+    packs its record names (its latest attempt's; an earlier attempt's, cut off, are not where they run now). Pure."""
     if pack_rec is None or not pack_rec.get("skipped_memory"):
         return None, None
     said = pack_rec.get("refit") or {}
+    refits = [str(name) for name in said.get("packs") or []]
     if not refits:
         return str(pack_rec["skipped_memory"]), str(said.get("why")) if said.get("why") else None
     return str(pack_rec["skipped_memory"]), f"its trainings run at N={said.get('n')} in {len(refits)} pack(s) " \

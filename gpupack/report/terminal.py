@@ -82,7 +82,7 @@ def skipped_lines(summary: pd.DataFrame) -> list[str]:
         refit = int(r.get("skipped_refit") or 0)  # run at the largest N that fits instead: counted at that N
         lines.append(f"N={int(r['factor'])} skipped for memory on {r['partition']} ({r['gpu_type']}), {r['mode']}: "
                      f"{int(r['skipped_memory'])} training(s) not started; {why}"
-                     + (f"; {refit} of them ran at the largest N that fits instead (its row)" if refit else ""))
+                     + (f"; {refit} of them went on at the largest N that fits instead (its row)" if refit else ""))
     return lines
 
 
