@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from gpupack.analysis.load import load_records
 from gpupack.core.columnar import ColumnarReader
@@ -109,7 +110,8 @@ def test_curves_and_logs_stay_beside_the_frame_where_they_lie_and_reach_the_rows
     bench.write_run(tmp_path / "run", 2000, factors=[4, 8], layout="lanes", lanes=12)
     columnar = load_records([tmp_path / "run"])
     t = columnar.trainings
-    assert not {"curve", "logs"} & set(t.columns) and set(columnar.aside.column_names) == {"curve", "logs"}
+    assert not {"curve", "logs"} & set(t.columns)
+    assert set(columnar.aside.column_names) == {"curve", "logs", "training_id"}  # the ids: what checks a row's own
     assert columnar.aside.num_rows == len(t) and columnar.aside.column("curve").num_chunks >= 10  # not joined
     assert all(t[c].array.__arrow_array__().num_chunks == 1 for c in ("training_id", "pack_id", "status"))
     from_json = load_records([tmp_path / "run"], columnar=False)
@@ -118,6 +120,10 @@ def test_curves_and_logs_stay_beside_the_frame_where_they_lie_and_reach_the_rows
     got = columnar.with_aside(scattered).set_index(["training_id", "attempt"])[["curve", "logs"]]
     assert got["curve"].notna().all() and got["logs"].notna().all()
     pd.testing.assert_frame_equal(got, expected.loc[got.index])
+    with pytest.raises(ValueError, match="index is not each row's position"):  # a frame reordered, index reset
+        columnar.with_aside(t.sort_values("training_id", ascending=False).reset_index(drop=True))
+    with pytest.raises(ValueError, match="index is not each row's position"):
+        columnar.with_aside(t.iloc[::-1].reset_index(drop=True).iloc[:10])
     from gpupack.report.files import write_trainings
 
     written = pd.read_parquet(write_trainings(columnar, tmp_path / "out")).set_index(["training_id", "attempt"])

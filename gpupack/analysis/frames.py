@@ -41,6 +41,7 @@ TEXT_COLUMNS = ("curve", "params", "knobs", "cpus", "metrics", "logs", "training
 # logs are kept, read by one plot and where a log is shown, never by the tables. Left in the chunks they were read in
 # (a lane's memory-mapped file) they cost nothing until read; in the frame, every filter of it would copy them.
 ASIDE = ("curve", "logs")
+TRAINING_ID = "training_id"  # kept beside them too, as read (no copy): what tells a row's values are its own
 
 
 @dataclass
@@ -100,6 +101,8 @@ def _set_aside(table: pa.Table, names: Sequence[str]) -> tuple[pa.Table, pa.Tabl
     held it as JSON text in some and as a scalar in others (two columns, ``json:<name>`` and ``<name>``) is one text
     column: the JSON where there is, else the scalar as JSON."""
     apart: dict[str, pa.ChunkedArray] = {}
+    if names and TRAINING_ID in table.column_names:
+        apart[TRAINING_ID] = table.column(TRAINING_ID)
     for name in names:
         found = [c for c in (JSON_PREFIX + name, name) if c in table.column_names]
         if not found:
@@ -108,7 +111,7 @@ def _set_aside(table: pa.Table, names: Sequence[str]) -> tuple[pa.Table, pa.Tabl
         columns = [c if c.type == STRING else c.cast(STRING) for c in columns]
         apart[name] = columns[0] if len(columns) == 1 else pc.coalesce(*columns)
         table = table.drop_columns(found)
-    return table, pa.table(apart) if apart else pa.table({})
+    return table, pa.table(apart) if len(apart) > (TRAINING_ID in apart) else pa.table({})
 
 
 def take_rows(column: pa.ChunkedArray, positions: np.ndarray) -> pa.ChunkedArray:

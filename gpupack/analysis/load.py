@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
-from gpupack.analysis.frames import ASIDE, Pieces, take_rows
-from gpupack.core.columnar import ColumnarReader, pack_rows, read_records, split_rows
+from gpupack.analysis.frames import ASIDE, TRAINING_ID, Pieces, take_rows
+from gpupack.core.columnar import STRING, ColumnarReader, pack_rows, read_records, split_rows
 from gpupack.core.journal import PACK, TRAINING, folder_records, identity, kept_log
 from gpupack.core.lane_columnar import Entry, LaneColumns, Part, later_counts, once, read_lane_columnar, tail_entries
 from gpupack.core.records import read_json
@@ -60,12 +60,28 @@ class Records:
     def with_aside(self, rows: pd.DataFrame, names: Sequence[str] = ASIDE) -> pd.DataFrame:
         """``rows`` (a selection of :attr:`trainings`, its index kept) with the columns ``names`` it lacks, from
         :attr:`aside`: JSON text, as the frame holds lists and dicts."""
+        columns = self.aside_of(rows, names)
+        return rows.assign(**{n: np.array(c.to_pylist(), dtype=object) for n, c in columns.items()}) if columns \
+            else rows
+
+    def aside_of(self, rows: pd.DataFrame, names: Sequence[str] = ASIDE) -> dict[str, pa.ChunkedArray]:
+        """The columns ``names`` of :attr:`aside` that ``rows`` lacks, a value for each of its rows, in Arrow. Raises
+        ValueError where ``rows`` is not a selection of :attr:`trainings` as loaded (its index reset or joined with
+        another's: each row's index is its position in the frame loaded, checked by training id)."""
         missing = [n for n in names if n not in rows and n in self.aside.column_names]
         if not missing:
-            return rows
+            return {}
         positions = rows.index.to_numpy(dtype=np.int64)
-        return rows.assign(**{n: np.array(take_rows(self.aside.column(n), positions).to_pylist(), dtype=object)
-                              for n in missing})
+        try:
+            columns = {n: take_rows(self.aside.column(n), positions) for n in (*missing, TRAINING_ID)}
+        except (IndexError, pa.ArrowException) as err:
+            raise ValueError(f"rows not of Records.trainings as loaded: {err}") from err
+        ids = rows[TRAINING_ID].to_numpy(dtype=object) if TRAINING_ID in rows else None
+        taken = columns.pop(TRAINING_ID)
+        if ids is not None and len(ids) and not pc.all(pc.equal(taken, pa.array(ids, STRING))).as_py():
+            raise ValueError("rows not of Records.trainings as loaded: their index is not each row's position there "
+                             "(reset, or joined with another frame's); select rows with their index kept")
+        return columns
 
     def latest(self) -> pd.DataFrame:
         """Each training's latest record (earlier attempts, kept under attempts/, left out)."""

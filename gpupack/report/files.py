@@ -6,13 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpupack.analysis.aggregate import Collected
-from gpupack.analysis.frames import take_rows
 from gpupack.analysis.load import Records
 from gpupack.core.records import SCHEMA_VERSION, write_json_atomic
 from gpupack.core.rundir import RunDir
@@ -50,10 +48,8 @@ def write_trainings(records: Records, out: Path) -> Path | None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "trainings.parquet"
     table = pa.Table.from_pandas(_text_columns(records.trainings), preserve_index=False)
-    positions = records.trainings.index.to_numpy(dtype=np.int64)
-    for name in records.aside.column_names:  # the curves and logs, from where they lie (no copy in the frame)
-        if name not in table.column_names:
-            table = table.append_column(name, take_rows(records.aside.column(name), positions))
+    for name, column in records.aside_of(records.trainings).items():  # the curves and logs, from where they lie
+        table = table.append_column(name, column)
     pq.write_table(table, path)
     return path
 
