@@ -115,3 +115,49 @@ def test_without_admission_no_pack_is_held_against_the_share(tmp_path):
     run_dir = tmp_path / "run"
     assert sweep.run(sweep.prepare(_hold_sweep(run_dir, 500, "packing.admission=off")), plots=False).ok
     assert {r["status"] for r in _records(run_dir, "training")} == {"completed"}
+
+
+def test_a_lanes_book_learns_what_lanes_beside_it_fold_meanwhile(tmp_path):
+    """Lanes run at the same time: before a pack starts, a lane reads the new lines of the run's journals (at most
+    every REFRESH_EVERY_S) and learns the completed trainings' peaks, so its larger packs are held against what another
+    lane just measured. A record it cannot place (a workload that does not load here) or that did not complete is
+    not learnt from."""
+    import json as _json
+
+    from gpupack.core.plan import make_plan
+    from gpupack.core.records import write_json_atomic
+    from gpupack.core.rundir import RunDir
+    from gpupack.job.fit import REFRESH_EVERY_S, PeakBook
+
+    run = RunDir(tmp_path / "run")
+    plan = make_plan(sweep="m", workload="tests.fake_workloads", grid={"tag": ["a", "b"]}, fixed={"steps": 1},
+                     factors=[2], modes=["process"], partitions=["local"], repeats=1)
+    write_json_atomic(run.plan, plan.to_json())
+    first = plan.packs[0].trainings[0]
+    run.lanes.mkdir(parents=True)
+    journal = run.lanes / "lane-other.jsonl"
+    journal.write_text("")
+    now = [0.0]
+    book = PeakBook(run, plan.packs[0].trainings, clock=lambda: now[0])
+    assert book.figure(first, on_gpu=False, stated_mb=None) is None
+
+    def fold(**rec: object) -> None:
+        with open(journal, "a") as f:
+            f.write(_json.dumps({"kind": "training", "folded_at": 1.0, "seq": 0, "record": {
+                "training_id": "x", "workload": first.workload, "params": dict(first.params), "status": "completed",
+                "memory": {"peak_rss_mb": 700.0}, **rec}}) + "\n")
+
+    fold(workload="no.such.workload", memory={"peak_rss_mb": 9000.0})  # not loadable here: ignored, no error
+    fold(status="oom", memory={"peak_rss_mb": 8000.0})  # cut short: a lower bound, not learnt
+    fold()
+    book.refresh()
+    assert book.figure(first, on_gpu=False, stated_mb=None) is None  # read at most every REFRESH_EVERY_S
+    now[0] += REFRESH_EVERY_S
+    book.refresh()
+    figure = book.figure(first, on_gpu=False, stated_mb=None)
+    assert figure is not None and figure.mb == 700.0 and "this run" in figure.source
+    fold(memory={"peak_rss_mb": 900.0})
+    now[0] += REFRESH_EVERY_S
+    book.refresh()  # only the new line: the highest so far, of the 2 completed trainings folded
+    again = book.figure(first, on_gpu=False, stated_mb=None)
+    assert again is not None and again.mb == 900.0 and again.source.startswith("the peak of 2 training(s)")

@@ -331,6 +331,7 @@ def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job
     book = peaks if peaks is not None or not settings.admission or pack.spread is not None \
         else PeakBook(run, pack.trainings)
     if book is not None and pack.spread is None:  # a spread pack is one training: nothing to pack
+        book.refresh()  # what lanes running beside this one measured since
         skipped = skip_for_memory(run, plan, pack, todo, settings, job, book, records, share)
         if skipped is not None:
             return skipped

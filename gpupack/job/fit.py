@@ -3,18 +3,21 @@ the peaks each setting reached, read once where a job begins and learnt as its p
 
 A lane of packs holds one :class:`PeakBook` for all its packs: the earlier runs' peaks and this run's, read at its
 start, and each pack's own trainings added as it ends, so the first pack of a setting (the smallest N runs first:
-:func:`gpupack.core.plan.measure_first`) measures what the larger ones are held against. Packs that other jobs run at
-the same time are seen by the next job that starts.
+:func:`gpupack.core.plan.measure_first`) measures what the larger ones are held against. What lanes running at the
+same time fold into their journals is read before a pack starts (:meth:`PeakBook.refresh`: their new lines only, at
+most every :data:`REFRESH_EVERY_S`), so a lane's N=4 pack is held against the N=1 another lane just measured.
 """
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
 from gpupack.core.admission import peak_of
+from gpupack.core.journal import TRAINING, journal_entries
 from gpupack.core.memory import Figure, Measured, candidate_runs, measured_by_setting, setting_key
 from gpupack.core.pack_fit import Budget, Fit, Refit, largest_fit, pack_budget, pack_fit, training_peak
 from gpupack.core.plan import Training
@@ -26,21 +29,60 @@ from gpupack.workloads import load_workload
 SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to peak alike
 
 
+REFRESH_EVERY_S = 30.0  # how often a lane reads what the others folded since (a stat a lane's journal: Lustre's cost)
+
+
 class PeakBook:
     """The highest host and GPU peaks per setting of trainings that completed: this run's (read once, then learnt as
-    packs end) and earlier runs' (read once). Shared by the threads of a job of several GPUs."""
+    packs end, its lanes' journals read again as they grow) and earlier runs' (read once). Shared by the threads of a
+    job of several GPUs."""
 
-    def __init__(self, run: RunDir, trainings: Sequence[Training]) -> None:
+    def __init__(self, run: RunDir, trainings: Sequence[Training],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._seed_keys: dict[str, str] = {}
+        self._unloadable: set[str] = set()
         self._lock = threading.Lock()
+        self._run, self._clock = run, clock
+        self._read_to = _journal_sizes(run)  # before the read below: a line folded meanwhile is read twice, not missed
+        self._refreshed = clock()
         earlier_runs = [r for r in candidate_runs(run.root) if r != run.root]
         self.this_run: dict[SettingKey, Measured] = self._read([run.root], trainings)
         self.earlier: dict[SettingKey, Measured] = self._read(earlier_runs, trainings)
 
     def setting(self, training: Training) -> SettingKey:
-        if training.workload not in self._seed_keys:
-            self._seed_keys[training.workload] = load_workload(training.workload).seed_key
-        return training.workload, setting_key(training.params, self._seed_keys[training.workload])
+        return training.workload, setting_key(training.params, self._seed_key(training.workload))
+
+    def _seed_key(self, workload: str) -> str:
+        if workload not in self._seed_keys:
+            self._seed_keys[workload] = load_workload(workload).seed_key
+        return self._seed_keys[workload]
+
+    def _key(self, workload: str, params: Mapping[str, object]) -> SettingKey | None:
+        """(workload, its setting: every hyperparameter but its seed) of another lane's record; None: its workload
+        does not load here (one this lane does not run), and is not learnt from."""
+        if workload in self._unloadable:
+            return None
+        try:
+            return workload, setting_key(params, self._seed_key(workload))
+        except Exception:  # noqa: BLE001 - whatever its import raises
+            self._unloadable.add(workload)
+            return None
+
+    def refresh(self) -> None:
+        """Learn what the run's lanes folded into their journals since it last looked (their new lines only): the
+        trainings other lanes completed meanwhile. At most every :data:`REFRESH_EVERY_S`."""
+        now = self._clock()
+        if now - self._refreshed < REFRESH_EVERY_S:
+            return
+        self._refreshed = now
+        for path, size in _journal_sizes(self._run).items():
+            start = self._read_to.get(path, 0)
+            if size <= start:  # nothing new (a journal is only appended to)
+                continue
+            entries, self._read_to[path] = journal_entries(path, start)
+            done = [e["record"] for e in entries if e.get("kind") == TRAINING]
+            self._learn_keyed((key, rec) for rec in done
+                              if (key := self._key(str(rec.get("workload")), _params(rec))) is not None)
 
     def _read(self, runs: Sequence[Path], trainings: Sequence[Training]) -> dict[SettingKey, Measured]:
         out: dict[SettingKey, Measured] = {}
@@ -56,16 +98,19 @@ class PeakBook:
         """The peaks a pack's completed training records say (``trainings``: by id), each its setting's in this run
         if higher. A training cut short (its share, a neighbour's fault, a victim about to run again) peaked at no
         more than it was let: a lower bound of its need, which would size the next share too small."""
+        self._learn_keyed((self.setting(t), rec) for rec in records
+                          if (t := trainings.get(str(rec.get("training_id")))) is not None)
+
+    def _learn_keyed(self, keyed: Iterable[tuple[SettingKey, Mapping[str, object]]]) -> None:
+        """Each completed record's peaks (with its setting), its setting's in this run if higher."""
         with self._lock:
-            for rec in records:
+            for key, rec in keyed:
                 if rec.get("status") != COMPLETED:
                     continue
-                t = trainings.get(str(rec.get("training_id")))
                 host, gpu = peak_of(rec, on_gpu=False), peak_of(rec, on_gpu=True) if rec.get("gpu_type") != "cpu" \
                     else None
-                if t is None or (host is None and gpu is None):
+                if host is None and gpu is None:
                     continue
-                key = self.setting(t)
                 was = self.this_run.get(key, Measured())
                 self.this_run[key] = Measured(host_mb=_higher(was.host_mb, host), gpu_mb=_higher(was.gpu_mb, gpu),
                                               trainings=was.trainings + 1, where="this run")
@@ -76,6 +121,22 @@ class PeakBook:
         with self._lock:
             return training_peak(_figure(self.this_run.get(key), on_gpu, "this run"),
                                  _figure(self.earlier.get(key), on_gpu, None), stated_mb)
+
+
+def _journal_sizes(run: RunDir) -> dict[Path, int]:
+    """Each lane journal of the run and its size now."""
+    sizes = {}
+    for path in run.lanes.glob("*.jsonl") if run.lanes.is_dir() else []:
+        try:
+            sizes[path] = path.stat().st_size
+        except OSError:  # removed meanwhile
+            continue
+    return sizes
+
+
+def _params(rec: Mapping[str, object]) -> Mapping[str, object]:
+    params = rec.get("params")
+    return params if isinstance(params, Mapping) else {}
 
 
 def _higher(a: float | None, b: float | None) -> float | None:
