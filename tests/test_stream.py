@@ -390,6 +390,30 @@ def test_a_lane_out_of_time_with_trainings_left_asks_its_backend_to_requeue(tmp_
     assert seen == ([signal.SIGUSR1] if requeues else [])
 
 
+def test_a_drained_lane_whose_last_record_stopped_claiming_does_not_requeue_itself(tmp_path, monkeypatch):
+    """A lane stopped claiming near its time limit (its record: 3 unclaimed), its requeued run ran those 3 and was
+    signalled before it wrote its own record. The next run finds the queue drained: it runs nothing and does not ask
+    to be requeued again on that stale record (on SLURM each ask spent one of max_num_timeout, until none was left)."""
+    run, plan = _plan(tmp_path, n_trainings=3, factor=1, jobs=1)
+    (pack,) = plan.packs
+    stopped = run_lane(str(run.root), pack.pack_id, PackSettings(device="cpu", fold=True, claim_until_s=0.0,
+                                                                 training_estimate_s=10.0))
+    assert stopped["unclaimed"] == 3 and stopped["stopped_claiming"]
+    for _, t in plan.queue(pack.stream or ""):  # what the killed run recorded, not folded before it was killed
+        write_json_atomic(run.training_record(pack.pack_id, t.training_id),
+                          {"kind": "training", "training_id": t.training_id, "pack_id": pack.pack_id,
+                           "home": pack.pack_id, "status": "completed", "started_at": 1.0, "ended_at": 2.0})
+    seen: list[int] = []
+    monkeypatch.setattr(_Requeueing, "requeues", True)
+    old = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    try:
+        rec = PackJob(_Requeueing)(str(run.root), pack.pack_id,  # type: ignore[arg-type]
+                                   PackSettings(device="cpu", fold=True, claim_until_s=100.0, training_estimate_s=10.0))
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert rec["unclaimed"] == 0 and seen == []
+
+
 # ---------------- end to end ----------------
 
 def test_the_cli_streams_a_sweep_and_collect_shows_occupancy(tmp_path, subprocess_env):

@@ -332,7 +332,10 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
             if lane.folds:  # an earlier run killed mid-fold left its folder: fold what is left
                 fold_pack(run, pack_id, pack_id)
                 write_lane_columnar(run, pack_id)
-            return done  # the queue is drained: nothing to run, nothing to move
+            # the queue is drained: nothing to run, nothing to move. The record is the last one a run of this lane
+            # wrote, which may be a run that stopped claiming with trainings left (a later run ran them and was
+            # killed before its own record): what is left now is nothing, or its job would requeue itself for ever
+            return {**done, "unclaimed": 0}
         released = release_stale(lane.folder, lane.holder, keep=completed)
         if lane.folds:  # the claims an earlier run of it held of trainings now folded as completed
             drop(lane.folder, completed, pack_id)
