@@ -141,11 +141,14 @@ def test_a_lanes_book_learns_what_lanes_beside_it_fold_meanwhile(tmp_path):
     book = PeakBook(run, plan.packs[0].trainings, clock=lambda: now[0])
     assert book.figure(first, on_gpu=False, stated_mb=None) is None
 
+    folded = [0]
+
     def fold(**rec: object) -> None:
+        folded[0] += 1
         with open(journal, "a") as f:
             f.write(_json.dumps({"kind": "training", "folded_at": 1.0, "seq": 0, "record": {
-                "training_id": "x", "workload": first.workload, "params": dict(first.params), "status": "completed",
-                "memory": {"peak_rss_mb": 700.0}, **rec}}) + "\n")
+                "training_id": f"x{folded[0]}", "workload": first.workload, "params": dict(first.params),
+                "status": "completed", "memory": {"peak_rss_mb": 700.0}, **rec}}) + "\n")
 
     fold(workload="no.such.workload", memory={"peak_rss_mb": 9000.0})  # not loadable here: ignored, no error
     fold(status="oom", memory={"peak_rss_mb": 8000.0})  # cut short: a lower bound, not learnt
@@ -161,3 +164,12 @@ def test_a_lanes_book_learns_what_lanes_beside_it_fold_meanwhile(tmp_path):
     book.refresh()  # only the new line: the highest so far, of the 2 completed trainings folded
     again = book.figure(first, on_gpu=False, stated_mb=None)
     assert again is not None and again.mb == 900.0 and again.source.startswith("the peak of 2 training(s)")
+    # the lane's own trainings, learnt as its pack ended, come again in its journal: counted once
+    own = {"training_id": "own", "workload": first.workload, "params": dict(first.params), "status": "completed",
+           "memory": {"peak_rss_mb": 800.0}}
+    book.learn({"own": first}, [own])
+    with open(journal, "a") as f:
+        f.write(_json.dumps({"kind": "training", "folded_at": 2.0, "seq": 0, "record": own}) + "\n")
+    now[0] += REFRESH_EVERY_S
+    book.refresh()
+    assert book.figure(first, on_gpu=False, stated_mb=None).source.startswith("the peak of 3 training(s)")

@@ -363,15 +363,14 @@ def run_measured(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], 
 
 
 def skip_for_memory(run: RunDir, plan: Plan, pack: Pack, todo: Sequence[Training], settings: PackSettings,
-                    job: JobEnvironment, book: PeakBook, records: RunRecords | None = None,
-                    share: LaneShare | None = None) -> dict[str, Any] | None:
+                    job: JobEnvironment, book: PeakBook, records: RunRecords,
+                    share: LaneShare | None) -> dict[str, Any] | None:
     """Hold the pack against its device's memory share by what its settings were measured to need
     (:func:`gpupack.job.fit.check_pack`); where it does not fit, record its trainings and itself as skipped for memory
     with the reason (its N infeasible), run its trainings at the largest N that fits (:func:`run_refits`), and return
     its record (None: it fits, and runs)."""
     info = detect_device(job.device_env())
     device = choose_device(settings.device, info)
-    records = records or RunRecords(run)
     fit = check_pack(book, todo, pack.factor, settings, device == "cuda", info.memory_total_mb)
     # an earlier attempt refit it and some ran there (only then is the todo short of the pack): the rest goes on so,
     # never as a pack of N whose timing is no N's

@@ -41,6 +41,8 @@ class PeakBook:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._seed_keys: dict[str, str] = {}
         self._unloadable: set[str] = set()
+        self._learnt: set[str] = set()  # the training records learnt: a lane's own, learnt as its pack ends, come again
+        # in its journal's new lines (refresh), and count once
         self._lock = threading.Lock()
         self._run, self._clock = run, clock
         self._read_to = _journal_sizes(run)  # before the read below: a line folded meanwhile is read twice, not missed
@@ -105,8 +107,9 @@ class PeakBook:
         """Each completed record's peaks (with its setting), its setting's in this run if higher."""
         with self._lock:
             for key, rec in keyed:
-                if rec.get("status") != COMPLETED:
+                if rec.get("status") != COMPLETED or (learnt := str(rec.get("training_id"))) in self._learnt:
                     continue
+                self._learnt.add(learnt)
                 host, gpu = peak_of(rec, on_gpu=False), peak_of(rec, on_gpu=True) if rec.get("gpu_type") != "cpu" \
                     else None
                 if host is None and gpu is None:
