@@ -254,3 +254,62 @@ def test_still_tied_asks_for_more_packs_than_now() -> None:
 
     c = choose({2: bimodal(7.4), 4: bimodal(7.0)})
     assert c.ties == (2, 4) and not c.provisional and c.repeats_needed == 11
+
+
+# --- paired within rounds ---------------------------------------------------------------------------------------
+
+def _rounds(true: dict[int, float], drift: list[float], jitter: float = 0.01, seed: int = 0):
+    """Each N once per round; round r's every pack slowed by drift[r] (what a round shares), a little noise each."""
+    rng = np.random.default_rng(seed)
+    times = {n: [t * d * (1 + jitter * rng.uniform(-1, 1)) for d in drift] for n, t in true.items()}
+    return times, {n: list(range(len(drift))) for n in true}
+
+
+def test_a_drift_shared_by_each_round_divides_out_when_paired() -> None:
+    """A machine whose speed swings by 2x between rounds hides a 10 % gain from the unpaired medians (a tie) and not
+    from the paired ratios, which are the gain itself round by round."""
+    true = {1: 10.0, 2: 9.0, 3: 9.6}
+    times, rounds = _rounds(true, [1.0, 2.0, 1.3, 0.7, 1.8, 1.1])
+    unpaired = choose(times)
+    paired = choose(times, rounds=rounds)
+    assert unpaired.ties == (1, 2, 3) and unpaired.best == 1 and unpaired.reference is None
+    assert paired.best == 2 and paired.ties == (2,) and paired.reference == 1
+    assert paired.relative[2].median == pytest.approx(0.9, rel=0.03) and paired.relative[1].median == 1.0
+    assert paired.relative[2].packs == 6 and "paired within rounds" in paired.method and "6 rounds" in paired.method
+
+
+def test_paired_needs_the_reference_in_two_rounds_and_every_n_beside_it_else_says_why() -> None:
+    times = {1: [10.0, 10.1], 2: [9.0, 9.1]}
+    one_round = choose(times, rounds={1: [0, 0], 2: [0, 1]})
+    assert one_round.reference is None
+    assert "unpaired: N=1 (the reference) ran in fewer than 2 rounds" in one_round.method
+    apart = choose(times, rounds={1: [0, 1], 2: [2, 3]})
+    assert apart.reference is None and "unpaired: N=2 shares no round with N=1" in apart.method
+    none = choose(times, rounds={1: [None, None], 2: [None, None]})
+    assert none.reference is None and "unpaired" in none.method
+
+
+def test_an_infeasible_smallest_n_hands_the_reference_to_the_next() -> None:
+    times, rounds = _rounds({1: 10.0, 2: 9.0, 4: 6.0}, [1.0, 1.5, 0.8])
+    c = choose(times, rounds=rounds, infeasible={1})
+    assert c.reference == 2 and c.best == 4 and set(c.relative) == {2, 4}
+
+
+def test_a_round_with_two_reference_packs_pairs_with_their_median_and_nan_packs_drop_with_their_round() -> None:
+    times = {1: [10.0, 12.0, 10.0, math.nan], 2: [9.0, 9.0, 9.0]}
+    c = choose(times, rounds={1: [0, 0, 1, 2], 2: [0, 1, 2]})  # N=1's NaN pack took round 2's pair with it
+    assert c.reference == 1 and c.relative[2].packs == 2
+    assert c.relative[2].median == pytest.approx(float(np.median([9 / 11, 9 / 10])))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_weighted_medians_are_the_medians_of_the_values_repeated(seed: int) -> None:
+    from gpupack.analysis.choose import _weighted_medians
+
+    rng = np.random.default_rng(seed)
+    values = np.sort(rng.uniform(0, 10, size=7))
+    weights = rng.integers(0, 4, size=(50, 7))
+    got = _weighted_medians(values, weights)
+    for row, w in zip(got, weights):
+        expected = np.median(np.repeat(values, w)) if w.sum() else np.nan
+        assert (math.isnan(row) and math.isnan(expected)) or row == pytest.approx(expected)

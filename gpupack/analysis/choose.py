@@ -24,6 +24,18 @@ a single pack widens the difference's interval, so it ties more often, never les
 
 ``provisional`` is True when the lowest or any N tying with it has fewer than ``min_packs`` packs.
 
+Paired over rounds
+------------------
+Where the packs ran in rounds (blocks in time, :func:`gpupack.core.plan.in_rounds`) and ``rounds`` says each pack's,
+every N is compared with the **reference** N (the smallest feasible one, in every round) *inside the same round*:
+each pack of N gives the ratio of its time per training to the reference's in its round (the reference's median
+there where a round holds several), and N's **relative time** is the median of its ratios. A drift that a round
+shares (a neighbour's job, clocks, a busy filesystem) divides out. The bootstrap then resamples **rounds** with
+replacement, the same draw for every N, and the lowest relative time, the ties (the interval of the difference of
+two N's relative times, on the same resamples, holds 0) and the rule follow as above; an N with one pair borrows the
+pooled relative spread of the ratios. Paired only where the reference has two rounds or more and every other N
+shares a round with it; otherwise unpaired, and ``method`` says why.
+
 Sample size
 -----------
 s is the pooled relative standard deviation of one pack: ``s^2 = sum_N sum_i (t_i/mean_N - 1)^2 /
@@ -40,8 +52,8 @@ provisional) or not estimable (no spread: no N has 2 packs).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from types import MappingProxyType
 
@@ -74,6 +86,10 @@ class Choice:
     provisional: bool  # too few packs for the method to be trusted
     repeats_needed: int | None  # packs per N that would likely settle it (None: settled or not estimable)
     method: str  # the method in words
+    # Paired over rounds (module docstring): the reference N, and each N's time relative to it in its rounds (median
+    # of the ratios, its interval over resampled rounds, the pairs it had as ``packs``); None / empty: unpaired.
+    reference: int | None = None
+    relative: Mapping[int, Interval] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -134,8 +150,10 @@ def _pct(confidence: float) -> str:
 
 
 def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] = (), confidence: float = 0.95,
-           resamples: int = 2000, seed: int = 0, min_packs: int = 5, rule: str = "smallest") -> Choice:
-    """The best N from each N's times per training (one value per pack); see the module docstring."""
+           resamples: int = 2000, seed: int = 0, min_packs: int = 5, rule: str = "smallest",
+           rounds: Mapping[int, Sequence[Hashable]] | None = None) -> Choice:
+    """The best N from each N's times per training (one value per pack); see the module docstring. ``rounds``: each
+    pack's round, in the order of ``times`` (None where a pack has none): the comparison is then paired."""
     _check(confidence, resamples)
     if rule not in RULES:
         raise ValueError(f"rule must be one of {sorted(RULES)}, got {rule!r}")
@@ -145,8 +163,9 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
     method = (f"{_pct(confidence)} percentile bootstrap over packs ({resamples} resamples, seed {seed}); "
               "tie: the difference of medians' interval holds 0")
     skip = set(infeasible)
-    data = {n: _clean(v, f"N={n}") for n, v in sorted(times.items()) if n not in skip}
-    data = {n: v for n, v in data.items() if len(v)}
+    tagged = {n: _tagged(v, (rounds or {}).get(n), f"N={n}") for n, v in sorted(times.items()) if n not in skip}
+    tagged = {n: v for n, v in tagged.items() if len(v[0])}
+    data = {n: v[0] for n, v in tagged.items()}
     if any(n < 1 for n in data):
         raise ValueError(f"packing factors must be >= 1, got {sorted(data)}")
     if not data:
@@ -155,45 +174,138 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
     ns = list(data)
     samples = [data[n] for n in ns]
     rng = np.random.default_rng(seed)
-    spread = _pooled_spread(samples)
-    multi = [i for i, s in enumerate(samples) if len(s) >= 2]
-    boots = np.empty((len(ns), resamples))
-    for i, m in zip(multi, _boot_medians([samples[i] for i in multi], resamples, rng)):
-        boots[i] = m
-    for i, s in enumerate(samples):
-        if len(s) == 1:  # borrowed spread: one pack is as noisy as the others (module docstring)
-            boots[i] = s[0] * (1.0 + (spread or 0.0) * rng.standard_normal(resamples))
-
+    boots = _per_n_boots(samples, resamples, rng)
     medians = np.array([float(np.median(s)) for s in samples])
     q = np.quantile(boots, [alpha / 2, 1 - alpha / 2], axis=1)
     intervals = {n: Interval(float(medians[i]), float(q[0, i]) if len(samples[i]) >= 2 else None,
                              float(q[1, i]) if len(samples[i]) >= 2 else None, len(samples[i]))
                  for i, n in enumerate(ns)}
+    spread = _pooled_spread(samples)
+
+    paired = _pairs(tagged) if rounds is not None else None
+    reference: int | None = None
+    relative: dict[int, Interval] = {}
+    if isinstance(paired, str):
+        method += f"; unpaired: {paired}"
+    elif paired is not None:
+        reference = ns[0]
+        ratios = [paired[n] for n in ns]
+        boots, spread = _paired_boots(ratios, resamples, rng)
+        medians = np.array([float(np.median([r for r, _ in pairs])) for pairs in ratios])
+        rq = np.nanquantile(boots, [alpha / 2, 1 - alpha / 2], axis=1)
+        relative = {n: Interval(float(medians[i]), float(rq[0, i]) if len(ratios[i]) >= 2 else None,
+                                float(rq[1, i]) if len(ratios[i]) >= 2 else None, len(ratios[i]))
+                    for i, n in enumerate(ns)}
+        n_rounds = len({k for pairs in ratios for _, k in pairs})
+        method = (f"paired within rounds: each N's time per training over N={reference}'s in the same round, "
+                  f"{_pct(confidence)} percentile bootstrap over its {n_rounds} rounds ({resamples} resamples, seed "
+                  f"{seed}); tie: the interval of the difference of median ratios holds 0")
 
     lo = int(np.argmin(medians))  # first minimum: the smaller N wins an exact tie of medians
     lowest = ns[lo]
     if spread is None:  # no N has 2 packs: nothing can be told apart from anything
         tied = list(range(len(ns)))
     else:
-        dq = np.quantile(boots - boots[lo], [alpha / 2, 1 - alpha / 2], axis=1)
+        dq = np.nanquantile(boots - boots[lo], [alpha / 2, 1 - alpha / 2], axis=1)
         tied = [i for i in range(len(ns)) if i == lo or dq[0, i] <= 0.0 <= dq[1, i]]
     ties = tuple(ns[i] for i in tied)
     best = min(ties) if rule == "smallest" else lowest
     provisional = any(len(samples[i]) < min_packs for i in tied)
+    repeats = _repeats(medians, lo, tied, [len(s) for s in samples], spread, provisional, min_packs, alpha)
+    return Choice(best, lowest, ties, RULES[rule], MappingProxyType(intervals), provisional, repeats, method,
+                  reference, MappingProxyType(relative))
 
-    repeats: int | None = None
-    if spread is not None:
-        gaps = {i: (medians[i] - medians[lo]) / medians[lo] for i in tied if i != lo}
-        worth = {i: g for i, g in gaps.items() if g >= NOT_WORTH}
-        need = [min_packs] if provisional else []
-        if worth:
-            near = min(worth, key=lambda i: (worth[i], ns[i]))
-            z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(POWER)
-            n = math.ceil(math.pi * spread**2 * z**2 / worth[near] ** 2)
-            need.append(max(n, len(samples[lo]) + 1, len(samples[near]) + 1))  # they still tie: more than now
-        if need:
-            repeats = min(max(need), MAX_REPEATS)
-    return Choice(best, lowest, ties, RULES[rule], MappingProxyType(intervals), provisional, repeats, method)
+
+def _tagged(values: Sequence[float], rounds: Sequence[Hashable] | None, what: str) -> tuple[np.ndarray, list[Hashable]]:
+    """The finite timings (:func:`_clean`) and each one's round (None: none), NaN packs dropped from both."""
+    tags = list(rounds) if rounds is not None else [None] * len(values)
+    if len(tags) != len(values):
+        raise ValueError(f"{what}: {len(values)} times but {len(tags)} rounds")
+    keep = [i for i, v in enumerate(values) if not (isinstance(v, float) and math.isnan(v))]
+    return _clean([values[i] for i in keep], what), [tags[i] for i in keep]
+
+
+def _pairs(tagged: Mapping[int, tuple[np.ndarray, list[Hashable]]]) -> dict[int, list[tuple[float, Hashable]]] | str:
+    """Each N's (time / the reference's in the same round, round) pairs, the reference the smallest N; or why the
+    comparison cannot be paired."""
+    ns = list(tagged)
+    ref_times, ref_rounds = tagged[ns[0]]
+    by_round: dict[Hashable, list[float]] = {}
+    for t, k in zip(ref_times, ref_rounds):
+        if k is not None:
+            by_round.setdefault(k, []).append(float(t))
+    if len(by_round) < 2:
+        return f"N={ns[0]} (the reference) ran in fewer than 2 rounds"
+    ref = {k: float(np.median(v)) for k, v in by_round.items()}
+    out: dict[int, list[tuple[float, Hashable]]] = {}
+    for n in ns:
+        times, tags = tagged[n]
+        out[n] = [(float(t) / ref[k], k) for t, k in zip(times, tags) if k in ref]
+        if not out[n]:
+            return f"N={n} shares no round with N={ns[0]}"
+    return out
+
+
+def _per_n_boots(samples: Sequence[np.ndarray], resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Each N's bootstrap medians over its own packs (one pack: the pooled spread borrowed, module docstring)."""
+    spread = _pooled_spread(samples)
+    multi = [i for i, s in enumerate(samples) if len(s) >= 2]
+    boots = np.empty((len(samples), resamples))
+    for i, m in zip(multi, _boot_medians([samples[i] for i in multi], resamples, rng)):
+        boots[i] = m
+    for i, s in enumerate(samples):
+        if len(s) == 1:  # borrowed spread: one pack is as noisy as the others (module docstring)
+            boots[i] = s[0] * (1.0 + (spread or 0.0) * rng.standard_normal(resamples))
+    return boots
+
+
+def _paired_boots(ratios: Sequence[Sequence[tuple[float, Hashable]]], resamples: int,
+                  rng: np.random.Generator) -> tuple[np.ndarray, float | None]:
+    """Each N's median ratio over rounds resampled with replacement, one draw of rounds for every N (NaN where a draw
+    holds none of its rounds); and the pooled relative spread of one ratio. An N of one pair borrows that spread."""
+    keys = list(dict.fromkeys(k for pairs in ratios for _, k in pairs))
+    index = {k: j for j, k in enumerate(keys)}
+    counts = rng.multinomial(len(keys), np.full(len(keys), 1.0 / len(keys)), size=resamples)  # (resamples, rounds)
+    arrays = [np.array([r for r, _ in pairs]) for pairs in ratios]
+    spread = _pooled_spread([a for a in arrays if len(a) >= 2 and np.ptp(a) > 0] or
+                            [a for a in arrays if len(a) >= 2])
+    boots = np.empty((len(ratios), resamples))
+    for i, pairs in enumerate(ratios):
+        if len(pairs) == 1:
+            boots[i] = arrays[i][0] * (1.0 + (spread or 0.0) * rng.standard_normal(resamples))
+            continue
+        order = np.argsort(arrays[i])
+        values = arrays[i][order]
+        weights = counts[:, [index[pairs[j][1]] for j in order]]  # each pair weighs as often as its round was drawn
+        boots[i] = _weighted_medians(values, weights)
+    return boots, spread
+
+
+def _weighted_medians(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The median of sorted ``values`` with each row of integer ``weights`` as their counts (NaN: all zero): the
+    mean of the middle two order statistics, as numpy's median of the repeated values."""
+    cum = np.cumsum(weights, axis=1)
+    total = cum[:, -1:]
+    low = np.argmax(2 * cum >= total, axis=1)  # the ceil(total / 2)-th value, counted from 1
+    high = np.argmax(2 * cum > total, axis=1)  # the floor(total / 2) + 1-th: the same one where total is odd
+    out = (values[low] + values[high]) / 2.0
+    return np.where(total[:, 0] > 0, out, np.nan)
+
+
+def _repeats(medians: np.ndarray, lo: int, tied: Sequence[int], packs: Sequence[int], spread: float | None,
+             provisional: bool, min_packs: int, alpha: float) -> int | None:
+    """Packs per N that would likely settle a tie worth separating (module docstring, Sample size)."""
+    if spread is None:
+        return None
+    gaps = {i: (medians[i] - medians[lo]) / medians[lo] for i in tied if i != lo}
+    worth = {i: g for i, g in gaps.items() if g >= NOT_WORTH}
+    need = [min_packs] if provisional else []
+    if worth:
+        near = min(worth, key=lambda i: (worth[i], i))
+        z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(POWER)
+        n = math.ceil(math.pi * spread**2 * z**2 / worth[near] ** 2)
+        need.append(max(n, packs[lo] + 1, packs[near] + 1))  # they still tie: more than now
+    return min(max(need), MAX_REPEATS) if need else None
 
 
 def tie_label(ties: Sequence[int], measured: Sequence[int] | None = None) -> str:
