@@ -151,8 +151,11 @@ def dry_run(prepared: sweep.Prepared, console: Console) -> int:
                   ", ".join(f"{k}={v}" for k, v in first.params.items()), highlight=False)
     console.print(f"  its command line: {first_command(prepared)}", highlight=False)
     packs = prepared.plan.packs
+    console.print(f"  order: {prepared.plan.order}; the packs in the order they run:", highlight=False)
     for p in packs[:LISTED_PACKS]:
-        console.print(f"  {p.pack_id}: " + ", ".join(t.training_id for t in p.trainings), highlight=False)
+        where = (f"round {p.round}: " if p.round is not None else
+                 f"again at the end (drift check of {p.reference_of}): " if p.reference_of else "")
+        console.print(f"  {where}{p.pack_id}: " + ", ".join(t.training_id for t in p.trainings), highlight=False)
     if len(packs) > LISTED_PACKS:  # a sweep of thousands of packs: the header above says what they are
         console.print(f"  ... and {len(packs) - LISTED_PACKS:,} more packs (plan.json lists each one once the run "
                       "starts)", highlight=False)

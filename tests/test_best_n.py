@@ -86,6 +86,48 @@ def test_drift_lined_up_with_n_no_longer_changes_the_choice(tmp_path, order, cho
     assert _simulate(RunDir(tmp_path / order), order) == chosen
 
 
+STEADY_TPT = {1: 10.0, 2: 9.0, 3: 9.6, 4: 11.0}  # N=2 best by 10 %: a gain a drift over the run can hide
+
+
+def _programmed(run: RunDir, slowdown: float) -> object:
+    """The default sweep's shape (4 grid points, N = 1-4, 4 packs each) run in the plan's order on a programmed
+    device that gets ``slowdown`` slower with every pack it runs; the records as the job writes them (round, drift
+    check); the summary."""
+    from gpupack.job.body import order_fields
+
+    plan = make_plan(sweep="s", workload="w", grid={"lr": [0.05, 0.1], "batch_size": [64, 128]}, fixed={},
+                     factors=list(STEADY_TPT), modes=["process"], partitions=["local"], repeats=4)
+    jitter = random.Random(1)
+    clock = 0.0
+    for i, pack in enumerate(plan.packs):
+        wall = pack.factor * STEADY_TPT[pack.factor] * (1 + slowdown) ** i * (1 + 0.01 * jitter.uniform(-1, 1))
+        for t in pack.trainings:
+            write_json_atomic(run.training_record(pack.pack_id, t.training_id), training_record(
+                pack_id=pack.pack_id, training_id=t.training_id, workload="w", params=dict(t.params), mode="process",
+                factor=pack.factor, partition="local", gpu_type="cpu", status="completed", started_at=clock,
+                ended_at=clock + wall, **order_fields(pack)))
+        write_json_atomic(run.pack_record(pack.pack_id), pack_record(
+            pack_id=pack.pack_id, mode="process", factor=pack.factor, partition="local", gpu_type="cpu", wall_s=wall,
+            complete=True, concurrent=pack.factor, n_completed=pack.factor, started_at=clock, **order_fields(pack)))
+        clock += wall
+    return sweep.collect([run.root], plots=False)[0]
+
+
+def test_a_device_that_slows_pack_by_pack_gets_the_answer_of_a_steady_one(tmp_path):
+    """A device 3 % slower with every pack (50 % by the run's end), against a steady one: the same N, the gain said
+    paired within rounds, and the drift check names the slowdown. Run all N=1 packs first (what measure_first did)
+    and the drift flattens N=2's 10 % gain into N=1's."""
+    steady = _programmed(RunDir(tmp_path / "steady"), 0.0)
+    slowing = _programmed(RunDir(tmp_path / "slowing"), 0.03)
+    assert list(steady.best["factor"]) == [2]
+    assert list(slowing.best["factor"]) == list(steady.best["factor"])
+    row = slowing.best.iloc[0]
+    assert row["paired"] and row["gain_ref"] == 1 and row["gain"] == pytest.approx(10 / 9, rel=0.05)
+    (drift,) = slowing.drift.itertuples()
+    assert drift.change > 0.3 and "the machine got slower during the run" in _text(slowing)
+    assert "steady within 10%" in _text(steady)
+
+
 def test_a_tie_is_reported_as_a_tie_with_its_rule_and_a_provisional_answer_says_so(tmp_path):
     run = RunDir(tmp_path / "run")
     walls = {1: [10.0, 10.3, 9.7], 2: [12.0, 12.6, 11.4], 3: [18.3, 17.4, 18.9], 4: [40.0, 41.0, 39.0]}
@@ -388,3 +430,93 @@ def test_auto_with_wait_false_decides_a_step_whose_trainings_failed_and_never_su
         assert outcome.auto.waiting is None and outcome.submitted == {}
         assert outcome.auto.best == {"cpu": None} and "did not complete" in outcome.auto.stopped["cpu"]
     assert queue.submitted == 2 and queue.waiting == {}
+
+
+# ---------------- a gain above what N trainings can give ----------------
+
+import pandas as pd  # noqa: E402
+
+from gpupack.report.text import best_line, choice_lines  # noqa: E402
+
+
+def _row(n, gain, ref=1, low=None, high=None, gpu="cpu", paired=True, **more):
+    return pd.Series({"workload": "w", "partition": "local", "gpu_type": gpu, "mode": "process", "factor": n,
+                      "time_per_training_s": 5.72, "gain": gain, "gain_ref": ref, "gain_low": low, "gain_high": high,
+                      "gain_bound": n / ref, "beyond_bound": gain > n / ref, "paired": paired, "gain_rounds": 4,
+                      "cores": 2, "threads_by_n": "N=1: 2, N=2: 1", "provisional": False, "packs": 4, **more})
+
+
+@pytest.mark.parametrize("row, said, not_said", [
+    (_row(2, 7.41), ["N=2 — 5.72 s per training, 7.41x the trainings per hour of N=1 (paired within 4 rounds) — not to "
+                     "be trusted: N=2's gain 7.41x exceeds the 2x that 2 trainings at once can give over one alone",
+                     "so the machine changed during the run", "N=1 was set up worse than a training at N=2",
+                     "on this CPU (2 cores), threads per training N=1: 2, N=2: 1",
+                     "packing.threads_per_training=1"], ["within noise of the bound"]),
+    (_row(2, 2.05, low=1.9, high=2.2), ["exceeds the 2x", "(its interval 1.90x–2.20x holds it: within noise of the "
+                                        "bound)"], []),
+    (_row(4, 2.5, ref=2), ["N=4's gain 2.50x exceeds the 2x that 4 trainings at once can give over N=2"], []),
+    (_row(2, 1.9), ["1.90x the trainings per hour of N=1 (paired within 4 rounds).",
+                    "On this CPU (2 cores): threads per training N=1: 2, N=2: 1."], ["exceeds", "not to be trusted"]),
+    (_row(2, 7.41, gpu="H100", paired=False), ["(ratio of medians) — not to be trusted: N=2's gain 7.41x exceeds"],
+     ["threads per training", "On this CPU"]),
+])
+def test_a_gain_above_n_times_is_never_the_answer_without_the_words_that_say_why(row, said, not_said):
+    text = "\n".join([best_line(row), *choice_lines(row)])
+    for words in said:
+        assert words in text, (words, text)
+    for words in not_said:
+        assert words not in text, (words, text)
+
+
+@pytest.mark.parametrize("t1, t2, gain, beyond", [(30.0, 5.0, 6.0, True), (12.5, 5.0, 2.5, True),
+                                                  (9.0, 5.0, 1.8, False)])
+def test_the_summary_marks_a_gain_beyond_its_bound_and_the_table_says_so(tmp_path, t1, t2, gain, beyond):
+    """N=1's packs ran while another job held the machine, N=2's after it ended: a gain of 6x or 2.5x at N=2 is
+    marked beyond its 2x bound, in the table (!) and in the answer; 1.8x is not."""
+    run = RunDir(tmp_path / "run")
+    for r, (t1, t2) in enumerate([(t1, t2), (t1, t2), (t1 * 1.02, t2 * 1.02)]):
+        for n, tpt in ((1, t1), (2, t2)):
+            pack_id = f"local-process-n{n:02d}-{r:03d}"
+            for k in range(n):
+                write_json_atomic(run.training_record(pack_id, f"t{n}-{r}-{k}"), training_record(
+                    pack_id=pack_id, training_id=f"t{n}-{r}-{k}", workload="w", params={"seed": k}, mode="process",
+                    factor=n, partition="local", gpu_type="cpu", status="completed", started_at=0.0,
+                    ended_at=tpt * n, threads=2 // n, round=r))
+            write_json_atomic(run.pack_record(pack_id), pack_record(
+                pack_id=pack_id, mode="process", factor=n, partition="local", gpu_type="cpu", wall_s=tpt * n,
+                complete=True, concurrent=n, n_completed=n, cores=2, round=r))
+    collected, _ = sweep.collect([run.root], plots=False)
+    s = collected.summary.set_index("factor")
+    assert s.loc[2, "beyond_bound"] == beyond and not s.loc[1, "beyond_bound"] and s.loc[2, "gain_bound"] == 2
+    assert s.loc[2, "gain"] == pytest.approx(gain, rel=0.03) and s.loc[2, "threads"] == 1 and s.loc[1, "threads"] == 2
+    text = _text(collected)
+    said = [f"{gain:.2f}p!", "!: more than the N/1x that N trainings at once can give",
+            f"N=2's gain {gain:.2f}x exceeds the 2x that 2 trainings at once can give over one alone"]
+    assert all((words in text) == beyond for words in said), text
+
+
+@pytest.mark.slow
+def test_a_real_runs_packs_start_in_rounds_each_n_spread_over_the_run(tmp_path):
+    """The default sweep at N = 1-4, 3 packs each at least, tiny sizes, really run: ordered by their first training's
+    start, the packs run in the plan's rounds, each N's mean position is the run's middle (0.5 ± 0.15), and the drift
+    check runs last."""
+    run_dir = tmp_path / "run"
+    prepared = sweep.prepare(["+sweep=mnist_pack", "packing.factors=[1,2,3,4]", "packing.repeats=3",
+                              "sweep.fixed.train_samples=1000", "sweep.fixed.val_samples=200",
+                              "sweep.fixed.epochs=1", f"run_dir={run_dir}"])
+    assert sweep.run(prepared, plots=False).ok
+    rec = load_records([run_dir])
+    first_start = rec.trainings.groupby("pack_id")["started_at"].min().sort_values()
+    ran = list(first_start.index)
+    assert ran == [p.pack_id for p in prepared.plan.packs]  # the order the dry run lists is the order they ran
+    assert ran[-1].endswith("-end")
+    measured = [p for p in ran if not p.endswith("-end")]
+    factors = rec.packs.set_index("pack_id")["factor"]
+    positions: dict[int, list[float]] = {}
+    for i, pack_id in enumerate(measured):
+        positions.setdefault(int(factors[pack_id]), []).append((i + 0.5) / len(measured))
+    assert sorted(positions) == [1, 2, 3, 4]
+    for n, pos in positions.items():
+        assert abs(sum(pos) / len(pos) - 0.5) <= 0.15, (n, pos)
+    rounds = rec.packs.set_index("pack_id")["round"]
+    assert [rounds[p] for p in measured] == sorted(rounds[p] for p in measured)

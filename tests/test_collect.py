@@ -467,7 +467,7 @@ def test_collect_right_after_wait_false_says_what_is_pending(tmp_path, capsys):
     assert main(["collect", str(run.root)]) == 0  # with plots: the plot of no finished pack raised here
     out = capsys.readouterr()
     assert "Traceback" not in out.err and "error" not in out.err, out.err
-    assert "No pack has finished yet: 0 of 3 planned pack(s) have a record, 3 pending." in out.out, out.out
+    assert "No pack has finished yet: 0 of 4 planned pack(s) have a record, 4 pending." in out.out, out.out
     assert "1 training record(s) so far" in out.out and f"python -m gpupack status {run.root}" in out.out
 
 

@@ -66,7 +66,7 @@ def test_workload_from_own_package_and_own_config_folder(tmp_path, subprocess_en
                      f"run_dir={run_dir}"], env, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = [json.loads(p.read_text()) for p in run_dir.glob("packs/*/trainings/*.json")]
-    assert len(records) == 8 and all(r["status"] == "completed" for r in records)
+    assert len(records) == 8 + 1 and all(r["status"] == "completed" for r in records)  # and the drift check
     assert all(r["workload"] == "own_workload.quadratic" for r in records)
     assert "Best packing factor for own_workload.quadratic on local" in proc.stdout
 

@@ -52,7 +52,7 @@ def test_a_local_sweep_runs_as_one_lane_and_shows_each_pack_as_it_ends(tmp_path)
     states: list[tuple[str, str]] = []
     outcome = sweep.run(prepared, progress=lambda p, s: states.append((p.pack_id, s)), plots=False)
     ids = [p.pack_id for p in prepared.plan.packs]
-    assert outcome.ok and len(ids) == 3
+    assert outcome.ok and len(ids) == 3 + 1  # N=1 twice, N=2, and the drift check at the end
     assert states == [(i, PENDING) for i in ids] + [(i, s) for i in ids for s in (RUNNING, DONE)]
     assert len({read_json(run_dir / "packs" / i / "pack.json")["job_id"] for i in ids}) == 1
     assert len([d for d in (run_dir / "submitit").iterdir() if d.name.isdigit()]) == 1
@@ -73,14 +73,14 @@ def test_a_sweep_through_a_backend_that_runs_packs_in_this_process(tmp_path, mon
     outcome = sweep.run(prepared, progress=lambda p, s: states.append((p.pack_id, s)), plots=False)
     backend = made[0]
     assert backend.asked == [("cpu",)] and [p for p, _ in backend.ran] == [p.pack_id for p in prepared.plan.packs]
-    assert outcome.ok and [r.ok for r in outcome.results] == [True] * 3
+    assert outcome.ok and [r.ok for r in outcome.results] == [True] * (3 + 1)  # and the drift check
     assert states == [(p.pack_id, s) for p in prepared.plan.packs for s in ("pending", "running", "done")]
     for i, pack in enumerate(prepared.plan.packs, start=1):
         record = read_json(run_dir / "packs" / pack.pack_id / "pack.json")
         assert record["job_id"] == f"fake-{i}" and record["partition"] == "cpu"
         assert record["n_completed"] == pack.factor
     assert sorted(outcome.collected.summary["factor"]) == [1, 2]
-    assert [p.state for p in sweep.status(run_dir).packs] == [DONE] * 3
+    assert [p.state for p in sweep.status(run_dir).packs] == [DONE] * (3 + 1)
     again = sweep.run(sweep.prepare(overrides), collect_outputs=False)
     assert again.opened.resumed and again.opened.todo == [] and made[-1].ran == []
 

@@ -4,14 +4,11 @@ from __future__ import annotations
 import pytest
 
 from gpupack.core.plan import (
-    Pack,
     Plan,
-    Training,
     expand_grid,
     grid_values,
     make_plan,
-    measure_first,
-    pack_id,
+    spaced_rounds,
     training_id,
 )
 from gpupack.errors import ConfigError
@@ -139,44 +136,73 @@ def test_plan_json_has_no_label_unless_set_so_older_run_dirs_still_resume():
 def _positions(plan):
     """Each (partition, mode, N) group's packs' positions in the run, as fractions of the run."""
     out = {}
-    for i, p in enumerate(plan.packs):
-        out.setdefault(p.factor, []).append((i + 0.5) / len(plan.packs))
+    packs = _measured(plan)
+    for i, p in enumerate(packs):
+        out.setdefault(p.factor, []).append((i + 0.5) / len(packs))
     return out
+
+
+def _measured(plan):
+    """The packs that measure N: the drift check at the end left out."""
+    return [p for p in plan.packs if p.reference_of is None]
 
 
 def test_interleaved_order_spreads_every_n_over_the_whole_run_and_is_recorded():
     plan = _plan({"lr": [0.1, 0.2, 0.3, 0.4]}, [1, 2, 3, 4, 8], repeats=6, order="interleaved")
-    lead = 4  # each lr's first N=1 pack goes ahead (measure_first); the rest interleave
-    assert [p.factor for p in plan.packs[:lead]] == [1] * lead
+    packs = _measured(plan)
     by_n = _positions(plan)
-    assert plan.order == "interleaved (seed 0)" and plan.to_json()["order"] == "interleaved (seed 0)"
+    assert plan.order == "interleaved (seed 0): 6 rounds, each with at most one pack of every N"
+    assert plan.to_json()["order"] == plan.order
     for n, pos in by_n.items():  # each N's mean position near the middle, and present in both halves of the run
-        assert abs(sum(pos) / len(pos) - 0.5) < 0.12 or n == 1, (n, pos)  # N=1 leads with each setting's first
+        assert abs(sum(pos) / len(pos) - 0.5) < 0.12, (n, pos)
         assert min(pos) < 0.3 and max(pos) > 0.7, (n, pos)
-    assert sorted(p.pack_id for p in plan.packs) == sorted(p.pack_id for p in _plan(
+    assert sorted(p.pack_id for p in packs) == sorted(p.pack_id for p in _plan(
         {"lr": [0.1, 0.2, 0.3, 0.4]}, [1, 2, 3, 4, 8], repeats=6).packs)  # the same packs, in another order
 
 
-@pytest.mark.parametrize("order", ["interleaved", "by_factor"])
-def test_each_setting_s_smallest_n_runs_before_any_larger_pack_of_it(order):
-    plan = _plan({"lr": [0.1, 0.2, 0.3]}, [4, 2, 1], repeats=3, order=order)
-    first_at: dict[tuple[str, float], int] = {}
-    for i, p in enumerate(plan.packs):
-        for t in p.trainings:
-            first_at.setdefault((p.mode, t.params["lr"]), p.factor)
-    assert set(first_at.values()) == {1}  # every setting's first pack is an N=1 pack
-    lead = [p for p in plan.packs[:3]]
-    assert [p.factor for p in lead] == [1, 1, 1] and len({p.trainings[0].params["lr"] for p in lead}) == 3
-    assert sorted(p.pack_id for p in plan.packs) == sorted(p.pack_id for p in _plan(
-        {"lr": [0.1, 0.2, 0.3]}, [4, 2, 1], repeats=3, order=order).packs)
+@pytest.mark.parametrize("grid, factors, repeats", [
+    ({"lr": [0.05, 0.1], "batch_size": [64, 128]}, [1, 2, 3, 4], 2),  # the default sweep
+    ({"lr": [0.05, 0.1], "batch_size": [64, 128]}, [1, 2, 3, 4], 3),
+    ({"lr": [0.1, 0.2, 0.3]}, [4, 2, 1], 3),
+    ({"lr": [0.1, 0.2, 0.3, 0.4, 0.5]}, [1, 3, 5, 8, 13], 2),
+])
+def test_rounds_hold_one_pack_of_every_n_at_most_run_in_order_and_the_smallest_n_is_in_each(grid, factors, repeats):
+    """The plan's order is its rounds' order; no round holds two packs of one N; N=1 (most packs) is in every round,
+    so every pack has the reference beside it in time; a round pairs like with like (its N=1 pack trains one of the
+    points a pack of N beside it trains, where the grid is as long as the rounds and N divides it)."""
+    plan = _plan(grid, factors, repeats=repeats, order="interleaved")
+    packs = _measured(plan)
+    rounds = [p.round for p in packs]
+    assert rounds == sorted(rounds) and None not in rounds  # run in their rounds' order
+    total = 1 + max(rounds)
+    for r in range(total):
+        factors_in = [p.factor for p in packs if p.round == r]
+        assert len(factors_in) == len(set(factors_in)), (r, factors_in)
+        assert min(factors) in factors_in, (r, factors_in)
+    points = len(expand_grid(grid))
+    if total == points:
+        for p in (p for p in packs if points % p.factor == 0 and points // p.factor >= repeats):
+            ref = next(q for q in packs if q.round == p.round and q.factor == min(factors))
+            assert ref.trainings[0].grid_index in {t.grid_index for t in p.trainings}, (p.pack_id, ref.pack_id)
 
 
-def test_measure_first_keeps_the_order_where_the_smallest_n_leads_already():
-    packs = [Pack(pack_id("p", "process", n, i), "p", "process", n, i,
-                  (Training(f"t{n}{i}", "w", {"lr": 0.1, "seed": i}, 0),)) for n, i in ((1, 0), (2, 0), (1, 1))]
-    assert measure_first(packs) == packs
-    moved = [packs[1], packs[0], packs[2]]  # an N=2 pack ahead of the setting's first N=1 one
-    assert measure_first(moved) == packs
+def test_the_first_rounds_reference_runs_again_at_the_end_as_a_drift_check():
+    plan = _plan({"lr": [0.1, 0.2]}, [1, 2], repeats=3, order="interleaved")
+    end = plan.packs[-1]
+    first = next(p for p in plan.packs if p.round == 0 and p.factor == 1)
+    assert end.reference_of == first.pack_id and end.pack_id == f"{first.pack_id}-end" and end.round is None
+    assert end.trainings == first.trainings and end.factor == 1
+    assert [p for p in plan.packs if p.reference_of] == [end]  # one per partition
+    assert Plan.from_json(plan.to_json()) == plan
+    assert not any(p.reference_of for p in _plan({"lr": [0.1, 0.2]}, [1, 2], repeats=3).packs)  # by_factor: none
+
+
+@pytest.mark.parametrize("n, total", [(n, t) for t in range(1, 40) for n in range(1, t + 1)])
+def test_spaced_rounds_are_distinct_in_range_and_centred(n, total):
+    import random
+    got = spaced_rounds(n, total, random.Random(n * 100 + total))
+    assert len(set(got)) == n and all(0 <= r < total for r in got)
+    assert abs(sum(got) / n - (total - 1) / 2) <= 0.5  # the group's mean round is the run's middle (half a round)
 
 
 def test_by_factor_order_runs_n_by_n():
@@ -193,7 +219,7 @@ def test_interleaved_order_is_seeded():
     c = make_plan(sweep="s", workload="w", grid={"lr": [0.1, 0.2]}, fixed={}, factors=[1, 2, 3], modes=["process"],
                   partitions=["local"], repeats=4, order_seed=2)
     assert [p.pack_id for p in a.packs] == [p.pack_id for p in b.packs] != [p.pack_id for p in c.packs]
-    assert Plan.from_json(a.to_json()) == a and a.same_sweep(c) and c.order == "interleaved (seed 2)"
+    assert Plan.from_json(a.to_json()) == a and a.same_sweep(c) and c.order.startswith("interleaved (seed 2)")
 
 
 def test_a_plan_written_before_orders_is_the_same_sweep():

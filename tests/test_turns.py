@@ -199,7 +199,7 @@ def test_a_lanes_packs_share_one_fork_server_started_before_the_first_packs_wall
     run = RunDir(tmp_path / "run")
     plan = make_plan(sweep="t", workload="tests.fake_workloads", grid={"lr": [0.1, 0.2]},
                      fixed={"steps": 2, "preload_mark": str(mark), "preload_sleep_s": 1.0}, factors=[1, 2],
-                     modes=["process"], partitions=["local"], repeats=1)
+                     modes=["process"], partitions=["local"], repeats=1, order="by_factor")
     write_json_atomic(run.plan, plan.to_json())
     ids = [p.pack_id for p in plan.packs]
     assert len(ids) == 3

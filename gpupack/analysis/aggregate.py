@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
+from gpupack.analysis.drift import drift_checks
 from gpupack.analysis.layouts import compare, split_spread, spread_summary, training_walls, verdicts
 from gpupack.analysis.load import Records, load_records, with_stdout_metric
 from gpupack.analysis.occupancy import occupancy, timeline, with_lanes
@@ -53,6 +54,8 @@ class Collected:
     # training on its job's slot (the report's timeline)
     occupancy: pd.DataFrame = field(default_factory=pd.DataFrame)
     timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # The drift checks: the first round's reference pack run again at the end (gpupack/analysis/drift.py)
+    drift: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def aggregate_records(records: Records, weights: Mapping[str, float] | None = None,
@@ -81,7 +84,8 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
                                    goal=goal or records.rank.get("goal"))
     return Collected(records, summary, best, overall, ranking, cost, n,
                      knob_table(packing_t), production, spread=spread, layouts=layouts, verdicts=verdicts(layouts),
-                     occupancy=occupancy(packing_p), timeline=timeline(packing_t, packing_p))
+                     occupancy=occupancy(packing_p), timeline=timeline(packing_t, packing_p),
+                     drift=drift_checks(probe_p))
 
 
 def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = None,

@@ -38,7 +38,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
         return pd.DataFrame()
     trainings = only_columns(trainings, SUMMARY_INPUTS)  # each filter below copies every column it keeps: keep few
     bounds = loader_bounds(trainings)
-    trainings, packs = not_probes(trainings), not_probes(packs)
+    trainings, packs = not_checks(not_probes(trainings)), not_checks(not_probes(packs))
     if trainings.empty or packs.empty:
         return pd.DataFrame()
     t = trainings.copy()
@@ -56,7 +56,8 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
     t["skipped_why"] = t.get("error", pd.Series(None, index=t.index)).where(t["is_skipped"])
     t["unfinished"] = (t["attempt"] == 0) & ~t["ok"] & ~t["is_skipped"]
     t["is_failed"] = ~t["ok"] & ~t["is_victim"] & ~t["was_skipped"]
-    for col in ("startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb", "peak_gpu_mem_mb"):
+    for col in ("startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb", "peak_gpu_mem_mb",
+                "threads"):
         t[col] = pd.to_numeric(t.get(col), errors="coerce")
     t["peak_rss_mb"] = t["peak_rss_mb"].fillna(_sampled_rss(t, packs)).where(~t["was_skipped"])
     if "gpu_model" not in t:
@@ -72,6 +73,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
         gpu_util_mean=("sampler_gpu_util_mean", "mean"),
         cpu_percent_mean=("sampler_cpu_percent_mean", "mean"),
         gpu_mem_peak_mb=("sampler_gpu_mem_used_peak_mb", "max"),
+        cores=("cores", "max"),
     )
     # one pass over every attempt, the latest ones' figures masked in (a filter would copy a million rows, and a
     # second grouping would read the keys again)
@@ -95,6 +97,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
         loop_s=("latest_loop_s", "median"),
         samples_per_s=("latest_samples_per_s", "median"),
         gpu_model=("latest_gpu_model", first_value),
+        threads=("threads", "median"),  # per training, as the job gave them (gpupack.pack.threads_for)
     )
     out = per_pack.join(per_training, how="outer").reset_index()
     for col in ("failed", "victims", "unfinished", "oom", "oom_cleared", "attempts", "trainings", "skipped_memory",
@@ -113,7 +116,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
 # The training columns summarize reads (what cleared_mask, loader_bounds and timed_packs read included).
 SUMMARY_INPUTS = (*GROUP, "factor", "attempt", "status", "probe", "run_dir", "ended_at", "training_id", "pack_id",
                   "gpu_model", "startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb",
-                  "peak_gpu_mem_mb", "error", "runs_in")
+                  "peak_gpu_mem_mb", "error", "runs_in", "threads", "reference_of")
 
 
 def only_columns(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
@@ -134,7 +137,7 @@ def timed_packs(t: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     if "attempt" not in timed:
         timed["attempt"] = 0
     for col in ("wall_s", "factor", "sampler_gpu_util_mean", "sampler_cpu_percent_mean",
-                "sampler_gpu_mem_used_peak_mb"):
+                "sampler_gpu_mem_used_peak_mb", "cores", "round"):
         timed[col] = pd.to_numeric(timed.get(col), errors="coerce")
     timed["time_per_training_s"] = timed["wall_s"] / timed["factor"]
     latest = pd.DataFrame({"samples": t["samples"].where(t["attempt"] == 0), "workload": t["workload"]})
@@ -148,7 +151,7 @@ def timed_packs(t: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
 
 def _timed_packs_of(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     """The timed packs of records as loaded (probes left out), each with its time per training."""
-    t, packs = not_probes(trainings), not_probes(packs)
+    t, packs = not_checks(not_probes(trainings)), not_checks(not_probes(packs))
     if t.empty or packs.empty:
         return pd.DataFrame(columns=["time_per_training_s"])
     t = t.assign(samples=pd.to_numeric(t.get("samples"), errors="coerce"),
@@ -190,32 +193,69 @@ def split_phase(frame: pd.DataFrame, phase: str) -> tuple[pd.DataFrame, pd.DataF
 def with_choices(summary: pd.DataFrame, timed: pd.DataFrame) -> pd.DataFrame:
     """The noise-aware choice per (workload, partition, GPU type, mode) (:func:`gpupack.analysis.choose.choose`), as
     columns: the bootstrap interval of each N's median, whether N is within noise of the lowest, which N is chosen,
-    and the group's verdict (ties, rule, provisional, repeats that would settle it)."""
+    and the group's verdict (ties, rule, provisional, repeats that would settle it). Where the packs ran in rounds, the
+    comparison is paired within them: each N's gain over the reference N (``gain``, its interval, ``gain_ref``) is
+    its time per training against the reference's in the same rounds, and ``speedup_vs_n1`` is that gain where the
+    reference is N=1; ``gain_bound`` is what N trainings at once can give over the reference's (N / reference), and
+    ``beyond_bound`` says the gain passed it."""
     out = summary.copy()
     for col, default in (("tpt_ci_low_s", math.nan), ("tpt_ci_high_s", math.nan), ("within_noise", False),
                          ("chosen", False), ("infeasible", False), ("ties", None), ("tie_rule", None),
-                         ("provisional", None), ("repeats_needed", None), ("choice_method", None)):
+                         ("provisional", None), ("repeats_needed", None), ("choice_method", None),
+                         ("paired", False), ("gain", math.nan), ("gain_low", math.nan), ("gain_high", math.nan),
+                         ("gain_ref", math.nan), ("gain_rounds", math.nan)):
         out[col] = default
     out["infeasible"] = (out["oom"] > 0) | (out["skipped_memory"] > 0)
-    times = timed.dropna(subset=["time_per_training_s"]).groupby(GROUP + ["factor"])["time_per_training_s"].apply(list)
+    timed = timed.dropna(subset=["time_per_training_s"])
+    keys = GROUP + ["factor"]
+    times = timed.groupby(keys)["time_per_training_s"].apply(list)
+    rounds = _round_keys(timed).groupby([timed[k] for k in keys]).apply(list)
     for key, idx in out.groupby(GROUP, dropna=False).groups.items():
         group = out.loc[idx]
         blocked = set(group.loc[group["infeasible"] | (group["unfinished"] > 0), "factor"].astype(int))
         by_n = {int(n): times.get((*key, n), []) for n in group["factor"]}
         by_n = {n: v for n, v in by_n.items() if v}
-        choice = choose(by_n, infeasible=blocked)
+        choice = choose(by_n, infeasible=blocked, rounds={n: rounds.get((*key, n), []) for n in by_n})
         for i, r in group.iterrows():
-            interval = choice.intervals.get(int(r["factor"]))
+            n = int(r["factor"])
+            interval = choice.intervals.get(n)
             if interval is not None:
                 out.loc[i, ["tpt_ci_low_s", "tpt_ci_high_s"]] = [interval.low, interval.high]
-            out.loc[i, "within_noise"] = int(r["factor"]) in choice.ties
-            out.loc[i, "chosen"] = choice.best is not None and int(r["factor"]) == choice.best
+            out.loc[i, "within_noise"] = n in choice.ties
+            out.loc[i, "chosen"] = choice.best is not None and n == choice.best
+            relative = choice.relative.get(n)
+            if relative is not None and choice.reference is not None:
+                out.loc[i, ["paired", "gain", "gain_low", "gain_high", "gain_ref", "gain_rounds"]] = [
+                    True, 1.0 / relative.median, _inverse(relative.high), _inverse(relative.low), choice.reference,
+                    relative.packs]
         out.loc[idx, "ties"] = tie_label(choice.ties, sorted(by_n)) if len(choice.ties) > 1 else None
         out.loc[idx, "tie_rule"] = choice.rule
         out.loc[idx, "provisional"] = choice.provisional
         out.loc[idx, "repeats_needed"] = choice.repeats_needed
         out.loc[idx, "choice_method"] = choice.method
+    unpaired = ~out["paired"].astype(bool)  # the ratio of medians, against N=1
+    out.loc[unpaired, "gain"] = out.loc[unpaired, "speedup_vs_n1"]
+    out.loc[unpaired & out["gain"].notna(), "gain_ref"] = 1
+    out["speedup_vs_n1"] = out["gain"].where(out["gain_ref"] == 1)
+    out["gain_bound"] = out["factor"] / out["gain_ref"]
+    out["beyond_bound"] = (out["gain"] > out["gain_bound"]).fillna(False).astype(bool)
+    out["threads_by_n"] = out.groupby(GROUP, dropna=False)["threads"].transform(
+        lambda col: ", ".join(f"N={int(n)}: {int(t)}" for n, t in zip(out.loc[col.index, "factor"], col) if t == t))
     return out
+
+
+def _inverse(x: float | None) -> float:
+    return 1.0 / x if x is not None and x > 0 else math.nan
+
+
+def _round_keys(timed: pd.DataFrame) -> pd.Series:
+    """Each timed pack's round as a key that tells runs apart (two runs collected together each have a round 0);
+    None where its record has no round (written before rounds)."""
+    if "round" not in timed:
+        return pd.Series([None] * len(timed), index=timed.index, dtype=object)
+    runs = timed["run_dir"] if "run_dir" in timed else pd.Series("", index=timed.index)
+    return pd.Series([None if r != r else (str(d), int(r)) for d, r in zip(runs, timed["round"])],
+                     index=timed.index, dtype=object)
 
 
 def _sampled_rss(t: pd.DataFrame, packs: pd.DataFrame) -> pd.Series:
@@ -226,6 +266,14 @@ def _sampled_rss(t: pd.DataFrame, packs: pd.DataFrame) -> pd.Series:
     for by_training in packs.get("sampler_peak_rss_by_training", pd.Series(dtype=object)).dropna():
         peaks.update(json.loads(by_training) if isinstance(by_training, str) else by_training)  # JSON text as loaded
     return pd.to_numeric(t["training_id"].map(peaks), errors="coerce")
+
+
+def not_checks(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` without the drift check's rows (a pack run again at the end, gpupack.core.plan.drift_check): a
+    measure of the machine, not of its N."""
+    if "reference_of" not in frame:
+        return frame
+    return rows_where(frame, frame["reference_of"].isna())
 
 
 def not_probes(frame: pd.DataFrame) -> pd.DataFrame:

@@ -53,9 +53,9 @@ _F, _I, _B = pa.float64(), pa.int64(), pa.bool_()
 KNOWN_TYPES: dict[str, pa.DataType] = {
     **{k: _S for k in ("kind", "sweep", "pack_id", "training_id", "workload", "mode", "partition", "gpu_type",
                        "device", "device_name", "gpu_model", "status", "error", "loader_setting", "data", "host",
-                       "start", "phase", "strategy")},
+                       "start", "phase", "strategy", "reference_of")},
     **{k: _I for k in ("schema", "grid_index", "reseed", "repeat", "factor", "concurrent", "threads", "exit_code",
-                       "signal", "samples", "devices", "replicas")},
+                       "signal", "samples", "devices", "replicas", "round")},
     **{k: _F for k in ("started_at", "ended_at", "wall_s", "startup_s", "loop_s", "samples_per_s", "val_accuracy",
                        "train_loss", "peak_rss_mb", "peak_gpu_mem_mb", "memory_limit_mb", "allreduce_bytes_per_step",
                        "allreduce_s_per_step")},

@@ -12,7 +12,7 @@ import json
 import math
 import random
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -58,6 +58,13 @@ class Pack:
     # takes the next unclaimed training of the queue (gpupack.core.claims). ``trainings`` is the lane's share of the
     # queue in the plan (where their records live); the lane runs whichever of the queue's trainings it claims.
     stream: str | None = None
+    # The round (block in time) the pack runs in (:func:`in_rounds`): each round holds at most one pack of every
+    # (partition, mode, N, k) group, so a pack of N is compared with the reference N measured beside it in time.
+    # None: a plan written before rounds, a probe, a lane, a Hydra multirun's packs.
+    round: int | None = None
+    # The pack this one repeats at the run's end (:func:`drift_check`): its time against the first one's says whether
+    # the machine drifted during the run. Kept out of the choice of N.
+    reference_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,8 +103,9 @@ class Plan:
         for pack in data["packs"]:  # a label only where one is set, so plans written before labels still resume
             if pack["spread"] is None:  # likewise a spread pack's fields
                 del pack["spread"], pack["devices"]
-            if pack["stream"] is None:  # and a streaming lane's
-                del pack["stream"]
+            for key in ("stream", "round", "reference_of"):  # and a streaming lane's, a round's, a drift check's
+                if pack[key] is None:
+                    del pack[key]
             for t in pack["trainings"]:
                 if t["label"] is None:
                     del t["label"]
@@ -116,11 +124,12 @@ class Plan:
 
     def same_sweep(self, other: "Plan") -> bool:
         """The same packs of the same trainings, whatever order each runs them in (a plan written by an earlier
-        gpupack, in N order, is still resumed: in its own order)."""
+        gpupack, in N order or without rounds, is still resumed: in its own order)."""
         def key(plan: Plan) -> Any:
             data = plan.to_json()
             data.pop("order", None)
-            data["packs"] = sorted(data["packs"], key=lambda p: p["pack_id"])
+            data["packs"] = sorted(({k: v for k, v in p.items() if k != "round"} for p in data["packs"]
+                                    if "reference_of" not in p), key=lambda p: p["pack_id"])
             return json.loads(json.dumps(data, default=str))  # as it reads back from disk
         return bool(key(self) == key(other))
 
@@ -366,55 +375,94 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapp
                      f"{', '.join(label for _, label in spread_layouts)}, beside packing")
     probes: list[Pack] = [p for p in packs if p.probe]
     lanes = [p for p in packs if p.stream]  # they run together, not in turn: no order to shuffle
-    ordered = probes + lanes + measure_first(run_order([p for p in packs if not p.probe and not p.stream], order,
-                                                       order_seed), seed_key)
-    return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(ordered), notes=tuple(notes),
-                order=f"{order} (seed {order_seed})" if order == "interleaved" else order, phase=phase)
+    measured = run_order([p for p in packs if not p.probe and not p.stream], order, order_seed)
+    if order == "interleaved" and phase is None:  # an auto step is one round of a longer run: no check of its own
+        measured += drift_check(measured)
+    rounds = 1 + max((p.round for p in measured if p.round is not None), default=-1)
+    return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(probes + lanes + measured),
+                notes=tuple(notes), order=order_label(order, order_seed, rounds), phase=phase)
+
+
+def order_label(order: str, seed: int, rounds: int) -> str:
+    """How plan.json and the dry run name the order (:func:`run_order`)."""
+    if order != "interleaved":
+        return order
+    rounds_said = f": {rounds} rounds, each with at most one pack of every N" if rounds else ""
+    return f"interleaved (seed {seed}){rounds_said}"
 
 
 def run_order(packs: Sequence[Pack], order: str, seed: int = 0) -> list[Pack]:
-    """The order packs run in. by_factor: as planned (N by N). interleaved: a seeded stratified shuffle — the k-th of
-    a (partition, mode, N) group's n packs lands at a random point of the k-th n-th of the run, so every group is
-    spread evenly over the whole run and no group's packs cluster at its start or end."""
+    """The order packs run in. by_factor: as planned (N by N). interleaved: in rounds (:func:`in_rounds`), so every
+    N is spread evenly over the whole run and each of its packs has the reference N measured beside it in time."""
     if order == "by_factor":
         return list(packs)
     if order != "interleaved":
         raise ConfigError("packing.order", order, "unknown pack order", f"use one of {', '.join(ORDERS)}")
+    return in_rounds(packs, seed)
+
+
+def in_rounds(packs: Sequence[Pack], seed: int = 0) -> list[Pack]:
+    """``packs`` in R rounds, R the most packs of any (partition, mode, N, k) group, each pack tagged with its round;
+    each round runs its packs in a seeded random order (a randomized block design: what drifts over the run, a
+    neighbour's job, a GPU's clocks, cannot line up with N). A group of n packs has them evenly spaced and centred
+    over the rounds (:func:`spaced_rounds`), never two in one round. The smallest N of a grid has the most packs, so
+    it is in every round: the reference each pack is compared with, in its round (:mod:`gpupack.analysis.choose`);
+    a group's k-th pack holds the grid's points from k N on and lands near round k N + (N - 1) / 2, so where N divides
+    a grid as long as the rounds, the reference's pack in its round trains one of its points: a round pairs like with
+    like. Pure; seeded."""
     groups: dict[tuple[str, str, int, int], list[Pack]] = {}
     for p in packs:
         groups.setdefault((p.partition, p.mode, p.factor, p.devices), []).append(p)
+    if not groups:
+        return []
+    total = max(len(members) for members in groups.values())
     rng = random.Random(seed)
-    keyed = [((k + rng.random()) / len(members), p.pack_id, p)
-             for members in groups.values() for k, p in enumerate(members)]
-    return [p for _, _, p in sorted(keyed, key=lambda item: item[:2])]
+    rounds: list[list[Pack]] = [[] for _ in range(total)]
+    for members in groups.values():
+        for r, p in zip(spaced_rounds(len(members), total, rng), members):
+            rounds[r].append(p)
+    out: list[Pack] = []
+    for r, members in enumerate(rounds):
+        members.sort(key=lambda p: p.pack_id)  # the draw below decides the order, not how the groups were listed
+        rng.shuffle(members)
+        out += [replace(p, round=r) for p in members]
+    return out
 
 
-def measure_first(packs: Sequence[Pack], seed_key: str | None = "seed") -> list[Pack]:
-    """``packs`` in their order, but in each (partition, mode) the packs of its smallest N that first hold a setting
-    (every hyperparameter but the seed) go ahead of every other: where they run in turn, each setting is measured
-    before a larger pack of it is held against the memory share (gpupack.core.pack_fit). Pure; stable."""
-    packing = [p for p in packs if p.spread is None]
-    smallest: dict[tuple[str, str], int] = {}
-    for p in packing:
-        smallest[p.partition, p.mode] = min(p.factor, smallest.get((p.partition, p.mode), p.factor))
-    seen: set[tuple[str, str, str]] = set()
-    first: list[Pack] = []
-    for p in packing:
-        if p.factor != smallest[p.partition, p.mode]:
-            continue
-        new = {(p.partition, p.mode, _setting(t, seed_key)) for t in p.trainings} - seen
-        if new:
-            first.append(p)
-            seen |= new
-    lead = {p.pack_id for p in first}
-    return first + [p for p in packs if p.pack_id not in lead]
+def spaced_rounds(n: int, total: int, rng: random.Random) -> list[int]:
+    """The rounds of a group of ``n`` packs among ``total`` >= n: the k-th at the round nearest (k + 1/2) total / n
+    - 1/2, so the group's mean round is the run's middle. A half way between two rounds goes away from the middle (the
+    group covers the run's ends), the middle one's by a draw. Distinct: the places are total / n >= 1 apart, and one
+    rounded up, the next down, by 1/2 each only where they were more than 1 apart. Pure."""
+    centre = (total - 1) / 2
+    out = []
+    for k in range(n):
+        place = (k + 0.5) * total / n - 0.5
+        low = math.floor(place)
+        if place - low != 0.5:
+            out.append(round(place))
+        elif place == centre:
+            out.append(low + rng.randint(0, 1))
+        else:
+            out.append(low if place < centre else low + 1)
+    return out
 
 
-def _setting(training: Training, seed_key: str | None) -> str:
-    """What sets a training's memory: its workload and every hyperparameter but its seed (as
-    gpupack.core.memory.setting_key, which sits above this module)."""
-    return training.workload + json.dumps({k: v for k, v in training.params.items() if k != seed_key},
-                                          sort_keys=True, default=str)
+def drift_check(ordered: Sequence[Pack]) -> list[Pack]:
+    """For each partition, its first round's reference pack (the smallest N of the first mode, one training of one
+    setting) run again at the end of the run (``<pack>-end``): the same training alone, so its time against the
+    first's tells whether the machine drifted over the run. Only where two rounds or more compare two N or more.
+    Pure."""
+    out: list[Pack] = []
+    for partition in dict.fromkeys(p.partition for p in ordered):
+        mine = [p for p in ordered if p.partition == partition and p.spread is None and p.round is not None]
+        if len({p.round for p in mine}) < 2 or len({(p.mode, p.factor) for p in mine}) < 2:
+            continue  # one round, or one N: nothing is compared that a drift could bias
+        mode = mine[0].mode
+        smallest = min(p.factor for p in mine if p.mode == mode)
+        first = next(p for p in mine if p.mode == mode and p.factor == smallest and p.round == 0)
+        out.append(replace(first, pack_id=f"{first.pack_id}-end", round=None, reference_of=first.pack_id))
+    return out
 
 
 def deal(packs: Sequence[Pack], lanes: int) -> list[list[Pack]]:

@@ -262,8 +262,15 @@ def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pa
         wall_s=outcome.ended_at - outcome.started_at,
         timings=result.get("timings"), throughput=result.get("throughput"), metrics=result.get("metrics"),
         memory=result.get("memory"), knobs=result.get("knobs"), loader_setting=result.get("loader_setting"),
-        data=result.get("data"), host=socket.gethostname(), **spread_fields(pack, result), **outcome.extra,
+        data=result.get("data"), host=socket.gethostname(), **spread_fields(pack, result), **order_fields(pack),
+        **outcome.extra,
     )
+
+
+def order_fields(pack: Pack) -> dict[str, Any]:
+    """Where the pack stands in the run's order (gpupack.core.plan.in_rounds): its round, or the pack it repeats at
+    the end as a drift check; nothing for a pack without (a lane, a probe, a plan written before rounds)."""
+    return {k: v for k, v in (("round", pack.round), ("reference_of", pack.reference_of)) if v is not None}
 
 
 def spread_fields(pack: Pack, result: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -617,7 +624,7 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]]
         workload=pack.trainings[0].workload_label if pack.trainings else None,
         # The job (its id, its GPUs), and what the scheduler gave it, to cross-check with sacct's gres/gpu.
         **fields,
-        sampler=sampled, **spread_fields(pack), **slots, **setup, **(extra or {}),
+        sampler=sampled, **spread_fields(pack), **order_fields(pack), **slots, **setup, **(extra or {}),
     )
     if phase:
         rec["phase"] = phase

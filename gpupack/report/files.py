@@ -70,7 +70,7 @@ def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path |
         "knobs": _jsonable(c.knobs),
         "spread": _jsonable(c.spread.drop(columns=["walls"], errors="ignore")),
         "layouts": _jsonable(c.layouts.drop(columns=["times"], errors="ignore")), "verdicts": c.verdicts,
-        "occupancy": _jsonable(c.occupancy),
+        "occupancy": _jsonable(c.occupancy), "drift": _jsonable(c.drift),
         "warnings": c.records.warnings, "pending_packs": c.records.pending,
     })
     written = [run.summary_csv, run.summary_json]

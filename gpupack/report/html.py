@@ -47,7 +47,8 @@ SUMMARY_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_type":
                    "tpt_ci_low_s": "95% low", "tpt_ci_high_s": "95% high", "chosen": "chosen",
                    "within_noise": "within noise", "tpt_min_s": "min", "tpt_max_s": "max",
                    "startup_s": "start-up s", "loop_s": "loop s",
-                   "trainings_per_hour": "trainings/h", "speedup_vs_n1": "speedup vs N=1",
+                   "trainings_per_hour": "trainings/h", "gain": "gain", "gain_ref": "gain over N=",
+                   "paired": "paired in rounds", "beyond_bound": "gain beyond N/ref",
                    "samples_per_s": "samples/s/training", "pack_samples_per_s": "samples/s/pack",
                    "loader_bound_samples_per_s": "loader-only samples/s", "loader_bound": "loader-bound",
                    "gpu_util_mean": "GPU util %", "cpu_percent_mean": "CPU %", "gpu_mem_peak_mb": "GPU mem peak MB",
@@ -55,7 +56,8 @@ SUMMARY_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_type":
                    "oom_cleared": "OOM cleared"}
 SUMMARY_FORMATS = {"time_per_training_s": ".2f", "tpt_ci_low_s": ".2f", "tpt_ci_high_s": ".2f", "tpt_min_s": ".2f",
                    "tpt_max_s": ".2f", "startup_s": ".2f",
-                   "loop_s": ".2f", "trainings_per_hour": ".0f", "speedup_vs_n1": ".2f", "samples_per_s": ".0f",
+                   "loop_s": ".2f", "trainings_per_hour": ".0f", "gain": ".2f", "gain_ref": ".0f",
+                   "samples_per_s": ".0f",
                    "pack_samples_per_s": ".0f", "packs": ".0f", "loader_bound_samples_per_s": ".0f",
                    "gpu_util_mean": ".0f", "cpu_percent_mean": ".0f", "gpu_mem_peak_mb": ".0f", "peak_rss_mb": ".0f"}
 COST_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_model": "GPU model", "rgu": "RGU",
@@ -117,7 +119,7 @@ def write_report(c: Collected, out: Path) -> list[Path]:
     plots = [(p, alt) for p, alt in made if p is not None]
     best = "".join(f"<p>{html.escape(line)}</p>" for line in [said for _, r in c.best.iterrows()
                                                                  for said in [text.best_line(r), *text.choice_lines(r)]]
-                   + text.mode_lines(c)) or \
+                   + text.mode_lines(c) + [text.drift_line(d) for _, d in c.drift.iterrows()]) or \
         "<p>No packing factor finished without failures yet: no best N.</p>"
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>gpupack report</title>",

@@ -22,6 +22,7 @@ from gpupack.report.text import (
     best_line,
     choice_lines,
     cost_lines,
+    drift_line,
     fmt,
     hyper_lines,
     hyper_title,
@@ -120,6 +121,25 @@ def _n(r: pd.Series) -> str:
     return f"{int(r['factor'])}{mark}"
 
 
+def _gain(r: pd.Series) -> str:
+    """N's gain over the reference N: p where paired within rounds, ! where it passes what N trainings can give."""
+    if r.get("gain") != r.get("gain"):
+        return "-"
+    return fmt(r["gain"]) + ("p" if r.get("paired") else "") + ("!" if r.get("beyond_bound") else "")
+
+
+def gain_legend(summary: pd.DataFrame) -> str:
+    """What the gain column holds: against which N, paired or not, and what its ! marks."""
+    refs = sorted({int(n) for n in summary["gain_ref"].dropna()}) if "gain_ref" in summary else []
+    ref = f"N={refs[0]}" if len(refs) == 1 else "the smallest N"
+    said = [f"gain: trainings per hour against {ref}'s"
+            + (f"; p: paired, each pack against {ref}'s pack in its round" if summary["paired"].any() else "")]
+    if summary["beyond_bound"].any():
+        said.append(f"!: more than the N/{ref[2:] if len(refs) == 1 else 'reference'}x that N trainings at once can "
+                    "give (see below)")
+    return "; ".join(said) + "."
+
+
 def make_console() -> Console:
     """A console that does not squeeze the table to 80 columns when output goes to a file or a pipe."""
     # Markup and emoji off: what gpupack prints is mostly the user's text (sweep and task names, values, paths, errors),
@@ -163,7 +183,7 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
         title = "Time per training by packing factor N (pack wall time / N; median [95% interval])"
         console.print(summary_table(c.summary, ("probe (packing.factors=auto): " if c.auto_lines else "") + title,
                                     {tuple(r[GROUP + ["factor"]]) for _, r in c.best.iterrows()}, wide=wide))
-        console.print("N*: the chosen N; N~: within noise of the lowest median."
+        console.print("N*: the chosen N; N~: within noise of the lowest median. " + gain_legend(c.summary)
                       + ("" if wide else " Every column: --wide (and summary.csv)."), highlight=False)
         if _streamed_rows(c.summary):
             console.print(STREAM_LEGEND, highlight=False)
@@ -204,6 +224,8 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
         console.print(f"[bold]{escape(best_line(r))}[/]", markup=True)
         for line in choice_lines(r):
             console.print(f"  {line}", highlight=False)
+    for _, d in c.drift.iterrows():
+        console.print(drift_line(d), highlight=False, markup=False)
     for line in mode_lines(c):
         console.print(f"[bold]{escape(line)}[/]", markup=True)
     if not c.layouts.empty:
@@ -255,7 +277,7 @@ COLUMNS: list[tuple[str, Any, str]] = [
     ("packs", _packs, "both"),
     ("s/training", _tpt, "both"),
     ("start/loop s", lambda r: f"{fmt(r['startup_s'])}/{fmt(r['loop_s'])}", "wide"),
-    ("speedup", lambda r: fmt(r["speedup_vs_n1"]), "both"),
+    ("gain", lambda r: _gain(r), "both"),
     ("samples/s", _throughput, "wide"),  # per training, with the loader-only bound beside it
     ("util %", _util, "wide"),
     ("mem MB", _memory, "both"),

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from gpupack.analysis.aggregate import Collected
+from gpupack.analysis.drift import STEADY
 from gpupack.analysis.tables import Ranking
 from gpupack.pack import Packer, available_modes, load_packer
 
@@ -37,17 +38,52 @@ def mode_label(mode: Any) -> str:
 
 
 def best_line(row: Mapping[str, Any]) -> str:
-    speed = row.get("speedup_vs_n1")
-    gain = f", {speed:.2f}x the trainings per hour of N=1" if speed == speed and speed is not None else ""
+    gain, ref = row.get("gain"), row.get("gain_ref")
+    how = f"paired within {int(row['gain_rounds'])} rounds" if row.get("paired") else "ratio of medians"
+    known = gain is not None and gain == gain and ref is not None and ref == ref and int(row["factor"]) != int(ref)
+    said = f", {gain:.2f}x the trainings per hour of N={int(ref or 1)} ({how})" if known else ""
+    beyond = f" — not to be trusted: {bound_phrase(row)}" if row.get("beyond_bound") else ""
     provisional = " (provisional)" if row.get("provisional") else ""
     return (f"Best packing factor for {row['workload']} on {row['partition']} ({row['gpu_type']}), "
             f"mode {row['mode']}: N={int(row['factor'])} — {row['time_per_training_s']:.2f} s per training"
-            f"{gain}{provisional}.")
+            f"{said}{beyond}{provisional}.")
+
+
+def bound_phrase(row: Mapping[str, Any]) -> str:
+    """An N whose gain over the reference passes what N trainings at once can give (N / the reference's N): which
+    gain, which bound, and whether its interval holds the bound."""
+    n, ref = int(row["factor"]), int(row["gain_ref"])
+    over = "one alone" if ref == 1 else f"N={ref}"
+    low = row.get("gain_low")
+    within = (f" (its interval {low:.2f}x–{row['gain_high']:.2f}x holds it: within noise of the bound)"
+              if low is not None and low == low and low <= row["gain_bound"] else "")
+    return (f"N={n}'s gain {row['gain']:.2f}x exceeds the {row['gain_bound']:g}x that {n} trainings at once can give "
+            f"over {over}{within}")
+
+
+def bound_lines(r: Mapping[str, Any]) -> list[str]:
+    """Why a gain can pass its bound, and, on a CPU, the cores and threads a training had at each N."""
+    lines = []
+    cpu = str(r.get("gpu_type")) == "cpu"
+    cores = r.get("cores")
+    threads = f"threads per training {r['threads_by_n']}" if r.get("threads_by_n") else ""
+    if r.get("beyond_bound"):
+        setup = (f"; on this CPU ({int(cores)} cores), {threads}: more threads than help a small training slow it, "
+                 "so measure N=1 as it runs best (packing.threads_per_training=1)"
+                 if cpu and cores == cores and cores is not None and threads else "")
+        lines.append(f"{bound_phrase(r)}: N trainings together finished sooner than one alone, so the machine changed "
+                     "during the run (another job beside it; see the drift check and the packs measured under load) "
+                     f"or N={int(r['gain_ref'])} was set up worse than a training at N={int(r['factor'])}{setup}.")
+    elif cpu and threads:
+        lines.append(f"On this CPU ({int(cores)} cores): {threads}." if cores == cores and cores is not None
+                     else f"On this CPU: {threads}.")
+    return lines
 
 
 def choice_lines(r: pd.Series) -> list[str]:
-    """How the best N of one group was picked: its ties, the rule, and whether the answer is settled."""
-    lines = []
+    """How the best N of one group was picked: its ties, the rule, whether the answer is settled, and whether its
+    gain passes what N trainings can give."""
+    lines = bound_lines(r)
     if r.get("ties"):
         lines.append(f"{r['ties']} tie (within noise of the lowest median); picked by the rule: {r['tie_rule']}.")
     if r.get("provisional"):
@@ -127,3 +163,13 @@ def cost_lines(c: Collected) -> list[str]:
             lines.append(f"{workload}: no RGU weight is known for {', '.join(sorted(set(map(str, group['gpu_type']))))}"
                          " (not a GPU model of conf/rgu/), so no RGU cost.")
     return lines
+
+
+def drift_line(row: Mapping[str, Any]) -> str:
+    """The drift check in words, with its figure."""
+    change = float(row["change"])
+    verdict = (f"steady within {STEADY:.0%}" if abs(change) <= STEADY else
+               "the machine got slower during the run" if change > 0 else "the machine got faster during the run")
+    return (f"Drift check on {row['partition']} ({row['gpu_type']}): {row['pack_id']} run again at the end took "
+            f"{row['end_s']:.2f} s against {row['first_s']:.2f} s at the start ({change:+.0%}, "
+            f"{row['hours'] * 60:.1f} min later): {verdict}.")

@@ -1,0 +1,34 @@
+"""Did the machine drift over the run? The drift check (:func:`gpupack.core.plan.drift_check`) runs the first round's
+reference pack again at the run's end; its time against the first one's is the drift, which the choice of N, paired
+within rounds, cancels but the user should know of. Pure pandas on the packs frame."""
+from __future__ import annotations
+
+import pandas as pd
+
+STEADY = 0.10  # an end pack within 10 % of the first: one training's noise, not a machine that changed
+
+COLUMNS = ["workload", "partition", "gpu_type", "pack_id", "first_s", "end_s", "change", "hours"]
+
+
+def drift_checks(packs: pd.DataFrame) -> pd.DataFrame:
+    """One row per drift check whose pack and first pack both ran whole: their walls (one training each), the change
+    end / first - 1, and the hours between their starts."""
+    if packs.empty or "reference_of" not in packs:
+        return pd.DataFrame(columns=COLUMNS)
+    latest = packs[packs["attempt"] == 0] if "attempt" in packs else packs
+    whole = latest[latest["complete"].astype(bool)]
+    runs = whole["run_dir"] if "run_dir" in whole else pd.Series("", index=whole.index)
+    by_id = {(str(d), str(p)): row for d, p, (_, row) in zip(runs, whole["pack_id"], whole.iterrows())}
+    rows = []
+    for d, (_, end) in zip(runs, whole.iterrows()):
+        if not isinstance(end.get("reference_of"), str):
+            continue
+        first = by_id.get((str(d), end["reference_of"]))
+        if first is None:
+            continue
+        first_s, end_s = float(first["wall_s"]), float(end["wall_s"])
+        rows.append({"workload": end.get("workload"), "partition": end["partition"], "gpu_type": end["gpu_type"],
+                     "pack_id": first["pack_id"], "first_s": first_s, "end_s": end_s,
+                     "change": end_s / first_s - 1.0 if first_s > 0 else float("nan"),
+                     "hours": (float(end["started_at"]) - float(first["started_at"])) / 3600.0})
+    return pd.DataFrame(rows, columns=COLUMNS)
