@@ -22,6 +22,7 @@ from gpupack.report.text import (
     best_line,
     choice_lines,
     cost_lines,
+    disturbance_lines,
     fmt,
     hyper_lines,
     hyper_title,
@@ -206,6 +207,9 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
             console.print(f"  {line}", highlight=False)
     for line in mode_lines(c):
         console.print(f"[bold]{escape(line)}[/]", markup=True)
+    # beside the answer: the packs whose times other processes disturbed
+    for line in disturbance_lines(c.disturbance):
+        console.print(f"[yellow]{escape(line)}[/]", markup=True)
     if not c.layouts.empty:
         render_layouts(c, console)
     if not c.occupancy.empty:
