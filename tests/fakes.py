@@ -85,7 +85,8 @@ class FakeNvml:
 
     ``names``: whole 16 GB GPUs of these names instead of ``gpus``. ``driver="recent"``: nvmlDeviceGetHandleByUUID
     finds GPUs, MIG UUIDs and the MIG-GPU-<uuid>/<gi>/<ci> form; ``"old"``: only whole GPUs by their full UUID.
-    ``fail_init``: nvmlInit raises it (no driver). ``procs``/``mps_procs``: (pid, usedGpuMemory bytes or None).
+    ``fail_init``: nvmlInit raises it (no driver). ``procs``/``mps_procs``/``graphics_procs``: (pid, usedGpuMemory
+    bytes or None).
     ``calls`` records "shutdown" and each process listing ("compute <handle>", "mps <handle>")."""
 
     NVMLError = FakeNvmlError
@@ -96,10 +97,12 @@ class FakeNvml:
     def __init__(self, gpus: Sequence[FakeGpu] | None = None, *, names: Sequence[str] | None = None,
                  driver: str = "recent", procs: Sequence[tuple[int, int | None]] = (),
                  mps_procs: Sequence[tuple[int, int | None]] | None = None, util: tuple[int, int] = (37, 12),
-                 used_mb: float = 3000, fail_init: BaseException | None = None) -> None:
+                 used_mb: float = 3000, fail_init: BaseException | None = None,
+                 graphics_procs: Sequence[tuple[int, int | None]] = ()) -> None:
         self.gpus = list(gpus) if gpus is not None else gpus_named(names if names is not None else ["Tesla T4"])
         self.driver, self.procs, self.mps_procs = driver, list(procs), mps_procs
         self.util, self.used_mb, self.fail_init = util, used_mb, fail_init
+        self.graphics_procs = list(graphics_procs)
         self.calls: list[str] = []
 
     @property
@@ -191,6 +194,9 @@ class FakeNvml:
     def nvmlDeviceGetMPSComputeRunningProcesses(self, h):
         self.calls.append(f"mps {h}")
         return self._procs(h, self.mps_procs or [])
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in self.graphics_procs]
 
 
 def mig_nvml(driver: str = "recent", procs: Sequence[tuple[int, int | None]] = (), used_mb: float = 1500) -> FakeNvml:

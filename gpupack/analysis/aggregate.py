@@ -9,8 +9,9 @@ This module is the entry: :func:`aggregate` loads the runs (:mod:`gpupack.analys
 columnar file, :mod:`gpupack.core.columnar`, or its JSON records, assembled by :mod:`gpupack.analysis.frames`) and
 computes everything collect shows (:func:`aggregate_records`): the summary and the choice of N
 (:mod:`gpupack.analysis.summary`), the knob and hyperparameter tables (:mod:`gpupack.analysis.tables`), the cost
-(:mod:`gpupack.core.rgu`) and spread layouts beside packing (:mod:`gpupack.analysis.layouts`). Aggregation is pure
-pandas on flat columns (benchmarks/collect_scale.py: 1,000,000 trainings from disk).
+(:mod:`gpupack.core.rgu`), spread layouts beside packing (:mod:`gpupack.analysis.layouts`) and the packs measured
+under load from outside the job (:mod:`gpupack.analysis.disturbance`). Aggregation is pure pandas on flat columns
+(benchmarks/collect_scale.py: 1,000,000 trainings from disk).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
+from gpupack.analysis.disturbance import disturbance
 from gpupack.analysis.drift import drift_checks
 from gpupack.analysis.layouts import compare, split_spread, spread_summary, training_walls, verdicts
 from gpupack.analysis.load import Records, load_records, with_stdout_metric
@@ -56,6 +58,8 @@ class Collected:
     timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
     # The drift checks: the first round's reference pack run again at the end (gpupack/analysis/drift.py)
     drift: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # The packs measured under load from outside the job, per group (gpupack/analysis/disturbance.py)
+    disturbance: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def aggregate_records(records: Records, weights: Mapping[str, float] | None = None,
@@ -85,7 +89,7 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     return Collected(records, summary, best, overall, ranking, cost, n,
                      knob_table(packing_t), production, spread=spread, layouts=layouts, verdicts=verdicts(layouts),
                      occupancy=occupancy(packing_p), timeline=timeline(packing_t, packing_p),
-                     drift=drift_checks(probe_p))
+                     drift=drift_checks(probe_p), disturbance=disturbance(records.packs))
 
 
 def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = None,

@@ -34,7 +34,10 @@ FLAT = {
 NESTED = {"timings", "throughput", "metrics", "memory", "spread"}
 # Pack record: the sampler's summary, flattened (its raw samples stay in pack.json).
 PACK_FLAT = ("source", "note", "gpu_util_mean", "gpu_util_max", "gpu_mem_used_peak_mb", "gpu_mem_total_mb",
-             "cpu_percent_mean", "overhead_cpu_s", "overhead_fraction")
+             "cpu_percent_mean", "overhead_cpu_s", "overhead_fraction",
+             # the load from outside the job while the pack ran (gpupack.runtime.foreign): analysis.disturbance
+             "foreign_cpu_cores_mean", "foreign_cpu_cores_max", "foreign_measured_s", "host_cores", "job_cores",
+             "foreign_gpu_procs_max", "foreign_gpu_mem_mb_max")
 
 # packs/<id>/trainings.arrows: an Arrow IPC stream of one batch, the columns that vary between the pack's trainings
 # (pyarrow.ipc.open_stream reads it), then JSON: the pack record's flat row, the number of trainings, and the value of

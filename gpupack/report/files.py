@@ -15,7 +15,7 @@ from gpupack.analysis.load import Records
 from gpupack.core.records import SCHEMA_VERSION, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.report.html import write_report
-from gpupack.report.text import best_line
+from gpupack.report.text import best_line, disturbance_lines
 
 
 def _jsonable(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -71,6 +71,8 @@ def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path |
         "spread": _jsonable(c.spread.drop(columns=["walls"], errors="ignore")),
         "layouts": _jsonable(c.layouts.drop(columns=["times"], errors="ignore")), "verdicts": c.verdicts,
         "occupancy": _jsonable(c.occupancy), "drift": _jsonable(c.drift),
+        # the packs measured under load from outside the run, per group, and what the report says of them
+        "disturbance": _jsonable(c.disturbance), "disturbance_lines": disturbance_lines(c.disturbance),
         "warnings": c.records.warnings, "pending_packs": c.records.pending,
     })
     written = [run.summary_csv, run.summary_json]

@@ -126,6 +126,7 @@ def write_report(c: Collected, out: Path) -> list[Path]:
         f"<style>{CSS}</style></head><body><h1>gpupack report</h1>",
         f"<p>Runs: {html.escape(', '.join(sorted(set(map(str, c.records.trainings.get('run_dir', []))))))}</p>",
         f"<div class='best'>{best}</div>",
+        "".join(f"<p class='warn'>{html.escape(line)}</p>" for line in text.disturbance_lines(c.disturbance)),
         "<h2>Time per training by packing factor N</h2>",
         _table(c.summary, SUMMARY_COLUMNS, SUMMARY_FORMATS),
         f"<h2>Cost at the best N (a sweep of {text.trainings_phrase(c.sweep_trainings)} on one device)</h2>",

@@ -22,6 +22,7 @@ from gpupack.report.text import (
     best_line,
     choice_lines,
     cost_lines,
+    disturbance_lines,
     drift_line,
     fmt,
     hyper_lines,
@@ -228,6 +229,9 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
         console.print(drift_line(d), highlight=False, markup=False)
     for line in mode_lines(c):
         console.print(f"[bold]{escape(line)}[/]", markup=True)
+    # beside the answer: the packs whose times other processes disturbed
+    for line in disturbance_lines(c.disturbance):
+        console.print(f"[yellow]{escape(line)}[/]", markup=True)
     if not c.layouts.empty:
         render_layouts(c, console)
     if not c.occupancy.empty:

@@ -173,3 +173,31 @@ def drift_line(row: Mapping[str, Any]) -> str:
     return (f"Drift check on {row['partition']} ({row['gpu_type']}): {row['pack_id']} run again at the end took "
             f"{row['end_s']:.2f} s against {row['first_s']:.2f} s at the start ({change:+.0%}, "
             f"{row['hours'] * 60:.1f} min later): {verdict}.")
+def _ids(ids: Any, most: int = 5) -> str:
+    ids = list(dict.fromkeys(map(str, ids)))  # an attempt of a pack measured twice is one pack named
+    return ", ".join(ids[:most]) + (f", … ({len(ids) - most} more)" if len(ids) > most else "")
+
+
+def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
+    """What the samplers measured of load from outside the run (:mod:`gpupack.analysis.disturbance`): a line per group
+    with disturbed packs, naming them; a run measured quiet says nothing."""
+    lines = []
+    for _, r in disturbance.iterrows():
+        if not r["disturbed"]:
+            continue
+        said = []
+        share = r.get("share")
+        if share is not None and share == share:
+            said.append(f"{share:.0%} of its pack time")
+        foreign, cores = r.get("foreign_cores_mean"), r.get("cores")
+        if foreign is not None and foreign == foreign:
+            of = f" of {cores:.3g}" if cores is not None and cores == cores else ""
+            said.append(f"other processes used {foreign:.2g}{of} cores on average")
+        if r.get("gpu_disturbed"):
+            mem = r.get("foreign_gpu_mem_mb_max")
+            said.append(f"{r['gpu_disturbed']} with another process on its GPU (up to {r['foreign_gpu_procs_max']}"
+                        + (f", {mem:.0f} MB" if mem is not None and mem == mem else "") + ")")
+        lines.append(f"Measured under foreign load ({r['workload']} on {r['partition']} ({r['gpu_type']}), mode "
+                     f"{r['mode']}): {r['disturbed']} of {r['packs']} packs ({'; '.join(said)}): "
+                     f"{_ids(r['pack_ids'])} — their times are not trusted as quiet figures.")
+    return lines

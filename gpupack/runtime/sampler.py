@@ -5,6 +5,8 @@ memory per training process (``nvmlDeviceGetComputeRunningProcesses``, or the MP
 NVML may not know a process's memory (``usedGpuMemory`` None): that is recorded as unknown, never as 0.
 Always, with psutil: each training's CPU % and resident memory (RSS, its children included). Without a GPU or
 NVML the sampler says so once and samples the CPU alone. Its own CPU time is measured, to show it is cheap.
+At every sample, the load from outside the job (:mod:`gpupack.runtime.foreign`): the CPU time other processes took on
+the job's cores, and (with NVML) the processes on its GPU that are not the job's; unknown without NVML, never 0.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from typing import Any, Callable, Sequence
 import psutil
 
 from gpupack.runtime import monitor
+from gpupack.runtime.foreign import ForeignLoad
+from gpupack.runtime.jobenv import job_cpus
 from gpupack.runtime.monitor import Nvml, NvmlHandle
 
 MAX_KEPT_SAMPLES = 600  # the pack record keeps at most this many (evenly thinned); statistics use all
@@ -36,12 +40,13 @@ class Sampler:
     def __init__(self, interval_s: float = 1.0, gpu_index: int | None = None, mps: bool = False,
                  no_gpu_reason: str = "",
                  log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
-                 gpu: str | None = None, more_gpus: Sequence[str] = ()) -> None:
+                 gpu: str | None = None, more_gpus: Sequence[str] = (), foreign: ForeignLoad | None = None) -> None:
         """``gpu``: the device to sample as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"; the job passes
         the UUID detect_device found, so both see the same device, a MIG slice included); ``gpu_index``: an NVML
         index, the older form. Neither: no GPU, for ``no_gpu_reason``. ``more_gpus``: the other devices of a job
         that spreads one training over several (sampled with it: utilization averaged, memory summed, and each
-        device's figures under ``gpus``)."""
+        device's figures under ``gpus``). ``foreign``: what reads the load from outside the job (a test's fakes;
+        else the job's cores and the process the sampler runs in)."""
         self.interval_s = interval_s
         self.mps = mps
         self.log = log
@@ -59,6 +64,7 @@ class Sampler:
         self.mig = False
         self._util_supported = True  # NVML does not report utilization on a MIG slice (NotSupported)
         self.more_handles: list[NvmlHandle] = []
+        self.foreign = foreign if foreign is not None else ForeignLoad(job_cpus())
         self._open_nvml(gpu if gpu is not None else None if gpu_index is None else str(gpu_index), no_gpu_reason)
         self._open_more(more_gpus)
 
@@ -130,6 +136,7 @@ class Sampler:
                       else nvml.nvmlDeviceGetComputeRunningProcesses)
         devices: list[dict[str, Any]] = []
         per_pid: dict[int, float | None] = {}
+        graphics: dict[int, float | None] = {}
         for h in [self.handle, *self.more_handles]:
             util = self._utilization(h)
             mem = nvml.nvmlDeviceGetMemoryInfo(h)
@@ -140,14 +147,26 @@ class Sampler:
                 used = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
                 total = per_pid.get(p.pid, 0.0)
                 per_pid[p.pid] = None if total is None or used is None else total + used  # unknown stays unknown
+            for p in self._graphics(h):  # another's display or renderer: the job's trainings compute
+                graphics[p.pid] = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
         utils = [d["gpu_util"] for d in devices if d["gpu_util"] is not None]
         mem_utils = [d["gpu_mem_util"] for d in devices if d["gpu_mem_util"] is not None]
         out = {"gpu_util": sum(utils) / len(utils) if utils else None,
                "gpu_mem_util": sum(mem_utils) / len(mem_utils) if mem_utils else None,
                "gpu_mem_used_mb": sum(d["gpu_mem_used_mb"] for d in devices), "gpu_proc_mem_mb": per_pid}
+        if graphics:
+            out["gpu_graphics_mem_mb"] = graphics
         if len(devices) > 1:
             out["gpus"] = devices
         return out
+
+    def _graphics(self, handle: NvmlHandle) -> list[Any]:
+        """The graphics processes on a device; none where NVML cannot list them (a MIG slice, an older binding):
+        the compute processes still tell the job's from others'."""
+        try:
+            return list(self.nvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
+        except Exception:
+            return []
 
     # ---- trainings ----
 
@@ -158,8 +177,11 @@ class Sampler:
         except psutil.Error:
             return
         with self._lock:
+            first = not self.tracked
             self.tracked[pid] = _Tracked(training_id, proc)
             self._holders.setdefault(training_id, self.tracked[pid])  # keeps the training's figures (sample_once)
+        if first:  # the load from outside is measured from the pack's first start, as its wall is
+            self.foreign.read()
 
     def _family(self, t: _Tracked) -> list[psutil.Process]:
         try:
@@ -209,6 +231,12 @@ class Sampler:
                     first.peak_gpu_mem_mb = max(first.peak_gpu_mem_mb or 0.0, sum(mems))
             per_training[training_id] = entry
         sample["trainings"] = per_training
+        interval = self.foreign.read()  # after NVML's list: a training it names has begun by then (foreign_gpu)
+        if interval is not None:
+            sample["foreign_cpu_cores"] = round(interval.cores, 3)
+        if "gpu_proc_mem_mb" in sample:
+            listed = {**sample.get("gpu_graphics_mem_mb", {}), **sample["gpu_proc_mem_mb"]}
+            sample["foreign_gpu_procs"], sample["foreign_gpu_mem_mb"] = self.foreign.foreign_gpu(listed)
         self.samples.append(sample)
         return sample
 
@@ -233,6 +261,8 @@ class Sampler:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._stopped_at = time.time()
+        if self.tracked:  # the last interval, up to the pack's end
+            self.foreign.read()
         if self.nvml is not None:
             try:
                 self.nvml.nvmlShutdown()
@@ -272,4 +302,6 @@ class Sampler:
             "per_training": {t.training_id: self._figures(t) for t in self._holders.values()},
             "overhead_cpu_s": round(self.cpu_time_s, 4),
             "overhead_fraction": round(self.cpu_time_s / wall, 5) if wall else None,
+            **self.foreign.figures([(s["foreign_gpu_procs"], s["foreign_gpu_mem_mb"]) for s in self.samples
+                                    if "foreign_gpu_procs" in s] if self.source == "nvml" else None),
         }

@@ -1,0 +1,173 @@
+"""The load from outside the job while a pack runs (gpupack.runtime.foreign): the pure accounting by tables, the
+readings with a faked clock, cores and process tree, and the sampler's figures with a fake NVML at the one seam."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpupack.runtime import monitor
+from gpupack.runtime.foreign import (
+    ForeignLoad,
+    Interval,
+    ProcTimes,
+    foreign_cpu_s,
+    foreign_figures,
+    tree_cpu_delta,
+    tree_times,
+    watched_cpus,
+)
+from gpupack.runtime.sampler import Sampler
+from tests.fakes import FakeNvml
+
+ROOT, CHILD, GRAND = (1000, 0.0), (1001, 0.0), (1002, 0.0)
+
+
+def P(ppid: int, self_s: float, reaped_s: float = 0.0) -> ProcTimes:
+    return ProcTimes(ppid, self_s, reaped_s)
+
+
+# (before, now) → the CPU seconds the job's processes spent between the two readings (what they really did)
+TREE_CASES = [
+    pytest.param({ROOT: P(1, 1), CHILD: P(1000, 5)}, {ROOT: P(1, 2), CHILD: P(1000, 7)}, 3.0, id="both ran"),
+    pytest.param({ROOT: P(1, 1)}, {ROOT: P(1, 1), CHILD: P(1000, 0.5)}, 0.5, id="a training began"),
+    # the child had 4 s, did 2 more and ended; the root reaped all 6: 2 are new
+    pytest.param({ROOT: P(1, 1), CHILD: P(1000, 4)}, {ROOT: P(1, 1, 6)}, 2.0, id="a training ended, reaped"),
+    # the grandchild (3 s, +0.5) reaped by the child (2 s, +0.5), the child by the root: 1 s is new
+    pytest.param({ROOT: P(1, 1), CHILD: P(1000, 2), GRAND: P(1001, 3)}, {ROOT: P(1, 1, 6)}, 1.0,
+                 id="a chain ended, reaped up"),
+    # reaped by none of the job's (auto-reaped): nothing came back to take back from
+    pytest.param({ROOT: P(1, 1), CHILD: P(1000, 4)}, {ROOT: P(1, 1)}, 0.0, id="an ended child not reaped here"),
+    # pid 1001 given again: the old process did 0.2 more and was reaped, the new one did 1
+    pytest.param({ROOT: P(1, 1), CHILD: P(1000, 4)}, {ROOT: P(1, 1, 4.2), (1001, 9.0): P(1000, 1)}, 1.2,
+                 id="a pid given again"),
+    # an orphan (its parent, the training, ended) is still followed: its own time keeps counting
+    pytest.param({ROOT: P(1, 1), CHILD: P(1000, 3), GRAND: P(1001, 2)}, {ROOT: P(1, 1, 3.5), GRAND: P(1, 4)}, 2.5,
+                 id="an orphan followed"),
+]
+
+
+@pytest.mark.parametrize("before, now, spent", TREE_CASES)
+def test_the_jobs_own_cpu_time_between_two_readings(before, now, spent):
+    assert tree_cpu_delta(before, now) == pytest.approx(spent)
+
+
+@pytest.mark.parametrize("busy, own, seconds, cores, foreign", [
+    (3.0, 1.0, 1.0, 4, 2.0),
+    (1.0, 1.02, 1.0, 4, 0.0),  # the readings' skew: never below 0
+    (9.0, 0.0, 1.0, 4, 4.0),  # nor above what the cores could give
+])
+def test_foreign_cpu_time_is_busy_less_own_within_the_cores(busy, own, seconds, cores, foreign):
+    assert foreign_cpu_s(busy, own, seconds, cores) == pytest.approx(foreign)
+
+
+@pytest.mark.parametrize("cpus, listed, watched", [
+    ([0, 1], 2, None),  # every core: the node's total
+    ([2, 3], 8, [2, 3]),  # a SLURM job's cores: those alone
+    ([5, 9], 8, None),  # a core past the list (cores offline): which line is which is not known
+])
+def test_the_cores_watched_are_the_jobs(cpus, listed, watched):
+    assert watched_cpus(cpus, listed) == watched
+
+
+FIGURE_CASES = [
+    pytest.param([Interval(1.0, 1.0), Interval(1.0, 0.0), Interval(0.5, 0.5)], None,
+                 {"foreign_cpu_cores_mean": 0.6, "foreign_cpu_cores_max": 1.0, "foreign_measured_s": 2.5,
+                  "foreign_gpu_procs_max": None, "foreign_gpu_mem_mb_max": None}, id="no NVML: GPU unknown"),
+    pytest.param([], [(0, 0.0), (0, 0.0)],
+                 {"foreign_cpu_cores_mean": None, "foreign_cpu_cores_max": None, "foreign_measured_s": 0.0,
+                  "foreign_gpu_procs_max": 0, "foreign_gpu_mem_mb_max": 0.0}, id="never measured CPU; quiet GPU"),
+    pytest.param([Interval(1.0, 0.0)], [(0, 0.0), (2, 700.0), (1, 300.0)],
+                 {"foreign_cpu_cores_mean": 0.0, "foreign_gpu_procs_max": 2, "foreign_gpu_mem_mb_max": 700.0},
+                 id="another process on the GPU"),
+    pytest.param([Interval(1.0, 0.0)], [(1, None)], {"foreign_gpu_procs_max": 1, "foreign_gpu_mem_mb_max": None},
+                 id="its memory not said: unknown"),
+    pytest.param([Interval(1.0, 0.0)], [], {"foreign_gpu_procs_max": None, "foreign_gpu_mem_mb_max": None},
+                 id="NVML never answered: unknown"),
+]
+
+
+@pytest.mark.parametrize("intervals, gpu, expected", FIGURE_CASES)
+def test_samples_to_figures(intervals, gpu, expected):
+    got = foreign_figures(intervals, gpu, host_cores=8, job_cores=2)
+    assert got["host_cores"] == 8 and got["job_cores"] == 2
+    assert {k: got[k] for k in expected} == expected
+
+
+class Readings:
+    """A fake clock, cores and process tree, each read in turn."""
+
+    def __init__(self, clock, busy, trees):
+        self.clock, self.busy, self.trees = list(clock), list(busy), list(trees)
+        self.watched: list = []
+
+    def load(self, **kw) -> ForeignLoad:
+        return ForeignLoad([0, 1], root=ROOT[0], busy=lambda cpus: self.watched.append(cpus) or self.busy.pop(0),
+                           tree=lambda root, follow: self.trees.pop(0), clock=lambda: self.clock.pop(0),
+                           host_cores=2, listed=2, **kw)
+
+
+def test_readings_give_intervals_and_keep_a_too_short_one_for_the_next():
+    r = Readings(clock=[0.0, 1.0, 1.1, 2.0], busy=[10.0, 11.5, 11.6, 13.5],
+                 trees=[{ROOT: P(1, 1)}, {ROOT: P(1, 1.5)}, {ROOT: P(1, 1.6)}, {ROOT: P(1, 3.5)}])
+    load = r.load()
+    assert load.read() is None  # a baseline
+    assert load.read() == Interval(1.0, 1.0)  # 1.5 s busy, 0.5 s of it the job's
+    assert load.read() is None  # 0.1 s: kept for the next
+    assert load.read() == Interval(pytest.approx(1.0), pytest.approx(0.0))
+    assert r.watched == [None] * 4  # the job may use every core: the node's total
+    assert load.figures(None)["foreign_cpu_cores_mean"] == pytest.approx(0.5)
+
+
+def test_a_sampled_pack_records_the_foreign_load_and_gpu_processes(monkeypatch):
+    """Through the sampler, with NVML faked at the one seam: a process of the job (under it), another's process with
+    memory, a graphics process NVML does not say the memory of, and one gone before it could be looked up."""
+    ours, theirs, drawing, gone = 2001, 4242, 4343, 4444
+    fake = FakeNvml(procs=[(ours, 512 * 2**20), (theirs, 300 * 2**20), (gone, 9 * 2**20)],
+                    graphics_procs=[(drawing, None)])
+    monkeypatch.setattr(monitor, "_nvml", lambda: fake)
+    tree = {ROOT: P(1, 1.0)}
+    r = Readings(clock=[0.0, 1.0, 2.0, 3.0], busy=[0.0, 1.0, 3.0, 3.0], trees=[tree] * 4)
+    parents = {ours: [ours, 3000, ROOT[0]], theirs: [theirs, 1], drawing: [drawing, 1], gone: None}
+    load = r.load(ancestors=parents.get)
+    sampler = Sampler(gpu_index=0, log=lambda m: None, foreign=load)
+    sampler.register("t", os.getpid())  # the first training's start (a real process): the baseline
+    first = sampler.sample_once()
+    assert first["foreign_cpu_cores"] == 1.0
+    assert (first["foreign_gpu_procs"], first["foreign_gpu_mem_mb"]) == (2, None)  # the graphics one: unknown
+    fake.graphics_procs = []
+    assert (sampler.sample_once()["foreign_gpu_procs"], sampler.samples[-1]["foreign_gpu_mem_mb"]) == (1, 300.0)
+    report = sampler.stop()  # the last interval, up to the end
+    assert report["foreign_cpu_cores_mean"] == pytest.approx(1.0)  # 3 core-seconds over 3 s
+    assert report["foreign_cpu_cores_max"] == 2.0 and report["foreign_measured_s"] == 3.0
+    assert report["foreign_gpu_procs_max"] == 2 and report["foreign_gpu_mem_mb_max"] == 300.0
+    assert report["host_cores"] == 2 and report["job_cores"] == 2
+
+
+def test_without_nvml_the_gpu_figures_are_unknown_not_zero(monkeypatch):
+    monkeypatch.setattr(monitor, "_nvml", lambda: FakeNvml(fail_init=RuntimeError("Driver Not Loaded")))
+    r = Readings(clock=[0.0, 1.0, 2.0], busy=[0.0, 0.0, 0.0], trees=[{ROOT: P(1, 1.0)}] * 3)
+    sampler = Sampler(gpu_index=0, log=lambda m: None, foreign=r.load())
+    sampler.register("t", os.getpid())
+    sampler.sample_once()
+    report = sampler.stop()
+    assert report["foreign_cpu_cores_mean"] == 0.0
+    assert report["foreign_gpu_procs_max"] is None and report["foreign_gpu_mem_mb_max"] is None
+
+
+def test_on_this_machine_a_busy_child_of_the_job_is_its_own_work():
+    """For real (psutil, /proc): the CPU a process under the job burns between two readings is the job's own, what
+    the cores' busy time is reduced by (others' load on this shared machine may still be foreign)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
+    try:
+        before = tree_times(os.getpid(), ())
+        time.sleep(1.0)
+        now = tree_times(os.getpid(), before)
+        assert any(pid == child.pid for pid, _ in now)
+        assert tree_cpu_delta(before, now) >= 0.5  # a core, less what others on two shared cores took of it
+    finally:
+        child.kill()
+        child.wait()
