@@ -14,6 +14,7 @@ import pytest
 
 from gpupack.analysis.tables import best_hyperparameters
 from gpupack.cli import main
+from gpupack.core.goal import goal_hint, suggested_goal
 from gpupack.hydra_launch import sweeper_goal
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,6 +36,41 @@ def test_ranked_by_the_metric_named_towards_its_goal(goal, order):
     r = best_hyperparameters(frame(LOSSES), metric="loss", goal=goal)
     assert (r.metric, r.goal, r.note) == ("loss", goal, "")
     assert list(r.table["lr"]) == order and "loss" in r.table
+    # A goal against the name ranks as given, and says so with the other goal as its fix
+    assert r.caution == ("" if goal == "min" else
+                         "collect.goal=max ranks highest loss first, though its name reads as lower is better. "
+                         "HINT: if so, collect.goal=min")
+
+
+SUGGESTED = [  # metric name -> the goal its name suggests (None: neither, or both)
+    ("val_acc", "max"), ("val_accuracy", "max"), ("top1accuracy", "max"), ("valAcc", "max"), ("f1", "max"),
+    ("macro-F1", "max"), ("roc_auc", "max"), ("precision@5", "max"), ("recall", "max"), ("mean_iou", "max"),
+    ("bleu4", "max"), ("loss", "min"), ("val_loss", "min"), ("valloss", "min"), ("test_error", "min"),
+    ("err", "min"), ("perplexity", "min"), ("mse", "min"), ("val_mae", "min"), ("rmse", "min"),
+    ("score", None), ("return_value", None), ("accumulated", None), ("interval", None), ("terrain_height", None),
+    ("acc_loss", None), ("reward", None),
+]
+
+
+@pytest.mark.parametrize("metric, goal", SUGGESTED)
+def test_a_metrics_name_suggests_its_goal(metric, goal):
+    assert suggested_goal(metric) == goal
+
+
+HINTS = [  # metric -> the HINT for a missing goal: the suggested goal first, else both
+    ("val_acc", "collect.goal=max ('val_acc' reads as higher is better; collect.goal=min if not)"),
+    ("val_loss", "collect.goal=min ('val_loss' reads as lower is better; collect.goal=max if not)"),
+    ("score", "collect.goal=max if higher score is better, collect.goal=min if lower is"),
+]
+
+
+@pytest.mark.parametrize("metric, hint", HINTS)
+def test_the_hint_for_a_missing_goal_follows_the_name(metric, hint):
+    assert goal_hint(metric) == hint
+    rows = [({"lr": 0.1}, {metric: 0.5}), ({"lr": 0.2}, {metric: 0.7})]
+    note = best_hyperparameters(frame(rows)).note
+    assert f"HINT: {hint}; python -m gpupack collect RUN_DIR --metric {metric} --goal " \
+           f"{suggested_goal(metric) or 'max|min'}" in note, note
 
 
 def test_the_one_metric_reported_is_ranked_once_its_goal_is_known():

@@ -24,7 +24,7 @@ from gpupack.analysis.summary import (
     rows_where,
 )
 from gpupack.core.columnar import STRING
-from gpupack.core.goal import KNOWN_GOALS
+from gpupack.core.goal import KNOWN_GOALS, contradiction, goal_hint, suggested_goal
 from gpupack.core.records import COMPLETED
 
 SEED_NAMES = ("seed",)  # hyperparameters that repeat a grid point rather than make a new one
@@ -121,6 +121,7 @@ class Ranking:
     goal: str | None = None
     note: str = ""
     column: str | None = None  # the table's column of the metric (its name, unless a hyperparameter has it too)
+    caution: str = ""  # the goal goes against the metric's name (core.goal.contradiction): said, not overruled
 
 
 def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | None = None,
@@ -145,8 +146,8 @@ def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | No
     goal = goal or KNOWN_GOALS.get(metric)
     if goal is None:
         return Ranking(pd.DataFrame(), metric, note=(
-            f"not ranked: which way is better for {metric!r} is not known. HINT: collect.goal=min (or max); "
-            f"python -m gpupack collect RUN_DIR --metric {metric} --goal min"))
+            f"not ranked: which way is better for {metric!r} is not known. HINT: {goal_hint(metric)}; "
+            f"python -m gpupack collect RUN_DIR --metric {metric} --goal {suggested_goal(metric) or 'max|min'}"))
     score = values[metric]
     keep = ok.copy()
     keep[ok] = score.notna().to_numpy()
@@ -163,7 +164,8 @@ def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | No
     for k in keys:  # as text, the way the value reads (0.1, 128, adam)
         best[k] = [str(v.item() if isinstance(v, np.generic) else v) for v in best[k]]
     column = metric if metric not in keys else f"{metric} (metric)"
-    return Ranking(best.rename(columns={"score": column}), metric, goal, column=column)
+    return Ranking(best.rename(columns={"score": column}), metric, goal, column=column,
+                   caution=contradiction(metric, goal) or "")
 
 
 def no_metric(asked: str | None, reported: list[str]) -> str:

@@ -24,6 +24,7 @@ from gpupack.report.text import (
     cost_lines,
     fmt,
     hyper_lines,
+    hyper_notes,
     hyper_title,
     knob_columns,
     mode_lines,
@@ -188,6 +189,8 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
         console.print(f"{hyper_title(c.hyper)}:", highlight=False, markup=False)
         for line in hyper_lines(c.hyper):
             console.print(f"  {line}", highlight=False, markup=False, emoji=False)
+        for line in hyper_notes(c.hyper):
+            console.print(line, highlight=False, markup=False, emoji=False)
     elif not c.summary.empty and c.hyper.note:
         console.print(f"Best hyperparameters: {c.hyper.note}", highlight=False, markup=False, emoji=False)
     if not c.knobs.empty:

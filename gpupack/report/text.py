@@ -99,6 +99,11 @@ def hyper_lines(ranking: Ranking) -> list[str]:
     return lines
 
 
+def hyper_notes(ranking: Ranking) -> list[str]:
+    """What a person should know of a ranking beside its rows: a goal that goes against its metric's name."""
+    return [ranking.caution] if ranking.caution and not ranking.table.empty else []
+
+
 def verdict_line(workload: str, cheapest: Any, fastest: Any) -> str:
     """One line: the partition, mode and N that bill the least per training, and those that finish a sweep first."""
     def where(r: Any) -> str:
