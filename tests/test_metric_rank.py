@@ -12,9 +12,11 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from gpupack import sweep
 from gpupack.analysis.tables import best_hyperparameters
 from gpupack.cli import main
-from gpupack.core.goal import goal_hint, suggested_goal
+from gpupack.core.goal import check_metric, goal_hint, suggested_goal
+from gpupack.errors import ConfigError
 from gpupack.hydra_launch import sweeper_goal
 
 REPO = Path(__file__).resolve().parent.parent
@@ -133,6 +135,51 @@ def test_a_bad_goal_is_one_line_before_anything_runs(tmp_path, capsys):
     code = main(["collect", str(tmp_path), "--goal", "sideways"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--goal='sideways'" in err, err
+
+
+# A real MNIST run in seconds (were the refusal gone, the run would start and its directory appear)
+TINY_MNIST = ["sweep.fixed.train_samples=256", "sweep.fixed.val_samples=128", "sweep.fixed.epochs=1",
+              "packing.repeats=1", "packing.factors=[1]", "sweep.grid.batch_size=[128]"]
+CHECKED = [  # (metric, reported, key) -> the error's text, or None where it passes
+    ("val_accuracy", ("train_loss", "val_accuracy"), "collect.metric", None),
+    ("anything", (), "collect.metric", None),  # nothing known to check against: not refused
+    ("val_acc", ("train_loss", "val_accuracy"), "collect.metric",
+     "collect.metric='val_acc': w's trainings report no such metric (they report train_loss, val_accuracy). "
+     "HINT: collect.metric=val_accuracy"),
+    ("trian_loss", ("train_loss", "val_accuracy"), "--metric",
+     "--metric='trian_loss': w's trainings report no such metric (they report train_loss, val_accuracy). "
+     "HINT: --metric train_loss"),
+    ("zzz", ("train_loss", "val_accuracy"), "--metric", "HINT: --metric val_accuracy"),  # none close: the default
+    ("zzz", ("loss", "f1"), "--metric", "HINT: --metric loss"),  # none close, no val_accuracy: the first
+]
+
+
+@pytest.mark.parametrize("metric, reported, key, error", CHECKED)
+def test_a_metric_is_checked_against_those_reported(metric, reported, key, error):
+    if error is None:
+        check_metric(metric, reported, key, "w's trainings")
+        return
+    with pytest.raises(ConfigError) as err:
+        check_metric(metric, reported, key, "w's trainings")
+    assert error in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+def test_a_metric_the_workload_never_reports_is_refused_before_anything_runs(tmp_path, capsys):
+    code = main(["+sweep=mnist_pack", *TINY_MNIST, "collect.metric=val_acc", f"run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "collect.metric='val_acc': mnist_torch's trainings report no such metric" in err, err
+    assert err.endswith("HINT: collect.metric=val_accuracy"), err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides", [
+    # a program's metrics ($GPUPACK_RESULT, sweep.fixed.metrics) are known once it ran
+    ["+sweep=command", "sweep.fixed.argv=[python,examples/train.py,--lr,'{lr}']", "+sweep.grid.lr=[0.1]"],
+    [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack"],  # a user's workload declares none
+], ids=["command", "user workload"])
+def test_a_workload_that_cannot_know_its_metrics_refuses_none(overrides):
+    assert sweep.prepare([*overrides, "collect.metric=my_score"]).spec is not None
 
 
 def test_a_hydra_multirun_is_ranked_by_its_return_value(tmp_path, subprocess_env):

@@ -1,8 +1,11 @@
 """Which way a metric is better: the goal collect ranks hyperparameters towards (collect.goal, `--goal`), shared by
-the config's checks and the ranking; and the goal a metric's name suggests, for a HINT only."""
+the config's checks and the ranking; the goal a metric's name suggests, for a HINT only; and a metric named
+(collect.metric, `--metric`) checked against those reported."""
 from __future__ import annotations
 
+import difflib
 import re
+from typing import Sequence
 
 from gpupack.errors import ConfigError
 
@@ -62,3 +65,15 @@ def contradiction(metric: str, goal: str) -> str | None:
         return None
     return (f"collect.goal={goal} ranks {'lowest' if goal == 'min' else 'highest'} {metric} first, though its name "
             f"reads as {'higher' if expected == 'max' else 'lower'} is better. HINT: if so, collect.goal={expected}")
+
+
+def check_metric(metric: str, reported: Sequence[str], key: str, whose: str) -> None:
+    """``metric`` one of ``reported`` (what ``whose`` reports: a workload's declared metrics, a run's records), else a
+    ConfigError on ``key`` whose HINT names the nearest reported one (``val_acc`` → ``val_accuracy``), or
+    val_accuracy, or the first. Pure."""
+    if metric in reported or not reported:
+        return
+    close = difflib.get_close_matches(metric, reported, n=1, cutoff=0.5)
+    fix = close[0] if close else "val_accuracy" if "val_accuracy" in reported else reported[0]
+    raise ConfigError(key, metric, f"{whose} report no such metric (they report {', '.join(reported)})",
+                      f"{key} {fix}" if key.startswith("--") else f"{key}={fix}")
