@@ -64,7 +64,8 @@ def contradiction(metric: str, goal: str) -> str | None:
     if expected is None or expected == goal:
         return None
     return (f"collect.goal={goal} ranks {'lowest' if goal == 'min' else 'highest'} {metric} first, though its name "
-            f"reads as {'higher' if expected == 'max' else 'lower'} is better. HINT: if so, collect.goal={expected}")
+            f"reads as {'higher' if expected == 'max' else 'lower'} is better. HINT: if so, --goal {expected} "
+            f"(collect.goal={expected} in a sweep)")
 
 
 def check_metric(metric: str, reported: Sequence[str], key: str, whose: str) -> None:
