@@ -122,6 +122,7 @@ class Ranking:
     note: str = ""
     column: str | None = None  # the table's column of the metric (its name, unless a hyperparameter has it too)
     caution: str = ""  # the goal goes against the metric's name (core.goal.contradiction): said, not overruled
+    origin: str = ""  # where the metric or goal came from, where not from this collect's flags (analysis.aggregate)
 
 
 def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | None = None,
@@ -183,13 +184,14 @@ def no_metric(asked: str | None, reported: list[str]) -> str:
 FLAT_METRICS = ("val_accuracy", "train_loss")  # metrics records also carry as columns of their own
 
 
-def metric_values(t: pd.DataFrame, wanted: str | None = None) -> pd.DataFrame:
+def metric_values(t: pd.DataFrame, wanted: str | None = None, every: bool = False) -> pd.DataFrame:
     """Every numeric metric the trainings reported, a column each, aligned with ``t`` (the records' ``metrics``; runs
     recorded before that column carry val_accuracy and train_loss alone). ``wanted`` (or, where None, the default,
     val_accuracy) held in a column of its own: that column alone, no metrics parsed (a million of them take a
-    second)."""
+    second), unless ``every`` is asked for."""
     flat = wanted or "val_accuracy"
-    if flat in FLAT_METRICS and flat in t and (values := pd.to_numeric(t[flat], errors="coerce")).notna().any():
+    if not every and flat in FLAT_METRICS and flat in t and \
+            (values := pd.to_numeric(t[flat], errors="coerce")).notna().any():
         return pd.DataFrame({flat: values}, index=t.index)
     if "metrics" in t and _has_object(t["metrics"]).any():
         parsed = json_columns(t["metrics"].where(_has_object(t["metrics"]), "{}")).set_axis(t.index)
@@ -200,6 +202,15 @@ def metric_values(t: pd.DataFrame, wanted: str | None = None) -> pd.DataFrame:
             parsed[col] = t[col]
     numeric = {c: pd.to_numeric(parsed[c], errors="coerce") for c in parsed.columns}
     return pd.DataFrame({c: v for c, v in numeric.items() if v.notna().any()}, index=t.index)
+
+
+def reported_metrics(trainings: pd.DataFrame) -> list[str]:
+    """The numeric metrics any completed training (not a probe) reported, by name: what ``--metric`` may name. Pure."""
+    if trainings.empty or "status" not in trainings:
+        return []
+    t = not_probes(only_columns(trainings, ("status", "probe", "metrics", *FLAT_METRICS)))
+    values = metric_values(rows_where(t, t["status"] == COMPLETED), every=True)
+    return sorted(values.columns)
 
 
 def hyperparameters(params: pd.DataFrame) -> pd.DataFrame:

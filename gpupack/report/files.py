@@ -67,7 +67,7 @@ def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path |
         "best_lines": [best_line(r) for _, r in c.best.iterrows()], "cost": _jsonable(c.cost),
         "sweep_trainings": c.sweep_trainings, "best_hyperparameters": _jsonable(c.hyper.table),
         "ranked_by": {"metric": c.hyper.metric, "goal": c.hyper.goal, "note": c.hyper.note,
-                      "caution": c.hyper.caution},
+                      "caution": c.hyper.caution, "origin": c.hyper.origin},
         "knobs": _jsonable(c.knobs),
         "spread": _jsonable(c.spread.drop(columns=["walls"], errors="ignore")),
         "layouts": _jsonable(c.layouts.drop(columns=["times"], errors="ignore")), "verdicts": c.verdicts,

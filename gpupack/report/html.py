@@ -135,8 +135,9 @@ def write_report(c: Collected, out: Path) -> list[Path]:
         else "",
         "<h2>Plots</h2>", "".join(_img(p, alt) for p, alt in plots),
         f"<h2>{html.escape(text.hyper_title(c.hyper))}</h2>",
-        "".join(f"<p>{html.escape(line)}</p>" for line in text.hyper_lines(c.hyper) + text.hyper_notes(c.hyper))
+        "".join(f"<p>{html.escape(line)}</p>" for line in text.hyper_lines(c.hyper))
         or f"<p>{html.escape(c.hyper.note or '(none)')}</p>",
+        "".join(f"<p>{html.escape(line)}</p>" for line in text.hyper_notes(c.hyper)),
     ]
     if c.records.warnings or c.records.pending:
         parts.append("<h2>Warnings</h2>" + "".join(f"<p class='warn'>{html.escape(w)}</p>"

@@ -100,8 +100,9 @@ def hyper_lines(ranking: Ranking) -> list[str]:
 
 
 def hyper_notes(ranking: Ranking) -> list[str]:
-    """What a person should know of a ranking beside its rows: a goal that goes against its metric's name."""
-    return [ranking.caution] if ranking.caution and not ranking.table.empty else []
+    """What a person should know of a ranking beside its rows: where its metric or goal came from, where not from
+    the flags given now; a goal that goes against its metric's name."""
+    return [line for line in (ranking.origin, ranking.caution if not ranking.table.empty else "") if line]
 
 
 def verdict_line(workload: str, cheapest: Any, fastest: Any) -> str:
