@@ -40,7 +40,7 @@ def test_ranked_by_the_metric_named_towards_its_goal(goal, order):
     assert list(r.table["lr"]) == order and "loss" in r.table
     # A goal against the name ranks as given, and says so with the other goal as its fix
     assert r.caution == ("" if goal == "min" else
-                         "collect.goal=max ranks highest loss first, though its name reads as lower is better. "
+                         "The goal max ranks highest loss first, though its name reads as lower is better. "
                          "HINT: if so, --goal min (collect.goal=min in a sweep)")
 
 

@@ -63,7 +63,7 @@ def contradiction(metric: str, goal: str) -> str | None:
     expected = KNOWN_GOALS.get(metric) or suggested_goal(metric)
     if expected is None or expected == goal:
         return None
-    return (f"collect.goal={goal} ranks {'lowest' if goal == 'min' else 'highest'} {metric} first, though its name "
+    return (f"The goal {goal} ranks {'lowest' if goal == 'min' else 'highest'} {metric} first, though its name "
             f"reads as {'higher' if expected == 'max' else 'lower'} is better. HINT: if so, --goal {expected} "
             f"(collect.goal={expected} in a sweep)")
 
