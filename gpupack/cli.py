@@ -242,14 +242,16 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
     parser.add_argument("--out", type=Path, default=None, help="where to write (default: the first RUN_DIR)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots and the HTML report")
     parser.add_argument("--metric", default=None,
-                        help="rank hyperparameters by this metric (default: the run's collect.metric, else "
-                             "val_accuracy, or the one metric reported)")
+                        help="rank hyperparameters by this metric, one the trainings reported (default: what an "
+                             "earlier collect of the run was given, kept in RUN_DIR/rank.json, else the run's "
+                             "collect.metric, else val_accuracy, or the one metric reported); remembered in the run")
     parser.add_argument("--pattern", default=None,
                         help="read --metric from each training's kept stdout after the run: a regular expression with "
                              "one group holding the number (the last match wins), e.g. --metric val_loss "
                              "--pattern 'val_loss=([0-9.]+)'")
-    parser.add_argument("--goal", default=None, help="max or min: which way the metric is better (default: the "
-                                                     "run's collect.goal, or known for val_accuracy)")
+    parser.add_argument("--goal", default=None, help="max or min: which way the metric is better (default: what an "
+                                                     "earlier collect of the run was given, else the run's "
+                                                     "collect.goal, or known for val_accuracy); remembered in the run")
     parser.add_argument("--wide", action="store_true",
                         help="every column of the table (start-up/loop, utilization, the loader bound); summary.csv "
                              "always has them")

@@ -153,6 +153,10 @@ class Workload(ABC):
     # Spread strategies (gpupack/spread/) this workload can train under, over k devices: its train() calls
     # ctx.spread (wrap the model, shard each global batch, build under its scope) when it is set.
     spreads: ClassVar[tuple[str, ...]] = ()
+    # The numeric metrics its trainings may report (what collect.metric may name), or None where they are not known
+    # before the trainings run (a user's program reports what it likes): a name not listed is refused before anything
+    # runs, with the nearest listed one; None refuses nothing.
+    reported_metrics: ClassVar[tuple[str, ...] | None] = None
 
     def check(self, params: Any) -> None:
         """Static checks run before submission (data present, values in range). Raise ConfigError."""

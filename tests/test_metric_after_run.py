@@ -24,7 +24,7 @@ PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_p
 def test_a_metric_read_from_the_kept_stdout_after_the_run(tmp_path, capsys, extra):
     run_dir = tmp_path / "run"
     sweep.run(sweep.prepare([*PROBE, *extra, f"run_dir={run_dir}"]), collect_outputs=False, plots=False)
-    before = {p: p.read_bytes() for p in run_dir.rglob("*.json")}
+    before = {p: p.read_bytes() for p in run_dir.rglob("*.json") if p.name != "rank.json"}
     records = load_records([run_dir])
     assert not any("score" in json.loads(m) for m in records.trainings["metrics"])  # not asked for at run time
     read = with_stdout_metric(records, "score", r"score: ([0-9.]+)")
@@ -35,7 +35,8 @@ def test_a_metric_read_from_the_kept_stdout_after_the_run(tmp_path, capsys, extr
                  "--pattern", r"score: ([0-9.]+)", "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "Best hyperparameters by score" in out and "lr=0.4  score=0.4" in out, out
-    assert {p: p.read_bytes() for p in run_dir.rglob("*.json")} == before  # the records are not rewritten
+    assert {p: p.read_bytes() for p in run_dir.rglob("*.json") if p.name != "rank.json"} == before  # records kept
+    assert json.loads((run_dir / "rank.json").read_text())["pattern"] == r"score: ([0-9.]+)"  # remembered beside
 
 
 def test_what_a_training_reported_wins_and_a_pattern_needs_a_metric(tmp_path):

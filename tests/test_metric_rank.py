@@ -12,8 +12,11 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from gpupack import sweep
 from gpupack.analysis.tables import best_hyperparameters
 from gpupack.cli import main
+from gpupack.core.goal import check_metric, goal_hint, suggested_goal
+from gpupack.errors import ConfigError
 from gpupack.hydra_launch import sweeper_goal
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,6 +38,41 @@ def test_ranked_by_the_metric_named_towards_its_goal(goal, order):
     r = best_hyperparameters(frame(LOSSES), metric="loss", goal=goal)
     assert (r.metric, r.goal, r.note) == ("loss", goal, "")
     assert list(r.table["lr"]) == order and "loss" in r.table
+    # A goal against the name ranks as given, and says so with the other goal as its fix
+    assert r.caution == ("" if goal == "min" else
+                         "The goal max ranks highest loss first, though its name reads as lower is better. "
+                         "HINT: if so, --goal min (collect.goal=min in a sweep)")
+
+
+SUGGESTED = [  # metric name -> the goal its name suggests (None: neither, or both)
+    ("val_acc", "max"), ("val_accuracy", "max"), ("top1accuracy", "max"), ("valAcc", "max"), ("f1", "max"),
+    ("macro-F1", "max"), ("roc_auc", "max"), ("precision@5", "max"), ("recall", "max"), ("mean_iou", "max"),
+    ("bleu4", "max"), ("loss", "min"), ("val_loss", "min"), ("valloss", "min"), ("test_error", "min"),
+    ("err", "min"), ("perplexity", "min"), ("mse", "min"), ("val_mae", "min"), ("rmse", "min"),
+    ("score", None), ("return_value", None), ("accumulated", None), ("interval", None), ("terrain_height", None),
+    ("acc_loss", None), ("reward", None),
+]
+
+
+@pytest.mark.parametrize("metric, goal", SUGGESTED)
+def test_a_metrics_name_suggests_its_goal(metric, goal):
+    assert suggested_goal(metric) == goal
+
+
+HINTS = [  # metric -> the HINT for a missing goal: the suggested goal first, else both
+    ("val_acc", "collect.goal=max ('val_acc' reads as higher is better; collect.goal=min if not)"),
+    ("val_loss", "collect.goal=min ('val_loss' reads as lower is better; collect.goal=max if not)"),
+    ("score", "collect.goal=max if higher score is better, collect.goal=min if lower is"),
+]
+
+
+@pytest.mark.parametrize("metric, hint", HINTS)
+def test_the_hint_for_a_missing_goal_follows_the_name(metric, hint):
+    assert goal_hint(metric) == hint
+    rows = [({"lr": 0.1}, {metric: 0.5}), ({"lr": 0.2}, {metric: 0.7})]
+    note = best_hyperparameters(frame(rows)).note
+    assert f"HINT: {hint}; python -m gpupack collect RUN_DIR --metric {metric} --goal " \
+           f"{suggested_goal(metric) or 'max|min'}" in note, note
 
 
 def test_the_one_metric_reported_is_ranked_once_its_goal_is_known():
@@ -97,6 +135,51 @@ def test_a_bad_goal_is_one_line_before_anything_runs(tmp_path, capsys):
     code = main(["collect", str(tmp_path), "--goal", "sideways"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--goal='sideways'" in err, err
+
+
+# A real MNIST run in seconds (were the refusal gone, the run would start and its directory appear)
+TINY_MNIST = ["sweep.fixed.train_samples=256", "sweep.fixed.val_samples=128", "sweep.fixed.epochs=1",
+              "packing.repeats=1", "packing.factors=[1]", "sweep.grid.batch_size=[128]"]
+CHECKED = [  # (metric, reported, key) -> the error's text, or None where it passes
+    ("val_accuracy", ("train_loss", "val_accuracy"), "collect.metric", None),
+    ("anything", (), "collect.metric", None),  # nothing known to check against: not refused
+    ("val_acc", ("train_loss", "val_accuracy"), "collect.metric",
+     "collect.metric='val_acc': w's trainings report no such metric (they report train_loss, val_accuracy). "
+     "HINT: collect.metric=val_accuracy"),
+    ("trian_loss", ("train_loss", "val_accuracy"), "--metric",
+     "--metric='trian_loss': w's trainings report no such metric (they report train_loss, val_accuracy). "
+     "HINT: --metric train_loss"),
+    ("zzz", ("train_loss", "val_accuracy"), "--metric", "HINT: --metric val_accuracy"),  # none close: the default
+    ("zzz", ("loss", "f1"), "--metric", "HINT: --metric loss"),  # none close, no val_accuracy: the first
+]
+
+
+@pytest.mark.parametrize("metric, reported, key, error", CHECKED)
+def test_a_metric_is_checked_against_those_reported(metric, reported, key, error):
+    if error is None:
+        check_metric(metric, reported, key, "w's trainings")
+        return
+    with pytest.raises(ConfigError) as err:
+        check_metric(metric, reported, key, "w's trainings")
+    assert error in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+def test_a_metric_the_workload_never_reports_is_refused_before_anything_runs(tmp_path, capsys):
+    code = main(["+sweep=mnist_pack", *TINY_MNIST, "collect.metric=val_acc", f"run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "collect.metric='val_acc': mnist_torch's trainings report no such metric" in err, err
+    assert err.endswith("HINT: collect.metric=val_accuracy"), err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides", [
+    # a program's metrics ($GPUPACK_RESULT, sweep.fixed.metrics) are known once it ran
+    ["+sweep=command", "sweep.fixed.argv=[python,examples/train.py,--lr,'{lr}']", "+sweep.grid.lr=[0.1]"],
+    [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack"],  # a user's workload declares none
+], ids=["command", "user workload"])
+def test_a_workload_that_cannot_know_its_metrics_refuses_none(overrides):
+    assert sweep.prepare([*overrides, "collect.metric=my_score"]).spec is not None
 
 
 def test_a_hydra_multirun_is_ranked_by_its_return_value(tmp_path, subprocess_env):

@@ -15,6 +15,7 @@ under load from outside the job (:mod:`gpupack.analysis.disturbance`). Aggregati
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -28,6 +29,7 @@ from gpupack.analysis.load import Records, load_records, with_stdout_metric
 from gpupack.analysis.occupancy import occupancy, timeline, with_lanes
 from gpupack.analysis.summary import best_factors, packing_times, split_phase, summarize
 from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table
+from gpupack.core.rank_choice import RankChoice, choose
 from gpupack.core.rgu import billed_packs, cost_table
 from gpupack.errors import ConfigError
 
@@ -84,12 +86,24 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     layouts = (compare(summary, spread, packing_times(probe_t, probe_p), weights, training_walls(probe_t))
                if not spread.empty else pd.DataFrame())
     # Hyperparameters and knobs are ranked over packed trainings: a spread one repeats an N=1 training on k devices
-    ranking = best_hyperparameters(packing_t, metric=metric or records.rank.get("metric"),
-                                   goal=goal or records.rank.get("goal"))
+    choice, kept = choose(RankChoice(metric, goal), records.rank)
+    ranking = best_hyperparameters(packing_t, metric=choice.metric, goal=choice.goal)
+    if kept:
+        ranking = dataclasses.replace(ranking, origin=origin_line(choice, kept, records.rank_from))
     return Collected(records, summary, best, overall, ranking, cost, n,
                      knob_table(packing_t), production, spread=spread, layouts=layouts, verdicts=verdicts(layouts),
                      occupancy=occupancy(packing_p), timeline=timeline(packing_t, packing_p),
                      drift=drift_checks(probe_p), disturbance=disturbance(records.packs))
+
+
+def origin_line(choice: RankChoice, kept: Sequence[str], where: str) -> str:
+    """Where the ranking's ``kept`` keys came from: the run's rank.json (an earlier collect's flags) or its
+    config. Pure."""
+    said = ", ".join(f"{k} {getattr(choice, k)}" for k in kept)
+    if where.endswith(".yaml"):
+        return f"Ranked by {said}: as the run was configured ({where}: collect.*); --metric/--goal override it."
+    return (f"Ranked by {said}: remembered from an earlier collect ({where}); --metric/--goal override it, and are "
+            "remembered in turn.")
 
 
 def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = None,
@@ -106,4 +120,8 @@ def load(run_dirs: Sequence[Path], metric: str | None = None, pattern: str | Non
         raise ConfigError("--pattern", pattern, "reads a metric, and no --metric names it",
                           f"add --metric NAME, e.g. --metric val_loss --pattern {pattern!r}")
     records = load_records(run_dirs)
-    return with_stdout_metric(records, metric, pattern) if pattern is not None and metric is not None else records
+    # A pattern the run remembers reads its metric again, unless another metric is asked for (core.rank_choice.choose)
+    choice, _ = choose(RankChoice(metric, pattern=pattern), records.rank)
+    if choice.pattern is not None and choice.metric is not None:
+        return with_stdout_metric(records, choice.metric, choice.pattern)
+    return records

@@ -25,6 +25,7 @@ from gpupack.analysis.frames import ASIDE, TRAINING_ID, Pieces, take_rows
 from gpupack.core.columnar import STRING, ColumnarReader, pack_rows, read_records, split_rows
 from gpupack.core.journal import PACK, TRAINING, folder_records, identity, kept_log
 from gpupack.core.lane_columnar import Entry, LaneColumns, Part, later_counts, once, read_lane_columnar, tail_entries
+from gpupack.core.rank_choice import RankChoice, read_rank
 from gpupack.core.records import read_json
 from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, RunDir
 from gpupack.core.stdout_metrics import metrics_from_text, stdout_patterns
@@ -49,9 +50,11 @@ class Records:
     planned: int = 0  # packs in the runs' plans
     # run → its config's cluster.nodes_share_one_host: the cluster's nodes are one machine (a local test SLURM)
     one_host: dict[str, bool] = field(default_factory=dict)
-    # collect.metric / collect.goal as the first run that set them was configured (the Hydra launcher sets the goal
-    # from the Optuna sweeper's direction)
-    rank: dict[str, str] = field(default_factory=dict)
+    # How to rank hyperparameters as the first run that says so says it: its rank.json (what an earlier collect
+    # --metric/--goal/--pattern was given), else its config's collect.metric / collect.goal (the Hydra launcher sets
+    # the goal from the Optuna sweeper's direction); and the file that said it
+    rank: RankChoice = field(default_factory=RankChoice)
+    rank_from: str = ""
     # The trainings' columns no table reads (gpupack.analysis.frames.ASIDE: the throughput curve, where the logs are
     # kept), in Arrow, a row for each row of ``trainings`` as loaded (its index is the row's position): joined to the
     # rows that need them by with_aside
@@ -266,6 +269,9 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
         out.grid_sizes[sweep_key] = out.grid_sizes.get(sweep_key, 0) + int(plan.get("grid_size", 0))
         out.planned += len(plan["packs"])
         out.pending += [f"{run.root}:{p['pack_id']}" for p in plan["packs"] if p["pack_id"] not in recorded]
+    kept = read_rank(run) if not out.rank.given() else None  # an earlier collect's flags win over the config
+    if kept is not None and kept.given():
+        out.rank, out.rank_from = kept, str(run.rank_choice)
     if run.config.exists():
         cfg = cast(DictConfig, OmegaConf.load(run.config))  # the run's config.yaml, as gpupack wrote it: a mapping
         rgu = cfg.get("rgu")
@@ -273,9 +279,9 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
             out.rgu = dict(rgu.models)
         cluster = cfg.get("cluster") or {}
         out.one_host[str(run.root)] = bool(cluster.get("nodes_share_one_host", False))
-        rank = cfg.get("collect") or {}
-        if not out.rank:
-            out.rank = {k: str(rank[k]) for k in ("metric", "goal") if rank.get(k) is not None}
+        if not out.rank.given():
+            configured = RankChoice.of(cfg.get("collect") or {})
+            out.rank, out.rank_from = configured, str(run.config) if configured.given() else ""
 
 
 def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:

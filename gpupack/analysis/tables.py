@@ -24,7 +24,7 @@ from gpupack.analysis.summary import (
     rows_where,
 )
 from gpupack.core.columnar import STRING
-from gpupack.core.goal import KNOWN_GOALS
+from gpupack.core.goal import KNOWN_GOALS, contradiction, goal_hint, suggested_goal
 from gpupack.core.records import COMPLETED
 
 SEED_NAMES = ("seed",)  # hyperparameters that repeat a grid point rather than make a new one
@@ -121,6 +121,8 @@ class Ranking:
     goal: str | None = None
     note: str = ""
     column: str | None = None  # the table's column of the metric (its name, unless a hyperparameter has it too)
+    caution: str = ""  # the goal goes against the metric's name (core.goal.contradiction): said, not overruled
+    origin: str = ""  # where the metric or goal came from, where not from this collect's flags (analysis.aggregate)
 
 
 def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | None = None,
@@ -145,8 +147,8 @@ def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | No
     goal = goal or KNOWN_GOALS.get(metric)
     if goal is None:
         return Ranking(pd.DataFrame(), metric, note=(
-            f"not ranked: which way is better for {metric!r} is not known. HINT: collect.goal=min (or max); "
-            f"python -m gpupack collect RUN_DIR --metric {metric} --goal min"))
+            f"not ranked: which way is better for {metric!r} is not known. HINT: {goal_hint(metric)}; "
+            f"python -m gpupack collect RUN_DIR --metric {metric} --goal {suggested_goal(metric) or 'max|min'}"))
     score = values[metric]
     keep = ok.copy()
     keep[ok] = score.notna().to_numpy()
@@ -163,7 +165,8 @@ def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | No
     for k in keys:  # as text, the way the value reads (0.1, 128, adam)
         best[k] = [str(v.item() if isinstance(v, np.generic) else v) for v in best[k]]
     column = metric if metric not in keys else f"{metric} (metric)"
-    return Ranking(best.rename(columns={"score": column}), metric, goal, column=column)
+    return Ranking(best.rename(columns={"score": column}), metric, goal, column=column,
+                   caution=contradiction(metric, goal) or "")
 
 
 def no_metric(asked: str | None, reported: list[str]) -> str:
@@ -181,13 +184,14 @@ def no_metric(asked: str | None, reported: list[str]) -> str:
 FLAT_METRICS = ("val_accuracy", "train_loss")  # metrics records also carry as columns of their own
 
 
-def metric_values(t: pd.DataFrame, wanted: str | None = None) -> pd.DataFrame:
+def metric_values(t: pd.DataFrame, wanted: str | None = None, every: bool = False) -> pd.DataFrame:
     """Every numeric metric the trainings reported, a column each, aligned with ``t`` (the records' ``metrics``; runs
     recorded before that column carry val_accuracy and train_loss alone). ``wanted`` (or, where None, the default,
     val_accuracy) held in a column of its own: that column alone, no metrics parsed (a million of them take a
-    second)."""
+    second), unless ``every`` is asked for."""
     flat = wanted or "val_accuracy"
-    if flat in FLAT_METRICS and flat in t and (values := pd.to_numeric(t[flat], errors="coerce")).notna().any():
+    if not every and flat in FLAT_METRICS and flat in t and \
+            (values := pd.to_numeric(t[flat], errors="coerce")).notna().any():
         return pd.DataFrame({flat: values}, index=t.index)
     if "metrics" in t and _has_object(t["metrics"]).any():
         parsed = json_columns(t["metrics"].where(_has_object(t["metrics"]), "{}")).set_axis(t.index)
@@ -198,6 +202,15 @@ def metric_values(t: pd.DataFrame, wanted: str | None = None) -> pd.DataFrame:
             parsed[col] = t[col]
     numeric = {c: pd.to_numeric(parsed[c], errors="coerce") for c in parsed.columns}
     return pd.DataFrame({c: v for c, v in numeric.items() if v.notna().any()}, index=t.index)
+
+
+def reported_metrics(trainings: pd.DataFrame) -> list[str]:
+    """The numeric metrics any completed training (not a probe) reported, by name: what ``--metric`` may name. Pure."""
+    if trainings.empty or "status" not in trainings:
+        return []
+    t = not_probes(only_columns(trainings, ("status", "probe", "metrics", *FLAT_METRICS)))
+    values = metric_values(rows_where(t, t["status"] == COMPLETED), every=True)
+    return sorted(values.columns)
 
 
 def hyperparameters(params: pd.DataFrame) -> pd.DataFrame:

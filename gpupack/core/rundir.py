@@ -22,6 +22,8 @@
       submitit/<array>/                        submitit's files of each job (array), a folder per array
       summary.csv  summary.json                written by collect
       cleared_oom.json                         the OOMs a user cleared (python -m gpupack clear-oom)
+      rank.json                                the metric, goal and pattern a collect --metric/--goal/--pattern
+                                               was given, which later collects rank by (gpupack.core.rank_choice)
       .lock                                    held while a sweep runs in the directory
       auto.json  probe/nNN/  run/              packing.factors=auto: what the probe did, each of its steps (a run
                                                directory of its own), and the rest of the grid at the best N
@@ -162,6 +164,10 @@ class RunDir:
     @property
     def cleared_oom(self) -> Path:
         return self.root / "cleared_oom.json"
+
+    @property
+    def rank_choice(self) -> Path:
+        return self.root / "rank.json"
 
     @property
     def lock(self) -> Path:

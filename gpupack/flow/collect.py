@@ -1,6 +1,7 @@
 """Collect one or more runs: aggregate their records (:mod:`gpupack.analysis`), add what a ``packing.factors=auto``
 run's probe did (RUN_DIR/auto.json, read here and written by :mod:`gpupack.flow.auto`), and write the files a person
-reads (:mod:`gpupack.report`). Records are only read."""
+reads (:mod:`gpupack.report`). Records are only read; what ``--metric/--goal/--pattern`` ranked by is remembered
+beside them (RUN_DIR/rank.json, :mod:`gpupack.core.rank_choice`), so a later collect of the run ranks the same way."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +12,9 @@ from typing import Mapping, Sequence
 from rich.console import Console
 
 from gpupack.analysis.aggregate import Collected, aggregate_records, load
-from gpupack.core.goal import check_goal
+from gpupack.analysis.tables import Ranking, reported_metrics
+from gpupack.core.goal import check_goal, check_metric
+from gpupack.core.rank_choice import RankChoice, choose, remember
 from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
 from gpupack.report.files import write_outputs, write_trainings
@@ -77,17 +80,25 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
     """Aggregate the records of one or more runs and write the derived outputs (into ``out``, default the first
     run directory). Records are only read. With a ``console``, print there what ``python -m gpupack collect`` prints
     (every column with ``wide``): the one call a notebook or a test makes. ``metric``/``goal``: rank hyperparameters by
-    that metric, that way (default: as the runs were configured, collect.metric and collect.goal); ``pattern``: read
-    ``metric`` from each training's kept stdout (a regular expression, its one group or ``value`` the number)."""
+    that metric, that way (default: what an earlier collect of the runs was given, else as they were configured,
+    collect.metric and collect.goal); ``pattern``: read ``metric`` from each training's kept stdout (a regular
+    expression, its one group or ``value`` the number). What is given is remembered in each run (its rank.json); a
+    ``metric`` no completed training reported is refused (ConfigError) before anything is written."""
     given = [Path(d) for d in run_dirs]
     if goal is not None:
         check_goal(goal, "--goal")
-    records = load(find_runs(given), metric, pattern)
+    runs = find_runs(given)
+    records = load(runs, metric, pattern)
+    if metric is not None:  # refused before anything is written or remembered
+        check_metric(metric, reported_metrics(records.trainings), "--metric",
+                     f"the trainings of {', '.join(map(str, given))}")
     where = Path(out) if out else given[0] if given else None
     with ThreadPoolExecutor(1) as pool:  # trainings.parquet is the records: written while they are aggregated
         parquet = pool.submit(write_trainings, records, where) if where is not None else None
         c = aggregate_records(records, weights, sweep_trainings, metric, goal)
         trainings = parquet.result() if parquet is not None else None
+    if (metric, goal, pattern) != (None, None, None):
+        c.records.warnings += remember_choice(runs, records.rank, RankChoice(metric, goal, pattern), c.hyper)
     for path in given:  # a packing.factors=auto run says what its probe did
         report = read_auto(path)
         if report is not None:
@@ -96,6 +107,26 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
     if console is not None:
         render_collected(c, written, console, wide=wide)
     return c, written
+
+
+def remember_choice(runs: Sequence[Path], kept: RankChoice, asked: RankChoice, ranked: Ranking) -> list[str]:
+    """Keep what this collect ranked by in each run's rank.json (core.rank_choice), so that a later collect of any of
+    them ranks the same way: the metric and goal the ranking used (the default metric pinned, the goal known for it),
+    or, where nothing was ranked, what was asked. A run that cannot be written (copied read-only, someone else's)
+    keeps its old choice and the collect goes on: what could not be remembered is a warning, never a failure."""
+    chosen, _ = choose(asked, kept)
+    choice = RankChoice(ranked.metric or chosen.metric, ranked.goal or chosen.goal, chosen.pattern)
+    warnings = []
+    for path in runs:
+        run = RunDir(path)
+        if not run.plan.exists():
+            continue  # not a run directory: nothing of it is read back by a later collect
+        try:
+            remember(run, choice)
+        except OSError as err:
+            flags = " ".join(f"--{k} {v}" for k, v in choice.as_json().items())
+            warnings.append(f"{run.rank_choice}: the ranking ({flags}) not remembered, give it again next time: {err}")
+    return warnings
 
 
 def find_runs(paths: Sequence[Path], depth: int = 3) -> list[Path]:

@@ -140,6 +140,7 @@ def write_report(c: Collected, out: Path) -> list[Path]:
         f"<h2>{html.escape(text.hyper_title(c.hyper))}</h2>",
         "".join(f"<p>{html.escape(line)}</p>" for line in text.hyper_lines(c.hyper))
         or f"<p>{html.escape(c.hyper.note or '(none)')}</p>",
+        "".join(f"<p>{html.escape(line)}</p>" for line in text.hyper_notes(c.hyper)),
     ]
     if c.records.warnings or c.records.pending:
         parts.append("<h2>Warnings</h2>" + "".join(f"<p class='warn'>{html.escape(w)}</p>"

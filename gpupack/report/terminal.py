@@ -26,6 +26,7 @@ from gpupack.report.text import (
     drift_line,
     fmt,
     hyper_lines,
+    hyper_notes,
     hyper_title,
     knob_columns,
     mode_lines,
@@ -211,6 +212,9 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
             console.print(f"  {line}", highlight=False, markup=False, emoji=False)
     elif not c.summary.empty and c.hyper.note:
         console.print(f"Best hyperparameters: {c.hyper.note}", highlight=False, markup=False, emoji=False)
+    if not c.hyper.table.empty or not c.summary.empty:
+        for line in hyper_notes(c.hyper):
+            console.print(line, highlight=False, markup=False, emoji=False)
     if not c.knobs.empty:
         render_knobs(c, console)
     if not c.records.trainings.empty and "data" in c.records.trainings:

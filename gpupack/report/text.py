@@ -135,6 +135,12 @@ def hyper_lines(ranking: Ranking) -> list[str]:
     return lines
 
 
+def hyper_notes(ranking: Ranking) -> list[str]:
+    """What a person should know of a ranking beside its rows: where its metric or goal came from, where not from
+    the flags given now; a goal that goes against its metric's name."""
+    return [line for line in (ranking.origin, ranking.caution if not ranking.table.empty else "") if line]
+
+
 def verdict_line(workload: str, cheapest: Any, fastest: Any) -> str:
     """One line: the partition, mode and N that bill the least per training, and those that finish a sweep first."""
     def where(r: Any) -> str:

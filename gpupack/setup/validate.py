@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from gpupack.core.goal import check_goal
+from gpupack.core.goal import check_goal, check_metric
 from gpupack.core.memory import Measured, TrainingMemory, check_memory, estimate, setting_key
 from gpupack.core.plan import ORDERS, Plan, expand_grid, grid_values, make_plan
 from gpupack.core.rgu import check_weights
@@ -296,6 +296,9 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     factors, modes = check_packing(cfg)
     if cfg.collect.goal is not None:
         check_goal(cfg.collect.goal, "collect.goal")
+    if cfg.collect.metric is not None and workload.reported_metrics is not None:  # None: known only once they ran
+        check_metric(str(cfg.collect.metric), workload.reported_metrics, "collect.metric",
+                     f"{workload.name}'s trainings")
     # Every mode's and strategy's own options, used by this sweep or not: a value out of range is refused, not ignored.
     settings = pack_settings(cfg.packing, cfg.sweep.training_estimate_s, cfg.sweep.training_memory_mb)
     check_strategy_options(cfg.spread)

@@ -17,6 +17,7 @@ class KerasWorkload(Workload):
     fresh_reason = "TensorFlow starts threads at import"
     loader_param, loader_keys, knob_keys = LOADER_PARAM, TF_LOADER_KEYS, TF_KNOBS
     spreads = ("mirrored",)  # run() builds under ctx.spread.scope()
+    reported_metrics = ("train_loss", "val_accuracy", "replicas")  # fit_and_evaluate's numbers; a spread one's replicas
 
     def check_spread(self, params: Any, strategy: str, devices: int) -> None:
         check_even_split(min(params.batch_size, params.train_samples), devices)

@@ -27,6 +27,8 @@ class TorchImageWorkload(Workload):
     fusable = True  # N models of one shape train as one batched model
     spreads = ("ddp",)  # one training over k devices: DistributedDataParallel, one process per device
     loader_param, loader_keys, knob_keys = LOADER_PARAM, TORCH_LOADER_KEYS, TORCH_KNOBS
+    # run()'s numbers, and a fused group's size (_torch_fused.train_fused)
+    reported_metrics = ("train_loss", "val_accuracy", "peak_gpu_mem_mb", "fused_group")
     data: ClassVar[DataModule]  # a module with load(data_dir) → x_train, y_train, x_test, y_test, source
     shape_keys: ClassVar[tuple[str, ...]]  # the hyperparameters that fix the model's shape (fused groups)
     weight_decay: ClassVar[float] = 0.0
