@@ -85,3 +85,20 @@ def disturbance(packs: pd.DataFrame) -> pd.DataFrame:
             if group["foreign_gpu_mem_mb"].notna().any() else None,
         })
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def with_disturbed(summary: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` with ``disturbed_packs``: how many of each (group, N)'s pack records were measured under foreign
+    load (0 where measured quiet or not measured), so the table names them beside their N."""
+    if summary.empty:
+        return summary
+    p = disturbed(packs)
+    keys = [*GROUP, "factor"]
+    out = summary.copy()
+    if p.empty:
+        out["disturbed_packs"] = 0
+        return out
+    p = p.assign(factor=_number(p, "factor"))
+    counts = p[p["disturbed"]].groupby(keys, dropna=False).size()
+    out["disturbed_packs"] = [int(counts.get(tuple(k), 0)) for k in out[keys].itertuples(index=False)]
+    return out

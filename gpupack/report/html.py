@@ -43,7 +43,7 @@ def _table(df: pd.DataFrame, columns: dict[str, str], formats: dict[str, str]) -
 
 
 SUMMARY_COLUMNS = {"workload": "workload", "partition": "partition", "gpu_type": "GPU", "mode": "mode", "factor": "N",
-                   "packs": "packs", "time_per_training_s": "s/training",
+                   "packs": "packs", "disturbed_packs": "under foreign load", "time_per_training_s": "s/training",
                    "tpt_ci_low_s": "95% low", "tpt_ci_high_s": "95% high", "chosen": "chosen",
                    "within_noise": "within noise", "tpt_min_s": "min", "tpt_max_s": "max",
                    "startup_s": "start-up s", "loop_s": "loop s",

@@ -114,7 +114,8 @@ def _packs(r: pd.Series) -> str:
     lanes = int(_num(r, "lanes") or 0)
     if _num(r, "packs") is None and lanes:
         return f"{lanes} lane{'s' if lanes > 1 else ''}"
-    return fmt(r["packs"], ".0f")
+    loaded = int(_num(r, "disturbed_packs") or 0)  # measured under foreign load (gpupack.analysis.disturbance)
+    return fmt(r["packs"], ".0f") + (f" ({loaded}L)" if loaded else "")
 
 
 def _n(r: pd.Series) -> str:
@@ -136,6 +137,8 @@ def gain_legend(summary: pd.DataFrame) -> str:
     ref = f"N={refs[0]}" if len(refs) == 1 else "the smallest N"
     said = [f"gain: trainings per hour against {ref}'s"
             + (f"; p: paired, each pack against {ref}'s pack in its round" if summary["paired"].any() else "")]
+    if "disturbed_packs" in summary and summary["disturbed_packs"].any():
+        said.append("(kL): k of its packs measured under foreign load (named below)")
     if summary["beyond_bound"].any():
         said.append(f"!: more than the N/{ref[2:] if len(refs) == 1 else 'reference'}x that N trainings at once can "
                     "give (see below)")
