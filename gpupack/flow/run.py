@@ -225,13 +225,15 @@ def open_run_dir(run: RunDir, plan: Plan | None) -> bool:
 
 
 def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
-    """The plan minus the packs whose every training has a completed record; a streaming lane runs while any
-    training of its queue has none (every lane of the queue then drains it again, each releasing the claims its
-    own earlier run left)."""
+    """The plan minus the packs whose every training has a completed record and that have their own record; a
+    streaming lane runs while any training of its queue has none, or any lane of it no record (every lane of the
+    queue then drains it again, each releasing the claims its own earlier run left). A pack whose record was lost
+    (its journal line torn, or a kill before it was written) is not complete: its run rebuilds it from its
+    trainings' records (gpupack.job.body.rebuild_pack_record), or runs what has none."""
     records = RunRecords(run)  # a pack's folder, else its lane's journal
 
-    def done(p: Pack) -> bool:
-        return all(records.ran(p.pack_id, t.training_id) for t in p.trainings)  # here, or in a refit of it
+    def done(p: Pack) -> bool:  # every training ran, here or in a refit of it
+        return all(records.ran(p.pack_id, t.training_id) for t in p.trainings) and records.pack(p.pack_id) is not None
 
     unfinished = {p.stream for p in plan.packs if p.stream is not None and not done(p)}
     return [p for p in plan.packs if (p.stream in unfinished if p.stream is not None else not done(p))]

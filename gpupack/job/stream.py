@@ -41,7 +41,7 @@ from gpupack.core.records import COMPLETED, VICTIM, is_completed, read_json, wri
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.core.victims import culprit_of
-from gpupack.job.body import choose_device, execute, move_aside, pack_lock
+from gpupack.job.body import choose_device, execute, move_aside, pack_lock, rebuild_pack_record
 from gpupack.pack import WAIT, Wait
 from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.runtime.monitor import detect_device, free_memory_mb
@@ -331,8 +331,11 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
         if lane.folds:  # what an earlier run of this lane recorded and did not fold before it was killed
             fold_trainings(run, pack_id, [p.stem for p in run.trainings(pack_id).glob("*.json")], pack_id)
         completed = lane.completed()
-        if len(completed) == len(lane.items) and (done := RunRecords(run).pack(pack_id)) is not None:
-            if lane.folds:  # an earlier run killed mid-fold left its folder: fold what is left
+        records = RunRecords(run) if len(completed) == len(lane.items) else None
+        # drained: its record, or, where a run of it ran trainings and its record was lost (its journal's line torn,
+        # or a kill before it was written), one rebuilt from them
+        if records is not None and (done := records.pack(pack_id) or rebuild_pack_record(run, plan, pack, records)):
+            if lane.folds:  # an earlier run killed mid-fold left its folder (or the rebuilt record): fold what is left
                 fold_pack(run, pack_id, pack_id)
                 write_lane_columnar(run, pack_id)
             # the queue is drained: nothing to run, nothing to move. The record is the last one a run of this lane
