@@ -520,6 +520,28 @@ def test_a_torn_claim_of_an_unfinished_training_is_released_and_the_rerun_runs_e
     said = [(RunRecords(run).pack(p.pack_id) or {}).get("torn_claims", {}) for p in
             Plan.from_json(read_json(run.plan)).packs]
     assert [tid] == [t for s in said for t in s]  # one lane released it, and says so in its record
+    assert again.stdout.strip().splitlines()[-1] == "done: 8 of 8 trainings of the plan have a record: 8 completed, " \
+                                                    "0 failed"
+
+
+def test_a_training_no_lane_runs_is_never_said_done_and_status_last_line_and_collect_agree(tmp_path, subprocess_env):
+    run_dir = tmp_path / "run"
+    first = _cli_stream(run_dir, subprocess_env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    run = RunDir(run_dir)
+    tid, rec = sorted(_records(run).items())[-1]  # held by a whole claim of a lane this plan has not: none runs it
+    run.training_record(rec["home"], tid).unlink()
+    claim_path(run.claims(rec["stream"]), tid).write_text('{"lane": "elsewhere", "incarnation": "h:1:aa"}')
+    again = _cli_stream(run_dir, subprocess_env)
+    assert again.returncode == 1, again.stdout + again.stderr  # not done: exit 1
+    last = again.stdout.strip().splitlines()[-1]
+    assert last.startswith("not done: 7 of 8 trainings of the plan have a record: 7 completed, 0 failed; 1 without")
+    collected = subprocess.run([sys.executable, "-m", "gpupack", "collect", str(run_dir)], capture_output=True,
+                               text=True, env=subprocess_env, cwd=REPO, timeout=120)
+    assert last in collected.stdout.splitlines(), collected.stdout  # the same counts, in the same words
+    status = subprocess.run([sys.executable, "-m", "gpupack", "status", str(run_dir)], capture_output=True, text=True,
+                            env=subprocess_env, cwd=REPO, timeout=120)
+    assert "trainings completed 7, failed 0, running 0, waiting 1" in status.stdout, status.stdout
 
 
 # ---------------- the local slurmctld ----------------

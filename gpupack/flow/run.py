@@ -96,7 +96,10 @@ class Outcome:
             production = self.collected.production if self.collected is not None else None
             unfinished = int(production["unfinished"].sum()) if production is not None and not production.empty else 0
             return any(n is not None for n in self.auto.best.values()) and unfinished == 0
-        return all(r.ok for r in self.results) and self.failed_trainings == 0
+        # done only where every training of the plan has its record: one held by a claim no lane runs, or a pack
+        # whose job died unseen, leaves trainings with none, and no failed row says so
+        counted = self.collected is None or self.collected.records.plan_counts().done
+        return all(r.ok for r in self.results) and self.failed_trainings == 0 and counted
 
 
 def default_run_dir(sweep: str, now: _dt.datetime | None = None) -> Path:
