@@ -479,3 +479,22 @@ def test_collect_on_an_empty_directory_says_there_is_nothing_yet(tmp_path, capsy
     assert main(["collect", str(empty)]) == 0
     out = capsys.readouterr()
     assert "Traceback" not in out.err and f"Nothing to collect yet in {empty}" in out.out, out.out + out.err
+
+
+@pytest.mark.parametrize("rows, planned, counts", [
+    ([("a", "completed"), ("b", "failed")], ["a", "b"], (2, 1, 1, 0, True)),
+    ([("a", "completed")], ["a", "b"], (2, 1, 0, 0, False)),  # b has no record: not done
+    ([("a", "skipped_memory", None)], ["a"], (1, 0, 0, 1, True)),  # skipped, run nowhere else: its N infeasible
+    ([("a", "skipped_memory", "p.n01-000")], ["a"], (1, 0, 0, 0, False)),  # its refit pack has not recorded it yet
+    ([("a", "skipped_memory", "p.n01-000"), ("a", "completed")], ["a"], (1, 1, 0, 0, True)),  # ran in its refit
+    ([("a", "completed"), ("z", "completed")], ["a"], (1, 1, 0, 0, True)),  # a record of no planned training
+    ([], ["a"], (1, 0, 0, 0, False)),
+])
+def test_plan_counts_count_the_plans_trainings_by_their_current_record(rows, planned, counts):
+    from gpupack.analysis.load import plan_counts
+
+    latest = pd.DataFrame([{"run_dir": "r", "training_id": r[0], "status": r[1],
+                            "runs_in": r[2] if len(r) > 2 else None} for r in rows])
+    got = plan_counts(latest, {"r": planned})
+    assert (got.planned, got.completed, got.failed, got.skipped, got.done) == counts
+    assert got.line().startswith("done:" if got.done else "not done:")

@@ -336,3 +336,60 @@ def test_a_lane_writes_its_journals_columnar_file_at_its_end_and_collect_reads_i
     starts.clear()
     rewritten = load_records([run.root])
     assert starts == [0] and (rewritten.trainings["status"] == "COMPLETED").sum() == 1  # read whole, as it is now
+
+
+def _tear_last_line(path) -> bytes:
+    """Cut a journal's last line in the middle, as a writer killed mid-append leaves it; the torn bytes."""
+    data = path.read_bytes()
+    start = data.rstrip(b"\n").rfind(b"\n") + 1
+    cut = start + (len(data) - start) // 2
+    path.write_bytes(data[:cut])
+    return data[start:cut]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_torn_last_line_is_cut_back_kept_aside_and_the_pack_s_record_rebuilt(tmp_path, stream):
+    from gpupack.flow.collect import collect
+    from gpupack.flow.run import packs_to_run
+    from gpupack.job.stream import run_lane
+
+    if stream:  # one streaming lane of 2 slots, its trainings folded as each ends, its own record last
+        run = RunDir(tmp_path / "run")
+        plan = make_plan(sweep="t", workload="tests.fake_workloads", grid={"lr": [0.1 * (i + 1) for i in range(4)]},
+                         fixed={"steps": 2}, factors=[2], modes=["process"], partitions=["local"], repeats=1,
+                         stream_jobs=1)
+        write_json_atomic(run.plan, plan.to_json())
+        (run.root / "config.yaml").write_text("cluster: {backend: local, name: local}\n")
+    else:  # one lane of one whole pack of 2
+        run, plan = _run(tmp_path, packs=1)
+    (pack,) = plan.packs
+
+    def go():
+        return run_lane(str(run.root), pack.pack_id, FOLD) if stream else run_in_turn(str(run.root), [pack.pack_id],
+                                                                                      FOLD)
+
+    go()
+    ran = {k: h[0]["started_at"] for k, h in read_folded(run).trainings.items()}
+    torn = _tear_last_line(run.journal(pack.pack_id))
+    assert torn.startswith(b'{"kind": "pack"')  # the pack's own line
+    # Readers skip the torn line and say nothing untrue: the pack has no record, so it is not complete
+    assert RunRecords(run).pack(pack.pack_id) is None
+    assert load_records([run.root]).pending == [f"{run.root}:{pack.pack_id}"]
+    assert [p.state for p in sweep.status(run.root).packs] == ["stopped"]  # resume it (not done, not failed)
+    assert packs_to_run(run, plan) == [pack]
+    go()  # the resume: the lane's writer repairs its journal, the pack's record is rebuilt, nothing runs again
+    data = run.journal(pack.pack_id).read_bytes()
+    assert data.endswith(b"\n") and all(json.loads(line) for line in data.splitlines())  # whole lines only
+    assert run.torn_lines(pack.pack_id).read_bytes() == torn + b"\n"  # the torn bytes, kept
+    assert {k: h[0]["started_at"] for k, h in read_folded(run).trainings.items()} == ran  # none ran again
+    assert all(len(h) == 1 for h in read_folded(run).trainings.values())
+    rec = RunRecords(run).pack(pack.pack_id)
+    assert rec is not None and "rebuilt" in rec and sorted(rec["training_ids"]) == sorted(tid for _, tid in ran)
+    assert rec["complete"] is (not stream)  # N trainings that ran together: a timing again
+    assert packs_to_run(run, plan) == [] and [p.state for p in sweep.status(run.root).packs] == ["done"]
+    collected, _ = collect([run.root], plots=False)
+    assert collected.records.pending == [] and list(collected.summary["factor"]) == [2]  # the per-N table is back
+    if not stream:
+        assert list(collected.summary["packs"]) == [1]
+    else:
+        assert int(collected.summary["lanes"].iloc[0]) == 1

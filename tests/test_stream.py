@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpupack.analysis.load import load_records
-from gpupack.core.claims import Holder, claim, claims, release_stale
+from gpupack.core.claims import STALE, Holder, Seen, claim, claim_path, claims, read_claim, release_stale, stale_why
 from gpupack.core.journal import RunRecords, read_folded
 from gpupack.core.plan import Plan, make_plan, plan_in_order, stream_lanes, trainings_for
 from gpupack.core.records import SCHEMA_VERSION, read_json, write_json_atomic
@@ -156,11 +156,60 @@ def test_only_a_later_run_of_the_same_lane_releases_its_claims(tmp_path):
     first, other = Holder.here("lane0", "1_0"), Holder.here("lane1", "1_1")
     assert claim(tmp_path, "a", first) and claim(tmp_path, "b", first) and claim(tmp_path, "c", other)
     assert not claim(tmp_path, "a", other)  # held
-    assert release_stale(tmp_path, first) == []  # its own live claims are not stale to itself
+    assert release_stale(tmp_path, first) == {}  # its own live claims are not stale to itself
     again = Holder.here("lane0", "1_0")  # the lane requeued: a new incarnation
     assert sorted(release_stale(tmp_path, again, keep={"b"})) == ["a"]  # b completed: its claim stays
     assert sorted(claims(tmp_path)) == ["b", "c"]
     assert claim(tmp_path, "a", other)
+
+
+WHOLE = b'{"lane": "L0", "incarnation": "h:1:aa", "job_id": null, "host": "h", "pid": 1, "claimed_at": 1.0}'
+
+
+@pytest.mark.parametrize("raw, rec, lane", [
+    (WHOLE, True, "L0"),
+    (WHOLE[:40], False, "L0"),  # cut after the lane's name: it names its lane
+    (b'{"lane": "L0', False, None),  # cut inside the name: "L" or "L0" would be a guess
+    (b"", False, None),  # empty: the link made, its bytes lost
+    (b'{"lane": "L0"}', False, "L0"),  # a JSON object with no run of the lane: not a claim gpupack wrote whole
+    (b"[1, 2]", False, None),
+    (b"\xff\xfe", False, None),
+])
+def test_a_claim_is_read_whole_or_as_torn_with_the_lane_its_start_names(raw, rec, lane):
+    seen = read_claim(raw)
+    assert (seen.rec is not None) == rec and seen.lane == lane
+
+
+ME = Holder("L0", "h:2:bb", None, "h", 2)
+
+
+@pytest.mark.parametrize("seen, home, why", [
+    (Seen({"lane": "L0", "incarnation": "h:1:aa"}, "L0"), "L1", STALE),  # an earlier run of this lane: dead
+    (Seen({"lane": "L0", "incarnation": "h:2:bb"}, "L0"), "L0", None),  # this run's own claim
+    (Seen({"lane": "L1", "incarnation": "h:1:aa"}, "L1"), "L0", None),  # another lane's: only its own runs release it
+    (Seen(None, "L0"), "L1", "torn, made by an earlier run of this lane (its start names it)"),
+    (Seen(None, "L1"), "L0", None),  # torn, naming another lane: that lane's next run releases it
+    (Seen(None, "Lx"), "L0", "torn, its holder unreadable: released by the training's home lane"),  # no lane's name
+    (Seen(None, None), "L0", "torn, its holder unreadable: released by the training's home lane"),
+    (Seen(None, None), "L1", None),  # torn, no holder read: the home lane alone decides
+    (Seen(None, None), None, None),
+])
+def test_which_claims_a_starting_lane_releases(seen, home, why):
+    assert stale_why(seen, ME, home, lanes=("L0", "L1")) == why
+
+
+def test_a_torn_claim_is_released_by_the_lane_it_names_else_by_the_training_s_home(tmp_path):
+    holder = Holder.here("L0", None)
+    for tid in ("a", "b", "c", "d"):
+        assert claim(tmp_path, tid, holder)
+    claim_path(tmp_path, "a").write_bytes(b"")  # no holder left: "a"'s home is L0
+    claim_path(tmp_path, "b").write_bytes(b"")  # no holder left: "b"'s home is L1
+    claim_path(tmp_path, "c").write_bytes(claim_path(tmp_path, "c").read_bytes()[:20])  # names L0
+    homes = {"a": "L0", "b": "L1", "c": "L1", "d": "L1"}
+    assert release_stale(tmp_path, Holder.here("L1", None), homes=homes) == {
+        "b": "torn, its holder unreadable: released by the training's home lane"}
+    assert set(release_stale(tmp_path, Holder.here("L0", None), homes=homes)) == {"a", "c", "d"}
+    assert claims(tmp_path) == {}
 
 
 # ---------------- lanes ----------------
@@ -437,6 +486,62 @@ def test_the_cli_streams_a_sweep_and_collect_shows_occupancy(tmp_path, subproces
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("local"))
     assert "2 lanes" in line and f"{row['device_s_per_training']:.2f} stream" in line, proc.stdout
     assert "lanes, stream: a streaming run" in proc.stdout
+
+
+def _cli_stream(run_dir: Path, env: dict, n: int = 8) -> subprocess.CompletedProcess:
+    lrs = ",".join(f"0.{i}" for i in range(1, n + 1))
+    return subprocess.run([sys.executable, "-m", "gpupack", f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]",
+                           "+sweep=probe_pack", "packing.factors=[2]", "packing.stream=on", f"sweep.grid.lr=[{lrs}]",
+                           "packing.jobs=2", "cluster.max_parallel_packs=2", f"run_dir={run_dir}"],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+
+
+@pytest.mark.parametrize("keep", [0, 40])  # empty: no holder to read (its home releases it); cut after the lane's name
+def test_a_torn_claim_of_an_unfinished_training_is_released_and_the_rerun_runs_each_training_once(
+        tmp_path, subprocess_env, keep):
+    run_dir = tmp_path / "run"
+    first = _cli_stream(run_dir, subprocess_env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    run = RunDir(run_dir)
+    # As a run killed mid-training leaves it: the lane that ran t has no record of it nor of itself, and t's claim
+    # file was cut (the crash lost its bytes)
+    tid, rec = sorted(_records(run).items())[-1]
+    run.training_record(rec["home"], tid).unlink()
+    run.pack_record(rec["pack_id"]).unlink()
+    torn = claim_path(run.claims(rec["stream"]), tid)
+    torn.write_bytes(torn.read_bytes()[:keep])
+    again = _cli_stream(run_dir, subprocess_env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    recs = _records(run)
+    assert len(recs) == 8 and all(r["status"] == "completed" for r in recs.values())  # the eighth too
+    assert not _ran_twice(run)  # and each training once
+    logs = "".join(p.read_text(errors="replace") for p in run.submitit.glob("*/*_log.err"))
+    assert f"the claim {torn} could not be read" in logs, logs[-2000:]
+    said = [(RunRecords(run).pack(p.pack_id) or {}).get("torn_claims", {}) for p in
+            Plan.from_json(read_json(run.plan)).packs]
+    assert [tid] == [t for s in said for t in s]  # one lane released it, and says so in its record
+    assert again.stdout.strip().splitlines()[-1] == "done: 8 of 8 trainings of the plan have a record: 8 completed, " \
+                                                    "0 failed"
+
+
+def test_a_training_no_lane_runs_is_never_said_done_and_status_last_line_and_collect_agree(tmp_path, subprocess_env):
+    run_dir = tmp_path / "run"
+    first = _cli_stream(run_dir, subprocess_env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    run = RunDir(run_dir)
+    tid, rec = sorted(_records(run).items())[-1]  # held by a whole claim of a lane this plan has not: none runs it
+    run.training_record(rec["home"], tid).unlink()
+    claim_path(run.claims(rec["stream"]), tid).write_text('{"lane": "elsewhere", "incarnation": "h:1:aa"}')
+    again = _cli_stream(run_dir, subprocess_env)
+    assert again.returncode == 1, again.stdout + again.stderr  # not done: exit 1
+    last = again.stdout.strip().splitlines()[-1]
+    assert last.startswith("not done: 7 of 8 trainings of the plan have a record: 7 completed, 0 failed; 1 without")
+    collected = subprocess.run([sys.executable, "-m", "gpupack", "collect", str(run_dir)], capture_output=True,
+                               text=True, env=subprocess_env, cwd=REPO, timeout=120)
+    assert last in collected.stdout.splitlines(), collected.stdout  # the same counts, in the same words
+    status = subprocess.run([sys.executable, "-m", "gpupack", "status", str(run_dir)], capture_output=True, text=True,
+                            env=subprocess_env, cwd=REPO, timeout=120)
+    assert "trainings completed 7, failed 0, running 0, waiting 1" in status.stdout, status.stdout
 
 
 # ---------------- the local slurmctld ----------------

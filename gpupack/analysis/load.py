@@ -26,7 +26,7 @@ from gpupack.core.columnar import STRING, ColumnarReader, pack_rows, read_record
 from gpupack.core.journal import PACK, TRAINING, folder_records, identity, kept_log
 from gpupack.core.lane_columnar import Entry, LaneColumns, Part, later_counts, once, read_lane_columnar, tail_entries
 from gpupack.core.rank_choice import RankChoice, read_rank
-from gpupack.core.records import read_json
+from gpupack.core.records import COMPLETED, SKIPPED_MEMORY, read_json
 from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, RunDir
 from gpupack.core.stdout_metrics import metrics_from_text, stdout_patterns
 
@@ -48,6 +48,7 @@ class Records:
     cleared: list[dict[str, Any]] = field(default_factory=list)  # OOMs a user cleared, per run directory
     runs: list[str] = field(default_factory=list)  # the run directories read
     planned: int = 0  # packs in the runs' plans
+    planned_ids: dict[str, list[str]] = field(default_factory=dict)  # run → the training ids of its plan
     # run → its config's cluster.nodes_share_one_host: the cluster's nodes are one machine (a local test SLURM)
     one_host: dict[str, bool] = field(default_factory=dict)
     # How to rank hyperparameters as the first run that says so says it: its rank.json (what an earlier collect
@@ -86,10 +87,63 @@ class Records:
                              "(reset, or joined with another frame's); select rows with their index kept")
         return columns
 
+    def plan_counts(self) -> "PlanCounts":
+        """The trainings of the runs' plans against their current records (:func:`plan_counts`)."""
+        return plan_counts(self.latest(), self.planned_ids)
+
     def latest(self) -> pd.DataFrame:
         """Each training's latest record (earlier attempts, kept under attempts/, left out)."""
         t = self.trainings
         return t[t["attempt"] == 0] if not t.empty and "attempt" in t else t
+
+
+@dataclass(frozen=True)
+class PlanCounts:
+    """The trainings of a plan by their current record: completed, failed (any other end), skipped for memory (and
+    run nowhere else), or none yet (``unrecorded``: running, waiting, or held by something that never runs it). A run
+    is done only where every training has one (``done``); status, a run's last line and collect say these counts."""
+
+    planned: int = 0
+    completed: int = 0
+    failed: int = 0
+    skipped: int = 0
+
+    @property
+    def unrecorded(self) -> int:
+        return self.planned - self.completed - self.failed - self.skipped
+
+    @property
+    def done(self) -> bool:
+        return self.unrecorded == 0
+
+    def line(self) -> str:
+        said = (f"{self.planned - self.unrecorded} of {self.planned} trainings of the plan have a record: "
+                f"{self.completed} completed, {self.failed} failed"
+                + (f", {self.skipped} skipped for memory" if self.skipped else ""))
+        return f"done: {said}" if self.done else \
+            f"not done: {said}; {self.unrecorded} without one (running, or lost: re-run the same command)"
+
+
+def plan_counts(latest: pd.DataFrame, planned_ids: Mapping[str, Sequence[str]]) -> PlanCounts:
+    """Count each run's planned trainings (``planned_ids``: run → training ids) by their current records
+    (``latest``: attempt 0 rows, ``run_dir``, ``training_id``, ``status``): completed where one of its current rows
+    completed (a training skipped for memory that a refit pack ran: two rows), skipped where it was skipped for memory
+    and runs nowhere else (no ``runs_in`` refit pack still to record it), failed where it has any other; a training
+    with none is not counted as recorded. Pure."""
+    counts = Counter[str]()
+    for run, ids in planned_ids.items():
+        counts["planned"] += len(ids)
+        if latest.empty or "training_id" not in latest:
+            continue
+        rows = latest[(latest["run_dir"] == run) & latest["training_id"].isin(ids)]
+        status = rows["status"].astype(str)
+        skipped = status == SKIPPED_MEMORY
+        waits = skipped & rows["runs_in"].notna() if "runs_in" in rows else pd.Series(False, index=rows.index)
+        completed = set(rows.loc[status == COMPLETED, "training_id"])
+        failed = set(rows.loc[~skipped & (status != COMPLETED), "training_id"]) - completed
+        skipped_ids = set(rows.loc[skipped & ~waits, "training_id"]) - completed - failed
+        counts.update(completed=len(completed), failed=len(failed), skipped=len(skipped_ids))
+    return PlanCounts(counts["planned"], counts["completed"], counts["failed"], counts["skipped"])
 
 
 def _attempt_records(pack_dirs: Sequence[str]) -> list[Path]:
@@ -268,6 +322,9 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
         sweep_key = str(run.sweep_root)
         out.grid_sizes[sweep_key] = out.grid_sizes.get(sweep_key, 0) + int(plan.get("grid_size", 0))
         out.planned += len(plan["packs"])
+        # each training once (a spread pack runs N=1's trainings again; an older plan.json lists none)
+        out.planned_ids[str(run.root)] = list(dict.fromkeys(str(t["training_id"]) for p in plan["packs"]
+                                                            for t in p.get("trainings", [])))
         out.pending += [f"{run.root}:{p['pack_id']}" for p in plan["packs"] if p["pack_id"] not in recorded]
     kept = read_rank(run) if not out.rank.given() else None  # an earlier collect's flags win over the config
     if kept is not None and kept.given():

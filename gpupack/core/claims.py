@@ -14,19 +14,31 @@ so the one before is provably dead: requeued, killed, cancelled, or its node gon
 A lane that folds its records (a cluster's shared filesystem) removes its claim of a training once that training's
 completed record is in its journal (:func:`drop`): a lane that claims it after that finds it completed in the
 journals, and lets its claim go again. A failed training's claim stays, as before, until the lane's next run.
+
+A claim that cannot be read (torn, empty, no JSON object) is a fact to act on, not one to skip: skipped, it would
+hold its training for good, and every later run would end with that training never run. No live writer is ever
+half-way through one: the holder writes and fsyncs its own file first, and the claim's name appears only by link(2)
+of that whole file, so a claim is never seen being written. Its bytes can only have been lost after it was made, by a
+crash of the machine whose file system held it before they reached its disk (which took down a lane writing there
+too) or by a hand from outside; either way no run of a lane can be trusted to still be running it. So a torn claim is
+stale, and released at a lane's start like any other (:func:`stale_why`): by a later run of the lane its readable
+bytes still name (the holder's record begins with its lane, so a claim cut after that names it), else, its owner
+unreadable, by the training's home lane (the lane the plan dealt it to: exactly one lane decides, so no two release
+and claim it at once). Either holds its own lock and releases only at its start, before it claims anything itself.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable, Mapping
 
-from gpupack.core.records import file_mode, make_dirs, read_json_or_none
+from gpupack.core.records import file_mode, make_dirs
 
 CLAIM = ".claim"
 RELEASED = "released"
@@ -76,21 +88,77 @@ def claim(folder: Path, training_id: str, holder: Holder) -> bool:
         os.unlink(mine)
 
 
-def claims(folder: Path) -> dict[str, dict[str, Any]]:
-    """Every claim in ``folder``: training id → its holder's record (an unreadable one as {})."""
+@dataclass(frozen=True)
+class Seen:
+    """A claim as read: its holder's record (None: torn, empty or no JSON object), and the lane it names (None: none
+    can be read)."""
+
+    rec: dict[str, Any] | None
+    lane: str | None
+
+
+# The start of a holder's record (asdict keeps Holder's field order, the lane first), its closing quote included: a
+# name cut before its end is not read as another lane's.
+_LANE = re.compile(rb'\s*\{\s*"lane"\s*:\s*"([^"\\]+)"')
+
+
+def read_claim(raw: bytes) -> Seen:
+    """A claim's bytes as a :class:`Seen`: its holder's record where it is whole (it names its lane and this run of
+    it), else the lane its readable start names, if any. Pure."""
+    try:
+        rec = json.loads(raw)
+    except ValueError:  # torn (by a crash, or from outside), empty, or not UTF-8
+        rec = None
+    if isinstance(rec, dict) and isinstance(rec.get("lane"), str) and rec.get("incarnation"):
+        return Seen(rec, rec["lane"])
+    found = _LANE.match(raw)
+    return Seen(None, found.group(1).decode(errors="replace") if found else None)
+
+
+def seen_claims(folder: Path) -> dict[str, Seen]:
+    """Every claim in ``folder`` as read: training id → :class:`Seen` (a claim released meanwhile is left out)."""
     if not folder.is_dir():
         return {}
-    return {p.name[:-len(CLAIM)]: read_json_or_none(p) or {} for p in folder.glob(f"*{CLAIM}")}
+    out = {}
+    for path in folder.glob(f"*{CLAIM}"):
+        try:
+            out[path.name[:-len(CLAIM)]] = read_claim(path.read_bytes())
+        except FileNotFoundError:
+            continue
+    return out
 
 
-def release_stale(folder: Path, holder: Holder, keep: Iterable[str] = ()) -> list[str]:
-    """Release the claims this lane made in its earlier runs (another incarnation of ``holder.lane``): it holds the
-    lane's lock now, so they are dead. ``keep``: training ids whose claim stays (completed ones: never run again).
-    Returns the released training ids."""
-    kept = set(keep)
-    released = []
-    for training_id, rec in claims(folder).items():
-        if rec.get("lane") != holder.lane or rec.get("incarnation") == holder.incarnation or training_id in kept:
+def claims(folder: Path) -> dict[str, dict[str, Any]]:
+    """Every claim in ``folder``: training id → its holder's record (a torn one as {}: held, by no one known)."""
+    return {tid: seen.rec or {} for tid, seen in seen_claims(folder).items()}
+
+
+STALE = "made by an earlier run of this lane"
+
+
+def stale_why(seen: Seen, holder: Holder, home: str | None, lanes: Collection[str] = ()) -> str | None:
+    """Why the lane of ``holder``, starting, releases a claim it found (None: the claim stays). A whole claim: only
+    where an earlier run of this lane made it (it holds the lane's lock now, so that run is dead). A torn one (see the
+    module's docstring: no live writer leaves one): where its readable start names this lane, or names none of the
+    queue's ``lanes`` (its bytes garbled: no lane would release it) and this lane is the training's ``home``. Pure."""
+    if seen.rec is not None:
+        return STALE if seen.lane == holder.lane and seen.rec.get("incarnation") != holder.incarnation else None
+    if seen.lane is not None and (seen.lane in lanes or seen.lane == holder.lane):
+        return f"torn, {STALE} (its start names it)" if seen.lane == holder.lane else None
+    return "torn, its holder unreadable: released by the training's home lane" if home == holder.lane else None
+
+
+def release_stale(folder: Path, holder: Holder, keep: Iterable[str] = (),
+                  homes: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Release the claims :func:`stale_why` finds stale for ``holder``'s lane, at its start (before it claims anything
+    itself). ``keep``: training ids whose claim stays (completed ones: never run again); ``homes``: each training's
+    home lane (the plan's), by which a torn claim with no readable holder is released. Returns the released training
+    ids, each with why."""
+    kept, lanes = set(keep), {*(homes or {}).values(), holder.lane}
+    released = {}
+    for training_id, seen in seen_claims(folder).items():
+        why = None if training_id in kept else stale_why(seen, holder, (homes or {}).get(training_id), lanes)
+        if why is None:
             continue
         target = folder / RELEASED / f"{training_id}.{uuid.uuid4().hex[:8]}{CLAIM}"
         make_dirs(target.parent)
@@ -98,7 +166,7 @@ def release_stale(folder: Path, holder: Holder, keep: Iterable[str] = ()) -> lis
             os.rename(claim_path(folder, training_id), target)
         except FileNotFoundError:
             continue
-        released.append(training_id)
+        released[training_id] = why
     return released
 
 

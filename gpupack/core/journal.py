@@ -16,7 +16,11 @@ folded training's record is keyed by its home (the lane the plan dealt it to), a
 Readers see one run (:class:`RunRecords`): a pack's folder where it has one (running, or run again since it was
 folded), else the journal's latest record, earlier ones counting as earlier attempts. A job killed mid-fold leaves
 the folder (its records intact) and perhaps some lines: the next fold appends them again, and a record read twice
-counts once. A torn last line (a job killed mid-write) is skipped.
+counts once. A torn last line (a job killed mid-write) is left unread by readers: what it held is not there for
+them (a pack whose record it was has none, so it is not complete). The next writer, under the lane's lock (no append
+can be half-way then), cuts the journal back to its last whole line and keeps the torn bytes aside in
+``lanes/<lane>.torn`` (:func:`repair`); a pack whose record was lost so, its trainings' records whole, has it rebuilt
+from them by the lane's next run (:func:`rebuild_pack`), and a training whose line was lost runs again.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -107,20 +112,54 @@ def _lane_lock(run: RunDir, lane: str) -> Iterator[tuple[IO[str], IO[bytes]]]:
     with open(run.journal(lane), "a", encoding="utf-8") as journal:
         fcntl.flock(journal.fileno(), fcntl.LOCK_EX)
         try:
-            if not _ends_a_line(run.journal(lane)):  # a torn last line (a job killed mid-write): end it, so it is
-                journal.write("\n")                 # skipped alone and the next line stays whole
+            torn = repair(run, lane)  # before the first line it appends: that line then stays whole
+            if torn:
+                print(f"gpupack: warning: lane {lane}: the last line of {run.journal(lane)} was torn (a writer killed "
+                      f"mid-append): cut back to its last whole line, the {torn} torn bytes kept in "
+                      f"{run.torn_lines(lane)}", file=sys.stderr)
             with open(run.lane_log(lane), "ab") as log:
                 yield journal, log
         finally:
             fcntl.flock(journal.fileno(), fcntl.LOCK_UN)
 
 
-def _ends_a_line(path: Path) -> bool:
-    with open(path, "rb") as f:
-        if f.seek(0, os.SEEK_END) == 0:
-            return True
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+def whole_end(tail: bytes, offset: int) -> int | None:
+    """Where the last whole line ends in a file whose bytes from ``offset`` on are ``tail``: the byte after its last
+    newline; None where ``tail`` holds no newline (look further back). Pure."""
+    at = tail.rfind(b"\n")
+    return None if at < 0 else offset + at + 1
+
+
+REPAIR_CHUNK = 1 << 16  # a torn line is read back this much at a time (a pack's line with its samples runs long)
+
+
+def repair(run: RunDir, lane: str) -> int:
+    """Cut ``lane``'s journal back to its last whole line, the torn bytes past it (a writer killed mid-append) first
+    appended to ``lanes/<lane>.torn`` and fsynced, so nothing is lost; how many bytes were cut (0: none torn). Called
+    by a writer under the lane's lock only: every append is then whole, so what follows the last newline is torn, not
+    being written."""
+    path = run.journal(lane)
+    with open(path, "r+b") as f:
+        size = end = f.seek(0, os.SEEK_END)
+        cut: int | None = size if size == 0 else None
+        while cut is None and end > 0:
+            start = max(0, end - REPAIR_CHUNK)
+            f.seek(start)
+            cut = whole_end(f.read(end - start), start)
+            end = start
+        cut = cut or 0  # no newline at all: the journal's one line is torn
+        if cut == size:
+            return 0
+        f.seek(cut)
+        torn = f.read()
+        with open(run.torn_lines(lane), "ab") as aside:
+            aside.write(torn + b"\n")
+            aside.flush()
+            os.fsync(aside.fileno())
+        f.truncate(cut)
+        f.flush()
+        os.fsync(f.fileno())
+    return len(torn)
 
 
 def _earlier_attempts(folder: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -363,6 +402,7 @@ class RunRecords:
         self._folded = folded
         self._folders: dict[str, bool] = {}  # a folded pack's: whether it had a folder again when first asked
         self._refits: dict[str, list[str]] | None = None  # plan pack -> its refit packs, read once on first need
+        self._ran_in: set[str] | None = None  # the packs a folded training's latest record ran in
 
     @property
     def folded(self) -> Folded:
@@ -426,8 +466,11 @@ class RunRecords:
         return max(later, key=lambda r: float(r.get("started_at") or 0)) if later else rec
 
     def started(self, pack_id: str) -> bool:
-        """The pack's job body began: its folder exists, or it was folded."""
-        return self.run.pack_dir(pack_id).is_dir() or pack_id in self.folded.packs
+        """The pack's job body began: its folder exists, or it was folded (its record, or a training run in it: its
+        own line may be lost, torn)."""
+        if self._ran_in is None:
+            self._ran_in = {str(h[-1].get("pack_id")) for h in self.folded.trainings.values()}
+        return self.run.pack_dir(pack_id).is_dir() or pack_id in self.folded.packs or pack_id in self._ran_in
 
 
 def home_of(rec: Mapping[str, Any]) -> str:

@@ -126,6 +126,11 @@ class RunDir:
     def lane_columnar(self, lane: str) -> Path:
         return self.lanes / f"{check_name('lane', lane)}.arrows"
 
+    def torn_lines(self, lane: str) -> Path:
+        """Where a lane's journal keeps the torn last lines it was cut back from (gpupack.core.journal), each on a line
+        of its own: never lost, never read as records."""
+        return self.lanes / f"{check_name('lane', lane)}.torn"
+
     def lane_log(self, lane: str) -> Path:
         return self.lanes / f"{check_name('lane', lane)}.log"
 

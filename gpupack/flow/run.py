@@ -96,7 +96,10 @@ class Outcome:
             production = self.collected.production if self.collected is not None else None
             unfinished = int(production["unfinished"].sum()) if production is not None and not production.empty else 0
             return any(n is not None for n in self.auto.best.values()) and unfinished == 0
-        return all(r.ok for r in self.results) and self.failed_trainings == 0
+        # done only where every training of the plan has its record: one held by a claim no lane runs, or a pack
+        # whose job died unseen, leaves trainings with none, and no failed row says so
+        counted = self.collected is None or self.collected.records.plan_counts().done
+        return all(r.ok for r in self.results) and self.failed_trainings == 0 and counted
 
 
 def default_run_dir(sweep: str, now: _dt.datetime | None = None) -> Path:
@@ -225,13 +228,15 @@ def open_run_dir(run: RunDir, plan: Plan | None) -> bool:
 
 
 def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
-    """The plan minus the packs whose every training has a completed record; a streaming lane runs while any
-    training of its queue has none (every lane of the queue then drains it again, each releasing the claims its
-    own earlier run left)."""
+    """The plan minus the packs whose every training has a completed record and that have their own record; a
+    streaming lane runs while any training of its queue has none, or any lane of it no record (every lane of the
+    queue then drains it again, each releasing the claims its own earlier run left). A pack whose record was lost
+    (its journal line torn, or a kill before it was written) is not complete: its run rebuilds it from its
+    trainings' records (gpupack.job.body.rebuild_pack_record), or runs what has none."""
     records = RunRecords(run)  # a pack's folder, else its lane's journal
 
-    def done(p: Pack) -> bool:
-        return all(records.ran(p.pack_id, t.training_id) for t in p.trainings)  # here, or in a refit of it
+    def done(p: Pack) -> bool:  # every training ran, here or in a refit of it
+        return all(records.ran(p.pack_id, t.training_id) for t in p.trainings) and records.pack(p.pack_id) is not None
 
     unfinished = {p.stream for p in plan.packs if p.stream is not None and not done(p)}
     return [p for p in plan.packs if (p.stream in unfinished if p.stream is not None else not done(p))]

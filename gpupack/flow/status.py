@@ -97,8 +97,9 @@ def pack_status(pack: Pack, done: int, has_record: bool, job_id: str | None,
     keeps no job ids (local) tells it by the run directory alone: ``started``, its job body began (its folder
     exists); ``held``, a live packer holds the pack's lock; ``sweep_held``, a live sweep holds the run's.
     ``skipped``: its trainings skipped for memory that run nowhere else; a pack whose every other training completed
-    is skipped for memory, not failed. Pure."""
-    if done == len(pack.trainings):
+    is skipped for memory, not failed. Done only with its own record too: one whose record was lost (its journal line
+    torn) is stopped once nothing runs it, and its resume rebuilds the record. Pure."""
+    if done == len(pack.trainings) and has_record:
         return DONE
     if skipped and done + skipped == len(pack.trainings):
         return SKIPPED
@@ -119,6 +120,8 @@ def pack_status(pack: Pack, done: int, has_record: bool, job_id: str | None,
         return queue
     if queue is None:
         return FAILED if has_record else "submitted"  # sacct does not know it yet, or no longer
+    if done == len(pack.trainings):  # every training ran, the job ended, and the pack's record is lost: resume it
+        return STOPPED
     return FAILED  # the job ended (done or failed) and left trainings without a completed record
 
 

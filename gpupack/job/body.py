@@ -329,8 +329,9 @@ def _run_pack(run: RunDir, plan: Plan, pack_id: str, settings: PackSettings, job
     pack = plan.pack(pack_id)
     # a training a refit pack of this one completed (it was skipped for memory before) ran: never run again
     todo = [t for t in pack.trainings if not records.ran(pack_id, t.training_id)]
-    if not todo:
-        return records.pack(pack_id) or read_json(run.pack_record(pack_id))
+    if not todo:  # nothing to run: its record, or, lost, one rebuilt from its trainings'
+        return records.pack(pack_id) or read_json_or_none(run.pack_record(pack_id)) \
+            or rebuild_pack_record(run, plan, pack, records) or read_json(run.pack_record(pack_id))
     for t in todo:
         move_aside(run, pack_id, run.training_record(pack_id, t.training_id))
     move_aside(run, pack_id, run.pack_record(pack_id))
@@ -582,6 +583,57 @@ def slot_use(records: Sequence[Mapping[str, Any]], slots: int, started: float, e
             "slot_occupancy": busy / (slots * wall) if wall > 0 and slots else None,
             "slot_gap_mean_s": sum(gaps) / len(gaps) if gaps else None,
             "slot_gap_max_s": max(gaps) if gaps else None}
+
+
+REBUILT = ("its record was lost (its journal line torn by a writer killed mid-append, or its file never written): "
+           "rebuilt from its trainings' records, without the sampler's figures or the set-up time")
+
+
+def rebuilt_pack_record(pack: Pack, records: Sequence[Mapping[str, Any]], phase: str | None = None) -> dict[str, Any]:
+    """The record of a pack whose every training has its record but whose own was lost (:data:`REBUILT`, said in it):
+    what :func:`write_pack_record` would have said, from ``records``, those its trainings' current records that ran in
+    it. Complete (a timing of N) only where N trainings ran together in one job, as each training's record says.
+    Pure."""
+    first = records[0] if records else {}
+    started = min((float(r["started_at"]) for r in records), default=0.0)
+    ended = max((float(r["ended_at"]) for r in records), default=started)
+    together = len({(r.get("job_id"), r.get("concurrent")) for r in records}) == 1 \
+        and first.get("concurrent") == pack.factor
+    rec = pack_record(
+        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition, probe=pack.probe,
+        **{k: first.get(k) for k in ("gpu_type", "device", "device_name", "gpu_model", "host", "job_id",
+                                     "cuda_visible_devices")},
+        concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None and together,
+        training_ids=[r["training_id"] for r in records],
+        n_completed=sum(r.get("status") == COMPLETED for r in records),
+        n_failed=sum(r.get("status") != COMPLETED for r in records),
+        n_oom=sum(r.get("status") == OOM for r in records),
+        started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
+        threads_per_training=first.get("threads"),
+        workload=pack.trainings[0].workload_label if pack.trainings else None, sampler=None, rebuilt=REBUILT,
+        **spread_fields(pack), **slot_use(records, pack.factor, started, ended))
+    if pack.stream is not None:  # a lane's: its queue, and nothing it left (every training has its record)
+        rec.update(stream=pack.stream, lane=pack.index, claimed=rec["training_ids"], unclaimed=0)
+    if phase:
+        rec["phase"] = phase
+    return rec
+
+
+def rebuild_pack_record(run: RunDir, plan: Plan, pack: Pack, records: RunRecords) -> dict[str, Any] | None:
+    """Write the rebuilt record (:func:`rebuilt_pack_record`) of ``pack``, whose trainings all have their record, into
+    its folder, as its job would have at its end (a lane that folds folds it next); it says so on stderr. Its
+    trainings: those of its queue (a streaming lane's: the ones it ran) or its own, whose current record ran in it;
+    None where none did (a lane the others left nothing to: it runs, and writes its own record as ever)."""
+    pairs = [(home.pack_id, t.training_id) for home, t in plan.queue(pack.stream)] if pack.stream is not None \
+        else [(pack.pack_id, t.training_id) for t in pack.trainings]
+    ran = [rec for home, tid in pairs if (rec := records.training(home, tid)) is not None
+           and rec.get("pack_id") == pack.pack_id]
+    if not ran:
+        return None
+    rec = rebuilt_pack_record(pack, ran, plan.phase)
+    write_json_atomic(run.pack_record(pack.pack_id), rec)
+    print(f"gpupack: warning: pack {pack.pack_id}: {REBUILT} ({len(ran)} training(s))", file=sys.stderr)
+    return rec
 
 
 def runner_of(pack: Pack, device: str) -> tuple[Packer | Strategy, Placement | None]:

@@ -3,7 +3,9 @@
 The lane claims trainings from the run directory (:mod:`gpupack.core.claims`) in the queue's order: N at its start,
 then one each time a slot frees, until none is left unclaimed; then its job ends. A training whose record says
 completed is never claimed. At its start the lane releases the claims an earlier run of itself left (it holds the
-lane's lock, so that run is dead: a requeue, a SIGKILL, a node failure, a cancel), and those trainings run again.
+lane's lock, so that run is dead: a requeue, a SIGKILL, a node failure, a cancel), and those trainings run again; a
+claim that cannot be read (torn: no live lane leaves one, :mod:`gpupack.core.claims`) is released by the lane it
+names, else by the training's home lane, with a warning in the lane's log.
 Near its job's time limit it claims nothing it could not finish (``PackSettings.claim_until_s``): the slots it
 stops filling are left for the lane's requeued run or for the other lanes.
 
@@ -20,6 +22,7 @@ it measures by is its :class:`Gauge`.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 import psutil
 
 from gpupack.core.admission import Candidate, Room, admit, expected_peak, lane_budget_mb, max_passes, peak_of
-from gpupack.core.claims import Holder, claim, claim_path, claims, drop, release_stale
+from gpupack.core.claims import STALE, Holder, claim, claim_path, claims, drop, release_stale
 from gpupack.core.journal import CompletedTail, RunRecords, fold_pack, fold_trainings
 from gpupack.core.lane_columnar import write_lane_columnar
 from gpupack.core.memory import Figure, candidate_runs, measured_by_setting, setting_key
@@ -38,7 +41,7 @@ from gpupack.core.records import COMPLETED, VICTIM, is_completed, read_json, wri
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.core.victims import culprit_of
-from gpupack.job.body import choose_device, execute, move_aside, pack_lock
+from gpupack.job.body import choose_device, execute, move_aside, pack_lock, rebuild_pack_record
 from gpupack.pack import WAIT, Wait
 from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.runtime.monitor import detect_device, free_memory_mb
@@ -328,15 +331,22 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
         if lane.folds:  # what an earlier run of this lane recorded and did not fold before it was killed
             fold_trainings(run, pack_id, [p.stem for p in run.trainings(pack_id).glob("*.json")], pack_id)
         completed = lane.completed()
-        if len(completed) == len(lane.items) and (done := RunRecords(run).pack(pack_id)) is not None:
-            if lane.folds:  # an earlier run killed mid-fold left its folder: fold what is left
+        records = RunRecords(run) if len(completed) == len(lane.items) else None
+        # drained: its record, or, where a run of it ran trainings and its record was lost (its journal's line torn,
+        # or a kill before it was written), one rebuilt from them
+        if records is not None and (done := records.pack(pack_id) or rebuild_pack_record(run, plan, pack, records)):
+            if lane.folds:  # an earlier run killed mid-fold left its folder (or the rebuilt record): fold what is left
                 fold_pack(run, pack_id, pack_id)
                 write_lane_columnar(run, pack_id)
             # the queue is drained: nothing to run, nothing to move. The record is the last one a run of this lane
             # wrote, which may be a run that stopped claiming with trainings left (a later run ran them and was
             # killed before its own record): what is left now is nothing, or its job would requeue itself for ever
             return {**done, "unclaimed": 0}
-        released = release_stale(lane.folder, lane.holder, keep=completed)
+        released = release_stale(lane.folder, lane.holder, keep=completed, homes=lane.homes)
+        torn = {tid: why for tid, why in released.items() if why != STALE}
+        for tid, why in torn.items():  # said in the lane's log: a claim file was damaged, and its training runs now
+            print(f"gpupack: warning: lane {pack_id}: the claim {claim_path(lane.folder, tid)} could not be read "
+                  f"({why}); its training runs again", file=sys.stderr)
         if lane.folds:  # the claims an earlier run of it held of trainings now folded as completed
             drop(lane.folder, completed, pack_id)
         move_aside(run, pack_id, run.pack_record(pack_id))
@@ -344,7 +354,8 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
         while len(first) < pack.factor and isinstance(training := lane.next(), Training):
             first.append(training)  # the rest of the slots wait for memory in the mode (gpupack.pack.Stream)
         rec = execute(run, plan, pack, first, settings, job, stream=lane,
-                      extra={"stream": pack.stream, "lane": pack.index, "released": released})
+                      extra={"stream": pack.stream, "lane": pack.index, "released": list(released),
+                             **({"torn_claims": torn} if torn else {})})
         left = len(lane.items) - len(lane.completed() | set(claims(lane.folder)))
         rec.update(claimed=lane.claimed, stopped_claiming=lane.stopped, unclaimed=left,
                    **({"admission": admitted} if (admitted := lane.admission()) is not None else {}))
