@@ -159,13 +159,13 @@ def test_sweep_across_partitions_with_arrays(tmp_path, slurm_env):
                    slurm_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     plan = json.loads((run_dir / "plan.json").read_text())
-    assert len(records(run_dir)) == sum(p["factor"] for p in plan["packs"]) == 2 * (3 + 4)
+    assert len(records(run_dir)) == sum(p["factor"] for p in plan["packs"]) == 2 * (3 + 4 + 1)  # a drift check each
     assert all(r["status"] == "completed" for r in records(run_dir).values())
     for partition in ("p100", "a100"):
         assert f"Best packing factor for tests.fake_workloads on {partition} (cpu)" in proc.stdout
     jobs = json.loads((run_dir / "jobs.json").read_text())
     n1 = [j["job_id"] for p, j in jobs.items() if "-n01-" in p and p.startswith("p100")]
-    assert len(n1) == 3 and len({j.split("_")[0] for j in n1}) == 1 and all("_" in j for j in n1)  # one array
+    assert len(n1) == 3 + 1 and len({j.split("_")[0] for j in n1}) == 1 and all("_" in j for j in n1)  # one array
     ids = [j["job_id"] for j in jobs.values()]
     # slurmdbd records a job shortly after it ends: wait for accounting to list them all, then read it once.
     assert wait_for(lambda: len(sacct(slurm_env, ids, "JobID")) == len(jobs), timeout_s=60)
@@ -183,7 +183,8 @@ def test_detach_then_status_and_collect(tmp_path, slurm_env):
     run_dir = tmp_path / "run"
     proc = gpupack(PROBE + ["partitions=[v100]", "wait=false", f"run_dir={run_dir}"], slurm_env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Submitted 3 pack job(s)" in proc.stdout and f"python -m gpupack status {run_dir}" in proc.stdout
+    # N=1 twice, N=2, the drift check
+    assert "Submitted 4 pack job(s)" in proc.stdout and f"python -m gpupack status {run_dir}" in proc.stdout
 
     def status_text() -> str:
         out = gpupack(["status", str(run_dir)], slurm_env, timeout=120)
@@ -194,8 +195,9 @@ def test_detach_then_status_and_collect(tmp_path, slurm_env):
     assert "v100:" in first
     watched = gpupack(["watch", str(run_dir), "--every", "0.5"], slurm_env, timeout=300)  # from another shell
     assert watched.returncode == 0, watched.stdout + watched.stderr
-    assert re.search(r"v100: trainings completed \d+, failed 0, running 0, waiting 0; packs done 3", watched.stdout)
-    assert re.search(r"v100: trainings completed \d+, failed 0, running 0, waiting 0; packs done 3", status_text())
+    # N=1 twice, N=2, the drift check
+    assert re.search(r"v100: trainings completed \d+, failed 0, running 0, waiting 0; packs done 4", watched.stdout)
+    assert re.search(r"v100: trainings completed \d+, failed 0, running 0, waiting 0; packs done 4", status_text())
     collected = gpupack(["collect", str(run_dir)], slurm_env, timeout=120)
     assert collected.returncode == 0 and "Best packing factor for tests.fake_workloads on v100" in collected.stdout
 

@@ -275,8 +275,9 @@ def test_a_dry_run_says_its_jobs_and_files_against_the_limits(tmp_path, monkeypa
                          f"run_dir={tmp_path / 'run'}", "dry_run=true"])
     out = " ".join(capsys.readouterr().out.split())  # as one line, whatever the terminal's width
     assert code == 0, out
-    # 6 packs of N=1 and 3 of N=2 in the 4 jobs this user may still queue: 2 + 1 lanes (in proportion, 1 at least)
-    assert ("jobs: 3 (lanes of packs: up to 3 packs each, in turn) in 2 job array(s) of at most 5 tasks "
+    # 6 packs of N=1, the drift check, and 3 of N=2 in the 4 jobs this user may still queue: 2 + 1 lanes (in
+    # proportion, 1 at least)
+    assert ("jobs: 3 (lanes of packs: up to 4 packs each, in turn) in 2 job array(s) of at most 5 tasks "
             "(MaxArraySize); the site lets you queue 4 more now (QOS normal's MaxSubmitJobsPerUser=7, 3 queued)") in out
     assert "refuses" not in out
     assert "files: about " in out and not (tmp_path / "run").exists()
@@ -289,7 +290,7 @@ def test_a_dry_run_of_thousands_of_packs_lists_a_few_and_counts_the_rest(tmp_pat
     assert main(PROBE + ["partitions=[v100]", "packing.factors=[1]", "sweep.grid.lr=range(1,2001)",
                          f"run_dir={tmp_path / 'run'}", "dry_run=true"]) == 0
     out = capsys.readouterr().out
-    listed = [line for line in out.splitlines() if line.startswith("  v100-process-n01-")]
+    listed = [line for line in out.splitlines() if line.startswith("  round ") and ": v100-process-n01-" in line]
     assert len(listed) == LISTED_PACKS and f"... and {2000 - LISTED_PACKS:,} more packs" in out
     # 2,000 packs in the 4 jobs this user may still queue: 4 lanes of 500 packs, one array
     assert "jobs: 4 (lanes of packs: up to 500 packs each, in turn) in 1 job array(s)" in " ".join(out.split())

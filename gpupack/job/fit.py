@@ -2,8 +2,9 @@
 the peaks each setting reached, read once where a job begins and learnt as its packs end.
 
 A lane of packs holds one :class:`PeakBook` for all its packs: the earlier runs' peaks and this run's, read at its
-start, and each pack's own trainings added as it ends, so the first pack of a setting (the smallest N runs first:
-:func:`gpupack.core.plan.measure_first`) measures what the larger ones are held against. What lanes running at the
+start, and each pack's own trainings added as it ends, so a setting's packs that run after its first measurement
+are held against it (packs run in rounds, :func:`gpupack.core.plan.in_rounds`: a larger pack may come first, and
+then starts on what earlier runs or ``sweep.training_memory_mb`` say). What lanes running at the
 same time fold into their journals is read before a pack starts (:meth:`PeakBook.refresh`: their new lines only, at
 most every :data:`REFRESH_EVERY_S`), so a lane's N=4 pack is held against the N=1 another lane just measured.
 """

@@ -90,8 +90,9 @@ class PackingConfig:
     modes: List[str] = field(default_factory=lambda: ["process"])
     # Packs measured per (mode, N) at least, so time per training has a median and a spread.
     repeats: int = 2
-    # The order packs run in: interleaved (each N's packs spread over the whole run, seeded: drift, warm caches or
-    # a neighbour's job cannot line up with N) or by_factor (all N=1 packs, then N=2, ...). Recorded in plan.json.
+    # The order packs run in: interleaved (rounds of at most one pack of every N, each N spread evenly over the run,
+    # seeded: drift, warm caches or a neighbour's job cannot line up with N, and each N is compared with N=1 in its
+    # round) or by_factor (all N=1 packs, then N=2, ...). Recorded in plan.json.
     order: str = "interleaved"
     order_seed: int = 0
     # Streaming: K jobs of N slots drain the trainings, a freed slot taking the next unclaimed one at once, instead of
