@@ -31,7 +31,16 @@ from gpupack.core.types import PENDING, RUNNING, Capacity, JobForecast, PackResu
 from gpupack.errors import ConfigError
 from gpupack.runtime.jobenv import JobEnvironment, job_cores
 from gpupack.runtime.monitor import detect_device, gpu_count
-from gpupack.submit import ClusterConfig, PackJob, PackJobHandle, ProgressFn, Submitter, job_result, progress_state
+from gpupack.submit import (
+    ClusterConfig,
+    PackJob,
+    PackJobHandle,
+    ProgressFn,
+    Submitter,
+    job_outcome,
+    job_result,
+    progress_state,
+)
 
 POLL_S = 0.2
 CANCEL_WAIT_S = 5.0  # for each level of a cancelled job's process tree to be gone
@@ -290,8 +299,10 @@ class LaneJob:
         """How the job ended for each of its packs: the records they left, then the job's result for the rest (a
         pack it did not end: the job's error)."""
         out = self.look(run, progress)
-        for pack in [p for p in self.packs if p.pack_id not in self.ended]:
-            out.append(job_result(pack, self.job))
+        left = [p for p in self.packs if p.pack_id not in self.ended]
+        outcome = job_outcome(self.job, run) if left else None  # once for the lane: each ask may wait for a result
+        for pack in left:
+            out.append(job_result(pack, self.job, run, outcome))
             progress(pack, progress_state(out[-1]))
         return out
 
