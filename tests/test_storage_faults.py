@@ -220,8 +220,8 @@ def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes(tmp_path, 
     assert code != 0 and "Traceback" not in out + err
     lines = [line for line in err.strip().splitlines() if not line.startswith("gpupack sampler:")]  # in-process jobs'
     assert len(lines) == 1 and lines[0].startswith("gpupack: error: ") and "no space left on device" in lines[0]
-    assert f"then run the same command again; it resumes where it stopped, keeping every record already written: " \
-        f"python -m gpupack " in lines[0] and lines[0].endswith(f"run_dir={run_dir}")
+    assert "then run the same command again; it resumes where it stopped, keeping every record already written: " \
+        "python -m gpupack " in lines[0] and lines[0].endswith(f"run_dir={run_dir}")
     before = completed_records(run_dir)
     assert 0 < len(before) < 8  # it filled mid-run, and what finished was kept
     disk.free()

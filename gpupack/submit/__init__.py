@@ -24,7 +24,7 @@ import submitit
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.registry import exported, module_names, require_known
-from gpupack.core.rundir import RunDir
+from gpupack.core.rundir import RunDir, RunLock
 from gpupack.core.storage import failure_line, storage_faults, write_fault
 from gpupack.core.types import (
     DONE,
@@ -116,6 +116,9 @@ class Submitter(ABC, Generic[ConfigT]):
         self.key_names = dict(key_names or {})
         # The peak host memory of one training in earlier records (MB), set by prepare: sizes memory requests.
         self.measured_host_mb: float | None = None
+        # The run directory's lock, held by the command that runs the packs (set by gpupack.flow.run.run_plain): the
+        # local backend's jobs hold it with it (RunLock says why)
+        self.lock: RunLock | None = None
 
     def key(self, name: str) -> str:
         return f"{self.key_prefix}.{self.key_names.get(name, name)}"

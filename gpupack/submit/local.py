@@ -74,7 +74,6 @@ def process_room() -> int | None:
 
 # ---------------- pack jobs that never outlive gpupack ----------------
 
-_NEW_SESSION = types.SimpleNamespace(Popen=functools.partial(subprocess.Popen, start_new_session=True))
 _submit_lock = threading.Lock()
 
 
@@ -82,14 +81,20 @@ class SessionLocalExecutor(submitit.LocalExecutor):
     """submitit's local executor, with each job's controller started in a session of its own, so that the terminal's
     signals (Ctrl-C, a hang-up) reach gpupack alone and gpupack cancels its jobs itself (:func:`cancel_jobs`). A
     controller in the terminal's process group prints a KeyboardInterrupt traceback on Ctrl-C, and on a hang-up dies
-    at once and leaves its pack job and trainings running, with no parent left to find them by."""
+    at once and leaves its pack job and trainings running, with no parent left to find them by.
+
+    ``inherit``: descriptors each controller keeps open, the run directory's lock (:class:`gpupack.core.rundir.RunLock`:
+    a controller holds it while its job runs, should gpupack itself be killed)."""
+
+    inherit: tuple[int, ...] = ()
 
     def _submit_command(self, command: str) -> Any:
         # submitit starts the controller with its module's subprocess.Popen and has no option for a session: its module
         # sees one that starts a new session during this call (under a lock: the swap is module-wide).
+        popen = functools.partial(subprocess.Popen, start_new_session=True, pass_fds=self.inherit)
         with _submit_lock:
             real = submitit_local.subprocess
-            submitit_local.subprocess = _NEW_SESSION  # type: ignore[assignment]
+            submitit_local.subprocess = types.SimpleNamespace(Popen=popen)  # type: ignore[assignment]
             try:
                 return super()._submit_command(command)
             finally:
@@ -214,6 +219,8 @@ class LocalSubmitter(Submitter[LocalConfig]):
 
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         executor = SessionLocalExecutor(folder=str(self.run.submitit_folder))
+        lock = self.lock.fd if self.lock is not None else None
+        executor.inherit = (lock,) if lock is not None else ()
         running: list[LaneJob] = []
         try:
             return self._run(executor, packs, settings, progress, running)
@@ -258,6 +265,8 @@ class LocalSubmitter(Submitter[LocalConfig]):
             training_timeout_s=settings.training_timeout_s or self.cluster.timeout_min * 60.0)
         job = executor.submit(PackJob(type(self)), str(self.run.root),
                               packs[0].pack_id if len(packs) == 1 else [p.pack_id for p in packs], lane_settings)
+        if self.lock is not None:  # its controller holds the run's lock with this command: a refusal names it
+            self.lock.add_job(int(job.job_id))
         return LaneJob(packs, taken, job, submitted_at)
 
 
