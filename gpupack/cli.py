@@ -33,7 +33,7 @@ from gpupack.cli_show import ProgressView, StatusView, print_opened, print_plan,
 from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.plan import Pack
 from gpupack.core.rundir import RunDir
-from gpupack.errors import ConfigError, GpupackError
+from gpupack.errors import ConfigError, GpupackError, StorageError
 from gpupack.pack import available_modes, work_file, work_prefix
 from gpupack.report.terminal import make_console, render_collected
 from gpupack.setup.compose import compose_config, config_dir, group_options, search_path
@@ -75,6 +75,8 @@ MULTIRUN_REFUSAL = (
     "multirun, run that app with -m hydra/launcher=gpupack_local (or gpupack_slurm) hydra.launcher.pack=N")
 
 log = logging.getLogger("gpupack")
+
+PYTHON_M_GPUPACK = ("python", "-m", "gpupack")  # how a line that says "run the same command again" spells it
 
 
 # ---------------- commands ----------------
@@ -381,5 +383,7 @@ def dispatch(argv: Sequence[str] | None = None) -> int:
                                 bool(flags.get("resolve")))
         return run_sweep(overrides, console)
     except GpupackError as err:
+        if isinstance(err, StorageError):  # its fix ends with running this same command again: say which
+            err = err.again(shlex.join([*PYTHON_M_GPUPACK, *args]))
         print(f"gpupack: error: {err}", file=sys.stderr)
         return err.exit_code

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from gpupack import sweep
 from gpupack.core.plan import Pack
+from gpupack.core.types import PackState
 from gpupack.flow.status import RunStatus
 
 
@@ -120,13 +121,17 @@ class ProgressView(LiveView):
             return
         self.state[pack.pack_id] = state
         self.partition[pack.pack_id] = pack.partition
+        why = state.why if isinstance(state, PackState) else None  # a failed job's one line, where it is known
         if self.live:
+            if why:
+                self.console.print(f"  {pack.pack_id} failed: {why}", highlight=False, markup=False, soft_wrap=True)
             self.live.update(self.table(), refresh=True)
             return
         finished = sum(s in ("done", "failed") for s in self.state.values())
         counts = "; ".join(f"{part}: " + ", ".join(f"{s} {c[s]}" for s in STATES)
                            for part, c in sorted(self.counts().items()))
-        self.console.print(f"  [{finished}/{len(self.state)}] {pack.pack_id} {state:7s} ({counts})", highlight=False)
+        self.console.print(f"  [{finished}/{len(self.state)}] {pack.pack_id} {state:7s} ({counts})"
+                           + (f" — {why}" if why else ""), highlight=False, markup=False, soft_wrap=True)
 
 
 def duration(seconds: float) -> str:

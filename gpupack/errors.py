@@ -35,6 +35,47 @@ class RunDirError(GpupackError):
     """The run directory cannot be used (not writable, or holds a different sweep)."""
 
 
+class StorageError(RunDirError):
+    """Writing into a run directory (or collect's output folder) failed for want of space, quota or permission:
+    the path, what failed (``why``: no space left on device, out of quota, read-only file system, permission
+    denied), the free space where it is known, and the fix, with the command to run again where the front-end knows
+    it (:meth:`again`). Records are written whole or not at all, so what finished is kept and the same command
+    resumes once the fault is fixed: the HINT says so because it is true, not to soothe."""
+
+    def __init__(self, path: str, why: str, free_bytes: int | None, command: str | None = None) -> None:
+        self.path, self.why, self.free_bytes, self.command = path, why, free_bytes, command
+        free = f" ({human_bytes(free_bytes)} free there)" if free_bytes is not None else ""
+        again = f": {command}" if command else ""
+        super().__init__(f"{path}: {why}{free}. HINT: {STORAGE_FIXES.get(why, 'fix the fault')}, then run the same "
+                         f"command again; it resumes where it stopped, keeping every record already written{again}")
+
+    def again(self, command: str) -> StorageError:
+        """The same fault, its HINT ending with the command that resumes the run."""
+        return StorageError(self.path, self.why, self.free_bytes, command)
+
+
+NO_SPACE, OUT_OF_QUOTA, READ_ONLY, NO_PERMISSION = ("no space left on device", "out of quota",
+                                                    "read-only file system", "permission denied")
+# Each fault's fix, said first in the HINT; every one leaves the run directory where it is, so the same command
+# resumes it.
+STORAGE_FIXES = {
+    NO_SPACE: "free space on its file system (df -h, du -sh)",
+    OUT_OF_QUOTA: "free space within your quota there, or have it raised (quota -s; diskusage_report on the Alliance)",
+    READ_ONLY: "remount its file system read-write",
+    NO_PERMISSION: "give yourself write permission there (ls -ld; chmod u+w)",
+}
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes as a person reads them: 0 B, 512 B, 12.0 KiB, 3.4 GiB."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # unreachable: TiB ends the loop
+
+
 class SubmissionError(GpupackError):
     """The cluster refused or lost a job."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from gpupack.core.storage import storage_faults
 from gpupack.flow.auto import run_auto
 from gpupack.flow.collect import Step, collect, find_runs
 from gpupack.flow.run import (
@@ -54,6 +55,9 @@ def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Call
     """Open the run directory (resume or refuse, lock), submit what is left, and — unless the sweep detaches —
     wait for it and collect. ``on_open`` sees what was found before anything is submitted. With
     ``packing.factors=auto``: probe for the best N, then run the grid at it (``on_step`` sees each probed N)."""
-    if prepared.spec is not None and prepared.spec.auto is not None:
-        return run_auto(prepared, progress=progress, plots=plots, on_step=on_step)
-    return run_plain(prepared, progress=progress, on_open=on_open, collect_outputs=collect_outputs, plots=plots)
+    # the run directory's file system refusing a write (full, over quota, read-only, not ours) is a StorageError: one
+    # line for a front-end to print, and what finished stays recorded for the same call to resume
+    with storage_faults(prepared.run.root):
+        if prepared.spec is not None and prepared.spec.auto is not None:
+            return run_auto(prepared, progress=progress, plots=plots, on_step=on_step)
+        return run_plain(prepared, progress=progress, on_open=on_open, collect_outputs=collect_outputs, plots=plots)

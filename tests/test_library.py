@@ -191,9 +191,12 @@ def test_one_opener_of_a_run_directory_plain_or_auto(tmp_path, holds, plan, expe
         (run.root / name).write_text(text)
     if isinstance(expected, str):
         with pytest.raises(RunDirError, match=expected):
-            open_run_dir(run, plan)
+            with open_run_dir(run, plan):
+                pass
+        assert not run.lock.exists()  # a folder of the user's own gets no lock file in it
     else:
-        assert open_run_dir(run, plan) is expected and run.root.is_dir()
+        with open_run_dir(run, plan) as (resumed, _):
+            assert resumed is expected and run.root.is_dir()
 
 
 def test_a_local_lane_keeps_each_packs_time_limit_and_ignores_an_earlier_runs_pack_record(tmp_path):

@@ -96,18 +96,24 @@ def open_log(path: Path, append: bool = False) -> IO[bytes]:
 @contextlib.contextmanager
 def atomic_file(path: Path, binary: bool = False) -> Iterator[IO[Any]]:
     """Write ``path`` all at once: a temp file in the same folder, fsync, the file mode of :func:`file_mode`, then
-    a rename, so a reader never sees half a file; on an error nothing is left behind."""
-    make_dirs(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    a rename, so a reader never sees half a file; on an error nothing is left behind. An OSError that names no file
+    (pyarrow's writer says only its errno) is given ``path``: a full disk is then said where it struck
+    (:mod:`gpupack.core.storage`)."""
+    tmp: str | None = None
     try:
+        make_dirs(path.parent)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as f:
             os.fchmod(f.fileno(), file_mode())
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:
+            err.filename = str(path)
         raise
 
 

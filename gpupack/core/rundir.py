@@ -35,12 +35,15 @@ Collect reads thousands of packs: where it walks them as ``str`` folders (``os.s
 """
 from __future__ import annotations
 
+import datetime as _dt
 import fcntl
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from gpupack.errors import ConfigError, RunDirError
 
@@ -178,11 +181,6 @@ class RunDir:
     def lock(self) -> Path:
         return self.root / LOCK
 
-    @property
-    def write_probe(self) -> Path:
-        """An empty file written and removed at once, to see that the directory is writable."""
-        return self.root / ".write-probe"
-
     def holds_only_lock(self) -> bool:
         """True when the directory is missing, empty, or holds nothing but a lock left behind."""
         return not self.root.exists() or all(p.name == LOCK for p in self.root.iterdir())
@@ -276,9 +274,56 @@ class RunDir:
         return self.pack_dir(pack_id) / "work" / f"{check_name('training_id', training_id)}.{what}.json"
 
 
-def holder_line() -> str:
-    """What a lock file says of its holder: ``pid host``."""
-    return f"{os.getpid()} {socket.gethostname()}\n"
+def holder_line(now: float | None = None) -> str:
+    """What a lock file says of its holder: ``pid host since`` (since: local time, to the second)."""
+    since = _dt.datetime.fromtimestamp(time.time() if now is None else now).isoformat(timespec="seconds")
+    return f"{os.getpid()} {socket.gethostname()} {since}\n"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A lock file's holder as its first line says (:func:`holder_line`), and the jobs that hold the lock with it,
+    one ``job <pid>`` line each (:meth:`RunLock.add_job`)."""
+
+    pid: int
+    host: str
+    since: str | None = None  # a lock written before gpupack said since when has none
+    jobs: tuple[int, ...] = ()
+
+    @staticmethod
+    def parse(text: str) -> Holder | None:
+        """The holder ``text`` names (a bare pid: on a host not said); None where its first line is no holder line
+        (empty, torn). Pure."""
+        lines = text.splitlines()
+        words = lines[0].split() if lines else []
+        if not 1 <= len(words) <= 3 or not words[0].isdigit():
+            return None
+        jobs = tuple(int(w[1]) for w in (line.split() for line in lines[1:])
+                     if len(w) == 2 and w[0] == "job" and w[1].isdigit())
+        return Holder(int(words[0]), words[1] if len(words) > 1 else "", words[2] if len(words) == 3 else None, jobs)
+
+    def said(self) -> str:
+        """``pid 123 on host, since 2024-05-01T12:00:00``."""
+        return f"pid {self.pid} on {self.host or 'a host not said'}" + (f", since {self.since}" if self.since else "")
+
+
+def busy_refusal(root: Path, holder: Holder | None, alive: Callable[[int], bool], here: str) -> RunDirError:
+    """Why a run directory whose lock is held refuses a second command, in one line: the gpupack holding it (pid,
+    host, since), or, where that gpupack is gone but pack jobs it started on this host hold the lock still (the local
+    backend's jobs hold it with their command: :class:`RunLock`), those jobs' pids. ``alive``: whether a pid of this
+    host runs; ``here``: this host's name. Pure."""
+    where = f"run_dir={str(root)!r}"
+    if holder is not None and holder.host == here and not alive(holder.pid):
+        jobs = [pid for pid in holder.jobs if alive(pid)]
+        if jobs:
+            return RunDirError(
+                f"{where}: the pack jobs of an earlier gpupack ({holder.said()}, no longer running) still run in it: "
+                f"pid {', '.join(map(str, jobs))}. HINT: wait for them to end (python -m gpupack watch {root}), then "
+                "run the same command again: it resumes with what they recorded")
+    who = f" ({holder.said()})" if holder is not None else ""
+    stop = f" (or stop it: kill {holder.pid})" if holder is not None and holder.host == here else ""
+    return RunDirError(f"{where}: another gpupack sweep is running in it{who}. HINT: wait for it to end{stop}, or "
+                       "choose another run_dir=...")
 
 
 class HeldLocks:
@@ -302,13 +347,13 @@ class HeldLocks:
         """Whether a process of this host holds ``lock``: its holder line (:func:`holder_line`) names this host, and
         its flock is held."""
         try:
-            words = lock.read_text().split()
+            holder = Holder.parse(lock.read_text())
             inode = lock.stat().st_ino
         except OSError:
             return False
-        if len(words) != 2 or not words[0].isdigit() or words[1] != socket.gethostname():
+        if holder is None or holder.host != socket.gethostname():
             return False
-        return _alive(int(words[0])) if self.inodes is None else str(inode) in self.inodes
+        return _alive(holder.pid) if self.inodes is None else str(inode) in self.inodes
 
 
 def _alive(pid: int) -> bool:
@@ -322,23 +367,48 @@ def _alive(pid: int) -> bool:
 
 
 class RunLock:
-    """An exclusive lock on a run directory, so two sweeps never write into the same one at once."""
+    """An exclusive lock on a run directory, so two sweeps never write into the same one at once; a second is refused
+    in one line naming the holder (:func:`busy_refusal`).
+
+    The local backend's pack jobs hold it too: each job's controller inherits this lock's descriptor (one flock, one
+    open file: the kernel drops it when its last holder closes it), and its pid is added below the holder line
+    (:meth:`add_job`). Why the run lock and not the pack locks: a CLI killed by SIGKILL leaves its local jobs running
+    (they lead sessions of their own), and a new command must be refused for as long as any of them runs, whereas a
+    lane holds no pack lock between two of its packs, and a pack not yet begun none at all; a command let in then
+    submits packs the old lane will run, and its jobs fail on the pack lock. A SLURM job does not hold it: it outlives
+    its command by design (wait=false), and the next command resumes beside it, skipping the packs the queue still
+    runs (Submitter.active_packs)."""
 
     def __init__(self, run: RunDir) -> None:
         self.path = run.lock
         self._fd: int | None = None
+        self._locked = False
+
+    @property
+    def fd(self) -> int | None:
+        """The locked descriptor, for a local job's controller to inherit (None: not held, or not lockable here)."""
+        return self._fd if self._locked else None
+
+    def add_job(self, pid: int) -> None:
+        """Say below the holder line that the job ``pid`` holds the lock with this command (it inherited it)."""
+        if self._fd is not None:
+            os.write(self._fd, f"job {pid}\n".encode())
 
     def __enter__(self) -> "RunLock":
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o664)  # masked by the umask: records.file_mode()
+        self._locked = True
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
-            raise RunDirError(f"run_dir={str(self.path.parent)!r}: another gpupack sweep is running in it. "
-                              "HINT: wait for it, or choose another run_dir=...") from None
+            try:
+                holder = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
+            finally:
+                os.close(fd)
+            raise busy_refusal(self.path.parent, holder, _alive, socket.gethostname()) from None
         except OSError as err:  # a file system without flock (Lustre mounted without -o flock): go on unlocked
             import sys
 
+            self._locked = False
             print(f"gpupack: warning: cannot lock {self.path} ({err.strerror}); do not start two sweeps in this "
                   "run directory at once", file=sys.stderr)
         os.ftruncate(fd, 0)

@@ -111,6 +111,19 @@ PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 PACK_STATES = (PENDING, RUNNING, DONE, FAILED)
 
 
+class PackState(str):
+    """A pack's state as progress is told it, with why it failed where that is known (``why``: one line). A ``str``
+    equal to the state's name, so a progress callback of two arguments, (pack, state), as a library user writes it,
+    still compares it with "failed" and prints it as before; a front-end that shows the reason reads ``why``."""
+
+    why: str | None
+
+    def __new__(cls, state: str, why: str | None = None) -> PackState:
+        made = super().__new__(cls, state)
+        made.why = why
+        return made
+
+
 @dataclass
 class PackResult:
     pack_id: str

@@ -41,7 +41,7 @@ from gpupack.core.journal import RunRecords
 from gpupack.core.memory import candidate_runs, check_memory, estimate, find_measured, setting_key
 from gpupack.core.plan import Pack, Plan, expand_grid, make_plan, run_order, training_id
 from gpupack.core.records import COMPLETED, OOM, write_json_atomic, write_text_atomic
-from gpupack.core.rundir import RunDir, RunLock
+from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackResult
 from gpupack.errors import ConfigError
 from gpupack.flow.collect import PROBE, RUN, AutoReport, Step, collect
@@ -113,10 +113,9 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
     ``auto`` says what was probed."""
     spec, auto, config = auto_parts(prepared)
     root = prepared.run
-    resumed = open_run_dir(root, None)
     report = AutoReport(then=auto.then)
     results: list[PackResult] = []
-    with RunLock(root):
+    with open_run_dir(root, None) as (resumed, _):
         if not resumed:
             write_text_atomic(root.config, config_yaml(config))
         climbing = list(spec.partitions)

@@ -17,6 +17,7 @@ from gpupack.core.goal import check_goal, check_metric
 from gpupack.core.rank_choice import RankChoice, choose, remember
 from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
+from gpupack.core.storage import storage_faults
 from gpupack.report.files import write_outputs, write_trainings
 from gpupack.report.terminal import render_collected
 
@@ -93,17 +94,20 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
         check_metric(metric, reported_metrics(records.trainings), "--metric",
                      f"the trainings of {', '.join(map(str, given))}")
     where = Path(out) if out else given[0] if given else None
-    with ThreadPoolExecutor(1) as pool:  # trainings.parquet is the records: written while they are aggregated
-        parquet = pool.submit(write_trainings, records, where) if where is not None else None
-        c = aggregate_records(records, weights, sweep_trainings, metric, goal)
-        trainings = parquet.result() if parquet is not None else None
-    if (metric, goal, pattern) != (None, None, None):
-        c.records.warnings += remember_choice(runs, records.rank, RankChoice(metric, goal, pattern), c.hyper)
-    for path in given:  # a packing.factors=auto run says what its probe did
-        report = read_auto(path)
-        if report is not None:
-            c.auto_lines += report.lines()
-    written = write_outputs(c, where, plots=plots, trainings=trainings) if where is not None else []
+    # a full disk (or quota, or a folder not ours) while writing the files is one line naming where, not a traceback;
+    # they are written whole or not at all, so a collect after space is freed writes them all
+    with storage_faults(where or "."):
+        with ThreadPoolExecutor(1) as pool:  # trainings.parquet is the records: written while they are aggregated
+            parquet = pool.submit(write_trainings, records, where) if where is not None else None
+            c = aggregate_records(records, weights, sweep_trainings, metric, goal)
+            trainings = parquet.result() if parquet is not None else None
+        if (metric, goal, pattern) != (None, None, None):
+            c.records.warnings += remember_choice(runs, records.rank, RankChoice(metric, goal, pattern), c.hyper)
+        for path in given:  # a packing.factors=auto run says what its probe did
+            report = read_auto(path)
+            if report is not None:
+                c.auto_lines += report.lines()
+        written = write_outputs(c, where, plots=plots, trainings=trainings) if where is not None else []
     if console is not None:
         render_collected(c, written, console, wide=wide)
     return c, written

@@ -3,10 +3,13 @@ directory: resume or refuse, lock; submit what is left; wait; collect). ``packin
 (:mod:`gpupack.flow.auto`); :mod:`gpupack.sweep` chooses between them."""
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import errno
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -16,8 +19,9 @@ from gpupack.core.memory import candidate_runs, find_measured
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.records import make_dirs, read_json, write_json_atomic, write_text_atomic
 from gpupack.core.rundir import RunDir, RunLock, check_name, files_forecast
+from gpupack.core.storage import storage_error
 from gpupack.core.types import Capacity, PackResult, PackSettings
-from gpupack.errors import RunDirError
+from gpupack.errors import GpupackError, RunDirError
 from gpupack.flow.collect import AutoReport, collect
 from gpupack.setup.compose import compose_config
 from gpupack.setup.validate import ClusterFacts, SweepSpec, require_sweep, validate
@@ -210,21 +214,41 @@ def check_run_dir(run: RunDir, plan: Plan | None) -> bool:
     return False
 
 
-def open_run_dir(run: RunDir, plan: Plan | None) -> bool:
+@contextlib.contextmanager
+def open_run_dir(run: RunDir, plan: Plan | None) -> Iterator[tuple[bool, RunLock]]:
     """The one opener of a run directory, a plain run's (``plan``) or a ``packing.factors=auto`` root's (None): make
-    it usable; True when it resumes an earlier run of the same sweep. A directory holding another sweep is refused,
-    never overwritten."""
-    if check_run_dir(run, plan):
-        return True
+    it, lock it and hold the lock (:class:`RunLock`) while the caller runs; yields whether it resumes an earlier run of
+    the same sweep, and the lock. A directory holding another sweep is refused, never overwritten.
+
+    The lock comes before the look: two commands started at once must not read each other's half-written directory
+    (a config.yaml without its plan.json reads as "not a gpupack run"), so whoever loses the lock is refused for that,
+    whatever the timing. Only a directory no gpupack ever locked (no .lock) is looked at first, so that a folder of the
+    user's own gets no lock file in it. Its writability is the lock file itself, made and written by this command
+    alone, and os.access for the folder: no probe file two commands could share."""
+    if run.root.exists() and not run.lock.exists():
+        check_run_dir(run, plan)  # another sweep's, or the user's own: refused before anything is written in it
     try:
         make_dirs(run.root)
-        probe = run.write_probe
-        probe.write_text("")
-        probe.unlink()
+        lock = RunLock(run).__enter__()
+    except RunDirError:
+        raise
     except OSError as err:
-        raise RunDirError(f"run_dir={str(run.root)!r} is not writable ({err.strerror}). HINT: choose a "
-                          "writable run_dir=...") from None
-    return False
+        raise opening_fault(run, err) from None
+    try:
+        resumed = check_run_dir(run, plan)  # under the lock: no other gpupack writes here now
+        if not resumed and not os.access(run.root, os.W_OK | os.X_OK):
+            raise opening_fault(run, PermissionError(errno.EACCES, os.strerror(errno.EACCES)))
+        yield resumed, lock
+    finally:
+        lock.__exit__()
+
+
+def opening_fault(run: RunDir, err: OSError) -> GpupackError:
+    """Why a run directory cannot be opened: a full disk or quota as :func:`gpupack.core.storage.storage_error` says
+    it (free space, then the same command); anything else, a run_dir to choose instead."""
+    fault = storage_error(err, run.root) if err.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    return fault or RunDirError(f"run_dir={str(run.root)!r} is not writable ({err.strerror}). HINT: choose a "
+                                "writable run_dir=...")
 
 
 def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
@@ -257,8 +281,8 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
     """Open the run directory (resume or refuse, lock), submit what is left, and — unless the sweep detaches —
     wait for it and collect. ``on_open`` sees what was found before anything is submitted."""
     run_dir, plan, submitter = prepared.run, prepared.plan, prepared.submitter
-    resumed = open_run_dir(run_dir, plan)
-    with RunLock(run_dir):
+    with open_run_dir(run_dir, plan) as (resumed, lock):
+        submitter.lock = lock  # the local backend's jobs hold it with this command (RunLock)
         if not run_dir.config.exists():
             write_text_atomic(run_dir.config, config_yaml(prepared.config))
             write_json_atomic(run_dir.plan, plan.to_json())

@@ -42,7 +42,7 @@ from gpupack.core.records import (
     write_json_atomic,
 )
 from gpupack.core.rgu import model_from_device_name
-from gpupack.core.rundir import PROBE, RunDir, holder_line
+from gpupack.core.rundir import PROBE, Holder, RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.core.victims import victims
 from gpupack.errors import RunDirError
@@ -293,10 +293,10 @@ def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid, _, host = os.pread(fd, 128, 0).decode(errors="replace").strip().partition(" ")
+            holder = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
+            said = holder.said() if holder is not None else f"pid unknown on {socket.gethostname()}"
             raise RunDirError(f"pack {pack_id!r} of run_dir={str(run.root)!r} is already being run by another packer "
-                              f"(pid {pid or 'unknown'} on {host or socket.gethostname()} holds {path}); this one "
-                              "stopped and touched "
+                              f"({said} holds {path}); this one stopped and touched "
                               f"none of its records. HINT: let the first finish (python -m gpupack status {run.root}), "
                               "or cancel its job before running the pack again") from None
         except OSError as err:  # a file system without flock (Lustre without -o flock): run unlocked, as RunLock does

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.load import Records
-from gpupack.core.records import SCHEMA_VERSION, write_json_atomic
+from gpupack.core.records import SCHEMA_VERSION, atomic_file, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.report.html import write_report
 from gpupack.report.text import best_line, disturbance_lines
@@ -45,21 +45,21 @@ def write_trainings(records: Records, out: Path) -> Path | None:
     the interpreter while it compresses: collect writes it while it aggregates (gpupack.flow.collect)."""
     if records.trainings.empty:
         return None
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "trainings.parquet"
     table = pa.Table.from_pandas(_text_columns(records.trainings), preserve_index=False)
     for name, column in records.aside_of(records.trainings).items():  # the curves and logs, from where they lie
         table = table.append_column(name, column)
-    pq.write_table(table, path)
+    with atomic_file(path, binary=True) as f:  # a full disk leaves the last whole file (or none), never half of one
+        pq.write_table(table, f)
     return path
 
 
 def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path | None | bool = True) -> list[Path]:
     """summary.csv (every column of the table), summary.json, trainings.parquet (``trainings``: True to write it
     here; else what :func:`write_trainings` wrote already), and (with plots) plots/*.png and report.html."""
-    out.mkdir(parents=True, exist_ok=True)
     run = RunDir(out)
-    c.summary.to_csv(run.summary_csv, index=False)
+    with atomic_file(run.summary_csv) as f:  # each file whole or not at all, as the records are
+        c.summary.to_csv(f, index=False)
     write_json_atomic(run.summary_json, {
         "schema": SCHEMA_VERSION,
         "runs": sorted(str(r) for r in c.records.trainings.get("run_dir", pd.Series(dtype=str)).dropna().unique()),

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from gpupack.analysis.aggregate import Collected
+from gpupack.core.records import write_text_atomic
 from gpupack.report import text
 from gpupack.report.plots import (
     plot_cost,
@@ -149,5 +150,5 @@ def write_report(c: Collected, out: Path) -> list[Path]:
             parts.append(f"<p class='warn'>{len(c.records.pending)} planned pack(s) have no record yet.</p>")
     parts.append("</body></html>")
     report = out / "report.html"
-    report.write_text("\n".join(parts), encoding="utf-8")
+    write_text_atomic(report, "\n".join(parts))
     return [p for p, _ in plots] + [report]

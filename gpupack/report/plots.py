@@ -8,6 +8,7 @@ from typing import Any
 
 from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.occupancy import STREAMED, WHOLE
+from gpupack.core.records import atomic_file
 from gpupack.report.text import mode_label, packer_of, trainings_phrase
 
 
@@ -184,8 +185,10 @@ def plot_timeline(c: Collected, path: Path) -> Path | None:
 
 
 def _save(fig: Any, plt: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_file(path, binary=True) as f:  # a full disk leaves the last plot, never half a PNG
+            fig.savefig(f, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path

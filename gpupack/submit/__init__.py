@@ -24,7 +24,8 @@ import submitit
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.registry import exported, module_names, require_known
-from gpupack.core.rundir import RunDir
+from gpupack.core.rundir import RunDir, RunLock
+from gpupack.core.storage import failure_line, storage_faults, write_fault
 from gpupack.core.types import (
     DONE,
     FAILED,
@@ -35,6 +36,7 @@ from gpupack.core.types import (
     PackRequest,
     PackResult,
     PackSettings,
+    PackState,
 )
 from gpupack.errors import ConfigError, SubmissionError
 from gpupack.job.body import run_pack
@@ -71,7 +73,13 @@ class PackJob(submitit.helpers.Checkpointable):
         self.submitter = submitter
 
     def __call__(self, run_root: str, pack_id: str | list[str], settings: PackSettings) -> dict[str, Any]:
-        """One pack (its id), a streaming lane (its pack id), or a lane of whole packs run in turn (their ids)."""
+        """One pack (its id), a streaming lane (its pack id), or a lane of whole packs run in turn (their ids). A write
+        the run directory refuses (no space, quota, permission) ends the job with a StorageError: its one line is the
+        pack's failure as the front-end shows it (:func:`job_failure`)."""
+        with storage_faults(run_root):
+            return self._run(run_root, pack_id, settings)
+
+    def _run(self, run_root: str, pack_id: str | list[str], settings: PackSettings) -> dict[str, Any]:
         job = self.submitter.job_environment()
         plan = Plan.from_json(read_json(RunDir(Path(run_root)).plan))  # read once: the job body is handed it
         if isinstance(pack_id, list):
@@ -108,6 +116,9 @@ class Submitter(ABC, Generic[ConfigT]):
         self.key_names = dict(key_names or {})
         # The peak host memory of one training in earlier records (MB), set by prepare: sizes memory requests.
         self.measured_host_mb: float | None = None
+        # The run directory's lock, held by the command that runs the packs (set by gpupack.flow.run.run_plain): the
+        # local backend's jobs hold it with it (RunLock says why)
+        self.lock: RunLock | None = None
 
     def key(self, name: str) -> str:
         return f"{self.key_prefix}.{self.key_names.get(name, name)}"
@@ -226,6 +237,18 @@ class Submitter(ABC, Generic[ConfigT]):
         return {p: j["job_id"] for p, j in jobs.items() if states.get(j["job_id"]) in (PENDING, RUNNING)}
 
 
+def job_failure(text: str, run: RunDir | None) -> str:
+    """Why a job failed, in one line where it can be told: the gpupack error that ended it (submitit hands back the
+    job's traceback, or, where the job could not write its result, its error stream); else, where the run directory
+    refuses a write now (a full disk: the job could write neither its result nor its log), that; else the tail of
+    submitit's text, as before."""
+    line = failure_line(text)
+    if line is not None:
+        return line
+    fault = write_fault(run.root) if run is not None and "has not produced any output" in text else None
+    return str(fault) if fault is not None else text[-2000:]
+
+
 def available_backends() -> list[str]:
     return module_names(__path__)
 
@@ -249,17 +272,29 @@ def load_submitter(backend: str, cluster: ClusterConfig, run: RunDir, key: str =
 
 
 def progress_state(result: PackResult) -> str:
-    """How a finished pack shows in progress: done only when its job ran to its end and no training failed."""
-    return DONE if result.ok and not (result.record or {}).get("n_failed") else FAILED
+    """How a finished pack shows in progress: done only when its job ran to its end and no training failed; a job
+    that failed says why (:class:`PackState`'s ``why``: its one line)."""
+    if result.ok and not (result.record or {}).get("n_failed"):
+        return DONE
+    return PackState(FAILED, None if result.ok else result.error)
 
 
-def job_result(pack: Pack, job: PackJobHandle) -> PackResult:
-    """How a finished submitit job ended for ``pack``: its pack record (of a lane of packs: the one it ran for this
-    pack), or the error submitit re-raises."""
+def job_outcome(job: PackJobHandle, run: RunDir | None = None) -> dict[str, Any] | str:
+    """What a finished submitit job returned, or why it failed (:func:`job_failure`). Asked once a job: where the job
+    wrote no result, submitit waits for it a while (a shared file system may be slow to show it)."""
     try:
-        record = job.result()
+        return job.result()
     except Exception as err:
-        return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=False, error=str(err)[-2000:])
+        return job_failure(str(err), run)
+
+
+def job_result(pack: Pack, job: PackJobHandle, run: RunDir | None = None,
+               outcome: dict[str, Any] | str | None = None) -> PackResult:
+    """How a finished submitit job ended for ``pack``: its pack record (of a lane of packs: the one it ran for this
+    pack), or why it failed; ``outcome``: the job's, where the caller asked it already (:func:`job_outcome`)."""
+    record = job_outcome(job, run) if outcome is None else outcome
+    if isinstance(record, str):
+        return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=False, error=record)
     if "in_turn" in record:  # a lane of whole packs (gpupack.job.turns.run_in_turn)
         if pack.pack_id not in record["records"]:
             return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=False,

@@ -31,7 +31,16 @@ from gpupack.core.types import PENDING, RUNNING, Capacity, JobForecast, PackResu
 from gpupack.errors import ConfigError
 from gpupack.runtime.jobenv import JobEnvironment, job_cores
 from gpupack.runtime.monitor import detect_device, gpu_count
-from gpupack.submit import ClusterConfig, PackJob, PackJobHandle, ProgressFn, Submitter, job_result, progress_state
+from gpupack.submit import (
+    ClusterConfig,
+    PackJob,
+    PackJobHandle,
+    ProgressFn,
+    Submitter,
+    job_outcome,
+    job_result,
+    progress_state,
+)
 
 POLL_S = 0.2
 CANCEL_WAIT_S = 5.0  # for each level of a cancelled job's process tree to be gone
@@ -65,7 +74,6 @@ def process_room() -> int | None:
 
 # ---------------- pack jobs that never outlive gpupack ----------------
 
-_NEW_SESSION = types.SimpleNamespace(Popen=functools.partial(subprocess.Popen, start_new_session=True))
 _submit_lock = threading.Lock()
 
 
@@ -73,14 +81,20 @@ class SessionLocalExecutor(submitit.LocalExecutor):
     """submitit's local executor, with each job's controller started in a session of its own, so that the terminal's
     signals (Ctrl-C, a hang-up) reach gpupack alone and gpupack cancels its jobs itself (:func:`cancel_jobs`). A
     controller in the terminal's process group prints a KeyboardInterrupt traceback on Ctrl-C, and on a hang-up dies
-    at once and leaves its pack job and trainings running, with no parent left to find them by."""
+    at once and leaves its pack job and trainings running, with no parent left to find them by.
+
+    ``inherit``: descriptors each controller keeps open, the run directory's lock (:class:`gpupack.core.rundir.RunLock`:
+    a controller holds it while its job runs, should gpupack itself be killed)."""
+
+    inherit: tuple[int, ...] = ()
 
     def _submit_command(self, command: str) -> Any:
         # submitit starts the controller with its module's subprocess.Popen and has no option for a session: its module
         # sees one that starts a new session during this call (under a lock: the swap is module-wide).
+        popen = functools.partial(subprocess.Popen, start_new_session=True, pass_fds=self.inherit)
         with _submit_lock:
             real = submitit_local.subprocess
-            submitit_local.subprocess = _NEW_SESSION  # type: ignore[assignment]
+            submitit_local.subprocess = types.SimpleNamespace(Popen=popen)  # type: ignore[assignment]
             try:
                 return super()._submit_command(command)
             finally:
@@ -205,6 +219,8 @@ class LocalSubmitter(Submitter[LocalConfig]):
 
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         executor = SessionLocalExecutor(folder=str(self.run.submitit_folder))
+        lock = self.lock.fd if self.lock is not None else None
+        executor.inherit = (lock,) if lock is not None else ()
         running: list[LaneJob] = []
         try:
             return self._run(executor, packs, settings, progress, running)
@@ -249,6 +265,8 @@ class LocalSubmitter(Submitter[LocalConfig]):
             training_timeout_s=settings.training_timeout_s or self.cluster.timeout_min * 60.0)
         job = executor.submit(PackJob(type(self)), str(self.run.root),
                               packs[0].pack_id if len(packs) == 1 else [p.pack_id for p in packs], lane_settings)
+        if self.lock is not None:  # its controller holds the run's lock with this command: a refusal names it
+            self.lock.add_job(int(job.job_id))
         return LaneJob(packs, taken, job, submitted_at)
 
 
@@ -290,8 +308,10 @@ class LaneJob:
         """How the job ended for each of its packs: the records they left, then the job's result for the rest (a
         pack it did not end: the job's error)."""
         out = self.look(run, progress)
-        for pack in [p for p in self.packs if p.pack_id not in self.ended]:
-            out.append(job_result(pack, self.job))
+        left = [p for p in self.packs if p.pack_id not in self.ended]
+        outcome = job_outcome(self.job, run) if left else None  # once for the lane: each ask may wait for a result
+        for pack in left:
+            out.append(job_result(pack, self.job, run, outcome))
             progress(pack, progress_state(out[-1]))
         return out
 

@@ -1,0 +1,100 @@
+"""A write that the file system refused: no space (ENOSPC), no quota (EDQUOT), a read-only file system (EROFS) or no
+permission (EACCES, EPERM), turned into one :class:`gpupack.errors.StorageError` (the path, what failed, the free
+space, the fix) where gpupack meets its user: the library's ``run`` and ``collect`` (:mod:`gpupack.sweep`, which the
+CLI and the Hydra launcher call) and a pack's job (:class:`gpupack.submit.PackJob`, whose failure then says why).
+
+Only these errnos: any other OSError is a bug or a fault of its own and keeps its traceback. :func:`fault_of` is the
+pure rule; :func:`free_bytes` the one question asked of the file system.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from gpupack.errors import NO_PERMISSION, NO_SPACE, OUT_OF_QUOTA, READ_ONLY, StorageError
+
+FAULTS: dict[int, str] = {errno.ENOSPC: NO_SPACE, errno.EDQUOT: OUT_OF_QUOTA, errno.EROFS: READ_ONLY,
+                          errno.EACCES: NO_PERMISSION, errno.EPERM: NO_PERMISSION}
+
+# A job's failure as the front-end reads it back (submitit's text: a traceback, or the job's error stream): the last
+# line a gpupack error ended it with, as Python prints an uncaught exception.
+_GPUPACK_ERROR_LINE = re.compile(r"^gpupack\.errors\.\w+: (.+)$", re.MULTILINE)
+
+
+def fault_of(err: BaseException) -> str | None:
+    """What failed, where ``err`` is a write the file system refused for space, quota or permission; else None.
+    Pure. pyarrow's writer says its errno too (OSError(28, ...)), with no file name."""
+    return FAULTS.get(err.errno) if isinstance(err, OSError) and err.errno is not None else None
+
+
+def free_bytes(path: Path | str) -> int | None:
+    """The bytes free to this user on ``path``'s file system (its nearest folder that exists), None where not known."""
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def storage_error(err: BaseException, where: Path | str) -> StorageError | None:
+    """``err`` as a StorageError naming the file it failed on (else ``where``: the run directory), None where it is
+    not such a fault."""
+    why = fault_of(err)
+    if why is None:
+        return None
+    filename = getattr(err, "filename", None)
+    path = os.fsdecode(filename) if isinstance(filename, (str, bytes)) else str(where)
+    return StorageError(path, why, free_bytes(path) if why in (NO_SPACE, OUT_OF_QUOTA) else None)
+
+
+@contextlib.contextmanager
+def storage_faults(where: Path | str) -> Iterator[None]:
+    """Raise a StorageError in place of an OSError of :data:`FAULTS` raised inside (the original chained: a job's log
+    keeps its traceback; the CLI prints the one line)."""
+    try:
+        yield
+    except OSError as err:
+        fault = storage_error(err, where)
+        if fault is None:
+            raise
+        raise fault from err
+
+
+# What a probe of a folder writes: a block's worth, since an empty file (an inode) may still fit on a full disk
+PROBE_BYTES = 4096
+
+
+def write_fault(folder: Path | str) -> StorageError | None:
+    """Whether ``folder`` takes a write now: a file of its own (named by this process and at random, so two callers
+    never share one), a block written and fsynced, then removed; the StorageError it met, else None. Asked of a run
+    directory where a job left nothing to say why it failed (a full disk takes its result and its log too)."""
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=f".write-probe.{os.getpid()}.")
+    except OSError as err:
+        return storage_error(OSError(err.errno, err.strerror), folder)  # the folder, not the probe's passing name
+    try:
+        os.write(fd, bytes(PROBE_BYTES))
+        os.fsync(fd)
+    except OSError as err:
+        return storage_error(OSError(err.errno, err.strerror), folder)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+    return None
+
+
+def failure_line(text: str | None) -> str | None:
+    """The one line a job's failure text (submitit's traceback, or the job's error stream) ends with where a gpupack
+    error ended the job (the last such line), e.g. a StorageError's or a pack lock's refusal; None where none did.
+    Pure."""
+    found = _GPUPACK_ERROR_LINE.findall(text or "")
+    return found[-1].strip() if found else None
