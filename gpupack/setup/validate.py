@@ -143,11 +143,14 @@ def _check_params(workload: Workload, grid: Mapping[str, list[Any]], fixed: Mapp
     for point in expand_grid(grid):
         params = workload.params({**fixed, **point})
         try:
+            workload.check_ranges(params)  # what its Params declares, whatever its own check() does
             workload.check(params)
         except ConfigError as err:
             base = err.key.split("[")[0].split(".")[0]  # argv[0] → argv, env.NAME → env
             where = "sweep.grid" if base in grid else "sweep.fixed" if base in fixed_keys or base in fixed else "sweep"
-            raise type(err)(f"{where}.{err.key}", err.value, err.why, err.hint) from None
+            # a hint that is the key's own value (momentum=0.9) is given as the key is: sweep.fixed.momentum=0.9
+            hint = f"{where}.{err.hint}" if err.hint.startswith(f"{err.key}=") else err.hint
+            raise type(err)(f"{where}.{err.key}", err.value, err.why, hint) from None
 
 
 def _check_estimate(cfg: DictConfig) -> None:
