@@ -189,7 +189,8 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
         load_packer(mode, key=f"packing.modes[{i}]")
     require_unique(modes, "packing.modes", "a packing mode", "mode")
     if packing.repeats < 1:
-        raise ConfigError("packing.repeats", packing.repeats, "must be >= 1", "measure each N at least once")
+        raise ConfigError("packing.repeats", packing.repeats, "must be >= 1 (packs measured per N)",
+                          "packing.repeats=2")
     require_choice(packing.order, ORDERS, "packing.order", "pack order")
     check_job_options(packing, "packing", {"threads_per_training": "threads_per_training=2, or null to share the "
                                                                    "job's cores out",
@@ -253,8 +254,8 @@ def _check_auto_options(packing: DictConfig) -> tuple[int, ...]:
         raise ConfigError("packing.auto.min_gain", packing.auto.min_gain, "must be in [0, 1)",
                           "e.g. packing.auto.min_gain=0.05 (stop below a 5 % gain)")
     if packing.auto.repeats is not None and packing.auto.repeats < 2:
-        raise ConfigError("packing.auto.repeats", packing.auto.repeats, "must be >= 2 or null",
-                          "a probe needs two packs per N to tell a gain from noise")
+        raise ConfigError("packing.auto.repeats", packing.auto.repeats, "must be >= 2 or null: a probe needs two "
+                          "packs per N to tell a gain from noise", "packing.auto.repeats=3")
     require_choice(packing.auto.objective, OBJECTIVES, "packing.auto.objective", "objective")
     require_choice(packing.then, THEN, "packing.then", "choice")
     return tuple(ladder)
