@@ -69,7 +69,7 @@ def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts
 def check_spread_values(spread: Mapping[str, Any]) -> None:
     """spread.* on its own, whether spread.devices is empty or not: k each a whole number >= 1 and once, the
     repeats, a known strategy. Pure."""
-    require_counts(list(spread["devices"]), "spread.devices", "a device count", "spread.devices=[1,2,4]", each="k")
+    require_counts(list(spread["devices"]), "spread.devices", "a device count", "spread.devices=[1,2]", each="k")
     require_positive(spread["repeats"], "spread.repeats", "spread.repeats=2, or null for packing.repeats", whole=True)
     load_strategy(spread["strategy"])
 
