@@ -97,8 +97,8 @@ def require_counts(values: Sequence[Any], key: str, noun: str, example: str, eac
     for i, n in enumerate(values):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"{key}[{i}]", n, f"{noun} must be a whole number >= 1", f"e.g. {example}")
-    if each is not None and len(set(values)) != len(values):
-        raise ConfigError(key, list(values), f"{noun} is listed twice", f"list each {each} once")
+    if each is not None:
+        require_unique(values, key, noun, each)
 
 
 def require_choice(value: object, choices: Sequence[str], key: str, what: str) -> str:
@@ -117,3 +117,52 @@ def require_positive(value: object, key: str, example: str, *, whole: bool = Fal
             or not value > 0:
         what = f"must be a {'whole ' if whole else ''}number > 0{' or null' if allow_none else ''}"
         raise ConfigError(key, value, what, f"e.g. {example}")
+
+
+def require_unique(values: Sequence[Any], key: str, noun: str, each: str) -> None:
+    """``values`` a set given as a list: none listed twice, else a ConfigError on ``key`` naming the first repeated
+    one (``noun``: "a packing mode") with the list deduplicated, in order, as the hint."""
+    seen: list[Any] = []  # a list, not a set: a value may be unhashable (a command's argv)
+    twice: list[Any] = []
+    for value in values:
+        (twice if value in seen else seen).append(value)
+    if twice:
+        raise ConfigError(key, list(values), f"{noun} is listed twice ({twice[0]!r})",
+                          f"list each {each} once: {key}=[{','.join(override_value(v) for v in seen)}]")
+
+
+def override_value(value: Any) -> str:
+    """``value`` as a command-line override writes it (null, true, false, numbers and words as they are)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+# The most memory one figure may plausibly name (MB): 10 TB, more than any node holds. A larger one is in a smaller
+# unit than its key says (bytes where MB are asked, MB or bytes where GB are).
+MOST_MEMORY_MB = 10.0 ** 7
+MEMORY_UNITS = {"MB": 1.0, "GB": 1024.0}
+
+
+def require_memory(value: object, key: str, unit: str, example: str, *, allow_none: bool = True,
+                   allow_zero: bool = False) -> None:
+    """``value`` a memory figure in ``unit`` (MB or GB): a number > 0 (>= 0 with ``allow_zero``), or None where
+    ``allow_none``, and plausible: at most :data:`MOST_MEMORY_MB`; a larger one is refused as given in a smaller unit,
+    with the figure converted as the hint. ``example`` (``key=VALUE``): the hint of a value that is no figure."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+            or not (value >= 0 if allow_zero else value > 0):
+        what = f"must be a number of {unit} {'>= 0' if allow_zero else '> 0'}{' or null' if allow_none else ''}"
+        raise ConfigError(key, value, what, f"e.g. {example}")
+    most = MOST_MEMORY_MB / MEMORY_UNITS[unit]
+    if value > most:
+        if unit == "GB" and value / 1024 <= most:
+            given, converted = "MB", value / 1024
+        else:
+            given, converted = "bytes", value / 2 ** 20 / MEMORY_UNITS[unit]
+        raise ConfigError(key, value, f"is in {unit}, and {value:g} {unit} is more than any machine holds "
+                          f"(10 TB): it looks like {given}",
+                          f"{key}={max(1, round(converted)):g} ({value:g} {given} in {unit})")

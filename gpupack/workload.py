@@ -97,6 +97,47 @@ class Reporter:
 
 
 @dataclass(frozen=True)
+class Range:
+    """A numeric hyperparameter's declared range: ``low`` and ``high`` bounds (None: unbounded), each closed unless
+    ``low_open`` / ``high_open``. A workload's ``Params`` declares them in ``ranges`` (a ClassVar mapping field name →
+    Range); gpupack refuses a value outside before anything runs (:meth:`Workload.check_ranges`)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
+
+    def text(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        return f"{'<' if self.high_open else '<='} {self.high:g}" if self.high is not None else "any number"
+
+    def example(self, default: Any) -> Any:
+        """A value inside, for a HINT: ``default`` where it is inside, else a bound (or next to an open one)."""
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and self.holds(default):
+            return default
+        for bound, step in ((self.low, 1), (self.high, -1)):
+            if bound is not None:
+                return bound if self.holds(bound) else bound + step
+        return default
+
+
+def at_least(low: float) -> Range:
+    return Range(low=low)
+
+
+def positive() -> Range:
+    return Range(low=0, low_open=True)
+
+
+@dataclass(frozen=True)
 class Launch:
     """How process mode starts one training as its own program: argv (a list, never a shell), extra
     environment variables, and the working directory (None: the job's)."""
@@ -160,6 +201,18 @@ class Workload(ABC):
 
     def check(self, params: Any) -> None:
         """Static checks run before submission (data present, values in range). Raise ConfigError."""
+
+    def check_ranges(self, params: Any) -> None:
+        """Each hyperparameter that ``Params`` declares a :class:`Range` for (its ``ranges``) within it, else a
+        ConfigError naming it with a value inside as the hint (``name=VALUE``). A workload that declares none is not
+        checked. Run before :meth:`check`, for sweep.fixed and every point of sweep.grid."""
+        ranges: Mapping[str, Range] = getattr(self.Params, "ranges", {})
+        defaults = self.defaults() if ranges else {}
+        for name, declared in ranges.items():
+            value = params.get(name) if isinstance(params, Mapping) else getattr(params, name, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not declared.holds(value):
+                raise ConfigError(name, value, f"{self.name}'s {name} must be {declared.text()}",
+                                  f"{name}={declared.example(defaults.get(name))}")
 
     def check_spread(self, params: Any, strategy: str, devices: int) -> None:
         """Before anything runs, for a training spread over ``devices`` devices by ``strategy``: refuse (ConfigError)

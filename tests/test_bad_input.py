@@ -62,7 +62,8 @@ CASES = [
     (["packing.factors=auto", "wait=false"], ["wait=False", "runs jobs in this process"]),  # the local backend
     (["packing.factors=auto", "packing.auto.ladder=[3,1]"], ["packing.auto.ladder=[3, 1]", "rising"]),
     (["packing.factors=auto", "packing.auto.min_gain=1.5"], ["packing.auto.min_gain=1.5", "HINT"]),
-    (["packing.factors=auto", "packing.auto.repeats=1"], ["packing.auto.repeats=1", "two packs"]),
+    (["packing.factors=auto", "packing.auto.repeats=1"],
+     ["packing.auto.repeats=1", "two packs", "packing.auto.repeats=3"]),
     (["packing.memory_fraction=0"], ["packing.memory_fraction=0", "80 %"]),
     (["sweep.training_memory_mb=-5"], ["sweep.training_memory_mb=-5", "HINT"]),
     (["packing.order=random"], ["packing.order='random'", "interleaved"]),

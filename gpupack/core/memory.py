@@ -39,6 +39,7 @@ class Figure:
     mb: float
     source: str
     measured: bool = False
+    key: str | None = None  # the config key that stated it (sweep.training_memory_mb); None: measured or a default
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ def setting_key(params: Mapping[str, Any], seed_key: str = "seed") -> str:
 
 def estimate(stated_mb: float | None, measured: Measured) -> TrainingMemory:
     """The figure for one training, from the records, the user's word, or the default (in that order). Pure."""
-    stated = Figure(float(stated_mb), f"sweep.training_memory_mb={stated_mb:g}") if stated_mb is not None else None
+    stated = Figure(float(stated_mb), f"sweep.training_memory_mb={stated_mb:g}", key="sweep.training_memory_mb") \
+        if stated_mb is not None else None
     return TrainingMemory(
         host=_measured_or(measured.host_mb, measured, stated or Figure(DEFAULT_HOST_MB, "a default: nothing measured")),
         gpu=_measured_or(measured.gpu_mb, measured, stated or Figure(DEFAULT_GPU_MB, "a default: nothing measured")))
@@ -103,6 +105,19 @@ def check_memory(factors: Sequence[int], capacities: Mapping[str, Capacity], mem
 def _refuse(key: str, n: int, partition: str, where: str, figure: Figure, budget_mb: float, total_mb: float | None,
             fraction: float) -> None:
     most = fits(budget_mb, figure.mb)
+    if most == 0 and figure.key is not None:  # not even one fits: the stated figure is what is wrong, not N
+        over = f"one training of {figure.mb:g} MB is more than {partition}'s {where} memory budget of " \
+               f"{budget_mb:.0f} MB ({fraction:.0%} of {(total_mb or 0):.0f} MB), so no N fits"
+        if total_mb and figure.mb > total_mb and figure.mb / 2 ** 20 >= 1:  # more than the device holds: bytes?
+            raise ConfigError(figure.key, figure.mb, f"{over}; it looks like bytes",
+                              f"{figure.key}={round(figure.mb / 2 ** 20)} ({figure.mb:g} bytes in MB)")
+        raise ConfigError(figure.key, figure.mb, over, f"{figure.key}={math.floor(budget_mb)} (MB: at most the "
+                          "budget), or null for gpupack's default")
+    if most == 0 and total_mb and figure.mb <= total_mb:  # a measured or default figure: only a larger share fits
+        raise ConfigError("packing.memory_fraction", fraction, f"one training ({figure.mb:.0f} MB, {figure.source}) "
+                          f"is more than {partition}'s {where} memory budget of {budget_mb:.0f} MB "
+                          f"({fraction:.0%} of {total_mb:.0f} MB), so no N fits",
+                          f"packing.memory_fraction={math.ceil(figure.mb / total_mb * 100) / 100:g}")
     raise ConfigError(key, n, f"{n} trainings x {figure.mb:.0f} MB ({figure.source}) = {n * figure.mb / 1024:.1f} GB "
                       f"of {where} memory, but {partition}'s budget is {budget_mb / 1024:.1f} GB "
                       f"({fraction:.0%} of {(total_mb or 0) / 1024:.1f} GB)",

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 from gpupack.core.plan import Training
 from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
-from gpupack.errors import ConfigError
+from gpupack.errors import ConfigError, require_memory
 from gpupack.pack import PackContext, Packer
 from gpupack.pack._host import host_specs, refuse_rlimit_on_gpu, run_host
 from gpupack.workload import Workload
@@ -57,14 +57,12 @@ class TfLogicalOptions:
     def check(self) -> None:
         """Refuse a value out of range (ConfigError on packing.tf_logical.<field>), whether or not tf_logical is used:
         the budget against a GPU's memory is :func:`split_memory_mb`'s."""
-        if self.gpu_memory_budget_mb is not None and not self.gpu_memory_budget_mb > 0:
-            raise ConfigError("packing.tf_logical.gpu_memory_budget_mb", self.gpu_memory_budget_mb,
-                              "must be > 0 or null", "give MB, e.g. packing.tf_logical.gpu_memory_budget_mb=8000, "
-                              "or leave it null for the GPU's memory less gpu_memory_reserve_mb")
-        if not self.gpu_memory_reserve_mb >= 0:
-            raise ConfigError("packing.tf_logical.gpu_memory_reserve_mb", self.gpu_memory_reserve_mb, "must be >= 0",
-                              "give MB kept back for the CUDA context and TensorFlow, e.g. "
-                              "packing.tf_logical.gpu_memory_reserve_mb=1024")
+        require_memory(self.gpu_memory_budget_mb, "packing.tf_logical.gpu_memory_budget_mb", "MB",
+                       "packing.tf_logical.gpu_memory_budget_mb=8000, or null for the GPU's memory less "
+                       "gpu_memory_reserve_mb")
+        require_memory(self.gpu_memory_reserve_mb, "packing.tf_logical.gpu_memory_reserve_mb", "MB",
+                       "packing.tf_logical.gpu_memory_reserve_mb=1024 (kept back for the CUDA context and "
+                       "TensorFlow)", allow_none=False, allow_zero=True)
 
 
 class TfLogicalPacker(Packer):

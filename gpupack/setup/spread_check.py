@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from gpupack.core.memory import TrainingMemory
 from gpupack.core.plan import expand_grid
-from gpupack.errors import ConfigError
+from gpupack.errors import ConfigError, require_counts, require_positive
 from gpupack.setup.fit import ClusterFacts, check_fit
 from gpupack.spread import available_strategies, check_spread, load_strategy, strategy_options
 from gpupack.workload import Workload
@@ -33,13 +33,12 @@ def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts
     ``auto``: packing.factors=auto, which probes packing alone."""
     spread = cfg.spread
     devices = list(spread.devices)
+    check_spread_values(spread)  # every run: a value is checked whether this run spreads or not
     if not devices:
         return None
     if auto:
         raise ConfigError("spread.devices", devices, "packing.factors=auto probes packing alone",
                           "give explicit packing.factors=[...] to measure spread beside packing, or spread.devices=[]")
-    if spread.repeats is not None and spread.repeats < 1:
-        raise ConfigError("spread.repeats", spread.repeats, "must be >= 1 or null", "measure each k at least once")
     strategy = load_strategy(spread.strategy)
     _refuse_other_strategies_options(spread, strategy.name)
     options = strategy_options(strategy, spread)
@@ -65,6 +64,14 @@ def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts
                                   "lower k, or raise packing.memory_fraction")
     return SpreadSpec(strategy=strategy.name, layouts=tuple((strategy.name, label) for label in labels),
                       devices=tuple(devices), repeats=int(spread.repeats or cfg.packing.repeats))
+
+
+def check_spread_values(spread: Mapping[str, Any]) -> None:
+    """spread.* on its own, whether spread.devices is empty or not: k each a whole number >= 1 and once, the
+    repeats, a known strategy. Pure."""
+    require_counts(list(spread["devices"]), "spread.devices", "a device count", "spread.devices=[1,2]", each="k")
+    require_positive(spread["repeats"], "spread.repeats", "spread.repeats=2, or null for packing.repeats", whole=True)
+    load_strategy(spread["strategy"])
 
 
 def _refuse_other_strategies_options(spread: Mapping[str, Any], strategy: str) -> None:

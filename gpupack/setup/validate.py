@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, cast
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gpupack.core.goal import check_goal, check_metric
 from gpupack.core.memory import Measured, TrainingMemory, check_memory, estimate, setting_key
@@ -21,7 +21,7 @@ from gpupack.core.plan import ORDERS, Plan, expand_grid, grid_values, make_plan
 from gpupack.core.rgu import check_weights
 from gpupack.core.rundir import check_name
 from gpupack.core.types import PackSettings
-from gpupack.errors import ConfigError, require_choice, require_counts, require_positive
+from gpupack.errors import ConfigError, require_choice, require_counts, require_memory, require_positive, require_unique
 from gpupack.pack import load_packer, solo_mode
 from gpupack.setup.fit import ClusterFacts, auto_ladder, bundle_warnings, check_fit, idle_gpu_warnings
 from gpupack.setup.options import check_strategy_options, pack_settings
@@ -117,6 +117,12 @@ def _check_factors(factors: Any) -> tuple[int, ...]:
     if isinstance(factors, str):
         raise ConfigError("packing.factors", factors, "is neither a list of N nor auto",
                           "e.g. packing.factors=[1,2,4] or packing.factors=auto")
+    if not isinstance(factors, (list, tuple, ListConfig)):  # a bare N: packing.factors=4
+        example = f"[{factors}]" if isinstance(factors, int) and not isinstance(factors, bool) and factors >= 1 \
+            else "[1,2,4]"
+        raise ConfigError("packing.factors", factors, "must be a list of N (or auto)",
+                          f"packing.factors={example}")
+    factors = list(factors)
     if not factors:
         raise ConfigError("packing.factors", list(factors or []), "no packing factor given",
                           "list at least one, e.g. packing.factors=[1,2,4]")
@@ -137,11 +143,14 @@ def _check_params(workload: Workload, grid: Mapping[str, list[Any]], fixed: Mapp
     for point in expand_grid(grid):
         params = workload.params({**fixed, **point})
         try:
+            workload.check_ranges(params)  # what its Params declares, whatever its own check() does
             workload.check(params)
         except ConfigError as err:
             base = err.key.split("[")[0].split(".")[0]  # argv[0] → argv, env.NAME → env
             where = "sweep.grid" if base in grid else "sweep.fixed" if base in fixed_keys or base in fixed else "sweep"
-            raise type(err)(f"{where}.{err.key}", err.value, err.why, err.hint) from None
+            # a hint that is the key's own value (momentum=0.9) is given as the key is: sweep.fixed.momentum=0.9
+            hint = f"{where}.{err.hint}" if err.hint.startswith(f"{err.key}=") else err.hint
+            raise type(err)(f"{where}.{err.key}", err.value, err.why, hint) from None
 
 
 def _check_estimate(cfg: DictConfig) -> None:
@@ -149,8 +158,7 @@ def _check_estimate(cfg: DictConfig) -> None:
     estimate = cfg.sweep.training_estimate_s
     if estimate is None:
         return
-    if not estimate > 0:
-        raise ConfigError("sweep.training_estimate_s", estimate, "must be > 0 or null", "give seconds, e.g. 120")
+    require_positive(estimate, "sweep.training_estimate_s", "sweep.training_estimate_s=120 (seconds), or null")
     limits = {"packing.training_timeout_s": cfg.packing.training_timeout_s,
               "cluster.timeout_min": cfg.cluster.timeout_min * 60.0}
     for key, limit_s in limits.items():
@@ -174,19 +182,21 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
         _check_auto(cfg)
         factors = ladder
     else:
-        factors = _check_factors(packing.factors if isinstance(packing.factors, str) else list(packing.factors))
+        factors = _check_factors(packing.factors)
     if not modes:
         raise ConfigError("packing.modes", [], "no packing mode given", "e.g. packing.modes=[process]")
     for i, mode in enumerate(modes):
         load_packer(mode, key=f"packing.modes[{i}]")
+    require_unique(modes, "packing.modes", "a packing mode", "mode")
     if packing.repeats < 1:
-        raise ConfigError("packing.repeats", packing.repeats, "must be >= 1", "measure each N at least once")
+        raise ConfigError("packing.repeats", packing.repeats, "must be >= 1 (packs measured per N)",
+                          "packing.repeats=2")
     require_choice(packing.order, ORDERS, "packing.order", "pack order")
     check_job_options(packing, "packing", {"threads_per_training": "threads_per_training=2, or null to share the "
                                                                    "job's cores out",
                                            "training_timeout_s": "training_timeout_s=3600, or null for no limit"})
-    require_positive(packing.memory_limit_gb_per_training, "packing.memory_limit_gb_per_training",
-                     "packing.memory_limit_gb_per_training=4, or null for no limit")
+    require_memory(packing.memory_limit_gb_per_training, "packing.memory_limit_gb_per_training", "GB",
+                   "packing.memory_limit_gb_per_training=4, or null for no limit")
     if packing.stream == "on":
         for i, mode in enumerate(modes):
             if not load_packer(mode).streams:
@@ -196,8 +206,8 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
     require_choice(packing.memory_share, SWITCH, "packing.memory_share", "memory share choice")
     check_margin(packing.memory_margin)
     require_choice(packing.admission, SWITCH, "packing.admission", "admission choice")
-    require_positive(packing.host_memory_mb, "packing.host_memory_mb",
-                     "packing.host_memory_mb=8000, or null for packing.memory_fraction of the host's")
+    require_memory(packing.host_memory_mb, "packing.host_memory_mb", "MB",
+                   "packing.host_memory_mb=8000, or null for packing.memory_fraction of the host's")
     if not 0 < packing.memory_fraction <= 1:
         raise ConfigError("packing.memory_fraction", packing.memory_fraction, "must be in (0, 1]",
                           "e.g. packing.memory_fraction=0.8 (the source's 80 % target)")
@@ -244,8 +254,8 @@ def _check_auto_options(packing: DictConfig) -> tuple[int, ...]:
         raise ConfigError("packing.auto.min_gain", packing.auto.min_gain, "must be in [0, 1)",
                           "e.g. packing.auto.min_gain=0.05 (stop below a 5 % gain)")
     if packing.auto.repeats is not None and packing.auto.repeats < 2:
-        raise ConfigError("packing.auto.repeats", packing.auto.repeats, "must be >= 2 or null",
-                          "a probe needs two packs per N to tell a gain from noise")
+        raise ConfigError("packing.auto.repeats", packing.auto.repeats, "must be >= 2 or null: a probe needs two "
+                          "packs per N to tell a gain from noise", "packing.auto.repeats=3")
     require_choice(packing.auto.objective, OBJECTIVES, "packing.auto.objective", "objective")
     require_choice(packing.then, THEN, "packing.then", "choice")
     return tuple(ladder)
@@ -304,8 +314,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     check_strategy_options(cfg.spread)
     _check_estimate(cfg)
     stated = sweep.training_memory_mb
-    if stated is not None and not stated > 0:
-        raise ConfigError("sweep.training_memory_mb", stated, "must be > 0 or null", "give MB, e.g. 800")
+    require_memory(stated, "sweep.training_memory_mb", "MB", "sweep.training_memory_mb=800, or null")
     settings_seen = {setting_key({**fixed, **p}, workload.seed_key) for p in expand_grid(grid)}
     measured = measure(sweep.workload, settings_seen, workload.seed_key) if measure else Measured()
     memory = estimate(stated, measured)
@@ -361,6 +370,8 @@ def typed_grid(workload: Workload, raw_grid: Any, raw_fixed: Any) -> tuple[dict[
                           "give at least one axis, e.g. +sweep.grid.lr=[0.1,0.01]")
     # Typed first: a key that may not be a grid axis at all (command's argv) is refused for what it is.
     grid = {k: workload.typed_values(k, grid_values(k, raw), "sweep.grid") for k, raw in raw_grid.items()}
+    for k, values in grid.items():  # an axis is a set: a value twice would be planned twice, reseeded unasked
+        require_unique(values, f"sweep.grid.{k}", "a grid value", "value")
     both = set(raw_grid) & set(raw_fixed)
     if both:
         key = sorted(both)[0]

@@ -104,7 +104,7 @@ def check_spread(strategy: Strategy, workload: "Workload", devices: Sequence[int
         raise ConfigError(KEY, strategy.name, f"{workload.name} does not say how to spread itself with it "
                           "(Workload.spreads)", "leave spread.devices=[], or make the workload call ctx.spread "
                           "(see gpupack/workloads/_torch_common.py)")
-    require_counts(devices, "spread.devices", "a device count", "spread.devices=[1,2,4]", each="k")
+    require_counts(devices, "spread.devices", "a device count", "spread.devices=[1,2]", each="k")
     for name, cap in capacities.items():
         most, what = devices_on(cap)
         for i, k in enumerate(devices):

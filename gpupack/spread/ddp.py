@@ -22,7 +22,7 @@ from gpupack.core.placement import Placement
 from gpupack.core.plan import Training
 from gpupack.core.records import make_dirs, read_json_or_none, write_json_atomic
 from gpupack.core.types import Capacity, TrainingOutcome
-from gpupack.errors import ConfigError, nearest
+from gpupack.errors import ConfigError, nearest, require_unique
 from gpupack.pack import PackContext, ended_outcome, worker_env, worker_spec
 from gpupack.pack.process import preload, process_options, start_method
 from gpupack.runtime.joins.ddp import BACKENDS, KEY, PREFIX, backend_of
@@ -47,8 +47,7 @@ def backends_of(value: Any) -> list[str]:
     for name in names:
         if name not in BACKENDS:
             raise ConfigError(KEY, name, "unknown DDP backend", nearest(str(name), BACKENDS))
-    if len(set(names)) != len(names):
-        raise ConfigError(KEY, names, "a backend is listed twice", "list each backend once, e.g. [gloo,nccl]")
+    require_unique(names, KEY, "a backend", "backend")
     return names
 
 

@@ -157,8 +157,8 @@ class Submitter(ABC, Generic[ConfigT]):
         """Every option of this backend's config, used by this run or not, before anything is submitted (raise
         ConfigError). Here :class:`ClusterConfig`'s own fields; a backend checks its fields and calls this."""
         if self.cluster.timeout_min < 1:
-            raise ConfigError(self.key("timeout_min"), self.cluster.timeout_min, "must be >= 1",
-                              "give each pack job at least a minute")
+            raise ConfigError(self.key("timeout_min"), self.cluster.timeout_min, "must be >= 1 (minutes)",
+                              f"give each pack job at least a minute, e.g. {self.key('timeout_min')}=60")
 
     @abstractmethod
     def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:

@@ -184,8 +184,8 @@ class LocalSubmitter(Submitter[LocalConfig]):
         label = check_name(self.key("partition"), self.cluster.partition)
         if list(requested) not in ([], [label]):
             raise ConfigError("partitions", list(requested), f"the {self.cluster.name} cluster has one partition, "
-                              f"{label!r}", "choose a SLURM cluster (cluster=slurm, cluster=fir, ...) to compare "
-                              "partitions")
+                              f"{label!r}", f"partitions=[{label}] (or a SLURM cluster, cluster=slurm, to compare "
+                              "partitions)")
         return (label,)
 
     def check(self, partitions: Sequence[str]) -> None:
@@ -193,7 +193,7 @@ class LocalSubmitter(Submitter[LocalConfig]):
         slots = self.cluster.max_parallel_packs
         if slots is not None and slots < 1:
             raise ConfigError(self.key("max_parallel_packs"), slots, "must be >= 1 or null",
-                              "leave it null for one pack per device")
+                              f"{self.key('max_parallel_packs')}=null for one pack per device")
 
     def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
         """This machine: NVML's device (or none), the cores this process may use, its memory."""

@@ -6,6 +6,7 @@ how it reads the answers, is in :mod:`gpupack.submit._slurm_queue`, the one seam
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import getpass
 import math
 import os
@@ -13,7 +14,7 @@ import re
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar
 
 import submitit
 
@@ -21,7 +22,14 @@ from gpupack.core.journal import RunRecords, make_journals
 from gpupack.core.memory import request_mb
 from gpupack.core.plan import Pack, deal
 from gpupack.core.types import Capacity, JobForecast, PackRequest, PackResult, PackSettings
-from gpupack.errors import ConfigError, SubmissionError, nearest, require_positive
+from gpupack.errors import (
+    ConfigError,
+    SubmissionError,
+    nearest,
+    require_memory,
+    require_positive,
+    require_unique,
+)
 from gpupack.job.body import record_job_oom
 from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.submit import (
@@ -120,21 +128,23 @@ def check_partition(part: Any, key: str) -> None:
     """A partition's fields (a :class:`PartitionConfig`, or its DictConfig), one ConfigError naming ``key.field``."""
     if part.request not in REQUEST_FORMS:
         raise ConfigError(f"{key}.request", part.request, "unknown request form", nearest(part.request, REQUEST_FORMS))
-    for field_name in ("max_cpus", "max_mem_gb", "bundle_cores", "bundle_mem_gb"):
-        value = getattr(part, field_name)
-        if value is not None and not value > 0:
-            raise ConfigError(f"{key}.{field_name}", value, "must be > 0 or null",
-                              "give the site's figure for one GPU, or null where the site gives none")
+    require_positive(part.max_cpus, f"{key}.max_cpus", f"{key}.max_cpus=12, or null where the site gives none",
+                     whole=True)
+    require_positive(part.bundle_cores, f"{key}.bundle_cores",
+                     f"{key}.bundle_cores=12, or null where the site bills the GPU alone")
+    for field_name in ("max_mem_gb", "bundle_mem_gb"):
+        require_memory(getattr(part, field_name), f"{key}.{field_name}", "GB",
+                       f"{key}.{field_name}=124.5, or null where the site gives none")
     require_positive(part.whole_node_gpus, f"{key}.whole_node_gpus", f"{key}.whole_node_gpus=4", whole=True)
     require_positive(part.gpus_per_job, f"{key}.gpus_per_job", f"{key}.gpus_per_job=1", whole=True,
                      allow_none=False)
     if part.gpus_per_job > 1 and part.request == "none":
         raise ConfigError(f"{key}.gpus_per_job", part.gpus_per_job, "a CPU partition (request=none) has no GPUs",
-                          f"use {key}.gpus_per_job=1")
+                          f"{key}.gpus_per_job=1")
     if part.whole_node_gpus and part.gpus_per_job not in (1, part.whole_node_gpus):
         raise ConfigError(f"{key}.gpus_per_job", part.gpus_per_job,
                           f"this site gives a job 1 GPU or a whole node of {part.whole_node_gpus}",
-                          f"use {key}.gpus_per_job=1 or {part.whole_node_gpus}")
+                          f"{key}.gpus_per_job=1 (or {part.whole_node_gpus})")
 
 
 @dataclass
@@ -172,6 +182,52 @@ class SlurmConfig(ClusterConfig):
     # True where the cluster's nodes are one machine (scripts/local_slurm.sh: a slurmd per GPU type on one host), so
     # packs share its cores whatever their partition, and the report says so. false on a real cluster.
     nodes_share_one_host: bool = False
+
+
+MAX_SIGNAL_DELAY_S = 65535  # sbatch --signal's largest sig_time
+
+
+def check_options(cluster: Any, key: Callable[[str], str]) -> None:
+    """Every field of a :class:`SlurmConfig` (or its DictConfig) on its own and against the others, used by this run
+    or not: one ConfigError naming ``key(field)`` (cluster.<field>, or a Hydra launcher's name of it). Pure."""
+    require_positive(cluster.max_jobs_per_user, key("max_jobs_per_user"),
+                     f"{key('max_jobs_per_user')}=1000, or null for SLURM's own limits", whole=True)
+    require_positive(cluster.array_parallelism, key("array_parallelism"), f"{key('array_parallelism')}=64",
+                     whole=True, allow_none=False)
+    count = cluster.max_num_timeout
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ConfigError(key("max_num_timeout"), count, "must be a whole number >= 0 (requeues after a time limit)",
+                          f"e.g. {key('max_num_timeout')}=3")
+    require_positive(cluster.cpus_per_training, key("cpus_per_training"), f"{key('cpus_per_training')}=0.5 (each "
+                     "training's share of the job's CPUs)", allow_none=False)
+    require_memory(cluster.mem_gb_per_training, key("mem_gb_per_training"), "GB",
+                   f"{key('mem_gb_per_training')}=2, or null to size it from measured peaks")
+    require_positive(cluster.poll_s, key("poll_s"), f"{key('poll_s')}=5", allow_none=False)
+    delay, limit_s = cluster.signal_delay_s, int(cluster.timeout_min) * 60
+    fitting = max(1, min(90, limit_s // 2))  # submitit's 90 s, or half a short time limit
+    require_positive(delay, key("signal_delay_s"), f"{key('signal_delay_s')}={fitting} (seconds before the time "
+                     "limit)", whole=True, allow_none=False)
+    if delay >= limit_s or delay > MAX_SIGNAL_DELAY_S:
+        raise ConfigError(key("signal_delay_s"), delay, f"the warning signal must come before the time limit "
+                          f"({key('timeout_min')}={cluster.timeout_min}: {limit_s} s), or every job is requeued "
+                          f"at its start until {key('max_num_timeout')} is spent",
+                          f"{key('signal_delay_s')}={fitting}")
+    check_default_partitions(cluster, key)
+    for name, part in cluster.partitions.items():  # every preset partition, chosen for this run or not
+        check_partition(part, key(f"partitions.{name}"))
+
+
+def check_default_partitions(cluster: Any, key: Callable[[str], str]) -> None:
+    """default_partitions: each a partition of the preset, each once. Pure."""
+    known = list(cluster.partitions)
+    defaults = list(cluster.default_partitions)
+    for i, name in enumerate(defaults):
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
+            raise ConfigError(f"{key('default_partitions')}[{i}]", name, f"{cluster.name} has no such partition "
+                              f"({nearest(str(name), known)})",
+                              f"{key('default_partitions')}=[{(close or known or ['NAME'])[0]}]")
+    require_unique(defaults, key("default_partitions"), "a partition", "partition")
 
 
 def launcher_gpu_request(options: Mapping[str, Any], key: str) -> tuple[str | None, str]:
@@ -309,12 +365,13 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         if not names:
             raise ConfigError("partitions", [], f"no partition chosen for {self.cluster.name}",
                               f"name some, e.g. partitions=[{','.join(known[:3])}]")
+        if not requested:  # the preset's own list, refused as the preset's key
+            check_default_partitions(self.cluster, self.key)
         for i, name in enumerate(names):
             if name not in self.cluster.partitions:
                 raise ConfigError(f"partitions[{i}]", name, f"{self.cluster.name} has no such GPU type/partition",
                                   nearest(name, known))
-        if len(set(names)) != len(names):
-            raise ConfigError("partitions", names, "a partition is listed twice", "list each once")
+        require_unique(names, "partitions", "a partition", "partition")
         return tuple(names)
 
     def account(self) -> str | None:
@@ -325,20 +382,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         if self.cluster.account_required and not self.account():
             raise ConfigError(self.key("account"), None, f"the {self.cluster.name} cluster needs an allocation "
                               "account", f"add {self.key('account')}=def-yourpi (or export SLURM_ACCOUNT=def-yourpi)")
-        require_positive(self.cluster.max_jobs_per_user, self.key("max_jobs_per_user"),
-                         f"{self.key('max_jobs_per_user')}=1000, or null for SLURM's own limits", whole=True)
-        for key in ("array_parallelism", "max_num_timeout"):
-            if getattr(self.cluster, key) < (0 if key == "max_num_timeout" else 1):
-                raise ConfigError(self.key(key), getattr(self.cluster, key), "is too small", "use 1 or more")
-        for key in ("cpus_per_training", "mem_gb_per_training"):
-            value = getattr(self.cluster, key)
-            if key == "mem_gb_per_training" and value is None:
-                continue  # sized from measured figures
-            if not value > 0:
-                raise ConfigError(self.key(key), getattr(self.cluster, key), "must be > 0",
-                                  "give each training a share of the job, e.g. 0.5")
-        for name, part in self.cluster.partitions.items():  # every preset partition, chosen for this run or not
-            check_partition(part, self.key(f"partitions.{name}"))
+        check_options(self.cluster, self.key)
 
     def request(self, factor: int, measured_host_mb: float | None = None) -> PackRequest:
         measured = measured_host_mb if measured_host_mb is not None else self.measured_host_mb

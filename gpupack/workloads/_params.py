@@ -3,7 +3,9 @@ subclass changes only its default). The class attributes below are what the work
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Mapping, Optional
+
+from gpupack.workload import Range, at_least, positive
 
 
 @dataclass
@@ -22,12 +24,17 @@ class TrainingParams:
     amp: bool = False
     # Run only the input pipeline over the same batches (the loader's upper bound on throughput).
     loader_only: bool = False
+    # Each numeric hyperparameter's range, refused outside before anything runs (Workload.check_ranges).
+    ranges: ClassVar[Mapping[str, Range]] = {
+        "lr": positive(), "batch_size": at_least(1), "seed": at_least(0), "epochs": at_least(1),
+        "momentum": Range(0, 1, high_open=True), "train_samples": at_least(1), "val_samples": at_least(1)}
 
 
 @dataclass
 class TorchLoaderParams(TrainingParams):
     num_workers: int = 0
     pin_memory: bool = False
+    ranges: ClassVar[Mapping[str, Range]] = {**TrainingParams.ranges, "num_workers": at_least(0)}
 
 
 LOADER_PARAM = "loader_only"

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Mapping
 
 from gpupack.core.frameworks import Framework
-from gpupack.workload import TrainingContext, require_positive
+from gpupack.workload import Range, TrainingContext, at_least
 from gpupack.workloads import _cifar10_data, _tf_common
 from gpupack.workloads._params import TrainingParams
 
@@ -15,6 +15,7 @@ class Cifar10TfParams(TrainingParams):
     batch_size: int = 128
     train_samples: int = 50000
     width: int = 32
+    ranges: ClassVar[Mapping[str, Range]] = {**TrainingParams.ranges, "width": at_least(1)}
 
 
 class Cifar10Tf(_tf_common.KerasWorkload):
@@ -23,7 +24,7 @@ class Cifar10Tf(_tf_common.KerasWorkload):
     min_gpu_memory_mb = 1024
 
     def check(self, params: Cifar10TfParams) -> None:
-        require_positive(params, "lr", "batch_size", "epochs", "width", "train_samples", "val_samples")
+        self.check_ranges(params)  # the ranges its Params declares
         _cifar10_data.find_dir(params.data_dir)
 
     def train(self, params: Cifar10TfParams, ctx: TrainingContext) -> dict[str, Any]:

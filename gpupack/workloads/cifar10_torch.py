@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 from gpupack.core.frameworks import DataModule, Framework, Tensor
-from gpupack.workload import require_positive
+from gpupack.workload import Range, at_least
 from gpupack.workloads import _cifar10_data
 from gpupack.workloads import _torch_common as common
 from gpupack.workloads._params import TorchLoaderParams
@@ -17,6 +17,7 @@ class Cifar10TorchParams(TorchLoaderParams):
     train_samples: int = 50000
     width: int = 16
     blocks: int = 2
+    ranges: ClassVar[Mapping[str, Range]] = {**TorchLoaderParams.ranges, "width": at_least(1), "blocks": at_least(1)}
 
 
 class Cifar10Torch(common.TorchImageWorkload):
@@ -28,8 +29,7 @@ class Cifar10Torch(common.TorchImageWorkload):
     eval_batch = 1000
 
     def check(self, params: Cifar10TorchParams) -> None:
-        require_positive(params, "lr", "batch_size", "epochs", "width", "blocks", "train_samples",
-                         "val_samples")
+        self.check_ranges(params)  # the ranges its Params declares
         _cifar10_data.find_dir(params.data_dir)
 
     def build(self, params: Cifar10TorchParams, nn: Framework) -> Any:

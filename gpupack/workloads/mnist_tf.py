@@ -6,11 +6,11 @@ stays on its own logical device; mixed precision is a per-layer dtype policy for
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Mapping
 
 from gpupack.core.frameworks import Framework
 from gpupack.errors import ConfigError
-from gpupack.workload import TrainingContext, require_positive
+from gpupack.workload import Range, TrainingContext, at_least
 from gpupack.workloads import _mnist_data, _tf_common
 from gpupack.workloads._params import TrainingParams
 
@@ -21,6 +21,7 @@ MODELS = ("mlp", "cnn")
 class MnistTfParams(TrainingParams):
     model: str = "mlp"
     hidden: int = 128
+    ranges: ClassVar[Mapping[str, Range]] = {**TrainingParams.ranges, "hidden": at_least(1)}
 
 
 class MnistTf(_tf_common.KerasWorkload):
@@ -29,7 +30,7 @@ class MnistTf(_tf_common.KerasWorkload):
     min_gpu_memory_mb = 512
 
     def check(self, params: MnistTfParams) -> None:
-        require_positive(params, "lr", "batch_size", "epochs", "hidden", "train_samples", "val_samples")
+        self.check_ranges(params)  # the ranges its Params declares
         if params.model not in MODELS:
             raise ConfigError("model", params.model, "unknown model", f"use one of {', '.join(MODELS)}")
         _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))

@@ -6,11 +6,11 @@ side stays cheap and the import is counted in the training's start-up time, wher
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 from gpupack.core.frameworks import DataModule, Framework
 from gpupack.errors import ConfigError
-from gpupack.workload import require_positive
+from gpupack.workload import Range, at_least
 from gpupack.workloads import _mnist_data
 from gpupack.workloads import _torch_common as common
 from gpupack.workloads._params import TorchLoaderParams
@@ -22,6 +22,7 @@ MODELS = ("mlp", "cnn")
 class MnistTorchParams(TorchLoaderParams):
     model: str = "mlp"
     hidden: int = 128
+    ranges: ClassVar[Mapping[str, Range]] = {**TorchLoaderParams.ranges, "hidden": at_least(1)}
 
 
 class MnistTorch(common.TorchImageWorkload):
@@ -31,11 +32,9 @@ class MnistTorch(common.TorchImageWorkload):
     shape_keys = ("model", "hidden")
 
     def check(self, params: MnistTorchParams) -> None:
-        require_positive(params, "lr", "batch_size", "epochs", "hidden", "train_samples", "val_samples")
+        self.check_ranges(params)  # the ranges its Params declares
         if params.model not in MODELS:
             raise ConfigError("model", params.model, "unknown model", f"use one of {', '.join(MODELS)}")
-        if params.num_workers < 0:
-            raise ConfigError("num_workers", params.num_workers, "must be >= 0", "use 0 or more")
         _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))
 
     def build(self, params: MnistTorchParams, nn: Framework) -> Any:

@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence, cast
+from typing import Any, Callable, ClassVar, Mapping, Sequence, cast
 
 import numpy as np
 
 from gpupack.core.frameworks import DataModule, Framework, Tensor
 from gpupack.errors import ConfigError
-from gpupack.workload import TrainingContext, require_positive
+from gpupack.workload import Range, TrainingContext, at_least
 from gpupack.workloads import _cifar10_data
 from gpupack.workloads import _torch_common as common
 from gpupack.workloads._params import TorchLoaderParams
@@ -43,6 +43,9 @@ class ResNet50Params(TorchLoaderParams):
     image_size: int = 32  # synthetic images are image_size x image_size; CIFAR-10 is 32
     num_classes: int = 10
     channels_last: bool = False  # NHWC tensors: faster convolutions on tensor cores with AMP
+    # ResNet-50 downsamples 32x: smaller images vanish.
+    ranges: ClassVar[Mapping[str, Range]] = {**TorchLoaderParams.ranges, "image_size": at_least(32),
+                                             "num_classes": at_least(1)}
 
 
 @dataclass(frozen=True)
@@ -80,15 +83,9 @@ class ResNet50(common.TorchImageWorkload):
     eval_batch = 256
 
     def check(self, params: ResNet50Params) -> None:
-        require_positive(params, "lr", "batch_size", "epochs", "train_samples", "val_samples", "image_size",
-                         "num_classes")
+        self.check_ranges(params)  # the ranges its Params declares
         if params.data not in DATA:
             raise ConfigError("data", params.data, "unknown data", f"use one of {', '.join(DATA)}")
-        if params.num_workers < 0:
-            raise ConfigError("num_workers", params.num_workers, "must be >= 0", "use 0 or more")
-        if params.image_size < 32:
-            raise ConfigError("image_size", params.image_size, "ResNet-50 downsamples 32x: smaller images vanish",
-                              "use image_size >= 32")
         if params.data == "cifar10":
             if params.image_size != 32 or params.num_classes != 10:
                 raise ConfigError("image_size" if params.image_size != 32 else "num_classes",
