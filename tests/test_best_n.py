@@ -520,3 +520,39 @@ def test_a_real_runs_packs_start_in_rounds_each_n_spread_over_the_run(tmp_path):
         assert abs(sum(pos) / len(pos) - 0.5) <= 0.15, (n, pos)
     rounds = rec.packs.set_index("pack_id")["round"]
     assert [rounds[p] for p in measured] == sorted(rounds[p] for p in measured)
+
+
+def _loaded_run(run: RunDir, rounds: list[dict[int, tuple[float, float]]]) -> None:
+    """Packs of N=1 and N=2 in rounds; each (time per training, foreign cores) as its sampler measured them."""
+    for r, by_n in enumerate(rounds):
+        for n, (tpt, foreign) in by_n.items():
+            pack_id = f"local-process-n{n:02d}-{r:03d}"
+            for k in range(n):
+                write_json_atomic(run.training_record(pack_id, f"t{n}-{r}-{k}"), training_record(
+                    pack_id=pack_id, training_id=f"t{n}-{r}-{k}", workload="w", params={"seed": k}, mode="process",
+                    factor=n, partition="local", gpu_type="cpu", status="completed", started_at=0.0,
+                    ended_at=tpt * n, threads=2 // n, round=r))
+            write_json_atomic(run.pack_record(pack_id), pack_record(
+                pack_id=pack_id, mode="process", factor=n, partition="local", gpu_type="cpu", wall_s=tpt * n,
+                complete=True, concurrent=n, n_completed=n, cores=2, round=r,
+                sampler={"foreign_cpu_cores_mean": foreign, "job_cores": 2}))
+
+
+def test_packs_measured_under_foreign_load_are_left_out_of_the_choice_where_every_n_keeps_a_quiet_one(tmp_path):
+    """A hog in the first two rounds slows N=1's two threads 4x and N=2's single ones 1.5x (load from outside is not
+    shared evenly by a round): paired, N=2 would gain 5x. Left out, the quiet rounds say 1.6x, and the method says
+    how many packs were left out. Where an N has no quiet pack they are kept, and the method says so."""
+    hogged = {1: (40.0, 1.8), 2: (9.0, 1.8)}
+    quiet = {1: (10.0, 0.0), 2: (6.25, 0.0)}
+    _loaded_run(RunDir(tmp_path / "some"), [hogged, hogged, quiet, quiet])
+    collected, _ = sweep.collect([tmp_path / "some"], plots=False)
+    row = collected.summary.set_index("factor").loc[2]
+    assert row["gain"] == pytest.approx(1.6) and row["left_out_disturbed"] == 4 and not row["beyond_bound"]
+    assert "4 pack(s) measured under foreign load left out" in row["choice_method"]
+    assert "1.60x the trainings per hour of N=1 (paired within 2 rounds)" in _text(collected)
+
+    _loaded_run(RunDir(tmp_path / "all"), [hogged, hogged, {1: quiet[1], 2: hogged[2]}])
+    collected, _ = sweep.collect([tmp_path / "all"], plots=False)
+    row = collected.summary.set_index("factor").loc[2]
+    assert row["left_out_disturbed"] == 0 and row["beyond_bound"]
+    assert "5 pack(s) measured under foreign load kept (an N has no quiet pack)" in row["choice_method"]

@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from gpupack.analysis.disturbance import disturbance, with_disturbed
+from gpupack.analysis.disturbance import disturbance, loaded_packs, with_disturbed
 from gpupack.analysis.drift import drift_checks
 from gpupack.analysis.layouts import compare, split_spread, spread_summary, training_walls, verdicts
 from gpupack.analysis.load import Records, load_records, with_stdout_metric
@@ -73,7 +73,8 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     packing_p, spread_p = split_spread(records.packs)
     probe_t, run_t = split_phase(packing_t, "run")
     probe_p, run_p = split_phase(packing_p, "run")
-    summary = with_disturbed(with_lanes(summarize(probe_t, probe_p, records.cleared), occupancy(probe_p)), probe_p)
+    summary = with_disturbed(with_lanes(summarize(probe_t, probe_p, records.cleared, loaded_packs(probe_p)),
+                                        occupancy(probe_p)), probe_p)
     production = (with_lanes(summarize(run_t, run_p, records.cleared), occupancy(run_p)) if not run_t.empty
                   else pd.DataFrame())
     best = best_factors(summary)

@@ -102,3 +102,14 @@ def with_disturbed(summary: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     counts = p[p["disturbed"]].groupby(keys, dropna=False).size()
     out["disturbed_packs"] = [int(counts.get(tuple(k), 0)) for k in out[keys].itertuples(index=False)]
     return out
+
+
+def loaded_packs(packs: pd.DataFrame) -> frozenset[tuple[str, str]]:
+    """The (run, pack id) of every pack measured under foreign load: what the choice of N leaves out where it can
+    (gpupack.analysis.summary.with_choices)."""
+    p = disturbed(packs)
+    if p.empty:
+        return frozenset()
+    hit = p[p["disturbed"]]
+    runs = hit["run_dir"].astype(str) if "run_dir" in hit else pd.Series("", index=hit.index)
+    return frozenset(zip(runs, hit["pack_id"].astype(str)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import pandas as pd
 
@@ -25,7 +25,8 @@ def first_value(series: pd.Series) -> Any:
     return values.iloc[0] if len(values) else None
 
 
-def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Mapping[str, Any]] = ()) -> pd.DataFrame:
+def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Mapping[str, Any]] = (),
+              disturbed: Collection[tuple[str, str]] = ()) -> pd.DataFrame:
     """One row per (workload, partition, GPU type, mode, N).
 
     Time per training = pack wall / N, over packs whose N trainings all ran together (in any attempt); median,
@@ -110,7 +111,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
     out["loader_bound_samples_per_s"] = [bounds.get(p, math.nan) for p in out["partition"]]
     out["loader_bound"] = out["samples_per_s"] >= LOADER_BOUND_FRACTION * out["loader_bound_samples_per_s"]
     out = out.sort_values(keys).reset_index(drop=True)
-    return with_choices(out, timed)
+    return with_choices(out, timed, disturbed)
 
 
 # The training columns summarize reads (what cleared_mask, loader_bounds and timed_packs read included).
@@ -190,32 +191,49 @@ def split_phase(frame: pd.DataFrame, phase: str) -> tuple[pd.DataFrame, pd.DataF
     return frame[~of], frame[of]
 
 
-def with_choices(summary: pd.DataFrame, timed: pd.DataFrame) -> pd.DataFrame:
+def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
+                 disturbed: Collection[tuple[str, str]] = ()) -> pd.DataFrame:
     """The noise-aware choice per (workload, partition, GPU type, mode) (:func:`gpupack.analysis.choose.choose`), as
     columns: the bootstrap interval of each N's median, whether N is within noise of the lowest, which N is chosen,
     and the group's verdict (ties, rule, provisional, repeats that would settle it). Where the packs ran in rounds, the
     comparison is paired within them: each N's gain over the reference N (``gain``, its interval, ``gain_ref``) is
     its time per training against the reference's in the same rounds, and ``speedup_vs_n1`` is that gain where the
     reference is N=1; ``gain_bound`` is what N trainings at once can give over the reference's (N / reference), and
-    ``beyond_bound`` says the gain passed it."""
+    ``beyond_bound`` says the gain passed it. The packs ``disturbed`` names ((run, pack id): measured under load from
+    outside, gpupack.analysis.disturbance) are left out of the choice where every N keeps a quiet pack
+    (``left_out_disturbed`` counts them): load from outside slows N=1's threads more than N trainings' single ones,
+    so a round does not share it evenly and pairing cannot divide it out."""
     out = summary.copy()
     for col, default in (("tpt_ci_low_s", math.nan), ("tpt_ci_high_s", math.nan), ("within_noise", False),
                          ("chosen", False), ("infeasible", False), ("ties", None), ("tie_rule", None),
                          ("provisional", None), ("repeats_needed", None), ("choice_method", None),
                          ("paired", False), ("gain", math.nan), ("gain_low", math.nan), ("gain_high", math.nan),
-                         ("gain_ref", math.nan), ("gain_rounds", math.nan)):
+                         ("gain_ref", math.nan), ("gain_rounds", math.nan), ("left_out_disturbed", 0)):
         out[col] = default
     out["infeasible"] = (out["oom"] > 0) | (out["skipped_memory"] > 0)
     timed = timed.dropna(subset=["time_per_training_s"])
     keys = GROUP + ["factor"]
-    times = timed.groupby(keys)["time_per_training_s"].apply(list)
-    rounds = _round_keys(timed).groupby([timed[k] for k in keys]).apply(list)
+    runs = timed["run_dir"].astype(str) if "run_dir" in timed else pd.Series("", index=timed.index)
+    named = frozenset(disturbed)
+    loaded = pd.Series([(r, str(p)) in named for r, p in zip(runs, timed["pack_id"])] if named else False,
+                       index=timed.index, dtype=bool)
+    every, quiet = _times_by_n(timed, keys), _times_by_n(timed[~loaded], keys)
+    loaded_by_n = loaded.groupby([timed[k] for k in keys]).sum()
     for key, idx in out.groupby(GROUP, dropna=False).groups.items():
         group = out.loc[idx]
         blocked = set(group.loc[group["infeasible"] | (group["unfinished"] > 0), "factor"].astype(int))
-        by_n = {int(n): times.get((*key, n), []) for n in group["factor"]}
-        by_n = {n: v for n, v in by_n.items() if v}
-        choice = choose(by_n, infeasible=blocked, rounds={n: rounds.get((*key, n), []) for n in by_n})
+        by_n, rounds = _group_times(every, key, group["factor"])
+        left_out = int(sum(loaded_by_n.get((*key, n), 0) for n in by_n))
+        calm, calm_rounds = _group_times(quiet, key, group["factor"])
+        said = ""
+        if left_out and set(calm) >= set(by_n) - blocked:  # every N that can be chosen keeps a quiet pack
+            by_n, rounds = calm, calm_rounds
+            said = f"; {left_out} pack(s) measured under foreign load left out"
+        elif left_out:
+            said = f"; {left_out} pack(s) measured under foreign load kept (an N has no quiet pack)"
+            left_out = 0
+        out.loc[idx, "left_out_disturbed"] = left_out
+        choice = choose(by_n, infeasible=blocked, rounds=rounds)
         for i, r in group.iterrows():
             n = int(r["factor"])
             interval = choice.intervals.get(n)
@@ -232,7 +250,7 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame) -> pd.DataFrame:
         out.loc[idx, "tie_rule"] = choice.rule
         out.loc[idx, "provisional"] = choice.provisional
         out.loc[idx, "repeats_needed"] = choice.repeats_needed
-        out.loc[idx, "choice_method"] = choice.method
+        out.loc[idx, "choice_method"] = choice.method + said
     unpaired = ~out["paired"].astype(bool)  # the ratio of medians, against N=1
     out.loc[unpaired, "gain"] = out.loc[unpaired, "speedup_vs_n1"]
     out.loc[unpaired & out["gain"].notna(), "gain_ref"] = 1
@@ -242,6 +260,21 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame) -> pd.DataFrame:
     out["threads_by_n"] = out.groupby(GROUP, dropna=False)["threads"].transform(
         lambda col: ", ".join(f"N={int(n)}: {int(t)}" for n, t in zip(out.loc[col.index, "factor"], col) if t == t))
     return out
+
+
+def _times_by_n(timed: pd.DataFrame, keys: list[str]) -> tuple[pd.Series, pd.Series]:
+    """Each (group, N)'s times per training and their packs' round keys, in one order."""
+    by = [timed[k] for k in keys]
+    return timed["time_per_training_s"].groupby(by).apply(list), _round_keys(timed).groupby(by).apply(list)
+
+
+def _group_times(frames: tuple[pd.Series, pd.Series], key: Any,
+                 factors: pd.Series) -> tuple[dict[int, list[float]], dict[int, list[Any]]]:
+    """One group's times per N (N with none left out) and each time's round."""
+    times, rounds = frames
+    by_n = {int(n): list(times.get((*key, n), [])) for n in factors}
+    by_n = {n: v for n, v in by_n.items() if v}
+    return by_n, {n: list(rounds.get((*key, n), [])) for n in by_n}
 
 
 def _inverse(x: float | None) -> float:

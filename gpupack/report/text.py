@@ -39,7 +39,8 @@ def mode_label(mode: Any) -> str:
 
 def best_line(row: Mapping[str, Any]) -> str:
     gain, ref = row.get("gain"), row.get("gain_ref")
-    how = f"paired within {int(row['gain_rounds'])} rounds" if row.get("paired") else "ratio of medians"
+    rounds = int(row["gain_rounds"]) if row.get("paired") else 0
+    how = f"paired within {rounds} round{'s' if rounds != 1 else ''}" if rounds else "ratio of medians"
     known = gain is not None and gain == gain and ref is not None and ref == ref and int(row["factor"]) != int(ref)
     said = f", {gain:.2f}x the trainings per hour of N={int(ref or 1)} ({how})" if known else ""
     beyond = f" — not to be trusted: {bound_phrase(row)}" if row.get("beyond_bound") else ""
