@@ -8,7 +8,7 @@ gpupack and, with --before, another checkout of it, side by side.
     .venv/bin/python benchmarks/busy_machine.py --report runs/benchmarks/busy_machine/<stamp>      # re-print
 
 What it runs (local default backend), for each checkout (this one, then --before's, each with PYTHONPATH set to its
-folder so its own gpupack runs), one after the other:
+folder and the command run from there, so its own gpupack runs), one after the other:
 
     python -m gpupack +sweep=mnist_pack [--sweep ...] run_dir=OUT/<checkout>-quiet
     python -m gpupack +sweep=mnist_pack [--sweep ...] run_dir=OUT/<checkout>-busy   # a hog on each core, first --hog-s
@@ -37,15 +37,16 @@ QUICK = ["packing.factors=[1,2]", "packing.repeats=2", "sweep.fixed.train_sample
          "sweep.fixed.val_samples=500"]
 
 
-def hogged(argv: list[str], log: Path, env: dict[str, str], hog_s: float) -> int:
-    """Run argv with a CPU hog on every core for its first ``hog_s`` seconds (0: none); its exit status."""
+def hogged(argv: list[str], log: Path, env: dict[str, str], hog_s: float, cwd: Path) -> int:
+    """Run argv from ``cwd`` (``python -m`` imports gpupack from there first) with a CPU hog on every core for its
+    first ``hog_s`` seconds (0: none); its exit status."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)] \
         if hog_s > 0 else []
     started = time.monotonic()
     with open(log, "w") as f:
         f.write("$ " + " ".join(argv) + (f"   # with {len(hogs)} hog(s) for {hog_s:g} s" if hogs else "") + "\n")
         f.flush()
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT)
         while proc.poll() is None:
             if hogs and time.monotonic() - started >= hog_s:
                 for h in hogs:
@@ -68,7 +69,7 @@ def run(out: Path, checkouts: dict[str, Path], sweep: list[str], hog_s: float) -
             argv = [PYTHON, "-m", "gpupack", "+sweep=mnist_pack", *sweep, f"run_dir={out / key}"]
             say(f"running {key}: {' '.join(argv[1:])}" + (f" (hog on every core for {seconds:g} s)" if seconds else ""))
             t0 = time.monotonic()
-            rc = hogged(argv, out / f"{key}.log", env, seconds)
+            rc = hogged(argv, out / f"{key}.log", env, seconds, source)
             say(f"  exit {rc} after {time.monotonic() - t0:.0f} s")
             if rc != 0:
                 say(tail(out / f"{key}.log"))
