@@ -510,7 +510,13 @@ def test_a_real_runs_packs_start_in_rounds_each_n_spread_over_the_run(tmp_path):
     prepared = sweep.prepare(["+sweep=mnist_pack", "packing.factors=[1,2,3,4]", "packing.repeats=3",
                               "sweep.fixed.train_samples=1000", "sweep.fixed.val_samples=200",
                               "sweep.fixed.epochs=1", f"run_dir={run_dir}"])
-    assert sweep.run(prepared, plots=False).ok
+    outcome = sweep.run(prepared, plots=False)
+    assert outcome.ok
+    # the run's last line, status and the plan count the same trainings: each of each pack (a grid point at N=1 and
+    # at N=4 is two), the drift check's too
+    counts = outcome.collected.records.plan_counts()
+    assert counts.done and counts.planned == counts.completed == prepared.plan.n_trainings
+    assert sum(sweep.status(run_dir).trainings["local"].values()) == prepared.plan.n_trainings
     rec = load_records([run_dir])
     first_start = rec.trainings.groupby("pack_id")["started_at"].min().sort_values()
     ran = list(first_start.index)

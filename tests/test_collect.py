@@ -482,19 +482,25 @@ def test_collect_on_an_empty_directory_says_there_is_nothing_yet(tmp_path, capsy
 
 
 @pytest.mark.parametrize("rows, planned, counts", [
-    ([("a", "completed"), ("b", "failed")], ["a", "b"], (2, 1, 1, 0, True)),
-    ([("a", "completed")], ["a", "b"], (2, 1, 0, 0, False)),  # b has no record: not done
-    ([("a", "skipped_memory", None)], ["a"], (1, 0, 0, 1, True)),  # skipped, run nowhere else: its N infeasible
-    ([("a", "skipped_memory", "p.n01-000")], ["a"], (1, 0, 0, 0, False)),  # its refit pack has not recorded it yet
-    ([("a", "skipped_memory", "p.n01-000"), ("a", "completed")], ["a"], (1, 1, 0, 0, True)),  # ran in its refit
-    ([("a", "completed"), ("z", "completed")], ["a"], (1, 1, 0, 0, True)),  # a record of no planned training
+    ([("p", "a", "completed"), ("p", "b", "failed")], ["a", "b"], (2, 1, 1, 0, True)),
+    ([("p", "a", "completed")], ["a", "b"], (2, 1, 0, 0, False)),  # b has no record: not done
+    ([("p", "a", "skipped_memory", None)], ["a"], (1, 0, 0, 1, True)),  # skipped, run nowhere else: N infeasible
+    ([("p", "a", "skipped_memory", "p.n01-000")], ["a"], (1, 0, 0, 0, False)),  # its refit has not recorded it yet
+    ([("p", "a", "skipped_memory", "p.n01-000"), ("p.n01-000", "a", "completed")], ["a"],
+     (1, 1, 0, 0, True)),  # ran in its refit pack: counted for the pack it refits
+    ([("p", "a", "completed"), ("p", "z", "completed")], ["a"], (1, 1, 0, 0, True)),  # a record of no planned one
     ([], ["a"], (1, 0, 0, 0, False)),
+    ([("q", "a", "completed")], [("p", "a"), ("q", "a")], (2, 1, 0, 0, False)),  # one grid point at N=1 and N=4:
+    ([("lane-s001", "a", "completed", None, "queue")], [("queue", "a")], (1, 1, 0, 0, True)),  # ran in pack q only
 ])
 def test_plan_counts_count_the_plans_trainings_by_their_current_record(rows, planned, counts):
+    """Each training of each pack (a streamed one of its queue) by its own current record: the same grid point
+    completed in pack q does not make pack p's training done."""
     from gpupack.analysis.load import plan_counts
 
-    latest = pd.DataFrame([{"run_dir": "r", "training_id": r[0], "status": r[1],
-                            "runs_in": r[2] if len(r) > 2 else None} for r in rows])
-    got = plan_counts(latest, {"r": planned})
+    latest = pd.DataFrame([{"run_dir": "r", "pack_id": r[0], "training_id": r[1], "status": r[2],
+                            "runs_in": r[3] if len(r) > 3 else None, "stream": r[4] if len(r) > 4 else None}
+                           for r in rows])
+    got = plan_counts(latest, {"r": [p if isinstance(p, tuple) else ("p", p) for p in planned]})
     assert (got.planned, got.completed, got.failed, got.skipped, got.done) == counts
     assert got.line().startswith("done:" if got.done else "not done:")

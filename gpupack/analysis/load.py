@@ -25,6 +25,7 @@ from gpupack.analysis.frames import ASIDE, TRAINING_ID, Pieces, take_rows
 from gpupack.core.columnar import STRING, ColumnarReader, pack_rows, read_records, split_rows
 from gpupack.core.journal import PACK, TRAINING, folder_records, identity, kept_log
 from gpupack.core.lane_columnar import Entry, LaneColumns, Part, later_counts, once, read_lane_columnar, tail_entries
+from gpupack.core.plan import refit_parent
 from gpupack.core.rank_choice import RankChoice, read_rank
 from gpupack.core.records import COMPLETED, SKIPPED_MEMORY, read_json
 from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, RunDir
@@ -48,7 +49,8 @@ class Records:
     cleared: list[dict[str, Any]] = field(default_factory=list)  # OOMs a user cleared, per run directory
     runs: list[str] = field(default_factory=list)  # the run directories read
     planned: int = 0  # packs in the runs' plans
-    planned_ids: dict[str, list[str]] = field(default_factory=dict)  # run → the training ids of its plan
+    # run → its plan's trainings as (where: the pack, or the streaming queue, training id)
+    planned_ids: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     # run → its config's cluster.nodes_share_one_host: the cluster's nodes are one machine (a local test SLURM)
     one_host: dict[str, bool] = field(default_factory=dict)
     # How to rank hyperparameters as the first run that says so says it: its rank.json (what an earlier collect
@@ -124,26 +126,38 @@ class PlanCounts:
             f"not done: {said}; {self.unrecorded} without one (running, or lost: re-run the same command)"
 
 
-def plan_counts(latest: pd.DataFrame, planned_ids: Mapping[str, Sequence[str]]) -> PlanCounts:
-    """Count each run's planned trainings (``planned_ids``: run → training ids) by their current records
-    (``latest``: attempt 0 rows, ``run_dir``, ``training_id``, ``status``): completed where one of its current rows
-    completed (a training skipped for memory that a refit pack ran: two rows), skipped where it was skipped for memory
-    and runs nowhere else (no ``runs_in`` refit pack still to record it), failed where it has any other; a training
-    with none is not counted as recorded. Pure."""
+def plan_counts(latest: pd.DataFrame, planned_ids: Mapping[str, Sequence[tuple[str, str]]]) -> PlanCounts:
+    """Count each run's planned trainings (``planned_ids``: run → (pack or streaming queue, training id)) by their
+    current records (``latest``: attempt 0 rows, ``run_dir``, ``pack_id``, ``training_id``, ``status``, ``stream``
+    where streamed), each record counted for its pack (a refit pack's for the pack it refits, a streamed one's for its
+    queue): completed where one of its current rows completed (a training skipped for memory that a refit pack ran:
+    two rows), skipped where it was skipped for memory and runs nowhere else (no ``runs_in`` refit pack still to
+    record it), failed where it has any other; a training with none is not counted as recorded, though the same
+    training completed in another pack. Pure."""
     counts = Counter[str]()
-    for run, ids in planned_ids.items():
-        counts["planned"] += len(ids)
+    for run, planned in planned_ids.items():
+        counts["planned"] += len(planned)
         if latest.empty or "training_id" not in latest:
             continue
-        rows = latest[(latest["run_dir"] == run) & latest["training_id"].isin(ids)]
+        rows = latest[latest["run_dir"] == run]
+        keys = pd.Series(list(zip(_where(rows), rows["training_id"].astype(str))), index=rows.index, dtype=object)
+        rows = rows[keys.isin(set(planned))]
+        keys = keys[rows.index]
         status = rows["status"].astype(str)
         skipped = status == SKIPPED_MEMORY
         waits = skipped & rows["runs_in"].notna() if "runs_in" in rows else pd.Series(False, index=rows.index)
-        completed = set(rows.loc[status == COMPLETED, "training_id"])
-        failed = set(rows.loc[~skipped & (status != COMPLETED), "training_id"]) - completed
-        skipped_ids = set(rows.loc[skipped & ~waits, "training_id"]) - completed - failed
+        completed = set(keys[status == COMPLETED])
+        failed = set(keys[~skipped & (status != COMPLETED)]) - completed
+        skipped_ids = set(keys[skipped & ~waits]) - completed - failed
         counts.update(completed=len(completed), failed=len(failed), skipped=len(skipped_ids))
     return PlanCounts(counts["planned"], counts["completed"], counts["failed"], counts["skipped"])
+
+
+def _where(rows: pd.DataFrame) -> list[str]:
+    """The plan's place of each record: its streaming queue, else the pack it refits, else its pack."""
+    streams = rows["stream"] if "stream" in rows else pd.Series(None, index=rows.index, dtype=object)
+    return [str(s) if isinstance(s, str) else (refit_parent(str(p)) or str(p))
+            for s, p in zip(streams, rows["pack_id"])]
 
 
 def _attempt_records(pack_dirs: Sequence[str]) -> list[Path]:
@@ -322,9 +336,11 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
         sweep_key = str(run.sweep_root)
         out.grid_sizes[sweep_key] = out.grid_sizes.get(sweep_key, 0) + int(plan.get("grid_size", 0))
         out.planned += len(plan["packs"])
-        # each training once (a spread pack runs N=1's trainings again; an older plan.json lists none)
-        out.planned_ids[str(run.root)] = list(dict.fromkeys(str(t["training_id"]) for p in plan["packs"]
-                                                            for t in p.get("trainings", [])))
+        # each training of each pack (the same grid point at N=1 and N=4 is two trainings to run, as status counts
+        # them), of each streaming queue once (its lanes' shares), of none in an older plan.json that lists none
+        out.planned_ids[str(run.root)] = list(dict.fromkeys((str(p.get("stream") or p["pack_id"]),
+                                                             str(t["training_id"]))
+                                                            for p in plan["packs"] for t in p.get("trainings", [])))
         out.pending += [f"{run.root}:{p['pack_id']}" for p in plan["packs"] if p["pack_id"] not in recorded]
     kept = read_rank(run) if not out.rank.given() else None  # an earlier collect's flags win over the config
     if kept is not None and kept.given():
