@@ -552,3 +552,21 @@ def test_packs_measured_under_foreign_load_are_left_out_of_the_choice_where_ever
     row = collected.summary.set_index("factor").loc[2]
     assert row["left_out_disturbed"] == 0 and row["beyond_bound"]
     assert "5 pack(s) measured under foreign load kept (an N has no quiet pack)" in row["choice_method"]
+
+
+@pytest.mark.parametrize("end_starts, said", [(30.0, True), (15.0, False)])
+def test_a_drift_check_is_said_only_where_it_ran_after_every_other_pack(end_starts, said):
+    """Packs side by side (several slots, SLURM arrays) may run the check beside the rest: then it measures no drift
+    over the run, and collect says nothing of it."""
+    from gpupack.analysis.drift import drift_checks
+
+    packs = pd.DataFrame([
+        {"run_dir": "r", "pack_id": "p-n01-000", "started_at": 0.0, "ended_at": 10.0, "wall_s": 10.0},
+        {"run_dir": "r", "pack_id": "p-n02-000", "started_at": 10.0, "ended_at": 30.0, "wall_s": 20.0},
+        {"run_dir": "r", "pack_id": "p-n01-000-end", "reference_of": "p-n01-000", "started_at": end_starts,
+         "ended_at": end_starts + 12.0, "wall_s": 12.0},
+    ]).assign(complete=True, attempt=0, partition="local", gpu_type="cpu", workload="w")
+    got = drift_checks(packs)
+    assert len(got) == int(said)
+    if said:
+        assert got.iloc[0]["change"] == pytest.approx(0.2) and got.iloc[0]["hours"] == pytest.approx(30 / 3600)

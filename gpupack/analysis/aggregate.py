@@ -27,7 +27,7 @@ from gpupack.analysis.drift import drift_checks
 from gpupack.analysis.layouts import compare, split_spread, spread_summary, training_walls, verdicts
 from gpupack.analysis.load import Records, load_records, with_stdout_metric
 from gpupack.analysis.occupancy import occupancy, timeline, with_lanes
-from gpupack.analysis.summary import best_factors, packing_times, split_phase, summarize
+from gpupack.analysis.summary import best_factors, not_checks, packing_times, split_phase, summarize
 from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table
 from gpupack.core.rank_choice import RankChoice, choose
 from gpupack.core.rgu import billed_packs, cost_table
@@ -74,7 +74,7 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     probe_t, run_t = split_phase(packing_t, "run")
     probe_p, run_p = split_phase(packing_p, "run")
     summary = with_disturbed(with_lanes(summarize(probe_t, probe_p, records.cleared, loaded_packs(probe_p)),
-                                        occupancy(probe_p)), probe_p)
+                                        occupancy(probe_p)), not_checks(probe_p))  # N's packs, not the check
     production = (with_lanes(summarize(run_t, run_p, records.cleared), occupancy(run_p)) if not run_t.empty
                   else pd.DataFrame())
     best = best_factors(summary)

@@ -28,13 +28,17 @@ Paired over rounds
 ------------------
 Where the packs ran in rounds (blocks in time, :func:`gpupack.core.plan.in_rounds`) and ``rounds`` says each pack's,
 every N is compared with the **reference** N (the smallest feasible one, in every round) *inside the same round*:
-each pack of N gives the ratio of its time per training to the reference's in its round (the reference's median
-there where a round holds several), and N's **relative time** is the median of its ratios. A drift that a round
-shares (a neighbour's job, clocks, a busy filesystem) divides out. The bootstrap then resamples **rounds** with
-replacement, the same draw for every N, and the lowest relative time, the ties (the interval of the difference of
-two N's relative times, on the same resamples, holds 0) and the rule follow as above; an N with one pair borrows the
-pooled relative spread of the ratios. Paired only where the reference has two rounds or more and every other N
-shares a round with it; otherwise unpaired, and ``method`` says why.
+each pack of N is paired with the reference's time per training in its round (the reference's median there where a
+round holds several), and N's **relative time** is the sum of its packs' times over the sum of their partners': a
+ratio of sums, not a median of ratios, because a pack of N trains other grid points than the one reference training
+beside it, and only the sums over the rounds weigh the points as the grid does (a median of ratios of a cheap and a
+dear point is biased). A drift that a round shares (a neighbour's job, clocks, a busy filesystem) weighs both sums
+alike. The bootstrap then resamples **rounds** with replacement, the same draw for every N, and the lowest relative
+time, the ties (the interval of the difference of two N's relative times, on the same resamples, holds 0) and the
+rule follow as above. An N with one pair borrows the pooled relative spread of one pair's ratio over the other N with
+two pairs or more (the reference's own are 1 by construction and do not count); with none, every N ties, as
+unpaired. Paired only where the reference has two rounds or more and every other N shares a round with it;
+otherwise unpaired, and ``method`` says why.
 
 Sample size
 -----------
@@ -189,17 +193,17 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
         method += f"; unpaired: {paired}"
     elif paired is not None:
         reference = ns[0]
-        ratios = [paired[n] for n in ns]
-        boots, spread = _paired_boots(ratios, resamples, rng)
-        medians = np.array([float(np.median([r for r, _ in pairs])) for pairs in ratios])
+        pairs = [paired[n] for n in ns]
+        boots, spread = _paired_boots(pairs, resamples, rng)
+        medians = np.array([1.0] + [_ratio_of_sums(p) for p in pairs[1:]])
         rq = np.nanquantile(boots, [alpha / 2, 1 - alpha / 2], axis=1)
-        relative = {n: Interval(float(medians[i]), float(rq[0, i]) if len(ratios[i]) >= 2 else None,
-                                float(rq[1, i]) if len(ratios[i]) >= 2 else None, len(ratios[i]))
+        relative = {n: Interval(float(medians[i]), float(rq[0, i]) if len(pairs[i]) >= 2 else None,
+                                float(rq[1, i]) if len(pairs[i]) >= 2 else None, len(pairs[i]))
                     for i, n in enumerate(ns)}
-        n_rounds = len({k for pairs in ratios for _, k in pairs})
-        method = (f"paired within rounds: each N's time per training over N={reference}'s in the same round, "
-                  f"{_pct(confidence)} percentile bootstrap over its {n_rounds} rounds ({resamples} resamples, seed "
-                  f"{seed}); tie: the interval of the difference of median ratios holds 0")
+        n_rounds = len({k for of_n in pairs for _, _, k in of_n})
+        method = (f"paired within rounds: each N's time per training over N={reference}'s in the same rounds (ratio "
+                  f"of their sums), {_pct(confidence)} percentile bootstrap over its {n_rounds} rounds ({resamples} "
+                  f"resamples, seed {seed}); tie: the interval of the difference of the ratios holds 0")
 
     lo = int(np.argmin(medians))  # first minimum: the smaller N wins an exact tie of medians
     lowest = ns[lo]
@@ -225,8 +229,9 @@ def _tagged(values: Sequence[float], rounds: Sequence[Hashable] | None, what: st
     return _clean([values[i] for i in keep], what), [tags[i] for i in keep]
 
 
-def _pairs(tagged: Mapping[int, tuple[np.ndarray, list[Hashable]]]) -> dict[int, list[tuple[float, Hashable]]] | str:
-    """Each N's (time / the reference's in the same round, round) pairs, the reference the smallest N; or why the
+def _pairs(tagged: Mapping[int, tuple[np.ndarray, list[Hashable]]]
+           ) -> dict[int, list[tuple[float, float, Hashable]]] | str:
+    """Each N's (its time, the reference's in the same round, round) pairs, the reference the smallest N; or why the
     comparison cannot be paired."""
     ns = list(tagged)
     ref_times, ref_rounds = tagged[ns[0]]
@@ -234,16 +239,22 @@ def _pairs(tagged: Mapping[int, tuple[np.ndarray, list[Hashable]]]) -> dict[int,
     for t, k in zip(ref_times, ref_rounds):
         if k is not None:
             by_round.setdefault(k, []).append(float(t))
+    if not by_round and all(k is None for _, tags in tagged.values() for k in tags):
+        return "the packs ran in no rounds (packing.order=by_factor, or a run planned before rounds)"
     if len(by_round) < 2:
         return f"N={ns[0]} (the reference) ran in fewer than 2 rounds"
     ref = {k: float(np.median(v)) for k, v in by_round.items()}
-    out: dict[int, list[tuple[float, Hashable]]] = {}
+    out: dict[int, list[tuple[float, float, Hashable]]] = {}
     for n in ns:
         times, tags = tagged[n]
-        out[n] = [(float(t) / ref[k], k) for t, k in zip(times, tags) if k in ref]
+        out[n] = [(float(t), ref[k], k) for t, k in zip(times, tags) if k in ref]
         if not out[n]:
             return f"N={n} shares no round with N={ns[0]}"
     return out
+
+
+def _ratio_of_sums(pairs: Sequence[tuple[float, float, Hashable]]) -> float:
+    return sum(t for t, _, _ in pairs) / sum(r for _, r, _ in pairs)
 
 
 def _per_n_boots(samples: Sequence[np.ndarray], resamples: int, rng: np.random.Generator) -> np.ndarray:
@@ -259,37 +270,26 @@ def _per_n_boots(samples: Sequence[np.ndarray], resamples: int, rng: np.random.G
     return boots
 
 
-def _paired_boots(ratios: Sequence[Sequence[tuple[float, Hashable]]], resamples: int,
+def _paired_boots(pairs: Sequence[Sequence[tuple[float, float, Hashable]]], resamples: int,
                   rng: np.random.Generator) -> tuple[np.ndarray, float | None]:
-    """Each N's median ratio over rounds resampled with replacement, one draw of rounds for every N (NaN where a draw
-    holds none of its rounds); and the pooled relative spread of one ratio. An N of one pair borrows that spread."""
-    keys = list(dict.fromkeys(k for pairs in ratios for _, k in pairs))
+    """Each N's ratio of sums over rounds resampled with replacement, one draw of rounds for every N (NaN where a draw
+    holds none of its rounds; the reference's is 1); and the pooled relative spread of one pair's ratio over the other
+    N with two pairs or more (None: none has, and nothing can be told apart). An N of one pair borrows that spread."""
+    keys = list(dict.fromkeys(k for of_n in pairs for _, _, k in of_n))
     index = {k: j for j, k in enumerate(keys)}
     counts = rng.multinomial(len(keys), np.full(len(keys), 1.0 / len(keys)), size=resamples)  # (resamples, rounds)
-    arrays = [np.array([r for r, _ in pairs]) for pairs in ratios]
-    spread = _pooled_spread([a for a in arrays if len(a) >= 2 and np.ptp(a) > 0] or
-                            [a for a in arrays if len(a) >= 2])
-    boots = np.empty((len(ratios), resamples))
-    for i, pairs in enumerate(ratios):
-        if len(pairs) == 1:
-            boots[i] = arrays[i][0] * (1.0 + (spread or 0.0) * rng.standard_normal(resamples))
+    spread = _pooled_spread([np.array([t / r for t, r, _ in of_n]) for of_n in pairs[1:] if len(of_n) >= 2])
+    boots = np.ones((len(pairs), resamples))
+    for i, of_n in enumerate(pairs[1:], start=1):
+        if len(of_n) == 1:
+            boots[i] = _ratio_of_sums(of_n) * (1.0 + (spread or 0.0) * rng.standard_normal(resamples))
             continue
-        order = np.argsort(arrays[i])
-        values = arrays[i][order]
-        weights = counts[:, [index[pairs[j][1]] for j in order]]  # each pair weighs as often as its round was drawn
-        boots[i] = _weighted_medians(values, weights)
+        weights = counts[:, [index[k] for _, _, k in of_n]]  # each pair weighs as often as its round was drawn
+        num = weights @ np.array([t for t, _, _ in of_n])
+        den = weights @ np.array([r for _, r, _ in of_n])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            boots[i] = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
     return boots, spread
-
-
-def _weighted_medians(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """The median of sorted ``values`` with each row of integer ``weights`` as their counts (NaN: all zero): the
-    mean of the middle two order statistics, as numpy's median of the repeated values."""
-    cum = np.cumsum(weights, axis=1)
-    total = cum[:, -1:]
-    low = np.argmax(2 * cum >= total, axis=1)  # the ceil(total / 2)-th value, counted from 1
-    high = np.argmax(2 * cum > total, axis=1)  # the floor(total / 2) + 1-th: the same one where total is odd
-    out = (values[low] + values[high]) / 2.0
-    return np.where(total[:, 0] > 0, out, np.nan)
 
 
 def _repeats(medians: np.ndarray, lo: int, tied: Sequence[int], packs: Sequence[int], spread: float | None,

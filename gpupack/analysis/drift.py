@@ -11,7 +11,9 @@ COLUMNS = ["workload", "partition", "gpu_type", "pack_id", "first_s", "end_s", "
 
 
 def drift_checks(packs: pd.DataFrame) -> pd.DataFrame:
-    """One row per drift check whose pack and first pack both ran whole: their walls (one training each), the change
+    """One row per drift check whose pack and first pack both ran whole, and that started once every other pack of
+    its run had ended (where packs run side by side, on several slots or as SLURM arrays, the check may run beside
+    them: then it measures no drift over the run, and is not said): their walls (one training each), the change
     end / first - 1, and the hours between their starts."""
     if packs.empty or "reference_of" not in packs:
         return pd.DataFrame(columns=COLUMNS)
@@ -24,7 +26,7 @@ def drift_checks(packs: pd.DataFrame) -> pd.DataFrame:
         if not isinstance(end.get("reference_of"), str):
             continue
         first = by_id.get((str(d), end["reference_of"]))
-        if first is None:
+        if first is None or not _after_the_rest(end, latest, str(d)):
             continue
         first_s, end_s = float(first["wall_s"]), float(end["wall_s"])
         rows.append({"workload": end.get("workload"), "partition": end["partition"], "gpu_type": end["gpu_type"],
@@ -32,3 +34,13 @@ def drift_checks(packs: pd.DataFrame) -> pd.DataFrame:
                      "change": end_s / first_s - 1.0 if first_s > 0 else float("nan"),
                      "hours": (float(end["started_at"]) - float(first["started_at"])) / 3600.0})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _after_the_rest(end: pd.Series, latest: pd.DataFrame, run: str) -> bool:
+    """Whether the drift check ``end`` started after every other pack of ``run`` ended."""
+    mine = latest[latest["run_dir"].astype(str) == run] if "run_dir" in latest else latest
+    mine = mine[mine["pack_id"] != end["pack_id"]]
+    started, wall = (pd.to_numeric(mine.get(c, pd.Series(float("nan"), index=mine.index)), errors="coerce")
+                     for c in ("started_at", "wall_s"))
+    others = pd.to_numeric(mine["ended_at"], errors="coerce") if "ended_at" in mine else started + wall
+    return bool(others.empty or float(end["started_at"]) >= float(others.max()) - 1e-6)

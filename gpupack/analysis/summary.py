@@ -239,6 +239,8 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
             interval = choice.intervals.get(n)
             if interval is not None:
                 out.loc[i, ["tpt_ci_low_s", "tpt_ci_high_s"]] = [interval.low, interval.high]
+                if left_out:  # the row's figures are the ones the choice weighed: its quiet packs'
+                    out.loc[i, ["time_per_training_s", "packs"]] = [interval.median, interval.packs]
             out.loc[i, "within_noise"] = n in choice.ties
             out.loc[i, "chosen"] = choice.best is not None and n == choice.best
             relative = choice.relative.get(n)
@@ -251,6 +253,12 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
         out.loc[idx, "provisional"] = choice.provisional
         out.loc[idx, "repeats_needed"] = choice.repeats_needed
         out.loc[idx, "choice_method"] = choice.method + said
+    out["trainings_per_hour"] = 3600.0 / out["time_per_training_s"]
+    base = out[out["factor"] == 1].set_index(GROUP)["time_per_training_s"]  # again: quiet packs' where left out
+    out["speedup_vs_n1"] = [base.get(tuple(k), math.nan) / t
+                            for k, t in zip(out[GROUP].itertuples(index=False), out["time_per_training_s"])]
+    single = out.groupby(GROUP, dropna=False)["factor"].transform("count") < 2
+    out.loc[single, "paired"] = False  # one N: nothing was compared
     unpaired = ~out["paired"].astype(bool)  # the ratio of medians, against N=1
     out.loc[unpaired, "gain"] = out.loc[unpaired, "speedup_vs_n1"]
     out.loc[unpaired & out["gain"].notna(), "gain_ref"] = 1

@@ -415,11 +415,16 @@ def in_rounds(packs: Sequence[Pack], seed: int = 0) -> list[Pack]:
         groups.setdefault((p.partition, p.mode, p.factor, p.devices), []).append(p)
     if not groups:
         return []
-    total = max(len(members) for members in groups.values())
+    # the rounds are the packing groups' (a spread layout may have more packs than N=1: it is not compared within
+    # rounds, and would otherwise leave N=1 out of some)
+    packing = [len(m) for m in groups.values() if m[0].spread is None]
+    total = max(packing or [len(m) for m in groups.values()])
     rng = random.Random(seed)
     rounds: list[list[Pack]] = [[] for _ in range(total)]
     for members in groups.values():
-        for r, p in zip(spaced_rounds(len(members), total, rng), members):
+        places = (spaced_rounds(len(members), total, rng) if len(members) <= total else
+                  [k * total // len(members) for k in range(len(members))])  # several a round, in turn
+        for r, p in zip(places, members):
             rounds[r].append(p)
     out: list[Pack] = []
     for r, members in enumerate(rounds):
@@ -460,7 +465,7 @@ def drift_check(ordered: Sequence[Pack]) -> list[Pack]:
             continue  # one round, or one N: nothing is compared that a drift could bias
         mode = mine[0].mode
         smallest = min(p.factor for p in mine if p.mode == mode)
-        first = next(p for p in mine if p.mode == mode and p.factor == smallest and p.round == 0)
+        first = min((p for p in mine if p.mode == mode and p.factor == smallest), key=lambda p: p.round or 0)
         out.append(replace(first, pack_id=f"{first.pack_id}-end", round=None, reference_of=first.pack_id))
     return out
 

@@ -611,7 +611,7 @@ def rebuilt_pack_record(pack: Pack, records: Sequence[Mapping[str, Any]], phase:
         started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
         threads_per_training=first.get("threads"),
         workload=pack.trainings[0].workload_label if pack.trainings else None, sampler=None, rebuilt=REBUILT,
-        **spread_fields(pack), **slot_use(records, pack.factor, started, ended))
+        **spread_fields(pack), **order_fields(pack), **slot_use(records, pack.factor, started, ended))
     if pack.stream is not None:  # a lane's: its queue, and nothing it left (every training has its record)
         rec.update(stream=pack.stream, lane=pack.index, claimed=rec["training_ids"], unclaimed=0)
     if phase:

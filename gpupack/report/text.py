@@ -72,9 +72,12 @@ def bound_lines(r: Mapping[str, Any]) -> list[str]:
         setup = (f"; on this CPU ({int(cores)} cores), {threads}: more threads than help a small training slow it, "
                  "so measure N=1 as it runs best (packing.threads_per_training=1)"
                  if cpu and cores == cores and cores is not None and threads else "")
-        lines.append(f"{bound_phrase(r)}: N trainings together finished sooner than one alone, so the machine changed "
-                     "during the run (another job beside it; see the drift check and the packs measured under load) "
-                     f"or N={int(r['gain_ref'])} was set up worse than a training at N={int(r['factor'])}{setup}.")
+        n, ref = int(r["factor"]), int(r["gain_ref"])
+        sooner = ("N trainings together finished sooner than one alone" if ref == 1 else
+                  f"a pack of {n} took less time than packs of {ref} running the same {n} trainings in turn")
+        lines.append(f"{bound_phrase(r)}: {sooner}, so the machine changed during the run (another job beside it; "
+                     "see the drift check and the packs measured under load) "
+                     f"or N={ref} was set up worse than a training at N={n}{setup}.")
     elif cpu and threads:
         lines.append(f"On this CPU ({int(cores)} cores): {threads}." if cores == cores and cores is not None
                      else f"On this CPU: {threads}.")
