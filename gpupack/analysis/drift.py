@@ -19,15 +19,15 @@ def drift_checks(packs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     latest = packs[packs["attempt"] == 0] if "attempt" in packs else packs
     whole = latest[latest["complete"].astype(bool)]
-    runs = whole["run_dir"] if "run_dir" in whole else pd.Series("", index=whole.index)
-    by_id = {(str(d), str(p)): row for d, p, (_, row) in zip(runs, whole["pack_id"], whole.iterrows())}
+    ends = whole[whole["reference_of"].notna()]  # a check a partition: the loop below is over a handful of rows
     rows = []
-    for d, (_, end) in zip(runs, whole.iterrows()):
-        if not isinstance(end.get("reference_of"), str):
+    for _, end in ends.iterrows():
+        run = str(end.get("run_dir", ""))
+        same_run = (whole["run_dir"].astype(str) == run) if "run_dir" in whole else True
+        firsts = whole[same_run & (whole["pack_id"] == end["reference_of"])]
+        if firsts.empty or not _after_the_rest(end, latest, run):
             continue
-        first = by_id.get((str(d), end["reference_of"]))
-        if first is None or not _after_the_rest(end, latest, str(d)):
-            continue
+        first = firsts.iloc[0]
         first_s, end_s = float(first["wall_s"]), float(end["wall_s"])
         rows.append({"workload": end.get("workload"), "partition": end["partition"], "gpu_type": end["gpu_type"],
                      "pack_id": first["pack_id"], "first_s": first_s, "end_s": end_s,
