@@ -4,6 +4,7 @@ failure and does not take its pack down; Optuna gets its return values; bad inpu
 gpupack_slurm submits one array task per pack to the real slurmctld."""
 from __future__ import annotations
 
+import datetime
 import json
 import signal
 import subprocess
@@ -223,8 +224,9 @@ def test_bad_launcher_input_is_one_line_and_runs_nothing(tmp_path, subprocess_en
     _refused_before_anything_ran(proc, sweep_dir, needle)
 
 
-def _sacct_jobs(env) -> set[str]:
-    out = subprocess.run(["sacct", "-X", "-n", "-a", "-S", "now-1hour", "-o", "JobID"], capture_output=True, text=True,
+def _sacct_jobs(env, since: str = "now-1hour") -> set[str]:
+    """The job ids slurmdbd lists as submitted since ``since`` (sacct's time: YYYY-MM-DDTHH:MM:SS)."""
+    out = subprocess.run(["sacct", "-X", "-n", "-a", "-S", since, "-o", "JobID"], capture_output=True, text=True,
                          env=env).stdout
     return set(out.split())
 
@@ -243,13 +245,14 @@ SLURM_BAD = [
 @pytest.mark.parametrize("overrides, needle", SLURM_BAD, ids=[" ".join(b[0]) for b in SLURM_BAD])
 def test_bad_slurm_launcher_input_submits_nothing(tmp_path, slurm_env, overrides, needle):
     sweep_dir = tmp_path / "mr"
-    before = _sacct_jobs(slurm_env)
+    # jobs submitted from now on (slurmdbd lists an earlier test's job only once it ended: it may appear in a later
+    # listing without being this test's): sacct's window starts at this second
+    since = datetime.datetime.now().strftime("%Y-%m-%dT%H:%M:%S")
     nine_jobs = "lr=" + ",".join(str(k / 10) for k in range(1, 10))  # a pack of 9 is only made from 9 jobs
     proc = multirun(APP, [*SLURM, *overrides, nine_jobs, f"hydra.sweep.dir={sweep_dir}"], tmp_path, slurm_env,
                     timeout=120)
     _refused_before_anything_ran(proc, sweep_dir, needle)
-    # only new job ids count: sacct's one-hour window lets old jobs scroll out while the suite runs
-    assert _sacct_jobs(slurm_env) - before == set()
+    assert _sacct_jobs(slurm_env, since) == set()
 
 
 @pytest.mark.slurm
