@@ -104,10 +104,6 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
     for col in ("failed", "victims", "unfinished", "oom", "oom_cleared", "attempts", "trainings", "skipped_memory",
                 "skipped_refit"):
         out[col] = out[col].fillna(0).astype(int)  # an OOM (counted apart) makes N infeasible on this device
-    out["trainings_per_hour"] = 3600.0 / out["time_per_training_s"]
-    base = out[out["factor"] == 1].set_index(GROUP)["time_per_training_s"]
-    base_of = pd.Series([base.get(tuple(k), math.nan) for k in out[GROUP].itertuples(index=False)], index=out.index)
-    out["speedup_vs_n1"] = base_of / out["time_per_training_s"]
     out["loader_bound_samples_per_s"] = [bounds.get(p, math.nan) for p in out["partition"]]
     out["loader_bound"] = out["samples_per_s"] >= LOADER_BOUND_FRACTION * out["loader_bound_samples_per_s"]
     out = out.sort_values(keys).reset_index(drop=True)
@@ -253,10 +249,11 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
         out.loc[idx, "provisional"] = choice.provisional
         out.loc[idx, "repeats_needed"] = choice.repeats_needed
         out.loc[idx, "choice_method"] = choice.method + said
+    # from the row's figures as the choice left them (its quiet packs' where loaded ones were left out)
     out["trainings_per_hour"] = 3600.0 / out["time_per_training_s"]
-    base = out[out["factor"] == 1].set_index(GROUP)["time_per_training_s"]  # again: quiet packs' where left out
-    out["speedup_vs_n1"] = [base.get(tuple(k), math.nan) / t
-                            for k, t in zip(out[GROUP].itertuples(index=False), out["time_per_training_s"])]
+    base = out[out["factor"] == 1].set_index(GROUP)["time_per_training_s"]
+    base_of = pd.Series([base.get(tuple(k), math.nan) for k in out[GROUP].itertuples(index=False)], index=out.index)
+    out["speedup_vs_n1"] = base_of / out["time_per_training_s"]
     single = out.groupby(GROUP, dropna=False)["factor"].transform("count") < 2
     out.loc[single, "paired"] = False  # one N: nothing was compared
     unpaired = ~out["paired"].astype(bool)  # the ratio of medians, against N=1
