@@ -366,6 +366,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _holder_of(fd: int, tries: int = 20, pause_s: float = 0.05) -> Holder | None:
+    """The holder line of a lock another process holds. A winner writes its line just after it takes the lock, so a
+    loser that reads in between finds the file empty: it reads again for up to a second, to name the holder."""
+    for _ in range(tries):
+        holder = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
+        if holder is not None:
+            return holder
+        time.sleep(pause_s)
+    return None
+
+
 class RunLock:
     """An exclusive lock on a run directory, so two sweeps never write into the same one at once; a second is refused
     in one line naming the holder (:func:`busy_refusal`).
@@ -401,7 +412,7 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             try:
-                holder = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
+                holder = _holder_of(fd)
             finally:
                 os.close(fd)
             raise busy_refusal(self.path.parent, holder, _alive, socket.gethostname()) from None
