@@ -382,8 +382,9 @@ def test_auto_with_wait_false_submits_one_step_a_call_and_the_same_command_goes_
     queue = FakeQueue()
     use_fake_submitter(monkeypatch, config=FakeConfig(default_partitions=["cpu"]), queue=queue)
     run_dir = tmp_path / "run"
+    # a programmed device (1 s a pack alone or two at a time), so the best N does not hang on this machine's load
     command = AUTO + ["sweep.grid.lr=[0.1,0.2,0.3,0.4,0.5]", "packing.auto.ladder=[1,2]", "packing.auto.repeats=2",
-                      "packing.device=cpu", "wait=false", f"run_dir={run_dir}"]
+                      "+sweep.fixed.sleep_by_n='1:1.0,2:1.0'", "packing.device=cpu", "wait=false", f"run_dir={run_dir}"]
     waited, ran = [], []
     for _ in range(6):
         outcome = sweep.run(sweep.prepare(command), plots=False)
