@@ -89,7 +89,7 @@ ALLIANCE_CASES = [
     (["cluster=fir", "cluster.account=def-pi", "packing.factors=[1,13]"], "packing.factors[1]=13",
      "cluster.cpus_per_training"),
     (["cluster=rorqual", "cluster.account=def-pi", "partitions=[h100_1g]"], "partitions[0]='h100_1g'",
-     "h100_1g.10gb"),
+     "h100_1g_10gb"),
     (["cluster=local", "wait=false"], "wait=False", "SLURM"),
     (["cluster=local", "partitions=[v100]"], "partitions=['v100']", "cluster=slurm"),
 ]

@@ -164,7 +164,7 @@ def test_tf_logical_pack_one_training_raises_the_others_finish(tmp_path):
 @pytest.mark.parametrize("overrides, needles", [
     (["+sweep=mnist_pack", "packing.modes=[tf_logical]"], ["packing.modes='tf_logical'", "torch workload"]),
     # a 1g.10gb slice: its own 10 GB bounds N; its bundle's 1 core is shared out (0.025 each)
-    (["+sweep=mnist_tf_pack", "cluster=fir", "cluster.account=def-pi", "partitions=[h100_1g.10gb]",
+    (["+sweep=mnist_tf_pack", "cluster=fir", "cluster.account=def-pi", "partitions=[h100_1g_10gb]",
       "packing.factors=[1,34]", "cluster.cpus_per_training=0.025"], ["packing.factors=34", "use N <= 18"]),
     (["+sweep=mnist_pack", "packing.process.mps=true"],
      ["packing.process.mps=True", "needs a GPU and this node has none"]),

@@ -75,7 +75,10 @@ def grid_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str |
         except (OverrideParseException, HydraException) as err:
             key, _, value = given.partition("=")
             hint = "write key=value, quoting values with special characters: key='a b'"
-            if "{" in value:  # a template inside Hydra's list syntax: quote it, and the override for the shell
+            undotted = re.sub(r"^(\+*cluster\.partitions\.\w+)\.(?=\d)", r"\1_", key)
+            if undotted != key:  # a slice partition's name from before issue 43 (h100_1g.10gb): the presets' has none
+                hint = f"{undotted}={value} (a partition's name has no dot)"
+            elif "{" in value:  # a template inside Hydra's list syntax: quote it, and the override for the shell
                 hint = ("write each templated item in double quotes and the whole override in single quotes, e.g. "
                         "'sweep.fixed.argv=[\"{python}\",train.py,--lr,\"{lr}\",--out,\"runs/{lr}\"]'")
             raise ConfigError(key, value, f"cannot parse ({_first_line(err)})", hint) from None

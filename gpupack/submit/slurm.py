@@ -230,6 +230,12 @@ def check_default_partitions(cluster: Any, key: Callable[[str], str]) -> None:
     require_unique(defaults, key("default_partitions"), "a partition", "partition")
 
 
+def undotted(name: str) -> str:
+    """A MIG slice partition's name as the presets write it, without the dot that a key's path would split on
+    (h100_1g.10gb: h100_1g_10gb). Pure."""
+    return str(name).replace(".", "_")
+
+
 def launcher_gpu_request(options: Mapping[str, Any], key: str) -> tuple[str | None, str]:
     """(GPU type or None for any, request form) for one pack from a Hydra launcher's gres / gpus_per_node: packs share
     exactly one GPU, or run on CPUs. An error names ``key``.<option>."""
@@ -367,7 +373,12 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                               f"name some, e.g. partitions=[{','.join(known[:3])}]")
         if not requested:  # the preset's own list, refused as the preset's key
             check_default_partitions(self.cluster, self.key)
+        renamed = [undotted(name) if undotted(name) in known else name for name in names]
         for i, name in enumerate(names):
+            if name != renamed[i]:  # a slice's name before issue 43: refused, so records keep one name per slice
+                raise ConfigError(f"partitions[{i}]", name, f"slice partitions are named without dots, so that "
+                                  f"cluster.partitions.<name>.<key> addresses them: {name} is {renamed[i]}",
+                                  f"partitions=[{','.join(renamed)}]")
             if name not in self.cluster.partitions:
                 raise ConfigError(f"partitions[{i}]", name, f"{self.cluster.name} has no such GPU type/partition",
                                   nearest(name, known))
