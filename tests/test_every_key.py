@@ -130,6 +130,26 @@ SLURM_ROWS = [
     (["cluster.partitions.a100.gpus_per_job=0"], ["cluster.partitions.a100.gpus_per_job=0", "> 0"]),
     (["cluster.partitions.a100.whole_node_gpus=0"], ["cluster.partitions.a100.whole_node_gpus=0", "> 0 or null"]),
     (["cluster.partitions.a100.request=gress"], ["cluster.partitions.a100.request='gress'", "'gres'"]),
+    # the site's rules (cluster.rules.*, issue 43): each rule's own keys, then each rule against a partition's keys
+    (["cluster.rules.one_mig_per_job.quote=q", "cluster.rules.one_mig_per_job.source=s",
+      "cluster.rules.one_mig_per_job.since=2026-4-6"], ["cluster.rules.one_mig_per_job.since='2026-4-6'", "YYYY-MM-DD",
+                                                        "since=2026-04-06"]),
+    (["cluster.rules.gpu_model.source=s"], ["cluster.rules.gpu_model.quote=''", "words"]),
+    (["cluster.rules.whole_node.quote=q"], ["cluster.rules.whole_node.source=''", "page"]),
+    (["cluster.rules.one_mig_per_job.quote=q", "cluster.rules.one_mig_per_job.source=s",
+      "cluster.partitions.a100.mig=true", "cluster.partitions.a100.gpus_per_job=2"],
+     ["cluster.partitions.a100.gpus_per_job=2", "one MIG instance per job", '("q", s)', "gpus_per_job=1"]),
+    (["cluster.rules.gpu_model.quote=q", "cluster.rules.gpu_model.source=s", "cluster.partitions.a100.gpu=null"],
+     ["cluster.partitions.a100.gpu=None", "names no model", '("q", s)', "gpu=a100"]),
+    (["cluster.rules.whole_node.quote=q", "cluster.rules.whole_node.source=s",
+      "cluster.partitions.a100.whole_node_gpus=4", "cluster.partitions.a100.gpus_per_job=2"],
+     ["cluster.partitions.a100.gpus_per_job=2", "whole node of 4", '("q", s)']),
+]
+
+# Keys whose type alone is checked (the schema's): a bad value is refused in one line naming the key.
+TYPED_ROWS = [
+    (["cluster.partitions.a100.mig=maybe"], "cluster.partitions.a100.mig='maybe'"),
+    (["cluster.rules.one_mig_per_job.in_force=maybe"], "cluster.rules.one_mig_per_job.in_force='maybe'"),
 ]
 
 # The keys whose fixed value is accepted but the run then stops at another key's check (what the fix leaves).
@@ -217,6 +237,13 @@ def test_a_bad_slurm_value_is_refused_before_the_cluster_is_asked(tmp_path: Path
         submitter.check(submitter.resolve_partitions(list(cfg.partitions)))
     except ConfigError as other:
         assert other.key != key, f"{fix}: {other}"
+
+
+@pytest.mark.parametrize("overrides, needle", TYPED_ROWS, ids=[" ".join(c[0]) for c in TYPED_ROWS])
+def test_a_bad_typed_slurm_value_is_refused_before_the_cluster_is_asked(tmp_path: Path, capsys: Any, no_cluster: None,
+                                                                        overrides: list[str], needle: str) -> None:
+    err = refused(BASE + SLURM + overrides, capsys, tmp_path / "run")
+    assert needle in err and "bool" in err, err
 
 
 # The declared ranges, pure: (range, inside, outside).

@@ -6,6 +6,7 @@ how it reads the answers, is in :mod:`gpupack.submit._slurm_queue`, the one seam
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import difflib
 import getpass
 import math
@@ -122,10 +123,48 @@ class PartitionConfig:
     whole_node_gpus: Optional[int] = None
     # Retired hardware, kept so earlier measurements can still be labelled and compared.
     retired: bool = False
+    # A MIG slice (one GPU instance of a larger GPU), not a whole GPU: where the site allows one slice per job
+    # (rules.one_mig_per_job), its jobs ask for exactly one.
+    mig: bool = False
 
 
-def check_partition(part: Any, key: str) -> None:
-    """A partition's fields (a :class:`PartitionConfig`, or its DictConfig), one ConfigError naming ``key.field``."""
+@dataclass
+class SiteRule:
+    """One rule the site states, recorded with its words and where they are written, so that a refusal quotes them.
+    A rule without words is none: the preset records no such rule."""
+
+    quote: str = ""  # the site's own words; "": no such rule here
+    source: str = ""  # where they are written (its page)
+    since: Optional[str] = None  # the day it took effect (YYYY-MM-DD); null: not dated there
+    in_force: bool = True  # false: announced but not yet applied (recorded, not checked)
+
+
+@dataclass
+class SiteRules:
+    """The site's rules on what one job may ask, checked before anything is submitted."""
+
+    # One MIG slice per job: a partition with mig=true keeps gpus_per_job=1.
+    one_mig_per_job: SiteRule = field(default_factory=SiteRule)
+    # Every GPU request names a model (--gpus-per-node=h100:1): a GPU partition's gpu is set.
+    gpu_model: SiteRule = field(default_factory=SiteRule)
+    # 1 GPU or a whole node: the words for a partition's whole_node_gpus (checked with or without them).
+    whole_node: SiteRule = field(default_factory=SiteRule)
+
+
+def cite(rule: Any) -> str:
+    """A :class:`SiteRule` (or its DictConfig) as a refusal quotes it: ("its words", its page, since its date)."""
+    return f'("{rule.quote}", {rule.source}' + (f", since {rule.since}" if rule.since else "") + ")"
+
+
+def in_force(rule: Any) -> bool:
+    """Whether a :class:`SiteRule` (or its DictConfig) is recorded and applies now."""
+    return bool(rule.quote) and bool(rule.in_force)
+
+
+def check_partition(part: Any, key: str, rules: Any = None, site: str = "this site",
+                    others: Sequence[str] = ()) -> None:
+    """A partition's fields (a :class:`PartitionConfig`, or its DictConfig), on their own and against the site's
+    ``rules`` (:class:`SiteRules`; None: none): one ConfigError naming ``key.field``."""
     if part.request not in REQUEST_FORMS:
         raise ConfigError(f"{key}.request", part.request, "unknown request form", nearest(part.request, REQUEST_FORMS))
     require_positive(part.max_cpus, f"{key}.max_cpus", f"{key}.max_cpus=12, or null where the site gives none",
@@ -141,10 +180,29 @@ def check_partition(part: Any, key: str) -> None:
     if part.gpus_per_job > 1 and part.request == "none":
         raise ConfigError(f"{key}.gpus_per_job", part.gpus_per_job, "a CPU partition (request=none) has no GPUs",
                           f"{key}.gpus_per_job=1")
+    check_partition_rules(part, key, rules or SiteRules(), site, others)
+
+
+def check_partition_rules(part: Any, key: str, rules: Any, site: str, others: Sequence[str] = ()) -> None:
+    """A partition against the site's rules (a :class:`SiteRules` or its DictConfig): one ConfigError that quotes
+    the rule, naming ``key.field``. ``others``: the gpu of the preset's other partitions, for the hint. Pure."""
     if part.whole_node_gpus and part.gpus_per_job not in (1, part.whole_node_gpus):
+        said = f" {cite(rules.whole_node)}" if in_force(rules.whole_node) else ""
         raise ConfigError(f"{key}.gpus_per_job", part.gpus_per_job,
-                          f"this site gives a job 1 GPU or a whole node of {part.whole_node_gpus}",
+                          f"this site gives a job 1 GPU or a whole node of {part.whole_node_gpus}{said}",
                           f"{key}.gpus_per_job=1 (or {part.whole_node_gpus})")
+    if in_force(rules.one_mig_per_job) and part.mig and part.gpus_per_job > 1:
+        raise ConfigError(f"{key}.gpus_per_job", part.gpus_per_job,
+                          f"{site} allows one MIG instance per job {cite(rules.one_mig_per_job)}",
+                          f"{key}.gpus_per_job=1 (a pack on one slice); for more GPU per job, a larger slice or a "
+                          "full GPU's partition, whose gpus_per_job may be 2")
+    if in_force(rules.gpu_model) and part.request != "none" and not part.gpu:
+        name = key.rpartition(".")[2]
+        example = name if re.fullmatch(r"[a-z]+\d+[a-z]*", name) else \
+            next(iter(difflib.get_close_matches(name, others, n=1, cutoff=0)), "h100")
+        raise ConfigError(f"{key}.gpu", part.gpu, f"{site} refuses a GPU request that names no model "
+                          f"{cite(rules.gpu_model)}",
+                          f"{key}.gpu={example} (its model specifier, as in --gpus-per-node={example}:1)")
 
 
 @dataclass
@@ -182,6 +240,9 @@ class SlurmConfig(ClusterConfig):
     # True where the cluster's nodes are one machine (scripts/local_slurm.sh: a slurmd per GPU type on one host), so
     # packs share its cores whatever their partition, and the report says so. false on a real cluster.
     nodes_share_one_host: bool = False
+    # The site's stated rules on what one job may ask, each with its words and page (conf/cluster/fir.yaml), checked
+    # before anything is submitted: a refusal quotes them.
+    rules: SiteRules = field(default_factory=SiteRules)
 
 
 MAX_SIGNAL_DELAY_S = 65535  # sbatch --signal's largest sig_time
@@ -213,8 +274,36 @@ def check_options(cluster: Any, key: Callable[[str], str]) -> None:
                           f"at its start until {key('max_num_timeout')} is spent",
                           f"{key('signal_delay_s')}={fitting}")
     check_default_partitions(cluster, key)
+    rules = cluster.rules
+    check_rules(rules, key)
     for name, part in cluster.partitions.items():  # every preset partition, chosen for this run or not
-        check_partition(part, key(f"partitions.{name}"))
+        others = [str(p.gpu) for other, p in cluster.partitions.items() if p.gpu and other != name]
+        check_partition(part, key(f"partitions.{name}"), rules, cluster.name, others)
+
+
+def check_rules(rules: Any, key: Callable[[str], str]) -> None:
+    """Each rule of a :class:`SiteRules` (or its DictConfig) that the preset records (its words given): its page
+    given and its date a day (YYYY-MM-DD), so that a refusal can quote it; a page or date without words is refused
+    too (no rule would be checked). Pure."""
+    for name in (f.name for f in dataclasses.fields(SiteRules)):
+        rule, quote, source, since = (getattr(rules, name), key(f"rules.{name}.quote"), key(f"rules.{name}.source"),
+                                      key(f"rules.{name}.since"))
+        if not str(rule.quote).strip() and (rule.source or rule.since):
+            raise ConfigError(quote, rule.quote, "a site rule is recorded by its words, and these are empty: no rule "
+                              "would be checked", f"{quote}='...' (the site's words)")
+        if rule.quote and not str(rule.source).strip():
+            raise ConfigError(source, rule.source, "a site rule is quoted with the page it is written on",
+                              f"{source}='...' (the page)")
+        if rule.since is not None and not is_day(str(rule.since)):
+            raise ConfigError(since, rule.since, "must be a day, YYYY-MM-DD, or null", f"e.g. {since}=2026-04-06")
+
+
+def is_day(text: str) -> bool:
+    """``text`` a calendar day written YYYY-MM-DD. Pure."""
+    try:
+        return _dt.date.fromisoformat(text).isoformat() == text
+    except ValueError:
+        return False
 
 
 def check_default_partitions(cluster: Any, key: Callable[[str], str]) -> None:
