@@ -62,6 +62,11 @@ MIG = [
     (["cluster=fir", "partitions=[h100]", "cluster.partitions.h100.gpus_per_job=2"], None),
     (["cluster=rorqual", "partitions=[h100]", "cluster.partitions.h100.gpus_per_job=2"], None),
     (["cluster=fir", "partitions=[h100_1g_10gb]", "packing.factors=[1]"], None),
+    # one training spread over 2 slices asks one job for 2 of them: refused too; over a full GPU's partition, not
+    (["cluster=fir", "partitions=[h100_1g_10gb]", "packing.factors=[1]", "spread.devices=[1,2]"],
+     ["spread.devices[1]=2: on partition h100_1g_10gb: fir allows one MIG instance per job", MIG_WORDS,
+      "HINT: spread.devices=[1]"]),
+    (["cluster=fir", "partitions=[h100]", "packing.factors=[1]", "spread.devices=[1,2]"], None),
     # a partition the user marks as a slice is held to the rule; the generic preset records no rule
     (["cluster=fir", "partitions=[h100]", "cluster.partitions.h100.mig=true",
       "cluster.partitions.h100.gpus_per_job=2"], ["cluster.partitions.h100.gpus_per_job=2", MIG_WORDS]),

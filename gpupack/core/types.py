@@ -37,6 +37,9 @@ class Capacity:
     # What one GPU (or MIG slice) of this partition is billed against (gpupack.core.billing): its cores and memory.
     bundle_cores: float | None = None
     bundle_mem_gb: float | None = None
+    # The most devices one job may ask for, where the site says (one MIG instance per job), with the rule's words.
+    max_devices_per_job: int | None = None
+    devices_rule: str | None = None
 
 
 

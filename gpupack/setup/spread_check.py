@@ -52,6 +52,7 @@ def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts
                 where = "sweep.grid" if err.key in grid else "sweep.fixed"
                 raise ConfigError(f"{where}.{err.key}", err.value, f"{err.why} (spread.devices has {k})",
                                   err.hint) from None
+    _check_devices_per_job(devices, facts)
     check_fit(devices, facts, key=lambda i: f"spread.devices[{i}]", noun="processes of one training",
               request_host_mb=measured_host_mb, per_node=True)
     for name, cap in facts.capacities.items():  # each device holds a whole replica: k x one training's host memory
@@ -64,6 +65,16 @@ def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts
                                   "lower k, or raise packing.memory_fraction")
     return SpreadSpec(strategy=strategy.name, layouts=tuple((strategy.name, label) for label in labels),
                       devices=tuple(devices), repeats=int(spread.repeats or cfg.packing.repeats))
+
+
+def _check_devices_per_job(devices: list[int], facts: ClusterFacts) -> None:
+    """One training over k devices asks one job for k of them: refused where the site allows fewer (one MIG slice
+    a job), quoting its rule."""
+    for name, cap in facts.capacities.items():
+        for i, k in enumerate(devices):
+            if cap.max_devices_per_job is not None and k > cap.max_devices_per_job:
+                raise ConfigError(f"spread.devices[{i}]", k, f"on partition {name}: {cap.devices_rule}",
+                                  f"spread.devices=[{cap.max_devices_per_job}], or spread over a full GPU's partition")
 
 
 def check_spread_values(spread: Mapping[str, Any]) -> None:

@@ -512,8 +512,18 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                                  node_gpus=live.get(name, {}).get("node_gpus"),
                                  node_cpus=live.get(name, {}).get("node_cpus"),
                                  node_mem_mb=live.get(name, {}).get("node_mem_mb"),
-                                 bundle_cores=part.bundle_cores, bundle_mem_gb=part.bundle_mem_gb)
+                                 bundle_cores=part.bundle_cores, bundle_mem_gb=part.bundle_mem_gb,
+                                 **self._devices_rule(part))
         return out
+
+    def _devices_rule(self, part: PartitionConfig) -> dict[str, Any]:
+        """The one-MIG-instance rule as a capacity, for what asks a job for k devices besides gpus_per_job
+        (spread.devices): on a slice partition where the site enforces it, one device a job, with its words."""
+        rule = self.cluster.rules.one_mig_per_job
+        if not (part.mig and in_force(rule)):
+            return {}
+        return {"max_devices_per_job": 1,
+                "devices_rule": f"{self.cluster.name} allows one MIG instance per job {cite(rule)}"}
 
     # ---------------- submission ----------------
 
