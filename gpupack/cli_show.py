@@ -2,6 +2,7 @@
 (a live table in a terminal, one line per change elsewhere)."""
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from typing import Sequence, TypeVar
 
@@ -22,6 +23,30 @@ def print_plan(console: Console, prepared: sweep.Prepared) -> None:
     _print_plan(console, prepared)
     for mode, note in (prepared.spec.start_notes() if prepared.spec is not None else {}).items():
         console.print(f"  trainings start ({mode}): {note}", highlight=False)
+
+
+def print_beside(console: Console, prepared: sweep.Prepared, command: Sequence[str]) -> None:
+    """Before a sweep starts (or a dry run plans it) in a new run directory: the unfinished or running runs of this
+    same sweep beside it, each in one line with how to resume or follow it. The new run goes on: nothing is lost (the
+    earlier run stays as it is, resumable at any time) and nothing is overwritten. ``command``: the words of this
+    command, which the resume command repeats."""
+    for b in sweep.unfinished_beside(prepared):
+        done = f"{b.complete} of {b.packs} packs done"
+        if b.holder is not None:
+            line = (f"{b.root} holds a run of this sweep, running now ({b.holder.said()}; {done}); follow it: "
+                    f"python -m gpupack watch {b.root}")
+        else:
+            queued = f"; jobs it submitted may still run: python -m gpupack status {b.root}" if b.submitted else ""
+            line = (f"{b.root} holds an unfinished run of this sweep ({done}{queued}); to resume it: "
+                    f"{resume_command(command, b.root)}")
+        console.print(f"[yellow]note:[/] {escape(line)}", highlight=False, markup=True, soft_wrap=True)
+
+
+def resume_command(command: Sequence[str], run_dir: object) -> str:
+    """``command`` run again in ``run_dir`` (a run_dir= or dry_run= it had left out), as a shell reads it. Pure."""
+    def key(word: str) -> str:
+        return word.split("=", 1)[0].lstrip("+~")
+    return shlex.join([w for w in command if key(w) not in ("run_dir", "dry_run")] + [f"run_dir={run_dir}"])
 
 
 def _print_plan(console: Console, prepared: sweep.Prepared) -> None:
