@@ -177,7 +177,11 @@ def print_status(console: Console, st: RunStatus, now: float) -> None:
                       "; packs " + ", ".join(f"{k} {v}" for k, v in sorted(packs.get(partition, {}).items())),
                       highlight=False)
     elapsed, left = st.elapsed_s(now), st.left_s(now)
-    if elapsed is not None:
+    if st.stopped:  # nothing runs or is queued: no rate says when it ends, and its clock stopped with its last training
+        ran = f"; its trainings ran {duration(st.last_end_at - st.started_at)}, from the first one's start to the " \
+            "last one's end" if st.started_at is not None and st.last_end_at is not None else ""
+        console.print(f"  stopped: nothing of it runs or is queued now{ran}", highlight=False)
+    elif elapsed is not None:
         when = "took" if st.ended_at is not None else "elapsed"
         rest = "" if st.ended_at is not None else (
             ", left: unknown until a training ends" if left is None else f", about {duration(left)} left at this rate")
@@ -191,7 +195,11 @@ def print_status(console: Console, st: RunStatus, now: float) -> None:
                           f"{f', job {p.job_id}' if p.job_id else ''})", highlight=False)
         if p.why and p.state != sweep.SKIPPED:  # skipped for memory, its trainings run at a smaller N instead
             console.print(f"  {p.pack_id}: skipped for memory: {p.why}; {p.refit}", highlight=False)
-    if any(p.state == sweep.STOPPED for p in st.packs):
+    if st.stopped:
+        console.print(f"  to resume it ({st.trainings_left} training(s) left): run the same command again with "
+                      f"run_dir={st.run_dir} (without it, a new run starts); completed trainings are kept",
+                      highlight=False)
+    elif any(p.state == sweep.STOPPED for p in st.packs):
         console.print(f"  stopped: started and ended without a pack record (stopped or killed); re-run the same "
                       f"command with run_dir={st.run_dir} to resume: completed trainings are kept", highlight=False)
 
@@ -210,7 +218,8 @@ class StatusView(LiveView):
             total.update(c)
         left = st.left_s(now)
         return (", ".join(f"{k} {total[k]}" for k in sweep.TRAINING_STATES)
-                + ("" if left is None or st.ended_at is not None else f"; about {duration(left)} left"))
+                + ("; stopped" if st.stopped else
+                   "" if left is None or st.ended_at is not None else f"; about {duration(left)} left"))
 
     def table(self, st: RunStatus, now: float) -> Table:
         elapsed = st.elapsed_s(now)

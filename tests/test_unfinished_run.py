@@ -1,6 +1,7 @@
 """Issue 43, item 5: the unfinished run is named. The same command run again without run_dir= starts a new run
 directory: it says first, in one line, where an unfinished run of the same sweep is and how to resume it (or that it
-is running), and goes on."""
+is running), and goes on. ``status`` of a stopped run gives no time left: it says it is stopped and how to resume it;
+a running one keeps its estimate."""
 from __future__ import annotations
 
 import os
@@ -8,16 +9,19 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from rich.console import Console
 
 from gpupack import sweep
 from gpupack.cli import main
-from gpupack.cli_show import resume_command
+from gpupack.cli_show import StatusView, resume_command
 from gpupack.core.records import read_json
-from gpupack.core.rundir import RunDir
+from gpupack.core.rundir import RunDir, RunLock
+from gpupack.flow.status import PackStatus, RunStatus
 
 REPO = Path(__file__).resolve().parent.parent
 ARGS = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack", "sweep.grid.lr=[0.1,0.2]",
@@ -110,6 +114,45 @@ def test_a_run_of_the_same_sweep_that_runs_is_named_running(earlier, capsys, sub
     assert f"note: {earlier} holds a run of this sweep, running now (pid {holder.pid} on " in out, out
     assert f"; {done} of {total} packs done); follow it: python -m gpupack watch {earlier}" in out
     assert "unfinished" not in out and "to resume" not in out
+
+
+def test_status_of_a_stopped_run_gives_no_time_left_and_says_how_to_resume(earlier, capsys):
+    st = sweep.status(earlier)
+    assert st.stopped and st.left_s(now=st.started_at + 999) is None  # type: ignore[operator]
+    assert main(["status", str(earlier)]) == 0
+    out = capsys.readouterr().out
+    assert "left at this rate" not in out and "elapsed" not in out, out
+    assert "  stopped: nothing of it runs or is queued now; its trainings ran " in out
+    assert (f"  to resume it ({st.trainings_left} training(s) left): run the same command again with "
+            f"run_dir={earlier} (without it, a new run starts)") in out
+    assert st.trainings_left == len(read_json(RunDir(earlier).plan)["packs"][0]["trainings"]) > 0
+
+
+def test_status_of_a_running_run_keeps_its_estimate(earlier, capsys):
+    with RunLock(RunDir(earlier)):  # a sweep of this host holds the run: its packs not done are pending
+        st = sweep.status(earlier)
+        assert not st.stopped and {p.state for p in st.packs} == {"done", "pending"}
+        assert main(["status", str(earlier)]) == 0
+    out = capsys.readouterr().out
+    assert "left at this rate" in out and "stopped" not in out and "to resume" not in out, out
+
+
+def _st(state: str) -> RunStatus:
+    return RunStatus(Path("r"), "s", [PackStatus("p0", "v100", "done", 1, 1), PackStatus("p1", "v100", state, 0, 1)],
+                     trainings={"v100": Counter(completed=1, waiting=1)}, started_at=1000.0, last_end_at=1010.0)
+
+
+@pytest.mark.parametrize("state, stopped", [
+    ("not submitted", True), ("stopped", True), ("failed", True),  # nothing of it runs or is queued
+    ("pending", False), ("running", False), ("submitted", False),
+    ("unknown", False),  # the queue did not answer: it may run, so it is not called stopped
+])
+def test_a_run_is_stopped_where_trainings_are_left_and_none_of_its_packs_may_run(state, stopped):
+    st = _st(state)
+    assert st.stopped is stopped
+    assert (st.left_s(now=1020.0) is None) is stopped  # an estimate only while something may run
+    line = StatusView(Console(record=True)).line(st, now=1020.0)
+    assert line.endswith("; stopped") is stopped and ("left" in line) is not stopped, line
 
 
 @pytest.mark.parametrize("command, expected", [
