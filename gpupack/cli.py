@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpupack import __version__, sweep
-from gpupack.cli_show import ProgressView, StatusView, print_opened, print_plan, print_status
+from gpupack.cli_show import ProgressView, StatusView, print_beside, print_opened, print_plan, print_status
 from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.plan import Pack
 from gpupack.core.rundir import RunDir
@@ -83,6 +83,7 @@ PYTHON_M_GPUPACK = ("python", "-m", "gpupack")  # how a line that says "run the 
 
 def run_sweep(overrides: Sequence[str], console: Console) -> int:
     prepared = sweep.prepare(overrides)
+    print_beside(console, prepared, [*PYTHON_M_GPUPACK, *overrides])  # an unfinished run of this sweep: said first
     if isinstance(prepared.config, DictConfig) and prepared.config.dry_run:  # the CLI composes a DictConfig
         return dry_run(prepared, console)
     print_plan(console, prepared)

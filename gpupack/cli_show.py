@@ -2,6 +2,7 @@
 (a live table in a terminal, one line per change elsewhere)."""
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from typing import Sequence, TypeVar
 
@@ -22,6 +23,30 @@ def print_plan(console: Console, prepared: sweep.Prepared) -> None:
     _print_plan(console, prepared)
     for mode, note in (prepared.spec.start_notes() if prepared.spec is not None else {}).items():
         console.print(f"  trainings start ({mode}): {note}", highlight=False)
+
+
+def print_beside(console: Console, prepared: sweep.Prepared, command: Sequence[str]) -> None:
+    """Before a sweep starts (or a dry run plans it) in a new run directory: the unfinished or running runs of this
+    same sweep beside it, each in one line with how to resume or follow it. The new run goes on: nothing is lost (the
+    earlier run stays as it is, resumable at any time) and nothing is overwritten. ``command``: the words of this
+    command, which the resume command repeats."""
+    for b in sweep.unfinished_beside(prepared):
+        done = f"{b.complete} of {b.packs} packs done"
+        if b.holder is not None:
+            line = (f"{b.root} holds a run of this sweep, running now ({b.holder.said()}; {done}); follow it: "
+                    f"python -m gpupack watch {b.root}")
+        else:
+            queued = f"; jobs it submitted may still run: python -m gpupack status {b.root}" if b.submitted else ""
+            line = (f"{b.root} holds an unfinished run of this sweep ({done}{queued}); to resume it: "
+                    f"{resume_command(command, b.root)}")
+        console.print(f"[yellow]note:[/] {escape(line)}", highlight=False, markup=True, soft_wrap=True)
+
+
+def resume_command(command: Sequence[str], run_dir: object) -> str:
+    """``command`` run again in ``run_dir`` (a run_dir= or dry_run= it had left out), as a shell reads it. Pure."""
+    def key(word: str) -> str:
+        return word.split("=", 1)[0].lstrip("+~")
+    return shlex.join([w for w in command if key(w) not in ("run_dir", "dry_run")] + [f"run_dir={run_dir}"])
 
 
 def _print_plan(console: Console, prepared: sweep.Prepared) -> None:
@@ -152,7 +177,11 @@ def print_status(console: Console, st: RunStatus, now: float) -> None:
                       "; packs " + ", ".join(f"{k} {v}" for k, v in sorted(packs.get(partition, {}).items())),
                       highlight=False)
     elapsed, left = st.elapsed_s(now), st.left_s(now)
-    if elapsed is not None:
+    if st.stopped:  # nothing runs or is queued: no rate says when it ends, and its clock stopped with its last training
+        ran = f"; its trainings ran {duration(st.last_end_at - st.started_at)}, from the first one's start to the " \
+            "last one's end" if st.started_at is not None and st.last_end_at is not None else ""
+        console.print(f"  stopped: nothing of it runs or is queued now{ran}", highlight=False)
+    elif elapsed is not None:
         when = "took" if st.ended_at is not None else "elapsed"
         rest = "" if st.ended_at is not None else (
             ", left: unknown until a training ends" if left is None else f", about {duration(left)} left at this rate")
@@ -166,7 +195,11 @@ def print_status(console: Console, st: RunStatus, now: float) -> None:
                           f"{f', job {p.job_id}' if p.job_id else ''})", highlight=False)
         if p.why and p.state != sweep.SKIPPED:  # skipped for memory, its trainings run at a smaller N instead
             console.print(f"  {p.pack_id}: skipped for memory: {p.why}; {p.refit}", highlight=False)
-    if any(p.state == sweep.STOPPED for p in st.packs):
+    if st.stopped:
+        console.print(f"  to resume it ({st.trainings_left} training(s) left): run the same command again with "
+                      f"run_dir={st.run_dir} (without it, a new run starts); completed trainings are kept",
+                      highlight=False)
+    elif any(p.state == sweep.STOPPED for p in st.packs):
         console.print(f"  stopped: started and ended without a pack record (stopped or killed); re-run the same "
                       f"command with run_dir={st.run_dir} to resume: completed trainings are kept", highlight=False)
 
@@ -185,7 +218,8 @@ class StatusView(LiveView):
             total.update(c)
         left = st.left_s(now)
         return (", ".join(f"{k} {total[k]}" for k in sweep.TRAINING_STATES)
-                + ("" if left is None or st.ended_at is not None else f"; about {duration(left)} left"))
+                + ("; stopped" if st.stopped else
+                   "" if left is None or st.ended_at is not None else f"; about {duration(left)} left"))
 
     def table(self, st: RunStatus, now: float) -> Table:
         elapsed = st.elapsed_s(now)

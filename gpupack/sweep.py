@@ -17,6 +17,7 @@ from gpupack.core.storage import storage_faults
 from gpupack.flow.auto import run_auto
 from gpupack.flow.collect import Step, collect, find_runs
 from gpupack.flow.run import (
+    Beside,
     Checked,
     Opened,
     Outcome,
@@ -28,6 +29,7 @@ from gpupack.flow.run import (
     prepare,
     prepare_run,
     run_plain,
+    unfinished_beside,
 )
 from gpupack.flow.status import (
     SKIPPED,
@@ -46,7 +48,7 @@ from gpupack.submit import ProgressFn
 
 __all__ = ["Prepared", "Checked", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "prepare_run",
            "ask_submitter", "forecast", "run", "status", "follow", "has_ended", "collect", "clear_oom",
-           "default_run_dir", "find_runs",
+           "default_run_dir", "find_runs", "Beside", "unfinished_beside",
            "pack_status", "packs_to_run", "STOPPED", "SKIPPED", "T_SKIPPED", "Step", "TRAINING_STATES"]
 
 

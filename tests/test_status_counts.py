@@ -2,6 +2,7 @@
 so far and what is left at that rate (issue 28)."""
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from gpupack import sweep
 from gpupack.cli import main
 from gpupack.core.records import read_json
-from gpupack.core.rundir import RunDir
+from gpupack.core.rundir import RunDir, RunLock
 from gpupack.core.types import PENDING, RUNNING
 from gpupack.flow.status import RunStatus, eta_s, training_state
 
@@ -59,17 +60,16 @@ def test_status_of_a_finished_run_with_a_failure_and_of_one_resumed_halfway(tmp_
     assert "4 trainings in 2 packs" in out and "local: trainings completed 2, failed 2, running 0, waiting 0" in out
     assert "took " in out and "left" not in out
 
-    # One pack's records gone, as if its job had not run yet: its trainings wait, and time left is estimated
+    # One pack's folder gone, as if its job had not run yet while the sweep runs (it holds the run's lock): its
+    # trainings wait, and time left is estimated (a stopped run's is not: tests/test_unfinished_run.py)
     run = RunDir(run_dir)
     plan = read_json(run.plan)
-    first = plan["packs"][0]
-    for t in first["trainings"]:
-        run.training_record(first["pack_id"], t["training_id"]).unlink()
-    run.pack_record(first["pack_id"]).unlink()
-    st = sweep.status(run_dir)
+    shutil.rmtree(run.pack_dir(plan["packs"][0]["pack_id"]))
+    with RunLock(run):
+        st = sweep.status(run_dir)
+        assert main(["status", str(run_dir)]) == 0
     counts = st.trainings["local"]
     assert counts["waiting"] == 2 and counts["completed"] + counts["failed"] == 2 and st.ended_at is None
-    assert main(["status", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "waiting 2" in out and "elapsed " in out and "left at this rate" in out, out
 

@@ -93,6 +93,22 @@ class RunDir:
         """The run directories (folders holding a plan.json) up to ``depth`` levels beneath ``folder``, sorted."""
         return sorted({p.parent for k in range(1, depth + 1) for p in folder.glob("/".join(["*"] * k) + "/" + PLAN)})
 
+    def siblings(self) -> list[RunDir]:
+        """The other run directories (holding a plan.json) in this one's parent, newest plan first: where the runs a
+        command without run_dir= made before are (runs/<sweep>/<date>_<time>). A stat each, nothing read."""
+        try:
+            with os.scandir(self.root.parent) as entries:
+                names = [e.name for e in entries if e.name != self.root.name and e.is_dir()]
+        except OSError:
+            return []
+        found = []
+        for name in names:
+            try:
+                found.append((os.stat(self.root.parent / name / PLAN).st_mtime, name))
+            except OSError:
+                continue
+        return [RunDir(self.root.parent / name) for _, name in sorted(found, reverse=True)]
+
     @staticmethod
     def launch_name(first_job: int) -> str:
         """The name of a Hydra launch's run directory, in its records_dir (MULTIRUN_DIR/.gpupack/)."""
@@ -346,14 +362,19 @@ class HeldLocks:
     def holds(self, lock: Path) -> bool:
         """Whether a process of this host holds ``lock``: its holder line (:func:`holder_line`) names this host, and
         its flock is held."""
+        return self.holder(lock) is not None
+
+    def holder(self, lock: Path) -> Holder | None:
+        """Who holds ``lock``, where a process of this host does (:meth:`holds`); else None."""
         try:
             holder = Holder.parse(lock.read_text())
             inode = lock.stat().st_ino
         except OSError:
-            return False
+            return None
         if holder is None or holder.host != socket.gethostname():
-            return False
-        return _alive(holder.pid) if self.inodes is None else str(inode) in self.inodes
+            return None
+        held = _alive(holder.pid) if self.inodes is None else str(inode) in self.inodes
+        return holder if held else None
 
 
 def _alive(pid: int) -> bool:

@@ -17,8 +17,8 @@ from gpupack.analysis.aggregate import Collected
 from gpupack.core.journal import RunRecords
 from gpupack.core.memory import candidate_runs, find_measured
 from gpupack.core.plan import Pack, Plan
-from gpupack.core.records import make_dirs, read_json, write_json_atomic, write_text_atomic
-from gpupack.core.rundir import RunDir, RunLock, check_name, files_forecast
+from gpupack.core.records import SKIPPED_MEMORY, make_dirs, read_json, write_json_atomic, write_text_atomic
+from gpupack.core.rundir import HeldLocks, Holder, RunDir, RunLock, check_name, files_forecast
 from gpupack.core.storage import storage_error
 from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import GpupackError, RunDirError
@@ -42,6 +42,8 @@ class Prepared:
     spec: SweepSpec | None = None  # the validated sweep, when prepared from gpupack's own config
     capacities: Mapping[str, Capacity] = field(default_factory=dict)  # what the backend said each partition holds
     warnings: tuple[str, ...] = ()  # for the user before anything runs (e.g. a request leaving GPUs idle)
+    # the user named the run directory (run_dir=...): a choice, so no earlier run beside it is looked for (beside)
+    chosen_dir: bool = True
 
     def resumes(self) -> bool:
         """True when the run directory already holds this plan: it reads the directory, and refuses one holding
@@ -152,7 +154,9 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
         return Checked(name=spec.name, plan=spec.plan(), settings=spec.settings, config=cfg, wait=bool(cfg.wait),
                        spec=spec, warnings=spec.warnings)
 
-    return prepare_run(run, load_submitter(cfg.cluster.backend, cfg.cluster, run), cfg.partitions, check)
+    prepared = prepare_run(run, load_submitter(cfg.cluster.backend, cfg.cluster, run), cfg.partitions, check)
+    prepared.chosen_dir = bool(cfg.run_dir)
+    return prepared
 
 
 def forecast(prepared: Prepared) -> list[str]:
@@ -212,6 +216,60 @@ def check_run_dir(run: RunDir, plan: Plan | None) -> bool:
         raise RunDirError(f"run_dir={str(run.root)!r} exists and is not a gpupack run. HINT: choose a new "
                           "or empty run_dir=...")
     return False
+
+
+@dataclass(frozen=True)
+class Beside:
+    """A run directory of the same sweep (the same plan, :meth:`Plan.same_sweep`) beside the one a command starts:
+    unfinished (a training of its plan has no record: it was stopped), or running (a sweep of this host holds its
+    lock, :class:`HeldLocks`)."""
+
+    root: Path
+    complete: int  # packs complete, as its resume would count them (packs_to_run)
+    packs: int
+    holder: Holder | None = None  # who holds its lock: it runs
+    submitted: bool = False  # it submitted jobs to a queue (jobs.json): they may still run there
+
+
+BESIDE_LOOKED = 4  # the newest run directories beside a new one that are read: a few plans, never a whole history
+
+
+def unfinished_beside(prepared: Prepared, look: int = BESIDE_LOOKED) -> list[Beside]:
+    """The runs of this same sweep, unfinished or running, among the ``look`` newest run directories beside the one
+    ``prepared`` starts (runs/<sweep>/<date>_<time>: a command without run_dir= makes a new one each time), newest
+    first. None where the user chose the run directory (run_dir=...), or for packing.factors=auto (its root has no plan
+    of its own). Reads plans and records only: no lock is taken, no queue asked."""
+    if prepared.chosen_dir or (prepared.spec is not None and prepared.spec.auto is not None):
+        return []
+    held: HeldLocks | None = None  # this host's lock table, read once and only where a same sweep is found
+    found = []
+    for other in prepared.run.siblings()[:look]:
+        try:
+            earlier = Plan.from_json(read_json(other.plan))
+            if not earlier.same_sweep(prepared.plan):
+                continue
+        except (OSError, ValueError, KeyError, TypeError):  # unreadable, or no plan gpupack reads: not this sweep's
+            continue
+        held = held or HeldLocks()
+        holder = held.holder(other.lock)
+        if holder is None and not unrecorded(other, earlier):
+            continue  # ended: every training has its record (some may have failed)
+        todo = packs_to_run(other, earlier)
+        found.append(Beside(other.root, len(earlier.packs) - len(todo), len(earlier.packs), holder,
+                            other.jobs.exists()))
+    return found
+
+
+def unrecorded(run: RunDir, plan: Plan) -> bool:
+    """Some training of ``plan`` has no record yet in ``run`` (one skipped for memory counts as recorded once its
+    refit pack recorded it): the run was stopped before its end, or still runs."""
+    records = RunRecords(run)
+
+    def recorded(pack_id: str, training_id: str) -> bool:
+        rec = records.current(pack_id, training_id)
+        return rec is not None and not (rec.get("status") == SKIPPED_MEMORY and rec.get("runs_in"))
+
+    return not all(recorded(p.pack_id, t.training_id) for p in plan.packs for t in p.trainings)
 
 
 @contextlib.contextmanager

@@ -51,6 +51,18 @@ class RunStatus:
     trainings: dict[str, Counter[str]] = field(default_factory=dict)  # partition -> training state -> count
     started_at: float | None = None  # the first training's start, from the records
     ended_at: float | None = None  # the last training's end, once none is running or waiting
+    last_end_at: float | None = None  # the last training's end so far
+
+    @property
+    def stopped(self) -> bool:
+        """Trainings are left, and nothing of the run runs or is queued (no live lock of this host, no job in the
+        queue): it was stopped, and waits to be resumed; no rate says when it ends. Only packs tell it: none, not."""
+        return self.ended_at is None and bool(self.packs) and has_ended(self)
+
+    @property
+    def trainings_left(self) -> int:
+        """Trainings running or waiting, every partition's."""
+        return sum(c[T_RUNNING] + c[T_WAITING] for c in self.trainings.values())
 
     def counts(self) -> dict[str, Counter[str]]:
         out: dict[str, Counter[str]] = {}
@@ -62,7 +74,10 @@ class RunStatus:
         return None if self.started_at is None else (self.ended_at or now) - self.started_at
 
     def left_s(self, now: float) -> float | None:
-        """What is left at the rate so far, as a progress bar estimates it; None before any training ended."""
+        """What is left at the rate so far, as a progress bar estimates it; None before any training ended, or where
+        nothing runs or is queued (:attr:`stopped`)."""
+        if self.stopped:
+            return None
         total = Counter[str]()
         for c in self.trainings.values():
             total.update(c)
@@ -143,7 +158,8 @@ def status(run_dir: Path | str) -> RunStatus:
                              queue_answered=all(part.queue_answered for part in parts), trainings=merged,
                              started_at=min((q.started_at for q in parts if q.started_at), default=None),
                              ended_at=max((q.ended_at for q in parts if q.ended_at), default=None)
-                             if _all_ended(merged) else None)
+                             if _all_ended(merged) else None,
+                             last_end_at=max((q.last_end_at for q in parts if q.last_end_at), default=None))
         raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")
     plan = Plan.from_json(read_json(run.plan))
     cfg = OmegaConf.load(run.config)
@@ -195,9 +211,10 @@ def status(run_dir: Path | str) -> RunStatus:
             if rec is not None:
                 starts.append(float(rec.get("started_at") or 0) or None)
                 ends.append(float(rec.get("ended_at") or 0) or None)
+    last_end = max((e for e in ends if e), default=None)
     return RunStatus(run.root, plan.sweep, packs, queue_answered=states is not None, trainings=trainings,
                      started_at=min((s for s in starts if s), default=None),
-                     ended_at=max((e for e in ends if e), default=None) if _all_ended(trainings) else None)
+                     ended_at=last_end if _all_ended(trainings) else None, last_end_at=last_end)
 
 
 def skipped_here(rec: Mapping[str, Any] | None) -> bool:
