@@ -13,6 +13,7 @@ import base64
 import html
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -39,8 +40,8 @@ CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;
 h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
 h3{font-size:1em}.answer{background:#e8f5e9;padding:.6em 1em;border-radius:6px}.answer p.best{font-weight:600}
 table.t{border-collapse:collapse;font-size:.85em;max-width:100%}table.t td,table.t th{padding:3px 8px;
-border-bottom:1px solid #ddd;text-align:right;overflow-wrap:anywhere}table.t th{background:#f3f3f3}
-table.t td:first-child,table.t th:first-child{text-align:left}table.about th{text-align:left;padding-right:1.5em;
+border-bottom:1px solid #ddd;text-align:left;overflow-wrap:anywhere}table.t th{background:#f3f3f3}
+table.t .num{text-align:right}table.about th{text-align:left;padding-right:1.5em;
 font-weight:600}table.about td{text-align:left}img{max-width:100%}figure{margin:1em 0}figcaption{font-size:.8em;
 color:#666}.warn{color:#a15c00}.note{font-size:.85em;color:#555}details{margin:.6em 0}summary{cursor:pointer}
 td.text{text-align:left;max-width:40em}"""
@@ -95,10 +96,16 @@ def table(df: pd.DataFrame, columns: Mapping[str, str], formats: Mapping[str, st
         return "<p>(none)</p>"
     view = pd.DataFrame({label: [cells[col](r) if col in cells else _cell(r.get(col), formats.get(col))
                                  for _, r in df.iterrows()] for col, label in shown.items()})
-    for col, label in shown.items():
-        if col not in raw:
-            view[label] = view[label].map(_esc)
-    return str(view.to_html(index=False, escape=False, border=0, classes="t"))
+    escaped = [col not in raw for col in shown]
+    numeric = [bool(view[label].map(lambda v: bool(NUMBER.match(str(v)))).all()) for label in view.columns]
+    head = "".join(f"<th{' class=num' if num else ''}>{_esc(label)}</th>" for label, num in zip(view.columns, numeric))
+    body = "".join("<tr>" + "".join(f"<td{' class=num' if num else ''}>{_esc(v) if esc else v}</td>"
+                                    for v, num, esc in zip(row, numeric, escaped)) + "</tr>"
+                   for row in view.itertuples(index=False))
+    return f"<table class='t'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+NUMBER = re.compile(r"^[-+]?[\d.,]+(e[-+]?\d+)?( \[[\d.,-]+\]| \(\d+L\)|p|!|p!|/\d+)?$|^-$")
 
 
 def _paragraphs(lines: Sequence[str], cls: str = "") -> str:
