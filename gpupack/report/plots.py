@@ -40,6 +40,7 @@ def plot_time_per_training(c: Collected, path: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(workloads), figsize=(min(7 * len(workloads), 14), 4.5), squeeze=False)
     lines = ["run", "partition", "gpu_type", "mode"] if "run" in s else ["partition", "gpu_type", "mode"]
     for ax, workload in zip(axes[0], workloads):
+        said = 0  # the chosen N's names on this plot, stacked so that two lines' answers never overprint
         for key, g in s[s["workload"] == workload].groupby(lines):
             *run, partition, gpu, mode = key
             g = g.sort_values("factor")
@@ -53,16 +54,17 @@ def plot_time_per_training(c: Collected, path: Path) -> Path | None:
             for _, r in chosen.iterrows():  # the answer, ringed and named on the curve it was read from
                 ax.plot(r["factor"], r["time_per_training_s"], marker="o", markersize=14, fillstyle="none",
                         color=drawn.lines[0].get_color())
-                ax.annotate(f"chosen N={int(r['factor'])}", (r["factor"], r["time_per_training_s"]),
-                            textcoords="offset points", xytext=(8, 10), fontsize=8)
+                ax.annotate(f"chosen N={int(r['factor'])}" + (f" ({run[0]})" if run else ""),
+                            (r["factor"], r["time_per_training_s"]), textcoords="offset points",
+                            xytext=(8, 10 + 11 * said), fontsize=8, color=drawn.lines[0].get_color())
+                said += 1
         ax.set_xlabel("packing factor N (trainings per GPU)")
-        ax.set_ylabel("time per training (s): pack wall / N")
-        ax.set_title(f"{workload}: time per training against N, median and 95% interval (lower is better)",
-                     fontsize=10)
+        ax.set_ylabel("time per training (s): pack wall / N (lower is better)")
+        ax.set_title(f"{workload}: time per training against N (median, 95% interval)", fontsize=10)
         ax.set_xticks(sorted(s["factor"].unique()))
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, ax.get_ylim()[1] * (1.12 + 0.06 * said))  # headroom: the names above the points stay inside
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower left")
     return _save(fig, plt, path)
 
 
