@@ -34,7 +34,8 @@ def how_of(packs: pd.DataFrame) -> pd.Series:
 
 
 def occupancy(packs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (workload, partition, GPU type, mode, N, whole packs | streaming): jobs, trainings completed,
+    """One row per (workload, partition, GPU type, mode, N, whole packs | streaming): packs (or lanes), the jobs that
+    ran them, trainings completed,
     device-seconds per training, slot occupancy, mean idle gap between two trainings of a slot, and the span from
     the first job's start to the last one's end."""
     p = _latest_packing(packs)
@@ -46,8 +47,12 @@ def occupancy(packs: pd.DataFrame) -> pd.DataFrame:
     p["slot_s"] = p["slots"].fillna(p["factor"]) * p["wall_s"]
     if "workload" not in p:
         p["workload"] = None
+    # a job runs its lane of packs in turn (the run header's jobs): jobs are counted by job id, packs (or streaming
+    # lanes) by record; a record with no job id (written by hand, an old one) counts as a job of its own
+    p["job"] = p["job_id"].fillna(p["pack_id"]) if "job_id" in p else p["pack_id"]
     out = p.groupby(KEYS, dropna=False).agg(
-        jobs=("pack_id", "count"), trainings=("n_completed", "sum"), device_s=("wall_s", "sum"),
+        packs=("pack_id", "count"), jobs=("job", "nunique"), trainings=("n_completed", "sum"),
+        device_s=("wall_s", "sum"),
         busy_s=("busy_s", "sum"), slot_s=("slot_s", "sum"), gap_mean_s=("slot_gap_mean_s", "mean"),
         started=("started_at", "min"), ended=("ended_at", "max")).reset_index()
     out["device_s_per_training"] = out["device_s"] / out["trainings"].where(out["trainings"] > 0)
@@ -57,7 +62,7 @@ def occupancy(packs: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_lanes(summary: pd.DataFrame, occ: pd.DataFrame) -> pd.DataFrame:
-    """The main table's rows with what their streaming lanes measured: ``lanes`` (jobs) and
+    """The main table's rows with what their streaming lanes measured: ``lanes`` and
     ``stream_s_per_training`` (device-seconds per training: the lanes' walls over the trainings they completed) for
     an (N, mode, partition) that no whole pack timed, so a streaming run's row leads with its time, not dashes."""
     out = summary.copy()
@@ -69,7 +74,7 @@ def with_lanes(summary: pd.DataFrame, occ: pd.DataFrame) -> pd.DataFrame:
         key = tuple(r[k] for k in KEYS[:-1])
         if key in streamed.index and not (pd.to_numeric(r.get("packs"), errors="coerce") > 0):
             row = streamed.loc[[key]].iloc[0]
-            out.loc[i, ["lanes", "stream_s_per_training"]] = [int(row["jobs"]), row["device_s_per_training"]]
+            out.loc[i, ["lanes", "stream_s_per_training"]] = [int(row["packs"]), row["device_s_per_training"]]
     return out
 
 

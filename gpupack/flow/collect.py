@@ -4,11 +4,15 @@ reads (:mod:`gpupack.report`). Records are only read; what ``--metric/--goal/--p
 beside them (RUN_DIR/rank.json, :mod:`gpupack.core.rank_choice`), so a later collect of the run ranks the same way."""
 from __future__ import annotations
 
+import dataclasses
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+import yaml
+from omegaconf import OmegaConf
 from rich.console import Console
 
 from gpupack.analysis.aggregate import Collected, aggregate_records, load
@@ -19,7 +23,9 @@ from gpupack.core.records import read_json
 from gpupack.core.rundir import RunDir
 from gpupack.core.storage import storage_faults
 from gpupack.report.files import write_outputs, write_trainings
+from gpupack.report.html import RunPage, compared, write_comparison
 from gpupack.report.terminal import render_collected
+from gpupack.report.text import what_ran
 
 # The phases of an auto sweep (plan.phase; packing.then=run): their folders are RunDir.probe_step(n) and RunDir.auto_run
 PROBE, RUN = "probe", "run"
@@ -89,6 +95,10 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
     if goal is not None:
         check_goal(goal, "--goal")
     runs = find_runs(given)
+    sweeps = apart(runs)
+    if len(sweeps) > 1:  # unrelated runs: a report each, and one page comparing them
+        return compare_runs(sweeps, given, weights=weights, sweep_trainings=sweep_trainings, out=out, plots=plots,
+                            console=console, wide=wide, metric=metric, goal=goal, pattern=pattern)
     records = load(runs, metric, pattern)
     if metric is not None:  # refused before anything is written or remembered
         check_metric(metric, reported_metrics(records.trainings), "--metric",
@@ -107,7 +117,8 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
             report = read_auto(path)
             if report is not None:
                 c.auto_lines += report.lines()
-        written = write_outputs(c, where, plots=plots, trainings=trainings) if where is not None else []
+        written = (write_outputs(c, where, plots=plots, trainings=trainings, configs=run_configs(runs))
+                   if where is not None else [])
     if console is not None:
         render_collected(c, written, console, wide=wide)
     return c, written
@@ -143,3 +154,77 @@ def find_runs(paths: Sequence[Path], depth: int = 3) -> list[Path]:
             continue
         out += RunDir.below(path, depth) or [path]
     return out
+
+
+def run_configs(runs: Sequence[Path]) -> dict[str, dict[str, Any]]:
+    """Each run's config.yaml as a dict ({} where it has none, or it cannot be read): what the report says ran."""
+    out: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        path = RunDir(run).config
+        try:
+            config = OmegaConf.to_container(OmegaConf.load(path), resolve=False) if path.is_file() else {}
+        except (OSError, ValueError, yaml.YAMLError):
+            config = {}
+        out[str(run)] = {str(k): v for k, v in config.items()} if isinstance(config, dict) else {}
+    return out
+
+
+def _measured(run: Path) -> set[tuple[str, str, str]]:
+    """What a run's plan measures: (workload, partition, mode) of its packs (none where it has no plan)."""
+    plan = RunDir(run).plan
+    if not plan.is_file():
+        return set()
+    try:
+        packs = read_json(plan).get("packs", [])
+    except (OSError, ValueError):
+        return set()
+    return {(str(t.get("workload")), str(p.get("partition")), str(p.get("mode")))
+            for p in packs for t in p.get("trainings", [])}
+
+
+def apart(runs: Sequence[Path]) -> list[list[Path]]:
+    """The runs, by sweep (a Hydra multirun's launches are one sweep), where they must be reported apart: two
+    sweeps that measured the same (workload, partition, mode) or ran different workloads would make a pooled table
+    of rows that look alike and times of unrelated runs pooled. Else one list: one sweep, or sweeps that measured
+    different partitions of one workload, whose pooled report compares those partitions."""
+    sweeps: dict[Path, list[Path]] = {}
+    for run in runs:
+        sweeps.setdefault(RunDir(run).sweep_root, []).append(run)
+    if len(sweeps) < 2:
+        return [list(runs)]
+    measured = [set().union(*(_measured(r) for r in group)) for group in sweeps.values()]
+    overlap = any(a & b for i, a in enumerate(measured) for b in measured[i + 1:])
+    workloads = {w for m in measured for w, _, _ in m}
+    return list(sweeps.values()) if overlap or len(workloads) > 1 else [list(runs)]
+
+
+def comparison_home(given: Sequence[Path]) -> Path:
+    """Where a comparison page goes: the folder given, else the folder the runs given share."""
+    if len(given) == 1:
+        return given[0]
+    return Path(os.path.commonpath([str(p.resolve()) for p in given]))
+
+
+def compare_runs(sweeps: Sequence[Sequence[Path]], given: Sequence[Path], *, out: Path | str | None,
+                 plots: bool, console: Console | None, wide: bool, **kw: Any) -> tuple[Collected, list[Path]]:
+    """Several unrelated runs: each collected on its own (its files and report.html in its own directory), then one
+    comparison.html with a run column in ``out`` (default :func:`comparison_home`). Returns the first run's
+    Collected with every run's summary, a run column first."""
+    home = Path(out) if out else comparison_home(given)
+    pages, written = [], []
+    for group in sweeps:
+        root = RunDir(group[0]).sweep_root
+        label = os.path.relpath(root, home) if root.resolve().is_relative_to(home.resolve()) else str(root)
+        if console is not None:
+            console.print(f"── {label} ──", highlight=False)
+        c, files = collect(group, out=root, plots=plots, console=console, wide=wide, **kw)
+        written += files
+        pages.append(RunPage(label, os.path.relpath(root / "report.html", home), c,
+                             what_ran(c, run_configs(group))))
+    with storage_faults(home):
+        page = write_comparison(pages, home) if plots else []
+    written += page
+    if console is not None and page:
+        console.print(f"Comparison of {len(pages)} runs: {page[-1]}")
+    first = pages[0].collected
+    return dataclasses.replace(first, summary=compared(pages, lambda c: c.summary)), written

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import pandas as pd
 import pyarrow as pa
@@ -54,9 +54,11 @@ def write_trainings(records: Records, out: Path) -> Path | None:
     return path
 
 
-def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path | None | bool = True) -> list[Path]:
+def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path | None | bool = True,
+                  configs: Mapping[str, Mapping[str, Any]] | None = None) -> list[Path]:
     """summary.csv (every column of the table), summary.json, trainings.parquet (``trainings``: True to write it
-    here; else what :func:`write_trainings` wrote already), and (with plots) plots/*.png and report.html."""
+    here; else what :func:`write_trainings` wrote already), and (with plots) plots/*.png and report.html (what ran
+    from ``configs``: each run's config)."""
     run = RunDir(out)
     with atomic_file(run.summary_csv) as f:  # each file whole or not at all, as the records are
         c.summary.to_csv(f, index=False)
@@ -80,5 +82,5 @@ def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path |
     parquet = write_trainings(c.records, out) if trainings is True else trainings or None
     written += [parquet] if isinstance(parquet, Path) else []
     if plots:
-        written += write_report(c, out)
+        written += write_report(c, out, configs)
     return written

@@ -9,7 +9,7 @@ from typing import Any
 from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.occupancy import STREAMED, WHOLE
 from gpupack.core.records import atomic_file
-from gpupack.report.text import mode_label, packer_of, trainings_phrase
+from gpupack.report.text import mode_label, packer_of, params_label, trainings_phrase
 
 
 def _line_style(mode: Any) -> str:
@@ -29,6 +29,7 @@ def _plt() -> Any:
 
 
 def plot_time_per_training(c: Collected, path: Path) -> Path | None:
+    """Time per training against N with its interval, one line per (run, partition, mode), the chosen N ringed."""
     if "time_per_training_s" not in c.summary:  # no pack has finished yet
         return None
     s = c.summary.dropna(subset=["time_per_training_s"])
@@ -36,22 +37,34 @@ def plot_time_per_training(c: Collected, path: Path) -> Path | None:
         return None
     plt = _plt()
     workloads = sorted(s["workload"].unique())
-    fig, axes = plt.subplots(1, len(workloads), figsize=(7 * len(workloads), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(min(7 * len(workloads), 14), 4.5), squeeze=False)
+    lines = ["run", "partition", "gpu_type", "mode"] if "run" in s else ["partition", "gpu_type", "mode"]
     for ax, workload in zip(axes[0], workloads):
-        for (partition, gpu, mode), g in s[s["workload"] == workload].groupby(["partition", "gpu_type", "mode"]):
+        said = 0  # the chosen N's names on this plot, stacked so that two lines' answers never overprint
+        for key, g in s[s["workload"] == workload].groupby(lines):
+            *run, partition, gpu, mode = key
             g = g.sort_values("factor")
             low = g.get("tpt_ci_low_s", g["tpt_min_s"]).fillna(g["tpt_min_s"])  # the interval; min-max for one pack
             high = g.get("tpt_ci_high_s", g["tpt_max_s"]).fillna(g["tpt_max_s"])
             err = [(g["time_per_training_s"] - low).clip(lower=0), (high - g["time_per_training_s"]).clip(lower=0)]
-            ax.errorbar(g["factor"], g["time_per_training_s"], yerr=err, marker="o", capsize=3,
-                        linestyle=_line_style(mode), label=f"{partition} ({gpu}), {mode}")
+            drawn = ax.errorbar(g["factor"], g["time_per_training_s"], yerr=err, marker="o", capsize=3,
+                                linestyle=_line_style(mode),
+                                label=(f"{run[0]}: " if run else "") + f"{partition} ({gpu}), {mode}")
+            chosen = g[g["chosen"].fillna(False).astype(bool)] if "chosen" in g else g.iloc[:0]
+            for _, r in chosen.iterrows():  # the answer, ringed and named on the curve it was read from
+                ax.plot(r["factor"], r["time_per_training_s"], marker="o", markersize=14, fillstyle="none",
+                        color=drawn.lines[0].get_color())
+                ax.annotate(f"chosen N={int(r['factor'])}" + (f" ({run[0]})" if run else ""),
+                            (r["factor"], r["time_per_training_s"]), textcoords="offset points",
+                            xytext=(8, 10 + 11 * said), fontsize=8, color=drawn.lines[0].get_color())
+                said += 1
         ax.set_xlabel("packing factor N (trainings per GPU)")
-        ax.set_ylabel("time per training (s) = pack wall / N, 95% interval")
-        ax.set_title(f"{workload}: time per training vs N (lower is better)")
+        ax.set_ylabel("time per training (s): pack wall / N (lower is better)")
+        ax.set_title(f"{workload}: time per training against N (median, 95% interval)", fontsize=10)
         ax.set_xticks(sorted(s["factor"].unique()))
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, ax.get_ylim()[1] * (1.12 + 0.06 * said))  # headroom: the names above the points stay inside
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower left")
     return _save(fig, plt, path)
 
 
@@ -94,9 +107,12 @@ def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
     pack_id = sorted(match["pack_id"].unique())[0]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for _, r in match[match["pack_id"] == pack_id].iterrows():
+    rows = match[match["pack_id"] == pack_id]
+    params = [json.loads(p) if isinstance(p, str) else dict(p or {}) for p in rows.get("params", [None] * len(rows))]
+    varying = [k for k in dict.fromkeys(k for p in params for k in p) if len({str(p.get(k)) for p in params}) > 1]
+    for (_, r), p in zip(rows.iterrows(), params):  # each curve named by what sets it apart, not its hash
         xs, ys = zip(*json.loads(r["curve"]))
-        ax.plot(xs, ys, label=f"{r['training_id']}")
+        ax.plot(xs, ys, label=params_label(p, varying) if varying and p else f"{r['training_id']}")
     ax.set_title(f"Throughput of the {int(best['factor'])} trainings of pack {pack_id}")
     ax.set_xlabel("seconds since the training loop started")
     ax.set_ylabel("samples/s (per window)")
@@ -107,7 +123,9 @@ def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
 
 
 def plot_cost(c: Collected, path: Path) -> Path | None:
-    if c.cost.empty:
+    """The sweep's device-hours (and RGU-hours) per partition at its best N: only where there are partitions to
+    compare (one bar says nothing a sentence does not)."""
+    if c.cost.empty or c.cost["partition"].nunique() < 2:
         return None
     plt = _plt()
     cost = c.cost.copy()

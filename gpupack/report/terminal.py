@@ -400,17 +400,20 @@ def render_layouts(c: Collected, console: Console) -> None:
 def render_occupancy(c: Collected, console: Console) -> None:
     """How busy the slots were: whole packs beside streaming lanes, per group."""
     table = Table(title="Slot occupancy: Σ training wall / (N × job wall), whole packs and streaming lanes")
-    for col in ("partition (GPU)", "mode", "N", "how", "jobs", "trainings", "device-s/training", "occupancy",
+    for col in ("partition (GPU)", "mode", "N", "how", "packs", "jobs", "trainings", "device-s/training", "occupancy",
                 "gap s", "span s"):
         table.add_column(col, justify="left" if col in ("partition (GPU)", "mode", "how") else "right")
     for _, r in c.occupancy.iterrows():
-        table.add_row(_gpu(r), str(r["mode"]), str(int(r["factor"])), str(r["how"]), str(int(r["jobs"])),
+        table.add_row(_gpu(r), str(r["mode"]), str(int(r["factor"])), str(r["how"]),
+                      str(int(r["packs"])), str(int(r["jobs"])),
                       str(int(r["trainings"])), fmt(r["device_s_per_training"]), fmt(r["slot_occupancy"], ".2f"),
                       fmt(r["gap_mean_s"], ".2f"), fmt(r["span_s"]))
     console.print(table)
-    console.print("device-s/training: the jobs' walls over the trainings they completed. occupancy: 1.00 is every "
-                  "slot busy from its job's start to its end (a whole pack waits for its slowest training; a "
-                  "streaming slot takes the next at once). gap s: mean idle time between two trainings of a slot.",
+    console.print("packs: whole packs, or streaming lanes; jobs: the jobs that ran them (a job runs its lane of "
+                  "packs in turn). device-s/training: the packs' walls over the trainings they completed. "
+                  "occupancy: 1.00 is every slot busy from its job's start to its end (a whole pack waits for its "
+                  "slowest training; a streaming slot takes the next at once). gap s: mean idle time between two "
+                  "trainings of a slot.",
                   highlight=False)
 
 

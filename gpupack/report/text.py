@@ -4,7 +4,8 @@ compared, the cost, the hyperparameters. A packing mode is named as its :class:`
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from datetime import datetime, timezone
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
@@ -211,3 +212,99 @@ def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
                      f"{r['mode']}): {r['disturbed']} of {r['packs']} packs ({'; '.join(said)}): "
                      f"{_ids(r['pack_ids'])} — their times are not trusted as quiet figures.")
     return lines
+
+
+def yes_no(value: Any) -> str:
+    """A flag in a table cell: ✓ where set, — where not (never True/False)."""
+    return "✓" if value is True or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 1) \
+        else "—" if value is False or value == 0 else fmt(value, "")
+
+
+def verdict_word(row: Mapping[str, Any]) -> str:
+    """The main table's verdict on one N: the chosen N, within noise of the lowest median, or nothing."""
+    return "chosen" if row.get("chosen") else "within noise" if row.get("within_noise") else ""
+
+
+def params_label(params: Mapping[str, Any], keys: Sequence[str]) -> str:
+    """A training named by its hyperparameters (``keys``: the grid's, in order; every one where none is known), as a
+    person reads it: ``lr=0.1, batch_size=64``."""
+    shown = [k for k in keys if k in params] or sorted(params)
+    return ", ".join(f"{k}={params[k]}" for k in shown)
+
+
+def duration(seconds: float | None) -> str:
+    """A wall time in the unit a person reads it in: 42 s, 3.5 min, 2.1 h."""
+    if seconds is None or seconds != seconds:
+        return "-"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 \
+        else f"{seconds / 3600:.1f} h"
+
+
+def when(epoch: float | None) -> str:
+    """A record's time stamp as a date and time with its zone (the machine's that writes the report)."""
+    if epoch is None or epoch != epoch:
+        return "-"
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M %Z")
+
+
+def _listed(values: Any) -> str:
+    return ", ".join(map(str, values)) if isinstance(values, (list, tuple)) else str(values)
+
+
+def what_ran(c: Collected, configs: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """What ran, as (what, value) pairs: the sweep, its workload, grid, N, modes, partitions and cluster (from the
+    runs' configs, ``configs``: run directory → its config.yaml as a dict, {} where there is none), the date, the
+    wall time from the first pack's start to the last one's end, the trainings by outcome and the jobs and packs
+    that ran them (the run header's jobs: a job runs its lane of packs in turn). Pure."""
+    first = next(iter(configs.values()), {})
+    sweep, packing = first.get("sweep") or {}, first.get("packing") or {}
+    grid = sweep.get("grid") or {}
+    packs = c.records.packs
+    partitions = sorted(set(map(str, c.summary["partition"]))) if "partition" in c.summary else []
+    pairs = [("sweep", ", ".join(dict.fromkeys(str((cf.get("sweep") or {}).get("name", "-")) for cf in
+                                               configs.values())) or "-"),
+             ("workload", ", ".join(sorted(set(map(str, c.records.trainings.get("workload", []))))) or "-"),
+             ("grid", "; ".join(f"{k}: {_listed(v)}" for k, v in grid.items()) or "-"),
+             ("N (packing factors)", _listed(packing.get("factors", "-"))),
+             ("repeats", str(packing.get("repeats", "-"))),
+             ("modes", _listed(packing.get("modes", "-"))),
+             ("partitions", ", ".join(partitions) or "-"),
+             ("cluster", str((first.get("cluster") or {}).get("name", "-")))]
+    first_start, last_end = _span(packs)
+    pairs += [("date", when(first_start)),
+              ("wall time", duration(last_end - first_start if first_start is not None and last_end is not None
+                                     else None))]
+    counts = c.records.plan_counts() if c.records.planned_ids else None
+    latest = c.records.latest()
+    if counts is not None:
+        pairs.append(("trainings", f"{counts.completed} completed, {counts.failed} failed"
+                      + (f", {counts.skipped} skipped for memory" if counts.skipped else "")
+                      + (f", {counts.unrecorded} without a record" if counts.unrecorded else "")
+                      + f" (of {counts.planned} planned)"))
+    elif not latest.empty and "status" in latest:
+        done = int((latest["status"] == "completed").sum())
+        pairs.append(("trainings", f"{done} completed, {len(latest) - done} did not"))
+    pairs.append(("jobs and packs", jobs_phrase(packs)))
+    return pairs
+
+
+def _span(packs: pd.DataFrame) -> tuple[float | None, float | None]:
+    """The first pack's start and the last one's end (None where no record says)."""
+    def stamp(col: str, last: bool) -> float | None:
+        if packs.empty or col not in packs:
+            return None
+        values = pd.to_numeric(packs[col], errors="coerce").dropna()
+        return None if values.empty else float(values.max() if last else values.min())
+
+    return stamp("started_at", False), stamp("ended_at", True)
+
+
+def jobs_phrase(packs: pd.DataFrame) -> str:
+    """The jobs that ran the packs and the packs (or streaming lanes) they ran: a job may run a lane of packs in
+    turn, so the jobs are counted by their job id, as the run header counts them."""
+    if packs.empty or "pack_id" not in packs:
+        return "-"
+    p = packs[packs["attempt"] == 0] if "attempt" in packs else packs
+    jobs = p["job_id"].dropna().nunique() if "job_id" in p else 0
+    said = f"{len(p)} pack(s)" + (f" run by {jobs} job(s)" if jobs else "")
+    return said
