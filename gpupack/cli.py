@@ -52,7 +52,7 @@ USAGE = """usage:
 overrides use Hydra's grammar (quote a value with brackets, braces or parentheses for the shell):
   packing.factors=[1,2,4]  sweep.grid.lr=[0.1,0.01]  'sweep.grid.seed=range(0,4)'  cluster=NAME (conf/cluster/NAME.yaml)
   run_dir=PATH (re-using one resumes it)  dry_run=true (plan only, the first training's command line and the
-  request: #SBATCH lines on SLURM)
+  request: #SBATCH lines on SLURM; dry_run_packs=all lists every pack)
 
 examples (paste them from the repository's root):
   python -m gpupack +sweep=mnist_pack packing.factors=[1,2,4] 'sweep.grid.seed=range(0,2)'
@@ -135,8 +135,8 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
     return 0 if outcome.ok else 1
 
 
-# A dry run lists this many packs, then counts the rest.
-LISTED_PACKS = 40
+# A dry run lists this many packs, then counts the rest (dry_run_packs=all: every one).
+LISTED_PACKS = 5
 
 
 def dry_run(prepared: sweep.Prepared, console: Console) -> int:
@@ -157,15 +157,14 @@ def dry_run(prepared: sweep.Prepared, console: Console) -> int:
                   ", ".join(f"{k}={v}" for k, v in first.params.items()), highlight=False)
     console.print(f"  its command line: {first_command(prepared)}", highlight=False)
     packs = prepared.plan.packs
-    listed = LISTED_PACKS
+    listed = len(packs) if prepared.config.get("dry_run_packs") == "all" else LISTED_PACKS
     console.print(f"  order: {prepared.plan.order}; the packs in the order they run:", highlight=False)
     for p in packs[:listed]:
         where = (f"round {p.round}: " if p.round is not None else
                  f"again at the end (drift check of {p.reference_of}): " if p.reference_of else "")
         console.print(f"  {where}{p.pack_id}: " + ", ".join(t.training_id for t in p.trainings), highlight=False)
-    if len(packs) > listed:  # a sweep of thousands of packs: the header above says what they are
-        console.print(f"  ... and {len(packs) - listed:,} more packs (plan.json lists each one once the run "
-                      "starts)", highlight=False)
+    if len(packs) > listed:  # the header above says what they are
+        console.print(f"  ... and {len(packs) - listed:,} more packs; all with dry_run_packs=all", highlight=False)
     for line in prepared.submitter.request_lines(todo) if todo else ["request: none, no pack is left to run"]:
         console.print(f"  {line}", highlight=False, soft_wrap=True)
     console.print("dry run: nothing was written or submitted.")

@@ -1,6 +1,6 @@
 """The request itself in the dry run (issue 43, item 1): the #SBATCH lines of each kind of job, as submitit writes
 them, from the one builder of executor parameters that the submission uses too; the totals against the site's
-limits with where each limit comes from."""
+limits with where each limit comes from; a short pack listing unless dry_run_packs=all."""
 from __future__ import annotations
 
 import re
@@ -76,12 +76,14 @@ def test_the_dry_run_away_from_the_cluster_shows_the_request_and_where_its_limit
     assert "MaxArraySize: unknown (scontrol not reachable: scontrol" in said
     assert "queued now: unknown (squeue not reachable: squeue" in said and "0 queued" not in said
     assert "sinfo partition check: skipped (sinfo not reachable: sinfo" in said
-    assert not (tmp_path / "run").exists()
+    assert "... and 6 more packs; all with dry_run_packs=all" in said and not (tmp_path / "run").exists()
 
 
-def test_the_local_backend_says_what_it_runs_instead_of_sbatch(tmp_path, capsys):
-    assert main(["+sweep=mnist_pack", "dry_run=true", f"run_dir={tmp_path / 'run'}"]) == 0
+def test_dry_run_packs_all_lists_every_pack(tmp_path, capsys):
+    assert main(["+sweep=mnist_pack", "dry_run=true", "dry_run_packs=all", f"run_dir={tmp_path / 'run'}"]) == 0
     out = capsys.readouterr().out
+    assert len(re.findall(r"^  (?:round \d+|again at the end)", out, re.MULTILINE)) == 11 and "more packs" not in out
+    # the local backend says in one line what it runs instead of sbatch
     assert len([line for line in out.splitlines() if "request:" in line]) == 1
     assert "request: no sbatch here: submitit's LocalExecutor runs" in " ".join(out.split())
 
