@@ -51,7 +51,8 @@ USAGE = """usage:
 
 overrides use Hydra's grammar (quote a value with brackets, braces or parentheses for the shell):
   packing.factors=[1,2,4]  sweep.grid.lr=[0.1,0.01]  'sweep.grid.seed=range(0,4)'  cluster=NAME (conf/cluster/NAME.yaml)
-  run_dir=PATH (re-using one resumes it)  dry_run=true (plan only, and the first training's command line)
+  run_dir=PATH (re-using one resumes it)  dry_run=true (plan only, the first training's command line and the
+  request: #SBATCH lines on SLURM; dry_run_packs=all lists every pack)
 
 examples (paste them from the repository's root):
   python -m gpupack +sweep=mnist_pack packing.factors=[1,2,4] 'sweep.grid.seed=range(0,2)'
@@ -135,8 +136,8 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
     return 0 if outcome.ok else 1
 
 
-# A dry run lists this many packs, then counts the rest.
-LISTED_PACKS = 40
+# A dry run lists this many packs, then counts the rest (dry_run_packs=all: every one).
+LISTED_PACKS = 5
 
 
 def dry_run(prepared: sweep.Prepared, console: Console) -> int:
@@ -147,23 +148,26 @@ def dry_run(prepared: sweep.Prepared, console: Console) -> int:
                       f"N={auto.ladder[0]} per partition")
         console.print("dry run: nothing was written or submitted.")
         return 0
+    todo: Sequence[Pack] = prepared.plan.packs  # what the run would submit: on a resume, what is left
     if prepared.resumes():
-        todo = len(sweep.packs_to_run(prepared.run, prepared.plan))
-        console.print(f"  resuming: the run directory holds this plan; {todo}"
+        todo = sweep.packs_to_run(prepared.run, prepared.plan)
+        console.print(f"  resuming: the run directory holds this plan; {len(todo)}"
                       " pack(s) to run")
     first = prepared.plan.packs[0].trainings[0]
     console.print("  hyperparameters of the first training: " +
                   ", ".join(f"{k}={v}" for k, v in first.params.items()), highlight=False)
     console.print(f"  its command line: {first_command(prepared)}", highlight=False)
     packs = prepared.plan.packs
+    listed = len(packs) if prepared.config.get("dry_run_packs") == "all" else LISTED_PACKS
     console.print(f"  order: {prepared.plan.order}; the packs in the order they run:", highlight=False)
-    for p in packs[:LISTED_PACKS]:
+    for p in packs[:listed]:
         where = (f"round {p.round}: " if p.round is not None else
                  f"again at the end (drift check of {p.reference_of}): " if p.reference_of else "")
         console.print(f"  {where}{p.pack_id}: " + ", ".join(t.training_id for t in p.trainings), highlight=False)
-    if len(packs) > LISTED_PACKS:  # a sweep of thousands of packs: the header above says what they are
-        console.print(f"  ... and {len(packs) - LISTED_PACKS:,} more packs (plan.json lists each one once the run "
-                      "starts)", highlight=False)
+    if len(packs) > listed:  # the header above says what they are
+        console.print(f"  ... and {len(packs) - listed:,} more packs; all with dry_run_packs=all", highlight=False)
+    for line in prepared.submitter.request_lines(todo) if todo else ["request: none, no pack is left to run"]:
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
     console.print("dry run: nothing was written or submitted.")
     return 0
 

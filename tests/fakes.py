@@ -284,6 +284,9 @@ class FakeSubmitter(Submitter):
                            cpus_key=self.key("cpus_per_training"), mem_key=self.key("mem_gb_per_training"),
                            cpus_each=cpus_each, mem_gb_each=mem_each)
 
+    def request_lines(self, packs: Sequence[Pack]) -> list[str]:
+        return [f"request: the fake backend runs {len(packs)} pack(s) in this process"]
+
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         results = []
         for pack in packs:
@@ -393,9 +396,15 @@ def canned_slurm(sinfo: str | None = SINFO, sacct: str | None = SACCT,
     answer, as away from the cluster); ``asked`` collects each command line. ``more``: other commands' answers, by
     the command and its first words ("scontrol show", "sacctmgr show assoc", "sacctmgr show qos", "squeue")."""
 
-    def slurm_command(args: Sequence[str], timeout: float = 30) -> str | None:
+    def slurm_command(args: Sequence[str], timeout: float = 30, why: list[str] | None = None) -> str | None:
         if asked is not None:
             asked.append(list(args))
+        answer = answer_of(args)
+        if answer is None and why is not None:
+            why.append(f"{args[0]}: canned silence")
+        return answer
+
+    def answer_of(args: Sequence[str]) -> str | None:
         if args[0] in ("sinfo", "sacct"):
             return {"sinfo": sinfo, "sacct": sacct}[args[0]]
         words = [a for a in args if not a.startswith("-")]

@@ -99,6 +99,7 @@ LOCAL = [
     (["cluster.max_parallel_packs=0"], ["cluster.max_parallel_packs=0", ">= 1 or null"]),
     (["cluster.partition=../x"], ["cluster.partition='../x'"]),
     (["partitions=[local,local]"], ["partitions=['local', 'local']", "partitions=[local]"]),
+    (["dry_run_packs=every"], ["dry_run_packs='every'", "unknown pack listing", "valid: all, few"]),
 ]
 
 # cluster=slurm (conf/cluster/slurm.yaml): refused before sinfo or sacct is asked anything.

@@ -216,13 +216,16 @@ LIMITS = {"scontrol show config": SCONTROL,
     (LIMITS, "high", (5, 500, "QOS high's MaxSubmitJobsPerUser=500", 3)),  # the QOS the jobs are submitted under
     ({**LIMITS, "sacctmgr show assoc": "4|normal|normal\n"}, None, (5, 4, "your association's MaxSubmitJobs=4", 3)),
     ({**LIMITS, "sacctmgr show assoc": "||normal,high\n"}, None, (5, 7, "QOS normal's MaxSubmitJobsPerUser=7", 3)),
-    ({"scontrol show config": SCONTROL}, None, (5, None, "", 0)),  # sacctmgr/squeue silent: unknown, not zero
-    ({}, None, (None, None, "", 0)),  # away from the cluster
+    ({"scontrol show config": SCONTROL}, None, (5, None, "", None)),  # sacctmgr/squeue silent: unknown, not zero
+    ({}, None, (None, None, "", None)),  # away from the cluster
 ])
 def test_site_limits_read_from_scontrol_sacctmgr_and_squeue(monkeypatch, answers, qos, expected):
     monkeypatch.setattr(slurm, "slurm_command", canned_slurm(more=answers))
     got = slurm.site_limits("me", qos)
     assert (got.max_array_size, got.max_submit, got.submit_source, got.queued) == expected
+    # each question SLURM left unanswered, with its words (here the fake's)
+    assert got.unanswered == {c: f"{c}: canned silence" for c in ("scontrol", "sacctmgr", "squeue")
+                              if not any(k.startswith(c) for k in answers)}
 
 
 def _packs(n: int, factors: tuple[int, ...] = (1,)) -> list:

@@ -147,7 +147,8 @@ class JobForecast:
     max_array_size: int | None = None  # tasks per array at most (MaxArraySize)
     allowed: int | None = None  # more jobs the user may queue now (the limit less those queued); None: no limit known
     limit: str = ""  # which limit ``allowed`` comes from, e.g. "your association's MaxSubmitJobs=1000"
-    queued: int = 0  # the user's jobs already queued or running
+    queued: int | None = 0  # the user's jobs already queued or running; None: the queue did not answer
+    queue_why: str = ""  # why the queue did not answer, in its own words
     gpus: int = 0  # GPUs the jobs hold in all (0: not told; one a job, a spread training's k)
     idle_gpus: int = 0  # GPUs of jobs of several that no pack of theirs will use (fewer packs than GPUs)
     folds: bool = True  # a lane of packs folds them into its journal (a cluster's shared filesystem)
@@ -155,6 +156,12 @@ class JobForecast:
     @property
     def over(self) -> bool:
         return self.allowed is not None and self.jobs > self.allowed
+
+    def queued_text(self) -> str:
+        """The user's jobs in the queue now, as a line says them: never 0 where the queue did not answer."""
+        if self.queued is None:
+            return f"queued now: unknown (squeue not reachable: {self.queue_why or 'no answer'})"
+        return f"{self.queued:,} queued"
 
 
 @dataclass(frozen=True)

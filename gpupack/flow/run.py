@@ -174,7 +174,8 @@ def forecast(prepared: Prepared) -> list[str]:
                  "fewer gpus_per_job)")
     line = f"jobs: {jobs.jobs:,}{lanes}{arrays}{gpus}"
     if jobs.allowed is not None:
-        line += (f"; the site lets you queue {jobs.allowed:,} more now ({jobs.limit}, {jobs.queued:,} queued)"
+        line += (f"; the site lets you queue {'up to ' if jobs.queued is None else ''}{jobs.allowed:,} more now "
+                 f"({jobs.limit}, {jobs.queued_text()})"
                  + (": as it stands, submitting refuses it whole" if jobs.over else ""))
     streams = any(p.stream is not None for p in plan.packs)
     folded = jobs.folds and (jobs.jobs < len(plan.packs) or streams)  # lanes of packs, or streaming lanes

@@ -169,6 +169,11 @@ class GpupackConfig:
     wait: bool = True
     # Plan and validate only: print the plan and write nothing.
     dry_run: bool = False
+    # How many of its packs a dry run lists: "few" (the first ones, and a count of the rest) or "all".
+    dry_run_packs: str = "few"
+
+
+DRY_RUN_PACKS = ("few", "all")  # the values of dry_run_packs
 
 
 def packing_schema() -> type:

@@ -23,6 +23,7 @@ from gpupack.core.rundir import check_name
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError, require_choice, require_counts, require_memory, require_positive, require_unique
 from gpupack.pack import load_packer, solo_mode
+from gpupack.setup.config import DRY_RUN_PACKS
 from gpupack.setup.fit import ClusterFacts, auto_ladder, bundle_warnings, check_fit, idle_gpu_warnings
 from gpupack.setup.options import check_strategy_options, pack_settings
 from gpupack.setup.spread_check import SpreadSpec, check_spread_config
@@ -295,6 +296,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     say one training's memory is (None: nothing measured). Pure, given those: nothing is asked or written here. A sweep
     was chosen (require_sweep, where the front-end reads its config)."""
     check_weights(cast(dict[str, Any], OmegaConf.to_container(cfg.rgu.models, resolve=True)))
+    require_choice(cfg.dry_run_packs, DRY_RUN_PACKS, "dry_run_packs", "pack listing")
     sweep = cfg.sweep
     check_name("sweep.name", sweep.name)
     workload = load_workload(sweep.workload)

@@ -189,6 +189,11 @@ class Submitter(ABC, Generic[ConfigT]):
         return JobForecast(jobs=len(packs), packs=len(packs))
 
     @abstractmethod
+    def request_lines(self, packs: Sequence[Pack]) -> list[str]:
+        """What submitting ``packs`` asks of the scheduler, as a dry run says it: the backend's own lines (SLURM: the
+        #SBATCH lines of each kind of job, and the totals against the site's limits)."""
+
+    @abstractmethod
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         """Run every pack as one job on one device, wait for all, and say how each job ended."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
@@ -40,15 +40,25 @@ class SinfoPartition(Protocol):
     slurm_partition: Optional[str]
 
 
-def slurm_command(args: Sequence[str], timeout: float = 30) -> str | None:
-    """Run a SLURM client command; None when SLURM is not installed or does not answer."""
-    if shutil.which(args[0]) is None:
-        return None
-    try:
-        proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+def slurm_command(args: Sequence[str], timeout: float = 30, why: list[str] | None = None) -> str | None:
+    """Run a SLURM client command; None when SLURM is not installed or does not answer, and then, where ``why`` is
+    given, its reason appended to it in the command's own words (its last line on stderr), for the user to read."""
+    reason = f"{args[0]} is not installed"
+    if shutil.which(args[0]) is not None:
+        try:
+            proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            reason = f"no answer in {timeout:g} s"
+        except OSError as err:
+            reason = str(err)
+        else:
+            if proc.returncode == 0:
+                return proc.stdout
+            said = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+            reason = said[-1] if said else f"exit status {proc.returncode}"
+    if why is not None:
+        why.append(reason)
+    return None
 
 
 def gpus_in(gres: str, gpu: str | None) -> int:
@@ -69,11 +79,12 @@ def out_of_memory(queue_state: str | None, stderr: str | None = None) -> bool:
 
 
 def live_limits(configured: Mapping[str, SinfoPartition], partitions: Sequence[str],
-                key: Callable[[str], str]) -> dict[str, dict[str, int]]:
+                key: Callable[[str], str], why: list[str] | None = None) -> dict[str, dict[str, int]]:
     """Where SLURM answers sinfo: check that each partition of ``partitions`` (configured as ``configured`` says) and
     its GPU type exist; return node CPUs and memory, and of the nodes with the most GPUs of its type, their GPUs,
-    CPUs and memory. {} where sinfo does not answer. A ConfigError names ``key(<option>)``."""
-    out = slurm_command(["sinfo", "-h", "-o", "%P|%c|%m|%G"])
+    CPUs and memory. {} where sinfo does not answer (``why``: its words, :func:`slurm_command`). A ConfigError names
+    ``key(<option>)``."""
+    out = slurm_command(["sinfo", "-h", "-o", "%P|%c|%m|%G"], why=why)
     if out is None:
         return {}  # not on the cluster (e.g. preparing a sweep elsewhere): the preset is all we know
     rows = [line.split("|") for line in out.splitlines() if line.count("|") == 3]
@@ -126,7 +137,12 @@ class SiteLimits:
     # association, MaxSubmitJobsPerUser of its QOS: the lower), and which limit that is, for the error line
     max_submit: int | None = None
     submit_source: str = ""
-    queued: int = 0  # the user's jobs in the queue now (array tasks each), which count against max_submit
+    # where max_submit comes from: the cluster (sacctmgr), or the preset's stated limit (SlurmSubmitter.site_limits)
+    submit_from: str = "read from the cluster (sacctmgr)"
+    # the user's jobs in the queue now (array tasks each), which count against max_submit; None: squeue did not answer
+    queued: int | None = None
+    # each question SLURM did not answer (scontrol, sacctmgr, squeue): why, in the command's own words
+    unanswered: Mapping[str, str] = field(default_factory=dict)
 
 
 def _whole(text: str) -> int | None:
@@ -137,12 +153,22 @@ def _whole(text: str) -> int | None:
 def site_limits(user: str, qos: str | None = None) -> SiteLimits:
     """MaxArraySize (scontrol show config), the user's submit limit (sacctmgr: its associations' MaxSubmitJobs, and
     MaxSubmitJobsPerUser of ``qos``, else of its associations' default QOS, else of every QOS they allow) and its jobs
-    in the queue now (squeue). A question SLURM does not answer leaves its figure unknown (None, 0 queued)."""
-    config = slurm_command(["scontrol", "show", "config"]) or ""
+    in the queue now (squeue). A question SLURM does not answer leaves its figure unknown (None), and says why
+    (``unanswered``)."""
+    unanswered: dict[str, str] = {}
+
+    def ask(args: list[str]) -> str | None:
+        why: list[str] = []
+        out = slurm_command(args, why=why)
+        if out is None and args[0] not in unanswered:
+            unanswered[args[0]] = why[0] if why else "no answer"
+        return out
+
+    config = ask(["scontrol", "show", "config"]) or ""
     found = re.search(r"^MaxArraySize\s*=\s*(\d+)", config, re.MULTILINE)
     limits: list[tuple[int, str]] = []
     qos_names: set[str] = {qos} if qos else set()
-    assoc = slurm_command(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}",
+    assoc = ask(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}",
                            "format=MaxSubmit,DefaultQOS,QOS"]) or ""
     for line in assoc.splitlines():
         fields = (line.split("|") + ["", "", ""])[:3]
@@ -151,13 +177,13 @@ def site_limits(user: str, qos: str | None = None) -> SiteLimits:
         if not qos:
             qos_names |= {fields[1]} if fields[1] else {q for q in fields[2].split(",") if q}
     if qos_names:
-        qos_table = slurm_command(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxSubmitPU"]) or ""
+        qos_table = ask(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxSubmitPU"]) or ""
         for line in qos_table.splitlines():
             name, _, most_text = line.partition("|")
             if name in qos_names and (most := _whole(most_text)) is not None:
                 limits.append((most, f"QOS {name}'s MaxSubmitJobsPerUser={most}"))
-    queue = slurm_command(["squeue", "-h", "-r", "-u", user, "-o", "%i"])
+    queue = ask(["squeue", "-h", "-r", "-u", user, "-o", "%i"])
     lowest = min(limits) if limits else None
     return SiteLimits(max_array_size=int(found.group(1)) if found else None,
                       max_submit=lowest[0] if lowest else None, submit_source=lowest[1] if lowest else "",
-                      queued=len(queue.split()) if queue else 0)
+                      queued=len(queue.split()) if queue is not None else None, unanswered=unanswered)

@@ -217,6 +217,13 @@ class LocalSubmitter(Submitter[LocalConfig]):
     def job_forecast(self, packs: Sequence[Pack]) -> JobForecast:
         return JobForecast(jobs=len(local_lanes(packs, len(self.slots()))), packs=len(packs), folds=False)
 
+    def request_lines(self, packs: Sequence[Pack]) -> list[str]:
+        slots = self.slots()
+        where = ", ".join(f"GPU {s[0]}" for s in slots) if slots[0] else f"{len(slots)} CPU-wide slot(s)"
+        return [f"request: no sbatch here: submitit's LocalExecutor runs {len(local_lanes(packs, len(slots)))} "
+                f"job(s) (lanes of packs, in turn) on this machine, {len(slots)} at a time, one a slot ({where}), "
+                f"each pack within {self.key('timeout_min')}={self.cluster.timeout_min}"]
+
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         executor = SessionLocalExecutor(folder=str(self.run.submitit_folder))
         lock = self.lock.fd if self.lock is not None else None

@@ -15,9 +15,11 @@ import re
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar
 
 import submitit
+from submitit.slurm.slurm import _make_sbatch_string
 
 from gpupack.core.journal import RunRecords, make_journals
 from gpupack.core.memory import request_mb
@@ -386,14 +388,86 @@ def lane_counts(sizes: Sequence[int], at_once: int, allowed: int | None) -> list
     return shares
 
 
+@dataclass(frozen=True)
+class ArrayJob:
+    """One sbatch call of a submission: a (partition, mode, N, k) group's lanes as one job array (one job where one
+    lane), and submitit's SlurmExecutor parameters for it (update_parameters)."""
+
+    key: GroupKey
+    lanes: list[list[Pack]]
+    parameters: dict[str, Any]
+    in_turn: bool  # its jobs run lanes of packs (or streaming lanes), folded into their journals
+
+    @property
+    def tasks(self) -> int:
+        return len(self.lanes)
+
+
+def sbatch_lines(folder: str | os.PathLike[str], parameters: Mapping[str, Any], tasks: int) -> list[str]:
+    """The #SBATCH lines of the submission.sh submitit writes for ``tasks`` jobs submitted in one batch with
+    ``parameters`` into ``folder``: submitit's own script (its _make_sbatch_string, as its SlurmExecutor calls it; an
+    executor itself needs srun, which a dry run away from the cluster lacks). A batch of more than one is an array:
+    submitit sets map_count on its copy of the executor (SlurmExecutor._internal_process_submissions). Pure."""
+    params = dict(parameters)
+    if tasks > 1:
+        params["map_count"] = tasks
+    text = _make_sbatch_string(command="", folder=Path(folder).expanduser().absolute(), **params)
+    return [line for line in text.splitlines() if line.startswith("#SBATCH")]
+
+
 def over_limit(forecast: JobForecast, key: str) -> str:
     """The line for a submission that needs more jobs than the site lets the user queue now, even at one lane of
     packs per (partition, mode, N) (``key``: the config key of the site's stated limit)."""
     return (f"this submission needs {forecast.jobs} job(s) at the least (one lane of packs for each (partition, mode, "
             f"N) of its {forecast.packs} pack(s)) and the site lets you queue {forecast.allowed} more now "
-            f"({forecast.limit}; {forecast.queued} of yours queued or running): nothing was submitted. HINT: wait "
+            f"({forecast.limit}; {forecast.queued_text()}): nothing was submitted. HINT: wait "
             "for some of your jobs to end, or run fewer N or partitions per run and resume the same run_dir later "
             f"(it submits only what is left); {key} sets the site's stated limit")
+
+
+def block_label(arrays: Sequence[ArrayJob]) -> str:
+    """Which jobs one block of #SBATCH lines is for, e.g. "a100, N=3 (process): 2 jobs in 1 array". Pure."""
+    partitions = sorted({a.key[0] for a in arrays})
+    what = sorted({f"k={a.key[3]}" if a.key[3] > 1 else f"N={a.key[2]}" for a in arrays})
+    modes = sorted({a.key[1] for a in arrays})
+    jobs = sum(a.tasks for a in arrays)
+    in_arrays = [a for a in arrays if a.tasks > 1]
+    packs = sum(len(lane) for a in arrays for lane in a.lanes)
+    how = f"{jobs} job{'s' if jobs > 1 else ''}" + (
+        f" in {len(in_arrays)} arra{'ys' if len(in_arrays) > 1 else 'y'}" if in_arrays else " (no array)")
+    return (f"{', '.join(partitions)}, {', '.join(what)} ({', '.join(modes)}): {how}"
+            + (f", {packs} packs in lanes" if packs > jobs else ""))
+
+
+def limit_lines(forecast: JobForecast, arrays: Sequence[ArrayJob], limits: _slurm_queue.SiteLimits,
+                sinfo_silent: str | None) -> list[str]:
+    """The totals of a submission against the site's limits, each with where it comes from (read from the cluster,
+    from the preset, or unknown where SLURM did not answer: its words), and whether sinfo checked the partitions.
+    Pure."""
+    silent = limits.unanswered
+
+    def unknown(command: str) -> str:
+        return f"unknown ({command} not reachable: {silent[command]})"
+
+    if limits.max_submit is not None:
+        per_user = f"{limits.max_submit:,}, {limits.submit_from} ({limits.submit_source})"
+        if "sacctmgr" in silent and limits.submit_from != "read from the cluster (sacctmgr)":
+            per_user += f"; SLURM's own: {unknown('sacctmgr')}"
+    else:
+        per_user = unknown("sacctmgr") if "sacctmgr" in silent else \
+            "none (sacctmgr names no MaxSubmitJobs for you or your QOS, and the preset states none)"
+    largest = max((a.tasks for a in arrays), default=0)
+    size = (f"{limits.max_array_size:,} tasks, read from the cluster (scontrol show config)"
+            if limits.max_array_size is not None else
+            unknown("scontrol") if "scontrol" in silent else "not set (scontrol show config names none)")
+    queued = unknown("squeue") if limits.queued is None else f"{limits.queued:,} (squeue)"
+    return ["against the site's limits:",
+            f"  jobs: {forecast.jobs:,} (each array task counts one); per-user job limit: {per_user}",
+            f"  job arrays: {len(arrays):,}, the largest of {largest:,} task(s); MaxArraySize: {size}",
+            f"  queued now: {queued}",
+            f"  sinfo partition check: skipped (sinfo not reachable: {sinfo_silent}): the preset's partitions and GPU "
+            "types are taken as they are" if sinfo_silent is not None else
+            "  sinfo partition check: each partition and GPU type exists (sinfo)"]
 
 
 class SlurmSubmitter(Submitter[SlurmConfig]):
@@ -402,6 +476,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
     requeues = True
     _limits: _slurm_queue.SiteLimits | None = None  # asked once per submitter (site_limits)
     _oom_records: dict[str, RunRecords] | None = None  # a job that ran out of memory: the run's records, read once
+    _sinfo_silent: str | None = None  # why sinfo did not answer when capacities asked it (its partition check skipped)
 
     @classmethod
     def requeue_signal(cls) -> int:
@@ -495,7 +570,9 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
     def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
         """From the preset (GPU memory from the model name, V100-16gb; per-GPU guidance) and, where SLURM
         answers, sinfo: each partition and GPU type must exist; node CPUs and memory bound the rest."""
-        live = _slurm_queue.live_limits(self.cluster.partitions, partitions, self.key)
+        why: list[str] = []
+        live = _slurm_queue.live_limits(self.cluster.partitions, partitions, self.key, why=why)
+        self._sinfo_silent = why[0] if why else None
         out = {}
         for name in partitions:
             part = self.cluster.partitions[name]
@@ -538,7 +615,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
             stated = self.cluster.max_jobs_per_user
             if stated is not None and (live.max_submit is None or stated < live.max_submit):
                 live = dataclasses.replace(live, max_submit=stated, submit_source=f"{self.key('max_jobs_per_user')}="
-                                           f"{stated}, the site's stated limit")
+                                           f"{stated}, the site's stated limit", submit_from="from the preset")
             self._limits = live
         return self._limits
 
@@ -557,7 +634,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         a GPU where the group runs at once), against the site's limits; no lanes where they cannot fit."""
         limits = self.site_limits()
         groups = list(array_groups(packs).items())
-        allowed = None if limits.max_submit is None else max(0, limits.max_submit - limits.queued)
+        allowed = None if limits.max_submit is None else max(0, limits.max_submit - (limits.queued or 0))
         counts = lane_counts([-(-len(group) // self.packs_at_once(key)) for key, group in groups],
                              int(self.cluster.array_parallelism), allowed)
         lanes = [(key, deal(group, k)) for (key, group), k in zip(groups, counts)] if counts is not None else []
@@ -566,35 +643,66 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         idle = sum(max(0, self.packs_at_once(key) - len(lane)) for key, group_lanes in lanes for lane in group_lanes)
         forecast = JobForecast(jobs=sum(counts) if counts is not None else len(groups), packs=len(packs),
                                arrays=arrays, max_array_size=limits.max_array_size, allowed=allowed,
-                               limit=limits.submit_source, queued=limits.queued, gpus=gpus,
+                               limit=limits.submit_source, queued=limits.queued,
+                               queue_why=limits.unanswered.get("squeue", ""), gpus=gpus,
                                idle_gpus=idle)
         return forecast, lanes
 
     def job_forecast(self, packs: Sequence[Pack]) -> JobForecast:
         return self.lanes(packs)[0]
 
+    def array_jobs(self, packs: Sequence[Pack]) -> tuple[JobForecast, list[ArrayJob]]:
+        """The sbatch calls submitting ``packs`` makes, in order, each with the executor parameters it is submitted
+        with: what :meth:`submit` submits and a dry run shows (:meth:`request_lines`), from this one builder."""
+        forecast, lanes = self.lanes(packs)
+        account = self.account()
+        return forecast, [self.array_job(key, chunk, account) for key, group_lanes in lanes
+                          for chunk in array_chunks(group_lanes, forecast.max_array_size)]
+
+    def array_job(self, key: GroupKey, lanes: list[list[Pack]], account: str | None) -> ArrayJob:
+        """One job array (one job, where one lane) of a (partition, mode, N, k) group's ``lanes``: submitit's
+        SlurmExecutor parameters for it. Pure, given the measured memory (self.measured_host_mb)."""
+        partition, _mode, factor, devices = key
+        lane_gpus = self.packs_at_once(key)  # the job's GPUs a lane's packs take one each (a spread: all k)
+        # jobs of lanes of packs, and streaming lanes: folded into their journals
+        in_turn = lane_gpus > 1 or any(len(lane) > 1 or lane[0].stream is not None for lane in lanes)
+        params = sbatch_parameters(self.cluster, partition, self.cluster.partitions[partition], factor, account,
+                                   self.request(factor).mem_gb_each, devices=devices, gpus=lane_gpus)
+        params["stderr_to_stdout"] = in_turn  # a file a job less where files per job count
+        return ArrayJob(key=key, lanes=lanes, parameters=params, in_turn=in_turn)
+
+    def request_lines(self, packs: Sequence[Pack]) -> list[str]:
+        """The #SBATCH lines of each kind of job submitting ``packs`` makes, as submitit will write them (from the
+        parameters :meth:`submit` sets: :meth:`array_jobs`), then the totals against the site's limits and where each
+        limit comes from."""
+        forecast, arrays = self.array_jobs(packs)
+        blocks: dict[tuple[str, ...], list[ArrayJob]] = {}
+        for array in arrays:  # arrays whose lines are the same (two modes of one N) show once
+            lines = tuple(sbatch_lines(self.run.submitit_folder, array.parameters, array.tasks))
+            blocks.setdefault(lines, []).append(array)
+        out = [f"request: the #SBATCH lines submitit will write ({len(arrays)} sbatch call(s)):"] if arrays else \
+            ["request: none: " + over_limit(forecast, self.key("max_jobs_per_user"))]
+        for lines, same in blocks.items():
+            out.append(f"  {block_label(same)}:")
+            out += [f"    {line}" for line in lines]
+        return out + limit_lines(forecast, arrays, self.site_limits(), self._sinfo_silent)
+
     def submit(self, packs: Sequence[Pack], settings: PackSettings) -> list[tuple[Pack, PackJobHandle]]:
         """One job array per (partition, mode, N), split where it would pass MaxArraySize, submitted in the plan's
         order (interleaved N): each array's tasks in the order their packs were planned. When they run is then the
         scheduler's choice; each pack record keeps its start time and host. A submission of more jobs than the site
         lets the user queue now is refused whole, before any sbatch. Returns each pack with its job."""
-        forecast, lanes = self.lanes(packs)
+        forecast, arrays = self.array_jobs(packs)
         if forecast.over:
             raise SubmissionError(over_limit(forecast, self.key("max_jobs_per_user")))
-        account = self.account()
         out: list[tuple[Pack, PackJobHandle]] = []
-        arrays = [(key, chunk) for key, group_lanes in lanes
-                  for chunk in array_chunks(group_lanes, forecast.max_array_size)]
-        for key, group in arrays:
+        for array in arrays:
+            key, group, in_turn = array.key, array.lanes, array.in_turn
             partition, _mode, factor, devices = key
             part, req, gpus = self.cluster.partitions[partition], self.request(factor), self.job_gpus(key)
             lane_gpus = self.packs_at_once(key)  # the job's GPUs a lane's packs take one each (a spread: all k)
             executor = self._executor()
-            # jobs of lanes of packs, and streaming lanes: folded into their journals
-            in_turn = lane_gpus > 1 or any(len(lane) > 1 or lane[0].stream is not None for lane in group)
-            executor.update_parameters(**sbatch_parameters(self.cluster, partition, part, factor, account,
-                                                           req.mem_gb_each, devices=devices, gpus=lane_gpus),
-                                       stderr_to_stdout=in_turn)  # a file a job less where files per job count
+            executor.update_parameters(**array.parameters)  # the dry run shows the same (request_lines)
             if in_turn:  # a streaming lane reads its queue's journals by name: they exist before any job starts
                 make_journals(self.run, [p.pack_id for lane in group for p in lane if p.stream is not None])
             try:  # what the job asked, billed as its GPUs' bundles (gpupack.core.billing)
