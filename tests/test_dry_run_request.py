@@ -36,9 +36,9 @@ def plan_packs(partition: str, factor: int, points: int) -> list:
      ["--array=0-1%2", "--cpus-per-task=3", ERROR, "--gpus-per-node=a100:1", "--job-name=gpupack-a100-n3",
       "--mem=6144M"]),
     # Fir, a 1g.10gb MIG slice (the Alliance's model specifier): 3 packs of 1
-    (["cluster=fir", "cluster.mem_gb_per_training=4"], "h100_1g.10gb", 1, 3,
+    (["cluster=fir", "cluster.mem_gb_per_training=4"], "h100_1g_10gb", 1, 3,
      ["--array=0-2%3", "--cpus-per-task=1", ERROR, "--gpus-per-node=nvidia_h100_80gb_hbm3_1g.10gb:1",
-      "--job-name=gpupack-h100_1g.10gb-n1", "--mem=4096M"]),
+      "--job-name=gpupack-h100_1g_10gb-n1", "--mem=4096M"]),
     # Trillium, a whole node of 4 H100s: one job (no array) runs a pack of 2 on each GPU, sized 4 times, its stdout
     # and stderr one file (a lane folds its packs)
     (["cluster=trillium", "cluster.partitions.h100.gpus_per_job=4"], "h100", 2, 8,
