@@ -24,6 +24,14 @@ def _repo_on_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
 
 
+@pytest.fixture(autouse=True)
+def _no_cluster_unless_asked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A test not marked slurm runs away from any cluster, as on a laptop: a SLURM_CONF left in the shell (the local
+    # slurmctld's env) would make an Alliance preset's checks ask that cluster's sinfo, whose GPU types differ.
+    if request.node.get_closest_marker("slurm") is None:
+        monkeypatch.delenv("SLURM_CONF", raising=False)
+
+
 PYTHON = sys.executable
 
 
