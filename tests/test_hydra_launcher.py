@@ -224,11 +224,12 @@ def test_bad_launcher_input_is_one_line_and_runs_nothing(tmp_path, subprocess_en
     _refused_before_anything_ran(proc, sweep_dir, needle)
 
 
-def _sacct_jobs(env, since: str = "now-1hour") -> set[str]:
-    """The job ids slurmdbd lists as submitted since ``since`` (sacct's time: YYYY-MM-DDTHH:MM:SS)."""
-    out = subprocess.run(["sacct", "-X", "-n", "-a", "-S", since, "-o", "JobID"], capture_output=True, text=True,
-                         env=env).stdout
-    return set(out.split())
+def _sacct_jobs(env, since: str, workdir: Path) -> set[str]:
+    """The job ids slurmdbd lists as submitted since ``since`` (sacct's time: YYYY-MM-DDTHH:MM:SS) from ``workdir``
+    (the test's own: other users of the shared slurmctld submit beside it)."""
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-a", "-S", since, "-o", "JobID,WorkDir"], capture_output=True,
+                         text=True, env=env).stdout
+    return {job for job, _, where in (line.partition("|") for line in out.splitlines()) if where == str(workdir)}
 
 
 SLURM_BAD = [
@@ -252,7 +253,7 @@ def test_bad_slurm_launcher_input_submits_nothing(tmp_path, slurm_env, overrides
     proc = multirun(APP, [*SLURM, *overrides, nine_jobs, f"hydra.sweep.dir={sweep_dir}"], tmp_path, slurm_env,
                     timeout=120)
     _refused_before_anything_ran(proc, sweep_dir, needle)
-    assert _sacct_jobs(slurm_env, since) == set()
+    assert _sacct_jobs(slurm_env, since, tmp_path) == set()
 
 
 @pytest.mark.slurm
