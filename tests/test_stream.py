@@ -235,7 +235,10 @@ def test_two_lanes_racing_for_the_last_claims_never_run_a_training_twice(tmp_pat
     for p in plan.packs:
         lane = lanes.pack(p.pack_id) or {}
         assert lane["stream"] == p.stream and lane["unclaimed"] == 0 and lane["complete"] is False
-        assert 0 < lane["slot_occupancy"] <= 1
+        if lane["training_ids"]:
+            assert 0 < lane["slot_occupancy"] <= 1
+        else:  # on a loaded machine one lane may start after the other claimed everything: it ran nothing
+            assert not lane["slot_occupancy"]
     if fold:  # a few files a lane, none a training: its journal (its log, its columnar file), no claim, record or
         # folder left
         kept = {f"{p.pack_id}.{x}" for p in plan.packs for x in ("jsonl", "log", "arrows")}
