@@ -54,7 +54,7 @@ def slurm_answer(args: Sequence[str], timeout: float = 30) -> tuple[str | None, 
     if shutil.which(args[0]) is None:
         return None, ""
     if conf and not os.path.isfile(conf):
-        return None, f"{args[0]}: error: cannot read SLURM_CONF={conf}: No such file"
+        return None, f"{args[0]}: error: not run: SLURM_CONF names no file"
     try:
         proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as late:  # what it said before it was stopped
@@ -68,7 +68,7 @@ def slurm_answer(args: Sequence[str], timeout: float = 30) -> tuple[str | None, 
 # What SLURM's clients say when no scheduler answers here: its config unreadable (a SLURM_CONF naming no file, none
 # found), or its controller not reached (a wrong host or port, slurmctld down).
 UNREACHABLE = re.compile(r"Unable to contact slurm controller|Unable to process configuration file|cannot stat file"
-                         r"|cannot read SLURM_CONF|failed to fetch config|Unable to establish controller",
+                         r"|SLURM_CONF names no file|failed to fetch config|Unable to establish controller",
                          re.IGNORECASE)
 
 
