@@ -87,6 +87,7 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
     print_beside(console, prepared, [*PYTHON_M_GPUPACK, *overrides])  # an unfinished run of this sweep: said first
     if isinstance(prepared.config, DictConfig) and prepared.config.dry_run:  # the CLI composes a DictConfig
         return dry_run(prepared, console)
+    prepared.submitter.require_reachable()  # a scheduler that does not answer here: one line, before the plan
     print_plan(console, prepared)
     view: ProgressView | None = None
 

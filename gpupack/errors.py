@@ -82,6 +82,20 @@ class SubmissionError(GpupackError):
     exit_code = 3
 
 
+class UnreachableError(GpupackError):
+    """The cluster's scheduler does not answer here (its client missing, its config unreadable, its controller dead):
+    the client's own words, once; where its config was looked for; and the fix, ending with how to run here instead
+    (``instead``: the front-end's own words for it)."""
+
+    def __init__(self, words: str, where: str, fix: str, instead: str = "cluster=local to run here") -> None:
+        self.words, self.where, self.fix, self.instead = words, where, fix, instead
+        super().__init__(f"{words} ({where}). HINT: {fix}; or {instead}")
+
+    def run_here(self, instead: str) -> UnreachableError:
+        """The same error, its HINT ending with ``instead`` (a Hydra launcher's hydra/launcher=gpupack_local)."""
+        return UnreachableError(self.words, self.where, self.fix, instead)
+
+
 def nearest(word: str, choices: Iterable[str]) -> str:
     """A 'did you mean' fragment for hints: the closest choices, or the full list when none is close."""
     options = sorted(set(choices))

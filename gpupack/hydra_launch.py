@@ -31,7 +31,7 @@ from gpupack.core.memory import Measured, estimate
 from gpupack.core.plan import Pack, plan_in_order
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import Options, PackSettings
-from gpupack.errors import ConfigError, require_positive
+from gpupack.errors import ConfigError, GpupackError, UnreachableError, require_positive
 from gpupack.pack import load_packer
 from gpupack.setup.config import PackingConfig
 from gpupack.setup.fit import ClusterFacts
@@ -63,6 +63,11 @@ class HydraLauncher(Protocol):
 
 class LauncherConfigError(ConfigError, CompactHydraException):
     """Bad launcher input: Hydra prints a CompactHydraException as its one line, without a traceback."""
+
+
+class LauncherError(CompactHydraException):
+    """gpupack refusing or failing a batch for a reason other than bad input (no scheduler answers here, sbatch
+    refused a job, the run directory's disk is full): its one line, as Hydra prints a CompactHydraException."""
 
 
 class JobFailed(CompactHydraException, RuntimeError):
@@ -308,10 +313,13 @@ def launch_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]]
                  batch: list[sweep.Prepared]) -> list[JobReturn]:
     try:
         prepared = prepare(launcher, job_overrides, initial_job_idx)  # nothing is written before this returns
+        prepared.submitter.require_reachable()  # a scheduler that does not answer here: said before the sweep dir
     except ConfigError as err:  # in the user's words: the gres they wrote, the pack they asked for
         value = {f"{KEY}.gres": launcher.params.get("gres"), f"{KEY}.pack": launcher.params.get("pack")}.get(err.key,
                                                                                                          err.value)
         raise LauncherConfigError(err.key, value, err.why, err.hint) from None
+    except UnreachableError as err:
+        raise LauncherError(str(err.run_here("hydra/launcher=gpupack_local to run here"))) from None
     batch.append(prepared)
     make_sweep_dir(launcher.config)
     pack = launcher.params["pack"]
@@ -334,8 +342,13 @@ def launch_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]]
     def on_open(opened: sweep.Opened) -> None:  # the run directory is ours now: leave the jobs what they need
         pickling.dump((launcher, Singleton.get_state()), prepared.run.hydra_payload)
 
-    outcome = sweep.run(prepared, on_open=on_open, collect_outputs=False,
-                        progress=lambda p, state: log.info(f"gpupack: pack {p.pack_id} {state}"))
+    try:
+        outcome = sweep.run(prepared, on_open=on_open, collect_outputs=False,
+                            progress=lambda p, state: log.info(f"gpupack: pack {p.pack_id} {state}"))
+    except UnreachableError as err:  # SLURM stopped answering after the batch was prepared: sbatch said so
+        raise LauncherError(str(err.run_here("hydra/launcher=gpupack_local to run here"))) from None
+    except GpupackError as err:  # sbatch refused a job, a full disk: its one line, not the frames it crossed
+        raise LauncherError(str(err)) from None
     for r in outcome.results:
         if not r.ok:
             log.error(f"gpupack: pack {r.pack_id} (job {r.job_id}) did not finish: {r.error}")

@@ -57,6 +57,7 @@ def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Call
     """Open the run directory (resume or refuse, lock), submit what is left, and — unless the sweep detaches —
     wait for it and collect. ``on_open`` sees what was found before anything is submitted. With
     ``packing.factors=auto``: probe for the best N, then run the grid at it (``on_step`` sees each probed N)."""
+    prepared.submitter.require_reachable()  # a scheduler that does not answer here: said before anything is written
     # the run directory's file system refusing a write (full, over quota, read-only, not ours) is a StorageError: one
     # line for a front-end to print, and what finished stays recorded for the same call to resume
     with storage_faults(prepared.run.root):

@@ -14,6 +14,7 @@ from gpupack.cli import main
 from gpupack.core.rundir import RunDir
 from gpupack.errors import ConfigError
 from gpupack.setup.compose import compose_config
+from gpupack.setup.validate import requested_partitions
 from gpupack.submit import _slurm_queue
 from gpupack.submit.slurm import SlurmSubmitter
 from gpupack.workload import Range
@@ -235,7 +236,7 @@ def test_a_bad_slurm_value_is_refused_before_the_cluster_is_asked(tmp_path: Path
     cfg = compose_config(BASE + SLURM + fixed)
     submitter = SlurmSubmitter(cfg.cluster, RunDir(tmp_path / "run"))
     try:  # the submitter's own checks, as prepare asks them (sinfo is not asked)
-        submitter.check(submitter.resolve_partitions(list(cfg.partitions)))
+        submitter.check(submitter.resolve_partitions(requested_partitions(cfg.partitions)))
     except ConfigError as other:
         assert other.key != key, f"{fix}: {other}"
 

@@ -24,7 +24,7 @@ from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import GpupackError, RunDirError
 from gpupack.flow.collect import AutoReport, collect
 from gpupack.setup.compose import compose_config
-from gpupack.setup.validate import ClusterFacts, SweepSpec, require_sweep, validate
+from gpupack.setup.validate import ClusterFacts, SweepSpec, requested_partitions, require_sweep, validate
 from gpupack.submit import ClusterConfig, ProgressFn, Submitter, load_submitter
 
 
@@ -154,7 +154,8 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
         return Checked(name=spec.name, plan=spec.plan(), settings=spec.settings, config=cfg, wait=bool(cfg.wait),
                        spec=spec, warnings=spec.warnings)
 
-    prepared = prepare_run(run, load_submitter(cfg.cluster.backend, cfg.cluster, run), cfg.partitions, check)
+    prepared = prepare_run(run, load_submitter(cfg.cluster.backend, cfg.cluster, run),
+                           requested_partitions(cfg.partitions), check)
     prepared.chosen_dir = bool(cfg.run_dir)
     return prepared
 

@@ -8,6 +8,8 @@ that grid axis.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import difflib
 import importlib.resources
 import re
 from pathlib import Path
@@ -22,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gpupack.core.plan import is_sweep_function
 from gpupack.errors import ConfigError, nearest
 from gpupack.setup.config import register_configs, schema
+from gpupack.submit import backend_configs
 
 GRID_PREFIX = "sweep.grid."
 # Options each packing mode now owns (packing.<mode>.<option>), by their former key.
@@ -136,14 +139,21 @@ def translate(err: Exception, overrides: Sequence[str]) -> ConfigError:
                 if meant:
                     return ConfigError(given.split("=", 1)[0], given.split("=", 1)[1], "unknown config key",
                                        f"did you mean {meant}?")
-            return ConfigError(key, _value_for(key, overrides), "unknown config key",
-                               nearest(m.group(1), _keys_under(parent)) +
+            named, given_value = given.split("=", 1) if given and "=" in given else (key, _value_for(key, overrides))
+            return ConfigError(named, given_value, "unknown config key",  # the key as the user wrote it, in full
+                               _nearest_key(key, m.group(1), cause, overrides) +
                                (" (add a new grid axis with +sweep.grid.NAME=[...])"
                                 if parent.startswith("sweep.grid") else ""))
         value = getattr(cause, "value", None) if hasattr(cause, "value") else _value_for(key, overrides)
         if value is None:
             value = _value_for(key, overrides)
         return ConfigError(key, value, msg, _type_hint(key))
+    m = re.search(r"Could not override '([^']+)'\. No match in the defaults list", str(err))
+    if m:  # sweep=NAME: a group the defaults list does not choose is added with +, not overridden
+        group = m.group(1)
+        value = _value_for(group, overrides)
+        return ConfigError(group, value, f"no {group} is chosen by default, so there is none to override",
+                           f"write +{group}={value}")
     return ConfigError("config", " ".join(overrides), _first_line(err),
                        "check the override syntax: key=value, +key=value to add, ~key to delete")
 
@@ -155,6 +165,64 @@ def _value_for(key: str, overrides: Sequence[str]) -> str:
         if k.lstrip("+~") in (key, base):
             return v
     return "?"
+
+
+def _nearest_key(key: str, word: str, cause: BaseException, overrides: Sequence[str]) -> str:
+    """The HINT of an unknown key ``key`` (its last part ``word``): the nearest keys of its group, as the override
+    to write (``cluster.accout=def-x``: ``did you mean cluster.account=def-x?``); else a key another backend's
+    clusters have (``cluster.account`` under cluster=local); else the group's keys."""
+    parent = key.rpartition(".")[0]
+    keys = _keys_of(cause) or _keys_under(parent)
+    close = difflib.get_close_matches(word, keys, n=3, cutoff=0.6)
+    elsewhere = _other_backends_key(word, cause)
+    if elsewhere and (not close or elsewhere[2] == word):  # a key this cluster's backend lacks: say whose it is
+        backend, here, found = elsewhere
+        preset = f"e.g. cluster={backend}" if (config_dir() / "cluster" / f"{backend}.yaml").is_file() else \
+            f"one whose cluster.backend={backend}"
+        whose = f"a key of clusters with backend {backend}, not of this one (backend {here}): choose one, {preset}"
+        meant = _join(parent, found)
+        return f"{meant} is {whose}" if found == word else \
+            f"did you mean {_as_given(key, meant, overrides)}? It is {whose}"
+    if close:
+        return "did you mean " + " or ".join(_as_given(key, _join(parent, c), overrides) for c in close) + "?"
+    return f"{parent or 'the config'} has: {', '.join(sorted(keys))}" if keys else "nothing is available"
+
+
+def _join(parent: str, name: str) -> str:
+    return f"{parent}.{name}" if parent else name
+
+
+def _as_given(key: str, meant: str, overrides: Sequence[str]) -> str:
+    """``meant`` as the user's override would read with ``key`` replaced by it: the rest of the override's key (the
+    ``.lr`` of ``sweep.gridd.lr=1``) and its value kept; the bare key where no override named it."""
+    for text in overrides:
+        given, eq, value = text.lstrip("+~").partition("=")
+        if eq and (given == key or given.startswith(f"{key}.")):
+            return f"{meant}{given[len(key):]}={value}"
+    return meant
+
+
+def _keys_of(cause: BaseException) -> list[str]:
+    """The keys of the structured config an OmegaConf error was raised in (its dataclass: a cluster backend's own,
+    a partition's, a packing mode's), which the schema's ``Any`` fields do not show."""
+    kind = getattr(cause, "object_type", None)
+    return [f.name for f in dataclasses.fields(kind)] if isinstance(kind, type) and dataclasses.is_dataclass(kind) \
+        else []
+
+
+def _other_backends_key(word: str, cause: BaseException) -> tuple[str, str, str] | None:
+    """(backend, this backend, key) where ``word`` is (close to) a key of another backend's cluster config than the
+    one the error was raised in (a cluster's own config): ``cluster.account`` under cluster=local is a SLURM
+    cluster's."""
+    kind = getattr(cause, "object_type", None)
+    here = next((name for name, config in backend_configs().items() if config is kind), None)
+    if here is None:
+        return None
+    for backend, config in backend_configs().items():
+        found = difflib.get_close_matches(word, [f.name for f in dataclasses.fields(config)], n=1, cutoff=0.6)
+        if config is not kind and found:
+            return backend, here, found[0]
+    return None
 
 
 def _keys_under(parent: str) -> list[str]:

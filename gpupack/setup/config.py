@@ -163,8 +163,9 @@ class GpupackConfig:
     collect: CollectConfig = field(default_factory=CollectConfig)
     # Where records go; null: runs/<sweep.name>/<date>_<time>. Re-using a run directory resumes it.
     run_dir: Optional[str] = None
-    # Partitions / GPU types to run on (keys of cluster.partitions); empty: the cluster's default_partitions.
-    partitions: List[str] = field(default_factory=list)
+    # Partitions / GPU types to run on (keys of cluster.partitions); null: the cluster's default_partitions. An
+    # empty list chooses none and is refused, as an empty grid is.
+    partitions: Optional[List[str]] = None
     # Wait for the jobs and collect; false: submit, print the job ids and return (see `status` and `collect`).
     wait: bool = True
     # Plan and validate only: print the plan and write nothing.

@@ -365,6 +365,18 @@ def device_notes(workload: Workload, grid: Mapping[str, Any], fixed: Mapping[str
     return tuple(notes)
 
 
+def requested_partitions(partitions: Sequence[str] | None) -> list[str]:
+    """``partitions`` as the backend is asked for them: null leaves the choice to the cluster's default
+    partitions (none asked); an empty list chooses none at all and is refused, as an empty grid is."""
+    if partitions is None:
+        return []
+    if not partitions:
+        raise ConfigError("partitions", [], "an empty list chooses no partition to run on",
+                          "partitions=null (or leave it out) runs on the cluster's default ones; or name those to "
+                          "run on (--cfg job -p cluster lists them)")
+    return list(partitions)
+
+
 def typed_grid(workload: Workload, raw_grid: Any, raw_fixed: Any) -> tuple[dict[str, list[Any]], dict[str, Any]]:
     """The grid's values and the fixed hyperparameters, typed by the workload and checked by it."""
     if not raw_grid:

@@ -197,6 +197,10 @@ class Submitter(ABC, Generic[ConfigT]):
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         """Run every pack as one job on one device, wait for all, and say how each job ended."""
 
+    def require_reachable(self) -> None:
+        """Before a run writes anything (a dry run does not ask): raise UnreachableError where this backend's
+        scheduler does not answer here. This machine always does."""
+
     def require_detachable(self) -> None:
         if not self.detachable:
             raise ConfigError("wait", False, f"the {self.cluster.name} backend runs jobs in this process",

@@ -7,6 +7,7 @@ out of the backends :func:`gpupack.submit.available_backends` lists).
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
-from gpupack.errors import ConfigError, nearest
+from gpupack.errors import ConfigError, UnreachableError, nearest
 
 # sacct / squeue states → gpupack's pack states (anything else that is not active counts as failed).
 QUEUE_STATES = {
@@ -43,22 +44,76 @@ class SinfoPartition(Protocol):
 def slurm_command(args: Sequence[str], timeout: float = 30, why: list[str] | None = None) -> str | None:
     """Run a SLURM client command; None when SLURM is not installed or does not answer, and then, where ``why`` is
     given, its reason appended to it in the command's own words (its last line on stderr), for the user to read."""
-    reason = f"{args[0]} is not installed"
-    if shutil.which(args[0]) is not None:
-        try:
-            proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            reason = f"no answer in {timeout:g} s"
-        except OSError as err:
-            reason = str(err)
-        else:
-            if proc.returncode == 0:
-                return proc.stdout
-            said = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
-            reason = said[-1] if said else f"exit status {proc.returncode}"
-    if why is not None:
-        why.append(reason)
-    return None
+    out, said = slurm_answer(args, timeout)
+    if out is None and why is not None:
+        lines = [line.strip() for line in said.splitlines() if line.strip()]
+        why.append(lines[-1] if lines else f"{args[0]} is not installed")
+    return out
+
+
+def slurm_answer(args: Sequence[str], timeout: float = 30) -> tuple[str | None, str]:
+    """(its stdout, "") where a SLURM client command answered; (None, what it said on stderr) where it did not, or
+    did not within ``timeout``; (None, "") where SLURM is not installed here. A SLURM_CONF naming no file is not
+    read: SLURM's clients retry it for 60 s before they give up."""
+    conf = os.environ.get("SLURM_CONF")
+    if shutil.which(args[0]) is None:
+        return None, ""
+    if conf and not os.path.isfile(conf):
+        return None, f"{args[0]}: error: not run: SLURM_CONF names no file"
+    try:
+        proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as late:  # what it said before it was stopped
+        said = late.stderr.decode(errors="replace") if isinstance(late.stderr, bytes) else late.stderr or ""
+        return None, said or f"{args[0]}: error: no answer within {timeout:g} s"
+    except OSError as err:
+        return None, f"{args[0]}: error: {err.strerror}"
+    return (proc.stdout, "") if proc.returncode == 0 else (None, proc.stderr)
+
+
+# What SLURM's clients say when no scheduler answers here: its config unreadable (a SLURM_CONF naming no file, none
+# found), or its controller not reached (a wrong host or port, slurmctld down).
+UNREACHABLE = re.compile(r"Unable to contact slurm controller|Unable to process configuration file|cannot stat file"
+                         r"|SLURM_CONF names no file|failed to fetch config|Unable to establish controller",
+                         re.IGNORECASE)
+
+
+def one_line(command: str, said: str) -> str:
+    """What a SLURM client said on stderr as one line, each thing once, without its repeated "sbatch: error: "."""
+    lines: list[str] = []
+    for line in said.splitlines():
+        text = re.sub(rf"^{re.escape(command)}: (?:error|fatal): ", "", line.strip())
+        if text and text not in lines:
+            lines.append(text)
+    return f"{command}: {'; '.join(lines)}"
+
+
+def unreachable(command: str, said: str) -> UnreachableError:
+    """The one line for a SLURM client that ``said`` it cannot reach SLURM: its words, the SLURM_CONF it read, the
+    fix."""
+    conf = os.environ.get("SLURM_CONF")
+    return UnreachableError(f"SLURM does not answer here: {one_line(command, said)}",
+                            f"SLURM_CONF={conf}" if conf else "SLURM_CONF not set",
+                            "run gpupack on a login node of the cluster, or set SLURM_CONF to the cluster's "
+                            "slurm.conf")
+
+
+def sbatch_refusal(err: BaseException) -> UnreachableError | None:
+    """The one line for an sbatch submitit ran that failed because SLURM does not answer here (its words in
+    submitit's FailedJobError, or sbatch not found); None where sbatch refused the job itself."""
+    if isinstance(err, FileNotFoundError):
+        return unreachable("sbatch", "sbatch: error: command not found")
+    said = str(err)
+    return unreachable("sbatch", said) if UNREACHABLE.search(said) else None
+
+
+def require_reachable() -> None:
+    """Raise :class:`UnreachableError` unless SLURM answers here: sbatch is installed and sinfo answers (in sinfo's
+    own words where it does not)."""
+    if shutil.which("sbatch") is None:
+        raise unreachable("sbatch", "sbatch: error: command not found (SLURM's clients are not installed here)")
+    out, said = slurm_answer(["sinfo", "-h", "-o", "%P"])
+    if out is None:
+        raise unreachable("sinfo", said or "sinfo: error: command not found")
 
 
 def gpus_in(gres: str, gpu: str | None) -> int:

@@ -5,10 +5,12 @@ how it reads the answers, is in :mod:`gpupack.submit._slurm_queue`, the one seam
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import difflib
 import getpass
+import io
 import math
 import os
 import re
@@ -477,6 +479,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
     _limits: _slurm_queue.SiteLimits | None = None  # asked once per submitter (site_limits)
     _oom_records: dict[str, RunRecords] | None = None  # a job that ran out of memory: the run's records, read once
     _sinfo_silent: str | None = None  # why sinfo did not answer when capacities asked it (its partition check skipped)
+    _reached = False  # SLURM answered here (require_reachable, asked once)
 
     @classmethod
     def requeue_signal(cls) -> int:
@@ -604,9 +607,15 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
 
     # ---------------- submission ----------------
 
+    def require_reachable(self) -> None:
+        """SLURM answers here (sbatch is installed, sinfo answers), else one line in its own words with the fix."""
+        if not self._reached:
+            _slurm_queue.require_reachable()
+            self._reached = True
+
     def _executor(self) -> submitit.SlurmExecutor:
-        return submitit.SlurmExecutor(folder=str(self.run.submitit_folder),
-                                      max_num_timeout=int(self.cluster.max_num_timeout))
+        return QuietSlurmExecutor(folder=str(self.run.submitit_folder),
+                                  max_num_timeout=int(self.cluster.max_num_timeout))
 
     def site_limits(self) -> _slurm_queue.SiteLimits:
         """What SLURM lets this user submit (asked once), with the site's stated job limit where it is lower."""
@@ -717,8 +726,12 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                                             else [p.pack_id for p in lane], labelled) for lane in group]
             except Exception as err:  # sbatch refused: say which group and why, keep what was submitted
                 self.remember({p.pack_id: (str(j.job_id), p.partition) for p, j in out})
+                unreachable = _slurm_queue.sbatch_refusal(err)  # no SLURM answers here: its one line and fix
+                if unreachable is not None:
+                    raise unreachable from None
                 what = f"k={devices}" if devices > 1 else f"N={factor}"
-                raise SubmissionError(f"sbatch refused the {partition} {what} array: {err}".strip()) from None
+                raise SubmissionError(f"sbatch refused the {partition} {what} array: "
+                                      f"{_slurm_queue.one_line('sbatch', str(err))}") from None
             out += [(p, job) for lane, job in zip(group, jobs) for p in lane]
         self.remember({p.pack_id: (str(j.job_id), p.partition) for p, j in out})
         return out
@@ -776,6 +789,15 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
     def pack_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
         states = self.queue_states(job_ids)
         return None if states is None else {j: _slurm_queue.pack_state(s) for j, s in states.items()}
+
+
+class QuietSlurmExecutor(submitit.SlurmExecutor):
+    """submitit's SlurmExecutor without its own print of what a failing sbatch said: the error gpupack raises from it
+    quotes sbatch's words once."""
+
+    def _internal_process_submissions(self, delayed_submissions: list[Any]) -> list[submitit.Job[Any]]:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return super()._internal_process_submissions(delayed_submissions)
 
 
 SUBMITTER = SlurmSubmitter
