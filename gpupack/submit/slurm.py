@@ -14,6 +14,7 @@ import io
 import math
 import os
 import re
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -609,9 +610,13 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
 
     def require_reachable(self) -> None:
         """SLURM answers here (sbatch is installed, sinfo answers), else one line in its own words with the fix."""
-        if not self._reached:
-            _slurm_queue.require_reachable()
-            self._reached = True
+        if self._reached:
+            return
+        silent = self._sinfo_silent  # the partition check's sinfo found no controller: each try costs SLURM's timeout
+        if silent and _slurm_queue.UNREACHABLE.search(silent) and shutil.which("sbatch") is not None:
+            raise _slurm_queue.unreachable("sinfo", silent)
+        _slurm_queue.require_reachable()
+        self._reached = True
 
     def _executor(self) -> submitit.SlurmExecutor:
         return QuietSlurmExecutor(folder=str(self.run.submitit_folder),
