@@ -31,10 +31,11 @@ def closed_port() -> int:
 
 
 def dead_controller(tmp_path: Path) -> Path:
-    """A slurm.conf whose controller is a port nobody listens on."""
+    """A slurm.conf whose controller is a port nobody listens on (MessageTimeout=1: each client gives up in a
+    moment, not SLURM's default 9 s; what it says is the same)."""
     conf = tmp_path / "slurm.conf"
     conf.write_text(f"ClusterName=gone\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort={closed_port()}\n"
-                    "GresTypes=gpu\n")
+                    "GresTypes=gpu\nMessageTimeout=1\n")
     return conf
 
 
