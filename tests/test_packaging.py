@@ -57,3 +57,13 @@ def test_installed_wheel_registers_the_hydra_launchers(tmp_path):
                          check=True).stdout
     assert out.splitlines()[0].startswith(str(site))  # the wheel's copy, not this checkout's
     assert "GpupackLocalLauncher" in out and "GpupackSlurmLauncher" in out and "BasicLauncher" in out
+
+
+def test_ci_runs_the_readmes_test_command_as_written():
+    """The README's one test command is what CI runs: a line changed in one place only would make the README's
+    promise untrue."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## Test it", 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0].strip()
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
+          if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci == [block]
