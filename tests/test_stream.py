@@ -682,7 +682,7 @@ def test_with_lanes(rows, occ, expected):
     from gpupack.analysis.occupancy import with_lanes
 
     occupancy = pd.DataFrame([{"workload": "w", "partition": "local", "gpu_type": "cpu", "mode": "process",
-                               "factor": n, "how": how, "jobs": jobs, "device_s_per_training": s}
+                               "factor": n, "how": how, "packs": jobs, "device_s_per_training": s}
                               for n, how, jobs, s in occ])
     out = with_lanes(pd.DataFrame(rows, columns=list(_summary_row(1, 0))), occupancy)
     got = [(int(r["lanes"]), None if pd.isna(r["stream_s_per_training"]) else r["stream_s_per_training"])
