@@ -182,6 +182,17 @@ def _measured(run: Path) -> set[tuple[str, str, str]]:
             for p in packs for t in p.get("trainings", [])}
 
 
+def sweep_of(run: Path) -> Path:
+    """The sweep a run is part of: an auto sweep's root for its probe steps and its run (one sweep, measured in
+    steps that repeat the same workload, partition and mode), else :attr:`RunDir.sweep_root`."""
+    root = RunDir(run).root
+    if root.parent.name == PROBE and (root.parent.parent / PROBE).is_dir():
+        return root.parent.parent
+    if root.name == RUN and (root.parent / PROBE).is_dir():
+        return root.parent
+    return RunDir(run).sweep_root
+
+
 def apart(runs: Sequence[Path]) -> list[list[Path]]:
     """The runs, by sweep (a Hydra multirun's launches are one sweep), where they must be reported apart: two
     sweeps that measured the same (workload, partition, mode) or ran different workloads would make a pooled table
@@ -189,7 +200,7 @@ def apart(runs: Sequence[Path]) -> list[list[Path]]:
     different partitions of one workload, whose pooled report compares those partitions."""
     sweeps: dict[Path, list[Path]] = {}
     for run in runs:
-        sweeps.setdefault(RunDir(run).sweep_root, []).append(run)
+        sweeps.setdefault(sweep_of(run), []).append(run)
     if len(sweeps) < 2:
         return [list(runs)]
     measured = [set().union(*(_measured(r) for r in group)) for group in sweeps.values()]
@@ -213,7 +224,7 @@ def compare_runs(sweeps: Sequence[Sequence[Path]], given: Sequence[Path], *, out
     home = Path(out) if out else comparison_home(given)
     pages, written = [], []
     for group in sweeps:
-        root = RunDir(group[0]).sweep_root
+        root = sweep_of(group[0])
         label = os.path.relpath(root, home) if root.resolve().is_relative_to(home.resolve()) else str(root)
         if console is not None:
             console.print(f"── {label} ──", highlight=False)
