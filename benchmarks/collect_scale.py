@@ -79,7 +79,7 @@ def _sorted(value: Any) -> Any:
 
 def training(pack_id: str, tid: str, partition: str, mode: str, factor: int, status: str, index: int,
              draw: np.ndarray) -> dict[str, Any]:
-    """One training record with every field the job body writes (gpupack.job.body.build_training_record); ``draw``:
+    """One training record with every field the job body writes (gpupack.job.records.build_training_record); ``draw``:
     start-up, loop, samples/s, accuracy, loss, RSS and GPU memory."""
     startup, loop, rate, accuracy, loss, rss, gpu_mem = (float(x) for x in draw)
     return _sorted(training_record(
@@ -99,7 +99,7 @@ def training(pack_id: str, tid: str, partition: str, mode: str, factor: int, sta
 
 def pack(pack_id: str, partition: str, mode: str, factor: int, wall: float, tids: list[str],
          statuses: list[str]) -> dict[str, Any]:
-    """One pack record with the fields gpupack.job.body.write_pack_record writes."""
+    """One pack record with the fields gpupack.job.records.write_pack_record writes."""
     return _sorted(pack_record(
         pack_id=pack_id, mode=mode, factor=factor, partition=partition, probe=False,
         gpu_type="Tesla V100-SXM2-16GB", device="cuda", device_name="Tesla V100-SXM2-16GB", device_note="",

@@ -93,7 +93,7 @@ def _programmed(run: RunDir, slowdown: float) -> object:
     """The default sweep's shape (4 grid points, N = 1-4, 4 packs each) run in the plan's order on a programmed
     device that gets ``slowdown`` slower with every pack it runs; the records as the job writes them (round, drift
     check); the summary."""
-    from gpupack.job.body import order_fields
+    from gpupack.job.records import order_fields
 
     plan = make_plan(sweep="s", workload="w", grid={"lr": [0.05, 0.1], "batch_size": [64, 128]}, fixed={},
                      factors=list(STEADY_TPT), modes=["process"], partitions=["local"], repeats=4)

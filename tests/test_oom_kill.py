@@ -14,8 +14,10 @@ from gpupack.core.plan import make_plan
 from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, PackSettings, TrainingOutcome
-from gpupack.job import body as job
-from gpupack.job.body import build_training_record, record_job_oom, run_pack, status_of
+from gpupack.job.body import run_pack
+from gpupack.job.oom import record_job_oom
+from gpupack.job.records import build_training_record, status_of
+from gpupack.runtime import oom
 from gpupack.runtime.monitor import DeviceInfo
 from gpupack.submit._slurm_queue import out_of_memory, pack_state
 from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter
@@ -32,18 +34,18 @@ def test_memory_events_path_follows_proc_self_cgroup(tmp_path):
     v2.parent.mkdir(parents=True)
     v2.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     proc.write_text("0::/user.slice/job_7\n")
-    assert job.memory_events_path(proc, root) == v2
+    assert oom.memory_events_path(proc, root) == v2
     # v1 (or a hybrid host whose unified tree has no memory controller): the memory controller's oom_control
     v1 = root / "memory" / "slurm" / "uid_0" / "job_7" / "memory.oom_control"
     v1.parent.mkdir(parents=True)
     v1.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
     proc.write_text("4:memory:/slurm/uid_0/job_7\n1:cpu:/\n0::/\n")
-    assert job.memory_events_path(proc, root) == v1
+    assert oom.memory_events_path(proc, root) == v1
     # in a container whose cgroup is mounted as the root of the hierarchy
     (root / "memory" / "memory.oom_control").write_text("oom_kill 0\n")
     proc.write_text("4:memory:/host/path/not/mounted/here\n")
-    assert job.memory_events_path(proc, root) == root / "memory" / "memory.oom_control"
-    assert job.memory_events_path(tmp_path / "missing", root) is None
+    assert oom.memory_events_path(proc, root) == root / "memory" / "memory.oom_control"
+    assert oom.memory_events_path(tmp_path / "missing", root) is None
 
 
 @pytest.mark.parametrize("text, count", [("low 0\nhigh 0\nmax 0\noom 2\noom_kill 2\noom_group_kill 0\n", 2),
@@ -53,14 +55,14 @@ def test_memory_events_path_follows_proc_self_cgroup(tmp_path):
 def test_oom_kill_count_reads_both_cgroup_versions(tmp_path, text, count):
     path = tmp_path / "memory.events"
     path.write_text(text)
-    assert job.oom_kill_count(path) == count
-    assert job.oom_kill_count(tmp_path / "missing") is None
+    assert oom.oom_kill_count(path) == count
+    assert oom.oom_kill_count(tmp_path / "missing") is None
 
 
 def test_this_machine_gives_its_cgroup_s_counter_or_none():
     """Where this process's cgroup has a readable OOM counter, the count is that file's oom_kill line; else None."""
-    path = job.memory_events_path()
-    count = job.oom_kill_count()
+    path = oom.memory_events_path()
+    count = oom.oom_kill_count()
     if path is None:
         assert count is None
     else:
@@ -77,8 +79,8 @@ def test_this_machine_gives_its_cgroup_s_counter_or_none():
 def test_the_counter_is_read_from_the_file(tmp_path, text, count):
     path = tmp_path / "memory.events"
     path.write_text(text)
-    assert job.oom_kill_count(path) == count
-    assert job.oom_kill_count(tmp_path / "missing") is None
+    assert oom.oom_kill_count(path) == count
+    assert oom.oom_kill_count(tmp_path / "missing") is None
 
 
 # ---------------- a SIGKILL in a pack, with or without an OOM kill counted ----------------
@@ -115,7 +117,7 @@ def _kill(err_log: Path, events: Path, oom_kills: int) -> None:
 def test_a_sigkill_is_oom_only_when_the_cgroup_counted_an_oom_kill(tmp_path, monkeypatch, oom_kills, status, start):
     events = tmp_path / "memory.events"
     events.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
-    monkeypatch.setattr(job, "memory_events_path", lambda: events)
+    monkeypatch.setattr(oom, "memory_events_path", lambda: events)
     run, pack = _pack(tmp_path)
     victim = next(t for t in pack.trainings if t.params["tag"] == "victim")
     killer = multiprocessing.Process(target=_kill, args=(run.log(pack.pack_id, victim.training_id, "err"), events,
@@ -142,12 +144,12 @@ def _outcome(signal_: int | None, extra: dict[str, Any] | None = None, error: st
 
 def test_status_of_a_counted_oom_kill(tmp_path, monkeypatch):
     events = tmp_path / "memory.events"
-    monkeypatch.setattr(job, "memory_events_path", lambda: events)
+    monkeypatch.setattr(oom, "memory_events_path", lambda: events)
     events.write_text("oom_kill 3\n")
     for sig, before, timed_out, status in [(9, 2, False, "oom"), (9, 3, False, "killed"), (15, 2, False, "killed"),
                                            (9, None, False, "killed"), (9, 2, True, "timeout")]:
         outcome = _outcome(sig, {"timed_out": timed_out})
-        job.note_oom_kill(outcome, before)
+        oom.note_oom_kill(outcome, before)
         assert status_of(outcome) == status, (sig, before, timed_out)
 
 

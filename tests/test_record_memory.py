@@ -10,7 +10,8 @@ from gpupack.core.plan import make_plan
 from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
-from gpupack.job.body import fill_memory, run_pack
+from gpupack.job.body import run_pack
+from gpupack.job.records import fill_memory
 from gpupack.workloads.command import WORKLOAD
 
 

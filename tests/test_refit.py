@@ -224,7 +224,7 @@ def test_an_oom_slurm_reports_after_the_job_reaches_the_refit_packs_it_ran(tmp_p
     from gpupack.core.plan import Plan
     from gpupack.core.records import read_json, write_json_atomic
     from gpupack.core.rundir import RunDir
-    from gpupack.job.body import record_job_oom, refits_of
+    from gpupack.job.oom import record_job_oom, refits_of
 
     run_dir = tmp_path / "run"
     assert sweep.run(sweep.prepare(_production(run_dir)), plots=False).ok
@@ -307,7 +307,7 @@ def test_refits_of_finds_the_packs_a_resume_refit_at_another_n(tmp_path):
     from gpupack.core.plan import Plan
     from gpupack.core.records import read_json
     from gpupack.core.rundir import RunDir
-    from gpupack.job.body import refits_of
+    from gpupack.job.oom import refits_of
 
     run_dir = tmp_path / "run"
     assert sweep.run(sweep.prepare(_production(run_dir)), plots=False).ok

@@ -335,7 +335,7 @@ def test_a_sigkilled_lane_s_trainings_run_again_on_resume_and_no_other_does(tmp_
 
 
 def test_slurm_out_of_memory_marks_only_what_that_lane_ran(tmp_path):
-    from gpupack.job.body import record_job_oom
+    from gpupack.job.oom import record_job_oom
 
     run, plan = _plan(tmp_path, n_trainings=6, factor=2, jobs=2)
     queue = plan.queue(plan.packs[0].stream or "")
@@ -360,7 +360,7 @@ def test_slurm_out_of_memory_marks_only_what_that_lane_ran(tmp_path):
 
 def test_slurm_out_of_memory_amends_a_folded_lane_s_journal(tmp_path):
     from gpupack.core.journal import fold_trainings
-    from gpupack.job.body import record_job_oom
+    from gpupack.job.oom import record_job_oom
 
     run, plan = _plan(tmp_path, n_trainings=4, factor=2, jobs=1)
     (pack,) = plan.packs

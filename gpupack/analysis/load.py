@@ -396,7 +396,7 @@ def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
 
 def earlier_refits(t: pd.DataFrame) -> None:
     """A training that refit packs of one skipped pack ran more than once (a resume that refit what an earlier refit
-    left at another N, or from another training: gpupack.job.body.run_refits) has one current record, its latest
+    left at another N, or from another training: job.body.PackAttempt.run_refits) has one current record, its latest
     start; the others count as its earlier attempts, as a pack's own earlier attempts do. Run again in a folder, the
     earlier ones were moved aside already; folded into a lane's journal, each refit pack keeps its own latest record,
     so this is where they are told apart. In place: only ``attempt`` changes, and only where such records are."""

@@ -316,7 +316,7 @@ def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
     streaming lane runs while any training of its queue has none, or any lane of it no record (every lane of the
     queue then drains it again, each releasing the claims its own earlier run left). A pack whose record was lost
     (its journal line torn, or a kill before it was written) is not complete: its run rebuilds it from its
-    trainings' records (gpupack.job.body.rebuild_pack_record), or runs what has none."""
+    trainings' records (gpupack.job.records.rebuild_pack_record), or runs what has none."""
     records = RunRecords(run)  # a pack's folder, else its lane's journal
 
     def done(p: Pack) -> bool:  # every training ran, here or in a refit of it

@@ -33,15 +33,16 @@ import psutil
 
 from gpupack.core.admission import Candidate, Room, admit, expected_peak, lane_budget_mb, max_passes, peak_of
 from gpupack.core.claims import STALE, Holder, claim, claim_path, claims, drop, release_stale
-from gpupack.core.journal import CompletedTail, RunRecords, fold_pack, fold_trainings
+from gpupack.core.journal import CompletedTail, Folded, RunRecords, fold_pack, fold_trainings
 from gpupack.core.lane_columnar import write_lane_columnar
 from gpupack.core.memory import Figure, candidate_runs, measured_by_setting, setting_key
 from gpupack.core.plan import Pack, Plan, Training
-from gpupack.core.records import COMPLETED, VICTIM, is_completed, read_json, write_json_atomic
+from gpupack.core.records import COMPLETED, is_completed, read_json, write_json_atomic
 from gpupack.core.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.core.victims import culprit_of
-from gpupack.job.body import choose_device, execute, move_aside, pack_lock, rebuild_pack_record
+from gpupack.job.body import PackAttempt, choose_device, pack_lock
+from gpupack.job.records import as_victim, move_aside, rebuild_pack_record
 from gpupack.pack import WAIT, Wait
 from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.runtime.monitor import detect_device, free_memory_mb
@@ -297,7 +298,7 @@ class Lane:
             return rec
         self.ran_again.add(tid)
         self.again.append(self._by_id[tid])
-        return {**rec, "status": VICTIM, "victim_of": culprit, "died_as": rec.get("status")}
+        return as_victim(rec, culprit)
 
     def _measured(self, rec: Mapping[str, Any]) -> None:
         """A completed training's peak: its setting's figure in this run, where nothing earlier says one."""
@@ -353,9 +354,10 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
         first: list[Training] = []
         while len(first) < pack.factor and isinstance(training := lane.next(), Training):
             first.append(training)  # the rest of the slots wait for memory in the mode (gpupack.pack.Stream)
-        rec = execute(run, plan, pack, first, settings, job, stream=lane,
-                      extra={"stream": pack.stream, "lane": pack.index, "released": list(released),
-                             **({"torn_claims": torn} if torn else {})})
+        attempt = PackAttempt(run, plan, settings, job, RunRecords(run, Folded()))
+        rec = attempt.execute(pack, first, stream=lane,
+                              extra={"stream": pack.stream, "lane": pack.index, "released": list(released),
+                                     **({"torn_claims": torn} if torn else {})})
         left = len(lane.items) - len(lane.completed() | set(claims(lane.folder)))
         rec.update(claimed=lane.claimed, stopped_claiming=lane.stopped, unclaimed=left,
                    **({"admission": admitted} if (admitted := lane.admission()) is not None else {}))

@@ -36,7 +36,7 @@ from gpupack.errors import (
     require_positive,
     require_unique,
 )
-from gpupack.job.body import record_job_oom
+from gpupack.job.oom import record_job_oom
 from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.submit import (
     ClusterConfig,
@@ -773,7 +773,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
 
     def ended(self, pack: Pack, job: PackJobHandle, since: float) -> PackResult:
         """How a pack's job ended. When SLURM says it ran out of memory, the trainings its cgroup killed are recorded as
-        oom (gpupack.job.body.record_job_oom), so their N is infeasible; any it cannot record are named in the error."""
+        oom (gpupack.job.oom.record_job_oom), so their N is infeasible; any it cannot record are named in the error."""
         result = job_result(pack, job, self.run)
         if not _slurm_queue.out_of_memory(job.state, (job.stderr() or "") + (job.stdout() or "")):  # merged: a lane's
             return result

@@ -1,0 +1,313 @@
+"""Every record the job body writes, built here and only here: a training's (as it ends; skipped for memory before it
+starts; lost with its packer to an OOM SLURM told after the job; amended as oom or as a fault's victim), a pack's
+(as its attempt ends; rebuilt from its trainings' where its own was lost), and an earlier attempt's kept aside. The
+fields themselves are :func:`gpupack.core.records.training_record`'s and :func:`~gpupack.core.records.pack_record`'s.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from gpupack.core.columnar import write_columnar
+from gpupack.core.journal import RunRecords
+from gpupack.core.plan import Pack, Plan, Training, refit_parent
+from gpupack.core.records import (
+    COMPLETED,
+    FAILED,
+    KILLED,
+    OOM,
+    SKIPPED_MEMORY,
+    TIMEOUT,
+    VICTIM,
+    make_dirs,
+    pack_record,
+    training_record,
+    write_json_atomic,
+)
+from gpupack.core.rgu import model_from_device_name
+from gpupack.core.rundir import RunDir
+from gpupack.core.types import PackSettings, TrainingOutcome
+from gpupack.runtime.jobenv import JobEnvironment
+from gpupack.runtime.monitor import DeviceInfo
+from gpupack.runtime.oom import OOM_KILLED_BY, ran_out_of_memory
+
+
+@dataclass(frozen=True)
+class OnDevice:
+    """Where an attempt's trainings ran, as each of their records says it: the device NVML or the host described,
+    the torch device, each training's threads, how many ran at once, the GPU's model."""
+
+    info: DeviceInfo
+    device: str
+    threads: int
+    concurrent: int
+    model: str | None
+
+
+def status_of(outcome: TrainingOutcome) -> str:
+    if outcome.extra.get("timed_out"):
+        return TIMEOUT
+    if ran_out_of_memory(outcome):
+        return OOM
+    if outcome.signal is not None:
+        return KILLED
+    if outcome.exit_code not in (0, None) or outcome.result is None:
+        return FAILED
+    return COMPLETED
+
+
+def gpu_model(info: DeviceInfo, settings: PackSettings) -> str | None:
+    return model_from_device_name(info.name) if info.kind == "gpu" else settings.gpu_model
+
+
+def order_fields(pack: Pack) -> dict[str, Any]:
+    """Where the pack stands in the run's order (gpupack.core.plan.in_rounds): its round, or the pack it repeats at
+    the end as a drift check; nothing for a pack without (a lane, a probe, a plan written before rounds)."""
+    return {k: v for k, v in (("round", pack.round), ("reference_of", pack.reference_of)) if v is not None}
+
+
+def spread_fields(pack: Pack, result: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A spread pack's record fields: k devices, the strategy, and what it measured (all-reduce bytes per step, ...).
+    Nothing for a packing pack, whose records stay as they were."""
+    if pack.spread is None:
+        return {}
+    return {"devices": pack.devices, "strategy": pack.spread, "spread": (result or {}).get("spread")}
+
+
+# ---------------- a training's record ----------------
+
+def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, sweep: str,
+                          device: DeviceInfo, ctx_device: str, threads: int, concurrent: int,
+                          model: str | None = None) -> dict[str, Any]:
+    result = outcome.result or {}
+    return training_record(
+        sweep=sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload_label,
+        params=dict(training.params), grid_index=training.grid_index, reseed=training.reseed, repeat=training.repeat,
+        mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=concurrent, probe=pack.probe,
+        gpu_type=device.name if device.kind == "gpu" else "cpu", device=ctx_device, device_name=device.name,
+        gpu_model=model, threads=threads, status=status_of(outcome), exit_code=outcome.exit_code, signal=outcome.signal,
+        error=outcome.error, started_at=outcome.started_at, ended_at=outcome.ended_at,
+        wall_s=outcome.ended_at - outcome.started_at,
+        timings=result.get("timings"), throughput=result.get("throughput"), metrics=result.get("metrics"),
+        memory=result.get("memory"), knobs=result.get("knobs"), loader_setting=result.get("loader_setting"),
+        data=result.get("data"), host=socket.gethostname(), **spread_fields(pack, result), **order_fields(pack),
+        **outcome.extra,
+    )
+
+
+def finished_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, plan: Plan, on: OnDevice,
+                             fields: Mapping[str, Any], sampled: Mapping[str, Any]) -> dict[str, Any]:
+    """The record of a training that ran and ended, as its pack's mode told it (``outcome``); ``fields``: more of
+    its fields (a refit pack's ``refit_of``, the GPUs it was given); ``sampled``: the sampler's figures of it."""
+    rec = build_training_record(outcome, training, pack, plan.sweep, on.info, on.device, on.threads, on.concurrent,
+                                on.model)
+    if plan.phase:  # packing.factors=auto: a probe's record, or the run's at the best N
+        rec["phase"] = plan.phase
+    rec.update(fields)
+    fill_memory(rec, sampled)
+    share_hint(rec)
+    return rec
+
+
+def skipped_training_record(training: Training, pack: Pack, plan: Plan, on: OnDevice, why: str,
+                            runs_in: str | None, now: float) -> dict[str, Any]:
+    """The record of a training of a pack skipped for memory (``why``); ``runs_in``: the refit pack that runs it
+    (None: its grid point ran at a smaller N)."""
+    outcome = TrainingOutcome(training.training_id, now, now, None, error=f"skipped for memory: {why}")
+    rec = build_training_record(outcome, training, pack, plan.sweep, on.info, on.device, on.threads, on.concurrent,
+                                on.model)
+    rec.update(status=SKIPPED_MEMORY, skipped_memory=why)
+    rec["runs_in"] = runs_in
+    if plan.phase:
+        rec["phase"] = plan.phase
+    return rec
+
+
+def lost_training_record(training: Training, pack: Pack, plan: Plan, sibling: Mapping[str, Any],
+                         why: str) -> dict[str, Any]:
+    """The oom record of a training left with none when SLURM killed its job for memory (``why``): on the device,
+    the host and at the start its ``sibling``'s record of the same attempt names."""
+    info = DeviceInfo(kind="cpu" if sibling.get("gpu_type") == "cpu" else "gpu", name=str(sibling.get("device_name")))
+    outcome = TrainingOutcome(training.training_id, float(sibling["started_at"]), time.time(), None, signal.SIGKILL,
+                              why, extra={OOM_KILLED_BY: why})
+    rec = build_training_record(outcome, training, pack, plan.sweep, info, str(sibling.get("device")),
+                                int(sibling.get("threads") or 1), int(sibling.get("concurrent") or pack.factor),
+                                sibling.get("gpu_model"))
+    rec["host"] = sibling.get("host")  # where it ran, not this submitting host
+    if plan.phase:
+        rec["phase"] = plan.phase
+    if refit_parent(pack.pack_id) is not None:  # as the refit pack's own records say (run_refits)
+        rec["refit_of"] = refit_parent(pack.pack_id)
+    return rec
+
+
+def as_oom(rec: Mapping[str, Any], why: str) -> dict[str, Any]:
+    """A SIGKILLed training's record, once SLURM said its job ran out of memory (``why``)."""
+    error = f"{rec['error']}\n{why}" if rec.get("error") else why
+    return {**rec, "status": OOM, OOM_KILLED_BY: why, "error": error}
+
+
+def as_victim(rec: Mapping[str, Any], culprit: str) -> dict[str, Any]:
+    """The record of a training another's fault (``culprit``'s, gpupack.core.victims) took down."""
+    return {**rec, "status": VICTIM, "victim_of": culprit, "died_as": rec.get("status")}
+
+
+def share_hint(rec: dict[str, Any]) -> None:
+    """A training that ran out of memory with a share of the GPU (packing.memory_share) says what its share was and
+    what would give it more: the limit may be what it hit, not the device."""
+    share = rec.get("memory_share")
+    if rec.get("status") != OOM or not isinstance(share, Mapping):
+        return
+    source = share.get("source") or "packing.memory_fraction / N"
+    rec["error"] = (f"{rec.get('error') or 'out of memory'}\nHINT: its share of the GPU was {share['mb']:.0f} MB "
+                    f"({share['fraction']:.3g} of the device, packing.memory_share=on: {source}); "
+                    "lower N, raise packing.memory_fraction or packing.memory_margin, "
+                    "or set packing.memory_share=off")
+
+
+def fill_memory(rec: dict[str, Any], sampled: Mapping[str, Any]) -> None:
+    """A figure the training did not report itself (a program of the ``command`` workload reports no memory) is the
+    sampler's, so the record says what the tables show; ``memory.from_sampler`` names those (sampled every
+    ``packing.sample_interval_s``: a shorter peak can be missed)."""
+    memory = dict(rec.get("memory") or {})  # None: a training that failed before reporting anything
+    filled = [key for key in ("peak_rss_mb", "peak_gpu_mem_mb")
+              if memory.get(key) is None and sampled.get(key) is not None]
+    if filled:
+        rec["memory"] = {"peak_rss_mb": None, "peak_gpu_mem_mb": None, **memory,
+                         **{key: sampled[key] for key in filled}, "from_sampler": filled}
+
+
+def move_aside(run: RunDir, pack_id: str, path: Path) -> None:
+    """Keep an earlier attempt's record of the pack: move it under attempts/<k>/ instead of overwriting it."""
+    if not path.exists():
+        return
+    k = 1
+    while run.attempt_record(pack_id, k, path).exists():
+        k += 1
+    target = run.attempt_record(pack_id, k, path)
+    make_dirs(target.parent)
+    os.replace(path, target)
+
+
+# ---------------- a pack's record ----------------
+
+def slot_use(records: Sequence[Mapping[str, Any]], slots: int, started: float, ended: float) -> dict[str, Any]:
+    """How busy the pack's N slots were: ``slot_occupancy`` = Σ training wall / (N × pack wall), and the idle gaps
+    between one training's end and the next one's start in the same slot (a streaming lane's refills). Pure."""
+    wall = ended - started
+    busy = sum(float(r["ended_at"]) - float(r["started_at"]) for r in records)
+    by_slot: dict[int, list[tuple[float, float]]] = {}
+    for r in records:  # a mode whose trainings share one host process names no slots: no gaps to tell
+        if r.get("slot") is not None:
+            by_slot.setdefault(int(r["slot"]), []).append((float(r["started_at"]), float(r["ended_at"])))
+    ordered = [sorted(spans) for spans in by_slot.values()]
+    gaps = [b[0] - a[1] for spans in ordered for a, b in zip(spans, spans[1:])]
+    return {"slots": slots, "busy_s": busy,
+            "slot_occupancy": busy / (slots * wall) if wall > 0 and slots else None,
+            "slot_gap_mean_s": sum(gaps) / len(gaps) if gaps else None,
+            "slot_gap_max_s": max(gaps) if gaps else None}
+
+
+def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]], info: DeviceInfo,
+                      device: str, cores: int, threads: int, model: str | None = None,
+                      sampled: dict[str, Any] | None = None, mode_started: float | None = None,
+                      phase: str | None = None, job: JobEnvironment | None = None,
+                      extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Write the pack record of this attempt. ``job``: as in :func:`gpupack.job.body.run_pack`; ``extra``: more
+    fields (a lane's). Its wall runs from its first training's start (a fresh interpreter's spawn, a fork, a host's
+    spawn: each training's own start-up is inside) to its last one's end; what its mode did once before
+    (``mode_started``: a fork server's preload, shared by a lane's packs or not) is its ``setup_s``, outside the wall
+    as a job's start is."""
+    fields = (job or JobEnvironment.here()).record_fields()
+    first = min((float(r["started_at"]) for r in records), default=None)
+    started = first if first is not None else (mode_started or time.time())
+    ended = max([float(r["ended_at"]) for r in records], default=started)
+    setup = {"setup_s": max(0.0, first - mode_started)} if first is not None and mode_started else {}
+    slots = slot_use(records, pack.factor, started, ended)
+    rec = pack_record(
+        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition, probe=pack.probe,
+        gpu_type=info.name if info.kind == "gpu" else "cpu", device=device, device_name=info.name,
+        device_note=info.note, gpu_model=model, gpu_memory_total_mb=info.memory_total_mb,
+        # Time per training is only meaningful when all N trainings ran together in this attempt (a lane's N slots
+        # ran whatever they claimed: it times the production run, not N).
+        concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None,
+        training_ids=[r["training_id"] for r in records],
+        n_completed=sum(r["status"] == COMPLETED for r in records),
+        n_failed=sum(r["status"] != COMPLETED for r in records),
+        n_oom=sum(r["status"] == OOM for r in records),
+        started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
+        cores=cores, threads_per_training=threads, host=socket.gethostname(),
+        workload=pack.trainings[0].workload_label if pack.trainings else None,
+        # The job (its id, its GPUs), and what the scheduler gave it, to cross-check with sacct's gres/gpu.
+        **fields,
+        sampler=sampled, **spread_fields(pack), **order_fields(pack), **slots, **setup, **(extra or {}),
+    )
+    if phase:
+        rec["phase"] = phase
+    write_json_atomic(run.pack_record(pack.pack_id), rec)
+    if pack.stream is not None:  # its trainings' records live in other lanes' folders too: collect reads the JSON
+        return rec
+    try:  # the pack's trainings in one columnar file: collect reads one file per pack, not one per training
+        write_columnar(run, pack.pack_id)
+    except Exception as err:  # only a faster copy: without it collect reads the JSON records, the same rows
+        print(f"gpupack: warning: no columnar file for pack {pack.pack_id} ({err!r})", file=sys.stderr)
+    return rec
+
+
+# ---------------- a pack's record rebuilt from its trainings' ----------------
+
+REBUILT = ("its record was lost (its journal line torn by a writer killed mid-append, or its file never written): "
+           "rebuilt from its trainings' records, without the sampler's figures or the set-up time")
+
+
+def rebuilt_pack_record(pack: Pack, records: Sequence[Mapping[str, Any]], phase: str | None = None) -> dict[str, Any]:
+    """The record of a pack whose every training has its record but whose own was lost (:data:`REBUILT`, said in it):
+    what :func:`write_pack_record` would have said, from ``records``, those its trainings' current records that ran in
+    it. Complete (a timing of N) only where N trainings ran together in one job, as each training's record says.
+    Pure."""
+    first = records[0] if records else {}
+    started = min((float(r["started_at"]) for r in records), default=0.0)
+    ended = max((float(r["ended_at"]) for r in records), default=started)
+    together = len({(r.get("job_id"), r.get("concurrent")) for r in records}) == 1 \
+        and first.get("concurrent") == pack.factor
+    rec = pack_record(
+        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition, probe=pack.probe,
+        **{k: first.get(k) for k in ("gpu_type", "device", "device_name", "gpu_model", "host", "job_id",
+                                     "cuda_visible_devices")},
+        concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None and together,
+        training_ids=[r["training_id"] for r in records],
+        n_completed=sum(r.get("status") == COMPLETED for r in records),
+        n_failed=sum(r.get("status") != COMPLETED for r in records),
+        n_oom=sum(r.get("status") == OOM for r in records),
+        started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
+        threads_per_training=first.get("threads"),
+        workload=pack.trainings[0].workload_label if pack.trainings else None, sampler=None, rebuilt=REBUILT,
+        **spread_fields(pack), **order_fields(pack), **slot_use(records, pack.factor, started, ended))
+    if pack.stream is not None:  # a lane's: its queue, and nothing it left (every training has its record)
+        rec.update(stream=pack.stream, lane=pack.index, claimed=rec["training_ids"], unclaimed=0)
+    if phase:
+        rec["phase"] = phase
+    return rec
+
+
+def rebuild_pack_record(run: RunDir, plan: Plan, pack: Pack, records: RunRecords) -> dict[str, Any] | None:
+    """Write the rebuilt record (:func:`rebuilt_pack_record`) of ``pack``, whose trainings all have their record, into
+    its folder, as its job would have at its end (a lane that folds folds it next); it says so on stderr. Its
+    trainings: those of its queue (a streaming lane's: the ones it ran) or its own, whose current record ran in it;
+    None where none did (a lane the others left nothing to: it runs, and writes its own record as ever)."""
+    pairs = [(home.pack_id, t.training_id) for home, t in plan.queue(pack.stream)] if pack.stream is not None \
+        else [(pack.pack_id, t.training_id) for t in pack.trainings]
+    ran = [rec for home, tid in pairs if (rec := records.training(home, tid)) is not None
+           and rec.get("pack_id") == pack.pack_id]
+    if not ran:
+        return None
+    rec = rebuilt_pack_record(pack, ran, plan.phase)
+    write_json_atomic(run.pack_record(pack.pack_id), rec)
+    print(f"gpupack: warning: pack {pack.pack_id}: {REBUILT} ({len(ran)} training(s))", file=sys.stderr)
+    return rec

@@ -1,0 +1,35 @@
+"""No function of the job body (gpupack/job/) is over :data:`MAX_LINES` lines: each is one step of a pack's attempt
+that reads at a glance (issue 45). A function's length is ``end_lineno - lineno + 1``: from its ``def`` line to its
+last line, its docstring and comments included, its decorators not; methods and nested functions count alone."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+JOB = Path(__file__).resolve().parent.parent / "gpupack" / "job"
+MAX_LINES = 60
+
+
+def functions_over(root: Path, limit: int) -> list[str]:
+    """``path:line name (n lines)`` of every function under ``root`` longer than ``limit`` lines."""
+    over = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    over.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    return over
+
+
+def test_the_rule_counts_from_def_to_last_line_docstring_included(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(57))
+    (tmp_path / "short.py").write_text(f'def ok():\n    """Doc."""\n{body}\n    return 0\n')  # 60 lines
+    (tmp_path / "long.py").write_text(f'def too_long():\n    """Doc\n    on two lines."""\n{body}\n    return 0\n')
+    assert functions_over(tmp_path, MAX_LINES) == [f"{tmp_path.name}/long.py:1 too_long (61 lines)"]
+
+
+def test_no_function_in_the_job_body_is_over_60_lines():
+    assert JOB.is_dir()
+    over = functions_over(JOB, MAX_LINES)
+    assert not over, f"functions over {MAX_LINES} lines in gpupack/job/ (split them): " + "; ".join(over)
