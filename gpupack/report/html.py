@@ -411,7 +411,7 @@ def training_rows(c: Collected, out: Path, configs: Mapping[str, Mapping[str, An
         return pd.DataFrame()
     if "probe" in t:
         t = t[~t["probe"].fillna(False).astype(bool)]
-    t = c.records.with_aside(t, ("logs",))
+    t = c.records.with_detached(t, ("logs",))
     params = [json.loads(p) if isinstance(p, str) else dict(p or {}) for p in t.get("params", [None] * len(t))]
     keys = grid_keys(configs, params)
     metric = c.hyper.metric
