@@ -92,6 +92,8 @@ def resolves(obj: Any, parts: list[str]) -> bool:
 def dotted_exists(name: str) -> bool:
     """A module's attribute path: the longest importable prefix, then getattr."""
     parts = name.split(".")
+    if parts[-1] == "__main__":  # importing it would run the program: its file is enough
+        return (REPO / Path(*parts)).with_suffix(".py").is_file()
     for cut in range(len(parts), 0, -1):
         try:
             module = importlib.import_module(".".join(parts[:cut]))
@@ -177,7 +179,7 @@ def test_every_name_the_map_cites_exists(name):
 
 @pytest.mark.parametrize("made_up", ["gpupack.core.plan.in_squares", "core/plans.py", "RunLocks", "Pack.strem",
                                      "packing.admision", "lanes/<lane>.jsonx", "gpupack.core.nowhere",
-                                     "Claimant.lanes", "notamodule.thing"])
+                                     "Claimant.lanes", "notamodule.thing", "gpupack.flow.__main__"])
 def test_a_name_that_does_not_exist_is_told(made_up):
     assert not exists(made_up)
 
