@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpupack.core.admission import Candidate, Room, admit, expected_peak, lane_budget_mb, max_passes, peak_of
-from gpupack.core.claims import Holder, claims
+from gpupack.core.claims import Claimant, claims
 from gpupack.core.memory import CUDA_CONTEXT_MB, Figure, setting_key
 from gpupack.core.plan import make_plan
 from gpupack.core.records import write_json_atomic
@@ -136,7 +136,7 @@ def _lane(tmp_path, monkeypatch, sizes, factor=4, budget=1000.0, other_mb=0.0, g
     earlier = {(FAKE, setting_key({"steps": 1, "hold_mb": mb, "seed": 0})): Figure(mb, "records", measured=True)
                for mb in set(sizes)}
     clock = _Clock()
-    lane = Lane(run, plan, pack, Holder.here(pack.pack_id, "7"), PackSettings(), clock=clock,
+    lane = Lane(run, plan, pack, Claimant.here(pack.pack_id, "7"), PackSettings(), clock=clock,
                 gauge=Gauge(functools.partial(free_memory_mb, True, {"CUDA_VISIBLE_DEVICES": "0"}), budget, True,
                             earlier) if gauge else None)
     return lane, nvml, clock

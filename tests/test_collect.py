@@ -339,7 +339,7 @@ def _varied_run(run: RunDir) -> list[str]:
 
 
 def _same(a: Records, b: Records) -> None:
-    pd.testing.assert_frame_equal(a.with_aside(a.trainings), b.with_aside(b.trainings))  # the curves and logs too
+    pd.testing.assert_frame_equal(a.with_detached(a.trainings), b.with_detached(b.trainings))  # the curves and logs too
     pd.testing.assert_frame_equal(a.packs, b.packs)
     assert a.warnings == b.warnings
 
@@ -355,7 +355,7 @@ def test_columnar_files_give_the_same_records_and_summary_as_the_json(run):
     in_path_order = [read_json(p)["training_id"] for p in sorted(run.root.glob("packs/*/trainings/*.json"))]
     assert list(from_columnar.latest()["training_id"]) == in_path_order  # as the JSON records were always read
     assert set(from_columnar.trainings["attempt"]) == {0, 1}  # the earlier attempt is still read, from its JSON
-    assert from_columnar.with_aside(from_columnar.trainings)["curve"].notna().any()
+    assert from_columnar.with_detached(from_columnar.trainings)["curve"].notna().any()
     pd.testing.assert_frame_equal(summarize(from_json.trainings, from_json.packs),
                                   summarize(from_columnar.trainings, from_columnar.packs))
     assert best_hyperparameters(from_json.trainings).table.equals(best_hyperparameters(from_columnar.trainings).table)

@@ -103,7 +103,7 @@ def test_the_engines_benchmark_times_the_same_reductions_in_each_engine_it_finds
 
 def test_curves_and_logs_stay_beside_the_frame_where_they_lie_and_reach_the_rows_and_the_parquet(tmp_path):
     """The columns no table reads (the throughput curve, a third of a run's bytes, and where each log is kept) are not
-    copied into the frame: they stay in the lanes' memory-mapped chunks (Records.aside), and reach the rows that need
+    copied into the frame: they stay in the lanes' memory-mapped chunks (Records.detached), and reach the rows that need
     them (a plot's pack, a failure's log) and trainings.parquet, each row its own values. The frame's text columns
     are one chunk each: a filter of a chunked one would join its chunks first."""
     bench = _bench()
@@ -111,19 +111,19 @@ def test_curves_and_logs_stay_beside_the_frame_where_they_lie_and_reach_the_rows
     columnar = load_records([tmp_path / "run"])
     t = columnar.trainings
     assert not {"curve", "logs"} & set(t.columns)
-    assert set(columnar.aside.column_names) == {"curve", "logs", "training_id"}  # the ids: what checks a row's own
-    assert columnar.aside.num_rows == len(t) and columnar.aside.column("curve").num_chunks >= 10  # not joined
+    assert set(columnar.detached.column_names) == {"curve", "logs", "training_id"}  # the ids: what checks a row's own
+    assert columnar.detached.num_rows == len(t) and columnar.detached.column("curve").num_chunks >= 10  # not joined
     assert all(t[c].array.__arrow_array__().num_chunks == 1 for c in ("training_id", "pack_id", "status"))
     from_json = load_records([tmp_path / "run"], columnar=False)
-    expected = from_json.with_aside(from_json.trainings).set_index(["training_id", "attempt"])[["curve", "logs"]]
+    expected = from_json.with_detached(from_json.trainings).set_index(["training_id", "attempt"])[["curve", "logs"]]
     scattered = t.iloc[list(range(len(t) - 1, -1, -7))]  # rows of every lane, last first
-    got = columnar.with_aside(scattered).set_index(["training_id", "attempt"])[["curve", "logs"]]
+    got = columnar.with_detached(scattered).set_index(["training_id", "attempt"])[["curve", "logs"]]
     assert got["curve"].notna().all() and got["logs"].notna().all()
     pd.testing.assert_frame_equal(got, expected.loc[got.index])
     with pytest.raises(ValueError, match="index is not each row's position"):  # a frame reordered, index reset
-        columnar.with_aside(t.sort_values("training_id", ascending=False).reset_index(drop=True))
+        columnar.with_detached(t.sort_values("training_id", ascending=False).reset_index(drop=True))
     with pytest.raises(ValueError, match="index is not each row's position"):
-        columnar.with_aside(t.iloc[::-1].reset_index(drop=True).iloc[:10])
+        columnar.with_detached(t.iloc[::-1].reset_index(drop=True).iloc[:10])
     from gpupack.report.files import write_trainings
 
     written = pd.read_parquet(write_trainings(columnar, tmp_path / "out")).set_index(["training_id", "attempt"])

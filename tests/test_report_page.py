@@ -107,10 +107,10 @@ def test_no_cell_says_true_or_false(tmp_path, partitions, failed):
 
 
 def test_the_page_reads_what_ran_the_answer_and_the_hyperparameters_before_the_evidence(tmp_path):
-    from gpupack.report.html import Figure
+    from gpupack.report.html import Plot
 
     run = _run(tmp_path)
-    page = _page(aggregate([run.root]), run.root, [Figure("a plot", "data:image/png;base64,AAAA")])
+    page = _page(aggregate([run.root]), run.root, [Plot("a plot", "data:image/png;base64,AAAA")])
     order = _parsed(page).order
     assert order.index("what-ran") < order.index("answer") < order.index("best-hyperparameters") \
         < order.index("evidence") < order.index("img")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpupack.analysis.load import load_records
-from gpupack.core.claims import STALE, Holder, Seen, claim, claim_path, claims, read_claim, release_stale, stale_why
+from gpupack.core.claims import STALE, Claimant, Seen, claim, claim_path, claims, read_claim, release_stale, stale_why
 from gpupack.core.journal import RunRecords, read_folded
 from gpupack.core.plan import Plan, make_plan, plan_in_order, stream_lanes, trainings_for
 from gpupack.core.records import SCHEMA_VERSION, read_json, write_json_atomic
@@ -134,7 +134,7 @@ def test_bad_streaming_options_are_refused_in_one_line(overrides, key):
 # ---------------- claims ----------------
 
 def _claim_all(folder: str, ids: list[str], name: str, out) -> None:
-    holder = Holder.here(name, None)
+    holder = Claimant.here(name, None)
     out.put((name, [i for i in ids if claim(Path(folder), i, holder)]))
 
 
@@ -153,11 +153,11 @@ def test_racing_claimers_claim_each_training_exactly_once(tmp_path):
 
 
 def test_only_a_later_run_of_the_same_lane_releases_its_claims(tmp_path):
-    first, other = Holder.here("lane0", "1_0"), Holder.here("lane1", "1_1")
+    first, other = Claimant.here("lane0", "1_0"), Claimant.here("lane1", "1_1")
     assert claim(tmp_path, "a", first) and claim(tmp_path, "b", first) and claim(tmp_path, "c", other)
     assert not claim(tmp_path, "a", other)  # held
     assert release_stale(tmp_path, first) == {}  # its own live claims are not stale to itself
-    again = Holder.here("lane0", "1_0")  # the lane requeued: a new incarnation
+    again = Claimant.here("lane0", "1_0")  # the lane requeued: a new incarnation
     assert sorted(release_stale(tmp_path, again, keep={"b"})) == ["a"]  # b completed: its claim stays
     assert sorted(claims(tmp_path)) == ["b", "c"]
     assert claim(tmp_path, "a", other)
@@ -180,7 +180,7 @@ def test_a_claim_is_read_whole_or_as_torn_with_the_lane_its_start_names(raw, rec
     assert (seen.rec is not None) == rec and seen.lane == lane
 
 
-ME = Holder("L0", "h:2:bb", None, "h", 2)
+ME = Claimant("L0", "h:2:bb", None, "h", 2)
 
 
 @pytest.mark.parametrize("seen, home, why", [
@@ -199,16 +199,16 @@ def test_which_claims_a_starting_lane_releases(seen, home, why):
 
 
 def test_a_torn_claim_is_released_by_the_lane_it_names_else_by_the_training_s_home(tmp_path):
-    holder = Holder.here("L0", None)
+    holder = Claimant.here("L0", None)
     for tid in ("a", "b", "c", "d"):
         assert claim(tmp_path, tid, holder)
     claim_path(tmp_path, "a").write_bytes(b"")  # no holder left: "a"'s home is L0
     claim_path(tmp_path, "b").write_bytes(b"")  # no holder left: "b"'s home is L1
     claim_path(tmp_path, "c").write_bytes(claim_path(tmp_path, "c").read_bytes()[:20])  # names L0
     homes = {"a": "L0", "b": "L1", "c": "L1", "d": "L1"}
-    assert release_stale(tmp_path, Holder.here("L1", None), homes=homes) == {
+    assert release_stale(tmp_path, Claimant.here("L1", None), homes=homes) == {
         "b": "torn, its holder unreadable: released by the training's home lane"}
-    assert set(release_stale(tmp_path, Holder.here("L0", None), homes=homes)) == {"a", "c", "d"}
+    assert set(release_stale(tmp_path, Claimant.here("L0", None), homes=homes)) == {"a", "c", "d"}
     assert claims(tmp_path) == {}
 
 
@@ -257,8 +257,8 @@ def test_a_claim_won_of_a_training_another_lane_folded_as_completed_is_let_go(tm
     run, plan = _plan(tmp_path, n_trainings=4, factor=1, jobs=2)
     a_pack, b_pack = plan.packs
     settings = PackSettings(device="cpu", fold=True)
-    a = Lane(run, plan, a_pack, Holder.here(a_pack.pack_id, "1_0"), settings)
-    b = Lane(run, plan, b_pack, Holder.here(b_pack.pack_id, "1_1"), settings)
+    a = Lane(run, plan, a_pack, Claimant.here(a_pack.pack_id, "1_0"), settings)
+    b = Lane(run, plan, b_pack, Claimant.here(b_pack.pack_id, "1_1"), settings)
     assert b.completed() == set()  # B has read the (empty) journals
     t0 = a.next()
     assert t0 is not None and t0.training_id in claims(a.folder)
@@ -282,7 +282,7 @@ def test_a_folding_lane_folds_what_its_killed_run_left_and_runs_none_of_it_again
     run, plan = _plan(tmp_path, n_trainings=4, factor=1, jobs=1)
     (pack,) = plan.packs
     queue = [t.training_id for _, t in plan.queue(pack.stream or "")]
-    earlier = Holder.here(pack.pack_id, "1_0")
+    earlier = Claimant.here(pack.pack_id, "1_0")
     for tid, status in zip(queue, ("completed", "failed")):
         assert claim(run.claims(pack.stream or ""), tid, earlier)
         write_json_atomic(run.training_record(pack.pack_id, tid),
@@ -392,7 +392,7 @@ def test_a_lane_claims_nothing_it_could_not_finish_before_its_time_limit(tmp_pat
     run, plan = _plan(tmp_path, n_trainings=4, factor=1, jobs=1)
     (pack,) = plan.packs
     clock = _Clock()
-    lane = Lane(run, plan, pack, Holder.here(pack.pack_id, "7"),
+    lane = Lane(run, plan, pack, Claimant.here(pack.pack_id, "7"),
                 PackSettings(claim_until_s=100.0, training_estimate_s=30.0), clock=clock)
     first = lane.next()
     assert first is not None and lane.stopped is None
@@ -408,7 +408,7 @@ def test_no_time_limit_or_nothing_to_estimate_by_claims_on(tmp_path):
     clock = _Clock()
     clock.now = 1e6
     for settings in (PackSettings(), PackSettings(claim_until_s=10.0)):
-        lane = Lane(run, plan, pack, Holder.here(pack.pack_id, "7"), settings, clock=clock)
+        lane = Lane(run, plan, pack, Claimant.here(pack.pack_id, "7"), settings, clock=clock)
         assert lane.out_of_time() is None
 
 

@@ -2,7 +2,7 @@
 
 The pieces of each layout are joined at once in Arrow, the layouts conformed to one schema, each column the tables
 read joined into one chunk once, and the frame converted to pandas once: what makes a run of a million trainings
-load in a second (benchmarks/collect_scale.py). The columns no table reads (:data:`ASIDE`) stay in Arrow beside the
+load in a second (benchmarks/collect_scale.py). The columns no table reads (:data:`DETACHED`) stay in Arrow beside the
 frame, where they lie.
 """
 from __future__ import annotations
@@ -36,11 +36,11 @@ POOL = _pool()
 # folded record's logs (where its lane kept them: distinct for each training) are read where a log is shown
 # (journal.kept_log); a pack's training ids and its sampler's peak per training (distinct for each pack) where needed.
 TEXT_COLUMNS = ("curve", "params", "knobs", "cpus", "metrics", "logs", "training_ids", "sampler_peak_rss_by_training")
-# Kept beside the frame, in Arrow, not in it (:attr:`Pieces.aside`; :meth:`gpupack.analysis.load.Records.with_aside`
+# Kept beside the frame, in Arrow, not in it (:meth:`Pieces.frame`; :meth:`gpupack.analysis.load.Records.with_detached`
 # joins them to the rows that need them): each training's throughput curve (a third of a run's bytes) and where its
 # logs are kept, read by one plot and where a log is shown, never by the tables. Left in the chunks they were read in
 # (a lane's memory-mapped file) they cost nothing until read; in the frame, every filter of it would copy them.
-ASIDE = ("curve", "logs")
+DETACHED = ("curve", "logs")
 TRAINING_ID = "training_id"  # kept beside them too, as read (no copy): what tells a row's values are its own
 
 
@@ -58,8 +58,8 @@ class Pieces:
             self.run_dirs.append(run_dir)
             self.attempts.append(attempts)
 
-    def frame(self, aside: Sequence[str] = ()) -> tuple[pd.DataFrame, pa.Table]:
-        """The rows as one frame, and the columns named in ``aside`` apart from it (an Arrow table, a row for each of
+    def frame(self, detached: Sequence[str] = ()) -> tuple[pd.DataFrame, pa.Table]:
+        """The rows as one frame, and the columns named in ``detached`` apart from it (an Arrow table, a row for each of
         the frame's, in its order: the frame's index is each row's position)."""
         if not self.rows:
             return pd.DataFrame(), pa.table({})
@@ -79,7 +79,7 @@ class Pieces:
                  if c.startswith(JSON_PREFIX) and c[len(JSON_PREFIX):] in TEXT_COLUMNS
                  and c[len(JSON_PREFIX):] not in table.column_names}
         table = table.rename_columns([texts.get(c, c) for c in table.column_names])  # kept as text (TEXT_COLUMNS)
-        table, apart = _set_aside(table, aside)
+        table, apart = _detach(table, detached)
         return decode_json(one_chunk(table).to_pandas(memory_pool=POOL)), apart
 
 
@@ -96,7 +96,7 @@ def _fixed_width(kind: pa.DataType) -> bool:
     return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind))
 
 
-def _set_aside(table: pa.Table, names: Sequence[str]) -> tuple[pa.Table, pa.Table]:
+def _detach(table: pa.Table, names: Sequence[str]) -> tuple[pa.Table, pa.Table]:
     """(``table`` without the columns ``names``, those columns as text, chunked as they are). A column whose packs
     held it as JSON text in some and as a scalar in others (two columns, ``json:<name>`` and ``<name>``) is one text
     column: the JSON where there is, else the scalar as JSON."""

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
-from gpupack.analysis.frames import ASIDE, TRAINING_ID, Pieces, take_rows
+from gpupack.analysis.frames import DETACHED, TRAINING_ID, Pieces, take_rows
 from gpupack.core.columnar import STRING, ColumnarReader, pack_rows, read_records, split_rows
 from gpupack.core.journal import PACK, TRAINING, folder_records, identity, kept_log
 from gpupack.core.lane_columnar import Entry, LaneColumns, Part, later_counts, once, read_lane_columnar, tail_entries
@@ -58,28 +58,28 @@ class Records:
     # the goal from the Optuna sweeper's direction); and the file that said it
     rank: RankChoice = field(default_factory=RankChoice)
     rank_from: str = ""
-    # The trainings' columns no table reads (gpupack.analysis.frames.ASIDE: the throughput curve, where the logs are
+    # The trainings' columns no table reads (gpupack.analysis.frames.DETACHED: the throughput curve, where the logs are
     # kept), in Arrow, a row for each row of ``trainings`` as loaded (its index is the row's position): joined to the
-    # rows that need them by with_aside
-    aside: pa.Table = field(default_factory=lambda: pa.table({}))
+    # rows that need them by with_detached
+    detached: pa.Table = field(default_factory=lambda: pa.table({}))
 
-    def with_aside(self, rows: pd.DataFrame, names: Sequence[str] = ASIDE) -> pd.DataFrame:
+    def with_detached(self, rows: pd.DataFrame, names: Sequence[str] = DETACHED) -> pd.DataFrame:
         """``rows`` (a selection of :attr:`trainings`, its index kept) with the columns ``names`` it lacks, from
-        :attr:`aside`: JSON text, as the frame holds lists and dicts."""
-        columns = self.aside_of(rows, names)
+        :attr:`detached`: JSON text, as the frame holds lists and dicts."""
+        columns = self.detached_of(rows, names)
         return rows.assign(**{n: np.array(c.to_pylist(), dtype=object) for n, c in columns.items()}) if columns \
             else rows
 
-    def aside_of(self, rows: pd.DataFrame, names: Sequence[str] = ASIDE) -> dict[str, pa.ChunkedArray]:
-        """The columns ``names`` of :attr:`aside` that ``rows`` lacks, a value for each of its rows, in Arrow. Raises
+    def detached_of(self, rows: pd.DataFrame, names: Sequence[str] = DETACHED) -> dict[str, pa.ChunkedArray]:
+        """The columns ``names`` of :attr:`detached` that ``rows`` lacks, a value for each of its rows, in Arrow. Raises
         ValueError where ``rows`` is not a selection of :attr:`trainings` as loaded (its index reset or joined with
         another's: each row's index is its position in the frame loaded, checked by training id)."""
-        missing = [n for n in names if n not in rows and n in self.aside.column_names]
+        missing = [n for n in names if n not in rows and n in self.detached.column_names]
         if not missing:
             return {}
         positions = rows.index.to_numpy(dtype=np.int64)
         try:
-            columns = {n: take_rows(self.aside.column(n), positions) for n in (*missing, TRAINING_ID)}
+            columns = {n: take_rows(self.detached.column(n), positions) for n in (*missing, TRAINING_ID)}
         except (IndexError, pa.ArrowException) as err:
             raise ValueError(f"rows not of Records.trainings as loaded: {err}") from err
         ids = rows[TRAINING_ID].to_numpy(dtype=object) if TRAINING_ID in rows else None
@@ -386,7 +386,7 @@ def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
             out.runs.append(str(run.root))
             recorded = _read_run(run, trainings, packs, out.warnings, reader)
             _read_plan_and_config(run, out, recorded)
-        (out.trainings, out.aside), (out.packs, _) = trainings.frame(ASIDE), packs.frame()
+        (out.trainings, out.detached), (out.packs, _) = trainings.frame(DETACHED), packs.frame()
         earlier_refits(out.trainings)
     finally:
         if collecting:
@@ -438,7 +438,7 @@ def with_stdout_metric(records: Records, name: str, pattern: str) -> Records:
     t = records.trainings
     if t.empty:
         return records
-    t = records.with_aside(t, ("logs",)).copy(deep=False)  # where each training's stdout is kept
+    t = records.with_detached(t, ("logs",)).copy(deep=False)  # where each training's stdout is kept
     metrics = []
     for _, row in t.iterrows():
         reported = json.loads(row["metrics"]) if isinstance(row["metrics"], str) else dict(row["metrics"] or {})

@@ -45,7 +45,7 @@ RELEASED = "released"
 
 
 @dataclass(frozen=True)
-class Holder:
+class Claimant:
     """Who holds a claim: the lane (pack id), this run of it (``incarnation``), its job and where it runs."""
 
     lane: str
@@ -55,8 +55,8 @@ class Holder:
     pid: int
 
     @staticmethod
-    def here(lane: str, job_id: str | None) -> "Holder":
-        return Holder(lane, f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}", job_id,
+    def here(lane: str, job_id: str | None) -> "Claimant":
+        return Claimant(lane, f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}", job_id,
                       socket.gethostname(), os.getpid())
 
 
@@ -64,7 +64,7 @@ def claim_path(folder: Path, training_id: str) -> Path:
     return folder / f"{training_id}{CLAIM}"
 
 
-def claim(folder: Path, training_id: str, holder: Holder) -> bool:
+def claim(folder: Path, training_id: str, holder: Claimant) -> bool:
     """Claim ``training_id`` for ``holder``; True when this call made the claim, False when someone holds it."""
     make_dirs(folder)
     target = claim_path(folder, training_id)
@@ -97,7 +97,7 @@ class Seen:
     lane: str | None
 
 
-# The start of a holder's record (asdict keeps Holder's field order, the lane first), its closing quote included: a
+# The start of a holder's record (asdict keeps Claimant's field order, the lane first), its closing quote included: a
 # name cut before its end is not read as another lane's.
 _LANE = re.compile(rb'\s*\{\s*"lane"\s*:\s*"([^"\\]+)"')
 
@@ -136,7 +136,7 @@ def claims(folder: Path) -> dict[str, dict[str, Any]]:
 STALE = "made by an earlier run of this lane"
 
 
-def stale_why(seen: Seen, holder: Holder, home: str | None, lanes: Collection[str] = ()) -> str | None:
+def stale_why(seen: Seen, holder: Claimant, home: str | None, lanes: Collection[str] = ()) -> str | None:
     """Why the lane of ``holder``, starting, releases a claim it found (None: the claim stays). A whole claim: only
     where an earlier run of this lane made it (it holds the lane's lock now, so that run is dead). A torn one (see the
     module's docstring: no live writer leaves one): where its readable start names this lane, or names none of the
@@ -148,7 +148,7 @@ def stale_why(seen: Seen, holder: Holder, home: str | None, lanes: Collection[st
     return "torn, its holder unreadable: released by the training's home lane" if home == holder.lane else None
 
 
-def release_stale(folder: Path, holder: Holder, keep: Iterable[str] = (),
+def release_stale(folder: Path, holder: Claimant, keep: Iterable[str] = (),
                   homes: Mapping[str, str] | None = None) -> dict[str, str]:
     """Release the claims :func:`stale_why` finds stale for ``holder``'s lane, at its start (before it claims anything
     itself). ``keep``: training ids whose claim stays (completed ones: never run again); ``homes``: each training's

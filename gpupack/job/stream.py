@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 import psutil
 
 from gpupack.core.admission import Candidate, Room, admit, expected_peak, lane_budget_mb, max_passes, peak_of
-from gpupack.core.claims import STALE, Holder, claim, claim_path, claims, drop, release_stale
+from gpupack.core.claims import STALE, Claimant, claim, claim_path, claims, drop, release_stale
 from gpupack.core.journal import CompletedTail, Folded, RunRecords, fold_pack, fold_trainings
 from gpupack.core.lane_columnar import write_lane_columnar
 from gpupack.core.memory import Figure, candidate_runs, measured_by_setting, setting_key
@@ -110,7 +110,7 @@ def out_of_time(limit_s: float | None, elapsed_s: float, estimate_s: float | Non
 class Lane:
     """The claims of one lane: :meth:`next` is what a freed slot takes (a :class:`gpupack.pack.Stream`)."""
 
-    def __init__(self, run: RunDir, plan: Plan, pack: Pack, holder: Holder, settings: PackSettings,
+    def __init__(self, run: RunDir, plan: Plan, pack: Pack, holder: Claimant, settings: PackSettings,
                  clock: Callable[[], float] = time.time, started: float | None = None,
                  gauge: Gauge | None = None) -> None:
         if pack.stream is None:
@@ -328,7 +328,7 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
         pack = plan.pack(pack_id)
         queue = [t for _, t in plan.queue(pack.stream or "")]
         gauge = lane_gauge(run, queue, settings, job.device_env()) if settings.admission else None
-        lane = Lane(run, plan, pack, Holder.here(pack_id, job.job_id), settings, started=job.start(), gauge=gauge)
+        lane = Lane(run, plan, pack, Claimant.here(pack_id, job.job_id), settings, started=job.start(), gauge=gauge)
         if lane.folds:  # what an earlier run of this lane recorded and did not fold before it was killed
             fold_trainings(run, pack_id, [p.stem for p in run.trainings(pack_id).glob("*.json")], pack_id)
         completed = lane.completed()

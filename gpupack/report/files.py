@@ -47,7 +47,7 @@ def write_trainings(records: Records, out: Path) -> Path | None:
         return None
     path = out / "trainings.parquet"
     table = pa.Table.from_pandas(_text_columns(records.trainings), preserve_index=False)
-    for name, column in records.aside_of(records.trainings).items():  # the curves and logs, from where they lie
+    for name, column in records.detached_of(records.trainings).items():  # the curves and logs, from where they lie
         table = table.append_column(name, column)
     with atomic_file(path, binary=True) as f:  # a full disk leaves the last whole file (or none), never half of one
         pq.write_table(table, f)

@@ -48,7 +48,7 @@ td.text{text-align:left;max-width:40em}"""
 
 
 @dataclass(frozen=True)
-class Figure:
+class Plot:
     """One plot on the page: what it shows (its caption and alt text) and its image (a data: URI, or a path
     relative to the page)."""
 
@@ -62,7 +62,7 @@ class Page:
     plots, and a row per training with its hyperparameters and where its logs are (:func:`training_rows`)."""
 
     about: list[tuple[str, str]]
-    figures: list[Figure] = field(default_factory=list)
+    figures: list[Plot] = field(default_factory=list)
     trainings: pd.DataFrame = field(default_factory=pd.DataFrame)
     title: str = "gpupack report"
 
@@ -270,7 +270,7 @@ OCCUPANCY_FORMATS = {"device_s_per_training": ".2f", "slot_occupancy": ".2f", "g
                      "span_s": ".1f", "factor": ".0f", "packs": ".0f", "jobs": ".0f", "trainings": ".0f"}
 
 
-def _figure(f: Figure) -> str:
+def _figure(f: Plot) -> str:
     return (f"<figure><img alt='{_esc(f.caption)}' src='{_esc(f.src)}'><figcaption>{_esc(f.caption)}"
             "</figcaption></figure>")
 
@@ -368,7 +368,7 @@ def compared(runs: Sequence[RunPage], frame: Callable[[Collected], pd.DataFrame]
     return out[["run", *[c for c in out.columns if c != "run"]]]
 
 
-def build_comparison(runs: Sequence[RunPage], figures: Sequence[Figure] = ()) -> str:
+def build_comparison(runs: Sequence[RunPage], figures: Sequence[Plot] = ()) -> str:
     """One page comparing several runs, a run column in every table: what ran, each run's answer, the main table,
     each run's own report linked. Pure."""
     about_keys = list(dict.fromkeys(k for r in runs for k, _ in r.about))
@@ -411,7 +411,7 @@ def training_rows(c: Collected, out: Path, configs: Mapping[str, Mapping[str, An
         return pd.DataFrame()
     if "probe" in t:
         t = t[~t["probe"].fillna(False).astype(bool)]
-    t = c.records.with_aside(t, ("logs",))
+    t = c.records.with_detached(t, ("logs",))
     params = [json.loads(p) if isinstance(p, str) else dict(p or {}) for p in t.get("params", [None] * len(t))]
     keys = grid_keys(configs, params)
     metric = c.hyper.metric
@@ -457,7 +457,7 @@ def write_report(c: Collected, out: Path, configs: Mapping[str, Mapping[str, Any
     plots = draw(c, out / "plots")
     name = ", ".join(dict.fromkeys(str((cf.get("sweep") or {}).get("name")) for cf in configs.values()
                                    if (cf.get("sweep") or {}).get("name")))
-    page = Page(about=text.what_ran(c, configs), figures=[Figure(caption, data_uri(p)) for p, caption in plots],
+    page = Page(about=text.what_ran(c, configs), figures=[Plot(caption, data_uri(p)) for p, caption in plots],
                 trainings=training_rows(c, out, configs), title=f"gpupack report: {name}" if name else "gpupack report")
     report = out / "report.html"
     write_text_atomic(report, build_report(c, page))
@@ -476,5 +476,5 @@ def write_comparison(runs: Sequence[RunPage], out: Path) -> list[Path]:
         plots = [(drawn, "Time per training against N, one line per run, partition and mode; each run's chosen N "
                          "ringed")] if drawn is not None else []
     page = out / "comparison.html"
-    write_text_atomic(page, build_comparison(runs, [Figure(caption, data_uri(p)) for p, caption in plots]))
+    write_text_atomic(page, build_comparison(runs, [Plot(caption, data_uri(p)) for p, caption in plots]))
     return [p for p, _ in plots] + [page]

@@ -97,7 +97,7 @@ def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
     if c.best_overall.empty or t.empty:
         return None
     best = c.best_overall.iloc[0]
-    match = c.records.with_aside(t[(t["partition"] == best["partition"]) & (t["mode"] == best["mode"])
+    match = c.records.with_detached(t[(t["partition"] == best["partition"]) & (t["mode"] == best["mode"])
                                    & (t["factor"] == best["factor"])], ("curve",))
     if "curve" not in match:
         return None

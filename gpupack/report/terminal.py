@@ -267,7 +267,7 @@ def failure_lines(c: Collected, most: int = 3) -> list[str]:
         reasons.setdefault(f"{status}: {text[-1] if text else status}", []).append(index)
     lines = [f"{len(failed)} training(s) did not complete:"]
     for reason, rows in sorted(reasons.items(), key=lambda kv: -len(kv[1]))[:most]:
-        first = c.records.with_aside(t.loc[rows[:1]], ("logs",)).iloc[0]  # where its logs are kept
+        first = c.records.with_detached(t.loc[rows[:1]], ("logs",)).iloc[0]  # where its logs are kept
         log = log_where(str(first.get("run_dir", ".")), first.to_dict(), "err")  # its folder's, or its lane's copy
         lines.append(f"  {len(rows)} x {reason[:160]}  (e.g. {log})")
     if len(reasons) > most:
