@@ -34,8 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import DEFAULT_SLURM_CONF, PYTHON, REPO, bench_main, fmt, read_json, say, table, write_json  # noqa: E402
 
-from gpupack.core.journal import read_folded  # noqa: E402
-from gpupack.core.rundir import RunDir  # noqa: E402
+from gpupack.core.store.journal import read_folded  # noqa: E402
+from gpupack.core.store.rundir import RunDir  # noqa: E402
 
 MAX_ARRAY_SIZE, MAX_SUBMIT_JOBS, N = 50, 20, 8
 

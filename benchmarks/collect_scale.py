@@ -6,11 +6,11 @@ the whole ``python -m gpupack collect RUN_DIR --no-plots`` <= 5 s).
 
 1. Writes a run directory as gpupack's jobs leave it: 4 partitions x 2 modes x N in --factors (default 16 and 34: a
    million trainings are run packed, at the N a probe chose), the trainings spread evenly, records with every field
-   gpupack.core.records writes (params, timings, a 16-point throughput curve...).
+   gpupack.core.store.records writes (params, timings, a 16-point throughput curve...).
    - ``--layout lanes`` (the default, a cluster's): the packs dealt to --lanes lanes (1,000: the Alliance's jobs a
      user) that folded them: each lane's journal (a JSON line a record), its log, and its columnar file
-     (lanes/<lane>.arrows) written by gpupack's own writer (gpupack.core.lane_columnar) as the lane's end does; two
-     lanes were killed before their end (no columnar file: collect parses their journals), and one lane's journal
+     (lanes/<lane>.arrows) written by gpupack's own writer (gpupack.core.store.lane_columnar) as the lane's end does;
+     two lanes were killed before their end (no columnar file: collect parses their journals), and one lane's journal
      had an OOM amended after its file (a later record of one training).
    - ``--layout packs`` (the local backend's): a folder a pack, its pack.json and its trainings' columnar file
      (packs/<id>/trainings.arrows); the first 2 packs of each (partition, mode, N) with JSON training records only,
@@ -56,10 +56,10 @@ from _bench import PYTHON, REPO, out_dir  # noqa: E402
 
 from gpupack.analysis.aggregate import aggregate_records  # noqa: E402
 from gpupack.analysis.load import load_records  # noqa: E402
-from gpupack.core.columnar import COLUMNAR, columnar_bytes, flatten, flatten_pack  # noqa: E402
-from gpupack.core.lane_columnar import write_lane_columnar  # noqa: E402
-from gpupack.core.records import pack_record, training_record  # noqa: E402
-from gpupack.core.rundir import RunDir  # noqa: E402
+from gpupack.core.store.columnar import COLUMNAR, columnar_bytes, flatten, flatten_pack  # noqa: E402
+from gpupack.core.store.lane_columnar import write_lane_columnar  # noqa: E402
+from gpupack.core.store.records import pack_record, training_record  # noqa: E402
+from gpupack.core.store.rundir import RunDir  # noqa: E402
 
 FACTORS = [16, 34]
 PARTITIONS = {"p100": "P100-12gb", "v100": "V100-16gb", "a100": "A100-40gb", "h100": "H100-80gb"}

@@ -32,7 +32,7 @@ from gpupack import __version__, sweep
 from gpupack.cli_show import ProgressView, StatusView, print_beside, print_opened, print_plan, print_status
 from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.plan import Pack
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.rundir import RunDir
 from gpupack.errors import ConfigError, GpupackError, StorageError
 from gpupack.pack import available_modes, work_file, work_prefix
 from gpupack.report.terminal import make_console, render_collected

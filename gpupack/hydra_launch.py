@@ -25,11 +25,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpupack import sweep
 from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
-from gpupack.core import pickling
-from gpupack.core.journal import RunRecords, log_where
-from gpupack.core.memory import Measured, estimate
+from gpupack.core.memory.figures import Measured, estimate
 from gpupack.core.plan import Pack, plan_in_order
-from gpupack.core.rundir import RunDir
+from gpupack.core.store import pickling
+from gpupack.core.store.journal import RunRecords, log_where
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Options, PackSettings
 from gpupack.errors import ConfigError, GpupackError, UnreachableError, require_positive
 from gpupack.pack import load_packer

@@ -29,7 +29,7 @@ ENV = "GPUPACK_RESULT"
 
 def write_result(path: str, data: Mapping[str, Any]) -> None:
     """``data`` as JSON at ``path``, atomically (gpupack's record writer: temp file, fsync, rename)."""
-    from gpupack.core.records import write_json_atomic  # the standard library only: no torch, nothing slow
+    from gpupack.core.store.records import write_json_atomic  # the standard library only: no torch, nothing slow
 
     write_json_atomic(Path(path), dict(data))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from gpupack.core.storage import storage_faults
+from gpupack.core.store.storage import storage_faults
 from gpupack.flow.auto import run_auto
 from gpupack.flow.collect import Step, collect, find_runs
 from gpupack.flow.run import (

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from gpupack.core.plan import Pack
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Capacity, PackRequest, PackResult, PackSettings
 from gpupack.errors import ConfigError, nearest
 from gpupack.job.body import run_pack

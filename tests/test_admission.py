@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gpupack.core.admission import Candidate, Room, admit, expected_peak, lane_budget_mb, max_passes, peak_of
-from gpupack.core.claims import Claimant, claims
-from gpupack.core.memory import CUDA_CONTEXT_MB, Figure, setting_key
+from gpupack.core.memory.admission import Candidate, Room, admit, expected_peak, lane_budget_mb, max_passes, peak_of
+from gpupack.core.memory.figures import CUDA_CONTEXT_MB, Figure, setting_key
 from gpupack.core.plan import make_plan
-from gpupack.core.records import write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.claims import Claimant, claims
+from gpupack.core.store.records import write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job import stream as stream_module

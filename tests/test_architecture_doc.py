@@ -2,7 +2,7 @@
 stays short (issue 45). A name is checked by its kind:
 
 - a path (``core/plan.py``, ``tests/fakes.py``, ``lanes/<lane>.jsonl``): a file or folder of the repository or of
-  ``gpupack/``, else a run directory's (its fixed parts written in :mod:`gpupack.core.rundir`'s layout);
+  ``gpupack/``, else a run directory's (its fixed parts written in :mod:`gpupack.core.store.rundir`'s layout);
 - a file name (``plan.json``, ``pyproject.toml``): likewise;
 - a dotted name (``gpupack.core.plan.in_rounds``, ``Pack.stream``, ``importlib.import_module``): imported, then each
   part by getattr (a dataclass's field counts); a bare class's module is found by its definition;
@@ -125,8 +125,9 @@ def config_key_exists(key: str) -> bool:
 
 
 def in_rundir_layout(path: str) -> bool:
-    """A run directory's path: each fixed part of it (between ``<...>`` placeholders) is in gpupack.core.rundir."""
-    layout = (REPO / "gpupack" / "core" / "rundir.py").read_text()
+    """A run directory's path: each fixed part of it (between ``<...>`` placeholders) is in
+    gpupack.core.store.rundir."""
+    layout = (REPO / "gpupack" / "core" / "store" / "rundir.py").read_text()
     return all(piece in layout for piece in re.split(r"<[^>]*>", path) if piece)
 
 

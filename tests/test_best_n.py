@@ -52,8 +52,8 @@ import pytest  # noqa: E402
 from gpupack.analysis.load import load_records  # noqa: E402
 from gpupack.analysis.summary import best_factors, summarize  # noqa: E402
 from gpupack.core.plan import make_plan  # noqa: E402
-from gpupack.core.records import pack_record, training_record, write_json_atomic  # noqa: E402
-from gpupack.core.rundir import RunDir  # noqa: E402
+from gpupack.core.store.records import pack_record, training_record, write_json_atomic  # noqa: E402
+from gpupack.core.store.rundir import RunDir  # noqa: E402
 
 TRUE_TPT = {1: 10.0, 2: 9.0, 3: 6.0, 4: 7.0}  # seconds per training on a quiet machine: N=3 is best
 
@@ -153,7 +153,7 @@ def test_a_tie_is_reported_as_a_tie_with_its_rule_and_a_provisional_answer_says_
 
 # ---------------- capacity caps, before anything runs ----------------
 
-from gpupack.core.memory import Figure, Measured, TrainingMemory, check_memory, estimate  # noqa: E402
+from gpupack.core.memory.figures import Figure, Measured, TrainingMemory, check_memory, estimate  # noqa: E402
 from gpupack.core.types import Capacity  # noqa: E402
 from gpupack.errors import ConfigError  # noqa: E402
 from gpupack.setup.fit import ClusterFacts, idle_gpu_warnings  # noqa: E402
@@ -313,7 +313,7 @@ def _plateau(tmp_path):
 
 
 def read_json_file(path):
-    from gpupack.core.records import read_json
+    from gpupack.core.store.records import read_json
 
     return read_json(path)
 

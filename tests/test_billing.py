@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupack.core.billing import CORES, GPU, GPU_ONLY, MEMORY, Bill, Bundle, bill, over_bundle
+from gpupack.core.cost.billing import CORES, GPU, GPU_ONLY, MEMORY, Bill, Bundle, bill, over_bundle
 
 FICTIVE = Bundle(rgu=1.0, cores=3, mem_gb=4)  # the page's fictive bundle: 1 RGU, 3 cores, 4 GB
 

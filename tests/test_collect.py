@@ -11,8 +11,8 @@ from rich.console import Console
 from gpupack.analysis.load import load_records
 from gpupack.analysis.summary import best_factors, summarize
 from gpupack.analysis.tables import best_hyperparameters
-from gpupack.core.records import pack_record, read_json, training_record, write_json_atomic
-from gpupack.core.rundir import COLUMNAR, RunDir
+from gpupack.core.store.records import pack_record, read_json, training_record, write_json_atomic
+from gpupack.core.store.rundir import COLUMNAR, RunDir
 from gpupack.flow.collect import collect
 
 
@@ -156,7 +156,7 @@ def test_only_incomplete_packs_gives_a_table_without_timing(run):
 # ---------------- RGU cost, outputs, many runs ----------------
 
 from gpupack.analysis.aggregate import aggregate  # noqa: E402
-from gpupack.core.rgu import cost_table, model_from_device_name  # noqa: E402
+from gpupack.core.cost.rgu import cost_table, model_from_device_name  # noqa: E402
 from gpupack.report.files import write_outputs  # noqa: E402
 
 
@@ -304,7 +304,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 from gpupack.analysis.load import Records  # noqa: E402
-from gpupack.core.columnar import ColumnarReader, Rows, write_columnar  # noqa: E402
+from gpupack.core.store.columnar import ColumnarReader, Rows, write_columnar  # noqa: E402
 
 
 def read_columnar(pack_dir: Path) -> tuple[Rows, dict] | None:
@@ -365,7 +365,7 @@ def test_columnar_files_are_what_collect_reads(run, monkeypatch):
     pack_ids = _varied_run(run)
     for pack_id in pack_ids:
         write_columnar(run, pack_id)
-    import gpupack.core.columnar as collect_mod
+    import gpupack.core.store.columnar as collect_mod
 
     read = []
     real = collect_mod.read_json

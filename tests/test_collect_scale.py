@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from gpupack.analysis.load import load_records
-from gpupack.core.columnar import ColumnarReader
-from gpupack.core.rundir import COLUMNAR, RunDir
+from gpupack.core.store.columnar import ColumnarReader
+from gpupack.core.store.rundir import COLUMNAR, RunDir
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "collect_scale.py"
 
@@ -66,7 +66,7 @@ def test_the_lanes_layout_is_read_from_the_lanes_columnar_files_as_from_their_jo
     written = bench.write_run(tmp_path / "run", 2000, factors=[4, 8], layout="lanes", lanes=12)
     run = RunDir(tmp_path / "run")
     assert written.from_json == 2 and len(list(run.lanes.glob("*.arrows"))) == 10 and not run.packs.exists()
-    import gpupack.core.lane_columnar as lane_columnar
+    import gpupack.core.store.lane_columnar as lane_columnar
 
     starts = {}
     real = lane_columnar.journal_entries

@@ -16,8 +16,8 @@ from rich.console import Console
 from gpupack.analysis.disturbance import disturbance, threshold
 from gpupack.analysis.load import load_records
 from gpupack.core.plan import make_plan
-from gpupack.core.records import pack_record, read_json, training_record, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.records import pack_record, read_json, training_record, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.flow.collect import collect
 from gpupack.job.turns import run_in_turn

@@ -11,7 +11,7 @@ import pytest
 
 from gpupack.cli import main
 from gpupack.core.plan import make_plan
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.rundir import RunDir
 from gpupack.setup.compose import compose_config
 from gpupack.submit import _slurm_queue
 from gpupack.submit.slurm import SlurmSubmitter, sbatch_lines

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpupack.cli import main
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.rundir import RunDir
 from gpupack.errors import ConfigError
 from gpupack.setup.compose import compose_config
 from gpupack.setup.validate import requested_partitions

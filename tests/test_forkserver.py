@@ -9,8 +9,8 @@ import pytest
 
 from gpupack.cli import main
 from gpupack.core.plan import make_plan
-from gpupack.core.records import read_json, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.records import read_json, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
 from gpupack.pack.process import ProcessOptions, cpus_for, start_method

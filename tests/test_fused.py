@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 
 from gpupack.cli import main  # noqa: E402
 from gpupack.core.plan import make_plan  # noqa: E402
-from gpupack.core.records import read_json, write_json_atomic  # noqa: E402
-from gpupack.core.rundir import RunDir  # noqa: E402
+from gpupack.core.store.records import read_json, write_json_atomic  # noqa: E402
+from gpupack.core.store.rundir import RunDir  # noqa: E402
 from gpupack.core.types import PackSettings  # noqa: E402
 from gpupack.job.body import run_pack  # noqa: E402
 from gpupack.workload import Reporter, TrainingContext  # noqa: E402

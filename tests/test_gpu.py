@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gpupack.core.memory import Measured, check_memory, estimate
+from gpupack.core.cost.rgu import model_from_device_name
+from gpupack.core.memory.figures import Measured, check_memory, estimate
 from gpupack.core.plan import make_plan
-from gpupack.core.records import read_json, write_json_atomic
-from gpupack.core.rgu import model_from_device_name
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.records import read_json, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Capacity, PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from gpupack.cli import main
-from gpupack.core import records
+from gpupack.core.cost.rgu import check_weights
 from gpupack.core.plan import make_plan
-from gpupack.core.records import atomic_file, make_dirs, open_log, read_json, write_json_atomic
-from gpupack.core.rgu import check_weights
-from gpupack.core.rundir import RunDir
+from gpupack.core.store import records
+from gpupack.core.store.records import atomic_file, make_dirs, open_log, read_json, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from omegaconf import OmegaConf
 
-from gpupack.core import pickling
+from gpupack.core.store import pickling
 from tests.conftest import as_from_a_terminal, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -310,7 +310,7 @@ def test_a_streamed_batch_returns_its_jobs_in_sweep_order(tmp_path):
     from hydra.core.utils import JobReturn, JobStatus
 
     from gpupack.core.plan import plan_in_order
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.rundir import RunDir
     from gpupack.hydra_launch import job_returns
 
     plan = plan_in_order(sweep="app", workload="w", params=[{"job_num": i} for i in range(6)], factor=2,

@@ -1,4 +1,4 @@
-"""A lane's journal (gpupack/core/journal.py, issue 30 item 3): a lane of packs folds each pack it ends into a few
+"""A lane's journal (gpupack/core/store/journal.py, issue 30 item 3): a lane of packs folds each pack it ends into a few
 files, and every reader (resume, status, collect, logs) sees the same records as from the packs' folders. A job killed
 mid-fold loses no finished training and runs none twice."""
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest
 
 from gpupack import sweep
 from gpupack.analysis.load import load_records, with_stdout_metric
-from gpupack.core import journal, lane_columnar
-from gpupack.core.columnar import ColumnarReader
-from gpupack.core.journal import RunRecords, append_records, fold_pack, kept_log, read_folded
 from gpupack.core.plan import Plan, make_plan
-from gpupack.core.records import read_json, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store import journal, lane_columnar
+from gpupack.core.store.columnar import ColumnarReader
+from gpupack.core.store.journal import RunRecords, append_records, fold_pack, kept_log, read_folded
+from gpupack.core.store.records import read_json, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.turns import run_in_turn
 
@@ -232,9 +232,9 @@ def test_specs_and_results_live_in_the_jobs_node_local_space_and_go_with_the_pac
 
 
 def test_the_memory_a_folded_run_measured_sizes_the_next_run(tmp_path):
-    """Memory requests are sized from earlier records (core.memory): those a lane folded count as those in folders,
-    the sampler's per-training peaks from the folded pack records included."""
-    from gpupack.core.memory import find_measured, setting_key
+    """Memory requests are sized from earlier records (core.memory.figures): those a lane folded count as those in
+    folders, the sampler's per-training peaks from the folded pack records included."""
+    from gpupack.core.memory.figures import find_measured, setting_key
 
     run, plan = _run(tmp_path)
     run_in_turn(str(run.root), [p.pack_id for p in plan.packs], FOLD)
@@ -273,8 +273,8 @@ def test_a_training_that_fails_twice_in_a_lane_keeps_each_failures_log(tmp_path)
     """A failed training's whole log is copied out when its record is folded; failing again in the same lane (a
     streaming lane's victim rerun, a resumed lane) copies the new log beside the first, and each record points at its
     own."""
-    from gpupack.core.journal import fold_trainings
-    from gpupack.core.records import SCHEMA_VERSION, write_json_atomic
+    from gpupack.core.store.journal import fold_trainings
+    from gpupack.core.store.records import SCHEMA_VERSION, write_json_atomic
 
     run = RunDir(tmp_path / "run")
     for attempt, text in enumerate(["first failure\n", "second failure\n"]):
@@ -293,7 +293,7 @@ def test_a_lane_reads_its_queues_journals_by_name_made_before_any_job(tmp_path):
     """The submitter makes each streaming lane's journal before any job starts; a lane then reads those by name (an
     open, which NFS's close-to-open keeps fresh), never another lane's journal it was not given, and a name with no
     journal yet is skipped."""
-    from gpupack.core.journal import CompletedTail, append_records, make_journals
+    from gpupack.core.store.journal import CompletedTail, append_records, make_journals
 
     run = RunDir(tmp_path / "run")
     make_journals(run, ["a", "b"])
@@ -308,8 +308,8 @@ def test_a_lane_reads_its_queues_journals_by_name_made_before_any_job(tmp_path):
 
 def test_a_lane_writes_its_journals_columnar_file_at_its_end_and_collect_reads_it_not_the_lines(tmp_path,
                                                                                                   monkeypatch):
-    """A lane of packs that folds writes lanes/<lane>.arrows at its end (gpupack.core.lane_columnar): collect reads
-    the records from it and parses only what its journal gained after it (here: an OOM amended after the job), and
+    """A lane of packs that folds writes lanes/<lane>.arrows at its end (gpupack.core.store.lane_columnar): collect
+    reads the records from it and parses only what its journal gained after it (here: an OOM amended after the job), and
     what it reads is what the journal says. A journal rewritten in place is read whole: the file is not used."""
     run, plan = _run(tmp_path)
     ids = [p.pack_id for p in plan.packs]

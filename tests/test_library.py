@@ -9,7 +9,7 @@ import pytest
 
 from gpupack import sweep
 from gpupack.core.plan import make_plan
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import ConfigError, RunDirError
 
@@ -45,7 +45,7 @@ def test_a_local_sweep_runs_as_one_lane_and_shows_each_pack_as_it_ends(tmp_path)
     """The local backend's whole packs run in one job on this CPU machine's one slot (one job start for the sweep, not
     one a pack: issues 30 and 31), in the plan's order; progress shows each pack running, then done, in turn, as its
     record appears, not all at the lane's end."""
-    from gpupack.core.records import read_json
+    from gpupack.core.store.records import read_json
 
     run_dir = tmp_path / "run"
     prepared = sweep.prepare(PROBE + ["sweep.grid.lr=[0.1,0.2]", "packing.factors=[1,2]", f"run_dir={run_dir}"])
@@ -61,7 +61,7 @@ def test_a_local_sweep_runs_as_one_lane_and_shows_each_pack_as_it_ends(tmp_path)
 def test_a_sweep_through_a_backend_that_runs_packs_in_this_process(tmp_path, monkeypatch):
     """The whole flow over tests/fakes.py's FakeSubmitter: asked its capacities once, each pack run through the real
     job body (run_pack) in this process, collected; then status and resume through the same backend."""
-    from gpupack.core.records import read_json
+    from gpupack.core.store.records import read_json
     from tests.fakes import FakeConfig, use_fake_submitter
 
     made = use_fake_submitter(monkeypatch, config=FakeConfig(default_partitions=["cpu"]))
@@ -138,7 +138,7 @@ def test_a_lock_is_held_here_while_a_process_of_this_host_holds_it(tmp_path):
 
     import psutil
 
-    from gpupack.core.rundir import HeldLocks, RunLock
+    from gpupack.core.store.rundir import HeldLocks, RunLock
     from tests.conftest import wait_for
 
     run = RunDir(tmp_path)
@@ -206,7 +206,7 @@ def test_a_local_lane_keeps_each_packs_time_limit_and_ignores_an_earlier_runs_pa
     import time as clock
     from types import SimpleNamespace
 
-    from gpupack.core.records import write_json_atomic
+    from gpupack.core.store.records import write_json_atomic
     from gpupack.core.types import PackSettings
     from gpupack.submit.local import LaneJob, LocalConfig, LocalSubmitter
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from gpupack.cli import main
-from gpupack.core.memory import CUDA_CONTEXT_MB, Figure, MemoryShare, memory_share, memory_shares
+from gpupack.core.memory.figures import CUDA_CONTEXT_MB, Figure, MemoryShare, memory_share, memory_shares
 from gpupack.core.plan import make_plan
-from gpupack.core.records import read_json, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.records import read_json, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
 from gpupack.pack import PackContext

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from gpupack.core.rgu import model_from_device_name
+from gpupack.core.cost.rgu import model_from_device_name
 from gpupack.runtime import monitor
 from gpupack.setup.compose import config_dir
 from tests.fakes import A100_1G, A100_40, A100_80, H100, H100_1G, H100_3G, V100, FakeNvml, mig_nvml

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gpupack.core.plan import make_plan
-from gpupack.core.records import read_json, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.records import read_json, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, PackSettings, TrainingOutcome
 from gpupack.job.body import run_pack
 from gpupack.job.oom import record_job_oom
@@ -276,7 +276,7 @@ def test_earlier_attempts_and_other_endings_are_left_alone(tmp_path):
 def test_a_lane_job_out_of_memory_reads_the_runs_journals_once_for_all_its_packs(tmp_path, monkeypatch):
     """A lane of many packs ends with its one job: each pack is asked about, and the run's journals (every lane's)
     are read once for that job, not once a pack."""
-    import gpupack.core.journal as journal
+    import gpupack.core.store.journal as journal
 
     run = RunDir(tmp_path / "run")
     plan = make_plan(sweep="t", workload=WORKLOAD, grid={"tag": [f"t{i}" for i in range(6)]}, fixed={"steps": 2},

@@ -1,5 +1,5 @@
-"""Packs admitted by what this run measured (packing.admission, gpupack.core.pack_fit): the pure rule as tables, a
-lane of real packs whose larger N is skipped for memory by the peak its first pack measured, and the table that says
+"""Packs admitted by what this run measured (packing.admission, gpupack.core.memory.pack_fit): the pure rule as tables,
+a lane of real packs whose larger N is skipped for memory by the peak its first pack measured, and the table that says
 so. No verdict depends on how fast anything ran."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 
 from gpupack import sweep
-from gpupack.core.memory import Figure
-from gpupack.core.pack_fit import Budget, pack_budget, pack_fit, training_peak
-from gpupack.core.records import SKIPPED_MEMORY
+from gpupack.core.memory.figures import Figure
+from gpupack.core.memory.pack_fit import Budget, pack_budget, pack_fit, training_peak
+from gpupack.core.store.records import SKIPPED_MEMORY
 from gpupack.report.terminal import render
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,8 +125,8 @@ def test_a_lanes_book_learns_what_lanes_beside_it_fold_meanwhile(tmp_path):
     import json as _json
 
     from gpupack.core.plan import make_plan
-    from gpupack.core.records import write_json_atomic
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.records import write_json_atomic
+    from gpupack.core.store.rundir import RunDir
     from gpupack.job.fit import REFRESH_EVERY_S, PeakBook
 
     run = RunDir(tmp_path / "run")

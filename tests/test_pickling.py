@@ -15,7 +15,7 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from gpupack.core import pickling
+from gpupack.core.store import pickling
 
 APP = '''\
 import functools
@@ -98,3 +98,23 @@ def test_dump_and_load_round_trip_through_a_file_and_plain_pickle_reads_it(tmp_p
 def test_the_marshalled_code_must_be_code():
     with pytest.raises(TypeError, match="expected marshalled code, got int"):
         pickling._code(__import__("marshal").dumps(3))
+
+
+def test_a_pickle_written_before_core_was_split_still_loads(tmp_path):
+    """A launch's payload or a job's returns written when core's modules sat at gpupack.core.<name> names them so
+    (this module's _code, core's classes): they load as where the modules are now."""
+    import pickle
+
+    from gpupack.core.memory.figures import Figure
+    from gpupack.core.store.rundir import RunDir
+
+    new = pickle.dumps({"code": pickling._code, "run": RunDir(tmp_path), "figure": Figure(1.0, "x")}, protocol=0)
+    old = (new.replace(b"gpupack.core.store.pickling", b"gpupack.core.pickling")
+           .replace(b"gpupack.core.store.rundir", b"gpupack.core.rundir")
+           .replace(b"gpupack.core.memory.figures", b"gpupack.core.memory"))
+    assert b"gpupack.core.rundir\n" in old and b"gpupack.core.pickling\n" in old
+    with pytest.raises(ModuleNotFoundError):
+        pickle.loads(old)
+    (tmp_path / "old.pkl").write_bytes(old)
+    for back in (pickling.loads(old), pickling.load(tmp_path / "old.pkl")):
+        assert back["code"] is pickling._code and back["run"].root == tmp_path and back["figure"] == Figure(1.0, "x")

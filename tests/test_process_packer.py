@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from gpupack.core.plan import make_plan
-from gpupack.core.records import read_json, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.records import read_json, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
 from gpupack.pack import PackContext, threads_for, worker_env

@@ -13,9 +13,9 @@ from gpupack import sweep
 from gpupack.analysis.load import load_records
 from gpupack.analysis.tables import reported_metrics
 from gpupack.cli import main
-from gpupack.core import rank_choice
-from gpupack.core.rank_choice import RankChoice, choose, read_rank
-from gpupack.core.rundir import RunDir
+from gpupack.core.store import rank_choice
+from gpupack.core.store.rank_choice import RankChoice, choose, read_rank
+from gpupack.core.store.rundir import RunDir
 from gpupack.workloads import load_workload
 
 REPO = Path(__file__).resolve().parent.parent

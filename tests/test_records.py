@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from gpupack.core.records import (
+from gpupack.core.store.records import (
     SCHEMA_VERSION,
     is_completed,
     pack_record,

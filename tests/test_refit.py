@@ -12,10 +12,10 @@ import pytest
 
 from gpupack import sweep
 from gpupack.cli import main
-from gpupack.core.memory import Figure
-from gpupack.core.pack_fit import Budget, largest_fit
+from gpupack.core.memory.figures import Figure
+from gpupack.core.memory.pack_fit import Budget, largest_fit
 from gpupack.core.plan import Pack, Training, make_plan, refit_pack_id, refit_packs, refit_parent, run_at_smaller_n
-from gpupack.core.records import SKIPPED_MEMORY
+from gpupack.core.store.records import SKIPPED_MEMORY
 from gpupack.flow.status import SKIPPED, pack_status, training_state
 
 REPO = Path(__file__).resolve().parent.parent
@@ -220,10 +220,10 @@ def test_an_oom_slurm_reports_after_the_job_reaches_the_refit_packs_it_ran(tmp_p
     """SLURM tells of an out-of-memory kill after the job: the trainings the job ran in refit packs (their plan pack
     skipped for memory) are its too. One SIGKILLed in a refit pack becomes oom, one left with no record gets an oom
     record there, at the refit's N, and the skipped plan pack's records stay as they are."""
-    from gpupack.core.journal import RunRecords
     from gpupack.core.plan import Plan
-    from gpupack.core.records import read_json, write_json_atomic
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.journal import RunRecords
+    from gpupack.core.store.records import read_json, write_json_atomic
+    from gpupack.core.store.rundir import RunDir
     from gpupack.job.oom import record_job_oom, refits_of
 
     run_dir = tmp_path / "run"
@@ -255,8 +255,8 @@ def test_a_training_two_refit_packs_ran_counts_its_latest_record_as_current(tmp_
     other as an earlier attempt, so the N it failed at shows a failed attempt, not an unfinished training."""
     from gpupack.analysis.load import load_records
     from gpupack.analysis.summary import summarize
-    from gpupack.core.records import read_json, write_json_atomic
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.records import read_json, write_json_atomic
+    from gpupack.core.store.rundir import RunDir
 
     run_dir = tmp_path / "run"
     assert sweep.run(sweep.prepare(_production(run_dir)), plots=False).ok
@@ -282,7 +282,7 @@ def test_while_its_job_runs_the_refits_a_skipped_pack_is_running_not_failed(tmp_
     resume."""
     import shutil
 
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.rundir import RunDir
     from gpupack.flow.status import RUNNING, STOPPED
     from gpupack.job.body import pack_lock
 
@@ -303,10 +303,10 @@ def test_refits_of_finds_the_packs_a_resume_refit_at_another_n(tmp_path):
     records say it runs them, not by dealing them again."""
     import shutil
 
-    from gpupack.core.journal import RunRecords
     from gpupack.core.plan import Plan
-    from gpupack.core.records import read_json
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.journal import RunRecords
+    from gpupack.core.store.records import read_json
+    from gpupack.core.store.rundir import RunDir
     from gpupack.job.oom import refits_of
 
     run_dir = tmp_path / "run"
@@ -352,10 +352,10 @@ def test_only_a_training_skipped_for_memory_looks_for_a_refit_pack(tmp_path, mon
     """Whether a training ran (resume) or where it stands (status) looks through the run's refit packs (every pack's
     folder listed) only for a training skipped for memory: a pack's job in a run of thousands of packs, which asks
     of each of its trainings, lists nothing."""
-    from gpupack.core.journal import RunRecords
     from gpupack.core.plan import Plan
-    from gpupack.core.records import read_json
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.journal import RunRecords
+    from gpupack.core.store.records import read_json
+    from gpupack.core.store.rundir import RunDir
 
     run_dir = tmp_path / "run"
     assert sweep.run(sweep.prepare(_production(run_dir)), plots=False).ok

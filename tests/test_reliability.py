@@ -17,8 +17,8 @@ import pytest
 
 from gpupack.cli import main
 from gpupack.core.plan import make_plan
-from gpupack.core.records import read_json, write_json_atomic
-from gpupack.core.rundir import RunDir, RunLock
+from gpupack.core.store.records import read_json, write_json_atomic
+from gpupack.core.store.rundir import RunDir, RunLock
 from gpupack.core.types import PackSettings
 from gpupack.errors import RunDirError
 from gpupack.job.body import run_pack
@@ -149,7 +149,7 @@ def test_64_concurrent_writers_never_tear_a_record(tmp_path):
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o000, 0o664)])
 def test_records_follow_the_umask_and_are_never_world_writable(tmp_path, monkeypatch, umask, mode):
-    from gpupack.core import records
+    from gpupack.core.store import records
 
     old = os.umask(umask)
     monkeypatch.setattr(records, "_umask", None)  # as a process started under this umask: read once, at first use

@@ -15,8 +15,8 @@ from rich.console import Console
 
 from gpupack.analysis.aggregate import aggregate
 from gpupack.analysis.occupancy import occupancy
-from gpupack.core.records import pack_record, training_record, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.records import pack_record, training_record, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.flow.collect import collect
 from gpupack.report.html import Page, build_report, training_rows
 from gpupack.report.plots import plot_cost

@@ -10,8 +10,8 @@ from rich.console import Console
 
 from gpupack import workload
 from gpupack.analysis.aggregate import aggregate
-from gpupack.core.records import pack_record, training_record, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.records import pack_record, training_record, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.report.files import write_outputs
 from gpupack.report.terminal import render, summary_table
 

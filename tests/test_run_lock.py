@@ -1,7 +1,7 @@
 """Issue 42, item 3: two commands on one run directory. The second is refused in one line that names who holds it,
 whatever the timing: the run lock is taken before the directory is looked at, and no probe file is shared; and while
 the local jobs of an earlier command killed by SIGKILL still run, a new command is refused naming them (they hold the
-run lock with it: gpupack.core.rundir.RunLock says why)."""
+run lock with it: gpupack.core.store.rundir.RunLock says why)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpupack.core.rundir import Holder, RunDir, RunLock, busy_refusal
+from gpupack.core.store.rundir import Holder, RunDir, RunLock, busy_refusal
 from gpupack.errors import RunDirError
 from gpupack.flow.run import open_run_dir
 from tests.conftest import wait_for

@@ -174,8 +174,8 @@ def test_a_device_nvml_does_not_know_is_not_sampled_in_its_place(monkeypatch, gp
 
 def test_a_pack_on_a_mig_slice_records_the_slice(monkeypatch, tmp_path):
     from gpupack.core.plan import make_plan
-    from gpupack.core.records import write_json_atomic
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.records import write_json_atomic
+    from gpupack.core.store.rundir import RunDir
     from gpupack.core.types import PackSettings
     from gpupack.job.body import run_pack
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpupack.cli import main
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.rundir import RunDir
 from gpupack.errors import ConfigError
 from gpupack.submit.slurm import PartitionConfig, SiteRule, SiteRules, SlurmConfig, SlurmSubmitter, is_day
 

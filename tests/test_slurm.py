@@ -38,9 +38,9 @@ def sacct(env, job_ids, fields="JobID,State,AllocTRES"):
 
 
 def records(run_dir: Path) -> dict[str, dict]:
-    """Each training's latest record: in its pack's folder, or where its lane folded it (gpupack.core.journal)."""
-    from gpupack.core.journal import read_folded
-    from gpupack.core.rundir import RunDir
+    """Each training's latest record: in its pack's folder, or where its lane folded it (gpupack.core.store.journal)."""
+    from gpupack.core.store.journal import read_folded
+    from gpupack.core.store.rundir import RunDir
 
     folded = {f"{pack}/{tid}": history[-1] for (pack, tid), history in read_folded(RunDir(run_dir)).trainings.items()}
     return {**folded, **{f"{p.parent.parent.name}/{p.stem}": json.loads(p.read_text())
@@ -48,8 +48,8 @@ def records(run_dir: Path) -> dict[str, dict]:
 
 
 def pack_records(run_dir: Path) -> list[dict]:
-    from gpupack.core.journal import read_folded
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.journal import read_folded
+    from gpupack.core.store.rundir import RunDir
 
     here = {p.parent.name: json.loads(p.read_text()) for p in run_dir.glob("packs/*/pack.json")}
     return [*here.values(), *(h[-1] for k, h in read_folded(RunDir(run_dir)).packs.items() if k not in here)]
@@ -108,7 +108,7 @@ def test_cluster_bad_input_without_slurm(tmp_path, capsys, monkeypatch, override
 
 
 def test_account_from_the_environment_is_accepted(tmp_path, monkeypatch):
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.rundir import RunDir
     from gpupack.setup.compose import compose_config
     from gpupack.submit import load_submitter
 

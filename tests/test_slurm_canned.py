@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpupack.cli import main
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, Capacity
 from gpupack.errors import ConfigError, SubmissionError
 from gpupack.submit import _slurm_queue as slurm  # the backend's seam to the cluster: sinfo, sacct
@@ -377,7 +377,7 @@ def test_packs_are_dealt_to_jobs_of_g_gpus_and_billed_as_g_bundles(tmp_path, mon
         assert params["gpus_per_node"] == "v100:2" and isinstance(pack_ids, list) and len(pack_ids) == 2
         assert settings.job_gpus == 2 and settings.billing["gpus"] == 2
         assert settings.fold and params["stderr_to_stdout"] is True  # lanes fold: a few files a job
-    from gpupack.core.billing import Bundle, bill
+    from gpupack.core.cost.billing import Bundle, bill
 
     asked = submitted[0][2].billing  # what the job asked, within its two GPUs' bundles: billed as 2 bundles
     charged = bill(Bundle(1.0, asked["bundle_cores"], asked["bundle_mem_gb"]), asked["cpus"], asked["mem_gb"],

@@ -258,7 +258,7 @@ def test_ddp_k2_runs_as_a_two_gpu_job_on_the_local_slurmctld(tmp_path, slurm_env
 
 def _write_pack(root: Path, pack_id: str, mode: str, factor: int, walls: list[float], status: str = "completed",
                 devices: int | None = None, pack_wall: float | None = None, t0: float = 1000.0) -> None:
-    from gpupack.core.records import pack_record, training_record, write_json_atomic
+    from gpupack.core.store.records import pack_record, training_record, write_json_atomic
 
     spread = {"devices": devices, "strategy": "ddp", "spread": {"allreduce_bytes_per_step": 407080.0,
                                                                 "allreduce_s_per_step": 0.001}} if devices else {}

@@ -10,8 +10,8 @@ import pytest
 
 from gpupack import sweep
 from gpupack.cli import main
-from gpupack.core.records import read_json
-from gpupack.core.rundir import RunDir, RunLock
+from gpupack.core.store.records import read_json
+from gpupack.core.store.rundir import RunDir, RunLock
 from gpupack.core.types import PENDING, RUNNING
 from gpupack.flow.status import RunStatus, eta_s, training_state
 
@@ -169,7 +169,7 @@ def test_status_of_a_folding_streaming_lane_mid_run_counts_its_trainings_running
     from omegaconf import OmegaConf
 
     from gpupack.core.plan import make_plan
-    from gpupack.core.records import write_json_atomic
+    from gpupack.core.store.records import write_json_atomic
     from gpupack.setup.compose import compose_config
     from tests.conftest import wait_for
     from tests.test_stream import _lane_cmd

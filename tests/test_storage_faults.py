@@ -3,7 +3,7 @@ writes its run directory is one line naming the path, what failed, the free spac
 what finished is kept, and the same command resumes once space is freed.
 
 Each guarantee twice: with the fault injected at the one seam that writes records and collect's files
-(gpupack.core.records.atomic_file), which any CI can run, and on a real 3 MB file system (tmpfs), which needs the
+(gpupack.core.store.records.atomic_file), which any CI can run, and on a real 3 MB file system (tmpfs), which needs the
 right to mount and is skipped with the reason where it has none."""
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import pytest
 
 from gpupack import sweep
 from gpupack.cli import main
-from gpupack.core import records
-from gpupack.core.records import write_json_atomic
-from gpupack.core.storage import failure_line, fault_of, storage_error, write_fault
+from gpupack.core.store import records
+from gpupack.core.store.records import write_json_atomic
+from gpupack.core.store.storage import failure_line, fault_of, storage_error, write_fault
 from gpupack.core.types import FAILED, PackResult, PackState
 from gpupack.errors import NO_PERMISSION, NO_SPACE, OUT_OF_QUOTA, READ_ONLY, StorageError, human_bytes
 from gpupack.submit import job_failure, progress_state
@@ -111,7 +111,7 @@ def test_the_line_a_gpupack_error_ended_a_job_with(text, line):
 
 
 def test_a_jobs_failure_is_its_gpupack_line_else_the_run_dirs_fault_else_its_tail(tmp_path, monkeypatch):
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.rundir import RunDir
 
     run = RunDir(tmp_path)
     assert job_failure(TRACEBACK, run).startswith("/r/packs/p/pack.json: no space left on device")
@@ -148,7 +148,7 @@ def test_the_progress_line_of_a_failed_pack_shows_its_reason():
     assert out.count("\n") == 1 and "failed" in out and "— /r/x.json: no space left on device (0 B free" in out
 
 
-# ---------------- the seam: gpupack.core.records.atomic_file ----------------
+# ---------------- the seam: gpupack.core.store.records.atomic_file ----------------
 
 class FullAfter:
     """os.fsync of atomic_file failing with ENOSPC from the ``k``-th call on, as a disk that fills; ``under``: only
@@ -188,7 +188,7 @@ def test_a_full_disk_in_a_pack_job_ends_it_with_one_line_that_says_so(tmp_path, 
     """The job side (gpupack.submit.PackJob, as every backend runs it): the pack's records fail to be written, and
     the job ends with a StorageError, whose one line is the pack's failure as progress shows it."""
     from gpupack.core.plan import make_plan
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.rundir import RunDir
     from gpupack.core.types import PackSettings
     from gpupack.submit import PackJob
     from tests.fakes import FakeSubmitter

@@ -14,11 +14,21 @@ from pathlib import Path
 import pytest
 
 from gpupack.analysis.load import load_records
-from gpupack.core.claims import STALE, Claimant, Seen, claim, claim_path, claims, read_claim, release_stale, stale_why
-from gpupack.core.journal import RunRecords, read_folded
 from gpupack.core.plan import Plan, make_plan, plan_in_order, stream_lanes, trainings_for
-from gpupack.core.records import SCHEMA_VERSION, read_json, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.claims import (
+    STALE,
+    Claimant,
+    Seen,
+    claim,
+    claim_path,
+    claims,
+    read_claim,
+    release_stale,
+    stale_why,
+)
+from gpupack.core.store.journal import RunRecords, read_folded
+from gpupack.core.store.records import SCHEMA_VERSION, read_json, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
 from gpupack.flow.run import packs_to_run
@@ -359,7 +369,7 @@ def test_slurm_out_of_memory_marks_only_what_that_lane_ran(tmp_path):
 
 
 def test_slurm_out_of_memory_amends_a_folded_lane_s_journal(tmp_path):
-    from gpupack.core.journal import fold_trainings
+    from gpupack.core.store.journal import fold_trainings
     from gpupack.job.oom import record_job_oom
 
     run, plan = _plan(tmp_path, n_trainings=4, factor=2, jobs=1)
@@ -693,7 +703,7 @@ def test_with_lanes(rows, occ, expected):
 def test_collect_counts_a_training_another_lane_runs_again_once(tmp_path):
     """t failed in lane A and was folded there; lane B runs it again and its record sits in B's folder, not yet
     folded (B runs on, or was killed before its fold): collect's current record of t is B's, A's an earlier attempt."""
-    from gpupack.core.journal import fold_trainings
+    from gpupack.core.store.journal import fold_trainings
 
     run, plan = _plan(tmp_path, n_trainings=2, factor=1, jobs=2)
     a, b = plan.packs

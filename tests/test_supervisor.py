@@ -103,7 +103,7 @@ def test_a_helper_program_runs_to_its_end_or_is_killed_past_its_limit(tmp_path):
 def test_a_server_that_died_under_a_lane_starts_its_next_training_fresh_and_is_not_kept(tmp_path):
     """A lane's shared server that died (killed, out of memory) fails no training: the supervisor starts the child as
     a fresh interpreter and says why; the lane's share makes a new server for its next pack and closes the dead one."""
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.rundir import RunDir
     from gpupack.pack import LaneShare
 
     class DeadServer:
@@ -139,8 +139,8 @@ def test_a_training_started_fresh_because_the_server_failed_says_why_in_its_reco
     """Process mode with a lane's server that is dead: each training starts fresh, completes, and its outcome says why
     it was not forked (fork_fallback), as one whose server never started does."""
     from gpupack.core.plan import make_plan
-    from gpupack.core.records import write_json_atomic
-    from gpupack.core.rundir import RunDir
+    from gpupack.core.store.records import write_json_atomic
+    from gpupack.core.store.rundir import RunDir
     from gpupack.core.types import PackSettings
     from gpupack.pack import LaneShare, PackContext
     from gpupack.pack.process import PACKER, ProcessOptions

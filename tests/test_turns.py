@@ -9,8 +9,8 @@ import time
 import pytest
 
 from gpupack.core.plan import make_plan
-from gpupack.core.records import read_json, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.records import read_json, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.turns import run_in_turn
 from gpupack.runtime.jobenv import JobEnvironment

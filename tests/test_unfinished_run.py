@@ -19,8 +19,8 @@ from rich.console import Console
 from gpupack import sweep
 from gpupack.cli import main
 from gpupack.cli_show import StatusView, resume_command
-from gpupack.core.records import read_json
-from gpupack.core.rundir import RunDir, RunLock
+from gpupack.core.store.records import read_json
+from gpupack.core.store.rundir import RunDir, RunLock
 from gpupack.flow.status import PackStatus, RunStatus
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ ARGS = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pa
         "packing.factors=[1]", "packing.repeats=1", "sweep.fixed.steps=3"]
 STAMP = "2026-01-01_00-00-00"  # the earlier run's directory, as a command without run_dir= names it
 EARLIER = Path("runs") / "probe_pack" / STAMP
-HOLD = ("import sys\nfrom pathlib import Path\nfrom gpupack.core.rundir import RunDir, RunLock\n"
+HOLD = ("import sys\nfrom pathlib import Path\nfrom gpupack.core.store.rundir import RunDir, RunLock\n"
         "with RunLock(RunDir(Path(sys.argv[1]))):\n    print('held', flush=True)\n    sys.stdin.read()\n")
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from gpupack.analysis.aggregate import aggregate
+from gpupack.core.memory.victims import victims
 from gpupack.core.plan import make_plan
-from gpupack.core.records import read_json, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.records import read_json, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
-from gpupack.core.victims import victims
 from gpupack.job.body import run_pack
 
 
@@ -89,7 +89,7 @@ def test_a_fault_that_takes_two_neighbours_down_reruns_them_and_counts_only_itse
 def test_a_streaming_lanes_victims_run_again_in_its_slots(tmp_path, fold):
     """A streaming lane of 3 slots: t0 faults, t1 (SIGABRT) and t2 (an MPS client's CUDA error) die right after it;
     the lane records them as victims of t0 and its freed slots run them again, once; t3 runs as usual."""
-    from gpupack.core.journal import RunRecords, read_folded
+    from gpupack.core.store.journal import RunRecords, read_folded
     from gpupack.job.stream import run_lane
 
     run = RunDir(tmp_path / "run")

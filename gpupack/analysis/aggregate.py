@@ -6,10 +6,10 @@ what it computes; the CLI (``python -m gpupack collect RUN_DIR ...``, or ``-m gp
 :mod:`gpupack.sweep` own the arguments, the writing and the printing.
 
 This module is the entry: :func:`aggregate` loads the runs (:mod:`gpupack.analysis.load`, each pack from its
-columnar file, :mod:`gpupack.core.columnar`, or its JSON records, assembled by :mod:`gpupack.analysis.frames`) and
+columnar file, :mod:`gpupack.core.store.columnar`, or its JSON records, assembled by :mod:`gpupack.analysis.frames`) and
 computes everything collect shows (:func:`aggregate_records`): the summary and the choice of N
 (:mod:`gpupack.analysis.summary`), the knob and hyperparameter tables (:mod:`gpupack.analysis.tables`), the cost
-(:mod:`gpupack.core.rgu`), spread layouts beside packing (:mod:`gpupack.analysis.layouts`) and the packs measured
+(:mod:`gpupack.core.cost.rgu`), spread layouts beside packing (:mod:`gpupack.analysis.layouts`) and the packs measured
 under load from outside the job (:mod:`gpupack.analysis.disturbance`). Aggregation is pure pandas on flat columns
 (benchmarks/collect_scale.py: 1,000,000 trainings from disk).
 """
@@ -29,8 +29,8 @@ from gpupack.analysis.load import Records, load_records, with_stdout_metric
 from gpupack.analysis.occupancy import occupancy, timeline, with_lanes
 from gpupack.analysis.summary import best_factors, not_checks, packing_times, split_phase, summarize
 from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table
-from gpupack.core.rank_choice import RankChoice, choose
-from gpupack.core.rgu import billed_packs, cost_table
+from gpupack.core.cost.rgu import billed_packs, cost_table
+from gpupack.core.store.rank_choice import RankChoice, choose
 from gpupack.errors import ConfigError
 
 __all__ = ["Collected", "aggregate", "aggregate_records", "load"]
@@ -121,7 +121,8 @@ def load(run_dirs: Sequence[Path], metric: str | None = None, pattern: str | Non
         raise ConfigError("--pattern", pattern, "reads a metric, and no --metric names it",
                           f"add --metric NAME, e.g. --metric val_loss --pattern {pattern!r}")
     records = load_records(run_dirs)
-    # A pattern the run remembers reads its metric again, unless another metric is asked for (core.rank_choice.choose)
+    # A pattern the run remembers reads its metric again, unless another metric is asked for
+    # (core.store.rank_choice.choose)
     choice, _ = choose(RankChoice(metric, pattern=pattern), records.rank)
     if choice.pattern is not None and choice.metric is not None:
         return with_stdout_metric(records, choice.metric, choice.pattern)

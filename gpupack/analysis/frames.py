@@ -1,4 +1,4 @@
-"""Frame assembly: the rows of many packs (:class:`gpupack.core.columnar.Rows`, one piece a pack) as one frame.
+"""Frame assembly: the rows of many packs (:class:`gpupack.core.store.columnar.Rows`, one piece a pack) as one frame.
 
 The pieces of each layout are joined at once in Arrow, the layouts conformed to one schema, each column the tables
 read joined into one chunk once, and the frame converted to pandas once: what makes a run of a million trainings
@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gpupack.core.columnar import JSON_PREFIX, STRING, Rows, column, json_array, layout_columns, same
+from gpupack.core.store.columnar import JSON_PREFIX, STRING, Rows, column, json_array, layout_columns, same
 
 
 def _pool() -> pa.MemoryPool:

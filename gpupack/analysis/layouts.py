@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from gpupack.analysis.choose import gain
-from gpupack.core.records import COMPLETED, OOM
+from gpupack.core.store.records import COMPLETED, OOM
 
 KEY = ["workload", "partition", "gpu_type"]
 # What a spread training's record says it measured (the strategy's stats), flattened by collect.

@@ -1,6 +1,6 @@
 """Loading: run directories → :class:`Records`, every record of the runs as flat frames.
 
-Each pack is read from its columnar file where it is current (:mod:`gpupack.core.columnar`), else from its JSON
+Each pack is read from its columnar file where it is current (:mod:`gpupack.core.store.columnar`), else from its JSON
 records, with the same rows; earlier attempts (packs/<id>/attempts/<k>/) from their JSON; then the run's plan (grid
 size, pending packs), the OOMs a user cleared, and from its config the RGU table and whether its cluster's nodes are
 one host. Reads only.
@@ -22,20 +22,28 @@ import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
 from gpupack.analysis.frames import DETACHED, TRAINING_ID, Pieces, take_rows
-from gpupack.core.columnar import STRING, ColumnarReader, pack_rows, read_records, split_rows
-from gpupack.core.journal import PACK, TRAINING, folder_records, identity, kept_log
-from gpupack.core.lane_columnar import Entry, LaneColumns, Part, later_counts, once, read_lane_columnar, tail_entries
 from gpupack.core.plan import refit_parent
-from gpupack.core.rank_choice import RankChoice, read_rank
-from gpupack.core.records import COMPLETED, SKIPPED_MEMORY, read_json
-from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, RunDir
 from gpupack.core.stdout_metrics import metrics_from_text, stdout_patterns
+from gpupack.core.store.columnar import STRING, ColumnarReader, pack_rows, read_records, split_rows
+from gpupack.core.store.journal import PACK, TRAINING, folder_records, identity, kept_log
+from gpupack.core.store.lane_columnar import (
+    Entry,
+    LaneColumns,
+    Part,
+    later_counts,
+    once,
+    read_lane_columnar,
+    tail_entries,
+)
+from gpupack.core.store.rank_choice import RankChoice, read_rank
+from gpupack.core.store.records import COMPLETED, SKIPPED_MEMORY, read_json
+from gpupack.core.store.rundir import ATTEMPTS, PACK_RECORD, RunDir
 
 
 @dataclass
 class Records:
     """Every record read, flat. ``trainings``: a row per training record, the latest (``attempt`` 0) and each earlier
-    attempt's; nested fields lifted to columns (:data:`gpupack.core.columnar.FLAT`); lists and dicts as Python
+    attempt's; nested fields lifted to columns (:data:`gpupack.core.store.columnar.FLAT`); lists and dicts as Python
     values, but those of :data:`gpupack.analysis.frames.TEXT_COLUMNS`, kept as their JSON text. ``packs``: a row per
     pack record, the sampler's summary lifted."""
 
@@ -258,9 +266,9 @@ def _read_run(run: RunDir, trainings: Pieces, packs: Pieces, warnings: list[str]
 
 def _read_folded(run: RunDir, folders: set[str], trainings: Pieces, packs: Pieces, warnings: list[str],
                  reader: ColumnarReader | None) -> set[str]:
-    """The records lanes folded into their journals (gpupack.core.journal): each one's latest is current (attempt 0)
-    unless a folder holds a later one (its pack run again, or its training run again by another lane: the folder's is
-    current), the rest earlier attempts. A lane's columnar file (gpupack.core.lane_columnar) gives the records it
+    """The records lanes folded into their journals (gpupack.core.store.journal): each one's latest is current (attempt
+    0) unless a folder holds a later one (its pack run again, or its training run again by another lane: the folder's is
+    current), the rest earlier attempts. A lane's columnar file (gpupack.core.store.lane_columnar) gives the records it
     covers as columns where no other source holds records of the same pack (another lane's journal, a folder); the
     rest are weighed record by record. Returns the folded packs with a current pack record."""
     lanes = sorted(path.stem for path in run.lanes.glob("*.jsonl")) if run.lanes.is_dir() else []

@@ -14,7 +14,7 @@ import pandas as pd
 
 from gpupack.analysis.choose import choose, tie_label
 from gpupack.analysis.load import Records, cleared_mask
-from gpupack.core.records import COMPLETED, OOM, SKIPPED_MEMORY, VICTIM
+from gpupack.core.store.records import COMPLETED, OOM, SKIPPED_MEMORY, VICTIM
 
 GROUP = ["workload", "partition", "gpu_type", "mode"]
 LOADER_BOUND_FRACTION = 0.9  # training throughput at >= 90 % of the loader's own: loader-bound, not GPU-bound
@@ -32,7 +32,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
     Time per training = pack wall / N, over packs whose N trainings all ran together (in any attempt); median,
     spread and a bootstrap interval over those packs (:mod:`gpupack.analysis.choose`). Every attempt of a training
     counts: ``failed`` counts attempts that did not complete of their own fault, ``victims`` those another
-    training's fault took down (gpupack.core.victims: run again, never against N), ``oom`` those that ran out of
+    training's fault took down (gpupack.core.memory.victims: run again, never against N), ``oom`` those that ran out of
     memory (unless the user cleared them), ``unfinished`` the trainings whose latest record is not completed.
     """
     if trainings.empty or packs.empty:
@@ -49,7 +49,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Ma
     t["is_victim"] = t["status"] == VICTIM  # taken down by another's fault and run again: not its own failure
     t["oom_cleared"] = (t["status"] == OOM) & cleared_mask(t, cleared)
     t["is_oom"] = (t["status"] == OOM) & ~t["oom_cleared"]
-    # not started: its pack's measured need passed the memory share (gpupack.core.pack_fit); its N is infeasible
+    # not started: its pack's measured need passed the memory share (gpupack.core.memory.pack_fit); its N is infeasible
     t["was_skipped"] = t["status"] == SKIPPED_MEMORY
     t["is_skipped"] = (t["attempt"] == 0) & t["was_skipped"]
     # ... and run at the largest N that fits instead (a refit pack: gpupack.core.plan.refit_packs), counted there too

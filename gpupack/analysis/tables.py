@@ -23,9 +23,9 @@ from gpupack.analysis.summary import (
     only_columns,
     rows_where,
 )
-from gpupack.core.columnar import STRING
 from gpupack.core.goal import KNOWN_GOALS, contradiction, goal_hint, suggested_goal
-from gpupack.core.records import COMPLETED
+from gpupack.core.store.columnar import STRING
+from gpupack.core.store.records import COMPLETED
 
 SEED_NAMES = ("seed",)  # hyperparameters that repeat a grid point rather than make a new one
 

@@ -55,8 +55,8 @@ class Pack:
     devices: int = 1
     spread: str | None = None
     # A streaming lane (packing.stream): one of K jobs that drain the queue named here, N slots each; a slot that frees
-    # takes the next unclaimed training of the queue (gpupack.core.claims). ``trainings`` is the lane's share of the
-    # queue in the plan (where their records live); the lane runs whichever of the queue's trainings it claims.
+    # takes the next unclaimed training of the queue (gpupack.core.store.claims). ``trainings`` is the lane's share of
+    # the queue in the plan (where their records live); the lane runs whichever of the queue's trainings it claims.
     stream: str | None = None
     # The round (block in time) the pack runs in (:func:`in_rounds`): each round holds at most one pack of every
     # (partition, mode, N, k) group, so a pack of N is compared with the reference N measured beside it in time.

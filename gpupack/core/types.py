@@ -34,7 +34,7 @@ class Capacity:
     node_gpus: int | None = None
     node_cpus: int | None = None
     node_mem_mb: float | None = None
-    # What one GPU (or MIG slice) of this partition is billed against (gpupack.core.billing): its cores and memory.
+    # What one GPU (or MIG slice) of this partition is billed against (gpupack.core.cost.billing): its cores and memory.
     bundle_cores: float | None = None
     bundle_mem_gb: float | None = None
     # The most devices one job may ask for, where the site says (one MIG instance per job), with the rule's words.
@@ -74,26 +74,26 @@ class PackSettings:
     # A streaming lane claims no training it could not finish within this many seconds of its start (the job's time
     # limit less the requeue signal's delay; set by the backend); None: no limit.
     claim_until_s: float | None = None
-    # What this pack's job asked and what one GPU here is billed against, for the pack record (gpupack.core.billing):
-    # gpus, cpus, mem_gb, bundle_cores, bundle_mem_gb. Empty: not known (a local run).
+    # What this pack's job asked and what one GPU here is billed against, for the pack record
+    # (gpupack.core.cost.billing): gpus, cpus, mem_gb, bundle_cores, bundle_mem_gb. Empty: not known (a local run).
     billing: Mapping[str, Any] = field(default_factory=dict)
     # One training's wall as the sweep estimates it (sweep.training_estimate_s), until a lane has measured its own.
     training_estimate_s: float | None = None
     # GPUs this job holds (set by the backend): a lane of packs runs one pack on each of them at once, each pack on
     # its GPU alone (gpupack.job.turns).
     job_gpus: int = 1
-    # A lane of packs folds each pack it ends into the lane's journal (gpupack.core.journal): a few files per job on
-    # the shared filesystem instead of five per training. Set by the backend for the lanes it deals.
+    # A lane of packs folds each pack it ends into the lane's journal (gpupack.core.store.journal): a few files per job
+    # on the shared filesystem instead of five per training. Set by the backend for the lanes it deals.
     fold: bool = False
     # The share of a GPU's memory a pack's trainings may fill together (packing.memory_fraction), split among them
     # and enforced per training (gpupack.runtime.memshare); None: packing.memory_share=off.
     memory_share: float | None = None
     # A training whose setting was measured gets its peak x (1 + this) instead, where they fit
-    # (packing.memory_margin: gpupack.core.memory.memory_shares).
+    # (packing.memory_margin: gpupack.core.memory.figures.memory_shares).
     memory_margin: float = 0.25
     # A streaming lane's freed slot takes a training only when the memory it is expected to peak at fits
-    # (packing.admission: gpupack.core.admission): the lane's budget is memory_fraction of its GPU's memory, or on a
-    # CPU host_memory_mb (None: memory_fraction of the host's); training_memory_mb is sweep.training_memory_mb.
+    # (packing.admission: gpupack.core.memory.admission): the lane's budget is memory_fraction of its GPU's memory, or
+    # on a CPU host_memory_mb (None: memory_fraction of the host's); training_memory_mb is sweep.training_memory_mb.
     admission: bool = True
     memory_fraction: float = 0.8
     host_memory_mb: float | None = None

@@ -36,12 +36,12 @@ from gpupack.analysis.aggregate import aggregate
 from gpupack.analysis.choose import choose, keeps_improving
 from gpupack.analysis.load import Records, load_records
 from gpupack.analysis.summary import pack_times, summarize
-from gpupack.core.billing import Bundle, bill
-from gpupack.core.journal import RunRecords
-from gpupack.core.memory import candidate_runs, check_memory, estimate, find_measured, setting_key
+from gpupack.core.cost.billing import Bundle, bill
+from gpupack.core.memory.figures import candidate_runs, check_memory, estimate, find_measured, setting_key
 from gpupack.core.plan import Pack, Plan, expand_grid, make_plan, run_order, training_id
-from gpupack.core.records import COMPLETED, OOM, write_json_atomic, write_text_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.journal import RunRecords
+from gpupack.core.store.records import COMPLETED, OOM, write_json_atomic, write_text_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackResult
 from gpupack.errors import ConfigError
 from gpupack.flow.collect import PROBE, RUN, AutoReport, Step, collect
@@ -56,7 +56,7 @@ def verdict(factor: int, times: Mapping[int, Sequence[float]], best_so_far: int 
     """Whether a partition climbs past ``factor`` (returns "climb") or why it stops there. Pure."""
     if oom:
         return f"N={factor} ran out of memory ({oom} training(s))"
-    if skipped:  # not started: what its setting measured passed the memory share (gpupack.core.pack_fit)
+    if skipped:  # not started: what its setting measured passed the memory share (gpupack.core.memory.pack_fit)
         return f"N={factor} was skipped for memory ({skipped} training(s))"
     if unfinished:
         return f"N={factor}: {unfinished} training(s) did not complete"

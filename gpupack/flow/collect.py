@@ -1,7 +1,8 @@
 """Collect one or more runs: aggregate their records (:mod:`gpupack.analysis`), add what a ``packing.factors=auto``
 run's probe did (RUN_DIR/auto.json, read here and written by :mod:`gpupack.flow.auto`), and write the files a person
 reads (:mod:`gpupack.report`). Records are only read; what ``--metric/--goal/--pattern`` ranked by is remembered
-beside them (RUN_DIR/rank.json, :mod:`gpupack.core.rank_choice`), so a later collect of the run ranks the same way."""
+beside them (RUN_DIR/rank.json, :mod:`gpupack.core.store.rank_choice`), so a later collect of the run ranks the same
+way."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,10 +19,10 @@ from rich.console import Console
 from gpupack.analysis.aggregate import Collected, aggregate_records, load
 from gpupack.analysis.tables import Ranking, reported_metrics
 from gpupack.core.goal import check_goal, check_metric
-from gpupack.core.rank_choice import RankChoice, choose, remember
-from gpupack.core.records import read_json
-from gpupack.core.rundir import RunDir
-from gpupack.core.storage import storage_faults
+from gpupack.core.store.rank_choice import RankChoice, choose, remember
+from gpupack.core.store.records import read_json
+from gpupack.core.store.rundir import RunDir
+from gpupack.core.store.storage import storage_faults
 from gpupack.report.files import write_outputs, write_trainings
 from gpupack.report.html import RunPage, compared, write_comparison
 from gpupack.report.terminal import render_collected
@@ -125,8 +126,8 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
 
 
 def remember_choice(runs: Sequence[Path], kept: RankChoice, asked: RankChoice, ranked: Ranking) -> list[str]:
-    """Keep what this collect ranked by in each run's rank.json (core.rank_choice), so that a later collect of any of
-    them ranks the same way: the metric and goal the ranking used (the default metric pinned, the goal known for it),
+    """Keep what this collect ranked by in each run's rank.json (core.store.rank_choice), so that a later collect of any
+    of them ranks the same way: the metric and goal the ranking used (the default metric pinned, the goal known for it),
     or, where nothing was ranked, what was asked. A run that cannot be written (copied read-only, someone else's)
     keeps its old choice and the collect goes on: what could not be remembered is a warning, never a failure."""
     chosen, _ = choose(asked, kept)

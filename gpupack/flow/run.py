@@ -14,12 +14,12 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from gpupack.analysis.aggregate import Collected
-from gpupack.core.journal import RunRecords
-from gpupack.core.memory import candidate_runs, find_measured
+from gpupack.core.memory.figures import candidate_runs, find_measured
 from gpupack.core.plan import Pack, Plan
-from gpupack.core.records import SKIPPED_MEMORY, make_dirs, read_json, write_json_atomic, write_text_atomic
-from gpupack.core.rundir import HeldLocks, Holder, RunDir, RunLock, check_name, files_forecast
-from gpupack.core.storage import storage_error
+from gpupack.core.store.journal import RunRecords
+from gpupack.core.store.records import SKIPPED_MEMORY, make_dirs, read_json, write_json_atomic, write_text_atomic
+from gpupack.core.store.rundir import HeldLocks, Holder, RunDir, RunLock, check_name, files_forecast
+from gpupack.core.store.storage import storage_error
 from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import GpupackError, RunDirError
 from gpupack.flow.collect import AutoReport, collect
@@ -304,8 +304,8 @@ def open_run_dir(run: RunDir, plan: Plan | None) -> Iterator[tuple[bool, RunLock
 
 
 def opening_fault(run: RunDir, err: OSError) -> GpupackError:
-    """Why a run directory cannot be opened: a full disk or quota as :func:`gpupack.core.storage.storage_error` says
-    it (free space, then the same command); anything else, a run_dir to choose instead."""
+    """Why a run directory cannot be opened: a full disk or quota as :func:`gpupack.core.store.storage.storage_error`
+    says it (free space, then the same command); anything else, a run_dir to choose instead."""
     fault = storage_error(err, run.root) if err.errno in (errno.ENOSPC, errno.EDQUOT) else None
     return fault or RunDirError(f"run_dir={str(run.root)!r} is not writable ({err.strerror}). HINT: choose a "
                                 "writable run_dir=...")

@@ -10,11 +10,11 @@ from typing import Any, Callable, Iterator, Mapping
 from omegaconf import OmegaConf
 
 from gpupack.analysis.load import cleared_mask, load_records, read_cleared
-from gpupack.core.claims import claims
-from gpupack.core.journal import RunRecords
 from gpupack.core.plan import Pack, Plan
-from gpupack.core.records import COMPLETED, OOM, SKIPPED_MEMORY, read_json, write_json_atomic
-from gpupack.core.rundir import HeldLocks, RunDir
+from gpupack.core.store.claims import claims
+from gpupack.core.store.journal import RunRecords
+from gpupack.core.store.records import COMPLETED, OOM, SKIPPED_MEMORY, read_json, write_json_atomic
+from gpupack.core.store.rundir import HeldLocks, RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import RunDirError
 from gpupack.flow.collect import find_runs
@@ -35,7 +35,7 @@ class PackStatus:
 
 
 # A training's state, as a progress bar counts it; skipped for memory (not started: its pack's measured need passed
-# the memory share, gpupack.core.pack_fit) is neither failed nor left to run, and is said only where there is one
+# the memory share, gpupack.core.memory.pack_fit) is neither failed nor left to run, and is said only where there is one
 T_COMPLETED, T_FAILED, T_RUNNING, T_WAITING = "completed", "failed", "running", "waiting"
 TRAINING_STATES = (T_COMPLETED, T_FAILED, T_RUNNING, T_WAITING)
 T_SKIPPED = "skipped for memory"

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from gpupack.core.journal import Folded, RunRecords
-from gpupack.core.memory import MemoryShare, memory_share, memory_shares
+from gpupack.core.memory.figures import MemoryShare, memory_share, memory_shares
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Plan, Training
-from gpupack.core.records import file_mode, make_dirs, read_json, read_json_or_none, write_json_atomic
-from gpupack.core.rundir import Holder, RunDir, holder_line
+from gpupack.core.store.journal import Folded, RunRecords
+from gpupack.core.store.records import file_mode, make_dirs, read_json, read_json_or_none, write_json_atomic
+from gpupack.core.store.rundir import Holder, RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.errors import RunDirError
 from gpupack.job.fit import PeakBook
@@ -299,10 +299,10 @@ def runner_of(pack: Pack, device: str) -> tuple[Packer | Strategy, Placement | N
 
 def own_shares(run: RunDir, todo: Sequence[Training], settings: PackSettings, info: DeviceInfo,
                book: PeakBook | None) -> dict[str, MemoryShare]:
-    """Each of a whole pack's trainings' share of the GPU (:func:`gpupack.core.memory.memory_shares`): by what earlier
-    records measured of its setting (``book``'s GPU peaks: this run's, else earlier runs'; read here where the pack
-    has none), with ``settings.memory_margin``, else the equal split. A streaming lane's slots keep the equal split:
-    which trainings share the GPU there changes as they are claimed."""
+    """Each of a whole pack's trainings' share of the GPU (:func:`gpupack.core.memory.figures.memory_shares`): by what
+    earlier records measured of its setting (``book``'s GPU peaks: this run's, else earlier runs'; read here where the
+    pack has none), with ``settings.memory_margin``, else the equal split. A streaming lane's slots keep the equal
+    split: which trainings share the GPU there changes as they are claimed."""
     book = book if book is not None else PeakBook(run, todo)
     peaks = [book.figure(t, on_gpu=True, stated_mb=None) for t in todo]
     shares = memory_shares(settings.memory_share, info.memory_total_mb, peaks, settings.memory_margin,

@@ -1,5 +1,6 @@
-"""A pack held against its device's memory share before it starts (packing.admission, :mod:`gpupack.core.pack_fit`):
-the peaks each setting reached, read once where a job begins and learnt as its packs end.
+"""A pack held against its device's memory share before it starts (packing.admission,
+:mod:`gpupack.core.memory.pack_fit`): the peaks each setting reached, read once where a job begins and learnt as its
+packs end.
 
 A lane of packs holds one :class:`PeakBook` for all its packs: the earlier runs' peaks and this run's, read at its
 start, and each pack's own trainings added as it ends, so a setting's packs that run after its first measurement
@@ -17,13 +18,13 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
-from gpupack.core.admission import peak_of
-from gpupack.core.journal import TRAINING, journal_entries
-from gpupack.core.memory import Figure, Measured, candidate_runs, measured_by_setting, setting_key
-from gpupack.core.pack_fit import Budget, Fit, Refit, largest_fit, pack_budget, pack_fit, training_peak
+from gpupack.core.memory.admission import peak_of
+from gpupack.core.memory.figures import Figure, Measured, candidate_runs, measured_by_setting, setting_key
+from gpupack.core.memory.pack_fit import Budget, Fit, Refit, largest_fit, pack_budget, pack_fit, training_peak
 from gpupack.core.plan import Training
-from gpupack.core.records import COMPLETED
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.journal import TRAINING, journal_entries
+from gpupack.core.store.records import COMPLETED
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.workloads import load_workload
 
@@ -172,6 +173,6 @@ def check_pack(book: PeakBook, todo: Sequence[Training], n: int, settings: PackS
 def refit_n(book: PeakBook, todo: Sequence[Training], settings: PackSettings, on_gpu: bool,
             device_total_mb: float | None, most: int | None = None) -> Refit:
     """The largest N (up to ``most``) at which a skipped pack's ``todo`` trainings fit this job's device, by the rule
-    that skipped it (:func:`gpupack.core.pack_fit.largest_fit`)."""
+    that skipped it (:func:`gpupack.core.memory.pack_fit.largest_fit`)."""
     return largest_fit([book.figure(t, on_gpu, settings.training_memory_mb) for t in todo],
                        budget_of(settings, on_gpu, device_total_mb), most)

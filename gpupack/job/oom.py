@@ -11,13 +11,13 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from gpupack.core.journal import RunRecords, append_records, lane_trainings
-from gpupack.core.pack_fit import Fit, Refit
+from gpupack.core.memory.pack_fit import Fit, Refit
+from gpupack.core.memory.victims import victims
 from gpupack.core.plan import Pack, Plan, Training, refit_packs, run_at_smaller_n
-from gpupack.core.records import KILLED, read_json, read_json_or_none, write_json_atomic
-from gpupack.core.rundir import PROBE, RunDir
+from gpupack.core.store.journal import RunRecords, append_records, lane_trainings
+from gpupack.core.store.records import KILLED, read_json, read_json_or_none, write_json_atomic
+from gpupack.core.store.rundir import PROBE, RunDir
 from gpupack.core.types import PackSettings
-from gpupack.core.victims import victims
 from gpupack.job.fit import PeakBook, check_pack, refit_n
 from gpupack.job.records import as_oom, as_victim, lost_training_record
 
@@ -81,8 +81,8 @@ def skip_of(plan: Plan, pack: Pack, todo: Sequence[Training], fit: Fit, book: Pe
 # ---------------- a neighbour's fault ----------------
 
 def mark_victims(run: RunDir, pack: Pack, pack_rec: Mapping[str, Any]) -> dict[str, str]:
-    """Record the trainings of this attempt that another's fault took down (gpupack.core.victims) as ``victim``, with
-    ``victim_of`` and ``died_as``; victim → the training that faulted."""
+    """Record the trainings of this attempt that another's fault took down (gpupack.core.memory.victims) as ``victim``,
+    with ``victim_of`` and ``died_as``; victim → the training that faulted."""
     recs = [r for tid in pack_rec.get("training_ids", [])
             if (r := read_json_or_none(run.training_record(pack.pack_id, str(tid)))) is not None]
     taken = victims(recs)

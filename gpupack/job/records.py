@@ -1,7 +1,8 @@
 """Every record the job body writes, built here and only here: a training's (as it ends; skipped for memory before it
 starts; lost with its packer to an OOM SLURM told after the job; amended as oom or as a fault's victim), a pack's
 (as its attempt ends; rebuilt from its trainings' where its own was lost), and an earlier attempt's kept aside. The
-fields themselves are :func:`gpupack.core.records.training_record`'s and :func:`~gpupack.core.records.pack_record`'s.
+fields themselves are :func:`gpupack.core.store.records.training_record`'s and
+:func:`~gpupack.core.store.records.pack_record`'s.
 """
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gpupack.core.columnar import write_columnar
-from gpupack.core.journal import RunRecords
+from gpupack.core.cost.rgu import model_from_device_name
 from gpupack.core.plan import Pack, Plan, Training, refit_parent
-from gpupack.core.records import (
+from gpupack.core.store.columnar import write_columnar
+from gpupack.core.store.journal import RunRecords
+from gpupack.core.store.records import (
     COMPLETED,
     FAILED,
     KILLED,
@@ -30,8 +32,7 @@ from gpupack.core.records import (
     training_record,
     write_json_atomic,
 )
-from gpupack.core.rgu import model_from_device_name
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.runtime.monitor import DeviceInfo
@@ -154,7 +155,7 @@ def as_oom(rec: Mapping[str, Any], why: str) -> dict[str, Any]:
 
 
 def as_victim(rec: Mapping[str, Any], culprit: str) -> dict[str, Any]:
-    """The record of a training another's fault (``culprit``'s, gpupack.core.victims) took down."""
+    """The record of a training another's fault (``culprit``'s, gpupack.core.memory.victims) took down."""
     return {**rec, "status": VICTIM, "victim_of": culprit, "died_as": rec.get("status")}
 
 

@@ -1,21 +1,21 @@
 """A streaming lane: one of K jobs that drain a queue of trainings together, N slots each (packing.stream).
 
-The lane claims trainings from the run directory (:mod:`gpupack.core.claims`) in the queue's order: N at its start,
-then one each time a slot frees, until none is left unclaimed; then its job ends. A training whose record says
+The lane claims trainings from the run directory (:mod:`gpupack.core.store.claims`) in the queue's order: N at its
+start, then one each time a slot frees, until none is left unclaimed; then its job ends. A training whose record says
 completed is never claimed. At its start the lane releases the claims an earlier run of itself left (it holds the
 lane's lock, so that run is dead: a requeue, a SIGKILL, a node failure, a cancel), and those trainings run again; a
-claim that cannot be read (torn: no live lane leaves one, :mod:`gpupack.core.claims`) is released by the lane it
+claim that cannot be read (torn: no live lane leaves one, :mod:`gpupack.core.store.claims`) is released by the lane it
 names, else by the training's home lane, with a warning in the lane's log.
 Near its job's time limit it claims nothing it could not finish (``PackSettings.claim_until_s``): the slots it
 stops filling are left for the lane's requeued run or for the other lanes.
 
 Where its backend folds (``PackSettings.fold``: a cluster's shared filesystem), the lane writes its trainings'
 records and logs in its own folder, folds each into its journal as it ends and drops its claim of a completed one
-(:mod:`gpupack.core.journal`), and folds its own record and folder at its end: a handful of files per lane, not
+(:mod:`gpupack.core.store.journal`), and folds its own record and folder at its end: a handful of files per lane, not
 per training. A claim won of a training another lane folded as completed is let go at once.
 
-Where its trainings are admitted by memory (``PackSettings.admission``: :mod:`gpupack.core.admission`), a freed slot
-looks at the queue's next unclaimed trainings and claims only the one the rule admits, or none and waits (it claims
+Where its trainings are admitted by memory (``PackSettings.admission``: :mod:`gpupack.core.memory.admission`), a freed
+slot looks at the queue's next unclaimed trainings and claims only the one the rule admits, or none and waits (it claims
 nothing it does not start, so a training it passes over stays for the lane's next look or for another lane); what
 it measures by is its :class:`Gauge`.
 """
@@ -31,16 +31,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import psutil
 
-from gpupack.core.admission import Candidate, Room, admit, expected_peak, lane_budget_mb, max_passes, peak_of
-from gpupack.core.claims import STALE, Claimant, claim, claim_path, claims, drop, release_stale
-from gpupack.core.journal import CompletedTail, Folded, RunRecords, fold_pack, fold_trainings
-from gpupack.core.lane_columnar import write_lane_columnar
-from gpupack.core.memory import Figure, candidate_runs, measured_by_setting, setting_key
+from gpupack.core.memory.admission import Candidate, Room, admit, expected_peak, lane_budget_mb, max_passes, peak_of
+from gpupack.core.memory.figures import Figure, candidate_runs, measured_by_setting, setting_key
+from gpupack.core.memory.victims import culprit_of
 from gpupack.core.plan import Pack, Plan, Training
-from gpupack.core.records import COMPLETED, is_completed, read_json, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.claims import STALE, Claimant, claim, claim_path, claims, drop, release_stale
+from gpupack.core.store.journal import CompletedTail, Folded, RunRecords, fold_pack, fold_trainings
+from gpupack.core.store.lane_columnar import write_lane_columnar
+from gpupack.core.store.records import COMPLETED, is_completed, read_json, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
-from gpupack.core.victims import culprit_of
 from gpupack.job.body import PackAttempt, choose_device, pack_lock
 from gpupack.job.records import as_victim, move_aside, rebuild_pack_record
 from gpupack.pack import WAIT, Wait
@@ -289,7 +289,7 @@ class Lane:
 
     def judge(self, rec: dict[str, Any]) -> dict[str, Any]:
         """A training's record as it ended, before it is written: a victim of a neighbour's fault on this lane's
-        device (gpupack.core.victims) is recorded as such and run again once, by this lane."""
+        device (gpupack.core.memory.victims) is recorded as such and run again once, by this lane."""
         tid = str(rec["training_id"])
         culprit = culprit_of(rec, self.ended_recs) if tid not in self.ran_again else None
         self.ended_recs.append(rec)

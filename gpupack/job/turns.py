@@ -22,11 +22,11 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gpupack.core.journal import RunRecords, fold_pack
-from gpupack.core.lane_columnar import write_lane_columnar
 from gpupack.core.plan import Plan, refit_parent
-from gpupack.core.records import read_json
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.journal import RunRecords, fold_pack
+from gpupack.core.store.lane_columnar import write_lane_columnar
+from gpupack.core.store.records import read_json
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
 from gpupack.job.fit import PeakBook

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence
 
-from gpupack.core.memory import MemoryShare
+from gpupack.core.memory.figures import MemoryShare
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Training
 from gpupack.core.registry import exported, module_names, require_known
-from gpupack.core.rundir import RunDir, check_name
+from gpupack.core.store.rundir import RunDir, check_name
 from gpupack.core.types import Capacity, Options, PackSettings, TrainingOutcome
 from gpupack.workload import Workload
 
@@ -137,7 +137,7 @@ class PackContext:
     # gives each child to enforce (gpupack.runtime.memshare); None: off, a CPU, or a spread training.
     memory_share: MemoryShare | None = None
     # A training's own share where it is not the equal split (by id: what earlier records measured of its setting,
-    # gpupack.core.memory.memory_shares); the others get ``memory_share``.
+    # gpupack.core.memory.figures.memory_shares); the others get ``memory_share``.
     memory_shares: Mapping[str, MemoryShare] = field(default_factory=dict)
     # What the lane's packs on this device share (a fork server kept between them); None: the pack runs alone.
     share: LaneShare | None = None

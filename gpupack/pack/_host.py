@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gpupack.core.plan import Training
-from gpupack.core.records import read_json, write_json_atomic
+from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.types import TrainingOutcome
 from gpupack.errors import ConfigError
 from gpupack.pack import PackContext, ended_outcome, worker_env, worker_spec

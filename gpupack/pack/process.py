@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from gpupack.core.plan import Training
-from gpupack.core.records import make_dirs, read_json_or_none, write_json_atomic
+from gpupack.core.store.records import make_dirs, read_json_or_none, write_json_atomic
 from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
 from gpupack.pack import (

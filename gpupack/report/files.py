@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 
 from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.load import Records
-from gpupack.core.records import SCHEMA_VERSION, atomic_file, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.records import SCHEMA_VERSION, atomic_file, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.report.html import write_report
 from gpupack.report.text import best_line, disturbance_lines
 

@@ -21,8 +21,8 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 
 from gpupack.analysis.aggregate import Collected
-from gpupack.core.journal import kept_log
-from gpupack.core.records import SKIPPED_MEMORY, write_text_atomic
+from gpupack.core.store.journal import kept_log
+from gpupack.core.store.records import SKIPPED_MEMORY, write_text_atomic
 from gpupack.report import text
 from gpupack.report.plots import (
     plot_cost,

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.occupancy import STREAMED, WHOLE
-from gpupack.core.records import atomic_file
+from gpupack.core.store.records import atomic_file
 from gpupack.report.text import mode_label, packer_of, params_label, trainings_phrase
 
 

@@ -16,8 +16,8 @@ from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.load import shared_host
 from gpupack.analysis.occupancy import STREAMED
 from gpupack.analysis.summary import GROUP
-from gpupack.core.journal import log_where
-from gpupack.core.records import SKIPPED_MEMORY
+from gpupack.core.store.journal import log_where
+from gpupack.core.store.records import SKIPPED_MEMORY
 from gpupack.report.text import (
     best_line,
     choice_lines,
@@ -76,7 +76,7 @@ def _failed(r: pd.Series) -> str:
 
 
 def skipped_lines(summary: pd.DataFrame) -> list[str]:
-    """Each N skipped for memory (gpupack.core.pack_fit): where, and why, in one line."""
+    """Each N skipped for memory (gpupack.core.memory.pack_fit): where, and why, in one line."""
     if "skipped_memory" not in summary:
         return []
     lines = []

@@ -45,7 +45,7 @@ from pathlib import Path  # noqa: E402
 from typing import IO, Any, Callable, Mapping, Sequence  # noqa: E402
 
 from gpupack.core.preload import import_libraries, learnable, library_roots  # noqa: E402
-from gpupack.core.records import open_log  # noqa: E402
+from gpupack.core.store.records import open_log  # noqa: E402
 from gpupack.runtime.memshare import limit_torch  # noqa: E402
 
 READY_TIMEOUT_S = 600.0  # a framework import on a busy node can be slow; past this the pack fails loudly

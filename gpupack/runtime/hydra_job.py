@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Sequence
 
-from gpupack.core import pickling
 from gpupack.core.preload import import_libraries, static_imports
-from gpupack.core.rundir import RunDir
+from gpupack.core.store import pickling
+from gpupack.core.store.rundir import RunDir
 from gpupack.runtime.jobenv import job_id
 from gpupack.workload import Launch, TrainingContext, Workload
 

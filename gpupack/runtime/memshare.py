@@ -1,8 +1,8 @@
 """A training's share of its device's memory, enforced inside its own process where the platform can.
 
 The packer gives each training of a pack of N ``packing.memory_fraction`` / N of the device, or what earlier records
-measured of its setting with ``packing.memory_margin`` (:class:`gpupack.core.memory.MemoryShare`): under MPS as its
-client's limit (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, in its environment before it starts: gpupack.pack.process);
+measured of its setting with ``packing.memory_margin`` (:class:`gpupack.core.memory.figures.MemoryShare`): under MPS as
+its client's limit (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, in its environment before it starts: gpupack.pack.process);
 without MPS, to a torch program gpupack starts (its workloads, and scripts forked from a server that preloaded torch)
 as torch's per-process memory fraction, set here before the training's first CUDA allocation. Past its share a
 training gets its own out-of-memory error (recorded as oom); its neighbours keep theirs. TensorFlow's logical splits

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Callable, Mapping, Sequence
 
-from gpupack.core.records import open_log
+from gpupack.core.store.records import open_log
 from gpupack.runtime.forkserver import ForkedProcess, ForkRefused, ForkServer, isolate
 
 POLL_S = 0.05  # how often the children are looked at

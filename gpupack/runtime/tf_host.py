@@ -35,7 +35,7 @@ def configure(tf: Any, kind: str, n: int, memory_limit_mb: int | None) -> list[s
 def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
-    from gpupack.core.records import write_json_atomic  # the host's imports are the pack's start-up, timed
+    from gpupack.core.store.records import write_json_atomic  # the host's imports are the pack's start-up, timed
     from gpupack.runtime.worker import run_training
 
     spec = json.loads(Path((sys.argv[1:] if argv is None else argv)[0]).read_text())

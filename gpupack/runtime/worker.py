@@ -100,7 +100,9 @@ def compose_result(spec: Mapping[str, Any], workload: Workload, params: Any,
 def main(argv: list[str] | None = None, process_start: float | None = None) -> int:
     """Train as the spec says and write the result. ``process_start``: when this training's process began (a
     child forked by the fork server began at its fork, not when this module was imported in the server)."""
-    from gpupack.core.records import write_json_atomic  # after _PROCESS_START: a training's imports are its start-up
+    from gpupack.core.store.records import (
+        write_json_atomic,  # after _PROCESS_START: a training's imports are its start-up
+    )
 
     args = sys.argv[1:] if argv is None else argv
     spec_path = Path(args[0])

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from gpupack.core.billing import CORES, Bundle, over_bundle
-from gpupack.core.memory import TrainingMemory, check_memory
+from gpupack.core.cost.billing import CORES, Bundle, over_bundle
+from gpupack.core.memory.figures import TrainingMemory, check_memory
 from gpupack.core.types import Capacity, PackRequest
 from gpupack.errors import ConfigError
 
@@ -69,8 +69,8 @@ def idle_gpu_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host
 
 def bundle_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_mb: float | None) -> list[str]:
     """Where a pack of N asks more cores or memory than one GPU's bundle, the allocation is charged for the largest
-    of the three (gpupack.core.billing): say what it asks, the bundle, and the billed multiple of the GPU's RGU, with
-    the fix. Pure."""
+    of the three (gpupack.core.cost.billing): say what it asks, the bundle, and the billed multiple of the GPU's RGU,
+    with the fix. Pure."""
     out = []
     for name, cap in facts.capacities.items():
         bundle = Bundle(1.0, cap.bundle_cores, cap.bundle_mem_gb)

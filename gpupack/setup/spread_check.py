@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
-from gpupack.core.memory import TrainingMemory
+from gpupack.core.memory.figures import TrainingMemory
 from gpupack.core.plan import expand_grid
 from gpupack.errors import ConfigError, require_counts, require_positive
 from gpupack.setup.fit import ClusterFacts, check_fit

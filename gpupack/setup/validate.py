@@ -15,11 +15,11 @@ from typing import Any, Callable, Mapping, Sequence, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from gpupack.core.cost.rgu import check_weights
 from gpupack.core.goal import check_goal, check_metric
-from gpupack.core.memory import Measured, TrainingMemory, check_memory, estimate, setting_key
+from gpupack.core.memory.figures import Measured, TrainingMemory, check_memory, estimate, setting_key
 from gpupack.core.plan import ORDERS, Plan, expand_grid, grid_values, make_plan
-from gpupack.core.rgu import check_weights
-from gpupack.core.rundir import check_name
+from gpupack.core.store.rundir import check_name
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError, require_choice, require_counts, require_memory, require_positive, require_unique
 from gpupack.pack import load_packer, solo_mode

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Training
-from gpupack.core.records import make_dirs, read_json_or_none, write_json_atomic
+from gpupack.core.store.records import make_dirs, read_json_or_none, write_json_atomic
 from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.errors import ConfigError, nearest, require_unique
 from gpupack.pack import PackContext, ended_outcome, worker_env, worker_spec

@@ -22,10 +22,10 @@ from typing import Any, Callable, ClassVar, Generic, Mapping, Sequence, TypeVar
 import submitit
 
 from gpupack.core.plan import Pack, Plan
-from gpupack.core.records import read_json, write_json_atomic
 from gpupack.core.registry import exported, module_names, require_known
-from gpupack.core.rundir import RunDir, RunLock
-from gpupack.core.storage import failure_line, storage_faults, write_fault
+from gpupack.core.store.records import read_json, write_json_atomic
+from gpupack.core.store.rundir import RunDir, RunLock
+from gpupack.core.store.storage import failure_line, storage_faults, write_fault
 from gpupack.core.types import (
     DONE,
     FAILED,

@@ -25,8 +25,8 @@ import submitit
 import submitit.local.local as submitit_local
 
 from gpupack.core.plan import Pack, deal
-from gpupack.core.records import read_json_or_none
-from gpupack.core.rundir import RunDir, check_name
+from gpupack.core.store.records import read_json_or_none
+from gpupack.core.store.rundir import RunDir, check_name
 from gpupack.core.types import PENDING, RUNNING, Capacity, JobForecast, PackResult, PackSettings
 from gpupack.errors import ConfigError
 from gpupack.runtime.jobenv import JobEnvironment, job_cores
@@ -83,8 +83,9 @@ class SessionLocalExecutor(submitit.LocalExecutor):
     controller in the terminal's process group prints a KeyboardInterrupt traceback on Ctrl-C, and on a hang-up dies
     at once and leaves its pack job and trainings running, with no parent left to find them by.
 
-    ``inherit``: descriptors each controller keeps open, the run directory's lock (:class:`gpupack.core.rundir.RunLock`:
-    a controller holds it while its job runs, should gpupack itself be killed)."""
+    ``inherit``: descriptors each controller keeps open, the run directory's lock
+    (:class:`gpupack.core.store.rundir.RunLock`: a controller holds it while its job runs, should gpupack itself be
+    killed)."""
 
     inherit: tuple[int, ...] = ()
 

@@ -24,9 +24,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TypeV
 import submitit
 from submitit.slurm.slurm import _make_sbatch_string
 
-from gpupack.core.journal import RunRecords, make_journals
-from gpupack.core.memory import request_mb
+from gpupack.core.memory.figures import request_mb
 from gpupack.core.plan import Pack, deal
+from gpupack.core.store.journal import RunRecords, make_journals
 from gpupack.core.types import Capacity, JobForecast, PackRequest, PackResult, PackSettings
 from gpupack.errors import (
     ConfigError,
@@ -116,7 +116,8 @@ class PartitionConfig:
     max_cpus: Optional[int] = None
     max_mem_gb: Optional[float] = None
     # The cores and memory (GB) that come with one GPU (or MIG slice) here, which a job is charged against: the
-    # largest of its RGU, its cores over bundle_cores and its memory over bundle_mem_gb bills it (gpupack.core.billing).
+    # largest of its RGU, its cores over bundle_cores and its memory over bundle_mem_gb bills it
+    # (gpupack.core.cost.billing).
     # null: this site bills the GPU alone (as far as gpupack knows).
     bundle_cores: Optional[float] = None
     bundle_mem_gb: Optional[float] = None
@@ -223,8 +224,8 @@ class SlurmConfig(ClusterConfig):
     account_required: bool = False
     # Resources one pack job asks for, scaled by N: ceil(N * cpus_per_training) CPUs, N * mem_gb_per_training GB.
     cpus_per_training: float = 1.0
-    # null: the peak RSS of earlier trainings of the same setting x 1.5 (gpupack/core/memory.py), or 2 GB when none was
-    # measured yet, so a pack does not ask for memory it never uses (and leave a node's other GPUs idle).
+    # null: the peak RSS of earlier trainings of the same setting x 1.5 (gpupack/core/memory/figures.py), or 2 GB when
+    # none was measured yet, so a pack does not ask for memory it never uses (and leave a node's other GPUs idle).
     mem_gb_per_training: Optional[float] = None
     # Array tasks of one (partition, mode, N) group running at once.
     array_parallelism: int = 64
@@ -719,7 +720,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
             executor.update_parameters(**array.parameters)  # the dry run shows the same (request_lines)
             if in_turn:  # a streaming lane reads its queue's journals by name: they exist before any job starts
                 make_journals(self.run, [p.pack_id for lane in group for p in lane if p.stream is not None])
-            try:  # what the job asked, billed as its GPUs' bundles (gpupack.core.billing)
+            try:  # what the job asked, billed as its GPUs' bundles (gpupack.core.cost.billing)
                 asked = {"gpus": gpus, "cpus": req.cpus * gpus if req.cpus else None,
                          "mem_gb": req.mem_mb * gpus / 1024 if req.mem_mb else None,
                          "bundle_cores": part.bundle_cores, "bundle_mem_gb": part.bundle_mem_gb}

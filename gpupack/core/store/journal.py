@@ -10,7 +10,7 @@ failed trainings to files of their own (``lanes/<lane>.failed/``); fsynced, then
 
 A streaming lane that folds (:func:`fold_trainings`) writes its trainings' records and logs in its own folder and
 folds each as it ends, then the lane's own record and folder at its end: its claims of completed trainings go too
-(:mod:`gpupack.core.claims`), so a production run keeps its lanes' journals and logs, not files per training. A
+(:mod:`gpupack.core.store.claims`), so a production run keeps its lanes' journals and logs, not files per training. A
 folded training's record is keyed by its home (the lane the plan dealt it to), as readers ask for it.
 
 Readers see one run (:class:`RunRecords`): a pack's folder where it has one (running, or run again since it was
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import IO, Any, Callable, Collection, Iterable, Iterator, Mapping
 
 from gpupack.core.plan import refit_parent
-from gpupack.core.records import COMPLETED, SKIPPED_MEMORY, make_dirs, read_json_or_none
-from gpupack.core.rundir import ATTEMPTS, PACK_RECORD, TRAININGS, RunDir
+from gpupack.core.store.records import COMPLETED, SKIPPED_MEMORY, make_dirs, read_json_or_none
+from gpupack.core.store.rundir import ATTEMPTS, PACK_RECORD, TRAININGS, RunDir
 
 TRAINING, PACK = "training", "pack"  # what a journal line holds
 LOGS = "logs"  # a folded record's field: where each of its logs is kept (:func:`kept_log`)

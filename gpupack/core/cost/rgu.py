@@ -1,8 +1,8 @@
 """RGU cost: what a training and a whole sweep cost on each partition at its best packing factor. Pure.
 
 A pack holds one GPU for its wall time, so one training costs (pack wall / N) x what the pack is billed per hour: the
-GPU model's RGU weight, or more where its cores or memory pass the GPU's bundle (gpupack.core.billing: the largest of
-the three bills).
+GPU model's RGU weight, or more where its cores or memory pass the GPU's bundle (gpupack.core.cost.billing: the largest
+of the three bills).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from gpupack.core.billing import GPU_ONLY, Bundle, bill
+from gpupack.core.cost.billing import GPU_ONLY, Bundle, bill
 from gpupack.errors import ConfigError
 
 # NVML device names → the RGU table's model names (e.g. "Tesla V100-SXM2-16GB" → V100-16gb).

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from gpupack.core.records import read_json_or_none, write_json_atomic
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.records import read_json_or_none, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 
 KEYS = ("metric", "goal", "pattern")
 

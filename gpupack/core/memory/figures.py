@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from gpupack.core.journal import Folded, read_folded
-from gpupack.core.records import COMPLETED, read_json_or_none
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.journal import Folded, read_folded
+from gpupack.core.store.records import COMPLETED, read_json_or_none
+from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Capacity
 from gpupack.errors import ConfigError
 

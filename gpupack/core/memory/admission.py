@@ -9,8 +9,8 @@ takes its head whatever it expects: waiting would free nothing, and it runs alon
 whose peak is not known is admitted as without admission, at the head only.
 
 A training's expected peak (:func:`expected_peak`), first found: earlier records of its setting (its workload and
-every hyperparameter but the seed: :func:`gpupack.core.memory.setting_key`), ``sweep.training_memory_mb``, the peak
-of the same setting measured in this run as its trainings end. Everything here is pure.
+every hyperparameter but the seed: :func:`gpupack.core.memory.figures.setting_key`), ``sweep.training_memory_mb``, the
+peak of the same setting measured in this run as its trainings end. Everything here is pure.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from gpupack.core.memory import CUDA_CONTEXT_MB, Figure
-from gpupack.core.pack_fit import pack_budget
+from gpupack.core.memory.figures import CUDA_CONTEXT_MB, Figure
+from gpupack.core.memory.pack_fit import pack_budget
 
 # A head passed over this many times by smaller trainings (N slots: one generation of the lane's slots) is reserved.
 PASSES_PER_SLOT = 1
@@ -104,7 +104,8 @@ def expected_peak(earlier: Figure | None, stated_mb: float | None, this_run_mb: 
 
 def lane_budget_mb(on_gpu: bool, fraction: float, device_total_mb: float | None, host_total_mb: float | None,
                    host_memory_mb: float | None) -> float | None:
-    """What a lane's trainings may hold together: a pack's memory share (:func:`gpupack.core.pack_fit.pack_budget`).
+    """What a lane's trainings may hold together: a pack's memory share
+    (:func:`gpupack.core.memory.pack_fit.pack_budget`).
     None: nothing to go by. Pure."""
     budget = pack_budget(on_gpu, fraction, device_total_mb, host_total_mb, host_memory_mb)
     return None if budget is None else budget.mb

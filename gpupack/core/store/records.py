@@ -22,9 +22,10 @@ FAILED = "failed"  # the training exited non-zero
 KILLED = "killed"  # the training died from a signal
 OOM = "oom"  # out of memory, host or GPU: its N is infeasible on this device
 TIMEOUT = "timeout"  # ran past packing.training_timeout_s and was stopped
-VICTIM = "victim"  # taken down by another training's fault (gpupack.core.victims), then run again
-# Not started: its pack's measured need passed the device's memory share (gpupack.core.pack_fit); its N is infeasible
-# there. Checked again on resume (a larger share, a smaller peak may let it run), never an unfinished training.
+VICTIM = "victim"  # taken down by another training's fault (gpupack.core.memory.victims), then run again
+# Not started: its pack's measured need passed the device's memory share (gpupack.core.memory.pack_fit); its N is
+# infeasible there. Checked again on resume (a larger share, a smaller peak may let it run), never an unfinished
+# training.
 SKIPPED_MEMORY = "skipped_memory"
 STATUSES = (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, VICTIM, SKIPPED_MEMORY)
 
@@ -98,7 +99,7 @@ def atomic_file(path: Path, binary: bool = False) -> Iterator[IO[Any]]:
     """Write ``path`` all at once: a temp file in the same folder, fsync, the file mode of :func:`file_mode`, then
     a rename, so a reader never sees half a file; on an error nothing is left behind. An OSError that names no file
     (pyarrow's writer says only its errno) is given ``path``: a full disk is then said where it struck
-    (:mod:`gpupack.core.storage`)."""
+    (:mod:`gpupack.core.store.storage`)."""
     tmp: str | None = None
     try:
         make_dirs(path.parent)

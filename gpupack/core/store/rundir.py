@@ -5,25 +5,25 @@
       plan.json                                trainings and packs, with ids
       packs/<pack_id>/pack.json                the pack record
       packs/<pack_id>/trainings/<id>.json      one training record per training
-      packs/<pack_id>/trainings.arrows         the pack's records as one columnar file (gpupack.core.columnar)
+      packs/<pack_id>/trainings.arrows         the pack's records as one columnar file (gpupack.core.store.columnar)
       packs/<pack_id>/logs/<id>.out|.err       each training's output
       (the trainings' specs and results in flight live in the job's node-local space: PackContext.work)
       packs/<pack_id>/attempts/<k>/            records of earlier attempts (a resumed pack moves them there)
       packs/<pack_id>/.lock                    held by the packer running the pack
       lanes/<lane>.jsonl                       a lane's journal: the records of its ended packs (or, a streaming
                                                lane's, trainings), folded
-      lanes/<lane>.log                         their completed trainings' output (gpupack.core.journal)
+      lanes/<lane>.log                         their completed trainings' output (gpupack.core.store.journal)
       lanes/<lane>.arrows                      the journal's records as columns, written at the lane's end: what
-                                               collect reads instead of its lines (gpupack.core.lane_columnar)
+                                               collect reads instead of its lines (gpupack.core.store.lane_columnar)
       lanes/<lane>.failed/<pack>.<id>.out|err  their failed trainings' whole logs (.<k>.out|err: a later failure's)
-      claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.claims; a
+      claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.store.claims; a
                                                folding lane drops it once the training's completed record is folded)
       jobs.json                                pack id → submitted job id (SLURM), for status and resume
       submitit/<array>/                        submitit's files of each job (array), a folder per array
       summary.csv  summary.json                written by collect
       cleared_oom.json                         the OOMs a user cleared (python -m gpupack clear-oom)
       rank.json                                the metric, goal and pattern a collect --metric/--goal/--pattern
-                                               was given, which later collects rank by (gpupack.core.rank_choice)
+                                               was given, which later collects rank by (gpupack.core.store.rank_choice)
       .lock                                    held while a sweep runs in the directory
       auto.json  probe/nNN/  run/              packing.factors=auto: what the probe did, each of its steps (a run
                                                directory of its own), and the rest of the grid at the best N
@@ -70,7 +70,7 @@ def check_name(key: str, value: str) -> str:
 # What a run directory holds, per training (its record, stdout, stderr), per pack (its record, lock,
 # columnar file, fork server's log), per job (submitit's submitted call, result, stdout, stderr) and once (config,
 # plan, lock, summary, parquet, report, plots): the file forecast a dry run gives (files_forecast). A lane of packs
-# (or a streaming lane) folds each pack (training) it ends (gpupack.core.journal): its journal and log instead of
+# (or a streaming lane) folds each pack (training) it ends (gpupack.core.store.journal): its journal and log instead of
 # the packs' files (and a failed training's two logs), and its job's stdout and stderr are one file; at its end, its
 # journal's columnar file.
 FILES_PER_TRAINING, FILES_PER_PACK, FILES_PER_JOB, FILES_PER_RUN, FILES_PER_LANE = 3, 4, 4, 13, 3
@@ -136,7 +136,7 @@ class RunDir:
 
     @property
     def lanes(self) -> Path:
-        """lanes/: the journals of lanes of packs (gpupack.core.journal)."""
+        """lanes/: the journals of lanes of packs (gpupack.core.store.journal)."""
         return self.root / "lanes"
 
     def journal(self, lane: str) -> Path:
@@ -146,8 +146,8 @@ class RunDir:
         return self.lanes / f"{check_name('lane', lane)}.arrows"
 
     def torn_lines(self, lane: str) -> Path:
-        """Where a lane's journal keeps the torn last lines it was cut back from (gpupack.core.journal), each on a line
-        of its own: never lost, never read as records."""
+        """Where a lane's journal keeps the torn last lines it was cut back from (gpupack.core.store.journal), each on a
+        line of its own: never lost, never read as records."""
         return self.lanes / f"{check_name('lane', lane)}.torn"
 
     def lane_log(self, lane: str) -> Path:
@@ -226,7 +226,7 @@ class RunDir:
 
     def hydra_returns(self, job_id: str | None) -> Path:
         """returns/<job>.pkls: the JobReturns of the Hydra jobs one gpupack job ran, appended as each ended
-        (:func:`gpupack.core.pickling.append`, keyed by the Hydra job's number)."""
+        (:func:`gpupack.core.store.pickling.append`, keyed by the Hydra job's number)."""
         return self.root / "returns" / f"{check_name('job_id', job_id or 'here')}.pkls"
 
     @property

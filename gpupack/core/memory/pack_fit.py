@@ -2,10 +2,10 @@
 measured to need.
 
 Before a pack starts, each of its trainings is expected to peak at what its setting (its workload and every
-hyperparameter but the seed: :func:`gpupack.core.memory.setting_key`) reached, first found: in this run (the packs
-that ended before it), in earlier runs (this run directory's siblings), ``sweep.training_memory_mb``; else not known.
-The pack fits where the sum of what is known stays within the device's memory share: ``packing.memory_fraction`` of
-the GPU's memory, on a CPU ``packing.host_memory_mb`` where given, else ``packing.memory_fraction`` of the host's. A
+hyperparameter but the seed: :func:`gpupack.core.memory.figures.setting_key`) reached, first found: in this run (the
+packs that ended before it), in earlier runs (this run directory's siblings), ``sweep.training_memory_mb``; else not
+known. The pack fits where the sum of what is known stays within the device's memory share: ``packing.memory_fraction``
+of the GPU's memory, on a CPU ``packing.host_memory_mb`` where given, else ``packing.memory_fraction`` of the host's. A
 pack that does not fit is not started but recorded as skipped for memory with the reason; its N is infeasible for
 that setting. What is not known counts as nothing (the pack starts, as without admission), and a pack of one training
 always starts: it is the smallest pack there is, the one that measures its setting.
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from gpupack.core.memory import Figure
+from gpupack.core.memory.figures import Figure
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping
 
-from gpupack.core.records import file_mode, make_dirs
+from gpupack.core.store.records import file_mode, make_dirs
 
 CLAIM = ".claim"
 RELEASED = "released"

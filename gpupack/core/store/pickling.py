@@ -12,8 +12,10 @@ inner functions), whatever the installed cloudpickle does with its own. Code obj
 from __future__ import annotations
 
 import fcntl
+import io
 import marshal
 import os
+import pickle
 import struct
 import time
 import types
@@ -21,7 +23,7 @@ from collections import ChainMap
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Mapping
 
-from gpupack.core.records import atomic_file
+from gpupack.core.store.records import atomic_file
 
 
 def _code(data: bytes) -> types.CodeType:
@@ -51,8 +53,6 @@ def dump_to(obj: Any, f: IO[bytes]) -> None:
 
 
 def dumps(obj: Any) -> bytes:
-    import io
-
     buf = io.BytesIO()
     dump_to(obj, buf)
     return buf.getvalue()
@@ -64,12 +64,26 @@ def dump(obj: Any, path: Path) -> None:
         dump_to(obj, f)
 
 
-def load(path: Path) -> Any:
-    """What :func:`dump` wrote (plain pickle reads it: cloudpickle's and this module's reducers are importable)."""
-    import cloudpickle
+# Where core's modules were before its sub-packages (issue 45): a pickle written then (a launch's payload, a job's
+# returns) names this module's _code and core's classes by those paths, and a run's jobs may read it after an upgrade.
+MOVED = {f"gpupack.core.{old}": f"gpupack.core.{new}" for old, new in {
+    **{m: f"store.{m}" for m in ("rundir", "records", "journal", "claims", "columnar", "lane_columnar", "pickling",
+                                 "storage", "rank_choice")},
+    "memory": "memory.figures", **{m: f"memory.{m}" for m in ("pack_fit", "admission", "victims")},
+    **{m: f"cost.{m}" for m in ("billing", "rgu")}}.items()}
 
+
+class _Unpickler(pickle.Unpickler):
+    """Plain pickle (cloudpickle's and this module's reducers are importable), old module paths read as MOVED."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(MOVED.get(module, module), name)
+
+
+def load(path: Path) -> Any:
+    """What :func:`dump` wrote."""
     with open(path, "rb") as f:
-        return cloudpickle.load(f)
+        return _Unpickler(f).load()
 
 
 # A stream of pickles in one file: each entry a marker, a header (its key, when it was written, its length) and the
@@ -130,6 +144,4 @@ def _entries(data: bytes) -> Iterator[tuple[int, float, bytes]]:
 
 
 def loads(data: bytes) -> Any:
-    import cloudpickle
-
-    return cloudpickle.loads(data)
+    return _Unpickler(io.BytesIO(data)).load()

@@ -16,8 +16,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from gpupack.core.records import SCHEMA_VERSION, atomic_file, read_json
-from gpupack.core.rundir import COLUMNAR, PACK_RECORD, TRAININGS, RunDir
+from gpupack.core.store.records import SCHEMA_VERSION, atomic_file, read_json
+from gpupack.core.store.rundir import COLUMNAR, PACK_RECORD, TRAININGS, RunDir
 
 # Nested record fields the tables need, flattened to columns at load: column → (field, key).
 FLAT = {
@@ -42,7 +42,8 @@ PACK_FLAT = ("source", "note", "gpu_util_mean", "gpu_util_max", "gpu_mem_used_pe
 # packs/<id>/trainings.arrows: an Arrow IPC stream of one batch, the columns that vary between the pack's trainings
 # (pyarrow.ipc.open_stream reads it), then JSON: the pack record's flat row, the number of trainings, and the value of
 # each column every training of the pack shares (its sweep, partition, device...: one value, not N). Written by the
-# pack's job (write_columnar); read by gpupack.analysis.load (ColumnarReader). Its name: gpupack.core.rundir.COLUMNAR.
+# pack's job (write_columnar); read by gpupack.analysis.load (ColumnarReader). Its name:
+# gpupack.core.store.rundir.COLUMNAR.
 JSON_PREFIX = "json:"  # a column of lists, dicts or mixed types: JSON text under this prefix in the columnar file
 _META_SCHEMA = b"gpupack.schema"
 _META_COLUMNS = b"gpupack.columns"  # every column of the rows, in order

@@ -7,10 +7,10 @@ from its journal's whole lines, read under the journal's lock, and it says how m
 A reader (:func:`read_lane_columnar`) takes it for those bytes and parses what was folded after them (a requeued run's
 records, an OOM amended after the job) from the journal: the journal stays the truth, the file is what it held when
 the lane ended. A file that does not read, of another schema, or whose journal no longer begins with the bytes it
-covers (rewritten or replaced: :func:`gpupack.core.journal.fingerprint`) is not used, and the whole journal is read
-instead.
+covers (rewritten or replaced: :func:`gpupack.core.store.journal.fingerprint`) is not used, and the whole journal is
+read instead.
 
-The file: the training rows as an Arrow IPC stream of one batch (:func:`gpupack.core.columnar.split_rows`, as a
+The file: the training rows as an Arrow IPC stream of one batch (:func:`gpupack.core.store.columnar.split_rows`, as a
 pack's file), then a second stream of what each row's journal entry says beside its record (when it was folded, its
 place in that fold, its identity, how many later records of the same training the journal holds, the pack it is kept
 under), then JSON: the rows' shared values, the pack records' rows with the same, the packs its trainings are kept
@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from gpupack.core.columnar import (
+from gpupack.core.store.columnar import (
     JSON_PREFIX,
     STRING,
     ColumnarReader,
@@ -37,9 +37,9 @@ from gpupack.core.columnar import (
     split_rows,
     stream_bytes,
 )
-from gpupack.core.journal import PACK, TRAINING, fingerprint, held_journal, home_of, identity, journal_entries
-from gpupack.core.records import SCHEMA_VERSION, atomic_file
-from gpupack.core.rundir import RunDir
+from gpupack.core.store.journal import PACK, TRAINING, fingerprint, held_journal, home_of, identity, journal_entries
+from gpupack.core.store.records import SCHEMA_VERSION, atomic_file
+from gpupack.core.store.rundir import RunDir
 
 # What a row's journal entry says beside its record: the second stream's columns.
 _ENTRY = pa.schema([pa.field("folded_at", pa.float64()), pa.field("seq", pa.int64()),
@@ -50,7 +50,7 @@ _ENTRY = pa.schema([pa.field("folded_at", pa.float64()), pa.field("seq", pa.int6
 @dataclass
 class Entry:
     """A journal record as collect orders and counts it: its flat row, when it was folded (``folded_at``, ``seq``),
-    its identity (:func:`gpupack.core.journal.identity`) and the pack it is kept under (``home``)."""
+    its identity (:func:`gpupack.core.store.journal.identity`) and the pack it is kept under (``home``)."""
 
     kind: str
     row: dict[str, Any]
@@ -198,7 +198,8 @@ class LaneColumns:
 
 
 def _decoded(row: dict[str, Any]) -> dict[str, Any]:
-    """A row of a columnar batch as :func:`gpupack.core.columnar.record_row` gives it: JSON text columns decoded."""
+    """A row of a columnar batch as :func:`gpupack.core.store.columnar.record_row` gives it: JSON text columns
+    decoded."""
     for name in [n for n in row if n.startswith(JSON_PREFIX)]:
         text = row.pop(name)
         row[name[len(JSON_PREFIX):]] = None if text is None else json.loads(text)

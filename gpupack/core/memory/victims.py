@@ -17,7 +17,7 @@ import re
 import signal
 from typing import Any, Mapping, Sequence
 
-from gpupack.core.records import COMPLETED, FAILED, KILLED, TIMEOUT, VICTIM
+from gpupack.core.store.records import COMPLETED, FAILED, KILLED, TIMEOUT, VICTIM
 
 WINDOW_S = 10.0  # a victim dies within this long after the fault: an MPS server or a reset ends its clients at once
 # What a process prints when the device or its MPS server failed under it, not its own program's mistake
