@@ -67,3 +67,13 @@ def test_ci_runs_the_readmes_test_command_as_written():
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
           if line and not line.startswith(("#", "set ", "cd "))]
     assert ci == [block]
+
+
+def test_every_package_folder_of_gpupack_ships_in_the_wheel():
+    """pyproject lists the packages by name: a folder added without its line would install a gpupack that cannot
+    import itself (a plain pip install ., not the editable one the tests run)."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "gpupack").rglob("__init__.py")}
+    assert folders - listed == set()
