@@ -88,3 +88,12 @@ def test_every_image_loads_and_every_log_link_names_a_file(page, report):
                           ".textContent, a.getAttribute('href')])")
     assert {name for name, _ in links} == {"lr=0.1, seed=0", "lr=0.2, seed=0"}
     assert all((report.parent / href).is_file() for _, href in links), links
+
+
+def test_a_screenshot_of_the_page_is_kept_beside_it(page, report):
+    """What the reader saw, kept: the whole page as Chromium drew it at 1280 px (report-browser.png beside the
+    report), for a person to look at when a check above goes red."""
+    shot = report.parent / "report-browser.png"
+    page.screenshot(path=str(shot), full_page=True)
+    head = shot.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(head[16:20], "big") == WIDTH
