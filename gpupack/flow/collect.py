@@ -186,12 +186,8 @@ def _measured(run: Path) -> set[tuple[str, str, str]]:
 def sweep_of(run: Path) -> Path:
     """The sweep a run is part of: an auto sweep's root for its probe steps and its run (one sweep, measured in
     steps that repeat the same workload, partition and mode), else :attr:`RunDir.sweep_root`."""
-    root = RunDir(run).root
-    if root.parent.name == PROBE and (root.parent.parent / PROBE).is_dir():
-        return root.parent.parent
-    if root.name == RUN and (root.parent / PROBE).is_dir():
-        return root.parent
-    return RunDir(run).sweep_root
+    where = RunDir(run)
+    return where.auto_root or where.sweep_root
 
 
 def apart(runs: Sequence[Path]) -> list[list[Path]]:

@@ -124,6 +124,16 @@ class RunDir:
         """The directory of the sweep this run is part of: a Hydra launch's records_dir, else the run's own."""
         return self.root.parent if self.is_launch else self.root
 
+    @property
+    def auto_root(self) -> Path | None:
+        """The packing.factors=auto sweep this run is a step of (ROOT/probe/nNN/) or the run of (ROOT/run/, beside
+        ROOT/probe/); None for any other run."""
+        if self.root.parent.name == PROBE:
+            return self.root.parent.parent
+        if self.root.name == RUN and (self.root.parent / PROBE).is_dir():
+            return self.root.parent
+        return None
+
     # ---------------- the run's own files ----------------
 
     @property
