@@ -10,7 +10,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 import yaml
 from omegaconf import OmegaConf
@@ -26,7 +26,7 @@ from gpupack.core.store.storage import storage_faults
 from gpupack.report.files import write_outputs, write_trainings
 from gpupack.report.html import RunPage, compared, write_comparison
 from gpupack.report.terminal import render_collected
-from gpupack.report.text import what_ran
+from gpupack.report.text import RunConfig, what_ran
 
 # The phases of an auto sweep (plan.phase; packing.then=run): their folders are RunDir.probe_step(n) and RunDir.auto_run
 PROBE, RUN = "probe", "run"
@@ -157,16 +157,18 @@ def find_runs(paths: Sequence[Path], depth: int = 3) -> list[Path]:
     return out
 
 
-def run_configs(runs: Sequence[Path]) -> dict[str, dict[str, Any]]:
+def run_configs(runs: Sequence[Path]) -> dict[str, RunConfig]:
     """Each run's config.yaml as a dict ({} where it has none, or it cannot be read): what the report says ran."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, RunConfig] = {}
     for run in runs:
         path = RunDir(run).config
         try:
             config = OmegaConf.to_container(OmegaConf.load(path), resolve=False) if path.is_file() else {}
         except (OSError, ValueError, yaml.YAMLError):
             config = {}
-        out[str(run)] = {str(k): v for k, v in config.items()} if isinstance(config, dict) else {}
+        # the YAML as written (gpupack.flow.run.config_yaml): the report reads what it finds of it, key by key
+        out[str(run)] = cast(RunConfig, {str(k): v for k, v in config.items()}) if isinstance(config, dict) \
+            else RunConfig()
     return out
 
 
@@ -214,7 +216,9 @@ def comparison_home(given: Sequence[Path]) -> Path:
 
 
 def compare_runs(sweeps: Sequence[Sequence[Path]], given: Sequence[Path], *, out: Path | str | None,
-                 plots: bool, console: Console | None, wide: bool, **kw: Any) -> tuple[Collected, list[Path]]:
+                 plots: bool, console: Console | None, wide: bool, weights: Mapping[str, float] | None,
+                 sweep_trainings: int | None, metric: str | None, goal: str | None,
+                 pattern: str | None) -> tuple[Collected, list[Path]]:
     """Several unrelated runs: each collected on its own (its files and report.html in its own directory), then one
     comparison.html with a run column in ``out`` (default :func:`comparison_home`). Returns the first run's
     Collected with every run's summary, a run column first."""
@@ -225,7 +229,8 @@ def compare_runs(sweeps: Sequence[Sequence[Path]], given: Sequence[Path], *, out
         label = os.path.relpath(root, home) if root.resolve().is_relative_to(home.resolve()) else str(root)
         if console is not None:
             console.print(f"── {label} ──", highlight=False)
-        c, files = collect(group, out=root, plots=plots, console=console, wide=wide, **kw)
+        c, files = collect(group, out=root, plots=plots, console=console, wide=wide, weights=weights,
+                           sweep_trainings=sweep_trainings, metric=metric, goal=goal, pattern=pattern)
         written += files
         pages.append(RunPage(label, os.path.relpath(root / "report.html", home), c,
                              what_ran(c, run_configs(group))))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping, TypedDict
 
 import pandas as pd
 import pyarrow as pa
@@ -15,11 +15,50 @@ from gpupack.analysis.load import Records
 from gpupack.core.store.records import SCHEMA_VERSION, atomic_file, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.report.html import write_report
-from gpupack.report.text import best_line, disturbance_lines
+from gpupack.report.text import RunConfig, best_line, disturbance_lines
 
 
-def _jsonable(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return json.loads(df.to_json(orient="records")) if not df.empty else []
+class RankedBy(TypedDict):
+    """What the best hyperparameters were ranked by (:class:`gpupack.analysis.tables.Ranking`)."""
+
+    metric: str | None
+    goal: str | None
+    note: str
+    caution: str
+    origin: str
+
+
+class Summary(TypedDict):
+    """summary.json: each table of the report as a list of rows (a row: column → value, as JSON has it), and its
+    lines."""
+
+    schema: int
+    runs: list[str]
+    groups: list[dict[str, object]]
+    best: list[dict[str, object]]
+    best_overall: list[dict[str, object]]
+    best_lines: list[str]
+    cost: list[dict[str, object]]
+    sweep_trainings: int
+    best_hyperparameters: list[dict[str, object]]
+    ranked_by: RankedBy
+    knobs: list[dict[str, object]]
+    spread: list[dict[str, object]]
+    layouts: list[dict[str, object]]
+    verdicts: list[str]
+    occupancy: list[dict[str, object]]
+    drift: list[dict[str, object]]
+    disturbance: list[dict[str, object]]
+    disturbance_lines: list[str]
+    warnings: list[str]
+    pending_packs: list[str]
+
+
+def _jsonable(df: pd.DataFrame) -> list[dict[str, object]]:
+    if df.empty:
+        return []
+    rows: list[dict[str, object]] = json.loads(df.to_json(orient="records"))  # a JSON array of objects
+    return rows
 
 
 def _text_columns(table: pd.DataFrame) -> pd.DataFrame:
@@ -55,14 +94,14 @@ def write_trainings(records: Records, out: Path) -> Path | None:
 
 
 def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path | None | bool = True,
-                  configs: Mapping[str, Mapping[str, Any]] | None = None) -> list[Path]:
+                  configs: Mapping[str, RunConfig] | None = None) -> list[Path]:
     """summary.csv (every column of the table), summary.json, trainings.parquet (``trainings``: True to write it
     here; else what :func:`write_trainings` wrote already), and (with plots) plots/*.png and report.html (what ran
     from ``configs``: each run's config)."""
     run = RunDir(out)
     with atomic_file(run.summary_csv) as f:  # each file whole or not at all, as the records are
         c.summary.to_csv(f, index=False)
-    write_json_atomic(run.summary_json, {
+    summary: Summary = {
         "schema": SCHEMA_VERSION,
         "runs": sorted(str(r) for r in c.records.trainings.get("run_dir", pd.Series(dtype=str)).dropna().unique()),
         "groups": _jsonable(c.summary), "best": _jsonable(c.best), "best_overall": _jsonable(c.best_overall),
@@ -77,7 +116,8 @@ def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path |
         # the packs measured under load from outside the run, per group, and what the report says of them
         "disturbance": _jsonable(c.disturbance), "disturbance_lines": disturbance_lines(c.disturbance),
         "warnings": c.records.warnings, "pending_packs": c.records.pending,
-    })
+    }
+    write_json_atomic(run.summary_json, summary)
     written = [run.summary_csv, run.summary_json]
     parquet = write_trainings(c.records, out) if trainings is True else trainings or None
     written += [parquet] if isinstance(parquet, Path) else []

@@ -16,7 +16,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -32,9 +32,7 @@ from gpupack.report.plots import (
     plot_time_per_training,
     plot_timeline,
 )
-from gpupack.report.terminal import COLUMNS, gain_legend
-
-Cell = Callable[[pd.Series], str]
+from gpupack.report.terminal import COLUMNS, Cell, gain_legend
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
 h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
@@ -69,11 +67,11 @@ class Page:
 
 # ---------------- pure: cells and tables ----------------
 
-def _esc(value: Any) -> str:
+def _esc(value: object) -> str:
     return html.escape(str(value))
 
 
-def _cell(value: Any, spec: str | None) -> str:
+def _cell(value: object, spec: str | None) -> str:
     """A value as a person reads it: a flag as ✓/—, a number in its format, a missing one as -."""
     if isinstance(value, bool) or (spec is None and str(value) in ("True", "False")):
         return text.yes_no(value is True or str(value) == "True")
@@ -395,7 +393,7 @@ def data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
 
 
-def grid_keys(configs: Mapping[str, Mapping[str, Any]], params: Sequence[Mapping[str, Any]]) -> list[str]:
+def grid_keys(configs: Mapping[str, text.RunConfig], params: Sequence[Mapping[str, object]]) -> list[str]:
     """The hyperparameters that name a training: the grid's keys, else those that vary between trainings."""
     keys = [str(k) for cf in configs.values() for k in ((cf.get("sweep") or {}).get("grid") or {})]
     if keys:
@@ -403,7 +401,7 @@ def grid_keys(configs: Mapping[str, Mapping[str, Any]], params: Sequence[Mapping
     return [k for k in dict.fromkeys(k for p in params for k in p) if len({str(p.get(k)) for p in params}) > 1]
 
 
-def training_rows(c: Collected, out: Path, configs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+def training_rows(c: Collected, out: Path, configs: Mapping[str, text.RunConfig]) -> pd.DataFrame:
     """A row per training (latest attempt, probes left out): its hyperparameters in words, N, pack, status, the
     ranked metric, its last error line, and its logs as links relative to ``out`` (reads where each is kept)."""
     t = c.records.latest()
@@ -451,7 +449,7 @@ def draw(c: Collected, plots_dir: Path) -> list[tuple[Path, str]]:
     return [(p, caption) for p, caption in made if p is not None]
 
 
-def write_report(c: Collected, out: Path, configs: Mapping[str, Mapping[str, Any]] | None = None) -> list[Path]:
+def write_report(c: Collected, out: Path, configs: Mapping[str, text.RunConfig] | None = None) -> list[Path]:
     """plots/*.png and report.html in ``out``; ``configs``: each run's config (what ran)."""
     configs = configs or {}
     plots = draw(c, out / "plots")

@@ -4,28 +4,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.occupancy import STREAMED, WHOLE
 from gpupack.core.store.records import atomic_file
 from gpupack.report.text import mode_label, packer_of, params_label, trainings_phrase
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def _line_style(mode: Any) -> str:
+
+def _line_style(mode: object) -> str:
     """The matplotlib line style of a mode's curves: its Packer's ``line_style`` (":" for a name the registry does not
     hold)."""
     packer = packer_of(mode)
     return packer.line_style if packer is not None else ":"
 
 
-def _plt() -> Any:
-    import matplotlib  # here, not at the top: matplotlib is heavy, and only a plot needs it
+def _headless() -> None:
+    """Before pyplot is imported: matplotlib is imported here, not at the top (it is heavy, and only a plot needs it),
+    each plot importing pyplot after this call."""
+    import matplotlib
 
     matplotlib.use("Agg")  # headless: compute nodes and CI have no display
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_time_per_training(c: Collected, path: Path) -> Path | None:
@@ -35,7 +37,9 @@ def plot_time_per_training(c: Collected, path: Path) -> Path | None:
     s = c.summary.dropna(subset=["time_per_training_s"])
     if s.empty:
         return None
-    plt = _plt()
+    _headless()
+    import matplotlib.pyplot as plt
+
     workloads = sorted(s["workload"].unique())
     fig, axes = plt.subplots(1, len(workloads), figsize=(min(7 * len(workloads), 14), 4.5), squeeze=False)
     lines = ["run", "partition", "gpu_type", "mode"] if "run" in s else ["partition", "gpu_type", "mode"]
@@ -65,7 +69,7 @@ def plot_time_per_training(c: Collected, path: Path) -> Path | None:
         ax.set_ylim(0, ax.get_ylim()[1] * (1.12 + 0.06 * said))  # headroom: the names above the points stay inside
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower left")
-    return _save(fig, plt, path)
+    return _save(fig, path)
 
 
 def plot_split_vs_no_split(c: Collected, path: Path) -> Path | None:
@@ -74,7 +78,9 @@ def plot_split_vs_no_split(c: Collected, path: Path) -> Path | None:
     s = c.summary.dropna(subset=["time_per_training_s"])
     if s.empty or s["mode"].nunique() < 2:
         return None
-    plt = _plt()
+    _headless()
+    import matplotlib.pyplot as plt
+
     groups = list(s.groupby(["workload", "partition", "gpu_type"]))
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
     for ax, ((workload, partition, gpu), g) in zip(axes[0], groups):
@@ -88,7 +94,7 @@ def plot_split_vs_no_split(c: Collected, path: Path) -> Path | None:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend()
-    return _save(fig, plt, path)
+    return _save(fig, path)
 
 
 def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
@@ -105,7 +111,9 @@ def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
     if match.empty:
         return None
     pack_id = sorted(match["pack_id"].unique())[0]
-    plt = _plt()
+    _headless()
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(8, 4.5))
     rows = match[match["pack_id"] == pack_id]
     params = [json.loads(p) if isinstance(p, str) else dict(p or {}) for p in rows.get("params", [None] * len(rows))]
@@ -119,7 +127,7 @@ def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, plt, path)
+    return _save(fig, path)
 
 
 def plot_cost(c: Collected, path: Path) -> Path | None:
@@ -127,7 +135,9 @@ def plot_cost(c: Collected, path: Path) -> Path | None:
     compare (one bar says nothing a sentence does not)."""
     if c.cost.empty or c.cost["partition"].nunique() < 2:
         return None
-    plt = _plt()
+    _headless()
+    import matplotlib.pyplot as plt
+
     cost = c.cost.copy()
     labels = [f"{r['partition']}\n{r['gpu_model'] or r['gpu_type']}\nN={int(r['factor'])}" for _, r in cost.iterrows()]
     has_rgu = cost["sweep_rgu_hours"].notna().any()
@@ -141,14 +151,16 @@ def plot_cost(c: Collected, path: Path) -> Path | None:
         axes[0][1].set_ylabel("RGU-hours")
     for ax in axes[0]:
         ax.grid(axis="y", alpha=0.3)
-    return _save(fig, plt, path)
+    return _save(fig, path)
 
 
 def plot_layouts(c: Collected, path: Path) -> Path | None:
     """Time per training and device time per training against devices used per training (1/N packed, k spread)."""
     if c.layouts.empty:
         return None
-    plt = _plt()
+    _headless()
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for key, group in c.layouts.groupby(["workload", "partition", "gpu_type"]):
         for answer, marker in (("packing", "o"), ("spread", "s")):
@@ -169,7 +181,7 @@ def plot_layouts(c: Collected, path: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle("Spread over k devices beside packing N on one")
-    return _save(fig, plt, path)
+    return _save(fig, path)
 
 
 TIMELINE_ROWS = 48  # more slots than this: the first ones, and the title says so
@@ -184,7 +196,9 @@ def plot_timeline(c: Collected, path: Path) -> Path | None:
     rows = t.assign(row=[f"{g} {job} slot {slot}" if how == STREAMED else f"{g} packs slot {slot}"
                          for g, job, slot, how in zip(t["group"], t["job"], t["slot"], t["how"])])
     names = list(dict.fromkeys(rows["row"]))[:TIMELINE_ROWS]
-    plt = _plt()
+    _headless()
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(11, 0.35 * len(names) + 1.5))
     colours = {STREAMED: "tab:green", WHOLE: "tab:blue"}
     for y, name in enumerate(names):
@@ -199,10 +213,12 @@ def plot_timeline(c: Collected, path: Path) -> Path | None:
     ax.set_title("Slots over time: a bar per training (blue: whole packs, green: streaming, red: not completed)"
                  + (f"; {more} more rows not shown" if more > 0 else ""), fontsize=9)
     ax.grid(axis="x", alpha=0.3)
-    return _save(fig, plt, path)
+    return _save(fig, path)
 
 
-def _save(fig: Any, plt: Any, path: Path) -> Path:
+def _save(fig: Figure, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     try:
         with atomic_file(path, binary=True) as f:  # a full disk leaves the last plot, never half a PNG

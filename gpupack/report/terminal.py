@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable, Sequence, Set
 from pathlib import Path
-from typing import Any, Sequence
 
 import pandas as pd
 from rich import box
@@ -34,6 +34,8 @@ from gpupack.report.text import (
 )
 
 WIDTH = 120  # the main table fits this many columns unless --wide
+
+Cell = Callable[[pd.Series], str]  # a table's cell: a function of its row
 
 
 def _num(r: pd.Series, key: str) -> float | None:
@@ -260,7 +262,7 @@ def failure_lines(c: Collected, most: int = 3) -> list[str]:
     if not mask.any():
         return []
     failed = t.loc[mask, ["status"] + [c for c in ("error",) if c in t]]  # a million rows: filter the two read
-    reasons: dict[str, list[Any]] = {}
+    reasons: dict[str, list[Hashable]] = {}  # reason → the rows (index labels) that hit it
     for index, status, error in zip(failed.index, failed["status"], failed.get("error", [None] * len(failed))):
         # error: text, or missing (None, or NaN in a text column)
         text = (error if isinstance(error, str) and error.strip() else str(status)).strip().splitlines()
@@ -283,7 +285,7 @@ def _gpu(r: pd.Series) -> str:
 
 # The main table's columns: (header, cell, where: "both", "default" or "wide"). The default fits WIDTH columns;
 # --wide shows every column, and summary.csv has every figure.
-COLUMNS: list[tuple[str, Any, str]] = [
+COLUMNS: list[tuple[str, Cell, str]] = [
     ("partition (GPU)", _gpu, "both"),
     ("mode", lambda r: str(r["mode"]), "both"),
     ("N", _n, "both"),
@@ -298,7 +300,7 @@ COLUMNS: list[tuple[str, Any, str]] = [
 ]
 
 
-def summary_table(summary: pd.DataFrame, title: str, best_keys: set[tuple[Any, ...]], wide: bool = False) -> Table:
+def summary_table(summary: pd.DataFrame, title: str, best_keys: Set[tuple[Hashable, ...]], wide: bool = False) -> Table:
     """The main table: one row per (partition, mode, N), in :data:`WIDTH` columns unless ``wide`` (no outer edge,
     rules between columns only)."""
     columns = [(h, cell) for h, cell, where in COLUMNS if where in ("both", "wide" if wide else "default")]
@@ -365,7 +367,7 @@ def render_layouts(c: Collected, console: Console) -> None:
     summary.json and the HTML report), then a verdict per GPU type."""
     t = c.layouts
     mib = pd.to_numeric(t.get("allreduce_bytes_per_step"), errors="coerce") / 2**20
-    columns: list[tuple[str, Any]] = [
+    columns: list[tuple[str, Cell]] = [
         ("partition (GPU)", _gpu), ("layout", lambda r: str(r["layout"])),
         ("devices", lambda r: _devices(r["devices_per_training"])), ("packs", lambda r: str(int(r["packs"]))),
         ("wall s", lambda r: fmt(r["wall_s"])), ("device-s", lambda r: fmt(r["device_s_per_training"])),

@@ -4,8 +4,9 @@ compared, the cost, the hyperparameters. A packing mode is named as its :class:`
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from typing import TypedDict
 
 import pandas as pd
 
@@ -15,7 +16,31 @@ from gpupack.analysis.tables import Ranking
 from gpupack.pack import Packer, available_modes, load_packer
 
 
-def fmt(x: Any, spec: str = ".2f") -> str:
+class SweepSection(TypedDict, total=False):
+    name: str
+    grid: dict[str, object]  # hyperparameter → its values
+
+
+class PackingSection(TypedDict, total=False):
+    factors: object  # a list of N, or auto
+    repeats: object
+    modes: object
+
+
+class ClusterSection(TypedDict, total=False):
+    name: str
+
+
+class RunConfig(TypedDict, total=False):
+    """What the report says of a run's config.yaml (written by :mod:`gpupack.flow.run`; the file holds the whole
+    composed config, read back unresolved and unchecked: a key may be missing)."""
+
+    sweep: SweepSection
+    packing: PackingSection
+    cluster: ClusterSection
+
+
+def fmt(x: object, spec: str = ".2f") -> str:
     """``x`` formatted, or "-" where it is missing (None or NaN)."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
@@ -26,19 +51,19 @@ def trainings_phrase(n: int) -> str:
     return f"{n} training" + ("" if n == 1 else "s")
 
 
-def packer_of(mode: Any) -> Packer | None:
+def packer_of(mode: object) -> Packer | None:
     """The packing mode a record names, or None for a name the registry does not hold (an old record's, or a spread
     layout's label such as ddp-gloo): such a mode is shown by its name."""
     return load_packer(mode) if isinstance(mode, str) and mode in available_modes() else None
 
 
-def mode_label(mode: Any) -> str:
+def mode_label(mode: object) -> str:
     """How the report names a mode beside another: its Packer's ``split_label``, else the name itself."""
     packer = packer_of(mode)
     return packer.split_label if packer is not None and packer.split_label else str(mode)
 
 
-def best_line(row: Mapping[str, Any]) -> str:
+def best_line(row: pd.Series) -> str:
     gain, ref = row.get("gain"), row.get("gain_ref")
     rounds = int(row["gain_rounds"]) if row.get("paired") else 0
     how = f"paired within {rounds} round{'s' if rounds != 1 else ''}" if rounds else "ratio of medians"
@@ -51,7 +76,7 @@ def best_line(row: Mapping[str, Any]) -> str:
             f"{said}{beyond}{provisional}.")
 
 
-def bound_phrase(row: Mapping[str, Any]) -> str:
+def bound_phrase(row: pd.Series) -> str:
     """An N whose gain over the reference passes what N trainings at once can give (N / the reference's N): which
     gain, which bound, and whether its interval holds the bound."""
     n, ref = int(row["factor"]), int(row["gain_ref"])
@@ -63,7 +88,7 @@ def bound_phrase(row: Mapping[str, Any]) -> str:
             f"over {over}{within}")
 
 
-def bound_lines(r: Mapping[str, Any]) -> list[str]:
+def bound_lines(r: pd.Series) -> list[str]:
     """Why a gain can pass its bound, and, on a CPU, the cores and threads a training had at each N."""
     lines = []
     cpu = str(r.get("gpu_type")) == "cpu"
@@ -146,9 +171,9 @@ def hyper_notes(ranking: Ranking) -> list[str]:
     return [line for line in (ranking.origin, ranking.caution if not ranking.table.empty else "") if line]
 
 
-def verdict_line(workload: str, cheapest: Any, fastest: Any) -> str:
+def verdict_line(workload: str, cheapest: pd.Series, fastest: pd.Series) -> str:
     """One line: the partition, mode and N that bill the least per training, and those that finish a sweep first."""
-    def where(r: Any) -> str:
+    def where(r: pd.Series) -> str:
         return f"{r['partition']} ({r['mode']}, N={int(r['factor'])})"
 
     billed = str(cheapest["billed_term"])
@@ -176,7 +201,7 @@ def cost_lines(c: Collected) -> list[str]:
     return lines
 
 
-def drift_line(row: Mapping[str, Any]) -> str:
+def drift_line(row: pd.Series) -> str:
     """The drift check in words, with its figure."""
     change = float(row["change"])
     verdict = (f"steady within {STEADY:.0%}" if abs(change) <= STEADY else
@@ -184,9 +209,9 @@ def drift_line(row: Mapping[str, Any]) -> str:
     return (f"Drift check on {row['partition']} ({row['gpu_type']}): {row['pack_id']} run again at the end took "
             f"{row['end_s']:.2f} s against {row['first_s']:.2f} s at the start ({change:+.0%}, "
             f"{row['hours'] * 60:.1f} min later): {verdict}.")
-def _ids(ids: Any, most: int = 5) -> str:
-    ids = list(dict.fromkeys(map(str, ids)))  # an attempt of a pack measured twice is one pack named
-    return ", ".join(ids[:most]) + (f", … ({len(ids) - most} more)" if len(ids) > most else "")
+def _ids(ids: Iterable[object], most: int = 5) -> str:
+    names = list(dict.fromkeys(map(str, ids)))  # an attempt of a pack measured twice is one pack named
+    return ", ".join(names[:most]) + (f", … ({len(names) - most} more)" if len(names) > most else "")
 
 
 def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
@@ -214,18 +239,18 @@ def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
     return lines
 
 
-def yes_no(value: Any) -> str:
+def yes_no(value: object) -> str:
     """A flag in a table cell: ✓ where set, — where not (never True/False)."""
     return "✓" if value is True or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 1) \
         else "—" if value is False or value == 0 else fmt(value, "")
 
 
-def verdict_word(row: Mapping[str, Any]) -> str:
+def verdict_word(row: pd.Series) -> str:
     """The main table's verdict on one N: the chosen N, within noise of the lowest median, or nothing."""
     return "chosen" if row.get("chosen") else "within noise" if row.get("within_noise") else ""
 
 
-def params_label(params: Mapping[str, Any], keys: Sequence[str]) -> str:
+def params_label(params: Mapping[str, object], keys: Sequence[str]) -> str:
     """A training named by its hyperparameters (``keys``: the grid's, in order; every one where none is known), as a
     person reads it: ``lr=0.1, batch_size=64``."""
     shown = [k for k in keys if k in params] or sorted(params)
@@ -247,16 +272,16 @@ def when(epoch: float | None) -> str:
     return datetime.fromtimestamp(epoch, tz=timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M %Z")
 
 
-def _listed(values: Any) -> str:
+def _listed(values: object) -> str:
     return ", ".join(map(str, values)) if isinstance(values, (list, tuple)) else str(values)
 
 
-def what_ran(c: Collected, configs: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+def what_ran(c: Collected, configs: Mapping[str, RunConfig]) -> list[tuple[str, str]]:
     """What ran, as (what, value) pairs: the sweep, its workload, grid, N, modes, partitions and cluster (from the
     runs' configs, ``configs``: run directory → its config.yaml as a dict, {} where there is none), the date, the
     wall time from the first pack's start to the last one's end, the trainings by outcome and the jobs and packs
     that ran them (the run header's jobs: a job runs its lane of packs in turn). Pure."""
-    first = next(iter(configs.values()), {})
+    first = next(iter(configs.values()), RunConfig())
     sweep, packing = first.get("sweep") or {}, first.get("packing") or {}
     grid = sweep.get("grid") or {}
     packs = c.records.packs
