@@ -10,7 +10,7 @@ more device time, which is what the source studies measured (1, 2, 4, 6, 8 V100s
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 import pandas as pd
 
@@ -78,7 +78,7 @@ def spread_summary(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame
     return out.sort_values(keys).reset_index(drop=True)
 
 
-def training_walls(trainings: pd.DataFrame) -> dict[tuple[Any, ...], float]:
+def training_walls(trainings: pd.DataFrame) -> dict[tuple[Hashable, ...], float]:
     """Packing: one training's own wall (its record, start to end), median per (workload, partition, GPU type, mode,
     N), over the latest completed records."""
     if trainings.empty:
@@ -89,8 +89,8 @@ def training_walls(trainings: pd.DataFrame) -> dict[tuple[Any, ...], float]:
     return {tuple(k): float(v) for k, v in walls.items() if v == v}
 
 
-def compare(packing: pd.DataFrame, spread: pd.DataFrame, packing_times: Mapping[tuple[Any, ...], Sequence[float]],
-            weights: Mapping[str, float], walls: Mapping[tuple[Any, ...], float] | None = None) -> pd.DataFrame:
+def compare(packing: pd.DataFrame, spread: pd.DataFrame, packing_times: Mapping[tuple[Hashable, ...], Sequence[float]],
+            weights: Mapping[str, float], walls: Mapping[tuple[Hashable, ...], float] | None = None) -> pd.DataFrame:
     """Every layout of one (workload, partition, GPU type) in one table: packing (mode, N) from collect's summary and
     spread (label, k); devices per training (1/N or k), time per training (what a device spends per training when
     packed; the job's wall when spread), device-seconds and RGU-hours per training, and the best layout of its
@@ -100,7 +100,7 @@ def compare(packing: pd.DataFrame, spread: pd.DataFrame, packing_times: Mapping[
     the wall its job held the device(s) for from its first training's start (the mode's set-up, a fork server's
     preload, is outside: the pack record's ``setup_s``, as a job's start is)."""
     walls = walls or {}
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     for _, r in packing.iterrows() if not packing.empty else ():
         n = int(r["factor"])
         key = (*[r[k] for k in KEY], r["mode"], n)
@@ -140,13 +140,13 @@ def compare(packing: pd.DataFrame, spread: pd.DataFrame, packing_times: Mapping[
     return out.sort_values(KEY + ["devices_per_training"]).reset_index(drop=True)
 
 
-def _name(r: Mapping[str, Any]) -> str:
+def _name(r: pd.Series) -> str:
     if r["answer"] == "spread":
         return f"one training on {r['devices']} device{'s' if r['devices'] > 1 else ''} ({r['layout']})"
     return f"{r['factor']} training{'s' if r['factor'] > 1 else ''} on one device ({r['layout']})"
 
 
-def _s(seconds: Any) -> str:
+def _s(seconds: object) -> str:
     return f"{seconds:.3g} s" if isinstance(seconds, (int, float)) and seconds == seconds else "an unknown time"
 
 
@@ -159,7 +159,7 @@ def _noise(a: Sequence[float], b: Sequence[float]) -> str:
     return ", within noise" if g.low is not None and g.high is not None and g.low <= 0 <= g.high else ""
 
 
-def _wider(group: pd.DataFrame, best: Mapping[str, Any], other: Mapping[str, Any]) -> str:
+def _wider(group: pd.DataFrame, best: pd.Series, other: pd.Series) -> str:
     """When the spread answer beside the best is one device (k=1: DDP or Mirrored with nothing to sync), the best
     spread over more than one device too: what the user asked about."""
     if other["answer"] != "spread" or other["devices"] > 1:

@@ -13,7 +13,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence, cast
+from typing import Literal, Mapping, Sequence, TypedDict, cast
 
 import numpy as np
 import pandas as pd
@@ -40,6 +40,26 @@ from gpupack.core.store.records import COMPLETED, SKIPPED_MEMORY, read_json
 from gpupack.core.store.rundir import ATTEMPTS, PACK_RECORD, RunDir
 
 
+class ClearedOom(TypedDict):
+    """An entry of RUN_DIR/cleared_oom.json (``gpupack clear-oom``, :func:`gpupack.flow.status.clear_oom` writes it):
+    the OOM records it clears (None: any) and when it was written."""
+
+    partition: str | None
+    mode: str | None
+    factor: int | None
+    cleared_at: float
+
+
+class Cleared(ClearedOom):
+    """An entry as read: the run directory whose records it clears."""
+
+    run_dir: str
+
+
+# What an entry matches a record by (each None: any)
+CLEARED_BY: tuple[Literal["partition", "mode", "factor"], ...] = ("partition", "mode", "factor")
+
+
 @dataclass
 class Records:
     """Every record read, flat. ``trainings``: a row per training record, the latest (``attempt`` 0) and each earlier
@@ -54,7 +74,7 @@ class Records:
     # Trainings in each sweep's grid: one entry per run, or per Hydra multirun (its launches, launch_*, add up).
     grid_sizes: dict[str, int] = field(default_factory=dict)
     rgu: dict[str, float] = field(default_factory=dict)  # the RGU table the first run was configured with
-    cleared: list[dict[str, Any]] = field(default_factory=list)  # OOMs a user cleared, per run directory
+    cleared: list[Cleared] = field(default_factory=list)  # OOMs a user cleared, per run directory
     runs: list[str] = field(default_factory=list)  # the run directories read
     planned: int = 0  # packs in the runs' plans
     # run → its plan's trainings as (where: the pack, or the streaming queue, training id)
@@ -205,7 +225,7 @@ def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: Pieces, pac
     """Earlier attempts' records (packs/<id>/attempts/<k>/), from their JSON: a resumed pack moves them there, and
     they still count (an OOM there makes its N infeasible; a pack whose N trainings all ran together there is still
     a timing)."""
-    rows: dict[str, list[dict[str, Any]]] = {"training": [], "pack": []}
+    rows: dict[str, list[Mapping[str, object]]] = {"training": [], "pack": []}
     attempts: dict[str, list[int]] = {"training": [], "pack": []}
     for path in _attempt_records(pack_dirs):
         kind = "pack" if path.name == PACK_RECORD else "training"
@@ -216,14 +236,14 @@ def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: Pieces, pac
     packs.add(split_rows(rows["pack"]), str(run.root), attempts["pack"])
 
 
-def read_cleared(run: RunDir) -> list[dict[str, Any]]:
+def read_cleared(run: RunDir) -> list[ClearedOom]:
     """The OOMs a user cleared (``gpupack clear-oom``): entries {partition, mode, factor, cleared_at}, None = any."""
     path = run.cleared_oom
     rec = read_json(path) if path.exists() else {}
     return list(rec.get("cleared", []))
 
 
-def cleared_mask(rows: pd.DataFrame, cleared: Sequence[Mapping[str, Any]]) -> pd.Series:
+def cleared_mask(rows: pd.DataFrame, cleared: Sequence[Cleared]) -> pd.Series:
     """True for each OOM record a user cleared: it matches an entry and ended before the entry was written."""
     out = pd.Series(False, index=rows.index)
     if not cleared or rows.empty:
@@ -231,7 +251,7 @@ def cleared_mask(rows: pd.DataFrame, cleared: Sequence[Mapping[str, Any]]) -> pd
     ended = pd.to_numeric(rows.get("ended_at"), errors="coerce").fillna(0)
     for entry in cleared:
         match = (rows["run_dir"] == entry["run_dir"]) & (ended <= float(entry["cleared_at"]))
-        for key in ("partition", "mode", "factor"):
+        for key in CLEARED_BY:
             if entry.get(key) is not None:
                 match &= rows[key] == entry[key]
         out |= match
@@ -246,7 +266,7 @@ def _read_run(run: RunDir, trainings: Pieces, packs: Pieces, warnings: list[str]
     root = str(run.root)
     pack_dirs = run.pack_dirs()
     recorded = set()
-    pack_records: list[dict[str, Any]] = []
+    pack_records: list[Mapping[str, object]] = []
     for pack_dir in pack_dirs:
         read = reader.read(pack_dir) if reader is not None else None
         if read is not None:  # current: its pack.json is there

@@ -8,24 +8,24 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Collection, Mapping, Sequence
+from collections.abc import Collection, Hashable, Sequence
 
 import pandas as pd
 
 from gpupack.analysis.choose import choose, tie_label
-from gpupack.analysis.load import Records, cleared_mask
+from gpupack.analysis.load import Cleared, Records, cleared_mask
 from gpupack.core.store.records import COMPLETED, OOM, SKIPPED_MEMORY, VICTIM
 
 GROUP = ["workload", "partition", "gpu_type", "mode"]
 LOADER_BOUND_FRACTION = 0.9  # training throughput at >= 90 % of the loader's own: loader-bound, not GPU-bound
 
 
-def first_value(series: pd.Series) -> Any:
+def first_value(series: pd.Series) -> object:
     values = series.dropna()
     return values.iloc[0] if len(values) else None
 
 
-def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Mapping[str, Any]] = (),
+def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cleared] = (),
               disturbed: Collection[tuple[str, str]] = ()) -> pd.DataFrame:
     """One row per (workload, partition, GPU type, mode, N).
 
@@ -167,7 +167,7 @@ def pack_times(records: Records) -> dict[str, dict[int, list[float]]]:
     return out
 
 
-def packing_times(trainings: pd.DataFrame, packs: pd.DataFrame) -> dict[tuple[Any, ...], list[float]]:
+def packing_times(trainings: pd.DataFrame, packs: pd.DataFrame) -> dict[tuple[Hashable, ...], list[float]]:
     """Each (workload, partition, GPU type, mode, N)'s time per training of every timed pack."""
     timed = _timed_packs_of(trainings, packs)
     if timed.empty:
@@ -273,8 +273,8 @@ def _times_by_n(timed: pd.DataFrame, keys: list[str]) -> tuple[pd.Series, pd.Ser
     return timed["time_per_training_s"].groupby(by).apply(list), _round_keys(timed).groupby(by).apply(list)
 
 
-def _group_times(frames: tuple[pd.Series, pd.Series], key: Any,
-                 factors: pd.Series) -> tuple[dict[int, list[float]], dict[int, list[Any]]]:
+def _group_times(frames: tuple[pd.Series, pd.Series], key: tuple[Hashable, ...],
+                 factors: pd.Series) -> tuple[dict[int, list[float]], dict[int, list[Hashable]]]:
     """One group's times per N (N with none left out) and each time's round."""
     times, rounds = frames
     by_n = {int(n): list(times.get((*key, n), [])) for n in factors}
@@ -298,7 +298,7 @@ def _round_keys(timed: pd.DataFrame) -> pd.Series:
 
 def _sampled_rss(t: pd.DataFrame, packs: pd.DataFrame) -> pd.Series:
     """Each training's peak RSS as the pack's sampler saw it (by training id), for trainings that report none."""
-    peaks: dict[str, Any] = {}
+    peaks: dict[str, object] = {}
     if not t["peak_rss_mb"].isna().any():  # every training reported its own: nothing to look up
         return pd.Series(math.nan, index=t.index)
     for by_training in packs.get("sampler_peak_rss_by_training", pd.Series(dtype=object)).dropna():

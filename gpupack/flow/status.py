@@ -5,11 +5,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from omegaconf import OmegaConf
 
-from gpupack.analysis.load import cleared_mask, load_records, read_cleared
+from gpupack.analysis.load import ClearedOom, cleared_mask, load_records, read_cleared
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.store.claims import claims
 from gpupack.core.store.journal import RunRecords
@@ -191,10 +191,10 @@ def status(run_dir: Path | str) -> RunStatus:
         why, refit = skipped_words(pack_rec)
         packs.append(PackStatus(p.pack_id, p.partition, state, done, len(p.trainings), job, skipped, why, refit))
     by_pack = {s.pack_id: s.state for s in packs}
-    queues: dict[str, dict[str, dict[str, Any]]] = {}  # a streaming queue's claims, read once: who runs what
+    # a streaming queue's claims, read once: who runs what
+    queues = {stream: claims(run.claims(stream))
+              for stream in dict.fromkeys(p.stream for p in plan.packs if p.stream is not None)}
     for p in plan.packs:
-        if p.stream is not None and p.stream not in queues:
-            queues[p.stream] = claims(run.claims(p.stream))
         held_by = queues.get(p.stream or "", {})
         for tid, rec in every[p.pack_id].items():
             claimed = held_by.get(tid, {})
@@ -217,18 +217,20 @@ def status(run_dir: Path | str) -> RunStatus:
                      ended_at=last_end if _all_ended(trainings) else None, last_end_at=last_end)
 
 
-def skipped_here(rec: Mapping[str, Any] | None) -> bool:
+def skipped_here(rec: Mapping[str, object] | None) -> bool:
     """A training skipped for memory that runs nowhere else (no refit pack named to run it). Pure."""
     return rec is not None and rec.get("status") == SKIPPED_MEMORY and not rec.get("runs_in")
 
 
-def skipped_words(pack_rec: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
+def skipped_words(pack_rec: Mapping[str, object] | None) -> tuple[str | None, str | None]:
     """Why a pack was skipped for memory (None: it was not), and where its trainings run instead, in words: the refit
     packs its record names (its latest attempt's; an earlier attempt's, cut off, are not where they run now). Pure."""
     if pack_rec is None or not pack_rec.get("skipped_memory"):
         return None, None
-    said = pack_rec.get("refit") or {}
-    refits = [str(name) for name in said.get("packs") or []]
+    refit = pack_rec.get("refit")  # {packs, n, why} as the job wrote it, or none
+    said: Mapping[str, object] = refit if isinstance(refit, Mapping) else {}
+    packs = said.get("packs")
+    refits = [str(name) for name in packs] if isinstance(packs, list) else []
     if not refits:
         return str(pack_rec["skipped_memory"]), str(said.get("why")) if said.get("why") else None
     return str(pack_rec["skipped_memory"]), f"its trainings run at N={said.get('n')} in {len(refits)} pack(s) " \
@@ -275,7 +277,7 @@ def clear_oom(run_dir: Path | str, *, partition: str | None = None, mode: str | 
     t = records.trainings
     if t.empty:
         return 0
-    entry = {"partition": partition, "mode": mode, "factor": factor, "cleared_at": time.time()}
+    entry: ClearedOom = {"partition": partition, "mode": mode, "factor": factor, "cleared_at": time.time()}
     # What this entry would clear that no earlier one did: the same rule collect applies (cleared_mask).
     match = (t["status"] == OOM) & ~cleared_mask(t, records.cleared) \
         & cleared_mask(t, [{**entry, "run_dir": str(run.root)}])
