@@ -27,12 +27,12 @@ import random
 import time
 from pathlib import Path
 from statistics import median
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from gpupack.analysis.aggregate import aggregate
+from gpupack.analysis.aggregate import Collected, aggregate
 from gpupack.analysis.choose import choose, keeps_improving
 from gpupack.analysis.load import Records, load_records
 from gpupack.analysis.summary import pack_times, summarize
@@ -90,7 +90,7 @@ def step_plan(spec: SweepSpec, partitions: Sequence[str], n: int, best_so_far: M
                 phase=PROBE)
 
 
-def probe_points(points: Sequence[Mapping[str, Any]], count: int, seed: int) -> list[Mapping[str, Any]]:
+def probe_points(points: Sequence[Mapping[str, object]], count: int, seed: int) -> list[Mapping[str, object]]:
     """The grid points a probe step of ``count`` trainings trains: the first of one seeded shuffle of the grid, the
     same shuffle at every step, so each step is a random draw of the grid (its mix of slow and fast settings is the
     grid's) and a bigger step extends the smaller ones' sample. Fewer points than ``count``: make_plan reseeds. Pure."""
@@ -99,8 +99,8 @@ def probe_points(points: Sequence[Mapping[str, Any]], count: int, seed: int) -> 
     return shuffled[:count]
 
 
-def remaining_points(points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any], workload: str,
-                     completed: set[str]) -> list[Mapping[str, Any]]:
+def remaining_points(points: Sequence[Mapping[str, object]], fixed: Mapping[str, object], workload: str,
+                     completed: set[str]) -> list[Mapping[str, object]]:
     """The grid points whose own training (not a reseeded copy) the probe did not complete. Pure."""
     return [p for p in points if training_id(workload, {**fixed, **p}) not in completed]
 
@@ -237,7 +237,7 @@ def weighed(prepared: Prepared, partition: str, times: Mapping[int, Sequence[flo
     return {n: [x * billed_multiple(prepared, partition, n) for x in t] for n, t in times.items()}
 
 
-def cheapest_n(prepared: Prepared, collected: Any, times: Mapping[str, Mapping[int, Sequence[float]]]
+def cheapest_n(prepared: Prepared, collected: Collected, times: Mapping[str, Mapping[int, Sequence[float]]]
                ) -> dict[str, int]:
     """Per partition, the noise-aware choice of N by billed cost per training, among the N that ran without an OOM or
     a failure."""
@@ -325,11 +325,13 @@ def production_plan(spec: SweepSpec, best: Mapping[str, int | None], completed: 
                 notes=tuple(notes), order=f"{spec.order} (seed {spec.order_seed})", phase=RUN)
 
 
-def _row(summary: pd.DataFrame, partition: str, factor: int) -> dict[str, Any]:
+def _row(summary: pd.DataFrame, partition: str, factor: int) -> pd.Series:
+    """The summary's row of (partition, N), or an empty one (its counts read as 0) where it has none."""
+    none = pd.Series(dtype=object)
     if summary.empty:
-        return {}
+        return none
     rows = summary[(summary["partition"] == partition) & (summary["factor"] == factor)]
-    return rows.iloc[0].to_dict() if len(rows) else {}
+    return rows.iloc[0] if len(rows) else none
 
 
 

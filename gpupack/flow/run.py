@@ -9,7 +9,7 @@ import errno
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -37,7 +37,7 @@ class Prepared:
     run: RunDir
     submitter: Submitter[ClusterConfig]
     settings: PackSettings
-    config: DictConfig | Mapping[str, Any]  # what config.yaml records
+    config: DictConfig | Mapping[str, object]  # what config.yaml records
     wait: bool = True
     spec: SweepSpec | None = None  # the validated sweep, when prepared from gpupack's own config
     capacities: Mapping[str, Capacity] = field(default_factory=dict)  # what the backend said each partition holds
@@ -58,7 +58,7 @@ class Checked:
     name: str
     plan: Plan
     settings: PackSettings
-    config: DictConfig | Mapping[str, Any]  # what config.yaml records
+    config: DictConfig | Mapping[str, object]  # what config.yaml records
     wait: bool = True
     spec: SweepSpec | None = None
     warnings: tuple[str, ...] = ()
@@ -326,7 +326,7 @@ def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
     return [p for p in plan.packs if (p.stream in unfinished if p.stream is not None else not done(p))]
 
 
-def config_yaml(config: DictConfig | Mapping[str, Any]) -> str:
+def config_yaml(config: DictConfig | Mapping[str, object]) -> str:
     """What config.yaml records: the composed config, resolved (a front-end's own mapping as it is)."""
     if isinstance(config, DictConfig):
         return OmegaConf.to_yaml(config, resolve=True)
