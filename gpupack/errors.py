@@ -6,7 +6,7 @@ the CLI prints ``str(err)`` as one line and exits non-zero.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 
 class GpupackError(Exception):
@@ -22,7 +22,7 @@ class ConfigError(GpupackError):
     reads: ``packing.factors[0]=0 is invalid: <why>. HINT: <hint>``.
     """
 
-    def __init__(self, key: str, value: Any, why: str, hint: str) -> None:
+    def __init__(self, key: str, value: object, why: str, hint: str) -> None:
         self.key, self.value, self.why, self.hint = key, value, why, hint
         super().__init__(f"{key}={value!r}: {why}. HINT: {hint}")
 
@@ -105,7 +105,7 @@ def nearest(word: str, choices: Iterable[str]) -> str:
     return "valid: " + ", ".join(options) if options else "nothing is available"
 
 
-def require_counts(values: Sequence[Any], key: str, noun: str, example: str, each: str | None = None) -> None:
+def require_counts(values: Sequence[object], key: str, noun: str, example: str, each: str | None = None) -> None:
     """Each of ``values`` a whole number >= 1 (a bool is not one), else a ConfigError on ``key[i]`` naming ``noun``
     ("a packing factor") with ``example`` as the hint; with ``each`` ("N"), also none listed twice."""
     for i, n in enumerate(values):
@@ -133,11 +133,11 @@ def require_positive(value: object, key: str, example: str, *, whole: bool = Fal
         raise ConfigError(key, value, what, f"e.g. {example}")
 
 
-def require_unique(values: Sequence[Any], key: str, noun: str, each: str) -> None:
+def require_unique(values: Sequence[object], key: str, noun: str, each: str) -> None:
     """``values`` a set given as a list: none listed twice, else a ConfigError on ``key`` naming the first repeated
     one (``noun``: "a packing mode") with the list deduplicated, in order, as the hint."""
-    seen: list[Any] = []  # a list, not a set: a value may be unhashable (a command's argv)
-    twice: list[Any] = []
+    seen: list[object] = []  # a list, not a set: a value may be unhashable (a command's argv)
+    twice: list[object] = []
     for value in values:
         (twice if value in seen else seen).append(value)
     if twice:
@@ -145,7 +145,7 @@ def require_unique(values: Sequence[Any], key: str, noun: str, each: str) -> Non
                           f"list each {each} once: {key}=[{','.join(override_value(v) for v in seen)}]")
 
 
-def override_value(value: Any) -> str:
+def override_value(value: object) -> str:
     """``value`` as a command-line override writes it (null, true, false, numbers and words as they are)."""
     if value is None:
         return "null"

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence, cast
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
@@ -80,10 +80,11 @@ class JobFailed(CompactHydraException, RuntimeError):
 JOB_OPTION_NAMES = {"threads_per_training": "threads_per_job", "training_timeout_s": "job_timeout_s"}
 
 
-def check_options(p: Mapping[str, Any]) -> None:
+def check_options(p: Mapping[str, object]) -> None:
     """The launcher's own options, before anything runs; those it shares with packing.* by the same checks."""
-    if isinstance(p.get("pack"), bool) or not isinstance(p.get("pack"), int) or p["pack"] < 1:
-        raise ConfigError(f"{KEY}.pack", p.get("pack"), "a pack holds at least one job",
+    pack = p.get("pack")
+    if isinstance(pack, bool) or not isinstance(pack, int) or pack < 1:
+        raise ConfigError(f"{KEY}.pack", pack, "a pack holds at least one job",
                           f"{KEY}.pack=N puts N jobs on each GPU, e.g. {KEY}.pack=4")
     for name in ("tasks_per_node", "nodes"):
         if p.get(name, 1) != 1:
@@ -95,8 +96,9 @@ def check_options(p: Mapping[str, Any]) -> None:
         if name in p:
             require_positive(p.get(name), f"{KEY}.{name}", f"{KEY}.{name}=1", whole=whole,
                              allow_none=name != "timeout_min")
-    for i, name in enumerate(p.get("preload") or []):  # found, not imported: that is the server's
-        check_importable(name, f"{KEY}.preload[{i}]", f"{KEY}.preload")
+    preload = cast("Sequence[object]", p.get("preload") or [])  # a list: its schema says so (BaseGpupackConf.preload)
+    for i, module in enumerate(preload):  # found, not imported: that is the server's
+        check_importable(module, f"{KEY}.preload[{i}]", f"{KEY}.preload")
 
 
 def fresh_dir(parent: Path, name: str) -> Path:
@@ -208,7 +210,7 @@ def make_sweep_dir(cfg: DictConfig) -> None:
         os.chmod(sweep_dir, int(str(cfg.hydra.sweep.mode), 8))
 
 
-def _err_log(records: RunRecords, pack: Pack, training_id: str, rec: Mapping[str, Any] | None) -> str:
+def _err_log(records: RunRecords, pack: Pack, training_id: str, rec: Mapping[str, object] | None) -> str:
     """Where a job's stderr is: its pack's folder, or where its lane folded it (``rec``: its record, if any)."""
     run = records.run
     return log_where(run.root, rec, "err") if rec else str(run.log(pack.pack_id, training_id, "err"))

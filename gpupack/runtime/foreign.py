@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence, TypedDict
 
 import psutil
 
@@ -111,15 +111,26 @@ def foreign_cpu_s(busy_s: float, own_s: float, seconds: float, cores: int) -> fl
     return min(max(busy_s - own_s, 0.0), seconds * cores)
 
 
+class ForeignFigures(TypedDict):
+    """The sampler report's figures of load from outside the job (:func:`foreign_figures`)."""
+    foreign_cpu_cores_mean: float | None
+    foreign_cpu_cores_max: float | None
+    foreign_measured_s: float
+    host_cores: int
+    job_cores: int
+    foreign_gpu_procs_max: int | None
+    foreign_gpu_mem_mb_max: float | None
+
+
 def foreign_figures(intervals: Sequence[Interval], gpu: Sequence[tuple[int, float | None]] | None,
-                    host_cores: int, job_cores: int) -> dict[str, Any]:
+                    host_cores: int, job_cores: int) -> ForeignFigures:
     """The pack record's figures of load from outside the job (the sampler's report). Pure.
 
     ``intervals``: each interval between two readings; ``gpu``: at each sample with a GPU reading, the foreign
     processes on the job's devices and their memory in MB (None: NVML did not say); ``gpu`` None: no NVML, so the
     GPU figures are unknown (None), never 0."""
     measured = sum(i.seconds for i in intervals)
-    out: dict[str, Any] = {
+    out: ForeignFigures = {
         # time-weighted: the last interval (up to the pack's end) is shorter than the others
         "foreign_cpu_cores_mean": round(sum(i.foreign_cpu_s for i in intervals) / measured, 3) if measured else None,
         "foreign_cpu_cores_max": round(max(i.cores for i in intervals), 3) if intervals else None,
@@ -137,7 +148,8 @@ def foreign_figures(intervals: Sequence[Interval], gpu: Sequence[tuple[int, floa
 
 # ---------------- the readings (what a test fakes) ----------------
 
-def _busy(times: Any) -> float:
+def _busy(times: object) -> float:
+    """``times``: psutil's cpu_times(), a named tuple whose fields differ by platform (read by name, 0 if absent)."""
     return float(sum(getattr(times, name, 0.0) for name in BUSY_FIELDS))
 
 
@@ -258,7 +270,7 @@ class ForeignLoad:
             foreign.append(mb)
         return len(foreign), (None if any(mb is None for mb in foreign) else round(sum(m or 0.0 for m in foreign), 1))
 
-    def figures(self, gpu: Sequence[tuple[int, float | None]] | None) -> dict[str, Any]:
+    def figures(self, gpu: Sequence[tuple[int, float | None]] | None) -> ForeignFigures:
         with self._lock:
             intervals = list(self.intervals)
         return foreign_figures(intervals, gpu, self.host_cores, self.job_cores)

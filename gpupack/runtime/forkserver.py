@@ -42,7 +42,7 @@ import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import IO, Any, Callable, Mapping, Sequence  # noqa: E402
+from typing import IO, Callable, Mapping, Sequence, TypedDict, cast  # noqa: E402
 
 from gpupack.core.preload import import_libraries, learnable, library_roots  # noqa: E402
 from gpupack.core.store.records import open_log  # noqa: E402
@@ -52,9 +52,52 @@ READY_TIMEOUT_S = 600.0  # a framework import on a busy node can be slow; past t
 LEARN_LIMIT_BYTES = 60_000  # what a child reports fits a usual pipe's buffer (64 KiB)
 
 
+# ---------------- the messages (one JSON object a line, each way) ----------------
+
+class PythonMain(TypedDict, total=False):
+    """A Python program a forked child runs (:func:`run_main`): ``script`` or ``module``, and its argv."""
+    argv: list[str]
+    script: str
+    module: str
+
+
+class Preload(TypedDict):
+    """The packer's first request: what the server imports before it forks anything."""
+    workload: str
+    params: list[dict[str, object]]
+    learn: bool
+
+
+class Request(TypedDict, total=False):
+    """A request to the server: the first one ``preload``s, each later one ``start``s a training."""
+    preload: Preload
+    start: str  # the training id
+    spec: str
+    out: str
+    err: str
+    env: dict[str, str]
+    cwd: str | None
+    rlimit_as: int | None
+    cpus: list[int] | None
+    python_main: dict[str, object] | None  # a PythonMain, as its workload gave it
+
+
+class Reply(TypedDict, total=False):
+    """What the server says: ``ready`` (or ``error``) once, then per training ``started``/``refused`` and
+    ``ended``."""
+    ready: float
+    error: str
+    refused: str
+    why: str
+    started: str
+    pid: int
+    ended: str
+    returncode: int
+
+
 # ---------------- the server (its own process) ----------------
 
-def _write(msg: Mapping[str, Any]) -> None:
+def _write(msg: Reply) -> None:
     sys.stdout.write(json.dumps(msg) + "\n")
     sys.stdout.flush()
 
@@ -89,7 +132,7 @@ def _report_imports(fd: int, known: set[str]) -> None:
         os.close(fd)
 
 
-def _child(req: Mapping[str, Any], forked_at: float, report_fd: int | None = None) -> None:
+def _child(req: Request, forked_at: float, report_fd: int | None = None) -> None:
     """In the forked child: become a training process of its own, run the worker, never return."""
     code = 1
     known = set(sys.modules)
@@ -109,11 +152,11 @@ def _child(req: Mapping[str, Any], forked_at: float, report_fd: int | None = Non
         os.environ.clear()
         os.environ.update(req["env"])
         cap_thread_pools(req["env"])
-        if req.get("cwd"):
-            os.chdir(req["cwd"])
+        if cwd := req.get("cwd"):
+            os.chdir(cwd)
         if req.get("python_main"):  # a Python program of the user's, as `python SCRIPT.py ...` would run it
             limit_torch()  # its share of the GPU, where the server preloaded torch: before the program allocates
-            code = run_main(req["python_main"])
+            code = run_main(cast(PythonMain, req["python_main"]))  # its workload's (command.python_main)
         else:
             from gpupack.runtime import worker  # in the forked child: the server itself never trains
 
@@ -143,7 +186,7 @@ def cap_thread_pools(env: Mapping[str, str]) -> None:
         threadpool_limits(limits=int(value))
 
 
-def run_main(entry: Mapping[str, Any]) -> int:
+def run_main(entry: PythonMain) -> int:
     """Run a Python program in this (forked) process as ``python SCRIPT.py ARGS`` or ``python -m MODULE ARGS`` would:
     sys.argv, sys.path[0] (the script's folder, or the working directory for -m), ``__name__ == "__main__"``, atexit
     handlers at the end, and its exit status (SystemExit's code; an uncaught exception: its traceback, 1)."""
@@ -187,7 +230,7 @@ def _exit_code(code: object) -> int:
     return 1
 
 
-def _preload(req: Mapping[str, Any]) -> None:
+def _preload(req: Preload) -> None:
     # threadpoolctl here, not in each child: its import sets a variable in os.environ, and a child's environment is
     # its request's, whole (cap_thread_pools)
     import threadpoolctl  # noqa: F401
@@ -209,7 +252,7 @@ class ForkRefused(RuntimeError):
     """The server forks no more (what it learned made forking unsafe): start this training fresh."""
 
 
-def fork_unsafe(modules: Mapping[str, Any]) -> str | None:
+def fork_unsafe(modules: Mapping[str, object]) -> str | None:
     """Why a process that imported ``modules`` (sys.modules after the preload) must not fork trainings, or None. A
     forked child inherits a CUDA context it cannot use (CUDA is not fork-safe), and TensorFlow's or JAX's runtime
     threads stopped mid-state. Only what is already imported is asked: nothing here imports or initialises anything."""
@@ -237,7 +280,7 @@ class Lines:
         self.sel = selectors.DefaultSelector()
         self.sel.register(fd, selectors.EVENT_READ)
 
-    def read(self, timeout: float | None) -> dict[str, Any] | None:
+    def read(self, timeout: float | None) -> dict[str, object] | None:
         """The next message; None when the other side closed (``closed``) or said nothing within ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while b"\n" not in self.buffer and not self.closed:
@@ -250,7 +293,7 @@ class Lines:
         if b"\n" not in self.buffer:
             return None
         line, self.buffer = self.buffer.split(b"\n", 1)
-        message: dict[str, Any] = json.loads(line)  # the server writes one JSON object per line
+        message: dict[str, object] = json.loads(line)  # each side writes one JSON object per line
         return message
 
 
@@ -283,7 +326,7 @@ def serve() -> int:
     children: dict[int, tuple[str, int]] = {}  # pid -> (training id, the read end of its report pipe)
     requests = Lines(sys.stdin.fileno())
     try:
-        first = requests.read(None)
+        first = cast("Request | None", requests.read(None))  # the packer's (ForkServer._send)
         if first is None:
             return 1
         _preload(first["preload"])
@@ -293,7 +336,7 @@ def serve() -> int:
     _write({"ready": round(time.time() - _SERVER_START, 3)})
     learner = Learner() if first["preload"].get("learn") else None
     while not requests.closed or children:
-        req = requests.read(0.02) if not requests.closed else None
+        req = cast("Request | None", requests.read(0.02) if not requests.closed else None)
         if req is not None and learner is not None and learner.unsafe:
             _write({"refused": req["start"], "why": learner.unsafe})
         elif req is not None:
@@ -365,7 +408,7 @@ class ForkedProcess:
 class ForkServer:
     """The pack's preloaded server: start it, :meth:`start` trainings, :meth:`close` when all have ended."""
 
-    def __init__(self, workload: str, params: Sequence[Mapping[str, Any]], log: Path,
+    def __init__(self, workload: str, params: Sequence[Mapping[str, object]], log: Path,
                  start: Callable[[Sequence[str], IO[bytes]], subprocess.Popen[bytes]], learn: bool = False) -> None:
         """``start(argv, stderr)``: the server's process with pipes to its stdin and stdout, as its supervisor starts
         every process (gpupack.runtime.supervisor.Supervisor.preload). ``learn``: import what the children import
@@ -387,16 +430,16 @@ class ForkServer:
             self.close()
             raise RuntimeError(f"the fork server did not start: {why}")
 
-    def _send(self, msg: Mapping[str, Any]) -> None:
+    def _send(self, msg: Request) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps(msg) + "\n").encode())
         self.proc.stdin.flush()
 
-    def _read(self, timeout: float | None) -> dict[str, Any] | None:
+    def _read(self, timeout: float | None) -> Reply | None:
         """The server's next message; None when it is gone or (with a timeout) silent that long."""
-        return self._lines.read(timeout)
+        return cast("Reply | None", self._lines.read(timeout))  # the server's (_write)
 
-    def _handle(self, msg: Mapping[str, Any]) -> None:
+    def _handle(self, msg: Reply) -> None:
         if "ended" in msg:
             proc = self._processes.get(msg["ended"])
             if proc is not None:
@@ -418,7 +461,7 @@ class ForkServer:
 
     def start(self, training_id: str, spec: Path, out: Path, err: Path, env: Mapping[str, str],
               cwd: str | None = None, rlimit_as: int | None = None, cpus: Sequence[int] | None = None,
-              python_main: Mapping[str, Any] | None = None) -> ForkedProcess:
+              python_main: Mapping[str, object] | None = None) -> ForkedProcess:
         self._send({"start": training_id, "spec": str(spec), "out": str(out), "err": str(err), "env": dict(env),
                     "cwd": cwd, "rlimit_as": rlimit_as, "cpus": list(cpus) if cpus else None,
                     "python_main": dict(python_main) if python_main else None})

@@ -17,13 +17,17 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Sequence
+from typing import TYPE_CHECKING, List, Mapping, Protocol, Sequence, cast
 
 from gpupack.core.preload import import_libraries, static_imports
 from gpupack.core.store import pickling
 from gpupack.core.store.rundir import RunDir
 from gpupack.runtime.jobenv import job_id
 from gpupack.workload import Launch, TrainingContext, Workload
+
+if TYPE_CHECKING:
+    from hydra.types import HydraContext, TaskFunction
+    from omegaconf import DictConfig
 
 
 @dataclass
@@ -35,7 +39,19 @@ class HydraJobParams:
     app_dir: str = ""  # the app's own folder, so its sibling modules import in the job as they did at launch
 
 
-def metrics_of(value: Any) -> dict[str, float]:
+class _Launcher(Protocol):
+    """What a job reads of the launcher the launch pickled (hydra_plugins.gpupack_launcher's)."""
+
+    @property
+    def params(self) -> Mapping[str, object]:
+        """hydra.launcher.*, checked at launch (gpupack.hydra_launch.check_options)."""
+
+    config: DictConfig
+    hydra_context: HydraContext
+    task_function: TaskFunction
+
+
+def metrics_of(value: object) -> dict[str, float]:
     """The numbers a task function returned, as record metrics (a float, or a mapping of them)."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return {"return_value": float(value)}
@@ -55,7 +71,7 @@ def app_traceback(err: BaseException) -> str:
     return "".join(traceback.format_exception(type(err), err, frames)).rstrip()
 
 
-def logs_in_job_dir(task_function: Callable[[Any], Any], logs: tuple[str, str] | None) -> Callable[[Any], Any]:
+def logs_in_job_dir(task_function: TaskFunction, logs: tuple[str, str] | None) -> TaskFunction:
     """The task function, which first puts the job's stdout and stderr (gpupack's logs of it) in its Hydra output
     folder as ``<job name>.out`` and ``.err``, beside Hydra's ``<job name>.log``: where a Hydra user looks, and live
     while the job runs. N jobs at once (on other nodes, on SLURM) cannot share a terminal readably, so they are not
@@ -64,7 +80,7 @@ def logs_in_job_dir(task_function: Callable[[Any], Any], logs: tuple[str, str] |
         return task_function
 
     @functools.wraps(task_function)
-    def task(cfg: Any) -> Any:
+    def task(cfg: DictConfig) -> object:
         from hydra.core.hydra_config import HydraConfig
 
         hydra_cfg = HydraConfig.get()
@@ -107,21 +123,23 @@ def portable_failure(err: BaseException) -> BaseException:
     return err
 
 
-_PAYLOADS: dict[str, tuple[Any, Any]] = {}  # launch dir -> (launcher, Hydra's singletons), unpickled once a process
+# launch dir -> (launcher, Hydra's singletons' state), unpickled once a process
+_PAYLOADS: dict[str, tuple[_Launcher, object]] = {}
 
 
-def payload(params: HydraJobParams) -> tuple[Any, Any]:
+def payload(params: HydraJobParams) -> tuple[_Launcher, object]:
     """The launcher and Hydra's singletons the launch left for its jobs, with the app's folder on sys.path first (the
     task function's modules import as they did at launch). Read once per process: a job forked from the pack's
     preloaded server finds it (and the app's modules it imported) already there."""
     if params.app_dir and params.app_dir not in sys.path:
         sys.path.insert(0, params.app_dir)
     if params.launch_dir not in _PAYLOADS:
+        # what gpupack.hydra_launch pickled: (its launcher, Singleton.get_state())
         _PAYLOADS[params.launch_dir] = pickling.load(RunDir(Path(params.launch_dir)).hydra_payload)
     return _PAYLOADS[params.launch_dir]
 
 
-def source_files(task_function: Any) -> list[Path]:
+def source_files(task_function: TaskFunction) -> list[Path]:
     """The file that defines the task function (none for one that has no file of its own: a partial, a callable
     object, a builtin): the preload reads its imports, it never fails on them."""
     try:
@@ -140,10 +158,11 @@ class HydraJob(Workload):
     # and its jobs start fresh.
     forkable = True
 
-    def preload(self, params: Sequence[Any]) -> None:
+    def preload(self, params: Sequence[HydraJobParams]) -> None:
         for p in params[:1]:  # one launch: every job of the pack shares its payload
             launcher, singleton_state = payload(p)
-            for module in launcher.params.get("preload") or ():  # hydra.launcher.preload: what the app imports late
+            preload = cast("Sequence[object]", launcher.params.get("preload") or ())  # a list (check_options)
+            for module in preload:  # hydra.launcher.preload: what the app imports late
                 importlib.import_module(str(module))
             # what the app's own files import anywhere (inside its task function too): each job would import it
             import_libraries(static_imports(source_files(launcher.task_function), sys.modules),
@@ -156,10 +175,11 @@ class HydraJob(Workload):
             Singleton.set_state(singleton_state)
             launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(p.overrides))
 
-    def launch(self, params: Mapping[str, Any], spec_path: str, result_path: str) -> Launch:
-        return Launch([sys.executable, "-m", "gpupack.runtime.worker", spec_path], cwd=params.get("cwd") or None)
+    def launch(self, params: Mapping[str, object], spec_path: str, result_path: str) -> Launch:
+        cwd = params.get("cwd")  # the app's working directory (HydraJobParams.cwd)
+        return Launch([sys.executable, "-m", "gpupack.runtime.worker", spec_path], cwd=str(cwd) if cwd else None)
 
-    def train(self, params: HydraJobParams, ctx: TrainingContext) -> dict[str, Any]:
+    def train(self, params: HydraJobParams, ctx: TrainingContext) -> dict[str, float]:
         from hydra.core.singleton import Singleton
         from hydra.core.utils import JobStatus, run_job, setup_globals
         from omegaconf import open_dict

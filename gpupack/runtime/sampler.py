@@ -14,16 +14,89 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable, Literal, Protocol, Sequence, TypedDict
 
 import psutil
 
 from gpupack.runtime import monitor
-from gpupack.runtime.foreign import ForeignLoad
+from gpupack.runtime.foreign import ForeignFigures, ForeignLoad
 from gpupack.runtime.jobenv import job_cpus
 from gpupack.runtime.monitor import Nvml, NvmlHandle
 
 MAX_KEPT_SAMPLES = 600  # the pack record keeps at most this many (evenly thinned); statistics use all
+
+
+class _Rates(Protocol):
+    """NVML's utilization rates of a device, in %."""
+    gpu: float
+    memory: float
+
+
+class _Proc(Protocol):
+    """A process NVML lists on a device; ``usedGpuMemory`` in bytes, None where NVML does not know it."""
+    pid: int
+    usedGpuMemory: int | None
+
+
+class DeviceSample(TypedDict):
+    """One device's reading at a sample (None: NVML does not report utilization there)."""
+    gpu_util: float | None
+    gpu_mem_util: float | None
+    gpu_mem_used_mb: float
+
+
+class TrainingSample(TypedDict, total=False):
+    """One training's reading at a sample: its processes' RSS and CPU %, and GPU memory with NVML (None: unknown)."""
+    rss_mb: float
+    cpu_percent: float
+    gpu_mem_mb: float | None
+
+
+class GpuSample(TypedDict, total=False):
+    """The device's reading at a sample (:meth:`Sampler._gpu_sample`); memory per process id (None: unknown)."""
+    gpu_util: float | None
+    gpu_mem_util: float | None
+    gpu_mem_used_mb: float
+    gpu_proc_mem_mb: dict[int, float | None]
+    gpu_graphics_mem_mb: dict[int, float | None]
+    gpus: list[DeviceSample]  # each device's, in a job of several
+
+
+class Sample(GpuSample, total=False):
+    """One sample of the pack record's ``sampler.samples``: the device's (with NVML), each training's, and the load
+    from outside the job."""
+    t: float
+    gpu_error: str
+    trainings: dict[str, TrainingSample]
+    foreign_cpu_cores: float
+    foreign_gpu_procs: int
+    foreign_gpu_mem_mb: float | None
+
+
+class TrainingFigures(TypedDict, total=False):
+    """What the samples say of one training (empty: never registered); None: unknown, never 0."""
+    peak_rss_mb: float | None
+    cpu_percent_mean: float | None
+    peak_gpu_mem_mb: float | None
+    gpu_mem_known: bool | None
+
+
+class SamplerReport(ForeignFigures):
+    """The pack record's ``sampler``: the samples kept, their statistics, and the load from outside the job."""
+    source: str
+    note: str
+    interval_s: float
+    mps: bool
+    n_samples: int
+    samples: list[Sample]
+    gpu_util_mean: float | None
+    gpu_util_max: float | None
+    gpu_mem_used_peak_mb: float | None
+    gpu_mem_total_mb: float | None
+    cpu_percent_mean: float | None
+    per_training: dict[str, TrainingFigures]
+    overhead_cpu_s: float
+    overhead_fraction: float | None
 
 
 @dataclass
@@ -52,7 +125,7 @@ class Sampler:
         self.log = log
         self.tracked: dict[int, _Tracked] = {}
         self._holders: dict[str, _Tracked] = {}  # training id → the entry holding its figures (its first process)
-        self.samples: list[dict[str, Any]] = []
+        self.samples: list[Sample] = []
         self.cpu_time_s = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -113,12 +186,13 @@ class Sampler:
                 self.note = f"{self.note}; {note}" if self.note else note
                 self.log(f"gpupack sampler: {note}")
 
-    def _utilization(self, handle: NvmlHandle | None = None) -> Any:
+    def _utilization(self, handle: NvmlHandle | None = None) -> _Rates | None:
         """NVML's utilization rates, or None once NVML said it does not report them on this device."""
         if not self._util_supported:
             return None
         try:
-            return self.nvml.nvmlDeviceGetUtilizationRates(self.handle if handle is None else handle)
+            rates: _Rates = self.nvml.nvmlDeviceGetUtilizationRates(self.handle if handle is None else handle)
+            return rates
         except Exception as err:
             not_supported = getattr(self.nvml, "NVMLError_NotSupported", None)
             if not_supported is None or not isinstance(err, not_supported):
@@ -130,11 +204,11 @@ class Sampler:
             self.log(f"gpupack sampler: {note}")  # once: later samples do not ask again
             return None
 
-    def _gpu_sample(self) -> dict[str, Any]:
+    def _gpu_sample(self) -> GpuSample:
         nvml = self.nvml
         list_procs = (nvml.nvmlDeviceGetMPSComputeRunningProcesses if self.mps
                       else nvml.nvmlDeviceGetComputeRunningProcesses)
-        devices: list[dict[str, Any]] = []
+        devices: list[DeviceSample] = []
         per_pid: dict[int, float | None] = {}
         graphics: dict[int, float | None] = {}
         for h in [self.handle, *self.more_handles]:
@@ -149,9 +223,9 @@ class Sampler:
                 per_pid[p.pid] = None if total is None or used is None else total + used  # unknown stays unknown
             for p in self._graphics(h):  # another's display or renderer: the job's trainings compute
                 graphics[p.pid] = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
-        utils = [d["gpu_util"] for d in devices if d["gpu_util"] is not None]
-        mem_utils = [d["gpu_mem_util"] for d in devices if d["gpu_mem_util"] is not None]
-        out = {"gpu_util": sum(utils) / len(utils) if utils else None,
+        utils = [u for d in devices if (u := d["gpu_util"]) is not None]
+        mem_utils = [u for d in devices if (u := d["gpu_mem_util"]) is not None]
+        out: GpuSample = {"gpu_util": sum(utils) / len(utils) if utils else None,
                "gpu_mem_util": sum(mem_utils) / len(mem_utils) if mem_utils else None,
                "gpu_mem_used_mb": sum(d["gpu_mem_used_mb"] for d in devices), "gpu_proc_mem_mb": per_pid}
         if graphics:
@@ -160,7 +234,7 @@ class Sampler:
             out["gpus"] = devices
         return out
 
-    def _graphics(self, handle: NvmlHandle) -> list[Any]:
+    def _graphics(self, handle: NvmlHandle) -> list[_Proc]:
         """The graphics processes on a device; none where NVML cannot list them (a MIG slice, an older binding):
         the compute processes still tell the job's from others'."""
         try:
@@ -189,8 +263,8 @@ class Sampler:
         except psutil.Error:
             return []
 
-    def sample_once(self) -> dict[str, Any]:
-        sample: dict[str, Any] = {"t": time.time()}
+    def sample_once(self) -> Sample:
+        sample: Sample = {"t": time.time()}
         if self.nvml is not None:
             try:
                 sample.update(self._gpu_sample())
@@ -205,7 +279,7 @@ class Sampler:
             family = self._family(t)
             if family:
                 families.setdefault(t.training_id, []).append((t, family))
-        per_training: dict[str, dict[str, Any]] = {}
+        per_training: dict[str, TrainingSample] = {}
         for training_id, members in families.items():
             rss = cpu = 0.0
             pids: set[int] = set()
@@ -220,15 +294,16 @@ class Sampler:
             first = self._holders[training_id]  # the training's figures, on its first process's entry
             first.peak_rss_mb = max(first.peak_rss_mb, rss)
             first.cpu_samples.append(cpu)
-            entry: dict[str, Any] = {"rss_mb": round(rss, 1), "cpu_percent": round(cpu, 1)}
+            entry: TrainingSample = {"rss_mb": round(rss, 1), "cpu_percent": round(cpu, 1)}
             if "gpu_proc_mem_mb" in sample:
                 mems = [m for pid, m in sample["gpu_proc_mem_mb"].items() if pid in pids]
-                if any(m is None for m in mems):
+                known = [m for m in mems if m is not None]
+                if len(known) < len(mems):
                     first.gpu_mem_known = False  # NVML could not say: unknown, never 0
                     entry["gpu_mem_mb"] = None
-                elif mems:
-                    entry["gpu_mem_mb"] = sum(mems)
-                    first.peak_gpu_mem_mb = max(first.peak_gpu_mem_mb or 0.0, sum(mems))
+                elif known:
+                    entry["gpu_mem_mb"] = sum(known)
+                    first.peak_gpu_mem_mb = max(first.peak_gpu_mem_mb or 0.0, sum(known))
             per_training[training_id] = entry
         sample["trainings"] = per_training
         interval = self.foreign.read()  # after NVML's list: a training it names has begun by then (foreign_gpu)
@@ -256,7 +331,7 @@ class Sampler:
         self._thread.start()
         return self
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> dict[str, object]:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -268,9 +343,9 @@ class Sampler:
                 self.nvml.nvmlShutdown()
             except Exception:
                 pass
-        return self.report()
+        return dict(self.report())  # the pack record's ``sampler`` (gpupack.job.records takes a plain dict)
 
-    def _figures(self, t: _Tracked) -> dict[str, Any]:
+    def _figures(self, t: _Tracked) -> TrainingFigures:
         return {
             # Never sampled (ended between two samples): unknown, not 0.
             "peak_rss_mb": round(t.peak_rss_mb, 1) if t.cpu_samples else None,
@@ -279,15 +354,15 @@ class Sampler:
             "gpu_mem_known": t.gpu_mem_known if self.source == "nvml" else None,
         }
 
-    def figures(self, training_id: str) -> dict[str, Any]:
+    def figures(self, training_id: str) -> TrainingFigures:
         """What the samples so far say of one training (peak RSS, GPU memory, CPU %); empty if never registered."""
         with self._lock:
             tracked = self._holders.get(training_id)
             return self._figures(tracked) if tracked is not None else {}
 
-    def report(self) -> dict[str, Any]:
-        def stat(key: str, fn: Callable[[list[float]], float]) -> float | None:
-            values = [s[key] for s in self.samples if s.get(key) is not None]
+    def report(self) -> SamplerReport:
+        def stat(key: Literal["gpu_util", "gpu_mem_used_mb"], fn: Callable[[list[float]], float]) -> float | None:
+            values = [v for s in self.samples if (v := s.get(key)) is not None]
             return round(fn(values), 2) if values else None
 
         wall = max(self._stopped_at - self._started_at, 1e-9) if self._started_at else None

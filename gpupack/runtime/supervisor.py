@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Callable, Mapping, Sequence
+from typing import IO, Callable, Mapping, Sequence
 
 from gpupack.core.store.records import open_log
 from gpupack.runtime.forkserver import ForkedProcess, ForkRefused, ForkServer, isolate
@@ -81,7 +81,7 @@ class ChildSpec:
     memory_limit_bytes: int | None = None  # RLIMIT_AS
     cpus: Sequence[int] | None = None  # bound to these cores (sched_setaffinity); None: the job's
     started_at: float | None = None  # where its time limit counts from; None: when it is started
-    python_main: Mapping[str, Any] | None = None  # forked: this Python program (forkserver.run_main), not the worker
+    python_main: Mapping[str, object] | None = None  # forked: this Python program (forkserver.run_main), not the worker
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ class Child:
                          list(self.spec.cpus) if self.spec.cpus else None)
 
 
-def fork_server(workload: str, params: Sequence[Mapping[str, Any]], env: Mapping[str, str], log: Path,
+def fork_server(workload: str, params: Sequence[Mapping[str, object]], env: Mapping[str, str], log: Path,
                 learn: bool = False) -> ForkServer | str:
     """A preloaded fork server for ``workload``'s trainings (``params``), started in ``env``, logging to ``log``; or
     why it did not start (its preload failed, or made forking unsafe: forkserver.fork_unsafe), said in its log too.
@@ -270,7 +270,7 @@ class Supervisor:
             return spawn(spec.argv, spec.env, stdout=out, stderr=err, cwd=spec.cwd,
                          memory_limit_bytes=spec.memory_limit_bytes, cpus=spec.cpus)
 
-    def preload(self, workload: str, params: Sequence[Mapping[str, Any]], env: Mapping[str, str],
+    def preload(self, workload: str, params: Sequence[Mapping[str, object]], env: Mapping[str, str],
                 log: Path, learn: bool = False) -> str | None:
         """Start the preloaded fork server that children with a ``spec_path`` are forked from, for ``workload``'s
         trainings (it dies with the packer and is closed on leaving the block); None, or why it did not start

@@ -15,10 +15,14 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from gpupack.core.frameworks import Framework
+    from gpupack.runtime.worker import WorkerSpec
 
 
-def configure(tf: Any, kind: str, n: int, memory_limit_mb: int | None) -> list[str]:
+def configure(tf: Framework, kind: str, n: int, memory_limit_mb: int | None) -> list[str]:
     """N logical devices on the first physical GPU (memory_limit each) or on the CPU. Must run before any
     TensorFlow op: afterwards TF refuses ("Virtual devices cannot be modified after being initialized")."""
     if kind == "gpu":
@@ -44,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     devices = configure(tf, spec["kind"], len(trainings), spec.get("memory_limit_mb"))
     print(f"gpupack tf_host: {len(devices)} logical devices: {devices}", flush=True)
 
-    def one(training: dict[str, Any]) -> None:
+    def one(training: WorkerSpec) -> None:
         started = time.time()
         try:
             result = run_training(training, _PROCESS_START)

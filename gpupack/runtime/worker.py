@@ -15,14 +15,55 @@ import os  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import TYPE_CHECKING, Any, Mapping  # noqa: E402
+from typing import TYPE_CHECKING, Mapping, TypedDict  # noqa: E402
 
 if TYPE_CHECKING:  # imported by name when the training runs, or when it joins a spread
     from gpupack.core.placement import Spread
     from gpupack.workload import Reporter, Workload
 
 
-def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any]:
+class WorkerSpec(TypedDict, total=False):
+    """What the worker reads of a training's spec (the packer's gpupack.pack.worker_spec; a host's ``trainings``)."""
+    workload: str
+    params: dict[str, object]
+    device: str
+    threads: int
+    warmup_steps: int
+    spawned_at: float
+    result_path: str
+    error_path: str  # a host's trainings: where one thread's failure goes
+    training_id: str
+    logs: list[str]  # its stdout and stderr files
+    spread: dict[str, object]  # a Placement's JSON: the training is spread over several devices
+
+
+class Timings(TypedDict, total=False):
+    """When a training's phases began and ended (epoch seconds), and how long they took."""
+    spawned_at: float
+    process_start: float
+    loop_start: float | None
+    loop_end: float | None
+    finished: float
+    startup_s: float | None
+    loop_s: object  # the Reporter's
+    teardown_s: float | None
+    thread_start: float  # a host's training: its thread's start
+
+
+class TrainingResult(TypedDict, total=False):
+    """What a training's process writes at its spec's ``result_path``; the packer composes the record from it."""
+    metrics: dict[str, object]
+    memory: dict[str, object]
+    knobs: dict[str, object]
+    loader_setting: str | None
+    data: object
+    throughput: Mapping[str, object]
+    timings: Timings
+    memory_share_applied: float
+    spread: dict[str, object]
+
+
+def run_training(spec: WorkerSpec, process_start: float) -> TrainingResult:
     """Train once in this process and return the result: timings, throughput and metrics."""
     from gpupack.workload import Reporter, TrainingContext, params_from_mapping
     from gpupack.workloads import load_workload
@@ -51,7 +92,7 @@ def run_training(spec: Mapping[str, Any], process_start: float) -> dict[str, Any
             spread.close()
 
 
-def join_spread(placement: Mapping[str, Any] | None) -> Spread | None:
+def join_spread(placement: Mapping[str, object] | None) -> Spread | None:
     """One training spread over k devices: its strategy sets this process up (DDP joins the process group) and
     returns the Spread the workload calls; None for a training on one device."""
     if not placement:
@@ -62,9 +103,9 @@ def join_spread(placement: Mapping[str, Any] | None) -> Spread | None:
     return join(Placement.from_json(placement))
 
 
-def compose_result(spec: Mapping[str, Any], workload: Workload, params: Any,
-                   reporter: Reporter, metrics: Mapping[str, Any],
-                   process_start: float) -> dict[str, Any]:
+def compose_result(spec: WorkerSpec, workload: Workload, params: object,
+                   reporter: Reporter, metrics: Mapping[str, object],
+                   process_start: float) -> TrainingResult:
     """One training's result from what it reported (the worker, and every training of a fused pack)."""
     import resource
 
@@ -106,7 +147,7 @@ def main(argv: list[str] | None = None, process_start: float | None = None) -> i
 
     args = sys.argv[1:] if argv is None else argv
     spec_path = Path(args[0])
-    spec = json.loads(spec_path.read_text())
+    spec: WorkerSpec = json.loads(spec_path.read_text())
     try:
         result = run_training(spec, _PROCESS_START if process_start is None else process_start)
     except Exception:  # the packer records the failure from the exit code and the stderr tail
@@ -116,7 +157,7 @@ def main(argv: list[str] | None = None, process_start: float | None = None) -> i
     return _end_rank(spec, 0)
 
 
-def _end_rank(spec: Mapping[str, Any], code: int) -> int:
+def _end_rank(spec: WorkerSpec, code: int) -> int:
     """A DDP rank ends here, its result written or its failure printed, before the interpreter's finalization: there
     gloo's threads can still free tensors and abort the process (SIGABRT, pytorch#179291), and a DDP model a failure's
     traceback still holds, freed after its process group, waits on them for ever."""

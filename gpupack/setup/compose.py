@@ -63,14 +63,14 @@ def quote_fields(text: str) -> str:
     return key + "=" + _BARE_ITEM.sub(lambda m: m[1] + '"' + m[2] + '"' + m[3], value)
 
 
-def grid_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str | list[Any]]]:
+def grid_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str | list[object]]]:
     """The overrides Hydra composes, and the grid axes given in Hydra's sweep syntax, which compose_config sets after
     composing: a,b,c as its values, range(1,5001) as its text for the plan to expand (a list literal of thousands of
     values costs Hydra's parser seconds, and as many OmegaConf nodes more). A later plain value of the same key wins,
     as in Hydra; sweeps elsewhere are refused."""
     parser = OverridesParser.create()
     out: list[str] = []
-    axes: dict[str, str | list[Any]] = {}
+    axes: dict[str, str | list[object]] = {}
     for given in overrides:
         text = quote_fields(given)
         try:

@@ -3,7 +3,7 @@ checked by the dataclass itself — every mode's and every strategy's, whether o
 out of range is refused before anything is submitted rather than silently ignored."""
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,7 +20,7 @@ def mode_options(packing: DictConfig) -> dict[str, Options]:
         options = load_packer(mode).Options
         if options is not None:
             given = packing.get(mode)
-            out[mode] = options(**cast(dict[str, Any], OmegaConf.to_container(given))) if given is not None \
+            out[mode] = options(**cast("dict[str, object]", OmegaConf.to_container(given))) if given is not None \
                 else options()
             out[mode].check()
     return out

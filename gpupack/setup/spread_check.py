@@ -3,7 +3,7 @@ node of each partition. Pure, given what the backend answered."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Mapping
 
 from omegaconf import DictConfig
 
@@ -26,8 +26,8 @@ class SpreadSpec:
 
 
 def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts, memory: TrainingMemory,
-                        fraction: float, measured_host_mb: float | None, grid: Mapping[str, list[Any]],
-                        fixed: Mapping[str, Any], auto: bool = False) -> SpreadSpec | None:
+                        fraction: float, measured_host_mb: float | None, grid: Mapping[str, list[object]],
+                        fixed: Mapping[str, object], auto: bool = False) -> SpreadSpec | None:
     """spread.*: the strategy, its layouts and each k against the workload and one node of each partition (devices,
     CPUs, memory: each of the k processes or replicas holds a whole model). None when spread.devices is empty.
     ``auto``: packing.factors=auto, which probes packing alone."""
@@ -77,7 +77,7 @@ def _check_devices_per_job(devices: list[int], facts: ClusterFacts) -> None:
                                   f"spread.devices=[{cap.max_devices_per_job}], or spread over a full GPU's partition")
 
 
-def check_spread_values(spread: Mapping[str, Any]) -> None:
+def check_spread_values(spread: DictConfig) -> None:
     """spread.* on its own, whether spread.devices is empty or not: k each a whole number >= 1 and once, the
     repeats, a known strategy. Pure."""
     require_counts(list(spread["devices"]), "spread.devices", "a device count", "spread.devices=[1,2]", each="k")
@@ -85,7 +85,7 @@ def check_spread_values(spread: Mapping[str, Any]) -> None:
     load_strategy(spread["strategy"])
 
 
-def _refuse_other_strategies_options(spread: Mapping[str, Any], strategy: str) -> None:
+def _refuse_other_strategies_options(spread: DictConfig, strategy: str) -> None:
     """spread.<name>_* are the options of strategy <name> (spread.ddp_backend: ddp's): one set for another strategy
     would be silently ignored, so it is refused."""
     for owner in available_strategies():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence, cast
+from typing import Callable, Mapping, Sequence, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -55,8 +55,8 @@ class SweepSpec:
     name: str
     workload: Workload
     workload_ref: str  # how the sweep named it (jobs/ name or dotted module): what workers import
-    grid: dict[str, list[Any]]  # typed values per key
-    fixed: dict[str, Any]  # every other hyperparameter: the workload's defaults with sweep.fixed on top
+    grid: dict[str, list[object]]  # typed values per key
+    fixed: dict[str, object]  # every other hyperparameter: the workload's defaults with sweep.fixed on top
     factors: tuple[int, ...]
     modes: tuple[str, ...]
     partitions: tuple[str, ...]
@@ -100,9 +100,9 @@ class SweepSpec:
                          stream_jobs=self.streams(production=False), cost=self.workload.cost)
 
 
-def group_keys(workload: Workload, modes: Sequence[str]) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
+def group_keys(workload: Workload, modes: Sequence[str]) -> dict[str, Callable[[Mapping[str, object]], object]]:
     """The modes that group trainings into packs (fused: same shapes), each with its key function."""
-    out: dict[str, Callable[[Mapping[str, Any]], Any]] = {}
+    out: dict[str, Callable[[Mapping[str, object]], object]] = {}
     for mode in modes:
         packer = load_packer(mode)
         if packer.groups:
@@ -114,7 +114,7 @@ THEN = ("run", "stop")
 OBJECTIVES = ("time", "cost")  # packing.auto.objective
 
 
-def _check_factors(factors: Any) -> tuple[int, ...]:
+def _check_factors(factors: object) -> tuple[int, ...]:
     if isinstance(factors, str):
         raise ConfigError("packing.factors", factors, "is neither a list of N nor auto",
                           "e.g. packing.factors=[1,2,4] or packing.factors=auto")
@@ -138,7 +138,7 @@ def require_sweep(cfg: DictConfig) -> None:
                               "choose one with +sweep=NAME, e.g. python -m gpupack +sweep=mnist_pack")
 
 
-def _check_params(workload: Workload, grid: Mapping[str, list[Any]], fixed: Mapping[str, Any],
+def _check_params(workload: Workload, grid: Mapping[str, list[object]], fixed: Mapping[str, object],
                   fixed_keys: set[str]) -> None:
     """Run the workload's own checks on every distinct training's hyperparameters."""
     for point in expand_grid(grid):
@@ -222,7 +222,7 @@ def check_margin(margin: object) -> None:
                           "training's share)", "e.g. packing.memory_margin=0.25, or 0 for the measured peak itself")
 
 
-def check_job_options(options: Any, prefix: str, examples: Mapping[str, str],
+def check_job_options(options: Mapping[str, object], prefix: str, examples: Mapping[str, str],
                       names: Mapping[str, str] | None = None) -> None:
     """What a pack's trainings are given, as packing.* names them or a Hydra launcher does (``names``: the launcher's
     name of each, e.g. threads_per_job): device, stream, threads, samples, time limit, streaming jobs. One check for
@@ -290,18 +290,22 @@ def check_packs(workload: Workload, modes: Sequence[str], factors: Sequence[int]
     check_memory(factors, facts.capacities, memory, fraction, key=key)
 
 
+def plain(node: DictConfig) -> dict[str, object]:
+    """A mapping of the config (its schema says a Dict) as plain values, interpolations resolved."""
+    return cast("dict[str, object]", OmegaConf.to_container(node, resolve=True))
+
+
 def validate(cfg: DictConfig, facts: ClusterFacts,
              measure: Callable[[str, set[str], str], Measured] | None = None) -> SweepSpec:
     """Check everything against the backend's answers (``facts``) and, through ``measure``, what earlier records
     say one training's memory is (None: nothing measured). Pure, given those: nothing is asked or written here. A sweep
     was chosen (require_sweep, where the front-end reads its config)."""
-    check_weights(cast(dict[str, Any], OmegaConf.to_container(cfg.rgu.models, resolve=True)))
+    check_weights(plain(cfg.rgu.models))
     require_choice(cfg.dry_run_packs, DRY_RUN_PACKS, "dry_run_packs", "pack listing")
     sweep = cfg.sweep
     check_name("sweep.name", sweep.name)
     workload = load_workload(sweep.workload)
-    grid, fixed = typed_grid(workload, OmegaConf.to_container(sweep.grid, resolve=True),
-                             OmegaConf.to_container(sweep.fixed, resolve=True))
+    grid, fixed = typed_grid(workload, plain(sweep.grid), plain(sweep.fixed))
     if sweep.loader_probe and not workload.loader_param:
         raise ConfigError("sweep.loader_probe", True, f"{workload.name} has no data-loader-only mode",
                           "set sweep.loader_probe=false, or give the workload a loader_param")
@@ -352,7 +356,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
                      stream_jobs=int(cfg.packing.jobs or min(facts.stream_jobs(p) for p in facts.partitions)))
 
 
-def device_notes(workload: Workload, grid: Mapping[str, Any], fixed: Mapping[str, Any], facts: ClusterFacts,
+def device_notes(workload: Workload, grid: Mapping[str, list[object]], fixed: Mapping[str, object], facts: ClusterFacts,
                  device: str) -> tuple[str, ...]:
     """What the workload will do otherwise than asked on each partition (its device_note), each said once. Pure."""
     notes: list[str] = []
@@ -377,7 +381,8 @@ def requested_partitions(partitions: Sequence[str] | None) -> list[str]:
     return list(partitions)
 
 
-def typed_grid(workload: Workload, raw_grid: Any, raw_fixed: Any) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+def typed_grid(workload: Workload, raw_grid: Mapping[str, object], raw_fixed: Mapping[str, object]
+               ) -> tuple[dict[str, list[object]], dict[str, object]]:
     """The grid's values and the fixed hyperparameters, typed by the workload and checked by it."""
     if not raw_grid:
         raise ConfigError("sweep.grid", raw_grid, "the grid is empty",

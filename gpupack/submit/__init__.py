@@ -17,7 +17,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Generic, Mapping, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Generic, Mapping, Sequence, TypedDict, TypeVar
 
 import submitit
 
@@ -55,6 +55,16 @@ class ClusterConfig:
     backend: str = "local"
     # Time limit of one pack job (minutes).
     timeout_min: int = 60
+
+
+class SubmittedJob(TypedDict, total=False):
+    """A pack's job in the run directory's jobs.json (:meth:`Submitter.remember` writes every key; a reader asks
+    ``.get`` of a pack that may have none); ``history``: its earlier jobs."""
+    job_id: str
+    partition: str
+    backend: str
+    submitted_at: float
+    history: list[str]
 
 
 # A submitted pack's job, as submitit follows it: its result is the pack record.
@@ -217,7 +227,7 @@ class Submitter(ABC, Generic[ConfigT]):
 
     # ---- the run directory's record of submitted jobs (jobs.json) ----
 
-    def jobs(self) -> dict[str, dict[str, Any]]:
+    def jobs(self) -> dict[str, SubmittedJob]:
         return read_json(self.run.jobs) if self.run.jobs.exists() else {}
 
     def remember(self, submitted: Mapping[str, tuple[str, str]]) -> None:
@@ -276,8 +286,8 @@ def backend_configs() -> dict[str, type]:
 
 
 def load_submitter(backend: str, cluster: ClusterConfig, run: RunDir, key: str = "cluster.backend",
-                   **keys: Any) -> Submitter[ClusterConfig]:
-    return backend_class(backend, key)(cluster, run, **keys)
+                   key_prefix: str = "cluster", key_names: Mapping[str, str] | None = None) -> Submitter[ClusterConfig]:
+    return backend_class(backend, key)(cluster, run, key_prefix, key_names)
 
 
 def progress_state(result: PackResult) -> str:

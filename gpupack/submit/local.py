@@ -18,7 +18,7 @@ import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence, TypeVar
 
 import psutil
 import submitit
@@ -77,6 +77,9 @@ def process_room() -> int | None:
 _submit_lock = threading.Lock()
 
 
+R = TypeVar("R")  # what the job returns, as submitit's executor types it
+
+
 class SessionLocalExecutor(submitit.LocalExecutor):
     """submitit's local executor, with each job's controller started in a session of its own, so that the terminal's
     signals (Ctrl-C, a hang-up) reach gpupack alone and gpupack cancels its jobs itself (:func:`cancel_jobs`). A
@@ -89,7 +92,7 @@ class SessionLocalExecutor(submitit.LocalExecutor):
 
     inherit: tuple[int, ...] = ()
 
-    def _submit_command(self, command: str) -> Any:
+    def _submit_command(self, command: str) -> submitit_local.LocalJob[R]:
         # submitit starts the controller with its module's subprocess.Popen and has no option for a session: its module
         # sees one that starts a new session during this call (under a lock: the swap is module-wide).
         popen = functools.partial(subprocess.Popen, start_new_session=True, pass_fds=self.inherit)

@@ -19,9 +19,10 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TypedDict, TypeVar, cast
 
 import submitit
+from submitit.core.utils import DelayedSubmission
 from submitit.slurm.slurm import _make_sbatch_string
 
 from gpupack.core.memory.figures import request_mb
@@ -63,8 +64,29 @@ def resources(factor: int, cpus_per_training: float, mem_gb_per_training: float)
     return max(1, math.ceil(factor * cpus_per_training)), max(1, math.ceil(factor * mem_gb_per_training * 1024))
 
 
+class SbatchParameters(TypedDict, total=False):
+    """submitit SlurmExecutor parameters (update_parameters; its _make_sbatch_string's names) of one pack job."""
+    time: int
+    nodes: int
+    ntasks_per_node: int
+    cpus_per_task: int
+    mem: str
+    job_name: str
+    signal_delay_s: int
+    array_parallelism: int
+    gres: str
+    gpus_per_node: str
+    partition: str
+    constraint: str
+    account: str
+    setup: list[str]
+    additional_parameters: dict[str, object]  # cluster.additional_parameters, as sbatch options
+    map_count: int  # set by submitit on an array's copy of the executor
+    stderr_to_stdout: bool
+
+
 def sbatch_parameters(cluster: SlurmConfig, name: str, partition: PartitionConfig, factor: int, account: str | None,
-                      mem_gb_each: float | None = None, devices: int = 1, gpus: int = 1) -> dict[str, Any]:
+                      mem_gb_each: float | None = None, devices: int = 1, gpus: int = 1) -> SbatchParameters:
     """submitit SlurmExecutor parameters for one pack of N trainings on one GPU of ``partition``, or (``devices`` = k
     > 1) of one training spread over k GPUs of one node: k processes or replicas, each sized as one training (memory
     per training: ``mem_gb_each``, else cluster.mem_gb_per_training), or (``gpus`` = G > 1) for a lane of packs of N
@@ -74,7 +96,7 @@ def sbatch_parameters(cluster: SlurmConfig, name: str, partition: PartitionConfi
     cpus, mem_mb = resources(factor * devices, cluster.cpus_per_training, each)
     cpus, mem_mb = cpus * gpus, mem_mb * gpus
     suffix = f"k{devices}" if devices > 1 else f"n{factor}" + (f"-g{gpus}" if gpus > 1 else "")
-    params: dict[str, Any] = {
+    params: SbatchParameters = {
         "time": int(cluster.timeout_min), "nodes": 1, "ntasks_per_node": 1, "cpus_per_task": cpus,
         "mem": f"{mem_mb}M", "job_name": f"gpupack-{name}-{suffix}",
         "signal_delay_s": int(cluster.signal_delay_s), "array_parallelism": int(cluster.array_parallelism),
@@ -157,17 +179,17 @@ class SiteRules:
     whole_node: SiteRule = field(default_factory=SiteRule)
 
 
-def cite(rule: Any) -> str:
+def cite(rule: SiteRule) -> str:
     """A :class:`SiteRule` (or its DictConfig) as a refusal quotes it: ("its words", its page, since its date)."""
     return f'("{rule.quote}", {rule.source}' + (f", since {rule.since}" if rule.since else "") + ")"
 
 
-def in_force(rule: Any) -> bool:
+def in_force(rule: SiteRule) -> bool:
     """Whether a :class:`SiteRule` (or its DictConfig) is recorded and applies now."""
     return bool(rule.quote) and bool(rule.in_force)
 
 
-def check_partition(part: Any, key: str, rules: Any = None, site: str = "this site",
+def check_partition(part: PartitionConfig, key: str, rules: SiteRules | None = None, site: str = "this site",
                     others: Sequence[str] = ()) -> None:
     """A partition's fields (a :class:`PartitionConfig`, or its DictConfig), on their own and against the site's
     ``rules`` (:class:`SiteRules`; None: none): one ConfigError naming ``key.field``."""
@@ -189,7 +211,8 @@ def check_partition(part: Any, key: str, rules: Any = None, site: str = "this si
     check_partition_rules(part, key, rules or SiteRules(), site, others)
 
 
-def check_partition_rules(part: Any, key: str, rules: Any, site: str, others: Sequence[str] = ()) -> None:
+def check_partition_rules(part: PartitionConfig, key: str, rules: SiteRules, site: str,
+                          others: Sequence[str] = ()) -> None:
     """A partition against the site's rules (a :class:`SiteRules` or its DictConfig): one ConfigError that quotes
     the rule, naming ``key.field``. ``others``: the gpu of the preset's other partitions, for the hint. Pure."""
     if part.whole_node_gpus and part.gpus_per_job not in (1, part.whole_node_gpus):
@@ -254,7 +277,7 @@ class SlurmConfig(ClusterConfig):
 MAX_SIGNAL_DELAY_S = 65535  # sbatch --signal's largest sig_time
 
 
-def check_options(cluster: Any, key: Callable[[str], str]) -> None:
+def check_options(cluster: SlurmConfig, key: Callable[[str], str]) -> None:
     """Every field of a :class:`SlurmConfig` (or its DictConfig) on its own and against the others, used by this run
     or not: one ConfigError naming ``key(field)`` (cluster.<field>, or a Hydra launcher's name of it). Pure."""
     require_positive(cluster.max_jobs_per_user, key("max_jobs_per_user"),
@@ -287,7 +310,7 @@ def check_options(cluster: Any, key: Callable[[str], str]) -> None:
         check_partition(part, key(f"partitions.{name}"), rules, cluster.name, others)
 
 
-def check_rules(rules: Any, key: Callable[[str], str]) -> None:
+def check_rules(rules: SiteRules, key: Callable[[str], str]) -> None:
     """Each rule of a :class:`SiteRules` (or its DictConfig) that the preset records (its words given): its page
     given and its date a day (YYYY-MM-DD), so that a refusal can quote it; a page or date without words is refused
     too (no rule would be checked). Pure."""
@@ -312,7 +335,7 @@ def is_day(text: str) -> bool:
         return False
 
 
-def check_default_partitions(cluster: Any, key: Callable[[str], str]) -> None:
+def check_default_partitions(cluster: SlurmConfig, key: Callable[[str], str]) -> None:
     """default_partitions: each a partition of the preset, each once. Pure."""
     known = list(cluster.partitions)
     defaults = list(cluster.default_partitions)
@@ -331,7 +354,7 @@ def undotted(name: str) -> str:
     return str(name).replace(".", "_")
 
 
-def launcher_gpu_request(options: Mapping[str, Any], key: str) -> tuple[str | None, str]:
+def launcher_gpu_request(options: Mapping[str, object], key: str) -> tuple[str | None, str]:
     """(GPU type or None for any, request form) for one pack from a Hydra launcher's gres / gpus_per_node: packs share
     exactly one GPU, or run on CPUs. An error names ``key``.<option>."""
     gres, per_node = options.get("gres"), options.get("gpus_per_node")
@@ -399,7 +422,7 @@ class ArrayJob:
 
     key: GroupKey
     lanes: list[list[Pack]]
-    parameters: dict[str, Any]
+    parameters: SbatchParameters
     in_turn: bool  # its jobs run lanes of packs (or streaming lanes), folded into their journals
 
     @property
@@ -407,15 +430,16 @@ class ArrayJob:
         return len(self.lanes)
 
 
-def sbatch_lines(folder: str | os.PathLike[str], parameters: Mapping[str, Any], tasks: int) -> list[str]:
+def sbatch_lines(folder: str | os.PathLike[str], parameters: SbatchParameters, tasks: int) -> list[str]:
     """The #SBATCH lines of the submission.sh submitit writes for ``tasks`` jobs submitted in one batch with
     ``parameters`` into ``folder``: submitit's own script (its _make_sbatch_string, as its SlurmExecutor calls it; an
     executor itself needs srun, which a dry run away from the cluster lacks). A batch of more than one is an array:
     submitit sets map_count on its copy of the executor (SlurmExecutor._internal_process_submissions). Pure."""
-    params = dict(parameters)
+    params = parameters.copy()
     if tasks > 1:
         params["map_count"] = tasks
-    text = _make_sbatch_string(command="", folder=Path(folder).expanduser().absolute(), **params)
+    make: Callable[..., str] = _make_sbatch_string  # its hint says gpus_per_node is an int; sbatch takes "v100:1"
+    text = make(command="", folder=Path(folder).expanduser().absolute(), **params)
     return [line for line in text.splitlines() if line.startswith("#SBATCH")]
 
 
@@ -526,8 +550,8 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
             poll_s=float(options["poll_s"]))
 
     @classmethod
-    def launcher_names(cls, cluster: Any) -> dict[str, str]:
-        label = next(iter(cluster.partitions))
+    def launcher_names(cls, cluster: ClusterConfig) -> dict[str, str]:
+        label = next(iter(cast(SlurmConfig, cluster).partitions))  # launcher_config's
         return {"cpus_per_training": "cpus_per_task", "mem_gb_per_training": "mem_gb", "partition": "partition",
                 f"partitions.{label}.gpu": "gres", f"partitions.{label}.slurm_partition": "partition",
                 f"partitions.{label}.request": "gpus_per_node"}
@@ -598,7 +622,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                                  **self._devices_rule(part))
         return out
 
-    def _devices_rule(self, part: PartitionConfig) -> dict[str, Any]:
+    def _devices_rule(self, part: PartitionConfig) -> _DevicesRule:
         """The one-MIG-instance rule as a capacity, for what asks a job for k devices besides gpus_per_job
         (spread.devices): on a slice partition where the site enforces it, one device a job, with its words."""
         rule = self.cluster.rules.one_mig_per_job
@@ -797,11 +821,17 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         return None if states is None else {j: _slurm_queue.pack_state(s) for j, s in states.items()}
 
 
+class _DevicesRule(TypedDict, total=False):
+    """A partition's limit on the devices of one job, where the site states one (PartitionFacts' fields)."""
+    max_devices_per_job: int
+    devices_rule: str
+
+
 class QuietSlurmExecutor(submitit.SlurmExecutor):
     """submitit's SlurmExecutor without its own print of what a failing sbatch said: the error gpupack raises from it
     quotes sbatch's words once."""
 
-    def _internal_process_submissions(self, delayed_submissions: list[Any]) -> list[submitit.Job[Any]]:
+    def _internal_process_submissions(self, delayed_submissions: list[DelayedSubmission]) -> list[submitit.Job[object]]:
         with contextlib.redirect_stderr(io.StringIO()):
             return super()._internal_process_submissions(delayed_submissions)
 

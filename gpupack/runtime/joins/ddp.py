@@ -126,10 +126,11 @@ def _counting_hook(state: _CommCount, bucket: "dist.GradBucket") -> "torch.futur
 
     buffer = bucket.buffer()
     token = state.started(buffer.numel() * buffer.element_size(), bucket.is_last())
-    world: Any = None  # the default (world) process group, the one DDP was built on
+    # the default (world) process group, the one DDP was built on; torch's hint says ProcessGroup, its code takes None
+    world: Any = None
     fut = allreduce_hook(world, bucket)
 
-    def done(f: Any) -> Any:
+    def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
         state.finished(token)
         return f.value()
 
@@ -175,7 +176,7 @@ class DdpSpread(Spread):
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return float(t.item()) / self.world
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         count = self._count
         if count is None:  # never wrapped (a loader-only training): nothing was all-reduced
             return {}

@@ -59,14 +59,15 @@ class MirroredSpread(Spread):
         self.model = model
         return model
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         # How replicas' gradients are summed; TF keeps it private, so read it only where it is.
         ops = getattr(self.strategy.extended, "_cross_device_ops", None)
-        out: dict[str, Any] = {"replicas": int(self.strategy.num_replicas_in_sync), "replica_devices": self.devices,
-               "cross_device_ops": type(ops).__name__ if ops is not None else None}
+        replicas = int(self.strategy.num_replicas_in_sync)
+        out: dict[str, object] = {"replicas": replicas, "replica_devices": self.devices,
+                                  "cross_device_ops": type(ops).__name__ if ops is not None else None}
         model = getattr(self, "model", None)
         if model is not None:  # no hook into TF's all-reduce: computed, as the record says
-            out["allreduce_bytes_per_step"] = allreduce_bytes(model.trainable_weights, out["replicas"])
+            out["allreduce_bytes_per_step"] = allreduce_bytes(model.trainable_weights, replicas)
             out["allreduce_bytes_source"] = "computed: every trainable weight's gradient, once per step"
         return out
 
