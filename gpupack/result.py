@@ -22,12 +22,22 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping, TypedDict
 
 ENV = "GPUPACK_RESULT"
 
 
-def write_result(path: str, data: Mapping[str, Any]) -> None:
+class ResultReport(TypedDict, total=False):
+    """What a program reports at ``$GPUPACK_RESULT`` (the keys above; another language's program may leave some out)."""
+
+    metrics: dict[str, object]
+    samples: int
+    steps: int
+    loop_start: float | None
+    loop_end: float | None
+
+
+def write_result(path: str, data: Mapping[str, object]) -> None:
     """``data`` as JSON at ``path``, atomically (gpupack's record writer: temp file, fsync, rename)."""
     from gpupack.core.store.records import write_json_atomic  # the standard library only: no torch, nothing slow
 
@@ -61,21 +71,22 @@ class TrainingResult:
         self.steps += 1
         self.samples += int(samples)
 
-    def finish(self, metrics: Mapping[str, Any] | None = None, samples: int | None = None) -> None:
+    def finish(self, metrics: Mapping[str, object] | None = None, samples: int | None = None) -> None:
         """Call once at the end with the final metrics (numbers: val_accuracy, train_loss, ...)."""
         self.loop_end = time.time()
         if samples is not None:
             self.samples = int(samples)
         self._write(dict(metrics or {}))
 
-    def _write(self, metrics: dict[str, Any]) -> None:
+    def _write(self, metrics: dict[str, object]) -> None:
         if not self.path:
             return
-        write_result(self.path, {"metrics": metrics, "samples": self.samples, "steps": self.steps,
-                                 "loop_start": self.loop_start, "loop_end": self.loop_end})
+        report: ResultReport = {"metrics": metrics, "samples": self.samples, "steps": self.steps,
+                                "loop_start": self.loop_start, "loop_end": self.loop_end}
+        write_result(self.path, report)
 
 
-def report(metrics: Mapping[str, Any] | None = None, samples: int | None = None) -> None:
+def report(metrics: Mapping[str, object] | None = None, samples: int | None = None) -> None:
     """One call at the end of a program that reports only its metrics (start-up and loop stay one)."""
     result = TrainingResult()
     result.loop_end = time.time()

@@ -12,12 +12,49 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Mapping, Sequence, TypedDict, cast
 
 from gpupack.errors import ConfigError, nearest
 
 if TYPE_CHECKING:  # a user's program imports this module: nothing more at run time
+    from typing_extensions import TypeVar
+
     from gpupack.core.placement import Spread
+else:  # typing's TypeVar takes a default from Python 3.13 only; at run time the default changes nothing
+    from typing import TypeVar
+
+# A workload's hyperparameters: its ``Params`` dataclass (a dict for the ``command`` workload). A workload loaded by
+# name (``load_workload``) holds a type known only at run time: the default, the one dynamic edge of the contract.
+if TYPE_CHECKING:
+    P = TypeVar("P", default=Any)
+else:
+    P = TypeVar("P")
+
+
+class LoopSummary(TypedDict):
+    """A training's loop as :meth:`Reporter.summary` sums it up: the ``throughput`` of its record."""
+
+    loop_s: float | None
+    steps: int
+    samples: int
+    samples_per_s: float | None
+    warmup_excluded: bool
+    curve: list[tuple[float, float]]
+
+
+class ReporterInfo(TypedDict, total=False):
+    """What a caller may hand a training through its reporter (tests: each step's loss appended to ``losses``)."""
+
+    losses: list[float]
+
+
+class PythonMain(TypedDict, total=False):
+    """A Python program a fork server runs in a forked child: ``script`` (a path) or ``module`` (a name), and the
+    ``argv`` python would set."""
+
+    script: str
+    module: str
+    argv: list[str]
 
 
 @dataclass
@@ -39,7 +76,7 @@ class Reporter:
     samples: int = 0
     steady_start: float | None = None
     steady_samples: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
+    info: ReporterInfo = field(default_factory=lambda: ReporterInfo())
     # (seconds since the loop started, samples/s over the window that ended then)
     curve: list[tuple[float, float]] = field(default_factory=list)
     _window_start: float = 0.0
@@ -76,7 +113,7 @@ class Reporter:
             self.curve.append((round(self.loop_end - self.loop_start, 3), round(self._window_samples / elapsed, 1)))
             self._window_samples = 0
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> LoopSummary:
         end = self.loop_end
         loop_s = (end - self.loop_start) if end is not None and self.loop_start is not None else None
         steady_s = (end - self.steady_start) if end is not None and self.steady_start is not None else None
@@ -119,7 +156,7 @@ class Range:
             return f"{'>' if self.low_open else '>='} {self.low:g}"
         return f"{'<' if self.high_open else '<='} {self.high:g}" if self.high is not None else "any number"
 
-    def example(self, default: Any) -> Any:
+    def example(self, default: object) -> object:
         """A value inside, for a HINT: ``default`` where it is inside, else a bound (or next to an open one)."""
         if isinstance(default, (int, float)) and not isinstance(default, bool) and self.holds(default):
             return default
@@ -147,7 +184,7 @@ class Launch:
     cwd: str | None = None
     # A Python program a preloaded fork server can run in a forked child instead of starting argv afresh:
     # {"script": PATH} or {"module": NAME}, and "argv" (sys.argv as python would set it); None: argv only.
-    python_main: dict[str, Any] | None = None
+    python_main: PythonMain | None = None
 
 
 @dataclass
@@ -164,12 +201,12 @@ class TrainingContext:
     logs: tuple[str, str] | None = None
 
 
-class Workload(ABC):
+class Workload(ABC, Generic[P]):
     """One kind of training that gpupack can pack.
 
-    ``params`` below is this workload's own ``Params`` instance (a dict for the ``command`` workload): user
-    hyperparameters of a type each workload declares, so the base and the packer hold them as ``Any`` and each
-    workload's overrides name its own type."""
+    ``params`` below is this workload's own ``Params`` instance (a dict for the ``command`` workload), of the type
+    ``P`` it declares (``class MyWorkload(Workload[MyParams])``); the hooks that see a training's plain values (fork,
+    cost, launch) take them as a mapping."""
 
     name: ClassVar[str]
     framework: ClassVar[str]  # "torch" or "tensorflow": packing modes check they can host it
@@ -199,10 +236,10 @@ class Workload(ABC):
     # runs, with the nearest listed one; None refuses nothing.
     reported_metrics: ClassVar[tuple[str, ...] | None] = None
 
-    def check(self, params: Any) -> None:
+    def check(self, params: P) -> None:
         """Static checks run before submission (data present, values in range). Raise ConfigError."""
 
-    def check_ranges(self, params: Any) -> None:
+    def check_ranges(self, params: P | Mapping[str, object]) -> None:
         """Each hyperparameter that ``Params`` declares a :class:`Range` for (its ``ranges``) within it, else a
         ConfigError naming it with a value inside as the hint (``name=VALUE``). A workload that declares none is not
         checked. Run before :meth:`check`, for sweep.fixed and every point of sweep.grid."""
@@ -214,56 +251,57 @@ class Workload(ABC):
                 raise ConfigError(name, value, f"{self.name}'s {name} must be {declared.text()}",
                                   f"{name}={declared.example(defaults.get(name))}")
 
-    def check_spread(self, params: Any, strategy: str, devices: int) -> None:
+    def check_spread(self, params: P, strategy: str, devices: int) -> None:
         """Before anything runs, for a training spread over ``devices`` devices by ``strategy``: refuse (ConfigError)
         hyperparameters that cannot spread that way, e.g. a global batch that does not split over the devices."""
 
-    def fork_refusal(self, params: Mapping[str, Any]) -> str | None:
+    def fork_refusal(self, params: Mapping[str, object]) -> str | None:
         """Why this training may not be forked from a preloaded server (``forkable``, unless its params decide), or
         None when it may."""
         return None if self.forkable else self.fresh_reason
 
-    def failure_hint(self, params: Mapping[str, Any], error: str) -> str | None:
+    def failure_hint(self, params: Mapping[str, object], error: str) -> str | None:
         """A HINT to add to a failed training's error (its stderr's tail), or None."""
         return None
 
-    def device_note(self, params: Mapping[str, Any], has_gpu: bool | None) -> str | None:
+    def device_note(self, params: Mapping[str, object], has_gpu: bool | None) -> str | None:
         """What this training will do otherwise than asked on a partition with (or without) a GPU, said once before
         anything runs (e.g. amp ignored on a CPU), or None."""
         return None
 
-    def cost(self, params: Mapping[str, Any]) -> float | None:
+    def cost(self, params: Mapping[str, object]) -> float | None:
         """A training's length relative to the others of its sweep (any unit), or None where the workload cannot tell:
         a stream claims the longest first, so the short ones fill the slots at its end (LPT order)."""
         return None
 
-    def filler_seed(self, fixed: Mapping[str, Any]) -> str | None:
+    def filler_seed(self, fixed: Mapping[str, object]) -> str | None:
         """The hyperparameter a copy of a grid point changes to be another training (its seed: a pack is filled with
         new seeds), or None where no seed reaches the training: the copy then repeats the point unchanged."""
         return self.seed_key
 
-    def preload(self, params: Sequence[Any]) -> None:
+    def preload(self, params: Sequence[P]) -> None:
         """In the fork server, once, before any training of the pack is forked: import what every training imports
         and read what they all read (``params`` are theirs), so each starts with it in memory. Never touch a device:
         no CUDA context may exist before a fork."""
 
-    def fuse_key(self, params: Any) -> tuple[Any, ...]:
+    def fuse_key(self, params: P) -> tuple[object, ...]:
         """With ``fusable``: the hyperparameters that fix the model's and the batches' shapes; trainings with equal
         keys train as one group. Raise ConfigError for a setting that cannot be fused (checked before submission).
         A workload that is not fusable is refused by the mode that fuses before this is asked."""
         raise NotImplementedError(f"{self.name} says fusable but defines no fuse_key")
 
-    def train_fused(self, params: Sequence[Any], ctxs: Sequence["TrainingContext"]) -> list[Any]:
+    def train_fused(self, params: Sequence[P],
+                    ctxs: Sequence[TrainingContext]) -> Sequence[Mapping[str, object] | BaseException]:
         """With ``fusable``: train the group at once; each training's metrics, or the exception that stopped it."""
         raise NotImplementedError(f"{self.name} says fusable but defines no train_fused")
 
     # ---- hyperparameters: typed by the Params dataclass (a workload with open hyperparameters overrides these) ----
 
-    def defaults(self) -> dict[str, Any]:
+    def defaults(self) -> dict[str, object]:
         """Every hyperparameter's default."""
         return {f.name: getattr(self.Params(), f.name) for f in dataclasses.fields(self.Params)}
 
-    def typed(self, key: str, value: Any, where: str) -> Any:
+    def typed(self, key: str, value: object, where: str) -> object:
         """``value`` converted to the type Params declares for ``key``; ``where`` (sweep.grid, sweep.fixed) names
         the config key in errors."""
         from omegaconf import OmegaConf
@@ -278,9 +316,9 @@ class Workload(ABC):
         except OmegaConfBaseException as err:
             raise ConfigError(f"{where}.{key}", value, str(err).splitlines()[0],
                               f"give {key} a value of the type {self.name} declares") from None
-        return cast(dict[str, Any], OmegaConf.to_container(node))[key]  # a structured config: a dict
+        return cast(dict[str, object], OmegaConf.to_container(node))[key]  # a structured config: a dict
 
-    def typed_values(self, key: str, values: Sequence[Any], where: str) -> list[Any]:
+    def typed_values(self, key: str, values: Sequence[object], where: str) -> list[object]:
         """:meth:`typed` for every value of one grid axis, validated at once (one OmegaConf merge for a sweep of
         thousands of points, not one each); the first value it refuses is refused in :meth:`typed`'s words."""
         from typing import List, get_type_hints
@@ -296,30 +334,30 @@ class Workload(ABC):
             node = OmegaConf.merge(OmegaConf.structured(axis), {"values": list(values)})
         except OmegaConfBaseException:
             return [self.typed(key, value, where) for value in values]  # raises for the first bad value
-        return list(cast(dict[str, Any], OmegaConf.to_container(node))["values"])
+        return list(cast(dict[str, list[object]], OmegaConf.to_container(node))["values"])
 
-    def params(self, values: Mapping[str, Any]) -> Any:
+    def params(self, values: Mapping[str, object]) -> P:
         """What train() and check() get: the Params dataclass built from plain values."""
-        return self.Params(**dict(values))
+        return cast(P, self.Params(**dict(values)))
 
     # ---- process mode: how a training starts as its own program, and what it reported ----
 
-    def launch(self, params: Mapping[str, Any], spec_path: str, result_path: str) -> Launch:
+    def launch(self, params: Mapping[str, object], spec_path: str, result_path: str) -> Launch:
         """By default gpupack's worker: a fresh interpreter that imports this workload and trains once."""
         return Launch([sys.executable, "-m", "gpupack.runtime.worker", spec_path])
 
-    def result(self, params: Mapping[str, Any], raw: dict[str, Any] | None, spawned_at: float,
+    def result(self, params: Mapping[str, object], raw: dict[str, Any] | None, spawned_at: float,
                ended_at: float, stdout: Path | None = None) -> dict[str, Any] | None:
         """The training's result from what its program wrote at ``result_path`` (None: nothing) after it exited 0,
         and its ``stdout`` log. The worker writes the full result itself."""
         return raw
 
     @abstractmethod
-    def train(self, params: Any, ctx: TrainingContext) -> dict[str, Any]:
+    def train(self, params: P, ctx: TrainingContext) -> Mapping[str, object]:
         """Train once; return final metrics (e.g. train_loss, val_accuracy) and a ``data`` description."""
 
 
-def require_positive(params: Any, *keys: str) -> None:
+def require_positive(params: object, *keys: str) -> None:
     """A workload's check() helper: each named hyperparameter must be > 0."""
     for key in keys:
         value = getattr(params, key)
@@ -327,6 +365,6 @@ def require_positive(params: Any, *keys: str) -> None:
             raise ConfigError(key, value, "must be > 0", f"set {key} to a positive number")
 
 
-def params_from_mapping(workload: Workload, values: Mapping[str, Any]) -> Any:
+def params_from_mapping(workload: Workload[P], values: Mapping[str, object]) -> P:
     """Build what the workload's train() takes from plain values (a training's hyperparameters)."""
     return workload.params(values)

@@ -15,5 +15,5 @@ Model = Any  # a torch.nn.Module or a keras.Model
 Device = Any  # a torch.device
 Loader = Any  # a torch DataLoader, a tf.data.Dataset, or an iterator of batches
 Optimizer = Any  # a torch.optim.Optimizer
+GradScaler = Any  # a torch.amp.GradScaler: float16's loss scaling on CUDA
 Generator = Any  # a torch.Generator: the seeded source of one training's shuffles
-DataModule = Any  # _mnist_data or _cifar10_data: load(data_dir) → x_train, y_train, x_test, y_test, source

@@ -12,7 +12,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence, TypedDict, TypeVar, cast
 
 from gpupack.core.memory.figures import MemoryShare
 from gpupack.core.placement import Placement
@@ -32,6 +32,7 @@ class Wait:
 
 
 WAIT = Wait()
+T = TypeVar("T")
 
 
 class Stream(Protocol):
@@ -70,7 +71,7 @@ class LaneShare:
 
     def __init__(self, run: RunDir, lane: str, trainings: Sequence[Training] = ()) -> None:
         self.run, self.lane, self.trainings = run, lane, list(trainings)
-        self._kept: dict[Hashable, Any] = {}
+        self._kept: dict[Hashable, object] = {}
         self._closers: dict[Hashable, Callable[[], None]] = {}
         self._logs: list[Path] = []
 
@@ -82,18 +83,18 @@ class LaneShare:
         self._logs.append(path)
         return path
 
-    def get(self, key: Hashable, make: Callable[[], Any], close: Callable[[Any], None] | None = None,
-            alive: Callable[[Any], bool] | None = None) -> Any:
+    def get(self, key: Hashable, make: Callable[[], T], close: Callable[[T], None] | None = None,
+            alive: Callable[[T], bool] | None = None) -> T:
         """What ``make`` made the first time ``key`` was asked for in this lane (``close`` it at the lane's end); made
         again where ``alive`` says the one kept is not (a server that died: the next pack gets a new one)."""
-        if key in self._kept and alive is not None and not alive(self._kept[key]):
+        if key in self._kept and alive is not None and not alive(cast(T, self._kept[key])):
             self._closers.pop(key, lambda: None)()
             del self._kept[key]
         if key not in self._kept:
             made = self._kept[key] = make()
             if close is not None:
                 self._closers[key] = lambda: close(made)
-        return self._kept[key]
+        return cast(T, self._kept[key])  # made by a ``make`` of T: one key, one kind
 
     def close(self) -> None:
         try:
@@ -195,11 +196,11 @@ class Packer(ABC):
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: PackSettings) -> None:
         """Refuse, before submission, a workload, N or option this mode cannot host (raise ConfigError)."""
 
-    def group_key(self, workload: Workload, params: Mapping[str, Any]) -> Hashable:
+    def group_key(self, workload: Workload, params: Mapping[str, object]) -> Hashable:
         """With ``groups``: the key trainings of one pack share (raise ConfigError for a training it cannot host)."""
         return None
 
-    def start_note(self, workload: Workload, params: Sequence[Mapping[str, Any]], settings: PackSettings) -> str:
+    def start_note(self, workload: Workload, params: Sequence[Mapping[str, object]], settings: PackSettings) -> str:
         """How this mode starts a pack's trainings, for the run's header: one line, fresh or forked and why."""
         return f"one process per pack hosts its N trainings ({self.name})"
 
@@ -262,7 +263,7 @@ TIMED_OUT = "stopped after packing.training_timeout_s; "
 
 def ended_outcome(training_id: str, started: float, ended: float, code: int | None, *, error: str | None,
                   result: dict[str, Any] | None, timed_out: bool = False,
-                  extra: Mapping[str, Any] | None = None) -> TrainingOutcome:
+                  extra: Mapping[str, object] | None = None) -> TrainingOutcome:
     """How a training's child ended, as its outcome: the one builder for process mode's training, a DDP training's
     ranks and a host's trainings. ``code``: the child's exit status (< 0: killed by that signal; None: it never
     started); ``error``: what the child's end says (None where it exited 0); a child that exited 0 with no result
@@ -283,8 +284,32 @@ def start_failure(argv: Sequence[str], cwd: str | None, error: OSError) -> str:
     return f"could not start {argv[0]!r}: {error.strerror or error}"
 
 
-def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> dict[str, Any]:
-    return {
+class _SpreadSpec(TypedDict, total=False):
+    spread: Mapping[str, object]  # a spread training's placement (Placement.to_json); absent: one device
+
+
+class WorkerSpec(_SpreadSpec):
+    """What the worker (gpupack.runtime.worker) is told of one training, as JSON: its spec file."""
+
+    workload: str
+    params: dict[str, object]
+    device: str
+    threads: int
+    warmup_steps: int
+    spawned_at: float
+    result_path: str
+    logs: list[str]  # its .out and .err logs
+
+
+class HostedSpec(WorkerSpec):
+    """A training's spec in a host process of N (tf_host, fused_host): its id, and where its error goes."""
+
+    training_id: str
+    error_path: str
+
+
+def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> WorkerSpec:
+    spec: WorkerSpec = {
         "workload": training.workload,
         "params": dict(training.params),
         "device": ctx.device,
@@ -293,5 +318,7 @@ def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> dict
         "spawned_at": spawned_at,
         "result_path": str(ctx.work(training.training_id, "result")),
         "logs": [str(ctx.run.log(ctx.home(training.training_id), training.training_id, s)) for s in ("out", "err")],
-        **({"spread": ctx.spread.to_json()} if ctx.spread is not None else {}),
     }
+    if ctx.spread is not None:
+        spec["spread"] = ctx.spread.to_json()
+    return spec

@@ -9,23 +9,23 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from gpupack.core.plan import Training
 from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.types import TrainingOutcome
 from gpupack.errors import ConfigError
-from gpupack.pack import PackContext, ended_outcome, worker_env, worker_spec
+from gpupack.pack import HostedSpec, PackContext, ended_outcome, worker_env, worker_spec
 from gpupack.runtime.supervisor import ChildSpec, Supervisor, tail
 
 
 def host_specs(trainings: Sequence[Training], ctx: PackContext, spawned: float,
-               devices: Sequence[str] | None = None) -> list[dict[str, Any]]:
+               devices: Sequence[str] | None = None) -> list[HostedSpec]:
     """Each training's worker spec, with where its error goes and (tf_logical) its device."""
     specs = []
     for i, t in enumerate(trainings):
-        spec = worker_spec(t, ctx, spawned)
-        spec.update(training_id=t.training_id, error_path=str(ctx.work(t.training_id, "error")))
+        spec: HostedSpec = {**worker_spec(t, ctx, spawned), "training_id": t.training_id,
+                            "error_path": str(ctx.work(t.training_id, "error"))}
         if devices is not None:
             spec["device"] = devices[i]
         Path(spec["result_path"]).unlink(missing_ok=True)
@@ -52,8 +52,8 @@ def pack_memory_limit(per_training_bytes: int | None, n: int) -> int | None:
     return per_training_bytes * n if per_training_bytes else None
 
 
-def run_host(module: str, name: str, specs: list[dict[str, Any]], ctx: PackContext, spawned: float,
-             extra: Mapping[str, Any] | None = None) -> list[TrainingOutcome]:
+def run_host(module: str, name: str, specs: list[HostedSpec], ctx: PackContext, spawned: float,
+             extra: Mapping[str, object] | None = None) -> list[TrainingOutcome]:
     """Start ``python -m module`` on the pack's specs under a supervisor and follow it to its end: each training's
     outcome as it lands, and for those the host never finished (it died, or was stopped past its time limit) its
     exit."""
@@ -96,7 +96,7 @@ def run_host(module: str, name: str, specs: list[dict[str, Any]], ctx: PackConte
     return [outcomes[s["training_id"]] for s in specs]
 
 
-def landed(spec: Mapping[str, Any], spawned: float) -> TrainingOutcome | None:
+def landed(spec: HostedSpec, spawned: float) -> TrainingOutcome | None:
     """A training's outcome once the host wrote its result or its error; None while it runs."""
     result_path, error_path = Path(spec["result_path"]), Path(spec["error_path"])
     extra = {"logical_device": spec["device"]} if str(spec.get("device", "")).startswith("/device:") else {}

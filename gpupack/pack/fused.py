@@ -10,7 +10,7 @@ into fused groups, planned up front (:meth:`FusedPacker.group_key`). The host pr
 from __future__ import annotations
 
 import time
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Hashable, Mapping, Sequence
 
 from gpupack.core.plan import Training
 from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
@@ -32,7 +32,7 @@ class FusedPacker(Packer):
         if capacity.has_gpu and settings.device != "cpu":
             refuse_rlimit_on_gpu(self.name, settings.memory_limit_gb_per_training)
 
-    def group_key(self, workload: Workload, params: Mapping[str, Any]) -> Hashable:
+    def group_key(self, workload: Workload, params: Mapping[str, object]) -> Hashable:
         return workload.fuse_key(workload.params(params))
 
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:

@@ -9,7 +9,7 @@ import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from gpupack.core.plan import Training
 from gpupack.core.store.records import make_dirs, read_json_or_none, write_json_atomic
@@ -46,7 +46,7 @@ def cpus_for(cores: Sequence[int], n: int, i: int) -> list[int]:
 
 
 def start_choice(preference: str, workloads: Sequence[Workload],
-                 params: Sequence[Mapping[str, Any]] | None = None) -> tuple[str, str | None]:
+                 params: Sequence[Mapping[str, object]] | None = None) -> tuple[str, str | None]:
     """fork (one preloaded server forks each training) or fresh (an interpreter per training), and why fresh. Pure."""
     if preference == "fresh":
         return "fresh", "packing.process.start=fresh"
@@ -57,7 +57,7 @@ def start_choice(preference: str, workloads: Sequence[Workload],
 
 
 def start_method(preference: str, workloads: Sequence[Workload],
-                 params: Sequence[Mapping[str, Any]] | None = None) -> str:
+                 params: Sequence[Mapping[str, object]] | None = None) -> str:
     """fork or fresh (:func:`start_choice`, without the why)."""
     return start_choice(preference, workloads, params)[0]
 
@@ -150,7 +150,7 @@ class ProcessPacker(Packer):
     def watches_mps(self, settings: PackSettings) -> bool:
         return process_options(settings).mps
 
-    def start_note(self, workload: Workload, params: Sequence[Mapping[str, Any]], settings: PackSettings) -> str:
+    def start_note(self, workload: Workload, params: Sequence[Mapping[str, object]], settings: PackSettings) -> str:
         method, why = start_choice(process_options(settings).start, [workload], params)
         if method == "fork":
             return "fork: each training is forked from one server per pack that imported the workload once"
@@ -176,7 +176,7 @@ class ProcessPacker(Packer):
             return run_processes(trainings, dataclasses.replace(ctx, env={**ctx.env, **mps_env}), opts)
 
 
-def memory_share_env(ctx: PackContext, training_id: str) -> tuple[dict[str, Any], dict[str, str]]:
+def memory_share_env(ctx: PackContext, training_id: str) -> tuple[dict[str, object], dict[str, str]]:
     """What a training is given of its share of the GPU (:meth:`PackContext.share_of`): for its record (the share,
     where it comes from, and how it is enforced), and its environment: under MPS (the pack's daemon, or one the job
     runs itself) its client's limit, which holds whatever the program is; else the fraction its torch sets before

@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 
 from gpupack.core.placement import Placement
 from gpupack.core.registry import exported, module_names, require_known
@@ -73,7 +73,7 @@ def load_strategy(name: str, key: str = KEY) -> Strategy:
     return exported(importlib.import_module(f"{__name__}.{name}"), "STRATEGY", Strategy)  # type: ignore[type-abstract]
 
 
-def strategy_options(strategy: Strategy, spread: Mapping[str, Any]) -> Options | None:
+def strategy_options(strategy: Strategy, spread: Mapping[str, object]) -> Options | None:
     """``strategy``'s Options from the spread config's spread.<name>_* keys (a field not given keeps its default);
     None when the strategy has no options."""
     if strategy.Options is None:

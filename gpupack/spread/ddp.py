@@ -16,7 +16,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence, cast
 
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Training
@@ -39,23 +39,25 @@ PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Brok
 PEER_GRACE_S = 5.0
 
 
-def backends_of(value: Any) -> list[str]:
+def backends_of(value: object) -> list[str]:
     """spread.ddp_backend as a list: one name, or a list of names (a plain list or an OmegaConf ListConfig). Pure."""
-    names = [value] if isinstance(value, str) else list(value) if value is not None else []
+    names = [value] if isinstance(value, str) else list(cast(Iterable[object], value)) if value is not None else []
     if not names:
         raise ConfigError(KEY, value, "no DDP backend is given", "use spread.ddp_backend=gloo, or [gloo,nccl] on GPUs")
     for name in names:
         if name not in BACKENDS:
             raise ConfigError(KEY, name, "unknown DDP backend", nearest(str(name), BACKENDS))
     require_unique(names, KEY, "a backend", "backend")
-    return names
+    return cast(list[str], names)  # each one of BACKENDS
 
 
 @dataclasses.dataclass(frozen=True)
 class DdpOptions:
     """ddp's own options, spread.ddp_<field> in the config: spread.ddp_backend, the process group's backend(s)."""
 
-    backend: Any = "gloo"  # gloo or nccl, or a list of them (each measured): spread.ddp_backend
+    # gloo or nccl, or a list of them (each measured): spread.ddp_backend. Any: the config's schema is built from these
+    # fields, and OmegaConf takes a str-or-list only as Any.
+    backend: Any = "gloo"
 
     def check(self) -> None:
         """Refuse a backend that is not gloo or nccl, none, or one listed twice (ConfigError on spread.ddp_backend),

@@ -3,7 +3,7 @@ subclass changes only its default). The class attributes below are what the work
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Mapping, Optional
+from typing import ClassVar, Mapping, Optional, TypedDict
 
 from gpupack.workload import Range, at_least, positive
 
@@ -42,3 +42,19 @@ TF_LOADER_KEYS = ("batch_size", "train_samples", "epochs", "data_dir", "seed")
 TORCH_LOADER_KEYS = TF_LOADER_KEYS + ("num_workers", "pin_memory")
 TF_KNOBS = ("batch_size", "amp")
 TORCH_KNOBS = ("batch_size", "amp", "num_workers", "pin_memory")
+
+
+class Metrics(TypedDict, total=False):
+    """What a built-in workload's train() returns: its final numbers and how it ran; ``data`` describes the data set
+    (the worker lifts it out of the metrics into the record)."""
+
+    train_loss: float
+    val_accuracy: float
+    peak_gpu_mem_mb: float | None  # torch on a GPU; None on a CPU
+    fused_group: int  # trained fused with this many models
+    replicas: int  # a Keras training spread over this many replicas
+    loader_only: bool  # the data-loader probe: the input pipeline alone
+    device: str  # Keras: the TensorFlow device(s) it ran on
+    placed_on: str  # Keras: where its first weight lives
+    amp_note: str  # why amp was not used as asked
+    data: str

@@ -2,15 +2,22 @@
 per-model mixed precision, and the loader-only pass."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Callable, Mapping, TypeVar
 
-from gpupack.core.frameworks import DataModule, Framework, Loader, Model, Tensor
+import numpy as np
+
+from gpupack.core.frameworks import Framework, Loader, Model, Tensor
 from gpupack.errors import ConfigError
 from gpupack.workload import Reporter, TrainingContext, Workload
-from gpupack.workloads._params import LOADER_PARAM, TF_KNOBS, TF_LOADER_KEYS
+from gpupack.workloads._images import ImageSet
+from gpupack.workloads._params import LOADER_PARAM, TF_KNOBS, TF_LOADER_KEYS, Metrics, TrainingParams
+
+KP = TypeVar("KP", bound=TrainingParams)  # a Keras workload's own hyperparameters
+# The model for a training: build_model(keras, its dtype policy (None: the default)).
+BuildModel = Callable[[Framework, "str | None"], Model]
 
 
-class KerasWorkload(Workload):
+class KerasWorkload(Workload[KP]):
     """What the Keras workloads share: TensorFlow, the loader knobs, one training spread by MirroredStrategy."""
 
     framework = "tensorflow"
@@ -19,12 +26,12 @@ class KerasWorkload(Workload):
     spreads = ("mirrored",)  # run() builds under ctx.spread.scope()
     reported_metrics = ("train_loss", "val_accuracy", "replicas")  # fit_and_evaluate's numbers; a spread one's replicas
 
-    def check_spread(self, params: Any, strategy: str, devices: int) -> None:
+    def check_spread(self, params: KP, strategy: str, devices: int) -> None:
         check_even_split(min(params.batch_size, params.train_samples), devices)
 
 
 
-def run(params: Any, ctx: TrainingContext, data: DataModule, build_model: Any) -> dict[str, Any]:
+def run(params: TrainingParams, ctx: TrainingContext, data: ImageSet, build_model: BuildModel) -> Metrics:
     """A whole Keras training on an image data set (x/y train/test uint8 arrays): the seeded subset, a
     tf.data pipeline, then either the pipeline alone or ``build_model(keras, dtype_policy)`` fitted and
     evaluated — all under ``tf.device(<this training's device>)``, or, spread over k devices (ctx.spread), under
@@ -33,7 +40,7 @@ def run(params: Any, ctx: TrainingContext, data: DataModule, build_model: Any) -
     import numpy as np
     import tensorflow as tf
 
-    def scaled(x: Tensor) -> Any:
+    def scaled(x: np.ndarray) -> np.ndarray:
         x = x.astype("float32") / 255.0
         return x[..., None] if x.ndim == 3 else x  # grey images get their channel axis
 
@@ -54,8 +61,8 @@ def run(params: Any, ctx: TrainingContext, data: DataModule, build_model: Any) -
     return {**metrics, "data": data.source, "device": device}
 
 
-def _run_spread(params: Any, ctx: TrainingContext, data: DataModule, build_model: Any, train: tuple[Any, Any],
-                val: tuple[Any, Any]) -> dict[str, Any]:
+def _run_spread(params: TrainingParams, ctx: TrainingContext, data: ImageSet, build_model: BuildModel,
+                train: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.ndarray]) -> Metrics:
     """The same training spread over k devices (ctx.spread: a tf.distribute strategy). No ``tf.device``: the
     strategy places the variables and the replicas. The dataset keeps the global batch (``batch_size``), which Keras
     splits over the replicas, so the reporter counts the global batch per step, as at k=1."""
@@ -105,7 +112,7 @@ def dtype_policy(amp: bool, device: str) -> str | None:
     return "mixed_float16" if "GPU" in tf_device(device) else "mixed_bfloat16"
 
 
-def reporter_callback(keras: Framework, reporter: Reporter, batch_size: int) -> Any:
+def reporter_callback(keras: Framework, reporter: Reporter, batch_size: int) -> object:
     class Report(keras.callbacks.Callback):
         def on_train_begin(self, logs: Mapping[str, float] | None = None) -> None:
             reporter.loop_started()
@@ -140,8 +147,8 @@ def placement(model: Model) -> str:
     return str(getattr(getattr(weight, "value", weight), "device", ""))
 
 
-def fit_and_evaluate(keras: Framework, model: Model, dataset: Loader, params: Any, reporter: Reporter, x_val: Tensor,
-                     y_val: Tensor) -> dict[str, Any]:
+def fit_and_evaluate(keras: Framework, model: Model, dataset: Loader, params: TrainingParams, reporter: Reporter,
+                     x_val: Tensor, y_val: Tensor) -> Metrics:
     """Compile (SGD with momentum), fit with every step reported, and measure validation accuracy."""
     model.compile(optimizer=keras.optimizers.SGD(params.lr, momentum=params.momentum),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))

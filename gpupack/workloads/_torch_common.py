@@ -7,17 +7,26 @@ from __future__ import annotations
 
 import contextlib
 from abc import abstractmethod
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Callable, ClassVar, ContextManager, Mapping, Sequence, TypeVar, cast
 
-from gpupack.core.frameworks import DataModule, Device, Framework, Generator, Loader, Model, Optimizer, Tensor
+from gpupack.core.frameworks import Device, Framework, Generator, GradScaler, Loader, Model, Optimizer, Tensor
 from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, Workload
 from gpupack.workloads import _torch_fused
-from gpupack.workloads._images import images
-from gpupack.workloads._params import LOADER_PARAM, TORCH_KNOBS, TORCH_LOADER_KEYS
+from gpupack.workloads._images import ImageData, ImageSet, images
+from gpupack.workloads._params import (
+    LOADER_PARAM,
+    TORCH_KNOBS,
+    TORCH_LOADER_KEYS,
+    Metrics,
+    TorchLoaderParams,
+    TrainingParams,
+)
+
+TP = TypeVar("TP", bound=TorchLoaderParams)  # a torch image workload's own hyperparameters
 
 
-class TorchImageWorkload(Workload):
+class TorchImageWorkload(Workload[TP]):
     """A torch classifier on an image data set, trained alone (:func:`run`) or fused with others of its shape
     (gpupack/workloads/_torch_fused.py): what mnist_torch and cifar10_torch share. A subclass names its data module,
     builds its model, and says which hyperparameters fix that model's shape."""
@@ -29,39 +38,44 @@ class TorchImageWorkload(Workload):
     loader_param, loader_keys, knob_keys = LOADER_PARAM, TORCH_LOADER_KEYS, TORCH_KNOBS
     # run()'s numbers, and a fused group's size (_torch_fused.train_fused)
     reported_metrics = ("train_loss", "val_accuracy", "peak_gpu_mem_mb", "fused_group")
-    data: ClassVar[DataModule]  # a module with load(data_dir) → x_train, y_train, x_test, y_test, source
+    data: ClassVar[ImageData]  # a module with load(data_dir) → x_train, y_train, x_test, y_test, source
     shape_keys: ClassVar[tuple[str, ...]]  # the hyperparameters that fix the model's shape (fused groups)
     weight_decay: ClassVar[float] = 0.0
     eval_batch: ClassVar[int] = 2000
 
-    def cost(self, params: Mapping[str, Any]) -> float | None:
+    def cost(self, params: Mapping[str, object]) -> float | None:
         """Samples seen: epochs x train_samples (the model and batch size of one sweep usually stay put)."""
-        return float(params["epochs"]) * float(params["train_samples"])
+        return number(params, "epochs") * number(params, "train_samples")
 
     @abstractmethod
-    def build(self, params: Any, nn: Framework) -> Any:
+    def build(self, params: TP, nn: Framework) -> Model:
         """The model for these hyperparameters, from ``torch.nn``."""
 
-    def preload(self, params: Any) -> None:
+    def preload(self, params: Sequence[TP]) -> None:
         preload(self.data.load, params)
 
-    def check_spread(self, params: Any, strategy: str, devices: int) -> None:
+    def check_spread(self, params: TP, strategy: str, devices: int) -> None:
         check_split(params, devices)
 
-    def fuse_key(self, params: Any) -> tuple[Any, ...]:
+    def fuse_key(self, params: TP) -> tuple[object, ...]:
         return _torch_fused.fuse_key(params, *self.shape_keys)
 
-    def train_fused(self, params: Any, ctxs: Sequence[TrainingContext]) -> list[Any]:
+    def train_fused(self, params: Sequence[TP], ctxs: Sequence[TrainingContext]) -> list[Metrics | BaseException]:
         return _torch_fused.train_fused(params, ctxs, self.data.load(params[0].data_dir),
                                         lambda nn, p: self.build(p, nn), weight_decay=self.weight_decay,
                                         eval_batch=self.eval_batch)
 
-    def train(self, params: Any, ctx: TrainingContext) -> dict[str, Any]:
+    def train(self, params: TP, ctx: TrainingContext) -> Metrics:
         return run(params, ctx, self.data.load(params.data_dir), lambda nn: self.build(params, nn),
                    weight_decay=self.weight_decay, eval_batch=self.eval_batch)
 
 
-def check_split(params: Any, devices: int) -> None:
+def number(params: Mapping[str, object], key: str) -> float:
+    """A numeric hyperparameter of a training's plain values (its Params typed them before anything ran)."""
+    return float(cast(float, params[key]))
+
+
+def check_split(params: TrainingParams, devices: int) -> None:
     """Each of the k processes of a spread training trains on its slice of every global batch: a batch needs k
     samples. Checked before anything runs (check_spread) and by each rank (run)."""
     first = min(params.batch_size, params.train_samples)
@@ -71,7 +85,7 @@ def check_split(params: Any, devices: int) -> None:
                           f"{devices} processes of a spread training", f"use {key} >= {devices}, or fewer devices")
 
 
-def preload(load: Any, params: Any) -> None:
+def preload(load: Callable[[str | None], object], params: Sequence[TrainingParams]) -> None:
     """What a torch workload's fork server does once: import torch and read each data folder the pack uses."""
     import torch  # noqa: F401  (imported, never initialised on a device)
 
@@ -86,8 +100,8 @@ def preload(load: Any, params: Any) -> None:
 
 
 
-def run(params: Any, ctx: TrainingContext, data: DataModule, build_model: Any, weight_decay: float = 0.0,
-        eval_batch: int = 2000, channels_last: bool = False) -> dict[str, Any]:
+def run(params: TorchLoaderParams, ctx: TrainingContext, data: ImageSet, build_model: Callable[[Framework], Model],
+        weight_decay: float = 0.0, eval_batch: int = 2000, channels_last: bool = False) -> Metrics:
     """A whole torch training on an image data set (x/y train/test arrays): the seeded subset, the loader,
     then either the loader alone or SGD on ``build_model(torch.nn)`` and its validation accuracy."""
     import torch
@@ -122,14 +136,16 @@ def run(params: Any, ctx: TrainingContext, data: DataModule, build_model: Any, w
             "peak_gpu_mem_mb": peak_gpu_mem_mb(device, torch), "data": data.source}
 
 
-def make_loader(torch: Framework, x: Tensor, y: Tensor, params: Any, device: Device, gen: Generator) -> Any:
+def make_loader(torch: Framework, x: Tensor, y: Tensor, params: TorchLoaderParams, device: Device,
+                gen: Generator) -> Loader:
     from torch.utils.data import DataLoader, TensorDataset
 
     return DataLoader(TensorDataset(x, y), batch_size=params.batch_size, shuffle=True, generator=gen,
                       num_workers=params.num_workers, pin_memory=params.pin_memory and device.type == "cuda")
 
 
-def amp(enabled: bool, device: Device, torch: Framework) -> tuple[Any, Any]:
+def amp(enabled: bool, device: Device, torch: Framework) -> tuple[Callable[[], ContextManager[object]],
+                                                                   GradScaler | None]:
     """The autocast context and, on CUDA, the GradScaler that float16 needs (bfloat16 on CPU needs none)."""
     if not enabled:
         return contextlib.nullcontext, None
@@ -138,8 +154,8 @@ def amp(enabled: bool, device: Device, torch: Framework) -> tuple[Any, Any]:
     return (lambda: torch.autocast("cpu", dtype=torch.bfloat16)), None
 
 
-def loader_only(params: Any, loader: Loader, device: Device, ctx: TrainingContext, torch: Framework,
-                source: str) -> dict[str, Any]:
+def loader_only(params: TrainingParams, loader: Loader, device: Device, ctx: TrainingContext, torch: Framework,
+                source: str) -> Metrics:
     """The same batches, onto the device, and nothing else: what the input pipeline alone can deliver."""
     rep = ctx.reporter
     rep.loop_started()
@@ -153,7 +169,7 @@ def loader_only(params: Any, loader: Loader, device: Device, ctx: TrainingContex
     return {"loader_only": True, "data": source}
 
 
-def train(model: Model, opt: Optimizer, loader: Loader, params: Any, device: Device, ctx: TrainingContext,
+def train(model: Model, opt: Optimizer, loader: Loader, params: TrainingParams, device: Device, ctx: TrainingContext,
           torch: Framework, memory_format: Framework = None) -> float:
     """The training loop, each step reported; returns the mean training loss (spread: this rank's share of it).
 
@@ -215,4 +231,4 @@ def accuracy(model: Model, x: Tensor, y: Tensor, device: Device, torch: Framewor
 
 
 def peak_gpu_mem_mb(device: Device, torch: Framework) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    return float(torch.cuda.max_memory_allocated(device) / 2**20) if device.type == "cuda" else None

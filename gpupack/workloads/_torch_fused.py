@@ -8,15 +8,18 @@ reported failed; the others go on (its slice of the batched weights is independe
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
-from gpupack.core.frameworks import DataModule, Framework, Generator, Model, Tensor
+from gpupack.core.frameworks import Framework, Generator, Loader, Model, Tensor
 from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext
-from gpupack.workloads._images import images
+from gpupack.workloads._images import ImageSet, images
+from gpupack.workloads._params import Metrics, TrainingParams
+
+TP = TypeVar("TP", bound=TrainingParams)  # the group's hyperparameters, as its workload declares them
 
 
-def fuse_key(params: Any, *shape_keys: str) -> tuple[Any, ...]:
+def fuse_key(params: TrainingParams, *shape_keys: str) -> tuple[object, ...]:
     """The group key of a torch image workload: its own shape hyperparameters and what fixes the batches and the
     step count; lr, momentum and seed (initialisation, data order) may differ within a group."""
     for key in ("amp", "loader_only"):  # autocast and the loader probe are per-process: not in a fused group
@@ -30,20 +33,20 @@ class Diverged(RuntimeError):
     """A fused model's loss became NaN or infinite: that training failed, the others of its group go on."""
 
 
-def subset(torch: Framework, data: DataModule, params: Any, gen: Generator) -> tuple[Any, Any]:
+def subset(torch: Framework, data: ImageSet, params: TrainingParams, gen: Generator) -> tuple[Tensor, Tensor]:
     """The training's seeded subset, consuming ``gen`` exactly as _torch_common.run does."""
     order = torch.randperm(len(data.y_train), generator=gen)[: params.train_samples].numpy()
     return images(torch, data.x_train[order]), torch.from_numpy(data.y_train[order]).long()
 
 
-def index_loader(torch: Framework, n: int, batch_size: int, gen: Generator) -> Any:
+def index_loader(torch: Framework, n: int, batch_size: int, gen: Generator) -> Loader:
     """Batches of indices in the order a DataLoader(shuffle=True, generator=gen) gives its batches."""
     from torch.utils.data import DataLoader, TensorDataset
 
     return DataLoader(TensorDataset(torch.arange(n)), batch_size=batch_size, shuffle=True, generator=gen)
 
 
-def lockstep(loaders: Sequence[Any]) -> Iterator[list[Any]]:
+def lockstep(loaders: Sequence[Loader]) -> Iterator[list[Tensor]]:
     """One batch of each loader per step; at the end every iterator is drained (a DataLoader draws from its
     generator when it finds its end, and each model's generator must advance exactly as alone)."""
     iters = [iter(loader) for loader in loaders]
@@ -57,9 +60,9 @@ def lockstep(loaders: Sequence[Any]) -> Iterator[list[Any]]:
         yield [b[0] for b in present]
 
 
-def train_fused(params_list: Sequence[Any], ctxs: Sequence[TrainingContext], data: DataModule,
-                build_model: Callable[[Any, Any], Any], weight_decay: float = 0.0, eval_batch: int = 2000,
-                keep: list[dict[str, Any]] | None = None) -> list[dict[str, Any] | BaseException]:
+def train_fused(params_list: Sequence[TP], ctxs: Sequence[TrainingContext], data: ImageSet,
+                build_model: Callable[[Framework, TP], Model], weight_decay: float = 0.0, eval_batch: int = 2000,
+                keep: list[dict[str, Tensor]] | None = None) -> list[Metrics | BaseException]:
     """Train the group; return each training's metrics, or the exception that stopped it (Diverged). ``keep``: a
     list that receives each model's final weights (a state dict per training), for callers that keep models."""
     import torch
@@ -87,12 +90,12 @@ def train_fused(params_list: Sequence[Any], ctxs: Sequence[TrainingContext], dat
     momentum = per_model([p.momentum for p in params_list])
     decay = per_model([weight_decay] * n)
 
-    def loss_of(w: Tensor, b: Tensor, xb: Tensor, yb: Tensor) -> Any:
+    def loss_of(w: Tensor, b: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
         return F.cross_entropy(functional_call(base, (w, b), (xb,)), yb)
 
     batched_loss = vmap(loss_of)
     rows = torch.arange(n, device=device)[:, None]
-    bufs: dict[str, Any] = {}
+    bufs: dict[str, Tensor] = {}
     alive = [True] * n
     failure: list[BaseException | None] = [None] * n
     running = torch.zeros(n, dtype=torch.float64)
@@ -136,7 +139,7 @@ def train_fused(params_list: Sequence[Any], ctxs: Sequence[TrainingContext], dat
             for m in range(n)]
 
 
-def sgd_step(weights: dict[str, Any], bufs: dict[str, Any], lr: Tensor, momentum: Tensor, decay: Tensor) -> None:
+def sgd_step(weights: dict[str, Tensor], bufs: dict[str, Tensor], lr: Tensor, momentum: Tensor, decay: Tensor) -> None:
     """torch.optim.SGD's update (dampening 0, no Nesterov), one learning rate, momentum and weight decay per model."""
     for name, w in weights.items():
         shape = (-1,) + (1,) * (w.dim() - 1)

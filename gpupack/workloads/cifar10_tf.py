@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
-from gpupack.core.frameworks import Framework
+from gpupack.core.frameworks import Framework, Model
 from gpupack.workload import Range, TrainingContext, at_least
 from gpupack.workloads import _cifar10_data, _tf_common
-from gpupack.workloads._params import TrainingParams
+from gpupack.workloads._params import Metrics, TrainingParams
 
 
 @dataclass
@@ -18,7 +18,7 @@ class Cifar10TfParams(TrainingParams):
     ranges: ClassVar[Mapping[str, Range]] = {**TrainingParams.ranges, "width": at_least(1)}
 
 
-class Cifar10Tf(_tf_common.KerasWorkload):
+class Cifar10Tf(_tf_common.KerasWorkload[Cifar10TfParams]):
     name = "cifar10_tf"
     Params = Cifar10TfParams
     min_gpu_memory_mb = 1024
@@ -27,12 +27,12 @@ class Cifar10Tf(_tf_common.KerasWorkload):
         self.check_ranges(params)  # the ranges its Params declares
         _cifar10_data.find_dir(params.data_dir)
 
-    def train(self, params: Cifar10TfParams, ctx: TrainingContext) -> dict[str, Any]:
+    def train(self, params: Cifar10TfParams, ctx: TrainingContext) -> Metrics:
         return _tf_common.run(params, ctx, _cifar10_data.load(params.data_dir),
                               lambda keras, dtype: _build(keras, params, dtype))
 
 
-def _build(keras: Framework, params: Cifar10TfParams, dtype: str | None) -> Any:
+def _build(keras: Framework, params: Cifar10TfParams, dtype: str | None) -> Model:
     init = keras.initializers.HeNormal(seed=params.seed)
     w, layers = params.width, keras.layers
     return keras.Sequential([

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
-from gpupack.core.frameworks import DataModule, Framework, Tensor
+from gpupack.core.frameworks import Framework, Model, Tensor
 from gpupack.workload import Range, at_least
 from gpupack.workloads import _cifar10_data
 from gpupack.workloads import _torch_common as common
+from gpupack.workloads._images import ImageData
 from gpupack.workloads._params import TorchLoaderParams
 
 
@@ -20,10 +21,10 @@ class Cifar10TorchParams(TorchLoaderParams):
     ranges: ClassVar[Mapping[str, Range]] = {**TorchLoaderParams.ranges, "width": at_least(1), "blocks": at_least(1)}
 
 
-class Cifar10Torch(common.TorchImageWorkload):
+class Cifar10Torch(common.TorchImageWorkload[Cifar10TorchParams]):
     name = "cifar10_torch"
     Params = Cifar10TorchParams
-    data: ClassVar[DataModule] = _cifar10_data  # the data module (load, source)
+    data: ClassVar[ImageData] = _cifar10_data  # the data module (load, source)
     shape_keys = ("width", "blocks")  # BatchNorm's running statistics stay per model when fused
     weight_decay = 5e-4
     eval_batch = 1000
@@ -32,11 +33,11 @@ class Cifar10Torch(common.TorchImageWorkload):
         self.check_ranges(params)  # the ranges its Params declares
         _cifar10_data.find_dir(params.data_dir)
 
-    def build(self, params: Cifar10TorchParams, nn: Framework) -> Any:
+    def build(self, params: Cifar10TorchParams, nn: Framework) -> Model:
         return small_resnet(nn, params.width, params.blocks)
 
 
-def small_resnet(nn: Framework, width: int, blocks: int) -> Any:
+def small_resnet(nn: Framework, width: int, blocks: int) -> Model:
     """conv stem → `blocks` residual blocks per stage at widths w, 2w, 4w (stride 2 between) → pool → linear."""
 
     class Block(nn.Module):
@@ -49,10 +50,10 @@ def small_resnet(nn: Framework, width: int, blocks: int) -> Any:
                          nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
             self.act = nn.ReLU(inplace=True)
 
-        def forward(self, x: Tensor) -> Any:
+        def forward(self, x: Tensor) -> Tensor:
             return self.act(self.body(x) + self.skip(x))
 
-    layers: list[Any] = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+    layers: list[Model] = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
     cin = width
     for stage, cout in enumerate((width, 2 * width, 4 * width)):
         for b in range(blocks):

@@ -22,13 +22,14 @@ import shutil
 import string
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypedDict, cast
 
 from gpupack.core.preload import import_libraries, static_imports
 from gpupack.core.stdout_metrics import metrics_from_output, stdout_patterns
 from gpupack.errors import ConfigError, nearest
 from gpupack.result import ENV as RESULT_ENV
-from gpupack.workload import Launch, TrainingContext, Workload
+from gpupack.result import ResultReport
+from gpupack.workload import Launch, LoopSummary, PythonMain, TrainingContext, Workload
 
 # What describes the program; every other key is a hyperparameter.
 PROGRAM_KEYS = ("argv", "cwd", "env", "metrics", "start", "preload")
@@ -39,7 +40,25 @@ CONVERSIONS: dict[str, Callable[[object], str]] = {"r": repr, "s": str, "a": asc
 ARGV_HINT = "e.g. sweep.fixed.argv=[python,train.py,--lr,'{lr}']"
 
 
-def render(template: str, values: Mapping[str, Any], key: str) -> str:
+class CommandParams(TypedDict, total=False):
+    """A command training's hyperparameters: the keys that describe the program (PROGRAM_KEYS), as
+    :meth:`Command.typed` checked them; every other key is a hyperparameter of the program's own, any JSON value."""
+
+    argv: list[str]
+    cwd: str | None
+    env: dict[str, str]
+    metrics: dict[str, str]
+    start: str
+    preload: list[str]
+
+
+def program_keys(params: Mapping[str, object]) -> CommandParams:
+    """A training's plain values (a plan's, a spec's JSON) as what they are: :meth:`Command.typed` checked the
+    program's keys before anything ran."""
+    return cast(CommandParams, params)
+
+
+def render(template: str, values: Mapping[str, object], key: str) -> str:
     """``template`` with each ``{name}`` (optionally ``{name:spec}`` or ``{name!r}``) replaced by values[name]."""
     out = []
     try:
@@ -78,7 +97,7 @@ def _names(template: str) -> set[str]:
         return set()
 
 
-class Command(Workload):
+class Command(Workload[CommandParams]):
     name = "command"
     framework = "command"  # a program of its own: only process mode can host it
     Params = dict
@@ -86,10 +105,10 @@ class Command(Workload):
 
     # ---- hyperparameters are open: the program's own, whatever the user names ----
 
-    def defaults(self) -> dict[str, Any]:
+    def defaults(self) -> dict[str, object]:
         return {"argv": [], "cwd": None, "env": {}, "metrics": {}, "start": "fresh", "preload": []}
 
-    def typed(self, key: str, value: Any, where: str) -> Any:
+    def typed(self, key: str, value: object, where: str) -> object:
         full = f"{where}.{key}"
         if key not in PROGRAM_KEYS:
             if isinstance(value, dict):
@@ -127,27 +146,29 @@ class Command(Workload):
                               "e.g. +sweep.fixed.env.WANDB_MODE=offline")
         return {str(k): str(v) for k, v in value.items()}
 
-    def params(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(values)
+    def params(self, values: Mapping[str, object]) -> CommandParams:
+        return program_keys(dict(values))
 
     @staticmethod
-    def hyperparameters(params: Mapping[str, Any]) -> dict[str, Any]:
+    def hyperparameters(params: Mapping[str, object]) -> dict[str, object]:
         return {k: v for k, v in params.items() if k not in PROGRAM_KEYS}
 
-    def program(self, params: Mapping[str, Any]) -> Launch:
+    def program(self, plain: Mapping[str, object]) -> Launch:
         """The rendered argv, environment and working directory of one training (refuses bad templates)."""
+        params = program_keys(plain)
         values = {**RESERVED, **self.hyperparameters(params)}
         argv = [render(item, values, f"argv[{i}]") for i, item in enumerate(params.get("argv") or [])]
         env = {name: render(v, values, f"env.{name}") for name, v in (params.get("env") or {}).items()}
-        cwd = render(params["cwd"], values, "cwd") if params.get("cwd") else None
+        cwd = render(cwd_template, values, "cwd") if (cwd_template := params.get("cwd")) else None
         return Launch(argv, env, cwd)
 
-    def filler_seed(self, fixed: Mapping[str, Any]) -> str | None:
+    def filler_seed(self, fixed: Mapping[str, object]) -> str | None:
         """The seed reaches the program only through a ``{seed}`` in its argv, env or cwd."""
-        templates = [*(fixed.get("argv") or []), *(fixed.get("env") or {}).values(), fixed.get("cwd") or ""]
+        program = program_keys(fixed)
+        templates = [*(program.get("argv") or []), *(program.get("env") or {}).values(), program.get("cwd") or ""]
         return self.seed_key if any(_names(str(t)) & {self.seed_key} for t in templates) else None
 
-    def check(self, params: Mapping[str, Any]) -> None:
+    def check(self, params: CommandParams) -> None:
         if not params.get("argv"):
             raise ConfigError("argv", params.get("argv"), "no program given (argv is empty)", ARGV_HINT)
         launch = self.program(params)
@@ -170,17 +191,17 @@ class Command(Workload):
 
     # ---- process mode: the program itself is the training's process ----
 
-    def launch(self, params: Mapping[str, Any], spec_path: str, result_path: str) -> Launch:
+    def launch(self, params: Mapping[str, object], spec_path: str, result_path: str) -> Launch:
         program = self.program(params)
         main = python_main(program.argv, {**os.environ, **program.env}) if params.get("start") == "fork" else None
         return Launch(program.argv, {**program.env, RESULT_ENV: result_path}, program.cwd, main)
 
     # ---- fork start (sweep.fixed.start=fork): a forked child runs the script as python would ----
 
-    def fork_refusal(self, params: Mapping[str, Any]) -> str | None:
+    def fork_refusal(self, params: Mapping[str, object]) -> str | None:
         return None if params.get("start") == "fork" else self.fresh_reason
 
-    def preload(self, params: Sequence[Any]) -> None:
+    def preload(self, params: Sequence[CommandParams]) -> None:
         if not params:
             return
         for module in params[0].get("preload") or []:
@@ -188,7 +209,7 @@ class Command(Workload):
         # what the script's own files import (every import of a forked script runs in its child): its libraries
         import_libraries(static_imports(self.source_files(params[0]), sys.modules), "imported by the script's files")
 
-    def source_files(self, params: Mapping[str, Any]) -> list[Path]:
+    def source_files(self, params: Mapping[str, object]) -> list[Path]:
         """The Python file a forked training runs (its script, or its -m module where it is a file), else none."""
         launch = self.program(params)
         main = python_main(launch.argv, {**os.environ, **launch.env})
@@ -200,7 +221,7 @@ class Command(Workload):
         found = module_file(str(main["module"]), [str(cwd), *sys.path])
         return [found] if found is not None else []
 
-    def failure_hint(self, params: Mapping[str, Any], error: str) -> str | None:
+    def failure_hint(self, params: Mapping[str, object], error: str) -> str | None:
         """A program that could not import a module may have run under another interpreter than gpupack's: say
         which one ran it."""
         if "ModuleNotFoundError" not in error and "No module named" not in error:
@@ -213,15 +234,15 @@ class Command(Workload):
         return (f"HINT: argv[0] {program!r} ran {ran}, not the Python running gpupack ({sys.executable}): write "
                 f"{{python}} in sweep.fixed.argv to use gpupack's, or install the module for {ran}")
 
-    def result(self, params: Mapping[str, Any], raw: dict[str, Any] | None, spawned_at: float,
+    def result(self, params: Mapping[str, object], raw: dict[str, Any] | None, spawned_at: float,
                ended_at: float, stdout: Path | None = None) -> dict[str, Any]:
         result = result_from_report(raw, spawned_at, ended_at)
-        patterns = params.get("metrics") or {}
+        patterns = program_keys(params).get("metrics") or {}
         if patterns and stdout is not None:  # what the program reported itself wins over what its output shows
             result["metrics"] = {**metrics_from_output(stdout, patterns), **result["metrics"]}
         return result
 
-    def train(self, params: Mapping[str, Any], ctx: TrainingContext) -> dict[str, Any]:
+    def train(self, params: CommandParams, ctx: TrainingContext) -> dict[str, object]:
         """Never called: a program is its own process (``launch``), started and followed by the one supervisor, and
         no mode or strategy hosts a ``command`` training in-process (its framework is none of theirs)."""
         raise NotImplementedError("a command training runs as its own process (process mode), never in-process")
@@ -245,7 +266,7 @@ def module_file(name: str, path: Sequence[str]) -> Path | None:
     return Path(spec.origin) if spec is not None and spec.origin and spec.has_location else None
 
 
-def python_main(argv: Sequence[str], env: Mapping[str, str]) -> dict[str, Any] | None:
+def python_main(argv: Sequence[str], env: Mapping[str, str]) -> PythonMain | None:
     """``[PY, SCRIPT.py, ARGS...]`` or ``[PY, -m, MODULE, ARGS...]`` run by this very interpreter (PY is {python},
     or a path or PATH name that is sys.executable: a venv's python is a link to the system's, so paths are compared
     unresolved) as the fork server's request; None for anything else. Pure, given PATH."""
@@ -295,26 +316,28 @@ def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:
                               "give the script's path, or set sweep.fixed.cwd to the folder that holds it")
 
 
-def result_from_report(raw: dict[str, Any] | None, spawned_at: float, ended_at: float) -> dict[str, Any]:
+def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ended_at: float) -> dict[str, Any]:
     """A command training's result in the worker's schema, from what the program reported (or nothing).
 
     Start-up and loop are split only when the program marked its first step (``loop_start``); otherwise the whole
     wall time is one figure and ``timings.split`` is false (the table says so).
     """
-    raw = raw or {}
-    loop_start, loop_end = _time(raw.get("loop_start")), _time(raw.get("loop_end"))
+    report = cast(ResultReport, raw or {})  # the program's JSON, read as gpupack.result writes it
+    loop_start, loop_end = _time(report.get("loop_start")), _time(report.get("loop_end"))
     loop_s = loop_end - loop_start if loop_start is not None and loop_end is not None else None
-    samples = int(raw.get("samples") or 0)
+    samples = int(report.get("samples") or 0)
     rate_over = loop_s if loop_s else ended_at - spawned_at
+    throughput: LoopSummary = {
+        "loop_s": loop_s, "steps": int(report.get("steps") or 0), "samples": samples,
+        "samples_per_s": samples / rate_over if samples and rate_over > 0 else None, "warmup_excluded": False,
+        "curve": []}
     return {
-        "metrics": {k: v for k, v in (raw.get("metrics") or {}).items()},
+        "metrics": {k: v for k, v in (report.get("metrics") or {}).items()},
         "memory": {"peak_rss_mb": None, "peak_gpu_mem_mb": None},  # the sampler follows the process's RSS
         "knobs": {},
         "loader_setting": None,
         "data": None,
-        "throughput": {"loop_s": loop_s, "steps": int(raw.get("steps") or 0), "samples": samples,
-                       "samples_per_s": samples / rate_over if samples and rate_over > 0 else None,
-                       "warmup_excluded": False, "curve": []},
+        "throughput": throughput,
         "timings": {"spawned_at": spawned_at, "process_start": None, "loop_start": loop_start, "loop_end": loop_end,
                     "finished": ended_at, "startup_s": loop_start - spawned_at if loop_start is not None else None,
                     "loop_s": loop_s, "teardown_s": ended_at - loop_end if loop_end is not None else None,
@@ -322,7 +345,7 @@ def result_from_report(raw: dict[str, Any] | None, spawned_at: float, ended_at: 
     }
 
 
-def _time(value: Any) -> float | None:
+def _time(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 

@@ -6,13 +6,13 @@ stays on its own logical device; mixed precision is a per-layer dtype policy for
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
-from gpupack.core.frameworks import Framework
+from gpupack.core.frameworks import Framework, Model
 from gpupack.errors import ConfigError
 from gpupack.workload import Range, TrainingContext, at_least
 from gpupack.workloads import _mnist_data, _tf_common
-from gpupack.workloads._params import TrainingParams
+from gpupack.workloads._params import Metrics, TrainingParams
 
 MODELS = ("mlp", "cnn")
 
@@ -24,7 +24,7 @@ class MnistTfParams(TrainingParams):
     ranges: ClassVar[Mapping[str, Range]] = {**TrainingParams.ranges, "hidden": at_least(1)}
 
 
-class MnistTf(_tf_common.KerasWorkload):
+class MnistTf(_tf_common.KerasWorkload[MnistTfParams]):
     name = "mnist_tf"
     Params = MnistTfParams
     min_gpu_memory_mb = 512
@@ -35,12 +35,12 @@ class MnistTf(_tf_common.KerasWorkload):
             raise ConfigError("model", params.model, "unknown model", f"use one of {', '.join(MODELS)}")
         _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))
 
-    def train(self, params: MnistTfParams, ctx: TrainingContext) -> dict[str, Any]:
+    def train(self, params: MnistTfParams, ctx: TrainingContext) -> Metrics:
         return _tf_common.run(params, ctx, _mnist_data.load(params.data_dir),
                               lambda keras, dtype: _build(keras, params, dtype))
 
 
-def _build(keras: Framework, params: MnistTfParams, dtype: str | None) -> Any:
+def _build(keras: Framework, params: MnistTfParams, dtype: str | None) -> Model:
     init = keras.initializers.GlorotUniform(seed=params.seed)
     layers = keras.layers
     if params.model == "cnn":

@@ -6,13 +6,14 @@ side stays cheap and the import is counted in the training's start-up time, wher
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
-from gpupack.core.frameworks import DataModule, Framework
+from gpupack.core.frameworks import Framework, Model
 from gpupack.errors import ConfigError
 from gpupack.workload import Range, at_least
 from gpupack.workloads import _mnist_data
 from gpupack.workloads import _torch_common as common
+from gpupack.workloads._images import ImageData
 from gpupack.workloads._params import TorchLoaderParams
 
 MODELS = ("mlp", "cnn")
@@ -25,10 +26,10 @@ class MnistTorchParams(TorchLoaderParams):
     ranges: ClassVar[Mapping[str, Range]] = {**TorchLoaderParams.ranges, "hidden": at_least(1)}
 
 
-class MnistTorch(common.TorchImageWorkload):
+class MnistTorch(common.TorchImageWorkload[MnistTorchParams]):
     name = "mnist_torch"
     Params = MnistTorchParams
-    data: ClassVar[DataModule] = _mnist_data  # the data module (load, source)
+    data: ClassVar[ImageData] = _mnist_data  # the data module (load, source)
     shape_keys = ("model", "hidden")
 
     def check(self, params: MnistTorchParams) -> None:
@@ -37,11 +38,11 @@ class MnistTorch(common.TorchImageWorkload):
             raise ConfigError("model", params.model, "unknown model", f"use one of {', '.join(MODELS)}")
         _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))
 
-    def build(self, params: MnistTorchParams, nn: Framework) -> Any:
+    def build(self, params: MnistTorchParams, nn: Framework) -> Model:
         return _build(params, nn)
 
 
-def _build(params: MnistTorchParams, nn: Framework) -> Any:
+def _build(params: MnistTorchParams, nn: Framework) -> Model:
     if params.model == "cnn":
         return nn.Sequential(
             nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2),

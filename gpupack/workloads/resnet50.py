@@ -16,16 +16,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping, Sequence, cast
+from typing import Callable, ClassVar, Mapping, Sequence, cast
 
 import numpy as np
 
-from gpupack.core.frameworks import DataModule, Framework, Tensor
+from gpupack.core.frameworks import Framework, Model, Tensor
 from gpupack.errors import ConfigError
 from gpupack.workload import Range, TrainingContext, at_least
 from gpupack.workloads import _cifar10_data
 from gpupack.workloads import _torch_common as common
-from gpupack.workloads._params import TorchLoaderParams
+from gpupack.workloads._images import ImageData, ImageSet
+from gpupack.workloads._params import Metrics, TorchLoaderParams
 
 DATA = ("synthetic", "cifar10")
 LAYERS = (3, 4, 6, 3)  # bottleneck blocks per stage
@@ -68,16 +69,16 @@ def synthetic(n_train: int, n_test: int, size: int, classes: int) -> Images:
                   f"synthetic ({size}x{size}, {classes} classes, random labels: images/s, not accuracy)")
 
 
-def images_for(params: ResNet50Params) -> Any:
+def images_for(params: ResNet50Params) -> ImageSet:
     if params.data == "cifar10":
         return _cifar10_data.load(params.data_dir)
     return synthetic(params.train_samples, params.val_samples, params.image_size, params.num_classes)
 
 
-class ResNet50(common.TorchImageWorkload):
+class ResNet50(common.TorchImageWorkload[ResNet50Params]):
     name = "resnet50"
     Params = ResNet50Params
-    data: ClassVar[DataModule] = _cifar10_data  # with data=cifar10; synthetic images are made per sweep (images_for)
+    data: ClassVar[ImageData] = _cifar10_data  # with data=cifar10; synthetic images are made per sweep (images_for)
     shape_keys = ("data", "image_size", "num_classes", "channels_last")
     weight_decay = 1e-4
     eval_batch = 256
@@ -94,28 +95,32 @@ class ResNet50(common.TorchImageWorkload):
                                   "keep image_size=32 and num_classes=10 with data=cifar10, or use data=synthetic")
             _cifar10_data.find_dir(params.data_dir)
 
-    def device_note(self, params: Any, has_gpu: bool | None) -> str | None:
+    def device_note(self, params: Mapping[str, object], has_gpu: bool | None) -> str | None:
         return f"amp=true is {AMP_ON_CPU}" if params.get("amp") and has_gpu is False else None
 
-    def cost(self, params: Any) -> float | None:
-        return float(params["epochs"]) * float(params["train_samples"]) * float(params["image_size"]) ** 2
+    def cost(self, params: Mapping[str, object]) -> float | None:
+        number = common.number
+        return number(params, "epochs") * number(params, "train_samples") * number(params, "image_size") ** 2
 
-    def build(self, params: ResNet50Params, nn: Framework) -> Any:
+    def build(self, params: ResNet50Params, nn: Framework) -> Model:
         return resnet50(nn, params.num_classes)
 
-    def preload(self, params: Any) -> None:
+    def preload(self, params: Sequence[ResNet50Params]) -> None:
         common.preload(lambda data_dir: None, [])
         for p in params:
             images_for(p)
 
-    def train(self, params: ResNet50Params, ctx: TrainingContext) -> dict[str, Any]:
+    def train(self, params: ResNet50Params, ctx: TrainingContext) -> Metrics:
         run_params, note = on_device(params, ctx.device)
         result = common.run(run_params, ctx, images_for(params), lambda nn: self.build(params, nn),
                             weight_decay=self.weight_decay, eval_batch=self.eval_batch,
                             channels_last=params.channels_last)
-        return {**result, **({"amp_note": note} if note else {})}  # samples/s is images/s
+        if note:
+            result["amp_note"] = note
+        return result  # samples/s is images/s
 
-    def train_fused(self, params: Any, ctxs: Sequence[TrainingContext]) -> list[Any]:
+    def train_fused(self, params: Sequence[ResNet50Params],
+                    ctxs: Sequence[TrainingContext]) -> list[Metrics | BaseException]:
         from gpupack.workloads import _torch_fused
 
         return _torch_fused.train_fused(params, ctxs, images_for(params[0]), lambda nn, p: self.build(p, nn),
@@ -129,7 +134,7 @@ def on_device(params: ResNet50Params, device: str) -> tuple[ResNet50Params, str 
     return params, None
 
 
-def resnet50(nn: Framework, num_classes: int = 1000) -> Any:
+def resnet50(nn: Framework, num_classes: int = 1000) -> Model:
     """torchvision's resnet50 where torchvision imports, else the same network defined here (same module names)."""
     maker = _torchvision_resnet50()
     if maker is not None:
@@ -137,15 +142,15 @@ def resnet50(nn: Framework, num_classes: int = 1000) -> Any:
     return own_resnet50(nn, num_classes)
 
 
-def _torchvision_resnet50() -> Callable[..., Any] | None:
+def _torchvision_resnet50() -> Callable[..., Model] | None:
     try:
         from torchvision.models import resnet50 as made  # a CUDA wheel beside a CPU torch fails here
     except (ImportError, RuntimeError, OSError, AttributeError):
         return None
-    return cast(Callable[..., Any], made)
+    return cast(Callable[..., Model], made)
 
 
-def own_resnet50(nn: Framework, num_classes: int = 1000) -> Any:
+def own_resnet50(nn: Framework, num_classes: int = 1000) -> Model:
     """ResNet-50 v1.5 as torchvision defines it: stem conv 7x7/2 + max pool, four stages of bottlenecks
     (1x1 → 3x3 with the stride → 1x1 x4), a 1x1 conv + BN downsample on each stage's first block, average pool, fc;
     BN weights 1 and biases 0, convolutions Kaiming-normal (fan_out), as torchvision initialises them."""
@@ -153,13 +158,13 @@ def own_resnet50(nn: Framework, num_classes: int = 1000) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _resnet_class(nn: Framework) -> Any:
+def _resnet_class(nn: Framework) -> Callable[[int], Model]:
     """The classes, made once per torch.nn: N models of one class is what fused mode's stacking asks for."""
 
     class Bottleneck(nn.Module):
         expansion = 4
 
-        def __init__(self, cin: int, width: int, stride: int, downsample: Any) -> None:
+        def __init__(self, cin: int, width: int, stride: int, downsample: Model | None) -> None:
             super().__init__()
             self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
             self.bn1 = nn.BatchNorm2d(width)
@@ -171,7 +176,7 @@ def _resnet_class(nn: Framework) -> Any:
             self.downsample = downsample
             self.stride = stride
 
-        def forward(self, x: Tensor) -> Any:
+        def forward(self, x: Tensor) -> Tensor:
             out = self.relu(self.bn1(self.conv1(x)))
             out = self.relu(self.bn2(self.conv2(out)))
             out = self.bn3(self.conv3(out))
@@ -198,7 +203,7 @@ def _resnet_class(nn: Framework) -> Any:
                     nn.init.constant_(m.weight, 1)
                     nn.init.constant_(m.bias, 0)
 
-        def _stage(self, width: int, blocks: int, stride: int) -> Any:
+        def _stage(self, width: int, blocks: int, stride: int) -> Model:
             downsample = None
             if stride != 1 or self.inplanes != width * 4:
                 downsample = nn.Sequential(nn.Conv2d(self.inplanes, width * 4, 1, stride, bias=False),
@@ -208,7 +213,7 @@ def _resnet_class(nn: Framework) -> Any:
             layers += [Bottleneck(self.inplanes, width, 1, None) for _ in range(1, blocks)]
             return nn.Sequential(*layers)
 
-        def forward(self, x: Tensor) -> Any:
+        def forward(self, x: Tensor) -> Tensor:
             x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
             x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
             return self.fc(self.avgpool(x).flatten(1))
