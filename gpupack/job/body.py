@@ -19,13 +19,22 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Sequence, cast
 
 from gpupack.core.memory.figures import MemoryShare, memory_share, memory_shares
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.store.journal import Folded, RunRecords
-from gpupack.core.store.records import file_mode, make_dirs, read_json, read_json_or_none, write_json_atomic
+from gpupack.core.store.records import (
+    PackRecord,
+    TrainingRecord,
+    file_mode,
+    make_dirs,
+    read_json,
+    read_pack,
+    read_training,
+    write_json_atomic,
+)
 from gpupack.core.store.rundir import Holder, RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.errors import RunDirError
@@ -84,7 +93,7 @@ def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
 
 def run_pack(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
              plan: Plan | None = None, records: RunRecords | None = None,
-             share: LaneShare | None = None, peaks: PeakBook | None = None) -> dict[str, Any]:
+             share: LaneShare | None = None, peaks: PeakBook | None = None) -> PackRecord:
     """Run one pack in this job. ``job``: the job as its backend tells it (Submitter.job_environment); None (a pack run
     outside any backend): this process (:meth:`JobEnvironment.here`). ``plan``: the run's, as the caller read it
     (None: read here). ``records``: the run's records as a lane read them at its start (its journals: a pack a lane
@@ -113,15 +122,16 @@ class PackAttempt:
     share: LaneShare | None = None
     book: PeakBook | None = None
 
-    def run_pack(self, pack_id: str) -> dict[str, Any]:
+    def run_pack(self, pack_id: str) -> PackRecord:
         """The pack's trainings that have not run, run (resume), held against its device's memory first; its record
         (the one it has, or one rebuilt from its trainings', where none is left to run)."""
         run, pack = self.run, self.plan.pack(pack_id)
         # a training a refit pack of this one completed (it was skipped for memory before) ran: never run again
         todo = [t for t in pack.trainings if not self.records.ran(pack_id, t.training_id)]
         if not todo:  # nothing to run: its record, or, lost, one rebuilt from its trainings'
-            return self.records.pack(pack_id) or read_json_or_none(run.pack_record(pack_id)) \
-                or rebuild_pack_record(run, self.plan, pack, self.records) or read_json(run.pack_record(pack_id))
+            return self.records.pack(pack_id) or read_pack(run.pack_record(pack_id)) \
+                or rebuild_pack_record(run, self.plan, pack, self.records) \
+                or cast(PackRecord, read_json(run.pack_record(pack_id)))
         for t in todo:
             move_aside(run, pack_id, run.training_record(pack_id, t.training_id))
         move_aside(run, pack_id, run.pack_record(pack_id))
@@ -135,7 +145,7 @@ class PackAttempt:
         return self.run_measured(pack, todo)
 
     def run_measured(self, pack: Pack, todo: Sequence[Training],
-                     extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                     extra: Mapping[str, object] | None = None) -> PackRecord:
         """Run ``todo`` as ``pack`` (:meth:`execute`), teach the book what they peaked at, and run the victims of
         another's fault again, once; the pack record. ``extra``: more fields of the pack's and its trainings'
         records."""
@@ -156,7 +166,7 @@ class PackAttempt:
         again = [t for t in pack.trainings if t.training_id in taken]
         return self.execute(pack, again, extra={**(extra or {}), "victims_rerun": taken}, fields=extra)
 
-    def skip_for_memory(self, pack: Pack, todo: Sequence[Training], book: PeakBook) -> dict[str, Any] | None:
+    def skip_for_memory(self, pack: Pack, todo: Sequence[Training], book: PeakBook) -> PackRecord | None:
         """Hold the pack against its device's memory share by what its settings were measured to need
         (:func:`gpupack.job.oom.memory_fit`); where it does not fit, record its trainings and itself as skipped for
         memory with the reason (its N infeasible), run its trainings at the largest N that fits
@@ -170,8 +180,8 @@ class PackAttempt:
         on = OnDevice(info, device, 0, pack.factor, gpu_model(info, self.settings))
         runs_in, now = skip.runs_in(), time.time()
         for t in todo:
-            rec = skipped_training_record(t, pack, self.plan, on, fit.why, runs_in.get(t.training_id), now)
-            write_json_atomic(self.run.training_record(pack.pack_id, t.training_id), rec)
+            skipped = skipped_training_record(t, pack, self.plan, on, fit.why, runs_in.get(t.training_id), now)
+            write_json_atomic(self.run.training_record(pack.pack_id, t.training_id), skipped)
         print(skip.line(pack.pack_id), file=sys.stderr)
         rec = write_pack_record(self.run, pack, [], info, device, job_cores(), 0, on.model, phase=self.plan.phase,
                                 job=self.job, extra=skip.fields(todo))
@@ -195,7 +205,7 @@ class PackAttempt:
                 self.run_measured(refit, refit.trainings, extra={"refit_of": pack.pack_id})
 
     def execute(self, pack: Pack, todo: Sequence[Training], stream: Stream | None = None,
-                extra: Mapping[str, Any] | None = None, fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                extra: Mapping[str, object] | None = None, fields: Mapping[str, object] | None = None) -> PackRecord:
         """Run ``todo`` on this job's device with the pack's mode or strategy, write a training record as each ends
         and the pack record at the end. A streaming lane (``stream``) starts ``todo`` in its N slots and refills them
         from the stream (which says where each streamed training's records live); ``extra``: more pack record
@@ -266,11 +276,11 @@ class TrainingEnds:
     pack: Pack
     on: OnDevice
     by_id: Mapping[str, Training]
-    fields: Mapping[str, Any]
+    fields: Mapping[str, object]
     sampler: Sampler
     stream: Stream | None
     oom_kills_before: int | None
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[TrainingRecord] = field(default_factory=list)
 
     def __call__(self, outcome: TrainingOutcome) -> None:
         note_oom_kill(outcome, self.oom_kills_before)
@@ -279,8 +289,9 @@ class TrainingEnds:
                                        self.sampler.figures(tid))
         if stream is not None:  # which lane, slot and job ran it, and its share of the plan (its home)
             stream.ended(tid, outcome.ended_at - outcome.started_at)
-            rec.update(stream=pack.stream, lane=pack.index, job_id=self.attempt.job.job_id, home=stream.home(tid))
-            rec = stream.judge(rec)
+            rec.update({"stream": pack.stream, "lane": pack.index, "job_id": self.attempt.job.job_id,
+                        "home": stream.home(tid)})
+            rec = cast(TrainingRecord, stream.judge(dict(rec)))  # the Stream protocol's plain dict
         write_json_atomic(self.attempt.run.training_record(stream.where(tid) if stream is not None else pack.pack_id,
                                                            tid), rec)
         self.records.append(rec)
@@ -310,8 +321,8 @@ def own_shares(run: RunDir, todo: Sequence[Training], settings: PackSettings, in
     return {t.training_id: s for t, s in zip(todo, shares)}
 
 
-def learn(run: RunDir, pack: Pack, pack_rec: Mapping[str, Any], book: PeakBook) -> None:
+def learn(run: RunDir, pack: Pack, pack_rec: PackRecord, book: PeakBook) -> None:
     """What the pack's trainings peaked at, for the next packs of their settings (read before a lane folds them)."""
     recs = [r for tid in pack_rec.get("training_ids", [])
-            if (r := read_json_or_none(run.training_record(pack.pack_id, str(tid)))) is not None]
+            if (r := read_training(run.training_record(pack.pack_id, str(tid)))) is not None]
     book.learn({t.training_id: t for t in pack.trainings}, recs)

@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Sequence, TypedDict
 
 from gpupack.core.memory.pack_fit import Fit, Refit
 from gpupack.core.memory.victims import victims
 from gpupack.core.plan import Pack, Plan, Training, refit_packs, run_at_smaller_n
 from gpupack.core.store.journal import RunRecords, append_records, lane_trainings
-from gpupack.core.store.records import KILLED, read_json, read_json_or_none, write_json_atomic
+from gpupack.core.store.records import (
+    KILLED,
+    PackRecord,
+    RefitNote,
+    TrainingRecord,
+    read_json,
+    read_training,
+    write_json_atomic,
+)
 from gpupack.core.store.rundir import PROBE, RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.fit import PeakBook, check_pack, refit_n
@@ -36,6 +44,14 @@ def memory_fit(book: PeakBook, pack: Pack, todo: Sequence[Training], settings: P
     return fit
 
 
+class SkipFields(TypedDict):
+    """A skipped pack's record fields (:meth:`Skip.fields`)."""
+
+    skipped_memory: str
+    refit: RefitNote
+    skipped_training_ids: list[str]
+
+
 @dataclass(frozen=True)
 class Skip:
     """A pack skipped for memory (``why``): the N its trainings run at instead and the refit packs that run them
@@ -50,9 +66,9 @@ class Skip:
         """Each refit training → the refit pack that runs it."""
         return {t.training_id: r.pack_id for r in self.packs for t in r.trainings}
 
-    def fields(self, todo: Sequence[Training]) -> dict[str, Any]:
+    def fields(self, todo: Sequence[Training]) -> SkipFields:
         """The skipped pack's record fields."""
-        said = {"n": self.refit.n if self.refit is not None else None, "why": self.said,
+        said: RefitNote = {"n": self.refit.n if self.refit is not None else None, "why": self.said,
                 "packs": [r.pack_id for r in self.packs]}
         return {"skipped_memory": self.why, "refit": said, "skipped_training_ids": [t.training_id for t in todo]}
 
@@ -80,11 +96,11 @@ def skip_of(plan: Plan, pack: Pack, todo: Sequence[Training], fit: Fit, book: Pe
 
 # ---------------- a neighbour's fault ----------------
 
-def mark_victims(run: RunDir, pack: Pack, pack_rec: Mapping[str, Any]) -> dict[str, str]:
+def mark_victims(run: RunDir, pack: Pack, pack_rec: PackRecord) -> dict[str, str]:
     """Record the trainings of this attempt that another's fault took down (gpupack.core.memory.victims) as ``victim``,
     with ``victim_of`` and ``died_as``; victim → the training that faulted."""
     recs = [r for tid in pack_rec.get("training_ids", [])
-            if (r := read_json_or_none(run.training_record(pack.pack_id, str(tid)))) is not None]
+            if (r := read_training(run.training_record(pack.pack_id, str(tid)))) is not None]
     taken = victims(recs)
     for rec in recs:
         culprit = taken.get(str(rec["training_id"]))
@@ -118,14 +134,15 @@ def refits_of(pack: Pack, records: RunRecords) -> list[Pack]:
     """The refit packs (:func:`gpupack.core.plan.refit_packs`) in which the job that skipped ``pack`` for memory ran
     its trainings, as its pack record and its trainings' records say (``refit``, ``runs_in``); none where it was not
     skipped, or where its trainings' grid points ran at a smaller N."""
-    said = (records.pack(pack.pack_id) or {}).get("refit") or {}
+    said = (records.pack(pack.pack_id) or {}).get("refit")
     runs_in: dict[str, list[Training]] = {}
     for t in pack.trainings:  # each named pack holds the trainings whose record says it runs them, in the pack's order
         where = (records.training(pack.pack_id, t.training_id) or {}).get("runs_in")
         if where:
             runs_in.setdefault(str(where), []).append(t)
+    names = (said.get("packs") if said else None) or []
     return [Pack(name, pack.partition, pack.mode, len(held), pack.trainings.index(held[0]), tuple(held),
-                 probe=pack.probe) for name in said.get("packs") or [] if (held := runs_in.get(name))]
+                 probe=pack.probe) for name in names if (held := runs_in.get(name))]
 
 
 def _record_pack_oom(run: RunDir, plan: Plan, pack: Pack, since: float, why: str, records: RunRecords) -> list[str]:
@@ -133,10 +150,10 @@ def _record_pack_oom(run: RunDir, plan: Plan, pack: Pack, since: float, why: str
     pack_id = pack.pack_id
     if not run.pack_dir(pack_id).is_dir() and records.pack(pack_id) is not None:
         return []  # a pack its lane ran to its end and folded before the job was killed: none of its trainings was
-    ours: dict[str, dict[str, Any]] = {}
+    ours: dict[str, TrainingRecord] = {}
     lost: list[Training] = []
     for t in pack.trainings:
-        rec = read_json_or_none(run.training_record(pack_id, t.training_id))
+        rec = read_training(run.training_record(pack_id, t.training_id))
         if rec is None:
             lost.append(t)
         elif float(rec.get("started_at") or 0) >= since:
@@ -157,14 +174,14 @@ def _record_lane_oom(run: RunDir, plan: Plan, pack: Pack, since: float, why: str
     """record_job_oom for a streaming lane: the records this lane wrote in this attempt (in a folder, or folded into
     its journal: amended there by a later line) of trainings SIGKILLed become oom. A training it held with no record
     is left to its claim: the lane's next run releases it and runs it again."""
-    def ours(rec: Mapping[str, Any] | None) -> bool:
+    def ours(rec: TrainingRecord | None) -> bool:
         return (rec is not None and rec.get("pack_id") == pack.pack_id and float(rec.get("started_at") or 0) >= since
                 and rec.get("status") == KILLED and rec.get("signal") == signal.SIGKILL)
 
     for home, t in plan.queue(pack.stream or ""):  # its home's folder, or the lane's own where the lane folds
         for path in dict.fromkeys((run.training_record(home.pack_id, t.training_id),
                                    run.training_record(pack.pack_id, t.training_id))):
-            rec = read_json_or_none(path)
+            rec = read_training(path)
             if ours(rec):
                 write_json_atomic(path, as_oom(rec or {}, why))
     folded = [as_oom(rec, why) for rec in lane_trainings(run, pack.pack_id).values() if ours(rec)]

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence, TypedDict, cast
 
 from gpupack.core.cost.rgu import model_from_device_name
 from gpupack.core.plan import Pack, Plan, Training, refit_parent
@@ -27,6 +27,9 @@ from gpupack.core.store.records import (
     SKIPPED_MEMORY,
     TIMEOUT,
     VICTIM,
+    Memory,
+    PackRecord,
+    TrainingRecord,
     make_dirs,
     pack_record,
     training_record,
@@ -67,13 +70,13 @@ def gpu_model(info: DeviceInfo, settings: PackSettings) -> str | None:
     return model_from_device_name(info.name) if info.kind == "gpu" else settings.gpu_model
 
 
-def order_fields(pack: Pack) -> dict[str, Any]:
+def order_fields(pack: Pack) -> dict[str, object]:
     """Where the pack stands in the run's order (gpupack.core.plan.in_rounds): its round, or the pack it repeats at
     the end as a drift check; nothing for a pack without (a lane, a probe, a plan written before rounds)."""
     return {k: v for k, v in (("round", pack.round), ("reference_of", pack.reference_of)) if v is not None}
 
 
-def spread_fields(pack: Pack, result: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def spread_fields(pack: Pack, result: Mapping[str, object] | None = None) -> dict[str, object]:
     """A spread pack's record fields: k devices, the strategy, and what it measured (all-reduce bytes per step, ...).
     Nothing for a packing pack, whose records stay as they were."""
     if pack.spread is None:
@@ -85,7 +88,7 @@ def spread_fields(pack: Pack, result: Mapping[str, Any] | None = None) -> dict[s
 
 def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, sweep: str,
                           device: DeviceInfo, ctx_device: str, threads: int, concurrent: int,
-                          model: str | None = None) -> dict[str, Any]:
+                          model: str | None = None) -> TrainingRecord:
     result = outcome.result or {}
     return training_record(
         sweep=sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload_label,
@@ -103,35 +106,35 @@ def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pa
 
 
 def finished_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, plan: Plan, on: OnDevice,
-                             fields: Mapping[str, Any], sampled: Mapping[str, Any]) -> dict[str, Any]:
+                             fields: Mapping[str, object], sampled: Mapping[str, object]) -> TrainingRecord:
     """The record of a training that ran and ended, as its pack's mode told it (``outcome``); ``fields``: more of
     its fields (a refit pack's ``refit_of``, the GPUs it was given); ``sampled``: the sampler's figures of it."""
     rec = build_training_record(outcome, training, pack, plan.sweep, on.info, on.device, on.threads, on.concurrent,
                                 on.model)
     if plan.phase:  # packing.factors=auto: a probe's record, or the run's at the best N
         rec["phase"] = plan.phase
-    rec.update(fields)
+    rec = cast(TrainingRecord, {**rec, **fields})  # a caller's fields: not checked here
     fill_memory(rec, sampled)
     share_hint(rec)
     return rec
 
 
 def skipped_training_record(training: Training, pack: Pack, plan: Plan, on: OnDevice, why: str,
-                            runs_in: str | None, now: float) -> dict[str, Any]:
+                            runs_in: str | None, now: float) -> TrainingRecord:
     """The record of a training of a pack skipped for memory (``why``); ``runs_in``: the refit pack that runs it
     (None: its grid point ran at a smaller N)."""
     outcome = TrainingOutcome(training.training_id, now, now, None, error=f"skipped for memory: {why}")
     rec = build_training_record(outcome, training, pack, plan.sweep, on.info, on.device, on.threads, on.concurrent,
                                 on.model)
-    rec.update(status=SKIPPED_MEMORY, skipped_memory=why)
+    rec.update({"status": SKIPPED_MEMORY, "skipped_memory": why})
     rec["runs_in"] = runs_in
     if plan.phase:
         rec["phase"] = plan.phase
     return rec
 
 
-def lost_training_record(training: Training, pack: Pack, plan: Plan, sibling: Mapping[str, Any],
-                         why: str) -> dict[str, Any]:
+def lost_training_record(training: Training, pack: Pack, plan: Plan, sibling: TrainingRecord,
+                         why: str) -> TrainingRecord:
     """The oom record of a training left with none when SLURM killed its job for memory (``why``): on the device,
     the host and at the start its ``sibling``'s record of the same attempt names."""
     info = DeviceInfo(kind="cpu" if sibling.get("gpu_type") == "cpu" else "gpu", name=str(sibling.get("device_name")))
@@ -148,18 +151,18 @@ def lost_training_record(training: Training, pack: Pack, plan: Plan, sibling: Ma
     return rec
 
 
-def as_oom(rec: Mapping[str, Any], why: str) -> dict[str, Any]:
+def as_oom(rec: TrainingRecord, why: str) -> TrainingRecord:
     """A SIGKILLed training's record, once SLURM said its job ran out of memory (``why``)."""
     error = f"{rec['error']}\n{why}" if rec.get("error") else why
-    return {**rec, "status": OOM, OOM_KILLED_BY: why, "error": error}
+    return cast(TrainingRecord, {**rec, "status": OOM, OOM_KILLED_BY: why, "error": error})
 
 
-def as_victim(rec: Mapping[str, Any], culprit: str) -> dict[str, Any]:
+def as_victim(rec: TrainingRecord, culprit: str) -> TrainingRecord:
     """The record of a training another's fault (``culprit``'s, gpupack.core.memory.victims) took down."""
     return {**rec, "status": VICTIM, "victim_of": culprit, "died_as": rec.get("status")}
 
 
-def share_hint(rec: dict[str, Any]) -> None:
+def share_hint(rec: TrainingRecord) -> None:
     """A training that ran out of memory with a share of the GPU (packing.memory_share) says what its share was and
     what would give it more: the limit may be what it hit, not the device."""
     share = rec.get("memory_share")
@@ -172,7 +175,7 @@ def share_hint(rec: dict[str, Any]) -> None:
                     "or set packing.memory_share=off")
 
 
-def fill_memory(rec: dict[str, Any], sampled: Mapping[str, Any]) -> None:
+def fill_memory(rec: TrainingRecord, sampled: Mapping[str, object]) -> None:
     """A figure the training did not report itself (a program of the ``command`` workload reports no memory) is the
     sampler's, so the record says what the tables show; ``memory.from_sampler`` names those (sampled every
     ``packing.sample_interval_s``: a shorter peak can be missed)."""
@@ -180,8 +183,8 @@ def fill_memory(rec: dict[str, Any], sampled: Mapping[str, Any]) -> None:
     filled = [key for key in ("peak_rss_mb", "peak_gpu_mem_mb")
               if memory.get(key) is None and sampled.get(key) is not None]
     if filled:
-        rec["memory"] = {"peak_rss_mb": None, "peak_gpu_mem_mb": None, **memory,
-                         **{key: sampled[key] for key in filled}, "from_sampler": filled}
+        rec["memory"] = cast(Memory, {"peak_rss_mb": None, "peak_gpu_mem_mb": None, **memory,
+                                      **{key: sampled[key] for key in filled}, "from_sampler": filled})
 
 
 def move_aside(run: RunDir, pack_id: str, path: Path) -> None:
@@ -198,7 +201,17 @@ def move_aside(run: RunDir, pack_id: str, path: Path) -> None:
 
 # ---------------- a pack's record ----------------
 
-def slot_use(records: Sequence[Mapping[str, Any]], slots: int, started: float, ended: float) -> dict[str, Any]:
+class SlotUse(TypedDict):
+    """How busy a pack's N slots were (:func:`slot_use`): fields of its record."""
+
+    slots: int
+    busy_s: float
+    slot_occupancy: float | None
+    slot_gap_mean_s: float | None
+    slot_gap_max_s: float | None
+
+
+def slot_use(records: Sequence[TrainingRecord], slots: int, started: float, ended: float) -> SlotUse:
     """How busy the pack's N slots were: ``slot_occupancy`` = Σ training wall / (N × pack wall), and the idle gaps
     between one training's end and the next one's start in the same slot (a streaming lane's refills). Pure."""
     wall = ended - started
@@ -215,11 +228,11 @@ def slot_use(records: Sequence[Mapping[str, Any]], slots: int, started: float, e
             "slot_gap_max_s": max(gaps) if gaps else None}
 
 
-def write_pack_record(run: RunDir, pack: Pack, records: Sequence[dict[str, Any]], info: DeviceInfo,
+def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord], info: DeviceInfo,
                       device: str, cores: int, threads: int, model: str | None = None,
-                      sampled: dict[str, Any] | None = None, mode_started: float | None = None,
+                      sampled: Mapping[str, object] | None = None, mode_started: float | None = None,
                       phase: str | None = None, job: JobEnvironment | None = None,
-                      extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                      extra: Mapping[str, object] | None = None) -> PackRecord:
     """Write the pack record of this attempt. ``job``: as in :func:`gpupack.job.body.run_pack`; ``extra``: more
     fields (a lane's). Its wall runs from its first training's start (a fresh interpreter's spawn, a fork, a host's
     spawn: each training's own start-up is inside) to its last one's end; what its mode did once before
@@ -267,12 +280,12 @@ REBUILT = ("its record was lost (its journal line torn by a writer killed mid-ap
            "rebuilt from its trainings' records, without the sampler's figures or the set-up time")
 
 
-def rebuilt_pack_record(pack: Pack, records: Sequence[Mapping[str, Any]], phase: str | None = None) -> dict[str, Any]:
+def rebuilt_pack_record(pack: Pack, records: Sequence[TrainingRecord], phase: str | None = None) -> PackRecord:
     """The record of a pack whose every training has its record but whose own was lost (:data:`REBUILT`, said in it):
     what :func:`write_pack_record` would have said, from ``records``, those its trainings' current records that ran in
     it. Complete (a timing of N) only where N trainings ran together in one job, as each training's record says.
     Pure."""
-    first = records[0] if records else {}
+    first: TrainingRecord = records[0] if records else {}
     started = min((float(r["started_at"]) for r in records), default=0.0)
     ended = max((float(r["ended_at"]) for r in records), default=started)
     together = len({(r.get("job_id"), r.get("concurrent")) for r in records}) == 1 \
@@ -291,13 +304,13 @@ def rebuilt_pack_record(pack: Pack, records: Sequence[Mapping[str, Any]], phase:
         workload=pack.trainings[0].workload_label if pack.trainings else None, sampler=None, rebuilt=REBUILT,
         **spread_fields(pack), **order_fields(pack), **slot_use(records, pack.factor, started, ended))
     if pack.stream is not None:  # a lane's: its queue, and nothing it left (every training has its record)
-        rec.update(stream=pack.stream, lane=pack.index, claimed=rec["training_ids"], unclaimed=0)
+        rec.update({"stream": pack.stream, "lane": pack.index, "claimed": rec["training_ids"], "unclaimed": 0})
     if phase:
         rec["phase"] = phase
     return rec
 
 
-def rebuild_pack_record(run: RunDir, plan: Plan, pack: Pack, records: RunRecords) -> dict[str, Any] | None:
+def rebuild_pack_record(run: RunDir, plan: Plan, pack: Pack, records: RunRecords) -> PackRecord | None:
     """Write the rebuilt record (:func:`rebuilt_pack_record`) of ``pack``, whose trainings all have their record, into
     its folder, as its job would have at its end (a lane that folds folds it next); it says so on stderr. Its
     trainings: those of its queue (a streaming lane's: the ones it ran) or its own, whose current record ran in it;
@@ -308,7 +321,7 @@ def rebuild_pack_record(run: RunDir, plan: Plan, pack: Pack, records: RunRecords
            and rec.get("pack_id") == pack.pack_id]
     if not ran:
         return None
-    rec = rebuilt_pack_record(pack, ran, plan.phase)
-    write_json_atomic(run.pack_record(pack.pack_id), rec)
+    rebuilt = rebuilt_pack_record(pack, ran, plan.phase)
+    write_json_atomic(run.pack_record(pack.pack_id), rebuilt)
     print(f"gpupack: warning: pack {pack.pack_id}: {REBUILT} ({len(ran)} training(s))", file=sys.stderr)
-    return rec
+    return rebuilt

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence, cast
 
 import psutil
 
@@ -38,7 +38,15 @@ from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.store.claims import STALE, Claimant, claim, claim_path, claims, drop, release_stale
 from gpupack.core.store.journal import CompletedTail, Folded, RunRecords, fold_pack, fold_trainings
 from gpupack.core.store.lane_columnar import write_lane_columnar
-from gpupack.core.store.records import COMPLETED, is_completed, read_json, write_json_atomic
+from gpupack.core.store.records import (
+    COMPLETED,
+    Admission,
+    PackRecord,
+    TrainingRecord,
+    is_completed,
+    read_json,
+    write_json_atomic,
+)
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import PackAttempt, choose_device, pack_lock
@@ -126,7 +134,7 @@ class Lane:
         # what the queue's lanes folded as completed (none where the backend does not fold), by their journals' names
         self.journals = CompletedTail(run, [lane.pack_id for lane in plan.lanes(pack.stream)])
         # how its recent trainings ended (a fault's window), for telling a fault from its victims
-        self.ended_recs: deque[dict[str, Any]] = deque(maxlen=4 * pack.factor + 1)
+        self.ended_recs: deque[TrainingRecord] = deque(maxlen=4 * pack.factor + 1)
         self.again: deque[Training] = deque()  # victims of a neighbour's fault, to run once more (it holds them)
         self.ran_again: set[str] = set()
         self._by_id = {t.training_id: t for _, t in self.items}
@@ -276,7 +284,7 @@ class Lane:
         figure = expected_peak(self.gauge.earlier.get(key), self.settings.training_memory_mb, self._in_run.get(key))
         return None if figure is None else figure.mb
 
-    def admission(self) -> dict[str, Any] | None:
+    def admission(self) -> Admission | None:
         """What admission did, for the lane's record (None: off)."""
         if self.gauge is None:
             return None
@@ -287,20 +295,22 @@ class Lane:
         if self._holding.pop(training_id, None) is not None:
             self._looked = None  # its memory frees: the next look measures again at once
 
-    def judge(self, rec: dict[str, Any]) -> dict[str, Any]:
+    def judge(self, rec: dict[str, object]) -> dict[str, object]:
         """A training's record as it ended, before it is written: a victim of a neighbour's fault on this lane's
-        device (gpupack.core.memory.victims) is recorded as such and run again once, by this lane."""
-        tid = str(rec["training_id"])
-        culprit = culprit_of(rec, self.ended_recs) if tid not in self.ran_again else None
-        self.ended_recs.append(rec)
-        self._measured(rec)
+        device (gpupack.core.memory.victims) is recorded as such and run again once, by this lane. A plain dict, as
+        the Stream protocol (gpupack.pack) hands it: the job body built it a TrainingRecord."""
+        training = cast(TrainingRecord, rec)
+        tid = str(training["training_id"])
+        culprit = culprit_of(training, self.ended_recs) if tid not in self.ran_again else None
+        self.ended_recs.append(training)
+        self._measured(training)
         if culprit is None:
             return rec
         self.ran_again.add(tid)
         self.again.append(self._by_id[tid])
-        return as_victim(rec, culprit)
+        return dict(as_victim(training, culprit))
 
-    def _measured(self, rec: Mapping[str, Any]) -> None:
+    def _measured(self, rec: TrainingRecord) -> None:
         """A completed training's peak: its setting's figure in this run, where nothing earlier says one."""
         peak = peak_of(rec, self.gauge.on_gpu) if self.gauge is not None and rec.get("status") == COMPLETED else None
         if peak is not None:
@@ -318,7 +328,7 @@ class Lane:
 
 
 def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
-             plan: Plan | None = None) -> dict[str, Any]:
+             plan: Plan | None = None) -> PackRecord:
     """Run one streaming lane in this job until its queue is drained; its pack record says what it ran. ``plan``:
     the run's, as the caller read it (None: read here)."""
     run = RunDir(Path(run_root))
@@ -359,8 +369,9 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
                               extra={"stream": pack.stream, "lane": pack.index, "released": list(released),
                                      **({"torn_claims": torn} if torn else {})})
         left = len(lane.items) - len(lane.completed() | set(claims(lane.folder)))
-        rec.update(claimed=lane.claimed, stopped_claiming=lane.stopped, unclaimed=left,
-                   **({"admission": admitted} if (admitted := lane.admission()) is not None else {}))
+        rec.update({"claimed": lane.claimed, "stopped_claiming": lane.stopped, "unclaimed": left})
+        if (admitted := lane.admission()) is not None:
+            rec["admission"] = admitted
         write_json_atomic(run.pack_record(pack_id), rec)
         if lane.folds:  # the lane's own record and logs; its folder goes; then what collect reads of its journal
             fold_pack(run, pack_id, pack_id)

@@ -20,12 +20,12 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence, TypedDict
 
 from gpupack.core.plan import Plan, refit_parent
 from gpupack.core.store.journal import RunRecords, fold_pack
 from gpupack.core.store.lane_columnar import write_lane_columnar
-from gpupack.core.store.records import read_json
+from gpupack.core.store.records import PackRecord, read_json
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
@@ -35,6 +35,16 @@ from gpupack.pack import LaneShare
 from gpupack.runtime.jobenv import JobEnvironment
 
 
+class InTurn(TypedDict):
+    """What a lane of whole packs run in turn did (:func:`run_in_turn`): each pack's record, and where the job's
+    time ran short, why it stopped and how many packs it left."""
+
+    in_turn: list[str]
+    records: dict[str, PackRecord]
+    stopped_claiming: str | None
+    unclaimed: int
+
+
 class Turns:
     """The lane's packs not yet begun, shared by the job's GPUs, and what the lane did."""
 
@@ -42,7 +52,7 @@ class Turns:
                  clock: Callable[[], float]) -> None:
         self.queue = deque(pack_ids)
         self.settings, self.started, self.clock = settings, started, clock
-        self.records: dict[str, dict[str, Any]] = {}
+        self.records: dict[str, PackRecord] = {}
         self.walls: list[float] = []
         self.stopped: str | None = None
         self.failed: BaseException | None = None
@@ -57,7 +67,7 @@ class Turns:
                                        max(self.walls, default=None), "a pack")
             return None if self.stopped is not None else self.queue.popleft()
 
-    def ended(self, pack_id: str, record: dict[str, Any], wall_s: float | None) -> None:
+    def ended(self, pack_id: str, record: PackRecord, wall_s: float | None) -> None:
         with self._lock:
             self.records[pack_id] = record
             if wall_s is not None:
@@ -67,13 +77,13 @@ class Turns:
         with self._lock:
             self.failed = self.failed or err
 
-    def result(self, pack_ids: Sequence[str]) -> dict[str, Any]:
+    def result(self, pack_ids: Sequence[str]) -> InTurn:
         return {"in_turn": list(pack_ids), "records": self.records, "stopped_claiming": self.stopped,
                 "unclaimed": len(self.queue) if self.stopped is not None else 0}
 
 
 def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, job: JobEnvironment | None = None,
-                plan: Plan | None = None, clock: Callable[[], float] = time.time) -> dict[str, Any]:
+                plan: Plan | None = None, clock: Callable[[], float] = time.time) -> InTurn:
     """Run ``pack_ids`` in turn in this job, one at a time on each of its ``settings.job_gpus`` GPUs; what each pack's
     record says (``records``), and, where the job's time ran short, why it stopped (``stopped_claiming``) and how many
     packs it left (``unclaimed``). A pack that raises stops the lane (the other GPUs end their pack) and is raised."""

@@ -93,11 +93,11 @@ class PackJob(submitit.helpers.Checkpointable):
         job = self.submitter.job_environment()
         plan = Plan.from_json(read_json(RunDir(Path(run_root)).plan))  # read once: the job body is handed it
         if isinstance(pack_id, list):
-            record = run_in_turn(run_root, pack_id, settings, job=job, plan=plan)
+            record = dict(run_in_turn(run_root, pack_id, settings, job=job, plan=plan))
         elif plan.pack(pack_id).stream is None:
-            return run_pack(run_root, pack_id, settings, job=job, plan=plan)
+            return dict(run_pack(run_root, pack_id, settings, job=job, plan=plan))
         else:
-            record = run_lane(run_root, pack_id, settings, job=job, plan=plan)
+            record = dict(run_lane(run_root, pack_id, settings, job=job, plan=plan))
         if record.get("stopped_claiming") and record.get("unclaimed") and self.submitter.requeues:
             # Near its time limit with trainings left: requeue now, as SLURM's signal would a little later
             # (submitit's handler checkpoints this call and requeues it; the lane's next run goes on with the queue).

@@ -15,10 +15,10 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from gpupack.core.store.journal import Folded, read_folded
-from gpupack.core.store.records import COMPLETED, read_json_or_none
+from gpupack.core.store.records import COMPLETED, PackRecord, Peaks, TrainingRecord, read_pack, read_training
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Capacity
 from gpupack.errors import ConfigError
@@ -58,7 +58,7 @@ class Measured:
     where: str = ""
 
 
-def setting_key(params: Mapping[str, Any], seed_key: str = "seed") -> str:
+def setting_key(params: Mapping[str, object], seed_key: str = "seed") -> str:
     """The hyperparameters that set a training's memory: all but its seed."""
     return json.dumps({k: v for k, v in params.items() if k != seed_key}, sort_keys=True, default=str)
 
@@ -198,19 +198,19 @@ def _highest(seen: Sequence[tuple[str, float | None, float | None, str]]) -> Mea
                     trainings=len(host) or len(gpu), where=where)
 
 
-def _newest_first(run: RunDir, folded: Folded) -> Iterator[dict[str, Any] | None]:
+def _newest_first(run: RunDir, folded: Folded) -> Iterator[TrainingRecord | None]:
     """The run's training records, newest first: those in packs' folders (by mtime), then those lanes folded (by
     their end)."""
     for path in sorted(run.training_records(), key=lambda p: p.stat().st_mtime, reverse=True):
-        yield read_json_or_none(path)
+        yield read_training(path)
     yield from sorted((h[-1] for h in folded.trainings.values()), key=lambda r: -float(r.get("ended_at") or 0))
 
 
-def _sampled_peaks(run: Path, folded: Folded) -> dict[str, dict[str, Any]]:
+def _sampled_peaks(run: Path, folded: Folded) -> dict[str, Peaks]:
     """Per training id, the sampler's peaks (pack records: in packs' folders, and those lanes folded): what a program
     that reports nothing itself is known by."""
-    out: dict[str, dict[str, Any]] = {}
-    pack_recs = [read_json_or_none(path) or {} for path in RunDir(run).pack_records()]
+    out: dict[str, Peaks] = {}
+    pack_recs: list[PackRecord] = [read_pack(path) or {} for path in RunDir(run).pack_records()]
     for rec in [*(h[-1] for h in folded.packs.values()), *pack_recs]:
         out.update(((rec.get("sampler") or {}).get("per_training") or {}))
     return out

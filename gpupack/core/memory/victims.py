@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import re
 import signal
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
-from gpupack.core.store.records import COMPLETED, FAILED, KILLED, TIMEOUT, VICTIM
+from gpupack.core.store.records import COMPLETED, FAILED, KILLED, TIMEOUT, VICTIM, TrainingRecord
 
 WINDOW_S = 10.0  # a victim dies within this long after the fault: an MPS server or a reset ends its clients at once
 # What a process prints when the device or its MPS server failed under it, not its own program's mistake
@@ -30,7 +30,7 @@ COLLATERAL = re.compile(r"CUDA error|CUDA_ERROR|cudaError|CUBLAS_STATUS|CUDNN_ST
 CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL)
 
 
-def collateral(rec: Mapping[str, Any]) -> bool:
+def collateral(rec: TrainingRecord) -> bool:
     """A death a neighbour's fault can cause: failed or killed (never an OOM or a time limit), by a crash signal or
     a device, MPS or NCCL error. Pure."""
     if rec.get("status") not in (FAILED, KILLED):
@@ -38,7 +38,7 @@ def collateral(rec: Mapping[str, Any]) -> bool:
     return rec.get("signal") in CRASH_SIGNALS or bool(COLLATERAL.search(str(rec.get("error") or "")))
 
 
-def victims(records: Sequence[Mapping[str, Any]], window_s: float = WINDOW_S) -> dict[str, str]:
+def victims(records: Sequence[TrainingRecord], window_s: float = WINDOW_S) -> dict[str, str]:
     """The victims among one attempt's training records of a pack: victim's training id → the id of the training
     whose fault took it down (the first of the pack to fail). Empty when fewer than two failed. Pure."""
     failed = sorted((r for r in records if r.get("status") not in (COMPLETED, TIMEOUT)),
@@ -50,7 +50,8 @@ def victims(records: Sequence[Mapping[str, Any]], window_s: float = WINDOW_S) ->
             if (culprit := culprit_of(r, [first], window_s)) is not None}
 
 
-def culprit_of(rec: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]], window_s: float = WINDOW_S) -> str | None:
+def culprit_of(rec: TrainingRecord, earlier: Sequence[TrainingRecord],
+               window_s: float = WINDOW_S) -> str | None:
     """The training whose fault took ``rec`` down, among the records that ended before it on its device
     (``earlier``: a streaming lane's, as they end): the first that failed (not a victim itself, not a time limit)
     within ``window_s`` before it, where ``rec``'s death is one a neighbour's fault causes; None: its own. Pure."""

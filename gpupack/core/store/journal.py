@@ -34,14 +34,44 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Collection, Iterable, Iterator, Mapping
+from typing import IO, Callable, Collection, Final, Iterable, Iterator, Mapping, TypedDict, cast
 
 from gpupack.core.plan import refit_parent
-from gpupack.core.store.records import COMPLETED, SKIPPED_MEMORY, make_dirs, read_json_or_none
+from gpupack.core.store.records import (
+    COMPLETED,
+    SKIPPED_MEMORY,
+    Logs,
+    PackRecord,
+    TrainingRecord,
+    make_dirs,
+    read_json_or_none,
+)
 from gpupack.core.store.rundir import ATTEMPTS, PACK_RECORD, TRAININGS, RunDir
 
 TRAINING, PACK = "training", "pack"  # what a journal line holds
-LOGS = "logs"  # a folded record's field: where each of its logs is kept (:func:`kept_log`)
+LOGS: Final = "logs"  # a folded record's field: where each of its logs is kept (:func:`kept_log`)
+
+Record = TrainingRecord | PackRecord  # what a journal line holds: its ``kind`` says which
+
+
+class JournalEntry(TypedDict):
+    """One line of a lane's journal (lanes/<lane>.jsonl): a record, which kind, and when and in what order it was
+    folded."""
+
+    kind: str
+    folded_at: float
+    seq: int
+    record: Record
+
+
+def _read_training(path: Path) -> TrainingRecord | None:
+    """The training record at ``path``, as its writer shaped it; None: missing or torn."""
+    return cast(TrainingRecord | None, read_json_or_none(path))
+
+
+def _read_pack(path: Path) -> PackRecord | None:
+    """The pack record at ``path``, as its writer shaped it; None: missing or torn."""
+    return cast(PackRecord | None, read_json_or_none(path))
 
 
 # ---------------- folding (inside the job) ----------------
@@ -58,17 +88,17 @@ def fold_pack(run: RunDir, pack_id: str, lane: str, clock: Callable[[], float] =
 
 
 def fold_trainings(run: RunDir, pack_id: str, training_ids: Collection[str], lane: str,
-                   clock: Callable[[], float] = time.time) -> list[dict[str, Any]]:
+                   clock: Callable[[], float] = time.time) -> list[TrainingRecord]:
     """Fold the ended trainings ``training_ids`` of pack ``pack_id`` (a streaming lane's, as each ends) into
     ``lane``'s journal, then remove their records and logs; the records it folded (a training with no record: none).
     """
     folder = run.pack_dir(pack_id)
-    recs: list[dict[str, Any]] = []
+    recs: list[TrainingRecord] = []
 
-    def lines(log: IO[bytes]) -> list[tuple[str, dict[str, Any]]]:
+    def lines(log: IO[bytes]) -> list[tuple[str, Record]]:
         out = _trainings(run, folder, pack_id, lane, log, training_ids)
         recs.extend(rec for _, rec in out)
-        return out
+        return list(out)
 
     _fold(run, lane, clock, lines)
     for rec in recs:
@@ -78,15 +108,15 @@ def fold_trainings(run: RunDir, pack_id: str, training_ids: Collection[str], lan
     return recs
 
 
-def append_records(run: RunDir, lane: str, records: Collection[Mapping[str, Any]],
+def append_records(run: RunDir, lane: str, records: Collection[TrainingRecord],
                    clock: Callable[[], float] = time.time) -> None:
     """Append amended training records to ``lane``'s journal (what SLURM tells after the job, e.g. an OOM): the
     latest record of a training is its current one, the earlier ones stay as they were."""
-    _fold(run, lane, clock, lambda log: [(TRAINING, dict(rec)) for rec in records])
+    _fold(run, lane, clock, lambda log: [(TRAINING, rec.copy()) for rec in records])
 
 
 def _fold(run: RunDir, lane: str, clock: Callable[[], float],
-          lines_of: Callable[[IO[bytes]], list[tuple[str, dict[str, Any]]]]) -> int:
+          lines_of: Callable[[IO[bytes]], list[tuple[str, Record]]]) -> int:
     """Append the lines ``lines_of`` makes (copying logs into the lane's log as it goes) to ``lane``'s journal,
     fsynced, the log before the lines that point into it; how many lines."""
     make_dirs(run.lanes)
@@ -162,24 +192,25 @@ def repair(run: RunDir, lane: str) -> int:
     return len(torn)
 
 
-def _earlier_attempts(folder: Path) -> list[tuple[str, dict[str, Any]]]:
+def _earlier_attempts(folder: Path) -> list[tuple[str, Record]]:
     """Records a resumed pack moved under attempts/<k>/, oldest attempt first."""
-    out: list[tuple[str, dict[str, Any]]] = []
+    out: list[tuple[str, Record]] = []
     attempts = folder / ATTEMPTS
     for k in sorted((int(d.name) for d in attempts.iterdir() if d.name.isdigit()) if attempts.is_dir() else []):
         for path in sorted((attempts / str(k)).glob("*.json")):
-            rec = read_json_or_none(path)
+            rec = _read_pack(path) if path.name == PACK_RECORD else _read_training(path)
             if rec is not None:
                 out.append((PACK if path.name == PACK_RECORD else TRAINING, rec))
     return out
 
 
-def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes]) -> list[tuple[str, dict[str, Any]]]:
+def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes]) -> list[tuple[str, Record]]:
     """The pack's latest records, each training's with where its logs are kept; the pack record last, with the
     pack's own logs (a fork server's, MPS's, a host's)."""
-    out = _trainings(run, folder, pack_id, lane, log)
-    trainings = {str(rec["training_id"]) for _, rec in out}
-    pack = read_json_or_none(folder / PACK_RECORD)
+    found = _trainings(run, folder, pack_id, lane, log)
+    trainings = {str(rec["training_id"]) for _, rec in found}
+    out: list[tuple[str, Record]] = [*found]
+    pack = _read_pack(folder / PACK_RECORD)
     if pack is not None:
         own = sorted(p for p in (folder / "logs").glob("*.*") if p.stem not in trainings and _has_output(p)) \
             if (folder / "logs").is_dir() else []
@@ -188,14 +219,14 @@ def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes])
 
 
 def _trainings(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes],
-               only: Collection[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
+               only: Collection[str] | None = None) -> list[tuple[str, TrainingRecord]]:
     """The training records in the pack's folder (``only``: of these trainings), each with where its logs are kept:
     a completed training's in the lane's log, a failed one's whole in a file of its own."""
     paths = sorted((folder / TRAININGS).glob("*.json")) if only is None else \
         [run.training_record(pack_id, tid) for tid in sorted(only)]
-    out: list[tuple[str, dict[str, Any]]] = []
+    out: list[tuple[str, TrainingRecord]] = []
     for path in paths:
-        rec = read_json_or_none(path)
+        rec = _read_training(path)
         if rec is None:
             continue
         tid = str(rec.get("training_id", path.stem))
@@ -213,11 +244,11 @@ def _has_output(path: Path) -> bool:
         return False
 
 
-def _append_log(run: RunDir, lane: str, log: IO[bytes], pack_id: str, tid: str, stream: str) -> dict[str, Any]:
+def _append_log(run: RunDir, lane: str, log: IO[bytes], pack_id: str, tid: str, stream: str) -> Logs:
     return _append_file(run, lane, log, run.log(pack_id, tid, stream))
 
 
-def _append_file(run: RunDir, lane: str, log: IO[bytes], path: Path) -> dict[str, Any]:
+def _append_file(run: RunDir, lane: str, log: IO[bytes], path: Path) -> Logs:
     """``path``'s bytes appended to the lane's log after a header naming it; where they are."""
     log.write(f"==> {path.parent.parent.name}/{path.name} <==\n".encode())
     offset = log.tell()
@@ -228,7 +259,7 @@ def _append_file(run: RunDir, lane: str, log: IO[bytes], path: Path) -> dict[str
     return {"file": str(run.lane_log(lane).relative_to(run.root)), "offset": offset, "length": length}
 
 
-def _copy_log(run: RunDir, lane: str, log: IO[bytes], pack_id: str, tid: str, stream: str) -> dict[str, Any]:
+def _copy_log(run: RunDir, lane: str, log: IO[bytes], pack_id: str, tid: str, stream: str) -> Logs:
     """A failed training's log, whole, in a file of its own: what a user opens first (a training that failed again in
     this lane gets a file of its own again: each record points at its own failure's log)."""
     copy = 1
@@ -247,8 +278,8 @@ def _copy_log(run: RunDir, lane: str, log: IO[bytes], pack_id: str, tid: str, st
 class Folded:
     """What the run's journals hold: each training's and pack's records, oldest first, each counted once."""
 
-    trainings: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
-    packs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    trainings: dict[tuple[str, str], list[TrainingRecord]] = field(default_factory=dict)
+    packs: dict[str, list[PackRecord]] = field(default_factory=dict)
 
 
 def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
@@ -267,9 +298,10 @@ def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
             continue
         seen.add(same)
         if e["kind"] == PACK:
-            out.packs.setdefault(str(rec["pack_id"]), []).append(rec)
+            out.packs.setdefault(str(rec["pack_id"]), []).append(cast(PackRecord, rec))
         else:
-            out.trainings.setdefault((home_of(rec), str(rec["training_id"])), []).append(rec)
+            training = cast(TrainingRecord, rec)
+            out.trainings.setdefault((home_of(training), str(training["training_id"])), []).append(training)
     return out
 
 
@@ -302,13 +334,13 @@ class CompletedTail:
             except FileNotFoundError:  # a lane that has folded nothing yet (a run submitted before journals were made)
                 continue
             for entry in entries:
-                rec = entry.get("record") or {}
+                rec = cast(TrainingRecord, entry.get("record") or {})
                 if entry.get("kind") == TRAINING and rec.get("status") == COMPLETED:
                     self.done.add((home_of(rec), str(rec["training_id"])))
         return self.done
 
 
-def journal_entries(path: Path, start: int = 0) -> tuple[list[dict[str, Any]], int]:
+def journal_entries(path: Path, start: int = 0) -> tuple[list[JournalEntry], int]:
     """The entries of a journal's whole lines from byte ``start`` on, in the order folded, and the byte its last
     whole line ends at (a line being written, or torn, is left for later; a torn line ended by the next fold is
     skipped): the one way a journal is read."""
@@ -319,7 +351,7 @@ def journal_entries(path: Path, start: int = 0) -> tuple[list[dict[str, Any]], i
     return folded_order(list(_parsed(data[:whole].splitlines()))), start + whole
 
 
-def held_journal(run: RunDir, lane: str) -> tuple[list[dict[str, Any]], int, str]:
+def held_journal(run: RunDir, lane: str) -> tuple[list[JournalEntry], int, str]:
     """:func:`journal_entries` of ``lane``'s whole journal, read under its lock (no fold appends meanwhile), and the
     :func:`fingerprint` of what was read."""
     with open(run.journal(lane), "rb") as f:
@@ -348,12 +380,12 @@ def fingerprint(path: Path, end: int) -> str:
     return f"{end}:{digest.hexdigest()}{stamp}"
 
 
-def folded_order(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def folded_order(entries: list[JournalEntry]) -> list[JournalEntry]:
     """Entries in the order they were folded (a fold's lines share its time, in their sequence)."""
     return sorted(entries, key=lambda e: (float(e["folded_at"]), int(e["seq"])))
 
 
-def _parsed(lines: Iterable[str | bytes]) -> Iterator[dict[str, Any]]:
+def _parsed(lines: Iterable[str | bytes]) -> Iterator[JournalEntry]:
     """Each journal line's entry; a line that is no JSON (torn, then ended by the next fold) is skipped."""
     for line in lines:
         try:
@@ -362,32 +394,33 @@ def _parsed(lines: Iterable[str | bytes]) -> Iterator[dict[str, Any]]:
             continue
 
 
-def lane_trainings(run: RunDir, lane: str) -> dict[str, dict[str, Any]]:
+def lane_trainings(run: RunDir, lane: str) -> dict[str, TrainingRecord]:
     """The latest record of each training ``lane``'s journal holds (training id → record): one journal read."""
     path = run.journal(lane)
     entries = journal_entries(path)[0] if path.is_file() else []
-    return {str(e["record"]["training_id"]): e["record"] for e in entries if e.get("kind") == TRAINING}
+    trainings = [cast(TrainingRecord, e["record"]) for e in entries if e.get("kind") == TRAINING]
+    return {str(rec["training_id"]): rec for rec in trainings}
 
 
-def _same(rec: Mapping[str, Any]) -> str:
+def _same(rec: Mapping[str, object]) -> str:
     """A record's identity: the same record folded twice, or folded and still in its folder, is one."""
     return json.dumps({k: v for k, v in rec.items() if k != LOGS}, sort_keys=True)
 
 
-def identity(rec: Mapping[str, Any]) -> int:
+def identity(rec: Mapping[str, object]) -> int:
     """:func:`_same` as a signed 64-bit number (a column of a lane's columnar file)."""
     return int.from_bytes(hashlib.blake2b(_same(rec).encode(), digest_size=8).digest(), "little", signed=True)
 
 
-def folder_records(run: RunDir, pack_id: str) -> Iterator[dict[str, Any]]:
+def folder_records(run: RunDir, pack_id: str) -> Iterator[Record]:
     """Every record the pack's folder holds (its trainings', its own, its earlier attempts')."""
     return _folder_records(run.pack_dir(pack_id))
 
 
-def _folder_records(folder: Path) -> Iterator[dict[str, Any]]:
+def _folder_records(folder: Path) -> Iterator[Record]:
     """Every record a pack's folder holds: its trainings', its own, its earlier attempts'."""
     for path in [*folder.glob(f"{TRAININGS}/*.json"), folder / PACK_RECORD, *folder.glob(f"{ATTEMPTS}/*/*.json")]:
-        rec = read_json_or_none(path)
+        rec = _read_pack(path) if path.name == PACK_RECORD else _read_training(path)
         if rec is not None:
             yield rec
 
@@ -410,10 +443,10 @@ class RunRecords:
             self._folded = read_folded(self.run)
         return self._folded
 
-    def training(self, pack_id: str, training_id: str) -> dict[str, Any] | None:
+    def training(self, pack_id: str, training_id: str) -> TrainingRecord | None:
         history = self.folded.trainings.get((pack_id, training_id))
         if not history or self._has_folder(pack_id):  # a folded pack without a folder: no open per training
-            rec = read_json_or_none(self.run.training_record(pack_id, training_id))  # (a stat each, on Lustre)
+            rec = _read_training(self.run.training_record(pack_id, training_id))  # (a stat each, on Lustre)
             if rec is not None:
                 return rec
         return history[-1] if history else None
@@ -427,8 +460,8 @@ class RunRecords:
         rec = self.training(pack_id, training_id)
         return rec is not None and rec.get("status") == COMPLETED
 
-    def pack(self, pack_id: str) -> dict[str, Any] | None:
-        rec = read_json_or_none(self.run.pack_record(pack_id))
+    def pack(self, pack_id: str) -> PackRecord | None:
+        rec = _read_pack(self.run.pack_record(pack_id))
         if rec is not None:
             return rec
         history = self.folded.packs.get(pack_id)
@@ -456,7 +489,7 @@ class RunRecords:
         return rec is not None and rec.get("status") == SKIPPED_MEMORY and any(self.completed(r, training_id)
                                                                                for r in self.refits(pack_id))
 
-    def current(self, pack_id: str, training_id: str) -> dict[str, Any] | None:
+    def current(self, pack_id: str, training_id: str) -> TrainingRecord | None:
         """The training's record that says where it stands: its plan pack's, unless that pack was skipped for memory
         and a refit pack of it has run the training since (the latest such record)."""
         rec = self.training(pack_id, training_id)
@@ -473,19 +506,19 @@ class RunRecords:
         return self.run.pack_dir(pack_id).is_dir() or pack_id in self.folded.packs or pack_id in self._ran_in
 
 
-def home_of(rec: Mapping[str, Any]) -> str:
+def home_of(rec: Mapping[str, object]) -> str:
     """The pack whose folder holds a training's logs: its home where a streaming lane ran it, else its pack."""
     home = rec.get("home")
     return home if isinstance(home, str) and home else str(rec["pack_id"])
 
 
-def _kept(rec: Mapping[str, Any], stream: str) -> Mapping[str, Any] | None:
+def _kept(rec: Mapping[str, object], stream: str) -> Logs | None:
     """Where a folded record says its log ``stream`` is kept (its ``logs``: a dict, or its JSON text in a frame)."""
     logs = rec.get(LOGS)
     if isinstance(logs, str):
         logs = json.loads(logs)
     kept = logs.get(stream) if isinstance(logs, Mapping) else None
-    return kept if isinstance(kept, Mapping) else None
+    return cast(Logs, kept) if isinstance(kept, Mapping) else None
 
 
 @dataclass(frozen=True)
@@ -506,7 +539,7 @@ class KeptLog:
         return str(self.path) if not self.offset else f"{self.path} (at byte {self.offset})"
 
 
-def kept_log(run_root: Path | str, rec: Mapping[str, Any], stream: str) -> KeptLog | None:
+def kept_log(run_root: Path | str, rec: Mapping[str, object], stream: str) -> KeptLog | None:
     """A training's log (``stream``: out or err) as its record says it is kept: in its pack's folder, or where the
     lane's fold put it; None where none is kept."""
     run = RunDir(Path(str(run_root)))
@@ -518,7 +551,7 @@ def kept_log(run_root: Path | str, rec: Mapping[str, Any], stream: str) -> KeptL
     return KeptLog(run.root / kept["file"], int(kept["offset"]), int(kept["length"])) if kept else None
 
 
-def log_where(run_root: Path | str, rec: Mapping[str, Any], stream: str) -> str:
+def log_where(run_root: Path | str, rec: Mapping[str, object], stream: str) -> str:
     """Where a user finds a training's log, for a message: where it is kept, else where its pack would write it."""
     kept = kept_log(run_root, rec, stream)
     return str(kept) if kept else str(RunDir(Path(str(run_root))).log(home_of(rec), str(rec["training_id"]), stream))

@@ -14,7 +14,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import IO, Any, Iterator, Mapping
+from typing import IO, Any, Iterator, Mapping, TypedDict, cast
 
 SCHEMA_VERSION = 1
 COMPLETED = "completed"
@@ -28,6 +28,203 @@ VICTIM = "victim"  # taken down by another training's fault (gpupack.core.memory
 # training.
 SKIPPED_MEMORY = "skipped_memory"
 STATUSES = (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, VICTIM, SKIPPED_MEMORY)
+
+
+class Logs(TypedDict):
+    """Where a folded record's log is kept (gpupack.core.store.journal): a file under the run, a stretch of it."""
+
+    file: str
+    offset: int
+    length: int
+
+
+class Memory(TypedDict, total=False):
+    """What a training peaked at (its record's ``memory``): its own report, or the sampler's (``from_sampler``)."""
+
+    peak_rss_mb: float | None
+    peak_gpu_mem_mb: float | None
+    from_sampler: list[str]
+
+
+class Peaks(TypedDict, total=False):
+    """The sampler's figures of one training (gpupack.runtime.sampler.Sampler.figures)."""
+
+    peak_rss_mb: float | None
+    cpu_percent_mean: float | None
+    peak_gpu_mem_mb: float | None
+    gpu_mem_known: bool | None
+
+
+class Sampled(TypedDict, total=False):
+    """What the sampler said of a pack (its record's ``sampler``: gpupack.runtime.sampler.Sampler.report); the
+    foreign load's figures are read with ``.get``."""
+
+    source: str | None
+    note: str | None
+    interval_s: float
+    mps: bool
+    n_samples: int
+    samples: list[dict[str, object]]
+    gpu_util_mean: float | None
+    gpu_util_max: float | None
+    gpu_mem_used_peak_mb: float | None
+    gpu_mem_total_mb: float | None
+    cpu_percent_mean: float | None
+    per_training: dict[str, Peaks]
+    overhead_cpu_s: float
+    overhead_fraction: float | None
+
+
+class TrainingRecord(TypedDict, total=False):
+    """A training's record (trainings/<id>.json, a journal's line): what gpupack.job.records writes. A pack's mode
+    may add fields of its own (TrainingOutcome.extra): those are not named here, and read with ``.get``."""
+
+    schema: int
+    kind: str
+    sweep: str
+    pack_id: str
+    training_id: str
+    workload: str
+    params: dict[str, object]
+    grid_index: int
+    reseed: int
+    repeat: int
+    mode: str
+    factor: int
+    partition: str
+    concurrent: int
+    probe: bool
+    phase: str
+    gpu_type: str
+    device: str
+    device_name: str
+    gpu_model: str | None
+    threads: int
+    status: str
+    exit_code: int | None
+    signal: int | None
+    error: str | None
+    started_at: float
+    ended_at: float
+    wall_s: float
+    timings: object
+    throughput: object
+    metrics: object
+    memory: Memory | None
+    knobs: object
+    loader_setting: object
+    data: object
+    host: str | None
+    # a spread training's, a round's, a drift check's (gpupack.job.records.spread_fields, order_fields)
+    devices: int
+    strategy: str | None
+    spread: object
+    round: int
+    reference_of: str
+    # the job's and the mode's
+    job_id: str | None
+    cuda_visible_devices: str | None
+    slot: int
+    timed_out: bool
+    memory_share: object
+    # a streaming lane's: its queue, its lane, its home (the pack whose folder holds its records)
+    stream: str | None
+    lane: int
+    home: str
+    # skipped for memory, run in a refit pack, amended as oom or as a fault's victim
+    skipped_memory: str
+    runs_in: str | None
+    refit_of: str | None
+    oom_killed_by: str
+    victim_of: str
+    died_as: object
+    fork_fallback: str | None  # a fork-server mode's: why it started a fresh interpreter
+    logs: dict[str, Logs]  # a folded record's (gpupack.core.store.journal.LOGS)
+
+
+class RefitNote(TypedDict):
+    """A pack skipped for memory says at which N its trainings run instead, why, and in which refit packs."""
+
+    n: int | None
+    why: str
+    packs: list[str]
+
+
+class Admission(TypedDict):
+    """What a streaming lane's admission did (gpupack.job.stream.Lane.admission)."""
+
+    budget_mb: float | None
+    passed_over: int
+    waits: int
+
+
+class PackRecord(TypedDict, total=False):
+    """A pack's record (pack.json, a journal's line): what gpupack.job.records writes, a lane's fields and a skipped
+    pack's included. The job's scheduler fields (JobEnvironment.record_fields) are not named here, read with
+    ``.get``."""
+
+    schema: int
+    kind: str
+    pack_id: str
+    mode: str
+    factor: int
+    partition: str
+    probe: bool
+    phase: str
+    gpu_type: str
+    device: str
+    device_name: str
+    device_note: str | None
+    gpu_model: str | None
+    gpu_memory_total_mb: float | None
+    concurrent: int
+    complete: bool
+    training_ids: list[str]
+    n_completed: int
+    n_failed: int
+    n_oom: int
+    started_at: float
+    ended_at: float
+    wall_s: float
+    written_at: float
+    setup_s: float
+    cores: int
+    threads_per_training: int | None
+    host: str | None
+    workload: str | None
+    job_id: str | None
+    cuda_visible_devices: str | None
+    sampler: Sampled | None
+    billing: dict[str, object]
+    rebuilt: str
+    # a spread pack's, a round's, a drift check's
+    devices: int
+    strategy: str | None
+    spread: object
+    round: int
+    reference_of: str
+    # how busy its slots were (gpupack.job.records.slot_use)
+    slots: int
+    busy_s: float
+    slot_occupancy: float | None
+    slot_gap_mean_s: float | None
+    slot_gap_max_s: float | None
+    # run again as a fault's victims; a refit pack's parent; skipped for memory (gpupack.job.oom.Skip.fields)
+    victims_rerun: dict[str, str]
+    refit_of: str
+    skipped_memory: str
+    refit: RefitNote
+    skipped_training_ids: list[str]
+    # a streaming lane's (gpupack.job.stream.run_lane)
+    stream: str | None
+    lane: int
+    released: list[str]
+    torn_claims: dict[str, str]
+    claimed: list[str]
+    stopped_claiming: str | None
+    unclaimed: int
+    admission: Admission
+    logs: dict[str, Logs]  # a folded record's own logs (gpupack.core.store.journal.LOGS)
 
 
 # The umask, read once per process. Flipping it to read it (os.umask(0); os.umask(old)) is a race: another thread
@@ -118,7 +315,7 @@ def atomic_file(path: Path, binary: bool = False) -> Iterator[IO[Any]]:
         raise
 
 
-def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+def write_json_atomic(path: Path, data: Mapping[str, object]) -> None:
     with atomic_file(path) as f:
         json.dump(data, f, indent=1, sort_keys=True, default=str)
 
@@ -129,6 +326,8 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object at ``path``: the one edge where a file's JSON comes in untyped (callers narrow it to the
+    record they read: a TrainingRecord, a PackRecord, a plan's JSON)."""
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     if not isinstance(data, dict):
@@ -136,12 +335,14 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def training_record(**fields: Any) -> dict[str, Any]:
-    return {"schema": SCHEMA_VERSION, "kind": "training", **fields}
+def training_record(**fields: object) -> TrainingRecord:
+    """A training's record of ``fields`` (a mode's own fields among them: a cast, not a check)."""
+    return cast(TrainingRecord, {"schema": SCHEMA_VERSION, "kind": "training", **fields})
 
 
-def pack_record(**fields: Any) -> dict[str, Any]:
-    return {"schema": SCHEMA_VERSION, "kind": "pack", **fields}
+def pack_record(**fields: object) -> PackRecord:
+    """A pack's record of ``fields`` (the scheduler's own fields among them: a cast, not a check)."""
+    return cast(PackRecord, {"schema": SCHEMA_VERSION, "kind": "pack", **fields})
 
 
 def read_json_or_none(path: Path | str) -> dict[str, Any] | None:
@@ -154,5 +355,15 @@ def read_json_or_none(path: Path | str) -> dict[str, Any] | None:
 
 def is_completed(path: Path) -> bool:
     """True when ``path`` holds a complete training record of a training that finished."""
-    rec = read_json_or_none(path)
+    rec = read_training(path)
     return rec is not None and rec.get("status") == COMPLETED
+
+
+def read_training(path: Path | str) -> TrainingRecord | None:
+    """The training record at ``path`` (:func:`read_json_or_none`), as its writer shaped it."""
+    return cast(TrainingRecord | None, read_json_or_none(path))
+
+
+def read_pack(path: Path | str) -> PackRecord | None:
+    """The pack record at ``path`` (:func:`read_json_or_none`), as its writer shaped it."""
+    return cast(PackRecord | None, read_json_or_none(path))
