@@ -237,7 +237,11 @@ class Study:
             if journal is None or number not in journal.trials or journal.trials[number].state != RUNNING:
                 return False
             study = rebuild(journal, len(journal.trials))
-            return bool(study.pruner.prune(study, study.trials[number]))
+            if not study.pruner.prune(study, study.trials[number]):
+                return False
+            # told pruned at once, by its own process: its lane records it so, and no other end replaces it
+            self._append(f, Event(event="told", number=number, state=PRUNED, value=value, why=f"pruned at step {step}"))
+            return True
 
     def tell(self, number: int, state: State, value: float | None, why: str | None = None,
              device_s: float = 0.0) -> None:
@@ -256,6 +260,15 @@ class Study:
             for number in dead:
                 self._append(f, Event(event="told", number=number, state=FAILED, value=None, why=DIED))
             return dead
+
+
+def search_left(path: Path) -> bool:
+    """A run's search has trials to run or to tell (its lanes run again): its budget not met, or trials asked and
+    never told (a dead lane's, which its next run tells failed)."""
+    if not path.exists():
+        return False
+    journal = Study(path).read()
+    return journal.stopped() is None or journal.count(RUNNING) > 0
 
 
 def _plain(value: object) -> Param:
