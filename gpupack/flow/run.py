@@ -22,8 +22,8 @@ from gpupack.core.store.rundir import HeldLocks, Holder, RunDir, RunLock, check_
 from gpupack.core.store.storage import storage_error
 from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import GpupackError, RunDirError
-from gpupack.search.study import Study, search_left
 from gpupack.flow.collect import AutoReport, collect
+from gpupack.search.study import Study, search_left
 from gpupack.setup.compose import compose_config
 from gpupack.setup.validate import ClusterFacts, SweepSpec, requested_partitions, require_sweep, validate
 from gpupack.submit import ClusterConfig, ProgressFn, Submitter, load_submitter

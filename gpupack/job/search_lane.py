@@ -95,7 +95,8 @@ def outcome_of(rec: Mapping[str, object], metric: str) -> tuple[State, float | N
     value = metrics.get(metric) if isinstance(metrics, dict) else None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return COMPLETE, float(value), None
-    return FAILED, None, f"its record holds no {metric} (it reported {sorted(metrics) if isinstance(metrics, dict) else 'none'})"
+    said = sorted(metrics) if isinstance(metrics, dict) else "none"
+    return FAILED, None, f"its record holds no {metric} (it reported {said})"
 
 
 def run_search_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,

@@ -42,9 +42,9 @@ from gpupack.errors import ConfigError, SubmissionError
 from gpupack.job.body import run_pack
 from gpupack.job.search_lane import run_search_lane
 from gpupack.job.stream import run_lane
-from gpupack.search.plan import is_search_queue
 from gpupack.job.turns import run_in_turn
 from gpupack.runtime.jobenv import JobEnvironment
+from gpupack.search.plan import is_search_queue
 
 
 @dataclass
