@@ -154,10 +154,13 @@ def dry_run(prepared: sweep.Prepared, console: Console) -> int:
         todo = sweep.packs_to_run(prepared.run, prepared.plan)
         console.print(f"  resuming: the run directory holds this plan; {len(todo)}"
                       " pack(s) to run")
-    first = prepared.plan.packs[0].trainings[0]
-    console.print("  hyperparameters of the first training: " +
-                  ", ".join(f"{k}={v}" for k, v in first.params.items()), highlight=False)
-    console.print(f"  its command line: {first_command(prepared)}", highlight=False)
+    if not prepared.plan.packs[0].trainings:  # a search: its lanes ask the study for each trial as they run
+        console.print("  hyperparameters: each trial's, asked of the study as a slot frees (search=optuna)")
+    else:
+        first = prepared.plan.packs[0].trainings[0]
+        console.print("  hyperparameters of the first training: " +
+                      ", ".join(f"{k}={v}" for k, v in first.params.items()), highlight=False)
+        console.print(f"  its command line: {first_command(prepared)}", highlight=False)
     packs = prepared.plan.packs
     listed = len(packs) if prepared.config.get("dry_run_packs") == "all" else LISTED_PACKS
     console.print(f"  order: {prepared.plan.order}; the packs in the order they run:", highlight=False)

@@ -23,6 +23,7 @@ from gpupack.core.store.storage import storage_error
 from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import GpupackError, RunDirError
 from gpupack.flow.collect import AutoReport, collect
+from gpupack.search.study import Study, search_left
 from gpupack.setup.compose import compose_config
 from gpupack.setup.validate import ClusterFacts, SweepSpec, requested_partitions, require_sweep, validate
 from gpupack.submit import ClusterConfig, ProgressFn, Submitter, load_submitter
@@ -323,6 +324,8 @@ def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
         return all(records.ran(p.pack_id, t.training_id) for t in p.trainings) and records.pack(p.pack_id) is not None
 
     unfinished = {p.stream for p in plan.packs if p.stream is not None and not done(p)}
+    if search_left(run.study):  # a search's lanes run again while its study has trials to run or to tell
+        unfinished |= {p.stream for p in plan.packs if p.stream is not None}
     return [p for p in plan.packs if (p.stream in unfinished if p.stream is not None else not done(p))]
 
 
@@ -348,6 +351,8 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
             write_json_atomic(run_dir.plan, plan.to_json())
         if resumed:  # the order the run was planned in (an earlier gpupack's plan may order its packs otherwise)
             plan = Plan.from_json(read_json(run_dir.plan))
+        if prepared.spec is not None and prepared.spec.search is not None:  # its lanes ask it (gpupack.search.study)
+            Study(run_dir.study).create(prepared.spec.search, plan.workload, prepared.spec.fixed)
         todo = packs_to_run(run_dir, plan)
         queued = submitter.active_packs() if resumed else {}
         opened = Opened(resumed=resumed, todo=[p for p in todo if p.pack_id not in queued],

@@ -285,7 +285,8 @@ class TrainingEnds:
     def __call__(self, outcome: TrainingOutcome) -> None:
         note_oom_kill(outcome, self.oom_kills_before)
         tid, pack, stream = outcome.training_id, self.pack, self.stream
-        rec = finished_training_record(outcome, self.by_id[tid], pack, self.attempt.plan, self.on, self.fields,
+        by_id = self.by_id if tid in self.by_id or stream is None else {t.training_id: t for t in stream.queue}
+        rec = finished_training_record(outcome, by_id[tid], pack, self.attempt.plan, self.on, self.fields,
                                        self.sampler.figures(tid))
         if stream is not None:  # which lane, slot and job ran it, and its share of the plan (its home)
             stream.ended(tid, outcome.ended_at - outcome.started_at)

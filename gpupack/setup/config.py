@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from gpupack.pack import available_modes, load_packer
+from gpupack.search.options import OptunaSearchConfig
 from gpupack.spread import available_strategies, load_strategy
 from gpupack.submit import backend_configs  # each backend module owns its config dataclass
 
@@ -161,6 +162,8 @@ class GpupackConfig:
     cluster: Any = MISSING
     rgu: RguConfig = field(default_factory=RguConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
+    # search=optuna (conf/search/optuna.yaml): an Optuna study's trials stream through the lanes instead of the grid
+    search: Optional[OptunaSearchConfig] = None
     # Where records go; null: runs/<sweep.name>/<date>_<time>. Re-using a run directory resumes it.
     run_dir: Optional[str] = None
     # Partitions / GPU types to run on (keys of cluster.partitions); null: the cluster's default_partitions. An

@@ -23,6 +23,8 @@ from gpupack.core.store.rundir import check_name
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError, require_choice, require_counts, require_memory, require_positive, require_unique
 from gpupack.pack import load_packer, solo_mode
+from gpupack.search.options import OptunaSearch, read_search
+from gpupack.search.plan import search_plan
 from gpupack.setup.config import DRY_RUN_PACKS
 from gpupack.setup.fit import ClusterFacts, auto_ladder, bundle_warnings, check_fit, idle_gpu_warnings
 from gpupack.setup.options import check_strategy_options, pack_settings
@@ -71,6 +73,7 @@ class SweepSpec:
     spread: SpreadSpec | None = None  # spread.devices: one training over k devices, beside packing
     stream: str = "off"  # packing.stream: auto | on | off
     stream_jobs: int = 1  # K streaming jobs per (partition, mode, N): packing.jobs, else what runs at once
+    search: OptunaSearch | None = None  # search=optuna: the study's trials stream through the lanes, not the grid
 
     def streams(self, production: bool) -> int | None:
         """K when this run streams (on; auto: a production run, never while measuring N), else None."""
@@ -87,6 +90,10 @@ class SweepSpec:
         return self.workload.filler_seed(self.fixed)
 
     def plan(self) -> Plan:
+        if self.search is not None:  # lanes that ask the study (gpupack.search.plan)
+            return search_plan(sweep=self.name, workload=self.workload_ref, factor=self.factors[0],
+                               partitions=self.partitions, modes=self.modes, jobs=self.stream_jobs,
+                               n_trials=self.search.n_trials)
         param = self.workload.loader_param
         probe = (param, self.workload.loader_keys, solo_mode()) if self.loader_probe and param else None
         return make_plan(sweep=self.name, workload=self.workload_ref, grid=self.grid, fixed=self.fixed,
@@ -310,6 +317,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
         raise ConfigError("sweep.loader_probe", True, f"{workload.name} has no data-loader-only mode",
                           "set sweep.loader_probe=false, or give the workload a loader_param")
     factors, modes = check_packing(cfg)
+    search = check_search(cfg, workload, factors) if cfg.get("search") is not None else None
     if cfg.collect.goal is not None:
         check_goal(cfg.collect.goal, "collect.goal")
     if cfg.collect.metric is not None and workload.reported_metrics is not None:  # None: known only once they ran
@@ -353,7 +361,21 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
                      + tuple(bundle_warnings(factors, facts, measured.host_mb))
                      + device_notes(workload, grid, fixed, facts, settings.device), spread=spread,
                      stream=str(cfg.packing.stream),
-                     stream_jobs=int(cfg.packing.jobs or min(facts.stream_jobs(p) for p in facts.partitions)))
+                     stream_jobs=int(cfg.packing.jobs or min(facts.stream_jobs(p) for p in facts.partitions)),
+                     search=search)
+
+
+def check_search(cfg: DictConfig, workload: Workload, factors: Sequence[int]) -> OptunaSearch:
+    """search.*, checked (gpupack.search.options), its space's names and types against the workload's, at one N."""
+    section = cast(dict[str, object], OmegaConf.to_container(cfg.search, resolve=True))
+    search = read_search(section, cfg.collect.metric, cfg.collect.goal, workload.reported_metrics)
+    for name, dim in search.space.items():
+        sample = dim.choices[0] if dim.choices else int(dim.low) if dim.kind == "int" else dim.low
+        workload.typed(name, sample, "search.space")
+    if is_auto(cfg) or len(factors) != 1:
+        raise ConfigError("packing.factors", list(factors) if not is_auto(cfg) else "auto",
+                          "a search streams its trials at one N", f"packing.factors=[{max(factors)}]")
+    return search
 
 
 def device_notes(workload: Workload, grid: Mapping[str, list[object]], fixed: Mapping[str, object], facts: ClusterFacts,

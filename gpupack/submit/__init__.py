@@ -40,9 +40,11 @@ from gpupack.core.types import (
 )
 from gpupack.errors import ConfigError, SubmissionError
 from gpupack.job.body import run_pack
+from gpupack.job.search_lane import run_search_lane
 from gpupack.job.stream import run_lane
 from gpupack.job.turns import run_in_turn
 from gpupack.runtime.jobenv import JobEnvironment
+from gpupack.search.plan import is_search_queue
 
 
 @dataclass
@@ -96,8 +98,9 @@ class PackJob(submitit.helpers.Checkpointable):
             record = dict(run_in_turn(run_root, pack_id, settings, job=job, plan=plan))
         elif plan.pack(pack_id).stream is None:
             return dict(run_pack(run_root, pack_id, settings, job=job, plan=plan))
-        else:
-            record = dict(run_lane(run_root, pack_id, settings, job=job, plan=plan))
+        else:  # a search's lanes ask its study (gpupack.job.search_lane), a grid's claim its queue
+            lane = run_search_lane if is_search_queue(plan.pack(pack_id).stream) else run_lane
+            record = dict(lane(run_root, pack_id, settings, job=job, plan=plan))
         if record.get("stopped_claiming") and record.get("unclaimed") and self.submitter.requeues:
             # Near its time limit with trainings left: requeue now, as SLURM's signal would a little later
             # (submitit's handler checkpoints this call and requeues it; the lane's next run goes on with the queue).

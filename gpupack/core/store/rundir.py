@@ -19,6 +19,7 @@
       claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.store.claims; a
                                                folding lane drops it once the training's completed record is folded)
       jobs.json                                pack id → submitted job id (SLURM), for status and resume
+      search/study.jsonl                       search=optuna: the study's journal (gpupack.search.study)
       submitit/<array>/                        submitit's files of each job (array), a folder per array
       summary.csv  summary.json                written by collect
       cleared_oom.json                         the OOMs a user cleared (python -m gpupack clear-oom)
@@ -176,6 +177,11 @@ class RunDir:
     @property
     def jobs(self) -> Path:
         return self.root / "jobs.json"
+
+    @property
+    def study(self) -> Path:
+        """search/study.jsonl: a search's study (gpupack.search.study)."""
+        return self.root / "search" / "study.jsonl"
 
     @property
     def submitit(self) -> Path:

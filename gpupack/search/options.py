@@ -1,0 +1,176 @@
+"""``search.*``: what a search asks Optuna for (``search=optuna``, conf/search/optuna.yaml), checked before anything
+runs: the sampler and pruner by their class names in Optuna (a did-you-mean among them), the space
+(:mod:`gpupack.search.space`), the budget. The schema is :class:`OptunaSearchConfig` (Hydra types each key); what a
+run keeps of it is an :class:`OptunaSearch`, written at the head of the study's journal."""
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import asdict, dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Dict, Mapping, Optional, Union, cast
+
+from gpupack.errors import ConfigError, nearest
+from gpupack.search.space import Choice, Dimension, parse_space
+
+if TYPE_CHECKING:
+    from optuna.pruners import BasePruner
+    from optuna.samplers import BaseSampler
+
+Kwarg = Union[int, float, str, bool]
+NO_PRUNER = "none"
+# a trial number's share of its sampler's seed: seed * SEED_STRIDE + number never repeats for numbers below it
+SEED_STRIDE = 1_000_003
+
+
+@dataclass
+class OptunaSearchConfig:
+    """search=optuna's keys, typed by Hydra."""
+
+    # an Optuna sampler by its class name in optuna.samplers, and its keyword arguments (seed is search.seed's)
+    sampler: str = "TPESampler"
+    sampler_kwargs: Dict[str, Kwarg] = field(default_factory=dict)
+    # each trial's sampler is seeded by (seed, trial number): two lanes never get one suggestion by accident
+    seed: int = 0
+    # hyperparameter → its range in Hydra's grammar: interval(a,b), int(interval(a,b)), tag(log, interval(a,b)),
+    # choice(a,b,c), range(a,b[,step]); merged over sweep.fixed
+    space: Dict[str, str] = field(default_factory=dict)
+    # finished trials (completed or pruned) the search runs to; failed ones do not count, but this many end it
+    n_trials: int = 32
+    # device-hours the trials may take in all (null: no cap); trials running when it is reached finish
+    device_hours: Optional[float] = None
+    # an Optuna pruner by its class name in optuna.pruners (or none), and its keyword arguments
+    pruner: str = "MedianPruner"
+    pruner_kwargs: Dict[str, Kwarg] = field(default_factory=dict)
+    # the metric a trial's value is (null: collect.metric, else val_accuracy); its direction is collect.goal's
+    metric: Optional[str] = None
+    # a command workload's intermediate values: a regular expression over its stdout, one group holding the number
+    # (each match one step), so it can be pruned
+    intermediate: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class OptunaSearch:
+    """A checked search: what the study's journal keeps at its head and every lane reads."""
+
+    space: Mapping[str, Dimension]
+    metric: str
+    direction: str  # maximize | minimize
+    n_trials: int
+    sampler: str = "TPESampler"
+    sampler_kwargs: Mapping[str, Kwarg] = field(default_factory=dict)
+    seed: int = 0
+    pruner: str = "MedianPruner"
+    pruner_kwargs: Mapping[str, Kwarg] = field(default_factory=dict)
+    device_hours: float | None = None
+    intermediate: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        data = asdict(self)
+        data["space"] = {name: asdict(dim) for name, dim in self.space.items()}
+        return data
+
+    @staticmethod
+    def from_json(data: Mapping[str, object]) -> OptunaSearch:
+        space = cast(dict[str, dict[str, object]], data["space"])  # written by to_json
+        dims = {str(k): Dimension(**{**v, "choices": tuple(cast(list[Choice], v.get("choices", ())))})  # type: ignore[arg-type]
+                for k, v in space.items()}
+        fields = {k: v for k, v in data.items() if k != "space"}
+        return OptunaSearch(space=dims, **fields)  # type: ignore[arg-type]
+
+    def make_sampler(self, number: int) -> BaseSampler:
+        """Trial ``number``'s sampler, seeded by (seed, number) where it takes a seed."""
+        import optuna
+
+        cls = getattr(optuna.samplers, self.sampler)
+        seeded = "seed" in inspect.signature(cls).parameters
+        kwargs = {**self.sampler_kwargs, **({"seed": self.seed * SEED_STRIDE + number} if seeded else {})}
+        sampler: BaseSampler = cls(**kwargs)
+        return sampler
+
+    def make_pruner(self) -> BasePruner:
+        import optuna
+
+        if self.pruner == NO_PRUNER:
+            return optuna.pruners.NopPruner()
+        pruner: BasePruner = getattr(optuna.pruners, self.pruner)(**self.pruner_kwargs)
+        return pruner
+
+
+def _module(name: str) -> ModuleType:
+    import optuna.pruners
+    import optuna.samplers
+
+    return optuna.samplers if name == "optuna.samplers" else optuna.pruners
+
+
+def classes_of(module: str, base: str) -> list[str]:
+    """The public classes of optuna.samplers or optuna.pruners deriving from its base (``BaseSampler``)."""
+    mod = _module(module)
+    root = getattr(mod, base)
+    return sorted(n for n, c in vars(mod).items()
+                  if inspect.isclass(c) and issubclass(c, root) and c is not root and not n.startswith("_"))
+
+
+def _check_class(key: str, name: str, module: str, base: str, kwargs: Mapping[str, Kwarg], extra: tuple[str, ...] = (),
+                 ) -> None:
+    """``name`` a class of ``module`` taking ``kwargs`` (ConfigError on ``key`` with a did-you-mean otherwise)."""
+    known = classes_of(module, base)
+    if name not in known and name not in extra:
+        raise ConfigError(key, name, f"{module} has no such class", f"{key}={_fix(name, [*known, *extra])}")
+    if name in extra:
+        return
+    params = inspect.signature(getattr(_module(module), name)).parameters
+    for arg in kwargs:
+        if arg not in params:
+            raise ConfigError(f"{key}_kwargs.{arg}", kwargs[arg], f"{name} takes no argument {arg!r}",
+                              nearest(arg, [p for p in params if p not in ("self", "seed")]))
+
+
+def _fix(name: str, known: list[str]) -> str:
+    """The known name closest to ``name`` (a HINT's value), else the first."""
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.4)
+    return close[0] if close else known[0]
+
+
+def read_search(section: Mapping[str, object], metric: str | None, goal: str | None,
+                reported: tuple[str, ...] | None) -> OptunaSearch:
+    """search.* checked (ConfigError on the first bad key), with the run's metric and goal (collect.*): what the
+    study's journal keeps. ``reported``: the workload's metrics where it declares them."""
+    cfg = OptunaSearchConfig(**{k: v for k, v in section.items()})  # type: ignore[arg-type]
+    space = parse_space(cfg.space)
+    if cfg.n_trials < 1:
+        raise ConfigError("search.n_trials", cfg.n_trials, "a search runs at least one trial", "search.n_trials=32")
+    if cfg.device_hours is not None and cfg.device_hours <= 0:
+        raise ConfigError("search.device_hours", cfg.device_hours, "must be > 0 or null", "search.device_hours=1.0")
+    if cfg.seed < 0:
+        raise ConfigError("search.seed", cfg.seed, "must be >= 0", "search.seed=0")
+    _check_class("search.sampler", cfg.sampler, "optuna.samplers", "BaseSampler", cfg.sampler_kwargs)
+    _check_class("search.pruner", cfg.pruner, "optuna.pruners", "BasePruner", cfg.pruner_kwargs, extra=(NO_PRUNER,))
+    if cfg.intermediate is not None:
+        _check_pattern(cfg.intermediate)
+    chosen = cfg.metric or metric or "val_accuracy"
+    if reported is not None and chosen not in reported:
+        raise ConfigError("search.metric", chosen, f"the workload reports no such metric ({', '.join(reported)})",
+                          f"search.metric={_fix(chosen, list(reported))}")
+    direction = {"max": "maximize", "min": "minimize"}.get(goal or ("max" if chosen == "val_accuracy" else ""))
+    if direction is None:
+        raise ConfigError("collect.goal", goal, f"a search must know which way {chosen} is better",
+                          "collect.goal=min (or max)")
+    return OptunaSearch(space=space, metric=chosen, direction=direction, n_trials=cfg.n_trials, sampler=cfg.sampler,
+                        sampler_kwargs=dict(cfg.sampler_kwargs), seed=cfg.seed, pruner=cfg.pruner,
+                        pruner_kwargs=dict(cfg.pruner_kwargs), device_hours=cfg.device_hours,
+                        intermediate=cfg.intermediate)
+
+
+def _check_pattern(pattern: str) -> None:
+    try:
+        groups = re.compile(pattern).groups
+    except re.error as err:
+        raise ConfigError("search.intermediate", pattern, f"is not a regular expression ({err})",
+                          "search.intermediate='loss: ([0-9.]+)'") from None
+    if groups != 1:
+        raise ConfigError("search.intermediate", pattern, f"has {groups} groups, not one holding the number",
+                          "search.intermediate='loss: ([0-9.]+)'")

@@ -1,0 +1,99 @@
+"""search=optuna run from outside as a user would (issue 46): 32 trials at N=4 on the local backend, every trial
+once, slots kept busy; a run SIGKILLed mid-search and run again; a bad space refused before anything runs."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpupack.analysis.load import load_records
+from gpupack.analysis.occupancy import occupancy
+from gpupack.cli import main
+from gpupack.core.store.rundir import RunDir
+from gpupack.search.study import COMPLETE, DIED, FAILED, PRUNED, Study
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def search_cmd(run: Path, n_trials: int = 32, *more: str) -> list[str]:
+    # trials of about a second (4 steps of 0.25-0.3 s): long beside the ask between two of a slot
+    return [sys.executable, "-m", "gpupack", "+sweep=probe_pack", "hydra.searchpath=[file://tests/conf]",
+            "search=optuna", f"search.n_trials={n_trials}", "packing.factors=[4]", "packing.jobs=1",
+            "sweep.fixed.steps=4", "+search.space.sleep_s=interval(0.25, 0.3)",
+            "+search.space.lr=tag(log, interval(0.01, 1))", "search.pruner=none", f"run_dir={run}", *more]
+
+
+def training_records(run: Path) -> list[dict[str, object]]:
+    """Every training record of the run: its lanes' folders (and journals, where they fold)."""
+    out = [json.loads(p.read_text()) for p in run.glob("packs/*/trainings/*.json")]
+    for journal in run.glob("lanes/*.jsonl"):
+        out += [rec for line in journal.read_text().splitlines() if line.strip()
+                and (rec := json.loads(line)).get("kind") == "training"]
+    return out
+
+
+def test_a_search_of_32_trials_at_n4_runs_each_once_and_keeps_its_slots_busy(tmp_path: Path,
+                                                                            subprocess_env: dict[str, str]) -> None:
+    run = tmp_path / "run"
+    done = subprocess.run(search_cmd(run), env=subprocess_env, cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    journal = Study(RunDir(run).study).read()
+    states = [t.state for t in journal.trials.values()]
+    assert len(journal.trials) == 32 and sorted(journal.trials) == list(range(32))  # every number once
+    assert states.count(COMPLETE) + states.count(PRUNED) == 32
+    recs = training_records(run)
+    ids = [str(r["training_id"]) for r in recs]
+    assert len(ids) == 32 and len(set(ids)) == 32  # no training id twice
+    occ = occupancy(load_records([run]).packs)
+    assert len(occ) == 1 and occ["trainings"].iloc[0] == 32
+    assert occ["slot_occupancy"].iloc[0] >= 0.95, occ.to_dict("records")
+
+
+def test_a_search_killed_mid_run_and_run_again_ends_with_its_budget_none_repeated(
+        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    run = tmp_path / "run"
+    study = RunDir(run).study
+    first = subprocess.Popen(search_cmd(run, 16), env=subprocess_env, cwd=REPO, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 200
+        while time.time() < deadline and not (study.exists() and Study(study).read().count(COMPLETE) >= 5):
+            time.sleep(0.2)
+    finally:  # the run dies mid-search, its lane's job with it (a node failure, scancel): trials running
+        lanes = {int(json.loads(line)["claimant"]["pid"]) for line in study.read_text().splitlines()
+                 if '"asked"' in line} if study.exists() else set()
+        for pid in [first.pid, *lanes]:
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        first.wait(timeout=60)
+    before = Study(study).read()
+    running = [t.number for t in before.trials.values() if t.state == "running"]
+    assert before.count(COMPLETE) >= 5 and running  # killed with trials asked and never told
+    again = subprocess.run(search_cmd(run, 16), env=subprocess_env, cwd=REPO, capture_output=True, text=True,
+                           timeout=400)
+    assert again.returncode == 0, again.stderr[-3000:]
+    journal = Study(study).read()
+    assert journal.count(COMPLETE, PRUNED) == 16
+    assert all(journal.trials[n].state == FAILED and journal.trials[n].why == DIED for n in running)
+    assert sorted(journal.trials) == list(range(len(journal.trials)))  # every number once
+    completed = [str(r["training_id"]) for r in training_records(run) if r["status"] == "completed"]
+    assert len(completed) == 16 and len(set(completed)) == 16  # no finished trial run again
+
+
+def test_a_bad_space_or_sampler_is_one_line_exit_2_and_nothing_written(tmp_path: Path, capsys: object) -> None:
+    base = ["+sweep=probe_pack", "hydra.searchpath=[file://tests/conf]", "search=optuna", "packing.factors=[4]"]
+    for more, needle in ((["+search.space.lr=interval(1, 0.1)"], "search.space.lr="),
+                         (["+search.space.lr=interval(0.1, 1)", "search.sampler=TPESamplr"],
+                          "HINT: search.sampler=TPESampler"),
+                         (["+search.space.lrr=interval(0.1, 1)"], "search.space.lrr=")):
+        run = tmp_path / "run"
+        code = main(base + more + [f"run_dir={run}"])
+        err = capsys.readouterr().err.strip()  # type: ignore[attr-defined]
+        assert code == 2 and len(err.splitlines()) == 1 and needle in err and "HINT: " in err, err
+        assert not run.exists()

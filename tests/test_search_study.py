@@ -1,0 +1,129 @@
+"""The search's space and study (issue 46): Hydra's grammar read into dimensions, and the journal-backed study: one
+number per ask across threads, the budget, pruning, the dead told failed, a torn last line cut back."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpupack.core.store.claims import Claimant
+from gpupack.errors import ConfigError
+from gpupack.search.options import read_search
+from gpupack.search.space import Dimension, parse_dimension
+from gpupack.search.study import COMPLETE, DIED, FAILED, PRUNED, Study, TrialRow
+
+SPACE = [
+    ("interval(0.5, 2)", Dimension("float", 0.5, 2.0)),
+    ("int(interval(1, 8))", Dimension("int", 1.0, 8.0)),
+    ("tag(log, interval(1e-4, 1e-1))", Dimension("float", 1e-4, 1e-1, log=True)),
+    ("choice(a, 3, 2.5)", Dimension("categorical", choices=("a", 3, 2.5))),
+    ("range(0, 10, 3)", Dimension("int", 0.0, 9.0, step=3)),
+]
+
+
+@pytest.mark.parametrize("text, dim", SPACE, ids=[s[0] for s in SPACE])
+def test_hydra_grammar_reads_as_a_dimension(text: str, dim: Dimension) -> None:
+    assert parse_dimension("x", text, "search.space.x") == dim
+
+
+@pytest.mark.parametrize("text, why", [("3", "one value"), ("interval(2, 1)", "below"), ("interval(0", "grammar"),
+                                       ("tag(log, interval(0, 1))", "positive"), ("range(5, 1)", "empty")])
+def test_a_bad_dimension_names_its_key_and_hints(text: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=why) as err:
+        parse_dimension("x", text, "search.space.x")
+    assert err.value.key == "search.space.x" and "HINT" in str(err.value)
+
+
+@pytest.mark.parametrize("section, key", [({"sampler": "TPESamplr"}, "search.sampler"),
+                                          ({"pruner": "Median"}, "search.pruner"),
+                                          ({"n_trials": 0}, "search.n_trials"),
+                                          ({"sampler_kwargs": {"n_startup": 3}}, "search.sampler_kwargs.n_startup")])
+def test_bad_search_options_are_refused_with_a_fix(section: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        read_search({"space": {"lr": "interval(0.1, 1)"}, **section}, None, "max", None)
+    assert err.value.key == key
+    if key == "search.sampler":
+        assert "HINT: search.sampler=TPESampler" in str(err.value)
+
+
+def study(tmp_path: Path, n_trials: int = 8, pruner: str = "none") -> Study:
+    search = read_search({"space": {"lr": "tag(log, interval(1e-3, 1))"}, "n_trials": n_trials, "pruner": pruner,
+                          **({"pruner_kwargs": {"n_startup_trials": 2, "n_warmup_steps": 0}}
+                             if pruner == "MedianPruner" else {})}, None, "max", None)
+    s = Study(tmp_path / "search" / "study.jsonl")
+    s.create(search, "probe", {"steps": 3})
+    return s
+
+
+def test_lanes_asking_at_once_get_distinct_numbers_and_the_budget_holds(tmp_path: Path) -> None:
+    s = study(tmp_path, n_trials=20)
+    got: list[TrialRow | str] = []
+    lock = threading.Lock()
+
+    def lane(i: int) -> None:
+        who = Claimant.here(f"lane{i}", None)
+        for _ in range(8):
+            row = s.ask(who)
+            with lock:
+                got.append(row)
+
+    threads = [threading.Thread(target=lane, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rows = [r for r in got if isinstance(r, TrialRow)]
+    assert sorted(r.number for r in rows) == list(range(20))
+    assert len({r.params["lr"] for r in rows}) == 20  # seeded by (seed, number): no suggestion twice
+    assert all("budget" in r for r in got if isinstance(r, str)) and len(got) == 32
+
+
+def test_the_dead_are_told_failed_and_do_not_count(tmp_path: Path) -> None:
+    s = study(tmp_path, n_trials=3)
+    first, again, other = (Claimant.here("lane0", None), Claimant.here("lane0", None),
+                           Claimant.here("lane1", None))
+    asked = [s.ask(first), s.ask(first), s.ask(other)]
+    assert isinstance(s.ask(first), str)  # 3 running: the budget is taken
+    assert s.fail_dead(again) == [0, 1]  # lane1's trial is another lane's, alive
+    journal = s.read()
+    assert [(t.state, t.why) for t in journal.trials.values()] == [(FAILED, DIED), (FAILED, DIED), ("running", None)]
+    row = s.ask(again)  # failures do not count: it asks again
+    assert isinstance(row, TrialRow) and row.number == len(asked)
+
+
+def test_failures_as_many_as_the_budget_stop_the_search(tmp_path: Path) -> None:
+    s = study(tmp_path, n_trials=2)
+    who = Claimant.here("lane0", None)
+    for _ in range(2):
+        row = s.ask(who)
+        assert isinstance(row, TrialRow)
+        s.tell(row.number, FAILED, None, "boom")
+    why = s.ask(who)
+    assert isinstance(why, str) and "2 trials failed" in why
+
+
+def test_the_pruner_prunes_a_curve_below_the_median(tmp_path: Path) -> None:
+    s = study(tmp_path, n_trials=6, pruner="MedianPruner")
+    who = Claimant.here("lane0", None)
+    for value in (0.9, 0.8):
+        row = s.ask(who)
+        assert isinstance(row, TrialRow)
+        assert not s.report(row.number, 1, value)
+        s.tell(row.number, COMPLETE, value)
+    low, high = s.ask(who), s.ask(who)
+    assert isinstance(low, TrialRow) and isinstance(high, TrialRow)
+    assert s.report(low.number, 1, 0.1) and not s.report(high.number, 1, 0.95)
+    s.tell(low.number, PRUNED, 0.1)
+    assert s.read().trials[low.number].state == PRUNED
+
+
+def test_a_torn_last_line_is_cut_back(tmp_path: Path) -> None:
+    s = study(tmp_path)
+    who = Claimant.here("lane0", None)
+    s.ask(who)
+    with open(s.path, "ab") as f:
+        f.write(b'{"event": "asked", "numb')
+    row = s.ask(who)
+    assert isinstance(row, TrialRow) and row.number == 1
+    assert sorted(s.read().trials) == [0, 1]
