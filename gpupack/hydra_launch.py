@@ -33,8 +33,8 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Options, PackSettings
 from gpupack.errors import ConfigError, GpupackError, UnreachableError, require_positive
 from gpupack.pack import load_packer
+from gpupack.setup.cluster_facts import ClusterFacts
 from gpupack.setup.config import PackingConfig
-from gpupack.setup.fit import ClusterFacts
 from gpupack.setup.validate import check_job_options, check_packs
 from gpupack.submit import ClusterConfig, backend_class
 from gpupack.workloads import load_workload

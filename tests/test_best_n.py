@@ -156,7 +156,7 @@ def test_a_tie_is_reported_as_a_tie_with_its_rule_and_a_provisional_answer_says_
 from gpupack.core.memory.figures import Figure, Measured, TrainingMemory, check_memory, estimate  # noqa: E402
 from gpupack.core.types import Capacity  # noqa: E402
 from gpupack.errors import ConfigError  # noqa: E402
-from gpupack.setup.fit import ClusterFacts, idle_gpu_warnings  # noqa: E402
+from gpupack.setup.cluster_facts import ClusterFacts, idle_gpu_warnings  # noqa: E402
 from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter  # noqa: E402
 
 

@@ -12,7 +12,7 @@ import pytest
 from gpupack.runtime import monitor
 from gpupack.runtime.foreign import (
     ForeignLoad,
-    Interval,
+    LoadSpan,
     ProcTimes,
     foreign_cpu_s,
     foreign_figures,
@@ -74,18 +74,18 @@ def test_the_cores_watched_are_the_jobs(cpus, listed, watched):
 
 
 FIGURE_CASES = [
-    pytest.param([Interval(1.0, 1.0), Interval(1.0, 0.0), Interval(0.5, 0.5)], None,
+    pytest.param([LoadSpan(1.0, 1.0), LoadSpan(1.0, 0.0), LoadSpan(0.5, 0.5)], None,
                  {"foreign_cpu_cores_mean": 0.6, "foreign_cpu_cores_max": 1.0, "foreign_measured_s": 2.5,
                   "foreign_gpu_procs_max": None, "foreign_gpu_mem_mb_max": None}, id="no NVML: GPU unknown"),
     pytest.param([], [(0, 0.0), (0, 0.0)],
                  {"foreign_cpu_cores_mean": None, "foreign_cpu_cores_max": None, "foreign_measured_s": 0.0,
                   "foreign_gpu_procs_max": 0, "foreign_gpu_mem_mb_max": 0.0}, id="never measured CPU; quiet GPU"),
-    pytest.param([Interval(1.0, 0.0)], [(0, 0.0), (2, 700.0), (1, 300.0)],
+    pytest.param([LoadSpan(1.0, 0.0)], [(0, 0.0), (2, 700.0), (1, 300.0)],
                  {"foreign_cpu_cores_mean": 0.0, "foreign_gpu_procs_max": 2, "foreign_gpu_mem_mb_max": 700.0},
                  id="another process on the GPU"),
-    pytest.param([Interval(1.0, 0.0)], [(1, None)], {"foreign_gpu_procs_max": 1, "foreign_gpu_mem_mb_max": None},
+    pytest.param([LoadSpan(1.0, 0.0)], [(1, None)], {"foreign_gpu_procs_max": 1, "foreign_gpu_mem_mb_max": None},
                  id="its memory not said: unknown"),
-    pytest.param([Interval(1.0, 0.0)], [], {"foreign_gpu_procs_max": None, "foreign_gpu_mem_mb_max": None},
+    pytest.param([LoadSpan(1.0, 0.0)], [], {"foreign_gpu_procs_max": None, "foreign_gpu_mem_mb_max": None},
                  id="NVML never answered: unknown"),
 ]
 
@@ -115,9 +115,9 @@ def test_readings_give_intervals_and_keep_a_too_short_one_for_the_next():
                  trees=[{ROOT: P(1, 1)}, {ROOT: P(1, 1.5)}, {ROOT: P(1, 1.6)}, {ROOT: P(1, 3.5)}])
     load = r.load()
     assert load.read() is None  # a baseline
-    assert load.read() == Interval(1.0, 1.0)  # 1.5 s busy, 0.5 s of it the job's
+    assert load.read() == LoadSpan(1.0, 1.0)  # 1.5 s busy, 0.5 s of it the job's
     assert load.read() is None  # 0.1 s: kept for the next
-    assert load.read() == Interval(pytest.approx(1.0), pytest.approx(0.0))
+    assert load.read() == LoadSpan(pytest.approx(1.0), pytest.approx(0.0))
     assert r.watched == [None] * 4  # the job may use every core: the node's total
     assert load.figures(None)["foreign_cpu_cores_mean"] == pytest.approx(0.5)
 

@@ -276,7 +276,7 @@ def test_a_share_is_never_sized_by_a_training_cut_short(tmp_path, monkeypatch):
     """A training that ran out of memory (its share, a neighbour's fault) or was taken down peaked at no more than it
     was let: a lower bound, not a measure. Neither an earlier run's such record nor one this run learns sizes a share:
     the equal split stays."""
-    from gpupack.job.fit import PeakBook
+    from gpupack.job.peaks import PeakBook
 
     monkeypatch.setattr(monitor, "_nvml", lambda: FakeNvml(names=["Tesla T4"]))
     run, pack = _pack(tmp_path, n=2)

@@ -127,7 +127,7 @@ def test_a_lanes_book_learns_what_lanes_beside_it_fold_meanwhile(tmp_path):
     from gpupack.core.plan import make_plan
     from gpupack.core.store.records import write_json_atomic
     from gpupack.core.store.rundir import RunDir
-    from gpupack.job.fit import REFRESH_EVERY_S, PeakBook
+    from gpupack.job.peaks import REFRESH_EVERY_S, PeakBook
 
     run = RunDir(tmp_path / "run")
     plan = make_plan(sweep="m", workload="tests.fake_workloads", grid={"tag": ["a", "b"]}, fixed={"steps": 1},

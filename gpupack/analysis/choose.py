@@ -73,7 +73,7 @@ POWER = 0.8  # chance that repeats_needed packs separate a real gap of that size
 
 
 @dataclass(frozen=True)
-class Interval:
+class MedianInterval:
     median: float  # median time per training over this N's packs (seconds)
     low: float | None  # bootstrap interval of that median (None with < 2 packs)
     high: float | None
@@ -86,14 +86,14 @@ class Choice:
     lowest: int | None  # the N with the lowest median
     ties: tuple[int, ...]  # N within noise of `lowest` (lowest included), ascending; (lowest,) when none
     rule: str  # which rule picked among ties, in words
-    intervals: Mapping[int, Interval]  # feasible N with at least one timing
+    intervals: Mapping[int, MedianInterval]  # feasible N with at least one timing
     provisional: bool  # too few packs for the method to be trusted
     repeats_needed: int | None  # packs per N that would likely settle it (None: settled or not estimable)
     method: str  # the method in words
     # Paired over rounds (module docstring): the reference N, and each N's time relative to it in its rounds (median
     # of the ratios, its interval over resampled rounds, the pairs it had as ``packs``); None / empty: unpaired.
     reference: int | None = None
-    relative: Mapping[int, Interval] = field(default_factory=lambda: MappingProxyType({}))
+    relative: Mapping[int, MedianInterval] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -181,14 +181,14 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
     boots = _per_n_boots(samples, resamples, rng)
     medians = np.array([float(np.median(s)) for s in samples])
     q = np.quantile(boots, [alpha / 2, 1 - alpha / 2], axis=1)
-    intervals = {n: Interval(float(medians[i]), float(q[0, i]) if len(samples[i]) >= 2 else None,
+    intervals = {n: MedianInterval(float(medians[i]), float(q[0, i]) if len(samples[i]) >= 2 else None,
                              float(q[1, i]) if len(samples[i]) >= 2 else None, len(samples[i]))
                  for i, n in enumerate(ns)}
     spread = _pooled_spread(samples)
 
     paired = _pairs(tagged) if rounds is not None else None
     reference: int | None = None
-    relative: dict[int, Interval] = {}
+    relative: dict[int, MedianInterval] = {}
     if isinstance(paired, str):
         method += f"; unpaired: {paired}"
     elif paired is not None:
@@ -197,7 +197,7 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
         boots, spread = _paired_boots(pairs, resamples, rng)
         medians = np.array([1.0] + [_ratio_of_sums(p) for p in pairs[1:]])
         rq = np.nanquantile(boots, [alpha / 2, 1 - alpha / 2], axis=1)
-        relative = {n: Interval(float(medians[i]), float(rq[0, i]) if len(pairs[i]) >= 2 else None,
+        relative = {n: MedianInterval(float(medians[i]), float(rq[0, i]) if len(pairs[i]) >= 2 else None,
                                 float(rq[1, i]) if len(pairs[i]) >= 2 else None, len(pairs[i]))
                     for i, n in enumerate(ns)}
         n_rounds = len({k for of_n in pairs for _, _, k in of_n})

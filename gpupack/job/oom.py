@@ -26,7 +26,7 @@ from gpupack.core.store.records import (
 )
 from gpupack.core.store.rundir import PROBE, RunDir
 from gpupack.core.types import PackSettings
-from gpupack.job.fit import PeakBook, check_pack, refit_n
+from gpupack.job.peaks import PeakBook, check_pack, refit_n
 from gpupack.job.records import as_oom, as_victim, lost_training_record
 
 # ---------------- held against memory before it starts ----------------
@@ -34,7 +34,7 @@ from gpupack.job.records import as_oom, as_victim, lost_training_record
 def memory_fit(book: PeakBook, pack: Pack, todo: Sequence[Training], settings: PackSettings, on_gpu: bool,
                total_mb: float | None, records: RunRecords) -> Fit:
     """Whether ``todo`` fits its device's memory share as ``pack`` by what its settings were measured to need
-    (:func:`gpupack.job.fit.check_pack`)."""
+    (:func:`gpupack.job.peaks.check_pack`)."""
     fit = check_pack(book, todo, pack.factor, settings, on_gpu, total_mb)
     # an earlier attempt refit it and some ran there (only then is the todo short of the pack): the rest goes on so,
     # never as a pack of N whose timing is no N's
@@ -82,7 +82,7 @@ class Skip:
 def skip_of(plan: Plan, pack: Pack, todo: Sequence[Training], fit: Fit, book: PeakBook, settings: PackSettings,
             on_gpu: bool, total_mb: float | None) -> Skip:
     """Where the trainings of ``pack``, which does not fit (``fit``), run: at the largest N below its own that fits
-    (:func:`gpupack.job.fit.refit_n`), in refit packs (:func:`gpupack.core.plan.refit_packs`)."""
+    (:func:`gpupack.job.peaks.refit_n`), in refit packs (:func:`gpupack.core.plan.refit_packs`)."""
     # a measurement sweep that runs these grid points at a smaller N has them measured there, and a probe step's climb
     # ends at the skipped N (its verdict): refitting adds nothing
     below = run_at_smaller_n(plan, pack)

@@ -29,9 +29,9 @@ from gpupack.core.store.records import PackRecord, read_json
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
-from gpupack.job.fit import PeakBook
+from gpupack.job.peaks import PeakBook
 from gpupack.job.stream import out_of_time, run_lane
-from gpupack.pack import LaneShare
+from gpupack.pack import LaneSetUp
 from gpupack.runtime.jobenv import JobEnvironment
 
 
@@ -98,13 +98,13 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
     # what each pack is held against before it starts: read once, learnt as the lane's packs end (packing.admission)
     peaks = PeakBook(run, trainings) if settings.admission else None
     if len(gpus) <= 1:
-        with LaneShare(run, lane, trainings) as share:
-            take_turns(run, plan, turns, job, records, lane, share, peaks)
+        with LaneSetUp(run, lane, trainings) as set_up:
+            take_turns(run, plan, turns, job, records, lane, set_up, peaks)
     else:
-        with contextlib.ExitStack() as stack:  # each device's own share, closed however the lane ends
-            shares = [stack.enter_context(LaneShare(run, f"{lane}-gpu{i}", trainings)) for i in range(len(gpus))]
+        with contextlib.ExitStack() as stack:  # each device's own set-up, closed however the lane ends
+            set_ups = [stack.enter_context(LaneSetUp(run, f"{lane}-gpu{i}", trainings)) for i in range(len(gpus))]
             workers = [threading.Thread(target=take_turns, name=f"gpupack-gpu{i}",
-                                        args=(run, plan, turns, job.on_gpu(gpu, i), records, lane, shares[i], peaks))
+                                        args=(run, plan, turns, job.on_gpu(gpu, i), records, lane, set_ups[i], peaks))
                        for i, gpu in enumerate(gpus)]
             for w in workers:
                 w.start()
@@ -123,11 +123,11 @@ def refit_folders(run: RunDir, pack_id: str) -> list[str]:
 
 
 def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, records: RunRecords, lane: str,
-               share: LaneShare | None = None, peaks: PeakBook | None = None) -> None:
+               set_up: LaneSetUp | None = None, peaks: PeakBook | None = None) -> None:
     """Run the lane's next pack on ``job``'s device until none is left to begin; where the lane folds
-    (``settings.fold``), each ended pack into the lane's journal. ``share``: what the packs this device runs share
+    (``settings.fold``), each ended pack into the lane's journal. ``set_up``: what the packs this device runs share
     (a fork server started for the first, kept for the next); ``peaks``: what each pack is held against before it
-    starts, the lane's (:class:`gpupack.job.fit.PeakBook`)."""
+    starts, the lane's (:class:`gpupack.job.peaks.PeakBook`)."""
     while (pack_id := turns.take()) is not None:
         pack = plan.pack(pack_id)
         ran_before = all(records.ran(pack_id, t.training_id) for t in pack.trainings)
@@ -137,7 +137,7 @@ def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, recor
                 record = run_lane(str(run.root), pack_id, turns.settings, job=job, plan=plan)  # job: its queue
             else:
                 record = run_pack(str(run.root), pack_id, turns.settings, job=job, plan=plan, records=records,
-                                  share=share, peaks=peaks)
+                                  set_up=set_up, peaks=peaks)
                 if turns.settings.fold:
                     fold_pack(run, pack_id, lane)
                     for refit in refit_folders(run, pack_id):  # its trainings run at a smaller N (skipped for memory)

@@ -63,7 +63,7 @@ class Stream(Protocol):
         """The training's record is written (the lane may fold it now)."""
 
 
-class LaneShare:
+class LaneSetUp:
     """What the packs a lane runs one after another on one device share: what a mode starts once for them all and
     keeps between them (process mode: its preloaded fork server), closed when the lane ends. A pack's wall counts from
     its first training's start, so what a mode starts here is the lane's set-up, paid once, as a job start is.
@@ -105,7 +105,7 @@ class LaneShare:
                 if path.is_file() and path.stat().st_size == 0:
                     path.unlink()
 
-    def __enter__(self) -> "LaneShare":
+    def __enter__(self) -> "LaneSetUp":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -141,7 +141,7 @@ class PackContext:
     # gpupack.core.memory.figures.memory_shares); the others get ``memory_share``.
     memory_shares: Mapping[str, MemoryShare] = field(default_factory=dict)
     # What the lane's packs on this device share (a fork server kept between them); None: the pack runs alone.
-    share: LaneShare | None = None
+    set_up: LaneSetUp | None = None
     # The job's own temporary space (JobEnvironment.temp_dir): MPS's pipes, DDP's rendezvous.
     tmp_dir: str = field(default_factory=tempfile.gettempdir)
     # Where the trainings' specs and results go while the pack runs: a folder of the job's own node-local space, made

@@ -45,7 +45,7 @@ class ProcTimes:
 
 
 @dataclass(frozen=True)
-class Interval:
+class LoadSpan:
     """What one interval between two readings says: its length, and the CPU time other processes took in it on
     the job's cores."""
     seconds: float
@@ -122,7 +122,7 @@ class ForeignFigures(TypedDict):
     foreign_gpu_mem_mb_max: float | None
 
 
-def foreign_figures(intervals: Sequence[Interval], gpu: Sequence[tuple[int, float | None]] | None,
+def foreign_figures(intervals: Sequence[LoadSpan], gpu: Sequence[tuple[int, float | None]] | None,
                     host_cores: int, job_cores: int) -> ForeignFigures:
     """The pack record's figures of load from outside the job (the sampler's report). Pure.
 
@@ -222,7 +222,7 @@ class ForeignLoad:
     clock: Callable[[], float] = time.monotonic
     host_cores: int = field(default_factory=lambda: psutil.cpu_count(logical=True) or 1)
     listed: int | None = None  # cores /proc/stat lists (None: asked here)
-    intervals: list[Interval] = field(default_factory=list)
+    intervals: list[LoadSpan] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         listed = self.listed if self.listed is not None else len(psutil.cpu_times(percpu=True))
@@ -232,7 +232,7 @@ class ForeignLoad:
         self._last: tuple[float, float, dict[Key, ProcTimes]] | None = None
         self._ours: set[int] = set()  # every pid seen under the job process
 
-    def read(self) -> Interval | None:
+    def read(self) -> LoadSpan | None:
         """Read the cores and the job's processes; the interval since the last reading, or None at the first (a
         baseline) and where it is too short to tell (:data:`MIN_INTERVAL_S`: kept for the next reading)."""
         with self._lock:
@@ -249,7 +249,7 @@ class ForeignLoad:
                 return None
             self._last = (at, busy, procs)
             own = tree_cpu_delta(was_procs, procs)
-            interval = Interval(seconds, foreign_cpu_s(busy - was_busy, own, seconds, self.job_cores))
+            interval = LoadSpan(seconds, foreign_cpu_s(busy - was_busy, own, seconds, self.job_cores))
             self.intervals.append(interval)
             return interval
 

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 from gpupack.core.memory.figures import TrainingMemory
 from gpupack.core.plan import expand_grid
 from gpupack.errors import ConfigError, require_counts, require_positive
-from gpupack.setup.fit import ClusterFacts, check_fit
+from gpupack.setup.cluster_facts import ClusterFacts, check_fit
 from gpupack.spread import available_strategies, check_spread, load_strategy, strategy_options
 from gpupack.workload import Workload
 

@@ -2,9 +2,9 @@
 
 Hydra already checked the types of gpupack's own keys; this checks meaning (N >= 1, a known mode and
 workload, a grid the workload understands, data that is there). Every failure is a ConfigError naming
-the key, the value and the fix. Its parts: :mod:`gpupack.setup.fit` (against what the backend answered: fit, idle
-GPUs, auto's ladder), :mod:`gpupack.setup.options` (each mode's and strategy's own options, each checked by itself),
-:mod:`gpupack.setup.spread_check` (spread.*).
+the key, the value and the fix. Its parts: :mod:`gpupack.setup.cluster_facts` (against what the backend answered:
+fit, idle GPUs, auto's ladder), :mod:`gpupack.setup.options` (each mode's and strategy's own options, each checked
+by itself), :mod:`gpupack.setup.spread_check` (spread.*).
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from gpupack.errors import ConfigError, require_choice, require_counts, require_
 from gpupack.pack import load_packer, solo_mode
 from gpupack.search.options import OptunaSearch, read_search
 from gpupack.search.plan import search_plan
+from gpupack.setup.cluster_facts import ClusterFacts, auto_ladder, bundle_warnings, check_fit, idle_gpu_warnings
 from gpupack.setup.config import DRY_RUN_PACKS
-from gpupack.setup.fit import ClusterFacts, auto_ladder, bundle_warnings, check_fit, idle_gpu_warnings
 from gpupack.setup.options import check_strategy_options, pack_settings
 from gpupack.setup.spread_check import SpreadSpec, check_spread_config
 from gpupack.workload import Workload
