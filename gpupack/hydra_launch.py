@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpupack import sweep
 from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.memory.figures import Measured, estimate
-from gpupack.core.plan import Pack, plan_in_order
+from gpupack.core.plan import Pack, Training, plan_in_order
 from gpupack.core.store import pickling
 from gpupack.core.store.journal import RunRecords, log_where
 from gpupack.core.store.rundir import RunDir
@@ -253,12 +253,12 @@ def job_returns(launcher: HydraLauncher, prepared: sweep.Prepared) -> list[JobRe
     out = []
     # In sweep order, as Hydra's sweepers expect: a streaming lane's share of the plan is every K-th job
     ordered = sorted(((pack, t) for pack in prepared.plan.packs for t in pack.trainings),
-                     key=lambda item: int(item[1].params["job_num"]))
+                     key=lambda item: job_num(item[1]))
     records = RunRecords(prepared.run)  # read once for every job: a pack's folder, else its lane's journal
     folder = prepared.run.hydra_returns_dir
     returns = pickling.read_streams(sorted(folder.glob("*.pkls")) if folder.is_dir() else [])
     for pack, t in ordered:
-        pickled = returns.get(int(t.params["job_num"]))
+        pickled = returns.get(job_num(t))
         try:
             ret = pickling.loads(pickled) if pickled is not None else None
         except Exception:  # noqa: BLE001 - a return that does not load back: the job failed, as one with none
@@ -269,6 +269,11 @@ def job_returns(launcher: HydraLauncher, prepared: sweep.Prepared) -> list[JobRe
         failed = ret.status == JobStatus.FAILED
         out.append(raised_failure(ret, t.params, pack, records, t.training_id) if failed else ret)
     return out
+
+
+def job_num(training: Training) -> int:
+    """The Hydra job number a training's params carry (:func:`training_params`)."""
+    return int(cast(int, training.params["job_num"]))
 
 
 def short_batch(sweeper: DictConfig, batch: int, pack: int) -> str | None:

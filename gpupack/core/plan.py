@@ -13,7 +13,7 @@ import math
 import random
 import re
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Callable, Hashable, Iterable, Mapping, Sequence, TypedDict, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -26,11 +26,63 @@ ORDER_GIVEN = "as given"  # a plan whose order is the user's (a Hydra multirun's
 _SWEEP_FUNCTION = re.compile(r"^\s*(range|choice|interval|glob|shuffle|sort)\s*\(")
 
 
+class _TrainingJsonBase(TypedDict):
+    training_id: str
+    workload: str
+    params: Mapping[str, object]
+    grid_index: int
+    reseed: int
+    repeat: int
+
+
+class TrainingJson(_TrainingJsonBase, total=False):
+    """A training as plan.json holds it (:meth:`Plan.to_json`)."""
+    label: str  # only where one is set
+
+
+class _PackFieldsBase(TypedDict):
+    pack_id: str
+    partition: str
+    mode: str
+    factor: int
+    index: int
+
+
+class PackFields(_PackFieldsBase, total=False):
+    """A pack as plan.json holds it but its trainings: the optional fields only where they are set (plans written
+    before them)."""
+    probe: bool
+    devices: int
+    spread: str
+    stream: str
+    round: int
+    reference_of: str
+
+
+class PackJson(PackFields):
+    trainings: Sequence[TrainingJson]
+
+
+class _PlanJsonBase(TypedDict):
+    schema: int
+    sweep: str
+    workload: str
+    grid_size: int
+    packs: Sequence[PackJson]
+
+
+class PlanJson(_PlanJsonBase, total=False):
+    """plan.json (:meth:`Plan.to_json`); ``notes``, ``order`` and ``phase`` may be missing from an older plan."""
+    notes: Sequence[str]
+    order: str
+    phase: str
+
+
 @dataclass(frozen=True)
 class Training:
     training_id: str
     workload: str
-    params: Mapping[str, Any]
+    params: Mapping[str, object]
     grid_index: int  # which grid point this training comes from
     reseed: int = 0  # 0 for the grid point itself; k > 0 for the k-th copy with a new seed
     repeat: int = 0  # k > 0: the k-th copy of a grid point whose program takes no seed (run again unchanged)
@@ -98,7 +150,7 @@ class Plan:
                 return p
         raise KeyError(pack_id)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PlanJson:
         data = {"schema": PLAN_SCHEMA, **asdict(self)}
         for pack in data["packs"]:  # a label only where one is set, so plans written before labels still resume
             if pack["spread"] is None:  # likewise a spread pack's fields
@@ -111,35 +163,39 @@ class Plan:
                     del t["label"]
         if data["phase"] is None:
             del data["phase"]
-        return data
+        return cast(PlanJson, data)  # asdict's fields, those left None removed above
 
     @staticmethod
-    def from_json(data: Mapping[str, Any]) -> "Plan":
-        packs = tuple(
-            Pack(**{**p, "trainings": tuple(Training(**t) for t in p["trainings"])}) for p in data["packs"]
-        )
-        return Plan(sweep=data["sweep"], workload=data["workload"], grid_size=data["grid_size"],
-                    packs=packs, notes=tuple(data.get("notes", ())), order=data.get("order", ORDER_GIVEN),
-                    phase=data.get("phase"))
+    def from_json(data: Mapping[str, object]) -> "Plan":
+        plan = cast(PlanJson, data)  # plan.json as read back (a wrong field fails in Pack/Training below)
+        packs = tuple(_pack_from_json(p) for p in plan["packs"])
+        return Plan(sweep=plan["sweep"], workload=plan["workload"], grid_size=plan["grid_size"],
+                    packs=packs, notes=tuple(plan.get("notes", ())), order=plan.get("order", ORDER_GIVEN),
+                    phase=plan.get("phase"))
 
     def same_sweep(self, other: "Plan") -> bool:
         """The same packs of the same trainings, whatever order each runs them in (a plan written by an earlier
         gpupack, in N order or without rounds, is still resumed: in its own order)."""
-        def key(plan: Plan) -> Any:
-            data = plan.to_json()
-            data.pop("order", None)
-            data["packs"] = sorted(({k: v for k, v in p.items() if k != "round"} for p in data["packs"]
-                                    if "reference_of" not in p), key=lambda p: p["pack_id"])
+        def key(plan: Plan) -> object:
+            written = plan.to_json()
+            data: dict[str, object] = {k: v for k, v in written.items() if k != "order"}
+            data["packs"] = sorted(({k: v for k, v in p.items() if k != "round"} for p in written["packs"]
+                                    if "reference_of" not in p), key=lambda p: str(p["pack_id"]))
             return json.loads(json.dumps(data, default=str))  # as it reads back from disk
         return bool(key(self) == key(other))
 
 
-def is_sweep_function(value: Any) -> bool:
+def _pack_from_json(p: PackJson) -> Pack:
+    fields = cast(PackFields, {k: v for k, v in p.items() if k != "trainings"})
+    return Pack(**fields, trainings=tuple(Training(**t) for t in p["trainings"]))
+
+
+def is_sweep_function(value: object) -> bool:
     """A Hydra sweep function's text (range(0,4), choice(a,b), ...): a grid axis whose values the plan expands."""
     return isinstance(value, str) and bool(_SWEEP_FUNCTION.match(value))
 
 
-def grid_values(key: str, value: Any) -> list[Any]:
+def grid_values(key: str, value: object) -> list[object]:
     """The values one grid key takes: a list as is, a Hydra sweep string expanded, a scalar alone."""
     if isinstance(value, (list, tuple)):
         values = list(value)
@@ -154,25 +210,26 @@ def grid_values(key: str, value: Any) -> list[Any]:
     return values
 
 
-def expand_grid(grid: Mapping[str, Any]) -> list[dict[str, Any]]:
+def expand_grid(grid: Mapping[str, object]) -> list[dict[str, object]]:
     """All combinations of the grid's values, in the grid's key order (the first key varies slowest)."""
     keys = list(grid)
     value_lists = [grid_values(k, grid[k]) for k in keys]
     return [dict(zip(keys, combo)) for combo in itertools.product(*value_lists)]
 
 
-def training_id(workload: str, params: Mapping[str, Any]) -> str:
+def training_id(workload: str, params: Mapping[str, object]) -> str:
     canonical = json.dumps({"workload": workload, "params": params}, sort_keys=True, default=str)
     return f"{workload}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
 
 
-def _reseeded(params: Mapping[str, Any], seed_key: str, k: int) -> dict[str, Any]:
+def _reseeded(params: Mapping[str, object], seed_key: str, k: int) -> dict[str, object]:
     out = dict(params)
-    out[seed_key] = int(out.get(seed_key, 0) or 0) + 1000 * k
+    seed = cast("int | str", out.get(seed_key, 0) or 0)  # a grid's seed: a number (or its text)
+    out[seed_key] = int(seed) + 1000 * k
     return out
 
 
-def trainings_for(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any],
+def trainings_for(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
                   count: int, seed_key: str | None = "seed") -> list[Training]:
     """``count`` trainings cycling over the grid points; a point used again gets a new seed (k*1000 added), or, where
     no seed reaches the training (``seed_key`` None), is repeated unchanged as its k-th repeat: no record then claims
@@ -262,7 +319,7 @@ def stream_lanes(partition: str, mode: str, factor: int, trainings: Sequence[Tra
 
 
 def longest_first(trainings: Sequence[Training],
-                  cost: Callable[[Mapping[str, Any]], float | None] | None) -> list[Training]:
+                  cost: Callable[[Mapping[str, object]], float | None] | None) -> list[Training]:
     """The trainings longest first (stable), where ``cost`` tells every one's length; else as given. Claimed in this
     order, the short ones fill the slots at a stream's end instead of one long one running alone (LPT). Pure."""
     costs = [cost(t.params) for t in trainings] if cost is not None else []
@@ -276,7 +333,7 @@ def spread_pack_id(partition: str, label: str, devices: int, index: int) -> str:
     return f"{partition}-{label}-k{devices:02d}-{index:03d}"
 
 
-def spread_packs(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any],
+def spread_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
                  partitions: Iterable[str], layouts: Sequence[tuple[str, str]], devices: Sequence[int], repeats: int,
                  seed_key: str | None = "seed") -> list[Pack]:
     """One training per pack, spread over k devices, for each (strategy, label) layout and k: every grid point once,
@@ -287,7 +344,7 @@ def spread_packs(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapp
             for i, t in enumerate(trainings)]
 
 
-def loader_probes(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any],
+def loader_probes(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
                   loader_param: str, loader_keys: Sequence[str]) -> list[Training]:
     """One loader-only training per distinct input-pipeline setting of the grid (the loader's bound)."""
     seen: dict[tuple[str, ...], Training] = {}
@@ -300,15 +357,15 @@ def loader_probes(workload: str, points: Sequence[Mapping[str, Any]], fixed: Map
     return list(seen.values())
 
 
-def make_plan(*, sweep: str, workload: str, grid: Mapping[str, Any], fixed: Mapping[str, Any],
+def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: Mapping[str, object],
               factors: Iterable[int], modes: Iterable[str], partitions: Iterable[str], repeats: int,
               seed_key: str | None = "seed", loader_probe: tuple[str, Sequence[str], str] | None = None,
-              group_keys: Mapping[str, Callable[[Mapping[str, Any]], Hashable]] | None = None,
-              order: str = "interleaved", order_seed: int = 0, points: Sequence[Mapping[str, Any]] | None = None,
+              group_keys: Mapping[str, Callable[[Mapping[str, object]], Hashable]] | None = None,
+              order: str = "interleaved", order_seed: int = 0, points: Sequence[Mapping[str, object]] | None = None,
               phase: str | None = None, spread_layouts: Sequence[tuple[str, str]] = (),
               spread_devices: Sequence[int] = (), spread_repeats: int | None = None,
               stream_jobs: int | None = None,
-              cost: Callable[[Mapping[str, Any]], float | None] | None = None) -> Plan:
+              cost: Callable[[Mapping[str, object]], float | None] | None = None) -> Plan:
     """Every grid point runs at least once per (partition, mode, N), in at least ``repeats`` full packs.
 
     ``order`` (see :func:`run_order`): interleaved spreads each N's packs over the whole run, so warm caches, drift or
@@ -476,12 +533,12 @@ def deal(packs: Sequence[Pack], lanes: int) -> list[list[Pack]]:
     return [list(packs[i::lanes]) for i in range(lanes)]
 
 
-def grouped_chunks(workload: str, points: Sequence[Mapping[str, Any]], fixed: Mapping[str, Any], factor: int,
+def grouped_chunks(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object], factor: int,
                    repeats: int, seed_key: str | None,
-                   key: Callable[[Mapping[str, Any]], Hashable]) -> list[tuple[Training, ...]]:
+                   key: Callable[[Mapping[str, object]], Hashable]) -> list[tuple[Training, ...]]:
     """Packs of ``factor`` trainings that share ``key``: each group of grid points fills its own packs (reseeded
     copies of its own points where it has fewer than N), at least ``repeats`` packs per group."""
-    groups: dict[Hashable, list[Mapping[str, Any]]] = {}
+    groups: dict[Hashable, list[Mapping[str, object]]] = {}
     for p in points:
         groups.setdefault(key({**fixed, **p}), []).append(p)
     chunks: list[tuple[Training, ...]] = []
@@ -492,7 +549,7 @@ def grouped_chunks(workload: str, points: Sequence[Mapping[str, Any]], fixed: Ma
     return chunks
 
 
-def plan_in_order(*, sweep: str, workload: str, params: Sequence[Mapping[str, Any]], factor: int, partition: str,
+def plan_in_order(*, sweep: str, workload: str, params: Sequence[Mapping[str, object]], factor: int, partition: str,
                   mode: str, label: str | None = None, names: Sequence[str] | None = None,
                   stream_jobs: int | None = None) -> Plan:
     """Trainings given one by one (a Hydra multirun's jobs), in their order, in packs of ``factor``; the last pack
