@@ -346,8 +346,8 @@ class Workload(ABC, Generic[P]):
         """By default gpupack's worker: a fresh interpreter that imports this workload and trains once."""
         return Launch([sys.executable, "-m", "gpupack.runtime.worker", spec_path])
 
-    def result(self, params: Mapping[str, object], raw: dict[str, Any] | None, spawned_at: float,
-               ended_at: float, stdout: Path | None = None) -> dict[str, Any] | None:
+    def result(self, params: Mapping[str, object], raw: Mapping[str, object] | None, spawned_at: float,
+               ended_at: float, stdout: Path | None = None) -> Mapping[str, object] | None:
         """The training's result from what its program wrote at ``result_path`` (None: nothing) after it exited 0,
         and its ``stdout`` log. The worker writes the full result itself."""
         return raw

@@ -3,8 +3,8 @@ how a training and a pack job ended. Defined here, at the bottom, so that the mo
 downward only."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Protocol, TypeVar
+from dataclasses import Field, dataclass, field
+from typing import ClassVar, Mapping, Protocol, TypeVar
 
 
 @dataclass
@@ -17,8 +17,9 @@ class TrainingOutcome:
     exit_code: int | None  # None when the training did not run as its own process
     signal: int | None = None
     error: str | None = None  # last lines of the training's stderr or exception
-    result: dict[str, Any] | None = None  # what the training reported (None if it never finished)
-    extra: dict[str, Any] = field(default_factory=dict)
+    # What the training reported (gpupack.runtime.worker.TrainingResult; None if it never finished).
+    result: Mapping[str, object] | None = None
+    extra: dict[str, object] = field(default_factory=dict)  # the record's fields a mode adds (timed_out, ...)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Options(Protocol):
     """A mode's or a strategy's own options (its ``Options`` dataclass: packing.<mode>.*, spread.<strategy>_*), which
     refuse a bad value themselves, whether or not the sweep uses them. A dataclass: its fields are the config keys."""
 
-    __dataclass_fields__: ClassVar[dict[str, Any]]
+    __dataclass_fields__: ClassVar[dict[str, Field[object]]]
 
     def check(self) -> None:
         """Raise ConfigError naming the key, the value and the fix."""
@@ -76,7 +77,7 @@ class PackSettings:
     claim_until_s: float | None = None
     # What this pack's job asked and what one GPU here is billed against, for the pack record
     # (gpupack.core.cost.billing): gpus, cpus, mem_gb, bundle_cores, bundle_mem_gb. Empty: not known (a local run).
-    billing: Mapping[str, Any] = field(default_factory=dict)
+    billing: Mapping[str, object] = field(default_factory=dict)
     # One training's wall as the sweep estimates it (sweep.training_estimate_s), until a lane has measured its own.
     training_estimate_s: float | None = None
     # GPUs this job holds (set by the backend): a lane of packs runs one pack on each of them at once, each pack on
@@ -134,7 +135,7 @@ class PackResult:
     job_id: str | None
     ok: bool  # the job ran to its end (its trainings may still have failed: see the records)
     error: str | None = None
-    record: dict[str, Any] | None = None
+    record: Mapping[str, object] | None = None  # the pack's record (gpupack.core.store.records.PackRecord)
 
 
 @dataclass(frozen=True)

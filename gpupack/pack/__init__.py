@@ -12,7 +12,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence, TypedDict, TypeVar, cast
+from typing import Callable, ClassVar, Hashable, Mapping, Protocol, Sequence, TypedDict, TypeVar, cast
 
 from gpupack.core.memory.figures import MemoryShare
 from gpupack.core.placement import Placement
@@ -55,7 +55,7 @@ class Stream(Protocol):
     def where(self, training_id: str) -> str:
         """The pack whose folder holds the training's record and logs while it runs."""
 
-    def judge(self, rec: dict[str, Any]) -> dict[str, Any]:
+    def judge(self, rec: dict[str, object]) -> dict[str, object]:
         """The training's record as it ended, before it is written: the lane may tell it a victim of a neighbour's
         fault (and run it again)."""
 
@@ -262,7 +262,7 @@ TIMED_OUT = "stopped after packing.training_timeout_s; "
 
 
 def ended_outcome(training_id: str, started: float, ended: float, code: int | None, *, error: str | None,
-                  result: dict[str, Any] | None, timed_out: bool = False,
+                  result: Mapping[str, object] | None, timed_out: bool = False,
                   extra: Mapping[str, object] | None = None) -> TrainingOutcome:
     """How a training's child ended, as its outcome: the one builder for process mode's training, a DDP training's
     ranks and a host's trainings. ``code``: the child's exit status (< 0: killed by that signal; None: it never

@@ -99,7 +99,8 @@ def run_host(module: str, name: str, specs: list[HostedSpec], ctx: PackContext, 
 def landed(spec: HostedSpec, spawned: float) -> TrainingOutcome | None:
     """A training's outcome once the host wrote its result or its error; None while it runs."""
     result_path, error_path = Path(spec["result_path"]), Path(spec["error_path"])
-    extra = {"logical_device": spec["device"]} if str(spec.get("device", "")).startswith("/device:") else {}
+    logical = str(spec.get("device", "")).startswith("/device:")
+    extra: dict[str, object] = {"logical_device": spec["device"]} if logical else {}
     if result_path.exists():
         result = read_json(result_path)
         # Started when the shared host was spawned: its start-up is every training's, as in process mode.

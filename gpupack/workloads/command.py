@@ -22,7 +22,7 @@ import shutil
 import string
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypedDict, cast
+from typing import Callable, Mapping, Sequence, TypedDict, cast
 
 from gpupack.core.preload import import_libraries, static_imports
 from gpupack.core.stdout_metrics import metrics_from_output, stdout_patterns
@@ -234,8 +234,8 @@ class Command(Workload[CommandParams]):
         return (f"HINT: argv[0] {program!r} ran {ran}, not the Python running gpupack ({sys.executable}): write "
                 f"{{python}} in sweep.fixed.argv to use gpupack's, or install the module for {ran}")
 
-    def result(self, params: Mapping[str, object], raw: dict[str, Any] | None, spawned_at: float,
-               ended_at: float, stdout: Path | None = None) -> dict[str, Any]:
+    def result(self, params: Mapping[str, object], raw: Mapping[str, object] | None, spawned_at: float,
+               ended_at: float, stdout: Path | None = None) -> CommandResult:
         result = result_from_report(raw, spawned_at, ended_at)
         patterns = program_keys(params).get("metrics") or {}
         if patterns and stdout is not None:  # what the program reported itself wins over what its output shows
@@ -316,7 +316,31 @@ def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:
                               "give the script's path, or set sweep.fixed.cwd to the folder that holds it")
 
 
-def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ended_at: float) -> dict[str, Any]:
+class CommandTimings(TypedDict):
+    """A command training's timings, from its wall and the marks it reported (``split``: the loop was marked)."""
+    spawned_at: float
+    process_start: None  # the program's own start is not known
+    loop_start: float | None
+    loop_end: float | None
+    finished: float
+    startup_s: float | None
+    loop_s: float | None
+    teardown_s: float | None
+    split: bool
+
+
+class CommandResult(TypedDict):
+    """A command training's result, in the worker's schema (gpupack.runtime.worker.TrainingResult)."""
+    metrics: dict[str, object]
+    memory: dict[str, float | None]
+    knobs: dict[str, object]
+    loader_setting: None
+    data: None
+    throughput: LoopSummary
+    timings: CommandTimings
+
+
+def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ended_at: float) -> CommandResult:
     """A command training's result in the worker's schema, from what the program reported (or nothing).
 
     Start-up and loop are split only when the program marked its first step (``loop_start``); otherwise the whole
