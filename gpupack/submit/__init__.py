@@ -17,13 +17,13 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Generic, Mapping, Sequence, TypedDict, TypeVar
+from typing import Any, Callable, ClassVar, Generic, Mapping, Sequence, TypedDict, TypeVar, cast
 
 import submitit
 
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.registry import exported, module_names, require_known
-from gpupack.core.store.records import read_json, write_json_atomic
+from gpupack.core.store.records import PackRecord, read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir, RunLock
 from gpupack.core.store.storage import failure_line, storage_faults, write_fault
 from gpupack.core.types import (
@@ -42,7 +42,7 @@ from gpupack.errors import ConfigError, SubmissionError
 from gpupack.job.body import run_pack
 from gpupack.job.search_lane import run_search_lane
 from gpupack.job.stream import run_lane
-from gpupack.job.turns import run_in_turn
+from gpupack.job.turns import InTurn, run_in_turn
 from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.search.plan import is_search_queue
 
@@ -69,8 +69,10 @@ class SubmittedJob(TypedDict, total=False):
     history: list[str]
 
 
+# What a pack's job returns: its pack record, or a lane of whole packs' records (gpupack.job.turns).
+JobRecord = PackRecord | InTurn
 # A submitted pack's job, as submitit follows it: its result is the pack record.
-PackJobHandle = submitit.Job[dict[str, Any]]
+PackJobHandle = submitit.Job[JobRecord]
 
 # Called with (pack, state) as packs move: "pending" → "running" → "done" | "failed".
 ProgressFn = Callable[[Pack, str], None]
@@ -84,23 +86,26 @@ class PackJob(submitit.helpers.Checkpointable):
     def __init__(self, submitter: type[Submitter[ClusterConfig]]) -> None:
         self.submitter = submitter
 
-    def __call__(self, run_root: str, pack_id: str | list[str], settings: PackSettings) -> dict[str, Any]:
+    def __call__(self, run_root: str, pack_id: str | list[str], settings: PackSettings) -> JobRecord:
         """One pack (its id), a streaming lane (its pack id), or a lane of whole packs run in turn (their ids). A write
         the run directory refuses (no space, quota, permission) ends the job with a StorageError: its one line is the
         pack's failure as the front-end shows it (:func:`job_failure`)."""
         with storage_faults(run_root):
             return self._run(run_root, pack_id, settings)
 
-    def _run(self, run_root: str, pack_id: str | list[str], settings: PackSettings) -> dict[str, Any]:
+    def _run(self, run_root: str, pack_id: str | list[str], settings: PackSettings) -> JobRecord:
         job = self.submitter.job_environment()
         plan = Plan.from_json(read_json(RunDir(Path(run_root)).plan))  # read once: the job body is handed it
+        record: JobRecord
         if isinstance(pack_id, list):
-            record = dict(run_in_turn(run_root, pack_id, settings, job=job, plan=plan))
+            record = run_in_turn(run_root, pack_id, settings, job=job, plan=plan)
         elif plan.pack(pack_id).stream is None:
-            return dict(run_pack(run_root, pack_id, settings, job=job, plan=plan))
-        else:  # a search's lanes ask its study (gpupack.job.search_lane), a grid's claim its queue
-            lane = run_search_lane if is_search_queue(plan.pack(pack_id).stream) else run_lane
-            record = dict(lane(run_root, pack_id, settings, job=job, plan=plan))
+            return run_pack(run_root, pack_id, settings, job=job, plan=plan)
+        elif is_search_queue(plan.pack(pack_id).stream):  # a search's lanes ask its study, a grid's claim its queue
+            # its pack record, which run_search_lane hands back as a plain dict
+            record = cast(PackRecord, run_search_lane(run_root, pack_id, settings, job=job, plan=plan))
+        else:
+            record = run_lane(run_root, pack_id, settings, job=job, plan=plan)
         if record.get("stopped_claiming") and record.get("unclaimed") and self.submitter.requeues:
             # Near its time limit with trainings left: requeue now, as SLURM's signal would a little later
             # (submitit's handler checkpoints this call and requeues it; the lane's next run goes on with the queue).
@@ -301,7 +306,7 @@ def progress_state(result: PackResult) -> str:
     return PackState(FAILED, None if result.ok else result.error)
 
 
-def job_outcome(job: PackJobHandle, run: RunDir | None = None) -> dict[str, Any] | str:
+def job_outcome(job: PackJobHandle, run: RunDir | None = None) -> JobRecord | str:
     """What a finished submitit job returned, or why it failed (:func:`job_failure`). Asked once a job: where the job
     wrote no result, submitit waits for it a while (a shared file system may be slow to show it)."""
     try:
@@ -311,15 +316,16 @@ def job_outcome(job: PackJobHandle, run: RunDir | None = None) -> dict[str, Any]
 
 
 def job_result(pack: Pack, job: PackJobHandle, run: RunDir | None = None,
-               outcome: dict[str, Any] | str | None = None) -> PackResult:
+               outcome: JobRecord | str | None = None) -> PackResult:
     """How a finished submitit job ended for ``pack``: its pack record (of a lane of packs: the one it ran for this
     pack), or why it failed; ``outcome``: the job's, where the caller asked it already (:func:`job_outcome`)."""
     record = job_outcome(job, run) if outcome is None else outcome
     if isinstance(record, str):
         return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=False, error=record)
-    if "in_turn" in record:  # a lane of whole packs (gpupack.job.turns.run_in_turn)
-        if pack.pack_id not in record["records"]:
+    if "in_turn" in record:  # a lane of whole packs (gpupack.job.turns.run_in_turn): only it says in_turn
+        lane = cast(InTurn, record)
+        if pack.pack_id not in lane["records"]:
             return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=False,
-                              error=f"its lane left it unrun: {record.get('stopped_claiming') or 'no time left'}")
-        record = record["records"][pack.pack_id]
+                              error=f"its lane left it unrun: {lane.get('stopped_claiming') or 'no time left'}")
+        record = lane["records"][pack.pack_id]
     return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=True, record=record)
