@@ -36,7 +36,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Collection, Iterable, Mapping
+from typing import Collection, Iterable, Mapping, TypedDict, cast
 
 from gpupack.core.store.records import file_mode, make_dirs
 
@@ -58,6 +58,17 @@ class Claimant:
     def here(lane: str, job_id: str | None) -> "Claimant":
         return Claimant(lane, f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}", job_id,
                       socket.gethostname(), os.getpid())
+
+
+class ClaimRecord(TypedDict, total=False):
+    """A claim's contents as :func:`claim` writes them: its :class:`Claimant`'s fields and when it claimed (a torn
+    claim reads as {}: held, by no one known)."""
+    lane: str
+    incarnation: str
+    job_id: str | None
+    host: str
+    pid: int
+    claimed_at: float
 
 
 def claim_path(folder: Path, training_id: str) -> Path:
@@ -93,7 +104,7 @@ class Seen:
     """A claim as read: its holder's record (None: torn, empty or no JSON object), and the lane it names (None: none
     can be read)."""
 
-    rec: dict[str, Any] | None
+    rec: ClaimRecord | None
     lane: str | None
 
 
@@ -110,7 +121,7 @@ def read_claim(raw: bytes) -> Seen:
     except ValueError:  # torn (by a crash, or from outside), empty, or not UTF-8
         rec = None
     if isinstance(rec, dict) and isinstance(rec.get("lane"), str) and rec.get("incarnation"):
-        return Seen(rec, rec["lane"])
+        return Seen(cast(ClaimRecord, rec), rec["lane"])  # whole: what claim() wrote
     found = _LANE.match(raw)
     return Seen(None, found.group(1).decode(errors="replace") if found else None)
 
@@ -128,7 +139,7 @@ def seen_claims(folder: Path) -> dict[str, Seen]:
     return out
 
 
-def claims(folder: Path) -> dict[str, dict[str, Any]]:
+def claims(folder: Path) -> dict[str, ClaimRecord]:
     """Every claim in ``folder``: training id → its holder's record (a torn one as {}: held, by no one known)."""
     return {tid: seen.rec or {} for tid, seen in seen_claims(folder).items()}
 

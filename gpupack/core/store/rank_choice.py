@@ -5,7 +5,7 @@ config (collect.metric, collect.goal) make the choice."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 from gpupack.core.store.records import read_json_or_none, write_json_atomic
 from gpupack.core.store.rundir import RunDir
@@ -24,7 +24,7 @@ class RankChoice:
     pattern: str | None = None
 
     @staticmethod
-    def of(data: Mapping[str, Any]) -> RankChoice:
+    def of(data: Mapping[str, object]) -> RankChoice:
         """From rank.json or a config's collect section: its known keys that hold text; anything else left out."""
         return RankChoice(**{k: str(data[k]) for k in KEYS if isinstance(data.get(k), str) and data[k]})
 

@@ -14,7 +14,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import IO, Any, Iterator, Mapping, TypedDict, cast
+from typing import IO, Any, ContextManager, Iterator, Literal, Mapping, TypedDict, cast, overload
 
 SCHEMA_VERSION = 1
 COMPLETED = "completed"
@@ -294,8 +294,21 @@ def open_log(path: Path, append: bool = False) -> IO[bytes]:
     return os.fdopen(os.open(path, flags, file_mode()), "ab" if append else "wb")
 
 
+@overload
+def atomic_file(path: Path, binary: Literal[False] = False) -> ContextManager[IO[str]]: ...
+
+
+@overload
+def atomic_file(path: Path, binary: Literal[True]) -> ContextManager[IO[bytes]]: ...
+
+
+def atomic_file(path: Path, binary: bool = False) -> ContextManager[IO[str] | IO[bytes]]:
+    """Write ``path`` all at once (:func:`_atomic_file`): text, or bytes where ``binary``."""
+    return _atomic_file(path, binary)
+
+
 @contextlib.contextmanager
-def atomic_file(path: Path, binary: bool = False) -> Iterator[IO[Any]]:
+def _atomic_file(path: Path, binary: bool) -> Iterator[IO[str] | IO[bytes]]:
     """Write ``path`` all at once: a temp file in the same folder, fsync, the file mode of :func:`file_mode`, then
     a rename, so a reader never sees half a file; on an error nothing is left behind. An OSError that names no file
     (pyarrow's writer says only its errno) is given ``path``: a full disk is then said where it struck
