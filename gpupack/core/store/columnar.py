@@ -11,12 +11,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, TypedDict, cast
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from gpupack.core.store.records import SCHEMA_VERSION, atomic_file, read_json
+from gpupack.core.store.records import SCHEMA_VERSION, PackRecord, atomic_file, read_json
 from gpupack.core.store.rundir import COLUMNAR, PACK_RECORD, TRAININGS, RunDir
 
 # Nested record fields the tables need, flattened to columns at load: column → (field, key).
@@ -67,17 +67,17 @@ KNOWN_TYPES: dict[str, pa.DataType] = {
 }
 
 
-def flatten(rec: dict[str, Any]) -> dict[str, Any]:
+def flatten(rec: Mapping[str, object]) -> dict[str, object]:
     """A training record as one flat row: nested fields the tables use lifted to columns."""
     row = {k: v for k, v in rec.items() if k not in NESTED}
     for col, (outer, inner) in FLAT.items():
-        row[col] = (rec.get(outer) or {}).get(inner)
+        row[col] = cast("Mapping[str, object]", rec.get(outer) or {}).get(inner)  # a JSON object, or null
     row["metrics"] = rec.get("metrics") or {}  # every metric it reported, by name: collect ranks by any of them
     return row
 
 
-def flatten_pack(rec: dict[str, Any]) -> dict[str, Any]:
-    row = {k: v for k, v in rec.items() if k != "sampler"}
+def flatten_pack(rec: PackRecord) -> dict[str, object]:
+    row: dict[str, object] = {k: v for k, v in rec.items() if k != "sampler"}
     sampled = rec.get("sampler") or {}
     for key in PACK_FLAT:
         row[f"sampler_{key}"] = sampled.get(key)
@@ -87,7 +87,7 @@ def flatten_pack(rec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def read_records(paths: Iterable[Path], kind: str, warnings: list[str]) -> list[dict[str, Any]]:
+def read_records(paths: Iterable[Path], kind: str, warnings: list[str]) -> list[dict[str, object]]:
     """Flat rows of the records of one kind at ``paths``; what cannot be read is skipped with a warning."""
     rows = []
     for path in paths:
@@ -102,7 +102,7 @@ def read_records(paths: Iterable[Path], kind: str, warnings: list[str]) -> list[
     return rows
 
 
-def record_row(rec: dict[str, Any], kind: str, where: str, warnings: list[str]) -> dict[str, Any] | None:
+def record_row(rec: Mapping[str, object], kind: str, where: str, warnings: list[str]) -> dict[str, object] | None:
     """One record's flat row, or None (with a warning naming ``where``) when it is not a record of ``kind`` this
     gpupack reads: a JSON file's, or one a lane's journal holds."""
     if rec.get("kind") != kind:
@@ -111,13 +111,13 @@ def record_row(rec: dict[str, Any], kind: str, where: str, warnings: list[str]) 
         warnings.append(f"skipped {where}: record schema {rec.get('schema')!r}, this gpupack reads schema "
                         f"{SCHEMA_VERSION} (collect it with the gpupack version that wrote it)")
     else:
-        return flatten(rec) if kind == "training" else flatten_pack(rec)
+        return flatten(rec) if kind == "training" else flatten_pack(cast(PackRecord, rec))
     return None
 
 
 # ---------------- rows as columns, and the file ----------------
 
-def _arrow_type(values: Sequence[Any]) -> pa.DataType | None:
+def _arrow_type(values: Sequence[object]) -> pa.DataType | None:
     """The Arrow type that holds ``values`` as they are; None for lists, dicts or mixed types (kept as JSON)."""
     kinds = {type(v) for v in values if v is not None}
     if not kinds:
@@ -133,11 +133,11 @@ def _arrow_type(values: Sequence[Any]) -> pa.DataType | None:
     return None
 
 
-def json_array(values: Sequence[Any]) -> pa.Array:
+def json_array(values: Sequence[object]) -> pa.Array:
     return pa.array([None if v is None else json.dumps(v) for v in values], _S)
 
 
-def column(name: str, values: list[Any]) -> tuple[str, pa.Array]:
+def column(name: str, values: list[object]) -> tuple[str, pa.Array]:
     """One column: the field's known type where the values fit it as they are (never a float cut to an int, a bool
     made a number), else their own type, else JSON text."""
     kind, known = _arrow_type(values), KNOWN_TYPES.get(name)
@@ -151,7 +151,7 @@ def column(name: str, values: list[Any]) -> tuple[str, pa.Array]:
     return JSON_PREFIX + name, json_array(values)
 
 
-def same(values: Sequence[Any]) -> bool:
+def same(values: Sequence[object]) -> bool:
     """Every value equal, and of one type (1, 1.0 and True are == in Python, not in a column)."""
     first = values[0]
     return all(type(v) is type(first) and v == first for v in values[1:])
@@ -165,7 +165,7 @@ class Rows:
 
     batch: pa.RecordBatch
     rows: int
-    shared: list[Any]
+    shared: list[object]
 
     @property
     def layout(self) -> pa.Schema:
@@ -178,7 +178,7 @@ def layout_columns(layout: pa.Schema) -> tuple[list[str], list[str]]:
     return json.loads(meta[_META_COLUMNS]), json.loads(meta[_META_SHARED])
 
 
-def split_rows(rows: Sequence[Mapping[str, Any]]) -> Rows:
+def split_rows(rows: Sequence[Mapping[str, object]]) -> Rows:
     """The one way rows become columns, whether they come from a pack's columnar file or from its JSON records, so
     both give the same frame."""
     names = list(dict.fromkeys(key for row in rows for key in row))
@@ -191,7 +191,7 @@ def split_rows(rows: Sequence[Mapping[str, Any]]) -> Rows:
     return Rows(batch, len(rows), [values[name][0] for name in shared])
 
 
-def pack_rows(pack_dir: Path, warnings: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def pack_rows(pack_dir: Path, warnings: list[str]) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
     """(training rows, pack rows) of one pack from its JSON records, in path order."""
     trainings = read_records(sorted((pack_dir / TRAININGS).glob("*.json")), "training", warnings)
     pack_json = pack_dir / PACK_RECORD
@@ -212,18 +212,25 @@ def write_columnar(run: RunDir, pack_id: str) -> Path | None:
     return write_rows(run.columnar(pack_id), trainings, packs[0])
 
 
-def write_rows(path: Path, trainings: Sequence[Mapping[str, Any]], pack_row: Mapping[str, Any]) -> Path:
+def write_rows(path: Path, trainings: Sequence[Mapping[str, object]], pack_row: dict[str, object]) -> Path:
     """Flat training rows and their pack's flat row as one columnar file at ``path``, atomically."""
     with atomic_file(path, binary=True) as f:
         f.write(columnar_bytes(trainings, pack_row))
     return path
 
 
-def columnar_bytes(trainings: Sequence[Mapping[str, Any]], pack_row: Mapping[str, Any]) -> bytes:
+class ColumnarTail(TypedDict):
+    """The JSON after a columnar file's batch (:func:`columnar_bytes`)."""
+    pack: dict[str, object]  # the pack's flat row
+    rows: int
+    shared: list[object]  # the values every row shares (Rows.shared)
+
+
+def columnar_bytes(trainings: Sequence[Mapping[str, object]], pack_row: dict[str, object]) -> bytes:
     """What a columnar file holds: the varying columns of the training rows as an Arrow IPC stream of one batch, then
     JSON: the pack row (one row: its JSON reads faster than a batch of its own), the rows, the shared values."""
     rows = split_rows(trainings)
-    tail = {"pack": pack_row, "rows": rows.rows, "shared": rows.shared}
+    tail: ColumnarTail = {"pack": pack_row, "rows": rows.rows, "shared": rows.shared}
     return stream_bytes(rows.batch) + json.dumps(tail).encode()
 
 
@@ -248,7 +255,7 @@ class ColumnarReader:
     def __init__(self) -> None:
         self.layouts: dict[bytes, pa.Schema | None] = {}
 
-    def read(self, pack_dir: str) -> tuple[Rows, dict[str, Any]] | None:
+    def read(self, pack_dir: str) -> tuple[Rows, dict[str, object]] | None:
         """(training rows, pack row) of a pack; None where it has no columnar file, where its records changed after
         the file was written (a resumed pack: its trainings/ folder or pack.json is newer, or pack.json was moved
         aside), or where the file is unreadable or of another schema — its JSON records say the same, and are read
@@ -268,13 +275,13 @@ class ColumnarReader:
         except (OSError, ValueError, KeyError, TypeError, EOFError, pa.ArrowException):
             return None
 
-    def parse(self, data: bytes) -> tuple[Rows, dict[str, Any]] | None:
+    def parse(self, data: bytes) -> tuple[Rows, ColumnarTail] | None:
         """(the rows, the JSON after them) of a columnar file's bytes; None where its layout is of another schema.
         Raises what a torn or foreign file raises (ValueError, KeyError, pyarrow's errors)."""
         batch, end = self.batch(data, 0)
         if batch is None:
             return None
-        tail = json.loads(data[end:])
+        tail = cast(ColumnarTail, json.loads(data[end:]))  # as columnar_bytes wrote it
         return Rows(batch, int(tail["rows"]), list(tail["shared"])), tail
 
     def batch(self, data: bytes | pa.Buffer, start: int) -> tuple[pa.RecordBatch | None, int]:

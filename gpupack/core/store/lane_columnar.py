@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +37,16 @@ from gpupack.core.store.columnar import (
     split_rows,
     stream_bytes,
 )
-from gpupack.core.store.journal import PACK, TRAINING, fingerprint, held_journal, home_of, identity, journal_entries
+from gpupack.core.store.journal import (
+    PACK,
+    TRAINING,
+    JournalEntry,
+    fingerprint,
+    held_journal,
+    home_of,
+    identity,
+    journal_entries,
+)
 from gpupack.core.store.records import SCHEMA_VERSION, atomic_file
 from gpupack.core.store.rundir import RunDir
 
@@ -53,7 +62,7 @@ class Entry:
     its identity (:func:`gpupack.core.store.journal.identity`) and the pack it is kept under (``home``)."""
 
     kind: str
-    row: dict[str, Any]
+    row: dict[str, object]
     folded_at: float
     seq: int
     same: int
@@ -64,7 +73,7 @@ class Entry:
         return (self.home, str(self.row.get("training_id")))
 
 
-def entries_of(journal: Sequence[Mapping[str, Any]], where: str, warnings: list[str]) -> list[Entry]:
+def entries_of(journal: Sequence[JournalEntry], where: str, warnings: list[str]) -> list[Entry]:
     """A journal's entries (in the order folded) as :class:`Entry`; a record this gpupack does not read is left out
     with a warning naming ``where``."""
     out = []
@@ -197,11 +206,11 @@ class LaneColumns:
     covers: int = 0
 
 
-def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+def _decoded(row: dict[str, object]) -> dict[str, object]:
     """A row of a columnar batch as :func:`gpupack.core.store.columnar.record_row` gives it: JSON text columns
     decoded."""
     for name in [n for n in row if n.startswith(JSON_PREFIX)]:
-        text = row.pop(name)
+        text = cast("str | None", row.pop(name))  # a column of JSON text (columnar.json_array)
         row[name[len(JSON_PREFIX):]] = None if text is None else json.loads(text)
     return row
 
