@@ -187,10 +187,23 @@ class Launch:
     python_main: PythonMain | None = None
 
 
+class PrunedAt(TypedDict):
+    """Where a search's pruner stopped a trial (:meth:`TrainingContext.report`): the step and the value it reported."""
+
+    step: int
+    value: float
+
+
 @dataclass
 class TrainingContext:
     """What the packer gives a training: its device, its thread budget and its reporter; and, for one training
-    spread over k devices (spread.devices), its :class:`gpupack.spread.Spread` (None: one device, not spread)."""
+    spread over k devices (spread.devices), its :class:`gpupack.spread.Spread` (None: one device, not spread).
+
+    A trial of a search (search=optuna) reports its curve with :meth:`report` and returns at once when it says so:
+
+        if ctx.report(val_accuracy, epoch):
+            return metrics  # pruned: the study was told so, the worker records it pruned
+    """
 
     device: str
     threads: int
@@ -199,6 +212,33 @@ class TrainingContext:
     # Where this training's stdout and stderr are kept (its .out and .err logs); None where the packer keeps none
     # of its own (trainings hosted in one process).
     logs: tuple[str, str] | None = None
+    # A search's trial: its study's journal and its number (gpupack.search.study.trial_env); None outside a search.
+    study: str | None = None
+    trial: int | None = None
+    pruned: PrunedAt | None = None  # set by report() when the pruner stopped it
+
+    def report(self, value: float, step: int) -> bool:
+        """The intermediate ``value`` at ``step`` (an epoch's validation metric), appended to the study's journal;
+        True: the search's pruner prunes this trial now (the study is told so at once, so no later end replaces it):
+        return at once. Outside a search it records nothing and returns False."""
+        if self.pruned is not None:
+            return True
+        if self.study is None or self.trial is None:
+            return False
+        from gpupack.search.study import Study  # a search's trial only: a user's program imports this module
+
+        if Study(Path(self.study)).report(self.trial, int(step), float(value)):
+            self.pruned = {"step": int(step), "value": float(value)}
+        return self.pruned is not None
+
+    def ranks_by(self, metric: str) -> bool:
+        """This is a search's trial, ranked by ``metric``: a curve of it is worth reporting (a curve of another metric
+        would be judged the wrong way up)."""
+        if self.study is None or self.trial is None:
+            return False
+        from gpupack.search.study import Study
+
+        return Study(Path(self.study)).read().search.metric == metric
 
 
 class Workload(ABC, Generic[P]):

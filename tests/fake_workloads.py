@@ -78,6 +78,9 @@ class ProbeParams:
     hold_s: float = 0.0
     hold_s_per_100mb: float = 0.0
     hold_device: str = ""
+    # A programmed curve (a search's pruning): with curve_slope > 0, each step reports slope × (step + 1) through
+    # ctx.report, and the training returns at once when it is pruned; val_accuracy is the curve's last value.
+    curve_slope: float = 0.0
 
 
 class Probe(Workload):
@@ -151,18 +154,24 @@ class Probe(Workload):
         while params.hang:
             time.sleep(0.1)
         ctx.reporter.loop_started()
-        for _ in range(params.steps):
+        value = None
+        for step in range(params.steps):
             time.sleep(params.sleep_s)
             ctx.reporter.step(32)
             if params.fail:
                 raise RuntimeError(f"probe failure on purpose (tag={params.tag!r})")
+            if params.curve_slope > 0:
+                value = params.curve_slope * (step + 1)
+                if ctx.report(value, step):
+                    break
         ctx.reporter.loop_ended()
         if params.say:
             print(f"epoch 1 {params.say.format(lr=0.5, seed=params.seed)}")
             print(params.say.format(lr=params.lr, seed=params.seed), flush=True)
         # Deterministic "accuracy" so ranking tests know the answer: higher lr scores higher.
         env = {k: os.environ.get(k) for k in params.report_env.split(",") if k}
-        return {"train_loss": 1.0 / (1 + params.lr), "val_accuracy": min(params.lr, 1.0), "tag": params.tag,
+        accuracy = min(params.lr, 1.0) if value is None else value
+        return {"train_loss": 1.0 / (1 + params.lr), "val_accuracy": accuracy, "tag": params.tag,
                 "env": env, "data": "probe (no data)", "pid": os.getpid(), "own_session": os.getsid(0) == os.getpid(),
                 "cpus": sorted(os.sched_getaffinity(0)), "cwd": os.getcwd(), "warm": warm,
                 "thread_pools": _thread_pools() if params.report_threads else None}

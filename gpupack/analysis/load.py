@@ -36,7 +36,7 @@ from gpupack.core.store.lane_columnar import (
     tail_entries,
 )
 from gpupack.core.store.rank_choice import RankChoice, read_rank
-from gpupack.core.store.records import COMPLETED, SKIPPED_MEMORY, read_json
+from gpupack.core.store.records import FINISHED, SKIPPED_MEMORY, read_json
 from gpupack.core.store.rundir import ATTEMPTS, PACK_RECORD, RunDir
 
 
@@ -181,8 +181,9 @@ def plan_counts(latest: pd.DataFrame, planned_ids: Mapping[str, Sequence[tuple[s
             seen[at[ours & mask]] = True
             return seen
 
-        completed = marked(status == COMPLETED)
-        failed = marked(~skipped & (status != COMPLETED)) & ~completed
+        finished = np.isin(status, FINISHED)  # completed, or pruned by its search
+        completed = marked(finished)
+        failed = marked(~skipped & ~finished) & ~completed
         skipped_ids = marked(skipped & ~waits) & ~completed & ~failed
         counts.update(completed=int(completed.sum()), failed=int(failed.sum()), skipped=int(skipped_ids.sum()))
     return PlanCounts(counts["planned"], counts["completed"], counts["failed"], counts["skipped"])

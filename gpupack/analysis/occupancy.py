@@ -4,8 +4,9 @@ takes the next training) side by side, per (workload, partition, GPU type, mode,
 - ``slot_occupancy`` = Σ training wall / (N × job wall), over the jobs of a group: 1.0 is every slot busy from the
   job's start to its end; what is missing is idle slots (waiting for the slowest). A pack's wall starts with its
   first training: a fork server's preload is set-up (the pack record's ``setup_s``), once a lane.
-- ``device_s_per_training`` = Σ job wall / trainings completed: what a training costs in device time when the jobs
-  run as they ran (a pack's wall / N for whole packs, the lanes' walls / completed for a stream).
+- ``device_s_per_training`` = Σ job wall / trainings completed (or pruned by a search): what a training costs in
+  device time when the jobs run as they ran (a pack's wall / N for whole packs, the lanes' walls / completed for a
+  stream).
 - ``timeline``: one bar per training on its (job, slot) row, for the report's Gantt chart.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ def how_of(packs: pd.DataFrame) -> pd.Series:
 
 def occupancy(packs: pd.DataFrame) -> pd.DataFrame:
     """One row per (workload, partition, GPU type, mode, N, whole packs | streaming): packs (or lanes), the jobs that
-    ran them, trainings completed,
+    ran them, trainings completed (or pruned by a search),
     device-seconds per training, slot occupancy, mean idle gap between two trainings of a slot, and the span from
     the first job's start to the last one's end."""
     p = _latest_packing(packs)
@@ -44,6 +45,9 @@ def occupancy(packs: pd.DataFrame) -> pd.DataFrame:
     p["how"] = how_of(p)
     for col in ("wall_s", "busy_s", "slots", "n_completed", "slot_gap_mean_s", "started_at", "ended_at", "factor"):
         p[col] = pd.to_numeric(p.get(col), errors="coerce")
+    # a search's pruned trials are finished trainings too (ended early by its pruner, their slot taken at once)
+    pruned = pd.to_numeric(p["n_pruned"], errors="coerce").fillna(0) if "n_pruned" in p else 0
+    p["finished"] = p["n_completed"] + pruned
     p["slot_s"] = p["slots"].fillna(p["factor"]) * p["wall_s"]
     if "workload" not in p:
         p["workload"] = None
@@ -51,7 +55,7 @@ def occupancy(packs: pd.DataFrame) -> pd.DataFrame:
     # lanes) by record; a record with no job id (written by hand, an old one) counts as a job of its own
     p["job"] = p["job_id"].fillna(p["pack_id"]) if "job_id" in p else p["pack_id"]
     out = p.groupby(KEYS, dropna=False).agg(
-        packs=("pack_id", "count"), jobs=("job", "nunique"), trainings=("n_completed", "sum"),
+        packs=("pack_id", "count"), jobs=("job", "nunique"), trainings=("finished", "sum"),
         device_s=("wall_s", "sum"),
         busy_s=("busy_s", "sum"), slot_s=("slot_s", "sum"), gap_mean_s=("slot_gap_mean_s", "mean"),
         started=("started_at", "min"), ended=("ended_at", "max")).reset_index()

@@ -14,7 +14,7 @@ import pandas as pd
 
 from gpupack.analysis.choose import choose, tie_label
 from gpupack.analysis.load import Cleared, Records, cleared_mask
-from gpupack.core.store.records import COMPLETED, OOM, SKIPPED_MEMORY, VICTIM
+from gpupack.core.store.records import COMPLETED, OOM, PRUNED, SKIPPED_MEMORY, VICTIM
 
 GROUP = ["workload", "partition", "gpu_type", "mode"]
 LOADER_BOUND_FRACTION = 0.9  # training throughput at >= 90 % of the loader's own: loader-bound, not GPU-bound
@@ -55,8 +55,9 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cl
     # ... and run at the largest N that fits instead (a refit pack: gpupack.core.plan.refit_packs), counted there too
     t["is_refit"] = t["is_skipped"] & (t["runs_in"].notna() if "runs_in" in t else False)
     t["skipped_why"] = t.get("error", pd.Series(None, index=t.index)).where(t["is_skipped"])
-    t["unfinished"] = (t["attempt"] == 0) & ~t["ok"] & ~t["is_skipped"]
-    t["is_failed"] = ~t["ok"] & ~t["is_victim"] & ~t["was_skipped"]
+    t["is_pruned"] = t["status"] == PRUNED  # stopped by its search's pruner: finished, neither failed nor unfinished
+    t["unfinished"] = (t["attempt"] == 0) & ~t["ok"] & ~t["is_skipped"] & ~t["is_pruned"]
+    t["is_failed"] = ~t["ok"] & ~t["is_victim"] & ~t["was_skipped"] & ~t["is_pruned"]
     for col in ("startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb", "peak_gpu_mem_mb",
                 "threads"):
         t[col] = pd.to_numeric(t.get(col), errors="coerce")

@@ -13,7 +13,7 @@ from gpupack.analysis.load import ClearedOom, cleared_mask, load_records, read_c
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.store.claims import claims
 from gpupack.core.store.journal import RunRecords
-from gpupack.core.store.records import COMPLETED, OOM, SKIPPED_MEMORY, read_json, write_json_atomic
+from gpupack.core.store.records import COMPLETED, OOM, PRUNED, SKIPPED_MEMORY, read_json, write_json_atomic
 from gpupack.core.store.rundir import HeldLocks, RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import RunDirError
@@ -39,6 +39,7 @@ class PackStatus:
 T_COMPLETED, T_FAILED, T_RUNNING, T_WAITING = "completed", "failed", "running", "waiting"
 TRAINING_STATES = (T_COMPLETED, T_FAILED, T_RUNNING, T_WAITING)
 T_SKIPPED = "skipped for memory"
+T_PRUNED = "pruned"  # a search's trial its pruner stopped early: ended, neither failed nor left to run
 SKIPPED = "skipped for memory"  # a pack's state: its trainings not started, for memory, and run nowhere else
 
 
@@ -81,7 +82,8 @@ class RunStatus:
         total = Counter[str]()
         for c in self.trainings.values():
             total.update(c)
-        return eta_s(self.elapsed_s(now), total[T_COMPLETED] + total[T_FAILED], total[T_RUNNING] + total[T_WAITING])
+        ended = total[T_COMPLETED] + total[T_FAILED] + total[T_PRUNED]
+        return eta_s(self.elapsed_s(now), ended, total[T_RUNNING] + total[T_WAITING])
 
 
 def eta_s(elapsed_s: float | None, ended: int, left: int) -> float | None:
@@ -97,8 +99,9 @@ def training_state(record: Mapping[str, object] | None, started: bool, pack_stat
     """One training's state: its record first; without one, running only while its pack runs and it has started
     (its log exists). Pure."""
     if record is not None:
-        return T_COMPLETED if record.get("status") == COMPLETED else \
-            T_SKIPPED if record.get("status") == SKIPPED_MEMORY else T_FAILED
+        said = record.get("status")
+        return T_COMPLETED if said == COMPLETED else T_SKIPPED if said == SKIPPED_MEMORY else \
+            T_PRUNED if said == PRUNED else T_FAILED
     return T_RUNNING if started and pack_state == RUNNING else T_WAITING
 
 

@@ -22,8 +22,10 @@ from gpupack.core.store.journal import RunRecords
 from gpupack.core.store.records import (
     COMPLETED,
     FAILED,
+    FINISHED,
     KILLED,
     OOM,
+    PRUNED,
     SKIPPED_MEMORY,
     TIMEOUT,
     VICTIM,
@@ -55,6 +57,8 @@ class OnDevice:
 
 
 def status_of(outcome: TrainingOutcome) -> str:
+    if outcome.extra.get("pruned"):  # its search's pruner stopped it (a decision: however its process then ended)
+        return PRUNED
     if outcome.extra.get("timed_out"):
         return TIMEOUT
     if ran_out_of_memory(outcome):
@@ -253,7 +257,8 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord]
         concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None,
         training_ids=[r["training_id"] for r in records],
         n_completed=sum(r["status"] == COMPLETED for r in records),
-        n_failed=sum(r["status"] != COMPLETED for r in records),
+        n_failed=sum(r["status"] not in FINISHED for r in records),
+        n_pruned=sum(r["status"] == PRUNED for r in records),
         n_oom=sum(r["status"] == OOM for r in records),
         started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
         cores=cores, threads_per_training=threads, host=socket.gethostname(),
@@ -297,7 +302,8 @@ def rebuilt_pack_record(pack: Pack, records: Sequence[TrainingRecord], phase: st
         concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None and together,
         training_ids=[r["training_id"] for r in records],
         n_completed=sum(r.get("status") == COMPLETED for r in records),
-        n_failed=sum(r.get("status") != COMPLETED for r in records),
+        n_failed=sum(r.get("status") not in FINISHED for r in records),
+        n_pruned=sum(r.get("status") == PRUNED for r in records),
         n_oom=sum(r.get("status") == OOM for r in records),
         started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
         threads_per_training=first.get("threads"),

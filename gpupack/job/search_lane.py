@@ -19,6 +19,7 @@ from gpupack.core.store.claims import Claimant, claim, claims, release_stale
 from gpupack.core.store.journal import Folded, RunRecords, fold_pack, fold_trainings
 from gpupack.core.store.lane_columnar import write_lane_columnar
 from gpupack.core.store.records import COMPLETED, read_json, write_json_atomic
+from gpupack.core.store.records import PRUNED as PRUNED_STATUS
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import PackAttempt, pack_lock
@@ -28,7 +29,6 @@ from gpupack.pack import Wait
 from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.search.study import COMPLETE, FAILED, PRUNED, State, Study, trial_number, trial_training
 
-PRUNED_STATUS = "pruned"  # a training record's status: its trial was pruned (not failed)
 Record = dict[str, object]
 
 
@@ -65,12 +65,14 @@ class SearchLane(Lane):
         return self._started(training)
 
     def judge(self, rec: dict[str, object]) -> dict[str, object]:
-        """As a stream lane judges it; a trial told pruned by its own process is recorded pruned, not failed."""
+        """As a stream lane judges it; a trial its study was told pruned is recorded pruned, not failed, however its
+        process then ended (the packer records it so where it saw the prune: its result, its stopped program)."""
         rec = super().judge(rec)
         number = trial_number(str(rec["training_id"]))
-        row = self.study.read().trials.get(number) if number is not None else None
+        row = self.study.read().trials.get(number) if number is not None and rec.get("status") != PRUNED_STATUS \
+            else None
         if row is not None and row.state == PRUNED:
-            rec.update(status=PRUNED_STATUS, pruned={"value": row.value, "why": row.why})
+            rec.update(status=PRUNED_STATUS, pruned={"step": max(row.intermediate, default=None), "value": row.value})
         self._ended[str(rec["training_id"])] = rec
         return rec
 

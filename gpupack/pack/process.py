@@ -6,6 +6,7 @@ each gets its share of the cores (see :func:`gpupack.pack.threads_for`).
 from __future__ import annotations
 
 import dataclasses
+import signal
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -29,8 +30,11 @@ from gpupack.runtime.forkserver import ForkServer
 from gpupack.runtime.jobenv import job_cpus
 from gpupack.runtime.memshare import SHARE_ENV
 from gpupack.runtime.mps import MPS_LIMIT_ENV, MPS_PIPE_ENV, mps_daemon
-from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor, fork_server
-from gpupack.workload import Workload
+from gpupack.runtime.supervisor import KILL_GRACE_S, Child, ChildExit, ChildSpec, Supervisor, fork_server
+from gpupack.search.follow import StdoutCurve
+from gpupack.search.plan import is_search_queue
+from gpupack.search.study import Study, trial_env, trial_number
+from gpupack.workload import PrunedAt, Workload
 from gpupack.workloads import load_workload
 
 
@@ -66,7 +70,7 @@ class _Training:
     """One training of the pack: its spec and files, the child the supervisor starts for it, and how it ended."""
 
     def __init__(self, training: Training, ctx: PackContext, workload: Workload, cpus: Sequence[int] | None,
-                 fork_fallback: str | None = None, slot: int = 0) -> None:
+                 fork_fallback: str | None = None, slot: int = 0, curve: str | None = None) -> None:
         tid = training.training_id
         run, pid = ctx.run, ctx.home(tid)  # a streamed training's files live with its records, whoever runs it
         self.training = training
@@ -83,13 +87,42 @@ class _Training:
         # workload's argv items are templated one by one.
         self.launch = workload.launch(training.params, str(spec_path), str(self.result_path))
         self.share, share_env = memory_share_env(ctx, tid)
+        # a search's trial is told its study and number: it reports its curve and may be pruned
+        search_env = trial_env(ctx.run.study, tid) if is_search_queue(ctx.pack.stream) else {}
         self.child = ChildSpec(tid, self.launch.argv, run.log(pid, tid, "out"), err_path,
                                {**worker_env(ctx.env, ctx.threads), PACK_SIZE_ENV: str(ctx.pack.factor),
-                                **self.launch.env, **share_env}, spec_path, self.launch.cwd,
+                                **self.launch.env, **share_env, **search_env}, spec_path, self.launch.cwd,
                                ctx.memory_limit_bytes, list(cpus) if cpus else None, started_at,
                                self.launch.python_main)
         self._outcome: TrainingOutcome | None = None
         self.fork_fallback = fork_fallback  # why it starts fresh although the pack would fork (None: as asked)
+        # search.intermediate: its curve read from its stdout as it grows; the prune decision, when its program was
+        # stopped for it, and when
+        number = trial_number(tid)
+        self.curve = StdoutCurve(Study(ctx.run.study), number, curve, self.child.out_path) \
+            if curve is not None and number is not None and search_env else None
+        self.pruned: PrunedAt | None = None
+        self.stopped_at: float | None = None
+        self.running: Child | None = None
+
+    def follow(self) -> None:
+        """Read its curve's new points (search.intermediate); on a prune, stop its program (SIGTERM, then SIGKILL
+        after the grace a time limit gives)."""
+        child = self.running
+        if self.curve is None or child is None or child.ended_at is not None:
+            return
+        if self.pruned is None and (hit := self.curve.follow()) is not None:
+            self.pruned = {"step": hit[0], "value": hit[1]}
+            self.stopped_at = time.time()
+            child.signal(signal.SIGTERM)
+        elif self.stopped_at is not None and time.time() - self.stopped_at > KILL_GRACE_S:
+            child.signal(signal.SIGKILL)
+
+    def last_points(self) -> None:
+        """Its program ended: what it printed since the last look, reported (the curve later trials are judged
+        by), without asking the pruner."""
+        if self.curve is not None and self.pruned is None:
+            self.curve.follow(prune=False)
 
     def outcome(self, ended: ChildExit) -> TrainingOutcome:
         if self._outcome is None:
@@ -97,16 +130,19 @@ class _Training:
         return self._outcome
 
     def _make_outcome(self, ended: ChildExit) -> TrainingOutcome:
-        extra = {"start": ended.start, "cpus": ended.cpus, "slot": self.slot,
-                 **({"fork_fallback": self.fork_fallback} if self.fork_fallback else {}),
-                 **({"memory_share": self.share} if self.share else {})}
+        extra: dict[str, object] = {"start": ended.start, "cpus": ended.cpus, "slot": self.slot,
+                                    **({"fork_fallback": self.fork_fallback} if self.fork_fallback else {}),
+                                    **({"memory_share": self.share} if self.share else {})}
         code, result, error = ended.returncode, None, None
         if ended.start_error is not None:  # the program is gone or not executable on this node: it fails alone
             code, error = None, start_failure(self.launch.argv, self.launch.cwd, ended.start_error)
-        elif code == 0:
+        elif code == 0 or self.pruned is not None:  # stopped for its prune: what it reported so far is its result
             raw = read_json_or_none(self.result_path)  # torn or foreign: nothing written
             result = self.workload.result(self.training.params, raw, ended.started_at, ended.ended_at,
                                           self.child.out_path)
+            pruned = self.pruned or (result or {}).get("pruned")  # stopped here, or by its own report()
+            if pruned:
+                extra["pruned"] = pruned
         else:
             error = ended.error()
             hint = self.workload.failure_hint(self.training.params, error)
@@ -212,12 +248,13 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
     cpus = [cpus_for(cores, slots, i) if opts.cpu_affinity else None for i in range(slots)]
     packed: list[_Training] = []
     by_name: dict[str, _Training] = {}
+    curve = intermediate_pattern(ctx)
     with Supervisor(ctx.training_timeout_s) as supervisor:
         fallback = preload(supervisor, every, ctx) if method == "fork" and every else None
         def start(t: Training, slot: int) -> None:
-            packed.append(_Training(t, ctx, workloads[t.workload], cpus[slot], fallback, slot))
+            packed.append(_Training(t, ctx, workloads[t.workload], cpus[slot], fallback, slot, curve))
             by_name[t.training_id] = packed[-1]
-            child = supervisor.start(packed[-1].child)
+            child = packed[-1].running = supervisor.start(packed[-1].child)
             if method == "fork" and not child.forked and supervisor.refused:  # the server refused it or died: why
                 packed[-1].fork_fallback = supervisor.refused
             pid = child.pid
@@ -240,15 +277,29 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
 
         def ended(child: ChildExit) -> None:
             done = by_name[child.name]
+            done.last_points()
             ctx.on_finished(done.outcome(child))
             free.append(done.slot)
             fill()  # the freed slot takes the next training at once, where it fits
 
+        def look() -> None:
+            for p in packed:  # a trial whose printed curve its pruner stops: its slot frees as its program ends
+                p.follow()
+            fill()
+
         for slot, t in enumerate(trainings):
             start(t, slot)
         fill()
-        exits = supervisor.follow(on_exit=ended, on_poll=fill if stream is not None else None)
+        exits = supervisor.follow(on_exit=ended, on_poll=look if stream is not None or curve else None)
     return [p.outcome(child) for p, child in zip(packed, exits)]
+
+
+def intermediate_pattern(ctx: PackContext) -> str | None:
+    """search.intermediate, for a search's lane: the pattern its trials' curves are read from in their stdout (None:
+    no search, or none given)."""
+    if not is_search_queue(ctx.pack.stream) or not ctx.run.study.exists():
+        return None
+    return Study(ctx.run.study).read().search.intermediate
 
 
 def preload(supervisor: Supervisor, trainings: Sequence[Training], ctx: PackContext) -> str | None:

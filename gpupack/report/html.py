@@ -22,7 +22,7 @@ import pandas as pd
 
 from gpupack.analysis.aggregate import Collected
 from gpupack.core.store.journal import kept_log
-from gpupack.core.store.records import SKIPPED_MEMORY, write_text_atomic
+from gpupack.core.store.records import PRUNED, SKIPPED_MEMORY, write_text_atomic
 from gpupack.report import text
 from gpupack.report.plots import (
     plot_cost,
@@ -423,7 +423,8 @@ def training_rows(c: Collected, out: Path, configs: Mapping[str, text.RunConfig]
                      str(rec["training_id"]), "factor": rec.get("factor"), "pack_id": rec.get("pack_id"),
                      "status": rec.get("status"),
                      "outcome": "completed" if rec.get("status") == "completed" else
-                     "skipped" if rec.get("status") == SKIPPED_MEMORY else "failed",
+                     "skipped" if rec.get("status") == SKIPPED_MEMORY else
+                     "pruned" if rec.get("status") == PRUNED else "failed",
                      "metric": rec.get(metric) if metric else None,
                      "error": error.strip().splitlines()[-1][:200] if isinstance(error, str) and error.strip()
                      else "",

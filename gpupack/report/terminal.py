@@ -17,7 +17,7 @@ from gpupack.analysis.load import shared_host
 from gpupack.analysis.occupancy import STREAMED
 from gpupack.analysis.summary import GROUP
 from gpupack.core.store.journal import log_where
-from gpupack.core.store.records import SKIPPED_MEMORY
+from gpupack.core.store.records import FINISHED, SKIPPED_MEMORY
 from gpupack.report.text import (
     best_line,
     choice_lines,
@@ -258,7 +258,7 @@ def failure_lines(c: Collected, most: int = 3) -> list[str]:
     if t.empty or "status" not in t:
         return []
     probe = t.get("probe", pd.Series(False, index=t.index)).fillna(False).astype(bool)
-    mask = (t["status"] != "completed") & (t["status"] != SKIPPED_MEMORY) & ~probe  # skipped: skipped_lines
+    mask = ~t["status"].isin(FINISHED) & (t["status"] != SKIPPED_MEMORY) & ~probe  # skipped: skipped_lines
     if not mask.any():
         return []
     failed = t.loc[mask, ["status"] + [c for c in ("error",) if c in t]]  # a million rows: filter the two read

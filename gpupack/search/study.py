@@ -61,6 +61,13 @@ def trial_number(tid: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def trial_env(study: Path, tid: str) -> dict[str, str]:
+    """What a trial's process is told (:data:`STUDY_ENV`, :data:`TRIAL_ENV`): where its study is and its number, so
+    ``TrainingContext.report`` can report its curve and be pruned; nothing for a training that is no trial."""
+    number = trial_number(tid)
+    return {} if number is None else {STUDY_ENV: os.path.abspath(study), TRIAL_ENV: str(number)}
+
+
 @dataclass
 class TrialRow:
     """One trial as the journal tells it."""
@@ -153,6 +160,8 @@ def _apply(journal: Journal | None, ev: Event) -> Journal | None:
                                           str(who.get("incarnation")), float(ev.get("at", 0.0)))
     elif kind == "reported" and row is not None and ev.get("value") is not None:
         row.intermediate[int(ev["step"])] = float(ev["value"] or 0.0)
+    elif kind == "told" and row is not None and row.state == PRUNED and ev.get("state") == PRUNED:
+        row.device_s = float(ev.get("device_s", row.device_s))  # its lane's tell after its own: the device time
     elif kind == "told" and row is not None and row.state == RUNNING:
         row.state = STATES.get(ev["state"], FAILED)
         row.value, row.why = ev.get("value"), ev.get("why")
@@ -229,10 +238,13 @@ class Study:
             self._append(f, Event(event="asked", number=number, params=params, claimant=asdict(who)))
             return TrialRow(number, params, who.lane, who.incarnation, time.time())
 
-    def report(self, number: int, step: int, value: float) -> bool:
-        """Trial ``number``'s intermediate ``value`` at ``step``, written; True where the pruner prunes it now."""
+    def report(self, number: int, step: int, value: float, prune: bool = True) -> bool:
+        """Trial ``number``'s intermediate ``value`` at ``step``, written; True where the pruner prunes it now (never
+        without ``prune``: what a program printed before it ended, kept for the curves later trials are judged by)."""
         with self._held() as f:
             self._append(f, Event(event="reported", number=number, step=step, value=value))
+            if not prune:
+                return False
             journal = _read(f)
             if journal is None or number not in journal.trials or journal.trials[number].state != RUNNING:
                 return False

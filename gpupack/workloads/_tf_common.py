@@ -57,7 +57,10 @@ def run(params: TrainingParams, ctx: TrainingContext, data: ImageSet, build_mode
             loader_only(ds, params.epochs, ctx.reporter)
             return {"loader_only": True, "data": data.source}
         model = build_model(keras, dtype_policy(params.amp, ctx.device))
-        metrics = fit_and_evaluate(keras, model, ds, params, ctx.reporter, x_val, y_val)
+        # a search's trial: each epoch's validation accuracy is its curve, reported; a prune stops the fit there
+        curve = (lambda m, epoch: ctx.report(accuracy(m, x_val, y_val), epoch)) if ctx.ranks_by("val_accuracy") \
+            else None
+        metrics = fit_and_evaluate(keras, model, ds, params, ctx.reporter, x_val, y_val, curve)
     return {**metrics, "data": data.source, "device": device}
 
 
@@ -112,8 +115,13 @@ def dtype_policy(amp: bool, device: str) -> str | None:
     return "mixed_float16" if "GPU" in tf_device(device) else "mixed_bfloat16"
 
 
-def reporter_callback(keras: Framework, reporter: Reporter, batch_size: int) -> object:
+def reporter_callback(keras: Framework, reporter: Reporter, batch_size: int,
+                      curve: Callable[[Model, int], bool] | None = None) -> object:
     class Report(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Mapping[str, float] | None = None) -> None:
+            if curve is not None and curve(self.model, epoch):
+                self.model.stop_training = True
+
         def on_train_begin(self, logs: Mapping[str, float] | None = None) -> None:
             reporter.loop_started()
 
@@ -148,11 +156,12 @@ def placement(model: Model) -> str:
 
 
 def fit_and_evaluate(keras: Framework, model: Model, dataset: Loader, params: TrainingParams, reporter: Reporter,
-                     x_val: Tensor, y_val: Tensor) -> Metrics:
-    """Compile (SGD with momentum), fit with every step reported, and measure validation accuracy."""
+                     x_val: Tensor, y_val: Tensor, curve: Callable[[Model, int], bool] | None = None) -> Metrics:
+    """Compile (SGD with momentum), fit with every step reported, and measure validation accuracy. ``curve(model,
+    epoch)`` after each epoch: True (a search pruned the trial) stops the fit there."""
     model.compile(optimizer=keras.optimizers.SGD(params.lr, momentum=params.momentum),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = model.fit(dataset, epochs=params.epochs, verbose=0,
-                        callbacks=[reporter_callback(keras, reporter, params.batch_size)])
+                        callbacks=[reporter_callback(keras, reporter, params.batch_size, curve)])
     return {"train_loss": float(history.history["loss"][-1]), "val_accuracy": accuracy(model, x_val, y_val),
             "placed_on": placement(model)}

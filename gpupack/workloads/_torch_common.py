@@ -128,7 +128,14 @@ def run(params: TorchLoaderParams, ctx: TrainingContext, data: ImageSet, build_m
         model = model.to(memory_format=memory_format)
     trained = spread.wrap(model) if spread is not None else model  # DDP: the same parameters, all-reduced
     opt = torch.optim.SGD(trained.parameters(), lr=params.lr, momentum=params.momentum, weight_decay=weight_decay)
-    loss = train(trained, opt, loader, params, device, ctx, torch, memory_format)
+
+    def epoch_end(epoch: int) -> bool:  # a search's trial: each epoch's validation accuracy is its curve
+        pruned = ctx.report(accuracy(model, x_val, y_val, device, torch, eval_batch), epoch)
+        model.train()
+        return pruned
+
+    curve = epoch_end if spread is None and ctx.ranks_by("val_accuracy") else None
+    loss = train(trained, opt, loader, params, device, ctx, torch, memory_format, curve)
     if spread is not None:
         loss = spread.mean(loss)  # each rank's mean, weighted to its share below: their mean is the global mean
     # Evaluated on the unwrapped model: every rank holds the same weights, and no all-reduce runs outside training.
@@ -170,8 +177,9 @@ def loader_only(params: TrainingParams, loader: Loader, device: Device, ctx: Tra
 
 
 def train(model: Model, opt: Optimizer, loader: Loader, params: TrainingParams, device: Device, ctx: TrainingContext,
-          torch: Framework, memory_format: Framework = None) -> float:
+          torch: Framework, memory_format: Framework = None, epoch_end: Callable[[int], bool] | None = None) -> float:
     """The training loop, each step reported; returns the mean training loss (spread: this rank's share of it).
+    ``epoch_end(epoch)`` after each epoch: True (a search pruned the trial) ends the loop there.
 
     A caller that puts a list under ``ctx.reporter.info["losses"]`` gets each step's loss appended to it (spread: this
     rank's weighted share; the step's global loss is the mean over ranks), to compare loss curves in tests."""
@@ -183,7 +191,7 @@ def train(model: Model, opt: Optimizer, loader: Loader, params: TrainingParams, 
     rep.loop_started()
     running, count = 0.0, 0
     model.train()
-    for _ in range(params.epochs):
+    for epoch in range(params.epochs):
         for xb, yb in loader:
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             if memory_format is not None:
@@ -215,6 +223,8 @@ def train(model: Model, opt: Optimizer, loader: Loader, params: TrainingParams, 
             if losses is not None:
                 losses.append(value)
             rep.step(n)
+        if epoch_end is not None and epoch_end(epoch):
+            break
     if device.type == "cuda":
         torch.cuda.synchronize()
     rep.loop_ended()

@@ -27,7 +27,11 @@ VICTIM = "victim"  # taken down by another training's fault (gpupack.core.memory
 # infeasible there. Checked again on resume (a larger share, a smaller peak may let it run), never an unfinished
 # training.
 SKIPPED_MEMORY = "skipped_memory"
-STATUSES = (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, VICTIM, SKIPPED_MEMORY)
+# Stopped early by its search's pruner (search=optuna): ended by a decision, not a fault; its trial is finished, and
+# neither failed nor unfinished nor run again.
+PRUNED = "pruned"
+STATUSES = (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, VICTIM, SKIPPED_MEMORY, PRUNED)
+FINISHED = (COMPLETED, PRUNED)  # a training that needs nothing more: it completed, or its search pruned it
 
 
 class Logs(TypedDict):
@@ -182,6 +186,7 @@ class PackRecord(TypedDict, total=False):
     training_ids: list[str]
     n_completed: int
     n_failed: int
+    n_pruned: int  # pruned by its search (search=optuna): finished, not failed
     n_oom: int
     started_at: float
     ended_at: float
