@@ -27,6 +27,7 @@ from gpupack.analysis.drift import drift_checks
 from gpupack.analysis.layouts import compare, split_spread, spread_summary, training_walls, verdicts
 from gpupack.analysis.load import Records, load_records, with_stdout_metric
 from gpupack.analysis.occupancy import occupancy, timeline, with_lanes
+from gpupack.analysis.search import SearchReport, search_reports
 from gpupack.analysis.summary import best_factors, not_checks, packing_times, split_phase, summarize
 from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table
 from gpupack.core.cost.rgu import billed_packs, cost_table
@@ -62,6 +63,8 @@ class Collected:
     drift: pd.DataFrame = field(default_factory=pd.DataFrame)
     # The packs measured under load from outside the job, per group (gpupack/analysis/disturbance.py)
     disturbance: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # search=optuna: each run's study, its trials ranked and its history (gpupack/analysis/search.py)
+    searches: list[SearchReport] = field(default_factory=list)
 
 
 def aggregate_records(records: Records, weights: Mapping[str, float] | None = None,
@@ -94,7 +97,8 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     return Collected(records, summary, best, overall, ranking, cost, n,
                      knob_table(packing_t), production, spread=spread, layouts=layouts, verdicts=verdicts(layouts),
                      occupancy=occupancy(packing_p), timeline=timeline(packing_t, packing_p),
-                     drift=drift_checks(probe_p), disturbance=disturbance(records.packs))
+                     drift=drift_checks(probe_p), disturbance=disturbance(records.packs),
+                     searches=search_reports(records.studies, records.trainings))
 
 
 def origin_line(choice: RankChoice, kept: Sequence[str], where: str) -> str:

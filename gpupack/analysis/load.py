@@ -38,6 +38,7 @@ from gpupack.core.store.lane_columnar import (
 from gpupack.core.store.rank_choice import RankChoice, read_rank
 from gpupack.core.store.records import FINISHED, SKIPPED_MEMORY, read_json
 from gpupack.core.store.rundir import ATTEMPTS, PACK_RECORD, RunDir
+from gpupack.search.study import Journal, read_journal
 
 
 class ClearedOom(TypedDict):
@@ -90,6 +91,8 @@ class Records:
     # kept), in Arrow, a row for each row of ``trainings`` as loaded (its index is the row's position): joined to the
     # rows that need them by with_detached
     detached: pa.Table = field(default_factory=lambda: pa.table({}))
+    # run → its search's study (search=optuna, RUN_DIR/search/study.jsonl), for the runs that hold one
+    studies: dict[str, Journal] = field(default_factory=dict)
 
     def with_detached(self, rows: pd.DataFrame, names: Sequence[str] = DETACHED) -> pd.DataFrame:
         """``rows`` (a selection of :attr:`trainings`, its index kept) with the columns ``names`` it lacks, from
@@ -385,6 +388,9 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
                                                              str(t["training_id"]))
                                                             for p in plan["packs"] for t in p.get("trainings", [])))
         out.pending += [f"{run.root}:{p['pack_id']}" for p in plan["packs"] if p["pack_id"] not in recorded]
+    study = read_journal(run.study)
+    if study is not None:
+        out.studies[str(run.root)] = study
     kept = read_rank(run) if not out.rank.given() else None  # an earlier collect's flags win over the config
     if kept is not None and kept.given():
         out.rank, out.rank_from = kept, str(run.rank_choice)

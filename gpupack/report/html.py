@@ -21,12 +21,14 @@ from typing import Callable, Mapping, Sequence
 import pandas as pd
 
 from gpupack.analysis.aggregate import Collected
+from gpupack.analysis.search import SearchReport
 from gpupack.core.store.journal import kept_log
 from gpupack.core.store.records import PRUNED, SKIPPED_MEMORY, write_text_atomic
 from gpupack.report import text
 from gpupack.report.plots import (
     plot_cost,
     plot_layouts,
+    plot_search_history,
     plot_split_vs_no_split,
     plot_throughput_curves,
     plot_time_per_training,
@@ -63,6 +65,7 @@ class Page:
     figures: list[Plot] = field(default_factory=list)
     trainings: pd.DataFrame = field(default_factory=pd.DataFrame)
     title: str = "gpupack report"
+    search_figures: list[Plot | None] = field(default_factory=list)  # each search's history plot, in c.searches' order
 
 
 # ---------------- pure: cells and tables ----------------
@@ -162,6 +165,33 @@ def hyper_section(c: Collected) -> str:
         body = table(t, columns, {metric: ".4g", "runs": ".0f"})
     notes = _paragraphs(text.hyper_notes(ranking), "note")
     return f"<section id='best-hyperparameters'>{title}{body}{notes}</section>"
+
+
+SEARCH_TOP = 20  # the ranked trials shown; the rest behind a disclosure
+
+
+def _search_table(s: SearchReport, rows: pd.DataFrame) -> str:
+    columns = {"number": "trial", "value": s.metric, "state": "state", "params": "params", "wall_s": "wall s"}
+    return table(rows, columns, {"number": ".0f", "value": ".4g", "wall_s": ".2f"},
+                 cells={"params": lambda r: text.param_text(r["params"])})
+
+
+def search_section(c: Collected, figures: Sequence[Plot | None] = ()) -> str:
+    """Each search's answer (search=optuna): its best trial, params first, how far it went, its trials ranked (the
+    top ones, the rest behind a disclosure) and its history plot. Empty for a run without a study."""
+    parts = []
+    for i, s in enumerate(c.searches):
+        head = f"<h3>{_esc(s.run)}</h3>" if len(c.searches) > 1 else ""
+        best = (f"<div class='answer'>{_paragraphs([text.search_best_line(s)], 'best')}"
+                f"{_paragraphs([text.search_counts_line(s)])}</div>")
+        ranked = (f"<h3>Trials ranked by {_esc(s.metric)} ({_esc(s.direction)})</h3>"
+                  + _search_table(s, s.trials.head(SEARCH_TOP)))
+        if len(s.trials) > SEARCH_TOP:
+            ranked += _details(f"The other {len(s.trials) - SEARCH_TOP} trials",
+                               _search_table(s, s.trials.iloc[SEARCH_TOP:]))
+        figure = figures[i] if i < len(figures) else None
+        parts.append(head + best + ranked + (_figure(figure) if figure is not None else ""))
+    return (f"<section id='search'><h2>Search: best trial</h2>{''.join(parts)}</section>" if parts else "")
 
 
 def _n(r: pd.Series) -> str:
@@ -341,8 +371,10 @@ def _page(title: str, body: Sequence[str]) -> str:
 
 
 def build_report(c: Collected, page: Page) -> str:
-    """One run's page, top-down: what ran, the answer, the best hyperparameters, the evidence, the failures. Pure."""
-    return _page(page.title, [f"<h1>{_esc(page.title)}</h1>", about_section(page.about), answer_section(c),
+    """One run's page, top-down: what ran, a search's best trial (search=optuna), the answer, the best
+    hyperparameters, the evidence, the failures. Pure."""
+    return _page(page.title, [f"<h1>{_esc(page.title)}</h1>", about_section(page.about),
+                              search_section(c, page.search_figures), answer_section(c),
                               hyper_section(c), evidence_section(c, page), failures_section(page.trainings),
                               _warnings(c)])
 
@@ -454,13 +486,20 @@ def write_report(c: Collected, out: Path, configs: Mapping[str, text.RunConfig] 
     """plots/*.png and report.html in ``out``; ``configs``: each run's config (what ran)."""
     configs = configs or {}
     plots = draw(c, out / "plots")
+    history = [plot_search_history(s, out / "plots" / f"search_history{f'_{i}' if i else ''}.png")
+               for i, s in enumerate(c.searches)]
     name = ", ".join(dict.fromkeys(str((cf.get("sweep") or {}).get("name")) for cf in configs.values()
                                    if (cf.get("sweep") or {}).get("name")))
     page = Page(about=text.what_ran(c, configs), figures=[Plot(caption, data_uri(p)) for p, caption in plots],
-                trainings=training_rows(c, out, configs), title=f"gpupack report: {name}" if name else "gpupack report")
+                trainings=training_rows(c, out, configs), title=f"gpupack report: {name}" if name else "gpupack report",
+                search_figures=[Plot(HISTORY_CAPTION, data_uri(p)) if p is not None else None for p in history])
     report = out / "report.html"
     write_text_atomic(report, build_report(c, page))
-    return [p for p, _ in plots] + [report]
+    return [p for p, _ in plots] + [p for p in history if p is not None] + [report]
+
+
+HISTORY_CAPTION = ("The search's history: each trial's value and the best so far, against the trial number and "
+                   "against the device-hours spent")
 
 
 def write_comparison(runs: Sequence[RunPage], out: Path) -> list[Path]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.occupancy import STREAMED, WHOLE
+from gpupack.analysis.search import SearchReport
 from gpupack.core.store.records import atomic_file
 from gpupack.report.text import mode_label, packer_of, params_label, trainings_phrase
 
@@ -213,6 +214,31 @@ def plot_timeline(c: Collected, path: Path) -> Path | None:
     ax.set_title("Slots over time: a bar per training (blue: whole packs, green: streaming, red: not completed)"
                  + (f"; {more} more rows not shown" if more > 0 else ""), fontsize=9)
     ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_search_history(s: SearchReport, path: Path) -> Path | None:
+    """The study's history, two panels: each trial's value and the best so far, against the trial number and against
+    the device-hours the trials had taken by then (pruned trials at the step they were pruned, not in the best)."""
+    h = s.history
+    if h.empty or h["value"].notna().sum() == 0:
+        return None
+    _headless()
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, x, label in ((axes[0], "number", "trial number (in the order asked)"),
+                         (axes[1], "device_hours", "device-hours spent (Σ the trials' walls up to it)")):
+        for state, marker, colour in (("complete", "o", "tab:blue"), ("pruned", "x", "tab:gray")):
+            rows = h[h["state"] == state]
+            if not rows.empty:
+                ax.scatter(rows[x], rows["value"], marker=marker, color=colour, s=18, label=f"{state} trial")
+        ax.step(h[x], h["best_so_far"], where="post", color="tab:green", label="best so far")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"{s.metric} ({'higher' if s.direction == 'maximize' else 'lower'} is better)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Search history: {s.metric}, best so far against trials and device-hours", fontsize=10)
     return _save(fig, path)
 
 

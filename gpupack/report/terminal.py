@@ -15,6 +15,7 @@ from rich.table import Table
 from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.load import shared_host
 from gpupack.analysis.occupancy import STREAMED
+from gpupack.analysis.search import SearchReport
 from gpupack.analysis.summary import GROUP
 from gpupack.core.store.journal import log_where
 from gpupack.core.store.records import FINISHED, SKIPPED_MEMORY
@@ -30,6 +31,9 @@ from gpupack.report.text import (
     hyper_title,
     knob_columns,
     mode_lines,
+    param_text,
+    search_best_line,
+    search_counts_line,
     trainings_phrase,
 )
 
@@ -183,6 +187,8 @@ def shared_cores_line(c: Collected) -> str | None:
 def render(c: Collected, console: Console, wide: bool = False) -> None:
     for w in c.records.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, markup=True)
+    for search in c.searches:  # a search's answer first: its best trial, then the trials ranked
+        render_search(search, console, several=len(c.searches) > 1)
     if c.summary.empty:
         for line in pending_lines(c):
             console.print(line, highlight=False)
@@ -417,6 +423,27 @@ def render_occupancy(c: Collected, console: Console) -> None:
                   "slowest training; a streaming slot takes the next at once). gap s: mean idle time between two "
                   "trainings of a slot.",
                   highlight=False)
+
+
+SEARCH_ROWS = 10  # the terminal's ranked trials; report.html shows more
+
+
+def render_search(s: SearchReport, console: Console, several: bool = False, most: int = SEARCH_ROWS) -> None:
+    """A search's best trial in one line (its params first), how far it is, then its top trials ranked."""
+    console.print(f"[bold]{escape(search_best_line(s))}[/]" + (f" ({escape(s.run)})" if several else ""),
+                  markup=True, highlight=False)
+    console.print(search_counts_line(s), highlight=False, markup=False)
+    if s.trials.empty:
+        return
+    shown = s.trials.head(most)
+    table = Table(title=f"Trials ranked by {s.metric} ({s.direction}; the best {len(shown)} of {len(s.trials)})",
+                  box=box.MINIMAL, show_edge=False, pad_edge=False)
+    for col in ("trial", s.metric, "state", "params", "wall s"):
+        table.add_column(col, justify="left" if col in ("state", "params") else "right")
+    for _, r in shown.iterrows():
+        table.add_row(str(int(r["number"])), fmt(r["value"], ".4g"), str(r["state"]), param_text(r["params"]),
+                      fmt(r["wall_s"]))
+    console.print(table)
 
 
 def render_collected(c: Collected, written: Sequence[Path], console: Console, wide: bool = False) -> None:

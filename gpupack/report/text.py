@@ -12,6 +12,7 @@ import pandas as pd
 
 from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.drift import STEADY
+from gpupack.analysis.search import SearchReport
 from gpupack.analysis.tables import Ranking
 from gpupack.pack import Packer, available_modes, load_packer
 
@@ -333,3 +334,28 @@ def jobs_phrase(packs: pd.DataFrame) -> str:
     jobs = p["job_id"].dropna().nunique() if "job_id" in p else 0
     said = f"{len(p)} pack(s)" + (f" run by {jobs} job(s)" if jobs else "")
     return said
+
+
+# ---------------- search=optuna: the best trial, the trials, the study's history ----------------
+
+def param_text(params: Mapping[str, object]) -> str:
+    """A trial's params as a person reads them: ``lr=0.0123, layers=3`` (floats to 4 significant digits)."""
+    return ", ".join(f"{k}={format(v, '.4g') if isinstance(v, float) else v}" for k, v in params.items())
+
+
+def search_best_line(s: SearchReport) -> str:
+    """The search's answer in one line, its params first: ``Best trial: lr=0.0123, layers=3 → val_accuracy 0.9123
+    (maximize; trial 17 of 32)``."""
+    best = s.best()
+    if best is None:
+        return f"Best trial: none completed yet ({s.metric}, {s.direction}; {len(s.trials)} trial(s) asked)."
+    return (f"Best trial: {param_text(best['params'])} → {s.metric} {best['value']:.4g} ({s.direction}; trial "
+            f"{int(best['number'])} of {len(s.trials)})")
+
+
+def search_counts_line(s: SearchReport) -> str:
+    """How far the search is: its trials by state against the budget, and the device-hours they took."""
+    counts = s.counts()
+    said = ", ".join(f"{n} {state}" for state, n in counts.items() if n or state in ("complete", "pruned"))
+    return (f"{len(s.trials)} trial(s) asked (budget: {s.n_trials} finished): {said}; "
+            f"{s.device_hours:.3g} device-hours (Σ the trials' walls)")

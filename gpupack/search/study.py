@@ -44,6 +44,7 @@ PRUNED: State = "pruned"
 FAILED: State = "failed"
 RUNNING: State = "running"
 STATES: dict[str, State] = {COMPLETE: COMPLETE, PRUNED: PRUNED, FAILED: FAILED}
+RANK_ORDER: dict[State, int] = {COMPLETE: 0, PRUNED: 1, FAILED: 2, RUNNING: 3}  # after the ranked completed ones
 DIED = "died with its lane"
 _TRIAL_ID = re.compile(r"^trial(\d+)-")
 Param = str | int | float | bool | None
@@ -141,7 +142,9 @@ class Journal:
         sign = -1.0 if self.search.direction == "maximize" else 1.0
         done = sorted((t for t in self.trials.values() if t.state == COMPLETE and t.value is not None),
                       key=lambda t: (sign * (t.value or 0.0), t.number))
-        rest = sorted((t for t in self.trials.values() if t not in done), key=lambda t: (t.state, t.number))
+        first = {t.number for t in done}
+        rest = sorted((t for t in self.trials.values() if t.number not in first),
+                      key=lambda t: (RANK_ORDER[t.state], t.number))
         return done + rest
 
 
@@ -175,6 +178,22 @@ def _read(f: IO[bytes]) -> Journal | None:
     for line in f.read().splitlines():
         if line.strip():
             journal = _apply(journal, json.loads(line))
+    return journal
+
+
+def read_journal(path: Path) -> Journal | None:
+    """The journal as it stands, read without its lock and without writing (collect reads runs in progress, or copied
+    read-only): a torn last line (a writer mid-append) is left out. None: no study there."""
+    if not path.is_file():
+        return None
+    journal: Journal | None = None
+    for line in path.read_bytes().splitlines():
+        try:
+            event = json.loads(line) if line.strip() else None
+        except ValueError:
+            continue
+        if event is not None:
+            journal = _apply(journal, event)
     return journal
 
 

@@ -1,0 +1,142 @@
+"""An Optuna search of 32 trials at N=4: gpupack's ``search=optuna`` against Hydra's Optuna sweeper + gpupack_local.
+
+    .venv/bin/python benchmarks/search_vs_hydra_optuna.py            # 32 trials each side (~1.5 min here)
+    .venv/bin/python benchmarks/search_vs_hydra_optuna.py --quick    # 8 trials: checks the script works
+    .venv/bin/python benchmarks/search_vs_hydra_optuna.py --report runs/benchmarks/search_vs_hydra_optuna/<stamp>
+
+One objective (benchmarks/search_objective.py): a trial with x, y in [0, 1] sleeps 0.2 + 1.8 x seconds (a slow and a
+fast trial side by side, as real trials are) and scores (x - 0.3)^2 + (y - 0.7)^2, minimised, TPE seeded 0. Both
+sides run the same budget, space and seed, one after the other, from the repository root (PYTHONPATH=.):
+
+    gpupack: python -m gpupack +sweep=command 'sweep.fixed.argv=[{python},benchmarks/search_objective.py,--x,"{x}",
+             --y,"{y}"]' 'sweep.fixed.metrics={loss: "loss: ([-0-9.e]+)"}' 'sweep.grid.x=[0.5]' 'sweep.grid.y=[0.5]'
+             search=optuna search.n_trials=32 'packing.factors=[4]' packing.jobs=1 '+search.space.x=interval(0,1)'
+             '+search.space.y=interval(0,1)' search.metric=loss collect.goal=min search.pruner=none search.seed=0
+             (one streaming lane of 4 slots; each freed slot asks the study for the next trial at once; the grid
+             given is not run: a command sweep is refused without one)
+    Hydra:   python benchmarks/search_hydra_app.py -m hydra/sweeper=optuna hydra/launcher=gpupack_local
+             hydra.launcher.pack=4 hydra.sweeper.n_trials=32 hydra.sweeper.n_jobs=4 hydra.sweeper.sampler.seed=0
+             hydra.sweeper.direction=minimize 'x=interval(0,1)' 'y=interval(0,1)'
+             (the sweeper asks a batch of 4, the launcher packs it, and the next batch waits for its slowest trial)
+
+Figures, each side from its own gpupack records (analysis.load.load_records: the run directory, or the multirun's
+.gpupack/launch_* folders): wall, the command's own (start, every trial, the end's collect); span, the first trial's
+start to the last one's end; slot-s, N x the walls of the jobs that held the slots (the pack records'), the device
+time the search took; trial-s, the trials' own walls summed (what the device computed); occupancy, trial-s / slot-s;
+best, the lowest loss found. The issue's goal (46): gpupack's wall <= 0.6 x Hydra's.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TypedDict
+
+from omegaconf import OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import PYTHON, REPO, bench_main, fmt, ratio, read_json, run_logged, say, table, tail, write_json  # noqa: E402,E501
+
+FACTOR, TRIALS, QUICK_TRIALS, SEED = 4, 32, 8, 0
+SPACE = {"x": "interval(0,1)", "y": "interval(0,1)"}
+
+
+class Run(TypedDict):
+    side: str
+    argv: list[str]
+    rc: int
+    wall_s: float
+    dir: str
+
+
+class Figures(TypedDict):
+    trials: int
+    span_s: float
+    slot_s: float
+    trial_s: float
+    best: float | None
+
+
+def gpupack_argv(out: Path, n: int) -> list[str]:
+    return [PYTHON, "-m", "gpupack", "+sweep=command",
+            'sweep.fixed.argv=[{python},benchmarks/search_objective.py,--x,"{x}",--y,"{y}"]',
+            'sweep.fixed.metrics={loss: "loss: ([-0-9.e]+)"}', "sweep.grid.x=[0.5]", "sweep.grid.y=[0.5]",
+            "search=optuna", f"search.n_trials={n}", f"packing.factors=[{FACTOR}]", "packing.jobs=1",
+            *(f"+search.space.{k}={v}" for k, v in SPACE.items()), "search.metric=loss", "collect.goal=min",
+            "search.pruner=none", f"search.seed={SEED}", f"run_dir={out / 'gpupack'}"]
+
+
+def hydra_argv(out: Path, n: int) -> list[str]:
+    return [PYTHON, str(REPO / "benchmarks" / "search_hydra_app.py"), "-m", "hydra/sweeper=optuna",
+            "hydra/launcher=gpupack_local", f"hydra.launcher.pack={FACTOR}", f"hydra.sweeper.n_trials={n}",
+            f"hydra.sweeper.n_jobs={FACTOR}", f"hydra.sweeper.sampler.seed={SEED}", "hydra.sweeper.direction=minimize",
+            *(f"{k}={v}" for k, v in SPACE.items()), f"hydra.sweep.dir={out / 'hydra'}"]
+
+
+def run(out: Path, quick: bool) -> dict[str, object]:
+    n = QUICK_TRIALS if quick else TRIALS
+    runs: list[Run] = []
+    for side, argv in (("gpupack search=optuna", gpupack_argv(out, n)),
+                       ("Hydra Optuna sweeper + gpupack_local", hydra_argv(out, n))):
+        key = "gpupack" if side.startswith("gpupack") else "hydra"
+        say(f"running: {side} ({n} trials, N={FACTOR})")
+        rc, wall = run_logged(argv, out / f"{key}.log", env={"PYTHONPATH": str(REPO)})
+        say(f"  exit {rc} after {wall:.1f} s")
+        if rc != 0:
+            say(tail(out / f"{key}.log"))
+        runs.append(Run(side=side, argv=argv[1:], rc=rc, wall_s=wall, dir=str(out / key)))
+    results: dict[str, object] = {"trials": n, "factor": FACTOR, "runs": runs}
+    write_json(out / "results.json", results)
+    return results
+
+
+def figures(run_dirs: list[Path], best: float | None) -> Figures:
+    """One side's figures from its gpupack records (the runs' completed trainings and their jobs)."""
+    from gpupack.analysis.load import load_records
+
+    records = load_records(run_dirs)
+    t, p = records.latest(), records.packs
+    done = t[t["status"] == "completed"]
+    return Figures(trials=len(done), span_s=float(done["ended_at"].max() - done["started_at"].min()),
+                   slot_s=float(FACTOR * p["wall_s"].sum()), trial_s=float(done["wall_s"].sum()), best=best)
+
+
+def gpupack_figures(run_dir: Path) -> Figures:
+    from gpupack.search.study import read_journal
+
+    journal = read_journal(run_dir / "search" / "study.jsonl")
+    values = [t.value for t in journal.trials.values() if t.state == "complete" and t.value is not None] \
+        if journal else []
+    return figures([run_dir], min(values, default=None))
+
+
+def hydra_figures(sweep_dir: Path) -> Figures:
+    results = sweep_dir / "optimization_results.yaml"
+    best = float(OmegaConf.load(results).best_value) if results.exists() else None
+    return figures(sorted((sweep_dir / ".gpupack").glob("launch_*")), best)
+
+
+def report(out: Path) -> None:
+    res = read_json(out / "results.json")
+    gp, hy = res["runs"]
+    sides = [(gp, gpupack_figures(Path(gp["dir"]))), (hy, hydra_figures(Path(hy["dir"])))]
+    rows = [[r["side"], f"{f['trials']}/{res['trials']}", fmt(r["wall_s"], 1), fmt(f["span_s"], 1),
+             fmt(f["slot_s"], 1), fmt(f["trial_s"], 1), fmt(ratio(f["trial_s"], f["slot_s"])), fmt(f["best"], 4),
+             "ok" if r["rc"] == 0 else f"exit {r['rc']}"] for r, f in sides]
+    (_, g), (_, h) = sides
+    rows.append(["gpupack / Hydra", "", fmt(ratio(gp["wall_s"], hy["wall_s"])), fmt(ratio(g["span_s"], h["span_s"])),
+                 fmt(ratio(g["slot_s"], h["slot_s"])), fmt(ratio(g["trial_s"], h["trial_s"])), "", "", ""])
+    print(table(["side", "trials", "wall s", "span s", "slot-s (N x jobs' walls)", "trial-s (Σ trial walls)",
+                 "occupancy", "best loss", "exit"], rows,
+                title=f"An Optuna search of {res['trials']} trials at N={res['factor']} (trials of 0.2-2.0 s)"))
+    goal = ratio(gp["wall_s"], hy["wall_s"])
+    print(f"goal (issue 46): gpupack's wall <= 0.6 x Hydra's: {fmt(goal)} x — "
+          + ("met" if goal is not None and goal <= 0.6 else "NOT met"))
+
+
+def main() -> None:
+    bench_main("search_vs_hydra_optuna", __doc__, f"{QUICK_TRIALS} trials a side, to check that the script works",
+               run, report)
+
+
+if __name__ == "__main__":
+    main()
