@@ -23,6 +23,7 @@ from gpupack.core.store.storage import storage_error
 from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import GpupackError, RunDirError
 from gpupack.flow.collect import AutoReport, collect
+from gpupack.search.plan import is_search_queue
 from gpupack.search.study import Study, search_left
 from gpupack.setup.compose import compose_config
 from gpupack.setup.validate import ClusterFacts, SweepSpec, requested_partitions, require_sweep, validate
@@ -351,7 +352,9 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
             write_json_atomic(run_dir.plan, plan.to_json())
         if resumed:  # the order the run was planned in (an earlier gpupack's plan may order its packs otherwise)
             plan = Plan.from_json(read_json(run_dir.plan))
-        if prepared.spec is not None and prepared.spec.search is not None:  # its lanes ask it (gpupack.search.study)
+        # its lanes ask it (gpupack.search.study); a probe for N (packing.factors=auto) trains no trial of it
+        if prepared.spec is not None and prepared.spec.search is not None and any(
+                is_search_queue(p.stream) for p in plan.packs):
             Study(run_dir.study).create(prepared.spec.search, plan.workload, prepared.spec.fixed)
         todo = packs_to_run(run_dir, plan)
         queued = submitter.active_packs() if resumed else {}
