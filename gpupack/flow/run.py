@@ -24,6 +24,7 @@ from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import GpupackError, RunDirError
 from gpupack.flow.collect import AutoReport, collect
 from gpupack.search.plan import is_search_queue
+from gpupack.search.progress import SearchProgress, read_progress
 from gpupack.search.study import Study, search_left
 from gpupack.setup.compose import compose_config
 from gpupack.setup.validate import ClusterFacts, SweepSpec, requested_partitions, require_sweep, validate
@@ -99,11 +100,21 @@ class Outcome:
                    if not frame.empty and "unfinished" in frame)
 
     @property
+    def search(self) -> SearchProgress | None:
+        """search=optuna: where its study stands (the run's, or packing.factors=auto's at the best N); else None."""
+        where = RunDir(Path(self.auto.run_dir)) if self.auto is not None and self.auto.run_dir else self.prepared.run
+        return read_progress(where.study)
+
+    @property
     def ok(self) -> bool:
+        search = self.search
         if self.auto is not None:  # a probe stopping at an OOM or a failure is an answer, not a failed run
             production = self.collected.production if self.collected is not None else None
             unfinished = int(production["unfinished"].sum()) if production is not None and not production.empty else 0
-            return any(n is not None for n in self.auto.best.values()) and unfinished == 0
+            return any(n is not None for n in self.auto.best.values()) and unfinished == 0 and (
+                search is None or search.ok)
+        if search is not None:  # no planned training to count: the study's trials against its budget
+            return all(r.ok for r in self.results) and search.ok
         # done only where every training of the plan has its record: one held by a claim no lane runs, or a pack
         # whose job died unseen, leaves trainings with none, and no failed row says so
         counted = self.collected is None or self.collected.records.plan_counts().done
