@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gpupack.analysis.load import load_records
 from gpupack.analysis.occupancy import occupancy
 from gpupack.cli import main
@@ -120,3 +122,19 @@ def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
     searched = training_records(run / "run")
     assert len(searched) == 6 and {r["factor"] for r in searched} == {2}
     assert sorted(str(r["training_id"])[:9] for r in searched) == [f"trial{n:04d}" for n in range(6)]
+
+
+def test_a_grid_given_with_a_search_is_said_unused_in_one_line_and_its_axes_keep_their_defaults(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """mnist_pack brings a grid (lr, batch_size, seed): a search does not run it. One line says so before anything
+    runs, and the search's fixed values hold the workload's default for the axes outside the space (batch_size), not
+    nothing."""
+    from gpupack import sweep
+
+    command = ["+sweep=mnist_pack", "search=optuna", "packing.factors=[2]", "+search.space.lr=interval(0.01, 0.1)",
+               f"run_dir={tmp_path / 'run'}"]
+    assert main([*command, "dry_run=true"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "sweep.grid" in line]
+    assert len(said) == 1 and "sweep.grid (lr, batch_size, seed) is not used by search=optuna" in said[0], said
+    spec = sweep.prepare(command).spec
+    assert spec is not None and spec.fixed["batch_size"] == 64 and "lr" not in spec.fixed
