@@ -132,7 +132,9 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
     if outcome.collected is not None:
         render_collected(outcome.collected, outcome.written, console)
     console.print(f"Records and summary: {outcome.run_dir}")
-    if outcome.collected is not None and outcome.auto is None:  # the last line: done, or what is left (as collect's)
+    if (searched := outcome.search) is not None:  # a search's plan has no trainings: its trials of the budget
+        console.print(searched.line(), highlight=False, soft_wrap=True)
+    elif outcome.collected is not None and outcome.auto is None:  # the last line: done, or what is left (collect's)
         console.print(outcome.collected.records.plan_counts().line(), highlight=False, soft_wrap=True)
     return 0 if outcome.ok else 1
 

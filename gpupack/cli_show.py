@@ -167,7 +167,11 @@ def duration(seconds: float) -> str:
 def print_status(console: Console, st: RunStatus, now: float) -> None:
     """Where a run stands: trainings and packs per partition, elapsed and left, and each pack not done."""
     total = sum(sum(c.values()) for c in st.trainings.values())
-    console.print(f"{st.run_dir}: sweep {st.sweep}, {total} trainings in {len(st.packs)} packs", highlight=False)
+    if st.search is not None:  # a search's lanes ask its study: its trials, not a plan's trainings
+        console.print(f"{st.run_dir}: sweep {st.sweep}, a search, {len(st.packs)} pack(s)\n  {st.search.line()}",
+                      highlight=False)
+    else:
+        console.print(f"{st.run_dir}: sweep {st.sweep}, {total} trainings in {len(st.packs)} packs", highlight=False)
     if not st.queue_answered:
         console.print("  the queue (sacct) did not answer: packs not finished show as unknown")
     packs = st.counts()
@@ -196,7 +200,8 @@ def print_status(console: Console, st: RunStatus, now: float) -> None:
         if p.why and p.state != sweep.SKIPPED:  # skipped for memory, its trainings run at a smaller N instead
             console.print(f"  {p.pack_id}: skipped for memory: {p.why}; {p.refit}", highlight=False)
     if st.stopped:
-        console.print(f"  to resume it ({st.trainings_left} training(s) left): run the same command again with "
+        rest = f"{st.search.left} trial(s)" if st.search is not None else f"{st.trainings_left} training(s)"
+        console.print(f"  to resume it ({rest} left): run the same command again with "
                       f"run_dir={st.run_dir} (without it, a new run starts); completed trainings are kept",
                       highlight=False)
     elif any(p.state == sweep.STOPPED for p in st.packs):

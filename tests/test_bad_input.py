@@ -38,6 +38,10 @@ CASES = [
     (["packing.auto.ladder=[0]"], ["packing.auto.ladder[0]=0", "HINT"]),
     (["packing.auto.objective=speed"], ["packing.auto.objective='speed'", "time"]),
     (["packing.then=go"], ["packing.then='go'", "run"]),
+    # search=optuna: its space and its one N (or auto), before anything runs
+    (["search=optuna", "packing.factors=[2]", "+search.space.lr=interval(1,0.1)"], ["search.space.lr=", "HINT"]),
+    (["search=optuna", "packing.factors=[2,4]", "+search.space.lr=interval(0.01,0.1)"],
+     ["packing.factors=[2, 4]", "at one N", "packing.factors=auto"]),
     (["packing.device=tpu"], ["packing.device='tpu'", "HINT"]),
     (["cluster=nowhere"], ["cluster", "nowhere", "local"]),
     (["cluster.partition=../x"], ["cluster.partition='../x'", "HINT"]),

@@ -103,6 +103,37 @@ LOCAL = [
     (["dry_run_packs=every"], ["dry_run_packs='every'", "unknown pack listing", "valid: all, few"]),
 ]
 
+# search=optuna's keys (gpupack.search.options.OptunaSearchConfig, checked by read_search where they are declared):
+# (overrides, what the one line must also hold, the fix its HINT gives: applied, a dry run accepts it; None: the HINT
+# names another key to write, not a value)
+SEARCH_BASE = ["search=optuna", "packing.factors=[2]", "+search.space.lr=interval(0.01, 0.1)"]
+SEARCH_ROWS: list[tuple[list[str], list[str], list[str] | None]] = [
+    (["search.sampler=TPE"], ["search.sampler='TPE'", "no such class"], ["search.sampler=TPESampler"]),
+    (["+search.sampler_kwargs.n_startup=3"], ["search.sampler_kwargs.n_startup=3", "'n_startup_trials'"], None),
+    (["search.seed=-1"], ["search.seed=-1", ">= 0"], ["search.seed=0"]),
+    (["search.seed=x"], ["search.seed='x'", "Integer"], None),
+    (["~search.space.lr"], ["search.space={}", "empty"], ["+search.space.lr='tag(log, interval(1e-4, 1e-1))'"]),
+    (["search.space.lr=interval(1,0.1)"], ["search.space.lr='interval(1,0.1)'", "low end"],
+     ["search.space.lr='tag(log, interval(1e-4, 1e-1))'"]),
+    (["search.space.lr=0.1"], ["search.space.lr='0.1'", "not a range"],
+     ["search.space.lr='tag(log, interval(1e-4, 1e-1))'"]),
+    (["+search.space.lrr=interval(0.1,1)"], ["search.space.lrr", "'lr'"], None),
+    (["search.n_trials=0"], ["search.n_trials=0", "at least one"], ["search.n_trials=32"]),
+    (["search.device_hours=0"], ["search.device_hours=0.0", "> 0 or null"], ["search.device_hours=1.0"]),
+    (["search.pruner=Median"], ["search.pruner='Median'", "no such class"], ["search.pruner=MedianPruner"]),
+    (["+search.pruner_kwargs.warmup=2"], ["search.pruner_kwargs.warmup=2", "'n_warmup_steps'"], None),
+    (["+search.pruner_kwargs.n_warmup_steps=-1"], ["search.pruner_kwargs={'n_warmup_steps': -1}", "Optuna refuses"],
+     ["search.pruner_kwargs={}"]),
+    (["search.metric=val_acc"], ["search.metric='val_acc'", "no such metric"], ["search.metric=val_accuracy"]),
+    (["search.metric=train_loss"], ["collect.goal=None", "which way train_loss is better"], ["collect.goal=min"]),
+    (["search.intermediate='(x'"], ["search.intermediate='(x'", "not a regular expression"],
+     ["search.intermediate='loss: ([0-9.]+)'"]),
+    (["search.intermediate=loss"], ["search.intermediate='loss'", "0 groups"],
+     ["search.intermediate='loss: ([0-9.]+)'"]),
+    (["packing.factors=[1,2]"], ["packing.factors=[1, 2]", "at one N", "packing.factors=auto"],
+     ["packing.factors=[2]"]),
+]
+
 # cluster=slurm (conf/cluster/slurm.yaml): refused before sinfo or sacct is asked anything.
 SLURM_ROWS = [
     (["cluster.timeout_min=0"], ["cluster.timeout_min=0", ">= 1"]),
@@ -211,6 +242,25 @@ def test_a_bad_value_of_any_key_is_one_line_and_its_hint_is_accepted(tmp_path: P
     if code:  # the fix is accepted; what then stops the run is another key's, and said so
         other = named_key(again.strip())
         assert re.sub(r"\[\d+\]$", "", other) != fix[0] and key in ELSEWHERE, f"{fix}: {again}"
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides, needles, fix", SEARCH_ROWS, ids=[" ".join(c[0]) for c in SEARCH_ROWS])
+def test_a_bad_search_value_is_one_line_and_its_hint_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 overrides: list[str], needles: list[str],
+                                                                 fix: list[str] | None) -> None:
+    err = refused(["+sweep=mnist_pack", *SEARCH_BASE, *overrides], capsys, tmp_path / "run")
+    for needle in needles:
+        assert needle in err, err
+    if fix is None:
+        return
+    assert f"HINT: {fix[0]}" in err, err
+    keys = tuple(f.lstrip("+~").split("=", 1)[0] for f in fix)  # the fixed keys, and what the bad value put under them
+    under = tuple(f"{k}." for k in keys)
+    kept = [o for o in SEARCH_BASE + overrides if (k := o.lstrip("+~").split("=", 1)[0]) not in keys
+            and not k.startswith(under)]
+    code = main(["+sweep=mnist_pack", *kept, *fix, "dry_run=true", f"run_dir={tmp_path / 'run'}"])
+    assert code == 0, capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gpupack.analysis.load import load_records
 from gpupack.analysis.occupancy import occupancy
 from gpupack.cli import main
@@ -97,3 +99,42 @@ def test_a_bad_space_or_sampler_is_one_line_exit_2_and_nothing_written(tmp_path:
         err = capsys.readouterr().err.strip()  # type: ignore[attr-defined]
         assert code == 2 and len(err.splitlines()) == 1 and needle in err and "HINT: " in err, err
         assert not run.exists()
+
+
+def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
+        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """Issue 46 item 3. A programmed device (1 s a training alone or two at a time, 2.7 s three at a time): the probe
+    trains the space's midpoint (lr=0.1, the log middle of 0.01-1), stops at N=3 and picks N=2; the search then runs
+    its 6 trials at N=2 in RUN_DIR/run, every trial once."""
+    run = tmp_path / "run"
+    command = [*search_cmd(run, 6), "packing.factors=auto", "packing.auto.ladder=[1,2,3]", "packing.auto.repeats=2",
+               "+sweep.fixed.sleep_by_n='1:1.0,2:1.0,3:2.7'"]
+    done = subprocess.run(command, env=subprocess_env, cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    auto = json.loads((run / "auto.json").read_text())
+    assert auto["best"] == {"local": 2} and [s["factor"] for s in auto["steps"]] == [1, 2, 3]
+    assert f"The search (6 trials) streamed at the best N: {run / 'run'}" in done.stdout
+    probed = training_records(run / "probe" / "n01") + training_records(run / "probe" / "n02")
+    assert probed and {r["params"]["lr"] for r in probed} == {0.1}  # type: ignore[index]
+    assert not list((run / "probe").glob("*/search"))  # the probe asked the study for no trial
+    journal = Study(RunDir(run / "run").study).read()
+    assert sorted(journal.trials) == list(range(6)) and journal.count(COMPLETE, PRUNED) == 6
+    searched = training_records(run / "run")
+    assert len(searched) == 6 and {r["factor"] for r in searched} == {2}
+    assert sorted(str(r["training_id"])[:9] for r in searched) == [f"trial{n:04d}" for n in range(6)]
+
+
+def test_a_grid_given_with_a_search_is_said_unused_in_one_line_and_its_axes_keep_their_defaults(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """mnist_pack brings a grid (lr, batch_size, seed): a search does not run it. One line says so before anything
+    runs, and the search's fixed values hold the workload's default for the axes outside the space (batch_size), not
+    nothing."""
+    from gpupack import sweep
+
+    command = ["+sweep=mnist_pack", "search=optuna", "packing.factors=[2]", "+search.space.lr=interval(0.01, 0.1)",
+               f"run_dir={tmp_path / 'run'}"]
+    assert main([*command, "dry_run=true"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "sweep.grid" in line]
+    assert len(said) == 1 and "sweep.grid (lr, batch_size, seed) is not used by search=optuna" in said[0], said
+    spec = sweep.prepare(command).spec
+    assert spec is not None and spec.fixed["batch_size"] == 64 and "lr" not in spec.fixed

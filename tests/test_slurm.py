@@ -366,3 +366,26 @@ def test_a_sweep_that_cannot_fit_the_users_job_limit_is_refused_before_any_sbatc
     rows = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "-S", since, "-o", "JobID"], capture_output=True,
                           text=True, env=slurm_env).stdout.split()
     assert rows == []  # no sbatch ran
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_search_of_8_trials_runs_as_2_lanes_of_one_array_sharing_the_study(tmp_path, slurm_env):
+    """search=optuna on the real SLURM (issue 46): 2 lanes of N=2, one job array, both asking the one study journal
+    in the run directory (the shared filesystem): every trial once, asked by both lanes, all 8 finished."""
+    from gpupack.core.store.rundir import RunDir
+    from gpupack.search.study import COMPLETE, Study
+
+    run_dir = tmp_path / "run"
+    proc = gpupack(PROBE + ["partitions=[v100]", "search=optuna", "search.n_trials=8", "packing.factors=[2]",
+                            "packing.jobs=2", "sweep.fixed.steps=2", "+search.space.lr=interval(0.01, 1)",
+                            "search.pruner=none", f"run_dir={run_dir}"], slurm_env)
+    assert proc.returncode == 0, said(proc)
+    assert proc.stdout.strip().splitlines()[-1].startswith("search: 8 of 8 trials finished (8 completed")
+    jobs = json.loads((run_dir / "jobs.json").read_text())
+    assert len(jobs) == 2 and len({j["job_id"].split("_")[0] for j in jobs.values()}) == 1  # one array of 2 lanes
+    journal = Study(RunDir(run_dir).study).read()
+    assert sorted(journal.trials) == list(range(8)) and journal.count(COMPLETE) == 8
+    assert {t.lane for t in journal.trials.values()} == set(jobs)  # both lanes asked the one journal
+    ran = [r["training_id"] for r in records(run_dir).values()]
+    assert len(ran) == len(set(ran)) == 8  # every trial once

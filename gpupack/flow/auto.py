@@ -46,6 +46,7 @@ from gpupack.core.types import PackResult
 from gpupack.errors import ConfigError
 from gpupack.flow.collect import PROBE, RUN, AutoReport, Step, collect
 from gpupack.flow.run import Opened, Outcome, Prepared, config_yaml, open_run_dir, run_plain
+from gpupack.search.plan import search_plan
 from gpupack.setup.validate import AutoSpec, SweepSpec
 from gpupack.submit import load_submitter
 
@@ -161,11 +162,8 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
             chosen = cheapest_n(prepared, collected, pack_times(collected.records))
         report.best = {p: chosen.get(p) for p in spec.partitions}
         if auto.then == RUN and any(v is not None for v in report.best.values()):
-            completed = probe_completed(collected.records)
-            report.left = max(len(remaining_points(expand_grid(spec.grid), spec.fixed, spec.workload_ref,
-                                                   completed.get(p, set()))) for p, n in report.best.items()
-                              if n is not None)
-            production = production_plan(spec, report.best, completed)
+            report.left, production = production_of(spec, report.best, probe_completed(collected.records))
+            report.search = spec.search.n_trials if spec.search is not None else None
             if production is not None:
                 run_dir = root.auto_run
                 if not settled(prepared, run_dir, production):
@@ -180,7 +178,7 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
             "schema": 1, "written_at": time.time(), "ladder": list(auto.ladder), "cut": auto.cut,
             "min_gain": auto.min_gain, "repeats": auto.repeats, "then": auto.then,
             "steps": [dataclasses.asdict(s) for s in report.steps], "stopped": report.stopped, "best": report.best,
-            "run_dir": report.run_dir, "left": report.left})
+            "run_dir": report.run_dir, "left": report.left, "search": report.search})
     collected, written = collect([root.root], plots=plots)
     return Outcome(prepared, Opened(resumed=False, todo=[], complete=0, queued={}), results=results,
                          collected=collected, written=written, auto=report)
@@ -300,6 +298,31 @@ def probe_completed(records: Records) -> dict[str, set[str]]:
         return {}
     done = t[t["status"] == COMPLETED]
     return {p: set(g["training_id"]) for p, g in done.groupby("partition")}
+
+
+def production_of(spec: SweepSpec, best: Mapping[str, int | None], completed: Mapping[str, set[str]]
+                  ) -> tuple[int, Plan | None]:
+    """What runs at the best N, and how many trainings it has left: the grid points the probe did not complete, or
+    (search=optuna) the search's whole budget: the probe trained the space's midpoint, no trial of the study. Pure."""
+    if spec.search is not None:
+        return spec.search.n_trials, search_production(spec, best)
+    left = max(len(remaining_points(expand_grid(spec.grid), spec.fixed, spec.workload_ref, completed.get(p, set())))
+               for p, n in best.items() if n is not None)
+    return left, production_plan(spec, best, completed)
+
+
+def search_production(spec: SweepSpec, best: Mapping[str, int | None]) -> Plan | None:
+    """The search's lanes at each partition's best N (gpupack.search.plan), as packing.factors=[N] plans them."""
+    if spec.search is None:
+        return None
+    parts = [search_plan(sweep=spec.name, workload=spec.workload_ref, factor=n, partitions=[partition],
+                         modes=spec.modes, jobs=spec.stream_jobs, n_trials=spec.search.n_trials, phase=RUN)
+             for partition, n in best.items() if n is not None]
+    if not parts:
+        return None
+    return Plan(sweep=spec.name, workload=spec.workload_ref, grid_size=spec.search.n_trials,
+                packs=tuple(p for part in parts for p in part.packs),
+                notes=tuple(f"{part.packs[0].partition}: {note}" for part in parts for note in part.notes), phase=RUN)
 
 
 def production_plan(spec: SweepSpec, best: Mapping[str, int | None], completed: Mapping[str, set[str]]) -> Plan | None:

@@ -50,6 +50,7 @@ class AutoReport:
     then: str = RUN
     run_dir: str | None = None  # RUN_DIR/run, where the grid ran at the best N (then=run)
     left: int | None = None  # grid points the probe had not completed (then=run)
+    search: int | None = None  # search=optuna: the trials its study ran at the best N (then=run), not a grid
     # wait=false: the step whose jobs are queued or running now (its run directory), decided on a later call
     waiting: str | None = None
 
@@ -61,7 +62,9 @@ class AutoReport:
         for partition, why in self.stopped.items():
             best = self.best.get(partition)
             out.append(f"{partition}: probe stopped — {why}. Best N: {best if best is not None else 'none'}.")
-        if self.run_dir:
+        if self.run_dir and self.search is not None:
+            out.append(f"The search ({self.search} trials) streamed at the best N: {self.run_dir}")
+        elif self.run_dir:
             out.append(f"The rest of the grid ({self.left} grid point(s) the probe did not complete) ran at the best N:"
                        f" {self.run_dir}")
         elif self.then == RUN and self.left == 0:
@@ -78,7 +81,8 @@ def read_auto(root: Path) -> AutoReport | None:
         return None
     rec = read_json(path)
     return AutoReport(steps=[Step(**s) for s in rec["steps"]], stopped=rec["stopped"], best=rec["best"],
-                      then=rec["then"], run_dir=rec.get("run_dir"), left=rec.get("left"))
+                      then=rec["then"], run_dir=rec.get("run_dir"), left=rec.get("left"),
+                      search=rec.get("search"))
 
 
 def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | None = None,

@@ -23,6 +23,8 @@ from gpupack.core.store.storage import storage_error
 from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import GpupackError, RunDirError
 from gpupack.flow.collect import AutoReport, collect
+from gpupack.search.plan import is_search_queue
+from gpupack.search.progress import SearchProgress, read_progress
 from gpupack.search.study import Study, search_left
 from gpupack.setup.compose import compose_config
 from gpupack.setup.validate import ClusterFacts, SweepSpec, requested_partitions, require_sweep, validate
@@ -98,11 +100,21 @@ class Outcome:
                    if not frame.empty and "unfinished" in frame)
 
     @property
+    def search(self) -> SearchProgress | None:
+        """search=optuna: where its study stands (the run's, or packing.factors=auto's at the best N); else None."""
+        where = RunDir(Path(self.auto.run_dir)) if self.auto is not None and self.auto.run_dir else self.prepared.run
+        return read_progress(where.study)
+
+    @property
     def ok(self) -> bool:
+        search = self.search
         if self.auto is not None:  # a probe stopping at an OOM or a failure is an answer, not a failed run
             production = self.collected.production if self.collected is not None else None
             unfinished = int(production["unfinished"].sum()) if production is not None and not production.empty else 0
-            return any(n is not None for n in self.auto.best.values()) and unfinished == 0
+            return any(n is not None for n in self.auto.best.values()) and unfinished == 0 and (
+                search is None or search.ok)
+        if search is not None:  # no planned training to count: the study's trials against its budget
+            return all(r.ok for r in self.results) and search.ok
         # done only where every training of the plan has its record: one held by a claim no lane runs, or a pack
         # whose job died unseen, leaves trainings with none, and no failed row says so
         counted = self.collected is None or self.collected.records.plan_counts().done
@@ -351,7 +363,9 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
             write_json_atomic(run_dir.plan, plan.to_json())
         if resumed:  # the order the run was planned in (an earlier gpupack's plan may order its packs otherwise)
             plan = Plan.from_json(read_json(run_dir.plan))
-        if prepared.spec is not None and prepared.spec.search is not None:  # its lanes ask it (gpupack.search.study)
+        # its lanes ask it (gpupack.search.study); a probe for N (packing.factors=auto) trains no trial of it
+        if prepared.spec is not None and prepared.spec.search is not None and any(
+                is_search_queue(p.stream) for p in plan.packs):
             Study(run_dir.study).create(prepared.spec.search, plan.workload, prepared.spec.fixed)
         todo = packs_to_run(run_dir, plan)
         queued = submitter.active_packs() if resumed else {}

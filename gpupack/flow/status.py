@@ -18,6 +18,7 @@ from gpupack.core.store.rundir import HeldLocks, RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import RunDirError
 from gpupack.flow.collect import find_runs
+from gpupack.search.progress import SearchProgress, read_progress
 from gpupack.submit import load_submitter
 
 
@@ -53,12 +54,15 @@ class RunStatus:
     started_at: float | None = None  # the first training's start, from the records
     ended_at: float | None = None  # the last training's end, once none is running or waiting
     last_end_at: float | None = None  # the last training's end so far
+    search: SearchProgress | None = None  # search=optuna: its study's trials (its plan has no trainings to count)
 
     @property
     def stopped(self) -> bool:
         """Trainings are left, and nothing of the run runs or is queued (no live lock of this host, no job in the
-        queue): it was stopped, and waits to be resumed; no rate says when it ends. Only packs tell it: none, not."""
-        return self.ended_at is None and bool(self.packs) and has_ended(self)
+        queue): it was stopped, and waits to be resumed; no rate says when it ends. Only packs tell it: none, not.
+        A search's trials are left while its study has trials to ask or to tell."""
+        left = self.ended_at is None if self.search is None else not self.search.ended
+        return left and bool(self.packs) and has_ended(self)
 
     @property
     def trainings_left(self) -> int:
@@ -162,7 +166,8 @@ def status(run_dir: Path | str) -> RunStatus:
                              started_at=min((q.started_at for q in parts if q.started_at), default=None),
                              ended_at=max((q.ended_at for q in parts if q.ended_at), default=None)
                              if _all_ended(merged) else None,
-                             last_end_at=max((q.last_end_at for q in parts if q.last_end_at), default=None))
+                             last_end_at=max((q.last_end_at for q in parts if q.last_end_at), default=None),
+                             search=next((q.search for q in parts if q.search is not None), None))
         raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")
     plan = Plan.from_json(read_json(run.plan))
     cfg = OmegaConf.load(run.config)
@@ -217,7 +222,8 @@ def status(run_dir: Path | str) -> RunStatus:
     last_end = max((e for e in ends if e), default=None)
     return RunStatus(run.root, plan.sweep, packs, queue_answered=states is not None, trainings=trainings,
                      started_at=min((s for s in starts if s), default=None),
-                     ended_at=last_end if _all_ended(trainings) else None, last_end_at=last_end)
+                     ended_at=last_end if _all_ended(trainings) else None, last_end_at=last_end,
+                     search=read_progress(run.study))
 
 
 def skipped_here(rec: Mapping[str, object] | None) -> bool:

@@ -159,10 +159,24 @@ def read_search(section: Mapping[str, object], metric: str | None, goal: str | N
     if direction is None:
         raise ConfigError("collect.goal", goal, f"a search must know which way {chosen} is better",
                           "collect.goal=min (or max)")
-    return OptunaSearch(space=space, metric=chosen, direction=direction, n_trials=cfg.n_trials, sampler=cfg.sampler,
-                        sampler_kwargs=dict(cfg.sampler_kwargs), seed=cfg.seed, pruner=cfg.pruner,
-                        pruner_kwargs=dict(cfg.pruner_kwargs), device_hours=cfg.device_hours,
-                        intermediate=cfg.intermediate)
+    search = OptunaSearch(space=space, metric=chosen, direction=direction, n_trials=cfg.n_trials,
+                          sampler=cfg.sampler, sampler_kwargs=dict(cfg.sampler_kwargs), seed=cfg.seed,
+                          pruner=cfg.pruner, pruner_kwargs=dict(cfg.pruner_kwargs), device_hours=cfg.device_hours,
+                          intermediate=cfg.intermediate)
+    _check_built(search)
+    return search
+
+
+def _check_built(search: OptunaSearch) -> None:
+    """The sampler and pruner built once here, so a value Optuna refuses (a negative n_warmup_steps) is said before
+    anything runs, not by every lane as it asks its first trial."""
+    for key, kwargs, build in (("search.sampler_kwargs", search.sampler_kwargs, lambda: search.make_sampler(0)),
+                               ("search.pruner_kwargs", search.pruner_kwargs, search.make_pruner)):
+        try:
+            build()
+        except (ValueError, TypeError) as err:
+            raise ConfigError(key, dict(kwargs), f"Optuna refuses them ({err})", f"{key}={{}} (Optuna's defaults)"
+                              ) from None
 
 
 def _check_pattern(pattern: str) -> None:

@@ -7,6 +7,7 @@ Python and Hydra). Read with Hydra's own parser (:class:`OverridesParser`), as h
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
@@ -47,6 +48,16 @@ class Dimension:
             return d.IntUniformDistribution(int(self.low), int(self.high), step=self.step)
         return d.LogUniformDistribution(self.low, self.high) if self.log else d.UniformDistribution(self.low,
                                                                                                      self.high)
+
+    def midpoint(self) -> Choice:
+        """The middle of the range (on its scale; an integer range's nearest step; a choice's middle one): the point
+        a probe for N trains (packing.factors=auto), one the search may well ask, never an end. Pure."""
+        if self.kind == "categorical":
+            return self.choices[len(self.choices) // 2]
+        mid = math.sqrt(self.low * self.high) if self.log else (self.low + self.high) / 2
+        if self.kind == "int":
+            return int(self.low + round((mid - self.low) / self.step) * self.step)
+        return mid
 
 
 def parse_space(space: Mapping[str, object], key: str = "search.space") -> dict[str, Dimension]:
@@ -98,3 +109,8 @@ def _interval(value: IntervalSweep, text: object, key: str, hint: str) -> Dimens
 def distributions(space: Mapping[str, Dimension]) -> dict[str, BaseDistribution]:
     """Every dimension's Optuna distribution, by name."""
     return {name: dim.distribution() for name, dim in space.items()}
+
+
+def probe_grid(space: Mapping[str, Dimension]) -> dict[str, list[Choice]]:
+    """The one point of the space a probe for N trains, as a grid of one value per hyperparameter. Pure."""
+    return {name: [dim.midpoint()] for name, dim in space.items()}

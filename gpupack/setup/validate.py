@@ -25,6 +25,7 @@ from gpupack.errors import ConfigError, require_choice, require_counts, require_
 from gpupack.pack import load_packer, solo_mode
 from gpupack.search.options import OptunaSearch, read_search
 from gpupack.search.plan import search_plan
+from gpupack.search.space import probe_grid
 from gpupack.setup.cluster_facts import ClusterFacts, auto_ladder, bundle_warnings, check_fit, idle_gpu_warnings
 from gpupack.setup.config import DRY_RUN_PACKS
 from gpupack.setup.options import check_strategy_options, pack_settings
@@ -312,12 +313,15 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     sweep = cfg.sweep
     check_name("sweep.name", sweep.name)
     workload = load_workload(sweep.workload)
-    grid, fixed = typed_grid(workload, plain(sweep.grid), plain(sweep.fixed))
+    search = check_search(cfg, workload) if cfg.get("search") is not None else None
+    grid, fixed = typed_grid(workload, *searched_grid(search, plain(sweep.grid), plain(sweep.fixed)))
     if sweep.loader_probe and not workload.loader_param:
         raise ConfigError("sweep.loader_probe", True, f"{workload.name} has no data-loader-only mode",
                           "set sweep.loader_probe=false, or give the workload a loader_param")
     factors, modes = check_packing(cfg)
-    search = check_search(cfg, workload, factors) if cfg.get("search") is not None else None
+    if search is not None and not is_auto(cfg) and len(factors) != 1:
+        raise ConfigError("packing.factors", list(factors), "a search streams its trials at one N",
+                          f"packing.factors=[{max(factors)}] (or packing.factors=auto to measure it first)")
     if cfg.collect.goal is not None:
         check_goal(cfg.collect.goal, "collect.goal")
     if cfg.collect.metric is not None and workload.reported_metrics is not None:  # None: known only once they ran
@@ -359,23 +363,39 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
                      order_seed=int(cfg.packing.order_seed), memory=memory, auto=auto,
                      warnings=tuple(idle_gpu_warnings(factors, facts, measured.host_mb))
                      + tuple(bundle_warnings(factors, facts, measured.host_mb))
-                     + device_notes(workload, grid, fixed, facts, settings.device), spread=spread,
+                     + device_notes(workload, grid, fixed, facts, settings.device)
+                     + grid_unused(search, plain(sweep.grid)), spread=spread,
                      stream=str(cfg.packing.stream),
                      stream_jobs=int(cfg.packing.jobs or min(facts.stream_jobs(p) for p in facts.partitions)),
                      search=search)
 
 
-def check_search(cfg: DictConfig, workload: Workload, factors: Sequence[int]) -> OptunaSearch:
-    """search.*, checked (gpupack.search.options), its space's names and types against the workload's, at one N."""
+def check_search(cfg: DictConfig, workload: Workload) -> OptunaSearch:
+    """search.*, checked (gpupack.search.options), its space's names and types against the workload's."""
     section = cast(dict[str, object], OmegaConf.to_container(cfg.search, resolve=True))
     search = read_search(section, cfg.collect.metric, cfg.collect.goal, workload.reported_metrics)
     for name, dim in search.space.items():
         sample = dim.choices[0] if dim.choices else int(dim.low) if dim.kind == "int" else dim.low
         workload.typed(name, sample, "search.space")
-    if is_auto(cfg) or len(factors) != 1:
-        raise ConfigError("packing.factors", list(factors) if not is_auto(cfg) else "auto",
-                          "a search streams its trials at one N", f"packing.factors=[{max(factors)}]")
     return search
+
+
+def searched_grid(search: OptunaSearch | None, raw_grid: Mapping[str, object], raw_fixed: Mapping[str, object]
+                  ) -> tuple[Mapping[str, object], Mapping[str, object]]:
+    """The grid and fixed values a sweep is checked and planned with. A search's grid is the one point of its space a
+    probe for N trains (packing.factors=auto; the space's midpoints), so memory and every check see a trial's
+    setting; the space's names leave sweep.fixed (the space wins) and the user's grid is not used. Pure."""
+    if search is None:
+        return raw_grid, raw_fixed
+    return probe_grid(search.space), {k: v for k, v in raw_fixed.items() if k not in search.space}
+
+
+def grid_unused(search: OptunaSearch | None, raw_grid: Mapping[str, object]) -> tuple[str, ...]:
+    """A search given a grid: the note that it is not used (a preset sweep brings its grid, so not refused). Pure."""
+    if search is None or not raw_grid:
+        return ()
+    return (f"sweep.grid ({', '.join(map(str, raw_grid))}) is not used by search=optuna: search.space chooses each "
+            "trial's values, and an axis outside it keeps sweep.fixed's or the workload's default",)
 
 
 def device_notes(workload: Workload, grid: Mapping[str, list[object]], fixed: Mapping[str, object], facts: ClusterFacts,
