@@ -231,8 +231,9 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
     if not c.records.trainings.empty and "data" in c.records.trainings:
         for data in sorted(map(str, c.records.trainings["data"].dropna().unique())):
             console.print(f"Data: {data}", highlight=False)
-    if c.records.planned_ids:  # the plan's trainings against their records, as status and a run's last line say
-        console.print(c.records.plan_counts().line(), highlight=False, soft_wrap=True)
+    counts = c.records.plan_counts()
+    if counts.planned:  # the plan's trainings against their records, as status and a run's last line say (a search
+        console.print(counts.line(), highlight=False, soft_wrap=True)  # plans none: its trials' line said it above)
     if c.records.pending and not c.summary.empty:  # with no table, pending_lines said it
         console.print(f"[yellow]{len(c.records.pending)} planned pack(s) have no record yet[/] (still running, "
                       "or lost: re-run the same command with run_dir=... to resume).", markup=True)
