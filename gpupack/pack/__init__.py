@@ -12,7 +12,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar, Hashable, Mapping, Protocol, Sequence, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence, TypeVar, cast
 
 from gpupack.core.memory.figures import MemoryShare
 from gpupack.core.placement import Placement
@@ -21,6 +21,9 @@ from gpupack.core.registry import exported, module_names, require_known
 from gpupack.core.store.rundir import RunDir, check_name
 from gpupack.core.types import Capacity, Options, PackSettings, TrainingOutcome
 from gpupack.workload import Workload
+
+if TYPE_CHECKING:  # a training's spec, as the worker reads it
+    from gpupack.runtime.worker import WorkerSpec
 
 
 class Wait:
@@ -282,30 +285,6 @@ def start_failure(argv: Sequence[str], cwd: str | None, error: OSError) -> str:
     if cwd and not os.path.isdir(cwd):
         return f"could not start {argv[0]!r}: its working directory {cwd!r} does not exist"
     return f"could not start {argv[0]!r}: {error.strerror or error}"
-
-
-class _SpreadSpec(TypedDict, total=False):
-    spread: Mapping[str, object]  # a spread training's placement (Placement.to_json); absent: one device
-
-
-class WorkerSpec(_SpreadSpec):
-    """What the worker (gpupack.runtime.worker) is told of one training, as JSON: its spec file."""
-
-    workload: str
-    params: dict[str, object]
-    device: str
-    threads: int
-    warmup_steps: int
-    spawned_at: float
-    result_path: str
-    logs: list[str]  # its .out and .err logs
-
-
-class HostedSpec(WorkerSpec):
-    """A training's spec in a host process of N (tf_host, fused_host): its id, and where its error goes."""
-
-    training_id: str
-    error_path: str
 
 
 def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> WorkerSpec:

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from gpupack.core.plan import Training
 from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.types import TrainingOutcome
 from gpupack.errors import ConfigError
-from gpupack.pack import HostedSpec, PackContext, ended_outcome, worker_env, worker_spec
+from gpupack.pack import PackContext, ended_outcome, worker_env, worker_spec
 from gpupack.runtime.supervisor import ChildSpec, Supervisor, tail
+
+if TYPE_CHECKING:  # a hosted training's spec, as the host reads it
+    from gpupack.runtime.worker import HostedSpec
 
 
 def host_specs(trainings: Sequence[Training], ctx: PackContext, spawned: float,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING  # noqa: E402
 
 if TYPE_CHECKING:
     from gpupack.core.frameworks import Framework
-    from gpupack.runtime.worker import WorkerSpec
+    from gpupack.runtime.worker import HostedSpec
 
 
 def configure(tf: Framework, kind: str, n: int, memory_limit_mb: int | None) -> list[str]:
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     devices = configure(tf, spec["kind"], len(trainings), spec.get("memory_limit_mb"))
     print(f"gpupack tf_host: {len(devices)} logical devices: {devices}", flush=True)
 
-    def one(training: WorkerSpec) -> None:
+    def one(training: HostedSpec) -> None:
         started = time.time()
         try:
             result = run_training(training, _PROCESS_START)

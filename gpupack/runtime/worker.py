@@ -22,8 +22,13 @@ if TYPE_CHECKING:  # imported by name when the training runs, or when it joins a
     from gpupack.workload import PrunedAt, Reporter, Workload
 
 
-class WorkerSpec(TypedDict, total=False):
-    """What the worker reads of a training's spec (the packer's gpupack.pack.worker_spec; a host's ``trainings``)."""
+class _SpreadSpec(TypedDict, total=False):
+    spread: Mapping[str, object]  # a spread training's placement (Placement.to_json); absent: one device
+
+
+class WorkerSpec(_SpreadSpec):
+    """What the worker is told of one training, as JSON: its spec file (the packer's gpupack.pack.worker_spec)."""
+
     workload: str
     params: dict[str, object]
     device: str
@@ -31,10 +36,14 @@ class WorkerSpec(TypedDict, total=False):
     warmup_steps: int
     spawned_at: float
     result_path: str
-    error_path: str  # a host's trainings: where one thread's failure goes
+    logs: list[str]  # its .out and .err logs
+
+
+class HostedSpec(WorkerSpec):
+    """A training's spec in a host process of N (tf_host, fused_host): its id, and where its error goes."""
+
     training_id: str
-    logs: list[str]  # its stdout and stderr files
-    spread: dict[str, object]  # a Placement's JSON: the training is spread over several devices
+    error_path: str
 
 
 class Timings(TypedDict, total=False):
