@@ -102,8 +102,10 @@ class Outcome:
     @property
     def search(self) -> SearchProgress | None:
         """search=optuna: where its study stands (the run's, or packing.factors=auto's at the best N); else None."""
-        where = RunDir(Path(self.auto.run_dir)) if self.auto is not None and self.auto.run_dir else self.prepared.run
-        return read_progress(where.study)
+        if self.auto is not None and self.auto.run_dir:
+            return read_progress(RunDir(Path(self.auto.run_dir)).study)
+        prepared: Prepared | None = self.prepared  # None: an outcome judged from its records alone
+        return read_progress(prepared.run.study) if prepared is not None else None
 
     @property
     def ok(self) -> bool:
