@@ -127,3 +127,4 @@ def test_a_torn_last_line_is_cut_back(tmp_path: Path) -> None:
     row = s.ask(who)
     assert isinstance(row, TrialRow) and row.number == 1
     assert sorted(s.read().trials) == [0, 1]
+    assert s.path.with_suffix(".torn").read_bytes() == b'{"event": "asked", "numb\n'  # cut, and kept aside

@@ -30,7 +30,7 @@ from typing import IO, TYPE_CHECKING, Iterator, Literal, Mapping, TypedDict
 
 from gpupack.core.plan import Training, training_id
 from gpupack.core.store.claims import Claimant
-from gpupack.core.store.journal import whole_end
+from gpupack.core.store.journal import cut_torn
 from gpupack.core.store.records import file_mode, make_dirs
 from gpupack.search.options import OptunaSearch
 
@@ -211,10 +211,7 @@ class Study:
         with os.fdopen(fd, "r+b") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             try:
-                data = f.read()
-                cut = whole_end(data, 0) if data and not data.endswith(b"\n") else None
-                if data and not data.endswith(b"\n"):
-                    f.truncate(cut or 0)
+                cut_torn(self.path, self.path.with_suffix(".torn"))  # kept aside, as a lane's journal's are
                 yield f
             finally:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)

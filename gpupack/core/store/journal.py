@@ -164,11 +164,16 @@ REPAIR_CHUNK = 1 << 16  # a torn line is read back this much at a time (a pack's
 
 
 def repair(run: RunDir, lane: str) -> int:
-    """Cut ``lane``'s journal back to its last whole line, the torn bytes past it (a writer killed mid-append) first
-    appended to ``lanes/<lane>.torn`` and fsynced, so nothing is lost; how many bytes were cut (0: none torn). Called
-    by a writer under the lane's lock only: every append is then whole, so what follows the last newline is torn, not
-    being written."""
-    path = run.journal(lane)
+    """Cut ``lane``'s journal back to its last whole line, its torn bytes kept in ``lanes/<lane>.torn``
+    (:func:`cut_torn`); how many bytes were cut (0: none torn)."""
+    return cut_torn(run.journal(lane), run.torn_lines(lane))
+
+
+def cut_torn(path: Path, aside_path: Path) -> int:
+    """Cut the append-only file ``path`` back to its last whole line, the torn bytes past it (a writer killed
+    mid-append) first appended to ``aside_path`` and fsynced, so nothing is lost; how many bytes were cut (0: none
+    torn). Called by a writer under the file's lock only: every append is then whole, so what follows the last newline
+    is torn, not being written."""
     with open(path, "r+b") as f:
         size = end = f.seek(0, os.SEEK_END)
         cut: int | None = size if size == 0 else None
@@ -182,7 +187,7 @@ def repair(run: RunDir, lane: str) -> int:
             return 0
         f.seek(cut)
         torn = f.read()
-        with open(run.torn_lines(lane), "ab") as aside:
+        with open(aside_path, "ab") as aside:
             aside.write(torn + b"\n")
             aside.flush()
             os.fsync(aside.fileno())

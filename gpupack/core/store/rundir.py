@@ -20,6 +20,7 @@
                                                folding lane drops it once the training's completed record is folded)
       jobs.json                                pack id → submitted job id (SLURM), for status and resume
       search/study.jsonl                       search=optuna: the study's journal (gpupack.search.study)
+      search/study.torn                        a torn last line of it, cut and kept (journal.cut_torn)
       submitit/<array>/                        submitit's files of each job (array), a folder per array
       summary.csv  summary.json                written by collect
       cleared_oom.json                         the OOMs a user cleared (python -m gpupack clear-oom)
