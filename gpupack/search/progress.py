@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupack.search.study import COMPLETE, FAILED, PRUNED, RUNNING, Journal, Study
+from gpupack.search.study import COMPLETE, FAILED, PRUNED, RUNNING, Journal, read_journal
 
 
 @dataclass(frozen=True)
@@ -58,5 +58,7 @@ def progress_of(journal: Journal) -> SearchProgress:
 
 
 def read_progress(path: Path) -> SearchProgress | None:
-    """The progress of the study at ``path`` (None: the run holds no search)."""
-    return progress_of(Study(path).read()) if path.exists() else None
+    """The progress of the study at ``path`` (None: the run holds no search), read as collect reads it: without the
+    study's lock and writing nothing (status looks at runs in progress, or copied read-only)."""
+    journal = read_journal(path)
+    return progress_of(journal) if journal is not None else None
