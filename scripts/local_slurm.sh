@@ -107,7 +107,8 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 MinJobAge=300
 KillWait=5
-SchedulerParameters=batch_sched_delay=0,sched_min_interval=100000
+# a requeued job starts once its hold (cred_expire) ends, not at the next 30/60 s scheduling pass
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=100000,sched_interval=2,bf_interval=2
 CONF
     for node in "${NODES[@]}"; do
       IFS=: read -r name gpu port <<<"$node"
