@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import os
 import resource
+import shlex
 import subprocess
 import threading
 import time
@@ -91,6 +92,11 @@ class SessionLocalExecutor(submitit.LocalExecutor):
     killed)."""
 
     inherit: tuple[int, ...] = ()
+
+    @property
+    def _submitit_command_str(self) -> str:
+        # submitit's own job entry, through gpupack.submit._local_job: the same job, and a quick exit once it is done
+        return " ".join([self.python, "-u -m gpupack.submit._local_job", shlex.quote(str(self.folder))])
 
     def _submit_command(self, command: str) -> submitit_local.LocalJob[R]:
         # submitit starts the controller with its module's subprocess.Popen and has no option for a session: its module
