@@ -324,14 +324,29 @@ class FakeQueue:
         return job_id
 
     def drain(self) -> list[str]:
-        """Run every waiting pack; each as <its run directory's name>/<pack id>, in the order they were submitted."""
+        """Run every waiting pack through the job's own entry (a pack, or a lane: a grid's or a search's); each as <its
+        run directory's name>/<pack id>, in the order they were submitted."""
+        from gpupack.submit import PackJob
+
         ran = []
         for job_id, (root, pack_id, settings) in list(self.waiting.items()):
-            run_pack(root, pack_id, settings, job=JobEnvironment(job_id=job_id, cuda_visible_devices=None))
+            PackJob(_QueuedJob(job_id))(root, pack_id, settings)  # type: ignore[arg-type]
             del self.waiting[job_id]
             self.ended[job_id] = pack_id
             ran.append(f"{os.path.basename(root)}/{pack_id}")
         return ran
+
+
+class _QueuedJob:
+    """What a job's entry (gpupack.submit.PackJob) asks of its backend, for one job of a :class:`FakeQueue`."""
+
+    requeues = False
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+
+    def job_environment(self) -> JobEnvironment:
+        return JobEnvironment(job_id=self.job_id, cuda_visible_devices=None)
 
 
 class DetachedFakeSubmitter(FakeSubmitter):
