@@ -138,3 +138,31 @@ def test_a_grid_given_with_a_search_is_said_unused_in_one_line_and_its_axes_keep
     assert len(said) == 1 and "sweep.grid (lr, batch_size, seed) is not used by search=optuna" in said[0], said
     spec = sweep.prepare(command).spec
     assert spec is not None and spec.fixed["batch_size"] == 64 and "lr" not in spec.fixed
+
+
+def test_the_first_trials_planned_by_the_command_wait_for_their_lanes_and_each_runs_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The command asks each lane's first trials before its job starts (the lane starts them without importing
+    Optuna). Submitted and still queued (wait=false), they are said waiting, not running; once the jobs run, each lane
+    runs its own, and the study ends with its budget, every trial once."""
+    from tests.fakes import FakeConfig, FakeQueue, use_fake_submitter
+
+    queue = FakeQueue()
+    use_fake_submitter(monkeypatch, config=FakeConfig(default_partitions=["cpu"]), queue=queue)
+    run = tmp_path / "run"
+    command = ["+sweep=probe_pack", "hydra.searchpath=[file://tests/conf]", "search=optuna", "search.n_trials=6",
+               "packing.factors=[2]", "packing.jobs=2", "packing.device=cpu", "sweep.fixed.steps=1",
+               "search.pruner=none", "+search.space.lr=interval(0.1, 1)", "wait=false", f"run_dir={run}"]
+    assert main(command) == 0 and len(queue.waiting) == 2
+    journal = Study(RunDir(run).study).read()
+    planned = {t.number: t.lane for t in journal.trials.values()}
+    assert sorted(planned) == [0, 1, 2, 3] and journal.waiting == 4 and len(set(planned.values())) == 2
+    capsys.readouterr()
+    assert main(["status", str(run)]) == 0
+    assert "0 running, 4 waiting for their lane's job" in " ".join(capsys.readouterr().out.split())
+    queue.drain()
+    journal = Study(RunDir(run).study).read()
+    assert sorted(journal.trials) == list(range(6)) and journal.count(COMPLETE) == 6 and journal.waiting == 0
+    assert all(journal.trials[n].lane == lane for n, lane in planned.items())  # each ran in the lane it was asked for
+    ids = [str(r["training_id"]) for r in training_records(run)]
+    assert len(ids) == len(set(ids)) == 6

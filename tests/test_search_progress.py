@@ -13,11 +13,12 @@ from gpupack.search.study import COMPLETE, FAILED, PRUNED, RUNNING, Journal, Sta
 
 
 def journal(states: list[State], n_trials: int = 4, device_s: float = 0.0,
-            device_hours: float | None = None) -> Journal:
+            device_hours: float | None = None, planned: int = 0) -> Journal:
+    """``planned``: the last trials are planned for their lane and not taken (Study.plan_first)."""
     search = OptunaSearch(space={"lr": Dimension("float", 0.1, 1.0)}, metric="val_accuracy", direction="maximize",
                           n_trials=n_trials, device_hours=device_hours)
     trials = {i: TrialRow(i, {"lr": 0.5}, "lane", "inc", 0.0, state=s, value=0.5 if s == COMPLETE else None,
-                          device_s=device_s) for i, s in enumerate(states)}
+                          device_s=device_s, planned=i >= len(states) - planned) for i, s in enumerate(states)}
     return Journal(search, "w", {}, trials)
 
 
@@ -36,6 +37,9 @@ def journal(states: list[State], n_trials: int = 4, device_s: float = 0.0,
      "search: 1 of 4 trials finished (1 completed, 0 pruned), 0 failed, 0 running: done, 2.000 device-hours spent, "
      "the budget's 1.0"),
     ([], {}, False, "search: 0 of 4 trials finished (0 completed, 0 pruned), 0 failed, 0 running: 4 left to finish"),
+    ([COMPLETE] * 3 + [RUNNING], {"planned": 1}, False,  # the command planned it, its lane's job has not started it
+     "search: 3 of 4 trials finished (3 completed, 0 pruned), 0 failed, 0 running, 1 waiting for their lane's job: "
+     "1 left to finish"),
 ])
 def test_a_searchs_progress_counts_its_trials_against_its_budget(states: list[State], more: dict[str, float],
                                                                  ok: bool, line: str) -> None:

@@ -128,3 +128,43 @@ def test_a_torn_last_line_is_cut_back(tmp_path: Path) -> None:
     assert isinstance(row, TrialRow) and row.number == 1
     assert sorted(s.read().trials) == [0, 1]
     assert s.path.with_suffix(".torn").read_bytes() == b'{"event": "asked", "numb\n'  # cut, and kept aside
+
+
+# ---------------- the command plans each lane's first trials (the lanes start them without Optuna) ----------------
+
+def test_a_fresh_studys_first_trials_are_planned_per_lane_and_each_lane_takes_its_own(tmp_path: Path) -> None:
+    s = study(tmp_path, n_trials=5)
+    assert s.plan_first({"lane0": 2, "lane1": 4}) == [0, 1, 2, 3, 4]  # the budget bounds them: lane1 gets 3
+    assert s.plan_first({"lane0": 2}) == []  # a study with trials: the lanes ask for themselves
+    assert s.read().waiting == 5 and isinstance(s.ask(Claimant.here("lane0", None)), str)  # they hold the budget
+    who = Claimant.here("lane1", None)
+    assert [r.number for r in s.take_planned(who)] == [2, 3, 4]
+    assert s.take_planned(Claimant.here("lane1", None)) == []  # taken once
+    journal = s.read()
+    assert [(t.lane, t.incarnation, t.waiting) for t in journal.trials.values()][1:] == [
+        ("lane0", "planned", True), ("lane1", who.incarnation, False), ("lane1", who.incarnation, False),
+        ("lane1", who.incarnation, False)]
+
+
+def test_planned_trials_have_the_params_the_lanes_would_have_asked(tmp_path: Path) -> None:
+    """Each ask's sampler is seeded by (seed, number): who asks a trial changes nothing of the search."""
+    planned, asked = study(tmp_path / "a"), study(tmp_path / "b")
+    planned.plan_first({"lane0": 3})
+    who = Claimant.here("lane0", None)
+    rows = [asked.ask(who) for _ in range(3)]
+    assert [t.params for t in planned.read().trials.values()] == [r.params for r in rows if isinstance(r, TrialRow)]
+
+
+def test_a_planned_trial_waits_for_its_lane_and_dies_only_with_the_run_that_took_it(tmp_path: Path) -> None:
+    """A lane's run that never started (the command killed before the job, a job that failed to start) loses none of
+    its planned trials: its next run takes them. A run that took them and died: its next run tells them failed."""
+    s = study(tmp_path, n_trials=3)
+    s.plan_first({"lane0": 2})
+    first = Claimant.here("lane0", None)
+    assert s.fail_dead(first) == []  # planned, not taken: no run of the lane ran them
+    assert [r.number for r in s.take_planned(first)] == [0, 1]
+    again = Claimant.here("lane0", None)
+    assert s.fail_dead(again) == [0, 1] and s.take_planned(again) == []  # died with the run that took them
+    assert [(t.state, t.why) for t in s.read().trials.values()] == [(FAILED, DIED), (FAILED, DIED)]
+    row = s.ask(again)
+    assert isinstance(row, TrialRow) and row.number == 2

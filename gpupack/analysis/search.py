@@ -16,6 +16,7 @@ import pandas as pd
 
 from gpupack.search.study import COMPLETE, FAILED, PRUNED, RUNNING, Journal, trial_number
 
+WAITING = "waiting"  # a trial's state here while it is planned for a lane whose job has not started it
 TRIAL_COLUMNS = ["rank", "number", "value", "state", "params", "wall_s", "device_s", "why", "lane"]
 HISTORY_COLUMNS = ["number", "state", "value", "best_so_far", "device_hours"]
 
@@ -39,7 +40,7 @@ class SearchReport:
     def counts(self) -> dict[str, int]:
         """Trials by state, every state named."""
         said = self.trials["state"].value_counts() if not self.trials.empty else pd.Series(dtype=int)
-        return {state: int(said.get(state, 0)) for state in (COMPLETE, PRUNED, FAILED, RUNNING)}
+        return {state: int(said.get(state, 0)) for state in (COMPLETE, PRUNED, FAILED, RUNNING, WAITING)}
 
     @property
     def device_hours(self) -> float:
@@ -64,8 +65,9 @@ def trial_walls(trainings: pd.DataFrame) -> pd.DataFrame:
 
 def trials_frame(journal: Journal, walls: pd.DataFrame) -> pd.DataFrame:
     """The study's trials, best first (:meth:`Journal.ranked`: the completed by value towards the direction, then the
-    pruned, the failed, the running), each with its rank among the completed (1 the best), its params, its wall and
-    device-seconds (``walls``: :func:`trial_walls`; the journal's device-seconds where a trial has no record). Pure."""
+    pruned, the failed, the running and those waiting for their lane's job), each with its rank among the completed (1
+    the best), its params, its wall and device-seconds (``walls``: :func:`trial_walls`; the journal's device-seconds
+    where a trial has no record). Pure."""
     rows = []
     rank = 0
     for t in journal.ranked():
@@ -74,7 +76,8 @@ def trials_frame(journal: Journal, walls: pd.DataFrame) -> pd.DataFrame:
         told = t.device_s if t.device_s > 0 else np.nan
         wall = walls["wall_s"].get(t.number, np.nan) if "wall_s" in walls else np.nan
         spent = walls["device_s"].get(t.number, np.nan) if "device_s" in walls else np.nan
-        rows.append({"rank": rank if ranked else pd.NA, "number": t.number, "value": t.value, "state": t.state,
+        rows.append({"rank": rank if ranked else pd.NA, "number": t.number, "value": t.value,
+                     "state": WAITING if t.waiting else t.state,
                      "params": dict(t.params), "wall_s": wall if pd.notna(wall) else told,
                      "device_s": spent if pd.notna(spent) else told, "why": t.why, "lane": t.lane})
     frame = pd.DataFrame(rows, columns=TRIAL_COLUMNS)

@@ -370,6 +370,9 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
                 is_search_queue(p.stream) for p in plan.packs):
             Study(run_dir.study).create(prepared.spec.search, plan.workload, prepared.spec.fixed)
         todo = packs_to_run(run_dir, plan)
+        lanes = {p.pack_id: p.factor for p in todo if is_search_queue(p.stream)}
+        if lanes and prepared.spec is not None and prepared.spec.search is not None:  # a fresh study's first trials
+            Study(run_dir.study).plan_first(lanes)
         queued = submitter.active_packs() if resumed else {}
         opened = Opened(resumed=resumed, todo=[p for p in todo if p.pack_id not in queued],
                         complete=len(plan.packs) - len(todo), queued=queued)

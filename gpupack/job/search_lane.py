@@ -6,11 +6,13 @@ claim of its training (status and resume see who runs it). The training runs as 
 memory share, victims); when its record is written the lane tells the study its value (the metric from the record),
 complete, or failed with why; a trial its own process was told to prune (``TrainingContext.report``) is recorded
 pruned. At its start the lane tells failed the trials an earlier run of itself asked and never told (it holds the
-lane's lock: that run is dead), so a resume never repeats nor loses one.
+lane's lock: that run is dead), so a resume never repeats nor loses one, and takes the trials the command planned for
+it (:meth:`gpupack.search.study.Study.plan_first`): it starts those first, while Optuna is imported beside them.
 """
 from __future__ import annotations
 
 import sys
+from collections import deque
 from pathlib import Path
 from typing import Mapping
 
@@ -27,7 +29,17 @@ from gpupack.job.records import move_aside
 from gpupack.job.stream import Lane
 from gpupack.pack import Wait
 from gpupack.runtime.jobenv import JobEnvironment
-from gpupack.search.study import COMPLETE, FAILED, PRUNED, State, Study, trial_number, trial_training
+from gpupack.search.study import (
+    COMPLETE,
+    FAILED,
+    PRUNED,
+    State,
+    Study,
+    TrialRow,
+    import_optuna_meanwhile,
+    trial_number,
+    trial_training,
+)
 
 Record = dict[str, object]
 
@@ -41,6 +53,7 @@ class SearchLane(Lane):
         self.study = Study(run.study)
         self.head = self.study.read()  # the workload and fixed params every trial shares
         self.search_ended: str | None = None  # why the study gave no more trials
+        self.planned: deque[TrialRow] = deque()  # the trials the command asked for this lane: run before any ask
         self._ended: dict[str, Mapping[str, object]] = {}
 
     def next(self) -> Training | Wait | None:
@@ -52,7 +65,7 @@ class SearchLane(Lane):
             training = self.again.popleft()
             move_aside(self.run, self.where(training.training_id), self.record(training.training_id))
             return self._started(training)
-        row = self.study.ask(self.holder)
+        row = self.planned.popleft() if self.planned else self.study.ask(self.holder)
         if isinstance(row, str):
             self.search_ended = row
             return None
@@ -116,6 +129,9 @@ def run_search_lane(run_root: str, pack_id: str, settings: PackSettings, job: Jo
         if dead:
             print(f"gpupack: lane {pack_id}: trial(s) {', '.join(map(str, dead))} died with an earlier run of this "
                   "lane: told failed", file=sys.stderr)
+        lane.planned.extend(lane.study.take_planned(lane.holder))
+        if lane.planned:  # they start without Optuna; the lane's next ask needs it
+            import_optuna_meanwhile()
         released = release_stale(lane.folder, lane.holder)
         move_aside(run, pack_id, run.pack_record(pack_id))
         first: list[Training] = []

@@ -1,6 +1,7 @@
 """Where a search stands, from its study's journal: finished trials (completed, pruned) against the budget, failed,
-running, and why it stopped asking. What a run's last line, its exit status and ``python -m gpupack status`` say of a
-search, whose plan has no trainings to count (its lanes ask the study). Pure, given the journal."""
+running, waiting for their lane's job, and why it stopped asking. What a run's last line, its exit status and
+``python -m gpupack status`` say of a search, whose plan has no trainings to count (its lanes ask the study). Pure,
+given the journal."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ class SearchProgress:
     pruned: int
     failed: int
     running: int  # asked and not told: a lane runs them, or its run died and its next run tells them failed
+    waiting: int  # planned for a lane whose job has not started them yet (Study.plan_first)
     stopped: str | None  # why the study asks no more (None: trials are left to ask)
     budget_spent: bool  # n_trials finished, or search.device_hours spent: the search is done, not cut short
 
@@ -26,7 +28,7 @@ class SearchProgress:
     @property
     def ended(self) -> bool:
         """Nothing is left to ask nor to tell."""
-        return self.stopped is not None and self.running == 0
+        return self.stopped is not None and self.running == 0 and self.waiting == 0
 
     @property
     def ok(self) -> bool:
@@ -40,7 +42,8 @@ class SearchProgress:
 
     def line(self) -> str:
         head = (f"search: {self.finished} of {self.n_trials} trials finished ({self.completed} completed, "
-                f"{self.pruned} pruned), {self.failed} failed, {self.running} running")
+                f"{self.pruned} pruned), {self.failed} failed, {self.running} running"
+                + (f", {self.waiting} waiting for their lane's job" if self.waiting else ""))
         if self.ok:
             return f"{head}: done, {self.stopped}"
         if self.ended:
@@ -53,7 +56,8 @@ def progress_of(journal: Journal) -> SearchProgress:
     finished = journal.count(COMPLETE, PRUNED)
     spent = finished >= s.n_trials or (s.device_hours is not None and journal.device_hours >= s.device_hours)
     return SearchProgress(n_trials=s.n_trials, completed=journal.count(COMPLETE), pruned=journal.count(PRUNED),
-                          failed=journal.count(FAILED), running=journal.count(RUNNING), stopped=journal.stopped(),
+                          failed=journal.count(FAILED), running=journal.count(RUNNING) - journal.waiting,
+                          waiting=journal.waiting, stopped=journal.stopped(),
                           budget_spent=spent)
 
 

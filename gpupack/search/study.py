@@ -8,20 +8,27 @@ go. It works on a shared filesystem, from any lane on any node, with any Optuna 
 
 - ``study``: the search (:class:`gpupack.search.options.OptunaSearch`), the workload and the fixed hyperparameters;
 - ``asked``: a trial's number, its params and who runs it (its lane's :class:`Claimant`): numbers count the asked
-  lines, under the lock, so no two lanes ever get one number; each ask's sampler is seeded by (seed, number);
+  lines, under the lock, so no two lanes ever get one number; each ask's sampler is seeded by (seed, number). A fresh
+  study's first trials are asked by the command before the lanes' jobs start (``planned``, :meth:`Study.plan_first`):
+  each lane starts them at once and imports Optuna while they run;
+- ``taken``: a planned trial's lane has started it (its run's :class:`Claimant`);
 - ``reported``: an intermediate value at a step (:meth:`Study.report`, from the training's own process);
 - ``told``: how it ended: complete (its value), pruned (its last intermediate value) or failed (why).
 
 The budget is ``n_trials`` finished trials (complete or pruned); a failed trial does not count, but ``n_trials``
 failures stop the search, as ``device_hours`` spent does. A trial asked and never told whose lane's run died is told
-failed by that lane's next run (:meth:`Study.fail_dead`), so resume neither loses nor repeats one.
+failed by that lane's next run (:meth:`Study.fail_dead`), so resume neither loses nor repeats one; a planned trial
+no run of its lane has taken waits for the lane's next run.
 """
 from __future__ import annotations
 
 import fcntl
+import importlib
 import json
 import os
 import re
+import socket
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -46,6 +53,7 @@ RUNNING: State = "running"
 STATES: dict[str, State] = {COMPLETE: COMPLETE, PRUNED: PRUNED, FAILED: FAILED}
 RANK_ORDER: dict[State, int] = {COMPLETE: 0, PRUNED: 1, FAILED: 2, RUNNING: 3}  # after the ranked completed ones
 DIED = "died with its lane"
+PLANNED = "planned"  # the incarnation of a trial the command asked for a lane before its job started
 _TRIAL_ID = re.compile(r"^trial(\d+)-")
 Param = str | int | float | bool | None
 
@@ -84,6 +92,12 @@ class TrialRow:
     why: str | None = None
     device_s: float = 0.0
     told_at: float | None = None
+    planned: bool = False  # asked for its lane before the lane's job started, and not yet taken by a run of it
+
+    @property
+    def waiting(self) -> bool:
+        """Planned and not taken: no run of its lane has started it yet."""
+        return self.planned and self.state == RUNNING
 
     @property
     def finished(self) -> bool:
@@ -106,6 +120,7 @@ class Event(TypedDict, total=False):
     state: str
     why: str | None
     device_s: float
+    planned: bool
 
 
 @dataclass
@@ -119,6 +134,11 @@ class Journal:
 
     def count(self, *states: str) -> int:
         return sum(1 for t in self.trials.values() if t.state in states)
+
+    @property
+    def waiting(self) -> int:
+        """Planned trials no run of their lane has taken yet (counted running, as the budget counts them)."""
+        return sum(1 for t in self.trials.values() if t.waiting)
 
     @property
     def device_hours(self) -> float:
@@ -160,7 +180,11 @@ def _apply(journal: Journal | None, ev: Event) -> Journal | None:
     if kind == "asked" and row is None:
         who = ev["claimant"]
         journal.trials[number] = TrialRow(number, dict(ev["params"]), str(who.get("lane")),
-                                          str(who.get("incarnation")), float(ev.get("at", 0.0)))
+                                          str(who.get("incarnation")), float(ev.get("at", 0.0)),
+                                          planned=bool(ev.get("planned")))
+    elif kind == "taken" and row is not None and row.waiting:
+        who = ev["claimant"]
+        row.lane, row.incarnation, row.planned = str(who.get("lane")), str(who.get("incarnation")), False
     elif kind == "reported" and row is not None and ev.get("value") is not None:
         row.intermediate[int(ev["step"])] = float(ev["value"] or 0.0)
     elif kind == "told" and row is not None and row.state == PRUNED and ev.get("state") == PRUNED:
@@ -245,14 +269,51 @@ class Study:
                 return f"{self.path} holds no study"
             if (why := journal.stopped()) is not None:
                 return why
-            number = len(journal.trials)
-            study = rebuild(journal, number)
-            from gpupack.search.space import distributions
+            return self._ask(f, journal, who)
 
-            trial = study.ask(fixed_distributions=distributions(journal.search.space))
-            params: dict[str, Param] = {k: _plain(v) for k, v in trial.params.items()}
-            self._append(f, Event(event="asked", number=number, params=params, claimant=asdict(who)))
-            return TrialRow(number, params, who.lane, who.incarnation, time.time())
+    def _ask(self, f: IO[bytes], journal: Journal, who: Claimant, planned: bool = False) -> TrialRow:
+        number = len(journal.trials)
+        study = rebuild(journal, number)
+        from gpupack.search.space import distributions
+
+        trial = study.ask(fixed_distributions=distributions(journal.search.space))
+        params: dict[str, Param] = {k: _plain(v) for k, v in trial.params.items()}
+        event = Event(event="asked", number=number, params=params, claimant=asdict(who))
+        if planned:
+            event["planned"] = True
+        self._append(f, event)
+        row = TrialRow(number, params, who.lane, who.incarnation, time.time(), planned=planned)
+        journal.trials[number] = row
+        return row
+
+    def plan_first(self, lanes: Mapping[str, int]) -> list[int]:
+        """A fresh study's first trials, asked by the command before any lane's job starts (``lanes``: each lane's
+        pack id and its slots): a lane then starts them at once (:meth:`take_planned`) and imports Optuna, about a
+        second, while they run. The trials the budget allows, in the lanes' order; none where the study has trials (a
+        resume's lanes ask for themselves). Their numbers."""
+        with self._held() as f:
+            journal = _read(f)
+            if journal is None or journal.trials:
+                return []
+            numbers: list[int] = []
+            for lane, slots in lanes.items():
+                who = Claimant(lane, PLANNED, None, socket.gethostname(), os.getpid())
+                for _ in range(slots):
+                    if journal.stopped() is None:
+                        numbers.append(self._ask(f, journal, who, planned=True).number)
+            return numbers
+
+    def take_planned(self, who: Claimant) -> list[TrialRow]:
+        """The trials planned for ``who``'s lane that no run of it has taken, now this run's (written as taken: should
+        it die, the lane's next run tells them failed, as any trial it asked), by number."""
+        with self._held() as f:
+            journal = _read(f)
+            rows = sorted((t for t in journal.trials.values() if t.waiting and t.lane == who.lane),
+                          key=lambda t: t.number) if journal is not None else []
+            for row in rows:
+                self._append(f, Event(event="taken", number=row.number, claimant=asdict(who)))
+                row.incarnation, row.planned = who.incarnation, False
+            return rows
 
     def report(self, number: int, step: int, value: float, prune: bool = True) -> bool:
         """Trial ``number``'s intermediate ``value`` at ``step``, written; True where the pruner prunes it now (never
@@ -283,8 +344,8 @@ class Study:
         is dead (the caller holds the lane's lock). Their numbers."""
         with self._held() as f:
             journal = _read(f)
-            dead = [t.number for t in (journal.trials.values() if journal else ())
-                    if t.state == RUNNING and t.lane == who.lane and t.incarnation != who.incarnation]
+            dead = [t.number for t in (journal.trials.values() if journal else ())  # a planned one waits to be taken
+                    if t.state == RUNNING and not t.planned and t.lane == who.lane and t.incarnation != who.incarnation]
             for number in dead:
                 self._append(f, Event(event="told", number=number, state=FAILED, value=None, why=DIED))
             return dead
@@ -297,6 +358,15 @@ def search_left(path: Path) -> bool:
         return False
     journal = Study(path).read()
     return journal.stopped() is None or journal.count(RUNNING) > 0
+
+
+def import_optuna_meanwhile() -> threading.Thread:
+    """Optuna imported in a thread (about a second of scipy, sqlalchemy, matplotlib): a lane that started its planned
+    trials asks its next one without that wait, once the import is done (an ``import optuna`` meanwhile waits for it).
+    Not a daemon: a job that ends first lets it finish rather than stop it holding the import lock."""
+    thread = threading.Thread(target=importlib.import_module, args=("optuna",), name="gpupack-import-optuna")
+    thread.start()
+    return thread
 
 
 def _plain(value: object) -> Param:
