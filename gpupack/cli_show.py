@@ -51,13 +51,16 @@ def resume_command(command: Sequence[str], run_dir: object) -> str:
 
 def _print_plan(console: Console, prepared: sweep.Prepared) -> None:
     auto = prepared.spec.auto if prepared.spec is not None else None
+    search = prepared.spec.search if prepared.spec is not None else None
     if auto is not None:
+        what, then = ((escape(search.headline()), "streams the search's trials at the best N") if search is not None
+                      else (f"{prepared.plan.grid_size} grid point(s)", "runs the rest of the grid at the best N"))
         console.print(f"[bold]gpupack[/] sweep [bold]{escape(prepared.name)}[/]: workload "
-                      f"{escape(prepared.plan.workload)}, {prepared.plan.grid_size} grid point(s); "
+                      f"{escape(prepared.plan.workload)}, {what}; "
                       f"packing.factors=auto probes N along {escape(str(list(auto.ladder)))} ({auto.repeats} packs "
-                      f"per N, stop below a {auto.min_gain:.0%} gain), then "
-                      + ("runs the rest of the grid at the best N" if auto.then == "run"
-                         else "stops (packing.then=stop)"), markup=True)
+                      f"per N, stop below a {auto.min_gain:.0%} gain"
+                      + ("; on the space's midpoint" if search is not None else "") + "), then "
+                      + (then if auto.then == "run" else "stops (packing.then=stop)"), markup=True)
         for note in (auto.cut, auto.memory_note):
             if note:
                 console.print(f"  note: {note}", highlight=False)
@@ -68,14 +71,17 @@ def _print_plan(console: Console, prepared: sweep.Prepared) -> None:
     modes = sorted({p.mode for p in plan.packs if p.spread is None})
     spread = sorted({p.devices for p in plan.packs if p.spread is not None})
     layouts = sorted({p.mode for p in plan.packs if p.spread is not None})
+    what = search.headline() if search is not None else f"{plan.grid_size} grid point(s)"
     console.print(f"[bold]gpupack[/] sweep [bold]{escape(prepared.name)}[/]: workload {escape(plan.workload)}, "
-                  + escape(f"{plan.grid_size} grid point(s), N in {factors}, mode(s) {modes}"
+                  + escape(f"{what}, N in {factors}, mode(s) {modes}"
                            + (f"; one training spread over k in {spread} devices with {', '.join(layouts)}"
                               if spread else "")), markup=True)
     lanes = sum(p.stream is not None for p in plan.packs)
     jobs = (f"{lanes} streaming job(s)" + (f" and {len(plan.packs) - lanes} packs" if len(plan.packs) > lanes else "")
             if lanes else f"{len(plan.packs)} packs")
-    console.print(f"  {jobs}, {plan.n_trainings} trainings in all; run directory {prepared.run.root}")
+    trainings = "each slot asking the study for its next trial" if search is not None \
+        else f"{plan.n_trainings} trainings in all"
+    console.print(f"  {jobs}, {trainings}; run directory {prepared.run.root}")
     for line in sweep.forecast(prepared):
         console.print(f"  {line}", highlight=False)
     for note in plan.notes:

@@ -166,3 +166,23 @@ def test_the_first_trials_planned_by_the_command_wait_for_their_lanes_and_each_r
     assert all(journal.trials[n].lane == lane for n, lane in planned.items())  # each ran in the lane it was asked for
     ids = [str(r["training_id"]) for r in training_records(run)]
     assert len(ids) == len(set(ids)) == 6
+
+
+def test_a_searchs_plan_says_its_trials_not_grid_points_nor_trainings(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A search plans no training: its header says the search (budget, sampler, pruner, metric), its lanes asking the
+    study, and the files its trials will make, not "0 trainings in all" nor files per training of none."""
+    command = ["+sweep=probe_pack", "hydra.searchpath=[file://tests/conf]", "search=optuna", "search.n_trials=12",
+               "packing.factors=[4]", "+search.space.lr=interval(0.1, 1)", "dry_run=true", f"run_dir={tmp_path / 'r'}"]
+    assert main(command) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("workload tests.fake_workloads, a search of 12 trial(s) (TPESampler, MedianPruner; val_accuracy, maximize), N in [4]"
+            in out), out
+    assert "streaming job(s), each slot asking the study for its next trial;" in out
+    assert "grid point" not in out and "trainings in all" not in out and "per training" not in out
+    files = int(out.split("files: about ")[1].split()[0])
+    assert files > 12 and "per trial" in out  # a record or more per trial, and the study
+    assert main([*command, "packing.factors=auto"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "a search of 12 trial(s)" in out and "on the space's midpoint), then streams the search's trials at the " \
+                                                "best N" in out, out

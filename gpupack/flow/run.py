@@ -195,9 +195,12 @@ def forecast(prepared: Prepared) -> list[str]:
                  + (": as it stands, submitting refuses it whole" if jobs.over else ""))
     streams = any(p.stream is not None for p in plan.packs)
     folded = jobs.folds and (jobs.jobs < len(plan.packs) or streams)  # lanes of packs, or streaming lanes
-    files = files_forecast(plan.n_trainings, len(plan.packs), jobs.jobs, folded)
-    each = files / max(1, plan.n_trainings)
-    return [line, f"files: about {files:,} in the run directory ({each:.{1 if each >= 1 else 3}f} per training"
+    searched = any(is_search_queue(p.stream) for p in plan.packs)  # its trials are its trainings, and the study
+    trainings = plan.grid_size if searched else plan.n_trainings
+    files = files_forecast(trainings, len(plan.packs), jobs.jobs, folded) + searched
+    each = files / max(1, trainings)
+    return [line, f"files: about {files:,} in the run directory ({each:.{1 if each >= 1 else 3}f} per "
+            + ("trial" if searched else "training")
             + ((", each lane's trainings folded into its journal)" if streams else
                 ", each lane's packs folded into its journal)") if folded else ")")]
 

@@ -65,6 +65,13 @@ class OptunaSearch:
     device_hours: float | None = None
     intermediate: str | None = None
 
+    def headline(self) -> str:
+        """The search in a few words, for the plan's first line: ``a search of 32 trials (TPESampler, MedianPruner;
+        loss, minimize)``. Pure."""
+        budget = f"{self.n_trials} trial(s)" + (f" or {self.device_hours:g} device-hours" if self.device_hours else "")
+        pruner = "no pruner" if self.pruner == "none" else self.pruner
+        return f"a search of {budget} ({self.sampler}, {pruner}; {self.metric}, {self.direction})"
+
     def to_json(self) -> dict[str, object]:
         data = asdict(self)
         data["space"] = {name: asdict(dim) for name, dim in self.space.items()}
