@@ -9,11 +9,11 @@ fast trial side by side, as real trials are) and scores (x - 0.3)^2 + (y - 0.7)^
 sides run the same budget, space and seed, one after the other, from the repository root (PYTHONPATH=.):
 
     gpupack: python -m gpupack +sweep=command 'sweep.fixed.argv=[{python},benchmarks/search_objective.py,--x,"{x}",
-             --y,"{y}"]' 'sweep.fixed.metrics={loss: "loss: ([-0-9.e]+)"}' 'sweep.grid.x=[0.5]' 'sweep.grid.y=[0.5]'
-             search=optuna search.n_trials=32 'packing.factors=[4]' packing.jobs=1 '+search.space.x=interval(0,1)'
-             '+search.space.y=interval(0,1)' search.metric=loss collect.goal=min search.pruner=none search.seed=0
-             (one streaming lane of 4 slots; each freed slot asks the study for the next trial at once; the grid
-             given is not run: a command sweep is refused without one)
+             --y,"{y}"]' 'sweep.fixed.metrics={loss: "loss: ([-0-9.e]+)"}' search=optuna search.n_trials=32
+             'packing.factors=[4]' packing.jobs=1 '+search.space.x=interval(0,1)' '+search.space.y=interval(0,1)'
+             search.metric=loss collect.goal=min search.pruner=none search.seed=0
+             (one streaming lane of 4 slots: the command asks its first 4 trials, then each freed slot asks the study
+             for the next at once)
     Hydra:   python benchmarks/search_hydra_app.py -m hydra/sweeper=optuna hydra/launcher=gpupack_local
              hydra.launcher.pack=4 hydra.sweeper.n_trials=32 hydra.sweeper.n_jobs=4 hydra.sweeper.sampler.seed=0
              hydra.sweeper.direction=minimize 'x=interval(0,1)' 'y=interval(0,1)'
@@ -59,8 +59,8 @@ class Figures(TypedDict):
 def gpupack_argv(out: Path, n: int) -> list[str]:
     return [PYTHON, "-m", "gpupack", "+sweep=command",
             'sweep.fixed.argv=[{python},benchmarks/search_objective.py,--x,"{x}",--y,"{y}"]',
-            'sweep.fixed.metrics={loss: "loss: ([-0-9.e]+)"}', "sweep.grid.x=[0.5]", "sweep.grid.y=[0.5]",
-            "search=optuna", f"search.n_trials={n}", f"packing.factors=[{FACTOR}]", "packing.jobs=1",
+            'sweep.fixed.metrics={loss: "loss: ([-0-9.e]+)"}', "search=optuna", f"search.n_trials={n}",
+            f"packing.factors=[{FACTOR}]", "packing.jobs=1",
             *(f"+search.space.{k}={v}" for k, v in SPACE.items()), "search.metric=loss", "collect.goal=min",
             "search.pruner=none", f"search.seed={SEED}", f"run_dir={out / 'gpupack'}"]
 
