@@ -176,8 +176,8 @@ def test_a_searchs_plan_says_its_trials_not_grid_points_nor_trainings(
                "packing.factors=[4]", "+search.space.lr=interval(0.1, 1)", "dry_run=true", f"run_dir={tmp_path / 'r'}"]
     assert main(command) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert ("workload tests.fake_workloads, a search of 12 trial(s) (TPESampler, MedianPruner; val_accuracy, maximize), N in [4]"
-            in out), out
+    assert ("workload tests.fake_workloads, a search of 12 trial(s) (TPESampler, MedianPruner; val_accuracy, "
+            "maximize), N in [4]" in out), out
     assert "streaming job(s), each slot asking the study for its next trial;" in out
     assert "grid point" not in out and "trainings in all" not in out and "per training" not in out
     files = int(out.split("files: about ")[1].split()[0])
