@@ -146,9 +146,14 @@ LISTED_PACKS = 5
 def dry_run(prepared: sweep.Prepared, console: Console) -> int:
     print_plan(console, prepared)
     if prepared.spec is not None and prepared.spec.auto is not None:
-        auto = prepared.spec.auto
+        auto, search = prepared.spec.auto, prepared.spec.search
         console.print(f"  the probe decides each step from the last: it starts with {auto.repeats} pack(s) of "
-                      f"N={auto.ladder[0]} per partition")
+                      f"N={auto.ladder[0]} per partition, submitted so:")
+        for line in prepared.submitter.request_lines(sweep.first_step(prepared).packs):
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
+        if search is not None:  # its lanes' request is known once N is: said then, before they are submitted
+            console.print(f"  then the search: up to {prepared.spec.stream_jobs} lane(s) per (partition, mode) of the "
+                          f"best N slots ask the study for its {search.n_trials} trials", highlight=False)
         console.print("dry run: nothing was written or submitted.")
         return 0
     todo: Sequence[Pack] = prepared.plan.packs  # what the run would submit: on a resume, what is left

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from gpupack.core.store.storage import storage_faults
-from gpupack.flow.auto import run_auto
+from gpupack.flow.auto import first_step, run_auto
 from gpupack.flow.collect import Step, collect, find_runs
 from gpupack.flow.run import (
     Beside,
@@ -49,7 +49,7 @@ from gpupack.submit import ProgressFn
 __all__ = ["Prepared", "Checked", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "prepare_run",
            "ask_submitter", "forecast", "run", "status", "follow", "has_ended", "collect", "clear_oom",
            "default_run_dir", "find_runs", "Beside", "unfinished_beside",
-           "pack_status", "packs_to_run", "STOPPED", "SKIPPED", "T_SKIPPED", "Step", "TRAINING_STATES"]
+           "pack_status", "packs_to_run", "STOPPED", "SKIPPED", "T_SKIPPED", "Step", "TRAINING_STATES", "first_step"]
 
 
 def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Callable[[Opened], None] | None = None,

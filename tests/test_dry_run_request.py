@@ -124,3 +124,21 @@ def test_the_dry_run_shows_the_sbatch_lines_submitit_then_writes(tmp_path, slurm
         assert submission_lines(run_dir) == shown
     finally:  # the jobs are not needed past their submission
         subprocess.run(["scancel", *job_ids], env=slurm_env, capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("search", [False, True])
+def test_an_auto_dry_run_shows_the_request_of_its_first_step(tmp_path, monkeypatch, capsys, search):
+    """packing.factors=auto decides each step from the last, but its first is known: the dry run shows its #SBATCH
+    lines (N=1's packs on the partition); a search then says its lanes stream at the best N."""
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    more = ["search=optuna", "search.n_trials=8", "+search.space.lr=interval(0.01, 0.1)"] if search else []
+    code = main(["+sweep=mnist_pack", "cluster=narval", "cluster.account=def-someone", "packing.factors=auto",
+                 "packing.auto.repeats=2", *more, "dry_run=true", f"run_dir={tmp_path / 'run'}"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    said = " ".join(out.split())
+    assert "it starts with 2 pack(s) of N=1 per partition, submitted so:" in said, said
+    assert "a100, N=1 (process): 2 jobs in 1 array:" in said and "#SBATCH --array=0-1%2" in said
+    assert "#SBATCH --account=def-someone" in said and "#SBATCH --gpus-per-node=a100:1" in said
+    assert ("then the search: up to" in said and "ask the study for its 8 trials" in said) is search
+    assert not (tmp_path / "run").exists()

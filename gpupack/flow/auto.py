@@ -311,6 +311,12 @@ def production_of(spec: SweepSpec, best: Mapping[str, int | None], completed: Ma
     return left, production_plan(spec, best, completed)
 
 
+def first_step(prepared: Prepared) -> Plan:
+    """What an auto run submits first (a dry run shows its request): the probe's first N on every partition. Pure."""
+    spec, auto, _ = auto_parts(prepared)
+    return step_plan(spec, spec.partitions, auto.ladder[0], {}, auto.repeats)
+
+
 def search_production(spec: SweepSpec, best: Mapping[str, int | None]) -> Plan | None:
     """The search's lanes at each partition's best N (gpupack.search.plan), as packing.factors=[N] plans them."""
     if spec.search is None:
