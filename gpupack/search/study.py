@@ -196,22 +196,11 @@ def _apply(journal: Journal | None, ev: Event) -> Journal | None:
     return journal
 
 
-def _read(f: IO[bytes]) -> Journal | None:
-    f.seek(0)
+def _journal(data: bytes) -> Journal | None:
+    """The journal its bytes tell, line by line; a line that is no JSON (a torn last line, a writer mid-append) is
+    left out. Pure."""
     journal: Journal | None = None
-    for line in f.read().splitlines():
-        if line.strip():
-            journal = _apply(journal, json.loads(line))
-    return journal
-
-
-def read_journal(path: Path) -> Journal | None:
-    """The journal as it stands, read without its lock and without writing (collect reads runs in progress, or copied
-    read-only): a torn last line (a writer mid-append) is left out. None: no study there."""
-    if not path.is_file():
-        return None
-    journal: Journal | None = None
-    for line in path.read_bytes().splitlines():
+    for line in data.splitlines():
         try:
             event = json.loads(line) if line.strip() else None
         except ValueError:
@@ -219,6 +208,17 @@ def read_journal(path: Path) -> Journal | None:
         if event is not None:
             journal = _apply(journal, event)
     return journal
+
+
+def _read(f: IO[bytes]) -> Journal | None:
+    f.seek(0)
+    return _journal(f.read())
+
+
+def read_journal(path: Path) -> Journal | None:
+    """The journal as it stands, read without its lock and without writing (collect reads runs in progress, or copied
+    read-only): a torn last line (a writer mid-append) is left out. None: no study there."""
+    return _journal(path.read_bytes()) if path.is_file() else None
 
 
 class Study:
