@@ -14,6 +14,7 @@ cancels its pack jobs and their trainings first; jobs submitted to SLURM keep ru
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import shlex
 import signal
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -361,6 +362,15 @@ def split_flags(args: list[str]) -> tuple[dict[str, object], list[str]]:
         else:
             rest.append(a)
     return flags, rest
+
+
+def console_main() -> NoReturn:
+    """``python -m gpupack`` and the ``gpupack`` command: :func:`main`, then exit. Everything is written and said by
+    then: the interpreter's teardown need not walk every object of the ~2000 modules a run imports (half a second
+    here), so they are frozen and left to the process's end (atexit handlers still run)."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
