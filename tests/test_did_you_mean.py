@@ -40,6 +40,15 @@ ROWS = [
      ["sweep.gridd.lr='[0.1]'", "HINT: did you mean sweep.grid.lr=[0.1]?"]),
     (["+sweep=mnist_pack", "rgu.sourc=x"], ["HINT: did you mean rgu.source=x?"]),
     (["+sweep=mnist_pack", "partitons=[local]"], ["HINT: did you mean partitions=[local]?"]),
+    # a key added with + where its node declares its keys: Hydra appends it past the struct flag; refused the same
+    # (dry_run=true: were it let through, the row ends at once, exit 0)
+    (["+sweep=mnist_pack", "+cluster.accout=def-someone", "dry_run=true"],
+     ["cluster.accout='def-someone'", "HINT: did you mean cluster.account=def-someone?", "cluster=slurm"]),
+    (["+sweep=mnist_pack", "cluster=narval", "+cluster.partitions.a100.bundle_core=12", "dry_run=true"],
+     ["cluster.partitions.a100.bundle_core='12'", "HINT: did you mean cluster.partitions.a100.bundle_cores=12"]),
+    (["+sweep=mnist_pack", "+packing.auto.min_gian=0.1", "dry_run=true"],
+     ["HINT: did you mean packing.auto.min_gain=0.1?"]),
+    (["+sweep=mnist_pack", "+dry_rn=true", "dry_run=true"], ["dry_rn='true'", "HINT: did you mean dry_run=true"]),
     # the + forgotten, and an empty list of partitions
     (["sweep=mnist_pack"], ["sweep='mnist_pack'", "HINT: write +sweep=mnist_pack"]),
     (["+sweep=mnist_pack", "partitions=[]"], ["partitions=[]", "chooses no partition", "partitions=null"]),

@@ -292,7 +292,43 @@ def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictCo
             OmegaConf.update(cfg, key, values, merge=False, force_add=True)
     except (HydraException, OmegaConfBaseException) as err:
         raise translate(err, rewritten) from None
+    for key, kind in added_keys(cfg):  # the first is refused, as the user wrote it: one line
+        given = next((o.lstrip("+~") for o in rewritten if o.lstrip("+~").startswith(f"{key}.")), None)
+        named, value = given.split("=", 1) if given and "=" in given else (key, _value_for(key, rewritten))
+        raise ConfigError(named, value, "unknown config key",
+                          _nearest_key(key, key.rpartition(".")[2], _Declared(kind), rewritten))
     return cfg
+
+
+class _Declared(Exception):
+    """Where an added key was found, as an OmegaConf error names it (its node's dataclass), for :func:`_nearest_key`."""
+
+    def __init__(self, object_type: type) -> None:
+        super().__init__(object_type.__name__)
+        self.object_type = object_type
+
+
+def added_keys(cfg: DictConfig) -> list[tuple[str, type]]:
+    """Keys a ``+key=value`` override added to a typed node that its dataclass does not declare, with that dataclass:
+    Hydra's append writes past the struct flag, so ``+cluster.accout=def-x`` would be kept and never read. The
+    nodes typed as mappings (sweep.grid, sweep.fixed, search.space) take any key. Pure."""
+    found: list[tuple[str, type]] = []
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        kind = OmegaConf.get_type(node)
+        declared = {f.name for f in dataclasses.fields(kind)} \
+            if isinstance(kind, type) and dataclasses.is_dataclass(kind) else None
+        for name in node.keys():
+            key = _join(prefix, str(name))
+            if declared is not None and name not in declared and key != "hydra":  # Hydra's own node, with_hydra
+                found.append((key, kind))  # type: ignore[arg-type]  # a dataclass: declared is not None
+                continue
+            child = node._get_node(name)  # not resolved: an interpolation stays as written
+            if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+                walk(child, key)
+
+    walk(cfg, "")
+    return found
 
 
 def group_options(overrides: Sequence[str] = ()) -> dict[str, list[str]]:
