@@ -20,6 +20,8 @@ from gpupack.flow.status import RunStatus
 def print_plan(console: Console, prepared: sweep.Prepared) -> None:
     for warning in prepared.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, markup=True)
+    for note in prepared.spec.notes if prepared.spec is not None else ():
+        console.print(f"note: {escape(note)}", highlight=False, markup=True)
     _print_plan(console, prepared)
     for mode, note in (prepared.spec.start_notes() if prepared.spec is not None else {}).items():
         console.print(f"  trainings start ({mode}): {note}", highlight=False)

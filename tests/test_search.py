@@ -126,7 +126,7 @@ def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
 
 def test_a_grid_given_with_a_search_is_said_unused_in_one_line_and_its_axes_keep_their_defaults(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """mnist_pack brings a grid (lr, batch_size, seed): a search does not run it. One line says so before anything
+    """mnist_pack brings a grid (lr, batch_size, seed): a search does not run it. One note says so before anything
     runs, and the search's fixed values hold the workload's default for the axes outside the space (batch_size), not
     nothing."""
     from gpupack import sweep
@@ -136,6 +136,7 @@ def test_a_grid_given_with_a_search_is_said_unused_in_one_line_and_its_axes_keep
     assert main([*command, "dry_run=true"]) == 0
     said = [line for line in capsys.readouterr().out.splitlines() if "sweep.grid" in line]
     assert len(said) == 1 and "sweep.grid (lr, batch_size, seed) is not used by search=optuna" in said[0], said
+    assert said[0].startswith("note: "), said  # nothing is amiss: the preset brings its grid
     spec = sweep.prepare(command).spec
     assert spec is not None and spec.fixed["batch_size"] == 64 and "lr" not in spec.fixed
 

@@ -71,6 +71,7 @@ class SweepSpec:
     memory: TrainingMemory | None = None  # one training's memory: what capped N and sizes requests
     auto: AutoSpec | None = None  # packing.factors=auto: probe first (gpupack/flow/auto.py); factors is then its ladder
     warnings: tuple[str, ...] = ()  # said before anything runs, e.g. a request that leaves a node's GPUs idle
+    notes: tuple[str, ...] = ()  # said before anything runs, nothing amiss: e.g. a preset's grid a search does not use
     spread: SpreadSpec | None = None  # spread.devices: one training over k devices, beside packing
     stream: str = "off"  # packing.stream: auto | on | off
     stream_jobs: int = 1  # K streaming jobs per (partition, mode, N): packing.jobs, else what runs at once
@@ -363,8 +364,8 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
                      order_seed=int(cfg.packing.order_seed), memory=memory, auto=auto,
                      warnings=tuple(idle_gpu_warnings(factors, facts, measured.host_mb))
                      + tuple(bundle_warnings(factors, facts, measured.host_mb))
-                     + device_notes(workload, grid, fixed, facts, settings.device)
-                     + grid_unused(search, plain(sweep.grid)), spread=spread,
+                     + device_notes(workload, grid, fixed, facts, settings.device),
+                     notes=grid_unused(search, plain(sweep.grid)), spread=spread,
                      stream=str(cfg.packing.stream),
                      stream_jobs=int(cfg.packing.jobs or min(facts.stream_jobs(p) for p in facts.partitions)),
                      search=search)
