@@ -144,8 +144,9 @@ def test_a_grid_given_with_a_search_is_said_unused_in_one_line_and_its_axes_keep
 def test_the_first_trials_planned_by_the_command_wait_for_their_lanes_and_each_runs_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The command asks each lane's first trials before its job starts (the lane starts them without importing
-    Optuna). Submitted and still queued (wait=false), they are said waiting, not running; once the jobs run, each lane
-    runs its own, and the study ends with its budget, every trial once."""
+    Optuna). Submitted and still queued (wait=false), they are said waiting, not running; a lane's run with no time left
+    to start one leaves them waiting; once the jobs run, each lane runs its own, and the study ends with its budget,
+    every trial once."""
     from tests.fakes import FakeConfig, FakeQueue, use_fake_submitter
 
     queue = FakeQueue()
@@ -161,6 +162,13 @@ def test_the_first_trials_planned_by_the_command_wait_for_their_lanes_and_each_r
     capsys.readouterr()
     assert main(["status", str(run)]) == 0
     assert "0 running, 4 waiting for their lane's job" in " ".join(capsys.readouterr().out.split())
+    # a run of a lane with no time left to start one (near its job's limit) leaves them waiting for the next run
+    from gpupack.core.types import PackSettings
+    from gpupack.job.search_lane import run_search_lane
+
+    late = PackSettings(device="cpu", claim_until_s=5.0, training_estimate_s=100.0)
+    assert run_search_lane(str(run), min(planned.values()), late)["stopped_claiming"]
+    assert Study(RunDir(run).study).read().waiting == 4
     queue.drain()
     journal = Study(RunDir(run).study).read()
     assert sorted(journal.trials) == list(range(6)) and journal.count(COMPLETE) == 6 and journal.waiting == 0

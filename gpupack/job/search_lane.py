@@ -129,7 +129,8 @@ def run_search_lane(run_root: str, pack_id: str, settings: PackSettings, job: Jo
         if dead:
             print(f"gpupack: lane {pack_id}: trial(s) {', '.join(map(str, dead))} died with an earlier run of this "
                   "lane: told failed", file=sys.stderr)
-        lane.planned.extend(lane.study.take_planned(lane.holder))
+        if lane.out_of_time() is None:  # else they wait for the requeued run, not taken by one that starts none
+            lane.planned.extend(lane.study.take_planned(lane.holder))
         if lane.planned:  # they start without Optuna; the lane's next ask needs it
             import_optuna_meanwhile()
         released = release_stale(lane.folder, lane.holder)
