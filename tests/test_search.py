@@ -195,3 +195,25 @@ def test_a_searchs_plan_says_its_trials_not_grid_points_nor_trainings(
     out = " ".join(capsys.readouterr().out.split())
     assert "a search of 12 trial(s)" in out and "on the space's midpoint), then streams the search's trials at the " \
                                                 "best N" in out, out
+
+
+def test_a_dry_run_of_a_search_to_resume_writes_nothing_to_its_study(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The dry run of a run to resume reads what its search has left as status and collect do: without the study's
+    lock, writing nothing, not even the cut of a torn last line (a lane killed mid-append), which is its writers'."""
+    from tests.fakes import FakeConfig, FakeQueue, use_fake_submitter
+
+    use_fake_submitter(monkeypatch, config=FakeConfig(default_partitions=["cpu"]), queue=FakeQueue())
+    run = tmp_path / "run"
+    command = ["+sweep=probe_pack", "hydra.searchpath=[file://tests/conf]", "search=optuna", "search.n_trials=4",
+               "packing.factors=[2]", "packing.jobs=1", "packing.device=cpu", "search.pruner=none",
+               "+search.space.lr=interval(0.1, 1)", "wait=false", f"run_dir={run}"]
+    assert main(command) == 0  # submitted, still queued: its study holds the planned trials
+    study = RunDir(run).study
+    with open(study, "ab") as f:
+        f.write(b'{"event": "told", "numb')
+    before = study.read_bytes()
+    capsys.readouterr()
+    assert main([*command, "dry_run=true"]) == 0
+    assert "resuming: the run directory holds this plan; 1 pack(s) to run" in " ".join(capsys.readouterr().out.split())
+    assert study.read_bytes() == before and not study.with_suffix(".torn").exists()

@@ -353,11 +353,10 @@ class Study:
 
 def search_left(path: Path) -> bool:
     """A run's search has trials to run or to tell (its lanes run again): its budget not met, or trials asked and
-    never told (a dead lane's, which its next run tells failed)."""
-    if not path.exists():
-        return False
-    journal = Study(path).read()
-    return journal.stopped() is None or journal.count(RUNNING) > 0
+    never told (a dead lane's, which its next run tells failed). Read as collect reads it, without the lock and
+    writing nothing: a dry run and the runs beside a new one ask it too."""
+    journal = read_journal(path)
+    return journal is not None and (journal.stopped() is None or journal.count(RUNNING) > 0)
 
 
 def import_optuna_meanwhile() -> threading.Thread:
