@@ -144,9 +144,8 @@ def translate(err: Exception, overrides: Sequence[str]) -> ConfigError:
                 if meant:
                     return ConfigError(given.split("=", 1)[0], given.split("=", 1)[1], "unknown config key",
                                        f"did you mean {meant}?")
-            named, given_value = given.split("=", 1) if given and "=" in given else (key, _value_for(key, overrides))
-            return ConfigError(named, given_value, "unknown config key",  # the key as the user wrote it, in full
-                               _nearest_key(key, m.group(1), cause, overrides) +
+            return ConfigError(*_as_written(key, overrides), "unknown config key",
+                               _nearest_key(key, m.group(1), getattr(cause, "object_type", None), overrides) +
                                (" (add a new grid axis with +sweep.grid.NAME=[...])"
                                 if parent.startswith("sweep.grid") else ""))
         value = getattr(cause, "value", None) if hasattr(cause, "value") else _value_for(key, overrides)
@@ -172,14 +171,25 @@ def _value_for(key: str, overrides: Sequence[str]) -> str:
     return "?"
 
 
-def _nearest_key(key: str, word: str, cause: BaseException, overrides: Sequence[str]) -> str:
-    """The HINT of an unknown key ``key`` (its last part ``word``): the nearest keys of its group, as the override
-    to write (``cluster.accout=def-x``: ``did you mean cluster.account=def-x?``); else a key another backend's
-    clusters have (``cluster.account`` under cluster=local); else the group's keys."""
+def _as_written(key: str, overrides: Sequence[str]) -> tuple[str, str]:
+    """An unknown ``key`` and its value as the user wrote them, in full (``cluster.partitions.local.foo`` where the
+    unknown key is ``cluster.partitions``)."""
+    given = next((o.lstrip("+~") for o in overrides if o.lstrip("+~").startswith(f"{key}.")), None)
+    if given and "=" in given:
+        named, value = given.split("=", 1)
+        return named, value
+    return key, _value_for(key, overrides)
+
+
+def _nearest_key(key: str, word: str, kind: object, overrides: Sequence[str]) -> str:
+    """The HINT of an unknown key ``key`` (its last part ``word``) of a node typed ``kind`` (its dataclass, where
+    known): the nearest keys of its group, as the override to write (``cluster.accout=def-x``: ``did you mean
+    cluster.account=def-x?``); else a key another backend's clusters have (``cluster.account`` under
+    cluster=local); else the group's keys."""
     parent = key.rpartition(".")[0]
-    keys = _keys_of(cause) or _keys_under(parent)
+    keys = _keys_of(kind) or _keys_under(parent)
     close = difflib.get_close_matches(word, keys, n=3, cutoff=0.6)
-    elsewhere = _other_backends_key(word, cause)
+    elsewhere = _other_backends_key(word, kind)
     if elsewhere and (not close or elsewhere[2] == word):  # a key this cluster's backend lacks: say whose it is
         backend, here, found = elsewhere
         preset = f"e.g. cluster={backend}" if (config_dir() / "cluster" / f"{backend}.yaml").is_file() else \
@@ -207,19 +217,16 @@ def _as_given(key: str, meant: str, overrides: Sequence[str]) -> str:
     return meant
 
 
-def _keys_of(cause: BaseException) -> list[str]:
-    """The keys of the structured config an OmegaConf error was raised in (its dataclass: a cluster backend's own,
-    a partition's, a packing mode's), which the schema's ``Any`` fields do not show."""
-    kind = getattr(cause, "object_type", None)
+def _keys_of(kind: object) -> list[str]:
+    """The keys of a structured config node's dataclass ``kind`` (a cluster backend's own, a partition's, a packing
+    mode's), which the schema's ``Any`` fields do not show."""
     return [f.name for f in dataclasses.fields(kind)] if isinstance(kind, type) and dataclasses.is_dataclass(kind) \
         else []
 
 
-def _other_backends_key(word: str, cause: BaseException) -> tuple[str, str, str] | None:
-    """(backend, this backend, key) where ``word`` is (close to) a key of another backend's cluster config than the
-    one the error was raised in (a cluster's own config): ``cluster.account`` under cluster=local is a SLURM
-    cluster's."""
-    kind = getattr(cause, "object_type", None)
+def _other_backends_key(word: str, kind: object) -> tuple[str, str, str] | None:
+    """(backend, this backend, key) where ``word`` is (close to) a key of another backend's cluster config than
+    ``kind``'s (a cluster's own config): ``cluster.account`` under cluster=local is a SLURM cluster's."""
     here = next((name for name, config in backend_configs().items() if config is kind), None)
     if here is None:
         return None
@@ -293,19 +300,9 @@ def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictCo
     except (HydraException, OmegaConfBaseException) as err:
         raise translate(err, rewritten) from None
     for key, kind in added_keys(cfg):  # the first is refused, as the user wrote it: one line
-        given = next((o.lstrip("+~") for o in rewritten if o.lstrip("+~").startswith(f"{key}.")), None)
-        named, value = given.split("=", 1) if given and "=" in given else (key, _value_for(key, rewritten))
-        raise ConfigError(named, value, "unknown config key",
-                          _nearest_key(key, key.rpartition(".")[2], _Declared(kind), rewritten))
+        raise ConfigError(*_as_written(key, rewritten), "unknown config key",
+                          _nearest_key(key, key.rpartition(".")[2], kind, rewritten))
     return cfg
-
-
-class _Declared(Exception):
-    """Where an added key was found, as an OmegaConf error names it (its node's dataclass), for :func:`_nearest_key`."""
-
-    def __init__(self, object_type: type) -> None:
-        super().__init__(object_type.__name__)
-        self.object_type = object_type
 
 
 def added_keys(cfg: DictConfig) -> list[tuple[str, type]]:
