@@ -236,9 +236,10 @@ class TrainingContext:
         would be judged the wrong way up)."""
         if self.study is None or self.trial is None:
             return False
-        from gpupack.search.study import Study
+        from gpupack.search.study import read_journal  # its head only: read without the writers' lock
 
-        return Study(Path(self.study)).read().search.metric == metric
+        journal = read_journal(Path(self.study))
+        return journal is not None and journal.search.metric == metric
 
 
 class Workload(ABC, Generic[P]):
