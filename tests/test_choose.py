@@ -226,6 +226,35 @@ def test_keeps_improving_reason_text() -> None:
     assert not ok and reason.startswith("N=8 improves on N=5 by 10.0 % within noise (interval -")
 
 
+DRIFT = [1.0, 1.6, 0.8, 2.2, 1.3, 0.9]  # how slow the machine was in each of six rounds (a neighbour comes, goes)
+
+
+@pytest.mark.parametrize("b_tpt, rounds_b, keeps, why", [
+    # b 10 % faster in every round, but the rounds' drift spreads each side 0.8x-2.2x: only pairing sees it
+    (9.0, list(range(6)), True, "N=8 improves on N=5 by 10.0 % (>= 5 %, interval +10.0 %..+10.0 %, paired within 6 "
+                                "rounds)"),
+    (9.8, list(range(6)), False, "N=8 improves on N=5 by 2.0 % (< 5 %, paired within 6 rounds)"),
+    (10.5, list(range(6)), False, "N=8 is slower than N=5 by 5.0 % per training (paired within 6 rounds)"),
+    (9.0, [3] * 6, False, "but a single round has no spread: cannot tell it from noise"),
+    (9.0, [None] * 6, False, "within noise (interval -"),  # no rounds: unpaired, the drift is noise
+    (9.0, [None] * 6, False, "unpaired: N=8 shares no round with N=5)"),
+])
+def test_a_gain_is_paired_within_the_rounds_both_sides_share(b_tpt, rounds_b, keeps, why) -> None:
+    a = [10.0 * d for d in DRIFT]
+    b = [b_tpt * d for d in DRIFT] if rounds_b[0] != 3 else [b_tpt * DRIFT[3]] * 6
+    ok, reason = keeps_improving(a, b, names=("N=5", "N=8"), rounds=(list(range(6)), rounds_b))
+    assert ok is keeps and why in reason, reason
+
+
+def test_an_unpaired_gain_of_the_same_drifting_packs_cannot_tell_ten_percent_from_noise() -> None:
+    a, b = [10.0 * d for d in DRIFT], [9.0 * d for d in DRIFT]
+    ok, reason = keeps_improving(a, b, names=("N=5", "N=8"))
+    assert not ok and "within noise" in reason and "paired" not in reason
+    g = gain(a, b, rounds=(list(range(6)), list(range(6))))
+    assert g.paired == 6 and g.median == pytest.approx(0.1) and g.low == pytest.approx(0.1) and not g.unpaired
+    assert gain(a, b, rounds=([0] * 6, [0] * 6)).unpaired == "a (the reference) ran in fewer than 2 rounds"
+
+
 def test_gain_interval_and_single_pack() -> None:
     g = gain(packs(10, 0.02, 8), packs(8, 0.02, 8))
     assert g.median == pytest.approx(0.2) and g.low is not None and g.high is not None

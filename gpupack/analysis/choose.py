@@ -56,7 +56,7 @@ provisional) or not estimable (no spread: no N has 2 packs).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 from types import MappingProxyType
@@ -98,9 +98,12 @@ class Choice:
 
 @dataclass(frozen=True)
 class Gain:
-    median: float  # relative improvement of b over a: 1 - median(b)/median(a) (0.1: b is 10 % faster)
-    low: float | None  # its bootstrap interval (None when a or b has < 2 packs)
+    median: float  # relative improvement of b over a: 1 - median(b)/median(a) (0.1: b is 10 % faster); paired: 1 -
+    # the ratio of b's sum over a's in the rounds they share
+    low: float | None  # its bootstrap interval (None when a or b has < 2 packs, or < 2 shared rounds)
     high: float | None
+    paired: int = 0  # the rounds the comparison was paired within (0: unpaired)
+    unpaired: str = ""  # why it is not paired where rounds were given ("" otherwise)
 
 
 def _check(confidence: float, resamples: int) -> None:
@@ -229,10 +232,10 @@ def _tagged(values: Sequence[float], rounds: Sequence[Hashable] | None, what: st
     return _clean([values[i] for i in keep], what), [tags[i] for i in keep]
 
 
-def _pairs(tagged: Mapping[int, tuple[np.ndarray, list[Hashable]]]
+def _pairs(tagged: Mapping[int, tuple[np.ndarray, list[Hashable]]], names: Callable[[int], str] = "N={}".format,
            ) -> dict[int, list[tuple[float, float, Hashable]]] | str:
-    """Each N's (its time, the reference's in the same round, round) pairs, the reference the smallest N; or why the
-    comparison cannot be paired."""
+    """Each N's (its time, the reference's in the same round, round) pairs, the reference the first N (the smallest);
+    or why the comparison cannot be paired. ``names``: how an N is named in that why."""
     ns = list(tagged)
     ref_times, ref_rounds = tagged[ns[0]]
     by_round: dict[Hashable, list[float]] = {}
@@ -242,14 +245,14 @@ def _pairs(tagged: Mapping[int, tuple[np.ndarray, list[Hashable]]]
     if not by_round and all(k is None for _, tags in tagged.values() for k in tags):
         return "the packs ran in no rounds (packing.order=by_factor, or a run planned before rounds)"
     if len(by_round) < 2:
-        return f"N={ns[0]} (the reference) ran in fewer than 2 rounds"
+        return f"{names(ns[0])} (the reference) ran in fewer than 2 rounds"
     ref = {k: float(np.median(v)) for k, v in by_round.items()}
     out: dict[int, list[tuple[float, float, Hashable]]] = {}
     for n in ns:
         times, tags = tagged[n]
         out[n] = [(float(t), ref[k], k) for t, k in zip(times, tags) if k in ref]
         if not out[n]:
-            return f"N={n} shares no round with N={ns[0]}"
+            return f"{names(n)} shares no round with {names(ns[0])}"
     return out
 
 
@@ -331,40 +334,70 @@ def tie_label(ties: Sequence[int], measured: Sequence[int] | None = None) -> str
 
 
 def gain(a: Sequence[float], b: Sequence[float], *, confidence: float = 0.95, resamples: int = 2000,
-         seed: int = 0) -> Gain:
-    """Relative gain of b over a in median time per training, with its percentile bootstrap interval."""
+         seed: int = 0, rounds: tuple[Sequence[Hashable], Sequence[Hashable]] | None = None,
+         names: tuple[str, str] = ("a", "b")) -> Gain:
+    """Relative gain of b over a in median time per training, with its percentile bootstrap interval. ``rounds``:
+    each pack's round, for a and for b: the gain is then paired within the rounds they share (the module docstring's
+    ratio of sums, rounds resampled), as the choice of N is; unpaired where it cannot be, and ``unpaired`` says why."""
     _check(confidence, resamples)
     xa, xb = _clean(a, "a"), _clean(b, "b")
     if not len(xa) or not len(xb):
         raise ValueError("gain needs at least one timing on each side")
+    why = ""
+    if rounds is not None:
+        tagged = {0: _tagged(a, rounds[0], names[0]), 1: _tagged(b, rounds[1], names[1])}
+        pairs = _pairs(tagged, names=lambda i: names[i])
+        if not isinstance(pairs, str):
+            return _paired_gain(pairs[1], confidence, resamples, seed)
+        why = pairs
     med = 1.0 - float(np.median(xb)) / float(np.median(xa))
     if len(xa) < 2 or len(xb) < 2:  # a single pack has no spread to resample
-        return Gain(med, None, None)
+        return Gain(med, None, None, unpaired=why)
     rng = np.random.default_rng(seed)
     ba = _boot_medians([xa], resamples, rng)[0]
     bb = _boot_medians([xb], resamples, rng)[0]
     alpha = 1.0 - confidence
     low, high = np.quantile(1.0 - bb / ba, [alpha / 2, 1 - alpha / 2])
-    return Gain(med, float(low), float(high))
+    return Gain(med, float(low), float(high), unpaired=why)
+
+
+def _paired_gain(pairs: Sequence[tuple[float, float, Hashable]], confidence: float, resamples: int,
+                 seed: int) -> Gain:
+    """1 - b's time over a's in their shared rounds (ratio of sums), its interval over rounds resampled; one round
+    has no spread to resample (None, as a single pack unpaired)."""
+    n_rounds = len({k for _, _, k in pairs})
+    med = 1.0 - _ratio_of_sums(pairs)
+    if n_rounds < 2:
+        return Gain(med, None, None, paired=n_rounds)
+    boots, _ = _paired_boots([[(r, r, k) for _, r, k in pairs], pairs], resamples, np.random.default_rng(seed))
+    alpha = 1.0 - confidence
+    low, high = np.nanquantile(1.0 - boots[1], [alpha / 2, 1 - alpha / 2])
+    return Gain(med, float(low), float(high), paired=n_rounds)
 
 
 def keeps_improving(a: Sequence[float], b: Sequence[float], threshold: float = 0.05, *,
                     names: tuple[str, str] = ("a", "b"), confidence: float = 0.95, resamples: int = 2000,
-                    seed: int = 0) -> tuple[bool, str]:
+                    seed: int = 0, rounds: tuple[Sequence[Hashable], Sequence[Hashable]] | None = None
+                    ) -> tuple[bool, str]:
     """Whether b beats a by >= ``threshold`` (median gain) and beyond noise (interval above 0), and why.
 
-    ``names`` label a and b in the reason, e.g. ("N=5", "N=8").
+    ``names`` label a and b in the reason, e.g. ("N=5", "N=8"). ``rounds``: each pack's round, for a and for b: the
+    gain is paired within the rounds they share (:func:`gain`), and the reason says how it was weighed.
     """
-    g = gain(a, b, confidence=confidence, resamples=resamples, seed=seed)
+    g = gain(a, b, confidence=confidence, resamples=resamples, seed=seed, rounds=rounds, names=names)
     na, nb = names
-    span = "" if g.low is None or g.high is None else f"interval {g.low * 100:+.1f} %..{g.high * 100:+.1f} %"
+    how = f"paired within {g.paired} rounds" if g.paired else (f"unpaired: {g.unpaired}" if g.unpaired else "")
+    span = ", ".join(x for x in ("" if g.low is None or g.high is None else
+                                 f"interval {g.low * 100:+.1f} %..{g.high * 100:+.1f} %", how) if x)
+    tail = f" ({how})" if how else ""
     if g.median < 0:
-        return False, f"{nb} is slower than {na} by {-g.median * 100:.1f} % per training"
+        return False, f"{nb} is slower than {na} by {-g.median * 100:.1f} % per training{tail}"
     head = f"{nb} improves on {na} by {g.median * 100:.1f} %"
     if g.median < threshold:
-        return False, f"{head} (< {threshold * 100:g} %)"
+        return False, f"{head} (< {threshold * 100:g} %{', ' + how if how else ''})"
     if g.low is None:
-        return False, f"{head} but a single pack has no spread: cannot tell it from noise"
+        one = "a single round" if g.paired else "a single pack"
+        return False, f"{head} but {one} has no spread: cannot tell it from noise"
     if g.low <= 0:
         return False, f"{head} within noise ({span})"
     return True, f"{head} (>= {threshold * 100:g} %, {span})"
