@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -157,15 +158,57 @@ def _timed_packs_of(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFram
     return timed_packs(t, packs).dropna(subset=["time_per_training_s"])
 
 
-def pack_times(records: Records) -> dict[str, dict[int, list[float]]]:
-    """Per partition and N, the time per training of each timed pack (what :mod:`gpupack.analysis.choose` weighs)."""
+@dataclass(frozen=True)
+class Timings:
+    """One group's times per training by N, each pack's round in the same order, and how many packs measured under
+    foreign load were left out (``said``: the words the choice's method adds about them)."""
+
+    times: dict[int, list[float]]
+    rounds: dict[int, list[Hashable]]
+    left_out: int = 0
+    said: str = ""
+
+
+def pack_times(records: Records, disturbed: Collection[tuple[str, str]] = (),
+               blocked: Mapping[str, Collection[int]] | None = None) -> dict[str, Timings]:
+    """Per partition, what :func:`gpupack.analysis.choose.choose` weighs: each N's time per training of every timed
+    pack and its round, the packs ``disturbed`` names left out as the summary's choice leaves them (``blocked``: each
+    partition's N that cannot be chosen). For one workload and mode (packing.factors=auto's)."""
     timed = _timed_packs_of(records.trainings, records.packs)
-    out: dict[str, dict[int, list[float]]] = {}
     if timed.empty:
-        return out
-    for (partition, n), values in timed.groupby(["partition", "factor"])["time_per_training_s"]:
-        out.setdefault(str(partition), {})[int(n)] = [float(v) for v in values]
-    return out
+        return {}
+    every, quiet, loaded = _split_loaded(timed, ["partition", "factor"], disturbed)
+    return {str(p): _choice_timings(every, quiet, loaded, (p,), sorted(set(g["factor"].astype(int))),
+                                    set((blocked or {}).get(str(p), ())))
+            for p, g in timed.groupby("partition")}
+
+
+def _split_loaded(timed: pd.DataFrame, keys: list[str], disturbed: Collection[tuple[str, str]]
+                  ) -> tuple[tuple[pd.Series, pd.Series], tuple[pd.Series, pd.Series], pd.Series]:
+    """Each (group, N)'s times and rounds: of every pack, of the packs ``disturbed`` does not name; and how many it
+    names."""
+    runs = timed["run_dir"].astype(str) if "run_dir" in timed else pd.Series("", index=timed.index)
+    named = frozenset(disturbed)
+    loaded = pd.Series([(r, str(p)) in named for r, p in zip(runs, timed["pack_id"])] if named else False,
+                       index=timed.index, dtype=bool)
+    return (_times_by_n(timed, keys), _times_by_n(timed[~loaded], keys),
+            loaded.groupby([timed[k] for k in keys]).sum())
+
+
+def _choice_timings(every: tuple[pd.Series, pd.Series], quiet: tuple[pd.Series, pd.Series], loaded: pd.Series,
+                    key: tuple[Hashable, ...], factors: Iterable[int], blocked: Collection[int]) -> Timings:
+    """One group's timings for the choice: its quiet packs alone where every N that can be chosen keeps one (load from
+    outside slows N=1's threads more than N trainings' single ones, so a round does not share it evenly and pairing
+    cannot divide it out); every pack otherwise, and the words say which."""
+    factors = list(factors)
+    by_n, rounds = _group_times(every, key, factors)
+    left_out = int(sum(loaded.get((*key, n), 0) for n in by_n))
+    if not left_out:
+        return Timings(by_n, rounds)
+    calm, calm_rounds = _group_times(quiet, key, factors)
+    if set(calm) >= set(by_n) - set(blocked):
+        return Timings(calm, calm_rounds, left_out, f"; {left_out} pack(s) measured under foreign load left out")
+    return Timings(by_n, rounds, 0, f"; {left_out} pack(s) measured under foreign load kept (an N has no quiet pack)")
 
 
 def packing_times(trainings: pd.DataFrame, packs: pd.DataFrame) -> dict[tuple[Hashable, ...], list[float]]:
@@ -209,28 +252,14 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
         out[col] = default
     out["infeasible"] = (out["oom"] > 0) | (out["skipped_memory"] > 0)
     timed = timed.dropna(subset=["time_per_training_s"])
-    keys = GROUP + ["factor"]
-    runs = timed["run_dir"].astype(str) if "run_dir" in timed else pd.Series("", index=timed.index)
-    named = frozenset(disturbed)
-    loaded = pd.Series([(r, str(p)) in named for r, p in zip(runs, timed["pack_id"])] if named else False,
-                       index=timed.index, dtype=bool)
-    every, quiet = _times_by_n(timed, keys), _times_by_n(timed[~loaded], keys)
-    loaded_by_n = loaded.groupby([timed[k] for k in keys]).sum()
+    every, quiet, loaded = _split_loaded(timed, GROUP + ["factor"], disturbed)
     for key, idx in out.groupby(GROUP, dropna=False).groups.items():
         group = out.loc[idx]
         blocked = set(group.loc[group["infeasible"] | (group["unfinished"] > 0), "factor"].astype(int))
-        by_n, rounds = _group_times(every, key, group["factor"])
-        left_out = int(sum(loaded_by_n.get((*key, n), 0) for n in by_n))
-        calm, calm_rounds = _group_times(quiet, key, group["factor"])
-        said = ""
-        if left_out and set(calm) >= set(by_n) - blocked:  # every N that can be chosen keeps a quiet pack
-            by_n, rounds = calm, calm_rounds
-            said = f"; {left_out} pack(s) measured under foreign load left out"
-        elif left_out:
-            said = f"; {left_out} pack(s) measured under foreign load kept (an N has no quiet pack)"
-            left_out = 0
+        timings = _choice_timings(every, quiet, loaded, key, group["factor"].astype(int), blocked)
+        by_n, left_out, said = timings.times, timings.left_out, timings.said
         out.loc[idx, "left_out_disturbed"] = left_out
-        choice = choose(by_n, infeasible=blocked, rounds=rounds)
+        choice = choose(by_n, infeasible=blocked, rounds=timings.rounds)
         for i, r in group.iterrows():
             n = int(r["factor"])
             interval = choice.intervals.get(n)
@@ -275,7 +304,7 @@ def _times_by_n(timed: pd.DataFrame, keys: list[str]) -> tuple[pd.Series, pd.Ser
 
 
 def _group_times(frames: tuple[pd.Series, pd.Series], key: tuple[Hashable, ...],
-                 factors: pd.Series) -> tuple[dict[int, list[float]], dict[int, list[Hashable]]]:
+                 factors: Iterable[int]) -> tuple[dict[int, list[float]], dict[int, list[Hashable]]]:
     """One group's times per N (N with none left out) and each time's round."""
     times, rounds = frames
     by_n = {int(n): list(times.get((*key, n), [])) for n in factors}

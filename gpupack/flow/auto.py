@@ -1,17 +1,20 @@
 """``packing.factors=auto``: find the best N by experiment, then run the grid at it.
 
 On one device per partition, N climbs the ladder (packing.auto.ladder: 1, 2, 3, 5, 8, 13, 21, 34), a step at a time,
-each step a run of its own under RUN_DIR/probe/nNN/ (packing.auto.repeats packs of N). A partition stops climbing
-when
+each step a run of its own under RUN_DIR/probe/nNN/: packing.auto.repeats packs of the new N, as many of the best N
+so far and of the ladder's first N (the reference), in rounds (blocks in time). The ladder runs N in order, so what
+drifts over the probe (a neighbour's job starting, clocks) lines up with N; within a step's rounds it cannot. A
+partition stops climbing when
 
-  - the new N does not improve time per training on the best so far by packing.auto.min_gain (5 %) beyond noise
-    (:func:`gpupack.analysis.choose.keeps_improving`);
+  - the new N does not improve time per training on the best so far by packing.auto.min_gain (5 %) beyond noise,
+    paired within the step's rounds (:func:`gpupack.analysis.choose.keeps_improving`);
   - a training at the new N ran out of memory, or failed;
   - the next N would not fit: predicted (the ladder was cut before anything ran) or measured (the peaks the probe
     just recorded, times the next N, pass the memory budget);
   - the ladder ends.
 
-The best N is then the noise-aware choice over every probed N (:mod:`gpupack.analysis.choose`), and — with
+The best N is then the noise-aware choice over every probed N (:mod:`gpupack.analysis.choose`), each weighed
+against the reference in the rounds they share (the reference ran in all of them), and — with
 packing.then=run — the grid points the probe did not already complete run at it under RUN_DIR/run/. Every step is an
 ordinary run directory, so re-running the same command resumes the probe where it stopped, and collect reads the
 probe and the run apart (records carry ``phase``). RUN_DIR/auto.json says what was probed and why it stopped.
@@ -27,15 +30,16 @@ import random
 import time
 from pathlib import Path
 from statistics import median
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Hashable, Mapping, Sequence
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from gpupack.analysis.aggregate import Collected, aggregate
 from gpupack.analysis.choose import choose, keeps_improving
+from gpupack.analysis.disturbance import loaded_packs
 from gpupack.analysis.load import Records, load_records
-from gpupack.analysis.summary import pack_times, summarize
+from gpupack.analysis.summary import Timings, pack_times, summarize
 from gpupack.core.cost.billing import Bundle, bill
 from gpupack.core.memory.figures import candidate_runs, check_memory, estimate, find_measured, setting_key
 from gpupack.core.plan import Pack, Plan, expand_grid, make_plan, run_order, training_id
@@ -53,8 +57,10 @@ from gpupack.submit import load_submitter
 # ---------------- pure decisions ----------------
 
 def verdict(factor: int, times: Mapping[int, Sequence[float]], best_so_far: int | None, oom: int, unfinished: int,
-            min_gain: float, skipped: int = 0) -> str:
-    """Whether a partition climbs past ``factor`` (returns "climb") or why it stops there. Pure."""
+            min_gain: float, skipped: int = 0, rounds: Mapping[int, Sequence[Hashable]] | None = None) -> str:
+    """Whether a partition climbs past ``factor`` (returns "climb") or why it stops there. ``rounds``: each time's
+    round (the step's blocks in time): the new N is then weighed against the best so far paired within the rounds
+    they share, as the final choice weighs every N against the reference. Pure."""
     if oom:
         return f"N={factor} ran out of memory ({oom} training(s))"
     if skipped:  # not started: what its setting measured passed the memory share (gpupack.core.memory.pack_fit)
@@ -65,20 +71,22 @@ def verdict(factor: int, times: Mapping[int, Sequence[float]], best_so_far: int 
         return f"N={factor}: no pack of it finished with all its trainings together"
     if best_so_far is None:
         return "climb"
+    paired = (rounds[best_so_far], rounds[factor]) if rounds and best_so_far in rounds and factor in rounds else None
     better, why = keeps_improving(times[best_so_far], times[factor], min_gain,
-                                  names=(f"N={best_so_far}", f"N={factor}"))
+                                  names=(f"N={best_so_far}", f"N={factor}"), rounds=paired)
     return "climb" if better else why
 
 
 def step_plan(spec: SweepSpec, partitions: Sequence[str], n: int, best_so_far: Mapping[str, int | None],
-              repeats: int) -> Plan:
-    """One probe step: ``repeats`` packs of the new N on each partition still climbing, and as many of that
-    partition's best N so far, all in one interleaved order. Pure."""
+              repeats: int, reference: int | None = None) -> Plan:
+    """One probe step: ``repeats`` packs of the new N on each partition still climbing, as many of that partition's
+    best N so far, and as many of the ``reference`` N (the ladder's first: the final choice weighs every N against
+    it, in the rounds they share, so it runs in every step), all in one interleaved order. Pure."""
     points = expand_grid(spec.grid)
     packs: list[Pack] = []
     for partition in partitions:
         best = best_so_far.get(partition)
-        factors = [n] + ([best] if best is not None and best != n else [])
+        factors = list(dict.fromkeys(f for f in (n, best, reference) if f is not None))
         for factor in factors:
             part = make_plan(sweep=spec.name, workload=spec.workload_ref, grid=spec.grid, fixed=spec.fixed,
                              factors=[factor], modes=spec.modes, partitions=[partition], repeats=repeats,
@@ -125,7 +133,7 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
             if not climbing:
                 break
             step_run = root.probe_step(n)
-            plan = step_plan(spec, climbing, n, best_so_far, auto.repeats)
+            plan = step_plan(spec, climbing, n, best_so_far, auto.repeats, reference=auto.ladder[0])
             if not settled(prepared, step_run, plan):  # wait=false: a step every pack of which ran is decided as it ran
                 outcome = run_plain(sub_prepared(prepared, plan, step_run,
                                                  factors=sorted({p.factor for p in plan.packs})),
@@ -133,16 +141,18 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                 results += outcome.results
                 if not ended(outcome):  # wait=false: its jobs were submitted or still run; a later call decides
                     return waiting(prepared, report, f"the probe at N={n} in {step_run.root}", outcome)
-            # The verdict weighs this step alone: the new N against the best so far, measured again beside it, so
-            # drift between steps (a neighbour's job, a warm cache) cannot decide the climb.
+            # The verdict weighs this step alone: the new N against the best so far, measured again beside it and
+            # paired within the step's rounds, its packs measured under foreign load left out as the final choice
+            # leaves them, so drift between steps or inside one (a neighbour's job, a warm cache) cannot decide it.
             records = load_records([step_run.root])
             summary = summarize(records.trainings, records.packs, records.cleared)
-            times = pack_times(records)
+            timings = pack_times(records, loaded_packs(records.packs))
             for partition in list(climbing):
                 row = _row(summary, partition, n)
-                by_n = weighed(prepared, partition, times.get(partition, {}), auto.objective)
+                timed = timings.get(partition, Timings({}, {}))
+                by_n = weighed(prepared, partition, timed.times, auto.objective)
                 why = verdict(n, by_n, best_so_far[partition], int(row.get("oom", 0)), int(row.get("unfinished", 0)),
-                              auto.min_gain, int(row.get("skipped_memory", 0)))
+                              auto.min_gain, int(row.get("skipped_memory", 0)), rounds=timed.rounds)
                 if why == "climb":
                     best = best_so_far[partition]
                     best_so_far[partition] = n if best is None or median(by_n[n]) < median(by_n[best]) else best
@@ -159,7 +169,7 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
         collected = aggregate(probe_runs(root))
         chosen = {r["partition"]: int(r["factor"]) for _, r in collected.best.iterrows()}
         if auto.objective == "cost":  # the same noise-aware choice, over the RGU billed per training
-            chosen = cheapest_n(prepared, collected, pack_times(collected.records))
+            chosen = cheapest_n(prepared, collected)
         report.best = {p: chosen.get(p) for p in spec.partitions}
         if auto.then == RUN and any(v is not None for v in report.best.values()):
             report.left, production = production_of(spec, report.best, probe_completed(collected.records))
@@ -235,21 +245,22 @@ def weighed(prepared: Prepared, partition: str, times: Mapping[int, Sequence[flo
     return {n: [x * billed_multiple(prepared, partition, n) for x in t] for n, t in times.items()}
 
 
-def cheapest_n(prepared: Prepared, collected: Collected, times: Mapping[str, Mapping[int, Sequence[float]]]
-               ) -> dict[str, int]:
+def cheapest_n(prepared: Prepared, collected: Collected) -> dict[str, int]:
     """Per partition, the noise-aware choice of N by billed cost per training, among the N that ran without an OOM or
-    a failure."""
-    out: dict[str, int] = {}
+    a failure: the time choice's own (paired within rounds, packs under foreign load left out), on each pack's time x
+    its N's billed multiple."""
     summary = collected.summary
-    for partition, by_n in times.items():
-        rows = summary[summary["partition"] == partition] if not summary.empty else summary
-        ok = {int(r["factor"]) for _, r in rows.iterrows()
-              if not r["oom"] and not r["unfinished"] and not r.get("skipped_memory")}
-        candidates = {n: t for n, t in weighed(prepared, partition, by_n, "cost").items() if n in ok and t}
-        if candidates:
-            best = choose(candidates).best
-            if best is not None:
-                out[partition] = best
+    blocked: dict[str, set[int]] = {}
+    for _, r in summary.iterrows():
+        if r["oom"] or r["unfinished"] or r.get("skipped_memory"):
+            blocked.setdefault(str(r["partition"]), set()).add(int(r["factor"]))
+    records = collected.records
+    out: dict[str, int] = {}
+    for partition, timed in pack_times(records, loaded_packs(records.packs), blocked).items():
+        cost = weighed(prepared, partition, timed.times, "cost")
+        best = choose(cost, infeasible=blocked.get(partition, set()), rounds=timed.rounds).best
+        if best is not None:
+            out[partition] = best
     return out
 
 

@@ -46,8 +46,8 @@ class AutoConfig:
     ladder: List[int] = field(default_factory=lambda: [1, 2, 3, 5, 8, 13, 21, 34])
     # Stop when the next N improves time per training by less than this (0.05: 5 %) or within noise.
     min_gain: float = 0.05
-    # Packs per probed N (and of the best N so far, measured again beside it); null: packing.repeats, at least 3
-    # (with 2 packs a side, a real 5 % gain is rarely beyond noise).
+    # Packs per probed N (and of the best N so far and the ladder's first, measured beside it in rounds); null:
+    # packing.repeats, at least 3 (with 2 packs a side, a real 5 % gain is rarely beyond noise).
     repeats: Optional[int] = None
     # What the climb weighs: time per training, or cost: the RGU billed per training (time x what bills a pack of N:
     # its GPU's RGU, or more where its cores or memory pass the GPU's bundle). cost stops where billing rises.

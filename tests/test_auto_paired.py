@@ -1,0 +1,120 @@
+"""packing.factors=auto on a busy machine: every step holds the reference N, each step's verdict and the final choice
+are paired within rounds, so a machine that slows as the ladder climbs cannot pick N for it (issue 41's guarantee,
+for the probe)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+from gpupack import sweep
+from gpupack.core.plan import Pack
+from gpupack.core.store.records import pack_record, training_record, write_json_atomic
+from gpupack.core.types import PackResult, PackSettings
+from gpupack.flow.auto import step_plan
+from gpupack.job.records import order_fields
+from gpupack.submit import ProgressFn, progress_state
+from tests.fakes import FakeConfig, FakeSubmitter
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack"]
+GRID = "sweep.grid.lr=[" + ",".join(f"0.{i}" for i in range(1, 10)) + "]"
+
+
+# ---------------- the step plan ----------------
+
+@pytest.mark.parametrize("n, best, factors", [
+    (1, None, {1}),
+    (2, 1, {1, 2}),
+    (3, 2, {1, 2, 3}),  # from here on the reference is measured beside the two N the verdict weighs
+    (5, 2, {1, 2, 5}),
+])
+def test_each_step_runs_the_new_n_the_best_so_far_and_the_reference_in_every_round(n, best, factors):
+    prepared = sweep.prepare(PROBE + [GRID, "packing.factors=auto", "packing.auto.repeats=3", "dry_run=true"])
+    plan = step_plan(prepared.spec, ["local"], n, {"local": best}, 3, reference=1)
+    assert {p.factor for p in plan.packs} == factors
+    rounds: dict[int, set[int]] = {}
+    for p in plan.packs:
+        rounds.setdefault(p.round, set()).add(p.factor)
+    assert sorted(rounds) == [0, 1, 2] and all(of == factors for of in rounds.values())  # each N once a round
+
+
+# ---------------- a machine that slows as the probe goes ----------------
+
+class SlowingDevice:
+    """A programmed device: each N's true time per training, ``slowdown`` slower with every pack it runs (a
+    neighbour's jobs arrive one by one) — the clock of the records, not of this machine."""
+
+    def __init__(self, tpt: dict[int, float], slowdown: float) -> None:
+        self.tpt, self.slowdown, self.packs, self.clock = tpt, slowdown, 0, 0.0
+
+    def wall(self, factor: int) -> float:
+        wall = factor * self.tpt[factor] * (1 + self.slowdown) ** self.packs
+        self.packs += 1
+        return wall
+
+
+class ProgrammedSubmitter(FakeSubmitter):
+    """Runs each pack on the programmed device: writes the records its job would (round included), nothing runs."""
+
+    device = SlowingDevice({1: 1.0}, 0.0)
+
+    def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
+        results = []
+        for pack in packs:
+            wall, start = self.device.wall(pack.factor), self.device.clock
+            self.device.clock += wall
+            for t in pack.trainings:
+                write_json_atomic(self.run.training_record(pack.pack_id, t.training_id), training_record(
+                    pack_id=pack.pack_id, training_id=t.training_id, workload="tests.fake_workloads",
+                    params=dict(t.params), mode="process", factor=pack.factor, partition=pack.partition,
+                    gpu_type="cpu", status="completed", started_at=start, ended_at=start + wall, **order_fields(pack)))
+            record = pack_record(pack_id=pack.pack_id, mode="process", factor=pack.factor, partition=pack.partition,
+                                 gpu_type="cpu", wall_s=wall, complete=True, concurrent=pack.factor,
+                                 n_completed=pack.factor, started_at=start, **order_fields(pack))
+            write_json_atomic(self.run.pack_record(pack.pack_id), record)
+            result = PackResult(pack.pack_id, pack.partition, f"fake-{pack.pack_id}", ok=True, record=record)
+            results.append(result)
+            progress(pack, progress_state(result))
+        return results
+
+
+TRUE_TPT = {1: 10.0, 2: 6.0, 3: 5.4, 5: 6.0}  # N=3 is best, 10 % under N=2; N=5 is slower again
+
+
+def _probe(tmp_path, monkeypatch, slowdown: float):
+    import gpupack.flow.auto
+    import gpupack.flow.run
+    import gpupack.flow.status
+
+    monkeypatch.setattr(ProgrammedSubmitter, "device", SlowingDevice(TRUE_TPT, slowdown))
+    load = ProgrammedSubmitter.loader(config=FakeConfig(default_partitions=["cpu"]))
+    for module in (gpupack.flow.run, gpupack.flow.auto, gpupack.flow.status):
+        monkeypatch.setattr(module, "load_submitter", load)
+    run_dir = tmp_path / f"slowing-{slowdown}"
+    prepared = sweep.prepare(PROBE + [GRID, "packing.factors=auto", "packing.auto.ladder=[1,2,3,5]",
+                                      "packing.auto.repeats=4", "packing.then=stop", f"run_dir={run_dir}"])
+    return sweep.run(prepared, plots=False)
+
+
+def test_a_machine_that_slows_as_the_ladder_climbs_gets_the_answer_of_a_steady_one(tmp_path, monkeypatch):
+    """The steady device's answer is N=3. Slowing 3 % a pack, N=3's packs all run late: weighed unpaired (each N's
+    packs pooled over the steps), N=3 looks slower than N=2 and N=2 would be the answer. Paired, each N against the
+    reference N=1 in the rounds they share, the answer is N=3 again, and every verdict and the choice say paired."""
+    steady = _probe(tmp_path, monkeypatch, 0.0)
+    assert steady.auto.best == {"cpu": 3}
+    slowing = _probe(tmp_path, monkeypatch, 0.03)
+    assert [s.factor for s in slowing.auto.steps] == [1, 2, 3, 5]
+    assert slowing.auto.best == {"cpu": 3}, slowing.auto.stopped
+    assert "N=5 is slower than N=3" in slowing.auto.stopped["cpu"]
+    for step in slowing.auto.steps[1:3]:  # the climbs
+        assert step.verdict == "climb"
+    assert "paired within 4 rounds" in slowing.auto.stopped["cpu"]
+    summary = slowing.collected.summary.set_index("factor")
+    assert summary["paired"].all() and (summary["gain_ref"] == 1).all()
+    assert summary.loc[3, "choice_method"].startswith("paired within rounds")
+    # what the choice would have said unpaired: N=3's late packs against N=2's earlier ones
+    pooled = slowing.collected.records.packs.groupby("factor")["wall_s"].median() / pytest.importorskip(
+        "pandas").Series({n: n for n in TRUE_TPT})
+    assert pooled[3] > pooled[2]
