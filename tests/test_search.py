@@ -101,6 +101,25 @@ def test_a_bad_space_or_sampler_is_one_line_exit_2_and_nothing_written(tmp_path:
         assert not run.exists()
 
 
+def test_a_search_where_optuna_is_not_installed_is_one_line_saying_how_to_install_it(
+        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """Optuna is gpupack's ``search`` extra, not a dependency: without it, search=optuna says so and how to install
+    it, exit 2, nothing written; a grid runs as ever (here, its dry run)."""
+    hidden = tmp_path / "no_optuna" / "optuna"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'optuna'\")\n")
+    env = {**subprocess_env, "PYTHONPATH": os.pathsep.join([str(hidden.parent), subprocess_env["PYTHONPATH"]])}
+    run = tmp_path / "run"
+    done = subprocess.run(search_cmd(run, 4), env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("gpupack: error: search='optuna': Optuna cannot be imported here (No module named 'optuna')")
+    assert "HINT: pip install 'gpupack[search]'" in err and not run.exists()
+    grid = subprocess.run([*search_cmd(run, 4)[:5], "dry_run=true"], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert grid.returncode == 0 and "dry run: nothing was written" in grid.stdout, grid.stderr
+
+
 def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
         tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     """Issue 46 item 3. A programmed device (1 s a training alone or two at a time, 2.7 s three at a time): the probe

@@ -147,6 +147,7 @@ def read_search(section: Mapping[str, object], metric: str | None, goal: str | N
     """search.* checked (ConfigError on the first bad key), with the run's metric and goal (collect.*): what the
     study's journal keeps. ``reported``: the workload's metrics where it declares them."""
     cfg = OptunaSearchConfig(**{k: v for k, v in section.items()})  # type: ignore[arg-type]
+    require_optuna()
     space = parse_space(cfg.space)
     if cfg.n_trials < 1:
         raise ConfigError("search.n_trials", cfg.n_trials, "a search runs at least one trial", "search.n_trials=32")
@@ -172,6 +173,17 @@ def read_search(section: Mapping[str, object], metric: str | None, goal: str | N
                           intermediate=cfg.intermediate)
     _check_built(search)
     return search
+
+
+def require_optuna() -> None:
+    """Optuna importable here, or one line saying how to install it (it is gpupack's ``search`` extra, not a
+    dependency: a grid needs none of it)."""
+    try:
+        import optuna  # noqa: F401
+    except ImportError as err:
+        raise ConfigError("search", "optuna", f"Optuna cannot be imported here ({err})",
+                          "pip install 'gpupack[search]' (or optuna>=2.10) in this environment, or leave search= "
+                          "out to run the grid") from None
 
 
 def _check_built(search: OptunaSearch) -> None:
