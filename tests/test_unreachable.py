@@ -132,3 +132,33 @@ def test_sbatch_not_installed_is_slurm_not_answering(monkeypatch):
 def test_what_a_client_said_is_one_line_each_thing_once():
     said = "sbatch: error: A\nsbatch: error: B\n\nsbatch: error: A\nsbatch: fatal: C\n"
     assert _slurm_queue.one_line("sbatch", said) == "sbatch: A; B; C"
+
+
+@pytest.mark.parametrize("printed, refusal, passed_on", [
+    ("", None, ""),
+    ("a warning of submitit's own\n", None, "a warning of submitit's own\n"),  # a submission that went through
+    ("sbatch: error: Invalid account\n", "sbatch: error: Invalid account", ""),  # said once: in gpupack's error
+    ("a warning\nsbatch: error: Invalid account\n", "sbatch: error: Invalid account", "a warning\n"),
+])
+def test_a_submission_passes_on_what_it_wrote_to_stderr_but_sbatchs_refusal(monkeypatch, capsys, tmp_path, printed,
+                                                                          refusal, passed_on):
+    """submitit prints what a failing sbatch said before it raises it; gpupack quotes those words in its own error,
+    so the print is held back, and nothing else written to stderr meanwhile is."""
+    from submitit import SlurmExecutor
+
+    from gpupack.submit.slurm import QuietSlurmExecutor
+
+    def submit(self, delayed):
+        sys.stderr.write(printed)
+        if refusal is not None:
+            raise FailedJobError(refusal)
+        return []
+
+    monkeypatch.setattr(SlurmExecutor, "_internal_process_submissions", submit)
+    executor = QuietSlurmExecutor.__new__(QuietSlurmExecutor)  # no sbatch to find: the seam alone
+    if refusal is None:
+        assert executor._internal_process_submissions([]) == []
+    else:
+        with pytest.raises(FailedJobError):
+            executor._internal_process_submissions([])
+    assert capsys.readouterr().err == passed_on

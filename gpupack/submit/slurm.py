@@ -16,13 +16,14 @@ import os
 import re
 import shutil
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TypedDict, TypeVar, cast
 
 import submitit
-from submitit.core.utils import DelayedSubmission
+from submitit.core.utils import DelayedSubmission, FailedJobError
 from submitit.slurm.slurm import _make_sbatch_string
 
 from gpupack.core.memory.figures import request_mb
@@ -829,11 +830,27 @@ class _DevicesRule(TypedDict, total=False):
 
 class QuietSlurmExecutor(submitit.SlurmExecutor):
     """submitit's SlurmExecutor without its own print of what a failing sbatch said: the error gpupack raises from it
-    quotes sbatch's words once."""
+    quotes sbatch's words once. Anything else written to stderr meanwhile (a warning) is passed on."""
 
     def _internal_process_submissions(self, delayed_submissions: list[DelayedSubmission]) -> list[submitit.Job[object]]:
-        with contextlib.redirect_stderr(io.StringIO()):
-            return super()._internal_process_submissions(delayed_submissions)
+        said = io.StringIO()
+        refused = ""
+        try:
+            with contextlib.redirect_stderr(said):
+                return super()._internal_process_submissions(delayed_submissions)
+        except FailedJobError as err:
+            refused = str(err).strip()
+            raise
+        finally:
+            sys.stderr.write(unsaid(said.getvalue(), refused))
+
+
+def unsaid(written: str, refused: str) -> str:
+    """What was written to stderr during a submission, less submitit's print of sbatch's refusal (``refused``, the
+    words its FailedJobError holds, printed as a line of their own). Pure."""
+    if not refused:
+        return written
+    return written.replace(refused + "\n", "", 1)
 
 
 SUBMITTER = SlurmSubmitter
