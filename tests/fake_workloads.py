@@ -81,6 +81,9 @@ class ProbeParams:
     # A programmed curve (a search's pruning): with curve_slope > 0, each step reports slope × (step + 1) through
     # ctx.report, and the training returns at once when it is pruned; val_accuracy is the curve's last value.
     curve_slope: float = 0.0
+    # Once pruned, raise (as Optuna users raise TrialPruned) instead of returning: the process ends failed, yet the
+    # study was told pruned, which is how the lane must record it
+    raise_when_pruned: bool = False
 
 
 class Probe(Workload):
@@ -163,6 +166,8 @@ class Probe(Workload):
             if params.curve_slope > 0:
                 value = params.curve_slope * (step + 1)
                 if ctx.report(value, step):
+                    if params.raise_when_pruned:
+                        raise RuntimeError(f"pruned at step {step}: stopping as Optuna's TrialPruned would")
                     break
         ctx.reporter.loop_ended()
         if params.say:

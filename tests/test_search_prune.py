@@ -69,6 +69,26 @@ def test_a_probe_with_a_low_curve_is_pruned_early_and_its_slot_takes_the_next_tr
     assert took_next, "no pruned trial's slot took a next trial"
 
 
+def test_a_trial_that_raises_once_pruned_is_recorded_pruned_not_failed(
+        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """A training that raises once its pruner said stop (as Optuna users raise TrialPruned) ends failed in its own
+    process, but the study was told pruned first: the lane records it pruned, the run exits 0, the budget holds."""
+    run = tmp_path / "run"
+    run_search([sys.executable, "-m", "gpupack", "+sweep=probe_pack", "hydra.searchpath=[file://tests/conf]",
+                "search=optuna", "search.n_trials=16", "packing.factors=[4]", "packing.jobs=1",
+                f"sweep.fixed.steps={STEPS}", "sweep.fixed.sleep_s=0.1", "+sweep.fixed.raise_when_pruned=true",
+                "+search.space.curve_slope=interval(0.01, 1)", "search.sampler=RandomSampler",
+                "search.pruner=MedianPruner", f"+search.pruner_kwargs.n_startup_trials={STARTUP}", f"run_dir={run}"],
+               subprocess_env)
+    journal = Study(run / "search" / "study.jsonl").read()
+    pruned = check_budget(journal, 16)
+    assert pruned
+    by_number = {int(str(r["training_id"])[5:9]): r for r in training_records(run)}
+    for n in pruned:
+        rec = by_number[n]
+        assert rec["status"] == "pruned" and rec["pruned"]["step"] == max(journal.trials[n].intermediate), rec
+
+
 def _next_in_its_slot(pruned: dict[str, object], recs: list[dict[str, object]]) -> dict[str, object] | None:
     """The trial that took ``pruned``'s slot after it ended, where it started while a trial that ran beside the
     pruned one was still running (it did not wait for them)."""
