@@ -37,6 +37,7 @@ from gpupack.search.study import (
     Study,
     TrialRow,
     import_optuna_meanwhile,
+    read_journal,
     trial_number,
     trial_training,
 )
@@ -82,8 +83,12 @@ class SearchLane(Lane):
         process then ended (the packer records it so where it saw the prune: its result, its stopped program)."""
         rec = super().judge(rec)
         number = trial_number(str(rec["training_id"]))
-        row = self.study.read().trials.get(number) if number is not None and rec.get("status") != PRUNED_STATUS \
+        # read without the writers' lock: the prune was told (by the trial's process, or by the packer before it
+        # stopped the program) before the process ended, so its line is whole; the asks and tells of the other
+        # lanes do not wait on this read of the whole study
+        journal = read_journal(self.study.path) if number is not None and rec.get("status") != PRUNED_STATUS \
             else None
+        row = journal.trials.get(number) if journal is not None and number is not None else None
         if row is not None and row.state == PRUNED:
             rec.update(status=PRUNED_STATUS, pruned={"step": max(row.intermediate, default=None), "value": row.value})
         self._ended[str(rec["training_id"])] = rec
