@@ -29,7 +29,6 @@ import dataclasses
 import random
 import time
 from pathlib import Path
-from statistics import median
 from typing import Callable, Hashable, Mapping, Sequence
 
 import pandas as pd
@@ -153,9 +152,8 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                 by_n = weighed(prepared, partition, timed.times, auto.objective)
                 why = verdict(n, by_n, best_so_far[partition], int(row.get("oom", 0)), int(row.get("unfinished", 0)),
                               auto.min_gain, int(row.get("skipped_memory", 0)), rounds=timed.rounds)
-                if why == "climb":
-                    best = best_so_far[partition]
-                    best_so_far[partition] = n if best is None or median(by_n[n]) < median(by_n[best]) else best
+                if why == "climb":  # the new N beat the best so far (paired, beyond noise): it is the best now
+                    best_so_far[partition] = n
                     why = next_rung_fits(prepared, partition, auto.ladder[i + 1:], records_roots=probe_runs(root)) \
                         or ("climb" if i + 1 < len(auto.ladder) else
                             (auto.cut or f"the ladder ends at N={n}"))
