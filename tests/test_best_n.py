@@ -345,7 +345,8 @@ def test_auto_stops_where_the_measured_memory_passes_the_budget(tmp_path):
 
 def test_auto_forecasts_where_memory_stops_it_and_the_probe_decides(tmp_path):
     """Stated 4 GB a training, the climb would stop before N=8 on this budget; the N=1 step measures a few MB, and
-    the probe goes on to N=8 (the first step always climbs, so no timing decides this)."""
+    the probe goes on to N=8 (the first step always climbs, so no timing decides this). Whether it climbs past N=8
+    is the timing's to say (packs measured under load are left out): only that memory does not stop it is asserted."""
     import psutil
 
     fraction = 3 * 4000 / (psutil.virtual_memory().total / 2**20)  # room for 3 stated trainings, not for 8
@@ -358,7 +359,8 @@ def test_auto_forecasts_where_memory_stops_it_and_the_probe_decides(tmp_path):
     assert not (tmp_path / "run").exists()
     outcome = sweep.run(prepared, plots=False)
     assert [s.factor for s in outcome.auto.steps] == [1, 8]  # measured figures replaced the stated one
-    assert outcome.auto.stopped["local"] == "the ladder ends at N=8"
+    stopped = outcome.auto.stopped["local"]
+    assert "memory" not in stopped and "not tried" not in stopped, stopped
 
 
 def test_status_of_an_auto_run_lists_its_probe_and_run_packs(tmp_path):
