@@ -46,13 +46,18 @@ class SlowingDevice:
     """A programmed device: each N's true time per training, ``slowdown`` slower with every pack it runs (a
     neighbour's jobs arrive one by one) — the clock of the records, not of this machine."""
 
-    def __init__(self, tpt: dict[int, float], slowdown: float) -> None:
+    def __init__(self, tpt: dict[int, float], slowdown: float, hog: dict[int, tuple[float, float]] | None = None,
+                 ) -> None:
         self.tpt, self.slowdown, self.packs, self.clock = tpt, slowdown, 0, 0.0
+        self.hog = hog or {}  # pack index -> (how much slower, the foreign cores its sampler saw)
 
-    def wall(self, factor: int) -> float:
-        wall = factor * self.tpt[factor] * (1 + self.slowdown) ** self.packs
+    def wall(self, factor: int) -> tuple[float, float]:
+        """The next pack's wall and the foreign load it ran under."""
+        slower, foreign = self.hog.get(self.packs, (1.0, 0.0))
+        slower = slower if factor == 1 else 1 + (slower - 1) / 3  # a hog slows N=1's two threads more than one each
+        wall = factor * self.tpt[factor] * (1 + self.slowdown) ** self.packs * slower
         self.packs += 1
-        return wall
+        return wall, foreign
 
 
 class ProgrammedSubmitter(FakeSubmitter):
@@ -63,16 +68,18 @@ class ProgrammedSubmitter(FakeSubmitter):
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         results = []
         for pack in packs:
-            wall, start = self.device.wall(pack.factor), self.device.clock
+            (wall, foreign), start = self.device.wall(pack.factor), self.device.clock
             self.device.clock += wall
             for t in pack.trainings:
                 write_json_atomic(self.run.training_record(pack.pack_id, t.training_id), training_record(
                     pack_id=pack.pack_id, training_id=t.training_id, workload="tests.fake_workloads",
                     params=dict(t.params), mode="process", factor=pack.factor, partition=pack.partition,
-                    gpu_type="cpu", status="completed", started_at=start, ended_at=start + wall, **order_fields(pack)))
+                    gpu_type="cpu", status="completed", started_at=start, ended_at=start + wall, threads=1,
+                    **order_fields(pack)))
             record = pack_record(pack_id=pack.pack_id, mode="process", factor=pack.factor, partition=pack.partition,
                                  gpu_type="cpu", wall_s=wall, complete=True, concurrent=pack.factor,
-                                 n_completed=pack.factor, started_at=start, **order_fields(pack))
+                                 n_completed=pack.factor, started_at=start, cores=2,
+                                 sampler={"foreign_cpu_cores_mean": foreign, "job_cores": 2}, **order_fields(pack))
             write_json_atomic(self.run.pack_record(pack.pack_id), record)
             result = PackResult(pack.pack_id, pack.partition, f"fake-{pack.pack_id}", ok=True, record=record)
             results.append(result)
@@ -83,17 +90,18 @@ class ProgrammedSubmitter(FakeSubmitter):
 TRUE_TPT = {1: 10.0, 2: 6.0, 3: 5.4, 5: 6.0}  # N=3 is best, 10 % under N=2; N=5 is slower again
 
 
-def _probe(tmp_path, monkeypatch, slowdown: float):
+def _probe(tmp_path, monkeypatch, slowdown: float, tpt: dict[int, float] = TRUE_TPT, ladder: str = "[1,2,3,5]",
+           hog: dict[int, tuple[float, float]] | None = None):
     import gpupack.flow.auto
     import gpupack.flow.run
     import gpupack.flow.status
 
-    monkeypatch.setattr(ProgrammedSubmitter, "device", SlowingDevice(TRUE_TPT, slowdown))
+    monkeypatch.setattr(ProgrammedSubmitter, "device", SlowingDevice(tpt, slowdown, hog))
     load = ProgrammedSubmitter.loader(config=FakeConfig(default_partitions=["cpu"]))
     for module in (gpupack.flow.run, gpupack.flow.auto, gpupack.flow.status):
         monkeypatch.setattr(module, "load_submitter", load)
     run_dir = tmp_path / f"slowing-{slowdown}"
-    prepared = sweep.prepare(PROBE + [GRID, "packing.factors=auto", "packing.auto.ladder=[1,2,3,5]",
+    prepared = sweep.prepare(PROBE + [GRID, "packing.factors=auto", f"packing.auto.ladder={ladder}",
                                       "packing.auto.repeats=4", "packing.then=stop", f"run_dir={run_dir}"])
     return sweep.run(prepared, plots=False)
 
@@ -118,3 +126,14 @@ def test_a_machine_that_slows_as_the_ladder_climbs_gets_the_answer_of_a_steady_o
     pooled = slowing.collected.records.packs.groupby("factor")["wall_s"].median() / pytest.importorskip(
         "pandas").Series({n: n for n in TRUE_TPT})
     assert pooled[3] > pooled[2]
+
+
+def test_a_step_leaves_out_its_packs_under_foreign_load_and_its_verdict_says_so(tmp_path, monkeypatch):
+    """N=2 is 2 % faster than N=1: below min_gain, the climb stops at N=2. A hog beside step 2's first two packs
+    (N=1's two threads 3x, N=2's single ones 1.67x): kept, that round alone would make N=2 beat N=1 by 5 % and
+    more. Left out, as the final choice leaves them, the verdict is the quiet rounds' own, and it says so."""
+    outcome = _probe(tmp_path, monkeypatch, 0.0, tpt={1: 10.0, 2: 9.8}, ladder="[1,2]",
+                     hog={4: (3.0, 1.8), 5: (3.0, 1.8)})  # step 1 ran packs 0-3: 4 packs of N=1 (repeats 4)
+    stopped = outcome.auto.stopped["cpu"]
+    assert stopped.startswith("N=2 improves on N=1 by 2.0 % (< 5 %, paired within 3 rounds)"), stopped
+    assert stopped.endswith("; 2 pack(s) measured under foreign load left out"), stopped

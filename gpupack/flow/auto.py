@@ -152,6 +152,8 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                 by_n = weighed(prepared, partition, timed.times, auto.objective)
                 why = verdict(n, by_n, best_so_far[partition], int(row.get("oom", 0)), int(row.get("unfinished", 0)),
                               auto.min_gain, int(row.get("skipped_memory", 0)), rounds=timed.rounds)
+                if why != "climb" and timed.said:  # what the packs it weighed leave out, or kept, under foreign load
+                    why += timed.said
                 if why == "climb":  # the new N beat the best so far (paired, beyond noise): it is the best now
                     best_so_far[partition] = n
                     why = next_rung_fits(prepared, partition, auto.ladder[i + 1:], records_roots=probe_runs(root)) \
