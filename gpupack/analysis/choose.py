@@ -369,7 +369,7 @@ def _paired_gain(pairs: Sequence[tuple[float, float, Hashable]], confidence: flo
     med = 1.0 - _ratio_of_sums(pairs)
     if n_rounds < 2:
         return Gain(med, None, None, paired=n_rounds)
-    boots, _ = _paired_boots([[(r, r, k) for _, r, k in pairs], pairs], resamples, np.random.default_rng(seed))
+    boots, _ = _paired_boots([[], pairs], resamples, np.random.default_rng(seed))  # [0]: the reference, ratio 1
     alpha = 1.0 - confidence
     low, high = np.nanquantile(1.0 - boots[1], [alpha / 2, 1 - alpha / 2])
     return Gain(med, float(low), float(high), paired=n_rounds)
