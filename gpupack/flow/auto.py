@@ -250,10 +250,10 @@ def cheapest_n(prepared: Prepared, collected: Collected) -> dict[str, int]:
     a failure: the time choice's own (paired within rounds, packs under foreign load left out), on each pack's time x
     its N's billed multiple."""
     summary = collected.summary
-    blocked: dict[str, set[int]] = {}
-    for _, r in summary.iterrows():
-        if r["oom"] or r["unfinished"] or r.get("skipped_memory"):
-            blocked.setdefault(str(r["partition"]), set()).add(int(r["factor"]))
+    blocked: dict[str, set[int]] = {}  # as the summary's choice blocks them (analysis.summary.with_choices)
+    stopped = summary[summary["infeasible"] | (summary["unfinished"] > 0)] if not summary.empty else summary
+    for _, r in stopped.iterrows():
+        blocked.setdefault(str(r["partition"]), set()).add(int(r["factor"]))
     records = collected.records
     out: dict[str, int] = {}
     for partition, timed in pack_times(records, loaded_packs(records.packs), blocked).items():
