@@ -9,6 +9,7 @@ from typing import Sequence
 import pytest
 
 from gpupack import sweep
+from gpupack.analysis.load import load_records
 from gpupack.core.plan import Pack
 from gpupack.core.store.records import pack_record, training_record, write_json_atomic
 from gpupack.core.types import PackResult, PackSettings
@@ -137,3 +138,37 @@ def test_a_step_leaves_out_its_packs_under_foreign_load_and_its_verdict_says_so(
     stopped = outcome.auto.stopped["cpu"]
     assert stopped.startswith("N=2 improves on N=1 by 2.0 % (< 5 %, paired within 3 rounds)"), stopped
     assert stopped.endswith("; 2 pack(s) measured under foreign load left out"), stopped
+
+
+class NeighbouredReference(SlowingDevice):
+    """The reference N=1 runs 14x slower under a neighbour's load (its sampler sees it); every other N is quiet."""
+
+    def wall(self, factor: int) -> tuple[float, float]:
+        wall, _ = super().wall(factor)
+        return (wall * 14, 1.8) if factor == 1 else (wall, 0.0)
+
+
+def test_a_probe_whose_reference_its_neighbours_slowed_names_no_n_and_runs_the_rest_at_the_reference(
+        tmp_path, monkeypatch):
+    """Every gain over a reference 14x slowed is beyond what 2 cores can give: the probe names no N, says why, and the
+    rest of the grid runs at the ladder's reference N=1 (needing no comparison), not at an N it cannot trust."""
+    import gpupack.flow.auto
+    import gpupack.flow.run
+    import gpupack.flow.status
+
+    monkeypatch.setattr(ProgrammedSubmitter, "device", NeighbouredReference(TRUE_TPT, 0.0))
+    load = ProgrammedSubmitter.loader(config=FakeConfig(default_partitions=["cpu"]))
+    for module in (gpupack.flow.run, gpupack.flow.auto, gpupack.flow.status):
+        monkeypatch.setattr(module, "load_submitter", load)
+    outcome = sweep.run(sweep.prepare(PROBE + [GRID, "packing.factors=auto", "packing.auto.ladder=[1,2,3]",
+                                               "packing.auto.repeats=2", "packing.then=run",
+                                               f"run_dir={tmp_path / 'run'}"]), plots=False)
+    assert outcome.auto.best == {"cpu": None} and outcome.auto.runs_at == {"cpu": 1}, outcome.auto
+    assert outcome.collected.best.empty and list(outcome.collected.withheld["partition"]) == ["cpu"]
+    lines = "\n".join(outcome.collected.auto_lines)
+    assert "Best N: none named (no answer: see below)" in lines
+    assert "No N was named (cpu: beyond the device): the rest ran at the ladder's reference (N=1 on cpu)" in lines
+    assert outcome.auto.run_dir and outcome.ok
+    ran = load_records([Path(outcome.auto.run_dir)])
+    assert set(ran.packs["factor"]) == set(ran.trainings["factor"]) == {1}
+    assert len(ran.trainings) == outcome.auto.left > 0  # the grid points the probe did not train, each once

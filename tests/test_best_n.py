@@ -499,9 +499,50 @@ def test_the_summary_marks_a_gain_beyond_its_bound_and_the_table_says_so(tmp_pat
     assert s.loc[2, "beyond_bound"] == beyond and not s.loc[1, "beyond_bound"] and s.loc[2, "gain_bound"] == 2
     assert s.loc[2, "gain"] == pytest.approx(gain, rel=0.03) and s.loc[2, "threads"] == 1 and s.loc[1, "threads"] == 2
     text = _text(collected)
-    said = [f"{gain:.2f}p!", "!: more than the N/1x that N trainings at once can give",
-            f"N=2's gain {gain:.2f}x exceeds the 2x that 2 trainings at once can give over one alone"]
+    said = [f"{gain:.2f}p!", "!: more than the device can give (min(N, cores)x a training alone on a CPU",
+            f"N=2's gain {gain:.2f}x exceeds the 2x that 2 trainings at once can give over one alone on 2 cores",
+            "No answer for w on local (cpu), mode process", "2?"]
     assert all((words in text) == beyond for words in said), text
+    assert ("Best packing factor" in text) != beyond and collected.best.empty == beyond
+    assert list(collected.withheld["factor"]) == ([2] if beyond else [])
+
+
+@pytest.mark.parametrize("cores, n, ref, gpu, bound", [
+    (2, 3, 1, "cpu", 2.0), (2, 2, 1, "cpu", 2.0), (8, 3, 1, "cpu", 3.0), (2, 4, 2, "cpu", 1.0),
+    (4, 8, 2, "cpu", 2.0), (2, 3, 1, "H100", 3.0), (None, 3, 1, "cpu", 3.0)])
+def test_the_bound_is_the_devices(cores, n, ref, gpu, bound):
+    """On a CPU, no more trainings run at once than it has cores: min(N, cores) / min(ref, cores); on a GPU (or cores
+    unknown), N / ref."""
+    from gpupack.analysis.summary import gain_bounds
+
+    frame = pd.DataFrame([{"factor": n, "gain_ref": ref, "gpu_type": gpu, "cores": cores}])
+    assert gain_bounds(frame).iloc[0] == pytest.approx(bound)
+
+
+@pytest.mark.parametrize("rounds, named, why", [
+    # N=1 14x slower under foreign load in every round, N=2 quiet: 14x > 2 is no answer
+    ([{1: (70.0, 1.8), 2: (5.0, 0.0)}] * 3, None, "exceeds the 2x that 2 trainings at once can give"),
+    # both slowed in every round: nothing quiet to weigh
+    ([{1: (70.0, 1.8), 2: (40.0, 1.8)}] * 3, None, "every pack of every N was measured under foreign load"),
+    # the hog in one round only: its packs are left out, and the quiet rounds name N=2
+    ([{1: (70.0, 1.8), 2: (5.0, 0.0)}, {1: (9.0, 0.0), 2: (5.0, 0.0)}, {1: (9.0, 0.0), 2: (5.0, 0.0)}], 2, None),
+])
+def test_a_reference_slowed_by_its_neighbours_never_names_an_impossible_answer(tmp_path, rounds, named, why):
+    """A programmed device whose reference is 14x slower under foreign load (and not the other N): no N is named
+    beyond what 2 cores can give, and the answer box is not green; a quiet majority still names its N."""
+    from gpupack.report.html import answer_section
+
+    run = RunDir(tmp_path / "run")
+    _loaded_run(run, rounds)
+    collected, _ = sweep.collect([run.root], plots=False)
+    text, box = _text(collected), answer_section(collected)
+    assert list(collected.best["factor"]) == ([named] if named else [])
+    assert ("No answer for" in text) == ("No answer for" in box) == (named is None)
+    if why:
+        assert why in text and "Provisional" not in text and "would settle it" not in text, text
+        assert "class='answer none'" in box
+    else:
+        assert "class='answer'" in box and "Best packing factor for w on local (cpu), mode process: N=2" in text
 
 
 @pytest.mark.slow

@@ -28,7 +28,14 @@ from gpupack.analysis.layouts import compare, split_spread, spread_summary, trai
 from gpupack.analysis.load import Records, load_records, with_stdout_metric
 from gpupack.analysis.occupancy import occupancy, timeline, with_lanes
 from gpupack.analysis.search import SearchReport, search_reports
-from gpupack.analysis.summary import best_factors, not_checks, packing_times, split_phase, summarize
+from gpupack.analysis.summary import (
+    best_factors,
+    not_checks,
+    packing_times,
+    split_phase,
+    summarize,
+    withheld_choices,
+)
 from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table
 from gpupack.core.cost.rgu import billed_packs, cost_table
 from gpupack.core.store.rank_choice import RankChoice, choose
@@ -65,6 +72,8 @@ class Collected:
     disturbance: pd.DataFrame = field(default_factory=pd.DataFrame)
     # search=optuna: each run's study, its trials ranked and its history (gpupack/analysis/search.py)
     searches: list[SearchReport] = field(default_factory=list)
+    # The groups that name no best N (gpupack.analysis.summary.no_answer): the row of the N their choice withheld
+    withheld: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def aggregate_records(records: Records, weights: Mapping[str, float] | None = None,
@@ -98,7 +107,7 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
                      knob_table(packing_t), production, spread=spread, layouts=layouts, verdicts=verdicts(layouts),
                      occupancy=occupancy(packing_p), timeline=timeline(packing_t, packing_p),
                      drift=drift_checks(probe_p), disturbance=disturbance(records.packs),
-                     searches=search_reports(records.studies, records.trainings))
+                     searches=search_reports(records.studies, records.trainings), withheld=withheld_choices(summary))
 
 
 def origin_line(choice: RankChoice, kept: Sequence[str], where: str) -> str:

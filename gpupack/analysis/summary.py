@@ -167,6 +167,7 @@ class Timings:
     rounds: dict[int, list[Hashable]]
     left_out: int = 0
     said: str = ""
+    loaded_only: bool = False  # every pack of every N was measured under foreign load: nothing quiet to weigh
 
 
 def pack_times(records: Records, disturbed: Collection[tuple[str, str]] = (),
@@ -208,6 +209,9 @@ def _choice_timings(every: tuple[pd.Series, pd.Series], quiet: tuple[pd.Series, 
     calm, calm_rounds = _group_times(quiet, key, factors)
     if set(calm) >= set(by_n) - set(blocked):
         return Timings(calm, calm_rounds, left_out, f"; {left_out} pack(s) measured under foreign load left out")
+    every_pack = sum(len(v) for v in by_n.values())
+    if not calm:
+        return Timings(by_n, rounds, 0, f"; all {every_pack} pack(s) measured under foreign load", loaded_only=True)
     return Timings(by_n, rounds, 0, f"; {left_out} pack(s) measured under foreign load kept (an N has no quiet pack)")
 
 
@@ -253,10 +257,12 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
     out["infeasible"] = (out["oom"] > 0) | (out["skipped_memory"] > 0)
     timed = timed.dropna(subset=["time_per_training_s"])
     every, quiet, loaded = _split_loaded(timed, GROUP + ["factor"], disturbed)
+    loaded_only: dict[Hashable, bool] = {}
     for key, idx in out.groupby(GROUP, dropna=False).groups.items():
         group = out.loc[idx]
         blocked = set(group.loc[group["infeasible"] | (group["unfinished"] > 0), "factor"].astype(int))
         timings = _choice_timings(every, quiet, loaded, key, group["factor"].astype(int), blocked)
+        loaded_only[key] = timings.loaded_only
         by_n, left_out, said = timings.times, timings.left_out, timings.said
         out.loc[idx, "left_out_disturbed"] = left_out
         choice = choose(by_n, infeasible=blocked, rounds=timings.rounds)
@@ -290,11 +296,67 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
     out.loc[unpaired, "gain"] = out.loc[unpaired, "speedup_vs_n1"]
     out.loc[unpaired & out["gain"].notna(), "gain_ref"] = 1
     out["speedup_vs_n1"] = out["gain"].where(out["gain_ref"] == 1)
-    out["gain_bound"] = out["factor"] / out["gain_ref"]
+    out["gain_bound"] = gain_bounds(out)
     out["beyond_bound"] = (out["gain"] > out["gain_bound"]).fillna(False).astype(bool)
+    out["ref_gpu_util"] = _of_reference(out, "gpu_util_mean")
+    out["withheld"], out["no_answer"] = False, None
+    for key, idx in out.groupby(GROUP, dropna=False).groups.items():
+        why = no_answer(out.loc[idx], loaded_only.get(key, False))
+        if why is not None:  # the choice's N stays marked (withheld), named nowhere as the answer
+            out.loc[idx, "no_answer"] = why
+            out.loc[idx, "withheld"] = out.loc[idx, "chosen"].astype(bool)
+            out.loc[idx, "chosen"] = False
     out["threads_by_n"] = out.groupby(GROUP, dropna=False)["threads"].transform(
         lambda col: ", ".join(f"N={int(n)}: {int(t)}" for n, t in zip(out.loc[col.index, "factor"], col) if t == t))
     return out
+
+
+# Why a group names no best N (its ``no_answer``): the words report/text.py turns into the reason and what to do.
+BEYOND_DEVICE = "beyond the device"
+UNDER_LOAD = "under foreign load"
+# A gain at its bound moves a few percent either way with the timings' own jitter (a process's start, a pack's last
+# training ending a little late); past this much over the bound, even the interval's low end, it is no jitter.
+BOUND_SLACK = 0.05
+
+
+def gain_bounds(summary: pd.DataFrame) -> pd.Series:
+    """What the device can give at each N over the reference N, in trainings per hour: on a CPU of c cores,
+    min(N, c) / min(ref, c) (no more trainings run at once than there are cores, none faster than one with a core of
+    its own, and the reference, at its best set-up, at least that fast); on a GPU, N / ref (N copies of the
+    reference's work at most; how busy the reference kept the GPU is said beside it, ``ref_gpu_util``). Pure."""
+    n, ref = summary["factor"].astype(float), summary["gain_ref"].astype(float)
+    cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
+    on_cpu = (summary["gpu_type"].astype(str) == "cpu") & (cores >= 1)
+    by_cores = n.where(n < cores, cores) / ref.where(ref < cores, cores)
+    return (n / ref).where(~on_cpu, by_cores)
+
+
+def no_answer(group: pd.DataFrame, loaded_only: bool) -> str | None:
+    """Why one group's choice may not be named (None: it may): the chosen N's gain is beyond what the device can give
+    and its interval does not reach back to that bound (with :data:`BOUND_SLACK`) (a reference set up to lose, or load that hit one N and not
+    the other: more packs of it would settle nothing), or every pack of every N that can be chosen was measured under
+    foreign load. Pure."""
+    chosen = group[group["chosen"].astype(bool)]
+    if chosen.empty:
+        return None
+    comparable = ~group["infeasible"].astype(bool) & (group["unfinished"] == 0)
+    if loaded_only and int(comparable.sum()) > 1:  # one N that can be chosen is the answer, however loaded
+        return UNDER_LOAD
+    row = chosen.iloc[0]
+    low = row.get("gain_low")
+    reach = low if low is not None and low == low else row["gain"]
+    if bool(row["beyond_bound"]) and reach > row["gain_bound"] * (1 + BOUND_SLACK):
+        return BEYOND_DEVICE
+    return None
+
+
+def _of_reference(out: pd.DataFrame, column: str) -> pd.Series:
+    """Each row's group's reference N's ``column`` (NaN where it has none)."""
+    if column not in out:
+        return pd.Series(math.nan, index=out.index)
+    by = dict(zip(out[[*GROUP, "factor"]].itertuples(index=False, name=None), out[column]))
+    return pd.Series([by.get(k, math.nan) for k in out[[*GROUP, "gain_ref"]].itertuples(index=False, name=None)],
+                     index=out.index, dtype=float)
 
 
 def _times_by_n(timed: pd.DataFrame, keys: list[str]) -> tuple[pd.Series, pd.Series]:
@@ -377,3 +439,10 @@ def best_factors(summary: pd.DataFrame, by: Sequence[str] = tuple(GROUP)) -> pd.
         return chosen.reset_index(drop=True)
     idx = chosen.groupby(list(by))["time_per_training_s"].idxmin()
     return chosen.loc[idx].reset_index(drop=True)
+
+
+def withheld_choices(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per group that names no best N (:func:`no_answer`), the row of the N its choice withheld."""
+    if summary.empty or "withheld" not in summary:
+        return summary.iloc[0:0]
+    return summary[summary["withheld"].astype(bool)].reset_index(drop=True)

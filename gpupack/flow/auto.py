@@ -170,9 +170,15 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
         chosen = {r["partition"]: int(r["factor"]) for _, r in collected.best.iterrows()}
         if auto.objective == "cost":  # the same noise-aware choice, over the RGU billed per training
             chosen = cheapest_n(prepared, collected)
-        report.best = {p: chosen.get(p) for p in spec.partitions}
-        if auto.then == RUN and any(v is not None for v in report.best.values()):
-            report.left, production = production_of(spec, report.best, probe_completed(collected.records))
+        # a probe that names no N (its gain beyond the device, or every pack under foreign load): the rest runs at
+        # the ladder's reference, which needs no comparison to be trusted, and says so
+        unnamed = {str(r["partition"]): str(r["no_answer"]) for _, r in collected.withheld.iterrows()}
+        report.best = {p: None if p in unnamed else chosen.get(p) for p in spec.partitions}
+        report.runs_at = {p: auto.ladder[0] for p in spec.partitions if p in unnamed}
+        report.unnamed = {p: why for p, why in unnamed.items() if p in spec.partitions}
+        runs_at = {p: report.best[p] if report.best[p] is not None else report.runs_at.get(p) for p in report.best}
+        if auto.then == RUN and any(v is not None for v in runs_at.values()):
+            report.left, production = production_of(spec, runs_at, probe_completed(collected.records))
             report.search = spec.search.n_trials if spec.search is not None else None
             if production is not None:
                 run_dir = root.auto_run
@@ -188,7 +194,8 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
             "schema": 1, "written_at": time.time(), "ladder": list(auto.ladder), "cut": auto.cut,
             "min_gain": auto.min_gain, "repeats": auto.repeats, "then": auto.then,
             "steps": [dataclasses.asdict(s) for s in report.steps], "stopped": report.stopped, "best": report.best,
-            "run_dir": report.run_dir, "left": report.left, "search": report.search})
+            "run_dir": report.run_dir, "left": report.left, "search": report.search, "runs_at": report.runs_at,
+            "unnamed": report.unnamed})
     collected, written = collect([root.root], plots=plots)
     return Outcome(prepared, Opened(resumed=False, todo=[], complete=0, queued={}), results=results,
                          collected=collected, written=written, auto=report)

@@ -53,6 +53,9 @@ class AutoReport:
     search: int | None = None  # search=optuna: the trials its study ran at the best N (then=run), not a grid
     # wait=false: the step whose jobs are queued or running now (its run directory), decided on a later call
     waiting: str | None = None
+    # partition → why its probe named no N (gpupack.analysis.summary.no_answer), and the N the rest ran at instead
+    unnamed: dict[str, str] = field(default_factory=dict)
+    runs_at: dict[str, int] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         if self.waiting:
@@ -61,11 +64,19 @@ class AutoReport:
         out = []
         for partition, why in self.stopped.items():
             best = self.best.get(partition)
-            out.append(f"{partition}: probe stopped — {why}. Best N: {best if best is not None else 'none'}.")
+            named = best if best is not None else "none named (no answer: see below)" \
+                if partition in self.unnamed else "none"
+            out.append(f"{partition}: probe stopped — {why}. Best N: {named}.")
+        at = "the best N"
+        if self.runs_at:
+            at = ", ".join(f"N={n} on {p}" for p, n in self.runs_at.items())
+            out.append(f"No N was named ({', '.join(f'{p}: {why}' for p, why in self.unnamed.items())}): "
+                       f"{'the search streamed' if self.search is not None else 'the rest ran'} at the ladder's "
+                       f"reference ({at}), which needs no comparison to be trusted.")
         if self.run_dir and self.search is not None:
-            out.append(f"The search ({self.search} trials) streamed at the best N: {self.run_dir}")
+            out.append(f"The search ({self.search} trials) streamed at {at}: {self.run_dir}")
         elif self.run_dir:
-            out.append(f"The rest of the grid ({self.left} grid point(s) the probe did not complete) ran at the best N:"
+            out.append(f"The rest of the grid ({self.left} grid point(s) the probe did not complete) ran at {at}:"
                        f" {self.run_dir}")
         elif self.then == RUN and self.left == 0:
             out.append("The probe completed every grid point: nothing was left to run at the best N.")
@@ -82,7 +93,7 @@ def read_auto(root: Path) -> AutoReport | None:
     rec = read_json(path)
     return AutoReport(steps=[Step(**s) for s in rec["steps"]], stopped=rec["stopped"], best=rec["best"],
                       then=rec["then"], run_dir=rec.get("run_dir"), left=rec.get("left"),
-                      search=rec.get("search"))
+                      search=rec.get("search"), unnamed=rec.get("unnamed") or {}, runs_at=rec.get("runs_at") or {})
 
 
 def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | None = None,

@@ -113,8 +113,8 @@ class Outcome:
         if self.auto is not None:  # a probe stopping at an OOM or a failure is an answer, not a failed run
             production = self.collected.production if self.collected is not None else None
             unfinished = int(production["unfinished"].sum()) if production is not None and not production.empty else 0
-            return any(n is not None for n in self.auto.best.values()) and unfinished == 0 and (
-                search is None or search.ok)
+            answered = any(n is not None for n in self.auto.best.values()) or bool(self.auto.runs_at)  # no N named,
+            return answered and unfinished == 0 and (search is None or search.ok)  # the rest run at the reference
         if search is not None:  # no planned training to count: the study's trials against its budget
             return all(r.ok for r in self.results) and search.ok
         # done only where every training of the plan has its record: one held by a claim no lane runs, or a pack

@@ -15,7 +15,7 @@ from gpupack.analysis.load import Records
 from gpupack.core.store.records import SCHEMA_VERSION, atomic_file, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.report.html import write_report
-from gpupack.report.text import RunConfig, best_line, disturbance_lines
+from gpupack.report.text import RunConfig, best_line, disturbance_lines, no_answer_line
 
 
 class RankedBy(TypedDict):
@@ -38,6 +38,7 @@ class Summary(TypedDict):
     best: list[dict[str, object]]
     best_overall: list[dict[str, object]]
     best_lines: list[str]
+    no_answer_lines: list[str]  # the groups that name no best N, and why
     cost: list[dict[str, object]]
     sweep_trainings: int
     best_hyperparameters: list[dict[str, object]]
@@ -105,7 +106,8 @@ def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path |
         "schema": SCHEMA_VERSION,
         "runs": sorted(str(r) for r in c.records.trainings.get("run_dir", pd.Series(dtype=str)).dropna().unique()),
         "groups": _jsonable(c.summary), "best": _jsonable(c.best), "best_overall": _jsonable(c.best_overall),
-        "best_lines": [best_line(r) for _, r in c.best.iterrows()], "cost": _jsonable(c.cost),
+        "best_lines": [best_line(r) for _, r in c.best.iterrows()],
+        "no_answer_lines": [no_answer_line(r) for _, r in c.withheld.iterrows()], "cost": _jsonable(c.cost),
         "sweep_trainings": c.sweep_trainings, "best_hyperparameters": _jsonable(c.hyper.table),
         "ranked_by": {"metric": c.hyper.metric, "goal": c.hyper.goal, "note": c.hyper.note,
                       "caution": c.hyper.caution, "origin": c.hyper.origin},

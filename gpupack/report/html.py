@@ -38,7 +38,8 @@ from gpupack.report.terminal import COLUMNS, Cell, gain_legend
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
 h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
-h3{font-size:1em}.answer{background:#e8f5e9;padding:.6em 1em;border-radius:6px}.answer p.best{font-weight:600}
+h3{font-size:1em}.answer{background:#e8f5e9;padding:.6em 1em;border-radius:6px}
+.answer.none{background:#fff3e0}.answer p.best{font-weight:600}
 table.t{border-collapse:collapse;font-size:.85em;max-width:100%}table.t td,table.t th{padding:3px 8px;
 border-bottom:1px solid #ddd;text-align:left;overflow-wrap:anywhere}table.t th{background:#f3f3f3}
 table.t .num{text-align:right}table.about th{text-align:left;padding-right:1.5em;
@@ -137,9 +138,10 @@ def answer_lines(c: Collected) -> tuple[list[str], list[str], list[str]]:
     """The answer in the terminal's words: the best N per GPU type (its interval and gain), how each was chosen, and
     what else qualifies it (modes compared, cost, drift, the probe)."""
     best = [text.best_line(r) for _, r in c.best.iterrows()]
-    how = [line for _, r in c.best.iterrows() for line in text.choice_lines(r)]
+    best += [text.no_answer_line(r) for _, r in c.withheld.iterrows()]
+    how = [line for _, r in pd.concat([c.best, c.withheld]).iterrows() for line in text.choice_lines(r)]
     more = text.mode_lines(c) + (text.cost_lines(c) if not c.cost.empty else []) + c.auto_lines \
-        + [text.drift_line(d) for _, d in c.drift.iterrows()]
+        + text.drift_lines(c)
     return best, how, more
 
 
@@ -147,9 +149,13 @@ def answer_section(c: Collected) -> str:
     best, how, more = answer_lines(c)
     body = (_paragraphs(best, "best") if best else
             "<p>No packing factor finished without failures yet: no best N.</p>")
-    body += _paragraphs(more) + _details("How the best N was chosen", _paragraphs(how))
+    if c.withheld.empty:
+        body += _paragraphs(more) + _details("How the best N was chosen", _paragraphs(how))
+    else:  # what to do is the answer here, not a detail
+        body += _paragraphs(how) + _paragraphs(more)
     warn = _paragraphs(text.disturbance_lines(c.disturbance), "warn")
-    return f"<section id='answer'><h2>The answer</h2><div class='answer'>{body}</div>{warn}</section>"
+    kind = "answer" if c.withheld.empty else "answer none"  # not green where an N is withheld
+    return f"<section id='answer'><h2>The answer</h2><div class='{kind}'>{body}</div>{warn}</section>"
 
 
 def hyper_section(c: Collected) -> str:

@@ -24,13 +24,14 @@ from gpupack.report.text import (
     choice_lines,
     cost_lines,
     disturbance_lines,
-    drift_line,
+    drift_lines,
     fmt,
     hyper_lines,
     hyper_notes,
     hyper_title,
     knob_columns,
     mode_lines,
+    no_answer_line,
     param_text,
     search_best_line,
     search_counts_line,
@@ -125,8 +126,8 @@ def _packs(r: pd.Series) -> str:
 
 
 def _n(r: pd.Series) -> str:
-    """N, marked: * the chosen N, ~ within noise of the lowest median."""
-    mark = "*" if r.get("chosen") else ("~" if r.get("within_noise") else "")
+    """N, marked: * the chosen N, ? the choice withheld (no answer), ~ within noise of the lowest median."""
+    mark = "*" if r.get("chosen") else "?" if r.get("withheld") else ("~" if r.get("within_noise") else "")
     return f"{int(r['factor'])}{mark}"
 
 
@@ -146,8 +147,10 @@ def gain_legend(summary: pd.DataFrame) -> str:
     if "disturbed_packs" in summary and summary["disturbed_packs"].any():
         said.append("(kL): k of its packs measured under foreign load (named below)")
     if summary["beyond_bound"].any():
-        said.append(f"!: more than the N/{ref[2:] if len(refs) == 1 else 'reference'}x that N trainings at once can "
-                    "give (see below)")
+        said.append("!: more than the device can give (min(N, cores)x a training alone on a CPU, Nx on a GPU; "
+                    "see below)")
+    if "withheld" in summary and summary["withheld"].any():
+        said.append("N?: what the choice would name, withheld: no answer (see below)")
     return "; ".join(said) + "."
 
 
@@ -239,12 +242,13 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
                       "or lost: re-run the same command with run_dir=... to resume).", markup=True)
     if not c.cost.empty:
         render_cost(c, console)
-    for _, r in c.best.iterrows():
-        console.print(f"[bold]{escape(best_line(r))}[/]", markup=True)
+    for _, r in pd.concat([c.best, c.withheld]).iterrows():
+        said = best_line(r) if r.get("chosen") else no_answer_line(r)
+        console.print(f"[bold]{escape(said)}[/]" if r.get("chosen") else f"[bold red]{escape(said)}[/]", markup=True)
         for line in choice_lines(r):
             console.print(f"  {line}", highlight=False)
-    for _, d in c.drift.iterrows():
-        console.print(drift_line(d), highlight=False, markup=False)
+    for line in drift_lines(c):
+        console.print(line, highlight=False, markup=False)
     for line in mode_lines(c):
         console.print(f"[bold]{escape(line)}[/]", markup=True)
     # beside the answer: the packs whose times other processes disturbed
@@ -255,7 +259,7 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
     if not c.occupancy.empty:
         render_occupancy(c, console)
     streamed_only = not c.occupancy.empty and set(c.occupancy["how"]) == {STREAMED}
-    if not c.summary.empty and c.best.empty and not streamed_only:
+    if not c.summary.empty and c.best.empty and c.withheld.empty and not streamed_only:
         console.print("[red]No packing factor finished without failures: no best N.[/]", markup=True)
 
 

@@ -13,6 +13,7 @@ import pandas as pd
 from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.drift import STEADY
 from gpupack.analysis.search import SearchReport
+from gpupack.analysis.summary import UNDER_LOAD
 from gpupack.analysis.tables import Ranking
 from gpupack.pack import Packer, available_modes, load_packer
 
@@ -78,42 +79,83 @@ def best_line(row: pd.Series) -> str:
 
 
 def bound_phrase(row: pd.Series) -> str:
-    """An N whose gain over the reference passes what N trainings at once can give (N / the reference's N): which
-    gain, which bound, and whether its interval holds the bound."""
+    """An N whose gain over the reference passes what the device can give (gpupack.analysis.summary.gain_bounds: on a
+    CPU min(N, cores) / min(ref, cores), on a GPU N / ref): which gain, which bound, and whether its interval holds
+    the bound."""
     n, ref = int(row["factor"]), int(row["gain_ref"])
     over = "one alone" if ref == 1 else f"N={ref}"
     low = row.get("gain_low")
     within = (f" (its interval {low:.2f}x–{row['gain_high']:.2f}x holds it: within noise of the bound)"
               if low is not None and low == low and low <= row["gain_bound"] else "")
-    return (f"N={n}'s gain {row['gain']:.2f}x exceeds the {row['gain_bound']:g}x that {n} trainings at once can give "
-            f"over {over}{within}")
+    return (f"N={n}'s gain {row['gain']:.2f}x exceeds the {row['gain_bound']:.3g}x that {n} trainings at once can give "
+            f"over {over}{device_phrase(row)}{within}")
+
+
+def device_phrase(row: pd.Series) -> str:
+    """The device the bound is of: a CPU's cores, or how busy the reference kept its GPU."""
+    cores = row.get("cores")
+    if str(row.get("gpu_type")) == "cpu":
+        return f" on {int(cores)} cores" if cores is not None and cores == cores and cores >= 1 else ""
+    busy = row.get("ref_gpu_util")
+    ref = int(row["gain_ref"])
+    return (f" on one GPU (N={ref} kept it {busy:.0f} % busy)" if busy is not None and busy == busy
+            else " on one GPU")
+
+
+def _cpu_threads(r: pd.Series) -> tuple[bool, str]:
+    """(whether the row is a CPU's with its cores known, the threads each N's trainings had)."""
+    cores = r.get("cores")
+    known = str(r.get("gpu_type")) == "cpu" and cores is not None and cores == cores
+    return known, f"threads per training {r['threads_by_n']}" if r.get("threads_by_n") else ""
 
 
 def bound_lines(r: pd.Series) -> list[str]:
     """Why a gain can pass its bound, and, on a CPU, the cores and threads a training had at each N."""
-    lines = []
-    cpu = str(r.get("gpu_type")) == "cpu"
-    cores = r.get("cores")
-    threads = f"threads per training {r['threads_by_n']}" if r.get("threads_by_n") else ""
+    cpu, threads = _cpu_threads(r)
     if r.get("beyond_bound"):
-        setup = (f"; on this CPU ({int(cores)} cores), {threads}: more threads than help a small training slow it, "
-                 "so measure N=1 as it runs best (packing.threads_per_training=1)"
-                 if cpu and cores == cores and cores is not None and threads else "")
+        setup = (f"; on this CPU ({int(r['cores'])} cores), {threads}: more threads than help a small training slow "
+                 "it, so measure N=1 as it runs best (packing.threads_per_training=1)" if cpu and threads else "")
         n, ref = int(r["factor"]), int(r["gain_ref"])
-        sooner = ("N trainings together finished sooner than one alone" if ref == 1 else
-                  f"a pack of {n} took less time than packs of {ref} running the same {n} trainings in turn")
-        lines.append(f"{bound_phrase(r)}: {sooner}, so the machine changed during the run (another job beside it; "
-                     "see the drift check and the packs measured under load) "
-                     f"or N={ref} was set up worse than a training at N={n}{setup}.")
-    elif cpu and threads:
-        lines.append(f"On this CPU ({int(cores)} cores): {threads}." if cores == cores and cores is not None
-                     else f"On this CPU: {threads}.")
+        return [f"{bound_phrase(r)}: no N can do that on this device, so the machine changed during the run "
+                "(another job beside it; see the drift check and the packs measured under load) "
+                f"or N={ref} was set up worse than a training at N={n}{setup}."]
+    if threads and str(r.get("gpu_type")) == "cpu":
+        return [f"On this CPU ({int(r['cores'])} cores): {threads}." if cpu else f"On this CPU: {threads}."]
+    return []
+
+
+def no_answer_line(r: pd.Series) -> str:
+    """A group whose choice is withheld (gpupack.analysis.summary.no_answer): the answer it does not name, and why."""
+    where = f"{r['workload']} on {r['partition']} ({r['gpu_type']}), mode {r['mode']}"
+    n = int(r["factor"])
+    if r.get("no_answer") == UNDER_LOAD:
+        why = (f"every pack of every N was measured under foreign load (other processes on the job's cores or GPU), "
+               f"so N={n}'s {fmt(r.get('time_per_training_s'))} s per training says how this N fared beside them, "
+               "not how it runs")
+    else:
+        why = f"{bound_phrase(r)}, which no setting of N can do, so the reference was slowed or set up to lose"
+    return f"No answer for {where}: {why}."
+
+
+def no_answer_advice(r: pd.Series) -> list[str]:
+    """What to do where no N is named: true for the case it is printed in (more packs of a biased reference settle
+    nothing, so none is advised)."""
+    cpu, threads = _cpu_threads(r)
+    quiet = ("Run it again on a quiet machine (nothing else on the job's cores: `top` shows what is), or on the "
+             "cluster, where a job has its cores to itself")
+    lines = [quiet + "."]
+    if r.get("no_answer") != UNDER_LOAD and cpu and threads:
+        lines.append(f"On this CPU ({int(r['cores'])} cores), {threads}: a training given more threads than it can "
+                     "use is the one its neighbours slow most; packing.threads_per_training=1 measures every N with "
+                     "one thread each.")
     return lines
 
 
 def choice_lines(r: pd.Series) -> list[str]:
     """How the best N of one group was picked: its ties, the rule, whether the answer is settled, and whether its
-    gain passes what N trainings can give."""
+    gain passes what the device can give. A withheld choice: only what to do (no answer is provisional)."""
+    if r.get("no_answer"):
+        return no_answer_advice(r) + ([f"Method: {r['choice_method']}."] if r.get("choice_method") else [])
     lines = bound_lines(r)
     if r.get("ties"):
         lines.append(f"{r['ties']} tie (within noise of the lowest median); picked by the rule: {r['tie_rule']}.")
@@ -202,14 +244,27 @@ def cost_lines(c: Collected) -> list[str]:
     return lines
 
 
-def drift_line(row: pd.Series) -> str:
-    """The drift check in words, with its figure."""
+def drift_line(row: pd.Series, loaded: bool = False) -> str:
+    """The drift check in words, with its figure; ``loaded``: every pack of its partition was measured under foreign
+    load, so a steady figure says the load held, not that the machine was quiet."""
     change = float(row["change"])
     verdict = (f"steady within {STEADY:.0%}" if abs(change) <= STEADY else
                "the machine got slower during the run" if change > 0 else "the machine got faster during the run")
+    if loaded and abs(change) <= STEADY:
+        verdict += ", but every pack ran under foreign load: the load held steady, the machine was not quiet"
     return (f"Drift check on {row['partition']} ({row['gpu_type']}): {row['pack_id']} run again at the end took "
             f"{row['end_s']:.2f} s against {row['first_s']:.2f} s at the start ({change:+.0%}, "
             f"{row['hours'] * 60:.1f} min later): {verdict}.")
+
+
+def drift_lines(c: Collected) -> list[str]:
+    """Each drift check in words, said against the load its partition's packs ran under."""
+    d = c.disturbance
+    loaded = (set(d.loc[(d["packs"] > 0) & (d["disturbed"] >= d["packs"]), "partition"].astype(str))
+              if not d.empty and {"packs", "disturbed", "partition"} <= set(d) else set())
+    return [drift_line(r, str(r["partition"]) in loaded) for _, r in c.drift.iterrows()]
+
+
 def _ids(ids: Iterable[object], most: int = 5) -> str:
     names = list(dict.fromkeys(map(str, ids)))  # an attempt of a pack measured twice is one pack named
     return ", ".join(names[:most]) + (f", … ({len(names) - most} more)" if len(names) > most else "")
