@@ -614,3 +614,31 @@ def test_a_drift_check_is_said_only_where_it_ran_after_every_other_pack(end_star
     assert len(got) == int(said)
     if said:
         assert got.iloc[0]["change"] == pytest.approx(0.2) and got.iloc[0]["hours"] == pytest.approx(30 / 3600)
+
+
+def test_the_reference_is_weighed_at_its_faster_set_up(tmp_path):
+    """N=1 at 2 threads (the job's cores shared out) runs 14x slower beside a neighbour; its second set-up, 1 thread
+    in the same rounds, does not. The choice weighs N=2 against the faster set-up: 1.8x, within 2 cores, named, and
+    the method says which set-up it weighed; N=1's row is that set-up's."""
+    run = RunDir(tmp_path / "run")
+    for r in range(3):
+        for n, threads, twin, tpt, foreign in ((1, 2, False, 70.0, 1.8), (1, 1, True, 9.0, 0.0), (2, 1, False, 5.0, 0)):
+            pack_id = f"local-process-n{n:02d}-{'t1-' if twin else ''}{r:03d}"
+            setup = {"threads_set": 1} if twin else {}
+            for k in range(n):
+                write_json_atomic(run.training_record(pack_id, f"{pack_id}-{k}"), training_record(
+                    pack_id=pack_id, training_id=f"{pack_id}-{k}", workload="w", params={"seed": k}, mode="process",
+                    factor=n, partition="local", gpu_type="cpu", status="completed", started_at=0.0,
+                    ended_at=tpt * n, threads=threads, round=r, **setup))
+            write_json_atomic(run.pack_record(pack_id), pack_record(
+                pack_id=pack_id, mode="process", factor=n, partition="local", gpu_type="cpu", wall_s=tpt * n,
+                complete=True, concurrent=n, n_completed=n, cores=2, round=r, threads_per_training=threads,
+                sampler={"foreign_cpu_cores_mean": foreign, "job_cores": 2}, **setup))
+    collected, _ = sweep.collect([run.root], plots=False)
+    s = collected.summary.set_index("factor")
+    assert s.loc[2, "gain"] == pytest.approx(1.8) and not s.loc[2, "beyond_bound"]
+    assert list(collected.best["factor"]) == [2] and collected.withheld.empty
+    assert s.loc[1, "time_per_training_s"] == pytest.approx(9.0) and s.loc[1, "threads"] == 1
+    assert s.loc[1, "trainings"] == 6  # both set-ups' trainings are N=1's: only the times are the faster's
+    assert ("N=1, the reference, measured at 2 and 1 thread(s) per training in the same rounds (70 s and 9 s per "
+            "training): weighed at 1, the faster") in s.loc[2, "choice_method"]

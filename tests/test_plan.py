@@ -231,3 +231,55 @@ def test_a_plan_written_before_orders_is_the_same_sweep():
     assert earlier.order == "as given" and earlier.same_sweep(new)
     other = _plan({"lr": [0.1, 0.3]}, [1, 2], repeats=2, order="interleaved")
     assert not other.same_sweep(new)
+
+
+@pytest.mark.parametrize("grid, factors, repeats", [
+    ({"lr": [0.05, 0.1], "batch_size": [64, 128]}, [1, 2, 3, 4], 2),  # the default sweep
+    ({"lr": [0.1, 0.2, 0.3]}, [4, 2, 1], 3),
+    ({"lr": [0.1, 0.2]}, [2, 4], 3),  # the reference is N=2
+])
+def test_the_reference_has_a_second_set_up_in_every_round_on_the_same_points(grid, factors, repeats):
+    """reference_threads: the smallest N gets as many packs again at that many threads per training, one in each
+    round beside its own, each training a new seed of the point its own pack beside it trains (distinct ids), and
+    the rest of the plan is as it was (in its rounds); the drift check repeats the reference's own set-up."""
+    plain = _plan(grid, factors, repeats=repeats, order="interleaved")
+    plan = make_plan(sweep="s", workload="w", grid=grid, fixed={"epochs": 1}, factors=factors, modes=["process"],
+                     partitions=["local"], repeats=repeats, order="interleaved", reference_threads=1)
+    ref = min(factors)
+    twins = [p for p in plan.packs if p.threads is not None]
+    own = [p for p in _measured(plan) if p.factor == ref and p.threads is None]
+    assert twins and len(twins) == len(own) and {p.threads for p in twins} == {1}
+    assert sorted(repr(p) for p in plan.packs if p.threads is None) == sorted(map(repr, plain.packs))  # in their rounds
+    for twin in twins:
+        beside = next(p for p in own if p.round == twin.round)  # one of each set-up a round
+        assert [t.grid_index for t in twin.trainings] == [t.grid_index for t in beside.trainings]
+        assert twin.factor == ref and twin.pack_id == f"local-process-n{ref:02d}-t1-{beside.index:03d}"
+    ids = [t.training_id for p in twins + own for t in p.trainings]
+    assert len(ids) == len(set(ids))
+    assert plan.packs[-1].reference_of and plan.packs[-1].threads is None
+    assert any("also measured at 1 thread(s) per training" in n for n in plan.notes)
+    assert plan.order.endswith("each with at most one pack of every N and set-up")
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+@pytest.mark.parametrize("factors, cores, gpu, device, threads, expected", [
+    ([1, 2, 3], 2, False, "auto", None, 1),  # N=1 would get 2 threads: measured at 1 as well
+    ([1, 2, 3], 8, False, "auto", None, 1),
+    ([2, 4], 2, False, "auto", None, None),  # the reference N=2 gets 1 thread already
+    ([2, 4], 8, False, "auto", None, 1),
+    ([1, 2, 3], 2, False, "auto", 2, None),  # the user's threads
+    ([1, 2, 3], 16, True, "auto", None, None),  # a GPU's trainings
+    ([1, 2, 3], 16, True, "cpu", None, 1),  # packing.device=cpu on a GPU machine
+    ([1], 8, False, "auto", None, None),  # one N: nothing is weighed against it
+    ([1, 2], None, False, "auto", None, None),  # cores unknown
+])
+def test_the_reference_gets_a_second_set_up_where_it_would_have_threads_to_spare(factors, cores, gpu, device, threads,
+                                                                                 expected):
+    from gpupack.core.types import Capacity, PackRequest, PackSettings
+    from gpupack.setup.cluster_facts import ClusterFacts
+    from gpupack.setup.validate import reference_threads
+
+    facts = ClusterFacts(partitions=("local",), capacities={"local": Capacity(has_gpu=gpu, max_cpus=cores)},
+                         request=lambda *a: PackRequest())
+    settings = PackSettings(device=device, threads_per_training=threads)
+    assert reference_threads(factors, facts, settings) == expected

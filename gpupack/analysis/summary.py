@@ -66,7 +66,8 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cl
     if "gpu_model" not in t:
         t["gpu_model"] = None
     keys = GROUP + ["factor"]
-    timed = timed_packs(t, packs)
+    timed, setups, dropped = reference_setups(timed_packs(t, packs))
+    kept = ~t["pack_id"].isin(dropped) if dropped else pd.Series(True, index=t.index)
     per_pack = timed.groupby(keys).agg(
         packs=("pack_id", "count"),
         time_per_training_s=("time_per_training_s", "median"),
@@ -81,9 +82,11 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cl
     # one pass over every attempt, the latest ones' figures masked in (a filter would copy a million rows, and a
     # second grouping would read the keys again)
     latest = t["attempt"] == 0
+    figures = latest & kept  # the set-up of the reference not kept counts its trainings, not its times
     per_training = t.assign(
-        latest=latest, latest_startup_s=t["startup_s"].where(latest), latest_loop_s=t["loop_s"].where(latest),
-        latest_samples_per_s=t["samples_per_s"].where(latest), latest_gpu_model=t["gpu_model"].where(latest),
+        latest=latest, latest_startup_s=t["startup_s"].where(figures), latest_loop_s=t["loop_s"].where(figures),
+        latest_samples_per_s=t["samples_per_s"].where(figures), latest_gpu_model=t["gpu_model"].where(latest),
+        kept_threads=t["threads"].where(kept),
     ).groupby(keys, dropna=False).agg(
         attempts=("ok", "size"),
         failed=("is_failed", "sum"),
@@ -100,7 +103,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cl
         loop_s=("latest_loop_s", "median"),
         samples_per_s=("latest_samples_per_s", "median"),
         gpu_model=("latest_gpu_model", first_value),
-        threads=("threads", "median"),  # per training, as the job gave them (gpupack.pack.threads_for)
+        threads=("kept_threads", "median"),  # per training, as the job gave them (gpupack.pack.threads_for)
     )
     out = per_pack.join(per_training, how="outer").reset_index()
     for col in ("failed", "victims", "unfinished", "oom", "oom_cleared", "attempts", "trainings", "skipped_memory",
@@ -109,7 +112,12 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cl
     out["loader_bound_samples_per_s"] = [bounds.get(p, math.nan) for p in out["partition"]]
     out["loader_bound"] = out["samples_per_s"] >= LOADER_BOUND_FRACTION * out["loader_bound_samples_per_s"]
     out = out.sort_values(keys).reset_index(drop=True)
-    return with_choices(out, timed, disturbed)
+    out = with_choices(out, timed, disturbed)
+    groups = list(out[GROUP].itertuples(index=False, name=None))
+    for key, words in setups.items():  # the method says which set-up of the reference it weighed, and why
+        rows = pd.Series([g == key for g in groups], index=out.index)
+        out.loc[rows, "choice_method"] = out.loc[rows, "choice_method"].fillna("") + "; " + words
+    return out
 
 
 # The training columns summarize reads (what cleared_mask, loader_bounds and timed_packs read included).
@@ -149,13 +157,45 @@ def timed_packs(t: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _timed_packs_of(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
-    """The timed packs of records as loaded (probes left out), each with its time per training."""
+    """The timed packs of records as loaded (probes left out, the reference at its faster set-up), each with its
+    time per training."""
     t, packs = not_checks(not_probes(trainings)), not_checks(not_probes(packs))
     if t.empty or packs.empty:
         return pd.DataFrame(columns=["time_per_training_s"])
     t = t.assign(samples=pd.to_numeric(t.get("samples"), errors="coerce"),
                  attempt=t["attempt"] if "attempt" in t else 0)
-    return timed_packs(t, packs).dropna(subset=["time_per_training_s"])
+    return reference_setups(timed_packs(t, packs))[0].dropna(subset=["time_per_training_s"])
+
+
+def reference_setups(timed: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[Hashable, ...], str], set[str]]:
+    """Where the reference N was also measured at a set-up of its own in the same rounds (gpupack.core.plan.
+    setup_packs: its packs' ``threads_set``), the faster of its two set-ups by their median time per training is its
+    time, so that no N is weighed against a reference set up to lose; the other's packs are left out. Returns the
+    timed packs kept, each group's words (the method says them) and the pack ids left out. Pure."""
+    if "threads_set" not in timed or not timed["threads_set"].notna().any():
+        return timed, {}, set()
+    keys = GROUP + ["factor"]
+    drop = pd.Series(False, index=timed.index)
+    words: dict[tuple[Hashable, ...], str] = {}
+    for key, g in timed.groupby(keys, dropna=False):
+        alt = g["threads_set"].notna()
+        if alt.all() or not alt.any():
+            continue
+        mine, theirs = g.loc[~alt], g.loc[alt]
+        own_s, alt_s = mine["time_per_training_s"].median(), theirs["time_per_training_s"].median()
+        slower = mine if alt_s < own_s else theirs
+        drop[slower.index] = True
+        threads = [_threads_of(x) for x in (mine, theirs)]
+        kept = threads[1] if alt_s < own_s else threads[0]
+        words[tuple(key)[:-1]] = (f"N={int(g['factor'].iloc[0])}, the reference, measured at {threads[0]} and "
+                                  f"{threads[1]} thread(s) per training in the same rounds ({own_s:.3g} s and "
+                                  f"{alt_s:.3g} s per training): weighed at {kept}, the faster")
+    return timed[~drop], words, set(map(str, timed.loc[drop, "pack_id"]))
+
+
+def _threads_of(packs: pd.DataFrame) -> str:
+    values = pd.to_numeric(packs.get("threads_per_training"), errors="coerce").dropna()
+    return str(int(values.median())) if len(values) else "?"
 
 
 @dataclass(frozen=True)
@@ -333,9 +373,9 @@ def gain_bounds(summary: pd.DataFrame) -> pd.Series:
 
 def no_answer(group: pd.DataFrame, loaded_only: bool) -> str | None:
     """Why one group's choice may not be named (None: it may): the chosen N's gain is beyond what the device can give
-    and its interval does not reach back to that bound (with :data:`BOUND_SLACK`) (a reference set up to lose, or load that hit one N and not
-    the other: more packs of it would settle nothing), or every pack of every N that can be chosen was measured under
-    foreign load. Pure."""
+    and its interval does not reach back to that bound, give or take :data:`BOUND_SLACK` (a reference set up to lose,
+    or load that hit one N and not the other: more packs of it would settle nothing), or every pack of every N that
+    can be chosen was measured under foreign load. Pure."""
     chosen = group[group["chosen"].astype(bool)]
     if chosen.empty:
         return None

@@ -57,6 +57,7 @@ class PackFields(_PackFieldsBase, total=False):
     stream: str
     round: int
     reference_of: str
+    threads: int
 
 
 class PackJson(PackFields):
@@ -117,6 +118,9 @@ class Pack:
     # The pack this one repeats at the run's end (:func:`drift_check`): its time against the first one's says whether
     # the machine drifted during the run. Kept out of the choice of N.
     reference_of: str | None = None
+    # A second set-up of the reference N (:func:`setup_packs`): its trainings get this many threads each, where the
+    # reference's own packs get the job's cores shared out; the choice keeps the faster of the two. None: the default.
+    threads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,7 @@ class Plan:
         for pack in data["packs"]:  # a label only where one is set, so plans written before labels still resume
             if pack["spread"] is None:  # likewise a spread pack's fields
                 del pack["spread"], pack["devices"]
-            for key in ("stream", "round", "reference_of"):  # and a streaming lane's, a round's, a drift check's
+            for key in ("stream", "round", "reference_of", "threads"):  # and a lane's, a round's, a check's, a set-up's
                 if pack[key] is None:
                     del pack[key]
             for t in pack["trainings"]:
@@ -256,6 +260,27 @@ def trainings_for(workload: str, points: Sequence[Mapping[str, object]], fixed: 
 
 def pack_id(partition: str, mode: str, factor: int, index: int) -> str:
     return f"{partition}-{mode}-n{factor:02d}-{index:03d}"
+
+
+def setup_packs(packs: Sequence[Pack], workload: str, points: Sequence[Mapping[str, object]],
+                fixed: Mapping[str, object], factor: int, threads: int, seed_key: str | None) -> list[Pack]:
+    """A second set-up of N=``factor``'s packs: as many again, at ``threads`` per training, each training a copy of
+    the same grid point with a new seed (the next copies :func:`trainings_for` makes, so no id is another's), pack i
+    holding the points of the reference's pack i. Pure."""
+    out: list[Pack] = []
+    for (partition, mode), mine in itertools.groupby(
+            [p for p in packs if p.factor == factor and not p.probe and p.spread is None and p.stream is None],
+            key=lambda p: (p.partition, p.mode)):
+        own = list(mine)
+        count = sum(len(p.trainings) for p in own)
+        used = {t.training_id for p in own for t in p.trainings}  # a fused mode's groups reseed on their own
+        copies = iter([t for t in trainings_for(workload, points, fixed, count + count * len(points), seed_key)[count:]
+                       if t.training_id not in used])
+        for p in own:  # the same points as the reference's pack: its times are paired with like
+            twins = tuple(next(t for t in copies if t.grid_index == o.grid_index) for o in p.trainings)
+            out.append(replace(p, pack_id=f"{partition}-{mode}-n{factor:02d}-t{threads}-{p.index:03d}",
+                               trainings=twins, threads=threads))
+    return out
 
 
 def refit_pack_id(parent: str, factor: int, first: int) -> str:
@@ -365,7 +390,8 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: M
               phase: str | None = None, spread_layouts: Sequence[tuple[str, str]] = (),
               spread_devices: Sequence[int] = (), spread_repeats: int | None = None,
               stream_jobs: int | None = None,
-              cost: Callable[[Mapping[str, object]], float | None] | None = None) -> Plan:
+              cost: Callable[[Mapping[str, object]], float | None] | None = None,
+              reference_threads: int | None = None) -> Plan:
     """Every grid point runs at least once per (partition, mode, N), in at least ``repeats`` full packs.
 
     ``order`` (see :func:`run_order`): interleaved spreads each N's packs over the whole run, so warm caches, drift or
@@ -377,6 +403,10 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: M
 
     ``spread_layouts`` ((strategy, label) pairs) × ``spread_devices`` (k) add packs of one training spread over k
     devices (:func:`spread_packs`), interleaved with the packing packs.
+
+    ``reference_threads``: the smallest N is also measured with that many threads per training, in packs of its own
+    in the same rounds (:func:`setup_packs`), so that the reference the other N are weighed against runs as it runs
+    best (a training given more threads than it can use is the one its neighbours slow most).
 
     ``stream_jobs`` (K): each (partition, mode, N) runs the grid once as K streaming lanes (:func:`stream_lanes`)
     instead of whole packs: no filler, no repeats (a production run, not a measurement); with ``cost`` (a training's
@@ -425,6 +455,10 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: M
                 if n_groups > 1:
                     notes.append(f"{mode} N={factor}: the grid's {n_groups} shapes train in separate groups "
                                  f"({len(chunks)} packs; each pack holds one shape)")
+    if reference_threads is not None and factors:
+        packs += setup_packs(packs, workload, points, fixed, min(factors), reference_threads, seed_key)
+        notes.append(f"N={min(factors)}, the reference, is also measured at {reference_threads} thread(s) per training "
+                     "in every round, beside the job's cores shared out: the faster set-up is the reference")
     if spread_layouts and spread_devices:
         packs += spread_packs(workload, points, fixed, partitions, spread_layouts, spread_devices,
                               spread_repeats or repeats, seed_key)
@@ -437,14 +471,16 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: M
         measured += drift_check(measured)
     rounds = 1 + max((p.round for p in measured if p.round is not None), default=-1)
     return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(probes + lanes + measured),
-                notes=tuple(notes), order=order_label(order, order_seed, rounds), phase=phase)
+                notes=tuple(notes), order=order_label(order, order_seed, rounds, reference_threads is not None),
+                phase=phase)
 
 
-def order_label(order: str, seed: int, rounds: int) -> str:
-    """How plan.json and the dry run name the order (:func:`run_order`)."""
+def order_label(order: str, seed: int, rounds: int, setups: bool = False) -> str:
+    """How plan.json and the dry run name the order (:func:`run_order`); ``setups``: the reference has two."""
     if order != "interleaved":
         return order
-    rounds_said = f": {rounds} rounds, each with at most one pack of every N" if rounds else ""
+    rounds_said = (f": {rounds} rounds, each with at most one pack of every N"
+                   + (" and set-up" if setups else "")) if rounds else ""
     return f"interleaved (seed {seed}){rounds_said}"
 
 
@@ -467,9 +503,9 @@ def in_rounds(packs: Sequence[Pack], seed: int = 0) -> list[Pack]:
     a group's k-th pack holds the grid's points from k N on and lands near round k N + (N - 1) / 2, so where N divides
     a grid as long as the rounds, the reference's pack in its round trains one of its points: a round pairs like with
     like. Pure; seeded."""
-    groups: dict[tuple[str, str, int, int], list[Pack]] = {}
-    for p in packs:
-        groups.setdefault((p.partition, p.mode, p.factor, p.devices), []).append(p)
+    groups: dict[tuple[str, str, int, int, int | None], list[Pack]] = {}
+    for p in packs:  # a set-up of the reference (its threads) is a group of its own: one pack of it a round
+        groups.setdefault((p.partition, p.mode, p.factor, p.devices, p.threads), []).append(p)
     if not groups:
         return []
     # the rounds are the packing groups' (a spread layout may have more packs than N=1: it is not compared within
@@ -517,7 +553,8 @@ def drift_check(ordered: Sequence[Pack]) -> list[Pack]:
     Pure."""
     out: list[Pack] = []
     for partition in dict.fromkeys(p.partition for p in ordered):
-        mine = [p for p in ordered if p.partition == partition and p.spread is None and p.round is not None]
+        mine = [p for p in ordered if p.partition == partition and p.spread is None and p.round is not None
+                and p.threads is None]
         if len({p.round for p in mine}) < 2 or len({(p.mode, p.factor) for p in mine}) < 2:
             continue  # one round, or one N: nothing is compared that a drift could bias
         mode = mine[0].mode

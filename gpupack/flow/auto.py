@@ -90,7 +90,8 @@ def step_plan(spec: SweepSpec, partitions: Sequence[str], n: int, best_so_far: M
             part = make_plan(sweep=spec.name, workload=spec.workload_ref, grid=spec.grid, fixed=spec.fixed,
                              factors=[factor], modes=spec.modes, partitions=[partition], repeats=repeats,
                              seed_key=spec.filler_seed, order="by_factor",
-                             points=probe_points(points, factor * repeats, spec.order_seed), phase=PROBE)
+                             points=probe_points(points, factor * repeats, spec.order_seed), phase=PROBE,
+                             reference_threads=spec.reference_threads if factor == reference else None)
             packs += part.packs
     ordered = run_order(packs, spec.order, spec.order_seed)
     return Plan(sweep=spec.name, workload=spec.workload_ref, grid_size=len(points), packs=tuple(ordered),

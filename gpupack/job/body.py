@@ -216,8 +216,8 @@ class PackAttempt:
         runner, placement = runner_of(pack, device)
         cores = job_cores()
         concurrent = pack.factor if stream is not None else len(todo)  # a lane's slots, else the trainings at once
-        on = OnDevice(info, device, threads_for(cores, concurrent, self.settings.threads_per_training), concurrent,
-                      gpu_model(info, self.settings))
+        threads = threads_for(cores, concurrent, pack.threads or self.settings.threads_per_training)  # a set-up's own
+        on = OnDevice(info, device, threads, concurrent, gpu_model(info, self.settings))
         # a rise of the cgroup's OOM kills by a training's end tells an OOM kill from any other SIGKILL
         ends = TrainingEnds(self, pack, on, {t.training_id: t for t in (stream.queue if stream is not None else todo)},
                             {**(fields or {}), "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES")},

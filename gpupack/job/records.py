@@ -76,8 +76,10 @@ def gpu_model(info: DeviceInfo, settings: PackSettings) -> str | None:
 
 def order_fields(pack: Pack) -> dict[str, object]:
     """Where the pack stands in the run's order (gpupack.core.plan.in_rounds): its round, or the pack it repeats at
-    the end as a drift check; nothing for a pack without (a lane, a probe, a plan written before rounds)."""
-    return {k: v for k, v in (("round", pack.round), ("reference_of", pack.reference_of)) if v is not None}
+    the end as a drift check, and the threads a set-up of the reference set (``threads_set``,
+    gpupack.core.plan.setup_packs); nothing for a pack without (a lane, a probe, a plan written before rounds)."""
+    return {k: v for k, v in (("round", pack.round), ("reference_of", pack.reference_of),
+                              ("threads_set", pack.threads)) if v is not None}
 
 
 def spread_fields(pack: Pack, result: Mapping[str, object] | None = None) -> dict[str, object]:

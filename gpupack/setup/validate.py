@@ -76,6 +76,8 @@ class SweepSpec:
     stream: str = "off"  # packing.stream: auto | on | off
     stream_jobs: int = 1  # K streaming jobs per (partition, mode, N): packing.jobs, else what runs at once
     search: OptunaSearch | None = None  # search=optuna: the study's trials stream through the lanes, not the grid
+    # the reference N also measured at this many threads per training (gpupack.core.plan.setup_packs; None: not)
+    reference_threads: int | None = None
 
     def streams(self, production: bool) -> int | None:
         """K when this run streams (on; auto: a production run, never while measuring N), else None."""
@@ -106,7 +108,8 @@ class SweepSpec:
                          spread_layouts=self.spread.layouts if self.spread else (),
                          spread_devices=self.spread.devices if self.spread else (),
                          spread_repeats=self.spread.repeats if self.spread else None,
-                         stream_jobs=self.streams(production=False), cost=self.workload.cost)
+                         stream_jobs=self.streams(production=False), cost=self.workload.cost,
+                         reference_threads=self.reference_threads)
 
 
 def group_keys(workload: Workload, modes: Sequence[str]) -> dict[str, Callable[[Mapping[str, object]], object]]:
@@ -368,7 +371,22 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
                      notes=grid_unused(search, plain(sweep.grid)), spread=spread,
                      stream=str(cfg.packing.stream),
                      stream_jobs=int(cfg.packing.jobs or min(facts.stream_jobs(p) for p in facts.partitions)),
-                     search=search)
+                     search=search, reference_threads=reference_threads(factors, facts, settings))
+
+
+def reference_threads(factors: Sequence[int], facts: ClusterFacts, settings: PackSettings) -> int | None:
+    """1 where the reference N (the smallest) would get more than one thread per training on a CPU (the job's cores
+    shared out, gpupack.pack.threads_for): a training given threads it cannot use is the one its neighbours slow
+    most, so the reference is measured at 1 thread as well and runs as it runs best. None where the threads are the
+    user's (packing.threads_per_training), on a GPU, where the cores are not known, or with one N. Pure."""
+    if settings.threads_per_training is not None or len(set(factors)) < 2:
+        return None
+    caps = [facts.capacities.get(p) for p in facts.partitions]
+    on_cpu = settings.device == "cpu" or all(c is not None and c.has_gpu is False for c in caps)
+    cores = [c.max_cpus for c in caps if c is not None and c.max_cpus]
+    if not on_cpu or not cores or len(cores) != len(caps):
+        return None
+    return 1 if min(cores) // min(factors) > 1 else None
 
 
 def check_search(cfg: DictConfig, workload: Workload) -> OptunaSearch:

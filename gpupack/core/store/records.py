@@ -125,6 +125,7 @@ class TrainingRecord(TypedDict, total=False):
     spread: object
     round: int
     reference_of: str
+    threads_set: int  # a set-up of the reference's (gpupack.core.plan.setup_packs): the threads it set
     # the job's and the mode's
     job_id: str | None
     cuda_visible_devices: str | None
@@ -208,6 +209,7 @@ class PackRecord(TypedDict, total=False):
     spread: object
     round: int
     reference_of: str
+    threads_set: int
     # how busy its slots were (gpupack.job.records.slot_use)
     slots: int
     busy_s: float
