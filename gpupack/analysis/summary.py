@@ -194,7 +194,9 @@ def reference_setups(timed: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[Hash
 
 
 def _threads_of(packs: pd.DataFrame) -> str:
-    values = pd.to_numeric(packs.get("threads_per_training"), errors="coerce").dropna()
+    if "threads_per_training" not in packs:
+        return "?"
+    values = pd.to_numeric(packs["threads_per_training"], errors="coerce").dropna()
     return str(int(values.median())) if len(values) else "?"
 
 
