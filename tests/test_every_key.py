@@ -45,6 +45,7 @@ LOCAL = [
                                            "packing.modes=[process]"]),
     (["packing.modes=[proces]"], ["packing.modes[0]='proces'", "'process'"]),
     (["packing.repeats=0"], ["packing.repeats=0", ">= 1"]),
+    (["packing.remeasure=-1"], ["packing.remeasure=-1", "whole number >= 0"]),
     (["packing.order=random"], ["packing.order='random'"]),
     (["packing.order_seed=x"], ["packing.order_seed"]),
     (["packing.stream=maybe"], ["packing.stream='maybe'"]),

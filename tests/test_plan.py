@@ -283,3 +283,31 @@ def test_the_reference_gets_a_second_set_up_where_it_would_have_threads_to_spare
                          request=lambda *a: PackRequest())
     settings = PackSettings(device=device, threads_per_training=threads)
     assert reference_threads(factors, facts, settings) == expected
+
+
+@pytest.mark.parametrize("seed_key", ["seed", None])
+def test_rounds_measured_again_are_the_same_packs_on_new_trainings(seed_key):
+    """packing.remeasure: the packs of the rounds asked (both set-ups of the reference, no drift check), each with
+    its N and grid points, on trainings no other pack of the plan holds, named <pack>-again<k>, in their round."""
+    from gpupack.core.plan import again_packs
+
+    plan = make_plan(sweep="s", workload="w", grid={"lr": [0.1, 0.2]}, fixed={"seed": 0}, factors=[1, 2],
+                     modes=["process"], partitions=["local"], repeats=3, order="interleaved", reference_threads=1,
+                     seed_key=seed_key)
+    again = again_packs(plan, {0, 2}, {"local"}, 1, seed_key)
+    asked = [p for p in plan.packs if p.round in {0, 2} and p.reference_of is None]
+    assert [p.pack_id for p in again] == [f"{p.pack_id}-again1" for p in asked]
+    assert [(p.round, p.factor, p.threads) for p in again] == [(p.round, p.factor, p.threads) for p in asked]
+    for new, old in zip(again, asked):
+        assert [t.grid_index for t in new.trainings] == [t.grid_index for t in old.trainings]
+        assert {k: v for k, v in new.trainings[0].params.items() if k != "seed"} == \
+            {k: v for k, v in old.trainings[0].params.items() if k != "seed"}
+    planned = {t.training_id for p in plan.packs for t in p.trainings}
+    ids = [t.training_id for p in again for t in p.trainings]
+    for n, threads in {(p.factor, p.threads) for p in again}:  # as in any plan: one training once at each N
+        mine = [t.training_id for p in again if (p.factor, p.threads) == (n, threads) for t in p.trainings]
+        assert len(mine) == len(set(mine))
+    assert not planned & set(ids)
+    second = {t.training_id for p in again_packs(plan, {0, 2}, {"local"}, 2, seed_key) for t in p.trainings}
+    assert not second & (planned | set(ids))
+    assert again_packs(plan, {0}, {"elsewhere"}, 1, seed_key) == []

@@ -113,3 +113,18 @@ def loaded_packs(packs: pd.DataFrame) -> frozenset[tuple[str, str]]:
     hit = p[p["disturbed"]]
     runs = hit["run_dir"].astype(str) if "run_dir" in hit else pd.Series("", index=hit.index)
     return frozenset(zip(runs, hit["pack_id"].astype(str)))
+
+
+def disturbed_rounds(packs: pd.DataFrame, run: str) -> dict[str, set[int]]:
+    """Each partition's rounds of ``run`` (its run directory) that hold a pack measured under foreign load: what
+    packing.remeasure measures again (gpupack.core.plan.again_packs)."""
+    p = disturbed(packs)
+    if p.empty or "round" not in p:
+        return {}
+    hit = p[p["disturbed"] & (p["run_dir"].astype(str) == run if "run_dir" in p else True)]
+    rounds = pd.to_numeric(hit["round"], errors="coerce")
+    out: dict[str, set[int]] = {}
+    for partition, r in zip(hit["partition"].astype(str), rounds):
+        if r == r:
+            out.setdefault(partition, set()).add(int(r))
+    return out

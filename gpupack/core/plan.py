@@ -13,7 +13,7 @@ import math
 import random
 import re
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Hashable, Iterable, Mapping, Sequence, TypedDict, cast
+from typing import Callable, Collection, Hashable, Iterable, Mapping, Sequence, TypedDict, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -260,6 +260,27 @@ def trainings_for(workload: str, points: Sequence[Mapping[str, object]], fixed: 
 
 def pack_id(partition: str, mode: str, factor: int, index: int) -> str:
     return f"{partition}-{mode}-n{factor:02d}-{index:03d}"
+
+
+def again_packs(plan: Plan, rounds: Collection[int], partitions: Collection[str], k: int,
+                seed_key: str | None) -> list[Pack]:
+    """The packs of ``rounds`` on ``partitions`` measured again, the ``k``-th time: each pack of those rounds (either
+    set-up of the reference, no drift check) with the same N and points on new seeds (k x 100,000 added: no other
+    copy's), ``<pack>-again<k>``, in its round. Where no seed reaches a training (``seed_key`` None), a repeat of it,
+    ``<training>-again<k>``. Pure."""
+    out = []
+    for p in plan.packs:
+        if p.round in rounds and p.partition in partitions and p.reference_of is None and not p.probe:
+            trainings = tuple(_again(t, seed_key, k) for t in p.trainings)
+            out.append(replace(p, pack_id=f"{p.pack_id}-again{k}", trainings=trainings))
+    return out
+
+
+def _again(t: Training, seed_key: str | None, k: int) -> Training:
+    if seed_key is None:  # a repeat of each training apart, as trainings_for names them (-r<k>) but never clashing
+        return replace(t, training_id=f"{t.training_id}-again{k}", repeat=t.repeat + 100 * k)
+    params = _reseeded(t.params, seed_key, 100 * k)
+    return replace(t, training_id=training_id(t.workload, params), params=params, reseed=t.reseed + 100 * k)
 
 
 def setup_packs(packs: Sequence[Pack], workload: str, points: Sequence[Mapping[str, object]],

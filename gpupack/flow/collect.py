@@ -85,6 +85,18 @@ class AutoReport:
         return out
 
 
+def again_lines(root: Path) -> list[str]:
+    """What a run measured again (packing.remeasure: RUN_DIR/again/NN/), from each measurement's plan notes."""
+    lines = []
+    for again in RunDir(root).agains():
+        try:
+            plan = read_json(RunDir(again).plan)
+        except (OSError, ValueError):
+            continue
+        lines += [f"{again.name}: {note}" for note in plan.get("notes") or []]
+    return [f"Measured again in {RunDir(root).again(1).root.parent}/: " + "; ".join(lines) + "."] if lines else []
+
+
 def read_auto(root: Path) -> AutoReport | None:
     """What an auto run's probe did, from RUN_DIR/auto.json (None: not an auto run)."""
     path = RunDir(root).auto_record
@@ -129,10 +141,11 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
             trainings = parquet.result() if parquet is not None else None
         if (metric, goal, pattern) != (None, None, None):
             c.records.warnings += remember_choice(runs, records.rank, RankChoice(metric, goal, pattern), c.hyper)
-        for path in given:  # a packing.factors=auto run says what its probe did
+        for path in given:  # a packing.factors=auto run says what its probe did, a run what it measured again
             report = read_auto(path)
             if report is not None:
                 c.auto_lines += report.lines()
+            c.again_lines += again_lines(path)
         written = (write_outputs(c, where, plots=plots, trainings=trainings, configs=run_configs(runs))
                    if where is not None else [])
     if console is not None:
@@ -161,12 +174,13 @@ def remember_choice(runs: Sequence[Path], kept: RankChoice, asked: RankChoice, r
 
 
 def find_runs(paths: Sequence[Path], depth: int = 3) -> list[Path]:
-    """The run directories given, or found beneath a folder that is not one itself (a Hydra multirun directory
-    holds one per launch under .gpupack/; runs/<sweep>/ holds one per date)."""
+    """The run directories given, each with its rounds measured again (again/NN/, packing.remeasure), or found
+    beneath a folder that is not one itself (a Hydra multirun directory holds one per launch under .gpupack/;
+    runs/<sweep>/ holds one per date)."""
     out: list[Path] = []
     for path in paths:
         if RunDir(path).plan.exists() or not path.is_dir():
-            out.append(path)
+            out += [path, *RunDir(path).agains()]
             continue
         out += RunDir.below(path, depth) or [path]
     return out

@@ -4,6 +4,7 @@ directory: resume or refuse, lock; submit what is left; wait; collect). ``packin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import errno
 import os
@@ -14,8 +15,9 @@ from typing import Callable, Iterator, Mapping, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from gpupack.analysis.aggregate import Collected
+from gpupack.analysis.disturbance import disturbed_rounds
 from gpupack.core.memory.figures import candidate_runs, find_measured
-from gpupack.core.plan import Pack, Plan
+from gpupack.core.plan import Pack, Plan, again_packs
 from gpupack.core.store.journal import RunRecords
 from gpupack.core.store.records import SKIPPED_MEMORY, make_dirs, read_json, write_json_atomic, write_text_atomic
 from gpupack.core.store.rundir import HeldLocks, Holder, RunDir, RunLock, check_name, files_forecast
@@ -388,4 +390,51 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
         outcome.results = submitter.run_packs(opened.todo, prepared.settings, progress or (lambda pack, state: None))
         if collect_outputs:
             outcome.collected, outcome.written = collect([run_dir.root], plots=plots)
+            measure_again(prepared, plan, outcome, progress, plots)
     return outcome
+
+
+def measure_again(prepared: Prepared, plan: Plan, outcome: Outcome, progress: ProgressFn | None,
+                  plots: bool) -> None:
+    """packing.remeasure: where the run names no best N for a partition (gpupack.analysis.summary.no_answer), the rounds
+    of it measured under foreign load are measured again in RUN_DIR/again/NN/ (the same packs on new seeds,
+    gpupack.core.plan.again_packs), and the run is collected with them, up to that many times; each time from the
+    rounds the last measurement left disturbed. Nothing is measured again where no round was disturbed (the same
+    set-up would answer the same). A resumed run resumes a measurement again begun, and begins none past the budget.
+    ``outcome`` takes the packs' results and the new collection."""
+    config = prepared.config
+    if prepared.spec is None or not isinstance(config, DictConfig):  # a Hydra launcher's batch names no best N
+        return
+    budget = int(config.packing.remeasure)
+    base_plan, base = plan, prepared.run
+    for k in range(1, budget + 1):
+        collected = outcome.collected
+        if collected is None or collected.withheld.empty:
+            return
+        again = prepared.run.again(k)
+        if again.plan.exists():
+            again_plan = Plan.from_json(read_json(again.plan))
+        else:
+            partitions = set(map(str, collected.withheld["partition"]))
+            disturbed = disturbed_rounds(collected.records.packs, str(base.root))
+            asked = {r for partition in partitions for r in disturbed.get(partition, ())}
+            if not asked:
+                return
+            packs = again_packs(base_plan, asked, partitions, k, prepared.spec.filler_seed)
+            again_plan = dataclasses.replace(base_plan, packs=tuple(packs), notes=(
+                f"measured again ({k} of packing.remeasure={budget}): no best N could be named, so the "
+                f"{len(asked)} round(s) measured under foreign load run again on new seeds",))
+        sub = run_plain(again_prepared(prepared, config, again_plan, again), progress=progress, collect_outputs=False)
+        outcome.results += sub.results
+        outcome.collected, outcome.written = collect([prepared.run.root], plots=plots)
+        base_plan, base = again_plan, again
+
+
+def again_prepared(prepared: Prepared, config: DictConfig, plan: Plan, run: RunDir) -> Prepared:
+    """A Prepared for rounds measured again: the same sweep and backend options, this plan, its own directory (whose
+    config.yaml says it measures nothing again itself)."""
+    merged = OmegaConf.merge(config, {"run_dir": str(run.root), "packing": {"remeasure": 0}})
+    assert isinstance(merged, DictConfig)  # a DictConfig merged with a dict stays one (not user input)
+    submitter = load_submitter(config.cluster.backend, config.cluster, run)
+    submitter.measured_host_mb = prepared.submitter.measured_host_mb
+    return dataclasses.replace(prepared, plan=plan, run=run, submitter=submitter, config=merged)

@@ -140,7 +140,7 @@ def answer_lines(c: Collected) -> tuple[list[str], list[str], list[str]]:
     best = [text.best_line(r) for _, r in c.best.iterrows()]
     best += [text.no_answer_line(r) for _, r in c.withheld.iterrows()]
     how = [line for _, r in pd.concat([c.best, c.withheld]).iterrows() for line in text.choice_lines(r)]
-    more = text.mode_lines(c) + (text.cost_lines(c) if not c.cost.empty else []) + c.auto_lines \
+    more = text.mode_lines(c) + (text.cost_lines(c) if not c.cost.empty else []) + c.auto_lines + c.again_lines \
         + text.drift_lines(c)
     return best, how, more
 

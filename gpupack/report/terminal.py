@@ -247,6 +247,8 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
         console.print(f"[bold]{escape(said)}[/]" if r.get("chosen") else f"[bold red]{escape(said)}[/]", markup=True)
         for line in choice_lines(r):
             console.print(f"  {line}", highlight=False)
+    for line in c.again_lines:
+        console.print(line, highlight=False, markup=False)
     for line in drift_lines(c):
         console.print(line, highlight=False, markup=False)
     for line in mode_lines(c):

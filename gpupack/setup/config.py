@@ -91,6 +91,10 @@ class PackingConfig:
     modes: List[str] = field(default_factory=lambda: ["process"])
     # Packs measured per (mode, N) at least, so time per training has a median and a spread.
     repeats: int = 2
+    # Where no best N can be named (its gain beyond what the device can give, or every pack under foreign load), the
+    # rounds measured under load are measured again, on new seeds, up to this many times before the run says so; 0:
+    # never (gpupack.flow.run.measure_again).
+    remeasure: int = 1
     # The order packs run in: interleaved (rounds of at most one pack of every N, each N spread evenly over the run,
     # seeded: drift, warm caches or a neighbour's job cannot line up with N, and each N is compared with N=1 in its
     # round) or by_factor (all N=1 packs, then N=2, ...). Recorded in plan.json.

@@ -204,6 +204,10 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
     if packing.repeats < 1:
         raise ConfigError("packing.repeats", packing.repeats, "must be >= 1 (packs measured per N)",
                           "packing.repeats=2")
+    if isinstance(packing.remeasure, bool) or not isinstance(packing.remeasure, int) or packing.remeasure < 0:
+        raise ConfigError("packing.remeasure", packing.remeasure, "must be a whole number >= 0 (times the rounds "
+                          "measured under load are measured again where no N can be named)",
+                          "packing.remeasure=1, or 0 to never measure again")
     require_choice(packing.order, ORDERS, "packing.order", "pack order")
     check_job_options(packing, "packing", {"threads_per_training": "threads_per_training=2, or null to share the "
                                                                    "job's cores out",

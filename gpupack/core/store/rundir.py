@@ -58,6 +58,7 @@ COLUMNAR = "trainings.arrows"  # packs/<pack_id>/trainings.arrows
 ATTEMPTS = "attempts"  # packs/<pack_id>/attempts/<k>/
 LOCK = ".lock"  # RUN_DIR/.lock and packs/<pack_id>/.lock
 PROBE, RUN = "probe", "run"  # packing.factors=auto: RUN_DIR/probe/nNN/ and RUN_DIR/run/
+AGAIN = "again"  # packing.remeasure: RUN_DIR/again/NN/, the rounds measured under load measured again
 LAUNCH = "launch_"  # a Hydra launch's run directory: MULTIRUN_DIR/.gpupack/launch_<first job number>[.k]
 
 
@@ -123,7 +124,10 @@ class RunDir:
 
     @property
     def sweep_root(self) -> Path:
-        """The directory of the sweep this run is part of: a Hydra launch's records_dir, else the run's own."""
+        """The directory of the sweep this run is part of: a Hydra launch's records_dir, the run that measured its
+        rounds again for one of ROOT/again/NN/, else the run's own."""
+        if self.root.parent.name == AGAIN and RunDir(self.root.parent.parent).plan.exists():
+            return self.root.parent.parent
         return self.root.parent if self.is_launch else self.root
 
     @property
@@ -234,6 +238,16 @@ class RunDir:
     @property
     def auto_run(self) -> RunDir:
         return RunDir(self.root / RUN)
+
+    # ---------------- rounds measured again (packing.remeasure) ----------------
+
+    def again(self, k: int) -> RunDir:
+        """The k-th measurement again of this run's disturbed rounds (gpupack.flow.run.measure_again)."""
+        return RunDir(self.root / AGAIN / f"{k:02d}")
+
+    def agains(self) -> list[Path]:
+        """Its rounds measured again that planned a run (again/NN/ with its plan.json), in order."""
+        return sorted(p.parent for p in (self.root / AGAIN).glob("[0-9]*/" + PLAN))
 
     # ---------------- a Hydra launch ----------------
 
