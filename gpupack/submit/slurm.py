@@ -595,7 +595,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         cpus, mem_mb = resources(factor, self.cluster.cpus_per_training, each_mb / 1024)
         return PackRequest(cpus=cpus, mem_mb=mem_mb, cpus_key=self.key("cpus_per_training"),
                            mem_key=self.key("mem_gb_per_training"), cpus_each=self.cluster.cpus_per_training,
-                           mem_gb_each=round(each_mb / 1024, 3), mem_why=why)
+                           mem_gb_each=each_mb / 1024, mem_why=why)  # exact: sbatch asks the same MB
 
     def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
         """From the preset (GPU memory from the model name, V100-16gb; per-GPU guidance) and, where SLURM

@@ -133,7 +133,7 @@ def request_mb(measured_host_mb: float | None, given_gb: float | None, default_g
     if given_gb is not None:
         return given_gb * 1024.0, "as set"
     if measured_host_mb is not None:
-        return max(MIN_REQUEST_MB, measured_host_mb * REQUEST_HEADROOM), \
+        return math.ceil(max(MIN_REQUEST_MB, measured_host_mb * REQUEST_HEADROOM)), \
             f"measured peak {measured_host_mb:.0f} MB x {REQUEST_HEADROOM:g}"
     return default_gb * 1024.0, "default: nothing measured yet"
 
