@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from gpupack.core.memory.figures import Figure
 from gpupack.core.plan import Pack
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Capacity, PackRequest, PackResult, PackSettings
@@ -277,7 +278,7 @@ class FakeSubmitter(Submitter):
         self.asked.append(tuple(partitions))
         return {name: self.table[name] for name in partitions}
 
-    def request(self, factor: int, measured_host_mb: float | None = None) -> PackRequest:
+    def request(self, factor: int, measured_host_mb: Figure | None = None) -> PackRequest:
         cpus_each, mem_each = self.cluster.cpus_per_training, self.cluster.mem_gb_per_training
         return PackRequest(cpus=math.ceil(factor * cpus_each) if cpus_each else None,
                            mem_mb=math.ceil(factor * mem_each * 1024) if mem_each else None,

@@ -171,7 +171,7 @@ def test_a_hundred_thousand_trainings_on_the_local_default_are_refused_in_one_li
 def _write_training(run: RunDir, workload: str, params: dict, rss_mb: float) -> None:
     write_json_atomic(run.training_record("local-process-n01-000", "t0"), training_record(
         pack_id="local-process-n01-000", training_id="t0", workload=workload, params=params, status="completed",
-        memory={"peak_rss_mb": rss_mb, "peak_gpu_mem_mb": None}))
+        gpu_type="cpu", device="cpu", memory={"peak_rss_mb": rss_mb, "peak_gpu_mem_mb": None}))  # as a CPU job writes
     write_json_atomic(run.plan, {"schema": 1})
 
 
@@ -232,7 +232,7 @@ def _slurm(mem_gb=None):
 ])
 def test_slurm_requests_are_sized_from_the_measured_peak(mem_gb, measured, mem_mb, why):
     backend = _slurm(mem_gb)
-    backend.measured_host_mb = measured
+    backend.measured_host_mb = None if measured is None else Figure(measured, "runs/x", measured=True)
     req = backend.request(4)
     assert req.mem_mb == mem_mb and why in req.mem_why
 
@@ -246,7 +246,7 @@ def test_a_request_that_leaves_a_nodes_gpus_idle_is_warned_about():
     warned = idle_gpu_warnings([4], facts, None)
     assert len(warned) == 1 and "1 pack(s) fit per node and 1 GPU(s) sit idle" in warned[0]
     assert "cluster.mem_gb_per_training=2" in warned[0]
-    assert idle_gpu_warnings([4], facts, 640.0) == []
+    assert idle_gpu_warnings([4], facts, Figure(640.0, "runs/x", measured=True)) == []
 
 
 # ---------------- packing.factors=auto ----------------

@@ -251,7 +251,8 @@ def test_a_forked_trainings_share_comes_from_an_earlier_record_of_its_setting(tm
     first, second = pack.trainings
     write_json_atomic(earlier.training_record(pack.pack_id, first.training_id),
                       {"training_id": first.training_id, "workload": first.workload, "params": dict(first.params),
-                       "status": "completed", "memory": {"peak_gpu_mem_mb": 2000.0 - CUDA_CONTEXT_MB}})
+                       "status": "completed", "gpu_type": "Tesla T4",  # measured on this device model
+                       "memory": {"peak_gpu_mem_mb": 2000.0 - CUDA_CONTEXT_MB}})
     run_pack(str(run.root), pack.pack_id, PackSettings(device="auto", memory_share=0.8, memory_margin=0.25))
     recs = {t.training_id: read_json(run.training_record(pack.pack_id, t.training_id)) for t in pack.trainings}
     assert {r["status"] for r in recs.values()} == {"completed"}
@@ -284,9 +285,9 @@ def test_a_share_is_never_sized_by_a_training_cut_short(tmp_path, monkeypatch):
     write_json_atomic(earlier.plan, read_json(run.plan))
     first, second = pack.trainings
     cut = {"training_id": first.training_id, "workload": first.workload, "params": dict(first.params),
-           "status": "oom", "memory": {"peak_gpu_mem_mb": 3276.8}}
+           "status": "oom", "gpu_type": "Tesla T4", "memory": {"peak_gpu_mem_mb": 3276.8}}
     write_json_atomic(earlier.training_record(pack.pack_id, first.training_id), cut)
-    book = PeakBook(run, pack.trainings)
+    book = PeakBook(run, pack.trainings, device="Tesla T4")
     assert book.figure(first, on_gpu=True, stated_mb=None) is None
     book.learn({second.training_id: second}, [{**cut, "training_id": second.training_id, "status": "victim"}])
     assert book.figure(second, on_gpu=True, stated_mb=None) is None

@@ -138,7 +138,7 @@ def test_a_lanes_book_learns_what_lanes_beside_it_fold_meanwhile(tmp_path):
     journal = run.lanes / "lane-other.jsonl"
     journal.write_text("")
     now = [0.0]
-    book = PeakBook(run, plan.packs[0].trainings, clock=lambda: now[0])
+    book = PeakBook(run, plan.packs[0].trainings, clock=lambda: now[0], device="cpu")
     assert book.figure(first, on_gpu=False, stated_mb=None) is None
 
     folded = [0]
@@ -148,10 +148,11 @@ def test_a_lanes_book_learns_what_lanes_beside_it_fold_meanwhile(tmp_path):
         with open(journal, "a") as f:
             f.write(_json.dumps({"kind": "training", "folded_at": 1.0, "seq": 0, "record": {
                 "training_id": f"x{folded[0]}", "workload": first.workload, "params": dict(first.params),
-                "status": "completed", "memory": {"peak_rss_mb": 700.0}, **rec}}) + "\n")
+                "status": "completed", "gpu_type": "cpu", "memory": {"peak_rss_mb": 700.0}, **rec}}) + "\n")
 
     fold(workload="no.such.workload", memory={"peak_rss_mb": 9000.0})  # not loadable here: ignored, no error
     fold(status="oom", memory={"peak_rss_mb": 8000.0})  # cut short: a lower bound, not learnt
+    fold(gpu_type="NVIDIA A100-SXM4-40GB", device="cuda", memory={"peak_rss_mb": 6000.0})  # another device's lane
     fold()
     book.refresh()
     assert book.figure(first, on_gpu=False, stated_mb=None) is None  # read at most every REFRESH_EVERY_S
@@ -166,7 +167,7 @@ def test_a_lanes_book_learns_what_lanes_beside_it_fold_meanwhile(tmp_path):
     assert again is not None and again.mb == 900.0 and again.source.startswith("the peak of 2 training(s)")
     # the lane's own trainings, learnt as its pack ended, come again in its journal: counted once
     own = {"training_id": "own", "workload": first.workload, "params": dict(first.params), "status": "completed",
-           "memory": {"peak_rss_mb": 800.0}}
+           "gpu_type": "cpu", "memory": {"peak_rss_mb": 800.0}}
     book.learn({"own": first}, [own])
     with open(journal, "a") as f:
         f.write(_json.dumps({"kind": "training", "folded_at": 2.0, "seq": 0, "record": own}) + "\n")

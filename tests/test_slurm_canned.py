@@ -52,11 +52,11 @@ def test_capacities_from_sinfo_and_the_preset(tmp_path, asked):
     assert asked == [["sinfo", "-h", "-o", "%P|%c|%m|%G"]]  # asked once for all partitions
     # no slurm_partition: any node of the cluster; its nodes with the most V100s (4) bound a whole node
     assert caps["v100"] == Capacity(has_gpu=True, gpu_memory_mb=16 * 1024, max_cpus=64, max_mem_mb=510000,
-                                    node_gpus=4, node_cpus=32, node_mem_mb=191000)
+                                    node_gpus=4, node_cpus=32, node_mem_mb=191000, device="V100-16gb")
     # the preset's per-GPU guidance wins over the node's size; "64+" and "510000+" read as at least
     assert caps["a100"] == Capacity(has_gpu=True, gpu_memory_mb=40 * 1024, max_cpus=12, max_mem_mb=510000,
-                                    node_gpus=4, node_cpus=64, node_mem_mb=510000)
-    assert caps["cpu"] == Capacity(has_gpu=False, gpu_memory_mb=None, max_cpus=48, max_mem_mb=187000)
+                                    node_gpus=4, node_cpus=64, node_mem_mb=510000, device="A100-40gb")
+    assert caps["cpu"] == Capacity(has_gpu=False, gpu_memory_mb=None, max_cpus=48, max_mem_mb=187000, device="cpu")
 
 
 def test_sinfo_names_each_partition_once_though_a_node_is_in_two(tmp_path, monkeypatch):
@@ -91,7 +91,8 @@ def test_a_partition_or_gpu_type_sinfo_does_not_know_is_refused(tmp_path, asked,
 def test_away_from_the_cluster_the_preset_is_all_there_is(tmp_path, monkeypatch):
     monkeypatch.setattr(slurm, "slurm_command", canned_slurm(sinfo=None, sacct=None))
     sub = submitter(tmp_path, x=PartitionConfig(gpu="k80", slurm_partition="nowhere", model="K80-12gb", max_cpus=6))
-    assert sub.capacities(["x"]) == {"x": Capacity(has_gpu=True, gpu_memory_mb=12 * 1024, max_cpus=6)}
+    assert sub.capacities(["x"]) == {"x": Capacity(has_gpu=True, gpu_memory_mb=12 * 1024, max_cpus=6,
+                                                   device="K80-12gb")}
 
 
 def test_slurm_command_answers_none_without_slurm(monkeypatch, tmp_path):
@@ -119,7 +120,8 @@ def test_good_input_against_canned_sinfo_is_planned(tmp_path, monkeypatch):
     monkeypatch.setattr(slurm, "slurm_command", canned_slurm(sinfo=LOCAL_SINFO))
     prepared = sweep.prepare(PROBE + ["partitions=[p100,a100]", f"run_dir={tmp_path / 'run'}"])
     assert prepared.capacities["p100"] == Capacity(has_gpu=True, gpu_memory_mb=12 * 1024, max_cpus=8,
-                                                   max_mem_mb=16000, node_gpus=2, node_cpus=8, node_mem_mb=16000)
+                                                   max_mem_mb=16000, node_gpus=2, node_cpus=8, node_mem_mb=16000,
+                                                   device="P100-12gb")
     assert prepared.capacities["a100"].gpu_memory_mb == 40 * 1024
     assert {p.partition for p in prepared.plan.packs} == {"p100", "a100"}
 

@@ -41,6 +41,9 @@ class Capacity:
     # The most devices one job may ask for, where the site says (one MIG instance per job), with the rule's words.
     max_devices_per_job: int | None = None
     devices_rule: str | None = None
+    # The device model a pack here runs on: "cpu", or a GPU model (the preset's A100-40gb, A100-1g.5gb; NVML's name
+    # locally); memory measured on another is not used here (gpupack.core.memory.figures.same_device). None: unknown.
+    device: str | None = None
 
 
 

@@ -148,8 +148,8 @@ def prepare_run(run: RunDir, submitter: Submitter[ClusterConfig], partitions: Se
     facts = ask_submitter(submitter, partitions)
     checked = check(facts)
     memory = checked.spec.memory if checked.spec is not None else None
-    if memory is not None and memory.host.measured:
-        submitter.measured_host_mb = memory.host.mb  # what SLURM requests are sized by
+    if memory is not None:  # what SLURM requests are sized by (measured), or what they say of the records (a default)
+        submitter.measured_host_mb = memory.host
     if not checked.wait:
         submitter.require_detachable()  # said before anything is written
     return Prepared(name=checked.name, plan=checked.plan, run=run, submitter=submitter, settings=checked.settings,
@@ -167,7 +167,7 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
 
     def check(facts: ClusterFacts) -> Checked:
         spec = validate(cfg, facts, measure=lambda workload, settings, seed_key: find_measured(
-            candidate_runs(run.root), workload, settings, seed_key))
+            candidate_runs(run.root), workload, settings, seed_key, devices=target_devices(cfg, facts)))
         return Checked(name=spec.name, plan=spec.plan(), settings=spec.settings, config=cfg, wait=bool(cfg.wait),
                        spec=spec, warnings=spec.warnings)
 
@@ -175,6 +175,14 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
                            requested_partitions(cfg.partitions), check)
     prepared.chosen_dir = bool(cfg.run_dir)
     return prepared
+
+
+def target_devices(cfg: DictConfig, facts: ClusterFacts) -> list[str | None]:
+    """The device model each chosen partition's trainings run on, which earlier records must have been measured on
+    to size them: the partition's (its :attr:`Capacity.device`), or the CPU where packing.device=cpu."""
+    if str(cfg.packing.device) == "cpu":
+        return ["cpu"]
+    return [facts.capacities[p].device if p in facts.capacities else None for p in facts.partitions]
 
 
 def forecast(prepared: Prepared) -> list[str]:

@@ -39,7 +39,7 @@ from gpupack.core.store.rundir import Holder, RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.errors import RunDirError
 from gpupack.job.oom import mark_victims, memory_fit, skip_of
-from gpupack.job.peaks import PeakBook
+from gpupack.job.peaks import PeakBook, job_device
 from gpupack.job.records import (
     OnDevice,
     finished_training_record,
@@ -136,7 +136,7 @@ class PackAttempt:
             move_aside(run, pack_id, run.training_record(pack_id, t.training_id))
         move_aside(run, pack_id, run.pack_record(pack_id))
         if self.book is None and self.settings.admission and pack.spread is None:
-            self.book = PeakBook(run, pack.trainings)
+            self.book = PeakBook(run, pack.trainings, device=job_device(self.settings, self.job.device_env()))
         if self.book is not None and pack.spread is None:  # a spread pack is one training: nothing to pack
             self.book.refresh()  # what lanes running beside this one measured since
             skipped = self.skip_for_memory(pack, todo, self.book)
@@ -315,7 +315,7 @@ def own_shares(run: RunDir, todo: Sequence[Training], settings: PackSettings, in
     earlier records measured of its setting (``book``'s GPU peaks: this run's, else earlier runs'; read here where the
     pack has none), with ``settings.memory_margin``, else the equal split. A streaming lane's slots keep the equal
     split: which trainings share the GPU there changes as they are claimed."""
-    book = book if book is not None else PeakBook(run, todo)
+    book = book if book is not None else PeakBook(run, todo, device=info.name)  # on its GPU: shares are GPU's
     peaks = [book.figure(t, on_gpu=True, stated_mb=None) for t in todo]
     shares = memory_shares(settings.memory_share, info.memory_total_mb, peaks, settings.memory_margin,
                            settings.training_memory_mb) or []

@@ -19,13 +19,23 @@ from typing import Callable, Iterable, Mapping, Sequence
 import psutil
 
 from gpupack.core.memory.admission import peak_of
-from gpupack.core.memory.figures import Figure, Measured, candidate_runs, measured_by_setting, setting_key
+from gpupack.core.memory.figures import (
+    Figure,
+    Measured,
+    candidate_runs,
+    device_label,
+    measured_by_setting,
+    record_device,
+    same_device,
+    setting_key,
+)
 from gpupack.core.memory.pack_fit import Budget, Fit, Refit, largest_fit, pack_budget, pack_fit, training_peak
 from gpupack.core.plan import Training
 from gpupack.core.store.journal import TRAINING, journal_entries
 from gpupack.core.store.records import COMPLETED
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
+from gpupack.runtime.monitor import detect_device
 from gpupack.workloads import load_workload
 
 SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to peak alike
@@ -40,7 +50,10 @@ class PeakBook:
     job of several GPUs."""
 
     def __init__(self, run: RunDir, trainings: Sequence[Training],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, device: str) -> None:
+        # the device this job's trainings run on ("cpu", or NVML's name of its GPU, :func:`job_device`): peaks measured
+        # on another device model are not this job's (gpupack.core.memory.figures.same_device)
+        self.device = device
         self._seed_keys: dict[str, str] = {}
         self._unloadable: set[str] = set()
         self._learnt: set[str] = set()  # the training records learnt: a lane's own, learnt as its pack ends, come again
@@ -94,7 +107,8 @@ class PeakBook:
             return out
         for name in {t.workload for t in trainings}:
             seen = {self.setting(t)[1] for t in trainings if t.workload == name}
-            for setting, m in measured_by_setting(runs, name, seen, self._seed_keys[name], completed_only=True).items():
+            for setting, m in measured_by_setting(runs, name, seen, self._seed_keys[name], completed_only=True,
+                                                  device=self.device).items():
                 out[name, setting] = m
         return out
 
@@ -109,7 +123,8 @@ class PeakBook:
         """Each completed record's peaks (with its setting), its setting's in this run if higher."""
         with self._lock:
             for key, rec in keyed:
-                if rec.get("status") != COMPLETED or (learnt := str(rec.get("training_id"))) in self._learnt:
+                if rec.get("status") != COMPLETED or (learnt := str(rec.get("training_id"))) in self._learnt \
+                        or not same_device(record_device(rec), self.device):  # another lane's, on another device
                     continue
                 self._learnt.add(learnt)
                 host, gpu = peak_of(rec, on_gpu=False), peak_of(rec, on_gpu=True) if rec.get("gpu_type") != "cpu" \
@@ -118,7 +133,8 @@ class PeakBook:
                     continue
                 was = self.this_run.get(key, Measured())
                 self.this_run[key] = Measured(host_mb=_higher(was.host_mb, host), gpu_mb=_higher(was.gpu_mb, gpu),
-                                              trainings=was.trainings + 1, where="this run")
+                                              trainings=was.trainings + 1, where="this run",
+                                              device=device_label(self.device))
 
     def figure(self, training: Training, on_gpu: bool, stated_mb: float | None) -> Figure | None:
         """What ``training`` is expected to peak at on a GPU (its GPU memory) or a CPU (its resident memory)."""
@@ -152,7 +168,15 @@ def _figure(m: Measured | None, on_gpu: bool, where: str | None) -> Figure | Non
     mb = None if m is None else m.gpu_mb if on_gpu else m.host_mb
     if m is None or mb is None:
         return None
-    return Figure(mb, f"the peak of {m.trainings} training(s) of its setting in {where or m.where}", measured=True)
+    on = f" on {m.device}" if m.device else ""
+    return Figure(mb, f"the peak of {m.trainings} training(s) of its setting{on} in {where or m.where}", measured=True)
+
+
+def job_device(settings: PackSettings, env: Mapping[str, str]) -> str:
+    """The device this job's trainings run on, as their records name it: "cpu" (none, or packing.device=cpu), else
+    NVML's name of its GPU (I/O: NVML)."""
+    info = detect_device(env)
+    return info.name if info.kind == "gpu" and settings.device != "cpu" else "cpu"
 
 
 def budget_of(settings: PackSettings, on_gpu: bool, device_total_mb: float | None) -> Budget | None:

@@ -79,7 +79,7 @@ class Gauge:
 
 def lane_gauge(run: RunDir, queue: Sequence[Training], settings: PackSettings, env: Mapping[str, str]) -> Gauge:
     """The gauge of a lane on this job's device: NVML's free memory of its GPU, else the host's; the earlier records
-    of the queue's settings, in this run directory and its siblings (I/O)."""
+    of the queue's settings measured on the same device model, in this run directory and its siblings (I/O)."""
     on_gpu = choose_device(settings.device, info := detect_device(env)) == "cuda"
     host_total = None if on_gpu else psutil.virtual_memory().total / 2**20
     budget = lane_budget_mb(on_gpu, settings.memory_fraction, info.memory_total_mb, host_total,
@@ -88,11 +88,11 @@ def lane_gauge(run: RunDir, queue: Sequence[Training], settings: PackSettings, e
     for name in {t.workload for t in queue}:
         seed = load_workload(name).seed_key
         seen = {setting_key(t.params, seed) for t in queue if t.workload == name}
-        for setting, m in measured_by_setting(candidate_runs(run.root), name, seen, seed).items():
+        for setting, m in measured_by_setting(candidate_runs(run.root), name, seen, seed,
+                                              device=info.name if on_gpu else "cpu").items():
             mb = m.gpu_mb if on_gpu else m.host_mb
             if mb is not None:
-                earlier[name, setting] = Figure(mb, f"the peak of {m.trainings} earlier training(s) of this "
-                                                    f"setting in {m.where}", measured=True)
+                earlier[name, setting] = Figure(mb, m.source(), measured=True)
     return Gauge(functools.partial(free_memory_mb, on_gpu, env), budget, on_gpu, earlier)
 
 

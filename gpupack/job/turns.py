@@ -29,7 +29,7 @@ from gpupack.core.store.records import PackRecord, read_json
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
-from gpupack.job.peaks import PeakBook
+from gpupack.job.peaks import PeakBook, job_device
 from gpupack.job.stream import out_of_time, run_lane
 from gpupack.pack import LaneSetUp
 from gpupack.runtime.jobenv import JobEnvironment
@@ -96,7 +96,7 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
     gpus = job.gpus(settings.job_gpus) if settings.job_gpus > 1 else []
     trainings = [t for pack_id in pack_ids for t in plan.pack(pack_id).trainings]  # what a shared server preloads
     # what each pack is held against before it starts: read once, learnt as the lane's packs end (packing.admission)
-    peaks = PeakBook(run, trainings) if settings.admission else None
+    peaks = PeakBook(run, trainings, device=job_device(settings, job.device_env())) if settings.admission else None
     if len(gpus) <= 1:
         with LaneSetUp(run, lane, trainings) as set_up:
             take_turns(run, plan, turns, job, records, lane, set_up, peaks)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from gpupack.core.cost.billing import CORES, Bundle, over_bundle
-from gpupack.core.memory.figures import TrainingMemory, check_memory
+from gpupack.core.memory.figures import Figure, TrainingMemory, check_memory
 from gpupack.core.types import Capacity, PackRequest
 from gpupack.errors import ConfigError
 
@@ -19,15 +19,15 @@ class ClusterFacts:
 
     partitions: tuple[str, ...]
     capacities: Mapping[str, Capacity]
-    # What a pack of N asks for: a pure function of the backend's options and, where given, the measured peak host
-    # memory of one training (MB).
+    # What a pack of N asks for: a pure function of the backend's options and, where given, one training's host
+    # memory figure (measured on the partitions' device, or not: then a default, saying why).
     request: Callable[..., PackRequest]
     # How many streaming jobs of one (partition, mode, N) may run at once on a partition (packing.jobs=null).
     stream_jobs: Callable[[str], int] = lambda partition: 1
 
 
 def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], str], noun: str = "trainings",
-              request_host_mb: float | None = None, per_node: bool = False) -> None:
+              request_host_mb: Figure | None = None, per_node: bool = False) -> None:
     """Each pack of N must fit what one job on each partition can have (CPUs, host memory); ``per_node``: a job of
     several GPUs (spread), bounded by a whole node rather than one GPU's share. Pure."""
     for name, cap in facts.capacities.items():
@@ -44,7 +44,7 @@ def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], 
                                   f"lower N or {req.mem_key}")
 
 
-def idle_gpu_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_mb: float | None) -> list[str]:
+def idle_gpu_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_mb: Figure | None) -> list[str]:
     """Where a pack's request (CPUs, memory) lets fewer packs onto a node than it has GPUs, the others sit idle for
     the whole sweep: say so, with what would fit. Pure."""
     out = []
@@ -67,7 +67,7 @@ def idle_gpu_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host
     return out
 
 
-def bundle_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_mb: float | None) -> list[str]:
+def bundle_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_mb: Figure | None) -> list[str]:
     """Where a pack of N asks more cores or memory than one GPU's bundle, the allocation is charged for the largest
     of the three (gpupack.core.cost.billing): say what it asks, the bundle, and the billed multiple of the GPU's RGU,
     with the fix. Pure."""
@@ -89,7 +89,7 @@ def bundle_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_m
 
 
 def auto_ladder(ladder: Sequence[int], facts: ClusterFacts, memory: TrainingMemory, fraction: float,
-                measured_host_mb: float | None, check_mode: Callable[[int], None] = lambda n: None
+                measured_host_mb: Figure | None, check_mode: Callable[[int], None] = lambda n: None
                 ) -> tuple[tuple[int, ...], str | None, str | None]:
     """The ladder as far as a job on every partition holds it (CPUs, the mode's own limits) and why it stops there;
     and where memory would stop it by today's figures (a forecast: the probe re-checks with what it measures).

@@ -7,7 +7,7 @@ from typing import Mapping
 
 from omegaconf import DictConfig
 
-from gpupack.core.memory.figures import TrainingMemory
+from gpupack.core.memory.figures import Figure, TrainingMemory
 from gpupack.core.plan import expand_grid
 from gpupack.errors import ConfigError, require_counts, require_positive
 from gpupack.setup.cluster_facts import ClusterFacts, check_fit
@@ -26,7 +26,7 @@ class SpreadSpec:
 
 
 def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts, memory: TrainingMemory,
-                        fraction: float, measured_host_mb: float | None, grid: Mapping[str, list[object]],
+                        fraction: float, measured_host_mb: Figure | None, grid: Mapping[str, list[object]],
                         fixed: Mapping[str, object], auto: bool = False) -> SpreadSpec | None:
     """spread.*: the strategy, its layouts and each k against the workload and one node of each partition (devices,
     CPUs, memory: each of the k processes or replicas holds a whole model). None when spread.devices is empty.

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gpupack.core.cost.rgu import check_weights
 from gpupack.core.goal import check_goal, check_metric
-from gpupack.core.memory.figures import Measured, TrainingMemory, check_memory, estimate, setting_key
+from gpupack.core.memory.figures import Figure, Measured, TrainingMemory, check_memory, estimate, setting_key
 from gpupack.core.plan import ORDERS, Plan, expand_grid, grid_values, make_plan
 from gpupack.core.store.rundir import check_name
 from gpupack.core.types import PackSettings
@@ -298,7 +298,7 @@ def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int]
 
 def check_packs(workload: Workload, modes: Sequence[str], factors: Sequence[int], facts: ClusterFacts,
                 settings: PackSettings, memory: TrainingMemory, fraction: float, key: Callable[[int], str],
-                noun: str = "trainings", request_host_mb: float | None = None) -> None:
+                noun: str = "trainings", request_host_mb: Figure | None = None) -> None:
     """Packs of each N against what the backend answered, for a sweep and a Hydra launcher's batch alike: a job's
     CPUs and host memory, then each mode's own limits (the more specific answer), then the device's memory."""
     check_fit(factors, facts, key=key, noun=noun, request_host_mb=request_host_mb)
@@ -347,15 +347,15 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     fraction = float(cfg.packing.memory_fraction)
     auto = None
     if is_auto(cfg):
-        factors, cut, memory_note = auto_ladder(factors, facts, memory, fraction, measured.host_mb,
+        factors, cut, memory_note = auto_ladder(factors, facts, memory, fraction, memory.host,
                                                 lambda n: check_modes(workload, modes, [n], facts, settings))
         auto = AutoSpec(ladder=factors, cut=cut, min_gain=float(cfg.packing.auto.min_gain),
                         repeats=int(cfg.packing.auto.repeats or max(3, cfg.packing.repeats)), then=cfg.packing.then,
                         memory_note=memory_note, objective=str(cfg.packing.auto.objective))
     else:
         check_packs(workload, modes, factors, facts, settings, memory, fraction, lambda i: f"packing.factors[{i}]",
-                    request_host_mb=measured.host_mb)
-    spread = check_spread_config(cfg, workload, facts, memory, fraction, measured.host_mb, grid, fixed,
+                    request_host_mb=memory.host)
+    spread = check_spread_config(cfg, workload, facts, memory, fraction, memory.host, grid, fixed,
                                  auto=is_auto(cfg))
     for mode, key in group_keys(workload, modes).items():  # every training must fit a group (fused: no AMP...)
         for point in expand_grid(grid):
@@ -369,8 +369,8 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
                      factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
                      loader_probe=bool(sweep.loader_probe), settings=settings, order=cfg.packing.order,
                      order_seed=int(cfg.packing.order_seed), memory=memory, auto=auto,
-                     warnings=tuple(idle_gpu_warnings(factors, facts, measured.host_mb))
-                     + tuple(bundle_warnings(factors, facts, measured.host_mb))
+                     warnings=tuple(idle_gpu_warnings(factors, facts, memory.host))
+                     + tuple(bundle_warnings(factors, facts, memory.host))
                      + device_notes(workload, grid, fixed, facts, settings.device),
                      notes=grid_unused(search, plain(sweep.grid)), spread=spread,
                      stream=str(cfg.packing.stream),

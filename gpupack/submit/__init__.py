@@ -21,6 +21,7 @@ from typing import Any, Callable, ClassVar, Generic, Mapping, Sequence, TypedDic
 
 import submitit
 
+from gpupack.core.memory.figures import Figure
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.registry import exported, module_names, require_known
 from gpupack.core.store.records import PackRecord, read_json, write_json_atomic
@@ -132,8 +133,9 @@ class Submitter(ABC, Generic[ConfigT]):
         # (the Hydra launcher: hydra.launcher.cpus_per_task for cpus_per_training, ...).
         self.key_prefix = key_prefix
         self.key_names = dict(key_names or {})
-        # The peak host memory of one training in earlier records (MB), set by prepare: sizes memory requests.
-        self.measured_host_mb: float | None = None
+        # One training's host memory figure, set by prepare: its MB and where it was measured (earlier records on the
+        # partitions' device), or, not measured, what the records held instead; sizes memory requests and says why.
+        self.measured_host_mb: Figure | None = None
         # The run directory's lock, held by the command that runs the packs (set by gpupack.flow.run.run_plain): the
         # local backend's jobs hold it with it (RunLock says why)
         self.lock: RunLock | None = None
@@ -196,9 +198,9 @@ class Submitter(ABC, Generic[ConfigT]):
         limit, less the warning signal's delay where the backend requeues."""
         return float(self.cluster.timeout_min) * 60
 
-    def request(self, factor: int, measured_host_mb: float | None = None) -> PackRequest:
-        """What one pack of ``factor`` trainings asks for, from its options and the measured peak host memory of one
-        training (default: self.measured_host_mb). Pure."""
+    def request(self, factor: int, measured_host_mb: Figure | None = None) -> PackRequest:
+        """What one pack of ``factor`` trainings asks for, from its options and one training's host memory figure
+        (measured: its peak sizes the request; default: self.measured_host_mb). Pure."""
         return PackRequest(cpus=None, mem_mb=None)
 
     def job_forecast(self, packs: Sequence[Pack]) -> JobForecast:

@@ -212,7 +212,8 @@ class LocalSubmitter(Submitter[LocalConfig]):
         cap = Capacity(has_gpu=info.kind == "gpu", gpu_memory_mb=info.memory_total_mb, max_cpus=job_cores(),
                        max_mem_mb=psutil.virtual_memory().total / 2**20, max_processes=process_room(),
                        # this machine is the node: a training may spread over its GPUs, or over its cores on a CPU
-                       node_gpus=gpus or None, node_cpus=job_cores(), node_mem_mb=psutil.virtual_memory().total / 2**20)
+                       node_gpus=gpus or None, node_cpus=job_cores(), node_mem_mb=psutil.virtual_memory().total / 2**20,
+                       device=info.name if info.kind == "gpu" else "cpu")
         return {name: cap for name in partitions}
 
     def slots(self) -> list[list[int]]:

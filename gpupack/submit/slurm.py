@@ -26,7 +26,7 @@ import submitit
 from submitit.core.utils import DelayedSubmission, FailedJobError
 from submitit.slurm.slurm import _make_sbatch_string
 
-from gpupack.core.memory.figures import request_mb
+from gpupack.core.memory.figures import Figure, request_mb
 from gpupack.core.plan import Pack, deal
 from gpupack.core.store.journal import RunRecords, make_journals
 from gpupack.core.types import Capacity, JobForecast, PackRequest, PackResult, PackSettings
@@ -589,7 +589,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                               "account", f"add {self.key('account')}=def-yourpi (or export SLURM_ACCOUNT=def-yourpi)")
         check_options(self.cluster, self.key)
 
-    def request(self, factor: int, measured_host_mb: float | None = None) -> PackRequest:
+    def request(self, factor: int, measured_host_mb: Figure | None = None) -> PackRequest:
         measured = measured_host_mb if measured_host_mb is not None else self.measured_host_mb
         each_mb, why = request_mb(measured, self.cluster.mem_gb_per_training, DEFAULT_MEM_GB)
         cpus, mem_mb = resources(factor, self.cluster.cpus_per_training, each_mb / 1024)
@@ -620,6 +620,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                                  node_cpus=live.get(name, {}).get("node_cpus"),
                                  node_mem_mb=live.get(name, {}).get("node_mem_mb"),
                                  bundle_cores=part.bundle_cores, bundle_mem_gb=part.bundle_mem_gb,
+                                 device=(part.model or part.gpu) if part.request != "none" else "cpu",
                                  **self._devices_rule(part))
         return out
 
@@ -725,7 +726,21 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         for lines, same in blocks.items():
             out.append(f"  {block_label(same)}:")
             out += [f"    {line}" for line in lines]
+            out += [f"    {line}" for line in self.mem_lines(same)]
         return out + limit_lines(forecast, arrays, self.site_limits(), self._sinfo_silent)
+
+    def mem_lines(self, arrays: Sequence[ArrayJob]) -> list[str]:
+        """Where the --mem of one block of #SBATCH lines comes from: per training, as set, from the peak measured on
+        the partitions' device with its headroom, or a default with what the records held (one line a distinct
+        figure: a block's arrays of one N ask alike)."""
+        lines = []
+        for factor in sorted({a.key[2] for a in arrays}):
+            req = self.request(factor)
+            why = f"as set ({req.mem_key}={req.mem_gb_each:g})" if req.mem_why == "as set" else req.mem_why
+            line = f"--mem: {round((req.mem_gb_each or 0) * 1024)} MB per training, {why}"
+            if line not in lines:
+                lines.append(line)
+        return lines
 
     def submit(self, packs: Sequence[Pack], settings: PackSettings) -> list[tuple[Pack, PackJobHandle]]:
         """One job array per (partition, mode, N), split where it would pass MaxArraySize, submitted in the plan's

@@ -2,20 +2,30 @@
 size what a pack asks the scheduler for.
 
 The figure for a training comes, first found, from:
-  1. earlier records of the same workload and setting (same hyperparameters, any seed): the highest peak seen, in
-     this run directory and its siblings (``runs/<sweep>/*``) — GPU memory per process as NVML saw it, else torch's
-     own peak plus a CUDA context; host memory as the training's peak RSS;
+  1. earlier records of the same workload and setting (same hyperparameters, any seed) measured on the same device
+     model as the one it will run on: the highest peak seen, in this run directory and its siblings
+     (``runs/<sweep>/*``) — GPU memory per process as NVML saw it, else torch's own peak plus a CUDA context; host
+     memory as the training's peak RSS;
   2. ``sweep.training_memory_mb`` (the user's word, until something is measured);
   3. a conservative default (1 GB).
+
+Only the same device: a CPU-only run's RSS (no CUDA) is half a CUDA process's host memory, so a figure measured on one
+device never sizes a request or caps N on another (issue 51). :func:`same_device` says whether a record's device (its
+``gpu_type``: "cpu", or NVML's name) is the target's model (a partition's :attr:`Capacity.device`: "cpu", or a GPU
+model such as the preset's ``A100-40gb`` or ``A100-1g.5gb``): the GPU family (a100, v100, h100, ...) and the MIG
+profile must both match, "cpu" only "cpu". A sweep over partitions of different device models uses no measured
+figure (the default, saying so): one figure sizes all its partitions. Every figure says where it was measured, and
+what records of another device were left aside (:class:`Measured`).
 :func:`find_measured` reads records (I/O); everything else here is pure.
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from gpupack.core.store.journal import Folded, read_folded
 from gpupack.core.store.records import COMPLETED, PackRecord, Peaks, TrainingRecord, read_pack, read_training
@@ -40,6 +50,9 @@ class Figure:
     source: str
     measured: bool = False
     key: str | None = None  # the config key that stated it (sweep.training_memory_mb); None: measured or a default
+    # not measured: what earlier records said, e.g. "nothing measured on a100; 3 cpu record(s) not used: another
+    # device" (what a request sized by default says)
+    looked: str = ""
 
 
 @dataclass(frozen=True)
@@ -50,12 +63,32 @@ class TrainingMemory:
 
 @dataclass(frozen=True)
 class Measured:
-    """The highest peaks seen in earlier records of the same workload and setting (None: none seen)."""
+    """The highest peaks seen in earlier records of the same workload and setting on the same device (None: none
+    seen), and what was left aside."""
 
     host_mb: float | None = None
     gpu_mb: float | None = None
     trainings: int = 0
     where: str = ""
+    device: str | None = None  # the device model the peaks were measured on (its label: a100, a100 1g.5gb, cpu)
+    aside: tuple[tuple[str, int], ...] = ()  # records of these settings on another device, not used: (label, count)
+    why_none: str = ""  # why no record could be used, whatever they hold (the partitions' devices differ, or unknown)
+
+    def source(self) -> str:
+        """Where the peaks come from, in words."""
+        on = f" on {self.device}" if self.device else ""
+        return f"the peak of {self.trainings} earlier training(s) of this setting{on} in {self.where}"
+
+    def aside_text(self) -> str:
+        """The records of another device not used, e.g. "3 cpu record(s) not used: another device"; "" if none."""
+        if not self.aside:
+            return ""
+        return ", ".join(f"{n} {label} record(s)" for label, n in self.aside) + " not used: another device"
+
+    def looked(self) -> str:
+        """What the records said where they gave no figure (or the figure left one out), in words."""
+        said = self.why_none or ("nothing measured" + (f" on {self.device}" if self.device else ""))
+        return "; ".join(s for s in (said, self.aside_text()) if s)
 
 
 def setting_key(params: Mapping[str, object], seed_key: str = "seed") -> str:
@@ -67,16 +100,21 @@ def estimate(stated_mb: float | None, measured: Measured) -> TrainingMemory:
     """The figure for one training, from the records, the user's word, or the default (in that order). Pure."""
     stated = Figure(float(stated_mb), f"sweep.training_memory_mb={stated_mb:g}", key="sweep.training_memory_mb") \
         if stated_mb is not None else None
+    looked = measured.looked()
+    if stated is not None:
+        stated = Figure(stated.mb, stated.source, key=stated.key, looked=looked)
     return TrainingMemory(
-        host=_measured_or(measured.host_mb, measured, stated or Figure(DEFAULT_HOST_MB, "a default: nothing measured")),
-        gpu=_measured_or(measured.gpu_mb, measured, stated or Figure(DEFAULT_GPU_MB, "a default: nothing measured")))
+        host=_measured_or(measured.host_mb, measured, stated or Figure(DEFAULT_HOST_MB, f"a default: {looked}",
+                                                                       looked=looked)),
+        gpu=_measured_or(measured.gpu_mb, measured, stated or Figure(DEFAULT_GPU_MB, f"a default: {looked}",
+                                                                     looked=looked)))
 
 
 def _measured_or(mb: float | None, measured: Measured, fallback: Figure) -> Figure:
     if mb is None:
         return fallback
-    return Figure(mb, f"the peak of {measured.trainings} earlier training(s) of this setting in {measured.where}",
-                  measured=True)
+    aside = measured.aside_text()
+    return Figure(mb, measured.source() + (f" ({aside})" if aside else ""), measured=True)
 
 
 def fits(budget_mb: float | None, each_mb: float) -> int | None:
@@ -127,15 +165,66 @@ def _refuse(key: str, n: int, partition: str, where: str, figure: Figure, budget
                       + ", or raise packing.memory_fraction")
 
 
-def request_mb(measured_host_mb: float | None, given_gb: float | None, default_gb: float) -> tuple[float, str]:
+def request_mb(host: Figure | None, given_gb: float | None, default_gb: float) -> tuple[float, str]:
     """Host memory a pack asks for per training (MB), and why: the user's setting, else the measured peak with
-    headroom, else the default. Pure."""
+    headroom (``host``: one training's host figure, measured on the partitions' device), else the default, saying
+    what earlier records held. Pure."""
     if given_gb is not None:
         return given_gb * 1024.0, "as set"
-    if measured_host_mb is not None:
-        return math.ceil(max(MIN_REQUEST_MB, measured_host_mb * REQUEST_HEADROOM)), \
-            f"measured peak {measured_host_mb:.0f} MB x {REQUEST_HEADROOM:g}"
-    return default_gb * 1024.0, "default: nothing measured yet"
+    if host is not None and host.measured:
+        return math.ceil(max(MIN_REQUEST_MB, host.mb * REQUEST_HEADROOM)), \
+            f"measured peak {host.mb:.0f} MB x {REQUEST_HEADROOM:g}: {host.source}"
+    looked = host.looked if host is not None and host.looked else "nothing measured yet"
+    return default_gb * 1024.0, f"default: {looked}"
+
+
+# ---------------- which device a figure was measured on ----------------
+
+# A GPU's family in its name: a letter or two, digits, maybe a letter (p100, v100, a100, h100, h200, gh200, l40s, l4,
+# t4, a6000); a form factor or memory kind (sxm4, hbm3, pcie) has three letters or more, a size (40gb) starts with a
+# digit.
+_FAMILY = re.compile(r"^[a-z]{1,2}\d{1,4}[a-z]?$")
+_MIG = re.compile(r"(\d+)g\.(\d+)gb")  # a MIG profile: 1g.5gb, 3g.40gb
+_BRAND = {"nvidia", "tesla"}
+
+
+def device_model(name: str | None) -> tuple[str, str | None] | None:
+    """(GPU family, MIG profile or None) of a device name as NVML ("NVIDIA A100-SXM4-40GB MIG 1g.5gb"), a preset's
+    model ("A100-1g.5gb") or a SLURM specifier ("nvidia_h100_80gb_hbm3_1g.10gb") says it; ("cpu", None) for "cpu";
+    None for no name. A name of no known family is its own: its words less brand and sizes. Pure."""
+    low = (name or "").strip().lower()
+    if not low:
+        return None
+    if low == "cpu":
+        return "cpu", None
+    mig = _MIG.search(low)
+    words = [w for w in re.split(r"[^a-z0-9.]+", low) if w and w not in _BRAND]
+    family = next((w for w in words if _FAMILY.match(w)), None) or \
+        " ".join(w for w in words if not _MIG.fullmatch(w) and not re.fullmatch(r"\d+gb", w) and w != "mig")
+    return (family, f"{mig[1]}g.{mig[2]}gb" if mig else None) if family else None
+
+
+def same_device(measured_on: str | None, target: str | None) -> bool:
+    """Whether a record measured on ``measured_on`` (its gpu_type: "cpu", or NVML's name) ran on ``target``'s device
+    model (a partition's :attr:`Capacity.device`): the same GPU family and MIG profile (none matches only none);
+    "cpu" matches only "cpu"; an unknown device matches nothing. Pure."""
+    model = device_model(measured_on)
+    return model is not None and model == device_model(target)
+
+
+def device_label(name: str | None) -> str:
+    """A device model as figures name it: "a100", "a100 1g.5gb", "cpu"; "an unknown device". Pure."""
+    model = device_model(name)
+    return "an unknown device" if model is None else model[0] + (f" {model[1]}" if model[1] else "")
+
+
+def record_device(rec: Mapping[str, object]) -> str | None:
+    """The device a training record's peaks were measured on: "cpu" where it ran on the CPU (whatever the machine
+    held), else its GPU's name (gpu_type); None: not recorded."""
+    if rec.get("device") == "cpu" or rec.get("gpu_type") == "cpu":
+        return "cpu"
+    name = rec.get("gpu_type") or rec.get("device_name")
+    return str(name) if name else None
 
 
 # ---------------- evidence from earlier records (I/O) ----------------
@@ -147,26 +236,68 @@ def candidate_runs(run_root: Path) -> list[Path]:
     return ([run_root] if RunDir(run_root).plan.exists() else []) + ordered[:MAX_RUNS_READ]
 
 
-def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_key: str = "seed") -> Measured:
-    """The highest host and GPU peaks of earlier trainings of ``workload`` whose setting is one of ``settings``."""
-    return _highest(list(_peaks(runs, workload, settings, seed_key)))
+EVERY_DEVICE = None  # find_measured's devices: records of any device (the figure then cannot say it fits the target)
+
+
+def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_key: str = "seed", *,
+                  devices: Collection[str | None] | None = EVERY_DEVICE) -> Measured:
+    """The highest host and GPU peaks of earlier trainings of ``workload`` whose setting is one of ``settings``,
+    measured on the device model of ``devices`` (the chosen partitions' :attr:`Capacity.device`). Partitions of
+    different device models, or of an unknown one, use none (one figure sizes every partition: the default, which
+    says why). ``EVERY_DEVICE`` (None): records of any device — gpupack.flow.auto's next-rung check alone still
+    passes it (its records are mostly the probe's own, on the partition)."""
+    if devices is None:  # EVERY_DEVICE
+        return _highest(list(_peaks(runs, workload, settings, seed_key)), None)
+    models = {device_model(d) for d in devices}
+    if None in models or not models:
+        return Measured(why_none="nothing measured used: the partition's device model is not known")
+    labels = sorted({device_label(d) for d in devices})
+    if len(labels) > 1:
+        return Measured(why_none=f"nothing measured used: the partitions run on different devices "
+                                 f"({', '.join(labels)}), and a figure of one sizes none of the others")
+    target = next(d for d in devices if d is not None)
+    return _on_device(list(_peaks(runs, workload, settings, seed_key)), target)
 
 
 def measured_by_setting(runs: Iterable[Path], workload: str, settings: set[str],
-                        seed_key: str = "seed", completed_only: bool = False) -> dict[str, Measured]:
-    """As :func:`find_measured`, each of ``settings`` apart (a streaming lane's admission: a training's own peak).
+                        seed_key: str = "seed", completed_only: bool = False, *,
+                        device: str) -> dict[str, Measured]:
+    """As :func:`find_measured`, each of ``settings`` apart (a streaming lane's admission: a training's own peak), on
+    the job's own ``device`` ("cpu", or NVML's name of its GPU) alone.
     ``completed_only``: the peaks of trainings that completed alone (what a share is sized by: a training cut short,
     by its share or a neighbour, peaked at no more than it was let, a lower bound of its need, not a measure)."""
-    by: dict[str, list[tuple[str, float | None, float | None, str]]] = {}
+    by: dict[str, list[_Seen]] = {}
     for seen in _peaks(runs, workload, settings, seed_key, completed_only):
-        by.setdefault(seen[0], []).append(seen)
-    return {setting: _highest(seen) for setting, seen in by.items()}
+        by.setdefault(seen.setting, []).append(seen)
+    measured = {setting: _on_device(seen, device) for setting, seen in by.items()}
+    return {setting: m for setting, m in measured.items() if m.trainings}
+
+
+class _Seen(NamedTuple):
+    """One earlier training's peaks, as :func:`_peaks` finds them."""
+
+    setting: str
+    host: float | None
+    gpu: float | None
+    run: str
+    device: str | None  # where it was measured (record_device)
+
+
+def _on_device(seen: Sequence[_Seen], target: str) -> Measured:
+    """The highest peaks of those of ``seen`` measured on ``target``'s device model; the others counted aside."""
+    used = [s for s in seen if same_device(s.device, target)]
+    aside: dict[str, int] = {}
+    for s in seen:
+        if not same_device(s.device, target):
+            label = device_label(s.device)
+            aside[label] = aside.get(label, 0) + 1
+    return _highest(used, device_label(target), tuple(sorted(aside.items())))
 
 
 def _peaks(runs: Iterable[Path], workload: str, settings: set[str], seed_key: str,
-           completed_only: bool = False) -> Iterator[tuple[str, float | None, float | None, str]]:
-    """(setting, host peak, GPU peak, run) of each earlier training of ``workload`` in one of ``settings`` that
-    recorded a peak: GPU memory per process as NVML saw it, else torch's own peak plus a CUDA context."""
+           completed_only: bool = False) -> Iterator[_Seen]:
+    """(setting, host peak, GPU peak, run, device) of each earlier training of ``workload`` in one of ``settings``
+    that recorded a peak: GPU memory per process as NVML saw it, else torch's own peak plus a CUDA context."""
     read = 0
     for run in runs:
         folded = read_folded(RunDir(run))  # what its lanes folded, read once for its packs and its trainings
@@ -186,16 +317,16 @@ def _peaks(runs: Iterable[Path], workload: str, settings: set[str], seed_key: st
             torch_peak = own.get("peak_gpu_mem_mb")
             gpu = float(nvml) if nvml else float(torch_peak) + CUDA_CONTEXT_MB if torch_peak else None
             if rss or gpu:
-                yield setting, float(rss) if rss else None, gpu, str(run)
+                yield _Seen(setting, float(rss) if rss else None, gpu, str(run), record_device(rec))
 
 
-def _highest(seen: Sequence[tuple[str, float | None, float | None, str]]) -> Measured:
-    host = [h for _, h, _, _ in seen if h is not None]
-    gpu = [g for _, _, g, _ in seen if g is not None]
-    seen_in = list(dict.fromkeys(run for *_, run in seen))
+def _highest(seen: Sequence[_Seen], device: str | None, aside: tuple[tuple[str, int], ...] = ()) -> Measured:
+    host = [s.host for s in seen if s.host is not None]
+    gpu = [s.gpu for s in seen if s.gpu is not None]
+    seen_in = list(dict.fromkeys(s.run for s in seen))
     where = ", ".join(seen_in[:2]) + (" ..." if len(seen_in) > 2 else "")
     return Measured(host_mb=max(host) if host else None, gpu_mb=max(gpu) if gpu else None,
-                    trainings=len(host) or len(gpu), where=where)
+                    trainings=len(host) or len(gpu), where=where, device=device, aside=aside)
 
 
 def _newest_first(run: RunDir, folded: Folded) -> Iterator[TrainingRecord | None]:
