@@ -370,8 +370,8 @@ def test_status_of_an_auto_run_lists_its_probe_and_run_packs(tmp_path):
     assert outcome.auto.run_dir == str(subs[2]) and outcome.auto.left == 1  # the probe trained 4 of the 5 points
     expected = [p.pack_id for sub in subs for p in sweep.status(sub).packs]
     st = sweep.status(run_dir)
-    # n02 holds N=1 again, measured beside N=2
-    assert sorted(p.pack_id for p in st.packs) == sorted(expected) and len(expected) == 2 + (2 + 2) + 1
+    # n02 holds N=1 again, measured beside N=2; each step's N=1 also at its 1-thread set-up (2 cores, 2 threads)
+    assert sorted(p.pack_id for p in st.packs) == sorted(expected) and len(expected) == (2 + 2) + (2 + 2 + 2) + 1
     assert all(p.state == "done" for p in st.packs)
 
 
@@ -396,8 +396,9 @@ def test_auto_with_wait_false_submits_one_step_a_call_and_the_same_command_goes_
         again = sweep.run(sweep.prepare(command), plots=False)  # called again while they are queued
         assert again.auto.waiting == outcome.auto.waiting and again.submitted == {}
         ran += queue.drain()
-    assert waited == [("n01", 2), ("n02", 4), ("run", 1)]  # a step a call; N=1 again beside N=2; the point left
-    assert len(ran) == len(set(ran)) == 7 and queue.waiting == {}
+    # a step a call (N=1 at both its set-ups: the fake cpu partition has 16 cores); N=1 again beside N=2; the point left
+    assert waited == [("n01", 4), ("n02", 6), ("run", 1)]
+    assert len(ran) == len(set(ran)) == 11 and queue.waiting == {}
     assert outcome.auto.best == {"cpu": 2} and outcome.auto.run_dir == str(run_dir / "run")
     assert int(outcome.collected.production["unfinished"].sum()) == 0
 
@@ -411,7 +412,7 @@ def test_the_cli_says_what_an_auto_call_with_wait_false_submitted_and_what_to_do
     assert main(AUTO + ["sweep.grid.lr=[0.1,0.2,0.3]", "packing.auto.ladder=[1,2]", "packing.auto.repeats=2",
                         "packing.device=cpu", "wait=false", f"run_dir={run_dir}"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "Submitted 2 pack job(s): queued-1, queued-2" in out, out
+    assert "Submitted 4 pack job(s): queued-1, queued-2, queued-3, queued-4" in out, out  # N=1 at both set-ups
     assert (f"Waiting for the probe at N=1 in {run_dir}/probe/n01: run the same command again once its jobs have "
             f"ended (python -m gpupack watch {run_dir}/probe/n01)") in out, out
 
@@ -426,13 +427,13 @@ def test_auto_with_wait_false_decides_a_step_whose_trainings_failed_and_never_su
     command = AUTO + ["sweep.grid.lr=[0.1,0.2,0.3]", "packing.auto.ladder=[1,2]", "packing.auto.repeats=2",
                       "+sweep.fixed.fail=true", "packing.device=cpu", "wait=false", f"run_dir={tmp_path / 'run'}"]
     first = sweep.run(sweep.prepare(command), plots=False)
-    assert first.auto.waiting and len(first.submitted) == 2
-    assert len(queue.drain()) == 2
+    assert first.auto.waiting and len(first.submitted) == 4  # N=1 at both its set-ups
+    assert len(queue.drain()) == 4
     for _ in range(2):  # decided, and the same answer on any later call
         outcome = sweep.run(sweep.prepare(command), plots=False)
         assert outcome.auto.waiting is None and outcome.submitted == {}
         assert outcome.auto.best == {"cpu": None} and "did not complete" in outcome.auto.stopped["cpu"]
-    assert queue.submitted == 2 and queue.waiting == {}
+    assert queue.submitted == 4 and queue.waiting == {}
 
 
 # ---------------- a gain above what N trainings can give ----------------

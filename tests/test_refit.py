@@ -206,8 +206,8 @@ def test_a_measurement_sweep_refits_nothing_its_smaller_n_runs(tmp_path, capsys)
     (line,) = skipped_lines(collect([run_dir], plots=False)[0].summary)
     assert line.startswith("N=4 skipped for memory") and "instead" not in line  # its points ran at N=1 and 2 anyway
     st = sweep.status(run_dir)
-    # N=1, N=2, the drift check at the end; N=4 skipped
-    assert st.trainings == {"local": Counter({"completed": 4 + 4 + 1, "skipped for memory": 4})}
+    # N=1 (and its 1-thread set-up), N=2, the drift check at the end; N=4 skipped
+    assert st.trainings == {"local": Counter({"completed": 4 + 4 + 4 + 1, "skipped for memory": 4})}
     assert [p.state for p in st.packs if p.why] == [SKIPPED]
     capsys.readouterr()
     assert main(["status", str(run_dir)]) == 0
