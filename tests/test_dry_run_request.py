@@ -83,7 +83,8 @@ def test_dry_run_packs_all_lists_every_pack(tmp_path, capsys):
     assert main(["+sweep=mnist_pack", "dry_run=true", "dry_run_packs=all", f"run_dir={tmp_path / 'run'}"]) == 0
     out = capsys.readouterr().out
     # 4 rounds of N = 1-4 and of N=1's 1-thread set-up (this CPU would give N=1 more), and the drift check
-    assert len(re.findall(r"^  (?:round \d+|again at the end)", out, re.MULTILINE)) == 11 + 4 and "more packs" not in out
+    listed = re.findall(r"^  (?:round \d+|again at the end)", out, re.MULTILINE)
+    assert len(listed) == 11 + 4 and "more packs" not in out
     # the local backend says in one line what it runs instead of sbatch
     assert len([line for line in out.splitlines() if "request:" in line]) == 1
     assert "request: no sbatch here: submitit's LocalExecutor runs" in " ".join(out.split())
