@@ -240,7 +240,7 @@ def test_the_memory_a_folded_run_measured_sizes_the_next_run(tmp_path):
     run_in_turn(str(run.root), [p.pack_id for p in plan.packs], FOLD)
     assert not any(run.packs.iterdir())  # every record is in the journal
     settings = {setting_key(t.params) for p in plan.packs for t in p.trainings}
-    measured = find_measured([run.root], "tests.fake_workloads", settings)
+    measured = find_measured([run.root], "tests.fake_workloads", settings, devices=["cpu"])  # run on this CPU
     assert measured.trainings == 6 and measured.host_mb is not None and measured.host_mb > 0
 
 

@@ -48,7 +48,7 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackResult
 from gpupack.errors import ConfigError
 from gpupack.flow.collect import PROBE, RUN, AutoReport, Step, collect
-from gpupack.flow.run import Opened, Outcome, Prepared, config_yaml, open_run_dir, run_plain
+from gpupack.flow.run import Opened, Outcome, Prepared, config_yaml, open_run_dir, run_plain, target_devices
 from gpupack.search.plan import search_plan
 from gpupack.setup.validate import AutoSpec, SweepSpec
 from gpupack.submit import load_submitter
@@ -296,7 +296,8 @@ def next_rung_fits(prepared: Prepared, partition: str, rest: Sequence[int],
     spec, _, config = auto_parts(prepared)
     settings = {key for key in _settings(spec)}
     measured = find_measured([*records_roots, *candidate_runs(prepared.run.root)], spec.workload_ref, settings,
-                             spec.workload.seed_key)
+                             spec.workload.seed_key,
+                             devices=target_devices(str(config.packing.device), prepared.capacities, [partition]))
     memory = estimate(config.sweep.training_memory_mb, measured)
     try:
         check_memory([rest[0]], {partition: prepared.capacities[partition]}, memory,

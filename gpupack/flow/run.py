@@ -167,7 +167,8 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
 
     def check(facts: ClusterFacts) -> Checked:
         spec = validate(cfg, facts, measure=lambda workload, settings, seed_key: find_measured(
-            candidate_runs(run.root), workload, settings, seed_key, devices=target_devices(cfg, facts)))
+            candidate_runs(run.root), workload, settings, seed_key,
+            devices=target_devices(str(cfg.packing.device), facts.capacities, facts.partitions)))
         return Checked(name=spec.name, plan=spec.plan(), settings=spec.settings, config=cfg, wait=bool(cfg.wait),
                        spec=spec, warnings=spec.warnings)
 
@@ -177,12 +178,13 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
     return prepared
 
 
-def target_devices(cfg: DictConfig, facts: ClusterFacts) -> list[str | None]:
-    """The device model each chosen partition's trainings run on, which earlier records must have been measured on
-    to size them: the partition's (its :attr:`Capacity.device`), or the CPU where packing.device=cpu."""
-    if str(cfg.packing.device) == "cpu":
+def target_devices(device: str, capacities: Mapping[str, Capacity], partitions: Sequence[str]) -> list[str | None]:
+    """The device model each of ``partitions``' trainings run on, which earlier records must have been measured on
+    to size them: the partition's (its :attr:`Capacity.device`), or the CPU where packing.device (``device``) is
+    cpu."""
+    if device == "cpu":
         return ["cpu"]
-    return [facts.capacities[p].device if p in facts.capacities else None for p in facts.partitions]
+    return [capacities[p].device if p in capacities else None for p in partitions]
 
 
 def forecast(prepared: Prepared) -> list[str]:

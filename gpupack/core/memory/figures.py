@@ -236,18 +236,12 @@ def candidate_runs(run_root: Path) -> list[Path]:
     return ([run_root] if RunDir(run_root).plan.exists() else []) + ordered[:MAX_RUNS_READ]
 
 
-EVERY_DEVICE = None  # find_measured's devices: records of any device (the figure then cannot say it fits the target)
-
-
 def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_key: str = "seed", *,
-                  devices: Collection[str | None] | None = EVERY_DEVICE) -> Measured:
+                  devices: Collection[str | None]) -> Measured:
     """The highest host and GPU peaks of earlier trainings of ``workload`` whose setting is one of ``settings``,
     measured on the device model of ``devices`` (the chosen partitions' :attr:`Capacity.device`). Partitions of
     different device models, or of an unknown one, use none (one figure sizes every partition: the default, which
-    says why). ``EVERY_DEVICE`` (None): records of any device — gpupack.flow.auto's next-rung check alone still
-    passes it (its records are mostly the probe's own, on the partition)."""
-    if devices is None:  # EVERY_DEVICE
-        return _highest(list(_peaks(runs, workload, settings, seed_key)), None)
+    says why)."""
     models = {device_model(d) for d in devices}
     if None in models or not models:
         return Measured(why_none="nothing measured used: the partition's device model is not known")
