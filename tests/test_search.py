@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,7 +122,7 @@ def test_a_search_where_optuna_is_not_installed_is_one_line_saying_how_to_instal
 
 
 def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
-        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+        tmp_path: Path, subprocess_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 46 item 3. A programmed device (1 s a training alone or two at a time, 2.7 s three at a time): the probe
     trains the space's midpoint (lr=0.1, the log middle of 0.01-1), stops at N=3 and picks N=2; the search then runs
     its 6 trials at N=2 in RUN_DIR/run, every trial once."""
@@ -141,6 +142,14 @@ def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
     searched = training_records(run / "run")
     assert len(searched) == 6 and {r["factor"] for r in searched} == {2}
     assert sorted(str(r["training_id"])[:9] for r in searched) == [f"trial{n:04d}" for n in range(6)]
+    from gpupack import sweep
+    from gpupack.analysis import aggregate
+
+    ranked: list[Any] = []  # what collect ranks as the best hyperparameters: the trials, not the probe's trainings
+    real = aggregate.best_hyperparameters
+    monkeypatch.setattr(aggregate, "best_hyperparameters", lambda t, **kw: ranked.append(t) or real(t, **kw))
+    sweep.collect([run], plots=False)
+    assert len(ranked) == 1 and sorted(ranked[0]["training_id"].str[:9]) == [f"trial{n:04d}" for n in range(6)]
 
 
 def test_a_grid_given_with_a_search_is_said_unused_in_one_line_and_its_axes_keep_their_defaults(

@@ -39,6 +39,7 @@ from gpupack.analysis.summary import (
 from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table
 from gpupack.core.cost.rgu import billed_packs, cost_table
 from gpupack.core.store.rank_choice import RankChoice, choose
+from gpupack.core.store.rundir import PROBE
 from gpupack.errors import ConfigError
 
 __all__ = ["Collected", "aggregate", "aggregate_records", "load"]
@@ -101,7 +102,8 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
                if not spread.empty else pd.DataFrame())
     # Hyperparameters and knobs are ranked over packed trainings: a spread one repeats an N=1 training on k devices
     choice, kept = choose(RankChoice(metric, goal), records.rank)
-    ranking = best_hyperparameters(packing_t, metric=choice.metric, goal=choice.goal)
+    ranking = best_hyperparameters(searched(packing_t) if records.studies else packing_t, metric=choice.metric,
+                                   goal=choice.goal)
     if kept:
         ranking = dataclasses.replace(ranking, origin=origin_line(choice, kept, records.rank_from))
     return Collected(records, summary, best, overall, ranking, cost, n,
@@ -109,6 +111,14 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
                      occupancy=occupancy(packing_p), timeline=timeline(packing_t, packing_p),
                      drift=drift_checks(probe_p), disturbance=disturbance(records.packs),
                      searches=search_reports(records.studies, records.trainings), withheld=withheld_choices(summary))
+
+
+def searched(trainings: pd.DataFrame) -> pd.DataFrame:
+    """A search's trainings without an auto probe's (packing.factors=auto before search=optuna): the probe trained the
+    space's midpoint to find N, no trial of the study, so it is not ranked with the trials."""
+    if "phase" not in trainings:
+        return trainings
+    return trainings[trainings["phase"] != PROBE]
 
 
 def origin_line(choice: RankChoice, kept: Sequence[str], where: str) -> str:
