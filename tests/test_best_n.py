@@ -643,3 +643,23 @@ def test_the_reference_is_weighed_at_its_faster_set_up(tmp_path):
     assert s.loc[1, "trainings"] == 6  # both set-ups' trainings are N=1's: only the times are the faster's
     assert ("N=1, the reference, measured at 2 and 1 thread(s) per training in the same rounds (70 s and 9 s per "
             "training): weighed at 1, the faster") in s.loc[2, "choice_method"]
+
+
+@pytest.mark.parametrize("rate_n1, rate_n2, beyond", [(100.0, 90.0, False), (100.0, 101.0, True), (10.0, 100.0, True),
+                                                      (100.0, 40.0, False)])
+def test_the_knob_table_marks_a_setting_whose_n_passes_the_devices_bound(rate_n1, rate_n2, beyond):
+    """Throughput by knob setting: N=2 trainings of one batch size at 90 samples/s each make 1.8x N=1's 100 of the
+    same batch size, within the 2 cores' 2x; 101 each (2.02x) or 100 against 10 (20x) is beyond it, marked as the
+    main table marks its gain; another batch size is weighed against its own N=1."""
+    from gpupack.analysis.tables import with_knob_bounds
+
+    knobs = pd.DataFrame([
+        {"workload": "w", "partition": "local", "batch_size": "64", "factor": 1, "samples_per_s": rate_n1},
+        {"workload": "w", "partition": "local", "batch_size": "64", "factor": 2, "samples_per_s": rate_n2},
+        {"workload": "w", "partition": "local", "batch_size": "128", "factor": 1, "samples_per_s": 1.0},
+        {"workload": "w", "partition": "local", "batch_size": "128", "factor": 2, "samples_per_s": 0.9},
+    ])
+    summary = pd.DataFrame([{"workload": "w", "partition": "local", "factor": n, "gain_bound": float(n), "gain_ref": 1}
+                            for n in (1, 2)])
+    marked = with_knob_bounds(knobs, summary)
+    assert list(marked["beyond_bound"]) == [False, beyond, False, False]

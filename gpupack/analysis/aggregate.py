@@ -36,7 +36,7 @@ from gpupack.analysis.summary import (
     summarize,
     withheld_choices,
 )
-from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table
+from gpupack.analysis.tables import Ranking, best_hyperparameters, knob_table, with_knob_bounds
 from gpupack.core.cost.rgu import billed_packs, cost_table
 from gpupack.core.store.rank_choice import RankChoice, choose
 from gpupack.core.store.rundir import PROBE
@@ -107,7 +107,8 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     if kept:
         ranking = dataclasses.replace(ranking, origin=origin_line(choice, kept, records.rank_from))
     return Collected(records, summary, best, overall, ranking, cost, n,
-                     knob_table(packing_t), production, spread=spread, layouts=layouts, verdicts=verdicts(layouts),
+                     with_knob_bounds(knob_table(packing_t), summary), production, spread=spread, layouts=layouts,
+                     verdicts=verdicts(layouts),
                      occupancy=occupancy(packing_p), timeline=timeline(packing_t, packing_p),
                      drift=drift_checks(probe_p), disturbance=disturbance(records.packs),
                      searches=search_reports(records.studies, records.trainings), withheld=withheld_choices(summary))

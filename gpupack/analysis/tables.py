@@ -67,6 +67,35 @@ def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns=["loader_setting"])
 
 
+def with_knob_bounds(knobs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """The knob table with ``beyond_bound``: where N trainings of one knob setting got through more samples per
+    second together (N x each one's) over the reference N's of the same setting than the device can give (the
+    summary's ``gain_bound`` of that N: min(N, cores) / min(ref, cores) on a CPU), as the main table's ``!``."""
+    if knobs.empty:
+        return knobs
+    out = knobs.assign(beyond_bound=False)
+    if summary.empty or not {"gain_bound", "gain_ref"} <= set(summary):
+        return out
+    bounds: dict[tuple[object, object, int], tuple[float, float]] = {}
+    for w, part, n, bound, ref in summary[["workload", "partition", "factor", "gain_bound", "gain_ref"]].itertuples(
+            index=False, name=None):
+        if bound == bound and ref == ref:  # several modes: the most any of them allows
+            key = (w, part, int(n))
+            bounds[key] = max(bounds.get(key, (bound, ref)), (float(bound), float(ref)))
+    setting = ["workload", "partition", *(c for c in out.columns if c not in (
+        "workload", "partition", "factor", "samples_per_s", "trainings", "loader_bound_samples_per_s", "loader_bound",
+        "beyond_bound"))]
+    rates = {(*k[:-1], int(k[-1])): v for k, v in zip(out[setting + ["factor"]].itertuples(index=False, name=None),
+                                                      out["samples_per_s"])}
+    beyond = []
+    for row, n, rate in zip(out[setting].itertuples(index=False, name=None), out["factor"], out["samples_per_s"]):
+        bound, ref = bounds.get((row[0], row[1], int(n)), (math.nan, math.nan))
+        ref_rate = rates.get((*row, int(ref))) if ref == ref else None
+        beyond.append(bool(ref_rate and rate == rate and int(n) * rate / (ref * ref_rate) > bound))
+    out["beyond_bound"] = beyond
+    return out
+
+
 def _has_object(values: pd.Series) -> pd.Series:
     """True where a value is a non-empty JSON object (text) or dict."""
     if values.dtype != object:

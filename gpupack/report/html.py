@@ -283,7 +283,7 @@ def _knob_section(c: Collected) -> str:
         return ""
     columns = {**{k: k for k in ["partition", *text.knob_columns(c.knobs)]}, "factor": "N",
                "samples_per_s": "samples/s/training", "loader_bound_samples_per_s": "loader-only samples/s",
-               "loader_bound": "loader-bound"}
+               "loader_bound": "loader-bound", "beyond_bound": "beyond the device's bound"}
     return ("<h3>Throughput by knob setting, beside the loader-only bound</h3>"
             + table(c.knobs, columns, {"samples_per_s": ".0f", "loader_bound_samples_per_s": ".0f",
                                        "factor": ".0f"}))

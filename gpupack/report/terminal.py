@@ -343,11 +343,16 @@ def render_knobs(c: Collected, console: Console) -> None:
     for col in columns:
         table.add_column(col, justify="left" if col in ("partition", "flag") else "right")
     for _, r in c.knobs.iterrows():
-        row = [r["partition"], *(str(r[k]) for k in names), str(int(r["factor"])), fmt(r["samples_per_s"], ".0f")]
+        beyond = "!" if r.get("beyond_bound") else ""  # N x it over the reference's passes the device's bound
+        row = [r["partition"], *(str(r[k]) for k in names), str(int(r["factor"])),
+               fmt(r["samples_per_s"], ".0f") + beyond]
         if probed:
             row += [fmt(r["loader_bound_samples_per_s"], ".0f"), "loader-bound" if r["loader_bound"] else ""]
         table.add_row(*row)
     console.print(table)
+    if "beyond_bound" in c.knobs and c.knobs["beyond_bound"].any():
+        console.print("!: N x this over the reference N's of the same setting is more than the device can give "
+                      "(see the answer's bound).", highlight=False)
 
 
 def render_cost(c: Collected, console: Console) -> None:

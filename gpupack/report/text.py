@@ -188,7 +188,7 @@ def mode_lines(c: Collected) -> list[str]:
 
 def knob_columns(knobs: pd.DataFrame) -> list[str]:
     return [k for k in knobs.columns if k not in ("workload", "partition", "factor", "samples_per_s", "trainings",
-                                                  "loader_bound_samples_per_s", "loader_bound")]
+                                                  "loader_bound_samples_per_s", "loader_bound", "beyond_bound")]
 
 
 def hyper_title(ranking: Ranking) -> str:
