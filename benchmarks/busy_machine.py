@@ -16,9 +16,11 @@ folder and the command run from there, so its own gpupack runs), one after the o
 The hog is one `python -c "while True: pass"` a core, started with the sweep and killed after --hog-s seconds
 (default 25): another user's job on a shared node, that ends during the run. What it reads, from each run's
 summary.json: the best N and its gain over N=1 (trainings per hour, paired within rounds where the run has rounds),
-whether that gain passes the N x that N trainings at once can give, and what the run said of it (the best line, the
-drift check, the packs measured under foreign load). A gain above N x is impossible: the machine changed during the
-run. Compare figures of one run of this script side by side: a 2-core machine shared with others moves by +-30 %.
+whether that gain passes what the device can give (the run's own bound: min(N, cores) on a CPU; N x for a gpupack
+before it), and what the run said of it (the best line or why it names none, the drift check, the packs measured under
+foreign load), and the command's wall. A gain above the bound is impossible: the machine changed during the run, or
+the reference was set up to lose. Compare figures of one run of this script side by side: a 2-core machine shared
+with others moves by +-30 %.
 """
 from __future__ import annotations
 
@@ -73,17 +75,25 @@ def run(out: Path, checkouts: dict[str, Path], sweep: list[str], hog_s: float) -
             say(f"  exit {rc} after {time.monotonic() - t0:.0f} s")
             if rc != 0:
                 say(tail(out / f"{key}.log"))
-            results["runs"][key] = {"checkout": str(source), "load": load, "rc": rc, "run_dir": str(out / key)}
+            results["runs"][key] = {"checkout": str(source), "load": load, "rc": rc, "run_dir": str(out / key),
+                                    "wall_s": time.monotonic() - t0}
     write_json(out / "results.json", results)
     return results
 
 
 def _said(summary: dict[str, Any]) -> list[str]:
     """What the run said of its answer: the best lines, the drift checks, the packs measured under load."""
-    lines = list(summary.get("best_lines") or [])
+    lines = list(summary.get("best_lines") or []) + list(summary.get("no_answer_lines") or [])
     lines += [f"drift: {d['change']:+.0%} ({d['pack_id']})" for d in summary.get("drift") or []]
     lines += list(summary.get("disturbance_lines") or [])
     return lines
+
+
+def _bound(best: dict[str, Any]) -> float:
+    """The gain bound the run's summary says (the device's: min(N, cores) on a CPU), else N / the reference's N (a
+    gpupack before the device's bound)."""
+    bound = best.get("gain_bound")
+    return float(bound) if bound is not None else int(best["factor"]) / float(best.get("gain_ref") or 1)
 
 
 def report(out: Path) -> None:
@@ -91,19 +101,24 @@ def report(out: Path) -> None:
     rows, said = [], []
     for key, entry in results["runs"].items():
         path = Path(entry["run_dir"]) / "summary.json"
+        wall = f"{entry['wall_s']:.0f} s" if entry.get("wall_s") is not None else "-"
         if not path.exists():
-            rows.append([key, "-", "-", "-", "-", "no summary"])
+            rows.append([key, "-", "-", "-", "-", "no summary", wall])
             continue
         summary = read_json(path)
-        for best in summary.get("best") or []:
+        groups = summary.get("groups") or []
+        named = summary.get("best") or []
+        withheld = [g for g in groups if g.get("withheld")]
+        for best in named + withheld:
             n = int(best["factor"])
             gain = best.get("gain", best.get("speedup_vs_n1"))  # a gpupack before rounds says speedup_vs_n1
-            bound = n / float(best.get("gain_ref") or 1)
-            rows.append([key, n, fmt(gain) + ("x" if gain is not None else ""), f"{bound:g}x",
+            bound = _bound(best)
+            answer = str(n) if best in named else f"none ({n}?)"
+            rows.append([key, answer, fmt(gain) + ("x" if gain is not None else ""), f"{bound:g}x",
                          "yes" if gain is not None and gain > bound else "no",
-                         "paired" if best.get("paired") else "medians"])
+                         "paired" if best.get("paired") else "medians", wall])
         said += [f"{key}: {line}" for line in _said(summary)]
-    say(table(["run", "best N", "gain vs N=1", "bound N x", "above bound", "how"], rows,
+    say(table(["run", "best N", "gain vs N=1", "bound", "above bound", "how", "wall"], rows,
               title=f"Best N, quiet and with a hog on every core for the first {results['hog_s']:g} s "
                     f"(+sweep=mnist_pack {' '.join(results['sweep'])})"))
     for line in said:
