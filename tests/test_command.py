@@ -247,9 +247,10 @@ def test_reporting_program_end_to_end_argv_verbatim_metrics_and_split_timings(tm
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Best packing factor for command" in proc.stdout
     records = _records(run_dir)
-    assert len(records) == 4 + 1  # N=1: two packs of one; N=2: one pack of two; the drift check at the end
+    # N=1: two packs of one, and two at its 1-thread set-up (2 cores); N=2: one pack of two; the drift check at the end
+    assert len(records) == 4 + 2 + 1
     assert {r["factor"] for r in records} == {1, 2}
-    assert sorted(r["params"]["tag"] for r in records) == sorted(TAGS * 2 + TAGS[:1])  # the drift check: the first
+    assert sorted(r["params"]["tag"] for r in records) == sorted(TAGS * 3 + TAGS[:1])  # the drift check: the first
     for rec in records:
         tag = rec["params"]["tag"]
         assert rec["status"] == "completed" and rec["exit_code"] == 0 and rec["error"] is None, rec
@@ -276,7 +277,7 @@ def test_silent_program_completes_unsplit_and_collect_says_so(tmp_path, subproce
                     subprocess_env, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = _records(run_dir)
-    assert len(records) == 4 + 1  # and the drift check at the end
+    assert len(records) == 4 + 2 + 1  # N=1's 1-thread set-up too, and the drift check at the end
     for rec in records:
         assert rec["status"] == "completed" and rec["exit_code"] == 0 and rec["error"] is None, rec
         assert rec["metrics"] == {}

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from gpupack.runtime.jobenv import job_cores
+
 TINY = ["+sweep=mnist_pack", "packing.factors=[1,2]", "packing.repeats=1", "sweep.grid.lr=[0.1]",
         "sweep.grid.batch_size=[128]", "sweep.fixed.train_samples=2000", "sweep.fixed.val_samples=1000",
         "sweep.fixed.epochs=1"]
@@ -25,10 +27,13 @@ def test_tiny_sweep_runs_records_and_names_the_best_n(tmp_path, subprocess_env):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     plan = json.loads((run_dir / "plan.json").read_text())
     expected = sum(p["factor"] for p in plan["packs"])
-    assert expected == 3  # N=1: one pack of 1; N=2: one pack of 2 (one training reseeded)
+    # N=1: one pack of 1, and one at its 1-thread set-up where this CPU gives N=1 more; N=2: one pack of 2 (one
+    # training reseeded)
+    setup = sum(1 for p in plan["packs"] if p.get("threads"))
+    assert expected == 3 + setup and setup == (job_cores() > 1)
     trainings = sorted(run_dir.glob("packs/*/trainings/*.json"))
     packs = sorted(run_dir.glob("packs/*/pack.json"))
-    assert len(trainings) == expected and len(packs) == len(plan["packs"]) == 2
+    assert len(trainings) == expected and len(packs) == len(plan["packs"]) == 2 + setup
     for path in trainings:
         rec = json.loads(path.read_text())
         assert rec["status"] == "completed", rec
@@ -43,7 +48,7 @@ def test_tiny_sweep_runs_records_and_names_the_best_n(tmp_path, subprocess_env):
     before = {p: p.read_bytes() for p in trainings + packs}
     again = _gpupack(TINY + [f"run_dir={run_dir}"], subprocess_env, tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "2 pack(s) already complete, 0 to run" in again.stdout
+    assert f"{2 + setup} pack(s) already complete, 0 to run" in again.stdout
     assert {p: p.read_bytes() for p in before} == before
 
     # Another sweep into the same run directory is refused, and the run is untouched.
@@ -66,7 +71,8 @@ def test_workload_from_own_package_and_own_config_folder(tmp_path, subprocess_en
                      f"run_dir={run_dir}"], env, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = [json.loads(p.read_text()) for p in run_dir.glob("packs/*/trainings/*.json")]
-    assert len(records) == 8 + 1 and all(r["status"] == "completed" for r in records)  # and the drift check
+    # N=1 and N=2, N=1 at its 1-thread set-up too, and the drift check
+    assert len(records) == 8 + 4 + 1 and all(r["status"] == "completed" for r in records)
     assert all(r["workload"] == "own_workload.quadratic" for r in records)
     assert "Best packing factor for own_workload.quadratic on local" in proc.stdout
 

@@ -21,24 +21,24 @@ def test_prepare_writes_nothing_and_run_returns_typed_results(tmp_path, capsys):
     run_dir = tmp_path / "run"
     prepared = sweep.prepare(PROBE + ["packing.factors=[1,2]", "packing.repeats=1", f"run_dir={run_dir}"])
     assert not run_dir.exists() and not prepared.resumes()
-    assert sorted(p.factor for p in prepared.plan.packs) == [1, 2]
+    assert sorted(p.factor for p in prepared.plan.packs) == [1, 1, 2]  # N=1 at its 1-thread set-up too (2 cores)
     seen: list[sweep.Opened] = []
     states: list[tuple[str, str]] = []
     outcome = sweep.run(prepared, on_open=seen.append, progress=lambda p, s: states.append((p.pack_id, s)),
                         plots=False)
     assert capsys.readouterr().out == ""  # the library prints nothing; the CLI does
-    assert outcome.ok and [r.ok for r in outcome.results] == [True, True]
-    assert seen[0].resumed is False and len(seen[0].todo) == 2
+    assert outcome.ok and [r.ok for r in outcome.results] == [True, True, True]
+    assert seen[0].resumed is False and len(seen[0].todo) == 3
     assert {s for _, s in states} == {"pending", "running", "done"}
     assert set(outcome.collected.summary["factor"]) == {1, 2}
     assert (run_dir / "summary.json") in outcome.written
 
     st = sweep.status(run_dir)
-    assert [p.state for p in st.packs] == [DONE, DONE] and st.counts()["local"][DONE] == 2
+    assert [p.state for p in st.packs] == [DONE, DONE, DONE] and st.counts()["local"][DONE] == 3
 
     again = sweep.run(sweep.prepare(PROBE + ["packing.factors=[1,2]", "packing.repeats=1", f"run_dir={run_dir}"]),
                       collect_outputs=False)
-    assert again.opened.resumed and again.opened.complete == 2 and again.opened.todo == []
+    assert again.opened.resumed and again.opened.complete == 3 and again.opened.todo == []
 
 
 def test_a_local_sweep_runs_as_one_lane_and_shows_each_pack_as_it_ends(tmp_path):
@@ -52,7 +52,8 @@ def test_a_local_sweep_runs_as_one_lane_and_shows_each_pack_as_it_ends(tmp_path)
     states: list[tuple[str, str]] = []
     outcome = sweep.run(prepared, progress=lambda p, s: states.append((p.pack_id, s)), plots=False)
     ids = [p.pack_id for p in prepared.plan.packs]
-    assert outcome.ok and len(ids) == 3 + 1  # N=1 twice, N=2, and the drift check at the end
+    # N=1 twice (and twice at its 1-thread set-up), N=2, and the drift check at the end
+    assert outcome.ok and len(ids) == 3 + 2 + 1
     assert states == [(i, PENDING) for i in ids] + [(i, s) for i in ids for s in (RUNNING, DONE)]
     assert len({read_json(run_dir / "packs" / i / "pack.json")["job_id"] for i in ids}) == 1
     assert len([d for d in (run_dir / "submitit").iterdir() if d.name.isdigit()]) == 1
@@ -73,14 +74,15 @@ def test_a_sweep_through_a_backend_that_runs_packs_in_this_process(tmp_path, mon
     outcome = sweep.run(prepared, progress=lambda p, s: states.append((p.pack_id, s)), plots=False)
     backend = made[0]
     assert backend.asked == [("cpu",)] and [p for p, _ in backend.ran] == [p.pack_id for p in prepared.plan.packs]
-    assert outcome.ok and [r.ok for r in outcome.results] == [True] * (3 + 1)  # and the drift check
+    # N=1 (at both set-ups: the fake cpu partition has 16 cores), N=2 and the drift check
+    assert outcome.ok and [r.ok for r in outcome.results] == [True] * (3 + 2 + 1)
     assert states == [(p.pack_id, s) for p in prepared.plan.packs for s in ("pending", "running", "done")]
     for i, pack in enumerate(prepared.plan.packs, start=1):
         record = read_json(run_dir / "packs" / pack.pack_id / "pack.json")
         assert record["job_id"] == f"fake-{i}" and record["partition"] == "cpu"
         assert record["n_completed"] == pack.factor
     assert sorted(outcome.collected.summary["factor"]) == [1, 2]
-    assert [p.state for p in sweep.status(run_dir).packs] == [DONE] * (3 + 1)
+    assert [p.state for p in sweep.status(run_dir).packs] == [DONE] * (3 + 2 + 1)
     again = sweep.run(sweep.prepare(overrides), collect_outputs=False)
     assert again.opened.resumed and again.opened.todo == [] and made[-1].ran == []
 

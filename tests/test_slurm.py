@@ -161,8 +161,10 @@ def test_sweep_across_partitions_with_arrays(tmp_path, slurm_env):
     plan = json.loads((run_dir / "plan.json").read_text())
     assert len(records(run_dir)) == sum(p["factor"] for p in plan["packs"]) == 2 * (3 + 4 + 1)  # a drift check each
     assert all(r["status"] == "completed" for r in records(run_dir).values())
-    for partition in ("p100", "a100"):
-        assert f"Best packing factor for tests.fake_workloads on {partition} (cpu)" in proc.stdout
+    for partition in ("p100", "a100"):  # the local cluster's 3 nodes share 2 cores: all its packs may run under
+        # each other's load, and then no N is named, and the run says so
+        said = rf"(Best packing factor|No answer) for tests\.fake_workloads on {partition} \(cpu\)"
+        assert re.search(said, proc.stdout), proc.stdout
     jobs = json.loads((run_dir / "jobs.json").read_text())
     n1 = [j["job_id"] for p, j in jobs.items() if "-n01-" in p and p.startswith("p100")]
     assert len(n1) == 3 + 1 and len({j.split("_")[0] for j in n1}) == 1 and all("_" in j for j in n1)  # one array
