@@ -377,7 +377,7 @@ def use_fake_submitter(monkeypatch: Any, capacities: Mapping[str, Capacity] | No
     if queue is not None:
         monkeypatch.setattr(DetachedFakeSubmitter, "queue", queue)
     load = (FakeSubmitter if queue is None else DetachedFakeSubmitter).loader(capacities, config, made)
-    for module in (gpupack.flow.run, gpupack.flow.auto, gpupack.flow.status):
+    for module in (gpupack.flow.run, gpupack.flow.status):  # auto builds its steps through flow.run
         monkeypatch.setattr(module, "load_submitter", load)
     return made
 

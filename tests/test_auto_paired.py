@@ -99,7 +99,7 @@ def _probe(tmp_path, monkeypatch, slowdown: float, tpt: dict[int, float] = TRUE_
 
     monkeypatch.setattr(ProgrammedSubmitter, "device", SlowingDevice(tpt, slowdown, hog))
     load = ProgrammedSubmitter.loader(config=FakeConfig(default_partitions=["cpu"]))
-    for module in (gpupack.flow.run, gpupack.flow.auto, gpupack.flow.status):
+    for module in (gpupack.flow.run, gpupack.flow.status):  # auto builds its steps through flow.run
         monkeypatch.setattr(module, "load_submitter", load)
     run_dir = tmp_path / f"slowing-{slowdown}"
     prepared = sweep.prepare(PROBE + [GRID, "packing.factors=auto", f"packing.auto.ladder={ladder}",
@@ -160,7 +160,7 @@ def test_a_probe_whose_reference_its_neighbours_slowed_names_no_n_and_runs_the_r
 
     monkeypatch.setattr(ProgrammedSubmitter, "device", NeighbouredReference(TRUE_TPT, 0.0))
     load = ProgrammedSubmitter.loader(config=FakeConfig(default_partitions=["cpu"]))
-    for module in (gpupack.flow.run, gpupack.flow.auto, gpupack.flow.status):
+    for module in (gpupack.flow.run, gpupack.flow.status):  # auto builds its steps through flow.run
         monkeypatch.setattr(module, "load_submitter", load)
     outcome = sweep.run(sweep.prepare(PROBE + [GRID, "packing.factors=auto", "packing.auto.ladder=[1,2,3]",
                                                "packing.auto.repeats=2", "packing.then=run",

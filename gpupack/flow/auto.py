@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Hashable, Mapping, Sequence
 
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from gpupack.analysis.aggregate import Collected, aggregate
 from gpupack.analysis.choose import choose, keeps_improving
@@ -48,10 +48,18 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackResult
 from gpupack.errors import ConfigError
 from gpupack.flow.collect import PROBE, RUN, AutoReport, Step, collect
-from gpupack.flow.run import Opened, Outcome, Prepared, config_yaml, open_run_dir, run_plain, target_devices
+from gpupack.flow.run import (
+    Opened,
+    Outcome,
+    Prepared,
+    config_yaml,
+    open_run_dir,
+    part_prepared,
+    run_plain,
+    target_devices,
+)
 from gpupack.search.plan import search_plan
 from gpupack.setup.validate import AutoSpec, SweepSpec
-from gpupack.submit import load_submitter
 
 # ---------------- pure decisions ----------------
 
@@ -279,12 +287,9 @@ def probe_runs(root: RunDir) -> list[Path]:
 def sub_prepared(prepared: Prepared, plan: Plan, run: RunDir, factors: Sequence[int]) -> Prepared:
     """A Prepared for one step: the same sweep and backend options, this plan, its own run directory."""
     spec, _, config = auto_parts(prepared)
-    merged = OmegaConf.merge(config, {"packing": {"factors": list(factors)}, "run_dir": str(run.root)})
-    assert isinstance(merged, DictConfig)  # a DictConfig merged with a dict stays one (not user input)
-    submitter = load_submitter(config.cluster.backend, config.cluster, run)
-    submitter.measured_host_mb = prepared.submitter.measured_host_mb
     step = dataclasses.replace(spec, auto=None, factors=tuple(factors))  # a step is a plain run
-    return dataclasses.replace(prepared, plan=plan, run=run, submitter=submitter, config=merged, spec=step)
+    return dataclasses.replace(part_prepared(prepared, config, plan, run, {"packing": {"factors": list(factors)}}),
+                               spec=step)
 
 
 def next_rung_fits(prepared: Prepared, partition: str, rest: Sequence[int],

@@ -434,16 +434,19 @@ def measure_again(prepared: Prepared, plan: Plan, outcome: Outcome, progress: Pr
             again_plan = dataclasses.replace(base_plan, packs=tuple(packs), notes=(
                 f"measured again ({k} of packing.remeasure={budget}): no best N could be named, so the "
                 f"{len(asked)} round(s) measured under foreign load run again on new seeds",))
-        sub = run_plain(again_prepared(prepared, config, again_plan, again), progress=progress, collect_outputs=False)
+        # its config.yaml says it measures nothing again itself
+        sub = run_plain(part_prepared(prepared, config, again_plan, again, {"packing": {"remeasure": 0}}),
+                        progress=progress, collect_outputs=False)
         outcome.results += sub.results
         outcome.collected, outcome.written = collect([prepared.run.root], plots=plots)
         base_plan, base = again_plan, again
 
 
-def again_prepared(prepared: Prepared, config: DictConfig, plan: Plan, run: RunDir) -> Prepared:
-    """A Prepared for rounds measured again: the same sweep and backend options, this plan, its own directory (whose
-    config.yaml says it measures nothing again itself)."""
-    merged = OmegaConf.merge(config, {"run_dir": str(run.root), "packing": {"remeasure": 0}})
+def part_prepared(prepared: Prepared, config: DictConfig, plan: Plan, run: RunDir,
+                  overrides: dict[str, dict[str, object]]) -> Prepared:
+    """A Prepared for a part of a sweep run in its own directory (an auto step, rounds measured again): the same
+    sweep and backend options with ``overrides``, this plan, a backend of its own there."""
+    merged = OmegaConf.merge(config, {"run_dir": str(run.root)}, overrides)
     assert isinstance(merged, DictConfig)  # a DictConfig merged with a dict stays one (not user input)
     submitter = load_submitter(config.cluster.backend, config.cluster, run)
     submitter.measured_host_mb = prepared.submitter.measured_host_mb
