@@ -201,7 +201,10 @@ def test_detach_then_status_and_collect(tmp_path, slurm_env):
     assert re.search(r"v100: trainings completed \d+, failed 0, running 0, waiting 0; packs done 4", watched.stdout)
     assert re.search(r"v100: trainings completed \d+, failed 0, running 0, waiting 0; packs done 4", status_text())
     collected = gpupack(["collect", str(run_dir)], slurm_env, timeout=120)
-    assert collected.returncode == 0 and "Best packing factor for tests.fake_workloads on v100" in collected.stdout
+    # the local cluster's 3 nodes share 2 cores: where every pack ran under another's load, no N is named, and
+    # collect says so for the partition instead
+    verdict = r"(Best packing factor|No answer) for tests\.fake_workloads on v100 \(cpu\)"
+    assert collected.returncode == 0 and re.search(verdict, collected.stdout), said(collected)
 
 
 def slow_once(tmp_path: Path, partition: str, *extra: str) -> tuple[Path, Path, list[str]]:
