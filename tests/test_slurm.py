@@ -352,7 +352,8 @@ def test_a_sweep_past_the_users_job_limit_runs_as_lanes_within_it(tmp_path, slur
     lanes = {p["job_id"] for p in pack_records(run_dir)}
     # each lane folded its packs: a journal and a log per lane, no pack folder left (issue 30, item 3)
     assert len(list(run_dir.glob("lanes/*.jsonl"))) == 3 and not list(run_dir.glob("packs/*"))
-    assert "Best packing factor for tests.fake_workloads on p100" in proc.stdout  # collect read the journals
+    # collect read the journals (the packs may have run under each other's load on the 2 shared cores: no N named)
+    assert re.search(r"(Best packing factor|No answer) for tests\.fake_workloads on p100", proc.stdout), said(proc)
     assert len(lanes) == 3  # each pack's record names the lane (array task) that ran it
     rows = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "-S", since, "-o", "JobID"], capture_output=True,
                           text=True, env=slurm_env).stdout.split()
