@@ -234,6 +234,14 @@ def slot_use(records: Sequence[TrainingRecord], slots: int, started: float, ende
             "slot_gap_max_s": max(gaps) if gaps else None}
 
 
+def pack_workload(pack: Pack, records: Sequence[TrainingRecord]) -> str | None:
+    """The workload a pack ran: its plan's, or, where it plans none (a search lane asks its trials as it goes), its
+    trainings' records'."""
+    if pack.trainings:
+        return pack.trainings[0].workload_label
+    return next((str(r["workload"]) for r in records if r.get("workload")), None)
+
+
 def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord], info: DeviceInfo,
                       device: str, cores: int, threads: int, model: str | None = None,
                       sampled: Mapping[str, object] | None = None, mode_started: float | None = None,
@@ -264,7 +272,7 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord]
         n_oom=sum(r["status"] == OOM for r in records),
         started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
         cores=cores, threads_per_training=threads, host=socket.gethostname(),
-        workload=pack.trainings[0].workload_label if pack.trainings else None,
+        workload=pack_workload(pack, records),
         # The job (its id, its GPUs), and what the scheduler gave it, to cross-check with sacct's gres/gpu.
         **fields,
         sampler=sampled, **spread_fields(pack), **order_fields(pack), **slots, **setup, **(extra or {}),
@@ -309,7 +317,7 @@ def rebuilt_pack_record(pack: Pack, records: Sequence[TrainingRecord], phase: st
         n_oom=sum(r.get("status") == OOM for r in records),
         started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
         threads_per_training=first.get("threads"),
-        workload=pack.trainings[0].workload_label if pack.trainings else None, sampler=None, rebuilt=REBUILT,
+        workload=pack_workload(pack, records), sampler=None, rebuilt=REBUILT,
         **spread_fields(pack), **order_fields(pack), **slot_use(records, pack.factor, started, ended))
     if pack.stream is not None:  # a lane's: its queue, and nothing it left (every training has its record)
         rec.update({"stream": pack.stream, "lane": pack.index, "claimed": rec["training_ids"], "unclaimed": 0})
