@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -150,6 +151,36 @@ def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
     monkeypatch.setattr(aggregate, "best_hyperparameters", lambda t, **kw: ranked.append(t) or real(t, **kw))
     sweep.collect([run], plots=False)
     assert len(ranked) == 1 and sorted(ranked[0]["training_id"].str[:9]) == [f"trial{n:04d}" for n in range(6)]
+
+
+def test_a_search_after_an_untrusted_probe_streams_at_the_reference_says_why_and_counts_apart(
+        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """Issue 51 item 5. A programmed device whose N=2 is 9x N=1 (4 s a training alone, 0.2 s two at a time): beyond
+    what 2 cores can give, so the probe names no N. The search then streams its 4 trials at the ladder's reference N=1
+    and says so and why; the probe's trainings are neither ranked with the trials nor counted as the search's."""
+    run = tmp_path / "run"
+    command = [*search_cmd(run, 4), "sweep.fixed.steps=1", "packing.factors=auto", "packing.auto.ladder=[1,2]",
+               "packing.auto.repeats=2", "+sweep.fixed.sleep_by_n='1:4.0,2:0.2'"]
+    done = subprocess.run(command, env=subprocess_env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    auto = json.loads((run / "auto.json").read_text())
+    assert auto["best"] == {"local": None} and auto["runs_at"] == {"local": 1}, auto
+    out = " ".join(done.stdout.split())
+    # which N, and why: the device's bound, or (a busy machine) every pack under foreign load
+    assert re.search(r"No N was named \(local: (beyond the device|under foreign load)\): the search streamed at the "
+                     r"ladder's reference \(N=1 on local\)", out), out[-4000:]
+    assert "The search (4 trials) at N=1 on local, the ladder's reference (no N was named)" in out
+    searched = training_records(run / "run")
+    assert len(searched) == 4 and {r["factor"] for r in searched} == {1}
+    # the lane's pack record names the workload its trials ran (it planned none: they were asked as it went)
+    assert list(load_records([run / "run"]).packs["workload"]) == ["tests.fake_workloads"]
+    probed = [r for step in (run / "probe").glob("n*") for r in training_records(step)]
+    # counted apart: the probe's trainings as the probe's, the trials as the search's budget
+    assert f"done: {len(probed)} of {len(probed)} trainings of the probe have a record" in out, out[-4000:]
+    assert "search: 4 of 4 trials finished" in out
+    ranked = out.partition("Best hyperparameters by val_accuracy")[2].partition("Data:")[0]
+    trials = {f"lr={r['params']['lr']}" for r in searched}  # type: ignore[index]
+    assert ranked.count("tests.fake_workloads:") == 4 and all(t in ranked for t in trials), ranked
 
 
 def test_a_grid_given_with_a_search_is_said_unused_in_one_line_and_its_axes_keep_their_defaults(

@@ -57,6 +57,7 @@ class Collected:
     knobs: pd.DataFrame = field(default_factory=pd.DataFrame)
     # packing.factors=auto: the grid run at the best N, apart from the probe (the main summary) that chose it.
     production: pd.DataFrame = field(default_factory=pd.DataFrame)
+    production_title: str = "The rest of the grid at the best N (packing.then=run)"  # what ran there, and at which N
     auto_lines: list[str] = field(default_factory=list)  # what the probe did and why it stopped (auto.json)
     again_lines: list[str] = field(default_factory=list)  # the rounds measured again (packing.remeasure)
     # spread.devices: one training on k devices (gpupack/analysis/layouts.py), and every layout beside packing's,

@@ -37,7 +37,7 @@ from gpupack.core.store.lane_columnar import (
 )
 from gpupack.core.store.rank_choice import RankChoice, read_rank
 from gpupack.core.store.records import FINISHED, SKIPPED_MEMORY, read_json
-from gpupack.core.store.rundir import ATTEMPTS, PACK_RECORD, RunDir
+from gpupack.core.store.rundir import ATTEMPTS, PACK_RECORD, PROBE, RunDir
 from gpupack.search.study import Journal, read_journal
 
 
@@ -140,6 +140,8 @@ class PlanCounts:
     completed: int = 0
     failed: int = 0
     skipped: int = 0
+    # every planned training is an auto probe's (a search after it plans none: its trials are counted apart)
+    probe: bool = False
 
     @property
     def unrecorded(self) -> int:
@@ -150,7 +152,8 @@ class PlanCounts:
         return self.unrecorded == 0
 
     def line(self) -> str:
-        said = (f"{self.planned - self.unrecorded} of {self.planned} trainings of the plan have a record: "
+        said = (f"{self.planned - self.unrecorded} of {self.planned} trainings of the "
+                f"{'probe' if self.probe else 'plan'} have a record: "
                 f"{self.completed} completed, {self.failed} failed"
                 + (f", {self.skipped} skipped for memory" if self.skipped else ""))
         return f"done: {said}" if self.done else \
@@ -189,7 +192,9 @@ def plan_counts(latest: pd.DataFrame, planned_ids: Mapping[str, Sequence[tuple[s
         failed = marked(~skipped & ~finished) & ~completed
         skipped_ids = marked(skipped & ~waits) & ~completed & ~failed
         counts.update(completed=int(completed.sum()), failed=int(failed.sum()), skipped=int(skipped_ids.sum()))
-    return PlanCounts(counts["planned"], counts["completed"], counts["failed"], counts["skipped"])
+    planning = [run for run, planned in planned_ids.items() if planned]  # a search's run plans none
+    probe = bool(planning) and all(Path(run).parent.name == PROBE for run in planning)
+    return PlanCounts(counts["planned"], counts["completed"], counts["failed"], counts["skipped"], probe)
 
 
 def _where(rows: pd.DataFrame) -> pd.Series:

@@ -57,6 +57,13 @@ class AutoReport:
     unnamed: dict[str, str] = field(default_factory=dict)
     runs_at: dict[str, int] = field(default_factory=dict)
 
+    def run_title(self) -> str:
+        """What ran after the probe (packing.then=run), and at which N: the title of its table."""
+        what = f"The search ({self.search} trials)" if self.search is not None else "The rest of the grid"
+        at = (", ".join(f"N={n} on {p}" for p, n in self.runs_at.items()) + ", the ladder's reference (no N was named)"
+              if self.runs_at else "the best N")
+        return f"{what} at {at} (packing.then=run)"
+
     def lines(self) -> list[str]:
         if self.waiting:
             return [f"Waiting for {self.waiting}: run the same command again once its jobs have ended (python -m "
@@ -145,6 +152,7 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
             report = read_auto(path)
             if report is not None:
                 c.auto_lines += report.lines()
+                c.production_title = report.run_title()
             c.again_lines += again_lines(path)
         written = (write_outputs(c, where, plots=plots, trainings=trainings, configs=run_configs(runs))
                    if where is not None else [])

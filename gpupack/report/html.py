@@ -352,7 +352,7 @@ def evidence_section(c: Collected, page: Page) -> str:
                   main_table(c.summary),
                   f"<p class='note'>{_esc(gain_legend(c.summary))}</p>", more_columns(c.summary)]
     if not c.production.empty:
-        parts += ["<h3>The rest of the grid at the best N (packing.then=run)</h3>", main_table(c.production)]
+        parts += [f"<h3>{_esc(c.production_title)}</h3>", main_table(c.production)]
     parts += [_figure(f) for f in page.figures]
     parts += [cost_section(c), _knob_section(c), _layout_section(c)]
     if not c.occupancy.empty:

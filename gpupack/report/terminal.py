@@ -211,7 +211,7 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
     for line in c.auto_lines:
         console.print(line, highlight=False)
     if not c.production.empty:
-        console.print(summary_table(c.production, "The rest of the grid at the best N (packing.then=run)", set(),
+        console.print(summary_table(c.production, c.production_title, set(),
                                     wide=wide))
     if not c.summary.empty:
         if unsplit_trainings(c):
