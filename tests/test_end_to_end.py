@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpupack.runtime.jobenv import job_cores
 
@@ -39,6 +40,7 @@ def test_tiny_sweep_runs_records_and_names_the_best_n(tmp_path, subprocess_env):
         assert rec["status"] == "completed", rec
         assert rec["metrics"]["val_accuracy"] > 0.5  # real digits, really learned
         assert "MNIST (shipped copy" in rec["data"]
+        assert rec["framework"] == f"torch {torch.__version__}"  # what its figures were measured with
     assert "Best packing factor for mnist_torch on local" in proc.stdout
     assert (run_dir / "summary.csv").exists() and (run_dir / "config.yaml").exists()
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -98,12 +98,12 @@ def test_a100_records_size_an_a100_request_and_say_so(cpu_runs, monkeypatch, cap
     write_json_atomic(a100.training_record("a100-process-n01-000", training.training_id), training_record(
         pack_id="a100-process-n01-000", training_id=training.training_id, workload=training.workload_label,
         params=dict(training.params), status="completed", partition="a100", gpu_type="NVIDIA A100-SXM4-40GB",
-        device="cuda", device_name="NVIDIA A100-SXM4-40GB", gpu_model="A100-40gb",
+        device="cuda", device_name="NVIDIA A100-SXM4-40GB", gpu_model="A100-40gb", framework="torch 2.11.0+cu130",
         memory={"peak_rss_mb": 3000.0, "peak_gpu_mem_mb": 500.0}))
     said = dry_run([*SWEEP, *NARVAL, f"run_dir={root / 'narval'}"], monkeypatch, capsys)
     assert "#SBATCH --mem=4500M" in said, said
     assert f"--mem: 4500 MB per training, measured peak 3000 MB x 1.5: the peak of 1 earlier training(s) of this " \
-           f"setting on a100 in {a100.root}" in said, said
+           f"setting on a100 with torch 2.11.0+cu130 in {a100.root}" in said, said  # where, and with what
     assert re.search(r"\(\d+ cpu record\(s\) not used: another device\)", said), said
     # partitions of two device models (a whole A100 and a MIG slice): one figure would size both, so none is used
     said = dry_run([*SWEEP, *NARVAL, "partitions=[a100,a100_2g_10gb]", f"run_dir={root / 'both'}"], monkeypatch,

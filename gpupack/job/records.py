@@ -106,7 +106,8 @@ def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pa
         wall_s=outcome.ended_at - outcome.started_at,
         timings=result.get("timings"), throughput=result.get("throughput"), metrics=result.get("metrics"),
         memory=result.get("memory"), knobs=result.get("knobs"), loader_setting=result.get("loader_setting"),
-        data=result.get("data"), host=socket.gethostname(), **spread_fields(pack, result), **order_fields(pack),
+        data=result.get("data"), framework=result.get("framework"), host=socket.gethostname(),
+        **spread_fields(pack, result), **order_fields(pack),
         **outcome.extra,
     )
 

@@ -71,6 +71,7 @@ class TrainingResult(TypedDict, total=False):
     memory_share_applied: float
     spread: dict[str, object]
     pruned: PrunedAt  # a search's trial its pruner stopped (TrainingContext.report): recorded pruned, not failed
+    framework: str | None  # what its figures were measured with: "torch 2.13.0+cpu" (framework_of)
 
 
 def run_training(spec: WorkerSpec, process_start: float) -> TrainingResult:
@@ -118,6 +119,13 @@ def join_spread(placement: Mapping[str, object] | None) -> Spread | None:
     return join(Placement.from_json(placement))
 
 
+def framework_of(name: str) -> str | None:
+    """The framework a training ran on, as its process imported it, with its version ("torch 2.13.0+cpu"); None where
+    the process never imported it (a program of its own, a test workload)."""
+    version = getattr(sys.modules.get(name), "__version__", None)
+    return f"{name} {version}" if version else None
+
+
 def compose_result(spec: WorkerSpec, workload: Workload, params: object,
                    reporter: Reporter, metrics: Mapping[str, object],
                    process_start: float) -> TrainingResult:
@@ -138,6 +146,7 @@ def compose_result(spec: WorkerSpec, workload: Workload, params: object,
         "loader_setting": json.dumps({k: getattr(params, k) for k in workload.loader_keys}, sort_keys=True,
                                      default=str) if workload.loader_keys else None,
         "data": metrics.get("data"),
+        "framework": framework_of(workload.framework),
         "throughput": loop,
         "timings": {
             "spawned_at": spawned,

@@ -73,11 +73,13 @@ class Measured:
     device: str | None = None  # the device model the peaks were measured on (its label: a100, a100 1g.5gb, cpu)
     aside: tuple[tuple[str, int], ...] = ()  # records of these settings on another device, not used: (label, count)
     why_none: str = ""  # why no record could be used, whatever they hold (the partitions' devices differ, or unknown)
+    frameworks: tuple[str, ...] = ()  # what the peaks were measured with ("torch 2.13.0+cpu"), where recorded
 
     def source(self) -> str:
-        """Where the peaks come from, in words."""
+        """Where the peaks come from, in words: how many trainings, on which device, with which framework, where."""
         on = f" on {self.device}" if self.device else ""
-        return f"the peak of {self.trainings} earlier training(s) of this setting{on} in {self.where}"
+        with_ = f" with {', '.join(self.frameworks)}" if self.frameworks else ""
+        return f"the peak of {self.trainings} earlier training(s) of this setting{on}{with_} in {self.where}"
 
     def aside_text(self) -> str:
         """The records of another device not used, e.g. "3 cpu record(s) not used: another device"; "" if none."""
@@ -275,6 +277,7 @@ class _Seen(NamedTuple):
     gpu: float | None
     run: str
     device: str | None  # where it was measured (record_device)
+    framework: str | None = None  # with what (the record's framework: "torch 2.13.0+cpu")
 
 
 def _on_device(seen: Sequence[_Seen], target: str) -> Measured:
@@ -311,7 +314,8 @@ def _peaks(runs: Iterable[Path], workload: str, settings: set[str], seed_key: st
             torch_peak = own.get("peak_gpu_mem_mb")
             gpu = float(nvml) if nvml else float(torch_peak) + CUDA_CONTEXT_MB if torch_peak else None
             if rss or gpu:
-                yield _Seen(setting, float(rss) if rss else None, gpu, str(run), record_device(rec))
+                yield _Seen(setting, float(rss) if rss else None, gpu, str(run), record_device(rec),
+                            rec.get("framework"))
 
 
 def _highest(seen: Sequence[_Seen], device: str | None, aside: tuple[tuple[str, int], ...] = ()) -> Measured:
@@ -319,8 +323,9 @@ def _highest(seen: Sequence[_Seen], device: str | None, aside: tuple[tuple[str, 
     gpu = [s.gpu for s in seen if s.gpu is not None]
     seen_in = list(dict.fromkeys(s.run for s in seen))
     where = ", ".join(seen_in[:2]) + (" ..." if len(seen_in) > 2 else "")
+    frameworks = tuple(sorted({s.framework for s in seen if s.framework}))
     return Measured(host_mb=max(host) if host else None, gpu_mb=max(gpu) if gpu else None,
-                    trainings=len(host) or len(gpu), where=where, device=device, aside=aside)
+                    trainings=len(host) or len(gpu), where=where, device=device, aside=aside, frameworks=frameworks)
 
 
 def _newest_first(run: RunDir, folded: Folded) -> Iterator[TrainingRecord | None]:

@@ -104,6 +104,7 @@ class TrainingRecord(TypedDict, total=False):
     device_name: str
     gpu_model: str | None
     threads: int
+    framework: str | None  # the framework and version its process ran ("torch 2.13.0+cpu"; None: not imported)
     status: str
     exit_code: int | None
     signal: int | None
