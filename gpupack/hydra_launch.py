@@ -117,6 +117,12 @@ def app_dir() -> str:
     return str(Path(first).resolve())
 
 
+# A Hydra app's jobs are not sized from earlier records (their memory is the app's, per its overrides): the launcher's
+# mem_gb, else the default, and the request and every refusal say so
+NOT_MEASURED = estimate(None, Measured(why_none=f"a Hydra app's jobs are not sized from earlier records ({KEY}.mem_gb "
+                                                "states one job's)"))
+
+
 def prepare(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> sweep.Prepared:
     """Check everything and plan the batch; nothing is written or submitted."""
     p = launcher.params
@@ -124,6 +130,7 @@ def prepare(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], ini
     run = RunDir(fresh_dir(Path(str(p["records_dir"])).absolute(), RunDir.launch_name(initial_job_idx)))
     # the backend maps the launcher's options (hydra-submitit-launcher's names) to its own config
     submitter = backend_class(launcher.backend).from_launcher(p, run, KEY)
+    submitter.measured_host_mb = NOT_MEASURED.host
     return sweep.prepare_run(run, submitter, [], lambda facts: check_batch(launcher, job_overrides, initial_job_idx,
                                                                           run, submitter.cluster, facts))
 
@@ -138,8 +145,8 @@ def check_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]],
     settings = PackSettings(device=p["device"], threads_per_training=p.get("threads_per_job"),
                             training_timeout_s=p.get("job_timeout_s"), gpu_model=p.get("gpu_model"),
                             sample_interval_s=float(p["sample_interval_s"]), mode_options=launcher_mode_options(p))
-    try:  # nothing measured for an app's jobs: the default memory figure per job
-        check_packs(load_workload(WORKLOAD), [p["mode"]], [largest], facts, settings, estimate(None, Measured()),
+    try:
+        check_packs(load_workload(WORKLOAD), [p["mode"]], [largest], facts, settings, NOT_MEASURED,
                     PackingConfig.memory_fraction, lambda i: f"{KEY}.pack", noun="jobs")
     except ConfigError as err:  # a mode speaks of gpupack's own keys: say the launcher's
         if err.key == f"{KEY}.pack":

@@ -235,6 +235,10 @@ def _sacct_jobs(env, since: str, workdir: Path) -> set[str]:
 SLURM_BAD = [
     (["hydra.launcher.pack=9"], "hydra.launcher.pack=9: 9 jobs x hydra.launcher.cpus_per_task=1"),  # > 8 CPUs
     (["hydra.launcher.pack=4", "hydra.launcher.mem_gb=5"], "hydra.launcher.pack=4: 4 jobs x hydra.launcher.mem_gb=5"),
+    # mem_gb unset: the default, said as such (an app's jobs are not sized from earlier records); 9 x 2 GB > 16 GB
+    (["hydra.launcher.pack=9", "hydra.launcher.mem_gb=null", "hydra.launcher.cpus_per_task=0.5"],
+     "hydra.launcher.pack=9: 9 jobs x hydra.launcher.mem_gb=2 (default: a Hydra app's jobs are not sized from "
+     "earlier records (hydra.launcher.mem_gb states one job's))"),
     (["hydra.launcher.gres=gpu:p100:2"], "hydra.launcher.gres='gpu:p100:2'"),
     (["hydra.launcher.gres=gpu:k80:1"], "hydra.launcher.gres='gpu:k80:1'"),
     (["hydra.launcher.gres=null", "hydra.launcher.gpus_per_node=2"], "hydra.launcher.gpus_per_node=2"),

@@ -544,7 +544,9 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                                                constraint=options.get("constraint"), model=options.get("gpu_model"))},
             default_partitions=[label], account=options.get("account"),
             cpus_per_training=float(options.get("cpus_per_task") or 1),
-            mem_gb_per_training=float(options.get("mem_gb") or 2), array_parallelism=int(options["array_parallelism"]),
+            # unset: null, so the request is the default and says so (not "as set")
+            mem_gb_per_training=None if options.get("mem_gb") is None else float(options["mem_gb"]),
+            array_parallelism=int(options["array_parallelism"]),
             signal_delay_s=int(options["signal_delay_s"]), max_num_timeout=int(options["max_num_timeout"]),
             setup=list(options.get("setup") or []),
             additional_parameters={**extra, **(options.get("additional_parameters") or {})},
