@@ -6,6 +6,7 @@ the CLI prints ``str(err)`` as one line and exits non-zero.
 from __future__ import annotations
 
 import difflib
+import json
 from typing import Iterable, Sequence
 
 
@@ -136,13 +137,26 @@ def require_positive(value: object, key: str, example: str, *, whole: bool = Fal
 def require_unique(values: Sequence[object], key: str, noun: str, each: str) -> None:
     """``values`` a set given as a list: none listed twice, else a ConfigError on ``key`` naming the first repeated
     one (``noun``: "a packing mode") with the list deduplicated, in order, as the hint."""
-    seen: list[object] = []  # a list, not a set: a value may be unhashable (a command's argv)
+    seen: list[object] = []
+    known: set[object] = set()  # linear in the values (an axis of 100,000), an unhashable one by its JSON
     twice: list[object] = []
     for value in values:
-        (twice if value in seen else seen).append(value)
+        told = _unique_key(value)
+        (twice if told in known else seen).append(value)
+        known.add(told)
     if twice:
         raise ConfigError(key, list(values), f"{noun} is listed twice ({twice[0]!r})",
                           f"list each {each} once: {key}=[{','.join(override_value(v) for v in seen)}]")
+
+
+def _unique_key(value: object) -> object:
+    """What tells ``value`` apart from another in a set: itself (equal numbers alike, as ``==`` has them), or, a list or
+    a mapping (a command's argv), its JSON."""
+    try:
+        hash(value)
+    except TypeError:
+        return ("\0unhashable", json.dumps(value, sort_keys=True, default=repr))
+    return value
 
 
 def override_value(value: object) -> str:
