@@ -7,6 +7,7 @@ the sweep's grid and fixed values are validated against before anything runs.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -278,19 +279,21 @@ class Workload(ABC, Generic[P]):
     reported_metrics: ClassVar[tuple[str, ...] | None] = None
 
     def check(self, params: P) -> None:
-        """Static checks run before submission (data present, values in range). Raise ConfigError."""
+        """Static checks run before submission (data present, a known model; the declared ranges are checked apart,
+        :meth:`check_ranges`). Raise ConfigError. Run once per distinct reading of the grid (gpupack.setup.once): it
+        must depend only on the hyperparameters it reads from ``params``, as a check does."""
 
     def check_ranges(self, params: P | Mapping[str, object]) -> None:
         """Each hyperparameter that ``Params`` declares a :class:`Range` for (its ``ranges``) within it, else a
         ConfigError naming it with a value inside as the hint (``name=VALUE``). A workload that declares none is not
-        checked. Run before :meth:`check`, for sweep.fixed and every point of sweep.grid."""
+        checked. Run before :meth:`check` on sweep.fixed and on each value of each axis of sweep.grid (``params``
+        may hold a few hyperparameters only: a range is checked where its hyperparameter is given)."""
         ranges: Mapping[str, Range] = getattr(self.Params, "ranges", {})
-        defaults = self.defaults() if ranges else {}
         for name, declared in ranges.items():
             value = params.get(name) if isinstance(params, Mapping) else getattr(params, name, None)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and not declared.holds(value):
                 raise ConfigError(name, value, f"{self.name}'s {name} must be {declared.text()}",
-                                  f"{name}={declared.example(defaults.get(name))}")
+                                  f"{name}={declared.example(self.defaults().get(name))}")
 
     def check_spread(self, params: P, strategy: str, devices: int) -> None:
         """Before anything runs, for a training spread over ``devices`` devices by ``strategy``: refuse (ConfigError)
@@ -357,7 +360,18 @@ class Workload(ABC, Generic[P]):
         except OmegaConfBaseException as err:
             raise ConfigError(f"{where}.{key}", value, str(err).splitlines()[0],
                               f"give {key} a value of the type {self.name} declares") from None
-        return cast(dict[str, object], OmegaConf.to_container(node))[key]  # a structured config: a dict
+        typed = cast(dict[str, object], OmegaConf.to_container(node))[key]  # a structured config: a dict
+        return self._finite(key, typed, where)
+
+    def _finite(self, key: str, value: object, where: str) -> object:
+        """``value``, unless it is a float that is no number (nan) or no finite one (inf): refused as a bad value."""
+        if isinstance(value, float) and not math.isfinite(value):
+            default = self.defaults().get(key)
+            example = f"[{default}]" if where == "sweep.grid" else default  # an axis is a list
+            raise ConfigError(f"{where}.{key}", value, "is not a finite number",
+                              f"give {key} a number" + (f", e.g. {where}.{key}={example}"
+                                                        if isinstance(default, (int, float)) else ""))
+        return value
 
     def typed_values(self, key: str, values: Sequence[object], where: str) -> list[object]:
         """:meth:`typed` for every value of one grid axis, validated at once (one OmegaConf merge for a sweep of
@@ -375,7 +389,8 @@ class Workload(ABC, Generic[P]):
             node = OmegaConf.merge(OmegaConf.structured(axis), {"values": list(values)})
         except OmegaConfBaseException:
             return [self.typed(key, value, where) for value in values]  # raises for the first bad value
-        return list(cast(dict[str, list[object]], OmegaConf.to_container(node))["values"])
+        typed = cast(dict[str, list[object]], OmegaConf.to_container(node))["values"]
+        return [self._finite(key, value, where) for value in typed]
 
     def params(self, values: Mapping[str, object]) -> P:
         """What train() and check() get: the Params dataclass built from plain values."""
