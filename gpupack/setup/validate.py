@@ -28,6 +28,7 @@ from gpupack.search.plan import search_plan
 from gpupack.search.space import probe_grid
 from gpupack.setup.cluster_facts import ClusterFacts, auto_ladder, bundle_warnings, check_fit, idle_gpu_warnings
 from gpupack.setup.config import DRY_RUN_PACKS
+from gpupack.setup.once import each_reading
 from gpupack.setup.options import check_strategy_options, pack_settings
 from gpupack.setup.spread_check import SpreadSpec, check_spread_config
 from gpupack.workload import Workload
@@ -152,18 +153,21 @@ def require_sweep(cfg: DictConfig) -> None:
 
 def _check_params(workload: Workload, grid: Mapping[str, list[object]], fixed: Mapping[str, object],
                   fixed_keys: set[str]) -> None:
-    """Run the workload's own checks on every distinct training's hyperparameters."""
-    for point in expand_grid(grid):
-        params = workload.params({**fixed, **point})
-        try:
-            workload.check_ranges(params)  # what its Params declares, whatever its own check() does
-            workload.check(params)
-        except ConfigError as err:
-            base = err.key.split("[")[0].split(".")[0]  # argv[0] → argv, env.NAME → env
-            where = "sweep.grid" if base in grid else "sweep.fixed" if base in fixed_keys or base in fixed else "sweep"
-            # a hint that is the key's own value (momentum=0.9) is given as the key is: sweep.fixed.momentum=0.9
-            hint = f"{where}.{err.hint}" if err.hint.startswith(f"{err.key}=") else err.hint
-            raise type(err)(f"{where}.{err.key}", err.value, err.why, hint) from None
+    """The workload's checks of every training's hyperparameters: each range its Params declares once per value (of
+    an axis, or fixed), its own check() once per distinct reading of the grid (gpupack.setup.once), never once per
+    training."""
+    try:
+        workload.check_ranges(fixed)
+        for key, values in grid.items():
+            for value in values:
+                workload.check_ranges({key: value})
+        each_reading(workload.check, grid, fixed, build=workload.params)
+    except ConfigError as err:
+        base = err.key.split("[")[0].split(".")[0]  # argv[0] → argv, env.NAME → env
+        where = "sweep.grid" if base in grid else "sweep.fixed" if base in fixed_keys or base in fixed else "sweep"
+        # a hint that is the key's own value (momentum=0.9) is given as the key is: sweep.fixed.momentum=0.9
+        hint = f"{where}.{err.hint}" if err.hint.startswith(f"{err.key}=") else err.hint
+        raise type(err)(f"{where}.{err.key}", err.value, err.why, hint) from None
 
 
 def _check_estimate(cfg: DictConfig) -> None:
@@ -358,13 +362,12 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     spread = check_spread_config(cfg, workload, facts, memory, fraction, memory.host, grid, fixed,
                                  auto=is_auto(cfg))
     for mode, key in group_keys(workload, modes).items():  # every training must fit a group (fused: no AMP...)
-        for point in expand_grid(grid):
-            try:
-                key({**fixed, **point})
-            except ConfigError as err:
-                where = "sweep.grid" if err.key in grid else "sweep.fixed"
-                raise ConfigError(f"{where}.{err.key}", err.value, f"{err.why} (packing.modes has {mode})",
-                                  err.hint) from None
+        try:
+            each_reading(key, grid, fixed)
+        except ConfigError as err:
+            where = "sweep.grid" if err.key in grid else "sweep.fixed"
+            raise ConfigError(f"{where}.{err.key}", err.value, f"{err.why} (packing.modes has {mode})",
+                              err.hint) from None
     return SweepSpec(name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed,
                      factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
                      loader_probe=bool(sweep.loader_probe), settings=settings, order=cfg.packing.order,
@@ -427,8 +430,7 @@ def device_notes(workload: Workload, grid: Mapping[str, list[object]], fixed: Ma
     notes: list[str] = []
     for partition in facts.partitions:
         has_gpu = facts.capacities[partition].has_gpu if device != "cpu" else False
-        for point in expand_grid(grid):
-            note = workload.device_note({**fixed, **point}, has_gpu)
+        for _, note in each_reading(lambda values: workload.device_note(values, has_gpu), grid, fixed):
             if note and f"{partition}: {note}" not in notes:
                 notes.append(f"{partition}: {note}")
     return tuple(notes)

@@ -24,7 +24,6 @@ class Cifar10Tf(_tf_common.KerasWorkload[Cifar10TfParams]):
     min_gpu_memory_mb = 1024
 
     def check(self, params: Cifar10TfParams) -> None:
-        self.check_ranges(params)  # the ranges its Params declares
         _cifar10_data.find_dir(params.data_dir)
 
     def train(self, params: Cifar10TfParams, ctx: TrainingContext) -> Metrics:

@@ -30,7 +30,6 @@ class Cifar10Torch(common.TorchImageWorkload[Cifar10TorchParams]):
     eval_batch = 1000
 
     def check(self, params: Cifar10TorchParams) -> None:
-        self.check_ranges(params)  # the ranges its Params declares
         _cifar10_data.find_dir(params.data_dir)
 
     def build(self, params: Cifar10TorchParams, nn: Framework) -> Model:

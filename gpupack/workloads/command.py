@@ -156,7 +156,13 @@ class Command(Workload[CommandParams]):
     def program(self, plain: Mapping[str, object]) -> Launch:
         """The rendered argv, environment and working directory of one training (refuses bad templates)."""
         params = program_keys(plain)
-        values = {**RESERVED, **self.hyperparameters(params)}
+        # only the hyperparameters its templates name (a check reads no more: gpupack.setup.once); all of them where
+        # one is missing, for the nearest name in render's refusal
+        templates = [*(params.get("argv") or []), *(params.get("env") or {}).values(), params.get("cwd") or ""]
+        names = {n for t in templates for n in _names(str(t)) if n not in RESERVED}
+        own = all(n not in PROGRAM_KEYS and n in plain for n in names)
+        named = {n: plain[n] for n in names} if own else self.hyperparameters(params)
+        values = {**RESERVED, **named}
         argv = [render(item, values, f"argv[{i}]") for i, item in enumerate(params.get("argv") or [])]
         env = {name: render(v, values, f"env.{name}") for name, v in (params.get("env") or {}).items()}
         cwd = render(cwd_template, values, "cwd") if (cwd_template := params.get("cwd")) else None

@@ -30,7 +30,6 @@ class MnistTf(_tf_common.KerasWorkload[MnistTfParams]):
     min_gpu_memory_mb = 512
 
     def check(self, params: MnistTfParams) -> None:
-        self.check_ranges(params)  # the ranges its Params declares
         if params.model not in MODELS:
             raise ConfigError("model", params.model, "unknown model", f"use one of {', '.join(MODELS)}")
         _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))

@@ -33,7 +33,6 @@ class MnistTorch(common.TorchImageWorkload[MnistTorchParams]):
     shape_keys = ("model", "hidden")
 
     def check(self, params: MnistTorchParams) -> None:
-        self.check_ranges(params)  # the ranges its Params declares
         if params.model not in MODELS:
             raise ConfigError("model", params.model, "unknown model", f"use one of {', '.join(MODELS)}")
         _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))

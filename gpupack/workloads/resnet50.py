@@ -84,7 +84,6 @@ class ResNet50(common.TorchImageWorkload[ResNet50Params]):
     eval_batch = 256
 
     def check(self, params: ResNet50Params) -> None:
-        self.check_ranges(params)  # the ranges its Params declares
         if params.data not in DATA:
             raise ConfigError("data", params.data, "unknown data", f"use one of {', '.join(DATA)}")
         if params.data == "cifar10":
