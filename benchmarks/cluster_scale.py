@@ -33,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import DEFAULT_SLURM_CONF, PYTHON, REPO, bench_main, fmt, read_json, say, table, write_json  # noqa: E402
+from dry_run_scale import time_dry  # noqa: E402
 
 from gpupack.core.store.journal import read_folded  # noqa: E402
 from gpupack.core.store.rundir import RunDir  # noqa: E402
@@ -127,18 +128,8 @@ def by_hand(out: Path, trainings: int) -> dict[str, Any]:
 
 
 def dry_run(out: Path) -> dict[str, Any]:
-    argv = [PYTHON, "-m", "gpupack", "+sweep=command", "sweep.fixed.argv=[/bin/true,\"{i}\"]",
-            "sweep.grid.i=range(0,100000)", f"packing.factors=[{N}]", "packing.repeats=1", "cluster=slurm",
-            "partitions=[p100]", "cluster.cpus_per_training=0.25", "cluster.mem_gb_per_training=0.25",
-            f"run_dir={out / 'dry'}", "dry_run=true"]
-    began = time.time()
-    proc = subprocess.run(argv, capture_output=True, text=True, env=_env(), cwd=REPO, timeout=600)
-    (out / "dry_run.log").write_text(proc.stdout + proc.stderr)
-    text = " ".join(proc.stdout.split())  # the terminal's line breaks undone
-    jobs = text.split(" jobs: ", 1)[-1].split(" files: ", 1)[0]
-    files = text.split(" files: ", 1)[-1].split(" per training", 1)[0]
-    return {"rc": proc.returncode, "wall_s": time.time() - began, "jobs_line": f"jobs: {jobs}",
-            "files_line": f"files: {files} per training)"}
+    """The dry run of 100,000 trainings (benchmarks/dry_run_scale.py's command sweep, once)."""
+    return time_dry("command", out)
 
 
 def run(out: Path, quick: bool) -> None:
