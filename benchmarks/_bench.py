@@ -33,6 +33,11 @@ def parser(name: str, doc: str, quick_help: str) -> argparse.ArgumentParser:
     return ap
 
 
+def checkouts(before: str | None) -> dict[str, Path]:
+    """This gpupack, and (``--before DIR``) another checkout of it to run beside, by name."""
+    return {"this": REPO, **({"before": Path(before).resolve()} if before else {})}
+
+
 def out_dir(name: str, given: str | None) -> Path:
     """Where a benchmark's run directories, logs and results.json go (runs/ is git-ignored)."""
     path = Path(given) if given else REPO / "runs" / "benchmarks" / name / _dt.datetime.now().strftime("%Y%m%d_%H%M%S")

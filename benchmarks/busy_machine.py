@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import PYTHON, REPO, fmt, out_dir, read_json, say, table, tail, write_json  # noqa: E402
+from _bench import PYTHON, checkouts, fmt, out_dir, read_json, say, table, tail, write_json  # noqa: E402
 
 QUICK = ["packing.factors=[1,2]", "packing.repeats=2", "sweep.fixed.train_samples=2000", "sweep.fixed.epochs=1",
          "sweep.fixed.val_samples=500"]
@@ -62,9 +62,9 @@ def hogged(argv: list[str], log: Path, env: dict[str, str], hog_s: float, cwd: P
     return proc.returncode
 
 
-def run(out: Path, checkouts: dict[str, Path], sweep: list[str], hog_s: float) -> dict[str, Any]:
+def run(out: Path, trees: dict[str, Path], sweep: list[str], hog_s: float) -> dict[str, Any]:
     results: dict[str, Any] = {"sweep": sweep, "hog_s": hog_s, "runs": {}}
-    for name, source in checkouts.items():
+    for name, source in trees.items():
         env = {**os.environ, "PYTHONPATH": str(source)}
         for load, seconds in (("quiet", 0.0), ("busy", hog_s)):
             key = f"{name}-{load}"
@@ -138,8 +138,7 @@ def main() -> None:
         report(Path(args.report))
         return
     out = out_dir("busy_machine", args.out)
-    checkouts = {"this": REPO, **({"before": Path(args.before).resolve()} if args.before else {})}
-    run(out, checkouts, (QUICK if args.quick else []) + args.sweep, args.hog_s)
+    run(out, checkouts(args.before), (QUICK if args.quick else []) + args.sweep, args.hog_s)
     report(out)
 
 

@@ -23,7 +23,20 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import DEFAULT_SLURM_CONF, PYTHON, REPO, fmt, median, out_dir, parser, read_json, say, table, write_json  # noqa: E402
+from _bench import (  # noqa: E402
+    DEFAULT_SLURM_CONF,
+    PYTHON,
+    REPO,
+    checkouts,
+    fmt,
+    median,
+    out_dir,
+    parser,
+    read_json,
+    say,
+    table,
+    write_json,
+)
 
 TRAININGS = 100_000
 LRS = ",".join(f"{0.00001 * (i + 1):.5f}" for i in range(1000))
@@ -57,11 +70,11 @@ def time_dry(sweep: str, out: Path, checkout: Path = REPO, name: str = "this") -
             "per training)"}
 
 
-def run(out: Path, checkouts: dict[str, Path], repeats: int) -> None:
-    results: dict[str, Any] = {"checkouts": {k: str(v) for k, v in checkouts.items()}, "runs": {}}
+def run(out: Path, trees: dict[str, Path], repeats: int) -> None:
+    results: dict[str, Any] = {"checkouts": {k: str(v) for k, v in trees.items()}, "runs": {}}
     for sweep in SWEEPS:
         for _ in range(repeats):  # interleaved, so a slower minute falls on both
-            for name, checkout in checkouts.items():
+            for name, checkout in trees.items():
                 say(f"dry run of {TRAININGS:,} trainings ({sweep}) with {name} ({checkout})")
                 r = time_dry(sweep, out, checkout, name)
                 results["runs"].setdefault(f"{name}/{sweep}", []).append(r)
@@ -91,8 +104,7 @@ def main() -> None:
         report(Path(args.report))
         return
     out = out_dir("dry_run_scale", args.out)
-    checkouts = {"this": REPO, **({"before": Path(args.before).resolve()} if args.before else {})}
-    run(out, checkouts, 1 if args.quick else 3)
+    run(out, checkouts(args.before), 1 if args.quick else 3)
     report(out)
 
 
