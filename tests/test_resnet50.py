@@ -62,8 +62,10 @@ def test_amp_is_ignored_on_a_cpu_with_its_reason(amp, device, runs_amp, noted):
 ])
 def test_bad_resnet50_input_is_refused(overrides, key):
     workload = load_workload("resnet50")
-    with pytest.raises(ConfigError) as err:
-        workload.check(ResNet50Params(**overrides))
+    params = ResNet50Params(**overrides)
+    with pytest.raises(ConfigError) as err:  # what validate runs on each training: the declared ranges, then check()
+        workload.check_ranges(params)
+        workload.check(params)
     assert err.value.key == key and "HINT" in str(err.value)
 
 
