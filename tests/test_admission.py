@@ -257,6 +257,7 @@ def test_a_setting_s_peak_measured_in_this_run_admits_the_next(tmp_path, monkeyp
     assert second is not None
 
 
+@pytest.mark.slow
 def test_a_slot_that_waits_for_memory_takes_its_training_while_the_others_run(tmp_path, monkeypatch):
     # Two trainings that complete only if they run together (a barrier, not a clock): the second does not fit the
     # memory free at the lane's start, so its slot waits; NVML's answer grows as the first runs, and the waiting slot,

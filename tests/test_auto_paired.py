@@ -107,6 +107,7 @@ def _probe(tmp_path, monkeypatch, slowdown: float, tpt: dict[int, float] = TRUE_
     return sweep.run(prepared, plots=False)
 
 
+@pytest.mark.slow
 def test_a_machine_that_slows_as_the_ladder_climbs_gets_the_answer_of_a_steady_one(tmp_path, monkeypatch):
     """The steady device's answer is N=3. Slowing 3 % a pack, N=3's packs all run late: weighed unpaired (each N's
     packs pooled over the steps), N=3 looks slower than N=2 and N=2 would be the answer. Paired, each N against the
@@ -129,6 +130,7 @@ def test_a_machine_that_slows_as_the_ladder_climbs_gets_the_answer_of_a_steady_o
     assert pooled[3] > pooled[2]
 
 
+@pytest.mark.slow
 def test_a_step_leaves_out_its_packs_under_foreign_load_and_its_verdict_says_so(tmp_path, monkeypatch):
     """N=2 is 2 % faster than N=1: below min_gain, the climb stops at N=2. A hog beside step 2's first round (N=1's
     two threads 3x, in either set-up, N=2's single ones 1.67x): kept, that round alone would make N=2 beat N=1 by 5 %
@@ -150,6 +152,7 @@ class NeighbouredReference(SlowingDevice):
         return (wall * 14, 1.8) if factor == 1 else (wall, 0.0)
 
 
+@pytest.mark.slow
 def test_a_probe_whose_reference_its_neighbours_slowed_names_no_n_and_runs_the_rest_at_the_reference(
         tmp_path, monkeypatch):
     """Every gain over a reference 14x slowed is beyond what 2 cores can give: the probe names no N, says why, and the

@@ -95,6 +95,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("overrides, needles", CASES, ids=[" ".join(c[0]) for c in CASES])
+@pytest.mark.slow
 def test_bad_input_is_one_clear_line_and_starts_nothing(tmp_path, capsys, overrides, needles):
     run_dir = tmp_path / "run"
     has_run_dir = any(o.startswith("run_dir=") for o in overrides)
@@ -164,6 +165,7 @@ def test_unknown_sweep_lists_the_known_ones(capsys):
     assert "mnist_pak" in err and "mnist_pack" in err
 
 
+@pytest.mark.slow
 def test_bad_input_exit_code_from_the_command_line(tmp_path, subprocess_env):
     proc = subprocess.run([sys.executable, "-m", "gpupack", "+sweep=mnist_pack", "packing.factors=[0]",
                            f"run_dir={tmp_path / 'run'}"], capture_output=True, text=True, env=subprocess_env,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from gpupack import sweep
@@ -19,6 +20,7 @@ def _text(collected) -> str:
     return console.export_text()
 
 
+@pytest.mark.slow
 def test_an_oom_before_a_resume_still_makes_its_n_infeasible(tmp_path):
     """N=2 runs out of memory once; the resumed pack then completes. The OOM is still counted, N=2 is not chosen,
     until the user clears it."""
@@ -46,8 +48,6 @@ def test_an_oom_before_a_resume_still_makes_its_n_infeasible(tmp_path):
 # ---------------- order: drift that lines up with N ----------------
 
 import random  # noqa: E402
-
-import pytest  # noqa: E402
 
 from gpupack.analysis.load import load_records  # noqa: E402
 from gpupack.analysis.summary import best_factors, summarize  # noqa: E402
@@ -280,6 +280,7 @@ def _auto(tmp_path, *extra):
     return run_dir, outcome
 
 
+@pytest.mark.slow
 def test_auto_stops_on_a_plateau_and_runs_the_rest_of_the_grid_at_the_best_n(tmp_path):
     """A programmed device: a training takes 1 s alone or two at a time, 2.7 s three at a time (time per training
     0.5 s at N=2, 0.9 s at N=3), whatever the machine's load. The probe stops at N=3, says why, picks N=2, and the
@@ -318,6 +319,7 @@ def read_json_file(path):
     return read_json(path)
 
 
+@pytest.mark.slow
 def test_auto_stops_at_an_oom_and_does_not_choose_that_n(tmp_path):
     run_dir, outcome = _auto(tmp_path, "sweep.grid.lr=[0.1,0.2,0.3]", f"+sweep.fixed.oom_when_shared={tmp_path / 'g'}",
                              "packing.auto.ladder=[1,2,3]", "packing.auto.repeats=2")
@@ -326,6 +328,7 @@ def test_auto_stops_at_an_oom_and_does_not_choose_that_n(tmp_path):
     assert not (run_dir / "probe" / "n03").exists()  # N=3 was never tried
 
 
+@pytest.mark.slow
 def test_auto_stops_where_the_measured_memory_passes_the_budget(tmp_path):
     """By the stated 50 MB, N=2 would fit a 450 MB budget; the N=1 step measures ~300 MB a training (it allocates
     256 MB), so the probe stops before N=2 — for memory alone, whatever the timings (the first step always climbs)."""
@@ -343,6 +346,7 @@ def test_auto_stops_where_the_measured_memory_passes_the_budget(tmp_path):
     assert outcome.auto.best["local"] == 1
 
 
+@pytest.mark.slow
 def test_auto_forecasts_where_memory_stops_it_and_the_probe_decides(tmp_path):
     """Stated 4 GB a training, the climb would stop before N=8 on this budget; the N=1 step measures a few MB, and
     the probe goes on to N=8 (the first step always climbs, so no timing decides this). Whether it climbs past N=8
@@ -363,6 +367,7 @@ def test_auto_forecasts_where_memory_stops_it_and_the_probe_decides(tmp_path):
     assert "memory" not in stopped and "not tried" not in stopped, stopped
 
 
+@pytest.mark.slow
 def test_status_of_an_auto_run_lists_its_probe_and_run_packs(tmp_path):
     run_dir, outcome = _auto(tmp_path, "sweep.grid.lr=[0.1,0.2,0.3,0.4,0.5]", "packing.auto.ladder=[1,2]",
                              "packing.auto.repeats=2")
@@ -375,6 +380,7 @@ def test_status_of_an_auto_run_lists_its_probe_and_run_packs(tmp_path):
     assert all(p.state == "done" for p in st.packs)
 
 
+@pytest.mark.slow
 def test_auto_with_wait_false_submits_one_step_a_call_and_the_same_command_goes_on(tmp_path, monkeypatch):
     """Issue 30, item 5: nothing waits on a login node. Each call submits the next step's jobs and returns; called
     again while they are queued it submits nothing; once they have ended it decides from their records and submits
@@ -417,6 +423,7 @@ def test_the_cli_says_what_an_auto_call_with_wait_false_submitted_and_what_to_do
             f"ended (python -m gpupack watch {run_dir}/probe/n01)") in out, out
 
 
+@pytest.mark.slow
 def test_auto_with_wait_false_decides_a_step_whose_trainings_failed_and_never_submits_it_again(tmp_path, monkeypatch):
     """A failure or an OOM at a rung is how a climb often stops: the step is decided from its records, not run again
     on every call (it would wait for itself forever)."""

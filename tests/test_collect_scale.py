@@ -24,6 +24,7 @@ def _bench():
     return module
 
 
+@pytest.mark.slow
 def test_the_benchmark_times_load_and_aggregate_from_disk(tmp_path, capsys):
     timings = _bench().main(["--trainings", "3000", "--factors", "1,4,8", "--repeat", "2", "--out", str(tmp_path),
                              "--keep", "--layout", "packs"])
@@ -58,6 +59,7 @@ def _sorted(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(keys).reset_index(drop=True)
 
 
+@pytest.mark.slow
 def test_the_lanes_layout_is_read_from_the_lanes_columnar_files_as_from_their_journals(tmp_path, monkeypatch):
     """The default layout: packs dealt to lanes that folded them. Collect reads each lane's columnar file for the
     journal bytes it covers and parses only what was folded after (an OOM amended) and the journals of lanes killed
@@ -101,6 +103,7 @@ def test_the_engines_benchmark_times_the_same_reductions_in_each_engine_it_finds
     assert len(pandas_groups) == t.groupby(engines.KEYS).ngroups == 8  # 4 partitions x 2 modes at N=4
 
 
+@pytest.mark.slow
 def test_curves_and_logs_stay_beside_the_frame_where_they_lie_and_reach_the_rows_and_the_parquet(tmp_path):
     """The columns no table reads (the throughput curve, a third of a run's bytes, and where each log is kept) are not
     copied into the frame: they stay in the lanes' memory-mapped chunks (Records.detached), and reach the rows that need

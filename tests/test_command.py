@@ -203,6 +203,7 @@ def test_argv_in_grid_and_fixed_hint_does_not_suggest_the_grid(in_tmp, capsys):
     assert "keep argv in sweep.grid" not in err and "sweep.fixed.argv" in err.split("HINT:")[1]
 
 
+@pytest.mark.slow
 def test_bad_command_input_from_the_command_line(tmp_path, subprocess_env):
     proc = subprocess.run([PY, "-m", "gpupack", "+sweep=command", "sweep.fixed.argv=[./nothere.sh,'{lr}']",
                            "sweep.grid.lr=[0.1]", f"run_dir={tmp_path / 'run'}"], capture_output=True, text=True,
@@ -234,6 +235,7 @@ def _received(run_dir: Path, rec: dict) -> dict:
 TAGS = ['a;b $(echo x) "q"', "it's *.py {lr} `id` > out.txt"]
 
 
+@pytest.mark.slow
 def test_reporting_program_end_to_end_argv_verbatim_metrics_and_split_timings(tmp_path, subprocess_env):
     run_dir = tmp_path / "run"
     work = tmp_path / "work-0.25"
@@ -270,6 +272,7 @@ def test_reporting_program_end_to_end_argv_verbatim_metrics_and_split_timings(tm
     assert not (work / "out.txt").exists() and not (tmp_path / "out.txt").exists()
 
 
+@pytest.mark.slow
 def test_silent_program_completes_unsplit_and_collect_says_so(tmp_path, subprocess_env):
     run_dir = tmp_path / "run"
     proc = _gpupack(["+sweep=command", f"sweep.fixed.argv=['{PY}','{PROGRAM}',--mode,silent,--lr,'{{lr}}']",
@@ -291,6 +294,7 @@ def test_silent_program_completes_unsplit_and_collect_says_so(tmp_path, subproce
     assert any("did not mark its first step" in line for line in collected.stdout.splitlines()), collected.stdout
 
 
+@pytest.mark.slow
 def test_a_failing_training_fails_alone_in_its_pack(tmp_path, subprocess_env):
     run_dir = tmp_path / "run"
     proc = _gpupack(["+sweep=command",

@@ -42,6 +42,7 @@ def _records(run_dir: Path) -> dict[str, dict]:
     return {str(r["params"]["code"]): r for r in recs}
 
 
+@pytest.mark.slow
 def test_a_forked_script_sees_and_ends_as_a_fresh_one(tmp_path):
     seen, recs = {}, {}
     for start in ("fresh", "fork"):
@@ -93,6 +94,7 @@ def test_fork_start_where_it_cannot_hold_is_one_line_before_anything_runs(tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_module_runs_forked_as_python_dash_m(tmp_path):
     data = tmp_path / "in.json"
     data.write_text('{"b": 1, "a": 2}')
@@ -124,6 +126,7 @@ main()
 
 
 @pytest.mark.parametrize("start, preloaded", [("fork", True), ("fresh", False)])
+@pytest.mark.slow
 def test_a_forked_scripts_libraries_are_imported_once_by_its_server_never_its_own_modules(tmp_path, start,
                                                                                           preloaded):
     """Issue 31: every import of a forked script runs in its child, so its server imports the libraries the script's

@@ -21,6 +21,7 @@ def _run(tmp_path, *more: str) -> int:
                  "packing.repeats=1", f"run_dir={tmp_path / 'run'}"])
 
 
+@pytest.mark.slow
 def test_metrics_read_from_stdout_last_match_wins_and_rank(tmp_path, capsys):
     assert _run(tmp_path, "sweep.grid.loss=[0.0315,0.2]") == 0, capsys.readouterr()
     recs = {r["params"]["loss"]: r for r in (json.loads(p.read_text())

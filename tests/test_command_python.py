@@ -6,6 +6,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from gpupack.cli import main
 from gpupack.workloads import load_workload
 
@@ -16,6 +18,7 @@ def _records(run_dir):
     return [json.loads(p.read_text()) for p in run_dir.glob("packs/*/trainings/*.json")]
 
 
+@pytest.mark.slow
 def test_python_placeholder_is_gpupacks_interpreter(tmp_path, capsys):
     assert COMMAND.program({"argv": ["{python}", "t.py", "--lr", "{lr}"], "lr": 0.1}).argv == \
         [sys.executable, "t.py", "--lr", "0.1"]
@@ -28,6 +31,7 @@ def test_python_placeholder_is_gpupacks_interpreter(tmp_path, capsys):
     assert seen.read_text() == sys.executable
 
 
+@pytest.mark.slow
 def test_a_missing_module_names_the_interpreter_that_ran_the_program(tmp_path, capsys):
     other = tmp_path / "bin" / "python3"  # another interpreter than gpupack's, as a PATH lookup can find
     other.parent.mkdir()
@@ -42,6 +46,7 @@ def test_a_missing_module_names_the_interpreter_that_ran_the_program(tmp_path, c
     assert "{python}" in rec["error"]
 
 
+@pytest.mark.slow
 def test_no_hint_when_gpupacks_own_interpreter_lacks_the_module(tmp_path, capsys):
     run_dir = tmp_path / "run"
     code = main(["+sweep=command", "sweep.fixed.argv=['{python}',-c,'import no_such_module_for_gpupack']",

@@ -125,6 +125,7 @@ FOREIGN = ["sampler_foreign_cpu_cores_mean", "sampler_foreign_cpu_cores_max", "s
 
 
 @pytest.mark.parametrize("fold", [False, True], ids=["pack folders", "folded lane"])
+@pytest.mark.slow
 def test_the_figures_reach_the_packs_frame_in_every_layout(tmp_path, fold):
     """A real pack of two trainings: its pack record's figures are in the frame collect builds from its JSON, its
     columnar file, its lane's journal and its lane's columnar file alike; no NVML here: the GPU's are unknown."""

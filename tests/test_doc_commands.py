@@ -180,6 +180,7 @@ def test_the_docs_commands_are_all_found():
 
 @pytest.mark.parametrize("command", [
     pytest.param(c, id=c.where, marks=[pytest.mark.slurm] if _needs_slurm(c) else []) for c in ALL])
+@pytest.mark.slow
 def test_a_docs_command_runs_as_pasted(command: DocCommand, workspace: Workspace, request: pytest.FixtureRequest):
     slurm = request.getfixturevalue("slurm_env") if _needs_slurm(command) else None
     ran = workspace.run(command, env=_user_env(slurm))

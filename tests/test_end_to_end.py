@@ -64,6 +64,7 @@ def test_tiny_sweep_runs_records_and_names_the_best_n(tmp_path, subprocess_env):
     assert collected.returncode == 0 and "Best packing factor" in collected.stdout
 
 
+@pytest.mark.slow
 def test_workload_from_own_package_and_own_config_folder(tmp_path, subprocess_env):
     """A user's workload module and sweep YAML outside gpupack (examples/own_workload), end to end."""
     repo = Path(__file__).resolve().parent.parent

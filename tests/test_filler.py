@@ -52,6 +52,7 @@ def test_built_in_workloads_take_their_seed():
     assert load_workload("mnist_torch").filler_seed({}) == "seed"
 
 
+@pytest.mark.slow
 def test_a_command_run_never_records_a_seed_its_program_did_not_see(tmp_path, capsys):
     run_dir = tmp_path / "run"
     code = main(["+sweep=command", f"sweep.fixed.argv=[{sys.executable},-c,'print(1)']", "sweep.grid.lr=[0.1]",

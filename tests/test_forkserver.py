@@ -114,6 +114,7 @@ def test_bad_start_is_refused_before_anything(tmp_path, capsys, overrides, needl
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_the_servers_preload_is_set_up_outside_the_packs_wall(tmp_path):
     """Forking saves each training its own import; the one preload is set-up (a lane's packs share it, as they share
     the job's start): the pack's wall counts from its first training's start, and the preload is its ``setup_s``."""
@@ -160,6 +161,7 @@ def test_what_a_child_imported_that_the_server_may_learn(new, expected, refused)
     assert learnable(new, modules, library_roots()) == (expected, refused)
 
 
+@pytest.mark.slow
 def test_a_stream_learns_what_its_first_training_imported_and_forks_the_next_ones_warm(tmp_path):
     """A program that imports its libraries inside its task: the first training of a one-slot stream imports them
     itself; the server learns the libraries (not the program's own module) when it ends, and every later training is

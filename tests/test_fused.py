@@ -33,6 +33,7 @@ def _ctx(threads=1):
     return TrainingContext(device="cpu", threads=threads, reporter=Reporter())
 
 
+@pytest.mark.slow
 def test_fused_models_end_where_each_would_alone():
     """Different learning rates, momenta and seeds (init and data order), two epochs: same weights as alone."""
     group = [_params(lr=0.05, seed=0), _params(lr=0.2, seed=1, momentum=0.5), _params(lr=0.01, seed=7)]
@@ -73,6 +74,7 @@ def _fused_pack(tmp_path, grid, fixed=None):
     return run, plan.packs[0]
 
 
+@pytest.mark.slow
 def test_a_diverging_model_fails_alone_and_the_others_finish(tmp_path):
     run, pack = _fused_pack(tmp_path, {"lr": [0.05, 1e9, 0.1]})
     rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu"))

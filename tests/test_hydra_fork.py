@@ -47,6 +47,7 @@ def _log(job_dir: Path) -> list[str]:
     return [re.sub(r"^\[[^\]]*\]", "", line) for line in (job_dir / "app.log").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_forked_job_is_the_same_job_as_a_fresh_one(tmp_path, subprocess_env):
     jobs = ["lr=0.1,0.2", "sleep_s=0"]
     runs = {}
@@ -91,6 +92,7 @@ class cuda:
 '''
 
 
+@pytest.mark.slow
 def test_an_app_whose_import_initialised_cuda_runs_fresh_and_says_why(tmp_path, subprocess_env):
     app_dir = tmp_path / "app"
     (app_dir / "torch").mkdir(parents=True)

@@ -40,6 +40,7 @@ def records(sweep_dir: Path) -> dict[int, dict]:
     return out
 
 
+@pytest.mark.slow
 def test_jobs_of_a_pack_run_at_once_each_with_hydras_job_dir(tmp_path, subprocess_env):
     sweep_dir = tmp_path / "mr"
     proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.stream=off", "hydra.launcher.pack=2",
@@ -76,6 +77,7 @@ def test_jobs_of_a_pack_run_at_once_each_with_hydras_job_dir(tmp_path, subproces
     assert "Best packing factor for hydra:app on local" in collected.stdout and "N=2" in collected.stdout
 
 
+@pytest.mark.slow
 def test_a_failing_job_returns_its_failure_and_the_pack_finishes(tmp_path, subprocess_env):
     sweep_dir = tmp_path / "mr"
     proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.stream=off", "hydra.launcher.pack=3",
@@ -93,6 +95,7 @@ def test_a_failing_job_returns_its_failure_and_the_pack_finishes(tmp_path, subpr
     assert pack["concurrent"] == 3 and pack["n_completed"] == 1 and pack["n_failed"] == 2
 
 
+@pytest.mark.slow
 def test_a_raising_job_shows_its_own_traceback_and_its_log_named_by_job_number(tmp_path, subprocess_env):
     """As Hydra's basic launcher shows a failed job: the app's frames, not the launcher's or the sweeper's; and
     where its whole log is, a file named by the job's number."""
@@ -138,6 +141,7 @@ def test_a_batch_smaller_than_pack_because_of_the_sweeper_is_said_with_the_fix(s
         assert line is not None and line.startswith(key) and "HINT" in line and f"={pack}" in line, line
 
 
+@pytest.mark.slow
 def test_the_sweepers_short_batches_are_said_once_per_multirun(tmp_path, subprocess_env):
     sweep_dir = tmp_path / "mr"
     proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.pack=2", "hydra.sweeper.max_batch_size=1",
@@ -148,6 +152,7 @@ def test_the_sweepers_short_batches_are_said_once_per_multirun(tmp_path, subproc
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow
 def test_a_stopped_multirun_says_one_line_and_leaves_nothing_running(tmp_path, subprocess_env, sig):
     sweep_dir = tmp_path / "mr"
     out, err = tmp_path / "out", tmp_path / "err"
@@ -217,6 +222,7 @@ def _refused_before_anything_ran(proc, sweep_dir: Path, needle: str) -> None:
 
 
 @pytest.mark.parametrize("overrides, needle", BAD, ids=[" ".join(b[0]) for b in BAD])
+@pytest.mark.slow
 def test_bad_launcher_input_is_one_line_and_runs_nothing(tmp_path, subprocess_env, overrides, needle):
     sweep_dir = tmp_path / "mr"
     proc = multirun(APP, ["hydra/launcher=gpupack_local", *overrides, "lr=0.1,0.2", f"hydra.sweep.dir={sweep_dir}"],
@@ -345,6 +351,7 @@ def test_a_job_s_later_return_wins_and_a_torn_one_is_left_out(tmp_path):
     assert {k: pickling.loads(v).return_value for k, v in got.items()} == {3: "again", 4: "other", 6: "after"}
 
 
+@pytest.mark.slow
 def test_the_launcher_streams_a_batch_of_unequal_jobs(tmp_path, subprocess_env):
     sweep_dir = tmp_path / "mr"
     proc = multirun(APP, ["hydra/launcher=gpupack_local", "hydra.launcher.pack=2",

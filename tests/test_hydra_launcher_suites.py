@@ -17,6 +17,9 @@ SLURM = ["hydra.launcher.pack=2", "hydra.launcher.partition=p100", "hydra.launch
          "hydra.launcher.sample_interval_s=0.2"]
 
 
+pytestmark = pytest.mark.slow  # each case runs a real multirun through the launcher
+
+
 @pytest.fixture
 def slurm_conf(slurm_env, monkeypatch):
     """Sweeps in this process and apps started by the suite both find the local slurmctld."""

@@ -38,6 +38,7 @@ def _files(run):
     return sorted(str(p.relative_to(run.root)) for p in run.root.rglob("*"))
 
 
+@pytest.mark.slow
 def test_a_lane_folds_its_packs_into_a_journal_and_a_log_and_readers_see_the_same_records(tmp_path):
     run, plan = _run(tmp_path)
     ids = [p.pack_id for p in plan.packs]
@@ -71,6 +72,7 @@ def test_a_lane_folds_its_packs_into_a_journal_and_a_log_and_readers_see_the_sam
                                                                            for t in p.trainings))
 
 
+@pytest.mark.slow
 def test_status_of_a_folded_run(tmp_path):
     run, plan = _run(tmp_path)
     run_in_turn(str(run.root), [p.pack_id for p in plan.packs], FOLD)
@@ -79,6 +81,7 @@ def test_status_of_a_folded_run(tmp_path):
     assert [p.state for p in st.packs] == ["done"] * 3 and st.trainings["local"]["completed"] == 6
 
 
+@pytest.mark.slow
 def test_a_failed_trainings_logs_are_kept_whole_in_a_file_of_their_own(tmp_path):
     run, plan = _run(tmp_path, packs=1, fail=True)
     pack = plan.packs[0]
@@ -90,6 +93,7 @@ def test_a_failed_trainings_logs_are_kept_whole_in_a_file_of_their_own(tmp_path)
     assert failed.is_file() and failed.stat().st_size == rec["logs"]["err"]["length"]
 
 
+@pytest.mark.slow
 def test_a_folded_pack_is_complete_and_a_requeued_lane_runs_nothing_twice(tmp_path):
     run, plan = _run(tmp_path)
     ids = [p.pack_id for p in plan.packs]
@@ -104,6 +108,7 @@ def test_a_folded_pack_is_complete_and_a_requeued_lane_runs_nothing_twice(tmp_pa
 
 
 @pytest.mark.parametrize("output", [(False, False), (False, True)], ids=["neither has output", "the second has"])
+@pytest.mark.slow
 def test_two_gpus_folding_into_one_lane_at_once_lose_nothing(tmp_path, monkeypatch, output):
     """A job of 2 GPUs folds two packs into one lane at the same moment (the stop-36 CI failure): the first, with no
     output to keep, removes the empty log; the second must neither fail to remove it again nor write its output into
@@ -154,6 +159,7 @@ class Killed(BaseException):
 
 
 @pytest.mark.parametrize("where", ["mid-line", "before the folder is removed"])
+@pytest.mark.slow
 def test_a_lane_killed_mid_fold_loses_no_finished_training_and_runs_none_twice(tmp_path, monkeypatch, where):
     run, plan = _run(tmp_path)
     ids = [p.pack_id for p in plan.packs]
@@ -199,6 +205,7 @@ def test_a_lane_killed_mid_fold_loses_no_finished_training_and_runs_none_twice(t
     assert len(t) == 6 and set(t["attempt"]) == {0}
 
 
+@pytest.mark.slow
 def test_a_folded_pack_run_again_keeps_the_journals_records_as_earlier_attempts(tmp_path):
     """A resumed run runs a folded pack's failed trainings again, in a folder again: its new records are current,
     the journal's count as earlier attempts (nothing a user ran is lost)."""
@@ -231,6 +238,7 @@ def test_specs_and_results_live_in_the_jobs_node_local_space_and_go_with_the_pac
     assert list(node_local.iterdir()) == []  # the pack's work folder went with it
 
 
+@pytest.mark.slow
 def test_the_memory_a_folded_run_measured_sizes_the_next_run(tmp_path):
     """Memory requests are sized from earlier records (core.memory.figures): those a lane folded count as those in
     folders, the sampler's per-training peaks from the folded pack records included."""
@@ -256,6 +264,7 @@ def test_a_folded_record_of_another_schema_is_skipped_with_a_warning_as_a_files_
     assert any("record schema 99" in w and str(run.lanes) in w for w in records.warnings), records.warnings
 
 
+@pytest.mark.slow
 def test_a_folded_packs_trainings_are_read_from_the_journal_without_an_open_each(tmp_path, monkeypatch):
     """status or resume of 100,000 folded trainings: one look at each pack's folder, not a failed open per training
     (a metadata request each on Lustre); a pack that has a folder again is read from it."""
@@ -306,6 +315,7 @@ def test_a_lane_reads_its_queues_journals_by_name_made_before_any_job(tmp_path):
     assert tail.refresh() == {("h", "t1")}  # x is not its queue's; t3 failed
 
 
+@pytest.mark.slow
 def test_a_lane_writes_its_journals_columnar_file_at_its_end_and_collect_reads_it_not_the_lines(tmp_path,
                                                                                                   monkeypatch):
     """A lane of packs that folds writes lanes/<lane>.arrows at its end (gpupack.core.store.lane_columnar): collect
@@ -348,6 +358,7 @@ def _tear_last_line(path) -> bytes:
 
 
 @pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.slow
 def test_a_torn_last_line_is_cut_back_kept_aside_and_the_pack_s_record_rebuilt(tmp_path, stream):
     from gpupack.flow.collect import collect
     from gpupack.flow.run import packs_to_run

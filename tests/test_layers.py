@@ -53,6 +53,7 @@ def test_an_upward_import_breaks_the_contract(tmp_path, importer, imported):
 
 # ---------------- imports by name (importlib), which the contract above cannot see ----------------
 
+@pytest.mark.slow
 def test_imports_by_name_keep_the_layers():
     from tests.dynamic_imports import by_name, violations
 
@@ -68,6 +69,7 @@ def test_imports_by_name_keep_the_layers():
     ("gpupack/core/plan.py", "importlib.import_module(name)", "named by data"),
     ("gpupack/workload.py", 'importlib.import_module("gpupack.result")', "a sibling"),
 ])
+@pytest.mark.slow
 def test_an_upward_import_by_name_breaks_it(tmp_path, importer, call, says):
     from tests.dynamic_imports import violations
 
@@ -125,10 +127,12 @@ def process_starts(root: Path) -> dict[str, set[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_only_the_supervisor_starts_a_process_inside_a_job():
     assert process_starts(ROOT / "gpupack") == PROCESS_STARTERS
 
 
+@pytest.mark.slow
 def test_a_process_started_elsewhere_is_caught(tmp_path):
     copy = tmp_path / "gpupack"
     shutil.copytree(ROOT / "gpupack", copy, ignore=shutil.ignore_patterns("__pycache__"))

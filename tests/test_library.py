@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack", "sweep.grid.lr=[0.1]"]
 
 
+@pytest.mark.slow
 def test_prepare_writes_nothing_and_run_returns_typed_results(tmp_path, capsys):
     run_dir = tmp_path / "run"
     prepared = sweep.prepare(PROBE + ["packing.factors=[1,2]", "packing.repeats=1", f"run_dir={run_dir}"])
@@ -41,6 +42,7 @@ def test_prepare_writes_nothing_and_run_returns_typed_results(tmp_path, capsys):
     assert again.opened.resumed and again.opened.complete == 3 and again.opened.todo == []
 
 
+@pytest.mark.slow
 def test_a_local_sweep_runs_as_one_lane_and_shows_each_pack_as_it_ends(tmp_path):
     """The local backend's whole packs run in one job on this CPU machine's one slot (one job start for the sweep, not
     one a pack: issues 30 and 31), in the plan's order; progress shows each pack running, then done, in turn, as its
@@ -59,6 +61,7 @@ def test_a_local_sweep_runs_as_one_lane_and_shows_each_pack_as_it_ends(tmp_path)
     assert len([d for d in (run_dir / "submitit").iterdir() if d.name.isdigit()]) == 1
 
 
+@pytest.mark.slow
 def test_a_sweep_through_a_backend_that_runs_packs_in_this_process(tmp_path, monkeypatch):
     """The whole flow over tests/fakes.py's FakeSubmitter: asked its capacities once, each pack run through the real
     job body (run_pack) in this process, collected; then status and resume through the same backend."""
@@ -93,6 +96,7 @@ def test_prepare_refuses_bad_input_before_anything(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_run_dir_holding_another_plan_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     sweep.run(sweep.prepare(PROBE + ["packing.factors=[1]", "packing.repeats=1", f"run_dir={run_dir}"]),

@@ -6,11 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "tests" / "hydra_app" / "app.py"
 NAME = "x:train:[bold]y"
 
 
+@pytest.mark.slow
 def test_a_task_name_with_emoji_codes_and_markup_prints_as_written(tmp_path, subprocess_env):
     sweep_dir = tmp_path / "mr"
     proc = subprocess.run([sys.executable, str(APP), "-m", "hydra/launcher=gpupack_local", "hydra.launcher.pack=2",

@@ -214,6 +214,7 @@ def test_the_job_body_shares_the_gpu_nvml_names_and_records_each_share(tmp_path,
     assert whats.count("fraction") == (2 if share else 0) and whats.count("alloc") == 2
 
 
+@pytest.mark.slow
 def test_a_training_past_its_share_is_recorded_oom_saying_its_share(tmp_path, monkeypatch):
     """One training runs out of memory (its allocator refused past its share): it alone is oom, its record says the
     share and how to give it more; its neighbour completes."""

@@ -21,6 +21,7 @@ PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_p
     ["packing.factors=[1,2]"],
     ["packing.factors=[2]", "packing.stream=on", "packing.jobs=2"],  # lane 0 drains lane 1's share: logs at home
 ], ids=["whole packs", "streamed"])
+@pytest.mark.slow
 def test_a_metric_read_from_the_kept_stdout_after_the_run(tmp_path, capsys, extra):
     run_dir = tmp_path / "run"
     sweep.run(sweep.prepare([*PROBE, *extra, f"run_dir={run_dir}"]), collect_outputs=False, plots=False)
@@ -39,6 +40,7 @@ def test_a_metric_read_from_the_kept_stdout_after_the_run(tmp_path, capsys, extr
     assert json.loads((run_dir / "rank.json").read_text())["pattern"] == r"score: ([0-9.]+)"  # remembered beside
 
 
+@pytest.mark.slow
 def test_what_a_training_reported_wins_and_a_pattern_needs_a_metric(tmp_path):
     run_dir = tmp_path / "run"
     sweep.run(sweep.prepare([*PROBE, "packing.factors=[1]", f"run_dir={run_dir}"]), collect_outputs=False,
@@ -53,6 +55,7 @@ def test_what_a_training_reported_wins_and_a_pattern_needs_a_metric(tmp_path):
         with_stdout_metric(records, "score", "(a)(b)")
 
 
+@pytest.mark.slow
 def test_a_run_with_no_known_rgu_says_so_in_a_line_with_no_table_of_dashes(tmp_path, capsys):
     run_dir = tmp_path / "run"
     sweep.run(sweep.prepare([*PROBE, "packing.factors=[1]", f"run_dir={run_dir}"]), collect_outputs=False,

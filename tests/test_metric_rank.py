@@ -182,6 +182,7 @@ def test_a_workload_that_cannot_know_its_metrics_refuses_none(overrides):
     assert sweep.prepare([*overrides, "collect.metric=my_score"]).spec is not None
 
 
+@pytest.mark.slow
 def test_a_hydra_multirun_is_ranked_by_its_return_value(tmp_path, subprocess_env):
     sweep_dir = tmp_path / "mr"
     proc = subprocess.run([sys.executable, str(APP), "-m", "hydra/launcher=gpupack_local", "hydra.launcher.pack=3",

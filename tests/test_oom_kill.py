@@ -114,6 +114,7 @@ def _kill(err_log: Path, events: Path, oom_kills: int) -> None:
 
 @pytest.mark.parametrize("start", ["fork", "fresh"])
 @pytest.mark.parametrize("oom_kills, status", [(1, "oom"), (0, "killed")], ids=["counted", "not-counted"])
+@pytest.mark.slow
 def test_a_sigkill_is_oom_only_when_the_cgroup_counted_an_oom_kill(tmp_path, monkeypatch, oom_kills, status, start):
     events = tmp_path / "memory.events"
     events.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")

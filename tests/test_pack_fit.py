@@ -87,6 +87,7 @@ def _records(run_dir: Path, kind: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in run_dir.glob(f"packs/*/{name}")]
 
 
+@pytest.mark.slow
 def test_a_pack_whose_measured_need_passes_the_share_is_skipped_and_said(tmp_path):
     run_dir = tmp_path / "run"
     outcome = sweep.run(sweep.prepare(_hold_sweep(run_dir, 500)), plots=False)
@@ -111,6 +112,7 @@ def test_a_pack_whose_measured_need_passes_the_share_is_skipped_and_said(tmp_pat
     assert again.ok and {r["status"] for r in _records(run_dir, "training") if r["factor"] == 4} == {"completed"}
 
 
+@pytest.mark.slow
 def test_without_admission_no_pack_is_held_against_the_share(tmp_path):
     run_dir = tmp_path / "run"
     assert sweep.run(sweep.prepare(_hold_sweep(run_dir, 500, "packing.admission=off")), plots=False).ok

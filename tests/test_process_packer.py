@@ -41,6 +41,7 @@ def _run_with(tmp_path, grid, factor=None, **fixed):
     return run, plan
 
 
+@pytest.mark.slow
 def test_pack_records_every_training_and_the_pack(tmp_path):
     run, plan = _run_with(tmp_path, {"lr": [0.1, 0.2, 0.3]}, meet=f"{tmp_path / 'met'}:3")
     pack = plan.packs[0]
@@ -60,6 +61,7 @@ def test_pack_records_every_training_and_the_pack(tmp_path):
     assert len(list((tmp_path / "met").glob("arrived-*"))) == 3
 
 
+@pytest.mark.slow
 def test_one_failing_training_does_not_stop_the_others(tmp_path):
     run, plan = _run_with(tmp_path, {"lr": [0.1], "fail": [False, True], "tag": ["x", "boom"]})
     pack = plan.packs[0]
@@ -105,6 +107,7 @@ def test_a_killed_training_is_recorded_as_killed(tmp_path):
     assert isinstance(victim, Training)
 
 
+@pytest.mark.slow
 def test_resume_runs_only_trainings_without_a_completed_record(tmp_path):
     run, plan = _run_with(tmp_path, {"lr": [0.1], "fail": [False, True]})
     pack = plan.packs[0]

@@ -88,6 +88,7 @@ def run_dir(ran: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(ran, tmp_path / "run", symlinks=True))
 
 
+@pytest.mark.slow
 def test_the_goal_and_metric_given_are_how_later_collects_rank(run_dir, capsys):
     before = files(run_dir)
     asked = collect(capsys, run_dir, "--metric", "train_loss", "--goal", "max")
@@ -102,6 +103,7 @@ def test_the_goal_and_metric_given_are_how_later_collects_rank(run_dir, capsys):
     assert files(run_dir) == before  # nothing but rank.json written in the run: no record rewritten
 
 
+@pytest.mark.slow
 def test_a_later_flag_wins_and_is_remembered_in_turn(run_dir, capsys):
     collect(capsys, run_dir, "--metric", "train_loss", "--goal", "max")
     flipped = collect(capsys, run_dir, "--goal", "min")
@@ -120,6 +122,7 @@ def test_a_pattern_is_remembered_with_its_metric(run_dir, capsys):
     assert "pattern score: ([0-9.]+)" in flat(later), later
 
 
+@pytest.mark.slow
 def test_the_goal_and_metric_of_the_run_config_rank_until_a_flag_says_otherwise(tmp_path, capsys):
     run_dir = tmp_path / "run"
     sweep.run(sweep.prepare([*PROBE, "collect.metric=train_loss", "collect.goal=max", f"run_dir={run_dir}"]),
@@ -154,6 +157,7 @@ def test_a_run_that_cannot_be_written_is_still_collected_and_says_so(run_dir, ca
     assert not (run_dir / "rank.json").exists()
 
 
+@pytest.mark.slow
 def test_the_metrics_a_builtin_workload_declares_are_those_it_reports(tmp_path):
     run_dir = tmp_path / "run"
     sweep.run(sweep.prepare(["+sweep=mnist_pack", "sweep.fixed.train_samples=256", "sweep.fixed.val_samples=128",

@@ -36,6 +36,7 @@ def test_fill_memory(memory, sampled, expected):
     assert rec["memory"] == expected
 
 
+@pytest.mark.slow
 def test_a_program_that_reports_no_memory_gets_the_sampled_peak_in_its_record(tmp_path):
     run = RunDir(tmp_path / "run")
     hold = "import time; x = b'x' * 80_000_000; time.sleep(1.5)"  # 80 MB written, held while the sampler looks

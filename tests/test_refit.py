@@ -124,6 +124,7 @@ def _records(run_dir: Path, kind: str) -> dict[str, dict]:
     return {str(p.relative_to(run_dir)): json.loads(p.read_text()) for p in run_dir.glob(f"packs/*/{name}")}
 
 
+@pytest.mark.slow
 def test_a_skipped_packs_trainings_run_at_the_largest_n_that_fits_and_are_not_run_again(tmp_path, capsys):
     run_dir = tmp_path / "run"
     outcome = sweep.run(sweep.prepare(_production(run_dir)), plots=False)
@@ -169,6 +170,7 @@ def test_a_skipped_packs_trainings_run_at_the_largest_n_that_fits_and_are_not_ru
     assert "local: trainings completed 5, failed 0" in out and "skipped for memory: N=5 needs" in out
 
 
+@pytest.mark.slow
 def test_a_resume_runs_only_what_an_earlier_refit_left(tmp_path):
     """A refit cut off after its first pack: the resume runs the rest, not what completed."""
     run_dir = tmp_path / "run"
@@ -188,6 +190,7 @@ def test_a_resume_runs_only_what_an_earlier_refit_left(tmp_path):
     assert len(list((run_dir / "packs" / "local-process-n05-000" / "attempts").rglob("tests.*.json"))) == 2
 
 
+@pytest.mark.slow
 def test_a_measurement_sweep_refits_nothing_its_smaller_n_runs(tmp_path, capsys):
     run_dir = tmp_path / "run"
     overrides = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack", "sweep.grid.lr=[0.1]",
@@ -216,6 +219,7 @@ def test_a_measurement_sweep_refits_nothing_its_smaller_n_runs(tmp_path, capsys)
     assert "skipped for memory (4/4 trainings not started, 0 done): N=4 needs 4 x 2" in out
 
 
+@pytest.mark.slow
 def test_an_oom_slurm_reports_after_the_job_reaches_the_refit_packs_it_ran(tmp_path):
     """SLURM tells of an out-of-memory kill after the job: the trainings the job ran in refit packs (their plan pack
     skipped for memory) are its too. One SIGKILLed in a refit pack becomes oom, one left with no record gets an oom
@@ -249,6 +253,7 @@ def test_an_oom_slurm_reports_after_the_job_reaches_the_refit_packs_it_ran(tmp_p
     assert skipped == {p: p.read_bytes() for p in (run_dir / "packs" / parent.pack_id).rglob("*.json")}
 
 
+@pytest.mark.slow
 def test_a_training_two_refit_packs_ran_counts_its_latest_record_as_current(tmp_path):
     """A resume that refits what an earlier refit left at another N leaves the training's record in two refit packs
     (folded into a lane's journal, the earlier one is not moved aside): collect counts the latest as current and the
@@ -276,6 +281,7 @@ def test_a_training_two_refit_packs_ran_counts_its_latest_record_as_current(tmp_
     assert summary["unfinished"].sum() == 0 and summary.loc[2, "failed"] == 1  # failed once at N=2, then ran at N=1
 
 
+@pytest.mark.slow
 def test_while_its_job_runs_the_refits_a_skipped_pack_is_running_not_failed(tmp_path):
     """The skipped pack's record is written before its refit packs run: while the job (holding the pack's lock) runs
     them, status says running, its trainings running or waiting, and the run not ended; cut off (no lock), stopped, to
@@ -297,6 +303,7 @@ def test_while_its_job_runs_the_refits_a_skipped_pack_is_running_not_failed(tmp_
     assert [p.state for p in sweep.status(run_dir).packs] == [STOPPED]
 
 
+@pytest.mark.slow
 def test_refits_of_finds_the_packs_a_resume_refit_at_another_n(tmp_path):
     """A refit cut off, resumed with a larger share: the rest runs at N=3 (.n03-002), and refits_of (what SLURM's late
     OOM is written onto) finds that pack by the name the skipped pack's record gives it, with the trainings whose
@@ -329,6 +336,7 @@ def test_refits_of_finds_the_packs_a_resume_refit_at_another_n(tmp_path):
         {t.training_id for t in refit.trainings}
 
 
+@pytest.mark.slow
 def test_a_probe_step_refits_nothing_its_climb_ends_at_the_skipped_n(tmp_path):
     """packing.factors=auto: a probe step whose pack does not fit is skipped and ends the climb there; its points are
     not run at another N inside the probe (the grid runs at the best N after it)."""
@@ -348,6 +356,7 @@ def test_a_probe_step_refits_nothing_its_climb_ends_at_the_skipped_n(tmp_path):
     assert not [p for p in step.iterdir() if ".n0" in p.name]  # no refit pack
 
 
+@pytest.mark.slow
 def test_only_a_training_skipped_for_memory_looks_for_a_refit_pack(tmp_path, monkeypatch):
     """Whether a training ran (resume) or where it stands (status) looks through the run's refit packs (every pack's
     folder listed) only for a training skipped for memory: a pack's job in a run of thousands of packs, which asks

@@ -66,6 +66,7 @@ FAULTS = [
 
 @pytest.mark.parametrize("fault, settings, status, text", FAULTS, ids=["raises", "host-oom", "cuda-oom", "tf-oom",
                                                                        "hangs"])
+@pytest.mark.slow
 def test_fault_is_recorded_and_others_finish(tmp_path, fault, settings, status, text):
     run, pack = _pack(tmp_path, fault)
     rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", **settings))
@@ -78,6 +79,7 @@ def test_fault_is_recorded_and_others_finish(tmp_path, fault, settings, status, 
 
 
 @pytest.mark.parametrize("start", ["fork", "fresh"])
+@pytest.mark.slow
 def test_sigkilled_training_is_recorded_as_killed(tmp_path, start):
     run, pack = _pack(tmp_path, {"hang": True})
     faulty = next(t for t in pack.trainings if t.params["tag"] == "faulty")
@@ -100,6 +102,7 @@ def test_sigkilled_training_is_recorded_as_killed(tmp_path, start):
     assert {r["start"] for r in recs.values()} == {start} and rec["n_completed"] == len(pack.trainings) - 1
 
 
+@pytest.mark.slow
 def test_killed_packer_takes_no_training_with_it_and_resume_runs_only_the_rest(tmp_path, subprocess_env):
     run, pack = _pack(tmp_path, {"hang": True})
     code = ("import sys; from gpupack.job.body import PackSettings, run_pack; "
@@ -136,6 +139,7 @@ def _writer(args) -> None:
         write_json_atomic(Path(path), {"writer": i, "k": k, "payload": "x" * 20000})
 
 
+@pytest.mark.slow
 def test_64_concurrent_writers_never_tear_a_record(tmp_path):
     shared = tmp_path / "shared.json"
     jobs = [(str(shared), i) for i in range(32)] + [(str(tmp_path / f"own{i}.json"), i) for i in range(32)]

@@ -67,6 +67,7 @@ def test_a_run_all_under_load_measures_its_rounds_again_and_names_the_answer_of_
     (1, 1000, ["01"]),  # the neighbour stays: measured again once, still no answer
     (2, 1000, ["01", "02"]),  # twice, each time the rounds the last left disturbed
 ])
+@pytest.mark.slow
 def test_measuring_again_stops_at_its_budget_and_then_names_no_n(tmp_path, monkeypatch, remeasure, loaded,
                                                                  measured_again):
     run_dir, outcome = _run(tmp_path, monkeypatch, loaded, f"packing.remeasure={remeasure}")

@@ -160,6 +160,7 @@ def sweep(run_dir: Path, env: dict[str, str], *overrides: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_collect_of_a_parent_folder_compares_its_runs_with_a_run_column(tmp_path, subprocess_env):
     for name, lrs in (("first", "[0.1,0.2]"), ("second", "[0.3,0.4]")):  # one sweep run twice: the same rows
         sweep(tmp_path / "runs" / name, subprocess_env, f"sweep.grid.lr={lrs}")

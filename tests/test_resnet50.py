@@ -75,6 +75,7 @@ def test_a_bigger_image_costs_more():
     assert workload.cost({"epochs": 1, "train_samples": 100, "image_size": 224}) == small * 49
 
 
+@pytest.mark.slow
 def test_a_resnet50_training_reports_images_per_second_and_why_amp_was_ignored(tmp_path):
     plan = make_plan(sweep="r", workload="resnet50", grid={"lr": [0.1]},
                      fixed={"train_samples": 16, "val_samples": 8, "batch_size": 8, "amp": True, "channels_last": True},
@@ -89,6 +90,7 @@ def test_a_resnet50_training_reports_images_per_second_and_why_amp_was_ignored(t
     assert training["metrics"]["amp_note"] == AMP_ON_CPU and "synthetic" in training["data"]
 
 
+@pytest.mark.slow
 def test_fused_mode_hosts_n_resnet50s(tmp_path):
     assert type(own_resnet50(torch.nn, 10)) is type(own_resnet50(torch.nn, 10))  # stacking needs one class
     plan = make_plan(sweep="r", workload="resnet50", grid={"lr": [0.1, 0.05]},

@@ -69,6 +69,7 @@ def dry_run(args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
     return " ".join(out.split())  # as one line, whatever the terminal's width
 
 
+@pytest.mark.slow
 def test_cpu_records_do_not_size_an_a100_request(cpu_runs, monkeypatch, capsys):
     """The issue's case: beside a CPU-only run, an A100 job asks the default (2 GB a training), not the CPU run's
     RSS x 1.5, and says why; the same folder still sizes a local CPU run (the figure is not lost, only kept to its

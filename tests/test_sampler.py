@@ -196,6 +196,7 @@ def test_a_pack_on_a_mig_slice_records_the_slice(monkeypatch, tmp_path):
     assert rec["sampler"]["gpu_util_mean"] is None and "utilization" in rec["sampler"]["note"]
 
 
+@pytest.mark.slow
 def test_a_training_of_several_processes_is_sampled_as_their_sum():
     """A training spread over k devices runs k processes (DDP ranks) under one training id: its figures are theirs
     together, not the last-registered rank's."""

@@ -40,6 +40,7 @@ def training_records(run: Path) -> list[dict[str, object]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_search_of_32_trials_at_n4_runs_each_once_and_keeps_its_slots_busy(tmp_path: Path,
                                                                             subprocess_env: dict[str, str]) -> None:
     run = tmp_path / "run"
@@ -57,6 +58,7 @@ def test_a_search_of_32_trials_at_n4_runs_each_once_and_keeps_its_slots_busy(tmp
     assert occ["slot_occupancy"].iloc[0] >= 0.95, occ.to_dict("records")
 
 
+@pytest.mark.slow
 def test_a_search_killed_mid_run_and_run_again_ends_with_its_budget_none_repeated(
         tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     run = tmp_path / "run"
@@ -103,6 +105,7 @@ def test_a_bad_space_or_sampler_is_one_line_exit_2_and_nothing_written(tmp_path:
         assert not run.exists()
 
 
+@pytest.mark.slow
 def test_a_search_where_optuna_is_not_installed_is_one_line_saying_how_to_install_it(
         tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     """Optuna is gpupack's ``search`` extra, not a dependency: without it, search=optuna says so and how to install
@@ -122,6 +125,7 @@ def test_a_search_where_optuna_is_not_installed_is_one_line_saying_how_to_instal
     assert grid.returncode == 0 and "dry run: nothing was written" in grid.stdout, grid.stderr
 
 
+@pytest.mark.slow
 def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
         tmp_path: Path, subprocess_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 46 item 3. A programmed device (1 s a training alone or two at a time, 2.7 s three at a time): the probe
@@ -153,6 +157,7 @@ def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
     assert len(ranked) == 1 and sorted(ranked[0]["training_id"].str[:9]) == [f"trial{n:04d}" for n in range(6)]
 
 
+@pytest.mark.slow
 def test_a_search_after_an_untrusted_probe_streams_at_the_reference_says_why_and_counts_apart(
         tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     """Issue 51 item 5. A programmed device whose N=2 is 9x N=1 (4 s a training alone, 0.2 s two at a time): beyond
@@ -200,6 +205,7 @@ def test_a_grid_given_with_a_search_is_said_unused_in_one_line_and_its_axes_keep
     assert spec is not None and spec.fixed["batch_size"] == 64 and "lr" not in spec.fixed
 
 
+@pytest.mark.slow
 def test_the_first_trials_planned_by_the_command_wait_for_their_lanes_and_each_runs_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The command asks each lane's first trials before its job starts (the lane starts them without importing

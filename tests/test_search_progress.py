@@ -47,6 +47,7 @@ def test_a_searchs_progress_counts_its_trials_against_its_budget(states: list[St
     assert progress.line() == line and progress.ok is ok
 
 
+@pytest.mark.slow
 def test_a_search_run_says_its_trials_at_its_end_and_in_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                                 ) -> None:
     """From the CLI: the run's last line counts the study's trials (not "0 of 0 trainings of the plan"), it exits 0,

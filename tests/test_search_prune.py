@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpupack.search.study import COMPLETE, PRUNED, Journal, Study
 from tests.test_search import training_records
 
@@ -44,6 +46,7 @@ def check_budget(journal: Journal, n_trials: int) -> list[int]:
     return [n for n, t in journal.trials.items() if t.state == PRUNED]
 
 
+@pytest.mark.slow
 def test_a_probe_with_a_low_curve_is_pruned_early_and_its_slot_takes_the_next_trial(
         tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     run = tmp_path / "run"
@@ -69,6 +72,7 @@ def test_a_probe_with_a_low_curve_is_pruned_early_and_its_slot_takes_the_next_tr
     assert took_next, "no pruned trial's slot took a next trial"
 
 
+@pytest.mark.slow
 def test_a_trial_that_raises_once_pruned_is_recorded_pruned_not_failed(
         tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     """A training that raises once its pruner said stop (as Optuna users raise TrialPruned) ends failed in its own
@@ -104,6 +108,7 @@ def _next_in_its_slot(pruned: dict[str, object], recs: list[dict[str, object]]) 
     return nxt if float(str(nxt["started_at"])) < max(float(str(r["ended_at"])) for r in beside) else None
 
 
+@pytest.mark.slow
 def test_a_command_program_whose_printed_curve_is_low_is_stopped(tmp_path: Path,
                                                                 subprocess_env: dict[str, str]) -> None:
     run = tmp_path / "run"

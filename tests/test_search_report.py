@@ -146,6 +146,7 @@ def test_report_html_puts_the_search_first_with_its_history_plot(tmp_path: Path)
     assert cells == ["2", "5", "0", "1", "3", "4"]
 
 
+@pytest.mark.slow
 def test_a_run_without_a_study_reports_as_before(tmp_path: Path) -> None:
     with_study = collected_text(write_run(tmp_path / "a", study=True))
     run = write_run(tmp_path / "b", study=False)

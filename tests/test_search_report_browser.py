@@ -17,7 +17,7 @@ from tests.test_search import search_cmd
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # a report made by a real run
 
 
 @pytest.fixture(scope="module")

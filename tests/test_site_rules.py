@@ -174,6 +174,7 @@ def test_an_old_dotted_slice_name_is_refused_with_its_new_name(tmp_path: Path, c
         assert needle in line, line
 
 
+@pytest.mark.slow
 def test_no_preset_names_a_partition_with_a_dot() -> None:
     from gpupack.setup.compose import compose_config
 
@@ -192,6 +193,7 @@ def gpupack(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_slice_partitions_key_parses_from_the_command_line_and_the_rule_refuses_it(tmp_path: Path) -> None:
     proc = gpupack(["+sweep=mnist_pack", "cluster=fir", "cluster.account=def-x", "partitions=[h100_1g_10gb]",
                     "cluster.partitions.h100_1g_10gb.gpus_per_job=2", "dry_run=true"], tmp_path)

@@ -148,6 +148,7 @@ def _spread_plan(tmp_path: Path, workload: str, grid: dict[str, list[Any]], fixe
     return run, plan
 
 
+@pytest.mark.slow
 def test_each_step_all_reduces_the_gradients_whatever_the_batch(tmp_path):
     import torch
 
@@ -221,6 +222,7 @@ def _rank_losses(rank: int, world: int, init: str, params: dict[str, Any], out: 
     os._exit(0)  # as gpupack's worker ends a rank: before finalization, where gloo's threads may abort it
 
 
+@pytest.mark.slow
 def test_two_ranks_train_the_loss_curve_of_one(tmp_path):
     import torch
     import torch.multiprocessing as mp
@@ -296,6 +298,7 @@ WORKLOAD = RankFault()
 
 
 @pytest.mark.parametrize("then, linger_s", [("hang", 0.0), ("allreduce", 1.5)])
+@pytest.mark.slow
 def test_a_failing_rank_fails_the_training_with_its_error_and_the_others_are_stopped(tmp_path, then, linger_s):
     run, plan = _spread_plan(tmp_path, __name__, {"fail_rank": [1]},
                              {"then": then, "linger_s": linger_s, "hung_dir": str(tmp_path)})
@@ -308,6 +311,7 @@ def test_a_failing_rank_fails_the_training_with_its_error_and_the_others_are_sto
     assert tr["timed_out"] is False and tr["ranks"] == 2
 
 
+@pytest.mark.slow
 def test_a_training_past_its_time_limit_is_stopped_on_every_rank(tmp_path):
     run, plan = _spread_plan(tmp_path, __name__, {"fail_rank": [-1]},
                              {"then": "hang", "ignore_term": True, "hung_dir": str(tmp_path)})

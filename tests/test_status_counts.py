@@ -46,6 +46,7 @@ def test_left_counts_every_partition():
     assert st.elapsed_s(now=1030.0) == 30.0 and st.left_s(now=1030.0) == pytest.approx(30.0 / 3 * 3)
 
 
+@pytest.mark.slow
 def test_status_of_a_finished_run_with_a_failure_and_of_one_resumed_halfway(tmp_path, capsys):
     run_dir = tmp_path / "run"
     overrides = PROBE + ["sweep.grid.lr=[0.1,0.2]", "sweep.grid.fail=[false,true]", "packing.factors=[2]",
@@ -74,6 +75,7 @@ def test_status_of_a_finished_run_with_a_failure_and_of_one_resumed_halfway(tmp_
     assert "waiting 2" in out and "elapsed " in out and "left at this rate" in out, out
 
 
+@pytest.mark.slow
 def test_status_of_a_local_sweep_mid_run_says_running_and_pending(tmp_path, subprocess_env):
     """The local backend keeps no job ids: a live packer's pack lock says its pack runs, a live sweep's run lock says
     its other packs wait their turn (it said 'stopped' and 'not submitted' mid-run). A barrier holds the first pack
@@ -131,6 +133,7 @@ def test_follow_looks_until_the_run_has_ended_and_sleeps_between_looks_only():
     assert seen[-1] == ["done", "failed"] and len(seen) == 4 and slept == [7.0] * 3
 
 
+@pytest.mark.slow
 def test_watch_a_finished_run_prints_its_status_and_exits_by_its_outcome(tmp_path, capsys):
     run_dir = tmp_path / "run"
     sweep.run(sweep.prepare(PROBE + ["sweep.grid.lr=[0.1,0.2]", "sweep.grid.fail=[false,true]",
@@ -161,6 +164,7 @@ def test_leaving_watch_says_the_jobs_go_on_and_how_to_come_back(monkeypatch, cap
     assert "the run's jobs go on" in out and "python -m gpupack watch runs/x" in out
 
 
+@pytest.mark.slow
 def test_status_of_a_folding_streaming_lane_mid_run_counts_its_trainings_running(tmp_path, subprocess_env):
     """A lane that folds writes its trainings' logs in its own folder, not their homes': status finds who runs a
     training by its claim. Lane 0 holds two trainings at a barrier while status looks; lane 1 never started."""

@@ -205,6 +205,7 @@ def test_a_full_disk_in_a_pack_job_ends_it_with_one_line_that_says_so(tmp_path, 
     assert not list(run.root.rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes(tmp_path, monkeypatch, capsys):
     """The whole flow in this process (the fake backend runs each pack through the job body here), the disk full
     from the 6th atomic write on: the CLI says one line and exits non-zero; once freed, the same command runs the
@@ -232,6 +233,7 @@ def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes(tmp_path, 
     assert collected.records.plan_counts().done and len(collected.records.trainings) == 8
 
 
+@pytest.mark.slow
 def test_collect_on_a_full_disk_is_one_line_and_writes_no_half_file(tmp_path, monkeypatch, capsys):
     from tests.fakes import FakeConfig, use_fake_submitter
 

@@ -231,6 +231,7 @@ def _lane_cmd(run: RunDir, pack_id: str, fold: bool = False) -> list[str]:
 
 
 @pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.slow
 def test_two_lanes_racing_for_the_last_claims_never_run_a_training_twice(tmp_path, subprocess_env, fold):
     run, plan = _plan(tmp_path, n_trainings=40, factor=2, jobs=2)
     procs = [subprocess.Popen(_lane_cmd(run, p.pack_id, fold), env=subprocess_env, cwd=REPO) for p in plan.packs]
@@ -308,6 +309,7 @@ def test_a_folding_lane_folds_what_its_killed_run_left_and_runs_none_of_it_again
         pack.pack_id)  # drained: the lane's folded record, nothing run
 
 
+@pytest.mark.slow
 def test_a_sigkilled_lane_s_trainings_run_again_on_resume_and_no_other_does(tmp_path, subprocess_env):
     # t0 and t1 hang on their first attempt (until the marker exists), the rest are quick.
     markers = tmp_path / "markers"
@@ -478,6 +480,7 @@ def test_a_drained_lane_whose_last_record_stopped_claiming_does_not_requeue_itse
 
 # ---------------- end to end ----------------
 
+@pytest.mark.slow
 def test_the_cli_streams_a_sweep_and_collect_shows_occupancy(tmp_path, subprocess_env):
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "gpupack", f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]",
@@ -510,6 +513,7 @@ def _cli_stream(run_dir: Path, env: dict, n: int = 8) -> subprocess.CompletedPro
 
 
 @pytest.mark.parametrize("keep", [0, 40])  # empty: no holder to read (its home releases it); cut after the lane's name
+@pytest.mark.slow
 def test_a_torn_claim_of_an_unfinished_training_is_released_and_the_rerun_runs_each_training_once(
         tmp_path, subprocess_env, keep):
     run_dir = tmp_path / "run"
@@ -537,6 +541,7 @@ def test_a_torn_claim_of_an_unfinished_training_is_released_and_the_rerun_runs_e
                                                     "0 failed"
 
 
+@pytest.mark.slow
 def test_a_training_no_lane_runs_is_never_said_done_and_status_last_line_and_collect_agree(tmp_path, subprocess_env):
     run_dir = tmp_path / "run"
     first = _cli_stream(run_dir, subprocess_env)

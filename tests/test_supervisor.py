@@ -34,6 +34,7 @@ def test_each_child_reports_how_it_ended(tmp_path):
     assert exits["gone"].start_error is not None and exits["gone"].failed and exits["gone"].pid is None
 
 
+@pytest.mark.slow
 def test_past_its_time_limit_a_child_gets_sigterm_then_sigkill(tmp_path):
     ignores_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
     with Supervisor(timeout_s=0.2) as sup:
@@ -86,6 +87,7 @@ def test_the_fork_server_is_started_by_the_supervisor_in_a_session_of_its_own(tm
     assert sup.server.proc.returncode is not None  # closed and reaped on leaving the block
 
 
+@pytest.mark.slow
 def test_a_helper_program_runs_to_its_end_or_is_killed_past_its_limit(tmp_path):
     sup = Supervisor()
     fed = sup.call(spec(tmp_path, "fed", "import sys; print(sys.stdin.read().upper())"), stdin=b"quit\n")

@@ -28,6 +28,7 @@ def _run(tmp_path, n=3):
     return run, plan
 
 
+@pytest.mark.slow
 def test_a_lane_runs_its_packs_in_turn_each_with_its_own_records(tmp_path):
     run, plan = _run(tmp_path)
     ids = [p.pack_id for p in plan.packs]
@@ -146,6 +147,7 @@ def test_a_job_of_two_gpus_runs_a_pack_on_each_at_once_each_training_seeing_only
     assert sorted(seen.values()) == ["2", "5"]  # one pack on each of the job's GPUs
 
 
+@pytest.mark.slow
 def test_a_job_of_two_gpus_takes_the_next_pack_on_whichever_gpu_is_free(tmp_path):
     run, plan = _gpu_plan(tmp_path, packs=5, n=1)
     ids = [p.pack_id for p in plan.packs]
@@ -190,6 +192,7 @@ def test_a_pack_that_fails_on_one_gpu_stops_the_lane_and_is_raised(tmp_path, mon
     assert sorted(ran) == sorted(ids[:2])  # the failed pack and the one beside it; no pack began after the failure
 
 
+@pytest.mark.slow
 def test_a_lanes_packs_share_one_fork_server_started_before_the_first_packs_wall(tmp_path):
     """Three packs in turn (N = 1, 2, 1): one server preloads once for all of them (its log in lanes/, removed when
     empty), each pack's wall counts from its first training, and the first pack's setup_s holds the preload."""
@@ -217,6 +220,7 @@ def test_a_lanes_packs_share_one_fork_server_started_before_the_first_packs_wall
     assert not run.lanes.exists() or list(run.lanes.iterdir()) == []  # the server said nothing: no log kept
 
 
+@pytest.mark.slow
 def test_a_shared_servers_children_get_their_packs_thread_share(tmp_path):
     """The server loaded numpy's BLAS and OpenMP pools in the first pack's environment (N=1: every core); a pack of
     N=2 forked from it runs each training's pools at its own share (threadpoolctl in the child)."""

@@ -64,6 +64,7 @@ def resume_line(run_dir: Path) -> str:
     return "to resume it: " + shlex.join(["python", "-m", "gpupack", *ARGS, f"run_dir={run_dir}"])
 
 
+@pytest.mark.slow
 def test_the_same_command_names_the_stopped_run_and_how_to_resume_it_and_that_command_resumes_it(earlier, capsys):
     done, total = packs_done(earlier)
     assert main([*ARGS, "dry_run=true"]) == 0
@@ -80,6 +81,7 @@ def test_the_same_command_names_the_stopped_run_and_how_to_resume_it_and_that_co
     assert "note:" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_run_of_the_same_command_goes_on_in_a_new_directory_and_leaves_the_stopped_one_as_it_is(earlier, capsys):
     before = sorted(str(p.relative_to(earlier)) for p in earlier.rglob("*"))
     assert main(ARGS) == 0

@@ -55,6 +55,7 @@ CONFS = {"no such file": lambda tmp: tmp / "nowhere" / "slurm.conf", "dead contr
 
 
 @pytest.mark.parametrize("conf", CONFS, ids=list(CONFS))
+@pytest.mark.slow
 def test_the_cli_says_no_slurm_answers_in_one_line(tmp_path, subprocess_env, conf):
     conf_path = CONFS[conf](tmp_path)
     run_dir = tmp_path / "run"
@@ -69,6 +70,7 @@ def test_the_cli_says_no_slurm_answers_in_one_line(tmp_path, subprocess_env, con
 
 
 @pytest.mark.parametrize("conf", CONFS, ids=list(CONFS))
+@pytest.mark.slow
 def test_the_slurm_launcher_says_no_slurm_answers_in_a_few_lines(tmp_path, subprocess_env, conf):
     conf_path = CONFS[conf](tmp_path)
     sweep_dir = tmp_path / "mr"

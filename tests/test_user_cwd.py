@@ -54,6 +54,7 @@ def assert_not_imported(cwd: Path) -> None:
 
 
 @pytest.mark.parametrize("case", list(USER_FILES))
+@pytest.mark.slow
 def test_mnist_pack_resolves_the_built_in_workload(tmp_path, case):
     cwd = user_dir(tmp_path, case)
     proc = gpupack(cwd, "+sweep=mnist_pack", "dry_run=true", f"run_dir={tmp_path / 'run'}")
@@ -64,6 +65,7 @@ def test_mnist_pack_resolves_the_built_in_workload(tmp_path, case):
 
 
 @pytest.mark.parametrize("case", [c for c in USER_FILES if c.startswith("jobs")])
+@pytest.mark.slow
 def test_command_sweep_runs_from_a_folder_with_a_users_jobs(tmp_path, case):
     """A real (tiny) run: the workload is resolved in this process and again in the pack job's."""
     cwd = user_dir(tmp_path, case)

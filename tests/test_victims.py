@@ -45,6 +45,7 @@ def test_victims_table(records, expected):
     assert victims(records) == expected
 
 
+@pytest.mark.slow
 def test_a_fault_that_takes_two_neighbours_down_reruns_them_and_counts_only_itself(tmp_path):
     """t0 faults (its own error, on its first attempt); t1 dies by SIGABRT and t2 by an MPS client's CUDA error right
     after: t0 is failed, t1 and t2 are victims of t0, run again once in a fresh start of the mode, and complete.
