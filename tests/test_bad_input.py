@@ -38,7 +38,9 @@ CASES = [
     (["packing.auto.ladder=[0]"], ["packing.auto.ladder[0]=0", "HINT"]),
     (["packing.auto.objective=speed"], ["packing.auto.objective='speed'", "time"]),
     (["packing.then=go"], ["packing.then='go'", "run"]),
-    # search=optuna: its space and its one N (or auto), before anything runs
+    # search=optuna: its space and its one N (or auto), before anything runs; a search key without the group
+    (["search.n_trials=8"], ["search.n_trials=8: sets a key of search, which no config chose",
+                              "HINT: choose it first: search=optuna search.n_trials=8"]),
     (["search=optuna", "packing.factors=[2]", "+search.space.lr=interval(1,0.1)"], ["search.space.lr=", "HINT"]),
     (["search=optuna", "packing.factors=[2,4]", "+search.space.lr=interval(0.01,0.1)"],
      ["packing.factors=[2, 4]", "at one N", "packing.factors=auto"]),

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
@@ -299,10 +300,39 @@ def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictCo
             OmegaConf.update(cfg, key, values, merge=False, force_add=True)
     except (HydraException, OmegaConfBaseException) as err:
         raise translate(err, rewritten) from None
+    except AssertionError:  # OmegaConf's own assert: a key set under a group left null (search.n_trials=8 alone)
+        raise under_unchosen_group(rewritten) from None
     for key, kind in added_keys(cfg):  # the first is refused, as the user wrote it: one line
         raise ConfigError(*_as_written(key, rewritten), "unknown config key",
                           _nearest_key(key, key.rpartition(".")[2], kind, rewritten))
     return cfg
+
+
+def under_unchosen_group(overrides: Sequence[str]) -> ConfigError:
+    """The ConfigError for an override of a key under a config group that no override (and no preset) chose, so
+    its node is null (``search.n_trials=8`` without ``search=optuna``): the key, the group, and how to choose it."""
+    choices = [o for o in overrides if "." not in o.partition("=")[0]]  # group choices: +sweep=..., search=...
+    with _gpupack_hydra():
+        chosen = compose(config_name="config", overrides=choices)
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        group = key.partition(".")[0]
+        if "." in key and group in chosen and chosen[group] is None:
+            options = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+            return ConfigError(key, _as_value(value), f"sets a key of {group}, which no config chose ({group}: null)",
+                               f"choose it first: {group}={options[0] if options else 'NAME'} {override}"
+                               + (f" ({group} is one of {', '.join(options)})" if len(options) > 1 else ""))
+    return ConfigError("overrides", list(overrides), "could not be composed into a config",
+                       "python -m gpupack +sweep=NAME --cfg job shows the config they apply to")
+
+
+def _as_value(text: str) -> object:
+    """An override's value as its type reads (8, 0.5, true), for the message; the text where it reads as no scalar."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (int, float, bool, str)) or value is None else text
 
 
 def added_keys(cfg: DictConfig) -> list[tuple[str, type]]:
