@@ -331,6 +331,10 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
         raise ConfigError("sweep.loader_probe", True, f"{workload.name} has no data-loader-only mode",
                           "set sweep.loader_probe=false, or give the workload a loader_param")
     factors, modes = check_packing(cfg)
+    if search is not None and str(cfg.packing.stream) == "off":
+        raise ConfigError("packing.stream", "off", "a search streams its trials (each slot asks the study for the next "
+                          "as one ends); whole packs would wait for their slowest trial before asking",
+                          "leave packing.stream=auto (or on) with search=optuna")
     if search is not None and not is_auto(cfg) and len(factors) != 1:
         raise ConfigError("packing.factors", list(factors), "a search streams its trials at one N",
                           f"packing.factors=[{max(factors)}] (or packing.factors=auto to measure it first)")
