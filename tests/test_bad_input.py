@@ -41,6 +41,11 @@ CASES = [
     # search=optuna: its space and its one N (or auto), before anything runs; a search key without the group
     (["search.n_trials=8"], ["search.n_trials=8: sets a key of search, which no config chose",
                               "HINT: choose it first: search=optuna search.n_trials=8"]),
+    (["search=optuna", "packing.factors=[2]", "+search.space.lr=interval(0.01,0.1)", "packing.stream=off"],
+     ["packing.stream='off': a search streams its trials", "HINT: leave packing.stream=auto"]),
+    (["hydra/sweeper=optuna"], ["hydra/sweeper='optuna': gpupack's own command plans and runs its sweep itself",
+                                "HINT: search=optuna"]),
+    (["hydra/launcher=gpupack_local"], ["hydra/launcher='gpupack_local': gpupack's own command", "my_app.py"]),
     (["search=optuna", "packing.factors=[2]", "+search.space.lr=interval(1,0.1)"], ["search.space.lr=", "HINT"]),
     (["search=optuna", "packing.factors=[2,4]", "+search.space.lr=interval(0.01,0.1)"],
      ["packing.factors=[2, 4]", "at one N", "packing.factors=auto"]),

@@ -292,6 +292,13 @@ def _gpupack_hydra() -> Iterator[None]:
 def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
     """gpupack's config composed from conf/ and the overrides; ``with_hydra`` keeps Hydra's own node."""
     register_configs()
+    for override in overrides:  # Hydra's own groups choose how an app's multirun runs: gpupack's command runs its own
+        group, _, choice = override.lstrip("+~").partition("=")
+        if group in ("hydra/launcher", "hydra/sweeper"):
+            raise ConfigError(group, choice, "gpupack's own command plans and runs its sweep itself: a Hydra "
+                              f"{group.partition('/')[2]} is for your own Hydra app",
+                              "search=optuna for an Optuna search here; hydra/launcher=gpupack_local (or "
+                              "gpupack_slurm) on your app's command line: python my_app.py -m hydra/launcher=...")
     rewritten, axes = grid_overrides(overrides)
     try:
         with _gpupack_hydra():
