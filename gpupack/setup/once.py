@@ -13,14 +13,14 @@ not on the plain one) is walked over the whole product, as before.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
+from gpupack.core.plan import expand_grid
 from gpupack.errors import ConfigError
 
 R = TypeVar("R")
 
-__all__ = ["each_reading", "expand"]
+__all__ = ["each_reading"]
 
 
 class _Recording(Mapping[str, object]):
@@ -73,12 +73,10 @@ def _recorded(arg: object, seen: set[str]) -> object:
     return arg
 
 
-def expand(grid: Mapping[str, Sequence[object]], axes: Sequence[str], first: Mapping[str, object]
-           ) -> Iterator[dict[str, object]]:
-    """Every point of ``grid`` over ``axes`` (in the grid's order), the other axes at ``first``. Pure."""
-    walked = [k for k in grid if k in axes]
-    for combo in itertools.product(*(grid[k] for k in walked)):
-        yield {**first, **dict(zip(walked, combo))}
+def _walk(grid: Mapping[str, Sequence[object]], axes: set[str], first: Mapping[str, object]) -> list[dict[str, object]]:
+    """Every point of ``grid`` over ``axes`` (gpupack.core.plan.expand_grid, in the grid's order), the other axes at
+    ``first``. Pure."""
+    return [{**first, **point} for point in expand_grid({k: v for k, v in grid.items() if k in axes})]
 
 
 def each_reading(fn: Callable[[Any], R], grid: Mapping[str, Sequence[object]], fixed: Mapping[str, object],
@@ -93,7 +91,7 @@ def each_reading(fn: Callable[[Any], R], grid: Mapping[str, Sequence[object]], f
     results: dict[tuple[str, ...], tuple[dict[str, object], R]] = {}
     while True:
         grew = False
-        for point in expand(grid, [k for k in grid if k in read], first):
+        for point in _walk(grid, read, first):
             key = tuple(repr(point[k]) for k in grid)
             if key in results:
                 continue
@@ -105,7 +103,7 @@ def each_reading(fn: Callable[[Any], R], grid: Mapping[str, Sequence[object]], f
                 raise
             except Exception:
                 fn(build(values))  # raises as the plain call does; if not, the recording is what it cannot take
-                return [(p, fn(build({**fixed, **p}))) for p in expand(grid, list(grid), first)]
+                return [(p, fn(build({**fixed, **p}))) for p in expand_grid(grid)]
             results[key] = (point, result)
             if "*" in seen:
                 seen = set(grid)
