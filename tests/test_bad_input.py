@@ -222,3 +222,14 @@ def test_a_grid_axis_with_a_bad_value_names_the_first_in_typeds_words(values, ba
     with pytest.raises(ConfigError) as alone:
         workload.typed("batch_size", bad, "sweep.grid")
     assert str(err.value) == str(alone.value)
+
+
+def test_a_search_key_without_its_group_is_one_line_for_a_sweep_found_on_a_searchpath(tmp_path, capsys):
+    """search.n_trials=8 without search=optuna, for a sweep of tests/conf: the group is looked up with the
+    hydra.searchpath the sweep is found through, and the refusal is the same one line."""
+    run_dir = tmp_path / "run"
+    code = main(["hydra.searchpath=[file://tests/conf]", "+sweep=probe_pack", "search.n_trials=8",
+                 f"run_dir={run_dir}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "search.n_trials=8: sets a key of search, which no config chose" in err and not run_dir.exists()

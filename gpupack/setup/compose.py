@@ -318,7 +318,8 @@ def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictCo
 def under_unchosen_group(overrides: Sequence[str]) -> ConfigError:
     """The ConfigError for an override of a key under a config group that no override (and no preset) chose, so
     its node is null (``search.n_trials=8`` without ``search=optuna``): the key, the group, and how to choose it."""
-    choices = [o for o in overrides if "." not in o.partition("=")[0]]  # group choices: +sweep=..., search=...
+    # the group choices (+sweep=..., search=...) and Hydra's own settings they are found by (hydra.searchpath)
+    choices = [o for o in overrides if "." not in (key := o.lstrip("+~").partition("=")[0]) or key.startswith("hydra.")]
     with _gpupack_hydra():
         chosen = compose(config_name="config", overrides=choices)
     for override in overrides:
