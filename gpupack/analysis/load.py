@@ -122,12 +122,12 @@ class Records:
 
     def plan_counts(self) -> "PlanCounts":
         """The trainings of the runs' plans against their current records (:func:`plan_counts`)."""
-        t = self.trainings
         if not self.planned_ids:  # no plan to count against (runs written without one)
             return PlanCounts()
+        t = self.trainings
         # the columns it reads, before the attempt-0 rows are taken: a million rows of every column is a second
         used = [c for c in ("run_dir", "pack_id", "training_id", "status", "runs_in", "stream", "attempt") if c in t]
-        return plan_counts(Records.latest_of(t[used]) if not t.empty else t, self.planned_ids)
+        return plan_counts(Records.latest_of(t[used]), self.planned_ids)
 
     def latest(self) -> pd.DataFrame:
         """Each training's latest record (earlier attempts, kept under attempts/, left out)."""
