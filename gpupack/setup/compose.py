@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
@@ -318,29 +317,22 @@ def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictCo
 def under_unchosen_group(overrides: Sequence[str]) -> ConfigError:
     """The ConfigError for an override of a key under a config group that no override (and no preset) chose, so
     its node is null (``search.n_trials=8`` without ``search=optuna``): the key, the group, and how to choose it."""
+    parser = OverridesParser.create()
+    parsed = [(text, parser.parse_override(text)) for text in overrides]  # they parsed once already: no error here
     # the group choices (+sweep=..., search=...) and Hydra's own settings they are found by (hydra.searchpath)
-    choices = [o for o in overrides if "." not in (key := o.lstrip("+~").partition("=")[0]) or key.startswith("hydra.")]
+    choices = [text for text, ov in parsed if "." not in ov.key_or_group or ov.key_or_group.startswith("hydra.")]
     with _gpupack_hydra():
         chosen = compose(config_name="config", overrides=choices)
-    for override in overrides:
-        key, _, value = override.lstrip("+~").partition("=")
+    for text, ov in parsed:
+        key = ov.key_or_group
         group = key.partition(".")[0]
         if "." in key and group in chosen and chosen[group] is None:
             options = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
-            return ConfigError(key, _as_value(value), f"sets a key of {group}, which no config chose ({group}: null)",
-                               f"choose it first: {group}={options[0] if options else 'NAME'} {override}"
+            return ConfigError(key, ov.value(), f"sets a key of {group}, which no config chose ({group}: null)",
+                               f"choose it first: {group}={options[0] if options else 'NAME'} {text}"
                                + (f" ({group} is one of {', '.join(options)})" if len(options) > 1 else ""))
     return ConfigError("overrides", list(overrides), "could not be composed into a config",
                        "python -m gpupack +sweep=NAME --cfg job shows the config they apply to")
-
-
-def _as_value(text: str) -> object:
-    """An override's value as its type reads (8, 0.5, true), for the message; the text where it reads as no scalar."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    return value if isinstance(value, (int, float, bool, str)) or value is None else text
 
 
 def added_keys(cfg: DictConfig) -> list[tuple[str, type]]:
