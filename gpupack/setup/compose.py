@@ -86,6 +86,11 @@ def grid_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str |
                 hint = ("write each templated item in double quotes and the whole override in single quotes, e.g. "
                         "'sweep.fixed.argv=[\"{python}\",train.py,--lr,\"{lr}\",--out,\"runs/{lr}\"]'")
             raise ConfigError(key, value, f"cannot parse ({_first_line(err)})", hint) from None
+        if ov.key_or_group in ("hydra/launcher", "hydra/sweeper"):  # how an app's multirun runs: gpupack runs its own
+            raise ConfigError(ov.key_or_group, ov.value(), "gpupack's own command plans and runs its sweep itself: a "
+                              f"Hydra {ov.key_or_group.partition('/')[2]} is for your own Hydra app",
+                              "search=optuna for an Optuna search here; hydra/launcher=gpupack_local (or "
+                              "gpupack_slurm) on your app's command line: python my_app.py -m hydra/launcher=...")
         if not ov.is_sweep_override():
             # Grid axes and fixed hyperparameters are checked against the workload's Params (with a
             # did-you-mean), so a user may set any of them without Hydra's "+" for new keys.
@@ -291,13 +296,6 @@ def _gpupack_hydra() -> Iterator[None]:
 def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
     """gpupack's config composed from conf/ and the overrides; ``with_hydra`` keeps Hydra's own node."""
     register_configs()
-    for override in overrides:  # Hydra's own groups choose how an app's multirun runs: gpupack's command runs its own
-        group, _, choice = override.lstrip("+~").partition("=")
-        if group in ("hydra/launcher", "hydra/sweeper"):
-            raise ConfigError(group, choice, "gpupack's own command plans and runs its sweep itself: a Hydra "
-                              f"{group.partition('/')[2]} is for your own Hydra app",
-                              "search=optuna for an Optuna search here; hydra/launcher=gpupack_local (or "
-                              "gpupack_slurm) on your app's command line: python my_app.py -m hydra/launcher=...")
     rewritten, axes = grid_overrides(overrides)
     try:
         with _gpupack_hydra():
