@@ -3,6 +3,8 @@
 # the CPU-side checks, says "no GPU here" and exits 0).
 #
 #   scripts/gpu_check.sh            # CPU-side checks; on a GPU the `gpu` test tier and benchmarks/gpu.py
+#   scripts/gpu_check.sh --quick    # the same with benchmarks/gpu.py --quick (tiny sizes: a check of the path in
+#                                   # minutes, for a short lease; its figures are no measurement)
 #   OUT=/some/folder scripts/gpu_check.sh   # logs and tables written there ($OUT on the device machine)
 #
 # The device machine has python3 3.12 with torch (CUDA), nvidia-ml-py, numpy, pandas, pyarrow, matplotlib, rich,
@@ -17,6 +19,12 @@
 # With a .venv of its own (this machine), that one is used instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+BENCH_ARGS=()
+case "${1:-}" in
+  --quick) BENCH_ARGS=(--quick) ;;
+  "") ;;
+  *) echo "gpu_check: unknown argument '$1'. HINT: scripts/gpu_check.sh [--quick]" >&2; exit 2 ;;
+esac
 OUT="${OUT:-runs/gpu_check}"
 mkdir -p "$OUT"
 say() { echo "gpu_check: $*" | tee -a "$OUT/gpu_check.log"; }
@@ -64,7 +72,7 @@ say "GPU: $device"
 "$PY" -m pytest -p no:cacheprovider -m gpu -rs -v tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"
 tier=${PIPESTATUS[0]}
 say "gpu tier: exit $tier ($OUT/gpu_tests.log)"
-"$PY" benchmarks/gpu.py --out "$OUT/bench" 2>&1 | tee "$OUT/benchmark.txt"
+"$PY" benchmarks/gpu.py "${BENCH_ARGS[@]}" --out "$OUT/bench" 2>&1 | tee "$OUT/benchmark.txt"
 bench=${PIPESTATUS[0]}
 say "benchmark: exit $bench ($OUT/benchmark.txt)"
 exit $(( tier != 0 || bench != 0 ))
