@@ -337,11 +337,21 @@ def test_paired_gain_weighs_the_grid_points_as_the_grid_does_not_as_the_round_s_
     assert 1 / c.relative[2].median == pytest.approx(10 / 6)
 
 
-def test_one_pair_with_no_other_n_to_borrow_a_spread_from_ties_as_unpaired_does() -> None:
-    """The reference's own ratios are 1 by construction: they lend no spread, so one pair tells nothing apart."""
+def test_one_pair_with_no_other_n_to_borrow_from_borrows_the_reference_packs_spread() -> None:
+    """The reference's own ratios are 1 by construction and lend no spread; its packs' spread, √2 times (a ratio of
+    two packs), is borrowed instead: a gain within it ties, as unpaired."""
     c = choose({1: [10.0, 14.0], 2: [9.0]}, rounds={1: [0, 1], 2: [1]})
     assert c.reference == 1 and c.ties == (1, 2) and c.best == 1
     assert choose({1: [10.0, 14.0], 2: [9.0]}).ties == (1, 2)  # as unpaired
+    alone = choose({1: [10.0], 2: [9.0]}, rounds={1: [0], 2: [0]})  # no spread anywhere: nothing told apart
+    assert alone.ties == (1, 2) and alone.best == 1
+
+
+def test_a_run_cut_after_its_first_round_still_tells_a_large_gain_apart() -> None:
+    """The H200's fused ladder, stopped by its time limit (2026-11-28): N=1 in three rounds, N=8 and N=34 in the first
+    only. N=34's 24x is far outside N=1's spread between packs: it is the answer (provisional), not a tie with N=1."""
+    c = choose({1: [7.23, 8.09, 8.63], 8: [1.05], 34: [0.355]}, rounds={1: [0, 1, 2], 8: [0], 34: [0]})
+    assert c.reference == 1 and c.best == 34 and c.ties == (34,) and c.provisional
 
 
 def test_packs_in_no_rounds_say_so() -> None:

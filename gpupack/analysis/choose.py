@@ -36,9 +36,11 @@ dear point is biased). A drift that a round shares (a neighbour's job, clocks, a
 alike. The bootstrap then resamples **rounds** with replacement, the same draw for every N, and the lowest relative
 time, the ties (the interval of the difference of two N's relative times, on the same resamples, holds 0) and the
 rule follow as above. An N with one pair borrows the pooled relative spread of one pair's ratio over the other N with
-two pairs or more (the reference's own are 1 by construction and do not count); with none, every N ties, as
-unpaired. Paired only where the reference has two rounds or more and every other N shares a round with it;
-otherwise unpaired, and ``method`` says why.
+two pairs or more (the reference's own are 1 by construction and do not count); with none, √2 times the unpaired
+spread of one pack (a ratio of two packs, each as noisy as one pack: wider than a paired spread, which a shared drift
+does not widen), so a run cut short after its first round still tells N=34 at 24x apart from N=1 (an H200,
+2026-11-28); with no spread at all, every N ties, as unpaired. Paired only where the reference has two rounds or
+more and every other N shares a round with it; otherwise unpaired, and ``method`` says why.
 
 Sample size
 -----------
@@ -197,7 +199,7 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
     elif paired is not None:
         reference = ns[0]
         pairs = [paired[n] for n in ns]
-        boots, spread = _paired_boots(pairs, resamples, rng)
+        boots, spread = _paired_boots(pairs, resamples, rng, None if spread is None else spread * math.sqrt(2))
         medians = np.array([1.0] + [_ratio_of_sums(p) for p in pairs[1:]])
         rq = np.nanquantile(boots, [alpha / 2, 1 - alpha / 2], axis=1)
         relative = {n: MedianInterval(float(medians[i]), float(rq[0, i]) if len(pairs[i]) >= 2 else None,
@@ -274,14 +276,16 @@ def _per_n_boots(samples: Sequence[np.ndarray], resamples: int, rng: np.random.G
 
 
 def _paired_boots(pairs: Sequence[Sequence[tuple[float, float, Hashable]]], resamples: int,
-                  rng: np.random.Generator) -> tuple[np.ndarray, float | None]:
+                  rng: np.random.Generator, fallback: float | None) -> tuple[np.ndarray, float | None]:
     """Each N's ratio of sums over rounds resampled with replacement, one draw of rounds for every N (NaN where a draw
     holds none of its rounds; the reference's is 1); and the pooled relative spread of one pair's ratio over the other
-    N with two pairs or more (None: none has, and nothing can be told apart). An N of one pair borrows that spread."""
+    N with two pairs or more, else ``fallback`` (None: nothing can be told apart). An N of one pair borrows that
+    spread."""
     keys = list(dict.fromkeys(k for of_n in pairs for _, _, k in of_n))
     index = {k: j for j, k in enumerate(keys)}
     counts = rng.multinomial(len(keys), np.full(len(keys), 1.0 / len(keys)), size=resamples)  # (resamples, rounds)
     spread = _pooled_spread([np.array([t / r for t, r, _ in of_n]) for of_n in pairs[1:] if len(of_n) >= 2])
+    spread = fallback if spread is None else spread
     boots = np.ones((len(pairs), resamples))
     for i, of_n in enumerate(pairs[1:], start=1):
         if len(of_n) == 1:
@@ -369,7 +373,7 @@ def _paired_gain(pairs: Sequence[tuple[float, float, Hashable]], confidence: flo
     med = 1.0 - _ratio_of_sums(pairs)
     if n_rounds < 2:
         return Gain(med, None, None, paired=n_rounds)
-    boots, _ = _paired_boots([[], pairs], resamples, np.random.default_rng(seed))  # [0]: the reference, ratio 1
+    boots, _ = _paired_boots([[], pairs], resamples, np.random.default_rng(seed), None)  # [0]: the reference
     alpha = 1.0 - confidence
     low, high = np.nanquantile(1.0 - boots[1], [alpha / 2, 1 - alpha / 2])
     return Gain(med, float(low), float(high), paired=n_rounds)
