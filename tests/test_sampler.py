@@ -221,6 +221,42 @@ def test_a_training_of_several_processes_is_sampled_as_their_sum():
             p.wait()
 
 
+CHILD = ("import subprocess, sys, time\n"
+         "subprocess.Popen([sys.executable, '-c', 'import time; x = bytearray(80 * 2**20); time.sleep(30)'])\n"
+         "time.sleep(30)")
+
+
+@pytest.mark.parametrize("under_job", [True, False])
+def test_a_trainings_children_count_in_its_figures_from_one_walk_of_the_table(under_job):
+    """A training's loader worker (its child) counts in its RSS: found from the job's tree that the load reading walks
+    once a sample (a pack's trainings are under the job), or, for a process outside it, by psutil's own walk."""
+    import psutil
+
+    from gpupack.runtime.foreign import ForeignLoad
+
+    training = subprocess.Popen([sys.executable, "-c", CHILD])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # a job it is not under
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline:  # its child holds its 80 MB
+            kids = psutil.Process(training.pid).children()
+            if kids and kids[0].memory_info().rss > 70 * 2**20:
+                break
+            time.sleep(0.1)
+        foreign = ForeignLoad([0]) if under_job else ForeignLoad([0], root=other.pid)
+        s = Sampler(interval_s=0.1, no_gpu_reason="test", foreign=foreign)
+        s.register("t", training.pid)
+        sample = s.sample_once()
+        assert (training.pid in {pid for pid, _ in foreign.latest}) == under_job
+        assert sample["trainings"]["t"]["rss_mb"] > 80
+    finally:
+        for child in psutil.Process(training.pid).children():
+            child.kill()
+        for proc in (training, other):
+            proc.kill()
+            proc.wait()
+
+
 def two_gpus(rank0: int, rank1: int) -> FakeNvml:
     """Two whole GPUs: GPU 0 busy at 80 %, GPU 1 at 40 %; each rank of a DDP training has its context on its own GPU,
     and rank 0 a small one on GPU 1 too."""

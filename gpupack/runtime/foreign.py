@@ -231,6 +231,7 @@ class ForeignLoad:
         self._lock = threading.Lock()
         self._last: tuple[float, float, dict[Key, ProcTimes]] | None = None
         self._ours: set[int] = set()  # every pid seen under the job process
+        self.latest: dict[Key, ProcTimes] = {}  # the job's processes at the last reading (the sampler's families)
 
     def read(self) -> LoadSpan | None:
         """Read the cores and the job's processes; the interval since the last reading, or None at the first (a
@@ -240,6 +241,7 @@ class ForeignLoad:
             busy = self.busy(self.watched)
             procs = self.tree(self.root, self._last[2] if self._last is not None else ())
             self._ours |= {pid for pid, _ in procs}
+            self.latest = procs
             if self._last is None:
                 self._last = (at, busy, procs)
                 return None

@@ -14,12 +14,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Protocol, Sequence, TypedDict
+from typing import Callable, Collection, Literal, Mapping, Protocol, Sequence, TypedDict
 
 import psutil
 
 from gpupack.runtime import monitor
-from gpupack.runtime.foreign import ForeignFigures, ForeignLoad
+from gpupack.runtime.foreign import ForeignFigures, ForeignLoad, Key
 from gpupack.runtime.jobenv import job_cpus
 from gpupack.runtime.monitor import Nvml, NvmlHandle
 
@@ -138,6 +138,7 @@ class Sampler:
         self._util_supported = True  # NVML does not report utilization on a MIG slice (NotSupported)
         self.more_handles: list[NvmlHandle] = []
         self.foreign = foreign if foreign is not None else ForeignLoad(job_cpus())
+        self._procs: dict[Key, psutil.Process] = {}  # the job's processes, each made once (_children_map)
         self._open_nvml(gpu if gpu is not None else None if gpu_index is None else str(gpu_index), no_gpu_reason)
         self._open_more(more_gpus)
 
@@ -257,11 +258,42 @@ class Sampler:
         if first:  # the load from outside is measured from the pack's first start, as its wall is
             self.foreign.read()
 
-    def _family(self, t: _Tracked) -> list[psutil.Process]:
-        try:
-            return [t.proc, *t.proc.children(recursive=True)]
-        except psutil.Error:
-            return []
+    def _children_map(self) -> dict[int, list[psutil.Process]]:
+        """The job's processes by parent, from the tree the load reading has just walked (one pass over the process
+        table per sample). ``children(recursive=True)`` per training read the whole table once each: 91 % of a
+        sample's time at N=34 (10.8 % of a core on an H200)."""
+        kids: dict[int, list[psutil.Process]] = {}
+        procs: dict[Key, psutil.Process] = {}
+        for key, times in self.foreign.latest.items():
+            proc = self._procs.get(key)
+            if proc is None:
+                try:
+                    proc = psutil.Process(key[0])
+                except psutil.Error:
+                    continue
+                if proc.create_time() != key[1]:  # the pid went to another process since the reading
+                    continue
+            procs[key] = proc
+            kids.setdefault(times.ppid, []).append(proc)
+        self._procs = procs  # the ones still there: each pid's psutil.Process made once
+        return kids
+
+    @staticmethod
+    def _family(t: _Tracked, kids: Mapping[int, list[psutil.Process]], below: Collection[int]
+                ) -> list[psutil.Process]:
+        """The training's process and its descendants; none once it ended. One the reading did not find under the
+        job (a test's, a reparented one) is walked by psutil alone."""
+        if t.proc.pid not in below:
+            try:
+                return [t.proc, *t.proc.children(recursive=True)] if t.proc.is_running() else []
+            except psutil.Error:
+                return []
+        family, todo = [t.proc], [t.proc.pid]
+        while todo:
+            for child in kids.get(todo.pop(), ()):
+                family.append(child)
+                todo.append(child.pid)
+        return family
 
     def sample_once(self) -> Sample:
         sample: Sample = {"t": time.time()}
@@ -272,11 +304,14 @@ class Sampler:
                 sample["gpu_error"] = str(err)
         with self._lock:
             tracked = list(self.tracked.values())
+        interval = self.foreign.read()  # after NVML's list: a training it names has begun by then (foreign_gpu)
         # One training may be several processes (a training spread over k devices: one per rank): its figures are
         # their sum at each sample, and its peaks the peaks of those sums.
         families: dict[str, list[tuple[_Tracked, list[psutil.Process]]]] = {}
+        kids = self._children_map()
+        below = {proc.pid for of_parent in kids.values() for proc in of_parent}
         for t in tracked:
-            family = self._family(t)
+            family = self._family(t, kids, below)
             if family:
                 families.setdefault(t.training_id, []).append((t, family))
         per_training: dict[str, TrainingSample] = {}
@@ -306,7 +341,6 @@ class Sampler:
                     first.peak_gpu_mem_mb = max(first.peak_gpu_mem_mb or 0.0, sum(known))
             per_training[training_id] = entry
         sample["trainings"] = per_training
-        interval = self.foreign.read()  # after NVML's list: a training it names has begun by then (foreign_gpu)
         if interval is not None:
             sample["foreign_cpu_cores"] = round(interval.cores, 3)
         if "gpu_proc_mem_mb" in sample:
