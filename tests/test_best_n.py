@@ -527,23 +527,6 @@ def test_the_bound_is_the_devices(cores, n, ref, gpu, bound):
     assert gain_bounds(frame).iloc[0] == pytest.approx(bound)
 
 
-@pytest.mark.parametrize("ref_tpt, ref_loop, gpu, cores, bounds", [
-    (8.0, 1.0, "NVIDIA H200", None, [8.0, 64.0]),  # a fused pack on the H200: 7 s of N=1's 8 s were start-up
-    (8.0, None, "NVIDIA H200", None, [1.0, 8.0]),  # the loop unknown: N / ref, as before
-    (2.0, 2.5, "NVIDIA H200", None, [1.0, 8.0]),  # a loop longer than the wall (clock skew) never tightens it
-    (3.0, 2.0, "cpu", 2, [1.5, 3.0]),  # on 2 cores: min(N, 2) x 1.5
-])
-def test_the_bound_allows_for_the_start_up_a_pack_shares(ref_tpt, ref_loop, gpu, cores, bounds):
-    """A pack's start-up is paid once for its N trainings: the bound is N / ref (min(N, cores) on a CPU) times the
-    reference's wall over its loop, since N loops side by side can at best each run as fast as the reference's."""
-    from gpupack.analysis.summary import gain_bounds
-
-    rows = [{"workload": "w", "partition": "local", "gpu_type": gpu, "mode": "fused", "factor": n, "gain_ref": 1,
-             "cores": cores, "time_per_training_s": tpt, "loop_s": loop}
-            for n, tpt, loop in ((1, ref_tpt, ref_loop), (8, 0.9, 5.0))]
-    assert gain_bounds(pd.DataFrame(rows)).tolist() == pytest.approx(bounds)  # N=1's, N=8's
-
-
 @pytest.mark.parametrize("rounds, named, why", [
     # N=1 14x slower under foreign load in every round, N=2 quiet: 14x > 2 is no answer
     ([{1: (70.0, 1.8), 2: (5.0, 0.0)}] * 3, None, "exceeds the 2x that 2 trainings at once can give"),

@@ -284,7 +284,7 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
     and the group's verdict (ties, rule, provisional, repeats that would settle it). Where the packs ran in rounds, the
     comparison is paired within them: each N's gain over the reference N (``gain``, its interval, ``gain_ref``) is
     its time per training against the reference's in the same rounds, and ``speedup_vs_n1`` is that gain where the
-    reference is N=1; ``gain_bound`` is what N trainings at once can give over the reference's (gain_bounds), and
+    reference is N=1; ``gain_bound`` is what N trainings at once can give over the reference's (N / reference), and
     ``beyond_bound`` says the gain passed it. The packs ``disturbed`` names ((run, pack id): measured under load from
     outside, gpupack.analysis.disturbance) are left out of the choice where every N keeps a quiet pack
     (``left_out_disturbed`` counts them): load from outside slows N=1's threads more than N trainings' single ones,
@@ -365,26 +365,12 @@ def gain_bounds(summary: pd.DataFrame) -> pd.Series:
     """What the device can give at each N over the reference N, in trainings per hour: on a CPU of c cores,
     min(N, c) / min(ref, c) (no more trainings run at once than there are cores, none faster than one with a core of
     its own, and the reference, at its best set-up, at least that fast); on a GPU, N / ref (N copies of the
-    reference's work at most; how busy the reference kept the GPU is said beside it, ``ref_gpu_util``); either times
-    :func:`start_allowance`. Pure."""
+    reference's work at most; how busy the reference kept the GPU is said beside it, ``ref_gpu_util``). Pure."""
     n, ref = summary["factor"].astype(float), summary["gain_ref"].astype(float)
     cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
     on_cpu = (summary["gpu_type"].astype(str) == "cpu") & (cores >= 1)
     by_cores = n.where(n < cores, cores) / ref.where(ref < cores, cores)
-    return (n / ref).where(~on_cpu, by_cores) * start_allowance(summary)
-
-
-def start_allowance(summary: pd.DataFrame) -> pd.Series:
-    """The reference's pack wall over its trainings' loop (median loop_s), at least 1; 1 where the loop is unknown.
-    What a pack spends outside the loops (a fused host's imports, data and CUDA context; a server's preload) is paid
-    once a pack, so N trainings share it: N trainings' loops can at best run side by side, each as fast as the
-    reference's, and the gain may pass N / ref by this much. On an H200 a fused pack's start-up was 7 s of N=1's 8 s,
-    and N=8 ran 8.2x N=1's trainings per hour (2026-11-28, BENCHMARKS.md). Pure."""
-    if "loop_s" not in summary or "time_per_training_s" not in summary:
-        return pd.Series(1.0, index=summary.index)
-    wall = _of_reference(summary, "time_per_training_s") * summary["gain_ref"].astype(float)
-    loop = _of_reference(summary, "loop_s")
-    return (wall / loop).where(loop > 0).clip(lower=1.0).fillna(1.0)
+    return (n / ref).where(~on_cpu, by_cores)
 
 
 def no_answer(group: pd.DataFrame, loaded_only: bool) -> str | None:

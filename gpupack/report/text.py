@@ -80,8 +80,8 @@ def best_line(row: pd.Series) -> str:
 
 def bound_phrase(row: pd.Series) -> str:
     """An N whose gain over the reference passes what the device can give (gpupack.analysis.summary.gain_bounds: on a
-    CPU min(N, cores) / min(ref, cores), on a GPU N / ref, each times the reference's wall over its loop): which gain,
-    which bound, and whether its interval holds the bound."""
+    CPU min(N, cores) / min(ref, cores), on a GPU N / ref): which gain, which bound, and whether its interval holds
+    the bound."""
     n, ref = int(row["factor"]), int(row["gain_ref"])
     over = "one alone" if ref == 1 else f"N={ref}"
     low = row.get("gain_low")
