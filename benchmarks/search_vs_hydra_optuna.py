@@ -27,6 +27,8 @@ best, the lowest loss found. The issue's goal (46): gpupack's wall <= 0.6 x Hydr
 """
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import TypedDict
@@ -72,6 +74,16 @@ def hydra_argv(out: Path, n: int) -> list[str]:
             *(f"{k}={v}" for k, v in SPACE.items()), f"hydra.sweep.dir={out / 'hydra'}"]
 
 
+def pythonpath(side: str) -> str:
+    """gpupack's side: this repository over its environment (Optuna >= 4). Hydra's: hydra-optuna-sweeper and the
+    Optuna 2.10 it pins, in a side environment of their own (scripts/side_envs.sh), as a user of it has them."""
+    if side != "hydra":
+        return str(REPO)
+    made = subprocess.run([str(REPO / "scripts" / "side_envs.sh"), "--path", "hydra-optuna"], cwd=REPO,
+                          capture_output=True, text=True, check=True, env={**os.environ, "PY": PYTHON})
+    return os.pathsep.join([made.stdout.strip().splitlines()[-1], str(REPO)])
+
+
 def run(out: Path, quick: bool) -> dict[str, object]:
     n = QUICK_TRIALS if quick else TRIALS
     runs: list[Run] = []
@@ -79,7 +91,7 @@ def run(out: Path, quick: bool) -> dict[str, object]:
                        ("Hydra Optuna sweeper + gpupack_local", hydra_argv(out, n))):
         key = "gpupack" if side.startswith("gpupack") else "hydra"
         say(f"running: {side} ({n} trials, N={FACTOR})")
-        rc, wall = run_logged(argv, out / f"{key}.log", env={"PYTHONPATH": str(REPO)})
+        rc, wall = run_logged(argv, out / f"{key}.log", env={"PYTHONPATH": pythonpath(key)})
         say(f"  exit {rc} after {wall:.1f} s")
         if rc != 0:
             say(tail(out / f"{key}.log"))

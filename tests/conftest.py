@@ -108,3 +108,25 @@ def as_from_a_terminal() -> None:
 
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# hydra-optuna-sweeper pins optuna<3, so it stays out of gpupack's environment (which has Optuna >= 4): its tests run in
+# a side environment of their own (scripts/side_envs.sh, part of the README's test command) and skip elsewhere.
+def has_hydra_optuna_sweeper() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+_SIDE_ENV = pytest.mark.skipif(not has_hydra_optuna_sweeper(), reason="hydra-optuna-sweeper (optuna<3) runs in its "
+                               "side environment: scripts/side_envs.sh")
+HYDRA_OPTUNA = [pytest.mark.hydra_optuna, _SIDE_ENV]  # the marks of a test that needs it (-m hydra_optuna selects)
+
+
+def needs_hydra_optuna_sweeper(test: Callable[..., None]) -> Callable[..., None]:
+    for mark in HYDRA_OPTUNA:
+        test = mark(test)
+    return test

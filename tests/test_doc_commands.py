@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from gpupack.cli import help_text
+from tests.conftest import HYDRA_OPTUNA
 from tests.doc_commands import REPO, DocCommand, from_docs, from_help
 
 
@@ -145,9 +146,13 @@ def _needs_slurm(command: DocCommand) -> bool:
 
 
 def _user_env(slurm: dict[str, str] | None = None) -> dict[str, str]:
-    """A user's shell after ``source .venv/bin/activate``: the venv's python first, no test PYTHONPATH, no cluster
-    unless the command is for the local test SLURM."""
+    """A user's shell after ``source .venv/bin/activate``: the venv's python first, no test PYTHONPATH (the repo's),
+    no cluster unless the command is for the local test SLURM. A side environment's folder on PYTHONPATH
+    (scripts/side_envs.sh) stays: it stands for what that user installed."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SLURM_CONF")}
+    side = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO]
+    if side:
+        env["PYTHONPATH"] = os.pathsep.join(side)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["VIRTUAL_ENV"] = str(Path(sys.executable).parent.parent)
     if slurm is not None:
@@ -179,7 +184,8 @@ def test_the_docs_commands_are_all_found():
 
 
 @pytest.mark.parametrize("command", [
-    pytest.param(c, id=c.where, marks=[pytest.mark.slurm] if _needs_slurm(c) else []) for c in ALL])
+    pytest.param(c, id=c.where, marks=([pytest.mark.slurm] if _needs_slurm(c) else [])
+                 + (HYDRA_OPTUNA if "hydra/sweeper=optuna" in c.words else [])) for c in ALL])
 @pytest.mark.slow
 def test_a_docs_command_runs_as_pasted(command: DocCommand, workspace: Workspace, request: pytest.FixtureRequest):
     slurm = request.getfixturevalue("slurm_env") if _needs_slurm(command) else None

@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gpupack.core.store import pickling
-from tests.conftest import as_from_a_terminal, wait_for
+from tests.conftest import as_from_a_terminal, needs_hydra_optuna_sweeper, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "tests" / "hydra_app" / "app.py"
@@ -185,6 +185,7 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.slow
+@needs_hydra_optuna_sweeper
 def test_optuna_sweeper_gets_the_return_values(tmp_path, subprocess_env):
     sweep_dir = tmp_path / "mr"
     proc = multirun(EXAMPLE, ["hydra/sweeper=optuna", "hydra/launcher=gpupack_local", "hydra.launcher.pack=2",

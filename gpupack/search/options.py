@@ -8,7 +8,7 @@ import inspect
 import re
 from dataclasses import asdict, dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Dict, Mapping, Optional, Union, cast
+from typing import TYPE_CHECKING, Dict, Literal, Mapping, Optional, Union, cast
 
 from gpupack.errors import ConfigError, nearest
 from gpupack.search.space import Choice, Dimension, parse_space
@@ -55,7 +55,7 @@ class OptunaSearch:
 
     space: Mapping[str, Dimension]
     metric: str
-    direction: str  # maximize | minimize
+    direction: Literal["maximize", "minimize"]
     n_trials: int
     sampler: str = "TPESampler"
     sampler_kwargs: Mapping[str, Kwarg] = field(default_factory=dict)
@@ -163,7 +163,8 @@ def read_search(section: Mapping[str, object], metric: str | None, goal: str | N
     if reported is not None and chosen not in reported:
         raise ConfigError("search.metric", chosen, f"the workload reports no such metric ({', '.join(reported)})",
                           f"search.metric={_fix(chosen, list(reported))}")
-    direction = {"max": "maximize", "min": "minimize"}.get(goal or ("max" if chosen == "val_accuracy" else ""))
+    directions: dict[str, Literal["maximize", "minimize"]] = {"max": "maximize", "min": "minimize"}
+    direction = directions.get(goal or ("max" if chosen == "val_accuracy" else ""))
     if direction is None:
         raise ConfigError("collect.goal", goal, f"a search must know which way {chosen} is better",
                           "collect.goal=min (or max)")

@@ -42,12 +42,9 @@ class Dimension:
 
         if self.kind == "categorical":
             return d.CategoricalDistribution(self.choices)
-        if self.kind == "int":
-            if self.log:
-                return d.IntLogUniformDistribution(int(self.low), int(self.high))
-            return d.IntUniformDistribution(int(self.low), int(self.high), step=self.step)
-        return d.LogUniformDistribution(self.low, self.high) if self.log else d.UniformDistribution(self.low,
-                                                                                                     self.high)
+        if self.kind == "int":  # Optuna >= 3's distributions: the older ones are deprecated, removed in Optuna 6
+            return d.IntDistribution(int(self.low), int(self.high), log=self.log, step=1 if self.log else self.step)
+        return d.FloatDistribution(self.low, self.high, log=self.log)
 
     def midpoint(self) -> Choice:
         """The middle of the range (on its scale; an integer range's nearest step; a choice's middle one): the point
