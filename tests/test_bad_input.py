@@ -47,6 +47,9 @@ CASES = [
                                 "HINT: search=optuna"]),
     (["hydra/launcher=gpupack_local"], ["hydra/launcher='gpupack_local': gpupack's own command", "my_app.py"]),
     (["search=optuna", "packing.factors=[2]", "+search.space.lr=interval(1,0.1)"], ["search.space.lr=", "HINT"]),
+    (["search=optuna", "packing.factors=[2]", "+search.space.lr=interval(0.01,0.1)", "search.pruner=HyperbandPruner",
+      "+search.pruner_kwargs.min_resource=0"],  # passes the constructor, fails at the first decision: said before
+     ["search.pruner_kwargs={'min_resource': 0}: Optuna refuses them (ZeroDivisionError", "HINT"]),
     (["search=optuna", "packing.factors=[2,4]", "+search.space.lr=interval(0.01,0.1)"],
      ["packing.factors=[2, 4]", "at one N", "packing.factors=auto"]),
     (["packing.device=tpu"], ["packing.device='tpu'", "HINT"]),

@@ -191,12 +191,30 @@ def _check_built(search: OptunaSearch) -> None:
     """The sampler and pruner built once here, so a value Optuna refuses (a negative n_warmup_steps) is said before
     anything runs, not by every lane as it asks its first trial."""
     for key, kwargs, build in (("search.sampler_kwargs", search.sampler_kwargs, lambda: search.make_sampler(0)),
-                               ("search.pruner_kwargs", search.pruner_kwargs, search.make_pruner)):
+                               ("search.pruner_kwargs", search.pruner_kwargs, lambda: _first_prune(search))):
         try:
             build()
-        except (ValueError, TypeError) as err:
-            raise ConfigError(key, dict(kwargs), f"Optuna refuses them ({err})", f"{key}={{}} (Optuna's defaults)"
-                              ) from None
+        except (ValueError, TypeError, ArithmeticError) as err:
+            raise ConfigError(key, dict(kwargs), f"Optuna refuses them ({err.__class__.__name__}: {err})",
+                              f"{key}={{}} (Optuna's defaults)") from None
+
+
+def _first_prune(search: OptunaSearch) -> None:
+    """The pruner built and asked, on a throwaway study: one trial finished over 3 steps, a second at its first step.
+    Some values pass its constructor and fail at its first decision past a finished trial
+    (HyperbandPruner(min_resource=0): ZeroDivisionError), which every lane would meet."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # its "A new study created" line is no refusal's
+    study = optuna.create_study(direction=search.direction, pruner=search.make_pruner(),
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    first = study.ask()
+    for step in (1, 2, 3):
+        first.report(0.5, step)
+    study.tell(first, 0.5)
+    second = study.ask()
+    second.report(0.4, 1)
+    second.should_prune()
 
 
 def _check_pattern(pattern: str) -> None:
