@@ -277,6 +277,9 @@ class Workload(ABC, Generic[P]):
     # before the trainings run (a user's program reports what it likes): a name not listed is refused before anything
     # runs, with the nearest listed one; None refuses nothing.
     reported_metrics: ClassVar[tuple[str, ...] | None] = None
+    # Whether its program prints its curve, to be read from its output (search.intermediate); False: it reports its
+    # intermediate values itself (TrainingContext.report), and a pattern over its output would read nothing
+    curve_in_output: ClassVar[bool] = False
 
     def check(self, params: P) -> None:
         """Static checks run before submission (data present, a known model; the declared ranges are checked apart,

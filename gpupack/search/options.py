@@ -143,9 +143,10 @@ def _fix(name: str, known: list[str]) -> str:
 
 
 def read_search(section: Mapping[str, object], metric: str | None, goal: str | None,
-                reported: tuple[str, ...] | None) -> OptunaSearch:
+                reported: tuple[str, ...] | None, workload: str = "", curve_in_output: bool = True) -> OptunaSearch:
     """search.* checked (ConfigError on the first bad key), with the run's metric and goal (collect.*): what the
-    study's journal keeps. ``reported``: the workload's metrics where it declares them."""
+    study's journal keeps. ``reported``: the workload's metrics where it declares them; ``curve_in_output``: whether
+    the workload (named ``workload``) prints its curve, so that search.intermediate has something to read."""
     cfg = OptunaSearchConfig(**{k: v for k, v in section.items()})  # type: ignore[arg-type]
     require_optuna()
     space = parse_space(cfg.space)
@@ -159,6 +160,10 @@ def read_search(section: Mapping[str, object], metric: str | None, goal: str | N
     _check_class("search.pruner", cfg.pruner, "optuna.pruners", "BasePruner", cfg.pruner_kwargs, extra=(NO_PRUNER,))
     if cfg.intermediate is not None:
         _check_pattern(cfg.intermediate)
+        if not curve_in_output:
+            raise ConfigError("search.intermediate", cfg.intermediate, f"{workload} reports its intermediate values "
+                              "itself: only a command workload's output is read for them",
+                              "leave search.intermediate unset (null)")
     chosen = cfg.metric or metric or "val_accuracy"
     if reported is not None and chosen not in reported:
         raise ConfigError("search.metric", chosen, f"the workload reports no such metric ({', '.join(reported)})",

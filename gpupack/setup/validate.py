@@ -403,7 +403,8 @@ def reference_threads(factors: Sequence[int], facts: ClusterFacts, settings: Pac
 def check_search(cfg: DictConfig, workload: Workload) -> OptunaSearch:
     """search.*, checked (gpupack.search.options), its space's names and types against the workload's."""
     section = cast(dict[str, object], OmegaConf.to_container(cfg.search, resolve=True))
-    search = read_search(section, cfg.collect.metric, cfg.collect.goal, workload.reported_metrics)
+    search = read_search(section, cfg.collect.metric, cfg.collect.goal, workload.reported_metrics, workload.name,
+                         workload.curve_in_output)
     for name, dim in search.space.items():
         sample = dim.choices[0] if dim.choices else int(dim.low) if dim.kind == "int" else dim.low
         workload.typed(name, sample, "search.space")

@@ -102,6 +102,7 @@ class Command(Workload[CommandParams]):
     framework = "command"  # a program of its own: only process mode can host it
     Params = dict
     fresh_reason = "a program starts fresh unless sweep.fixed.start=fork, for a Python script or -m module"
+    curve_in_output = True  # a user's program prints its curve: search.intermediate reads it
 
     # ---- hyperparameters are open: the program's own, whatever the user names ----
 
