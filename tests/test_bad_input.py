@@ -50,6 +50,8 @@ CASES = [
     (["search=optuna", "packing.factors=[2]", "+search.space.lr=interval(0.01,0.1)", "search.pruner=HyperbandPruner",
       "+search.pruner_kwargs.min_resource=0"],  # passes the constructor, fails at the first decision: said before
      ["search.pruner_kwargs={'min_resource': 0}: Optuna refuses them (ZeroDivisionError", "HINT"]),
+    (["search=optuna", "packing.factors=[2]", "+search.space.lr=interval(0.01,0.1)", "+sweep.fixed.lr=0.5"],
+     ["sweep.fixed.lr=0.5: is also searched (search.space.lr)", "HINT: drop one: ~sweep.fixed.lr"]),
     (["search=optuna", "packing.factors=[2]", "+search.space.lr=interval(0.01,0.1)",
       "search.intermediate='val: ([0-9.]+)'"],  # mnist_torch reports its curve itself: the pattern would read nothing
      ["search.intermediate='val: ([0-9.]+)': mnist_torch reports its intermediate values itself", "HINT"]),

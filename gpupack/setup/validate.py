@@ -408,6 +408,12 @@ def check_search(cfg: DictConfig, workload: Workload) -> OptunaSearch:
     for name, dim in search.space.items():
         sample = dim.choices[0] if dim.choices else int(dim.low) if dim.kind == "int" else dim.low
         workload.typed(name, sample, "search.space")
+    fixed = cast(dict[str, object], OmegaConf.to_container(cfg.sweep.fixed, resolve=True) or {})
+    for name in search.space:
+        if name in fixed:  # the space would replace it in every trial: said, not dropped
+            raise ConfigError(f"sweep.fixed.{name}", fixed[name], f"is also searched (search.space.{name}): each "
+                              "trial takes the space's value, never this one",
+                              f"drop one: ~sweep.fixed.{name}, or leave {name} out of search.space")
     return search
 
 
@@ -415,7 +421,7 @@ def searched_grid(search: OptunaSearch | None, raw_grid: Mapping[str, object], r
                   ) -> tuple[Mapping[str, object], Mapping[str, object]]:
     """The grid and fixed values a sweep is checked and planned with. A search's grid is the one point of its space a
     probe for N trains (packing.factors=auto; the space's midpoints), so memory and every check see a trial's
-    setting; the space's names leave sweep.fixed (the space wins) and the user's grid is not used. Pure."""
+    setting; the user's grid is not used (a name both fixed and searched was refused by check_search). Pure."""
     if search is None:
         return raw_grid, raw_fixed
     return probe_grid(search.space), {k: v for k, v in raw_fixed.items() if k not in search.space}
