@@ -188,7 +188,7 @@ def require_optuna() -> None:
         import optuna  # noqa: F401
     except ImportError as err:
         raise ConfigError("search", "optuna", f"Optuna cannot be imported here ({err})",
-                          "pip install 'gpupack[search]' (or optuna>=2.10) in this environment, or leave search= "
+                          "pip install 'gpupack[search]' (or 'optuna>=4.0,<6') in this environment, or leave search= "
                           "out to run the grid") from None
 
 
