@@ -184,7 +184,7 @@ def test_a_search_after_an_untrusted_probe_streams_at_the_reference_says_why_and
     assert f"done: {len(probed)} of {len(probed)} trainings of the probe have a record" in out, out[-4000:]
     assert "search: 4 of 4 trials finished" in out
     ranked = out.partition("Best hyperparameters by val_accuracy")[2].partition("Data:")[0]
-    trials = {f"lr={r['params']['lr']}" for r in searched}  # type: ignore[index]
+    trials = {f"lr={r['params']['lr']:.4g}" for r in searched}  # type: ignore[index]  # 4 significant digits
     assert ranked.count("tests.fake_workloads:") == 4 and all(t in ranked for t in trials), ranked
 
 

@@ -162,3 +162,15 @@ def test_read_journal_leaves_a_torn_last_line_out_and_reads_no_study_as_none(tmp
     read = read_journal(run.study)
     assert read is not None and sorted(read.trials) == [0, 1, 2, 3, 4, 5]
     assert read_journal(tmp_path / "nothing.jsonl") is None
+
+
+@pytest.mark.parametrize("params, said", [
+    ({"lr": 0.012345678901234}, "lr=0.01235"),  # a sampled float: 4 significant digits, not 16
+    ({"train_samples": 60000.0, "batch_size": 64}, "train_samples=60000, batch_size=64"),  # whole: as one, not 6e+04
+    ({"model": "mlp", "amp": True, "lr": 1e-05}, "model=mlp, amp=True, lr=1e-05"),
+    ({"seed": float("nan")}, "seed=nan"),  # a gap in a table column: said as such
+])
+def test_hyperparameters_are_said_to_four_significant_digits(params: dict[str, object], said: str) -> None:
+    from gpupack.report.text import param_text
+
+    assert param_text(params) == said

@@ -203,7 +203,7 @@ def hyper_lines(ranking: Ranking) -> list[str]:
     lines = []
     table, metric, column = ranking.table, ranking.metric, ranking.column
     for _, r in table.iterrows():
-        params = ", ".join(f"{k}={r[k]}" for k in table.columns if k not in ("workload", column, "runs", "trainings"))
+        params = param_text({k: r[k] for k in table.columns if k not in ("workload", column, "runs", "trainings")})
         lines.append(f"{r['workload']}: {params}  {metric}={r[column]:.4g} ({int(r['runs'])} runs)")
     return lines
 
@@ -394,8 +394,15 @@ def jobs_phrase(packs: pd.DataFrame) -> str:
 # ---------------- search=optuna: the best trial, the trials, the study's history ----------------
 
 def param_text(params: Mapping[str, object]) -> str:
-    """A trial's params as a person reads them: ``lr=0.0123, layers=3`` (floats to 4 significant digits)."""
-    return ", ".join(f"{k}={format(v, '.4g') if isinstance(v, float) else v}" for k, v in params.items())
+    """Hyperparameters as a person reads them: ``lr=0.0123, layers=3`` (floats to 4 significant digits; a whole
+    number as one, as a table column of ints with a gap holds them: 60000, not 6e+04 or 60000.0)."""
+    return ", ".join(f"{k}={_value_text(v)}" for k, v in params.items())
+
+
+def _value_text(value: object) -> str:
+    if isinstance(value, float) and not isinstance(value, bool):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else format(value, ".4g")
+    return str(value)
 
 
 def search_best_line(s: SearchReport) -> str:
