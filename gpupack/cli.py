@@ -37,7 +37,7 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.errors import ConfigError, GpupackError, StorageError
 from gpupack.pack import available_modes, work_file, work_prefix
 from gpupack.report.terminal import make_console, render_collected
-from gpupack.setup.compose import compose_config, config_dir, group_options, search_path
+from gpupack.setup.compose import GROUPS, compose_config, config_dir, group_options, search_path
 from gpupack.submit import available_backends
 from gpupack.workloads import available_workloads, load_workload
 
@@ -301,10 +301,17 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
 
 # ---------------- Hydra's flags ----------------
 
+# The overrides most runs change, with what each does (--help)
+USEFUL = (("packing.factors=[1,2,4]", "the N trainings per device to measure, or auto (a ladder until no gain)"),
+          ("run_dir=PATH", "where the records go; the same run_dir again resumes, nothing is redone"),
+          ("dry_run=true", "the plan, the first training's command line and the request; nothing runs"))
+
+
 def help_text(overrides: Sequence[str]) -> str:
     lines = [USAGE, "", "Config groups (choose with GROUP=OPTION; the sweep is added: +sweep=NAME):"]
     for group, options in group_options(overrides).items():
-        lines.append(f"  {group}: {', '.join(options)}")
+        lines.append(f"  {group}: {GROUPS[group]}\n      {', '.join(options)}")
+    lines += ["", "The overrides most runs change:"] + [f"  {o:<26} {what}" for o, what in USEFUL]
     lines.append("\nEvery key and its value: python -m gpupack +sweep=NAME --cfg job; each key's type and meaning: "
                  "the schema, gpupack/setup/config.py")
     return "\n".join(lines)
@@ -317,8 +324,31 @@ def info_text(overrides: Sequence[str]) -> str:
     lines += ["", "Installed:",
               f"  workloads (gpupack/workloads/): {', '.join(available_workloads())} (or a dotted module name)",
               f"  packing modes: {', '.join(available_modes())}", f"  backends: {', '.join(available_backends())}",
-              "  Hydra launchers for your own app: gpupack_local, gpupack_slurm (hydra/launcher=...)"]
+              "  Hydra launchers for your own app: gpupack_local, gpupack_slurm (hydra/launcher=...)",
+              "  search=optuna: " + _version_of("optuna", "Optuna", "pip install 'gpupack[search]'"),
+              f"  the browser tier (pytest -m browser): {_browser()}"]
     return "\n".join(lines)
+
+
+def _version_of(module: str, name: str, fix: str) -> str:
+    """The version of an optional package, or that it is missing and how to install it (imports it: --info only)."""
+    import importlib
+
+    try:
+        return f"{name} {importlib.import_module(module).__version__}"
+    except ImportError:
+        return f"{name} not installed ({fix})"
+
+
+def _browser() -> str:
+    """What the browser tier drives: Debian's chromium and Playwright, each found or not."""
+    import importlib.util
+    import shutil
+
+    chromium = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+    playwright = importlib.util.find_spec("playwright") is not None
+    return (f"chromium {'at ' + chromium if chromium else 'not found (apt-get install chromium)'}, playwright "
+            f"{'installed' if playwright else 'not installed (pip install playwright)'}")
 
 
 def print_config(overrides: Sequence[str], which: str, package: str | None, resolve: bool) -> int:

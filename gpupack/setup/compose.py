@@ -275,7 +275,13 @@ def _declared_type(key: str) -> str | None:
     return getattr(kind, "__name__", None) if kind is not None and kind is not Any else None
 
 
-GROUPS = ("sweep", "cluster", "rgu")
+# The config groups, each with what choosing one of its options does (--help's lines)
+GROUPS = {
+    "sweep": "what trains and over which grid (added: +sweep=NAME)",
+    "cluster": "where the packs run: this machine (local, the default) or a SLURM site's preset",
+    "search": "an Optuna study chooses each training instead of the grid (pip install 'gpupack[search]')",
+    "rgu": "what a GPU-hour costs the allocation, by GPU model",
+}
 
 
 @contextlib.contextmanager
