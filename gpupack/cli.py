@@ -325,19 +325,18 @@ def info_text(overrides: Sequence[str]) -> str:
               f"  workloads (gpupack/workloads/): {', '.join(available_workloads())} (or a dotted module name)",
               f"  packing modes: {', '.join(available_modes())}", f"  backends: {', '.join(available_backends())}",
               "  Hydra launchers for your own app: gpupack_local, gpupack_slurm (hydra/launcher=...)",
-              "  search=optuna: " + _version_of("optuna", "Optuna", "pip install 'gpupack[search]'"),
+              f"  search=optuna: {_optuna()}",
               f"  the browser tier (pytest -m browser): {_browser()}"]
     return "\n".join(lines)
 
 
-def _version_of(module: str, name: str, fix: str) -> str:
-    """The version of an optional package, or that it is missing and how to install it (imports it: --info only)."""
-    import importlib
-
+def _optuna() -> str:
+    """The Optuna search=optuna would use, or that it is missing and how to install it (imports it: --info only)."""
     try:
-        return f"{name} {importlib.import_module(module).__version__}"
+        import optuna
     except ImportError:
-        return f"{name} not installed ({fix})"
+        return "Optuna not installed (pip install 'gpupack[search]')"
+    return f"Optuna {optuna.__version__}"
 
 
 def _browser() -> str:
