@@ -12,7 +12,7 @@ import pytest
 from gpupack import sweep
 from gpupack.analysis.load import load_records, with_stdout_metric
 from gpupack.core.plan import Plan, make_plan
-from gpupack.core.store import journal, lane_columnar
+from gpupack.core.store import journal, lane_columnar, locks
 from gpupack.core.store.columnar import ColumnarReader
 from gpupack.core.store.journal import RunRecords, append_records, fold_pack, kept_log, read_folded
 from gpupack.core.store.records import read_json, write_json_atomic
@@ -119,18 +119,18 @@ def test_two_gpus_folding_into_one_lane_at_once_lose_nothing(tmp_path, monkeypat
     said = plan.packs[1].trainings[0].training_id
     if output[1]:
         run.log(ids[1], said, "out").write_text("score: 0.5\n")
-    real_flock = journal.fcntl.flock
+    real_flock = locks.fcntl.flock
     both_waiting, first_done = threading.Barrier(2), threading.Event()
 
     def flock(fd, op):
-        if op == journal.fcntl.LOCK_EX:
+        if op == locks.fcntl.LOCK_EX:
             both_waiting.wait(timeout=30)
             if threading.current_thread().name == "second":
                 first_done.wait(timeout=30)
         real_flock(fd, op)
-        if op == journal.fcntl.LOCK_UN and threading.current_thread().name == "first":
+        if op == locks.fcntl.LOCK_UN and threading.current_thread().name == "first":
             first_done.set()
-    monkeypatch.setattr(journal.fcntl, "flock", flock)
+    monkeypatch.setattr(locks.fcntl, "flock", flock)
     errors = []
 
     def fold(pack_id):

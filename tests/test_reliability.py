@@ -230,3 +230,36 @@ def test_a_file_system_without_flock_warns_and_goes_on(tmp_path, monkeypatch, ca
     with RunLock(RunDir(tmp_path)):
         pass
     assert "cannot lock" in capsys.readouterr().err
+
+
+def test_every_lock_goes_on_unlocked_without_flock_and_says_so_once_per_file(tmp_path, monkeypatch, capsys):
+    """A file system without flock (Lustre without -o flock): a job's pickle stream and a lane journal's readers go
+    on unlocked, as the run's lock does, with one warning per file however often it is taken, never a traceback."""
+    import errno
+    import fcntl
+
+    from gpupack.core.store import pickling
+    from gpupack.core.store.locks import Hold, held, try_hold
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    stream = tmp_path / "job.pkl"
+    for key in (1, 2, 1):
+        pickling.append({"key": key}, key, stream)
+    assert set(pickling.read_streams([stream])) == {1, 2}
+    journal = tmp_path / "lane.jsonl"
+    journal.write_text("")
+    with open(journal, "rb") as f:
+        with held(f.fileno(), journal, shared=True):
+            pass
+        assert try_hold(f.fileno(), journal, "do not") is Hold.UNLOCKABLE
+    err = capsys.readouterr().err
+    assert err.count(f"cannot lock {stream}") == 1 and err.count(f"cannot lock {journal}") == 1, err
+
+
+def test_flock_is_taken_in_one_module():
+    """One lock, one fallback, one message: every flock of gpupack goes through gpupack.core.store.locks."""
+    users = [p.relative_to(REPO).as_posix() for p in (REPO / "gpupack").rglob("*.py") if "fcntl" in p.read_text()]
+    assert users == ["gpupack/core/store/locks.py"]

@@ -10,7 +10,6 @@ the pack is held against); the records are built in :mod:`gpupack.job.records`, 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import socket
@@ -25,6 +24,7 @@ from gpupack.core.memory.figures import MemoryShare, memory_share, memory_shares
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.store.journal import Folded, RunRecords
+from gpupack.core.store.locks import Hold, try_hold
 from gpupack.core.store.records import (
     PackRecord,
     TrainingRecord,
@@ -72,18 +72,13 @@ def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
     make_dirs(path.parent)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, file_mode())
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if try_hold(fd, path, "do not run this pack twice at once") is Hold.BUSY:
             holder = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
             said = holder.said() if holder is not None else f"pid unknown on {socket.gethostname()}"
             raise RunDirError(f"pack {pack_id!r} of run_dir={str(run.root)!r} is already being run by another packer "
                               f"({said} holds {path}); this one stopped and touched "
                               f"none of its records. HINT: let the first finish (python -m gpupack status {run.root}), "
-                              "or cancel its job before running the pack again") from None
-        except OSError as err:  # a file system without flock (Lustre without -o flock): run unlocked, as RunLock does
-            print(f"gpupack: warning: cannot lock {path} ({err.strerror}); do not run this pack twice at once",
-                  file=sys.stderr)
+                              "or cancel its job before running the pack again")
         os.ftruncate(fd, 0)
         os.pwrite(fd, holder_line().encode(), 0)
         yield

@@ -22,7 +22,6 @@ no run of its lane has taken waits for the lane's next run.
 """
 from __future__ import annotations
 
-import fcntl
 import importlib
 import json
 import os
@@ -38,6 +37,7 @@ from typing import IO, TYPE_CHECKING, Iterator, Literal, Mapping, TypedDict
 from gpupack.core.plan import Training, training_id
 from gpupack.core.store.claims import Claimant
 from gpupack.core.store.journal import cut_torn
+from gpupack.core.store.locks import held
 from gpupack.core.store.records import file_mode, make_dirs
 from gpupack.search.options import OptunaSearch
 
@@ -232,13 +232,9 @@ class Study:
         """The journal open and flocked, its torn last line (a writer killed mid-append) cut back."""
         make_dirs(self.path.parent)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, file_mode())
-        with os.fdopen(fd, "r+b") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                cut_torn(self.path, self.path.with_suffix(".torn"))  # kept aside, as a lane's journal's are
-                yield f
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        with os.fdopen(fd, "r+b") as f, held(f.fileno(), self.path, risk="do not run two searches in this run at once"):
+            cut_torn(self.path, self.path.with_suffix(".torn"))  # kept aside, as a lane's journal's are
+            yield f
 
     @staticmethod
     def _append(f: IO[bytes], ev: Event) -> None:

@@ -24,7 +24,6 @@ from them by the lane's next run (:func:`rebuild_pack`), and a training whose li
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import IO, Callable, Collection, Final, Iterable, Iterator, Mapping, TypedDict, cast
 
 from gpupack.core.plan import refit_parent
+from gpupack.core.store.locks import held
 from gpupack.core.store.records import (
     COMPLETED,
     SKIPPED_MEMORY,
@@ -139,18 +139,14 @@ def _lane_lock(run: RunDir, lane: str) -> Iterator[tuple[IO[str], IO[bytes]]]:
     """The lane's journal and log, held (flock on the journal) against the job's other GPUs and any other writer of
     the same lane. The log is opened under the lock: a writer that found it empty removes it, and one that had
     opened it before would write into the removed file (or fail to remove it again)."""
-    with open(run.journal(lane), "a", encoding="utf-8") as journal:
-        fcntl.flock(journal.fileno(), fcntl.LOCK_EX)
-        try:
-            torn = repair(run, lane)  # before the first line it appends: that line then stays whole
-            if torn:
-                print(f"gpupack: warning: lane {lane}: the last line of {run.journal(lane)} was torn (a writer killed "
-                      f"mid-append): cut back to its last whole line, the {torn} torn bytes kept in "
-                      f"{run.torn_lines(lane)}", file=sys.stderr)
-            with open(run.lane_log(lane), "ab") as log:
-                yield journal, log
-        finally:
-            fcntl.flock(journal.fileno(), fcntl.LOCK_UN)
+    with open(run.journal(lane), "a", encoding="utf-8") as journal, held(journal.fileno(), run.journal(lane)):
+        torn = repair(run, lane)  # before the first line it appends: that line then stays whole
+        if torn:
+            print(f"gpupack: warning: lane {lane}: the last line of {run.journal(lane)} was torn (a writer killed "
+                  f"mid-append): cut back to its last whole line, the {torn} torn bytes kept in "
+                  f"{run.torn_lines(lane)}", file=sys.stderr)
+        with open(run.lane_log(lane), "ab") as log:
+            yield journal, log
 
 
 def whole_end(tail: bytes, offset: int) -> int | None:
@@ -359,13 +355,9 @@ def journal_entries(path: Path, start: int = 0) -> tuple[list[JournalEntry], int
 def held_journal(run: RunDir, lane: str) -> tuple[list[JournalEntry], int, str]:
     """:func:`journal_entries` of ``lane``'s whole journal, read under its lock (no fold appends meanwhile), and the
     :func:`fingerprint` of what was read."""
-    with open(run.journal(lane), "rb") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_SH)
-        try:
-            entries, end = journal_entries(run.journal(lane))
-            return entries, end, fingerprint(run.journal(lane), end)
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    with open(run.journal(lane), "rb") as f, held(f.fileno(), run.journal(lane), shared=True):
+        entries, end = journal_entries(run.journal(lane))
+        return entries, end, fingerprint(run.journal(lane), end)
 
 
 FINGERPRINT_BYTES = 4096

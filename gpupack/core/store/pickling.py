@@ -11,7 +11,6 @@ inner functions), whatever the installed cloudpickle does with its own. Code obj
 """
 from __future__ import annotations
 
-import fcntl
 import io
 import marshal
 import os
@@ -23,6 +22,7 @@ from collections import ChainMap
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Mapping
 
+from gpupack.core.store.locks import held
 from gpupack.core.store.records import atomic_file
 
 
@@ -99,19 +99,15 @@ def append(obj: Any, key: int, path: Path) -> None:
     full disk, a quota) is cut off again, so no torn entry is left for the next one to follow."""
     data = dumps(obj)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    with open(path, "ab") as f, held(f.fileno(), path):
+        start = f.seek(0, os.SEEK_END)
         try:
-            start = f.seek(0, os.SEEK_END)
-            try:
-                f.write(_MARK + _HEADER.pack(key, time.time(), len(data)) + data)
-                f.flush()
-                os.fsync(f.fileno())
-            except OSError:
-                f.truncate(start)
-                raise
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            f.write(_MARK + _HEADER.pack(key, time.time(), len(data)) + data)
+            f.flush()
+            os.fsync(f.fileno())
+        except OSError:
+            f.truncate(start)
+            raise
 
 
 def read_streams(paths: Iterable[Path]) -> dict[int, bytes]:

@@ -38,7 +38,6 @@ Collect reads thousands of packs: where it walks them as ``str`` folders (``os.s
 from __future__ import annotations
 
 import datetime as _dt
-import fcntl
 import os
 import re
 import socket
@@ -47,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from gpupack.core.store.locks import Hold, try_hold
 from gpupack.errors import ConfigError, RunDirError
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -459,21 +459,14 @@ class RunLock:
 
     def __enter__(self) -> "RunLock":
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o664)  # masked by the umask: records.file_mode()
-        self._locked = True
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        got = try_hold(fd, self.path, "do not start two sweeps in this run directory at once")
+        if got is Hold.BUSY:
             try:
                 holder = _holder_of(fd)
             finally:
                 os.close(fd)
-            raise busy_refusal(self.path.parent, holder, _alive, socket.gethostname()) from None
-        except OSError as err:  # a file system without flock (Lustre mounted without -o flock): go on unlocked
-            import sys
-
-            self._locked = False
-            print(f"gpupack: warning: cannot lock {self.path} ({err.strerror}); do not start two sweeps in this "
-                  "run directory at once", file=sys.stderr)
+            raise busy_refusal(self.path.parent, holder, _alive, socket.gethostname())
+        self._locked = got is Hold.HELD  # unlockable: no descriptor for the jobs to inherit
         os.ftruncate(fd, 0)
         os.write(fd, holder_line().encode())
         self._fd = fd
