@@ -27,7 +27,7 @@ def search_cmd(run: Path, n_trials: int = 32, *more: str) -> list[str]:
     # trials of about a second (4 steps of 0.25-0.3 s): long beside the ask between two of a slot
     return [sys.executable, "-m", "gpupack", "+sweep=probe_pack", "hydra.searchpath=[file://tests/conf]",
             "search=optuna", f"search.n_trials={n_trials}", "packing.factors=[4]", "packing.jobs=1",
-            "sweep.fixed.steps=4", "+search.space.sleep_s=interval(0.25, 0.3)",
+            "sweep.fixed.steps=4", "~sweep.fixed.sleep_s", "+search.space.sleep_s=interval(0.25, 0.3)",
             "+search.space.lr=tag(log, interval(0.01, 1))", "search.pruner=none", f"run_dir={run}", *more]
 
 
