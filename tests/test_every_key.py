@@ -127,10 +127,8 @@ SEARCH_ROWS: list[tuple[list[str], list[str], list[str] | None]] = [
      ["search.pruner_kwargs={}"]),
     (["search.metric=val_acc"], ["search.metric='val_acc'", "no such metric"], ["search.metric=val_accuracy"]),
     (["search.metric=train_loss"], ["collect.goal=None", "which way train_loss is better"], ["collect.goal=min"]),
-    (["search.intermediate='(x'"], ["search.intermediate='(x'", "not a regular expression"],
-     ["search.intermediate='loss: ([0-9.]+)'"]),
-    (["search.intermediate=loss"], ["search.intermediate='loss'", "0 groups"],
-     ["search.intermediate='loss: ([0-9.]+)'"]),
+    (["search.intermediate='(x'"], ["search.intermediate='(x'", "mnist_torch reports its intermediate values"],
+     ["search.intermediate=null"]),  # a command workload's pattern: test_a_bad_intermediate_pattern_is_named
     (["packing.factors=[1,2]"], ["packing.factors=[1, 2]", "at one N", "packing.factors=auto"],
      ["packing.factors=[2]"]),
 ]
@@ -323,3 +321,17 @@ def test_every_builtin_workloads_defaults_are_inside_its_declared_ranges(name: s
     ranges = workload.Params.ranges
     assert {"lr", "momentum", "batch_size", "epochs", "train_samples"} <= set(ranges)
     workload.check_ranges(workload.params(workload.defaults()))
+
+
+@pytest.mark.parametrize("pattern, needle", [("(x", "not a regular expression"), ("loss", "has 0 groups")])
+def test_a_bad_intermediate_pattern_is_named(pattern: str, needle: str) -> None:
+    """search.intermediate over a command workload's output: a pattern that is no regular expression, or holds no
+    group for the number, is one ConfigError naming the key, with a pattern that works as the HINT."""
+    from gpupack.errors import ConfigError
+    from gpupack.search.options import read_search
+
+    with pytest.raises(ConfigError) as refused_:
+        read_search({"space": {"lr": "interval(0.01, 0.1)"}, "intermediate": pattern}, "loss", "min", None,
+                    "command", curve_in_output=True)
+    said = str(refused_.value)
+    assert said.startswith(f"search.intermediate={pattern!r}") and needle in said and "HINT" in said, said

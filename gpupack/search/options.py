@@ -159,11 +159,11 @@ def read_search(section: Mapping[str, object], metric: str | None, goal: str | N
     _check_class("search.sampler", cfg.sampler, "optuna.samplers", "BaseSampler", cfg.sampler_kwargs)
     _check_class("search.pruner", cfg.pruner, "optuna.pruners", "BasePruner", cfg.pruner_kwargs, extra=(NO_PRUNER,))
     if cfg.intermediate is not None:
-        _check_pattern(cfg.intermediate)
-        if not curve_in_output:
+        if not curve_in_output:  # first: no pattern would do, so a fix of the pattern would be no fix
             raise ConfigError("search.intermediate", cfg.intermediate, f"{workload} reports its intermediate values "
                               "itself: only a command workload's output is read for them",
-                              "leave search.intermediate unset (null)")
+                              "search.intermediate=null (leave it unset)")
+        _check_pattern(cfg.intermediate)
     chosen = cfg.metric or metric or "val_accuracy"
     if reported is not None and chosen not in reported:
         raise ConfigError("search.metric", chosen, f"the workload reports no such metric ({', '.join(reported)})",
