@@ -192,10 +192,18 @@ def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | No
         score=("score", "mean"), runs=("score", "count"), trainings=("training", "nunique"))
     best = ranked.sort_values("score", ascending=goal == "min").head(top).reset_index()
     for k in keys:  # as text, the way the value reads (0.1, 128, adam)
-        best[k] = [str(v.item() if isinstance(v, np.generic) else v) for v in best[k]]
+        best[k] = [value_text(v.item() if isinstance(v, np.generic) else v) for v in best[k]]
     column = metric if metric not in keys else f"{metric} (metric)"
     return Ranking(best.rename(columns={"score": column}), metric, goal, column=column,
                    caution=contradiction(metric, goal) or "")
+
+
+def value_text(value: object) -> str:
+    """A hyperparameter's value as a person reads it: a float to 4 significant digits (a sampled lr, not its 16), a
+    whole one as an integer (60000, not 6e+04 or 60000.0), anything else as it prints. Pure."""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else format(value, ".4g")
+    return str(value)
 
 
 def no_metric(asked: str | None, reported: list[str]) -> str:

@@ -14,7 +14,7 @@ from gpupack.analysis.aggregate import Collected
 from gpupack.analysis.drift import STEADY
 from gpupack.analysis.search import SearchReport
 from gpupack.analysis.summary import UNDER_LOAD
-from gpupack.analysis.tables import Ranking
+from gpupack.analysis.tables import Ranking, value_text
 from gpupack.pack import Packer, available_modes, load_packer
 
 
@@ -396,13 +396,7 @@ def jobs_phrase(packs: pd.DataFrame) -> str:
 def param_text(params: Mapping[str, object]) -> str:
     """Hyperparameters as a person reads them: ``lr=0.0123, layers=3`` (floats to 4 significant digits; a whole
     number as one, as a table column of ints with a gap holds them: 60000, not 6e+04 or 60000.0)."""
-    return ", ".join(f"{k}={_value_text(v)}" for k, v in params.items())
-
-
-def _value_text(value: object) -> str:
-    if isinstance(value, float) and not isinstance(value, bool):
-        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else format(value, ".4g")
-    return str(value)
+    return ", ".join(f"{k}={value_text(v)}" for k, v in params.items())
 
 
 def search_best_line(s: SearchReport) -> str:
