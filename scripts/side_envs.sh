@@ -20,7 +20,8 @@ case "$ONLY" in ""|optuna-4.0|hydra-optuna) ;; *) echo "side_envs: no side envir
 side() {  # side NAME WANT_OPTUNA PACKAGE... : make .ci/env/NAME once, check the Optuna it gives
   local dir=".ci/env/$1" want=$2
   shift 2
-  [ -f "$dir/.complete" ] || { rm -rf "$dir"; "$PY" -m pip install -q --no-deps --target "$dir" "$@" && touch "$dir/.complete"; }
+  [ "$(cat "$dir/.complete" 2>/dev/null)" = "$*" ] ||  # made once for this list of packages
+    { rm -rf "$dir"; "$PY" -m pip install -q --no-deps --target "$dir" "$@" && echo "$*" > "$dir/.complete"; }
   local got
   got=$(PYTHONPATH="$PWD/$dir" "$PY" -c "import optuna; print(optuna.__version__)")
   [ "$got" = "$want" ] || { echo "side_envs: $dir gives optuna $got, not $want" >&2; exit 1; }
@@ -35,7 +36,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = optuna-4.0 ]; then
     tests/test_search_report.py tests/test_search_workloads.py
 fi
 if [ -z "$ONLY" ] || [ "$ONLY" = hydra-optuna ]; then
-  side hydra-optuna 2.10.1 hydra-optuna-sweeper==1.2.0 optuna==2.10.1 cmaes==0.13.1
+  side hydra-optuna 2.10.1 hydra-optuna-sweeper==1.2.0 optuna==2.10.1 cmaes==0.13.1 scipy==1.17.1  # 2.10 needs scipy
   PYTHONPATH="$PWD/.ci/env/hydra-optuna" "$PY" -m pytest -q -p no:cacheprovider -rs \
     -m hydra_optuna tests/test_hydra_launcher.py tests/test_doc_commands.py
 fi
