@@ -424,7 +424,7 @@ def searched_grid(search: OptunaSearch | None, raw_grid: Mapping[str, object], r
     setting; the user's grid is not used (a name both fixed and searched was refused by check_search). Pure."""
     if search is None:
         return raw_grid, raw_fixed
-    return probe_grid(search.space), {k: v for k, v in raw_fixed.items() if k not in search.space}
+    return probe_grid(search.space), raw_fixed
 
 
 def grid_unused(search: OptunaSearch | None, raw_grid: Mapping[str, object]) -> tuple[str, ...]:
