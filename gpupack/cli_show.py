@@ -176,7 +176,8 @@ def print_status(console: Console, st: RunStatus, now: float) -> None:
     """Where a run stands: trainings and packs per partition, elapsed and left, and each pack not done."""
     total = sum(sum(c.values()) for c in st.trainings.values())
     if st.search is not None:  # a search's lanes ask its study: its trials, not a plan's trainings
-        console.print(f"{st.run_dir}: sweep {st.sweep}, a search, {len(st.packs)} pack(s)\n  {st.search.line()}",
+        said = st.search.line(runs=not st.stopped)
+        console.print(f"{st.run_dir}: sweep {st.sweep}, a search, {len(st.packs)} pack(s)\n  {said}",
                       highlight=False)
     else:
         console.print(f"{st.run_dir}: sweep {st.sweep}, {total} trainings in {len(st.packs)} packs", highlight=False)

@@ -47,6 +47,14 @@ def test_a_searchs_progress_counts_its_trials_against_its_budget(states: list[St
     assert progress.line() == line and progress.ok is ok
 
 
+def test_a_stopped_runs_untold_trials_are_said_to_wait_for_its_resume_not_running() -> None:
+    progress = progress_of(journal([COMPLETE, RUNNING, RUNNING]))
+    assert progress.line(runs=False) == (
+        "search: 1 of 4 trials finished (1 completed, 0 pruned), 0 failed, 2 asked by a lane that no longer runs (told "
+        "when the run resumes: from their records where written, else failed): 3 left to finish")
+    assert "2 running" in progress.line()
+
+
 @pytest.mark.slow
 def test_a_search_run_says_its_trials_at_its_end_and_in_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                                 ) -> None:

@@ -40,9 +40,14 @@ class SearchProgress:
         """Trials still to finish for the budget (running ones count as left until told)."""
         return 0 if self.ended else max(0, self.n_trials - self.finished)
 
-    def line(self) -> str:
+    def line(self, runs: bool = True) -> str:
+        """What the search stands at; ``runs`` False: nothing of the run runs now, so no trial is running: those
+        asked and never told wait for the lanes' next run to tell them."""
+        running = f"{self.running} running" if runs or not self.running else \
+            (f"{self.running} asked by a lane that no longer runs (told when the run resumes: from their records "
+             "where written, else failed)")
         head = (f"search: {self.finished} of {self.n_trials} trials finished ({self.completed} completed, "
-                f"{self.pruned} pruned), {self.failed} failed, {self.running} running"
+                f"{self.pruned} pruned), {self.failed} failed, {running}"
                 + (f", {self.waiting} waiting for their lane's job" if self.waiting else ""))
         if self.ok:
             return f"{head}: done, {self.stopped}"
