@@ -115,7 +115,7 @@ def figures(run_dirs: list[Path], best: float | None) -> Figures:
 def gpupack_figures(run_dir: Path) -> Figures:
     from gpupack.search.study import read_journal
 
-    journal = read_journal(run_dir / "search" / "study.jsonl")
+    journal = read_journal(run_dir / "search" / "study.log")
     values = [t.value for t in journal.trials.values() if t.state == "complete" and t.value is not None] \
         if journal else []
     return figures([run_dir], min(values, default=None))

@@ -219,16 +219,16 @@ class TrainingContext:
     pruned: PrunedAt | None = None  # set by report() when the pruner stopped it
 
     def report(self, value: float, step: int) -> bool:
-        """The intermediate ``value`` at ``step`` (an epoch's validation metric), appended to the study's journal;
+        """The intermediate ``value`` at ``step`` (an epoch's validation metric), written to the study;
         True: the search's pruner prunes this trial now (the study is told so at once, so no later end replaces it):
         return at once. Outside a search it records nothing and returns False."""
         if self.pruned is not None:
             return True
         if self.study is None or self.trial is None:
             return False
-        from gpupack.search.study import Study  # a search's trial only: a user's program imports this module
+        from gpupack.search.study import open_study  # a search's trial only: a user's program imports this module
 
-        if Study(Path(self.study)).report(self.trial, int(step), float(value)):
+        if open_study(Path(self.study)).report(self.trial, int(step), float(value)):
             self.pruned = {"step": int(step), "value": float(value)}
         return self.pruned is not None
 
@@ -237,10 +237,10 @@ class TrainingContext:
         would be judged the wrong way up)."""
         if self.study is None or self.trial is None:
             return False
-        from gpupack.search.study import read_journal  # its head only: read without the writers' lock
+        from gpupack.search.study import read_head  # written whole: read without the writers' lock
 
-        journal = read_journal(Path(self.study))
-        return journal is not None and journal.search.metric == metric
+        head = read_head(Path(self.study))
+        return head is not None and head.search.metric == metric
 
 
 class Workload(ABC, Generic[P]):

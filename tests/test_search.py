@@ -12,13 +12,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 
 from gpupack.analysis.load import load_records
 from gpupack.analysis.occupancy import occupancy
 from gpupack.cli import main
 from gpupack.core.store.rundir import RunDir
-from gpupack.search.study import COMPLETE, DIED, FAILED, PRUNED, Study
+from gpupack.search.study import COMPLETE, DIED, FAILED, PRUNED, Study, read_journal, trial_number
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,11 +70,12 @@ def test_a_search_killed_mid_run_and_run_again_ends_with_its_budget_none_repeate
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 200
-        while time.time() < deadline and not (study.exists() and Study(study).read().count(COMPLETE) >= 5):
+        while time.time() < deadline and ((j := read_journal(study)) is None or j.count(COMPLETE) < 5):
             time.sleep(0.2)
     finally:  # the run dies mid-search, its lane's job with it (a node failure, scancel): trials running
-        lanes = {int(json.loads(line)["claimant"]["pid"]) for line in study.read_text().splitlines()
-                 if '"asked"' in line} if study.exists() else set()
+        trials = optuna.load_study(study_name=None, storage=JournalStorage(JournalFileBackend(str(study)))).trials \
+            if study.exists() else []
+        lanes = {int(t.user_attrs["gpupack"]["pid"]) for t in trials}
         for pid in [first.pid, *lanes]:
             try:
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
@@ -81,12 +85,21 @@ def test_a_search_killed_mid_run_and_run_again_ends_with_its_budget_none_repeate
     before = Study(study).read()
     running = [t.number for t in before.trials.values() if t.state == "running"]
     assert before.count(COMPLETE) >= 5 and running  # killed with trials asked and never told
+    said = subprocess.run([sys.executable, "-m", "gpupack", "status", str(run)], env=subprocess_env, cwd=REPO,
+                          capture_output=True, text=True, timeout=120).stdout
+    said = " ".join(said.split())
+    assert f"{len(running)} asked by a lane that no longer runs" in said and "nothing of it runs" in said, said
+    assert " running" not in said.split("search:")[1].split("stopped:")[0], said  # no trial said running
     again = subprocess.run(search_cmd(run, 16), env=subprocess_env, cwd=REPO, capture_output=True, text=True,
                            timeout=400)
     assert again.returncode == 0, again.stderr[-3000:]
     journal = Study(study).read()
     assert journal.count(COMPLETE, PRUNED) == 16
-    assert all(journal.trials[n].state == FAILED and journal.trials[n].why == DIED for n in running)
+    recorded = {trial_number(str(r["training_id"])): r["status"] for r in training_records(run)}
+    for n in running:  # told from the record its training wrote before the kill, else failed: died with its lane
+        told = journal.trials[n]
+        assert (told.state, told.why) == (FAILED, DIED) if n not in recorded else \
+            told.state == {"completed": COMPLETE, "pruned": PRUNED}.get(str(recorded[n]), FAILED), (n, told)
     assert sorted(journal.trials) == list(range(len(journal.trials)))  # every number once
     completed = [str(r["training_id"]) for r in training_records(run) if r["status"] == "completed"]
     assert len(completed) == 16 and len(set(completed)) == 16  # no finished trial run again
@@ -276,9 +289,38 @@ def test_a_dry_run_of_a_search_to_resume_writes_nothing_to_its_study(
     assert main(command) == 0  # submitted, still queued: its study holds the planned trials
     study = RunDir(run).study
     with open(study, "ab") as f:
-        f.write(b'{"event": "told", "numb')
+        f.write(b'{"op_code": 6, "worker_id": "torn", "tri')
     before = study.read_bytes()
     capsys.readouterr()
     assert main([*command, "dry_run=true"]) == 0
     assert "resuming: the run directory holds this plan; 1 pack(s) to run" in " ".join(capsys.readouterr().out.split())
     assert study.read_bytes() == before and not study.with_suffix(".torn").exists()
+
+
+@pytest.mark.slow
+def test_a_changed_search_is_refused_and_a_grown_budget_runs_only_the_new_trials(
+        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    run = tmp_path / "run"
+    first = subprocess.run(search_cmd(run, 4), env=subprocess_env, cwd=REPO, capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    study = RunDir(run).study
+    before, records = study.read_bytes(), {p.name: p.read_bytes() for p in run.glob("packs/*/trainings/*.json")}
+    assert len(records) == 4
+    for more, said in ((["search.seed=3"], "search.seed: 0 -> 3"),
+                       (["sweep.fixed.steps=5"], "sweep.fixed.steps: 4 -> 5"),
+                       (["search.sampler=RandomSampler", "search.n_trials=6"],
+                        "search.sampler: 'TPESampler' -> 'RandomSampler'")):
+        changed = subprocess.run([*search_cmd(run, 4), *more], env=subprocess_env, cwd=REPO, capture_output=True,
+                                 text=True, timeout=300)
+        err = changed.stderr.strip().splitlines()
+        assert changed.returncode == 2 and len(err) == 1 and said in err[0] and "HINT: " in err[0], changed.stderr
+        assert study.read_bytes() == before  # refused before the study was told anything
+    grown = subprocess.run(search_cmd(run, 6), env=subprocess_env, cwd=REPO, capture_output=True, text=True,
+                           timeout=300)
+    assert grown.returncode == 0, grown.stderr[-3000:]
+    assert "the search is extended (search.n_trials: 4 -> 6)" in grown.stderr
+    journal = Study(study).read()
+    assert sorted(journal.trials) == list(range(6)) and journal.count(COMPLETE, PRUNED) == 6
+    after = {p.name: p.read_bytes() for p in run.glob("packs/*/trainings/*.json")}
+    assert len(after) == 6 and all(after[name] == rec for name, rec in records.items())  # the first 4 not run again

@@ -55,7 +55,7 @@ def test_a_probe_with_a_low_curve_is_pruned_early_and_its_slot_takes_the_next_tr
                 f"sweep.fixed.steps={STEPS}", "sweep.fixed.sleep_s=0.2", "+search.space.curve_slope=interval(0.01, 1)",
                 "search.sampler=RandomSampler", "search.pruner=MedianPruner",
                 f"+search.pruner_kwargs.n_startup_trials={STARTUP}", f"run_dir={run}"], subprocess_env)
-    journal = Study(run / "search" / "study.jsonl").read()
+    journal = Study(run / "search" / "study.log").read()
     pruned = check_budget(journal, 16)
     must = surely_pruned(journal, "curve_slope", judged_from(4))
     assert must and set(must) <= set(pruned), (must, pruned)
@@ -84,7 +84,7 @@ def test_a_trial_that_raises_once_pruned_is_recorded_pruned_not_failed(
                 "+search.space.curve_slope=interval(0.01, 1)", "search.sampler=RandomSampler",
                 "search.pruner=MedianPruner", f"+search.pruner_kwargs.n_startup_trials={STARTUP}", f"run_dir={run}"],
                subprocess_env)
-    journal = Study(run / "search" / "study.jsonl").read()
+    journal = Study(run / "search" / "study.log").read()
     pruned = check_budget(journal, 16)
     assert pruned
     by_number = {int(str(r["training_id"])[5:9]): r for r in training_records(run)}
@@ -121,7 +121,7 @@ def test_a_command_program_whose_printed_curve_is_low_is_stopped(tmp_path: Path,
                 "search.sampler=RandomSampler", "search.pruner=MedianPruner", "collect.goal=max",
                 f"+search.pruner_kwargs.n_startup_trials={STARTUP}", "search.intermediate='val: ([0-9.]+)'",
                 f"run_dir={run}"], subprocess_env)
-    journal = Study(run / "search" / "study.jsonl").read()
+    journal = Study(run / "search" / "study.log").read()
     pruned = check_budget(journal, 8)
     must = surely_pruned(journal, "slope", judged_from(2))
     assert must and set(must) <= set(pruned), (must, pruned)

@@ -3,13 +3,17 @@ front, the study's history against trials and device-hours; pure builders (gpupa
 tables, then collect of a run whose study and records are written by hand, beside the same run without a study."""
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 
+import optuna
 import pandas as pd
 import pytest
+from optuna.distributions import FloatDistribution
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState, create_trial
 from rich.console import Console
 
 from gpupack.analysis.search import history, trial_walls, trials_frame
@@ -18,7 +22,7 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.flow.collect import collect
 from gpupack.search.options import OptunaSearch
 from gpupack.search.space import Dimension
-from gpupack.search.study import Journal, TrialRow, read_journal, trial_training_id
+from gpupack.search.study import Journal, Study, TrialRow, read_journal, trial_training_id
 
 SEARCH = OptunaSearch(space={"lr": Dimension("float", 0.01, 1.0, log=True)}, metric="val_accuracy",
                       direction="maximize", n_trials=6)
@@ -26,6 +30,8 @@ SEARCH = OptunaSearch(space={"lr": Dimension("float", 0.01, 1.0, log=True)}, met
 TRIALS: dict[int, tuple[str, float | None, float]] = {
     0: ("complete", 0.5, 2.0), 1: ("pruned", 0.2, 0.0), 2: ("complete", 0.9, 3.0), 3: ("failed", None, 0.0),
     4: ("running", None, 0.0), 5: ("complete", 0.7, 1.0)}
+STATES = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "failed": TrialState.FAIL,
+          "running": TrialState.RUNNING}
 
 
 def journal(direction: str = "maximize") -> Journal:
@@ -91,22 +97,24 @@ def write_run(root: Path, study: bool) -> RunDir:
         {"pack_id": pack_id, "partition": "local", "mode": "process", "factor": 4, "index": 0, "trainings": [],
          "stream": "local-process-n04-search"}]})
     start = 1_790_000_000.0
-    lines = [{"event": "study", "search": SEARCH.to_json(), "workload": "w", "fixed": {}}]
+    trials = []
     for n, (state, value, _) in TRIALS.items():
         params = {"lr": 0.01 * (n + 1)}
-        lines.append({"event": "asked", "number": n, "params": params,
-                      "claimant": {"lane": pack_id, "incarnation": "inc"}, "at": start + n})
+        trials.append(create_trial(state=STATES[state], value=value if state != "failed" else None, params=params,
+                                   distributions={"lr": FloatDistribution(0.01, 1.0, log=True)},
+                                   user_attrs={"gpupack": {"lane": pack_id, "incarnation": "inc"}, "device_s": 2.0}))
         if state in ("complete", "pruned"):
             tid = trial_training_id("w", n, params)
             write_json_atomic(run.training_record(pack_id, tid), training_record(
                 pack_id=pack_id, training_id=tid, workload="w", params=params, mode="process", factor=4,
                 partition="local", gpu_type="cpu", status="completed" if state == "complete" else "pruned",
                 started_at=start + n, ended_at=start + n + 2.0, metrics={"val_accuracy": value}))
-        if state != "running":
-            lines.append({"event": "told", "number": n, "state": state, "value": value, "device_s": 2.0})
     if study:
-        run.study.parent.mkdir(parents=True)
-        run.study.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"event": "asked", "num')  # torn
+        Study(run.study).create(SEARCH, "w", {})
+        storage = JournalStorage(JournalFileBackend(str(run.study)))
+        optuna.load_study(study_name=None, storage=storage).add_trials(trials)
+        with open(run.study, "ab") as f:
+            f.write(b'{"op_code": 5, "worker_id": "torn", "tri')  # a writer killed mid-append
     write_json_atomic(run.pack_record(pack_id), pack_record(
         pack_id=pack_id, mode="process", factor=4, partition="local", gpu_type="cpu", wall_s=8.0, complete=True,
         concurrent=4, started_at=start, ended_at=start + 8.0, job_id="7", slots=4, n_completed=4,
@@ -161,7 +169,7 @@ def test_read_journal_leaves_a_torn_last_line_out_and_reads_no_study_as_none(tmp
     run = write_run(tmp_path / "run", study=True)
     read = read_journal(run.study)
     assert read is not None and sorted(read.trials) == [0, 1, 2, 3, 4, 5]
-    assert read_journal(tmp_path / "nothing.jsonl") is None
+    assert read_journal(tmp_path / "nothing.log") is None
 
 
 @pytest.mark.parametrize("params, said", [

@@ -6,12 +6,16 @@ import threading
 from pathlib import Path
 
 import pytest
+from optuna.trial import FrozenTrial, TrialState
 
 from gpupack.core.store.claims import Claimant
+from gpupack.core.store.records import training_record, write_json_atomic
+from gpupack.core.store.rundir import RunDir
 from gpupack.errors import ConfigError
+from gpupack.job.search_lane import recorded_outcome
 from gpupack.search.options import read_search
 from gpupack.search.space import Dimension, parse_dimension
-from gpupack.search.study import COMPLETE, DIED, FAILED, PRUNED, Study, TrialRow
+from gpupack.search.study import COMPLETE, DIED, FAILED, PRUNED, Study, TrialRow, read_journal, trial_training
 
 SPACE = [
     ("interval(0.5, 2)", Dimension("float", 0.5, 2.0)),
@@ -51,7 +55,7 @@ def study(tmp_path: Path, n_trials: int = 8, pruner: str = "none") -> Study:
     search = read_search({"space": {"lr": "tag(log, interval(1e-3, 1))"}, "n_trials": n_trials, "pruner": pruner,
                           **({"pruner_kwargs": {"n_startup_trials": 2, "n_warmup_steps": 0}}
                              if pruner == "MedianPruner" else {})}, None, "max", None)
-    s = Study(tmp_path / "search" / "study.jsonl")
+    s = Study(tmp_path / "search" / "study.log")
     s.create(search, "probe", {"steps": 3})
     return s
 
@@ -85,7 +89,7 @@ def test_the_dead_are_told_failed_and_do_not_count(tmp_path: Path) -> None:
                            Claimant.here("lane1", None))
     asked = [s.ask(first), s.ask(first), s.ask(other)]
     assert isinstance(s.ask(first), str)  # 3 running: the budget is taken
-    assert s.fail_dead(again) == [0, 1]  # lane1's trial is another lane's, alive
+    assert s.fail_dead(again) == [(0, FAILED), (1, FAILED)]  # lane1's trial is another lane's, alive
     journal = s.read()
     assert [(t.state, t.why) for t in journal.trials.values()] == [(FAILED, DIED), (FAILED, DIED), ("running", None)]
     row = s.ask(again)  # failures do not count: it asks again
@@ -123,11 +127,12 @@ def test_a_torn_last_line_is_cut_back(tmp_path: Path) -> None:
     who = Claimant.here("lane0", None)
     s.ask(who)
     with open(s.path, "ab") as f:
-        f.write(b'{"event": "asked", "numb')
+        f.write(b'{"op_code": 4, "worker_id": "x", "tri')  # a writer killed mid-append
+    assert sorted(read_journal(s.path).trials) == [0]  # read meanwhile, without the lock: the torn line left out
     row = s.ask(who)
     assert isinstance(row, TrialRow) and row.number == 1
-    assert sorted(s.read().trials) == [0, 1]
-    assert s.path.with_suffix(".torn").read_bytes() == b'{"event": "asked", "numb\n'  # cut, and kept aside
+    assert sorted(s.read().trials) == [0, 1] and sorted(read_journal(s.path).trials) == [0, 1]
+    assert s.path.with_suffix(".torn").read_bytes() == b'{"op_code": 4, "worker_id": "x", "tri\n'  # cut, kept aside
 
 
 # ---------------- the command plans each lane's first trials (the lanes start them without Optuna) ----------------
@@ -164,7 +169,116 @@ def test_a_planned_trial_waits_for_its_lane_and_dies_only_with_the_run_that_took
     assert s.fail_dead(first) == []  # planned, not taken: no run of the lane ran them
     assert [r.number for r in s.take_planned(first)] == [0, 1]
     again = Claimant.here("lane0", None)
-    assert s.fail_dead(again) == [0, 1] and s.take_planned(again) == []  # died with the run that took them
+    assert s.fail_dead(again) == [(0, FAILED), (1, FAILED)] and s.take_planned(again) == []  # died with it
     assert [(t.state, t.why) for t in s.read().trials.values()] == [(FAILED, DIED), (FAILED, DIED)]
     row = s.ask(again)
     assert isinstance(row, TrialRow) and row.number == 2
+
+
+# ---------------- Optuna's own storage: open in Optuna's tools, true after a fault (issue 52) ----------------
+
+def _optuna_trials(s: Study) -> list[FrozenTrial]:
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.load_study(study_name=None, storage=JournalStorage(JournalFileBackend(str(s.path)))).trials
+
+
+def test_optuna_opens_the_study_with_its_trials_their_lanes_and_the_running_ones(tmp_path: Path) -> None:
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    from optuna.trial import TrialState
+
+    s = study(tmp_path, n_trials=4)
+    who = Claimant.here("lane0", None)
+    done, running = s.ask(who), s.ask(who)
+    assert isinstance(done, TrialRow) and isinstance(running, TrialRow)
+    s.tell(done.number, COMPLETE, 0.75, device_s=3.0)
+    loaded = optuna.load_study(study_name=None, storage=JournalStorage(JournalFileBackend(str(s.path))))
+    assert [(t.number, t.state, t.value) for t in loaded.trials] == [(0, TrialState.COMPLETE, 0.75),
+                                                                     (1, TrialState.RUNNING, None)]
+    assert loaded.trials[0].params == done.params and loaded.trials[0].user_attrs["device_s"] == 3.0
+    assert loaded.trials[1].user_attrs["gpupack"]["lane"] == "lane0"
+    assert loaded.direction == optuna.study.StudyDirection.MAXIMIZE
+
+
+def test_a_trial_pruned_by_its_process_stays_pruned_when_its_lane_dies_before_telling(tmp_path: Path) -> None:
+    s = study(tmp_path, n_trials=6, pruner="MedianPruner")
+    lane = Claimant.here("lane0", None)
+    for value in (0.9, 0.8):
+        row = s.ask(lane)
+        assert isinstance(row, TrialRow) and not s.report(row.number, 1, value)
+        s.tell(row.number, COMPLETE, value)
+    low = s.ask(lane)
+    assert isinstance(low, TrialRow) and s.report(low.number, 1, 0.1)  # its process marks it; the lane dies
+    assert read_journal(s.path).trials[low.number].state == PRUNED  # the lane's judge sees it pruned
+    assert s.fail_dead(Claimant.here("lane0", None)) == [(low.number, PRUNED)]
+    assert s.read().trials[low.number].value == 0.1 and s.read().untold == 0
+    assert _optuna_trials(s)[low.number].state == TrialState.PRUNED  # so Optuna's tools say it too
+
+
+def test_a_dead_lanes_trial_with_a_record_is_told_from_the_record(tmp_path: Path) -> None:
+    s = study(tmp_path, n_trials=4)
+    lane = Claimant.here("lane0", None)
+    recorded, lost = s.ask(lane), s.ask(lane)
+    assert isinstance(recorded, TrialRow) and isinstance(lost, TrialRow)
+    records = {recorded.number: (COMPLETE, 0.8651, None)}  # the lane died after its record, before its tell
+    told = s.fail_dead(Claimant.here("lane0", None), lambda row: records.get(row.number))
+    assert told == [(recorded.number, COMPLETE), (lost.number, FAILED)]
+    rows = s.read().trials
+    assert (rows[recorded.number].state, rows[recorded.number].value) == (COMPLETE, 0.8651)
+    assert (rows[lost.number].state, rows[lost.number].why) == (FAILED, DIED)
+
+
+def _search(**over: object):  # type: ignore[no-untyped-def]
+    section = {"space": {"lr": "tag(log, interval(1e-3, 1))"}, "n_trials": 8, "pruner": "none", **over}
+    return read_search(section, None, "max", None)
+
+
+@pytest.mark.parametrize("over, said", [
+    ({"seed": 1}, "search.seed: 0 -> 1"),
+    ({"sampler": "RandomSampler"}, "search.sampler: 'TPESampler' -> 'RandomSampler'"),
+    ({"pruner": "MedianPruner"}, "search.pruner: 'none' -> 'MedianPruner'"),
+    ({"space": {"lr": "interval(0.1, 1)"}}, "search.space: {lr: {kind: 'float', low: 0.001, high: 1.0, log: True"),
+    ({"n_trials": 4}, "search.n_trials: 8 -> 4"),
+    ({"device_hours": 1.0, "seed": 2}, "search.device_hours: None -> 1.0; search.seed: 0 -> 2"),
+], ids=["seed", "sampler", "pruner", "space", "fewer trials", "two keys"])
+def test_a_resume_with_a_changed_search_is_refused_naming_each_key(tmp_path: Path, over: dict[str, object],
+                                                                     said: str) -> None:
+    path = tmp_path / "search" / "study.log"
+    Study(path).create(_search(), "probe", {})
+    with pytest.raises(ConfigError) as err:
+        Study(path).create(_search(**over), "probe", {})
+    assert said in str(err.value) and "HINT" in str(err.value)
+    assert read_journal(path).search == _search()  # the run's search is kept as it ran
+
+
+def test_a_resume_may_grow_the_budget_to_extend_a_search(tmp_path: Path) -> None:
+    path = tmp_path / "search" / "study.log"
+    assert Study(path).create(_search(), "probe", {}) == []
+    assert Study(path).create(_search(), "probe", {}) == []  # the same search: nothing said
+    assert Study(path).create(_search(n_trials=12), "probe", {}) == ["search.n_trials: 8 -> 12"]
+    assert read_journal(path).search.n_trials == 12
+
+
+@pytest.mark.parametrize("status, metrics, told", [
+    ("completed", {"val_accuracy": 0.8651}, (COMPLETE, 0.8651, None)),
+    ("pruned", {}, (PRUNED, None, None)),
+    ("failed", {}, (FAILED, None, "failed")),
+    ("victim", {}, None),  # to run again: no end to tell from it
+    (None, {}, None),  # no record written: the lane died before it
+])
+def test_a_lane_tells_a_dead_runs_trial_from_the_record_its_training_left(
+        tmp_path: Path, status: str | None, metrics: dict[str, float], told: object) -> None:
+    run = RunDir(tmp_path / "run")
+    s = Study(run.study)
+    s.create(_search(), "probe", {"steps": 3})
+    row = s.ask(Claimant.here("lane0", None))
+    assert isinstance(row, TrialRow)
+    tid = trial_training(s.head(), row).training_id
+    if status is not None:
+        write_json_atomic(run.training_record("lane0", tid), training_record(training_id=tid, status=status,
+                                                                            metrics=metrics))
+    assert recorded_outcome(run, "lane0", s.head(), row) == told

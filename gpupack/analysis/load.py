@@ -91,7 +91,7 @@ class Records:
     # kept), in Arrow, a row for each row of ``trainings`` as loaded (its index is the row's position): joined to the
     # rows that need them by with_detached
     detached: pa.Table = field(default_factory=lambda: pa.table({}))
-    # run → its search's study (search=optuna, RUN_DIR/search/study.jsonl), for the runs that hold one
+    # run → its search's study (search=optuna, RUN_DIR/search/study.log), for the runs that hold one
     studies: dict[str, Journal] = field(default_factory=dict)
 
     def with_detached(self, rows: pd.DataFrame, names: Sequence[str] = DETACHED) -> pd.DataFrame:

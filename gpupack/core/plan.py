@@ -179,10 +179,12 @@ class Plan:
 
     def same_sweep(self, other: "Plan") -> bool:
         """The same packs of the same trainings, whatever order each runs them in (a plan written by an earlier
-        gpupack, in N order or without rounds, is still resumed: in its own order)."""
+        gpupack, in N order or without rounds, is still resumed: in its own order). Its notes and grid size are
+        not compared: the packs' trainings make the grid, and a search's trials are its study's (which refuses a
+        changed search itself, and lets its budget grow)."""
         def key(plan: Plan) -> object:
             written = plan.to_json()
-            data: dict[str, object] = {k: v for k, v in written.items() if k != "order"}
+            data: dict[str, object] = {k: v for k, v in written.items() if k not in ("order", "notes", "grid_size")}
             data["packs"] = sorted(({k: v for k, v in p.items() if k != "round"} for p in written["packs"]
                                     if "reference_of" not in p), key=lambda p: str(p["pack_id"]))
             return json.loads(json.dumps(data, default=str))  # as it reads back from disk

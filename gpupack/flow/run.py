@@ -8,6 +8,7 @@ import dataclasses
 import datetime as _dt
 import errno
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
@@ -383,7 +384,10 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
         # its lanes ask it (gpupack.search.study); a probe for N (packing.factors=auto) trains no trial of it
         if prepared.spec is not None and prepared.spec.search is not None and any(
                 is_search_queue(p.stream) for p in plan.packs):
-            Study(run_dir.study).create(prepared.spec.search, plan.workload, prepared.spec.fixed)
+            grew = Study(run_dir.study).create(prepared.spec.search, plan.workload, prepared.spec.fixed)
+            if grew:
+                print(f"gpupack: the search is extended ({'; '.join(grew)}): its lanes run the new trials only",
+                      file=sys.stderr)
         todo = packs_to_run(run_dir, plan)
         lanes = {p.pack_id: p.factor for p in todo if is_search_queue(p.stream)}
         if lanes and prepared.spec is not None and prepared.spec.search is not None:  # a fresh study's first trials

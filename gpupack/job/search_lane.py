@@ -20,7 +20,7 @@ from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.store.claims import Claimant, claim, claims, release_stale
 from gpupack.core.store.journal import Folded, RunRecords, fold_pack, fold_trainings
 from gpupack.core.store.lane_columnar import write_lane_columnar
-from gpupack.core.store.records import COMPLETED, read_json, write_json_atomic
+from gpupack.core.store.records import COMPLETED, VICTIM, read_json, write_json_atomic
 from gpupack.core.store.records import PRUNED as PRUNED_STATUS
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
@@ -33,11 +33,12 @@ from gpupack.search.study import (
     COMPLETE,
     FAILED,
     PRUNED,
+    Head,
+    Outcome,
     State,
     Study,
     TrialRow,
     import_optuna_meanwhile,
-    read_journal,
     trial_number,
     trial_training,
 )
@@ -52,7 +53,7 @@ class SearchLane(Lane):
                  started: float | None = None) -> None:
         super().__init__(run, plan, pack, holder, settings, started=started)
         self.study = Study(run.study)
-        self.head = self.study.read()  # the workload and fixed params every trial shares
+        self.head = self.study.head()  # the search, the workload and fixed params every trial shares
         self.search_ended: str | None = None  # why the study gave no more trials
         self.planned: deque[TrialRow] = deque()  # the trials the command asked for this lane: run before any ask
         self._ended: dict[str, Mapping[str, object]] = {}
@@ -83,11 +84,9 @@ class SearchLane(Lane):
         process then ended (the packer records it so where it saw the prune: its result, its stopped program)."""
         rec = super().judge(rec)
         number = trial_number(str(rec["training_id"]))
-        # read without the writers' lock: the prune was told (by the trial's process, or by the packer before it
-        # stopped the program) before the process ended, so its line is whole; the asks and tells of the other
-        # lanes do not wait on this read of the whole study
-        journal = read_journal(self.study.path) if number is not None and rec.get("status") != PRUNED_STATUS \
-            else None
+        # the prune was marked (by the trial's process, or by the packer before it stopped the program) before the
+        # process ended; the lane's storage reads only the lines written since its last decision
+        journal = self.study.read() if number is not None and rec.get("status") != PRUNED_STATUS else None
         row = journal.trials.get(number) if journal is not None and number is not None else None
         if row is not None and row.state == PRUNED:
             rec.update(status=PRUNED_STATUS, pruned={"step": max(row.intermediate, default=None), "value": row.value})
@@ -119,6 +118,15 @@ def outcome_of(rec: Mapping[str, object], metric: str) -> tuple[State, float | N
     return FAILED, None, f"its record holds no {metric} (it reported {said})"
 
 
+def recorded_outcome(run: RunDir, pack_id: str, head: Head, row: TrialRow) -> Outcome | None:
+    """How a trial ended by the record its training wrote (None: none written, or one to run again): what a lane that
+    died between the record and its tell would have told."""
+    rec = RunRecords(run).training(pack_id, trial_training(head, row).training_id)
+    if rec is None or rec.get("status") == VICTIM:
+        return None
+    return outcome_of(rec, head.search.metric)
+
+
 def run_search_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
                     plan: Plan | None = None) -> dict[str, object]:
     """Run one search lane until the study gives it no more trials; its pack record says what it ran."""
@@ -130,10 +138,12 @@ def run_search_lane(run_root: str, pack_id: str, settings: PackSettings, job: Jo
         lane = SearchLane(run, plan, pack, Claimant.here(pack_id, job.job_id), settings, started=job.start())
         if lane.folds:  # what an earlier run of this lane recorded and did not fold before it was killed
             fold_trainings(run, pack_id, [p.stem for p in run.trainings(pack_id).glob("*.json")], pack_id)
-        dead = lane.study.fail_dead(lane.holder)
-        if dead:
-            print(f"gpupack: lane {pack_id}: trial(s) {', '.join(map(str, dead))} died with an earlier run of this "
-                  "lane: told failed", file=sys.stderr)
+        told = lane.study.fail_dead(lane.holder, lambda row: recorded_outcome(run, pack_id, lane.head, row))
+        dead = [number for number, state in told if state == FAILED]
+        if told:
+            print(f"gpupack: lane {pack_id}: an earlier run of this lane died before telling trial(s) "
+                  f"{', '.join(f'{n} ({s})' for n, s in told)}: told now, from their records where written, else "
+                  "failed", file=sys.stderr)
         if lane.out_of_time() is None:  # else they wait for the requeued run, not taken by one that starts none
             lane.planned.extend(lane.study.take_planned(lane.holder))
         if lane.planned:  # they start without Optuna; the lane's next ask needs it

@@ -33,7 +33,7 @@ from gpupack.runtime.mps import MPS_LIMIT_ENV, MPS_PIPE_ENV, mps_daemon
 from gpupack.runtime.supervisor import KILL_GRACE_S, Child, ChildExit, ChildSpec, Supervisor, fork_server
 from gpupack.search.follow import StdoutCurve
 from gpupack.search.plan import is_search_queue
-from gpupack.search.study import Study, read_journal, trial_env, trial_number
+from gpupack.search.study import Study, read_head, trial_env, trial_number
 from gpupack.workload import PrunedAt, Workload
 from gpupack.workloads import load_workload
 
@@ -297,8 +297,8 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
 def intermediate_pattern(ctx: PackContext) -> str | None:
     """search.intermediate, for a search's lane: the pattern its trials' curves are read from in their stdout (None:
     no search, or none given)."""
-    journal = read_journal(ctx.run.study) if is_search_queue(ctx.pack.stream) else None  # its head: no lock needed
-    return journal.search.intermediate if journal is not None else None
+    head = read_head(ctx.run.study) if is_search_queue(ctx.pack.stream) else None
+    return head.search.intermediate if head is not None else None
 
 
 def preload(supervisor: Supervisor, trainings: Sequence[Training], ctx: PackContext) -> str | None:

@@ -1,24 +1,26 @@
-"""The study: an append-only journal of a search's trials in the run directory (``RunDir.study``), the one truth every
-lane, resume and collect read; Optuna decides from it and keeps nothing.
+"""The study: Optuna's own ``JournalStorage`` over its file backend in the run directory (``RunDir.study``), the one
+truth every lane, resume and collect read; ``optuna.load_study`` and ``optuna-dashboard`` open it while it runs.
 
-Optuna's own journal storage (3.1 on) is not there for the optuna 2 hydra-optuna-sweeper pins, and a database needs a
-server: so each decision (ask a trial, prune one) takes the journal's flock, cuts back a torn last line (a writer
-killed mid-append), rebuilds an in-memory study from the lines (``add_trial``), decides, appends its line and lets
-go. It works on a shared filesystem, from any lane on any node, with any Optuna version. Its lines:
+Each decision (ask a trial, prune one, tell one) holds the journal's flock (:class:`FlockLock`, Optuna's lock object:
+the kernel drops it when its holder dies, so no stale lock outlives a killed lane), cuts back a torn last line (a
+writer killed mid-append) and reads only the lines written since its last decision (Optuna's storage replays
+incrementally): no decision re-reads the whole study. The search itself (:class:`gpupack.search.options.OptunaSearch`,
+the workload, the fixed hyperparameters) is the study's head, ``study.json`` beside it. What gpupack keeps of a trial
+is in its user attributes:
 
-- ``study``: the search (:class:`gpupack.search.options.OptunaSearch`), the workload and the fixed hyperparameters;
-- ``asked``: a trial's number, its params and who runs it (its lane's :class:`Claimant`): numbers count the asked
-  lines, under the lock, so no two lanes ever get one number; each ask's sampler is seeded by (seed, number). A fresh
-  study's first trials are asked by the command before the lanes' jobs start (``planned``, :meth:`Study.plan_first`):
-  each lane starts them at once and imports Optuna while they run;
-- ``taken``: a planned trial's lane has started it (its run's :class:`Claimant`);
-- ``reported``: an intermediate value at a step (:meth:`Study.report`, from the training's own process);
-- ``told``: how it ended: complete (its value), pruned (its last intermediate value) or failed (why).
+- ``gpupack``: who runs it (its lane's :class:`Claimant`) and whether it is *planned*: a fresh study's first trials
+  are asked by the command before the lanes' jobs start (:meth:`Study.plan_first`); each lane starts them at once and
+  imports Optuna while they run, then takes them (:meth:`Study.take_planned`);
+- ``pruned``: the step and value at which its own process was told to prune it (:meth:`Study.report`); its lane tells
+  it pruned once its record is written, with its device time;
+- ``device_s``, ``why``: the device time it took, and why it failed.
 
-The budget is ``n_trials`` finished trials (complete or pruned); a failed trial does not count, but ``n_trials``
-failures stop the search, as ``device_hours`` spent does. A trial asked and never told whose lane's run died is told
-failed by that lane's next run (:meth:`Study.fail_dead`), so resume neither loses nor repeats one; a planned trial
-no run of its lane has taken waits for the lane's next run.
+Numbers are Optuna's, given under the lock, so no two lanes ever get one; each ask's sampler is seeded by (seed,
+number). Running trials are in the study, so the sampler knows them (TPE's constant liar). The budget is ``n_trials``
+finished trials (complete or pruned); a failed trial does not count, but ``n_trials`` failures stop the search, as
+``device_hours`` spent does. A trial asked and never told whose lane's run died is told by that lane's next run
+(:meth:`Study.fail_dead`): from its training's record where one was written, else failed; so resume neither loses
+nor repeats one. A planned trial no run of its lane has taken waits for the lane's next run.
 """
 from __future__ import annotations
 
@@ -29,33 +31,39 @@ import re
 import socket
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Iterator, Literal, Mapping, TypedDict
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, Mapping
 
 from gpupack.core.plan import Training, training_id
 from gpupack.core.store.claims import Claimant
 from gpupack.core.store.journal import cut_torn
 from gpupack.core.store.locks import held
-from gpupack.core.store.records import file_mode, make_dirs
+from gpupack.core.store.records import file_mode, make_dirs, read_json_or_none, write_text_atomic
+from gpupack.errors import ConfigError, RunDirError
 from gpupack.search.options import OptunaSearch
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.storages import JournalStorage
+    from optuna.trial import FrozenTrial
 
 STUDY_ENV, TRIAL_ENV = "GPUPACK_STUDY", "GPUPACK_TRIAL"  # a trial's process: where its study is, and its number
+STUDY_NAME = "gpupack"  # the one study of a run's journal (optuna.load_study finds it without its name too)
 State = Literal["complete", "pruned", "failed", "running"]
 COMPLETE: State = "complete"
 PRUNED: State = "pruned"
 FAILED: State = "failed"
 RUNNING: State = "running"
-STATES: dict[str, State] = {COMPLETE: COMPLETE, PRUNED: PRUNED, FAILED: FAILED}
 RANK_ORDER: dict[State, int] = {COMPLETE: 0, PRUNED: 1, FAILED: 2, RUNNING: 3}  # after the ranked completed ones
 DIED = "died with its lane"
 PLANNED = "planned"  # the incarnation of a trial the command asked for a lane before its job started
+WHO, PRUNED_AT, DEVICE_S, WHY = "gpupack", "pruned", "device_s", "why"  # a trial's user attributes
+GROWS = ("n_trials", "device_hours")  # the search's keys a resume may raise, to extend a search
 _TRIAL_ID = re.compile(r"^trial(\d+)-")
 Param = str | int | float | bool | None
+Outcome = tuple[State, float | None, str | None]
 
 
 def trial_training_id(workload: str, number: int, params: Mapping[str, object]) -> str:
@@ -77,9 +85,14 @@ def trial_env(study: Path, tid: str) -> dict[str, str]:
     return {} if number is None else {STUDY_ENV: os.path.abspath(study), TRIAL_ENV: str(number)}
 
 
+def head_path(path: Path) -> Path:
+    """Where the study's head (the search, the workload, the fixed hyperparameters) is kept: ``study.json``."""
+    return path.with_suffix(".json")
+
+
 @dataclass
 class TrialRow:
-    """One trial as the journal tells it."""
+    """One trial as the study tells it."""
 
     number: int
     params: dict[str, Param]
@@ -93,6 +106,7 @@ class TrialRow:
     device_s: float = 0.0
     told_at: float | None = None
     planned: bool = False  # asked for its lane before the lane's job started, and not yet taken by a run of it
+    told: bool = False  # its end is in Optuna's study (a trial pruned by its process is told by its lane after)
 
     @property
     def waiting(self) -> bool:
@@ -104,28 +118,9 @@ class TrialRow:
         return self.state in (COMPLETE, PRUNED)
 
 
-class Event(TypedDict, total=False):
-    """One line of the journal."""
-
-    event: str  # study | asked | reported | told
-    at: float
-    search: dict[str, object]
-    workload: str
-    fixed: dict[str, object]
-    number: int
-    params: dict[str, Param]
-    claimant: dict[str, object]
-    step: int
-    value: float | None
-    state: str
-    why: str | None
-    device_s: float
-    planned: bool
-
-
 @dataclass
 class Journal:
-    """What a study's journal holds: its head and its trials by number."""
+    """What a study holds: its head and its trials by number."""
 
     search: OptunaSearch
     workload: str
@@ -139,6 +134,11 @@ class Journal:
     def waiting(self) -> int:
         """Planned trials no run of their lane has taken yet (counted running, as the budget counts them)."""
         return sum(1 for t in self.trials.values() if t.waiting)
+
+    @property
+    def untold(self) -> int:
+        """Trials whose end Optuna's study has not been told: running, or pruned by their process with no tell yet."""
+        return sum(1 for t in self.trials.values() if not t.told)
 
     @property
     def device_hours(self) -> float:
@@ -168,117 +168,263 @@ class Journal:
         return done + rest
 
 
-def _apply(journal: Journal | None, ev: Event) -> Journal | None:
-    """The journal with one more line read. Pure (but for the rows it updates)."""
-    kind = ev.get("event")
-    if kind == "study":
-        return journal or Journal(OptunaSearch.from_json(ev["search"]), ev["workload"], dict(ev["fixed"]), {})
-    if journal is None:
-        return None
-    number = int(ev.get("number", -1))
-    row = journal.trials.get(number)
-    if kind == "asked" and row is None:
-        who = ev["claimant"]
-        journal.trials[number] = TrialRow(number, dict(ev["params"]), str(who.get("lane")),
-                                          str(who.get("incarnation")), float(ev.get("at", 0.0)),
-                                          planned=bool(ev.get("planned")))
-    elif kind == "taken" and row is not None and row.waiting:
-        who = ev["claimant"]
-        row.lane, row.incarnation, row.planned = str(who.get("lane")), str(who.get("incarnation")), False
-    elif kind == "reported" and row is not None and ev.get("value") is not None:
-        row.intermediate[int(ev["step"])] = float(ev["value"] or 0.0)
-    elif kind == "told" and row is not None and row.state == PRUNED and ev.get("state") == PRUNED:
-        row.device_s = float(ev.get("device_s", row.device_s))  # its lane's tell after its own: the device time
-    elif kind == "told" and row is not None and row.state == RUNNING:
-        row.state = STATES.get(ev["state"], FAILED)
-        row.value, row.why = ev.get("value"), ev.get("why")
-        row.device_s, row.told_at = float(ev.get("device_s", 0.0)), ev.get("at")
-    return journal
+@dataclass(frozen=True)
+class Head:
+    """The study's head, ``study.json``: what every lane reads once."""
+
+    search: OptunaSearch
+    workload: str
+    fixed: dict[str, object]
+
+    def to_json(self) -> dict[str, object]:
+        return {"search": self.search.to_json(), "workload": self.workload, "fixed": dict(self.fixed)}
+
+    @staticmethod
+    def from_json(data: Mapping[str, object]) -> Head:
+        return Head(OptunaSearch.from_json(data["search"]), str(data["workload"]),  # type: ignore[arg-type]
+                    dict(data.get("fixed") or {}))  # type: ignore[call-overload]
 
 
-def _journal(data: bytes) -> Journal | None:
-    """The journal its bytes tell, line by line; a line that is no JSON (a torn last line, a writer mid-append) is
-    left out. Pure."""
-    journal: Journal | None = None
-    for line in data.splitlines():
-        try:
-            event = json.loads(line) if line.strip() else None
-        except ValueError:
+def _write_head(path: Path, head: Head) -> None:
+    """The head written whole, its space in the user's order (the order trials' params are said in)."""
+    write_text_atomic(head_path(path), json.dumps(head.to_json(), indent=1, default=str) + "\n")
+
+
+def read_head(path: Path) -> Head | None:
+    """The study's head (None: no study there), read without the lock: it is written whole (atomically)."""
+    data = read_json_or_none(head_path(path))
+    return Head.from_json(data) if data is not None else None
+
+
+def changes(old: OptunaSearch, new: OptunaSearch) -> list[str]:
+    """What a resume's search changes of the run's, key by key (``search.seed: 0 -> 1``), but for the keys that may
+    grow (:data:`GROWS`) and grow. Pure."""
+    was, now = old.to_json(), new.to_json()
+    said: list[str] = []
+    for key in sorted(set(was) | set(now)):
+        before, after = was.get(key), now.get(key)
+        if before == after:
             continue
-        if event is not None:
-            journal = _apply(journal, event)
-    return journal
+        if key in GROWS and _grows(before, after):
+            continue
+        said.append(f"search.{key}: {_said(before)} -> {_said(after)}")
+    return said
 
 
-def _read(f: IO[bytes]) -> Journal | None:
-    f.seek(0)
-    return _journal(f.read())
+def _fixed_changes(old: Head, workload: str, fixed: Mapping[str, object]) -> list[str]:
+    """What a resume changes of the run's workload and fixed hyperparameters, key by key. Pure."""
+    said = [f"workload: {old.workload!r} -> {workload!r}"] if workload != old.workload else []
+    was = json.loads(json.dumps(old.fixed, default=str))  # as the head reads back
+    now = json.loads(json.dumps(dict(fixed), default=str))
+    return said + [f"sweep.fixed.{k}: {_said(was.get(k))} -> {_said(now.get(k))}" for k in sorted(set(was) | set(now))
+                   if was.get(k) != now.get(k)]
+
+
+def _grows(before: object, after: object) -> bool:
+    if after is None:  # no cap where there was one: the budget grows
+        return True
+    return isinstance(before, (int, float)) and isinstance(after, (int, float)) and after >= before
+
+
+def _said(value: object) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_said(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+class FlockLock:
+    """Optuna's journal lock object (``acquire``/``release``, as ``JournalFileBackend(lock_obj=...)`` takes it): a
+    flock on ``study.lock``, which dies with its holder, unlike Optuna's own symlink and open locks that a killed
+    holder leaves for a grace period. Re-entrant in its process: a decision holds it while Optuna appends its lines.
+    Taking it cuts back a torn last line of the journal (kept aside in ``study.torn``)."""
+
+    def __init__(self, journal: Path) -> None:
+        self.journal = journal
+        self._thread = threading.RLock()
+        self._depth = 0
+        self._fd: int | None = None
+        self._hold: AbstractContextManager[None] | None = None
+
+    def acquire(self) -> bool:
+        self._thread.acquire()
+        if self._depth == 0:
+            make_dirs(self.journal.parent)
+            lock = self.journal.with_suffix(".lock")
+            self._fd = os.open(lock, os.O_RDWR | os.O_CREAT, file_mode())
+            self._hold = held(self._fd, lock, risk="do not run two searches in this run at once")
+            self._hold.__enter__()
+            if self.journal.exists():
+                cut_torn(self.journal, self.journal.with_suffix(".torn"))
+        self._depth += 1
+        return True
+
+    def release(self) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._hold is not None and self._fd is not None:
+            self._hold.__exit__(None, None, None)
+            os.close(self._fd)
+            self._hold, self._fd = None, None
+        self._thread.release()
+
+
+def _quiet_optuna() -> None:
+    import warnings
+
+    import optuna
+
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _storage(path: Path, lock: FlockLock) -> JournalStorage:
+    _quiet_optuna()
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))  # type: ignore[arg-type]
+
+
+def _row(trial: FrozenTrial, order: Mapping[str, object]) -> TrialRow:
+    """A trial of Optuna's study as gpupack tells it, its params in the space's ``order`` (Optuna sorts them). Pure."""
+    from optuna.trial import TrialState
+
+    attrs = trial.user_attrs
+    who = attrs.get(WHO) or {}
+    params = {k: _plain(trial.params[k]) for k in order if k in trial.params}
+    row = TrialRow(trial.number, {**params, **{k: _plain(v) for k, v in trial.params.items()}}, str(who.get("lane")),
+                   str(who.get("incarnation")), trial.datetime_start.timestamp() if trial.datetime_start else 0.0,
+                   intermediate=dict(trial.intermediate_values), why=attrs.get(WHY),
+                   device_s=float(attrs.get(DEVICE_S, 0.0)), planned=bool(who.get("planned")),
+                   told=trial.state.is_finished())
+    if trial.state == TrialState.COMPLETE:
+        row.state, row.value = COMPLETE, trial.value
+    elif trial.state == TrialState.PRUNED or (trial.state == TrialState.RUNNING and attrs.get(PRUNED_AT)):
+        row.state = PRUNED
+        row.value = trial.value if trial.value is not None else (attrs.get(PRUNED_AT) or {}).get("value")
+    elif trial.state == TrialState.FAIL:
+        row.state = FAILED
+    if trial.datetime_complete is not None:
+        row.told_at = trial.datetime_complete.timestamp()
+    return row
+
+
+def _journal(head: Head, trials: list[FrozenTrial]) -> Journal:
+    return Journal(head.search, head.workload, dict(head.fixed), {t.number: _row(t, head.search.space) for t in trials})
 
 
 def read_journal(path: Path) -> Journal | None:
-    """The journal as it stands, read without its lock and without writing (collect reads runs in progress, or copied
+    """The study as it stands, read without its lock and writing nothing (collect reads runs in progress, or copied
     read-only): a torn last line (a writer mid-append) is left out. None: no study there."""
-    return _journal(path.read_bytes()) if path.is_file() else None
+    head = read_head(path)
+    if head is None:
+        return None
+    if not path.is_file():
+        return _journal(head, [])
+    storage = _storage(path, FlockLock(path))  # never taken: reading takes no lock
+    studies = storage.get_all_studies()
+    if not studies:
+        return _journal(head, [])
+    return _journal(head, storage.get_all_trials(studies[0]._study_id, deepcopy=False))
 
 
 class Study:
-    """A search's study, kept in its journal at ``path``."""
+    """A search's study, kept in Optuna's journal at ``path`` (its head beside it)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._lock = FlockLock(path)
+        self._store: JournalStorage | None = None
+        self._head: Head | None = None
 
     @contextmanager
-    def _held(self) -> Iterator[IO[bytes]]:
-        """The journal open and flocked, its torn last line (a writer killed mid-append) cut back."""
-        make_dirs(self.path.parent)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, file_mode())
-        with os.fdopen(fd, "r+b") as f, held(f.fileno(), self.path, risk="do not run two searches in this run at once"):
-            cut_torn(self.path, self.path.with_suffix(".torn"))  # kept aside, as a lane's journal's are
-            yield f
+    def _decision(self) -> Iterator[JournalStorage]:
+        """The journal locked, its torn last line cut back, and the storage caught up with what others wrote."""
+        self._lock.acquire()
+        try:
+            if self._store is None:
+                self._store = _storage(self.path, self._lock)
+            yield self._store
+        finally:
+            self._lock.release()
 
-    @staticmethod
-    def _append(f: IO[bytes], ev: Event) -> None:
-        f.seek(0, os.SEEK_END)
-        f.write((json.dumps({**ev, "at": time.time()}, default=str) + "\n").encode())
-        f.flush()
-        os.fsync(f.fileno())
+    def head(self) -> Head:
+        if self._head is None:
+            self._head = read_head(self.path)
+            if self._head is None:
+                raise FileNotFoundError(f"{head_path(self.path)} holds no study")
+        return self._head
 
-    def create(self, search: OptunaSearch, workload: str, fixed: Mapping[str, object]) -> None:
-        """Write the study's head, unless it has one (a resume keeps its own)."""
-        with self._held() as f:
-            if _read(f) is None:
-                self._append(f, Event(event="study", search=search.to_json(), workload=workload, fixed=dict(fixed)))
+    def _study_id(self, storage: JournalStorage) -> int:
+        return storage.get_study_id_from_name(STUDY_NAME)
+
+    def _view(self, storage: JournalStorage) -> Journal:
+        return _journal(self.head(), storage.get_all_trials(self._study_id(storage), deepcopy=False))
+
+    def create(self, search: OptunaSearch, workload: str, fixed: Mapping[str, object]) -> list[str]:
+        """Write the study's head and create Optuna's study, unless the run has them: a resume keeps its own and is
+        refused if its search changed, but for ``n_trials`` and ``device_hours``, which may grow to extend the search
+        (what grew, said as lines: empty when nothing did)."""
+        old_format = self.path.with_name("study.jsonl")
+        if old_format.exists():
+            raise RunDirError(f"{self.path.parent}: its search was kept in {old_format.name}, the format of gpupack "
+                              "before Optuna's journal storage, which this gpupack does not resume. HINT: collect "
+                              "it with the gpupack that ran it, and run this search in a new run_dir=")
+        with self._decision() as storage:
+            old = read_head(self.path)
+            grew: list[str] = []
+            if old is None:
+                self._head = Head(search, workload, dict(fixed))
+                _write_head(self.path, self._head)
+            else:
+                changed = changes(old.search, search) + _fixed_changes(old, workload, fixed)
+                if changed:
+                    raise ConfigError("search", "; ".join(changed), "this run_dir's search ran with these values, "
+                                      "and its trials were chosen for them (only search.n_trials and "
+                                      "search.device_hours may grow, to extend it)",
+                                      "give the values it ran with, or a new run_dir=")
+                grew = [f"search.{k}: {getattr(old.search, k)} -> {getattr(search, k)}" for k in GROWS
+                        if getattr(old.search, k) != getattr(search, k)]
+                self._head = Head(search, old.workload, old.fixed)
+                if grew:
+                    _write_head(self.path, self._head)
+            import optuna
+
+            optuna.create_study(storage=storage, study_name=STUDY_NAME, direction=search.direction,
+                                load_if_exists=True)
+            return grew
 
     def read(self) -> Journal:
-        """The journal as it stands (read under the lock: every line whole)."""
-        with self._held() as f:
-            journal = _read(f)
-        if journal is None:
-            raise FileNotFoundError(f"{self.path} holds no study")
-        return journal
+        """The study as it stands (read under the lock: every line whole)."""
+        with self._decision() as storage:
+            return self._view(storage)
 
     def ask(self, who: Claimant) -> TrialRow | str:
         """The next trial for ``who``'s lane, written as asked; or why none is (the budget spent)."""
-        with self._held() as f:
-            journal = _read(f)
-            if journal is None:
-                return f"{self.path} holds no study"
+        with self._decision() as storage:
+            journal = self._view(storage)
             if (why := journal.stopped()) is not None:
                 return why
-            return self._ask(f, journal, who)
+            return self._ask(storage, journal, who)
 
-    def _ask(self, f: IO[bytes], journal: Journal, who: Claimant, planned: bool = False) -> TrialRow:
-        number = len(journal.trials)
-        study = rebuild(journal, number)
+    def _optuna(self, storage: JournalStorage, number: int) -> optuna.Study:
+        """Optuna's study over the storage, with the sampler of trial ``number`` and the search's pruner."""
+        import optuna
+
+        search = self.head().search
+        return optuna.Study(STUDY_NAME, storage, sampler=search.make_sampler(number), pruner=search.make_pruner())
+
+    def _ask(self, storage: JournalStorage, journal: Journal, who: Claimant, planned: bool = False) -> TrialRow:
         from gpupack.search.space import distributions
 
-        trial = study.ask(fixed_distributions=distributions(journal.search.space))
-        params: dict[str, Param] = {k: _plain(v) for k, v in trial.params.items()}
-        event = Event(event="asked", number=number, params=params, claimant=asdict(who))
-        if planned:
-            event["planned"] = True
-        self._append(f, event)
-        row = TrialRow(number, params, who.lane, who.incarnation, time.time(), planned=planned)
+        number = len(journal.trials)
+        trial = self._optuna(storage, number).ask(fixed_distributions=distributions(journal.search.space))
+        if trial.number != number:  # numbers are given under the lock: another writer ignored it
+            raise RuntimeError(f"{self.path}: trial {trial.number} asked where {number} was next: is another "
+                               "search writing this study without its lock?")
+        claimant = {**asdict(who), "planned": planned}
+        storage.set_trial_user_attr(trial._trial_id, WHO, claimant)
+        row = TrialRow(number, {k: _plain(v) for k, v in trial.params.items()}, who.lane, who.incarnation,
+                       time.time(), planned=planned)
         journal.trials[number] = row
         return row
 
@@ -287,72 +433,112 @@ class Study:
         pack id and its slots): a lane then starts them at once (:meth:`take_planned`) and imports Optuna, about a
         second, while they run. The trials the budget allows, in the lanes' order; none where the study has trials (a
         resume's lanes ask for themselves). Their numbers."""
-        with self._held() as f:
-            journal = _read(f)
-            if journal is None or journal.trials:
+        with self._decision() as storage:
+            journal = self._view(storage)
+            if journal.trials:
                 return []
             numbers: list[int] = []
             for lane, slots in lanes.items():
                 who = Claimant(lane, PLANNED, None, socket.gethostname(), os.getpid())
                 for _ in range(slots):
                     if journal.stopped() is None:
-                        numbers.append(self._ask(f, journal, who, planned=True).number)
+                        numbers.append(self._ask(storage, journal, who, planned=True).number)
             return numbers
 
+    def _trial(self, storage: JournalStorage, number: int) -> FrozenTrial | None:
+        trials = storage.get_all_trials(self._study_id(storage), deepcopy=False)
+        return trials[number] if 0 <= number < len(trials) else None
+
     def take_planned(self, who: Claimant) -> list[TrialRow]:
-        """The trials planned for ``who``'s lane that no run of it has taken, now this run's (written as taken: should
-        it die, the lane's next run tells them failed, as any trial it asked), by number."""
-        with self._held() as f:
-            journal = _read(f)
+        """The trials planned for ``who``'s lane that no run of it has taken, now this run's (should it die, the
+        lane's next run tells them, as any trial it asked), by number."""
+        with self._decision() as storage:
+            journal = self._view(storage)
             rows = sorted((t for t in journal.trials.values() if t.waiting and t.lane == who.lane),
-                          key=lambda t: t.number) if journal is not None else []
+                          key=lambda t: t.number)
+            trials = storage.get_all_trials(self._study_id(storage), deepcopy=False)
             for row in rows:
-                self._append(f, Event(event="taken", number=row.number, claimant=asdict(who)))
+                storage.set_trial_user_attr(trials[row.number]._trial_id, WHO, {**asdict(who), "planned": False})
                 row.incarnation, row.planned = who.incarnation, False
             return rows
 
     def report(self, number: int, step: int, value: float, prune: bool = True) -> bool:
         """Trial ``number``'s intermediate ``value`` at ``step``, written; True where the pruner prunes it now (never
         without ``prune``: what a program printed before it ended, kept for the curves later trials are judged by)."""
-        with self._held() as f:
-            self._append(f, Event(event="reported", number=number, step=step, value=value))
-            if not prune:
+        with self._decision() as storage:
+            trial = self._trial(storage, number)
+            if trial is None or trial.state.is_finished():
                 return False
-            journal = _read(f)
-            if journal is None or number not in journal.trials or journal.trials[number].state != RUNNING:
+            storage.set_trial_intermediate_value(trial._trial_id, step, value)
+            if not prune or trial.user_attrs.get(PRUNED_AT):
                 return False
-            study = rebuild(journal, len(journal.trials))
-            if not study.pruner.prune(study, study.trials[number]):
+            study = self._optuna(storage, number)
+            if not study.pruner.prune(study, storage.get_trial(trial._trial_id)):
                 return False
-            # told pruned at once, by its own process: its lane records it so, and no other end replaces it
-            self._append(f, Event(event="told", number=number, state=PRUNED, value=value, why=f"pruned at step {step}"))
+            # marked by its own process: its lane records it pruned, tells Optuna so, and no other end replaces it
+            storage.set_trial_user_attr(trial._trial_id, PRUNED_AT, {"step": step, "value": value})
             return True
 
     def tell(self, number: int, state: State, value: float | None, why: str | None = None,
              device_s: float = 0.0) -> None:
-        """How trial ``number`` ended (a trial told already keeps its first end)."""
-        with self._held() as f:
-            self._append(f, Event(event="told", number=number, state=state, value=value, why=why,
-                                  device_s=device_s))
+        """How trial ``number`` ended (a trial told already keeps its first end; one its process pruned is pruned)."""
+        with self._decision() as storage:
+            self._tell(storage, number, state, value, why, device_s)
 
-    def fail_dead(self, who: Claimant) -> list[int]:
-        """Tell failed ("died with its lane") the trials an earlier run of ``who``'s lane asked and never told: that run
-        is dead (the caller holds the lane's lock). Their numbers."""
-        with self._held() as f:
-            journal = _read(f)
-            dead = [t.number for t in (journal.trials.values() if journal else ())  # a planned one waits to be taken
-                    if t.state == RUNNING and not t.planned and t.lane == who.lane and t.incarnation != who.incarnation]
-            for number in dead:
-                self._append(f, Event(event="told", number=number, state=FAILED, value=None, why=DIED))
-            return dead
+    def _tell(self, storage: JournalStorage, number: int, state: State, value: float | None, why: str | None,
+              device_s: float) -> None:
+        from optuna.trial import TrialState
+
+        trial = self._trial(storage, number)
+        if trial is None or trial.state.is_finished():
+            return
+        mark = trial.user_attrs.get(PRUNED_AT)
+        if mark:
+            state, value, why = PRUNED, float(mark["value"]), None
+        if state == COMPLETE and value is None:  # a completed trial without its metric: a failure to Optuna
+            state, why = FAILED, why or "no value"
+        storage.set_trial_user_attr(trial._trial_id, DEVICE_S, device_s)
+        if why is not None:
+            storage.set_trial_user_attr(trial._trial_id, WHY, why)
+        states = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAILED: TrialState.FAIL}
+        values = [value] if value is not None and state in (COMPLETE, PRUNED) else None
+        storage.set_trial_state_values(trial._trial_id, states[state], values)
+
+    def fail_dead(self, who: Claimant, from_record: Callable[[TrialRow], Outcome | None] | None = None,
+                  ) -> list[tuple[int, State]]:
+        """Tell the trials an earlier run of ``who``'s lane asked and never told (that run is dead: the caller holds
+        the lane's lock): from their training's record where ``from_record`` finds one (the run died between the
+        record and its tell), else failed ("died with its lane"). Their numbers, and how each was told."""
+        with self._decision() as storage:
+            journal = self._view(storage)
+            told: list[tuple[int, State]] = []
+            for row in journal.trials.values():  # a planned one waits to be taken
+                if row.told or row.waiting or row.lane != who.lane or row.incarnation == who.incarnation:
+                    continue
+                outcome = from_record(row) if from_record is not None else None
+                state, value, why = outcome or (FAILED, None, DIED)
+                self._tell(storage, row.number, state, value, why, 0.0)
+                told.append((row.number, PRUNED if row.state == PRUNED else state))
+            return told
+
+
+_OPEN: dict[tuple[int, str], Study] = {}
+
+
+def open_study(path: Path) -> Study:
+    """This process's :class:`Study` of ``path``: one storage a process, so each report reads only what is new."""
+    key = (os.getpid(), str(path))
+    if key not in _OPEN:
+        _OPEN[key] = Study(path)
+    return _OPEN[key]
 
 
 def search_left(path: Path) -> bool:
     """A run's search has trials to run or to tell (its lanes run again): its budget not met, or trials asked and
-    never told (a dead lane's, which its next run tells failed). Read as collect reads it, without the lock and
-    writing nothing: a dry run and the runs beside a new one ask it too."""
+    never told (a dead lane's, which its next run tells). Read as collect reads it, without the lock and writing
+    nothing: a dry run and the runs beside a new one ask it too."""
     journal = read_journal(path)
-    return journal is not None and (journal.stopped() is None or journal.count(RUNNING) > 0)
+    return journal is not None and (journal.stopped() is None or journal.untold > 0)
 
 
 def import_optuna_meanwhile() -> threading.Thread:
@@ -370,37 +556,7 @@ def _plain(value: object) -> Param:
     return str(value)
 
 
-def rebuild(journal: Journal, asked: int) -> optuna.study.Study:
-    """An in-memory Optuna study holding the journal's first ``asked`` trials (running ones as running), with the
-    sampler of trial number ``asked`` and the search's pruner: what the next decision is made from."""
-    import warnings
-
-    import optuna
-    from optuna.trial import TrialState, create_trial
-
-    from gpupack.search.space import distributions
-
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    search = journal.search
-    study = optuna.create_study(direction=search.direction, sampler=search.make_sampler(asked),
-                                pruner=search.make_pruner())
-    dists = distributions(search.space)
-    states = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAILED: TrialState.FAIL,
-              RUNNING: TrialState.RUNNING}
-    for number in range(asked):
-        row = journal.trials[number]
-        value = row.value if row.state in (COMPLETE, PRUNED) else None
-        if row.state == COMPLETE and value is None:  # a completed trial without its metric: a failure to Optuna
-            state, value = TrialState.FAIL, None
-        else:
-            state = states[row.state]
-        study.add_trial(create_trial(state=state, value=value, params=dict(row.params), distributions=dists,
-                                     intermediate_values=dict(row.intermediate)))
-    return study
-
-
-def trial_training(journal: Journal, trial: TrialRow) -> Training:
+def trial_training(journal: Journal | Head, trial: TrialRow) -> Training:
     """The training that runs ``trial``: the workload with the trial's params over the fixed ones."""
     params = {**journal.fixed, **trial.params}
     return Training(trial_training_id(journal.workload, trial.number, params), journal.workload, params,

@@ -19,7 +19,7 @@
       claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.store.claims; a
                                                folding lane drops it once the training's completed record is folded)
       jobs.json                                pack id → submitted job id (SLURM), for status and resume
-      search/study.jsonl                       search=optuna: the study's journal (gpupack.search.study)
+      search/study.log, study.json             search=optuna: the study (Optuna journal) and its head
       search/study.torn                        a torn last line of it, cut and kept (journal.cut_torn)
       submitit/<array>/                        submitit's files of each job (array), a folder per array
       summary.csv  summary.json                written by collect
@@ -185,8 +185,8 @@ class RunDir:
 
     @property
     def study(self) -> Path:
-        """search/study.jsonl: a search's study (gpupack.search.study)."""
-        return self.root / "search" / "study.jsonl"
+        """search/study.log: a search's study, Optuna's journal (gpupack.search.study); its head is study.json."""
+        return self.root / "search" / "study.log"
 
     @property
     def submitit(self) -> Path:
