@@ -145,17 +145,8 @@ class Journal:
         return sum(t.device_s for t in self.trials.values()) / 3600
 
     def stopped(self) -> str | None:
-        """Why no more trial is asked (None: the budget is not spent): n_trials finished or running, n_trials
-        failed, or device_hours spent."""
-        s = self.search
-        if self.count(COMPLETE, PRUNED, RUNNING) >= s.n_trials:
-            return f"the budget of {s.n_trials} trials is met"
-        if self.count(FAILED) >= s.n_trials:
-            return (f"{self.count(FAILED)} trials failed, as many as the budget of {s.n_trials}: the search stops "
-                    "(see their records' errors)")
-        if s.device_hours is not None and self.device_hours >= s.device_hours:
-            return f"{self.device_hours:.3f} device-hours spent, the budget's {s.device_hours}"
-        return None
+        """Why no more trial is asked (None: the budget is not spent)."""
+        return stop_reason(self.search, self.count(COMPLETE, PRUNED, RUNNING), self.count(FAILED), self.device_hours)
 
     def ranked(self) -> list[TrialRow]:
         """The completed trials, best first, then the pruned, the failed and the running."""
@@ -166,6 +157,19 @@ class Journal:
         rest = sorted((t for t in self.trials.values() if t.number not in first),
                       key=lambda t: (RANK_ORDER[t.state], t.number))
         return done + rest
+
+
+def stop_reason(search: OptunaSearch, held: int, failed: int, device_hours: float) -> str | None:
+    """Why no more trial is asked (None: the budget is not spent): n_trials finished or running (``held``), n_trials
+    failed, or device_hours spent. Pure."""
+    if held >= search.n_trials:
+        return f"the budget of {search.n_trials} trials is met"
+    if failed >= search.n_trials:
+        return (f"{failed} trials failed, as many as the budget of {search.n_trials}: the search stops (see their "
+                "records' errors)")
+    if search.device_hours is not None and device_hours >= search.device_hours:
+        return f"{device_hours:.3f} device-hours spent, the budget's {search.device_hours}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -335,6 +339,7 @@ class Study:
         self._lock = FlockLock(path)
         self._store: JournalStorage | None = None
         self._head: Head | None = None
+        self._id: int | None = None
 
     @contextmanager
     def _decision(self) -> Iterator[JournalStorage]:
@@ -355,7 +360,9 @@ class Study:
         return self._head
 
     def _study_id(self, storage: JournalStorage) -> int:
-        return storage.get_study_id_from_name(STUDY_NAME)
+        if self._id is None:  # a study's id never changes: asked once
+            self._id = storage.get_study_id_from_name(STUDY_NAME)
+        return self._id
 
     def _view(self, storage: JournalStorage) -> Journal:
         return _journal(self.head(), storage.get_all_trials(self._study_id(storage), deepcopy=False))
@@ -400,11 +407,15 @@ class Study:
 
     def ask(self, who: Claimant) -> TrialRow | str:
         """The next trial for ``who``'s lane, written as asked; or why none is (the budget spent)."""
+        from optuna.trial import TrialState
+
         with self._decision() as storage:
-            journal = self._view(storage)
-            if (why := journal.stopped()) is not None:
+            trials = storage.get_all_trials(self._study_id(storage), deepcopy=False)
+            failed = sum(1 for t in trials if t.state == TrialState.FAIL)  # one pass each, no view: every ask does it
+            spent = sum(float(t.user_attrs.get(DEVICE_S, 0.0)) for t in trials) / 3600
+            if (why := stop_reason(self.head().search, len(trials) - failed, failed, spent)) is not None:
                 return why
-            return self._ask(storage, journal, who)
+            return self._ask(storage, len(trials), who)
 
     def _optuna(self, storage: JournalStorage, number: int) -> optuna.Study:
         """Optuna's study over the storage, with the sampler of trial ``number`` and the search's pruner."""
@@ -413,20 +424,17 @@ class Study:
         search = self.head().search
         return optuna.Study(STUDY_NAME, storage, sampler=search.make_sampler(number), pruner=search.make_pruner())
 
-    def _ask(self, storage: JournalStorage, journal: Journal, who: Claimant, planned: bool = False) -> TrialRow:
+    def _ask(self, storage: JournalStorage, number: int, who: Claimant, planned: bool = False) -> TrialRow:
         from gpupack.search.space import distributions
 
-        number = len(journal.trials)
-        trial = self._optuna(storage, number).ask(fixed_distributions=distributions(journal.search.space))
+        trial = self._optuna(storage, number).ask(fixed_distributions=distributions(self.head().search.space))
         if trial.number != number:  # numbers are given under the lock: another writer ignored it
             raise RuntimeError(f"{self.path}: trial {trial.number} asked where {number} was next: is another "
                                "search writing this study without its lock?")
         claimant = {**asdict(who), "planned": planned}
         storage.set_trial_user_attr(trial._trial_id, WHO, claimant)
-        row = TrialRow(number, {k: _plain(v) for k, v in trial.params.items()}, who.lane, who.incarnation,
-                       time.time(), planned=planned)
-        journal.trials[number] = row
-        return row
+        return TrialRow(number, {k: _plain(v) for k, v in trial.params.items()}, who.lane, who.incarnation,
+                        time.time(), planned=planned)
 
     def plan_first(self, lanes: Mapping[str, int]) -> list[int]:
         """A fresh study's first trials, asked by the command before any lane's job starts (``lanes``: each lane's
@@ -442,7 +450,9 @@ class Study:
                 who = Claimant(lane, PLANNED, None, socket.gethostname(), os.getpid())
                 for _ in range(slots):
                     if journal.stopped() is None:
-                        numbers.append(self._ask(storage, journal, who, planned=True).number)
+                        row = self._ask(storage, len(journal.trials), who, planned=True)
+                        journal.trials[row.number] = row
+                        numbers.append(row.number)
             return numbers
 
     def _trial(self, storage: JournalStorage, number: int) -> FrozenTrial | None:
