@@ -37,7 +37,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = optuna-4.0 ]; then
   PYTHONPATH="$PWD/.ci/env/optuna-4.0" "$PY" -m pytest -q -p no:cacheprovider -m "not slurm" \
     --deselect tests/test_search.py::test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n \
     tests/test_search.py tests/test_search_study.py tests/test_search_prune.py tests/test_search_progress.py \
-    tests/test_search_report.py tests/test_search_workloads.py
+    tests/test_search_report.py tests/test_search_workloads.py tests/test_search_dashboard.py
 fi
 if [ -z "$ONLY" ] || [ "$ONLY" = hydra-optuna ]; then
   side hydra-optuna 2.10.1 hydra-optuna-sweeper==1.2.0 optuna==2.10.1 cmaes==0.13.1 scipy==1.17.1  # 2.10 needs scipy
