@@ -55,8 +55,9 @@ CASES = [
     (["search=optuna", "packing.factors=[2]", "+search.space.lr=interval(0.01,0.1)",
       "search.intermediate='val: ([0-9.]+)'"],  # mnist_torch reports its curve itself: the pattern would read nothing
      ["search.intermediate='val: ([0-9.]+)': mnist_torch reports its intermediate values itself", "HINT"]),
-    (["search=optuna", "packing.factors=[2,4]", "+search.space.lr=interval(0.01,0.1)"],
-     ["packing.factors=[2, 4]", "at one N", "packing.factors=auto"]),
+    # the sweep's own space (a preset's default for search=optuna): checked whether a search runs or not
+    (["sweep.space.lr=interval(1,0.1)"], ["sweep.space.lr=", "HINT"]),
+    (["+sweep.space.lrr=interval(0.1,1)"], ["sweep.space.lrr=", "no hyperparameter 'lrr'", "HINT"]),
     (["packing.device=tpu"], ["packing.device='tpu'", "HINT"]),
     (["cluster=nowhere"], ["cluster", "nowhere", "local"]),
     (["cluster.partition=../x"], ["cluster.partition='../x'", "HINT"]),

@@ -282,3 +282,36 @@ def test_a_lane_tells_a_dead_runs_trial_from_the_record_its_training_left(
         write_json_atomic(run.training_record("lane0", tid), training_record(training_id=tid, status=status,
                                                                             metrics=metrics))
     assert recorded_outcome(run, "lane0", s.head(), row) == told
+
+
+# ---------------- a preset's search: its own space, its several N measured first (issue 52, item 7) ----------------
+
+@pytest.mark.parametrize("overrides, factors, ladder", [
+    (["search=optuna"], "auto", [1, 2, 3, 4]),  # the preset's list: measured first, then the search at the best
+    (["search=optuna", "packing.factors=[2]"], [2], None),  # one N: the search streams at it
+    (["search=optuna", "packing.factors=auto", "packing.auto.ladder=[1,3]"], "auto", [1, 3]),
+    ([], [1, 2, 3, 4], None),  # no search: the grid at each N, as given
+])
+def test_a_search_given_several_n_measures_them_first(overrides: list[str], factors: object,
+                                                      ladder: list[int] | None) -> None:
+    from omegaconf import OmegaConf
+
+    from gpupack.setup.compose import compose_config
+    from gpupack.setup.validate import measured_first
+
+    given = compose_config(["+sweep=mnist_pack", *overrides])
+    cfg = measured_first(given)
+    assert OmegaConf.to_container(cfg.packing)["factors"] == factors  # type: ignore[index]
+    if ladder is not None:
+        assert list(cfg.packing.auto.ladder) == ladder
+    assert OmegaConf.to_container(given.packing)["factors"] == (  # type: ignore[index]
+        OmegaConf.to_container(compose_config(["+sweep=mnist_pack", *overrides]).packing)["factors"])  # type: ignore[index]
+
+
+def test_the_mnist_preset_searches_its_own_space_as_is(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpupack.cli import main
+
+    assert main(["+sweep=mnist_pack", "search=optuna", "dry_run=true"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "a search of 32 trial(s)" in said and "probes N along [1, 2, 3, 4]" in said
+    assert "the space (lr, batch_size) chooses each trial's values" in said

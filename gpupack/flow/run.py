@@ -30,7 +30,14 @@ from gpupack.search.plan import is_search_queue
 from gpupack.search.progress import SearchProgress, read_progress
 from gpupack.search.study import Study, search_left
 from gpupack.setup.compose import compose_config
-from gpupack.setup.validate import ClusterFacts, SweepSpec, requested_partitions, require_sweep, validate
+from gpupack.setup.validate import (
+    ClusterFacts,
+    SweepSpec,
+    measured_first,
+    requested_partitions,
+    require_sweep,
+    validate,
+)
 from gpupack.submit import ClusterConfig, ProgressFn, Submitter, load_submitter
 
 
@@ -163,6 +170,7 @@ def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> 
     :func:`gpupack.setup.validate.validate` as its check. Writes nothing."""
     cfg = compose_config(overrides) if cfg is None else cfg
     require_sweep(cfg)
+    cfg = measured_first(cfg)  # a search given several N measures them first
     # sweep.name is checked with every other value (validate), before anything is written
     run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(str(cfg.sweep.name)))
 

@@ -32,8 +32,9 @@ MOVED = {"packing.mps": "packing.process.mps", "packing.start": "packing.process
          "packing.cpu_affinity": "packing.process.cpu_affinity",
          "packing.tf_gpu_memory_budget_mb": "packing.tf_logical.gpu_memory_budget_mb",
          "packing.tf_gpu_memory_reserve_mb": "packing.tf_logical.gpu_memory_reserve_mb"}
-SPACE_PREFIX = "search.space."  # search=optuna: a hyperparameter's range, kept as its text (gpupack.search.space)
-FREE_PREFIXES = (GRID_PREFIX, "sweep.fixed.", SPACE_PREFIX)
+# search=optuna: a hyperparameter's range, kept as its text (gpupack.search.space); sweep.space: a sweep's default one
+SPACE_PREFIXES = ("search.space.", "sweep.space.")
+FREE_PREFIXES = (GRID_PREFIX, "sweep.fixed.", *SPACE_PREFIXES)
 
 
 def config_dir() -> Path:
@@ -98,7 +99,7 @@ def grid_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str |
             out.append(f"++{text}" if text.startswith(FREE_PREFIXES) else text)
             continue
         key = ov.get_key_element()
-        if key.lstrip("+~").startswith(SPACE_PREFIX):  # a search's range: its text, not a grid
+        if key.lstrip("+~").startswith(SPACE_PREFIXES):  # a search's range: its text, not a grid
             value = text.split("=", 1)[1].strip().replace("\\", "\\\\").replace("'", "\\'")
             out.append(f"++{key.lstrip('+~')}='{value}'")
             continue

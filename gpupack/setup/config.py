@@ -27,6 +27,9 @@ class SweepConfig:
     grid: Dict[str, Any] = field(default_factory=dict)
     # Hyperparameters every training shares (training length, model size, data path, ...).
     fixed: Dict[str, Any] = field(default_factory=dict)
+    # The space search=optuna explores where search.space is not given: hyperparameter -> its range in Hydra's
+    # grammar (interval(a,b), tag(log, interval(a,b)), choice(a,b), ...). Checked whether a search runs or not.
+    space: Dict[str, str] = field(default_factory=dict)
     # Your estimate of one training's wall time on its own (seconds), e.g. from an earlier run's records;
     # time limits shorter than it are refused before anything is submitted. null: not checked.
     training_estimate_s: Optional[float] = None

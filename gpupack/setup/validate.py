@@ -25,7 +25,7 @@ from gpupack.errors import ConfigError, require_choice, require_counts, require_
 from gpupack.pack import load_packer, solo_mode
 from gpupack.search.options import OptunaSearch, read_search
 from gpupack.search.plan import search_plan
-from gpupack.search.space import probe_grid
+from gpupack.search.space import Dimension, parse_space, probe_grid
 from gpupack.setup.cluster_facts import ClusterFacts, auto_ladder, bundle_warnings, check_fit, idle_gpu_warnings
 from gpupack.setup.config import DRY_RUN_PACKS
 from gpupack.setup.once import each_reading
@@ -190,6 +190,19 @@ def is_auto(cfg: DictConfig) -> bool:
     return isinstance(cfg.packing.factors, str) and cfg.packing.factors == "auto"
 
 
+def measured_first(cfg: DictConfig) -> DictConfig:
+    """The config as it runs: a search given several N (a preset's packing.factors) measures them first and streams
+    its trials at the best, as packing.factors=auto does along them (packing.auto.ladder); else ``cfg`` as it is.
+    What config.yaml records, so the same command resumes it. Pure (a copy)."""
+    factors = cfg.packing.factors
+    if cfg.get("search") is None or is_auto(cfg) or not isinstance(factors, ListConfig) or len(factors) < 2:
+        return cfg
+    out = cfg.copy()
+    out.packing.factors = "auto"
+    out.packing.auto.ladder = list(factors)
+    return out
+
+
 def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """packing.* on its own: factors (or auto's ladder), modes and the numeric options."""
     packing = cfg.packing
@@ -325,6 +338,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     sweep = cfg.sweep
     check_name("sweep.name", sweep.name)
     workload = load_workload(sweep.workload)
+    check_space(plain(sweep.space), workload, "sweep.space")  # a search's default: checked whether one runs or not
     search = check_search(cfg, workload) if cfg.get("search") is not None else None
     grid, fixed = typed_grid(workload, *searched_grid(search, plain(sweep.grid), plain(sweep.fixed)))
     if sweep.loader_probe and not workload.loader_param:
@@ -400,20 +414,31 @@ def reference_threads(factors: Sequence[int], facts: ClusterFacts, settings: Pac
     return 1 if min(cores) // min(factors) > 1 else None
 
 
+def check_space(given: Mapping[str, object], workload: Workload, key: str,
+                space: Mapping[str, Dimension] | None = None) -> None:
+    """A search space (``given`` in Hydra's grammar, or read already: ``space``) whose names and types are the
+    workload's; ConfigError on ``key.<name>`` otherwise."""
+    dims = space if space is not None else parse_space(given, key) if given else {}
+    for name, dim in dims.items():
+        sample = dim.choices[0] if dim.choices else int(dim.low) if dim.kind == "int" else dim.low
+        workload.typed(name, sample, key)
+
+
 def check_search(cfg: DictConfig, workload: Workload) -> OptunaSearch:
     """search.*, checked (gpupack.search.options), its space's names and types against the workload's."""
     section = cast(dict[str, object], OmegaConf.to_container(cfg.search, resolve=True))
+    where = "search.space"
+    if not section.get("space") and cfg.sweep.space:  # the sweep's own space, where the command gives none
+        section["space"], where = plain(cfg.sweep.space), "sweep.space"
     search = read_search(section, cfg.collect.metric, cfg.collect.goal, workload.reported_metrics, workload.name,
                          workload.curve_in_output)
-    for name, dim in search.space.items():
-        sample = dim.choices[0] if dim.choices else int(dim.low) if dim.kind == "int" else dim.low
-        workload.typed(name, sample, "search.space")
+    check_space({}, workload, where, search.space)
     fixed = cast(dict[str, object], OmegaConf.to_container(cfg.sweep.fixed, resolve=True) or {})
     for name in search.space:
         if name in fixed:  # the space would replace it in every trial: said, not dropped
-            raise ConfigError(f"sweep.fixed.{name}", fixed[name], f"is also searched (search.space.{name}): each "
+            raise ConfigError(f"sweep.fixed.{name}", fixed[name], f"is also searched ({where}.{name}): each "
                               "trial takes the space's value, never this one",
-                              f"drop one: ~sweep.fixed.{name}, or leave {name} out of search.space")
+                              f"drop one: ~sweep.fixed.{name}, or leave {name} out of {where}")
     return search
 
 
@@ -431,8 +456,9 @@ def grid_unused(search: OptunaSearch | None, raw_grid: Mapping[str, object]) -> 
     """A search given a grid: the note that it is not used (a preset sweep brings its grid, so not refused). Pure."""
     if search is None or not raw_grid:
         return ()
-    return (f"sweep.grid ({', '.join(map(str, raw_grid))}) is not used by search=optuna: search.space chooses each "
-            "trial's values, and an axis outside it keeps sweep.fixed's or the workload's default",)
+    return (f"sweep.grid ({', '.join(map(str, raw_grid))}) is not used by search=optuna: the space "
+            f"({', '.join(search.space)}) chooses each trial's values, and an axis outside it keeps sweep.fixed's or "
+            "the workload's default",)
 
 
 def device_notes(workload: Workload, grid: Mapping[str, list[object]], fixed: Mapping[str, object], facts: ClusterFacts,
