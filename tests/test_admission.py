@@ -20,8 +20,9 @@ from gpupack.core.store.records import write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
-from gpupack.job import stream as stream_module
-from gpupack.job.stream import RECHECK_S, Gauge, Lane, run_lane
+from gpupack.job import lanes as lanes_module
+from gpupack.job.lanes import run_lane
+from gpupack.job.stream import RECHECK_S, Gauge, Lane
 from gpupack.pack import WAIT
 from gpupack.runtime import monitor
 from gpupack.runtime.monitor import free_memory_mb
@@ -279,7 +280,7 @@ def test_a_slot_that_waits_for_memory_takes_its_training_while_the_others_run(tm
         return free_memory_mb(True, {"CUDA_VISIBLE_DEVICES": "0"})
 
     earlier = {(FAKE, setting_key(t.params)): Figure(LARGE_MB, "records", measured=True) for t in pack.trainings}
-    monkeypatch.setattr(stream_module, "lane_gauge", lambda *args: Gauge(free, 10000.0, True, earlier))
+    monkeypatch.setattr(lanes_module, "lane_gauge", lambda *args: Gauge(free, 10000.0, True, earlier))
     rec = run_lane(str(lane.run.root), pack.pack_id, PackSettings(device="cpu"))
     assert rec["n_completed"] == 2, rec
     assert rec["admission"]["waits"] >= 1  # the second did wait

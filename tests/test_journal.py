@@ -362,7 +362,7 @@ def _tear_last_line(path) -> bytes:
 def test_a_torn_last_line_is_cut_back_kept_aside_and_the_pack_s_record_rebuilt(tmp_path, stream):
     from gpupack.flow.collect import collect
     from gpupack.flow.run import packs_to_run
-    from gpupack.job.stream import run_lane
+    from gpupack.job.lanes import run_lane
 
     if stream:  # one streaming lane of 2 slots, its trainings folded as each ends, its own record last
         run = RunDir(tmp_path / "run")

@@ -242,10 +242,10 @@ def test_the_first_trials_planned_by_the_command_wait_for_their_lanes_and_each_r
     assert "0 running, 4 waiting for their lane's job" in " ".join(capsys.readouterr().out.split())
     # a run of a lane with no time left to start one (near its job's limit) leaves them waiting for the next run
     from gpupack.core.types import PackSettings
-    from gpupack.job.search_lane import run_search_lane
+    from gpupack.job.lanes import run_lane
 
     late = PackSettings(device="cpu", claim_until_s=5.0, training_estimate_s=100.0)
-    assert run_search_lane(str(run), min(planned.values()), late)["stopped_claiming"]
+    assert run_lane(str(run), min(planned.values()), late)["stopped_claiming"]
     assert Study(RunDir(run).study).read().waiting == 4
     queue.drain()
     journal = Study(RunDir(run).study).read()

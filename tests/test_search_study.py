@@ -315,3 +315,28 @@ def test_the_mnist_preset_searches_its_own_space_as_is(capsys: pytest.CaptureFix
     said = " ".join(capsys.readouterr().out.split())
     assert "a search of 32 trial(s)" in said and "probes N along [1, 2, 3, 4]" in said
     assert "the space (lr, batch_size) chooses each trial's values" in said
+
+
+def test_a_search_lane_is_admitted_by_memory_as_a_queue_lane_is(tmp_path: Path) -> None:
+    """The one lane runner's admission holds for a search's lane: a freed slot asks no trial the memory free would
+    not fit while others run (so none is asked and left waiting); the first always goes."""
+    from gpupack.core.types import PackSettings
+    from gpupack.job.search_lane import SearchLane
+    from gpupack.job.stream import Gauge
+    from gpupack.pack import WAIT
+    from gpupack.search.plan import search_plan
+
+    run = RunDir(tmp_path / "run")
+    Study(run.study).create(_search(), "tests.fake_workloads", {"steps": 1})
+    plan = search_plan(sweep="s", workload="tests.fake_workloads", factor=2, partitions=["local"],
+                       modes=["process"], jobs=1, n_trials=8)
+    free = [300.0]
+    lane = SearchLane(run, plan, plan.packs[0], Claimant.here(plan.packs[0].pack_id, None),
+                      PackSettings(device="cpu", training_memory_mb=500.0),
+                      gauge=Gauge(lambda: free[0], 10_000.0, False, {}))
+    first = lane.next()
+    assert first is not WAIT and first is not None  # nothing else runs: waiting would free nothing
+    assert lane.next() is WAIT and len(Study(run.study).read().trials) == 1  # 500 MB do not fit 300: not asked
+    free[0], lane._looked = 800.0, None  # a training ended: the next look measures again
+    assert lane.next() not in (WAIT, None) and lane.admission() == {"budget_mb": 10_000.0, "passed_over": 0,
+                                                                        "waits": 1}

@@ -32,7 +32,8 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
 from gpupack.flow.run import packs_to_run
-from gpupack.job.stream import Lane, run_lane
+from gpupack.job.lanes import run_lane
+from gpupack.job.stream import Lane
 from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.setup.compose import compose_config
 from gpupack.setup.validate import check_packing
@@ -225,7 +226,7 @@ def test_a_torn_claim_is_released_by_the_lane_it_names_else_by_the_training_s_ho
 # ---------------- lanes ----------------
 
 def _lane_cmd(run: RunDir, pack_id: str, fold: bool = False) -> list[str]:
-    return [sys.executable, "-c", "import sys; from gpupack.job.stream import run_lane; from gpupack.core.types "
+    return [sys.executable, "-c", "import sys; from gpupack.job.lanes import run_lane; from gpupack.core.types "
             "import PackSettings; run_lane(sys.argv[1], sys.argv[2], PackSettings(device='cpu', fold=sys.argv[3] "
             "== 'fold'))", str(run.root), pack_id, "fold" if fold else "keep"]
 

@@ -91,7 +91,7 @@ def test_a_streaming_lanes_victims_run_again_in_its_slots(tmp_path, fold):
     """A streaming lane of 3 slots: t0 faults, t1 (SIGABRT) and t2 (an MPS client's CUDA error) die right after it;
     the lane records them as victims of t0 and its freed slots run them again, once; t3 runs as usual."""
     from gpupack.core.store.journal import RunRecords, read_folded
-    from gpupack.job.stream import run_lane
+    from gpupack.job.lanes import run_lane
 
     run = RunDir(tmp_path / "run")
     flag = tmp_path / "fault"

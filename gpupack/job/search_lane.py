@@ -3,32 +3,31 @@
 
 The trial's number is unique under the study's lock, so no two lanes race for one; the lane still writes the house's
 claim of its training (status and resume see who runs it). The training runs as any streamed one (records, logs,
-memory share, victims); when its record is written the lane tells the study its value (the metric from the record),
-complete, or failed with why; a trial its own process was told to prune (``TrainingContext.report``) is recorded
-pruned. At its start the lane tells failed the trials an earlier run of itself asked and never told (it holds the
-lane's lock: that run is dead), so a resume never repeats nor loses one, and takes the trials the command planned for
-it (:meth:`gpupack.search.study.Study.plan_first`): it starts those first, while Optuna is imported beside them.
+memory share, victims, admission: it runs in the one lane runner, :func:`gpupack.job.lanes.run_lane`); when its record
+is written the lane tells the study its value (the metric from the record), complete, or failed with why; a trial its
+own process was told to prune (``TrainingContext.report``) is recorded pruned. At its start the lane tells the trials
+an earlier run of itself asked and never told (it holds the lane's lock: that run is dead), from their records where
+written, else failed, so a resume never repeats nor loses one, and takes the trials the command planned for it
+(:meth:`gpupack.search.study.Study.plan_first`): it starts those first, while Optuna is imported beside them.
 """
 from __future__ import annotations
 
 import sys
+import time
 from collections import deque
-from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
+from gpupack.core.memory.admission import Candidate, Room, admit, expected_peak
 from gpupack.core.plan import Pack, Plan, Training
-from gpupack.core.store.claims import Claimant, claim, claims, release_stale
-from gpupack.core.store.journal import Folded, RunRecords, fold_pack, fold_trainings
-from gpupack.core.store.lane_columnar import write_lane_columnar
-from gpupack.core.store.records import COMPLETED, VICTIM, read_json, write_json_atomic
+from gpupack.core.store.claims import Claimant, claim, claims
+from gpupack.core.store.journal import RunRecords
+from gpupack.core.store.records import COMPLETED, VICTIM, PackRecord
 from gpupack.core.store.records import PRUNED as PRUNED_STATUS
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
-from gpupack.job.body import PackAttempt, pack_lock
 from gpupack.job.records import move_aside
-from gpupack.job.stream import Lane
-from gpupack.pack import Wait
-from gpupack.runtime.jobenv import JobEnvironment
+from gpupack.job.stream import RECHECK_S, Gauge, Lane
+from gpupack.pack import WAIT, Wait
 from gpupack.search.study import (
     COMPLETE,
     FAILED,
@@ -50,8 +49,9 @@ class SearchLane(Lane):
     """A lane whose freed slots ask the study (:meth:`next`) and tell it how each trial ended (:meth:`recorded`)."""
 
     def __init__(self, run: RunDir, plan: Plan, pack: Pack, holder: Claimant, settings: PackSettings,
-                 started: float | None = None) -> None:
-        super().__init__(run, plan, pack, holder, settings, started=started)
+                 clock: Callable[[], float] = time.time, started: float | None = None,
+                 gauge: Gauge | None = None) -> None:
+        super().__init__(run, plan, pack, holder, settings, clock=clock, started=started, gauge=gauge)
         self.study = Study(run.study)
         self.head = self.study.head()  # the search, the workload and fixed params every trial shares
         self.search_ended: str | None = None  # why the study gave no more trials
@@ -67,6 +67,8 @@ class SearchLane(Lane):
             training = self.again.popleft()
             move_aside(self.run, self.where(training.training_id), self.record(training.training_id))
             return self._started(training)
+        if not self.planned and (waits := self._wait_for_memory()) is not None:
+            return waits
         row = self.planned.popleft() if self.planned else self.study.ask(self.holder)
         if isinstance(row, str):
             self.search_ended = row
@@ -78,6 +80,58 @@ class SearchLane(Lane):
         claim(self.folder, tid, self.holder)  # the house's claim: status and resume see who runs it
         self.claimed.append(tid)
         return self._started(training)
+
+    def _wait_for_memory(self) -> Wait | None:
+        """WAIT where admission (packing.admission) does not let a freed slot start a trial now; None: it may ask.
+        A trial's params are the study's once asked, so it is expected to peak as the largest trial of this run so
+        far (else sweep.training_memory_mb): one that does not fit is not asked, so none is asked and left waiting."""
+        if self.gauge is None:
+            return None
+        if self._looked is not None and self.clock() - self._looked < RECHECK_S:
+            return WAIT  # nothing ended since the last look in vain, and it was a moment ago
+        room = Room(self.gauge.free_mb(), self.gauge.budget_mb, sum(self._holding.values()), len(self._holding))
+        if admit([Candidate("the next trial", self.expected_mb(None))], room, 0, 1).take is None:
+            self._looked, self.waits = self.clock(), self.waits + 1
+            return WAIT
+        return None
+
+    def expected_mb(self, training: Training | None) -> float | None:
+        """What a trial is expected to peak at (MB): the largest peak of this run's trials so far, else the sweep's
+        training_memory_mb; None: not known, or admission is off."""
+        if self.gauge is None:
+            return None
+        peak = max(self._in_run.values(), default=None)
+        figure = expected_peak(None, self.settings.training_memory_mb, peak)
+        return None if figure is None else figure.mb
+
+    # ---- what a search's lane changes of the one runner (gpupack.job.lanes.run_lane) ----
+
+    def settled(self, plan: Plan) -> PackRecord | None:
+        return None  # it runs while the study has trials to ask or tell (gpupack.flow.run.packs_to_run)
+
+    def resume(self) -> dict[str, object]:
+        """Tell the trials an earlier run of this lane asked and never told (from their records, else failed), and
+        take the trials the command planned for it, unless it is out of time (they wait for its requeued run)."""
+        told = self.study.fail_dead(self.holder, lambda row: recorded_outcome(self.run, self.pack.pack_id, self.head,
+                                                                              row))
+        if told:
+            print(f"gpupack: lane {self.pack.pack_id}: an earlier run of this lane died before telling trial(s) "
+                  f"{', '.join(f'{n} ({s})' for n, s in told)}: told now, from their records where written, else "
+                  "failed", file=sys.stderr)
+        if self.out_of_time() is None:
+            self.planned.extend(self.study.take_planned(self.holder))
+        if self.planned:  # they start without Optuna; the lane's next ask needs it
+            import_optuna_meanwhile()
+        return {"failed_dead": [number for number, state in told if state == FAILED]}
+
+    def keep(self) -> tuple[set[str], Mapping[str, str]]:
+        return set(), {}  # its trials' claims name their lane: a dead run's are released
+
+    def unclaimed(self) -> int:
+        return len(claims(self.folder)) if self.stopped else 0
+
+    def summary(self) -> dict[str, object]:
+        return {"search_ended": self.search_ended}
 
     def judge(self, rec: dict[str, object]) -> dict[str, object]:
         """As a stream lane judges it; a trial its study was told pruned is recorded pruned, not failed, however its
@@ -125,42 +179,3 @@ def recorded_outcome(run: RunDir, pack_id: str, head: Head, row: TrialRow) -> Ou
     if rec is None or rec.get("status") == VICTIM:
         return None
     return outcome_of(rec, head.search.metric)
-
-
-def run_search_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
-                    plan: Plan | None = None) -> dict[str, object]:
-    """Run one search lane until the study gives it no more trials; its pack record says what it ran."""
-    run = RunDir(Path(run_root))
-    job = job or JobEnvironment.here()
-    with pack_lock(run, pack_id):
-        plan = plan or Plan.from_json(read_json(run.plan))
-        pack = plan.pack(pack_id)
-        lane = SearchLane(run, plan, pack, Claimant.here(pack_id, job.job_id), settings, started=job.start())
-        if lane.folds:  # what an earlier run of this lane recorded and did not fold before it was killed
-            fold_trainings(run, pack_id, [p.stem for p in run.trainings(pack_id).glob("*.json")], pack_id)
-        told = lane.study.fail_dead(lane.holder, lambda row: recorded_outcome(run, pack_id, lane.head, row))
-        dead = [number for number, state in told if state == FAILED]
-        if told:
-            print(f"gpupack: lane {pack_id}: an earlier run of this lane died before telling trial(s) "
-                  f"{', '.join(f'{n} ({s})' for n, s in told)}: told now, from their records where written, else "
-                  "failed", file=sys.stderr)
-        if lane.out_of_time() is None:  # else they wait for the requeued run, not taken by one that starts none
-            lane.planned.extend(lane.study.take_planned(lane.holder))
-        if lane.planned:  # they start without Optuna; the lane's next ask needs it
-            import_optuna_meanwhile()
-        released = release_stale(lane.folder, lane.holder)
-        move_aside(run, pack_id, run.pack_record(pack_id))
-        first: list[Training] = []
-        while len(first) < pack.factor and isinstance(training := lane.next(), Training):
-            first.append(training)
-        attempt = PackAttempt(run, plan, settings, job, RunRecords(run, Folded()))
-        rec = attempt.execute(pack, first, stream=lane,
-                              extra={"stream": pack.stream, "lane": pack.index, "released": list(released),
-                                     "failed_dead": dead})
-        rec.update({"claimed": lane.claimed, "stopped_claiming": lane.stopped, "search_ended": lane.search_ended,
-                    "unclaimed": len(claims(lane.folder)) if lane.stopped else 0})
-        write_json_atomic(run.pack_record(pack_id), rec)
-        if lane.folds:
-            fold_pack(run, pack_id, pack_id)
-            write_lane_columnar(run, pack_id)
-        return dict(rec)

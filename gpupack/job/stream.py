@@ -22,7 +22,6 @@ it measures by is its :class:`Gauge`.
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -35,8 +34,8 @@ from gpupack.core.memory.admission import Candidate, Room, admit, expected_peak,
 from gpupack.core.memory.figures import Figure, candidate_runs, measured_by_setting, setting_key
 from gpupack.core.memory.victims import culprit_of
 from gpupack.core.plan import Pack, Plan, Training
-from gpupack.core.store.claims import STALE, Claimant, claim, claim_path, claims, drop, release_stale
-from gpupack.core.store.journal import CompletedTail, Folded, RunRecords, fold_pack, fold_trainings
+from gpupack.core.store.claims import Claimant, claim, claim_path, claims
+from gpupack.core.store.journal import CompletedTail, RunRecords, fold_pack, fold_trainings
 from gpupack.core.store.lane_columnar import write_lane_columnar
 from gpupack.core.store.records import (
     COMPLETED,
@@ -44,15 +43,12 @@ from gpupack.core.store.records import (
     PackRecord,
     TrainingRecord,
     is_completed,
-    read_json,
-    write_json_atomic,
 )
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
-from gpupack.job.body import PackAttempt, choose_device, pack_lock
+from gpupack.job.body import choose_device
 from gpupack.job.records import as_victim, move_aside, rebuild_pack_record
 from gpupack.pack import WAIT, Wait
-from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.runtime.monitor import detect_device, free_memory_mb
 from gpupack.workloads import load_workload
 
@@ -327,53 +323,40 @@ class Lane:
             claim_path(self.folder, training_id).unlink(missing_ok=True)
 
 
-def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
-             plan: Plan | None = None) -> PackRecord:
-    """Run one streaming lane in this job until its queue is drained; its pack record says what it ran. ``plan``:
-    the run's, as the caller read it (None: read here)."""
-    run = RunDir(Path(run_root))
-    job = job or JobEnvironment.here()
-    with pack_lock(run, pack_id):
-        plan = plan or Plan.from_json(read_json(run.plan))
-        pack = plan.pack(pack_id)
-        queue = [t for _, t in plan.queue(pack.stream or "")]
-        gauge = lane_gauge(run, queue, settings, job.device_env()) if settings.admission else None
-        lane = Lane(run, plan, pack, Claimant.here(pack_id, job.job_id), settings, started=job.start(), gauge=gauge)
-        if lane.folds:  # what an earlier run of this lane recorded and did not fold before it was killed
-            fold_trainings(run, pack_id, [p.stem for p in run.trainings(pack_id).glob("*.json")], pack_id)
-        completed = lane.completed()
-        records = RunRecords(run) if len(completed) == len(lane.items) else None
-        # drained: its record, or, where a run of it ran trainings and its record was lost (its journal's line torn,
-        # or a kill before it was written), one rebuilt from them
-        if records is not None and (done := records.pack(pack_id) or rebuild_pack_record(run, plan, pack, records)):
-            if lane.folds:  # an earlier run killed mid-fold left its folder (or the rebuilt record): fold what is left
-                fold_pack(run, pack_id, pack_id)
-                write_lane_columnar(run, pack_id)
-            # the queue is drained: nothing to run, nothing to move. The record is the last one a run of this lane
-            # wrote, which may be a run that stopped claiming with trainings left (a later run ran them and was
-            # killed before its own record): what is left now is nothing, or its job would requeue itself for ever
-            return {**done, "unclaimed": 0}
-        released = release_stale(lane.folder, lane.holder, keep=completed, homes=lane.homes)
-        torn = {tid: why for tid, why in released.items() if why != STALE}
-        for tid, why in torn.items():  # said in the lane's log: a claim file was damaged, and its training runs now
-            print(f"gpupack: warning: lane {pack_id}: the claim {claim_path(lane.folder, tid)} could not be read "
-                  f"({why}); its training runs again", file=sys.stderr)
-        if lane.folds:  # the claims an earlier run of it held of trainings now folded as completed
-            drop(lane.folder, completed, pack_id)
-        move_aside(run, pack_id, run.pack_record(pack_id))
-        first: list[Training] = []
-        while len(first) < pack.factor and isinstance(training := lane.next(), Training):
-            first.append(training)  # the rest of the slots wait for memory in the mode (gpupack.pack.Stream)
-        attempt = PackAttempt(run, plan, settings, job, RunRecords(run, Folded()))
-        rec = attempt.execute(pack, first, stream=lane,
-                              extra={"stream": pack.stream, "lane": pack.index, "released": list(released),
-                                     **({"torn_claims": torn} if torn else {})})
-        left = len(lane.items) - len(lane.completed() | set(claims(lane.folder)))
-        rec.update({"claimed": lane.claimed, "stopped_claiming": lane.stopped, "unclaimed": left})
-        if (admitted := lane.admission()) is not None:
-            rec["admission"] = admitted
-        write_json_atomic(run.pack_record(pack_id), rec)
-        if lane.folds:  # the lane's own record and logs; its folder goes; then what collect reads of its journal
-            fold_pack(run, pack_id, pack_id)
-            write_lane_columnar(run, pack_id)
-        return rec
+    # ---- what a kind of lane changes of the one runner (:func:`gpupack.job.lanes.run_lane`) ----
+
+    def settled(self, plan: Plan) -> PackRecord | None:
+        """The lane's record where its queue is drained (what an earlier run of it wrote, or one rebuilt from the
+        trainings it ran where that record was lost: its journal's line torn, or a kill before it was written);
+        None: it has trainings to run."""
+        completed = self.completed()
+        if len(completed) != len(self.items):
+            return None
+        records = RunRecords(self.run)
+        done = records.pack(self.pack.pack_id) or rebuild_pack_record(self.run, plan, self.pack, records)
+        if not done:
+            return None
+        if self.folds:  # an earlier run killed mid-fold left its folder (or the rebuilt record): fold what is left
+            fold_pack(self.run, self.pack.pack_id, self.pack.pack_id)
+            write_lane_columnar(self.run, self.pack.pack_id)
+        # the queue is drained: nothing to run, nothing to move. The record is the last one a run of this lane wrote,
+        # which may be a run that stopped claiming with trainings left (a later run ran them and was killed before
+        # its own record): what is left now is nothing, or its job would requeue itself for ever
+        return cast(PackRecord, {**done, "unclaimed": 0})
+
+    def resume(self) -> dict[str, object]:
+        """Settle what an earlier run of this lane left before this run claims anything (it holds the lane's lock:
+        that run is dead); what the pack record keeps of it. A queue's lane: nothing beyond its claims."""
+        return {}
+
+    def keep(self) -> tuple[set[str], Mapping[str, str]]:
+        """The claims a dead run's release keeps (completed trainings), and each training's home lane."""
+        return self.completed(), self.homes
+
+    def unclaimed(self) -> int:
+        """Trainings of the queue no lane claimed nor completed, at the lane's end."""
+        return len(self.items) - len(self.completed() | set(claims(self.folder)))
+
+    def summary(self) -> dict[str, object]:
+        """What the lane's record says of it at its end, beyond the claims."""
+        return {}

@@ -29,8 +29,9 @@ from gpupack.core.store.records import PackRecord, read_json
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
+from gpupack.job.lanes import run_lane
 from gpupack.job.peaks import PeakBook, job_device
-from gpupack.job.stream import out_of_time, run_lane
+from gpupack.job.stream import out_of_time
 from gpupack.pack import LaneSetUp
 from gpupack.runtime.jobenv import JobEnvironment
 

@@ -41,11 +41,9 @@ from gpupack.core.types import (
 )
 from gpupack.errors import ConfigError, SubmissionError
 from gpupack.job.body import run_pack
-from gpupack.job.search_lane import run_search_lane
-from gpupack.job.stream import run_lane
+from gpupack.job.lanes import run_lane
 from gpupack.job.turns import InTurn, run_in_turn
 from gpupack.runtime.jobenv import JobEnvironment
-from gpupack.search.plan import is_search_queue
 
 
 @dataclass
@@ -102,10 +100,7 @@ class PackJob(submitit.helpers.Checkpointable):
             record = run_in_turn(run_root, pack_id, settings, job=job, plan=plan)
         elif plan.pack(pack_id).stream is None:
             return run_pack(run_root, pack_id, settings, job=job, plan=plan)
-        elif is_search_queue(plan.pack(pack_id).stream):  # a search's lanes ask its study, a grid's claim its queue
-            # its pack record, which run_search_lane hands back as a plain dict
-            record = cast(PackRecord, run_search_lane(run_root, pack_id, settings, job=job, plan=plan))
-        else:
+        else:  # a lane: a grid's claims its queue, a search's asks its study (gpupack.job.lanes)
             record = run_lane(run_root, pack_id, settings, job=job, plan=plan)
         if record.get("stopped_claiming") and record.get("unclaimed") and self.submitter.requeues:
             # Near its time limit with trainings left: requeue now, as SLURM's signal would a little later
