@@ -95,7 +95,7 @@ def write_run(root: Path, study: bool) -> RunDir:
     pack_id = "local-process-n04-s000"
     write_json_atomic(run.plan, {"sweep": "toy", "workload": "w", "grid_size": 6, "packs": [
         {"pack_id": pack_id, "partition": "local", "mode": "process", "factor": 4, "index": 0, "trainings": [],
-         "stream": "local-process-n04-search"}]})
+         "stream": "local-process-n04-search", "search": True}]})
     start = 1_790_000_000.0
     trials = []
     for n, (state, value, _) in TRIALS.items():

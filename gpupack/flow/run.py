@@ -26,7 +26,6 @@ from gpupack.core.store.storage import storage_error
 from gpupack.core.types import Capacity, PackResult, PackSettings
 from gpupack.errors import GpupackError, RunDirError
 from gpupack.flow.collect import AutoReport, collect
-from gpupack.search.plan import is_search_queue
 from gpupack.search.progress import SearchProgress, read_progress
 from gpupack.search.study import Study, search_left
 from gpupack.setup.compose import compose_config
@@ -216,7 +215,7 @@ def forecast(prepared: Prepared) -> list[str]:
                  + (": as it stands, submitting refuses it whole" if jobs.over else ""))
     streams = any(p.stream is not None for p in plan.packs)
     folded = jobs.folds and (jobs.jobs < len(plan.packs) or streams)  # lanes of packs, or streaming lanes
-    searched = any(is_search_queue(p.stream) for p in plan.packs)  # its trials are its trainings, and the study
+    searched = any(p.search for p in plan.packs)  # its trials are its trainings, and the study
     trainings = plan.grid_size if searched else plan.n_trainings
     files = files_forecast(trainings, len(plan.packs), jobs.jobs, folded) + searched
     each = files / max(1, trainings)
@@ -391,13 +390,13 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
             plan = Plan.from_json(read_json(run_dir.plan))
         # its lanes ask it (gpupack.search.study); a probe for N (packing.factors=auto) trains no trial of it
         if prepared.spec is not None and prepared.spec.search is not None and any(
-                is_search_queue(p.stream) for p in plan.packs):
+                p.search for p in plan.packs):
             grew = Study(run_dir.study).create(prepared.spec.search, plan.workload, prepared.spec.fixed)
             if grew:
                 print(f"gpupack: the search is extended ({'; '.join(grew)}): its lanes run the new trials only",
                       file=sys.stderr)
         todo = packs_to_run(run_dir, plan)
-        lanes = {p.pack_id: p.factor for p in todo if is_search_queue(p.stream)}
+        lanes = {p.pack_id: p.factor for p in todo if p.search}
         if lanes and prepared.spec is not None and prepared.spec.search is not None:  # a fresh study's first trials
             Study(run_dir.study).plan_first(lanes)
         queued = submitter.active_packs() if resumed else {}

@@ -21,12 +21,11 @@ from gpupack.job.records import move_aside
 from gpupack.job.search_lane import SearchLane
 from gpupack.job.stream import Lane, lane_gauge
 from gpupack.runtime.jobenv import JobEnvironment
-from gpupack.search.plan import is_search_queue
 
 
 def lane_kind(pack: Pack) -> type[Lane]:
     """The kind of lane a streaming pack is: a search's (its queue is the study) or a queue's."""
-    return SearchLane if is_search_queue(pack.stream) else Lane
+    return SearchLane if pack.search else Lane
 
 
 def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,

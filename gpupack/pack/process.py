@@ -32,7 +32,6 @@ from gpupack.runtime.memshare import SHARE_ENV
 from gpupack.runtime.mps import MPS_LIMIT_ENV, MPS_PIPE_ENV, mps_daemon
 from gpupack.runtime.supervisor import KILL_GRACE_S, Child, ChildExit, ChildSpec, Supervisor, fork_server
 from gpupack.search.follow import StdoutCurve
-from gpupack.search.plan import is_search_queue
 from gpupack.search.study import Study, read_head, trial_env, trial_number
 from gpupack.workload import PrunedAt, Workload
 from gpupack.workloads import load_workload
@@ -88,7 +87,7 @@ class _Training:
         self.launch = workload.launch(training.params, str(spec_path), str(self.result_path))
         self.share, share_env = memory_share_env(ctx, tid)
         # a search's trial is told its study and number: it reports its curve and may be pruned
-        search_env = trial_env(ctx.run.study, tid) if is_search_queue(ctx.pack.stream) else {}
+        search_env = trial_env(ctx.run.study, tid) if ctx.pack.search else {}
         self.child = ChildSpec(tid, self.launch.argv, run.log(pid, tid, "out"), err_path,
                                {**worker_env(ctx.env, ctx.threads), PACK_SIZE_ENV: str(ctx.pack.factor),
                                 **self.launch.env, **share_env, **search_env}, spec_path, self.launch.cwd,
@@ -297,7 +296,7 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
 def intermediate_pattern(ctx: PackContext) -> str | None:
     """search.intermediate, for a search's lane: the pattern its trials' curves are read from in their stdout (None:
     no search, or none given)."""
-    head = read_head(ctx.run.study) if is_search_queue(ctx.pack.stream) else None
+    head = read_head(ctx.run.study) if ctx.pack.search else None
     return head.search.intermediate if head is not None else None
 
 

@@ -6,16 +6,11 @@ from typing import Sequence
 
 from gpupack.core.plan import Pack, Plan
 
-SEARCH_QUEUE = "search"  # the tail of a search's queue name: its lanes ask the study instead of claiming a queue
+SEARCH_QUEUE = "search"  # the tail of a search's queue name (where its lanes' claims are kept)
 
 
 def search_queue(partition: str, mode: str, factor: int) -> str:
     return f"{partition}-{mode}-n{factor:02d}-{SEARCH_QUEUE}"
-
-
-def is_search_queue(stream: str | None) -> bool:
-    """The queue a search's lanes drain (:func:`search_queue`). Pure."""
-    return stream is not None and stream.endswith(f"-{SEARCH_QUEUE}")
 
 
 def search_plan(*, sweep: str, workload: str, factor: int, partitions: Sequence[str], modes: Sequence[str],
@@ -23,7 +18,7 @@ def search_plan(*, sweep: str, workload: str, factor: int, partitions: Sequence[
     """``jobs`` lanes of ``factor`` slots per (partition, mode), no more lanes than ``n_trials`` fill at the start."""
     k = max(1, min(jobs, -(-n_trials // factor)))
     packs = tuple(Pack(f"{partition}-{mode}-n{factor:02d}-s{j:03d}", partition, mode, factor, j, (),
-                       stream=search_queue(partition, mode, factor))
+                       stream=search_queue(partition, mode, factor), search=True)
                   for partition in partitions for mode in modes for j in range(k))
     note = (f"search: {k} lane(s) of {factor} slots per (partition, mode) ask the study for its {n_trials} trials; "
             "a slot that frees asks for the next at once")
