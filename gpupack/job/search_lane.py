@@ -140,8 +140,7 @@ class SearchLane(Lane):
         number = trial_number(str(rec["training_id"]))
         # the prune was marked (by the trial's process, or by the packer before it stopped the program) before the
         # process ended; the lane's storage reads only the lines written since its last decision
-        journal = self.study.read() if number is not None and rec.get("status") != PRUNED_STATUS else None
-        row = journal.trials.get(number) if journal is not None and number is not None else None
+        row = self.study.row(number) if number is not None and rec.get("status") != PRUNED_STATUS else None
         if row is not None and row.state == PRUNED:
             rec.update(status=PRUNED_STATUS, pruned={"step": max(row.intermediate, default=None), "value": row.value})
         self._ended[str(rec["training_id"])] = rec

@@ -405,6 +405,12 @@ class Study:
         with self._decision() as storage:
             return self._view(storage)
 
+    def row(self, number: int) -> TrialRow | None:
+        """Trial ``number`` as it stands (None: no such trial): one trial, not a view of them all."""
+        with self._decision() as storage:
+            trial = self._trial(storage, number)
+            return _row(trial, self.head().search.space) if trial is not None else None
+
     def ask(self, who: Claimant) -> TrialRow | str:
         """The next trial for ``who``'s lane, written as asked; or why none is (the budget spent)."""
         from optuna.trial import TrialState
@@ -456,8 +462,10 @@ class Study:
             return numbers
 
     def _trial(self, storage: JournalStorage, number: int) -> FrozenTrial | None:
-        trials = storage.get_all_trials(self._study_id(storage), deepcopy=False)
-        return trials[number] if 0 <= number < len(trials) else None
+        try:  # Optuna's own lookup by number
+            return storage.get_trial(storage.get_trial_id_from_study_id_trial_number(self._study_id(storage), number))
+        except KeyError:
+            return None
 
     def take_planned(self, who: Claimant) -> list[TrialRow]:
         """The trials planned for ``who``'s lane that no run of it has taken, now this run's (should it die, the
