@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # a user's program imports this module: nothing more at run t
     from typing_extensions import TypeVar
 
     from gpupack.core.placement import Spread
+    from gpupack.core.store.curves import CurveSpec, PrunedAt
 else:  # typing's TypeVar takes a default from Python 3.13 only; at run time the default changes nothing
     from typing import TypeVar
 
@@ -188,13 +189,6 @@ class Launch:
     python_main: PythonMain | None = None
 
 
-class PrunedAt(TypedDict):
-    """Where a search's pruner stopped a trial (:meth:`TrainingContext.report`): the step and the value it reported."""
-
-    step: int
-    value: float
-
-
 @dataclass
 class TrainingContext:
     """What the packer gives a training: its device, its thread budget and its reporter; and, for one training
@@ -213,34 +207,31 @@ class TrainingContext:
     # Where this training's stdout and stderr are kept (its .out and .err logs); None where the packer keeps none
     # of its own (trainings hosted in one process).
     logs: tuple[str, str] | None = None
-    # A search's trial: its study's journal and its number (gpupack.search.study.trial_env); None outside a search.
-    study: str | None = None
-    trial: int | None = None
+    # A search's trial: its curve's files and the metric its study ranks by (gpupack.core.store.curves); None outside
+    # a search. Its lane alone opens the study: it judges each point this training reports.
+    curve: CurveSpec | None = None
     pruned: PrunedAt | None = None  # set by report() when the pruner stopped it
 
     def report(self, value: float, step: int) -> bool:
-        """The intermediate ``value`` at ``step`` (an epoch's validation metric), written to the study;
-        True: the search's pruner prunes this trial now (the study is told so at once, so no later end replaces it):
+        """The intermediate ``value`` at ``step`` (an epoch's validation metric), given to the study by this trial's
+        lane; True: the search's pruner prunes this trial now (the study was told so, so no later end replaces it):
         return at once. Outside a search it records nothing and returns False."""
         if self.pruned is not None:
             return True
-        if self.study is None or self.trial is None:
+        if self.curve is None:
             return False
-        from gpupack.search.study import open_study  # a search's trial only: a user's program imports this module
+        from gpupack.core.store.curves import append_point, await_verdict  # a search's trial only
 
-        if open_study(Path(self.study)).report(self.trial, int(step), float(value)):
-            self.pruned = {"step": int(step), "value": float(value)}
+        append_point(Path(self.curve["points"]), int(step), float(value))
+        verdict = await_verdict(Path(self.curve["verdict"]), int(step))
+        if verdict is not None and verdict["pruned"] is not None:
+            self.pruned = verdict["pruned"]
         return self.pruned is not None
 
     def ranks_by(self, metric: str) -> bool:
         """This is a search's trial, ranked by ``metric``: a curve of it is worth reporting (a curve of another metric
         would be judged the wrong way up)."""
-        if self.study is None or self.trial is None:
-            return False
-        from gpupack.search.study import read_head  # written whole: read without the writers' lock
-
-        head = read_head(Path(self.study))
-        return head is not None and head.search.metric == metric
+        return self.curve is not None and self.curve["metric"] == metric
 
 
 class Workload(ABC, Generic[P]):

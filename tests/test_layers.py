@@ -30,6 +30,7 @@ def test_gpupack_keeps_its_layers_and_has_no_cycle():
 @pytest.mark.parametrize("importer, imported", [
     ("gpupack/core/plan.py", "gpupack.sweep"),                # an upward import at module level
     ("gpupack/runtime/sampler.py", "gpupack.pack.process"),   # ... and one inside a function
+    ("gpupack/workload.py", "gpupack.search.study"),           # the job side knows no study (a trial's lane does)
     ("gpupack/core/store/journal.py", "gpupack.core.memory.figures"),  # inside core: storage over memory policy
     ("gpupack/core/plan.py", "gpupack.core.store.rundir"),    # ... and a base module over the storage
 ])

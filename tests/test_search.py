@@ -243,9 +243,10 @@ def test_the_first_trials_planned_by_the_command_wait_for_their_lanes_and_each_r
     # a run of a lane with no time left to start one (near its job's limit) leaves them waiting for the next run
     from gpupack.core.types import PackSettings
     from gpupack.job.lanes import run_lane
+    from gpupack.search.lane import lane_kind
 
     late = PackSettings(device="cpu", claim_until_s=5.0, training_estimate_s=100.0)
-    assert run_lane(str(run), min(planned.values()), late)["stopped_claiming"]
+    assert run_lane(str(run), min(planned.values()), late, kind=lane_kind)["stopped_claiming"]
     assert Study(RunDir(run).study).read().waiting == 4
     queue.drain()
     journal = Study(RunDir(run).study).read()
@@ -324,3 +325,4 @@ def test_a_changed_search_is_refused_and_a_grown_budget_runs_only_the_new_trials
     assert sorted(journal.trials) == list(range(6)) and journal.count(COMPLETE, PRUNED) == 6
     after = {p.name: p.read_bytes() for p in run.glob("packs/*/trainings/*.json")}
     assert len(after) == 6 and all(after[name] == rec for name, rec in records.items())  # the first 4 not run again
+

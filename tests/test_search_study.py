@@ -12,7 +12,7 @@ from gpupack.core.store.claims import Claimant
 from gpupack.core.store.records import training_record, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.errors import ConfigError
-from gpupack.job.search_lane import recorded_outcome
+from gpupack.search.lane import recorded_outcome
 from gpupack.search.options import read_search
 from gpupack.search.space import Dimension, parse_dimension
 from gpupack.search.study import COMPLETE, DIED, FAILED, PRUNED, Study, TrialRow, read_journal, trial_training
@@ -321,9 +321,9 @@ def test_a_search_lane_is_admitted_by_memory_as_a_queue_lane_is(tmp_path: Path) 
     """The one lane runner's admission holds for a search's lane: a freed slot asks no trial the memory free would
     not fit while others run (so none is asked and left waiting); the first always goes."""
     from gpupack.core.types import PackSettings
-    from gpupack.job.search_lane import SearchLane
     from gpupack.job.stream import Gauge
     from gpupack.pack import WAIT
+    from gpupack.search.lane import SearchLane
     from gpupack.search.plan import search_plan
 
     run = RunDir(tmp_path / "run")

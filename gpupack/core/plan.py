@@ -111,7 +111,7 @@ class Pack:
     # takes the next unclaimed training of the queue (gpupack.core.store.claims). ``trainings`` is the lane's share of
     # the queue in the plan (where their records live); the lane runs whichever of the queue's trainings it claims.
     stream: str | None = None
-    # A search's lane (search=optuna): its freed slots ask the study for their next trial (gpupack.job.search_lane)
+    # A search's lane (search=optuna): its freed slots ask the study for their next trial (gpupack.search.lane)
     # instead of claiming its queue's trainings; its stream names where its claims are kept.
     search: bool = False
     # The round (block in time) the pack runs in (:func:`in_rounds`): each round holds at most one pack of every

@@ -1,13 +1,15 @@
-"""The one runner of a streaming lane (packing.stream), whatever its kind chooses its next training by: a queue's
-lane claims the queue's next training (:class:`gpupack.job.stream.Lane`), a search's asks the study for its next
-trial (:class:`gpupack.job.search_lane.SearchLane`). Everything else is this runner's, for both: the lane's lock,
-memory admission, what an earlier run left (its unfolded records, its lost pack record rebuilt, its stale and torn
-claims released), the first N trainings, the pack attempt, the record and its fold.
+"""The one runner of a streaming lane (packing.stream), whatever its kind chooses its next training by: a queue's lane
+claims the queue's next training (:class:`gpupack.job.stream.Lane`), a search's asks the study for its next trial
+(:class:`gpupack.search.lane.SearchLane`, given by the job's entry: the job side knows no study). Everything else is
+this runner's, for both: the lane's lock, memory admission, what an earlier run left (its unfolded records, its lost
+pack record rebuilt, its stale and torn claims released), the first N trainings, the pack attempt, the record and its
+fold.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Callable
 
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.store.claims import STALE, Claimant, claim_path, drop, release_stale
@@ -18,20 +20,24 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import PackAttempt, pack_lock
 from gpupack.job.records import move_aside
-from gpupack.job.search_lane import SearchLane
 from gpupack.job.stream import Lane, lane_gauge
 from gpupack.runtime.jobenv import JobEnvironment
 
+# The kind of lane a streaming pack is (gpupack.search.lane.lane_kind: a search's, or a queue's).
+LaneKind = Callable[[Pack], type[Lane]]
 
-def lane_kind(pack: Pack) -> type[Lane]:
-    """The kind of lane a streaming pack is: a search's (its queue is the study) or a queue's."""
-    return SearchLane if pack.search else Lane
+
+def queue_lane(pack: Pack) -> type[Lane]:
+    """A queue's lane; a search's pack is refused: its kind asks a study, which the job side does not know."""
+    if pack.search:
+        raise TypeError(f"pack {pack.pack_id} is a search's lane: run it with kind=gpupack.search.lane.lane_kind")
+    return Lane
 
 
 def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
-             plan: Plan | None = None) -> PackRecord:
+             plan: Plan | None = None, kind: LaneKind = queue_lane) -> PackRecord:
     """Run one streaming lane in this job until it has nothing left to run; its pack record says what it ran.
-    ``plan``: the run's, as the caller read it (None: read here)."""
+    ``plan``: the run's, as the caller read it (None: read here); ``kind``: what kind of lane each pack is."""
     run = RunDir(Path(run_root))
     job = job or JobEnvironment.here()
     with pack_lock(run, pack_id):
@@ -39,7 +45,7 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
         pack = plan.pack(pack_id)
         queue = [t for _, t in plan.queue(pack.stream or "")]
         gauge = lane_gauge(run, queue, settings, job.device_env()) if settings.admission else None
-        lane = lane_kind(pack)(run, plan, pack, Claimant.here(pack_id, job.job_id), settings, started=job.start(),
+        lane = kind(pack)(run, plan, pack, Claimant.here(pack_id, job.job_id), settings, started=job.start(),
                                gauge=gauge)
         if lane.folds:  # what an earlier run of this lane recorded and did not fold before it was killed
             fold_trainings(run, pack_id, [p.stem for p in run.trainings(pack_id).glob("*.json")], pack_id)

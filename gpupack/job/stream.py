@@ -48,7 +48,7 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import choose_device
 from gpupack.job.records import as_victim, move_aside, rebuild_pack_record
-from gpupack.pack import WAIT, Wait
+from gpupack.pack import WAIT, Curve, Wait
 from gpupack.runtime.monitor import detect_device, free_memory_mb
 from gpupack.workloads import load_workload
 
@@ -163,6 +163,10 @@ class Lane:
         """The pack whose folder holds the training's record and logs while this lane runs it: its home, or this
         lane's own folder where the lane folds (the lane removes that folder at its end)."""
         return self.pack.pack_id if self.folds else self.homes[training_id]
+
+    def curve(self, training_id: str) -> Curve | None:
+        """A queue's training reports no curve (a search's lane's trials do: gpupack.search.lane)."""
+        return None
 
     def record(self, training_id: str) -> Path:
         return self.run.training_record(self.where(training_id), training_id)

@@ -29,7 +29,7 @@ from gpupack.core.store.records import PackRecord, read_json
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
-from gpupack.job.lanes import run_lane
+from gpupack.job.lanes import LaneKind, queue_lane, run_lane
 from gpupack.job.peaks import PeakBook, job_device
 from gpupack.job.stream import out_of_time
 from gpupack.pack import LaneSetUp
@@ -50,8 +50,9 @@ class Turns:
     """The lane's packs not yet begun, shared by the job's GPUs, and what the lane did."""
 
     def __init__(self, pack_ids: Sequence[str], settings: PackSettings, started: float,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], kind: LaneKind = queue_lane) -> None:
         self.queue = deque(pack_ids)
+        self.kind = kind  # what kind of lane a streaming pack of it is (gpupack.job.lanes.run_lane)
         self.settings, self.started, self.clock = settings, started, clock
         self.records: dict[str, PackRecord] = {}
         self.walls: list[float] = []
@@ -84,14 +85,16 @@ class Turns:
 
 
 def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, job: JobEnvironment | None = None,
-                plan: Plan | None = None, clock: Callable[[], float] = time.time) -> InTurn:
+                plan: Plan | None = None, clock: Callable[[], float] = time.time,
+                kind: LaneKind = queue_lane) -> InTurn:
     """Run ``pack_ids`` in turn in this job, one at a time on each of its ``settings.job_gpus`` GPUs; what each pack's
     record says (``records``), and, where the job's time ran short, why it stopped (``stopped_claiming``) and how many
-    packs it left (``unclaimed``). A pack that raises stops the lane (the other GPUs end their pack) and is raised."""
+    packs it left (``unclaimed``). A pack that raises stops the lane (the other GPUs end their pack) and is raised.
+    ``kind``: what kind of lane a streaming pack among them is."""
     job = job or JobEnvironment.here()
     run = RunDir(Path(run_root))
     plan = plan or Plan.from_json(read_json(run.plan))
-    turns = Turns(pack_ids, settings, job.start(), clock)
+    turns = Turns(pack_ids, settings, job.start(), clock, kind)
     records = RunRecords(run)  # the lane's journals, read once: a pack an earlier run of the lane folded is complete
     lane = pack_ids[0] if pack_ids else ""
     gpus = job.gpus(settings.job_gpus) if settings.job_gpus > 1 else []
@@ -135,7 +138,8 @@ def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, recor
         began = turns.clock()
         try:
             if pack.stream is not None:  # a streaming lane's pack, where the user's job limit dealt several to one
-                record = run_lane(str(run.root), pack_id, turns.settings, job=job, plan=plan)  # job: its queue
+                # job: its queue
+                record = run_lane(str(run.root), pack_id, turns.settings, job=job, plan=plan, kind=turns.kind)
             else:
                 record = run_pack(str(run.root), pack_id, turns.settings, job=job, plan=plan, records=records,
                                   set_up=set_up, peaks=peaks)

@@ -38,6 +38,19 @@ WAIT = Wait()
 T = TypeVar("T")
 
 
+class Curve(Protocol):
+    """Where a streamed training's intermediate values go, and who may stop it for them: a search's trial's study,
+    which its lane alone opens (gpupack.search.lane). The packer reads the values (its program's printed ones, or
+    those its process reports: gpupack.core.store.curves) and answers the training with :meth:`report`'s verdict."""
+
+    metric: str  # what the study ranks trials by: a Python training reports a curve of it (TrainingContext.ranks_by)
+    pattern: str | None  # search.intermediate: a regular expression whose group is a value in its stdout; None: none
+
+    def report(self, step: int, value: float, prune: bool = True) -> bool:
+        """The value at ``step``, given to the study; True: its pruner stops the training now (never without
+        ``prune``: what a program printed before it ended)."""
+
+
 class Stream(Protocol):
     """Where a streaming lane's freed slots take their next training (gpupack.job.stream.Lane)."""
 
@@ -57,6 +70,9 @@ class Stream(Protocol):
 
     def where(self, training_id: str) -> str:
         """The pack whose folder holds the training's record and logs while it runs."""
+
+    def curve(self, training_id: str) -> Curve | None:
+        """Where the training's curve goes (a search's trial); None: it reports none."""
 
     def judge(self, rec: dict[str, object]) -> dict[str, object]:
         """The training's record as it ended, before it is written: the lane may tell it a victim of a neighbour's

@@ -10,15 +10,18 @@ import signal
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Sequence
 
 from gpupack.core.plan import Training
+from gpupack.core.store.curves import CurveSpec, PrunedAt
 from gpupack.core.store.records import make_dirs, read_json_or_none, write_json_atomic
 from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.errors import ConfigError, nearest
 from gpupack.pack import (
     PACK_SIZE_ENV,
     WAIT,
+    Curve,
     PackContext,
     Packer,
     ended_outcome,
@@ -26,14 +29,13 @@ from gpupack.pack import (
     worker_env,
     worker_spec,
 )
+from gpupack.pack._curve import CurveFollower
 from gpupack.runtime.forkserver import ForkServer
 from gpupack.runtime.jobenv import job_cpus
 from gpupack.runtime.memshare import SHARE_ENV
 from gpupack.runtime.mps import MPS_LIMIT_ENV, MPS_PIPE_ENV, mps_daemon
 from gpupack.runtime.supervisor import KILL_GRACE_S, Child, ChildExit, ChildSpec, Supervisor, fork_server
-from gpupack.search.follow import StdoutCurve
-from gpupack.search.study import Study, read_head, trial_env, trial_number
-from gpupack.workload import PrunedAt, Workload
+from gpupack.workload import Workload
 from gpupack.workloads import load_workload
 
 
@@ -69,7 +71,7 @@ class _Training:
     """One training of the pack: its spec and files, the child the supervisor starts for it, and how it ended."""
 
     def __init__(self, training: Training, ctx: PackContext, workload: Workload, cpus: Sequence[int] | None,
-                 fork_fallback: str | None = None, slot: int = 0, curve: str | None = None) -> None:
+                 fork_fallback: str | None = None, slot: int = 0) -> None:
         tid = training.training_id
         run, pid = ctx.run, ctx.home(tid)  # a streamed training's files live with its records, whoever runs it
         self.training = training
@@ -80,40 +82,42 @@ class _Training:
         err_path = run.log(pid, tid, "err")
         make_dirs(err_path.parent)
         self.result_path.unlink(missing_ok=True)  # a result left by an earlier attempt must not count
+        curve = ctx.stream.curve(tid) if ctx.stream is not None else None  # a search's trial: its lane judges it
+        files = curve_files(ctx, tid, curve) if curve is not None else None
         started_at = time.time()
-        write_json_atomic(spec_path, worker_spec(training, ctx, started_at))
+        spec = worker_spec(training, ctx, started_at)
+        if files is not None:
+            spec["curve"] = files
+        write_json_atomic(spec_path, spec)
         # A list argv, never a shell: gpupack's worker reads hyperparameters from the spec file; a command
         # workload's argv items are templated one by one.
         self.launch = workload.launch(training.params, str(spec_path), str(self.result_path))
         self.share, share_env = memory_share_env(ctx, tid)
-        # a search's trial is told its study and number: it reports its curve and may be pruned
-        search_env = trial_env(ctx.run.study, tid) if ctx.pack.search else {}
         self.child = ChildSpec(tid, self.launch.argv, run.log(pid, tid, "out"), err_path,
                                {**worker_env(ctx.env, ctx.threads), PACK_SIZE_ENV: str(ctx.pack.factor),
-                                **self.launch.env, **share_env, **search_env}, spec_path, self.launch.cwd,
+                                **self.launch.env, **share_env}, spec_path, self.launch.cwd,
                                ctx.memory_limit_bytes, list(cpus) if cpus else None, started_at,
                                self.launch.python_main)
         self._outcome: TrainingOutcome | None = None
         self.fork_fallback = fork_fallback  # why it starts fresh although the pack would fork (None: as asked)
-        # search.intermediate: its curve read from its stdout as it grows; the prune decision, when its program was
-        # stopped for it, and when
-        number = trial_number(tid)
-        self.curve = StdoutCurve(Study(ctx.run.study), number, curve, self.child.out_path) \
-            if curve is not None and number is not None and search_env else None
+        # a search's trial: its curve (printed, or reported by its process) followed at each look; the prune
+        # decision, when its program was stopped for it, and when
+        self.curve = CurveFollower(curve, files, self.child.out_path) if curve is not None and files else None
         self.pruned: PrunedAt | None = None
         self.stopped_at: float | None = None
         self.running: Child | None = None
 
     def follow(self) -> None:
-        """Read its curve's new points (search.intermediate); on a prune, stop its program (SIGTERM, then SIGKILL
-        after the grace a time limit gives)."""
+        """Give its lane its curve's new points; on a prune, a process that reports its curve is answered so (it
+        returns), a program that prints it is stopped (SIGTERM, then SIGKILL after the grace a time limit gives)."""
         child = self.running
         if self.curve is None or child is None or child.ended_at is not None:
             return
         if self.pruned is None and (hit := self.curve.follow()) is not None:
-            self.pruned = {"step": hit[0], "value": hit[1]}
-            self.stopped_at = time.time()
-            child.signal(signal.SIGTERM)
+            self.pruned = hit
+            if self.curve.pattern is not None:
+                self.stopped_at = time.time()
+                child.signal(signal.SIGTERM)
         elif self.stopped_at is not None and time.time() - self.stopped_at > KILL_GRACE_S:
             child.signal(signal.SIGKILL)
 
@@ -247,11 +251,10 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
     cpus = [cpus_for(cores, slots, i) if opts.cpu_affinity else None for i in range(slots)]
     packed: list[_Training] = []
     by_name: dict[str, _Training] = {}
-    curve = intermediate_pattern(ctx)
     with Supervisor(ctx.training_timeout_s) as supervisor:
         fallback = preload(supervisor, every, ctx) if method == "fork" and every else None
         def start(t: Training, slot: int) -> None:
-            packed.append(_Training(t, ctx, workloads[t.workload], cpus[slot], fallback, slot, curve))
+            packed.append(_Training(t, ctx, workloads[t.workload], cpus[slot], fallback, slot))
             by_name[t.training_id] = packed[-1]
             child = packed[-1].running = supervisor.start(packed[-1].child)
             if method == "fork" and not child.forked and supervisor.refused:  # the server refused it or died: why
@@ -289,15 +292,18 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
         for slot, t in enumerate(trainings):
             start(t, slot)
         fill()
-        exits = supervisor.follow(on_exit=ended, on_poll=look if stream is not None or curve else None)
+        exits = supervisor.follow(on_exit=ended, on_poll=look if stream is not None else None)
     return [p.outcome(child) for p, child in zip(packed, exits)]
 
 
-def intermediate_pattern(ctx: PackContext) -> str | None:
-    """search.intermediate, for a search's lane: the pattern its trials' curves are read from in their stdout (None:
-    no search, or none given)."""
-    head = read_head(ctx.run.study) if ctx.pack.search else None
-    return head.search.intermediate if head is not None else None
+def curve_files(ctx: PackContext, training_id: str, curve: Curve) -> CurveSpec:
+    """Where a trial's process reports its curve and is answered (gpupack.core.store.curves), beside its spec: none
+    left by an earlier attempt of it, whose verdict must not answer this one."""
+    files: CurveSpec = {"points": str(ctx.work(training_id, "curve")), "verdict": str(ctx.work(training_id, "verdict")),
+                        "metric": curve.metric}
+    for path in (files["points"], files["verdict"]):
+        Path(path).unlink(missing_ok=True)
+    return files
 
 
 def preload(supervisor: Supervisor, trainings: Sequence[Training], ctx: PackContext) -> str | None:

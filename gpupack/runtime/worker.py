@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Mapping, TypedDict  # noqa: E402
 
 if TYPE_CHECKING:  # imported by name when the training runs, or when it joins a spread
     from gpupack.core.placement import Spread
-    from gpupack.workload import PrunedAt, Reporter, Workload
+    from gpupack.core.store.curves import CurveSpec, PrunedAt
+    from gpupack.workload import Reporter, Workload
 
 
 class _SpreadSpec(TypedDict, total=False):
     spread: Mapping[str, object]  # a spread training's placement (Placement.to_json); absent: one device
+    curve: CurveSpec  # a search's trial: where its curve goes to its lane (gpupack.core.store.curves); absent: none
 
 
 class WorkerSpec(_SpreadSpec):
@@ -76,7 +78,6 @@ class TrainingResult(TypedDict, total=False):
 
 def run_training(spec: WorkerSpec, process_start: float) -> TrainingResult:
     """Train once in this process and return the result: timings, throughput and metrics."""
-    from gpupack.search.study import STUDY_ENV, TRIAL_ENV
     from gpupack.workload import Reporter, TrainingContext, params_from_mapping
     from gpupack.workloads import load_workload
 
@@ -85,10 +86,9 @@ def run_training(spec: WorkerSpec, process_start: float) -> TrainingResult:
     reporter = Reporter(warmup_steps=int(spec.get("warmup_steps", 10)))
     spread = join_spread(spec.get("spread"))
     logs = spec.get("logs")
-    trial = os.environ.get(TRIAL_ENV)  # a search's trial (its lane's packer set them: gpupack.search.study.trial_env)
     ctx = TrainingContext(device=spread.device if spread else spec["device"], threads=int(spec["threads"]),
                           reporter=reporter, spread=spread, logs=(logs[0], logs[1]) if logs else None,
-                          study=os.environ.get(STUDY_ENV), trial=int(trial) if trial else None)
+                          curve=spec.get("curve"))
     try:
         from gpupack.runtime.memshare import limit_torch
 
@@ -98,7 +98,7 @@ def run_training(spec: WorkerSpec, process_start: float) -> TrainingResult:
         result = compose_result(spec, workload, params, reporter, metrics, process_start)
         if applied is not None:
             result["memory_share_applied"] = applied
-        if ctx.pruned is not None:  # the study was told pruned already; the packer records it so
+        if ctx.pruned is not None:  # its lane told the study pruned already; the packer records it so
             result["pruned"] = ctx.pruned
         if spread is not None:  # what the strategy measured (all-reduce bytes and time per step), and where it ran
             result["spread"] = {**spread.placement.to_json(), **spread.stats()}

@@ -1,5 +1,5 @@
 """A search's plan: K streaming lanes of N slots per (partition, mode) and no planned training: each freed slot asks
-the study for its next trial (:mod:`gpupack.job.search_lane`). Pure."""
+the study for its next trial (:mod:`gpupack.search.lane`). Pure."""
 from __future__ import annotations
 
 from typing import Sequence

@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from optuna.storages import JournalStorage
     from optuna.trial import FrozenTrial
 
-STUDY_ENV, TRIAL_ENV = "GPUPACK_STUDY", "GPUPACK_TRIAL"  # a trial's process: where its study is, and its number
 STUDY_NAME = "gpupack"  # the one study of a run's journal (optuna.load_study finds it without its name too)
 State = Literal["complete", "pruned", "failed", "running"]
 COMPLETE: State = "complete"
@@ -76,13 +75,6 @@ def trial_number(tid: str) -> int | None:
     """The trial number a training id carries (None: not a trial's). Pure."""
     found = _TRIAL_ID.match(tid)
     return int(found.group(1)) if found else None
-
-
-def trial_env(study: Path, tid: str) -> dict[str, str]:
-    """What a trial's process is told (:data:`STUDY_ENV`, :data:`TRIAL_ENV`): where its study is and its number, so
-    ``TrainingContext.report`` can report its curve and be pruned; nothing for a training that is no trial."""
-    number = trial_number(tid)
-    return {} if number is None else {STUDY_ENV: os.path.abspath(study), TRIAL_ENV: str(number)}
 
 
 def head_path(path: Path) -> Path:
@@ -538,17 +530,6 @@ class Study:
                 self._tell(storage, row.number, state, value, why, 0.0)
                 told.append((row.number, PRUNED if row.state == PRUNED else state))
             return told
-
-
-_OPEN: dict[tuple[int, str], Study] = {}
-
-
-def open_study(path: Path) -> Study:
-    """This process's :class:`Study` of ``path``: one storage a process, so each report reads only what is new."""
-    key = (os.getpid(), str(path))
-    if key not in _OPEN:
-        _OPEN[key] = Study(path)
-    return _OPEN[key]
 
 
 def search_left(path: Path) -> bool:

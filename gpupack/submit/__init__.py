@@ -44,6 +44,7 @@ from gpupack.job.body import run_pack
 from gpupack.job.lanes import run_lane
 from gpupack.job.turns import InTurn, run_in_turn
 from gpupack.runtime.jobenv import JobEnvironment
+from gpupack.search.lane import lane_kind
 
 
 @dataclass
@@ -97,11 +98,11 @@ class PackJob(submitit.helpers.Checkpointable):
         plan = Plan.from_json(read_json(RunDir(Path(run_root)).plan))  # read once: the job body is handed it
         record: JobRecord
         if isinstance(pack_id, list):
-            record = run_in_turn(run_root, pack_id, settings, job=job, plan=plan)
+            record = run_in_turn(run_root, pack_id, settings, job=job, plan=plan, kind=lane_kind)
         elif plan.pack(pack_id).stream is None:
             return run_pack(run_root, pack_id, settings, job=job, plan=plan)
         else:  # a lane: a grid's claims its queue, a search's asks its study (gpupack.job.lanes)
-            record = run_lane(run_root, pack_id, settings, job=job, plan=plan)
+            record = run_lane(run_root, pack_id, settings, job=job, plan=plan, kind=lane_kind)
         if record.get("stopped_claiming") and record.get("unclaimed") and self.submitter.requeues:
             # Near its time limit with trainings left: requeue now, as SLURM's signal would a little later
             # (submitit's handler checkpoints this call and requeues it; the lane's next run goes on with the queue).

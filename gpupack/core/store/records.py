@@ -232,7 +232,7 @@ class PackRecord(TypedDict, total=False):
     stopped_claiming: str | None
     unclaimed: int
     admission: Admission
-    # a search's lane (gpupack.job.search_lane.SearchLane, run by gpupack.job.lanes.run_lane)
+    # a search's lane (gpupack.search.lane.SearchLane, run by gpupack.job.lanes.run_lane)
     search_ended: str | None  # why the study gave it no more trials
     failed_dead: list[int]  # trials an earlier run of the lane left unfinished, told failed
     logs: dict[str, Logs]  # a folded record's own logs (gpupack.core.store.journal.LOGS)

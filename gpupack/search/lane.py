@@ -3,12 +3,16 @@
 
 The trial's number is unique under the study's lock, so no two lanes race for one; the lane still writes the house's
 claim of its training (status and resume see who runs it). The training runs as any streamed one (records, logs,
-memory share, victims, admission: it runs in the one lane runner, :func:`gpupack.job.lanes.run_lane`); when its record
-is written the lane tells the study its value (the metric from the record), complete, or failed with why; a trial its
-own process was told to prune (``TrainingContext.report``) is recorded pruned. At its start the lane tells the trials
-an earlier run of itself asked and never told (it holds the lane's lock: that run is dead), from their records where
-written, else failed, so a resume never repeats nor loses one, and takes the trials the command planned for it
-(:meth:`gpupack.search.study.Study.plan_first`): it starts those first, while Optuna is imported beside them.
+memory share, victims, admission: it runs in the one lane runner, :func:`gpupack.job.lanes.run_lane`, given this kind
+by the job's entry, :func:`lane_kind`). Its trial's curve comes to the lane (:class:`TrialCurve`: what its process
+reports through ``TrainingContext.report``, or what its program prints), which alone opens the study, reports each
+point and answers the trial's process whether its pruner stops it. When its record is written the lane tells the
+study its value (the metric from the record), complete, or failed with why; a pruned trial is recorded pruned.
+
+At its start the lane tells the trials an earlier run of itself asked and never told (it holds the lane's lock: that
+run is dead), from their records where written, else failed, so a resume never repeats nor loses one, and takes the
+trials the command planned for it (:meth:`gpupack.search.study.Study.plan_first`): it starts those first, while
+Optuna is imported beside them.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.records import move_aside
 from gpupack.job.stream import RECHECK_S, Gauge, Lane
-from gpupack.pack import WAIT, Wait
+from gpupack.pack import WAIT, Curve, Wait
 from gpupack.search.study import (
     COMPLETE,
     FAILED,
@@ -43,6 +47,21 @@ from gpupack.search.study import (
 )
 
 Record = dict[str, object]
+
+
+def lane_kind(pack: Pack) -> type[Lane]:
+    """The kind of lane a streaming pack is: a search's (its queue is the study) or a queue's."""
+    return SearchLane if pack.search else Lane
+
+
+class TrialCurve:
+    """Trial ``number``'s curve, given to the study by its lane (:class:`gpupack.pack.Curve`)."""
+
+    def __init__(self, study: Study, number: int, metric: str, pattern: str | None) -> None:
+        self.study, self.number, self.metric, self.pattern = study, number, metric, pattern
+
+    def report(self, step: int, value: float, prune: bool = True) -> bool:
+        return self.study.report(self.number, step, value, prune=prune)
 
 
 class SearchLane(Lane):
@@ -104,6 +123,13 @@ class SearchLane(Lane):
         figure = expected_peak(None, self.settings.training_memory_mb, peak)
         return None if figure is None else figure.mb
 
+    def curve(self, training_id: str) -> Curve | None:
+        """Its trial's curve: what its process reports, or what its program prints (search.intermediate)."""
+        number = trial_number(training_id)
+        if number is None:
+            return None
+        return TrialCurve(self.study, number, self.head.search.metric, self.head.search.intermediate)
+
     # ---- what a search's lane changes of the one runner (gpupack.job.lanes.run_lane) ----
 
     def settled(self, plan: Plan) -> PackRecord | None:
@@ -135,11 +161,11 @@ class SearchLane(Lane):
 
     def judge(self, rec: dict[str, object]) -> dict[str, object]:
         """As a stream lane judges it; a trial its study was told pruned is recorded pruned, not failed, however its
-        process then ended (the packer records it so where it saw the prune: its result, its stopped program)."""
+        process then ended (the packer records it so where it saw the prune)."""
         rec = super().judge(rec)
         number = trial_number(str(rec["training_id"]))
-        # the prune was marked (by the trial's process, or by the packer before it stopped the program) before the
-        # process ended; the lane's storage reads only the lines written since its last decision
+        # the prune was marked (by this lane, as it judged the trial's curve) before the process ended; the lane's
+        # storage reads only the lines written since its last decision
         row = self.study.row(number) if number is not None and rec.get("status") != PRUNED_STATUS else None
         if row is not None and row.state == PRUNED:
             rec.update(status=PRUNED_STATUS, pruned={"step": max(row.intermediate, default=None), "value": row.value})
