@@ -386,10 +386,10 @@ class Study:
                 self._head = Head(search, old.workload, old.fixed)
                 if grew:
                     _write_head(self.path, self._head)
-            import optuna
+            if not any(s.study_name == STUDY_NAME for s in storage.get_all_studies()):  # once: a resume appends
+                import optuna  # nothing (Optuna's create_study writes its create before it finds the study there)
 
-            optuna.create_study(storage=storage, study_name=STUDY_NAME, direction=search.direction,
-                                load_if_exists=True)
+                optuna.create_study(storage=storage, study_name=STUDY_NAME, direction=search.direction)
             return grew
 
     def read(self) -> Journal:
