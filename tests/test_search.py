@@ -326,3 +326,35 @@ def test_a_changed_search_is_refused_and_a_grown_budget_runs_only_the_new_trials
     after = {p.name: p.read_bytes() for p in run.glob("packs/*/trainings/*.json")}
     assert len(after) == 6 and all(after[name] == rec for name, rec in records.items())  # the first 4 not run again
 
+
+@pytest.mark.slow
+def test_a_search_lanes_lost_record_is_rebuilt_from_its_trials_and_none_runs_again(
+        tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """A lane killed after telling its last trial but before writing its own record: the study is finished, so the
+    next run of the command runs no trial and rebuilds the lane's record from the trials it ran (as a queue's lane's
+    is rebuilt), rather than a record of a lane that ran nothing."""
+    from gpupack.core.plan import Plan
+    from gpupack.core.store.journal import RunRecords
+    from gpupack.core.store.records import read_json
+    from gpupack.flow.run import packs_to_run
+
+    run = tmp_path / "run"
+    first = subprocess.run(search_cmd(run, 4), env=subprocess_env, cwd=REPO, capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    rundir = RunDir(run)
+    plan = Plan.from_json(read_json(rundir.plan))
+    (lane,) = plan.packs
+    kept = RunRecords(rundir).pack(lane.pack_id)
+    assert kept is not None and len(kept["training_ids"]) == 4
+    study, records = rundir.study.read_bytes(), {p.name: p.read_bytes() for p in run.glob("packs/*/trainings/*.json")}
+    rundir.pack_record(lane.pack_id).unlink()  # its record lost: the lane died before writing it
+    assert packs_to_run(rundir, plan) == [lane]
+    again = subprocess.run(search_cmd(run, 4), env=subprocess_env, cwd=REPO, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rebuilt = RunRecords(rundir).pack(lane.pack_id)
+    assert rebuilt is not None and "rebuilt" in rebuilt, rebuilt
+    assert sorted(rebuilt["training_ids"]) == sorted(kept["training_ids"])
+    assert {p.name: p.read_bytes() for p in run.glob("packs/*/trainings/*.json")} == records  # none ran again
+    assert rundir.study.read_bytes() == study and packs_to_run(rundir, plan) == []

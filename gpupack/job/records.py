@@ -327,13 +327,15 @@ def rebuilt_pack_record(pack: Pack, records: Sequence[TrainingRecord], phase: st
     return rec
 
 
-def rebuild_pack_record(run: RunDir, plan: Plan, pack: Pack, records: RunRecords) -> PackRecord | None:
+def rebuild_pack_record(run: RunDir, plan: Plan, pack: Pack, records: RunRecords,
+                        pairs: Sequence[tuple[str, str]] | None = None) -> PackRecord | None:
     """Write the rebuilt record (:func:`rebuilt_pack_record`) of ``pack``, whose trainings all have their record, into
     its folder, as its job would have at its end (a lane that folds folds it next); it says so on stderr. Its
-    trainings: those of its queue (a streaming lane's: the ones it ran) or its own, whose current record ran in it;
-    None where none did (a lane the others left nothing to: it runs, and writes its own record as ever)."""
-    pairs = [(home.pack_id, t.training_id) for home, t in plan.queue(pack.stream)] if pack.stream is not None \
-        else [(pack.pack_id, t.training_id) for t in pack.trainings]
+    trainings: ``pairs`` (home, training id: a streaming lane's, those it may have run) or its own, whose current
+    record ran in it; None where none did (a lane the others left nothing to: it runs, and writes its own record as
+    ever)."""
+    if pairs is None:
+        pairs = [(pack.pack_id, t.training_id) for t in pack.trainings]
     ran = [rec for home, tid in pairs if (rec := records.training(home, tid)) is not None
            and rec.get("pack_id") == pack.pack_id]
     if not ran:

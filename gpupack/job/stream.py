@@ -333,11 +333,11 @@ class Lane:
         """The lane's record where its queue is drained (what an earlier run of it wrote, or one rebuilt from the
         trainings it ran where that record was lost: its journal's line torn, or a kill before it was written);
         None: it has trainings to run."""
-        completed = self.completed()
-        if len(completed) != len(self.items):
+        if not self.drained():
             return None
         records = RunRecords(self.run)
-        done = records.pack(self.pack.pack_id) or rebuild_pack_record(self.run, plan, self.pack, records)
+        done = records.pack(self.pack.pack_id) or rebuild_pack_record(self.run, plan, self.pack, records,
+                                                                      self.ran_here(plan))
         if not done:
             return None
         if self.folds:  # an earlier run killed mid-fold left its folder (or the rebuilt record): fold what is left
@@ -347,6 +347,15 @@ class Lane:
         # which may be a run that stopped claiming with trainings left (a later run ran them and was killed before
         # its own record): what is left now is nothing, or its job would requeue itself for ever
         return cast(PackRecord, {**done, "unclaimed": 0})
+
+    def drained(self) -> bool:
+        """Nothing is left for any lane of its queue to run: every training of it completed."""
+        return len(self.completed()) == len(self.items)
+
+    def ran_here(self, plan: Plan) -> list[tuple[str, str]]:
+        """The (home, training id) of each training this lane may have run: its queue's (what a lost record of it is
+        rebuilt from, those whose record says they ran in it)."""
+        return [(home.pack_id, t.training_id) for home, t in plan.queue(self.pack.stream or "")]
 
     def resume(self) -> dict[str, object]:
         """Settle what an earlier run of this lane left before this run claims anything (it holds the lane's lock:

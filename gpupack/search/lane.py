@@ -25,7 +25,7 @@ from gpupack.core.memory.admission import Candidate, Room, admit, expected_peak
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.store.claims import Claimant, claim, claims
 from gpupack.core.store.journal import RunRecords
-from gpupack.core.store.records import COMPLETED, VICTIM, PackRecord
+from gpupack.core.store.records import COMPLETED, VICTIM
 from gpupack.core.store.records import PRUNED as PRUNED_STATUS
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
@@ -42,6 +42,8 @@ from gpupack.search.study import (
     Study,
     TrialRow,
     import_optuna_meanwhile,
+    read_journal,
+    search_left,
     trial_number,
     trial_training,
 )
@@ -132,8 +134,17 @@ class SearchLane(Lane):
 
     # ---- what a search's lane changes of the one runner (gpupack.job.lanes.run_lane) ----
 
-    def settled(self, plan: Plan) -> PackRecord | None:
-        return None  # it runs while the study has trials to ask or tell (gpupack.flow.run.packs_to_run)
+    def drained(self) -> bool:
+        """The study has no trial left to ask or tell (gpupack.flow.run.packs_to_run): the lane's record is the one
+        its last run wrote, or, lost, one rebuilt from its trials' records."""
+        return not search_left(self.run.study)
+
+    def ran_here(self, plan: Plan) -> list[tuple[str, str]]:
+        """The trials this lane asked (its trials' records are kept in its own folder, their home)."""
+        journal = read_journal(self.run.study)
+        rows = journal.trials.values() if journal is not None else []
+        return [(self.pack.pack_id, trial_training(self.head, row).training_id) for row in rows
+                if row.lane == self.pack.pack_id]
 
     def resume(self) -> dict[str, object]:
         """Tell the trials an earlier run of this lane asked and never told (from their records, else failed), and
