@@ -15,8 +15,6 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Collection, Hashable, Iterable, Mapping, Sequence, TypedDict, cast
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
-
 from gpupack.errors import ConfigError
 
 PLAN_SCHEMA = 1
@@ -209,6 +207,8 @@ def grid_values(key: str, value: object) -> list[object]:
     if isinstance(value, (list, tuple)):
         values = list(value)
     elif is_sweep_function(value):
+        from hydra.core.override_parser.overrides_parser import OverridesParser  # not on a job's start
+
         override = OverridesParser.create().parse_override(f"{key}={value}")
         values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
     else:

@@ -14,7 +14,6 @@ from typing import Callable
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.store.claims import STALE, Claimant, claim_path, drop, release_stale
 from gpupack.core.store.journal import Folded, RunRecords, fold_pack, fold_trainings
-from gpupack.core.store.lane_columnar import write_lane_columnar
 from gpupack.core.store.records import PackRecord, read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
@@ -75,5 +74,7 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
         write_json_atomic(run.pack_record(pack_id), rec)
         if lane.folds:  # the lane's own record and logs; its folder goes; then what collect reads of its journal
             fold_pack(run, pack_id, pack_id)
+            from gpupack.core.store.lane_columnar import write_lane_columnar  # pyarrow at its end only
+
             write_lane_columnar(run, pack_id)
         return rec

@@ -17,7 +17,6 @@ from typing import Mapping, Sequence, TypedDict, cast
 
 from gpupack.core.cost.rgu import model_from_device_name
 from gpupack.core.plan import Pack, Plan, Training, refit_parent
-from gpupack.core.store.columnar import write_columnar
 from gpupack.core.store.journal import RunRecords
 from gpupack.core.store.records import (
     COMPLETED,
@@ -284,6 +283,8 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord]
     if pack.stream is not None:  # its trainings' records live in other lanes' folders too: collect reads the JSON
         return rec
     try:  # the pack's trainings in one columnar file: collect reads one file per pack, not one per training
+        from gpupack.core.store.columnar import write_columnar  # pyarrow at its end only
+
         write_columnar(run, pack.pack_id)
     except Exception as err:  # only a faster copy: without it collect reads the JSON records, the same rows
         print(f"gpupack: warning: no columnar file for pack {pack.pack_id} ({err!r})", file=sys.stderr)

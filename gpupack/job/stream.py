@@ -36,7 +36,6 @@ from gpupack.core.memory.victims import culprit_of
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.store.claims import Claimant, claim, claim_path, claims
 from gpupack.core.store.journal import CompletedTail, RunRecords, fold_pack, fold_trainings
-from gpupack.core.store.lane_columnar import write_lane_columnar
 from gpupack.core.store.records import (
     COMPLETED,
     Admission,
@@ -342,6 +341,8 @@ class Lane:
             return None
         if self.folds:  # an earlier run killed mid-fold left its folder (or the rebuilt record): fold what is left
             fold_pack(self.run, self.pack.pack_id, self.pack.pack_id)
+            from gpupack.core.store.lane_columnar import write_lane_columnar  # pyarrow at its end only
+
             write_lane_columnar(self.run, self.pack.pack_id)
         # the queue is drained: nothing to run, nothing to move. The record is the last one a run of this lane wrote,
         # which may be a run that stopped claiming with trainings left (a later run ran them and was killed before

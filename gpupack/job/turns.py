@@ -24,7 +24,6 @@ from typing import Callable, Sequence, TypedDict
 
 from gpupack.core.plan import Plan, refit_parent
 from gpupack.core.store.journal import RunRecords, fold_pack
-from gpupack.core.store.lane_columnar import write_lane_columnar
 from gpupack.core.store.records import PackRecord, read_json
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
@@ -115,6 +114,8 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
             for w in workers:
                 w.join()
     if settings.fold and any(plan.pack(p).stream is None for p in pack_ids):  # (a streaming lane writes its own)
+        from gpupack.core.store.lane_columnar import write_lane_columnar  # pyarrow at its end only
+
         write_lane_columnar(run, lane)  # what collect reads of the lane's journal (a killed run's: its next)
     if turns.failed is not None:
         raise turns.failed

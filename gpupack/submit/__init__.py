@@ -44,7 +44,6 @@ from gpupack.job.body import run_pack
 from gpupack.job.lanes import run_lane
 from gpupack.job.turns import InTurn, run_in_turn
 from gpupack.runtime.jobenv import JobEnvironment
-from gpupack.search.lane import lane_kind
 
 
 @dataclass
@@ -94,6 +93,8 @@ class PackJob(submitit.helpers.Checkpointable):
             return self._run(run_root, pack_id, settings)
 
     def _run(self, run_root: str, pack_id: str | list[str], settings: PackSettings) -> JobRecord:
+        from gpupack.search.lane import lane_kind  # a job's own: the command imports submit too
+
         job = self.submitter.job_environment()
         plan = Plan.from_json(read_json(RunDir(Path(run_root)).plan))  # read once: the job body is handed it
         record: JobRecord

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Mapping
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Mapping
 
 from gpupack.core.cost.billing import GPU_ONLY, Bundle, bill
 from gpupack.errors import ConfigError
+
+if TYPE_CHECKING:  # the tables only: a job reads a device's model here, and imports no pandas for it
+    import pandas as pd
 
 # NVML device names → the RGU table's model names (e.g. "Tesla V100-SXM2-16GB" → V100-16gb).
 _NAME_RULES = [
@@ -60,6 +61,7 @@ def check_weights(models: Mapping[str, Any], key: str = "rgu.models") -> dict[st
 def billed_packs(packs: pd.DataFrame) -> pd.DataFrame:
     """Per (partition, mode, N): the term that bills its packs and how many times the GPU's RGU (from each pack
     record's ``billing``: what its job asked, and the bundle). Packs with no billing record (a local run): none."""
+    import pandas as pd
     if packs.empty or "billing" not in packs:
         return pd.DataFrame(columns=["partition", "mode", "factor", "billed_term", "billed_multiple"])
     rows = []
@@ -84,6 +86,7 @@ def cost_table(best: pd.DataFrame, weights: Mapping[str, float], sweep_trainings
     its packs were billed by, from :func:`billed_packs`; none known: the GPU's RGU, as a site without bundles) and for
     a sweep of ``sweep_trainings`` trainings on one GPU, what a request sized to the bundle would cost, the sweep's
     wall time, and which is fastest and cheapest (by what is billed)."""
+    import pandas as pd
     if best.empty:
         return pd.DataFrame()
     out = best[["workload", "partition", "gpu_type", "gpu_model", "mode", "factor", "time_per_training_s"]].copy()
