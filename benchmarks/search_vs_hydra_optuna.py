@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TypedDict
 
@@ -49,6 +50,7 @@ class Run(TypedDict):
     rc: int
     wall_s: float
     dir: str
+    began_at: float  # epoch seconds, as the command was started (its phases are read against it)
 
 
 class Figures(TypedDict):
@@ -92,11 +94,12 @@ def run(out: Path, quick: bool) -> dict[str, object]:
                        ("Hydra Optuna sweeper + gpupack_local", hydra_argv(out, n))):
         key = "gpupack" if side.startswith("gpupack") else "hydra"
         say(f"running: {side} ({n} trials, N={FACTOR})")
+        began = time.time()
         rc, wall = run_logged(argv, out / f"{key}.log", env={"PYTHONPATH": pythonpath(key)})
         say(f"  exit {rc} after {wall:.1f} s")
         if rc != 0:
             say(tail(out / f"{key}.log"))
-        runs.append(Run(side=side, argv=argv[1:], rc=rc, wall_s=wall, dir=str(out / key)))
+        runs.append(Run(side=side, argv=argv[1:], rc=rc, wall_s=wall, dir=str(out / key), began_at=began))
     results: dict[str, object] = {"trials": n, "factor": FACTOR, "runs": runs}
     write_json(out / "results.json", results)
     return results
@@ -128,6 +131,23 @@ def hydra_figures(sweep_dir: Path) -> Figures:
     return figures(sorted((sweep_dir / ".gpupack").glob("launch_*")), best)
 
 
+def phases(run: Run) -> str:
+    """Where gpupack's wall goes beyond its trials, from its run's files: start to config.yaml (imports, compose,
+    checks), to the first trial (the study, the first trials planned, the job's start), the span, the last trial's end
+    to report.html (collect, its plots, the page), and to the exit."""
+    from gpupack.analysis.load import load_records
+
+    root, t0 = Path(run["dir"]), run.get("began_at")
+    if not t0:
+        return "phases: not recorded (a results.json from before they were)"
+    t = load_records([root]).latest()
+    first, last = float(t["started_at"].min()), float(t["ended_at"].max())
+    config, page = (root / "config.yaml").stat().st_mtime, (root / "report.html").stat().st_mtime
+    marks = [("start -> config.yaml", config - t0), ("-> first trial", first - config), ("span", last - first),
+             ("last end -> report.html", page - last), ("-> exit", t0 + run["wall_s"] - page)]
+    return "gpupack's phases: " + ", ".join(f"{name} {s:.2f} s" for name, s in marks)
+
+
 def report(out: Path) -> None:
     res = read_json(out / "results.json")
     gp, hy = res["runs"]
@@ -141,6 +161,7 @@ def report(out: Path) -> None:
     print(table(["side", "trials", "wall s", "span s", "slot-s (N x jobs' walls)", "trial-s (Σ trial walls)",
                  "occupancy", "best loss", "exit"], rows,
                 title=f"An Optuna search of {res['trials']} trials at N={res['factor']} (trials of 0.2-2.0 s)"))
+    print(phases(gp))
     goal = ratio(gp["wall_s"], hy["wall_s"])
     print(f"goal (issue 52): gpupack's wall <= 0.4 x Hydra's at the same quality: {fmt(goal)} x — "
           + ("met" if goal is not None and goal <= 0.4 else "NOT met") + " (issue 46's 0.6 x: "
