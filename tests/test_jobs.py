@@ -47,11 +47,13 @@ def test_the_mps_farming_recipe_runs_through_sbatch(tmp_path, slurm_env):
 
 
 def test_a_jobs_start_imports_no_tables_nor_hydra_parser():
-    """What a pack's or lane's job imports before its first training (its entry, the lane runner, process mode) holds
-    no pandas, pyarrow, Optuna nor Hydra's override parser: each is imported where it is used (the records' columnar
-    files at a pack's end, a search's lane kind), so every job of a sweep starts without their second."""
+    """What a pack's or lane's job imports before its first training (its entry, the lane runner, a search's lane kind,
+    process mode) holds no pandas, pyarrow, Optuna nor Hydra's override parser: each is imported where it is used (the
+    records' columnar files at a pack's end, the parser where a space is read from its text, Optuna beside a search's
+    first trials), so every job of a sweep starts without their second."""
     heavy = ("pandas", "pyarrow", "optuna", "hydra.core.override_parser", "matplotlib")
-    code = ("import sys, gpupack.submit, gpupack.job.lanes, gpupack.job.turns, gpupack.pack.process; "
+    code = ("import sys, gpupack.submit, gpupack.job.lanes, gpupack.job.turns, gpupack.search.lane, "
+            "gpupack.pack.process; "
             f"print([m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

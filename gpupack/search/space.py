@@ -11,13 +11,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
-from hydra.errors import HydraException
-
 from gpupack.errors import ConfigError
 
 if TYPE_CHECKING:
+    from hydra.core.override_parser.types import IntervalSweep
     from optuna.distributions import BaseDistribution
 
 Choice = str | int | float | bool | None
@@ -68,6 +65,11 @@ def parse_space(space: Mapping[str, object], key: str = "search.space") -> dict[
 
 def parse_dimension(name: str, text: object, key: str) -> Dimension:
     """One hyperparameter's dimension from its Hydra sweep text (ConfigError on ``key`` otherwise). Pure."""
+    # Hydra's parser here, not at the top: a lane reads its study's space back as dimensions, and starts without it
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+    from hydra.errors import HydraException
+
     hint = f"{key}='{EXAMPLE}' (or 'int(interval(1, 8))', 'choice(a, b)')"
     try:
         override = OverridesParser.create().parse_override(f"{name}={text}")
