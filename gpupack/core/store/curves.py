@@ -8,13 +8,12 @@ curve and a program's printed one (``search.intermediate``) are judged the one w
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Callable, TypedDict
 
-from gpupack.core.store.records import read_json_or_none
+from gpupack.core.store.records import read_json_or_none, write_json_atomic
 
 # How long a trial waits for its lane's verdict on a step before it goes on unjudged (its lane busy, or gone): the
 # lane looks every few hundredths of a second, so only a lane that no longer runs leaves it this long.
@@ -81,11 +80,9 @@ def read_verdict(path: Path) -> Verdict | None:
 
 
 def write_verdict(path: Path, verdict: Verdict) -> None:
-    """The lane's side: written whole (renamed into place), so the trial never reads half of it; not synced to disk,
-    as only a process on this node reads it, while it runs."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(verdict))
-    os.replace(tmp, path)
+    """The lane's side: written whole (:func:`gpupack.core.store.records.write_json_atomic`), so the trial never
+    reads half of it."""
+    write_json_atomic(path, verdict)
 
 
 class NewLines:
