@@ -30,13 +30,20 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpupack import __version__, sweep
-from gpupack.cli_show import ProgressView, StatusView, print_beside, print_opened, print_plan, print_status
+from gpupack.cli_show import (
+    ProgressView,
+    StatusView,
+    make_console,
+    print_beside,
+    print_opened,
+    print_plan,
+    print_status,
+)
 from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.plan import Pack
 from gpupack.core.store.rundir import RunDir
 from gpupack.errors import ConfigError, GpupackError, StorageError
 from gpupack.pack import available_modes, work_file, work_prefix
-from gpupack.report.terminal import make_console, render_collected
 from gpupack.setup.compose import GROUPS, compose_config, config_dir, group_options, search_path
 from gpupack.submit import available_backends
 from gpupack.workloads import available_workloads, load_workload
@@ -131,6 +138,8 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
             console.print(f"[red]pack {r.pack_id} (job {r.job_id}) did not finish:[/] {escape(str(r.error))}",
                           markup=True)
     if outcome.collected is not None:
+        from gpupack.report.terminal import render_collected  # the tables' imports: only for a run that collected
+
         render_collected(outcome.collected, outcome.written, console)
     console.print(f"Records and summary: {outcome.run_dir}")
     if (searched := outcome.search) is not None:  # a search's plan has no trainings: its trials of the budget

@@ -17,6 +17,15 @@ from gpupack.core.types import PackState
 from gpupack.flow.status import RunStatus
 
 
+def make_console() -> Console:
+    """A console that does not squeeze the table to 80 columns when output goes to a file or a pipe."""
+    # Markup and emoji off: what gpupack prints is mostly the user's text (sweep and task names, values, paths, errors),
+    # and rich would render ":train:" as an emoji and "[bold]" as style; gpupack's own styled lines say markup=True
+    # and escape what they quote.
+    console = Console(markup=False, emoji=False)
+    return console if console.is_terminal else Console(width=150, markup=False, emoji=False)
+
+
 def print_plan(console: Console, prepared: sweep.Prepared) -> None:
     for warning in prepared.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, markup=True)

@@ -11,11 +11,9 @@ The work is in :mod:`gpupack.flow`: a run with fixed factors (``flow.run``), ``p
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from gpupack.core.store.storage import storage_faults
-from gpupack.flow.auto import first_step, run_auto
-from gpupack.flow.collect import Step, collect, find_runs
 from gpupack.flow.run import (
     Beside,
     Checked,
@@ -46,6 +44,25 @@ from gpupack.flow.status import (
 )
 from gpupack.submit import ProgressFn
 
+if TYPE_CHECKING:
+    from gpupack.flow.auto import first_step
+    from gpupack.flow.collect import Step, collect, find_runs
+
+
+def __getattr__(name: str) -> object:
+    """Collect and auto's probe stand on the tables and plots (pandas, pyarrow, matplotlib: about a second to import):
+    they are imported when first used, so that a command that plans, runs or looks at a run starts without them."""
+    if name in ("collect", "find_runs", "Step"):
+        from gpupack.flow import collect as collecting
+
+        return getattr(collecting, name)
+    if name == "first_step":
+        from gpupack.flow import auto
+
+        return auto.first_step
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["Prepared", "Checked", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "prepare_run",
            "ask_submitter", "forecast", "run", "status", "follow", "has_ended", "collect", "clear_oom",
            "default_run_dir", "find_runs", "Beside", "unfinished_beside",
@@ -62,5 +79,7 @@ def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Call
     # line for a front-end to print, and what finished stays recorded for the same call to resume
     with storage_faults(prepared.run.root):
         if prepared.spec is not None and prepared.spec.auto is not None:
+            from gpupack.flow.auto import run_auto
+
             return run_auto(prepared, progress=progress, plots=plots, on_step=on_step)
         return run_plain(prepared, progress=progress, on_open=on_open, collect_outputs=collect_outputs, plots=plots)

@@ -294,7 +294,8 @@ def _layout_run(tmp_path: Path, spread_status: str = "completed", oom: bool = Tr
 
 def test_collect_puts_spread_beside_packing_from_records_on_disk_with_an_all_oom_n(tmp_path):
     from gpupack.analysis.aggregate import aggregate
-    from gpupack.report.terminal import make_console, render
+    from gpupack.cli_show import make_console
+    from gpupack.report.terminal import render
 
     c = aggregate([_layout_run(tmp_path)], weights={"P100-12gb": 1.0})
     assert set(c.summary["factor"]) == {1, 4, 8}  # spread rows stay out of the packing table

@@ -11,12 +11,10 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from gpupack.analysis.aggregate import Collected
-from gpupack.analysis.disturbance import disturbed_rounds
 from gpupack.core.memory.figures import candidate_runs, find_measured
 from gpupack.core.plan import Pack, Plan, again_packs
 from gpupack.core.store.journal import RunRecords
@@ -24,8 +22,8 @@ from gpupack.core.store.records import SKIPPED_MEMORY, make_dirs, read_json, wri
 from gpupack.core.store.rundir import HeldLocks, Holder, RunDir, RunLock, check_name, files_forecast
 from gpupack.core.store.storage import storage_error
 from gpupack.core.types import Capacity, PackResult, PackSettings
+from gpupack.core.warm import warm
 from gpupack.errors import GpupackError, RunDirError
-from gpupack.flow.collect import AutoReport, collect
 from gpupack.search.progress import SearchProgress, read_progress
 from gpupack.search.study import Study, search_left
 from gpupack.setup.compose import compose_config
@@ -38,6 +36,10 @@ from gpupack.setup.validate import (
     validate,
 )
 from gpupack.submit import ClusterConfig, ProgressFn, Submitter, load_submitter
+
+if TYPE_CHECKING:  # collect's tables and plots (pandas, matplotlib) are imported when a run is collected
+    from gpupack.analysis.aggregate import Collected
+    from gpupack.flow.collect import AutoReport
 
 
 @dataclass
@@ -375,6 +377,24 @@ def config_yaml(config: DictConfig | Mapping[str, object]) -> str:
 
 # ---------------- run ----------------
 
+def _import_tables() -> None:
+    import pandas  # noqa: F401  (half of collect's imports)
+    import pyarrow.parquet  # noqa: F401
+
+
+def _import_collect() -> None:
+    import gpupack.flow.collect  # noqa: F401
+
+
+def _import_plots() -> None:  # without pyplot: gpupack.report.plots picks the headless backend before importing it
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+
+
+# what a run's collect imports (pandas, pyarrow, gpupack's analysis and report, matplotlib: about a second here)
+COLLECT_IMPORTS = (_import_tables, _import_collect, _import_plots)
+
+
 def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
               on_open: Callable[[Opened], None] | None = None, collect_outputs: bool = True,
               plots: bool = True) -> Outcome:
@@ -408,8 +428,15 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
         if not prepared.wait:
             outcome.submitted = submitter.detach(opened.todo, prepared.settings)
             return outcome
+        # collect's imports, made while the first jobs start and stopped once one has begun a pack: from then on their
+        # CPU would be load beside the trainings measured on this host (gpupack.analysis.disturbance)
+        began = lambda: any(run_dir.pack_dir(p.pack_id).is_dir() for p in opened.todo)  # noqa: E731
+        warming = warm(COLLECT_IMPORTS if collect_outputs else (), began, "gpupack-collect-imports")
         outcome.results = submitter.run_packs(opened.todo, prepared.settings, progress or (lambda pack, state: None))
+        warming.join()
         if collect_outputs:
+            from gpupack.flow.collect import collect
+
             outcome.collected, outcome.written = collect([run_dir.root], plots=plots)
             measure_again(prepared, plan, outcome, progress, plots)
     return outcome
@@ -423,6 +450,9 @@ def measure_again(prepared: Prepared, plan: Plan, outcome: Outcome, progress: Pr
     rounds the last measurement left disturbed. Nothing is measured again where no round was disturbed (the same
     set-up would answer the same). A resumed run resumes a measurement again begun, and begins none past the budget.
     ``outcome`` takes the packs' results and the new collection."""
+    from gpupack.analysis.disturbance import disturbed_rounds
+    from gpupack.flow.collect import collect
+
     config = prepared.config
     if prepared.spec is None or not isinstance(config, DictConfig):  # a Hydra launcher's batch names no best N
         return

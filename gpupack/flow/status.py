@@ -5,11 +5,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from omegaconf import OmegaConf
 
-from gpupack.analysis.load import ClearedOom, cleared_mask, load_records, read_cleared
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.store.claims import claims
 from gpupack.core.store.journal import RunRecords
@@ -17,9 +16,11 @@ from gpupack.core.store.records import COMPLETED, OOM, PRUNED, SKIPPED_MEMORY, r
 from gpupack.core.store.rundir import HeldLocks, RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import RunDirError
-from gpupack.flow.collect import find_runs
 from gpupack.search.progress import SearchProgress, read_progress
 from gpupack.submit import load_submitter
+
+if TYPE_CHECKING:  # the tables (pandas) are imported where the records are read: status needs none of them
+    from gpupack.analysis.load import ClearedOom
 
 
 @dataclass
@@ -154,6 +155,8 @@ def status(run_dir: Path | str) -> RunStatus:
         raise RunDirError(f"RUN_DIR={str(run.root)!r}: not a directory. HINT: python -m gpupack status "
                           "runs/<sweep>/<date>_<time>")
     if not run.plan.exists():
+        from gpupack.flow.collect import find_runs
+
         subs = [p for p in find_runs([run.root]) if p != run.root and RunDir(p).plan.exists()]
         if subs:  # packing.factors=auto (probe/nNN/, run/) or a Hydra multirun (.gpupack/launch_*): each one's packs
             parts = [status(p) for p in subs]
@@ -282,6 +285,8 @@ def clear_oom(run_dir: Path | str, *, partition: str | None = None, mode: str | 
     run = RunDir(Path(run_dir))
     if not run.plan.exists():
         raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")
+    from gpupack.analysis.load import cleared_mask, load_records, read_cleared
+
     records = load_records([run.root])
     t = records.trainings
     if t.empty:

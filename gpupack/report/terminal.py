@@ -154,15 +154,6 @@ def gain_legend(summary: pd.DataFrame) -> str:
     return "; ".join(said) + "."
 
 
-def make_console() -> Console:
-    """A console that does not squeeze the table to 80 columns when output goes to a file or a pipe."""
-    # Markup and emoji off: what gpupack prints is mostly the user's text (sweep and task names, values, paths, errors),
-    # and rich would render ":train:" as an emoji and "[bold]" as style; gpupack's own styled lines say markup=True
-    # and escape what they quote.
-    console = Console(markup=False, emoji=False)
-    return console if console.is_terminal else Console(width=150, markup=False, emoji=False)
-
-
 def pending_lines(c: Collected) -> list[str]:
     """What a run with no finished pack has so far: its plan, the packs still to come, the trainings recorded."""
     r = c.records

@@ -24,7 +24,6 @@ nor repeats one. A planned trial no run of its lane has taken waits for the lane
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -41,6 +40,7 @@ from gpupack.core.store.claims import Claimant
 from gpupack.core.store.journal import cut_torn
 from gpupack.core.store.locks import held
 from gpupack.core.store.records import file_mode, make_dirs, read_json_or_none, write_text_atomic
+from gpupack.core.warm import warm
 from gpupack.errors import ConfigError, RunDirError
 from gpupack.search.options import OptunaSearch
 
@@ -540,13 +540,15 @@ def search_left(path: Path) -> bool:
     return journal is not None and (journal.stopped() is None or journal.untold > 0)
 
 
+def _import_optuna() -> None:
+    import optuna  # noqa: F401
+
+
 def import_optuna_meanwhile() -> threading.Thread:
     """Optuna imported in a thread (about a second of scipy, sqlalchemy, matplotlib): a lane that started its planned
-    trials asks its next one without that wait, once the import is done (an ``import optuna`` meanwhile waits for it).
-    Not a daemon: a job that ends first lets it finish rather than stop it holding the import lock."""
-    thread = threading.Thread(target=importlib.import_module, args=("optuna",), name="gpupack-import-optuna")
-    thread.start()
-    return thread
+    trials asks its next one without that wait, once the import is done (an ``import optuna`` meanwhile waits for
+    it)."""
+    return warm([_import_optuna], name="gpupack-import-optuna")
 
 
 def _plain(value: object) -> Param:
