@@ -190,3 +190,19 @@ def test_a_whole_packs_server_learns_nothing_its_trainings_all_start_at_once(tmp
                    PackSettings(device="cpu", mode_options={"process": ProcessOptions(start="fork")}))
     assert rec["n_completed"] == 2 and {r["start"] for r in _records(run, pack).values()} == {"fork"}
     assert "learned" not in (run.pack_dir(pack.pack_id) / "logs" / "forkserver.err").read_text()
+
+
+def test_a_forked_trainings_exit_wakes_the_packer(tmp_path, monkeypatch):
+    """The fork server's word of an exit wakes the supervisor: with a minute between two looks, a forked pack of two
+    ends in far less."""
+    import time
+
+    from gpupack.runtime import supervisor
+
+    monkeypatch.setattr(supervisor, "POLL_S", 60.0)
+    run, pack = _pack(tmp_path, n=2)
+    began = time.monotonic()
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu", mode_options={
+        "process": ProcessOptions(start="fork")}))
+    assert rec["n_completed"] == 2 and all(r["start"] == "fork" for r in _records(run, pack).values())
+    assert time.monotonic() - began < 45, "the packer slept to its next look"

@@ -163,3 +163,22 @@ def test_a_training_started_fresh_because_the_server_failed_says_why_in_its_reco
     outcomes = PACKER.run(pack.trainings, ctx)
     assert [o.extra["start"] for o in outcomes] == ["fresh", "fresh"] and all(o.result for o in outcomes)
     assert all("the fork server failed" in o.extra["fork_fallback"] for o in outcomes)
+
+
+def test_an_exit_is_seen_as_it_happens_not_at_the_next_look(tmp_path, monkeypatch):
+    """A child's end wakes its supervisor (its pidfd): with a minute between two looks, children that end at once are
+    all followed to their end in far less, and each one's end is taken when it came."""
+    import time
+
+    from gpupack.runtime import supervisor
+
+    if supervisor.pidfd(os.getpid()) is None:
+        pytest.skip("no pidfd here (Linux 5.3 or later): an exit is seen at the next look")
+    monkeypatch.setattr(supervisor, "POLL_S", 60.0)
+    began = time.monotonic()
+    with Supervisor() as sup:
+        for k in range(3):
+            sup.start(spec(tmp_path, f"quick{k}", "pass"))
+        exits = sup.follow()
+    assert time.monotonic() - began < 30, "the supervisor slept to its next look"
+    assert [e.returncode for e in exits] == [0, 0, 0]

@@ -397,6 +397,10 @@ class ForkedProcess:
             self._server.pump()
         return self.returncode
 
+    def wakeup(self) -> int | None:
+        """Readable when its server has something to say (an exit among it); None once it has ended."""
+        return self._server.replies() if self.returncode is None else None
+
     def kill(self) -> None:
         if self.returncode is None:
             try:
@@ -446,6 +450,10 @@ class ForkServer:
                 proc.returncode = int(msg["returncode"])
             else:
                 self._pending[msg["ended"]] = int(msg["returncode"])
+
+    def replies(self) -> int:
+        """The descriptor the server's messages come on (for a select: :meth:`pump` reads them)."""
+        return self._lines.fd
 
     def pump(self) -> None:
         """Take in whatever the server has said (exits), without waiting."""

@@ -13,6 +13,7 @@ a bug) kills every child still running and reaps it: no training outlives its pa
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import time
@@ -24,7 +25,7 @@ from typing import IO, Callable, Mapping, Sequence
 from gpupack.core.store.records import open_log
 from gpupack.runtime.forkserver import ForkedProcess, ForkRefused, ForkServer, isolate
 
-POLL_S = 0.05  # how often the children are looked at
+POLL_S = 0.05  # how often the children are looked at, at the latest: an exit is seen as it happens (Child.wakeup)
 HELPER_TIMEOUT_S = 60.0  # a helper program (MPS's control) that takes longer has hung
 KILL_GRACE_S = 5.0  # between a SIGTERM and the SIGKILL that follows; also how long a stop waits to reap
 ERROR_TAIL_LINES = 20
@@ -148,6 +149,19 @@ class Child:
         self.timed_out = False
         self.stopped = False
         self._kill_at: float | None = None
+        self._pidfd = pidfd(proc.pid) if isinstance(proc, subprocess.Popen) else None
+
+    def wakeup(self) -> int | None:
+        """A file descriptor readable once there is news of it: its pidfd (readable at its exit), or its fork server's
+        replies (an exit is one); None: looked at every POLL_S only."""
+        if isinstance(self.proc, ForkedProcess):
+            return self.proc.wakeup()
+        return self._pidfd
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
     @property
     def pid(self) -> int | None:
@@ -157,6 +171,7 @@ class Child:
         """Whether it has ended (reaped); notes when."""
         if self.ended_at is None and self.proc is not None and self.proc.poll() is not None:
             self.ended_at = time.time()
+            self.close()
         return self.ended_at is not None
 
     def signal(self, sig: int) -> None:
@@ -187,6 +202,27 @@ class Child:
                          self.proc.returncode if self.proc is not None else None, self.spec.err_path,
                          self.start_error, self.timed_out, self.stopped, self.forked,
                          list(self.spec.cpus) if self.spec.cpus else None)
+
+
+def pidfd(pid: int) -> int | None:
+    """A pidfd of ``pid`` (Linux 5.3 and later), or None where there is none (another system, an older kernel, a
+    sandbox that forbids it): its child is then looked at every POLL_S."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def wait_news(children: Sequence[Child], timeout_s: float) -> None:
+    """Until one of ``children`` has news (it ended, its fork server spoke) or ``timeout_s`` has passed."""
+    fds = [fd for fd in {child.wakeup() for child in children} if fd is not None]
+    if not fds:
+        time.sleep(timeout_s)
+        return
+    try:
+        select.select(fds, [], [], timeout_s)
+    except (OSError, ValueError):  # a descriptor closed under it: look again now
+        pass
 
 
 def fork_server(workload: str, params: Sequence[Mapping[str, object]], env: Mapping[str, str], log: Path,
@@ -238,6 +274,8 @@ class Supervisor:
             if kind is not None:  # the job is being cancelled or broke: take no orphan child with it
                 self.stop()
         finally:
+            for child in self.children:
+                child.close()
             if self.server is not None and self.owns_server:
                 self.server.close()
 
@@ -325,7 +363,7 @@ class Supervisor:
                 self._judge(now)
             if len(reported) == len(self.children):
                 break
-            time.sleep(POLL_S)
+            wait_news([c for i, c in enumerate(self.children) if i not in reported], POLL_S)
         exits = [child.exit() for child in self.children]
         if self.together is not None and self.culprit is None:
             failed = [e for e in exits if e.failed]
