@@ -235,3 +235,21 @@ def test_a_local_lane_keeps_each_packs_time_limit_and_ignores_an_earlier_runs_pa
     write_json_atomic(run.pack_record("p0"), {"job_id": "77", "started_at": clock.time() + 1, "n_failed": 0})
     assert [r.pack_id for r in lane.look(run, lambda p, s: seen.append((p.pack_id, s)))] == ["p0"]
     assert seen == [("p0", DONE), ("p1", RUNNING)]
+
+
+def test_a_local_jobs_end_is_seen_as_it_comes(tmp_path, monkeypatch):
+    """The command waits on its jobs' controllers (their pidfds), not only on its looks: with a minute between two
+    looks, a one-pack run ends in far less, its pack done."""
+    import time
+
+    from gpupack.core.waits import pidfd
+    from gpupack.submit import local
+
+    if pidfd(os.getpid()) is None:
+        pytest.skip("no pidfd here (Linux 5.3 or later): a job's end is seen at the next look")
+    monkeypatch.setattr(local, "POLL_S", 60.0)
+    prepared = sweep.prepare(PROBE + ["packing.factors=[1]", "packing.repeats=1", f"run_dir={tmp_path / 'run'}"])
+    began = time.monotonic()
+    outcome = sweep.run(prepared, collect_outputs=False, plots=False)
+    assert outcome.ok and [r.ok for r in outcome.results] == [True] * len(prepared.plan.packs)
+    assert time.monotonic() - began < 45, "the command slept to its next look"

@@ -170,9 +170,10 @@ def test_an_exit_is_seen_as_it_happens_not_at_the_next_look(tmp_path, monkeypatc
     all followed to their end in far less, and each one's end is taken when it came."""
     import time
 
+    from gpupack.core.waits import pidfd
     from gpupack.runtime import supervisor
 
-    if supervisor.pidfd(os.getpid()) is None:
+    if pidfd(os.getpid()) is None:
         pytest.skip("no pidfd here (Linux 5.3 or later): an exit is seen at the next look")
     monkeypatch.setattr(supervisor, "POLL_S", 60.0)
     began = time.monotonic()

@@ -13,7 +13,6 @@ a bug) kills every child still running and reaps it: no training outlives its pa
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import time
@@ -23,6 +22,7 @@ from types import TracebackType
 from typing import IO, Callable, Mapping, Sequence
 
 from gpupack.core.store.records import open_log
+from gpupack.core.waits import close_fd, pidfd, wait_readable
 from gpupack.runtime.forkserver import ForkedProcess, ForkRefused, ForkServer, isolate
 
 POLL_S = 0.05  # how often the children are looked at, at the latest: an exit is seen as it happens (Child.wakeup)
@@ -159,9 +159,8 @@ class Child:
         return self._pidfd
 
     def close(self) -> None:
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
+        close_fd(self._pidfd)
+        self._pidfd = None
 
     @property
     def pid(self) -> int | None:
@@ -202,27 +201,6 @@ class Child:
                          self.proc.returncode if self.proc is not None else None, self.spec.err_path,
                          self.start_error, self.timed_out, self.stopped, self.forked,
                          list(self.spec.cpus) if self.spec.cpus else None)
-
-
-def pidfd(pid: int) -> int | None:
-    """A pidfd of ``pid`` (Linux 5.3 and later), or None where there is none (another system, an older kernel, a
-    sandbox that forbids it): its child is then looked at every POLL_S."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def wait_news(children: Sequence[Child], timeout_s: float) -> None:
-    """Until one of ``children`` has news (it ended, its fork server spoke) or ``timeout_s`` has passed."""
-    fds = [fd for fd in {child.wakeup() for child in children} if fd is not None]
-    if not fds:
-        time.sleep(timeout_s)
-        return
-    try:
-        select.select(fds, [], [], timeout_s)
-    except (OSError, ValueError):  # a descriptor closed under it: look again now
-        pass
 
 
 def fork_server(workload: str, params: Sequence[Mapping[str, object]], env: Mapping[str, str], log: Path,
@@ -363,7 +341,7 @@ class Supervisor:
                 self._judge(now)
             if len(reported) == len(self.children):
                 break
-            wait_news([c for i, c in enumerate(self.children) if i not in reported], POLL_S)
+            wait_readable([c.wakeup() for i, c in enumerate(self.children) if i not in reported], POLL_S)
         exits = [child.exit() for child in self.children]
         if self.together is not None and self.culprit is None:
             failed = [e for e in exits if e.failed]

@@ -29,6 +29,7 @@ from gpupack.core.plan import Pack, deal
 from gpupack.core.store.records import read_json_or_none
 from gpupack.core.store.rundir import RunDir, check_name
 from gpupack.core.types import PENDING, RUNNING, Capacity, JobForecast, PackResult, PackSettings
+from gpupack.core.waits import close_fd, pidfd, wait_readable
 from gpupack.errors import ConfigError
 from gpupack.runtime.jobenv import JobEnvironment, job_cores
 from gpupack.runtime.monitor import detect_device, gpu_count
@@ -43,7 +44,7 @@ from gpupack.submit import (
     progress_state,
 )
 
-POLL_S = 0.2
+POLL_S = 0.2  # how often the jobs' progress is looked at; a job's end is seen as it comes (its controller's pidfd)
 CANCEL_WAIT_S = 5.0  # for each level of a cancelled job's process tree to be gone
 
 
@@ -246,6 +247,9 @@ class LocalSubmitter(Submitter[LocalConfig]):
             # this process, and none may outlive it
             cancel_jobs({int(lane.job.job_id) for lane in running} | controllers_of(executor.folder))
             raise
+        finally:
+            for lane in running:
+                close_fd(lane.ended_fd)
 
     def _run(self, executor: submitit.LocalExecutor, packs: Sequence[Pack], settings: PackSettings,
              progress: ProgressFn, running: list[LaneJob]) -> list[PackResult]:
@@ -260,12 +264,13 @@ class LocalSubmitter(Submitter[LocalConfig]):
             while queue and (taken := take_slots(queue[0][0], free, n_slots, n_gpus)) is not None:
                 running.append(self._submit(executor, queue.pop(0), taken, settings))
                 progress(running[-1].packs[0], RUNNING)
-            time.sleep(POLL_S)
+            wait_readable([lane.ended_fd for lane in running], POLL_S)
             for lane in running:
                 results += lane.look(self.run, progress)
             for lane in [r for r in running if r.job.done()]:
                 running.remove(lane)
                 free += lane.slots
+                close_fd(lane.ended_fd)
                 results += lane.finish(self.run, progress)
         return results
 
@@ -285,7 +290,7 @@ class LocalSubmitter(Submitter[LocalConfig]):
                               packs[0].pack_id if len(packs) == 1 else [p.pack_id for p in packs], lane_settings)
         if self.lock is not None:  # its controller holds the run's lock with this command: a refusal names it
             self.lock.add_job(int(job.job_id))
-        return LaneJob(packs, taken, job, submitted_at)
+        return LaneJob(packs, taken, job, submitted_at, ended_fd=pidfd(int(job.job_id)))  # a local job's id: its pid
 
 
 def local_lanes(packs: Sequence[Pack], slots: int) -> list[list[Pack]]:
@@ -304,6 +309,7 @@ class LaneJob:
     job: PackJobHandle
     submitted_at: float  # a pack record from before (an earlier run's, a reused pid's job id) is not this job's
     ended: list[str] = field(default_factory=list)  # the lane's packs that ended while it goes on, in turn
+    ended_fd: int | None = None  # its controller's pidfd: readable once the job has ended
 
     def look(self, run: RunDir, progress: ProgressFn) -> list[PackResult]:
         """The lane's packs that ended since the last look, in turn, from their records (this job's): progress shows

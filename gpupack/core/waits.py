@@ -1,0 +1,39 @@
+"""Waiting for a process's end without looking at it over and over: a pidfd (Linux 5.3 and later) is readable once
+its process has ended, so a loop that looks every so often wakes at once when one of the processes it follows ends.
+Where there is no pidfd (another system, an older kernel, a sandbox that forbids it) the loop looks as often as
+before."""
+from __future__ import annotations
+
+import os
+import select
+import time
+from typing import Iterable
+
+
+def pidfd(pid: int) -> int | None:
+    """A pidfd of ``pid``, or None where there is none. The caller closes it."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def close_fd(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def wait_readable(fds: Iterable[int | None], timeout_s: float) -> None:
+    """Until one of ``fds`` is readable (a pidfd: its process ended; a pipe: it was written) or ``timeout_s`` has
+    passed; None among them is looked at only at the timeout."""
+    ready = [fd for fd in set(fds) if fd is not None]
+    if not ready:
+        time.sleep(timeout_s)
+        return
+    try:
+        select.select(ready, [], [], timeout_s)
+    except (OSError, ValueError):  # a descriptor closed under it: look again now
+        pass
