@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DOCS = ("README.md", "examples/README.md")
+DOCS = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")), "examples/README.md")
 
 _FENCE = re.compile(r"^( *)```(\w*)\s*$")
 _INLINE = re.compile(r"`((?:PYTHONPATH=\S+ )?python (?:-m gpupack|examples/)[^`]*)`")
