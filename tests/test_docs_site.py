@@ -3,13 +3,17 @@ navigation and whose links hold. The README's test command builds the site with 
 that build refuses, on a copy."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
+
+import gpupack
 
 REPO = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 200
@@ -31,12 +35,10 @@ def _nav_pages(nav: object) -> set[str]:
 
 
 def test_every_page_is_in_the_navigation_and_every_readme_link_to_docs_holds() -> None:
-    nav = _nav_pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"])
+    nav = _nav_pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]) - {"changelog.md"}  # CHANGELOG.md's
     pages = {p.name for p in (REPO / "docs").glob("*.md")}
     assert pages == nav, f"in docs/ but not in the nav: {pages - nav}; in the nav but not in docs/: {nav - pages}"
     readme = (REPO / "README.md").read_text()
-    import re
-
     linked = re.findall(r"\]\((docs/[^)#]+)", readme)
     assert linked and all((REPO / target).exists() for target in linked), linked
 
@@ -51,6 +53,9 @@ def copy(tmp_path: Path) -> Path:
     pytest.importorskip("mkdocs", reason="the test extra installs mkdocs")
     shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
     shutil.copytree(REPO / "docs", tmp_path / "docs")
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "mkdocs_hooks.py", tmp_path / "scripts")
+    shutil.copy(REPO / "CHANGELOG.md", tmp_path / "CHANGELOG.md")
     return tmp_path
 
 
@@ -67,6 +72,7 @@ def test_the_strict_build_refuses_a_dead_link(copy: Path, breakage: str | None, 
     if said is None:
         assert built.returncode == 0, built.stderr
         assert (copy / "site" / "search" / "index.html").exists()
+        assert "Unreleased" in (copy / "site" / "changelog" / "index.html").read_text()  # the root CHANGELOG.md
     else:
         assert built.returncode != 0 and said in built.stderr, built.stderr
 
@@ -75,3 +81,16 @@ def test_a_page_left_out_of_the_navigation_fails_the_build(copy: Path) -> None:
     (copy / "docs" / "orphan.md").write_text("# An orphan\n")
     built = _build(copy)
     assert built.returncode != 0 and "orphan.md" in built.stderr, built.stderr
+
+
+def test_the_changelog_keeps_a_changelogs_form_and_the_version_has_one_home() -> None:
+    text = (REPO / "CHANGELOG.md").read_text()
+    releases = re.findall(r"^## \[([^\]]+)\](.*)$", text, flags=re.M)
+    assert releases and releases[0][0] == "Unreleased", releases
+    for version, date in releases[1:]:
+        assert re.fullmatch(r"\d+\.\d+\.\d+", version) and re.fullmatch(r" - \d{4}-\d{2}-\d{2}", date), (version, date)
+    newest = [tuple(map(int, v.split("."))) for v, _ in releases[1:]]
+    assert all(v <= tuple(map(int, gpupack.__version__.split("."))) for v in newest), (newest, gpupack.__version__)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "gpupack.__version__"}
