@@ -56,6 +56,8 @@ def copy(tmp_path: Path) -> Path:
     (tmp_path / "scripts").mkdir()
     shutil.copy(REPO / "scripts" / "mkdocs_hooks.py", tmp_path / "scripts")
     shutil.copy(REPO / "CHANGELOG.md", tmp_path / "CHANGELOG.md")
+    for package in ("gpupack", "hydra_plugins"):  # what the API reference reads
+        (tmp_path / package).symlink_to(REPO / package)
     return tmp_path
 
 
@@ -63,6 +65,7 @@ def copy(tmp_path: Path) -> Path:
     (None, None),
     ("\n[a page that is not there](no-such-page.md)\n", "no-such-page.md"),
     ("\n[an anchor that is not there](search.md#no-such-heading)\n", "no-such-heading"),
+    ("\n::: gpupack.no_such_module\n", "gpupack.no_such_module"),  # an API reference to nothing
 ])
 def test_the_strict_build_refuses_a_dead_link(copy: Path, breakage: str | None, said: str | None) -> None:
     if breakage is not None:
@@ -73,6 +76,8 @@ def test_the_strict_build_refuses_a_dead_link(copy: Path, breakage: str | None, 
         assert built.returncode == 0, built.stderr
         assert (copy / "site" / "search" / "index.html").exists()
         assert "Unreleased" in (copy / "site" / "changelog" / "index.html").read_text()  # the root CHANGELOG.md
+        api = (copy / "site" / "api" / "index.html").read_text()  # the public surface, from its docstrings
+        assert "TrainingContext" in api and "Aggregate the records of one or more runs" in api
     else:
         assert built.returncode != 0 and said in built.stderr, built.stderr
 
