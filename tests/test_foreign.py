@@ -122,6 +122,25 @@ def test_readings_give_intervals_and_keep_a_too_short_one_for_the_next():
     assert load.figures(None)["foreign_cpu_cores_mean"] == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("last, before, judged", [
+    (True, False, True),  # a pack of 0.2 s: judged at its end (a hog beside it is named)
+    (False, False, False),  # a sample 0.2 s in: kept for the next reading
+    (True, True, False),  # an end 0.2 s after a sample: kept out (the pack has its intervals)
+])
+def test_a_short_pack_is_judged_at_its_end(last, before, judged):
+    clock = [0.0, 1.0, 1.2] if before else [0.0, 0.2]
+    busy = [0.0, 1.0, 1.2] if before else [0.0, 0.2]  # a core busy the whole time, none of it the job's
+    r = Readings(clock=clock, busy=busy, trees=[{ROOT: P(1, 0.0)}] * len(clock))
+    load = r.load()
+    assert load.read() is None  # the first training's start: a baseline
+    if before:
+        assert load.read() == LoadSpan(1.0, pytest.approx(1.0))
+    span = load.read(last=last)
+    assert (span is not None) == judged
+    if judged:
+        assert span == LoadSpan(pytest.approx(0.2), pytest.approx(0.2))  # a whole core: over the bar
+
+
 def test_a_sampled_pack_records_the_foreign_load_and_gpu_processes(monkeypatch):
     """Through the sampler, with NVML faked at the one seam: a process of the job (under it), another's process with
     memory, a graphics process NVML does not say the memory of, and one gone before it could be looked up."""

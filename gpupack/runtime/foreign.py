@@ -28,6 +28,9 @@ BUSY_FIELDS = ("user", "system", "nice", "irq", "softirq", "steal")
 # Shorter intervals are kept for the next reading: the kernel counts CPU time in ticks (10 ms), and two readings'
 # rounding over a tenth of a second would read as a fifth of a core of load nobody had.
 MIN_INTERVAL_S = 0.25
+# A pack shorter than that would never be judged at all (called quiet while a hog ran beside it), so its end's
+# reading, when it has no interval yet, takes down to this: the rounding is then at most about half the bar.
+MIN_LAST_INTERVAL_S = 0.15
 
 Key = tuple[int, float]  # (pid, create time): a pid the kernel gives again later is another process
 
@@ -233,9 +236,10 @@ class ForeignLoad:
         self._ours: set[int] = set()  # every pid seen under the job process
         self.latest: dict[Key, ProcTimes] = {}  # the job's processes at the last reading (the sampler's families)
 
-    def read(self) -> LoadSpan | None:
+    def read(self, last: bool = False) -> LoadSpan | None:
         """Read the cores and the job's processes; the interval since the last reading, or None at the first (a
-        baseline) and where it is too short to tell (:data:`MIN_INTERVAL_S`: kept for the next reading)."""
+        baseline) and where it is too short to tell (:data:`MIN_INTERVAL_S`: kept for the next reading). ``last``:
+        the pack's end, which a pack with no interval yet reads down to :data:`MIN_LAST_INTERVAL_S`."""
         with self._lock:
             at = self.clock()
             busy = self.busy(self.watched)
@@ -247,7 +251,7 @@ class ForeignLoad:
                 return None
             was_at, was_busy, was_procs = self._last
             seconds = at - was_at
-            if seconds < MIN_INTERVAL_S:
+            if seconds < (MIN_LAST_INTERVAL_S if last and not self.intervals else MIN_INTERVAL_S):
                 return None
             self._last = (at, busy, procs)
             own = tree_cpu_delta(was_procs, procs)

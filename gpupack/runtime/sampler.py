@@ -371,7 +371,7 @@ class Sampler:
             self._thread.join(timeout=10)
         self._stopped_at = time.time()
         if self.tracked:  # the last interval, up to the pack's end
-            self.foreign.read()
+            self.foreign.read(last=True)
         if self.nvml is not None:
             try:
                 self.nvml.nvmlShutdown()
