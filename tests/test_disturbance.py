@@ -176,3 +176,38 @@ def test_a_cpu_hog_beside_a_real_run_is_named_in_collects_output(tmp_path, subpr
     (group,) = summary["disturbance"]
     assert sorted(group["pack_ids"]) == sorted(packs)
     assert group["foreign_cores_mean"] >= 0.5  # a whole core, less what the run's own trainings took from it
+
+
+@pytest.mark.slow
+def test_the_command_that_runs_the_sweep_here_is_not_load_from_outside(tmp_path, monkeypatch):
+    """From outside: the local backend's command shares the host with its jobs. While it runs the sweep, a thread of
+    it keeps a core busy (as its imports while the first jobs start do, briefly): that is the run's own CPU, and no
+    pack is named as measured under foreign load. (A process of its own beside the run is: the test above.)"""
+    import threading
+
+    from gpupack import sweep
+
+    monkeypatch.chdir(tmp_path)
+    stop = threading.Event()
+
+    def burn() -> None:
+        while not stop.is_set():
+            sum(range(10_000))
+
+    burner = threading.Thread(target=burn, daemon=True)
+    run_dir = tmp_path / "run"
+    prepared = sweep.prepare([*TINY, "packing.remeasure=0", f"run_dir={run_dir}"])
+    burner.start()
+    try:
+        outcome = sweep.run(prepared, plots=False)
+    finally:
+        stop.set()
+        burner.join()
+    assert outcome.ok
+    packs = load_records([run_dir]).packs
+    assert len(packs) >= 3 and packs["sampler_foreign_cpu_cores_mean"].notna().all(), packs
+    foreign = packs["sampler_foreign_cpu_cores_mean"]
+    assert (foreign < threshold(1)).all(), foreign.tolist()  # the busy core is the command's: none of it foreign
+    assert outcome.collected is not None
+    said = outcome.collected.disturbance
+    assert said.empty or int(said["disturbed"].sum()) == 0, said.to_dict("records")

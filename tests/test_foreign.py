@@ -196,3 +196,25 @@ def test_on_this_machine_a_busy_child_of_the_job_is_its_own_work():
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("command, foreign", [
+    (None, 1.0),  # the command's busy core, seen from the job: load from outside
+    (7, 0.0),  # the command named (the local backend's): the run's own
+])
+def test_the_command_on_the_jobs_host_is_the_runs_own(command, foreign):
+    """The job's own processes use nothing; the command that runs the sweep here keeps a core busy for a second."""
+    r = Readings(clock=[0.0, 1.0], busy=[0.0, 1.0], trees=[{ROOT: P(1, 0.0)}] * 2)
+    seen = iter([5.0, 6.0])
+    load = r.load(command=command, command_times=lambda pid: {(pid, 1.0): ProcTimes(1, next(seen), 0.0)})
+    assert load.read() is None
+    assert load.read() == LoadSpan(1.0, pytest.approx(foreign))
+
+
+def test_the_commands_own_time_leaves_out_what_it_reaped():
+    """What a command reaped (a lane's ended job, under its controller) is not its own work."""
+    from gpupack.runtime.foreign import own_times
+
+    subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)  # a child of ours, reaped
+    ((pid, _), times), = own_times(os.getpid()).items()
+    assert pid == os.getpid() and times.reaped_s == 0.0 and times.self_s > 0

@@ -239,7 +239,8 @@ class PackAttempt:
         # A training spread over k GPUs: the job's other k-1 sampled with the first (rank r trains on cuda:r)
         more = visible_devices(env, pack.devices)[1:] if info.kind == "gpu" and pack.devices > 1 else []
         return Sampler(interval_s=self.settings.sample_interval_s, mps=mps, no_gpu_reason=info.note,
-                       gpu=(info.uuid or first_visible(env)) if info.kind == "gpu" else None, more_gpus=more)
+                       gpu=(info.uuid or first_visible(env)) if info.kind == "gpu" else None, more_gpus=more,
+                       command_pid=self.job.command_pid)
 
     def context(self, pack: Pack, todo: Sequence[Training], on: OnDevice, env: Mapping[str, str],
                 placement: Placement | None, ends: TrainingEnds, work_dir: str) -> PackContext:

@@ -202,6 +202,18 @@ def tree_times(root: int, follow: Iterable[Key]) -> dict[Key, ProcTimes]:
     return out
 
 
+def own_times(pid: int) -> dict[Key, ProcTimes]:
+    """The CPU time of ``pid`` itself, every thread of it, without what it reaped (another lane's job, ended under a
+    command that started it, is not this job's work); empty where it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            t = proc.cpu_times()
+            return {(pid, proc.create_time()): ProcTimes(proc.ppid(), t.user + t.system, 0.0)}
+    except psutil.Error:
+        return {}
+
+
 def lineage(pid: int) -> list[int] | None:
     """``pid`` and its ancestors, nearest first; None where it is gone (or this namespace does not have it)."""
     try:
@@ -223,6 +235,10 @@ class ForeignLoad:
     tree: Callable[[int, Iterable[Key]], dict[Key, ProcTimes]] = tree_times
     ancestors: Callable[[int], list[int] | None] = lineage
     clock: Callable[[], float] = time.monotonic
+    # The gpupack command that runs the sweep, where it shares the job's host (the local backend): part of the run,
+    # so its CPU (its polling, the imports it makes while the first jobs start) is not load from outside it.
+    command: int | None = None
+    command_times: Callable[[int], dict[Key, ProcTimes]] = own_times
     host_cores: int = field(default_factory=lambda: psutil.cpu_count(logical=True) or 1)
     listed: int | None = None  # cores /proc/stat lists (None: asked here)
     intervals: list[LoadSpan] = field(default_factory=list)
@@ -245,6 +261,8 @@ class ForeignLoad:
             busy = self.busy(self.watched)
             procs = self.tree(self.root, self._last[2] if self._last is not None else ())
             self._ours |= {pid for pid, _ in procs}
+            if self.command is not None:  # counted with the job's, never a family of a training (_children_map)
+                procs = {**procs, **self.command_times(self.command)}
             self.latest = procs
             if self._last is None:
                 self._last = (at, busy, procs)

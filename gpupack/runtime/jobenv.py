@@ -35,6 +35,9 @@ class JobEnvironment:
     tmp_dir: str | None = None
     # What the scheduler gave the job, kept in the pack record as named there (SLURM: slurm_job_gpus, ...).
     scheduler: Mapping[str, str | None] = field(default_factory=dict)
+    # The gpupack command that submitted the job, where it runs on the job's host (the local backend); None
+    # elsewhere. Its CPU is the run's own, not load from outside the job (gpupack.runtime.foreign).
+    command_pid: int | None = None
 
     def record_fields(self) -> dict[str, str | None]:
         """The pack record's fields of the job."""

@@ -113,13 +113,15 @@ class Sampler:
     def __init__(self, interval_s: float = 1.0, gpu_index: int | None = None, mps: bool = False,
                  no_gpu_reason: str = "",
                  log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
-                 gpu: str | None = None, more_gpus: Sequence[str] = (), foreign: ForeignLoad | None = None) -> None:
+                 gpu: str | None = None, more_gpus: Sequence[str] = (), foreign: ForeignLoad | None = None,
+                 command_pid: int | None = None) -> None:
         """``gpu``: the device to sample as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"; the job passes
         the UUID detect_device found, so both see the same device, a MIG slice included); ``gpu_index``: an NVML
         index, the older form. Neither: no GPU, for ``no_gpu_reason``. ``more_gpus``: the other devices of a job
         that spreads one training over several (sampled with it: utilization averaged, memory summed, and each
         device's figures under ``gpus``). ``foreign``: what reads the load from outside the job (a test's fakes;
-        else the job's cores and the process the sampler runs in)."""
+        else the job's cores and the process the sampler runs in, with ``command_pid``, the gpupack command on this
+        host that submitted the job, counted as the run's own)."""
         self.interval_s = interval_s
         self.mps = mps
         self.log = log
@@ -137,7 +139,7 @@ class Sampler:
         self.mig = False
         self._util_supported = True  # NVML does not report utilization on a MIG slice (NotSupported)
         self.more_handles: list[NvmlHandle] = []
-        self.foreign = foreign if foreign is not None else ForeignLoad(job_cpus())
+        self.foreign = foreign if foreign is not None else ForeignLoad(job_cpus(), command=command_pid)
         self._procs: dict[Key, psutil.Process] = {}  # the job's processes, each made once (_children_map)
         self._open_nvml(gpu if gpu is not None else None if gpu_index is None else str(gpu_index), no_gpu_reason)
         self._open_more(more_gpus)

@@ -112,6 +112,18 @@ class SessionLocalExecutor(submitit.LocalExecutor):
                 submitit_local.subprocess = real
 
 
+def command_pid() -> int | None:
+    """In a local job: the gpupack command (or Hydra app) whose submitit controller started this job, its parent's
+    parent; None where the job was not started so (a test's job run in its own process)."""
+    try:
+        controller = psutil.Process(os.getppid())
+        if "submitit.local._local" not in controller.cmdline():
+            return None
+        return controller.ppid() or None
+    except psutil.Error:
+        return None
+
+
 def controllers_of(folder: Path | str) -> set[int]:
     """The submitit controllers this process started for ``folder`` (its children whose command line ends with it),
     found even when a stop came between starting one and holding its job."""
@@ -181,9 +193,10 @@ class LocalSubmitter(Submitter[LocalConfig]):
 
     @classmethod
     def job_environment(cls) -> JobEnvironment:
-        """submitit's local job (its id) and the GPUs this backend let it see (CUDA_VISIBLE_DEVICES)."""
+        """submitit's local job (its id), the GPUs this backend let it see (CUDA_VISIBLE_DEVICES), and the command
+        that runs the sweep here: its controller's parent."""
         return JobEnvironment(job_id=submitit.JobEnvironment().job_id,
-                              cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+                              cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), command_pid=command_pid())
 
     @classmethod
     def launcher_config(cls, options: Mapping[str, Any], key: str) -> LocalConfig:
