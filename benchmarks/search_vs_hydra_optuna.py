@@ -39,20 +39,7 @@ from typing import Any, TypedDict
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import (  # noqa: E402
-    PYTHON,
-    REPO,
-    bench_main,
-    fmt,
-    median,
-    ratio,
-    read_json,
-    run_logged,
-    say,
-    table,
-    tail,
-    write_json,
-)
+from _bench import PYTHON, REPO, bench_main, fmt, median, ratio, read_json, run_logged, say, table, tail, write_json  # noqa: E402,E501
 
 FACTOR, TRIALS, QUICK_TRIALS, SEED = 4, 32, 8, 0
 ROUNDS = 5  # the verdict is the median round's ratio
