@@ -35,7 +35,8 @@ def _nav_pages(nav: object) -> set[str]:
 
 
 def test_every_page_is_in_the_navigation_and_every_readme_link_to_docs_holds() -> None:
-    nav = _nav_pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]) - {"changelog.md"}  # CHANGELOG.md's
+    generated = {"changelog.md", "getting-started.md"}  # the root's CHANGELOG.md and README.md (mkdocs_hooks)
+    nav = _nav_pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]) - generated
     pages = {p.name for p in (REPO / "docs").glob("*.md")}
     assert pages == nav, f"in docs/ but not in the nav: {pages - nav}; in the nav but not in docs/: {nav - pages}"
     readme = (REPO / "README.md").read_text()
@@ -56,6 +57,7 @@ def copy(tmp_path: Path) -> Path:
     (tmp_path / "scripts").mkdir()
     shutil.copy(REPO / "scripts" / "mkdocs_hooks.py", tmp_path / "scripts")
     shutil.copy(REPO / "CHANGELOG.md", tmp_path / "CHANGELOG.md")
+    shutil.copy(REPO / "README.md", tmp_path / "README.md")
     for package in ("gpupack", "hydra_plugins"):  # what the API reference reads
         (tmp_path / package).symlink_to(REPO / package)
     return tmp_path
@@ -76,6 +78,7 @@ def test_the_strict_build_refuses_a_dead_link(copy: Path, breakage: str | None, 
         assert built.returncode == 0, built.stderr
         assert (copy / "site" / "search" / "index.html").exists()
         assert "Unreleased" in (copy / "site" / "changelog" / "index.html").read_text()  # the root CHANGELOG.md
+        assert "Make it small" in (copy / "site" / "getting-started" / "index.html").read_text()  # and README.md
         api = (copy / "site" / "api" / "index.html").read_text()  # the public surface, from its docstrings
         assert "TrainingContext" in api and "Aggregate the records of one or more runs" in api
     else:
