@@ -45,7 +45,8 @@ def browser(site: Path) -> Iterator[Any]:
 def test_every_page_is_reached_from_the_home_pages_navigation(site: Path, browser: Any) -> None:
     tab = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
     tab.goto((site / "index.html").as_uri(), wait_until="load")
-    links = tab.evaluate("[...document.querySelectorAll('nav a')].filter(a => a.offsetParent !== null).map(a => a.href)")
+    shown = "[...document.querySelectorAll('nav a')].filter(a => a.offsetParent !== null)"  # visible, not in a menu
+    links = tab.evaluate(f"{shown}.map(a => a.href)")
     reached = {Path(href.split("#")[0].removeprefix("file://")).resolve() for href in links}
     folders = {r if r.suffix != ".html" else r.parent for r in reached}  # directory URLs: a page is its folder
     pages = _nav_pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"])
