@@ -193,23 +193,25 @@ def tree_times(root: int, follow: Iterable[Key]) -> dict[Key, ProcTimes]:
                 continue
     for proc in procs:
         try:
-            with proc.oneshot():
-                t = proc.cpu_times()
-                out[(proc.pid, proc.create_time())] = ProcTimes(proc.ppid(), t.user + t.system,
-                                                                t.children_user + t.children_system)
+            out.update(_times(proc, reaped=True))
         except psutil.Error:  # ended since it was listed: its parent's reaped time has it at the next reading
             continue
     return out
+
+
+def _times(proc: psutil.Process, reaped: bool) -> dict[Key, ProcTimes]:
+    """One process's reading; with ``reaped``, the time of the descendants it waited for too."""
+    with proc.oneshot():
+        t = proc.cpu_times()
+        return {(proc.pid, proc.create_time()): ProcTimes(
+            proc.ppid(), t.user + t.system, t.children_user + t.children_system if reaped else 0.0)}
 
 
 def own_times(pid: int) -> dict[Key, ProcTimes]:
     """The CPU time of ``pid`` itself, every thread of it, without what it reaped (another lane's job, ended under a
     command that started it, is not this job's work); empty where it is gone."""
     try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            t = proc.cpu_times()
-            return {(pid, proc.create_time()): ProcTimes(proc.ppid(), t.user + t.system, 0.0)}
+        return _times(psutil.Process(pid), reaped=False)
     except psutil.Error:
         return {}
 

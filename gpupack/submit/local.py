@@ -46,6 +46,7 @@ from gpupack.submit import (
 
 POLL_S = 0.2  # how often the jobs' progress is looked at; a job's end is seen as it comes (its controller's pidfd)
 CANCEL_WAIT_S = 5.0  # for each level of a cancelled job's process tree to be gone
+CONTROLLER = "submitit.local._local"  # the module of submitit's local controller, in its command line
 
 
 @dataclass
@@ -117,7 +118,7 @@ def command_pid() -> int | None:
     parent; None where the job was not started so (a test's job run in its own process)."""
     try:
         controller = psutil.Process(os.getppid())
-        if "submitit.local._local" not in controller.cmdline():
+        if CONTROLLER not in controller.cmdline():
             return None
         return controller.ppid() or None
     except psutil.Error:
@@ -133,7 +134,7 @@ def controllers_of(folder: Path | str) -> set[int]:
             cmd = child.cmdline()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        if "submitit.local._local" in cmd and cmd[-1] == str(folder):
+        if CONTROLLER in cmd and cmd[-1] == str(folder):
             pids.add(child.pid)
     return pids
 
