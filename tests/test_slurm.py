@@ -37,6 +37,15 @@ def sacct(env, job_ids, fields="JobID,State,AllocTRES"):
     return [line.split("|") for line in out.splitlines()]
 
 
+def known_jobs(env: dict[str, str]) -> set[str]:
+    """Every job the slurmctld knows now, ended ones included (it keeps them MinJobAge, 300 s here): a job submitted
+    from now on is one not in this set. (sacct learns of a job from slurmdbd a moment after it ends, and by the
+    second: a job the test before submitted in the last second would look like this one's.)"""
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i"], capture_output=True, text=True, env=env,
+                         check=True).stdout.split()
+    return set(out)
+
+
 def records(run_dir: Path) -> dict[str, dict]:
     """Each training's latest record: in its pack's folder, or where its lane folded it (gpupack.core.store.journal)."""
     from gpupack.core.store.journal import read_folded
@@ -133,20 +142,13 @@ SLURM_CASES = [
 @pytest.mark.parametrize("overrides, key, hint", SLURM_CASES, ids=[" ".join(c[0]) for c in SLURM_CASES])
 def test_bad_input_checked_against_sinfo(tmp_path, capsys, monkeypatch, slurm_env, overrides, key, hint):
     monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])
-    # Jobs submitted from now on (slurmdbd records an earlier test's job a moment after it ends, so a plain before/after
-    # list of jobs can grow without anything submitted here): by their submit time, as sacct and squeue give it.
-    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
+    before = known_jobs(slurm_env)
     code = main(PROBE + overrides + [f"run_dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert key in err and hint in err, err
     assert not (tmp_path / "run").exists()
-    rows = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "-S", since, "-o", "JobID,Submit"], capture_output=True,
-                          text=True, env=slurm_env).stdout.split()
-    queued = subprocess.run(["squeue", "-h", "-o", "%i|%V"], capture_output=True, text=True,
-                            env=slurm_env).stdout.split()
-    submitted_since = [r for r in rows + queued if r.count("|") == 1 and r.split("|")[1] >= since]
-    assert submitted_since == []  # nothing was submitted
+    assert known_jobs(slurm_env) - before == set()  # nothing was submitted
 
 
 # ---------------- real submissions ----------------
@@ -339,7 +341,7 @@ def test_a_group_past_max_array_size_runs_as_several_arrays(tmp_path, slurm_env,
 @pytest.mark.parametrize("limited", [(1001, 3)], indirect=True)
 def test_a_sweep_past_the_users_job_limit_runs_as_lanes_within_it(tmp_path, slurm_env, limited):
     """6 packs, MaxSubmitJobs=3: three jobs run two packs each in turn; every training completes once."""
-    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
+    before = known_jobs(slurm_env)
     run_dir = tmp_path / "run"
     proc = gpupack(PROBE + ["partitions=[p100]", "packing.factors=[1]", "sweep.grid.lr=range(1,7)",
                             "sweep.fixed.steps=2", f"run_dir={run_dir}"], slurm_env)
@@ -355,23 +357,19 @@ def test_a_sweep_past_the_users_job_limit_runs_as_lanes_within_it(tmp_path, slur
     # collect read the journals (the packs may have run under each other's load on the 2 shared cores: no N named)
     assert re.search(r"(Best packing factor|No answer) for tests\.fake_workloads on p100", proc.stdout), said(proc)
     assert len(lanes) == 3  # each pack's record names the lane (array task) that ran it
-    rows = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "-S", since, "-o", "JobID"], capture_output=True,
-                          text=True, env=slurm_env).stdout.split()
-    assert len(rows) <= 3  # never more jobs than the limit (which SLURM enforces here)
+    assert len(known_jobs(slurm_env) - before) <= 3  # never more jobs than the limit (which SLURM enforces here)
 
 
 @pytest.mark.slurm
 @pytest.mark.parametrize("limited", [(1001, 3)], indirect=True)
 def test_a_sweep_that_cannot_fit_the_users_job_limit_is_refused_before_any_sbatch(tmp_path, slurm_env, limited):
-    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
+    before = known_jobs(slurm_env)
     proc = gpupack(PROBE + ["partitions=[p100]", "packing.factors=[1,2,3,4]", f"run_dir={tmp_path / 'run'}"],
                    slurm_env)  # four (partition, mode, N): four lanes at the least, past MaxSubmitJobs=3
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     err = proc.stderr.strip().splitlines()[-1]
     assert "needs 4 job(s) at the least" in err and "MaxSubmitJobs=3" in err and "nothing was submitted" in err, err
-    rows = subprocess.run(["sacct", "-X", "-n", "-a", "-P", "-S", since, "-o", "JobID"], capture_output=True,
-                          text=True, env=slurm_env).stdout.split()
-    assert rows == []  # no sbatch ran
+    assert known_jobs(slurm_env) - before == set()  # no sbatch ran
 
 
 @pytest.mark.slurm
