@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from gpupack.analysis.choose import choose, tie_label
+from gpupack.analysis.choose import Choice, choose, tie_label
 from gpupack.analysis.load import Cleared, Records, cleared_mask
 from gpupack.core.store.records import COMPLETED, OOM, PRUNED, SKIPPED_MEMORY, VICTIM
 
@@ -43,6 +43,28 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cl
     trainings, packs = not_checks(not_probes(trainings)), not_checks(not_probes(packs))
     if trainings.empty or packs.empty:
         return pd.DataFrame()
+    t = _classified(trainings, packs, cleared)
+    keys = GROUP + ["factor"]
+    timed, setups, dropped = reference_setups(timed_packs(t, packs))
+    kept = ~t["pack_id"].isin(dropped) if dropped else pd.Series(True, index=t.index)
+    out = _per_pack(timed, keys).join(_per_training(t, keys, kept), how="outer").reset_index()
+    for col in ("failed", "victims", "unfinished", "oom", "oom_cleared", "attempts", "trainings", "skipped_memory",
+                "skipped_refit"):
+        out[col] = out[col].fillna(0).astype(int)  # an OOM (counted apart) makes N infeasible on this device
+    out["loader_bound_samples_per_s"] = [bounds.get(p, math.nan) for p in out["partition"]]
+    out["loader_bound"] = out["samples_per_s"] >= LOADER_BOUND_FRACTION * out["loader_bound_samples_per_s"]
+    out = out.sort_values(keys).reset_index(drop=True)
+    out = with_choices(out, timed, disturbed)
+    groups = list(out[GROUP].itertuples(index=False, name=None))
+    for key, words in setups.items():  # the method says which set-up of the reference it weighed, and why
+        rows = pd.Series([g == key for g in groups], index=out.index)
+        out.loc[rows, "choice_method"] = out.loc[rows, "choice_method"].fillna("") + "; " + words
+    return out
+
+
+def _classified(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cleared]) -> pd.DataFrame:
+    """Each attempt of a training with what it counts as: completed, another's victim, out of memory (cleared or
+    not), skipped for its memory (refit or not), pruned, unfinished, failed; its figures as numbers."""
     t = trainings.copy()
     if "attempt" not in t:
         t["attempt"] = 0
@@ -65,10 +87,12 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cl
     t["peak_rss_mb"] = t["peak_rss_mb"].fillna(_sampled_rss(t, packs)).where(~t["was_skipped"])
     if "gpu_model" not in t:
         t["gpu_model"] = None
-    keys = GROUP + ["factor"]
-    timed, setups, dropped = reference_setups(timed_packs(t, packs))
-    kept = ~t["pack_id"].isin(dropped) if dropped else pd.Series(True, index=t.index)
-    per_pack = timed.groupby(keys).agg(
+    return t
+
+
+def _per_pack(timed: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Each (group, N)'s packs timed whole: their count, time per training and the sampler's figures."""
+    return timed.groupby(keys).agg(
         packs=("pack_id", "count"),
         time_per_training_s=("time_per_training_s", "median"),
         tpt_min_s=("time_per_training_s", "min"),
@@ -79,11 +103,16 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cl
         gpu_mem_peak_mb=("sampler_gpu_mem_used_peak_mb", "max"),
         cores=("cores", "max"),
     )
+
+
+def _per_training(t: pd.DataFrame, keys: list[str], kept: pd.Series) -> pd.DataFrame:
+    """Each (group, N)'s trainings: attempts by what they count as, and the latest ones' figures (``kept``: the
+    trainings whose set-up of the reference is the one weighed, whose times count)."""
     # one pass over every attempt, the latest ones' figures masked in (a filter would copy a million rows, and a
     # second grouping would read the keys again)
     latest = t["attempt"] == 0
     figures = latest & kept  # the set-up of the reference not kept counts its trainings, not its times
-    per_training = t.assign(
+    return t.assign(
         latest=latest, latest_startup_s=t["startup_s"].where(figures), latest_loop_s=t["loop_s"].where(figures),
         latest_samples_per_s=t["samples_per_s"].where(figures), latest_gpu_model=t["gpu_model"].where(latest),
         kept_threads=t["threads"].where(kept),
@@ -105,19 +134,6 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cl
         gpu_model=("latest_gpu_model", first_value),
         threads=("kept_threads", "median"),  # per training, as the job gave them (gpupack.pack.threads_for)
     )
-    out = per_pack.join(per_training, how="outer").reset_index()
-    for col in ("failed", "victims", "unfinished", "oom", "oom_cleared", "attempts", "trainings", "skipped_memory",
-                "skipped_refit"):
-        out[col] = out[col].fillna(0).astype(int)  # an OOM (counted apart) makes N infeasible on this device
-    out["loader_bound_samples_per_s"] = [bounds.get(p, math.nan) for p in out["partition"]]
-    out["loader_bound"] = out["samples_per_s"] >= LOADER_BOUND_FRACTION * out["loader_bound_samples_per_s"]
-    out = out.sort_values(keys).reset_index(drop=True)
-    out = with_choices(out, timed, disturbed)
-    groups = list(out[GROUP].itertuples(index=False, name=None))
-    for key, words in setups.items():  # the method says which set-up of the reference it weighed, and why
-        rows = pd.Series([g == key for g in groups], index=out.index)
-        out.loc[rows, "choice_method"] = out.loc[rows, "choice_method"].fillna("") + "; " + words
-    return out
 
 
 # The training columns summarize reads (what cleared_mask, loader_bounds and timed_packs read included).
@@ -305,29 +321,43 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
         blocked = set(group.loc[group["infeasible"] | (group["unfinished"] > 0), "factor"].astype(int))
         timings = _choice_timings(every, quiet, loaded, key, group["factor"].astype(int), blocked)
         loaded_only[key] = timings.loaded_only
-        by_n, left_out, said = timings.times, timings.left_out, timings.said
-        out.loc[idx, "left_out_disturbed"] = left_out
-        choice = choose(by_n, infeasible=blocked, rounds=timings.rounds)
-        for i, r in group.iterrows():
-            n = int(r["factor"])
-            interval = choice.intervals.get(n)
-            if interval is not None:
-                out.loc[i, ["tpt_ci_low_s", "tpt_ci_high_s"]] = [interval.low, interval.high]
-                if left_out:  # the row's figures are the ones the choice weighed: its quiet packs'
-                    out.loc[i, ["time_per_training_s", "packs"]] = [interval.median, interval.packs]
-            out.loc[i, "within_noise"] = n in choice.ties
-            out.loc[i, "chosen"] = choice.best is not None and n == choice.best
-            relative = choice.relative.get(n)
-            if relative is not None and choice.reference is not None:
-                out.loc[i, ["paired", "gain", "gain_low", "gain_high", "gain_ref", "gain_rounds"]] = [
-                    True, 1.0 / relative.median, _inverse(relative.high), _inverse(relative.low), choice.reference,
-                    relative.packs]
-        out.loc[idx, "ties"] = tie_label(choice.ties, sorted(by_n)) if len(choice.ties) > 1 else None
+        out.loc[idx, "left_out_disturbed"] = timings.left_out
+        choice = choose(timings.times, infeasible=blocked, rounds=timings.rounds)
+        _mark_choice(out, group, choice, bool(timings.left_out))
+        out.loc[idx, "ties"] = tie_label(choice.ties, sorted(timings.times)) if len(choice.ties) > 1 else None
         out.loc[idx, "tie_rule"] = choice.rule
         out.loc[idx, "provisional"] = choice.provisional
         out.loc[idx, "repeats_needed"] = choice.repeats_needed
-        out.loc[idx, "choice_method"] = choice.method + said
-    # from the row's figures as the choice left them (its quiet packs' where loaded ones were left out)
+        out.loc[idx, "choice_method"] = choice.method + timings.said
+    _with_gains(out)
+    _withhold_impossible(out, loaded_only)
+    out["threads_by_n"] = out.groupby(GROUP, dropna=False)["threads"].transform(
+        lambda col: ", ".join(f"N={int(n)}: {int(t)}" for n, t in zip(out.loc[col.index, "factor"], col) if t == t))
+    return out
+
+
+def _mark_choice(out: pd.DataFrame, group: pd.DataFrame, choice: Choice, left_out: bool) -> None:
+    """Each N's row of one group as ``choice`` left it: its interval, within noise or chosen, its paired gain
+    (``left_out``: loaded packs were left out, so the row's figures become the quiet packs' the choice weighed)."""
+    for i, r in group.iterrows():
+        n = int(r["factor"])
+        interval = choice.intervals.get(n)
+        if interval is not None:
+            out.loc[i, ["tpt_ci_low_s", "tpt_ci_high_s"]] = [interval.low, interval.high]
+            if left_out:
+                out.loc[i, ["time_per_training_s", "packs"]] = [interval.median, interval.packs]
+        out.loc[i, "within_noise"] = n in choice.ties
+        out.loc[i, "chosen"] = choice.best is not None and n == choice.best
+        relative = choice.relative.get(n)
+        if relative is not None and choice.reference is not None:
+            out.loc[i, ["paired", "gain", "gain_low", "gain_high", "gain_ref", "gain_rounds"]] = [
+                True, 1.0 / relative.median, _inverse(relative.high), _inverse(relative.low), choice.reference,
+                relative.packs]
+
+
+def _with_gains(out: pd.DataFrame) -> None:
+    """Trainings per hour, the gain over the reference (paired, else the ratio of medians against N=1), the bound N
+    trainings at once can give, and the reference's GPU use: from the rows' figures as the choice left them."""
     out["trainings_per_hour"] = 3600.0 / out["time_per_training_s"]
     base = out[out["factor"] == 1].set_index(GROUP)["time_per_training_s"]
     base_of = pd.Series([base.get(tuple(k), math.nan) for k in out[GROUP].itertuples(index=False)], index=out.index)
@@ -341,16 +371,18 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
     out["gain_bound"] = gain_bounds(out)
     out["beyond_bound"] = (out["gain"] > out["gain_bound"]).fillna(False).astype(bool)
     out["ref_gpu_util"] = _of_reference(out, "gpu_util_mean")
+
+
+def _withhold_impossible(out: pd.DataFrame, loaded_only: Mapping[Hashable, bool]) -> None:
+    """A group whose answer cannot be named (:func:`no_answer`) says why; its choice's N stays marked (withheld),
+    named nowhere as the answer."""
     out["withheld"], out["no_answer"] = False, None
     for key, idx in out.groupby(GROUP, dropna=False).groups.items():
         why = no_answer(out.loc[idx], loaded_only.get(key, False))
-        if why is not None:  # the choice's N stays marked (withheld), named nowhere as the answer
+        if why is not None:
             out.loc[idx, "no_answer"] = why
             out.loc[idx, "withheld"] = out.loc[idx, "chosen"].astype(bool)
             out.loc[idx, "chosen"] = False
-    out["threads_by_n"] = out.groupby(GROUP, dropna=False)["threads"].transform(
-        lambda col: ", ".join(f"N={int(n)}: {int(t)}" for n, t in zip(out.loc[col.index, "factor"], col) if t == t))
-    return out
 
 
 # Why a group names no best N (its ``no_answer``): the words report/text.py turns into the reason and what to do.
