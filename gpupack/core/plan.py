@@ -444,43 +444,12 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: M
     packs: list[Pack] = []
     notes: list[str] = []
     if loader_probe:
-        param, keys, solo = loader_probe  # solo: the mode that runs one training as it runs alone
-        alone = loader_probes(workload, points, fixed, param, keys)
-        for partition in partitions:
-            packs += [Pack(f"{partition}-loader-n01-{i:03d}", partition, solo, 1, i, (t,), probe=True)
-                      for i, t in enumerate(alone)]
-        notes.append(f"data-loader probe: {len(alone)} loader-only training(s) per partition measure the "
-                     "input pipeline's own samples/s")
+        packs, notes = _loader_probe_packs(workload, points, fixed, partitions, loader_probe)
     if stream_jobs is not None:
-        trainings = longest_first(trainings_for(workload, points, fixed, len(points), seed_key), cost)
-        for factor, partition, mode in itertools.product(factors, partitions, modes):
-            packs += stream_lanes(partition, mode, factor, trainings, stream_jobs)
-        most = 1 + max(p.index for p in packs)
-        by_cost = cost is not None and all(cost(t.params) is not None for t in trainings)
-        notes.append(f"streaming: up to {most} job(s) of N slots per (partition, mode, N) drain the grid's "
-                     f"{len(points)} training(s); a slot that frees takes the next unclaimed one"
-                     + (", longest first (the workload's estimate)" if by_cost else ", in the grid's order"))
-        factors = ()  # nothing else is planned for them
-    for factor in factors:
-        n_packs = max(repeats, math.ceil(len(points) / factor))
-        extra = n_packs * factor - len(points)
-        if extra:
-            how = (f"with new seeds ({seed_key})" if seed_key is not None else
-                   "unchanged (labelled repeats: the program takes no seed, so a new one would not reach it)")
-            notes.append(f"N={factor}: the grid has {len(points)} point(s); {extra} more training(s) repeat "
-                         f"grid points {how} so that {n_packs} packs of {factor} are full")
-        trainings = trainings_for(workload, points, fixed, n_packs * factor, seed_key)
-        for partition, mode in itertools.product(partitions, modes):
-            chunks = (grouped_chunks(workload, points, fixed, factor, repeats, seed_key, group_keys[mode])
-                      if group_keys and mode in group_keys else
-                      [tuple(trainings[i * factor:(i + 1) * factor]) for i in range(n_packs)])
-            packs += [Pack(pack_id(partition, mode, factor, index), partition, mode, factor, index, chunk)
-                      for index, chunk in enumerate(chunks)]
-            if group_keys and mode in group_keys and partition == next(iter(partitions)):
-                n_groups = len({group_keys[mode]({**fixed, **p}) for p in points})
-                if n_groups > 1:
-                    notes.append(f"{mode} N={factor}: the grid's {n_groups} shapes train in separate groups "
-                                 f"({len(chunks)} packs; each pack holds one shape)")
+        lanes, note = _stream_packs(workload, points, fixed, factors, partitions, modes, seed_key, stream_jobs, cost)
+        packs, notes, factors = packs + lanes, notes + [note], ()  # nothing else is planned for them
+    made, said = _packing_packs(workload, points, fixed, factors, partitions, modes, repeats, seed_key, group_keys)
+    packs, notes = packs + made, notes + said
     if reference_threads is not None and factors:
         packs += setup_packs(packs, workload, points, fixed, min(factors), reference_threads, seed_key)
         notes.append(f"N={min(factors)}, the reference, is also measured at {reference_threads} thread(s) per training "
@@ -499,6 +468,71 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: M
     return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(probes + lanes + measured),
                 notes=tuple(notes), order=order_label(order, order_seed, rounds, reference_threads is not None),
                 phase=phase)
+
+
+def _loader_probe_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
+                        partitions: Iterable[str], loader_probe: tuple[str, Sequence[str], str],
+                        ) -> tuple[list[Pack], list[str]]:
+    """One N=1 probe pack per partition and distinct input-pipeline setting (loader param, loader keys, the mode
+    that runs one training as it runs alone), and the plan's note of them."""
+    param, keys, solo = loader_probe
+    alone = loader_probes(workload, points, fixed, param, keys)
+    packs = [Pack(f"{partition}-loader-n01-{i:03d}", partition, solo, 1, i, (t,), probe=True)
+             for partition in partitions for i, t in enumerate(alone)]
+    return packs, [f"data-loader probe: {len(alone)} loader-only training(s) per partition measure the input "
+                   "pipeline's own samples/s"]
+
+
+def _stream_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
+                  factors: Iterable[int], partitions: Iterable[str], modes: Iterable[str], seed_key: str | None,
+                  stream_jobs: int, cost: Callable[[Mapping[str, object]], float | None] | None,
+                  ) -> tuple[list[Pack], str]:
+    """The grid once as ``stream_jobs`` streaming lanes per (partition, mode, N), longest first where ``cost`` knows
+    every training, and the plan's note of them."""
+    trainings = longest_first(trainings_for(workload, points, fixed, len(points), seed_key), cost)
+    partitions, modes = list(partitions), list(modes)
+    packs = [lane for factor, partition, mode in itertools.product(factors, partitions, modes)
+             for lane in stream_lanes(partition, mode, factor, trainings, stream_jobs)]
+    most = 1 + max(p.index for p in packs)
+    by_cost = cost is not None and all(cost(t.params) is not None for t in trainings)
+    return packs, (f"streaming: up to {most} job(s) of N slots per (partition, mode, N) drain the grid's "
+                   f"{len(points)} training(s); a slot that frees takes the next unclaimed one"
+                   + (", longest first (the workload's estimate)" if by_cost else ", in the grid's order"))
+
+
+def _packing_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
+                   factors: Iterable[int], partitions: Iterable[str], modes: Iterable[str], repeats: int,
+                   seed_key: str | None,
+                   group_keys: Mapping[str, Callable[[Mapping[str, object]], Hashable]] | None,
+                   ) -> tuple[list[Pack], list[str]]:
+    """Whole packs of each N for each (partition, mode): the grid in at least ``repeats`` full packs, filled with
+    grid points run again (new seeds where ``seed_key`` reaches them); a mode in ``group_keys`` packs only trainings
+    of one key together. With the plan's notes of what was filled and grouped."""
+    packs: list[Pack] = []
+    notes: list[str] = []
+    partitions, modes = list(partitions), list(modes)
+    for factor in factors:
+        n_packs = max(repeats, math.ceil(len(points) / factor))
+        extra = n_packs * factor - len(points)
+        if extra:
+            how = (f"with new seeds ({seed_key})" if seed_key is not None else
+                   "unchanged (labelled repeats: the program takes no seed, so a new one would not reach it)")
+            notes.append(f"N={factor}: the grid has {len(points)} point(s); {extra} more training(s) repeat "
+                         f"grid points {how} so that {n_packs} packs of {factor} are full")
+        trainings = trainings_for(workload, points, fixed, n_packs * factor, seed_key)
+        for partition, mode in itertools.product(partitions, modes):
+            grouped = group_keys is not None and mode in group_keys
+            chunks = (grouped_chunks(workload, points, fixed, factor, repeats, seed_key, group_keys[mode])
+                      if group_keys is not None and grouped else
+                      [tuple(trainings[i * factor:(i + 1) * factor]) for i in range(n_packs)])
+            packs += [Pack(pack_id(partition, mode, factor, index), partition, mode, factor, index, chunk)
+                      for index, chunk in enumerate(chunks)]
+            if group_keys is not None and grouped and partition == partitions[0]:
+                n_groups = len({group_keys[mode]({**fixed, **p}) for p in points})
+                if n_groups > 1:
+                    notes.append(f"{mode} N={factor}: the grid's {n_groups} shapes train in separate groups "
+                                 f"({len(chunks)} packs; each pack holds one shape)")
+    return packs, notes
 
 
 def order_label(order: str, seed: int, rounds: int, setups: bool = False) -> str:
