@@ -149,43 +149,8 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                 results += outcome.results
                 if not ended(outcome):  # wait=false: its jobs were submitted or still run; a later call decides
                     return waiting(prepared, report, f"the probe at N={n} in {step_run.root}", outcome)
-            # The verdict weighs this step alone: the new N against the best so far, measured again beside it and
-            # paired within the step's rounds, its packs measured under foreign load left out as the final choice
-            # leaves them, so drift between steps or inside one (a neighbour's job, a warm cache) cannot decide it.
-            records = load_records([step_run.root])
-            summary = summarize(records.trainings, records.packs, records.cleared)
-            timings = pack_times(records, loaded_packs(records.packs))
-            for partition in list(climbing):
-                row = _row(summary, partition, n)
-                timed = timings.get(partition, Timings({}, {}))
-                by_n = weighed(prepared, partition, timed.times, auto.objective)
-                why = verdict(n, by_n, best_so_far[partition], int(row.get("oom", 0)), int(row.get("unfinished", 0)),
-                              auto.min_gain, int(row.get("skipped_memory", 0)), rounds=timed.rounds)
-                if why != "climb" and timed.said:  # what the packs it weighed leave out, or kept, under foreign load
-                    why += timed.said
-                if why == "climb":  # the new N beat the best so far (paired, beyond noise): it is the best now
-                    best_so_far[partition] = n
-                    why = next_rung_fits(prepared, partition, auto.ladder[i + 1:], records_roots=probe_runs(root)) \
-                        or ("climb" if i + 1 < len(auto.ladder) else
-                            (auto.cut or f"the ladder ends at N={n}"))
-                step = Step(partition, n, str(step_run.root), why)
-                report.steps.append(step)
-                if on_step:
-                    on_step(step)
-                if why != "climb":
-                    report.stopped[partition] = why
-                    climbing.remove(partition)
-        collected = aggregate(probe_runs(root))
-        chosen = {r["partition"]: int(r["factor"]) for _, r in collected.best.iterrows()}
-        if auto.objective == "cost":  # the same noise-aware choice, over the RGU billed per training
-            chosen = cheapest_n(prepared, collected)
-        # a probe that names no N (its gain beyond the device, or every pack under foreign load): the rest runs at
-        # the ladder's reference, which needs no comparison to be trusted, and says so
-        unnamed = {str(r["partition"]): str(r["no_answer"]) for _, r in collected.withheld.iterrows()}
-        report.best = {p: None if p in unnamed else chosen.get(p) for p in spec.partitions}
-        report.runs_at = {p: auto.ladder[0] for p in spec.partitions if p in unnamed}
-        report.unnamed = {p: why for p, why in unnamed.items() if p in spec.partitions}
-        runs_at = {p: report.best[p] if report.best[p] is not None else report.runs_at.get(p) for p in report.best}
+            _judge_step(prepared, auto, report, climbing, best_so_far, step_run, auto.ladder[i:], on_step)
+        runs_at, collected = _choose_from_probes(prepared, spec, auto, report)
         if auto.then == RUN and any(v is not None for v in runs_at.values()):
             report.left, production = production_of(spec, runs_at, probe_completed(collected.records))
             report.search = spec.search.n_trials if spec.search is not None else None
@@ -199,15 +164,72 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                     if not ended(outcome):
                         return waiting(prepared, report, f"the grid at the best N in {run_dir.root}", outcome)
                 report.run_dir = str(run_dir.root)
-        write_json_atomic(root.auto_record, {
-            "schema": 1, "written_at": time.time(), "ladder": list(auto.ladder), "cut": auto.cut,
-            "min_gain": auto.min_gain, "repeats": auto.repeats, "then": auto.then,
-            "steps": [dataclasses.asdict(s) for s in report.steps], "stopped": report.stopped, "best": report.best,
-            "run_dir": report.run_dir, "left": report.left, "search": report.search, "runs_at": report.runs_at,
-            "unnamed": report.unnamed})
+        _write_auto_record(root, auto, report)
     collected, written = collect([root.root], plots=plots)
     return Outcome(prepared, Opened(resumed=False, todo=[], complete=0, queued={}), results=results,
                          collected=collected, written=written, auto=report)
+
+
+def _judge_step(prepared: Prepared, auto: AutoSpec, report: AutoReport, climbing: list[str],
+                best_so_far: dict[str, int | None], step_run: RunDir, ladder: Sequence[int],
+                on_step: Callable[[Step], None] | None) -> None:
+    """Each climbing partition's verdict on the step of N = ``ladder[0]`` (the rungs left after it: ``ladder[1:]``):
+    it climbs on, with the new N its best so far, or stops there and says why.
+
+    The verdict weighs this step alone: the new N against the best so far, measured again beside it and paired
+    within the step's rounds, its packs measured under foreign load left out as the final choice leaves them, so
+    drift between steps or inside one (a neighbour's job, a warm cache) cannot decide it."""
+    n, rest = ladder[0], ladder[1:]
+    records = load_records([step_run.root])
+    summary = summarize(records.trainings, records.packs, records.cleared)
+    timings = pack_times(records, loaded_packs(records.packs))
+    for partition in list(climbing):
+        row = _row(summary, partition, n)
+        timed = timings.get(partition, Timings({}, {}))
+        by_n = weighed(prepared, partition, timed.times, auto.objective)
+        why = verdict(n, by_n, best_so_far[partition], int(row.get("oom", 0)), int(row.get("unfinished", 0)),
+                      auto.min_gain, int(row.get("skipped_memory", 0)), rounds=timed.rounds)
+        if why != "climb" and timed.said:  # what the packs it weighed leave out, or kept, under foreign load
+            why += timed.said
+        if why == "climb":  # the new N beat the best so far (paired, beyond noise): it is the best now
+            best_so_far[partition] = n
+            why = next_rung_fits(prepared, partition, rest, records_roots=probe_runs(prepared.run)) \
+                or ("climb" if rest else (auto.cut or f"the ladder ends at N={n}"))
+        step = Step(partition, n, str(step_run.root), why)
+        report.steps.append(step)
+        if on_step:
+            on_step(step)
+        if why != "climb":
+            report.stopped[partition] = why
+            climbing.remove(partition)
+
+
+def _choose_from_probes(prepared: Prepared, spec: SweepSpec, auto: AutoSpec, report: AutoReport,
+                        ) -> tuple[dict[str, int | None], Collected]:
+    """The best N of each partition from every probe step (by time, or by cost), into ``report``; returns the N the
+    rest of the grid runs at, and the probes' aggregate. A probe that names no N (its gain beyond the device, or
+    every pack under foreign load) runs the rest at the ladder's reference, which needs no comparison to be trusted,
+    and says so."""
+    collected = aggregate(probe_runs(prepared.run))
+    chosen = {r["partition"]: int(r["factor"]) for _, r in collected.best.iterrows()}
+    if auto.objective == "cost":  # the same noise-aware choice, over the RGU billed per training
+        chosen = cheapest_n(prepared, collected)
+    unnamed = {str(r["partition"]): str(r["no_answer"]) for _, r in collected.withheld.iterrows()}
+    report.best = {p: None if p in unnamed else chosen.get(p) for p in spec.partitions}
+    report.runs_at = {p: auto.ladder[0] for p in spec.partitions if p in unnamed}
+    report.unnamed = {p: why for p, why in unnamed.items() if p in spec.partitions}
+    runs_at = {p: report.best[p] if report.best[p] is not None else report.runs_at.get(p) for p in report.best}
+    return runs_at, collected
+
+
+def _write_auto_record(root: RunDir, auto: AutoSpec, report: AutoReport) -> None:
+    """auto.json: the ladder and its options, each step's verdict, and what was chosen and run."""
+    write_json_atomic(root.auto_record, {
+        "schema": 1, "written_at": time.time(), "ladder": list(auto.ladder), "cut": auto.cut,
+        "min_gain": auto.min_gain, "repeats": auto.repeats, "then": auto.then,
+        "steps": [dataclasses.asdict(s) for s in report.steps], "stopped": report.stopped, "best": report.best,
+        "run_dir": report.run_dir, "left": report.left, "search": report.search, "runs_at": report.runs_at,
+        "unnamed": report.unnamed})
 
 
 def settled(prepared: Prepared, step: RunDir, plan: Plan) -> bool:
