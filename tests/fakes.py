@@ -1,10 +1,10 @@
 """Fakes shared by the fast tests: NVML at its one seam (gpupack.runtime.monitor._nvml), a submission backend that
 answers from a table, and canned sinfo/sacct text for the SLURM backend's one seam
-(gpupack.submit._slurm_queue.slurm_command).
+(gpupack.submit.slurm.commands.slurm_command).
 
     monkeypatch.setattr(monitor, "_nvml", lambda: FakeNvml(names=["Tesla T4"]))
     made = use_fake_submitter(monkeypatch, {"v100": Capacity(has_gpu=True, gpu_memory_mb=16384, max_cpus=8)})
-    monkeypatch.setattr(gpupack.submit._slurm_queue, "slurm_command", canned_slurm(sinfo=SINFO))
+    monkeypatch.setattr(gpupack.submit.slurm.commands, "slurm_command", canned_slurm(sinfo=SINFO))
 """
 from __future__ import annotations
 
@@ -408,7 +408,7 @@ SACCT = """\
 def canned_slurm(sinfo: str | None = SINFO, sacct: str | None = SACCT,
                  asked: list[list[str]] | None = None,
                  more: Mapping[str, str | None] | None = None) -> Callable[..., str | None]:
-    """A stand-in for gpupack.submit._slurm_queue.slurm_command: the canned text of each command (None: it did not
+    """A stand-in for gpupack.submit.slurm.commands.slurm_command: the canned text of each command (None: it did not
     answer, as away from the cluster); ``asked`` collects each command line. ``more``: other commands' answers, by
     the command and its first words ("scontrol show", "sacctmgr show assoc", "sacctmgr show qos", "squeue")."""
 

@@ -82,9 +82,9 @@ FIXES = [  # (the other overrides, the typo, the HINT's fix)
 @pytest.mark.parametrize("others, typo, fix", FIXES, ids=[f[2] for f in FIXES])
 def test_the_hinted_key_is_accepted(tmp_path: Path, capsys: Any, monkeypatch: Any, others: list[str], typo: str,
                                     fix: str) -> None:
-    from gpupack.submit import _slurm_queue
+    from gpupack.submit.slurm import commands
 
-    monkeypatch.setattr(_slurm_queue, "slurm_command", lambda *args, **kwargs: None)  # away from any cluster
+    monkeypatch.setattr(commands, "slurm_command", lambda *args, **kwargs: None)  # away from any cluster
     base = ["+sweep=mnist_pack", f"run_dir={tmp_path / 'run'}", *others]
     assert main([*base, typo]) == 2
     assert f"did you mean {fix}" in capsys.readouterr().err  # the nearest key first

@@ -13,8 +13,7 @@ from gpupack.cli import main
 from gpupack.core.plan import make_plan
 from gpupack.core.store.rundir import RunDir
 from gpupack.setup.compose import compose_config
-from gpupack.submit import _slurm_queue
-from gpupack.submit.slurm import SlurmSubmitter, sbatch_lines
+from gpupack.submit.slurm import SlurmSubmitter, commands, sbatch_lines
 from tests.fakes import canned_slurm
 from tests.test_slurm import PROBE, gpupack
 
@@ -46,7 +45,7 @@ def plan_packs(partition: str, factor: int, points: int) -> list:
       "--output=RUN/submitit/%A/%j_0_log.out"]),
 ])
 def test_the_sbatch_lines_of_each_preset(tmp_path, monkeypatch, preset, partition, factor, points, expected):
-    monkeypatch.setattr(_slurm_queue, "slurm_command", canned_slurm(sinfo=None, sacct=None))  # away from the site
+    monkeypatch.setattr(commands, "slurm_command", canned_slurm(sinfo=None, sacct=None))  # away from the site
     cfg = compose_config(["+sweep=mnist_pack", *preset, "cluster.account=def-pi"])
     sub = SlurmSubmitter(cfg.cluster, RunDir(tmp_path / "run"))
     _forecast, arrays = sub.array_jobs(plan_packs(partition, factor, points))

@@ -15,8 +15,7 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.errors import ConfigError
 from gpupack.setup.compose import compose_config
 from gpupack.setup.validate import requested_partitions
-from gpupack.submit import _slurm_queue
-from gpupack.submit.slurm import SlurmSubmitter
+from gpupack.submit.slurm import SlurmSubmitter, commands
 from gpupack.workload import Range
 from gpupack.workloads import load_workload
 
@@ -270,7 +269,7 @@ def no_cluster(monkeypatch: Any) -> None:
     def asked(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError(f"the cluster was asked {args}")
 
-    monkeypatch.setattr(_slurm_queue, "slurm_command", asked)
+    monkeypatch.setattr(commands, "slurm_command", asked)
 
 
 @pytest.mark.parametrize("overrides, needles", SLURM_ROWS, ids=[" ".join(c[0]) for c in SLURM_ROWS])

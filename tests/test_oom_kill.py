@@ -19,8 +19,8 @@ from gpupack.job.oom import record_job_oom
 from gpupack.job.records import build_training_record, status_of
 from gpupack.runtime import oom
 from gpupack.runtime.monitor import DeviceInfo
-from gpupack.submit._slurm_queue import out_of_memory, pack_state
 from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter
+from gpupack.submit.slurm.commands import out_of_memory, pack_state
 
 WORKLOAD = "tests.fake_workloads"
 

@@ -13,7 +13,7 @@ from gpupack.cli import main
 from gpupack.core.memory.figures import same_device
 from gpupack.core.store.records import read_json, training_record, write_json_atomic
 from gpupack.core.store.rundir import RunDir
-from gpupack.submit import _slurm_queue
+from gpupack.submit.slurm import commands
 from tests.fakes import canned_slurm
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def cpu_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def dry_run(args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
-    monkeypatch.setattr(_slurm_queue, "slurm_command", canned_slurm(sinfo=None, sacct=None))  # away from the site
+    monkeypatch.setattr(commands, "slurm_command", canned_slurm(sinfo=None, sacct=None))  # away from the site
     code = main(args)
     out = capsys.readouterr().out
     assert code == 0, out

@@ -1,4 +1,4 @@
-"""The SLURM backend's reading of sinfo and sacct, with canned answers at its one seam (gpupack.submit._slurm_queue.
+"""The SLURM backend's reading of sinfo and sacct, with canned answers at its one seam (gpupack.submit.slurm.commands.
 slurm_command), without a slurmctld: what tests/test_slurm.py checks against the local cluster, in the fast tier."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from gpupack.cli import main
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, Capacity
 from gpupack.errors import ConfigError, SubmissionError
-from gpupack.submit import _slurm_queue as slurm  # the backend's seam to the cluster: sinfo, sacct
-from gpupack.submit._slurm_queue import gpus_in
 from gpupack.submit.slurm import PartitionConfig, SlurmConfig, SlurmSubmitter
+from gpupack.submit.slurm import commands as slurm  # the backend's seam to the cluster: sinfo, sacct
+from gpupack.submit.slurm.commands import gpus_in
 from tests.fakes import SINFO, canned_slurm
 from tests.test_slurm import PROBE, SLURM_CASES
 
@@ -187,8 +187,8 @@ def test_the_job_body_reads_no_scheduler_variable():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent / "gpupack"
-    slurm = {root / "submit" / "slurm.py", root / "submit" / "_slurm_queue.py"}
-    assert [p for p in root.rglob("*.py") if p not in slurm and "SLURM_" in p.read_text()] == []
+    slurm = root / "submit" / "slurm"
+    assert [p for p in root.rglob("*.py") if slurm not in p.parents and "SLURM_" in p.read_text()] == []
 
 
 @pytest.mark.parametrize("field, value", [("bundle_cores", 0.0), ("bundle_mem_gb", -1.0), ("max_cpus", 0),

@@ -14,7 +14,7 @@ import pytest
 from submitit.core.utils import FailedJobError
 
 from gpupack.errors import UnreachableError
-from gpupack.submit import _slurm_queue
+from gpupack.submit.slurm import commands
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "tests" / "hydra_app" / "app.py"
@@ -116,7 +116,7 @@ SBATCH = [
 @pytest.mark.parametrize("said, unreachable", SBATCH, ids=[s[0][-40:] for s in SBATCH])
 def test_sbatch_not_finding_slurm_is_told_from_sbatch_refusing_the_job(monkeypatch, said, unreachable):
     monkeypatch.setenv("SLURM_CONF", "/x/slurm.conf")
-    err = _slurm_queue.sbatch_refusal(FailedJobError(said))
+    err = commands.sbatch_refusal(FailedJobError(said))
     assert (err is not None) == unreachable
     if err is not None:
         line = str(err)
@@ -127,13 +127,13 @@ def test_sbatch_not_finding_slurm_is_told_from_sbatch_refusing_the_job(monkeypat
 
 def test_sbatch_not_installed_is_slurm_not_answering(monkeypatch):
     monkeypatch.delenv("SLURM_CONF", raising=False)
-    err = _slurm_queue.sbatch_refusal(FileNotFoundError(2, "No such file or directory", "sbatch"))
+    err = commands.sbatch_refusal(FileNotFoundError(2, "No such file or directory", "sbatch"))
     assert err is not None and "SLURM_CONF not set" in str(err) and "cluster=local" in str(err)
 
 
 def test_what_a_client_said_is_one_line_each_thing_once():
     said = "sbatch: error: A\nsbatch: error: B\n\nsbatch: error: A\nsbatch: fatal: C\n"
-    assert _slurm_queue.one_line("sbatch", said) == "sbatch: A; B; C"
+    assert commands.one_line("sbatch", said) == "sbatch: A; B; C"
 
 
 @pytest.mark.parametrize("printed, refusal, passed_on", [

@@ -2,8 +2,7 @@
 exist, node CPUs and memory) and sacct (each job's state, an OOM among them).
 
 Every SLURM command gpupack runs itself goes through :func:`slurm_command`, the one seam to the cluster besides
-submitit (tests answer it with canned text). Private to :mod:`gpupack.submit.slurm` (the leading underscore keeps it
-out of the backends :func:`gpupack.submit.available_backends` lists).
+submitit (tests answer it with canned text). Part of the SLURM backend's package, :mod:`gpupack.submit.slurm`.
 """
 from __future__ import annotations
 

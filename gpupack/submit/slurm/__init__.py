@@ -1,7 +1,7 @@
 """SLURM: each pack is one array task on one GPU, through submitit's SlurmExecutor.
 
 Packs of one (partition, mode, N) group share one job array. What gpupack asks SLURM itself (sinfo, sacct), and
-how it reads the answers, is in :mod:`gpupack.submit._slurm_queue`, the one seam to the cluster besides submitit.
+how it reads the answers, is in :mod:`gpupack.submit.slurm.commands`, the one seam to the cluster besides submitit.
 """
 from __future__ import annotations
 
@@ -46,10 +46,10 @@ from gpupack.submit import (
     PackJobHandle,
     ProgressFn,
     Submitter,
-    _slurm_queue,
     job_result,
     progress_state,
 )
+from gpupack.submit.slurm import commands
 
 T = TypeVar("T")
 ACCOUNT_ENV = ("SLURM_ACCOUNT", "SBATCH_ACCOUNT")  # what Alliance users export in their shell
@@ -468,7 +468,7 @@ def block_label(arrays: Sequence[ArrayJob]) -> str:
             + (f", {packs} packs in lanes" if packs > jobs else ""))
 
 
-def limit_lines(forecast: JobForecast, arrays: Sequence[ArrayJob], limits: _slurm_queue.SiteLimits,
+def limit_lines(forecast: JobForecast, arrays: Sequence[ArrayJob], limits: commands.SiteLimits,
                 sinfo_silent: str | None) -> list[str]:
     """The totals of a submission against the site's limits, each with where it comes from (read from the cluster,
     from the preset, or unknown where SLURM did not answer: its words), and whether sinfo checked the partitions.
@@ -503,7 +503,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
     Config = SlurmConfig
     detachable = True
     requeues = True
-    _limits: _slurm_queue.SiteLimits | None = None  # asked once per submitter (site_limits)
+    _limits: commands.SiteLimits | None = None  # asked once per submitter (site_limits)
     _oom_records: dict[str, RunRecords] | None = None  # a job that ran out of memory: the run's records, read once
     _sinfo_silent: str | None = None  # why sinfo did not answer when capacities asked it (its partition check skipped)
     _reached = False  # SLURM answered here (require_reachable, asked once)
@@ -603,7 +603,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         """From the preset (GPU memory from the model name, V100-16gb; per-GPU guidance) and, where SLURM
         answers, sinfo: each partition and GPU type must exist; node CPUs and memory bound the rest."""
         why: list[str] = []
-        live = _slurm_queue.live_limits(self.cluster.partitions, partitions, self.key, why=why)
+        live = commands.live_limits(self.cluster.partitions, partitions, self.key, why=why)
         self._sinfo_silent = why[0] if why else None
         out = {}
         for name in partitions:
@@ -642,19 +642,19 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         if self._reached:
             return
         silent = self._sinfo_silent  # the partition check's sinfo found no controller: each try costs SLURM's timeout
-        if silent and _slurm_queue.UNREACHABLE.search(silent) and shutil.which("sbatch") is not None:
-            raise _slurm_queue.unreachable("sinfo", silent)
-        _slurm_queue.require_reachable()
+        if silent and commands.UNREACHABLE.search(silent) and shutil.which("sbatch") is not None:
+            raise commands.unreachable("sinfo", silent)
+        commands.require_reachable()
         self._reached = True
 
     def _executor(self) -> submitit.SlurmExecutor:
         return QuietSlurmExecutor(folder=str(self.run.submitit_folder),
                                   max_num_timeout=int(self.cluster.max_num_timeout))
 
-    def site_limits(self) -> _slurm_queue.SiteLimits:
+    def site_limits(self) -> commands.SiteLimits:
         """What SLURM lets this user submit (asked once), with the site's stated job limit where it is lower."""
         if self._limits is None:
-            live = _slurm_queue.site_limits(getpass.getuser(), self.cluster.additional_parameters.get("qos"))
+            live = commands.site_limits(getpass.getuser(), self.cluster.additional_parameters.get("qos"))
             stated = self.cluster.max_jobs_per_user
             if stated is not None and (live.max_submit is None or stated < live.max_submit):
                 live = dataclasses.replace(live, max_submit=stated, submit_source=f"{self.key('max_jobs_per_user')}="
@@ -774,12 +774,12 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                                             else [p.pack_id for p in lane], labelled) for lane in group]
             except Exception as err:  # sbatch refused: say which group and why, keep what was submitted
                 self.remember({p.pack_id: (str(j.job_id), p.partition) for p, j in out})
-                unreachable = _slurm_queue.sbatch_refusal(err)  # no SLURM answers here: its one line and fix
+                unreachable = commands.sbatch_refusal(err)  # no SLURM answers here: its one line and fix
                 if unreachable is not None:
                     raise unreachable from None
                 what = f"k={devices}" if devices > 1 else f"N={factor}"
                 raise SubmissionError(f"sbatch refused the {partition} {what} array: "
-                                      f"{_slurm_queue.one_line('sbatch', str(err))}") from None
+                                      f"{commands.one_line('sbatch', str(err))}") from None
             out += [(p, job) for lane, job in zip(group, jobs) for p in lane]
         self.remember({p.pack_id: (str(j.job_id), p.partition) for p, j in out})
         return out
@@ -818,7 +818,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         """How a pack's job ended. When SLURM says it ran out of memory, the trainings its cgroup killed are recorded as
         oom (gpupack.job.oom.record_job_oom), so their N is infeasible; any it cannot record are named in the error."""
         result = job_result(pack, job, self.run)
-        if not _slurm_queue.out_of_memory(job.state, (job.stderr() or "") + (job.stdout() or "")):  # merged: a lane's
+        if not commands.out_of_memory(job.state, (job.stderr() or "") + (job.stdout() or "")):  # merged: a lane's
             return result
         why = f"SLURM: job {job.job_id} ran out of memory (its cgroup killed a process)"
         self._oom_records = self._oom_records or {}  # a lane's packs end with its job: its journals read once
@@ -832,11 +832,11 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
 
     def queue_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
         """sacct's State of each job id (e.g. "CANCELLED by 0"); None when sacct does not answer."""
-        return _slurm_queue.queue_states(job_ids)
+        return commands.queue_states(job_ids)
 
     def pack_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
         states = self.queue_states(job_ids)
-        return None if states is None else {j: _slurm_queue.pack_state(s) for j, s in states.items()}
+        return None if states is None else {j: commands.pack_state(s) for j, s in states.items()}
 
 
 class _DevicesRule(TypedDict, total=False):
