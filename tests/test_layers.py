@@ -93,7 +93,7 @@ def test_an_upward_import_by_name_breaks_it(tmp_path, importer, call, says):
 PROCESS_STARTERS = {"gpupack/runtime/supervisor.py": {"subprocess.Popen"},
                     "gpupack/runtime/forkserver.py": {"os.fork"},
                     "gpupack/submit/slurm/commands.py": {"subprocess.run"},
-                    "gpupack/submit/local.py": {"subprocess.Popen"}}
+                    "gpupack/submit/_submitit.py": {"subprocess.Popen"}}
 STARTS = {f"subprocess.{n}" for n in ("Popen", "run", "call", "check_call", "check_output", "getoutput",
                                       "getstatusoutput")} | {f"os.{n}" for n in (
     "fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "spawnv", "spawnve", "spawnl", "spawnle",

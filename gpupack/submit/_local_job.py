@@ -6,7 +6,7 @@ and so the command, sees the job end. Frozen, they are left to the process's end
 """
 import gc
 
-from submitit.core.submission import submitit_main
+from gpupack.submit._submitit import submitit_main
 
 if __name__ == "__main__":
     submitit_main()

@@ -9,21 +9,15 @@ each. Lanes do not fold their packs (a cluster's lanes do, for its file quotas):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import resource
-import shlex
-import subprocess
-import threading
 import time
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import psutil
 import submitit
-import submitit.local.local as submitit_local
 
 from gpupack.core.plan import Pack, deal
 from gpupack.core.store.records import read_json_or_none
@@ -43,10 +37,10 @@ from gpupack.submit import (
     job_result,
     progress_state,
 )
+from gpupack.submit._submitit import CONTROLLER, SessionLocalExecutor
 
 POLL_S = 0.2  # how often the jobs' progress is looked at; a job's end is seen as it comes (its controller's pidfd)
 CANCEL_WAIT_S = 5.0  # for each level of a cancelled job's process tree to be gone
-CONTROLLER = "submitit.local._local"  # the module of submitit's local controller, in its command line
 
 
 @dataclass
@@ -76,42 +70,6 @@ def process_room() -> int | None:
 
 
 # ---------------- pack jobs that never outlive gpupack ----------------
-
-_submit_lock = threading.Lock()
-
-
-R = TypeVar("R")  # what the job returns, as submitit's executor types it
-
-
-class SessionLocalExecutor(submitit.LocalExecutor):
-    """submitit's local executor, with each job's controller started in a session of its own, so that the terminal's
-    signals (Ctrl-C, a hang-up) reach gpupack alone and gpupack cancels its jobs itself (:func:`cancel_jobs`). A
-    controller in the terminal's process group prints a KeyboardInterrupt traceback on Ctrl-C, and on a hang-up dies
-    at once and leaves its pack job and trainings running, with no parent left to find them by.
-
-    ``inherit``: descriptors each controller keeps open, the run directory's lock
-    (:class:`gpupack.core.store.rundir.RunLock`: a controller holds it while its job runs, should gpupack itself be
-    killed)."""
-
-    inherit: tuple[int, ...] = ()
-
-    @property
-    def _submitit_command_str(self) -> str:
-        # submitit's own job entry, through gpupack.submit._local_job: the same job, and a quick exit once it is done
-        return " ".join([self.python, "-u -m gpupack.submit._local_job", shlex.quote(str(self.folder))])
-
-    def _submit_command(self, command: str) -> submitit_local.LocalJob[R]:
-        # submitit starts the controller with its module's subprocess.Popen and has no option for a session: its module
-        # sees one that starts a new session during this call (under a lock: the swap is module-wide).
-        popen = functools.partial(subprocess.Popen, start_new_session=True, pass_fds=self.inherit)
-        with _submit_lock:
-            real = submitit_local.subprocess
-            submitit_local.subprocess = types.SimpleNamespace(Popen=popen)  # type: ignore[assignment]
-            try:
-                return super()._submit_command(command)
-            finally:
-                submitit_local.subprocess = real
-
 
 def command_pid() -> int | None:
     """In a local job: the gpupack command (or Hydra app) whose submitit controller started this job, its parent's

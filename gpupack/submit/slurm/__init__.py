@@ -5,26 +5,21 @@ how it reads the answers, is in :mod:`gpupack.submit.slurm.commands`, the one se
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as _dt
 import difflib
 import getpass
-import io
 import math
 import os
 import re
 import shutil
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TypedDict, TypeVar, cast
 
 import submitit
-from submitit.core.utils import DelayedSubmission, FailedJobError
-from submitit.slurm.slurm import _make_sbatch_string
 
 from gpupack.core.memory.figures import Figure, request_mb
 from gpupack.core.plan import Pack, deal
@@ -49,6 +44,7 @@ from gpupack.submit import (
     job_result,
     progress_state,
 )
+from gpupack.submit._submitit import QuietSlurmExecutor, make_sbatch_string
 from gpupack.submit.slurm import commands
 
 T = TypeVar("T")
@@ -433,14 +429,13 @@ class ArrayJob:
 
 def sbatch_lines(folder: str | os.PathLike[str], parameters: SbatchParameters, tasks: int) -> list[str]:
     """The #SBATCH lines of the submission.sh submitit writes for ``tasks`` jobs submitted in one batch with
-    ``parameters`` into ``folder``: submitit's own script (its _make_sbatch_string, as its SlurmExecutor calls it; an
-    executor itself needs srun, which a dry run away from the cluster lacks). A batch of more than one is an array:
+    ``parameters`` into ``folder``: submitit's own script (:func:`~gpupack.submit._submitit.make_sbatch_string`, as its
+    SlurmExecutor writes it). A batch of more than one is an array:
     submitit sets map_count on its copy of the executor (SlurmExecutor._internal_process_submissions). Pure."""
     params = parameters.copy()
     if tasks > 1:
         params["map_count"] = tasks
-    make: Callable[..., str] = _make_sbatch_string  # its hint says gpus_per_node is an int; sbatch takes "v100:1"
-    text = make(command="", folder=Path(folder).expanduser().absolute(), **params)
+    text = make_sbatch_string(Path(folder).expanduser().absolute(), **params)
     return [line for line in text.splitlines() if line.startswith("#SBATCH")]
 
 
@@ -843,31 +838,6 @@ class _DevicesRule(TypedDict, total=False):
     """A partition's limit on the devices of one job, where the site states one (PartitionFacts' fields)."""
     max_devices_per_job: int
     devices_rule: str
-
-
-class QuietSlurmExecutor(submitit.SlurmExecutor):
-    """submitit's SlurmExecutor without its own print of what a failing sbatch said: the error gpupack raises from it
-    quotes sbatch's words once. Anything else written to stderr meanwhile (a warning) is passed on."""
-
-    def _internal_process_submissions(self, delayed_submissions: list[DelayedSubmission]) -> list[submitit.Job[object]]:
-        said = io.StringIO()
-        refused = ""
-        try:
-            with contextlib.redirect_stderr(said):
-                return super()._internal_process_submissions(delayed_submissions)
-        except FailedJobError as err:
-            refused = str(err).strip()
-            raise
-        finally:
-            sys.stderr.write(unsaid(said.getvalue(), refused))
-
-
-def unsaid(written: str, refused: str) -> str:
-    """What was written to stderr during a submission, less submitit's print of sbatch's refusal (``refused``, the
-    words its FailedJobError holds, printed as a line of their own). Pure."""
-    if not refused:
-        return written
-    return written.replace(refused + "\n", "", 1)
 
 
 SUBMITTER = SlurmSubmitter
