@@ -12,12 +12,20 @@ from omegaconf import OmegaConf
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.store.claims import claims
 from gpupack.core.store.journal import RunRecords
-from gpupack.core.store.records import COMPLETED, OOM, PRUNED, SKIPPED_MEMORY, read_json, write_json_atomic
+from gpupack.core.store.records import (
+    COMPLETED,
+    OOM,
+    PRUNED,
+    SKIPPED_MEMORY,
+    TrainingRecord,
+    read_json,
+    write_json_atomic,
+)
 from gpupack.core.store.rundir import HeldLocks, RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import RunDirError
 from gpupack.search.progress import SearchProgress, read_progress
-from gpupack.submit import load_submitter
+from gpupack.submit import SubmittedJob, load_submitter
 
 if TYPE_CHECKING:  # the tables (pandas) are imported where the records are read: status needs none of them
     from gpupack.analysis.load import ClearedOom
@@ -159,33 +167,48 @@ def status(run_dir: Path | str) -> RunStatus:
 
         subs = [p for p in find_runs([run.root]) if p != run.root and RunDir(p).plan.exists()]
         if subs:  # packing.factors=auto (probe/nNN/, run/) or a Hydra multirun (.gpupack/launch_*): each one's packs
-            parts = [status(p) for p in subs]
-            merged: dict[str, Counter[str]] = {}
-            for part in parts:
-                for partition, c in part.trainings.items():
-                    merged.setdefault(partition, Counter()).update(c)
-            return RunStatus(run.root, parts[0].sweep, [p for part in parts for p in part.packs],
-                             queue_answered=all(part.queue_answered for part in parts), trainings=merged,
-                             started_at=min((q.started_at for q in parts if q.started_at), default=None),
-                             ended_at=max((q.ended_at for q in parts if q.ended_at), default=None)
-                             if _all_ended(merged) else None,
-                             last_end_at=max((q.last_end_at for q in parts if q.last_end_at), default=None),
-                             search=next((q.search for q in parts if q.search is not None), None))
+            return _merged(run, [status(p) for p in subs])
         raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")
     plan = Plan.from_json(read_json(run.plan))
     cfg = OmegaConf.load(run.config)
     backend = load_submitter(cfg.cluster.backend, cfg.cluster, run)
     jobs = backend.jobs()
     states = backend.pack_states([j["job_id"] for j in jobs.values()])
-    packs = []
-    trainings: dict[str, Counter[str]] = {}
-    starts, ends = [], []
-    held = HeldLocks()  # this host's lock table, read once for the run and every pack
-    sweep_held = held.holds(run.lock)
     records = RunRecords(run)  # a pack's folder, else its lane's journal
     # each training's record that says where it stands: a refit pack's where its plan pack was skipped for memory
     every = {p.pack_id: {t.training_id: records.current(p.pack_id, t.training_id) for t in p.trainings}
              for p in plan.packs}
+    packs = _pack_states(run, plan, records, every, jobs, states)
+    trainings, starts, ends = _training_states(run, plan, every, {s.pack_id: s.state for s in packs})
+    last_end = max((e for e in ends if e), default=None)
+    return RunStatus(run.root, plan.sweep, packs, queue_answered=states is not None, trainings=trainings,
+                     started_at=min((s for s in starts if s), default=None),
+                     ended_at=last_end if _all_ended(trainings) else None, last_end_at=last_end,
+                     search=read_progress(run.study))
+
+
+def _merged(run: RunDir, parts: list[RunStatus]) -> RunStatus:
+    """One status of a folder of runs (an auto run's probe steps and run, a Hydra multirun's launches)."""
+    merged: dict[str, Counter[str]] = {}
+    for part in parts:
+        for partition, c in part.trainings.items():
+            merged.setdefault(partition, Counter()).update(c)
+    return RunStatus(run.root, parts[0].sweep, [p for part in parts for p in part.packs],
+                     queue_answered=all(part.queue_answered for part in parts), trainings=merged,
+                     started_at=min((q.started_at for q in parts if q.started_at), default=None),
+                     ended_at=max((q.ended_at for q in parts if q.ended_at), default=None)
+                     if _all_ended(merged) else None,
+                     last_end_at=max((q.last_end_at for q in parts if q.last_end_at), default=None),
+                     search=next((q.search for q in parts if q.search is not None), None))
+
+
+def _pack_states(run: RunDir, plan: Plan, records: RunRecords, every: Mapping[str, Mapping[str, TrainingRecord | None]],
+                 jobs: Mapping[str, SubmittedJob], states: Mapping[str, str] | None) -> list[PackStatus]:
+    """Each planned pack's state: from its trainings' records and its pack record, its job's queue state, and
+    whether this host holds its lock or the run's."""
+    held = HeldLocks()  # this host's lock table, read once for the run and every pack
+    sweep_held = held.holds(run.lock)
+    packs = []
     for p in plan.packs:
         recs = every[p.pack_id]
         done = sum(rec is not None and rec.get("status") == COMPLETED for rec in recs.values())
@@ -201,7 +224,17 @@ def status(run_dir: Path | str) -> RunStatus:
                             sweep_held=sweep_held, skipped=skipped)
         why, refit = skipped_words(pack_rec)
         packs.append(PackStatus(p.pack_id, p.partition, state, done, len(p.trainings), job, skipped, why, refit))
-    by_pack = {s.pack_id: s.state for s in packs}
+    return packs
+
+
+def _training_states(run: RunDir, plan: Plan, every: Mapping[str, Mapping[str, TrainingRecord | None]],
+                     by_pack: Mapping[str, str]) -> tuple[dict[str, Counter[str]], list[float | None],
+                                                          list[float | None]]:
+    """Each training's state by partition (the lane that claimed it, else its pack, runs it), and the start and end
+    of each one recorded."""
+    trainings: dict[str, Counter[str]] = {}
+    starts: list[float | None] = []
+    ends: list[float | None] = []
     # a streaming queue's claims, read once: who runs what
     queues = {stream: claims(run.claims(stream))
               for stream in dict.fromkeys(p.stream for p in plan.packs if p.stream is not None)}
@@ -222,11 +255,7 @@ def status(run_dir: Path | str) -> RunStatus:
             if rec is not None:
                 starts.append(float(rec.get("started_at") or 0) or None)
                 ends.append(float(rec.get("ended_at") or 0) or None)
-    last_end = max((e for e in ends if e), default=None)
-    return RunStatus(run.root, plan.sweep, packs, queue_answered=states is not None, trainings=trainings,
-                     started_at=min((s for s in starts if s), default=None),
-                     ended_at=last_end if _all_ended(trainings) else None, last_end_at=last_end,
-                     search=read_progress(run.study))
+    return trainings, starts, ends
 
 
 def skipped_here(rec: Mapping[str, object] | None) -> bool:
