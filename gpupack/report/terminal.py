@@ -179,10 +179,18 @@ def shared_cores_line(c: Collected) -> str | None:
 
 
 def render(c: Collected, console: Console, wide: bool = False) -> None:
+    """What collect prints: warnings, a search's trials, the times by N, the best hyperparameters, then the answer."""
     for w in c.records.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, markup=True)
     for search in c.searches:  # a search's answer first: its best trial, then the trials ranked
         render_search(search, console, several=len(c.searches) > 1)
+    _render_times(c, console, wide)
+    _render_hyperparameters(c, console)
+    _render_answer(c, console)
+
+
+def _render_times(c: Collected, console: Console, wide: bool) -> None:
+    """The time per training table (or what is pending), its legends, an auto run's steps and its production run."""
     if c.summary.empty:
         for line in pending_lines(c):
             console.print(line, highlight=False)
@@ -209,6 +217,10 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
             console.print(f"start-up s / loop s: '-' for {unsplit_trainings(c)} training(s) whose program did not mark "
                           "its first step, so their wall time is one figure (from gpupack.result import "
                           "TrainingResult; call first_step() before the first step to split it).", highlight=False)
+
+
+def _render_hyperparameters(c: Collected, console: Console) -> None:
+    """Why trainings failed, the best hyperparameters, the knobs' table and the data the trainings read."""
     for line in failure_lines(c):
         console.print(line, highlight=False)
     if not c.hyper.table.empty:
@@ -225,6 +237,11 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
     if not c.records.trainings.empty and "data" in c.records.trainings:
         for data in sorted(map(str, c.records.trainings["data"].dropna().unique())):
             console.print(f"Data: {data}", highlight=False)
+
+
+def _render_answer(c: Collected, console: Console) -> None:
+    """The plan's trainings against their records, the cost, the answer (or why none), what would change it, and
+    the tables beside it (layouts, occupancy)."""
     counts = c.records.plan_counts()
     if counts.planned:  # the plan's trainings against their records, as status and a run's last line say (a search
         console.print(counts.line(), highlight=False, soft_wrap=True)  # plans none: its trials' line said it above)
