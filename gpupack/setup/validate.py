@@ -328,6 +328,47 @@ def plain(node: DictConfig) -> dict[str, object]:
     return cast("dict[str, object]", OmegaConf.to_container(node, resolve=True))
 
 
+def _check_against_the_workload(cfg: DictConfig, workload: Workload, searching: bool, factors: Sequence[int]) -> None:
+    """What the sweep asks of a search and of its workload's trainings: a search streaming at one N, a goal and a
+    metric the trainings report."""
+    if searching and str(cfg.packing.stream) == "off":
+        raise ConfigError("packing.stream", "off", "a search streams its trials (each slot asks the study for the next "
+                          "as one ends); whole packs would wait for their slowest trial before asking",
+                          "leave packing.stream=auto (or on) with search=optuna")
+    if searching and not is_auto(cfg) and len(factors) != 1:
+        raise ConfigError("packing.factors", list(factors), "a search streams its trials at one N",
+                          f"packing.factors=[{max(factors)}] (or packing.factors=auto to measure it first)")
+    if cfg.collect.goal is not None:
+        check_goal(cfg.collect.goal, "collect.goal")
+    if cfg.collect.metric is not None and workload.reported_metrics is not None:  # None: known only once they ran
+        check_metric(str(cfg.collect.metric), workload.reported_metrics, "collect.metric",
+                     f"{workload.name}'s trainings")
+
+
+def _auto_spec(cfg: DictConfig, workload: Workload, modes: Sequence[str], factors: Sequence[int],
+               facts: ClusterFacts, settings: PackSettings, memory: TrainingMemory) -> AutoSpec:
+    """packing.factors=auto: the ladder the device can hold (cut where memory says so) and the probe's settings."""
+    fraction = float(cfg.packing.memory_fraction)
+    ladder, cut, memory_note = auto_ladder(factors, facts, memory, fraction, memory.host,
+                                           lambda n: check_modes(workload, modes, [n], facts, settings))
+    return AutoSpec(ladder=ladder, cut=cut, min_gain=float(cfg.packing.auto.min_gain),
+                    repeats=int(cfg.packing.auto.repeats or max(3, cfg.packing.repeats)), then=cfg.packing.then,
+                    memory_note=memory_note, objective=str(cfg.packing.auto.objective))
+
+
+def _check_groups(workload: Workload, modes: Sequence[str], grid: Mapping[str, Sequence[object]],
+                  fixed: Mapping[str, object]) -> None:
+    """Every training fits a group of each mode that packs by group (fused: one shape, no AMP...): each axis's
+    values read once."""
+    for mode, key in group_keys(workload, modes).items():
+        try:
+            each_reading(key, grid, fixed)
+        except ConfigError as err:
+            where = "sweep.grid" if err.key in grid else "sweep.fixed"
+            raise ConfigError(f"{where}.{err.key}", err.value, f"{err.why} (packing.modes has {mode})",
+                              err.hint) from None
+
+
 def validate(cfg: DictConfig, facts: ClusterFacts,
              measure: Callable[[str, set[str], str], Measured] | None = None) -> SweepSpec:
     """Check everything against the backend's answers (``facts``) and, through ``measure``, what earlier records
@@ -345,18 +386,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
         raise ConfigError("sweep.loader_probe", True, f"{workload.name} has no data-loader-only mode",
                           "set sweep.loader_probe=false, or give the workload a loader_param")
     factors, modes = check_packing(cfg)
-    if search is not None and str(cfg.packing.stream) == "off":
-        raise ConfigError("packing.stream", "off", "a search streams its trials (each slot asks the study for the next "
-                          "as one ends); whole packs would wait for their slowest trial before asking",
-                          "leave packing.stream=auto (or on) with search=optuna")
-    if search is not None and not is_auto(cfg) and len(factors) != 1:
-        raise ConfigError("packing.factors", list(factors), "a search streams its trials at one N",
-                          f"packing.factors=[{max(factors)}] (or packing.factors=auto to measure it first)")
-    if cfg.collect.goal is not None:
-        check_goal(cfg.collect.goal, "collect.goal")
-    if cfg.collect.metric is not None and workload.reported_metrics is not None:  # None: known only once they ran
-        check_metric(str(cfg.collect.metric), workload.reported_metrics, "collect.metric",
-                     f"{workload.name}'s trainings")
+    _check_against_the_workload(cfg, workload, search is not None, factors)
     # Every mode's and strategy's own options, used by this sweep or not: a value out of range is refused, not ignored.
     settings = pack_settings(cfg.packing, cfg.sweep.training_estimate_s, cfg.sweep.training_memory_mb)
     check_strategy_options(cfg.spread)
@@ -369,23 +399,14 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     fraction = float(cfg.packing.memory_fraction)
     auto = None
     if is_auto(cfg):
-        factors, cut, memory_note = auto_ladder(factors, facts, memory, fraction, memory.host,
-                                                lambda n: check_modes(workload, modes, [n], facts, settings))
-        auto = AutoSpec(ladder=factors, cut=cut, min_gain=float(cfg.packing.auto.min_gain),
-                        repeats=int(cfg.packing.auto.repeats or max(3, cfg.packing.repeats)), then=cfg.packing.then,
-                        memory_note=memory_note, objective=str(cfg.packing.auto.objective))
+        auto = _auto_spec(cfg, workload, modes, factors, facts, settings, memory)
+        factors = auto.ladder
     else:
         check_packs(workload, modes, factors, facts, settings, memory, fraction, lambda i: f"packing.factors[{i}]",
                     request_host_mb=memory.host)
     spread = check_spread_config(cfg, workload, facts, memory, fraction, memory.host, grid, fixed,
                                  auto=is_auto(cfg))
-    for mode, key in group_keys(workload, modes).items():  # every training must fit a group (fused: no AMP...)
-        try:
-            each_reading(key, grid, fixed)
-        except ConfigError as err:
-            where = "sweep.grid" if err.key in grid else "sweep.fixed"
-            raise ConfigError(f"{where}.{err.key}", err.value, f"{err.why} (packing.modes has {mode})",
-                              err.hint) from None
+    _check_groups(workload, modes, grid, fixed)
     return SweepSpec(name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed,
                      factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
                      loader_probe=bool(sweep.loader_probe), settings=settings, order=cfg.packing.order,
