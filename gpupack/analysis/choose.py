@@ -198,17 +198,9 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
         method += f"; unpaired: {paired}"
     elif paired is not None:
         reference = ns[0]
-        pairs = [paired[n] for n in ns]
-        boots, spread = _paired_boots(pairs, resamples, rng, None if spread is None else spread * math.sqrt(2))
-        medians = np.array([1.0] + [_ratio_of_sums(p) for p in pairs[1:]])
-        rq = np.nanquantile(boots, [alpha / 2, 1 - alpha / 2], axis=1)
-        relative = {n: MedianInterval(float(medians[i]), float(rq[0, i]) if len(pairs[i]) >= 2 else None,
-                                float(rq[1, i]) if len(pairs[i]) >= 2 else None, len(pairs[i]))
-                    for i, n in enumerate(ns)}
-        n_rounds = len({k for of_n in pairs for _, _, k in of_n})
-        method = (f"paired within rounds: each N's time per training over N={reference}'s in the same rounds (ratio "
-                  f"of their sums), {_pct(confidence)} percentile bootstrap over its {n_rounds} rounds ({resamples} "
-                  f"resamples, seed {seed}); tie: the interval of the difference of the ratios holds 0")
+        boots, spread, medians, relative, method = _paired(
+            [paired[n] for n in ns], ns, resamples, rng, spread, alpha, f"{_pct(confidence)} percentile bootstrap",
+            seed)
 
     lo = int(np.argmin(medians))  # first minimum: the smaller N wins an exact tie of medians
     lowest = ns[lo]
@@ -223,6 +215,25 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
     repeats = _repeats(medians, lo, tied, [len(s) for s in samples], spread, provisional, min_packs, alpha)
     return Choice(best, lowest, ties, RULES[rule], MappingProxyType(intervals), provisional, repeats, method,
                   reference, MappingProxyType(relative))
+
+
+def _paired(pairs: list[list[tuple[float, float, Hashable]]], ns: list[int], resamples: int,
+            rng: np.random.Generator, spread: float | None, alpha: float, bootstrap: str, seed: int,
+            ) -> tuple[np.ndarray, float | None, np.ndarray, dict[int, MedianInterval], str]:
+    """The paired comparison: each N's time per training over the reference's (``ns[0]``) in the same rounds, the
+    ratio of their sums, with its bootstrap over the rounds. Returns the boots, their spread, each N's ratio, its
+    interval and the method's words."""
+    boots, spread = _paired_boots(pairs, resamples, rng, None if spread is None else spread * math.sqrt(2))
+    medians = np.array([1.0] + [_ratio_of_sums(p) for p in pairs[1:]])
+    rq = np.nanquantile(boots, [alpha / 2, 1 - alpha / 2], axis=1)
+    relative = {n: MedianInterval(float(medians[i]), float(rq[0, i]) if len(pairs[i]) >= 2 else None,
+                                  float(rq[1, i]) if len(pairs[i]) >= 2 else None, len(pairs[i]))
+                for i, n in enumerate(ns)}
+    n_rounds = len({k for of_n in pairs for _, _, k in of_n})
+    method = (f"paired within rounds: each N's time per training over N={ns[0]}'s in the same rounds (ratio of their "
+              f"sums), {bootstrap} over its {n_rounds} rounds ({resamples} resamples, seed {seed}); tie: the interval "
+              "of the difference of the ratios holds 0")
+    return boots, spread, medians, relative, method
 
 
 def _tagged(values: Sequence[float], rounds: Sequence[Hashable] | None, what: str) -> tuple[np.ndarray, list[Hashable]]:
