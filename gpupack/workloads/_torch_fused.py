@@ -94,18 +94,9 @@ def train_fused(params_list: Sequence[TP], ctxs: Sequence[TrainingContext], data
 
     device = torch.device(ctxs[0].device)
     n = len(params_list)
-    xs, ys, loaders, models = [], [], [], []
-    for p in params_list:  # each model set up as alone: seed, subset, loader, then initialisation
-        torch.manual_seed(p.seed)
-        gen = torch.Generator().manual_seed(p.seed)
-        x, y = subset(torch, data, p, gen)
-        xs.append(x)
-        ys.append(y)
-        loaders.append(index_loader(torch, len(y), p.batch_size, gen))
-        models.append(build_model(torch.nn, p).to(device))
+    x_all, y_all, loaders, models = _set_up(torch, params_list, data, build_model, device)
     base = copy.deepcopy(models[0]).to("meta")
     weights, buffers = stack_module_state(models)  # {name: [N, ...]} leaves that require grad
-    x_all, y_all = torch.stack(xs).to(device), torch.stack(ys).to(device)  # [N, S, ...]
     x_val = images(torch, data.x_test[: params_list[0].val_samples]).to(device)
     y_val = torch.from_numpy(data.y_test[: params_list[0].val_samples]).long().to(device)
     per_model = lambda values: torch.tensor(values, dtype=x_all.dtype, device=device)  # noqa: E731
@@ -140,15 +131,8 @@ def train_fused(params_list: Sequence[TP], ctxs: Sequence[TrainingContext], data
             with torch.no_grad():
                 sgd_step(weights, bufs, lr, momentum, decay)
             values = losses.detach().to("cpu", torch.float64)
-            finite = torch.isfinite(values).tolist()  # one call, not one per model: N of them cost a step's time
-            for m in range(n):
-                if alive[m] and not finite[m]:
-                    alive[m] = False
-                    failure[m] = Diverged(f"loss became {values[m].item()} at epoch {epoch + 1}, step {step + 1}: "
-                                          "this model stopped, the others of its fused group went on")
-                    ctxs[m].reporter.loop_ended()
-                elif alive[m]:
-                    ctxs[m].reporter.step(len(idx[m]))
+            _count_step(torch, values, alive, failure, ctxs, [len(i) for i in idx],
+                        f"epoch {epoch + 1}, step {step + 1}")
             running += values.nan_to_num(0.0) * len(idx[0])
             count += len(idx[0])
     for m, ctx in enumerate(ctxs):
@@ -161,6 +145,38 @@ def train_fused(params_list: Sequence[TP], ctxs: Sequence[TrainingContext], data
             {"train_loss": running[m].item() / max(count, 1), "val_accuracy": accuracy[m], "data": data.source,
              "fused_group": n}
             for m in range(n)]
+
+
+def _set_up(torch: Framework, params_list: Sequence[TP], data: ImageSet,
+            build_model: Callable[[Framework, TP], Model], device: object,
+            ) -> tuple[Tensor, Tensor, list[Loader], list[Model]]:
+    """Each model set up as it is alone: seed, subset, loader, then initialisation; the subsets stacked on the
+    device ([N, S, ...])."""
+    xs, ys, loaders, models = [], [], [], []
+    for p in params_list:
+        torch.manual_seed(p.seed)
+        gen = torch.Generator().manual_seed(p.seed)
+        x, y = subset(torch, data, p, gen)
+        xs.append(x)
+        ys.append(y)
+        loaders.append(index_loader(torch, len(y), p.batch_size, gen))
+        models.append(build_model(torch.nn, p).to(device))
+    return torch.stack(xs).to(device), torch.stack(ys).to(device), loaders, models
+
+
+def _count_step(torch: Framework, values: Tensor, alive: list[bool], failure: list[BaseException | None],
+                ctxs: Sequence[TrainingContext], batches: Sequence[int], where: str) -> None:
+    """One step of each model told to its reporter; a model whose loss is no longer finite stops there (Diverged),
+    the others of its group go on."""
+    finite = torch.isfinite(values).tolist()  # one call, not one per model: N of them cost a step's time
+    for m, ctx in enumerate(ctxs):
+        if alive[m] and not finite[m]:
+            alive[m] = False
+            failure[m] = Diverged(f"loss became {values[m].item()} at {where}: this model stopped, the others of its "
+                                  "fused group went on")
+            ctx.reporter.loop_ended()
+        elif alive[m]:
+            ctx.reporter.step(batches[m])
 
 
 def sgd_step(weights: dict[str, Tensor], bufs: dict[str, Tensor], lr: Tensor, momentum: Tensor, decay: Tensor) -> None:
