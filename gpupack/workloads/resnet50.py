@@ -156,9 +156,8 @@ def own_resnet50(nn: Framework, num_classes: int = 1000) -> Model:
     return _resnet_class(nn)(num_classes)
 
 
-@functools.lru_cache(maxsize=None)
-def _resnet_class(nn: Framework) -> Callable[[int], Model]:
-    """The classes, made once per torch.nn: N models of one class is what fused mode's stacking asks for."""
+def _bottleneck_class(nn: Framework) -> Callable[[int, int, int, Model | None], Model]:
+    """ResNet-50's bottleneck block (1x1, 3x3, 1x1 convolutions, 4x wider out), as a class of ``nn``."""
 
     class Bottleneck(nn.Module):
         expansion = 4
@@ -180,6 +179,14 @@ def _resnet_class(nn: Framework) -> Callable[[int], Model]:
             out = self.relu(self.bn2(self.conv2(out)))
             out = self.bn3(self.conv3(out))
             return self.relu(out + (self.downsample(x) if self.downsample is not None else x))
+
+    return Bottleneck
+
+
+@functools.lru_cache(maxsize=None)
+def _resnet_class(nn: Framework) -> Callable[[int], Model]:
+    """The classes, made once per torch.nn: N models of one class is what fused mode's stacking asks for."""
+    Bottleneck = _bottleneck_class(nn)
 
     class ResNet(nn.Module):
         def __init__(self, num_classes: int) -> None:
