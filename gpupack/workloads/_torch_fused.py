@@ -99,10 +99,8 @@ def train_fused(params_list: Sequence[TP], ctxs: Sequence[TrainingContext], data
     weights, buffers = stack_module_state(models)  # {name: [N, ...]} leaves that require grad
     x_val = images(torch, data.x_test[: params_list[0].val_samples]).to(device)
     y_val = torch.from_numpy(data.y_test[: params_list[0].val_samples]).long().to(device)
-    per_model = lambda values: torch.tensor(values, dtype=x_all.dtype, device=device)  # noqa: E731
-    lr = per_model([p.lr for p in params_list])
-    momentum = per_model([p.momentum for p in params_list])
-    decay = per_model([weight_decay] * n)
+    lr, momentum, decay = (torch.tensor(values, dtype=x_all.dtype, device=device) for values in (
+        [p.lr for p in params_list], [p.momentum for p in params_list], [weight_decay] * n))  # per model
 
     def loss_of(w: Tensor, b: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
         return F.cross_entropy(functional_call(base, (w, b), (xb,)), yb)
@@ -112,8 +110,7 @@ def train_fused(params_list: Sequence[TP], ctxs: Sequence[TrainingContext], data
     bufs: dict[str, Tensor] = {}
     alive = [True] * n
     failure: list[BaseException | None] = [None] * n
-    running = torch.zeros(n, dtype=torch.float64)
-    count = 0
+    running, count = torch.zeros(n, dtype=torch.float64), 0
     base.eval()  # eval: the warm-up must not touch BatchNorm's running statistics
     with torch.no_grad():  # the first batched call pays torch.func's lazy set-up (~1 s): start-up, not loop
         batched_loss(weights, buffers, x_all[:, :2], y_all[:, :2])
