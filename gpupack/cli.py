@@ -124,15 +124,26 @@ def run_sweep(overrides: Sequence[str], console: Console) -> int:
         if view is not None:
             view.__exit__()
     if not prepared.wait and (outcome.auto is None or outcome.auto.waiting):  # a probe that has ended: its answer
-        jobs = sorted({j.split("_")[0] for j in outcome.submitted.values()})
-        console.print(f"Submitted {len(outcome.submitted)} pack job(s): " + ", ".join(jobs) if jobs else
-                      "Nothing to submit.")
-        if outcome.auto is not None:
-            console.print(*outcome.auto.lines(), highlight=False)
-            return 0
-        console.print(f"Run directory: {outcome.run_dir}\n  python -m gpupack status {outcome.run_dir}\n"
-                      f"  python -m gpupack collect {outcome.run_dir}")
+        print_submitted(outcome, console)
         return 0
+    return print_outcome(outcome, console)
+
+
+def print_submitted(outcome: sweep.Outcome, console: Console) -> None:
+    """wait=false: the jobs submitted, and how to follow them (an auto run: where its probe stands)."""
+    jobs = sorted({j.split("_")[0] for j in outcome.submitted.values()})
+    console.print(f"Submitted {len(outcome.submitted)} pack job(s): " + ", ".join(jobs) if jobs else
+                  "Nothing to submit.")
+    if outcome.auto is not None:
+        console.print(*outcome.auto.lines(), highlight=False)
+        return
+    console.print(f"Run directory: {outcome.run_dir}\n  python -m gpupack status {outcome.run_dir}\n"
+                  f"  python -m gpupack collect {outcome.run_dir}")
+
+
+def print_outcome(outcome: sweep.Outcome, console: Console) -> int:
+    """A run that waited for its packs: those that did not finish, collect's tables and answer, and the last line
+    (done, or what is left). Returns the exit code."""
     for r in outcome.results:
         if not r.ok:
             console.print(f"[red]pack {r.pack_id} (job {r.job_id}) did not finish:[/] {escape(str(r.error))}",
