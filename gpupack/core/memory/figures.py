@@ -400,28 +400,30 @@ def memory_shares(fraction: float | None, device_total_mb: float | None, peaks: 
     if need == 0:
         return [equal] * len(peaks)
     floor = min(equal.mb, stated_mb if stated_mb is not None else DEFAULT_GPU_MB)  # each unmeasured one's least
-    if not others:
-        scale = budget / need if need <= budget else None
-    elif budget - need * (1 + margin) >= others * floor:
-        scale = 1 + margin
-    elif budget - need >= others * floor:
-        scale = (budget - others * floor) / need  # some of the margin given up for the unmeasured (>= 1)
-    else:
-        scale = None
+    scale = _share_scale(budget, need, others, floor, margin)
     if scale is None:
         why = (f"{equal.source}: the measured peaks ({need:.0f} MB) "
                + (f"leave less than {floor:.0f} MB for each of {others} unmeasured" if need <= budget else
                   f"pass {fraction:g} x the device ({budget:.0f} MB)"))
         return [MemoryShare(equal.fraction, equal.mb, why)] * len(peaks)
     rest = (budget - need * scale) / others if others else 0.0
-    out = []
-    for p, m in zip(peaks, measured):
-        if m is not None and p is not None:
-            how = (f"x (1 + packing.memory_margin={margin:g})" if others and scale == 1 + margin else
-                   f"x {scale:.3g}: " + ("all of packing.memory_fraction, in proportion to the measured peaks"
-                                         if not others else f"the margin cut for {floor:.0f} MB to each unmeasured"))
-            out.append(MemoryShare(m * scale / device_total_mb, m * scale, f"{p.source}: {m:.0f} MB {how}"))
-        else:
-            out.append(MemoryShare(rest / device_total_mb, rest, f"the rest of packing.memory_fraction={fraction:g} "
-                                   f"after {len(peaks) - others} measured share(s), over {others} unmeasured"))
-    return out
+    how = (f"x (1 + packing.memory_margin={margin:g})" if others and scale == 1 + margin else
+           f"x {scale:.3g}: " + ("all of packing.memory_fraction, in proportion to the measured peaks"
+                                 if not others else f"the margin cut for {floor:.0f} MB to each unmeasured"))
+    unmeasured = MemoryShare(rest / device_total_mb, rest, f"the rest of packing.memory_fraction={fraction:g} after "
+                             f"{len(peaks) - others} measured share(s), over {others} unmeasured")
+    return [MemoryShare(m * scale / device_total_mb, m * scale, f"{p.source}: {m:.0f} MB {how}")
+            if m is not None and p is not None else unmeasured for p, m in zip(peaks, measured)]
+
+
+def _share_scale(budget: float, need: float, others: int, floor: float, margin: float) -> float | None:
+    """What each measured peak is multiplied by in its share of ``budget`` (MB): all of it in proportion where
+    every training was measured; the margin where the ``others`` unmeasured keep ``floor`` each; less of it where
+    that is what leaves them their floor (never below 1); None where the peaks alone leave too little. Pure."""
+    if not others:
+        return budget / need if need <= budget else None
+    if budget - need * (1 + margin) >= others * floor:
+        return 1 + margin
+    if budget - need >= others * floor:
+        return (budget - others * floor) / need  # some of the margin given up for the unmeasured (>= 1)
+    return None
