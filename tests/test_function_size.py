@@ -1,6 +1,7 @@
 """No function of gpupack/ is over :data:`MAX_LINES` lines: each is one step that reads at a glance (issue 45 held
-the job body to it, issue 54 all of gpupack/). A function's length is ``end_lineno - lineno + 1``: from its ``def`` line to its
-last line, its docstring and comments included, its decorators not; methods and nested functions count alone."""
+the job body to it, issue 54 all of gpupack/). A function's length is ``end_lineno - lineno + 1``: from its ``def``
+line to its last line, its docstring and comments included, its decorators not; methods and nested functions count
+alone."""
 from __future__ import annotations
 
 import ast
