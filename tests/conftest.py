@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Callable
@@ -33,6 +34,13 @@ def _no_cluster_unless_asked(request: pytest.FixtureRequest, monkeypatch: pytest
 
 
 PYTHON = sys.executable
+
+
+def verdict(workload: str, partition: str) -> str:
+    """The pattern of the line a run or collect prints for a (workload, partition) group: its named N, or why none is
+    named. A real run's packs may all be measured under foreign load (another test, CI's own processes, the local
+    cluster's 3 nodes on 2 cores), and then withholding the answer is right; the choice itself is tested by tables."""
+    return rf"(Best packing factor|No answer) for {re.escape(workload)} on {re.escape(partition)}\b"
 
 
 SLURM_CONF_DEFAULT = "/tmp/gpupack-slurm/etc/slurm.conf"

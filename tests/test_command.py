@@ -14,6 +14,7 @@ What is guaranteed and checked here:
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
 from gpupack.result import ENV, TrainingResult, report
 from gpupack.workloads.command import WORKLOAD, render, result_from_report
+from tests.conftest import verdict
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = REPO / "tests" / "programs" / "report_train.py"
@@ -247,7 +249,7 @@ def test_reporting_program_end_to_end_argv_verbatim_metrics_and_split_timings(tm
                      f"+sweep.fixed.cwd='{tmp_path}/work-{{lr}}'", "packing.factors=[1,2]", "packing.repeats=1",
                      f"run_dir={run_dir}"], subprocess_env, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Best packing factor for command" in proc.stdout
+    assert re.search(verdict("command", "local"), proc.stdout), proc.stdout
     records = _records(run_dir)
     # N=1: two packs of one, and two at its 1-thread set-up (2 cores); N=2: one pack of two; the drift check at the end
     assert len(records) == 4 + 2 + 1

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from gpupack.runtime.jobenv import job_cores
+from tests.conftest import verdict
 
 TINY = ["+sweep=mnist_pack", "packing.factors=[1,2]", "packing.repeats=1", "sweep.grid.lr=[0.1]",
         "sweep.grid.batch_size=[128]", "sweep.fixed.train_samples=2000", "sweep.fixed.val_samples=1000",
@@ -41,7 +43,7 @@ def test_tiny_sweep_runs_records_and_names_the_best_n(tmp_path, subprocess_env):
         assert rec["metrics"]["val_accuracy"] > 0.5  # real digits, really learned
         assert "MNIST (shipped copy" in rec["data"]
         assert rec["framework"] == f"torch {torch.__version__}"  # what its figures were measured with
-    assert "Best packing factor for mnist_torch on local" in proc.stdout
+    assert re.search(verdict("mnist_torch", "local"), proc.stdout), proc.stdout
     assert (run_dir / "summary.csv").exists() and (run_dir / "config.yaml").exists()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert {g["factor"] for g in summary["groups"]} == {1, 2}
@@ -61,7 +63,7 @@ def test_tiny_sweep_runs_records_and_names_the_best_n(tmp_path, subprocess_env):
     # collect, on demand, from the records alone
     collected = subprocess.run([sys.executable, "-m", "gpupack.collect", str(run_dir)], capture_output=True,
                                text=True, env=subprocess_env, timeout=120)
-    assert collected.returncode == 0 and "Best packing factor" in collected.stdout
+    assert collected.returncode == 0 and re.search(verdict("mnist_torch", "local"), collected.stdout), collected.stdout
 
 
 @pytest.mark.slow
@@ -77,7 +79,7 @@ def test_workload_from_own_package_and_own_config_folder(tmp_path, subprocess_en
     # N=1 and N=2, N=1 at its 1-thread set-up too, and the drift check
     assert len(records) == 8 + 4 + 1 and all(r["status"] == "completed" for r in records)
     assert all(r["workload"] == "own_workload.quadratic" for r in records)
-    assert "Best packing factor for own_workload.quadratic on local" in proc.stdout
+    assert re.search(verdict("own_workload.quadratic", "local"), proc.stdout), proc.stdout
 
 
 @pytest.mark.slow

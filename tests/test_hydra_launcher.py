@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gpupack.core.store import pickling
-from tests.conftest import as_from_a_terminal, needs_hydra_optuna_sweeper, wait_for
+from tests.conftest import as_from_a_terminal, needs_hydra_optuna_sweeper, verdict, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "tests" / "hydra_app" / "app.py"
@@ -74,7 +75,7 @@ def test_jobs_of_a_pack_run_at_once_each_with_hydras_job_dir(tmp_path, subproces
     collected = subprocess.run([sys.executable, "-m", "gpupack", "collect", str(sweep_dir), "--no-plots"],
                                capture_output=True, text=True, env=subprocess_env, timeout=120)
     assert collected.returncode == 0, collected.stderr
-    assert "Best packing factor for hydra:app on local" in collected.stdout and "N=2" in collected.stdout
+    assert re.search(verdict("hydra:app", "local"), collected.stdout) and "N=2" in collected.stdout, collected.stdout
 
 
 @pytest.mark.slow
