@@ -307,42 +307,8 @@ class Sampler:
         with self._lock:
             tracked = list(self.tracked.values())
         interval = self.foreign.read()  # after NVML's list: a training it names has begun by then (foreign_gpu)
-        # One training may be several processes (a training spread over k devices: one per rank): its figures are
-        # their sum at each sample, and its peaks the peaks of those sums.
-        families: dict[str, list[tuple[_Tracked, list[psutil.Process]]]] = {}
-        kids = self._children_map()
-        below = {proc.pid for of_parent in kids.values() for proc in of_parent}
-        for t in tracked:
-            family = self._family(t, kids, below)
-            if family:
-                families.setdefault(t.training_id, []).append((t, family))
-        per_training: dict[str, TrainingSample] = {}
-        for training_id, members in families.items():
-            rss = cpu = 0.0
-            pids: set[int] = set()
-            for t, family in members:
-                pids |= {p.pid for p in family}
-                for p in family:
-                    try:
-                        rss += p.memory_info().rss / 2**20
-                        cpu += p.cpu_percent(None) if p is t.proc else 0.0
-                    except psutil.Error:
-                        continue
-            first = self._holders[training_id]  # the training's figures, on its first process's entry
-            first.peak_rss_mb = max(first.peak_rss_mb, rss)
-            first.cpu_samples.append(cpu)
-            entry: TrainingSample = {"rss_mb": round(rss, 1), "cpu_percent": round(cpu, 1)}
-            if "gpu_proc_mem_mb" in sample:
-                mems = [m for pid, m in sample["gpu_proc_mem_mb"].items() if pid in pids]
-                known = [m for m in mems if m is not None]
-                if len(known) < len(mems):
-                    first.gpu_mem_known = False  # NVML could not say: unknown, never 0
-                    entry["gpu_mem_mb"] = None
-                elif known:
-                    entry["gpu_mem_mb"] = sum(known)
-                    first.peak_gpu_mem_mb = max(first.peak_gpu_mem_mb or 0.0, sum(known))
-            per_training[training_id] = entry
-        sample["trainings"] = per_training
+        sample["trainings"] = {training_id: self._training_entry(training_id, members, sample)
+                               for training_id, members in self._families(tracked).items()}
         if interval is not None:
             sample["foreign_cpu_cores"] = round(interval.cores, 3)
         if "gpu_proc_mem_mb" in sample:
@@ -350,6 +316,46 @@ class Sampler:
             sample["foreign_gpu_procs"], sample["foreign_gpu_mem_mb"] = self.foreign.foreign_gpu(listed)
         self.samples.append(sample)
         return sample
+
+    def _families(self, tracked: Sequence[_Tracked]) -> dict[str, list[tuple[_Tracked, list[psutil.Process]]]]:
+        """Each training's processes: one training may be several (a training spread over k devices: one per rank),
+        and its figures are their sum at each sample, its peaks the peaks of those sums."""
+        families: dict[str, list[tuple[_Tracked, list[psutil.Process]]]] = {}
+        kids = self._children_map()
+        below = {proc.pid for of_parent in kids.values() for proc in of_parent}
+        for t in tracked:
+            family = self._family(t, kids, below)
+            if family:
+                families.setdefault(t.training_id, []).append((t, family))
+        return families
+
+    def _training_entry(self, training_id: str, members: Sequence[tuple[_Tracked, list[psutil.Process]]],
+                        sample: Sample) -> TrainingSample:
+        """One training's figures in this sample, its peaks kept on its first process's entry."""
+        rss = cpu = 0.0
+        pids: set[int] = set()
+        for t, family in members:
+            pids |= {p.pid for p in family}
+            for p in family:
+                try:
+                    rss += p.memory_info().rss / 2**20
+                    cpu += p.cpu_percent(None) if p is t.proc else 0.0
+                except psutil.Error:
+                    continue
+        first = self._holders[training_id]
+        first.peak_rss_mb = max(first.peak_rss_mb, rss)
+        first.cpu_samples.append(cpu)
+        entry: TrainingSample = {"rss_mb": round(rss, 1), "cpu_percent": round(cpu, 1)}
+        if "gpu_proc_mem_mb" in sample:
+            mems = [m for pid, m in sample["gpu_proc_mem_mb"].items() if pid in pids]
+            known = [m for m in mems if m is not None]
+            if len(known) < len(mems):
+                first.gpu_mem_known = False  # NVML could not say: unknown, never 0
+                entry["gpu_mem_mb"] = None
+            elif known:
+                entry["gpu_mem_mb"] = sum(known)
+                first.peak_gpu_mem_mb = max(first.peak_gpu_mem_mb or 0.0, sum(known))
+        return entry
 
     # ---- the thread ----
 
