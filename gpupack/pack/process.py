@@ -248,52 +248,64 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
     method = start_method(opts.start, list(workloads.values()), [t.params for t in every])
     slots = ctx.pack.factor if stream is not None else len(trainings)
     cores = job_cpus()
-    cpus = [cpus_for(cores, slots, i) if opts.cpu_affinity else None for i in range(slots)]
-    packed: list[_Training] = []
-    by_name: dict[str, _Training] = {}
     with Supervisor(ctx.training_timeout_s) as supervisor:
         fallback = preload(supervisor, every, ctx) if method == "fork" and every else None
-        def start(t: Training, slot: int) -> None:
-            packed.append(_Training(t, ctx, workloads[t.workload], cpus[slot], fallback, slot))
-            by_name[t.training_id] = packed[-1]
-            child = packed[-1].running = supervisor.start(packed[-1].child)
-            if method == "fork" and not child.forked and supervisor.refused:  # the server refused it or died: why
-                packed[-1].fork_fallback = supervisor.refused
-            pid = child.pid
-            if pid is not None:
-                ctx.on_started(t.training_id, pid)
-
-        # a lane's free slots, in the order they freed: each takes the stream's next training, or waits while the
-        # stream says none fits the memory free now (asked again as another ends, and at each look)
-        free: deque[int] = deque(range(len(trainings), slots))
-
-        def fill() -> None:
-            while stream is not None and free:
-                following = stream.next()
-                if following is WAIT:
-                    return
-                if not isinstance(following, Training):  # drained: no slot takes anything more
-                    free.clear()
-                    return
-                start(following, free.popleft())
-
-        def ended(child: ChildExit) -> None:
-            done = by_name[child.name]
-            done.last_points()
-            ctx.on_finished(done.outcome(child))
-            free.append(done.slot)
-            fill()  # the freed slot takes the next training at once, where it fits
-
-        def look() -> None:
-            for p in packed:  # a trial whose printed curve its pruner stops: its slot frees as its program ends
-                p.follow()
-            fill()
-
+        lane = _Slots(ctx, supervisor, workloads, fallback, method == "fork",
+                      [cpus_for(cores, slots, i) if opts.cpu_affinity else None for i in range(slots)])
+        # a lane's free slots, in the order they freed: each takes the stream's next training
+        lane.free.extend(range(len(trainings), slots))
         for slot, t in enumerate(trainings):
-            start(t, slot)
-        fill()
-        exits = supervisor.follow(on_exit=ended, on_poll=look if stream is not None else None)
-    return [p.outcome(child) for p, child in zip(packed, exits)]
+            lane.start(t, slot)
+        lane.fill()
+        exits = supervisor.follow(on_exit=lane.ended, on_poll=lane.look if stream is not None else None)
+    return [p.outcome(child) for p, child in zip(lane.packed, exits)]
+
+
+class _Slots:
+    """A pack's slots under one supervisor: each starts a training, and, streaming, takes the stream's next as its
+    training ends, or waits while the stream says none fits the memory free now (asked again as another ends, and at
+    each look)."""
+
+    def __init__(self, ctx: PackContext, supervisor: Supervisor, workloads: Mapping[str, Workload],
+                 fallback: str | None, fork: bool, cpus: Sequence[list[int] | None]) -> None:
+        self.ctx, self.supervisor, self.workloads = ctx, supervisor, workloads
+        self.fallback, self.fork, self.cpus = fallback, fork, cpus
+        self.packed: list[_Training] = []
+        self.by_name: dict[str, _Training] = {}
+        self.free: deque[int] = deque()
+
+    def start(self, t: Training, slot: int) -> None:
+        p = _Training(t, self.ctx, self.workloads[t.workload], self.cpus[slot], self.fallback, slot)
+        self.packed.append(p)
+        self.by_name[t.training_id] = p
+        child = p.running = self.supervisor.start(p.child)
+        if self.fork and not child.forked and self.supervisor.refused:  # the server refused it or died: why
+            p.fork_fallback = self.supervisor.refused
+        if child.pid is not None:
+            self.ctx.on_started(t.training_id, child.pid)
+
+    def fill(self) -> None:
+        stream = self.ctx.stream
+        while stream is not None and self.free:
+            following = stream.next()
+            if following is WAIT:
+                return
+            if not isinstance(following, Training):  # drained: no slot takes anything more
+                self.free.clear()
+                return
+            self.start(following, self.free.popleft())
+
+    def ended(self, child: ChildExit) -> None:
+        done = self.by_name[child.name]
+        done.last_points()
+        self.ctx.on_finished(done.outcome(child))
+        self.free.append(done.slot)
+        self.fill()  # the freed slot takes the next training at once, where it fits
+
+    def look(self) -> None:
+        for p in self.packed:  # a trial whose printed curve its pruner stops: its slot frees as its program ends
+            p.follow()
+        self.fill()
 
 
 def curve_files(ctx: PackContext, training_id: str, curve: Curve) -> CurveSpec:
