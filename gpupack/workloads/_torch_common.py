@@ -10,6 +10,7 @@ from abc import abstractmethod
 from typing import Callable, ClassVar, ContextManager, Mapping, Sequence, TypeVar, cast
 
 from gpupack.core.frameworks import Device, Framework, Generator, GradScaler, Loader, Model, Optimizer, Tensor
+from gpupack.core.placement import Spread
 from gpupack.errors import ConfigError
 from gpupack.workload import TrainingContext, Workload
 from gpupack.workloads import _torch_fused
@@ -186,37 +187,22 @@ def train(model: Model, opt: Optimizer, loader: Loader, params: TrainingParams, 
     loss_fn = torch.nn.CrossEntropyLoss()
     autocast, scaler = amp(params.amp, device, torch)
     rep = ctx.reporter
-    spread = ctx.spread
     losses = rep.info.get("losses")
     rep.loop_started()
     running, count = 0.0, 0
     model.train()
     for epoch in range(params.epochs):
         for xb, yb in loader:
-            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-            if memory_format is not None:
-                xb = xb.contiguous(memory_format=memory_format)
             n = len(yb)  # the global batch: what the step trained on, over all ranks
-            weight = 1.0
-            if spread is not None and n < spread.world:  # a last partial batch too small to give every rank a sample:
-                continue  # every rank skips it alike (the only step a spread training leaves out)
-            if spread is not None:
-                xb, yb = spread.shard(xb, yb)
-                # DDP averages the ranks' gradients: a slice's mean loss weighted by its share of the batch keeps that
-                # average the global batch's mean gradient when slices differ by one sample (1.0 when they are equal).
-                weight = len(yb) * spread.world / n
+            batch = _on_device(xb, yb, device, memory_format, ctx.spread)
+            if batch is None:
+                continue
             opt.zero_grad(set_to_none=True)
             with autocast():
-                loss = loss_fn(model(xb), yb)
-                if weight != 1.0:
-                    loss = loss * weight
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-            else:
-                loss.backward()
-                opt.step()
+                loss = loss_fn(model(batch[0]), batch[1])
+                if batch[2] != 1.0:
+                    loss = loss * batch[2]
+            _backward_step(loss, opt, scaler)
             value = loss.item()
             running += value * n
             count += n
@@ -229,6 +215,34 @@ def train(model: Model, opt: Optimizer, loader: Loader, params: TrainingParams, 
         torch.cuda.synchronize()
     rep.loop_ended()
     return running / max(count, 1)
+
+
+def _on_device(xb: Tensor, yb: Tensor, device: Device, memory_format: Framework, spread: Spread | None
+               ) -> tuple[Tensor, Tensor, float] | None:
+    """A batch on the device, spread: this rank's slice of it, with its loss weight; None for a last partial batch too
+    small to give every rank a sample (every rank skips it alike: the only step a spread training leaves out)."""
+    xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+    if memory_format is not None:
+        xb = xb.contiguous(memory_format=memory_format)
+    n = len(yb)
+    if spread is None:
+        return xb, yb, 1.0
+    if n < spread.world:
+        return None
+    xb, yb = spread.shard(xb, yb)
+    # DDP averages the ranks' gradients: a slice's mean loss weighted by its share of the batch keeps that average the
+    # global batch's mean gradient when slices differ by one sample (1.0 when they are equal).
+    return xb, yb, len(yb) * spread.world / n
+
+
+def _backward_step(loss: Tensor, opt: Optimizer, scaler: GradScaler | None) -> None:
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    else:
+        loss.backward()
+        opt.step()
 
 
 def accuracy(model: Model, x: Tensor, y: Tensor, device: Device, torch: Framework, batch: int = 2000) -> float:
