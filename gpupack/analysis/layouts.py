@@ -99,31 +99,8 @@ def compare(packing: pd.DataFrame, spread: pd.DataFrame, packing_times: Mapping[
     trainings' own wall (:func:`training_walls`). ``wall_s`` is one training's own wall, start to end; ``job_wall_s``
     the wall its job held the device(s) for from its first training's start (the mode's set-up, a fork server's
     preload, is outside: the pack record's ``setup_s``, as a job's start is)."""
-    walls = walls or {}
-    rows: list[dict[str, object]] = []
-    for _, r in packing.iterrows() if not packing.empty else ():
-        n = int(r["factor"])
-        key = (*[r[k] for k in KEY], r["mode"], n)
-        packs = r.get("packs")
-        rows.append({**{k: r[k] for k in KEY}, "answer": "packing", "layout": f"{r['mode']} N={n}",
-                     "mode": r["mode"], "factor": n, "devices": 1, "devices_per_training": 1.0 / n,
-                     "time_per_training_s": r["time_per_training_s"], "wall_s": walls.get(key, math.nan),
-                     "job_wall_s": r["time_per_training_s"] * n, "device_s_per_training": r["time_per_training_s"],
-                     "samples_per_s": r.get("samples_per_s"), "packs": int(packs) if pd.notna(packs) else 0,
-                     "usable": not (r.get("oom", 0) or r.get("unfinished", 0)) and pd.notna(packs),
-                     "gpu_model": r.get("gpu_model"), "times": list(packing_times.get(key, []))})
-    for _, r in spread.iterrows() if not spread.empty else ():
-        k = int(r["devices"])
-        job_walls = [w for w in (r["walls"] if isinstance(r.get("walls"), list) else []) if w == w]
-        rows.append({**{c: r[c] for c in KEY}, "answer": "spread", "layout": f"{r['mode']} k={k}", "mode": r["mode"],
-                     "factor": 1, "devices": k, "devices_per_training": float(k),
-                     "time_per_training_s": r["wall_s"], "wall_s": r["training_wall_s"],
-                     "job_wall_s": r["wall_s"], "device_s_per_training": r["device_s_per_training"],
-                     "samples_per_s": r.get("samples_per_s"), "packs": int(r.get("packs") or 0),
-                     "usable": not (r.get("unfinished", 0) or r.get("oom", 0)) and r.get("packs", 0) > 0,
-                     "gpu_model": r.get("gpu_model"),
-                     "allreduce_bytes_per_step": r.get("allreduce_bytes_per_step"),
-                     "allreduce_s_per_step": r.get("allreduce_s_per_step"), "times": [w * k for w in job_walls]})
+    rows = ([_packing_row(r, packing_times, walls or {}) for _, r in packing.iterrows()] if not packing.empty else [])
+    rows += [_spread_row(r) for _, r in spread.iterrows()] if not spread.empty else []
     if not rows:
         return pd.DataFrame()
     out = pd.DataFrame(rows)
@@ -138,6 +115,34 @@ def compare(packing: pd.DataFrame, spread: pd.DataFrame, packing_times: Mapping[
         if not usable.empty and usable["answer"].nunique() == 2:  # a verdict needs both answers measured
             out.loc[usable["device_s_per_training"].idxmin(), "best"] = True
     return out.sort_values(KEY + ["devices_per_training"]).reset_index(drop=True)
+
+
+def _packing_row(r: pd.Series, packing_times: Mapping[tuple[Hashable, ...], Sequence[float]],
+                 walls: Mapping[tuple[Hashable, ...], float]) -> dict[str, object]:
+    n = int(r["factor"])
+    key = (*[r[k] for k in KEY], r["mode"], n)
+    packs = r.get("packs")
+    return {**{k: r[k] for k in KEY}, "answer": "packing", "layout": f"{r['mode']} N={n}",
+            "mode": r["mode"], "factor": n, "devices": 1, "devices_per_training": 1.0 / n,
+            "time_per_training_s": r["time_per_training_s"], "wall_s": walls.get(key, math.nan),
+            "job_wall_s": r["time_per_training_s"] * n, "device_s_per_training": r["time_per_training_s"],
+            "samples_per_s": r.get("samples_per_s"), "packs": int(packs) if pd.notna(packs) else 0,
+            "usable": not (r.get("oom", 0) or r.get("unfinished", 0)) and pd.notna(packs),
+            "gpu_model": r.get("gpu_model"), "times": list(packing_times.get(key, []))}
+
+
+def _spread_row(r: pd.Series) -> dict[str, object]:
+    k = int(r["devices"])
+    job_walls = [w for w in (r["walls"] if isinstance(r.get("walls"), list) else []) if w == w]
+    return {**{c: r[c] for c in KEY}, "answer": "spread", "layout": f"{r['mode']} k={k}", "mode": r["mode"],
+            "factor": 1, "devices": k, "devices_per_training": float(k),
+            "time_per_training_s": r["wall_s"], "wall_s": r["training_wall_s"],
+            "job_wall_s": r["wall_s"], "device_s_per_training": r["device_s_per_training"],
+            "samples_per_s": r.get("samples_per_s"), "packs": int(r.get("packs") or 0),
+            "usable": not (r.get("unfinished", 0) or r.get("oom", 0)) and r.get("packs", 0) > 0,
+            "gpu_model": r.get("gpu_model"),
+            "allreduce_bytes_per_step": r.get("allreduce_bytes_per_step"),
+            "allreduce_s_per_step": r.get("allreduce_s_per_step"), "times": [w * k for w in job_walls]}
 
 
 def _name(r: pd.Series) -> str:
