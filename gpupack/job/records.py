@@ -242,6 +242,15 @@ def pack_workload(pack: Pack, records: Sequence[TrainingRecord]) -> str | None:
     return next((str(r["workload"]) for r in records if r.get("workload")), None)
 
 
+def _span(records: Sequence[TrainingRecord], mode_started: float | None) -> tuple[float, float, dict[str, float]]:
+    """A pack's start (its first training's, else its mode's set-up's, else now), its end, and its mode's set-up
+    before its first training (``setup_s``: none without one)."""
+    first = min((float(r["started_at"]) for r in records), default=None)
+    started = first if first is not None else (mode_started or time.time())
+    ended = max([float(r["ended_at"]) for r in records], default=started)
+    return started, ended, {"setup_s": max(0.0, first - mode_started)} if first is not None and mode_started else {}
+
+
 def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord], info: DeviceInfo,
                       device: str, cores: int, threads: int, model: str | None = None,
                       sampled: Mapping[str, object] | None = None, mode_started: float | None = None,
@@ -253,10 +262,7 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord]
     (``mode_started``: a fork server's preload, shared by a lane's packs or not) is its ``setup_s``, outside the wall
     as a job's start is."""
     fields = (job or JobEnvironment.here()).record_fields()
-    first = min((float(r["started_at"]) for r in records), default=None)
-    started = first if first is not None else (mode_started or time.time())
-    ended = max([float(r["ended_at"]) for r in records], default=started)
-    setup = {"setup_s": max(0.0, first - mode_started)} if first is not None and mode_started else {}
+    started, ended, setup = _span(records, mode_started)
     slots = slot_use(records, pack.factor, started, ended)
     rec = pack_record(
         pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition, probe=pack.probe,
@@ -280,15 +286,18 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord]
     if phase:
         rec["phase"] = phase
     write_json_atomic(run.pack_record(pack.pack_id), rec)
-    if pack.stream is not None:  # its trainings' records live in other lanes' folders too: collect reads the JSON
-        return rec
+    if pack.stream is None:  # a lane's trainings' records live in other lanes' folders too: collect reads the JSON
+        _write_columnar(run, pack.pack_id)
+    return rec
+
+
+def _write_columnar(run: RunDir, pack_id: str) -> None:
     try:  # the pack's trainings in one columnar file: collect reads one file per pack, not one per training
         from gpupack.core.store.columnar import write_columnar  # pyarrow at its end only
 
-        write_columnar(run, pack.pack_id)
+        write_columnar(run, pack_id)
     except Exception as err:  # only a faster copy: without it collect reads the JSON records, the same rows
-        print(f"gpupack: warning: no columnar file for pack {pack.pack_id} ({err!r})", file=sys.stderr)
-    return rec
+        print(f"gpupack: warning: no columnar file for pack {pack_id} ({err!r})", file=sys.stderr)
 
 
 # ---------------- a pack's record rebuilt from its trainings' ----------------
