@@ -340,33 +340,44 @@ def serve() -> int:
         if req is not None and learner is not None and learner.unsafe:
             _write({"refused": req["start"], "why": learner.unsafe})
         elif req is not None:
-            forked_at = time.time()
-            read_end, write_end = os.pipe() if learner is not None else (-1, None)
-            pid = os.fork()
-            if pid == 0:
-                if write_end is not None:
-                    os.close(read_end)
-                _child(req, forked_at, write_end)
-            if write_end is not None:
-                os.close(write_end)
+            pid, read_end = _fork(req, learner is not None)
             children[pid] = (req["start"], read_end)
             _write({"started": req["start"], "pid": pid})
         elif requests.closed:
             time.sleep(0.02)
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            training_id, read_end = children.pop(pid)
-            _write({"ended": training_id, "returncode": os.waitstatus_to_exitcode(status)})
-            if learner is not None:
-                report = _read_report(read_end)
-                if not requests.closed:  # more trainings may come: worth importing for
-                    learner.learn(report, training_id)
+        _reap(children, learner if not requests.closed else None)  # more trainings may come: worth learning for
     return 0
+
+
+def _fork(req: Request, report: bool) -> tuple[int, int]:
+    """Fork the training ``req`` asks for: its pid, and the read end of its report pipe (-1 without one)."""
+    forked_at = time.time()
+    read_end, write_end = os.pipe() if report else (-1, None)
+    pid = os.fork()
+    if pid == 0:
+        if write_end is not None:
+            os.close(read_end)
+        _child(req, forked_at, write_end)
+    if write_end is not None:
+        os.close(write_end)
+    return pid, read_end
+
+
+def _reap(children: dict[int, tuple[str, int]], learner: Learner | None) -> None:
+    """Report each child that ended, and, with ``learner``, learn what it imported."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        training_id, read_end = children.pop(pid)
+        _write({"ended": training_id, "returncode": os.waitstatus_to_exitcode(status)})
+        if read_end != -1:
+            report = _read_report(read_end)
+            if learner is not None:
+                learner.learn(report, training_id)
 
 
 def _read_report(fd: int) -> bytes:
