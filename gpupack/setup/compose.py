@@ -78,15 +78,7 @@ def grid_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str |
         try:
             ov = parser.parse_override(text)
         except (OverrideParseException, HydraException) as err:
-            key, _, value = given.partition("=")
-            hint = "write key=value, quoting values with special characters: key='a b'"
-            undotted = re.sub(r"^(\+*cluster\.partitions\.\w+)\.(?=\d)", r"\1_", key)
-            if undotted != key:  # a slice partition's name from before issue 43 (h100_1g.10gb): the presets' has none
-                hint = f"{undotted}={value} (a partition's name has no dot)"
-            elif "{" in value:  # a template inside Hydra's list syntax: quote it, and the override for the shell
-                hint = ("write each templated item in double quotes and the whole override in single quotes, e.g. "
-                        "'sweep.fixed.argv=[\"{python}\",train.py,--lr,\"{lr}\",--out,\"runs/{lr}\"]'")
-            raise ConfigError(key, value, f"cannot parse ({_first_line(err)})", hint) from None
+            raise _unparsed(given, err) from None
         if ov.key_or_group in ("hydra/launcher", "hydra/sweeper"):  # how an app's multirun runs: gpupack runs its own
             raise ConfigError(ov.key_or_group, ov.value(), "gpupack's own command plans and runs its sweep itself: a "
                               f"Hydra {ov.key_or_group.partition('/')[2]} is for your own Hydra app",
@@ -111,6 +103,19 @@ def grid_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str |
         # thousands of values as OmegaConf nodes cost seconds; a list of values (a,b,c) is set as one
         axes[key.lstrip("+")] = value.strip() if is_sweep_function(value) else list(ov.sweep_iterator())
     return out, axes
+
+
+def _unparsed(given: str, err: BaseException) -> ConfigError:
+    """An override Hydra's grammar cannot parse, and the fix its likeliest cause has."""
+    key, _, value = given.partition("=")
+    hint = "write key=value, quoting values with special characters: key='a b'"
+    undotted = re.sub(r"^(\+*cluster\.partitions\.\w+)\.(?=\d)", r"\1_", key)
+    if undotted != key:  # a slice partition's name from before issue 43 (h100_1g.10gb): the presets' has none
+        hint = f"{undotted}={value} (a partition's name has no dot)"
+    elif "{" in value:  # a template inside Hydra's list syntax: quote it, and the override for the shell
+        hint = ("write each templated item in double quotes and the whole override in single quotes, e.g. "
+                "'sweep.fixed.argv=[\"{python}\",train.py,--lr,\"{lr}\",--out,\"runs/{lr}\"]'")
+    return ConfigError(key, value, f"cannot parse ({_first_line(err)})", hint)
 
 
 def _first_line(err: BaseException) -> str:
