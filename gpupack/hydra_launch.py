@@ -336,22 +336,7 @@ def launch_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]]
         raise LauncherError(str(err.run_here("hydra/launcher=gpupack_local to run here"))) from None
     batch.append(prepared)
     make_sweep_dir(launcher.config)
-    pack = launcher.params["pack"]
-    gpu = any(c.has_gpu for c in prepared.capacities.values()) and prepared.settings.device != "cpu"
-    streamed = any(p.stream for p in prepared.plan.packs)
-    how = (f"streaming job(s) of {pack} slots, each slot taking the next job as it frees" if streamed else
-           f"pack(s) of up to {pack}")
-    log.info(f"gpupack '{launcher.backend}' launcher: {len(job_overrides)} job(s) in {len(prepared.plan.packs)} "
-             f"{how} per {'GPU' if gpu else 'device (no GPU: packs share the CPU cores)'}; "
-             f"records in {prepared.run.root}")
-    log.info(f"gpupack: each job's prints (stdout, stderr) are in its folder under {launcher.config.hydra.sweep.dir}, "
-             f"as {launcher.config.hydra.job.name}.out and .err beside Hydra's {launcher.config.hydra.job.name}.log")
-    short = short_batch(launcher.config.hydra.sweeper, len(job_overrides), pack)
-    if short and not launcher.said_short_batch:  # once per multirun, not once per batch
-        log.warning(f"gpupack: {short}")
-        launcher.said_short_batch = True
-    for i, overrides in enumerate(job_overrides):
-        log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}")
+    _say_batch(launcher, job_overrides, initial_job_idx, prepared)
 
     def on_open(opened: sweep.Opened) -> None:  # the run directory is ours now: leave the jobs what they need
         pickling.dump((launcher, Singleton.get_state()), prepared.run.hydra_payload)
@@ -369,6 +354,27 @@ def launch_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]]
     for line in fork_fallbacks(prepared):
         log.warning(f"gpupack: {line}")
     return job_returns(launcher, prepared)
+
+
+def _say_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
+               prepared: sweep.Prepared) -> None:
+    """Hydra's log lines for a batch: how its jobs are packed, where their prints go, and each job's overrides."""
+    pack = launcher.params["pack"]
+    gpu = any(c.has_gpu for c in prepared.capacities.values()) and prepared.settings.device != "cpu"
+    streamed = any(p.stream for p in prepared.plan.packs)
+    how = (f"streaming job(s) of {pack} slots, each slot taking the next job as it frees" if streamed else
+           f"pack(s) of up to {pack}")
+    log.info(f"gpupack '{launcher.backend}' launcher: {len(job_overrides)} job(s) in {len(prepared.plan.packs)} "
+             f"{how} per {'GPU' if gpu else 'device (no GPU: packs share the CPU cores)'}; "
+             f"records in {prepared.run.root}")
+    log.info(f"gpupack: each job's prints (stdout, stderr) are in its folder under {launcher.config.hydra.sweep.dir}, "
+             f"as {launcher.config.hydra.job.name}.out and .err beside Hydra's {launcher.config.hydra.job.name}.log")
+    short = short_batch(launcher.config.hydra.sweeper, len(job_overrides), pack)
+    if short and not launcher.said_short_batch:  # once per multirun, not once per batch
+        log.warning(f"gpupack: {short}")
+        launcher.said_short_batch = True
+    for i, overrides in enumerate(job_overrides):
+        log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}")
 
 
 def fork_fallbacks(prepared: sweep.Prepared) -> list[str]:
