@@ -166,26 +166,34 @@ class DdpStrategy(Strategy):
         finally:
             if rendezvous is not None:
                 shutil.rmtree(rendezvous, ignore_errors=True)
-        timed_out = any(r.timed_out for r in ranks)
-        cause = supervisor.culprit
-        if cause is None and timed_out:
-            cause = next((r for r in ranks if r.returncode != 0), None)
-        code: int | None = cause.returncode if cause is not None else 0
-        result, error = None, None
-        rank_of = {rank_name(training.training_id, r): r for r in range(k)}
-        if cause is not None and cause.start_error is not None:
-            why = cause.start_error.strerror or cause.start_error
-            code, error = None, f"rank {rank_of[cause.name]} of {k}: could not start: {why}"
-        elif cause is not None:
-            error = f"rank {rank_of[cause.name]} of {k}: {cause.error()}"
-        else:
-            raw = read_json_or_none(ctx.work(training.training_id, "result"))  # rank 0's
-            result = load_workload(training.workload).result(training.params, raw, started, ended)
-        outcome = ended_outcome(training.training_id, started, ended, code, error=error, result=result,
-                                timed_out=timed_out, extra={"ranks": k, "threads_per_rank": threads,
-                                                            "start": "fork" if forked else "fresh"})
+        outcome = _outcome(training, ctx, ranks, supervisor.culprit, started, ended, threads, forked)
         ctx.on_finished(outcome)
         return outcome
+
+
+def _outcome(training: "Training", ctx: "PackContext", ranks: Sequence[ChildExit], culprit: ChildExit | None,
+             started: float, ended: float, threads: int, forked: bool) -> "TrainingOutcome":
+    """The training's outcome from its ranks' exits: the rank that failed first (the supervisor's culprit, else one
+    that timed out) and why, else rank 0's result."""
+    k = ctx.spread.devices if ctx.spread is not None else len(ranks)  # ranks: those that started
+    timed_out = any(r.timed_out for r in ranks)
+    cause = culprit
+    if cause is None and timed_out:
+        cause = next((r for r in ranks if r.returncode != 0), None)
+    code: int | None = cause.returncode if cause is not None else 0
+    result, error = None, None
+    rank_of = {rank_name(training.training_id, r): r for r in range(k)}
+    if cause is not None and cause.start_error is not None:
+        why = cause.start_error.strerror or cause.start_error
+        code, error = None, f"rank {rank_of[cause.name]} of {k}: could not start: {why}"
+    elif cause is not None:
+        error = f"rank {rank_of[cause.name]} of {k}: {cause.error()}"
+    else:
+        raw = read_json_or_none(ctx.work(training.training_id, "result"))  # rank 0's
+        result = load_workload(training.workload).result(training.params, raw, started, ended)
+    return ended_outcome(training.training_id, started, ended, code, error=error, result=result,
+                         timed_out=timed_out, extra={"ranks": k, "threads_per_rank": threads,
+                                                     "start": "fork" if forked else "fresh"})
 
 
 STRATEGY = DdpStrategy()
