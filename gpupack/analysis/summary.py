@@ -293,6 +293,14 @@ def split_phase(frame: pd.DataFrame, phase: str) -> tuple[pd.DataFrame, pd.DataF
     return frame[~of], frame[of]
 
 
+# with_choices's columns, and their values before a group's choice sets them
+CHOICE_COLUMNS: dict[str, object] = {
+    "tpt_ci_low_s": math.nan, "tpt_ci_high_s": math.nan, "within_noise": False, "chosen": False, "infeasible": False,
+    "ties": None, "tie_rule": None, "provisional": None, "repeats_needed": None, "choice_method": None,
+    "paired": False, "gain": math.nan, "gain_low": math.nan, "gain_high": math.nan, "gain_ref": math.nan,
+    "gain_rounds": math.nan, "left_out_disturbed": 0}
+
+
 def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
                  disturbed: Collection[tuple[str, str]] = ()) -> pd.DataFrame:
     """The noise-aware choice per (workload, partition, GPU type, mode) (:func:`gpupack.analysis.choose.choose`), as
@@ -305,13 +313,7 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
     outside, gpupack.analysis.disturbance) are left out of the choice where every N keeps a quiet pack
     (``left_out_disturbed`` counts them): load from outside slows N=1's threads more than N trainings' single ones,
     so a round does not share it evenly and pairing cannot divide it out."""
-    out = summary.copy()
-    for col, default in (("tpt_ci_low_s", math.nan), ("tpt_ci_high_s", math.nan), ("within_noise", False),
-                         ("chosen", False), ("infeasible", False), ("ties", None), ("tie_rule", None),
-                         ("provisional", None), ("repeats_needed", None), ("choice_method", None),
-                         ("paired", False), ("gain", math.nan), ("gain_low", math.nan), ("gain_high", math.nan),
-                         ("gain_ref", math.nan), ("gain_rounds", math.nan), ("left_out_disturbed", 0)):
-        out[col] = default
+    out = summary.assign(**CHOICE_COLUMNS)
     out["infeasible"] = (out["oom"] > 0) | (out["skipped_memory"] > 0)
     timed = timed.dropna(subset=["time_per_training_s"])
     every, quiet, loaded = _split_loaded(timed, GROUP + ["factor"], disturbed)
