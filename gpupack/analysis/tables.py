@@ -154,6 +154,21 @@ class Ranking:
     origin: str = ""  # where the metric or goal came from, where not from this collect's flags (analysis.aggregate)
 
 
+def _metric_and_goal(values: pd.DataFrame, metric: str | None, goal: str | None) -> tuple[str, str] | Ranking:
+    """The metric to rank by (the one asked, else val_accuracy, else the only one reported) and which way is better,
+    or the empty ranking whose note says why there is none."""
+    reported = [c for c in values.columns if values[c].notna().any()]
+    metric = metric or ("val_accuracy" if "val_accuracy" in reported else reported[0] if len(reported) == 1 else None)
+    if metric is None or metric not in reported:
+        return Ranking(pd.DataFrame(), note=no_metric(metric, reported))
+    goal = goal or KNOWN_GOALS.get(metric)
+    if goal is None:
+        return Ranking(pd.DataFrame(), metric, note=(
+            f"not ranked: which way is better for {metric!r} is not known. HINT: {goal_hint(metric)}; "
+            f"python -m gpupack collect RUN_DIR --metric {metric} --goal {suggested_goal(metric) or 'max|min'}"))
+    return metric, goal
+
+
 def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | None = None,
                          goal: str | None = None) -> Ranking:
     """Grid points ranked by ``metric`` (collect.metric; by default val_accuracy where reported, or the one metric the
@@ -169,15 +184,10 @@ def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | No
     if not ok.any():
         return Ranking(pd.DataFrame())
     values = metric_values(t, metric)[ok]
-    reported = [c for c in values.columns if values[c].notna().any()]
-    metric = metric or ("val_accuracy" if "val_accuracy" in reported else reported[0] if len(reported) == 1 else None)
-    if metric is None or metric not in reported:
-        return Ranking(pd.DataFrame(), note=no_metric(metric, reported))
-    goal = goal or KNOWN_GOALS.get(metric)
-    if goal is None:
-        return Ranking(pd.DataFrame(), metric, note=(
-            f"not ranked: which way is better for {metric!r} is not known. HINT: {goal_hint(metric)}; "
-            f"python -m gpupack collect RUN_DIR --metric {metric} --goal {suggested_goal(metric) or 'max|min'}"))
+    chosen = _metric_and_goal(values, metric, goal)
+    if isinstance(chosen, Ranking):
+        return chosen
+    metric, goal = chosen
     score = values[metric]
     keep = ok.copy()
     keep[ok] = score.notna().to_numpy()
