@@ -139,16 +139,7 @@ def _child(req: Request, forked_at: float, report_fd: int | None = None) -> None
     try:
         os.setsid()
         isolate(req.get("rlimit_as"), req.get("cpus"))
-        # 0o664 masked by the umask: gpupack's file mode (records.file_mode), never world-writable.
-        out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o664)
-        err = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o664)
-        null = os.open(os.devnull, os.O_RDONLY)
-        for fd, target in ((null, 0), (out, 1), (err, 2)):
-            os.dup2(fd, target)
-            os.close(fd)
-        sys.stdin = open(0, closefd=False)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        _own_streams(req["out"], req["err"])
         os.environ.clear()
         os.environ.update(req["env"])
         cap_thread_pools(req["env"])
@@ -173,6 +164,20 @@ def _child(req: Request, forked_at: float, report_fd: int | None = None) -> None
                 _report_imports(report_fd, known)
         finally:
             os._exit(code)
+
+
+def _own_streams(out_path: str, err_path: str) -> None:
+    """stdin from /dev/null, stdout and stderr to the training's own logs, as a fresh interpreter's would be."""
+    # 0o664 masked by the umask: gpupack's file mode (records.file_mode), never world-writable.
+    out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o664)
+    err = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o664)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, target in ((null, 0), (out, 1), (err, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    sys.stdin = open(0, closefd=False)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
 
 
 def cap_thread_pools(env: Mapping[str, str]) -> None:
