@@ -75,7 +75,8 @@ def test_a_search_killed_mid_run_and_run_again_ends_with_its_budget_none_repeate
     finally:  # the run dies mid-search, its lane's job with it (a node failure, scancel): trials running
         trials = optuna.load_study(study_name=None, storage=JournalStorage(JournalFileBackend(str(study)))).trials \
             if study.exists() else []
-        lanes = {int(t.user_attrs["gpupack"]["pid"]) for t in trials}
+        # a trial planned for a lane but not yet claimed by it has no lane's pid yet
+        lanes = {int(t.user_attrs["gpupack"]["pid"]) for t in trials if "pid" in t.user_attrs.get("gpupack", {})}
         for pid in [first.pid, *lanes]:
             try:
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
