@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parent.parent
@@ -196,3 +197,30 @@ def test_the_glossary_defines_each_word_once():
 def test_the_map_is_short():
     lines = len(TEXT.splitlines())
     assert lines <= MAX_LINES, f"docs/ARCHITECTURE.md has {lines} lines; a map holds at most {MAX_LINES}"
+
+
+NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}
+
+
+def contracts() -> list[dict[str, Any]]:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def layer_rows(text: str) -> list[set[str]]:
+    """The modules of each row of the map's layer table, top to bottom (``cli.py`` → cli, ``flow/`` → flow)."""
+    table = text.split("\n## Layers\n", 1)[1].split("\n\n| layer |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split(" | ", 1)[0] for line in table.splitlines()[2:]]  # after the header and its rule
+    return [{n.removesuffix(".py").rstrip("/") for n in SPAN.findall(row)} for row in rows]
+
+
+def test_the_map_counts_the_contracts_pyproject_holds():
+    said = re.search(r"holds (\w+) contracts", TEXT)
+    assert said is not None, "the map no longer says how many import contracts there are"
+    assert NUMBERS[said.group(1)] == len(contracts()), (f"the map says {said.group(1)} contracts; pyproject.toml "
+                                                        f"holds {len(contracts())}")
+
+
+def test_the_layer_table_is_the_layers_contract_in_its_order():
+    layers = next(c for c in contracts() if c["name"] == "gpupack imports only downward")["layers"]
+    wanted = [{m.strip().removeprefix("gpupack.") for m in row.split("|")} for row in layers]
+    assert layer_rows(TEXT) == wanted
