@@ -13,6 +13,7 @@ from gpupack import sweep
 from gpupack.analysis.load import load_records, with_stdout_metric
 from gpupack.core.plan import Plan, make_plan
 from gpupack.core.store import journal, lane_columnar, locks
+from gpupack.core.store import records as records_module
 from gpupack.core.store.columnar import ColumnarReader
 from gpupack.core.store.journal import RunRecords, append_records, fold_pack, kept_log, read_folded
 from gpupack.core.store.records import read_json, write_json_atomic
@@ -271,8 +272,9 @@ def test_a_folded_packs_trainings_are_read_from_the_journal_without_an_open_each
     run, plan = _run(tmp_path)
     run_in_turn(str(run.root), [p.pack_id for p in plan.packs], FOLD)
     opened: list[str] = []
-    real = journal.read_json_or_none
-    monkeypatch.setattr(journal, "read_json_or_none", lambda path: opened.append(str(path)) or real(path))
+    real = records_module.read_json_or_none
+    # every record the journal reads from a folder goes through read_training or read_pack
+    monkeypatch.setattr(records_module, "read_json_or_none", lambda path: opened.append(str(path)) or real(path))
     records = RunRecords(run)
     assert all(records.completed(p.pack_id, t.training_id) for p in plan.packs for t in p.trainings)
     assert [o for o in opened if "/trainings/" in o] == []

@@ -12,6 +12,7 @@ from gpupack.core.store.records import (
     is_completed,
     pack_record,
     read_json,
+    read_pack,
     training_record,
     write_json_atomic,
 )
@@ -53,8 +54,11 @@ def test_failed_serialisation_keeps_the_old_file(tmp_path):
 @pytest.mark.parametrize(
     "content, expected",
     [
-        (json.dumps({"status": "completed"}), True),
-        (json.dumps({"status": "failed"}), False),
+        (json.dumps({"training_id": "t", "status": "completed"}), True),
+        (json.dumps({"training_id": "t", "status": "failed"}), False),
+        (json.dumps({"status": "completed"}), False),  # not a training's record: it names no training
+        (json.dumps({"training_id": 7, "status": "completed"}), False),  # its id not text: not as gpupack writes it
+        (json.dumps({"training_id": "t", "status": ["completed"]}), False),
         ('{"status": "compl', False),  # torn
         ("[1, 2]", False),  # foreign
         (None, False),  # missing
@@ -65,6 +69,17 @@ def test_is_completed(tmp_path, content, expected):
     if content is not None:
         path.write_text(content)
     assert is_completed(path) is expected
+
+
+@pytest.mark.parametrize("content, read", [
+    ({"pack_id": "p", "factor": 2}, True),
+    ({"factor": 2}, False),  # names no pack
+    ({"pack_id": 3}, False),  # its id not text
+])
+def test_a_pack_record_read_from_disk_is_checked_before_it_is_typed(tmp_path, content, read):
+    path = tmp_path / "pack.json"
+    path.write_text(json.dumps(content))
+    assert (read_pack(path) == content) is read and (read_pack(path) is None) is not read
 
 
 def test_a_reader_polling_while_records_are_rewritten_never_sees_half_a_record(tmp_path):

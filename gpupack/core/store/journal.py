@@ -43,8 +43,11 @@ from gpupack.core.store.records import (
     Logs,
     PackRecord,
     TrainingRecord,
+    is_pack_record,
+    is_training_record,
     make_dirs,
-    read_json_or_none,
+    read_pack,
+    read_training,
 )
 from gpupack.core.store.rundir import ATTEMPTS, PACK_RECORD, TRAININGS, RunDir
 
@@ -62,16 +65,6 @@ class JournalEntry(TypedDict):
     folded_at: float
     seq: int
     record: Record
-
-
-def _read_training(path: Path) -> TrainingRecord | None:
-    """The training record at ``path``, as its writer shaped it; None: missing or torn."""
-    return cast(TrainingRecord | None, read_json_or_none(path))
-
-
-def _read_pack(path: Path) -> PackRecord | None:
-    """The pack record at ``path``, as its writer shaped it; None: missing or torn."""
-    return cast(PackRecord | None, read_json_or_none(path))
 
 
 # ---------------- folding (inside the job) ----------------
@@ -199,7 +192,7 @@ def _earlier_attempts(folder: Path) -> list[tuple[str, Record]]:
     attempts = folder / ATTEMPTS
     for k in sorted((int(d.name) for d in attempts.iterdir() if d.name.isdigit()) if attempts.is_dir() else []):
         for path in sorted((attempts / str(k)).glob("*.json")):
-            rec = _read_pack(path) if path.name == PACK_RECORD else _read_training(path)
+            rec = read_pack(path) if path.name == PACK_RECORD else read_training(path)
             if rec is not None:
                 out.append((PACK if path.name == PACK_RECORD else TRAINING, rec))
     return out
@@ -211,7 +204,7 @@ def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes])
     found = _trainings(run, folder, pack_id, lane, log)
     trainings = {str(rec["training_id"]) for _, rec in found}
     out: list[tuple[str, Record]] = [*found]
-    pack = _read_pack(folder / PACK_RECORD)
+    pack = read_pack(folder / PACK_RECORD)
     if pack is not None:
         own = sorted(p for p in (folder / "logs").glob("*.*") if p.stem not in trainings and _has_output(p)) \
             if (folder / "logs").is_dir() else []
@@ -227,7 +220,7 @@ def _trainings(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes
         [run.training_record(pack_id, tid) for tid in sorted(only)]
     out: list[tuple[str, TrainingRecord]] = []
     for path in paths:
-        rec = _read_training(path)
+        rec = read_training(path)
         if rec is None:
             continue
         tid = str(rec.get("training_id", path.stem))
@@ -298,11 +291,10 @@ def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
         if same in seen:  # folded again after a job was killed between its journal and removing the folder
             continue
         seen.add(same)
-        if e["kind"] == PACK:
-            out.packs.setdefault(str(rec["pack_id"]), []).append(cast(PackRecord, rec))
-        else:
-            training = cast(TrainingRecord, rec)
-            out.trainings.setdefault((home_of(training), str(training["training_id"])), []).append(training)
+        if e["kind"] == PACK and is_pack_record(rec):
+            out.packs.setdefault(rec["pack_id"], []).append(rec)
+        elif e["kind"] != PACK and is_training_record(rec):
+            out.trainings.setdefault((home_of(rec), rec["training_id"]), []).append(rec)
     return out
 
 
@@ -335,9 +327,9 @@ class CompletedTail:
             except FileNotFoundError:  # a lane that has folded nothing yet (a run submitted before journals were made)
                 continue
             for entry in entries:
-                rec = cast(TrainingRecord, entry.get("record") or {})
-                if entry.get("kind") == TRAINING and rec.get("status") == COMPLETED:
-                    self.done.add((home_of(rec), str(rec["training_id"])))
+                rec = entry.get("record") or {}
+                if entry.get("kind") == TRAINING and is_training_record(rec) and rec["status"] == COMPLETED:
+                    self.done.add((home_of(rec), rec["training_id"]))
         return self.done
 
 
@@ -395,8 +387,8 @@ def lane_trainings(run: RunDir, lane: str) -> dict[str, TrainingRecord]:
     """The latest record of each training ``lane``'s journal holds (training id → record): one journal read."""
     path = run.journal(lane)
     entries = journal_entries(path)[0] if path.is_file() else []
-    trainings = [cast(TrainingRecord, e["record"]) for e in entries if e.get("kind") == TRAINING]
-    return {str(rec["training_id"]): rec for rec in trainings}
+    return {rec["training_id"]: rec for e in entries
+            if e.get("kind") == TRAINING and is_training_record(rec := e["record"])}
 
 
 def _same(rec: Mapping[str, object]) -> str:
@@ -417,7 +409,7 @@ def folder_records(run: RunDir, pack_id: str) -> Iterator[Record]:
 def _folder_records(folder: Path) -> Iterator[Record]:
     """Every record a pack's folder holds: its trainings', its own, its earlier attempts'."""
     for path in [*folder.glob(f"{TRAININGS}/*.json"), folder / PACK_RECORD, *folder.glob(f"{ATTEMPTS}/*/*.json")]:
-        rec = _read_pack(path) if path.name == PACK_RECORD else _read_training(path)
+        rec = read_pack(path) if path.name == PACK_RECORD else read_training(path)
         if rec is not None:
             yield rec
 
@@ -443,7 +435,7 @@ class RunRecords:
     def training(self, pack_id: str, training_id: str) -> TrainingRecord | None:
         history = self.folded.trainings.get((pack_id, training_id))
         if not history or self._has_folder(pack_id):  # a folded pack without a folder: no open per training
-            rec = _read_training(self.run.training_record(pack_id, training_id))  # (a stat each, on Lustre)
+            rec = read_training(self.run.training_record(pack_id, training_id))  # (a stat each, on Lustre)
             if rec is not None:
                 return rec
         return history[-1] if history else None
@@ -458,7 +450,7 @@ class RunRecords:
         return rec is not None and rec.get("status") == COMPLETED
 
     def pack(self, pack_id: str) -> PackRecord | None:
-        rec = _read_pack(self.run.pack_record(pack_id))
+        rec = read_pack(self.run.pack_record(pack_id))
         if rec is not None:
             return rec
         history = self.folded.packs.get(pack_id)

@@ -14,7 +14,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import IO, Any, ContextManager, Iterator, Literal, Mapping, TypedDict, cast, overload
+from typing import IO, Any, ContextManager, Iterator, Literal, Mapping, TypedDict, TypeGuard, cast, overload
 
 SCHEMA_VERSION = 1
 COMPLETED = "completed"
@@ -383,11 +383,25 @@ def is_completed(path: Path) -> bool:
     return rec is not None and rec.get("status") == COMPLETED
 
 
+def is_training_record(data: Mapping[str, Any]) -> TypeGuard[TrainingRecord]:
+    """Whether ``data``, read from disk, is a training's record as gpupack writes it: it names its training and how it
+    ended, as text (a mode's own fields beside them are read with ``.get``, and checked where they are used)."""
+    return isinstance(data.get("training_id"), str) and isinstance(data.get("status"), str)
+
+
+def is_pack_record(data: Mapping[str, Any]) -> TypeGuard[PackRecord]:
+    """Whether ``data``, read from disk, is a pack's record as gpupack writes it: it names its pack, as text."""
+    return isinstance(data.get("pack_id"), str)
+
+
 def read_training(path: Path | str) -> TrainingRecord | None:
-    """The training record at ``path`` (:func:`read_json_or_none`), as its writer shaped it."""
-    return cast(TrainingRecord | None, read_json_or_none(path))
+    """The training record at ``path``; None where it is missing, torn (:func:`read_json_or_none`) or not a training's
+    record (:func:`is_training_record`)."""
+    data = read_json_or_none(path)
+    return data if data is not None and is_training_record(data) else None
 
 
 def read_pack(path: Path | str) -> PackRecord | None:
-    """The pack record at ``path`` (:func:`read_json_or_none`), as its writer shaped it."""
-    return cast(PackRecord | None, read_json_or_none(path))
+    """The pack record at ``path``; None where it is missing, torn or not a pack's record (:func:`is_pack_record`)."""
+    data = read_json_or_none(path)
+    return data if data is not None and is_pack_record(data) else None
