@@ -108,3 +108,18 @@ def test_a_reader_polling_while_records_are_rewritten_never_sees_half_a_record(t
     stop.set()
     proc.join(30)
     assert reads.value > 0 and torn.value == 0
+
+
+@pytest.mark.parametrize("rec, kind, row, said", [
+    ({"kind": "pack", "schema": SCHEMA_VERSION, "pack_id": "p", "factor": 2}, "pack", True, None),
+    ({"kind": "pack", "schema": SCHEMA_VERSION, "factor": 2}, "pack", False, "a pack record that names no pack"),
+    ({"kind": "training", "schema": SCHEMA_VERSION, "training_id": "t"}, "pack", False, "not a pack record"),
+    ({"kind": "pack", "schema": 99, "pack_id": "p"}, "pack", False, "record schema 99"),
+])
+def test_collect_takes_a_row_only_from_a_record_of_the_kind_it_reads(rec, kind, row, said):
+    from gpupack.core.store.columnar import record_row
+
+    warnings: list[str] = []
+    assert (record_row(rec, kind, "here", warnings) is not None) is row
+    assert warnings == ([] if said is None else [w for w in warnings if said in w and "here" in w])
+    assert len(warnings) == (0 if said is None else 1)

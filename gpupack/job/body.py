@@ -124,9 +124,12 @@ class PackAttempt:
         # a training a refit pack of this one completed (it was skipped for memory before) ran: never run again
         todo = [t for t in pack.trainings if not self.records.ran(pack_id, t.training_id)]
         if not todo:  # nothing to run: its record, or, lost, one rebuilt from its trainings'
-            return self.records.pack(pack_id) or read_pack(run.pack_record(pack_id)) \
-                or rebuild_pack_record(run, self.plan, pack, self.records) \
-                or cast(PackRecord, read_json(run.pack_record(pack_id)))
+            found = self.records.pack(pack_id) or read_pack(run.pack_record(pack_id)) \
+                or rebuild_pack_record(run, self.plan, pack, self.records)
+            if found is None:
+                raise FileNotFoundError(f"{run.pack_record(pack_id)}: every training of pack {pack_id} has a record, "
+                                        "but neither the pack's record nor one rebuilt from theirs could be read")
+            return found
         for t in todo:
             move_aside(run, pack_id, run.training_record(pack_id, t.training_id))
         move_aside(run, pack_id, run.pack_record(pack_id))

@@ -16,7 +16,7 @@ from typing import Iterable, Mapping, Sequence, TypedDict, cast
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from gpupack.core.store.records import SCHEMA_VERSION, PackRecord, atomic_file, read_json
+from gpupack.core.store.records import SCHEMA_VERSION, PackRecord, atomic_file, is_pack_record, read_json
 from gpupack.core.store.rundir import COLUMNAR, PACK_RECORD, TRAININGS, RunDir
 
 # Nested record fields the tables need, flattened to columns at load: column → (field, key).
@@ -111,8 +111,12 @@ def record_row(rec: Mapping[str, object], kind: str, where: str, warnings: list[
     elif rec.get("schema") != SCHEMA_VERSION:
         warnings.append(f"skipped {where}: record schema {rec.get('schema')!r}, this gpupack reads schema "
                         f"{SCHEMA_VERSION} (collect it with the gpupack version that wrote it)")
+    elif kind == "training":
+        return flatten(rec)
+    elif is_pack_record(rec):
+        return flatten_pack(rec)
     else:
-        return flatten(rec) if kind == "training" else flatten_pack(cast(PackRecord, rec))
+        warnings.append(f"skipped {where}: a pack record that names no pack")
     return None
 
 
