@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from gpupack.runtime import monitor
@@ -14,6 +15,7 @@ from gpupack.runtime.foreign import (
     ForeignLoad,
     LoadSpan,
     ProcTimes,
+    descendants,
     foreign_cpu_s,
     foreign_figures,
     tree_cpu_delta,
@@ -218,3 +220,47 @@ def test_the_commands_own_time_leaves_out_what_it_reaped():
     subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)  # a child of ours, reaped
     ((pid, _), times), = own_times(os.getpid()).items()
     assert pid == os.getpid() and times.reaped_s == 0.0 and times.self_s > 0
+
+
+def test_the_jobs_processes_are_listed_from_the_kernels_children_lists_as_psutil_finds_them(tmp_path):
+    """A child, a grandchild under it and a process that forked from a thread: the kernel's lists
+    (/proc/<pid>/task/<tid>/children) find what psutil's scan of the whole host finds. The thread lives on: a
+    thread's children are listed under it, not under its process's first thread, until it ends."""
+    code = ("import subprocess, sys, threading, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+            "threading.Thread(target=lambda: (subprocess.Popen(['sleep', '30']), time.sleep(30))).start()\n"
+            "time.sleep(30)\n")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        me = psutil.Process()
+        assert wait_for_count(lambda: len(me.children(recursive=True)), 3)
+        found = descendants(os.getpid())
+        assert found is not None and sorted(found) == sorted(p.pid for p in me.children(recursive=True))
+    finally:
+        for p in psutil.Process(child.pid).children(recursive=True) + [psutil.Process(child.pid)]:
+            p.kill()
+        child.wait()
+
+
+def test_without_the_kernels_children_lists_the_job_is_found_by_psutil(tmp_path):
+    assert descendants(os.getpid(), proc=tmp_path) is None  # a /proc without them: tree_times asks psutil
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        import gpupack.runtime.foreign as foreign
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(foreign, "PROC", tmp_path)
+            assert wait_for_count(lambda: len(tree_times(os.getpid(), ())), 2)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def wait_for_count(count, wanted: int, timeout_s: float = 20) -> bool:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if count() >= wanted:
+            return True
+        time.sleep(0.05)
+    return False
+
