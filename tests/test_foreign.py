@@ -264,3 +264,18 @@ def wait_for_count(count, wanted: int, timeout_s: float = 20) -> bool:
         time.sleep(0.05)
     return False
 
+
+def test_a_process_kept_between_readings_is_let_go_once_it_ends():
+    """The psutil handles kept from one reading to the next hold only the job's living processes: a lane that runs
+    thousands of trainings does not keep one per training that ever ran."""
+    import gpupack.runtime.foreign as foreign
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert wait_for_count(lambda: int(child.pid in {pid for pid, _ in tree_times(os.getpid(), ())}), 1)
+        assert child.pid in foreign._KNOWN
+    finally:
+        child.kill()
+        child.wait()
+    tree_times(os.getpid(), ())
+    assert child.pid not in foreign._KNOWN and os.getpid() in foreign._KNOWN
