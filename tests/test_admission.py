@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from gpupack.core.memory.admission import Candidate, Room, admit, expected_peak, lane_budget_mb, max_passes, peak_of
+from gpupack.core.memory.admission import (
+    Candidate,
+    LaneMemory,
+    admit,
+    expected_peak,
+    lane_budget_mb,
+    max_passes,
+    peak_of,
+)
 from gpupack.core.memory.figures import CUDA_CONTEXT_MB, Figure, setting_key
 from gpupack.core.plan import make_plan
 from gpupack.core.store.claims import Claimant, claims
@@ -22,7 +30,7 @@ from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job import lanes as lanes_module
 from gpupack.job.lanes import run_lane
-from gpupack.job.stream import RECHECK_S, Gauge, Lane
+from gpupack.job.stream import RECHECK_S, AdmissionInputs, Lane
 from gpupack.pack import WAIT
 from gpupack.runtime import monitor
 from gpupack.runtime.monitor import free_memory_mb
@@ -39,25 +47,25 @@ S, L = Candidate("small", 100.0), Candidate("large", 400.0)
 
 @pytest.mark.parametrize("queue, room, passes, take", [
     # the head fits: it goes
-    ([L, S], Room(free_mb=None, budget_mb=800, committed_mb=300, running=1), 0, 0),
+    ([L, S], LaneMemory(free_mb=None, budget_mb=800, committed_mb=300, running=1), 0, 0),
     # the device's free memory binds, whatever the budget says
-    ([L, S], Room(free_mb=350, budget_mb=800, committed_mb=0, running=1), 0, 1),
+    ([L, S], LaneMemory(free_mb=350, budget_mb=800, committed_mb=0, running=1), 0, 1),
     # the head does not fit: a smaller one that fits goes past it
-    ([L, S, S], Room(free_mb=None, budget_mb=800, committed_mb=500, running=2), 0, 1),
+    ([L, S, S], LaneMemory(free_mb=None, budget_mb=800, committed_mb=500, running=2), 0, 1),
     # ... the first that fits, not one that does not
-    ([L, L, S], Room(free_mb=None, budget_mb=800, committed_mb=500, running=2), 1, 2),
+    ([L, L, S], LaneMemory(free_mb=None, budget_mb=800, committed_mb=500, running=2), 1, 2),
     # passed over max_passes times: reserved, the slot waits for memory
-    ([L, S], Room(free_mb=None, budget_mb=800, committed_mb=500, running=2), 2, None),
+    ([L, S], LaneMemory(free_mb=None, budget_mb=800, committed_mb=500, running=2), 2, None),
     # nothing fits: wait
-    ([L, Candidate("medium", 350.0)], Room(free_mb=None, budget_mb=800, committed_mb=500, running=2), 0, None),
+    ([L, Candidate("medium", 350.0)], LaneMemory(free_mb=None, budget_mb=800, committed_mb=500, running=2), 0, None),
     # nothing runs in the lane: the head goes, waiting would free nothing
-    ([L, S], Room(free_mb=200, budget_mb=800, committed_mb=0, running=0), 0, 0),
+    ([L, S], LaneMemory(free_mb=200, budget_mb=800, committed_mb=0, running=0), 0, 0),
     # the head's peak is not known: admitted as without admission
-    ([Candidate("new", None), S], Room(free_mb=None, budget_mb=800, committed_mb=790, running=3), 0, 0),
+    ([Candidate("new", None), S], LaneMemory(free_mb=None, budget_mb=800, committed_mb=790, running=3), 0, 0),
     # ... but one not known is never taken past a head that does not fit
-    ([L, Candidate("new", None), S], Room(free_mb=None, budget_mb=800, committed_mb=500, running=2), 0, 2),
+    ([L, Candidate("new", None), S], LaneMemory(free_mb=None, budget_mb=800, committed_mb=500, running=2), 0, 2),
     # no budget and no free memory known: everything fits
-    ([L], Room(free_mb=None, budget_mb=None, committed_mb=5000, running=9), 0, 0),
+    ([L], LaneMemory(free_mb=None, budget_mb=None, committed_mb=5000, running=9), 0, 0),
 ], ids=["fits", "free-memory-binds", "smaller-passes", "first-that-fits", "head-reserved", "nothing-fits-wait",
         "idle-lane-takes-head", "unknown-head", "unknown-not-past-head", "nothing-to-go-by"])
 def test_the_admission_rule(queue, room, passes, take):
@@ -121,7 +129,7 @@ def test_without_nvml_free_memory_is_not_known(monkeypatch):
 SMALL_MB, LARGE_MB = 100.0, 400.0
 
 
-def _lane(tmp_path, monkeypatch, sizes, factor=4, budget=1000.0, other_mb=0.0, gauge=True):
+def _lane(tmp_path, monkeypatch, sizes, factor=4, budget=1000.0, other_mb=0.0, inputs=True):
     """A lane of one job over trainings of ``sizes`` (MB each holds, in queue order), on a 16 GB GPU whose NVML
     figures follow what the lane's running trainings hold (plus ``other_mb`` another process holds); the peaks of
     both settings known from earlier records."""
@@ -138,8 +146,8 @@ def _lane(tmp_path, monkeypatch, sizes, factor=4, budget=1000.0, other_mb=0.0, g
                for mb in set(sizes)}
     clock = _Clock()
     lane = Lane(run, plan, pack, Claimant.here(pack.pack_id, "7"), PackSettings(), clock=clock,
-                gauge=Gauge(functools.partial(free_memory_mb, True, {"CUDA_VISIBLE_DEVICES": "0"}), budget, True,
-                            earlier) if gauge else None)
+                inputs=AdmissionInputs(functools.partial(free_memory_mb, True, {"CUDA_VISIBLE_DEVICES": "0"}), budget,
+                                       True, earlier) if inputs else None)
     return lane, nvml, clock
 
 
@@ -198,7 +206,7 @@ def test_a_large_training_waits_while_small_ones_run_beside_it_and_still_runs(tm
 
 
 def test_without_admission_the_lane_takes_the_queue_s_order_past_the_budget(tmp_path, monkeypatch):
-    lane, nvml, clock = _lane(tmp_path, monkeypatch, [LARGE_MB] * 4, budget=1000.0, gauge=False)
+    lane, nvml, clock = _lane(tmp_path, monkeypatch, [LARGE_MB] * 4, budget=1000.0, inputs=False)
     together = _drain(lane, nvml, clock)
     assert max(sum(mbs) for mbs in together) == 4 * LARGE_MB  # what admission is for
 
@@ -235,8 +243,8 @@ def test_a_waiting_slot_measures_again_only_as_a_training_ends_or_after_a_while(
     lane, nvml, clock = _lane(tmp_path, monkeypatch, [LARGE_MB, LARGE_MB, LARGE_MB], factor=3, budget=900.0)
     first = [lane.next(), lane.next()]
     asked: list[float] = []
-    real = lane.gauge.free_mb
-    lane.gauge = Gauge(lambda: asked.append(clock.now) or real(), 900.0, True, lane.gauge.earlier)
+    real = lane.inputs.free_mb
+    lane.inputs = AdmissionInputs(lambda: asked.append(clock.now) or real(), 900.0, True, lane.inputs.earlier)
     assert lane.next() is WAIT and lane.next() is WAIT and len(asked) == 1  # the second look: too soon to measure
     clock.now += RECHECK_S
     assert lane.next() is WAIT and len(asked) == 2
@@ -246,7 +254,7 @@ def test_a_waiting_slot_measures_again_only_as_a_training_ends_or_after_a_while(
 
 def test_a_setting_s_peak_measured_in_this_run_admits_the_next(tmp_path, monkeypatch):
     lane, nvml, clock = _lane(tmp_path, monkeypatch, [LARGE_MB] * 3, factor=3, budget=1000.0)
-    lane.gauge = Gauge(lane.gauge.free_mb, 1000.0, True, {})  # nothing earlier
+    lane.inputs = AdmissionInputs(lane.inputs.free_mb, 1000.0, True, {})  # nothing earlier
     first = lane.next()
     assert lane.expected_mb(first) is None
     lane.judge({"training_id": first.training_id, "status": "completed",
@@ -280,7 +288,7 @@ def test_a_slot_that_waits_for_memory_takes_its_training_while_the_others_run(tm
         return free_memory_mb(True, {"CUDA_VISIBLE_DEVICES": "0"})
 
     earlier = {(FAKE, setting_key(t.params)): Figure(LARGE_MB, "records", measured=True) for t in pack.trainings}
-    monkeypatch.setattr(lanes_module, "lane_gauge", lambda *args: Gauge(free, 10000.0, True, earlier))
+    monkeypatch.setattr(lanes_module, "admission_inputs", lambda *args: AdmissionInputs(free, 10000.0, True, earlier))
     rec = run_lane(str(lane.run.root), pack.pack_id, PackSettings(device="cpu"))
     assert rec["n_completed"] == 2, rec
     assert rec["admission"]["waits"] >= 1  # the second did wait

@@ -321,7 +321,7 @@ def test_a_search_lane_is_admitted_by_memory_as_a_queue_lane_is(tmp_path: Path) 
     """The one lane runner's admission holds for a search's lane: a freed slot asks no trial the memory free would
     not fit while others run (so none is asked and left waiting); the first always goes."""
     from gpupack.core.types import PackSettings
-    from gpupack.job.stream import Gauge
+    from gpupack.job.stream import AdmissionInputs
     from gpupack.pack import WAIT
     from gpupack.search.lane import SearchLane
     from gpupack.search.plan import search_plan
@@ -333,7 +333,7 @@ def test_a_search_lane_is_admitted_by_memory_as_a_queue_lane_is(tmp_path: Path) 
     free = [300.0]
     lane = SearchLane(run, plan, plan.packs[0], Claimant.here(plan.packs[0].pack_id, None),
                       PackSettings(device="cpu", training_memory_mb=500.0),
-                      gauge=Gauge(lambda: free[0], 10_000.0, False, {}))
+                      inputs=AdmissionInputs(lambda: free[0], 10_000.0, False, {}))
     first = lane.next()
     assert first is not WAIT and first is not None  # nothing else runs: waiting would free nothing
     assert lane.next() is WAIT and len(Study(run.study).read().trials) == 1  # 500 MB do not fit 300: not asked

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupack.runtime.supervisor import ChildSpec, Supervisor, Together
+from gpupack.runtime.supervisor import ChildSpec, FailTogether, Supervisor
 
 
 def spec(tmp_path: Path, name: str, code: str) -> ChildSpec:
@@ -47,7 +47,7 @@ def test_past_its_time_limit_a_child_gets_sigterm_then_sigkill(tmp_path):
 
 
 def test_a_group_fails_together_and_names_its_culprit(tmp_path):
-    with Supervisor(together=Together()) as sup:
+    with Supervisor(together=FailTogether()) as sup:
         sup.start(spec(tmp_path, "waiter", SLEEP))  # a DDP rank waiting in an all-reduce for the failed one
         sup.start(spec(tmp_path, "cause", FAIL))
         exits = {e.name: e for e in sup.follow()}
@@ -59,7 +59,7 @@ def test_a_consequence_waits_for_its_cause_to_be_named(tmp_path):
     """A rank that failed only because its peer died is not the culprit when the peer fails too."""
     lost_peer = "import sys; sys.stderr.write('lost its peer\\n'); sys.exit(1)"
     late_cause = "import sys, time; time.sleep(0.5); sys.stderr.write('the real error\\n'); sys.exit(2)"
-    together = Together(consequence=lambda e: "lost its peer" in e.error(), grace_s=60.0)
+    together = FailTogether(consequence=lambda e: "lost its peer" in e.error(), grace_s=60.0)
     with Supervisor(together=together) as sup:
         sup.start(spec(tmp_path, "consequence", lost_peer))
         sup.start(spec(tmp_path, "cause", late_cause))

@@ -36,16 +36,17 @@ POOL = _pool()
 # folded record's logs (where its lane kept them: distinct for each training) are read where a log is shown
 # (journal.kept_log); a pack's training ids and its sampler's peak per training (distinct for each pack) where needed.
 TEXT_COLUMNS = ("curve", "params", "knobs", "cpus", "metrics", "logs", "training_ids", "sampler_peak_rss_by_training")
-# Kept beside the frame, in Arrow, not in it (:meth:`Pieces.frame`; :meth:`gpupack.analysis.load.Records.with_detached`
-# joins them to the rows that need them): each training's throughput curve (a third of a run's bytes) and where its
-# logs are kept, read by one plot and where a log is shown, never by the tables. Left in the chunks they were read in
-# (a lane's memory-mapped file) they cost nothing until read; in the frame, every filter of it would copy them.
+# Kept beside the frame, in Arrow, not in it (:meth:`RowsByPack.frame`; :meth:`gpupack.analysis.load.Records.
+# with_detached` joins them to the rows that need them): each training's throughput curve (a third of a run's bytes)
+# and where its logs are kept, read by one plot and where a log is shown, never by the tables. Left in the chunks they
+# were read in (a lane's memory-mapped file) they cost nothing until read; in the frame, every filter of it would copy
+# them.
 DETACHED = ("curve", "logs")
 TRAINING_ID = "training_id"  # kept beside them too, as read (no copy): what tells a row's values are its own
 
 
 @dataclass
-class Pieces:
+class RowsByPack:
     """Rows as read, one piece per pack (or per run's earlier attempts), in path order."""
 
     rows: list[Rows] = field(default_factory=list)
@@ -231,7 +232,7 @@ def _decode(text: pd.Series) -> np.ndarray:
 def decode_json(frame: pd.DataFrame) -> pd.DataFrame:
     """``json:<name>`` columns back to ``<name>`` (decoded, but for :data:`TEXT_COLUMNS`), merged with a plain
     ``<name>`` column of packs where that column held scalars. (A text column with no plain twin was named in Arrow
-    already, :meth:`Pieces.frame`.)"""
+    already, :meth:`RowsByPack.frame`.)"""
     for col in [c for c in frame.columns if c.startswith(JSON_PREFIX)]:
         name = col[len(JSON_PREFIX):]
         text = frame.pop(col)

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
-from gpupack.analysis.frames import DETACHED, TRAINING_ID, Pieces, take_rows
+from gpupack.analysis.frames import DETACHED, TRAINING_ID, RowsByPack, take_rows
 from gpupack.core.plan import refit_parent
 from gpupack.core.stdout_metrics import metrics_from_text, stdout_patterns
 from gpupack.core.store.columnar import STRING, ColumnarReader, pack_rows, read_records, split_rows
@@ -238,7 +238,7 @@ def _attempt_of(path: Path) -> int:
     return int(path.parent.name) if path.parent.name.isdigit() else 0
 
 
-def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: Pieces, packs: Pieces,
+def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: RowsByPack, packs: RowsByPack,
                    warnings: list[str]) -> None:
     """Earlier attempts' records (packs/<id>/attempts/<k>/), from their JSON: a resumed pack moves them there, and
     they still count (an OOM there makes its N infeasible; a pack whose N trainings all ran together there is still
@@ -276,7 +276,7 @@ def cleared_mask(rows: pd.DataFrame, cleared: Sequence[Cleared]) -> pd.Series:
     return out
 
 
-def _read_run(run: RunDir, trainings: Pieces, packs: Pieces, warnings: list[str],
+def _read_run(run: RunDir, trainings: RowsByPack, packs: RowsByPack, warnings: list[str],
               reader: ColumnarReader | None) -> set[str]:
     """One run's training rows (into ``trainings``) and pack rows (into ``packs``): the latest records pack by pack,
     from the columnar file where it is current, else from the JSON records; then every earlier attempt's, from
@@ -302,7 +302,7 @@ def _read_run(run: RunDir, trainings: Pieces, packs: Pieces, warnings: list[str]
                                    reader)
 
 
-def _read_folded(run: RunDir, folders: set[str], trainings: Pieces, packs: Pieces, warnings: list[str],
+def _read_folded(run: RunDir, folders: set[str], trainings: RowsByPack, packs: RowsByPack, warnings: list[str],
                  reader: ColumnarReader | None) -> set[str]:
     """The records lanes folded into their journals (gpupack.core.store.journal): each one's latest is current (attempt
     0) unless a folder holds a later one (its pack run again, or its training run again by another lane: the folder's is
@@ -354,8 +354,8 @@ def _weighed_apart(part: Part, homes: set[str], folders: set[str], held: set[str
     return mask
 
 
-def _weigh(run: RunDir, entries: list[Entry], folders: set[str], held: set[str], trainings: Pieces,
-           packs: Pieces) -> set[str]:
+def _weigh(run: RunDir, entries: list[Entry], folders: set[str], held: set[str], trainings: RowsByPack,
+           packs: RowsByPack) -> set[str]:
     """Folded records weighed one by one, as the journals tell them: in the order folded, each record once (a record
     a folder still holds, its fold cut off before the folder went, is the folder's), each training's and pack's
     latest current unless a folder holds a later one. Returns the packs with a current pack record."""
@@ -424,8 +424,8 @@ def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
     """Every record of the runs, as flat frames. ``columnar=False`` reads the JSON records only (what the columnar
     files hold is the same: tests compare the two)."""
     out = Records(pd.DataFrame(), pd.DataFrame())
-    trainings = Pieces()
-    packs = Pieces()
+    trainings = RowsByPack()
+    packs = RowsByPack()
     reader = ColumnarReader() if columnar else None
     collecting = gc.isenabled()
     gc.disable()  # a million rows allocate millions of objects, none cyclic: the collector would scan them often

@@ -19,7 +19,7 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import PackAttempt, pack_lock
 from gpupack.job.records import move_aside
-from gpupack.job.stream import Lane, lane_gauge
+from gpupack.job.stream import Lane, admission_inputs
 from gpupack.runtime.jobenv import JobEnvironment
 
 # The kind of lane a streaming pack is (gpupack.search.lane.lane_kind: a search's, or a queue's).
@@ -43,9 +43,9 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
         plan = plan or Plan.from_json(read_json(run.plan))
         pack = plan.pack(pack_id)
         queue = [t for _, t in plan.queue(pack.stream or "")]
-        gauge = lane_gauge(run, queue, settings, job.device_env()) if settings.admission else None
+        inputs = admission_inputs(run, queue, settings, job.device_env()) if settings.admission else None
         lane = kind(pack)(run, plan, pack, Claimant.here(pack_id, job.job_id), settings, started=job.start(),
-                               gauge=gauge)
+                               inputs=inputs)
         if lane.folds:  # what an earlier run of this lane recorded and did not fold before it was killed
             fold_trainings(run, pack_id, [p.stem for p in run.trainings(pack_id).glob("*.json")], pack_id)
         if (done := lane.settled(plan)) is not None:

@@ -17,7 +17,7 @@ per training. A claim won of a training another lane folded as completed is let 
 Where its trainings are admitted by memory (``PackSettings.admission``: :mod:`gpupack.core.memory.admission`), a freed
 slot looks at the queue's next unclaimed trainings and claims only the one the rule admits, or none and waits (it claims
 nothing it does not start, so a training it passes over stays for the lane's next look or for another lane); what
-it measures by is its :class:`Gauge`.
+it measures by is its :class:`AdmissionInputs`.
 """
 from __future__ import annotations
 
@@ -30,7 +30,15 @@ from typing import Callable, Mapping, Sequence, cast
 
 import psutil
 
-from gpupack.core.memory.admission import Candidate, Room, admit, expected_peak, lane_budget_mb, max_passes, peak_of
+from gpupack.core.memory.admission import (
+    Candidate,
+    LaneMemory,
+    admit,
+    expected_peak,
+    lane_budget_mb,
+    max_passes,
+    peak_of,
+)
 from gpupack.core.memory.figures import Figure, candidate_runs, measured_by_setting, setting_key
 from gpupack.core.memory.victims import culprit_of
 from gpupack.core.plan import Pack, Plan, Training
@@ -60,7 +68,7 @@ SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to p
 
 
 @dataclass(frozen=True)
-class Gauge:
+class AdmissionInputs:
     """What a lane admits its trainings by (packing.admission): the device's free memory now (MB; the one seam,
     :func:`gpupack.runtime.monitor.free_memory_mb`, which tests fake), the lane's budget, whether its trainings peak
     on a GPU (their GPU memory counts) or a CPU (their resident memory), and the peaks earlier records of each
@@ -72,8 +80,9 @@ class Gauge:
     earlier: Mapping[SettingKey, Figure]
 
 
-def lane_gauge(run: RunDir, queue: Sequence[Training], settings: PackSettings, env: Mapping[str, str]) -> Gauge:
-    """The gauge of a lane on this job's device: NVML's free memory of its GPU, else the host's; the earlier records
+def admission_inputs(run: RunDir, queue: Sequence[Training], settings: PackSettings,
+                     env: Mapping[str, str]) -> AdmissionInputs:
+    """The inputs of a lane on this job's device: NVML's free memory of its GPU, else the host's; the earlier records
     of the queue's settings measured on the same device model, in this run directory and its siblings (I/O)."""
     on_gpu = choose_device(settings.device, info := detect_device(env)) == "cuda"
     host_total = None if on_gpu else psutil.virtual_memory().total / 2**20
@@ -88,7 +97,7 @@ def lane_gauge(run: RunDir, queue: Sequence[Training], settings: PackSettings, e
             mb = m.gpu_mb if on_gpu else m.host_mb
             if mb is not None:
                 earlier[name, setting] = Figure(mb, m.source(), measured=True)
-    return Gauge(functools.partial(free_memory_mb, on_gpu, env), budget, on_gpu, earlier)
+    return AdmissionInputs(functools.partial(free_memory_mb, on_gpu, env), budget, on_gpu, earlier)
 
 
 # A training is claimed only with this much time to spare past its estimate (seconds, or this share of it): a training
@@ -115,7 +124,7 @@ class Lane:
 
     def __init__(self, run: RunDir, plan: Plan, pack: Pack, holder: Claimant, settings: PackSettings,
                  clock: Callable[[], float] = time.time, started: float | None = None,
-                 gauge: Gauge | None = None) -> None:
+                 inputs: AdmissionInputs | None = None) -> None:
         if pack.stream is None:
             raise ValueError(f"pack {pack.pack_id} is not a streaming lane")
         self.run, self.pack, self.holder, self.settings, self.clock = run, pack, holder, settings, clock
@@ -137,7 +146,7 @@ class Lane:
         self._gone: set[int] = set()  # items past the cursor gone too (a head passed over keeps the cursor)
         # admission (None: off): what each running training is expected to hold, the head passed over and how often,
         # the peaks this run measured, and when the free memory was last looked at in vain
-        self.gauge = gauge
+        self.inputs = inputs
         self._holding: dict[str, float] = {}
         self._head: str | None = None
         self._head_passes = 0
@@ -200,8 +209,8 @@ class Lane:
             training = self.again.popleft()
             move_aside(self.run, self.where(training.training_id), self.record(training.training_id))
             return self._started(training)
-        if self.gauge is not None:
-            return self._admitted(self.gauge)
+        if self.inputs is not None:
+            return self._admitted(self.inputs)
         while self._cursor < len(self.items):
             if (claimed := self._claim(self._cursor)) is not None:
                 return self._started(claimed)
@@ -226,11 +235,11 @@ class Lane:
         return training
 
     def _started(self, training: Training) -> Training:
-        if self.gauge is not None:  # what it is expected to hold until it ends (nothing known: nothing counted)
+        if self.inputs is not None:  # what it is expected to hold until it ends (nothing known: nothing counted)
             self._holding[training.training_id] = self.expected_mb(training) or 0.0
         return training
 
-    def _admitted(self, gauge: Gauge) -> Training | Wait | None:
+    def _admitted(self, inputs: AdmissionInputs) -> Training | Wait | None:
         """The training the admission rule lets a freed slot start, claimed; WAIT: none fits the memory free now;
         None: nothing is left to claim."""
         if self._looked is not None and self.clock() - self._looked < RECHECK_S:
@@ -242,7 +251,7 @@ class Lane:
             if window[0][1].training_id != self._head:
                 self._head, self._head_passes = window[0][1].training_id, 0
             candidates = [Candidate(t.training_id, self.expected_mb(t)) for _, t in window]
-            room = Room(gauge.free_mb(), gauge.budget_mb, sum(self._holding.values()), len(self._holding))
+            room = LaneMemory(inputs.free_mb(), inputs.budget_mb, sum(self._holding.values()), len(self._holding))
             verdict = admit(candidates, room, self._head_passes, max_passes(self.pack.factor))
             if verdict.take is None:
                 self._looked, self.waits = self.clock(), self.waits + 1
@@ -277,17 +286,17 @@ class Lane:
 
     def expected_mb(self, training: Training) -> float | None:
         """The memory ``training`` is expected to peak at on the lane's device (MB); None: not known."""
-        if self.gauge is None:
+        if self.inputs is None:
             return None
         key = self._setting(training)
-        figure = expected_peak(self.gauge.earlier.get(key), self.settings.training_memory_mb, self._in_run.get(key))
+        figure = expected_peak(self.inputs.earlier.get(key), self.settings.training_memory_mb, self._in_run.get(key))
         return None if figure is None else figure.mb
 
     def admission(self) -> Admission | None:
         """What admission did, for the lane's record (None: off)."""
-        if self.gauge is None:
+        if self.inputs is None:
             return None
-        return {"budget_mb": self.gauge.budget_mb, "passed_over": self.passed_over, "waits": self.waits}
+        return {"budget_mb": self.inputs.budget_mb, "passed_over": self.passed_over, "waits": self.waits}
 
     def ended(self, training_id: str, wall_s: float) -> None:
         self.walls.append(wall_s)
@@ -311,7 +320,7 @@ class Lane:
 
     def _measured(self, rec: TrainingRecord) -> None:
         """A completed training's peak: its setting's figure in this run, where nothing earlier says one."""
-        peak = peak_of(rec, self.gauge.on_gpu) if self.gauge is not None and rec.get("status") == COMPLETED else None
+        peak = peak_of(rec, self.inputs.on_gpu) if self.inputs is not None and rec.get("status") == COMPLETED else None
         if peak is not None:
             key = self._setting(self._by_id[str(rec["training_id"])])
             self._in_run[key] = max(peak, self._in_run.get(key, 0.0))

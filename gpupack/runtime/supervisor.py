@@ -5,7 +5,7 @@ A :class:`Supervisor` starts each child (:class:`ChildSpec`: a program of its ow
 pack's preloaded :class:`~gpupack.runtime.forkserver.ForkServer`), each in a session of its own with its log files,
 its environment, its address-space limit, its cores and death with the packer; follows them; stops one past its time
 limit (SIGTERM to its process group, SIGKILL :data:`KILL_GRACE_S` later); optionally fails a group together
-(:class:`Together`: one member failing kills the others, and the member that caused it is kept as the
+(:class:`FailTogether`: one member failing kills the others, and the member that caused it is kept as the
 :attr:`Supervisor.culprit`); reaps them all; and says how each ended (:class:`ChildExit`), which the modes turn into
 their :class:`~gpupack.core.types.TrainingOutcome`. Leaving its ``with`` block by an exception (the job cancelled,
 a bug) kills every child still running and reaps it: no training outlives its pack.
@@ -122,7 +122,7 @@ class ChildExit:
 
 
 @dataclass(frozen=True)
-class Together:
+class FailTogether:
     """Children that fail together (DDP's ranks: the others would wait for a failed one in an all-reduce): once one
     fails, all are killed. A failure that may only be the consequence of another's (``consequence``: a rank that lost
     its peer) waits up to ``grace_s`` for its cause to fail too, so the cause, not the consequence, is the culprit."""
@@ -238,7 +238,7 @@ class Supervisor:
     # spec_path are forked from
     refused: str | None = field(default=None, init=False)  # why the server forks no more (ForkRefused)
     owns_server: bool = field(default=True, init=False)  # False: a server a lane shares (use()), closed by the lane
-    together: Together | None = None  # None: each child fails alone
+    together: FailTogether | None = None  # None: each child fails alone
     children: list[Child] = field(default_factory=list)
     culprit: ChildExit | None = None  # the member whose failure failed the group (with ``together``)
     _first_failure: float | None = None

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from typing import Callable, Mapping
 
-from gpupack.core.memory.admission import Candidate, Room, admit, expected_peak
+from gpupack.core.memory.admission import Candidate, LaneMemory, admit, expected_peak
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.store.claims import Claimant, claim, claims
 from gpupack.core.store.journal import RunRecords
@@ -30,7 +30,7 @@ from gpupack.core.store.records import PRUNED as PRUNED_STATUS
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.records import move_aside
-from gpupack.job.stream import RECHECK_S, Gauge, Lane
+from gpupack.job.stream import RECHECK_S, AdmissionInputs, Lane
 from gpupack.pack import WAIT, Curve, Wait
 from gpupack.search.study import (
     COMPLETE,
@@ -71,8 +71,8 @@ class SearchLane(Lane):
 
     def __init__(self, run: RunDir, plan: Plan, pack: Pack, holder: Claimant, settings: PackSettings,
                  clock: Callable[[], float] = time.time, started: float | None = None,
-                 gauge: Gauge | None = None) -> None:
-        super().__init__(run, plan, pack, holder, settings, clock=clock, started=started, gauge=gauge)
+                 inputs: AdmissionInputs | None = None) -> None:
+        super().__init__(run, plan, pack, holder, settings, clock=clock, started=started, inputs=inputs)
         self.study = Study(run.study)
         self.head = self.study.head()  # the search, the workload and fixed params every trial shares
         self.search_ended: str | None = None  # why the study gave no more trials
@@ -106,11 +106,11 @@ class SearchLane(Lane):
         """WAIT where admission (packing.admission) does not let a freed slot start a trial now; None: it may ask.
         A trial's params are the study's once asked, so it is expected to peak as the largest trial of this run so
         far (else sweep.training_memory_mb): one that does not fit is not asked, so none is asked and left waiting."""
-        if self.gauge is None:
+        if self.inputs is None:
             return None
         if self._looked is not None and self.clock() - self._looked < RECHECK_S:
             return WAIT  # nothing ended since the last look in vain, and it was a moment ago
-        room = Room(self.gauge.free_mb(), self.gauge.budget_mb, sum(self._holding.values()), len(self._holding))
+        room = LaneMemory(self.inputs.free_mb(), self.inputs.budget_mb, sum(self._holding.values()), len(self._holding))
         if admit([Candidate("the next trial", self.expected_mb(None))], room, 0, 1).take is None:
             self._looked, self.waits = self.clock(), self.waits + 1
             return WAIT
@@ -119,7 +119,7 @@ class SearchLane(Lane):
     def expected_mb(self, training: Training | None) -> float | None:
         """What a trial is expected to peak at (MB): the largest peak of this run's trials so far, else the sweep's
         training_memory_mb; None: not known, or admission is off."""
-        if self.gauge is None:
+        if self.inputs is None:
             return None
         peak = max(self._in_run.values(), default=None)
         figure = expected_peak(None, self.settings.training_memory_mb, peak)

@@ -26,7 +26,7 @@ from gpupack.errors import ConfigError, nearest, require_unique
 from gpupack.pack import PackContext, ended_outcome, worker_env, worker_spec
 from gpupack.pack.process import preload, process_options, start_method
 from gpupack.runtime.joins.ddp import BACKENDS, KEY, PREFIX, backend_of
-from gpupack.runtime.supervisor import ChildExit, ChildSpec, Supervisor, Together, tail
+from gpupack.runtime.supervisor import ChildExit, ChildSpec, FailTogether, Supervisor, tail
 from gpupack.spread import Strategy
 from gpupack.workload import Workload
 from gpupack.workloads import load_workload
@@ -101,7 +101,7 @@ def lost_a_peer(rank: ChildExit) -> bool:
 
 
 # A failed rank kills the others; one that only lost a peer waits PEER_GRACE_S for the rank that caused it.
-RANKS_FAIL_TOGETHER = Together(consequence=lost_a_peer, grace_s=PEER_GRACE_S)
+RANKS_FAIL_TOGETHER = FailTogether(consequence=lost_a_peer, grace_s=PEER_GRACE_S)
 
 
 def culprit(failed: Sequence[ChildExit]) -> ChildExit:

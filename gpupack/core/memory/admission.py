@@ -35,7 +35,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Room:
+class LaneMemory:
     """The lane's memory now: the device's free memory (None: not known), the lane's budget (None: none), what its
     running trainings are expected to hold together, and how many run."""
 
@@ -64,7 +64,7 @@ class Admission:
         return self.take is not None and self.take > 0
 
 
-def admit(candidates: Sequence[Candidate], room: Room, head_passes: int, max_passes: int) -> Admission:
+def admit(candidates: Sequence[Candidate], room: LaneMemory, head_passes: int, max_passes: int) -> Admission:
     """Which of ``candidates`` (the queue's next trainings, head first; not empty) a freed slot takes now, or wait.
     ``head_passes``: how many trainings went past the head already; at ``max_passes`` it is reserved. Pure."""
     head = candidates[0]
