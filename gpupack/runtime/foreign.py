@@ -205,14 +205,27 @@ def descendants(root: int, proc: Path = PROC) -> list[int] | None:
 # The job's processes as psutil.Process, kept from one reading to the next: making one reads its /proc files twice
 # more than reading its times does (a third of a sample at N=34). Safe for a pid the kernel gives again: ppid(), read
 # at every reading (_times), raises NoSuchProcess for it, and a process not read at a reading leaves this.
+# A job that runs packs on several GPUs at once has a sampler (a thread) each: they share it under a lock.
 _KNOWN: dict[int, psutil.Process] = {}
+_KNOWN_LOCK = threading.Lock()
 
 
 def _process(pid: int) -> psutil.Process:
-    proc = _KNOWN.get(pid)
+    with _KNOWN_LOCK:
+        proc = _KNOWN.get(pid)
     if proc is None:
-        proc = _KNOWN[pid] = psutil.Process(pid)
+        proc = psutil.Process(pid)
+        with _KNOWN_LOCK:
+            proc = _KNOWN.setdefault(pid, proc)
     return proc
+
+
+def _let_go(read: set[int]) -> None:
+    """Let go of the handles of processes this reading did not read: ended. (A process another sampler's reading
+    found after this one listed the job is let go too, and made again at the next reading: a handle, not a figure.)"""
+    with _KNOWN_LOCK:
+        for pid in [pid for pid in _KNOWN if pid not in read]:
+            del _KNOWN[pid]
 
 
 def _under(top: psutil.Process) -> list[psutil.Process]:
@@ -252,9 +265,7 @@ def tree_times(root: int, follow: Iterable[Key]) -> dict[Key, ProcTimes]:
             out.update(_times(proc, reaped=True))
         except psutil.Error:  # ended since it was listed: its parent's reaped time has it at the next reading
             continue
-    read = {pid for pid, _ in out}
-    for pid in [pid for pid in _KNOWN if pid not in read]:
-        del _KNOWN[pid]
+    _let_go({pid for pid, _ in out})
     return out
 
 
