@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
@@ -72,12 +73,15 @@ def test_a_search_killed_mid_run_and_run_again_ends_with_its_budget_none_repeate
         deadline = time.time() + 200
         while time.time() < deadline and ((j := read_journal(study)) is None or j.count(COMPLETE) < 5):
             time.sleep(0.2)
-    finally:  # the run dies mid-search, its lane's job with it (a node failure, scancel): trials running
+    finally:  # the run dies mid-search, its lanes' jobs with it (a node failure, scancel): trials running
         trials = optuna.load_study(study_name=None, storage=JournalStorage(JournalFileBackend(str(study)))).trials \
             if study.exists() else []
         # a trial planned for a lane but not yet claimed by it has no lane's pid yet
         lanes = {int(t.user_attrs["gpupack"]["pid"]) for t in trials if "pid" in t.user_attrs.get("gpupack", {})}
-        for pid in [first.pid, *lanes]:
+        # and every process under the command: a lane that had claimed no trial yet would live on into the run again
+        # below, telling the study beside it (seen in CI under load)
+        jobs = {p.pid for p in psutil.Process(first.pid).children(recursive=True)} if first.poll() is None else set()
+        for pid in [first.pid, *lanes, *jobs]:
             try:
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
             except ProcessLookupError:
