@@ -223,7 +223,7 @@ def _trainings(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes
         rec = read_training(path)
         if rec is None:
             continue
-        tid = str(rec.get("training_id", path.stem))
+        tid = rec["training_id"]
         keep = _append_log if rec.get("status") == COMPLETED else _copy_log
         out.append((TRAINING, {**rec, LOGS: {s: keep(run, lane, log, pack_id, tid, s) for s in ("out", "err")
                                              if _has_output(run.log(pack_id, tid, s))}}))
