@@ -220,6 +220,16 @@ def _process(pid: int) -> psutil.Process:
     return proc
 
 
+def handle(key: Key) -> psutil.Process | None:
+    """The kept handle of the process ``key`` names (a reading's: the sampler reads each training's memory through
+    it), made where none is kept; None where the process is gone or its pid went to another since the reading."""
+    try:
+        proc = _process(key[0])
+    except psutil.Error:
+        return None
+    return proc if proc.create_time() == key[1] else None
+
+
 def _let_go(read: set[int]) -> None:
     """Let go of the handles of processes this reading did not read: ended. (A process another sampler's reading
     found after this one listed the job is let go too, and made again at the next reading: a handle, not a figure.)"""

@@ -19,7 +19,7 @@ from typing import Callable, Collection, Literal, Mapping, Protocol, Sequence, T
 import psutil
 
 from gpupack.runtime import monitor
-from gpupack.runtime.foreign import ForeignFigures, ForeignLoad, Key
+from gpupack.runtime.foreign import ForeignFigures, ForeignLoad, handle
 from gpupack.runtime.jobenv import job_cpus
 from gpupack.runtime.monitor import Nvml, NvmlHandle
 
@@ -140,7 +140,6 @@ class Sampler:
         self._util_supported = True  # NVML does not report utilization on a MIG slice (NotSupported)
         self.more_handles: list[NvmlHandle] = []
         self.foreign = foreign if foreign is not None else ForeignLoad(job_cpus(), command=command_pid)
-        self._procs: dict[Key, psutil.Process] = {}  # the job's processes, each made once (_children_map)
         self._open_nvml(gpu if gpu is not None else None if gpu_index is None else str(gpu_index), no_gpu_reason)
         self._open_more(more_gpus)
 
@@ -265,19 +264,10 @@ class Sampler:
         table per sample). ``children(recursive=True)`` per training read the whole table once each: 91 % of a
         sample's time at N=34 (10.8 % of a core on an H200)."""
         kids: dict[int, list[psutil.Process]] = {}
-        procs: dict[Key, psutil.Process] = {}
         for key, times in self.foreign.latest.items():
-            proc = self._procs.get(key)
-            if proc is None:
-                try:
-                    proc = psutil.Process(key[0])
-                except psutil.Error:
-                    continue
-                if proc.create_time() != key[1]:  # the pid went to another process since the reading
-                    continue
-            procs[key] = proc
-            kids.setdefault(times.ppid, []).append(proc)
-        self._procs = procs  # the ones still there: each pid's psutil.Process made once
+            proc = handle(key)  # the reading's own handle: each process's made once
+            if proc is not None:
+                kids.setdefault(times.ppid, []).append(proc)
         return kids
 
     @staticmethod
