@@ -31,7 +31,6 @@ from gpupack.core.store.records import (
     file_mode,
     make_dirs,
     read_json,
-    read_pack,
     read_training,
     write_json_atomic,
 )
@@ -124,8 +123,8 @@ class PackAttempt:
         # a training a refit pack of this one completed (it was skipped for memory before) ran: never run again
         todo = [t for t in pack.trainings if not self.records.ran(pack_id, t.training_id)]
         if not todo:  # nothing to run: its record, or, lost, one rebuilt from its trainings'
-            found = self.records.pack(pack_id) or read_pack(run.pack_record(pack_id)) \
-                or rebuild_pack_record(run, self.plan, pack, self.records)
+            # (records.pack reads pack.json first, then the lane's journal)
+            found = self.records.pack(pack_id) or rebuild_pack_record(run, self.plan, pack, self.records)
             if found is None:
                 raise FileNotFoundError(f"{run.pack_record(pack_id)}: every training of pack {pack_id} has a record, "
                                         "but neither the pack's record nor one rebuilt from theirs could be read")
