@@ -15,7 +15,7 @@ from gpupack.errors import ConfigError
 from gpupack.search.lane import recorded_outcome
 from gpupack.search.options import read_search
 from gpupack.search.space import Dimension, parse_dimension
-from gpupack.search.study import COMPLETE, DIED, FAILED, PRUNED, Study, TrialRow, read_journal, trial_training
+from gpupack.search.study import COMPLETE, CUT, DIED, FAILED, PRUNED, Study, TrialRow, read_journal, trial_training
 
 SPACE = [
     ("interval(0.5, 2)", Dimension("float", 0.5, 2.0)),
@@ -231,6 +231,42 @@ def test_a_dead_lanes_trial_with_a_record_is_told_from_the_record(tmp_path: Path
     assert (rows[recorded.number].state, rows[recorded.number].value) == (COMPLETE, 0.8651)
     assert (rows[lost.number].state, rows[lost.number].why) == (FAILED, DIED)
 
+
+KILLED_MID_ASK = """
+import os, signal, sys
+from pathlib import Path
+import gpupack.search.study as study
+from gpupack.core.store.claims import Claimant
+
+def killed(*args, **kwargs):  # the asker dies once Optuna has written its trial, before its claimant
+    os.kill(os.getpid(), signal.SIGKILL)
+
+study.asdict = killed
+study.Study(Path(sys.argv[1])).ask(Claimant.here("lane1", None))
+"""
+
+
+def test_a_trial_whose_asker_was_killed_mid_ask_is_told_failed_and_frees_its_place(tmp_path: Path) -> None:
+    """Seen in CI: a lane SIGKILLed inside its ask left a trial running with no claimant; no lane's resume told it,
+    so it held a place of the budget for ever and the search ended one trial short."""
+    import subprocess
+    import sys
+
+    s = study(tmp_path, n_trials=2)
+    who = Claimant.here("lane0", None)
+    done = s.ask(who)
+    assert isinstance(done, TrialRow)
+    s.tell(done.number, COMPLETE, 0.5)
+    child = subprocess.run([sys.executable, "-c", KILLED_MID_ASK, str(s.path)], capture_output=True, text=True)
+    assert child.returncode == -9, child.stderr
+    (cut,) = [t for t in _optuna_trials(s) if t.state == TrialState.RUNNING]
+    assert "gpupack" not in cut.user_attrs  # asked, its claimant never written
+    row = s.ask(who)  # the next ask, under the lock, tells it failed: the budget has its place again
+    assert isinstance(row, TrialRow) and row.number == cut.number + 1
+    rows = s.read().trials
+    assert (rows[cut.number].state, rows[cut.number].why) == (FAILED, CUT)
+    s.tell(row.number, COMPLETE, 0.7)
+    assert s.read().count(COMPLETE) == 2 and isinstance(s.ask(who), str)  # the budget of 2 finished, no more
 
 def _search(**over: object):  # type: ignore[no-untyped-def]
     section = {"space": {"lr": "tag(log, interval(1e-3, 1))"}, "n_trials": 8, "pruner": "none", **over}

@@ -20,7 +20,8 @@ number). Running trials are in the study, so the sampler knows them (TPE's const
 finished trials (complete or pruned); a failed trial does not count, but ``n_trials`` failures stop the search, as
 ``device_hours`` spent does. A trial asked and never told whose lane's run died is told by that lane's next run
 (:meth:`Study.fail_dead`): from its training's record where one was written, else failed; so resume neither loses
-nor repeats one. A planned trial no run of its lane has taken waits for the lane's next run.
+nor repeats one. A planned trial no run of its lane has taken waits for the lane's next run. A trial whose asker
+was killed mid-ask (its claimant never written) is told failed by the next ask.
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ FAILED: State = "failed"
 RUNNING: State = "running"
 RANK_ORDER: dict[State, int] = {COMPLETE: 0, PRUNED: 1, FAILED: 2, RUNNING: 3}  # after the ranked completed ones
 DIED = "died with its lane"
+CUT = "its asker was killed mid-ask"  # a trial asked, its claimant never written
 PLANNED = "planned"  # the incarnation of a trial the command asked for a lane before its job started
 WHO, PRUNED_AT, DEVICE_S, WHY = "gpupack", "pruned", "device_s", "why"  # a trial's user attributes
 GROWS = ("n_trials", "device_hours")  # the search's keys a resume may raise, to extend a search
@@ -409,11 +411,25 @@ class Study:
 
         with self._decision() as storage:
             trials = storage.get_all_trials(self._study_id(storage), deepcopy=False)
+            self._fail_cut(storage, trials)
             failed = sum(1 for t in trials if t.state == TrialState.FAIL)  # one pass each, no view: every ask does it
             spent = sum(float(t.user_attrs.get(DEVICE_S, 0.0)) for t in trials) / 3600
             if (why := stop_reason(self.head().search, len(trials) - failed, failed, spent)) is not None:
                 return why
             return self._ask(storage, len(trials), who)
+
+    @staticmethod
+    def _fail_cut(storage: JournalStorage, trials: list[FrozenTrial]) -> None:
+        """Tell failed (:data:`CUT`) each trial running with no claimant: every ask writes its trial and its claimant
+        in one decision under the lock, so, seen under the lock, such a trial's asker was killed mid-ask; it would
+        otherwise hold a place of the budget for ever. ``trials`` are updated in place."""
+        from optuna.trial import TrialState
+
+        for i, trial in enumerate(trials):
+            if trial.state == TrialState.RUNNING and WHO not in trial.user_attrs:
+                storage.set_trial_user_attr(trial._trial_id, WHY, CUT)
+                storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+                trials[i] = storage.get_trial(trial._trial_id)
 
     def _optuna(self, storage: JournalStorage, number: int) -> optuna.Study:
         """Optuna's study over the storage, with the sampler of trial ``number`` and the search's pruner."""
