@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import submitit.core.utils
 
 from gpupack.cli import main
 from gpupack.core.plan import make_plan
@@ -19,8 +20,8 @@ from tests.test_slurm import PROBE, gpupack
 
 # The lines every job of these presets has, whatever its size: submitit's, and gpupack's one task on one node.
 COMMON = ["--account=def-pi", "--nodes=1", "--ntasks-per-node=1", "--open-mode=append",
-          "--output=RUN/submitit/%A/%A_%a_0_log.out", "--signal=USR2@90", "--time=60", "--wckey=submitit"]
-ERROR = "--error=RUN/submitit/%A/%A_%a_0_log.err"  # where stdout and stderr are two files: a job runs one pack
+          "--output=RUN/submitit/%A_%a_0_log.out", "--signal=USR2@90", "--time=60", "--wckey=submitit"]
+ERROR = "--error=RUN/submitit/%A_%a_0_log.err"  # where stdout and stderr are two files: a job runs one pack
 
 
 def plan_packs(partition: str, factor: int, points: int) -> list:
@@ -42,7 +43,7 @@ def plan_packs(partition: str, factor: int, points: int) -> list:
     # and stderr one file (a lane folds its packs)
     (["cluster=trillium", "cluster.partitions.h100.gpus_per_job=4"], "h100", 2, 8,
      ["--cpus-per-task=8", "--gpus-per-node=h100:4", "--job-name=gpupack-h100-n2-g4", "--mem=16384M",
-      "--output=RUN/submitit/%A/%j_0_log.out"]),
+      "--output=RUN/submitit/%j_0_log.out"]),
 ])
 def test_the_sbatch_lines_of_each_preset(tmp_path, monkeypatch, preset, partition, factor, points, expected):
     monkeypatch.setattr(commands, "slurm_command", canned_slurm(sinfo=None, sacct=None))  # away from the site
@@ -56,6 +57,21 @@ def test_the_sbatch_lines_of_each_preset(tmp_path, monkeypatch, preset, partitio
     assert lines == [f"#SBATCH {flag}" for flag in sorted(common + expected)]
 
 
+def test_a_jobs_logs_go_to_a_folder_there_before_it_is_submitted(tmp_path, monkeypatch):
+    """SLURM opens a job's stdout as it starts, which an idle node does before sbatch has returned to submitit; a
+    folder named by the job's id (%A) is made by submitit only after, and the job failed with "Could not open stdout
+    file" (seen in CI). So no log's folder waits on the job's id, and the folder is made before any sbatch."""
+    monkeypatch.setattr(commands, "slurm_command", canned_slurm(sinfo=None, sacct=None))
+    cfg = compose_config(["+sweep=mnist_pack", "cluster=narval", "cluster.account=def-pi"])
+    sub = SlurmSubmitter(cfg.cluster, RunDir(tmp_path / "run"))
+    _forecast, arrays = sub.array_jobs(plan_packs("a100", 3, 6))
+    logs = [line.split("=", 1)[1] for line in sbatch_lines(sub.run.submitit_folder, arrays[0].parameters,
+                                                             arrays[0].tasks)
+            if line.startswith(("#SBATCH --output=", "#SBATCH --error="))]
+    assert len(logs) == 2 and all("%" not in str(Path(log).parent) for log in logs), logs
+    assert submitit.core.utils.JobPaths.get_first_id_independent_folder(sub.run.submitit_folder) == \
+        sub.run.submitit_folder  # what submitit makes before its sbatch
+
 def test_the_dry_run_away_from_the_cluster_shows_the_request_and_where_its_limits_come_from(tmp_path, monkeypatch,
                                                                                           capsys):
     """Narval's dry run where no SLURM answers (no SLURM_CONF, no slurmctld): the request as submitit will write it,
@@ -67,7 +83,7 @@ def test_the_dry_run_away_from_the_cluster_shows_the_request_and_where_its_limit
     assert code == 0, out
     said = " ".join(out.split())  # as one line, whatever the terminal's width
     for flag in ("--account=def-someone", "--gpus-per-node=a100:1", "--cpus-per-task=3", "--mem=6144M", "--time=60",
-                 "--signal=USR2@90", "--array=0-1%2", f"--output={tmp_path / 'run'}/submitit/%A/%A_%a_0_log.out"):
+                 "--signal=USR2@90", "--array=0-1%2", f"--output={tmp_path / 'run'}/submitit/%A_%a_0_log.out"):
         assert f"#SBATCH {flag}" in said, flag
     assert "a100, N=3 (process): 2 jobs in 1 array:" in said and "a100, N=1 (process): 5 jobs in 1 array:" in said
     assert ("per-user job limit: 1,000, from the preset (cluster.max_jobs_per_user=1000, the site's stated limit); "
@@ -91,7 +107,7 @@ def test_dry_run_packs_all_lists_every_pack(tmp_path, capsys):
 
 def submission_lines(run_dir: Path) -> set[tuple[str, ...]]:
     """The #SBATCH lines of each submission.sh submitit wrote in the run's submitit folder (one per sbatch)."""
-    scripts = sorted(run_dir.glob("submitit/*/*_submission.sh"))
+    scripts = sorted(run_dir.glob("submitit/*_submission.sh"))
     return {tuple(line for line in s.read_text().splitlines() if line.startswith("#SBATCH")) for s in scripts}
 
 

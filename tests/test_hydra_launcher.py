@@ -275,7 +275,7 @@ def test_a_pack_larger_than_the_batch_asks_only_for_the_jobs_it_holds(tmp_path, 
     proc = multirun(APP, [*SLURM, "hydra.launcher.pack=16", "lr=0.1,0.2", "sleep_s=0", f"hydra.sweep.dir={sweep_dir}"],
                     tmp_path, slurm_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    script = next(sweep_dir.glob(".gpupack/*/submitit/*/*_submission.sh")).read_text()
+    script = next(sweep_dir.glob(".gpupack/*/submitit/*_submission.sh")).read_text()
     assert "#SBATCH --cpus-per-task=2" in script and "#SBATCH --mem=2048M" in script
 
 
@@ -304,7 +304,7 @@ def test_gpupack_slurm_runs_one_array_task_per_pack(tmp_path, slurm_env):
         time.sleep(0.5)
     rows = accounted()
     assert len(rows) == 2 and all(r[2] == "COMPLETED" and "gres/gpu=1" in r[3] for r in rows), rows
-    scripts = list(sweep_dir.glob(".gpupack/*/submitit/*/*_submission.sh"))
+    scripts = list(sweep_dir.glob(".gpupack/*/submitit/*_submission.sh"))
     assert len(scripts) == 2
     for script in scripts:  # what was asked (sacct's Partition can lag right after a job ends)
         text = script.read_text()

@@ -21,7 +21,7 @@
       jobs.json                                pack id → submitted job id (SLURM), for status and resume
       search/study.log, study.json             search=optuna: the study (Optuna journal) and its head
       search/study.torn                        a torn last line of it, cut and kept (journal.cut_torn)
-      submitit/<array>/                        submitit's files of each job (array), a folder per array
+      submitit/                                submitit's files of each job (array), named by its id
       summary.csv  summary.json                written by collect
       cleared_oom.json                         the OOMs a user cleared (python -m gpupack clear-oom)
       rank.json                                the metric, goal and pattern a collect --metric/--goal/--pattern
@@ -194,9 +194,9 @@ class RunDir:
 
     @property
     def submitit_folder(self) -> Path:
-        """submitit's folder pattern: submitit/<array id>/ for each job array, or job (%A: submitit puts the array's id
-        there, a job's own where it is none): a folder per array, not per task, where folders count against a quota."""
-        return self.submitit / "%A"
+        """submitit's folder: one for every job, its files named by job id (no %A folder per array: submitit makes
+        that after sbatch returns, and SLURM fails a job it starts in between, its stdout's folder not there yet)."""
+        return self.submitit
 
     @property
     def summary_csv(self) -> Path:
