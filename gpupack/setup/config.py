@@ -107,7 +107,7 @@ class PackingConfig:
     # whole packs that wait for their slowest. auto: on for a production run (factors=auto's run at the best N),
     # off while measuring N (explicit factors, the probe: whole packs, pack wall / N); on; off.
     stream: str = "auto"
-    # Streaming jobs per (partition, mode, N); null: as many as run at once (local: one per device slot; SLURM:
+    # Streaming jobs per (partition, mode, N); null: as many as run at once (local: one per device; SLURM:
     # cluster.array_parallelism), never more than the trainings fill at the start.
     jobs: Optional[int] = None
     # Threads each training may use; null: max(1, cores // N) (oversubscribing cores cost 2.4-3x here).
