@@ -133,6 +133,18 @@ def test_the_servers_preload_is_set_up_outside_the_packs_wall(tmp_path):
         assert t["startup_s"] == pytest.approx(t["loop_start"] - t["spawned_at"])
 
 
+
+def test_the_server_ends_without_its_interpreters_teardown(tmp_path, monkeypatch):
+    """The lane waits for its server to exit; a server's teardown frees every module its preload imported (about a
+    second of torch), for nothing: it has told the packer everything, and its trainings ran their own exit handlers."""
+    said = tmp_path / "teardown"
+    monkeypatch.setenv("GPUPACK_TEST_TEARDOWN", str(said))
+    run, pack = _pack(tmp_path, n=2, preload_import="tests.server_teardown")
+    rec = run_pack(str(run.root), pack.pack_id,
+                   PackSettings(device="cpu", mode_options={"process": ProcessOptions(start="fork")}))
+    assert rec["n_completed"] == 2 and {r["start"] for r in _records(run, pack).values()} == {"fork"}
+    assert not said.exists(), said.read_text()  # the server's exit handlers never ran: it ended at once
+
 # ---------------- learned preload (issue 31) ----------------
 
 @pytest.mark.parametrize("new, expected, refused", [

@@ -47,6 +47,7 @@ from typing import IO, Callable, Mapping, Sequence, TypedDict, cast  # noqa: E40
 from gpupack.core.preload import import_libraries, learnable, library_roots  # noqa: E402
 from gpupack.core.store.records import open_log  # noqa: E402
 from gpupack.runtime.memshare import limit_torch  # noqa: E402
+from gpupack.runtime.worker import exit_at_once  # noqa: E402
 
 READY_TIMEOUT_S = 600.0  # a framework import on a busy node can be slow; past this the pack fails loudly
 LEARN_LIMIT_BYTES = 60_000  # what a child reports fits a usual pipe's buffer (64 KiB)
@@ -517,4 +518,4 @@ class ForkServer:
 
 
 if __name__ == "__main__":
-    sys.exit(serve())
+    exit_at_once(serve())  # it has told the packer everything; its trainings ran their own exit handlers (_child)

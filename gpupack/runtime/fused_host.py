@@ -52,4 +52,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpupack.runtime.worker import exit_at_once
+
+    exit_at_once(main())  # every training's result or error is written: the pack waits on no teardown
