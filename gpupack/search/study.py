@@ -418,8 +418,7 @@ class Study:
                 return why
             return self._ask(storage, len(trials), who)
 
-    @staticmethod
-    def _fail_cut(storage: JournalStorage, trials: list[FrozenTrial]) -> None:
+    def _fail_cut(self, storage: JournalStorage, trials: list[FrozenTrial]) -> None:
         """Tell failed (:data:`CUT`) each trial running with no claimant: every ask writes its trial and its claimant
         in one decision under the lock, so, seen under the lock, such a trial's asker was killed mid-ask; it would
         otherwise hold a place of the budget for ever. ``trials`` are updated in place."""
@@ -427,8 +426,7 @@ class Study:
 
         for i, trial in enumerate(trials):
             if trial.state == TrialState.RUNNING and WHO not in trial.user_attrs:
-                storage.set_trial_user_attr(trial._trial_id, WHY, CUT)
-                storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+                self._tell(storage, trial.number, FAILED, None, CUT, 0.0)  # as fail_dead tells a dead lane's
                 trials[i] = storage.get_trial(trial._trial_id)
 
     def _optuna(self, storage: JournalStorage, number: int) -> optuna.Study:
