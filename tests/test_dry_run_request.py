@@ -72,6 +72,7 @@ def test_a_jobs_logs_go_to_a_folder_there_before_it_is_submitted(tmp_path, monke
     assert submitit.core.utils.JobPaths.get_first_id_independent_folder(sub.run.submitit_folder) == \
         sub.run.submitit_folder  # what submitit makes before its sbatch
 
+
 def test_the_dry_run_away_from_the_cluster_shows_the_request_and_where_its_limits_come_from(tmp_path, monkeypatch,
                                                                                           capsys):
     """Narval's dry run where no SLURM answers (no SLURM_CONF, no slurmctld): the request as submitit will write it,

@@ -133,7 +133,6 @@ def test_the_servers_preload_is_set_up_outside_the_packs_wall(tmp_path):
         assert t["startup_s"] == pytest.approx(t["loop_start"] - t["spawned_at"])
 
 
-
 def test_the_server_ends_without_its_interpreters_teardown(tmp_path, monkeypatch):
     """The lane waits for its server to exit; a server's teardown frees every module its preload imported (about a
     second of torch), for nothing: it has told the packer everything, and its trainings ran their own exit handlers."""
@@ -144,6 +143,7 @@ def test_the_server_ends_without_its_interpreters_teardown(tmp_path, monkeypatch
                    PackSettings(device="cpu", mode_options={"process": ProcessOptions(start="fork")}))
     assert rec["n_completed"] == 2 and {r["start"] for r in _records(run, pack).values()} == {"fork"}
     assert not said.exists(), said.read_text()  # the server's exit handlers never ran: it ended at once
+
 
 # ---------------- learned preload (issue 31) ----------------
 

@@ -268,6 +268,7 @@ def test_a_trial_whose_asker_was_killed_mid_ask_is_told_failed_and_frees_its_pla
     s.tell(row.number, COMPLETE, 0.7)
     assert s.read().count(COMPLETE) == 2 and isinstance(s.ask(who), str)  # the budget of 2 finished, no more
 
+
 def _search(**over: object):  # type: ignore[no-untyped-def]
     section = {"space": {"lr": "tag(log, interval(1e-3, 1))"}, "n_trials": 8, "pruner": "none", **over}
     return read_search(section, None, "max", None)
