@@ -22,7 +22,7 @@ from gpupack.analysis.load import load_records
 from gpupack.analysis.occupancy import occupancy
 from gpupack.cli import main
 from gpupack.core.store.rundir import RunDir
-from gpupack.search.study import COMPLETE, DIED, FAILED, PRUNED, Study, read_journal, trial_number
+from gpupack.search.study import COMPLETE, CUT, DIED, FAILED, PRUNED, Study, read_journal, trial_number
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -101,9 +101,10 @@ def test_a_search_killed_mid_run_and_run_again_ends_with_its_budget_none_repeate
     journal = Study(study).read()
     assert journal.count(COMPLETE, PRUNED) == 16
     recorded = {trial_number(str(r["training_id"])): r["status"] for r in training_records(run)}
-    for n in running:  # told from the record its training wrote before the kill, else failed: died with its lane
-        told = journal.trials[n]
-        assert (told.state, told.why) == (FAILED, DIED) if n not in recorded else \
+    for n in running:  # told from the record its training wrote before the kill, else failed: died with its lane, or
+        told = journal.trials[n]  # cut: killed mid-ask, before its lane was written
+        died = DIED if before.trials[n].lane else CUT
+        assert (told.state, told.why) == (FAILED, died) if n not in recorded else \
             told.state == {"completed": COMPLETE, "pruned": PRUNED}.get(str(recorded[n]), FAILED), (n, told)
     assert sorted(journal.trials) == list(range(len(journal.trials)))  # every number once
     completed = [str(r["training_id"]) for r in training_records(run) if r["status"] == "completed"]

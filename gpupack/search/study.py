@@ -90,8 +90,8 @@ class TrialRow:
 
     number: int
     params: dict[str, Param]
-    lane: str
-    incarnation: str
+    lane: str | None  # who claimed it; None: nobody yet (its asker was killed mid-ask)
+    incarnation: str | None
     asked_at: float
     state: State = "running"
     value: float | None = None
@@ -289,8 +289,8 @@ def _row(trial: FrozenTrial, order: Mapping[str, object]) -> TrialRow:
     attrs = trial.user_attrs
     who = attrs.get(WHO) or {}
     params = {k: _plain(trial.params[k]) for k in order if k in trial.params}
-    row = TrialRow(trial.number, {**params, **{k: _plain(v) for k, v in trial.params.items()}}, str(who.get("lane")),
-                   str(who.get("incarnation")), trial.datetime_start.timestamp() if trial.datetime_start else 0.0,
+    row = TrialRow(trial.number, {**params, **{k: _plain(v) for k, v in trial.params.items()}}, who.get("lane"),
+                   who.get("incarnation"), trial.datetime_start.timestamp() if trial.datetime_start else 0.0,
                    intermediate=dict(trial.intermediate_values), why=attrs.get(WHY),
                    device_s=float(attrs.get(DEVICE_S, 0.0)), planned=bool(who.get("planned")),
                    told=trial.state.is_finished())
