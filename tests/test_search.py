@@ -147,12 +147,12 @@ def test_a_search_where_optuna_is_not_installed_is_one_line_saying_how_to_instal
 @pytest.mark.slow
 def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
         tmp_path: Path, subprocess_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 46 item 3. A programmed device (1 s a training alone or two at a time, 2.7 s three at a time): the probe
-    trains the space's midpoint (lr=0.1, the log middle of 0.01-1), stops at N=3 and picks N=2; the search then runs
-    its 6 trials at N=2 in RUN_DIR/run, every trial once."""
+    """Issue 46 item 3. A programmed device (1 s a training alone or two at a time, 2.7 s three at a time, and one
+    step of 0.25-0.3 s): the probe trains the space's midpoint (lr=0.1, the log middle of 0.01-1), stops at N=3 and
+    picks N=2; the search then runs its 6 trials at N=2 in RUN_DIR/run, every trial once."""
     run = tmp_path / "run"
-    command = [*search_cmd(run, 6), "packing.factors=auto", "packing.auto.ladder=[1,2,3]", "packing.auto.repeats=2",
-               "+sweep.fixed.sleep_by_n='1:1.0,2:1.0,3:2.7'"]
+    command = [*search_cmd(run, 6), "sweep.fixed.steps=1", "packing.factors=auto", "packing.auto.ladder=[1,2,3]",
+               "packing.auto.repeats=2", "+sweep.fixed.sleep_by_n='1:1.0,2:1.0,3:2.7'"]
     done = subprocess.run(command, env=subprocess_env, cwd=REPO, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     auto = json.loads((run / "auto.json").read_text())
@@ -179,12 +179,13 @@ def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
 @pytest.mark.slow
 def test_a_search_after_an_untrusted_probe_streams_at_the_reference_says_why_and_counts_apart(
         tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    """Issue 51 item 5. A programmed device whose N=2 is 9x N=1 (4 s a training alone, 0.2 s two at a time): beyond
-    what 2 cores can give, so the probe names no N. The search then streams its 4 trials at the ladder's reference N=1
-    and says so and why; the probe's trainings are neither ranked with the trials nor counted as the search's."""
+    """Issue 51 item 5. A programmed device whose N=2 is 9x N=1 (1.5 s a training alone, 0.1 s two at a time, and a
+    step of 0.25-0.3 s): beyond what 2 cores can give, so the probe names no N. The search then streams its 4 trials
+    at the ladder's reference N=1 and says so and why; the probe's trainings are neither ranked with the trials nor
+    counted as the search's."""
     run = tmp_path / "run"
     command = [*search_cmd(run, 4), "sweep.fixed.steps=1", "packing.factors=auto", "packing.auto.ladder=[1,2]",
-               "packing.auto.repeats=2", "+sweep.fixed.sleep_by_n='1:4.0,2:0.2'"]
+               "packing.auto.repeats=2", "+sweep.fixed.sleep_by_n='1:1.5,2:0.1'"]
     done = subprocess.run(command, env=subprocess_env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     auto = json.loads((run / "auto.json").read_text())
