@@ -53,7 +53,9 @@ TINY: dict[str, list[str]] = {
     "resnet50_gpu": ["sweep.fixed.train_samples=16", "sweep.fixed.val_samples=8", "sweep.fixed.image_size=32",
                      "sweep.fixed.batch_size=8", "packing.repeats=1", "packing.factors=[2]"],
     "quadratic_pack": [],
-    "command": ["packing.repeats=1", "packing.factors=[2]"],  # examples/train.py: 6000 samples, about a second
+    # examples/train.py: 6000 samples, about a second, and torch's import in each; N=1 at one set-up (not also at 2
+    # threads, a second reference: 4 more trainings, about 20 s)
+    "command": ["packing.repeats=1", "packing.factors=[2]", "packing.threads_per_training=1"],
     "auto": ["packing.auto.ladder=[1,2]", "packing.auto.repeats=2"],  # packing.factors=auto climbs no further
     "hydra": ["train_samples=256"],  # examples/conf/hydra_app.yaml
 }
