@@ -175,7 +175,6 @@ def test_the_map_cites_names_at_all():
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.slow
 def test_every_name_the_map_cites_exists(name):
     assert exists(name), f"docs/ARCHITECTURE.md cites `{name}`, which the code does not define"
 

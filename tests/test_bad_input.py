@@ -111,7 +111,6 @@ CASES = [
 
 
 @pytest.mark.parametrize("overrides, needles", CASES, ids=[" ".join(c[0]) for c in CASES])
-@pytest.mark.slow
 def test_bad_input_is_one_clear_line_and_starts_nothing(tmp_path, capsys, overrides, needles):
     run_dir = tmp_path / "run"
     has_run_dir = any(o.startswith("run_dir=") for o in overrides)

@@ -225,7 +225,6 @@ def with_fix(overrides: list[str], key: str, value: str) -> list[str]:
 
 
 @pytest.mark.parametrize("overrides, needles", LOCAL, ids=[" ".join(c[0]) for c in LOCAL])
-@pytest.mark.slow
 def test_a_bad_value_of_any_key_is_one_line_and_its_hint_is_accepted(tmp_path: Path, capsys: Any,
                                                                       overrides: list[str], needles: list[str]) -> None:
     err = refused(BASE + overrides, capsys, tmp_path / "run")
