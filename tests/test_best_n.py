@@ -281,6 +281,7 @@ def _auto(tmp_path, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_auto_stops_on_a_plateau_and_runs_the_rest_of_the_grid_at_the_best_n(tmp_path):
     """A programmed device: a training takes 1 s alone or two at a time, 2.7 s three at a time (time per training
     0.5 s at N=2, 0.9 s at N=3), whatever the machine's load. The probe stops at N=3, says why, picks N=2, and the
@@ -381,6 +382,7 @@ def test_status_of_an_auto_run_lists_its_probe_and_run_packs(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_auto_with_wait_false_submits_one_step_a_call_and_the_same_command_goes_on(tmp_path, monkeypatch):
     """Issue 30, item 5: nothing waits on a login node. Each call submits the next step's jobs and returns; called
     again while they are queued it submits nothing; once they have ended it decides from their records and submits
@@ -554,6 +556,7 @@ def test_a_reference_slowed_by_its_neighbours_never_names_an_impossible_answer(t
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_a_real_runs_packs_start_in_rounds_each_n_spread_over_the_run(tmp_path):
     """The default sweep at N = 1-4, 3 packs each at least, tiny sizes, really run: ordered by their first training's
     start, the packs run in the plan's rounds, each N's mean position is the run's middle (0.5 ± 0.15), and the drift

@@ -146,6 +146,7 @@ TINY = ["+sweep=mnist_pack", "packing.factors=[1,2]", "packing.repeats=1", "swee
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_a_cpu_hog_beside_a_real_run_is_named_in_collects_output(tmp_path, subprocess_env):
     """From outside: a tiny real sweep with a process that keeps a core busy the whole time beside it; collect names
     its packs as measured under foreign load."""
@@ -179,6 +180,7 @@ def test_a_cpu_hog_beside_a_real_run_is_named_in_collects_output(tmp_path, subpr
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_the_command_that_runs_the_sweep_here_is_not_load_from_outside(tmp_path, monkeypatch):
     """From outside: the local backend's command shares the host with its jobs. While it runs the sweep, a thread of
     it keeps a core busy (as its imports while the first jobs start do, briefly): that is the run's own CPU, and no

@@ -116,6 +116,7 @@ def test_what_cannot_be_fused_is_refused_before_anything(tmp_path, capsys, overr
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_process_and_fused_in_one_table_with_the_best_mode_and_n(tmp_path, subprocess_env):
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "gpupack", "+sweep=mnist_pack", "packing.modes=[process,fused]",

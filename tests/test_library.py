@@ -18,6 +18,7 @@ PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_p
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_prepare_writes_nothing_and_run_returns_typed_results(tmp_path, capsys):
     run_dir = tmp_path / "run"
     prepared = sweep.prepare(PROBE + ["packing.factors=[1,2]", "packing.repeats=1", f"run_dir={run_dir}"])
@@ -43,6 +44,7 @@ def test_prepare_writes_nothing_and_run_returns_typed_results(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_a_local_sweep_runs_as_one_lane_and_shows_each_pack_as_it_ends(tmp_path):
     """The local backend's whole packs run in one job on this CPU machine's one slot (one job start for the sweep, not
     one a pack: issues 30 and 31), in the plan's order; progress shows each pack running, then done, in turn, as its
@@ -62,6 +64,7 @@ def test_a_local_sweep_runs_as_one_lane_and_shows_each_pack_as_it_ends(tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_a_sweep_through_a_backend_that_runs_packs_in_this_process(tmp_path, monkeypatch):
     """The whole flow over tests/fakes.py's FakeSubmitter: asked its capacities once, each pack run through the real
     job body (run_pack) in this process, collected; then status and resume through the same backend."""

@@ -88,6 +88,7 @@ def _records(run_dir: Path, kind: str) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_a_pack_whose_measured_need_passes_the_share_is_skipped_and_said(tmp_path):
     run_dir = tmp_path / "run"
     outcome = sweep.run(sweep.prepare(_hold_sweep(run_dir, 500)), plots=False)

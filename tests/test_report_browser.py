@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import REPO
 from tests.test_report_page import sweep
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]  # a report made by a real run
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.quiet]  # a report made by a real run, its answer
 CHROMIUM = "/usr/bin/chromium"
 WIDTH, HEIGHT = 1280, 900
 

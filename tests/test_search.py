@@ -45,6 +45,7 @@ def training_records(run: Path) -> list[dict[str, object]]:
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_a_search_of_32_trials_at_n4_runs_each_once_and_keeps_its_slots_busy(tmp_path: Path,
                                                                             subprocess_env: dict[str, str]) -> None:
     run = tmp_path / "run"
@@ -145,6 +146,7 @@ def test_a_search_where_optuna_is_not_installed_is_one_line_saying_how_to_instal
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
         tmp_path: Path, subprocess_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 46 item 3. A programmed device (1 s a training alone or two at a time, 2.7 s three at a time, and one
