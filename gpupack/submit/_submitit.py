@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import inspect
 import io
 import shlex
@@ -117,25 +116,27 @@ def submitit_main() -> None:
     main()
 
 
-# What gpupack reaches for in submitit, by module and name; a parameter list: names its signature must have.
-INTERNALS: dict[str, dict[str, tuple[str, ...]]] = {
-    submitit_local.__name__: {"subprocess": (), "LocalJob": (),
-                     "LocalExecutor._submitit_command_str": (), "LocalExecutor._submit_command": ("command",)},
-    submitit.local._local.__name__: {"Controller": ()},
-    submitit.slurm.slurm.__name__: {"_make_sbatch_string": ("command", "folder", "map_count", "stderr_to_stdout",
-                                                   "gpus_per_node", "additional_parameters", "setup"),
-                           "SlurmExecutor._internal_process_submissions": ("delayed_submissions",)},
-    "submitit.core.submission": {"submitit_main": ()},
-    submitit.core.utils.__name__: {"DelayedSubmission": (), "FailedJobError": ()},
-}
+def internals() -> dict[types.ModuleType, dict[str, tuple[str, ...]]]:
+    """What gpupack reaches for in submitit, by module and name; a parameter list: names its signature must have."""
+    import submitit.core.submission  # here and in the job only (numpy first, see submitit_main)
+
+    return {
+        submitit_local: {"subprocess": (), "LocalJob": (), "LocalExecutor._submitit_command_str": (),
+                         "LocalExecutor._submit_command": ("command",)},
+        submitit.local._local: {"Controller": ()},
+        submitit.slurm.slurm: {"_make_sbatch_string": ("command", "folder", "map_count", "stderr_to_stdout",
+                                                       "gpus_per_node", "additional_parameters", "setup"),
+                               "SlurmExecutor._internal_process_submissions": ("delayed_submissions",)},
+        submitit.core.submission: {"submitit_main": ()},
+        submitit.core.utils: {"DelayedSubmission": (), "FailedJobError": ()},
+    }
 
 
 def missing_internals() -> list[str]:
-    """Each internal of :data:`INTERNALS` that this submitit no longer has where gpupack reaches for it, or whose
+    """Each internal of :func:`internals` that this submitit no longer has where gpupack reaches for it, or whose
     signature lost a name gpupack passes: [] where all are there. (A module that moved fails this one's import.)"""
     missing = []
-    for name, names in INTERNALS.items():
-        module = importlib.import_module(name)
+    for module, names in internals().items():
         for dotted, params in names.items():
             found: object = module
             for part in dotted.split("."):  # a class's own member: the one gpupack overrides or calls
