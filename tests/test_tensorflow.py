@@ -274,6 +274,7 @@ def test_cifar10_sweeps_run_on_staged_batches(tmp_path, subprocess_env, workload
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_tf_mnist_sweep_compares_split_and_no_split(tmp_path, subprocess_env):
     import subprocess
 
