@@ -70,10 +70,14 @@ __all__ = ["Prepared", "Checked", "Opened", "Outcome", "PackStatus", "RunStatus"
 
 
 def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Callable[[Opened], None] | None = None,
-        collect_outputs: bool = True, plots: bool = True, on_step: Callable[[Step], None] | None = None) -> Outcome:
+        collect_outputs: bool = True, plots: bool | None = None,
+        on_step: Callable[[Step], None] | None = None) -> Outcome:
     """Open the run directory (resume or refuse, lock), submit what is left, and — unless the sweep detaches —
     wait for it and collect. ``on_open`` sees what was found before anything is submitted. With
-    ``packing.factors=auto``: probe for the best N, then run the grid at it (``on_step`` sees each probed N)."""
+    ``packing.factors=auto``: probe for the best N, then run the grid at it (``on_step`` sees each probed N).
+    ``plots``: the end's PNG plots and report.html; None: as the config says (collect.plots)."""
+    if plots is None:
+        plots = prepared.spec.plots if prepared.spec is not None else True
     prepared.submitter.require_reachable()  # a scheduler that does not answer here: said before anything is written
     # the run directory's file system refusing a write (full, over quota, read-only, not ours) is a StorageError: one
     # line for a front-end to print, and what finished stays recorded for the same call to resume

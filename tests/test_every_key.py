@@ -93,6 +93,7 @@ LOCAL = [
     (["spread.ddp_backend=[gloo,gloo]"], ["spread.ddp_backend=['gloo', 'gloo']", "twice"]),
     # collect.*, rgu.*
     (["collect.goal=up"], ["collect.goal='up'"]),
+    (["collect.plots=maybe"], ["collect.plots='maybe'", "true or false"]),
     (["collect.metric=val_acc"], ["collect.metric='val_acc'", "collect.metric=val_accuracy"]),
     (["rgu.models.V100-16gb=0"], ["rgu.models.V100-16gb=0", "> 0"]),
     # cluster=local's own keys, and the top level

@@ -21,6 +21,7 @@ from gpupack.flow.collect import collect
 from gpupack.report.html import Page, build_report, training_rows
 from gpupack.report.plots import plot_cost
 from gpupack.report.text import what_ran
+from tests.conftest import verdict
 
 CONFIG = {"sweep": {"name": "toy", "workload": "w", "grid": {"lr": [0.1, 0.5], "batch_size": [64]}},
           "packing": {"factors": [1, 2], "modes": ["process"], "repeats": 2}, "cluster": {"name": "local"}}
@@ -154,9 +155,9 @@ SEARCHPATH = f"hydra.searchpath=[file://{Path(__file__).resolve().parent / 'conf
 
 
 def sweep(run_dir: Path, env: dict[str, str], *overrides: str) -> None:
-    """One small real sweep of the test workload (its report collected at its end)."""
+    """One small real sweep of the test workload (its report collected at its end: the preset leaves it out)."""
     proc = subprocess.run([sys.executable, "-m", "gpupack", SEARCHPATH, "+sweep=probe_pack", f"run_dir={run_dir}",
-                           *overrides], capture_output=True, text=True, env=env, timeout=300)
+                           "collect.plots=true", *overrides], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -177,3 +178,20 @@ def test_collect_of_a_parent_folder_compares_its_runs_with_a_run_column(tmp_path
     for name in ("first", "second"):  # each run keeps its own report, linked from the comparison
         assert (tmp_path / "runs" / name / "report.html").is_file() and f"href='{name}/report.html'" in page
     assert f"Comparison of 2 runs: {tmp_path / 'runs' / 'comparison.html'}" in console.export_text()
+
+
+@pytest.mark.slow
+def test_a_run_without_plots_writes_its_tables_and_a_later_collect_writes_the_report(tmp_path, subprocess_env):
+    """collect.plots=false: a run's end writes the summary and the records' table, no plot and no report.html (nor
+    says one); `collect RUN_DIR` writes them afterwards from the same records."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "gpupack", SEARCHPATH, "+sweep=probe_pack", f"run_dir={run_dir}",
+                           "collect.plots=false"], capture_output=True, text=True, env=subprocess_env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (run_dir / "summary.csv").is_file() and (run_dir / "trainings.parquet").is_file()
+    assert not (run_dir / "report.html").exists() and not (run_dir / "plots").exists()
+    assert "report.html" not in proc.stdout and re.search(verdict("tests.fake_workloads", "local"), proc.stdout)
+    later = subprocess.run([sys.executable, "-m", "gpupack", "collect", str(run_dir)], capture_output=True, text=True,
+                           env=subprocess_env, timeout=300)
+    assert later.returncode == 0, later.stdout + later.stderr
+    assert (run_dir / "report.html").is_file() and any((run_dir / "plots").glob("*.png"))

@@ -486,7 +486,7 @@ def test_the_cli_streams_a_sweep_and_collect_shows_occupancy(tmp_path, subproces
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "gpupack", f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]",
                            "+sweep=probe_pack", "packing.factors=[2]", "packing.stream=on",
-                           "sweep.grid.lr=[0.1,0.2,0.3,0.4,0.5]", "cluster.max_parallel_packs=2",
+                           "sweep.grid.lr=[0.1,0.2,0.3,0.4,0.5]", "cluster.max_parallel_packs=2", "collect.plots=true",
                            f"run_dir={run_dir}"], capture_output=True, text=True, env=subprocess_env, cwd=REPO,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

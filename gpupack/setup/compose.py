@@ -264,7 +264,7 @@ def _type_hint(key: str) -> str:
     kind = _declared_type(key)
     if kind is None:
         return "give a value of the type this key takes (python -m gpupack +sweep=NAME --cfg job shows its value)"
-    example = {"int": "a whole number, e.g. 3", "float": "a number, e.g. 0.5", "bool": "true or false",
+    example = {"int": "a whole number, e.g. 3", "float": "a number, e.g. 0.5", "bool": f"true or false ({key}=true)",
                "str": "a string, quoted if it has special characters"}.get(kind, kind)
     return f"{key} takes {example}"
 

@@ -149,6 +149,9 @@ class CollectConfig:
     metric: Optional[str] = None
     # max or min: which way the metric is better. null: known only for val_accuracy (max); say it for any other.
     goal: Optional[str] = None
+    # The PNG plots and report.html at a run's end; false: the tables, summary.csv/json and the answer only (a second
+    # less of a small run's end, and no matplotlib), and `python -m gpupack collect RUN_DIR` writes them later.
+    plots: bool = True
 
 
 @dataclass

@@ -79,6 +79,7 @@ class SweepSpec:
     search: OptunaSearch | None = None  # search=optuna: the study's trials stream through the lanes, not the grid
     # the reference N also measured at this many threads per training (gpupack.core.plan.setup_packs; None: not)
     reference_threads: int | None = None
+    plots: bool = True  # collect.plots: a run's end writes the PNG plots and report.html
 
     def streams(self, production: bool) -> int | None:
         """K when this run streams (on; auto: a production run, never while measuring N), else None."""
@@ -417,7 +418,8 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
                      notes=grid_unused(search, plain(sweep.grid)), spread=spread,
                      stream=str(cfg.packing.stream),
                      stream_jobs=int(cfg.packing.jobs or min(facts.stream_jobs(p) for p in facts.partitions)),
-                     search=search, reference_threads=reference_threads(factors, facts, settings))
+                     search=search, reference_threads=reference_threads(factors, facts, settings),
+                     plots=bool(cfg.collect.plots))
 
 
 def reference_threads(factors: Sequence[int], facts: ClusterFacts, settings: PackSettings) -> int | None:
