@@ -263,3 +263,35 @@ def test_flock_is_taken_in_one_module():
     """One lock, one fallback, one message: every flock of gpupack goes through gpupack.core.store.locks."""
     users = [p.relative_to(REPO).as_posix() for p in (REPO / "gpupack").rglob("*.py") if "fcntl" in p.read_text()]
     assert users == ["gpupack/core/store/locks.py"]
+
+
+@pytest.mark.slow
+def test_a_local_job_killed_by_sigkill_leaves_nothing_in_the_temporary_space(tmp_path, subprocess_env):
+    """A local job SIGKILLed mid-pack (the OOM killer, a user's kill -9) cleans nothing of its own: the command that
+    watched it removes the job's temporary space (its packs' work folders) once it has ended, as SLURM removes a
+    job's node-local space."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**subprocess_env, "TMPDIR": str(tmp)}
+    command = subprocess.Popen([sys.executable, "-m", "gpupack", f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]",
+                                "+sweep=probe_pack", "packing.factors=[1]", "sweep.grid.lr=[0.1]",
+                                "sweep.fixed.hang=true", f"run_dir={tmp_path / 'run'}"],
+                               env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    job = None
+    while job is None or not any(tmp.glob("gpupack-job-*/gpupack-*")):  # the job, in its pack's work folder
+        assert command.poll() is None and time.time() < deadline, command.stdout.read() if command.stdout else ""
+        job = job or next((p for p in psutil.Process(command.pid).children(recursive=True)
+                           if "gpupack.submit._local_job" in " ".join(_cmdline(p))), None)
+        time.sleep(0.1)
+    job.send_signal(signal.SIGKILL)
+    out, _ = command.communicate(timeout=120)
+    assert command.returncode == 1, f"exit {command.returncode}: {out}"  # the pack failed: no completed record
+    assert list(tmp.iterdir()) == [], out  # no job folder, no pack's work folder left behind
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:  # ended, or not yet readable: not the one looked for yet
+        return []

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import resource
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,10 +154,13 @@ class LocalSubmitter(Submitter[LocalConfig]):
 
     @classmethod
     def job_environment(cls) -> JobEnvironment:
-        """submitit's local job (its id), the GPUs this backend let it see (CUDA_VISIBLE_DEVICES), and the command
-        that runs the sweep here: its controller's parent."""
-        return JobEnvironment(job_id=submitit.JobEnvironment().job_id,
-                              cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), command_pid=command_pid())
+        """submitit's local job (its id), the GPUs this backend let it see (CUDA_VISIBLE_DEVICES), the command
+        that runs the sweep here (its controller's parent), and temporary space of its own (:func:`job_temp_dir`)."""
+        job_id = submitit.JobEnvironment().job_id
+        tmp = job_temp_dir(job_id)
+        os.makedirs(tmp, exist_ok=True)
+        return JobEnvironment(job_id=job_id, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                              command_pid=command_pid(), tmp_dir=tmp)
 
     @classmethod
     def launcher_config(cls, options: Mapping[str, Any], key: str) -> LocalConfig:
@@ -222,6 +227,7 @@ class LocalSubmitter(Submitter[LocalConfig]):
         finally:
             for lane in running:
                 close_fd(lane.ended_fd)
+                shutil.rmtree(job_temp_dir(lane.job.job_id), ignore_errors=True)  # cancelled: ended above
 
     def _run(self, executor: submitit.LocalExecutor, packs: Sequence[Pack], settings: PackSettings,
              progress: ProgressFn, running: list[LaneJob]) -> list[PackResult]:
@@ -243,6 +249,7 @@ class LocalSubmitter(Submitter[LocalConfig]):
                 running.remove(lane)
                 free += lane.slots
                 close_fd(lane.ended_fd)
+                shutil.rmtree(job_temp_dir(lane.job.job_id), ignore_errors=True)
                 results += lane.finish(self.run, progress)
         return results
 
@@ -263,6 +270,14 @@ class LocalSubmitter(Submitter[LocalConfig]):
         if self.lock is not None:  # its controller holds the run's lock with this command: a refusal names it
             self.lock.add_job(int(job.job_id))
         return LaneJob(packs, taken, job, submitted_at, ended_fd=pidfd(int(job.job_id)))  # a local job's id: its pid
+
+
+def job_temp_dir(job_id: str) -> str:
+    """A local job's own temporary space (its packs' work folders, MPS's pipes), as SLURM gives a job node-local
+    space that it removes with the job: here the command that watches the job removes it once the job has ended,
+    however it ended (a job killed by SIGKILL removes nothing of its own). Named by the job's id, its controller's
+    pid, so that both sides find it."""
+    return os.path.join(tempfile.gettempdir(), f"gpupack-job-{job_id}")
 
 
 def local_lanes(packs: Sequence[Pack], slots: int) -> list[list[Pack]]:
