@@ -26,7 +26,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     run = tmp_path_factory.mktemp("search-browser") / "run"
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env = {**os.environ, "PYTHONPATH": path}
-    done = subprocess.run(search_cmd(run, 24), env=env, cwd=REPO, capture_output=True, text=True,
+    done = subprocess.run(search_cmd(run, 24, "collect.plots=true"), env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     yield run / "report.html"
