@@ -4,9 +4,9 @@ Each command is read from its file (tests/doc_commands.py) and given to bash as 
 a folder that holds the repository's ``examples/`` (the docs say: paste them from the repository's root), with the
 venv's ``python`` first on PATH (the docs say: ``source .venv/bin/activate``). How each one runs here:
 
-- **Real**, with tiny sizes appended (``TINY``: fewer samples, one repeat), where it runs on this machine and is the
-  first command of its path (sweep config, packing modes, stream, auto, start method, launcher): every config file
-  and mechanism a command names runs once for real.
+- **Real**, with tiny sizes appended (``TINY``: fewer samples, one repeat, no pack measured again), where it runs on
+  this machine and is the first command of its path (sweep config, packing modes, stream, auto, start method,
+  launcher): every config file and mechanism a command names runs once for real.
 - **Dry** (``dry_run=true`` appended): a local command whose path a real one has run already (its own overrides are
   composed, validated and planned, which is where a pasted override fails), and cluster examples (Alliance presets:
   with no cluster reachable, the preset alone, as on a laptop).
@@ -123,7 +123,9 @@ class Workspace:
         if _is_cluster(words) or _path(words) in self.covered:
             return ["dry_run=true"]
         self.covered.add(_path(words))
-        tiny = TINY[sweep_name] + (TINY["auto"] if "packing.factors=auto" in words else [])
+        # a pack that another test's load disturbed is not measured again (packing.remeasure=0): that doubles a run
+        # beside the other worker, and a docs command is checked for running as pasted, not for what it measured
+        tiny = TINY[sweep_name] + (TINY["auto"] if "packing.factors=auto" in words else []) + ["packing.remeasure=0"]
         given = {w.split("=", 1)[0] for w in words}
         return [o for o in tiny if o.split("=", 1)[0] not in given] + [f"run_dir=runs/doc/{len(self.covered)}"]
 
