@@ -391,9 +391,13 @@ def _import_plots() -> None:  # without pyplot: gpupack.report.plots picks the h
     import matplotlib.figure  # noqa: F401
 
 
-# what a run's collect imports (pandas, pyarrow, gpupack's analysis and report, matplotlib: about a second here);
-# the plots' last, left out where the run makes none (collect.plots=false)
+# what a run's collect imports (pandas, pyarrow, gpupack's analysis and report, matplotlib: about a second here)
 COLLECT_IMPORTS = (_import_tables, _import_collect, _import_plots)
+
+
+def collect_imports(plots: bool) -> tuple[Callable[[], None], ...]:
+    """What a run's end will import: COLLECT_IMPORTS, less matplotlib where it draws nothing (collect.plots=false)."""
+    return COLLECT_IMPORTS if plots else tuple(step for step in COLLECT_IMPORTS if step is not _import_plots)
 
 
 def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
@@ -432,8 +436,7 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
         # collect's imports, made while the first jobs start and stopped once one has begun a pack: from then on their
         # CPU would be load beside the trainings measured on this host (gpupack.analysis.disturbance)
         began = lambda: any(run_dir.pack_dir(p.pack_id).is_dir() for p in opened.todo)  # noqa: E731
-        imports = (COLLECT_IMPORTS if plots else COLLECT_IMPORTS[:-1]) if collect_outputs else ()
-        warming = warm(imports, began, "gpupack-collect-imports")
+        warming = warm(collect_imports(plots) if collect_outputs else (), began, "gpupack-collect-imports")
         outcome.results = submitter.run_packs(opened.todo, prepared.settings, progress or (lambda pack, state: None))
         warming.join()
         if collect_outputs:

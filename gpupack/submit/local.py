@@ -225,9 +225,8 @@ class LocalSubmitter(Submitter[LocalConfig]):
             cancel_jobs({int(lane.job.job_id) for lane in running} | controllers_of(executor.folder))
             raise
         finally:
-            for lane in running:
-                close_fd(lane.ended_fd)
-                shutil.rmtree(job_temp_dir(lane.job.job_id), ignore_errors=True)  # cancelled: ended above
+            for lane in running:  # cancelled: ended above
+                lane.release()
 
     def _run(self, executor: submitit.LocalExecutor, packs: Sequence[Pack], settings: PackSettings,
              progress: ProgressFn, running: list[LaneJob]) -> list[PackResult]:
@@ -248,8 +247,7 @@ class LocalSubmitter(Submitter[LocalConfig]):
             for lane in [r for r in running if r.job.done()]:
                 running.remove(lane)
                 free += lane.slots
-                close_fd(lane.ended_fd)
-                shutil.rmtree(job_temp_dir(lane.job.job_id), ignore_errors=True)
+                lane.release()
                 results += lane.finish(self.run, progress)
         return results
 
@@ -297,6 +295,11 @@ class LaneJob:
     submitted_at: float  # a pack record from before (an earlier run's, a reused pid's job id) is not this job's
     ended: list[str] = field(default_factory=list)  # the lane's packs that ended while it goes on, in turn
     ended_fd: int | None = None  # its controller's pidfd: readable once the job has ended
+
+    def release(self) -> None:
+        """What the ended job held here: its controller's pidfd and its temporary space (:func:`job_temp_dir`)."""
+        close_fd(self.ended_fd)
+        shutil.rmtree(job_temp_dir(self.job.job_id), ignore_errors=True)
 
     def look(self, run: RunDir, progress: ProgressFn) -> list[PackResult]:
         """The lane's packs that ended since the last look, in turn, from their records (this job's): progress shows
