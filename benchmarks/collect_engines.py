@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpupack.analysis.load import load_records  # noqa: E402
+from gpupack.results.analysis.load import load_records  # noqa: E402
 
 KEYS = ["workload", "partition", "gpu_type", "mode", "factor"]
 COLUMNS = [*KEYS, "status", "pack_id", "training_id", "startup_s", "loop_s", "samples_per_s", "peak_rss_mb", "samples"]

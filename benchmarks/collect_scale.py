@@ -54,12 +54,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench import PYTHON, REPO, out_dir  # noqa: E402
 
-from gpupack.analysis.aggregate import aggregate_records  # noqa: E402
-from gpupack.analysis.load import load_records  # noqa: E402
 from gpupack.core.store.columnar import COLUMNAR, columnar_bytes, flatten, flatten_pack  # noqa: E402
 from gpupack.core.store.lane_columnar import write_lane_columnar  # noqa: E402
 from gpupack.core.store.records import pack_record, training_record  # noqa: E402
 from gpupack.core.store.rundir import RunDir  # noqa: E402
+from gpupack.results.analysis.aggregate import aggregate_records  # noqa: E402
+from gpupack.results.analysis.load import load_records  # noqa: E402
 
 FACTORS = [16, 34]
 PARTITIONS = {"p100": "P100-12gb", "v100": "V100-16gb", "a100": "A100-40gb", "h100": "H100-80gb"}

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/sampler_cost.py --quick    # N = 1, 8; quiet host only: checks the script works
 
 The job process here is this one: N sleeping trainings (``sleep``) are started under it and registered with a
-:class:`gpupack.runtime.sampler.Sampler` (no GPU: NVML is not asked), and ``sample_once`` is called --samples times;
+:class:`gpupack.job.runtime.sampler.Sampler` (no GPU: NVML is not asked), and ``sample_once`` is called --samples times;
 its CPU time (``time.process_time``: this process, all threads) per sample is the cost. Each case runs twice: the
 job's processes listed from the kernel's per-thread children lists (``/proc/<pid>/task/<tid>/children``, what
 gpupack does), and from psutil's ``children(recursive=True)``, which reads every process of the host for its parent
@@ -19,8 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 
-import gpupack.runtime.foreign as foreign
-from gpupack.runtime.sampler import Sampler
+import gpupack.job.runtime.foreign as foreign
+from gpupack.job.runtime.sampler import Sampler
 
 OUTSIDE = "600.25"  # the background processes' sleep: a length no other process here sleeps, to end them by it
 

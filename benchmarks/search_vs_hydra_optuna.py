@@ -116,7 +116,7 @@ def run(out: Path, quick: bool) -> dict[str, object]:
 
 def figures(run_dirs: list[Path], best: float | None) -> Figures:
     """One side's figures from its gpupack records (the runs' completed trainings and their jobs)."""
-    from gpupack.analysis.load import load_records
+    from gpupack.results.analysis.load import load_records
 
     records = load_records(run_dirs)
     t, p = records.latest(), records.packs
@@ -144,7 +144,7 @@ def phases(run: Run) -> str:
     """Where gpupack's wall goes beyond its trials, from its run's files: start to config.yaml (imports, compose,
     checks), to the first trial (the study, the first trials planned, the job's start), the span, the last trial's end
     to report.html (collect, its plots, the page), and to the exit."""
-    from gpupack.analysis.load import load_records
+    from gpupack.results.analysis.load import load_records
 
     root, t0 = Path(run["dir"]), run.get("began_at")
     if not t0:

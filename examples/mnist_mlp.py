@@ -1,6 +1,6 @@
 """A small torch MLP on MNIST: what both example programs (train.py, hydra_app.py) train. Knows nothing of gpupack.
 
-The digits are read from the IDX files in gpupack's repository (gpupack/workloads/data/mnist), or from --data /
+The digits are read from the IDX files in gpupack's repository (gpupack/job/workloads/data/mnist), or from --data /
 data_dir.
 """
 from __future__ import annotations

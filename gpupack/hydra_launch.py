@@ -24,7 +24,7 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
 from gpupack import sweep
-from gpupack.cli_stop import Stopped, after_stop, stop_on_signals, stopped_line
+from gpupack.cli.stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.memory.figures import Measured, estimate
 from gpupack.core.plan import Pack, Training, plan_in_order
 from gpupack.core.store import pickling
@@ -32,16 +32,16 @@ from gpupack.core.store.journal import RunRecords, log_where
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Options, PackSettings
 from gpupack.errors import ConfigError, GpupackError, UnreachableError, require_positive
-from gpupack.pack import load_packer
-from gpupack.setup.cluster_facts import ClusterFacts
-from gpupack.setup.config import PackingConfig
-from gpupack.setup.validate import check_job_options, check_packs
+from gpupack.job.pack import load_packer
+from gpupack.job.workloads import load_workload
+from gpupack.job.workloads.command import check_importable
 from gpupack.submit import ClusterConfig, backend_class
-from gpupack.workloads import load_workload
-from gpupack.workloads.command import check_importable
+from gpupack.sweep.setup.cluster_facts import ClusterFacts
+from gpupack.sweep.setup.config import PackingConfig
+from gpupack.sweep.setup.validate import check_job_options, check_packs
 
 KEY = "hydra.launcher"
-WORKLOAD = "gpupack.runtime.hydra_job"
+WORKLOAD = "gpupack.job.runtime.hydra_job"
 # The launcher's options that are its mode's too (packing.<mode>.<name>), given to the mode when it has them.
 MODE_OPTIONS = ("mps", "start")
 
@@ -244,7 +244,7 @@ def failed_return(launcher: HydraLauncher, training_params: Mapping[str, Any], p
 def raised_failure(ret: JobReturn, training_params: Mapping[str, Any], pack: Pack, records: RunRecords,
                    training_id: str) -> JobReturn:
     """A job's own failure (its task function raised), as Hydra's basic launcher shows it: the app's traceback
-    (gpupack.runtime.hydra_job.portable_failure), then where its full log is. The job's exception is the cause."""
+    (gpupack.job.runtime.hydra_job.portable_failure), then where its full log is. The job's exception is the cause."""
     err = ret._return_value
     text = getattr(err, "gpupack_traceback", None) or f"{type(err).__name__}: {err}"
     log = _err_log(records, pack, training_id, records.current(pack.pack_id, training_id))

@@ -11,9 +11,9 @@ import tomllib
 
 # Imports whose target is a user's module, never one of gpupack's: where, and what names it.
 USER_MODULES = {
-    "gpupack.workloads": "a workload in the user's own package: sweep.workload=mypkg.mymodule",
-    "gpupack.workloads.command": "sweep.fixed.preload: what a forked script's server imports first",
-    "gpupack.runtime.hydra_job": "hydra.launcher.preload: what a Hydra app's job server imports first",
+    "gpupack.job.workloads": "a workload in the user's own package: sweep.workload=mypkg.mymodule",
+    "gpupack.job.workloads.command": "sweep.fixed.preload: what a forked script's server imports first",
+    "gpupack.job.runtime.hydra_job": "hydra.launcher.preload: what a Hydra app's job server imports first",
     "gpupack.core.preload": "a learned preload: the libraries a program imports, for its forked trainings",
 }
 
@@ -25,11 +25,17 @@ class ByName:
     line: int
 
 
-def layers(pyproject: Path) -> list[list[str]]:
-    """The first layers contract's layers, top first, each a list of its independent containers."""
+def layers(pyproject: Path) -> list[list[list[str]]]:
+    """Each layers contract's layers, top first, each a list of its containers (full names), the house's first. A
+    layer of siblings that may import each other ("a : b") is one container per sibling, marked by a trailing ":"."""
     contracts = tomllib.loads(pyproject.read_text())["tool"]["importlinter"]["contracts"]
-    first = next(c for c in contracts if c["type"] == "layers")
-    return [[part.strip() for part in layer.split("|")] for layer in first["layers"]]
+    out = []
+    for contract in (c for c in contracts if c["type"] == "layers"):
+        for container in contract.get("containers", [""]):
+            prefix = container + "." if container else ""
+            out.append([[prefix + part.strip() + (":" if ":" in layer else "") for part in layer.replace(":", "|")
+                         .split("|")] for layer in contract["layers"]])
+    return out
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -71,20 +77,23 @@ def by_name(package: Path) -> list[ByName]:
     return found
 
 
-def container_of(module: str, all_layers: list[list[str]]) -> tuple[int, str] | None:
-    """The layer (index, top first) and container a module belongs to: the longest container that prefixes it."""
-    best: tuple[int, str] | None = None
+def container_of(module: str, all_layers: list[list[str]]) -> tuple[int, str, bool] | None:
+    """The layer (index, top first) and container a module belongs to: the longest container that prefixes it, and
+    whether its layer's siblings may import each other."""
+    best: tuple[int, str, bool] | None = None
     for i, layer in enumerate(all_layers):
-        for container in layer:
+        for marked in layer:
+            container = marked.rstrip(":")
             if (module == container or module.startswith(container + ".")) and (
                     best is None or len(container) > len(best[1])):
-                best = (i, container)
+                best = (i, container, marked.endswith(":"))
     return best
 
 
 def violations(package: Path, pyproject: Path) -> list[str]:
-    """What breaks the layers among the imports by name: an upward one, a sibling's, or data outside USER_MODULES."""
-    all_layers = layers(pyproject)
+    """What breaks a layers contract among the imports by name: an upward one, a sibling's, or data outside
+    USER_MODULES."""
+    contracts = layers(pyproject)
     out = []
     for found in by_name(package):
         where = f"{found.importer}:{found.line}"
@@ -94,10 +103,12 @@ def violations(package: Path, pyproject: Path) -> list[str]:
             continue
         if not found.target.startswith("gpupack"):
             continue
-        mine, theirs = container_of(found.importer, all_layers), container_of(found.target, all_layers)
-        if mine is None or theirs is None:
-            out.append(f"{where} -> {found.target}: outside the layers")
-        elif theirs[1] != mine[1] and theirs[0] <= mine[0]:
-            out.append(f"{where} -> {found.target}: {'upward' if theirs[0] < mine[0] else 'a sibling'} "
-                       f"({mine[1]} is layer {mine[0]}, {theirs[1]} layer {theirs[0]})")
+        for n, all_layers in enumerate(contracts):
+            mine, theirs = container_of(found.importer, all_layers), container_of(found.target, all_layers)
+            if mine is None or theirs is None:
+                if n == 0:  # the house holds every module of gpupack
+                    out.append(f"{where} -> {found.target}: outside the layers")
+            elif theirs[1] != mine[1] and (theirs[0] < mine[0] or theirs[0] == mine[0] and not mine[2]):
+                out.append(f"{where} -> {found.target}: {'upward' if theirs[0] < mine[0] else 'a sibling'} "
+                           f"({mine[1]} is layer {mine[0]}, {theirs[1]} layer {theirs[0]})")
     return out

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpupack.job.workloads._tf_common import tf_device
 from gpupack.workload import TrainingContext, Workload
-from gpupack.workloads._tf_common import tf_device
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Fakes shared by the fast tests: NVML at its one seam (gpupack.runtime.monitor._nvml), a submission backend that
+"""Fakes shared by the fast tests: NVML at its one seam (gpupack.job.runtime.monitor._nvml), a submission backend that
 answers from a table, and canned sinfo/sacct text for the SLURM backend's one seam
 (gpupack.submit.slurm.commands.slurm_command).
 
@@ -20,7 +20,7 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Capacity, PackRequest, PackResult, PackSettings
 from gpupack.errors import ConfigError, nearest
 from gpupack.job.body import run_pack
-from gpupack.runtime.jobenv import JobEnvironment
+from gpupack.job.runtime.jobenv import JobEnvironment
 from gpupack.submit import ClusterConfig, ProgressFn, Submitter, progress_state
 
 MB = 2**20
@@ -369,15 +369,15 @@ def use_fake_submitter(monkeypatch: Any, capacities: Mapping[str, Capacity] | No
                        config: FakeConfig | None = None, queue: FakeQueue | None = None) -> list[FakeSubmitter]:
     """Every flow (run, auto, status) loads a FakeSubmitter instead of cluster.backend's (with ``queue``: one whose
     jobs outlive each call, in that queue); returns those made."""
-    import gpupack.flow.auto
-    import gpupack.flow.run
-    import gpupack.flow.status
+    import gpupack.sweep.flow.auto
+    import gpupack.sweep.flow.run
+    import gpupack.sweep.flow.status
 
     made: list[FakeSubmitter] = []
     if queue is not None:
         monkeypatch.setattr(DetachedFakeSubmitter, "queue", queue)
     load = (FakeSubmitter if queue is None else DetachedFakeSubmitter).loader(capacities, config, made)
-    for module in (gpupack.flow.run, gpupack.flow.status):  # auto builds its steps through flow.run
+    for module in (gpupack.sweep.flow.run, gpupack.sweep.flow.status):  # auto builds its steps through flow.run
         monkeypatch.setattr(module, "load_submitter", load)
     return made
 

@@ -30,12 +30,12 @@ from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job import lanes as lanes_module
 from gpupack.job.lanes import run_lane
+from gpupack.job.pack import WAIT
+from gpupack.job.runtime import monitor
+from gpupack.job.runtime.monitor import free_memory_mb
 from gpupack.job.stream import RECHECK_S, AdmissionInputs, Lane
-from gpupack.pack import WAIT
-from gpupack.runtime import monitor
-from gpupack.runtime.monitor import free_memory_mb
-from gpupack.setup.compose import compose_config
-from gpupack.setup.validate import check_packing
+from gpupack.sweep.setup.compose import compose_config
+from gpupack.sweep.setup.validate import check_packing
 from tests.fakes import FakeNvml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -309,7 +309,7 @@ def test_bad_admission_options_are_refused_in_one_line(override, key):
 
 
 def test_admission_is_on_by_default_and_carried_to_the_job():
-    from gpupack.setup.options import pack_settings
+    from gpupack.sweep.setup.options import pack_settings
 
     cfg = compose_config(["+sweep=mnist_pack", "packing.host_memory_mb=800"])
     settings = pack_settings(cfg.packing, None, 500.0)

@@ -116,7 +116,7 @@ def class_attr_exists(name: str) -> bool:
 
 @cache
 def configs() -> tuple[Any, ...]:
-    from gpupack.setup.compose import compose_config
+    from gpupack.sweep.setup.compose import compose_config
     return tuple(compose_config(["+sweep=mnist_pack", *extra]) for extra in ([], ["cluster=slurm"]))
 
 
@@ -181,7 +181,7 @@ def test_every_name_the_map_cites_exists(name):
 
 @pytest.mark.parametrize("made_up", ["gpupack.core.plan.in_squares", "core/plans.py", "RunLocks", "Pack.strem",
                                      "packing.admision", "lanes/<lane>.jsonx", "gpupack.core.nowhere",
-                                     "Claimant.lanes", "notamodule.thing", "gpupack.flow.__main__"])
+                                     "Claimant.lanes", "notamodule.thing", "gpupack.sweep.flow.__main__"])
 def test_a_name_that_does_not_exist_is_told(made_up):
     assert not exists(made_up)
 
@@ -206,8 +206,9 @@ def contracts() -> list[dict[str, Any]]:
 
 
 def layer_rows(text: str) -> list[set[str]]:
-    """The modules of each row of the map's layer table, top to bottom (``cli.py`` → cli, ``flow/`` → flow)."""
-    table = text.split("\n## Layers\n", 1)[1].split("\n\n| layer |", 1)[1].split("\n\n", 1)[0]
+    """The modules of each row of the map's table of the house, top to bottom (``errors.py`` → errors, ``job/`` →
+    job)."""
+    table = text.split("\n## The house: wings over a ground\n", 1)[1].split("\n\n| floor |", 1)[1].split("\n\n", 1)[0]
     rows = [line.split(" | ", 1)[0] for line in table.splitlines()[2:]]  # after the header and its rule
     return [{n.removesuffix(".py").rstrip("/") for n in SPAN.findall(row)} for row in rows]
 
@@ -220,6 +221,6 @@ def test_the_map_counts_the_contracts_pyproject_holds():
 
 
 def test_the_layer_table_is_the_layers_contract_in_its_order():
-    layers = next(c for c in contracts() if c["name"] == "gpupack imports only downward")["layers"]
-    wanted = [{m.strip().removeprefix("gpupack.") for m in row.split("|")} for row in layers]
+    layers = next(c for c in contracts() if c["name"].startswith("the house:"))["layers"]
+    wanted = [{m.strip().removeprefix("gpupack.") for m in re.split(r"[|:]", row)} for row in layers]
     assert layer_rows(TEXT) == wanted

@@ -9,13 +9,13 @@ from typing import Sequence
 import pytest
 
 from gpupack import sweep
-from gpupack.analysis.load import load_records
 from gpupack.core.plan import Pack
 from gpupack.core.store.records import pack_record, training_record, write_json_atomic
 from gpupack.core.types import PackResult, PackSettings
-from gpupack.flow.auto import step_plan
 from gpupack.job.records import order_fields
+from gpupack.results.analysis.load import load_records
 from gpupack.submit import ProgressFn, progress_state
+from gpupack.sweep.flow.auto import step_plan
 from tests.fakes import FakeConfig, FakeSubmitter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,13 +93,13 @@ TRUE_TPT = {1: 10.0, 2: 6.0, 3: 5.4, 5: 6.0}  # N=3 is best, 10 % under N=2; N=5
 
 def _probe(tmp_path, monkeypatch, slowdown: float, tpt: dict[int, float] = TRUE_TPT, ladder: str = "[1,2,3,5]",
            hog: dict[int, tuple[float, float]] | None = None):
-    import gpupack.flow.auto
-    import gpupack.flow.run
-    import gpupack.flow.status
+    import gpupack.sweep.flow.auto
+    import gpupack.sweep.flow.run
+    import gpupack.sweep.flow.status
 
     monkeypatch.setattr(ProgrammedSubmitter, "device", SlowingDevice(tpt, slowdown, hog))
     load = ProgrammedSubmitter.loader(config=FakeConfig(default_partitions=["cpu"]))
-    for module in (gpupack.flow.run, gpupack.flow.status):  # auto builds its steps through flow.run
+    for module in (gpupack.sweep.flow.run, gpupack.sweep.flow.status):  # auto builds its steps through flow.run
         monkeypatch.setattr(module, "load_submitter", load)
     run_dir = tmp_path / f"slowing-{slowdown}"
     prepared = sweep.prepare(PROBE + [GRID, "packing.factors=auto", f"packing.auto.ladder={ladder}",
@@ -157,13 +157,13 @@ def test_a_probe_whose_reference_its_neighbours_slowed_names_no_n_and_runs_the_r
         tmp_path, monkeypatch):
     """Every gain over a reference 14x slowed is beyond what 2 cores can give: the probe names no N, says why, and the
     rest of the grid runs at the ladder's reference N=1 (needing no comparison), not at an N it cannot trust."""
-    import gpupack.flow.auto
-    import gpupack.flow.run
-    import gpupack.flow.status
+    import gpupack.sweep.flow.auto
+    import gpupack.sweep.flow.run
+    import gpupack.sweep.flow.status
 
     monkeypatch.setattr(ProgrammedSubmitter, "device", NeighbouredReference(TRUE_TPT, 0.0))
     load = ProgrammedSubmitter.loader(config=FakeConfig(default_partitions=["cpu"]))
-    for module in (gpupack.flow.run, gpupack.flow.status):  # auto builds its steps through flow.run
+    for module in (gpupack.sweep.flow.run, gpupack.sweep.flow.status):  # auto builds its steps through flow.run
         monkeypatch.setattr(module, "load_submitter", load)
     outcome = sweep.run(sweep.prepare(PROBE + [GRID, "packing.factors=auto", "packing.auto.ladder=[1,2,3]",
                                                "packing.auto.repeats=2", "packing.then=run",

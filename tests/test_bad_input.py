@@ -214,7 +214,7 @@ def test_dry_run_also_refuses_a_run_dir_of_another_sweep(tmp_path, capsys):
 ])
 def test_a_grid_axis_is_typed_at_once_as_each_value_would_be(key, values):
     """typed_values validates a whole axis in one merge (a grid of thousands), with typed()'s result for each."""
-    from gpupack.workloads import load_workload
+    from gpupack.job.workloads import load_workload
 
     workload = load_workload("mnist_torch")
     assert workload.typed_values(key, values, "sweep.grid") == [workload.typed(key, v, "sweep.grid") for v in values]
@@ -222,7 +222,7 @@ def test_a_grid_axis_is_typed_at_once_as_each_value_would_be(key, values):
 
 @pytest.mark.parametrize("values, bad", [([64, "many", "x"], "many"), ([1.5], 1.5), ([2, None], None)])
 def test_a_grid_axis_with_a_bad_value_names_the_first_in_typeds_words(values, bad):
-    from gpupack.workloads import load_workload
+    from gpupack.job.workloads import load_workload
 
     workload = load_workload("mnist_torch")
     with pytest.raises(ConfigError) as err:

@@ -6,7 +6,7 @@ import pytest
 
 from gpupack import sweep
 from gpupack.errors import ConfigError
-from gpupack.setup.compose import quote_fields
+from gpupack.sweep.setup.compose import quote_fields
 
 
 @pytest.mark.parametrize("given, expected", [
@@ -41,7 +41,7 @@ def test_a_bare_python_and_lr_reach_the_command_workload_as_templates(tmp_path):
 def test_a_value_of_the_wrong_type_is_told_its_type(override, needle):
     with pytest.raises(ConfigError) as err:
         sweep.prepare(["+sweep=mnist_pack", override])
-    assert needle in str(err.value) and "gpupack/setup/config.py" not in str(err.value), str(err.value)
+    assert needle in str(err.value) and "gpupack/sweep/setup/config.py" not in str(err.value), str(err.value)
 
 
 def test_the_help_s_command_example_plans_as_pasted(tmp_path, monkeypatch):

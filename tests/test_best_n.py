@@ -8,7 +8,7 @@ from rich.console import Console
 
 from gpupack import sweep
 from gpupack.cli import main
-from gpupack.report.terminal import render
+from gpupack.results.report.terminal import render
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack"]
@@ -49,11 +49,11 @@ def test_an_oom_before_a_resume_still_makes_its_n_infeasible(tmp_path):
 
 import random  # noqa: E402
 
-from gpupack.analysis.load import load_records  # noqa: E402
-from gpupack.analysis.summary import best_factors, summarize  # noqa: E402
 from gpupack.core.plan import make_plan  # noqa: E402
 from gpupack.core.store.records import pack_record, training_record, write_json_atomic  # noqa: E402
 from gpupack.core.store.rundir import RunDir  # noqa: E402
+from gpupack.results.analysis.load import load_records  # noqa: E402
+from gpupack.results.analysis.summary import best_factors, summarize  # noqa: E402
 
 TRUE_TPT = {1: 10.0, 2: 9.0, 3: 6.0, 4: 7.0}  # seconds per training on a quiet machine: N=3 is best
 
@@ -156,8 +156,8 @@ def test_a_tie_is_reported_as_a_tie_with_its_rule_and_a_provisional_answer_says_
 from gpupack.core.memory.figures import Figure, Measured, TrainingMemory, check_memory, estimate  # noqa: E402
 from gpupack.core.types import Capacity  # noqa: E402
 from gpupack.errors import ConfigError  # noqa: E402
-from gpupack.setup.cluster_facts import ClusterFacts, idle_gpu_warnings  # noqa: E402
 from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter  # noqa: E402
+from gpupack.sweep.setup.cluster_facts import ClusterFacts, idle_gpu_warnings  # noqa: E402
 
 
 def test_a_hundred_thousand_trainings_on_the_local_default_are_refused_in_one_line(tmp_path, capsys):
@@ -251,7 +251,7 @@ def test_a_request_that_leaves_a_nodes_gpus_idle_is_warned_about():
 
 # ---------------- packing.factors=auto ----------------
 
-from gpupack.flow.auto import verdict  # noqa: E402
+from gpupack.sweep.flow.auto import verdict  # noqa: E402
 
 
 @pytest.mark.parametrize("times, best, oom, unfinished, expected", [
@@ -449,7 +449,7 @@ def test_auto_with_wait_false_decides_a_step_whose_trainings_failed_and_never_su
 
 import pandas as pd  # noqa: E402
 
-from gpupack.report.text import best_line, choice_lines  # noqa: E402
+from gpupack.results.report.text import best_line, choice_lines  # noqa: E402
 
 
 def _row(n, gain, ref=1, low=None, high=None, gpu="cpu", paired=True, **more):
@@ -523,7 +523,7 @@ def test_the_summary_marks_a_gain_beyond_its_bound_and_the_table_says_so(tmp_pat
 def test_the_bound_is_the_devices(cores, n, ref, gpu, bound):
     """On a CPU, no more trainings run at once than it has cores: min(N, cores) / min(ref, cores); on a GPU (or cores
     unknown), N / ref."""
-    from gpupack.analysis.summary import gain_bounds
+    from gpupack.results.analysis.summary import gain_bounds
 
     frame = pd.DataFrame([{"factor": n, "gain_ref": ref, "gpu_type": gpu, "cores": cores}])
     assert gain_bounds(frame).iloc[0] == pytest.approx(bound)
@@ -540,7 +540,7 @@ def test_the_bound_is_the_devices(cores, n, ref, gpu, bound):
 def test_a_reference_slowed_by_its_neighbours_never_names_an_impossible_answer(tmp_path, rounds, named, why):
     """A programmed device whose reference is 14x slower under foreign load (and not the other N): no N is named
     beyond what 2 cores can give, and the answer box is not green; a quiet majority still names its N."""
-    from gpupack.report.html import answer_section
+    from gpupack.results.report.html import answer_section
 
     run = RunDir(tmp_path / "run")
     _loaded_run(run, rounds)
@@ -613,7 +613,7 @@ def test_packs_measured_under_foreign_load_are_left_out_of_the_choice_where_ever
 def test_a_drift_check_is_said_only_where_it_ran_after_every_other_pack(end_starts, said):
     """Packs side by side (several slots, SLURM arrays) may run the check beside the rest: then it measures no drift
     over the run, and collect says nothing of it."""
-    from gpupack.analysis.drift import drift_checks
+    from gpupack.results.analysis.drift import drift_checks
 
     packs = pd.DataFrame([
         {"run_dir": "r", "pack_id": "p-n01-000", "started_at": 0.0, "ended_at": 10.0, "wall_s": 10.0},
@@ -661,7 +661,7 @@ def test_the_knob_table_marks_a_setting_whose_n_passes_the_devices_bound(rate_n1
     """Throughput by knob setting: N=2 trainings of one batch size at 90 samples/s each make 1.8x N=1's 100 of the
     same batch size, within the 2 cores' 2x; 101 each (2.02x) or 100 against 10 (20x) is beyond it, marked as the
     main table marks its gain; another batch size is weighed against its own N=1."""
-    from gpupack.analysis.tables import with_knob_bounds
+    from gpupack.results.analysis.tables import with_knob_bounds
 
     knobs = pd.DataFrame([
         {"workload": "w", "partition": "local", "batch_size": "64", "factor": 1, "samples_per_s": rate_n1},

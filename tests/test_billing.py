@@ -77,7 +77,7 @@ def test_auto_by_cost_stops_where_billing_rises_though_time_still_falls():
     from types import SimpleNamespace
 
     from gpupack.core.types import Capacity, PackRequest
-    from gpupack.flow.auto import billed_multiple, verdict, weighed
+    from gpupack.sweep.flow.auto import billed_multiple, verdict, weighed
 
     prepared = SimpleNamespace(capacities={"h100": Capacity(bundle_cores=4, bundle_mem_gb=100)},
                                submitter=SimpleNamespace(request=lambda n: PackRequest(cpus=n, mem_mb=n * 1024)))
@@ -93,8 +93,8 @@ def test_auto_by_cost_stops_where_billing_rises_though_time_still_falls():
 
 def test_a_bad_objective_is_refused():
     from gpupack.errors import ConfigError
-    from gpupack.setup.compose import compose_config
-    from gpupack.setup.validate import check_packing
+    from gpupack.sweep.setup.compose import compose_config
+    from gpupack.sweep.setup.validate import check_packing
 
     with pytest.raises(ConfigError) as err:
         check_packing(compose_config(["+sweep=mnist_pack", "packing.factors=auto", "packing.auto.objective=money"]))

@@ -1,4 +1,4 @@
-"""gpupack.analysis.choose: the best N with regard to noise (bootstrap intervals, ties, rules, sample size)."""
+"""gpupack.results.analysis.choose: the best N with regard to noise (bootstrap intervals, ties, rules, sample size)."""
 from __future__ import annotations
 
 import itertools
@@ -9,7 +9,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpupack.analysis.choose import MAX_REPEATS, RULES, Choice, _boot_medians, choose, gain, keeps_improving, tie_label
+from gpupack.results.analysis.choose import (
+    MAX_REPEATS,
+    RULES,
+    Choice,
+    _boot_medians,
+    choose,
+    gain,
+    keeps_improving,
+    tie_label,
+)
 
 
 def packs(center: float, rel: float, k: int) -> list[float]:

@@ -1,12 +1,12 @@
-"""Which OOM records a ``gpupack clear-oom`` entry clears (gpupack.analysis.load.cleared_mask): by a table. An entry
-clears the records of its own run that ended before it was written and that match each of its keys it names
+"""Which OOM records a ``gpupack clear-oom`` entry clears (gpupack.results.analysis.load.cleared_mask): by a table. An
+entry clears the records of its own run that ended before it was written and that match each of its keys it names
 (partition, mode, factor; None: any). Pure."""
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from gpupack.analysis.load import Cleared, cleared_mask
+from gpupack.results.analysis.load import Cleared, cleared_mask
 
 # the OOM records of two runs: (run_dir, partition, mode, factor, ended_at)
 ROWS = pd.DataFrame([("r1", "v100", "process", 2, 10.0), ("r1", "v100", "process", 4, 10.0),

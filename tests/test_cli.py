@@ -7,7 +7,7 @@ from gpupack.core.plan import make_plan
 def test_progress_view_counts_per_partition():
     from rich.console import Console
 
-    from gpupack.cli_show import ProgressView
+    from gpupack.cli.show import ProgressView
 
     plan = make_plan(sweep="s", workload="w", grid={"lr": [0.1, 0.2]}, fixed={}, factors=[1], modes=["process"],
                      partitions=["p100", "v100"], repeats=1)

@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from gpupack.analysis.load import load_records
-from gpupack.analysis.summary import best_factors, summarize
-from gpupack.analysis.tables import best_hyperparameters
 from gpupack.core.store.records import pack_record, read_json, training_record, write_json_atomic
 from gpupack.core.store.rundir import COLUMNAR, RunDir
-from gpupack.flow.collect import collect
+from gpupack.results.analysis.load import load_records
+from gpupack.results.analysis.summary import best_factors, summarize
+from gpupack.results.analysis.tables import best_hyperparameters
+from gpupack.sweep.flow.collect import collect
 
 
 def _write_pack(run: RunDir, factor: int, index: int, wall: float, statuses: list[str], mode: str = "process",
@@ -155,9 +155,9 @@ def test_only_incomplete_packs_gives_a_table_without_timing(run):
 
 # ---------------- RGU cost, outputs, many runs ----------------
 
-from gpupack.analysis.aggregate import aggregate  # noqa: E402
 from gpupack.core.cost.rgu import cost_table, model_from_device_name  # noqa: E402
-from gpupack.report.files import write_outputs  # noqa: E402
+from gpupack.results.analysis.aggregate import aggregate  # noqa: E402
+from gpupack.results.report.files import write_outputs  # noqa: E402
 
 
 @pytest.mark.parametrize("name, model", [
@@ -250,7 +250,7 @@ def test_older_schema_is_refused_with_its_name_and_in_progress_runs_say_what_is_
 
 
 def test_loader_bound_and_knob_table(run):
-    from gpupack.analysis.tables import knob_table
+    from gpupack.results.analysis.tables import knob_table
 
     def write(pack_id, factor, rate, knobs, setting, probe=False, wall=10.0):
         for i in range(factor):
@@ -282,8 +282,8 @@ def test_loader_bound_and_knob_table(run):
 
 def test_sweep_size_of_a_multirun_adds_up_its_launches(tmp_path):
     """Optuna launches a multirun in batches (one gpupack run each): the sweep costed is all of them."""
-    from gpupack.analysis.load import load_records
     from gpupack.core.plan import plan_in_order
+    from gpupack.results.analysis.load import load_records
 
     for first, n in ((0, 2), (2, 2), (4, 1)):
         run = RunDir(tmp_path / "mr" / ".gpupack" / f"launch_{first:06d}")
@@ -303,8 +303,8 @@ import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
-from gpupack.analysis.load import Records  # noqa: E402
 from gpupack.core.store.columnar import ColumnarReader, Rows, write_columnar  # noqa: E402
+from gpupack.results.analysis.load import Records  # noqa: E402
 
 
 def read_columnar(pack_dir: Path) -> tuple[Rows, dict] | None:
@@ -406,7 +406,7 @@ def test_a_pack_with_a_bad_record_gets_no_columnar_file_and_collect_still_warns(
 def test_the_pack_job_writes_the_columnar_file_with_its_pack_record(run):
     from gpupack.core.plan import plan_in_order
     from gpupack.job.records import write_pack_record
-    from gpupack.runtime.monitor import DeviceInfo
+    from gpupack.job.runtime.monitor import DeviceInfo
 
     plan = plan_in_order(sweep="s", workload="w", params=[{"lr": 0.1}, {"lr": 0.2}], factor=2, partition="local",
                          mode="process")
@@ -426,14 +426,14 @@ def test_the_pack_job_writes_the_columnar_file_with_its_pack_record(run):
 
 def test_collect_is_pure_it_imports_no_report_and_prints_nothing():
     """Aggregation is records in, frames out: report builds on collect, and the CLI and sweep print and write."""
-    code = ("import sys, gpupack.analysis.aggregate; "
-            "bad = [m for m in ('gpupack.report', 'gpupack.cli', 'rich', 'matplotlib') if m in sys.modules]; "
+    code = ("import sys, gpupack.results.analysis.aggregate; "
+            "bad = [m for m in ('gpupack.results.report', 'gpupack.cli', 'rich', 'matplotlib') if m in sys.modules]; "
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
     import ast
 
-    import gpupack.analysis.aggregate as collect_mod
+    import gpupack.results.analysis.aggregate as collect_mod
 
     tree = ast.parse(Path(collect_mod.__file__).read_text())
     body = [n for n in tree.body if not (isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))]
@@ -496,7 +496,7 @@ def test_collect_on_an_empty_directory_says_there_is_nothing_yet(tmp_path, capsy
 def test_plan_counts_count_the_plans_trainings_by_their_current_record(rows, planned, counts):
     """Each training of each pack (a streamed one of its queue) by its own current record: the same grid point
     completed in pack q does not make pack p's training done."""
-    from gpupack.analysis.load import plan_counts
+    from gpupack.results.analysis.load import plan_counts
 
     latest = pd.DataFrame([{"run_dir": "r", "pack_id": r[0], "training_id": r[1], "status": r[2],
                             "runs_in": r[3] if len(r) > 3 else None, "stream": r[4] if len(r) > 4 else None}

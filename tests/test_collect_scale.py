@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpupack.analysis.load import load_records
 from gpupack.core.store.columnar import ColumnarReader
 from gpupack.core.store.rundir import COLUMNAR, RunDir
+from gpupack.results.analysis.load import load_records
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "collect_scale.py"
 
@@ -127,7 +127,7 @@ def test_curves_and_logs_stay_beside_the_frame_where_they_lie_and_reach_the_rows
         columnar.with_detached(t.sort_values("training_id", ascending=False).reset_index(drop=True))
     with pytest.raises(ValueError, match="index is not each row's position"):
         columnar.with_detached(t.iloc[::-1].reset_index(drop=True).iloc[:10])
-    from gpupack.report.files import write_trainings
+    from gpupack.results.report.files import write_trainings
 
     written = pd.read_parquet(write_trainings(columnar, tmp_path / "out")).set_index(["training_id", "attempt"])
     assert len(written) == len(t)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-import gpupack.result as result_module
+import gpupack.core.result as result_module
 from gpupack.cli import main
 from gpupack.core.plan import make_plan
 from gpupack.core.store.records import read_json, write_json_atomic
@@ -31,8 +31,8 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
+from gpupack.job.workloads.command import WORKLOAD, render, result_from_report
 from gpupack.result import ENV, TrainingResult, report
-from gpupack.workloads.command import WORKLOAD, render, result_from_report
 from tests.conftest import verdict
 
 REPO = Path(__file__).resolve().parent.parent

@@ -163,7 +163,7 @@ def test_the_libraries_a_programs_files_import_anywhere(tmp_path):
 def test_a_m_modules_file_is_found_without_importing_its_packages(tmp_path):
     """`-m pkg.train`: the server reads the module's imports; finding its file imports nothing (a package's
     __init__ may do anything), from the working folder first; none where there is none."""
-    from gpupack.workloads.command import module_file
+    from gpupack.job.workloads.command import module_file
 
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("raise RuntimeError('imported!')\n")

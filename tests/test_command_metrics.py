@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gpupack.cli import main
-from gpupack.flow.collect import collect
+from gpupack.sweep.flow.collect import collect
 
 PRINTS = ("print('Test set: Average loss: 0.5000, Accuracy: 10/100'); "
           "print('Test set: Average loss: {loss}, Accuracy: 9897/10000')")

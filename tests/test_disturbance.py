@@ -1,6 +1,6 @@
 """Disturbance measured and said (issue 41, item 4): packs measured under load from outside the job are named in
-collect's analysis (gpupack.analysis.disturbance), its report and summary.json; the sampler's figures reach the packs
-frame in every layout collect reads. The sampler's own accounting: tests/test_foreign.py."""
+collect's analysis (gpupack.results.analysis.disturbance), its report and summary.json; the sampler's figures reach the
+packs frame in every layout collect reads. The sampler's own accounting: tests/test_foreign.py."""
 from __future__ import annotations
 
 import json
@@ -13,15 +13,15 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from gpupack.analysis.disturbance import disturbance, threshold
-from gpupack.analysis.load import load_records
 from gpupack.core.plan import make_plan
 from gpupack.core.store.records import pack_record, read_json, training_record, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
-from gpupack.flow.collect import collect
 from gpupack.job.turns import run_in_turn
-from gpupack.report.text import disturbance_lines
+from gpupack.results.analysis.disturbance import disturbance, threshold
+from gpupack.results.analysis.load import load_records
+from gpupack.results.report.text import disturbance_lines
+from gpupack.sweep.flow.collect import collect
 
 
 @pytest.mark.parametrize("cores, bar", [(1, 0.25), (2, 0.25), (4, 0.4), (64, 6.4)])

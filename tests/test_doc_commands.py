@@ -76,7 +76,7 @@ class Workspace:
     def __init__(self, root: Path) -> None:
         self.root = root
         (root / "examples").symlink_to(REPO / "examples")
-        from gpupack.workloads import _cifar10_data
+        from gpupack.job.workloads import _cifar10_data
         self.cifar = _cifar10_data.write_batches(root / "staged" / "cifar-10-batches-py", 40)
         self.ran: dict[str, Ran] = {}
         self.covered: set[tuple[str, ...]] = set()

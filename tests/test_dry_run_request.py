@@ -13,8 +13,8 @@ import submitit.core.utils
 from gpupack.cli import main
 from gpupack.core.plan import make_plan
 from gpupack.core.store.rundir import RunDir
-from gpupack.setup.compose import compose_config
 from gpupack.submit.slurm import SlurmSubmitter, commands, sbatch_lines
+from gpupack.sweep.setup.compose import compose_config
 from tests.fakes import canned_slurm
 from tests.test_slurm import PROBE, gpupack
 

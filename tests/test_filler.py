@@ -9,7 +9,7 @@ import pytest
 
 from gpupack.cli import main
 from gpupack.core.plan import make_plan
-from gpupack.workloads import load_workload
+from gpupack.job.workloads import load_workload
 
 COMMAND = load_workload("command")
 

@@ -1,4 +1,4 @@
-"""The load from outside the job while a pack runs (gpupack.runtime.foreign): the pure accounting by tables, the
+"""The load from outside the job while a pack runs (gpupack.job.runtime.foreign): the pure accounting by tables, the
 readings with a faked clock, cores and process tree, and the sampler's figures with a fake NVML at the one seam."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import psutil
 import pytest
 
-from gpupack.runtime import monitor
-from gpupack.runtime.foreign import (
+from gpupack.job.runtime import monitor
+from gpupack.job.runtime.foreign import (
     ForeignLoad,
     LoadSpan,
     ProcTimes,
@@ -22,7 +22,7 @@ from gpupack.runtime.foreign import (
     tree_times,
     watched_cpus,
 )
-from gpupack.runtime.sampler import Sampler
+from gpupack.job.runtime.sampler import Sampler
 from tests.fakes import FakeNvml
 
 ROOT, CHILD, GRAND = (1000, 0.0), (1001, 0.0), (1002, 0.0)
@@ -215,7 +215,7 @@ def test_the_command_on_the_jobs_host_is_the_runs_own(command, foreign):
 
 def test_the_commands_own_time_leaves_out_what_it_reaped():
     """What a command reaped (a lane's ended job, under its controller) is not its own work."""
-    from gpupack.runtime.foreign import own_times
+    from gpupack.job.runtime.foreign import own_times
 
     subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)  # a child of ours, reaped
     ((pid, _), times), = own_times(os.getpid()).items()
@@ -246,7 +246,7 @@ def test_without_the_kernels_children_lists_the_job_is_found_by_psutil(tmp_path)
     assert descendants(os.getpid(), proc=tmp_path) is None  # a /proc without them: tree_times asks psutil
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        import gpupack.runtime.foreign as foreign
+        import gpupack.job.runtime.foreign as foreign
 
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(foreign, "PROC", tmp_path)
@@ -268,7 +268,7 @@ def wait_for_count(count, wanted: int, timeout_s: float = 20) -> bool:
 def test_a_process_kept_between_readings_is_let_go_once_it_ends():
     """The psutil handles kept from one reading to the next hold only the job's living processes: a lane that runs
     thousands of trainings does not keep one per training that ever ran."""
-    import gpupack.runtime.foreign as foreign
+    import gpupack.job.runtime.foreign as foreign
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

@@ -13,8 +13,8 @@ from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
-from gpupack.pack.process import ProcessOptions, cpus_for, start_method
-from gpupack.workloads import load_workload
+from gpupack.job.pack.process import ProcessOptions, cpus_for, start_method
+from gpupack.job.workloads import load_workload
 
 
 @pytest.mark.parametrize("cores, n, expected", [
@@ -209,7 +209,7 @@ def test_a_forked_trainings_exit_wakes_the_packer(tmp_path, monkeypatch):
     ends in far less."""
     import time
 
-    from gpupack.runtime import supervisor
+    from gpupack.job.runtime import supervisor
 
     monkeypatch.setattr(supervisor, "POLL_S", 60.0)
     run, pack = _pack(tmp_path, n=2)

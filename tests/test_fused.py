@@ -16,10 +16,10 @@ from gpupack.core.plan import make_plan  # noqa: E402
 from gpupack.core.store.records import read_json, write_json_atomic  # noqa: E402
 from gpupack.core.store.rundir import RunDir  # noqa: E402
 from gpupack.core.types import PackSettings  # noqa: E402
+from gpupack.core.workload import Reporter, TrainingContext  # noqa: E402
 from gpupack.job.body import run_pack  # noqa: E402
-from gpupack.workload import Reporter, TrainingContext  # noqa: E402
-from gpupack.workloads import _mnist_data, _torch_common, _torch_fused, load_workload  # noqa: E402
-from gpupack.workloads.mnist_torch import _build  # noqa: E402
+from gpupack.job.workloads import _mnist_data, _torch_common, _torch_fused, load_workload  # noqa: E402
+from gpupack.job.workloads.mnist_torch import _build  # noqa: E402
 
 WORKLOAD = load_workload("mnist_torch")
 
@@ -138,7 +138,7 @@ def test_resnets_with_batchnorm_fuse_with_their_own_statistics():
 
     import numpy as np
 
-    from gpupack.workloads.cifar10_torch import small_resnet
+    from gpupack.job.workloads.cifar10_torch import small_resnet
 
     cifar = load_workload("cifar10_torch")
     rng = np.random.default_rng(0)

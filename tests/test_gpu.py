@@ -29,9 +29,9 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Capacity, PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
-from gpupack.pack.process import ProcessOptions
-from gpupack.runtime.monitor import detect_device, first_visible
-from gpupack.runtime.sampler import Sampler
+from gpupack.job.pack.process import ProcessOptions
+from gpupack.job.runtime.monitor import detect_device, first_visible
+from gpupack.job.runtime.sampler import Sampler
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -106,9 +106,9 @@ def test_the_memory_cap_comes_from_nvmls_total():
 def test_fused_models_on_cuda_end_where_each_would_alone():
     import torch
 
-    from gpupack.workload import Reporter, TrainingContext
-    from gpupack.workloads import _mnist_data, _torch_common, _torch_fused, load_workload
-    from gpupack.workloads.mnist_torch import _build
+    from gpupack.core.workload import Reporter, TrainingContext
+    from gpupack.job.workloads import _mnist_data, _torch_common, _torch_fused, load_workload
+    from gpupack.job.workloads.mnist_torch import _build
 
     workload = load_workload("mnist_torch")
     group = [workload.params({**workload.defaults(), **SMALL, "hidden": 32, "lr": lr, "seed": s})

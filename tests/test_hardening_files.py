@@ -21,7 +21,7 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
-from gpupack.workloads import _cifar10_data
+from gpupack.job.workloads import _cifar10_data
 
 
 def _proc_umask() -> int:

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from gpupack.runtime.forkserver import fork_unsafe
+from gpupack.job.runtime.forkserver import fork_unsafe
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "tests" / "hydra_app" / "app.py"
@@ -148,7 +148,7 @@ def test_the_jobs_server_composes_one_jobs_config_and_imports_the_apps_libraries
 
     from hydra.core.singleton import Singleton
 
-    from gpupack.runtime import hydra_job
+    from gpupack.job.runtime import hydra_job
 
     (tmp_path / "my_app.py").write_text("def task(cfg):\n    import tabnanny\n    import my_helper\n")
     (tmp_path / "my_helper.py").write_text("import ftplib\n")

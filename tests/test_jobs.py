@@ -53,7 +53,7 @@ def test_a_jobs_start_imports_no_tables_nor_hydra_parser():
     first trials), so every job of a sweep starts without their second."""
     heavy = ("pandas", "pyarrow", "optuna", "hydra.core.override_parser", "matplotlib")
     code = ("import sys, gpupack.submit, gpupack.job.lanes, gpupack.job.turns, gpupack.search.lane, "
-            "gpupack.pack.process; "
+            "gpupack.job.pack.process; "
             f"print([m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

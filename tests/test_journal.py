@@ -10,7 +10,6 @@ import threading
 import pytest
 
 from gpupack import sweep
-from gpupack.analysis.load import load_records, with_stdout_metric
 from gpupack.core.plan import Plan, make_plan
 from gpupack.core.store import journal, lane_columnar, locks
 from gpupack.core.store import records as records_module
@@ -20,6 +19,7 @@ from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.turns import run_in_turn
+from gpupack.results.analysis.load import load_records, with_stdout_metric
 
 FOLD = PackSettings(device="cpu", fold=True)
 
@@ -226,7 +226,7 @@ def test_specs_and_results_live_in_the_jobs_node_local_space_and_go_with_the_pac
     """The shared filesystem holds no spec or result file per training: they are written in the job's own temporary
     space ($SLURM_TMPDIR on a cluster) and removed when the pack ends (issue 30, item 3)."""
     from gpupack.job.body import run_pack
-    from gpupack.runtime.jobenv import JobEnvironment
+    from gpupack.job.runtime.jobenv import JobEnvironment
 
     run, plan = _run(tmp_path, packs=1)
     node_local = tmp_path / "node-local"
@@ -362,9 +362,9 @@ def _tear_last_line(path) -> bytes:
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.slow
 def test_a_torn_last_line_is_cut_back_kept_aside_and_the_pack_s_record_rebuilt(tmp_path, stream):
-    from gpupack.flow.collect import collect
-    from gpupack.flow.run import packs_to_run
     from gpupack.job.lanes import run_lane
+    from gpupack.sweep.flow.collect import collect
+    from gpupack.sweep.flow.run import packs_to_run
 
     if stream:  # one streaming lane of 2 slots, its trainings folded as each ends, its own record last
         run = RunDir(tmp_path / "run")

@@ -2,6 +2,7 @@
 cycle between the modules or folders of any package — module-level imports and those inside functions alike."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -24,13 +25,19 @@ def lint_imports(cwd: Path, extra_path: Path | None = None) -> subprocess.Comple
 def test_gpupack_keeps_its_layers_and_has_no_cycle():
     proc = lint_imports(ROOT, ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "BROKEN" not in proc.stdout and proc.stdout.count("KEPT") == 4, proc.stdout[-4000:]
+    assert "BROKEN" not in proc.stdout and proc.stdout.count("KEPT") == 7, proc.stdout[-4000:]
 
 
 @pytest.mark.parametrize("importer, imported", [
     ("gpupack/core/plan.py", "gpupack.sweep"),                # an upward import at module level
-    ("gpupack/runtime/sampler.py", "gpupack.pack.process"),   # ... and one inside a function
-    ("gpupack/workload.py", "gpupack.search.study"),           # the job side knows no study (a trial's lane does)
+    ("gpupack/job/runtime/sampler.py", "gpupack.job.pack.process"),   # ... and one inside a function
+    ("gpupack/core/workload.py", "gpupack.search.study"),           # the ground knows no study (a trial's lane does)
+    ("gpupack/job/pack/process.py", "gpupack.search.study"),        # nor does the job wing
+    ("gpupack/results/analysis/load.py", "gpupack.sweep.flow.run"),  # the results wing stands below the command wing
+    ("gpupack/results/report/text.py", "gpupack.submit"),          # ... beside the backends, which it never imports
+    ("gpupack/job/runtime/worker.py", "gpupack.job.body"),          # the job wing's own order
+    ("gpupack/job/body.py", "gpupack.workload"),                    # gpupack imports the contract from the ground
+    ("gpupack/sweep/setup/config.py", "gpupack.sweep.flow.run"),    # the command wing's own order
     ("gpupack/core/store/journal.py", "gpupack.core.memory.figures"),  # inside core: storage over memory policy
     ("gpupack/core/plan.py", "gpupack.core.store.rundir"),    # ... and a base module over the storage
 ])
@@ -52,6 +59,34 @@ def test_an_upward_import_breaks_the_contract(tmp_path, importer, imported):
     assert "BROKEN" in proc.stdout and module in proc.stdout, proc.stdout[-3000:]
 
 
+def floors() -> tuple[int, list[str]]:
+    """How deep the house is: the longest chain of imports between gpupack's folders and top-level modules."""
+    import grimp
+
+    graph = grimp.build_graph("gpupack", cache_dir=None)
+    room = {m: m.split(".")[1] for m in graph.modules if m != "gpupack"}
+    below: dict[str, set[str]] = {r: set() for r in room.values()}
+    for module, r in room.items():
+        below[r] |= {room[i] for i in graph.find_modules_directly_imported_by(module) if i in room} - {r}
+
+    def chain(r: str, seen: frozenset[str] = frozenset()) -> list[str]:
+        assert r not in seen, f"a cycle through {r}"
+        return [r, *max((chain(b, seen | {r}) for b in below[r]), key=len, default=[])]
+
+    longest = max((chain(r) for r in below), key=len)
+    return len(longest), longest
+
+
+def test_the_house_is_at_most_eight_floors_and_the_map_says_how_many():
+    """Issue 54: the wings stand on the ground in at most 8 floors; docs/ARCHITECTURE.md says the count the code has."""
+    from tests.test_architecture_doc import NUMBERS, TEXT
+
+    count, longest = floors()
+    assert count <= 8, f"{count} floors: {' -> '.join(longest)}"
+    said = re.search(r"is (\w+) floors deep", TEXT)
+    assert said is not None and NUMBERS[said.group(1)] == count, (said and said.group(0), count, longest)
+
+
 # ---------------- imports by name (importlib), which the contract above cannot see ----------------
 
 @pytest.mark.slow
@@ -65,10 +100,11 @@ def test_imports_by_name_keep_the_layers():
 
 @pytest.mark.parametrize("importer, call, says", [
     # what runtime/worker.py did before a strategy's training side moved below it (issue 29)
-    ("gpupack/runtime/worker.py", 'importlib.import_module(f"gpupack.spread.{name}")', "upward"),
-    ("gpupack/workload.py", 'importlib.import_module(f"gpupack.workloads.{name}")', "upward"),
+    ("gpupack/job/runtime/worker.py", 'importlib.import_module(f"gpupack.job.spread.{name}")', "upward"),
+    ("gpupack/core/workload.py", 'importlib.import_module(f"gpupack.job.workloads.{name}")', "upward"),
     ("gpupack/core/plan.py", "importlib.import_module(name)", "named by data"),
-    ("gpupack/workload.py", 'importlib.import_module("gpupack.result")', "a sibling"),
+    ("gpupack/core/workload.py", 'importlib.import_module("gpupack.core.result")', "a sibling"),
+    ("gpupack/results/report/text.py", 'importlib.import_module("gpupack.submit")', "a sibling"),
 ])
 @pytest.mark.slow
 def test_an_upward_import_by_name_breaks_it(tmp_path, importer, call, says):
@@ -90,8 +126,8 @@ def test_an_upward_import_by_name_breaks_it(tmp_path, importer, call, says):
 # hosts, the fork server, MPS's control), the fork server's fork of a training (on the supervisor's request, in the
 # server's own process), and the submitting side's cluster seam (sbatch, squeue, sacct, scancel; submitit's local
 # controller), which runs outside any job.
-PROCESS_STARTERS = {"gpupack/runtime/supervisor.py": {"subprocess.Popen"},
-                    "gpupack/runtime/forkserver.py": {"os.fork"},
+PROCESS_STARTERS = {"gpupack/job/runtime/supervisor.py": {"subprocess.Popen"},
+                    "gpupack/job/runtime/forkserver.py": {"os.fork"},
                     "gpupack/submit/slurm/commands.py": {"subprocess.run"},
                     "gpupack/submit/_submitit.py": {"subprocess.Popen"}}
 STARTS = {f"subprocess.{n}" for n in ("Popen", "run", "call", "check_call", "check_output", "getoutput",
@@ -137,7 +173,7 @@ def test_only_the_supervisor_starts_a_process_inside_a_job():
 def test_a_process_started_elsewhere_is_caught(tmp_path):
     copy = tmp_path / "gpupack"
     shutil.copytree(ROOT / "gpupack", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    mps = copy / "runtime" / "mps.py"
+    mps = copy / "job" / "runtime" / "mps.py"
     mps.write_text(mps.read_text() + "\n\ndef _quit(control: str) -> None:\n"
                    "    import subprocess\n    subprocess.run([control], input=b'quit\\n')\n")
-    assert process_starts(copy)["gpupack/runtime/mps.py"] == {"subprocess.run"}
+    assert process_starts(copy)["gpupack/job/runtime/mps.py"] == {"subprocess.run"}

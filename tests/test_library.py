@@ -192,7 +192,7 @@ def test_a_lock_is_held_here_while_a_process_of_this_host_holds_it(tmp_path):
 def test_one_opener_of_a_run_directory_plain_or_auto(tmp_path, holds, plan, expected):
     """flow.run.open_run_dir opens a plain run's directory and a packing.factors=auto root alike (issue 29: two
     pieces of code did it)."""
-    from gpupack.flow.run import open_run_dir
+    from gpupack.sweep.flow.run import open_run_dir
 
     run = RunDir(tmp_path / "run")
     for name, text in holds.items():

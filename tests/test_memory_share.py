@@ -18,10 +18,10 @@ from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
-from gpupack.pack import PackContext
-from gpupack.pack.process import PACKER as PROCESS
-from gpupack.pack.process import ProcessOptions
-from gpupack.runtime import monitor
+from gpupack.job.pack import PackContext
+from gpupack.job.pack.process import PACKER as PROCESS
+from gpupack.job.pack.process import ProcessOptions
+from gpupack.job.runtime import monitor
 from tests.fakes import FakeNvml
 
 FAKE_TORCH = Path(__file__).resolve().parent / "fake_torch"
@@ -144,7 +144,7 @@ def test_torchs_fraction_is_set_in_each_training_before_its_first_allocation(tmp
 def test_a_forked_scripts_torch_gets_its_share_before_the_script_runs(tmp_path):
     """A user's Python program forked from a server that preloaded torch (the command workload, start=fork): the
     share is set in the child before the program's first line."""
-    from gpupack.workloads import load_workload
+    from gpupack.job.workloads import load_workload
 
     script = tmp_path / "train.py"
     script.write_text("import torch\ntorch.zeros(1, device='cuda')\n")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from gpupack import sweep
-from gpupack.analysis.load import load_records, with_stdout_metric
 from gpupack.cli import main
 from gpupack.errors import ConfigError
+from gpupack.results.analysis.load import load_records, with_stdout_metric
 
 REPO = Path(__file__).resolve().parent.parent
 PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack", "sweep.grid.lr=[0.1,0.2,0.4]",

@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 
 from gpupack import sweep
-from gpupack.analysis.tables import best_hyperparameters
 from gpupack.cli import main
 from gpupack.core.goal import check_metric, goal_hint, suggested_goal
 from gpupack.errors import ConfigError
 from gpupack.hydra_launch import sweeper_goal
+from gpupack.results.analysis.tables import best_hyperparameters
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "tests" / "hydra_app" / "app.py"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpupack.errors import DataError
-from gpupack.workloads import _mnist_data
+from gpupack.job.workloads import _mnist_data
 
 
 def _write_idx(path, array, gz):

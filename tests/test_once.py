@@ -1,5 +1,6 @@
 """Checks once per value (issue 53 item 1): a check of a training's hyperparameters runs once per distinct reading of
-the grid (gpupack.setup.once), never over the product of axes it does not read; every training is still checked."""
+the grid (gpupack.sweep.setup.once), never over the product of axes it does not read; every training is still
+checked."""
 from __future__ import annotations
 
 import itertools
@@ -12,8 +13,8 @@ import pytest
 from gpupack import sweep
 from gpupack.cli import main
 from gpupack.errors import ConfigError
-from gpupack.setup.once import each_reading
-from gpupack.workloads import _mnist_data
+from gpupack.job.workloads import _mnist_data
+from gpupack.sweep.setup.once import each_reading
 
 GRID: dict[str, list[object]] = {"model": ["mlp", "cnn", "big"], "lr": [0.1, 0.2, 0.3, 0.4], "seed": list(range(50))}
 FIXED = {"data_dir": "/data", "batch_size": 64}

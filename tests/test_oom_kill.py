@@ -17,8 +17,8 @@ from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, PackSettings, Tra
 from gpupack.job.body import run_pack
 from gpupack.job.oom import record_job_oom
 from gpupack.job.records import build_training_record, status_of
-from gpupack.runtime import oom
-from gpupack.runtime.monitor import DeviceInfo
+from gpupack.job.runtime import oom
+from gpupack.job.runtime.monitor import DeviceInfo
 from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter
 from gpupack.submit.slurm.commands import out_of_memory, pack_state
 
@@ -124,7 +124,7 @@ def test_a_sigkill_is_oom_only_when_the_cgroup_counted_an_oom_kill(tmp_path, mon
     killer = multiprocessing.Process(target=_kill, args=(run.log(pack.pack_id, victim.training_id, "err"), events,
                                                          oom_kills))
     killer.start()
-    from gpupack.pack.process import ProcessOptions
+    from gpupack.job.pack.process import ProcessOptions
 
     rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu",
                                                              mode_options={"process": ProcessOptions(start=start)}))

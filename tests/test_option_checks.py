@@ -9,9 +9,9 @@ import pytest
 
 from gpupack.cli import main
 from gpupack.errors import ConfigError
-from gpupack.pack.process import ProcessOptions
-from gpupack.pack.tf_logical import TfLogicalOptions
-from gpupack.spread.ddp import DdpOptions
+from gpupack.job.pack.process import ProcessOptions
+from gpupack.job.pack.tf_logical import TfLogicalOptions
+from gpupack.job.spread.ddp import DdpOptions
 from tests.fakes import FakeConfig, use_fake_submitter
 
 BASE = ["+sweep=mnist_pack", "partitions=[v100]"]

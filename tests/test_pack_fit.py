@@ -13,7 +13,7 @@ from gpupack import sweep
 from gpupack.core.memory.figures import Figure
 from gpupack.core.memory.pack_fit import Budget, pack_budget, pack_fit, training_peak
 from gpupack.core.store.records import SKIPPED_MEMORY
-from gpupack.report.terminal import render
+from gpupack.results.report.terminal import render
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -18,9 +18,9 @@ def test_wheel_ships_conf_and_data_and_finds_them(tmp_path):
     wheel = next(tmp_path.glob("gpupack-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"gpupack/conf/config.yaml", "gpupack/conf/sweep/mnist_pack.yaml", "gpupack/conf/cluster/local.yaml",
-            "gpupack/workloads/data/mnist/train-images-idx3-ubyte.gz",
-            "gpupack/workloads/data/mnist/t10k-labels-idx1-ubyte.gz",
-            "gpupack/conf/sweep/command.yaml", "gpupack/workloads/command.py", "gpupack/result.py",
+            "gpupack/job/workloads/data/mnist/train-images-idx3-ubyte.gz",
+            "gpupack/job/workloads/data/mnist/t10k-labels-idx1-ubyte.gz",
+            "gpupack/conf/sweep/command.yaml", "gpupack/job/workloads/command.py", "gpupack/core/result.py",
             "hydra_plugins/gpupack_launcher/config.py", "hydra_plugins/gpupack_launcher/gpupack_launcher.py"} <= names
     # Every module of every layer ships, and nothing but gpupack and its Hydra plugin folder is installed at the top
     # level (a top-level `jobs` package once let a user's jobs.py shadow the built-in workloads).
@@ -32,7 +32,8 @@ def test_wheel_ships_conf_and_data_and_finds_them(tmp_path):
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, timeout=300, capture_output=True)
-    code = ("import gpupack, gpupack.workloads._mnist_data as d; from gpupack.setup.compose import config_dir; "
+    code = ("import gpupack, gpupack.job.workloads._mnist_data as d; "
+            "from gpupack.sweep.setup.compose import config_dir; "
             "print(gpupack.__file__); print(config_dir()); print(d.load(None).source)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, timeout=120, check=True).stdout

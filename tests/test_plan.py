@@ -123,8 +123,9 @@ def test_plan_json_has_no_label_unless_set_so_older_run_dirs_still_resume():
                      partitions=["p"], repeats=1)
     assert "label" not in plan.to_json()["packs"][0]["trainings"][0]
     assert Plan.from_json(plan.to_json()) == plan
-    labelled = plan_in_order(sweep="app", workload="gpupack.runtime.hydra_job", params=[{"job_num": 0}, {"job_num": 1},
-                             {"job_num": 2}], factor=2, partition="p", mode="process", label="hydra:app")
+    labelled = plan_in_order(sweep="app", workload="gpupack.job.runtime.hydra_job",
+                             params=[{"job_num": 0}, {"job_num": 1}, {"job_num": 2}],
+                             factor=2, partition="p", mode="process", label="hydra:app")
     assert [p.factor for p in labelled.packs] == [2, 1]  # in order; the last pack holds the rest
     assert [t.params["job_num"] for p in labelled.packs for t in p.trainings] == [0, 1, 2]
     assert labelled.packs[0].trainings[0].workload_label == "hydra:app"
@@ -276,8 +277,8 @@ def test_the_reference_has_a_second_set_up_in_every_round_on_the_same_points(gri
 def test_the_reference_gets_a_second_set_up_where_it_would_have_threads_to_spare(factors, cores, gpu, device, threads,
                                                                                  expected):
     from gpupack.core.types import Capacity, PackRequest, PackSettings
-    from gpupack.setup.cluster_facts import ClusterFacts
-    from gpupack.setup.validate import reference_threads
+    from gpupack.sweep.setup.cluster_facts import ClusterFacts
+    from gpupack.sweep.setup.validate import reference_threads
 
     facts = ClusterFacts(partitions=("local",), capacities={"local": Capacity(has_gpu=gpu, max_cpus=cores)},
                          request=lambda *a: PackRequest())

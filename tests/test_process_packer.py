@@ -12,8 +12,8 @@ from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
-from gpupack.pack import PackContext, threads_for, worker_env
-from gpupack.pack.process import PACKER
+from gpupack.job.pack import PackContext, threads_for, worker_env
+from gpupack.job.pack.process import PACKER
 
 WORKLOAD = "tests.fake_workloads"
 
@@ -133,7 +133,7 @@ def test_resume_runs_only_trainings_without_a_completed_record(tmp_path):
 ])
 def test_ended_outcome(code, error, result, timed_out, expected_error, expected_signal):
     """process mode's training, a DDP training's ranks and a host's trainings all end through this one builder."""
-    from gpupack.pack import ended_outcome
+    from gpupack.job.pack import ended_outcome
 
     outcome = ended_outcome("t", 1.0, 3.0, code, error=error, result=result, timed_out=timed_out,
                             extra={"slot": 2})

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from gpupack import sweep
-from gpupack.analysis.load import load_records
-from gpupack.analysis.tables import reported_metrics
 from gpupack.cli import main
 from gpupack.core.store import rank_choice
 from gpupack.core.store.rank_choice import RankChoice, choose, read_rank
 from gpupack.core.store.rundir import RunDir
-from gpupack.workloads import load_workload
+from gpupack.job.workloads import load_workload
+from gpupack.results.analysis.load import load_records
+from gpupack.results.analysis.tables import reported_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 # The test workload (tests/fake_workloads.py): train_loss = 1/(1+lr), val_accuracy = min(lr, 1), "score: <lr>" printed

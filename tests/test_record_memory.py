@@ -12,7 +12,7 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
 from gpupack.job.records import fill_memory
-from gpupack.workloads.command import WORKLOAD
+from gpupack.job.workloads.command import WORKLOAD
 
 
 @pytest.mark.parametrize("memory, sampled, expected", [

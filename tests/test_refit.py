@@ -16,7 +16,7 @@ from gpupack.core.memory.figures import Figure
 from gpupack.core.memory.pack_fit import Budget, largest_fit
 from gpupack.core.plan import Pack, Training, make_plan, refit_pack_id, refit_packs, refit_parent, run_at_smaller_n
 from gpupack.core.store.records import SKIPPED_MEMORY
-from gpupack.flow.status import SKIPPED, pack_status, training_state
+from gpupack.sweep.flow.status import SKIPPED, pack_status, training_state
 
 REPO = Path(__file__).resolve().parent.parent
 GB = 1024.0
@@ -149,7 +149,7 @@ def test_a_skipped_packs_trainings_run_at_the_largest_n_that_fits_and_are_not_ru
     summary = outcome.collected.summary.set_index("factor")
     assert summary.loc[5, "skipped_memory"] == 5 and summary.loc[5, "infeasible"]
     assert summary.loc[5, "skipped_refit"] == 5  # ... and ran at N=2 and 1, counted in those rows too: said so
-    from gpupack.report.terminal import skipped_lines
+    from gpupack.results.report.terminal import skipped_lines
 
     (line,) = skipped_lines(outcome.collected.summary)
     assert line.endswith("; 5 of them went on at the largest N that fits instead (its row)"), line
@@ -203,8 +203,8 @@ def test_a_measurement_sweep_refits_nothing_its_smaller_n_runs(tmp_path, capsys)
     assert skipped["refit"] == {"n": None, "packs": [],
                                 "why": "its 4 training(s)' grid points run at a smaller N in this plan"}
     assert not any(p.get("refit_of") for p in packs.values())
-    from gpupack.flow.collect import collect
-    from gpupack.report.terminal import skipped_lines
+    from gpupack.results.report.terminal import skipped_lines
+    from gpupack.sweep.flow.collect import collect
 
     (line,) = skipped_lines(collect([run_dir], plots=False)[0].summary)
     assert line.startswith("N=4 skipped for memory") and "instead" not in line  # its points ran at N=1 and 2 anyway
@@ -258,10 +258,10 @@ def test_a_training_two_refit_packs_ran_counts_its_latest_record_as_current(tmp_
     """A resume that refits what an earlier refit left at another N leaves the training's record in two refit packs
     (folded into a lane's journal, the earlier one is not moved aside): collect counts the latest as current and the
     other as an earlier attempt, so the N it failed at shows a failed attempt, not an unfinished training."""
-    from gpupack.analysis.load import load_records
-    from gpupack.analysis.summary import summarize
     from gpupack.core.store.records import read_json, write_json_atomic
     from gpupack.core.store.rundir import RunDir
+    from gpupack.results.analysis.load import load_records
+    from gpupack.results.analysis.summary import summarize
 
     run_dir = tmp_path / "run"
     assert sweep.run(sweep.prepare(_production(run_dir)), plots=False).ok
@@ -289,8 +289,8 @@ def test_while_its_job_runs_the_refits_a_skipped_pack_is_running_not_failed(tmp_
     import shutil
 
     from gpupack.core.store.rundir import RunDir
-    from gpupack.flow.status import RUNNING, STOPPED
     from gpupack.job.body import pack_lock
+    from gpupack.sweep.flow.status import RUNNING, STOPPED
 
     run_dir = tmp_path / "run"
     assert sweep.run(sweep.prepare(_production(run_dir)), plots=False).ok

@@ -22,7 +22,7 @@ from gpupack.core.store.rundir import RunDir, RunLock
 from gpupack.core.types import PackSettings
 from gpupack.errors import RunDirError
 from gpupack.job.body import run_pack
-from gpupack.pack.process import ProcessOptions
+from gpupack.job.pack.process import ProcessOptions
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOAD = "tests.fake_workloads"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpupack import sweep
-from gpupack.analysis.load import load_records
-from gpupack.flow.run import Outcome
+from gpupack.results.analysis.load import load_records
+from gpupack.sweep.flow.run import Outcome
 from tests.fakes import FakeConfig
 from tests.test_auto_paired import PROBE, ProgrammedSubmitter, SlowingDevice
 
@@ -18,12 +18,12 @@ LOADED = (14.0, 1.8)  # N=1 14x slower (N=2 5.3x) beside a neighbour taking 1.8 
 
 def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loaded: int | None, *extra: str) -> tuple[Path, Outcome]:
     """The sweep at N = 1, 2 (3 rounds) on a device loaded for its first ``loaded`` packs (None: the main run's)."""
-    import gpupack.flow.run
+    import gpupack.sweep.flow.run
 
     run_dir = tmp_path / "run"
     command = PROBE + ["sweep.grid.lr=[0.1,0.2,0.3]", "packing.factors=[1,2]", "packing.repeats=3",
                        f"run_dir={run_dir}", *extra]
-    monkeypatch.setattr(gpupack.flow.run, "load_submitter",
+    monkeypatch.setattr(gpupack.sweep.flow.run, "load_submitter",
                         ProgrammedSubmitter.loader(config=FakeConfig(default_partitions=["cpu"])))
     prepared = sweep.prepare(command)
     loaded = len(prepared.plan.packs) if loaded is None else loaded

@@ -1,5 +1,5 @@
-"""report.html's builder (gpupack.report.html), pure: records written with the library's writers in, HTML out. What
-the page must hold for a person who reads it top-down; tests/test_report_browser.py checks the same in Chromium."""
+"""report.html's builder (gpupack.results.report.html), pure: records written with the library's writers in, HTML out.
+What the page must hold for a person who reads it top-down; tests/test_report_browser.py checks the same in Chromium."""
 from __future__ import annotations
 
 import os
@@ -13,14 +13,14 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from gpupack.analysis.aggregate import aggregate
-from gpupack.analysis.occupancy import occupancy
 from gpupack.core.store.records import pack_record, training_record, write_json_atomic
 from gpupack.core.store.rundir import RunDir
-from gpupack.flow.collect import collect
-from gpupack.report.html import Page, build_report, training_rows
-from gpupack.report.plots import plot_cost
-from gpupack.report.text import what_ran
+from gpupack.results.analysis.aggregate import aggregate
+from gpupack.results.analysis.occupancy import occupancy
+from gpupack.results.report.html import Page, build_report, training_rows
+from gpupack.results.report.plots import plot_cost
+from gpupack.results.report.text import what_ran
+from gpupack.sweep.flow.collect import collect
 from tests.conftest import verdict
 
 CONFIG = {"sweep": {"name": "toy", "workload": "w", "grid": {"lr": [0.1, 0.5], "batch_size": [64]}},
@@ -108,7 +108,7 @@ def test_no_cell_says_true_or_false(tmp_path, partitions, failed):
 
 
 def test_the_page_reads_what_ran_the_answer_and_the_hyperparameters_before_the_evidence(tmp_path):
-    from gpupack.report.html import Plot
+    from gpupack.results.report.html import Plot
 
     run = _run(tmp_path)
     page = _page(aggregate([run.root]), run.root, [Plot("a plot", "data:image/png;base64,AAAA")])

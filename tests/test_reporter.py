@@ -1,5 +1,5 @@
 """The reporter: steady throughput leaves warm-up out; the curve has one point per window. And the report collect
-prints (gpupack/report/): the main table fits 120 columns, a shared host is said, seeds are not ranked."""
+prints (gpupack/results/report/): the main table fits 120 columns, a shared host is said, seeds are not ranked."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from gpupack import workload
-from gpupack.analysis.aggregate import aggregate
+from gpupack.core import workload
 from gpupack.core.store.records import pack_record, training_record, write_json_atomic
 from gpupack.core.store.rundir import RunDir
-from gpupack.report.files import write_outputs
-from gpupack.report.terminal import render, summary_table
+from gpupack.results.analysis.aggregate import aggregate
+from gpupack.results.report.files import write_outputs
+from gpupack.results.report.terminal import render, summary_table
 
 
 def test_steady_throughput_excludes_warmup_and_curve_has_windows(monkeypatch):

@@ -11,8 +11,8 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
-from gpupack.workloads import load_workload
-from gpupack.workloads.resnet50 import AMP_ON_CPU, LAYERS, ResNet50Params, on_device, own_resnet50, synthetic
+from gpupack.job.workloads import load_workload
+from gpupack.job.workloads.resnet50 import AMP_ON_CPU, LAYERS, ResNet50Params, on_device, own_resnet50, synthetic
 
 torch = pytest.importorskip("torch")
 

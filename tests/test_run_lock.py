@@ -17,7 +17,7 @@ import pytest
 
 from gpupack.core.store.rundir import Holder, RunDir, RunLock, busy_refusal
 from gpupack.errors import RunDirError
-from gpupack.flow.run import open_run_dir
+from gpupack.sweep.flow.run import open_run_dir
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The pack sampler through a fake NVML at the one seam (gpupack.runtime.monitor._nvml), and on this machine for
+"""The pack sampler through a fake NVML at the one seam (gpupack.job.runtime.monitor._nvml), and on this machine for
 real."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from gpupack.runtime import monitor
-from gpupack.runtime.sampler import Sampler
+from gpupack.job.runtime import monitor
+from gpupack.job.runtime.sampler import Sampler
 from tests.fakes import A100_40, H100, H100_1G, H100_3G, FakeGpu, FakeNvml, mig_nvml
 
 
@@ -232,7 +232,7 @@ def test_a_trainings_children_count_in_its_figures_from_one_walk_of_the_table(un
     once a sample (a pack's trainings are under the job), or, for a process outside it, by psutil's own walk."""
     import psutil
 
-    from gpupack.runtime.foreign import ForeignLoad
+    from gpupack.job.runtime.foreign import ForeignLoad
 
     training = subprocess.Popen([sys.executable, "-c", CHILD])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # a job it is not under

@@ -18,10 +18,10 @@ import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from gpupack.analysis.load import load_records
-from gpupack.analysis.occupancy import occupancy
 from gpupack.cli import main
 from gpupack.core.store.rundir import RunDir
+from gpupack.results.analysis.load import load_records
+from gpupack.results.analysis.occupancy import occupancy
 from gpupack.search.study import COMPLETE, CUT, DIED, FAILED, PRUNED, Study, read_journal, trial_number
 
 REPO = Path(__file__).resolve().parent.parent
@@ -169,7 +169,7 @@ def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
     assert len(searched) == 6 and {r["factor"] for r in searched} == {2}
     assert sorted(str(r["training_id"])[:9] for r in searched) == [f"trial{n:04d}" for n in range(6)]
     from gpupack import sweep
-    from gpupack.analysis import aggregate
+    from gpupack.results.analysis import aggregate
 
     ranked: list[Any] = []  # what collect ranks as the best hyperparameters: the trials, not the probe's trainings
     real = aggregate.best_hyperparameters
@@ -345,7 +345,7 @@ def test_a_search_lanes_lost_record_is_rebuilt_from_its_trials_and_none_runs_aga
     from gpupack.core.plan import Plan
     from gpupack.core.store.journal import RunRecords
     from gpupack.core.store.records import read_json
-    from gpupack.flow.run import packs_to_run
+    from gpupack.sweep.flow.run import packs_to_run
 
     run = tmp_path / "run"
     first = subprocess.run(search_cmd(run, 4), env=subprocess_env, cwd=REPO, capture_output=True, text=True,

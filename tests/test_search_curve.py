@@ -1,4 +1,4 @@
-"""A search's trial and its lane (gpupack.core.store.curves, gpupack.pack._curve): the trial's process appends its
+"""A search's trial and its lane (gpupack.core.store.curves, gpupack.job.pack._curve): the trial's process appends its
 curve and waits for its lane's verdict; the lane's packer gives each point to the study (faked here: a programmed
 pruner) and answers. The trial's process never opens the study: the job side knows none (the layer contract)."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpupack.core.store.curves import CurveSpec, NewLines, append_point, await_verdict, points, read_verdict
-from gpupack.pack._curve import CurveFollower, matched
-from gpupack.workload import Reporter, TrainingContext
+from gpupack.core.workload import Reporter, TrainingContext
+from gpupack.job.pack._curve import CurveFollower, matched
 
 
 class ProgrammedCurve:

@@ -1,5 +1,5 @@
 """A search's trials in collect and report.html (issue 46, item 5): the trials ranked by their value, the best params up
-front, the study's history against trials and device-hours; pure builders (gpupack.analysis.search) tested with
+front, the study's history against trials and device-hours; pure builders (gpupack.results.analysis.search) tested with
 tables, then collect of a run whose study and records are written by hand, beside the same run without a study."""
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState, create_trial
 from rich.console import Console
 
-from gpupack.analysis.search import history, trial_walls, trials_frame
 from gpupack.core.store.records import pack_record, training_record, write_json_atomic
 from gpupack.core.store.rundir import RunDir
-from gpupack.flow.collect import collect
+from gpupack.results.analysis.search import history, trial_walls, trials_frame
 from gpupack.search.options import OptunaSearch
 from gpupack.search.space import Dimension
 from gpupack.search.study import Journal, Study, TrialRow, read_journal, trial_training_id
+from gpupack.sweep.flow.collect import collect
 
 SEARCH = OptunaSearch(space={"lr": Dimension("float", 0.01, 1.0, log=True)}, metric="val_accuracy",
                       direction="maximize", n_trials=6)
@@ -179,6 +179,6 @@ def test_read_journal_leaves_a_torn_last_line_out_and_reads_no_study_as_none(tmp
     ({"seed": float("nan")}, "seed=nan"),  # a gap in a table column: said as such
 ])
 def test_hyperparameters_are_said_to_four_significant_digits(params: dict[str, object], said: str) -> None:
-    from gpupack.report.text import param_text
+    from gpupack.results.report.text import param_text
 
     assert param_text(params) == said

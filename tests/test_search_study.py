@@ -333,8 +333,8 @@ def test_a_search_given_several_n_measures_them_first(overrides: list[str], fact
                                                       ladder: list[int] | None) -> None:
     from omegaconf import OmegaConf
 
-    from gpupack.setup.compose import compose_config
-    from gpupack.setup.validate import measured_first
+    from gpupack.sweep.setup.compose import compose_config
+    from gpupack.sweep.setup.validate import measured_first
 
     given = compose_config(["+sweep=mnist_pack", *overrides])
     cfg = measured_first(given)
@@ -358,8 +358,8 @@ def test_a_search_lane_is_admitted_by_memory_as_a_queue_lane_is(tmp_path: Path) 
     """The one lane runner's admission holds for a search's lane: a freed slot asks no trial the memory free would
     not fit while others run (so none is asked and left waiting); the first always goes."""
     from gpupack.core.types import PackSettings
+    from gpupack.job.pack import WAIT
     from gpupack.job.stream import AdmissionInputs
-    from gpupack.pack import WAIT
     from gpupack.search.lane import SearchLane
     from gpupack.search.plan import search_plan
 

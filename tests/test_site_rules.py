@@ -176,7 +176,7 @@ def test_an_old_dotted_slice_name_is_refused_with_its_new_name(tmp_path: Path, c
 
 @pytest.mark.slow
 def test_no_preset_names_a_partition_with_a_dot() -> None:
-    from gpupack.setup.compose import compose_config
+    from gpupack.sweep.setup.compose import compose_config
 
     for preset in sorted(p.stem for p in (REPO / "conf" / "cluster").glob("*.yaml")):
         cfg = compose_config(["+sweep=mnist_pack", f"cluster={preset}"])

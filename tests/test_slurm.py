@@ -118,8 +118,8 @@ def test_cluster_bad_input_without_slurm(tmp_path, capsys, monkeypatch, override
 
 def test_account_from_the_environment_is_accepted(tmp_path, monkeypatch):
     from gpupack.core.store.rundir import RunDir
-    from gpupack.setup.compose import compose_config
     from gpupack.submit import load_submitter
+    from gpupack.sweep.setup.compose import compose_config
 
     monkeypatch.setenv("SLURM_ACCOUNT", "def-env")
     monkeypatch.setenv("PATH", str(tmp_path))

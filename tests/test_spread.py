@@ -12,8 +12,8 @@ from types import SimpleNamespace as NS
 import pandas as pd
 import pytest
 
-from gpupack.analysis.layouts import compare, split_spread, spread_summary, verdicts
 from gpupack.core.plan import Plan, make_plan
+from gpupack.results.analysis.layouts import compare, split_spread, spread_summary, verdicts
 from gpupack.submit.local import spread_gpus, take_slots
 from gpupack.submit.slurm import sbatch_parameters
 
@@ -293,9 +293,9 @@ def _layout_run(tmp_path: Path, spread_status: str = "completed", oom: bool = Tr
 
 
 def test_collect_puts_spread_beside_packing_from_records_on_disk_with_an_all_oom_n(tmp_path):
-    from gpupack.analysis.aggregate import aggregate
-    from gpupack.cli_show import make_console
-    from gpupack.report.terminal import render
+    from gpupack.cli.show import make_console
+    from gpupack.results.analysis.aggregate import aggregate
+    from gpupack.results.report.terminal import render
 
     c = aggregate([_layout_run(tmp_path)], weights={"P100-12gb": 1.0})
     assert set(c.summary["factor"]) == {1, 4, 8}  # spread rows stay out of the packing table
@@ -315,7 +315,7 @@ def test_collect_puts_spread_beside_packing_from_records_on_disk_with_an_all_oom
 
 
 def test_a_run_whose_spread_trainings_failed_is_not_ok(tmp_path):
-    from gpupack.analysis.aggregate import aggregate
+    from gpupack.results.analysis.aggregate import aggregate
     from gpupack.sweep import Outcome
 
     ok = Outcome(prepared=None, opened=None, collected=aggregate([_layout_run(tmp_path / "a", oom=False)]))

@@ -1,4 +1,4 @@
-"""DDP spread (gpupack/spread/ddp.py) on real processes: gloo on the CPU, k=2 ranks as k fresh workers.
+"""DDP spread (gpupack/job/spread/ddp.py) on real processes: gloo on the CPU, k=2 ranks as k fresh workers.
 
 What it guarantees: each step all-reduces exactly the model's gradients (4 bytes a parameter, whatever the batch);
 k=2 with the global batch held equal trains the same loss curve as one process alone; one rank failing fails the
@@ -25,15 +25,15 @@ from gpupack.core.plan import Plan, make_plan
 from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Capacity, PackSettings
+from gpupack.core.workload import Reporter, TrainingContext, Workload
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
-from gpupack.runtime.joins import ddp
-from gpupack.runtime.joins import join as join_placement
-from gpupack.runtime.joins.ddp import _merged
-from gpupack.spread import check_spread, load_strategy, strategy_options
-from gpupack.spread.ddp import STRATEGY, DdpOptions, culprit
-from gpupack.workload import Reporter, TrainingContext, Workload
-from gpupack.workloads import load_workload
+from gpupack.job.runtime.joins import ddp
+from gpupack.job.runtime.joins import join as join_placement
+from gpupack.job.runtime.joins.ddp import _merged
+from gpupack.job.spread import check_spread, load_strategy, strategy_options
+from gpupack.job.spread.ddp import STRATEGY, DdpOptions, culprit
+from gpupack.job.workloads import load_workload
 
 SMALL = {"model": "mlp", "hidden": 32, "train_samples": 500, "val_samples": 500, "epochs": 1, "lr": 0.05}
 NO_GPU = Capacity(has_gpu=False, node_cpus=2)
@@ -152,7 +152,7 @@ def _spread_plan(tmp_path: Path, workload: str, grid: dict[str, list[Any]], fixe
 def test_each_step_all_reduces_the_gradients_whatever_the_batch(tmp_path):
     import torch
 
-    from gpupack.workloads.mnist_torch import MnistTorchParams, _build
+    from gpupack.job.workloads.mnist_torch import MnistTorchParams, _build
 
     run, plan = _spread_plan(tmp_path, "mnist_torch", {"batch_size": [32, 128]}, SMALL)
     n_params = sum(p.numel() for p in _build(MnistTorchParams(**SMALL), torch.nn).parameters())
@@ -207,7 +207,7 @@ def test_bytes_and_steps_are_counted_per_backward_pass_over_several_buckets(tmp_
 
 def _rank_losses(rank: int, world: int, init: str, params: dict[str, Any], out: str) -> None:
     """One rank of a DDP training of mnist_torch through the workload's real loop, in a spawned process."""
-    from gpupack.runtime.worker import join_spread
+    from gpupack.job.runtime.worker import join_spread
 
     spread = join_spread(dataclasses.replace(STRATEGY.placement("ddp-gloo", world, "cpu"), rank=rank,
                                              init_method=init).to_json())
@@ -327,7 +327,7 @@ def test_a_training_past_its_time_limit_is_stopped_on_every_rank(tmp_path):
 @pytest.mark.parametrize("visible, world, refused", [(2, 2, False), (4, 2, False), (1, 2, True), (0, 4, True)])
 def test_a_rank_refuses_a_job_with_fewer_gpus_than_ranks(visible, world, refused):
     from gpupack.errors import ConfigError
-    from gpupack.runtime.joins.ddp import check_visible
+    from gpupack.job.runtime.joins.ddp import check_visible
 
     if refused:
         with pytest.raises(ConfigError, match=f"needs {world} GPUs in its job, but it sees {visible}"):

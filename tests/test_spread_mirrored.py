@@ -15,10 +15,10 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Capacity, PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
-from gpupack.runtime.joins import join
-from gpupack.runtime.joins.mirrored import first_gpus, make_devices
-from gpupack.spread import check_spread, load_strategy
-from gpupack.workloads._tf_common import check_even_split
+from gpupack.job.runtime.joins import join
+from gpupack.job.runtime.joins.mirrored import first_gpus, make_devices
+from gpupack.job.spread import check_spread, load_strategy
+from gpupack.job.workloads._tf_common import check_even_split
 
 # Small, so each k costs one TF process start (~5-10 s here) and a second of training: 8 steps of a 64 global batch.
 FIXED = {"model": "mlp", "hidden": 32, "train_samples": 512, "val_samples": 200, "epochs": 1, "batch_size": 64,
@@ -127,7 +127,7 @@ def test_global_batch_must_split_evenly_over_the_replicas() -> None:
 
 
 def test_tf_workloads_say_they_spread_with_mirrored() -> None:
-    from gpupack.workloads import load_workload
+    from gpupack.job.workloads import load_workload
 
     assert all(load_workload(w).spreads == ("mirrored",) for w in ("mnist_tf", "cifar10_tf"))
     strategy = load_strategy("mirrored")
@@ -147,7 +147,7 @@ def test_tf_workloads_say_they_spread_with_mirrored() -> None:
 def test_mirrored_all_reduce_bytes_are_the_trainable_weights(shapes, dtypes, replicas, expected):
     from types import SimpleNamespace
 
-    from gpupack.runtime.joins.mirrored import allreduce_bytes
+    from gpupack.job.runtime.joins.mirrored import allreduce_bytes
 
     weights = [SimpleNamespace(shape=s, dtype=d) for s, d in zip(shapes, dtypes)]
     assert allreduce_bytes(weights, replicas) == expected

@@ -13,7 +13,7 @@ from gpupack.cli import main
 from gpupack.core.store.records import read_json
 from gpupack.core.store.rundir import RunDir, RunLock
 from gpupack.core.types import PENDING, RUNNING
-from gpupack.flow.status import RunStatus, eta_s, training_state
+from gpupack.sweep.flow.status import RunStatus, eta_s, training_state
 
 REPO = Path(__file__).resolve().parent.parent
 PROBE = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack"]
@@ -106,7 +106,7 @@ def test_status_of_a_local_sweep_mid_run_says_running_and_pending(tmp_path, subp
 # ---------------- watch: follow a run from any shell (issue 30, item 5) ----------------
 
 def _st(*states: str) -> RunStatus:
-    from gpupack.flow.status import PackStatus
+    from gpupack.sweep.flow.status import PackStatus
 
     return RunStatus(Path("r"), "s", [PackStatus(f"p{i}", "v100", s, 0, 1) for i, s in enumerate(states)],
                      trainings={"v100": Counter(waiting=len(states))})
@@ -118,13 +118,13 @@ def _st(*states: str) -> RunStatus:
     (("unknown", "done"), False),  # the queue did not answer: never ended on its silence
 ])
 def test_a_run_has_ended_when_none_of_its_packs_may_still_run(states, ended):
-    from gpupack.flow.status import has_ended
+    from gpupack.sweep.flow.status import has_ended
 
     assert has_ended(_st(*states)) is ended
 
 
 def test_follow_looks_until_the_run_has_ended_and_sleeps_between_looks_only():
-    from gpupack.flow.status import follow
+    from gpupack.sweep.flow.status import follow
 
     answers = iter([_st("submitted", "pending"), _st("running", "pending"), _st("done", "running"),
                     _st("done", "failed")])
@@ -174,7 +174,7 @@ def test_status_of_a_folding_streaming_lane_mid_run_counts_its_trainings_running
 
     from gpupack.core.plan import make_plan
     from gpupack.core.store.records import write_json_atomic
-    from gpupack.setup.compose import compose_config
+    from gpupack.sweep.setup.compose import compose_config
     from tests.conftest import wait_for
     from tests.test_stream import _lane_cmd
 

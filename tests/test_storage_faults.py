@@ -136,7 +136,7 @@ def test_a_failed_jobs_progress_state_carries_its_reason_and_still_reads_failed(
 def test_the_progress_line_of_a_failed_pack_shows_its_reason():
     from rich.console import Console
 
-    from gpupack.cli_show import ProgressView
+    from gpupack.cli.show import ProgressView
     from gpupack.core.plan import make_plan
 
     pack = make_plan(sweep="t", workload="tests.fake_workloads", grid={"lr": [0.1]}, fixed={}, factors=[1],

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from gpupack.analysis.load import load_records
 from gpupack.core.plan import Plan, make_plan, plan_in_order, stream_lanes, trainings_for
 from gpupack.core.store.claims import (
     STALE,
@@ -31,13 +30,14 @@ from gpupack.core.store.records import SCHEMA_VERSION, read_json, write_json_ato
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
-from gpupack.flow.run import packs_to_run
 from gpupack.job.lanes import run_lane
+from gpupack.job.runtime.jobenv import JobEnvironment
 from gpupack.job.stream import Lane
-from gpupack.runtime.jobenv import JobEnvironment
-from gpupack.setup.compose import compose_config
-from gpupack.setup.validate import check_packing
+from gpupack.results.analysis.load import load_records
 from gpupack.submit import PackJob
+from gpupack.sweep.flow.run import packs_to_run
+from gpupack.sweep.setup.compose import compose_config
+from gpupack.sweep.setup.validate import check_packing
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def test_a_stream_claims_the_longest_first_where_the_workload_can_tell(costs, or
 
 
 def test_mnist_tells_a_training_s_length_by_the_samples_it_sees():
-    from gpupack.workloads import load_workload
+    from gpupack.job.workloads import load_workload
 
     mnist = load_workload("mnist_torch")
     assert mnist.cost({"epochs": 4, "train_samples": 1000}) == 4 * mnist.cost({"epochs": 1, "train_samples": 1000})
@@ -634,7 +634,7 @@ def test_a_time_limit_reached_mid_queue_requeues_and_finishes_the_rest(tmp_path,
 @pytest.mark.parametrize("stream, lanes", [("auto", True), ("on", True), ("off", False)])
 def test_auto_measures_with_whole_packs_and_streams_its_production_run(tmp_path, stream, lanes):
     from gpupack import sweep
-    from gpupack.flow.auto import production_plan, step_plan
+    from gpupack.sweep.flow.auto import production_plan, step_plan
 
     prepared = sweep.prepare([f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack",
                               "packing.factors=auto", f"packing.stream={stream}", "sweep.grid.lr=[0.1,0.2,0.3]",
@@ -695,7 +695,7 @@ def _summary_row(factor: int, packs: float) -> dict:
 def test_with_lanes(rows, occ, expected):
     import pandas as pd
 
-    from gpupack.analysis.occupancy import with_lanes
+    from gpupack.results.analysis.occupancy import with_lanes
 
     occupancy = pd.DataFrame([{"workload": "w", "partition": "local", "gpu_type": "cpu", "mode": "process",
                                "factor": n, "how": how, "packs": jobs, "device_s_per_training": s}

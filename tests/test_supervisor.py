@@ -1,4 +1,4 @@
-"""The one supervisor of every child process (gpupack/runtime/supervisor.py), on its own: real short programs, no
+"""The one supervisor of every child process (gpupack/job/runtime/supervisor.py), on its own: real short programs, no
 timing decides a verdict (the programs that must be stopped sleep far past every limit)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupack.runtime.supervisor import ChildSpec, FailTogether, Supervisor
+from gpupack.job.runtime.supervisor import ChildSpec, FailTogether, Supervisor
 
 
 def spec(tmp_path: Path, name: str, code: str) -> ChildSpec:
@@ -106,7 +106,7 @@ def test_a_server_that_died_under_a_lane_starts_its_next_training_fresh_and_is_n
     """A lane's shared server that died (killed, out of memory) fails no training: the supervisor starts the child as
     a fresh interpreter and says why; the lane's share makes a new server for its next pack and closes the dead one."""
     from gpupack.core.store.rundir import RunDir
-    from gpupack.pack import LaneSetUp
+    from gpupack.job.pack import LaneSetUp
 
     class DeadServer:
         closed = False
@@ -144,8 +144,8 @@ def test_a_training_started_fresh_because_the_server_failed_says_why_in_its_reco
     from gpupack.core.store.records import write_json_atomic
     from gpupack.core.store.rundir import RunDir
     from gpupack.core.types import PackSettings
-    from gpupack.pack import LaneSetUp, PackContext
-    from gpupack.pack.process import PACKER, ProcessOptions
+    from gpupack.job.pack import LaneSetUp, PackContext
+    from gpupack.job.pack.process import PACKER, ProcessOptions
 
     class DeadServer:
         def start(self, *args: object) -> None:
@@ -171,7 +171,7 @@ def test_an_exit_is_seen_as_it_happens_not_at_the_next_look(tmp_path, monkeypatc
     import time
 
     from gpupack.core.waits import pidfd
-    from gpupack.runtime import supervisor
+    from gpupack.job.runtime import supervisor
 
     if pidfd(os.getpid()) is None:
         pytest.skip("no pidfd here (Linux 5.3 or later): an exit is seen at the next look")

@@ -17,13 +17,13 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Capacity, PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
-from gpupack.pack import PackContext
-from gpupack.pack.process import PACKER as PROCESS
-from gpupack.pack.process import ProcessOptions
-from gpupack.pack.tf_logical import PACKER as TF_LOGICAL
-from gpupack.pack.tf_logical import logical_devices, split_memory_mb
-from gpupack.runtime.mps import mps_daemon
-from gpupack.workloads import _cifar10_data
+from gpupack.job.pack import PackContext
+from gpupack.job.pack.process import PACKER as PROCESS
+from gpupack.job.pack.process import ProcessOptions
+from gpupack.job.pack.tf_logical import PACKER as TF_LOGICAL
+from gpupack.job.pack.tf_logical import logical_devices, split_memory_mb
+from gpupack.job.runtime.mps import mps_daemon
+from gpupack.job.workloads import _cifar10_data
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -117,7 +117,7 @@ def test_mps_quits_when_the_pack_fails(tmp_path, mps_stand_in, monkeypatch):
     def broken(trainings, ctx, opts):
         raise RuntimeError("the packer broke")
 
-    monkeypatch.setattr("gpupack.pack.process.run_processes", broken)
+    monkeypatch.setattr("gpupack.job.pack.process.run_processes", broken)
     with pytest.raises(RuntimeError, match="the packer broke"):
         PROCESS.run(pack.trainings, ctx)
     assert [c["argv"] for c in mps_stand_in()] == [["-d"], []]
@@ -186,7 +186,7 @@ def test_tf_bad_input(tmp_path, capsys, monkeypatch, overrides, needles):
 
 def test_tf_logical_host_gets_n_times_the_per_training_limit(tmp_path, monkeypatch):
     """RLIMIT_AS is per process and tf_logical's one host process holds all N trainings: N x the per-training limit
-    (not one training's, which N trainings together would hit at once). The shared host (gpupack/pack/host.py) sets
+    (not one training's, which N trainings together would hit at once). The shared host (gpupack/job/pack/host.py) sets
     it, so the fused mode's host gets the same."""
     seen = []
 
@@ -197,7 +197,7 @@ def test_tf_logical_host_gets_n_times_the_per_training_limit(tmp_path, monkeypat
         seen.append(limit)
         raise Stop
 
-    monkeypatch.setattr("gpupack.runtime.supervisor.child_setup", fake_child_setup)
+    monkeypatch.setattr("gpupack.job.runtime.supervisor.child_setup", fake_child_setup)
     run, pack = _pack(tmp_path, {"tag": ["a", "b", "c"]}, workload="tests.fake_tf_workload", mode="tf_logical")
     per = 3 * 2**30
     ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ),
@@ -210,7 +210,7 @@ def test_tf_logical_host_gets_n_times_the_per_training_limit(tmp_path, monkeypat
 
 
 def _tf_workload():
-    from gpupack.workloads import load_workload
+    from gpupack.job.workloads import load_workload
 
     return load_workload("tests.fake_tf_workload")
 
@@ -235,7 +235,7 @@ def test_tf_logical_allows_what_cuda_never_sees(capacity, settings):
 def test_tf_logical_refuses_rlimit_as_when_the_job_finds_a_gpu(tmp_path, monkeypatch):
     """The partition's check could not know (the local backend, device=auto): the pack refuses at its start, before
     a host starts under a limit CUDA cannot work in."""
-    monkeypatch.setattr("gpupack.pack.tf_logical.run_host", lambda *a, **k: pytest.fail("the host started"))
+    monkeypatch.setattr("gpupack.job.pack.tf_logical.run_host", lambda *a, **k: pytest.fail("the host started"))
     run, pack = _pack(tmp_path, {"tag": ["a", "b"]}, workload="tests.fake_tf_workload", mode="tf_logical")
     ctx = PackContext(run=run, pack=pack, device="cuda", threads=1, env=dict(os.environ), gpu_memory_total_mb=16384,
                       settings=PackSettings(memory_limit_gb_per_training=4), memory_limit_bytes=4 * 2**30)

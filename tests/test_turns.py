@@ -12,8 +12,8 @@ from gpupack.core.plan import make_plan
 from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
+from gpupack.job.runtime.jobenv import JobEnvironment
 from gpupack.job.turns import run_in_turn
-from gpupack.runtime.jobenv import JobEnvironment
 from gpupack.submit import PackJob
 from tests.test_stream import _Requeueing
 
@@ -196,7 +196,7 @@ def test_a_pack_that_fails_on_one_gpu_stops_the_lane_and_is_raised(tmp_path, mon
 def test_a_lanes_packs_share_one_fork_server_started_before_the_first_packs_wall(tmp_path):
     """Three packs in turn (N = 1, 2, 1): one server preloads once for all of them (its log in lanes/, removed when
     empty), each pack's wall counts from its first training, and the first pack's setup_s holds the preload."""
-    from gpupack.pack.process import ProcessOptions
+    from gpupack.job.pack.process import ProcessOptions
 
     mark = tmp_path / "preloads"
     run = RunDir(tmp_path / "run")
@@ -226,7 +226,7 @@ def test_a_shared_servers_children_get_their_packs_thread_share(tmp_path):
     N=2 forked from it runs each training's pools at its own share (threadpoolctl in the child)."""
     import os
 
-    from gpupack.pack.process import ProcessOptions
+    from gpupack.job.pack.process import ProcessOptions
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores: N=1 and N=2 then get different thread shares")

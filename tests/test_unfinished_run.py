@@ -18,10 +18,10 @@ from rich.console import Console
 
 from gpupack import sweep
 from gpupack.cli import main
-from gpupack.cli_show import StatusView, resume_command
+from gpupack.cli.show import StatusView, resume_command
 from gpupack.core.store.records import read_json
 from gpupack.core.store.rundir import RunDir, RunLock
-from gpupack.flow.status import PackStatus, RunStatus
+from gpupack.sweep.flow.status import PackStatus, RunStatus
 
 REPO = Path(__file__).resolve().parent.parent
 ARGS = [f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]", "+sweep=probe_pack", "sweep.grid.lr=[0.1,0.2]",

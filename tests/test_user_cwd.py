@@ -3,8 +3,8 @@
 The built-ins used to be the top-level package ``jobs``; ``python -m gpupack`` puts the working directory first on
 sys.path, so a user's ``jobs.py`` was imported in its place (``+sweep=command`` failed with an AttributeError:
 module 'jobs' has no attribute '__path__') and a user's ``jobs/`` package hid every built-in ("no such workload in
-jobs/"). They now live in gpupack.workloads. Each case runs the CLI in a subprocess whose working directory holds the
-user's files; each of those files, if imported, leaves a marker file (and the SystemExit ones stop the process).
+jobs/"). They now live in gpupack.job.workloads. Each case runs the CLI in a subprocess whose working directory holds
+the user's files; each of those files, if imported, leaves a marker file (and the SystemExit ones stop the process).
 """
 from __future__ import annotations
 

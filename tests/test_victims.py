@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpupack.analysis.aggregate import aggregate
 from gpupack.core.memory.victims import victims
 from gpupack.core.plan import make_plan
 from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
+from gpupack.results.analysis.aggregate import aggregate
 
 
 def _rec(tid, status, ended, signal=None, error=None):

@@ -57,13 +57,13 @@ def test_a_module_that_fails_to_import_stops_the_warming_quietly(modules: list[s
 def test_the_commands_start_imports_none_of_collects_tables_or_plots() -> None:
     """`python -m gpupack` plans, checks and submits without pandas, pyarrow or matplotlib (about half a second of
     its start): collect's modules, which the warming imports while the first jobs start."""
-    heavy = ("pandas", "pyarrow", "matplotlib", "gpupack.flow.collect", "gpupack.analysis.aggregate")
+    heavy = ("pandas", "pyarrow", "matplotlib", "gpupack.sweep.flow.collect", "gpupack.results.analysis.aggregate")
     code = f"import sys, gpupack.cli, gpupack.sweep; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
     # ... and that the warming imports them
-    code = ("import sys; from gpupack.flow.run import COLLECT_IMPORTS; from gpupack.core.warm import warm; "
+    code = ("import sys; from gpupack.sweep.flow.run import COLLECT_IMPORTS; from gpupack.core.warm import warm; "
             f"warm(COLLECT_IMPORTS).join(); print([m for m in {heavy!r} if m not in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
@@ -71,7 +71,7 @@ def test_the_commands_start_imports_none_of_collects_tables_or_plots() -> None:
 
 def test_the_library_still_offers_collect_and_its_step() -> None:
     import gpupack.sweep as sweep
-    from gpupack.flow.collect import Step, collect
+    from gpupack.sweep.flow.collect import Step, collect
 
     assert sweep.collect is collect and sweep.Step is Step
     with pytest.raises(AttributeError, match="no_such_thing"):

@@ -1,7 +1,7 @@
 """One training spread over k devices, as its processes see it: where each process stands (:class:`Placement`, in its
 worker spec) and the calls the workload makes (:class:`Spread`, ``ctx.spread``). The strategies that fill them in
-are :mod:`gpupack.spread`'s; these two sit at the bottom so that a training's process can hold them without the pack's
-side."""
+are :mod:`gpupack.job.spread`'s; these two sit at the bottom so that a training's process can hold them without the
+pack's side."""
 from __future__ import annotations
 
 import contextlib

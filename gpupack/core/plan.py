@@ -101,7 +101,7 @@ class Pack:
     index: int
     trainings: tuple[Training, ...]
     probe: bool = False  # a data-loader-only probe: measured alone (N=1), kept out of the packing table
-    # One training spread over k devices (spread.devices): k, and the strategy module (gpupack/spread/) that runs
+    # One training spread over k devices (spread.devices): k, and the strategy module (gpupack/job/spread/) that runs
     # it; ``mode`` is then the strategy's label (ddp-gloo, mirrored). 1 and None: N trainings on one device.
     devices: int = 1
     spread: str | None = None
@@ -436,7 +436,7 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: M
 
     ``stream_jobs`` (K): each (partition, mode, N) runs the grid once as K streaming lanes (:func:`stream_lanes`)
     instead of whole packs: no filler, no repeats (a production run, not a measurement); with ``cost`` (a training's
-    relative length, :meth:`gpupack.workload.Workload.cost`) known for every training, longest first.
+    relative length, :meth:`gpupack.core.workload.Workload.cost`) known for every training, longest first.
     """
     points = expand_grid(grid) if points is None else list(points)  # points: a part of the grid (what is left)
     if not points:
@@ -559,10 +559,10 @@ def in_rounds(packs: Sequence[Pack], seed: int = 0) -> list[Pack]:
     each round runs its packs in a seeded random order (a randomized block design: what drifts over the run, a
     neighbour's job, a GPU's clocks, cannot line up with N). A group of n packs has them evenly spaced and centred
     over the rounds (:func:`spaced_rounds`), never two in one round. The smallest N of a grid has the most packs, so
-    it is in every round: the reference each pack is compared with, in its round (:mod:`gpupack.analysis.choose`);
-    a group's k-th pack holds the grid's points from k N on and lands near round k N + (N - 1) / 2, so where N divides
-    a grid as long as the rounds, the reference's pack in its round trains one of its points: a round pairs like with
-    like. Pure; seeded."""
+    it is in every round: the reference each pack is compared with, in its round
+    (:mod:`gpupack.results.analysis.choose`); a group's k-th pack holds the grid's points from k N on and lands near
+    round k N + (N - 1) / 2, so where N divides a grid as long as the rounds, the reference's pack in its round trains
+    one of its points: a round pairs like with like. Pure; seeded."""
     groups: dict[tuple[str, str, int, int, int | None], list[Pack]] = {}
     for p in packs:  # a set-up of the reference (its threads) is a group of its own: one pack of it a round
         groups.setdefault((p.partition, p.mode, p.factor, p.devices, p.threads), []).append(p)

@@ -1,5 +1,5 @@
 """Modes, strategies, backends and workloads are found by module name, one module each in their package
-(``gpupack/pack/<mode>.py`` exposing ``PACKER``, ...). These are the registry's two steps every package shares; each
+(``gpupack/job/pack/<mode>.py`` exposing ``PACKER``, ...). These are the registry's two steps every package shares; each
 package imports its own modules itself (``importlib.import_module(f"{__name__}.{name}")``), so the check of imports by
 name against the layers (tests/dynamic_imports.py) reads where each one goes."""
 from __future__ import annotations

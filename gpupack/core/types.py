@@ -17,7 +17,7 @@ class TrainingOutcome:
     exit_code: int | None  # None when the training did not run as its own process
     signal: int | None = None
     error: str | None = None  # last lines of the training's stderr or exception
-    # What the training reported (gpupack.runtime.worker.TrainingResult; None if it never finished).
+    # What the training reported (gpupack.job.runtime.worker.TrainingResult; None if it never finished).
     result: Mapping[str, object] | None = None
     extra: dict[str, object] = field(default_factory=dict)  # the record's fields a mode adds (timed_out, ...)
 
@@ -90,7 +90,7 @@ class PackSettings:
     # on the shared filesystem instead of five per training. Set by the backend for the lanes it deals.
     fold: bool = False
     # The share of a GPU's memory a pack's trainings may fill together (packing.memory_fraction), split among them
-    # and enforced per training (gpupack.runtime.memshare); None: packing.memory_share=off.
+    # and enforced per training (gpupack.job.runtime.memshare); None: packing.memory_share=off.
     memory_share: float | None = None
     # A training whose setting was measured gets its peak x (1 + this) instead, where they fit
     # (packing.memory_margin: gpupack.core.memory.figures.memory_shares).

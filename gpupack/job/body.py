@@ -38,6 +38,7 @@ from gpupack.core.store.rundir import Holder, RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.errors import RunDirError
 from gpupack.job.oom import mark_victims, memory_fit, skip_of
+from gpupack.job.pack import LaneSetUp, PackContext, Packer, Stream, load_packer, threads_for, work_prefix
 from gpupack.job.peaks import PeakBook, job_device
 from gpupack.job.records import (
     OnDevice,
@@ -48,12 +49,11 @@ from gpupack.job.records import (
     skipped_training_record,
     write_pack_record,
 )
-from gpupack.pack import LaneSetUp, PackContext, Packer, Stream, load_packer, threads_for, work_prefix
-from gpupack.runtime.jobenv import JobEnvironment, job_cores
-from gpupack.runtime.monitor import DeviceInfo, detect_device, first_visible, visible_devices
-from gpupack.runtime.oom import note_oom_kill, oom_kill_count
-from gpupack.runtime.sampler import Sampler
-from gpupack.spread import Strategy, load_strategy
+from gpupack.job.runtime.jobenv import JobEnvironment, job_cores
+from gpupack.job.runtime.monitor import DeviceInfo, detect_device, first_visible, visible_devices
+from gpupack.job.runtime.oom import note_oom_kill, oom_kill_count
+from gpupack.job.runtime.sampler import Sampler
+from gpupack.job.spread import Strategy, load_strategy
 
 
 def choose_device(preference: str, info: DeviceInfo) -> str:

@@ -19,8 +19,8 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import PackAttempt, pack_lock
 from gpupack.job.records import move_aside
+from gpupack.job.runtime.jobenv import JobEnvironment
 from gpupack.job.stream import Lane, admission_inputs
-from gpupack.runtime.jobenv import JobEnvironment
 
 # The kind of lane a streaming pack is (gpupack.search.lane.lane_kind: a search's, or a queue's).
 LaneKind = Callable[[Pack], type[Lane]]
@@ -62,7 +62,7 @@ def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
         move_aside(run, pack_id, run.pack_record(pack_id))
         first: list[Training] = []
         while len(first) < pack.factor and isinstance(training := lane.next(), Training):
-            first.append(training)  # the rest of the slots wait for memory in the mode (gpupack.pack.Stream)
+            first.append(training)  # the rest of the slots wait for memory in the mode (gpupack.job.pack.Stream)
         attempt = PackAttempt(run, plan, settings, job, RunRecords(run, Folded()))
         rec = attempt.execute(pack, first, stream=lane,
                               extra={"stream": pack.stream, "lane": pack.index, "released": list(released),

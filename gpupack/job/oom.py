@@ -1,4 +1,4 @@
-"""A pack's out-of-memory path in the job, beside the supervisor's (:mod:`gpupack.runtime.oom` tells an OOM from a
+"""A pack's out-of-memory path in the job, beside the supervisor's (:mod:`gpupack.job.runtime.oom` tells an OOM from a
 training's end): a pack that would not fit its device's memory skipped and its trainings refit at the largest N that
 fits (:func:`memory_fit`, :func:`skip_of`), the trainings a neighbour's fault took down marked as its victims
 (:func:`mark_victims`), and an OOM SLURM tells after the job recorded on the trainings it killed

@@ -35,8 +35,8 @@ from gpupack.core.store.journal import TRAINING, journal_entries
 from gpupack.core.store.records import COMPLETED
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
-from gpupack.runtime.monitor import detect_device
-from gpupack.workloads import load_workload
+from gpupack.job.runtime.monitor import detect_device
+from gpupack.job.workloads import load_workload
 
 SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to peak alike
 

@@ -38,9 +38,9 @@ from gpupack.core.store.records import (
 )
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings, TrainingOutcome
-from gpupack.runtime.jobenv import JobEnvironment
-from gpupack.runtime.monitor import DeviceInfo
-from gpupack.runtime.oom import OOM_KILLED_BY, ran_out_of_memory
+from gpupack.job.runtime.jobenv import JobEnvironment
+from gpupack.job.runtime.monitor import DeviceInfo
+from gpupack.job.runtime.oom import OOM_KILLED_BY, ran_out_of_memory
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,10 @@ from gpupack.core.store.records import (
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import choose_device
+from gpupack.job.pack import WAIT, Curve, Wait
 from gpupack.job.records import as_victim, move_aside, rebuild_pack_record
-from gpupack.pack import WAIT, Curve, Wait
-from gpupack.runtime.monitor import detect_device, free_memory_mb
-from gpupack.workloads import load_workload
+from gpupack.job.runtime.monitor import detect_device, free_memory_mb
+from gpupack.job.workloads import load_workload
 
 # A waiting slot measures the device's free memory again at most this often (seconds), or as soon as a training ends.
 RECHECK_S = 0.5
@@ -70,7 +70,7 @@ SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to p
 @dataclass(frozen=True)
 class AdmissionInputs:
     """What a lane admits its trainings by (packing.admission): the device's free memory now (MB; the one seam,
-    :func:`gpupack.runtime.monitor.free_memory_mb`, which tests fake), the lane's budget, whether its trainings peak
+    :func:`gpupack.job.runtime.monitor.free_memory_mb`, which tests fake), the lane's budget, whether its trainings peak
     on a GPU (their GPU memory counts) or a CPU (their resident memory), and the peaks earlier records of each
     setting reached."""
 
@@ -120,7 +120,7 @@ def out_of_time(limit_s: float | None, elapsed_s: float, estimate_s: float | Non
 
 
 class Lane:
-    """The claims of one lane: :meth:`next` is what a freed slot takes (a :class:`gpupack.pack.Stream`)."""
+    """The claims of one lane: :meth:`next` is what a freed slot takes (a :class:`gpupack.job.pack.Stream`)."""
 
     def __init__(self, run: RunDir, plan: Plan, pack: Pack, holder: Claimant, settings: PackSettings,
                  clock: Callable[[], float] = time.time, started: float | None = None,
@@ -306,7 +306,7 @@ class Lane:
     def judge(self, rec: dict[str, object]) -> dict[str, object]:
         """A training's record as it ended, before it is written: a victim of a neighbour's fault on this lane's
         device (gpupack.core.memory.victims) is recorded as such and run again once, by this lane. A plain dict, as
-        the Stream protocol (gpupack.pack) hands it: the job body built it a TrainingRecord."""
+        the Stream protocol (gpupack.job.pack) hands it: the job body built it a TrainingRecord."""
         training = cast(TrainingRecord, rec)
         tid = str(training["training_id"])
         culprit = culprit_of(training, self.ended_recs) if tid not in self.ran_again else None

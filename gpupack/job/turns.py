@@ -29,10 +29,10 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
 from gpupack.job.lanes import LaneKind, queue_lane, run_lane
+from gpupack.job.pack import LaneSetUp
 from gpupack.job.peaks import PeakBook, job_device
+from gpupack.job.runtime.jobenv import JobEnvironment
 from gpupack.job.stream import out_of_time
-from gpupack.pack import LaneSetUp
-from gpupack.runtime.jobenv import JobEnvironment
 
 
 class InTurn(TypedDict):

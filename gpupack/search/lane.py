@@ -29,9 +29,9 @@ from gpupack.core.store.records import COMPLETED, VICTIM
 from gpupack.core.store.records import PRUNED as PRUNED_STATUS
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
+from gpupack.job.pack import WAIT, Curve, Wait
 from gpupack.job.records import move_aside
 from gpupack.job.stream import RECHECK_S, AdmissionInputs, Lane
-from gpupack.pack import WAIT, Curve, Wait
 from gpupack.search.study import (
     COMPLETE,
     FAILED,
@@ -57,7 +57,7 @@ def lane_kind(pack: Pack) -> type[Lane]:
 
 
 class TrialCurve:
-    """Trial ``number``'s curve, given to the study by its lane (:class:`gpupack.pack.Curve`)."""
+    """Trial ``number``'s curve, given to the study by its lane (:class:`gpupack.job.pack.Curve`)."""
 
     def __init__(self, study: Study, number: int, metric: str, pattern: str | None) -> None:
         self.study, self.number, self.metric, self.pattern = study, number, metric, pattern
@@ -135,8 +135,8 @@ class SearchLane(Lane):
     # ---- what a search's lane changes of the one runner (gpupack.job.lanes.run_lane) ----
 
     def drained(self) -> bool:
-        """The study has no trial left to ask or tell (gpupack.flow.run.packs_to_run): the lane's record is the one
-        its last run wrote, or, lost, one rebuilt from its trials' records."""
+        """The study has no trial left to ask or tell (gpupack.sweep.flow.run.packs_to_run): the lane's record is the
+        one its last run wrote, or, lost, one rebuilt from its trials' records."""
         return not search_left(self.run.study)
 
     def ran_here(self, plan: Plan) -> list[tuple[str, str]]:

@@ -42,8 +42,8 @@ from gpupack.core.types import (
 from gpupack.errors import ConfigError, SubmissionError
 from gpupack.job.body import run_pack
 from gpupack.job.lanes import run_lane
+from gpupack.job.runtime.jobenv import JobEnvironment
 from gpupack.job.turns import InTurn, run_in_turn
-from gpupack.runtime.jobenv import JobEnvironment
 
 
 @dataclass
@@ -133,8 +133,8 @@ class Submitter(ABC, Generic[ConfigT]):
         # One training's host memory figure, set by prepare: its MB and where it was measured (earlier records on the
         # partitions' device), or, not measured, what the records held instead; sizes memory requests and says why.
         self.measured_host_mb: Figure | None = None
-        # The run directory's lock, held by the command that runs the packs (set by gpupack.flow.run.run_plain): the
-        # local backend's jobs hold it with it (RunLock says why)
+        # The run directory's lock, held by the command that runs the packs (set by gpupack.sweep.flow.run.run_plain):
+        # the local backend's jobs hold it with it (RunLock says why)
         self.lock: RunLock | None = None
 
     def key(self, name: str) -> str:

@@ -27,8 +27,8 @@ from gpupack.core.store.rundir import RunDir, check_name
 from gpupack.core.types import PENDING, RUNNING, Capacity, JobForecast, PackResult, PackSettings
 from gpupack.core.waits import close_fd, pidfd, wait_readable
 from gpupack.errors import ConfigError
-from gpupack.runtime.jobenv import JobEnvironment, job_cores
-from gpupack.runtime.monitor import detect_device, gpu_count
+from gpupack.job.runtime.jobenv import JobEnvironment, job_cores
+from gpupack.job.runtime.monitor import detect_device, gpu_count
 from gpupack.submit import (
     ClusterConfig,
     PackJob,

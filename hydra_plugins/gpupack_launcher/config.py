@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 class BaseGpupackConf:
     # Jobs that share one GPU (one array task per pack); 1 is one job per GPU, as hydra-submitit-launcher does.
     pack: int = 1
-    # How the jobs of a pack share the GPU: a module under gpupack/pack/ that hosts any program (process).
+    # How the jobs of a pack share the GPU: a module under gpupack/job/pack/ that hosts any program (process).
     mode: str = "process"
     # auto/on: each pack job is a streaming lane of `pack` slots, and a slot whose job ends takes the next job of the
     # batch at once (no slot waits for the pack's slowest job); off: whole packs of `pack` jobs, one after another.

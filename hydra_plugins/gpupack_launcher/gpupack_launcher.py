@@ -2,7 +2,7 @@
 
 Kept light: Hydra imports every module of a plugin package when it looks for plugins (without registering them
 in sys.modules, so no ``from __future__ import annotations`` here), so gpupack's machinery lives in
-:mod:`gpupack.hydra_launch` and :mod:`gpupack.runtime.hydra_job` and is imported only when a multirun launches.
+:mod:`gpupack.hydra_launch` and :mod:`gpupack.job.runtime.hydra_job` and is imported only when a multirun launches.
 """
 from typing import Any, ClassVar, Dict, Sequence
 

@@ -350,7 +350,7 @@ def _sampled_peaks(run: Path, folded: Folded) -> dict[str, Peaks]:
 class MemoryShare:
     """One training's share of its device's memory (``packing.memory_share``): ``fraction`` of the device and its
     ``mb``, and where it comes from (``source``, in words). Enforced in the training's process where the platform can
-    (gpupack.runtime.memshare)."""
+    (gpupack.job.runtime.memshare)."""
 
     fraction: float
     mb: float

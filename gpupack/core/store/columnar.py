@@ -1,9 +1,9 @@
 """The columnar file of a pack: its trainings' flat rows in one file (``packs/<id>/trainings.arrows``).
 
 A record format, below every layer that uses it: the pack's job writes it (:func:`write_columnar`, once its pack
-record is written), :mod:`gpupack.analysis` reads it (:class:`ColumnarReader`), and both turn records into the same
-flat rows (:func:`flatten`, :func:`flatten_pack`, :func:`split_rows`), so a pack read from its file or from its JSON
-records gives the same frame.
+record is written), :mod:`gpupack.results.analysis` reads it (:class:`ColumnarReader`), and both turn records into the
+same flat rows (:func:`flatten`, :func:`flatten_pack`, :func:`split_rows`), so a pack read from its file or from its
+JSON records gives the same frame.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ FLAT = {
     "curve": ("throughput", "curve"),
     "val_accuracy": ("metrics", "val_accuracy"), "train_loss": ("metrics", "train_loss"),
     "peak_rss_mb": ("memory", "peak_rss_mb"), "peak_gpu_mem_mb": ("memory", "peak_gpu_mem_mb"),
-    # one training spread over k devices: what its strategy measured (gpupack/spread/)
+    # one training spread over k devices: what its strategy measured (gpupack/job/spread/)
     "allreduce_bytes_per_step": ("spread", "allreduce_bytes_per_step"),
     "allreduce_s_per_step": ("spread", "allreduce_s_per_step"), "replicas": ("spread", "replicas"),
 }
@@ -35,14 +35,14 @@ NESTED = {"timings", "throughput", "metrics", "memory", "spread"}
 # Pack record: the sampler's summary, flattened (its raw samples stay in pack.json).
 PACK_FLAT = ("source", "note", "gpu_util_mean", "gpu_util_max", "gpu_mem_used_peak_mb", "gpu_mem_total_mb",
              "cpu_percent_mean", "overhead_cpu_s", "overhead_fraction",
-             # the load from outside the job while the pack ran (gpupack.runtime.foreign): analysis.disturbance
+             # the load from outside the job while the pack ran (gpupack.job.runtime.foreign): analysis.disturbance
              "foreign_cpu_cores_mean", "foreign_cpu_cores_max", "foreign_measured_s", "host_cores", "job_cores",
              "foreign_gpu_procs_max", "foreign_gpu_mem_mb_max")
 
 # packs/<id>/trainings.arrows: an Arrow IPC stream of one batch, the columns that vary between the pack's trainings
 # (pyarrow.ipc.open_stream reads it), then JSON: the pack record's flat row, the number of trainings, and the value of
 # each column every training of the pack shares (its sweep, partition, device...: one value, not N). Written by the
-# pack's job (write_columnar); read by gpupack.analysis.load (ColumnarReader). Its name:
+# pack's job (write_columnar); read by gpupack.results.analysis.load (ColumnarReader). Its name:
 # gpupack.core.store.rundir.COLUMNAR.
 JSON_PREFIX = "json:"  # a column of lists, dicts or mixed types: JSON text under this prefix in the columnar file
 _META_SCHEMA = b"gpupack.schema"

@@ -51,7 +51,7 @@ class Memory(TypedDict, total=False):
 
 
 class Peaks(TypedDict, total=False):
-    """The sampler's figures of one training (gpupack.runtime.sampler.Sampler.figures)."""
+    """The sampler's figures of one training (gpupack.job.runtime.sampler.Sampler.figures)."""
 
     peak_rss_mb: float | None
     cpu_percent_mean: float | None
@@ -60,7 +60,7 @@ class Peaks(TypedDict, total=False):
 
 
 class Sampled(TypedDict, total=False):
-    """What the sampler said of a pack (its record's ``sampler``: gpupack.runtime.sampler.Sampler.report); the
+    """What the sampler said of a pack (its record's ``sampler``: gpupack.job.runtime.sampler.Sampler.report); the
     foreign load's figures are read with ``.get``."""
 
     source: str | None

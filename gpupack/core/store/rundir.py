@@ -242,7 +242,7 @@ class RunDir:
     # ---------------- rounds measured again (packing.remeasure) ----------------
 
     def again(self, k: int) -> RunDir:
-        """The k-th measurement again of this run's disturbed rounds (gpupack.flow.run.measure_again)."""
+        """The k-th measurement again of this run's disturbed rounds (gpupack.sweep.flow.run.measure_again)."""
         return RunDir(self.root / AGAIN / f"{k:02d}")
 
     def agains(self) -> list[Path]:

@@ -1,0 +1,319 @@
+"""Packing modes: how N trainings share one device inside one job.
+
+Each mode is one module ``gpupack/job/pack/<mode>.py`` exposing ``PACKER``, a :class:`Packer`. Modes
+never know about SLURM; the job body (:mod:`gpupack.job.body`) hands them the trainings and writes
+the records from what they return.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence, TypeVar, cast
+
+from gpupack.core.memory.figures import MemoryShare
+from gpupack.core.placement import Placement
+from gpupack.core.plan import Pack, Training
+from gpupack.core.registry import exported, module_names, require_known
+from gpupack.core.store.rundir import RunDir, check_name
+from gpupack.core.types import Capacity, Options, PackSettings, TrainingOutcome
+from gpupack.core.workload import Workload
+
+if TYPE_CHECKING:  # a training's spec, as the worker reads it
+    from gpupack.job.runtime.worker import WorkerSpec
+
+
+class Wait:
+    """What a stream answers a freed slot when the next training does not fit the device's memory yet (packing.
+    admission): ask again as another training ends, or after a short while."""
+
+    def __repr__(self) -> str:
+        return "WAIT"
+
+
+WAIT = Wait()
+T = TypeVar("T")
+
+
+class Curve(Protocol):
+    """Where a streamed training's intermediate values go, and who may stop it for them: a search's trial's study,
+    which its lane alone opens (gpupack.search.lane). The packer reads the values (its program's printed ones, or
+    those its process reports: gpupack.core.store.curves) and answers the training with :meth:`report`'s verdict."""
+
+    metric: str  # what the study ranks trials by: a Python training reports a curve of it (TrainingContext.ranks_by)
+    pattern: str | None  # search.intermediate: a regular expression whose group is a value in its stdout; None: none
+
+    def report(self, step: int, value: float, prune: bool = True) -> bool:
+        """The value at ``step``, given to the study; True: its pruner stops the training now (never without
+        ``prune``: what a program printed before it ended)."""
+
+
+class Stream(Protocol):
+    """Where a streaming lane's freed slots take their next training (gpupack.job.stream.Lane)."""
+
+    @property
+    def queue(self) -> Sequence[Training]:
+        """Every training of the queue (what a fork server preloads for: any of them may come to this lane)."""
+
+    def next(self) -> Training | Wait | None:
+        """The next training this lane claimed; :data:`WAIT`: none fits the memory free now (ask again); None: the
+        queue is drained (or the lane stops claiming)."""
+
+    def ended(self, training_id: str, wall_s: float) -> None:
+        """A training of this lane ended after ``wall_s`` (before its slot asks for the next)."""
+
+    def home(self, training_id: str) -> str:
+        """The lane the plan dealt the training to: its record's identity (``home``), whichever lane runs it."""
+
+    def where(self, training_id: str) -> str:
+        """The pack whose folder holds the training's record and logs while it runs."""
+
+    def curve(self, training_id: str) -> Curve | None:
+        """Where the training's curve goes (a search's trial); None: it reports none."""
+
+    def judge(self, rec: dict[str, object]) -> dict[str, object]:
+        """The training's record as it ended, before it is written: the lane may tell it a victim of a neighbour's
+        fault (and run it again)."""
+
+    def recorded(self, training_id: str) -> None:
+        """The training's record is written (the lane may fold it now)."""
+
+
+class LaneSetUp:
+    """What the packs a lane runs one after another on one device share: what a mode starts once for them all and
+    keeps between them (process mode: its preloaded fork server), closed when the lane ends. A pack's wall counts from
+    its first training's start, so what a mode starts here is the lane's set-up, paid once, as a job start is.
+    ``trainings``: every training of the lane's packs (what a shared server preloads for)."""
+
+    def __init__(self, run: RunDir, lane: str, trainings: Sequence[Training] = ()) -> None:
+        self.run, self.lane, self.trainings = run, lane, list(trainings)
+        self._kept: dict[Hashable, object] = {}
+        self._closers: dict[Hashable, Callable[[], None]] = {}
+        self._logs: list[Path] = []
+
+    def log(self, name: str) -> Path:
+        """Where a shared process of the lane logs (lanes/<lane>.<name>.err): no pack's folder, which a lane that
+        folds removes while the process still runs; removed at the lane's end if nothing was written."""
+        path = self.run.lanes / f"{check_name('lane', self.lane)}.{check_name('name', name)}.err"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._logs.append(path)
+        return path
+
+    def get(self, key: Hashable, make: Callable[[], T], close: Callable[[T], None] | None = None,
+            alive: Callable[[T], bool] | None = None) -> T:
+        """What ``make`` made the first time ``key`` was asked for in this lane (``close`` it at the lane's end); made
+        again where ``alive`` says the one kept is not (a server that died: the next pack gets a new one)."""
+        if key in self._kept and alive is not None and not alive(cast(T, self._kept[key])):
+            self._closers.pop(key, lambda: None)()
+            del self._kept[key]
+        if key not in self._kept:
+            made = self._kept[key] = make()
+            if close is not None:
+                self._closers[key] = lambda: close(made)
+        return cast(T, self._kept[key])  # made by a ``make`` of T: one key, one kind
+
+    def close(self) -> None:
+        try:
+            while self._closers:
+                self._closers.popitem()[1]()
+        finally:
+            for path in self._logs:
+                if path.is_file() and path.stat().st_size == 0:
+                    path.unlink()
+
+    def __enter__(self) -> "LaneSetUp":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class PackContext:
+    run: RunDir
+    pack: Pack
+    device: str  # "cpu" or "cuda"
+    threads: int  # per training
+    env: Mapping[str, str]  # the job's environment, which trainings inherit
+    settings: PackSettings | None = None  # the sweep's (mode options: mps, TF memory budget, ...)
+    gpu_memory_total_mb: float | None = None  # the job's GPU, from NVML; None on a CPU
+    warmup_steps: int = 10
+    # Per-training limits (None: none): wall time, and address space (RLIMIT_AS) so one training cannot
+    # take the host's memory from the others.
+    training_timeout_s: float | None = None
+    memory_limit_bytes: int | None = None
+    # Called as each training ends, so its record is written at once and survives a later kill or requeue.
+    on_finished: Callable[["TrainingOutcome"], None] = lambda outcome: None
+    # Called with (training id, pid) as each training's process starts, so the sampler can follow it.
+    on_started: Callable[[str, int], None] = lambda training_id, pid: None
+    # One training spread over k devices (gpupack/job/spread/): where it runs (strategy, k, device); None: packing.
+    spread: Placement | None = None
+    # A streaming lane (packing.stream): its slots take their next training from here as they free.
+    stream: Stream | None = None
+    # Each training's share of the GPU's memory (packing.memory_share: memory_fraction / N), which process mode
+    # gives each child to enforce (gpupack.job.runtime.memshare); None: off, a CPU, or a spread training.
+    memory_share: MemoryShare | None = None
+    # A training's own share where it is not the equal split (by id: what earlier records measured of its setting,
+    # gpupack.core.memory.figures.memory_shares); the others get ``memory_share``.
+    memory_shares: Mapping[str, MemoryShare] = field(default_factory=dict)
+    # What the lane's packs on this device share (a fork server kept between them); None: the pack runs alone.
+    set_up: LaneSetUp | None = None
+    # The job's own temporary space (JobEnvironment.temp_dir): MPS's pipes, DDP's rendezvous.
+    tmp_dir: str = field(default_factory=tempfile.gettempdir)
+    # Where the trainings' specs and results go while the pack runs: a folder of the job's own node-local space, made
+    # and removed by the job body, so the shared filesystem holds no file per training for them; None (a context built
+    # outside a job body): the pack's folder.
+    work_dir: str | None = None
+
+    def share_of(self, training_id: str) -> MemoryShare | None:
+        """The training's share of the GPU's memory (None: none)."""
+        return self.memory_shares.get(training_id, self.memory_share)
+
+    def home(self, training_id: str) -> str:
+        """The pack whose folder holds the training's record and logs: the pack's, or where its stream says."""
+        return self.stream.where(training_id) if self.stream is not None else self.pack.pack_id
+
+    def work(self, name: str, what: str) -> Path:
+        """The spec, result or error file of ``name`` (a training, a DDP rank, a host process) while the pack runs."""
+        if self.work_dir is None:
+            return self.run.work(self.home(name), name, what)
+        return work_file(self.work_dir, name, what)
+
+
+def work_prefix(pack_id: str) -> str:
+    """The name a pack's node-local work folder starts with (the job's temporary space: tempfile.mkdtemp's prefix)."""
+    return f"gpupack-{pack_id}-"
+
+
+def work_file(work_dir: Path | str, name: str, what: str) -> Path:
+    """``name``'s spec, result or error file in a pack's work folder. Pure."""
+    return Path(work_dir) / f"{check_name('training_id', name)}.{what}.json"
+
+
+
+
+class Packer(ABC):
+    name: ClassVar[str]
+    # How the report names this mode beside another (gpupack.results.report): by whether it splits the device (None: by
+    # name), and the matplotlib line style of its curves.
+    split_label: ClassVar[str | None] = None
+    line_style: ClassVar[str] = ":"
+    # True: the trainings of one pack must share a group key (fused: same shapes); the plan groups them up front.
+    groups: ClassVar[bool] = False
+    # True: a slot that frees can take another training while the others run (packing.stream); a mode whose N
+    # trainings share one host process cannot.
+    streams: ClassVar[bool] = False
+    # True: a pack of one is one training in a process of its own, as it runs alone: what a data-loader probe
+    # (sweep.loader_probe) runs in (:func:`solo_mode`).
+    solo: ClassVar[bool] = False
+    # The mode's own options: a dataclass whose fields are packing.<mode>.<field> (None: the mode has none).
+    Options: ClassVar[type[Options] | None] = None
+
+    def check(self, workload: Workload, factor: int, capacity: Capacity, settings: PackSettings) -> None:
+        """Refuse, before submission, a workload, N or option this mode cannot host (raise ConfigError)."""
+
+    def group_key(self, workload: Workload, params: Mapping[str, object]) -> Hashable:
+        """With ``groups``: the key trainings of one pack share (raise ConfigError for a training it cannot host)."""
+        return None
+
+    def start_note(self, workload: Workload, params: Sequence[Mapping[str, object]], settings: PackSettings) -> str:
+        """How this mode starts a pack's trainings, for the run's header: one line, fresh or forked and why."""
+        return f"one process per pack hosts its N trainings ({self.name})"
+
+    def watches_mps(self, settings: PackSettings) -> bool:
+        """True when, with these settings (its ``Options`` in them), this mode runs a pack's trainings under CUDA MPS:
+        the job's sampler then lists the MPS clients."""
+        return False
+
+    @abstractmethod
+    def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
+        """Start all trainings at once on ctx.device, wait for all, and say how each ended.
+
+        Call ctx.on_started(training_id, pid) as each starts and ctx.on_finished(outcome) as each ends. One
+        training failing must never stop the others.
+        """
+
+
+
+def available_modes() -> list[str]:
+    return module_names(__path__)
+
+
+def solo_mode() -> str:
+    """The mode whose pack of one is a training alone in its own process (``Packer.solo``)."""
+    solo = [mode for mode in available_modes() if load_packer(mode).solo]
+    if len(solo) != 1:
+        raise TypeError(f"exactly one packing mode may say solo = True, not {solo}")
+    return solo[0]
+
+
+def load_packer(mode: str, key: str = "packing.modes") -> Packer:
+    require_known(mode, available_modes(), key, "packing mode")
+    # an abstract class as the kind to check against (python/mypy#4717)
+    return exported(importlib.import_module(f"{__name__}.{mode}"), "PACKER", Packer)  # type: ignore[type-abstract]
+
+
+def threads_for(cores: int, factor: int, override: int | None = None) -> int:
+    """Threads per training: the override, else the job's cores shared out (never oversubscribed)."""
+    return override if override else max(1, cores // factor)
+
+
+# What a training of process mode is told of its pack: how many trainings share its device (N; a lane's slots).
+PACK_SIZE_ENV = "GPUPACK_N"
+
+
+def worker_env(base: Mapping[str, str], threads: int) -> dict[str, str]:
+    """The environment of one training process: the job's, with thread pools capped to its share."""
+    env = dict(base)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        env[var] = str(threads)
+    env["PYTHONUNBUFFERED"] = "1"
+    # TensorFlow in process mode must not reserve the whole GPU: otherwise the second of N trainings fails
+    # with CUDA out-of-memory. Harmless to torch.
+    env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+    return env
+
+
+TIMED_OUT = "stopped after packing.training_timeout_s; "
+
+
+def ended_outcome(training_id: str, started: float, ended: float, code: int | None, *, error: str | None,
+                  result: Mapping[str, object] | None, timed_out: bool = False,
+                  extra: Mapping[str, object] | None = None) -> TrainingOutcome:
+    """How a training's child ended, as its outcome: the one builder for process mode's training, a DDP training's
+    ranks and a host's trainings. ``code``: the child's exit status (< 0: killed by that signal; None: it never
+    started); ``error``: what the child's end says (None where it exited 0); a child that exited 0 with no result
+    failed; a time-out says so first. Pure."""
+    if code == 0 and error is None and result is None:
+        error = "exited 0 but wrote no result"
+    if timed_out:
+        error = TIMED_OUT + (error or "")
+    signal = -code if code is not None and code < 0 else None
+    return TrainingOutcome(training_id, started, ended, code, signal, error, result,
+                           extra={"timed_out": timed_out, **(extra or {})})
+
+
+def start_failure(argv: Sequence[str], cwd: str | None, error: OSError) -> str:
+    """Why a child's program could not start. Pure."""
+    if cwd and not os.path.isdir(cwd):
+        return f"could not start {argv[0]!r}: its working directory {cwd!r} does not exist"
+    return f"could not start {argv[0]!r}: {error.strerror or error}"
+
+
+def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> WorkerSpec:
+    spec: WorkerSpec = {
+        "workload": training.workload,
+        "params": dict(training.params),
+        "device": ctx.device,
+        "threads": ctx.threads,
+        "warmup_steps": ctx.warmup_steps,
+        "spawned_at": spawned_at,
+        "result_path": str(ctx.work(training.training_id, "result")),
+        "logs": [str(ctx.run.log(ctx.home(training.training_id), training.training_id, s)) for s in ("out", "err")],
+    }
+    if ctx.spread is not None:
+        spec["spread"] = ctx.spread.to_json()
+    return spec

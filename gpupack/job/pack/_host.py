@@ -1,0 +1,116 @@
+"""One process hosts all N trainings of a pack (tf_logical: one TF process, N logical devices; fused: one torch
+process, N models batched as one): the helper both modes share to start that host, follow each training's result
+as it lands, stop it past its time limit, and record what it never finished.
+
+The host is ``python -m <module> SPEC.json`` (SPEC: {"trainings": [worker specs...], ...}); it writes each
+training's result (the worker's schema) or error file, so one training failing never hides the others'.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from gpupack.core.plan import Training
+from gpupack.core.store.records import read_json, write_json_atomic
+from gpupack.core.types import TrainingOutcome
+from gpupack.errors import ConfigError
+from gpupack.job.pack import PackContext, ended_outcome, worker_env, worker_spec
+from gpupack.job.runtime.supervisor import ChildSpec, Supervisor, tail
+
+if TYPE_CHECKING:  # a hosted training's spec, as the host reads it
+    from gpupack.job.runtime.worker import HostedSpec
+
+
+def host_specs(trainings: Sequence[Training], ctx: PackContext, spawned: float,
+               devices: Sequence[str] | None = None) -> list[HostedSpec]:
+    """Each training's worker spec, with where its error goes and (tf_logical) its device."""
+    specs = []
+    for i, t in enumerate(trainings):
+        spec: HostedSpec = {**worker_spec(t, ctx, spawned), "training_id": t.training_id,
+                            "error_path": str(ctx.work(t.training_id, "error"))}
+        if devices is not None:
+            spec["device"] = devices[i]
+        Path(spec["result_path"]).unlink(missing_ok=True)
+        Path(spec["error_path"]).unlink(missing_ok=True)
+        specs.append(spec)
+    return specs
+
+
+LIMIT_KEY = "packing.memory_limit_gb_per_training"
+
+
+def refuse_rlimit_on_gpu(mode: str, limit_gb: float | None) -> None:
+    """RLIMIT_AS on a GPU job: CUDA reserves far more address space than memory it uses (TensorFlow's allocator and
+    the unified address space), so an address-space limit sized to host memory makes CUDA fail to start."""
+    if limit_gb:
+        raise ConfigError(LIMIT_KEY, limit_gb, f"{mode} on a GPU cannot run under an address-space limit "
+                          "(RLIMIT_AS): CUDA reserves more address space than any host-memory figure",
+                          "leave it null on GPU jobs: SLURM's cgroup already caps the job's host memory at the --mem "
+                          "it asks for (cluster.mem_gb_per_training per training)")
+
+
+def pack_memory_limit(per_training_bytes: int | None, n: int) -> int | None:
+    """The address-space limit of the one host process of n trainings: n x one training's figure. Pure."""
+    return per_training_bytes * n if per_training_bytes else None
+
+
+def run_host(module: str, name: str, specs: list[HostedSpec], ctx: PackContext, spawned: float,
+             extra: Mapping[str, object] | None = None) -> list[TrainingOutcome]:
+    """Start ``python -m module`` on the pack's specs under a supervisor and follow it to its end: each training's
+    outcome as it lands, and for those the host never finished (it died, or was stopped past its time limit) its
+    exit."""
+    run, pack_id = ctx.run, ctx.pack.pack_id
+    n = len(specs)
+    host_spec = ctx.work(name, "spec")
+    write_json_atomic(host_spec, {"threads": ctx.threads * n, "trainings": specs, **(extra or {})})
+    # One process hosts all N: the per-training limit applies N times over. Its time limit counts from the spawn.
+    host = ChildSpec(name, [sys.executable, "-m", module, str(host_spec)], run.log(pack_id, name, "out"),
+                     run.log(pack_id, name, "err"),
+                     worker_env(ctx.env, ctx.threads * n), started_at=spawned,
+                     memory_limit_bytes=pack_memory_limit(ctx.memory_limit_bytes, n))
+    outcomes: dict[str, TrainingOutcome] = {}
+
+    def look() -> None:
+        for spec in specs:
+            tid = spec["training_id"]
+            if tid not in outcomes:
+                outcome = landed(spec, spawned)
+                if outcome is not None:
+                    outcomes[tid] = outcome
+                    ctx.on_finished(outcome)
+
+    with Supervisor(ctx.training_timeout_s or None) as supervisor:
+        pid = supervisor.start(host).pid
+        if pid is None:  # no interpreter for the host (no memory, no process left): the pack fails, as it always did
+            raise supervisor.children[0].start_error or OSError(f"the {name} process did not start")
+        for spec in specs:
+            ctx.on_started(spec["training_id"], pid)  # one process hosts them all
+        (ended,) = supervisor.follow(on_poll=look)
+    for spec in specs:  # trainings the host never finished: it died, or was stopped
+        tid = spec["training_id"]
+        if tid not in outcomes:
+            code = ended.returncode
+            outcome = landed(spec, spawned) or ended_outcome(
+                tid, spawned, ended.ended_at, code, result=None, timed_out=ended.timed_out,
+                error=tail(ended.err_path) or f"the {name} process exited with code {code}")
+            outcomes[tid] = outcome
+            ctx.on_finished(outcome)
+    return [outcomes[s["training_id"]] for s in specs]
+
+
+def landed(spec: HostedSpec, spawned: float) -> TrainingOutcome | None:
+    """A training's outcome once the host wrote its result or its error; None while it runs."""
+    result_path, error_path = Path(spec["result_path"]), Path(spec["error_path"])
+    logical = str(spec.get("device", "")).startswith("/device:")
+    extra: dict[str, object] = {"logical_device": spec["device"]} if logical else {}
+    if result_path.exists():
+        result = read_json(result_path)
+        # Started when the shared host was spawned: its start-up is every training's, as in process mode.
+        return TrainingOutcome(spec["training_id"], spawned, result["timings"]["finished"], 0, None, None,
+                               result, extra=extra)
+    if error_path.exists():
+        error = read_json(error_path)
+        return TrainingOutcome(spec["training_id"], spawned, error["ended"], 1, None, error["error"], None,
+                               extra=extra)
+    return None

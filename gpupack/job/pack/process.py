@@ -1,0 +1,343 @@
+"""Process packing ("no split"): N trainings as N OS processes on the same device.
+
+On a GPU node every process sees the job's CUDA_VISIBLE_DEVICES, so all N share the one GPU; on a CPU
+each gets its share of the cores (see :func:`gpupack.job.pack.threads_for`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from gpupack.core.plan import Training
+from gpupack.core.store.curves import CurveSpec, PrunedAt
+from gpupack.core.store.records import make_dirs, read_json_or_none, write_json_atomic
+from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
+from gpupack.core.workload import Workload
+from gpupack.errors import ConfigError, nearest
+from gpupack.job.pack import (
+    PACK_SIZE_ENV,
+    WAIT,
+    Curve,
+    PackContext,
+    Packer,
+    ended_outcome,
+    start_failure,
+    worker_env,
+    worker_spec,
+)
+from gpupack.job.pack._curve import CurveFollower
+from gpupack.job.runtime.forkserver import ForkServer
+from gpupack.job.runtime.jobenv import job_cpus
+from gpupack.job.runtime.memshare import SHARE_ENV
+from gpupack.job.runtime.mps import MPS_LIMIT_ENV, MPS_PIPE_ENV, mps_daemon
+from gpupack.job.runtime.supervisor import KILL_GRACE_S, Child, ChildExit, ChildSpec, Supervisor, fork_server
+from gpupack.job.workloads import load_workload
+
+
+def cpus_for(cores: Sequence[int], n: int, i: int) -> list[int]:
+    """The cores training ``i`` of ``n`` is bound to: its own contiguous share of the job's cores (the first
+    ``len(cores) % n`` trainings get one more), or one core each, round-robin, when trainings outnumber cores. Pure."""
+    cores = sorted(cores)
+    if n >= len(cores):
+        return [cores[i % len(cores)]]
+    share, extra = divmod(len(cores), n)
+    start = i * share + min(i, extra)
+    return cores[start:start + share + (1 if i < extra else 0)]
+
+
+def start_choice(preference: str, workloads: Sequence[Workload],
+                 params: Sequence[Mapping[str, object]] | None = None) -> tuple[str, str | None]:
+    """fork (one preloaded server forks each training) or fresh (an interpreter per training), and why fresh. Pure."""
+    if preference == "fresh":
+        return "fresh", "packing.process.start=fresh"
+    if len(workloads) != 1:
+        return "fresh", "the pack mixes workloads, and one server preloads one"
+    refusals = sorted({why for p in (params or [{}]) if (why := workloads[0].fork_refusal(p))})
+    return ("fresh", "; ".join(refusals)) if refusals else ("fork", None)
+
+
+def start_method(preference: str, workloads: Sequence[Workload],
+                 params: Sequence[Mapping[str, object]] | None = None) -> str:
+    """fork or fresh (:func:`start_choice`, without the why)."""
+    return start_choice(preference, workloads, params)[0]
+
+
+class _Training:
+    """One training of the pack: its spec and files, the child the supervisor starts for it, and how it ended."""
+
+    def __init__(self, training: Training, ctx: PackContext, workload: Workload, cpus: Sequence[int] | None,
+                 fork_fallback: str | None = None, slot: int = 0) -> None:
+        tid = training.training_id
+        run, pid = ctx.run, ctx.home(tid)  # a streamed training's files live with its records, whoever runs it
+        self.training = training
+        self.slot = slot
+        self.workload = workload
+        self.result_path = ctx.work(tid, "result")
+        spec_path = ctx.work(tid, "spec")
+        err_path = run.log(pid, tid, "err")
+        make_dirs(err_path.parent)
+        self.result_path.unlink(missing_ok=True)  # a result left by an earlier attempt must not count
+        curve = ctx.stream.curve(tid) if ctx.stream is not None else None  # a search's trial: its lane judges it
+        files = curve_files(ctx, tid, curve) if curve is not None else None
+        started_at = time.time()
+        spec = worker_spec(training, ctx, started_at)
+        if files is not None:
+            spec["curve"] = files
+        write_json_atomic(spec_path, spec)
+        # A list argv, never a shell: gpupack's worker reads hyperparameters from the spec file; a command
+        # workload's argv items are templated one by one.
+        self.launch = workload.launch(training.params, str(spec_path), str(self.result_path))
+        self.share, share_env = memory_share_env(ctx, tid)
+        self.child = ChildSpec(tid, self.launch.argv, run.log(pid, tid, "out"), err_path,
+                               {**worker_env(ctx.env, ctx.threads), PACK_SIZE_ENV: str(ctx.pack.factor),
+                                **self.launch.env, **share_env}, spec_path, self.launch.cwd,
+                               ctx.memory_limit_bytes, list(cpus) if cpus else None, started_at,
+                               self.launch.python_main)
+        self._outcome: TrainingOutcome | None = None
+        self.fork_fallback = fork_fallback  # why it starts fresh although the pack would fork (None: as asked)
+        # a search's trial: its curve (printed, or reported by its process) followed at each look; the prune
+        # decision, when its program was stopped for it, and when
+        self.curve = CurveFollower(curve, files, self.child.out_path) if curve is not None and files else None
+        self.pruned: PrunedAt | None = None
+        self.stopped_at: float | None = None
+        self.running: Child | None = None
+
+    def follow(self) -> None:
+        """Give its lane its curve's new points; on a prune, a process that reports its curve is answered so (it
+        returns), a program that prints it is stopped (SIGTERM, then SIGKILL after the grace a time limit gives)."""
+        child = self.running
+        if self.curve is None or child is None or child.ended_at is not None:
+            return
+        if self.pruned is None and (hit := self.curve.follow()) is not None:
+            self.pruned = hit
+            if self.curve.pattern is not None:
+                self.stopped_at = time.time()
+                child.signal(signal.SIGTERM)
+        elif self.stopped_at is not None and time.time() - self.stopped_at > KILL_GRACE_S:
+            child.signal(signal.SIGKILL)
+
+    def last_points(self) -> None:
+        """Its program ended: what it printed since the last look, reported (the curve later trials are judged
+        by), without asking the pruner."""
+        if self.curve is not None and self.pruned is None:
+            self.curve.follow(prune=False)
+
+    def outcome(self, ended: ChildExit) -> TrainingOutcome:
+        if self._outcome is None:
+            self._outcome = self._make_outcome(ended)
+        return self._outcome
+
+    def _make_outcome(self, ended: ChildExit) -> TrainingOutcome:
+        extra: dict[str, object] = {"start": ended.start, "cpus": ended.cpus, "slot": self.slot,
+                                    **({"fork_fallback": self.fork_fallback} if self.fork_fallback else {}),
+                                    **({"memory_share": self.share} if self.share else {})}
+        code, result, error = ended.returncode, None, None
+        if ended.start_error is not None:  # the program is gone or not executable on this node: it fails alone
+            code, error = None, start_failure(self.launch.argv, self.launch.cwd, ended.start_error)
+        elif code == 0 or self.pruned is not None:  # stopped for its prune: what it reported so far is its result
+            raw = read_json_or_none(self.result_path)  # torn or foreign: nothing written
+            result = self.workload.result(self.training.params, raw, ended.started_at, ended.ended_at,
+                                          self.child.out_path)
+            pruned = self.pruned or (result or {}).get("pruned")  # stopped here, or by its own report()
+            if pruned:
+                extra["pruned"] = pruned
+        else:
+            error = ended.error()
+            hint = self.workload.failure_hint(self.training.params, error)
+            error = f"{error}\n{hint}" if hint else error
+        return ended_outcome(self.training.training_id, ended.started_at, ended.ended_at, code, error=error,
+                             result=result, timed_out=ended.timed_out, extra=extra)
+
+
+STARTS = ("auto", "fork", "fresh")
+
+
+@dataclass
+class ProcessOptions:
+    """packing.process.*: how process mode starts and places its trainings."""
+
+    # On a GPU node: run the N trainings under CUDA MPS (started and always stopped by the pack).
+    mps: bool = False
+    # auto: fork each training from one preloaded server per pack (the framework, the workload and its data imported
+    # once) when the workload allows it, else a fresh interpreter; fork: require the server; fresh: always a fresh
+    # interpreter (what command and TensorFlow workloads use).
+    start: str = "auto"
+    # Bind each training to its own share of the job's cores (sched_setaffinity) instead of letting N trainings
+    # float over all of them.
+    cpu_affinity: bool = False
+
+    def check(self) -> None:
+        """Refuse a value out of range (ConfigError on packing.process.<field>), whether or not process mode is used:
+        what needs the workload or the node (fork, MPS) is :meth:`ProcessPacker.check`'s."""
+        if self.start not in STARTS:
+            raise ConfigError("packing.process.start", self.start, "unknown start method", nearest(self.start, STARTS))
+
+
+class ProcessPacker(Packer):
+    name = "process"
+    streams = True
+    solo = True
+    split_label = "no split (process)"
+    line_style = "-"
+    Options = ProcessOptions
+
+    def watches_mps(self, settings: PackSettings) -> bool:
+        return process_options(settings).mps
+
+    def start_note(self, workload: Workload, params: Sequence[Mapping[str, object]], settings: PackSettings) -> str:
+        method, why = start_choice(process_options(settings).start, [workload], params)
+        if method == "fork":
+            return "fork: each training is forked from one server per pack that imported the workload once"
+        return f"fresh: a new interpreter per training ({why})"
+
+    def check(self, workload: Workload, factor: int, capacity: Capacity, settings: PackSettings) -> None:
+        opts = process_options(settings)  # its values were checked with every mode's (ProcessOptions.check)
+        if opts.start == "fork" and (why := workload.fork_refusal({})):
+            raise ConfigError("packing.process.start", "fork", f"{workload.name} cannot be forked from a preloaded "
+                              f"server ({why})", "use packing.process.start=auto (it forks where it can) or fresh")
+        if opts.mps and capacity.has_gpu is False:
+            raise ConfigError("packing.process.mps", True, "CUDA MPS needs a GPU and this node has none",
+                              "set packing.process.mps=false, or run on a GPU partition")
+
+    def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
+        opts = process_options(ctx.settings)  # worked out once for the pack
+        if not opts.mps:
+            return run_processes(trainings, ctx, opts)
+        if ctx.gpu_memory_total_mb is None:
+            raise ConfigError("packing.process.mps", True, "CUDA MPS needs a GPU and this job has none",
+                              "set packing.process.mps=false, or run on a GPU partition")
+        with mps_daemon(ctx.env, ctx.tmp_dir, lambda name, kind: ctx.run.log(ctx.pack.pack_id, name, kind)) as mps_env:
+            return run_processes(trainings, dataclasses.replace(ctx, env={**ctx.env, **mps_env}), opts)
+
+
+def memory_share_env(ctx: PackContext, training_id: str) -> tuple[dict[str, object], dict[str, str]]:
+    """What a training is given of its share of the GPU (:meth:`PackContext.share_of`): for its record (the share,
+    where it comes from, and how it is enforced), and its environment: under MPS (the pack's daemon, or one the job
+    runs itself) its client's limit, which holds whatever the program is; else the fraction its torch sets before
+    its first allocation (gpupack.job.runtime.memshare). Not both: an MPS client may see its limit as the device's
+    memory, and a fraction of that would be a share of a share."""
+    share = ctx.share_of(training_id)
+    if share is None:
+        return {}, {}
+    if MPS_PIPE_ENV in ctx.env:
+        env = {MPS_LIMIT_ENV: share.mps_limit()}
+    else:
+        env = {SHARE_ENV: f"{share.fraction:.6f}"}
+    return {**share.to_record(), "mps_limit": env.get(MPS_LIMIT_ENV)}, env
+
+
+def process_options(settings: PackSettings | None) -> ProcessOptions:
+    """packing.process.* as a pack's settings carry them; a pack run with no settings starts fresh interpreters.
+    What a spread strategy that starts processes as process mode does (DDP's ranks) reads too."""
+    return settings.options(PACKER.name, ProcessOptions) if settings is not None else ProcessOptions(start="fresh")
+
+
+def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: ProcessOptions) -> list[TrainingOutcome]:
+    """Process mode's machinery (also a spread strategy's one training, one process, with its options): each
+    training a child of one supervisor (gpupack.job.runtime.supervisor), forked or fresh, started, followed, timed out
+    and recorded; without MPS (the caller's). With ``ctx.stream``, a slot whose training ends takes the next one the
+    stream gives, until it gives none."""
+    stream = ctx.stream
+    every = list(stream.queue) if stream is not None else list(trainings)  # what the server preloads for
+    workloads = {name: load_workload(name) for name in {t.workload for t in every}}
+    method = start_method(opts.start, list(workloads.values()), [t.params for t in every])
+    slots = ctx.pack.factor if stream is not None else len(trainings)
+    cores = job_cpus()
+    with Supervisor(ctx.training_timeout_s) as supervisor:
+        fallback = preload(supervisor, every, ctx) if method == "fork" and every else None
+        lane = _Slots(ctx, supervisor, workloads, fallback, method == "fork",
+                      [cpus_for(cores, slots, i) if opts.cpu_affinity else None for i in range(slots)])
+        # a lane's free slots, in the order they freed: each takes the stream's next training
+        lane.free.extend(range(len(trainings), slots))
+        for slot, t in enumerate(trainings):
+            lane.start(t, slot)
+        lane.fill()
+        exits = supervisor.follow(on_exit=lane.ended, on_poll=lane.look if stream is not None else None)
+    return [p.outcome(child) for p, child in zip(lane.packed, exits)]
+
+
+class _Slots:
+    """A pack's slots under one supervisor: each starts a training, and, streaming, takes the stream's next as its
+    training ends, or waits while the stream says none fits the memory free now (asked again as another ends, and at
+    each look)."""
+
+    def __init__(self, ctx: PackContext, supervisor: Supervisor, workloads: Mapping[str, Workload],
+                 fallback: str | None, fork: bool, cpus: Sequence[list[int] | None]) -> None:
+        self.ctx, self.supervisor, self.workloads = ctx, supervisor, workloads
+        self.fallback, self.fork, self.cpus = fallback, fork, cpus
+        self.packed: list[_Training] = []
+        self.by_name: dict[str, _Training] = {}
+        self.free: deque[int] = deque()
+
+    def start(self, t: Training, slot: int) -> None:
+        p = _Training(t, self.ctx, self.workloads[t.workload], self.cpus[slot], self.fallback, slot)
+        self.packed.append(p)
+        self.by_name[t.training_id] = p
+        child = p.running = self.supervisor.start(p.child)
+        if self.fork and not child.forked and self.supervisor.refused:  # the server refused it or died: why
+            p.fork_fallback = self.supervisor.refused
+        if child.pid is not None:
+            self.ctx.on_started(t.training_id, child.pid)
+
+    def fill(self) -> None:
+        stream = self.ctx.stream
+        while stream is not None and self.free:
+            following = stream.next()
+            if following is WAIT:
+                return
+            if not isinstance(following, Training):  # drained: no slot takes anything more
+                self.free.clear()
+                return
+            self.start(following, self.free.popleft())
+
+    def ended(self, child: ChildExit) -> None:
+        done = self.by_name[child.name]
+        done.last_points()
+        self.ctx.on_finished(done.outcome(child))
+        self.free.append(done.slot)
+        self.fill()  # the freed slot takes the next training at once, where it fits
+
+    def look(self) -> None:
+        for p in self.packed:  # a trial whose printed curve its pruner stops: its slot frees as its program ends
+            p.follow()
+        self.fill()
+
+
+def curve_files(ctx: PackContext, training_id: str, curve: Curve) -> CurveSpec:
+    """Where a trial's process reports its curve and is answered (gpupack.core.store.curves), beside its spec: none
+    left by an earlier attempt of it, whose verdict must not answer this one."""
+    files: CurveSpec = {"points": str(ctx.work(training_id, "curve")), "verdict": str(ctx.work(training_id, "verdict")),
+                        "metric": curve.metric}
+    for path in (files["points"], files["verdict"]):
+        Path(path).unlink(missing_ok=True)
+    return files
+
+
+def preload(supervisor: Supervisor, trainings: Sequence[Training], ctx: PackContext) -> str | None:
+    """Start ``supervisor``'s preloaded fork server for ``trainings`` (a stream's: the whole queue, since any of its
+    trainings may come to this lane), or use the one the lane's packs share (``ctx.set_up``: started for the first,
+    preloaded for every training of the lane, kept for the next); None, or why it did not start (fresh interpreters,
+    said in the server's log and in each training's record as ``fork_fallback``). DDP's ranks start from one too. A
+    stream's server learns what its trainings import (a freed slot's next training is forked from it); a whole pack's
+    does not: all its trainings start at once, and an import between their ends would sit inside the pack's wall."""
+    workload, env = trainings[0].workload, worker_env(ctx.env, ctx.threads)
+    if ctx.set_up is None or ctx.stream is not None:
+        return supervisor.preload(workload, [t.params for t in trainings], env,
+                                  ctx.run.log(ctx.pack.pack_id, "forkserver", "err"), learn=ctx.stream is not None)
+    set_up = ctx.set_up
+    every = [t.params for t in set_up.trainings if t.workload == workload] or [t.params for t in trainings]
+    made = set_up.get(("forkserver", workload), lambda: fork_server(workload, every, env, set_up.log("forkserver")),
+                     close=lambda server: server.close() if isinstance(server, ForkServer) else None,
+                     alive=lambda server: not isinstance(server, ForkServer) or server.proc.poll() is None)
+    if isinstance(made, str):
+        return made
+    supervisor.use(made)  # its children's thread pools are set to each pack's share as they are forked
+    return None
+
+
+PACKER = ProcessPacker()

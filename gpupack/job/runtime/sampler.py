@@ -1,0 +1,414 @@
+"""The pack's sampler: a thread beside the N trainings that samples the device at a fixed interval.
+
+With a GPU (NVML, through :func:`gpupack.job.runtime.monitor._nvml`, the one seam): utilization, memory used/total, and
+memory per training process (``nvmlDeviceGetComputeRunningProcesses``, or the MPS variant under MPS).
+NVML may not know a process's memory (``usedGpuMemory`` None): that is recorded as unknown, never as 0.
+Always, with psutil: each training's CPU % and resident memory (RSS, its children included). Without a GPU or
+NVML the sampler says so once and samples the CPU alone. Its own CPU time is measured, to show it is cheap.
+At every sample, the load from outside the job (:mod:`gpupack.job.runtime.foreign`): the CPU time other processes took
+on the job's cores, and (with NVML) the processes on its GPU that are not the job's; unknown without NVML, never 0.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Collection, Literal, Mapping, Protocol, Sequence, TypedDict
+
+import psutil
+
+from gpupack.job.runtime import monitor
+from gpupack.job.runtime.foreign import ForeignFigures, ForeignLoad, handle
+from gpupack.job.runtime.jobenv import job_cpus
+from gpupack.job.runtime.monitor import Nvml, NvmlHandle
+
+MAX_KEPT_SAMPLES = 600  # the pack record keeps at most this many (evenly thinned); statistics use all
+
+
+class _Rates(Protocol):
+    """NVML's utilization rates of a device, in %."""
+    gpu: float
+    memory: float
+
+
+class _Proc(Protocol):
+    """A process NVML lists on a device; ``usedGpuMemory`` in bytes, None where NVML does not know it."""
+    pid: int
+    usedGpuMemory: int | None
+
+
+class DeviceSample(TypedDict):
+    """One device's reading at a sample (None: NVML does not report utilization there)."""
+    gpu_util: float | None
+    gpu_mem_util: float | None
+    gpu_mem_used_mb: float
+
+
+class TrainingSample(TypedDict, total=False):
+    """One training's reading at a sample: its processes' RSS and CPU %, and GPU memory with NVML (None: unknown)."""
+    rss_mb: float
+    cpu_percent: float
+    gpu_mem_mb: float | None
+
+
+class GpuSample(TypedDict, total=False):
+    """The device's reading at a sample (:meth:`Sampler._gpu_sample`); memory per process id (None: unknown)."""
+    gpu_util: float | None
+    gpu_mem_util: float | None
+    gpu_mem_used_mb: float
+    gpu_proc_mem_mb: dict[int, float | None]
+    gpu_graphics_mem_mb: dict[int, float | None]
+    gpus: list[DeviceSample]  # each device's, in a job of several
+
+
+class Sample(GpuSample, total=False):
+    """One sample of the pack record's ``sampler.samples``: the device's (with NVML), each training's, and the load
+    from outside the job."""
+    t: float
+    gpu_error: str
+    trainings: dict[str, TrainingSample]
+    foreign_cpu_cores: float
+    foreign_gpu_procs: int
+    foreign_gpu_mem_mb: float | None
+
+
+class TrainingFigures(TypedDict, total=False):
+    """What the samples say of one training (empty: never registered); None: unknown, never 0."""
+    peak_rss_mb: float | None
+    cpu_percent_mean: float | None
+    peak_gpu_mem_mb: float | None
+    gpu_mem_known: bool | None
+
+
+class SamplerReport(ForeignFigures):
+    """The pack record's ``sampler``: the samples kept, their statistics, and the load from outside the job."""
+    source: str
+    note: str
+    interval_s: float
+    mps: bool
+    n_samples: int
+    samples: list[Sample]
+    gpu_util_mean: float | None
+    gpu_util_max: float | None
+    gpu_mem_used_peak_mb: float | None
+    gpu_mem_total_mb: float | None
+    cpu_percent_mean: float | None
+    per_training: dict[str, TrainingFigures]
+    overhead_cpu_s: float
+    overhead_fraction: float | None
+
+
+@dataclass
+class _Tracked:
+    training_id: str
+    proc: psutil.Process
+    peak_rss_mb: float = 0.0
+    cpu_samples: list[float] = field(default_factory=list)
+    peak_gpu_mem_mb: float | None = None
+    gpu_mem_known: bool = True
+
+
+class Sampler:
+    def __init__(self, interval_s: float = 1.0, gpu_index: int | None = None, mps: bool = False,
+                 no_gpu_reason: str = "",
+                 log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
+                 gpu: str | None = None, more_gpus: Sequence[str] = (), foreign: ForeignLoad | None = None,
+                 command_pid: int | None = None) -> None:
+        """``gpu``: the device to sample as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"; the job passes
+        the UUID detect_device found, so both see the same device, a MIG slice included); ``gpu_index``: an NVML
+        index, the older form. Neither: no GPU, for ``no_gpu_reason``. ``more_gpus``: the other devices of a job
+        that spreads one training over several (sampled with it: utilization averaged, memory summed, and each
+        device's figures under ``gpus``). ``foreign``: what reads the load from outside the job (a test's fakes;
+        else the job's cores and the process the sampler runs in, with ``command_pid``, the gpupack command on this
+        host that submitted the job, counted as the run's own)."""
+        self.interval_s = interval_s
+        self.mps = mps
+        self.log = log
+        self.tracked: dict[int, _Tracked] = {}
+        self._holders: dict[str, _Tracked] = {}  # training id → the entry holding its figures (its first process)
+        self.samples: list[Sample] = []
+        self.cpu_time_s = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started_at = self._stopped_at = 0.0
+        self.nvml: Nvml = None  # None: no NVML (CPU figures only)
+        self.handle: NvmlHandle = None
+        self.source, self.note, self.memory_total_mb = "cpu", "", None
+        self.mig = False
+        self._util_supported = True  # NVML does not report utilization on a MIG slice (NotSupported)
+        self.more_handles: list[NvmlHandle] = []
+        self.foreign = foreign if foreign is not None else ForeignLoad(job_cpus(), command=command_pid)
+        self._open_nvml(gpu if gpu is not None else None if gpu_index is None else str(gpu_index), no_gpu_reason)
+        self._open_more(more_gpus)
+
+    # ---- NVML, through the one seam ----
+
+    def _open_nvml(self, gpu: str | None, no_gpu_reason: str) -> None:
+        if gpu is None:
+            self.note = f"{no_gpu_reason or 'no GPU in this job'}: sampling the CPU instead"
+        else:
+            nvml: Nvml = None
+            try:
+                nvml = monitor._nvml()
+                nvml.nvmlInit()
+                # The same lookup as detect_device's: a MIG slice is sampled as itself, not as its parent GPU.
+                visible = monitor.resolve_visible({"CUDA_VISIBLE_DEVICES": gpu}, nvml)
+                if visible is None:
+                    raise LookupError(f"CUDA_VISIBLE_DEVICES={gpu!r} hides every GPU")
+                self.memory_total_mb = nvml.nvmlDeviceGetMemoryInfo(visible.handle).total / 2**20
+                self.handle, self.mig, self.nvml, self.source = visible.handle, visible.mig, nvml, "nvml"
+            except LookupError as err:  # no such device: said, never another device sampled in its place
+                self.note = f"{err}: sampling the CPU instead"
+            except Exception as err:  # no library, no driver
+                self.note = f"NVML unavailable ({err.__class__.__name__}: {err}): sampling the CPU instead"
+            if self.nvml is None and nvml is not None:
+                try:
+                    nvml.nvmlShutdown()
+                except Exception:
+                    pass
+        if self.note:
+            self.log(f"gpupack sampler: {self.note}")  # said once, not at every sample
+
+    def _open_more(self, gpus: Sequence[str]) -> None:
+        """The other GPUs of a spread job, by the same lookup; one NVML does not know is said and left out."""
+        if self.nvml is None:
+            return
+        for gpu in gpus:
+            try:
+                visible = monitor.resolve_visible({"CUDA_VISIBLE_DEVICES": gpu}, self.nvml)
+                if visible is None:
+                    raise LookupError(f"CUDA_VISIBLE_DEVICES={gpu!r} hides every GPU")
+                self.more_handles.append(visible.handle)
+                self.memory_total_mb = (self.memory_total_mb or 0.0) + \
+                    self.nvml.nvmlDeviceGetMemoryInfo(visible.handle).total / 2**20
+            except Exception as err:
+                note = f"GPU {gpu!r} of this job not sampled ({err})"
+                self.note = f"{self.note}; {note}" if self.note else note
+                self.log(f"gpupack sampler: {note}")
+
+    def _utilization(self, handle: NvmlHandle | None = None) -> _Rates | None:
+        """NVML's utilization rates, or None once NVML said it does not report them on this device."""
+        if not self._util_supported:
+            return None
+        try:
+            rates: _Rates = self.nvml.nvmlDeviceGetUtilizationRates(self.handle if handle is None else handle)
+            return rates
+        except Exception as err:
+            not_supported = getattr(self.nvml, "NVMLError_NotSupported", None)
+            if not_supported is None or not isinstance(err, not_supported):
+                raise  # a driver hiccup: this sample records gpu_error, as any other
+            self._util_supported = False
+            note = (f"NVML does not report GPU utilization on this {'MIG slice' if self.mig else 'device'}: "
+                    "recorded as unknown (None), memory still sampled")
+            self.note = f"{self.note}; {note}" if self.note else note
+            self.log(f"gpupack sampler: {note}")  # once: later samples do not ask again
+            return None
+
+    def _gpu_sample(self) -> GpuSample:
+        nvml = self.nvml
+        list_procs = (nvml.nvmlDeviceGetMPSComputeRunningProcesses if self.mps
+                      else nvml.nvmlDeviceGetComputeRunningProcesses)
+        devices: list[DeviceSample] = []
+        per_pid: dict[int, float | None] = {}
+        graphics: dict[int, float | None] = {}
+        for h in [self.handle, *self.more_handles]:
+            util = self._utilization(h)
+            mem = nvml.nvmlDeviceGetMemoryInfo(h)
+            devices.append({"gpu_util": None if util is None else float(util.gpu),
+                            "gpu_mem_util": None if util is None else float(util.memory),
+                            "gpu_mem_used_mb": mem.used / 2**20})
+            for p in list_procs(h):  # a process on several GPUs (a DDP rank's context) is summed over them
+                used = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
+                total = per_pid.get(p.pid, 0.0)
+                per_pid[p.pid] = None if total is None or used is None else total + used  # unknown stays unknown
+            for p in self._graphics(h):  # another's display or renderer: the job's trainings compute
+                graphics[p.pid] = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
+        utils = [u for d in devices if (u := d["gpu_util"]) is not None]
+        mem_utils = [u for d in devices if (u := d["gpu_mem_util"]) is not None]
+        out: GpuSample = {"gpu_util": sum(utils) / len(utils) if utils else None,
+               "gpu_mem_util": sum(mem_utils) / len(mem_utils) if mem_utils else None,
+               "gpu_mem_used_mb": sum(d["gpu_mem_used_mb"] for d in devices), "gpu_proc_mem_mb": per_pid}
+        if graphics:
+            out["gpu_graphics_mem_mb"] = graphics
+        if len(devices) > 1:
+            out["gpus"] = devices
+        return out
+
+    def _graphics(self, handle: NvmlHandle) -> list[_Proc]:
+        """The graphics processes on a device; none where NVML cannot list them (a MIG slice, an older binding):
+        the compute processes still tell the job's from others'."""
+        try:
+            return list(self.nvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
+        except Exception:
+            return []
+
+    # ---- trainings ----
+
+    def register(self, training_id: str, pid: int) -> None:
+        try:
+            proc = psutil.Process(pid)
+            proc.cpu_percent(None)  # primes the counter: the first real reading covers one interval
+        except psutil.Error:
+            return
+        with self._lock:
+            first = not self.tracked
+            self.tracked[pid] = _Tracked(training_id, proc)
+            self._holders.setdefault(training_id, self.tracked[pid])  # keeps the training's figures (sample_once)
+        if first:  # the load from outside is measured from the pack's first start, as its wall is
+            self.foreign.read()
+
+    def _children_map(self) -> dict[int, list[psutil.Process]]:
+        """The job's processes by parent, from the tree the load reading has just walked (one pass over the process
+        table per sample). ``children(recursive=True)`` per training read the whole table once each: 91 % of a
+        sample's time at N=34 (10.8 % of a core on an H200)."""
+        kids: dict[int, list[psutil.Process]] = {}
+        for key, times in self.foreign.latest.items():
+            proc = handle(key)  # the reading's own handle: each process's made once
+            if proc is not None:
+                kids.setdefault(times.ppid, []).append(proc)
+        return kids
+
+    @staticmethod
+    def _family(t: _Tracked, kids: Mapping[int, list[psutil.Process]], below: Collection[int]
+                ) -> list[psutil.Process]:
+        """The training's process and its descendants; none once it ended. One the reading did not find under the
+        job (a test's, a reparented one) is walked by psutil alone."""
+        if t.proc.pid not in below:
+            try:
+                return [t.proc, *t.proc.children(recursive=True)] if t.proc.is_running() else []
+            except psutil.Error:
+                return []
+        family, todo = [t.proc], [t.proc.pid]
+        while todo:
+            for child in kids.get(todo.pop(), ()):
+                family.append(child)
+                todo.append(child.pid)
+        return family
+
+    def sample_once(self) -> Sample:
+        sample: Sample = {"t": time.time()}
+        if self.nvml is not None:
+            try:
+                sample.update(self._gpu_sample())
+            except Exception as err:  # a driver hiccup must not take the pack down
+                sample["gpu_error"] = str(err)
+        with self._lock:
+            tracked = list(self.tracked.values())
+        interval = self.foreign.read()  # after NVML's list: a training it names has begun by then (foreign_gpu)
+        sample["trainings"] = {training_id: self._training_entry(training_id, members, sample)
+                               for training_id, members in self._families(tracked).items()}
+        if interval is not None:
+            sample["foreign_cpu_cores"] = round(interval.cores, 3)
+        if "gpu_proc_mem_mb" in sample:
+            listed = {**sample.get("gpu_graphics_mem_mb", {}), **sample["gpu_proc_mem_mb"]}
+            sample["foreign_gpu_procs"], sample["foreign_gpu_mem_mb"] = self.foreign.foreign_gpu(listed)
+        self.samples.append(sample)
+        return sample
+
+    def _families(self, tracked: Sequence[_Tracked]) -> dict[str, list[tuple[_Tracked, list[psutil.Process]]]]:
+        """Each training's processes: one training may be several (a training spread over k devices: one per rank),
+        and its figures are their sum at each sample, its peaks the peaks of those sums."""
+        families: dict[str, list[tuple[_Tracked, list[psutil.Process]]]] = {}
+        kids = self._children_map()
+        below = {proc.pid for of_parent in kids.values() for proc in of_parent}
+        for t in tracked:
+            family = self._family(t, kids, below)
+            if family:
+                families.setdefault(t.training_id, []).append((t, family))
+        return families
+
+    def _training_entry(self, training_id: str, members: Sequence[tuple[_Tracked, list[psutil.Process]]],
+                        sample: Sample) -> TrainingSample:
+        """One training's figures in this sample, its peaks kept on its first process's entry."""
+        rss = cpu = 0.0
+        pids: set[int] = set()
+        for t, family in members:
+            pids |= {p.pid for p in family}
+            for p in family:
+                try:
+                    rss += p.memory_info().rss / 2**20
+                    cpu += p.cpu_percent(None) if p is t.proc else 0.0
+                except psutil.Error:
+                    continue
+        first = self._holders[training_id]
+        first.peak_rss_mb = max(first.peak_rss_mb, rss)
+        first.cpu_samples.append(cpu)
+        entry: TrainingSample = {"rss_mb": round(rss, 1), "cpu_percent": round(cpu, 1)}
+        if "gpu_proc_mem_mb" in sample:
+            mems = [m for pid, m in sample["gpu_proc_mem_mb"].items() if pid in pids]
+            known = [m for m in mems if m is not None]
+            if len(known) < len(mems):
+                first.gpu_mem_known = False  # NVML could not say: unknown, never 0
+                entry["gpu_mem_mb"] = None
+            elif known:
+                entry["gpu_mem_mb"] = sum(known)
+                first.peak_gpu_mem_mb = max(first.peak_gpu_mem_mb or 0.0, sum(known))
+        return entry
+
+    # ---- the thread ----
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.thread_time()
+            if self.tracked:  # nothing to attribute before the first training starts
+                self.sample_once()
+            self.cpu_time_s += time.thread_time() - began
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> "Sampler":
+        self._started_at = time.time()
+        self._thread = threading.Thread(target=self._run, name="gpupack-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, object]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._stopped_at = time.time()
+        if self.tracked:  # the last interval, up to the pack's end
+            self.foreign.read(last=True)
+        if self.nvml is not None:
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+        return dict(self.report())  # the pack record's ``sampler`` (gpupack.job.records takes a plain dict)
+
+    def _figures(self, t: _Tracked) -> TrainingFigures:
+        return {
+            # Never sampled (ended between two samples): unknown, not 0.
+            "peak_rss_mb": round(t.peak_rss_mb, 1) if t.cpu_samples else None,
+            "cpu_percent_mean": round(sum(t.cpu_samples) / len(t.cpu_samples), 1) if t.cpu_samples else None,
+            "peak_gpu_mem_mb": t.peak_gpu_mem_mb if t.gpu_mem_known else None,
+            "gpu_mem_known": t.gpu_mem_known if self.source == "nvml" else None,
+        }
+
+    def figures(self, training_id: str) -> TrainingFigures:
+        """What the samples so far say of one training (peak RSS, GPU memory, CPU %); empty if never registered."""
+        with self._lock:
+            tracked = self._holders.get(training_id)
+            return self._figures(tracked) if tracked is not None else {}
+
+    def report(self) -> SamplerReport:
+        def stat(key: Literal["gpu_util", "gpu_mem_used_mb"], fn: Callable[[list[float]], float]) -> float | None:
+            values = [v for s in self.samples if (v := s.get(key)) is not None]
+            return round(fn(values), 2) if values else None
+
+        wall = max(self._stopped_at - self._started_at, 1e-9) if self._started_at else None
+        step = max(1, len(self.samples) // MAX_KEPT_SAMPLES + (len(self.samples) % MAX_KEPT_SAMPLES > 0))
+        cpu_totals = [sum(e["cpu_percent"] for e in s["trainings"].values()) for s in self.samples if s["trainings"]]
+        return {
+            "source": self.source, "note": self.note, "interval_s": self.interval_s, "mps": self.mps,
+            "n_samples": len(self.samples), "samples": self.samples[::step],
+            "gpu_util_mean": stat("gpu_util", lambda v: sum(v) / len(v)), "gpu_util_max": stat("gpu_util", max),
+            "gpu_mem_used_peak_mb": stat("gpu_mem_used_mb", max), "gpu_mem_total_mb": self.memory_total_mb,
+            "cpu_percent_mean": round(sum(cpu_totals) / len(cpu_totals), 1) if cpu_totals else None,
+            "per_training": {t.training_id: self._figures(t) for t in self._holders.values()},
+            "overhead_cpu_s": round(self.cpu_time_s, 4),
+            "overhead_fraction": round(self.cpu_time_s / wall, 5) if wall else None,
+            **self.foreign.figures([(s["foreign_gpu_procs"], s["foreign_gpu_mem_mb"]) for s in self.samples
+                                    if "foreign_gpu_procs" in s] if self.source == "nvml" else None),
+        }

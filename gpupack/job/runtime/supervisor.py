@@ -1,0 +1,374 @@
+"""The one supervisor of every process gpupack starts inside a job: process mode's N trainings, the one host process
+of tf_logical and fused, DDP's k ranks (and MirroredStrategy's one process, through process mode).
+
+A :class:`Supervisor` starts each child (:class:`ChildSpec`: a program of its own, never a shell, or a fork of the
+pack's preloaded :class:`~gpupack.job.runtime.forkserver.ForkServer`), each in a session of its own with its log files,
+its environment, its address-space limit, its cores and death with the packer; follows them; stops one past its time
+limit (SIGTERM to its process group, SIGKILL :data:`KILL_GRACE_S` later); optionally fails a group together
+(:class:`FailTogether`: one member failing kills the others, and the member that caused it is kept as the
+:attr:`Supervisor.culprit`); reaps them all; and says how each ended (:class:`ChildExit`), which the modes turn into
+their :class:`~gpupack.core.types.TrainingOutcome`. Leaving its ``with`` block by an exception (the job cancelled,
+a bug) kills every child still running and reaps it: no training outlives its pack.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Callable, Mapping, Sequence
+
+from gpupack.core.store.records import open_log
+from gpupack.core.waits import close_fd, pidfd, wait_readable
+from gpupack.job.runtime.forkserver import ForkedProcess, ForkRefused, ForkServer, isolate
+
+POLL_S = 0.05  # how often the children are looked at, at the latest: an exit is seen as it happens (Child.wakeup)
+HELPER_TIMEOUT_S = 60.0  # a helper program (MPS's control) that takes longer has hung
+KILL_GRACE_S = 5.0  # between a SIGTERM and the SIGKILL that follows; also how long a stop waits to reap
+ERROR_TAIL_LINES = 20
+
+
+def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
+    """The last lines of a log file ("" when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def exit_error(err_path: Path, code: int | None) -> str:
+    """Why a process that exited non-zero failed: its stderr's last lines, else its signal or exit code."""
+    fallback = (f"killed by signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0
+                else f"exited with code {code}")
+    return tail(err_path) or fallback
+
+
+def child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = None) -> Callable[[], None]:
+    """What runs in each fresh child before its program (no Python objects of ours cross over): be SIGKILLed when the
+    packer dies, even by SIGKILL (scancel, OOM killer), so no training outlives its job and holds the GPU; then its
+    address-space limit and its cores. A forked training does the same (gpupack.job.runtime.forkserver)."""
+
+    def setup() -> None:
+        isolate(memory_limit_bytes, cpus)
+
+    return setup
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], *, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
+          stdin: int = subprocess.DEVNULL, cwd: str | None = None, memory_limit_bytes: int | None = None,
+          cpus: Sequence[int] | None = None) -> subprocess.Popen[bytes]:
+    """The one place a program starts inside a job (a training, a rank, a host, the fork server, MPS's control): never a
+    shell, in a session of its own (a signal to its process group reaches the helpers it starts too), dying with the
+    packer, under its address-space limit and on its cores."""
+    return subprocess.Popen(list(argv), cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env),
+                            start_new_session=True, preexec_fn=child_setup(memory_limit_bytes, cpus))
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """One child to start: ``argv`` as a program of its own, or, under a supervisor with a fork server and a
+    ``spec_path``, a fork of that server running the worker on ``spec_path`` (no interpreter start, no import)."""
+
+    name: str  # what it is called (a training id, a rank's, a host's): its fork-server id
+    argv: Sequence[str]
+    out_path: Path
+    err_path: Path
+    env: Mapping[str, str]
+    spec_path: Path | None = None
+    cwd: str | None = None
+    memory_limit_bytes: int | None = None  # RLIMIT_AS
+    cpus: Sequence[int] | None = None  # bound to these cores (sched_setaffinity); None: the job's
+    started_at: float | None = None  # where its time limit counts from; None: when it is started
+    python_main: Mapping[str, object] | None = None  # forked: this Python program (forkserver.run_main), not the worker
+
+
+@dataclass(frozen=True)
+class ChildExit:
+    """How one child ended, as its supervisor saw it."""
+
+    name: str
+    pid: int | None
+    started_at: float
+    ended_at: float
+    returncode: int | None  # None: it never started (start_error); < 0: killed by signal -returncode
+    err_path: Path
+    start_error: OSError | None = None
+    timed_out: bool = False
+    stopped: bool = False  # signalled by its supervisor (time limit, a failed group member, a stop) while running
+    forked: bool = False  # forked from a preloaded server rather than a fresh interpreter
+    cpus: list[int] | None = None
+
+    @property
+    def start(self) -> str:
+        return "fork" if self.forked else "fresh"
+
+    @property
+    def signal(self) -> int | None:
+        code = self.returncode
+        return -code if code is not None and code < 0 else None
+
+    @property
+    def failed(self) -> bool:
+        """Ended non-zero by its own doing (an exception, a crash, a kill its supervisor did not send), or never
+        started."""
+        return self.start_error is not None or (self.returncode not in (0, None) and not self.stopped)
+
+    def error(self) -> str:
+        """Its stderr's last lines, else its signal or exit code (of a child that ended non-zero)."""
+        return exit_error(self.err_path, self.returncode)
+
+
+@dataclass(frozen=True)
+class FailTogether:
+    """Children that fail together (DDP's ranks: the others would wait for a failed one in an all-reduce): once one
+    fails, all are killed. A failure that may only be the consequence of another's (``consequence``: a rank that lost
+    its peer) waits up to ``grace_s`` for its cause to fail too, so the cause, not the consequence, is the culprit."""
+
+    consequence: Callable[[ChildExit], bool] = lambda child: False
+    grace_s: float = 0.0
+
+    def culprit(self, failed: Sequence[ChildExit]) -> ChildExit:
+        """Of the children that failed, the cause: the first whose failure is no consequence (else the first)."""
+        return next((c for c in failed if not self.consequence(c)), failed[0])
+
+
+class Child:
+    """One started (or unstartable) child: its process, its clock, what was done to it."""
+
+    def __init__(self, spec: ChildSpec, proc: subprocess.Popen[bytes] | ForkedProcess | None, started_at: float,
+                 forked: bool, start_error: OSError | None = None) -> None:
+        self.spec = spec
+        self.proc = proc
+        self.started_at = started_at
+        self.forked = forked
+        self.start_error = start_error
+        self.ended_at: float | None = None if proc is not None else time.time()
+        self.timed_out = False
+        self.stopped = False
+        self._kill_at: float | None = None
+        self._pidfd = pidfd(proc.pid) if isinstance(proc, subprocess.Popen) else None
+
+    def wakeup(self) -> int | None:
+        """A file descriptor readable once there is news of it: its pidfd (readable at its exit), or its fork server's
+        replies (an exit is one); None: looked at every POLL_S only."""
+        if isinstance(self.proc, ForkedProcess):
+            return self.proc.wakeup()
+        return self._pidfd
+
+    def close(self) -> None:
+        close_fd(self._pidfd)
+        self._pidfd = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def poll(self) -> bool:
+        """Whether it has ended (reaped); notes when."""
+        if self.ended_at is None and self.proc is not None and self.proc.poll() is not None:
+            self.ended_at = time.time()
+            self.close()
+        return self.ended_at is not None
+
+    def signal(self, sig: int) -> None:
+        """``sig`` to its process group (it leads its own session: its children go too), if it still runs."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.stopped = True
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def enforce(self, timeout_s: float | None, now: float) -> None:
+        """Past its time limit: SIGTERM, then SIGKILL after a grace period."""
+        if timeout_s is None or self.ended_at is not None:
+            return
+        if not self.timed_out and now - self.started_at > timeout_s:
+            self.timed_out = True
+            self._kill_at = now + KILL_GRACE_S
+            self.signal(signal.SIGTERM)
+        elif self._kill_at is not None and now > self._kill_at:
+            self.signal(signal.SIGKILL)
+            self._kill_at = None
+
+    def exit(self) -> ChildExit:
+        """How it ended (or stands: ended_at is now while it runs)."""
+        return ChildExit(self.spec.name, self.pid, self.started_at, self.ended_at or time.time(),
+                         self.proc.returncode if self.proc is not None else None, self.spec.err_path,
+                         self.start_error, self.timed_out, self.stopped, self.forked,
+                         list(self.spec.cpus) if self.spec.cpus else None)
+
+
+def fork_server(workload: str, params: Sequence[Mapping[str, object]], env: Mapping[str, str], log: Path,
+                learn: bool = False) -> ForkServer | str:
+    """A preloaded fork server for ``workload``'s trainings (``params``), started in ``env``, logging to ``log``; or
+    why it did not start (its preload failed, or made forking unsafe: forkserver.fork_unsafe), said in its log too.
+    ``learn``: the server learns its children's imports (forkserver.Learner), for children started after others
+    ended."""
+
+    def start(argv: Sequence[str], err: IO[bytes]) -> subprocess.Popen[bytes]:
+        # A library the server imports may ask torch.cuda.is_available() at import: through NVML that leaves the
+        # CUDA driver uninitialised, so the children it forks can still use CUDA (PyTorch's fork-poisoning
+        # guard); the children get their own environment from each request
+        return spawn(argv, {**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}, stdin=subprocess.PIPE,
+                     stdout=subprocess.PIPE, stderr=err)
+
+    try:
+        return ForkServer(workload, params, log, start, learn)
+    except (RuntimeError, OSError) as err:
+        with open_log(log, append=True) as f:
+            f.write(f"gpupack: {err}; starting each training as a fresh interpreter instead\n".encode())
+        return str(err)
+
+
+@dataclass
+class Supervisor:
+    """Start, follow, time out, (fail together,) reap and report the children of one pack or training; start their
+    fork server (:meth:`preload`) and run helper programs to their end (:meth:`call`).
+
+    Use it as a context manager: leaving the block by an exception kills and reaps every child still running; the
+    fork server, if started, is closed on leaving it either way."""
+
+    timeout_s: float | None = None  # each child's time limit, from its started_at
+    server: ForkServer | None = field(default=None, init=False)  # started by preload(): where children with a
+    # spec_path are forked from
+    refused: str | None = field(default=None, init=False)  # why the server forks no more (ForkRefused)
+    owns_server: bool = field(default=True, init=False)  # False: a server a lane shares (use()), closed by the lane
+    together: FailTogether | None = None  # None: each child fails alone
+    children: list[Child] = field(default_factory=list)
+    culprit: ChildExit | None = None  # the member whose failure failed the group (with ``together``)
+    _first_failure: float | None = None
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        try:
+            if kind is not None:  # the job is being cancelled or broke: take no orphan child with it
+                self.stop()
+        finally:
+            for child in self.children:
+                child.close()
+            if self.server is not None and self.owns_server:
+                self.server.close()
+
+    def start(self, spec: ChildSpec) -> Child:
+        """Start one child. A program that cannot start (OSError: gone, not executable, no memory or process left)
+        gives a child that ended at once with ``start_error``; with ``together`` it fails the group."""
+        started_at = spec.started_at if spec.started_at is not None else time.time()
+        try:
+            proc = self._spawn(spec)
+        except OSError as err:  # a fresh start failed (a fork that fails falls back to one: _spawn)
+            child = Child(spec, None, started_at, False, err)
+            self.children.append(child)
+            if self.together is not None and self.culprit is None:
+                self._fail_group(child.exit())
+            return child
+        child = Child(spec, proc, started_at, isinstance(proc, ForkedProcess))
+        self.children.append(child)
+        return child
+
+    def _spawn(self, spec: ChildSpec) -> subprocess.Popen[bytes] | ForkedProcess:
+        if self.server is not None and spec.spec_path is not None and self.refused is None:
+            try:
+                return self.server.start(spec.name, spec.spec_path, spec.out_path, spec.err_path, spec.env, spec.cwd,
+                                         spec.memory_limit_bytes, spec.cpus, spec.python_main)
+            except ForkRefused as why:  # what it learned made forking unsafe: this and later ones start fresh
+                self.refused = str(why)
+            except (RuntimeError, OSError) as failure:  # the server died or stopped answering: no training fails
+                self.refused = f"the fork server failed ({failure}): starting fresh interpreters"
+        with open_log(spec.out_path) as out, open_log(spec.err_path) as err:
+            return spawn(spec.argv, spec.env, stdout=out, stderr=err, cwd=spec.cwd,
+                         memory_limit_bytes=spec.memory_limit_bytes, cpus=spec.cpus)
+
+    def preload(self, workload: str, params: Sequence[Mapping[str, object]], env: Mapping[str, str],
+                log: Path, learn: bool = False) -> str | None:
+        """Start the preloaded fork server that children with a ``spec_path`` are forked from, for ``workload``'s
+        trainings (it dies with the packer and is closed on leaving the block); None, or why it did not start
+        (:func:`fork_server`): the children then start as fresh interpreters."""
+        made = fork_server(workload, params, env, log, learn)
+        if isinstance(made, str):
+            return made
+        self.server = made
+        return None
+
+    def use(self, server: ForkServer) -> None:
+        """Fork children with a spec_path from ``server``, a server the caller keeps (a lane's, for its packs one after
+        another): it is not closed on leaving the block."""
+        self.server, self.owns_server = server, False
+
+    def call(self, spec: ChildSpec, stdin: bytes | None = None, timeout_s: float = HELPER_TIMEOUT_S) -> ChildExit:
+        """Run a helper program to its end (MPS's control), fed ``stdin``, its process group killed past
+        ``timeout_s``; how it ended. A helper is no child of the pack: follow() does not wait for it."""
+        started = time.time()
+        try:
+            with open_log(spec.out_path) as out, open_log(spec.err_path) as err:
+                proc = spawn(spec.argv, spec.env, stdout=out, stderr=err, cwd=spec.cwd,
+                             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL)
+        except OSError as error:
+            return Child(spec, None, started, False, error).exit()
+        helper = Child(spec, proc, started, False)
+        try:
+            proc.communicate(stdin, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            helper.timed_out = True
+            helper.signal(signal.SIGKILL)
+            proc.wait()
+        helper.poll()
+        return helper.exit()
+
+    def follow(self, on_exit: Callable[[ChildExit], None] | None = None,
+               on_poll: Callable[[], None] | None = None) -> list[ChildExit]:
+        """Follow every child to its end: ``on_poll()`` at each look, ``on_exit(child)`` as each ends (in the order
+        they were started within one look); how each ended, in the order they were started."""
+        reported: set[int] = set()
+        while True:
+            if on_poll is not None:
+                on_poll()
+            now = time.time()
+            for i, child in enumerate(self.children):
+                child.enforce(self.timeout_s, now)
+                if i not in reported and child.poll():
+                    reported.add(i)
+                    if on_exit is not None:
+                        on_exit(child.exit())
+            if self.together is not None:
+                self._judge(now)
+            if len(reported) == len(self.children):
+                break
+            wait_readable([c.wakeup() for i, c in enumerate(self.children) if i not in reported], POLL_S)
+        exits = [child.exit() for child in self.children]
+        if self.together is not None and self.culprit is None:
+            failed = [e for e in exits if e.failed]
+            if failed:  # failed as the last to end, or in the look that saw all end
+                self.culprit = self.together.culprit(failed)
+        return exits
+
+    def _judge(self, now: float) -> None:
+        assert self.together is not None  # internal: only called with a group
+        if self.culprit is not None:
+            return
+        failed = [e for e in (c.exit() for c in self.children if c.ended_at is not None) if e.failed]
+        if not failed:
+            return
+        self._first_failure = self._first_failure or now
+        if not all(self.together.consequence(c) for c in failed) or now - self._first_failure > self.together.grace_s:
+            self._fail_group(self.together.culprit(failed))
+
+    def _fail_group(self, culprit: ChildExit) -> None:
+        self.culprit = culprit
+        for child in self.children:  # the others would wait for it: end them now
+            child.signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        """SIGKILL every child still running and reap them (waiting at most KILL_GRACE_S)."""
+        for child in self.children:
+            child.signal(signal.SIGKILL)
+        deadline = time.time() + KILL_GRACE_S
+        while not all(child.poll() for child in self.children) and time.time() < deadline:
+            time.sleep(POLL_S)

@@ -1,0 +1,72 @@
+"""The TensorFlow process of a tf_logical pack: ``python -m gpupack.job.runtime.tf_host SPEC.json``.
+
+It splits the device into N logical devices before TensorFlow initialises them, then runs the N trainings
+at once, one thread each, each under ``tf.device(<its logical device>)`` (the workload enters it). Each
+thread writes its own result, or its own error: one training raising never stops the others.
+"""
+from __future__ import annotations
+
+import time
+
+_PROCESS_START = time.time()
+
+import json  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from gpupack.core.frameworks import Framework
+    from gpupack.job.runtime.worker import HostedSpec
+
+
+def configure(tf: Framework, kind: str, n: int, memory_limit_mb: int | None) -> list[str]:
+    """N logical devices on the first physical GPU (memory_limit each) or on the CPU. Must run before any
+    TensorFlow op: afterwards TF refuses ("Virtual devices cannot be modified after being initialized")."""
+    if kind == "gpu":
+        gpu = tf.config.list_physical_devices("GPU")[0]
+        tf.config.set_visible_devices(gpu, "GPU")
+        tf.config.set_logical_device_configuration(
+            gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=memory_limit_mb) for _ in range(n)])
+        return [d.name for d in tf.config.list_logical_devices("GPU")]
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tensorflow as tf
+
+    from gpupack.core.store.records import write_json_atomic  # the host's imports are the pack's start-up, timed
+    from gpupack.job.runtime.worker import run_training
+
+    spec = json.loads(Path((sys.argv[1:] if argv is None else argv)[0]).read_text())
+    trainings = spec["trainings"]
+    tf.config.threading.set_inter_op_parallelism_threads(max(1, int(spec.get("threads", 1))))
+    devices = configure(tf, spec["kind"], len(trainings), spec.get("memory_limit_mb"))
+    print(f"gpupack tf_host: {len(devices)} logical devices: {devices}", flush=True)
+
+    def one(training: HostedSpec) -> None:
+        started = time.time()
+        try:
+            result = run_training(training, _PROCESS_START)
+            result["timings"]["thread_start"] = started
+            write_json_atomic(Path(training["result_path"]), result)
+        except BaseException:  # recorded for this training alone; the other threads go on
+            write_json_atomic(Path(training["error_path"]), {"started": started, "ended": time.time(),
+                                                             "error": traceback.format_exc()[-4000:]})
+
+    threads = [threading.Thread(target=one, args=(t,), name=t["training_id"]) for t in trainings]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return 0
+
+
+if __name__ == "__main__":
+    from gpupack.job.runtime.worker import exit_at_once
+
+    exit_at_once(main())  # every training's result or error is written: the pack waits on no teardown

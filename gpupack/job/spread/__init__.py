@@ -1,0 +1,116 @@
+"""Spread strategies: one training over k devices, the source studies' other answer to a small training's idle GPU
+(``spread.devices=[1,2,4]``), measured beside packing (N trainings on one device) in the same records.
+
+Each strategy is one module ``gpupack/job/spread/<strategy>.py`` exposing ``STRATEGY``, a :class:`Strategy`. It has two
+halves:
+
+- the pack's side (:meth:`Strategy.run`, inside the job, like a packing mode's ``run``): start the training's
+  process(es) over the job's k devices — DDP one process per device, MirroredStrategy one process for all — follow
+  them and say how the training ended;
+- the training's side (``join`` in ``gpupack/job/runtime/joins/<strategy>.py``, in each of those processes, called by
+  :mod:`gpupack.job.runtime.worker`, which imports it downward): set the process up (DDP: join the process group;
+  Mirrored: make the strategy over k devices) and hand the workload a ``Spread``, the few calls a workload makes to
+  spread itself (wrap the model, take its share of a batch, build under a scope). The workload never knows which
+  strategy it runs under.
+
+A pack of a spread training is an ordinary :class:`gpupack.core.plan.Pack` of one training whose ``devices`` is k and
+whose ``spread`` names the strategy; its mode is the strategy's label (``ddp-gloo``, ``ddp-nccl``, ``mirrored``), so
+records, collect and the report keep one word for one layout.
+"""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import fields
+from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
+
+from gpupack.core.placement import Placement
+from gpupack.core.registry import exported, module_names, require_known
+from gpupack.errors import ConfigError, require_counts
+
+if TYPE_CHECKING:  # the pack's side only: a training's process imports this module without them
+    from gpupack.core.plan import Training
+    from gpupack.core.types import Capacity, Options, TrainingOutcome
+    from gpupack.core.workload import Workload
+    from gpupack.job.pack import PackContext
+
+KEY = "spread.strategy"
+
+
+class Strategy(ABC):
+    name: ClassVar[str]
+    framework: ClassVar[str]  # the workloads it can spread: "torch" or "tensorflow"
+    # The strategy's own options: a dataclass whose field F is spread.<name>_F (spread.ddp_backend: ddp's backend),
+    # with a ``check()`` that refuses a bad value (ConfigError); None: the strategy has none.
+    Options: ClassVar[type[Options] | None] = None
+
+    def labels(self, options: object) -> list[str]:
+        """The layouts this strategy measures, as pack modes (ddp: one per spread.ddp_backend)."""
+        return [self.name]
+
+    def placement(self, label: str, devices: int, device: str) -> Placement:
+        """Where a pack of ``label`` over ``devices`` devices runs, as its job found the device ("cpu"/"cuda")."""
+        return Placement(strategy=self.name, label=label, devices=devices, device=device)
+
+    def check(self, workload: "Workload", devices: int, label: str, capacity: "Capacity", options: object) -> None:
+        """Refuse, before anything starts, what this strategy cannot spread (raise ConfigError). The framework and
+        device count are checked for every strategy by :func:`check_spread`."""
+
+    @abstractmethod
+    def run(self, trainings: Sequence["Training"], ctx: "PackContext") -> list["TrainingOutcome"]:
+        """Run the pack's one training over ``ctx.devices`` devices; call ctx.on_started / ctx.on_finished as a
+        packing mode does, and say how it ended."""
+
+
+
+def available_strategies() -> list[str]:
+    return module_names(__path__)
+
+
+def load_strategy(name: str, key: str = KEY) -> Strategy:
+    require_known(name, available_strategies(), key, "spread strategy")
+    # an abstract class as the kind to check against (python/mypy#4717)
+    return exported(importlib.import_module(f"{__name__}.{name}"), "STRATEGY", Strategy)  # type: ignore[type-abstract]
+
+
+def strategy_options(strategy: Strategy, spread: Mapping[str, object]) -> Options | None:
+    """``strategy``'s Options from the spread config's spread.<name>_* keys (a field not given keeps its default);
+    None when the strategy has no options."""
+    if strategy.Options is None:
+        return None
+    prefix = f"{strategy.name}_"
+    given = {f.name: spread[prefix + f.name] for f in fields(strategy.Options) if prefix + f.name in spread}
+    return strategy.Options(**given)
+
+
+def devices_on(capacity: "Capacity") -> tuple[int | None, str]:
+    """How many devices one job on a partition can spread over, and what they are: the node's GPUs where it has
+    them (sinfo, or NVML on this machine), else its CPUs standing in (k processes or k logical CPU devices)."""
+    if capacity.has_gpu:
+        return capacity.node_gpus, "GPUs"
+    return capacity.node_cpus or capacity.max_cpus, "CPUs standing in for devices"
+
+
+def check_spread(strategy: Strategy, workload: "Workload", devices: Sequence[int], labels: Sequence[str],
+                 capacities: Mapping[str, "Capacity"], options: object) -> None:
+    """spread.* against the workload and what each partition's node has; one ConfigError line each. Pure."""
+    if workload.framework != strategy.framework:
+        others = [s for s in available_strategies() if load_strategy(s).framework == workload.framework]
+        hint = (f"use spread.strategy={others[0]} for a {workload.framework} workload" if others else
+                f"{workload.name} ({workload.framework}) has no spread strategy; leave spread.devices=[]")
+        raise ConfigError(KEY, strategy.name, f"spreads {strategy.framework} trainings, but {workload.name} is a "
+                          f"{workload.framework} workload", hint)
+    if strategy.name not in workload.spreads:
+        raise ConfigError(KEY, strategy.name, f"{workload.name} does not say how to spread itself with it "
+                          "(Workload.spreads)", "leave spread.devices=[], or make the workload call ctx.spread "
+                          "(see gpupack/job/workloads/_torch_common.py)")
+    require_counts(devices, "spread.devices", "a device count", "spread.devices=[1,2]", each="k")
+    for name, cap in capacities.items():
+        most, what = devices_on(cap)
+        for i, k in enumerate(devices):
+            if most is not None and k > most:
+                raise ConfigError(f"spread.devices[{i}]", k, f"one training on {k} devices needs {k} {what} on one "
+                                  f"node, but a {name} node has {most}",
+                                  f"use spread.devices with k <= {most}, or a partition whose nodes have more")
+            for label in labels:
+                strategy.check(workload, k, label, cap, options)

@@ -1,0 +1,383 @@
+"""Pack any program without touching it: ``sweep.workload=command``.
+
+    sweep.fixed.argv=[python, train.py, --lr, "{lr}", --seed, "{seed}"]   sweep.grid.lr=[0.1,0.01]
+
+Each ``{name}`` in an argv item is replaced by that training's hyperparameter (a list argv, never a shell;
+``{{``/``}}`` are literal braces; ``{lr:.0e}`` takes a format spec; a name that is no hyperparameter is refused
+before anything runs). ``sweep.fixed.cwd`` (the program's working directory) and ``sweep.fixed.env`` (extra
+environment variables) are templated the same way. Every other key of the grid or of ``sweep.fixed`` is a
+hyperparameter, typed as Hydra parsed it.
+
+The program's exit status is the training's status and its wall time the training's time. gpupack sets
+``GPUPACK_RESULT`` to a path; a program that writes JSON there (:mod:`gpupack.result` does it in three calls)
+reports metrics and samples, and — when it marks its first step — start-up apart from the loop.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import string
+import sys
+from pathlib import Path
+from typing import Callable, Mapping, Sequence, TypedDict, cast
+
+from gpupack.core.preload import import_libraries, static_imports
+from gpupack.core.result import ENV as RESULT_ENV
+from gpupack.core.result import ResultReport
+from gpupack.core.stdout_metrics import metrics_from_output, stdout_patterns
+from gpupack.core.workload import Launch, LoopSummary, PythonMain, TrainingContext, Workload
+from gpupack.errors import ConfigError, nearest
+
+# What describes the program; every other key is a hyperparameter.
+PROGRAM_KEYS = ("argv", "cwd", "env", "metrics", "start", "preload")
+STARTS = ("fresh", "fork")
+# Placeholders that are no hyperparameter: {python} is the interpreter running gpupack (its venv, activated or not).
+RESERVED = {"python": sys.executable}
+CONVERSIONS: dict[str, Callable[[object], str]] = {"r": repr, "s": str, "a": ascii}
+ARGV_HINT = "e.g. sweep.fixed.argv=[python,train.py,--lr,'{lr}']"
+
+
+class CommandParams(TypedDict, total=False):
+    """A command training's hyperparameters: the keys that describe the program (PROGRAM_KEYS), as
+    :meth:`Command.typed` checked them; every other key is a hyperparameter of the program's own, any JSON value."""
+
+    argv: list[str]
+    cwd: str | None
+    env: dict[str, str]
+    metrics: dict[str, str]
+    start: str
+    preload: list[str]
+
+
+def program_keys(params: Mapping[str, object]) -> CommandParams:
+    """A training's plain values (a plan's, a spec's JSON) as what they are: :meth:`Command.typed` checked the
+    program's keys before anything ran."""
+    return cast(CommandParams, params)
+
+
+def render(template: str, values: Mapping[str, object], key: str) -> str:
+    """``template`` with each ``{name}`` (optionally ``{name:spec}`` or ``{name!r}``) replaced by values[name]."""
+    out = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as err:
+        raise ConfigError(key, template, f"is not a valid template ({err})",
+                          "write {{ and }} for literal braces, {name} for a hyperparameter") from None
+    for literal, name, spec, conversion in parsed:
+        out.append(literal)
+        if name is None:
+            continue
+        if not name or not name.isidentifier() and not name.replace("-", "_").isidentifier():
+            raise ConfigError(key, template, f"{{{name}}} is not a hyperparameter placeholder",
+                              "name a hyperparameter, e.g. {lr}; write {{ and }} for literal braces")
+        if name not in values:
+            raise ConfigError(key, template, f"{{{name}}} names no hyperparameter of this sweep",
+                              f"{nearest(name, values)} "
+                              f"(add it with sweep.grid.{name}=[...] or sweep.fixed.{name}=...)")
+        if conversion and conversion not in CONVERSIONS:
+            raise ConfigError(key, template, f"!{conversion} is not a conversion",
+                              "use {name}, {name!r}, {name!s} or {name!a}")
+        value = CONVERSIONS[conversion](values[name]) if conversion else values[name]
+        try:
+            out.append(format(value, spec or ""))
+        except (ValueError, TypeError) as err:
+            raise ConfigError(key, template, f"format spec {spec!r} does not fit {name}={value!r} ({err})",
+                              "drop the spec, or give one that fits the value, e.g. {lr:.0e}") from None
+    return "".join(out)
+
+
+def _names(template: str) -> set[str]:
+    """The placeholder names in a template ("" where it does not parse: render refuses it later)."""
+    try:
+        return {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(template) if name}
+    except ValueError:
+        return set()
+
+
+class Command(Workload[CommandParams]):
+    name = "command"
+    framework = "command"  # a program of its own: only process mode can host it
+    Params = dict
+    fresh_reason = "a program starts fresh unless sweep.fixed.start=fork, for a Python script or -m module"
+    curve_in_output = True  # a user's program prints its curve: search.intermediate reads it
+
+    # ---- hyperparameters are open: the program's own, whatever the user names ----
+
+    def defaults(self) -> dict[str, object]:
+        return {"argv": [], "cwd": None, "env": {}, "metrics": {}, "start": "fresh", "preload": []}
+
+    def typed(self, key: str, value: object, where: str) -> object:
+        full = f"{where}.{key}"
+        if key not in PROGRAM_KEYS:
+            if isinstance(value, dict):
+                raise ConfigError(full, value, "a hyperparameter must be a value or a list of values",
+                                  "give a number, a string or a list")
+            return value
+        if where != "sweep.fixed":
+            raise ConfigError(full, value, f"{key} describes the program, not a hyperparameter",
+                              f"set it once as sweep.fixed.{key}")
+        if key == "argv":
+            if not isinstance(value, list) or any(isinstance(v, (list, dict)) for v in value):
+                raise ConfigError(full, value, "argv must be a list of strings (a list argv, never a shell line)",
+                                  ARGV_HINT)
+            if any(v is None for v in value):
+                raise ConfigError(full, value, "an argv item is null", "quote it, or leave it out: [python,train.py]")
+            # Hydra parsed unquoted items: a boolean arrives as the user wrote it (true), not as Python's True.
+            return [str(v).lower() if isinstance(v, bool) else str(v) for v in value]
+        if key == "metrics":
+            return stdout_patterns(value, full)
+        if key == "start":
+            if value not in STARTS:
+                raise ConfigError(full, value, "unknown start", f"{nearest(str(value), STARTS)}: fresh (a new "
+                                  "interpreter per training) or fork (from a server that imported sweep.fixed.preload)")
+            return value
+        if key == "preload":
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(full, value, "must be a list of module names", "e.g. sweep.fixed.preload=[torch]")
+            return value
+        if key == "cwd":
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(full, value, "must be a folder path or null", "e.g. sweep.fixed.cwd=/project/me/code")
+            return value
+        if not isinstance(value, dict) or any(isinstance(v, (list, dict)) for v in value.values()):
+            raise ConfigError(full, value, "env must map variable names to values",
+                              "e.g. +sweep.fixed.env.WANDB_MODE=offline")
+        return {str(k): str(v) for k, v in value.items()}
+
+    def params(self, values: Mapping[str, object]) -> CommandParams:
+        return program_keys(dict(values))
+
+    @staticmethod
+    def hyperparameters(params: Mapping[str, object]) -> dict[str, object]:
+        return {k: v for k, v in params.items() if k not in PROGRAM_KEYS}
+
+    def program(self, plain: Mapping[str, object]) -> Launch:
+        """The rendered argv, environment and working directory of one training (refuses bad templates)."""
+        params = program_keys(plain)
+        # only the hyperparameters its templates name (a check reads no more: gpupack.sweep.setup.once); all of them
+        # where one is missing, for the nearest name in render's refusal
+        templates = [*(params.get("argv") or []), *(params.get("env") or {}).values(), params.get("cwd") or ""]
+        names = {n for t in templates for n in _names(str(t)) if n not in RESERVED}
+        own = all(n not in PROGRAM_KEYS and n in plain for n in names)
+        named = {n: plain[n] for n in names} if own else self.hyperparameters(params)
+        values = {**RESERVED, **named}
+        argv = [render(item, values, f"argv[{i}]") for i, item in enumerate(params.get("argv") or [])]
+        env = {name: render(v, values, f"env.{name}") for name, v in (params.get("env") or {}).items()}
+        cwd = render(cwd_template, values, "cwd") if (cwd_template := params.get("cwd")) else None
+        return Launch(argv, env, cwd)
+
+    def filler_seed(self, fixed: Mapping[str, object]) -> str | None:
+        """The seed reaches the program only through a ``{seed}`` in its argv, env or cwd."""
+        program = program_keys(fixed)
+        templates = [*(program.get("argv") or []), *(program.get("env") or {}).values(), program.get("cwd") or ""]
+        return self.seed_key if any(_names(str(t)) & {self.seed_key} for t in templates) else None
+
+    def check(self, params: CommandParams) -> None:
+        if not params.get("argv"):
+            raise ConfigError("argv", params.get("argv"), "no program given (argv is empty)", ARGV_HINT)
+        launch = self.program(params)
+        for name in launch.env:
+            if not name.replace("_", "a").isalnum() or name[0].isdigit():
+                raise ConfigError(f"env.{name}", launch.env[name], "is not an environment variable name",
+                                  "use letters, digits and _, not starting with a digit")
+        cwd = Path(launch.cwd) if launch.cwd else Path.cwd()
+        if not cwd.is_dir():
+            raise ConfigError("cwd", launch.cwd, "is not a folder", "give an existing folder, or leave cwd unset")
+        # the program's PATH, without copying the whole environment once per training (a grid of thousands)
+        check_program(launch.argv, cwd, {"PATH": launch.env.get("PATH", os.environ.get("PATH", ""))})
+        if params.get("start") == "fork":
+            if python_main(launch.argv, {**os.environ, **launch.env}) is None:
+                raise ConfigError("start", "fork", f"argv {launch.argv[:3]} is not a Python program this interpreter "
+                                  "runs (python SCRIPT.py ... or python -m MODULE ...)",
+                                  "write sweep.fixed.argv=['{python}',train.py,...], or leave start=fresh")
+            for i, module in enumerate(params.get("preload") or []):
+                check_importable(module, f"preload[{i}]")
+
+    # ---- process mode: the program itself is the training's process ----
+
+    def launch(self, params: Mapping[str, object], spec_path: str, result_path: str) -> Launch:
+        program = self.program(params)
+        main = python_main(program.argv, {**os.environ, **program.env}) if params.get("start") == "fork" else None
+        return Launch(program.argv, {**program.env, RESULT_ENV: result_path}, program.cwd, main)
+
+    # ---- fork start (sweep.fixed.start=fork): a forked child runs the script as python would ----
+
+    def fork_refusal(self, params: Mapping[str, object]) -> str | None:
+        return None if params.get("start") == "fork" else self.fresh_reason
+
+    def preload(self, params: Sequence[CommandParams]) -> None:
+        if not params:
+            return
+        for module in params[0].get("preload") or []:
+            importlib.import_module(str(module))
+        # what the script's own files import (every import of a forked script runs in its child): its libraries
+        import_libraries(static_imports(self.source_files(params[0]), sys.modules), "imported by the script's files")
+
+    def source_files(self, params: Mapping[str, object]) -> list[Path]:
+        """The Python file a forked training runs (its script, or its -m module where it is a file), else none."""
+        launch = self.program(params)
+        main = python_main(launch.argv, {**os.environ, **launch.env})
+        cwd = Path(launch.cwd) if launch.cwd else Path.cwd()
+        if main is None:
+            return []
+        if "script" in main:
+            return [cwd / str(main["script"])]
+        found = module_file(str(main["module"]), [str(cwd), *sys.path])
+        return [found] if found is not None else []
+
+    def failure_hint(self, params: Mapping[str, object], error: str) -> str | None:
+        """A program that could not import a module may have run under another interpreter than gpupack's: say
+        which one ran it."""
+        if "ModuleNotFoundError" not in error and "No module named" not in error:
+            return None
+        argv = self.program(params).argv
+        program = argv[0] if argv else ""
+        ran = shutil.which(program) or program
+        if os.path.abspath(ran) == os.path.abspath(sys.executable):
+            return None
+        return (f"HINT: argv[0] {program!r} ran {ran}, not the Python running gpupack ({sys.executable}): write "
+                f"{{python}} in sweep.fixed.argv to use gpupack's, or install the module for {ran}")
+
+    def result(self, params: Mapping[str, object], raw: Mapping[str, object] | None, spawned_at: float,
+               ended_at: float, stdout: Path | None = None) -> CommandResult:
+        result = result_from_report(raw, spawned_at, ended_at)
+        patterns = program_keys(params).get("metrics") or {}
+        if patterns and stdout is not None:  # what the program reported itself wins over what its output shows
+            result["metrics"] = {**metrics_from_output(stdout, patterns), **result["metrics"]}
+        return result
+
+    def train(self, params: CommandParams, ctx: TrainingContext) -> dict[str, object]:
+        """Never called: a program is its own process (``launch``), started and followed by the one supervisor, and
+        no mode or strategy hosts a ``command`` training in-process (its framework is none of theirs)."""
+        raise NotImplementedError("a command training runs as its own process (process mode), never in-process")
+
+
+def module_file(name: str, path: Sequence[str]) -> Path | None:
+    """The file of module ``name`` (dotted) as ``python -m`` would find it from ``path`` (the working folder first),
+    found without importing anything: its packages' ``__init__`` may do anything at import."""
+    locations: Sequence[str] | None = list(path)
+    spec = None
+    for part in name.split("."):
+        if locations is None:
+            return None
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(part, list(locations))
+        except (ImportError, ValueError, OSError):
+            return None
+        if spec is None:
+            return None
+        locations = spec.submodule_search_locations
+    return Path(spec.origin) if spec is not None and spec.origin and spec.has_location else None
+
+
+def python_main(argv: Sequence[str], env: Mapping[str, str]) -> PythonMain | None:
+    """``[PY, SCRIPT.py, ARGS...]`` or ``[PY, -m, MODULE, ARGS...]`` run by this very interpreter (PY is {python},
+    or a path or PATH name that is sys.executable: a venv's python is a link to the system's, so paths are compared
+    unresolved) as the fork server's request; None for anything else. Pure, given PATH."""
+    if len(argv) < 2:
+        return None
+    found = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
+    if found is None or os.path.abspath(found) != os.path.abspath(sys.executable):
+        return None
+    if argv[1] == "-m" and len(argv) > 2:
+        return {"module": argv[2], "argv": [argv[2], *argv[3:]]}
+    if argv[1].startswith("-"):
+        return None  # other interpreter options (-c, -u, -X...): only a fresh interpreter honours them
+    return {"script": argv[1], "argv": list(argv[1:])}
+
+
+def check_importable(module: object, key: str, listed_in: str = "sweep.fixed.preload") -> None:
+    """A module this interpreter can import (found, not imported: that is the fork server's), listed in
+    ``listed_in`` (sweep.fixed.preload, hydra.launcher.preload)."""
+    try:
+        found = isinstance(module, str) and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing, or an empty name
+        found = False
+    if not found:
+        raise ConfigError(key, module, "is no module this Python can import",
+                          f"install it in {sys.executable}'s environment, or drop it from {listed_in}")
+
+
+def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:
+    """The program must exist where it will run: a path (relative to cwd) to an executable file, or a name on
+    PATH; and ``python SCRIPT.py``'s script must exist too."""
+    program = argv[0]
+    if os.sep in program:
+        path = Path(program) if os.path.isabs(program) else cwd / program
+        if not path.is_file():
+            raise ConfigError("argv[0]", program, f"no such program ({path})",
+                              "give the path of an executable file, or a program on PATH such as python")
+        if not os.access(path, os.X_OK):
+            raise ConfigError("argv[0]", program, "is not executable",
+                              f"chmod +x {program}, or run it through its interpreter: [python,{program},...]")
+    elif shutil.which(program, path=env.get("PATH")) is None:
+        raise ConfigError("argv[0]", program, "is not a program on PATH",
+                          "install it, load its module, or give its full path")
+    script = argv[1] if len(argv) > 1 else ""
+    if Path(program).name.startswith("python") and script.endswith(".py") and not script.startswith("-"):
+        if not (Path(script) if os.path.isabs(script) else cwd / script).is_file():
+            raise ConfigError("argv[1]", script, f"no such script (looked in {cwd})",
+                              "give the script's path, or set sweep.fixed.cwd to the folder that holds it")
+
+
+class CommandTimings(TypedDict):
+    """A command training's timings, from its wall and the marks it reported (``split``: the loop was marked)."""
+    spawned_at: float
+    process_start: None  # the program's own start is not known
+    loop_start: float | None
+    loop_end: float | None
+    finished: float
+    startup_s: float | None
+    loop_s: float | None
+    teardown_s: float | None
+    split: bool
+
+
+class CommandResult(TypedDict):
+    """A command training's result, in the worker's schema (gpupack.job.runtime.worker.TrainingResult)."""
+    metrics: dict[str, object]
+    memory: dict[str, float | None]
+    knobs: dict[str, object]
+    loader_setting: None
+    data: None
+    throughput: LoopSummary
+    timings: CommandTimings
+
+
+def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ended_at: float) -> CommandResult:
+    """A command training's result in the worker's schema, from what the program reported (or nothing).
+
+    Start-up and loop are split only when the program marked its first step (``loop_start``); otherwise the whole
+    wall time is one figure and ``timings.split`` is false (the table says so).
+    """
+    report = cast(ResultReport, raw or {})  # the program's JSON, read as gpupack.core.result writes it
+    loop_start, loop_end = _time(report.get("loop_start")), _time(report.get("loop_end"))
+    loop_s = loop_end - loop_start if loop_start is not None and loop_end is not None else None
+    samples = int(report.get("samples") or 0)
+    rate_over = loop_s if loop_s else ended_at - spawned_at
+    throughput: LoopSummary = {
+        "loop_s": loop_s, "steps": int(report.get("steps") or 0), "samples": samples,
+        "samples_per_s": samples / rate_over if samples and rate_over > 0 else None, "warmup_excluded": False,
+        "curve": []}
+    return {
+        "metrics": {k: v for k, v in (report.get("metrics") or {}).items()},
+        "memory": {"peak_rss_mb": None, "peak_gpu_mem_mb": None},  # the sampler follows the process's RSS
+        "knobs": {},
+        "loader_setting": None,
+        "data": None,
+        "throughput": throughput,
+        "timings": {"spawned_at": spawned_at, "process_start": None, "loop_start": loop_start, "loop_end": loop_end,
+                    "finished": ended_at, "startup_s": loop_start - spawned_at if loop_start is not None else None,
+                    "loop_s": loop_s, "teardown_s": ended_at - loop_end if loop_end is not None else None,
+                    "split": loop_start is not None},
+    }
+
+
+def _time(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+WORKLOAD = Command()

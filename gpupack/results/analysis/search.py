@@ -1,0 +1,110 @@
+"""A search's trials (``search=optuna``): the study's journal (:mod:`gpupack.search.study`) and the trials' training
+records → the trials ranked by their value (:func:`trials_frame`) and the study's history (:func:`history`): the best
+value so far against the trial number and against the device-hours spent. Pure: the journal is read by
+:mod:`gpupack.results.analysis.load`, the frames are rendered by :mod:`gpupack.results.report`.
+
+A trial's device-seconds are its records' walls (every attempt's: a victim run again spent both), as the study counts
+them against ``search.device_hours``; where a trial has no record (it died with its lane) the journal's own figure, or
+none."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from gpupack.search.study import COMPLETE, FAILED, PRUNED, RUNNING, Journal, trial_number
+
+WAITING = "waiting"  # a trial's state here while it is planned for a lane whose job has not started it
+TRIAL_COLUMNS = ["rank", "number", "value", "state", "params", "wall_s", "device_s", "why", "lane"]
+HISTORY_COLUMNS = ["number", "state", "value", "best_so_far", "device_hours"]
+
+
+@dataclass(frozen=True)
+class SearchReport:
+    """One run's search: what it optimised, its budget, its trials ranked and its history."""
+
+    run: str
+    metric: str
+    direction: str  # maximize | minimize
+    n_trials: int  # the budget: finished trials
+    trials: pd.DataFrame  # TRIAL_COLUMNS, best first (trials_frame)
+    history: pd.DataFrame  # HISTORY_COLUMNS, by trial number (history)
+
+    def best(self) -> pd.Series | None:
+        """The best completed trial's row (None: none completed yet)."""
+        done = self.trials[self.trials["state"] == COMPLETE]
+        return done.iloc[0] if not done.empty and pd.notna(done["value"].iloc[0]) else None
+
+    def counts(self) -> dict[str, int]:
+        """Trials by state, every state named."""
+        said = self.trials["state"].value_counts() if not self.trials.empty else pd.Series(dtype=int)
+        return {state: int(said.get(state, 0)) for state in (COMPLETE, PRUNED, FAILED, RUNNING, WAITING)}
+
+    @property
+    def device_hours(self) -> float:
+        return float(self.trials["device_s"].fillna(0.0).sum()) / 3600 if not self.trials.empty else 0.0
+
+
+def trial_walls(trainings: pd.DataFrame) -> pd.DataFrame:
+    """A row per trial that has training records: its latest attempt's wall (``wall_s``) and every attempt's walls
+    summed (``device_s``), by trial number. ``trainings``: one run's training records (training_id, wall_s,
+    attempt). Pure."""
+    if trainings.empty or not {"training_id", "wall_s"} <= set(trainings.columns):
+        return pd.DataFrame({"wall_s": pd.Series(dtype=float), "device_s": pd.Series(dtype=float)},
+                            index=pd.Index([], name="number", dtype=int))
+    numbers = trainings["training_id"].map(lambda tid: trial_number(str(tid)))
+    rows = trainings.assign(number=numbers, wall_s=pd.to_numeric(trainings["wall_s"], errors="coerce"))
+    rows = rows[rows["number"].notna()].astype({"number": int})
+    attempt = rows["attempt"] if "attempt" in rows else pd.Series(0, index=rows.index)
+    latest = rows[attempt == 0].groupby("number")["wall_s"].last()
+    spent = rows.groupby("number")["wall_s"].sum(min_count=1)
+    return pd.DataFrame({"wall_s": latest, "device_s": spent}).rename_axis("number")
+
+
+def trials_frame(journal: Journal, walls: pd.DataFrame) -> pd.DataFrame:
+    """The study's trials, best first (:meth:`Journal.ranked`: the completed by value towards the direction, then the
+    pruned, the failed, the running and those waiting for their lane's job), each with its rank among the completed (1
+    the best), its params, its wall and device-seconds (``walls``: :func:`trial_walls`; the journal's device-seconds
+    where a trial has no record). Pure."""
+    rows = []
+    rank = 0
+    for t in journal.ranked():
+        ranked = t.state == COMPLETE and t.value is not None
+        rank += ranked
+        told = t.device_s if t.device_s > 0 else np.nan
+        wall = walls["wall_s"].get(t.number, np.nan) if "wall_s" in walls else np.nan
+        spent = walls["device_s"].get(t.number, np.nan) if "device_s" in walls else np.nan
+        rows.append({"rank": rank if ranked else pd.NA, "number": t.number, "value": t.value,
+                     "state": WAITING if t.waiting else t.state,
+                     "params": dict(t.params), "wall_s": wall if pd.notna(wall) else told,
+                     "device_s": spent if pd.notna(spent) else told, "why": t.why, "lane": t.lane})
+    frame = pd.DataFrame(rows, columns=TRIAL_COLUMNS)
+    return frame.astype({"rank": "Int64", "number": int, "value": float, "wall_s": float, "device_s": float})
+
+
+def history(trials: pd.DataFrame, direction: str) -> pd.DataFrame:
+    """The study's history, a row per trial in the order they were asked (their numbers): its value, the best
+    completed value so far (NaN before the first completes; a pruned trial's value is a step's, not its end's, so it
+    never counts) and the device-hours spent by the trials up to it. Pure."""
+    if trials.empty:
+        return pd.DataFrame(columns=HISTORY_COLUMNS)
+    t = trials.sort_values("number")
+    done = t["value"].where(t["state"] == COMPLETE)
+    best = (done.cummax() if direction == "maximize" else done.cummin()).ffill()  # cummax leaves NaN where NaN was
+    return pd.DataFrame({"number": t["number"].to_numpy(), "state": t["state"].to_numpy(),
+                         "value": t["value"].to_numpy(), "best_so_far": best.to_numpy(),
+                         "device_hours": (t["device_s"].fillna(0.0).cumsum() / 3600).to_numpy()})
+
+
+def search_reports(studies: Mapping[str, Journal], trainings: pd.DataFrame) -> list[SearchReport]:
+    """Each run's search (``studies``: run directory → its study's journal), from its trials and the run's training
+    records (``trainings``, a ``run_dir`` column telling the runs apart). Pure."""
+    out = []
+    for run, journal in studies.items():
+        mine = trainings[trainings["run_dir"] == run] if "run_dir" in trainings else trainings.iloc[:0]
+        trials = trials_frame(journal, trial_walls(mine))
+        s = journal.search
+        out.append(SearchReport(run, s.metric, s.direction, s.n_trials, trials, history(trials, s.direction)))
+    return out

@@ -1,0 +1,254 @@
+"""The PNG plots (matplotlib, headless): time per training against N, split against no split, the curves of one
+pack, the cost, spread beside packing. matplotlib is imported only when a plot is drawn (it is heavy)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpupack.core.store.records import atomic_file
+from gpupack.results.analysis.aggregate import Collected
+from gpupack.results.analysis.occupancy import STREAMED, WHOLE
+from gpupack.results.analysis.search import SearchReport
+from gpupack.results.report.text import mode_label, packer_of, params_label, trainings_phrase
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def _line_style(mode: object) -> str:
+    """The matplotlib line style of a mode's curves: its Packer's ``line_style`` (":" for a name the registry does not
+    hold)."""
+    packer = packer_of(mode)
+    return packer.line_style if packer is not None else ":"
+
+
+def _headless() -> None:
+    """Before pyplot is imported: matplotlib is imported here, not at the top (it is heavy, and only a plot needs it),
+    each plot importing pyplot after this call."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: compute nodes and CI have no display
+
+
+def plot_time_per_training(c: Collected, path: Path) -> Path | None:
+    """Time per training against N with its interval, one line per (run, partition, mode), the chosen N ringed."""
+    if "time_per_training_s" not in c.summary:  # no pack has finished yet
+        return None
+    s = c.summary.dropna(subset=["time_per_training_s"])
+    if s.empty:
+        return None
+    _headless()
+    import matplotlib.pyplot as plt
+
+    workloads = sorted(s["workload"].unique())
+    fig, axes = plt.subplots(1, len(workloads), figsize=(min(7 * len(workloads), 14), 4.5), squeeze=False)
+    lines = ["run", "partition", "gpu_type", "mode"] if "run" in s else ["partition", "gpu_type", "mode"]
+    for ax, workload in zip(axes[0], workloads):
+        said = 0  # the chosen N's names on this plot, stacked so that two lines' answers never overprint
+        for key, g in s[s["workload"] == workload].groupby(lines):
+            *run, partition, gpu, mode = key
+            g = g.sort_values("factor")
+            low = g.get("tpt_ci_low_s", g["tpt_min_s"]).fillna(g["tpt_min_s"])  # the interval; min-max for one pack
+            high = g.get("tpt_ci_high_s", g["tpt_max_s"]).fillna(g["tpt_max_s"])
+            err = [(g["time_per_training_s"] - low).clip(lower=0), (high - g["time_per_training_s"]).clip(lower=0)]
+            drawn = ax.errorbar(g["factor"], g["time_per_training_s"], yerr=err, marker="o", capsize=3,
+                                linestyle=_line_style(mode),
+                                label=(f"{run[0]}: " if run else "") + f"{partition} ({gpu}), {mode}")
+            chosen = g[g["chosen"].fillna(False).astype(bool)] if "chosen" in g else g.iloc[:0]
+            for _, r in chosen.iterrows():  # the answer, ringed and named on the curve it was read from
+                ax.plot(r["factor"], r["time_per_training_s"], marker="o", markersize=14, fillstyle="none",
+                        color=drawn.lines[0].get_color())
+                ax.annotate(f"chosen N={int(r['factor'])}" + (f" ({run[0]})" if run else ""),
+                            (r["factor"], r["time_per_training_s"]), textcoords="offset points",
+                            xytext=(8, 10 + 11 * said), fontsize=8, color=drawn.lines[0].get_color())
+                said += 1
+        ax.set_xlabel("packing factor N (trainings per GPU)")
+        ax.set_ylabel("time per training (s): pack wall / N (lower is better)")
+        ax.set_title(f"{workload}: time per training against N (median, 95% interval)", fontsize=10)
+        ax.set_xticks(sorted(s["factor"].unique()))
+        ax.set_ylim(0, ax.get_ylim()[1] * (1.12 + 0.06 * said))  # headroom: the names above the points stay inside
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower left")
+    return _save(fig, path)
+
+
+def plot_split_vs_no_split(c: Collected, path: Path) -> Path | None:
+    if "time_per_training_s" not in c.summary:
+        return None
+    s = c.summary.dropna(subset=["time_per_training_s"])
+    if s.empty or s["mode"].nunique() < 2:
+        return None
+    _headless()
+    import matplotlib.pyplot as plt
+
+    groups = list(s.groupby(["workload", "partition", "gpu_type"]))
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
+    for ax, ((workload, partition, gpu), g) in zip(axes[0], groups):
+        for mode, m in g.groupby("mode"):
+            m = m.sort_values("factor")
+            ax.plot(m["factor"], m["time_per_training_s"], marker="o", linestyle=_line_style(mode),
+                    label=mode_label(mode))
+        ax.set_title(f"{workload} on {partition} ({gpu}): split vs no split")
+        ax.set_xlabel("packing factor N")
+        ax.set_ylabel("time per training (s)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _save(fig, path)
+
+
+def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
+    """The samples/s curve of every training in one pack: the first pack of the best (partition, mode, N)."""
+    t = c.records.trainings
+    if c.best_overall.empty or t.empty:
+        return None
+    best = c.best_overall.iloc[0]
+    match = c.records.with_detached(t[(t["partition"] == best["partition"]) & (t["mode"] == best["mode"])
+                                   & (t["factor"] == best["factor"])], ("curve",))
+    if "curve" not in match:
+        return None
+    match = match[match["curve"].map(lambda v: isinstance(v, str) and v not in ("[]", "null"))]  # JSON text (collect)
+    if match.empty:
+        return None
+    pack_id = sorted(match["pack_id"].unique())[0]
+    _headless()
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    rows = match[match["pack_id"] == pack_id]
+    params = [json.loads(p) if isinstance(p, str) else dict(p or {}) for p in rows.get("params", [None] * len(rows))]
+    varying = [k for k in dict.fromkeys(k for p in params for k in p) if len({str(p.get(k)) for p in params}) > 1]
+    for (_, r), p in zip(rows.iterrows(), params):  # each curve named by what sets it apart, not its hash
+        xs, ys = zip(*json.loads(r["curve"]))
+        ax.plot(xs, ys, label=params_label(p, varying) if varying and p else f"{r['training_id']}")
+    ax.set_title(f"Throughput of the {int(best['factor'])} trainings of pack {pack_id}")
+    ax.set_xlabel("seconds since the training loop started")
+    ax.set_ylabel("samples/s (per window)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_cost(c: Collected, path: Path) -> Path | None:
+    """The sweep's device-hours (and RGU-hours) per partition at its best N: only where there are partitions to
+    compare (one bar says nothing a sentence does not)."""
+    if c.cost.empty or c.cost["partition"].nunique() < 2:
+        return None
+    _headless()
+    import matplotlib.pyplot as plt
+
+    cost = c.cost.copy()
+    labels = [f"{r['partition']}\n{r['gpu_model'] or r['gpu_type']}\nN={int(r['factor'])}" for _, r in cost.iterrows()]
+    has_rgu = cost["sweep_rgu_hours"].notna().any()
+    fig, axes = plt.subplots(1, 2 if has_rgu else 1, figsize=(11 if has_rgu else 6, 4.5), squeeze=False)
+    axes[0][0].bar(labels, cost["sweep_hours"], color="tab:blue")
+    axes[0][0].set_title(f"Sweep of {trainings_phrase(c.sweep_trainings)}: device-hours (lower finishes first)")
+    axes[0][0].set_ylabel("hours on one GPU (or CPU) at the best N")
+    if has_rgu:
+        axes[0][1].bar(labels, cost["sweep_rgu_hours"].fillna(0), color="tab:orange")
+        axes[0][1].set_title("Sweep cost: RGU-hours (lower costs less)")
+        axes[0][1].set_ylabel("RGU-hours")
+    for ax in axes[0]:
+        ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_layouts(c: Collected, path: Path) -> Path | None:
+    """Time per training and device time per training against devices used per training (1/N packed, k spread)."""
+    if c.layouts.empty:
+        return None
+    _headless()
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for key, group in c.layouts.groupby(["workload", "partition", "gpu_type"]):
+        for answer, marker in (("packing", "o"), ("spread", "s")):
+            part = group[group["answer"] == answer].sort_values("devices_per_training")
+            for mode, rows in part.groupby("mode"):
+                label = f"{key[1]} {mode}"
+                axes[0].plot(rows["devices_per_training"], rows["wall_s"], marker=marker, label=label)
+                axes[1].plot(rows["devices_per_training"], rows["device_s_per_training"], marker=marker, label=label)
+    ticks = sorted(set(c.layouts["devices_per_training"]))
+    labels = [f"1/{round(1 / x)}\n(N={round(1 / x)})" if x < 1 else f"{x:g}\n(k={x:g})" if x > 1 else "1"
+              for x in ticks]
+    for ax, ylabel in zip(axes, ("one training, start to end (s)", "device-seconds per training")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, labels)
+        ax.minorticks_off()
+        ax.set_xlabel("devices per training (1/N packed, k spread)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Spread over k devices beside packing N on one")
+    return _save(fig, path)
+
+
+TIMELINE_ROWS = 48  # more slots than this: the first ones, and the title says so
+
+
+def plot_timeline(c: Collected, path: Path) -> Path | None:
+    """The slots' timeline (a Gantt chart): one row per slot of each job (a whole pack's slots share a row per slot
+    index, pack after pack), one bar per training; the white between bars is an idle slot."""
+    t = c.timeline
+    if t.empty:
+        return None
+    rows = t.assign(row=[f"{g} {job} slot {slot}" if how == STREAMED else f"{g} packs slot {slot}"
+                         for g, job, slot, how in zip(t["group"], t["job"], t["slot"], t["how"])])
+    names = list(dict.fromkeys(rows["row"]))[:TIMELINE_ROWS]
+    _headless()
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 0.35 * len(names) + 1.5))
+    colours = {STREAMED: "tab:green", WHOLE: "tab:blue"}
+    for y, name in enumerate(names):
+        bars = rows[rows["row"] == name]
+        ax.broken_barh(list(zip(bars["start_s"], bars["end_s"] - bars["start_s"])), (y - 0.4, 0.8),
+                       facecolors=[colours[h] if s == "completed" else "tab:red"
+                                   for h, s in zip(bars["how"], bars["status"])], edgecolor="white", linewidth=0.5)
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from the first training's start")
+    more = len(dict.fromkeys(rows["row"])) - len(names)
+    ax.set_title("Slots over time: a bar per training (blue: whole packs, green: streaming, red: not completed)"
+                 + (f"; {more} more rows not shown" if more > 0 else ""), fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_search_history(s: SearchReport, path: Path) -> Path | None:
+    """The study's history, two panels: each trial's value and the best so far, against the trial number and against
+    the device-hours the trials had taken by then (pruned trials at the step they were pruned, not in the best)."""
+    h = s.history
+    if h.empty or h["value"].notna().sum() == 0:
+        return None
+    _headless()
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, x, label in ((axes[0], "number", "trial number (in the order asked)"),
+                         (axes[1], "device_hours", "device-hours spent (Σ the trials' walls up to it)")):
+        for state, marker, colour in (("complete", "o", "tab:blue"), ("pruned", "x", "tab:gray")):
+            rows = h[h["state"] == state]
+            if not rows.empty:
+                ax.scatter(rows[x], rows["value"], marker=marker, color=colour, s=18, label=f"{state} trial")
+        ax.step(h[x], h["best_so_far"], where="post", color="tab:green", label="best so far")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"{s.metric} ({'higher' if s.direction == 'maximize' else 'lower'} is better)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Search history: {s.metric}, best so far against trials and device-hours", fontsize=10)
+    return _save(fig, path)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    try:
+        with atomic_file(path, binary=True) as f:  # a full disk leaves the last plot, never half a PNG
+            fig.savefig(f, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+    return path

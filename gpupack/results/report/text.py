@@ -1,0 +1,419 @@
+"""The sentences and figures of the report as plain text, shared by the terminal
+(:mod:`gpupack.results.report.terminal`), the HTML (:mod:`gpupack.results.report.html`), the plots and summary.json: the
+best-N line and how it was chosen, the modes compared, the cost, the hyperparameters. A packing mode is named as its
+:class:`gpupack.job.pack.Packer` says."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import TypedDict
+
+import pandas as pd
+
+from gpupack.job.pack import Packer, available_modes, load_packer
+from gpupack.results.analysis.aggregate import Collected
+from gpupack.results.analysis.drift import STEADY
+from gpupack.results.analysis.search import SearchReport
+from gpupack.results.analysis.summary import UNDER_LOAD
+from gpupack.results.analysis.tables import Ranking, value_text
+
+
+class SweepSection(TypedDict, total=False):
+    name: str
+    grid: dict[str, object]  # hyperparameter → its values
+
+
+class PackingSection(TypedDict, total=False):
+    factors: object  # a list of N, or auto
+    repeats: object
+    modes: object
+
+
+class ClusterSection(TypedDict, total=False):
+    name: str
+
+
+class RunConfig(TypedDict, total=False):
+    """What the report says of a run's config.yaml (written by :mod:`gpupack.sweep.flow.run`; the file holds the whole
+    composed config, read back unresolved and unchecked: a key may be missing)."""
+
+    sweep: SweepSection
+    packing: PackingSection
+    cluster: ClusterSection
+
+
+def fmt(x: object, spec: str = ".2f") -> str:
+    """``x`` formatted, or "-" where it is missing (None or NaN)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(x, spec)
+
+
+def trainings_phrase(n: int) -> str:
+    return f"{n} training" + ("" if n == 1 else "s")
+
+
+def packer_of(mode: object) -> Packer | None:
+    """The packing mode a record names, or None for a name the registry does not hold (an old record's, or a spread
+    layout's label such as ddp-gloo): such a mode is shown by its name."""
+    return load_packer(mode) if isinstance(mode, str) and mode in available_modes() else None
+
+
+def mode_label(mode: object) -> str:
+    """How the report names a mode beside another: its Packer's ``split_label``, else the name itself."""
+    packer = packer_of(mode)
+    return packer.split_label if packer is not None and packer.split_label else str(mode)
+
+
+def best_line(row: pd.Series) -> str:
+    gain, ref = row.get("gain"), row.get("gain_ref")
+    rounds = int(row["gain_rounds"]) if row.get("paired") else 0
+    how = f"paired within {rounds} round{'s' if rounds != 1 else ''}" if rounds else "ratio of medians"
+    known = gain is not None and gain == gain and ref is not None and ref == ref and int(row["factor"]) != int(ref)
+    said = f", {gain:.2f}x the trainings per hour of N={int(ref or 1)} ({how})" if known else ""
+    beyond = f" — not to be trusted: {bound_phrase(row)}" if row.get("beyond_bound") else ""
+    provisional = " (provisional)" if row.get("provisional") else ""
+    return (f"Best packing factor for {row['workload']} on {row['partition']} ({row['gpu_type']}), "
+            f"mode {row['mode']}: N={int(row['factor'])} — {row['time_per_training_s']:.2f} s per training"
+            f"{said}{beyond}{provisional}.")
+
+
+def bound_phrase(row: pd.Series) -> str:
+    """An N whose gain over the reference passes what the device can give (gpupack.results.analysis.summary.gain_bounds:
+    on a CPU min(N, cores) / min(ref, cores), on a GPU N / ref): which gain, which bound, and whether its interval holds
+    the bound."""
+    n, ref = int(row["factor"]), int(row["gain_ref"])
+    over = "one alone" if ref == 1 else f"N={ref}"
+    low = row.get("gain_low")
+    within = (f" (its interval {low:.2f}x–{row['gain_high']:.2f}x holds it: within noise of the bound)"
+              if low is not None and low == low and low <= row["gain_bound"] else "")
+    return (f"N={n}'s gain {row['gain']:.2f}x exceeds the {row['gain_bound']:.3g}x that {n} trainings at once can give "
+            f"over {over}{device_phrase(row)}{within}")
+
+
+def device_phrase(row: pd.Series) -> str:
+    """The device the bound is of: a CPU's cores, or how busy the reference kept its GPU."""
+    cores = row.get("cores")
+    if str(row.get("gpu_type")) == "cpu":
+        return f" on {int(cores)} cores" if cores is not None and cores == cores and cores >= 1 else ""
+    busy = row.get("ref_gpu_util")
+    ref = int(row["gain_ref"])
+    return (f" on one GPU (N={ref} kept it {busy:.0f} % busy)" if busy is not None and busy == busy
+            else " on one GPU")
+
+
+def _cpu_threads(r: pd.Series) -> tuple[bool, str]:
+    """(whether the row is a CPU's with its cores known, the threads each N's trainings had)."""
+    cores = r.get("cores")
+    known = str(r.get("gpu_type")) == "cpu" and cores is not None and cores == cores
+    return known, f"threads per training {r['threads_by_n']}" if r.get("threads_by_n") else ""
+
+
+def bound_lines(r: pd.Series) -> list[str]:
+    """Why a gain can pass its bound, and, on a CPU, the cores and threads a training had at each N."""
+    cpu, threads = _cpu_threads(r)
+    if r.get("beyond_bound"):
+        setup = (f"; on this CPU ({int(r['cores'])} cores), {threads}: more threads than help a small training slow "
+                 "it, so measure N=1 as it runs best (packing.threads_per_training=1)" if cpu and threads else "")
+        n, ref = int(r["factor"]), int(r["gain_ref"])
+        return [f"{bound_phrase(r)}: no N can do that on this device, so the machine changed during the run "
+                "(another job beside it; see the drift check and the packs measured under load) "
+                f"or N={ref} was set up worse than a training at N={n}{setup}."]
+    if threads and str(r.get("gpu_type")) == "cpu":
+        return [f"On this CPU ({int(r['cores'])} cores): {threads}." if cpu else f"On this CPU: {threads}."]
+    return []
+
+
+def no_answer_line(r: pd.Series) -> str:
+    """A group whose choice is withheld (gpupack.results.analysis.summary.no_answer): the answer it does not name, and
+    why."""
+    where = f"{r['workload']} on {r['partition']} ({r['gpu_type']}), mode {r['mode']}"
+    n = int(r["factor"])
+    if r.get("no_answer") == UNDER_LOAD:
+        why = (f"every pack of every N was measured under foreign load (other processes on the job's cores or GPU), "
+               f"so N={n}'s {fmt(r.get('time_per_training_s'))} s per training says how this N fared beside them, "
+               "not how it runs")
+    else:
+        why = f"{bound_phrase(r)}, which no setting of N can do, so the reference was slowed or set up to lose"
+    return f"No answer for {where}: {why}."
+
+
+def no_answer_advice(r: pd.Series) -> list[str]:
+    """What to do where no N is named: true for the case it is printed in (more packs of a biased reference settle
+    nothing, so none is advised)."""
+    cpu, threads = _cpu_threads(r)
+    quiet = ("Run it again on a quiet machine (nothing else on the job's cores: `top` shows what is), or on the "
+             "cluster, where a job has its cores to itself")
+    lines = [quiet + "."]
+    if r.get("no_answer") != UNDER_LOAD and cpu and threads:
+        lines.append(f"On this CPU ({int(r['cores'])} cores), {threads}: a training given more threads than it can "
+                     "use is the one its neighbours slow most; packing.threads_per_training=1 measures every N with "
+                     "one thread each.")
+    return lines
+
+
+def choice_lines(r: pd.Series) -> list[str]:
+    """How the best N of one group was picked: its ties, the rule, whether the answer is settled, and whether its
+    gain passes what the device can give. A withheld choice: only what to do (no answer is provisional)."""
+    if r.get("no_answer"):
+        return no_answer_advice(r) + ([f"Method: {r['choice_method']}."] if r.get("choice_method") else [])
+    lines = bound_lines(r)
+    if r.get("ties"):
+        lines.append(f"{r['ties']} tie (within noise of the lowest median); picked by the rule: {r['tie_rule']}.")
+    if r.get("provisional"):
+        need = r.get("repeats_needed")
+        more = f"; about {int(need)} packs per N would settle it (packing.repeats={int(need)})" if need else ""
+        lines.append(f"Provisional: {int(r['packs'])} pack(s) at this N is too few for the interval{more}.")
+    elif r.get("repeats_needed"):
+        lines.append(f"About {int(r['repeats_needed'])} packs per N would tell the tied N apart.")
+    if r.get("choice_method"):
+        lines.append(f"Method: {r['choice_method']}.")
+    return lines
+
+
+def mode_lines(c: Collected) -> list[str]:
+    """Where a sweep compared modes: the best (mode, N) per partition, split against no split."""
+    if c.summary.empty or c.summary["mode"].nunique() < 2:
+        return []
+    lines = []
+    for _, r in c.best_overall.iterrows():
+        others = c.best[(c.best["workload"] == r["workload"]) & (c.best["partition"] == r["partition"])
+                        & (c.best["gpu_type"] == r["gpu_type"]) & (c.best["mode"] != r["mode"])]
+        versus = "; ".join(f"best {o['mode']}: N={int(o['factor'])}, {o['time_per_training_s']:.2f} s"
+                           for _, o in others.iterrows())
+        lines.append(f"Best (mode, N) for {r['workload']} on {r['partition']} ({r['gpu_type']}): "
+                     f"{mode_label(r['mode'])} N={int(r['factor'])} — "
+                     f"{r['time_per_training_s']:.2f} s per training" + (f" ({versus})." if versus else "."))
+    return lines
+
+
+def knob_columns(knobs: pd.DataFrame) -> list[str]:
+    return [k for k in knobs.columns if k not in ("workload", "partition", "factor", "samples_per_s", "trainings",
+                                                  "loader_bound_samples_per_s", "loader_bound", "beyond_bound")]
+
+
+def hyper_title(ranking: Ranking) -> str:
+    """What the hyperparameters are ranked by, and which way."""
+    if ranking.metric is None or ranking.goal is None:
+        return "Best hyperparameters"
+    return f"Best hyperparameters by {ranking.metric} ({'lowest' if ranking.goal == 'min' else 'highest'} first, " \
+           "mean over runs)"
+
+
+def hyper_lines(ranking: Ranking) -> list[str]:
+    lines = []
+    table, metric, column = ranking.table, ranking.metric, ranking.column
+    for _, r in table.iterrows():
+        params = param_text({k: r[k] for k in table.columns if k not in ("workload", column, "runs", "trainings")})
+        lines.append(f"{r['workload']}: {params}  {metric}={r[column]:.4g} ({int(r['runs'])} runs)")
+    return lines
+
+
+def hyper_notes(ranking: Ranking) -> list[str]:
+    """What a person should know of a ranking beside its rows: where its metric or goal came from, where not from
+    the flags given now; a goal that goes against its metric's name."""
+    return [line for line in (ranking.origin, ranking.caution if not ranking.table.empty else "") if line]
+
+
+def verdict_line(workload: str, cheapest: pd.Series, fastest: pd.Series) -> str:
+    """One line: the partition, mode and N that bill the least per training, and those that finish a sweep first."""
+    def where(r: pd.Series) -> str:
+        return f"{r['partition']} ({r['mode']}, N={int(r['factor'])})"
+
+    billed = str(cheapest["billed_term"])
+    return (f"{workload}: cheapest per training: {where(cheapest)}, {fmt(cheapest['rgu_hours_per_training'], '.3g')} "
+            f"RGU-h billed by {billed}; fastest sweep: {where(fastest)}, {fmt(fastest['time_per_training_s'])} s per "
+            "training.")
+
+
+def cost_lines(c: Collected) -> list[str]:
+    lines = []
+    for workload, group in c.cost.groupby("workload"):
+        fastest = group[group["fastest"]].iloc[0]
+        lines.append(f"{workload}: a sweep of {trainings_phrase(c.sweep_trainings)} finishes first on "
+                     f"{fastest['partition']} ({fmt(fastest['sweep_hours'], '.3g')} hours on one device at N="
+                     f"{int(fastest['factor'])}, {fastest['mode']}).")
+        cheapest = group[group["cheapest"]]
+        if len(cheapest):
+            row = cheapest.iloc[0]
+            lines.append(f"{workload}: it costs least on {row['partition']} ({row['gpu_model']}): "
+                         f"{fmt(row['sweep_rgu_hours'], '.3g')} RGU-hours at N={int(row['factor'])}.")
+            lines.append(verdict_line(workload, row, fastest))
+        else:
+            lines.append(f"{workload}: no RGU weight is known for {', '.join(sorted(set(map(str, group['gpu_type']))))}"
+                         " (not a GPU model of conf/rgu/), so no RGU cost.")
+    return lines
+
+
+def drift_line(row: pd.Series, loaded: bool = False) -> str:
+    """The drift check in words, with its figure; ``loaded``: every pack of its partition was measured under foreign
+    load, so a steady figure says the load held, not that the machine was quiet."""
+    change = float(row["change"])
+    verdict = (f"steady within {STEADY:.0%}" if abs(change) <= STEADY else
+               "the machine got slower during the run" if change > 0 else "the machine got faster during the run")
+    if loaded and abs(change) <= STEADY:
+        verdict += ", but every pack ran under foreign load: the load held steady, the machine was not quiet"
+    return (f"Drift check on {row['partition']} ({row['gpu_type']}): {row['pack_id']} run again at the end took "
+            f"{row['end_s']:.2f} s against {row['first_s']:.2f} s at the start ({change:+.0%}, "
+            f"{row['hours'] * 60:.1f} min later): {verdict}.")
+
+
+def drift_lines(c: Collected) -> list[str]:
+    """Each drift check in words, said against the load its partition's packs ran under."""
+    d = c.disturbance
+    loaded = (set(d.loc[(d["packs"] > 0) & (d["disturbed"] >= d["packs"]), "partition"].astype(str))
+              if not d.empty and {"packs", "disturbed", "partition"} <= set(d) else set())
+    return [drift_line(r, str(r["partition"]) in loaded) for _, r in c.drift.iterrows()]
+
+
+def _ids(ids: Iterable[object], most: int = 5) -> str:
+    names = list(dict.fromkeys(map(str, ids)))  # an attempt of a pack measured twice is one pack named
+    return ", ".join(names[:most]) + (f", … ({len(names) - most} more)" if len(names) > most else "")
+
+
+def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
+    """What the samplers measured of load from outside the run (:mod:`gpupack.results.analysis.disturbance`): a line per
+    group with disturbed packs, naming them; a run measured quiet says nothing."""
+    lines = []
+    for _, r in disturbance.iterrows():
+        if not r["disturbed"]:
+            continue
+        said = []
+        share = r.get("share")
+        if share is not None and share == share:
+            said.append(f"{share:.0%} of its pack time")
+        foreign, cores = r.get("foreign_cores_mean"), r.get("cores")
+        if foreign is not None and foreign == foreign:
+            of = f" of {cores:.3g}" if cores is not None and cores == cores else ""
+            said.append(f"other processes used {foreign:.2g}{of} cores on average")
+        if r.get("gpu_disturbed"):
+            mem = r.get("foreign_gpu_mem_mb_max")
+            said.append(f"{r['gpu_disturbed']} with another process on its GPU (up to {r['foreign_gpu_procs_max']}"
+                        + (f", {mem:.0f} MB" if mem is not None and mem == mem else "") + ")")
+        lines.append(f"Measured under foreign load ({r['workload']} on {r['partition']} ({r['gpu_type']}), mode "
+                     f"{r['mode']}): {r['disturbed']} of {r['packs']} packs ({'; '.join(said)}): "
+                     f"{_ids(r['pack_ids'])} — their times are not trusted as quiet figures.")
+    return lines
+
+
+def yes_no(value: object) -> str:
+    """A flag in a table cell: ✓ where set, — where not (never True/False)."""
+    return "✓" if value is True or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 1) \
+        else "—" if value is False or value == 0 else fmt(value, "")
+
+
+def verdict_word(row: pd.Series) -> str:
+    """The main table's verdict on one N: the chosen N, within noise of the lowest median, or nothing."""
+    return "chosen" if row.get("chosen") else "within noise" if row.get("within_noise") else ""
+
+
+def params_label(params: Mapping[str, object], keys: Sequence[str]) -> str:
+    """A training named by its hyperparameters (``keys``: the grid's, in order; every one where none is known), as a
+    person reads it: ``lr=0.1, batch_size=64``."""
+    shown = [k for k in keys if k in params] or sorted(params)
+    return ", ".join(f"{k}={params[k]}" for k in shown)
+
+
+def duration(seconds: float | None) -> str:
+    """A wall time in the unit a person reads it in: 42 s, 3.5 min, 2.1 h."""
+    if seconds is None or seconds != seconds:
+        return "-"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 \
+        else f"{seconds / 3600:.1f} h"
+
+
+def when(epoch: float | None) -> str:
+    """A record's time stamp as a date and time with its zone (the machine's that writes the report)."""
+    if epoch is None or epoch != epoch:
+        return "-"
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M %Z")
+
+
+def _listed(values: object) -> str:
+    return ", ".join(map(str, values)) if isinstance(values, (list, tuple)) else str(values)
+
+
+def what_ran(c: Collected, configs: Mapping[str, RunConfig]) -> list[tuple[str, str]]:
+    """What ran, as (what, value) pairs: the sweep, its workload, grid, N, modes, partitions and cluster (from the
+    runs' configs, ``configs``: run directory → its config.yaml as a dict, {} where there is none), the date, the
+    wall time from the first pack's start to the last one's end, the trainings by outcome and the jobs and packs
+    that ran them (the run header's jobs: a job runs its lane of packs in turn). Pure."""
+    first = next(iter(configs.values()), RunConfig())
+    sweep, packing = first.get("sweep") or {}, first.get("packing") or {}
+    grid = sweep.get("grid") or {}
+    packs = c.records.packs
+    partitions = sorted(set(map(str, c.summary["partition"]))) if "partition" in c.summary else []
+    pairs = [("sweep", ", ".join(dict.fromkeys(str((cf.get("sweep") or {}).get("name", "-")) for cf in
+                                               configs.values())) or "-"),
+             ("workload", ", ".join(sorted(set(map(str, c.records.trainings.get("workload", []))))) or "-"),
+             ("grid", "; ".join(f"{k}: {_listed(v)}" for k, v in grid.items()) or "-"),
+             ("N (packing factors)", _listed(packing.get("factors", "-"))),
+             ("repeats", str(packing.get("repeats", "-"))),
+             ("modes", _listed(packing.get("modes", "-"))),
+             ("partitions", ", ".join(partitions) or "-"),
+             ("cluster", str((first.get("cluster") or {}).get("name", "-")))]
+    first_start, last_end = _span(packs)
+    pairs += [("date", when(first_start)),
+              ("wall time", duration(last_end - first_start if first_start is not None and last_end is not None
+                                     else None))]
+    counts = c.records.plan_counts() if c.records.planned_ids else None
+    latest = c.records.latest()
+    if counts is not None:
+        pairs.append(("trainings", f"{counts.completed} completed, {counts.failed} failed"
+                      + (f", {counts.skipped} skipped for memory" if counts.skipped else "")
+                      + (f", {counts.unrecorded} without a record" if counts.unrecorded else "")
+                      + f" (of {counts.planned} planned)"))
+    elif not latest.empty and "status" in latest:
+        done = int((latest["status"] == "completed").sum())
+        pairs.append(("trainings", f"{done} completed, {len(latest) - done} did not"))
+    pairs.append(("jobs and packs", jobs_phrase(packs)))
+    return pairs
+
+
+def _span(packs: pd.DataFrame) -> tuple[float | None, float | None]:
+    """The first pack's start and the last one's end (None where no record says)."""
+    def stamp(col: str, last: bool) -> float | None:
+        if packs.empty or col not in packs:
+            return None
+        values = pd.to_numeric(packs[col], errors="coerce").dropna()
+        return None if values.empty else float(values.max() if last else values.min())
+
+    return stamp("started_at", False), stamp("ended_at", True)
+
+
+def jobs_phrase(packs: pd.DataFrame) -> str:
+    """The jobs that ran the packs and the packs (or streaming lanes) they ran: a job may run a lane of packs in
+    turn, so the jobs are counted by their job id, as the run header counts them."""
+    if packs.empty or "pack_id" not in packs:
+        return "-"
+    p = packs[packs["attempt"] == 0] if "attempt" in packs else packs
+    jobs = p["job_id"].dropna().nunique() if "job_id" in p else 0
+    said = f"{len(p)} pack(s)" + (f" run by {jobs} job(s)" if jobs else "")
+    return said
+
+
+# ---------------- search=optuna: the best trial, the trials, the study's history ----------------
+
+def param_text(params: Mapping[str, object]) -> str:
+    """Hyperparameters as a person reads them: ``lr=0.0123, layers=3`` (floats to 4 significant digits; a whole
+    number as one, as a table column of ints with a gap holds them: 60000, not 6e+04 or 60000.0)."""
+    return ", ".join(f"{k}={value_text(v)}" for k, v in params.items())
+
+
+def search_best_line(s: SearchReport) -> str:
+    """The search's answer in one line, its params first: ``Best trial: lr=0.0123, layers=3 → val_accuracy 0.9123
+    (maximize; trial 17 of 32)``."""
+    best = s.best()
+    if best is None:
+        return f"Best trial: none completed yet ({s.metric}, {s.direction}; {len(s.trials)} trial(s) asked)."
+    return (f"Best trial: {param_text(best['params'])} → {s.metric} {best['value']:.4g} ({s.direction}; trial "
+            f"{int(best['number'])} of {len(s.trials)})")
+
+
+def search_counts_line(s: SearchReport) -> str:
+    """How far the search is: its trials by state against the budget, and the device-hours they took."""
+    counts = s.counts()
+    said = ", ".join(f"{n} {state}" for state, n in counts.items() if n or state in ("complete", "pruned"))
+    return (f"{len(s.trials)} trial(s) asked (budget: {s.n_trials} finished): {said}; "
+            f"{s.device_hours:.3g} device-hours (Σ the trials' walls)")
