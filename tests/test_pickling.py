@@ -118,3 +118,23 @@ def test_a_pickle_written_before_core_was_split_still_loads(tmp_path):
     (tmp_path / "old.pkl").write_bytes(old)
     for back in (pickling.loads(old), pickling.load(tmp_path / "old.pkl")):
         assert back["code"] is pickling._code and back["run"].root == tmp_path and back["figure"] == Figure(1.0, "x")
+
+
+def test_a_pickle_written_before_the_wings_still_loads():
+    """A payload written when the job side's folders sat at the top (gpupack.pack, gpupack.runtime, ...) loads as
+    where they are now (issue 54's wings)."""
+    import pickle
+
+    from gpupack.core.plan import Pack
+    from gpupack.job.pack import Curve
+    from gpupack.job.runtime.jobenv import JobEnvironment
+    from gpupack.results.analysis.disturbance import disturbed_rounds
+
+    new = pickle.dumps({"curve": Curve, "env": JobEnvironment, "fn": disturbed_rounds, "pack": Pack}, protocol=0)
+    old = (new.replace(b"gpupack.job.pack\n", b"gpupack.pack\n").replace(b"gpupack.job.runtime.", b"gpupack.runtime.")
+           .replace(b"gpupack.results.analysis.", b"gpupack.analysis."))
+    assert b"gpupack.pack\n" in old and b"gpupack.runtime.jobenv" in old and b"gpupack.analysis.disturbance" in old
+    with pytest.raises(ModuleNotFoundError):
+        pickle.loads(old)
+    back = pickling.loads(old)
+    assert back == {"curve": Curve, "env": JobEnvironment, "fn": disturbed_rounds, "pack": Pack}

@@ -73,11 +73,26 @@ MOVED = {f"gpupack.core.{old}": f"gpupack.core.{new}" for old, new in {
     **{m: f"cost.{m}" for m in ("billing", "rgu")}}.items()}
 
 
+# The folders that became parts of a wing (issue 54): a module under one of them moved with it, whatever its name.
+MOVED_FOLDERS = {f"gpupack.{old}": f"gpupack.{new}" for old, new in {
+    **{m: f"job.{m}" for m in ("pack", "spread", "runtime", "workloads")},
+    **{m: f"results.{m}" for m in ("analysis", "report")}, **{m: f"sweep.{m}" for m in ("flow", "setup")},
+    "cli_show": "cli.show", "cli_stop": "cli.stop"}.items()}
+
+
+def moved(module: str) -> str:
+    """Where a module an older gpupack pickled lives now."""
+    for old, new in MOVED_FOLDERS.items():
+        if module == old or module.startswith(old + "."):
+            return new + module[len(old):]
+    return MOVED.get(module, module)
+
+
 class _Unpickler(pickle.Unpickler):
-    """Plain pickle (cloudpickle's and this module's reducers are importable), old module paths read as MOVED."""
+    """Plain pickle (cloudpickle's and this module's reducers are importable), old module paths read as they moved."""
 
     def find_class(self, module: str, name: str) -> Any:
-        return super().find_class(MOVED.get(module, module), name)
+        return super().find_class(moved(module), name)
 
 
 def load(path: Path) -> Any:
