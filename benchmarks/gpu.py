@@ -36,7 +36,7 @@ QUICK_RESNET = ["sweep.fixed.image_size=32", "sweep.fixed.batch_size=16", "sweep
 
 def device() -> dict[str, Any]:
     """The GPU NVML sees (or why none), its driver, and torch's version and CUDA."""
-    code = ("import json, torch\nfrom gpupack.job.runtime.monitor import detect_device\n"
+    code = ("import json, torch\nfrom gpupack.core.monitor import detect_device\n"
             "info = detect_device()\ndriver = None\n"
             "try:\n    import pynvml\n    pynvml.nvmlInit()\n    driver = pynvml.nvmlSystemGetDriverVersion()\n"
             "except Exception:\n    pass\n"

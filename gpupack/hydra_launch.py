@@ -27,6 +27,7 @@ from gpupack import sweep
 from gpupack.cli.stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.memory.figures import Measured, estimate
 from gpupack.core.plan import Pack, Training, plan_in_order
+from gpupack.core.preload import check_importable
 from gpupack.core.store import pickling
 from gpupack.core.store.journal import RunRecords, log_where
 from gpupack.core.store.rundir import RunDir
@@ -34,7 +35,6 @@ from gpupack.core.types import Options, PackSettings
 from gpupack.errors import ConfigError, GpupackError, UnreachableError, require_positive
 from gpupack.job.pack import load_packer
 from gpupack.job.workloads import load_workload
-from gpupack.job.workloads.command import check_importable
 from gpupack.submit import ClusterConfig, backend_class
 from gpupack.sweep.setup.cluster_facts import ClusterFacts
 from gpupack.sweep.setup.config import PackingConfig

@@ -58,7 +58,7 @@ say "CPU-side checks passed (plans, ResNet-50's architecture)"
 
 # ---- the GPU, if there is one ----
 device=$("$PY" -c "
-from gpupack.job.runtime.monitor import detect_device
+from gpupack.core.monitor import detect_device
 info = detect_device()
 print(info.name if info.kind == 'gpu' else 'none: ' + (info.note or 'no GPU'))")
 case "$device" in

@@ -1,4 +1,4 @@
-"""Fakes shared by the fast tests: NVML at its one seam (gpupack.job.runtime.monitor._nvml), a submission backend that
+"""Fakes shared by the fast tests: NVML at its one seam (gpupack.core.monitor._nvml), a submission backend that
 answers from a table, and canned sinfo/sacct text for the SLURM backend's one seam
 (gpupack.submit.slurm.commands.slurm_command).
 
@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from gpupack.core.jobenv import JobEnvironment
 from gpupack.core.memory.figures import Figure
 from gpupack.core.plan import Pack
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Capacity, PackRequest, PackResult, PackSettings
 from gpupack.errors import ConfigError, nearest
 from gpupack.job.body import run_pack
-from gpupack.job.runtime.jobenv import JobEnvironment
 from gpupack.submit import ClusterConfig, ProgressFn, Submitter, progress_state
 
 MB = 2**20

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpupack.core import monitor
 from gpupack.core.memory.admission import (
     Candidate,
     LaneMemory,
@@ -22,6 +23,7 @@ from gpupack.core.memory.admission import (
     peak_of,
 )
 from gpupack.core.memory.figures import CUDA_CONTEXT_MB, Figure, setting_key
+from gpupack.core.monitor import free_memory_mb
 from gpupack.core.plan import make_plan
 from gpupack.core.store.claims import Claimant, claims
 from gpupack.core.store.records import write_json_atomic
@@ -31,8 +33,6 @@ from gpupack.errors import ConfigError
 from gpupack.job import lanes as lanes_module
 from gpupack.job.lanes import run_lane
 from gpupack.job.pack import WAIT
-from gpupack.job.runtime import monitor
-from gpupack.job.runtime.monitor import free_memory_mb
 from gpupack.job.stream import RECHECK_S, AdmissionInputs, Lane
 from gpupack.sweep.setup.compose import compose_config
 from gpupack.sweep.setup.validate import check_packing

@@ -404,9 +404,9 @@ def test_a_pack_with_a_bad_record_gets_no_columnar_file_and_collect_still_warns(
 
 
 def test_the_pack_job_writes_the_columnar_file_with_its_pack_record(run):
+    from gpupack.core.monitor import DeviceInfo
     from gpupack.core.plan import plan_in_order
     from gpupack.job.records import write_pack_record
-    from gpupack.job.runtime.monitor import DeviceInfo
 
     plan = plan_in_order(sweep="s", workload="w", params=[{"lr": 0.1}, {"lr": 0.2}], factor=2, partition="local",
                          mode="process")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpupack.job.runtime.jobenv import job_cores
+from gpupack.core.jobenv import job_cores
 from tests.conftest import verdict
 
 TINY = ["+sweep=mnist_pack", "packing.factors=[1,2]", "packing.repeats=1", "sweep.grid.lr=[0.1]",

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from gpupack.job.runtime import monitor
+from gpupack.core import monitor
 from gpupack.job.runtime.foreign import (
     ForeignLoad,
     LoadSpan,

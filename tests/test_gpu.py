@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from gpupack.core.cost.rgu import model_from_device_name
 from gpupack.core.memory.figures import Measured, check_memory, estimate
+from gpupack.core.monitor import detect_device, first_visible
 from gpupack.core.plan import make_plan
 from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
@@ -30,7 +31,6 @@ from gpupack.core.types import Capacity, PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
 from gpupack.job.pack.process import ProcessOptions
-from gpupack.job.runtime.monitor import detect_device, first_visible
 from gpupack.job.runtime.sampler import Sampler
 
 REPO = Path(__file__).resolve().parent.parent

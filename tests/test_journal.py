@@ -225,8 +225,8 @@ def test_a_folded_pack_run_again_keeps_the_journals_records_as_earlier_attempts(
 def test_specs_and_results_live_in_the_jobs_node_local_space_and_go_with_the_pack(tmp_path):
     """The shared filesystem holds no spec or result file per training: they are written in the job's own temporary
     space ($SLURM_TMPDIR on a cluster) and removed when the pack ends (issue 30, item 3)."""
+    from gpupack.core.jobenv import JobEnvironment
     from gpupack.job.body import run_pack
-    from gpupack.job.runtime.jobenv import JobEnvironment
 
     run, plan = _run(tmp_path, packs=1)
     node_local = tmp_path / "node-local"

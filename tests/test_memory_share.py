@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpupack.cli import main
+from gpupack.core import monitor
 from gpupack.core.memory.figures import CUDA_CONTEXT_MB, Figure, MemoryShare, memory_share, memory_shares
 from gpupack.core.plan import make_plan
 from gpupack.core.store.records import read_json, write_json_atomic
@@ -21,7 +22,6 @@ from gpupack.job.body import run_pack
 from gpupack.job.pack import PackContext
 from gpupack.job.pack.process import PACKER as PROCESS
 from gpupack.job.pack.process import ProcessOptions
-from gpupack.job.runtime import monitor
 from tests.fakes import FakeNvml
 
 FAKE_TORCH = Path(__file__).resolve().parent / "fake_torch"

@@ -1,11 +1,11 @@
-"""The NVML seam: a fake NVML at gpupack.job.runtime.monitor._nvml, and the real one on this machine."""
+"""The NVML seam: a fake NVML at gpupack.core.monitor._nvml, and the real one on this machine."""
 from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
 
+from gpupack.core import monitor
 from gpupack.core.cost.rgu import model_from_device_name
-from gpupack.job.runtime import monitor
 from gpupack.sweep.setup.compose import config_dir
 from tests.fakes import A100_1G, A100_40, A100_80, H100, H100_1G, H100_3G, V100, FakeNvml, mig_nvml
 
@@ -124,7 +124,7 @@ def test_real_mig_device_names_map_to_slice_models(name, model):
     ("", 2, []), ("5", 4, ["5"]),
 ])
 def test_the_first_k_visible_devices(visible, k, expected):
-    from gpupack.job.runtime.monitor import visible_devices
+    from gpupack.core.monitor import visible_devices
 
     env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
     assert visible_devices(env, k) == expected

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpupack.core.monitor import DeviceInfo
 from gpupack.core.plan import make_plan
 from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
@@ -18,7 +19,6 @@ from gpupack.job.body import run_pack
 from gpupack.job.oom import record_job_oom
 from gpupack.job.records import build_training_record, status_of
 from gpupack.job.runtime import oom
-from gpupack.job.runtime.monitor import DeviceInfo
 from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter
 from gpupack.submit.slurm.commands import out_of_memory, pack_state
 

@@ -125,13 +125,14 @@ def test_a_pickle_written_before_the_wings_still_loads():
     where they are now (issue 54's wings)."""
     import pickle
 
+    from gpupack.core.jobenv import JobEnvironment
     from gpupack.core.plan import Pack
     from gpupack.job.pack import Curve
-    from gpupack.job.runtime.jobenv import JobEnvironment
     from gpupack.results.analysis.disturbance import disturbed_rounds
 
     new = pickle.dumps({"curve": Curve, "env": JobEnvironment, "fn": disturbed_rounds, "pack": Pack}, protocol=0)
-    old = (new.replace(b"gpupack.job.pack\n", b"gpupack.pack\n").replace(b"gpupack.job.runtime.", b"gpupack.runtime.")
+    old = (new.replace(b"gpupack.job.pack\n", b"gpupack.pack\n")
+           .replace(b"gpupack.core.jobenv", b"gpupack.runtime.jobenv")
            .replace(b"gpupack.results.analysis.", b"gpupack.analysis."))
     assert b"gpupack.pack\n" in old and b"gpupack.runtime.jobenv" in old and b"gpupack.analysis.disturbance" in old
     with pytest.raises(ModuleNotFoundError):

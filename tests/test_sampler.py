@@ -1,4 +1,4 @@
-"""The pack sampler through a fake NVML at the one seam (gpupack.job.runtime.monitor._nvml), and on this machine for
+"""The pack sampler through a fake NVML at the one seam (gpupack.core.monitor._nvml), and on this machine for
 real."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gpupack.job.runtime import monitor
+from gpupack.core import monitor
 from gpupack.job.runtime.sampler import Sampler
 from tests.fakes import A100_40, H100, H100_1G, H100_3G, FakeGpu, FakeNvml, mig_nvml
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpupack.core.jobenv import JobEnvironment
 from gpupack.core.plan import Plan, make_plan, plan_in_order, stream_lanes, trainings_for
 from gpupack.core.store.claims import (
     STALE,
@@ -31,7 +32,6 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.errors import ConfigError
 from gpupack.job.lanes import run_lane
-from gpupack.job.runtime.jobenv import JobEnvironment
 from gpupack.job.stream import Lane
 from gpupack.results.analysis.load import load_records
 from gpupack.submit import PackJob

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
+from gpupack.core.jobenv import JobEnvironment
 from gpupack.core.plan import make_plan
 from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
-from gpupack.job.runtime.jobenv import JobEnvironment
 from gpupack.job.turns import run_in_turn
 from gpupack.submit import PackJob
 from tests.test_stream import _Requeueing

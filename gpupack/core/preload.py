@@ -24,6 +24,8 @@ import sysconfig
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from gpupack.errors import ConfigError
+
 # Frameworks that start threads or a device runtime at import (fork_unsafe's): never learned, whoever imported them.
 NEVER_LEARNED = ("tensorflow", "tf_keras", "keras", "jax", "jaxlib", "pycuda")
 SCAN_FILES = 50  # the program's own files read at most (a large package is not walked whole)
@@ -138,3 +140,15 @@ def import_libraries(names: Sequence[str], why: str) -> tuple[list[str], dict[st
         print(f"gpupack fork server: preloaded {', '.join(imported) or '-'} ({why})"
               + (f"; could not import {refused}" if refused else ""), file=sys.stderr, flush=True)
     return imported, refused
+
+
+def check_importable(module: object, key: str, listed_in: str = "sweep.fixed.preload") -> None:
+    """A module this interpreter can import (found, not imported: that is the fork server's), listed in
+    ``listed_in`` (sweep.fixed.preload, hydra.launcher.preload)."""
+    try:
+        found = isinstance(module, str) and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing, or an empty name
+        found = False
+    if not found:
+        raise ConfigError(key, module, "is no module this Python can import",
+                          f"install it in {sys.executable}'s environment, or drop it from {listed_in}")

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence, cast
 
+from gpupack.core.jobenv import JobEnvironment, job_cores
 from gpupack.core.memory.figures import MemoryShare, memory_share, memory_shares
+from gpupack.core.monitor import DeviceInfo, detect_device, first_visible, visible_devices
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.store.journal import Folded, RunRecords
@@ -49,8 +51,6 @@ from gpupack.job.records import (
     skipped_training_record,
     write_pack_record,
 )
-from gpupack.job.runtime.jobenv import JobEnvironment, job_cores
-from gpupack.job.runtime.monitor import DeviceInfo, detect_device, first_visible, visible_devices
 from gpupack.job.runtime.oom import note_oom_kill, oom_kill_count
 from gpupack.job.runtime.sampler import Sampler
 from gpupack.job.spread import Strategy, load_strategy

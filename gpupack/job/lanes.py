@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from gpupack.core.jobenv import JobEnvironment
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.store.claims import STALE, Claimant, claim_path, drop, release_stale
 from gpupack.core.store.journal import Folded, RunRecords, fold_pack, fold_trainings
@@ -19,7 +20,6 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import PackAttempt, pack_lock
 from gpupack.job.records import move_aside
-from gpupack.job.runtime.jobenv import JobEnvironment
 from gpupack.job.stream import Lane, admission_inputs
 
 # The kind of lane a streaming pack is (gpupack.search.lane.lane_kind: a search's, or a queue's).

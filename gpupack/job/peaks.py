@@ -30,12 +30,12 @@ from gpupack.core.memory.figures import (
     setting_key,
 )
 from gpupack.core.memory.pack_fit import Budget, Fit, Refit, largest_fit, pack_budget, pack_fit, training_peak
+from gpupack.core.monitor import detect_device
 from gpupack.core.plan import Training
 from gpupack.core.store.journal import TRAINING, journal_entries
 from gpupack.core.store.records import COMPLETED
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
-from gpupack.job.runtime.monitor import detect_device
 from gpupack.job.workloads import load_workload
 
 SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to peak alike

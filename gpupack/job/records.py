@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Mapping, Sequence, TypedDict, cast
 
 from gpupack.core.cost.rgu import model_from_device_name
+from gpupack.core.jobenv import JobEnvironment
+from gpupack.core.monitor import DeviceInfo
 from gpupack.core.plan import Pack, Plan, Training, refit_parent
 from gpupack.core.store.journal import RunRecords
 from gpupack.core.store.records import (
@@ -38,8 +40,6 @@ from gpupack.core.store.records import (
 )
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings, TrainingOutcome
-from gpupack.job.runtime.jobenv import JobEnvironment
-from gpupack.job.runtime.monitor import DeviceInfo
 from gpupack.job.runtime.oom import OOM_KILLED_BY, ran_out_of_memory
 
 

@@ -41,6 +41,7 @@ from gpupack.core.memory.admission import (
 )
 from gpupack.core.memory.figures import Figure, candidate_runs, measured_by_setting, setting_key
 from gpupack.core.memory.victims import culprit_of
+from gpupack.core.monitor import detect_device, free_memory_mb
 from gpupack.core.plan import Pack, Plan, Training
 from gpupack.core.store.claims import Claimant, claim, claim_path, claims
 from gpupack.core.store.journal import CompletedTail, RunRecords, fold_pack, fold_trainings
@@ -56,7 +57,6 @@ from gpupack.core.types import PackSettings
 from gpupack.job.body import choose_device
 from gpupack.job.pack import WAIT, Curve, Wait
 from gpupack.job.records import as_victim, move_aside, rebuild_pack_record
-from gpupack.job.runtime.monitor import detect_device, free_memory_mb
 from gpupack.job.workloads import load_workload
 
 # A waiting slot measures the device's free memory again at most this often (seconds), or as soon as a training ends.
@@ -70,7 +70,7 @@ SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to p
 @dataclass(frozen=True)
 class AdmissionInputs:
     """What a lane admits its trainings by (packing.admission): the device's free memory now (MB; the one seam,
-    :func:`gpupack.job.runtime.monitor.free_memory_mb`, which tests fake), the lane's budget, whether its trainings peak
+    :func:`gpupack.core.monitor.free_memory_mb`, which tests fake), the lane's budget, whether its trainings peak
     on a GPU (their GPU memory counts) or a CPU (their resident memory), and the peaks earlier records of each
     setting reached."""
 

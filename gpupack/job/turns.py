@@ -22,6 +22,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Sequence, TypedDict
 
+from gpupack.core.jobenv import JobEnvironment
 from gpupack.core.plan import Plan, refit_parent
 from gpupack.core.store.journal import RunRecords, fold_pack
 from gpupack.core.store.records import PackRecord, read_json
@@ -31,7 +32,6 @@ from gpupack.job.body import run_pack
 from gpupack.job.lanes import LaneKind, queue_lane, run_lane
 from gpupack.job.pack import LaneSetUp
 from gpupack.job.peaks import PeakBook, job_device
-from gpupack.job.runtime.jobenv import JobEnvironment
 from gpupack.job.stream import out_of_time
 
 

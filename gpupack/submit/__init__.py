@@ -21,6 +21,7 @@ from typing import Any, Callable, ClassVar, Generic, Mapping, Sequence, TypedDic
 
 import submitit
 
+from gpupack.core.jobenv import JobEnvironment
 from gpupack.core.memory.figures import Figure
 from gpupack.core.plan import Pack, Plan
 from gpupack.core.registry import exported, module_names, require_known
@@ -42,7 +43,6 @@ from gpupack.core.types import (
 from gpupack.errors import ConfigError, SubmissionError
 from gpupack.job.body import run_pack
 from gpupack.job.lanes import run_lane
-from gpupack.job.runtime.jobenv import JobEnvironment
 from gpupack.job.turns import InTurn, run_in_turn
 
 

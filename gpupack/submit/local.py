@@ -21,14 +21,14 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import psutil
 import submitit
 
+from gpupack.core.jobenv import JobEnvironment, job_cores
+from gpupack.core.monitor import detect_device, gpu_count
 from gpupack.core.plan import Pack, deal
 from gpupack.core.store.records import read_json_or_none
 from gpupack.core.store.rundir import RunDir, check_name
 from gpupack.core.types import PENDING, RUNNING, Capacity, JobForecast, PackResult, PackSettings
 from gpupack.core.waits import close_fd, pidfd, wait_readable
 from gpupack.errors import ConfigError
-from gpupack.job.runtime.jobenv import JobEnvironment, job_cores
-from gpupack.job.runtime.monitor import detect_device, gpu_count
 from gpupack.submit import (
     ClusterConfig,
     PackJob,

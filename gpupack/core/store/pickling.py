@@ -70,7 +70,8 @@ MOVED = {f"gpupack.core.{old}": f"gpupack.core.{new}" for old, new in {
     **{m: f"store.{m}" for m in ("rundir", "records", "journal", "claims", "columnar", "lane_columnar", "pickling",
                                  "storage", "rank_choice")},
     "memory": "memory.figures", **{m: f"memory.{m}" for m in ("pack_fit", "admission", "victims")},
-    **{m: f"cost.{m}" for m in ("billing", "rgu")}}.items()}
+    **{m: f"cost.{m}" for m in ("billing", "rgu")}}.items()} | {
+    f"gpupack.runtime.{m}": f"gpupack.core.{m}" for m in ("jobenv", "monitor")}  # to the ground, with the wings
 
 
 # The folders that became parts of a wing (issue 54): a module under one of them moved with it, whatever its name.
@@ -82,10 +83,12 @@ MOVED_FOLDERS = {f"gpupack.{old}": f"gpupack.{new}" for old, new in {
 
 def moved(module: str) -> str:
     """Where a module an older gpupack pickled lives now."""
+    if module in MOVED:
+        return MOVED[module]
     for old, new in MOVED_FOLDERS.items():
         if module == old or module.startswith(old + "."):
             return new + module[len(old):]
-    return MOVED.get(module, module)
+    return module
 
 
 class _Unpickler(pickle.Unpickler):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from gpupack.core.jobenv import job_cpus
 from gpupack.core.plan import Training
 from gpupack.core.store.curves import CurveSpec, PrunedAt
 from gpupack.core.store.records import make_dirs, read_json_or_none, write_json_atomic
@@ -32,7 +33,6 @@ from gpupack.job.pack import (
 )
 from gpupack.job.pack._curve import CurveFollower
 from gpupack.job.runtime.forkserver import ForkServer
-from gpupack.job.runtime.jobenv import job_cpus
 from gpupack.job.runtime.memshare import SHARE_ENV
 from gpupack.job.runtime.mps import MPS_LIMIT_ENV, MPS_PIPE_ENV, mps_daemon
 from gpupack.job.runtime.supervisor import KILL_GRACE_S, Child, ChildExit, ChildSpec, Supervisor, fork_server

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Mapping, Protocol, Sequence, cast
 
+from gpupack.core.jobenv import job_id
 from gpupack.core.preload import import_libraries, static_imports
 from gpupack.core.store import pickling
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.workload import Launch, TrainingContext, Workload
-from gpupack.job.runtime.jobenv import job_id
 
 if TYPE_CHECKING:
     from hydra.types import HydraContext, TaskFunction

@@ -1,6 +1,6 @@
 """The pack's sampler: a thread beside the N trainings that samples the device at a fixed interval.
 
-With a GPU (NVML, through :func:`gpupack.job.runtime.monitor._nvml`, the one seam): utilization, memory used/total, and
+With a GPU (NVML, through :func:`gpupack.core.monitor._nvml`, the one seam): utilization, memory used/total, and
 memory per training process (``nvmlDeviceGetComputeRunningProcesses``, or the MPS variant under MPS).
 NVML may not know a process's memory (``usedGpuMemory`` None): that is recorded as unknown, never as 0.
 Always, with psutil: each training's CPU % and resident memory (RSS, its children included). Without a GPU or
@@ -18,10 +18,10 @@ from typing import Callable, Collection, Literal, Mapping, Protocol, Sequence, T
 
 import psutil
 
-from gpupack.job.runtime import monitor
+from gpupack.core import monitor
+from gpupack.core.jobenv import job_cpus
+from gpupack.core.monitor import Nvml, NvmlHandle
 from gpupack.job.runtime.foreign import ForeignFigures, ForeignLoad, handle
-from gpupack.job.runtime.jobenv import job_cpus
-from gpupack.job.runtime.monitor import Nvml, NvmlHandle
 
 MAX_KEPT_SAMPLES = 600  # the pack record keeps at most this many (evenly thinned); statistics use all
 

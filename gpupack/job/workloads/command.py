@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping, Sequence, TypedDict, cast
 
-from gpupack.core.preload import import_libraries, static_imports
+from gpupack.core.preload import check_importable, import_libraries, static_imports
 from gpupack.core.result import ENV as RESULT_ENV
 from gpupack.core.result import ResultReport
 from gpupack.core.stdout_metrics import metrics_from_output, stdout_patterns
@@ -287,18 +287,6 @@ def python_main(argv: Sequence[str], env: Mapping[str, str]) -> PythonMain | Non
     if argv[1].startswith("-"):
         return None  # other interpreter options (-c, -u, -X...): only a fresh interpreter honours them
     return {"script": argv[1], "argv": list(argv[1:])}
-
-
-def check_importable(module: object, key: str, listed_in: str = "sweep.fixed.preload") -> None:
-    """A module this interpreter can import (found, not imported: that is the fork server's), listed in
-    ``listed_in`` (sweep.fixed.preload, hydra.launcher.preload)."""
-    try:
-        found = isinstance(module, str) and importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent package that is missing, or an empty name
-        found = False
-    if not found:
-        raise ConfigError(key, module, "is no module this Python can import",
-                          f"install it in {sys.executable}'s environment, or drop it from {listed_in}")
 
 
 def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:

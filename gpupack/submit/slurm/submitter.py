@@ -12,13 +12,13 @@ from typing import Any, Mapping, Sequence, cast
 
 import submitit
 
+from gpupack.core.jobenv import JobEnvironment
 from gpupack.core.memory.figures import Figure, request_mb
 from gpupack.core.plan import Pack
 from gpupack.core.store.journal import RunRecords, make_journals
 from gpupack.core.types import Capacity, JobForecast, PackRequest, PackResult, PackSettings
 from gpupack.errors import ConfigError, SubmissionError, nearest, require_unique
 from gpupack.job.oom import record_job_oom
-from gpupack.job.runtime.jobenv import JobEnvironment
 from gpupack.submit import ClusterConfig, PackJob, PackJobHandle, ProgressFn, Submitter, job_result, progress_state
 from gpupack.submit._submitit import QuietSlurmExecutor
 from gpupack.submit.slurm import commands
