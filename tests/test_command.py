@@ -29,9 +29,9 @@ from gpupack.core.plan import make_plan
 from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
-from gpupack.errors import ConfigError
+from gpupack.errors import ConfigError, DataError
 from gpupack.job.body import run_pack
-from gpupack.job.workloads.command import WORKLOAD, render, result_from_report
+from gpupack.job.workloads.command import WORKLOAD, checked_report, render, result_from_report
 from gpupack.result import ENV, TrainingResult, report
 from tests.conftest import verdict
 
@@ -317,6 +317,48 @@ def test_a_failing_training_fails_alone_in_its_pack(tmp_path, subprocess_env):
     assert ok["metrics"]["val_accuracy"] == 0.5 and ok["timings"]["split"] is True
     pack = read_json(run_dir / "packs" / ok["pack_id"] / "pack.json")
     assert pack["n_completed"] == 1 and pack["n_failed"] == 1
+
+
+@pytest.mark.slow
+def test_a_malformed_result_file_fails_its_training_alone(tmp_path, subprocess_env):
+    """A program that writes its result file itself (another language's, say) with a count that is no number: its
+    training fails, saying which key holds what, and its neighbour in the pack completes (before, the reader's
+    ValueError took the whole job down: neither training had a record)."""
+    run_dir = tmp_path / "run"
+    proc = _gpupack(["+sweep=command", f"sweep.fixed.argv=['{PY}','{PROGRAM}',--mode,'{{mode}}',--lr,'0.5']",
+                     "sweep.grid.mode=[report,malformed]", "packing.factors=[2]", "packing.repeats=1",
+                     "packing.remeasure=0", f"run_dir={run_dir}"], subprocess_env, tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the sweep ran, but not every training completed
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    records = {r["params"]["mode"]: r for r in _records(run_dir)}
+    assert records["report"]["status"] == "completed" and records["report"]["metrics"]["val_accuracy"] == 0.5
+    bad = records["malformed"]
+    assert bad["status"] == "failed" and bad["exit_code"] == 0
+    assert "samples='many': is not a whole number >= 0. HINT: write what gpupack.result writes" in bad["error"]
+
+
+@pytest.mark.parametrize("raw, needle", [
+    ([1, 2], "GPUPACK_RESULT=[1, 2]: is no JSON object"),
+    ({"samples": "many"}, "GPUPACK_RESULT.samples='many': is not a whole number >= 0"),
+    ({"samples": -1}, "GPUPACK_RESULT.samples=-1: is not a whole number >= 0"),
+    ({"steps": True}, "GPUPACK_RESULT.steps=True: is not a whole number >= 0"),
+    ({"steps": 2.5}, "GPUPACK_RESULT.steps=2.5: is not a whole number >= 0"),
+    ({"loop_start": float("nan")}, "GPUPACK_RESULT.loop_start=nan: is not a time in seconds since the epoch"),
+    ({"loop_end": "later"}, "GPUPACK_RESULT.loop_end='later': is not a time"),
+    ({"metrics": [0.9]}, "GPUPACK_RESULT.metrics=[0.9]: is not an object of metric names to values"),
+    ({"metric": {"acc": 1}}, "GPUPACK_RESULT.metric={'acc': 1}: is no key of a result. HINT: did you mean 'metrics'?"),
+])
+def test_a_result_file_is_read_key_by_key(raw, needle):
+    with pytest.raises(DataError) as err:
+        checked_report(raw)
+    assert needle in str(err.value) and "HINT: " in str(err.value)
+
+
+def test_a_result_file_as_gpupack_result_writes_it_reads_whole():
+    raw = {"metrics": {"val_accuracy": 0.9}, "samples": 6, "steps": 2, "loop_start": 1, "loop_end": 2.5}
+    assert checked_report(raw) == {**raw, "loop_start": 1.0}
+    assert checked_report(None) == {}
+    assert checked_report({"samples": None}) == {"loop_start": None, "loop_end": None}
 
 
 # ---------------------------------------------------------------- 6. a program gone between validation and run

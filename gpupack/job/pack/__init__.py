@@ -18,9 +18,11 @@ from gpupack.core.memory.figures import MemoryShare
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Pack, Training
 from gpupack.core.registry import exported, module_names, require_known
+from gpupack.core.store.records import read_json_or_none
 from gpupack.core.store.rundir import RunDir, check_name
 from gpupack.core.types import Capacity, Options, PackSettings, TrainingOutcome
 from gpupack.core.workload import Workload
+from gpupack.errors import GpupackError
 
 if TYPE_CHECKING:  # a training's spec, as the worker reads it
     from gpupack.job.runtime.worker import WorkerSpec
@@ -294,6 +296,19 @@ def ended_outcome(training_id: str, started: float, ended: float, code: int | No
     signal = -code if code is not None and code < 0 else None
     return TrainingOutcome(training_id, started, ended, code, signal, error, result,
                            extra={"timed_out": timed_out, **(extra or {})})
+
+
+def read_result(workload: Workload, params: Mapping[str, object], path: Path, started: float, ended: float,
+                stdout: Path | None = None) -> tuple[Mapping[str, object] | None, str | None]:
+    """The result a training's program wrote at ``path`` after it exited 0, read by its workload, or why it could not
+    be: what one program wrote never takes its pack down (its neighbours' records are written as ever)."""
+    raw = read_json_or_none(path)  # torn or foreign: nothing written
+    try:
+        return workload.result(params, raw, started, ended, stdout), None
+    except GpupackError as err:  # what the program wrote is not a result: said in gpupack's words
+        return None, f"its result ({path.name}): {err}"
+    except Exception as err:  # noqa: BLE001 - a workload's own reader failed: this training fails, alone
+        return None, f"its result ({path.name}) could not be read: {type(err).__name__}: {err}"
 
 
 def start_failure(argv: Sequence[str], cwd: str | None, error: OSError) -> str:

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 from gpupack.core.jobenv import job_cpus
 from gpupack.core.plan import Training
 from gpupack.core.store.curves import CurveSpec, PrunedAt
-from gpupack.core.store.records import make_dirs, read_json_or_none, write_json_atomic
+from gpupack.core.store.records import make_dirs, write_json_atomic
 from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.core.workload import Workload
 from gpupack.errors import ConfigError, nearest
@@ -27,6 +27,7 @@ from gpupack.job.pack import (
     PackContext,
     Packer,
     ended_outcome,
+    read_result,
     start_failure,
     worker_env,
     worker_spec,
@@ -140,9 +141,8 @@ class _Training:
         if ended.start_error is not None:  # the program is gone or not executable on this node: it fails alone
             code, error = None, start_failure(self.launch.argv, self.launch.cwd, ended.start_error)
         elif code == 0 or self.pruned is not None:  # stopped for its prune: what it reported so far is its result
-            raw = read_json_or_none(self.result_path)  # torn or foreign: nothing written
-            result = self.workload.result(self.training.params, raw, ended.started_at, ended.ended_at,
-                                          self.child.out_path)
+            result, error = read_result(self.workload, self.training.params, self.result_path, ended.started_at,
+                                        ended.ended_at, self.child.out_path)
             pruned = self.pruned or (result or {}).get("pruned")  # stopped here, or by its own report()
             if pruned:
                 extra["pruned"] = pruned

@@ -20,11 +20,11 @@ from typing import Any, Iterable, Sequence, cast
 
 from gpupack.core.placement import Placement
 from gpupack.core.plan import Training
-from gpupack.core.store.records import make_dirs, read_json_or_none, write_json_atomic
+from gpupack.core.store.records import make_dirs, write_json_atomic
 from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.core.workload import Workload
 from gpupack.errors import ConfigError, nearest, require_unique
-from gpupack.job.pack import PackContext, ended_outcome, worker_env, worker_spec
+from gpupack.job.pack import PackContext, ended_outcome, read_result, worker_env, worker_spec
 from gpupack.job.pack.process import preload, process_options, start_method
 from gpupack.job.runtime.joins.ddp import BACKENDS, KEY, PREFIX, backend_of
 from gpupack.job.runtime.supervisor import ChildExit, ChildSpec, FailTogether, Supervisor, tail
@@ -189,8 +189,8 @@ def _outcome(training: "Training", ctx: "PackContext", ranks: Sequence[ChildExit
     elif cause is not None:
         error = f"rank {rank_of[cause.name]} of {k}: {cause.error()}"
     else:
-        raw = read_json_or_none(ctx.work(training.training_id, "result"))  # rank 0's
-        result = load_workload(training.workload).result(training.params, raw, started, ended)
+        result, error = read_result(load_workload(training.workload), training.params,  # rank 0's
+                                    ctx.work(training.training_id, "result"), started, ended)
     return ended_outcome(training.training_id, started, ended, code, error=error, result=result,
                          timed_out=timed_out, extra={"ranks": k, "threads_per_rank": threads,
                                                      "start": "fork" if forked else "fresh"})

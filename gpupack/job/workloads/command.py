@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import importlib.util
+import math
 import os
 import shutil
 import string
@@ -29,7 +30,7 @@ from gpupack.core.result import ENV as RESULT_ENV
 from gpupack.core.result import ResultReport
 from gpupack.core.stdout_metrics import metrics_from_output, stdout_patterns
 from gpupack.core.workload import Launch, LoopSummary, PythonMain, TrainingContext, Workload
-from gpupack.errors import ConfigError, nearest
+from gpupack.errors import ConfigError, DataError, nearest
 
 # What describes the program; every other key is a hyperparameter.
 PROGRAM_KEYS = ("argv", "cwd", "env", "metrics", "start", "preload")
@@ -335,19 +336,60 @@ class CommandResult(TypedDict):
     timings: CommandTimings
 
 
+# What each key of a program's result file holds (gpupack.result writes them; another language's program may too).
+_COUNT = "a whole number >= 0"
+_TIME = "a time in seconds since the epoch (time.time())"
+REPORT_KEYS = {"metrics": "an object of metric names to values", "samples": _COUNT, "steps": _COUNT,
+               "loop_start": _TIME, "loop_end": _TIME}
+_REPORT_HINT = ('write what gpupack.result writes: {"metrics": {"val_accuracy": 0.9}, "samples": 60000, "steps": 938, '
+                '"loop_start": 1764400000.0, "loop_end": 1764400042.5}, each key optional')
+
+
+def _holds(key: str, value: object) -> bool:
+    if key == "metrics":
+        return isinstance(value, dict)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) and value >= 0 if REPORT_KEYS[key] == _COUNT else math.isfinite(value)
+
+
+def checked_report(raw: object) -> ResultReport:
+    """What a program reported at ``$GPUPACK_RESULT``, each key holding what :mod:`gpupack.result` writes (None: the
+    key left out), else a DataError naming the first key that does not."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise DataError(RESULT_ENV, raw, "is no JSON object", _REPORT_HINT)
+    for key, value in raw.items():
+        if key not in REPORT_KEYS:
+            raise DataError(f"{RESULT_ENV}.{key}", value, "is no key of a result", nearest(str(key), REPORT_KEYS))
+        if value is not None and not _holds(key, value):
+            raise DataError(f"{RESULT_ENV}.{key}", value, f"is not {REPORT_KEYS[key]}", _REPORT_HINT)
+    metrics, samples, steps, start, end = (raw.get(k) for k in REPORT_KEYS)
+    report: ResultReport = {"loop_start": float(start) if isinstance(start, (int, float)) else None,
+                            "loop_end": float(end) if isinstance(end, (int, float)) else None}
+    if isinstance(metrics, dict):
+        report["metrics"] = {str(k): v for k, v in metrics.items()}
+    if isinstance(samples, int):
+        report["samples"] = samples
+    if isinstance(steps, int):
+        report["steps"] = steps
+    return report
+
+
 def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ended_at: float) -> CommandResult:
     """A command training's result in the worker's schema, from what the program reported (or nothing).
 
     Start-up and loop are split only when the program marked its first step (``loop_start``); otherwise the whole
     wall time is one figure and ``timings.split`` is false (the table says so).
     """
-    report = cast(ResultReport, raw or {})  # the program's JSON, read as gpupack.core.result writes it
-    loop_start, loop_end = _time(report.get("loop_start")), _time(report.get("loop_end"))
+    report = checked_report(raw)  # the program's JSON: written by gpupack.result, or by the program itself
+    loop_start, loop_end = report.get("loop_start"), report.get("loop_end")
     loop_s = loop_end - loop_start if loop_start is not None and loop_end is not None else None
-    samples = int(report.get("samples") or 0)
+    samples = report.get("samples") or 0
     rate_over = loop_s if loop_s else ended_at - spawned_at
     throughput: LoopSummary = {
-        "loop_s": loop_s, "steps": int(report.get("steps") or 0), "samples": samples,
+        "loop_s": loop_s, "steps": report.get("steps") or 0, "samples": samples,
         "samples_per_s": samples / rate_over if samples and rate_over > 0 else None, "warmup_excluded": False,
         "curve": []}
     return {
@@ -362,10 +404,6 @@ def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ende
                     "loop_s": loop_s, "teardown_s": ended_at - loop_end if loop_end is not None else None,
                     "split": loop_start is not None},
     }
-
-
-def _time(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 WORKLOAD = Command()
