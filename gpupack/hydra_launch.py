@@ -24,7 +24,6 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
 from gpupack import sweep
-from gpupack.cli.stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.memory.figures import Measured, estimate
 from gpupack.core.plan import Pack, Training, plan_in_order
 from gpupack.core.preload import check_importable
@@ -39,6 +38,7 @@ from gpupack.submit import ClusterConfig, backend_class
 from gpupack.sweep.setup.cluster_facts import ClusterFacts
 from gpupack.sweep.setup.config import PackingConfig
 from gpupack.sweep.setup.validate import check_job_options, check_packs
+from gpupack.sweep.stop import Stopped, after_stop, stop_on_signals, stopped_line
 
 KEY = "hydra.launcher"
 WORKLOAD = "gpupack.job.runtime.hydra_job"

@@ -1,5 +1,5 @@
 """``python -m gpupack``: argument parsing and printing. The flow itself is :mod:`gpupack.sweep`; printing a plan and
-its progress is :mod:`gpupack.cli.show`, stopping on a signal :mod:`gpupack.cli.stop`.
+its progress is :mod:`gpupack.cli.show`, stopping on a signal :mod:`gpupack.sweep.stop`.
 
     python -m gpupack +sweep=NAME [overrides]      run a sweep
     python -m gpupack status RUN_DIR               where each pack stands
@@ -39,7 +39,6 @@ from gpupack.cli.show import (
     print_plan,
     print_status,
 )
-from gpupack.cli.stop import Stopped, after_stop, stop_on_signals, stopped_line
 from gpupack.core.plan import Pack
 from gpupack.core.store.rundir import RunDir
 from gpupack.errors import ConfigError, GpupackError, StorageError
@@ -47,6 +46,7 @@ from gpupack.job.pack import available_modes, work_file, work_prefix
 from gpupack.job.workloads import available_workloads, load_workload
 from gpupack.submit import available_backends
 from gpupack.sweep.setup.compose import GROUPS, compose_config, config_dir, group_options, search_path
+from gpupack.sweep.stop import Stopped, after_stop, stop_on_signals, stopped_line
 
 USAGE = """usage:
   python -m gpupack +sweep=NAME [key=value ...]   run a sweep (conf/sweep/NAME.yaml), e.g. +sweep=mnist_pack

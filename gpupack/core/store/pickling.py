@@ -78,7 +78,7 @@ MOVED = {f"gpupack.core.{old}": f"gpupack.core.{new}" for old, new in {
 MOVED_FOLDERS = {f"gpupack.{old}": f"gpupack.{new}" for old, new in {
     **{m: f"job.{m}" for m in ("pack", "spread", "runtime", "workloads")},
     **{m: f"results.{m}" for m in ("analysis", "report")}, **{m: f"sweep.{m}" for m in ("flow", "setup")},
-    "cli_show": "cli.show", "cli_stop": "cli.stop"}.items()}
+    "cli_show": "cli.show", "cli_stop": "sweep.stop"}.items()}
 
 
 def moved(module: str) -> str:
