@@ -61,8 +61,8 @@ def gpupack_side(seed: int, n_trials: int, slots: int, root: Path, train: Callab
 
 def trainer() -> Callable[[Mapping[str, object]], float]:
     """One training of the preset's workload in this process, as a trial's worker runs it; its val_accuracy."""
-    from gpupack.core.workload import Reporter, TrainingContext
     from gpupack.job.workloads import load_workload
+    from gpupack.workload import Reporter, TrainingContext
 
     workload = load_workload("mnist_torch")
 

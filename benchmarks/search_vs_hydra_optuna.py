@@ -19,13 +19,13 @@ sides run the same budget, space and seed, one after the other, from the reposit
              hydra.sweeper.direction=minimize 'x=interval(0,1)' 'y=interval(0,1)'
              (the sweeper asks a batch of 4, the launcher packs it, and the next batch waits for its slowest trial)
 
-Figures, each side from its own gpupack records (analysis.load.load_records: the run directory, or the multirun's
-.gpupack/launch_* folders): wall, the command's own (start, every trial, the end's collect); span, the first trial's
-start to the last one's end; slot-s, N x the walls of the jobs that held the slots (the pack records'), the device
-time the search took; trial-s, the trials' own walls summed (what the device computed); occupancy, trial-s / slot-s;
-best, the lowest loss found. The goal (issue 52): gpupack's wall <= 0.4 x Hydra's at the same best loss (issue
-46's was 0.6 x), read on the median of 5 rounds: which trials TPE asks depends on the order earlier ones ended, so
-the trials' own seconds, and one round's ratio, move by +-0.03.
+Figures, each side from its own gpupack records (results.analysis.load.load_records: the run directory, or the
+multirun's .gpupack/launch_* folders): wall, the command's own (start, every trial, the end's collect); span, the
+first trial's start to the last one's end; slot-s, N x the walls of the jobs that held the slots (the pack records'),
+the device time the search took; trial-s, the trials' own walls summed (what the device computed); occupancy, trial-s
+/ slot-s; best, the lowest loss found. The goal (issue 52): gpupack's wall <= 0.4 x Hydra's at the same best loss
+(issue 46's was 0.6 x), read on the median of 5 rounds: which trials TPE asks depends on the order earlier ones ended,
+so the trials' own seconds, and one round's ratio, move by +-0.03.
 """
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ class Workspace:
 
     def placeholders(self) -> dict[str, str]:
         return {
-            "/project/def-me/mnist": str(REPO / "gpupack" / "workloads" / "data" / "mnist"),
+            "/project/def-me/mnist": str(REPO / "gpupack" / "job" / "workloads" / "data" / "mnist"),
             "/project/def-me/cifar-10-batches-py": str(self.cifar),
             "multirun/<date>/<time>": str(self.made_by(_first(lambda c: "gpupack_local" in c.text
                                                                and "sweeper" not in c.text))),

@@ -12,12 +12,12 @@ import pytest
 
 from gpupack.cli import main
 from gpupack.core.store.rundir import RunDir
-from gpupack.core.workload import Range
 from gpupack.errors import ConfigError
 from gpupack.job.workloads import load_workload
 from gpupack.submit.slurm import SlurmSubmitter, commands
 from gpupack.sweep.setup.compose import compose_config
 from gpupack.sweep.setup.validate import requested_partitions
+from gpupack.workload import Range
 
 BASE = ["+sweep=mnist_pack", "packing.factors=[1,2]"]
 SLURM = ["cluster=slurm"]

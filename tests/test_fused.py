@@ -16,10 +16,10 @@ from gpupack.core.plan import make_plan  # noqa: E402
 from gpupack.core.store.records import read_json, write_json_atomic  # noqa: E402
 from gpupack.core.store.rundir import RunDir  # noqa: E402
 from gpupack.core.types import PackSettings  # noqa: E402
-from gpupack.core.workload import Reporter, TrainingContext  # noqa: E402
 from gpupack.job.body import run_pack  # noqa: E402
 from gpupack.job.workloads import _mnist_data, _torch_common, _torch_fused, load_workload  # noqa: E402
 from gpupack.job.workloads.mnist_torch import _build  # noqa: E402
+from gpupack.workload import Reporter, TrainingContext  # noqa: E402
 
 WORKLOAD = load_workload("mnist_torch")
 

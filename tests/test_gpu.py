@@ -106,9 +106,9 @@ def test_the_memory_cap_comes_from_nvmls_total():
 def test_fused_models_on_cuda_end_where_each_would_alone():
     import torch
 
-    from gpupack.core.workload import Reporter, TrainingContext
     from gpupack.job.workloads import _mnist_data, _torch_common, _torch_fused, load_workload
     from gpupack.job.workloads.mnist_torch import _build
+    from gpupack.workload import Reporter, TrainingContext
 
     workload = load_workload("mnist_torch")
     group = [workload.params({**workload.defaults(), **SMALL, "hidden": 32, "lr": lr, "seed": s})

@@ -101,7 +101,7 @@ def test_imports_by_name_keep_the_layers():
 
 
 @pytest.mark.parametrize("importer, call, says", [
-    # what runtime/worker.py did before a strategy's training side moved below it (issue 29)
+    # what job/runtime/worker.py did before a strategy's training side moved below it (issue 29)
     ("gpupack/job/runtime/worker.py", 'importlib.import_module(f"gpupack.job.spread.{name}")', "upward"),
     ("gpupack/core/workload.py", 'importlib.import_module(f"gpupack.job.workloads.{name}")', "upward"),
     ("gpupack/core/plan.py", "importlib.import_module(name)", "named by data"),

@@ -139,3 +139,41 @@ def test_a_pickle_written_before_the_wings_still_loads():
         pickle.loads(old)
     back = pickling.loads(old)
     assert back == {"curve": Curve, "env": JobEnvironment, "fn": disturbed_rounds, "pack": Pack}
+
+
+@pytest.mark.parametrize("old, new", [
+    ("gpupack.pack", "gpupack.job.pack"),
+    ("gpupack.pack.process", "gpupack.job.pack.process"),
+    ("gpupack.spread.ddp", "gpupack.job.spread.ddp"),
+    ("gpupack.runtime.worker", "gpupack.job.runtime.worker"),
+    ("gpupack.runtime.joins.ddp", "gpupack.job.runtime.joins.ddp"),
+    ("gpupack.runtime.jobenv", "gpupack.core.jobenv"),      # to the ground, not with its folder
+    ("gpupack.runtime.monitor", "gpupack.core.monitor"),
+    ("gpupack.workloads.command", "gpupack.job.workloads.command"),
+    ("gpupack.analysis.load", "gpupack.results.analysis.load"),
+    ("gpupack.report.html", "gpupack.results.report.html"),
+    ("gpupack.flow.run", "gpupack.sweep.flow.run"),
+    ("gpupack.setup.config", "gpupack.sweep.setup.config"),
+    ("gpupack.cli_show", "gpupack.cli.show"),
+    ("gpupack.cli_stop", "gpupack.sweep.stop"),
+    ("gpupack.core.rundir", "gpupack.core.store.rundir"),   # core's own split, before the wings
+    ("gpupack.job.pack.process", "gpupack.job.pack.process"),  # where it is now: as it is
+    ("gpupack.sweep", "gpupack.sweep"),
+    ("gpupack.workload", "gpupack.workload"),               # the names a user imports never moved
+])
+def test_an_old_module_name_reads_where_the_module_is_now(old, new):
+    import importlib
+
+    from gpupack.core.moves import moved
+
+    assert moved(old) == new
+    importlib.import_module(new)
+
+
+def test_a_plan_naming_the_hydra_jobs_old_module_still_loads_its_workload():
+    """A Hydra launch's plan written before the wings names its workload gpupack.runtime.hydra_job; a job of that
+    launch that starts after an upgrade (queued, requeued) still finds it."""
+    from gpupack.job.runtime.hydra_job import WORKLOAD
+    from gpupack.job.workloads import load_workload
+
+    assert load_workload("gpupack.runtime.hydra_job") is WORKLOAD

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpupack.core.store.curves import CurveSpec, NewLines, append_point, await_verdict, points, read_verdict
-from gpupack.core.workload import Reporter, TrainingContext
 from gpupack.job.pack._curve import CurveFollower, matched
+from gpupack.workload import Reporter, TrainingContext
 
 
 class ProgrammedCurve:

@@ -25,7 +25,6 @@ from gpupack.core.plan import Plan, make_plan
 from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Capacity, PackSettings
-from gpupack.core.workload import Reporter, TrainingContext, Workload
 from gpupack.errors import ConfigError
 from gpupack.job.body import run_pack
 from gpupack.job.runtime.joins import ddp
@@ -34,6 +33,7 @@ from gpupack.job.runtime.joins.ddp import _merged
 from gpupack.job.spread import check_spread, load_strategy, strategy_options
 from gpupack.job.spread.ddp import STRATEGY, DdpOptions, culprit
 from gpupack.job.workloads import load_workload
+from gpupack.workload import Reporter, TrainingContext, Workload
 
 SMALL = {"model": "mlp", "hidden": 32, "train_samples": 500, "val_samples": 500, "epochs": 1, "lr": 0.05}
 NO_GPU = Capacity(has_gpu=False, node_cpus=2)

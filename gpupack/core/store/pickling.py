@@ -22,6 +22,7 @@ from collections import ChainMap
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Mapping
 
+from gpupack.core.moves import moved
 from gpupack.core.store.locks import held
 from gpupack.core.store.records import atomic_file
 
@@ -62,33 +63,6 @@ def dump(obj: Any, path: Path) -> None:
     """Pickle ``obj`` to ``path`` atomically (a torn pickle must never be read back)."""
     with atomic_file(path, binary=True) as f:
         dump_to(obj, f)
-
-
-# Where core's modules were before its sub-packages (issue 45): a pickle written then (a launch's payload, a job's
-# returns) names this module's _code and core's classes by those paths, and a run's jobs may read it after an upgrade.
-MOVED = {f"gpupack.core.{old}": f"gpupack.core.{new}" for old, new in {
-    **{m: f"store.{m}" for m in ("rundir", "records", "journal", "claims", "columnar", "lane_columnar", "pickling",
-                                 "storage", "rank_choice")},
-    "memory": "memory.figures", **{m: f"memory.{m}" for m in ("pack_fit", "admission", "victims")},
-    **{m: f"cost.{m}" for m in ("billing", "rgu")}}.items()} | {
-    f"gpupack.runtime.{m}": f"gpupack.core.{m}" for m in ("jobenv", "monitor")}  # to the ground, with the wings
-
-
-# The folders that became parts of a wing (issue 54): a module under one of them moved with it, whatever its name.
-MOVED_FOLDERS = {f"gpupack.{old}": f"gpupack.{new}" for old, new in {
-    **{m: f"job.{m}" for m in ("pack", "spread", "runtime", "workloads")},
-    **{m: f"results.{m}" for m in ("analysis", "report")}, **{m: f"sweep.{m}" for m in ("flow", "setup")},
-    "cli_show": "cli.show", "cli_stop": "sweep.stop"}.items()}
-
-
-def moved(module: str) -> str:
-    """Where a module an older gpupack pickled lives now."""
-    if module in MOVED:
-        return MOVED[module]
-    for old, new in MOVED_FOLDERS.items():
-        if module == old or module.startswith(old + "."):
-            return new + module[len(old):]
-    return module
 
 
 class _Unpickler(pickle.Unpickler):

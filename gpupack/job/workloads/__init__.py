@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 
+from gpupack.core.moves import moved
 from gpupack.core.registry import module_names, require_known
 from gpupack.core.workload import Workload
 from gpupack.errors import ConfigError
@@ -20,7 +21,7 @@ def load_workload(name: str, key: str = "sweep.workload") -> Workload:
     so users can keep workloads in their own packages. An unknown name is a ConfigError."""
     if "." in name:
         try:
-            module = importlib.import_module(name)
+            module = importlib.import_module(moved(name))  # a plan an earlier gpupack wrote may name an old path
         except ImportError as err:
             raise ConfigError(key, name, f"cannot import it ({err})", "make the module importable (PYTHONPATH) or "
                               "use a built-in workload (python -m gpupack --info lists them)") from None

@@ -387,7 +387,8 @@ def _withhold_impossible(out: pd.DataFrame, loaded_only: Mapping[Hashable, bool]
             out.loc[idx, "chosen"] = False
 
 
-# Why a group names no best N (its ``no_answer``): the words report/text.py turns into the reason and what to do.
+# Why a group names no best N (its ``no_answer``): the words results/report/text.py turns into the reason and what
+# to do.
 BEYOND_DEVICE = "beyond the device"
 UNDER_LOAD = "under foreign load"
 # A gain at its bound moves a few percent either way with the timings' own jitter (a process's start, a pack's last
