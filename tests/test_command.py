@@ -347,6 +347,8 @@ def test_a_malformed_result_file_fails_its_training_alone(tmp_path, subprocess_e
     ({"loop_end": "later"}, "GPUPACK_RESULT.loop_end='later': is not a time"),
     ({"metrics": [0.9]}, "GPUPACK_RESULT.metrics=[0.9]: is not an object of metric names to values"),
     ({"metric": {"acc": 1}}, "GPUPACK_RESULT.metric={'acc': 1}: is no key of a result. HINT: did you mean 'metrics'?"),
+    ({"loop_start": 10 ** 400}, "GPUPACK_RESULT.loop_start=" + "1" + "0" * 56 + "...: is not a time"),
+    ({"loop_start": 5.0, "loop_end": 4.0}, "GPUPACK_RESULT.loop_end=4.0: is before loop_start=5.0"),
 ])
 def test_a_result_file_is_read_key_by_key(raw, needle):
     with pytest.raises(DataError) as err:
@@ -356,9 +358,37 @@ def test_a_result_file_is_read_key_by_key(raw, needle):
 
 def test_a_result_file_as_gpupack_result_writes_it_reads_whole():
     raw = {"metrics": {"val_accuracy": 0.9}, "samples": 6, "steps": 2, "loop_start": 1, "loop_end": 2.5}
-    assert checked_report(raw) == {**raw, "loop_start": 1.0}
+    report = checked_report(raw)
+    assert report == raw and isinstance(report["loop_start"], float)
     assert checked_report(None) == {}
     assert checked_report({"samples": None}) == {"loop_start": None, "loop_end": None}
+
+
+def test_a_result_file_another_language_wrote_reads_as_meant():
+    """Counts written as whole floats (R, Julia: 6e+04) are counts; a key of the program's own is left alone."""
+    report = checked_report({"samples": 6e4, "steps": 938.0, "notes": "run on the old node"})
+    assert report == {"samples": 60000, "steps": 938, "loop_start": None, "loop_end": None}
+    assert isinstance(report["samples"], int)
+
+
+@pytest.mark.parametrize("content, stopped, needle", [
+    ("not json at all", False, "its result (r.json) holds no JSON object: 'not json at all'"),
+    ("", False, "its result (r.json) holds no JSON object: it is empty"),
+    ('{"samples": "many"}', False, "its result (r.json): GPUPACK_RESULT.samples='many'"),
+    ("not json at all", True, None),   # pruned mid-write: read as nothing, as it reported nothing
+    (None, False, None),               # no file: the program reported nothing
+])
+def test_a_trainings_result_file_is_read_or_said_in_one_place(tmp_path, content, stopped, needle):
+    from gpupack.job.pack import read_result
+
+    path = tmp_path / "r.json"
+    if content is not None:
+        path.write_text(content)
+    result, error = read_result(WORKLOAD, {}, path, 100.0, 104.0, stopped=stopped)
+    if needle is None:
+        assert error is None and result is not None and result["timings"]["split"] is False
+    else:
+        assert result is None and error is not None and needle in error
 
 
 # ---------------------------------------------------------------- 6. a program gone between validation and run

@@ -142,7 +142,7 @@ class _Training:
             code, error = None, start_failure(self.launch.argv, self.launch.cwd, ended.start_error)
         elif code == 0 or self.pruned is not None:  # stopped for its prune: what it reported so far is its result
             result, error = read_result(self.workload, self.training.params, self.result_path, ended.started_at,
-                                        ended.ended_at, self.child.out_path)
+                                        ended.ended_at, self.child.out_path, stopped=self.pruned is not None)
             pruned = self.pruned or (result or {}).get("pruned")  # stopped here, or by its own report()
             if pruned:
                 extra["pruned"] = pruned

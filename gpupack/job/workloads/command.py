@@ -14,6 +14,7 @@ reports metrics and samples, and — when it marks its first step — start-up a
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -345,35 +346,64 @@ _REPORT_HINT = ('write what gpupack.result writes: {"metrics": {"val_accuracy": 
                 '"loop_start": 1764400000.0, "loop_end": 1764400042.5}, each key optional')
 
 
+def _number(value: object) -> float | None:
+    """A JSON number as a float (a bool is none; an integer too large for a float is not a finite time)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def _holds(key: str, value: object) -> bool:
     if key == "metrics":
         return isinstance(value, dict)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    number = _number(value)
+    if number is None or not math.isfinite(number):
         return False
-    return isinstance(value, int) and value >= 0 if REPORT_KEYS[key] == _COUNT else math.isfinite(value)
+    return number >= 0 and number.is_integer() if REPORT_KEYS[key] == _COUNT else True
+
+
+class _Shown(str):
+    """A value quoted in an error as at most 60 characters of its repr (a record keeps the line, not the file)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _shown(value: object) -> object:
+    text = repr(value)
+    return value if len(text) <= 60 else _Shown(text[:57] + "...")
 
 
 def checked_report(raw: object) -> ResultReport:
     """What a program reported at ``$GPUPACK_RESULT``, each key holding what :mod:`gpupack.result` writes (None: the
-    key left out), else a DataError naming the first key that does not."""
+    key left out), else a DataError naming the first key that does not. A key of its own is left alone unless it
+    reads as a misspelt one of these (``metric``), whose figures would otherwise be lost without a word."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise DataError(RESULT_ENV, raw, "is no JSON object", _REPORT_HINT)
+        raise DataError(RESULT_ENV, _shown(raw), "is no JSON object", _REPORT_HINT)
     for key, value in raw.items():
         if key not in REPORT_KEYS:
-            raise DataError(f"{RESULT_ENV}.{key}", value, "is no key of a result", nearest(str(key), REPORT_KEYS))
-        if value is not None and not _holds(key, value):
-            raise DataError(f"{RESULT_ENV}.{key}", value, f"is not {REPORT_KEYS[key]}", _REPORT_HINT)
-    metrics, samples, steps, start, end = (raw.get(k) for k in REPORT_KEYS)
-    report: ResultReport = {"loop_start": float(start) if isinstance(start, (int, float)) else None,
-                            "loop_end": float(end) if isinstance(end, (int, float)) else None}
+            if difflib.get_close_matches(str(key), REPORT_KEYS, n=1, cutoff=0.8):
+                raise DataError(f"{RESULT_ENV}.{key}", _shown(value), "is no key of a result",
+                                nearest(str(key), REPORT_KEYS))
+        elif value is not None and not _holds(key, value):
+            raise DataError(f"{RESULT_ENV}.{key}", _shown(value), f"is not {REPORT_KEYS[key]}", _REPORT_HINT)
+    metrics, samples, steps = raw.get("metrics"), _number(raw.get("samples")), _number(raw.get("steps"))
+    start, end = _number(raw.get("loop_start")), _number(raw.get("loop_end"))
+    if start is not None and end is not None and end < start:
+        raise DataError(f"{RESULT_ENV}.loop_end", end, f"is before loop_start={start!r}",
+                        "write loop_start when the loop begins and loop_end when it ends (time.time())")
+    report: ResultReport = {"loop_start": start, "loop_end": end}
     if isinstance(metrics, dict):
         report["metrics"] = {str(k): v for k, v in metrics.items()}
-    if isinstance(samples, int):
-        report["samples"] = samples
-    if isinstance(steps, int):
-        report["steps"] = steps
+    if samples is not None:
+        report["samples"] = int(samples)
+    if steps is not None:
+        report["steps"] = int(steps)
     return report
 
 
