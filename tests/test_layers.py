@@ -28,23 +28,30 @@ def test_gpupack_keeps_its_layers_and_has_no_cycle():
     assert "BROKEN" not in proc.stdout and proc.stdout.count("KEPT") == 8, proc.stdout[-4000:]
 
 
-@pytest.mark.parametrize("importer, imported", [
-    ("gpupack/core/plan.py", "gpupack.sweep"),                # an upward import at module level
-    ("gpupack/job/runtime/sampler.py", "gpupack.job.pack.process"),   # ... and one inside a function
-    ("gpupack/core/workload.py", "gpupack.search.study"),           # the ground knows no study (a trial's lane does)
-    ("gpupack/job/pack/process.py", "gpupack.search.study"),        # nor does the job wing
-    ("gpupack/results/analysis/load.py", "gpupack.sweep.flow.run"),  # the results wing stands below the command wing
-    ("gpupack/results/report/text.py", "gpupack.submit"),          # ... beside the backends, which it never imports
-    ("gpupack/job/runtime/worker.py", "gpupack.job.body"),          # the job wing's own order
-    ("gpupack/job/body.py", "gpupack.workload"),                    # gpupack imports the contract from the ground
-    ("gpupack/sweep/setup/config.py", "gpupack.sweep.flow.run"),    # the command wing's own order
-    ("gpupack/sweep/setup/validate.py", "gpupack.job.pack.process"),  # the job wing's face: a mode's package, not
-    ("gpupack/submit/local.py", "gpupack.job.runtime.supervisor"),     # its inside; the wing's processes are its own
-    ("gpupack/core/store/journal.py", "gpupack.core.memory.figures"),  # inside core: storage over memory policy
-    ("gpupack/core/plan.py", "gpupack.core.store.rundir"),    # ... and a base module over the storage
+HOUSE, CORE, FACE = "the house", "core's own order", "the job wing's face"
+
+
+@pytest.mark.parametrize("importer, imported, contract", [
+    ("gpupack/core/plan.py", "gpupack.sweep", HOUSE),                # an upward import at module level
+    ("gpupack/job/runtime/sampler.py", "gpupack.job.pack.process", "the job wing's own order"),  # ... in a function
+    ("gpupack/core/workload.py", "gpupack.search.study", HOUSE),      # the ground knows no study (a trial's lane does)
+    ("gpupack/job/pack/process.py", "gpupack.search.study", HOUSE),   # nor does the job wing
+    ("gpupack/results/analysis/load.py", "gpupack.sweep.flow.run", HOUSE),  # results stand below the command wing
+    ("gpupack/results/report/text.py", "gpupack.submit", HOUSE),      # ... beside the backends, which they never import
+    ("gpupack/job/body.py", "gpupack.workload", HOUSE),               # gpupack imports the contract from the ground
+    ("gpupack/job/runtime/worker.py", "gpupack.job.body", "the job wing's own order"),
+    ("gpupack/sweep/setup/config.py", "gpupack.sweep.flow.run", "the command wing's own order"),
+    ("gpupack/results/analysis/load.py", "gpupack.results.report.text", "the results wing's own order"),
+    ("gpupack/sweep/flow/collect.py", "gpupack.sweep.flow.run", "the flow's own order"),
+    ("gpupack/sweep/setup/validate.py", "gpupack.job.pack.process", FACE),  # a mode's package is the face, not its
+    ("gpupack/submit/local.py", "gpupack.job.runtime.supervisor", FACE),    # inside; the wing's processes are its own
+    ("gpupack/core/store/journal.py", "gpupack.core.memory.figures", CORE),  # inside core: storage over memory policy
+    ("gpupack/core/plan.py", "gpupack.core.store.rundir", CORE),      # ... and a base module over the storage
+    ("gpupack/job/records.py", "gpupack.job.body", "no import cycle"),  # the job itself: siblings, but no cycle
 ])
-def test_an_upward_import_breaks_the_contract(tmp_path, importer, imported):
-    """The contract bites: a copy of the package with one upward import added fails it, naming both modules."""
+def test_an_upward_import_breaks_the_contract(tmp_path, importer, imported, contract):
+    """Each contract bites: a copy of the package with one upward import added fails it, naming the contract and
+    the importing module."""
     copy = tmp_path / "src"
     shutil.copytree(ROOT / "gpupack", copy / "gpupack", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
@@ -58,7 +65,9 @@ def test_an_upward_import_breaks_the_contract(tmp_path, importer, imported):
     proc = lint_imports(tmp_path, copy)
     assert proc.returncode != 0
     module = importer.replace("/", ".").removesuffix(".py")
-    assert "BROKEN" in proc.stdout and module in proc.stdout, proc.stdout[-3000:]
+    broken = " ".join(proc.stdout.split("Broken contracts", 1)[-1].split())  # lint-imports wraps at 80 columns
+    named = module in proc.stdout or f".{module.rsplit('.', 1)[1]} ->" in proc.stdout  # a cycle names it relatively
+    assert "BROKEN" in proc.stdout and named and contract in broken, proc.stdout[-3000:]
 
 
 def floors() -> tuple[int, list[str]]:
@@ -87,6 +96,35 @@ def test_the_house_is_at_most_eight_floors_and_the_map_says_how_many():
     assert count <= 8, f"{count} floors: {' -> '.join(longest)}"
     said = re.search(r"is (\w+) floors deep", TEXT)
     assert said is not None and NUMBERS[said.group(1)] == count, (said and said.group(0), count, longest)
+
+
+def defined_names(path: Path) -> set[str]:
+    """The public names a module defines at its top (in an ``if``/``else`` too), not those it imports."""
+    import ast
+
+    names: set[str] = set()
+    body = list(ast.parse(path.read_text()).body)
+    while body:
+        node = body.pop()
+        if isinstance(node, ast.If):
+            body += node.body + node.orelse
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return {n for n in names if not n.startswith("_")}
+
+
+@pytest.mark.parametrize("ground, public", [("core/workload.py", "workload"), ("core/result.py", "result")])
+def test_the_names_a_user_imports_are_every_public_name_of_the_ground(ground, public):
+    """gpupack.workload and gpupack.result re-export the ground's modules by their __all__: it must hold every
+    public name they define, or a user's import of one breaks."""
+    import importlib
+
+    module = importlib.import_module(f"gpupack.{public}")
+    assert set(module.__all__) == defined_names(ROOT / "gpupack" / ground)
+    assert all(hasattr(module, name) for name in module.__all__)
 
 
 # ---------------- imports by name (importlib), which the contract above cannot see ----------------

@@ -26,7 +26,7 @@ else:  # typing's TypeVar takes a default from Python 3.13 only; at run time the
     from typing import TypeVar
 
 # What gpupack/workload.py gives a user (tests/test_layers.py holds it to every public name here).
-__all__ = ["LoopSummary", "ReporterInfo", "PythonMain", "Reporter", "Range", "at_least", "positive", "Launch",
+__all__ = ["P", "LoopSummary", "ReporterInfo", "PythonMain", "Reporter", "Range", "at_least", "positive", "Launch",
            "TrainingContext", "Workload", "require_positive", "params_from_mapping"]
 
 # A workload's hyperparameters: its ``Params`` dataclass (a dict for the ``command`` workload). A workload loaded by
