@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-DEFAULT_DATA = Path(__file__).resolve().parent.parent / "gpupack" / "workloads" / "data" / "mnist"
+DEFAULT_DATA = Path(__file__).resolve().parent.parent / "gpupack" / "job" / "workloads" / "data" / "mnist"
 
 
 def _idx(path: Path) -> np.ndarray:
