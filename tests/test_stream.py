@@ -185,10 +185,20 @@ WHOLE = b'{"lane": "L0", "incarnation": "h:1:aa", "job_id": null, "host": "h", "
     (b'{"lane": "L0"}', False, "L0"),  # a JSON object with no run of the lane: not a claim gpupack wrote whole
     (b"[1, 2]", False, None),
     (b"\xff\xfe", False, None),
+    (b'{"lane": "L0", "incarnation": 7}', False, "L0"),  # a run of it that is no name: not what claim() wrote
+    (b'{"lane": 3, "incarnation": "h:1:aa"}', False, None),
 ])
 def test_a_claim_is_read_whole_or_as_torn_with_the_lane_its_start_names(raw, rec, lane):
     seen = read_claim(raw)
     assert (seen.rec is not None) == rec and seen.lane == lane
+
+
+def test_a_whole_claim_keeps_each_field_of_its_type_and_drops_one_that_is_not():
+    assert read_claim(WHOLE).rec == {"lane": "L0", "incarnation": "h:1:aa", "job_id": None, "host": "h", "pid": 1,
+                                     "claimed_at": 1.0}
+    odd = read_claim(b'{"lane": "L0", "incarnation": "h:1:aa", "job_id": 5, "host": null, "pid": "1",'
+                     b' "claimed_at": true}').rec
+    assert odd == {"lane": "L0", "incarnation": "h:1:aa"}  # each wrong field left out, none taken as its type
 
 
 ME = Claimant("L0", "h:2:bb", None, "h", 2)

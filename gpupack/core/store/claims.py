@@ -36,7 +36,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Collection, Iterable, Mapping, TypedDict, cast
+from typing import Collection, Iterable, Mapping, TypedDict
 
 from gpupack.core.store.records import file_mode, make_dirs
 
@@ -120,10 +120,29 @@ def read_claim(raw: bytes) -> Seen:
         rec = json.loads(raw)
     except ValueError:  # torn (by a crash, or from outside), empty, or not UTF-8
         rec = None
-    if isinstance(rec, dict) and isinstance(rec.get("lane"), str) and rec.get("incarnation"):
-        return Seen(cast(ClaimRecord, rec), rec["lane"])  # whole: what claim() wrote
+    whole = _as_claim(rec)
+    if whole is not None:
+        return Seen(whole, whole["lane"])
     found = _LANE.match(raw)
     return Seen(None, found.group(1).decode(errors="replace") if found else None)
+
+
+def _as_claim(rec: object) -> ClaimRecord | None:
+    """``rec`` as the record claim() writes, each field of its type, else None (not a claim gpupack wrote whole).
+    Its lane and this run of it are required; the other fields are kept where they hold their type."""
+    if not (isinstance(rec, dict) and isinstance(rec.get("lane"), str) and isinstance(rec.get("incarnation"), str)
+            and rec["incarnation"]):
+        return None
+    out = ClaimRecord(lane=rec["lane"], incarnation=rec["incarnation"])
+    if rec.get("job_id") is None or isinstance(rec["job_id"], str):
+        out["job_id"] = rec.get("job_id")
+    if isinstance(rec.get("host"), str):
+        out["host"] = rec["host"]
+    if isinstance(rec.get("pid"), int) and not isinstance(rec["pid"], bool):
+        out["pid"] = rec["pid"]
+    if isinstance(rec.get("claimed_at"), (int, float)) and not isinstance(rec["claimed_at"], bool):
+        out["claimed_at"] = float(rec["claimed_at"])
+    return out
 
 
 def seen_claims(folder: Path) -> dict[str, Seen]:
