@@ -103,3 +103,32 @@ def from_help(text: str) -> list[DocCommand]:
         if in_examples and stripped.startswith(_STARTS):
             commands.append(DocCommand(stripped, f"--help:{number}"))
     return commands
+
+
+# The docs commands a dedicated test runs for real, as pasted, with its own small sizes and closer checks: the docs
+# test runs each of these dry (composed, validated, planned), so no command runs for real twice in a suite. The test
+# named takes the command's words from `pasted`, which fails once no docs page shows that text.
+RUN_BY: dict[str, str] = {
+    "python -m gpupack +sweep=mnist_spread": "tests/test_spread.py",
+    "python -m gpupack +sweep=mnist_tf_spread": "tests/test_spread.py",
+    "python -m gpupack +sweep=mnist_tf_pack": "tests/test_tensorflow.py",
+    "python -m gpupack +sweep=cifar10_pack sweep.fixed.data_dir=/project/def-me/cifar-10-batches-py":
+        "tests/test_tensorflow.py",
+    "python -m gpupack +sweep=cifar10_pack sweep.workload=cifar10_torch packing.modes=[process] "
+    "sweep.fixed.data_dir=/project/def-me/cifar-10-batches-py": "tests/test_tensorflow.py",
+    "python -m gpupack +sweep=mnist_pack packing.modes=[process,fused]": "tests/test_fused.py",
+}
+
+
+def pasted(text: str, paths: dict[str, str] | None = None) -> list[str]:
+    """The words after ``python -m gpupack`` of the docs command ``text`` (one of RUN_BY's), each placeholder path of
+    ``paths`` (the docs' path: the test's) replaced. Fails where no docs page shows ``text``: the test follows the
+    docs."""
+    if text not in RUN_BY or not any(c.text == text for c in from_docs()):
+        raise LookupError(f"no docs page shows {text!r} as RUN_BY names it: the docs changed, change the test too")
+    words = shlex.split(text)
+    for placeholder, path in (paths or {}).items():
+        words = [word.replace(placeholder, path) for word in words]
+    if words[:3] != ["python", "-m", "gpupack"]:
+        raise LookupError(f"{text!r} is no `python -m gpupack` command")
+    return words[3:]

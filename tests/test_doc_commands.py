@@ -17,6 +17,7 @@ for what the runs here made (``PLACEHOLDERS``). A new command in the docs is pic
 """
 from __future__ import annotations
 
+import ast
 import os
 import shlex
 import subprocess
@@ -28,7 +29,7 @@ import pytest
 
 from gpupack.cli import help_text
 from tests.conftest import HYDRA_OPTUNA
-from tests.doc_commands import REPO, DocCommand, from_docs, from_help
+from tests.doc_commands import REPO, RUN_BY, DocCommand, from_docs, from_help, pasted
 
 
 def _once(commands: list[DocCommand]) -> list[DocCommand]:
@@ -120,6 +121,9 @@ class Workspace:
         sweep_name = next((w.split("=", 1)[1] for w in words if w.startswith("+sweep=")), None)
         if sweep_name is None or "--cfg" in words or "dry_run=true" in words:
             return []
+        if command.text in RUN_BY:  # its test runs it for real (tests/doc_commands.py): its path is covered
+            self.covered.add(_path(words))
+            return ["dry_run=true"]
         if _is_cluster(words) or _path(words) in self.covered:
             return ["dry_run=true"]
         self.covered.add(_path(words))
@@ -185,6 +189,27 @@ def test_the_docs_commands_are_all_found():
                             "hydra.launcher.partition=v100") for t in texts)
     assert "python -m gpupack collect RUN_DIR --metric loss --goal min --pattern 'Average loss: ([0-9.]+)'" in texts
     assert not any("#" in t and "# " in t.split("'")[-1] for t in texts), "a trailing comment was kept"
+
+
+@pytest.mark.parametrize("text, test_file", sorted(RUN_BY.items()))
+def test_a_docs_command_run_dry_here_is_run_for_real_as_pasted_by_the_test_named(text, test_file):
+    """A command of RUN_BY is run dry below; the file named runs it for real through ``pasted`` (its text there)."""
+    assert text in [c.text for c in ALL]
+    assert pasted(text)[0].startswith("+sweep=")
+    assert text in _pasted_in(REPO / test_file), f"{test_file} runs no {text!r} through pasted()"
+
+
+def _pasted_in(path: Path) -> set[str]:
+    """The strings of a test file that calls ``pasted`` (adjacent literals joined), else none."""
+    nodes = list(ast.walk(ast.parse(path.read_text())))
+    if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "pasted" for n in nodes):
+        return set()
+    return {n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def test_pasted_refuses_a_command_no_docs_page_shows():
+    with pytest.raises(LookupError, match="the docs changed"):
+        pasted("python -m gpupack +sweep=mnist_pack packing.modes=[fused]")
 
 
 @pytest.mark.parametrize("command", [

@@ -20,6 +20,7 @@ from gpupack.job.body import run_pack  # noqa: E402
 from gpupack.job.workloads import _mnist_data, _torch_common, _torch_fused, load_workload  # noqa: E402
 from gpupack.job.workloads.mnist_torch import _build  # noqa: E402
 from gpupack.workload import Reporter, TrainingContext  # noqa: E402
+from tests.doc_commands import pasted  # noqa: E402
 
 WORKLOAD = load_workload("mnist_torch")
 
@@ -119,7 +120,8 @@ def test_what_cannot_be_fused_is_refused_before_anything(tmp_path, capsys, overr
 @pytest.mark.quiet
 def test_process_and_fused_in_one_table_with_the_best_mode_and_n(tmp_path, subprocess_env):
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "gpupack", "+sweep=mnist_pack", "packing.modes=[process,fused]",
+    proc = subprocess.run([sys.executable, "-m", "gpupack",
+                           *pasted("python -m gpupack +sweep=mnist_pack packing.modes=[process,fused]"),
                            "packing.factors=[1,2]", "packing.repeats=1", "sweep.grid.batch_size=[128]",
                            "sweep.fixed.train_samples=1000", "sweep.fixed.val_samples=500", "sweep.fixed.epochs=1",
                            f"run_dir={run_dir}"], capture_output=True, text=True, env=subprocess_env, timeout=600)

@@ -16,6 +16,7 @@ from gpupack.core.plan import Plan, make_plan
 from gpupack.results.analysis.layouts import compare, split_spread, spread_summary, verdicts
 from gpupack.submit.local import spread_gpus, take_slots
 from gpupack.submit.slurm import sbatch_parameters
+from tests.doc_commands import pasted
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -202,7 +203,8 @@ SMALL = ["sweep.fixed.train_samples=2048", "sweep.fixed.val_samples=500", "sweep
 @pytest.mark.slow
 def test_mnist_spread_runs_ddp_beside_packing_in_one_table_with_a_verdict(tmp_path, subprocess_env):
     run_dir = tmp_path / "run"
-    proc = gpupack(["+sweep=mnist_spread", *SMALL, "packing.repeats=2", f"run_dir={run_dir}"], subprocess_env)
+    proc = gpupack([*pasted("python -m gpupack +sweep=mnist_spread"), *SMALL, "packing.repeats=2",
+                    f"run_dir={run_dir}"], subprocess_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = _records(run_dir)
     spread = [r for r in recs if r.get("strategy") == "ddp"]
@@ -220,8 +222,8 @@ def test_mnist_spread_runs_ddp_beside_packing_in_one_table_with_a_verdict(tmp_pa
 @pytest.mark.slow
 def test_mnist_tf_spread_runs_mirrored_over_logical_cpus_beside_packing(tmp_path, subprocess_env):
     run_dir = tmp_path / "run"
-    proc = gpupack(["+sweep=mnist_tf_spread", "sweep.fixed.train_samples=2048", "sweep.fixed.val_samples=500",
-                    "packing.repeats=1", f"run_dir={run_dir}"], subprocess_env)
+    proc = gpupack([*pasted("python -m gpupack +sweep=mnist_tf_spread"), "sweep.fixed.train_samples=2048",
+                    "sweep.fixed.val_samples=500", "packing.repeats=1", f"run_dir={run_dir}"], subprocess_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     spread = [r for r in _records(run_dir) if r.get("strategy") == "mirrored"]
     assert {r["devices"] for r in spread} == {1, 2} and all(r["status"] == "completed" for r in spread)

@@ -24,6 +24,7 @@ from gpupack.job.pack.tf_logical import PACKER as TF_LOGICAL
 from gpupack.job.pack.tf_logical import logical_devices, split_memory_mb
 from gpupack.job.runtime.mps import mps_daemon
 from gpupack.job.workloads import _cifar10_data
+from tests.doc_commands import pasted
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -256,16 +257,19 @@ def test_cifar10_reader_round_trip_and_missing_files(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload, modes", [("cifar10_torch", "[process]"), ("cifar10_tf", "[process,tf_logical]")])
-def test_cifar10_sweeps_run_on_staged_batches(tmp_path, subprocess_env, workload, modes):
+@pytest.mark.parametrize("text", [  # the docs' two (docs/packing-modes.md), each run for real here alone
+    "python -m gpupack +sweep=cifar10_pack sweep.fixed.data_dir=/project/def-me/cifar-10-batches-py",
+    "python -m gpupack +sweep=cifar10_pack sweep.workload=cifar10_torch packing.modes=[process] "
+    "sweep.fixed.data_dir=/project/def-me/cifar-10-batches-py"], ids=["cifar10_tf", "cifar10_torch"])
+def test_cifar10_sweeps_run_on_staged_batches(tmp_path, subprocess_env, text):
     import subprocess
 
     data = _cifar10_data.write_batches(tmp_path / "cifar-10-batches-py", 40)
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "gpupack", "+sweep=cifar10_pack", f"sweep.workload={workload}",
-                           f"packing.modes={modes}", "packing.factors=[2]", "sweep.grid.lr=[0.05]",
-                           f"sweep.fixed.data_dir={data}", "sweep.fixed.train_samples=200",
-                           "sweep.fixed.val_samples=20", f"run_dir={run_dir}"],
+    proc = subprocess.run([sys.executable, "-m", "gpupack",
+                           *pasted(text, {"/project/def-me/cifar-10-batches-py": str(data)}), "packing.factors=[2]",
+                           "sweep.grid.lr=[0.05]", "sweep.fixed.train_samples=200", "sweep.fixed.val_samples=20",
+                           f"run_dir={run_dir}"],
                           capture_output=True, text=True, env=subprocess_env, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = [json.loads(p.read_text()) for p in run_dir.glob("packs/*/trainings/*.json")]
@@ -279,7 +283,8 @@ def test_tf_mnist_sweep_compares_split_and_no_split(tmp_path, subprocess_env):
     import subprocess
 
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "gpupack", "+sweep=mnist_tf_pack", "packing.factors=[1,2]",
+    proc = subprocess.run([sys.executable, "-m", "gpupack", *pasted("python -m gpupack +sweep=mnist_tf_pack"),
+                           "packing.factors=[1,2]",
                            "packing.repeats=1", "sweep.fixed.train_samples=1000", "sweep.fixed.val_samples=200",
                            f"run_dir={run_dir}"], capture_output=True, text=True, env=subprocess_env, timeout=600,
                           cwd=REPO)
