@@ -32,6 +32,7 @@ from gpupack.core.store.journal import RunRecords, log_where
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import Options, PackSettings
 from gpupack.errors import ConfigError, GpupackError, UnreachableError, require_positive
+from gpupack.job import HYDRA_JOB
 from gpupack.job.pack import load_packer
 from gpupack.job.workloads import load_workload
 from gpupack.submit import ClusterConfig, backend_class
@@ -41,7 +42,7 @@ from gpupack.sweep.setup.validate import check_job_options, check_packs
 from gpupack.sweep.stop import Stopped, after_stop, stop_on_signals, stopped_line
 
 KEY = "hydra.launcher"
-WORKLOAD = "gpupack.job.runtime.hydra_job"
+WORKLOAD = HYDRA_JOB  # the Hydra job's workload, loaded by name in the job
 # The launcher's options that are its mode's too (packing.<mode>.<name>), given to the mode when it has them.
 MODE_OPTIONS = ("mps", "start")
 

@@ -217,3 +217,45 @@ def test_a_process_started_elsewhere_is_caught(tmp_path):
     mps.write_text(mps.read_text() + "\n\ndef _quit(control: str) -> None:\n"
                    "    import subprocess\n    subprocess.run([control], input=b'quit\\n')\n")
     assert process_starts(copy)["gpupack/job/runtime/mps.py"] == {"subprocess.run"}
+
+
+# ---------------- names of modules as data, which no import statement shows ----------------
+
+# A program to start, not a module to import: a training's default argv (``python -m gpupack.job.runtime.worker``), the
+# process boundary being the seam between the ground's Workload and the wing that runs it
+PROGRAMS = {"gpupack/core/workload.py": ["gpupack.job.runtime.worker"]}
+
+
+def protected_names(root: Path) -> dict[str, list[str]]:
+    """Each string outside the job wing that is the dotted name of a module the wing's face protects (pyproject's
+    protected contract): a plan's workload, say, loaded by name inside a job. core/moves.py is the ground's table of
+    where old modules are now, names and nothing else."""
+    import ast
+
+    import tomllib
+
+    contract = next(c for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "contracts"] if c["type"] == "protected")
+    patterns = [re.compile(re.escape(m).replace(r"\*", r"\w+") + r"(\.\w+)*$") for m in contract["protected_modules"]]
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        where = path.relative_to(root.parent).as_posix()
+        if where.startswith("gpupack/job/") or where == "gpupack/core/moves.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and any(
+                    p.match(node.value) for p in patterns):
+                found.setdefault(where, []).append(node.value)
+    return found
+
+
+def test_no_wing_names_a_module_inside_the_job_wing_as_data():
+    assert protected_names(ROOT / "gpupack") == PROGRAMS
+
+
+def test_a_name_inside_the_job_wing_spelt_elsewhere_is_caught(tmp_path):
+    (tmp_path / "gpupack" / "job").mkdir(parents=True)
+    (tmp_path / "gpupack" / "hydra_launch.py").write_text('WORKLOAD = "gpupack.job.runtime.hydra_job"\n'
+                                                         '"""a docstring naming gpupack.job.runtime is prose"""\n')
+    (tmp_path / "gpupack" / "job" / "__init__.py").write_text('HYDRA_JOB = "gpupack.job.runtime.hydra_job"\n')
+    assert protected_names(tmp_path / "gpupack") == {"gpupack/hydra_launch.py": ["gpupack.job.runtime.hydra_job"]}

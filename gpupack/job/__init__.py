@@ -8,3 +8,7 @@ packages ``pack``, ``spread`` and ``workloads`` (each mechanism's registry and o
 inside those packages are its own (pyproject.toml's protected contract). It imports nothing here: a training's
 process loads only what it uses.
 """
+
+# The workload a Hydra launcher's job runs (runtime/hydra_job.py), by the dotted name a plan records for the job to
+# load: the face names it, so no other wing spells a module inside the wing, as data or as an import
+HYDRA_JOB = "gpupack.job.runtime.hydra_job"
