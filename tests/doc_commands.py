@@ -117,18 +117,35 @@ RUN_BY: dict[str, str] = {
     "python -m gpupack +sweep=cifar10_pack sweep.workload=cifar10_torch packing.modes=[process] "
     "sweep.fixed.data_dir=/project/def-me/cifar-10-batches-py": "tests/test_tensorflow.py",
     "python -m gpupack +sweep=mnist_pack packing.modes=[process,fused]": "tests/test_fused.py",
+    "PYTHONPATH=examples python -m gpupack 'hydra.searchpath=[file://examples/own_workload/conf]' "
+    "+sweep=quadratic_pack": "tests/test_end_to_end.py",
 }
 
 
 def pasted(text: str, paths: dict[str, str] | None = None) -> list[str]:
     """The words after ``python -m gpupack`` of the docs command ``text`` (one of RUN_BY's), each placeholder path of
     ``paths`` (the docs' path: the test's) replaced. Fails where no docs page shows ``text``: the test follows the
-    docs."""
-    if text not in RUN_BY or not any(c.text == text for c in from_docs()):
-        raise LookupError(f"no docs page shows {text!r} as RUN_BY names it: the docs changed, change the test too")
-    words = shlex.split(text)
+    docs. Its leading ``NAME=value`` words, if any: :func:`pasted_env`."""
+    words = _words(text)[len(pasted_env(text)):]
     for placeholder, path in (paths or {}).items():
         words = [word.replace(placeholder, path) for word in words]
     if words[:3] != ["python", "-m", "gpupack"]:
         raise LookupError(f"{text!r} is no `python -m gpupack` command")
     return words[3:]
+
+
+def pasted_env(text: str) -> dict[str, str]:
+    """The variables the docs command ``text`` sets before ``python`` (``PYTHONPATH=examples python -m ...``)."""
+    env = {}
+    for word in _words(text):
+        name, eq, value = word.partition("=")
+        if not eq or not name.isidentifier() or not name.isupper():
+            break
+        env[name] = value
+    return env
+
+
+def _words(text: str) -> list[str]:
+    if text not in RUN_BY or not any(c.text == text for c in from_docs()):
+        raise LookupError(f"no docs page shows {text!r} as RUN_BY names it: the docs changed, change the test too")
+    return shlex.split(text)

@@ -29,7 +29,7 @@ import pytest
 
 from gpupack.cli import help_text
 from tests.conftest import HYDRA_OPTUNA
-from tests.doc_commands import REPO, RUN_BY, DocCommand, from_docs, from_help, pasted
+from tests.doc_commands import REPO, RUN_BY, DocCommand, from_docs, from_help, pasted, pasted_env
 
 
 def _once(commands: list[DocCommand]) -> list[DocCommand]:
@@ -195,7 +195,7 @@ def test_the_docs_commands_are_all_found():
 def test_a_docs_command_run_dry_here_is_run_for_real_as_pasted_by_the_test_named(text, test_file):
     """A command of RUN_BY is run dry below; the file named runs it for real through ``pasted`` (its text there)."""
     assert text in [c.text for c in ALL]
-    assert pasted(text)[0].startswith("+sweep=")
+    assert any(word.startswith("+sweep=") for word in pasted(text))
     assert text in _pasted_in(REPO / test_file), f"{test_file} runs no {text!r} through pasted()"
 
 
@@ -205,6 +205,13 @@ def _pasted_in(path: Path) -> set[str]:
     if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "pasted" for n in nodes):
         return set()
     return {n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def test_pasted_splits_what_a_command_sets_before_python_from_gpupack_s_words():
+    text = next(t for t in RUN_BY if t.startswith("PYTHONPATH="))
+    assert pasted_env(text) == {"PYTHONPATH": "examples"}
+    assert pasted(text) == ["hydra.searchpath=[file://examples/own_workload/conf]", "+sweep=quadratic_pack"]
+    assert pasted_env("python -m gpupack +sweep=mnist_spread") == {}
 
 
 def test_pasted_refuses_a_command_no_docs_page_shows():

@@ -12,6 +12,7 @@ import torch
 
 from gpupack.core.jobenv import job_cores
 from tests.conftest import verdict
+from tests.doc_commands import pasted, pasted_env
 
 TINY = ["+sweep=mnist_pack", "packing.factors=[1,2]", "packing.repeats=1", "sweep.grid.lr=[0.1]",
         "sweep.grid.batch_size=[128]", "sweep.fixed.train_samples=2000", "sweep.fixed.val_samples=1000",
@@ -70,10 +71,12 @@ def test_tiny_sweep_runs_records_and_names_the_best_n(tmp_path, subprocess_env):
 def test_workload_from_own_package_and_own_config_folder(tmp_path, subprocess_env):
     """A user's workload module and sweep YAML outside gpupack (examples/own_workload), end to end."""
     repo = Path(__file__).resolve().parent.parent
-    env = dict(subprocess_env, PYTHONPATH=f"{repo / 'examples'}:{subprocess_env['PYTHONPATH']}")
+    # examples/README.md's command as pasted from the repository's root (its relative paths are the root's)
+    text = ("PYTHONPATH=examples python -m gpupack 'hydra.searchpath=[file://examples/own_workload/conf]' "
+            "+sweep=quadratic_pack")
+    env = dict(subprocess_env, PYTHONPATH=f"{pasted_env(text)['PYTHONPATH']}:{subprocess_env['PYTHONPATH']}")
     run_dir = tmp_path / "run"
-    proc = _gpupack([f"hydra.searchpath=[file://{repo / 'examples/own_workload/conf'}]", "+sweep=quadratic_pack",
-                     f"run_dir={run_dir}"], env, tmp_path)
+    proc = _gpupack([*pasted(text), f"run_dir={run_dir}"], env, repo)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = [json.loads(p.read_text()) for p in run_dir.glob("packs/*/trainings/*.json")]
     # N=1 and N=2, N=1 at its 1-thread set-up too, and the drift check
