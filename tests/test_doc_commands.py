@@ -10,6 +10,8 @@ venv's ``python`` first on PATH (the docs say: ``source .venv/bin/activate``). H
 - **Dry** (``dry_run=true`` appended): a local command whose path a real one has run already (its own overrides are
   composed, validated and planned, which is where a pasted override fails), and cluster examples (Alliance presets:
   with no cluster reachable, the preset alone, as on a laptop).
+- **Real in its own test** (``RUN_BY`` in tests/doc_commands.py): dry here, and run for real as pasted by the test
+  that checks what it measured (that test takes its words from ``pasted()``), so it runs for real once a suite.
 - ``cluster=slurm`` and the ``gpupack_slurm`` launcher run against the local test SLURM (marked ``slurm``).
 
 Paths the docs write for the user's own (``RUN_DIR``, ``/project/def-me/...``, ``multirun/<date>/<time>``) stand in
