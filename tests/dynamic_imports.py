@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import tomllib
 
@@ -25,12 +26,17 @@ class ByName:
     line: int
 
 
+def contracts(pyproject: Path) -> list[dict[str, Any]]:
+    """pyproject.toml's import-linter contracts, in its order."""
+    found: list[dict[str, Any]] = tomllib.loads(pyproject.read_text())["tool"]["importlinter"]["contracts"]
+    return found
+
+
 def layers(pyproject: Path) -> list[list[list[str]]]:
     """Each layers contract's layers, top first, each a list of its containers (full names), the house's first. A
     layer of siblings that may import each other ("a : b") is one container per sibling, marked by a trailing ":"."""
-    contracts = tomllib.loads(pyproject.read_text())["tool"]["importlinter"]["contracts"]
     out = []
-    for contract in (c for c in contracts if c["type"] == "layers"):
+    for contract in (c for c in contracts(pyproject) if c["type"] == "layers"):
         for container in contract.get("containers", [""]):
             prefix = container + "." if container else ""
             out.append([[prefix + part.strip() + (":" if ":" in layer else "") for part in layer.replace(":", "|")

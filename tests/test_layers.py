@@ -232,10 +232,9 @@ def protected_names(root: Path) -> dict[str, list[str]]:
     where old modules are now, names and nothing else."""
     import ast
 
-    import tomllib
+    from tests.dynamic_imports import contracts
 
-    contract = next(c for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
-        "contracts"] if c["type"] == "protected")
+    contract = next(c for c in contracts(ROOT / "pyproject.toml") if c["type"] == "protected")
     patterns = [re.compile(re.escape(m).replace(r"\*", r"\w+") + r"(\.\w+)*$") for m in contract["protected_modules"]]
     found: dict[str, list[str]] = {}
     for path in sorted(root.rglob("*.py")):
