@@ -126,7 +126,8 @@ def pasted(text: str, paths: dict[str, str] | None = None) -> list[str]:
     """The words after ``python -m gpupack`` of the docs command ``text`` (one of RUN_BY's), each placeholder path of
     ``paths`` (the docs' path: the test's) replaced. Fails where no docs page shows ``text``: the test follows the
     docs. Its leading ``NAME=value`` words, if any: :func:`pasted_env`."""
-    words = _words(text)[len(pasted_env(text)):]
+    words = _words(text)
+    words = words[len(_leading_env(words)):]
     for placeholder, path in (paths or {}).items():
         words = [word.replace(placeholder, path) for word in words]
     if words[:3] != ["python", "-m", "gpupack"]:
@@ -136,8 +137,12 @@ def pasted(text: str, paths: dict[str, str] | None = None) -> list[str]:
 
 def pasted_env(text: str) -> dict[str, str]:
     """The variables the docs command ``text`` sets before ``python`` (``PYTHONPATH=examples python -m ...``)."""
+    return _leading_env(_words(text))
+
+
+def _leading_env(words: list[str]) -> dict[str, str]:
     env = {}
-    for word in _words(text):
+    for word in words:
         name, eq, value = word.partition("=")
         if not eq or not name.isidentifier() or not name.isupper():
             break
