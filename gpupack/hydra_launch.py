@@ -9,6 +9,7 @@ per job for the whole multirun.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence, cast
 
+from hydra.core.config_loader import ConfigLoader
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.errors import CompactHydraException
@@ -100,6 +102,68 @@ def check_options(p: Mapping[str, object]) -> None:
     preload = cast("Sequence[object]", p.get("preload") or [])  # a list: its schema says so (BaseGpupackConf.preload)
     for i, module in enumerate(preload):  # found, not imported: that is the server's
         check_importable(module, f"{KEY}.preload[{i}]", f"{KEY}.preload")
+
+
+class ComposedOnce(ConfigLoader):
+    """Hydra's config loader, keeping each job config it composes until a launch takes it. A sweeper checks a batch
+    by composing every job's config (``Sweeper.validate_batch_is_legal``) just before it hands the batch to the
+    launcher, and each job would compose the same config again in its process: 0.11 s of a core a job here, against
+    4 ms to unpickle it. Kept pickled, so that nothing done to a config after it was composed reaches a job."""
+
+    def __init__(self, loader: ConfigLoader) -> None:
+        self.loader = loader
+        self.kept: dict[tuple[int, tuple[str, ...]], bytes] = {}
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        config = self.loader.load_sweep_config(master_config, sweep_overrides)
+        self.kept[(id(master_config), tuple(sweep_overrides))] = pickling.dumps(config)
+        return config
+
+    def take(self, master_config: DictConfig, batch: Sequence[Sequence[str]], first: int) -> dict[int, bytes]:
+        """The batch's configs it kept, by job number (``first`` the batch's first); it keeps none after."""
+        kept, self.kept = self.kept, {}
+        return {first + i: kept[key] for i, o in enumerate(batch) if (key := (id(master_config), tuple(o))) in kept}
+
+    # the rest of a ConfigLoader: the loader's own
+    def load_configuration(self, *args: Any, **kwargs: Any) -> DictConfig:
+        return self.loader.load_configuration(*args, **kwargs)
+
+    def get_search_path(self) -> Any:
+        return self.loader.get_search_path()
+
+    def get_sources(self) -> Any:
+        return self.loader.get_sources()
+
+    def list_groups(self, parent_name: str) -> list[str]:
+        return self.loader.list_groups(parent_name)
+
+    def get_group_options(self, *args: Any, **kwargs: Any) -> list[str]:
+        return self.loader.get_group_options(*args, **kwargs)
+
+    def compute_defaults_list(self, *args: Any, **kwargs: Any) -> Any:
+        return self.loader.compute_defaults_list(*args, **kwargs)
+
+
+def keep_compositions(hydra_context: HydraContext) -> None:
+    """From the launcher's setup on, the sweeper's context composes through a :class:`ComposedOnce` (the sweeper and
+    the launcher share the context; the sweeper checks each batch with its loader)."""
+    if not isinstance(hydra_context.config_loader, ComposedOnce):
+        hydra_context.config_loader = ComposedOnce(hydra_context.config_loader)
+
+
+def for_jobs(launcher: HydraLauncher) -> HydraLauncher:
+    """The launcher as its jobs get it: with Hydra's own config loader (a job composes only a config not kept)."""
+    loader = launcher.hydra_context.config_loader
+    if not isinstance(loader, ComposedOnce):
+        return launcher
+    out = copy.copy(launcher)
+    out.hydra_context = dataclasses.replace(launcher.hydra_context, config_loader=loader.loader)
+    return out
+
+
+def kept_configs(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], first: int) -> dict[int, bytes]:
+    loader = launcher.hydra_context.config_loader
+    return loader.take(launcher.config, job_overrides, first) if isinstance(loader, ComposedOnce) else {}
 
 
 def fresh_dir(parent: Path, name: str) -> Path:
@@ -339,8 +403,11 @@ def launch_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]]
     make_sweep_dir(launcher.config)
     _say_batch(launcher, job_overrides, initial_job_idx, prepared)
 
+    configs = kept_configs(launcher, job_overrides, initial_job_idx)  # as the sweeper composed them, to check them
+
     def on_open(opened: sweep.Opened) -> None:  # the run directory is ours now: leave the jobs what they need
-        pickling.dump((launcher, Singleton.get_state()), prepared.run.hydra_payload)
+        where = pickling.dump_indexed(configs, prepared.run.hydra_configs)
+        pickling.dump((for_jobs(launcher), Singleton.get_state(), where), prepared.run.hydra_payload)
 
     try:
         outcome = sweep.run(prepared, on_open=on_open, collect_outputs=False,

@@ -163,8 +163,52 @@ def test_the_jobs_server_composes_one_jobs_config_and_imports_the_apps_libraries
         (config, overrides, Singleton._instances is state["instances"])))  # the launch's singletons, in place
     launcher = SimpleNamespace(params={}, config="the app's config", task_function=module.task,
                                hydra_context=SimpleNamespace(config_loader=loader))
-    monkeypatch.setattr(hydra_job, "payload", lambda params: (launcher, state))
+    monkeypatch.setattr(hydra_job, "payload", lambda params: hydra_job.Payload(launcher, state, {}))  # none kept
     jobs = [hydra_job.HydraJobParams(overrides=[f"lr={lr}"], job_num=i) for i, lr in enumerate((0.1, 0.2))]
     hydra_job.WORKLOAD.preload(jobs)
     assert composed == [("the app's config", ["lr=0.1"], True)]  # one job's, once
     assert imported == [(["ftplib", "tabnanny"], "imported by the app's files")]
+
+
+def test_a_job_config_the_sweeper_composed_to_check_it_is_the_one_its_job_runs_with(monkeypatch, tmp_path):
+    """Issue 53, item 4: a sweeper composes each job's config to check the batch before the launcher gets it; the
+    launcher keeps those (as they were composed: a change made to one after does not reach its job) and each job runs
+    with its own, composing nothing; a job whose config was not kept composes it as Hydra's launchers do."""
+    from hydra.core.singleton import Singleton
+    from hydra.types import HydraContext
+
+    from gpupack.core.store import pickling
+    from gpupack.core.store.rundir import RunDir
+    from gpupack.hydra_launch import ComposedOnce, for_jobs, keep_compositions
+    from gpupack.job.runtime import hydra_job
+
+    composed: list[list[str]] = []
+
+    def compose(config: object, overrides: list[str]) -> object:
+        composed.append(overrides)
+        return OmegaConf.create({"lr": float(overrides[0].split("=")[1])})
+
+    master = OmegaConf.create({"app": "config"})
+    context = HydraContext(config_loader=SimpleNamespace(load_sweep_config=compose), callbacks=None)
+    keep_compositions(context)
+    keep_compositions(context)  # a second setup wraps nothing twice
+    loader = context.config_loader
+    assert isinstance(loader, ComposedOnce) and not isinstance(loader.loader, ComposedOnce)
+    batch = [["lr=0.1"], ["lr=0.2"]]
+    checked = [loader.load_sweep_config(master, o) for o in batch]  # the sweeper's check of the batch
+    checked[1].lr = 99.0  # what the sweeper does with its copy after
+    kept = loader.take(master, batch, 5)
+    assert sorted(kept) == [5, 6] and loader.take(master, batch, 5) == {}  # taken once, then none held
+    run = RunDir(tmp_path)
+    where = pickling.dump_indexed(kept, run.hydra_configs)
+
+    launcher = SimpleNamespace(config=master, hydra_context=context)
+    assert for_jobs(launcher).hydra_context.config_loader is loader.loader  # the jobs get Hydra's own loader
+    assert launcher.hydra_context.config_loader is loader  # the sweeper keeps checking through it
+    monkeypatch.setattr(hydra_job, "payload", lambda params: hydra_job.Payload(for_jobs(launcher),
+                                                                                Singleton.get_state(), where))
+    composed.clear()
+    job = hydra_job.HydraJobParams(overrides=["lr=0.2"], job_num=6, launch_dir=str(tmp_path))
+    assert hydra_job.job_config(job).lr == 0.2 and composed == []  # its own, as composed, composed no more
+    unkept = hydra_job.HydraJobParams(overrides=["lr=0.3"], job_num=7, launch_dir=str(tmp_path))
+    assert hydra_job.job_config(unkept).lr == 0.3 and composed == [["lr=0.3"]]

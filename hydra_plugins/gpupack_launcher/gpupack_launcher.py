@@ -26,9 +26,12 @@ class BaseGpupackLauncher(Launcher):
         self.said_short_batch = False  # a short batch is said once per multirun, not once per batch
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from gpupack.hydra_launch import keep_compositions
+
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
+        keep_compositions(hydra_context)  # a job config the sweeper composed to check it is not composed again
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from gpupack.hydra_launch import launch

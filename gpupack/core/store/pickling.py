@@ -133,3 +133,22 @@ def _entries(data: bytes) -> Iterator[tuple[int, float, bytes]]:
 
 def loads(data: bytes) -> Any:
     return _Unpickler(io.BytesIO(data)).load()
+
+
+def dump_indexed(pickles: Mapping[int, bytes], path: Path) -> dict[int, tuple[int, int]]:
+    """Write ``pickles`` (each already pickled) one after the other to ``path``, atomically; returns where each key's
+    pickle lies (offset, length), so that a reader reads its own alone (:func:`read_at`), not the whole file."""
+    index: dict[int, tuple[int, int]] = {}
+    with atomic_file(path, binary=True) as f:
+        for key, data in pickles.items():
+            index[key] = (f.tell(), len(data))
+            f.write(data)
+    return index
+
+
+def read_at(path: Path, where: tuple[int, int]) -> Any:
+    """The object pickled at ``where`` (offset, length: :func:`dump_indexed`'s) in ``path``."""
+    offset, length = where
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return loads(f.read(length))

@@ -31,6 +31,8 @@
                                                directory of its own), and the rest of the grid at the best N
       hydra_launch.pkl  returns/<job>.pkls     a Hydra launch (MULTIRUN_DIR/.gpupack/launch_<first job>/): the
                                                pickled launcher, and its Hydra jobs' JobReturns, a file a gpupack job
+      hydra_configs.pkls                       the launch's job configs, as its sweeper composed them, one after
+                                               the other (where each lies: in hydra_launch.pkl)
 
 Collect reads thousands of packs: where it walks them as ``str`` folders (``os.scandir``), it joins the same names
 (:data:`PACK_RECORD`, :data:`TRAININGS`, :data:`COLUMNAR`, :data:`ATTEMPTS`) without a Path each.
@@ -254,6 +256,10 @@ class RunDir:
     @property
     def hydra_payload(self) -> Path:
         return self.root / "hydra_launch.pkl"
+
+    @property
+    def hydra_configs(self) -> Path:
+        return self.root / "hydra_configs.pkls"
 
     def hydra_returns(self, job_id: str | None) -> Path:
         """returns/<job>.pkls: the JobReturns of the Hydra jobs one gpupack job ran, appended as each ended

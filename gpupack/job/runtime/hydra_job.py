@@ -123,20 +123,42 @@ def portable_failure(err: BaseException) -> BaseException:
     return err
 
 
-# launch dir -> (launcher, Hydra's singletons' state), unpickled once a process
-_PAYLOADS: dict[str, tuple[_Launcher, object]] = {}
+@dataclass(frozen=True)
+class Payload:
+    """What a launch left its jobs (RunDir.hydra_payload): the launcher, Hydra's singletons' state, and where each
+    job's config, as the sweeper composed it, lies in RunDir.hydra_configs (job number -> offset, length)."""
+
+    launcher: _Launcher
+    singleton_state: object
+    configs: Mapping[int, tuple[int, int]]
 
 
-def payload(params: HydraJobParams) -> tuple[_Launcher, object]:
-    """The launcher and Hydra's singletons the launch left for its jobs, with the app's folder on sys.path first (the
-    task function's modules import as they did at launch). Read once per process: a job forked from the pack's
-    preloaded server finds it (and the app's modules it imported) already there."""
+# launch dir -> its payload, unpickled once a process
+_PAYLOADS: dict[str, Payload] = {}
+
+
+def payload(params: HydraJobParams) -> Payload:
+    """The launch's payload, with the app's folder on sys.path first (the task function's modules import as they did
+    at launch). Read once per process: a job forked from the pack's preloaded server finds it (and the app's modules
+    it imported) already there."""
     if params.app_dir and params.app_dir not in sys.path:
         sys.path.insert(0, params.app_dir)
     if params.launch_dir not in _PAYLOADS:
-        # what gpupack.hydra_launch pickled: (its launcher, Singleton.get_state())
-        _PAYLOADS[params.launch_dir] = pickling.load(RunDir(Path(params.launch_dir)).hydra_payload)
+        # what gpupack.hydra_launch pickled: (its launcher, Singleton.get_state(), where the configs lie); a launch of
+        # an earlier gpupack left no configs
+        launcher, state, *configs = pickling.load(RunDir(Path(params.launch_dir)).hydra_payload)
+        _PAYLOADS[params.launch_dir] = Payload(launcher, state, configs[0] if configs else {})
     return _PAYLOADS[params.launch_dir]
+
+
+def job_config(params: HydraJobParams) -> DictConfig:
+    """The job's config: as the sweeper composed it to check the batch, else composed here as Hydra's launchers do
+    (a sweeper that checks nothing)."""
+    launch = payload(params)
+    where = launch.configs.get(params.job_num)
+    if where is not None:
+        return cast("DictConfig", pickling.read_at(RunDir(Path(params.launch_dir)).hydra_configs, where))
+    return launch.launcher.hydra_context.config_loader.load_sweep_config(launch.launcher.config, list(params.overrides))
 
 
 def source_files(task_function: TaskFunction) -> list[Path]:
@@ -160,20 +182,22 @@ class HydraJob(Workload):
 
     def preload(self, params: Sequence[HydraJobParams]) -> None:
         for p in params[:1]:  # one launch: every job of the pack shares its payload
-            launcher, singleton_state = payload(p)
+            launch = payload(p)
+            launcher = launch.launcher
             preload = cast("Sequence[object]", launcher.params.get("preload") or ())  # a list (check_options)
             for module in preload:  # hydra.launcher.preload: what the app imports late
                 importlib.import_module(str(module))
             # what the app's own files import anywhere (inside its task function too): each job would import it
             import_libraries(static_imports(source_files(launcher.task_function), sys.modules),
                              "imported by the app's files")
-            # One job's config composed here warms what each job's composition would build cold in its child: the
-            # override and interpolation grammars' lexer caches (ANTLR's DFA, filled as input is seen) and the
-            # config sources' imports (measured: 0.17 s a job's load_sweep_config cold, 0.10 s warm, 4 jobs at once)
+            # One job's config made here warms what each job's would build cold in its child: composed (where the
+            # sweeper's was not kept), the override and interpolation grammars' lexer caches (ANTLR's DFA, filled
+            # as input is seen) and the config sources' imports (measured: 0.17 s a job's load_sweep_config cold,
+            # 0.10 s warm, 4 jobs at once); unpickled, OmegaConf's node classes
             from hydra.core.singleton import Singleton
 
-            Singleton.set_state(singleton_state)
-            launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(p.overrides))
+            Singleton.set_state(launch.singleton_state)
+            job_config(p)
 
     def launch(self, params: Mapping[str, object], spec_path: str, result_path: str) -> Launch:
         cwd = params.get("cwd")  # the app's working directory (HydraJobParams.cwd)
@@ -185,10 +209,11 @@ class HydraJob(Workload):
         from omegaconf import open_dict
 
         launch = RunDir(Path(params.launch_dir))
-        launcher, singleton_state = payload(params)
-        Singleton.set_state(singleton_state)
+        shipped = payload(params)
+        launcher = shipped.launcher
+        Singleton.set_state(shipped.singleton_state)
         setup_globals()
-        config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(params.overrides))
+        config = job_config(params)
         with open_dict(config.hydra.job):  # the pack's job, as its backend named it to the pack (jobenv.job_id)
             config.hydra.job.id = f"{job_id()}_{params.job_num}"
             config.hydra.job.num = params.job_num
