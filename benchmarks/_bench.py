@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, cast
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -155,7 +155,14 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = ""
 
 
 def load_run(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(pack records, training records) of one gpupack run directory (attempts/ left out)."""
+    """(pack records, training records) of one gpupack run directory (attempts/ left out): its packs' folders, and the
+    latest record of each pack and training its lanes' journals folded (a streaming lane's, a launcher's)."""
+    from gpupack.core.store.journal import read_folded
+    from gpupack.core.store.rundir import RunDir
+
     packs = [read_json(p) for p in sorted(run_dir.glob("packs/*/pack.json"))]
     trainings = [read_json(p) for p in sorted(run_dir.glob("packs/*/trainings/*.json"))]
+    folded = read_folded(RunDir(run_dir), {p.parent.name for p in run_dir.glob("packs/*/pack.json")})
+    packs += [cast(dict[str, Any], recs[-1]) for recs in folded.packs.values()]
+    trainings += [cast(dict[str, Any], recs[-1]) for recs in folded.trainings.values()]
     return packs, trainings
