@@ -406,7 +406,7 @@ def launch_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]]
     configs = kept_configs(launcher, job_overrides, initial_job_idx)  # as the sweeper composed them, to check them
 
     def on_open(opened: sweep.Opened) -> None:  # the run directory is ours now: leave the jobs what they need
-        where = pickling.dump_indexed(configs, prepared.run.hydra_configs)
+        where = pickling.dump_indexed(configs, prepared.run.hydra_configs) if configs else {}  # none: none kept
         pickling.dump((for_jobs(launcher), Singleton.get_state(), where), prepared.run.hydra_payload)
 
     try:
