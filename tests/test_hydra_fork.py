@@ -212,3 +212,6 @@ def test_a_job_config_the_sweeper_composed_to_check_it_is_the_one_its_job_runs_w
     assert hydra_job.job_config(job).lr == 0.2 and composed == []  # its own, as composed, composed no more
     unkept = hydra_job.HydraJobParams(overrides=["lr=0.3"], job_num=7, launch_dir=str(tmp_path))
     assert hydra_job.job_config(unkept).lr == 0.3 and composed == [["lr=0.3"]]
+    where = pickling.dump_indexed({6: pickling.dumps(["not", "a", "config"])}, run.hydra_configs)
+    with pytest.raises(TypeError, match="holds no job config at .* for job #6: list"):
+        hydra_job.job_config(job)

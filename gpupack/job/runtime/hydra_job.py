@@ -154,11 +154,18 @@ def payload(params: HydraJobParams) -> Payload:
 def job_config(params: HydraJobParams) -> DictConfig:
     """The job's config: as the sweeper composed it to check the batch, else composed here as Hydra's launchers do
     (a sweeper that checks nothing)."""
+    from omegaconf import DictConfig
+
     launch = payload(params)
     where = launch.configs.get(params.job_num)
-    if where is not None:
-        return cast("DictConfig", pickling.read_at(RunDir(Path(params.launch_dir)).hydra_configs, where))
-    return launch.launcher.hydra_context.config_loader.load_sweep_config(launch.launcher.config, list(params.overrides))
+    if where is None:
+        return launch.launcher.hydra_context.config_loader.load_sweep_config(launch.launcher.config,
+                                                                             list(params.overrides))
+    path = RunDir(Path(params.launch_dir)).hydra_configs
+    config = pickling.read_at(path, where)
+    if not isinstance(config, DictConfig):  # only the launch writes the file: a bug, said where it is
+        raise TypeError(f"{path} holds no job config at {where} for job #{params.job_num}: {type(config).__name__}")
+    return config
 
 
 def source_files(task_function: TaskFunction) -> list[Path]:
