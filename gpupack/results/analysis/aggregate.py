@@ -90,8 +90,10 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     packing_p, spread_p = split_spread(records.packs)
     probe_t, run_t = split_phase(packing_t, "run")
     probe_p, run_p = split_phase(packing_p, "run")
+    packed = occupancy(packing_p)
+    probed = packed if probe_p is packing_p else occupancy(probe_p)  # no grid run at the best N: the same packs
     summary = with_disturbed(with_lanes(summarize(probe_t, probe_p, records.cleared, loaded_packs(probe_p)),
-                                        occupancy(probe_p)), not_checks(probe_p))  # N's packs, not the check
+                                        probed), not_checks(probe_p))  # N's packs, not the check
     production = (with_lanes(summarize(run_t, run_p, records.cleared), occupancy(run_p)) if not run_t.empty
                   else pd.DataFrame())
     best = best_factors(summary)
@@ -112,7 +114,7 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
     return Collected(records, summary, best, overall, ranking, cost, n,
                      with_knob_bounds(knob_table(packing_t), summary), production, spread=spread, layouts=layouts,
                      verdicts=verdicts(layouts),
-                     occupancy=occupancy(packing_p), timeline=timeline(packing_t, packing_p),
+                     occupancy=packed, timeline=timeline(packing_t, packing_p),
                      drift=drift_checks(probe_p), disturbance=disturbance(records.packs),
                      searches=search_reports(records.studies, records.trainings), withheld=withheld_choices(summary))
 
