@@ -108,20 +108,26 @@ class ComposedOnce(ConfigLoader):
     """Hydra's config loader, keeping each job config it composes until a launch takes it. A sweeper checks a batch
     by composing every job's config (``Sweeper.validate_batch_is_legal``) just before it hands the batch to the
     launcher, and each job would compose the same config again in its process: 0.11 s of a core a job here, against
-    4 ms to unpickle it. Kept pickled, so that nothing done to a config after it was composed reaches a job."""
+    4 ms to unpickle it. Kept pickled, so that nothing done to a config after it was composed reaches a job; at most
+    ``limit`` bytes of them (a batch of 10,000 jobs would hold 110 MB here): past it, jobs compose their own."""
 
-    def __init__(self, loader: ConfigLoader) -> None:
+    def __init__(self, loader: ConfigLoader, limit: int = 64 * 2**20) -> None:
         self.loader = loader
+        self.limit = limit
         self.kept: dict[tuple[int, tuple[str, ...]], bytes] = {}
+        self.held = 0  # bytes kept
 
     def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
         config = self.loader.load_sweep_config(master_config, sweep_overrides)
-        self.kept[(id(master_config), tuple(sweep_overrides))] = pickling.dumps(config)
+        data = pickling.dumps(config)
+        if self.held + len(data) <= self.limit:
+            self.kept[(id(master_config), tuple(sweep_overrides))] = data
+            self.held += len(data)
         return config
 
     def take(self, master_config: DictConfig, batch: Sequence[Sequence[str]], first: int) -> dict[int, bytes]:
         """The batch's configs it kept, by job number (``first`` the batch's first); it keeps none after."""
-        kept, self.kept = self.kept, {}
+        kept, self.kept, self.held = self.kept, {}, 0
         return {first + i: kept[key] for i, o in enumerate(batch) if (key := (id(master_config), tuple(o))) in kept}
 
     # the rest of a ConfigLoader: the loader's own
@@ -300,7 +306,8 @@ def failed_return(launcher: HydraLauncher, training_params: Mapping[str, Any], p
     ret = JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=JobFailed(why),
                     task_name=str(launcher.config.hydra.job.name))
     try:
-        ret.cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, overrides)
+        # composed here through Hydra's own loader: a kept copy of it would wait for a batch that never takes it
+        ret.cfg = for_jobs(launcher).hydra_context.config_loader.load_sweep_config(launcher.config, overrides)
     except Exception:  # the config is a courtesy here; the failure is what Hydra must get
         pass
     return ret
@@ -407,6 +414,7 @@ def launch_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]]
 
     def on_open(opened: sweep.Opened) -> None:  # the run directory is ours now: leave the jobs what they need
         where = pickling.dump_indexed(configs, prepared.run.hydra_configs) if configs else {}  # none: none kept
+        configs.clear()  # on disk now, not held through the batch's run
         pickling.dump((for_jobs(launcher), Singleton.get_state(), where), prepared.run.hydra_payload)
 
     try:

@@ -189,7 +189,8 @@ def test_a_job_config_the_sweeper_composed_to_check_it_is_the_one_its_job_runs_w
         return OmegaConf.create({"lr": float(overrides[0].split("=")[1])})
 
     master = OmegaConf.create({"app": "config"})
-    context = HydraContext(config_loader=SimpleNamespace(load_sweep_config=compose), callbacks=None)
+    context = HydraContext(config_loader=SimpleNamespace(load_sweep_config=compose, repository="its repository"),
+                           callbacks=None)
     keep_compositions(context)
     keep_compositions(context)  # a second setup wraps nothing twice
     loader = context.config_loader
@@ -212,6 +213,10 @@ def test_a_job_config_the_sweeper_composed_to_check_it_is_the_one_its_job_runs_w
     assert hydra_job.job_config(job).lr == 0.2 and composed == []  # its own, as composed, composed no more
     unkept = hydra_job.HydraJobParams(overrides=["lr=0.3"], job_num=7, launch_dir=str(tmp_path))
     assert hydra_job.job_config(unkept).lr == 0.3 and composed == [["lr=0.3"]]
+    small = ComposedOnce(SimpleNamespace(load_sweep_config=compose), limit=len(kept[5]))  # room for one config
+    for o in batch:
+        small.load_sweep_config(master, o)
+    assert sorted(small.take(master, batch, 0)) == [0]  # past its limit the jobs compose their own
     where = pickling.dump_indexed({6: pickling.dumps(["not", "a", "config"])}, run.hydra_configs)
     with pytest.raises(TypeError, match="holds no job config at .* for job #6: list"):
         hydra_job.job_config(job)
