@@ -130,6 +130,12 @@ class ComposedOnce(ConfigLoader):
         kept, self.kept, self.held = self.kept, {}, 0
         return {first + i: kept[key] for i, o in enumerate(batch) if (key := (id(master_config), tuple(o))) in kept}
 
+    def __getattr__(self, name: str) -> Any:
+        """What else code reads off Hydra's loader (``repository``, ...): the loader's own."""
+        if name == "loader":  # not set yet (a copy being made): no loader to ask
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
     # the rest of a ConfigLoader: the loader's own
     def load_configuration(self, *args: Any, **kwargs: Any) -> DictConfig:
         return self.loader.load_configuration(*args, **kwargs)

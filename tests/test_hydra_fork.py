@@ -213,6 +213,7 @@ def test_a_job_config_the_sweeper_composed_to_check_it_is_the_one_its_job_runs_w
     assert hydra_job.job_config(job).lr == 0.2 and composed == []  # its own, as composed, composed no more
     unkept = hydra_job.HydraJobParams(overrides=["lr=0.3"], job_num=7, launch_dir=str(tmp_path))
     assert hydra_job.job_config(unkept).lr == 0.3 and composed == [["lr=0.3"]]
+    assert loader.repository == "its repository"  # what else code reads off Hydra's loader, through the keeper
     small = ComposedOnce(SimpleNamespace(load_sweep_config=compose), limit=len(kept[5]))  # room for one config
     for o in batch:
         small.load_sweep_config(master, o)
