@@ -370,3 +370,53 @@ def test_the_launcher_streams_a_batch_of_unequal_jobs(tmp_path, subprocess_env):
         assert (sweep_dir / str(num) / "done.txt").exists()
     lanes = list(sweep_dir.glob(".gpupack/*/packs/*/pack.json"))
     assert len(lanes) == 2 and sum(json.loads(p.read_text())["n_completed"] for p in lanes) == 6
+
+
+STRUCTURED_APP = '''
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+
+
+@dataclass
+class Settings:
+    lr: float = 0.1
+    name: str = "a"
+
+
+ConfigStore.instance().store(name="settings", node=Settings)
+
+
+@hydra.main(version_base="1.3", config_path=None, config_name="settings")
+def main(cfg) -> float:
+    settings = OmegaConf.to_object(cfg)
+    # the schema's own class, as the app defined it: not a copy the job's config brought with it
+    out = Path(HydraConfig.get().runtime.output_dir)
+    (out / "kind.txt").write_text(f"{type(settings).__name__} {isinstance(settings, Settings)}")
+    return settings.lr * 10
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.mark.slow
+def test_an_app_whose_schema_is_a_dataclass_of_its_script_gets_its_own_class_in_each_job(tmp_path, subprocess_env):
+    """A job's config, composed by Hydra's sweeper to check the batch and pickled apart from the launch's payload, is
+    typed by the app's own dataclass in the job: ``OmegaConf.to_object`` gives an instance of the class the task
+    function sees (a class defined in the script travels by value, in both pickles)."""
+    app = tmp_path / "structured_app.py"
+    app.write_text(STRUCTURED_APP)
+    sweep_dir = tmp_path / "mr"
+    proc = multirun(app, ["hydra/launcher=gpupack_local", "hydra.launcher.pack=2", "lr=0.1,0.2,0.3",
+                          f"hydra.sweep.dir={sweep_dir}"], tmp_path, subprocess_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list((sweep_dir / ".gpupack").glob("*/hydra_configs.pkls")), "the sweeper's configs were not kept"
+    for num in range(3):
+        assert (sweep_dir / str(num) / "kind.txt").read_text() == "Settings True", num
+    assert sorted(r["metrics"]["return_value"] for r in records(sweep_dir).values()) == pytest.approx([1.0, 2.0, 3.0])
