@@ -179,21 +179,23 @@ def test_a_search_after_packing_factors_auto_streams_its_trials_at_the_chosen_n(
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_a_search_after_an_untrusted_probe_streams_at_the_reference_says_why_and_counts_apart(
         tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    """Issue 51 item 5. A programmed device whose N=2 is about 16x N=1 (2.5 s a training alone, 0.05 s two at a
-    time, and a step of 0.25-0.3 s): beyond what 2 cores can give, so the probe names no N. The search then streams
-    its 4 trials at the ladder's reference N=1 and says so and why; the probe's trainings are neither ranked with the
-    trials nor counted as the search's. (At 1.5 s alone, a busy CI machine once had the probe name N=1: seconds of
-    process start in a pack of two can bring it near N=1's time, and within noise the choice names the smaller N.)"""
+    """Issue 51 item 5. A programmed device whose N=2 is 9x N=1 (1.5 s a training alone, 0.1 s two at a time, and a
+    step of 0.25-0.3 s): beyond what 2 cores can give, so the probe names no N. The search then streams its 4 trials
+    at the ladder's reference N=1 and says so and why; the probe's trainings are neither ranked with the trials nor
+    counted as the search's. Quiet: whether an N is named is what the run measured; beside other tests, packs under
+    foreign load left out left N=2 one quiet pack, which cannot be told from noise, and the choice named N=1 (twice
+    in CI)."""
     run = tmp_path / "run"
     command = [*search_cmd(run, 4), "sweep.fixed.steps=1", "packing.factors=auto", "packing.auto.ladder=[1,2]",
-               "packing.auto.repeats=2", "+sweep.fixed.sleep_by_n='1:2.5,2:0.05'"]
+               "packing.auto.repeats=2", "+sweep.fixed.sleep_by_n='1:1.5,2:0.1'"]
     done = subprocess.run(command, env=subprocess_env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     auto = json.loads((run / "auto.json").read_text())
     out = " ".join(done.stdout.split())
-    assert auto["best"] == {"local": None} and auto["runs_at"] == {"local": 1}, (json.dumps(auto), out[-4000:])
+    assert auto["best"] == {"local": None} and auto["runs_at"] == {"local": 1}, json.dumps(auto) + "\n" + out[-4000:]
     # which N, and why: the device's bound, or (a busy machine) every pack under foreign load
     assert re.search(r"No N was named \(local: (beyond the device|under foreign load)\): the search streamed at the "
                      r"ladder's reference \(N=1 on local\)", out), out[-4000:]
