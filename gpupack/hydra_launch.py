@@ -119,6 +119,8 @@ class ComposedOnce(ConfigLoader):
 
     def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
         config = self.loader.load_sweep_config(master_config, sweep_overrides)
+        if self.held >= self.limit:  # full: no config fits, so none is pickled to be let go
+            return config
         data = pickling.dumps(config)
         if self.held + len(data) <= self.limit:
             self.kept[(id(master_config), tuple(sweep_overrides))] = data
