@@ -160,9 +160,10 @@ def load_run(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
     from gpupack.core.store.journal import read_folded
     from gpupack.core.store.rundir import RunDir
 
-    packs = [read_json(p) for p in sorted(run_dir.glob("packs/*/pack.json"))]
+    pack_files = sorted(run_dir.glob("packs/*/pack.json"))
+    packs = [read_json(p) for p in pack_files]
     trainings = [read_json(p) for p in sorted(run_dir.glob("packs/*/trainings/*.json"))]
-    folded = read_folded(RunDir(run_dir), {p.parent.name for p in run_dir.glob("packs/*/pack.json")})
+    folded = read_folded(RunDir(run_dir), {p.parent.name for p in pack_files})
     packs += [cast(dict[str, Any], recs[-1]) for recs in folded.packs.values()]
     trainings += [cast(dict[str, Any], recs[-1]) for recs in folded.trainings.values()]
     return packs, trainings
