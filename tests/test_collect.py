@@ -424,6 +424,29 @@ def test_the_pack_job_writes_the_columnar_file_with_its_pack_record(run):
     _same(load_records([run.root]), load_records([run.root], columnar=False))
 
 
+def test_a_pack_job_writes_its_columnar_files_without_importing_pandas(run, tmp_path):
+    """Arrow's pa.array imports pandas to ask whether its input is a pandas object (apache/arrow#34994): 0.4 s of a
+    core at the end of every pack job, whose columnar files are its only use of Arrow. A job writes them, a pack's and
+    a lane's, with pandas never imported, and they read as the JSON records do."""
+    from gpupack.core.store.journal import append_records
+    from gpupack.core.store.lane_columnar import read_lane_columnar
+
+    pack_ids = _varied_run(run)
+    lane = RunDir(tmp_path / "lane")
+    append_records(lane, "lane-a", [read_json(p) for p in sorted(run.root.glob("packs/*/trainings/*.json"))])
+    code = ("import sys; from pathlib import Path; from gpupack.core.store.columnar import write_columnar; "
+            "from gpupack.core.store.lane_columnar import write_lane_columnar; "
+            "from gpupack.core.store.rundir import RunDir; "
+            "run, lane, *packs = map(Path, sys.argv[1:]); "
+            "print([write_columnar(RunDir(run), p.name) is not None for p in packs], "
+            "write_lane_columnar(RunDir(lane), 'lane-a'), 'pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(run.root), str(lane.root), *pack_ids], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == f"{[True] * len(pack_ids)} True False", out.stdout + out.stderr
+    _same(load_records([run.root], columnar=False), load_records([run.root]))
+    assert read_lane_columnar(lane, "lane-a", ColumnarReader()) is not None
+
+
 def test_collect_is_pure_it_imports_no_report_and_prints_nothing():
     """Aggregation is records in, frames out: report builds on collect, and the CLI and sweep print and write."""
     code = ("import sys, gpupack.results.analysis.aggregate; "

@@ -7,6 +7,7 @@ JSON records gives the same frame.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Iterable, Mapping, Sequence, TypedDict, cast
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
+import pyarrow.json as arrow_json
 
 from gpupack.core.store.records import SCHEMA_VERSION, PackRecord, atomic_file, is_pack_record, read_json
 from gpupack.core.store.rundir import COLUMNAR, PACK_RECORD, TRAININGS, RunDir
@@ -54,6 +56,7 @@ _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the end of an Arrow IPC stream
 # Text is large_string: what pandas' str columns hold, so a million rows convert without a cast.
 STRING = _S = pa.large_string()
 _F, _I, _B = pa.float64(), pa.int64(), pa.bool_()
+INT64 = (-(2 ** 63), 2 ** 63 - 1)
 KNOWN_TYPES: dict[str, pa.DataType] = {
     **{k: _S for k in ("kind", "sweep", "pack_id", "training_id", "workload", "mode", "partition", "gpu_type",
                        "device", "device_name", "gpu_model", "status", "error", "loader_setting", "data", "host",
@@ -129,6 +132,8 @@ def _arrow_type(values: Sequence[object]) -> pa.DataType | None:
         return pa.null()
     if kinds == {bool}:
         return pa.bool_()
+    if int in kinds and not all(INT64[0] <= v <= INT64[1] for v in values if isinstance(v, int)):
+        return None  # an int beyond 64 bits: JSON keeps it whole
     if kinds == {int}:
         return pa.int64()
     if kinds <= {int, float}:
@@ -142,18 +147,39 @@ def json_array(values: Sequence[object]) -> pa.Array:
     return pa.array([None if v is None else json.dumps(v) for v in values], _S)
 
 
-def column(name: str, values: list[object]) -> tuple[str, pa.Array]:
-    """One column: the field's known type where the values fit it as they are (never a float cut to an int, a bool
-    made a number), else their own type, else JSON text."""
+def column_type(name: str, values: Sequence[object]) -> pa.DataType | None:
+    """A column's type: the field's known type where the values fit it as they are (never a float cut to an int, a
+    bool made a number), else their own type, else None: JSON text."""
     kind, known = _arrow_type(values), KNOWN_TYPES.get(name)
     if known is not None and (kind in (known, pa.null()) or (known == _F and kind == _I)):
         kind = known
-    if kind is not None:
-        try:
-            return name, pa.array(values, kind)
-        except (pa.ArrowException, OverflowError):  # an int beyond 64 bits: JSON keeps it whole
-            pass
-    return JSON_PREFIX + name, json_array(values)
+    return kind
+
+
+def column(name: str, values: list[object]) -> tuple[str, pa.Array]:
+    """One column (:func:`column_type`), named ``json:<name>`` where it is JSON text."""
+    kind = column_type(name, values)
+    return (name, pa.array(values, kind)) if kind is not None else (JSON_PREFIX + name, json_array(values))
+
+
+def typed_arrays(columns: Mapping[str, tuple[pa.DataType, Sequence[object]]], rows: int) -> list[pa.Array] | None:
+    """Each column's values as one array of its type, read by Arrow's JSON reader from their JSON text; None where
+    it refuses them. Not ``pa.array``: it asks whether its input is a pandas object and imports pandas to know
+    (apache/arrow#34994), 0.4 s of a core at the end of every pack job, which writes its columnar file with no other
+    use of pandas. The values come back as they were: a float by its repr, NaN and the infinities as json writes
+    them."""
+    if not columns or not rows:
+        return [pa.nulls(0, kind) for kind, _ in columns.values()]
+    names = list(columns)
+    text = "".join(json.dumps(dict(zip(names, row))) + "\n" for row in zip(*(v for _, v in columns.values())))
+    schema = pa.schema([(name, kind) for name, (kind, _) in columns.items()])
+    try:
+        table = arrow_json.read_json(
+            io.BytesIO(text.encode()), read_options=arrow_json.ReadOptions(use_threads=False, block_size=len(text) + 1),
+            parse_options=arrow_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error"))
+    except (pa.ArrowException, UnicodeEncodeError):
+        return None
+    return [table.column(name).combine_chunks() for name in names]
 
 
 def same(values: Sequence[object]) -> bool:
@@ -189,10 +215,17 @@ def split_rows(rows: Sequence[Mapping[str, object]]) -> Rows:
     names = list(dict.fromkeys(key for row in rows for key in row))
     values = {name: [row.get(name) for row in rows] for name in names}
     shared = [name for name in names if rows and same(values[name])]
-    varying = dict(column(name, values[name]) for name in names if name not in shared)
+    typed: dict[str, tuple[pa.DataType, Sequence[object]]] = {}
+    for name in (n for n in names if n not in shared):
+        kind = column_type(name, values[name])
+        typed[name if kind is not None else JSON_PREFIX + name] = (kind, values[name]) if kind is not None else \
+            (_S, [None if v is None else json.dumps(v) for v in values[name]])
+    arrays = typed_arrays(typed, len(rows))
+    if arrays is None:  # values Arrow's JSON reader refuses (a lone surrogate): pa.array's own word on them
+        arrays = [pa.array(list(v), kind) for kind, v in typed.values()]
     meta = {_META_SCHEMA: str(SCHEMA_VERSION), _META_COLUMNS: json.dumps(names), _META_SHARED: json.dumps(shared)}
-    schema = pa.schema([pa.field(name, array.type) for name, array in varying.items()], metadata=meta)
-    batch = pa.RecordBatch.from_arrays(list(varying.values()), schema=schema)
+    schema = pa.schema([pa.field(name, array.type) for name, array in zip(typed, arrays)], metadata=meta)
+    batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
     return Rows(batch, len(rows), [values[name][0] for name in shared])
 
 

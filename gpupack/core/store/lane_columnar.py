@@ -36,6 +36,7 @@ from gpupack.core.store.columnar import (
     record_row,
     split_rows,
     stream_bytes,
+    typed_arrays,
 )
 from gpupack.core.store.journal import (
     PACK,
@@ -143,10 +144,12 @@ def lane_bytes(entries: Sequence[Entry], covers: int, seal: str) -> bytes:
 
 
 def _beside(entries: Sequence[Entry]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([
-        pa.array([e.folded_at for e in entries], pa.float64()), pa.array([e.seq for e in entries], pa.int64()),
-        pa.array([e.same for e in entries], pa.int64()), pa.array(later_counts(entries), pa.int64()),
-        pa.array([e.home for e in entries], STRING)], schema=_ENTRY)
+    values: tuple[Sequence[object], ...] = ([e.folded_at for e in entries], [e.seq for e in entries],
+                                            [e.same for e in entries], later_counts(entries), [e.home for e in entries])
+    arrays = typed_arrays({f.name: (f.type, v) for f, v in zip(_ENTRY, values)}, len(entries))
+    if arrays is None:  # a home Arrow's JSON reader refuses: pa.array's own word on it
+        arrays = [pa.array(v, f.type) for f, v in zip(_ENTRY, values)]
+    return pa.RecordBatch.from_arrays(arrays, schema=_ENTRY)
 
 
 # ---------------- reading (collect) ----------------
