@@ -96,8 +96,9 @@ def table(df: pd.DataFrame, columns: Mapping[str, str], formats: Mapping[str, st
     shown = {col: label for col, label in columns.items() if col in df or col in cells}
     if df.empty or not shown:
         return "<p>(none)</p>"
+    rows = [r for _, r in df.iterrows()]  # once: a row's Series costs more than its cells
     view = pd.DataFrame({label: [cells[col](r) if col in cells else _cell(r.get(col), formats.get(col))
-                                 for _, r in df.iterrows()] for col, label in shown.items()})
+                                 for r in rows] for col, label in shown.items()})
     escaped = [col not in raw for col in shown]
     numeric = [bool(view[label].map(lambda v: bool(NUMBER.match(str(v)))).all()) for label in view.columns]
     head = "".join(f"<th{' class=num' if num else ''}>{_esc(label)}</th>" for label, num in zip(view.columns, numeric))
