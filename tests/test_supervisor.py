@@ -106,7 +106,7 @@ def test_a_server_that_died_under_a_lane_starts_its_next_training_fresh_and_is_n
     """A lane's shared server that died (killed, out of memory) fails no training: the supervisor starts the child as
     a fresh interpreter and says why; the lane's share makes a new server for its next pack and closes the dead one."""
     from gpupack.core.store.rundir import RunDir
-    from gpupack.job.pack import LaneSetUp
+    from gpupack.job.pack import LaneResources
 
     class DeadServer:
         closed = False
@@ -128,7 +128,7 @@ def test_a_server_that_died_under_a_lane_starts_its_next_training_fresh_and_is_n
     assert not child.forked and ended.returncode == 0 and (tmp_path / "t.out").read_text() == "fresh\n"
     assert sup.refused is not None and "Broken pipe" in sup.refused and not dead.closed  # the lane's, not its own
 
-    share = LaneSetUp(RunDir(tmp_path / "run"), "lane")
+    share = LaneResources(RunDir(tmp_path / "run"), "lane")
     servers = iter([dead, DeadServer()])
     first = share.get("fs", lambda: next(servers), close=lambda s: s.close(), alive=lambda s: s is not dead)
     again = share.get("fs", lambda: next(servers), close=lambda s: s.close(), alive=lambda s: s is not dead)
@@ -144,7 +144,7 @@ def test_a_training_started_fresh_because_the_server_failed_says_why_in_its_reco
     from gpupack.core.store.records import write_json_atomic
     from gpupack.core.store.rundir import RunDir
     from gpupack.core.types import PackSettings
-    from gpupack.job.pack import LaneSetUp, PackContext
+    from gpupack.job.pack import LaneResources, PackContext
     from gpupack.job.pack.process import PACKER, ProcessOptions
 
     class DeadServer:
@@ -156,9 +156,9 @@ def test_a_training_started_fresh_because_the_server_failed_says_why_in_its_reco
                      factors=[2], modes=["process"], partitions=["local"], repeats=1)
     write_json_atomic(run.plan, plan.to_json())
     pack = plan.packs[0]
-    share = LaneSetUp(run, "lane", pack.trainings)
+    share = LaneResources(run, "lane", pack.trainings)
     share.get(("forkserver", "tests.fake_workloads"), DeadServer)
-    ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ), set_up=share,
+    ctx = PackContext(run=run, pack=pack, device="cpu", threads=1, env=dict(os.environ), resources=share,
                       settings=PackSettings(mode_options={"process": ProcessOptions(start="fork")}))
     outcomes = PACKER.run(pack.trainings, ctx)
     assert [o.extra["start"] for o in outcomes] == ["fresh", "fresh"] and all(o.result for o in outcomes)

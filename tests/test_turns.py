@@ -176,7 +176,7 @@ def test_a_pack_that_fails_on_one_gpu_stops_the_lane_and_is_raised(tmp_path, mon
         fail(self, err)
         failure_seen.set()
 
-    def run_pack(run_root, pack_id, settings, job, plan, records, set_up=None, peaks=None):
+    def run_pack(run_root, pack_id, settings, job, plan, records, resources=None, peaks=None):
         ran.append(pack_id)
         both_begun.wait()  # a pack on each GPU
         if pack_id == ids[0]:

@@ -40,7 +40,7 @@ from gpupack.core.store.rundir import Holder, RunDir, holder_line
 from gpupack.core.types import PackSettings, TrainingOutcome
 from gpupack.errors import RunDirError
 from gpupack.job.oom import mark_victims, memory_fit, skip_of
-from gpupack.job.pack import LaneSetUp, PackContext, Packer, Stream, load_packer, threads_for, work_prefix
+from gpupack.job.pack import LaneResources, PackContext, Packer, Stream, load_packer, threads_for, work_prefix
 from gpupack.job.peaks import PeakBook, job_device
 from gpupack.job.records import (
     OnDevice,
@@ -87,24 +87,24 @@ def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
 
 def run_pack(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
              plan: Plan | None = None, records: RunRecords | None = None,
-             set_up: LaneSetUp | None = None, peaks: PeakBook | None = None) -> PackRecord:
+             resources: LaneResources | None = None, peaks: PeakBook | None = None) -> PackRecord:
     """Run one pack in this job. ``job``: the job as its backend tells it (Submitter.job_environment); None (a pack run
     outside any backend): this process (:meth:`JobEnvironment.here`). ``plan``: the run's, as the caller read it
     (None: read here). ``records``: the run's records as a lane read them at its start (its journals: a pack a lane
-    folded is complete without a folder); None: the pack's folder alone. ``set_up``: what the lane's packs on this
+    folded is complete without a folder); None: the pack's folder alone. ``resources``: what the lane's packs on this
     device share (a fork server); None: the pack starts its own. ``peaks``: what the pack is held against before it
     starts (a lane's, learnt as its packs end); None: read here."""
     run = RunDir(Path(run_root))
     with pack_lock(run, pack_id):
         attempt = PackAttempt(run, plan or Plan.from_json(read_json(run.plan)), settings, job or JobEnvironment.here(),
-                              records or RunRecords(run, Folded()), set_up, peaks)
+                              records or RunRecords(run, Folded()), resources, peaks)
         return attempt.run_pack(pack_id)
 
 
 @dataclass
 class PackAttempt:
     """One job's attempt at a pack, under its lock: what each of its steps reads. ``records``: the run's records as
-    the job read them (a pack a lane folded is complete without a folder); ``set_up``: what a lane's packs on this
+    the job read them (a pack a lane folded is complete without a folder); ``resources``: what a lane's packs on this
     device share (a fork server; None: each pack starts its own); ``book``: what the pack is held against before it
     starts (a lane's, learnt as its packs end; None: read for the pack where admission asks for it)."""
 
@@ -113,7 +113,7 @@ class PackAttempt:
     settings: PackSettings
     job: JobEnvironment
     records: RunRecords
-    set_up: LaneSetUp | None = None
+    resources: LaneResources | None = None
     book: PeakBook | None = None
 
     def run_pack(self, pack_id: str) -> PackRecord:
@@ -261,7 +261,7 @@ class PackAttempt:
                            training_timeout_s=settings.training_timeout_s,
                            memory_limit_bytes=int(settings.memory_limit_gb_per_training * 2**30)
                            if settings.memory_limit_gb_per_training else None, spread=placement, stream=ends.stream,
-                           set_up=self.set_up, tmp_dir=self.job.temp_dir(), work_dir=work_dir)
+                           resources=self.resources, tmp_dir=self.job.temp_dir(), work_dir=work_dir)
 
 
 @dataclass

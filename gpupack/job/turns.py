@@ -30,7 +30,7 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
 from gpupack.job.lanes import LaneKind, queue_lane, run_lane
-from gpupack.job.pack import LaneSetUp
+from gpupack.job.pack import LaneResources
 from gpupack.job.peaks import PeakBook, job_device
 from gpupack.job.stream import out_of_time
 
@@ -101,13 +101,13 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
     # what each pack is held against before it starts: read once, learnt as the lane's packs end (packing.admission)
     peaks = PeakBook(run, trainings, device=job_device(settings, job.device_env())) if settings.admission else None
     if len(gpus) <= 1:
-        with LaneSetUp(run, lane, trainings) as set_up:
-            take_turns(run, plan, turns, job, records, lane, set_up, peaks)
+        with LaneResources(run, lane, trainings) as resources:
+            take_turns(run, plan, turns, job, records, lane, resources, peaks)
     else:
-        with contextlib.ExitStack() as stack:  # each device's own set-up, closed however the lane ends
-            set_ups = [stack.enter_context(LaneSetUp(run, f"{lane}-gpu{i}", trainings)) for i in range(len(gpus))]
+        with contextlib.ExitStack() as stack:  # each device's own resources, closed however the lane ends
+            per_gpu = [stack.enter_context(LaneResources(run, f"{lane}-gpu{i}", trainings)) for i in range(len(gpus))]
             workers = [threading.Thread(target=take_turns, name=f"gpupack-gpu{i}",
-                                        args=(run, plan, turns, job.on_gpu(gpu, i), records, lane, set_ups[i], peaks))
+                                        args=(run, plan, turns, job.on_gpu(gpu, i), records, lane, per_gpu[i], peaks))
                        for i, gpu in enumerate(gpus)]
             for w in workers:
                 w.start()
@@ -128,9 +128,9 @@ def refit_folders(run: RunDir, pack_id: str) -> list[str]:
 
 
 def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, records: RunRecords, lane: str,
-               set_up: LaneSetUp | None = None, peaks: PeakBook | None = None) -> None:
+               resources: LaneResources | None = None, peaks: PeakBook | None = None) -> None:
     """Run the lane's next pack on ``job``'s device until none is left to begin; where the lane folds
-    (``settings.fold``), each ended pack into the lane's journal. ``set_up``: what the packs this device runs share
+    (``settings.fold``), each ended pack into the lane's journal. ``resources``: what the packs this device runs share
     (a fork server started for the first, kept for the next); ``peaks``: what each pack is held against before it
     starts, the lane's (:class:`gpupack.job.peaks.PeakBook`)."""
     while (pack_id := turns.take()) is not None:
@@ -143,7 +143,7 @@ def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, recor
                 record = run_lane(str(run.root), pack_id, turns.settings, job=job, plan=plan, kind=turns.kind)
             else:
                 record = run_pack(str(run.root), pack_id, turns.settings, job=job, plan=plan, records=records,
-                                  set_up=set_up, peaks=peaks)
+                                  resources=resources, peaks=peaks)
                 if turns.settings.fold:
                     fold_pack(run, pack_id, lane)
                     for refit in refit_folders(run, pack_id):  # its trainings run at a smaller N (skipped for memory)

@@ -84,10 +84,10 @@ class Stream(Protocol):
         """The training's record is written (the lane may fold it now)."""
 
 
-class LaneSetUp:
+class LaneResources:
     """What the packs a lane runs one after another on one device share: what a mode starts once for them all and
     keeps between them (process mode: its preloaded fork server), closed when the lane ends. A pack's wall counts from
-    its first training's start, so what a mode starts here is the lane's set-up, paid once, as a job start is.
+    its first training's start, so what a mode starts here is paid once a lane, as a job start is.
     ``trainings``: every training of the lane's packs (what a shared server preloads for)."""
 
     def __init__(self, run: RunDir, lane: str, trainings: Sequence[Training] = ()) -> None:
@@ -126,7 +126,7 @@ class LaneSetUp:
                 if path.is_file() and path.stat().st_size == 0:
                     path.unlink()
 
-    def __enter__(self) -> "LaneSetUp":
+    def __enter__(self) -> "LaneResources":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -162,7 +162,7 @@ class PackContext:
     # gpupack.core.memory.figures.memory_shares); the others get ``memory_share``.
     memory_shares: Mapping[str, MemoryShare] = field(default_factory=dict)
     # What the lane's packs on this device share (a fork server kept between them); None: the pack runs alone.
-    set_up: LaneSetUp | None = None
+    resources: LaneResources | None = None
     # The job's own temporary space (JobEnvironment.temp_dir): MPS's pipes, DDP's rendezvous.
     tmp_dir: str = field(default_factory=tempfile.gettempdir)
     # Where the trainings' specs and results go while the pack runs: a folder of the job's own node-local space, made

@@ -320,20 +320,20 @@ def curve_files(ctx: PackContext, training_id: str, curve: Curve) -> CurveSpec:
 
 def preload(supervisor: Supervisor, trainings: Sequence[Training], ctx: PackContext) -> str | None:
     """Start ``supervisor``'s preloaded fork server for ``trainings`` (a stream's: the whole queue, since any of its
-    trainings may come to this lane), or use the one the lane's packs share (``ctx.set_up``: started for the first,
+    trainings may come to this lane), or use the one the lane's packs share (``ctx.resources``: started for the first,
     preloaded for every training of the lane, kept for the next); None, or why it did not start (fresh interpreters,
     said in the server's log and in each training's record as ``fork_fallback``). DDP's ranks start from one too. A
     stream's server learns what its trainings import (a freed slot's next training is forked from it); a whole pack's
     does not: all its trainings start at once, and an import between their ends would sit inside the pack's wall."""
     workload, env = trainings[0].workload, worker_env(ctx.env, ctx.threads)
-    if ctx.set_up is None or ctx.stream is not None:
+    if ctx.resources is None or ctx.stream is not None:
         return supervisor.preload(workload, [t.params for t in trainings], env,
                                   ctx.run.log(ctx.pack.pack_id, "forkserver", "err"), learn=ctx.stream is not None)
-    set_up = ctx.set_up
-    every = [t.params for t in set_up.trainings if t.workload == workload] or [t.params for t in trainings]
-    made = set_up.get(("forkserver", workload), lambda: fork_server(workload, every, env, set_up.log("forkserver")),
-                     close=lambda server: server.close() if isinstance(server, ForkServer) else None,
-                     alive=lambda server: not isinstance(server, ForkServer) or server.proc.poll() is None)
+    lane = ctx.resources
+    every = [t.params for t in lane.trainings if t.workload == workload] or [t.params for t in trainings]
+    made = lane.get(("forkserver", workload), lambda: fork_server(workload, every, env, lane.log("forkserver")),
+                    close=lambda server: server.close() if isinstance(server, ForkServer) else None,
+                    alive=lambda server: not isinstance(server, ForkServer) or server.proc.poll() is None)
     if isinstance(made, str):
         return made
     supervisor.use(made)  # its children's thread pools are set to each pack's share as they are forked
