@@ -300,8 +300,11 @@ def test_sweep_size_of_a_multirun_adds_up_its_launches(tmp_path):
 # ---------------- the columnar file of each pack (issue 14, item 10) ----------------
 
 import os  # noqa: E402
+import struct  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+
+import pyarrow as pa  # noqa: E402
 
 from gpupack.core.store.columnar import ColumnarReader, Rows, write_columnar  # noqa: E402
 from gpupack.results.analysis.load import Records  # noqa: E402
@@ -445,6 +448,28 @@ def test_a_pack_job_writes_its_columnar_files_without_importing_pandas(run, tmp_
     assert out.stdout.strip() == f"{[True] * len(pack_ids)} True False", out.stdout + out.stderr
     _same(load_records([run.root], columnar=False), load_records([run.root]))
     assert read_lane_columnar(lane, "lane-a", ColumnarReader()) is not None
+
+
+@pytest.mark.parametrize("kind, values", [
+    ("float64", [0.1, -0.0, 5e-324, 1.7976931348623157e308, float("nan"), float("inf"), float("-inf"), None, 3]),
+    ("int64", [-(2 ** 63), 2 ** 63 - 1, 0, None]),
+    ("bool_", [True, False, None]),
+    ("large_string", ["", "é ü 漢", 'a"b\\n', "\x00\x1f", None, "x" * 10_000]),
+    ("null", [None, None]),
+])
+def test_the_json_readers_arrays_are_pa_arrays_own(kind, values):
+    """A job builds its columns by Arrow's JSON reader (pandas not imported), collect by pa.array: the same arrays."""
+    from gpupack.core.store.columnar import _json_arrays
+
+    arrow_type = getattr(pa, kind)() if kind != "large_string" else pa.large_string()
+    (read,) = _json_arrays({"c": (arrow_type, values)}, len(values)) or [None]
+    assert read is not None and read.type == arrow_type
+    assert read.equals(pa.array(values, arrow_type)) or (kind == "float64" and _same_floats(read, values))
+
+
+def _same_floats(read: pa.Array, values: list) -> bool:  # NaN is not equal to itself: compared by bits
+    return [struct.pack("<d", v) if v is not None else None for v in read.to_pylist()] == \
+        [struct.pack("<d", float(v)) if v is not None else None for v in values]
 
 
 def test_collect_is_pure_it_imports_no_report_and_prints_nothing():

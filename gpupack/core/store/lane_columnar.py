@@ -147,8 +147,6 @@ def _beside(entries: Sequence[Entry]) -> pa.RecordBatch:
     values: tuple[Sequence[object], ...] = ([e.folded_at for e in entries], [e.seq for e in entries],
                                             [e.same for e in entries], later_counts(entries), [e.home for e in entries])
     arrays = typed_arrays({f.name: (f.type, v) for f, v in zip(_ENTRY, values)}, len(entries))
-    if arrays is None:  # a home Arrow's JSON reader refuses: pa.array's own word on it
-        arrays = [pa.array(v, f.type) for f, v in zip(_ENTRY, values)]
     return pa.RecordBatch.from_arrays(arrays, schema=_ENTRY)
 
 
