@@ -467,6 +467,23 @@ def test_the_json_readers_arrays_are_pa_arrays_own(kind, values):
     assert read.equals(pa.array(values, arrow_type)) or (kind == "float64" and _same_floats(read, values))
 
 
+@pytest.mark.parametrize("by_json", [False, True])  # collect's pa.array; a pack job's JSON reader
+@pytest.mark.parametrize("name", ["wall_s", "x"])  # a known float field, and a column of ints and floats
+def test_an_int_a_double_cannot_hold_stays_whole_in_json_either_way(name, by_json, monkeypatch):
+    """pa.array refuses an int over 2**53 in a float column (a double would round it), and such a column has always
+    been JSON text, whole; Arrow's JSON reader would round it silently: both builders give the JSON column."""
+    import gpupack.core.store.columnar as columnar
+
+    if by_json:
+        monkeypatch.setattr(columnar, "typed_arrays", lambda columns, rows: columnar._json_arrays(columns, rows))
+    rows = [{"t": "a", name: 0.5}, {"t": "b", name: 2 ** 53 + 1}, {"t": "c", name: -(2 ** 53)}]
+    batch = columnar.split_rows(rows).batch
+    assert batch.column_names == ["t", f"json:{name}"]
+    assert batch.column(1).to_pylist() == ["0.5", str(2 ** 53 + 1), str(-(2 ** 53))]
+    assert columnar.column(name, [2 ** 53, 0.5])[0] == name  # a double holds it: a float column
+    assert columnar.column(name, [2 ** 53 + 2, 0.5])[0] == f"json:{name}"
+
+
 def _same_floats(read: pa.Array, values: list) -> bool:  # NaN is not equal to itself: compared by bits
     return [struct.pack("<d", v) if v is not None else None for v in read.to_pylist()] == \
         [struct.pack("<d", float(v)) if v is not None else None for v in values]

@@ -58,6 +58,7 @@ _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the end of an Arrow IPC stream
 STRING = _S = pa.large_string()
 _F, _I, _B = pa.float64(), pa.int64(), pa.bool_()
 INT64 = (-(2 ** 63), 2 ** 63 - 1)
+FLOAT_EXACT = 2 ** 53  # the largest int every int up to which a double holds exactly
 KNOWN_TYPES: dict[str, pa.DataType] = {
     **{k: _S for k in ("kind", "sweep", "pack_id", "training_id", "workload", "mode", "partition", "gpu_type",
                        "device", "device_name", "gpu_model", "status", "error", "loader_setting", "data", "host",
@@ -154,13 +155,20 @@ def column_type(name: str, values: Sequence[object]) -> pa.DataType | None:
     kind, known = _arrow_type(values), KNOWN_TYPES.get(name)
     if known is not None and (kind in (known, pa.null()) or (known == _F and kind == _I)):
         kind = known
+    if kind == _F and any(abs(v) > FLOAT_EXACT for v in values if isinstance(v, int)):
+        return None  # an int a double cannot hold exactly (pa.array refuses it): JSON keeps it whole
     return kind
 
 
 def column(name: str, values: list[object]) -> tuple[str, pa.Array]:
     """One column (:func:`column_type`), named ``json:<name>`` where it is JSON text."""
     kind = column_type(name, values)
-    return (name, pa.array(values, kind)) if kind is not None else (JSON_PREFIX + name, json_array(values))
+    if kind is not None:
+        try:
+            return name, pa.array(values, kind)
+        except (pa.ArrowException, OverflowError):  # values its type should hold and Arrow refuses: JSON keeps them
+            pass
+    return JSON_PREFIX + name, json_array(values)
 
 
 Columns = Mapping[str, tuple[pa.DataType, Sequence[object]]]  # a column's name → (its type, its values)
