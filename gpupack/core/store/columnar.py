@@ -199,7 +199,7 @@ def _json_arrays(columns: Columns, rows: int) -> list[pa.Array] | None:
         table = arrow_json.read_json(
             io.BytesIO(text.encode()), read_options=arrow_json.ReadOptions(use_threads=False, block_size=len(text) + 1),
             parse_options=arrow_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error"))
-    except (pa.ArrowException, UnicodeEncodeError):
+    except (pa.ArrowException, UnicodeEncodeError, OverflowError):  # OverflowError: a text of 2 GiB, past its block
         return None
     return [table.column(name).combine_chunks() for name in names]
 
