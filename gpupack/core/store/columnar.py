@@ -134,8 +134,6 @@ def _arrow_type(values: Sequence[object]) -> pa.DataType | None:
         return pa.null()
     if kinds == {bool}:
         return pa.bool_()
-    if int in kinds and not all(INT64[0] <= v <= INT64[1] for v in values if isinstance(v, int)):
-        return None  # an int beyond 64 bits: JSON keeps it whole
     if kinds == {int}:
         return pa.int64()
     if kinds <= {int, float}:
@@ -145,8 +143,13 @@ def _arrow_type(values: Sequence[object]) -> pa.DataType | None:
     return None
 
 
+def json_texts(values: Sequence[object]) -> list[str | None]:
+    """A JSON-text column's values (lists, dicts, mixed types, ints a number column cannot hold)."""
+    return [None if v is None else json.dumps(v) for v in values]
+
+
 def json_array(values: Sequence[object]) -> pa.Array:
-    return pa.array([None if v is None else json.dumps(v) for v in values], _S)
+    return pa.array(json_texts(values), _S)
 
 
 def column_type(name: str, values: Sequence[object]) -> pa.DataType | None:
@@ -155,8 +158,11 @@ def column_type(name: str, values: Sequence[object]) -> pa.DataType | None:
     kind, known = _arrow_type(values), KNOWN_TYPES.get(name)
     if known is not None and (kind in (known, pa.null()) or (known == _F and kind == _I)):
         kind = known
-    if kind == _F and any(abs(v) > FLOAT_EXACT for v in values if isinstance(v, int)):
-        return None  # an int a double cannot hold exactly (pa.array refuses it): JSON keeps it whole
+    ints = [v for v in values if isinstance(v, int)]  # what Arrow refuses in its type is JSON, kept whole:
+    if kind == _I and not all(INT64[0] <= v <= INT64[1] for v in ints):  # an int beyond 64 bits
+        return None
+    if kind == _F and any(abs(v) > FLOAT_EXACT for v in ints):  # an int a double cannot hold exactly
+        return None
     return kind
 
 
@@ -240,8 +246,10 @@ def split_rows(rows: Sequence[Mapping[str, object]]) -> Rows:
     typed: dict[str, tuple[pa.DataType, Sequence[object]]] = {}
     for name in (n for n in names if n not in shared):
         kind = column_type(name, values[name])
-        typed[name if kind is not None else JSON_PREFIX + name] = (kind, values[name]) if kind is not None else \
-            (_S, [None if v is None else json.dumps(v) for v in values[name]])
+        if kind is None:
+            typed[JSON_PREFIX + name] = (_S, json_texts(values[name]))
+        else:
+            typed[name] = (kind, values[name])
     arrays = typed_arrays(typed, len(rows))
     meta = {_META_SCHEMA: str(SCHEMA_VERSION), _META_COLUMNS: json.dumps(names), _META_SHARED: json.dumps(shared)}
     schema = pa.schema([pa.field(name, array.type) for name, array in zip(typed, arrays)], metadata=meta)
