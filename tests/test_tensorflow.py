@@ -187,8 +187,8 @@ def test_tf_bad_input(tmp_path, capsys, monkeypatch, overrides, needles):
 
 def test_tf_logical_host_gets_n_times_the_per_training_limit(tmp_path, monkeypatch):
     """RLIMIT_AS is per process and tf_logical's one host process holds all N trainings: N x the per-training limit
-    (not one training's, which N trainings together would hit at once). The shared host (gpupack/job/pack/_host.py) sets
-    it, so the fused mode's host gets the same."""
+    (not one training's, which N trainings together would hit at once). The shared host
+    (gpupack/job/pack/_shared.py) sets it, so the fused mode's host gets the same."""
     seen = []
 
     class Stop(Exception):

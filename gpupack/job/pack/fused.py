@@ -4,8 +4,8 @@ rate, momentum, weight decay, seed: initialisation and data order), its own loss
 
 Hyperparameters that change shapes (model, hidden size, batch size, ...: the workload's ``fuse_key``) split a pack
 into fused groups, planned up front (:meth:`FusedPacker.group_key`). The host process is
-:mod:`gpupack.job.runtime.fused_host`; spawning, following and stopping it is the helper tf_logical shares
-(:mod:`gpupack.job.pack._host`). One process hosts the group: if it dies, every training of the pack fails with it.
+:mod:`gpupack.job.runtime.fused_shared`; spawning, following and stopping it is the helper tf_logical shares
+(:mod:`gpupack.job.pack._shared`). One process hosts the group: if it dies, every training of the pack fails with it.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.core.workload import Workload
 from gpupack.errors import ConfigError
 from gpupack.job.pack import PackContext, Packer
-from gpupack.job.pack._host import host_specs, refuse_rlimit_on_gpu, run_host
+from gpupack.job.pack._shared import host_specs, refuse_rlimit_on_gpu, run_host
 
 
 class FusedPacker(Packer):
@@ -40,7 +40,7 @@ class FusedPacker(Packer):
             refuse_rlimit_on_gpu(self.name, ctx.memory_limit_bytes / 2**30 if ctx.memory_limit_bytes else None)
         spawned = time.time()
         specs = host_specs(trainings, ctx, spawned)
-        return run_host("gpupack.job.runtime.fused_host", "fused_host", specs, ctx, spawned)
+        return run_host("gpupack.job.runtime.fused_shared", "fused_host", specs, ctx, spawned)
 
 
 PACKER = FusedPacker()

@@ -3,9 +3,9 @@ devices before TensorFlow initialises, and the N trainings run at once in thread
 logical device with ``tf.device``.
 
 On a GPU each logical GPU gets ``memory_limit`` = the pack's GPU memory budget / N; on a CPU the splits are
-plain logical CPUs (TensorFlow refuses memory limits there). The TF process is :mod:`gpupack.job.runtime.tf_host`; this
-packer starts it, follows each training's result as it lands, and records a training whose thread raised as
-failed while the others go on.
+plain logical CPUs (TensorFlow refuses memory limits there). The TF process is
+:mod:`gpupack.job.runtime.tf_shared`; this packer starts it, follows each training's result as it lands, and records a
+training whose thread raised as failed while the others go on.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.core.workload import Workload
 from gpupack.errors import ConfigError, require_memory
 from gpupack.job.pack import PackContext, Packer
-from gpupack.job.pack._host import host_specs, refuse_rlimit_on_gpu, run_host
+from gpupack.job.pack._shared import host_specs, refuse_rlimit_on_gpu, run_host
 from gpupack.job.workloads import load_workload
 
 
@@ -98,7 +98,7 @@ class TfLogicalPacker(Packer):
         spawned = time.time()
         specs = host_specs(trainings, ctx, spawned, devices)
         # The host's memory limit: N x one training's.
-        return run_host("gpupack.job.runtime.tf_host", "tf_host", specs, ctx, spawned,
+        return run_host("gpupack.job.runtime.tf_shared", "tf_host", specs, ctx, spawned,
                         extra={"kind": "gpu" if on_gpu else "cpu", "memory_limit_mb": memory_mb})
 
 

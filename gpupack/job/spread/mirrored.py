@@ -12,7 +12,7 @@ from typing import Sequence
 from gpupack.core.plan import Training
 from gpupack.core.types import TrainingOutcome
 from gpupack.job.pack import PackContext
-from gpupack.job.pack._host import refuse_rlimit_on_gpu
+from gpupack.job.pack._shared import refuse_rlimit_on_gpu
 from gpupack.job.pack.process import ProcessOptions, run_processes
 from gpupack.job.spread import Strategy
 

@@ -1,4 +1,4 @@
-"""The TensorFlow process of a tf_logical pack: ``python -m gpupack.job.runtime.tf_host SPEC.json``.
+"""The TensorFlow process of a tf_logical pack: ``python -m gpupack.job.runtime.tf_shared SPEC.json``.
 
 It splits the device into N logical devices before TensorFlow initialises them, then runs the N trainings
 at once, one thread each, each under ``tf.device(<its logical device>)`` (the workload enters it). Each

@@ -1,4 +1,4 @@
-"""The process of a fused pack: ``python -m gpupack.job.runtime.fused_host SPEC.json``.
+"""The process of a fused pack: ``python -m gpupack.job.runtime.fused_shared SPEC.json``.
 
 It trains the pack's N trainings as one batched model (the workload's ``train_fused``) and writes each training's
 result in the worker's schema, or its own error: one model diverging never stops the others.
