@@ -163,9 +163,9 @@ def test_an_upward_import_by_name_breaks_it(tmp_path, importer, call, says):
 # ---------------- processes: one place starts them ----------------
 
 # Where a process may start, and why there: the supervisor's spawn (every process inside a job: trainings, ranks,
-# hosts, the fork server, MPS's control), the fork server's fork of a training (on the supervisor's request, in the
-# server's own process), and the submitting side's cluster seam (sbatch, squeue, sacct, scancel; submitit's local
-# controller), which runs outside any job.
+# shared processes, the fork server, MPS's control), the fork server's fork of a training (on the supervisor's
+# request, in the server's own process), and the submitting side's cluster seam (sbatch, squeue, sacct, scancel;
+# submitit's local controller), which runs outside any job.
 PROCESS_STARTERS = {"gpupack/job/runtime/supervisor.py": {"subprocess.Popen"},
                     "gpupack/job/runtime/forkserver.py": {"os.fork"},
                     "gpupack/submit/slurm/commands.py": {"subprocess.run"},

@@ -19,9 +19,9 @@ ARGV = "sweep.fixed.argv=[{python},examples/train.py,--lr,{lr}]"
      {"process": "fork: each training is forked"}),
     (["+sweep=mnist_tf_pack"],
      {"process": "fresh: a new interpreter per training (TensorFlow starts threads at import)",
-      "tf_logical": "one process per pack hosts its N trainings (tf_logical)"}),
+      "tf_logical": "one process per pack runs its N trainings (tf_logical)"}),
     (["+sweep=mnist_pack", "packing.modes=[process,fused]"],
-     {"process": "fork:", "fused": "one process per pack hosts its N trainings (fused)"}),
+     {"process": "fork:", "fused": "one process per pack runs its N trainings (fused)"}),
 ])
 def test_each_mode_says_how_its_trainings_start(overrides, expected):
     spec = sweep.prepare(overrides).spec

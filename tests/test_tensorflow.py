@@ -183,18 +183,18 @@ def test_tf_bad_input(tmp_path, capsys, monkeypatch, overrides, needles):
     assert not (tmp_path / "run").exists()
 
 
-# ---------------- tf_logical: one process hosts N trainings, so its memory limit is the pack's ----------------
+# ---------------- tf_logical: one process runs N trainings, so its memory limit is the pack's ----------------
 
-def test_tf_logical_host_gets_n_times_the_per_training_limit(tmp_path, monkeypatch):
-    """RLIMIT_AS is per process and tf_logical's one host process holds all N trainings: N x the per-training limit
-    (not one training's, which N trainings together would hit at once). The shared host
-    (gpupack/job/pack/_shared.py) sets it, so the fused mode's host gets the same."""
+def test_tf_logicals_shared_process_gets_n_times_the_per_training_limit(tmp_path, monkeypatch):
+    """RLIMIT_AS is per process and tf_logical's one shared process holds all N trainings: N x the per-training limit
+    (not one training's, which N trainings together would hit at once). gpupack/job/pack/_shared.py sets it, so the
+    fused mode's shared process gets the same."""
     seen = []
 
     class Stop(Exception):
         pass
 
-    def fake_child_setup(limit, cpus=None):  # what the host would be started under; the host is not started
+    def fake_child_setup(limit, cpus=None):  # what the shared process would be started under; it is not started
         seen.append(limit)
         raise Stop
 
@@ -235,8 +235,9 @@ def test_tf_logical_allows_what_cuda_never_sees(capacity, settings):
 
 def test_tf_logical_refuses_rlimit_as_when_the_job_finds_a_gpu(tmp_path, monkeypatch):
     """The partition's check could not know (the local backend, device=auto): the pack refuses at its start, before
-    a host starts under a limit CUDA cannot work in."""
-    monkeypatch.setattr("gpupack.job.pack.tf_logical.run_host", lambda *a, **k: pytest.fail("the host started"))
+    its shared process starts under a limit CUDA cannot work in."""
+    monkeypatch.setattr("gpupack.job.pack.tf_logical.run_shared",
+                        lambda *a, **k: pytest.fail("the shared process started"))
     run, pack = _pack(tmp_path, {"tag": ["a", "b"]}, workload="tests.fake_tf_workload", mode="tf_logical")
     ctx = PackContext(run=run, pack=pack, device="cuda", threads=1, env=dict(os.environ), gpu_memory_total_mb=16384,
                       settings=PackSettings(memory_limit_gb_per_training=4), memory_limit_bytes=4 * 2**30)

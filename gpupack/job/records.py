@@ -223,7 +223,7 @@ def slot_use(records: Sequence[TrainingRecord], slots: int, started: float, ende
     wall = ended - started
     busy = sum(float(r["ended_at"]) - float(r["started_at"]) for r in records)
     by_slot: dict[int, list[tuple[float, float]]] = {}
-    for r in records:  # a mode whose trainings share one host process names no slots: no gaps to tell
+    for r in records:  # a mode whose trainings share one process names no slots: no gaps to tell
         if r.get("slot") is not None:
             by_slot.setdefault(int(r["slot"]), []).append((float(r["started_at"]), float(r["ended_at"])))
     ordered = [sorted(spans) for spans in by_slot.values()]

@@ -179,7 +179,7 @@ class PackContext:
         return self.stream.where(training_id) if self.stream is not None else self.pack.pack_id
 
     def work(self, name: str, what: str) -> Path:
-        """The spec, result or error file of ``name`` (a training, a DDP rank, a host process) while the pack runs."""
+        """The spec, result or error file of ``name`` (a training, a DDP rank, a shared process) while the pack runs."""
         if self.work_dir is None:
             return self.run.work(self.home(name), name, what)
         return work_file(self.work_dir, name, what)
@@ -206,7 +206,7 @@ class Packer(ABC):
     # True: the trainings of one pack must share a group key (fused: same shapes); the plan groups them up front.
     groups: ClassVar[bool] = False
     # True: a slot that frees can take another training while the others run (packing.stream); a mode whose N
-    # trainings share one host process cannot.
+    # trainings share one process cannot.
     streams: ClassVar[bool] = False
     # True: a pack of one is one training in a process of its own, as it runs alone: what a data-loader probe
     # (sweep.loader_probe) runs in (:func:`solo_mode`).
@@ -223,7 +223,7 @@ class Packer(ABC):
 
     def start_note(self, workload: Workload, params: Sequence[Mapping[str, object]], settings: PackSettings) -> str:
         """How this mode starts a pack's trainings, for the run's header: one line, fresh or forked and why."""
-        return f"one process per pack hosts its N trainings ({self.name})"
+        return f"one process per pack runs its N trainings ({self.name})"
 
     def watches_mps(self, settings: PackSettings) -> bool:
         """True when, with these settings (its ``Options`` in them), this mode runs a pack's trainings under CUDA MPS:

@@ -1,8 +1,8 @@
-"""One process hosts all N trainings of a pack (tf_logical: one TF process, N logical devices; fused: one torch
-process, N models batched as one): the helper both modes share to start that host, follow each training's result
-as it lands, stop it past its time limit, and record what it never finished.
+"""One process runs all N trainings of a pack (tf_logical: one TF process, N logical devices; fused: one torch
+process, N models batched as one): the helper both modes share to start that shared process, follow each training's
+result as it lands, stop it past its time limit, and record what it never finished.
 
-The host is ``python -m <module> SPEC.json`` (SPEC: {"trainings": [worker specs...], ...}); it writes each
+The shared process is ``python -m <module> SPEC.json`` (SPEC: {"trainings": [worker specs...], ...}); it writes each
 training's result (the worker's schema) or error file, so one training failing never hides the others'.
 """
 from __future__ import annotations
@@ -18,16 +18,16 @@ from gpupack.errors import ConfigError
 from gpupack.job.pack import PackContext, ended_outcome, worker_env, worker_spec
 from gpupack.job.runtime.supervisor import ChildSpec, Supervisor, tail
 
-if TYPE_CHECKING:  # a hosted training's spec, as the host reads it
-    from gpupack.job.runtime.worker import HostedSpec
+if TYPE_CHECKING:  # a training's spec, as the shared process reads it
+    from gpupack.job.runtime.worker import SharedSpec
 
 
-def host_specs(trainings: Sequence[Training], ctx: PackContext, spawned: float,
-               devices: Sequence[str] | None = None) -> list[HostedSpec]:
+def shared_specs(trainings: Sequence[Training], ctx: PackContext, spawned: float,
+               devices: Sequence[str] | None = None) -> list[SharedSpec]:
     """Each training's worker spec, with where its error goes and (tf_logical) its device."""
     specs = []
     for i, t in enumerate(trainings):
-        spec: HostedSpec = {**worker_spec(t, ctx, spawned), "training_id": t.training_id,
+        spec: SharedSpec = {**worker_spec(t, ctx, spawned), "training_id": t.training_id,
                             "error_path": str(ctx.work(t.training_id, "error"))}
         if devices is not None:
             spec["device"] = devices[i]
@@ -51,21 +51,21 @@ def refuse_rlimit_on_gpu(mode: str, limit_gb: float | None) -> None:
 
 
 def pack_memory_limit(per_training_bytes: int | None, n: int) -> int | None:
-    """The address-space limit of the one host process of n trainings: n x one training's figure. Pure."""
+    """The address-space limit of the one shared process of n trainings: n x one training's figure. Pure."""
     return per_training_bytes * n if per_training_bytes else None
 
 
-def run_host(module: str, name: str, specs: list[HostedSpec], ctx: PackContext, spawned: float,
+def run_shared(module: str, name: str, specs: list[SharedSpec], ctx: PackContext, spawned: float,
              extra: Mapping[str, object] | None = None) -> list[TrainingOutcome]:
     """Start ``python -m module`` on the pack's specs under a supervisor and follow it to its end: each training's
-    outcome as it lands, and for those the host never finished (it died, or was stopped past its time limit) its
+    outcome as it lands, and for those the process never finished (it died, or was stopped past its time limit) its
     exit."""
     run, pack_id = ctx.run, ctx.pack.pack_id
     n = len(specs)
-    host_spec = ctx.work(name, "spec")
-    write_json_atomic(host_spec, {"threads": ctx.threads * n, "trainings": specs, **(extra or {})})
-    # One process hosts all N: the per-training limit applies N times over. Its time limit counts from the spawn.
-    host = ChildSpec(name, [sys.executable, "-m", module, str(host_spec)], run.log(pack_id, name, "out"),
+    spec_path = ctx.work(name, "spec")
+    write_json_atomic(spec_path, {"threads": ctx.threads * n, "trainings": specs, **(extra or {})})
+    # One process runs all N: the per-training limit applies N times over. Its time limit counts from the spawn.
+    child = ChildSpec(name, [sys.executable, "-m", module, str(spec_path)], run.log(pack_id, name, "out"),
                      run.log(pack_id, name, "err"),
                      worker_env(ctx.env, ctx.threads * n), started_at=spawned,
                      memory_limit_bytes=pack_memory_limit(ctx.memory_limit_bytes, n))
@@ -81,13 +81,13 @@ def run_host(module: str, name: str, specs: list[HostedSpec], ctx: PackContext, 
                     ctx.on_finished(outcome)
 
     with Supervisor(ctx.training_timeout_s or None) as supervisor:
-        pid = supervisor.start(host).pid
-        if pid is None:  # no interpreter for the host (no memory, no process left): the pack fails, as it always did
+        pid = supervisor.start(child).pid
+        if pid is None:  # no interpreter for it (no memory, no process left): the pack fails, as it always did
             raise supervisor.children[0].start_error or OSError(f"the {name} process did not start")
         for spec in specs:
-            ctx.on_started(spec["training_id"], pid)  # one process hosts them all
+            ctx.on_started(spec["training_id"], pid)  # one process runs them all
         (ended,) = supervisor.follow(on_poll=look)
-    for spec in specs:  # trainings the host never finished: it died, or was stopped
+    for spec in specs:  # trainings the process never finished: it died, or was stopped
         tid = spec["training_id"]
         if tid not in outcomes:
             code = ended.returncode
@@ -99,14 +99,14 @@ def run_host(module: str, name: str, specs: list[HostedSpec], ctx: PackContext, 
     return [outcomes[s["training_id"]] for s in specs]
 
 
-def landed(spec: HostedSpec, spawned: float) -> TrainingOutcome | None:
-    """A training's outcome once the host wrote its result or its error; None while it runs."""
+def landed(spec: SharedSpec, spawned: float) -> TrainingOutcome | None:
+    """A training's outcome once the shared process wrote its result or its error; None while it runs."""
     result_path, error_path = Path(spec["result_path"]), Path(spec["error_path"])
     logical = str(spec.get("device", "")).startswith("/device:")
     extra: dict[str, object] = {"logical_device": spec["device"]} if logical else {}
     if result_path.exists():
         result = read_json(result_path)
-        # Started when the shared host was spawned: its start-up is every training's, as in process mode.
+        # Started when the shared process was spawned: its start-up is every training's, as in process mode.
         return TrainingOutcome(spec["training_id"], spawned, result["timings"]["finished"], 0, None, None,
                                result, extra=extra)
     if error_path.exists():

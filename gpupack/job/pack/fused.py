@@ -3,9 +3,9 @@ weights, functional_call, vmap), each with its own hyperparameters where they do
 rate, momentum, weight decay, seed: initialisation and data order), its own loss, metrics and training record.
 
 Hyperparameters that change shapes (model, hidden size, batch size, ...: the workload's ``fuse_key``) split a pack
-into fused groups, planned up front (:meth:`FusedPacker.group_key`). The host process is
+into fused groups, planned up front (:meth:`FusedPacker.group_key`). The shared process is
 :mod:`gpupack.job.runtime.fused_shared`; spawning, following and stopping it is the helper tf_logical shares
-(:mod:`gpupack.job.pack._shared`). One process hosts the group: if it dies, every training of the pack fails with it.
+(:mod:`gpupack.job.pack._shared`). One process runs the group: if it dies, every training of the pack fails with it.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.core.workload import Workload
 from gpupack.errors import ConfigError
 from gpupack.job.pack import PackContext, Packer
-from gpupack.job.pack._shared import host_specs, refuse_rlimit_on_gpu, run_host
+from gpupack.job.pack._shared import refuse_rlimit_on_gpu, run_shared, shared_specs
 
 
 class FusedPacker(Packer):
@@ -39,8 +39,8 @@ class FusedPacker(Packer):
         if ctx.device == "cuda":  # a partition check could not tell this job would have a GPU (local, device=auto)
             refuse_rlimit_on_gpu(self.name, ctx.memory_limit_bytes / 2**30 if ctx.memory_limit_bytes else None)
         spawned = time.time()
-        specs = host_specs(trainings, ctx, spawned)
-        return run_host("gpupack.job.runtime.fused_shared", "fused_host", specs, ctx, spawned)
+        specs = shared_specs(trainings, ctx, spawned)
+        return run_shared("gpupack.job.runtime.fused_shared", "fused_shared", specs, ctx, spawned)
 
 
 PACKER = FusedPacker()

@@ -18,7 +18,7 @@ from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.core.workload import Workload
 from gpupack.errors import ConfigError, require_memory
 from gpupack.job.pack import PackContext, Packer
-from gpupack.job.pack._shared import host_specs, refuse_rlimit_on_gpu, run_host
+from gpupack.job.pack._shared import refuse_rlimit_on_gpu, run_shared, shared_specs
 from gpupack.job.workloads import load_workload
 
 
@@ -74,7 +74,7 @@ class TfLogicalPacker(Packer):
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: PackSettings) -> None:
         if workload.framework != "tensorflow":
             raise ConfigError("packing.modes", "tf_logical", f"{workload.name} is a {workload.framework} workload and "
-                              "TF logical devices only host TensorFlow trainings",
+                              "TF logical devices only run TensorFlow trainings",
                               f"use packing.modes=[process] for {workload.name}")
         if capacity.has_gpu and settings.device != "cpu":
             refuse_rlimit_on_gpu(self.name, settings.memory_limit_gb_per_training)
@@ -96,9 +96,9 @@ class TfLogicalPacker(Packer):
                                         opts.gpu_memory_budget_mb, workload.min_gpu_memory_mb)
         devices = logical_devices("gpu" if on_gpu else "cpu", n)
         spawned = time.time()
-        specs = host_specs(trainings, ctx, spawned, devices)
-        # The host's memory limit: N x one training's.
-        return run_host("gpupack.job.runtime.tf_shared", "tf_host", specs, ctx, spawned,
+        specs = shared_specs(trainings, ctx, spawned, devices)
+        # The shared process's memory limit: N x one training's.
+        return run_shared("gpupack.job.runtime.tf_shared", "tf_shared", specs, ctx, spawned,
                         extra={"kind": "gpu" if on_gpu else "cpu", "memory_limit_mb": memory_mb})
 
 

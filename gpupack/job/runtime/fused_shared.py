@@ -16,7 +16,7 @@ from pathlib import Path  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpupack.core.store.records import write_json_atomic  # the host's imports are the pack's start-up, timed
+    from gpupack.core.store.records import write_json_atomic  # this process's imports are the pack's start-up, timed
     from gpupack.core.workload import Reporter, TrainingContext
     from gpupack.job.runtime.worker import compose_result
     from gpupack.job.workloads import load_workload

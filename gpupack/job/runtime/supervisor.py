@@ -1,4 +1,4 @@
-"""The one supervisor of every process gpupack starts inside a job: process mode's N trainings, the one host process
+"""The one supervisor of every process gpupack starts inside a job: process mode's N trainings, the one shared process
 of tf_logical and fused, DDP's k ranks (and MirroredStrategy's one process, through process mode).
 
 A :class:`Supervisor` starts each child (:class:`ChildSpec`: a program of its own, never a shell, or a fork of the

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING  # noqa: E402
 
 if TYPE_CHECKING:
     from gpupack.core.frameworks import Framework
-    from gpupack.job.runtime.worker import HostedSpec
+    from gpupack.job.runtime.worker import SharedSpec
 
 
 def configure(tf: Framework, kind: str, n: int, memory_limit_mb: int | None) -> list[str]:
@@ -39,16 +39,16 @@ def configure(tf: Framework, kind: str, n: int, memory_limit_mb: int | None) -> 
 def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
-    from gpupack.core.store.records import write_json_atomic  # the host's imports are the pack's start-up, timed
+    from gpupack.core.store.records import write_json_atomic  # this process's imports are the pack's start-up, timed
     from gpupack.job.runtime.worker import run_training
 
     spec = json.loads(Path((sys.argv[1:] if argv is None else argv)[0]).read_text())
     trainings = spec["trainings"]
     tf.config.threading.set_inter_op_parallelism_threads(max(1, int(spec.get("threads", 1))))
     devices = configure(tf, spec["kind"], len(trainings), spec.get("memory_limit_mb"))
-    print(f"gpupack tf_host: {len(devices)} logical devices: {devices}", flush=True)
+    print(f"gpupack tf_shared: {len(devices)} logical devices: {devices}", flush=True)
 
-    def one(training: HostedSpec) -> None:
+    def one(training: SharedSpec) -> None:
         started = time.time()
         try:
             result = run_training(training, _PROCESS_START)

@@ -41,8 +41,8 @@ class WorkerSpec(_SpreadSpec):
     logs: list[str]  # its .out and .err logs
 
 
-class HostedSpec(WorkerSpec):
-    """A training's spec in a host process of N (tf_host, fused_host): its id, and where its error goes."""
+class SharedSpec(WorkerSpec):
+    """A training's spec in the shared process of N (tf_shared, fused_shared): its id, and where its error goes."""
 
     training_id: str
     error_path: str
@@ -58,7 +58,7 @@ class Timings(TypedDict, total=False):
     startup_s: float | None
     loop_s: object  # the Reporter's
     teardown_s: float | None
-    thread_start: float  # a host's training: its thread's start
+    thread_start: float  # a shared process's training: its thread's start
 
 
 class TrainingResult(TypedDict, total=False):
