@@ -211,6 +211,9 @@ class Packer(ABC):
     # True: a pack of one is one training in a process of its own, as it runs alone: what a data-loader probe
     # (sweep.loader_probe) runs in (:func:`solo_mode`).
     solo: ClassVar[bool] = False
+    # True: a pack's N trainings run in one shared process, whose start each pack pays once, not each training: time
+    # per training can fall as 1/N with no more cores (the gain bound is N / ref on a CPU too).
+    one_process: ClassVar[bool] = False
     # The mode's own options: a dataclass whose fields are packing.<mode>.<field> (None: the mode has none).
     Options: ClassVar[type[Options] | None] = None
 

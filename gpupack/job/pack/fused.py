@@ -23,6 +23,7 @@ from gpupack.job.pack._shared import refuse_rlimit_on_gpu, run_shared, shared_sp
 class FusedPacker(Packer):
     name = "fused"
     groups = True  # trainings of one pack must share a fuse key
+    one_process = True
 
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: PackSettings) -> None:
         if not workload.fusable:

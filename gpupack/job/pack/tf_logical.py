@@ -69,6 +69,7 @@ class TfLogicalPacker(Packer):
     name = "tf_logical"
     split_label = "split (TF logical)"
     line_style = "--"
+    one_process = True
     Options = TfLogicalOptions
 
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: PackSettings) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from gpupack.core.store.records import COMPLETED, OOM, PRUNED, SKIPPED_MEMORY, VICTIM
+from gpupack.job.pack import Packer, available_modes, load_packer
 from gpupack.results.analysis.choose import Choice, choose, tie_label
 from gpupack.results.analysis.load import Cleared, Records, cleared_mask
 
@@ -400,12 +401,28 @@ def gain_bounds(summary: pd.DataFrame) -> pd.Series:
     """What the device can give at each N over the reference N, in trainings per hour: on a CPU of c cores,
     min(N, c) / min(ref, c) (no more trainings run at once than there are cores, none faster than one with a core of
     its own, and the reference, at its best set-up, at least that fast); on a GPU, N / ref (N copies of the
-    reference's work at most; how busy the reference kept the GPU is said beside it, ``ref_gpu_util``). Pure."""
+    reference's work at most; how busy the reference kept the GPU is said beside it, ``ref_gpu_util``). A mode whose
+    N trainings share one process (:func:`one_process`) pays that process's start once a pack: its time per training
+    can fall as 1/N on any number of cores, so N / ref on a CPU too (a pack of N ends no sooner than a pack of ref).
+    Pure."""
     n, ref = summary["factor"].astype(float), summary["gain_ref"].astype(float)
     cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
-    on_cpu = (summary["gpu_type"].astype(str) == "cpu") & (cores >= 1)
+    shared = summary["mode"].map(one_process).astype(bool) if "mode" in summary else False
+    on_cpu = (summary["gpu_type"].astype(str) == "cpu") & (cores >= 1) & ~shared
     by_cores = n.where(n < cores, cores) / ref.where(ref < cores, cores)
     return (n / ref).where(~on_cpu, by_cores)
+
+
+def packer_of(mode: object) -> Packer | None:
+    """The packing mode a record names, or None for a name the registry does not hold (an old record's, or a spread
+    layout's label such as ddp-gloo): such a mode is shown by its name."""
+    return load_packer(mode) if isinstance(mode, str) and mode in available_modes() else None
+
+
+def one_process(mode: object) -> bool:
+    """Whether a record's mode runs a pack's N trainings in one shared process (its Packer's ``one_process``)."""
+    packer = packer_of(mode)
+    return packer is not None and packer.one_process
 
 
 def no_answer(group: pd.DataFrame, loaded_only: bool) -> str | None:

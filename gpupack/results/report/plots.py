@@ -10,7 +10,8 @@ from gpupack.core.store.records import atomic_file
 from gpupack.results.analysis.aggregate import Collected
 from gpupack.results.analysis.occupancy import STREAMED, WHOLE
 from gpupack.results.analysis.search import SearchReport
-from gpupack.results.report.text import mode_label, packer_of, params_label, trainings_phrase
+from gpupack.results.analysis.summary import packer_of
+from gpupack.results.report.text import mode_label, params_label, trainings_phrase
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

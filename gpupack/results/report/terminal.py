@@ -147,8 +147,8 @@ def gain_legend(summary: pd.DataFrame) -> str:
     if "disturbed_packs" in summary and summary["disturbed_packs"].any():
         said.append("(kL): k of its packs measured under foreign load (named below)")
     if summary["beyond_bound"].any():
-        said.append("!: more than the device can give (min(N, cores)x a training alone on a CPU, Nx on a GPU; "
-                    "see below)")
+        said.append("!: more than the device can give (min(N, cores)x a training alone on a CPU, Nx on a GPU or in "
+                    "one process; see below)")
     if "withheld" in summary and summary["withheld"].any():
         said.append("N?: what the choice would name, withheld: no answer (see below)")
     return "; ".join(said) + "."

@@ -11,11 +11,10 @@ from typing import TypedDict
 
 import pandas as pd
 
-from gpupack.job.pack import Packer, available_modes, load_packer
 from gpupack.results.analysis.aggregate import Collected
 from gpupack.results.analysis.drift import STEADY
 from gpupack.results.analysis.search import SearchReport
-from gpupack.results.analysis.summary import UNDER_LOAD
+from gpupack.results.analysis.summary import UNDER_LOAD, one_process, packer_of
 from gpupack.results.analysis.tables import Ranking, value_text
 
 
@@ -54,12 +53,6 @@ def trainings_phrase(n: int) -> str:
     return f"{n} training" + ("" if n == 1 else "s")
 
 
-def packer_of(mode: object) -> Packer | None:
-    """The packing mode a record names, or None for a name the registry does not hold (an old record's, or a spread
-    layout's label such as ddp-gloo): such a mode is shown by its name."""
-    return load_packer(mode) if isinstance(mode, str) and mode in available_modes() else None
-
-
 def mode_label(mode: object) -> str:
     """How the report names a mode beside another: its Packer's ``split_label``, else the name itself."""
     packer = packer_of(mode)
@@ -95,6 +88,8 @@ def bound_phrase(row: pd.Series) -> str:
 def device_phrase(row: pd.Series) -> str:
     """The device the bound is of: a CPU's cores, or how busy the reference kept its GPU."""
     cores = row.get("cores")
+    if str(row.get("gpu_type")) == "cpu" and one_process(row.get("mode")):
+        return " in one process, whose start a pack pays once"
     if str(row.get("gpu_type")) == "cpu":
         return f" on {int(cores)} cores" if cores is not None and cores == cores and cores >= 1 else ""
     busy = row.get("ref_gpu_util")
