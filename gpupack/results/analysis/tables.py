@@ -70,7 +70,8 @@ def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
 def with_knob_bounds(knobs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     """The knob table with ``beyond_bound``: where N trainings of one knob setting got through more samples per
     second together (N x each one's) over the reference N's of the same setting than the device can give (the
-    summary's ``gain_bound`` of that N: min(N, cores) / min(ref, cores) on a CPU), as the main table's ``!``."""
+    summary's ``gain_bound`` of that N, :func:`gpupack.results.analysis.summary.gain_bounds`), as the main table's
+    ``!``."""
     if knobs.empty:
         return knobs
     out = knobs.assign(beyond_bound=False)

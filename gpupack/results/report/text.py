@@ -74,8 +74,8 @@ def best_line(row: pd.Series) -> str:
 
 def bound_phrase(row: pd.Series) -> str:
     """An N whose gain over the reference passes what the device can give (gpupack.results.analysis.summary.gain_bounds:
-    on a CPU min(N, cores) / min(ref, cores), on a GPU N / ref): which gain, which bound, and whether its interval holds
-    the bound."""
+    on a CPU min(N, cores) / min(ref, cores), on a GPU or in one shared process N / ref): which gain, which bound, and
+    whether its interval holds the bound."""
     n, ref = int(row["factor"]), int(row["gain_ref"])
     over = "one alone" if ref == 1 else f"N={ref}"
     low = row.get("gain_low")
