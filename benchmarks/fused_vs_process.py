@@ -10,9 +10,9 @@ What it runs (local default backend), one sweep, both modes measured side by sid
         sweep.fixed.train_samples=10000 sweep.fixed.epochs=1 sweep.fixed.val_samples=2000
 
 process starts each training forked from the pack's preloaded server (packing.process.start=auto); fused trains the N
-models of a pack as one batched model (torch.func) in one process. Both count their start-up (server preload,
-host start) in the pack's wall time. It prints time per training for each (mode, N), fused/process at each N, and
-each mode's best N with the ratio of the two bests (the issue's goal: fused best <= 1/3 of process best).
+models of a pack as one batched model (torch.func) in one process. Both count their start-up (server preload, the
+shared process's start) in the pack's wall time. It prints time per training for each (mode, N), fused/process at
+each N, and each mode's best N with the ratio of the two bests (the issue's goal: fused best <= 1/3 of process best).
 """
 from __future__ import annotations
 

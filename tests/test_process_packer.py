@@ -132,7 +132,8 @@ def test_resume_runs_only_trainings_without_a_completed_record(tmp_path):
     (None, "could not start 'x': No such file", None, False, "could not start 'x': No such file", None),
 ])
 def test_ended_outcome(code, error, result, timed_out, expected_error, expected_signal):
-    """process mode's training, a DDP training's ranks and a host's trainings all end through this one builder."""
+    """process mode's training, a DDP training's ranks and a shared process's trainings all end through this one
+    builder."""
     from gpupack.job.pack import ended_outcome
 
     outcome = ended_outcome("t", 1.0, 3.0, code, error=error, result=result, timed_out=timed_out,

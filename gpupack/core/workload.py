@@ -209,7 +209,7 @@ class TrainingContext:
     reporter: Reporter
     spread: Spread | None = None
     # Where this training's stdout and stderr are kept (its .out and .err logs); None where the packer keeps none
-    # of its own (trainings hosted in one process).
+    # of its own (trainings run in one shared process).
     logs: tuple[str, str] | None = None
     # A search's trial: its curve's files and the metric its study ranks by (gpupack.core.store.curves); None outside
     # a search. Its lane alone opens the study: it judges each point this training reports.

@@ -257,8 +257,8 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord]
                       phase: str | None = None, job: JobEnvironment | None = None,
                       extra: Mapping[str, object] | None = None) -> PackRecord:
     """Write the pack record of this attempt. ``job``: as in :func:`gpupack.job.body.run_pack`; ``extra``: more
-    fields (a lane's). Its wall runs from its first training's start (a fresh interpreter's spawn, a fork, a host's
-    spawn: each training's own start-up is inside) to its last one's end; what its mode did once before
+    fields (a lane's). Its wall runs from its first training's start (a fresh interpreter's spawn, a fork, a shared
+    process's spawn: each training's own start-up is inside) to its last one's end; what its mode did once before
     (``mode_started``: a fork server's preload, shared by a lane's packs or not) is its ``setup_s``, outside the wall
     as a job's start is."""
     fields = (job or JobEnvironment.here()).record_fields()

@@ -200,7 +200,7 @@ def _earlier_attempts(folder: Path) -> list[tuple[str, Record]]:
 
 def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes]) -> list[tuple[str, Record]]:
     """The pack's latest records, each training's with where its logs are kept; the pack record last, with the
-    pack's own logs (a fork server's, MPS's, a host's)."""
+    pack's own logs (a fork server's, MPS's, a shared process's)."""
     found = _trainings(run, folder, pack_id, lane, log)
     trainings = {str(rec["training_id"]) for _, rec in found}
     out: list[tuple[str, Record]] = [*found]

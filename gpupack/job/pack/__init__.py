@@ -289,9 +289,9 @@ def ended_outcome(training_id: str, started: float, ended: float, code: int | No
                   result: Mapping[str, object] | None, timed_out: bool = False,
                   extra: Mapping[str, object] | None = None) -> TrainingOutcome:
     """How a training's child ended, as its outcome: the one builder for process mode's training, a DDP training's
-    ranks and a host's trainings. ``code``: the child's exit status (< 0: killed by that signal; None: it never
-    started); ``error``: what the child's end says (None where it exited 0); a child that exited 0 with no result
-    failed; a time-out says so first. Pure."""
+    ranks and a shared process's trainings. ``code``: the child's exit status (< 0: killed by that signal; None: it
+    never started); ``error``: what the child's end says (None where it exited 0); a child that exited 0 with no
+    result failed; a time-out says so first. Pure."""
     if code == 0 and error is None and result is None:
         error = "exited 0 but wrote no result"
     if timed_out:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # a training's spec, as the shared process reads it
 
 
 def shared_specs(trainings: Sequence[Training], ctx: PackContext, spawned: float,
-               devices: Sequence[str] | None = None) -> list[SharedSpec]:
+                 devices: Sequence[str] | None = None) -> list[SharedSpec]:
     """Each training's worker spec, with where its error goes and (tf_logical) its device."""
     specs = []
     for i, t in enumerate(trainings):
@@ -56,7 +56,7 @@ def pack_memory_limit(per_training_bytes: int | None, n: int) -> int | None:
 
 
 def run_shared(module: str, name: str, specs: list[SharedSpec], ctx: PackContext, spawned: float,
-             extra: Mapping[str, object] | None = None) -> list[TrainingOutcome]:
+               extra: Mapping[str, object] | None = None) -> list[TrainingOutcome]:
     """Start ``python -m module`` on the pack's specs under a supervisor and follow it to its end: each training's
     outcome as it lands, and for those the process never finished (it died, or was stopped past its time limit) its
     exit."""
@@ -66,9 +66,9 @@ def run_shared(module: str, name: str, specs: list[SharedSpec], ctx: PackContext
     write_json_atomic(spec_path, {"threads": ctx.threads * n, "trainings": specs, **(extra or {})})
     # One process runs all N: the per-training limit applies N times over. Its time limit counts from the spawn.
     child = ChildSpec(name, [sys.executable, "-m", module, str(spec_path)], run.log(pack_id, name, "out"),
-                     run.log(pack_id, name, "err"),
-                     worker_env(ctx.env, ctx.threads * n), started_at=spawned,
-                     memory_limit_bytes=pack_memory_limit(ctx.memory_limit_bytes, n))
+                      run.log(pack_id, name, "err"),
+                      worker_env(ctx.env, ctx.threads * n), started_at=spawned,
+                      memory_limit_bytes=pack_memory_limit(ctx.memory_limit_bytes, n))
     outcomes: dict[str, TrainingOutcome] = {}
 
     def look() -> None:

@@ -100,7 +100,7 @@ class TfLogicalPacker(Packer):
         specs = shared_specs(trainings, ctx, spawned, devices)
         # The shared process's memory limit: N x one training's.
         return run_shared("gpupack.job.runtime.tf_shared", "tf_shared", specs, ctx, spawned,
-                        extra={"kind": "gpu" if on_gpu else "cpu", "memory_limit_mb": memory_mb})
+                          extra={"kind": "gpu" if on_gpu else "cpu", "memory_limit_mb": memory_mb})
 
 
 PACKER = TfLogicalPacker()

@@ -60,9 +60,9 @@ def child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = Non
 def spawn(argv: Sequence[str], env: Mapping[str, str], *, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
           stdin: int = subprocess.DEVNULL, cwd: str | None = None, memory_limit_bytes: int | None = None,
           cpus: Sequence[int] | None = None) -> subprocess.Popen[bytes]:
-    """The one place a program starts inside a job (a training, a rank, a host, the fork server, MPS's control): never a
-    shell, in a session of its own (a signal to its process group reaches the helpers it starts too), dying with the
-    packer, under its address-space limit and on its cores."""
+    """The one place a program starts inside a job (a training, a rank, a shared process, the fork server, MPS's
+    control): never a shell, in a session of its own (a signal to its process group reaches the helpers it starts
+    too), dying with the packer, under its address-space limit and on its cores."""
     return subprocess.Popen(list(argv), cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env),
                             start_new_session=True, preexec_fn=child_setup(memory_limit_bytes, cpus))
 
@@ -72,7 +72,7 @@ class ChildSpec:
     """One child to start: ``argv`` as a program of its own, or, under a supervisor with a fork server and a
     ``spec_path``, a fork of that server running the worker on ``spec_path`` (no interpreter start, no import)."""
 
-    name: str  # what it is called (a training id, a rank's, a host's): its fork-server id
+    name: str  # what it is called (a training id, a rank's, a shared process's): its fork-server id
     argv: Sequence[str]
     out_path: Path
     err_path: Path
