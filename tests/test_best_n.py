@@ -537,6 +537,20 @@ def test_a_mode_of_one_process_may_gain_past_the_cores_by_paying_its_start_once_
     assert (bound in text) != named, text
 
 
+def test_every_mode_that_runs_a_pack_in_one_shared_process_says_so():
+    """A mode that starts its pack through gpupack/job/pack/_shared.py runs its N trainings in one process: its
+    ``one_process`` is what gives it the bound N / ref (one that left it False would have its gains refused on a CPU,
+    as fused's were)."""
+    import inspect
+
+    from gpupack.job.pack import available_modes, load_packer
+
+    for mode in available_modes():
+        packer = load_packer(mode)
+        source = inspect.getsource(inspect.getmodule(type(packer)))  # type: ignore[arg-type]
+        assert ("run_shared(" in source) == packer.one_process, mode
+
+
 @pytest.mark.parametrize("cores, n, ref, gpu, mode, bound", [
     (2, 3, 1, "cpu", "process", 2.0), (2, 2, 1, "cpu", "process", 2.0), (8, 3, 1, "cpu", "process", 3.0),
     (2, 4, 2, "cpu", "process", 1.0), (4, 8, 2, "cpu", "process", 2.0), (2, 3, 1, "H100", "process", 3.0),
