@@ -119,11 +119,11 @@ def test_what_cannot_be_fused_is_refused_before_anything(tmp_path, capsys, overr
 @pytest.mark.slow
 @pytest.mark.quiet
 def test_process_and_fused_in_one_table_with_the_best_mode_and_n(tmp_path, subprocess_env):
-    """Both modes in one table, and the best (mode, N) of the two named. A mode whose gain passes what 2 cores can
-    give names nothing (summary.no_answer), and at N=2 both modes sit near that bound: at 1,000 samples a forked
-    training took 0.1 s and jitter passed it in both modes at once (once in about 20 CI runs; one mode in 2 of 3
-    runs here); at 4,000 the process mode's gain stayed at 1.5x-1.8x in 3 runs, and the line asserted needs one
-    mode's answer."""
+    """Both modes in one table, and the best (mode, N) of the two named. A mode whose gain passes its bound names
+    nothing (summary.no_answer), and at N=2 on 2 cores both modes' bound is 2x and both sit near it: at 1,000
+    samples a forked training took 0.1 s and jitter passed it in both modes at once (once in about 20 CI runs; one
+    mode in 2 of 3 runs here); at 4,000 the process mode's gain stayed at 1.5x-1.8x in 3 runs, and the line asserted
+    needs one mode's answer."""
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "gpupack",
                            *pasted("python -m gpupack +sweep=mnist_pack packing.modes=[process,fused]"),

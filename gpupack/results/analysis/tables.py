@@ -80,7 +80,7 @@ def with_knob_bounds(knobs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame
     bounds: dict[tuple[object, object, int], tuple[float, float]] = {}
     for w, part, n, bound, ref in summary[["workload", "partition", "factor", "gain_bound", "gain_ref"]].itertuples(
             index=False, name=None):
-        if bound == bound and ref == ref:  # several modes: the most any of them allows
+        if bound == bound and ref == ref:  # several modes: the most any allows (a row pools them: no false !)
             key = (w, part, int(n))
             bounds[key] = max(bounds.get(key, (bound, ref)), (float(bound), float(ref)))
     setting = ["workload", "partition", *(c for c in out.columns if c not in (
