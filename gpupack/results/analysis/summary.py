@@ -407,8 +407,8 @@ def gain_bounds(summary: pd.DataFrame) -> pd.Series:
     Pure."""
     n, ref = summary["factor"].astype(float), summary["gain_ref"].astype(float)
     cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
-    shared = summary["mode"].map({m: one_process(m) for m in summary["mode"].unique()}).fillna(False).astype(bool) \
-        if "mode" in summary else False
+    modes = summary.get("mode", pd.Series(None, index=summary.index, dtype=object))
+    shared = modes.map({m: one_process(m) for m in modes.unique()}).fillna(False).astype(bool)
     on_cpu = (summary["gpu_type"].astype(str) == "cpu") & (cores >= 1) & ~shared
     by_cores = n.where(n < cores, cores) / ref.where(ref < cores, cores)
     return (n / ref).where(~on_cpu, by_cores)
