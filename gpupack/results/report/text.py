@@ -87,10 +87,10 @@ def bound_phrase(row: pd.Series) -> str:
 
 def device_phrase(row: pd.Series) -> str:
     """The device the bound is of: a CPU's cores, or how busy the reference kept its GPU."""
-    cores = row.get("cores")
-    if str(row.get("gpu_type")) == "cpu" and one_process(row.get("mode")):
-        return " in one process, whose start a pack pays once"
     if str(row.get("gpu_type")) == "cpu":
+        if one_process(row.get("mode")):
+            return " in one process, whose start a pack pays once"
+        cores = row.get("cores")
         return f" on {int(cores)} cores" if cores is not None and cores == cores and cores >= 1 else ""
     busy = row.get("ref_gpu_util")
     ref = int(row["gain_ref"])
