@@ -249,30 +249,31 @@ def test_older_schema_is_refused_with_its_name_and_in_progress_runs_say_what_is_
     assert run.summary_csv in written
 
 
-def test_loader_bound_and_knob_table(run):
+@pytest.mark.parametrize("field", ["loader_alone", "probe"])  # probe: the field's name in an earlier gpupack's records
+def test_loader_bound_and_knob_table(run, field):
     from gpupack.results.analysis.tables import knob_table
 
-    def write(pack_id, factor, rate, knobs, setting, probe=False, wall=10.0):
+    def write(pack_id, factor, rate, knobs, setting, alone=False, wall=10.0):
         for i in range(factor):
             write_json_atomic(run.training_record(pack_id, f"t{i}"), training_record(
                 pack_id=pack_id, training_id=f"{pack_id}-{i}", workload="w", params={"lr": 0.1, **knobs},
                 mode="process", factor=factor, partition="local", gpu_type="cpu", status="completed",
-                probe=probe, knobs=knobs, loader_setting=setting, timings={"startup_s": 1, "loop_s": 2},
+                **{field: alone}, knobs=knobs, loader_setting=setting, timings={"startup_s": 1, "loop_s": 2},
                 throughput={"samples": 1000, "samples_per_s": rate}, metrics={"val_accuracy": 0.9}))
         write_json_atomic(run.pack_record(pack_id), pack_record(
             pack_id=pack_id, mode="process", factor=factor, partition="local", gpu_type="cpu", wall_s=wall,
-            complete=True, probe=probe, sampler={"source": "cpu", "cpu_percent_mean": 150.0}))
+            complete=True, **{field: alone}, sampler={"source": "cpu", "cpu_percent_mean": 150.0}))
 
-    write("local-loader-n01-000", 1, 1000.0, {"batch_size": 64}, "bs64", probe=True, wall=1.0)
-    write("local-loader-n01-001", 1, 4000.0, {"batch_size": 256}, "bs256", probe=True, wall=1.0)
+    write("local-loader-n01-000", 1, 1000.0, {"batch_size": 64}, "bs64", alone=True, wall=1.0)
+    write("local-loader-n01-001", 1, 4000.0, {"batch_size": 256}, "bs256", alone=True, wall=1.0)
     write("local-process-n01-000", 1, 950.0, {"batch_size": 64}, "bs64")
     write("local-process-n01-001", 1, 2000.0, {"batch_size": 256}, "bs256")
     write("local-process-n02-000", 2, 500.0, {"batch_size": 64}, "bs64", wall=12.0)
     rec = load_records([run.root])
     summary = summarize(rec.trainings, rec.packs).set_index("factor")
-    assert list(summary.index) == [1, 2]  # probes are not in the packing table
+    assert list(summary.index) == [1, 2]  # the loader alone is not in the packing table
     assert summary.loc[1, "cpu_percent_mean"] == 150.0
-    assert summary.loc[1, "loader_bound_samples_per_s"] == pytest.approx(2500.0)  # median of the probes
+    assert summary.loc[1, "loader_bound_samples_per_s"] == pytest.approx(2500.0)  # median of the loader's runs alone
     knobs = knob_table(rec.trainings).set_index(["batch_size", "factor"])
     assert knobs.loc[("64", 1), "loader_bound_samples_per_s"] == 1000.0
     assert bool(knobs.loc[("64", 1), "loader_bound"]) is True  # 950 >= 0.9 x 1000: the loader is the limit

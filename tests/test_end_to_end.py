@@ -93,7 +93,7 @@ def test_knob_sweep_records_metrics_and_shows_the_loader_bound(tmp_path, subproc
                      f"run_dir={run_dir}"], subprocess_env, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     trainings = [json.loads(p.read_text()) for p in run_dir.glob("packs/*/trainings/*.json")]
-    assert len(trainings) == 4 + 2  # amp x num_workers, and a loader probe per num_workers
+    assert len(trainings) == 4 + 2  # amp x num_workers, and the loader alone per num_workers
     for rec in trainings:
         assert rec["throughput"]["samples_per_s"] > 0 and rec["throughput"]["curve"]
         assert rec["memory"]["peak_rss_mb"] > 50

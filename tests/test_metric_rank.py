@@ -26,7 +26,7 @@ APP = REPO / "tests" / "hydra_app" / "app.py"
 def frame(rows: list[tuple[dict, dict]], status: str = "completed") -> pd.DataFrame:
     """Trainings of one workload: (params, metrics) a row, as collect's frame holds them (JSON text)."""
     return pd.DataFrame({"workload": "command", "training_id": [f"t{i}" for i in range(len(rows))], "status": status,
-                         "probe": False, "params": [json.dumps(p) for p, _ in rows],
+                         "loader_alone": False, "params": [json.dumps(p) for p, _ in rows],
                          "metrics": [json.dumps(m) for _, m in rows]})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from gpupack.core.plan import (
+    Pack,
     Plan,
     expand_grid,
     grid_values,
@@ -102,18 +103,36 @@ def test_plan_json_round_trip():
 
 
 
-def test_loader_probe_packs_one_per_distinct_pipeline_setting():
+def test_the_loader_alone_packs_one_per_distinct_pipeline_setting():
     plan = make_plan(sweep="s", workload="w", grid={"amp": [False, True], "batch_size": [64, 256]},
                      fixed={"epochs": 1}, factors=[2], modes=["process"], partitions=["p100", "v100"], repeats=1,
-                     loader_probe=("loader_only", ("batch_size", "epochs"), "process"))
-    probes = [p for p in plan.packs if p.probe]
-    assert len(probes) == 4  # 2 batch sizes (amp does not change the pipeline) x 2 partitions
-    assert all(p.factor == 1 and p.pack_id.split("-")[1] == "loader" for p in probes)
-    assert sorted({t.params["batch_size"] for p in probes for t in p.trainings}) == [64, 256]
-    assert all(t.params["loader_only"] is True for p in probes for t in p.trainings)
-    assert plan.packs[0].probe  # probes run first
-    assert any("data-loader probe" in n for n in plan.notes)
-    assert [p for p in plan.packs if not p.probe and any(t.params.get("loader_only") for t in p.trainings)] == []
+                     loader_alone=("loader_only", ("batch_size", "epochs"), "process"))
+    alone = [p for p in plan.packs if p.loader_alone]
+    assert len(alone) == 4  # 2 batch sizes (amp does not change the pipeline) x 2 partitions
+    assert all(p.factor == 1 and p.pack_id.split("-")[1] == "loader" for p in alone)
+    assert sorted({t.params["batch_size"] for p in alone for t in p.trainings}) == [64, 256]
+    assert all(t.params["loader_only"] is True for p in alone for t in p.trainings)
+    assert plan.packs[0].loader_alone  # the loader alone runs first
+    assert any("the data loader alone" in n for n in plan.notes)
+    assert [p for p in plan.packs if not p.loader_alone and any(t.params.get("loader_only") for t in p.trainings)] == []
+
+
+def test_a_plan_and_a_pack_from_an_earlier_gpupack_name_the_loader_alone_as_it_is_named_now():
+    """plan.json and a job's pickled packs written while ``loader_alone`` was named ``probe`` (a run resumed, a job
+    queued before an upgrade) read back as the same packs."""
+    import pickle
+
+    plan = make_plan(sweep="s", workload="w", grid={"batch_size": [64]}, fixed={}, factors=[2], modes=["process"],
+                     partitions=["local"], repeats=1, loader_alone=("loader_only", ("batch_size",), "process"))
+    written = plan.to_json()
+    old = {**written, "packs": [{("probe" if k == "loader_alone" else k): v for k, v in p.items()}
+                                for p in written["packs"]]}
+    assert any(p.get("probe") for p in old["packs"]) and not any("loader_alone" in p for p in old["packs"])
+    assert Plan.from_json(old) == plan
+    pack = plan.packs[0]
+    earlier = object.__new__(Pack)  # the state an earlier gpupack pickled: its field under the old name
+    earlier.__dict__.update({("probe" if k == "loader_alone" else k): v for k, v in vars(pack).items()})
+    assert pickle.loads(pickle.dumps(earlier)) == pack and pack.loader_alone
 
 
 def test_plan_json_has_no_label_unless_set_so_older_run_dirs_still_resume():

@@ -19,6 +19,8 @@ from gpupack.errors import ConfigError
 
 PLAN_SCHEMA = 1
 ORDERS = ("interleaved", "by_factor")  # packing.order
+# A field's old name → its name now, wherever an earlier gpupack wrote it: plan.json, a pickled pack, the records
+RENAMED = {"probe": "loader_alone"}
 ORDER_GIVEN = "as given"  # a plan whose order is the user's (a Hydra multirun's jobs), or one written before orders
 # Only strings that start like a Hydra sweep function are expanded; any other string is a literal value.
 _SWEEP_FUNCTION = re.compile(r"^\s*(range|choice|interval|glob|shuffle|sort)\s*\(")
@@ -49,7 +51,7 @@ class _PackFieldsBase(TypedDict):
 class PackFields(_PackFieldsBase, total=False):
     """A pack as plan.json holds it but its trainings: the optional fields only where they are set (plans written
     before them)."""
-    probe: bool
+    loader_alone: bool
     devices: int
     spread: str
     stream: str
@@ -100,7 +102,7 @@ class Pack:
     factor: int
     index: int
     trainings: tuple[Training, ...]
-    probe: bool = False  # a data-loader-only probe: measured alone (N=1), kept out of the packing table
+    loader_alone: bool = False  # the data loader alone (no model): measured at N=1, kept out of the packing table
     # One training spread over k devices (spread.devices): k, and the strategy module (gpupack/job/spread/) that runs
     # it; ``mode`` is then the strategy's label (ddp-gloo, mirrored). 1 and None: N trainings on one device.
     devices: int = 1
@@ -114,7 +116,7 @@ class Pack:
     search: bool = False
     # The round (block in time) the pack runs in (:func:`in_rounds`): each round holds at most one pack of every
     # (partition, mode, N, k) group, so a pack of N is compared with the reference N measured beside it in time.
-    # None: a plan written before rounds, a probe, a lane, a Hydra multirun's packs.
+    # None: a plan written before rounds, the loader alone, a lane, a Hydra multirun's packs.
     round: int | None = None
     # The pack this one repeats at the run's end (:func:`drift_check`): its time against the first one's says whether
     # the machine drifted during the run. Kept out of the choice of N.
@@ -122,6 +124,10 @@ class Pack:
     # A second set-up of the reference N (:func:`setup_packs`): its trainings get this many threads each, where the
     # reference's own packs get the job's cores shared out; the choice keeps the faster of the two. None: the default.
     threads: int | None = None
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        """A pack pickled by an earlier gpupack (a job submitted before an upgrade): its fields under their names."""
+        self.__dict__.update({RENAMED.get(k, k): v for k, v in state.items()})
 
 
 @dataclass(frozen=True)
@@ -193,7 +199,7 @@ class Plan:
 
 
 def _pack_from_json(p: PackJson) -> Pack:
-    fields = cast(PackFields, {k: v for k, v in p.items() if k != "trainings"})
+    fields = cast(PackFields, {RENAMED.get(k, k): v for k, v in p.items() if k != "trainings"})
     return Pack(**fields, trainings=tuple(Training(**t) for t in p["trainings"]))
 
 
@@ -275,7 +281,7 @@ def again_packs(plan: Plan, rounds: Collection[int], partitions: Collection[str]
     ``<training>-again<k>``. Pure."""
     out = []
     for p in plan.packs:
-        if p.round in rounds and p.partition in partitions and p.reference_of is None and not p.probe:
+        if p.round in rounds and p.partition in partitions and p.reference_of is None and not p.loader_alone:
             trainings = tuple(_again(t, seed_key, k) for t in p.trainings)
             out.append(replace(p, pack_id=f"{p.pack_id}-again{k}", trainings=trainings))
     return out
@@ -295,7 +301,7 @@ def setup_packs(packs: Sequence[Pack], workload: str, points: Sequence[Mapping[s
     holding the points of the reference's pack i. Pure."""
     out: list[Pack] = []
     for (partition, mode), mine in itertools.groupby(
-            [p for p in packs if p.factor == factor and not p.probe and p.spread is None and p.stream is None],
+            [p for p in packs if p.factor == factor and not p.loader_alone and p.spread is None and p.stream is None],
             key=lambda p: (p.partition, p.mode)):
         own = list(mine)
         count = sum(len(p.trainings) for p in own)
@@ -340,7 +346,7 @@ def refit_packs(pack: Pack, todo: Sequence[Training], n: int) -> list[Pack]:
     ordered = sorted(todo, key=lambda t: position[t.training_id])
     chunks = [tuple(ordered[i:i + max(1, n)]) for i in range(0, len(ordered), max(1, n))]
     return [Pack(refit_pack_id(pack.pack_id, len(c), position[c[0].training_id]), pack.partition, pack.mode, len(c),
-                 position[c[0].training_id], c, probe=pack.probe) for c in chunks]
+                 position[c[0].training_id], c, loader_alone=pack.loader_alone) for c in chunks]
 
 
 def run_at_smaller_n(plan: Plan, pack: Pack) -> frozenset[str]:
@@ -349,7 +355,7 @@ def run_at_smaller_n(plan: Plan, pack: Pack) -> frozenset[str]:
     nothing (its N is infeasible; its points ran). Pure."""
     below = {(t.workload, t.grid_index) for p in plan.packs
              if p.partition == pack.partition and p.mode == pack.mode and p.factor < pack.factor
-             and p.spread is None and p.stream is None and not p.probe for t in p.trainings}
+             and p.spread is None and p.stream is None and not p.loader_alone for t in p.trainings}
     return frozenset(t.training_id for t in pack.trainings if (t.workload, t.grid_index) in below)
 
 
@@ -395,22 +401,22 @@ def spread_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: M
             for i, t in enumerate(trainings)]
 
 
-def loader_probes(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
-                  loader_param: str, loader_keys: Sequence[str]) -> list[Training]:
+def loader_alone_trainings(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
+                            loader_param: str, loader_keys: Sequence[str]) -> list[Training]:
     """One loader-only training per distinct input-pipeline setting of the grid (the loader's bound)."""
     seen: dict[tuple[str, ...], Training] = {}
     for index, point in enumerate(points):
         params = {**fixed, **point}
         key = tuple(json.dumps(params.get(k), default=str) for k in loader_keys)
         if key not in seen:
-            probe = {**params, loader_param: True}
-            seen[key] = Training(training_id(workload, probe), workload, probe, grid_index=index)
+            alone = {**params, loader_param: True}
+            seen[key] = Training(training_id(workload, alone), workload, alone, grid_index=index)
     return list(seen.values())
 
 
 def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: Mapping[str, object],
               factors: Iterable[int], modes: Iterable[str], partitions: Iterable[str], repeats: int,
-              seed_key: str | None = "seed", loader_probe: tuple[str, Sequence[str], str] | None = None,
+              seed_key: str | None = "seed", loader_alone: tuple[str, Sequence[str], str] | None = None,
               group_keys: Mapping[str, Callable[[Mapping[str, object]], Hashable]] | None = None,
               order: str = "interleaved", order_seed: int = 0, points: Sequence[Mapping[str, object]] | None = None,
               phase: str | None = None, spread_layouts: Sequence[tuple[str, str]] = (),
@@ -423,9 +429,9 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: M
     ``order`` (see :func:`run_order`): interleaved spreads each N's packs over the whole run, so warm caches, drift or
     a neighbour's job cannot line up with N; by_factor runs all N=1 packs, then N=2, ...
 
-    With ``loader_probe`` (loader param, loader keys, the mode it runs in), each partition also gets one N=1 probe
-    pack per distinct input-pipeline setting, run first. A mode in ``group_keys`` packs only trainings of equal key
-    together (fused: same shapes): each group fills its own packs, and the plan says so.
+    With ``loader_alone`` (loader param, loader keys, the mode it runs in), each partition also gets one N=1 pack of
+    the data loader alone per distinct input-pipeline setting, run first. A mode in ``group_keys`` packs only
+    trainings of equal key together (fused: same shapes): each group fills its own packs, and the plan says so.
 
     ``spread_layouts`` ((strategy, label) pairs) × ``spread_devices`` (k) add packs of one training spread over k
     devices (:func:`spread_packs`), interleaved with the packing packs.
@@ -443,8 +449,8 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: M
         raise ConfigError("sweep.grid", dict(grid), "the grid is empty", "give at least one value per key")
     packs: list[Pack] = []
     notes: list[str] = []
-    if loader_probe:
-        packs, notes = _loader_probe_packs(workload, points, fixed, partitions, loader_probe)
+    if loader_alone:
+        packs, notes = _loader_alone_packs(workload, points, fixed, partitions, loader_alone)
     if stream_jobs is not None:
         lanes, note = _stream_packs(workload, points, fixed, factors, partitions, modes, seed_key, stream_jobs, cost)
         packs, notes, factors = packs + lanes, notes + [note], ()  # nothing else is planned for them
@@ -459,27 +465,27 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: M
                               spread_repeats or repeats, seed_key)
         notes.append(f"spread: one training over k={', '.join(map(str, spread_devices))} device(s) with "
                      f"{', '.join(label for _, label in spread_layouts)}, beside packing")
-    probes: list[Pack] = [p for p in packs if p.probe]
+    alone: list[Pack] = [p for p in packs if p.loader_alone]
     lanes = [p for p in packs if p.stream]  # they run together, not in turn: no order to shuffle
-    measured = run_order([p for p in packs if not p.probe and not p.stream], order, order_seed)
+    measured = run_order([p for p in packs if not p.loader_alone and not p.stream], order, order_seed)
     if order == "interleaved" and phase is None:  # an auto step is one round of a longer run: no check of its own
         measured += drift_check(measured)
     rounds = 1 + max((p.round for p in measured if p.round is not None), default=-1)
-    return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(probes + lanes + measured),
+    return Plan(sweep=sweep, workload=workload, grid_size=len(points), packs=tuple(alone + lanes + measured),
                 notes=tuple(notes), order=order_label(order, order_seed, rounds, reference_threads is not None),
                 phase=phase)
 
 
-def _loader_probe_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
-                        partitions: Iterable[str], loader_probe: tuple[str, Sequence[str], str],
+def _loader_alone_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
+                        partitions: Iterable[str], loader_alone: tuple[str, Sequence[str], str],
                         ) -> tuple[list[Pack], list[str]]:
-    """One N=1 probe pack per partition and distinct input-pipeline setting (loader param, loader keys, the mode
-    that runs one training as it runs alone), and the plan's note of them."""
-    param, keys, solo = loader_probe
-    alone = loader_probes(workload, points, fixed, param, keys)
-    packs = [Pack(f"{partition}-loader-n01-{i:03d}", partition, solo, 1, i, (t,), probe=True)
+    """One N=1 pack of the data loader alone per partition and distinct input-pipeline setting (loader param, loader
+    keys, the mode that runs one training as it runs alone), and the plan's note of them."""
+    param, keys, solo = loader_alone
+    alone = loader_alone_trainings(workload, points, fixed, param, keys)
+    packs = [Pack(f"{partition}-loader-n01-{i:03d}", partition, solo, 1, i, (t,), loader_alone=True)
              for partition in partitions for i, t in enumerate(alone)]
-    return packs, [f"data-loader probe: {len(alone)} loader-only training(s) per partition measure the input "
+    return packs, [f"the data loader alone: {len(alone)} loader-only training(s) per partition measure the input "
                    "pipeline's own samples/s"]
 
 

@@ -249,8 +249,8 @@ class Workload(ABC, Generic[P]):
     framework: ClassVar[str]  # "torch" or "tensorflow": packing modes check they can host it
     Params: ClassVar[type]  # a dataclass of hyperparameters with defaults
     seed_key: ClassVar[str] = "seed"
-    # The data-loader-only probe: the boolean hyperparameter that makes a training run only its input
-    # pipeline (None: this workload has no probe), and the hyperparameters the pipeline depends on.
+    # The data loader alone: the boolean hyperparameter that makes a training run only its input
+    # pipeline (None: this workload cannot), and the hyperparameters the pipeline depends on.
     loader_param: ClassVar[str | None] = None
     loader_keys: ClassVar[tuple[str, ...]] = ()
     # Throughput knobs a sweep may vary; collect shows throughput per setting of them.

@@ -142,7 +142,7 @@ def refits_of(pack: Pack, records: RunRecords) -> list[Pack]:
             runs_in.setdefault(str(where), []).append(t)
     names = (said.get("packs") if said else None) or []
     return [Pack(name, pack.partition, pack.mode, len(held), pack.trainings.index(held[0]), tuple(held),
-                 probe=pack.probe) for name in names if (held := runs_in.get(name))]
+                 loader_alone=pack.loader_alone) for name in names if (held := runs_in.get(name))]
 
 
 def _record_pack_oom(run: RunDir, plan: Plan, pack: Pack, since: float, why: str, records: RunRecords) -> list[str]:

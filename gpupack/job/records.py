@@ -76,7 +76,8 @@ def gpu_model(info: DeviceInfo, settings: PackSettings) -> str | None:
 def order_fields(pack: Pack) -> dict[str, object]:
     """Where the pack stands in the run's order (gpupack.core.plan.in_rounds): its round, or the pack it repeats at
     the end as a drift check, and the threads a set-up of the reference set (``threads_set``,
-    gpupack.core.plan.setup_packs); nothing for a pack without (a lane, a probe, a plan written before rounds)."""
+    gpupack.core.plan.setup_packs); nothing for a pack without (a lane, the loader alone, a plan written before
+    rounds)."""
     return {k: v for k, v in (("round", pack.round), ("reference_of", pack.reference_of),
                               ("threads_set", pack.threads)) if v is not None}
 
@@ -98,7 +99,8 @@ def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pa
     return training_record(
         sweep=sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload_label,
         params=dict(training.params), grid_index=training.grid_index, reseed=training.reseed, repeat=training.repeat,
-        mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=concurrent, probe=pack.probe,
+        mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=concurrent,
+        loader_alone=pack.loader_alone,
         gpu_type=device.name if device.kind == "gpu" else "cpu", device=ctx_device, device_name=device.name,
         gpu_model=model, threads=threads, status=status_of(outcome), exit_code=outcome.exit_code, signal=outcome.signal,
         error=outcome.error, started_at=outcome.started_at, ended_at=outcome.ended_at,
@@ -265,7 +267,8 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord]
     started, ended, setup = _span(records, mode_started)
     slots = slot_use(records, pack.factor, started, ended)
     rec = pack_record(
-        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition, probe=pack.probe,
+        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition,
+        loader_alone=pack.loader_alone,
         gpu_type=info.name if info.kind == "gpu" else "cpu", device=device, device_name=info.name,
         device_note=info.note, gpu_model=model, gpu_memory_total_mb=info.memory_total_mb,
         # Time per training is only meaningful when all N trainings ran together in this attempt (a lane's N slots
@@ -317,7 +320,8 @@ def rebuilt_pack_record(pack: Pack, records: Sequence[TrainingRecord], phase: st
     together = len({(r.get("job_id"), r.get("concurrent")) for r in records}) == 1 \
         and first.get("concurrent") == pack.factor
     rec = pack_record(
-        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition, probe=pack.probe,
+        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition,
+        loader_alone=pack.loader_alone,
         **{k: first.get(k) for k in ("gpu_type", "device", "device_name", "gpu_model", "host", "job_id",
                                      "cuda_visible_devices")},
         concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None and together,

@@ -69,7 +69,7 @@ KNOWN_TYPES: dict[str, pa.DataType] = {
     **{k: _F for k in ("started_at", "ended_at", "wall_s", "startup_s", "loop_s", "samples_per_s", "val_accuracy",
                        "train_loss", "peak_rss_mb", "peak_gpu_mem_mb", "memory_limit_mb", "allreduce_bytes_per_step",
                        "allreduce_s_per_step")},
-    **{k: _B for k in ("probe", "timing_split", "timed_out")},
+    **{k: _B for k in ("loader_alone", "timing_split", "timed_out")},
 }
 
 

@@ -97,7 +97,7 @@ class TrainingRecord(TypedDict, total=False):
     factor: int
     partition: str
     concurrent: int
-    probe: bool
+    loader_alone: bool
     phase: str
     gpu_type: str
     device: str
@@ -175,7 +175,7 @@ class PackRecord(TypedDict, total=False):
     mode: str
     factor: int
     partition: str
-    probe: bool
+    loader_alone: bool
     phase: str
     gpu_type: str
     device: str

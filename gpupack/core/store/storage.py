@@ -68,8 +68,8 @@ def storage_faults(where: Path | str) -> Iterator[None]:
         raise fault from err
 
 
-# What a probe of a folder writes: a block's worth, since an empty file (an inode) may still fit on a full disk
-PROBE_BYTES = 4096
+# What a test write into a folder writes: a block's worth, since an empty file (an inode) may still fit on a full disk
+TEST_BYTES = 4096
 
 
 def write_fault(folder: Path | str) -> StorageError | None:
@@ -77,11 +77,11 @@ def write_fault(folder: Path | str) -> StorageError | None:
     never share one), a block written and fsynced, then removed; the StorageError it met, else None. Asked of a run
     directory where a job left nothing to say why it failed (a full disk takes its result and its log too)."""
     try:
-        fd, name = tempfile.mkstemp(dir=folder, prefix=f".write-probe.{os.getpid()}.")
+        fd, name = tempfile.mkstemp(dir=folder, prefix=f".write-test.{os.getpid()}.")
     except OSError as err:
-        return storage_error(OSError(err.errno, err.strerror), folder)  # the folder, not the probe's passing name
+        return storage_error(OSError(err.errno, err.strerror), folder)  # the folder, not the test file's passing name
     try:
-        os.write(fd, bytes(PROBE_BYTES))
+        os.write(fd, bytes(TEST_BYTES))
         os.fsync(fd)
     except OSError as err:
         return storage_error(OSError(err.errno, err.strerror), folder)

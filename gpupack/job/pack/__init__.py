@@ -208,8 +208,8 @@ class Packer(ABC):
     # True: a slot that frees can take another training while the others run (packing.stream); a mode whose N
     # trainings share one process cannot.
     streams: ClassVar[bool] = False
-    # True: a pack of one is one training in a process of its own, as it runs alone: what a data-loader probe
-    # (sweep.loader_probe) runs in (:func:`solo_mode`).
+    # True: a pack of one is one training in a process of its own, as it runs alone: what the data loader alone
+    # (sweep.loader_alone) runs in (:func:`solo_mode`).
     solo: ClassVar[bool] = False
     # True: a pack's N trainings run in one shared process, whose start each pack pays once, not each training: time
     # per training can fall as 1/N with no more cores (the gain bound is N / ref on a CPU too).

@@ -141,7 +141,7 @@ def compose_result(spec: WorkerSpec, workload: Workload, params: object,
     return {
         "metrics": {k: v for k, v in metrics.items() if k != "data"},
         "memory": {"peak_rss_mb": round(peak_rss_mb, 1), "peak_gpu_mem_mb": metrics.get("peak_gpu_mem_mb")},
-        # The throughput knobs' values, and the input-pipeline setting this training shares with its loader probe.
+        # The throughput knobs' values, and the input-pipeline setting this training shares with its loader alone.
         "knobs": {k: getattr(params, k) for k in workload.knob_keys},
         "loader_setting": json.dumps({k: getattr(params, k) for k in workload.loader_keys}, sort_keys=True,
                                      default=str) if workload.loader_keys else None,

@@ -53,7 +53,7 @@ class Metrics(TypedDict, total=False):
     peak_gpu_mem_mb: float | None  # torch on a GPU; None on a CPU
     fused_group: int  # trained fused with this many models
     replicas: int  # a Keras training spread over this many replicas
-    loader_only: bool  # the data-loader probe: the input pipeline alone
+    loader_only: bool  # the data loader alone: the input pipeline, no model
     device: str  # Keras: the TensorFlow device(s) it ran on
     placed_on: str  # Keras: where its first weight lives
     amp_note: str  # why amp was not used as asked

@@ -22,7 +22,7 @@ TP = TypeVar("TP", bound=TrainingParams)  # the group's hyperparameters, as its 
 def fuse_key(params: TrainingParams, *shape_keys: str) -> tuple[object, ...]:
     """The group key of a torch image workload: its own shape hyperparameters and what fixes the batches and the
     step count; lr, momentum and seed (initialisation, data order) may differ within a group."""
-    for key in ("amp", "loader_only"):  # autocast and the loader probe are per-process: not in a fused group
+    for key in ("amp", "loader_only"):  # autocast and the loader alone are per-process: not in a fused group
         if getattr(params, key):
             raise ConfigError(key, True, "cannot be fused", f"set {key}=false, or use packing.modes=[process]")
     return tuple(getattr(params, k) for k in shape_keys) + (

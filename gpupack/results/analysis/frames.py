@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gpupack.core.plan import RENAMED
 from gpupack.core.store.columnar import JSON_PREFIX, STRING, Rows, column, json_array, layout_columns, same
 
 
@@ -74,7 +75,7 @@ class RowsByPack:
         # Every column in Arrow, then one conversion: pandas gets its columns of one type as one block (a column
         # added after would make it join them at its first filter: a copy of every number column, half a second).
         # run_dir is built in Arrow too: a million Python strs cost.
-        table = assemble(self.rows)
+        table = renamed(assemble(self.rows))
         table = table.append_column("run_dir", run_dir.cast(STRING)).append_column("attempt", pa.array(attempt))
         texts = {c: c[len(JSON_PREFIX):] for c in table.column_names
                  if c.startswith(JSON_PREFIX) and c[len(JSON_PREFIX):] in TEXT_COLUMNS
@@ -82,6 +83,18 @@ class RowsByPack:
         table = table.rename_columns([texts.get(c, c) for c in table.column_names])  # kept as text (TEXT_COLUMNS)
         table, apart = _detach(table, detached)
         return decode_json(one_chunk(table).to_pandas(memory_pool=POOL)), apart
+
+
+def renamed(table: pa.Table) -> pa.Table:
+    """``table`` with the columns an earlier gpupack named otherwise (gpupack.core.plan.RENAMED) under their names now:
+    one column where records of both kinds were read (the new name's value, else the old's)."""
+    for old, new in RENAMED.items():
+        if old not in table.column_names:
+            continue
+        was = table.column(old)
+        now = pc.coalesce(table.column(new), was.cast(table.column(new).type)) if new in table.column_names else was
+        table = table.drop_columns([c for c in (old, new) if c in table.column_names]).append_column(new, now)
+    return table
 
 
 def one_chunk(table: pa.Table) -> pa.Table:

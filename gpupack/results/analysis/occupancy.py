@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import pandas as pd
 
+from gpupack.results.analysis.summary import without_loader_alone
+
 KEYS = ["workload", "partition", "gpu_type", "mode", "factor", "how"]
 WHOLE, STREAMED = "whole packs", "streaming"
 
 
 def _latest_packing(packs: pd.DataFrame) -> pd.DataFrame:
-    """The latest attempt of every packing pack or lane that says how busy its slots were (probes left out)."""
+    """The latest attempt of every packing pack or lane that says how busy its slots were (the loader alone left
+    out)."""
     if packs.empty or "busy_s" not in packs:
         return pd.DataFrame()
     p = packs
     if "attempt" in p:
         p = p[p["attempt"] == 0]
-    if "probe" in p:
-        p = p[~p["probe"].fillna(False).astype(bool)]
+    p = without_loader_alone(p)
     return p[pd.to_numeric(p["busy_s"], errors="coerce").notna()].copy()
 
 
@@ -90,8 +92,7 @@ def timeline(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     if "attempt" in t:
         t = t[t["attempt"] == 0]
-    if "probe" in t:
-        t = t[~t["probe"].fillna(False).astype(bool)]
+    t = without_loader_alone(t)
     t = t[pd.to_numeric(t["slot"], errors="coerce").notna()]
     if t.empty:
         return pd.DataFrame()

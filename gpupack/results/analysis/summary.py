@@ -41,7 +41,7 @@ def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cl
         return pd.DataFrame()
     trainings = only_columns(trainings, SUMMARY_INPUTS)  # each filter below copies every column it keeps: keep few
     bounds = loader_bounds(trainings)
-    trainings, packs = not_checks(not_probes(trainings)), not_checks(not_probes(packs))
+    trainings, packs = not_checks(without_loader_alone(trainings)), not_checks(without_loader_alone(packs))
     if trainings.empty or packs.empty:
         return pd.DataFrame()
     t = _classified(trainings, packs, cleared)
@@ -138,9 +138,9 @@ def _per_training(t: pd.DataFrame, keys: list[str], kept: pd.Series) -> pd.DataF
 
 
 # The training columns summarize reads (what cleared_mask, loader_bounds and timed_packs read included).
-SUMMARY_INPUTS = (*GROUP, "factor", "attempt", "status", "probe", "run_dir", "ended_at", "training_id", "pack_id",
-                  "gpu_model", "startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy", "peak_rss_mb",
-                  "peak_gpu_mem_mb", "error", "runs_in", "threads", "reference_of")
+SUMMARY_INPUTS = (*GROUP, "factor", "attempt", "status", "loader_alone", "run_dir", "ended_at", "training_id",
+                  "pack_id", "gpu_model", "startup_s", "loop_s", "samples", "samples_per_s", "val_accuracy",
+                  "peak_rss_mb", "peak_gpu_mem_mb", "error", "runs_in", "threads", "reference_of")
 
 
 def only_columns(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
@@ -174,9 +174,9 @@ def timed_packs(t: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _timed_packs_of(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
-    """The timed packs of records as loaded (probes left out, the reference at its faster set-up), each with its
-    time per training."""
-    t, packs = not_checks(not_probes(trainings)), not_checks(not_probes(packs))
+    """The timed packs of records as loaded (the loader alone left out, the reference at its faster set-up), each
+    with its time per training."""
+    t, packs = not_checks(without_loader_alone(trainings)), not_checks(without_loader_alone(packs))
     if t.empty or packs.empty:
         return pd.DataFrame(columns=["time_per_training_s"])
     t = t.assign(samples=pd.to_numeric(t.get("samples"), errors="coerce"),
@@ -501,25 +501,25 @@ def not_checks(frame: pd.DataFrame) -> pd.DataFrame:
     return rows_where(frame, frame["reference_of"].isna())
 
 
-def not_probes(frame: pd.DataFrame) -> pd.DataFrame:
-    if "probe" not in frame:
+def without_loader_alone(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of trainings and packs, the data loader's own runs left out (sweep.loader_alone)."""
+    if "loader_alone" not in frame:
         return frame
-    probe = frame["probe"].fillna(False).astype(bool)
-    return rows_where(frame, ~probe)
+    return rows_where(frame, ~frame["loader_alone"].fillna(False).astype(bool))
 
 
-def completed_probes(frame: pd.DataFrame) -> pd.DataFrame:
-    if "probe" not in frame:
+def loader_alone_completed(frame: pd.DataFrame) -> pd.DataFrame:
+    if "loader_alone" not in frame:
         return frame.iloc[0:0]
-    return frame[frame["probe"].fillna(False).astype(bool) & (frame["status"] == COMPLETED)]
+    return frame[frame["loader_alone"].fillna(False).astype(bool) & (frame["status"] == COMPLETED)]
 
 
 def loader_bounds(trainings: pd.DataFrame) -> dict[str, float]:
-    """The data loader's own samples/s per partition (median over its loader-only probes)."""
-    probes = completed_probes(trainings)
-    if probes.empty:
+    """The data loader's own samples/s per partition (median over its runs alone)."""
+    alone = loader_alone_completed(trainings)
+    if alone.empty:
         return {}
-    medians = pd.to_numeric(probes["samples_per_s"], errors="coerce").groupby(probes["partition"]).median()
+    medians = pd.to_numeric(alone["samples_per_s"], errors="coerce").groupby(alone["partition"]).median()
     return {str(partition): float(value) for partition, value in medians.items()}
 
 

@@ -20,11 +20,11 @@ from gpupack.core.store.records import COMPLETED
 from gpupack.results.analysis.frames import POOL
 from gpupack.results.analysis.summary import (
     LOADER_BOUND_FRACTION,
-    completed_probes,
     first_value,
-    not_probes,
+    loader_alone_completed,
     only_columns,
     rows_where,
+    without_loader_alone,
 )
 
 SEED_NAMES = ("seed",)  # hyperparameters that repeat a grid point rather than make a new one
@@ -35,16 +35,16 @@ def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
     with the loader-only bound of the same input-pipeline setting beside it."""
     if trainings.empty or "knobs" not in trainings:
         return pd.DataFrame()
-    trainings = only_columns(trainings, ("workload", "partition", "factor", "status", "probe", "knobs",
+    trainings = only_columns(trainings, ("workload", "partition", "factor", "status", "loader_alone", "knobs",
                                          "loader_setting", "samples_per_s"))
-    t = not_probes(trainings)
+    t = without_loader_alone(trainings)
     keep = (t["status"] == COMPLETED) & _has_object(t["knobs"])
     if not keep.any():
         return pd.DataFrame()
     codes, distinct = pd.factorize(t["knobs"][keep])  # a few settings, a million trainings: each setting parsed once
     settings = json_columns(pd.Series(distinct))
     varying = [c for c in settings.columns if _nunique(settings[c]) > 1]
-    if not varying and completed_probes(trainings).empty:
+    if not varying and loader_alone_completed(trainings).empty:
         return pd.DataFrame()  # no knob varied and no loader bound: nothing the main table does not say
     t = rows_where(t, keep)
     knobs = settings.iloc[codes].set_axis(t.index)
@@ -56,11 +56,11 @@ def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
     out = frame.groupby(keys, dropna=False).agg(samples_per_s=("samples_per_s", "median"),
                                                trainings=("samples_per_s", "count"),
                                                loader_setting=("loader_setting", first_value)).reset_index()
-    probes = completed_probes(trainings)
+    alone = loader_alone_completed(trainings)
     bound = {}
-    if not probes.empty and "loader_setting" in probes:
-        rates = pd.to_numeric(probes["samples_per_s"], errors="coerce")
-        bound = rates.groupby([probes["partition"], probes["loader_setting"]]).median().to_dict()
+    if not alone.empty and "loader_setting" in alone:
+        rates = pd.to_numeric(alone["samples_per_s"], errors="coerce")
+        bound = rates.groupby([alone["partition"], alone["loader_setting"]]).median().to_dict()
     out["loader_bound_samples_per_s"] = [bound.get((p, s), math.nan)
                                          for p, s in zip(out["partition"], out["loader_setting"])]
     out["loader_bound"] = out["samples_per_s"] >= LOADER_BOUND_FRACTION * out["loader_bound_samples_per_s"]
@@ -179,8 +179,8 @@ def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | No
     Pure."""
     if trainings.empty:
         return Ranking(pd.DataFrame())
-    t = not_probes(only_columns(trainings, ("workload", "training_id", "status", "probe", "val_accuracy",
-                                            "train_loss", "metrics", "params")))
+    t = without_loader_alone(only_columns(trainings, ("workload", "training_id", "status", "loader_alone",
+                                                      "val_accuracy", "train_loss", "metrics", "params")))
     ok = (t["status"] == COMPLETED).to_numpy()  # kept as a mask: a filter would copy a million texts
     if not ok.any():
         return Ranking(pd.DataFrame())
@@ -253,10 +253,11 @@ def metric_values(t: pd.DataFrame, wanted: str | None = None, every: bool = Fals
 
 
 def reported_metrics(trainings: pd.DataFrame) -> list[str]:
-    """The numeric metrics any completed training (not a probe) reported, by name: what ``--metric`` may name. Pure."""
+    """The numeric metrics any completed training (not the loader alone) reported, by name: what ``--metric`` may
+    name. Pure."""
     if trainings.empty or "status" not in trainings:
         return []
-    t = not_probes(only_columns(trainings, ("status", "probe", "metrics", *FLAT_METRICS)))
+    t = without_loader_alone(only_columns(trainings, ("status", "loader_alone", "metrics", *FLAT_METRICS)))
     values = metric_values(rows_where(t, t["status"] == COMPLETED), every=True)
     return sorted(values.columns)
 

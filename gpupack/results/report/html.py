@@ -24,6 +24,7 @@ from gpupack.core.store.journal import kept_log
 from gpupack.core.store.records import PRUNED, SKIPPED_MEMORY, write_text_atomic
 from gpupack.results.analysis.aggregate import Collected
 from gpupack.results.analysis.search import SearchReport
+from gpupack.results.analysis.summary import without_loader_alone
 from gpupack.results.report import text
 from gpupack.results.report.plots import (
     plot_cost,
@@ -441,13 +442,12 @@ def grid_keys(configs: Mapping[str, text.RunConfig], params: Sequence[Mapping[st
 
 
 def training_rows(c: Collected, out: Path, configs: Mapping[str, text.RunConfig]) -> pd.DataFrame:
-    """A row per training (latest attempt, probes left out): its hyperparameters in words, N, pack, status, the
-    ranked metric, its last error line, and its logs as links relative to ``out`` (reads where each is kept)."""
+    """A row per training (latest attempt, the loader alone left out): its hyperparameters in words, N, pack, status,
+    the ranked metric, its last error line, and its logs as links relative to ``out`` (reads where each is kept)."""
     t = c.records.latest()
     if t.empty or "status" not in t:
         return pd.DataFrame()
-    if "probe" in t:
-        t = t[~t["probe"].fillna(False).astype(bool)]
+    t = without_loader_alone(t)
     t = c.records.with_detached(t, ("logs",))
     params = [json.loads(p) if isinstance(p, str) else dict(p or {}) for p in t.get("params", [None] * len(t))]
     keys = grid_keys(configs, params)

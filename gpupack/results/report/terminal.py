@@ -278,8 +278,8 @@ def failure_lines(c: Collected, most: int = 3) -> list[str]:
     t = c.records.trainings
     if t.empty or "status" not in t:
         return []
-    probe = t.get("probe", pd.Series(False, index=t.index)).fillna(False).astype(bool)
-    mask = ~t["status"].isin(FINISHED) & (t["status"] != SKIPPED_MEMORY) & ~probe  # skipped: skipped_lines
+    alone = t.get("loader_alone", pd.Series(False, index=t.index)).fillna(False).astype(bool)
+    mask = ~t["status"].isin(FINISHED) & (t["status"] != SKIPPED_MEMORY) & ~alone  # skipped: skipped_lines
     if not mask.any():
         return []
     failed = t.loc[mask, ["status"] + [c for c in ("error",) if c in t]]  # a million rows: filter the two read
@@ -343,18 +343,18 @@ def unsplit_trainings(c: Collected) -> int:
 
 
 def render_knobs(c: Collected, console: Console) -> None:
-    probed = c.knobs["loader_bound_samples_per_s"].notna().any()
+    bounded = c.knobs["loader_bound_samples_per_s"].notna().any()
     table = Table(title="Throughput by knob setting (samples/s per training, median)"
-                  + (" beside the loader-only bound" if probed else ""))
+                  + (" beside the loader-only bound" if bounded else ""))
     names = knob_columns(c.knobs)
-    columns = ["partition", *names, "N", "samples/s/training"] + (["loader-only samples/s", "flag"] if probed else [])
+    columns = ["partition", *names, "N", "samples/s/training"] + (["loader-only samples/s", "flag"] if bounded else [])
     for col in columns:
         table.add_column(col, justify="left" if col in ("partition", "flag") else "right")
     for _, r in c.knobs.iterrows():
         beyond = "!" if r.get("beyond_bound") else ""  # N x it over the reference's passes the device's bound
         row = [r["partition"], *(str(r[k]) for k in names), str(int(r["factor"])),
                fmt(r["samples_per_s"], ".0f") + beyond]
-        if probed:
+        if bounded:
             row += [fmt(r["loader_bound_samples_per_s"], ".0f"), "loader-bound" if r["loader_bound"] else ""]
         table.add_row(*row)
     console.print(table)

@@ -38,7 +38,7 @@ class SweepConfig:
     training_memory_mb: Optional[float] = None
     # Also run the input pipeline alone (N=1) for each distinct loader setting of the grid: the loader's
     # samples/s is an upper bound on training throughput, and collect flags N that reach it.
-    loader_probe: bool = False
+    loader_alone: bool = False
 
 
 @dataclass

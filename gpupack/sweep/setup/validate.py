@@ -66,7 +66,7 @@ class SweepSpec:
     partitions: tuple[str, ...]
     repeats: int
     settings: PackSettings
-    loader_probe: bool = False
+    loader_alone: bool = False
     order: str = "interleaved"
     order_seed: int = 0
     memory: TrainingMemory | None = None  # one training's memory: what capped N and sizes requests
@@ -101,10 +101,10 @@ class SweepSpec:
                                partitions=self.partitions, modes=self.modes, jobs=self.stream_jobs,
                                n_trials=self.search.n_trials)
         param = self.workload.loader_param
-        probe = (param, self.workload.loader_keys, solo_mode()) if self.loader_probe and param else None
+        alone = (param, self.workload.loader_keys, solo_mode()) if self.loader_alone and param else None
         return make_plan(sweep=self.name, workload=self.workload_ref, grid=self.grid, fixed=self.fixed,
                          factors=self.factors, modes=self.modes, partitions=self.partitions,
-                         repeats=self.repeats, seed_key=self.filler_seed, loader_probe=probe,
+                         repeats=self.repeats, seed_key=self.filler_seed, loader_alone=alone,
                          group_keys=group_keys(self.workload, self.modes), order=self.order,
                          order_seed=self.order_seed,
                          spread_layouts=self.spread.layouts if self.spread else (),
@@ -383,9 +383,9 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     check_space(plain(sweep.space), workload, "sweep.space")  # a search's default: checked whether one runs or not
     search = check_search(cfg, workload) if cfg.get("search") is not None else None
     grid, fixed = typed_grid(workload, *searched_grid(search, plain(sweep.grid), plain(sweep.fixed)))
-    if sweep.loader_probe and not workload.loader_param:
-        raise ConfigError("sweep.loader_probe", True, f"{workload.name} has no data-loader-only mode",
-                          "set sweep.loader_probe=false, or give the workload a loader_param")
+    if sweep.loader_alone and not workload.loader_param:
+        raise ConfigError("sweep.loader_alone", True, f"{workload.name} cannot run its data loader alone",
+                          "set sweep.loader_alone=false, or give the workload a loader_param")
     factors, modes = check_packing(cfg)
     _check_against_the_workload(cfg, workload, search is not None, factors)
     # Every mode's and strategy's own options, used by this sweep or not: a value out of range is refused, not ignored.
@@ -410,7 +410,7 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     _check_groups(workload, modes, grid, fixed)
     return SweepSpec(name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed,
                      factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
-                     loader_probe=bool(sweep.loader_probe), settings=settings, order=cfg.packing.order,
+                     loader_alone=bool(sweep.loader_alone), settings=settings, order=cfg.packing.order,
                      order_seed=int(cfg.packing.order_seed), memory=memory, auto=auto,
                      warnings=tuple(idle_gpu_warnings(factors, facts, memory.host))
                      + tuple(bundle_warnings(factors, facts, memory.host))
