@@ -1,6 +1,7 @@
 """A best N the user can trust (issue 12): evidence kept across resume, order, caps, auto."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,7 @@ from gpupack.core.plan import make_plan  # noqa: E402
 from gpupack.core.store.records import pack_record, training_record, write_json_atomic  # noqa: E402
 from gpupack.core.store.rundir import RunDir  # noqa: E402
 from gpupack.results.analysis.load import load_records  # noqa: E402
-from gpupack.results.analysis.summary import best_factors, summarize  # noqa: E402
+from gpupack.results.analysis.summary import best_factors, gain_bounds, summarize  # noqa: E402
 
 TRUE_TPT = {1: 10.0, 2: 9.0, 3: 6.0, 4: 7.0}  # seconds per training on a quiet machine: N=3 is best
 
@@ -710,3 +711,23 @@ def test_the_knob_table_marks_a_setting_whose_n_passes_the_devices_bound(rate_n1
                             for n in (1, 2)])
     marked = with_knob_bounds(knobs, summary)
     assert list(marked["beyond_bound"]) == [False, beyond, False, False]
+
+
+def test_the_knob_table_weighs_each_mode_by_its_own_bound():
+    """Process and fused N=4 on 2 cores, each 3x its own N=1 in samples/s together (two batch sizes alike): process
+    mode's bound is the cores' 2x, so its rows are marked; fused runs its pack in one process, whose start it pays
+    once, so its bound is 4x and its rows are not. Pooled in one row per setting, the larger bound hid process mode's
+    marks."""
+    from gpupack.results.analysis.tables import knob_table, with_knob_bounds
+
+    rows = [(mode, n, rate) for mode in ("process", "fused") for n, rate in ((1, 100.0), (4, 75.0))]
+    trainings = pd.DataFrame([{"workload": "w", "partition": "local", "mode": mode, "factor": n, "status": "completed",
+                               "knobs": json.dumps({"batch_size": size}), "samples_per_s": rate}
+                              for mode, n, rate in rows for size in (64, 128) for _ in range(n)])
+    summary = pd.DataFrame([{"workload": "w", "partition": "local", "mode": mode, "factor": n, "gain_ref": 1,
+                             "gpu_type": "cpu", "cores": 2.0} for mode, n, _ in rows])
+    summary["gain_bound"] = gain_bounds(summary)
+    marked = with_knob_bounds(knob_table(trainings), summary)
+    assert list(zip(marked["mode"], marked["batch_size"], marked["factor"], marked["beyond_bound"])) == [
+        (mode, size, n, mode == "process" and n == 4) for mode in ("fused", "process") for size in ("128", "64")
+        for n in (1, 4)]

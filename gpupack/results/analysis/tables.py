@@ -32,10 +32,11 @@ SEED_NAMES = ("seed",)  # hyperparameters that repeat a grid point rather than m
 
 def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
     """Throughput per setting of the workload's knobs (batch size, AMP, loader workers, pinned memory) and N,
-    with the loader-only bound of the same input-pipeline setting beside it."""
+    with the loader-only bound of the same input-pipeline setting beside it; a row per mode where several ran (each
+    mode's N is weighed against its own reference and bound: :func:`with_knob_bounds`)."""
     if trainings.empty or "knobs" not in trainings:
         return pd.DataFrame()
-    trainings = only_columns(trainings, ("workload", "partition", "factor", "status", "loader_alone", "knobs",
+    trainings = only_columns(trainings, ("workload", "partition", "mode", "factor", "status", "loader_alone", "knobs",
                                          "loader_setting", "samples_per_s"))
     t = without_loader_alone(trainings)
     keep = (t["status"] == COMPLETED) & _has_object(t["knobs"])
@@ -50,9 +51,10 @@ def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
     knobs = settings.iloc[codes].set_axis(t.index)
     varying = varying or list(knobs.columns)
     frame = knobs[varying].astype(str).assign(
-        workload=t["workload"], partition=t["partition"], factor=t["factor"], loader_setting=t.get("loader_setting"),
-        samples_per_s=pd.to_numeric(t["samples_per_s"], errors="coerce"))
-    keys = ["workload", "partition"] + varying + ["factor"]
+        workload=t["workload"], partition=t["partition"], mode=t.get("mode"), factor=t["factor"],
+        loader_setting=t.get("loader_setting"), samples_per_s=pd.to_numeric(t["samples_per_s"], errors="coerce"))
+    modes = ["mode"] if "mode" in t and t["mode"].nunique() > 1 else []
+    keys = ["workload", "partition", *modes, *varying, "factor"]
     out = frame.groupby(keys, dropna=False).agg(samples_per_s=("samples_per_s", "median"),
                                                trainings=("samples_per_s", "count"),
                                                loader_setting=("loader_setting", first_value)).reset_index()
@@ -70,27 +72,27 @@ def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
 def with_knob_bounds(knobs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     """The knob table with ``beyond_bound``: where N trainings of one knob setting got through more samples per
     second together (N x each one's) over the reference N's of the same setting than the device can give (the
-    summary's ``gain_bound`` of that N, :func:`gpupack.results.analysis.summary.gain_bounds`), as the main table's
-    ``!``."""
+    summary's ``gain_bound`` of that N and mode, :func:`gpupack.results.analysis.summary.gain_bounds`), as the main
+    table's ``!``. A table of one mode (no ``mode`` column) is weighed by the summary's rows of any mode, the most
+    they allow: one mode ran its packing."""
     if knobs.empty:
         return knobs
     out = knobs.assign(beyond_bound=False)
     if summary.empty or not {"gain_bound", "gain_ref"} <= set(summary):
         return out
-    bounds: dict[tuple[object, object, int], tuple[float, float]] = {}
-    for w, part, n, bound, ref in summary[["workload", "partition", "factor", "gain_bound", "gain_ref"]].itertuples(
-            index=False, name=None):
-        if bound == bound and ref == ref:  # several modes: the most any allows (a row pools them: no false !)
-            key = (w, part, int(n))
+    group = ["workload", "partition", *(["mode"] if "mode" in out and "mode" in summary else [])]
+    bounds: dict[tuple[object, ...], tuple[float, float]] = {}
+    for *at, n, bound, ref in summary[[*group, "factor", "gain_bound", "gain_ref"]].itertuples(index=False, name=None):
+        if bound == bound and ref == ref:
+            key = (*at, int(n))
             bounds[key] = max(bounds.get(key, (bound, ref)), (float(bound), float(ref)))
-    setting = ["workload", "partition", *(c for c in out.columns if c not in (
-        "workload", "partition", "factor", "samples_per_s", "trainings", "loader_bound_samples_per_s", "loader_bound",
-        "beyond_bound"))]
+    setting = [*group, *(c for c in out.columns if c not in (
+        *group, "factor", "samples_per_s", "trainings", "loader_bound_samples_per_s", "loader_bound", "beyond_bound"))]
     rates = {(*k[:-1], int(k[-1])): v for k, v in zip(out[setting + ["factor"]].itertuples(index=False, name=None),
                                                       out["samples_per_s"])}
     beyond = []
     for row, n, rate in zip(out[setting].itertuples(index=False, name=None), out["factor"], out["samples_per_s"]):
-        bound, ref = bounds.get((row[0], row[1], int(n)), (math.nan, math.nan))
+        bound, ref = bounds.get((*row[:len(group)], int(n)), (math.nan, math.nan))
         ref_rate = rates.get((*row, int(ref))) if ref == ref else None
         beyond.append(bool(ref_rate and rate == rate and int(n) * rate / (ref * ref_rate) > bound))
     out["beyond_bound"] = beyond

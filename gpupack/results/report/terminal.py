@@ -349,7 +349,7 @@ def render_knobs(c: Collected, console: Console) -> None:
     names = knob_columns(c.knobs)
     columns = ["partition", *names, "N", "samples/s/training"] + (["loader-only samples/s", "flag"] if bounded else [])
     for col in columns:
-        table.add_column(col, justify="left" if col in ("partition", "flag") else "right")
+        table.add_column(col, justify="left" if col in ("partition", "mode", "flag") else "right")
     for _, r in c.knobs.iterrows():
         beyond = "!" if r.get("beyond_bound") else ""  # N x it over the reference's passes the device's bound
         row = [r["partition"], *(str(r[k]) for k in names), str(int(r["factor"])),
