@@ -54,7 +54,7 @@ from gpupack.core.plan import make_plan  # noqa: E402
 from gpupack.core.store.records import pack_record, training_record, write_json_atomic  # noqa: E402
 from gpupack.core.store.rundir import RunDir  # noqa: E402
 from gpupack.results.analysis.load import load_records  # noqa: E402
-from gpupack.results.analysis.summary import best_factors, gain_bounds, summarize  # noqa: E402
+from gpupack.results.analysis.summary import BY_COPIES, BY_CORES, best_factors, gain_bounds, summarize  # noqa: E402,E501
 
 TRUE_TPT = {1: 10.0, 2: 9.0, 3: 6.0, 4: 7.0}  # seconds per training on a quiet machine: N=3 is best
 
@@ -456,7 +456,8 @@ from gpupack.results.report.text import best_line, choice_lines  # noqa: E402
 def _row(n, gain, ref=1, low=None, high=None, gpu="cpu", paired=True, **more):
     return pd.Series({"workload": "w", "partition": "local", "gpu_type": gpu, "mode": "process", "factor": n,
                       "time_per_training_s": 5.72, "gain": gain, "gain_ref": ref, "gain_low": low, "gain_high": high,
-                      "gain_bound": n / ref, "beyond_bound": gain > n / ref, "paired": paired, "gain_rounds": 4,
+                      "gain_bound": n / ref, "gain_bound_by": BY_CORES if gpu == "cpu" else BY_COPIES,
+                      "beyond_bound": gain > n / ref, "paired": paired, "gain_rounds": 4,
                       "cores": 2, "threads_by_n": "N=1: 2, N=2: 1", "provisional": False, "packs": 4, **more})
 
 

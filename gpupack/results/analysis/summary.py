@@ -371,7 +371,7 @@ def _with_gains(out: pd.DataFrame) -> None:
     out.loc[unpaired, "gain"] = out.loc[unpaired, "speedup_vs_n1"]
     out.loc[unpaired & out["gain"].notna(), "gain_ref"] = 1
     out["speedup_vs_n1"] = out["gain"].where(out["gain_ref"] == 1)
-    out["gain_bound"] = gain_bounds(out)
+    out["gain_bound"], out["gain_bound_by"] = gain_bounds(out), bound_kinds(out)
     out["beyond_bound"] = (out["gain"] > out["gain_bound"]).fillna(False).astype(bool)
     out["ref_gpu_util"] = _of_reference(out, "gpu_util_mean")
 
@@ -397,6 +397,24 @@ UNDER_LOAD = "under foreign load"
 BOUND_SLACK = 0.05
 
 
+# What bounds a pack of N's gain over the reference (:func:`bound_kinds`): a CPU's cores; one shared process, whose
+# start a pack pays once; or the device's N copies of the reference's work (a GPU, a CPU of unknown cores)
+BY_CORES, BY_ONE_PROCESS, BY_COPIES = "cores", "one process", "copies"
+
+
+def bound_kinds(summary: pd.DataFrame) -> pd.Series:
+    """Which bound each row's gain has (BY_CORES, BY_ONE_PROCESS, BY_COPIES), as :func:`gain_bounds` weighs it and the
+    report says it. Pure."""
+    cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
+    modes = summary.get("mode", pd.Series(None, index=summary.index, dtype=object))
+    shared = modes.map({m: one_process(m) for m in modes.unique()}).fillna(False).astype(bool)
+    cpu = summary["gpu_type"].astype(str) == "cpu"
+    kinds = pd.Series(BY_COPIES, index=summary.index, dtype=object)
+    kinds[cpu & shared] = BY_ONE_PROCESS
+    kinds[cpu & ~shared & (cores >= 1)] = BY_CORES
+    return kinds
+
+
 def gain_bounds(summary: pd.DataFrame) -> pd.Series:
     """What the device can give at each N over the reference N, in trainings per hour: on a CPU of c cores,
     min(N, c) / min(ref, c) (no more trainings run at once than there are cores, none faster than one with a core of
@@ -407,11 +425,8 @@ def gain_bounds(summary: pd.DataFrame) -> pd.Series:
     Pure."""
     n, ref = summary["factor"].astype(float), summary["gain_ref"].astype(float)
     cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
-    modes = summary.get("mode", pd.Series(None, index=summary.index, dtype=object))
-    shared = modes.map({m: one_process(m) for m in modes.unique()}).fillna(False).astype(bool)
-    on_cpu = (summary["gpu_type"].astype(str) == "cpu") & (cores >= 1) & ~shared
     by_cores = n.where(n < cores, cores) / ref.where(ref < cores, cores)
-    return (n / ref).where(~on_cpu, by_cores)
+    return (n / ref).where(bound_kinds(summary) != BY_CORES, by_cores)
 
 
 def packer_of(mode: object) -> Packer | None:

@@ -14,7 +14,7 @@ import pandas as pd
 from gpupack.results.analysis.aggregate import Collected
 from gpupack.results.analysis.drift import STEADY
 from gpupack.results.analysis.search import SearchReport
-from gpupack.results.analysis.summary import UNDER_LOAD, one_process, packer_of
+from gpupack.results.analysis.summary import BY_CORES, BY_ONE_PROCESS, UNDER_LOAD, packer_of
 from gpupack.results.analysis.tables import Ranking, value_text
 
 
@@ -86,12 +86,14 @@ def bound_phrase(row: pd.Series) -> str:
 
 
 def device_phrase(row: pd.Series) -> str:
-    """The device the bound is of: a CPU's cores, or how busy the reference kept its GPU."""
+    """What the bound is of (the summary's ``gain_bound_by``): a CPU's cores, one shared process, or one GPU and how
+    busy the reference kept it."""
+    if row["gain_bound_by"] == BY_ONE_PROCESS:
+        return " in one process, whose start a pack pays once"
+    if row["gain_bound_by"] == BY_CORES:
+        return f" on {int(row['cores'])} cores"
     if str(row.get("gpu_type")) == "cpu":
-        if one_process(row.get("mode")):
-            return " in one process, whose start a pack pays once"
-        cores = row.get("cores")
-        return f" on {int(cores)} cores" if cores is not None and cores == cores and cores >= 1 else ""
+        return ""  # its cores unknown
     busy = row.get("ref_gpu_util")
     ref = int(row["gain_ref"])
     return (f" on one GPU (N={ref} kept it {busy:.0f} % busy)" if busy is not None and busy == busy
