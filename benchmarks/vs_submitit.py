@@ -68,6 +68,7 @@ there all the same, the row is marked "busy" and its figures are disturbed. Ever
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import subprocess
@@ -310,6 +311,12 @@ def main() -> None:
         report(Path(args.report))
         return
     os.environ.setdefault("SLURM_CONF", DEFAULT_SLURM_CONF)
+    launcher = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher")  # what gpupack is weighed against
+    if "submitit" in (args.tools or SLUG.values()) and launcher is None:  # not a dependency of gpupack's
+        sys.exit("vs_submitit: hydra-submitit-launcher is not installed here, so its row would only fail. HINT: "
+                 ".venv/bin/pip install --no-deps --target /tmp/hsl_site hydra-submitit-launcher==1.2.0, then "
+                 "PYTHONPATH=/tmp/hsl_site .venv/bin/python benchmarks/vs_submitit.py (kept out of gpupack's "
+                 "environment), or leave it out: --tools gpupack_n4 ...")
     n_trainings = args.trainings or (8 if args.quick else 32)
     train_samples = 2000 if args.quick else 10000
     out = out_dir("vs_submitit", args.out)
