@@ -516,17 +516,21 @@ def not_checks(frame: pd.DataFrame) -> pd.DataFrame:
     return rows_where(frame, frame["reference_of"].isna())
 
 
+def loader_alone_rows(frame: pd.DataFrame) -> pd.Series:
+    """True on the rows of the data loader's own runs (sweep.loader_alone; records without the field: none)."""
+    if "loader_alone" not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame["loader_alone"].fillna(False).astype(bool)
+
+
 def without_loader_alone(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows of trainings and packs, the data loader's own runs left out (sweep.loader_alone)."""
-    if "loader_alone" not in frame:
-        return frame
-    return rows_where(frame, ~frame["loader_alone"].fillna(False).astype(bool))
+    return rows_where(frame, ~loader_alone_rows(frame)) if "loader_alone" in frame else frame
 
 
 def loader_alone_completed(frame: pd.DataFrame) -> pd.DataFrame:
-    if "loader_alone" not in frame:
-        return frame.iloc[0:0]
-    return frame[frame["loader_alone"].fillna(False).astype(bool) & (frame["status"] == COMPLETED)]
+    return frame[loader_alone_rows(frame) & (frame["status"] == COMPLETED)] if "loader_alone" in frame \
+        else frame.iloc[0:0]
 
 
 def loader_bounds(trainings: pd.DataFrame) -> dict[str, float]:

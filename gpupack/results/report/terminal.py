@@ -18,7 +18,7 @@ from gpupack.results.analysis.aggregate import Collected
 from gpupack.results.analysis.load import shared_host
 from gpupack.results.analysis.occupancy import STREAMED
 from gpupack.results.analysis.search import SearchReport
-from gpupack.results.analysis.summary import GROUP
+from gpupack.results.analysis.summary import GROUP, loader_alone_rows
 from gpupack.results.report.text import (
     best_line,
     choice_lines,
@@ -278,8 +278,8 @@ def failure_lines(c: Collected, most: int = 3) -> list[str]:
     t = c.records.trainings
     if t.empty or "status" not in t:
         return []
-    alone = t.get("loader_alone", pd.Series(False, index=t.index)).fillna(False).astype(bool)
-    mask = ~t["status"].isin(FINISHED) & (t["status"] != SKIPPED_MEMORY) & ~alone  # skipped: skipped_lines
+    # skipped: skipped_lines; the loader alone: its own table
+    mask = ~t["status"].isin(FINISHED) & (t["status"] != SKIPPED_MEMORY) & ~loader_alone_rows(t)
     if not mask.any():
         return []
     failed = t.loc[mask, ["status"] + [c for c in ("error",) if c in t]]  # a million rows: filter the two read
