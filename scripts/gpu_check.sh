@@ -12,7 +12,7 @@
 # wheels in .whl/ (kept out of git: echo /.whl/ >> .git/info/exclude). Fetch them here, once:
 #
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       --platform manylinux2014_x86_64 --platform any -d .whl hydra-core==1.3.2 omegaconf==2.3.0 submitit==1.5.3
+#       --platform manylinux2014_x86_64 --platform any -d .whl hydra-core==1.3.8 omegaconf==2.3.1 submitit==1.5.4
 #   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3     # an sdist only: built here
 #
 # (456 KB; PyYAML, typing-extensions and cloudpickle are there already) and name .whl in the device tool's carry.
