@@ -2,7 +2,9 @@
 
     python benchmarks/gpu.py                 # on the GPU machine (scripts/gpu_check.sh runs it): ~15 min on an H100
     python benchmarks/gpu.py --quick         # tiny sizes; on a machine without a GPU it runs on the CPU, MPS left out
-    python benchmarks/gpu.py --report OUT    # re-print
+    python benchmarks/gpu.py --ladder 1,3,8 --runs mnist,resnet50   # a short lease: fewer N, fewer runs
+    python benchmarks/gpu.py --report OUT    # re-print (also what a run cut short wrote: results.json is
+                                             # rewritten after each run)
 
 Runs, each a gpupack sweep into its own run directory under OUT (default runs/benchmarks/gpu/<date>_<time>):
 
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import PYTHON, REPO, bench_main, fmt, ratio, read_json, run_sweep, say, table, write_json  # noqa: E402
+from _bench import PYTHON, REPO, fmt, out_dir, parser, ratio, read_json, run_sweep, say, table, write_json  # noqa: E402
 
 LADDER = [1, 2, 3, 5, 8, 13, 21, 34]
 QUICK_MNIST = ["sweep.grid.lr=[0.1]", "sweep.grid.batch_size=[128]", "sweep.fixed.train_samples=2000",
@@ -61,12 +63,15 @@ def fitting(ladder: list[int], base: list[str]) -> list[int]:
     return ok
 
 
-def run(out: Path, quick: bool) -> dict[str, Any]:
+RUNS = ("mnist", "mnist_mps", "resnet50")
+
+
+def run(out: Path, quick: bool, ladder_asked: list[int] | None = None, only: tuple[str, ...] = RUNS) -> dict[str, Any]:
     dev = device()
     gpu = dev.get("kind") == "gpu"
     results: dict[str, Any] = {"quick": quick, "device": dev, "date": _dt.date.today().isoformat(), "runs": {}}
     mnist = ["+sweep=mnist_pack", "packing.repeats=1", *(QUICK_MNIST if quick else [])]
-    ladder = fitting([1, 2, 4] if quick else LADDER, mnist)
+    ladder = fitting(ladder_asked or ([1, 2, 4] if quick else LADDER), mnist)
     factors = f"packing.factors=[{','.join(map(str, ladder))}]"
     results["ladder"] = ladder
     runs = {"mnist": [*mnist, factors, "packing.modes=[process,fused]"]}
@@ -76,8 +81,9 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
               "packing.repeats=1", *(QUICK_RESNET if quick else [])]
     runs["resnet50"] = resnet
     for key, args in runs.items():
-        results["runs"][key] = run_sweep([PYTHON, "-m", "gpupack", *args, f"run_dir={out / key}"], out, key)
-    write_json(out / "results.json", results)
+        if key in only:
+            results["runs"][key] = run_sweep([PYTHON, "-m", "gpupack", *args, f"run_dir={out / key}"], out, key)
+            write_json(out / "results.json", results)  # after each run: a lease that ends mid-way keeps the rest
     return results
 
 
@@ -118,7 +124,20 @@ def report(out: Path) -> None:
 
 
 def main() -> None:
-    bench_main("gpu", __doc__, "tiny sizes (on a CPU where there is no GPU), to check the script works", run, report)
+    ap = parser("gpu", __doc__ or "", "tiny sizes (on a CPU where there is no GPU), to check the script works")
+    ap.add_argument("--ladder", help="the N to try, comma-separated (default 1,2,3,5,8,13,21,34; --quick 1,2,4)")
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"which runs, comma-separated (default {','.join(RUNS)})")
+    args = ap.parse_args()
+    if args.report:
+        report(Path(args.report))
+        return
+    only = tuple(args.runs.split(","))
+    if not set(only) <= set(RUNS):
+        ap.error(f"--runs {args.runs!r}: each must be one of {', '.join(RUNS)}")
+    ladder = [int(n) for n in args.ladder.split(",")] if args.ladder else None
+    out = out_dir("gpu", args.out)
+    run(out, args.quick, ladder, only)
+    report(out)
 
 
 if __name__ == "__main__":
