@@ -294,3 +294,40 @@ def test_a_share_is_never_sized_by_a_training_cut_short(tmp_path, monkeypatch):
     assert book.figure(second, on_gpu=True, stated_mb=None) is None
     book.learn({second.training_id: second}, [{**cut, "training_id": second.training_id, "status": "completed"}])
     assert book.figure(second, on_gpu=True, stated_mb=None).mb == pytest.approx(3276.8 + CUDA_CONTEXT_MB)
+
+
+@pytest.mark.parametrize("memory, sampled, expected", [
+    ({"peak_gpu_mem_mb": 74.0}, None, 74.0 + CUDA_CONTEXT_MB),  # torch's own: its context added
+    ({"peak_gpu_mem_mb": 74.0, "process_gpu_mem_mb": 808.0}, None, 808.0),  # NVML's whole process, higher
+    ({"peak_gpu_mem_mb": 74.0, "process_gpu_mem_mb": 14.0}, None, 74.0 + CUDA_CONTEXT_MB),  # sampled too early
+    ({"peak_gpu_mem_mb": 1300.0, "from_sampler": ["peak_gpu_mem_mb"]}, None, 1300.0),  # NVML's already: no context
+    ({"peak_gpu_mem_mb": 74.0}, 808.0, 808.0),  # an older record: NVML's figure from its pack's sampler
+    ({"peak_rss_mb": 900.0}, None, None),
+    (None, None, None),
+])
+def test_a_trainings_gpu_peak_is_its_whole_process(memory, sampled, expected):
+    from gpupack.core.memory.figures import gpu_peak_mb
+
+    assert gpu_peak_mb(memory, sampled) == expected
+
+
+def test_a_share_holds_the_whole_process_nvml_saw_not_torchs_own_peak(tmp_path, monkeypatch):
+    """What the H200 showed (2026-11-30): a forked MNIST training's torch peaked at 74 MB while NVML counted 808 MB
+    for its process (its CUDA context). The next pack's shares were sized from 74 MB + an assumed 400 MB context, x
+    1.25: 593 MB, and 11 of 21 MPS clients, limited to that, ran out of memory. The share now holds what NVML saw."""
+    from gpupack.job.peaks import PeakBook
+    from gpupack.job.records import fill_memory
+
+    monkeypatch.setattr(monitor, "_nvml", lambda: FakeNvml(names=["NVIDIA H200"]))
+    run, pack = _pack(tmp_path, n=2)
+    first, second = pack.trainings
+    rec = {"training_id": first.training_id, "workload": first.workload, "params": dict(first.params),
+           "status": "completed", "gpu_type": "NVIDIA H200", "memory": {"peak_gpu_mem_mb": 74.1, "peak_rss_mb": 1014.0}}
+    fill_memory(rec, {"peak_gpu_mem_mb": 808.0, "peak_rss_mb": 1030.0, "gpu_mem_known": True})
+    assert rec["memory"]["process_gpu_mem_mb"] == 808.0 and rec["memory"]["peak_gpu_mem_mb"] == 74.1
+    book = PeakBook(run, pack.trainings, device="NVIDIA H200")
+    book.learn({first.training_id: first}, [rec])
+    figure = book.figure(first, on_gpu=True, stated_mb=None)
+    assert figure is not None and figure.mb == 808.0
+    shares = memory_shares(0.8, 143771.0, [figure] * 21, 0.25, None)
+    assert shares is not None and all(s.mb >= 808.0 * 1.25 for s in shares), [s.mb for s in shares or []]

@@ -16,9 +16,11 @@ from gpupack.job.workloads.command import WORKLOAD
 
 
 @pytest.mark.parametrize("memory, sampled, expected", [
-    # reported by the training itself: kept, whatever the sampler saw
+    # reported by the training itself: kept, whatever the sampler saw; NVML's figure of its whole process beside
     ({"peak_rss_mb": 500.0, "peak_gpu_mem_mb": 120.0}, {"peak_rss_mb": 480.0, "peak_gpu_mem_mb": 300.0},
-     {"peak_rss_mb": 500.0, "peak_gpu_mem_mb": 120.0}),
+     {"peak_rss_mb": 500.0, "peak_gpu_mem_mb": 120.0, "process_gpu_mem_mb": 300.0}),
+    ({"peak_rss_mb": 500.0, "peak_gpu_mem_mb": 120.0}, {"peak_rss_mb": 480.0, "peak_gpu_mem_mb": None},
+     {"peak_rss_mb": 500.0, "peak_gpu_mem_mb": 120.0}),  # NVML could not say the process's own
     # reported nothing: the sampler's, named
     ({"peak_rss_mb": None, "peak_gpu_mem_mb": None}, {"peak_rss_mb": 313.8, "peak_gpu_mem_mb": None},
      {"peak_rss_mb": 313.8, "peak_gpu_mem_mb": None, "from_sampler": ["peak_rss_mb"]}),

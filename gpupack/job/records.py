@@ -186,13 +186,21 @@ def share_hint(rec: TrainingRecord) -> None:
 def fill_memory(rec: TrainingRecord, sampled: Mapping[str, object]) -> None:
     """A figure the training did not report itself (a program of the ``command`` workload reports no memory) is the
     sampler's, so the record says what the tables show; ``memory.from_sampler`` names those (sampled every
-    ``packing.sample_interval_s``: a shorter peak can be missed)."""
+    ``packing.sample_interval_s``: a shorter peak can be missed). NVML's figure of the training's whole process on a
+    GPU is kept beside torch's own (``process_gpu_mem_mb``), which leaves its CUDA context out: a share of the GPU is
+    sized by the higher (:func:`gpupack.core.memory.figures.gpu_peak_mb`)."""
     memory = dict(rec.get("memory") or {})  # None: a training that failed before reporting anything
     filled = [key for key in ("peak_rss_mb", "peak_gpu_mem_mb")
               if memory.get(key) is None and sampled.get(key) is not None]
     if filled:
-        rec["memory"] = cast(Memory, {"peak_rss_mb": None, "peak_gpu_mem_mb": None, **memory,
-                                      **{key: sampled[key] for key in filled}, "from_sampler": filled})
+        memory = {"peak_rss_mb": None, "peak_gpu_mem_mb": None, **memory,
+                  **{key: sampled[key] for key in filled}, "from_sampler": filled}
+    whole = sampled.get("peak_gpu_mem_mb")
+    if "peak_gpu_mem_mb" not in filled and memory.get("peak_gpu_mem_mb") and isinstance(whole, (int, float)) \
+            and whole > 0:
+        memory["process_gpu_mem_mb"] = whole  # NVML's, beside torch's own
+    if filled or "process_gpu_mem_mb" in memory:
+        rec["memory"] = cast(Memory, memory)
 
 
 def move_aside(run: RunDir, pack_id: str, path: Path) -> None:

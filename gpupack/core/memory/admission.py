@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from gpupack.core.memory.figures import CUDA_CONTEXT_MB, Figure
+from gpupack.core.memory.figures import Figure, gpu_peak_mb
 from gpupack.core.memory.pack_fit import pack_budget
 
 # A head passed over this many times by smaller trainings (N slots: one generation of the lane's slots) is reserved.
@@ -117,9 +117,7 @@ def peak_of(record: Mapping[str, object], on_gpu: bool) -> float | None:
     memory = record.get("memory")
     if not isinstance(memory, Mapping):
         return None
-    value = memory.get("peak_gpu_mem_mb" if on_gpu else "peak_rss_mb")
-    if not isinstance(value, (int, float)) or not value > 0:
-        return None
-    sampled = memory.get("from_sampler")  # NVML's figure of the process; else torch's own, without its context
-    by_nvml = isinstance(sampled, Sequence) and "peak_gpu_mem_mb" in sampled
-    return float(value) + (CUDA_CONTEXT_MB if on_gpu and not by_nvml else 0.0)
+    if on_gpu:
+        return gpu_peak_mb(memory)
+    value = memory.get("peak_rss_mb")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None

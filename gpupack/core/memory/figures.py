@@ -34,8 +34,12 @@ from gpupack.core.types import Capacity
 from gpupack.errors import ConfigError
 
 DEFAULT_HOST_MB = 1024.0  # nothing measured: a Python + torch training peaks near 0.3-0.8 GB of RSS
-DEFAULT_GPU_MB = 1024.0  # nothing measured: a CUDA context (0.3-0.5 GB) and a small model's tensors and workspace
-CUDA_CONTEXT_MB = 400.0  # what torch.cuda.max_memory_allocated leaves out: the context of each process
+DEFAULT_GPU_MB = 1024.0  # nothing measured: a CUDA context (0.4-0.8 GB) and a small model's tensors and workspace
+# What torch's own peak leaves out: its process's CUDA context (with cuBLAS's workspace), used only where NVML cannot
+# say the process's whole figure. Measured on an NVIDIA H200 with torch 2.11+cu130 (2026-11-28 and -30): NVML counted
+# 808 MB for a forked MNIST training whose torch peak was 74 MB (734 MB more, rounded up). 400 MB, an older CUDA's
+# figure, sized 11 of 21 MPS clients' limits below what they held there, and they ran out of memory.
+CUDA_CONTEXT_MB = 750.0
 REQUEST_HEADROOM = 1.5  # a SLURM request is the measured peak x this (allocator growth, a longer epoch)
 MIN_REQUEST_MB = 512.0
 MAX_RECORDS_READ = 4000  # the newest records read for evidence: bounded, so prepare stays quick on a big run
@@ -91,6 +95,24 @@ class Measured:
         """What the records said where they gave no figure (or the figure left one out), in words."""
         said = self.why_none or ("nothing measured" + (f" on {self.device}" if self.device else ""))
         return "; ".join(s for s in (said, self.aside_text()) if s)
+
+
+def gpu_peak_mb(memory: Mapping[str, object] | None, sampled_mb: object = None) -> float | None:
+    """A training's whole-process GPU peak (MB), what its share of the GPU must hold (an MPS client's limit counts
+    its context too): NVML's figure of its process where it covers torch's own peak (NVML is sampled every
+    packing.sample_interval_s: a sample before the peak is lower), else torch's own peak plus :data:`CUDA_CONTEXT_MB`.
+    ``memory``: its record's; ``sampled_mb``: NVML's figure from its pack's sampler, for a record older than
+    ``process_gpu_mem_mb``. None: neither known. Pure."""
+    memory = memory or {}
+    own, nvml = memory.get("peak_gpu_mem_mb"), memory.get("process_gpu_mem_mb", sampled_mb)
+    filled = memory.get("from_sampler")
+    if isinstance(filled, Sequence) and "peak_gpu_mem_mb" in filled:  # the record's own figure is NVML's already
+        own, nvml = None, own
+    own_mb = float(own) if isinstance(own, (int, float)) and own > 0 else None
+    nvml_mb = float(nvml) if isinstance(nvml, (int, float)) and nvml > 0 else None
+    if nvml_mb is not None and (own_mb is None or nvml_mb > own_mb):
+        return nvml_mb
+    return None if own_mb is None else own_mb + CUDA_CONTEXT_MB
 
 
 def setting_key(params: Mapping[str, object], seed_key: str = "seed") -> str:
@@ -294,7 +316,7 @@ def _on_device(seen: Sequence[_Seen], target: str) -> Measured:
 def _peaks(runs: Iterable[Path], workload: str, settings: set[str], seed_key: str,
            completed_only: bool = False) -> Iterator[_Seen]:
     """(setting, host peak, GPU peak, run, device) of each earlier training of ``workload`` in one of ``settings``
-    that recorded a peak: GPU memory per process as NVML saw it, else torch's own peak plus a CUDA context."""
+    that recorded a peak: its GPU memory is :func:`gpu_peak_mb`'s."""
     read = 0
     for run in runs:
         folded = read_folded(RunDir(run))  # what its lanes folded, read once for its packs and its trainings
@@ -310,9 +332,7 @@ def _peaks(runs: Iterable[Path], workload: str, settings: set[str], seed_key: st
             own = rec.get("memory") or {}
             by_sampler = sampled.get(str(rec.get("training_id")), {})
             rss = own.get("peak_rss_mb") or by_sampler.get("peak_rss_mb")
-            nvml = by_sampler.get("peak_gpu_mem_mb")
-            torch_peak = own.get("peak_gpu_mem_mb")
-            gpu = float(nvml) if nvml else float(torch_peak) + CUDA_CONTEXT_MB if torch_peak else None
+            gpu = gpu_peak_mb(own, by_sampler.get("peak_gpu_mem_mb"))
             if rss or gpu:
                 yield _Seen(setting, float(rss) if rss else None, gpu, str(run), record_device(rec),
                             rec.get("framework"))

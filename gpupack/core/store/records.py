@@ -43,11 +43,13 @@ class Logs(TypedDict):
 
 
 class Memory(TypedDict, total=False):
-    """What a training peaked at (its record's ``memory``): its own report, or the sampler's (``from_sampler``)."""
+    """What a training peaked at (its record's ``memory``): its own report, or the sampler's (``from_sampler``); and
+    NVML's figure of its whole process on a GPU (``process_gpu_mem_mb``: its CUDA context included)."""
 
     peak_rss_mb: float | None
     peak_gpu_mem_mb: float | None
     from_sampler: list[str]
+    process_gpu_mem_mb: float
 
 
 class Peaks(TypedDict, total=False):
