@@ -288,3 +288,43 @@ def test_a_gpu_of_the_job_nvml_does_not_know_is_said_and_left_out(monkeypatch, t
     assert s.more_handles == [] and "GPU '7' of this job not sampled" in s.note and said
     assert "gpus" not in s.sample_once()
     s.stop()
+
+
+# ---------------- its own cost: at most 1 % of a core ----------------
+
+@pytest.mark.parametrize("interval, cost, wait", [
+    (1.0, 0.002, 1.0),  # a cheap sample: the interval asked
+    (1.0, 0.024, 2.376),  # 34 trainings on the H200 (24 ms a sample): stretched to 1 % of a core
+    (0.05, 0.002, 0.198),  # a short interval asked: stretched all the same
+    (5.0, 0.024, 5.0),  # a long one is long enough
+])
+def test_the_sampler_waits_long_enough_to_stay_within_one_percent_of_a_core(interval, cost, wait):
+    from gpupack.job.runtime.sampler import MAX_OVERHEAD, next_wait
+
+    assert next_wait(interval, cost) == pytest.approx(wait)
+    assert cost / (cost + next_wait(interval, cost)) <= MAX_OVERHEAD + 1e-12
+
+
+def test_a_sample_that_costs_more_stretches_the_samplers_next_wait(monkeypatch):
+    """Each sample's CPU (a clock that says 24 ms a sample) sets the wait after it: the sampler's share of a core
+    stays at 1 % at any N."""
+    import os
+
+    import gpupack.job.runtime.sampler as sampler_module
+
+    clock = iter(i * 0.012 for i in range(10**6))  # read twice a round: before and after a sample
+    monkeypatch.setattr(sampler_module, "_cpu_time", lambda: next(clock))
+    sampler = Sampler(interval_s=0.01, log=lambda msg: None)
+    waits: list[float] = []
+    rounds = iter(range(4))
+
+    def wait(timeout: float) -> bool:
+        waits.append(timeout)
+        return next(rounds, None) is None  # stop after four rounds
+
+    monkeypatch.setattr(sampler._stop, "wait", wait)
+    monkeypatch.setattr(sampler._stop, "is_set", lambda: len(waits) >= 4)
+    sampler.register("t", os.getpid())
+    sampler._run()
+    assert waits == pytest.approx([0.012 / 0.01 - 0.012] * 4)  # 1.188 s, not the 0.01 s asked
+    assert sampler.cpu_time_s / (sampler.cpu_time_s + sum(waits)) <= 0.01 + 1e-12

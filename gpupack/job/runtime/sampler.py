@@ -1,4 +1,5 @@
-"""The pack's sampler: a thread beside the N trainings that samples the device at a fixed interval.
+"""The pack's sampler: a thread beside the N trainings that samples the device every packing.sample_interval_s, or
+less often where a sample costs more than :data:`MAX_OVERHEAD` of a core over its interval (:func:`next_wait`).
 
 With a GPU (NVML, through :func:`gpupack.core.monitor._nvml`, the one seam): utilization, memory used/total, and
 memory per training process (``nvmlDeviceGetComputeRunningProcesses``, or the MPS variant under MPS).
@@ -24,6 +25,16 @@ from gpupack.core.monitor import Nvml, NvmlHandle
 from gpupack.job.runtime.foreign import ForeignFigures, ForeignLoad, handle
 
 MAX_KEPT_SAMPLES = 600  # the pack record keeps at most this many (evenly thinned); statistics use all
+# The sampler's own CPU, at most this share of a core (issue 53). On the H200 (2026-11-30) a sample of 34 trainings
+# cost 24 ms of CPU: 2.1 % of a core at the 1 s interval.
+MAX_OVERHEAD = 0.01
+_cpu_time = time.thread_time  # the sampler thread's own CPU seconds (a test's clock replaces it)
+
+
+def next_wait(interval_s: float, cost_s: float, budget: float = MAX_OVERHEAD) -> float:
+    """How long the sampler waits after a sample that cost ``cost_s`` of its thread's CPU: ``interval_s``, stretched
+    so that the sample's cost over its period (the sample and the wait) stays within ``budget`` of a core. Pure."""
+    return max(interval_s, cost_s / budget - cost_s)
 
 
 class _Rates(Protocol):
@@ -86,6 +97,7 @@ class SamplerReport(ForeignFigures):
     source: str
     note: str
     interval_s: float
+    interval_mean_s: float | None  # between samples, as they were taken: longer where samples cost more (next_wait)
     mps: bool
     n_samples: int
     samples: list[Sample]
@@ -351,11 +363,12 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            began = time.thread_time()
+            began = _cpu_time()
             if self.tracked:  # nothing to attribute before the first training starts
                 self.sample_once()
-            self.cpu_time_s += time.thread_time() - began
-            self._stop.wait(self.interval_s)
+            cost = _cpu_time() - began
+            self.cpu_time_s += cost
+            self._stop.wait(next_wait(self.interval_s, cost))
 
     def start(self) -> "Sampler":
         self._started_at = time.time()
@@ -401,7 +414,9 @@ class Sampler:
         step = max(1, len(self.samples) // MAX_KEPT_SAMPLES + (len(self.samples) % MAX_KEPT_SAMPLES > 0))
         cpu_totals = [sum(e["cpu_percent"] for e in s["trainings"].values()) for s in self.samples if s["trainings"]]
         return {
-            "source": self.source, "note": self.note, "interval_s": self.interval_s, "mps": self.mps,
+            "source": self.source, "note": self.note, "interval_s": self.interval_s,
+            "interval_mean_s": round((self.samples[-1]["t"] - self.samples[0]["t"]) / (len(self.samples) - 1), 3)
+            if len(self.samples) > 1 else None, "mps": self.mps,
             "n_samples": len(self.samples), "samples": self.samples[::step],
             "gpu_util_mean": stat("gpu_util", lambda v: sum(v) / len(v)), "gpu_util_max": stat("gpu_util", max),
             "gpu_mem_used_peak_mb": stat("gpu_mem_used_mb", max), "gpu_mem_total_mb": self.memory_total_mb,
