@@ -87,6 +87,13 @@ def test_a_diverging_model_fails_alone_and_the_others_finish(tmp_path):
         assert r["status"] == "completed" and math.isfinite(r["metrics"]["train_loss"])
         assert r["metrics"]["val_accuracy"] > 0.3 and r["throughput"]["samples"] == 640
         assert r["timings"]["loop_s"] > 0 and r["metrics"]["fused_group"] == 3
+        assert r["memory"]["shared_by"] == 3  # its resident peak is the shared process's, the pack's
+    # ... so it sizes no training's request: one training's figure of this setting is not known from this pack
+    from gpupack.core.memory.figures import find_measured, setting_key
+
+    settings = {setting_key(t.params) for t in pack.trainings}
+    measured = find_measured([run.root], "mnist_torch", settings, devices=["cpu"])
+    assert measured.host_mb is None, measured
 
 
 def test_shapes_split_packs_into_groups_planned_up_front():

@@ -331,3 +331,16 @@ def test_a_share_holds_the_whole_process_nvml_saw_not_torchs_own_peak(tmp_path, 
     assert figure is not None and figure.mb == 808.0
     shares = memory_shares(0.8, 143771.0, [figure] * 21, 0.25, None)
     assert shares is not None and all(s.mb >= 808.0 * 1.25 for s in shares), [s.mb for s in shares or []]
+
+
+@pytest.mark.parametrize("memory, sampled, expected", [
+    ({"peak_rss_mb": 1036.4}, None, 1036.4),  # its own process's
+    ({"peak_rss_mb": None}, 1030.0, 1030.0),  # reported none: its pack's sampler's
+    ({"peak_rss_mb": 12900.9, "shared_by": 34}, None, None),  # 34 fused trainings' one process on the H200: the pack's
+    ({"peak_rss_mb": 1052.0, "shared_by": 1}, None, 1052.0),
+    (None, None, None),
+])
+def test_a_trainings_host_peak_is_its_own_process(memory, sampled, expected):
+    from gpupack.core.memory.figures import host_peak_mb
+
+    assert host_peak_mb(memory, sampled) == expected

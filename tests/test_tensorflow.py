@@ -158,6 +158,7 @@ def test_tf_logical_pack_one_training_raises_the_others_finish(tmp_path):
     assert len(placed) == 2 and all("CPU" in p for p in placed)  # each on its own logical device
     assert {recs[k]["logical_device"] for k in ("a", "b", "boom")} == {"/device:CPU:0", "/device:CPU:1",
                                                                        "/device:CPU:2"}
+    assert all(recs[k]["memory"]["shared_by"] == 3 for k in ("a", "b"))  # the shared process's peak: the pack's
 
 
 # ---------------- bad input, before anything starts ----------------

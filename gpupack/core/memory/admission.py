@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from gpupack.core.memory.figures import Figure, gpu_peak_mb
+from gpupack.core.memory.figures import Figure, gpu_peak_mb, host_peak_mb
 from gpupack.core.memory.pack_fit import pack_budget
 
 # A head passed over this many times by smaller trainings (N slots: one generation of the lane's slots) is reserved.
@@ -117,7 +117,4 @@ def peak_of(record: Mapping[str, object], on_gpu: bool) -> float | None:
     memory = record.get("memory")
     if not isinstance(memory, Mapping):
         return None
-    if on_gpu:
-        return gpu_peak_mb(memory)
-    value = memory.get("peak_rss_mb")
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+    return gpu_peak_mb(memory) if on_gpu else host_peak_mb(memory)

@@ -115,6 +115,19 @@ def gpu_peak_mb(memory: Mapping[str, object] | None, sampled_mb: object = None) 
     return None if own_mb is None else own_mb + CUDA_CONTEXT_MB
 
 
+def host_peak_mb(memory: Mapping[str, object] | None, sampled_mb: object = None) -> float | None:
+    """A training's own resident peak (MB): its record's, else its pack's sampler's (``sampled_mb``). None where it
+    ran in a process it shared with other trainings (``shared_by``: a ``fused`` or ``tf_logical`` pack, whose
+    process peak is the pack's: 12.9 GB for 34 fused trainings on the H200, 34 x that asked for a pack of 34
+    separate ones) or where neither is known. Pure."""
+    memory = memory or {}
+    shared = memory.get("shared_by")
+    if isinstance(shared, int) and shared > 1:
+        return None
+    value = memory.get("peak_rss_mb") or sampled_mb
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
 def setting_key(params: Mapping[str, object], seed_key: str = "seed") -> str:
     """The hyperparameters that set a training's memory: all but its seed."""
     return json.dumps({k: v for k, v in params.items() if k != seed_key}, sort_keys=True, default=str)
@@ -331,7 +344,7 @@ def _peaks(runs: Iterable[Path], workload: str, settings: set[str], seed_key: st
                 continue
             own = rec.get("memory") or {}
             by_sampler = sampled.get(str(rec.get("training_id")), {})
-            rss = own.get("peak_rss_mb") or by_sampler.get("peak_rss_mb")
+            rss = host_peak_mb(own, by_sampler.get("peak_rss_mb"))
             gpu = gpu_peak_mb(own, by_sampler.get("peak_gpu_mem_mb"))
             if rss or gpu:
                 yield _Seen(setting, float(rss) if rss else None, gpu, str(run), record_device(rec),

@@ -50,6 +50,7 @@ class Memory(TypedDict, total=False):
     peak_gpu_mem_mb: float | None
     from_sampler: list[str]
     process_gpu_mem_mb: float
+    shared_by: int  # N trainings ran in one process (fused, tf_logical): its peak is the pack's, not the training's
 
 
 class Peaks(TypedDict, total=False):

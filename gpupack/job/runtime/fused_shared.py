@@ -18,7 +18,7 @@ from pathlib import Path  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     from gpupack.core.store.records import write_json_atomic  # this process's imports are the pack's start-up, timed
     from gpupack.core.workload import Reporter, TrainingContext
-    from gpupack.job.runtime.worker import compose_result
+    from gpupack.job.runtime.worker import compose_result, shared_by
     from gpupack.job.workloads import load_workload
 
     spec = json.loads(Path((sys.argv[1:] if argv is None else argv)[0]).read_text())
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             write_json_atomic(Path(t["error_path"]), {"started": started, "ended": time.time(),
                                                       "error": f"{out.__class__.__name__}: {out}"})
         else:
-            write_json_atomic(Path(t["result_path"]), compose_result(t, workload, p, ctx.reporter, out, _PROCESS_START))
+            result = compose_result(t, workload, p, ctx.reporter, out, _PROCESS_START)
+            write_json_atomic(Path(t["result_path"]), shared_by(result, len(trainings)))
     return 0
 
 

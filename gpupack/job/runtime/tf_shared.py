@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from gpupack.core.store.records import write_json_atomic  # this process's imports are the pack's start-up, timed
-    from gpupack.job.runtime.worker import run_training
+    from gpupack.job.runtime.worker import run_training, shared_by
 
     spec = json.loads(Path((sys.argv[1:] if argv is None else argv)[0]).read_text())
     trainings = spec["trainings"]
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = run_training(training, _PROCESS_START)
             result["timings"]["thread_start"] = started
-            write_json_atomic(Path(training["result_path"]), result)
+            write_json_atomic(Path(training["result_path"]), shared_by(result, len(trainings)))
         except BaseException:  # recorded for this training alone; the other threads go on
             write_json_atomic(Path(training["error_path"]), {"started": started, "ended": time.time(),
                                                              "error": traceback.format_exc()[-4000:]})

@@ -126,6 +126,14 @@ def framework_of(name: str) -> str | None:
     return f"{name} {version}" if version else None
 
 
+def shared_by(result: TrainingResult, n: int) -> TrainingResult:
+    """Mark a result's memory as its process's, shared by ``n`` trainings (a ``fused`` or ``tf_logical`` pack's one
+    process): its resident peak is the pack's, not the training's, and sizes no training's request or share."""
+    if n > 1:
+        result["memory"] = {**result["memory"], "shared_by": n}
+    return result
+
+
 def compose_result(spec: WorkerSpec, workload: Workload, params: object,
                    reporter: Reporter, metrics: Mapping[str, object],
                    process_start: float) -> TrainingResult:
