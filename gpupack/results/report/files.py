@@ -89,8 +89,12 @@ def write_trainings(records: Records, out: Path) -> Path | None:
     table = pa.Table.from_pandas(_text_columns(records.trainings), preserve_index=False)
     for name, column in records.detached_of(records.trainings).items():  # the curves and logs, from where they lie
         table = table.append_column(name, column)
+    # Dictionaries for the text columns alone (a number column is mostly distinct: Arrow would try one and drop it),
+    # and no statistics (one row group of a million rows: nothing to skip by them): 1.2 s instead of 1.6 s for a
+    # million trainings here, the same size.
+    texts = [f.name for f in table.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
     with atomic_file(path, binary=True) as f:  # a full disk leaves the last whole file (or none), never half of one
-        pq.write_table(table, f)
+        pq.write_table(table, f, use_dictionary=texts, write_statistics=False)
     return path
 
 
