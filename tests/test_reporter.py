@@ -173,3 +173,19 @@ def test_no_real_grid_ranks_no_seeds(tmp_path):
     _sweep(other, grid=True)
     ranked = _render([other.root])
     assert "Best hyperparameters by val_accuracy (highest first" in ranked and "lr=" in ranked and "seed=" not in ranked
+
+
+def test_a_failure_whose_last_line_says_its_fix_is_shown_whole(tmp_path):
+    """The H200's MPS pack (2026-11-30): 11 trainings ended on the share's HINT, whose fix comes last; the terminal cut
+    the line at 160 characters, before the fix."""
+    import json
+
+    run = RunDir(tmp_path / "run")
+    _sweep(run, partitions=("v100",), host="node1")
+    hint = ("HINT: its share of the GPU was 593 MB (0.00412 of the device, packing.memory_share=on: the peak of 1 "
+            "training(s) of its setting on h200 in this run: 474 MB x (1 + packing.memory_margin=0.25)); lower N, "
+            "raise packing.memory_fraction or packing.memory_margin, or set packing.memory_share=off")
+    path = next(p for p in run.root.glob("packs/*/trainings/*.json") if json.loads(p.read_text())["status"] == "oom")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "error": f"torch.OutOfMemoryError: ...\n{hint}"}))
+    text = _render([run.root], wide=True)
+    assert "or set packing.memory_share=off" in " ".join(text.split()), text

@@ -292,7 +292,7 @@ def failure_lines(c: Collected, most: int = 3) -> list[str]:
     for reason, rows in sorted(reasons.items(), key=lambda kv: -len(kv[1]))[:most]:
         first = c.records.with_detached(t.loc[rows[:1]], ("logs",)).iloc[0]  # where its logs are kept
         log = log_where(str(first.get("run_dir", ".")), first.to_dict(), "err")  # its folder's, or its lane's copy
-        lines.append(f"  {len(rows)} x {reason[:160]}  (e.g. {log})")
+        lines.append(f"  {len(rows)} x {reason if 'HINT:' in reason else reason[:160]}  (e.g. {log})")  # its fix whole
     if len(reasons) > most:
         lines.append(f"  ... and {len(reasons) - most} other reason(s): see summary.json and each record's error")
     return lines
