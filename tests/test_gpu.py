@@ -6,7 +6,9 @@ Covered: the device and its RGU model name from the real NVML; N=4 process packi
 that never touched CUDA, with each training's GPU memory (torch's peak; NVML's per-process figure where the driver
 gives one); the memory cap from NVML's total; fused equivalence on CUDA; DDP over NCCL at k=1; MPS where
 nvidia-cuda-mps-control exists; the sampler's utilization and memory on a busy GPU; each training's share of the GPU
-enforced (torch's per-process fraction, and MPS's client limit where MPS can start).
+enforced (torch's per-process fraction, and MPS's client limit where MPS can start), and MPS clients whose limits
+come from a measured N=1 holding their whole process (written 2026-11-30 after the H200's 11 of 21; not yet run on a
+GPU).
 """
 from __future__ import annotations
 
@@ -205,3 +207,26 @@ def test_an_mps_client_past_its_limit_gets_its_own_oom_and_its_neighbour_complet
     assert big["status"] == "oom", big["error"]
     assert small["status"] == "completed", small["error"]
     assert big["memory_share"]["mps_limit"].startswith("0=")
+
+
+@pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None,
+                    reason="nvidia-cuda-mps-control is not on PATH: MPS cannot start here")
+def test_mps_clients_sized_by_a_measured_n1_hold_their_whole_process(tmp_path):
+    """The H200 (2026-11-30): N=21 MPS clients whose limits came from N=1's torch peak plus an assumed context ran out
+    of memory, 11 of 21. N=1 first, then N=4 of the same setting, each client limited by what N=1 measured: every
+    training completes, and each limit holds the whole process NVML saw at N=1."""
+    plan = make_plan(sweep="gpu", workload="mnist_torch", grid={"seed": [0, 1, 2, 3]}, fixed=SMALL, factors=[1, 4],
+                     modes=["process"], partitions=["local"], repeats=1)
+    run = RunDir(tmp_path / "run")
+    write_json_atomic(run.plan, plan.to_json())
+    settings = PackSettings(device="cuda", memory_share=0.8, sample_interval_s=0.2,
+                            mode_options={"process": ProcessOptions(mps=True)})
+    by_n = {n: next(p for p in plan.packs if p.factor == n) for n in (1, 4)}  # the first pack of each N
+    for n in (1, 4):
+        run_pack(str(run.root), by_n[n].pack_id, settings)
+    (alone,) = [read_json(run.training_record(by_n[1].pack_id, t.training_id)) for t in by_n[1].trainings]
+    packed = [read_json(run.training_record(by_n[4].pack_id, t.training_id)) for t in by_n[4].trainings]
+    assert all(r["status"] == "completed" for r in packed), [r["error"] for r in packed]
+    whole = alone["memory"].get("process_gpu_mem_mb")
+    assert whole is not None and whole > alone["memory"]["peak_gpu_mem_mb"]  # NVML's figure: its context included
+    assert all(r["memory_share"]["mb"] >= whole for r in packed), [r["memory_share"] for r in packed]
