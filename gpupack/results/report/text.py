@@ -14,7 +14,7 @@ import pandas as pd
 from gpupack.results.analysis.aggregate import Collected
 from gpupack.results.analysis.drift import STEADY
 from gpupack.results.analysis.search import SearchReport
-from gpupack.results.analysis.summary import BY_CORES, BY_ONE_PROCESS, UNDER_LOAD, packer_of, without_loader_alone
+from gpupack.results.analysis.summary import BY_CORES, BY_ONE_PROCESS, UNDER_LOAD, packer_of
 from gpupack.results.analysis.tables import Ranking, value_text
 
 
@@ -189,8 +189,9 @@ def mode_lines(c: Collected) -> list[str]:
 def alone_text(c: Collected, best: pd.Series) -> str:
     """The best (mode, N) against one training alone as a user would otherwise run it: the fastest N=1 of the modes
     measured beside it (each mode's own gain is against its own N=1, and a fused N=1 pays a whole fresh process).
-    Medians of the same run on the same device; "" where no N=1 ran or the best is one."""
-    s = without_loader_alone(c.summary)
+    Medians of the same run on the same device; "" where no N=1 ran or the best is one. (The summary holds no run of
+    the loader alone: :func:`gpupack.results.analysis.summary.summarize` left them out.)"""
+    s = c.summary
     ones = s[(s["workload"] == best["workload"]) & (s["partition"] == best["partition"])
              & (s["gpu_type"] == best["gpu_type"]) & (s["factor"] == 1) & s["mode"].isin(c.best["mode"])]
     ones = ones.dropna(subset=["time_per_training_s"])
