@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import NoReturn, Sequence
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.markup import escape
@@ -42,11 +41,10 @@ from gpupack.cli.show import (
 from gpupack.core.plan import Pack
 from gpupack.core.store.rundir import RunDir
 from gpupack.errors import ConfigError, GpupackError, StorageError
-from gpupack.job.pack import available_modes, work_file, work_prefix
-from gpupack.job.workloads import available_workloads, load_workload
-from gpupack.submit import available_backends
-from gpupack.sweep.setup.compose import GROUPS, compose_config, config_dir, group_options, search_path
 from gpupack.sweep.stop import Stopped, after_stop, stop_on_signals, stopped_line
+
+# The planning side (Hydra's composition, the job side, submitit) is imported by the commands that plan, not here:
+# collect and status start without it (issue 53: collect of 1 M trainings within 5 s, imports included).
 
 USAGE = """usage:
   python -m gpupack +sweep=NAME [key=value ...]   run a sweep (conf/sweep/NAME.yaml), e.g. +sweep=mnist_pack
@@ -209,6 +207,9 @@ def dry_run(prepared: sweep.Prepared, console: Console) -> int:
 def first_command(prepared: sweep.Prepared) -> str:
     """The first training's command line as its workload will start it (templates filled), with the working folder
     and the variables it adds; its files are named, not written."""
+    from gpupack.job.pack import work_file, work_prefix
+    from gpupack.job.workloads import load_workload
+
     pack = prepared.plan.packs[0]
     first = pack.trainings[0]
     work = Path(tempfile.gettempdir()) / f"{work_prefix(pack.pack_id)}XXXXXXXX"  # the job's node-local work folder
@@ -314,6 +315,8 @@ def collect_command(argv: Sequence[str], console: Console) -> int:
                               "see conf/rgu/alliance.yaml for the format")
         weights = dict(table.get("models", {}))
     elif not any(RunDir(Path(d)).config.exists() for d in args.run_dirs):
+        from gpupack.sweep.setup import config_dir
+
         weights = dict(OmegaConf.load(config_dir() / "rgu" / "alliance.yaml").models)
     sweep.collect(args.run_dirs, weights=weights, sweep_trainings=args.trainings, out=args.out,
                   plots=not args.no_plots, console=console, wide=args.wide, metric=args.metric, goal=args.goal,
@@ -330,6 +333,8 @@ USEFUL = (("packing.factors=[1,2,4]", "the N trainings per device to measure, or
 
 
 def help_text(overrides: Sequence[str]) -> str:
+    from gpupack.sweep.setup.compose import GROUPS, group_options
+
     lines = [USAGE, "", "Config groups (choose with GROUP=OPTION; the sweep is added: +sweep=NAME):"]
     for group, options in group_options(overrides).items():
         lines.append(f"  {group}: {GROUPS[group]}\n      {', '.join(options)}")
@@ -340,6 +345,13 @@ def help_text(overrides: Sequence[str]) -> str:
 
 
 def info_text(overrides: Sequence[str]) -> str:
+    import hydra
+
+    from gpupack.job.pack import available_modes
+    from gpupack.job.workloads import available_workloads
+    from gpupack.submit import available_backends
+    from gpupack.sweep.setup.compose import group_options, search_path
+
     lines = [f"gpupack {__version__} (Hydra {hydra.__version__})", "", "Config search path:"]
     lines += [f"  {p}" for p in search_path(overrides)]
     lines += ["", "Config groups:"] + [f"  {g}: {', '.join(o)}" for g, o in group_options(overrides).items()]
@@ -375,6 +387,8 @@ def _browser() -> str:
 def print_config(overrides: Sequence[str], which: str, package: str | None, resolve: bool) -> int:
     if which not in ("job", "hydra", "all"):
         raise ConfigError("--cfg", which, "unknown choice", "use --cfg job, --cfg hydra or --cfg all")
+    from gpupack.sweep.setup.compose import compose_config
+
     cfg = compose_config(overrides, with_hydra=which != "job")
     if which == "hydra":
         cfg = OmegaConf.create({"hydra": cfg.hydra})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections import Counter
-from typing import Sequence, TypeVar
+from typing import TYPE_CHECKING, Sequence, TypeVar
 
 from rich.console import Console
 from rich.live import Live
@@ -14,7 +14,9 @@ from rich.table import Table
 from gpupack import sweep
 from gpupack.core.plan import Pack
 from gpupack.core.types import PackState
-from gpupack.sweep.flow.status import RunStatus
+
+if TYPE_CHECKING:
+    from gpupack.sweep.flow.status import RunStatus
 
 
 def make_console() -> Console:

@@ -11,55 +11,76 @@ The work is in :mod:`gpupack.sweep.flow`: a run with fixed factors (``flow.run``
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import TYPE_CHECKING, Callable
 
 from gpupack.core.store.storage import storage_faults
-from gpupack.submit import ProgressFn
-from gpupack.sweep.flow.run import (
-    Beside,
-    Checked,
-    Opened,
-    Outcome,
-    Prepared,
-    ask_submitter,
-    default_run_dir,
-    forecast,
-    packs_to_run,
-    prepare,
-    prepare_run,
-    run_plain,
-    unfinished_beside,
-)
-from gpupack.sweep.flow.status import (
-    SKIPPED,
-    STOPPED,
-    T_SKIPPED,
-    TRAINING_STATES,
-    PackStatus,
-    RunStatus,
-    clear_oom,
-    follow,
-    has_ended,
-    pack_status,
-    status,
-)
 
 if TYPE_CHECKING:
+    from gpupack.submit import ProgressFn
     from gpupack.sweep.flow.auto import first_step
     from gpupack.sweep.flow.collect import Step, collect, find_runs
+    from gpupack.sweep.flow.run import (
+        Beside,
+        Checked,
+        Opened,
+        Outcome,
+        Prepared,
+        ask_submitter,
+        default_run_dir,
+        forecast,
+        packs_to_run,
+        prepare,
+        prepare_run,
+        unfinished_beside,
+    )
+    from gpupack.sweep.flow.status import (
+        SKIPPED,
+        STOPPED,
+        T_SKIPPED,
+        TRAINING_STATES,
+        PackStatus,
+        RunStatus,
+        clear_oom,
+        follow,
+        has_ended,
+        pack_status,
+        status,
+    )
+
+# Each name comes from its module when first used: planning stands on Hydra and submitit, collect on the tables and
+# plots (pandas, pyarrow, matplotlib), and a command pays only for the side it uses (collect of 1 M trainings: issue
+# 53's 5 s, of which the planning side's imports were a quarter of a second).
+_RUN = frozenset(("Beside", "Checked", "Opened", "Outcome", "Prepared", "ask_submitter", "default_run_dir", "forecast",
+                  "packs_to_run", "prepare", "prepare_run", "unfinished_beside"))
+_STATUS = frozenset(("SKIPPED", "STOPPED", "T_SKIPPED", "TRAINING_STATES", "PackStatus", "RunStatus", "clear_oom",
+                     "follow", "has_ended", "pack_status", "status"))
+_COLLECT = frozenset(("collect", "find_runs", "Step"))
 
 
 def __getattr__(name: str) -> object:
-    """Collect and auto's probe stand on the tables and plots (pandas, pyarrow, matplotlib: about a second to import):
-    they are imported when first used, so that a command that plans, runs or looks at a run starts without them."""
-    if name in ("collect", "find_runs", "Step"):
-        from gpupack.sweep.flow import collect as collecting
+    value = getattr(_home(name), name)
+    globals()[name] = value  # once: later reads are a plain attribute
+    return value
 
-        return getattr(collecting, name)
+
+def _home(name: str) -> ModuleType:
+    if name in _RUN:
+        from gpupack.sweep.flow import run
+
+        return run
+    if name in _STATUS:
+        from gpupack.sweep.flow import status
+
+        return status
+    if name in _COLLECT:
+        from gpupack.sweep.flow import collect
+
+        return collect
     if name == "first_step":
         from gpupack.sweep.flow import auto
 
-        return auto.first_step
+        return auto
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -86,4 +107,6 @@ def run(prepared: Prepared, *, progress: ProgressFn | None = None, on_open: Call
             from gpupack.sweep.flow.auto import run_auto
 
             return run_auto(prepared, progress=progress, plots=plots, on_step=on_step)
+        from gpupack.sweep.flow.run import run_plain
+
         return run_plain(prepared, progress=progress, on_open=on_open, collect_outputs=collect_outputs, plots=plots)

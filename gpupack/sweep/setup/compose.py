@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import importlib.resources
 import re
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from hydra import compose, initialize_config_dir
@@ -24,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gpupack.core.plan import is_sweep_function
 from gpupack.errors import ConfigError, nearest
 from gpupack.submit import backend_configs
+from gpupack.sweep.setup import config_dir
 from gpupack.sweep.setup.config import register_configs, schema
 
 GRID_PREFIX = "sweep.grid."
@@ -35,14 +34,6 @@ MOVED = {"packing.mps": "packing.process.mps", "packing.start": "packing.process
 # search=optuna: a hyperparameter's range, kept as its text (gpupack.search.space); sweep.space: a sweep's default one
 SPACE_PREFIXES = ("search.space.", "sweep.space.")
 FREE_PREFIXES = (GRID_PREFIX, "sweep.fixed.", *SPACE_PREFIXES)
-
-
-def config_dir() -> Path:
-    """conf/ of a checkout, else the copy shipped in the wheel as gpupack.conf."""
-    checkout = Path(__file__).resolve().parents[3] / "conf"  # gpupack/sweep/setup/compose.py: the checkout
-    if (checkout / "config.yaml").is_file():
-        return checkout
-    return Path(str(importlib.resources.files("gpupack.conf")))
 
 
 # A template field as a user writes it bare, which Hydra's grammar cannot read (a dict with no colon): {lr}, {x!r}.
