@@ -188,9 +188,11 @@ def mode_lines(c: Collected) -> list[str]:
 
 def alone_text(c: Collected, best: pd.Series) -> str:
     """The best (mode, N) against one training alone as a user would otherwise run it: the fastest N=1 of the modes
-    measured beside it (each mode's own gain is against its own N=1, and a fused N=1 pays a whole fresh process).
-    Medians of the same run on the same device; "" where no N=1 ran or the best is one. (The summary holds no run of
-    the loader alone: :func:`gpupack.results.analysis.summary.summarize` left them out.)"""
+    that named an N beside it (each mode's own gain is against its own N=1, and a fused N=1 pays a whole fresh
+    process). A mode whose choice was withheld is left out: its N=1 may be the reference set up to lose that withheld
+    it, and a spread layout's one training over k devices is not one alone. Medians of the same run on the same
+    device; "" where no N=1 ran or the best is one. (The summary holds no run of the loader alone:
+    :func:`gpupack.results.analysis.summary.summarize` left them out.)"""
     s = c.summary
     ones = s[(s["workload"] == best["workload"]) & (s["partition"] == best["partition"])
              & (s["gpu_type"] == best["gpu_type"]) & (s["factor"] == 1) & s["mode"].isin(c.best["mode"])]
