@@ -1,15 +1,19 @@
 """A Hydra multirun on this machine: Hydra's own basic launcher against gpupack's launcher at its defaults.
 
-    .venv/bin/python benchmarks/hydra_local.py            # full: 40 one-second jobs, 16 MNIST jobs (~3 min here)
-    .venv/bin/python benchmarks/hydra_local.py --quick    # 8 and 4 jobs: checks the script works (~1 min)
+    .venv/bin/python benchmarks/hydra_local.py            # full: 40 + 16 MNIST + 40 CPU-bound jobs (~4 min)
+    .venv/bin/python benchmarks/hydra_local.py --quick    # 8, 4 and 8 jobs: checks the script works
     .venv/bin/python benchmarks/hydra_local.py --report runs/benchmarks/hydra_local/<stamp>   # re-print
 
-Two apps, each run by both launchers, one after the other, from the repository root:
+Three apps, each run by both launchers, one after the other, from the repository root:
 
 (a) one-second jobs: tests/hydra_app/app.py, whose task sleeps 1 s and imports nothing heavy, 40 jobs
     (``lr=range(1,41) sleep_s=1``): what a job's slot costs around its work (Hydra's job machinery, the start);
 (b) MNIST jobs: examples/hydra_app.py, an app that imports torch inside its task function (as most apps do), 16
-    jobs of the MNIST MLP on 2,000 samples (``seed=range(0,16)``): what the framework import costs each job.
+    jobs of the MNIST MLP on 2,000 samples (``seed=range(0,16)``): what the framework import costs each job;
+(c) CPU-bound one-second jobs: the app of (a) burning 1 s of the CPU instead of sleeping (``sleep_s=0 burn_s=1``),
+    40 jobs: the machinery a job pays under contention (issue 53, item 4). Four such jobs on this machine's 2 cores
+    take 2 s of wall each, so 40 CPU-seconds on 2 cores are 20 s at the least: about 0.45 x the basic launcher's
+    wall here is the floor of any launcher, whatever its overhead.
 
     basic:   python APP -m ARGS                                                  (Hydra's default launcher)
     gpupack: python APP -m hydra/launcher=gpupack_local hydra.launcher.pack=4 ARGS   (nothing else set)
@@ -34,6 +38,8 @@ APPS = {
     "MNIST jobs (torch imported in the task)": (
         REPO / "examples" / "hydra_app.py", ["lr=0.05", "batch_size=128", "epochs=1", "train_samples=2000"],
         "seed=range(0,{n})", (16, 4)),
+    "CPU-bound one-second jobs": (REPO / "tests" / "hydra_app" / "app.py", ["sleep_s=0", "burn_s=1"], "lr=range(1,{n})",
+                                  (40, 8)),
 }
 LAUNCHERS = {"basic": [], "gpupack": ["hydra/launcher=gpupack_local", "hydra.launcher.pack=4"]}
 
@@ -82,7 +88,7 @@ def report(out: Path) -> None:
 
 
 def main() -> None:
-    bench_main("hydra_local", __doc__, "8 and 4 jobs, to check that the script works", run, report)
+    bench_main("hydra_local", __doc__, "8, 4 and 8 jobs, to check that the script works", run, report)
 
 
 if __name__ == "__main__":

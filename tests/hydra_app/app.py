@@ -1,5 +1,7 @@
 """A Hydra app for the launcher tests (imports nothing of gpupack). `mode` picks what a job does:
 ok (return lr * 10), raise (an exception), kill (SIGKILL itself: no JobReturn can come back), sleep then ok.
+`burn_s` > 0: after the sleep, burn that many seconds of the CPU (a CPU-bound job: its wall grows with its
+neighbours).
 `meet` > 0: a barrier, not a clock: wait until that many jobs of the multirun have started (jobs run one after
 another never meet: the job fails after 120 s)."""
 import os
@@ -25,6 +27,9 @@ def main(cfg: DictConfig) -> float:
             raise RuntimeError(f"only {len(list(out.parent.glob('*/started.txt')))} of {cfg.meet} jobs ever met")
         time.sleep(0.05)
     time.sleep(cfg.sleep_s)
+    burnt = time.process_time() + cfg.burn_s
+    while time.process_time() < burnt:
+        pass
     if cfg.mode == "raise":
         raise RuntimeError(f"job failure on purpose (lr={cfg.lr})")
     if cfg.mode == "kill":
