@@ -734,15 +734,16 @@ def test_the_knob_table_weighs_each_mode_by_its_own_bound():
         for n in (1, 4)]
 
 
-def _modes_collected(times: dict[tuple[str, int], float], best: tuple[str, int], withheld: tuple[str, ...] = ()):
-    """A Collected of one workload on an H200 with these (mode, N) medians, ``best`` the best (mode, N); the modes in
-    ``withheld`` named no N (their choice withheld: no row in ``best``)."""
+def _modes_collected(times: dict[tuple[str, int], float], best: tuple[str, int], withheld: tuple[str, ...] = (),
+                     partition: str = "local"):
+    """A Collected of one workload on an H200 partition with these (mode, N) medians, ``best`` the best (mode, N); the
+    modes in ``withheld`` named no N (their choice withheld: no row in ``best``)."""
     import pandas as pd
 
     from gpupack.results.analysis.aggregate import Collected
     from gpupack.results.analysis.tables import Ranking
 
-    where = {"workload": "mnist_torch", "partition": "local", "gpu_type": "NVIDIA H200"}
+    where = {"workload": "mnist_torch", "partition": partition, "gpu_type": "NVIDIA H200"}
     summary = pd.DataFrame([{**where, "mode": m, "factor": n, "time_per_training_s": t} for (m, n), t in times.items()])
     bests = summary[summary.apply(lambda r: r["factor"] == max(n for (m, n) in times if m == r["mode"])
                                   and r["mode"] not in withheld, axis=1)]
@@ -771,3 +772,22 @@ def test_the_best_mode_and_n_is_said_against_one_training_alone(times, best, wit
 
     (line,) = mode_lines(_modes_collected(times, best, withheld))
     assert said in line, line
+
+
+def test_a_mode_withheld_on_one_partition_is_not_its_training_alone_though_named_on_another():
+    """Whether a mode named an N is read on the best's own partition: process withheld on h200a (its fastest N=1 set
+    up to lose) and named on h200b says fused N=1 on h200a, not process N=1."""
+    import pandas as pd
+
+    from gpupack.results.analysis.aggregate import Collected
+    from gpupack.results.report.text import mode_lines
+
+    times = {("process", 1): 1.5, ("process", 4): 1.0, ("fused", 1): 2.0, ("fused", 4): 0.5}
+    parts = [_modes_collected(times, ("fused", 4), ("process",), "h200a"),
+             _modes_collected(times, ("fused", 4), (), "h200b")]
+    both = Collected(**{**vars(parts[0]), **{k: pd.concat([getattr(p, k) for p in parts], ignore_index=True)
+                                             for k in ("summary", "best", "best_overall")}})
+    lines = mode_lines(both)
+    assert len(lines) == 2 and "on h200a (" in lines[0] and "on h200b (" in lines[1], lines
+    assert "4.0x one training alone (fused N=1, 2.00 s)" in lines[0], lines[0]
+    assert "3.0x one training alone (no split (process) N=1, 1.50 s)" in lines[1], lines[1]

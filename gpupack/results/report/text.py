@@ -175,8 +175,8 @@ def mode_lines(c: Collected) -> list[str]:
         return []
     lines = []
     for _, r in c.best_overall.iterrows():
-        others = c.best[(c.best["workload"] == r["workload"]) & (c.best["partition"] == r["partition"])
-                        & (c.best["gpu_type"] == r["gpu_type"]) & (c.best["mode"] != r["mode"])]
+        mine = of_group(c.best, r)
+        others = mine[mine["mode"] != r["mode"]]
         versus = "; ".join(f"best {o['mode']}: N={int(o['factor'])}, {o['time_per_training_s']:.2f} s"
                            for _, o in others.iterrows())
         lines.append(f"Best (mode, N) for {r['workload']} on {r['partition']} ({r['gpu_type']}): "
@@ -186,6 +186,12 @@ def mode_lines(c: Collected) -> list[str]:
     return lines
 
 
+def of_group(frame: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
+    """The rows of ``frame`` on the same (workload, partition, GPU type) as ``row``: what one device's lines compare."""
+    return frame[(frame["workload"] == row["workload"]) & (frame["partition"] == row["partition"])
+                 & (frame["gpu_type"] == row["gpu_type"])]
+
+
 def alone_text(c: Collected, best: pd.Series) -> str:
     """The best (mode, N) against one training alone as a user would otherwise run it: the fastest N=1 of the modes
     that named an N beside it (each mode's own gain is against its own N=1, and a fused N=1 pays a whole fresh
@@ -193,9 +199,8 @@ def alone_text(c: Collected, best: pd.Series) -> str:
     it, and a spread layout's one training over k devices is not one alone. Medians of the same run on the same
     device; "" where no N=1 ran or the best is one. (The summary holds no run of the loader alone:
     :func:`gpupack.results.analysis.summary.summarize` left them out.)"""
-    s = c.summary
-    ones = s[(s["workload"] == best["workload"]) & (s["partition"] == best["partition"])
-             & (s["gpu_type"] == best["gpu_type"]) & (s["factor"] == 1) & s["mode"].isin(c.best["mode"])]
+    ones = of_group(c.summary, best)
+    ones = ones[(ones["factor"] == 1) & ones["mode"].isin(of_group(c.best, best)["mode"])]
     ones = ones.dropna(subset=["time_per_training_s"])
     if ones.empty or int(best["factor"]) == 1 or not best["time_per_training_s"] > 0:
         return ""
