@@ -552,6 +552,21 @@ def test_collect_from_the_cli_imports_nothing_of_the_planning_side(tmp_path, wit
     assert out.stdout.strip().splitlines()[-1] == "LOADED [] 0", out.stdout + out.stderr
 
 
+def test_every_name_gpupack_sweep_declares_resolves_from_its_module():
+    """gpupack.sweep names its flow's names twice, for the type checker (imports under TYPE_CHECKING) and for the first
+    use (its module's sets): a name in one and not the other type-checks and fails where a caller first reads it."""
+    import ast
+
+    import gpupack.sweep as facade
+
+    tree = ast.parse(Path(facade.__file__).read_text())
+    typed = {a.asname or a.name for node in tree.body if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(
+        node.test) for imp in node.body if isinstance(imp, ast.ImportFrom) for a in imp.names} - {"ProgressFn"}
+    assert typed >= set(facade.__all__) - {"run"}, set(facade.__all__) - typed
+    unresolved = [name for name in sorted(typed) if not hasattr(facade, name)]
+    assert unresolved == [], unresolved
+
+
 def test_collect_on_an_empty_directory_says_there_is_nothing_yet(tmp_path, capsys):
     from gpupack.cli import main
 
