@@ -1,9 +1,8 @@
 """The columnar file of a pack: its trainings' flat rows in one file (``packs/<id>/trainings.arrows``).
 
-A record format, below every layer that uses it: the pack's job writes it (:func:`write_columnar`, once its pack
-record is written), :mod:`gpupack.results.analysis` reads it (:class:`ColumnarReader`), and both turn records into the
-same flat rows (:func:`flatten`, :func:`flatten_pack`, :func:`split_rows`), so a pack read from its file or from its
-JSON records gives the same frame.
+The pack's job writes it (:func:`write_columnar`), :mod:`gpupack.results.analysis` reads it (:class:`ColumnarReader`),
+and both make the same flat rows (:func:`flatten`, :func:`split_rows`), so a pack read from its file or from its JSON
+records gives the same frame.
 """
 from __future__ import annotations
 
@@ -42,19 +41,15 @@ PACK_FLAT = ("source", "note", "gpu_util_mean", "gpu_util_max", "gpu_mem_used_pe
              "foreign_cpu_cores_mean", "foreign_cpu_cores_max", "foreign_measured_s", "host_cores", "job_cores",
              "foreign_gpu_procs_max", "foreign_gpu_mem_mb_max")
 
-# packs/<id>/trainings.arrows: an Arrow IPC stream of one batch, the columns that vary between the pack's trainings
-# (pyarrow.ipc.open_stream reads it), then JSON: the pack record's flat row, the number of trainings, and the value of
-# each column every training of the pack shares (its sweep, partition, device...: one value, not N). Written by the
-# pack's job (write_columnar); read by gpupack.results.analysis.load (ColumnarReader). Its name:
-# gpupack.core.store.rundir.COLUMNAR.
+# The file: an Arrow IPC stream of one batch, the columns that vary between the pack's trainings, then JSON: the pack
+# record's flat row, the number of trainings, and the one value of each column every training shares (ColumnarTail).
 JSON_PREFIX = "json:"  # a column of lists, dicts or mixed types: JSON text under this prefix in the columnar file
 _META_SCHEMA = b"gpupack.schema"
 _META_COLUMNS = b"gpupack.columns"  # every column of the rows, in order
 _META_SHARED = b"gpupack.shared"  # the columns all rows share one value of: in the JSON after the stream
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the end of an Arrow IPC stream
-# The Arrow type of each field of gpupack's training records, whatever the values of one pack (a pack without an
-# error has a null one): packs then share one layout, parsed once and joined without promotion.
-# Text is large_string: what pandas' str columns hold, so a million rows convert without a cast.
+# The Arrow type of each field of gpupack's training records, whatever one pack's values (a null error): packs then
+# share one layout, parsed once and joined without promotion. Text is large_string, as pandas' str columns hold it.
 STRING = _S = pa.large_string()
 _F, _I, _B = pa.float64(), pa.int64(), pa.bool_()
 INT64 = (-(2 ** 63), 2 ** 63 - 1)
@@ -181,11 +176,9 @@ Columns = Mapping[str, tuple[pa.DataType, Sequence[object]]]  # a column's name 
 
 
 def typed_arrays(columns: Columns, rows: int) -> list[pa.Array]:
-    """Each column's values as one array of its type. Where pandas is not imported (a pack job, whose columnar files
-    are its only use of Arrow), read by Arrow's JSON reader from their JSON text: ``pa.array`` asks whether its input
-    is a pandas object and imports pandas to know (apache/arrow#34994), 0.4 s of a core at every job's end. Elsewhere
-    (collect) ``pa.array``, twice as fast. Both give the same arrays; values the JSON reader refuses (a lone
-    surrogate) go to ``pa.array`` either way."""
+    """Each column's values as one array of its type. Where pandas is not imported (a pack job), through Arrow's JSON
+    reader: ``pa.array`` imports pandas to check its input (apache/arrow#34994), 0.4 s of a core at every job's end.
+    Elsewhere ``pa.array``, twice as fast. Both give the same arrays."""
     if "pandas" not in sys.modules:
         read = _json_arrays(columns, rows)
         if read is not None:
@@ -194,8 +187,8 @@ def typed_arrays(columns: Columns, rows: int) -> list[pa.Array]:
 
 
 def _json_arrays(columns: Columns, rows: int) -> list[pa.Array] | None:
-    """:func:`typed_arrays` through Arrow's JSON reader; None where it refuses the values. They come back as they
-    were: a float by its repr, NaN and the infinities as json writes them, ints within 64 bits."""
+    """:func:`typed_arrays` through Arrow's JSON reader (floats by their repr, NaN and infinities included); None
+    where it refuses the values."""
     if not columns or not rows:
         return [pa.nulls(0, kind) for kind, _ in columns.values()]
     names = list(columns)
@@ -218,9 +211,9 @@ def same(values: Sequence[object]) -> bool:
 
 @dataclass
 class Rows:
-    """Flat rows as columns: ``batch`` holds the columns that vary between rows (typed, lists and dicts as JSON text
-    under ``json:<name>``), ``shared`` the one value of each column all rows share. Its schema's metadata names
-    every column in order and which are shared: what the rows' layout is, the same for every pack alike."""
+    """Flat rows as columns: ``batch`` the columns that vary between rows (lists and dicts as JSON text under
+    ``json:<name>``), ``shared`` the one value of each column all rows share; its schema's metadata names every
+    column in order and which are shared."""
 
     batch: pa.RecordBatch
     rows: int
@@ -265,24 +258,16 @@ def pack_rows(pack_dir: Path, warnings: list[str]) -> tuple[list[dict[str, objec
 
 
 def write_columnar(run: RunDir, pack_id: str) -> Path | None:
-    """Write the pack's training rows and its pack record's row into ``packs/<id>/trainings.arrows``, atomically.
-
-    The job body calls it once the pack record is written. Written only when every record of the pack reads
-    cleanly, so collect's warnings about a bad record come from the JSON, as without the file. Returns the path, or
-    None when nothing was written."""
-    pack_dir = run.pack_dir(pack_id)
+    """Write the pack's training rows and its pack record's row into its columnar file, atomically, once the pack
+    record is written; only where every record reads cleanly (collect's warnings then come from the JSON). Returns
+    the path, or None when nothing was written."""
     warnings: list[str] = []
-    trainings, packs = pack_rows(pack_dir, warnings)
+    trainings, packs = pack_rows(run.pack_dir(pack_id), warnings)
     if warnings or len(packs) != 1:
         return None
-    return write_rows(run.columnar(pack_id), trainings, packs[0])
-
-
-def write_rows(path: Path, trainings: Sequence[Mapping[str, object]], pack_row: dict[str, object]) -> Path:
-    """Flat training rows and their pack's flat row as one columnar file at ``path``, atomically."""
-    with atomic_file(path, binary=True) as f:
-        f.write(columnar_bytes(trainings, pack_row))
-    return path
+    with atomic_file(run.columnar(pack_id), binary=True) as f:
+        f.write(columnar_bytes(trainings, packs[0]))
+    return run.columnar(pack_id)
 
 
 class ColumnarTail(TypedDict):
@@ -322,9 +307,8 @@ class ColumnarReader:
         self.layouts: dict[bytes, pa.Schema | None] = {}
 
     def read(self, pack_dir: str) -> tuple[Rows, dict[str, object]] | None:
-        """(training rows, pack row) of a pack; None where it has no columnar file, where its records changed after
-        the file was written (a resumed pack: its trainings/ folder or pack.json is newer, or pack.json was moved
-        aside), or where the file is unreadable or of another schema — its JSON records say the same, and are read
+        """(training rows, pack row) of a pack; None where it has no columnar file, its records changed after the
+        file was written (a resumed pack), or the file is unreadable or of another schema: its JSON records are read
         instead."""
         path = f"{pack_dir}/{COLUMNAR}"
         try:
