@@ -8,6 +8,7 @@ the CPU. Tests fake :func:`_nvml` and nothing else.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 from dataclasses import dataclass
@@ -64,17 +65,12 @@ def first_visible(env: Mapping[str, str]) -> str | None:
 
 
 def visible_devices(env: Mapping[str, str], k: int) -> list[str]:
-    """The first ``k`` devices CUDA_VISIBLE_DEVICES names, as it names them (unset: indexes 0..k-1); CUDA stops at
-    the first invalid entry, so does this. What a job spread over k GPUs uses (rank r: cuda:r)."""
+    """The first ``k`` devices CUDA_VISIBLE_DEVICES names, as it names them (unset: indexes 0..k-1), up to the first
+    invalid entry, as CUDA does. What a job spread over k GPUs uses (rank r: cuda:r)."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return [str(i) for i in range(k)]
-    out = []
-    for entry in (e.strip() for e in visible.split(",")):
-        if entry in ("", "-1"):
-            break
-        out.append(entry)
-    return out[:k]
+    return list(itertools.takewhile(lambda e: e not in ("", "-1"), (e.strip() for e in visible.split(","))))[:k]
 
 
 def _text(value: str | bytes) -> str:
@@ -118,8 +114,7 @@ def _devices(nvml: Nvml) -> Iterator[tuple[NvmlHandle, NvmlHandle]]:
 
 
 def _as_cuda_sees(nvml: Nvml, gpu: NvmlHandle, named: str) -> VisibleGpu:
-    """A whole GPU, or, when it is in MIG mode, the slice of it CUDA runs on: CUDA never uses a MIG-mode GPU
-    as a whole, so costing and sizing the whole GPU would be wrong."""
+    """A whole GPU, or, when it is in MIG mode, the slice of it CUDA runs on (never the whole GPU)."""
     if not _mig_enabled(nvml, gpu):
         return VisibleGpu(gpu, mig=False)
     slices = list(_mig_devices(nvml, gpu))
@@ -176,11 +171,8 @@ def _by_legacy_mig(nvml: Nvml, entry: str) -> VisibleGpu:
 
 
 def resolve_visible(env: Mapping[str, str], nvml: Nvml) -> VisibleGpu | None:
-    """The NVML handle of the device CUDA_VISIBLE_DEVICES names first, over an initialized ``nvml``.
-
-    None when it hides every GPU; LookupError (its message says why) when it names a device NVML does not know,
-    never index 0 in its place.
-    """
+    """The NVML handle of the device CUDA_VISIBLE_DEVICES names first, over an initialized ``nvml``. None when it
+    hides every GPU; LookupError (saying why) when it names a device NVML does not know, never index 0 instead."""
     entry = first_visible(env)
     if entry is None:
         return None
@@ -217,9 +209,8 @@ def detect_device(env: Mapping[str, str] | None = None) -> DeviceInfo:
 
 
 def free_memory_mb(on_gpu: bool, env: Mapping[str, str] | None = None) -> float | None:
-    """Memory free now on the job's device (MB), what a streaming lane admits its next training by: NVML's free memory
-    of the GPU CUDA_VISIBLE_DEVICES names first; on a CPU the host's available memory (psutil). None: NVML cannot say
-    (the training is then admitted by the lane's budget alone)."""
+    """Memory free now on the job's device (MB), what a streaming lane admits its next training by: NVML's figure of
+    the visible GPU, or the host's available memory on a CPU. None: NVML cannot say."""
     if not on_gpu:
         import psutil  # deferred: only a streaming lane that admits by memory asks
 
