@@ -62,10 +62,8 @@ def billed_packs(packs: pd.DataFrame) -> pd.DataFrame:
     """Per (partition, mode, N): the term that bills its packs and how many times the GPU's RGU (from each pack
     record's ``billing``: what its job asked, and the bundle). Packs with no billing record (a local run): none."""
     import pandas as pd
-    if packs.empty or "billing" not in packs:
-        return pd.DataFrame(columns=["partition", "mode", "factor", "billed_term", "billed_multiple"])
     rows = []
-    for _, p in packs.iterrows():
+    for _, p in packs.iterrows() if "billing" in packs else ():
         asked = p["billing"]
         if not isinstance(asked, Mapping):
             continue
@@ -82,10 +80,9 @@ def billed_packs(packs: pd.DataFrame) -> pd.DataFrame:
 
 def cost_table(best: pd.DataFrame, weights: Mapping[str, float], sweep_trainings: int,
                billed: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per partition (at its best mode and N): the RGU-hours billed per training (``billed``: the term and multiple
-    its packs were billed by, from :func:`billed_packs`; none known: the GPU's RGU, as a site without bundles) and for
-    a sweep of ``sweep_trainings`` trainings on one GPU, what a request sized to the bundle would cost, the sweep's
-    wall time, and which is fastest and cheapest (by what is billed)."""
+    """Per partition (at its best mode and N): the RGU-hours billed per training (``billed``: from
+    :func:`billed_packs`; none known: the GPU's RGU), what a request sized to the bundle would cost, and for a sweep
+    of ``sweep_trainings`` trainings on one GPU its wall time and cost, and which is fastest and cheapest."""
     import pandas as pd
     if best.empty:
         return pd.DataFrame()
