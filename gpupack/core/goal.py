@@ -1,6 +1,5 @@
-"""Which way a metric is better: the goal collect ranks hyperparameters towards (collect.goal, `--goal`), shared by
-the config's checks and the ranking; the goal a metric's name suggests, for a HINT only; and a metric named
-(collect.metric, `--metric`) checked against those reported."""
+"""Which way a metric is better (collect.goal, `--goal`); the goal a metric's name suggests, for a HINT only; and a
+metric named (collect.metric, `--metric`) checked against those reported."""
 from __future__ import annotations
 
 import difflib
@@ -14,9 +13,8 @@ GOALS = ("max", "min")
 # (or the Optuna sweeper's direction, which the Hydra launcher records): a direction is never guessed from a name.
 KNOWN_GOALS = {"val_accuracy": "max"}
 
-# Words in a metric's name that read as one direction: a HINT suggests that goal, and ranks nothing by it (a name
-# is not a promise: "error_reduction" is better higher). Short words must be a whole word of the name ("acc" in
-# "val_acc", not the "acc" of "accumulated"); longer ones may sit inside one ("valloss", "top1accuracy").
+# Words in a metric's name that read as one direction, for a HINT only ("error_reduction" is better higher). Short
+# words must be a whole word of the name; longer ones may sit inside one ("valloss", "top1accuracy").
 SUGGESTS = {
     "max": ("accuracy", "acc", "f1", "auc", "precision", "recall", "iou", "bleu"),
     "min": ("loss", "error", "err", "perplexity", "mse", "mae", "rmse"),
@@ -69,9 +67,8 @@ def contradiction(metric: str, goal: str) -> str | None:
 
 
 def check_metric(metric: str, reported: Sequence[str], key: str, whose: str) -> None:
-    """``metric`` one of ``reported`` (what ``whose`` reports: a workload's declared metrics, a run's records), else a
-    ConfigError on ``key`` whose HINT names the nearest reported one (``val_acc`` → ``val_accuracy``), or
-    val_accuracy, or the first. Pure."""
+    """``metric`` one of ``reported`` (by ``whose``), else a ConfigError on ``key`` whose HINT names the nearest
+    reported one, or val_accuracy, or the first. Pure."""
     if metric in reported or not reported:
         return
     close = difflib.get_close_matches(metric, reported, n=1, cutoff=0.5)

@@ -1,7 +1,5 @@
-"""One training spread over k devices, as its processes see it: where each process stands (:class:`Placement`, in its
-worker spec) and the calls the workload makes (:class:`Spread`, ``ctx.spread``). The strategies that fill them in
-are :mod:`gpupack.job.spread`'s; these two sit at the bottom so that a training's process can hold them without the
-pack's side."""
+"""One training spread over k devices, as its processes see it: where each process stands (:class:`Placement`) and
+the calls the workload makes (:class:`Spread`, ``ctx.spread``); the strategies are :mod:`gpupack.job.spread`'s."""
 from __future__ import annotations
 
 import contextlib

@@ -1,7 +1,5 @@
-"""Waiting for a process's end without looking at it over and over: a pidfd (Linux 5.3 and later) is readable once
-its process has ended, so a loop that looks every so often wakes at once when one of the processes it follows ends.
-Where there is no pidfd (another system, an older kernel, a sandbox that forbids it) the loop looks as often as
-before."""
+"""Waiting for a process's end without polling: a pidfd (Linux 5.3 and later) is readable once its process has ended,
+so a loop wakes at once when one it follows ends. Without a pidfd the loop looks at each timeout."""
 from __future__ import annotations
 
 import os

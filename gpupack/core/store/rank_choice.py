@@ -1,7 +1,6 @@
-"""The ranking a run remembers: the metric, goal and stdout pattern that ``collect --metric/--goal/--pattern`` was
-given, kept in RUN_DIR/rank.json (atomic, beside the records and never in them), so that a later collect of the run
-ranks its hyperparameters the same way; and the pure rule by which what is asked now, what the run keeps and its
-config (collect.metric, collect.goal) make the choice."""
+"""The ranking a run remembers: the metric, goal and stdout pattern ``collect --metric/--goal/--pattern`` was given,
+kept in RUN_DIR/rank.json (never in the records) so a later collect ranks the same way; and the pure rule that
+chooses between what is asked now and what the run keeps."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,8 +52,7 @@ def read_rank(run: RunDir) -> RankChoice | None:
 
 
 def remember(run: RunDir, choice: RankChoice) -> bool:
-    """Keep ``choice`` in the run's rank.json, atomically (a reader sees the old choice or the new one, never half),
-    unless it holds that already. Only rank.json is written: the records are never touched. True where it wrote."""
+    """Keep ``choice`` in the run's rank.json, atomically, unless it holds that already. True where it wrote."""
     if read_rank(run) == choice:
         return False
     write_json_atomic(run.rank_choice, choice.as_json())
