@@ -68,7 +68,7 @@ def fold_pack(run: RunDir, pack_id: str, lane: str, clock: Callable[[], float] =
     folded = _fold(run, lane, clock,
                    lambda log: [*_earlier_attempts(folder), *_current(run, folder, pack_id, lane, log)])
     shutil.rmtree(folder)  # packs/ itself stays: another lane, here or on another node, may be making its pack's
-    return folded           # folder in it at this moment
+    return len(folded)      # folder in it at this moment
 
 
 def fold_trainings(run: RunDir, pack_id: str, training_ids: Collection[str], lane: str,
@@ -76,14 +76,8 @@ def fold_trainings(run: RunDir, pack_id: str, training_ids: Collection[str], lan
     """Fold the ended trainings ``training_ids`` of a streaming lane's pack ``pack_id`` into ``lane``'s journal, then
     remove their records and logs; the records it folded."""
     folder = run.pack_dir(pack_id)
-    recs: list[TrainingRecord] = []
-
-    def lines(log: IO[bytes]) -> list[tuple[str, Record]]:
-        out = _trainings(run, folder, pack_id, lane, log, training_ids)
-        recs.extend(rec for _, rec in out)
-        return list(out)
-
-    _fold(run, lane, clock, lines)
+    folded = _fold(run, lane, clock, lambda log: list(_trainings(run, folder, pack_id, lane, log, training_ids)))
+    recs = [rec for _, rec in folded if is_training_record(rec)]
     for rec in recs:
         tid = str(rec["training_id"])
         for path in (run.training_record(pack_id, tid), run.log(pack_id, tid, "out"), run.log(pack_id, tid, "err")):
@@ -99,9 +93,9 @@ def append_records(run: RunDir, lane: str, records: Collection[TrainingRecord],
 
 
 def _fold(run: RunDir, lane: str, clock: Callable[[], float],
-          lines_of: Callable[[IO[bytes]], list[tuple[str, Record]]]) -> int:
+          lines_of: Callable[[IO[bytes]], list[tuple[str, Record]]]) -> list[tuple[str, Record]]:
     """Append the lines ``lines_of`` makes (copying logs into the lane's log as it goes) to ``lane``'s journal,
-    fsynced; how many lines."""
+    fsynced; the lines."""
     make_dirs(run.lanes)
     with _lane_lock(run, lane) as (journal, log):
         lines = lines_of(log)
@@ -114,7 +108,7 @@ def _fold(run: RunDir, lane: str, clock: Callable[[], float],
         os.fsync(journal.fileno())
         if log.tell() == 0:  # no output to keep (so far): no empty file
             run.lane_log(lane).unlink()
-    return len(lines)
+    return lines
 
 
 @contextmanager
