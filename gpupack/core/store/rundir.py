@@ -10,28 +10,23 @@
       (the trainings' specs and results in flight live in the job's node-local space: PackContext.work)
       packs/<pack_id>/attempts/<k>/            records of earlier attempts (a resumed pack moves them there)
       packs/<pack_id>/.lock                    held by the packer running the pack
-      lanes/<lane>.jsonl                       a lane's journal: the records of its ended packs (or, a streaming
-                                               lane's, trainings), folded
+      lanes/<lane>.jsonl                       a lane's journal: its ended packs' or trainings' records, folded
       lanes/<lane>.log                         their completed trainings' output (gpupack.core.store.journal)
-      lanes/<lane>.arrows                      the journal's records as columns, written at the lane's end: what
-                                               collect reads instead of its lines (gpupack.core.store.lane_columnar)
+      lanes/<lane>.arrows                      the journal's records as columns (gpupack.core.store.lane_columnar)
       lanes/<lane>.failed/<pack>.<id>.out|err  their failed trainings' whole logs (.<k>.out|err: a later failure's)
-      claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.store.claims; a
-                                               folding lane drops it once the training's completed record is folded)
+      claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.store.claims)
       jobs.json                                pack id → submitted job id (SLURM), for status and resume
       search/study.log, study.json             search=optuna: the study (Optuna journal) and its head
       search/study.torn                        a torn last line of it, cut and kept (journal.cut_torn)
       submitit/                                submitit's files of each job (array), named by its id
       summary.csv  summary.json                written by collect
       cleared_oom.json                         the OOMs a user cleared (python -m gpupack clear-oom)
-      rank.json                                the metric, goal and pattern a collect --metric/--goal/--pattern
-                                               was given, which later collects rank by (gpupack.core.store.rank_choice)
+      rank.json                                what collect ranks by (gpupack.core.store.rank_choice)
       .lock                                    held while a sweep runs in the directory
-      auto.json  probe/nNN/  run/              packing.factors=auto: what the probe did, each of its steps (a run
-                                               directory of its own), and the rest of the grid at the best N
+      auto.json  probe/nNN/  run/              packing.factors=auto: the probe, its steps, the grid at the best N
+      again/NN/                                packing.remeasure: the disturbed rounds measured again
       hydra_launch.pkl  returns/<job>.pkls     a Hydra launch (MULTIRUN_DIR/.gpupack/launch_<first job>/): the
-                                               pickled launcher, and its Hydra jobs' JobReturns, a file a gpupack job
-      hydra_configs.pkls                       the launch's job configs, as its sweeper composed them
+      hydra_configs.pkls                       pickled launcher, its jobs' JobReturns and its job configs
 
 Collect, walking thousands of packs as ``str`` folders, joins the same names (:data:`PACK_RECORD`, ...) itself.
 """
