@@ -148,10 +148,7 @@ class Plan:
         return [(lane, t) for _, _, lane, t in sorted(dealt, key=lambda item: item[:2])]
 
     def pack(self, pack_id: str) -> Pack:
-        for p in self.packs:
-            if p.pack_id == pack_id:
-                return p
-        raise KeyError(pack_id)
+        return {p.pack_id: p for p in self.packs}[pack_id]
 
     def to_json(self) -> PlanJson:
         data = {"schema": PLAN_SCHEMA, **asdict(self)}
@@ -483,14 +480,13 @@ def _packing_packs(workload: str, points: Sequence[Mapping[str, object]], fixed:
                          f"grid points {how} so that {n_packs} packs of {factor} are full")
         trainings = trainings_for(workload, points, fixed, n_packs * factor, seed_key)
         for partition, mode in itertools.product(partitions, modes):
-            grouped = group_keys is not None and mode in group_keys
-            chunks = (grouped_chunks(workload, points, fixed, factor, repeats, seed_key, group_keys[mode])
-                      if group_keys is not None and grouped else
+            key = (group_keys or {}).get(mode)
+            chunks = (grouped_chunks(workload, points, fixed, factor, repeats, seed_key, key) if key is not None else
                       [tuple(trainings[i * factor:(i + 1) * factor]) for i in range(n_packs)])
             packs += [Pack(pack_id(partition, mode, factor, index), partition, mode, factor, index, chunk)
                       for index, chunk in enumerate(chunks)]
-            if group_keys is not None and grouped and partition == partitions[0]:
-                n_groups = len({group_keys[mode]({**fixed, **p}) for p in points})
+            if key is not None and partition == partitions[0]:
+                n_groups = len({key({**fixed, **p}) for p in points})
                 if n_groups > 1:
                     notes.append(f"{mode} N={factor}: the grid's {n_groups} shapes train in separate groups "
                                  f"({len(chunks)} packs; each pack holds one shape)")
