@@ -318,10 +318,7 @@ class ColumnarReader:
             with open(path, "rb", buffering=0) as f:
                 data = f.read()
             read = self.parse(data)
-            if read is None:
-                return None
-            rows, tail = read
-            return rows, tail["pack"]
+            return None if read is None else (read[0], read[1]["pack"])
         except (OSError, ValueError, KeyError, TypeError, EOFError, pa.ArrowException):
             return None
 
