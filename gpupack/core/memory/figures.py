@@ -123,11 +123,9 @@ def setting_key(params: Mapping[str, object], seed_key: str = "seed") -> str:
 
 def estimate(stated_mb: float | None, measured: Measured) -> TrainingMemory:
     """The figure for one training, from the records, the user's word, or the default (in that order). Pure."""
-    stated = Figure(float(stated_mb), f"sweep.training_memory_mb={stated_mb:g}", key="sweep.training_memory_mb") \
-        if stated_mb is not None else None
     looked = measured.looked()
-    if stated is not None:
-        stated = Figure(stated.mb, stated.source, key=stated.key, looked=looked)
+    stated = Figure(float(stated_mb), f"sweep.training_memory_mb={stated_mb:g}", key="sweep.training_memory_mb",
+                    looked=looked) if stated_mb is not None else None
     return TrainingMemory(
         host=_measured_or(measured.host_mb, measured, stated or Figure(DEFAULT_HOST_MB, f"a default: {looked}",
                                                                        looked=looked)),
