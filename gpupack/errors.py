@@ -131,8 +131,7 @@ def require_positive(value: object, key: str, example: str, *, whole: bool = Fal
 
 
 def require_unique(values: Sequence[object], key: str, noun: str, each: str) -> None:
-    """None of ``values`` listed twice, else a ConfigError on ``key`` naming the first repeated one, with the list
-    deduplicated, in order, as the hint."""
+    """None of ``values`` listed twice, else a ConfigError on ``key`` with the list deduplicated as the hint."""
     seen: list[object] = []
     known: set[object] = set()  # linear in the values (an axis of 100,000), an unhashable one by its JSON
     twice: list[object] = []

@@ -54,8 +54,7 @@ class JobEnvironment:
         return listed[:wanted]
 
     def on_gpu(self, device: str, index: int) -> JobEnvironment:
-        """This job as one of its GPUs' packs sees it: that GPU alone, and temporary space of its own (one MPS daemon
-        per GPU keeps its pipes there)."""
+        """This job as one of its GPUs' packs sees it: that GPU alone, with temporary space of its own (for MPS)."""
         tmp = os.path.join(self.temp_dir(), f"gpu{index}")
         os.makedirs(tmp, exist_ok=True)
         return dataclasses.replace(self, cuda_visible_devices=device, tmp_dir=tmp)

@@ -209,8 +209,7 @@ def detect_device(env: Mapping[str, str] | None = None) -> DeviceInfo:
 
 
 def free_memory_mb(on_gpu: bool, env: Mapping[str, str] | None = None) -> float | None:
-    """Memory free now on the job's device (MB), what a streaming lane admits its next training by: NVML's figure of
-    the visible GPU, or the host's available memory on a CPU. None: NVML cannot say."""
+    """Memory free now on the job's device (MB): NVML's on a GPU, the host's available on a CPU; None: unknown."""
     if not on_gpu:
         import psutil  # deferred: only a streaming lane that admits by memory asks
 

@@ -33,8 +33,7 @@ class Placement:
 
 
 class Spread:
-    """In a spread training's process: what the workload calls. This base class is the identity (one device, one
-    process), so a workload written against it trains the same way alone."""
+    """What the workload calls in a spread training's process; this base is the identity (one device, one process)."""
 
     def __init__(self, placement: Placement) -> None:
         self.placement = placement
@@ -62,8 +61,7 @@ class Spread:
         return model
 
     def shard(self, *tensors: Tensor) -> tuple[Tensor, ...]:
-        """This process's share of one global batch (DDP: the rank's contiguous slice). The workload keeps loading
-        the global batch (``batch_size``), so the global batch is the same at every k."""
+        """This process's share of one global batch (DDP: the rank's slice): the global batch is the same at every k."""
         return tensors
 
     def scope(self) -> ContextManager[object]:

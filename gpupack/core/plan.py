@@ -49,8 +49,7 @@ class _PackFieldsBase(TypedDict):
 
 
 class PackFields(_PackFieldsBase, total=False):
-    """A pack as plan.json holds it but its trainings: the optional fields only where they are set (plans written
-    before them)."""
+    """A pack as plan.json holds it but its trainings: the optional fields only where set."""
     loader_alone: bool
     devices: int
     spread: str
@@ -141,8 +140,7 @@ class Plan:
         return sorted((p for p in self.packs if p.stream == stream), key=lambda p: p.index)
 
     def queue(self, stream: str) -> list[tuple[Pack, Training]]:
-        """Queue ``stream``'s trainings in the order they are claimed (the plan's order before it was dealt out to the
-        lanes), each with the lane whose folder holds its records."""
+        """Queue ``stream``'s trainings in claim order, each with the lane whose folder holds its records."""
         lanes = self.lanes(stream)
         dealt = [(i, lane.index, lane, t) for lane in lanes for i, t in enumerate(lane.trainings)]
         return [(lane, t) for _, _, lane, t in sorted(dealt, key=lambda item: item[:2])]
@@ -277,8 +275,7 @@ def _again(t: Training, seed_key: str | None, k: int) -> Training:
 
 def setup_packs(packs: Sequence[Pack], workload: str, points: Sequence[Mapping[str, object]],
                 fixed: Mapping[str, object], factor: int, threads: int, seed_key: str | None) -> list[Pack]:
-    """A second set-up of N=``factor``'s packs at ``threads`` per training: pack i holds new-seeded copies (the next
-    :func:`trainings_for` makes) of the points of the reference's pack i. Pure."""
+    """A second set-up of N=``factor``'s packs at ``threads`` per training, on new seeds of the same points. Pure."""
     out: list[Pack] = []
     for (partition, mode), mine in itertools.groupby(
             [p for p in packs if p.factor == factor and not p.loader_alone and p.spread is None and p.stream is None],
@@ -325,8 +322,7 @@ def refit_packs(pack: Pack, todo: Sequence[Training], n: int) -> list[Pack]:
 
 
 def run_at_smaller_n(plan: Plan, pack: Pack) -> frozenset[str]:
-    """The trainings of ``pack`` whose grid point the plan also runs at a smaller N in the same partition and mode:
-    refitting them adds nothing (their N is infeasible; their points ran). Pure."""
+    """The trainings of ``pack`` whose point the plan also runs at a smaller N (refitting them adds nothing). Pure."""
     below = {(t.workload, t.grid_index) for p in plan.packs
              if p.partition == pack.partition and p.mode == pack.mode and p.factor < pack.factor
              and p.spread is None and p.stream is None and not p.loader_alone for t in p.trainings}
@@ -355,8 +351,7 @@ def spread_pack_id(partition: str, label: str, devices: int, index: int) -> str:
 def spread_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
                  partitions: Iterable[str], layouts: Sequence[tuple[str, str]], devices: Sequence[int], repeats: int,
                  seed_key: str | None = "seed") -> list[Pack]:
-    """One training per pack, spread over k devices, for each (strategy, label) layout and k: every grid point once,
-    at least ``repeats`` times (reseeded copies), the same trainings N=1 packing runs, so the two compare."""
+    """One training per pack over k devices for each layout and k: the trainings N=1 packing runs, to compare."""
     trainings = trainings_for(workload, points, fixed, max(repeats, len(points)), seed_key)
     return [Pack(spread_pack_id(partition, label, k, i), partition, label, 1, i, (t,), devices=k, spread=strategy)
             for partition in partitions for strategy, label in layouts for k in devices
@@ -421,8 +416,7 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: M
 def _loader_alone_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
                         partitions: Iterable[str], loader_alone: tuple[str, Sequence[str], str],
                         ) -> tuple[list[Pack], list[str]]:
-    """One N=1 pack of the data loader alone per partition and distinct input-pipeline setting (loader param, loader
-    keys, the mode that runs one training as it runs alone), and the plan's note of them."""
+    """One N=1 loader-only pack per partition and input-pipeline setting, and the plan's note of them."""
     param, keys, solo = loader_alone
     seen: dict[tuple[str, ...], Training] = {}
     for index, point in enumerate(points):
@@ -585,8 +579,7 @@ def deal(packs: Sequence[Pack], lanes: int) -> list[list[Pack]]:
 def grouped_chunks(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object], factor: int,
                    repeats: int, seed_key: str | None,
                    key: Callable[[Mapping[str, object]], Hashable]) -> list[tuple[Training, ...]]:
-    """Packs of ``factor`` trainings that share ``key``: each group of grid points fills its own packs (reseeded
-    copies of its own points where it has fewer than N), at least ``repeats`` packs per group."""
+    """Packs of ``factor`` trainings sharing ``key``: each group fills at least ``repeats`` packs of its own."""
     groups: dict[Hashable, list[Mapping[str, object]]] = {}
     for p in points:
         groups.setdefault(key({**fixed, **p}), []).append(p)

@@ -134,8 +134,7 @@ def import_libraries(names: Sequence[str], why: str) -> tuple[list[str], dict[st
 
 
 def check_importable(module: object, key: str, listed_in: str = "sweep.fixed.preload") -> None:
-    """A module this interpreter can import (found, not imported: that is the fork server's), listed in
-    ``listed_in`` (sweep.fixed.preload, hydra.launcher.preload)."""
+    """``module`` one this interpreter can import (found, not imported), else a ConfigError naming ``listed_in``."""
     try:
         found = isinstance(module, str) and importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a parent package that is missing, or an empty name

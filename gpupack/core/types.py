@@ -46,8 +46,7 @@ class Capacity:
 
 
 class Options(Protocol):
-    """A mode's or a strategy's own options (packing.<mode>.*, spread.<strategy>_*): a dataclass whose fields are the
-    config keys, which refuses a bad value itself."""
+    """A mode's or strategy's own options: a dataclass whose fields are config keys, refusing a bad value itself."""
 
     __dataclass_fields__: ClassVar[dict[str, Field[object]]]
 

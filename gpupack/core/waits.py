@@ -25,8 +25,7 @@ def close_fd(fd: int | None) -> None:
 
 
 def wait_readable(fds: Iterable[int | None], timeout_s: float) -> None:
-    """Until one of ``fds`` is readable (a pidfd: its process ended; a pipe: it was written) or ``timeout_s`` has
-    passed; None among them is looked at only at the timeout."""
+    """Until one of ``fds`` (a None skipped) is readable (a pidfd: its process ended) or ``timeout_s`` has passed."""
     ready = [fd for fd in set(fds) if fd is not None]
     if not ready:
         time.sleep(timeout_s)

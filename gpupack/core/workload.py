@@ -54,8 +54,7 @@ class ReporterInfo(TypedDict, total=False):
 
 
 class PythonMain(TypedDict, total=False):
-    """A Python program a fork server runs in a forked child: ``script`` (a path) or ``module`` (a name), and the
-    ``argv`` python would set."""
+    """A Python program a fork server runs in a forked child: a ``script`` or a ``module``, and its ``argv``."""
 
     script: str
     module: str
@@ -180,8 +179,7 @@ def positive() -> Range:
 
 @dataclass(frozen=True)
 class Launch:
-    """How process mode starts one training as its own program: argv (a list, never a shell), extra
-    environment variables, and the working directory (None: the job's)."""
+    """How process mode starts a training: argv (never a shell), extra environment, working directory (None: job's)."""
 
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
@@ -283,8 +281,7 @@ class Workload(ABC, Generic[P]):
         hyperparameters that cannot spread that way, e.g. a global batch that does not split over the devices."""
 
     def fork_refusal(self, params: Mapping[str, object]) -> str | None:
-        """Why this training may not be forked from a preloaded server (``forkable``, unless its params decide), or
-        None when it may."""
+        """Why this training may not be forked from a preloaded server, or None when it may."""
         return None if self.forkable else self.fresh_reason
 
     def failure_hint(self, params: Mapping[str, object], error: str) -> str | None:
@@ -328,8 +325,7 @@ class Workload(ABC, Generic[P]):
         return {f.name: getattr(self.Params(), f.name) for f in dataclasses.fields(self.Params)}
 
     def typed(self, key: str, value: object, where: str) -> object:
-        """``value`` converted to the type Params declares for ``key``; ``where`` (sweep.grid, sweep.fixed) names
-        the config key in errors."""
+        """``value`` converted to the type Params declares for ``key``; ``where`` names the config key in errors."""
         from omegaconf import OmegaConf
         from omegaconf.errors import OmegaConfBaseException
 

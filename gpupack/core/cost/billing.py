@@ -44,8 +44,7 @@ class Bill:
 
 
 def bill(bundle: Bundle, cores: float | None, mem_gb: float | None, gpus: float = 1.0) -> Bill:
-    """RGU equivalents per hour of a job of ``gpus`` GPUs asking ``cores`` cores and ``mem_gb`` GB: max(gpus, cores /
-    bundle cores, memory / bundle memory) x the bundle's RGU. A term whose bundle figure is unknown is left out."""
+    """RGU per hour: max(gpus, cores / bundle cores, mem / bundle mem) x the bundle's RGU; unknown terms left out."""
     core_bundles = cores / bundle.cores if bundle.cores and cores is not None else None
     memory_bundles = mem_gb / bundle.mem_gb if bundle.mem_gb and mem_gb is not None else None
     terms = {GPU: gpus, CORES: core_bundles, MEMORY: memory_bundles}

@@ -45,8 +45,7 @@ def model_from_device_name(name: str | None) -> str | None:
 
 
 def check_weights(models: Mapping[str, Any], key: str = "rgu.models") -> dict[str, float]:
-    """The RGU table's weights, each a finite number > 0: a zero or negative weight would make the dearest GPU the
-    'cheapest'. ConfigError names the model."""
+    """The RGU table's weights, each a finite number > 0 (else the dearest GPU could be 'cheapest'): ConfigError."""
     out: dict[str, float] = {}
     for name, weight in models.items():
         ok = isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight) and weight > 0
@@ -59,8 +58,7 @@ def check_weights(models: Mapping[str, Any], key: str = "rgu.models") -> dict[st
 
 
 def billed_packs(packs: pd.DataFrame) -> pd.DataFrame:
-    """Per (partition, mode, N): the term that bills its packs and how many times the GPU's RGU (from each pack
-    record's ``billing``: what its job asked, and the bundle). Packs with no billing record (a local run): none."""
+    """Per (partition, mode, N): the term that bills its packs and how many times the GPU's RGU (none: a local run)."""
     import pandas as pd
     rows = []
     for _, p in packs.iterrows() if "billing" in packs else ():

@@ -84,8 +84,7 @@ def max_passes(slots: int) -> int:
 
 
 def expected_peak(earlier: Figure | None, stated_mb: float | None, this_run_mb: float | None) -> Figure | None:
-    """The memory one training of a setting is expected to peak at, first found: earlier records of the setting, the
-    user's ``sweep.training_memory_mb``, the peak its setting reached in this run so far; None: not known. Pure."""
+    """A setting's expected peak: earlier records, else sweep.training_memory_mb, else this run's peak; None. Pure."""
     if earlier is not None:
         return earlier
     if stated_mb is not None:

@@ -59,8 +59,7 @@ class TrainingMemory:
 
 @dataclass(frozen=True)
 class Measured:
-    """The highest peaks seen in earlier records of the same workload and setting on the same device (None: none
-    seen), and what was left aside."""
+    """The highest peaks of earlier records of the setting on the same device (None: none), and what was left aside."""
 
     host_mb: float | None = None
     gpu_mb: float | None = None
@@ -189,8 +188,7 @@ def _refuse(key: str, n: int, partition: str, where: str, figure: Figure, budget
 
 
 def request_mb(host: Figure | None, given_gb: float | None, default_gb: float) -> tuple[float, str]:
-    """Host memory a pack asks for per training (MB), and why: the user's setting, else the measured peak with
-    headroom, else the default, saying what earlier records held. Pure."""
+    """Host memory a pack asks per training (MB), and why: as set, else the measured peak x headroom, else a default."""
     if given_gb is not None:
         return given_gb * 1024.0, "as set"
     if host is not None and host.measured:
@@ -238,8 +236,7 @@ def device_label(name: str | None) -> str:
 
 
 def record_device(rec: Mapping[str, object]) -> str | None:
-    """The device a training record's peaks were measured on: "cpu" where it ran on the CPU (whatever the machine
-    held), else its GPU's name (gpu_type); None: not recorded."""
+    """The device a training record's peaks were measured on: "cpu", else its GPU's name; None: not recorded."""
     if rec.get("device") == "cpu" or rec.get("gpu_type") == "cpu":
         return "cpu"
     name = rec.get("gpu_type") or rec.get("device_name")
@@ -310,8 +307,7 @@ def _on_device(seen: Sequence[_Seen], target: str) -> Measured:
 
 def _peaks(runs: Iterable[Path], workload: str, settings: set[str], seed_key: str,
            completed_only: bool = False) -> Iterator[_Seen]:
-    """(setting, host peak, GPU peak, run, device) of each earlier training of ``workload`` in one of ``settings``
-    that recorded a peak: its GPU memory is :func:`gpu_peak_mb`'s."""
+    """Each earlier training of ``workload`` in one of ``settings`` that recorded a peak, as a :class:`_Seen`."""
     read = 0
     for run in runs:
         folded = read_folded(RunDir(run))  # what its lanes folded, read once for its packs and its trainings
@@ -334,16 +330,14 @@ def _peaks(runs: Iterable[Path], workload: str, settings: set[str], seed_key: st
 
 
 def _newest_first(run: RunDir, folded: Folded) -> Iterator[TrainingRecord | None]:
-    """The run's training records, newest first: those in packs' folders (by mtime), then those lanes folded (by
-    their end)."""
+    """The run's training records, newest first: those in packs' folders (by mtime), then those lanes folded."""
     for path in sorted(run.training_records(), key=lambda p: p.stat().st_mtime, reverse=True):
         yield read_training(path)
     yield from sorted((h[-1] for h in folded.trainings.values()), key=lambda r: -float(r.get("ended_at") or 0))
 
 
 def _sampled_peaks(run: Path, folded: Folded) -> dict[str, Peaks]:
-    """Per training id, the sampler's peaks (pack records: in packs' folders, and those lanes folded): what a program
-    that reports nothing itself is known by."""
+    """Per training id, the sampler's peaks from the run's pack records (in folders and folded)."""
     out: dict[str, Peaks] = {}
     pack_recs: list[PackRecord] = [read_pack(path) or {} for path in RunDir(run).pack_records()]
     for rec in [*(h[-1] for h in folded.packs.values()), *pack_recs]:
@@ -369,8 +363,7 @@ class MemoryShare:
 
 
 def memory_share(fraction: float | None, device_total_mb: float | None, slots: int) -> MemoryShare | None:
-    """Each of ``slots`` trainings' share of a device of ``device_total_mb`` that they may fill to ``fraction``
-    together; None: sharing off, or no GPU to share. Pure."""
+    """Each of ``slots`` trainings' equal share of ``fraction`` of the device; None: sharing off, or no GPU. Pure."""
     if fraction is None or device_total_mb is None or slots < 1:
         return None
     each = fraction / slots

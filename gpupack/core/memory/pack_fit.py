@@ -46,8 +46,7 @@ def pack_budget(on_gpu: bool, fraction: float, device_total_mb: float | None, ho
 
 
 def training_peak(this_run: Figure | None, earlier: Figure | None, stated_mb: float | None) -> Figure | None:
-    """What one training of a setting is expected to peak at, first found: its setting's peak in this run, in earlier
-    runs, the user's ``sweep.training_memory_mb``; None: not known. Pure."""
+    """A setting's expected peak: this run's, earlier runs', or sweep.training_memory_mb; None: not known. Pure."""
     if this_run is not None:
         return this_run
     if earlier is not None:
@@ -56,8 +55,7 @@ def training_peak(this_run: Figure | None, earlier: Figure | None, stated_mb: fl
 
 
 def pack_fit(n: int, peaks: Sequence[Figure | None], budget: Budget | None) -> Fit:
-    """Whether a pack of ``n`` trainings, expected to peak at ``peaks`` (one each; None: not known), fits ``budget``:
-    the sum of the known peaks within it. Pure."""
+    """Whether a pack of ``n`` fits ``budget``: the sum of its known ``peaks`` (None: unknown) within it. Pure."""
     if n <= 1:
         return Fit(True, "one training: the smallest pack, started whatever it is expected to need")
     if budget is None:

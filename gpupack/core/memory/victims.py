@@ -27,16 +27,14 @@ CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL)
 
 
 def collateral(rec: TrainingRecord) -> bool:
-    """A death a neighbour's fault can cause: failed or killed (never an OOM or a time limit), by a crash signal or
-    a device, MPS or NCCL error. Pure."""
+    """A death a neighbour's fault can cause: failed or killed by a crash signal, a device, MPS or NCCL error. Pure."""
     if rec.get("status") not in (FAILED, KILLED):
         return False
     return rec.get("signal") in CRASH_SIGNALS or bool(COLLATERAL.search(str(rec.get("error") or "")))
 
 
 def victims(records: Sequence[TrainingRecord], window_s: float = WINDOW_S) -> dict[str, str]:
-    """The victims among one attempt's training records of a pack: victim's training id → the id of the training
-    whose fault took it down (the first of the pack to fail). Empty when fewer than two failed. Pure."""
+    """A pack attempt's victims: training id → the first training to fail, whose fault took it down. Pure."""
     failed = sorted((r for r in records if r.get("status") not in (COMPLETED, TIMEOUT)),
                     key=lambda r: float(r.get("ended_at") or 0))
     if len(failed) < 2:

@@ -89,8 +89,7 @@ def claim(folder: Path, training_id: str, holder: Claimant) -> bool:
 
 @dataclass(frozen=True)
 class Seen:
-    """A claim as read: its holder's record (None: torn, empty or no JSON object), and the lane it names (None: none
-    can be read)."""
+    """A claim as read: its holder's record (None: torn), and the lane it names (None: none can be read)."""
 
     rec: ClaimRecord | None
     lane: str | None
@@ -102,8 +101,7 @@ _LANE = re.compile(rb'\s*\{\s*"lane"\s*:\s*"([^"\\]+)"')
 
 
 def read_claim(raw: bytes) -> Seen:
-    """A claim's bytes as a :class:`Seen`: its holder's record where it is whole, else the lane its readable start
-    names, if any. Pure."""
+    """A claim's bytes: its holder's record where whole, else the lane its readable start names, if any. Pure."""
     try:
         rec = json.loads(raw)
     except ValueError:  # torn (by a crash, or from outside), empty, or not UTF-8
@@ -116,8 +114,7 @@ def read_claim(raw: bytes) -> Seen:
 
 
 def _as_claim(rec: object) -> ClaimRecord | None:
-    """``rec`` as the record claim() writes (its lane and incarnation required, the other fields kept where they hold
-    their type), else None."""
+    """``rec`` as claim() writes it (lane and incarnation required; the rest where of its type), else None."""
     if not (isinstance(rec, dict) and isinstance(rec.get("lane"), str) and isinstance(rec.get("incarnation"), str)
             and rec["incarnation"]):
         return None
@@ -187,8 +184,7 @@ def release_stale(folder: Path, holder: Claimant, keep: Iterable[str] = (),
 
 
 def drop(folder: Path, training_ids: Iterable[str], lane: str) -> list[str]:
-    """Remove the claims ``lane`` (any run of it) holds of ``training_ids``, whose completed records are folded.
-    Returns the training ids whose claim it removed."""
+    """Remove ``lane``'s claims of ``training_ids`` (their completed records folded); the ids whose claim it removed."""
     held = set(training_ids)
     dropped = []
     for training_id, rec in claims(folder).items() if held else ():

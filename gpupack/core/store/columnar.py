@@ -104,8 +104,7 @@ def read_records(paths: Iterable[Path], kind: str, warnings: list[str]) -> list[
 
 
 def record_row(rec: Mapping[str, object], kind: str, where: str, warnings: list[str]) -> dict[str, object] | None:
-    """One record's flat row, or None (with a warning naming ``where``) when it is not a record of ``kind`` this
-    gpupack reads: a JSON file's, or one a lane's journal holds."""
+    """One record's flat row, or None (with a warning naming ``where``): not a record of ``kind`` this gpupack reads."""
     if rec.get("kind") != kind:
         warnings.append(f"skipped {where}: not a {kind} record")
     elif rec.get("schema") != SCHEMA_VERSION:
@@ -231,8 +230,7 @@ def layout_columns(layout: pa.Schema) -> tuple[list[str], list[str]]:
 
 
 def split_rows(rows: Sequence[Mapping[str, object]]) -> Rows:
-    """The one way rows become columns, whether they come from a pack's columnar file or from its JSON records, so
-    both give the same frame."""
+    """The one way rows become columns, from a pack's columnar file or its JSON records alike."""
     names = list(dict.fromkeys(key for row in rows for key in row))
     values = {name: [row.get(name) for row in rows] for name in names}
     shared = [name for name in names if rows and same(values[name])]
@@ -323,8 +321,7 @@ class ColumnarReader:
             return None
 
     def parse(self, data: bytes) -> tuple[Rows, ColumnarTail] | None:
-        """(the rows, the JSON after them) of a columnar file's bytes; None where its layout is of another schema.
-        Raises what a torn or foreign file raises (ValueError, KeyError, pyarrow's errors)."""
+        """(the rows, the JSON after them) of a columnar file's bytes; None: another schema. A torn file raises."""
         batch, end = self.batch(data, 0)
         if batch is None:
             return None

@@ -22,8 +22,7 @@ _LOOK_S = 0.01
 
 
 class CurveSpec(TypedDict):
-    """What a trial's worker is told of its curve (its spec's ``curve``): its two files, and the metric its study ranks
-    trials by (a curve of another metric would be judged the wrong way up)."""
+    """What a trial's worker is told of its curve: its two files, and the metric its study ranks trials by."""
 
     points: str
     verdict: str
@@ -53,8 +52,7 @@ def append_point(path: Path, step: int, value: float) -> None:
 
 def await_verdict(path: Path, step: int, wait_s: float = VERDICT_WAIT_S,
                   clock: Callable[[], float] = time.monotonic) -> Verdict | None:
-    """The trial's side: the lane's verdict once it has judged ``step`` (None: not within ``wait_s``; said on stderr,
-    and the trial goes on as not pruned)."""
+    """The trial's side: the lane's verdict on ``step``; None after ``wait_s`` (said; the trial goes on, not pruned)."""
     deadline = clock() + wait_s
     while True:
         verdict = read_verdict(path)
@@ -80,8 +78,7 @@ def read_verdict(path: Path) -> Verdict | None:
 
 
 def write_verdict(path: Path, verdict: Verdict) -> None:
-    """The lane's side: written whole (:func:`gpupack.core.store.records.write_json_atomic`), so the trial never
-    reads half of it."""
+    """The lane's side: written atomically, so the trial never reads half of it."""
     write_json_atomic(path, verdict)
 
 

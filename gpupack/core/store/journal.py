@@ -87,8 +87,7 @@ def fold_trainings(run: RunDir, pack_id: str, training_ids: Collection[str], lan
 
 def append_records(run: RunDir, lane: str, records: Collection[TrainingRecord],
                    clock: Callable[[], float] = time.time) -> None:
-    """Append amended training records to ``lane``'s journal (what SLURM tells after the job, e.g. an OOM): the
-    latest record of a training is its current one."""
+    """Append amended training records to ``lane``'s journal (e.g. an OOM SLURM told): the latest record is current."""
     _fold(run, lane, clock, lambda log: [(TRAINING, rec.copy()) for rec in records])
 
 
@@ -174,8 +173,7 @@ def _earlier_attempts(folder: Path) -> list[tuple[str, Record]]:
 
 
 def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes]) -> list[tuple[str, Record]]:
-    """The pack's latest records, with where their logs are kept; the pack record last, with the pack's own logs
-    (a fork server's, MPS's)."""
+    """The pack's latest records with where their logs are kept; the pack record last, with the pack's own logs."""
     found = _trainings(run, folder, pack_id, lane, log)
     trainings = {str(rec["training_id"]) for _, rec in found}
     out: list[tuple[str, Record]] = [*found]
@@ -229,8 +227,7 @@ def _append_file(run: RunDir, lane: str, log: IO[bytes], path: Path) -> Logs:
 
 
 def _copy_log(run: RunDir, lane: str, log: IO[bytes], pack_id: str, tid: str, stream: str) -> Logs:
-    """A failed training's log, whole, in a file of its own (a later failure's in another: each record points at
-    its own failure's log)."""
+    """A failed training's log, whole, in a file of its own (a later failure's in another)."""
     copy = 1
     while (target := run.failed_log(lane, pack_id, tid, stream, copy)).exists():  # under the lane's lock
         copy += 1
@@ -317,8 +314,7 @@ def journal_entries(path: Path, start: int = 0) -> tuple[list[JournalEntry], int
 
 
 def held_journal(run: RunDir, lane: str) -> tuple[list[JournalEntry], int, str]:
-    """:func:`journal_entries` of ``lane``'s whole journal, read under its lock (no fold appends meanwhile), and the
-    :func:`fingerprint` of what was read."""
+    """:func:`journal_entries` of ``lane``'s whole journal, read under its lock, and its :func:`fingerprint`."""
     with open(run.journal(lane), "rb") as f, held(f.fileno(), run.journal(lane), shared=True):
         entries, end = journal_entries(run.journal(lane))
         return entries, end, fingerprint(run.journal(lane), end)
@@ -445,8 +441,7 @@ class RunRecords:
                                                                                for r in self.refits(pack_id))
 
     def current(self, pack_id: str, training_id: str) -> TrainingRecord | None:
-        """The training's record that says where it stands: its plan pack's, or, that pack skipped for memory, its
-        latest refit pack's."""
+        """The training's record that says where it stands: its plan pack's, or its latest refit pack's."""
         rec = self.training(pack_id, training_id)
         if rec is None or rec.get("status") != SKIPPED_MEMORY:  # only a skipped one may have run elsewhere
             return rec
@@ -493,8 +488,7 @@ class KeptLog:
 
 
 def kept_log(run_root: Path | str, rec: Mapping[str, object], stream: str) -> KeptLog | None:
-    """A training's log (``stream``: out or err): in its pack's folder, or where the lane's fold put it; None where
-    none is kept."""
+    """A training's log (``stream``: out or err), in its pack's folder or where a fold put it; None: none kept."""
     run = RunDir(Path(str(run_root)))
     for pack_id in dict.fromkeys((home_of(rec), str(rec.get("pack_id") or home_of(rec)))):  # a folding lane writes
         path = run.log(pack_id, str(rec["training_id"]), stream)                         # its own folder

@@ -53,8 +53,7 @@ _ENTRY = pa.schema([pa.field("folded_at", pa.float64()), pa.field("seq", pa.int6
 
 @dataclass
 class Entry:
-    """A journal record as collect orders and counts it: its flat row, when it was folded, its identity
-    (:func:`gpupack.core.store.journal.identity`) and the pack it is kept under."""
+    """A journal record as collect orders and counts it: its flat row, fold time, identity and home."""
 
     kind: str
     row: dict[str, object]
@@ -69,8 +68,7 @@ class Entry:
 
 
 def entries_of(journal: Sequence[JournalEntry], where: str, warnings: list[str]) -> list[Entry]:
-    """A journal's entries (in the order folded) as :class:`Entry`; a record this gpupack does not read is left out
-    with a warning naming ``where``."""
+    """A journal's entries as :class:`Entry`; a record this gpupack does not read is left out with a warning."""
     out = []
     for e in journal:
         rec = e["record"]
@@ -190,8 +188,7 @@ class Part:
 
 @dataclass
 class LaneColumns:
-    """A lane's columnar file as read: its training rows, its pack rows, the packs its trainings are kept under, and
-    the journal bytes it covers."""
+    """A lane's columnar file as read: its training and pack rows, their homes and the journal bytes it covers."""
 
     trainings: Part
     packs: Part
@@ -208,8 +205,7 @@ def _decoded(row: dict[str, object]) -> dict[str, object]:
 
 
 def read_lane_columnar(run: RunDir, lane: str, reader: ColumnarReader) -> LaneColumns | None:
-    """``lane``'s columnar file, where it reads and is current (its journal still begins with what it covers); else
-    None: its journal is read instead."""
+    """``lane``'s columnar file where it reads and is current; else None: its journal is read instead."""
     try:
         with pa.memory_map(str(run.lane_columnar(lane))) as f:  # its columns read where they lie, no copy
             data = f.read_buffer()

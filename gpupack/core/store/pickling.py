@@ -96,8 +96,7 @@ def append(obj: Any, key: int, path: Path) -> None:
 
 
 def read_streams(paths: Iterable[Path]) -> dict[int, bytes]:
-    """Each key's latest pickle in the streams at ``paths`` (unpickle with :func:`loads`). A torn entry (its writer
-    killed mid-write) is left out, and the reading goes on at the next marker."""
+    """Each key's latest pickle in the streams at ``paths``; a torn entry is left out, reading on at the next marker."""
     latest: dict[int, tuple[float, bytes]] = {}
     for path in paths:
         with open(path, "rb") as f:
@@ -129,8 +128,7 @@ def loads(data: bytes) -> Any:
 
 
 def dump_indexed(pickles: Mapping[int, bytes], path: Path) -> dict[int, tuple[int, int]]:
-    """Write ``pickles`` (each already pickled) one after the other to ``path``, atomically; returns where each key's
-    pickle lies (offset, length), so that a reader reads its own alone (:func:`read_at`), not the whole file."""
+    """Write ``pickles`` one after the other to ``path``, atomically; where each lies (offset, length)."""
     index: dict[int, tuple[int, int]] = {}
     with atomic_file(path, binary=True) as f:
         for key, data in pickles.items():

@@ -40,8 +40,7 @@ class Logs(TypedDict):
 
 
 class Memory(TypedDict, total=False):
-    """What a training peaked at: its own report, or the sampler's (``from_sampler``); and NVML's figure of its
-    whole process (``process_gpu_mem_mb``: its CUDA context included)."""
+    """What a training peaked at: its own report or the sampler's, and NVML's figure of its whole process."""
 
     peak_rss_mb: float | None
     peak_gpu_mem_mb: float | None
@@ -60,8 +59,7 @@ class Peaks(TypedDict, total=False):
 
 
 class Sampled(TypedDict, total=False):
-    """What the sampler said of a pack (gpupack.job.runtime.sampler.Sampler.report); the foreign load's figures are
-    read with ``.get``."""
+    """What the sampler said of a pack; the foreign load's figures are read with ``.get``."""
 
     source: str | None
     note: str | None
@@ -80,8 +78,7 @@ class Sampled(TypedDict, total=False):
 
 
 class TrainingRecord(TypedDict, total=False):
-    """A training's record, as gpupack.job.records writes it; a mode's own fields (TrainingOutcome.extra) are read
-    with ``.get``."""
+    """A training's record; a mode's own fields (TrainingOutcome.extra) are read with ``.get``."""
 
     schema: int
     kind: str
@@ -165,8 +162,7 @@ class Admission(TypedDict):
 
 
 class PackRecord(TypedDict, total=False):
-    """A pack's record, as gpupack.job.records writes it; the scheduler's fields (JobEnvironment.record_fields) are
-    read with ``.get``."""
+    """A pack's record; the scheduler's fields (JobEnvironment.record_fields) are read with ``.get``."""
 
     schema: int
     kind: str

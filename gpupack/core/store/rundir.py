@@ -72,8 +72,7 @@ FILES_PER_TRAINING, FILES_PER_PACK, FILES_PER_JOB, FILES_PER_RUN, FILES_PER_LANE
 
 
 def files_forecast(trainings: int, packs: int, jobs: int, folded: bool) -> int:
-    """About how many files a run leaves in its run directory, all trainings completed; ``folded``: its jobs fold
-    into their lanes' journals. Pure."""
+    """About how many files a run leaves, all trainings completed; ``folded``: its jobs fold into journals. Pure."""
     if folded:
         return (FILES_PER_JOB - 1 + FILES_PER_LANE) * jobs + FILES_PER_RUN
     return FILES_PER_TRAINING * trainings + FILES_PER_PACK * packs + FILES_PER_JOB * jobs + FILES_PER_RUN
@@ -89,8 +88,7 @@ class RunDir:
         return sorted({p.parent for k in range(1, depth + 1) for p in folder.glob("/".join(["*"] * k) + "/" + PLAN)})
 
     def siblings(self) -> list[RunDir]:
-        """The other run directories (holding a plan.json) in this one's parent, newest plan first: the runs a
-        command without run_dir= made before. A stat each, nothing read."""
+        """The other run directories in this one's parent, newest plan first. A stat each, nothing read."""
         try:
             with os.scandir(self.root.parent) as entries:
                 names = [e.name for e in entries if e.name != self.root.name and e.is_dir()]
@@ -116,8 +114,7 @@ class RunDir:
 
     @property
     def sweep_root(self) -> Path:
-        """The directory of the sweep this run is part of: a Hydra launch's records_dir, ROOT for ROOT/again/NN/,
-        else the run's own."""
+        """The sweep this run is part of: a Hydra launch's records_dir, ROOT for ROOT/again/NN/, else its own."""
         if self.root.parent.name == AGAIN and RunDir(self.root.parent.parent).plan.exists():
             return self.root.parent.parent
         return self.root.parent if self.is_launch else self.root
@@ -313,8 +310,7 @@ def holder_line(now: float | None = None) -> str:
 
 @dataclass(frozen=True)
 class Holder:
-    """A lock file's holder as its first line says (:func:`holder_line`), and the jobs that hold the lock with it
-    (:meth:`RunLock.add_job`)."""
+    """A lock file's holder as its first line says, and the jobs holding the lock with it (:meth:`RunLock.add_job`)."""
 
     pid: int
     host: str
@@ -323,8 +319,7 @@ class Holder:
 
     @staticmethod
     def parse(text: str) -> Holder | None:
-        """The holder ``text`` names (a bare pid: on a host not said); None where its first line is no holder line
-        (empty, torn). Pure."""
+        """The holder ``text`` names; None where its first line is no holder line (empty, torn). Pure."""
         lines = text.splitlines()
         words = lines[0].split() if lines else []
         if not 1 <= len(words) <= 3 or not words[0].isdigit():

@@ -24,8 +24,7 @@ _GPUPACK_ERROR_LINE = re.compile(r"^gpupack\.errors\.\w+: (.+)$", re.MULTILINE)
 
 
 def fault_of(err: BaseException) -> str | None:
-    """What failed, where ``err`` is a write the file system refused for space, quota or permission; else None.
-    Pure. pyarrow's writer says its errno too (OSError(28, ...)), with no file name."""
+    """What failed, where ``err`` is a write refused for space, quota or permission (by errno); else None. Pure."""
     return FAULTS.get(err.errno) if isinstance(err, OSError) and err.errno is not None else None
 
 
@@ -41,8 +40,7 @@ def free_bytes(path: Path | str) -> int | None:
 
 
 def storage_error(err: BaseException, where: Path | str) -> StorageError | None:
-    """``err`` as a StorageError naming the file it failed on (else ``where``: the run directory), None where it is
-    not such a fault."""
+    """``err`` as a StorageError naming its file (else ``where``); None where it is not such a fault."""
     why = fault_of(err)
     if why is None:
         return None
@@ -53,8 +51,7 @@ def storage_error(err: BaseException, where: Path | str) -> StorageError | None:
 
 @contextlib.contextmanager
 def storage_faults(where: Path | str) -> Iterator[None]:
-    """Raise a StorageError in place of an OSError of :data:`FAULTS` raised inside (the original chained: a job's log
-    keeps its traceback; the CLI prints the one line)."""
+    """Raise a StorageError in place of an OSError of :data:`FAULTS` raised inside, the original chained."""
     try:
         yield
     except OSError as err:
