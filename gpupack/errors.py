@@ -17,11 +17,7 @@ class GpupackError(Exception):
 
 
 class ConfigError(GpupackError):
-    """A config key holds a value gpupack cannot use.
-
-    ``ConfigError("packing.factors[0]", 0, "use integers >= 1, e.g. packing.factors=[1,2,4]")``
-    reads: ``packing.factors[0]=0 is invalid: <why>. HINT: <hint>``.
-    """
+    """A config key holds a value gpupack cannot use: ``<key>=<value!r>: <why>. HINT: <hint>``."""
 
     def __init__(self, key: str, value: object, why: str, hint: str) -> None:
         self.key, self.value, self.why, self.hint = key, value, why, hint
@@ -37,9 +33,8 @@ class RunDirError(GpupackError):
 
 
 class StorageError(RunDirError):
-    """Writing into a run directory (or collect's output folder) failed for want of space, quota or permission: the
-    path, what failed (``why``), the free space where known, and the fix, with the command to run again where the
-    front-end knows it (:meth:`again`). Records are written whole or not at all, so the same command resumes."""
+    """A write into a run directory (or collect's output) failed for space, quota or permission: the path, what failed,
+    the free space and the fix (:meth:`again`: with the command that resumes; records are written whole)."""
 
     def __init__(self, path: str, why: str, free_bytes: int | None, command: str | None = None) -> None:
         self.path, self.why, self.free_bytes, self.command = path, why, free_bytes, command
@@ -169,9 +164,8 @@ MEMORY_UNITS = {"MB": 1.0, "GB": 1024.0}
 
 def require_memory(value: object, key: str, unit: str, example: str, *, allow_none: bool = True,
                    allow_zero: bool = False) -> None:
-    """``value`` a memory figure in ``unit`` (MB or GB): a number > 0 (>= 0 with ``allow_zero``), or None where
-    ``allow_none``, at most :data:`MOST_MEMORY_MB` (a larger one is refused as given in a smaller unit, converted in
-    the hint). ``example`` (``key=VALUE``): the hint of a value that is no figure."""
+    """``value`` a memory figure in ``unit`` (MB or GB) > 0 (>= 0 with ``allow_zero``), or None where ``allow_none``,
+    at most :data:`MOST_MEMORY_MB` (a larger one is refused as given in a smaller unit), else a ConfigError."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \

@@ -255,9 +255,8 @@ def pack_id(partition: str, mode: str, factor: int, index: int) -> str:
 
 def again_packs(plan: Plan, rounds: Collection[int], partitions: Collection[str], k: int,
                 seed_key: str | None) -> list[Pack]:
-    """The packs of ``rounds`` on ``partitions`` measured again, the ``k``-th time (``<pack>-again<k>``, in its
-    round; no drift check): the same points on new seeds (k x 100,000 added), or, where no seed reaches a training,
-    a repeat of it (``<training>-again<k>``). Pure."""
+    """The packs of ``rounds`` on ``partitions`` measured again the ``k``-th time (``<pack>-again<k>``): their points on
+    new seeds (k x 100,000 added), or, where no seed reaches a training, its repeat ``<training>-again<k>``. Pure."""
     out = []
     for p in plan.packs:
         if p.round in rounds and p.partition in partitions and p.reference_of is None and not p.loader_alone:
@@ -436,9 +435,8 @@ def _stream_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: 
                   factors: Iterable[int], partitions: Iterable[str], modes: Iterable[str], seed_key: str | None,
                   stream_jobs: int, cost: Callable[[Mapping[str, object]], float | None] | None,
                   ) -> tuple[list[Pack], str]:
-    """The grid once as ``stream_jobs`` streaming lanes per (partition, mode, N), and the plan's note of them.
-    Longest first (stable) where ``cost`` knows every training: the short ones then fill the slots at the stream's
-    end instead of one long one running alone (LPT)."""
+    """The grid once as ``stream_jobs`` lanes per (partition, mode, N), and the plan's note; longest first (stable)
+    where ``cost`` knows every training, so short ones fill the slots at the stream's end (LPT)."""
     trainings = trainings_for(workload, points, fixed, len(points), seed_key)
     costs = [cost(t.params) for t in trainings] if cost is not None else []
     by_cost = bool(costs) and all(c is not None for c in costs)
@@ -458,9 +456,8 @@ def _packing_packs(workload: str, points: Sequence[Mapping[str, object]], fixed:
                    seed_key: str | None,
                    group_keys: Mapping[str, Callable[[Mapping[str, object]], Hashable]] | None,
                    ) -> tuple[list[Pack], list[str]]:
-    """Whole packs of each N for each (partition, mode): the grid in at least ``repeats`` full packs, filled with
-    grid points run again (new seeds where ``seed_key`` reaches them); a mode in ``group_keys`` packs only trainings
-    of one key together. With the plan's notes of what was filled and grouped."""
+    """Whole packs of each N for each (partition, mode): the grid in at least ``repeats`` full packs, filled with points
+    run again; a mode in ``group_keys`` packs one key together. With the plan's notes of both."""
     packs: list[Pack] = []
     notes: list[str] = []
     partitions, modes = list(partitions), list(modes)
@@ -537,9 +534,8 @@ def in_rounds(packs: Sequence[Pack], seed: int = 0) -> list[Pack]:
 
 
 def spaced_rounds(n: int, total: int, rng: random.Random) -> list[int]:
-    """The rounds of a group of ``n`` packs among ``total`` >= n: the k-th at the round nearest (k + 1/2) total / n
-    - 1/2, centred on the run's middle. A half goes away from the middle, the middle one's by a draw. Distinct: the
-    places are total / n >= 1 apart. Pure."""
+    """The rounds of ``n`` packs among ``total`` >= n: the k-th nearest (k + 1/2) total / n - 1/2, centred on the middle
+    (a half away from it, the middle one's by a draw); distinct, being total / n >= 1 apart. Pure."""
     centre = (total - 1) / 2
     out = []
     for k in range(n):
@@ -555,9 +551,8 @@ def spaced_rounds(n: int, total: int, rng: random.Random) -> list[int]:
 
 
 def drift_check(ordered: Sequence[Pack]) -> list[Pack]:
-    """For each partition, its first round's reference pack (the smallest N of the first mode) run again at the end
-    (``<pack>-end``): its time against the first's tells whether the machine drifted. Only where two rounds or more
-    compare two N or more. Pure."""
+    """Each partition's first-round reference pack (smallest N, first mode) again at the end (``<pack>-end``), to tell
+    drift; only where two rounds or more compare two N or more. Pure."""
     out: list[Pack] = []
     for partition in dict.fromkeys(p.partition for p in ordered):
         mine = [p for p in ordered if p.partition == partition and p.spread is None and p.round is not None
@@ -594,9 +589,8 @@ def grouped_chunks(workload: str, points: Sequence[Mapping[str, object]], fixed:
 def plan_in_order(*, sweep: str, workload: str, params: Sequence[Mapping[str, object]], factor: int, partition: str,
                   mode: str, label: str | None = None, names: Sequence[str] | None = None,
                   stream_jobs: int | None = None) -> Plan:
-    """Trainings given one by one (a Hydra multirun's jobs), in their order, in packs of ``factor`` (the last may
-    hold fewer), none repeated or reseeded. ``names``: each id's start instead of the workload's name (a Hydra job's
-    number). ``stream_jobs`` (K): K lanes of ``factor`` slots drain them instead (:func:`stream_lanes`)."""
+    """Trainings given one by one (a Hydra multirun's jobs), in order, in packs of ``factor``, none repeated; ``names``:
+    each id's start (a job's number); ``stream_jobs`` (K): K lanes of ``factor`` slots drain them instead."""
     if factor < 1:
         raise ConfigError("pack", factor, "a pack holds at least one training", "use pack >= 1")
     trainings = [Training(training_id(names[i] if names else workload, p), workload, dict(p), grid_index=i,

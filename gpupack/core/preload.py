@@ -34,9 +34,8 @@ def library_roots() -> tuple[str, ...]:
 
 
 def learnable(new: Sequence[str], modules: Mapping[str, Any], roots: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """Of the modules a child imported (``new``, in ``modules``), the roots the server may import for the next
-    trainings: libraries (built in, or a file under ``roots``) and no fork-unsafe framework; and why each other
-    root is not. Pure."""
+    """Of the modules a child imported (``new``), the roots the server may import next: libraries (built in, or under
+    ``roots``) and no fork-unsafe framework; and why each other root is not. Pure."""
     fresh = set(new)
     learned: list[str] = []
     refused: dict[str, str] = {}

@@ -304,9 +304,8 @@ class Workload(ABC, Generic[P]):
         return self.seed_key
 
     def preload(self, params: Sequence[P]) -> None:
-        """In the fork server, once, before any training of the pack is forked: import what every training imports
-        and read what they all read (``params`` are theirs), so each starts with it in memory. Never touch a device:
-        no CUDA context may exist before a fork."""
+        """In the fork server, once, before any training is forked: import and read what the trainings (``params``) all
+        will, so each starts with it in memory. Never touch a device: no CUDA context may exist before a fork."""
 
     def fuse_key(self, params: P) -> tuple[object, ...]:
         """With ``fusable``: the hyperparameters that fix the model's and the batches' shapes; trainings with equal

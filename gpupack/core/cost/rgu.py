@@ -78,9 +78,8 @@ def billed_packs(packs: pd.DataFrame) -> pd.DataFrame:
 
 def cost_table(best: pd.DataFrame, weights: Mapping[str, float], sweep_trainings: int,
                billed: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per partition (at its best mode and N): the RGU-hours billed per training (``billed``: from
-    :func:`billed_packs`; none known: the GPU's RGU), what a request sized to the bundle would cost, and for a sweep
-    of ``sweep_trainings`` trainings on one GPU its wall time and cost, and which is fastest and cheapest."""
+    """Per partition at its best mode and N: RGU-hours billed per training (by ``billed``, else the GPU's RGU) and at
+    the bundle, and a sweep of ``sweep_trainings``'s wall time and cost, fastest and cheapest marked."""
     import pandas as pd
     if best.empty:
         return pd.DataFrame()

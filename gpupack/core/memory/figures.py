@@ -89,9 +89,8 @@ class Measured:
 
 
 def gpu_peak_mb(memory: Mapping[str, object] | None, sampled_mb: object = None) -> float | None:
-    """A training's whole-process GPU peak (MB), context included: NVML's figure where it covers torch's own peak (a
-    sample taken before the peak is lower), else torch's own peak plus :data:`CUDA_CONTEXT_MB`. ``sampled_mb``: its
-    pack sampler's NVML figure, for a record older than ``process_gpu_mem_mb``. None: neither known. Pure."""
+    """A training's whole-process GPU peak (MB): NVML's where it covers torch's own (a sample may miss the peak), else
+    torch's plus :data:`CUDA_CONTEXT_MB`; ``sampled_mb``: its pack sampler's, for an older record; None. Pure."""
     memory = memory or {}
     own, nvml = memory.get("peak_gpu_mem_mb"), memory.get("process_gpu_mem_mb", sampled_mb)
     filled = memory.get("from_sampler")
@@ -207,9 +206,8 @@ _BRAND = {"nvidia", "tesla"}
 
 
 def device_model(name: str | None) -> tuple[str, str | None] | None:
-    """(GPU family, MIG profile or None) of a device name as NVML ("NVIDIA A100-SXM4-40GB MIG 1g.5gb"), a preset's
-    model ("A100-1g.5gb") or a SLURM specifier ("nvidia_h100_80gb_hbm3_1g.10gb") says it; ("cpu", None) for "cpu";
-    None for no name. A name of no known family is its own: its words less brand and sizes. Pure."""
+    """(GPU family, MIG profile or None) of a device name as NVML, a preset or a SLURM specifier says it; ("cpu", None)
+    for "cpu"; None for no name. A name of no known family is its words less brand and sizes. Pure."""
     low = (name or "").strip().lower()
     if not low:
         return None
@@ -254,9 +252,8 @@ def candidate_runs(run_root: Path) -> list[Path]:
 
 def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_key: str = "seed", *,
                   devices: Collection[str | None]) -> Measured:
-    """The highest host and GPU peaks of earlier trainings of ``workload`` whose setting is one of ``settings``,
-    measured on the device model of ``devices`` (the partitions'). Partitions of different or unknown device models
-    use none (the default then says why)."""
+    """The highest peaks of earlier trainings of ``workload`` in one of ``settings`` measured on the partitions' device
+    model; partitions of different or unknown models use none (the default then says why)."""
     models = {device_model(d) for d in devices}
     if None in models or not models:
         return Measured(why_none="nothing measured used: the partition's device model is not known")

@@ -46,9 +46,8 @@ def victims(records: Sequence[TrainingRecord], window_s: float = WINDOW_S) -> di
 
 def culprit_of(rec: TrainingRecord, earlier: Sequence[TrainingRecord],
                window_s: float = WINDOW_S) -> str | None:
-    """The training whose fault took ``rec`` down, among ``earlier`` (records that ended before it on its device):
-    the first that failed (not a victim, not a time limit) within ``window_s`` before it, where ``rec``'s death is
-    :func:`collateral`; None: its own. Pure."""
+    """The training whose fault took ``rec`` down: of ``earlier`` on its device, the first to fail (no victim, no time
+    limit) within ``window_s`` before it, where ``rec``'s death is :func:`collateral`; None: its own. Pure."""
     if not collateral(rec):
         return None
     end = float(rec.get("ended_at") or 0)

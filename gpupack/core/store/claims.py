@@ -152,9 +152,8 @@ STALE = "made by an earlier run of this lane"
 
 
 def stale_why(seen: Seen, holder: Claimant, home: str | None, lanes: Collection[str] = ()) -> str | None:
-    """Why the lane of ``holder``, starting, releases a claim it found (None: the claim stays). A whole claim: only
-    where an earlier run of this lane made it. A torn one: where its readable start names this lane, or names none of
-    the queue's ``lanes`` and this lane is the training's ``home``. Pure."""
+    """Why ``holder``'s lane, starting, releases a claim (None: it stays): a whole one an earlier run of it made; a torn
+    one whose start names it, or names none of ``lanes`` where it is the training's ``home``. Pure."""
     if seen.rec is not None:
         return STALE if seen.lane == holder.lane and seen.rec.get("incarnation") != holder.incarnation else None
     if seen.lane is not None and (seen.lane in lanes or seen.lane == holder.lane):
@@ -164,9 +163,8 @@ def stale_why(seen: Seen, holder: Claimant, home: str | None, lanes: Collection[
 
 def release_stale(folder: Path, holder: Claimant, keep: Iterable[str] = (),
                   homes: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Release the claims :func:`stale_why` finds stale for ``holder``'s lane, at its start (before it claims
-    anything). ``keep``: training ids whose claim stays; ``homes``: each training's home lane. Returns the released
-    training ids, each with why."""
+    """Release, at the lane's start, the claims :func:`stale_why` finds stale for ``holder``, but ``keep``'s; ``homes``:
+    each training's home lane. The released training ids, each with why."""
     kept, lanes = set(keep), {*(homes or {}).values(), holder.lane}
     released = {}
     for training_id, seen in seen_claims(folder).items():

@@ -175,9 +175,8 @@ Columns = Mapping[str, tuple[pa.DataType, Sequence[object]]]  # a column's name 
 
 
 def typed_arrays(columns: Columns, rows: int) -> list[pa.Array]:
-    """Each column's values as one array of its type. Where pandas is not imported (a pack job), through Arrow's JSON
-    reader: ``pa.array`` imports pandas to check its input (apache/arrow#34994), 0.4 s of a core at every job's end.
-    Elsewhere ``pa.array``, twice as fast. Both give the same arrays."""
+    """Each column's values as one array of its type: through Arrow's JSON reader where pandas is not imported
+    (``pa.array`` imports it: apache/arrow#34994, 0.4 s a job), else the faster ``pa.array``; the same arrays."""
     if "pandas" not in sys.modules:
         read = _json_arrays(columns, rows)
         if read is not None:
@@ -210,9 +209,8 @@ def same(values: Sequence[object]) -> bool:
 
 @dataclass
 class Rows:
-    """Flat rows as columns: ``batch`` the columns that vary between rows (lists and dicts as JSON text under
-    ``json:<name>``), ``shared`` the one value of each column all rows share; its schema's metadata names every
-    column in order and which are shared."""
+    """Flat rows as columns: ``batch`` the varying ones (lists and dicts as JSON text under ``json:<name>``), ``shared``
+    the one value of each column all rows share; the schema's metadata names every column in order and which."""
 
     batch: pa.RecordBatch
     rows: int
@@ -256,9 +254,8 @@ def pack_rows(pack_dir: Path, warnings: list[str]) -> tuple[list[dict[str, objec
 
 
 def write_columnar(run: RunDir, pack_id: str) -> Path | None:
-    """Write the pack's training rows and its pack record's row into its columnar file, atomically, once the pack
-    record is written; only where every record reads cleanly (collect's warnings then come from the JSON). Returns
-    the path, or None when nothing was written."""
+    """Write the pack's rows into its columnar file, atomically, once its record is written, only where every record
+    reads cleanly (collect's warnings then come from the JSON); the path, or None."""
     warnings: list[str] = []
     trainings, packs = pack_rows(run.pack_dir(pack_id), warnings)
     if warnings or len(packs) != 1:
@@ -305,9 +302,8 @@ class ColumnarReader:
         self.layouts: dict[bytes, pa.Schema | None] = {}
 
     def read(self, pack_dir: str) -> tuple[Rows, dict[str, object]] | None:
-        """(training rows, pack row) of a pack; None where it has no columnar file, its records changed after the
-        file was written (a resumed pack), or the file is unreadable or of another schema: its JSON records are read
-        instead."""
+        """(training rows, pack row) of a pack; None where it has no columnar file, its records changed since (a resumed
+        pack), or the file is unreadable or of another schema: its JSON records are read instead."""
         path = f"{pack_dir}/{COLUMNAR}"
         try:
             stamp = os.stat(path).st_mtime_ns

@@ -270,9 +270,8 @@ def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
 
 
 def make_journals(run: RunDir, lanes: Collection[str]) -> None:
-    """Make the (empty) journals of streaming lanes before any of their jobs starts: a lane opens them by name
-    (:class:`CompletedTail`), and NFS's close-to-open consistency holds for a file that exists, where a directory
-    listing or a name not found may be cached."""
+    """Make the empty journals of streaming lanes before their jobs start: NFS's close-to-open consistency holds for
+    opening a file that exists by name (:class:`CompletedTail`), where a listing may be cached."""
     if lanes:
         make_dirs(run.lanes)
     for lane in lanes:
@@ -281,9 +280,8 @@ def make_journals(run: RunDir, lanes: Collection[str]) -> None:
 
 
 class CompletedTail:
-    """The trainings the journals of ``lanes`` record as completed, as (home pack, training id): each :meth:`refresh`
-    reads only what was appended since the last, each journal opened anew by name so that NFS shows another node's
-    appends."""
+    """The (home pack, training id) the journals of ``lanes`` record as completed; each :meth:`refresh` reads only what
+    was appended since, opening each journal anew by name so that NFS shows another node's appends."""
 
     def __init__(self, run: RunDir, lanes: Collection[str]) -> None:
         self.paths = [run.journal(lane) for lane in sorted(lanes)]
@@ -378,9 +376,8 @@ def folder_records(run: RunDir, pack_id: str) -> Iterator[Record]:
 
 
 class RunRecords:
-    """A run's records as readers see them: a pack's folder where it has one, else its lane's journal (read once,
-    on first need). :meth:`ran` and :meth:`current` follow a pack skipped for memory to its refit packs
-    (:func:`gpupack.core.plan.refit_packs`)."""
+    """A run's records as readers see them: a pack's folder where it has one, else its lane's journal (read once, on
+    first need); :meth:`ran` and :meth:`current` follow a pack skipped for memory to its refit packs."""
 
     def __init__(self, run: RunDir, folded: Folded | None = None) -> None:
         self.run = run

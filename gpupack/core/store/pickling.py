@@ -79,9 +79,8 @@ _HEADER = struct.Struct("<qdQ")  # key (e.g. a Hydra job's number), when it was 
 
 
 def append(obj: Any, key: int, path: Path) -> None:
-    """Append ``obj``, pickled, to the stream at ``path`` under ``key`` (the latest entry of a key, in this file or
-    another, is its value). The whole entry is written under the file's lock, then fsynced; a write that fails (a
-    full disk, a quota) is cut off again, so no torn entry is left for the next one to follow."""
+    """Append ``obj``, pickled, to the stream at ``path`` under ``key``, whole under the file's lock, fsynced; a failed
+    write is cut off again, so no torn entry is left. A key's latest entry, in any file, is its value."""
     data = dumps(obj)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as f, held(f.fileno(), path):

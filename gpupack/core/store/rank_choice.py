@@ -14,9 +14,8 @@ KEYS = ("metric", "goal", "pattern")
 
 @dataclass(frozen=True)
 class RankChoice:
-    """How hyperparameters are ranked: by ``metric`` (None: val_accuracy, or the one reported), towards ``goal`` (None:
-    known for val_accuracy only), ``metric`` read from the kept stdout by ``pattern`` where the trainings did not
-    report it (None: as reported)."""
+    """How hyperparameters are ranked: by ``metric`` (None: val_accuracy or the one reported), towards ``goal``, the
+    metric read from the kept stdout by ``pattern`` where the trainings did not report it."""
 
     metric: str | None = None
     goal: str | None = None
@@ -36,9 +35,8 @@ class RankChoice:
 
 
 def choose(asked: RankChoice, kept: RankChoice) -> tuple[RankChoice, tuple[str, ...]]:
-    """What collect ranks by: each key asked for, else the one ``kept``; but a metric asked for other than the kept
-    one takes neither its goal nor its pattern (they were that metric's: a loss's min would rank an accuracy upside
-    down). Also the keys that came from ``kept``, in :data:`KEYS` order. Pure."""
+    """What collect ranks by: each key asked, else ``kept``'s, but not a kept goal or pattern for another metric than
+    the kept one (a loss's min would rank an accuracy upside down); and the keys taken from ``kept``. Pure."""
     if asked.metric is not None and asked.metric != kept.metric:
         kept = RankChoice()
     chosen = RankChoice(**{k: getattr(asked, k) or getattr(kept, k) for k in KEYS})

@@ -334,9 +334,8 @@ class Holder:
 
 
 def busy_refusal(root: Path, holder: Holder | None, alive: Callable[[int], bool], here: str) -> RunDirError:
-    """Why a run directory whose lock is held refuses a second command, in one line: the gpupack holding it, or,
-    that gpupack gone, the pids of the local pack jobs still holding it (:class:`RunLock`). ``alive``: whether a pid
-    of this host runs; ``here``: this host's name. Pure."""
+    """Why a run directory whose lock is held refuses a second command, in one line: the gpupack holding it, or, it
+    gone, the local pack jobs still holding it. ``alive``: whether a pid of this host runs. Pure."""
     where = f"run_dir={str(root)!r}"
     if holder is not None and holder.host == here and not alive(holder.pid):
         jobs = [pid for pid in holder.jobs if alive(pid)]
@@ -352,9 +351,8 @@ def busy_refusal(root: Path, holder: Holder | None, alive: Callable[[int], bool]
 
 
 class HeldLocks:
-    """Which locks a process of this host holds, without taking one (which would stop a packer starting then):
-    Linux's lock table, read once (a dead holder, even one not yet reaped, holds no flock); elsewhere, whether the
-    pid a lock's holder line names runs (a reused pid reads as live)."""
+    """Which locks a process of this host holds, without taking one: Linux's lock table, read once (the dead hold no
+    flock); elsewhere, whether the pid its holder line names runs (a reused pid reads as live)."""
 
     def __init__(self, proc_locks: Path = Path("/proc/locks")) -> None:
         try:
