@@ -8,6 +8,7 @@ the CPU. Tests fake :func:`_nvml` and nothing else.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import platform
@@ -45,13 +46,10 @@ def _nvml() -> ModuleType:
 
 
 def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or "cpu"
 
 
@@ -156,10 +154,8 @@ def _instance_ids(nvml: Nvml, mig: NvmlHandle) -> tuple[int, int] | None:
 
 def _by_legacy_mig(nvml: Nvml, entry: str) -> VisibleGpu:
     """``MIG-GPU-<uuid>/<gi>/<ci>``: the slice with GPU instance ID gi and compute instance ID ci of that GPU."""
-    try:  # the drivers that wrote this form look it up themselves
+    with contextlib.suppress(Exception):  # the drivers that wrote this form look it up themselves
         return VisibleGpu(nvml.nvmlDeviceGetHandleByUUID(entry), mig=True)
-    except Exception:
-        pass
     parts = entry[len("MIG-"):].split("/")
     if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
         raise LookupError(f"CUDA_VISIBLE_DEVICES names {entry!r}, not MIG-GPU-<uuid>/<gi>/<ci>")

@@ -2,6 +2,7 @@
 so a loop wakes at once when one it follows ends. Without a pidfd the loop looks at each timeout."""
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import time
@@ -18,10 +19,8 @@ def pidfd(pid: int) -> int | None:
 
 def close_fd(fd: int | None) -> None:
     if fd is not None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
 
 
 def wait_readable(fds: Iterable[int | None], timeout_s: float) -> None:
@@ -30,7 +29,5 @@ def wait_readable(fds: Iterable[int | None], timeout_s: float) -> None:
     if not ready:
         time.sleep(timeout_s)
         return
-    try:
+    with contextlib.suppress(OSError, ValueError):  # a descriptor closed under it: look again now
         select.select(ready, [], [], timeout_s)
-    except (OSError, ValueError):  # a descriptor closed under it: look again now
-        pass

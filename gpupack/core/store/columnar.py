@@ -6,6 +6,7 @@ records gives the same frame.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -163,11 +164,10 @@ def column_type(name: str, values: Sequence[object]) -> pa.DataType | None:
 def column(name: str, values: list[object]) -> tuple[str, pa.Array]:
     """One column (:func:`column_type`), named ``json:<name>`` where it is JSON text."""
     kind = column_type(name, values)
-    if kind is not None:
-        try:
+    # values its type should hold and Arrow refuses: JSON keeps them
+    with contextlib.suppress(pa.ArrowException, OverflowError):
+        if kind is not None:
             return name, pa.array(values, kind)
-        except (pa.ArrowException, OverflowError):  # values its type should hold and Arrow refuses: JSON keeps them
-            pass
     return JSON_PREFIX + name, json_array(values)
 
 

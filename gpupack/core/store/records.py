@@ -241,13 +241,11 @@ _umask: int | None = None
 def _read_umask() -> int:
     """The process umask without changing it (Linux's /proc/self/status); elsewhere one round trip through 0o077,
     so a file another thread creates in that instant is private."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    status = "/proc/self/status"
+    with contextlib.suppress(OSError, ValueError, IndexError), open(status, encoding="ascii", errors="replace") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     umask = os.umask(0o077)
     os.umask(umask)
     return umask
