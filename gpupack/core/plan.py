@@ -13,9 +13,12 @@ import math
 import random
 import re
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Collection, Hashable, Iterable, Mapping, Sequence, TypedDict, cast
+from typing import TYPE_CHECKING, Callable, Collection, Hashable, Iterable, Mapping, Sequence, TypedDict, cast
 
 from gpupack.errors import ConfigError
+
+if TYPE_CHECKING:  # typing's own from Python 3.11
+    from typing_extensions import NotRequired
 
 PLAN_SCHEMA = 1
 ORDERS = ("interleaved", "by_factor")  # packing.order
@@ -26,56 +29,47 @@ ORDER_GIVEN = "as given"  # a plan whose order is the user's (a Hydra multirun's
 _SWEEP_FUNCTION = re.compile(r"^\s*(range|choice|interval|glob|shuffle|sort)\s*\(")
 
 
-class _TrainingJsonBase(TypedDict):
+class TrainingJson(TypedDict):
+    """A training as plan.json holds it (:meth:`Plan.to_json`)."""
     training_id: str
     workload: str
     params: Mapping[str, object]
     grid_index: int
     reseed: int
     repeat: int
+    label: NotRequired[str]  # only where one is set
 
 
-class TrainingJson(_TrainingJsonBase, total=False):
-    """A training as plan.json holds it (:meth:`Plan.to_json`)."""
-    label: str  # only where one is set
-
-
-class _PackFieldsBase(TypedDict):
+class PackFields(TypedDict):
+    """A pack as plan.json holds it but its trainings: the optional fields only where set."""
     pack_id: str
     partition: str
     mode: str
     factor: int
     index: int
-
-
-class PackFields(_PackFieldsBase, total=False):
-    """A pack as plan.json holds it but its trainings: the optional fields only where set."""
-    loader_alone: bool
-    devices: int
-    spread: str
-    stream: str
-    round: int
-    reference_of: str
-    threads: int
+    loader_alone: NotRequired[bool]
+    devices: NotRequired[int]
+    spread: NotRequired[str]
+    stream: NotRequired[str]
+    round: NotRequired[int]
+    reference_of: NotRequired[str]
+    threads: NotRequired[int]
 
 
 class PackJson(PackFields):
     trainings: Sequence[TrainingJson]
 
 
-class _PlanJsonBase(TypedDict):
+class PlanJson(TypedDict):
+    """plan.json (:meth:`Plan.to_json`); ``notes``, ``order`` and ``phase`` may be missing from an older plan."""
     schema: int
     sweep: str
     workload: str
     grid_size: int
     packs: Sequence[PackJson]
-
-
-class PlanJson(_PlanJsonBase, total=False):
-    """plan.json (:meth:`Plan.to_json`); ``notes``, ``order`` and ``phase`` may be missing from an older plan."""
-    notes: Sequence[str]
-    order: str
-    phase: str
+    notes: NotRequired[Sequence[str]]
+    order: NotRequired[str]
+    phase: NotRequired[str]
 
 
 @dataclass(frozen=True)
