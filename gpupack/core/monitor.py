@@ -1,10 +1,8 @@
 """The one seam to NVML (nvidia-ml-py, ``import pynvml``): what device a job has.
 
-The device is the one CUDA_VISIBLE_DEVICES names first: an index, a ``GPU-<uuid>``, or a MIG slice
-(``MIG-<uuid>``, or ``MIG-GPU-<uuid>/<gi>/<ci>`` on R450/R460 drivers). A slice is looked up as itself, so its
-name ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") and memory are the slice's, not its parent GPU's.
-With no GPU, no driver, no NVML library or a device NVML does not know, the answer says so, and the job runs on
-the CPU. Tests fake :func:`_nvml` and nothing else.
+The device is the one CUDA_VISIBLE_DEVICES names first: an index, a ``GPU-<uuid>``, or a MIG slice (``MIG-<uuid>``,
+or ``MIG-GPU-<uuid>/<gi>/<ci>`` on R450/R460 drivers), looked up as itself (its own name and memory). Without a GPU
+NVML knows, the answer says why and the job runs on the CPU. Tests fake :func:`_nvml` and nothing else.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The types every layer shares: what a backend says a partition holds, what a pack's job is told and asks for,
-how a training and a pack job ended. Defined here, at the bottom, so that the modules that use them import
-downward only."""
+"""The types every layer shares (a partition's capacity, a pack job's settings and request, how a training and a
+pack job ended), at the bottom so that the modules that use them import downward only."""
 from __future__ import annotations
 
 from dataclasses import Field, dataclass, field

@@ -1,8 +1,7 @@
 """RGU cost: what a training and a whole sweep cost on each partition at its best packing factor. Pure.
 
-A pack holds one GPU for its wall time, so one training costs (pack wall / N) x what the pack is billed per hour: the
-GPU model's RGU weight, or more where its cores or memory pass the GPU's bundle (gpupack.core.cost.billing: the largest
-of the three bills).
+A pack holds one GPU for its wall time, so one training costs (pack wall / N) x what the pack is billed per hour
+(:func:`gpupack.core.cost.billing.bill`).
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""A search's trial and its lane, which alone opens the study: the trial's curve goes to its lane through two files
-beside its spec, and the lane's verdict comes back. The trial appends each intermediate value to ``<tid>.curve.json``
-(a JSON line: step, value) and waits for ``<tid>.verdict.json`` to judge that step; its lane's packer reads the new
-points at each look, reports them to the study, and writes the verdict (the last step judged, and the step and value
-it was pruned at, if it was). So a trial's process neither imports Optuna nor takes the study's lock, and a Python
-trial's curve and a program's printed one (``search.intermediate``) are judged the one way, by the lane.
+"""A search's trial and its lane, which alone opens the study: the trial appends each intermediate value to
+``<tid>.curve.json`` and waits for the lane's :class:`Verdict` on it in ``<tid>.verdict.json``. So a trial neither
+imports Optuna nor takes the study's lock, and a Python trial's curve and a program's printed one are judged alike.
 """
 from __future__ import annotations
 

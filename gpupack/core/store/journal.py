@@ -1,6 +1,5 @@
 """A lane's journal: the ended packs of a lane folded into a few files, so a run of thousands of trainings keeps a
-handful of files per job on the cluster's shared filesystem (the Alliance's quotas: 500k files per group on
-/project, 1M on /scratch) instead of five per training.
+handful of files per job on the cluster's shared filesystem (the Alliance's file quotas) instead of five per training.
 
 A pack runs in its folder as any pack does. When it has ended, :func:`fold_pack` appends its records, earlier
 attempts' included, to ``lanes/<lane>.jsonl`` (one JSON line each), its completed trainings' output to

@@ -1,10 +1,7 @@
 """Records: the only thing that crosses from jobs back to the user's side.
 
-One JSON file per training and one per pack, each with a schema version, written atomically
-(temp file in the same directory + fsync + rename) so a reader never sees half a record.
-
-Every file and folder gpupack writes (records, logs, run directories) gets the user's umask and is never
-world-writable: :func:`file_mode`, :func:`dir_mode`, :func:`make_dirs`, :func:`open_log`.
+One JSON file per training and one per pack, each with a schema version, written atomically (:func:`atomic_file`).
+Every file and folder gpupack writes gets the user's umask and is never world-writable (:func:`file_mode`).
 """
 from __future__ import annotations
 
