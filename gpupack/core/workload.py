@@ -102,13 +102,10 @@ class Reporter:
             rate = self._window_samples / (now - self._window_start)
             self.curve.append((round(now - self.loop_start, 3), round(rate, 1)))
             self._window_start, self._window_samples = now, 0
-            if len(self.curve) >= self.curve_points:
-                self._coarsen()
-
-    def _coarsen(self) -> None:
-        pairs = zip(self.curve[0::2], self.curve[1::2])
-        self.curve = [(b[0], round((a[1] + b[1]) / 2, 1)) for a, b in pairs]
-        self.curve_window_s *= 2
+            if len(self.curve) >= self.curve_points:  # neighbours merge, the window doubles
+                pairs = zip(self.curve[0::2], self.curve[1::2])
+                self.curve = [(b[0], round((a[1] + b[1]) / 2, 1)) for a, b in pairs]
+                self.curve_window_s *= 2
 
     def loop_ended(self) -> None:
         self.loop_end = time.time()
