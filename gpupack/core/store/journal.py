@@ -429,12 +429,10 @@ class RunRecords:
 
     def ran(self, pack_id: str, training_id: str) -> bool:
         """The training completed in its plan pack, or in a refit pack of it (its plan pack skipped for memory)."""
-        rec = self.training(pack_id, training_id)
-        if rec is not None and rec.get("status") == COMPLETED:
-            return True
+        status = (self.training(pack_id, training_id) or {}).get("status")
         # only a training skipped for memory may have run in a refit pack: the others never list the pack folders
-        return rec is not None and rec.get("status") == SKIPPED_MEMORY and any(self.completed(r, training_id)
-                                                                               for r in self.refits(pack_id))
+        return status == COMPLETED or (status == SKIPPED_MEMORY and any(self.completed(r, training_id)
+                                                                        for r in self.refits(pack_id)))
 
     def current(self, pack_id: str, training_id: str) -> TrainingRecord | None:
         """The training's record that says where it stands: its plan pack's, or its latest refit pack's."""
