@@ -140,7 +140,10 @@ class Plan:
         return [(lane, t) for _, _, lane, t in sorted(dealt, key=lambda item: item[:2])]
 
     def pack(self, pack_id: str) -> Pack:
-        return {p.pack_id: p for p in self.packs}[pack_id]
+        for p in self.packs:
+            if p.pack_id == pack_id:
+                return p
+        raise KeyError(pack_id)
 
     def to_json(self) -> PlanJson:
         data = {"schema": PLAN_SCHEMA, **asdict(self)}
