@@ -254,12 +254,10 @@ def again_packs(plan: Plan, rounds: Collection[int], partitions: Collection[str]
                 seed_key: str | None) -> list[Pack]:
     """The packs of ``rounds`` on ``partitions`` measured again the ``k``-th time (``<pack>-again<k>``): their points on
     new seeds (k x 100,000 added), or, where no seed reaches a training, its repeat ``<training>-again<k>``. Pure."""
-    out = []
-    for p in plan.packs:
-        if p.round in rounds and p.partition in partitions and p.reference_of is None and not p.loader_alone:
-            trainings = tuple(_again(t, seed_key, k) for t in p.trainings)
-            out.append(replace(p, pack_id=f"{p.pack_id}-again{k}", trainings=trainings))
-    return out
+    return [replace(p, pack_id=f"{p.pack_id}-again{k}",
+                    trainings=tuple(_again(t, seed_key, k) for t in p.trainings))
+            for p in plan.packs
+            if p.round in rounds and p.partition in partitions and p.reference_of is None and not p.loader_alone]
 
 
 def _again(t: Training, seed_key: str | None, k: int) -> Training:
