@@ -78,6 +78,16 @@ def files_forecast(trainings: int, packs: int, jobs: int, folded: bool) -> int:
     return FILES_PER_TRAINING * trainings + FILES_PER_PACK * packs + FILES_PER_JOB * jobs + FILES_PER_RUN
 
 
+class _UnderRoot:
+    """A path under the run directory, as an attribute of :class:`RunDir`: ``RunDir(root).<it>`` is ``root/<parts>``."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __get__(self, run: RunDir, owner: object = None) -> Path:
+        return run.root.joinpath(*self.parts)
+
+
 @dataclass(frozen=True)
 class RunDir:
     root: Path
@@ -130,17 +140,9 @@ class RunDir:
 
     # ---------------- the run's own files ----------------
 
-    @property
-    def config(self) -> Path:
-        return self.root / "config.yaml"
-
-    @property
-    def plan(self) -> Path:
-        return self.root / PLAN
-
-    @property
-    def lanes(self) -> Path:
-        return self.root / "lanes"
+    config = _UnderRoot("config.yaml")
+    plan = _UnderRoot(PLAN)
+    lanes = _UnderRoot("lanes")
 
     def journal(self, lane: str) -> Path:
         return self.lanes / f"{check_name('lane', lane)}.jsonl"
@@ -164,39 +166,17 @@ class RunDir:
     def claims(self, queue: str) -> Path:
         return self.root / "claims" / check_name("stream", queue)
 
-    @property
-    def jobs(self) -> Path:
-        return self.root / "jobs.json"
+    jobs = _UnderRoot("jobs.json")
+    study = _UnderRoot("search", "study.log")
+    # submitit's folder: one for every job (no %A folder per array: submitit makes that after sbatch returns, and
+    # SLURM fails a job it starts in between)
+    submitit_folder = _UnderRoot("submitit")
 
-    @property
-    def study(self) -> Path:
-        return self.root / "search" / "study.log"
-
-    @property
-    def submitit_folder(self) -> Path:
-        """submitit's folder: one for every job (no %A folder per array: submitit makes that after sbatch returns, and
-        SLURM fails a job it starts in between)."""
-        return self.root / "submitit"
-
-    @property
-    def summary_csv(self) -> Path:
-        return self.root / "summary.csv"
-
-    @property
-    def summary_json(self) -> Path:
-        return self.root / "summary.json"
-
-    @property
-    def cleared_oom(self) -> Path:
-        return self.root / "cleared_oom.json"
-
-    @property
-    def rank_choice(self) -> Path:
-        return self.root / "rank.json"
-
-    @property
-    def lock(self) -> Path:
-        return self.root / LOCK
+    summary_csv = _UnderRoot("summary.csv")
+    summary_json = _UnderRoot("summary.json")
+    cleared_oom = _UnderRoot("cleared_oom.json")
+    rank_choice = _UnderRoot("rank.json")
+    lock = _UnderRoot(LOCK)
 
     def holds_only_lock(self) -> bool:
         """True when the directory is missing, empty, or holds nothing but a lock left behind."""
@@ -204,9 +184,7 @@ class RunDir:
 
     # ---------------- packing.factors=auto ----------------
 
-    @property
-    def auto_record(self) -> Path:
-        return self.root / "auto.json"
+    auto_record = _UnderRoot("auto.json")
 
     def probe_step(self, factor: int) -> RunDir:
         return RunDir(self.root / PROBE / f"n{factor:02d}")
@@ -231,27 +209,18 @@ class RunDir:
 
     # ---------------- a Hydra launch ----------------
 
-    @property
-    def hydra_payload(self) -> Path:
-        return self.root / "hydra_launch.pkl"
-
-    @property
-    def hydra_configs(self) -> Path:
-        return self.root / "hydra_configs.pkls"
+    hydra_payload = _UnderRoot("hydra_launch.pkl")
+    hydra_configs = _UnderRoot("hydra_configs.pkls")
 
     def hydra_returns(self, job_id: str | None) -> Path:
         """The JobReturns of the Hydra jobs one gpupack job ran, appended as each ended, keyed by job number."""
         return self.root / "returns" / f"{check_name('job_id', job_id or 'here')}.pkls"
 
-    @property
-    def hydra_returns_dir(self) -> Path:
-        return self.root / "returns"
+    hydra_returns_dir = _UnderRoot("returns")
 
     # ---------------- packs ----------------
 
-    @property
-    def packs(self) -> Path:
-        return self.root / "packs"
+    packs = _UnderRoot("packs")
 
     def pack_dirs(self) -> list[str]:
         """Every packs/<pack_id>/ folder, in name order, as ``str``."""
