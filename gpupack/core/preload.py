@@ -93,10 +93,7 @@ def _imported_names(path: Path) -> list[str]:
 def _beside(folder: Path, name: str) -> Path | None:
     """The program's own module ``name`` in ``folder`` (where a script's imports look first), else None."""
     top = folder / name.split(".")[0]
-    for candidate in (top.with_suffix(".py"), top / "__init__.py"):
-        if candidate.is_file():
-            return candidate.resolve()
-    return None
+    return next((c.resolve() for c in (top.with_suffix(".py"), top / "__init__.py") if c.is_file()), None)
 
 
 def _library(name: str) -> bool:

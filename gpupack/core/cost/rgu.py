@@ -36,11 +36,8 @@ def model_from_device_name(name: str | None) -> str | None:
     """The RGU model name of an NVML device name; None when it is not a GPU the table knows."""
     if not name:
         return None
-    for pattern, model in _NAME_RULES:
-        m = pattern.search(name)
-        if m:
-            return model(m)
-    return None
+    # the first rule that matches decides, even one that names no model (an unknown MIG slice)
+    return next((model(m) for pattern, model in _NAME_RULES if (m := pattern.search(name))), None)
 
 
 def check_weights(models: Mapping[str, Any], key: str = "rgu.models") -> dict[str, float]:
