@@ -241,17 +241,13 @@ class Workload(ABC, Generic[P]):
     # hyperparameters the pipeline depends on.
     loader_param: ClassVar[str | None] = None
     loader_keys: ClassVar[tuple[str, ...]] = ()
-    # Throughput knobs a sweep may vary; collect shows throughput per setting of them.
-    knob_keys: ClassVar[tuple[str, ...]] = ()
-    # GPU memory one training needs at the least (MB): TF logical splits smaller than this are refused.
-    min_gpu_memory_mb: ClassVar[int] = 256
+    knob_keys: ClassVar[tuple[str, ...]] = ()  # throughput knobs a sweep may vary, shown apart by collect
+    min_gpu_memory_mb: ClassVar[int] = 256  # MB one training needs: a smaller TF logical split is refused
     # Process mode may fork its trainings from one preloaded server: true only when importing it, its framework
     # and its data starts no thread and touches no device (not TensorFlow).
     forkable: ClassVar[bool] = False
-    # Why its trainings start fresh when it is not forkable.
-    fresh_reason: ClassVar[str] = "its framework starts threads at import"
-    # fused mode: N trainings of this workload can train as one batched model (fuse_key, train_fused).
-    fusable: ClassVar[bool] = False
+    fresh_reason: ClassVar[str] = "its framework starts threads at import"  # why, where it is not forkable
+    fusable: ClassVar[bool] = False  # N trainings can train as one batched model (fuse_key, train_fused)
     # Spread strategies (gpupack/job/spread/) this workload can train under: its train() calls ctx.spread when set.
     spreads: ClassVar[tuple[str, ...]] = ()
     # The numeric metrics its trainings may report (what collect.metric may name); None: not known before they run.
