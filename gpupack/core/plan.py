@@ -323,23 +323,14 @@ def run_at_smaller_n(plan: Plan, pack: Pack) -> frozenset[str]:
     return frozenset(t.training_id for t in pack.trainings if (t.workload, t.grid_index) in below)
 
 
-def stream_id(partition: str, mode: str, factor: int) -> str:
-    """The name of the queue a (partition, mode, N) group streams from (claims/<it>/)."""
-    return f"{partition}-{mode}-n{factor:02d}-queue"
-
-
 def stream_lanes(partition: str, mode: str, factor: int, trainings: Sequence[Training], jobs: int) -> list[Pack]:
     """K lanes (jobs) of N slots that drain ``trainings`` together: no more lanes than ceil(trainings / N), no more
     slots than trainings, each lane dealt every K-th training as its share (its records' home). Pure."""
     factor = max(1, min(factor, len(trainings)))  # a lane has no more slots than the queue has trainings
     k = max(1, min(jobs, math.ceil(len(trainings) / factor)))
-    queue = stream_id(partition, mode, factor)
+    queue = f"{partition}-{mode}-n{factor:02d}-queue"  # what the group streams from (claims/<it>/)
     return [Pack(f"{partition}-{mode}-n{factor:02d}-s{j:03d}", partition, mode, factor, j, tuple(trainings[j::k]),
                  stream=queue) for j in range(k)]
-
-
-def spread_pack_id(partition: str, label: str, devices: int, index: int) -> str:
-    return f"{partition}-{label}-k{devices:02d}-{index:03d}"
 
 
 def spread_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
@@ -347,7 +338,7 @@ def spread_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: M
                  seed_key: str | None = "seed") -> list[Pack]:
     """One training per pack over k devices for each layout and k: the trainings N=1 packing runs, to compare."""
     trainings = trainings_for(workload, points, fixed, max(repeats, len(points)), seed_key)
-    return [Pack(spread_pack_id(partition, label, k, i), partition, label, 1, i, (t,), devices=k, spread=strategy)
+    return [Pack(f"{partition}-{label}-k{k:02d}-{i:03d}", partition, label, 1, i, (t,), devices=k, spread=strategy)
             for partition in partitions for strategy, label in layouts for k in devices
             for i, t in enumerate(trainings)]
 
