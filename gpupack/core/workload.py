@@ -63,11 +63,8 @@ class PythonMain(TypedDict, total=False):
 
 @dataclass
 class Reporter:
-    """Collects a training's timings and throughput; the worker turns it into the training record.
-
-    The workload calls :meth:`loop_started` right before its first step, :meth:`step` after each step
-    and :meth:`loop_ended` after the last one. Steady throughput excludes the first ``warmup_steps``.
-    """
+    """A training's timings and throughput, for its record: the workload calls :meth:`loop_started` right before its
+    first step, :meth:`step` after each and :meth:`loop_ended` after the last; steady throughput skips warm-up."""
 
     warmup_steps: int = 10
     # Throughput curve: one point per window at least this long; past curve_points points, neighbours merge and

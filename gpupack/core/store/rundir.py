@@ -371,13 +371,11 @@ def _holder_of(fd: int, tries: int = 20, pause_s: float = 0.05) -> Holder | None
 
 
 class RunLock:
-    """An exclusive lock on a run directory, so two sweeps never write into the same one at once; a second is refused
-    in one line naming the holder (:func:`busy_refusal`).
+    """An exclusive lock on a run directory, so two sweeps never write into it at once (:func:`busy_refusal`).
 
-    The local backend's pack jobs hold it too (each inherits the descriptor, its pid added by :meth:`add_job`): a CLI
-    killed by SIGKILL leaves them running, and a new command must be refused while any runs (a lane holds no pack
-    lock between its packs). A SLURM job does not: it outlives its command by design, and the next command resumes
-    beside it (Submitter.active_packs)."""
+    The local backend's pack jobs hold it too (:meth:`add_job`): a CLI killed by SIGKILL leaves them running, and a
+    new command must be refused while any runs (a lane holds no pack lock between its packs). A SLURM job does not:
+    it outlives its command by design, and the next command resumes beside it (Submitter.active_packs)."""
 
     def __init__(self, run: RunDir) -> None:
         self.path = run.lock
