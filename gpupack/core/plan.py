@@ -224,8 +224,7 @@ def _reseeded(params: Mapping[str, object], seed_key: str, k: int) -> dict[str, 
 
 def trainings_for(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
                   count: int, seed_key: str | None = "seed") -> list[Training]:
-    """``count`` trainings cycling over the grid points; a point used again gets a new seed (k*1000 added), or, where
-    no seed reaches the training (``seed_key`` None), is repeated unchanged as its k-th repeat."""
+    """``count`` trainings cycling over the points; one used again gets a new seed (+k*1000), or, seedless, repeats."""
     out: list[Training] = []
     seen: set[str] = set()
     for i in range(count):

@@ -133,8 +133,7 @@ class Reporter:
 
 @dataclass(frozen=True)
 class Range:
-    """A numeric hyperparameter's declared range (None: unbounded), each bound closed unless ``low_open`` /
-    ``high_open``. ``Params`` declares them in ``ranges``, a ClassVar mapping field name → Range."""
+    """A numeric hyperparameter's declared range (None: unbounded): ``Params.ranges`` maps field names to them."""
 
     low: float | None = None
     high: float | None = None
@@ -284,8 +283,7 @@ class Workload(ABC, Generic[P]):
         return None
 
     def cost(self, params: Mapping[str, object]) -> float | None:
-        """A training's length relative to the others of its sweep (any unit), or None where the workload cannot
-        tell: a stream claims the longest first."""
+        """A training's relative length (any unit), or None where unknown: a stream claims the longest first."""
         return None
 
     def filler_seed(self, fixed: Mapping[str, object]) -> str | None:
@@ -341,8 +339,7 @@ class Workload(ABC, Generic[P]):
         return value
 
     def typed_values(self, key: str, values: Sequence[object], where: str) -> list[object]:
-        """:meth:`typed` for every value of one grid axis in one OmegaConf merge; a value it refuses is refused in
-        :meth:`typed`'s words."""
+        """:meth:`typed` for every value of one grid axis in one OmegaConf merge, refusing in :meth:`typed`'s words."""
         from typing import List, get_type_hints
 
         from omegaconf import OmegaConf

@@ -29,8 +29,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class LaneMemory:
-    """The lane's memory now: the device's free memory and the lane's budget (None: not known), what its running
-    trainings are expected to hold together, and how many run."""
+    """The lane's memory now: the device's free, the lane's budget (None: unknown), what its running trainings hold."""
 
     free_mb: float | None
     budget_mb: float | None

@@ -344,8 +344,7 @@ def _sampled_peaks(run: Path, folded: Folded) -> dict[str, Peaks]:
 
 @dataclass(frozen=True)
 class MemoryShare:
-    """One training's share of its device's memory (``packing.memory_share``), and where it comes from, in words.
-    Enforced in the training's process where the platform can (gpupack.job.runtime.memshare)."""
+    """One training's share of its device's memory, and its source; enforced where it can be (job.runtime.memshare)."""
 
     fraction: float
     mb: float
@@ -406,8 +405,7 @@ def memory_shares(fraction: float | None, device_total_mb: float | None, peaks: 
 
 
 def _share_scale(budget: float, need: float, others: int, floor: float, margin: float) -> float | None:
-    """What each measured peak is multiplied by in its share of ``budget`` (:func:`memory_shares`); None where the
-    peaks alone leave too little. Pure."""
+    """What each measured peak is multiplied by in its share of ``budget``; None: the peaks leave too little. Pure."""
     if not others:
         return budget / need if need <= budget else None
     if budget - need * (1 + margin) >= others * floor:

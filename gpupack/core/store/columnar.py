@@ -185,8 +185,7 @@ def typed_arrays(columns: Columns, rows: int) -> list[pa.Array]:
 
 
 def _json_arrays(columns: Columns, rows: int) -> list[pa.Array] | None:
-    """:func:`typed_arrays` through Arrow's JSON reader (floats by their repr, NaN and infinities included); None
-    where it refuses the values."""
+    """:func:`typed_arrays` through Arrow's JSON reader (floats by repr, NaN included); None where it refuses them."""
     if not columns or not rows:
         return [pa.nulls(0, kind) for kind, _ in columns.values()]
     names = list(columns)

@@ -80,8 +80,7 @@ def write_verdict(path: Path, verdict: Verdict) -> None:
 
 
 class NewLines:
-    """The whole lines written to a file since the last look (a line being written is read at the next one, or at
-    the last, ``ended``: a program's last line, though it wrote no newline after it)."""
+    """The whole lines written to a file since the last look; ``ended``: its last line too, newline or not."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

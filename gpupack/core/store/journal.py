@@ -72,8 +72,7 @@ def fold_pack(run: RunDir, pack_id: str, lane: str, clock: Callable[[], float] =
 
 def fold_trainings(run: RunDir, pack_id: str, training_ids: Collection[str], lane: str,
                    clock: Callable[[], float] = time.time) -> list[TrainingRecord]:
-    """Fold the ended trainings ``training_ids`` of a streaming lane's pack ``pack_id`` into ``lane``'s journal, then
-    remove their records and logs; the records it folded."""
+    """Fold the ended trainings ``training_ids`` of streaming pack ``pack_id``, then remove their files; the records."""
     folder = run.pack_dir(pack_id)
     folded = _fold(run, lane, clock, lambda log: list(_trainings(run, folder, pack_id, lane, log, training_ids)))
     recs = [rec for _, rec in folded if is_training_record(rec)]
@@ -92,8 +91,7 @@ def append_records(run: RunDir, lane: str, records: Collection[TrainingRecord],
 
 def _fold(run: RunDir, lane: str, clock: Callable[[], float],
           lines_of: Callable[[IO[bytes]], list[tuple[str, Record]]]) -> list[tuple[str, Record]]:
-    """Append the lines ``lines_of`` makes (copying logs into the lane's log as it goes) to ``lane``'s journal,
-    fsynced; the lines."""
+    """Append ``lines_of``'s lines to ``lane``'s journal, fsynced, copying logs into the lane's log; the lines."""
     make_dirs(run.lanes)
     with _lane_lock(run, lane) as (journal, log):
         lines = lines_of(log)

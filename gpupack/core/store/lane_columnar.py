@@ -164,8 +164,7 @@ class Part:
                       beside["same"][i], beside["home"][i]) for i, row in enumerate(varying)]
 
     def column(self, name: str) -> pa.Array:
-        """The rows' column ``name``, or what their entries say (``home``, ``later``...); a shared one repeated, all
-        null where the rows have none."""
+        """The rows' column ``name``, or what their entries say (``home``...); a shared one repeated, else all null."""
         if name in self.beside.schema.names:
             return self.beside.column(name)
         rows = self.rows

@@ -107,8 +107,7 @@ def read_streams(paths: Iterable[Path]) -> dict[int, bytes]:
 
 
 def _entries(data: bytes) -> Iterator[tuple[int, float, bytes]]:
-    """The whole entries of a stream: each is read by its length, and is whole where the next marker (or the end)
-    follows it; past a torn one the next marker is looked for."""
+    """The whole entries of a stream: each read by its length, whole where a marker or the end follows it."""
     at = data.find(_MARK)
     while at >= 0:
         body = at + len(_MARK)

@@ -14,8 +14,7 @@ KEYS = ("metric", "goal", "pattern")
 
 @dataclass(frozen=True)
 class RankChoice:
-    """How hyperparameters are ranked: by ``metric`` (None: val_accuracy or the one reported), towards ``goal``, the
-    metric read from the kept stdout by ``pattern`` where the trainings did not report it."""
+    """How hyperparameters are ranked: ``metric`` (None: val_accuracy or the one reported), ``goal`` and ``pattern``."""
 
     metric: str | None = None
     goal: str | None = None

@@ -236,8 +236,7 @@ _umask: int | None = None
 
 
 def _read_umask() -> int:
-    """The process umask without changing it (Linux's /proc/self/status); elsewhere one round trip through 0o077,
-    so a file another thread creates in that instant is private."""
+    """The umask without changing it (/proc/self/status), else via 0o077: a file made meanwhile is private, not open."""
     status = "/proc/self/status"
     with contextlib.suppress(OSError, ValueError, IndexError), open(status, encoding="ascii", errors="replace") as f:
         for line in f:
