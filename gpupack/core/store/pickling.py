@@ -107,7 +107,7 @@ def read_streams(paths: Iterable[Path]) -> dict[int, bytes]:
 
 
 def _entries(data: bytes) -> Iterator[tuple[int, float, bytes]]:
-    """The whole entries of a stream: each read by its length, whole where a marker or the end follows it."""
+    """A stream's whole entries, each whole where a marker or the end follows; past a torn one, at the next marker."""
     at = data.find(_MARK)
     while at >= 0:
         body = at + len(_MARK)
