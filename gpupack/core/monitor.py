@@ -61,8 +61,7 @@ def first_visible(env: Mapping[str, str]) -> str | None:
 
 
 def visible_devices(env: Mapping[str, str], k: int) -> list[str]:
-    """The first ``k`` devices CUDA_VISIBLE_DEVICES names, as it names them (unset: indexes 0..k-1), up to the first
-    invalid entry, as CUDA does. What a job spread over k GPUs uses (rank r: cuda:r)."""
+    """The first ``k`` devices CUDA_VISIBLE_DEVICES names (unset: 0..k-1), to the first invalid entry, as CUDA does."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return [str(i) for i in range(k)]

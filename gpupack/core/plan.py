@@ -479,8 +479,7 @@ def order_label(order: str, seed: int, rounds: int, setups: bool = False) -> str
 
 
 def run_order(packs: Sequence[Pack], order: str, seed: int = 0) -> list[Pack]:
-    """The order packs run in. by_factor: as planned (N by N). interleaved: in rounds (:func:`in_rounds`), so every
-    N is spread evenly over the whole run and each of its packs has the reference N measured beside it in time."""
+    """The order packs run in: by_factor as planned, interleaved in rounds (:func:`in_rounds`)."""
     if order == "by_factor":
         return list(packs)
     if order != "interleaved":

@@ -145,8 +145,7 @@ def fits(budget_mb: float | None, each_mb: float) -> int | None:
 
 def check_memory(factors: Sequence[int], capacities: Mapping[str, Capacity], memory: TrainingMemory,
                  fraction: float, key: Callable[[int], str]) -> None:
-    """Each N must fit each partition's device: N x the GPU figure within fraction x the GPU's memory, N x the host
-    figure within fraction x the host memory one job may have; N processes within what the job may start. Pure."""
+    """Each N within each partition's GPU and host memory budgets (``fraction`` of each) and process limit. Pure."""
     for name, cap in capacities.items():
         gpu_budget = cap.gpu_memory_mb * fraction if cap.has_gpu and cap.gpu_memory_mb else None
         host_budget = cap.max_mem_mb * fraction if cap.max_mem_mb else None

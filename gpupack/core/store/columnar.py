@@ -272,8 +272,7 @@ class ColumnarTail(TypedDict):
 
 
 def columnar_bytes(trainings: Sequence[Mapping[str, object]], pack_row: dict[str, object]) -> bytes:
-    """What a columnar file holds: the varying columns of the training rows as an Arrow IPC stream of one batch, then
-    JSON: the pack row (one row: its JSON reads faster than a batch of its own), the rows, the shared values."""
+    """A columnar file: the rows' varying columns as one Arrow IPC batch, then JSON (the pack row reads faster so)."""
     rows = split_rows(trainings)
     tail: ColumnarTail = {"pack": pack_row, "rows": rows.rows, "shared": rows.shared}
     return stream_bytes(rows.batch) + json.dumps(tail).encode()

@@ -299,8 +299,8 @@ class CompletedTail:
 
 
 def journal_entries(path: Path, start: int = 0) -> tuple[list[JournalEntry], int]:
-    """The entries of a journal's whole lines from byte ``start`` on, in the order folded, and the byte its last
-    whole line ends at (a line being written, or torn, is left for later): the one way a journal is read."""
+    """A journal's whole lines from byte ``start`` on, in fold order, and where they end (a line in writing, or torn,
+    is left for later): the one way a journal is read."""
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read()

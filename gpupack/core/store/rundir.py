@@ -360,8 +360,7 @@ def _alive(pid: int) -> bool:
 
 
 def _holder_of(fd: int, tries: int = 20, pause_s: float = 0.05) -> Holder | None:
-    """The holder line of a lock another process holds. A winner writes its line just after it takes the lock, so a
-    loser that reads in between finds the file empty: it reads again for up to a second, to name the holder."""
+    """The holder line of a lock another holds, read for up to a second (a winner writes it just after locking)."""
     for _ in range(tries):
         holder = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
         if holder is not None:

@@ -66,8 +66,7 @@ TEST_BYTES = 4096
 
 
 def write_fault(folder: Path | str) -> StorageError | None:
-    """Whether ``folder`` takes a write now (a block written and fsynced to a file of its own, then removed): the
-    StorageError it met, else None. Asked where a job left nothing to say why it failed."""
+    """The StorageError a test write into ``folder`` meets now, else None: asked where a failed job left no reason."""
     try:
         fd, name = tempfile.mkstemp(dir=folder, prefix=f".write-test.{os.getpid()}.")
     except OSError as err:
