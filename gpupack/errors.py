@@ -17,11 +17,7 @@ class GpupackError(Exception):
 
 
 class ConfigError(GpupackError):
-    """A config key holds a value gpupack cannot use.
-
-    ``ConfigError("packing.factors[0]", 0, "use integers >= 1, e.g. packing.factors=[1,2,4]")``
-    reads: ``packing.factors[0]=0 is invalid: <why>. HINT: <hint>``.
-    """
+    """A config key holds a value gpupack cannot use: ``<key>=<value!r>: <why>. HINT: <hint>``."""
 
     def __init__(self, key: str, value: object, why: str, hint: str) -> None:
         self.key, self.value, self.why, self.hint = key, value, why, hint
@@ -37,11 +33,8 @@ class RunDirError(GpupackError):
 
 
 class StorageError(RunDirError):
-    """Writing into a run directory (or collect's output folder) failed for want of space, quota or permission:
-    the path, what failed (``why``: no space left on device, out of quota, read-only file system, permission
-    denied), the free space where it is known, and the fix, with the command to run again where the front-end knows
-    it (:meth:`again`). Records are written whole or not at all, so what finished is kept and the same command
-    resumes once the fault is fixed: the HINT says so because it is true, not to soothe."""
+    """A write into a run directory (or collect's output) failed for space, quota or permission: the path, what failed,
+    the free space and the fix (:meth:`again`: with the command that resumes; records are written whole)."""
 
     def __init__(self, path: str, why: str, free_bytes: int | None, command: str | None = None) -> None:
         self.path, self.why, self.free_bytes, self.command = path, why, free_bytes, command
@@ -57,8 +50,7 @@ class StorageError(RunDirError):
 
 NO_SPACE, OUT_OF_QUOTA, READ_ONLY, NO_PERMISSION = ("no space left on device", "out of quota",
                                                     "read-only file system", "permission denied")
-# Each fault's fix, said first in the HINT; every one leaves the run directory where it is, so the same command
-# resumes it.
+# Each fault's fix, said first in the HINT.
 STORAGE_FIXES = {
     NO_SPACE: "free space on its file system (df -h, du -sh)",
     OUT_OF_QUOTA: "free space within your quota there, or have it raised (quota -s; diskusage_report on the Alliance)",
@@ -70,11 +62,11 @@ STORAGE_FIXES = {
 def human_bytes(n: int) -> str:
     """``n`` bytes as a person reads them: 0 B, 512 B, 12.0 KiB, 3.4 GiB."""
     size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
             return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
-    return f"{n} B"  # unreachable: TiB ends the loop
+    return f"{size:.1f} TiB"
 
 
 class SubmissionError(GpupackError):
@@ -84,9 +76,8 @@ class SubmissionError(GpupackError):
 
 
 class UnreachableError(GpupackError):
-    """The cluster's scheduler does not answer here (its client missing, its config unreadable, its controller dead):
-    the client's own words, once; where its config was looked for; and the fix, ending with how to run here instead
-    (``instead``: the front-end's own words for it)."""
+    """The cluster's scheduler does not answer here: the client's own words, where its config was looked for, and
+    the fix, ending with how to run here instead (``instead``: the front-end's own words for it)."""
 
     def __init__(self, words: str, where: str, fix: str, instead: str = "cluster=local to run here") -> None:
         self.words, self.where, self.fix, self.instead = words, where, fix, instead
@@ -135,8 +126,7 @@ def require_positive(value: object, key: str, example: str, *, whole: bool = Fal
 
 
 def require_unique(values: Sequence[object], key: str, noun: str, each: str) -> None:
-    """``values`` a set given as a list: none listed twice, else a ConfigError on ``key`` naming the first repeated
-    one (``noun``: "a packing mode") with the list deduplicated, in order, as the hint."""
+    """None of ``values`` listed twice, else a ConfigError on ``key`` with the list deduplicated as the hint."""
     seen: list[object] = []
     known: set[object] = set()  # linear in the values (an axis of 100,000), an unhashable one by its JSON
     twice: list[object] = []
@@ -150,8 +140,7 @@ def require_unique(values: Sequence[object], key: str, noun: str, each: str) -> 
 
 
 def _unique_key(value: object) -> object:
-    """What tells ``value`` apart from another in a set: itself (equal numbers alike, as ``==`` has them), or, a list or
-    a mapping (a command's argv), its JSON."""
+    """What tells ``value`` apart in a set: itself, or, unhashable (a command's argv), its JSON."""
     try:
         hash(value)
     except TypeError:
@@ -168,17 +157,15 @@ def override_value(value: object) -> str:
     return str(value)
 
 
-# The most memory one figure may plausibly name (MB): 10 TB, more than any node holds. A larger one is in a smaller
-# unit than its key says (bytes where MB are asked, MB or bytes where GB are).
+# The most memory one figure may plausibly name (MB): 10 TB. A larger one is in a smaller unit than its key says.
 MOST_MEMORY_MB = 10.0 ** 7
 MEMORY_UNITS = {"MB": 1.0, "GB": 1024.0}
 
 
 def require_memory(value: object, key: str, unit: str, example: str, *, allow_none: bool = True,
                    allow_zero: bool = False) -> None:
-    """``value`` a memory figure in ``unit`` (MB or GB): a number > 0 (>= 0 with ``allow_zero``), or None where
-    ``allow_none``, and plausible: at most :data:`MOST_MEMORY_MB`; a larger one is refused as given in a smaller unit,
-    with the figure converted as the hint. ``example`` (``key=VALUE``): the hint of a value that is no figure."""
+    """``value`` a memory figure in ``unit`` (MB or GB) > 0 (>= 0 with ``allow_zero``), or None where ``allow_none``,
+    at most :data:`MOST_MEMORY_MB` (a larger one is refused as given in a smaller unit), else a ConfigError."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \

@@ -543,7 +543,7 @@ def test_a_torn_claim_of_an_unfinished_training_is_released_and_the_rerun_runs_e
     recs = _records(run)
     assert len(recs) == 8 and all(r["status"] == "completed" for r in recs.values())  # the eighth too
     assert not _ran_twice(run)  # and each training once
-    logs = "".join(p.read_text(errors="replace") for p in run.submitit.glob("*_log.err"))
+    logs = "".join(p.read_text(errors="replace") for p in run.submitit_folder.glob("*_log.err"))
     assert f"the claim {torn} could not be read" in logs, logs[-2000:]
     said = [(RunRecords(run).pack(p.pack_id) or {}).get("torn_claims", {}) for p in
             Plan.from_json(read_json(run.plan)).packs]
@@ -636,7 +636,7 @@ def test_a_time_limit_reached_mid_queue_requeues_and_finishes_the_rest(tmp_path,
     assert lane["unclaimed"] == 0 and len(lane["training_ids"]) < 6  # its last run ran what the earlier left
     # Requeued through submitit's checkpoint: by the lane itself when it stopped claiming (an earlier run's record says
     # so), or by SLURM's own signal, which Slurm may send up to a minute early (its event resolution).
-    log = "".join(p.read_text() for p in run.submitit.glob("*_log*"))
+    log = "".join(p.read_text() for p in run.submitit_folder.glob("*_log*"))
     assert "caught signal" in log.lower() and "job requeue" in log.lower(), log[-2000:]
     assert all(e["stopped_claiming"] for e in earlier)  # a run that ended on its own ended out of time
 

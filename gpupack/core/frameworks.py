@@ -1,9 +1,7 @@
 """The framework objects the built-in workloads handle, named as their hints use them.
 
-torch and TensorFlow are imported inside the functions that run in a training's own process, never at a module's top:
-the packer, the fork server before its preload and the CLI import the workloads without a framework, and neither ships
-types mypy can follow here cheaply. Their objects reach the hints untyped: each alias below says what it holds, so an
-``Any`` in a workload is one of these dynamic edges, named, rather than a hint left open.
+torch and TensorFlow are imported only in a training's own process (the packer, the fork server and the CLI import the
+workloads without one), so their objects reach the hints untyped: each alias names one such dynamic edge.
 """
 from __future__ import annotations
 

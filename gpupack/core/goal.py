@@ -1,6 +1,5 @@
-"""Which way a metric is better: the goal collect ranks hyperparameters towards (collect.goal, `--goal`), shared by
-the config's checks and the ranking; the goal a metric's name suggests, for a HINT only; and a metric named
-(collect.metric, `--metric`) checked against those reported."""
+"""Which way a metric is better (collect.goal, `--goal`); the goal a metric's name suggests, for a HINT only; and a
+metric named (collect.metric, `--metric`) checked against those reported."""
 from __future__ import annotations
 
 import difflib
@@ -14,9 +13,8 @@ GOALS = ("max", "min")
 # (or the Optuna sweeper's direction, which the Hydra launcher records): a direction is never guessed from a name.
 KNOWN_GOALS = {"val_accuracy": "max"}
 
-# Words in a metric's name that read as one direction: a HINT suggests that goal, and ranks nothing by it (a name
-# is not a promise: "error_reduction" is better higher). Short words must be a whole word of the name ("acc" in
-# "val_acc", not the "acc" of "accumulated"); longer ones may sit inside one ("valloss", "top1accuracy").
+# Words in a metric's name that read as one direction, for a HINT only ("error_reduction" is better higher). Short
+# words must be a whole word of the name; longer ones may sit inside one ("valloss", "top1accuracy").
 SUGGESTS = {
     "max": ("accuracy", "acc", "f1", "auc", "precision", "recall", "iou", "bleu"),
     "min": ("loss", "error", "err", "perplexity", "mse", "mae", "rmse"),
@@ -32,15 +30,13 @@ def check_goal(goal: object, key: str) -> None:
 
 
 def name_words(metric: str) -> list[str]:
-    """A metric's name as lower-case words: split at anything not a letter or digit and where camelCase turns
-    (``valAcc`` → val, acc). Pure."""
+    """A metric's name as lower-case words, split at non-alphanumerics and camelCase (``valAcc`` → val, acc). Pure."""
     spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", metric)
     return [w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w]
 
 
 def suggested_goal(metric: str) -> str | None:
-    """The goal ``metric``'s name reads as (max for an accuracy, min for a loss), or None where it reads as neither
-    or as both. Pure; only ever a suggestion."""
+    """The goal ``metric``'s name reads as (max for an accuracy, min for a loss), or None. Pure; only a suggestion."""
     words = name_words(metric)
     found = {goal for goal, cues in SUGGESTS.items()
              if any(cue in words or (len(cue) >= _INSIDE and any(cue in w for w in words)) for cue in cues)}
@@ -48,8 +44,7 @@ def suggested_goal(metric: str) -> str | None:
 
 
 def goal_hint(metric: str, key: str = "collect.goal") -> str:
-    """The fix for a missing goal, ``key=max`` or ``key=min``: the one the name suggests first (said to be read from
-    the name), else both with what each means. Pure."""
+    """The fix for a missing goal: ``key=<the goal the name suggests>``, else both goals with what each means. Pure."""
     goal = suggested_goal(metric)
     if goal is None:
         return f"{key}=max if higher {metric} is better, {key}=min if lower is"
@@ -58,8 +53,7 @@ def goal_hint(metric: str, key: str = "collect.goal") -> str:
 
 
 def contradiction(metric: str, goal: str) -> str | None:
-    """Where ``goal`` goes against what ``metric``'s name (or gpupack's knowledge) says, a line that says so and the
-    other goal as its fix; None otherwise. Pure: the goal given still ranks."""
+    """A line saying ``goal`` goes against ``metric``'s name, with the other goal as its fix; else None. Pure."""
     expected = KNOWN_GOALS.get(metric) or suggested_goal(metric)
     if expected is None or expected == goal:
         return None
@@ -69,9 +63,7 @@ def contradiction(metric: str, goal: str) -> str | None:
 
 
 def check_metric(metric: str, reported: Sequence[str], key: str, whose: str) -> None:
-    """``metric`` one of ``reported`` (what ``whose`` reports: a workload's declared metrics, a run's records), else a
-    ConfigError on ``key`` whose HINT names the nearest reported one (``val_acc`` → ``val_accuracy``), or
-    val_accuracy, or the first. Pure."""
+    """``metric`` one of ``reported``, else a ConfigError on ``key`` whose HINT names the nearest one. Pure."""
     if metric in reported or not reported:
         return
     close = difflib.get_close_matches(metric, reported, n=1, cutoff=0.5)

@@ -1,11 +1,9 @@
 """The job a pack runs in, as its backend tells it: :class:`JobEnvironment`.
 
-Each backend (gpupack/submit/<backend>.py) builds the environment of its own jobs (``Submitter.job_environment``),
-from submitit's JobEnvironment and its scheduler's variables, and hands it to the job body with the pack (as submitit
-has one JobEnvironment per executor); nothing below the backends reads a scheduler's variable. The job body records it
-in the pack record and hands its job id to the pack's trainings (:data:`JOB_ID_ENV`), so that a training (a Hydra
-job) names the same job as its pack's record. A pack run outside any backend (the job body called directly) is its own
-process: :meth:`JobEnvironment.here`.
+Each backend builds its jobs' environment (``Submitter.job_environment``) and hands it to the job body with the pack;
+nothing below the backends reads a scheduler's variable. The job body records it in the pack record and hands its job
+id to the pack's trainings (:data:`JOB_ID_ENV`). A pack run outside any backend is its own job
+(:meth:`JobEnvironment.here`).
 """
 from __future__ import annotations
 
@@ -23,20 +21,16 @@ JOB_ID_ENV = "GPUPACK_JOB_ID"
 class JobEnvironment:
     """What the pack record says of the job a pack ran in, and when the job started."""
 
-    # The scheduler's name for the job: SLURM's job id (array task included: 1234_5), submitit's local job id, ...
-    job_id: str | None = None
-    # The GPUs the job sees (CUDA_VISIBLE_DEVICES).
+    job_id: str | None = None  # the scheduler's name for the job: SLURM's job id (1234_5), submitit's local one
     cuda_visible_devices: str | None = None
-    # When the job started, which its time limit counts from (an epoch); None: the scheduler does not say, and the
-    # job's first process (submitit's, running the job body) started it.
+    # When the job started (its time limit counts from it); None: the scheduler does not say (:meth:`start`).
     started_at: float | None = None
-    # The job's own temporary space (on SLURM, the Alliance's node-local disk, removed with the job); None:
-    # the process's (TMPDIR, else /tmp). MPS's pipes and DDP's rendezvous live there.
+    # The job's own temporary space (SLURM's node-local disk), where MPS's pipes and DDP's rendezvous live; None:
+    # TMPDIR, else /tmp.
     tmp_dir: str | None = None
-    # What the scheduler gave the job, kept in the pack record as named there (SLURM: slurm_job_gpus, ...).
-    scheduler: Mapping[str, str | None] = field(default_factory=dict)
-    # The gpupack command that submitted the job, where it runs on the job's host (the local backend); None
-    # elsewhere. Its CPU is the run's own, not load from outside the job (gpupack.job.runtime.foreign).
+    scheduler: Mapping[str, str | None] = field(default_factory=dict)  # kept in the pack record as named there
+    # The gpupack command that submitted the job where it runs on the job's host (the local backend): its CPU is the
+    # run's own, not load from outside (gpupack.job.runtime.foreign).
     command_pid: int | None = None
 
     def record_fields(self) -> dict[str, str | None]:
@@ -44,8 +38,7 @@ class JobEnvironment:
         return {"job_id": self.job_id, "cuda_visible_devices": self.cuda_visible_devices, **self.scheduler}
 
     def exported(self) -> dict[str, str]:
-        """The variables the pack's trainings inherit: the job's id (:func:`job_id` in a training's process) and the
-        GPUs it runs on (one of a several-GPU job's: :meth:`on_gpu`)."""
+        """The variables the pack's trainings inherit: the job's id (:func:`job_id`) and its GPUs."""
         gpus = self.cuda_visible_devices
         return {**({JOB_ID_ENV: self.job_id} if self.job_id else {}),
                 **({"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {})}
@@ -55,15 +48,13 @@ class JobEnvironment:
         return {**(os.environ if environ is None else environ), **self.exported()}
 
     def gpus(self, wanted: int) -> list[str]:
-        """The ``wanted`` GPUs of this job, as CUDA_VISIBLE_DEVICES names them (unset: indexes 0, 1, ...); fewer where
-        it names fewer."""
+        """The ``wanted`` GPUs of this job, as CUDA_VISIBLE_DEVICES names them (unset: indexes 0, 1, ...)."""
         named = self.cuda_visible_devices
         listed = [d for d in named.split(",") if d] if named is not None else [str(i) for i in range(wanted)]
         return listed[:wanted]
 
     def on_gpu(self, device: str, index: int) -> JobEnvironment:
-        """This job as one of its GPUs' packs sees it: that GPU alone, and temporary space of its own (one MPS daemon
-        per GPU keeps its pipes there)."""
+        """This job as one of its GPUs' packs sees it: that GPU alone, with temporary space of its own (for MPS)."""
         tmp = os.path.join(self.temp_dir(), f"gpu{index}")
         os.makedirs(tmp, exist_ok=True)
         return dataclasses.replace(self, cuda_visible_devices=device, tmp_dir=tmp)
@@ -88,8 +79,7 @@ class JobEnvironment:
 
 
 def job_id(environ: Mapping[str, str] | None = None) -> str | None:
-    """The job this process's pack runs in: what the pack's job body handed its trainings (:data:`JOB_ID_ENV`), else
-    None (a process started by no pack)."""
+    """The job this process's pack runs in (:data:`JOB_ID_ENV`); None: a process started by no pack."""
     env = os.environ if environ is None else environ
     return env.get(JOB_ID_ENV)
 

@@ -1,13 +1,13 @@
 """The one seam to NVML (nvidia-ml-py, ``import pynvml``): what device a job has.
 
-The device is the one CUDA_VISIBLE_DEVICES names first: an index, a ``GPU-<uuid>``, or a MIG slice
-(``MIG-<uuid>``, or ``MIG-GPU-<uuid>/<gi>/<ci>`` on R450/R460 drivers). A slice is looked up as itself, so its
-name ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") and memory are the slice's, not its parent GPU's.
-With no GPU, no driver, no NVML library or a device NVML does not know, the answer says so, and the job runs on
-the CPU. Tests fake :func:`_nvml` and nothing else.
+The device is the one CUDA_VISIBLE_DEVICES names first: an index, a ``GPU-<uuid>``, or a MIG slice (``MIG-<uuid>``,
+or ``MIG-GPU-<uuid>/<gi>/<ci>`` on R450/R460 drivers), looked up as itself (its own name and memory). Without a GPU
+NVML knows, the answer says why and the job runs on the CPU. Tests fake :func:`_nvml` and nothing else.
 """
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import platform
 from dataclasses import dataclass
@@ -44,13 +44,10 @@ def _nvml() -> ModuleType:
 
 
 def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or "cpu"
 
 
@@ -64,17 +61,11 @@ def first_visible(env: Mapping[str, str]) -> str | None:
 
 
 def visible_devices(env: Mapping[str, str], k: int) -> list[str]:
-    """The first ``k`` devices CUDA_VISIBLE_DEVICES names, as it names them (unset: indexes 0..k-1); CUDA stops at
-    the first invalid entry, so does this. What a job spread over k GPUs uses (rank r: cuda:r)."""
+    """The first ``k`` devices CUDA_VISIBLE_DEVICES names (unset: 0..k-1), to the first invalid entry, as CUDA does."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return [str(i) for i in range(k)]
-    out = []
-    for entry in (e.strip() for e in visible.split(",")):
-        if entry in ("", "-1"):
-            break
-        out.append(entry)
-    return out[:k]
+    return list(itertools.takewhile(lambda e: e not in ("", "-1"), (e.strip() for e in visible.split(","))))[:k]
 
 
 def _text(value: str | bytes) -> str:
@@ -118,8 +109,7 @@ def _devices(nvml: Nvml) -> Iterator[tuple[NvmlHandle, NvmlHandle]]:
 
 
 def _as_cuda_sees(nvml: Nvml, gpu: NvmlHandle, named: str) -> VisibleGpu:
-    """A whole GPU, or, when it is in MIG mode, the slice of it CUDA runs on: CUDA never uses a MIG-mode GPU
-    as a whole, so costing and sizing the whole GPU would be wrong."""
+    """A whole GPU, or, when it is in MIG mode, the slice of it CUDA runs on (never the whole GPU)."""
     if not _mig_enabled(nvml, gpu):
         return VisibleGpu(gpu, mig=False)
     slices = list(_mig_devices(nvml, gpu))
@@ -161,10 +151,8 @@ def _instance_ids(nvml: Nvml, mig: NvmlHandle) -> tuple[int, int] | None:
 
 def _by_legacy_mig(nvml: Nvml, entry: str) -> VisibleGpu:
     """``MIG-GPU-<uuid>/<gi>/<ci>``: the slice with GPU instance ID gi and compute instance ID ci of that GPU."""
-    try:  # the drivers that wrote this form look it up themselves
+    with contextlib.suppress(Exception):  # the drivers that wrote this form look it up themselves
         return VisibleGpu(nvml.nvmlDeviceGetHandleByUUID(entry), mig=True)
-    except Exception:
-        pass
     parts = entry[len("MIG-"):].split("/")
     if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
         raise LookupError(f"CUDA_VISIBLE_DEVICES names {entry!r}, not MIG-GPU-<uuid>/<gi>/<ci>")
@@ -176,11 +164,8 @@ def _by_legacy_mig(nvml: Nvml, entry: str) -> VisibleGpu:
 
 
 def resolve_visible(env: Mapping[str, str], nvml: Nvml) -> VisibleGpu | None:
-    """The NVML handle of the device CUDA_VISIBLE_DEVICES names first, over an initialized ``nvml``.
-
-    None when it hides every GPU; LookupError (its message says why) when it names a device NVML does not know,
-    never index 0 in its place.
-    """
+    """The NVML handle of the device CUDA_VISIBLE_DEVICES names first, over an initialized ``nvml``. None when it
+    hides every GPU; LookupError (saying why) when it names a device NVML does not know, never index 0 instead."""
     entry = first_visible(env)
     if entry is None:
         return None
@@ -217,9 +202,7 @@ def detect_device(env: Mapping[str, str] | None = None) -> DeviceInfo:
 
 
 def free_memory_mb(on_gpu: bool, env: Mapping[str, str] | None = None) -> float | None:
-    """Memory free now on the job's device (MB), what a streaming lane admits its next training by: NVML's free memory
-    of the GPU CUDA_VISIBLE_DEVICES names first; on a CPU the host's available memory (psutil). None: NVML cannot say
-    (the training is then admitted by the lane's budget alone)."""
+    """Memory free now on the job's device (MB): NVML's on a GPU, the host's available on a CPU; None: unknown."""
     if not on_gpu:
         import psutil  # deferred: only a streaming lane that admits by memory asks
 

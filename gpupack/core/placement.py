@@ -1,7 +1,5 @@
-"""One training spread over k devices, as its processes see it: where each process stands (:class:`Placement`, in its
-worker spec) and the calls the workload makes (:class:`Spread`, ``ctx.spread``). The strategies that fill them in
-are :mod:`gpupack.job.spread`'s; these two sit at the bottom so that a training's process can hold them without the
-pack's side."""
+"""One training spread over k devices, as its processes see it: where each process stands (:class:`Placement`) and
+the calls the workload makes (:class:`Spread`, ``ctx.spread``); the strategies are :mod:`gpupack.job.spread`'s."""
 from __future__ import annotations
 
 import contextlib
@@ -35,8 +33,7 @@ class Placement:
 
 
 class Spread:
-    """In a spread training's process: what the workload calls. This base class is the identity (one device, one
-    process), so a workload written against it trains the same way alone."""
+    """What the workload calls in a spread training's process; this base is the identity (one device, one process)."""
 
     def __init__(self, placement: Placement) -> None:
         self.placement = placement
@@ -64,8 +61,7 @@ class Spread:
         return model
 
     def shard(self, *tensors: Tensor) -> tuple[Tensor, ...]:
-        """This process's share of one global batch (DDP: the rank's contiguous slice). The workload keeps loading
-        the global batch (``batch_size``), so the global batch is the same at every k."""
+        """This process's share of one global batch (DDP: the rank's slice): the global batch is the same at every k."""
         return tensors
 
     def scope(self) -> ContextManager[object]:

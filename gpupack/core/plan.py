@@ -13,9 +13,12 @@ import math
 import random
 import re
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Collection, Hashable, Iterable, Mapping, Sequence, TypedDict, cast
+from typing import TYPE_CHECKING, Callable, Collection, Hashable, Iterable, Mapping, Sequence, TypedDict, cast
 
 from gpupack.errors import ConfigError
+
+if TYPE_CHECKING:  # typing's own from Python 3.11
+    from typing_extensions import NotRequired
 
 PLAN_SCHEMA = 1
 ORDERS = ("interleaved", "by_factor")  # packing.order
@@ -26,57 +29,47 @@ ORDER_GIVEN = "as given"  # a plan whose order is the user's (a Hydra multirun's
 _SWEEP_FUNCTION = re.compile(r"^\s*(range|choice|interval|glob|shuffle|sort)\s*\(")
 
 
-class _TrainingJsonBase(TypedDict):
+class TrainingJson(TypedDict):
+    """A training as plan.json holds it (:meth:`Plan.to_json`)."""
     training_id: str
     workload: str
     params: Mapping[str, object]
     grid_index: int
     reseed: int
     repeat: int
+    label: NotRequired[str]  # only where one is set
 
 
-class TrainingJson(_TrainingJsonBase, total=False):
-    """A training as plan.json holds it (:meth:`Plan.to_json`)."""
-    label: str  # only where one is set
-
-
-class _PackFieldsBase(TypedDict):
+class PackFields(TypedDict):
+    """A pack as plan.json holds it but its trainings: the optional fields only where set."""
     pack_id: str
     partition: str
     mode: str
     factor: int
     index: int
-
-
-class PackFields(_PackFieldsBase, total=False):
-    """A pack as plan.json holds it but its trainings: the optional fields only where they are set (plans written
-    before them)."""
-    loader_alone: bool
-    devices: int
-    spread: str
-    stream: str
-    round: int
-    reference_of: str
-    threads: int
+    loader_alone: NotRequired[bool]
+    devices: NotRequired[int]
+    spread: NotRequired[str]
+    stream: NotRequired[str]
+    round: NotRequired[int]
+    reference_of: NotRequired[str]
+    threads: NotRequired[int]
 
 
 class PackJson(PackFields):
     trainings: Sequence[TrainingJson]
 
 
-class _PlanJsonBase(TypedDict):
+class PlanJson(TypedDict):
+    """plan.json (:meth:`Plan.to_json`); ``notes``, ``order`` and ``phase`` may be missing from an older plan."""
     schema: int
     sweep: str
     workload: str
     grid_size: int
     packs: Sequence[PackJson]
-
-
-class PlanJson(_PlanJsonBase, total=False):
-    """plan.json (:meth:`Plan.to_json`); ``notes``, ``order`` and ``phase`` may be missing from an older plan."""
-    notes: Sequence[str]
-    order: str
-    phase: str
+    notes: NotRequired[Sequence[str]]
+    order: NotRequired[str]
+    phase: NotRequired[str]
 
 
 @dataclass(frozen=True)
@@ -103,27 +96,19 @@ class Pack:
     index: int
     trainings: tuple[Training, ...]
     loader_alone: bool = False  # the data loader alone (no model): measured at N=1, kept out of the packing table
-    # One training spread over k devices (spread.devices): k, and the strategy module (gpupack/job/spread/) that runs
-    # it; ``mode`` is then the strategy's label (ddp-gloo, mirrored). 1 and None: N trainings on one device.
+    # One training spread over k devices by the strategy module ``spread`` (gpupack/job/spread/); ``mode`` is then
+    # the strategy's label (ddp-gloo, mirrored).
     devices: int = 1
     spread: str | None = None
-    # A streaming lane (packing.stream): one of K jobs that drain the queue named here, N slots each; a slot that frees
-    # takes the next unclaimed training of the queue (gpupack.core.store.claims). ``trainings`` is the lane's share of
-    # the queue in the plan (where their records live); the lane runs whichever of the queue's trainings it claims.
+    # A streaming lane (packing.stream): one of K jobs that drain the queue named here (gpupack.core.store.claims);
+    # ``trainings`` is the lane's share of the queue (where their records live), not what it runs.
     stream: str | None = None
-    # A search's lane (search=optuna): its freed slots ask the study for their next trial (gpupack.search.lane)
-    # instead of claiming its queue's trainings; its stream names where its claims are kept.
-    search: bool = False
-    # The round (block in time) the pack runs in (:func:`in_rounds`): each round holds at most one pack of every
-    # (partition, mode, N, k) group, so a pack of N is compared with the reference N measured beside it in time.
-    # None: a plan written before rounds, the loader alone, a lane, a Hydra multirun's packs.
+    search: bool = False  # a search's lane: freed slots ask the study for a trial (gpupack.search.lane)
+    # The round (block in time) the pack runs in (:func:`in_rounds`); None: the loader alone, a lane, a Hydra
+    # multirun's packs, a plan written before rounds.
     round: int | None = None
-    # The pack this one repeats at the run's end (:func:`drift_check`): its time against the first one's says whether
-    # the machine drifted during the run. Kept out of the choice of N.
-    reference_of: str | None = None
-    # A second set-up of the reference N (:func:`setup_packs`): its trainings get this many threads each, where the
-    # reference's own packs get the job's cores shared out; the choice keeps the faster of the two. None: the default.
-    threads: int | None = None
+    reference_of: str | None = None  # the pack this one repeats at the run's end (:func:`drift_check`)
+    threads: int | None = None  # a second set-up of the reference N (:func:`setup_packs`): threads per training
 
     def __setstate__(self, state: dict[str, object]) -> None:
         """A pack pickled by an earlier gpupack (a job submitted before an upgrade): its fields under their names."""
@@ -149,8 +134,7 @@ class Plan:
         return sorted((p for p in self.packs if p.stream == stream), key=lambda p: p.index)
 
     def queue(self, stream: str) -> list[tuple[Pack, Training]]:
-        """Queue ``stream``'s trainings in the order they are claimed (the plan's order before it was dealt out to the
-        lanes), each with the lane whose folder holds its records."""
+        """Queue ``stream``'s trainings in claim order, each with the lane whose folder holds its records."""
         lanes = self.lanes(stream)
         dealt = [(i, lane.index, lane, t) for lane in lanes for i, t in enumerate(lane.trainings)]
         return [(lane, t) for _, _, lane, t in sorted(dealt, key=lambda item: item[:2])]
@@ -179,16 +163,15 @@ class Plan:
     @staticmethod
     def from_json(data: Mapping[str, object]) -> "Plan":
         plan = cast(PlanJson, data)  # plan.json as read back (a wrong field fails in Pack/Training below)
-        packs = tuple(_pack_from_json(p) for p in plan["packs"])
+        packs = tuple(Pack(**cast(PackFields, {RENAMED.get(k, k): v for k, v in p.items() if k != "trainings"}),
+                           trainings=tuple(Training(**t) for t in p["trainings"])) for p in plan["packs"])
         return Plan(sweep=plan["sweep"], workload=plan["workload"], grid_size=plan["grid_size"],
                     packs=packs, notes=tuple(plan.get("notes", ())), order=plan.get("order", ORDER_GIVEN),
                     phase=plan.get("phase"))
 
     def same_sweep(self, other: "Plan") -> bool:
-        """The same packs of the same trainings, whatever order each runs them in (a plan written by an earlier
-        gpupack, in N order or without rounds, is still resumed: in its own order). Its notes and grid size are
-        not compared: the packs' trainings make the grid, and a search's trials are its study's (which refuses a
-        changed search itself, and lets its budget grow)."""
+        """The same packs of the same trainings, whatever their order or rounds (an older plan still resumes). Notes
+        and grid size are not compared: a search's study refuses a changed search itself, and lets its budget grow."""
         def key(plan: Plan) -> object:
             written = plan.to_json()
             data: dict[str, object] = {k: v for k, v in written.items() if k not in ("order", "notes", "grid_size")}
@@ -196,11 +179,6 @@ class Plan:
                                     if "reference_of" not in p), key=lambda p: str(p["pack_id"]))
             return json.loads(json.dumps(data, default=str))  # as it reads back from disk
         return bool(key(self) == key(other))
-
-
-def _pack_from_json(p: PackJson) -> Pack:
-    fields = cast(PackFields, {RENAMED.get(k, k): v for k, v in p.items() if k != "trainings"})
-    return Pack(**fields, trainings=tuple(Training(**t) for t in p["trainings"]))
 
 
 def is_sweep_function(value: object) -> bool:
@@ -246,9 +224,7 @@ def _reseeded(params: Mapping[str, object], seed_key: str, k: int) -> dict[str, 
 
 def trainings_for(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
                   count: int, seed_key: str | None = "seed") -> list[Training]:
-    """``count`` trainings cycling over the grid points; a point used again gets a new seed (k*1000 added), or, where
-    no seed reaches the training (``seed_key`` None), is repeated unchanged as its k-th repeat: no record then claims
-    a seed its program never saw."""
+    """``count`` trainings cycling over the points; one used again gets a new seed (+k*1000), or, seedless, repeats."""
     out: list[Training] = []
     seen: set[str] = set()
     for i in range(count):
@@ -275,16 +251,12 @@ def pack_id(partition: str, mode: str, factor: int, index: int) -> str:
 
 def again_packs(plan: Plan, rounds: Collection[int], partitions: Collection[str], k: int,
                 seed_key: str | None) -> list[Pack]:
-    """The packs of ``rounds`` on ``partitions`` measured again, the ``k``-th time: each pack of those rounds (either
-    set-up of the reference, no drift check) with the same N and points on new seeds (k x 100,000 added: no other
-    copy's), ``<pack>-again<k>``, in its round. Where no seed reaches a training (``seed_key`` None), a repeat of it,
-    ``<training>-again<k>``. Pure."""
-    out = []
-    for p in plan.packs:
-        if p.round in rounds and p.partition in partitions and p.reference_of is None and not p.loader_alone:
-            trainings = tuple(_again(t, seed_key, k) for t in p.trainings)
-            out.append(replace(p, pack_id=f"{p.pack_id}-again{k}", trainings=trainings))
-    return out
+    """The packs of ``rounds`` on ``partitions`` measured again the ``k``-th time (``<pack>-again<k>``): their points on
+    new seeds (k x 100,000 added), or, where no seed reaches a training, its repeat ``<training>-again<k>``. Pure."""
+    return [replace(p, pack_id=f"{p.pack_id}-again{k}",
+                    trainings=tuple(_again(t, seed_key, k) for t in p.trainings))
+            for p in plan.packs
+            if p.round in rounds and p.partition in partitions and p.reference_of is None and not p.loader_alone]
 
 
 def _again(t: Training, seed_key: str | None, k: int) -> Training:
@@ -296,9 +268,7 @@ def _again(t: Training, seed_key: str | None, k: int) -> Training:
 
 def setup_packs(packs: Sequence[Pack], workload: str, points: Sequence[Mapping[str, object]],
                 fixed: Mapping[str, object], factor: int, threads: int, seed_key: str | None) -> list[Pack]:
-    """A second set-up of N=``factor``'s packs: as many again, at ``threads`` per training, each training a copy of
-    the same grid point with a new seed (the next copies :func:`trainings_for` makes, so no id is another's), pack i
-    holding the points of the reference's pack i. Pure."""
+    """A second set-up of N=``factor``'s packs at ``threads`` per training, on new seeds of the same points. Pure."""
     out: list[Pack] = []
     for (partition, mode), mine in itertools.groupby(
             [p for p in packs if p.factor == factor and not p.loader_alone and p.spread is None and p.stream is None],
@@ -316,8 +286,7 @@ def setup_packs(packs: Sequence[Pack], workload: str, points: Sequence[Mapping[s
 
 
 def refit_pack_id(parent: str, factor: int, first: int) -> str:
-    """A pack that runs trainings of the skipped pack ``parent`` at N = ``factor``, from its ``first``-th training on
-    (see :func:`refit_packs`)."""
+    """A pack that runs trainings of the skipped pack ``parent`` at N = ``factor`` from its ``first``-th one on."""
     return f"{parent}.n{factor:02d}-{first:03d}"
 
 
@@ -333,15 +302,11 @@ def refit_parent(pack_id: str) -> str | None:
 
 def refit_packs(pack: Pack, todo: Sequence[Training], n: int) -> list[Pack]:
     """The trainings ``todo`` of ``pack`` (skipped for memory) in packs of ``n``, in the pack's order; the last may
-    hold fewer, and its N is what it holds: a pack's N is always the number of trainings that ran together in it, so
-    its timing is never another N's. Pure.
+    hold fewer, and its N is what it holds, so its timing is never another N's. Pure.
 
-    Each is named after its pack, the N it runs at and the position (in ``pack``) of its first training
-    (``<pack_id>.nMM-FFF``), not recorded in plan.json: the plan stays what was planned (a resume compares it), and
-    a refit pack is known from its name alone (:func:`refit_parent`), in its folder or a lane's journal. Only the job
-    that runs ``pack`` makes them, under the pack's lock, so lanes running in parallel cannot make the same one (each
-    plan pack is one lane's); a resume that refits at another N, or from another training, makes other names, never
-    writing over what an earlier attempt recorded."""
+    Each is named ``<pack_id>.nMM-FFF`` (:func:`refit_pack_id`) and is not in plan.json: a refit pack is known from
+    its name alone (:func:`refit_parent`). Only the job that runs ``pack`` makes them, under the pack's lock; a
+    resume that refits at another N, or from another training, makes other names, never writing over earlier ones."""
     position = {t.training_id: i for i, t in enumerate(pack.trainings)}
     ordered = sorted(todo, key=lambda t: position[t.training_id])
     chunks = [tuple(ordered[i:i + max(1, n)]) for i in range(0, len(ordered), max(1, n))]
@@ -350,68 +315,31 @@ def refit_packs(pack: Pack, todo: Sequence[Training], n: int) -> list[Pack]:
 
 
 def run_at_smaller_n(plan: Plan, pack: Pack) -> frozenset[str]:
-    """The trainings of ``pack`` whose grid point the plan also runs at a smaller N in the same partition and mode: a
-    measurement sweep (several N) that has each point measured below, for which refitting a skipped pack adds
-    nothing (its N is infeasible; its points ran). Pure."""
+    """The trainings of ``pack`` whose point the plan also runs at a smaller N (refitting them adds nothing). Pure."""
     below = {(t.workload, t.grid_index) for p in plan.packs
              if p.partition == pack.partition and p.mode == pack.mode and p.factor < pack.factor
              and p.spread is None and p.stream is None and not p.loader_alone for t in p.trainings}
     return frozenset(t.training_id for t in pack.trainings if (t.workload, t.grid_index) in below)
 
 
-def stream_id(partition: str, mode: str, factor: int) -> str:
-    """The name of the queue a (partition, mode, N) group streams from (claims/<it>/)."""
-    return f"{partition}-{mode}-n{factor:02d}-queue"
-
-
 def stream_lanes(partition: str, mode: str, factor: int, trainings: Sequence[Training], jobs: int) -> list[Pack]:
-    """K lanes (jobs) of N slots that drain ``trainings`` together: no more lanes than the queue fills at its start
-    (ceil(trainings / N)), no more slots than it has trainings, each lane dealt every K-th training as its share (its
-    records' home). Pure."""
+    """K lanes (jobs) of N slots that drain ``trainings`` together: no more lanes than ceil(trainings / N), no more
+    slots than trainings, each lane dealt every K-th training as its share (its records' home). Pure."""
     factor = max(1, min(factor, len(trainings)))  # a lane has no more slots than the queue has trainings
     k = max(1, min(jobs, math.ceil(len(trainings) / factor)))
-    queue = stream_id(partition, mode, factor)
+    queue = f"{partition}-{mode}-n{factor:02d}-queue"  # what the group streams from (claims/<it>/)
     return [Pack(f"{partition}-{mode}-n{factor:02d}-s{j:03d}", partition, mode, factor, j, tuple(trainings[j::k]),
                  stream=queue) for j in range(k)]
-
-
-def longest_first(trainings: Sequence[Training],
-                  cost: Callable[[Mapping[str, object]], float | None] | None) -> list[Training]:
-    """The trainings longest first (stable), where ``cost`` tells every one's length; else as given. Claimed in this
-    order, the short ones fill the slots at a stream's end instead of one long one running alone (LPT). Pure."""
-    costs = [cost(t.params) for t in trainings] if cost is not None else []
-    if not costs or any(c is None for c in costs):
-        return list(trainings)
-    order = sorted(range(len(trainings)), key=lambda i: -float(costs[i] or 0))
-    return [trainings[i] for i in order]
-
-
-def spread_pack_id(partition: str, label: str, devices: int, index: int) -> str:
-    return f"{partition}-{label}-k{devices:02d}-{index:03d}"
 
 
 def spread_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
                  partitions: Iterable[str], layouts: Sequence[tuple[str, str]], devices: Sequence[int], repeats: int,
                  seed_key: str | None = "seed") -> list[Pack]:
-    """One training per pack, spread over k devices, for each (strategy, label) layout and k: every grid point once,
-    at least ``repeats`` times (reseeded copies), the same trainings N=1 packing runs, so the two compare."""
+    """One training per pack over k devices for each layout and k: the trainings N=1 packing runs, to compare."""
     trainings = trainings_for(workload, points, fixed, max(repeats, len(points)), seed_key)
-    return [Pack(spread_pack_id(partition, label, k, i), partition, label, 1, i, (t,), devices=k, spread=strategy)
+    return [Pack(f"{partition}-{label}-k{k:02d}-{i:03d}", partition, label, 1, i, (t,), devices=k, spread=strategy)
             for partition in partitions for strategy, label in layouts for k in devices
             for i, t in enumerate(trainings)]
-
-
-def loader_alone_trainings(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
-                            loader_param: str, loader_keys: Sequence[str]) -> list[Training]:
-    """One loader-only training per distinct input-pipeline setting of the grid (the loader's bound)."""
-    seen: dict[tuple[str, ...], Training] = {}
-    for index, point in enumerate(points):
-        params = {**fixed, **point}
-        key = tuple(json.dumps(params.get(k), default=str) for k in loader_keys)
-        if key not in seen:
-            alone = {**params, loader_param: True}
-            seen[key] = Training(training_id(workload, alone), workload, alone, grid_index=index)
-    return list(seen.values())
 
 
 def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: Mapping[str, object],
@@ -424,25 +352,18 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: M
               stream_jobs: int | None = None,
               cost: Callable[[Mapping[str, object]], float | None] | None = None,
               reference_threads: int | None = None) -> Plan:
-    """Every grid point runs at least once per (partition, mode, N), in at least ``repeats`` full packs.
+    """Every grid point runs at least once per (partition, mode, N), in at least ``repeats`` full packs, in
+    ``order`` (:func:`run_order`).
 
-    ``order`` (see :func:`run_order`): interleaved spreads each N's packs over the whole run, so warm caches, drift or
-    a neighbour's job cannot line up with N; by_factor runs all N=1 packs, then N=2, ...
-
-    With ``loader_alone`` (loader param, loader keys, the mode it runs in), each partition also gets one N=1 pack of
-    the data loader alone per distinct input-pipeline setting, run first. A mode in ``group_keys`` packs only
-    trainings of equal key together (fused: same shapes): each group fills its own packs, and the plan says so.
-
-    ``spread_layouts`` ((strategy, label) pairs) × ``spread_devices`` (k) add packs of one training spread over k
-    devices (:func:`spread_packs`), interleaved with the packing packs.
-
-    ``reference_threads``: the smallest N is also measured with that many threads per training, in packs of its own
-    in the same rounds (:func:`setup_packs`), so that the reference the other N are weighed against runs as it runs
-    best (a training given more threads than it can use is the one its neighbours slow most).
+    ``loader_alone`` (loader param, loader keys, the mode it runs in): one N=1 pack of the data loader alone per
+    partition and input-pipeline setting, run first. A mode in ``group_keys`` packs only trainings of equal key
+    together (fused: same shapes). ``spread_layouts`` ((strategy, label)) × ``spread_devices`` (k): packs of one
+    training spread over k devices (:func:`spread_packs`). ``reference_threads``: the smallest N is also measured at
+    that many threads per training (:func:`setup_packs`), so the reference runs as it runs best.
 
     ``stream_jobs`` (K): each (partition, mode, N) runs the grid once as K streaming lanes (:func:`stream_lanes`)
-    instead of whole packs: no filler, no repeats (a production run, not a measurement); with ``cost`` (a training's
-    relative length, :meth:`gpupack.core.workload.Workload.cost`) known for every training, longest first.
+    instead of whole packs (a production run: no filler, no repeats), longest first where ``cost``
+    (:meth:`gpupack.core.workload.Workload.cost`) knows every training.
     """
     points = expand_grid(grid) if points is None else list(points)  # points: a part of the grid (what is left)
     if not points:
@@ -479,10 +400,16 @@ def make_plan(*, sweep: str, workload: str, grid: Mapping[str, object], fixed: M
 def _loader_alone_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object],
                         partitions: Iterable[str], loader_alone: tuple[str, Sequence[str], str],
                         ) -> tuple[list[Pack], list[str]]:
-    """One N=1 pack of the data loader alone per partition and distinct input-pipeline setting (loader param, loader
-    keys, the mode that runs one training as it runs alone), and the plan's note of them."""
+    """One N=1 loader-only pack per partition and input-pipeline setting, and the plan's note of them."""
     param, keys, solo = loader_alone
-    alone = loader_alone_trainings(workload, points, fixed, param, keys)
+    seen: dict[tuple[str, ...], Training] = {}
+    for index, point in enumerate(points):
+        params = {**fixed, **point}
+        key = tuple(json.dumps(params.get(k), default=str) for k in keys)
+        if key not in seen:
+            params[param] = True
+            seen[key] = Training(training_id(workload, params), workload, params, grid_index=index)
+    alone = list(seen.values())
     packs = [Pack(f"{partition}-loader-n01-{i:03d}", partition, solo, 1, i, (t,), loader_alone=True)
              for partition in partitions for i, t in enumerate(alone)]
     return packs, [f"the data loader alone: {len(alone)} loader-only training(s) per partition measure the input "
@@ -493,14 +420,17 @@ def _stream_packs(workload: str, points: Sequence[Mapping[str, object]], fixed: 
                   factors: Iterable[int], partitions: Iterable[str], modes: Iterable[str], seed_key: str | None,
                   stream_jobs: int, cost: Callable[[Mapping[str, object]], float | None] | None,
                   ) -> tuple[list[Pack], str]:
-    """The grid once as ``stream_jobs`` streaming lanes per (partition, mode, N), longest first where ``cost`` knows
-    every training, and the plan's note of them."""
-    trainings = longest_first(trainings_for(workload, points, fixed, len(points), seed_key), cost)
+    """The grid once as ``stream_jobs`` lanes per (partition, mode, N), and the plan's note; longest first (stable)
+    where ``cost`` knows every training, so short ones fill the slots at the stream's end (LPT)."""
+    trainings = trainings_for(workload, points, fixed, len(points), seed_key)
+    costs = [cost(t.params) for t in trainings] if cost is not None else []
+    by_cost = bool(costs) and all(c is not None for c in costs)
+    if by_cost:
+        trainings = [t for _, t in sorted(zip(costs, trainings), key=lambda ct: -float(ct[0] or 0))]
     partitions, modes = list(partitions), list(modes)
     packs = [lane for factor, partition, mode in itertools.product(factors, partitions, modes)
              for lane in stream_lanes(partition, mode, factor, trainings, stream_jobs)]
     most = 1 + max(p.index for p in packs)
-    by_cost = cost is not None and all(cost(t.params) is not None for t in trainings)
     return packs, (f"streaming: up to {most} job(s) of N slots per (partition, mode, N) drain the grid's "
                    f"{len(points)} training(s); a slot that frees takes the next unclaimed one"
                    + (", longest first (the workload's estimate)" if by_cost else ", in the grid's order"))
@@ -511,9 +441,8 @@ def _packing_packs(workload: str, points: Sequence[Mapping[str, object]], fixed:
                    seed_key: str | None,
                    group_keys: Mapping[str, Callable[[Mapping[str, object]], Hashable]] | None,
                    ) -> tuple[list[Pack], list[str]]:
-    """Whole packs of each N for each (partition, mode): the grid in at least ``repeats`` full packs, filled with
-    grid points run again (new seeds where ``seed_key`` reaches them); a mode in ``group_keys`` packs only trainings
-    of one key together. With the plan's notes of what was filled and grouped."""
+    """Whole packs of each N for each (partition, mode): the grid in at least ``repeats`` full packs, filled with points
+    run again; a mode in ``group_keys`` packs one key together. With the plan's notes of both."""
     packs: list[Pack] = []
     notes: list[str] = []
     partitions, modes = list(partitions), list(modes)
@@ -527,14 +456,13 @@ def _packing_packs(workload: str, points: Sequence[Mapping[str, object]], fixed:
                          f"grid points {how} so that {n_packs} packs of {factor} are full")
         trainings = trainings_for(workload, points, fixed, n_packs * factor, seed_key)
         for partition, mode in itertools.product(partitions, modes):
-            grouped = group_keys is not None and mode in group_keys
-            chunks = (grouped_chunks(workload, points, fixed, factor, repeats, seed_key, group_keys[mode])
-                      if group_keys is not None and grouped else
+            key = (group_keys or {}).get(mode)
+            chunks = (grouped_chunks(workload, points, fixed, factor, repeats, seed_key, key) if key is not None else
                       [tuple(trainings[i * factor:(i + 1) * factor]) for i in range(n_packs)])
             packs += [Pack(pack_id(partition, mode, factor, index), partition, mode, factor, index, chunk)
                       for index, chunk in enumerate(chunks)]
-            if group_keys is not None and grouped and partition == partitions[0]:
-                n_groups = len({group_keys[mode]({**fixed, **p}) for p in points})
+            if key is not None and partition == partitions[0]:
+                n_groups = len({key({**fixed, **p}) for p in points})
                 if n_groups > 1:
                     notes.append(f"{mode} N={factor}: the grid's {n_groups} shapes train in separate groups "
                                  f"({len(chunks)} packs; each pack holds one shape)")
@@ -551,8 +479,7 @@ def order_label(order: str, seed: int, rounds: int, setups: bool = False) -> str
 
 
 def run_order(packs: Sequence[Pack], order: str, seed: int = 0) -> list[Pack]:
-    """The order packs run in. by_factor: as planned (N by N). interleaved: in rounds (:func:`in_rounds`), so every
-    N is spread evenly over the whole run and each of its packs has the reference N measured beside it in time."""
+    """The order packs run in: by_factor as planned, interleaved in rounds (:func:`in_rounds`)."""
     if order == "by_factor":
         return list(packs)
     if order != "interleaved":
@@ -561,14 +488,11 @@ def run_order(packs: Sequence[Pack], order: str, seed: int = 0) -> list[Pack]:
 
 
 def in_rounds(packs: Sequence[Pack], seed: int = 0) -> list[Pack]:
-    """``packs`` in R rounds, R the most packs of any (partition, mode, N, k) group, each pack tagged with its round;
-    each round runs its packs in a seeded random order (a randomized block design: what drifts over the run, a
-    neighbour's job, a GPU's clocks, cannot line up with N). A group of n packs has them evenly spaced and centred
-    over the rounds (:func:`spaced_rounds`), never two in one round. The smallest N of a grid has the most packs, so
-    it is in every round: the reference each pack is compared with, in its round
-    (:mod:`gpupack.results.analysis.choose`); a group's k-th pack holds the grid's points from k N on and lands near
-    round k N + (N - 1) / 2, so where N divides a grid as long as the rounds, the reference's pack in its round trains
-    one of its points: a round pairs like with like. Pure; seeded."""
+    """``packs`` in R rounds, R the most packs of any (partition, mode, N, k) group, each tagged with its round and
+    each round in a seeded random order (a randomized block design: drift cannot line up with N). A group's packs
+    are evenly spaced and centred over the rounds (:func:`spaced_rounds`), never two in one round; the smallest N,
+    having the most packs, is in every round: the reference each pack is compared with
+    (:mod:`gpupack.results.analysis.choose`), on the same points where N divides the grid. Pure; seeded."""
     groups: dict[tuple[str, str, int, int, int | None], list[Pack]] = {}
     for p in packs:  # a set-up of the reference (its threads) is a group of its own: one pack of it a round
         groups.setdefault((p.partition, p.mode, p.factor, p.devices, p.threads), []).append(p)
@@ -594,10 +518,8 @@ def in_rounds(packs: Sequence[Pack], seed: int = 0) -> list[Pack]:
 
 
 def spaced_rounds(n: int, total: int, rng: random.Random) -> list[int]:
-    """The rounds of a group of ``n`` packs among ``total`` >= n: the k-th at the round nearest (k + 1/2) total / n
-    - 1/2, so the group's mean round is the run's middle. A half way between two rounds goes away from the middle (the
-    group covers the run's ends), the middle one's by a draw. Distinct: the places are total / n >= 1 apart, and one
-    rounded up, the next down, by 1/2 each only where they were more than 1 apart. Pure."""
+    """The rounds of ``n`` packs among ``total`` >= n: the k-th nearest (k + 1/2) total / n - 1/2, centred on the middle
+    (a half away from it, the middle one's by a draw); distinct, being total / n >= 1 apart. Pure."""
     centre = (total - 1) / 2
     out = []
     for k in range(n):
@@ -613,10 +535,8 @@ def spaced_rounds(n: int, total: int, rng: random.Random) -> list[int]:
 
 
 def drift_check(ordered: Sequence[Pack]) -> list[Pack]:
-    """For each partition, its first round's reference pack (the smallest N of the first mode, one training of one
-    setting) run again at the end of the run (``<pack>-end``): the same training alone, so its time against the
-    first's tells whether the machine drifted over the run. Only where two rounds or more compare two N or more.
-    Pure."""
+    """Each partition's first-round reference pack (smallest N, first mode) again at the end (``<pack>-end``), to tell
+    drift; only where two rounds or more compare two N or more. Pure."""
     out: list[Pack] = []
     for partition in dict.fromkeys(p.partition for p in ordered):
         mine = [p for p in ordered if p.partition == partition and p.spread is None and p.round is not None
@@ -631,16 +551,14 @@ def drift_check(ordered: Sequence[Pack]) -> list[Pack]:
 
 
 def deal(packs: Sequence[Pack], lanes: int) -> list[list[Pack]]:
-    """Packs dealt to ``lanes`` jobs in the plan's order (lane i: packs i, i + lanes, ...), so every lane runs packs
-    from the whole run (interleaved N stays interleaved). Pure."""
+    """Packs dealt to ``lanes`` jobs (lane i: packs i, i + lanes, ...): interleaved N stays interleaved. Pure."""
     return [list(packs[i::lanes]) for i in range(lanes)]
 
 
 def grouped_chunks(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object], factor: int,
                    repeats: int, seed_key: str | None,
                    key: Callable[[Mapping[str, object]], Hashable]) -> list[tuple[Training, ...]]:
-    """Packs of ``factor`` trainings that share ``key``: each group of grid points fills its own packs (reseeded
-    copies of its own points where it has fewer than N), at least ``repeats`` packs per group."""
+    """Packs of ``factor`` trainings sharing ``key``: each group fills at least ``repeats`` packs of its own."""
     groups: dict[Hashable, list[Mapping[str, object]]] = {}
     for p in points:
         groups.setdefault(key({**fixed, **p}), []).append(p)
@@ -655,10 +573,8 @@ def grouped_chunks(workload: str, points: Sequence[Mapping[str, object]], fixed:
 def plan_in_order(*, sweep: str, workload: str, params: Sequence[Mapping[str, object]], factor: int, partition: str,
                   mode: str, label: str | None = None, names: Sequence[str] | None = None,
                   stream_jobs: int | None = None) -> Plan:
-    """Trainings given one by one (a Hydra multirun's jobs), in their order, in packs of ``factor``; the last pack
-    may hold fewer. Nothing is repeated or reseeded: each training is one job the user asked for. ``names``: what
-    each training's id starts with instead of the workload's name (a Hydra job's number, so its logs say which job).
-    ``stream_jobs`` (K): K lanes of ``factor`` slots drain them in this order instead (:func:`stream_lanes`)."""
+    """Trainings given one by one (a Hydra multirun's jobs), in order, in packs of ``factor``, none repeated; ``names``:
+    each id's start (a job's number); ``stream_jobs`` (K): K lanes of ``factor`` slots drain them instead."""
     if factor < 1:
         raise ConfigError("pack", factor, "a pack holds at least one training", "use pack >= 1")
     trainings = [Training(training_id(names[i] if names else workload, p), workload, dict(p), grid_index=i,

@@ -1,16 +1,9 @@
 """Learned preload: which libraries a fork server imports for its trainings beyond what their workload preloads.
 
-A program that imports its framework inside its task function (most Hydra apps and scripts: torch, lightning), or a
-script whose every import runs in the forked child, would pay those imports in each training. Two ways to know
-them without the user saying (``preload=[...]`` stays the way to say it):
-
-- before the first fork (:func:`static_imports`): the libraries the program's own files import anywhere, at their top
-  or inside a function, read from their source, following the modules beside them it imports;
-- after a child ended (:func:`learnable`): the libraries it imported that the server had not.
-
-Only libraries (built in, or files of the standard library, the installed packages or gpupack) are ever imported by
-the server, never the program's own modules (they may do anything at import) nor a framework that is not fork-safe
-(:data:`NEVER_LEARNED`); whatever still makes forking unsafe is caught by ``forkserver.fork_unsafe``.
+A program that imports its framework inside its task function (most Hydra apps) would pay those imports in each
+training. They are known before the first fork from the program's source (:func:`static_imports`) and after a child
+ended from what it imported (:func:`learnable`). Only libraries are ever imported by the server, never the program's
+own modules (they may do anything at import) nor a framework that is not fork-safe (:data:`NEVER_LEARNED`).
 """
 from __future__ import annotations
 
@@ -41,9 +34,8 @@ def library_roots() -> tuple[str, ...]:
 
 
 def learnable(new: Sequence[str], modules: Mapping[str, Any], roots: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """Of the modules a child imported (``new``, in ``modules``), those the server may import for the next trainings:
-    each new module whose package was not new too (importing it imports the rest), if it is a library (built in, or
-    a file under ``roots``) and no fork-unsafe framework; and why each other root is not. Pure."""
+    """Of the modules a child imported (``new``), the roots the server may import next: libraries (built in, or under
+    ``roots``) and no fork-unsafe framework; and why each other root is not. Pure."""
     fresh = set(new)
     learned: list[str] = []
     refused: dict[str, str] = {}
@@ -64,9 +56,8 @@ def learnable(new: Sequence[str], modules: Mapping[str, Any], roots: Sequence[st
 
 
 def static_imports(files: Sequence[Path], loaded: Mapping[str, Any]) -> list[str]:
-    """The libraries ``files`` (the program's own Python files) import anywhere, with those of the modules beside
-    them that they import, not yet in ``loaded`` (sys.modules) and fit for the server: their top-level names, sorted.
-    Reads source; imports nothing (a dotted name is looked up by its top-level package alone)."""
+    """The top-level names of the libraries ``files`` (the program's own) and the modules beside them import
+    anywhere, not yet in ``loaded`` and fit for the server, sorted. Reads source; imports nothing."""
     names: set[str] = set()
     seen: set[Path] = set()
     todo = [Path(f).resolve() for f in files]
@@ -102,10 +93,7 @@ def _imported_names(path: Path) -> list[str]:
 def _beside(folder: Path, name: str) -> Path | None:
     """The program's own module ``name`` in ``folder`` (where a script's imports look first), else None."""
     top = folder / name.split(".")[0]
-    for candidate in (top.with_suffix(".py"), top / "__init__.py"):
-        if candidate.is_file():
-            return candidate.resolve()
-    return None
+    return next((c.resolve() for c in (top.with_suffix(".py"), top / "__init__.py") if c.is_file()), None)
 
 
 def _library(name: str) -> bool:
@@ -123,9 +111,8 @@ def _library(name: str) -> bool:
 
 
 def import_libraries(names: Sequence[str], why: str) -> tuple[list[str], dict[str, str]]:
-    """Import ``names`` here (the fork server) not yet imported, each alone: those imported, and why the others
-    were not (a library that does not import here: the children import it themselves). Said on stderr, the server's
-    log, with ``why`` (where the names came from)."""
+    """Import ``names`` here (the fork server), each alone: those imported, and why the others were not (the
+    children import those themselves). Said on stderr with ``why`` (where the names came from)."""
     imported: list[str] = []
     refused: dict[str, str] = {}
     for name in names:
@@ -143,8 +130,7 @@ def import_libraries(names: Sequence[str], why: str) -> tuple[list[str], dict[st
 
 
 def check_importable(module: object, key: str, listed_in: str = "sweep.fixed.preload") -> None:
-    """A module this interpreter can import (found, not imported: that is the fork server's), listed in
-    ``listed_in`` (sweep.fixed.preload, hydra.launcher.preload)."""
+    """``module`` one this interpreter can import (found, not imported), else a ConfigError naming ``listed_in``."""
     try:
         found = isinstance(module, str) and importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a parent package that is missing, or an empty name

@@ -1,7 +1,6 @@
 """Modes, strategies, backends and workloads are found by module name, one module each in their package
-(``gpupack/job/pack/<mode>.py`` exposing ``PACKER``, ...). These are the registry's two steps every package shares; each
-package imports its own modules itself (``importlib.import_module(f"{__name__}.{name}")``), so the check of imports by
-name against the layers (tests/dynamic_imports.py) reads where each one goes."""
+(``gpupack/job/pack/<mode>.py`` exposing ``PACKER``, ...): the steps every package shares. Each package imports its
+own modules itself, so tests/dynamic_imports.py can check those imports against the layers."""
 from __future__ import annotations
 
 import pkgutil

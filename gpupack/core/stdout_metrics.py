@@ -10,8 +10,7 @@ from gpupack.errors import ConfigError
 
 
 def stdout_patterns(value: Any, key: str) -> dict[str, str]:
-    """sweep.fixed.metrics: metric name → a regular expression over the program's stdout with one group (or a group
-    named ``value``) that holds the number."""
+    """sweep.fixed.metrics: metric name → a regular expression whose one group (or ``value``) holds the number."""
     if not isinstance(value, dict):
         raise ConfigError(key, value, "must map metric names to regular expressions",
                           f"e.g. '+{key}.loss=Average loss: ([0-9.]+)'")

@@ -1,6 +1,5 @@
-"""The types every layer shares: what a backend says a partition holds, what a pack's job is told and asks for,
-how a training and a pack job ended. Defined here, at the bottom, so that the modules that use them import
-downward only."""
+"""The types every layer shares (a partition's capacity, a pack job's settings and request, how a training and a
+pack job ended), at the bottom so that the modules that use them import downward only."""
 from __future__ import annotations
 
 from dataclasses import Field, dataclass, field
@@ -31,25 +30,22 @@ class Capacity:
     max_cpus: int | None = None  # CPUs one single-GPU job may get (site guidance, or the largest node)
     max_mem_mb: float | None = None  # host memory one job may get
     max_processes: int | None = None  # processes a job may still start (ulimit -u, kernel.threads-max)
-    # One node as the scheduler reports it (sinfo), to tell when a pack's request leaves a node's GPUs idle.
+    # One node as sinfo reports it, to tell when a pack's request leaves a node's GPUs idle.
     node_gpus: int | None = None
     node_cpus: int | None = None
     node_mem_mb: float | None = None
-    # What one GPU (or MIG slice) of this partition is billed against (gpupack.core.cost.billing): its cores and memory.
+    # What one GPU (or MIG slice) here is billed against (gpupack.core.cost.billing).
     bundle_cores: float | None = None
     bundle_mem_gb: float | None = None
-    # The most devices one job may ask for, where the site says (one MIG instance per job), with the rule's words.
+    # The most devices one job may ask for, where the site says, with the rule's words.
     max_devices_per_job: int | None = None
     devices_rule: str | None = None
-    # The device model a pack here runs on: "cpu", or a GPU model (the preset's A100-40gb, A100-1g.5gb; NVML's name
-    # locally); memory measured on another is not used here (gpupack.core.memory.figures.same_device). None: unknown.
+    # The device model a pack here runs on: "cpu", or a GPU model (A100-1g.5gb; NVML's name locally). None: unknown.
     device: str | None = None
 
 
-
 class Options(Protocol):
-    """A mode's or a strategy's own options (its ``Options`` dataclass: packing.<mode>.*, spread.<strategy>_*), which
-    refuse a bad value themselves, whether or not the sweep uses them. A dataclass: its fields are the config keys."""
+    """A mode's or strategy's own options: a dataclass whose fields are config keys, refusing a bad value itself."""
 
     __dataclass_fields__: ClassVar[dict[str, Field[object]]]
 
@@ -69,34 +65,22 @@ class PackSettings:
     warmup_steps: int = 10
     training_timeout_s: float | None = None
     memory_limit_gb_per_training: float | None = None
-    # The RGU table's name of the GPU this pack's partition gives (from the cluster preset), used when NVML
-    # cannot name the device itself.
-    gpu_model: str | None = None
+    gpu_model: str | None = None  # the RGU table's name of the partition's GPU, where NVML cannot name it
     sample_interval_s: float = 1.0
-    # Each mode's own options (mode → its Options dataclass instance: packing.process.*, packing.tf_logical.*).
-    mode_options: Mapping[str, Options] = field(default_factory=dict)
+    mode_options: Mapping[str, Options] = field(default_factory=dict)  # mode → its Options instance
     # A streaming lane claims no training it could not finish within this many seconds of its start (the job's time
-    # limit less the requeue signal's delay; set by the backend); None: no limit.
+    # limit less the requeue signal's delay); None: no limit.
     claim_until_s: float | None = None
-    # What this pack's job asked and what one GPU here is billed against, for the pack record
-    # (gpupack.core.cost.billing): gpus, cpus, mem_gb, bundle_cores, bundle_mem_gb. Empty: not known (a local run).
+    # What this job asked and what one GPU here is billed against (gpupack.core.cost.billing); empty: not known.
     billing: Mapping[str, object] = field(default_factory=dict)
-    # One training's wall as the sweep estimates it (sweep.training_estimate_s), until a lane has measured its own.
-    training_estimate_s: float | None = None
-    # GPUs this job holds (set by the backend): a lane of packs runs one pack on each of them at once, each pack on
-    # its GPU alone (gpupack.job.turns).
-    job_gpus: int = 1
-    # A lane of packs folds each pack it ends into the lane's journal (gpupack.core.store.journal): a few files per job
-    # on the shared filesystem instead of five per training. Set by the backend for the lanes it deals.
-    fold: bool = False
-    # The share of a GPU's memory a pack's trainings may fill together (packing.memory_fraction), split among them
-    # and enforced per training (gpupack.job.runtime.memshare); None: packing.memory_share=off.
+    training_estimate_s: float | None = None  # sweep.training_estimate_s, until a lane has measured its own
+    job_gpus: int = 1  # a lane of packs runs one pack on each of the job's GPUs at once (gpupack.job.turns)
+    fold: bool = False  # a lane of packs folds each pack it ends into its journal (gpupack.core.store.journal)
+    # packing.memory_fraction, split among a pack's trainings and enforced per training (gpupack.job.runtime.memshare);
+    # None: packing.memory_share=off.
     memory_share: float | None = None
-    # A training whose setting was measured gets its peak x (1 + this) instead, where they fit
-    # (packing.memory_margin: gpupack.core.memory.figures.memory_shares).
-    memory_margin: float = 0.25
-    # A streaming lane's freed slot takes a training only when the memory it is expected to peak at fits
-    # (packing.admission: gpupack.core.memory.admission): the lane's budget is memory_fraction of its GPU's memory, or
+    memory_margin: float = 0.25  # packing.memory_margin (gpupack.core.memory.figures.memory_shares)
+    # packing.admission (gpupack.core.memory.admission): the lane's budget is memory_fraction of its GPU's memory, or
     # on a CPU host_memory_mb (None: memory_fraction of the host's); training_memory_mb is sweep.training_memory_mb.
     admission: bool = True
     memory_fraction: float = 0.8
@@ -119,9 +103,8 @@ PACK_STATES = (PENDING, RUNNING, DONE, FAILED)
 
 
 class PackState(str):
-    """A pack's state as progress is told it, with why it failed where that is known (``why``: one line). A ``str``
-    equal to the state's name, so a progress callback of two arguments, (pack, state), as a library user writes it,
-    still compares it with "failed" and prints it as before; a front-end that shows the reason reads ``why``."""
+    """A pack's state as progress is told it, with why it failed where known (``why``): a ``str`` equal to the
+    state's name, so a library user's progress callback still compares it with "failed"."""
 
     why: str | None
 

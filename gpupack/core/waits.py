@@ -1,9 +1,8 @@
-"""Waiting for a process's end without looking at it over and over: a pidfd (Linux 5.3 and later) is readable once
-its process has ended, so a loop that looks every so often wakes at once when one of the processes it follows ends.
-Where there is no pidfd (another system, an older kernel, a sandbox that forbids it) the loop looks as often as
-before."""
+"""Waiting for a process's end without polling: a pidfd (Linux 5.3 and later) is readable once its process has ended,
+so a loop wakes at once when one it follows ends. Without a pidfd the loop looks at each timeout."""
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import time
@@ -20,20 +19,15 @@ def pidfd(pid: int) -> int | None:
 
 def close_fd(fd: int | None) -> None:
     if fd is not None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
 
 
 def wait_readable(fds: Iterable[int | None], timeout_s: float) -> None:
-    """Until one of ``fds`` is readable (a pidfd: its process ended; a pipe: it was written) or ``timeout_s`` has
-    passed; None among them is looked at only at the timeout."""
+    """Until one of ``fds`` (a None skipped) is readable (a pidfd: its process ended) or ``timeout_s`` has passed."""
     ready = [fd for fd in set(fds) if fd is not None]
     if not ready:
         time.sleep(timeout_s)
         return
-    try:
+    with contextlib.suppress(OSError, ValueError):  # a descriptor closed under it: look again now
         select.select(ready, [], [], timeout_s)
-    except (OSError, ValueError):  # a descriptor closed under it: look again now
-        pass

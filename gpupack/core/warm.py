@@ -1,11 +1,9 @@
-"""Imports made meanwhile: a process that is about to wait (for its first jobs, for its first trials) imports in a
-thread what it will need after, so that it does not wait for them then. One mechanism for every such import.
+"""Imports made meanwhile: a process about to wait (for its first jobs, its first trials) imports in a thread what it
+will need after.
 
-A step is a function that imports (an ``import`` statement, which the layer contracts see). The thread takes the steps
-in order, each only while ``began()`` is false, and stops at the first that fails: that import is made again where it
-is needed, and fails there, where it is said. An import of a module the thread is importing waits for it, so joining
-the thread first is not needed for correctness, only to know it is done. Not a daemon: a process that ends first lets
-it finish its module rather than stop it holding the import lock."""
+A step is a function that imports (an ``import`` statement, which the layer contracts see). The thread stops at the
+first that fails: that import is made again where it is needed, and fails there. Not a daemon: a process that ends
+first lets it finish its module rather than stop it holding the import lock."""
 from __future__ import annotations
 
 import threading

@@ -29,8 +29,7 @@ else:  # typing's TypeVar takes a default from Python 3.13 only; at run time the
 __all__ = ["P", "LoopSummary", "ReporterInfo", "PythonMain", "Reporter", "Range", "at_least", "positive", "Launch",
            "TrainingContext", "Workload", "require_positive", "params_from_mapping"]
 
-# A workload's hyperparameters: its ``Params`` dataclass (a dict for the ``command`` workload). A workload loaded by
-# name (``load_workload``) holds a type known only at run time: the default, the one dynamic edge of the contract.
+# A workload's hyperparameters: its ``Params`` dataclass. One loaded by name holds a type known only at run time.
 if TYPE_CHECKING:
     P = TypeVar("P", default=Any)
 else:
@@ -55,8 +54,7 @@ class ReporterInfo(TypedDict, total=False):
 
 
 class PythonMain(TypedDict, total=False):
-    """A Python program a fork server runs in a forked child: ``script`` (a path) or ``module`` (a name), and the
-    ``argv`` python would set."""
+    """A Python program a fork server runs in a forked child: a ``script`` or a ``module``, and its ``argv``."""
 
     script: str
     module: str
@@ -65,15 +63,12 @@ class PythonMain(TypedDict, total=False):
 
 @dataclass
 class Reporter:
-    """Collects a training's timings and throughput; the worker turns it into the training record.
-
-    The workload calls :meth:`loop_started` right before its first step, :meth:`step` after each step
-    and :meth:`loop_ended` after the last one. Steady throughput excludes the first ``warmup_steps``.
-    """
+    """A training's timings and throughput, for its record: the workload calls :meth:`loop_started` right before its
+    first step, :meth:`step` after each and :meth:`loop_ended` after the last; steady throughput skips warm-up."""
 
     warmup_steps: int = 10
-    # Throughput curve: one point per window at least this long; past curve_points points, neighbours merge
-    # and the window doubles, so short and hour-long trainings both get a curve of bounded size.
+    # Throughput curve: one point per window at least this long; past curve_points points, neighbours merge and
+    # the window doubles (a curve of bounded size).
     curve_window_s: float = 0.05
     curve_points: int = 512
     loop_start: float | None = None
@@ -104,13 +99,10 @@ class Reporter:
             rate = self._window_samples / (now - self._window_start)
             self.curve.append((round(now - self.loop_start, 3), round(rate, 1)))
             self._window_start, self._window_samples = now, 0
-            if len(self.curve) >= self.curve_points:
-                self._coarsen()
-
-    def _coarsen(self) -> None:
-        pairs = zip(self.curve[0::2], self.curve[1::2])
-        self.curve = [(b[0], round((a[1] + b[1]) / 2, 1)) for a, b in pairs]
-        self.curve_window_s *= 2
+            if len(self.curve) >= self.curve_points:  # neighbours merge, the window doubles
+                pairs = zip(self.curve[0::2], self.curve[1::2])
+                self.curve = [(b[0], round((a[1] + b[1]) / 2, 1)) for a, b in pairs]
+                self.curve_window_s *= 2
 
     def loop_ended(self) -> None:
         self.loop_end = time.time()
@@ -141,9 +133,7 @@ class Reporter:
 
 @dataclass(frozen=True)
 class Range:
-    """A numeric hyperparameter's declared range: ``low`` and ``high`` bounds (None: unbounded), each closed unless
-    ``low_open`` / ``high_open``. A workload's ``Params`` declares them in ``ranges`` (a ClassVar mapping field name →
-    Range); gpupack refuses a value outside before anything runs (:meth:`Workload.check_ranges`)."""
+    """A numeric hyperparameter's declared range (None: unbounded): ``Params.ranges`` maps field names to them."""
 
     low: float | None = None
     high: float | None = None
@@ -182,14 +172,12 @@ def positive() -> Range:
 
 @dataclass(frozen=True)
 class Launch:
-    """How process mode starts one training as its own program: argv (a list, never a shell), extra
-    environment variables, and the working directory (None: the job's)."""
+    """How process mode starts a training: argv (never a shell), extra environment, working directory (None: job's)."""
 
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
-    # A Python program a preloaded fork server can run in a forked child instead of starting argv afresh:
-    # {"script": PATH} or {"module": NAME}, and "argv" (sys.argv as python would set it); None: argv only.
+    # A Python program a preloaded fork server can run in a forked child instead of argv; None: argv only.
     python_main: PythonMain | None = None
 
 
@@ -208,18 +196,15 @@ class TrainingContext:
     threads: int
     reporter: Reporter
     spread: Spread | None = None
-    # Where this training's stdout and stderr are kept (its .out and .err logs); None where the packer keeps none
-    # of its own (trainings run in one shared process).
+    # Where this training's stdout and stderr are kept; None where it shares its process with others.
     logs: tuple[str, str] | None = None
-    # A search's trial: its curve's files and the metric its study ranks by (gpupack.core.store.curves); None outside
-    # a search. Its lane alone opens the study: it judges each point this training reports.
+    # A search's trial: its curve's files and the metric its study ranks by (gpupack.core.store.curves).
     curve: CurveSpec | None = None
     pruned: PrunedAt | None = None  # set by report() when the pruner stopped it
 
     def report(self, value: float, step: int) -> bool:
         """The intermediate ``value`` at ``step`` (an epoch's validation metric), given to the study by this trial's
-        lane; True: the search's pruner prunes this trial now (the study was told so, so no later end replaces it):
-        return at once. Outside a search it records nothing and returns False."""
+        lane; True: the search's pruner prunes this trial now: return at once. Outside a search: False."""
         if self.pruned is not None:
             return True
         if self.curve is None:
@@ -233,8 +218,7 @@ class TrainingContext:
         return self.pruned is not None
 
     def ranks_by(self, metric: str) -> bool:
-        """This is a search's trial, ranked by ``metric``: a curve of it is worth reporting (a curve of another metric
-        would be judged the wrong way up)."""
+        """This is a search's trial ranked by ``metric``: a curve of it is worth reporting."""
         return self.curve is not None and self.curve["metric"] == metric
 
 
@@ -249,43 +233,31 @@ class Workload(ABC, Generic[P]):
     framework: ClassVar[str]  # "torch" or "tensorflow": packing modes check they can host it
     Params: ClassVar[type]  # a dataclass of hyperparameters with defaults
     seed_key: ClassVar[str] = "seed"
-    # The data loader alone: the boolean hyperparameter that makes a training run only its input
-    # pipeline (None: this workload cannot), and the hyperparameters the pipeline depends on.
+    # The boolean hyperparameter that makes a training run only its input pipeline (None: none), and the
+    # hyperparameters the pipeline depends on.
     loader_param: ClassVar[str | None] = None
     loader_keys: ClassVar[tuple[str, ...]] = ()
-    # Throughput knobs a sweep may vary; collect shows throughput per setting of them.
-    knob_keys: ClassVar[tuple[str, ...]] = ()
-    # GPU memory one training needs at the least (MB): TF logical splits smaller than this are refused.
-    min_gpu_memory_mb: ClassVar[int] = 256
-    # Process mode may fork this workload's trainings from one preloaded server (fast start): true only when
-    # importing it, its framework and its data starts no thread and touches no device. TensorFlow starts threads
-    # at import, so TF workloads run as fresh interpreters.
+    knob_keys: ClassVar[tuple[str, ...]] = ()  # throughput knobs a sweep may vary, shown apart by collect
+    min_gpu_memory_mb: ClassVar[int] = 256  # MB one training needs: a smaller TF logical split is refused
+    # Process mode may fork its trainings from one preloaded server: true only when importing it, its framework
+    # and its data starts no thread and touches no device (not TensorFlow).
     forkable: ClassVar[bool] = False
-    # Why its trainings start fresh when it is not forkable: the run's header and a refused start=fork say it.
-    fresh_reason: ClassVar[str] = "its framework starts threads at import"
-    # fused mode: N trainings of this workload can train as one batched model (fuse_key, train_fused).
-    fusable: ClassVar[bool] = False
-    # Spread strategies (gpupack/job/spread/) this workload can train under, over k devices: its train() calls
-    # ctx.spread (wrap the model, shard each global batch, build under its scope) when it is set.
+    fresh_reason: ClassVar[str] = "its framework starts threads at import"  # why, where it is not forkable
+    fusable: ClassVar[bool] = False  # N trainings can train as one batched model (fuse_key, train_fused)
+    # Spread strategies (gpupack/job/spread/) this workload can train under: its train() calls ctx.spread when set.
     spreads: ClassVar[tuple[str, ...]] = ()
-    # The numeric metrics its trainings may report (what collect.metric may name), or None where they are not known
-    # before the trainings run (a user's program reports what it likes): a name not listed is refused before anything
-    # runs, with the nearest listed one; None refuses nothing.
+    # The numeric metrics its trainings may report (what collect.metric may name); None: not known before they run.
     reported_metrics: ClassVar[tuple[str, ...] | None] = None
-    # Whether its program prints its curve, to be read from its output (search.intermediate); False: it reports its
-    # intermediate values itself (TrainingContext.report), and a pattern over its output would read nothing
+    # Its program prints its curve, read from its output (search.intermediate); False: TrainingContext.report.
     curve_in_output: ClassVar[bool] = False
 
     def check(self, params: P) -> None:
-        """Static checks run before submission (data present, a known model; the declared ranges are checked apart,
-        :meth:`check_ranges`). Raise ConfigError. Run once per distinct reading of the grid (gpupack.sweep.setup.once):
-        it must depend only on the hyperparameters it reads from ``params``, as a check does."""
+        """Static checks run before submission (data present, a known model). Raise ConfigError. Run once per
+        distinct reading of the grid: it must depend only on the hyperparameters it reads from ``params``."""
 
     def check_ranges(self, params: P | Mapping[str, object]) -> None:
-        """Each hyperparameter that ``Params`` declares a :class:`Range` for (its ``ranges``) within it, else a
-        ConfigError naming it with a value inside as the hint (``name=VALUE``). A workload that declares none is not
-        checked. Run before :meth:`check` on sweep.fixed and on each value of each axis of sweep.grid (``params``
-        may hold a few hyperparameters only: a range is checked where its hyperparameter is given)."""
+        """Each hyperparameter ``params`` gives that ``Params`` declares a :class:`Range` for within it, else a
+        ConfigError with a value inside as the hint. Run before :meth:`check` on sweep.fixed and each grid value."""
         ranges: Mapping[str, Range] = getattr(self.Params, "ranges", {})
         for name, declared in ranges.items():
             value = params.get(name) if isinstance(params, Mapping) else getattr(params, name, None)
@@ -298,8 +270,7 @@ class Workload(ABC, Generic[P]):
         hyperparameters that cannot spread that way, e.g. a global batch that does not split over the devices."""
 
     def fork_refusal(self, params: Mapping[str, object]) -> str | None:
-        """Why this training may not be forked from a preloaded server (``forkable``, unless its params decide), or
-        None when it may."""
+        """Why this training may not be forked from a preloaded server, or None when it may."""
         return None if self.forkable else self.fresh_reason
 
     def failure_hint(self, params: Mapping[str, object], error: str) -> str | None:
@@ -312,24 +283,21 @@ class Workload(ABC, Generic[P]):
         return None
 
     def cost(self, params: Mapping[str, object]) -> float | None:
-        """A training's length relative to the others of its sweep (any unit), or None where the workload cannot tell:
-        a stream claims the longest first, so the short ones fill the slots at its end (LPT order)."""
+        """A training's relative length (any unit), or None where unknown: a stream claims the longest first."""
         return None
 
     def filler_seed(self, fixed: Mapping[str, object]) -> str | None:
-        """The hyperparameter a copy of a grid point changes to be another training (its seed: a pack is filled with
-        new seeds), or None where no seed reaches the training: the copy then repeats the point unchanged."""
+        """The hyperparameter a copy of a grid point changes to be another training (its seed), or None where no
+        seed reaches the training: the copy then repeats the point unchanged."""
         return self.seed_key
 
     def preload(self, params: Sequence[P]) -> None:
-        """In the fork server, once, before any training of the pack is forked: import what every training imports
-        and read what they all read (``params`` are theirs), so each starts with it in memory. Never touch a device:
-        no CUDA context may exist before a fork."""
+        """In the fork server, once, before any training is forked: import and read what the trainings (``params``) all
+        will, so each starts with it in memory. Never touch a device: no CUDA context may exist before a fork."""
 
     def fuse_key(self, params: P) -> tuple[object, ...]:
         """With ``fusable``: the hyperparameters that fix the model's and the batches' shapes; trainings with equal
-        keys train as one group. Raise ConfigError for a setting that cannot be fused (checked before submission).
-        A workload that is not fusable is refused by the mode that fuses before this is asked."""
+        keys train as one group. Raise ConfigError for a setting that cannot be fused (checked before submission)."""
         raise NotImplementedError(f"{self.name} says fusable but defines no fuse_key")
 
     def train_fused(self, params: Sequence[P],
@@ -344,8 +312,7 @@ class Workload(ABC, Generic[P]):
         return {f.name: getattr(self.Params(), f.name) for f in dataclasses.fields(self.Params)}
 
     def typed(self, key: str, value: object, where: str) -> object:
-        """``value`` converted to the type Params declares for ``key``; ``where`` (sweep.grid, sweep.fixed) names
-        the config key in errors."""
+        """``value`` converted to the type Params declares for ``key``; ``where`` names the config key in errors."""
         from omegaconf import OmegaConf
         from omegaconf.errors import OmegaConfBaseException
 
@@ -372,8 +339,7 @@ class Workload(ABC, Generic[P]):
         return value
 
     def typed_values(self, key: str, values: Sequence[object], where: str) -> list[object]:
-        """:meth:`typed` for every value of one grid axis, validated at once (one OmegaConf merge for a sweep of
-        thousands of points, not one each); the first value it refuses is refused in :meth:`typed`'s words."""
+        """:meth:`typed` for every value of one grid axis in one OmegaConf merge, refusing in :meth:`typed`'s words."""
         from typing import List, get_type_hints
 
         from omegaconf import OmegaConf

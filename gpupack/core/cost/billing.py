@@ -1,14 +1,10 @@
 """What a job is charged, as the Alliance charges it. Pure.
 
-The Alliance's "Allocations and compute scheduling" page (docs.alliancecan.ca, as synced 2026-04-10): "Research
-groups are charged for the maximum number of RGU-core-memory bundles they use." Each cluster gives one GPU (or MIG
-slice) a bundle of cores and memory; a job is charged the largest of its GPUs' RGU, its cores over the bundle's cores
-and its memory over the bundle's memory, each counted in bundles, times the RGU of one bundle. The page's example on a
-fictive bundle of 1 RGU, 3 cores and 4 GB: 1 RGU with 5 cores and 5 GB is 1.66 RGU equivalents (by cores); 1 RGU
-with 2 cores and 6 GB is 1.5 (by memory); 2 GPUs of 1 RGU with 3 cores and 4 GB is 2 (by RGU).
-
-A site without bundles (any SLURM site but the Alliance's) is costed by its GPU's RGU alone, as before: the term
-says so.
+The Alliance's "Allocations and compute scheduling" page (docs.alliancecan.ca, 2026-04-10): "Research groups are
+charged for the maximum number of RGU-core-memory bundles they use." Each cluster gives one GPU (or MIG slice) a
+bundle of cores and memory; a job is charged the largest of its GPUs, its cores and its memory, each counted in
+bundles, times the RGU of one bundle. The page's example, a bundle of 1 RGU, 3 cores and 4 GB: 1 RGU with 5 cores and
+5 GB is 1.66 RGU equivalents (by cores). A site without bundles is costed by its GPU's RGU alone.
 """
 from __future__ import annotations
 
@@ -48,9 +44,7 @@ class Bill:
 
 
 def bill(bundle: Bundle, cores: float | None, mem_gb: float | None, gpus: float = 1.0) -> Bill:
-    """RGU equivalents per hour of a job of ``gpus`` GPUs of this kind asking ``cores`` cores and ``mem_gb`` GB:
-    bundles = max(gpus, cores / bundle cores, memory / bundle memory); charged bundles x the bundle's RGU. Where
-    the bundle's cores or memory are unknown, that term is left out (None); with neither, the GPU alone bills."""
+    """RGU per hour: max(gpus, cores / bundle cores, mem / bundle mem) x the bundle's RGU; unknown terms left out."""
     core_bundles = cores / bundle.cores if bundle.cores and cores is not None else None
     memory_bundles = mem_gb / bundle.mem_gb if bundle.mem_gb and mem_gb is not None else None
     terms = {GPU: gpus, CORES: core_bundles, MEMORY: memory_bundles}

@@ -1,8 +1,7 @@
 """RGU cost: what a training and a whole sweep cost on each partition at its best packing factor. Pure.
 
-A pack holds one GPU for its wall time, so one training costs (pack wall / N) x what the pack is billed per hour: the
-GPU model's RGU weight, or more where its cores or memory pass the GPU's bundle (gpupack.core.cost.billing: the largest
-of the three bills).
+A pack holds one GPU for its wall time, so one training costs (pack wall / N) x what the pack is billed per hour
+(:func:`gpupack.core.cost.billing.bill`).
 """
 from __future__ import annotations
 
@@ -37,16 +36,12 @@ def model_from_device_name(name: str | None) -> str | None:
     """The RGU model name of an NVML device name; None when it is not a GPU the table knows."""
     if not name:
         return None
-    for pattern, model in _NAME_RULES:
-        m = pattern.search(name)
-        if m:
-            return model(m)
-    return None
+    # the first rule that matches decides, even one that names no model (an unknown MIG slice)
+    return next((model(m) for pattern, model in _NAME_RULES if (m := pattern.search(name))), None)
 
 
 def check_weights(models: Mapping[str, Any], key: str = "rgu.models") -> dict[str, float]:
-    """The RGU table's weights, each a finite number > 0: a zero or negative weight would make the dearest GPU the
-    'cheapest'. ConfigError names the model."""
+    """The RGU table's weights, each a finite number > 0 (else the dearest GPU could be 'cheapest'): ConfigError."""
     out: dict[str, float] = {}
     for name, weight in models.items():
         ok = isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight) and weight > 0
@@ -59,13 +54,10 @@ def check_weights(models: Mapping[str, Any], key: str = "rgu.models") -> dict[st
 
 
 def billed_packs(packs: pd.DataFrame) -> pd.DataFrame:
-    """Per (partition, mode, N): the term that bills its packs and how many times the GPU's RGU (from each pack
-    record's ``billing``: what its job asked, and the bundle). Packs with no billing record (a local run): none."""
+    """Per (partition, mode, N): the term that bills its packs and how many times the GPU's RGU (none: a local run)."""
     import pandas as pd
-    if packs.empty or "billing" not in packs:
-        return pd.DataFrame(columns=["partition", "mode", "factor", "billed_term", "billed_multiple"])
     rows = []
-    for _, p in packs.iterrows():
+    for _, p in packs.iterrows() if "billing" in packs else ():
         asked = p["billing"]
         if not isinstance(asked, Mapping):
             continue
@@ -82,10 +74,8 @@ def billed_packs(packs: pd.DataFrame) -> pd.DataFrame:
 
 def cost_table(best: pd.DataFrame, weights: Mapping[str, float], sweep_trainings: int,
                billed: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per partition (at its best mode and N): the RGU-hours billed per training (``billed``: the term and multiple
-    its packs were billed by, from :func:`billed_packs`; none known: the GPU's RGU, as a site without bundles) and for
-    a sweep of ``sweep_trainings`` trainings on one GPU, what a request sized to the bundle would cost, the sweep's
-    wall time, and which is fastest and cheapest (by what is billed)."""
+    """Per partition at its best mode and N: RGU-hours billed per training (by ``billed``, else the GPU's RGU) and at
+    the bundle, and a sweep of ``sweep_trainings``'s wall time and cost, fastest and cheapest marked."""
     import pandas as pd
     if best.empty:
         return pd.DataFrame()

@@ -1,16 +1,10 @@
 """Slots admitted by memory (packing.admission): which training a streaming lane's freed slot takes now, or none yet.
 
-A freed slot takes the next training of its queue only when the memory it expects to peak at fits: the device's free
-memory now, and the lane's budget less what its running trainings are expected to hold (a training just started has
-not allocated yet, so free memory alone would let N large ones in at once). A head that does not fit lets a smaller
-training that fits go past it, a bounded number of times; then it is reserved: nothing more starts past it until it
-starts (its memory frees as the running ones end), so the large one is never starved. A lane with nothing running
-takes its head whatever it expects: waiting would free nothing, and it runs alone as without admission. A training
-whose peak is not known is admitted as without admission, at the head only.
-
-A training's expected peak (:func:`expected_peak`), first found: earlier records of its setting (its workload and
-every hyperparameter but the seed: :func:`gpupack.core.memory.figures.setting_key`), ``sweep.training_memory_mb``, the
-peak of the same setting measured in this run as its trainings end. Everything here is pure.
+A freed slot takes the next training of its queue only when its expected peak (:func:`expected_peak`) fits both the
+device's free memory and the lane's budget less what its running trainings are expected to hold (one just started has
+not allocated yet). A head that does not fit lets smaller trainings go past it a bounded number of times, then is
+reserved until it starts, so it is never starved. A lane with nothing running, or a head whose peak is not known,
+takes its head as without admission. Everything here is pure.
 """
 from __future__ import annotations
 
@@ -27,8 +21,7 @@ PASSES_PER_SLOT = 1
 
 @dataclass(frozen=True)
 class Candidate:
-    """One of the queue's next trainings, in the queue's order, and the memory it is expected to peak at (MB; None:
-    not known)."""
+    """One of the queue's next trainings and the memory it is expected to peak at (MB; None: not known)."""
 
     training_id: str
     peak_mb: float | None
@@ -36,8 +29,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class LaneMemory:
-    """The lane's memory now: the device's free memory (None: not known), the lane's budget (None: none), what its
-    running trainings are expected to hold together, and how many run."""
+    """The lane's memory now: the device's free, the lane's budget (None: unknown), what its running trainings hold."""
 
     free_mb: float | None
     budget_mb: float | None
@@ -91,8 +83,7 @@ def max_passes(slots: int) -> int:
 
 
 def expected_peak(earlier: Figure | None, stated_mb: float | None, this_run_mb: float | None) -> Figure | None:
-    """The memory one training of a setting is expected to peak at, first found: earlier records of the setting, the
-    user's ``sweep.training_memory_mb``, the peak its setting reached in this run so far; None: not known. Pure."""
+    """A setting's expected peak: earlier records, else sweep.training_memory_mb, else this run's peak; None. Pure."""
     if earlier is not None:
         return earlier
     if stated_mb is not None:
@@ -104,16 +95,13 @@ def expected_peak(earlier: Figure | None, stated_mb: float | None, this_run_mb: 
 
 def lane_budget_mb(on_gpu: bool, fraction: float, device_total_mb: float | None, host_total_mb: float | None,
                    host_memory_mb: float | None) -> float | None:
-    """What a lane's trainings may hold together: a pack's memory share
-    (:func:`gpupack.core.memory.pack_fit.pack_budget`).
-    None: nothing to go by. Pure."""
+    """What a lane's trainings may hold together: a pack's memory share (:func:`pack_budget`); None: unknown. Pure."""
     budget = pack_budget(on_gpu, fraction, device_total_mb, host_total_mb, host_memory_mb)
     return None if budget is None else budget.mb
 
 
 def peak_of(record: Mapping[str, object], on_gpu: bool) -> float | None:
-    """The peak a training's record says it reached on the lane's device (MB): its GPU memory on a GPU, its resident
-    memory on a CPU; None: not recorded. Pure."""
+    """The peak a training's record says it reached on the lane's device (MB); None: not recorded. Pure."""
     memory = record.get("memory")
     if not isinstance(memory, Mapping):
         return None

@@ -2,27 +2,22 @@
 size what a pack asks the scheduler for.
 
 The figure for a training comes, first found, from:
-  1. earlier records of the same workload and setting (same hyperparameters, any seed) measured on the same device
-     model as the one it will run on: the highest peak seen, in this run directory and its siblings
-     (``runs/<sweep>/*``) — GPU memory per process as NVML saw it, else torch's own peak plus a CUDA context; host
-     memory as the training's peak RSS;
+  1. the highest peak of earlier records of the same workload and setting (any seed) measured on the same device
+     model, in this run directory and its siblings: GPU memory per process as NVML saw it, else torch's own peak
+     plus a CUDA context; host memory as the peak RSS;
   2. ``sweep.training_memory_mb`` (the user's word, until something is measured);
   3. a conservative default (1 GB).
 
-Only the same device: a CPU-only run's RSS (no CUDA) is half a CUDA process's host memory, so a figure measured on one
-device never sizes a request or caps N on another (issue 51). :func:`same_device` says whether a record's device (its
-``gpu_type``: "cpu", or NVML's name) is the target's model (a partition's :attr:`Capacity.device`: "cpu", or a GPU
-model such as the preset's ``A100-40gb`` or ``A100-1g.5gb``): the GPU family (a100, v100, h100, ...) and the MIG
-profile must both match, "cpu" only "cpu". A sweep over partitions of different device models uses no measured
-figure (the default, saying so): one figure sizes all its partitions. Every figure says where it was measured, and
-what records of another device were left aside (:class:`Measured`).
-:func:`find_measured` reads records (I/O); everything else here is pure.
+Only the same device model (:func:`same_device`): a CPU-only run's RSS is half a CUDA process's, so a figure measured
+on one device never sizes another; partitions of different models use no measured figure. Every figure says where it
+was measured and what was left aside (:class:`Measured`). The evidence readers do I/O; everything else is pure.
 """
 from __future__ import annotations
 
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Iterator, Mapping, NamedTuple, Sequence
@@ -35,10 +30,9 @@ from gpupack.errors import ConfigError
 
 DEFAULT_HOST_MB = 1024.0  # nothing measured: a Python + torch training peaks near 0.3-0.8 GB of RSS
 DEFAULT_GPU_MB = 1024.0  # nothing measured: a CUDA context (0.4-0.8 GB) and a small model's tensors and workspace
-# What torch's own peak leaves out: its process's CUDA context (with cuBLAS's workspace), used only where NVML cannot
-# say the process's whole figure. Measured on an NVIDIA H200 with torch 2.11+cu130 (2026-11-28 and -30): NVML counted
-# 808 MB for a forked MNIST training whose torch peak was 74 MB (734 MB more, rounded up). 400 MB, an older CUDA's
-# figure, sized 11 of 21 MPS clients' limits below what they held there, and they ran out of memory.
+# What torch's own peak leaves out where NVML cannot say the process's figure: its CUDA context (with cuBLAS's
+# workspace). On an H200 with torch 2.11+cu130, NVML counted 808 MB for an MNIST training whose torch peak was 74 MB;
+# 400 MB, an older CUDA's figure, sized 11 of 21 MPS clients' limits below what they held.
 CUDA_CONTEXT_MB = 750.0
 REQUEST_HEADROOM = 1.5  # a SLURM request is the measured peak x this (allocator growth, a longer epoch)
 MIN_REQUEST_MB = 512.0
@@ -54,9 +48,7 @@ class Figure:
     source: str
     measured: bool = False
     key: str | None = None  # the config key that stated it (sweep.training_memory_mb); None: measured or a default
-    # not measured: what earlier records said, e.g. "nothing measured on a100; 3 cpu record(s) not used: another
-    # device" (what a request sized by default says)
-    looked: str = ""
+    looked: str = ""  # not measured: what earlier records said (:meth:`Measured.looked`)
 
 
 @dataclass(frozen=True)
@@ -67,8 +59,7 @@ class TrainingMemory:
 
 @dataclass(frozen=True)
 class Measured:
-    """The highest peaks seen in earlier records of the same workload and setting on the same device (None: none
-    seen), and what was left aside."""
+    """The highest peaks of earlier records of the setting on the same device (None: none), and what was left aside."""
 
     host_mb: float | None = None
     gpu_mb: float | None = None
@@ -98,11 +89,8 @@ class Measured:
 
 
 def gpu_peak_mb(memory: Mapping[str, object] | None, sampled_mb: object = None) -> float | None:
-    """A training's whole-process GPU peak (MB), what its share of the GPU must hold (an MPS client's limit counts
-    its context too): NVML's figure of its process where it covers torch's own peak (NVML is sampled every
-    packing.sample_interval_s: a sample before the peak is lower), else torch's own peak plus :data:`CUDA_CONTEXT_MB`.
-    ``memory``: its record's; ``sampled_mb``: NVML's figure from its pack's sampler, for a record older than
-    ``process_gpu_mem_mb``. None: neither known. Pure."""
+    """A training's whole-process GPU peak (MB): NVML's where it covers torch's own (a sample may miss the peak), else
+    torch's plus :data:`CUDA_CONTEXT_MB`; ``sampled_mb``: its pack sampler's, for an older record; None. Pure."""
     memory = memory or {}
     own, nvml = memory.get("peak_gpu_mem_mb"), memory.get("process_gpu_mem_mb", sampled_mb)
     filled = memory.get("from_sampler")
@@ -117,9 +105,7 @@ def gpu_peak_mb(memory: Mapping[str, object] | None, sampled_mb: object = None) 
 
 def host_peak_mb(memory: Mapping[str, object] | None, sampled_mb: object = None) -> float | None:
     """A training's own resident peak (MB): its record's, else its pack's sampler's (``sampled_mb``). None where it
-    ran in a process it shared with other trainings (``shared_by``: a ``fused`` or ``tf_logical`` pack, whose
-    process peak is the pack's: 12.9 GB for 34 fused trainings on the H200, 34 x that asked for a pack of 34
-    separate ones) or where neither is known. Pure."""
+    shared its process (``shared_by``: a fused pack's peak is the whole pack's) or neither is known. Pure."""
     memory = memory or {}
     shared = memory.get("shared_by")
     if isinstance(shared, int) and shared > 1:
@@ -135,11 +121,9 @@ def setting_key(params: Mapping[str, object], seed_key: str = "seed") -> str:
 
 def estimate(stated_mb: float | None, measured: Measured) -> TrainingMemory:
     """The figure for one training, from the records, the user's word, or the default (in that order). Pure."""
-    stated = Figure(float(stated_mb), f"sweep.training_memory_mb={stated_mb:g}", key="sweep.training_memory_mb") \
-        if stated_mb is not None else None
     looked = measured.looked()
-    if stated is not None:
-        stated = Figure(stated.mb, stated.source, key=stated.key, looked=looked)
+    stated = Figure(float(stated_mb), f"sweep.training_memory_mb={stated_mb:g}", key="sweep.training_memory_mb",
+                    looked=looked) if stated_mb is not None else None
     return TrainingMemory(
         host=_measured_or(measured.host_mb, measured, stated or Figure(DEFAULT_HOST_MB, f"a default: {looked}",
                                                                        looked=looked)),
@@ -161,8 +145,7 @@ def fits(budget_mb: float | None, each_mb: float) -> int | None:
 
 def check_memory(factors: Sequence[int], capacities: Mapping[str, Capacity], memory: TrainingMemory,
                  fraction: float, key: Callable[[int], str]) -> None:
-    """Each N must fit each partition's device: N x the GPU figure within fraction x the GPU's memory, N x the host
-    figure within fraction x the host memory one job may have; N processes within what the job may start. Pure."""
+    """Each N within each partition's GPU and host memory budgets (``fraction`` of each) and process limit. Pure."""
     for name, cap in capacities.items():
         gpu_budget = cap.gpu_memory_mb * fraction if cap.has_gpu and cap.gpu_memory_mb else None
         host_budget = cap.max_mem_mb * fraction if cap.max_mem_mb else None
@@ -203,9 +186,7 @@ def _refuse(key: str, n: int, partition: str, where: str, figure: Figure, budget
 
 
 def request_mb(host: Figure | None, given_gb: float | None, default_gb: float) -> tuple[float, str]:
-    """Host memory a pack asks for per training (MB), and why: the user's setting, else the measured peak with
-    headroom (``host``: one training's host figure, measured on the partitions' device), else the default, saying
-    what earlier records held. Pure."""
+    """Host memory a pack asks per training (MB), and why: as set, else the measured peak x headroom, else a default."""
     if given_gb is not None:
         return given_gb * 1024.0, "as set"
     if host is not None and host.measured:
@@ -217,18 +198,15 @@ def request_mb(host: Figure | None, given_gb: float | None, default_gb: float) -
 
 # ---------------- which device a figure was measured on ----------------
 
-# A GPU's family in its name: a letter or two, digits, maybe a letter (p100, v100, a100, h100, h200, gh200, l40s, l4,
-# t4, a6000); a form factor or memory kind (sxm4, hbm3, pcie) has three letters or more, a size (40gb) starts with a
-# digit.
+# A GPU's family: a letter or two, digits, maybe a letter (v100, gh200, l40s, t4), unlike sxm4, hbm3, pcie or 40gb.
 _FAMILY = re.compile(r"^[a-z]{1,2}\d{1,4}[a-z]?$")
 _MIG = re.compile(r"(\d+)g\.(\d+)gb")  # a MIG profile: 1g.5gb, 3g.40gb
 _BRAND = {"nvidia", "tesla"}
 
 
 def device_model(name: str | None) -> tuple[str, str | None] | None:
-    """(GPU family, MIG profile or None) of a device name as NVML ("NVIDIA A100-SXM4-40GB MIG 1g.5gb"), a preset's
-    model ("A100-1g.5gb") or a SLURM specifier ("nvidia_h100_80gb_hbm3_1g.10gb") says it; ("cpu", None) for "cpu";
-    None for no name. A name of no known family is its own: its words less brand and sizes. Pure."""
+    """(GPU family, MIG profile or None) of a device name as NVML, a preset or a SLURM specifier says it; ("cpu", None)
+    for "cpu"; None for no name. A name of no known family is its words less brand and sizes. Pure."""
     low = (name or "").strip().lower()
     if not low:
         return None
@@ -242,9 +220,8 @@ def device_model(name: str | None) -> tuple[str, str | None] | None:
 
 
 def same_device(measured_on: str | None, target: str | None) -> bool:
-    """Whether a record measured on ``measured_on`` (its gpu_type: "cpu", or NVML's name) ran on ``target``'s device
-    model (a partition's :attr:`Capacity.device`): the same GPU family and MIG profile (none matches only none);
-    "cpu" matches only "cpu"; an unknown device matches nothing. Pure."""
+    """Whether a record measured on ``measured_on`` (its gpu_type) ran on ``target``'s device model (a partition's
+    :attr:`Capacity.device`): the same GPU family and MIG profile; "cpu" only "cpu"; unknown matches nothing. Pure."""
     model = device_model(measured_on)
     return model is not None and model == device_model(target)
 
@@ -256,8 +233,7 @@ def device_label(name: str | None) -> str:
 
 
 def record_device(rec: Mapping[str, object]) -> str | None:
-    """The device a training record's peaks were measured on: "cpu" where it ran on the CPU (whatever the machine
-    held), else its GPU's name (gpu_type); None: not recorded."""
+    """The device a training record's peaks were measured on: "cpu", else its GPU's name; None: not recorded."""
     if rec.get("device") == "cpu" or rec.get("gpu_type") == "cpu":
         return "cpu"
     name = rec.get("gpu_type") or rec.get("device_name")
@@ -275,10 +251,8 @@ def candidate_runs(run_root: Path) -> list[Path]:
 
 def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_key: str = "seed", *,
                   devices: Collection[str | None]) -> Measured:
-    """The highest host and GPU peaks of earlier trainings of ``workload`` whose setting is one of ``settings``,
-    measured on the device model of ``devices`` (the chosen partitions' :attr:`Capacity.device`). Partitions of
-    different device models, or of an unknown one, use none (one figure sizes every partition: the default, which
-    says why)."""
+    """The highest peaks of earlier trainings of ``workload`` in one of ``settings`` measured on the partitions' device
+    model; partitions of different or unknown models use none (the default then says why)."""
     models = {device_model(d) for d in devices}
     if None in models or not models:
         return Measured(why_none="nothing measured used: the partition's device model is not known")
@@ -293,10 +267,8 @@ def find_measured(runs: Iterable[Path], workload: str, settings: set[str], seed_
 def measured_by_setting(runs: Iterable[Path], workload: str, settings: set[str],
                         seed_key: str = "seed", completed_only: bool = False, *,
                         device: str) -> dict[str, Measured]:
-    """As :func:`find_measured`, each of ``settings`` apart (a streaming lane's admission: a training's own peak), on
-    the job's own ``device`` ("cpu", or NVML's name of its GPU) alone.
-    ``completed_only``: the peaks of trainings that completed alone (what a share is sized by: a training cut short,
-    by its share or a neighbour, peaked at no more than it was let, a lower bound of its need, not a measure)."""
+    """As :func:`find_measured`, each of ``settings`` apart, on the job's own ``device`` alone. ``completed_only``:
+    of completed trainings alone (one cut short peaked at no more than it was let: a lower bound, not a measure)."""
     by: dict[str, list[_Seen]] = {}
     for seen in _peaks(runs, workload, settings, seed_key, completed_only):
         by.setdefault(seen.setting, []).append(seen)
@@ -318,18 +290,20 @@ class _Seen(NamedTuple):
 def _on_device(seen: Sequence[_Seen], target: str) -> Measured:
     """The highest peaks of those of ``seen`` measured on ``target``'s device model; the others counted aside."""
     used = [s for s in seen if same_device(s.device, target)]
-    aside: dict[str, int] = {}
-    for s in seen:
-        if not same_device(s.device, target):
-            label = device_label(s.device)
-            aside[label] = aside.get(label, 0) + 1
-    return _highest(used, device_label(target), tuple(sorted(aside.items())))
+    aside = Counter(device_label(s.device) for s in seen if not same_device(s.device, target))
+    host = [s.host for s in used if s.host is not None]
+    gpu = [s.gpu for s in used if s.gpu is not None]
+    seen_in = list(dict.fromkeys(s.run for s in used))
+    where = ", ".join(seen_in[:2]) + (" ..." if len(seen_in) > 2 else "")
+    frameworks = tuple(sorted({s.framework for s in used if s.framework}))
+    return Measured(host_mb=max(host) if host else None, gpu_mb=max(gpu) if gpu else None,
+                    trainings=len(host) or len(gpu), where=where, device=device_label(target),
+                    aside=tuple(sorted(aside.items())), frameworks=frameworks)
 
 
 def _peaks(runs: Iterable[Path], workload: str, settings: set[str], seed_key: str,
            completed_only: bool = False) -> Iterator[_Seen]:
-    """(setting, host peak, GPU peak, run, device) of each earlier training of ``workload`` in one of ``settings``
-    that recorded a peak: its GPU memory is :func:`gpu_peak_mb`'s."""
+    """Each earlier training of ``workload`` in one of ``settings`` that recorded a peak, as a :class:`_Seen`."""
     read = 0
     for run in runs:
         folded = read_folded(RunDir(run))  # what its lanes folded, read once for its packs and its trainings
@@ -351,27 +325,15 @@ def _peaks(runs: Iterable[Path], workload: str, settings: set[str], seed_key: st
                             rec.get("framework"))
 
 
-def _highest(seen: Sequence[_Seen], device: str | None, aside: tuple[tuple[str, int], ...] = ()) -> Measured:
-    host = [s.host for s in seen if s.host is not None]
-    gpu = [s.gpu for s in seen if s.gpu is not None]
-    seen_in = list(dict.fromkeys(s.run for s in seen))
-    where = ", ".join(seen_in[:2]) + (" ..." if len(seen_in) > 2 else "")
-    frameworks = tuple(sorted({s.framework for s in seen if s.framework}))
-    return Measured(host_mb=max(host) if host else None, gpu_mb=max(gpu) if gpu else None,
-                    trainings=len(host) or len(gpu), where=where, device=device, aside=aside, frameworks=frameworks)
-
-
 def _newest_first(run: RunDir, folded: Folded) -> Iterator[TrainingRecord | None]:
-    """The run's training records, newest first: those in packs' folders (by mtime), then those lanes folded (by
-    their end)."""
+    """The run's training records, newest first: those in packs' folders (by mtime), then those lanes folded."""
     for path in sorted(run.training_records(), key=lambda p: p.stat().st_mtime, reverse=True):
         yield read_training(path)
     yield from sorted((h[-1] for h in folded.trainings.values()), key=lambda r: -float(r.get("ended_at") or 0))
 
 
 def _sampled_peaks(run: Path, folded: Folded) -> dict[str, Peaks]:
-    """Per training id, the sampler's peaks (pack records: in packs' folders, and those lanes folded): what a program
-    that reports nothing itself is known by."""
+    """Per training id, the sampler's peaks from the run's pack records (in folders and folded)."""
     out: dict[str, Peaks] = {}
     pack_recs: list[PackRecord] = [read_pack(path) or {} for path in RunDir(run).pack_records()]
     for rec in [*(h[-1] for h in folded.packs.values()), *pack_recs]:
@@ -381,9 +343,7 @@ def _sampled_peaks(run: Path, folded: Folded) -> dict[str, Peaks]:
 
 @dataclass(frozen=True)
 class MemoryShare:
-    """One training's share of its device's memory (``packing.memory_share``): ``fraction`` of the device and its
-    ``mb``, and where it comes from (``source``, in words). Enforced in the training's process where the platform can
-    (gpupack.job.runtime.memshare)."""
+    """One training's share of its device's memory, and its source; enforced where it can be (job.runtime.memshare)."""
 
     fraction: float
     mb: float
@@ -398,9 +358,7 @@ class MemoryShare:
 
 
 def memory_share(fraction: float | None, device_total_mb: float | None, slots: int) -> MemoryShare | None:
-    """Each of ``slots`` trainings' share of a device of ``device_total_mb`` that they may fill to ``fraction``
-    together; None: sharing off (``fraction`` None), or no GPU to share (a CPU: host memory is bounded by
-    ``packing.memory_limit_gb_per_training`` and the caps of N). Pure."""
+    """Each of ``slots`` trainings' equal share of ``fraction`` of the device; None: sharing off, or no GPU. Pure."""
     if fraction is None or device_total_mb is None or slots < 1:
         return None
     each = fraction / slots
@@ -413,15 +371,11 @@ def memory_shares(fraction: float | None, device_total_mb: float | None, peaks: 
     measured of its setting; None, or a figure not measured: nothing measured). Pure.
 
     - Nothing measured: the equal split, ``fraction`` / N (:func:`memory_share`).
-    - Every training measured, their peaks within the fraction: the whole of it dealt in proportion to them, so none
-      gets less than its peak and none is left unshared (memory left over would only turn a training that grows past
-      its measure into an OOM, and an OOM rules its N out).
-    - Some measured: each of those gets its peak x (1 + ``margin``) (``packing.memory_margin``), the others split the
-      rest, provided each of them keeps at least what an unmeasured training is expected to need (``stated_mb``,
-      sweep.training_memory_mb, else :data:`DEFAULT_GPU_MB`; never more than the equal split); where that takes some
-      of the margin, the measured ones give it up (never going below their peak).
-    - Otherwise (the measured peaks alone pass the fraction, or leave too little for the others): the equal split, and
-      each share says why. None: sharing off, or no GPU.
+    - Every training measured, their peaks within the fraction: all of it dealt in proportion to them (memory left
+      over would only turn a training that grows past its measure into an OOM).
+    - Some measured: each of those gets its peak x (1 + ``margin``), the others split the rest, each keeping at least
+      ``stated_mb`` (else :data:`DEFAULT_GPU_MB`; at most the equal split), the margin given up for it if need be.
+    - Otherwise: the equal split, each share saying why. None: sharing off, or no GPU.
     """
     equal = memory_share(fraction, device_total_mb, len(peaks))
     if equal is None or fraction is None or device_total_mb is None:
@@ -450,9 +404,7 @@ def memory_shares(fraction: float | None, device_total_mb: float | None, peaks: 
 
 
 def _share_scale(budget: float, need: float, others: int, floor: float, margin: float) -> float | None:
-    """What each measured peak is multiplied by in its share of ``budget`` (MB): all of it in proportion where
-    every training was measured; the margin where the ``others`` unmeasured keep ``floor`` each; less of it where
-    that is what leaves them their floor (never below 1); None where the peaks alone leave too little. Pure."""
+    """What each measured peak is multiplied by in its share of ``budget``; None: the peaks leave too little. Pure."""
     if not others:
         return budget / need if need <= budget else None
     if budget - need * (1 + margin) >= others * floor:

@@ -1,22 +1,15 @@
 """Packs admitted by memory (packing.admission): whether a whole pack of N may start, by what its trainings were
-measured to need.
+measured to need (:func:`training_peak`).
 
-Before a pack starts, each of its trainings is expected to peak at what its setting (its workload and every
-hyperparameter but the seed: :func:`gpupack.core.memory.figures.setting_key`) reached, first found: in this run (the
-packs that ended before it), in earlier runs (this run directory's siblings), ``sweep.training_memory_mb``; else not
-known. The pack fits where the sum of what is known stays within the device's memory share: ``packing.memory_fraction``
-of the GPU's memory, on a CPU ``packing.host_memory_mb`` where given, else ``packing.memory_fraction`` of the host's. A
-pack that does not fit is not started but recorded as skipped for memory with the reason; its N is infeasible for
-that setting. What is not known counts as nothing (the pack starts, as without admission), and a pack of one training
-always starts: it is the smallest pack there is, the one that measures its setting.
-
-A skipped pack's trainings are not lost: they run in packs of the largest N that fits (:func:`largest_fit`, by the
-same rule), each a pack of its own at that N (:func:`gpupack.core.plan.refit_packs`), unless the plan runs their grid
-points at a smaller N anyway (:func:`gpupack.core.plan.run_at_smaller_n`: a measurement sweep). Everything here is
-pure.
+The pack fits where the sum of the known peaks stays within the device's memory share (:func:`pack_budget`); what
+is not known counts as nothing, and a pack of one training always starts (it measures its setting). A pack that does
+not fit is recorded as skipped for memory; its trainings run in packs of the largest N that fits
+(:func:`largest_fit`, :func:`gpupack.core.plan.refit_packs`), unless the plan runs their points at a smaller N anyway
+(:func:`gpupack.core.plan.run_at_smaller_n`). Everything here is pure.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -53,8 +46,7 @@ def pack_budget(on_gpu: bool, fraction: float, device_total_mb: float | None, ho
 
 
 def training_peak(this_run: Figure | None, earlier: Figure | None, stated_mb: float | None) -> Figure | None:
-    """What one training of a setting is expected to peak at, first found: its setting's peak in this run, in earlier
-    runs, the user's ``sweep.training_memory_mb``; None: not known. Pure."""
+    """A setting's expected peak: this run's, earlier runs', or sweep.training_memory_mb; None: not known. Pure."""
     if this_run is not None:
         return this_run
     if earlier is not None:
@@ -63,8 +55,7 @@ def training_peak(this_run: Figure | None, earlier: Figure | None, stated_mb: fl
 
 
 def pack_fit(n: int, peaks: Sequence[Figure | None], budget: Budget | None) -> Fit:
-    """Whether a pack of ``n`` trainings, expected to peak at ``peaks`` (one each; None: not known), fits ``budget``:
-    the sum of the known peaks within it. Pure."""
+    """Whether a pack of ``n`` fits ``budget``: the sum of its known ``peaks`` (None: unknown) within it. Pure."""
     if n <= 1:
         return Fit(True, "one training: the smallest pack, started whatever it is expected to need")
     if budget is None:
@@ -89,9 +80,8 @@ class Refit:
 
 
 def largest_fit(peaks: Sequence[Figure | None], budget: Budget | None, most: int | None = None) -> Refit:
-    """The largest N up to ``most`` (default: below ``len(peaks)``, which did not fit; at least 1) at which any N of
-    these trainings fit ``budget`` by :func:`pack_fit`: its N largest known peaks within it, so every pack of N dealt
-    from them in any order fits (what is not known counts as nothing, as in :func:`pack_fit`). Pure."""
+    """The largest N up to ``most`` (default: below ``len(peaks)``; at least 1) at which the N largest known peaks
+    fit ``budget`` by :func:`pack_fit`, so every pack of N dealt from them in any order fits. Pure."""
     largest = sorted(peaks, key=lambda p: -1.0 if p is None else p.mb, reverse=True)
     top = len(peaks) - 1 if most is None else min(most, len(peaks))
     for n in range(top, 1, -1):
@@ -104,9 +94,7 @@ def largest_fit(peaks: Sequence[Figure | None], budget: Budget | None, most: int
 
 def _terms(known: Sequence[Figure]) -> str:
     """The sum in words: equal peaks counted ("4 x 12.6 GB"), largest first."""
-    counts: dict[float, int] = {}
-    for p in known:
-        counts[p.mb] = counts.get(p.mb, 0) + 1
+    counts = Counter(p.mb for p in known)
     return " + ".join(f"{k} x {gb(mb)}" for mb, k in sorted(counts.items(), reverse=True))
 
 

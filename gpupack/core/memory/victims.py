@@ -1,15 +1,11 @@
 """Victims of a neighbour's fault: which of a pack's failed trainings were taken down by another's.
 
-N trainings on one GPU can fail together: under MPS a fatal fault of one client ends every client of its server (and
-new clients are refused until all have exited); a device reset or an ECC error ends every context on the device; the
-host's OOM killer may take more than the process that ran it out. Counting every such death as its own training's
-failure would blame N for one training's fault. The rule here (pure): the first training of the pack to fail faulted;
-a training that failed after it, within :data:`WINDOW_S` of its end, of a death that is not its own program's error
-(a crash signal, or a CUDA, MPS or NCCL runtime error) is its victim. Never a victim: an OOM (its own memory, or the
-kernel's choice: counted against N as an OOM), a training stopped by gpupack's time limit, one stopped by the
-scheduler (SIGTERM, SIGKILL: the job is ending, not a neighbour's fault). The job body records a victim as ``victim``
-(``victim_of``: the training that faulted, ``died_as``: how the victim died) and runs it again once, in a fresh start
-of the pack's mode (a new MPS daemon); a victim is neither oom nor unfinished, so it never counts against its N.
+N trainings on one GPU can fail together (an MPS client's fatal fault ends every client of its server; a device reset
+or ECC error ends every context), and counting each death as its own would blame N for one training's fault. The rule
+(pure): the first training of the pack to fail faulted; one that failed within :data:`WINDOW_S` after it, of a crash
+signal or a CUDA, MPS or NCCL error, is its victim. Never a victim: an OOM, a time limit, a scheduler's SIGTERM or
+SIGKILL. The job body records a victim as ``victim`` and runs it again once, in a fresh start of the pack's mode: a
+victim never counts against its N.
 """
 from __future__ import annotations
 
@@ -31,16 +27,14 @@ CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL)
 
 
 def collateral(rec: TrainingRecord) -> bool:
-    """A death a neighbour's fault can cause: failed or killed (never an OOM or a time limit), by a crash signal or
-    a device, MPS or NCCL error. Pure."""
+    """A death a neighbour's fault can cause: failed or killed by a crash signal, a device, MPS or NCCL error. Pure."""
     if rec.get("status") not in (FAILED, KILLED):
         return False
     return rec.get("signal") in CRASH_SIGNALS or bool(COLLATERAL.search(str(rec.get("error") or "")))
 
 
 def victims(records: Sequence[TrainingRecord], window_s: float = WINDOW_S) -> dict[str, str]:
-    """The victims among one attempt's training records of a pack: victim's training id → the id of the training
-    whose fault took it down (the first of the pack to fail). Empty when fewer than two failed. Pure."""
+    """A pack attempt's victims: training id → the first training to fail, whose fault took it down. Pure."""
     failed = sorted((r for r in records if r.get("status") not in (COMPLETED, TIMEOUT)),
                     key=lambda r: float(r.get("ended_at") or 0))
     if len(failed) < 2:
@@ -52,9 +46,8 @@ def victims(records: Sequence[TrainingRecord], window_s: float = WINDOW_S) -> di
 
 def culprit_of(rec: TrainingRecord, earlier: Sequence[TrainingRecord],
                window_s: float = WINDOW_S) -> str | None:
-    """The training whose fault took ``rec`` down, among the records that ended before it on its device
-    (``earlier``: a streaming lane's, as they end): the first that failed (not a victim itself, not a time limit)
-    within ``window_s`` before it, where ``rec``'s death is one a neighbour's fault causes; None: its own. Pure."""
+    """The training whose fault took ``rec`` down: of ``earlier`` on its device, the first to fail (no victim, no time
+    limit) within ``window_s`` before it, where ``rec``'s death is :func:`collateral`; None: its own. Pure."""
     if not collateral(rec):
         return None
     end = float(rec.get("ended_at") or 0)

@@ -1,30 +1,19 @@
 """Claims: which streaming lane runs which training, exactly once across concurrent jobs on a shared file system.
 
-A claim is the file ``claims/<queue>/<training id>.claim`` in the run directory. It is made with link(2): the holder
-writes its claim in full to a file of its own name, then links the claim's name to it. link fails when the name
-exists, atomically on NFS (v2 onwards: the server does it), Lustre and local file systems alike, where
-``O_CREAT|O_EXCL`` is atomic only from NFSv3 and a mkdir lock carries no content. A lost reply on NFS (the link was
-made but the client saw an error) is told by the holder's own file having two links, as open(2) advises. A claim
-appears whole, so a reader never sees it half written.
+A claim is the file ``claims/<queue>/<training id>.claim``, made with link(2): the holder writes and fsyncs its claim
+in full to a file of its own name, then links the claim's name to it. link fails when the name exists, atomically on
+NFS (v2 onwards), Lustre and local file systems alike (``O_CREAT|O_EXCL`` is atomic only from NFSv3). A lost reply on
+NFS is told by the holder's own file having two links. A claim appears whole.
 
 A claim is never taken back while its holder may live: only a later run of the lane that made it (its pack lock held,
-so the one before is provably dead: requeued, killed, cancelled, or its node gone) releases it, by renaming it under
-``claims/<queue>/released/``. A training whose record says completed is never claimed again, released or not.
+so the one before is dead) releases it, by renaming it under ``claims/<queue>/released/``. A training whose record
+says completed is never claimed again. A folding lane removes its claim once the training's completed record is in
+its journal (:func:`drop`); a failed training's claim stays until the lane's next run.
 
-A lane that folds its records (a cluster's shared filesystem) removes its claim of a training once that training's
-completed record is in its journal (:func:`drop`): a lane that claims it after that finds it completed in the
-journals, and lets its claim go again. A failed training's claim stays, as before, until the lane's next run.
-
-A claim that cannot be read (torn, empty, no JSON object) is a fact to act on, not one to skip: skipped, it would
-hold its training for good, and every later run would end with that training never run. No live writer is ever
-half-way through one: the holder writes and fsyncs its own file first, and the claim's name appears only by link(2)
-of that whole file, so a claim is never seen being written. Its bytes can only have been lost after it was made, by a
-crash of the machine whose file system held it before they reached its disk (which took down a lane writing there
-too) or by a hand from outside; either way no run of a lane can be trusted to still be running it. So a torn claim is
-stale, and released at a lane's start like any other (:func:`stale_why`): by a later run of the lane its readable
-bytes still name (the holder's record begins with its lane, so a claim cut after that names it), else, its owner
-unreadable, by the training's home lane (the lane the plan dealt it to: exactly one lane decides, so no two release
-and claim it at once). Either holds its own lock and releases only at its start, before it claims anything itself.
+A claim that cannot be read (torn, empty) must not be skipped: it would hold its training for good. Since no live
+writer is ever half-way through one, its bytes were lost after it was made (a crash of the machine, a hand from
+outside), and no run can be trusted to still run it: it is stale (:func:`stale_why`), released at a lane's start by a
+later run of the lane its readable start names, else by the training's home lane alone (exactly one lane decides).
 """
 from __future__ import annotations
 
@@ -61,8 +50,7 @@ class Claimant:
 
 
 class ClaimRecord(TypedDict, total=False):
-    """A claim's contents as :func:`claim` writes them: its :class:`Claimant`'s fields and when it claimed (a torn
-    claim reads as {}: held, by no one known)."""
+    """A claim's contents as :func:`claim` writes them (a torn claim reads as {}: held, by no one known)."""
     lane: str
     incarnation: str
     job_id: str | None
@@ -101,8 +89,7 @@ def claim(folder: Path, training_id: str, holder: Claimant) -> bool:
 
 @dataclass(frozen=True)
 class Seen:
-    """A claim as read: its holder's record (None: torn, empty or no JSON object), and the lane it names (None: none
-    can be read)."""
+    """A claim as read: its holder's record (None: torn), and the lane it names (None: none can be read)."""
 
     rec: ClaimRecord | None
     lane: str | None
@@ -114,8 +101,7 @@ _LANE = re.compile(rb'\s*\{\s*"lane"\s*:\s*"([^"\\]+)"')
 
 
 def read_claim(raw: bytes) -> Seen:
-    """A claim's bytes as a :class:`Seen`: its holder's record where it is whole (it names its lane and this run of
-    it), else the lane its readable start names, if any. Pure."""
+    """A claim's bytes: its holder's record where whole, else the lane its readable start names, if any. Pure."""
     try:
         rec = json.loads(raw)
     except ValueError:  # torn (by a crash, or from outside), empty, or not UTF-8
@@ -128,8 +114,7 @@ def read_claim(raw: bytes) -> Seen:
 
 
 def _as_claim(rec: object) -> ClaimRecord | None:
-    """``rec`` as the record claim() writes, each field of its type, else None (not a claim gpupack wrote whole).
-    Its lane and this run of it are required; the other fields are kept where they hold their type."""
+    """``rec`` as claim() writes it (lane and incarnation required; the rest where of its type), else None."""
     if not (isinstance(rec, dict) and isinstance(rec.get("lane"), str) and isinstance(rec.get("incarnation"), str)
             and rec["incarnation"]):
         return None
@@ -167,10 +152,8 @@ STALE = "made by an earlier run of this lane"
 
 
 def stale_why(seen: Seen, holder: Claimant, home: str | None, lanes: Collection[str] = ()) -> str | None:
-    """Why the lane of ``holder``, starting, releases a claim it found (None: the claim stays). A whole claim: only
-    where an earlier run of this lane made it (it holds the lane's lock now, so that run is dead). A torn one (see the
-    module's docstring: no live writer leaves one): where its readable start names this lane, or names none of the
-    queue's ``lanes`` (its bytes garbled: no lane would release it) and this lane is the training's ``home``. Pure."""
+    """Why ``holder``'s lane, starting, releases a claim (None: it stays): a whole one an earlier run of it made; a torn
+    one whose start names it, or names none of ``lanes`` where it is the training's ``home``. Pure."""
     if seen.rec is not None:
         return STALE if seen.lane == holder.lane and seen.rec.get("incarnation") != holder.incarnation else None
     if seen.lane is not None and (seen.lane in lanes or seen.lane == holder.lane):
@@ -180,10 +163,8 @@ def stale_why(seen: Seen, holder: Claimant, home: str | None, lanes: Collection[
 
 def release_stale(folder: Path, holder: Claimant, keep: Iterable[str] = (),
                   homes: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Release the claims :func:`stale_why` finds stale for ``holder``'s lane, at its start (before it claims anything
-    itself). ``keep``: training ids whose claim stays (completed ones: never run again); ``homes``: each training's
-    home lane (the plan's), by which a torn claim with no readable holder is released. Returns the released training
-    ids, each with why."""
+    """Release, at the lane's start, the claims :func:`stale_why` finds stale for ``holder``, but ``keep``'s; ``homes``:
+    each training's home lane. The released training ids, each with why."""
     kept, lanes = set(keep), {*(homes or {}).values(), holder.lane}
     released = {}
     for training_id, seen in seen_claims(folder).items():
@@ -201,8 +182,7 @@ def release_stale(folder: Path, holder: Claimant, keep: Iterable[str] = (),
 
 
 def drop(folder: Path, training_ids: Iterable[str], lane: str) -> list[str]:
-    """Remove the claims ``lane`` (any run of it) holds of ``training_ids``: trainings whose completed record is
-    folded into a journal, where every lane sees it. Returns the training ids whose claim it removed."""
+    """Remove ``lane``'s claims of ``training_ids`` (their completed records folded); the ids whose claim it removed."""
     held = set(training_ids)
     dropped = []
     for training_id, rec in claims(folder).items() if held else ():

@@ -1,12 +1,12 @@
 """The columnar file of a pack: its trainings' flat rows in one file (``packs/<id>/trainings.arrows``).
 
-A record format, below every layer that uses it: the pack's job writes it (:func:`write_columnar`, once its pack
-record is written), :mod:`gpupack.results.analysis` reads it (:class:`ColumnarReader`), and both turn records into the
-same flat rows (:func:`flatten`, :func:`flatten_pack`, :func:`split_rows`), so a pack read from its file or from its
-JSON records gives the same frame.
+The pack's job writes it (:func:`write_columnar`), :mod:`gpupack.results.analysis` reads it (:class:`ColumnarReader`),
+and both make the same flat rows (:func:`flatten`, :func:`split_rows`), so a pack read from its file or from its JSON
+records gives the same frame.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -42,19 +42,15 @@ PACK_FLAT = ("source", "note", "gpu_util_mean", "gpu_util_max", "gpu_mem_used_pe
              "foreign_cpu_cores_mean", "foreign_cpu_cores_max", "foreign_measured_s", "host_cores", "job_cores",
              "foreign_gpu_procs_max", "foreign_gpu_mem_mb_max")
 
-# packs/<id>/trainings.arrows: an Arrow IPC stream of one batch, the columns that vary between the pack's trainings
-# (pyarrow.ipc.open_stream reads it), then JSON: the pack record's flat row, the number of trainings, and the value of
-# each column every training of the pack shares (its sweep, partition, device...: one value, not N). Written by the
-# pack's job (write_columnar); read by gpupack.results.analysis.load (ColumnarReader). Its name:
-# gpupack.core.store.rundir.COLUMNAR.
+# The file: an Arrow IPC stream of one batch, the columns that vary between the pack's trainings, then JSON: the pack
+# record's flat row, the number of trainings, and the one value of each column every training shares (ColumnarTail).
 JSON_PREFIX = "json:"  # a column of lists, dicts or mixed types: JSON text under this prefix in the columnar file
 _META_SCHEMA = b"gpupack.schema"
 _META_COLUMNS = b"gpupack.columns"  # every column of the rows, in order
 _META_SHARED = b"gpupack.shared"  # the columns all rows share one value of: in the JSON after the stream
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the end of an Arrow IPC stream
-# The Arrow type of each field of gpupack's training records, whatever the values of one pack (a pack without an
-# error has a null one): packs then share one layout, parsed once and joined without promotion.
-# Text is large_string: what pandas' str columns hold, so a million rows convert without a cast.
+# The Arrow type of each field of gpupack's training records, whatever one pack's values (a null error): packs then
+# share one layout, parsed once and joined without promotion. Text is large_string, as pandas' str columns hold it.
 STRING = _S = pa.large_string()
 _F, _I, _B = pa.float64(), pa.int64(), pa.bool_()
 INT64 = (-(2 ** 63), 2 ** 63 - 1)
@@ -109,8 +105,7 @@ def read_records(paths: Iterable[Path], kind: str, warnings: list[str]) -> list[
 
 
 def record_row(rec: Mapping[str, object], kind: str, where: str, warnings: list[str]) -> dict[str, object] | None:
-    """One record's flat row, or None (with a warning naming ``where``) when it is not a record of ``kind`` this
-    gpupack reads: a JSON file's, or one a lane's journal holds."""
+    """One record's flat row, or None (with a warning naming ``where``): not a record of ``kind`` this gpupack reads."""
     if rec.get("kind") != kind:
         warnings.append(f"skipped {where}: not a {kind} record")
     elif rec.get("schema") != SCHEMA_VERSION:
@@ -169,11 +164,10 @@ def column_type(name: str, values: Sequence[object]) -> pa.DataType | None:
 def column(name: str, values: list[object]) -> tuple[str, pa.Array]:
     """One column (:func:`column_type`), named ``json:<name>`` where it is JSON text."""
     kind = column_type(name, values)
-    if kind is not None:
-        try:
+    # values its type should hold and Arrow refuses: JSON keeps them
+    with contextlib.suppress(pa.ArrowException, OverflowError):
+        if kind is not None:
             return name, pa.array(values, kind)
-        except (pa.ArrowException, OverflowError):  # values its type should hold and Arrow refuses: JSON keeps them
-            pass
     return JSON_PREFIX + name, json_array(values)
 
 
@@ -181,11 +175,8 @@ Columns = Mapping[str, tuple[pa.DataType, Sequence[object]]]  # a column's name 
 
 
 def typed_arrays(columns: Columns, rows: int) -> list[pa.Array]:
-    """Each column's values as one array of its type. Where pandas is not imported (a pack job, whose columnar files
-    are its only use of Arrow), read by Arrow's JSON reader from their JSON text: ``pa.array`` asks whether its input
-    is a pandas object and imports pandas to know (apache/arrow#34994), 0.4 s of a core at every job's end. Elsewhere
-    (collect) ``pa.array``, twice as fast. Both give the same arrays; values the JSON reader refuses (a lone
-    surrogate) go to ``pa.array`` either way."""
+    """Each column's values as one array of its type: through Arrow's JSON reader where pandas is not imported
+    (``pa.array`` imports it: apache/arrow#34994, 0.4 s a job), else the faster ``pa.array``; the same arrays."""
     if "pandas" not in sys.modules:
         read = _json_arrays(columns, rows)
         if read is not None:
@@ -194,8 +185,7 @@ def typed_arrays(columns: Columns, rows: int) -> list[pa.Array]:
 
 
 def _json_arrays(columns: Columns, rows: int) -> list[pa.Array] | None:
-    """:func:`typed_arrays` through Arrow's JSON reader; None where it refuses the values. They come back as they
-    were: a float by its repr, NaN and the infinities as json writes them, ints within 64 bits."""
+    """:func:`typed_arrays` through Arrow's JSON reader (floats by repr, NaN included); None where it refuses them."""
     if not columns or not rows:
         return [pa.nulls(0, kind) for kind, _ in columns.values()]
     names = list(columns)
@@ -218,9 +208,8 @@ def same(values: Sequence[object]) -> bool:
 
 @dataclass
 class Rows:
-    """Flat rows as columns: ``batch`` holds the columns that vary between rows (typed, lists and dicts as JSON text
-    under ``json:<name>``), ``shared`` the one value of each column all rows share. Its schema's metadata names
-    every column in order and which are shared: what the rows' layout is, the same for every pack alike."""
+    """Flat rows as columns: ``batch`` the varying ones (lists and dicts as JSON text under ``json:<name>``), ``shared``
+    the one value of each column all rows share; the schema's metadata names every column in order and which."""
 
     batch: pa.RecordBatch
     rows: int
@@ -238,8 +227,7 @@ def layout_columns(layout: pa.Schema) -> tuple[list[str], list[str]]:
 
 
 def split_rows(rows: Sequence[Mapping[str, object]]) -> Rows:
-    """The one way rows become columns, whether they come from a pack's columnar file or from its JSON records, so
-    both give the same frame."""
+    """The one way rows become columns, from a pack's columnar file or its JSON records alike."""
     names = list(dict.fromkeys(key for row in rows for key in row))
     values = {name: [row.get(name) for row in rows] for name in names}
     shared = [name for name in names if rows and same(values[name])]
@@ -265,24 +253,15 @@ def pack_rows(pack_dir: Path, warnings: list[str]) -> tuple[list[dict[str, objec
 
 
 def write_columnar(run: RunDir, pack_id: str) -> Path | None:
-    """Write the pack's training rows and its pack record's row into ``packs/<id>/trainings.arrows``, atomically.
-
-    The job body calls it once the pack record is written. Written only when every record of the pack reads
-    cleanly, so collect's warnings about a bad record come from the JSON, as without the file. Returns the path, or
-    None when nothing was written."""
-    pack_dir = run.pack_dir(pack_id)
+    """Write the pack's rows into its columnar file, atomically, once its record is written, only where every record
+    reads cleanly (collect's warnings then come from the JSON); the path, or None."""
     warnings: list[str] = []
-    trainings, packs = pack_rows(pack_dir, warnings)
+    trainings, packs = pack_rows(run.pack_dir(pack_id), warnings)
     if warnings or len(packs) != 1:
         return None
-    return write_rows(run.columnar(pack_id), trainings, packs[0])
-
-
-def write_rows(path: Path, trainings: Sequence[Mapping[str, object]], pack_row: dict[str, object]) -> Path:
-    """Flat training rows and their pack's flat row as one columnar file at ``path``, atomically."""
-    with atomic_file(path, binary=True) as f:
-        f.write(columnar_bytes(trainings, pack_row))
-    return path
+    with atomic_file(run.columnar(pack_id), binary=True) as f:
+        f.write(columnar_bytes(trainings, packs[0]))
+    return run.columnar(pack_id)
 
 
 class ColumnarTail(TypedDict):
@@ -293,8 +272,7 @@ class ColumnarTail(TypedDict):
 
 
 def columnar_bytes(trainings: Sequence[Mapping[str, object]], pack_row: dict[str, object]) -> bytes:
-    """What a columnar file holds: the varying columns of the training rows as an Arrow IPC stream of one batch, then
-    JSON: the pack row (one row: its JSON reads faster than a batch of its own), the rows, the shared values."""
+    """A columnar file: the rows' varying columns as one Arrow IPC batch, then JSON (the pack row reads faster so)."""
     rows = split_rows(trainings)
     tail: ColumnarTail = {"pack": pack_row, "rows": rows.rows, "shared": rows.shared}
     return stream_bytes(rows.batch) + json.dumps(tail).encode()
@@ -322,10 +300,8 @@ class ColumnarReader:
         self.layouts: dict[bytes, pa.Schema | None] = {}
 
     def read(self, pack_dir: str) -> tuple[Rows, dict[str, object]] | None:
-        """(training rows, pack row) of a pack; None where it has no columnar file, where its records changed after
-        the file was written (a resumed pack: its trainings/ folder or pack.json is newer, or pack.json was moved
-        aside), or where the file is unreadable or of another schema — its JSON records say the same, and are read
-        instead."""
+        """(training rows, pack row) of a pack; None where it has no columnar file, its records changed since (a resumed
+        pack), or the file is unreadable or of another schema: its JSON records are read instead."""
         path = f"{pack_dir}/{COLUMNAR}"
         try:
             stamp = os.stat(path).st_mtime_ns
@@ -334,16 +310,12 @@ class ColumnarReader:
             with open(path, "rb", buffering=0) as f:
                 data = f.read()
             read = self.parse(data)
-            if read is None:
-                return None
-            rows, tail = read
-            return rows, tail["pack"]
+            return None if read is None else (read[0], read[1]["pack"])
         except (OSError, ValueError, KeyError, TypeError, EOFError, pa.ArrowException):
             return None
 
     def parse(self, data: bytes) -> tuple[Rows, ColumnarTail] | None:
-        """(the rows, the JSON after them) of a columnar file's bytes; None where its layout is of another schema.
-        Raises what a torn or foreign file raises (ValueError, KeyError, pyarrow's errors)."""
+        """(the rows, the JSON after them) of a columnar file's bytes; None: another schema. A torn file raises."""
         batch, end = self.batch(data, 0)
         if batch is None:
             return None

@@ -1,9 +1,6 @@
-"""A search's trial and its lane, which alone opens the study: the trial's curve goes to its lane through two files
-beside its spec, and the lane's verdict comes back. The trial appends each intermediate value to ``<tid>.curve.json``
-(a JSON line: step, value) and waits for ``<tid>.verdict.json`` to judge that step; its lane's packer reads the new
-points at each look, reports them to the study, and writes the verdict (the last step judged, and the step and value
-it was pruned at, if it was). So a trial's process neither imports Optuna nor takes the study's lock, and a Python
-trial's curve and a program's printed one (``search.intermediate``) are judged the one way, by the lane.
+"""A search's trial and its lane, which alone opens the study: the trial appends each intermediate value to
+``<tid>.curve.json`` and waits for the lane's :class:`Verdict` on it in ``<tid>.verdict.json``. So a trial neither
+imports Optuna nor takes the study's lock, and a Python trial's curve and a program's printed one are judged alike.
 """
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ _LOOK_S = 0.01
 
 
 class CurveSpec(TypedDict):
-    """What a trial's worker is told of its curve (its spec's ``curve``): its two files, and the metric its study ranks
-    trials by (a curve of another metric would be judged the wrong way up)."""
+    """What a trial's worker is told of its curve: its two files, and the metric its study ranks trials by."""
 
     points: str
     verdict: str
@@ -53,8 +49,7 @@ def append_point(path: Path, step: int, value: float) -> None:
 
 def await_verdict(path: Path, step: int, wait_s: float = VERDICT_WAIT_S,
                   clock: Callable[[], float] = time.monotonic) -> Verdict | None:
-    """The trial's side: the lane's verdict once it has judged ``step`` (None: not within ``wait_s``; said on stderr,
-    and the trial goes on as not pruned)."""
+    """The trial's side: the lane's verdict on ``step``; None after ``wait_s`` (said; the trial goes on, not pruned)."""
     deadline = clock() + wait_s
     while True:
         verdict = read_verdict(path)
@@ -80,14 +75,12 @@ def read_verdict(path: Path) -> Verdict | None:
 
 
 def write_verdict(path: Path, verdict: Verdict) -> None:
-    """The lane's side: written whole (:func:`gpupack.core.store.records.write_json_atomic`), so the trial never
-    reads half of it."""
+    """The lane's side: written atomically, so the trial never reads half of it."""
     write_json_atomic(path, verdict)
 
 
 class NewLines:
-    """The whole lines written to a file since the last look (a line being written is read at the next one, or at
-    the last, ``ended``: a program's last line, though it wrote no newline after it)."""
+    """The whole lines written to a file since the last look; ``ended``: its last line too, newline or not."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

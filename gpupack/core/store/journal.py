@@ -1,26 +1,17 @@
-"""A lane's journal: the finished packs of a lane of packs, folded into a few files, so that a run of thousands of
-trainings keeps a handful of files per job on the cluster's shared filesystem instead of five per training (the
-Alliance's quotas: 500k files per group on /project, 1M on /scratch).
+"""A lane's journal: the ended packs of a lane folded into a few files, so a run of thousands of trainings keeps a
+handful of files per job on the cluster's shared filesystem (the Alliance's file quotas) instead of five per training.
 
-A pack runs in its folder as any pack does (packs/<pack_id>/: each training's record written and fsynced as it
-ends, so a killed job loses nothing finished). When the pack has ended, :func:`fold_pack` appends its records, earlier
-attempts' included, to its lane's journal (``lanes/<lane>.jsonl``, one JSON line each), the output of its completed
-trainings to the lane's log (``lanes/<lane>.log``, each record saying where its own is), and the whole logs of its
-failed trainings to files of their own (``lanes/<lane>.failed/``); fsynced, then the folder is removed.
+A pack runs in its folder as any pack does. When it has ended, :func:`fold_pack` appends its records, earlier
+attempts' included, to ``lanes/<lane>.jsonl`` (one JSON line each), its completed trainings' output to
+``lanes/<lane>.log`` and its failed trainings' whole logs to ``lanes/<lane>.failed/``; fsynced, then the folder is
+removed. A streaming lane folds each training as it ends (:func:`fold_trainings`), keyed by its home (the lane the
+plan dealt it to), its claim dropped too (:mod:`gpupack.core.store.claims`).
 
-A streaming lane that folds (:func:`fold_trainings`) writes its trainings' records and logs in its own folder and
-folds each as it ends, then the lane's own record and folder at its end: its claims of completed trainings go too
-(:mod:`gpupack.core.store.claims`), so a production run keeps its lanes' journals and logs, not files per training. A
-folded training's record is keyed by its home (the lane the plan dealt it to), as readers ask for it.
-
-Readers see one run (:class:`RunRecords`): a pack's folder where it has one (running, or run again since it was
-folded), else the journal's latest record, earlier ones counting as earlier attempts. A job killed mid-fold leaves
-the folder (its records intact) and perhaps some lines: the next fold appends them again, and a record read twice
-counts once. A torn last line (a job killed mid-write) is left unread by readers: what it held is not there for
-them (a pack whose record it was has none, so it is not complete). The next writer, under the lane's lock (no append
-can be half-way then), cuts the journal back to its last whole line and keeps the torn bytes aside in
-``lanes/<lane>.torn`` (:func:`repair`); a pack whose record was lost so, its trainings' records whole, has it rebuilt
-from them by the lane's next run (:func:`rebuild_pack`), and a training whose line was lost runs again.
+Readers (:class:`RunRecords`) see a pack's folder where it has one, else the journal's latest record. A job killed
+mid-fold leaves the folder and perhaps some lines: the next fold appends them again, and a record read twice counts
+once. A torn last line is left unread; the next writer, under the lane's lock, cuts it off into
+``lanes/<lane>.torn`` (:func:`repair`); a pack record lost so is rebuilt from its trainings' records by the lane's
+next run (:func:`rebuild_pack`), and a training whose line was lost runs again.
 """
 from __future__ import annotations
 
@@ -58,8 +49,7 @@ Record = TrainingRecord | PackRecord  # what a journal line holds: its ``kind`` 
 
 
 class JournalEntry(TypedDict):
-    """One line of a lane's journal (lanes/<lane>.jsonl): a record, which kind, and when and in what order it was
-    folded."""
+    """One line of a lane's journal: a record, its kind, and when and in what order it was folded."""
 
     kind: str
     folded_at: float
@@ -77,23 +67,15 @@ def fold_pack(run: RunDir, pack_id: str, lane: str, clock: Callable[[], float] =
     folded = _fold(run, lane, clock,
                    lambda log: [*_earlier_attempts(folder), *_current(run, folder, pack_id, lane, log)])
     shutil.rmtree(folder)  # packs/ itself stays: another lane, here or on another node, may be making its pack's
-    return folded           # folder in it at this moment
+    return len(folded)      # folder in it at this moment
 
 
 def fold_trainings(run: RunDir, pack_id: str, training_ids: Collection[str], lane: str,
                    clock: Callable[[], float] = time.time) -> list[TrainingRecord]:
-    """Fold the ended trainings ``training_ids`` of pack ``pack_id`` (a streaming lane's, as each ends) into
-    ``lane``'s journal, then remove their records and logs; the records it folded (a training with no record: none).
-    """
+    """Fold the ended trainings ``training_ids`` of streaming pack ``pack_id``, then remove their files; the records."""
     folder = run.pack_dir(pack_id)
-    recs: list[TrainingRecord] = []
-
-    def lines(log: IO[bytes]) -> list[tuple[str, Record]]:
-        out = _trainings(run, folder, pack_id, lane, log, training_ids)
-        recs.extend(rec for _, rec in out)
-        return list(out)
-
-    _fold(run, lane, clock, lines)
+    folded = _fold(run, lane, clock, lambda log: list(_trainings(run, folder, pack_id, lane, log, training_ids)))
+    recs = [rec for _, rec in folded if is_training_record(rec)]
     for rec in recs:
         tid = str(rec["training_id"])
         for path in (run.training_record(pack_id, tid), run.log(pack_id, tid, "out"), run.log(pack_id, tid, "err")):
@@ -103,15 +85,13 @@ def fold_trainings(run: RunDir, pack_id: str, training_ids: Collection[str], lan
 
 def append_records(run: RunDir, lane: str, records: Collection[TrainingRecord],
                    clock: Callable[[], float] = time.time) -> None:
-    """Append amended training records to ``lane``'s journal (what SLURM tells after the job, e.g. an OOM): the
-    latest record of a training is its current one, the earlier ones stay as they were."""
+    """Append amended training records to ``lane``'s journal (e.g. an OOM SLURM told): the latest record is current."""
     _fold(run, lane, clock, lambda log: [(TRAINING, rec.copy()) for rec in records])
 
 
 def _fold(run: RunDir, lane: str, clock: Callable[[], float],
-          lines_of: Callable[[IO[bytes]], list[tuple[str, Record]]]) -> int:
-    """Append the lines ``lines_of`` makes (copying logs into the lane's log as it goes) to ``lane``'s journal,
-    fsynced, the log before the lines that point into it; how many lines."""
+          lines_of: Callable[[IO[bytes]], list[tuple[str, Record]]]) -> list[tuple[str, Record]]:
+    """Append ``lines_of``'s lines to ``lane``'s journal, fsynced, copying logs into the lane's log; the lines."""
     make_dirs(run.lanes)
     with _lane_lock(run, lane) as (journal, log):
         lines = lines_of(log)
@@ -124,14 +104,13 @@ def _fold(run: RunDir, lane: str, clock: Callable[[], float],
         os.fsync(journal.fileno())
         if log.tell() == 0:  # no output to keep (so far): no empty file
             run.lane_log(lane).unlink()
-    return len(lines)
+    return lines
 
 
 @contextmanager
 def _lane_lock(run: RunDir, lane: str) -> Iterator[tuple[IO[str], IO[bytes]]]:
-    """The lane's journal and log, held (flock on the journal) against the job's other GPUs and any other writer of
-    the same lane. The log is opened under the lock: a writer that found it empty removes it, and one that had
-    opened it before would write into the removed file (or fail to remove it again)."""
+    """The lane's journal and log, held (flock on the journal) against any other writer of the lane. The log is
+    opened under the lock: a writer that found it empty removes it."""
     with open(run.journal(lane), "a", encoding="utf-8") as journal, held(journal.fileno(), run.journal(lane)):
         torn = repair(run, lane)  # before the first line it appends: that line then stays whole
         if torn:
@@ -142,34 +121,26 @@ def _lane_lock(run: RunDir, lane: str) -> Iterator[tuple[IO[str], IO[bytes]]]:
             yield journal, log
 
 
-def whole_end(tail: bytes, offset: int) -> int | None:
-    """Where the last whole line ends in a file whose bytes from ``offset`` on are ``tail``: the byte after its last
-    newline; None where ``tail`` holds no newline (look further back). Pure."""
-    at = tail.rfind(b"\n")
-    return None if at < 0 else offset + at + 1
-
-
 REPAIR_CHUNK = 1 << 16  # a torn line is read back this much at a time (a pack's line with its samples runs long)
 
 
 def repair(run: RunDir, lane: str) -> int:
-    """Cut ``lane``'s journal back to its last whole line, its torn bytes kept in ``lanes/<lane>.torn``
-    (:func:`cut_torn`); how many bytes were cut (0: none torn)."""
+    """:func:`cut_torn` of ``lane``'s journal, its torn bytes kept in ``lanes/<lane>.torn``."""
     return cut_torn(run.journal(lane), run.torn_lines(lane))
 
 
 def cut_torn(path: Path, aside_path: Path) -> int:
-    """Cut the append-only file ``path`` back to its last whole line, the torn bytes past it (a writer killed
-    mid-append) first appended to ``aside_path`` and fsynced, so nothing is lost; how many bytes were cut (0: none
-    torn). Called by a writer under the file's lock only: every append is then whole, so what follows the last newline
-    is torn, not being written."""
+    """Cut the append-only file ``path`` back to its last whole line, the torn bytes past it first appended to
+    ``aside_path`` and fsynced; how many bytes were cut (0: none torn). Called under the file's lock only: every
+    append is then whole, so what follows the last newline is torn, not being written."""
     with open(path, "r+b") as f:
         size = end = f.seek(0, os.SEEK_END)
         cut: int | None = size if size == 0 else None
         while cut is None and end > 0:
             start = max(0, end - REPAIR_CHUNK)
             f.seek(start)
-            cut = whole_end(f.read(end - start), start)
+            at = f.read(end - start).rfind(b"\n")
+            cut = None if at < 0 else start + at + 1
             end = start
         cut = cut or 0  # no newline at all: the journal's one line is torn
         if cut == size:
@@ -199,8 +170,7 @@ def _earlier_attempts(folder: Path) -> list[tuple[str, Record]]:
 
 
 def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes]) -> list[tuple[str, Record]]:
-    """The pack's latest records, each training's with where its logs are kept; the pack record last, with the
-    pack's own logs (a fork server's, MPS's, a shared process's)."""
+    """The pack's latest records with where their logs are kept; the pack record last, with the pack's own logs."""
     found = _trainings(run, folder, pack_id, lane, log)
     trainings = {str(rec["training_id"]) for _, rec in found}
     out: list[tuple[str, Record]] = [*found]
@@ -215,7 +185,7 @@ def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes])
 def _trainings(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes],
                only: Collection[str] | None = None) -> list[tuple[str, TrainingRecord]]:
     """The training records in the pack's folder (``only``: of these trainings), each with where its logs are kept:
-    a completed training's in the lane's log, a failed one's whole in a file of its own."""
+    a completed training's in the lane's log, a failed one's in a file of its own."""
     paths = sorted((folder / TRAININGS).glob("*.json")) if only is None else \
         [run.training_record(pack_id, tid) for tid in sorted(only)]
     out: list[tuple[str, TrainingRecord]] = []
@@ -254,8 +224,7 @@ def _append_file(run: RunDir, lane: str, log: IO[bytes], path: Path) -> Logs:
 
 
 def _copy_log(run: RunDir, lane: str, log: IO[bytes], pack_id: str, tid: str, stream: str) -> Logs:
-    """A failed training's log, whole, in a file of its own: what a user opens first (a training that failed again in
-    this lane gets a file of its own again: each record points at its own failure's log)."""
+    """A failed training's log, whole, in a file of its own (a later failure's in another)."""
     copy = 1
     while (target := run.failed_log(lane, pack_id, tid, stream, copy)).exists():  # under the lane's lock
         copy += 1
@@ -277,14 +246,13 @@ class Folded:
 
 
 def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
-    """Every journal of the run, in the order its records were folded. Reads only. ``folders``: the packs that have
-    a folder; a record one of them still holds (a fold cut off before it removed the folder) is the folder's, not
-    read here a second time."""
+    """Every journal of the run, in the order its records were folded. ``folders``: the packs that have a folder; a
+    record one of them still holds (a fold cut off before it removed the folder) is the folder's, not read here."""
     entries = folded_order([e for path in (sorted(run.lanes.glob("*.jsonl")) if run.lanes.is_dir() else [])
                             for e in journal_entries(path)[0]])
     out = Folded()
     folded = {str(e["record"].get("pack_id")) for e in entries}
-    seen = {_same(rec) for pack_id in folded.intersection(folders) for rec in _folder_records(run.pack_dir(pack_id))}
+    seen = {_same(rec) for pack_id in folded.intersection(folders) for rec in folder_records(run, pack_id)}
     for e in entries:
         rec = e["record"]
         same = _same(rec)
@@ -299,9 +267,8 @@ def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
 
 
 def make_journals(run: RunDir, lanes: Collection[str]) -> None:
-    """Make the (empty) journals of streaming lanes before any of their jobs starts (the submitting process): a lane
-    then opens each of its queue's journals by name (:class:`CompletedTail`), and NFS's close-to-open consistency
-    holds for an open of a file that exists, where a directory listing or a name not found may be cached."""
+    """Make the empty journals of streaming lanes before their jobs start: NFS's close-to-open consistency holds for
+    opening a file that exists by name (:class:`CompletedTail`), where a listing may be cached."""
     if lanes:
         make_dirs(run.lanes)
     for lane in lanes:
@@ -310,10 +277,8 @@ def make_journals(run: RunDir, lanes: Collection[str]) -> None:
 
 
 class CompletedTail:
-    """The trainings the journals of ``lanes`` record as completed, as (home pack, training id), read as the journals
-    grow: each :meth:`refresh` reads only what was appended since the last (a streaming lane asks after every claim
-    it wins: a training folded by another lane, whose claim it then removed, is done). Each journal is opened anew
-    by its name (:func:`make_journals` made them), so NFS's close-to-open consistency shows another node's appends."""
+    """The (home pack, training id) the journals of ``lanes`` record as completed; each :meth:`refresh` reads only what
+    was appended since, opening each journal anew by name so that NFS shows another node's appends."""
 
     def __init__(self, run: RunDir, lanes: Collection[str]) -> None:
         self.paths = [run.journal(lane) for lane in sorted(lanes)]
@@ -334,9 +299,8 @@ class CompletedTail:
 
 
 def journal_entries(path: Path, start: int = 0) -> tuple[list[JournalEntry], int]:
-    """The entries of a journal's whole lines from byte ``start`` on, in the order folded, and the byte its last
-    whole line ends at (a line being written, or torn, is left for later; a torn line ended by the next fold is
-    skipped): the one way a journal is read."""
+    """A journal's whole lines from byte ``start`` on, in fold order, and where they end (a line in writing, or torn,
+    is left for later): the one way a journal is read."""
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read()
@@ -345,8 +309,7 @@ def journal_entries(path: Path, start: int = 0) -> tuple[list[JournalEntry], int
 
 
 def held_journal(run: RunDir, lane: str) -> tuple[list[JournalEntry], int, str]:
-    """:func:`journal_entries` of ``lane``'s whole journal, read under its lock (no fold appends meanwhile), and the
-    :func:`fingerprint` of what was read."""
+    """:func:`journal_entries` of ``lane``'s whole journal, read under its lock, and its :func:`fingerprint`."""
     with open(run.journal(lane), "rb") as f, held(f.fileno(), run.journal(lane), shared=True):
         entries, end = journal_entries(run.journal(lane))
         return entries, end, fingerprint(run.journal(lane), end)
@@ -357,8 +320,7 @@ FINGERPRINT_BYTES = 4096
 
 def fingerprint(path: Path, end: int) -> str:
     """What stays of a journal's first ``end`` bytes while lines are only appended: their first and last
-    :data:`FINGERPRINT_BYTES`, hashed, and, where the file ends there, its modification time (a journal rewritten in
-    place, or replaced, changes one of them). Two small reads, whatever the journal's size."""
+    :data:`FINGERPRINT_BYTES`, hashed, and, where the file ends there, its modification time. Two small reads."""
     digest = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
         digest.update(f.read(min(end, FINGERPRINT_BYTES)))
@@ -402,12 +364,8 @@ def identity(rec: Mapping[str, object]) -> int:
 
 
 def folder_records(run: RunDir, pack_id: str) -> Iterator[Record]:
-    """Every record the pack's folder holds (its trainings', its own, its earlier attempts')."""
-    return _folder_records(run.pack_dir(pack_id))
-
-
-def _folder_records(folder: Path) -> Iterator[Record]:
-    """Every record a pack's folder holds: its trainings', its own, its earlier attempts'."""
+    """Every record the pack's folder holds: its trainings', its own, its earlier attempts'."""
+    folder = run.pack_dir(pack_id)
     for path in [*folder.glob(f"{TRAININGS}/*.json"), folder / PACK_RECORD, *folder.glob(f"{ATTEMPTS}/*/*.json")]:
         rec = read_pack(path) if path.name == PACK_RECORD else read_training(path)
         if rec is not None:
@@ -415,9 +373,8 @@ def _folder_records(folder: Path) -> Iterator[Record]:
 
 
 class RunRecords:
-    """A run's records as readers see them: a pack's folder where it has one, else its lane's journal (read once,
-    on first need). A plan pack skipped for memory has its trainings run in refit packs
-    (:func:`gpupack.core.plan.refit_packs`), found by their names: :meth:`ran` and :meth:`current` follow them."""
+    """A run's records as readers see them: a pack's folder where it has one, else its lane's journal (read once, on
+    first need); :meth:`ran` and :meth:`current` follow a pack skipped for memory to its refit packs."""
 
     def __init__(self, run: RunDir, folded: Folded | None = None) -> None:
         self.run = run
@@ -470,17 +427,13 @@ class RunRecords:
 
     def ran(self, pack_id: str, training_id: str) -> bool:
         """The training completed in its plan pack, or in a refit pack of it (its plan pack skipped for memory)."""
-        rec = self.training(pack_id, training_id)
-        if rec is not None and rec.get("status") == COMPLETED:
-            return True
-        # only a training skipped for memory here may have run in a refit pack: the others never look for one (that
-        # lists every pack's folder, once a RunRecords; a pack's job in a run of thousands makes one of its own)
-        return rec is not None and rec.get("status") == SKIPPED_MEMORY and any(self.completed(r, training_id)
-                                                                               for r in self.refits(pack_id))
+        status = (self.training(pack_id, training_id) or {}).get("status")
+        # only a training skipped for memory may have run in a refit pack: the others never list the pack folders
+        return status == COMPLETED or (status == SKIPPED_MEMORY and any(self.completed(r, training_id)
+                                                                        for r in self.refits(pack_id)))
 
     def current(self, pack_id: str, training_id: str) -> TrainingRecord | None:
-        """The training's record that says where it stands: its plan pack's, unless that pack was skipped for memory
-        and a refit pack of it has run the training since (the latest such record)."""
+        """The training's record that says where it stands: its plan pack's, or its latest refit pack's."""
         rec = self.training(pack_id, training_id)
         if rec is None or rec.get("status") != SKIPPED_MEMORY:  # only a skipped one may have run elsewhere
             return rec
@@ -488,8 +441,7 @@ class RunRecords:
         return max(later, key=lambda r: float(r.get("started_at") or 0)) if later else rec
 
     def started(self, pack_id: str) -> bool:
-        """The pack's job body began: its folder exists, or it was folded (its record, or a training run in it: its
-        own line may be lost, torn)."""
+        """The pack's job body began: its folder exists, or it was folded (its record, or a training run in it)."""
         if self._ran_in is None:
             self._ran_in = {str(h[-1].get("pack_id")) for h in self.folded.trainings.values()}
         return self.run.pack_dir(pack_id).is_dir() or pack_id in self.folded.packs or pack_id in self._ran_in
@@ -512,8 +464,7 @@ def _kept(rec: Mapping[str, object], stream: str) -> Logs | None:
 
 @dataclass(frozen=True)
 class KeptLog:
-    """Where a training's log is kept: a file of its own (its pack's folder, a failed training's copy) or a stretch
-    of its lane's log."""
+    """Where a training's log is kept: a file of its own or a stretch of its lane's log."""
 
     path: Path
     offset: int = 0
@@ -529,8 +480,7 @@ class KeptLog:
 
 
 def kept_log(run_root: Path | str, rec: Mapping[str, object], stream: str) -> KeptLog | None:
-    """A training's log (``stream``: out or err) as its record says it is kept: in its pack's folder, or where the
-    lane's fold put it; None where none is kept."""
+    """A training's log (``stream``: out or err), in its pack's folder or where a fold put it; None: none kept."""
     run = RunDir(Path(str(run_root)))
     for pack_id in dict.fromkeys((home_of(rec), str(rec.get("pack_id") or home_of(rec)))):  # a folding lane writes
         path = run.log(pack_id, str(rec["training_id"]), stream)                         # its own folder

@@ -1,21 +1,15 @@
 """A lane's columnar file (``lanes/<lane>.arrows``): the records its journal holds, as columns, so that collect reads a
-lane of thousands of trainings as one file instead of parsing a JSON line a record (benchmarks/collect_scale.py: a
-million trainings in 1,000 lanes).
+lane of thousands of trainings as one file instead of a JSON line a record.
 
-The lane's job writes it at its end (:func:`write_lane_columnar`; :mod:`gpupack.job.turns`, :mod:`gpupack.job.stream`)
-from its journal's whole lines, read under the journal's lock, and it says how many of the journal's bytes it covers.
-A reader (:func:`read_lane_columnar`) takes it for those bytes and parses what was folded after them (a requeued run's
-records, an OOM amended after the job) from the journal: the journal stays the truth, the file is what it held when
-the lane ended. A file that does not read, of another schema, or whose journal no longer begins with the bytes it
-covers (rewritten or replaced: :func:`gpupack.core.store.journal.fingerprint`) is not used, and the whole journal is
-read instead.
+The lane's job writes it at its end (:func:`write_lane_columnar`) from its journal's whole lines, read under the
+journal's lock, and says how many of the journal's bytes it covers. A reader (:func:`read_lane_columnar`) parses
+what was folded after them from the journal: the journal stays the truth. A file that does not read, of another
+schema, or whose journal no longer begins with the bytes it covers (:func:`gpupack.core.store.journal.fingerprint`)
+is not used: the whole journal is read instead.
 
-The file: the training rows as an Arrow IPC stream of one batch (:func:`gpupack.core.store.columnar.split_rows`, as a
-pack's file), then a second stream of what each row's journal entry says beside its record (when it was folded, its
-place in that fold, its identity, how many later records of the same training the journal holds, the pack it is kept
-under), then JSON: the rows' shared values, the pack records' rows with the same, the packs its trainings are kept
-under, and the journal bytes it covers. Each record is there once (a record folded twice, by a job killed between its
-journal and its folder's removal, counts once), as readers of the journal count it.
+The file: four Arrow IPC streams (the training rows as :func:`gpupack.core.store.columnar.split_rows` makes them,
+what each row's journal entry says beside it (:data:`_ENTRY`), the same two for pack records), then JSON: the shared
+values, the homes and the bytes covered. Each record is there once, as readers of the journal count it.
 """
 from __future__ import annotations
 
@@ -59,8 +53,7 @@ _ENTRY = pa.schema([pa.field("folded_at", pa.float64()), pa.field("seq", pa.int6
 
 @dataclass
 class Entry:
-    """A journal record as collect orders and counts it: its flat row, when it was folded (``folded_at``, ``seq``),
-    its identity (:func:`gpupack.core.store.journal.identity`) and the pack it is kept under (``home``)."""
+    """A journal record as collect orders and counts it: its flat row, fold time, identity and home."""
 
     kind: str
     row: dict[str, object]
@@ -75,8 +68,7 @@ class Entry:
 
 
 def entries_of(journal: Sequence[JournalEntry], where: str, warnings: list[str]) -> list[Entry]:
-    """A journal's entries (in the order folded) as :class:`Entry`; a record this gpupack does not read is left out
-    with a warning naming ``where``."""
+    """A journal's entries as :class:`Entry`; a record this gpupack does not read is left out with a warning."""
     out = []
     for e in journal:
         rec = e["record"]
@@ -131,8 +123,7 @@ def write_lane_columnar(run: RunDir, lane: str) -> bool:
 
 
 def lane_bytes(entries: Sequence[Entry], covers: int, seal: str) -> bytes:
-    """What a lane's columnar file holds for ``entries`` (each record once, in the order folded): the training rows
-    and what their entries say beside them, then the pack rows and theirs, each as Arrow IPC streams, then JSON."""
+    """What a lane's columnar file holds for ``entries`` (each record once, in the order folded)."""
     trainings = [e for e in entries if e.kind == TRAINING]
     packs = [e for e in entries if e.kind == PACK]
     training_rows, pack_rows = split_rows([e.row for e in trainings]), split_rows([e.row for e in packs])
@@ -154,8 +145,7 @@ def _beside(entries: Sequence[Entry]) -> pa.RecordBatch:
 
 @dataclass
 class Part:
-    """Rows of one kind a lane's file holds (``rows``: None where none), and beside each what its journal entry said
-    (``folded_at``, ``seq``, ``same``, ``later``, ``home``)."""
+    """Rows of one kind a lane's file holds (``rows``: None where none), and beside each what its journal entry said."""
 
     kind: str
     rows: Rows | None
@@ -174,8 +164,7 @@ class Part:
                       beside["same"][i], beside["home"][i]) for i, row in enumerate(varying)]
 
     def column(self, name: str) -> pa.Array:
-        """The rows' column ``name``, or what their entries say (``home``, ``later``...); a shared one repeated, all
-        null where the rows have none."""
+        """The rows' column ``name``, or what their entries say (``home``...); a shared one repeated, else all null."""
         if name in self.beside.schema.names:
             return self.beside.column(name)
         rows = self.rows
@@ -198,8 +187,7 @@ class Part:
 
 @dataclass
 class LaneColumns:
-    """A lane's columnar file as read: its training rows, its pack rows, the packs its trainings are kept under, and
-    the journal bytes it covers."""
+    """A lane's columnar file as read: its training and pack rows, their homes and the journal bytes it covers."""
 
     trainings: Part
     packs: Part
@@ -208,8 +196,7 @@ class LaneColumns:
 
 
 def _decoded(row: dict[str, object]) -> dict[str, object]:
-    """A row of a columnar batch as :func:`gpupack.core.store.columnar.record_row` gives it: JSON text columns
-    decoded."""
+    """A row of a columnar batch as :func:`gpupack.core.store.columnar.record_row` gives it: JSON text decoded."""
     for name in [n for n in row if n.startswith(JSON_PREFIX)]:
         text = cast("str | None", row.pop(name))  # a column of JSON text (columnar.json_array)
         row[name[len(JSON_PREFIX):]] = None if text is None else json.loads(text)
@@ -217,8 +204,7 @@ def _decoded(row: dict[str, object]) -> dict[str, object]:
 
 
 def read_lane_columnar(run: RunDir, lane: str, reader: ColumnarReader) -> LaneColumns | None:
-    """``lane``'s columnar file, where it reads and is current (its journal still begins with what it covers); else
-    None: its journal is read instead."""
+    """``lane``'s columnar file where it reads and is current; else None: its journal is read instead."""
     try:
         with pa.memory_map(str(run.lane_columnar(lane))) as f:  # its columns read where they lie, no copy
             data = f.read_buffer()

@@ -1,10 +1,7 @@
-"""The one file lock of the run directory: ``flock`` on a file gpupack opened, used by every writer that must not
-interleave with another (the run's command, a pack's packer, a lane's journal, a job's pickle stream, a search's
-study).
+"""The one file lock of the run directory: ``flock``, used by every writer that must not interleave with another.
 
-The kernel drops a flock when its holder dies (scancel, an OOM kill), so a lock never outlives its holder and no
-stale lock blocks a resume. One fallback, said once per file: a file system without flock (Lustre mounted without
-``-o flock``) refuses the lock, and gpupack goes on unlocked with a warning that says what not to do meanwhile.
+The kernel drops a flock when its holder dies, so no stale lock blocks a resume. A file system without flock (Lustre
+mounted without ``-o flock``) refuses it: gpupack goes on unlocked, with a warning once per file.
 """
 from __future__ import annotations
 

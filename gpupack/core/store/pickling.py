@@ -1,13 +1,10 @@
 """cloudpickle that keeps where a function's code came from.
 
-What gpupack ships by value (a Hydra app's task function and the ``__main__`` code it reaches, in the launch's
-payload) must fail in the job as it would have failed at home: a traceback that names the app's file and line and
-shows that line. cloudpickle 3.1.3 rewrites every pickled code object's ``co_filename`` to ``"<dynamic-code>"`` (to
-make payloads deterministic), so tracebacks lose the file, and linecache the source line. gpupack does not need a
-deterministic payload, it needs the user's frames: code objects travel here by ``marshal``, the format of ``.pyc``
-files, which keeps every field of the code and of the code nested in its constants (lambdas, comprehensions,
-inner functions), whatever the installed cloudpickle does with its own. Code objects never cross Python versions
-(cloudpickle's do not either): the job runs the interpreter that launched it.
+What gpupack ships by value (a Hydra app's task function and the ``__main__`` code it reaches) must fail in the job
+with a traceback that names the app's file and line. cloudpickle 3.1.3 rewrites every pickled code object's
+``co_filename`` to ``"<dynamic-code>"``; here code objects travel by ``marshal`` (the ``.pyc`` format), which keeps
+every field of the code and of the code nested in it. The job runs the interpreter that launched it, so the marshal
+format never crosses Python versions.
 """
 from __future__ import annotations
 
@@ -20,7 +17,7 @@ import time
 import types
 from collections import ChainMap
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Iterator, Mapping
+from typing import IO, Any, Iterable, Iterator, Mapping
 
 from gpupack.core.moves import moved
 from gpupack.core.store.locks import held
@@ -35,17 +32,14 @@ def _code(data: bytes) -> types.CodeType:
     return code
 
 
-def _reduce_code(code: types.CodeType) -> tuple[Callable[[bytes], types.CodeType], tuple[bytes]]:
-    return _code, (marshal.dumps(code),)
-
-
 def _pickler_class() -> type:
     """cloudpickle's Pickler with code objects reduced by marshal; every other type as cloudpickle does it."""
     import cloudpickle
 
     base: Mapping[Any, Any] = cloudpickle.Pickler.dispatch_table
+    code_reducer = {types.CodeType: lambda code: (_code, (marshal.dumps(code),))}
     return type("CodeKeepingPickler", (cloudpickle.Pickler,),
-                {"dispatch_table": ChainMap({types.CodeType: _reduce_code}, base)})  # type: ignore[arg-type]
+                {"dispatch_table": ChainMap(code_reducer, base)})  # type: ignore[arg-type]
 
 
 def dump_to(obj: Any, f: IO[bytes]) -> None:
@@ -78,17 +72,15 @@ def load(path: Path) -> Any:
         return _Unpickler(f).load()
 
 
-# A stream of pickles in one file: each entry a marker, a header (its key, when it was written, its length) and the
-# pickle. A job's processes append to their job's file under flock, fsynced, so a run keeps one file per job, not one
-# per training (file quotas). The marker lets a reader find the next whole entry past a torn one.
+# A stream of pickles in one file per job (file quotas): each entry a marker, a header and the pickle, appended under
+# flock and fsynced. The marker lets a reader find the next whole entry past a torn one.
 _MARK = b"\x93GPKRET\n"
 _HEADER = struct.Struct("<qdQ")  # key (e.g. a Hydra job's number), when it was written, the pickle's length
 
 
 def append(obj: Any, key: int, path: Path) -> None:
-    """Append ``obj``, pickled, to the stream at ``path`` under ``key`` (the latest entry of a key, in this file or
-    another, is its value). The whole entry is written under the file's lock, then fsynced; a write that fails (a
-    full disk, a quota) is cut off again, so no torn entry is left for the next one to follow."""
+    """Append ``obj``, pickled, to the stream at ``path`` under ``key``, whole under the file's lock, fsynced; a failed
+    write is cut off again, so no torn entry is left. A key's latest entry, in any file, is its value."""
     data = dumps(obj)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as f, held(f.fileno(), path):
@@ -103,8 +95,7 @@ def append(obj: Any, key: int, path: Path) -> None:
 
 
 def read_streams(paths: Iterable[Path]) -> dict[int, bytes]:
-    """Each key's latest pickle in the streams at ``paths`` (unpickle with :func:`loads`). A torn entry (its writer
-    killed mid-write) is left out, and the reading goes on at the next marker."""
+    """Each key's latest pickle in the streams at ``paths``; a torn entry is left out, reading on at the next marker."""
     latest: dict[int, tuple[float, bytes]] = {}
     for path in paths:
         with open(path, "rb") as f:
@@ -116,8 +107,7 @@ def read_streams(paths: Iterable[Path]) -> dict[int, bytes]:
 
 
 def _entries(data: bytes) -> Iterator[tuple[int, float, bytes]]:
-    """The whole entries of a stream: each is read by its length, and is whole where the next marker (or the end)
-    follows it; past a torn one the next marker is looked for."""
+    """A stream's whole entries, each whole where a marker or the end follows; past a torn one, at the next marker."""
     at = data.find(_MARK)
     while at >= 0:
         body = at + len(_MARK)
@@ -136,8 +126,7 @@ def loads(data: bytes) -> Any:
 
 
 def dump_indexed(pickles: Mapping[int, bytes], path: Path) -> dict[int, tuple[int, int]]:
-    """Write ``pickles`` (each already pickled) one after the other to ``path``, atomically; returns where each key's
-    pickle lies (offset, length), so that a reader reads its own alone (:func:`read_at`), not the whole file."""
+    """Write ``pickles`` one after the other to ``path``, atomically; where each lies (offset, length)."""
     index: dict[int, tuple[int, int]] = {}
     with atomic_file(path, binary=True) as f:
         for key, data in pickles.items():

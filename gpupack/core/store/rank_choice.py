@@ -1,7 +1,6 @@
-"""The ranking a run remembers: the metric, goal and stdout pattern that ``collect --metric/--goal/--pattern`` was
-given, kept in RUN_DIR/rank.json (atomic, beside the records and never in them), so that a later collect of the run
-ranks its hyperparameters the same way; and the pure rule by which what is asked now, what the run keeps and its
-config (collect.metric, collect.goal) make the choice."""
+"""The ranking a run remembers: the metric, goal and stdout pattern ``collect --metric/--goal/--pattern`` was given,
+kept in RUN_DIR/rank.json (never in the records) so a later collect ranks the same way; and the pure rule that
+chooses between what is asked now and what the run keeps."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,9 +14,7 @@ KEYS = ("metric", "goal", "pattern")
 
 @dataclass(frozen=True)
 class RankChoice:
-    """How hyperparameters are ranked: by ``metric`` (None: val_accuracy, or the one reported), towards ``goal`` (None:
-    known for val_accuracy only), ``metric`` read from the kept stdout by ``pattern`` where the trainings did not
-    report it (None: as reported)."""
+    """How hyperparameters are ranked: ``metric`` (None: val_accuracy or the one reported), ``goal`` and ``pattern``."""
 
     metric: str | None = None
     goal: str | None = None
@@ -37,9 +34,8 @@ class RankChoice:
 
 
 def choose(asked: RankChoice, kept: RankChoice) -> tuple[RankChoice, tuple[str, ...]]:
-    """What collect ranks by: each key asked for, else the one ``kept``; but a metric asked for other than the kept
-    one takes neither its goal nor its pattern (they were that metric's: a loss's min would rank an accuracy upside
-    down). Also the keys that came from ``kept``, in :data:`KEYS` order. Pure."""
+    """What collect ranks by: each key asked, else ``kept``'s, but not a kept goal or pattern for another metric than
+    the kept one (a loss's min would rank an accuracy upside down); and the keys taken from ``kept``. Pure."""
     if asked.metric is not None and asked.metric != kept.metric:
         kept = RankChoice()
     chosen = RankChoice(**{k: getattr(asked, k) or getattr(kept, k) for k in KEYS})
@@ -53,8 +49,7 @@ def read_rank(run: RunDir) -> RankChoice | None:
 
 
 def remember(run: RunDir, choice: RankChoice) -> bool:
-    """Keep ``choice`` in the run's rank.json, atomically (a reader sees the old choice or the new one, never half),
-    unless it holds that already. Only rank.json is written: the records are never touched. True where it wrote."""
+    """Keep ``choice`` in the run's rank.json, atomically, unless it holds that already. True where it wrote."""
     if read_rank(run) == choice:
         return False
     write_json_atomic(run.rank_choice, choice.as_json())

@@ -1,10 +1,7 @@
 """Records: the only thing that crosses from jobs back to the user's side.
 
-One JSON file per training and one per pack, each with a schema version, written atomically
-(temp file in the same directory + fsync + rename) so a reader never sees half a record.
-
-Every file and folder gpupack writes (records, logs, run directories) gets the user's umask and is never
-world-writable: :func:`file_mode`, :func:`dir_mode`, :func:`make_dirs`, :func:`open_log`.
+One JSON file per training and one per pack, each with a schema version, written atomically (:func:`atomic_file`).
+Every file and folder gpupack writes gets the user's umask and is never world-writable (:func:`file_mode`).
 """
 from __future__ import annotations
 
@@ -23,13 +20,10 @@ KILLED = "killed"  # the training died from a signal
 OOM = "oom"  # out of memory, host or GPU: its N is infeasible on this device
 TIMEOUT = "timeout"  # ran past packing.training_timeout_s and was stopped
 VICTIM = "victim"  # taken down by another training's fault (gpupack.core.memory.victims), then run again
-# Not started: its pack's measured need passed the device's memory share (gpupack.core.memory.pack_fit); its N is
-# infeasible there. Checked again on resume (a larger share, a smaller peak may let it run), never an unfinished
-# training.
+# Not started: its pack's measured need passed the device's memory share (gpupack.core.memory.pack_fit). Checked
+# again on resume, never an unfinished training.
 SKIPPED_MEMORY = "skipped_memory"
-# Stopped early by its search's pruner (search=optuna): ended by a decision, not a fault; its trial is finished, and
-# neither failed nor unfinished nor run again.
-PRUNED = "pruned"
+PRUNED = "pruned"  # stopped by its search's pruner: finished, neither failed nor run again
 STATUSES = (COMPLETED, FAILED, KILLED, OOM, TIMEOUT, VICTIM, SKIPPED_MEMORY, PRUNED)
 FINISHED = (COMPLETED, PRUNED)  # a training that needs nothing more: it completed, or its search pruned it
 
@@ -43,8 +37,7 @@ class Logs(TypedDict):
 
 
 class Memory(TypedDict, total=False):
-    """What a training peaked at (its record's ``memory``): its own report, or the sampler's (``from_sampler``); and
-    NVML's figure of its whole process on a GPU (``process_gpu_mem_mb``: its CUDA context included)."""
+    """What a training peaked at: its own report or the sampler's, and NVML's figure of its whole process."""
 
     peak_rss_mb: float | None
     peak_gpu_mem_mb: float | None
@@ -63,8 +56,7 @@ class Peaks(TypedDict, total=False):
 
 
 class Sampled(TypedDict, total=False):
-    """What the sampler said of a pack (its record's ``sampler``: gpupack.job.runtime.sampler.Sampler.report); the
-    foreign load's figures are read with ``.get``."""
+    """What the sampler said of a pack; the foreign load's figures are read with ``.get``."""
 
     source: str | None
     note: str | None
@@ -83,8 +75,7 @@ class Sampled(TypedDict, total=False):
 
 
 class TrainingRecord(TypedDict, total=False):
-    """A training's record (trainings/<id>.json, a journal's line): what gpupack.job.records writes. A pack's mode
-    may add fields of its own (TrainingOutcome.extra): those are not named here, and read with ``.get``."""
+    """A training's record; a mode's own fields (TrainingOutcome.extra) are read with ``.get``."""
 
     schema: int
     kind: str
@@ -168,9 +159,7 @@ class Admission(TypedDict):
 
 
 class PackRecord(TypedDict, total=False):
-    """A pack's record (pack.json, a journal's line): what gpupack.job.records writes, a lane's fields and a skipped
-    pack's included. The job's scheduler fields (JobEnvironment.record_fields) are not named here, read with
-    ``.get``."""
+    """A pack's record; the scheduler's fields (JobEnvironment.record_fields) are read with ``.get``."""
 
     schema: int
     kind: str
@@ -241,22 +230,18 @@ class PackRecord(TypedDict, total=False):
     logs: dict[str, Logs]  # a folded record's own logs (gpupack.core.store.journal.LOGS)
 
 
-# The umask, read once per process. Flipping it to read it (os.umask(0); os.umask(old)) is a race: another thread
-# (tf_logical's N trainings each write a result) may read the 0, or restore it after this one did.
+# The umask, read once per process: flipping it to read it races with another thread's writes.
 _umask_lock = threading.Lock()
 _umask: int | None = None
 
 
 def _read_umask() -> int:
-    """The process umask without changing it: Linux (>= 4.7) says it in /proc/self/status. Elsewhere one round trip
-    through a restrictive 0o077, never 0, so a file another thread creates in that instant is private, not open."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    """The umask without changing it (/proc/self/status), else via 0o077: a file made meanwhile is private, not open."""
+    status = "/proc/self/status"
+    with contextlib.suppress(OSError, ValueError, IndexError), open(status, encoding="ascii", errors="replace") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     umask = os.umask(0o077)
     os.umask(umask)
     return umask
@@ -282,8 +267,7 @@ def dir_mode() -> int:
 
 
 def make_dirs(path: Path) -> None:
-    """``mkdir -p`` whose every new folder gets :func:`dir_mode` (pathlib and os.makedirs give parents the bare
-    umask's mode: world-writable under umask 000)."""
+    """``mkdir -p`` whose every new folder gets :func:`dir_mode` (os.makedirs gives parents the bare umask's)."""
     missing: list[Path] = []
     folder = Path(path)
     while not folder.is_dir() and folder != folder.parent:
@@ -298,8 +282,7 @@ def make_dirs(path: Path) -> None:
 
 
 def open_log(path: Path, append: bool = False) -> IO[bytes]:
-    """Open a log for writing in binary (truncated, or appended to), created with :func:`file_mode` in a folder made
-    by :func:`make_dirs`."""
+    """Open a log for writing in binary (truncated, or appended to), with :func:`file_mode`, its folder made."""
     make_dirs(Path(path).parent)
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
     return os.fdopen(os.open(path, flags, file_mode()), "ab" if append else "wb")
@@ -320,10 +303,9 @@ def atomic_file(path: Path, binary: bool = False) -> ContextManager[IO[str] | IO
 
 @contextlib.contextmanager
 def _atomic_file(path: Path, binary: bool) -> Iterator[IO[str] | IO[bytes]]:
-    """Write ``path`` all at once: a temp file in the same folder, fsync, the file mode of :func:`file_mode`, then
-    a rename, so a reader never sees half a file; on an error nothing is left behind. An OSError that names no file
-    (pyarrow's writer says only its errno) is given ``path``: a full disk is then said where it struck
-    (:mod:`gpupack.core.store.storage`)."""
+    """Write ``path`` all at once: a temp file in the same folder, fsync, :func:`file_mode`, then a rename; on an
+    error nothing is left behind. An OSError that names no file (pyarrow's) is given ``path``, so a full disk is said
+    where it struck (:mod:`gpupack.core.store.storage`)."""
     tmp: str | None = None
     try:
         make_dirs(path.parent)
@@ -353,8 +335,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """The JSON object at ``path``: the one edge where a file's JSON comes in untyped (callers narrow it to the
-    record they read: a TrainingRecord, a PackRecord, a plan's JSON)."""
+    """The JSON object at ``path``: the one edge where a file's JSON comes in untyped (callers narrow it)."""
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     if not isinstance(data, dict):
@@ -387,8 +368,7 @@ def is_completed(path: Path) -> bool:
 
 
 def is_training_record(data: Mapping[str, Any]) -> TypeGuard[TrainingRecord]:
-    """Whether ``data``, read from disk, is a training's record as gpupack writes it: it names its training and how it
-    ended, as text (a mode's own fields beside them are read with ``.get``, and checked where they are used)."""
+    """Whether ``data``, read from disk, is a training's record: it names its training and how it ended, as text."""
     return isinstance(data.get("training_id"), str) and isinstance(data.get("status"), str)
 
 
@@ -398,8 +378,7 @@ def is_pack_record(data: Mapping[str, Any]) -> TypeGuard[PackRecord]:
 
 
 def read_training(path: Path | str) -> TrainingRecord | None:
-    """The training record at ``path``; None where it is missing, torn (:func:`read_json_or_none`) or not a training's
-    record (:func:`is_training_record`)."""
+    """The training record at ``path``; None where it is missing, torn or not a training's record."""
     data = read_json_or_none(path)
     return data if data is not None and is_training_record(data) else None
 

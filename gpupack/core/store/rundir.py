@@ -10,32 +10,25 @@
       (the trainings' specs and results in flight live in the job's node-local space: PackContext.work)
       packs/<pack_id>/attempts/<k>/            records of earlier attempts (a resumed pack moves them there)
       packs/<pack_id>/.lock                    held by the packer running the pack
-      lanes/<lane>.jsonl                       a lane's journal: the records of its ended packs (or, a streaming
-                                               lane's, trainings), folded
+      lanes/<lane>.jsonl                       a lane's journal: its ended packs' or trainings' records, folded
       lanes/<lane>.log                         their completed trainings' output (gpupack.core.store.journal)
-      lanes/<lane>.arrows                      the journal's records as columns, written at the lane's end: what
-                                               collect reads instead of its lines (gpupack.core.store.lane_columnar)
+      lanes/<lane>.arrows                      the journal's records as columns (gpupack.core.store.lane_columnar)
       lanes/<lane>.failed/<pack>.<id>.out|err  their failed trainings' whole logs (.<k>.out|err: a later failure's)
-      claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.store.claims; a
-                                               folding lane drops it once the training's completed record is folded)
+      claims/<queue>/<id>.claim                which streaming lane holds a training (gpupack.core.store.claims)
       jobs.json                                pack id → submitted job id (SLURM), for status and resume
       search/study.log, study.json             search=optuna: the study (Optuna journal) and its head
       search/study.torn                        a torn last line of it, cut and kept (journal.cut_torn)
       submitit/                                submitit's files of each job (array), named by its id
       summary.csv  summary.json                written by collect
       cleared_oom.json                         the OOMs a user cleared (python -m gpupack clear-oom)
-      rank.json                                the metric, goal and pattern a collect --metric/--goal/--pattern
-                                               was given, which later collects rank by (gpupack.core.store.rank_choice)
+      rank.json                                what collect ranks by (gpupack.core.store.rank_choice)
       .lock                                    held while a sweep runs in the directory
-      auto.json  probe/nNN/  run/              packing.factors=auto: what the probe did, each of its steps (a run
-                                               directory of its own), and the rest of the grid at the best N
+      auto.json  probe/nNN/  run/              packing.factors=auto: the probe, its steps, the grid at the best N
+      again/NN/                                packing.remeasure: the disturbed rounds measured again
       hydra_launch.pkl  returns/<job>.pkls     a Hydra launch (MULTIRUN_DIR/.gpupack/launch_<first job>/): the
-                                               pickled launcher, and its Hydra jobs' JobReturns, a file a gpupack job
-      hydra_configs.pkls                       the launch's job configs, as its sweeper composed them, one after
-                                               the other (where each lies: in hydra_launch.pkl)
+      hydra_configs.pkls                       pickled launcher, its jobs' JobReturns and its job configs
 
-Collect reads thousands of packs: where it walks them as ``str`` folders (``os.scandir``), it joins the same names
-(:data:`PACK_RECORD`, :data:`TRAININGS`, :data:`COLUMNAR`, :data:`ATTEMPTS`) without a Path each.
+Collect, walking thousands of packs as ``str`` folders, joins the same names (:data:`PACK_RECORD`, ...) itself.
 """
 from __future__ import annotations
 
@@ -72,21 +65,27 @@ def check_name(key: str, value: str) -> str:
     return value
 
 
-# What a run directory holds, per training (its record, stdout, stderr), per pack (its record, lock,
-# columnar file, fork server's log), per job (submitit's submitted call, result, stdout, stderr) and once (config,
-# plan, lock, summary, parquet, report, plots): the file forecast a dry run gives (files_forecast). A lane of packs
-# (or a streaming lane) folds each pack (training) it ends (gpupack.core.store.journal): its journal and log instead of
-# the packs' files (and a failed training's two logs), and its job's stdout and stderr are one file; at its end, its
-# journal's columnar file.
+# Files per training (record, stdout, stderr), pack (record, lock, columnar file, fork server's log), job (submitit's
+# call, result, stdout, stderr), run (config, plan, lock, summary, parquet, report, plots...) and folding lane
+# (journal, log, columnar file; its job's stdout and stderr are then one file): the dry run's file forecast.
 FILES_PER_TRAINING, FILES_PER_PACK, FILES_PER_JOB, FILES_PER_RUN, FILES_PER_LANE = 3, 4, 4, 13, 3
 
 
 def files_forecast(trainings: int, packs: int, jobs: int, folded: bool) -> int:
-    """About how many files a run of these trainings, packs and jobs leaves in its run directory, all trainings
-    completed; ``folded``: its jobs fold their packs or trainings into their lanes' journals. Pure."""
+    """About how many files a run leaves, all trainings completed; ``folded``: its jobs fold into journals. Pure."""
     if folded:
         return (FILES_PER_JOB - 1 + FILES_PER_LANE) * jobs + FILES_PER_RUN
     return FILES_PER_TRAINING * trainings + FILES_PER_PACK * packs + FILES_PER_JOB * jobs + FILES_PER_RUN
+
+
+class _UnderRoot:
+    """A path under the run directory, as an attribute of :class:`RunDir`: ``RunDir(root).<it>`` is ``root/<parts>``."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __get__(self, run: RunDir, owner: object = None) -> Path:
+        return run.root.joinpath(*self.parts)
 
 
 @dataclass(frozen=True)
@@ -99,8 +98,7 @@ class RunDir:
         return sorted({p.parent for k in range(1, depth + 1) for p in folder.glob("/".join(["*"] * k) + "/" + PLAN)})
 
     def siblings(self) -> list[RunDir]:
-        """The other run directories (holding a plan.json) in this one's parent, newest plan first: where the runs a
-        command without run_dir= made before are (runs/<sweep>/<date>_<time>). A stat each, nothing read."""
+        """The other run directories in this one's parent, newest plan first. A stat each, nothing read."""
         try:
             with os.scandir(self.root.parent) as entries:
                 names = [e.name for e in entries if e.name != self.root.name and e.is_dir()]
@@ -121,21 +119,19 @@ class RunDir:
 
     @property
     def is_launch(self) -> bool:
-        """One launch of a Hydra multirun (launch_*): the launches of one multirun add up to its sweep."""
+        """One launch of a Hydra multirun: the launches of one multirun add up to its sweep."""
         return self.root.name.startswith(LAUNCH)
 
     @property
     def sweep_root(self) -> Path:
-        """The directory of the sweep this run is part of: a Hydra launch's records_dir, the run that measured its
-        rounds again for one of ROOT/again/NN/, else the run's own."""
+        """The sweep this run is part of: a Hydra launch's records_dir, ROOT for ROOT/again/NN/, else its own."""
         if self.root.parent.name == AGAIN and RunDir(self.root.parent.parent).plan.exists():
             return self.root.parent.parent
         return self.root.parent if self.is_launch else self.root
 
     @property
     def auto_root(self) -> Path | None:
-        """The packing.factors=auto sweep this run is a step of (ROOT/probe/nNN/) or the run of (ROOT/run/, beside
-        ROOT/probe/); None for any other run."""
+        """The packing.factors=auto sweep this run is a step (ROOT/probe/nNN/) or the run (ROOT/run/) of; else None."""
         if self.root.parent.name == PROBE:
             return self.root.parent.parent
         if self.root.name == RUN and (self.root.parent / PROBE).is_dir():
@@ -144,18 +140,9 @@ class RunDir:
 
     # ---------------- the run's own files ----------------
 
-    @property
-    def config(self) -> Path:
-        return self.root / "config.yaml"
-
-    @property
-    def plan(self) -> Path:
-        return self.root / PLAN
-
-    @property
-    def lanes(self) -> Path:
-        """lanes/: the journals of lanes of packs (gpupack.core.store.journal)."""
-        return self.root / "lanes"
+    config = _UnderRoot("config.yaml")
+    plan = _UnderRoot(PLAN)
+    lanes = _UnderRoot("lanes")
 
     def journal(self, lane: str) -> Path:
         return self.lanes / f"{check_name('lane', lane)}.jsonl"
@@ -164,8 +151,7 @@ class RunDir:
         return self.lanes / f"{check_name('lane', lane)}.arrows"
 
     def torn_lines(self, lane: str) -> Path:
-        """Where a lane's journal keeps the torn last lines it was cut back from (gpupack.core.store.journal), each on a
-        line of its own: never lost, never read as records."""
+        """Where a lane's journal keeps the torn last lines it was cut back from: never lost, never read as records."""
         return self.lanes / f"{check_name('lane', lane)}.torn"
 
     def lane_log(self, lane: str) -> Path:
@@ -178,47 +164,19 @@ class RunDir:
                 / f"{check_name('pack_id', pack_id)}.{check_name('training_id', training_id)}{again}.{stream}")
 
     def claims(self, queue: str) -> Path:
-        """claims/<queue>/: the claims of one streaming queue's trainings."""
         return self.root / "claims" / check_name("stream", queue)
 
-    @property
-    def jobs(self) -> Path:
-        return self.root / "jobs.json"
+    jobs = _UnderRoot("jobs.json")
+    study = _UnderRoot("search", "study.log")
+    # submitit's folder: one for every job (no %A folder per array: submitit makes that after sbatch returns, and
+    # SLURM fails a job it starts in between)
+    submitit_folder = _UnderRoot("submitit")
 
-    @property
-    def study(self) -> Path:
-        """search/study.log: a search's study, Optuna's journal (gpupack.search.study); its head is study.json."""
-        return self.root / "search" / "study.log"
-
-    @property
-    def submitit(self) -> Path:
-        return self.root / "submitit"
-
-    @property
-    def submitit_folder(self) -> Path:
-        """submitit's folder: one for every job, its files named by job id (no %A folder per array: submitit makes
-        that after sbatch returns, and SLURM fails a job it starts in between, its stdout's folder not there yet)."""
-        return self.submitit
-
-    @property
-    def summary_csv(self) -> Path:
-        return self.root / "summary.csv"
-
-    @property
-    def summary_json(self) -> Path:
-        return self.root / "summary.json"
-
-    @property
-    def cleared_oom(self) -> Path:
-        return self.root / "cleared_oom.json"
-
-    @property
-    def rank_choice(self) -> Path:
-        return self.root / "rank.json"
-
-    @property
-    def lock(self) -> Path:
-        return self.root / LOCK
+    summary_csv = _UnderRoot("summary.csv")
+    summary_json = _UnderRoot("summary.json")
+    cleared_oom = _UnderRoot("cleared_oom.json")
+    rank_choice = _UnderRoot("rank.json")
+    lock = _UnderRoot(LOCK)
 
     def holds_only_lock(self) -> bool:
         """True when the directory is missing, empty, or holds nothing but a lock left behind."""
@@ -226,15 +184,13 @@ class RunDir:
 
     # ---------------- packing.factors=auto ----------------
 
-    @property
-    def auto_record(self) -> Path:
-        return self.root / "auto.json"
+    auto_record = _UnderRoot("auto.json")
 
     def probe_step(self, factor: int) -> RunDir:
         return RunDir(self.root / PROBE / f"n{factor:02d}")
 
     def probe_steps(self) -> list[Path]:
-        """The probe's steps that planned a run (probe/nNN/ with its plan.json), in N order."""
+        """The probe's steps that planned a run, in N order."""
         return sorted(p.parent for p in (self.root / PROBE).glob("n*/" + PLAN))
 
     @property
@@ -244,40 +200,30 @@ class RunDir:
     # ---------------- rounds measured again (packing.remeasure) ----------------
 
     def again(self, k: int) -> RunDir:
-        """The k-th measurement again of this run's disturbed rounds (gpupack.sweep.flow.run.measure_again)."""
+        """The k-th measurement again of this run's disturbed rounds."""
         return RunDir(self.root / AGAIN / f"{k:02d}")
 
     def agains(self) -> list[Path]:
-        """Its rounds measured again that planned a run (again/NN/ with its plan.json), in order."""
+        """Its rounds measured again that planned a run, in order."""
         return sorted(p.parent for p in (self.root / AGAIN).glob("[0-9]*/" + PLAN))
 
     # ---------------- a Hydra launch ----------------
 
-    @property
-    def hydra_payload(self) -> Path:
-        return self.root / "hydra_launch.pkl"
-
-    @property
-    def hydra_configs(self) -> Path:
-        return self.root / "hydra_configs.pkls"
+    hydra_payload = _UnderRoot("hydra_launch.pkl")
+    hydra_configs = _UnderRoot("hydra_configs.pkls")
 
     def hydra_returns(self, job_id: str | None) -> Path:
-        """returns/<job>.pkls: the JobReturns of the Hydra jobs one gpupack job ran, appended as each ended
-        (:func:`gpupack.core.store.pickling.append`, keyed by the Hydra job's number)."""
+        """The JobReturns of the Hydra jobs one gpupack job ran, appended as each ended, keyed by job number."""
         return self.root / "returns" / f"{check_name('job_id', job_id or 'here')}.pkls"
 
-    @property
-    def hydra_returns_dir(self) -> Path:
-        return self.root / "returns"
+    hydra_returns_dir = _UnderRoot("returns")
 
     # ---------------- packs ----------------
 
-    @property
-    def packs(self) -> Path:
-        return self.root / "packs"
+    packs = _UnderRoot("packs")
 
     def pack_dirs(self) -> list[str]:
-        """Every packs/<pack_id>/ folder, in name order, as ``str`` (none: [])."""
+        """Every packs/<pack_id>/ folder, in name order, as ``str``."""
         try:
             with os.scandir(self.packs) as entries:
                 return [e.path for e in sorted(entries, key=lambda e: e.name) if e.is_dir()]
@@ -302,7 +248,6 @@ class RunDir:
         return self.pack_dir(pack_id) / LOCK
 
     def trainings(self, pack_id: str) -> Path:
-        """packs/<pack_id>/trainings/: the pack's training records."""
         return self.pack_dir(pack_id) / TRAININGS
 
     def training_record(self, pack_id: str, training_id: str) -> Path:
@@ -315,8 +260,7 @@ class RunDir:
         return self.pack_dir(pack_id) / ATTEMPTS
 
     def attempt_record(self, pack_id: str, attempt: int, record: Path) -> Path:
-        """Where the record ``record`` (a training's or the pack's) of an earlier attempt ``attempt`` (1, 2...) is kept:
-        packs/<pack_id>/attempts/<attempt>/<its name>."""
+        """Where the record ``record`` of an earlier attempt ``attempt`` (1, 2...) is kept."""
         return self.attempts(pack_id) / str(int(attempt)) / record.name
 
     def log(self, pack_id: str, training_id: str, stream: str) -> Path:
@@ -335,8 +279,7 @@ def holder_line(now: float | None = None) -> str:
 
 @dataclass(frozen=True)
 class Holder:
-    """A lock file's holder as its first line says (:func:`holder_line`), and the jobs that hold the lock with it,
-    one ``job <pid>`` line each (:meth:`RunLock.add_job`)."""
+    """A lock file's holder as its first line says, and the jobs holding the lock with it (:meth:`RunLock.add_job`)."""
 
     pid: int
     host: str
@@ -345,8 +288,7 @@ class Holder:
 
     @staticmethod
     def parse(text: str) -> Holder | None:
-        """The holder ``text`` names (a bare pid: on a host not said); None where its first line is no holder line
-        (empty, torn). Pure."""
+        """The holder ``text`` names; None where its first line is no holder line (empty, torn). Pure."""
         lines = text.splitlines()
         words = lines[0].split() if lines else []
         if not 1 <= len(words) <= 3 or not words[0].isdigit():
@@ -361,10 +303,8 @@ class Holder:
 
 
 def busy_refusal(root: Path, holder: Holder | None, alive: Callable[[int], bool], here: str) -> RunDirError:
-    """Why a run directory whose lock is held refuses a second command, in one line: the gpupack holding it (pid,
-    host, since), or, where that gpupack is gone but pack jobs it started on this host hold the lock still (the local
-    backend's jobs hold it with their command: :class:`RunLock`), those jobs' pids. ``alive``: whether a pid of this
-    host runs; ``here``: this host's name. Pure."""
+    """Why a run directory whose lock is held refuses a second command, in one line: the gpupack holding it, or, it
+    gone, the local pack jobs still holding it. ``alive``: whether a pid of this host runs. Pure."""
     where = f"run_dir={str(root)!r}"
     if holder is not None and holder.host == here and not alive(holder.pid):
         jobs = [pid for pid in holder.jobs if alive(pid)]
@@ -380,11 +320,8 @@ def busy_refusal(root: Path, holder: Holder | None, alive: Callable[[int], bool]
 
 
 class HeldLocks:
-    """Which locks (:class:`RunLock`, a pack's lock) a process of this host holds: how ``status`` tells a local pack
-    or sweep that runs from one that was stopped, without taking a lock (which would stop a packer starting at that
-    moment). Linux's lock table is read once, for every lock asked after (a holder that died, even one not yet
-    reaped, holds no flock); elsewhere the pid a lock's holder line names is asked (a pid reused since reads as
-    live)."""
+    """Which locks a process of this host holds, without taking one: Linux's lock table, read once (the dead hold no
+    flock); elsewhere, whether the pid its holder line names runs (a reused pid reads as live)."""
 
     def __init__(self, proc_locks: Path = Path("/proc/locks")) -> None:
         try:
@@ -397,12 +334,10 @@ class HeldLocks:
                        if len(f) > 5 and f[1] == "FLOCK"}
 
     def holds(self, lock: Path) -> bool:
-        """Whether a process of this host holds ``lock``: its holder line (:func:`holder_line`) names this host, and
-        its flock is held."""
         return self.holder(lock) is not None
 
     def holder(self, lock: Path) -> Holder | None:
-        """Who holds ``lock``, where a process of this host does (:meth:`holds`); else None."""
+        """Who holds ``lock``, where a process of this host does (its holder line names this host); else None."""
         try:
             holder = Holder.parse(lock.read_text())
             inode = lock.stat().st_ino
@@ -425,8 +360,7 @@ def _alive(pid: int) -> bool:
 
 
 def _holder_of(fd: int, tries: int = 20, pause_s: float = 0.05) -> Holder | None:
-    """The holder line of a lock another process holds. A winner writes its line just after it takes the lock, so a
-    loser that reads in between finds the file empty: it reads again for up to a second, to name the holder."""
+    """The holder line of a lock another holds, read for up to a second (a winner writes it just after locking)."""
     for _ in range(tries):
         holder = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
         if holder is not None:
@@ -436,17 +370,11 @@ def _holder_of(fd: int, tries: int = 20, pause_s: float = 0.05) -> Holder | None
 
 
 class RunLock:
-    """An exclusive lock on a run directory, so two sweeps never write into the same one at once; a second is refused
-    in one line naming the holder (:func:`busy_refusal`).
+    """An exclusive lock on a run directory, so two sweeps never write into it at once (:func:`busy_refusal`).
 
-    The local backend's pack jobs hold it too: each job's controller inherits this lock's descriptor (one flock, one
-    open file: the kernel drops it when its last holder closes it), and its pid is added below the holder line
-    (:meth:`add_job`). Why the run lock and not the pack locks: a CLI killed by SIGKILL leaves its local jobs running
-    (they lead sessions of their own), and a new command must be refused for as long as any of them runs, whereas a
-    lane holds no pack lock between two of its packs, and a pack not yet begun none at all; a command let in then
-    submits packs the old lane will run, and its jobs fail on the pack lock. A SLURM job does not hold it: it outlives
-    its command by design (wait=false), and the next command resumes beside it, skipping the packs the queue still
-    runs (Submitter.active_packs)."""
+    The local backend's pack jobs hold it too (:meth:`add_job`): a CLI killed by SIGKILL leaves them running, and a
+    new command must be refused while any runs (a lane holds no pack lock between its packs). A SLURM job does not:
+    it outlives its command by design, and the next command resumes beside it (Submitter.active_packs)."""
 
     def __init__(self, run: RunDir) -> None:
         self.path = run.lock

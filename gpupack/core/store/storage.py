@@ -1,10 +1,6 @@
-"""A write that the file system refused: no space (ENOSPC), no quota (EDQUOT), a read-only file system (EROFS) or no
-permission (EACCES, EPERM), turned into one :class:`gpupack.errors.StorageError` (the path, what failed, the free
-space, the fix) where gpupack meets its user: the library's ``run`` and ``collect`` (:mod:`gpupack.sweep`, which the
-CLI and the Hydra launcher call) and a pack's job (:class:`gpupack.submit.PackJob`, whose failure then says why).
-
-Only these errnos: any other OSError is a bug or a fault of its own and keeps its traceback. :func:`fault_of` is the
-pure rule; :func:`free_bytes` the one question asked of the file system.
+"""A write that the file system refused for space, quota, a read-only mount or permission, turned into one
+:class:`gpupack.errors.StorageError` where gpupack meets its user (:mod:`gpupack.sweep`'s run and collect, a pack's
+job). Any other OSError is a fault of its own and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -28,8 +24,7 @@ _GPUPACK_ERROR_LINE = re.compile(r"^gpupack\.errors\.\w+: (.+)$", re.MULTILINE)
 
 
 def fault_of(err: BaseException) -> str | None:
-    """What failed, where ``err`` is a write the file system refused for space, quota or permission; else None.
-    Pure. pyarrow's writer says its errno too (OSError(28, ...)), with no file name."""
+    """What failed, where ``err`` is a write refused for space, quota or permission (by errno); else None. Pure."""
     return FAULTS.get(err.errno) if isinstance(err, OSError) and err.errno is not None else None
 
 
@@ -45,8 +40,7 @@ def free_bytes(path: Path | str) -> int | None:
 
 
 def storage_error(err: BaseException, where: Path | str) -> StorageError | None:
-    """``err`` as a StorageError naming the file it failed on (else ``where``: the run directory), None where it is
-    not such a fault."""
+    """``err`` as a StorageError naming its file (else ``where``); None where it is not such a fault."""
     why = fault_of(err)
     if why is None:
         return None
@@ -57,8 +51,7 @@ def storage_error(err: BaseException, where: Path | str) -> StorageError | None:
 
 @contextlib.contextmanager
 def storage_faults(where: Path | str) -> Iterator[None]:
-    """Raise a StorageError in place of an OSError of :data:`FAULTS` raised inside (the original chained: a job's log
-    keeps its traceback; the CLI prints the one line)."""
+    """Raise a StorageError in place of an OSError of :data:`FAULTS` raised inside, the original chained."""
     try:
         yield
     except OSError as err:
@@ -73,9 +66,7 @@ TEST_BYTES = 4096
 
 
 def write_fault(folder: Path | str) -> StorageError | None:
-    """Whether ``folder`` takes a write now: a file of its own (named by this process and at random, so two callers
-    never share one), a block written and fsynced, then removed; the StorageError it met, else None. Asked of a run
-    directory where a job left nothing to say why it failed (a full disk takes its result and its log too)."""
+    """The StorageError a test write into ``folder`` meets now, else None: asked where a failed job left no reason."""
     try:
         fd, name = tempfile.mkstemp(dir=folder, prefix=f".write-test.{os.getpid()}.")
     except OSError as err:
@@ -93,8 +84,6 @@ def write_fault(folder: Path | str) -> StorageError | None:
 
 
 def failure_line(text: str | None) -> str | None:
-    """The one line a job's failure text (submitit's traceback, or the job's error stream) ends with where a gpupack
-    error ended the job (the last such line), e.g. a StorageError's or a pack lock's refusal; None where none did.
-    Pure."""
+    """The last line a job's failure text holds of a gpupack error that ended the job; None where none did. Pure."""
     found = _GPUPACK_ERROR_LINE.findall(text or "")
     return found[-1].strip() if found else None
