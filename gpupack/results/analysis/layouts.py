@@ -16,25 +16,16 @@ import pandas as pd
 
 from gpupack.core.store.records import COMPLETED, OOM
 from gpupack.results.analysis.choose import gain
+from gpupack.results.analysis.summary import split_by
 
 KEY = ["workload", "partition", "gpu_type"]
 # What a spread training's record says it measured (the strategy's stats), flattened by collect.
 SPREAD_COLUMNS = ("allreduce_bytes_per_step", "allreduce_s_per_step", "replicas")
 
 
-def is_spread(frame: pd.DataFrame) -> pd.Series:
-    """Rows of spread packs (their records carry the strategy); every other row is packing."""
-    if frame.empty or "strategy" not in frame:
-        return pd.Series(False, index=frame.index)
-    return frame["strategy"].notna()
-
-
 def split_spread(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(packing rows, spread rows) of a trainings or packs frame."""
-    mask = is_spread(frame)
-    if not mask.any():  # packing alone (most runs): no copy of a million rows
-        return frame, frame.iloc[0:0]
-    return frame[~mask], frame[mask]
+    """(packing rows, spread rows: their records carry the strategy) of a trainings or packs frame."""
+    return split_by(frame, frame["strategy"].notna() if "strategy" in frame else pd.Series(False, index=frame.index))
 
 
 def _num(frame: pd.DataFrame, col: str) -> pd.Series:

@@ -1,9 +1,5 @@
 """Summary and choice: records → time per training per (workload, partition, GPU type, mode, N) → the best N.
-
-Time per training is a timed pack's wall over its N (:func:`timed_packs`); the noise-aware choice among the N of a
-group is :func:`gpupack.results.analysis.choose.choose`'s (:func:`with_choices`). Pure pandas on the frames
-:mod:`gpupack.results.analysis.load` reads.
-"""
+Pure pandas on the frames :mod:`gpupack.results.analysis.load` reads."""
 from __future__ import annotations
 
 import json
@@ -29,14 +25,9 @@ def first_value(series: pd.Series) -> object:
 
 def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cleared] = (),
               disturbed: Collection[tuple[str, str]] = ()) -> pd.DataFrame:
-    """One row per (workload, partition, GPU type, mode, N).
-
-    Time per training = pack wall / N, over packs whose N trainings all ran together (in any attempt); median,
-    spread and a bootstrap interval over those packs (:mod:`gpupack.results.analysis.choose`). Every attempt of a
-    training counts: ``failed`` counts attempts that did not complete of their own fault, ``victims`` those another
-    training's fault took down (gpupack.core.memory.victims: run again, never against N), ``oom`` those that ran out of
-    memory (unless the user cleared them), ``unfinished`` the trainings whose latest record is not completed.
-    """
+    """One row per (workload, partition, GPU type, mode, N): time per training (pack wall / N) over the packs whose N
+    trainings all ran together, in any attempt. Every attempt counts: ``failed`` of its own fault, ``victims`` of
+    another's (run again, never against N), ``oom`` unless cleared; ``unfinished``: latest record not completed."""
     if trainings.empty or packs.empty:
         return pd.DataFrame()
     trainings = only_columns(trainings, SUMMARY_INPUTS)  # each filter below copies every column it keeps: keep few
@@ -107,10 +98,8 @@ def _per_pack(timed: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def _per_training(t: pd.DataFrame, keys: list[str], kept: pd.Series) -> pd.DataFrame:
-    """Each (group, N)'s trainings: attempts by what they count as, and the latest ones' figures (``kept``: the
-    trainings whose set-up of the reference is the one weighed, whose times count)."""
-    # one pass over every attempt, the latest ones' figures masked in (a filter would copy a million rows, and a
-    # second grouping would read the keys again)
+    """Each (group, N)'s attempts by what they count as, and the latest ones' figures (``kept``: the set-up of the
+    reference weighed), in one pass: a filter would copy a million rows."""
     latest = t["attempt"] == 0
     figures = latest & kept  # the set-up of the reference not kept counts its trainings, not its times
     return t.assign(
@@ -148,8 +137,7 @@ def only_columns(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
 
 
 def rows_where(frame: pd.DataFrame, mask: pd.Series) -> pd.DataFrame:
-    """``frame[mask]``, but ``frame`` itself where every row is kept (a filter copies each column it keeps: for a
-    million rows of text, a good part of a second)."""
+    """``frame[mask]``, but ``frame`` itself where every row is kept (a filter copies a million rows)."""
     return frame if bool(mask.all()) else frame[mask]
 
 
@@ -283,15 +271,14 @@ def packing_times(trainings: pd.DataFrame, packs: pd.DataFrame) -> dict[tuple[Ha
             for k, values in timed.groupby(GROUP + ["factor"])["time_per_training_s"]}
 
 
+def split_by(frame: pd.DataFrame, mask: pd.Series) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows not in ``mask``, rows in it); ``frame`` itself where none is (no copy of a million rows)."""
+    return (frame[~mask], frame[mask]) if mask.any() else (frame, frame.iloc[0:0])
+
+
 def split_phase(frame: pd.DataFrame, phase: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(rows not of ``phase``, rows of it): a packing.factors=auto run's grid at the best N is shown apart from the
-    probe that chose it."""
-    if frame.empty or "phase" not in frame:
-        return frame, frame.iloc[0:0]
-    of = frame["phase"] == phase
-    if not of.any():  # no grid run at the best N yet: no copy of a million rows
-        return frame, frame.iloc[0:0]
-    return frame[~of], frame[of]
+    """(rows not of ``phase``, rows of it): an auto run's grid at the best N is shown apart from its probe."""
+    return split_by(frame, frame["phase"] == phase if "phase" in frame else pd.Series(False, index=frame.index))
 
 
 # with_choices's columns, and their values before a group's choice sets them
@@ -304,16 +291,10 @@ CHOICE_COLUMNS: dict[str, object] = {
 
 def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
                  disturbed: Collection[tuple[str, str]] = ()) -> pd.DataFrame:
-    """The noise-aware choice per (workload, partition, GPU type, mode)
-    (:func:`gpupack.results.analysis.choose.choose`), as columns: the bootstrap interval of each N's median, whether N
-    is within noise of the lowest, which N is chosen, and the group's verdict (ties, rule, provisional, repeats that
-    would settle it). Where the packs ran in rounds, the comparison is paired within them: each N's gain over the
-    reference N (``gain``, its interval, ``gain_ref``) is its time per training against the reference's in the same
-    rounds, and ``speedup_vs_n1`` is that gain where the reference is N=1; ``gain_bound`` is what N trainings at once
-    can give over the reference's (N / reference), and ``beyond_bound`` says the gain passed it. The packs ``disturbed``
-    names ((run, pack id): measured under load from outside, gpupack.results.analysis.disturbance) are left out of the
-    choice where every N keeps a quiet pack (``left_out_disturbed`` counts them): load from outside slows N=1's threads
-    more than N trainings' single ones, so a round does not share it evenly and pairing cannot divide it out."""
+    """The noise-aware choice per (workload, partition, GPU type, mode) as columns (:data:`CHOICE_COLUMNS`): each N's
+    interval, within noise or chosen, the verdict, the gain over the reference (paired within rounds where they ran
+    in rounds) and its bound. The packs ``disturbed`` names ((run, pack id)) are left out as :func:`_choice_timings`
+    says (``left_out_disturbed`` counts them)."""
     out = summary.assign(**CHOICE_COLUMNS)
     out["infeasible"] = (out["oom"] > 0) | (out["skipped_memory"] > 0)
     timed = timed.dropna(subset=["time_per_training_s"])
@@ -388,8 +369,7 @@ def _withhold_impossible(out: pd.DataFrame, loaded_only: Mapping[Hashable, bool]
             out.loc[idx, "chosen"] = False
 
 
-# Why a group names no best N (its ``no_answer``): the words results/report/text.py turns into the reason and what
-# to do.
+# Why a group names no best N (its ``no_answer``), as the report's text says it
 BEYOND_DEVICE = "beyond the device"
 UNDER_LOAD = "under foreign load"
 # A gain at its bound moves a few percent either way with the timings' own jitter (a process's start, a pack's last
@@ -416,13 +396,9 @@ def bound_kinds(summary: pd.DataFrame) -> pd.Series:
 
 
 def gain_bounds(summary: pd.DataFrame) -> pd.Series:
-    """What the device can give at each N over the reference N, in trainings per hour: on a CPU of c cores,
-    min(N, c) / min(ref, c) (no more trainings run at once than there are cores, none faster than one with a core of
-    its own, and the reference, at its best set-up, at least that fast); on a GPU, N / ref (N copies of the
-    reference's work at most; how busy the reference kept the GPU is said beside it, ``ref_gpu_util``). A mode whose
-    N trainings share one process (:func:`one_process`) pays that process's start once a pack: its time per training
-    can fall as 1/N on any number of cores, so N / ref on a CPU too (a pack of N ends no sooner than a pack of ref).
-    Pure."""
+    """What the device can give at each N over the reference N, in trainings per hour: min(N, c) / min(ref, c) on a
+    CPU of c cores (no more trainings at once than cores); N / ref on a GPU, or where N trainings share one process,
+    which pays its start once a pack (:func:`one_process`). Pure."""
     n, ref = summary["factor"].astype(float), summary["gain_ref"].astype(float)
     cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
     by_cores = n.where(n < cores, cores) / ref.where(ref < cores, cores)

@@ -1,12 +1,7 @@
-"""report.html: the page a person forwards to a supervisor, read top-down as they ask. What ran (the sweep, its grid,
-N, modes, partitions, the date, the wall time, the trainings), the answer (the best N per GPU type in the terminal's
-words, :mod:`gpupack.results.report.text`, and what it costs), the best hyperparameters, then the evidence (tables that
-fit a 1,280 px window, the rest behind a disclosure and in summary.csv; the plots; the failures and every training's
-logs, named by their hyperparameters). Self-contained: the plots are embedded (base64), so it can be copied off a
-cluster and opened anywhere; the log links are relative to the page.
-
-:func:`build_report` and :func:`build_comparison` are pure (data in, HTML out); :func:`write_report` and
-:func:`write_comparison` draw the plots, find the logs and write the files."""
+"""report.html, read top-down: what ran, the answer in the terminal's words (:mod:`gpupack.results.report.text`), the
+best hyperparameters, then the evidence (tables that fit a 1,280 px window, the rest behind a disclosure; the plots;
+the failures and every training's logs). Self-contained: plots embedded (base64), log links relative to the page.
+:func:`build_report` and :func:`build_comparison` are pure; the ``write_*`` functions draw, find logs and write."""
 from __future__ import annotations
 
 import base64
@@ -51,8 +46,7 @@ td.text{text-align:left;max-width:40em}"""
 
 @dataclass(frozen=True)
 class Plot:
-    """One plot on the page: what it shows (its caption and alt text) and its image (a data: URI, or a path
-    relative to the page)."""
+    """One plot on the page: its caption (and alt text) and its image (a data: URI, or a path relative to the page)."""
 
     caption: str
     src: str
@@ -60,8 +54,7 @@ class Plot:
 
 @dataclass
 class Page:
-    """What one run's page shows beside what collect computed: what ran (:func:`gpupack.results.report.text.what_ran`),
-    the plots, and a row per training with its hyperparameters and where its logs are (:func:`training_rows`)."""
+    """What one run's page shows beside what collect computed: what ran, the plots, a row per training."""
 
     about: list[tuple[str, str]]
     figures: list[Plot] = field(default_factory=list)
@@ -91,8 +84,7 @@ def _cell(value: object, spec: str | None) -> str:
 def table(df: pd.DataFrame, columns: Mapping[str, str], formats: Mapping[str, str] | None = None,
           cells: Mapping[str, Cell] | None = None, raw: Sequence[str] = ()) -> str:
     """An HTML table of ``df``: ``columns`` (column → header, those present, in order), each value formatted by
-    ``formats`` or by ``cells`` (column → a function of the row), escaped unless its column is in ``raw`` (HTML
-    built here: links)."""
+    ``formats`` or by ``cells`` (column → a function of the row), escaped unless its column is in ``raw``."""
     formats, cells = formats or {}, cells or {}
     shown = {col: label for col, label in columns.items() if col in df or col in cells}
     if df.empty or not shown:
@@ -137,8 +129,7 @@ def about_section(about: Sequence[tuple[str, str]]) -> str:
 
 
 def answer_lines(c: Collected) -> tuple[list[str], list[str], list[str]]:
-    """The answer in the terminal's words: the best N per GPU type (its interval and gain), how each was chosen, and
-    what else qualifies it (modes compared, cost, drift, the probe)."""
+    """The answer in the terminal's words: the best N per GPU type, how each was chosen, and what qualifies it."""
     best = [text.best_line(r) for _, r in c.best.iterrows()]
     best += [text.no_answer_line(r) for _, r in c.withheld.iterrows()]
     how = [line for _, r in pd.concat([c.best, c.withheld]).iterrows() for line in text.choice_lines(r)]
@@ -185,8 +176,8 @@ def _search_table(s: SearchReport, rows: pd.DataFrame) -> str:
 
 
 def search_section(c: Collected, figures: Sequence[Plot | None] = ()) -> str:
-    """Each search's answer (search=optuna): its best trial, params first, how far it went, its trials ranked (the
-    top ones, the rest behind a disclosure) and its history plot. Empty for a run without a study."""
+    """Each search's best trial, how far it went, its trials ranked (past :data:`SEARCH_TOP` behind a disclosure) and
+    its history plot; empty for a run without a study."""
     parts = []
     for i, s in enumerate(c.searches):
         head = f"<h3>{_esc(s.run)}</h3>" if len(c.searches) > 1 else ""
@@ -208,18 +199,9 @@ def _n(r: pd.Series) -> str:
 
 def main_table(summary: pd.DataFrame) -> str:
     """The main table: the columns that decide (the terminal's, N plain and its verdict in words)."""
-    cells: dict[str, Cell] = {}
-    columns: dict[str, str] = {}
-    for header, cell, where in COLUMNS:
-        if where != "both":
-            continue
-        if header == "N":
-            cells["N"], cells["verdict"] = _n, text.verdict_word
-            columns["N"] = "N"
-            continue
-        cells[header] = cell
-        columns[header] = "s/training (median [95% interval])" if header == "s/training" else header
-    columns["verdict"] = "verdict"
+    cells: dict[str, Cell] = {header: cell for header, cell, where in COLUMNS if where == "both"}
+    cells.update(N=_n, verdict=text.verdict_word)
+    columns = {header: header for header in cells} | {"s/training": "s/training (median [95% interval])"}
     return table(summary, {**_keys(summary), **columns}, cells=cells)
 
 
@@ -379,8 +361,7 @@ def _page(title: str, body: Sequence[str]) -> str:
 
 
 def build_report(c: Collected, page: Page) -> str:
-    """One run's page, top-down: what ran, a search's best trial (search=optuna), the answer, the best
-    hyperparameters, the evidence, the failures. Pure."""
+    """One run's page, top-down. Pure."""
     return _page(page.title, [f"<h1>{_esc(page.title)}</h1>", about_section(page.about),
                               search_section(c, page.search_figures), answer_section(c),
                               hyper_section(c), evidence_section(c, page), failures_section(page.trainings),
@@ -407,8 +388,7 @@ def compared(runs: Sequence[RunPage], frame: Callable[[Collected], pd.DataFrame]
 
 
 def build_comparison(runs: Sequence[RunPage], figures: Sequence[Plot] = ()) -> str:
-    """One page comparing several runs, a run column in every table: what ran, each run's answer, the main table,
-    each run's own report linked. Pure."""
+    """One page comparing several runs, a run column in every table, each run's own report linked. Pure."""
     about_keys = list(dict.fromkeys(k for r in runs for k, _ in r.about))
     about = pd.DataFrame([{"run": r.label, **dict(r.about)} for r in runs])
     links = "".join(f"<li><a href='{_esc(r.href)}'>{_esc(r.label)}</a></li>" for r in runs)
@@ -443,7 +423,7 @@ def grid_keys(configs: Mapping[str, text.RunConfig], params: Sequence[Mapping[st
 
 def training_rows(c: Collected, out: Path, configs: Mapping[str, text.RunConfig]) -> pd.DataFrame:
     """A row per training (latest attempt, the loader alone left out): its hyperparameters in words, N, pack, status,
-    the ranked metric, its last error line, and its logs as links relative to ``out`` (reads where each is kept)."""
+    the ranked metric, its last error line, and its logs as links relative to ``out``."""
     t = c.records.latest()
     if t.empty or "status" not in t:
         return pd.DataFrame()
