@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence, Set
+from collections.abc import Callable, Collection, Hashable, Sequence, Set
 from pathlib import Path
 
 import pandas as pd
@@ -41,6 +41,18 @@ from gpupack.results.report.text import (
 WIDTH = 120  # the main table fits this many columns unless --wide
 
 Cell = Callable[[pd.Series], str]  # a table's cell: a function of its row
+
+
+def _text(column: str) -> Cell:
+    return lambda r: str(r[column])
+
+
+def _int(column: str) -> Cell:
+    return lambda r: str(int(r[column]))
+
+
+def _fig(column: str, spec: str = ".2f") -> Cell:
+    return lambda r: fmt(r[column], spec)
 
 
 def _num(r: pd.Series, key: str) -> float | None:
@@ -308,7 +320,7 @@ def _gpu(r: pd.Series) -> str:
 # --wide shows every column, and summary.csv has every figure.
 COLUMNS: list[tuple[str, Cell, str]] = [
     ("partition (GPU)", _gpu, "both"),
-    ("mode", lambda r: str(r["mode"]), "both"),
+    ("mode", _text("mode"), "both"),
     ("N", _n, "both"),
     ("packs", _packs, "both"),
     ("s/training", _tpt, "both"),
@@ -321,17 +333,23 @@ COLUMNS: list[tuple[str, Cell, str]] = [
 ]
 
 
-def summary_table(summary: pd.DataFrame, title: str, best_keys: Set[tuple[Hashable, ...]], wide: bool = False) -> Table:
-    """The main table: one row per (partition, mode, N), in :data:`WIDTH` columns unless ``wide`` (no outer edge,
-    rules between columns only)."""
-    columns = [(h, cell) for h, cell, where in COLUMNS if where in ("both", "wide" if wide else "default")]
-    table = Table(title=title, box=box.MINIMAL, show_edge=False, pad_edge=False)
+def _table(title: str, columns: Sequence[tuple[str, Cell]], rows: pd.DataFrame, left: Collection[str],
+           minimal: bool = False, style: Callable[[pd.Series], str | None] = lambda r: None) -> Table:
+    """A table of ``rows``, a column per (header, cell): the ``left`` headers' text left, figures right; ``minimal``:
+    no outer edge, rules between columns only."""
+    table = Table(title=title, box=box.MINIMAL, show_edge=False, pad_edge=False) if minimal else Table(title=title)
     for header, _ in columns:
-        table.add_column(header, justify="left" if header in ("partition (GPU)", "mode") else "right")
-    for _, r in summary.iterrows():
-        mark = "bold green" if tuple(r[GROUP + ["factor"]]) in best_keys else None
-        table.add_row(*(cell(r) for _, cell in columns), style=mark)
+        table.add_column(header, justify="left" if header in left else "right", no_wrap=header == "layout")
+    for _, r in rows.iterrows():
+        table.add_row(*(cell(r) for _, cell in columns), style=style(r))
     return table
+
+
+def summary_table(summary: pd.DataFrame, title: str, best_keys: Set[tuple[Hashable, ...]], wide: bool = False) -> Table:
+    """The main table: one row per (partition, mode, N), in :data:`WIDTH` columns unless ``wide``."""
+    columns = [(h, cell) for h, cell, where in COLUMNS if where in ("both", "wide" if wide else "default")]
+    return _table(title, columns, summary, ("partition (GPU)", "mode"), minimal=True,
+                  style=lambda r: "bold green" if tuple(r[GROUP + ["factor"]]) in best_keys else None)
 
 
 def unsplit_trainings(c: Collected) -> int:
@@ -344,20 +362,16 @@ def unsplit_trainings(c: Collected) -> int:
 
 def render_knobs(c: Collected, console: Console) -> None:
     bounded = c.knobs["loader_bound_samples_per_s"].notna().any()
-    table = Table(title="Throughput by knob setting (samples/s per training, median)"
-                  + (" beside the loader-only bound" if bounded else ""))
-    names = knob_columns(c.knobs)
-    columns = ["partition", *names, "N", "samples/s/training"] + (["loader-only samples/s", "flag"] if bounded else [])
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("partition", "mode", "flag") else "right")
-    for _, r in c.knobs.iterrows():
-        beyond = "!" if r.get("beyond_bound") else ""  # N x it over the reference's passes the device's bound
-        row = [r["partition"], *(str(r[k]) for k in names), str(int(r["factor"])),
-               fmt(r["samples_per_s"], ".0f") + beyond]
-        if bounded:
-            row += [fmt(r["loader_bound_samples_per_s"], ".0f"), "loader-bound" if r["loader_bound"] else ""]
-        table.add_row(*row)
-    console.print(table)
+    columns = [("partition", _text("partition")), *((k, _text(k)) for k in knob_columns(c.knobs)),
+               ("N", _int("factor")),  # !: N x it over the reference's passes the device's bound
+               ("samples/s/training",
+                lambda r: fmt(r["samples_per_s"], ".0f") + ("!" if r.get("beyond_bound") else ""))]
+    if bounded:
+        columns += [("loader-only samples/s", _fig("loader_bound_samples_per_s", ".0f")),
+                    ("flag", lambda r: "loader-bound" if r["loader_bound"] else "")]
+    console.print(_table("Throughput by knob setting (samples/s per training, median)"
+                         + (" beside the loader-only bound" if bounded else ""), columns, c.knobs,
+                         ("partition", "mode", "flag")))
     if "beyond_bound" in c.knobs and c.knobs["beyond_bound"].any():
         console.print("!: N x this over the reference N's of the same setting is more than the device can give "
                       "(see the answer's bound).", highlight=False)
@@ -368,18 +382,17 @@ def render_cost(c: Collected, console: Console) -> None:
         for line in cost_lines(c):
             console.print(line, highlight=False)
         return
-    table = Table(title=f"Cost at the best N, for a sweep of {trainings_phrase(c.sweep_trainings)} on one device")
-    for col in ("partition", "GPU model", "RGU", "mode", "best N", "s/training", "billed by", "RGU-h/training",
-                "at bundle", "sweep hours", "sweep RGU-h", "verdict"):
-        table.add_column(col, justify="left" if col in ("partition", "GPU model", "mode", "billed by") else "right")
-    for _, r in c.cost.iterrows():
-        flags = " ".join(f for f, on in (("fastest", r["fastest"]), ("cheapest", r["cheapest"])) if on)
-        term = str(r["billed_term"]) + (f" x{r['billed_multiple']:.2f}" if r["billed_multiple"] > 1 else "")
-        table.add_row(r["partition"], str(r["gpu_model"] or "-"), fmt(r["rgu"], ".2f"), r["mode"],
-                      str(int(r["factor"])), fmt(r["time_per_training_s"]), term,
-                      fmt(r["rgu_hours_per_training"], ".2e"), fmt(r["rgu_hours_at_bundle"], ".2e"),
-                      fmt(r["sweep_hours"], ".3g"), fmt(r["sweep_rgu_hours"], ".3g"), flags)
-    console.print(table)
+    columns: list[tuple[str, Cell]] = [
+        ("partition", _text("partition")), ("GPU model", lambda r: str(r["gpu_model"] or "-")),
+        ("RGU", _fig("rgu")), ("mode", _text("mode")), ("best N", _int("factor")),
+        ("s/training", _fig("time_per_training_s")),
+        ("billed by", lambda r: str(r["billed_term"])
+         + (f" x{r['billed_multiple']:.2f}" if r["billed_multiple"] > 1 else "")),
+        ("RGU-h/training", _fig("rgu_hours_per_training", ".2e")), ("at bundle", _fig("rgu_hours_at_bundle", ".2e")),
+        ("sweep hours", _fig("sweep_hours", ".3g")), ("sweep RGU-h", _fig("sweep_rgu_hours", ".3g")),
+        ("verdict", lambda r: " ".join(f for f in ("fastest", "cheapest") if r[f]))]
+    console.print(_table(f"Cost at the best N, for a sweep of {trainings_phrase(c.sweep_trainings)} on one device",
+                         columns, c.cost, ("partition", "GPU model", "mode", "billed by")))
     for line in cost_lines(c):
         console.print(line, highlight=False)
 
@@ -394,23 +407,18 @@ def render_layouts(c: Collected, console: Console) -> None:
     t = c.layouts
     mib = pd.to_numeric(t.get("allreduce_bytes_per_step"), errors="coerce") / 2**20
     columns: list[tuple[str, Cell]] = [
-        ("partition (GPU)", _gpu), ("layout", lambda r: str(r["layout"])),
-        ("devices", lambda r: _devices(r["devices_per_training"])), ("packs", lambda r: str(int(r["packs"]))),
-        ("wall s", lambda r: fmt(r["wall_s"])), ("device-s", lambda r: fmt(r["device_s_per_training"])),
+        ("partition (GPU)", _gpu), ("layout", _text("layout")),
+        ("devices", lambda r: _devices(r["devices_per_training"])), ("packs", _int("packs")),
+        ("wall s", _fig("wall_s")), ("device-s", _fig("device_s_per_training")),
     ]
     if t["rgu"].notna().any():
-        columns.append(("RGU-h/1000", lambda r: fmt(r["rgu_hours_per_1000"], ".3g")))
+        columns.append(("RGU-h/1000", _fig("rgu_hours_per_1000", ".3g")))
     if mib.notna().any():
         columns += [("MiB/step", lambda r: fmt(mib[r.name], ".3f")),
                     ("comm s", lambda r: fmt(r.get("allreduce_s_per_step"), ".4f"))]
     columns.append(("best", lambda r: "*" if r["best"] else ""))
-    table = Table(title="One training on k devices (spread) beside N trainings on one device (packing)")
-    for header, _ in columns:
-        table.add_column(header, justify="left" if header in ("partition (GPU)", "layout") else "right",
-                         no_wrap=header == "layout")
-    for _, r in t.iterrows():
-        table.add_row(*(cell(r) for _, cell in columns))
-    console.print(table)
+    console.print(_table("One training on k devices (spread) beside N trainings on one device (packing)", columns, t,
+                         ("partition (GPU)", "layout")))
     console.print("devices: per training (1/N packed, k spread). wall s: one training, its start to its end. device-s: "
                   "device time per training, the job's start-up included (packed: the pack's wall / N; spread: k x "
                   "the job's wall); the fewest uses a device-hour, and an RGU-hour, best."
@@ -427,16 +435,12 @@ def render_layouts(c: Collected, console: Console) -> None:
 
 def render_occupancy(c: Collected, console: Console) -> None:
     """How busy the slots were: whole packs beside streaming lanes, per group."""
-    table = Table(title="Slot occupancy: Σ training wall / (N × job wall), whole packs and streaming lanes")
-    for col in ("partition (GPU)", "mode", "N", "how", "packs", "jobs", "trainings", "device-s/training", "occupancy",
-                "gap s", "span s"):
-        table.add_column(col, justify="left" if col in ("partition (GPU)", "mode", "how") else "right")
-    for _, r in c.occupancy.iterrows():
-        table.add_row(_gpu(r), str(r["mode"]), str(int(r["factor"])), str(r["how"]),
-                      str(int(r["packs"])), str(int(r["jobs"])),
-                      str(int(r["trainings"])), fmt(r["device_s_per_training"]), fmt(r["slot_occupancy"], ".2f"),
-                      fmt(r["gap_mean_s"], ".2f"), fmt(r["span_s"]))
-    console.print(table)
+    columns = [("partition (GPU)", _gpu), ("mode", _text("mode")), ("N", _int("factor")), ("how", _text("how")),
+               ("packs", _int("packs")), ("jobs", _int("jobs")), ("trainings", _int("trainings")),
+               ("device-s/training", _fig("device_s_per_training")), ("occupancy", _fig("slot_occupancy")),
+               ("gap s", _fig("gap_mean_s")), ("span s", _fig("span_s"))]
+    console.print(_table("Slot occupancy: Σ training wall / (N × job wall), whole packs and streaming lanes", columns,
+                         c.occupancy, ("partition (GPU)", "mode", "how")))
     console.print("packs: whole packs, or streaming lanes; jobs: the jobs that ran them (a job runs its lane of "
                   "packs in turn). device-s/training: the packs' walls over the trainings they completed. "
                   "occupancy: 1.00 is every slot busy from its job's start to its end (a whole pack waits for its "
@@ -456,14 +460,10 @@ def render_search(s: SearchReport, console: Console, several: bool = False, most
     if s.trials.empty:
         return
     shown = s.trials.head(most)
-    table = Table(title=f"Trials ranked by {s.metric} ({s.direction}; the best {len(shown)} of {len(s.trials)})",
-                  box=box.MINIMAL, show_edge=False, pad_edge=False)
-    for col in ("trial", s.metric, "state", "params", "wall s"):
-        table.add_column(col, justify="left" if col in ("state", "params") else "right")
-    for _, r in shown.iterrows():
-        table.add_row(str(int(r["number"])), fmt(r["value"], ".4g"), str(r["state"]), param_text(r["params"]),
-                      fmt(r["wall_s"]))
-    console.print(table)
+    columns = [("trial", _int("number")), (s.metric, _fig("value", ".4g")), ("state", _text("state")),
+               ("params", lambda r: param_text(r["params"])), ("wall s", _fig("wall_s"))]
+    console.print(_table(f"Trials ranked by {s.metric} ({s.direction}; the best {len(shown)} of {len(s.trials)})",
+                         columns, shown, ("state", "params"), minimal=True))
 
 
 def render_collected(c: Collected, written: Sequence[Path], console: Console, wide: bool = False) -> None:
