@@ -1,7 +1,5 @@
-"""The sentences and figures of the report as plain text, shared by the terminal
-(:mod:`gpupack.results.report.terminal`), the HTML (:mod:`gpupack.results.report.html`), the plots and summary.json: the
-best-N line and how it was chosen, the modes compared, the cost, the hyperparameters. A packing mode is named as its
-:class:`gpupack.job.pack.Packer` says."""
+"""The report's sentences and figures as plain text, shared by the terminal, the HTML, the plots and summary.json. A
+packing mode is named as its :class:`gpupack.job.pack.Packer` says."""
 from __future__ import annotations
 
 import math
@@ -34,8 +32,7 @@ class ClusterSection(TypedDict, total=False):
 
 
 class RunConfig(TypedDict, total=False):
-    """What the report says of a run's config.yaml (written by :mod:`gpupack.sweep.flow.run`; the file holds the whole
-    composed config, read back unresolved and unchecked: a key may be missing)."""
+    """What the report reads of a run's config.yaml (read back unresolved and unchecked: a key may be missing)."""
 
     sweep: SweepSection
     packing: PackingSection
@@ -73,9 +70,8 @@ def best_line(row: pd.Series) -> str:
 
 
 def bound_phrase(row: pd.Series) -> str:
-    """An N whose gain over the reference passes what the device can give (gpupack.results.analysis.summary.gain_bounds:
-    on a CPU min(N, cores) / min(ref, cores), on a GPU or in one shared process N / ref): which gain, which bound, and
-    whether its interval holds the bound."""
+    """An N whose gain passes what the device can give (gpupack.results.analysis.summary.gain_bounds): which gain,
+    which bound, and whether its interval holds the bound."""
     n, ref = int(row["factor"]), int(row["gain_ref"])
     over = "one alone" if ref == 1 else f"N={ref}"
     low = row.get("gain_low")
@@ -123,8 +119,7 @@ def bound_lines(r: pd.Series) -> list[str]:
 
 
 def no_answer_line(r: pd.Series) -> str:
-    """A group whose choice is withheld (gpupack.results.analysis.summary.no_answer): the answer it does not name, and
-    why."""
+    """A group whose choice is withheld (gpupack.results.analysis.summary.no_answer): what it does not name, and why."""
     where = f"{r['workload']} on {r['partition']} ({r['gpu_type']}), mode {r['mode']}"
     n = int(r["factor"])
     if r.get("no_answer") == UNDER_LOAD:
@@ -137,8 +132,7 @@ def no_answer_line(r: pd.Series) -> str:
 
 
 def no_answer_advice(r: pd.Series) -> list[str]:
-    """What to do where no N is named: true for the case it is printed in (more packs of a biased reference settle
-    nothing, so none is advised)."""
+    """What to do where no N is named (more packs of a biased reference settle nothing: none is advised)."""
     cpu, threads = _cpu_threads(r)
     quiet = ("Run it again on a quiet machine (nothing else on the job's cores: `top` shows what is), or on the "
              "cluster, where a job has its cores to itself")
@@ -151,8 +145,8 @@ def no_answer_advice(r: pd.Series) -> list[str]:
 
 
 def choice_lines(r: pd.Series) -> list[str]:
-    """How the best N of one group was picked: its ties, the rule, whether the answer is settled, and whether its
-    gain passes what the device can give. A withheld choice: only what to do (no answer is provisional)."""
+    """How the best N of one group was picked: its ties, the rule, whether it is settled, whether its gain passes
+    its bound. A withheld choice: only what to do."""
     if r.get("no_answer"):
         return no_answer_advice(r) + ([f"Method: {r['choice_method']}."] if r.get("choice_method") else [])
     lines = bound_lines(r)
@@ -194,11 +188,8 @@ def of_group(frame: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
 
 def alone_text(c: Collected, best: pd.Series) -> str:
     """The best (mode, N) against one training alone as a user would otherwise run it: the fastest N=1 of the modes
-    that named an N beside it (each mode's own gain is against its own N=1, and a fused N=1 pays a whole fresh
-    process). A mode whose choice was withheld is left out: its N=1 may be the reference set up to lose that withheld
-    it, and a spread layout's one training over k devices is not one alone. Medians of the same run on the same
-    device; "" where no N=1 ran or the best is one. (The summary holds no run of the loader alone:
-    :func:`gpupack.results.analysis.summary.summarize` left them out.)"""
+    that named an N beside it (a withheld mode's N=1 may be the reference set up to lose); "" where no N=1 ran or the
+    best is one."""
     ones = of_group(c.summary, best)
     ones = ones[(ones["factor"] == 1) & ones["mode"].isin(of_group(c.best, best)["mode"])]
     ones = ones.dropna(subset=["time_per_training_s"])
@@ -233,8 +224,8 @@ def hyper_lines(ranking: Ranking) -> list[str]:
 
 
 def hyper_notes(ranking: Ranking) -> list[str]:
-    """What a person should know of a ranking beside its rows: where its metric or goal came from, where not from
-    the flags given now; a goal that goes against its metric's name."""
+    """Where a ranking's metric or goal came from (not from the flags given now), and a goal against its metric's
+    name."""
     return [line for line in (ranking.origin, ranking.caution if not ranking.table.empty else "") if line]
 
 
@@ -269,8 +260,8 @@ def cost_lines(c: Collected) -> list[str]:
 
 
 def drift_line(row: pd.Series, loaded: bool = False) -> str:
-    """The drift check in words, with its figure; ``loaded``: every pack of its partition was measured under foreign
-    load, so a steady figure says the load held, not that the machine was quiet."""
+    """The drift check in words; ``loaded``: every pack of its partition ran under foreign load, so steady says the
+    load held, not that the machine was quiet."""
     change = float(row["change"])
     verdict = (f"steady within {STEADY:.0%}" if abs(change) <= STEADY else
                "the machine got slower during the run" if change > 0 else "the machine got faster during the run")
@@ -295,8 +286,8 @@ def _ids(ids: Iterable[object], most: int = 5) -> str:
 
 
 def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
-    """What the samplers measured of load from outside the run (:mod:`gpupack.results.analysis.disturbance`): a line per
-    group with disturbed packs, naming them; a run measured quiet says nothing."""
+    """A line per group with packs measured under foreign load (:mod:`gpupack.results.analysis.disturbance`), naming
+    them; a quiet run says nothing."""
     lines = []
     for _, r in disturbance.iterrows():
         if not r["disturbed"]:
@@ -331,8 +322,7 @@ def verdict_word(row: pd.Series) -> str:
 
 
 def params_label(params: Mapping[str, object], keys: Sequence[str]) -> str:
-    """A training named by its hyperparameters (``keys``: the grid's, in order; every one where none is known), as a
-    person reads it: ``lr=0.1, batch_size=64``."""
+    """A training named by its hyperparameters (``keys``: the grid's, in order; else all): ``lr=0.1, batch_size=64``."""
     shown = [k for k in keys if k in params] or sorted(params)
     return ", ".join(f"{k}={params[k]}" for k in shown)
 
@@ -357,10 +347,9 @@ def _listed(values: object) -> str:
 
 
 def what_ran(c: Collected, configs: Mapping[str, RunConfig]) -> list[tuple[str, str]]:
-    """What ran, as (what, value) pairs: the sweep, its workload, grid, N, modes, partitions and cluster (from the
-    runs' configs, ``configs``: run directory → its config.yaml as a dict, {} where there is none), the date, the
-    wall time from the first pack's start to the last one's end, the trainings by outcome and the jobs and packs
-    that ran them (the run header's jobs: a job runs its lane of packs in turn). Pure."""
+    """What ran, as (what, value) pairs: from the runs' configs (``configs``: run directory → its config.yaml) the
+    sweep, grid, N, modes and cluster; from the records the workloads, partitions, date, wall time, trainings by
+    outcome, and the jobs and packs. Pure."""
     first = next(iter(configs.values()), RunConfig())
     sweep, packing = first.get("sweep") or {}, first.get("packing") or {}
     grid = sweep.get("grid") or {}
@@ -405,27 +394,23 @@ def _span(packs: pd.DataFrame) -> tuple[float | None, float | None]:
 
 
 def jobs_phrase(packs: pd.DataFrame) -> str:
-    """The jobs that ran the packs and the packs (or streaming lanes) they ran: a job may run a lane of packs in
-    turn, so the jobs are counted by their job id, as the run header counts them."""
+    """The packs (or streaming lanes) and the jobs that ran them, counted by job id (a job runs its lane in turn)."""
     if packs.empty or "pack_id" not in packs:
         return "-"
     p = packs[packs["attempt"] == 0] if "attempt" in packs else packs
     jobs = p["job_id"].dropna().nunique() if "job_id" in p else 0
-    said = f"{len(p)} pack(s)" + (f" run by {jobs} job(s)" if jobs else "")
-    return said
+    return f"{len(p)} pack(s)" + (f" run by {jobs} job(s)" if jobs else "")
 
 
 # ---------------- search=optuna: the best trial, the trials, the study's history ----------------
 
 def param_text(params: Mapping[str, object]) -> str:
-    """Hyperparameters as a person reads them: ``lr=0.0123, layers=3`` (floats to 4 significant digits; a whole
-    number as one, as a table column of ints with a gap holds them: 60000, not 6e+04 or 60000.0)."""
+    """Hyperparameters as a person reads them (:func:`gpupack.results.analysis.tables.value_text`): ``lr=0.0123``."""
     return ", ".join(f"{k}={value_text(v)}" for k, v in params.items())
 
 
 def search_best_line(s: SearchReport) -> str:
-    """The search's answer in one line, its params first: ``Best trial: lr=0.0123, layers=3 → val_accuracy 0.9123
-    (maximize; trial 17 of 32)``."""
+    """The search's answer in one line, params first: ``Best trial: lr=0.0123 → val_accuracy 0.91 (maximize; ...)``."""
     best = s.best()
     if best is None:
         return f"Best trial: none completed yet ({s.metric}, {s.direction}; {len(s.trials)} trial(s) asked)."
