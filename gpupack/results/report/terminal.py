@@ -1,5 +1,4 @@
-"""The terminal: rich tables and lines from what :mod:`gpupack.results.analysis.aggregate` computes (the main table fits
-:data:`WIDTH` columns unless --wide), and the console they print on."""
+"""The terminal: rich tables and lines from what :mod:`gpupack.results.analysis.aggregate` computes."""
 from __future__ import annotations
 
 import math
@@ -80,8 +79,7 @@ def _throughput(r: pd.Series) -> str:
 
 
 def _failed(r: pd.Series) -> str:
-    """Failed attempts of all attempts (an attempt kept from before a resume counts), and OOMs and victims of
-    another's fault apart."""
+    """Failed attempts of all attempts (those before a resume too), OOMs and victims of another's fault apart."""
     text = f"{int(r['failed'])}/{int(r.get('attempts', r['failed']))}"
     if r.get("victims"):
         text += f" (+{int(r['victims'])} victims, run again)"
@@ -109,8 +107,8 @@ def skipped_lines(summary: pd.DataFrame) -> list[str]:
 
 
 def _tpt(r: pd.Series) -> str:
-    """Median time per training and its bootstrap interval (min-max where one pack gives no interval); a row that
-    only streamed: its lanes' device-seconds per training, marked ``stream`` (no interval: a stream times the run)."""
+    """Median time per training and its bootstrap interval; a row that only streamed: its lanes' device-seconds per
+    training, marked ``stream``."""
     if _num(r, "time_per_training_s") is None and _num(r, "stream_s_per_training") is not None:
         return f"{fmt(r['stream_s_per_training'])} stream"
     low, high = _num(r, "tpt_ci_low_s"), _num(r, "tpt_ci_high_s")
@@ -167,7 +165,7 @@ def gain_legend(summary: pd.DataFrame) -> str:
 
 
 def pending_lines(c: Collected) -> list[str]:
-    """What a run with no finished pack has so far: its plan, the packs still to come, the trainings recorded."""
+    """What a run with no finished pack has so far."""
     r = c.records
     if not r.planned and r.trainings.empty and r.packs.empty:
         where = ", ".join(r.runs) or "the directory given"
@@ -191,7 +189,7 @@ def shared_cores_line(c: Collected) -> str | None:
 
 
 def render(c: Collected, console: Console, wide: bool = False) -> None:
-    """What collect prints: warnings, a search's trials, the times by N, the best hyperparameters, then the answer."""
+    """What collect prints, the answer last."""
     for w in c.records.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, markup=True)
     for search in c.searches:  # a search's answer first: its best trial, then the trials ranked
@@ -202,7 +200,7 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
 
 
 def _render_times(c: Collected, console: Console, wide: bool) -> None:
-    """The time per training table (or what is pending), its legends, an auto run's steps and its production run."""
+    """The time per training table (or what is pending), its legends, an auto run's steps and its grid run."""
     if c.summary.empty:
         for line in pending_lines(c):
             console.print(line, highlight=False)
@@ -222,13 +220,11 @@ def _render_times(c: Collected, console: Console, wide: bool) -> None:
     for line in c.auto_lines:
         console.print(line, highlight=False)
     if not c.production.empty:
-        console.print(summary_table(c.production, c.production_title, set(),
-                                    wide=wide))
-    if not c.summary.empty:
-        if unsplit_trainings(c):
-            console.print(f"start-up s / loop s: '-' for {unsplit_trainings(c)} training(s) whose program did not mark "
-                          "its first step, so their wall time is one figure (from gpupack.result import "
-                          "TrainingResult; call first_step() before the first step to split it).", highlight=False)
+        console.print(summary_table(c.production, c.production_title, set(), wide=wide))
+    if not c.summary.empty and unsplit_trainings(c):
+        console.print(f"start-up s / loop s: '-' for {unsplit_trainings(c)} training(s) whose program did not mark "
+                      "its first step, so their wall time is one figure (from gpupack.result import "
+                      "TrainingResult; call first_step() before the first step to split it).", highlight=False)
 
 
 def _render_hyperparameters(c: Collected, console: Console) -> None:
@@ -252,8 +248,7 @@ def _render_hyperparameters(c: Collected, console: Console) -> None:
 
 
 def _render_answer(c: Collected, console: Console) -> None:
-    """The plan's trainings against their records, the cost, the answer (or why none), what would change it, and
-    the tables beside it (layouts, occupancy)."""
+    """The plan's trainings against their records, the cost, the answer (or why none), and the tables beside it."""
     counts = c.records.plan_counts()
     if counts.planned:  # the plan's trainings against their records, as status and a run's last line say (a search
         console.print(counts.line(), highlight=False, soft_wrap=True)  # plans none: its trials' line said it above)
@@ -267,9 +262,7 @@ def _render_answer(c: Collected, console: Console) -> None:
         console.print(f"[bold]{escape(said)}[/]" if r.get("chosen") else f"[bold red]{escape(said)}[/]", markup=True)
         for line in choice_lines(r):
             console.print(f"  {line}", highlight=False)
-    for line in c.again_lines:
-        console.print(line, highlight=False, markup=False)
-    for line in drift_lines(c):
+    for line in c.again_lines + drift_lines(c):
         console.print(line, highlight=False, markup=False)
     for line in mode_lines(c):
         console.print(f"[bold]{escape(line)}[/]", markup=True)
@@ -286,7 +279,7 @@ def _render_answer(c: Collected, console: Console) -> None:
 
 
 def failure_lines(c: Collected, most: int = 3) -> list[str]:
-    """Why trainings failed: each distinct last error line, how many trainings hit it, and one log to read."""
+    """Each distinct last error line, how many trainings hit it, and one log to read."""
     t = c.records.trainings
     if t.empty or "status" not in t:
         return []
@@ -325,7 +318,7 @@ COLUMNS: list[tuple[str, Cell, str]] = [
     ("packs", _packs, "both"),
     ("s/training", _tpt, "both"),
     ("start/loop s", lambda r: f"{fmt(r['startup_s'])}/{fmt(r['loop_s'])}", "wide"),
-    ("gain", lambda r: _gain(r), "both"),
+    ("gain", _gain, "both"),
     ("samples/s", _throughput, "wide"),  # per training, with the loader-only bound beside it
     ("util %", _util, "wide"),
     ("mem MB", _memory, "both"),
@@ -402,8 +395,7 @@ def _devices(x: float) -> str:
 
 
 def render_layouts(c: Collected, console: Console) -> None:
-    """One training on k devices beside N trainings on one device: one table (fits 120 columns; every figure is in
-    summary.json and the HTML report), then a verdict per GPU type."""
+    """One training on k devices beside N trainings on one device: a table, then a verdict per GPU type."""
     t = c.layouts
     mib = pd.to_numeric(t.get("allreduce_bytes_per_step"), errors="coerce") / 2**20
     columns: list[tuple[str, Cell]] = [
@@ -453,7 +445,7 @@ SEARCH_ROWS = 10  # the terminal's ranked trials; report.html shows more
 
 
 def render_search(s: SearchReport, console: Console, several: bool = False, most: int = SEARCH_ROWS) -> None:
-    """A search's best trial in one line (its params first), how far it is, then its top trials ranked."""
+    """A search's best trial in one line, how far it is, then its top trials ranked."""
     console.print(f"[bold]{escape(search_best_line(s))}[/]" + (f" ({escape(s.run)})" if several else ""),
                   markup=True, highlight=False)
     console.print(search_counts_line(s), highlight=False, markup=False)
