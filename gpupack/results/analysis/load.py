@@ -219,10 +219,6 @@ def _attempt_records(pack_dirs: Sequence[str]) -> list[Path]:
     return out
 
 
-def _attempt_of(path: Path) -> int:
-    return int(path.parent.name) if path.parent.name.isdigit() else 0
-
-
 def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: RowsByPack, packs: RowsByPack,
                    warnings: list[str]) -> None:
     """Earlier attempts' records (packs/<id>/attempts/<k>/), from their JSON: a resumed pack moves them there, and
@@ -233,7 +229,7 @@ def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: RowsByPack,
         kind = "pack" if path.name == PACK_RECORD else "training"
         read = read_records([path], kind, warnings)
         rows[kind] += read
-        attempts[kind] += [_attempt_of(path) or 1] * len(read)
+        attempts[kind] += [(int(path.parent.name) if path.parent.name.isdigit() else 0) or 1] * len(read)
     trainings.add(split_rows(rows["training"]), str(run.root), attempts["training"])
     packs.add(split_rows(rows["pack"]), str(run.root), attempts["pack"])
 

@@ -59,15 +59,12 @@ def _num(r: pd.Series, key: str) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
-def _util(r: pd.Series) -> str:
-    """GPU utilization where NVML sampled it, else the trainings' CPU % (100 = one core)."""
-    gpu, cpu = _num(r, "gpu_util_mean"), _num(r, "cpu_percent_mean")
-    return f"gpu {gpu:.0f}" if gpu is not None else (f"cpu {cpu:.0f}" if cpu is not None else "-")
-
-
-def _memory(r: pd.Series) -> str:
-    gpu, rss = _num(r, "gpu_mem_peak_mb"), _num(r, "peak_rss_mb")
-    return f"gpu {gpu:.0f}" if gpu is not None else (f"rss {rss:.0f}" if rss is not None else "-")
+def _gpu_else(gpu_column: str, name: str, column: str) -> Cell:
+    """The GPU's figure where NVML sampled it, else the trainings' (``name``: what it is, e.g. cpu, 100 = one core)."""
+    def cell(r: pd.Series) -> str:
+        gpu, other = _num(r, gpu_column), _num(r, column)
+        return f"gpu {gpu:.0f}" if gpu is not None else (f"{name} {other:.0f}" if other is not None else "-")
+    return cell
 
 
 def _throughput(r: pd.Series) -> str:
@@ -320,8 +317,8 @@ COLUMNS: list[tuple[str, Cell, str]] = [
     ("start/loop s", lambda r: f"{fmt(r['startup_s'])}/{fmt(r['loop_s'])}", "wide"),
     ("gain", _gain, "both"),
     ("samples/s", _throughput, "wide"),  # per training, with the loader-only bound beside it
-    ("util %", _util, "wide"),
-    ("mem MB", _memory, "both"),
+    ("util %", _gpu_else("gpu_util_mean", "cpu", "cpu_percent_mean"), "wide"),
+    ("mem MB", _gpu_else("gpu_mem_peak_mb", "rss", "peak_rss_mb"), "both"),
     ("failed/attempts", _failed, "both"),
 ]
 

@@ -364,10 +364,10 @@ def what_ran(c: Collected, configs: Mapping[str, RunConfig]) -> list[tuple[str, 
              ("modes", _listed(packing.get("modes", "-"))),
              ("partitions", ", ".join(partitions) or "-"),
              ("cluster", str((first.get("cluster") or {}).get("name", "-")))]
-    first_start, last_end = _span(packs)
-    pairs += [("date", when(first_start)),
-              ("wall time", duration(last_end - first_start if first_start is not None and last_end is not None
-                                     else None))]
+    # the first pack's start and the last one's end (NaN, said "-", where no record says)
+    first_start, last_end = (float(pd.to_numeric(packs.get(col, pd.Series(dtype=float)), errors="coerce").agg(how))
+                             for col, how in (("started_at", "min"), ("ended_at", "max")))
+    pairs += [("date", when(first_start)), ("wall time", duration(last_end - first_start))]
     counts = c.records.plan_counts() if c.records.planned_ids else None
     latest = c.records.latest()
     if counts is not None:
@@ -380,17 +380,6 @@ def what_ran(c: Collected, configs: Mapping[str, RunConfig]) -> list[tuple[str, 
         pairs.append(("trainings", f"{done} completed, {len(latest) - done} did not"))
     pairs.append(("jobs and packs", jobs_phrase(packs)))
     return pairs
-
-
-def _span(packs: pd.DataFrame) -> tuple[float | None, float | None]:
-    """The first pack's start and the last one's end (None where no record says)."""
-    def stamp(col: str, last: bool) -> float | None:
-        if packs.empty or col not in packs:
-            return None
-        values = pd.to_numeric(packs[col], errors="coerce").dropna()
-        return None if values.empty else float(values.max() if last else values.min())
-
-    return stamp("started_at", False), stamp("ended_at", True)
 
 
 def jobs_phrase(packs: pd.DataFrame) -> str:
