@@ -114,15 +114,6 @@ def _tpt(r: pd.Series) -> str:
     return fmt(r["time_per_training_s"])
 
 
-STREAM_LEGEND = ("lanes, stream: a streaming run (each slot took the next training as one ended); its s/training is "
-                 "the lanes' device-seconds per training (job walls / trainings completed), with no interval and no "
-                 "best N: a stream times the run, not N (measure N with packing.stream=off).")
-
-
-def _streamed_rows(summary: pd.DataFrame) -> bool:
-    return not summary.empty and "lanes" in summary and bool((summary["lanes"] > 0).any())
-
-
 def _packs(r: pd.Series) -> str:
     """Whole packs that timed this N, or the streaming lanes that ran it (``2 lanes``)."""
     lanes = int(_num(r, "lanes") or 0)
@@ -177,14 +168,6 @@ def pending_lines(c: Collected) -> list[str]:
     return lines
 
 
-def shared_cores_line(c: Collected) -> str | None:
-    host = shared_host(c.records)
-    if host is None:
-        return None
-    return (f"note: all packs ran on one host ({host}), sharing its cores as on the local test cluster: timings "
-            "measure overhead.")
-
-
 def render(c: Collected, console: Console, wide: bool = False) -> None:
     """What collect prints, the answer last."""
     for w in c.records.warnings:
@@ -207,19 +190,25 @@ def _render_times(c: Collected, console: Console, wide: bool) -> None:
                                     {tuple(r[GROUP + ["factor"]]) for _, r in c.best.iterrows()}, wide=wide))
         console.print("N*: the chosen N; N~: within noise of the lowest median. " + gain_legend(c.summary)
                       + ("" if wide else " Every column: --wide (and summary.csv)."), highlight=False)
-        if _streamed_rows(c.summary):
-            console.print(STREAM_LEGEND, highlight=False)
+        if "lanes" in c.summary and (c.summary["lanes"] > 0).any():
+            console.print("lanes, stream: a streaming run (each slot took the next training as one ended); its "
+                          "s/training is the lanes' device-seconds per training (job walls / trainings completed), "
+                          "with no interval and no best N: a stream times the run, not N (measure N with "
+                          "packing.stream=off).", highlight=False)
         for line in skipped_lines(c.summary):
             console.print(line, highlight=False, markup=False)
-    shared = shared_cores_line(c)
-    if shared:
-        console.print(shared, highlight=False)
+    host = shared_host(c.records)
+    if host is not None:
+        console.print(f"note: all packs ran on one host ({host}), sharing its cores as on the local test cluster: "
+                      "timings measure overhead.", highlight=False)
     for line in c.auto_lines:
         console.print(line, highlight=False)
     if not c.production.empty:
         console.print(summary_table(c.production, c.production_title, set(), wide=wide))
-    if not c.summary.empty and unsplit_trainings(c):
-        console.print(f"start-up s / loop s: '-' for {unsplit_trainings(c)} training(s) whose program did not mark "
+    t = c.records.trainings  # timing_split False: a command that reported no first step (None: not a command's)
+    unsplit = int((t["timing_split"] == False).sum()) if "timing_split" in t else 0  # noqa: E712
+    if not c.summary.empty and unsplit:
+        console.print(f"start-up s / loop s: '-' for {unsplit} training(s) whose program did not mark "
                       "its first step, so their wall time is one figure (from gpupack.result import "
                       "TrainingResult; call first_step() before the first step to split it).", highlight=False)
 
@@ -340,14 +329,6 @@ def summary_table(summary: pd.DataFrame, title: str, best_keys: Set[tuple[Hashab
     columns = [(h, cell) for h, cell, where in COLUMNS if where in ("both", "wide" if wide else "default")]
     return _table(title, columns, summary, ("partition (GPU)", "mode"), minimal=True,
                   style=lambda r: "bold green" if tuple(r[GROUP + ["factor"]]) in best_keys else None)
-
-
-def unsplit_trainings(c: Collected) -> int:
-    """Trainings whose start-up and loop are one figure (a command that reported no first step)."""
-    t = c.records.trainings
-    if t.empty or "timing_split" not in t:
-        return 0
-    return int((t["timing_split"] == False).sum())  # noqa: E712 (None: not a command training)
 
 
 def render_knobs(c: Collected, console: Console) -> None:
