@@ -123,11 +123,6 @@ def _keys(df: pd.DataFrame) -> dict[str, str]:
     return keys
 
 
-def about_section(about: Sequence[tuple[str, str]]) -> str:
-    rows = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in about)
-    return f"<section id='what-ran'><h2>What ran</h2><table class='t about'>{rows}</table></section>"
-
-
 def answer_lines(c: Collected) -> tuple[list[str], list[str], list[str]]:
     """The answer in the terminal's words: the best N per GPU type, how each was chosen, and what qualifies it."""
     best = [text.best_line(r) for _, r in c.best.iterrows()]
@@ -193,14 +188,10 @@ def search_section(c: Collected, figures: Sequence[Plot | None] = ()) -> str:
     return (f"<section id='search'><h2>Search: best trial</h2>{''.join(parts)}</section>" if parts else "")
 
 
-def _n(r: pd.Series) -> str:
-    return str(int(r["factor"]))
-
-
 def main_table(summary: pd.DataFrame) -> str:
     """The main table: the columns that decide (the terminal's, N plain and its verdict in words)."""
     cells: dict[str, Cell] = {header: cell for header, cell, where in COLUMNS if where == "both"}
-    cells.update(N=_n, verdict=text.verdict_word)
+    cells.update(N=lambda r: str(int(r["factor"])), verdict=text.verdict_word)
     columns = {header: header for header in cells} | {"s/training": "s/training (median [95% interval])"}
     return table(summary, {**_keys(summary), **columns}, cells=cells)
 
@@ -240,17 +231,13 @@ COST_FORMATS = {"rgu": ".2f", "time_per_training_s": ".2f", "rgu_hours_per_train
                 "billed_multiple": ".2f", "rgu_hours_at_bundle": ".2e", "sweep_rgu_hours": ".3g", "factor": ".0f"}
 
 
-def _cost_verdict(r: pd.Series) -> str:
-    return ", ".join(word for word, on in (("fastest", r.get("fastest")), ("cheapest", r.get("cheapest"))) if on)
-
-
 def cost_section(c: Collected) -> str:
     if c.cost.empty:
         return ""
     return (f"<h3>Cost at the best N, for a sweep of {_esc(text.trainings_phrase(c.sweep_trainings))} on one "
             "device</h3>"
             + table(c.cost, {**_keys(c.cost), **COST_COLUMNS, **({"verdict": "verdict"} if len(c.cost) > 1 else {})},
-                    COST_FORMATS, cells={"verdict": _cost_verdict})
+                    COST_FORMATS, cells={"verdict": lambda r: ", ".join(w for w in ("fastest", "cheapest") if r[w])})
             + _details("How each is billed", table(c.cost, {**_keys(c.cost), **COST_MORE}, COST_FORMATS)))
 
 
@@ -260,25 +247,6 @@ LAYOUT_COLUMNS = {"partition": "partition", "layout": "layout", "devices_per_tra
                   "best": "best"}
 LAYOUT_FORMATS = {"wall_s": ".2f", "device_s_per_training": ".2f", "trainings_per_device_hour": ".0f",
                   "rgu_hours_per_1000": ".3g", "devices_per_training": ".3g", "packs": ".0f"}
-
-
-def _knob_section(c: Collected) -> str:
-    if c.knobs.empty:
-        return ""
-    columns = {**{k: k for k in ["partition", *text.knob_columns(c.knobs)]}, "factor": "N",
-               "samples_per_s": "samples/s/training", "loader_bound_samples_per_s": "loader-only samples/s",
-               "loader_bound": "loader-bound", "beyond_bound": "beyond the device's bound"}
-    return ("<h3>Throughput by knob setting, beside the loader-only bound</h3>"
-            + table(c.knobs, columns, {"samples_per_s": ".0f", "loader_bound_samples_per_s": ".0f",
-                                       "factor": ".0f"}))
-
-
-def _layout_section(c: Collected) -> str:
-    if c.layouts.empty:
-        return ""
-    return ("<h3>One training on k devices beside N trainings on one device</h3>"
-            + table(c.layouts, {**_keys(c.layouts), **LAYOUT_COLUMNS}, LAYOUT_FORMATS)
-            + _paragraphs(c.verdicts))
 
 
 OCCUPANCY_COLUMNS = {"partition": "partition", "mode": "mode", "factor": "N", "how": "how", "packs": "packs",
@@ -338,7 +306,17 @@ def evidence_section(c: Collected, page: Page) -> str:
     if not c.production.empty:
         parts += [f"<h3>{_esc(c.production_title)}</h3>", main_table(c.production)]
     parts += [_figure(f) for f in page.figures]
-    parts += [cost_section(c), _knob_section(c), _layout_section(c)]
+    parts.append(cost_section(c))
+    if not c.knobs.empty:
+        columns = {**{k: k for k in ["partition", *text.knob_columns(c.knobs)]}, "factor": "N",
+                   "samples_per_s": "samples/s/training", "loader_bound_samples_per_s": "loader-only samples/s",
+                   "loader_bound": "loader-bound", "beyond_bound": "beyond the device's bound"}
+        parts.append("<h3>Throughput by knob setting, beside the loader-only bound</h3>" + table(
+            c.knobs, columns, {"samples_per_s": ".0f", "loader_bound_samples_per_s": ".0f", "factor": ".0f"}))
+    if not c.layouts.empty:
+        parts.append("<h3>One training on k devices beside N trainings on one device</h3>"
+                     + table(c.layouts, {**_keys(c.layouts), **LAYOUT_COLUMNS}, LAYOUT_FORMATS)
+                     + _paragraphs(c.verdicts))
     if not c.occupancy.empty:
         parts.append("<h3>Slot occupancy</h3>" + table(c.occupancy, {**_keys(c.occupancy), **OCCUPANCY_COLUMNS},
                                                           OCCUPANCY_FORMATS))
@@ -362,7 +340,9 @@ def _page(title: str, body: Sequence[str]) -> str:
 
 def build_report(c: Collected, page: Page) -> str:
     """One run's page, top-down. Pure."""
-    return _page(page.title, [f"<h1>{_esc(page.title)}</h1>", about_section(page.about),
+    about = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in page.about)
+    return _page(page.title, [f"<h1>{_esc(page.title)}</h1>", "<section id='what-ran'><h2>What ran</h2>"
+                              f"<table class='t about'>{about}</table></section>",
                               search_section(c, page.search_figures), answer_section(c),
                               hyper_section(c), evidence_section(c, page), failures_section(page.trainings),
                               _warnings(c)])
@@ -441,9 +421,7 @@ def training_rows(c: Collected, out: Path, configs: Mapping[str, text.RunConfig]
         rows.append({"run": run, "workload": rec.get("workload"), "training": text.params_label(p, keys) or
                      str(rec["training_id"]), "factor": rec.get("factor"), "pack_id": rec.get("pack_id"),
                      "status": rec.get("status"),
-                     "outcome": "completed" if rec.get("status") == "completed" else
-                     "skipped" if rec.get("status") == SKIPPED_MEMORY else
-                     "pruned" if rec.get("status") == PRUNED else "failed",
+                     "outcome": OUTCOMES.get(str(rec.get("status")), "failed"),
                      "metric": rec.get(metric) if metric else None,
                      "error": error.strip().splitlines()[-1][:200] if isinstance(error, str) and error.strip()
                      else "",
@@ -451,6 +429,9 @@ def training_rows(c: Collected, out: Path, configs: Mapping[str, text.RunConfig]
                         for s, log in logs.items()}})
     frame = pd.DataFrame(rows)
     return frame.drop(columns=["run"]) if frame["run"].nunique() <= 1 else frame
+
+
+OUTCOMES = {"completed": "completed", SKIPPED_MEMORY: "skipped", PRUNED: "pruned"}  # a status → how the page says it
 
 
 def draw(c: Collected, plots_dir: Path) -> list[tuple[Path, str]]:
@@ -479,14 +460,12 @@ def write_report(c: Collected, out: Path, configs: Mapping[str, text.RunConfig] 
                                    if (cf.get("sweep") or {}).get("name")))
     page = Page(about=text.what_ran(c, configs), figures=[Plot(caption, data_uri(p)) for p, caption in plots],
                 trainings=training_rows(c, out, configs), title=f"gpupack report: {name}" if name else "gpupack report",
-                search_figures=[Plot(HISTORY_CAPTION, data_uri(p)) if p is not None else None for p in history])
+                search_figures=[Plot("The search's history: each trial's value and the best so far, against the trial "
+                                     "number and against the device-hours spent", data_uri(p)) if p is not None
+                                else None for p in history])
     report = out / "report.html"
     write_text_atomic(report, build_report(c, page))
     return [p for p, _ in plots] + [p for p in history if p is not None] + [report]
-
-
-HISTORY_CAPTION = ("The search's history: each trial's value and the best so far, against the trial number and "
-                   "against the device-hours spent")
 
 
 def write_comparison(runs: Sequence[RunPage], out: Path) -> list[Path]:
