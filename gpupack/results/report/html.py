@@ -72,7 +72,7 @@ def _esc(value: object) -> str:
 def _cell(value: object, spec: str | None) -> str:
     """A value as a person reads it: a flag as ✓/—, a number in its format, a missing one as -."""
     if isinstance(value, bool) or (spec is None and str(value) in ("True", "False")):
-        return text.yes_no(value is True or str(value) == "True")
+        return "✓" if value is True or str(value) == "True" else "—"
     if spec is not None:
         try:
             return text.fmt(value, spec)
@@ -191,7 +191,8 @@ def search_section(c: Collected, figures: Sequence[Plot | None] = ()) -> str:
 def main_table(summary: pd.DataFrame) -> str:
     """The main table: the columns that decide (the terminal's, N plain and its verdict in words)."""
     cells: dict[str, Cell] = {header: cell for header, cell, where in COLUMNS if where == "both"}
-    cells.update(N=lambda r: str(int(r["factor"])), verdict=text.verdict_word)
+    cells.update(N=lambda r: str(int(r["factor"])),
+                 verdict=lambda r: "chosen" if r.get("chosen") else "within noise" if r.get("within_noise") else "")
     columns = {header: header for header in cells} | {"s/training": "s/training (median [95% interval])"}
     return table(summary, {**_keys(summary), **columns}, cells=cells)
 

@@ -3,7 +3,7 @@ packing mode is named as its :class:`gpupack.job.pack.Packer` says."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TypedDict
 
@@ -11,6 +11,7 @@ import pandas as pd
 
 from gpupack.results.analysis.aggregate import Collected
 from gpupack.results.analysis.drift import STEADY
+from gpupack.results.analysis.load import Records
 from gpupack.results.analysis.search import SearchReport
 from gpupack.results.analysis.summary import BY_CORES, BY_ONE_PROCESS, UNDER_LOAD, packer_of
 from gpupack.results.analysis.tables import Ranking, value_text
@@ -280,11 +281,6 @@ def drift_lines(c: Collected) -> list[str]:
     return [drift_line(r, str(r["partition"]) in loaded) for _, r in c.drift.iterrows()]
 
 
-def _ids(ids: Iterable[object], most: int = 5) -> str:
-    names = list(dict.fromkeys(map(str, ids)))  # an attempt of a pack measured twice is one pack named
-    return ", ".join(names[:most]) + (f", … ({len(names) - most} more)" if len(names) > most else "")
-
-
 def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
     """A line per group with packs measured under foreign load (:mod:`gpupack.results.analysis.disturbance`), naming
     them; a quiet run says nothing."""
@@ -304,21 +300,12 @@ def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
             mem = r.get("foreign_gpu_mem_mb_max")
             said.append(f"{r['gpu_disturbed']} with another process on its GPU (up to {r['foreign_gpu_procs_max']}"
                         + (f", {mem:.0f} MB" if mem is not None and mem == mem else "") + ")")
+        ids = list(dict.fromkeys(map(str, r["pack_ids"])))  # a pack measured in two attempts is named once
         lines.append(f"Measured under foreign load ({r['workload']} on {r['partition']} ({r['gpu_type']}), mode "
                      f"{r['mode']}): {r['disturbed']} of {r['packs']} packs ({'; '.join(said)}): "
-                     f"{_ids(r['pack_ids'])} — their times are not trusted as quiet figures.")
+                     f"{', '.join(ids[:5])}{f', … ({len(ids) - 5} more)' if len(ids) > 5 else ''} — their times "
+                     "are not trusted as quiet figures.")
     return lines
-
-
-def yes_no(value: object) -> str:
-    """A flag in a table cell: ✓ where set, — where not (never True/False)."""
-    return "✓" if value is True or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 1) \
-        else "—" if value is False or value == 0 else fmt(value, "")
-
-
-def verdict_word(row: pd.Series) -> str:
-    """The main table's verdict on one N: the chosen N, within noise of the lowest median, or nothing."""
-    return "chosen" if row.get("chosen") else "within noise" if row.get("within_noise") else ""
 
 
 def params_label(params: Mapping[str, object], keys: Sequence[str]) -> str:
@@ -378,17 +365,12 @@ def what_ran(c: Collected, configs: Mapping[str, RunConfig]) -> list[tuple[str, 
     elif not latest.empty and "status" in latest:
         done = int((latest["status"] == "completed").sum())
         pairs.append(("trainings", f"{done} completed, {len(latest) - done} did not"))
-    pairs.append(("jobs and packs", jobs_phrase(packs)))
-    return pairs
-
-
-def jobs_phrase(packs: pd.DataFrame) -> str:
-    """The packs (or streaming lanes) and the jobs that ran them, counted by job id (a job runs its lane in turn)."""
-    if packs.empty or "pack_id" not in packs:
-        return "-"
-    p = packs[packs["attempt"] == 0] if "attempt" in packs else packs
+    # the packs (or streaming lanes) and the jobs that ran them, counted by job id (a job runs its lane in turn)
+    p = Records.latest_of(packs)
     jobs = p["job_id"].dropna().nunique() if "job_id" in p else 0
-    return f"{len(p)} pack(s)" + (f" run by {jobs} job(s)" if jobs else "")
+    pairs.append(("jobs and packs", f"{len(p)} pack(s)" + (f" run by {jobs} job(s)" if jobs else "")
+                  if "pack_id" in p else "-"))
+    return pairs
 
 
 # ---------------- search=optuna: the best trial, the trials, the study's history ----------------
