@@ -15,18 +15,13 @@ import pyarrow.compute as pc
 from gpupack.core.plan import RENAMED
 from gpupack.core.store.columnar import JSON_PREFIX, STRING, Rows, column, json_array, layout_columns, same
 
-
-def _pool() -> pa.MemoryPool:
-    """Arrow's allocator for a frame of a million rows: jemalloc where the wheel has it, else the system's. Arrow's
-    default here, mimalloc, gives the gigabyte a load joins back to the system and takes it anew, page by page: a
-    million trainings collected in 7 s instead of 5 (benchmarks/collect_scale.py --cli, BENCHMARKS.md)."""
-    try:
-        return pa.jemalloc_memory_pool()
-    except (NotImplementedError, pa.ArrowException):
-        return pa.system_memory_pool()
-
-
-POOL = _pool()
+# Arrow's allocator for a frame of a million rows: jemalloc where the wheel has it, else the system's. Arrow's default
+# here, mimalloc, gives the gigabyte a load joins back to the system and takes it anew, page by page: a million
+# trainings collected in 7 s instead of 5 (benchmarks/collect_scale.py --cli, BENCHMARKS.md).
+try:
+    POOL = pa.jemalloc_memory_pool()
+except (NotImplementedError, pa.ArrowException):
+    POOL = pa.system_memory_pool()
 
 # Kept as JSON text after load, decoded where read: a million curves or hyperparameter sets take seconds to decode one
 # by one, and the tables parse theirs in bulk (tables.json_columns).

@@ -20,14 +20,6 @@ KEYS = ["workload", "partition", "gpu_type", "mode", "factor", "how"]
 WHOLE, STREAMED = "whole packs", "streaming"
 
 
-def _latest_packing(packs: pd.DataFrame) -> pd.DataFrame:
-    """The latest attempt of every pack or lane that says how busy its slots were (the loader alone left out)."""
-    if packs.empty or "busy_s" not in packs:
-        return pd.DataFrame()
-    p = without_loader_alone(Records.latest_of(packs))
-    return p[pd.to_numeric(p["busy_s"], errors="coerce").notna()].copy()
-
-
 def how_of(packs: pd.DataFrame) -> pd.Series:
     stream = packs["stream"] if "stream" in packs else pd.Series(None, index=packs.index)
     return stream.notna().map({True: STREAMED, False: WHOLE})
@@ -37,7 +29,10 @@ def occupancy(packs: pd.DataFrame) -> pd.DataFrame:
     """One row per (workload, partition, GPU type, mode, N, whole packs | streaming): packs (or lanes), jobs,
     trainings finished, device-seconds per training, slot occupancy, mean idle gap between two trainings of a slot,
     and the span from the first job's start to the last one's end."""
-    p = _latest_packing(packs)
+    if packs.empty or "busy_s" not in packs:
+        return pd.DataFrame()
+    p = without_loader_alone(Records.latest_of(packs))  # the latest attempts that say how busy their slots were
+    p = p[pd.to_numeric(p["busy_s"], errors="coerce").notna()].copy()
     if p.empty:
         return pd.DataFrame()
     p["how"] = how_of(p)

@@ -354,7 +354,10 @@ def _with_gains(out: pd.DataFrame) -> None:
     out["speedup_vs_n1"] = out["gain"].where(out["gain_ref"] == 1)
     out["gain_bound"], out["gain_bound_by"] = gain_bounds(out), bound_kinds(out)
     out["beyond_bound"] = (out["gain"] > out["gain_bound"]).fillna(False).astype(bool)
-    out["ref_gpu_util"] = _of_reference(out, "gpu_util_mean")
+    util = out["gpu_util_mean"] if "gpu_util_mean" in out else pd.Series(math.nan, index=out.index)
+    of_n = dict(zip(out[[*GROUP, "factor"]].itertuples(index=False, name=None), util))  # the reference's, by group
+    out["ref_gpu_util"] = pd.Series([of_n.get(k, math.nan) for k in out[[*GROUP, "gain_ref"]].itertuples(
+        index=False, name=None)], index=out.index, dtype=float)
 
 
 def _withhold_impossible(out: pd.DataFrame, loaded_only: Mapping[Hashable, bool]) -> None:
@@ -434,15 +437,6 @@ def no_answer(group: pd.DataFrame, loaded_only: bool) -> str | None:
     if bool(row["beyond_bound"]) and reach > row["gain_bound"] * (1 + BOUND_SLACK):
         return BEYOND_DEVICE
     return None
-
-
-def _of_reference(out: pd.DataFrame, column: str) -> pd.Series:
-    """Each row's group's reference N's ``column`` (NaN where it has none)."""
-    if column not in out:
-        return pd.Series(math.nan, index=out.index)
-    by = dict(zip(out[[*GROUP, "factor"]].itertuples(index=False, name=None), out[column]))
-    return pd.Series([by.get(k, math.nan) for k in out[[*GROUP, "gain_ref"]].itertuples(index=False, name=None)],
-                     index=out.index, dtype=float)
 
 
 def _times_by_n(timed: pd.DataFrame, keys: list[str]) -> tuple[pd.Series, pd.Series]:
