@@ -65,8 +65,7 @@ class Collected:
 def aggregate_records(records: Records, weights: Mapping[str, float] | None = None,
                       sweep_trainings: int | None = None, metric: str | None = None,
                       goal: str | None = None) -> Collected:
-    """Everything collect shows and writes, computed from loaded records; hyperparameters ranked by ``metric`` towards
-    ``goal`` (else as the runs were configured: collect.metric, collect.goal). Pure."""
+    """Everything collect shows, from loaded records; ranked by ``metric``/``goal``, else as configured. Pure."""
     packing_t, spread_t = split_spread(records.trainings)  # one training on k devices: apart, then beside
     packing_p, spread_p = split_spread(records.packs)
     probe_t, run_t = split_phase(packing_t, "run")
@@ -101,8 +100,7 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
 
 
 def searched(trainings: pd.DataFrame) -> pd.DataFrame:
-    """A search's trainings without an auto probe's (packing.factors=auto before search=optuna): the probe trained the
-    space's midpoint to find N, no trial of the study, so it is not ranked with the trials."""
+    """A search's trainings without an auto probe's: the probe trained no trial of the study."""
     if "phase" not in trainings:
         return trainings
     return trainings[trainings["phase"] != PROBE]
@@ -125,8 +123,7 @@ def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = No
 
 
 def load(run_dirs: Sequence[Path], metric: str | None = None, pattern: str | None = None) -> Records:
-    """The runs' records; with ``pattern``, ``metric`` read from each training's kept stdout where it reported none
-    (:func:`with_stdout_metric`). Reads only."""
+    """The runs' records; with ``pattern``, ``metric`` read from the kept stdout too. Reads only."""
     if pattern is not None and metric is None:
         raise ConfigError("--pattern", pattern, "reads a metric, and no --metric names it",
                           f"add --metric NAME, e.g. --metric val_loss --pattern {pattern!r}")

@@ -228,8 +228,7 @@ def _tagged(values: Sequence[float], rounds: Sequence[Hashable] | None, what: st
 
 def _pairs(tagged: Mapping[int, tuple[np.ndarray, list[Hashable]]], names: Callable[[int], str] = "N={}".format,
            ) -> dict[int, list[tuple[float, float, Hashable]]] | str:
-    """Each N's (its time, the reference's in the same round, round) pairs, the reference the first N (the smallest);
-    or why the comparison cannot be paired. ``names``: how an N is named in that why."""
+    """Each N's (its time, the reference's in that round, round) pairs, or why they cannot be paired."""
     ns = list(tagged)
     ref_times, ref_rounds = tagged[ns[0]]
     by_round: dict[Hashable, list[float]] = {}
@@ -355,8 +354,7 @@ def gain(a: Sequence[float], b: Sequence[float], *, confidence: float = 0.95, re
 
 def _paired_gain(pairs: Sequence[tuple[float, float, Hashable]], confidence: float, resamples: int,
                  seed: int) -> Gain:
-    """1 - b's time over a's in their shared rounds (ratio of sums), its interval over rounds resampled; one round
-    has no spread to resample (None, as a single pack unpaired)."""
+    """1 - b's time over a's in their shared rounds (ratio of sums), its interval over rounds (one: None)."""
     n_rounds = len({k for _, _, k in pairs})
     med = 1.0 - _ratio_of_sums(pairs)
     if n_rounds < 2:

@@ -32,8 +32,7 @@ def _number(packs: pd.DataFrame, column: str) -> pd.Series:
 
 
 def disturbed(packs: pd.DataFrame) -> pd.DataFrame:
-    """Every pack record whose sampler measured the load from outside, with ``cores`` (the job's), ``cpu_disturbed``,
-    ``gpu_disturbed`` and ``disturbed``."""
+    """Every pack record whose sampler measured the load from outside, each flagged ``disturbed``."""
     if packs.empty or "sampler_foreign_cpu_cores_mean" not in packs:
         return pd.DataFrame()
     foreign = _number(packs, "sampler_foreign_cpu_cores_mean")

@@ -151,8 +151,7 @@ def assemble(pieces: list[Rows]) -> pa.Table:
 
 
 def _layout_table(layout: pa.Schema, pieces: list[Rows]) -> pa.Table:
-    """The rows of pieces of one layout: varying columns as the pieces hold them (a chunk a piece), shared ones
-    repeated from one value a piece."""
+    """The rows of pieces of one layout: varying columns a chunk a piece, shared ones repeated."""
     names, shared = layout_columns(layout)
     plain = layout.remove_metadata()
     varying = pa.Table.from_batches([p.batch for p in pieces], plain)
@@ -222,8 +221,7 @@ def _decode(text: pd.Series) -> np.ndarray:
 
 
 def decode_json(frame: pd.DataFrame) -> pd.DataFrame:
-    """``json:<name>`` columns back to ``<name>`` (decoded, but for :data:`TEXT_COLUMNS`), merged with a plain
-    ``<name>`` column of packs where that column held scalars."""
+    """``json:<name>`` columns back to ``<name>`` (decoded, but :data:`TEXT_COLUMNS`), merged."""
     for col in [c for c in frame.columns if c.startswith(JSON_PREFIX)]:
         name = col[len(JSON_PREFIX):]
         text = frame.pop(col)

@@ -38,8 +38,7 @@ from gpupack.search.study import Journal, read_journal
 
 
 class ClearedOom(TypedDict):
-    """An entry of RUN_DIR/cleared_oom.json (:func:`gpupack.sweep.flow.status.clear_oom`): the OOM records it clears
-    (None: any) and when it was written."""
+    """An entry of RUN_DIR/cleared_oom.json: the OOM records it clears (None: any), and when."""
 
     partition: str | None
     mode: str | None
@@ -363,8 +362,7 @@ def _held_in_folders(run: RunDir, folders: set[str]) -> set[str]:
 
 
 def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None:
-    """The run's plan (``recorded``: the packs with a record), the OOMs cleared, its study, how to rank, and from its
-    config the RGU table and whether the cluster's nodes are one host."""
+    """The run's plan (``recorded``: packs with a record), cleared OOMs, study, ranking, config."""
     out.cleared += [{**entry, "run_dir": str(run.root)} for entry in read_cleared(run)]
     if run.plan.exists():
         plan = read_json(run.plan)
@@ -395,8 +393,7 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
 
 
 def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
-    """Every record of the runs, as flat frames. ``columnar=False`` reads the JSON records only (what the columnar
-    files hold is the same: tests compare the two)."""
+    """Every record of the runs, as flat frames; ``columnar=False``: from the JSON records only."""
     out = Records(pd.DataFrame(), pd.DataFrame())
     trainings = RowsByPack()
     packs = RowsByPack()

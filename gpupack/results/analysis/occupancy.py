@@ -75,8 +75,7 @@ def with_lanes(summary: pd.DataFrame, occ: pd.DataFrame) -> pd.DataFrame:
 
 
 def timeline(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
-    """One row per training of the latest attempt that ran in a slot: the job that ran it (its pack or lane id),
-    its slot, start and end (seconds from the first start), and whether its group streamed."""
+    """A row per latest training that ran in a slot: its job, slot, start, end, and whether it streamed."""
     if trainings.empty or "slot" not in trainings:
         return pd.DataFrame()
     t = without_loader_alone(Records.latest_of(trainings))

@@ -92,8 +92,7 @@ def history(trials: pd.DataFrame, direction: str) -> pd.DataFrame:
 
 
 def search_reports(studies: Mapping[str, Journal], trainings: pd.DataFrame) -> list[SearchReport]:
-    """Each run's search (``studies``: run directory → its study's journal), from its trials and training records.
-    Pure."""
+    """Each run's search (``studies``: run directory → its journal) with its trials. Pure."""
     out = []
     for run, journal in studies.items():
         mine = trainings[trainings["run_dir"] == run] if "run_dir" in trainings else trainings.iloc[:0]

@@ -162,8 +162,7 @@ def timed_packs(t: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _timed_packs_of(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
-    """The timed packs of records as loaded (the loader alone left out, the reference at its faster set-up), each
-    with its time per training."""
+    """The timed packs (no loader alone, the reference at its faster set-up), each with its time."""
     t, packs = not_checks(without_loader_alone(trainings)), not_checks(without_loader_alone(packs))
     if t.empty or packs.empty:
         return pd.DataFrame(columns=["time_per_training_s"])
@@ -233,8 +232,7 @@ def pack_times(records: Records, disturbed: Collection[tuple[str, str]] = (),
 
 def _split_loaded(timed: pd.DataFrame, keys: list[str], disturbed: Collection[tuple[str, str]]
                   ) -> tuple[tuple[pd.Series, pd.Series], tuple[pd.Series, pd.Series], pd.Series]:
-    """Each (group, N)'s times and rounds: of every pack, of the packs ``disturbed`` does not name; and how many it
-    names."""
+    """Each (group, N)'s times and rounds, of every pack and of the quiet ones; the loaded counts."""
     runs = timed["run_dir"].astype(str) if "run_dir" in timed else pd.Series("", index=timed.index)
     named = frozenset(disturbed)
     loaded = pd.Series([(r, str(p)) in named for r, p in zip(runs, timed["pack_id"])] if named else False,
@@ -361,8 +359,7 @@ def _with_gains(out: pd.DataFrame) -> None:
 
 
 def _withhold_impossible(out: pd.DataFrame, loaded_only: Mapping[Hashable, bool]) -> None:
-    """A group whose answer cannot be named (:func:`no_answer`) says why; its choice's N stays marked (withheld),
-    named nowhere as the answer."""
+    """A group whose answer cannot be named says why; its choice's N is marked withheld."""
     out["withheld"], out["no_answer"] = False, None
     for key, idx in out.groupby(GROUP, dropna=False).groups.items():
         why = no_answer(out.loc[idx], loaded_only.get(key, False))
@@ -386,8 +383,7 @@ BY_CORES, BY_ONE_PROCESS, BY_COPIES = "cores", "one process", "copies"
 
 
 def bound_kinds(summary: pd.DataFrame) -> pd.Series:
-    """Which bound each row's gain has (BY_CORES, BY_ONE_PROCESS, BY_COPIES), as :func:`gain_bounds` weighs it and the
-    report says it. Pure."""
+    """Which bound each row's gain has (BY_CORES, BY_ONE_PROCESS, BY_COPIES). Pure."""
     cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
     modes = summary.get("mode", pd.Series(None, index=summary.index, dtype=object))
     shared = modes.map({m: one_process(m) for m in modes.unique()}).fillna(False).astype(bool)
@@ -479,8 +475,7 @@ def _sampled_rss(t: pd.DataFrame, packs: pd.DataFrame) -> pd.Series:
 
 
 def not_checks(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` without the drift check's rows (a pack run again at the end, gpupack.core.plan.drift_check): a
-    measure of the machine, not of its N."""
+    """``frame`` without the drift check's rows: a measure of the machine, not of its N."""
     if "reference_of" not in frame:
         return frame
     return rows_where(frame, frame["reference_of"].isna())

@@ -31,8 +31,7 @@ SEED_NAMES = ("seed",)  # hyperparameters that repeat a grid point rather than m
 
 
 def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
-    """Throughput per setting of the workload's knobs and N, beside the loader-only bound of the same input-pipeline
-    setting; a row per mode where several ran."""
+    """Throughput per knob setting and N, beside the loader-only bound; a row per mode where several ran."""
     if trainings.empty or "knobs" not in trainings:
         return pd.DataFrame()
     trainings = only_columns(trainings, ("workload", "partition", "mode", "factor", "status", "loader_alone", "knobs",
@@ -244,8 +243,7 @@ def metric_values(t: pd.DataFrame, wanted: str | None = None, every: bool = Fals
 
 
 def reported_metrics(trainings: pd.DataFrame) -> list[str]:
-    """The numeric metrics any completed training (not the loader alone) reported, by name: what ``--metric`` may
-    name. Pure."""
+    """The numeric metrics any completed training reported: what ``--metric`` may name. Pure."""
     if trainings.empty or "status" not in trainings:
         return []
     t = without_loader_alone(only_columns(trainings, ("status", "loader_alone", "metrics", *FLAT_METRICS)))

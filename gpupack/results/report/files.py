@@ -26,8 +26,7 @@ def _jsonable(df: pd.DataFrame) -> list[dict[str, object]]:
 
 
 def _text_columns(table: pd.DataFrame) -> pd.DataFrame:
-    """Lists and dicts as JSON text, for Parquet, and each error as JSON text, as trainings.parquet has always held
-    it."""
+    """Lists, dicts and errors as JSON text, as trainings.parquet has always held them."""
     table = table.copy(deep=False)  # the columns replaced below are new; the rest are shared (copy on write)
     for col in ("params", "knobs", "curve", "cpus"):
         if col in table and table[col].dtype == object:  # dicts and lists (a frame built by hand)

@@ -403,8 +403,7 @@ def grid_keys(configs: Mapping[str, text.RunConfig], params: Sequence[Mapping[st
 
 
 def training_rows(c: Collected, out: Path, configs: Mapping[str, text.RunConfig]) -> pd.DataFrame:
-    """A row per training (latest attempt, the loader alone left out): its hyperparameters in words, N, pack, status,
-    the ranked metric, its last error line, and its logs as links relative to ``out``."""
+    """A row per latest training (no loader alone): hyperparameters in words, N, status, error, logs."""
     t = c.records.latest()
     if t.empty or "status" not in t:
         return pd.DataFrame()

@@ -126,8 +126,7 @@ def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
 
 
 def plot_cost(c: Collected, path: Path) -> Path | None:
-    """The sweep's device-hours (and RGU-hours) per partition at its best N: only where there are partitions to
-    compare (one bar says nothing a sentence does not)."""
+    """The sweep's device-hours (and RGU-hours) per partition at its best N, where partitions compare."""
     if c.cost.empty or c.cost["partition"].nunique() < 2:
         return None
     cost = c.cost

@@ -104,8 +104,7 @@ def skipped_lines(summary: pd.DataFrame) -> list[str]:
 
 
 def _tpt(r: pd.Series) -> str:
-    """Median time per training and its bootstrap interval; a row that only streamed: its lanes' device-seconds per
-    training, marked ``stream``."""
+    """Median time per training and its interval; a row that only streamed: the lanes' figure."""
     if _num(r, "time_per_training_s") is None and _num(r, "stream_s_per_training") is not None:
         return f"{fmt(r['stream_s_per_training'])} stream"
     low, high = _num(r, "tpt_ci_low_s"), _num(r, "tpt_ci_high_s")

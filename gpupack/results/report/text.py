@@ -146,8 +146,7 @@ def no_answer_advice(r: pd.Series) -> list[str]:
 
 
 def choice_lines(r: pd.Series) -> list[str]:
-    """How the best N of one group was picked: its ties, the rule, whether it is settled, whether its gain passes
-    its bound. A withheld choice: only what to do."""
+    """How one group's best N was picked (ties, rule, settled?, bound); withheld: what to do."""
     if r.get("no_answer"):
         return no_answer_advice(r) + ([f"Method: {r['choice_method']}."] if r.get("choice_method") else [])
     lines = bound_lines(r)
@@ -225,8 +224,7 @@ def hyper_lines(ranking: Ranking) -> list[str]:
 
 
 def hyper_notes(ranking: Ranking) -> list[str]:
-    """Where a ranking's metric or goal came from (not from the flags given now), and a goal against its metric's
-    name."""
+    """Where a ranking's metric or goal came from, and a goal against its metric's name."""
     return [line for line in (ranking.origin, ranking.caution if not ranking.table.empty else "") if line]
 
 
@@ -282,8 +280,7 @@ def drift_lines(c: Collected) -> list[str]:
 
 
 def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
-    """A line per group with packs measured under foreign load (:mod:`gpupack.results.analysis.disturbance`), naming
-    them; a quiet run says nothing."""
+    """A line per group with packs measured under foreign load, naming them."""
     lines = []
     for _, r in disturbance.iterrows():
         if not r["disturbed"]:
