@@ -63,8 +63,6 @@ class Page:
     search_figures: list[Plot | None] = field(default_factory=list)  # each search's history plot, in c.searches' order
 
 
-# ---------------- pure: cells and tables ----------------
-
 def _esc(value: object) -> str:
     return html.escape(str(value))
 
@@ -112,8 +110,6 @@ def _paragraphs(lines: Sequence[str], cls: str = "") -> str:
 def _details(summary: str, body: str) -> str:
     return f"<details><summary>{_esc(summary)}</summary>{body}</details>" if body else ""
 
-
-# ---------------- pure: the sections ----------------
 
 def _keys(df: pd.DataFrame) -> dict[str, str]:
     """The columns that tell rows apart: the run where several are compared, the workload where several ran."""
@@ -326,13 +322,6 @@ def evidence_section(c: Collected, page: Page) -> str:
     return "".join(parts)
 
 
-def _warnings(c: Collected) -> str:
-    lines = list(c.records.warnings)
-    if c.records.pending:
-        lines.append(f"{len(c.records.pending)} planned pack(s) have no record yet.")
-    return f"<section id='warnings'><h2>Warnings</h2>{_paragraphs(lines, 'warn')}</section>" if lines else ""
-
-
 def _page(title: str, body: Sequence[str]) -> str:
     return "\n".join(["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
                       "<meta name='viewport' content='width=device-width, initial-scale=1'>",
@@ -342,11 +331,14 @@ def _page(title: str, body: Sequence[str]) -> str:
 def build_report(c: Collected, page: Page) -> str:
     """One run's page, top-down. Pure."""
     about = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in page.about)
+    pending = c.records.pending
+    warnings = c.records.warnings + ([f"{len(pending)} planned pack(s) have no record yet."] if pending else [])
     return _page(page.title, [f"<h1>{_esc(page.title)}</h1>", "<section id='what-ran'><h2>What ran</h2>"
                               f"<table class='t about'>{about}</table></section>",
                               search_section(c, page.search_figures), answer_section(c),
                               hyper_section(c), evidence_section(c, page), failures_section(page.trainings),
-                              _warnings(c)])
+                              f"<section id='warnings'><h2>Warnings</h2>{_paragraphs(warnings, 'warn')}</section>"
+                              if warnings else ""])
 
 
 @dataclass
@@ -388,18 +380,8 @@ def build_comparison(runs: Sequence[RunPage], figures: Sequence[Plot] = ()) -> s
     return _page("gpupack: runs compared", body)
 
 
-# ---------------- side effects: plots, logs, files ----------------
-
 def data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
-
-
-def grid_keys(configs: Mapping[str, text.RunConfig], params: Sequence[Mapping[str, object]]) -> list[str]:
-    """The hyperparameters that name a training: the grid's keys, else those that vary between trainings."""
-    keys = [str(k) for cf in configs.values() for k in ((cf.get("sweep") or {}).get("grid") or {})]
-    if keys:
-        return list(dict.fromkeys(keys))
-    return [k for k in dict.fromkeys(k for p in params for k in p) if len({str(p.get(k)) for p in params}) > 1]
 
 
 def training_rows(c: Collected, out: Path, configs: Mapping[str, text.RunConfig]) -> pd.DataFrame:
@@ -407,10 +389,11 @@ def training_rows(c: Collected, out: Path, configs: Mapping[str, text.RunConfig]
     t = c.records.latest()
     if t.empty or "status" not in t:
         return pd.DataFrame()
-    t = without_loader_alone(t)
-    t = c.records.with_detached(t, ("logs",))
+    t = c.records.with_detached(without_loader_alone(t), ("logs",))
     params = [json.loads(p) if isinstance(p, str) else dict(p or {}) for p in t.get("params", [None] * len(t))]
-    keys = grid_keys(configs, params)
+    # the hyperparameters that name a training: the grid's keys, else those that vary between trainings
+    keys = list(dict.fromkeys(str(k) for cf in configs.values() for k in ((cf.get("sweep") or {}).get("grid") or {}))) \
+        or [k for k in dict.fromkeys(k for p in params for k in p) if len({str(p.get(k)) for p in params}) > 1]
     metric = c.hyper.metric
     rows = []
     for (_, r), p in zip(t.iterrows(), params):

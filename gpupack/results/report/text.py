@@ -370,8 +370,6 @@ def what_ran(c: Collected, configs: Mapping[str, RunConfig]) -> list[tuple[str, 
     return pairs
 
 
-# ---------------- search=optuna: the best trial, the trials, the study's history ----------------
-
 def param_text(params: Mapping[str, object]) -> str:
     """Hyperparameters as a person reads them (:func:`gpupack.results.analysis.tables.value_text`): ``lr=0.0123``."""
     return ", ".join(f"{k}={value_text(v)}" for k, v in params.items())
