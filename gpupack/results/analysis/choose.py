@@ -142,8 +142,7 @@ def _pct(confidence: float) -> str:
 def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] = (), confidence: float = 0.95,
            resamples: int = 2000, seed: int = 0, min_packs: int = 5, rule: str = "smallest",
            rounds: Mapping[int, Sequence[Hashable]] | None = None) -> Choice:
-    """The best N from each N's times per training (one value per pack); see the module docstring. ``rounds``: each
-    pack's round, in the order of ``times`` (None where a pack has none): the comparison is then paired."""
+    """The best N from each N's times per training (a value per pack; ``rounds``: each one's round, then paired)."""
     _check(confidence, resamples)
     if rule not in RULES:
         raise ValueError(f"rule must be one of {sorted(RULES)}, got {rule!r}")
@@ -201,9 +200,8 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
 def _paired(pairs: list[list[tuple[float, float, Hashable]]], ns: list[int], resamples: int,
             rng: np.random.Generator, spread: float | None, alpha: float, bootstrap: str, seed: int,
             ) -> tuple[np.ndarray, float | None, np.ndarray, dict[int, MedianInterval], str]:
-    """The paired comparison: each N's time per training over the reference's (``ns[0]``) in the same rounds, the
-    ratio of their sums, with its bootstrap over the rounds. Returns the boots, their spread, each N's ratio, its
-    interval and the method's words."""
+    """The paired comparison against ``ns[0]`` (module docstring): the boots, their spread, each N's ratio of sums, its
+    interval, and the method's words."""
     boots, spread = _paired_boots(pairs, resamples, rng, None if spread is None else spread * math.sqrt(2))
     medians = np.array([1.0] + [_ratio_of_sums(p) for p in pairs[1:]])
     rq = np.nanquantile(boots, [alpha / 2, 1 - alpha / 2], axis=1)
@@ -327,9 +325,8 @@ def tie_label(ties: Sequence[int], measured: Sequence[int] | None = None) -> str
 def gain(a: Sequence[float], b: Sequence[float], *, confidence: float = 0.95, resamples: int = 2000,
          seed: int = 0, rounds: tuple[Sequence[Hashable], Sequence[Hashable]] | None = None,
          names: tuple[str, str] = ("a", "b")) -> Gain:
-    """Relative gain of b over a in median time per training, with its percentile bootstrap interval. ``rounds``:
-    each pack's round, for a and for b: the gain is then paired within the rounds they share (the module docstring's
-    ratio of sums, rounds resampled), as the choice of N is; unpaired where it cannot be, and ``unpaired`` says why."""
+    """Relative gain of b over a in median time per training, with its bootstrap interval; paired within the rounds
+    they share where ``rounds`` says each pack's (as the choice of N is), else ``unpaired`` says why."""
     _check(confidence, resamples)
     xa, xb = _clean(a, "a"), _clean(b, "b")
     if not len(xa) or not len(xb):

@@ -78,11 +78,9 @@ def training_walls(trainings: pd.DataFrame) -> dict[tuple[Hashable, ...], float]
 
 def compare(packing: pd.DataFrame, spread: pd.DataFrame, packing_times: Mapping[tuple[Hashable, ...], Sequence[float]],
             weights: Mapping[str, float], walls: Mapping[tuple[Hashable, ...], float] | None = None) -> pd.DataFrame:
-    """Every layout of one (workload, partition, GPU type) in one table: packing (mode, N) from the summary and spread
-    (label, k); devices per training (1/N or k), device-seconds and RGU-hours per training, and the best layout (the
-    fewest device-seconds, where both answers have a usable one). ``packing_times``: each (key, mode, N)'s per-pack
-    times, for the noise check; ``walls``: :func:`training_walls`. ``wall_s`` is one training's own wall,
-    ``job_wall_s`` the job's from its first training's start (a mode's set-up is outside, as a job's start is)."""
+    """Every layout of one (workload, partition, GPU type) in one table, packing (mode, N) and spread (label, k):
+    devices and device-seconds per training, and the best (the fewest device-seconds, where both answers have a
+    usable layout). ``packing_times``: per-pack times, for the noise check; ``walls``: :func:`training_walls`."""
     rows = ([_packing_row(r, packing_times, walls or {}) for _, r in packing.iterrows()] if not packing.empty else [])
     rows += [_spread_row(r) for _, r in spread.iterrows()] if not spread.empty else []
     if not rows:

@@ -172,10 +172,9 @@ def _timed_packs_of(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFram
 
 
 def reference_setups(timed: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[Hashable, ...], str], set[str]]:
-    """Where the reference N was also measured at a set-up of its own in the same rounds (gpupack.core.plan.
-    setup_packs: its packs' ``threads_set``), the faster of its two set-ups by their median time per training is its
-    time, so that no N is weighed against a reference set up to lose; the other's packs are left out. Returns the
-    timed packs kept, each group's words (the method says them) and the pack ids left out. Pure."""
+    """Where the reference N was also measured at a set-up of its own (its packs' ``threads_set``), the faster set-up
+    is its time, so that no N is weighed against a reference set up to lose. Returns the timed packs kept, each
+    group's words for the method, and the pack ids left out. Pure."""
     if "threads_set" not in timed or not timed["threads_set"].notna().any():
         return timed, {}, set()
     keys = GROUP + ["factor"]
@@ -198,9 +197,7 @@ def reference_setups(timed: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[Hash
 
 
 def _threads_of(packs: pd.DataFrame) -> str:
-    if "threads_per_training" not in packs:
-        return "?"
-    values = pd.to_numeric(packs["threads_per_training"], errors="coerce").dropna()
+    values = pd.to_numeric(packs.get("threads_per_training", pd.Series(dtype=float)), errors="coerce").dropna()
     return str(int(values.median())) if len(values) else "?"
 
 
@@ -218,9 +215,8 @@ class Timings:
 
 def pack_times(records: Records, disturbed: Collection[tuple[str, str]] = (),
                blocked: Mapping[str, Collection[int]] | None = None) -> dict[str, Timings]:
-    """Per partition, what :func:`gpupack.results.analysis.choose.choose` weighs: each N's time per training of every
-    timed pack and its round, the packs ``disturbed`` names left out as the summary's choice leaves them (``blocked``:
-    each partition's N that cannot be chosen). For one workload and mode (packing.factors=auto's)."""
+    """Per partition of one workload and mode (packing.factors=auto's), what the choice weighs, as the summary's
+    choice weighs it (``blocked``: each partition's N that cannot be chosen)."""
     timed = _timed_packs_of(records.trainings, records.packs)
     if timed.empty:
         return {}
@@ -417,10 +413,9 @@ def one_process(mode: object) -> bool:
 
 
 def no_answer(group: pd.DataFrame, loaded_only: bool) -> str | None:
-    """Why one group's choice may not be named (None: it may): the chosen N's gain is beyond what the device can give
-    and its interval does not reach back to that bound, give or take :data:`BOUND_SLACK` (a reference set up to lose,
-    or load that hit one N and not the other: more packs of it would settle nothing), or every pack of every N that
-    can be chosen was measured under foreign load. Pure."""
+    """Why one group's choice may not be named (None: it may): the chosen N's gain is beyond the device's bound and
+    its interval does not reach back to it, give or take :data:`BOUND_SLACK` (more packs would settle nothing), or
+    every pack of every N that can be chosen ran under foreign load. Pure."""
     chosen = group[group["chosen"].astype(bool)]
     if chosen.empty:
         return None
