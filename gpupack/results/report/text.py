@@ -228,17 +228,6 @@ def hyper_notes(ranking: Ranking) -> list[str]:
     return [line for line in (ranking.origin, ranking.caution if not ranking.table.empty else "") if line]
 
 
-def verdict_line(workload: str, cheapest: pd.Series, fastest: pd.Series) -> str:
-    """One line: the partition, mode and N that bill the least per training, and those that finish a sweep first."""
-    def where(r: pd.Series) -> str:
-        return f"{r['partition']} ({r['mode']}, N={int(r['factor'])})"
-
-    billed = str(cheapest["billed_term"])
-    return (f"{workload}: cheapest per training: {where(cheapest)}, {fmt(cheapest['rgu_hours_per_training'], '.3g')} "
-            f"RGU-h billed by {billed}; fastest sweep: {where(fastest)}, {fmt(fastest['time_per_training_s'])} s per "
-            "training.")
-
-
 def cost_lines(c: Collected) -> list[str]:
     lines = []
     for workload, group in c.cost.groupby("workload"):
@@ -251,32 +240,33 @@ def cost_lines(c: Collected) -> list[str]:
             row = cheapest.iloc[0]
             lines.append(f"{workload}: it costs least on {row['partition']} ({row['gpu_model']}): "
                          f"{fmt(row['sweep_rgu_hours'], '.3g')} RGU-hours at N={int(row['factor'])}.")
-            lines.append(verdict_line(workload, row, fastest))
+            where = [f"{r['partition']} ({r['mode']}, N={int(r['factor'])})" for r in (row, fastest)]
+            lines.append(f"{workload}: cheapest per training: {where[0]}, {fmt(row['rgu_hours_per_training'], '.3g')} "
+                         f"RGU-h billed by {row['billed_term']}; fastest sweep: {where[1]}, "
+                         f"{fmt(fastest['time_per_training_s'])} s per training.")
         else:
             lines.append(f"{workload}: no RGU weight is known for {', '.join(sorted(set(map(str, group['gpu_type']))))}"
                          " (not a GPU model of conf/rgu/), so no RGU cost.")
     return lines
 
 
-def drift_line(row: pd.Series, loaded: bool = False) -> str:
-    """The drift check in words; ``loaded``: every pack of its partition ran under foreign load, so steady says the
-    load held, not that the machine was quiet."""
-    change = float(row["change"])
-    verdict = (f"steady within {STEADY:.0%}" if abs(change) <= STEADY else
-               "the machine got slower during the run" if change > 0 else "the machine got faster during the run")
-    if loaded and abs(change) <= STEADY:
-        verdict += ", but every pack ran under foreign load: the load held steady, the machine was not quiet"
-    return (f"Drift check on {row['partition']} ({row['gpu_type']}): {row['pack_id']} run again at the end took "
-            f"{row['end_s']:.2f} s against {row['first_s']:.2f} s at the start ({change:+.0%}, "
-            f"{row['hours'] * 60:.1f} min later): {verdict}.")
-
-
 def drift_lines(c: Collected) -> list[str]:
-    """Each drift check in words, said against the load its partition's packs ran under."""
+    """Each drift check in words; where every pack of its partition ran under foreign load, steady says the load
+    held, not that the machine was quiet."""
     d = c.disturbance
     loaded = (set(d.loc[(d["packs"] > 0) & (d["disturbed"] >= d["packs"]), "partition"].astype(str))
               if not d.empty and {"packs", "disturbed", "partition"} <= set(d) else set())
-    return [drift_line(r, str(r["partition"]) in loaded) for _, r in c.drift.iterrows()]
+    lines = []
+    for _, row in c.drift.iterrows():
+        change = float(row["change"])
+        verdict = (f"steady within {STEADY:.0%}" if abs(change) <= STEADY else
+                   "the machine got slower during the run" if change > 0 else "the machine got faster during the run")
+        if str(row["partition"]) in loaded and abs(change) <= STEADY:
+            verdict += ", but every pack ran under foreign load: the load held steady, the machine was not quiet"
+        lines.append(f"Drift check on {row['partition']} ({row['gpu_type']}): {row['pack_id']} run again at the end "
+                     f"took {row['end_s']:.2f} s against {row['first_s']:.2f} s at the start ({change:+.0%}, "
+                     f"{row['hours'] * 60:.1f} min later): {verdict}.")
+    return lines
 
 
 def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
