@@ -212,13 +212,6 @@ MORE_FORMATS = {"tpt_min_s": ".2f", "tpt_max_s": ".2f", "startup_s": ".2f", "loo
                 "failed": ".0f", "oom": ".0f", "oom_cleared": ".0f"}
 
 
-def more_columns(summary: pd.DataFrame) -> str:
-    keys = {**_keys(summary), "partition": "partition", "mode": "mode", "factor": "N"}
-    parts = [f"<h3>{_esc(name)}</h3>" + table(summary, {**keys, **cols}, MORE_FORMATS)
-             for name, cols in MORE_COLUMNS if any(col in summary for col in cols)]
-    return _details("More columns (every one is in summary.csv)", "".join(parts))
-
-
 COST_COLUMNS = {"partition": "partition", "gpu_model": "GPU model", "mode": "mode", "factor": "best N",
                 "time_per_training_s": "s/training", "rgu_hours_per_training": "RGU-h/training",
                 "sweep_hours": "sweep hours", "sweep_rgu_hours": "sweep RGU-h"}
@@ -226,16 +219,6 @@ COST_MORE = {"partition": "partition", "rgu": "RGU", "billed_term": "billed by",
              "rgu_hours_at_bundle": "RGU-h at bundle"}
 COST_FORMATS = {"rgu": ".2f", "time_per_training_s": ".2f", "rgu_hours_per_training": ".2e", "sweep_hours": ".3g",
                 "billed_multiple": ".2f", "rgu_hours_at_bundle": ".2e", "sweep_rgu_hours": ".3g", "factor": ".0f"}
-
-
-def cost_section(c: Collected) -> str:
-    if c.cost.empty:
-        return ""
-    return (f"<h3>Cost at the best N, for a sweep of {_esc(text.trainings_phrase(c.sweep_trainings))} on one "
-            "device</h3>"
-            + table(c.cost, {**_keys(c.cost), **COST_COLUMNS, **({"verdict": "verdict"} if len(c.cost) > 1 else {})},
-                    COST_FORMATS, cells={"verdict": lambda r: ", ".join(w for w in ("fastest", "cheapest") if r[w])})
-            + _details("How each is billed", table(c.cost, {**_keys(c.cost), **COST_MORE}, COST_FORMATS)))
 
 
 LAYOUT_COLUMNS = {"partition": "partition", "layout": "layout", "devices_per_training": "devices/training",
@@ -297,13 +280,21 @@ def evidence_section(c: Collected, page: Page) -> str:
     parts = ["<section id='evidence'><h2>The evidence</h2>"]
     if not c.summary.empty:
         title = "Time per training by packing factor N (pack wall time / N)"
+        keys = {**_keys(c.summary), "partition": "partition", "mode": "mode", "factor": "N"}
+        more = [f"<h3>{_esc(name)}</h3>" + table(c.summary, {**keys, **cols}, MORE_FORMATS)
+                for name, cols in MORE_COLUMNS if any(col in c.summary for col in cols)]
         parts += [f"<h3>{'Probe (packing.factors=auto): ' if c.auto_lines else ''}{title}</h3>",
-                  main_table(c.summary),
-                  f"<p class='note'>{_esc(gain_legend(c.summary))}</p>", more_columns(c.summary)]
+                  main_table(c.summary), f"<p class='note'>{_esc(gain_legend(c.summary))}</p>",
+                  _details("More columns (every one is in summary.csv)", "".join(more))]
     if not c.production.empty:
         parts += [f"<h3>{_esc(c.production_title)}</h3>", main_table(c.production)]
     parts += [_figure(f) for f in page.figures]
-    parts.append(cost_section(c))
+    if not c.cost.empty:
+        columns = {**_keys(c.cost), **COST_COLUMNS, **({"verdict": "verdict"} if len(c.cost) > 1 else {})}
+        verdict = {"verdict": lambda r: ", ".join(w for w in ("fastest", "cheapest") if r[w])}
+        parts.append(f"<h3>Cost at the best N, for a sweep of {_esc(text.trainings_phrase(c.sweep_trainings))} on one "
+                     "device</h3>" + table(c.cost, columns, COST_FORMATS, cells=verdict)
+                     + _details("How each is billed", table(c.cost, {**_keys(c.cost), **COST_MORE}, COST_FORMATS)))
     if not c.knobs.empty:
         columns = {**{k: k for k in ["partition", *text.knob_columns(c.knobs)]}, "factor": "N",
                    "samples_per_s": "samples/s/training", "loader_bound_samples_per_s": "loader-only samples/s",
