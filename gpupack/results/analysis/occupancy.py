@@ -2,12 +2,8 @@
 takes the next training) side by side, per (workload, partition, GPU type, mode, N). Pure pandas.
 
 - ``slot_occupancy`` = Σ training wall / (N × job wall), over the jobs of a group: 1.0 is every slot busy from the
-  job's start to its end; what is missing is idle slots (waiting for the slowest). A pack's wall starts with its
-  first training: a fork server's preload is set-up (the pack record's ``setup_s``), once a lane.
-- ``device_s_per_training`` = Σ job wall / trainings completed (or pruned by a search): what a training costs in
-  device time when the jobs run as they ran (a pack's wall / N for whole packs, the lanes' walls / completed for a
-  stream).
-- ``timeline``: one bar per training on its (job, slot) row, for the report's Gantt chart.
+  job's start (its first training's: a preload is set-up) to its end.
+- ``device_s_per_training`` = Σ job wall / trainings finished: a training's device time as the jobs ran.
 """
 from __future__ import annotations
 
