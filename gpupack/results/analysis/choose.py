@@ -200,8 +200,7 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
 def _paired(pairs: list[list[tuple[float, float, Hashable]]], ns: list[int], resamples: int,
             rng: np.random.Generator, spread: float | None, alpha: float, bootstrap: str, seed: int,
             ) -> tuple[np.ndarray, float | None, np.ndarray, dict[int, MedianInterval], str]:
-    """The paired comparison against ``ns[0]`` (module docstring): the boots, their spread, each N's ratio of sums, its
-    interval, and the method's words."""
+    """The paired comparison against ``ns[0]``: boots, spread, each N's ratio of sums, intervals, words."""
     boots, spread = _paired_boots(pairs, resamples, rng, None if spread is None else spread * math.sqrt(2))
     medians = np.array([1.0] + [_ratio_of_sums(p) for p in pairs[1:]])
     rq = np.nanquantile(boots, [alpha / 2, 1 - alpha / 2], axis=1)

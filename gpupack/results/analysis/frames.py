@@ -48,8 +48,7 @@ class RowsByPack:
             self.attempts.append(attempts)
 
     def frame(self, detached: Sequence[str] = ()) -> tuple[pd.DataFrame, pa.Table]:
-        """The rows as one frame, and the columns named in ``detached`` apart from it (an Arrow table, a row for each of
-        the frame's, in its order: the frame's index is each row's position)."""
+        """The rows as one frame (its index: each row's position), and the columns ``detached`` apart."""
         if not self.rows:
             return pd.DataFrame(), pa.table({})
         runs, where = np.unique(np.array(self.run_dirs, dtype=object), return_inverse=True)
@@ -72,8 +71,7 @@ class RowsByPack:
 
 
 def renamed(table: pa.Table) -> pa.Table:
-    """``table`` with the columns an earlier gpupack named otherwise (gpupack.core.plan.RENAMED) under their names now:
-    one column where records of both kinds were read (the new name's value, else the old's)."""
+    """``table`` with columns an earlier gpupack named otherwise (plan.RENAMED) under their names now."""
     for old, new in RENAMED.items():
         if old not in table.column_names:
             continue

@@ -85,8 +85,7 @@ class Records:
     studies: dict[str, Journal] = field(default_factory=dict)
 
     def with_detached(self, rows: pd.DataFrame, names: Sequence[str] = DETACHED) -> pd.DataFrame:
-        """``rows`` (a selection of :attr:`trainings`, its index kept) with the columns ``names`` it lacks, from
-        :attr:`detached`: JSON text, as the frame holds lists and dicts."""
+        """``rows`` (of :attr:`trainings`, its index kept) with the columns ``names`` it lacks, as text."""
         columns = self.detached_of(rows, names)
         return rows.assign(**{n: np.array(c.to_pylist(), dtype=object) for n, c in columns.items()}) if columns \
             else rows

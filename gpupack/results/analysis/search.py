@@ -45,8 +45,7 @@ class SearchReport:
 
 
 def trial_walls(trainings: pd.DataFrame) -> pd.DataFrame:
-    """A row per trial with training records (one run's), by number: its latest attempt's wall (``wall_s``) and every
-    attempt's summed (``device_s``). Pure."""
+    """A row per trial with records, by number: its latest wall and its attempts' summed. Pure."""
     if trainings.empty or not {"training_id", "wall_s"} <= set(trainings.columns):
         return pd.DataFrame({"wall_s": pd.Series(dtype=float), "device_s": pd.Series(dtype=float)},
                             index=pd.Index([], name="number", dtype=int))
@@ -60,8 +59,7 @@ def trial_walls(trainings: pd.DataFrame) -> pd.DataFrame:
 
 
 def trials_frame(journal: Journal, walls: pd.DataFrame) -> pd.DataFrame:
-    """The study's trials, best first (:meth:`Journal.ranked`), each with its rank among the completed (1 the best),
-    its params, its wall and device-seconds (``walls``: :func:`trial_walls`). Pure."""
+    """The study's trials, best first, each with its rank, params, wall and device-seconds. Pure."""
     rows = []
     rank = 0
     for t in journal.ranked():
@@ -79,8 +77,7 @@ def trials_frame(journal: Journal, walls: pd.DataFrame) -> pd.DataFrame:
 
 
 def history(trials: pd.DataFrame, direction: str) -> pd.DataFrame:
-    """A row per trial in the order asked: its value, the best completed value so far (a pruned trial's value is a
-    step's: it never counts) and the device-hours spent up to it. Pure."""
+    """A row per trial in the order asked: its value, the best completed so far, device-hours. Pure."""
     if trials.empty:
         return pd.DataFrame(columns=HISTORY_COLUMNS)
     t = trials.sort_values("number")

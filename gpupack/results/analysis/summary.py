@@ -203,8 +203,7 @@ def _threads_of(packs: pd.DataFrame) -> str:
 
 @dataclass(frozen=True)
 class Timings:
-    """One group's times per training by N, each pack's round in the same order, and how many packs measured under
-    foreign load were left out (``said``: the words the choice's method adds about them)."""
+    """One group's times per training by N, each pack's round, and the loaded packs left out."""
 
     times: dict[int, list[float]]
     rounds: dict[int, list[Hashable]]
@@ -401,8 +400,7 @@ def gain_bounds(summary: pd.DataFrame) -> pd.Series:
 
 
 def packer_of(mode: object) -> Packer | None:
-    """The packing mode a record names, or None for a name the registry does not hold (an old record's, or a spread
-    layout's label such as ddp-gloo): such a mode is shown by its name."""
+    """The packing mode a record names, or None for one the registry does not hold (shown by name)."""
     return load_packer(mode) if isinstance(mode, str) and mode in available_modes() else None
 
 
@@ -450,8 +448,7 @@ def _inverse(x: float | None) -> float:
 
 
 def _round_keys(timed: pd.DataFrame) -> pd.Series:
-    """Each timed pack's round as a key that tells runs apart (two runs collected together each have a round 0);
-    None where its record has no round (written before rounds)."""
+    """Each timed pack's round as (run, round), told apart across runs; None where it has none."""
     if "round" not in timed:
         return pd.Series([None] * len(timed), index=timed.index, dtype=object)
     runs = timed["run_dir"] if "run_dir" in timed else pd.Series("", index=timed.index)
@@ -504,8 +501,7 @@ def loader_bounds(trainings: pd.DataFrame) -> dict[str, float]:
 
 
 def best_factors(summary: pd.DataFrame, by: Sequence[str] = tuple(GROUP)) -> pd.DataFrame:
-    """Per (workload, partition, GPU type, mode): the N the noise-aware choice picked (see :func:`with_choices`).
-    With ``by`` leaving mode out: among each mode's chosen N, the one with the lowest time per training."""
+    """Per group, the chosen N; with ``by`` leaving mode out, the fastest of the modes' chosen N."""
     if summary.empty:
         return summary
     chosen = summary[summary["chosen"].astype(bool)]

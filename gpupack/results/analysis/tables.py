@@ -150,8 +150,7 @@ class Ranking:
 
 
 def _metric_and_goal(values: pd.DataFrame, metric: str | None, goal: str | None) -> tuple[str, str] | Ranking:
-    """The metric to rank by (the one asked, else val_accuracy, else the only one reported) and which way is better,
-    or the empty ranking whose note says why there is none."""
+    """The metric to rank by and which way is better, or the ranking whose note says why none."""
     reported = [c for c in values.columns if values[c].notna().any()]
     metric = metric or ("val_accuracy" if "val_accuracy" in reported else reported[0] if len(reported) == 1 else None)
     if metric is None or metric not in reported:

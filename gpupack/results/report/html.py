@@ -167,8 +167,7 @@ def _search_table(s: SearchReport, rows: pd.DataFrame) -> str:
 
 
 def search_section(c: Collected, figures: Sequence[Plot | None] = ()) -> str:
-    """Each search's best trial, how far it went, its trials ranked (past :data:`SEARCH_TOP` behind a disclosure) and
-    its history plot; empty for a run without a study."""
+    """Each search's best trial, its trials ranked and its history plot; empty without a study."""
     parts = []
     for i, s in enumerate(c.searches):
         head = f"<h3>{_esc(s.run)}</h3>" if len(c.searches) > 1 else ""

@@ -24,8 +24,7 @@ def _line_style(mode: object) -> str:
 
 
 def _subplots(*args: Any, **kwargs: Any) -> tuple[Figure, Any]:
-    """pyplot.subplots, headless (compute nodes and CI have no display). matplotlib is imported here, not at the top:
-    it is heavy, and only a plot needs it."""
+    """pyplot.subplots, headless (nodes and CI have no display); matplotlib, heavy, imported only here."""
     import matplotlib
 
     matplotlib.use("Agg")

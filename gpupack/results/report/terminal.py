@@ -313,8 +313,7 @@ COLUMNS: list[tuple[str, Cell, str]] = [
 
 def _table(title: str, columns: Sequence[tuple[str, Cell]], rows: pd.DataFrame, left: Collection[str],
            minimal: bool = False, style: Callable[[pd.Series], str | None] = lambda r: None) -> Table:
-    """A table of ``rows``, a column per (header, cell): the ``left`` headers' text left, figures right; ``minimal``:
-    no outer edge, rules between columns only."""
+    """A table of ``rows``, a column per (header, cell), ``left`` headers left; ``minimal``: no edge."""
     table = Table(title=title, box=box.MINIMAL, show_edge=False, pad_edge=False) if minimal else Table(title=title)
     for header, _ in columns:
         table.add_column(header, justify="left" if header in left else "right", no_wrap=header == "layout")

@@ -71,8 +71,7 @@ def best_line(row: pd.Series) -> str:
 
 
 def bound_phrase(row: pd.Series) -> str:
-    """An N whose gain passes what the device can give (gpupack.results.analysis.summary.gain_bounds): which gain,
-    which bound, and whether its interval holds the bound."""
+    """An N whose gain passes its bound: which gain, which bound, and whether its interval holds it."""
     n, ref = int(row["factor"]), int(row["gain_ref"])
     over = "one alone" if ref == 1 else f"N={ref}"
     low = row.get("gain_low")
@@ -83,8 +82,7 @@ def bound_phrase(row: pd.Series) -> str:
 
 
 def device_phrase(row: pd.Series) -> str:
-    """What the bound is of (the summary's ``gain_bound_by``): a CPU's cores, one shared process, or one GPU and how
-    busy the reference kept it."""
+    """What the bound is of: a CPU's cores, one shared process, or one GPU and how busy it was."""
     if row["gain_bound_by"] == BY_ONE_PROCESS:
         return " in one process, whose start a pack pays once"
     if row["gain_bound_by"] == BY_CORES:
