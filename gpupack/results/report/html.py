@@ -40,8 +40,7 @@ table.t{border-collapse:collapse;font-size:.85em;max-width:100%}table.t td,table
 border-bottom:1px solid #ddd;text-align:left;overflow-wrap:anywhere}table.t th{background:#f3f3f3}
 table.t .num{text-align:right}table.about th{text-align:left;padding-right:1.5em;
 font-weight:600}table.about td{text-align:left}img{max-width:100%}figure{margin:1em 0}figcaption{font-size:.8em;
-color:#666}.warn{color:#a15c00}.note{font-size:.85em;color:#555}details{margin:.6em 0}summary{cursor:pointer}
-td.text{text-align:left;max-width:40em}"""
+color:#666}.warn{color:#a15c00}.note{font-size:.85em;color:#555}details{margin:.6em 0}summary{cursor:pointer}"""
 
 
 @dataclass(frozen=True)
