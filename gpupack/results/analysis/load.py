@@ -65,24 +65,19 @@ class Records:
     packs: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)  # planned packs with no pack record yet
-    # Trainings in each sweep's grid: one entry per run, or per Hydra multirun (its launches, launch_*, add up).
-    grid_sizes: dict[str, int] = field(default_factory=dict)
+    grid_sizes: dict[str, int] = field(default_factory=dict)  # trainings in each sweep's grid (a multirun's add up)
     rgu: dict[str, float] = field(default_factory=dict)  # the RGU table the first run was configured with
     cleared: list[Cleared] = field(default_factory=list)  # OOMs a user cleared, per run directory
     runs: list[str] = field(default_factory=list)  # the run directories read
     planned: int = 0  # packs in the runs' plans
-    # run → its plan's trainings as (where: the pack, or the streaming queue, training id)
-    planned_ids: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
-    # run → its config's cluster.nodes_share_one_host: the cluster's nodes are one machine (a local test SLURM)
-    one_host: dict[str, bool] = field(default_factory=dict)
+    planned_ids: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # run → (pack or queue, training id)
+    one_host: dict[str, bool] = field(default_factory=dict)  # run → its cluster.nodes_share_one_host
     # How to rank hyperparameters, as the first run that says so says it (its rank.json, else its config), and where
     rank: RankChoice = field(default_factory=RankChoice)
     rank_from: str = ""
-    # The trainings' columns no table reads (frames.DETACHED), in Arrow, a row for each row of ``trainings`` as loaded
-    # (its index is the row's position): joined to the rows that need them by with_detached
+    # The columns no table reads (frames.DETACHED), in Arrow, a row for each row of ``trainings`` as loaded
     detached: pa.Table = field(default_factory=lambda: pa.table({}))
-    # run → its search's study (search=optuna, RUN_DIR/search/study.log), for the runs that hold one
-    studies: dict[str, Journal] = field(default_factory=dict)
+    studies: dict[str, Journal] = field(default_factory=dict)  # run → its search's study (search=optuna)
 
     def with_detached(self, rows: pd.DataFrame, names: Sequence[str] = DETACHED) -> pd.DataFrame:
         """``rows`` (of :attr:`trainings`, its index kept) with the columns ``names`` it lacks, as text."""
