@@ -101,9 +101,7 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
 
 def searched(trainings: pd.DataFrame) -> pd.DataFrame:
     """A search's trainings without an auto probe's: the probe trained no trial of the study."""
-    if "phase" not in trainings:
-        return trainings
-    return trainings[trainings["phase"] != PROBE]
+    return trainings[trainings["phase"] != PROBE] if "phase" in trainings else trainings
 
 
 def origin_line(choice: RankChoice, kept: Sequence[str], where: str) -> str:

@@ -154,14 +154,13 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
     skip = set(infeasible)
     tagged = {n: _tagged(v, (rounds or {}).get(n), f"N={n}") for n, v in sorted(times.items()) if n not in skip}
     tagged = {n: v for n, v in tagged.items() if len(v[0])}
-    data = {n: v[0] for n, v in tagged.items()}
-    if any(n < 1 for n in data):
-        raise ValueError(f"packing factors must be >= 1, got {sorted(data)}")
-    if not data:
+    ns = list(tagged)
+    if any(n < 1 for n in ns):
+        raise ValueError(f"packing factors must be >= 1, got {ns}")
+    if not ns:
         return Choice(None, None, (), RULES[rule], MappingProxyType({}), False, None, method)
 
-    ns = list(data)
-    samples = [data[n] for n in ns]
+    samples = [tagged[n][0] for n in ns]
     rng = np.random.default_rng(seed)
     boots = _per_n_boots(samples, resamples, rng)
     medians = np.array([float(np.median(s)) for s in samples])

@@ -66,8 +66,7 @@ def trials_frame(journal: Journal, walls: pd.DataFrame) -> pd.DataFrame:
         ranked = t.state == COMPLETE and t.value is not None
         rank += ranked
         told = t.device_s if t.device_s > 0 else np.nan
-        wall = walls["wall_s"].get(t.number, np.nan) if "wall_s" in walls else np.nan
-        spent = walls["device_s"].get(t.number, np.nan) if "device_s" in walls else np.nan
+        wall, spent = (walls[c].get(t.number, np.nan) for c in ("wall_s", "device_s"))  # trial_walls's columns
         rows.append({"rank": rank if ranked else pd.NA, "number": t.number, "value": t.value,
                      "state": WAITING if t.waiting else t.state,
                      "params": dict(t.params), "wall_s": wall if pd.notna(wall) else told,

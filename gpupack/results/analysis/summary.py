@@ -468,9 +468,7 @@ def _sampled_rss(t: pd.DataFrame, packs: pd.DataFrame) -> pd.Series:
 
 def not_checks(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` without the drift check's rows: a measure of the machine, not of its N."""
-    if "reference_of" not in frame:
-        return frame
-    return rows_where(frame, frame["reference_of"].isna())
+    return rows_where(frame, frame["reference_of"].isna()) if "reference_of" in frame else frame
 
 
 def loader_alone_rows(frame: pd.DataFrame) -> pd.Series:

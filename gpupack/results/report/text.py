@@ -42,9 +42,7 @@ class RunConfig(TypedDict, total=False):
 
 def fmt(x: object, spec: str = ".2f") -> str:
     """``x`` formatted, or "-" where it is missing (None or NaN)."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return format(x, spec)
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def trainings_phrase(n: int) -> str:
