@@ -264,10 +264,9 @@ def _per_n_boots(samples: Sequence[np.ndarray], resamples: int, rng: np.random.G
 
 def _paired_boots(pairs: Sequence[Sequence[tuple[float, float, Hashable]]], resamples: int,
                   rng: np.random.Generator, fallback: float | None) -> tuple[np.ndarray, float | None]:
-    """Each N's ratio of sums over rounds resampled with replacement, one draw of rounds for every N (NaN where a draw
-    holds none of its rounds; the reference's is 1); and the pooled relative spread of one pair's ratio over the other
-    N with two pairs or more, else ``fallback`` (None: nothing can be told apart). An N of one pair borrows that
-    spread."""
+    """Each N's ratio of sums over rounds resampled, one draw for every N (NaN where a draw holds none of its rounds;
+    the reference's is 1), and the pooled spread of one pair's ratio, else ``fallback``, which an N of one pair
+    borrows (module docstring)."""
     keys = list(dict.fromkeys(k for of_n in pairs for _, _, k in of_n))
     index = {k: j for j, k in enumerate(keys)}
     counts = rng.multinomial(len(keys), np.full(len(keys), 1.0 / len(keys)), size=resamples)  # (resamples, rounds)

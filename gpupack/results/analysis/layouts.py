@@ -31,9 +31,8 @@ def _num(frame: pd.DataFrame, col: str) -> pd.Series:
 
 
 def spread_summary(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (workload, partition, GPU type, layout, k): the job's wall (median over the packs whose training
-    completed, in any attempt), k x that wall, one training's own wall (its record), samples/s, failures over every
-    attempt, and what the strategy measured per step."""
+    """One row per (workload, partition, GPU type, layout, k): the job's median wall over its completed packs, k x
+    that, one training's own wall, samples/s, failures over every attempt, and the strategy's figures per step."""
     if trainings.empty or packs.empty:
         return pd.DataFrame()
     t = trainings.assign(attempt=trainings["attempt"] if "attempt" in trainings else 0)

@@ -152,10 +152,9 @@ class PlanCounts:
 
 
 def plan_counts(latest: pd.DataFrame, planned_ids: Mapping[str, Sequence[tuple[str, str]]]) -> PlanCounts:
-    """Count each run's planned trainings (``planned_ids``: run → (pack or streaming queue, training id)) by their
-    current records (``latest``: attempt 0), each counted for its place in the plan (:func:`_where`): completed where
-    one of its rows completed (a skipped training a refit pack ran has two), skipped where skipped for memory and run
-    nowhere else (no ``runs_in``), failed where it has any other. Pure."""
+    """Count each run's planned trainings (``planned_ids``) by their current records (``latest``), at their place in
+    the plan (:func:`_where`): completed where a row completed (a skipped training a refit pack ran has two), skipped
+    where skipped for memory and run nowhere else (no ``runs_in``), failed where it has any other. Pure."""
     counts = Counter[str]()
     for run, planned in planned_ids.items():
         counts["planned"] += len(planned)
@@ -275,10 +274,8 @@ def _read_run(run: RunDir, trainings: RowsByPack, packs: RowsByPack, warnings: l
 
 def _read_folded(run: RunDir, folders: set[str], trainings: RowsByPack, packs: RowsByPack, warnings: list[str],
                  reader: ColumnarReader | None) -> set[str]:
-    """The records lanes folded into their journals: each one's latest is current unless a folder holds a later one,
-    the rest earlier attempts. A lane's columnar file gives the records it covers as columns where no other source
-    holds records of the same pack; the rest are weighed record by record. Returns the folded packs with a current
-    pack record."""
+    """The records lanes folded into their journals: from a lane's columnar file where no other source holds records
+    of the same pack, the rest weighed record by record (:func:`_weigh`). Returns the packs with a current record."""
     lanes = sorted(path.stem for path in run.lanes.glob("*.jsonl")) if run.lanes.is_dir() else []
     files: list[LaneColumns] = []
     weighed: list[Entry] = []  # journal lines no columnar file covers: parsed
@@ -426,9 +423,8 @@ def earlier_refits(t: pd.DataFrame) -> None:
 
 
 def shared_host(records: Records) -> str | None:
-    """The host every pack ran on, where that means the packs shared its cores: packs of different partitions on
-    one host, or on a cluster whose nodes are one machine (cluster.nodes_share_one_host: the local test SLURM).
-    None otherwise."""
+    """The host every pack ran on where they shared its cores (several partitions on it, or a cluster whose nodes
+    are one machine); None otherwise."""
     packs = records.packs
     if packs.empty or "host" not in packs:
         return None

@@ -284,10 +284,9 @@ CHOICE_COLUMNS: dict[str, object] = {
 
 def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
                  disturbed: Collection[tuple[str, str]] = ()) -> pd.DataFrame:
-    """The noise-aware choice per (workload, partition, GPU type, mode) as columns (:data:`CHOICE_COLUMNS`): each N's
-    interval, within noise or chosen, the verdict, the gain over the reference (paired within rounds where they ran
-    in rounds) and its bound. The packs ``disturbed`` names ((run, pack id)) are left out as :func:`_choice_timings`
-    says (``left_out_disturbed`` counts them)."""
+    """The noise-aware choice per (workload, partition, GPU type, mode) as columns (:data:`CHOICE_COLUMNS`), the gain
+    over the reference and its bound; the packs ``disturbed`` names ((run, pack id)) are left out as
+    :func:`_choice_timings` says."""
     out = summary.assign(**CHOICE_COLUMNS)
     out["infeasible"] = (out["oom"] > 0) | (out["skipped_memory"] > 0)
     timed = timed.dropna(subset=["time_per_training_s"])

@@ -62,9 +62,8 @@ def write_trainings(records: Records, out: Path) -> Path | None:
 
 def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path | None | bool = True,
                   configs: Mapping[str, RunConfig] | None = None) -> list[Path]:
-    """summary.csv (every column of the table), summary.json, trainings.parquet (``trainings``: True to write it
-    here; else what :func:`write_trainings` wrote already), and (with plots) plots/*.png and report.html (what ran
-    from ``configs``: each run's config)."""
+    """summary.csv, summary.json, trainings.parquet (``trainings``: True to write it, else what
+    :func:`write_trainings` wrote), and with ``plots`` the PNGs and report.html (``configs``: each run's config)."""
     run = RunDir(out)
     with atomic_file(run.summary_csv) as f:  # each file whole or not at all, as the records are
         c.summary.to_csv(f, index=False)
