@@ -38,16 +38,11 @@ def disturbed(packs: pd.DataFrame) -> pd.DataFrame:
     foreign = _number(packs, "sampler_foreign_cpu_cores_mean")
     gpu_procs = _number(packs, "sampler_foreign_gpu_procs_max")
     measured = foreign.notna() | gpu_procs.notna()
-    p = packs[measured].copy()
-    for column in GROUP:  # a hand-made record may lack one: its packs form a group of their own
-        if column not in p:
-            p[column] = None
-    p["foreign_cores"] = foreign[measured]
-    p["foreign_gpu_procs"] = gpu_procs[measured]
-    p["foreign_gpu_mem_mb"] = _number(packs, "sampler_foreign_gpu_mem_mb_max")[measured]
-    cores = _number(p, "sampler_job_cores").fillna(_number(p, "cores")).fillna(_number(p, "sampler_host_cores"))
-    p["cores"] = cores
-    p["cpu_disturbed"] = p["foreign_cores"] >= cores.fillna(0).map(threshold)  # NaN (not measured): not disturbed
+    p = packs[measured].assign(  # a hand-made record may lack a GROUP column: its packs form a group of their own
+        **{column: None for column in GROUP if column not in packs}, foreign_cores=foreign[measured],
+        foreign_gpu_procs=gpu_procs[measured], foreign_gpu_mem_mb=_number(packs, "sampler_foreign_gpu_mem_mb_max"))
+    p["cores"] = _number(p, "sampler_job_cores").fillna(_number(p, "cores")).fillna(_number(p, "sampler_host_cores"))
+    p["cpu_disturbed"] = p["foreign_cores"] >= p["cores"].fillna(0).map(threshold)  # NaN (not measured): not disturbed
     p["gpu_disturbed"] = p["foreign_gpu_procs"].fillna(0) > 0
     p["disturbed"] = p["cpu_disturbed"] | p["gpu_disturbed"]
     p["wall_s"] = _number(p, "wall_s").fillna(0.0)
