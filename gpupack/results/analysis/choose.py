@@ -73,8 +73,8 @@ class Choice:
     provisional: bool  # too few packs for the method to be trusted
     repeats_needed: int | None  # packs per N that would likely settle it (None: settled or not estimable)
     method: str  # the method in words
-    # Paired over rounds (module docstring): the reference N, and each N's time relative to it in its rounds (median
-    # of the ratios, its interval over resampled rounds, the pairs it had as ``packs``); None / empty: unpaired.
+    # Paired over rounds (module docstring): the reference N, and each N's time relative to it (ratio of sums, its
+    # interval over resampled rounds, its pairs as ``packs``); None / empty: unpaired.
     reference: int | None = None
     relative: Mapping[int, MedianInterval] = field(default_factory=lambda: MappingProxyType({}))
 
