@@ -1,18 +1,8 @@
 """Collect: records → time per training per (workload, partition, GPU type, mode, N) → the best N → cost.
 
 Records in, frames out: this package reads records (never job objects), so it works on a run in progress, on a run
-copied off a cluster and on several runs at once, and it prints nothing. :mod:`gpupack.results.report` renders and
-writes what it computes; the CLI (``python -m gpupack collect RUN_DIR ...``, or ``-m gpupack.collect``) and
-:mod:`gpupack.sweep` own the arguments, the writing and the printing.
-
-This module is the entry: :func:`aggregate` loads the runs (:mod:`gpupack.results.analysis.load`, each pack from its
-columnar file, :mod:`gpupack.core.store.columnar`, or its JSON records, assembled by
-:mod:`gpupack.results.analysis.frames`) and computes everything collect shows (:func:`aggregate_records`): the summary
-and the choice of N (:mod:`gpupack.results.analysis.summary`), the knob and hyperparameter tables
-(:mod:`gpupack.results.analysis.tables`), the cost (:mod:`gpupack.core.cost.rgu`), spread layouts beside packing
-(:mod:`gpupack.results.analysis.layouts`) and the packs measured under load from outside the job
-(:mod:`gpupack.results.analysis.disturbance`). Aggregation is pure pandas on flat columns (benchmarks/collect_scale.py:
-1,000,000 trainings from disk).
+copied off a cluster and on several runs at once, and it prints nothing (:mod:`gpupack.results.report` does).
+:func:`aggregate` loads the runs (:mod:`.load`) and computes everything collect shows (:func:`aggregate_records`).
 """
 from __future__ import annotations
 
@@ -61,31 +51,21 @@ class Collected:
     production_title: str = "The rest of the grid at the best N (packing.then=run)"  # what ran there, and at which N
     auto_lines: list[str] = field(default_factory=list)  # what the probe did and why it stopped (auto.json)
     again_lines: list[str] = field(default_factory=list)  # the rounds measured again (packing.remeasure)
-    # spread.devices: one training on k devices (gpupack/results/analysis/layouts.py), and every layout beside
-    # packing's, with verdicts
-    spread: pd.DataFrame = field(default_factory=pd.DataFrame)
-    layouts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    spread: pd.DataFrame = field(default_factory=pd.DataFrame)  # one training on k devices (.layouts)
+    layouts: pd.DataFrame = field(default_factory=pd.DataFrame)  # every layout beside packing's, with verdicts
     verdicts: list[str] = field(default_factory=list)
-    # How busy the slots were, whole packs and streaming lanes alike (gpupack/results/analysis/occupancy.py), and one
-    # bar per training on its job's slot (the report's timeline)
-    occupancy: pd.DataFrame = field(default_factory=pd.DataFrame)
-    timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
-    # The drift checks: the first round's reference pack run again at the end (gpupack/results/analysis/drift.py)
-    drift: pd.DataFrame = field(default_factory=pd.DataFrame)
-    # The packs measured under load from outside the job, per group (gpupack/results/analysis/disturbance.py)
-    disturbance: pd.DataFrame = field(default_factory=pd.DataFrame)
-    # search=optuna: each run's study, its trials ranked and its history (gpupack/results/analysis/search.py)
-    searches: list[SearchReport] = field(default_factory=list)
-    # The groups that name no best N (gpupack.results.analysis.summary.no_answer): the row of the N their choice
-    # withheld
-    withheld: pd.DataFrame = field(default_factory=pd.DataFrame)
+    occupancy: pd.DataFrame = field(default_factory=pd.DataFrame)  # how busy the slots were (.occupancy)
+    timeline: pd.DataFrame = field(default_factory=pd.DataFrame)  # a bar per training on its job's slot
+    drift: pd.DataFrame = field(default_factory=pd.DataFrame)  # the drift checks (.drift)
+    disturbance: pd.DataFrame = field(default_factory=pd.DataFrame)  # packs under foreign load, per group
+    searches: list[SearchReport] = field(default_factory=list)  # search=optuna: each run's study (.search)
+    withheld: pd.DataFrame = field(default_factory=pd.DataFrame)  # per group naming no best N, the N withheld
 
 
 def aggregate_records(records: Records, weights: Mapping[str, float] | None = None,
                       sweep_trainings: int | None = None, metric: str | None = None,
                       goal: str | None = None) -> Collected:
-    """Everything collect shows and writes, computed from loaded records; hyperparameters ranked by ``metric`` towards
-    ``goal`` (else as the runs were configured: collect.metric, collect.goal). Pure."""
+    """Everything collect shows, from loaded records; ranked by ``metric``/``goal``, else as configured. Pure."""
     packing_t, spread_t = split_spread(records.trainings)  # one training on k devices: apart, then beside
     packing_p, spread_p = split_spread(records.packs)
     probe_t, run_t = split_phase(packing_t, "run")
@@ -120,16 +100,12 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
 
 
 def searched(trainings: pd.DataFrame) -> pd.DataFrame:
-    """A search's trainings without an auto probe's (packing.factors=auto before search=optuna): the probe trained the
-    space's midpoint to find N, no trial of the study, so it is not ranked with the trials."""
-    if "phase" not in trainings:
-        return trainings
-    return trainings[trainings["phase"] != PROBE]
+    """A search's trainings without an auto probe's: the probe trained no trial of the study."""
+    return trainings[trainings["phase"] != PROBE] if "phase" in trainings else trainings
 
 
 def origin_line(choice: RankChoice, kept: Sequence[str], where: str) -> str:
-    """Where the ranking's ``kept`` keys came from: the run's rank.json (an earlier collect's flags) or its
-    config. Pure."""
+    """Where the ranking's ``kept`` keys came from: the run's rank.json or its config. Pure."""
     said = ", ".join(f"{k} {getattr(choice, k)}" for k in kept)
     if where.endswith(".yaml"):
         return f"Ranked by {said}: as the run was configured ({where}: collect.*); --metric/--goal override it."
@@ -145,14 +121,12 @@ def aggregate(run_dirs: Sequence[Path], weights: Mapping[str, float] | None = No
 
 
 def load(run_dirs: Sequence[Path], metric: str | None = None, pattern: str | None = None) -> Records:
-    """The runs' records; with ``pattern``, ``metric`` read from each training's kept stdout where it reported none
-    (:func:`with_stdout_metric`). Reads only."""
+    """The runs' records; with ``pattern``, ``metric`` read from the kept stdout too. Reads only."""
     if pattern is not None and metric is None:
         raise ConfigError("--pattern", pattern, "reads a metric, and no --metric names it",
                           f"add --metric NAME, e.g. --metric val_loss --pattern {pattern!r}")
     records = load_records(run_dirs)
-    # A pattern the run remembers reads its metric again, unless another metric is asked for
-    # (core.store.rank_choice.choose)
+    # a pattern the run remembers reads its metric again, unless another metric is asked for
     choice, _ = choose(RankChoice(metric, pattern=pattern), records.rank)
     if choice.pattern is not None and choice.metric is not None:
         return with_stdout_metric(records, choice.metric, choice.pattern)

@@ -1,59 +1,40 @@
-"""Choose the best packing factor N from time per training, with regard to noise.
-
-Pure and deterministic: no I/O, no clock; the same inputs and ``seed`` give the same answer.
+"""Choose the best packing factor N from time per training, with regard to noise. Pure and deterministic: no I/O, no
+clock; the same inputs and ``seed`` give the same answer.
 
 Method
 ------
-For each feasible N, its time per training is the **median over its packs** (robust to one slow pack).
-A **percentile bootstrap over packs** gives that median's interval: each N's packs are resampled with
-replacement, independently per N, ``resamples`` times from ``numpy.random.default_rng(seed)``, and the
-interval is the central ``confidence`` share of the resampled medians (None with fewer than 2 packs).
+Each feasible N's time per training is the **median over its packs** (robust to one slow pack); a **percentile
+bootstrap over packs** (each N's packs resampled with replacement, independently, ``resamples`` times from
+``numpy.random.default_rng(seed)``) gives its interval (None with fewer than 2 packs). ``lowest`` is the N with the
+lowest median; another N **ties** with it when the interval of median(N) - median(lowest), on the same resamples,
+holds 0. Among the ties ``rule`` picks the ``"smallest"`` N (least memory, least interference) or the ``"lowest"``
+median. ``infeasible`` N (an OOM) are left out of everything.
 
-``lowest`` is the N with the lowest median. Another N **ties** with it when the bootstrap interval of
-the difference of their medians, median(N) - median(lowest), computed on the same resamples, contains 0.
-Among the ties the ``rule`` picks: ``"smallest"`` N (least memory, least interference between the
-trainings of a pack) or ``"lowest"`` median. ``infeasible`` N (an OOM) are never picked, never tie, and
-are left out of everything else (their timings, if any, are not trusted either).
-
-A single pack has no spread of its own, and resampling it would claim it is exact (zero width), so it
-would be separated from the lowest by any gap beyond the lowest's interval: too eager. Instead its
-resampled median is drawn as ``x * (1 + s * Z)``, Z standard normal, s the pooled relative spread of
-one pack (below) over the N with 2 packs or more: one pack is as noisy as the other packs were. With no
-N having 2 packs there is no spread at all and nothing can be told apart: every N ties. Conservative:
-a single pack widens the difference's interval, so it ties more often, never less.
-
-``provisional`` is True when the lowest or any N tying with it has fewer than ``min_packs`` packs.
+A single pack would resample to zero width and be told apart too eagerly: its resampled median is drawn as
+``x * (1 + s * Z)``, Z standard normal, s the pooled relative spread of one pack (below) over the N with 2 packs or
+more; with no such N nothing can be told apart and every N ties. ``provisional``: the lowest or an N tying with it has
+fewer than ``min_packs`` packs.
 
 Paired over rounds
 ------------------
-Where the packs ran in rounds (blocks in time, :func:`gpupack.core.plan.in_rounds`) and ``rounds`` says each pack's,
-every N is compared with the **reference** N (the smallest feasible one, in every round) *inside the same round*:
-each pack of N is paired with the reference's time per training in its round (the reference's median there where a
-round holds several), and N's **relative time** is the sum of its packs' times over the sum of their partners': a
-ratio of sums, not a median of ratios, because a pack of N trains other grid points than the one reference training
-beside it, and only the sums over the rounds weigh the points as the grid does (a median of ratios of a cheap and a
-dear point is biased). A drift that a round shares (a neighbour's job, clocks, a busy filesystem) weighs both sums
-alike. The bootstrap then resamples **rounds** with replacement, the same draw for every N, and the lowest relative
-time, the ties (the interval of the difference of two N's relative times, on the same resamples, holds 0) and the
-rule follow as above. An N with one pair borrows the pooled relative spread of one pair's ratio over the other N with
-two pairs or more (the reference's own are 1 by construction and do not count); with none, √2 times the unpaired
-spread of one pack (a ratio of two packs, each as noisy as one pack: wider than a paired spread, which a shared drift
-does not widen), so a run cut short after its first round still tells N=34 at 24x apart from N=1 (an H200,
-2026-11-28); with no spread at all, every N ties, as unpaired. Paired only where the reference has two rounds or
-more and every other N shares a round with it; otherwise unpaired, and ``method`` says why.
+Where the packs ran in rounds (:func:`gpupack.core.plan.in_rounds`) and ``rounds`` says each pack's, every N is
+compared with the **reference** N (the smallest feasible one) *inside the same round*: each pack of N is paired with
+the reference's time in its round (their median where it has several), and N's **relative time** is the sum of its
+packs' times over the sum of their partners'. A ratio of sums, not a median of ratios: a pack of N trains other grid
+points than the reference beside it, and only sums weigh the points as the grid does. A drift that a round shares
+weighs both sums alike. The bootstrap resamples **rounds**, the same draw for every N; ties and rule follow as above.
+An N with one pair borrows the pooled spread of one pair's ratio over the other N (the reference's are 1 and do not
+count); with none, √2 times the unpaired spread of one pack (a ratio of two packs). Paired only where the reference
+has two rounds or more and every other N shares a round with it; otherwise unpaired, and ``method`` says why.
 
 Sample size
 -----------
-s is the pooled relative standard deviation of one pack: ``s^2 = sum_N sum_i (t_i/mean_N - 1)^2 /
-sum_N (k_N - 1)`` over N with k_N >= 2 packs. The median of n packs has variance about (pi/2) s^2 / n
-(its efficiency against the mean is 2/pi for normal noise), so the difference of two medians has
-variance pi s^2 / n, and the normal-approximation sample size to tell a relative gap d apart at this
-confidence with 80 % power is ``n = ceil(pi * s^2 * (z_{1-alpha/2} + z_{0.8})^2 / d^2)``. d is the gap
-from the lowest to the *nearest* tying N whose median is at least 1 % higher (closer ones are not worth
-separating: any of them is as good). ``repeats_needed`` is that n (at least one more pack than the pair
-has now, since they still tie), raised to ``min_packs`` when provisional, capped at 50 (50 means 50 or
-more: past that, the N are as good as equal). It is None when settled (no tie worth separating and not
-provisional) or not estimable (no spread: no N has 2 packs).
+s is the pooled relative standard deviation of one pack: ``s^2 = sum_N sum_i (t_i/mean_N - 1)^2 / sum_N (k_N - 1)``
+over N with k_N >= 2 packs. The median of n packs has variance about (pi/2) s^2 / n, so the difference of two medians
+pi s^2 / n, and telling a relative gap d apart at this confidence with 80 % power takes
+``n = ceil(pi * s^2 * (z_{1-alpha/2} + z_{0.8})^2 / d^2)``, d the gap from the lowest to the *nearest* tying N at least
+1 % higher (closer ones are as good). ``repeats_needed`` is that n (at least one more pack than the pair has now),
+raised to ``min_packs`` when provisional, capped at 50; None when settled or not estimable (no N has 2 packs).
 """
 from __future__ import annotations
 
@@ -92,8 +73,8 @@ class Choice:
     provisional: bool  # too few packs for the method to be trusted
     repeats_needed: int | None  # packs per N that would likely settle it (None: settled or not estimable)
     method: str  # the method in words
-    # Paired over rounds (module docstring): the reference N, and each N's time relative to it in its rounds (median
-    # of the ratios, its interval over resampled rounds, the pairs it had as ``packs``); None / empty: unpaired.
+    # Paired over rounds (module docstring): the reference N, and each N's time relative to it (ratio of sums, its
+    # interval over resampled rounds, its pairs as ``packs``); None / empty: unpaired.
     reference: int | None = None
     relative: Mapping[int, MedianInterval] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -161,8 +142,7 @@ def _pct(confidence: float) -> str:
 def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] = (), confidence: float = 0.95,
            resamples: int = 2000, seed: int = 0, min_packs: int = 5, rule: str = "smallest",
            rounds: Mapping[int, Sequence[Hashable]] | None = None) -> Choice:
-    """The best N from each N's times per training (one value per pack); see the module docstring. ``rounds``: each
-    pack's round, in the order of ``times`` (None where a pack has none): the comparison is then paired."""
+    """The best N from each N's times per training (a value per pack; ``rounds``: each one's round, then paired)."""
     _check(confidence, resamples)
     if rule not in RULES:
         raise ValueError(f"rule must be one of {sorted(RULES)}, got {rule!r}")
@@ -174,14 +154,13 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
     skip = set(infeasible)
     tagged = {n: _tagged(v, (rounds or {}).get(n), f"N={n}") for n, v in sorted(times.items()) if n not in skip}
     tagged = {n: v for n, v in tagged.items() if len(v[0])}
-    data = {n: v[0] for n, v in tagged.items()}
-    if any(n < 1 for n in data):
-        raise ValueError(f"packing factors must be >= 1, got {sorted(data)}")
-    if not data:
+    ns = list(tagged)
+    if any(n < 1 for n in ns):
+        raise ValueError(f"packing factors must be >= 1, got {ns}")
+    if not ns:
         return Choice(None, None, (), RULES[rule], MappingProxyType({}), False, None, method)
 
-    ns = list(data)
-    samples = [data[n] for n in ns]
+    samples = [tagged[n][0] for n in ns]
     rng = np.random.default_rng(seed)
     boots = _per_n_boots(samples, resamples, rng)
     medians = np.array([float(np.median(s)) for s in samples])
@@ -220,9 +199,7 @@ def choose(times: Mapping[int, Sequence[float]], *, infeasible: Collection[int] 
 def _paired(pairs: list[list[tuple[float, float, Hashable]]], ns: list[int], resamples: int,
             rng: np.random.Generator, spread: float | None, alpha: float, bootstrap: str, seed: int,
             ) -> tuple[np.ndarray, float | None, np.ndarray, dict[int, MedianInterval], str]:
-    """The paired comparison: each N's time per training over the reference's (``ns[0]``) in the same rounds, the
-    ratio of their sums, with its bootstrap over the rounds. Returns the boots, their spread, each N's ratio, its
-    interval and the method's words."""
+    """The paired comparison against ``ns[0]``: boots, spread, each N's ratio of sums, intervals, words."""
     boots, spread = _paired_boots(pairs, resamples, rng, None if spread is None else spread * math.sqrt(2))
     medians = np.array([1.0] + [_ratio_of_sums(p) for p in pairs[1:]])
     rq = np.nanquantile(boots, [alpha / 2, 1 - alpha / 2], axis=1)
@@ -247,8 +224,7 @@ def _tagged(values: Sequence[float], rounds: Sequence[Hashable] | None, what: st
 
 def _pairs(tagged: Mapping[int, tuple[np.ndarray, list[Hashable]]], names: Callable[[int], str] = "N={}".format,
            ) -> dict[int, list[tuple[float, float, Hashable]]] | str:
-    """Each N's (its time, the reference's in the same round, round) pairs, the reference the first N (the smallest);
-    or why the comparison cannot be paired. ``names``: how an N is named in that why."""
+    """Each N's (its time, the reference's in that round, round) pairs, or why they cannot be paired."""
     ns = list(tagged)
     ref_times, ref_rounds = tagged[ns[0]]
     by_round: dict[Hashable, list[float]] = {}
@@ -288,10 +264,9 @@ def _per_n_boots(samples: Sequence[np.ndarray], resamples: int, rng: np.random.G
 
 def _paired_boots(pairs: Sequence[Sequence[tuple[float, float, Hashable]]], resamples: int,
                   rng: np.random.Generator, fallback: float | None) -> tuple[np.ndarray, float | None]:
-    """Each N's ratio of sums over rounds resampled with replacement, one draw of rounds for every N (NaN where a draw
-    holds none of its rounds; the reference's is 1); and the pooled relative spread of one pair's ratio over the other
-    N with two pairs or more, else ``fallback`` (None: nothing can be told apart). An N of one pair borrows that
-    spread."""
+    """Each N's ratio of sums over rounds resampled, one draw for every N (NaN where a draw holds none of its rounds;
+    the reference's is 1), and the pooled spread of one pair's ratio, else ``fallback``, which an N of one pair
+    borrows (module docstring)."""
     keys = list(dict.fromkeys(k for of_n in pairs for _, _, k in of_n))
     index = {k: j for j, k in enumerate(keys)}
     counts = rng.multinomial(len(keys), np.full(len(keys), 1.0 / len(keys)), size=resamples)  # (resamples, rounds)
@@ -327,14 +302,10 @@ def _repeats(medians: np.ndarray, lo: int, tied: Sequence[int], packs: Sequence[
 
 
 def tie_label(ties: Sequence[int], measured: Sequence[int] | None = None) -> str:
-    """'N=2–4' for a run of consecutive factors, 'N=2, 8' otherwise, 'N=4' alone ('none' for no ties).
-
-    Consecutive means adjacent among ``measured`` (the factors that were measured) when given, so ties
-    (3, 5) among measured [1, 3, 5, 8] are 'N=3–5'; without it, adjacent integers.
-    """
+    """'N=2–4' for a run of consecutive factors, 'N=2, 8' otherwise, 'N=4' alone ('none' for no ties). Consecutive:
+    adjacent among ``measured`` where given (ties (3, 5) among [1, 3, 5, 8] are 'N=3–5'), else adjacent integers."""
     if not ties:
         return "none"
-    # Rank among the measured factors, or the integers themselves: consecutive ranks make a run.
     rank = {n: i for i, n in enumerate(sorted(set(measured)))} if measured is not None else {n: n for n in ties}
     missing = [n for n in ties if n not in rank]
     if missing:
@@ -351,9 +322,8 @@ def tie_label(ties: Sequence[int], measured: Sequence[int] | None = None) -> str
 def gain(a: Sequence[float], b: Sequence[float], *, confidence: float = 0.95, resamples: int = 2000,
          seed: int = 0, rounds: tuple[Sequence[Hashable], Sequence[Hashable]] | None = None,
          names: tuple[str, str] = ("a", "b")) -> Gain:
-    """Relative gain of b over a in median time per training, with its percentile bootstrap interval. ``rounds``:
-    each pack's round, for a and for b: the gain is then paired within the rounds they share (the module docstring's
-    ratio of sums, rounds resampled), as the choice of N is; unpaired where it cannot be, and ``unpaired`` says why."""
+    """Relative gain of b over a in median time per training, with its bootstrap interval; paired within the rounds
+    they share where ``rounds`` says each pack's (as the choice of N is), else ``unpaired`` says why."""
     _check(confidence, resamples)
     xa, xb = _clean(a, "a"), _clean(b, "b")
     if not len(xa) or not len(xb):
@@ -378,8 +348,7 @@ def gain(a: Sequence[float], b: Sequence[float], *, confidence: float = 0.95, re
 
 def _paired_gain(pairs: Sequence[tuple[float, float, Hashable]], confidence: float, resamples: int,
                  seed: int) -> Gain:
-    """1 - b's time over a's in their shared rounds (ratio of sums), its interval over rounds resampled; one round
-    has no spread to resample (None, as a single pack unpaired)."""
+    """1 - b's time over a's in their shared rounds (ratio of sums), its interval over rounds (one: None)."""
     n_rounds = len({k for _, _, k in pairs})
     med = 1.0 - _ratio_of_sums(pairs)
     if n_rounds < 2:
@@ -394,11 +363,8 @@ def keeps_improving(a: Sequence[float], b: Sequence[float], threshold: float = 0
                     names: tuple[str, str] = ("a", "b"), confidence: float = 0.95, resamples: int = 2000,
                     seed: int = 0, rounds: tuple[Sequence[Hashable], Sequence[Hashable]] | None = None
                     ) -> tuple[bool, str]:
-    """Whether b beats a by >= ``threshold`` (median gain) and beyond noise (interval above 0), and why.
-
-    ``names`` label a and b in the reason, e.g. ("N=5", "N=8"). ``rounds``: each pack's round, for a and for b: the
-    gain is paired within the rounds they share (:func:`gain`), and the reason says how it was weighed.
-    """
+    """Whether b beats a by >= ``threshold`` (median gain) and beyond noise (interval above 0), and why (``names``
+    label a and b in it). ``rounds``: each pack's round, for a and for b: the gain is paired (:func:`gain`)."""
     g = gain(a, b, confidence=confidence, resamples=resamples, seed=seed, rounds=rounds, names=names)
     na, nb = names
     how = f"paired within {g.paired} rounds" if g.paired else (f"unpaired: {g.unpaired}" if g.unpaired else "")

@@ -1,10 +1,8 @@
 """Disturbance: which packs were measured under load from outside the job, per (workload, partition, GPU type, mode).
 
-Each pack's sampler records the CPU time other processes took on the job's cores while it ran and the processes on
-its GPU that were not the job's (:mod:`gpupack.job.runtime.foreign`; the packs frame's ``sampler_foreign_*`` columns). A
-pack is *disturbed* when other processes kept at least :func:`threshold` of its cores busy on average over the pack,
-or when another process used its GPU: its wall time is then not the quiet figure the choice of N compares. Pure
-pandas on the frame :mod:`gpupack.results.analysis.load` reads.
+A pack is *disturbed* when other processes kept at least :func:`threshold` of its cores busy on average (its
+sampler's ``sampler_foreign_*`` figures, :mod:`gpupack.job.runtime.foreign`), or another process used its GPU: its wall
+is then not the quiet figure the choice of N compares. Pure pandas.
 """
 from __future__ import annotations
 
@@ -34,23 +32,17 @@ def _number(packs: pd.DataFrame, column: str) -> pd.Series:
 
 
 def disturbed(packs: pd.DataFrame) -> pd.DataFrame:
-    """Every pack record whose sampler measured the load from outside (older records did not), with ``cores`` (the
-    cores watched: the job's), ``cpu_disturbed``, ``gpu_disturbed`` and ``disturbed``."""
+    """Every pack record whose sampler measured the load from outside, each flagged ``disturbed``."""
     if packs.empty or "sampler_foreign_cpu_cores_mean" not in packs:
         return pd.DataFrame()
     foreign = _number(packs, "sampler_foreign_cpu_cores_mean")
     gpu_procs = _number(packs, "sampler_foreign_gpu_procs_max")
     measured = foreign.notna() | gpu_procs.notna()
-    p = packs[measured].copy()
-    for column in GROUP:  # a hand-made record may lack one: its packs form a group of their own
-        if column not in p:
-            p[column] = None
-    p["foreign_cores"] = foreign[measured]
-    p["foreign_gpu_procs"] = gpu_procs[measured]
-    p["foreign_gpu_mem_mb"] = _number(packs, "sampler_foreign_gpu_mem_mb_max")[measured]
-    cores = _number(p, "sampler_job_cores").fillna(_number(p, "cores")).fillna(_number(p, "sampler_host_cores"))
-    p["cores"] = cores
-    p["cpu_disturbed"] = p["foreign_cores"] >= cores.fillna(0).map(threshold)  # NaN (not measured): not disturbed
+    p = packs[measured].assign(  # a hand-made record may lack a GROUP column: its packs form a group of their own
+        **{column: None for column in GROUP if column not in packs}, foreign_cores=foreign[measured],
+        foreign_gpu_procs=gpu_procs[measured], foreign_gpu_mem_mb=_number(packs, "sampler_foreign_gpu_mem_mb_max"))
+    p["cores"] = _number(p, "sampler_job_cores").fillna(_number(p, "cores")).fillna(_number(p, "sampler_host_cores"))
+    p["cpu_disturbed"] = p["foreign_cores"] >= p["cores"].fillna(0).map(threshold)  # NaN (not measured): not disturbed
     p["gpu_disturbed"] = p["foreign_gpu_procs"].fillna(0) > 0
     p["disturbed"] = p["cpu_disturbed"] | p["gpu_disturbed"]
     p["wall_s"] = _number(p, "wall_s").fillna(0.0)
@@ -58,10 +50,9 @@ def disturbed(packs: pd.DataFrame) -> pd.DataFrame:
 
 
 def disturbance(packs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (workload, partition, GPU type, mode) whose packs' samplers measured the load from outside: how
-    many pack records (every attempt: each was measured), how many were disturbed, their ids and N (in the order
-    read), the share of the group's pack time (Σ wall) measured under foreign load, the foreign cores averaged over
-    the disturbed packs (weighted by their wall), the job's cores, and what other processes did on the GPU."""
+    """One row per group whose packs measured the load from outside (:data:`COLUMNS`): pack records (every attempt),
+    the disturbed ones, their ids and N, their share of the pack time, the foreign cores over them (weighted by wall),
+    the job's cores, and what other processes did on the GPU."""
     p = disturbed(packs)
     if p.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -88,25 +79,19 @@ def disturbance(packs: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_disturbed(summary: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
-    """``summary`` with ``disturbed_packs``: how many of each (group, N)'s pack records were measured under foreign
-    load (0 where measured quiet or not measured), so the table names them beside their N."""
+    """``summary`` with ``disturbed_packs``: how many of each (group, N)'s pack records were disturbed."""
     if summary.empty:
         return summary
     p = disturbed(packs)
-    keys = [*GROUP, "factor"]
-    out = summary.copy()
     if p.empty:
-        out["disturbed_packs"] = 0
-        return out
-    p = p.assign(factor=_number(p, "factor"))
-    counts = p[p["disturbed"]].groupby(keys, dropna=False).size()
-    out["disturbed_packs"] = [int(counts.get(tuple(k), 0)) for k in out[keys].itertuples(index=False)]
-    return out
+        return summary.assign(disturbed_packs=0)
+    keys = [*GROUP, "factor"]
+    counts = p[p["disturbed"]].assign(factor=_number(p, "factor")).groupby(keys, dropna=False).size()
+    return summary.assign(disturbed_packs=[int(counts.get(tuple(k), 0)) for k in summary[keys].itertuples(index=False)])
 
 
 def loaded_packs(packs: pd.DataFrame) -> frozenset[tuple[str, str]]:
-    """The (run, pack id) of every pack measured under foreign load: what the choice of N leaves out where it can
-    (gpupack.results.analysis.summary.with_choices)."""
+    """The (run, pack id) of every disturbed pack: what the choice of N leaves out where it can."""
     p = disturbed(packs)
     if p.empty:
         return frozenset()
@@ -116,8 +101,7 @@ def loaded_packs(packs: pd.DataFrame) -> frozenset[tuple[str, str]]:
 
 
 def disturbed_rounds(packs: pd.DataFrame, run: str) -> dict[str, set[int]]:
-    """Each partition's rounds of ``run`` (its run directory) that hold a pack measured under foreign load: what
-    packing.remeasure measures again (gpupack.core.plan.again_packs)."""
+    """Each partition's rounds of ``run`` that hold a disturbed pack: what packing.remeasure measures again."""
     p = disturbed(packs)
     if p.empty or "round" not in p:
         return {}

@@ -12,9 +12,7 @@ COLUMNS = ["workload", "partition", "gpu_type", "pack_id", "first_s", "end_s", "
 
 def drift_checks(packs: pd.DataFrame) -> pd.DataFrame:
     """One row per drift check whose pack and first pack both ran whole, and that started once every other pack of
-    its run had ended (where packs run side by side, on several slots or as SLURM arrays, the check may run beside
-    them: then it measures no drift over the run, and is not said): their walls (one training each), the change
-    end / first - 1, and the hours between their starts."""
+    its run had ended (one run beside them measures no drift): their walls, end / first - 1, and the hours between."""
     if packs.empty or "reference_of" not in packs:
         return pd.DataFrame(columns=COLUMNS)
     latest = packs[packs["attempt"] == 0] if "attempt" in packs else packs

@@ -1,10 +1,6 @@
-"""Frame assembly: the rows of many packs (:class:`gpupack.core.store.columnar.Rows`, one piece a pack) as one frame.
-
-The pieces of each layout are joined at once in Arrow, the layouts conformed to one schema, each column the tables
-read joined into one chunk once, and the frame converted to pandas once: what makes a run of a million trainings
-load in a second (benchmarks/collect_scale.py). The columns no table reads (:data:`DETACHED`) stay in Arrow beside the
-frame, where they lie.
-"""
+"""Frame assembly: the rows of many packs (:class:`gpupack.core.store.columnar.Rows`, one piece a pack) as one frame,
+joined in Arrow layout by layout and converted to pandas once: a million trainings load in a second
+(benchmarks/collect_scale.py). The columns no table reads (:data:`DETACHED`) stay in Arrow beside the frame."""
 from __future__ import annotations
 
 import json
@@ -19,29 +15,20 @@ import pyarrow.compute as pc
 from gpupack.core.plan import RENAMED
 from gpupack.core.store.columnar import JSON_PREFIX, STRING, Rows, column, json_array, layout_columns, same
 
-
-def _pool() -> pa.MemoryPool:
-    """Arrow's allocator for a frame of a million rows: jemalloc where the wheel has it, else the system's. Arrow's
-    default here, mimalloc, gives the gigabyte a load joins back to the system and takes it anew, page by page: a
-    million trainings collected in 7 s instead of 5 (benchmarks/collect_scale.py --cli, BENCHMARKS.md)."""
-    try:
-        return pa.jemalloc_memory_pool()
-    except (NotImplementedError, pa.ArrowException):
-        return pa.system_memory_pool()
-
-
-POOL = _pool()
+# Arrow's allocator for a frame of a million rows: jemalloc where the wheel has it, else the system's. Arrow's default
+# here, mimalloc, gives the gigabyte a load joins back to the system and takes it anew, page by page: a million
+# trainings collected in 7 s instead of 5 (benchmarks/collect_scale.py --cli, BENCHMARKS.md).
+try:
+    POOL = pa.jemalloc_memory_pool()
+except (NotImplementedError, pa.ArrowException):
+    POOL = pa.system_memory_pool()
 
 # Kept as JSON text after load, decoded where read: a million curves or hyperparameter sets take seconds to decode one
-# by one; one plot draws curves, and best_hyperparameters and knob_table parse theirs in bulk (json_columns). A
-# folded record's logs (where its lane kept them: distinct for each training) are read where a log is shown
-# (journal.kept_log); a pack's training ids and its sampler's peak per training (distinct for each pack) where needed.
+# by one, and the tables parse theirs in bulk (tables.json_columns).
 TEXT_COLUMNS = ("curve", "params", "knobs", "cpus", "metrics", "logs", "training_ids", "sampler_peak_rss_by_training")
-# Kept beside the frame, in Arrow, not in it (:meth:`RowsByPack.frame`; :meth:`gpupack.results.analysis.load.Records.
-# with_detached` joins them to the rows that need them): each training's throughput curve (a third of a run's bytes)
-# and where its logs are kept, read by one plot and where a log is shown, never by the tables. Left in the chunks they
-# were read in (a lane's memory-mapped file) they cost nothing until read; in the frame, every filter of it would copy
-# them.
+# Kept beside the frame, in Arrow (Records.with_detached joins them to the rows that need them): the throughput curve
+# (a third of a run's bytes) and where the logs are, which no table reads. Left in the chunks they were read in they
+# cost nothing until read; in the frame, every filter would copy them.
 DETACHED = ("curve", "logs")
 TRAINING_ID = "training_id"  # kept beside them too, as read (no copy): what tells a row's values are its own
 
@@ -61,8 +48,7 @@ class RowsByPack:
             self.attempts.append(attempts)
 
     def frame(self, detached: Sequence[str] = ()) -> tuple[pd.DataFrame, pa.Table]:
-        """The rows as one frame, and the columns named in ``detached`` apart from it (an Arrow table, a row for each of
-        the frame's, in its order: the frame's index is each row's position)."""
+        """The rows as one frame (its index: each row's position), and the columns ``detached`` apart."""
         if not self.rows:
             return pd.DataFrame(), pa.table({})
         runs, where = np.unique(np.array(self.run_dirs, dtype=object), return_inverse=True)
@@ -74,7 +60,6 @@ class RowsByPack:
                 attempt[start:start + len(each)] = each
         # Every column in Arrow, then one conversion: pandas gets its columns of one type as one block (a column
         # added after would make it join them at its first filter: a copy of every number column, half a second).
-        # run_dir is built in Arrow too: a million Python strs cost.
         table = renamed(assemble(self.rows))
         table = table.append_column("run_dir", run_dir.cast(STRING)).append_column("attempt", pa.array(attempt))
         texts = {c: c[len(JSON_PREFIX):] for c in table.column_names
@@ -86,8 +71,7 @@ class RowsByPack:
 
 
 def renamed(table: pa.Table) -> pa.Table:
-    """``table`` with the columns an earlier gpupack named otherwise (gpupack.core.plan.RENAMED) under their names now:
-    one column where records of both kinds were read (the new name's value, else the old's)."""
+    """``table`` with columns an earlier gpupack named otherwise (plan.RENAMED) under their names now."""
     for old, new in RENAMED.items():
         if old not in table.column_names:
             continue
@@ -98,10 +82,9 @@ def renamed(table: pa.Table) -> pa.Table:
 
 
 def one_chunk(table: pa.Table) -> pa.Table:
-    """``table`` with each text column in one chunk, joined column by column (several times faster than
-    Table.combine_chunks, pyarrow 26): pandas keeps text in Arrow, and Arrow's take joins a chunked column's chunks
-    first, so every filter of the frame would. Number columns are left as they are: pandas copies them into its
-    blocks whatever their chunks (joined first, they would be copied twice)."""
+    """``table`` with each text column in one chunk (pandas keeps text in Arrow, whose take joins a chunked column's
+    chunks first: every filter would), joined column by column, faster than Table.combine_chunks. Number columns are
+    left as they are: pandas copies them into its blocks whatever their chunks."""
     return pa.table([c if c.num_chunks == 1 or _fixed_width(c.type) else c.combine_chunks(memory_pool=POOL)
                      for c in table.columns], schema=table.schema)
 
@@ -166,8 +149,7 @@ def assemble(pieces: list[Rows]) -> pa.Table:
 
 
 def _layout_table(layout: pa.Schema, pieces: list[Rows]) -> pa.Table:
-    """The rows of pieces of one layout: varying columns as the pieces hold them (a chunk a piece), shared ones
-    repeated from one value a piece."""
+    """The rows of pieces of one layout: varying columns a chunk a piece, shared ones repeated."""
     names, shared = layout_columns(layout)
     plain = layout.remove_metadata()
     varying = pa.Table.from_batches([p.batch for p in pieces], plain)
@@ -205,14 +187,8 @@ def _conformed(tables: list[pa.Table]) -> list[pa.Table]:
     except (pa.ArrowTypeError, pa.ArrowInvalid):
         tables = _as_json(tables)
         schema = pa.unify_schemas([t.schema for t in tables], promote_options="permissive")
-    return [_conform(t, schema) for t in tables]
-
-
-def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    n = table.num_rows
-    names = set(table.column_names)
-    columns = [_cast(table.column(f.name), f.type) if f.name in names else pa.nulls(n, f.type) for f in schema]
-    return pa.table(columns, schema=schema)
+    return [pa.table([_cast(t.column(f.name), f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+                      for f in schema], schema=schema) for t in tables]
 
 
 def _cast(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
@@ -243,9 +219,7 @@ def _decode(text: pd.Series) -> np.ndarray:
 
 
 def decode_json(frame: pd.DataFrame) -> pd.DataFrame:
-    """``json:<name>`` columns back to ``<name>`` (decoded, but for :data:`TEXT_COLUMNS`), merged with a plain
-    ``<name>`` column of packs where that column held scalars. (A text column with no plain twin was named in Arrow
-    already, :meth:`RowsByPack.frame`.)"""
+    """``json:<name>`` columns back to ``<name>`` (decoded, but :data:`TEXT_COLUMNS`), merged."""
     for col in [c for c in frame.columns if c.startswith(JSON_PREFIX)]:
         name = col[len(JSON_PREFIX):]
         text = frame.pop(col)

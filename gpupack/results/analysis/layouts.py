@@ -1,11 +1,9 @@
 """Spread beside packing: one training on k devices against N trainings on one device, per workload and GPU type.
-Pure: record frames in, frames and verdict lines out (collect calls it, the report prints it).
+Pure: record frames in, frames and verdict lines out.
 
-The unit both answers share is the **device-second per training**: packing N trainings on one device for a pack's
-wall W spends W/N device-seconds on each (its time per training); one training spread over k devices for its wall W
-spends k x W. The layout that spends the fewest uses a device-hour (and an RGU-hour: the same weight per device) best.
-How long one training takes to finish is shown beside it: spreading can finish one training sooner and still cost
-more device time, which is what the source studies measured (1, 2, 4, 6, 8 V100s: 128, 164, 190, 196, 229 s).
+The unit both share is the **device-second per training**: N trainings packed for a pack's wall W spend W/N each;
+one training spread over k devices for W spends k x W. The fewest uses a device-hour (and an RGU-hour) best. How long
+one training takes is shown beside it: spreading can finish one sooner and still cost more device time.
 """
 from __future__ import annotations
 
@@ -16,25 +14,16 @@ import pandas as pd
 
 from gpupack.core.store.records import COMPLETED, OOM
 from gpupack.results.analysis.choose import gain
+from gpupack.results.analysis.summary import split_by
 
 KEY = ["workload", "partition", "gpu_type"]
 # What a spread training's record says it measured (the strategy's stats), flattened by collect.
 SPREAD_COLUMNS = ("allreduce_bytes_per_step", "allreduce_s_per_step", "replicas")
 
 
-def is_spread(frame: pd.DataFrame) -> pd.Series:
-    """Rows of spread packs (their records carry the strategy); every other row is packing."""
-    if frame.empty or "strategy" not in frame:
-        return pd.Series(False, index=frame.index)
-    return frame["strategy"].notna()
-
-
 def split_spread(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(packing rows, spread rows) of a trainings or packs frame."""
-    mask = is_spread(frame)
-    if not mask.any():  # packing alone (most runs): no copy of a million rows
-        return frame, frame.iloc[0:0]
-    return frame[~mask], frame[mask]
+    """(packing rows, spread rows: their records carry the strategy) of a trainings or packs frame."""
+    return split_by(frame, frame["strategy"].notna() if "strategy" in frame else pd.Series(False, index=frame.index))
 
 
 def _num(frame: pd.DataFrame, col: str) -> pd.Series:
@@ -42,10 +31,8 @@ def _num(frame: pd.DataFrame, col: str) -> pd.Series:
 
 
 def spread_summary(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (workload, partition, GPU type, layout, k): the job's wall (median over the packs whose training
-    completed, in any attempt, as packing's time per training counts), the device-seconds it held (k x that wall),
-    one training's own wall (its record: start to end, without the job's start-up), samples/s, failures over every
-    attempt, and what the strategy measured (all-reduce bytes and in-flight time per step)."""
+    """One row per (workload, partition, GPU type, layout, k): the job's median wall over its completed packs, k x
+    that, one training's own wall, samples/s, failures over every attempt, and the strategy's figures per step."""
     if trainings.empty or packs.empty:
         return pd.DataFrame()
     t = trainings.assign(attempt=trainings["attempt"] if "attempt" in trainings else 0)
@@ -79,8 +66,7 @@ def spread_summary(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame
 
 
 def training_walls(trainings: pd.DataFrame) -> dict[tuple[Hashable, ...], float]:
-    """Packing: one training's own wall (its record, start to end), median per (workload, partition, GPU type, mode,
-    N), over the latest completed records."""
+    """Packing: one training's own wall (its record), median per (group, mode, N) of the latest completed records."""
     if trainings.empty:
         return {}
     t = trainings[(trainings["status"] == COMPLETED)
@@ -91,14 +77,9 @@ def training_walls(trainings: pd.DataFrame) -> dict[tuple[Hashable, ...], float]
 
 def compare(packing: pd.DataFrame, spread: pd.DataFrame, packing_times: Mapping[tuple[Hashable, ...], Sequence[float]],
             weights: Mapping[str, float], walls: Mapping[tuple[Hashable, ...], float] | None = None) -> pd.DataFrame:
-    """Every layout of one (workload, partition, GPU type) in one table: packing (mode, N) from collect's summary and
-    spread (label, k); devices per training (1/N or k), time per training (what a device spends per training when
-    packed; the job's wall when spread), device-seconds and RGU-hours per training, and the best layout of its
-    GPU type (the fewest device-seconds per training, when both answers have a usable layout).
-    ``packing_times``: each packing (key, mode, N)'s per-pack times per training, for the noise check; ``walls``: its
-    trainings' own wall (:func:`training_walls`). ``wall_s`` is one training's own wall, start to end; ``job_wall_s``
-    the wall its job held the device(s) for from its first training's start (the mode's set-up, a fork server's
-    preload, is outside: the pack record's ``setup_s``, as a job's start is)."""
+    """Every layout of one (workload, partition, GPU type) in one table, packing (mode, N) and spread (label, k):
+    devices and device-seconds per training, and the best (the fewest device-seconds, where both answers have a
+    usable layout). ``packing_times``: per-pack times, for the noise check; ``walls``: :func:`training_walls`."""
     rows = ([_packing_row(r, packing_times, walls or {}) for _, r in packing.iterrows()] if not packing.empty else [])
     rows += [_spread_row(r) for _, r in spread.iterrows()] if not spread.empty else []
     if not rows:
@@ -156,8 +137,7 @@ def _s(seconds: object) -> str:
 
 
 def _noise(a: Sequence[float], b: Sequence[float]) -> str:
-    """Whether b's device time differs from a's beyond noise (the bootstrap interval of the gain,
-    gpupack.results.analysis.choose)."""
+    """Whether b's device time differs from a's beyond noise (the bootstrap interval of the gain)."""
     if len(a) < 2 or len(b) < 2:
         return ", a single pack: not told from noise"
     g = gain(a, b)
@@ -165,8 +145,7 @@ def _noise(a: Sequence[float], b: Sequence[float]) -> str:
 
 
 def _wider(group: pd.DataFrame, best: pd.Series, other: pd.Series) -> str:
-    """When the spread answer beside the best is one device (k=1: DDP or Mirrored with nothing to sync), the best
-    spread over more than one device too: what the user asked about."""
+    """Where the spread answer beside the best is one device (k=1: nothing to sync), the best over more than one."""
     if other["answer"] != "spread" or other["devices"] > 1:
         return ""
     wide = group[(group["answer"] == "spread") & (group["devices"] > 1) & group["usable"].astype(bool)]
@@ -179,8 +158,7 @@ def _wider(group: pd.DataFrame, best: pd.Series, other: pd.Series) -> str:
 
 
 def verdicts(table: pd.DataFrame) -> list[str]:
-    """Per workload and GPU type: which layout uses a device-hour best, and the best of the other answer beside it
-    (its device time as a multiple, and how long one training takes to finish either way)."""
+    """Per workload and GPU type: which layout uses a device-hour best, and the best of the other answer beside it."""
     lines: list[str] = []
     if table.empty:
         return lines

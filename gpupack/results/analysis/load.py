@@ -1,10 +1,6 @@
-"""Loading: run directories → :class:`Records`, every record of the runs as flat frames.
-
-Each pack is read from its columnar file where it is current (:mod:`gpupack.core.store.columnar`), else from its JSON
-records, with the same rows; earlier attempts (packs/<id>/attempts/<k>/) from their JSON; then the run's plan (grid
-size, pending packs), the OOMs a user cleared, and from its config the RGU table and whether its cluster's nodes are
-one host. Reads only.
-"""
+"""Loading: run directories → :class:`Records`, every record of the runs as flat frames. Each pack is read from its
+columnar file where it is current (:mod:`gpupack.core.store.columnar`), else from its JSON records (the same rows);
+earlier attempts from their JSON; then the run's plan, cleared OOMs and config. Reads only."""
 from __future__ import annotations
 
 import dataclasses
@@ -42,8 +38,7 @@ from gpupack.search.study import Journal, read_journal
 
 
 class ClearedOom(TypedDict):
-    """An entry of RUN_DIR/cleared_oom.json (``gpupack clear-oom``, :func:`gpupack.sweep.flow.status.clear_oom` writes
-    it): the OOM records it clears (None: any) and when it was written."""
+    """An entry of RUN_DIR/cleared_oom.json: the OOM records it clears (None: any), and when."""
 
     partition: str | None
     mode: str | None
@@ -57,54 +52,42 @@ class Cleared(ClearedOom):
     run_dir: str
 
 
-# What an entry matches a record by (each None: any)
 CLEARED_BY: tuple[Literal["partition", "mode", "factor"], ...] = ("partition", "mode", "factor")
 
 
 @dataclass
 class Records:
-    """Every record read, flat. ``trainings``: a row per training record, the latest (``attempt`` 0) and each earlier
-    attempt's; nested fields lifted to columns (:data:`gpupack.core.store.columnar.FLAT`); lists and dicts as Python
-    values, but those of :data:`gpupack.results.analysis.frames.TEXT_COLUMNS`, kept as their JSON text. ``packs``: a row
-    per pack record, the sampler's summary lifted."""
+    """Every record read, flat: a row per training record (``attempt`` 0 the latest) and per pack record, nested
+    fields lifted to columns; lists and dicts as Python values, but :data:`gpupack.results.analysis.frames.TEXT_COLUMNS`
+    as their JSON text."""
 
     trainings: pd.DataFrame
     packs: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)  # planned packs with no pack record yet
-    # Trainings in each sweep's grid: one entry per run, or per Hydra multirun (its launches, launch_*, add up).
-    grid_sizes: dict[str, int] = field(default_factory=dict)
+    grid_sizes: dict[str, int] = field(default_factory=dict)  # trainings in each sweep's grid (a multirun's add up)
     rgu: dict[str, float] = field(default_factory=dict)  # the RGU table the first run was configured with
     cleared: list[Cleared] = field(default_factory=list)  # OOMs a user cleared, per run directory
     runs: list[str] = field(default_factory=list)  # the run directories read
     planned: int = 0  # packs in the runs' plans
-    # run → its plan's trainings as (where: the pack, or the streaming queue, training id)
-    planned_ids: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
-    # run → its config's cluster.nodes_share_one_host: the cluster's nodes are one machine (a local test SLURM)
-    one_host: dict[str, bool] = field(default_factory=dict)
-    # How to rank hyperparameters as the first run that says so says it: its rank.json (what an earlier collect
-    # --metric/--goal/--pattern was given), else its config's collect.metric / collect.goal (the Hydra launcher sets
-    # the goal from the Optuna sweeper's direction); and the file that said it
+    planned_ids: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # run → (pack or queue, training id)
+    one_host: dict[str, bool] = field(default_factory=dict)  # run → its cluster.nodes_share_one_host
+    # How to rank hyperparameters, as the first run that says so says it (its rank.json, else its config), and where
     rank: RankChoice = field(default_factory=RankChoice)
     rank_from: str = ""
-    # The trainings' columns no table reads (gpupack.results.analysis.frames.DETACHED: the throughput curve, where the
-    # logs are kept), in Arrow, a row for each row of ``trainings`` as loaded (its index is the row's position): joined
-    # to the rows that need them by with_detached
+    # The columns no table reads (frames.DETACHED), in Arrow, a row for each row of ``trainings`` as loaded
     detached: pa.Table = field(default_factory=lambda: pa.table({}))
-    # run → its search's study (search=optuna, RUN_DIR/search/study.log), for the runs that hold one
-    studies: dict[str, Journal] = field(default_factory=dict)
+    studies: dict[str, Journal] = field(default_factory=dict)  # run → its search's study (search=optuna)
 
     def with_detached(self, rows: pd.DataFrame, names: Sequence[str] = DETACHED) -> pd.DataFrame:
-        """``rows`` (a selection of :attr:`trainings`, its index kept) with the columns ``names`` it lacks, from
-        :attr:`detached`: JSON text, as the frame holds lists and dicts."""
+        """``rows`` (of :attr:`trainings`, its index kept) with the columns ``names`` it lacks, as text."""
         columns = self.detached_of(rows, names)
         return rows.assign(**{n: np.array(c.to_pylist(), dtype=object) for n, c in columns.items()}) if columns \
             else rows
 
     def detached_of(self, rows: pd.DataFrame, names: Sequence[str] = DETACHED) -> dict[str, pa.ChunkedArray]:
         """The columns ``names`` of :attr:`detached` that ``rows`` lacks, a value for each of its rows, in Arrow. Raises
-        ValueError where ``rows`` is not a selection of :attr:`trainings` as loaded (its index reset or joined with
-        another's: each row's index is its position in the frame loaded, checked by training id)."""
+        ValueError where ``rows`` is not a selection of :attr:`trainings` with its index kept (checked by id)."""
         missing = [n for n in names if n not in rows and n in self.detached.column_names]
         if not missing:
             return {}
@@ -142,8 +125,7 @@ class Records:
 @dataclass(frozen=True)
 class PlanCounts:
     """The trainings of a plan by their current record: completed, failed (any other end), skipped for memory (and
-    run nowhere else), or none yet (``unrecorded``: running, waiting, or held by something that never runs it). A run
-    is done only where every training has one (``done``); status, a run's last line and collect say these counts."""
+    run nowhere else), or none yet (``unrecorded``). A run is ``done`` only where every training has one."""
 
     planned: int = 0
     completed: int = 0
@@ -170,13 +152,9 @@ class PlanCounts:
 
 
 def plan_counts(latest: pd.DataFrame, planned_ids: Mapping[str, Sequence[tuple[str, str]]]) -> PlanCounts:
-    """Count each run's planned trainings (``planned_ids``: run → (pack or streaming queue, training id)) by their
-    current records (``latest``: attempt 0 rows, ``run_dir``, ``pack_id``, ``training_id``, ``status``, ``stream``
-    where streamed), each record counted for its pack (a refit pack's for the pack it refits, a streamed one's for its
-    queue): completed where one of its current rows completed (a training skipped for memory that a refit pack ran:
-    two rows), skipped where it was skipped for memory and runs nowhere else (no ``runs_in`` refit pack still to
-    record it), failed where it has any other; a training with none is not counted as recorded, though the same
-    training completed in another pack. Pure."""
+    """Count each run's planned trainings (``planned_ids``) by their current records (``latest``), at their place in
+    the plan (:func:`_where`): completed where a row completed (a skipped training a refit pack ran has two), skipped
+    where skipped for memory and run nowhere else (no ``runs_in``), failed where it has any other. Pure."""
     counts = Counter[str]()
     for run, planned in planned_ids.items():
         counts["planned"] += len(planned)
@@ -207,8 +185,7 @@ def plan_counts(latest: pd.DataFrame, planned_ids: Mapping[str, Sequence[tuple[s
 
 
 def _where(rows: pd.DataFrame) -> pd.Series:
-    """The plan's place of each record: its streaming queue, else the pack it refits, else its pack (vectorized: a
-    run of a million trainings)."""
+    """The plan's place of each record: its streaming queue, else the pack it refits, else its pack."""
     packs = rows["pack_id"].astype(str)
     refits = packs.str.contains(".", regex=False)  # rare: only a refit pack's id holds a '.' after its N
     if refits.any():
@@ -234,22 +211,17 @@ def _attempt_records(pack_dirs: Sequence[str]) -> list[Path]:
     return out
 
 
-def _attempt_of(path: Path) -> int:
-    return int(path.parent.name) if path.parent.name.isdigit() else 0
-
-
 def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: RowsByPack, packs: RowsByPack,
                    warnings: list[str]) -> None:
     """Earlier attempts' records (packs/<id>/attempts/<k>/), from their JSON: a resumed pack moves them there, and
-    they still count (an OOM there makes its N infeasible; a pack whose N trainings all ran together there is still
-    a timing)."""
+    they still count (an OOM makes its N infeasible; a whole pack is still a timing)."""
     rows: dict[str, list[Mapping[str, object]]] = {"training": [], "pack": []}
     attempts: dict[str, list[int]] = {"training": [], "pack": []}
     for path in _attempt_records(pack_dirs):
         kind = "pack" if path.name == PACK_RECORD else "training"
         read = read_records([path], kind, warnings)
         rows[kind] += read
-        attempts[kind] += [_attempt_of(path) or 1] * len(read)
+        attempts[kind] += [(int(path.parent.name) if path.parent.name.isdigit() else 0) or 1] * len(read)
     trainings.add(split_rows(rows["training"]), str(run.root), attempts["training"])
     packs.add(split_rows(rows["pack"]), str(run.root), attempts["pack"])
 
@@ -278,9 +250,7 @@ def cleared_mask(rows: pd.DataFrame, cleared: Sequence[Cleared]) -> pd.Series:
 
 def _read_run(run: RunDir, trainings: RowsByPack, packs: RowsByPack, warnings: list[str],
               reader: ColumnarReader | None) -> set[str]:
-    """One run's training rows (into ``trainings``) and pack rows (into ``packs``): the latest records pack by pack,
-    from the columnar file where it is current, else from the JSON records; then every earlier attempt's, from
-    JSON. Returns the packs with a pack record (pack.json)."""
+    """One run's training and pack rows, into ``trainings`` and ``packs``. Returns the packs with a pack record."""
     root = str(run.root)
     pack_dirs = run.pack_dirs()
     recorded = set()
@@ -304,11 +274,8 @@ def _read_run(run: RunDir, trainings: RowsByPack, packs: RowsByPack, warnings: l
 
 def _read_folded(run: RunDir, folders: set[str], trainings: RowsByPack, packs: RowsByPack, warnings: list[str],
                  reader: ColumnarReader | None) -> set[str]:
-    """The records lanes folded into their journals (gpupack.core.store.journal): each one's latest is current (attempt
-    0) unless a folder holds a later one (its pack run again, or its training run again by another lane: the folder's is
-    current), the rest earlier attempts. A lane's columnar file (gpupack.core.store.lane_columnar) gives the records it
-    covers as columns where no other source holds records of the same pack (another lane's journal, a folder); the
-    rest are weighed record by record. Returns the folded packs with a current pack record."""
+    """The records lanes folded into their journals: from a lane's columnar file where no other source holds records
+    of the same pack, the rest weighed record by record (:func:`_weigh`). Returns the packs with a current record."""
     lanes = sorted(path.stem for path in run.lanes.glob("*.jsonl")) if run.lanes.is_dir() else []
     files: list[LaneColumns] = []
     weighed: list[Entry] = []  # journal lines no columnar file covers: parsed
@@ -356,9 +323,8 @@ def _weighed_apart(part: Part, homes: set[str], folders: set[str], held: set[str
 
 def _weigh(run: RunDir, entries: list[Entry], folders: set[str], held: set[str], trainings: RowsByPack,
            packs: RowsByPack) -> set[str]:
-    """Folded records weighed one by one, as the journals tell them: in the order folded, each record once (a record
-    a folder still holds, its fold cut off before the folder went, is the folder's), each training's and pack's
-    latest current unless a folder holds a later one. Returns the packs with a current pack record."""
+    """Folded records weighed one by one, in the order folded, each record once (one a folder still holds is the
+    folder's), each latest current unless a folder holds a later one. Returns the packs with a current pack record."""
     if not entries:
         return set()
     entries = sorted(entries, key=lambda e: (e.folded_at, e.seq))
@@ -376,8 +342,7 @@ def _weigh(run: RunDir, entries: list[Entry], folders: set[str], held: set[str],
 
 
 def _held_in_folders(run: RunDir, folders: set[str]) -> set[str]:
-    """The trainings a record in a pack's folder holds (training ids are unique in a run, whichever lane's folder): a
-    later record than any a journal holds of them (a pack run again, or a training another lane ran again)."""
+    """The trainings a pack's folder holds a record of: later than any a journal holds of them."""
     held: set[str] = set()
     for pack_id in folders:
         try:
@@ -388,16 +353,14 @@ def _held_in_folders(run: RunDir, folders: set[str]) -> set[str]:
 
 
 def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None:
-    """The run's plan (grid size, packs still without a record: ``recorded`` are those with one), the OOMs cleared,
-    and from its config the RGU table and whether the cluster's nodes are one host."""
+    """The run's plan (``recorded``: packs with a record), cleared OOMs, study, ranking, config."""
     out.cleared += [{**entry, "run_dir": str(run.root)} for entry in read_cleared(run)]
     if run.plan.exists():
         plan = read_json(run.plan)
         sweep_key = str(run.sweep_root)
         out.grid_sizes[sweep_key] = out.grid_sizes.get(sweep_key, 0) + int(plan.get("grid_size", 0))
         out.planned += len(plan["packs"])
-        # each training of each pack (the same grid point at N=1 and N=4 is two trainings to run, as status counts
-        # them), of each streaming queue once (its lanes' shares), of none in an older plan.json that lists none
+        # each training of each pack (a grid point at N=1 and N=4 is two), of each streaming queue once
         out.planned_ids[str(run.root)] = list(dict.fromkeys((str(p.get("stream") or p["pack_id"]),
                                                              str(t["training_id"]))
                                                             for p in plan["packs"] for t in p.get("trainings", [])))
@@ -421,8 +384,7 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
 
 
 def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
-    """Every record of the runs, as flat frames. ``columnar=False`` reads the JSON records only (what the columnar
-    files hold is the same: tests compare the two)."""
+    """Every record of the runs, as flat frames; ``columnar=False``: from the JSON records only."""
     out = Records(pd.DataFrame(), pd.DataFrame())
     trainings = RowsByPack()
     packs = RowsByPack()
@@ -444,11 +406,9 @@ def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
 
 
 def earlier_refits(t: pd.DataFrame) -> None:
-    """A training that refit packs of one skipped pack ran more than once (a resume that refit what an earlier refit
-    left at another N, or from another training: job.body.PackAttempt.run_refits) has one current record, its latest
-    start; the others count as its earlier attempts, as a pack's own earlier attempts do. Run again in a folder, the
-    earlier ones were moved aside already; folded into a lane's journal, each refit pack keeps its own latest record,
-    so this is where they are told apart. In place: only ``attempt`` changes, and only where such records are."""
+    """A training that refit packs of one skipped pack ran more than once (job.body.PackAttempt.run_refits) has one
+    current record, its latest start; the others become earlier attempts (a lane's journal keeps each refit pack's
+    latest, so they are told apart here). In place: only ``attempt`` changes."""
     if t.empty or "refit_of" not in t or "started_at" not in t:
         return
     refit = (t["refit_of"].notna() & (t["attempt"] == 0)).to_numpy()
@@ -463,9 +423,8 @@ def earlier_refits(t: pd.DataFrame) -> None:
 
 
 def shared_host(records: Records) -> str | None:
-    """The host every pack ran on, where that means the packs shared its cores: packs of different partitions on
-    one host, or on a cluster whose nodes are one machine (cluster.nodes_share_one_host: the local test SLURM).
-    None otherwise."""
+    """The host every pack ran on where they shared its cores (several partitions on it, or a cluster whose nodes
+    are one machine); None otherwise."""
     packs = records.packs
     if packs.empty or "host" not in packs:
         return None
@@ -477,10 +436,8 @@ def shared_host(records: Records) -> str | None:
 
 
 def with_stdout_metric(records: Records, name: str, pattern: str) -> Records:
-    """``records`` with metric ``name`` read from each training's kept stdout by ``pattern`` (the last match), for a
-    metric the run did not ask for (``collect --metric NAME --pattern REGEX``). What a training reported itself wins,
-    as at run time. Only the latest attempt's log is kept, so earlier attempts keep what they recorded. Reads only:
-    the records on disk are not changed."""
+    """``records`` with metric ``name`` read from each latest training's kept stdout by ``pattern`` (the last match:
+    ``collect --metric NAME --pattern REGEX``); what a training reported itself wins. The records on disk stay."""
     import json
 
     patterns = stdout_patterns({name: pattern}, "--pattern")

@@ -2,33 +2,18 @@
 takes the next training) side by side, per (workload, partition, GPU type, mode, N). Pure pandas.
 
 - ``slot_occupancy`` = Σ training wall / (N × job wall), over the jobs of a group: 1.0 is every slot busy from the
-  job's start to its end; what is missing is idle slots (waiting for the slowest). A pack's wall starts with its
-  first training: a fork server's preload is set-up (the pack record's ``setup_s``), once a lane.
-- ``device_s_per_training`` = Σ job wall / trainings completed (or pruned by a search): what a training costs in
-  device time when the jobs run as they ran (a pack's wall / N for whole packs, the lanes' walls / completed for a
-  stream).
-- ``timeline``: one bar per training on its (job, slot) row, for the report's Gantt chart.
+  job's start (its first training's: a preload is set-up) to its end.
+- ``device_s_per_training`` = Σ job wall / trainings finished: a training's device time as the jobs ran.
 """
 from __future__ import annotations
 
 import pandas as pd
 
+from gpupack.results.analysis.load import Records
 from gpupack.results.analysis.summary import without_loader_alone
 
 KEYS = ["workload", "partition", "gpu_type", "mode", "factor", "how"]
 WHOLE, STREAMED = "whole packs", "streaming"
-
-
-def _latest_packing(packs: pd.DataFrame) -> pd.DataFrame:
-    """The latest attempt of every packing pack or lane that says how busy its slots were (the loader alone left
-    out)."""
-    if packs.empty or "busy_s" not in packs:
-        return pd.DataFrame()
-    p = packs
-    if "attempt" in p:
-        p = p[p["attempt"] == 0]
-    p = without_loader_alone(p)
-    return p[pd.to_numeric(p["busy_s"], errors="coerce").notna()].copy()
 
 
 def how_of(packs: pd.DataFrame) -> pd.Series:
@@ -37,11 +22,13 @@ def how_of(packs: pd.DataFrame) -> pd.Series:
 
 
 def occupancy(packs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (workload, partition, GPU type, mode, N, whole packs | streaming): packs (or lanes), the jobs that
-    ran them, trainings completed (or pruned by a search),
-    device-seconds per training, slot occupancy, mean idle gap between two trainings of a slot, and the span from
-    the first job's start to the last one's end."""
-    p = _latest_packing(packs)
+    """One row per (workload, partition, GPU type, mode, N, whole packs | streaming): packs (or lanes), jobs,
+    trainings finished, device-seconds per training, slot occupancy, mean idle gap between two trainings of a slot,
+    and the span from the first job's start to the last one's end."""
+    if packs.empty or "busy_s" not in packs:
+        return pd.DataFrame()
+    p = without_loader_alone(Records.latest_of(packs))  # the latest attempts that say how busy their slots were
+    p = p[pd.to_numeric(p["busy_s"], errors="coerce").notna()].copy()
     if p.empty:
         return pd.DataFrame()
     p["how"] = how_of(p)
@@ -68,9 +55,8 @@ def occupancy(packs: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_lanes(summary: pd.DataFrame, occ: pd.DataFrame) -> pd.DataFrame:
-    """The main table's rows with what their streaming lanes measured: ``lanes`` and
-    ``stream_s_per_training`` (device-seconds per training: the lanes' walls over the trainings they completed) for
-    an (N, mode, partition) that no whole pack timed, so a streaming run's row leads with its time, not dashes."""
+    """The main table's rows with ``lanes`` and ``stream_s_per_training`` (the lanes' device-seconds per training)
+    where no whole pack timed the row, so a streaming run's row leads with its time, not dashes."""
     out = summary.copy()
     out["lanes"], out["stream_s_per_training"] = 0, float("nan")
     if out.empty or occ.empty:
@@ -85,23 +71,18 @@ def with_lanes(summary: pd.DataFrame, occ: pd.DataFrame) -> pd.DataFrame:
 
 
 def timeline(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
-    """One row per training of the latest attempt that ran in a slot: the job that ran it (its pack or lane id),
-    its slot, start and end (seconds from the first start), and whether its group streamed."""
-    t = trainings
-    if t.empty or "slot" not in t:
+    """A row per latest training that ran in a slot: its job, slot, start, end, and whether it streamed."""
+    if trainings.empty or "slot" not in trainings:
         return pd.DataFrame()
-    if "attempt" in t:
-        t = t[t["attempt"] == 0]
-    t = without_loader_alone(t)
+    t = without_loader_alone(Records.latest_of(trainings))
     t = t[pd.to_numeric(t["slot"], errors="coerce").notna()]
     if t.empty:
         return pd.DataFrame()
     start = pd.to_numeric(t["started_at"], errors="coerce")
     origin = start.min()
-    stream = t["stream"] if "stream" in t else pd.Series(None, index=t.index)
     return pd.DataFrame({
         "group": t["partition"].astype(str) + " " + t["mode"].astype(str) + " N=" + t["factor"].astype(str),
         "job": t["pack_id"], "slot": pd.to_numeric(t["slot"]).astype(int),
-        "how": stream.notna().map({True: STREAMED, False: WHOLE}),
+        "how": how_of(t),
         "start_s": start - origin, "end_s": pd.to_numeric(t["ended_at"], errors="coerce") - origin,
         "status": t["status"]}).sort_values(["group", "how", "start_s"]).reset_index(drop=True)

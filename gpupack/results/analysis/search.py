@@ -1,11 +1,8 @@
-"""A search's trials (``search=optuna``): the study's journal (:mod:`gpupack.search.study`) and the trials' training
-records → the trials ranked by their value (:func:`trials_frame`) and the study's history (:func:`history`): the best
-value so far against the trial number and against the device-hours spent. Pure: the journal is read by
-:mod:`gpupack.results.analysis.load`, the frames are rendered by :mod:`gpupack.results.report`.
+"""A search's trials (``search=optuna``): the study's journal and the trials' training records → the trials ranked
+(:func:`trials_frame`) and the study's history (:func:`history`). Pure.
 
-A trial's device-seconds are its records' walls (every attempt's: a victim run again spent both), as the study counts
-them against ``search.device_hours``; where a trial has no record (it died with its lane) the journal's own figure, or
-none."""
+A trial's device-seconds are its records' walls, every attempt's, as the study counts them against
+``search.device_hours``; where a trial has no record (it died with its lane), the journal's own figure."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,9 +45,7 @@ class SearchReport:
 
 
 def trial_walls(trainings: pd.DataFrame) -> pd.DataFrame:
-    """A row per trial that has training records: its latest attempt's wall (``wall_s``) and every attempt's walls
-    summed (``device_s``), by trial number. ``trainings``: one run's training records (training_id, wall_s,
-    attempt). Pure."""
+    """A row per trial with records, by number: its latest wall and its attempts' summed. Pure."""
     if trainings.empty or not {"training_id", "wall_s"} <= set(trainings.columns):
         return pd.DataFrame({"wall_s": pd.Series(dtype=float), "device_s": pd.Series(dtype=float)},
                             index=pd.Index([], name="number", dtype=int))
@@ -64,18 +59,14 @@ def trial_walls(trainings: pd.DataFrame) -> pd.DataFrame:
 
 
 def trials_frame(journal: Journal, walls: pd.DataFrame) -> pd.DataFrame:
-    """The study's trials, best first (:meth:`Journal.ranked`: the completed by value towards the direction, then the
-    pruned, the failed, the running and those waiting for their lane's job), each with its rank among the completed (1
-    the best), its params, its wall and device-seconds (``walls``: :func:`trial_walls`; the journal's device-seconds
-    where a trial has no record). Pure."""
+    """The study's trials, best first, each with its rank, params, wall and device-seconds. Pure."""
     rows = []
     rank = 0
     for t in journal.ranked():
         ranked = t.state == COMPLETE and t.value is not None
         rank += ranked
         told = t.device_s if t.device_s > 0 else np.nan
-        wall = walls["wall_s"].get(t.number, np.nan) if "wall_s" in walls else np.nan
-        spent = walls["device_s"].get(t.number, np.nan) if "device_s" in walls else np.nan
+        wall, spent = (walls[c].get(t.number, np.nan) for c in ("wall_s", "device_s"))  # trial_walls's columns
         rows.append({"rank": rank if ranked else pd.NA, "number": t.number, "value": t.value,
                      "state": WAITING if t.waiting else t.state,
                      "params": dict(t.params), "wall_s": wall if pd.notna(wall) else told,
@@ -85,9 +76,7 @@ def trials_frame(journal: Journal, walls: pd.DataFrame) -> pd.DataFrame:
 
 
 def history(trials: pd.DataFrame, direction: str) -> pd.DataFrame:
-    """The study's history, a row per trial in the order they were asked (their numbers): its value, the best
-    completed value so far (NaN before the first completes; a pruned trial's value is a step's, not its end's, so it
-    never counts) and the device-hours spent by the trials up to it. Pure."""
+    """A row per trial in the order asked: its value, the best completed so far, device-hours. Pure."""
     if trials.empty:
         return pd.DataFrame(columns=HISTORY_COLUMNS)
     t = trials.sort_values("number")
@@ -99,8 +88,7 @@ def history(trials: pd.DataFrame, direction: str) -> pd.DataFrame:
 
 
 def search_reports(studies: Mapping[str, Journal], trainings: pd.DataFrame) -> list[SearchReport]:
-    """Each run's search (``studies``: run directory → its study's journal), from its trials and the run's training
-    records (``trainings``, a ``run_dir`` column telling the runs apart). Pure."""
+    """Each run's search (``studies``: run directory → its journal) with its trials. Pure."""
     out = []
     for run, journal in studies.items():
         mine = trainings[trainings["run_dir"] == run] if "run_dir" in trainings else trainings.iloc[:0]

@@ -1,9 +1,5 @@
 """Summary and choice: records → time per training per (workload, partition, GPU type, mode, N) → the best N.
-
-Time per training is a timed pack's wall over its N (:func:`timed_packs`); the noise-aware choice among the N of a
-group is :func:`gpupack.results.analysis.choose.choose`'s (:func:`with_choices`). Pure pandas on the frames
-:mod:`gpupack.results.analysis.load` reads.
-"""
+Pure pandas on the frames :mod:`gpupack.results.analysis.load` reads."""
 from __future__ import annotations
 
 import json
@@ -29,14 +25,9 @@ def first_value(series: pd.Series) -> object:
 
 def summarize(trainings: pd.DataFrame, packs: pd.DataFrame, cleared: Sequence[Cleared] = (),
               disturbed: Collection[tuple[str, str]] = ()) -> pd.DataFrame:
-    """One row per (workload, partition, GPU type, mode, N).
-
-    Time per training = pack wall / N, over packs whose N trainings all ran together (in any attempt); median,
-    spread and a bootstrap interval over those packs (:mod:`gpupack.results.analysis.choose`). Every attempt of a
-    training counts: ``failed`` counts attempts that did not complete of their own fault, ``victims`` those another
-    training's fault took down (gpupack.core.memory.victims: run again, never against N), ``oom`` those that ran out of
-    memory (unless the user cleared them), ``unfinished`` the trainings whose latest record is not completed.
-    """
+    """One row per (workload, partition, GPU type, mode, N): time per training (pack wall / N) over the packs whose N
+    trainings all ran together, in any attempt. Every attempt counts: ``failed`` of its own fault, ``victims`` of
+    another's (run again, never against N), ``oom`` unless cleared; ``unfinished``: latest record not completed."""
     if trainings.empty or packs.empty:
         return pd.DataFrame()
     trainings = only_columns(trainings, SUMMARY_INPUTS)  # each filter below copies every column it keeps: keep few
@@ -107,10 +98,8 @@ def _per_pack(timed: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def _per_training(t: pd.DataFrame, keys: list[str], kept: pd.Series) -> pd.DataFrame:
-    """Each (group, N)'s trainings: attempts by what they count as, and the latest ones' figures (``kept``: the
-    trainings whose set-up of the reference is the one weighed, whose times count)."""
-    # one pass over every attempt, the latest ones' figures masked in (a filter would copy a million rows, and a
-    # second grouping would read the keys again)
+    """Each (group, N)'s attempts by what they count as, and the latest ones' figures (``kept``: the set-up of the
+    reference weighed), in one pass: a filter would copy a million rows."""
     latest = t["attempt"] == 0
     figures = latest & kept  # the set-up of the reference not kept counts its trainings, not its times
     return t.assign(
@@ -148,8 +137,7 @@ def only_columns(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
 
 
 def rows_where(frame: pd.DataFrame, mask: pd.Series) -> pd.DataFrame:
-    """``frame[mask]``, but ``frame`` itself where every row is kept (a filter copies each column it keeps: for a
-    million rows of text, a good part of a second)."""
+    """``frame[mask]``, but ``frame`` itself where every row is kept (a filter copies a million rows)."""
     return frame if bool(mask.all()) else frame[mask]
 
 
@@ -174,8 +162,7 @@ def timed_packs(t: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _timed_packs_of(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
-    """The timed packs of records as loaded (the loader alone left out, the reference at its faster set-up), each
-    with its time per training."""
+    """The timed packs (no loader alone, the reference at its faster set-up), each with its time."""
     t, packs = not_checks(without_loader_alone(trainings)), not_checks(without_loader_alone(packs))
     if t.empty or packs.empty:
         return pd.DataFrame(columns=["time_per_training_s"])
@@ -185,10 +172,9 @@ def _timed_packs_of(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFram
 
 
 def reference_setups(timed: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[Hashable, ...], str], set[str]]:
-    """Where the reference N was also measured at a set-up of its own in the same rounds (gpupack.core.plan.
-    setup_packs: its packs' ``threads_set``), the faster of its two set-ups by their median time per training is its
-    time, so that no N is weighed against a reference set up to lose; the other's packs are left out. Returns the
-    timed packs kept, each group's words (the method says them) and the pack ids left out. Pure."""
+    """Where the reference N was also measured at a set-up of its own (its packs' ``threads_set``), the faster set-up
+    is its time, so that no N is weighed against a reference set up to lose. Returns the timed packs kept, each
+    group's words for the method, and the pack ids left out. Pure."""
     if "threads_set" not in timed or not timed["threads_set"].notna().any():
         return timed, {}, set()
     keys = GROUP + ["factor"]
@@ -211,16 +197,13 @@ def reference_setups(timed: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[Hash
 
 
 def _threads_of(packs: pd.DataFrame) -> str:
-    if "threads_per_training" not in packs:
-        return "?"
-    values = pd.to_numeric(packs["threads_per_training"], errors="coerce").dropna()
+    values = pd.to_numeric(packs.get("threads_per_training", pd.Series(dtype=float)), errors="coerce").dropna()
     return str(int(values.median())) if len(values) else "?"
 
 
 @dataclass(frozen=True)
 class Timings:
-    """One group's times per training by N, each pack's round in the same order, and how many packs measured under
-    foreign load were left out (``said``: the words the choice's method adds about them)."""
+    """One group's times per training by N, each pack's round, and the loaded packs left out."""
 
     times: dict[int, list[float]]
     rounds: dict[int, list[Hashable]]
@@ -231,9 +214,8 @@ class Timings:
 
 def pack_times(records: Records, disturbed: Collection[tuple[str, str]] = (),
                blocked: Mapping[str, Collection[int]] | None = None) -> dict[str, Timings]:
-    """Per partition, what :func:`gpupack.results.analysis.choose.choose` weighs: each N's time per training of every
-    timed pack and its round, the packs ``disturbed`` names left out as the summary's choice leaves them (``blocked``:
-    each partition's N that cannot be chosen). For one workload and mode (packing.factors=auto's)."""
+    """Per partition of one workload and mode (packing.factors=auto's), what the choice weighs, as the summary's
+    choice weighs it (``blocked``: each partition's N that cannot be chosen)."""
     timed = _timed_packs_of(records.trainings, records.packs)
     if timed.empty:
         return {}
@@ -245,8 +227,7 @@ def pack_times(records: Records, disturbed: Collection[tuple[str, str]] = (),
 
 def _split_loaded(timed: pd.DataFrame, keys: list[str], disturbed: Collection[tuple[str, str]]
                   ) -> tuple[tuple[pd.Series, pd.Series], tuple[pd.Series, pd.Series], pd.Series]:
-    """Each (group, N)'s times and rounds: of every pack, of the packs ``disturbed`` does not name; and how many it
-    names."""
+    """Each (group, N)'s times and rounds, of every pack and of the quiet ones; the loaded counts."""
     runs = timed["run_dir"].astype(str) if "run_dir" in timed else pd.Series("", index=timed.index)
     named = frozenset(disturbed)
     loaded = pd.Series([(r, str(p)) in named for r, p in zip(runs, timed["pack_id"])] if named else False,
@@ -283,15 +264,14 @@ def packing_times(trainings: pd.DataFrame, packs: pd.DataFrame) -> dict[tuple[Ha
             for k, values in timed.groupby(GROUP + ["factor"])["time_per_training_s"]}
 
 
+def split_by(frame: pd.DataFrame, mask: pd.Series) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows not in ``mask``, rows in it); ``frame`` itself where none is (no copy of a million rows)."""
+    return (frame[~mask], frame[mask]) if mask.any() else (frame, frame.iloc[0:0])
+
+
 def split_phase(frame: pd.DataFrame, phase: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(rows not of ``phase``, rows of it): a packing.factors=auto run's grid at the best N is shown apart from the
-    probe that chose it."""
-    if frame.empty or "phase" not in frame:
-        return frame, frame.iloc[0:0]
-    of = frame["phase"] == phase
-    if not of.any():  # no grid run at the best N yet: no copy of a million rows
-        return frame, frame.iloc[0:0]
-    return frame[~of], frame[of]
+    """(rows not of ``phase``, rows of it): an auto run's grid at the best N is shown apart from its probe."""
+    return split_by(frame, frame["phase"] == phase if "phase" in frame else pd.Series(False, index=frame.index))
 
 
 # with_choices's columns, and their values before a group's choice sets them
@@ -304,16 +284,9 @@ CHOICE_COLUMNS: dict[str, object] = {
 
 def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
                  disturbed: Collection[tuple[str, str]] = ()) -> pd.DataFrame:
-    """The noise-aware choice per (workload, partition, GPU type, mode)
-    (:func:`gpupack.results.analysis.choose.choose`), as columns: the bootstrap interval of each N's median, whether N
-    is within noise of the lowest, which N is chosen, and the group's verdict (ties, rule, provisional, repeats that
-    would settle it). Where the packs ran in rounds, the comparison is paired within them: each N's gain over the
-    reference N (``gain``, its interval, ``gain_ref``) is its time per training against the reference's in the same
-    rounds, and ``speedup_vs_n1`` is that gain where the reference is N=1; ``gain_bound`` is what N trainings at once
-    can give over the reference's (N / reference), and ``beyond_bound`` says the gain passed it. The packs ``disturbed``
-    names ((run, pack id): measured under load from outside, gpupack.results.analysis.disturbance) are left out of the
-    choice where every N keeps a quiet pack (``left_out_disturbed`` counts them): load from outside slows N=1's threads
-    more than N trainings' single ones, so a round does not share it evenly and pairing cannot divide it out."""
+    """The noise-aware choice per (workload, partition, GPU type, mode) as columns (:data:`CHOICE_COLUMNS`), the gain
+    over the reference and its bound; the packs ``disturbed`` names ((run, pack id)) are left out as
+    :func:`_choice_timings` says."""
     out = summary.assign(**CHOICE_COLUMNS)
     out["infeasible"] = (out["oom"] > 0) | (out["skipped_memory"] > 0)
     timed = timed.dropna(subset=["time_per_training_s"])
@@ -373,12 +346,14 @@ def _with_gains(out: pd.DataFrame) -> None:
     out["speedup_vs_n1"] = out["gain"].where(out["gain_ref"] == 1)
     out["gain_bound"], out["gain_bound_by"] = gain_bounds(out), bound_kinds(out)
     out["beyond_bound"] = (out["gain"] > out["gain_bound"]).fillna(False).astype(bool)
-    out["ref_gpu_util"] = _of_reference(out, "gpu_util_mean")
+    util = out["gpu_util_mean"] if "gpu_util_mean" in out else pd.Series(math.nan, index=out.index)
+    of_n = dict(zip(out[[*GROUP, "factor"]].itertuples(index=False, name=None), util))  # the reference's, by group
+    out["ref_gpu_util"] = pd.Series([of_n.get(k, math.nan) for k in out[[*GROUP, "gain_ref"]].itertuples(
+        index=False, name=None)], index=out.index, dtype=float)
 
 
 def _withhold_impossible(out: pd.DataFrame, loaded_only: Mapping[Hashable, bool]) -> None:
-    """A group whose answer cannot be named (:func:`no_answer`) says why; its choice's N stays marked (withheld),
-    named nowhere as the answer."""
+    """A group whose answer cannot be named says why; its choice's N is marked withheld."""
     out["withheld"], out["no_answer"] = False, None
     for key, idx in out.groupby(GROUP, dropna=False).groups.items():
         why = no_answer(out.loc[idx], loaded_only.get(key, False))
@@ -388,8 +363,7 @@ def _withhold_impossible(out: pd.DataFrame, loaded_only: Mapping[Hashable, bool]
             out.loc[idx, "chosen"] = False
 
 
-# Why a group names no best N (its ``no_answer``): the words results/report/text.py turns into the reason and what
-# to do.
+# Why a group names no best N (its ``no_answer``), as the report's text says it
 BEYOND_DEVICE = "beyond the device"
 UNDER_LOAD = "under foreign load"
 # A gain at its bound moves a few percent either way with the timings' own jitter (a process's start, a pack's last
@@ -403,8 +377,7 @@ BY_CORES, BY_ONE_PROCESS, BY_COPIES = "cores", "one process", "copies"
 
 
 def bound_kinds(summary: pd.DataFrame) -> pd.Series:
-    """Which bound each row's gain has (BY_CORES, BY_ONE_PROCESS, BY_COPIES), as :func:`gain_bounds` weighs it and the
-    report says it. Pure."""
+    """Which bound each row's gain has (BY_CORES, BY_ONE_PROCESS, BY_COPIES). Pure."""
     cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
     modes = summary.get("mode", pd.Series(None, index=summary.index, dtype=object))
     shared = modes.map({m: one_process(m) for m in modes.unique()}).fillna(False).astype(bool)
@@ -416,13 +389,9 @@ def bound_kinds(summary: pd.DataFrame) -> pd.Series:
 
 
 def gain_bounds(summary: pd.DataFrame) -> pd.Series:
-    """What the device can give at each N over the reference N, in trainings per hour: on a CPU of c cores,
-    min(N, c) / min(ref, c) (no more trainings run at once than there are cores, none faster than one with a core of
-    its own, and the reference, at its best set-up, at least that fast); on a GPU, N / ref (N copies of the
-    reference's work at most; how busy the reference kept the GPU is said beside it, ``ref_gpu_util``). A mode whose
-    N trainings share one process (:func:`one_process`) pays that process's start once a pack: its time per training
-    can fall as 1/N on any number of cores, so N / ref on a CPU too (a pack of N ends no sooner than a pack of ref).
-    Pure."""
+    """What the device can give at each N over the reference N, in trainings per hour: min(N, c) / min(ref, c) on a
+    CPU of c cores (no more trainings at once than cores); N / ref on a GPU, or where N trainings share one process,
+    which pays its start once a pack (:func:`one_process`). Pure."""
     n, ref = summary["factor"].astype(float), summary["gain_ref"].astype(float)
     cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
     by_cores = n.where(n < cores, cores) / ref.where(ref < cores, cores)
@@ -430,8 +399,7 @@ def gain_bounds(summary: pd.DataFrame) -> pd.Series:
 
 
 def packer_of(mode: object) -> Packer | None:
-    """The packing mode a record names, or None for a name the registry does not hold (an old record's, or a spread
-    layout's label such as ddp-gloo): such a mode is shown by its name."""
+    """The packing mode a record names, or None for one the registry does not hold (shown by name)."""
     return load_packer(mode) if isinstance(mode, str) and mode in available_modes() else None
 
 
@@ -442,10 +410,9 @@ def one_process(mode: object) -> bool:
 
 
 def no_answer(group: pd.DataFrame, loaded_only: bool) -> str | None:
-    """Why one group's choice may not be named (None: it may): the chosen N's gain is beyond what the device can give
-    and its interval does not reach back to that bound, give or take :data:`BOUND_SLACK` (a reference set up to lose,
-    or load that hit one N and not the other: more packs of it would settle nothing), or every pack of every N that
-    can be chosen was measured under foreign load. Pure."""
+    """Why one group's choice may not be named (None: it may): the chosen N's gain is beyond the device's bound and
+    its interval does not reach back to it, give or take :data:`BOUND_SLACK` (more packs would settle nothing), or
+    every pack of every N that can be chosen ran under foreign load. Pure."""
     chosen = group[group["chosen"].astype(bool)]
     if chosen.empty:
         return None
@@ -458,15 +425,6 @@ def no_answer(group: pd.DataFrame, loaded_only: bool) -> str | None:
     if bool(row["beyond_bound"]) and reach > row["gain_bound"] * (1 + BOUND_SLACK):
         return BEYOND_DEVICE
     return None
-
-
-def _of_reference(out: pd.DataFrame, column: str) -> pd.Series:
-    """Each row's group's reference N's ``column`` (NaN where it has none)."""
-    if column not in out:
-        return pd.Series(math.nan, index=out.index)
-    by = dict(zip(out[[*GROUP, "factor"]].itertuples(index=False, name=None), out[column]))
-    return pd.Series([by.get(k, math.nan) for k in out[[*GROUP, "gain_ref"]].itertuples(index=False, name=None)],
-                     index=out.index, dtype=float)
 
 
 def _times_by_n(timed: pd.DataFrame, keys: list[str]) -> tuple[pd.Series, pd.Series]:
@@ -489,8 +447,7 @@ def _inverse(x: float | None) -> float:
 
 
 def _round_keys(timed: pd.DataFrame) -> pd.Series:
-    """Each timed pack's round as a key that tells runs apart (two runs collected together each have a round 0);
-    None where its record has no round (written before rounds)."""
+    """Each timed pack's round as (run, round), told apart across runs; None where it has none."""
     if "round" not in timed:
         return pd.Series([None] * len(timed), index=timed.index, dtype=object)
     runs = timed["run_dir"] if "run_dir" in timed else pd.Series("", index=timed.index)
@@ -509,11 +466,8 @@ def _sampled_rss(t: pd.DataFrame, packs: pd.DataFrame) -> pd.Series:
 
 
 def not_checks(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` without the drift check's rows (a pack run again at the end, gpupack.core.plan.drift_check): a
-    measure of the machine, not of its N."""
-    if "reference_of" not in frame:
-        return frame
-    return rows_where(frame, frame["reference_of"].isna())
+    """``frame`` without the drift check's rows: a measure of the machine, not of its N."""
+    return rows_where(frame, frame["reference_of"].isna()) if "reference_of" in frame else frame
 
 
 def loader_alone_rows(frame: pd.DataFrame) -> pd.Series:
@@ -544,8 +498,7 @@ def loader_bounds(trainings: pd.DataFrame) -> dict[str, float]:
 
 
 def best_factors(summary: pd.DataFrame, by: Sequence[str] = tuple(GROUP)) -> pd.DataFrame:
-    """Per (workload, partition, GPU type, mode): the N the noise-aware choice picked (see :func:`with_choices`).
-    With ``by`` leaving mode out: among each mode's chosen N, the one with the lowest time per training."""
+    """Per group, the chosen N; with ``by`` leaving mode out, the fastest of the modes' chosen N."""
     if summary.empty:
         return summary
     chosen = summary[summary["chosen"].astype(bool)]

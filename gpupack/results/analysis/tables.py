@@ -31,9 +31,7 @@ SEED_NAMES = ("seed",)  # hyperparameters that repeat a grid point rather than m
 
 
 def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
-    """Throughput per setting of the workload's knobs (batch size, AMP, loader workers, pinned memory) and N,
-    with the loader-only bound of the same input-pipeline setting beside it; a row per mode where several ran (each
-    mode's N is weighed against its own reference and bound: :func:`with_knob_bounds`)."""
+    """Throughput per knob setting and N, beside the loader-only bound; a row per mode where several ran."""
     if trainings.empty or "knobs" not in trainings:
         return pd.DataFrame()
     trainings = only_columns(trainings, ("workload", "partition", "mode", "factor", "status", "loader_alone", "knobs",
@@ -45,7 +43,8 @@ def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
     codes, distinct = pd.factorize(t["knobs"][keep])  # a few settings, a million trainings: each setting parsed once
     settings = json_columns(pd.Series(distinct))
     varying = [c for c in settings.columns if _nunique(settings[c]) > 1]
-    if not varying and loader_alone_completed(trainings).empty:
+    alone = loader_alone_completed(trainings)
+    if not varying and alone.empty:
         return pd.DataFrame()  # no knob varied and no loader bound: nothing the main table does not say
     t = rows_where(t, keep)
     knobs = settings.iloc[codes].set_axis(t.index)
@@ -58,7 +57,6 @@ def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
     out = frame.groupby(keys, dropna=False).agg(samples_per_s=("samples_per_s", "median"),
                                                trainings=("samples_per_s", "count"),
                                                loader_setting=("loader_setting", first_value)).reset_index()
-    alone = loader_alone_completed(trainings)
     bound = {}
     if not alone.empty and "loader_setting" in alone:
         rates = pd.to_numeric(alone["samples_per_s"], errors="coerce")
@@ -70,11 +68,9 @@ def knob_table(trainings: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_knob_bounds(knobs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
-    """The knob table with ``beyond_bound``: where N trainings of one knob setting got through more samples per
-    second together (N x each one's) over the reference N's of the same setting than the device can give (the
-    summary's ``gain_bound`` of that N and mode, :func:`gpupack.results.analysis.summary.gain_bounds`), as the main
-    table's ``!``. A table of one mode (no ``mode`` column) is weighed by the summary's rows of any mode, the most
-    they allow: one mode ran its packing."""
+    """The knob table with ``beyond_bound``: N trainings of one setting got through more samples per second (N x each
+    one's) over the reference N's of the same setting than the summary's ``gain_bound`` allows (the main table's ``!``).
+    A table of one mode is weighed by the summary's rows of any mode, the most they allow."""
     if knobs.empty:
         return knobs
     out = knobs.assign(beyond_bound=False)
@@ -107,9 +103,8 @@ def _has_object(values: pd.Series) -> pd.Series:
 
 
 def json_columns(text: pd.Series) -> pd.DataFrame:
-    """JSON objects (text, as the frame holds params and knobs; or dicts), one column per name, aligned with
-    ``text``: parsed at once by Arrow's JSON reader, or, where it cannot type them as Python would (a name of
-    mixed types, nested values, dates), each distinct text by Python's json."""
+    """JSON objects (text, or dicts), one column per name, aligned with ``text``: parsed at once by Arrow, or where it
+    cannot type them as Python would (mixed types, nested values, dates), each distinct text by Python's json."""
     if text.dtype == object:  # dicts (a frame built by hand): as the text the columnar files hold
         text = text.map(lambda v: v if isinstance(v, str) or v is None else json.dumps(v))
     try:
@@ -139,9 +134,6 @@ def _arrow_json(text: pd.Series) -> pd.DataFrame:
 
 HOW_TO_REPORT = ("report one from your program (gpupack.result / $GPUPACK_RESULT, sweep.fixed.metrics regexes over a "
                  "script's stdout, or a Hydra task's return value) and name it with collect.metric=NAME")
-# A Hydra job's params (gpupack.job.runtime.hydra_job.HydraJobParams): its hyperparameters are its overrides; the rest
-# is where and which job it was.
-HYDRA_JOB_KEYS = ("overrides", "job_num", "launch_dir", "cwd", "app_dir")
 
 
 @dataclass(frozen=True)
@@ -158,8 +150,7 @@ class Ranking:
 
 
 def _metric_and_goal(values: pd.DataFrame, metric: str | None, goal: str | None) -> tuple[str, str] | Ranking:
-    """The metric to rank by (the one asked, else val_accuracy, else the only one reported) and which way is better,
-    or the empty ranking whose note says why there is none."""
+    """The metric to rank by and which way is better, or the ranking whose note says why none."""
     reported = [c for c in values.columns if values[c].notna().any()]
     metric = metric or ("val_accuracy" if "val_accuracy" in reported else reported[0] if len(reported) == 1 else None)
     if metric is None or metric not in reported:
@@ -174,11 +165,9 @@ def _metric_and_goal(values: pd.DataFrame, metric: str | None, goal: str | None)
 
 def best_hyperparameters(trainings: pd.DataFrame, top: int = 5, metric: str | None = None,
                          goal: str | None = None) -> Ranking:
-    """Grid points ranked by ``metric`` (collect.metric; by default val_accuracy where reported, or the one metric the
-    trainings report) towards ``goal`` (max/min; by default only where known, core.goal.KNOWN_GOALS), averaged over
-    every completed run of them. Nothing is ranked where there is no grid (one grid point, or only the seed varies:
-    ranking seeds would pass noise off as a choice), no metric, or no known goal: ``note`` says which and how to fix it.
-    Pure."""
+    """Grid points ranked by ``metric`` towards ``goal`` (:func:`_metric_and_goal`), averaged over every completed run
+    of them. Nothing is ranked where there is no grid (one grid point, or only the seed varies: that would pass noise
+    off as a choice), no metric, or no known goal: ``note`` says which and how to fix it. Pure."""
     if trainings.empty:
         return Ranking(pd.DataFrame())
     t = without_loader_alone(only_columns(trainings, ("workload", "training_id", "status", "loader_alone",
@@ -235,10 +224,8 @@ FLAT_METRICS = ("val_accuracy", "train_loss")  # metrics records also carry as c
 
 
 def metric_values(t: pd.DataFrame, wanted: str | None = None, every: bool = False) -> pd.DataFrame:
-    """Every numeric metric the trainings reported, a column each, aligned with ``t`` (the records' ``metrics``; runs
-    recorded before that column carry val_accuracy and train_loss alone). ``wanted`` (or, where None, the default,
-    val_accuracy) held in a column of its own: that column alone, no metrics parsed (a million of them take a
-    second), unless ``every`` is asked for."""
+    """Every numeric metric the trainings reported, a column each, aligned with ``t``. Where ``wanted`` (default
+    val_accuracy) has a flat column of its own, that column alone unless ``every`` (a million parsed take a second)."""
     flat = wanted or "val_accuracy"
     if not every and flat in FLAT_METRICS and flat in t and \
             (values := pd.to_numeric(t[flat], errors="coerce")).notna().any():
@@ -255,8 +242,7 @@ def metric_values(t: pd.DataFrame, wanted: str | None = None, every: bool = Fals
 
 
 def reported_metrics(trainings: pd.DataFrame) -> list[str]:
-    """The numeric metrics any completed training (not the loader alone) reported, by name: what ``--metric`` may
-    name. Pure."""
+    """The numeric metrics any completed training reported: what ``--metric`` may name. Pure."""
     if trainings.empty or "status" not in trainings:
         return []
     t = without_loader_alone(only_columns(trainings, ("status", "loader_alone", "metrics", *FLAT_METRICS)))
@@ -265,8 +251,8 @@ def reported_metrics(trainings: pd.DataFrame) -> list[str]:
 
 
 def hyperparameters(params: pd.DataFrame) -> pd.DataFrame:
-    """The hyperparameters in a frame of training params: as they are, but a Hydra job's, which are its overrides
-    (``lr=0.1`` → column lr, value 0.1 as text), not its job number or folders. Pure."""
+    """The hyperparameters in a frame of training params: as they are, but a Hydra job's are its overrides (``lr=0.1``
+    → column lr, value 0.1 as text), not its job number or folders. Pure."""
     if "overrides" not in params or not {"job_num", "launch_dir"} <= set(params.columns):
         return params
     rows = [dict(_override(o) for o in (items if isinstance(items, (list, np.ndarray)) else []))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Mapping, TypedDict
+from typing import Mapping
 
 import pandas as pd
 import pyarrow as pa
@@ -18,43 +18,6 @@ from gpupack.results.report.html import write_report
 from gpupack.results.report.text import RunConfig, best_line, disturbance_lines, no_answer_line
 
 
-class RankedBy(TypedDict):
-    """What the best hyperparameters were ranked by (:class:`gpupack.results.analysis.tables.Ranking`)."""
-
-    metric: str | None
-    goal: str | None
-    note: str
-    caution: str
-    origin: str
-
-
-class Summary(TypedDict):
-    """summary.json: each table of the report as a list of rows (a row: column → value, as JSON has it), and its
-    lines."""
-
-    schema: int
-    runs: list[str]
-    groups: list[dict[str, object]]
-    best: list[dict[str, object]]
-    best_overall: list[dict[str, object]]
-    best_lines: list[str]
-    no_answer_lines: list[str]  # the groups that name no best N, and why
-    cost: list[dict[str, object]]
-    sweep_trainings: int
-    best_hyperparameters: list[dict[str, object]]
-    ranked_by: RankedBy
-    knobs: list[dict[str, object]]
-    spread: list[dict[str, object]]
-    layouts: list[dict[str, object]]
-    verdicts: list[str]
-    occupancy: list[dict[str, object]]
-    drift: list[dict[str, object]]
-    disturbance: list[dict[str, object]]
-    disturbance_lines: list[str]
-    warnings: list[str]
-    pending_packs: list[str]
-
-
 def _jsonable(df: pd.DataFrame) -> list[dict[str, object]]:
     if df.empty:
         return []
@@ -63,8 +26,7 @@ def _jsonable(df: pd.DataFrame) -> list[dict[str, object]]:
 
 
 def _text_columns(table: pd.DataFrame) -> pd.DataFrame:
-    """Lists and dicts as JSON text, for Parquet (params, knobs, the curve and the CPUs already are), and each error
-    as JSON text, as trainings.parquet has always held it."""
+    """Lists, dicts and errors as JSON text, as trainings.parquet has always held them."""
     table = table.copy(deep=False)  # the columns replaced below are new; the rest are shared (copy on write)
     for col in ("params", "knobs", "curve", "cpus"):
         if col in table and table[col].dtype == object:  # dicts and lists (a frame built by hand)
@@ -100,18 +62,19 @@ def write_trainings(records: Records, out: Path) -> Path | None:
 
 def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path | None | bool = True,
                   configs: Mapping[str, RunConfig] | None = None) -> list[Path]:
-    """summary.csv (every column of the table), summary.json, trainings.parquet (``trainings``: True to write it
-    here; else what :func:`write_trainings` wrote already), and (with plots) plots/*.png and report.html (what ran
-    from ``configs``: each run's config)."""
+    """summary.csv, summary.json, trainings.parquet (``trainings``: True to write it, else what
+    :func:`write_trainings` wrote), and with ``plots`` the PNGs and report.html (``configs``: each run's config)."""
     run = RunDir(out)
     with atomic_file(run.summary_csv) as f:  # each file whole or not at all, as the records are
         c.summary.to_csv(f, index=False)
-    summary: Summary = {
+    # summary.json: each table as a list of rows (column → value, as JSON has it), and its lines
+    summary: dict[str, object] = {
         "schema": SCHEMA_VERSION,
         "runs": sorted(str(r) for r in c.records.trainings.get("run_dir", pd.Series(dtype=str)).dropna().unique()),
         "groups": _jsonable(c.summary), "best": _jsonable(c.best), "best_overall": _jsonable(c.best_overall),
         "best_lines": [best_line(r) for _, r in c.best.iterrows()],
-        "no_answer_lines": [no_answer_line(r) for _, r in c.withheld.iterrows()], "cost": _jsonable(c.cost),
+        "no_answer_lines": [no_answer_line(r) for _, r in c.withheld.iterrows()],  # no best N named, and why
+        "cost": _jsonable(c.cost),
         "sweep_trainings": c.sweep_trainings, "best_hyperparameters": _jsonable(c.hyper.table),
         "ranked_by": {"metric": c.hyper.metric, "goal": c.hyper.goal, "note": c.hyper.note,
                       "caution": c.hyper.caution, "origin": c.hyper.origin},

@@ -1,12 +1,7 @@
-"""report.html: the page a person forwards to a supervisor, read top-down as they ask. What ran (the sweep, its grid,
-N, modes, partitions, the date, the wall time, the trainings), the answer (the best N per GPU type in the terminal's
-words, :mod:`gpupack.results.report.text`, and what it costs), the best hyperparameters, then the evidence (tables that
-fit a 1,280 px window, the rest behind a disclosure and in summary.csv; the plots; the failures and every training's
-logs, named by their hyperparameters). Self-contained: the plots are embedded (base64), so it can be copied off a
-cluster and opened anywhere; the log links are relative to the page.
-
-:func:`build_report` and :func:`build_comparison` are pure (data in, HTML out); :func:`write_report` and
-:func:`write_comparison` draw the plots, find the logs and write the files."""
+"""report.html, read top-down: what ran, the answer in the terminal's words (:mod:`gpupack.results.report.text`), the
+best hyperparameters, then the evidence (tables that fit a 1,280 px window, the rest behind a disclosure; the plots;
+the failures and every training's logs). Self-contained: plots embedded (base64), log links relative to the page.
+:func:`build_report` and :func:`build_comparison` are pure; the ``write_*`` functions draw, find logs and write."""
 from __future__ import annotations
 
 import base64
@@ -45,14 +40,12 @@ table.t{border-collapse:collapse;font-size:.85em;max-width:100%}table.t td,table
 border-bottom:1px solid #ddd;text-align:left;overflow-wrap:anywhere}table.t th{background:#f3f3f3}
 table.t .num{text-align:right}table.about th{text-align:left;padding-right:1.5em;
 font-weight:600}table.about td{text-align:left}img{max-width:100%}figure{margin:1em 0}figcaption{font-size:.8em;
-color:#666}.warn{color:#a15c00}.note{font-size:.85em;color:#555}details{margin:.6em 0}summary{cursor:pointer}
-td.text{text-align:left;max-width:40em}"""
+color:#666}.warn{color:#a15c00}.note{font-size:.85em;color:#555}details{margin:.6em 0}summary{cursor:pointer}"""
 
 
 @dataclass(frozen=True)
 class Plot:
-    """One plot on the page: what it shows (its caption and alt text) and its image (a data: URI, or a path
-    relative to the page)."""
+    """One plot on the page: its caption (and alt text) and its image (a data: URI, or a path relative to the page)."""
 
     caption: str
     src: str
@@ -60,8 +53,7 @@ class Plot:
 
 @dataclass
 class Page:
-    """What one run's page shows beside what collect computed: what ran (:func:`gpupack.results.report.text.what_ran`),
-    the plots, and a row per training with its hyperparameters and where its logs are (:func:`training_rows`)."""
+    """What one run's page shows beside what collect computed: what ran, the plots, a row per training."""
 
     about: list[tuple[str, str]]
     figures: list[Plot] = field(default_factory=list)
@@ -70,8 +62,6 @@ class Page:
     search_figures: list[Plot | None] = field(default_factory=list)  # each search's history plot, in c.searches' order
 
 
-# ---------------- pure: cells and tables ----------------
-
 def _esc(value: object) -> str:
     return html.escape(str(value))
 
@@ -79,7 +69,7 @@ def _esc(value: object) -> str:
 def _cell(value: object, spec: str | None) -> str:
     """A value as a person reads it: a flag as ✓/—, a number in its format, a missing one as -."""
     if isinstance(value, bool) or (spec is None and str(value) in ("True", "False")):
-        return text.yes_no(value is True or str(value) == "True")
+        return "✓" if value is True or str(value) == "True" else "—"
     if spec is not None:
         try:
             return text.fmt(value, spec)
@@ -91,8 +81,7 @@ def _cell(value: object, spec: str | None) -> str:
 def table(df: pd.DataFrame, columns: Mapping[str, str], formats: Mapping[str, str] | None = None,
           cells: Mapping[str, Cell] | None = None, raw: Sequence[str] = ()) -> str:
     """An HTML table of ``df``: ``columns`` (column → header, those present, in order), each value formatted by
-    ``formats`` or by ``cells`` (column → a function of the row), escaped unless its column is in ``raw`` (HTML
-    built here: links)."""
+    ``formats`` or by ``cells`` (column → a function of the row), escaped unless its column is in ``raw``."""
     formats, cells = formats or {}, cells or {}
     shown = {col: label for col, label in columns.items() if col in df or col in cells}
     if df.empty or not shown:
@@ -121,8 +110,6 @@ def _details(summary: str, body: str) -> str:
     return f"<details><summary>{_esc(summary)}</summary>{body}</details>" if body else ""
 
 
-# ---------------- pure: the sections ----------------
-
 def _keys(df: pd.DataFrame) -> dict[str, str]:
     """The columns that tell rows apart: the run where several are compared, the workload where several ran."""
     keys = {"run": "run"} if "run" in df and df["run"].nunique() > 1 else {}
@@ -131,14 +118,8 @@ def _keys(df: pd.DataFrame) -> dict[str, str]:
     return keys
 
 
-def about_section(about: Sequence[tuple[str, str]]) -> str:
-    rows = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in about)
-    return f"<section id='what-ran'><h2>What ran</h2><table class='t about'>{rows}</table></section>"
-
-
 def answer_lines(c: Collected) -> tuple[list[str], list[str], list[str]]:
-    """The answer in the terminal's words: the best N per GPU type (its interval and gain), how each was chosen, and
-    what else qualifies it (modes compared, cost, drift, the probe)."""
+    """The answer in the terminal's words: the best N per GPU type, how each was chosen, and what qualifies it."""
     best = [text.best_line(r) for _, r in c.best.iterrows()]
     best += [text.no_answer_line(r) for _, r in c.withheld.iterrows()]
     how = [line for _, r in pd.concat([c.best, c.withheld]).iterrows() for line in text.choice_lines(r)]
@@ -185,8 +166,7 @@ def _search_table(s: SearchReport, rows: pd.DataFrame) -> str:
 
 
 def search_section(c: Collected, figures: Sequence[Plot | None] = ()) -> str:
-    """Each search's answer (search=optuna): its best trial, params first, how far it went, its trials ranked (the
-    top ones, the rest behind a disclosure) and its history plot. Empty for a run without a study."""
+    """Each search's best trial, its trials ranked and its history plot; empty without a study."""
     parts = []
     for i, s in enumerate(c.searches):
         head = f"<h3>{_esc(s.run)}</h3>" if len(c.searches) > 1 else ""
@@ -202,24 +182,12 @@ def search_section(c: Collected, figures: Sequence[Plot | None] = ()) -> str:
     return (f"<section id='search'><h2>Search: best trial</h2>{''.join(parts)}</section>" if parts else "")
 
 
-def _n(r: pd.Series) -> str:
-    return str(int(r["factor"]))
-
-
 def main_table(summary: pd.DataFrame) -> str:
     """The main table: the columns that decide (the terminal's, N plain and its verdict in words)."""
-    cells: dict[str, Cell] = {}
-    columns: dict[str, str] = {}
-    for header, cell, where in COLUMNS:
-        if where != "both":
-            continue
-        if header == "N":
-            cells["N"], cells["verdict"] = _n, text.verdict_word
-            columns["N"] = "N"
-            continue
-        cells[header] = cell
-        columns[header] = "s/training (median [95% interval])" if header == "s/training" else header
-    columns["verdict"] = "verdict"
+    cells: dict[str, Cell] = {header: cell for header, cell, where in COLUMNS if where == "both"}
+    cells.update(N=lambda r: str(int(r["factor"])),
+                 verdict=lambda r: "chosen" if r.get("chosen") else "within noise" if r.get("within_noise") else "")
+    columns = {header: header for header in cells} | {"s/training": "s/training (median [95% interval])"}
     return table(summary, {**_keys(summary), **columns}, cells=cells)
 
 
@@ -242,13 +210,6 @@ MORE_FORMATS = {"tpt_min_s": ".2f", "tpt_max_s": ".2f", "startup_s": ".2f", "loo
                 "failed": ".0f", "oom": ".0f", "oom_cleared": ".0f"}
 
 
-def more_columns(summary: pd.DataFrame) -> str:
-    keys = {**_keys(summary), "partition": "partition", "mode": "mode", "factor": "N"}
-    parts = [f"<h3>{_esc(name)}</h3>" + table(summary, {**keys, **cols}, MORE_FORMATS)
-             for name, cols in MORE_COLUMNS if any(col in summary for col in cols)]
-    return _details("More columns (every one is in summary.csv)", "".join(parts))
-
-
 COST_COLUMNS = {"partition": "partition", "gpu_model": "GPU model", "mode": "mode", "factor": "best N",
                 "time_per_training_s": "s/training", "rgu_hours_per_training": "RGU-h/training",
                 "sweep_hours": "sweep hours", "sweep_rgu_hours": "sweep RGU-h"}
@@ -258,45 +219,12 @@ COST_FORMATS = {"rgu": ".2f", "time_per_training_s": ".2f", "rgu_hours_per_train
                 "billed_multiple": ".2f", "rgu_hours_at_bundle": ".2e", "sweep_rgu_hours": ".3g", "factor": ".0f"}
 
 
-def _cost_verdict(r: pd.Series) -> str:
-    return ", ".join(word for word, on in (("fastest", r.get("fastest")), ("cheapest", r.get("cheapest"))) if on)
-
-
-def cost_section(c: Collected) -> str:
-    if c.cost.empty:
-        return ""
-    return (f"<h3>Cost at the best N, for a sweep of {_esc(text.trainings_phrase(c.sweep_trainings))} on one "
-            "device</h3>"
-            + table(c.cost, {**_keys(c.cost), **COST_COLUMNS, **({"verdict": "verdict"} if len(c.cost) > 1 else {})},
-                    COST_FORMATS, cells={"verdict": _cost_verdict})
-            + _details("How each is billed", table(c.cost, {**_keys(c.cost), **COST_MORE}, COST_FORMATS)))
-
-
 LAYOUT_COLUMNS = {"partition": "partition", "layout": "layout", "devices_per_training": "devices/training",
                   "packs": "packs", "wall_s": "one training s", "device_s_per_training": "device-s/training",
                   "trainings_per_device_hour": "trainings/device-h", "rgu_hours_per_1000": "RGU-h/1000",
                   "best": "best"}
 LAYOUT_FORMATS = {"wall_s": ".2f", "device_s_per_training": ".2f", "trainings_per_device_hour": ".0f",
                   "rgu_hours_per_1000": ".3g", "devices_per_training": ".3g", "packs": ".0f"}
-
-
-def _knob_section(c: Collected) -> str:
-    if c.knobs.empty:
-        return ""
-    columns = {**{k: k for k in ["partition", *text.knob_columns(c.knobs)]}, "factor": "N",
-               "samples_per_s": "samples/s/training", "loader_bound_samples_per_s": "loader-only samples/s",
-               "loader_bound": "loader-bound", "beyond_bound": "beyond the device's bound"}
-    return ("<h3>Throughput by knob setting, beside the loader-only bound</h3>"
-            + table(c.knobs, columns, {"samples_per_s": ".0f", "loader_bound_samples_per_s": ".0f",
-                                       "factor": ".0f"}))
-
-
-def _layout_section(c: Collected) -> str:
-    if c.layouts.empty:
-        return ""
-    return ("<h3>One training on k devices beside N trainings on one device</h3>"
-            + table(c.layouts, {**_keys(c.layouts), **LAYOUT_COLUMNS}, LAYOUT_FORMATS)
-            + _paragraphs(c.verdicts))
 
 
 OCCUPANCY_COLUMNS = {"partition": "partition", "mode": "mode", "factor": "N", "how": "how", "packs": "packs",
@@ -350,26 +278,37 @@ def evidence_section(c: Collected, page: Page) -> str:
     parts = ["<section id='evidence'><h2>The evidence</h2>"]
     if not c.summary.empty:
         title = "Time per training by packing factor N (pack wall time / N)"
+        keys = {**_keys(c.summary), "partition": "partition", "mode": "mode", "factor": "N"}
+        more = [f"<h3>{_esc(name)}</h3>" + table(c.summary, {**keys, **cols}, MORE_FORMATS)
+                for name, cols in MORE_COLUMNS if any(col in c.summary for col in cols)]
         parts += [f"<h3>{'Probe (packing.factors=auto): ' if c.auto_lines else ''}{title}</h3>",
-                  main_table(c.summary),
-                  f"<p class='note'>{_esc(gain_legend(c.summary))}</p>", more_columns(c.summary)]
+                  main_table(c.summary), f"<p class='note'>{_esc(gain_legend(c.summary))}</p>",
+                  _details("More columns (every one is in summary.csv)", "".join(more))]
     if not c.production.empty:
         parts += [f"<h3>{_esc(c.production_title)}</h3>", main_table(c.production)]
     parts += [_figure(f) for f in page.figures]
-    parts += [cost_section(c), _knob_section(c), _layout_section(c)]
+    if not c.cost.empty:
+        columns = {**_keys(c.cost), **COST_COLUMNS, **({"verdict": "verdict"} if len(c.cost) > 1 else {})}
+        verdict = {"verdict": lambda r: ", ".join(w for w in ("fastest", "cheapest") if r[w])}
+        parts.append(f"<h3>Cost at the best N, for a sweep of {_esc(text.trainings_phrase(c.sweep_trainings))} on one "
+                     "device</h3>" + table(c.cost, columns, COST_FORMATS, cells=verdict)
+                     + _details("How each is billed", table(c.cost, {**_keys(c.cost), **COST_MORE}, COST_FORMATS)))
+    if not c.knobs.empty:
+        columns = {**{k: k for k in ["partition", *text.knob_columns(c.knobs)]}, "factor": "N",
+                   "samples_per_s": "samples/s/training", "loader_bound_samples_per_s": "loader-only samples/s",
+                   "loader_bound": "loader-bound", "beyond_bound": "beyond the device's bound"}
+        parts.append("<h3>Throughput by knob setting, beside the loader-only bound</h3>" + table(
+            c.knobs, columns, {"samples_per_s": ".0f", "loader_bound_samples_per_s": ".0f", "factor": ".0f"}))
+    if not c.layouts.empty:
+        parts.append("<h3>One training on k devices beside N trainings on one device</h3>"
+                     + table(c.layouts, {**_keys(c.layouts), **LAYOUT_COLUMNS}, LAYOUT_FORMATS)
+                     + _paragraphs(c.verdicts))
     if not c.occupancy.empty:
         parts.append("<h3>Slot occupancy</h3>" + table(c.occupancy, {**_keys(c.occupancy), **OCCUPANCY_COLUMNS},
                                                           OCCUPANCY_FORMATS))
     parts.append(trainings_section(page.trainings, c.hyper.metric))
     parts.append("</section>")
     return "".join(parts)
-
-
-def _warnings(c: Collected) -> str:
-    lines = list(c.records.warnings)
-    if c.records.pending:
-        lines.append(f"{len(c.records.pending)} planned pack(s) have no record yet.")
-    return f"<section id='warnings'><h2>Warnings</h2>{_paragraphs(lines, 'warn')}</section>" if lines else ""
 
 
 def _page(title: str, body: Sequence[str]) -> str:
@@ -379,12 +318,16 @@ def _page(title: str, body: Sequence[str]) -> str:
 
 
 def build_report(c: Collected, page: Page) -> str:
-    """One run's page, top-down: what ran, a search's best trial (search=optuna), the answer, the best
-    hyperparameters, the evidence, the failures. Pure."""
-    return _page(page.title, [f"<h1>{_esc(page.title)}</h1>", about_section(page.about),
+    """One run's page, top-down. Pure."""
+    about = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in page.about)
+    pending = c.records.pending
+    warnings = c.records.warnings + ([f"{len(pending)} planned pack(s) have no record yet."] if pending else [])
+    return _page(page.title, [f"<h1>{_esc(page.title)}</h1>", "<section id='what-ran'><h2>What ran</h2>"
+                              f"<table class='t about'>{about}</table></section>",
                               search_section(c, page.search_figures), answer_section(c),
                               hyper_section(c), evidence_section(c, page), failures_section(page.trainings),
-                              _warnings(c)])
+                              f"<section id='warnings'><h2>Warnings</h2>{_paragraphs(warnings, 'warn')}</section>"
+                              if warnings else ""])
 
 
 @dataclass
@@ -407,8 +350,7 @@ def compared(runs: Sequence[RunPage], frame: Callable[[Collected], pd.DataFrame]
 
 
 def build_comparison(runs: Sequence[RunPage], figures: Sequence[Plot] = ()) -> str:
-    """One page comparing several runs, a run column in every table: what ran, each run's answer, the main table,
-    each run's own report linked. Pure."""
+    """One page comparing several runs, a run column in every table, each run's own report linked. Pure."""
     about_keys = list(dict.fromkeys(k for r in runs for k, _ in r.about))
     about = pd.DataFrame([{"run": r.label, **dict(r.about)} for r in runs])
     links = "".join(f"<li><a href='{_esc(r.href)}'>{_esc(r.label)}</a></li>" for r in runs)
@@ -427,30 +369,20 @@ def build_comparison(runs: Sequence[RunPage], figures: Sequence[Plot] = ()) -> s
     return _page("gpupack: runs compared", body)
 
 
-# ---------------- side effects: plots, logs, files ----------------
-
 def data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
 
 
-def grid_keys(configs: Mapping[str, text.RunConfig], params: Sequence[Mapping[str, object]]) -> list[str]:
-    """The hyperparameters that name a training: the grid's keys, else those that vary between trainings."""
-    keys = [str(k) for cf in configs.values() for k in ((cf.get("sweep") or {}).get("grid") or {})]
-    if keys:
-        return list(dict.fromkeys(keys))
-    return [k for k in dict.fromkeys(k for p in params for k in p) if len({str(p.get(k)) for p in params}) > 1]
-
-
 def training_rows(c: Collected, out: Path, configs: Mapping[str, text.RunConfig]) -> pd.DataFrame:
-    """A row per training (latest attempt, the loader alone left out): its hyperparameters in words, N, pack, status,
-    the ranked metric, its last error line, and its logs as links relative to ``out`` (reads where each is kept)."""
+    """A row per latest training (no loader alone): hyperparameters in words, N, status, error, logs."""
     t = c.records.latest()
     if t.empty or "status" not in t:
         return pd.DataFrame()
-    t = without_loader_alone(t)
-    t = c.records.with_detached(t, ("logs",))
+    t = c.records.with_detached(without_loader_alone(t), ("logs",))
     params = [json.loads(p) if isinstance(p, str) else dict(p or {}) for p in t.get("params", [None] * len(t))]
-    keys = grid_keys(configs, params)
+    # the hyperparameters that name a training: the grid's keys, else those that vary between trainings
+    keys = list(dict.fromkeys(str(k) for cf in configs.values() for k in ((cf.get("sweep") or {}).get("grid") or {}))) \
+        or [k for k in dict.fromkeys(k for p in params for k in p) if len({str(p.get(k)) for p in params}) > 1]
     metric = c.hyper.metric
     rows = []
     for (_, r), p in zip(t.iterrows(), params):
@@ -461,9 +393,7 @@ def training_rows(c: Collected, out: Path, configs: Mapping[str, text.RunConfig]
         rows.append({"run": run, "workload": rec.get("workload"), "training": text.params_label(p, keys) or
                      str(rec["training_id"]), "factor": rec.get("factor"), "pack_id": rec.get("pack_id"),
                      "status": rec.get("status"),
-                     "outcome": "completed" if rec.get("status") == "completed" else
-                     "skipped" if rec.get("status") == SKIPPED_MEMORY else
-                     "pruned" if rec.get("status") == PRUNED else "failed",
+                     "outcome": OUTCOMES.get(str(rec.get("status")), "failed"),
                      "metric": rec.get(metric) if metric else None,
                      "error": error.strip().splitlines()[-1][:200] if isinstance(error, str) and error.strip()
                      else "",
@@ -471,6 +401,9 @@ def training_rows(c: Collected, out: Path, configs: Mapping[str, text.RunConfig]
                         for s, log in logs.items()}})
     frame = pd.DataFrame(rows)
     return frame.drop(columns=["run"]) if frame["run"].nunique() <= 1 else frame
+
+
+OUTCOMES = {"completed": "completed", SKIPPED_MEMORY: "skipped", PRUNED: "pruned"}  # a status → how the page says it
 
 
 def draw(c: Collected, plots_dir: Path) -> list[tuple[Path, str]]:
@@ -499,14 +432,12 @@ def write_report(c: Collected, out: Path, configs: Mapping[str, text.RunConfig] 
                                    if (cf.get("sweep") or {}).get("name")))
     page = Page(about=text.what_ran(c, configs), figures=[Plot(caption, data_uri(p)) for p, caption in plots],
                 trainings=training_rows(c, out, configs), title=f"gpupack report: {name}" if name else "gpupack report",
-                search_figures=[Plot(HISTORY_CAPTION, data_uri(p)) if p is not None else None for p in history])
+                search_figures=[Plot("The search's history: each trial's value and the best so far, against the trial "
+                                     "number and against the device-hours spent", data_uri(p)) if p is not None
+                                else None for p in history])
     report = out / "report.html"
     write_text_atomic(report, build_report(c, page))
     return [p for p, _ in plots] + [p for p in history if p is not None] + [report]
-
-
-HISTORY_CAPTION = ("The search's history: each trial's value and the best so far, against the trial number and "
-                   "against the device-hours spent")
 
 
 def write_comparison(runs: Sequence[RunPage], out: Path) -> list[Path]:

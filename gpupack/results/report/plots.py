@@ -1,10 +1,10 @@
-"""The PNG plots (matplotlib, headless): time per training against N, split against no split, the curves of one
-pack, the cost, spread beside packing. matplotlib is imported only when a plot is drawn (it is heavy)."""
+"""The PNG plots (matplotlib, headless, imported only when a plot is drawn): each returns its path, or None where it
+would carry no information."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpupack.core.store.records import atomic_file
 from gpupack.results.analysis.aggregate import Collected
@@ -18,18 +18,19 @@ if TYPE_CHECKING:
 
 
 def _line_style(mode: object) -> str:
-    """The matplotlib line style of a mode's curves: its Packer's ``line_style`` (":" for a name the registry does not
-    hold)."""
+    """A mode's curves' line style: its Packer's ``line_style`` (":" for a name the registry does not hold)."""
     packer = packer_of(mode)
     return packer.line_style if packer is not None else ":"
 
 
-def _headless() -> None:
-    """Before pyplot is imported: matplotlib is imported here, not at the top (it is heavy, and only a plot needs it),
-    each plot importing pyplot after this call."""
+def _subplots(*args: Any, **kwargs: Any) -> tuple[Figure, Any]:
+    """pyplot.subplots, headless (nodes and CI have no display); matplotlib, heavy, imported only here."""
     import matplotlib
 
-    matplotlib.use("Agg")  # headless: compute nodes and CI have no display
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
 
 
 def plot_time_per_training(c: Collected, path: Path) -> Path | None:
@@ -39,11 +40,8 @@ def plot_time_per_training(c: Collected, path: Path) -> Path | None:
     s = c.summary.dropna(subset=["time_per_training_s"])
     if s.empty:
         return None
-    _headless()
-    import matplotlib.pyplot as plt
-
     workloads = sorted(s["workload"].unique())
-    fig, axes = plt.subplots(1, len(workloads), figsize=(min(7 * len(workloads), 14), 4.5), squeeze=False)
+    fig, axes = _subplots(1, len(workloads), figsize=(min(7 * len(workloads), 14), 4.5), squeeze=False)
     lines = ["run", "partition", "gpu_type", "mode"] if "run" in s else ["partition", "gpu_type", "mode"]
     for ax, workload in zip(axes[0], workloads):
         said = 0  # the chosen N's names on this plot, stacked so that two lines' answers never overprint
@@ -80,11 +78,8 @@ def plot_split_vs_no_split(c: Collected, path: Path) -> Path | None:
     s = c.summary.dropna(subset=["time_per_training_s"])
     if s.empty or s["mode"].nunique() < 2:
         return None
-    _headless()
-    import matplotlib.pyplot as plt
-
     groups = list(s.groupby(["workload", "partition", "gpu_type"]))
-    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
+    fig, axes = _subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
     for ax, ((workload, partition, gpu), g) in zip(axes[0], groups):
         for mode, m in g.groupby("mode"):
             m = m.sort_values("factor")
@@ -113,10 +108,7 @@ def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
     if match.empty:
         return None
     pack_id = sorted(match["pack_id"].unique())[0]
-    _headless()
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = _subplots(figsize=(8, 4.5))
     rows = match[match["pack_id"] == pack_id]
     params = [json.loads(p) if isinstance(p, str) else dict(p or {}) for p in rows.get("params", [None] * len(rows))]
     varying = [k for k in dict.fromkeys(k for p in params for k in p) if len({str(p.get(k)) for p in params}) > 1]
@@ -133,17 +125,13 @@ def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
 
 
 def plot_cost(c: Collected, path: Path) -> Path | None:
-    """The sweep's device-hours (and RGU-hours) per partition at its best N: only where there are partitions to
-    compare (one bar says nothing a sentence does not)."""
+    """The sweep's device-hours (and RGU-hours) per partition at its best N, where partitions compare."""
     if c.cost.empty or c.cost["partition"].nunique() < 2:
         return None
-    _headless()
-    import matplotlib.pyplot as plt
-
-    cost = c.cost.copy()
+    cost = c.cost
     labels = [f"{r['partition']}\n{r['gpu_model'] or r['gpu_type']}\nN={int(r['factor'])}" for _, r in cost.iterrows()]
     has_rgu = cost["sweep_rgu_hours"].notna().any()
-    fig, axes = plt.subplots(1, 2 if has_rgu else 1, figsize=(11 if has_rgu else 6, 4.5), squeeze=False)
+    fig, axes = _subplots(1, 2 if has_rgu else 1, figsize=(11 if has_rgu else 6, 4.5), squeeze=False)
     axes[0][0].bar(labels, cost["sweep_hours"], color="tab:blue")
     axes[0][0].set_title(f"Sweep of {trainings_phrase(c.sweep_trainings)}: device-hours (lower finishes first)")
     axes[0][0].set_ylabel("hours on one GPU (or CPU) at the best N")
@@ -160,10 +148,7 @@ def plot_layouts(c: Collected, path: Path) -> Path | None:
     """Time per training and device time per training against devices used per training (1/N packed, k spread)."""
     if c.layouts.empty:
         return None
-    _headless()
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = _subplots(1, 2, figsize=(11, 4))
     for key, group in c.layouts.groupby(["workload", "partition", "gpu_type"]):
         for answer, marker in (("packing", "o"), ("spread", "s")):
             part = group[group["answer"] == answer].sort_values("devices_per_training")
@@ -198,10 +183,7 @@ def plot_timeline(c: Collected, path: Path) -> Path | None:
     rows = t.assign(row=[f"{g} {job} slot {slot}" if how == STREAMED else f"{g} packs slot {slot}"
                          for g, job, slot, how in zip(t["group"], t["job"], t["slot"], t["how"])])
     names = list(dict.fromkeys(rows["row"]))[:TIMELINE_ROWS]
-    _headless()
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(11, 0.35 * len(names) + 1.5))
+    fig, ax = _subplots(figsize=(11, 0.35 * len(names) + 1.5))
     colours = {STREAMED: "tab:green", WHOLE: "tab:blue"}
     for y, name in enumerate(names):
         bars = rows[rows["row"] == name]
@@ -224,10 +206,7 @@ def plot_search_history(s: SearchReport, path: Path) -> Path | None:
     h = s.history
     if h.empty or h["value"].notna().sum() == 0:
         return None
-    _headless()
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    fig, axes = _subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, x, label in ((axes[0], "number", "trial number (in the order asked)"),
                          (axes[1], "device_hours", "device-hours spent (Σ the trials' walls up to it)")):
         for state, marker, colour in (("complete", "o", "tab:blue"), ("pruned", "x", "tab:gray")):

@@ -1,9 +1,8 @@
-"""The terminal: rich tables and lines from what :mod:`gpupack.results.analysis.aggregate` computes (the main table fits
-:data:`WIDTH` columns unless --wide), and the console they print on."""
+"""The terminal: rich tables and lines from what :mod:`gpupack.results.analysis.aggregate` computes."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence, Set
+from collections.abc import Callable, Collection, Hashable, Sequence, Set
 from pathlib import Path
 
 import pandas as pd
@@ -43,20 +42,29 @@ WIDTH = 120  # the main table fits this many columns unless --wide
 Cell = Callable[[pd.Series], str]  # a table's cell: a function of its row
 
 
+def _text(column: str) -> Cell:
+    return lambda r: str(r[column])
+
+
+def _int(column: str) -> Cell:
+    return lambda r: str(int(r[column]))
+
+
+def _fig(column: str, spec: str = ".2f") -> Cell:
+    return lambda r: fmt(r[column], spec)
+
+
 def _num(r: pd.Series, key: str) -> float | None:
     value = r.get(key)
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
-def _util(r: pd.Series) -> str:
-    """GPU utilization where NVML sampled it, else the trainings' CPU % (100 = one core)."""
-    gpu, cpu = _num(r, "gpu_util_mean"), _num(r, "cpu_percent_mean")
-    return f"gpu {gpu:.0f}" if gpu is not None else (f"cpu {cpu:.0f}" if cpu is not None else "-")
-
-
-def _memory(r: pd.Series) -> str:
-    gpu, rss = _num(r, "gpu_mem_peak_mb"), _num(r, "peak_rss_mb")
-    return f"gpu {gpu:.0f}" if gpu is not None else (f"rss {rss:.0f}" if rss is not None else "-")
+def _gpu_else(gpu_column: str, name: str, column: str) -> Cell:
+    """The GPU's figure where NVML sampled it, else the trainings' (``name``: what it is, e.g. cpu, 100 = one core)."""
+    def cell(r: pd.Series) -> str:
+        gpu, other = _num(r, gpu_column), _num(r, column)
+        return f"gpu {gpu:.0f}" if gpu is not None else (f"{name} {other:.0f}" if other is not None else "-")
+    return cell
 
 
 def _throughput(r: pd.Series) -> str:
@@ -68,8 +76,7 @@ def _throughput(r: pd.Series) -> str:
 
 
 def _failed(r: pd.Series) -> str:
-    """Failed attempts of all attempts (an attempt kept from before a resume counts), and OOMs and victims of
-    another's fault apart."""
+    """Failed attempts of all attempts (those before a resume too), OOMs and victims of another's fault apart."""
     text = f"{int(r['failed'])}/{int(r.get('attempts', r['failed']))}"
     if r.get("victims"):
         text += f" (+{int(r['victims'])} victims, run again)"
@@ -97,23 +104,13 @@ def skipped_lines(summary: pd.DataFrame) -> list[str]:
 
 
 def _tpt(r: pd.Series) -> str:
-    """Median time per training and its bootstrap interval (min-max where one pack gives no interval); a row that
-    only streamed: its lanes' device-seconds per training, marked ``stream`` (no interval: a stream times the run)."""
+    """Median time per training and its interval; a row that only streamed: the lanes' figure."""
     if _num(r, "time_per_training_s") is None and _num(r, "stream_s_per_training") is not None:
         return f"{fmt(r['stream_s_per_training'])} stream"
     low, high = _num(r, "tpt_ci_low_s"), _num(r, "tpt_ci_high_s")
     if low is not None and high is not None:
         return f"{fmt(r['time_per_training_s'])} [{low:.2f}-{high:.2f}]"
     return fmt(r["time_per_training_s"])
-
-
-STREAM_LEGEND = ("lanes, stream: a streaming run (each slot took the next training as one ended); its s/training is "
-                 "the lanes' device-seconds per training (job walls / trainings completed), with no interval and no "
-                 "best N: a stream times the run, not N (measure N with packing.stream=off).")
-
-
-def _streamed_rows(summary: pd.DataFrame) -> bool:
-    return not summary.empty and "lanes" in summary and bool((summary["lanes"] > 0).any())
 
 
 def _packs(r: pd.Series) -> str:
@@ -155,7 +152,7 @@ def gain_legend(summary: pd.DataFrame) -> str:
 
 
 def pending_lines(c: Collected) -> list[str]:
-    """What a run with no finished pack has so far: its plan, the packs still to come, the trainings recorded."""
+    """What a run with no finished pack has so far."""
     r = c.records
     if not r.planned and r.trainings.empty and r.packs.empty:
         where = ", ".join(r.runs) or "the directory given"
@@ -170,16 +167,8 @@ def pending_lines(c: Collected) -> list[str]:
     return lines
 
 
-def shared_cores_line(c: Collected) -> str | None:
-    host = shared_host(c.records)
-    if host is None:
-        return None
-    return (f"note: all packs ran on one host ({host}), sharing its cores as on the local test cluster: timings "
-            "measure overhead.")
-
-
 def render(c: Collected, console: Console, wide: bool = False) -> None:
-    """What collect prints: warnings, a search's trials, the times by N, the best hyperparameters, then the answer."""
+    """What collect prints, the answer last."""
     for w in c.records.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, markup=True)
     for search in c.searches:  # a search's answer first: its best trial, then the trials ranked
@@ -190,7 +179,7 @@ def render(c: Collected, console: Console, wide: bool = False) -> None:
 
 
 def _render_times(c: Collected, console: Console, wide: bool) -> None:
-    """The time per training table (or what is pending), its legends, an auto run's steps and its production run."""
+    """The time per training table (or what is pending), its legends, an auto run's steps and its grid run."""
     if c.summary.empty:
         for line in pending_lines(c):
             console.print(line, highlight=False)
@@ -200,23 +189,27 @@ def _render_times(c: Collected, console: Console, wide: bool) -> None:
                                     {tuple(r[GROUP + ["factor"]]) for _, r in c.best.iterrows()}, wide=wide))
         console.print("N*: the chosen N; N~: within noise of the lowest median. " + gain_legend(c.summary)
                       + ("" if wide else " Every column: --wide (and summary.csv)."), highlight=False)
-        if _streamed_rows(c.summary):
-            console.print(STREAM_LEGEND, highlight=False)
+        if "lanes" in c.summary and (c.summary["lanes"] > 0).any():
+            console.print("lanes, stream: a streaming run (each slot took the next training as one ended); its "
+                          "s/training is the lanes' device-seconds per training (job walls / trainings completed), "
+                          "with no interval and no best N: a stream times the run, not N (measure N with "
+                          "packing.stream=off).", highlight=False)
         for line in skipped_lines(c.summary):
             console.print(line, highlight=False, markup=False)
-    shared = shared_cores_line(c)
-    if shared:
-        console.print(shared, highlight=False)
+    host = shared_host(c.records)
+    if host is not None:
+        console.print(f"note: all packs ran on one host ({host}), sharing its cores as on the local test cluster: "
+                      "timings measure overhead.", highlight=False)
     for line in c.auto_lines:
         console.print(line, highlight=False)
     if not c.production.empty:
-        console.print(summary_table(c.production, c.production_title, set(),
-                                    wide=wide))
-    if not c.summary.empty:
-        if unsplit_trainings(c):
-            console.print(f"start-up s / loop s: '-' for {unsplit_trainings(c)} training(s) whose program did not mark "
-                          "its first step, so their wall time is one figure (from gpupack.result import "
-                          "TrainingResult; call first_step() before the first step to split it).", highlight=False)
+        console.print(summary_table(c.production, c.production_title, set(), wide=wide))
+    t = c.records.trainings  # timing_split False: a command that reported no first step (None: not a command's)
+    unsplit = int((t["timing_split"] == False).sum()) if "timing_split" in t else 0  # noqa: E712
+    if not c.summary.empty and unsplit:
+        console.print(f"start-up s / loop s: '-' for {unsplit} training(s) whose program did not mark "
+                      "its first step, so their wall time is one figure (from gpupack.result import "
+                      "TrainingResult; call first_step() before the first step to split it).", highlight=False)
 
 
 def _render_hyperparameters(c: Collected, console: Console) -> None:
@@ -240,8 +233,7 @@ def _render_hyperparameters(c: Collected, console: Console) -> None:
 
 
 def _render_answer(c: Collected, console: Console) -> None:
-    """The plan's trainings against their records, the cost, the answer (or why none), what would change it, and
-    the tables beside it (layouts, occupancy)."""
+    """The plan's trainings against their records, the cost, the answer (or why none), and the tables beside it."""
     counts = c.records.plan_counts()
     if counts.planned:  # the plan's trainings against their records, as status and a run's last line say (a search
         console.print(counts.line(), highlight=False, soft_wrap=True)  # plans none: its trials' line said it above)
@@ -255,9 +247,7 @@ def _render_answer(c: Collected, console: Console) -> None:
         console.print(f"[bold]{escape(said)}[/]" if r.get("chosen") else f"[bold red]{escape(said)}[/]", markup=True)
         for line in choice_lines(r):
             console.print(f"  {line}", highlight=False)
-    for line in c.again_lines:
-        console.print(line, highlight=False, markup=False)
-    for line in drift_lines(c):
+    for line in c.again_lines + drift_lines(c):
         console.print(line, highlight=False, markup=False)
     for line in mode_lines(c):
         console.print(f"[bold]{escape(line)}[/]", markup=True)
@@ -274,7 +264,7 @@ def _render_answer(c: Collected, console: Console) -> None:
 
 
 def failure_lines(c: Collected, most: int = 3) -> list[str]:
-    """Why trainings failed: each distinct last error line, how many trainings hit it, and one log to read."""
+    """Each distinct last error line, how many trainings hit it, and one log to read."""
     t = c.records.trainings
     if t.empty or "status" not in t:
         return []
@@ -308,56 +298,49 @@ def _gpu(r: pd.Series) -> str:
 # --wide shows every column, and summary.csv has every figure.
 COLUMNS: list[tuple[str, Cell, str]] = [
     ("partition (GPU)", _gpu, "both"),
-    ("mode", lambda r: str(r["mode"]), "both"),
+    ("mode", _text("mode"), "both"),
     ("N", _n, "both"),
     ("packs", _packs, "both"),
     ("s/training", _tpt, "both"),
     ("start/loop s", lambda r: f"{fmt(r['startup_s'])}/{fmt(r['loop_s'])}", "wide"),
-    ("gain", lambda r: _gain(r), "both"),
+    ("gain", _gain, "both"),
     ("samples/s", _throughput, "wide"),  # per training, with the loader-only bound beside it
-    ("util %", _util, "wide"),
-    ("mem MB", _memory, "both"),
+    ("util %", _gpu_else("gpu_util_mean", "cpu", "cpu_percent_mean"), "wide"),
+    ("mem MB", _gpu_else("gpu_mem_peak_mb", "rss", "peak_rss_mb"), "both"),
     ("failed/attempts", _failed, "both"),
 ]
 
 
-def summary_table(summary: pd.DataFrame, title: str, best_keys: Set[tuple[Hashable, ...]], wide: bool = False) -> Table:
-    """The main table: one row per (partition, mode, N), in :data:`WIDTH` columns unless ``wide`` (no outer edge,
-    rules between columns only)."""
-    columns = [(h, cell) for h, cell, where in COLUMNS if where in ("both", "wide" if wide else "default")]
-    table = Table(title=title, box=box.MINIMAL, show_edge=False, pad_edge=False)
+def _table(title: str, columns: Sequence[tuple[str, Cell]], rows: pd.DataFrame, left: Collection[str],
+           minimal: bool = False, style: Callable[[pd.Series], str | None] = lambda r: None) -> Table:
+    """A table of ``rows``, a column per (header, cell), ``left`` headers left; ``minimal``: no edge."""
+    table = Table(title=title, box=box.MINIMAL, show_edge=False, pad_edge=False) if minimal else Table(title=title)
     for header, _ in columns:
-        table.add_column(header, justify="left" if header in ("partition (GPU)", "mode") else "right")
-    for _, r in summary.iterrows():
-        mark = "bold green" if tuple(r[GROUP + ["factor"]]) in best_keys else None
-        table.add_row(*(cell(r) for _, cell in columns), style=mark)
+        table.add_column(header, justify="left" if header in left else "right", no_wrap=header == "layout")
+    for _, r in rows.iterrows():
+        table.add_row(*(cell(r) for _, cell in columns), style=style(r))
     return table
 
 
-def unsplit_trainings(c: Collected) -> int:
-    """Trainings whose start-up and loop are one figure (a command that reported no first step)."""
-    t = c.records.trainings
-    if t.empty or "timing_split" not in t:
-        return 0
-    return int((t["timing_split"] == False).sum())  # noqa: E712 (None: not a command training)
+def summary_table(summary: pd.DataFrame, title: str, best_keys: Set[tuple[Hashable, ...]], wide: bool = False) -> Table:
+    """The main table: one row per (partition, mode, N), in :data:`WIDTH` columns unless ``wide``."""
+    columns = [(h, cell) for h, cell, where in COLUMNS if where in ("both", "wide" if wide else "default")]
+    return _table(title, columns, summary, ("partition (GPU)", "mode"), minimal=True,
+                  style=lambda r: "bold green" if tuple(r[GROUP + ["factor"]]) in best_keys else None)
 
 
 def render_knobs(c: Collected, console: Console) -> None:
     bounded = c.knobs["loader_bound_samples_per_s"].notna().any()
-    table = Table(title="Throughput by knob setting (samples/s per training, median)"
-                  + (" beside the loader-only bound" if bounded else ""))
-    names = knob_columns(c.knobs)
-    columns = ["partition", *names, "N", "samples/s/training"] + (["loader-only samples/s", "flag"] if bounded else [])
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("partition", "mode", "flag") else "right")
-    for _, r in c.knobs.iterrows():
-        beyond = "!" if r.get("beyond_bound") else ""  # N x it over the reference's passes the device's bound
-        row = [r["partition"], *(str(r[k]) for k in names), str(int(r["factor"])),
-               fmt(r["samples_per_s"], ".0f") + beyond]
-        if bounded:
-            row += [fmt(r["loader_bound_samples_per_s"], ".0f"), "loader-bound" if r["loader_bound"] else ""]
-        table.add_row(*row)
-    console.print(table)
+    columns = [("partition", _text("partition")), *((k, _text(k)) for k in knob_columns(c.knobs)),
+               ("N", _int("factor")),  # !: N x it over the reference's passes the device's bound
+               ("samples/s/training",
+                lambda r: fmt(r["samples_per_s"], ".0f") + ("!" if r.get("beyond_bound") else ""))]
+    if bounded:
+        columns += [("loader-only samples/s", _fig("loader_bound_samples_per_s", ".0f")),
+                    ("flag", lambda r: "loader-bound" if r["loader_bound"] else "")]
+    console.print(_table("Throughput by knob setting (samples/s per training, median)"
+                         + (" beside the loader-only bound" if bounded else ""), columns, c.knobs,
+                         ("partition", "mode", "flag")))
     if "beyond_bound" in c.knobs and c.knobs["beyond_bound"].any():
         console.print("!: N x this over the reference N's of the same setting is more than the device can give "
                       "(see the answer's bound).", highlight=False)
@@ -368,18 +351,17 @@ def render_cost(c: Collected, console: Console) -> None:
         for line in cost_lines(c):
             console.print(line, highlight=False)
         return
-    table = Table(title=f"Cost at the best N, for a sweep of {trainings_phrase(c.sweep_trainings)} on one device")
-    for col in ("partition", "GPU model", "RGU", "mode", "best N", "s/training", "billed by", "RGU-h/training",
-                "at bundle", "sweep hours", "sweep RGU-h", "verdict"):
-        table.add_column(col, justify="left" if col in ("partition", "GPU model", "mode", "billed by") else "right")
-    for _, r in c.cost.iterrows():
-        flags = " ".join(f for f, on in (("fastest", r["fastest"]), ("cheapest", r["cheapest"])) if on)
-        term = str(r["billed_term"]) + (f" x{r['billed_multiple']:.2f}" if r["billed_multiple"] > 1 else "")
-        table.add_row(r["partition"], str(r["gpu_model"] or "-"), fmt(r["rgu"], ".2f"), r["mode"],
-                      str(int(r["factor"])), fmt(r["time_per_training_s"]), term,
-                      fmt(r["rgu_hours_per_training"], ".2e"), fmt(r["rgu_hours_at_bundle"], ".2e"),
-                      fmt(r["sweep_hours"], ".3g"), fmt(r["sweep_rgu_hours"], ".3g"), flags)
-    console.print(table)
+    columns: list[tuple[str, Cell]] = [
+        ("partition", _text("partition")), ("GPU model", lambda r: str(r["gpu_model"] or "-")),
+        ("RGU", _fig("rgu")), ("mode", _text("mode")), ("best N", _int("factor")),
+        ("s/training", _fig("time_per_training_s")),
+        ("billed by", lambda r: str(r["billed_term"])
+         + (f" x{r['billed_multiple']:.2f}" if r["billed_multiple"] > 1 else "")),
+        ("RGU-h/training", _fig("rgu_hours_per_training", ".2e")), ("at bundle", _fig("rgu_hours_at_bundle", ".2e")),
+        ("sweep hours", _fig("sweep_hours", ".3g")), ("sweep RGU-h", _fig("sweep_rgu_hours", ".3g")),
+        ("verdict", lambda r: " ".join(f for f in ("fastest", "cheapest") if r[f]))]
+    console.print(_table(f"Cost at the best N, for a sweep of {trainings_phrase(c.sweep_trainings)} on one device",
+                         columns, c.cost, ("partition", "GPU model", "mode", "billed by")))
     for line in cost_lines(c):
         console.print(line, highlight=False)
 
@@ -389,28 +371,22 @@ def _devices(x: float) -> str:
 
 
 def render_layouts(c: Collected, console: Console) -> None:
-    """One training on k devices beside N trainings on one device: one table (fits 120 columns; every figure is in
-    summary.json and the HTML report), then a verdict per GPU type."""
+    """One training on k devices beside N trainings on one device: a table, then a verdict per GPU type."""
     t = c.layouts
     mib = pd.to_numeric(t.get("allreduce_bytes_per_step"), errors="coerce") / 2**20
     columns: list[tuple[str, Cell]] = [
-        ("partition (GPU)", _gpu), ("layout", lambda r: str(r["layout"])),
-        ("devices", lambda r: _devices(r["devices_per_training"])), ("packs", lambda r: str(int(r["packs"]))),
-        ("wall s", lambda r: fmt(r["wall_s"])), ("device-s", lambda r: fmt(r["device_s_per_training"])),
+        ("partition (GPU)", _gpu), ("layout", _text("layout")),
+        ("devices", lambda r: _devices(r["devices_per_training"])), ("packs", _int("packs")),
+        ("wall s", _fig("wall_s")), ("device-s", _fig("device_s_per_training")),
     ]
     if t["rgu"].notna().any():
-        columns.append(("RGU-h/1000", lambda r: fmt(r["rgu_hours_per_1000"], ".3g")))
+        columns.append(("RGU-h/1000", _fig("rgu_hours_per_1000", ".3g")))
     if mib.notna().any():
         columns += [("MiB/step", lambda r: fmt(mib[r.name], ".3f")),
                     ("comm s", lambda r: fmt(r.get("allreduce_s_per_step"), ".4f"))]
     columns.append(("best", lambda r: "*" if r["best"] else ""))
-    table = Table(title="One training on k devices (spread) beside N trainings on one device (packing)")
-    for header, _ in columns:
-        table.add_column(header, justify="left" if header in ("partition (GPU)", "layout") else "right",
-                         no_wrap=header == "layout")
-    for _, r in t.iterrows():
-        table.add_row(*(cell(r) for _, cell in columns))
-    console.print(table)
+    console.print(_table("One training on k devices (spread) beside N trainings on one device (packing)", columns, t,
+                         ("partition (GPU)", "layout")))
     console.print("devices: per training (1/N packed, k spread). wall s: one training, its start to its end. device-s: "
                   "device time per training, the job's start-up included (packed: the pack's wall / N; spread: k x "
                   "the job's wall); the fewest uses a device-hour, and an RGU-hour, best."
@@ -427,16 +403,12 @@ def render_layouts(c: Collected, console: Console) -> None:
 
 def render_occupancy(c: Collected, console: Console) -> None:
     """How busy the slots were: whole packs beside streaming lanes, per group."""
-    table = Table(title="Slot occupancy: Σ training wall / (N × job wall), whole packs and streaming lanes")
-    for col in ("partition (GPU)", "mode", "N", "how", "packs", "jobs", "trainings", "device-s/training", "occupancy",
-                "gap s", "span s"):
-        table.add_column(col, justify="left" if col in ("partition (GPU)", "mode", "how") else "right")
-    for _, r in c.occupancy.iterrows():
-        table.add_row(_gpu(r), str(r["mode"]), str(int(r["factor"])), str(r["how"]),
-                      str(int(r["packs"])), str(int(r["jobs"])),
-                      str(int(r["trainings"])), fmt(r["device_s_per_training"]), fmt(r["slot_occupancy"], ".2f"),
-                      fmt(r["gap_mean_s"], ".2f"), fmt(r["span_s"]))
-    console.print(table)
+    columns = [("partition (GPU)", _gpu), ("mode", _text("mode")), ("N", _int("factor")), ("how", _text("how")),
+               ("packs", _int("packs")), ("jobs", _int("jobs")), ("trainings", _int("trainings")),
+               ("device-s/training", _fig("device_s_per_training")), ("occupancy", _fig("slot_occupancy")),
+               ("gap s", _fig("gap_mean_s")), ("span s", _fig("span_s"))]
+    console.print(_table("Slot occupancy: Σ training wall / (N × job wall), whole packs and streaming lanes", columns,
+                         c.occupancy, ("partition (GPU)", "mode", "how")))
     console.print("packs: whole packs, or streaming lanes; jobs: the jobs that ran them (a job runs its lane of "
                   "packs in turn). device-s/training: the packs' walls over the trainings they completed. "
                   "occupancy: 1.00 is every slot busy from its job's start to its end (a whole pack waits for its "
@@ -449,21 +421,17 @@ SEARCH_ROWS = 10  # the terminal's ranked trials; report.html shows more
 
 
 def render_search(s: SearchReport, console: Console, several: bool = False, most: int = SEARCH_ROWS) -> None:
-    """A search's best trial in one line (its params first), how far it is, then its top trials ranked."""
+    """A search's best trial in one line, how far it is, then its top trials ranked."""
     console.print(f"[bold]{escape(search_best_line(s))}[/]" + (f" ({escape(s.run)})" if several else ""),
                   markup=True, highlight=False)
     console.print(search_counts_line(s), highlight=False, markup=False)
     if s.trials.empty:
         return
     shown = s.trials.head(most)
-    table = Table(title=f"Trials ranked by {s.metric} ({s.direction}; the best {len(shown)} of {len(s.trials)})",
-                  box=box.MINIMAL, show_edge=False, pad_edge=False)
-    for col in ("trial", s.metric, "state", "params", "wall s"):
-        table.add_column(col, justify="left" if col in ("state", "params") else "right")
-    for _, r in shown.iterrows():
-        table.add_row(str(int(r["number"])), fmt(r["value"], ".4g"), str(r["state"]), param_text(r["params"]),
-                      fmt(r["wall_s"]))
-    console.print(table)
+    columns = [("trial", _int("number")), (s.metric, _fig("value", ".4g")), ("state", _text("state")),
+               ("params", lambda r: param_text(r["params"])), ("wall s", _fig("wall_s"))]
+    console.print(_table(f"Trials ranked by {s.metric} ({s.direction}; the best {len(shown)} of {len(s.trials)})",
+                         columns, shown, ("state", "params"), minimal=True))
 
 
 def render_collected(c: Collected, written: Sequence[Path], console: Console, wide: bool = False) -> None:

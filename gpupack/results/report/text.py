@@ -1,11 +1,9 @@
-"""The sentences and figures of the report as plain text, shared by the terminal
-(:mod:`gpupack.results.report.terminal`), the HTML (:mod:`gpupack.results.report.html`), the plots and summary.json: the
-best-N line and how it was chosen, the modes compared, the cost, the hyperparameters. A packing mode is named as its
-:class:`gpupack.job.pack.Packer` says."""
+"""The report's sentences and figures as plain text, shared by the terminal, the HTML, the plots and summary.json. A
+packing mode is named as its :class:`gpupack.job.pack.Packer` says."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TypedDict
 
@@ -13,6 +11,7 @@ import pandas as pd
 
 from gpupack.results.analysis.aggregate import Collected
 from gpupack.results.analysis.drift import STEADY
+from gpupack.results.analysis.load import Records
 from gpupack.results.analysis.search import SearchReport
 from gpupack.results.analysis.summary import BY_CORES, BY_ONE_PROCESS, UNDER_LOAD, packer_of
 from gpupack.results.analysis.tables import Ranking, value_text
@@ -34,8 +33,7 @@ class ClusterSection(TypedDict, total=False):
 
 
 class RunConfig(TypedDict, total=False):
-    """What the report says of a run's config.yaml (written by :mod:`gpupack.sweep.flow.run`; the file holds the whole
-    composed config, read back unresolved and unchecked: a key may be missing)."""
+    """What the report reads of a run's config.yaml (read back unresolved and unchecked: a key may be missing)."""
 
     sweep: SweepSection
     packing: PackingSection
@@ -44,9 +42,7 @@ class RunConfig(TypedDict, total=False):
 
 def fmt(x: object, spec: str = ".2f") -> str:
     """``x`` formatted, or "-" where it is missing (None or NaN)."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return format(x, spec)
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def trainings_phrase(n: int) -> str:
@@ -73,9 +69,7 @@ def best_line(row: pd.Series) -> str:
 
 
 def bound_phrase(row: pd.Series) -> str:
-    """An N whose gain over the reference passes what the device can give (gpupack.results.analysis.summary.gain_bounds:
-    on a CPU min(N, cores) / min(ref, cores), on a GPU or in one shared process N / ref): which gain, which bound, and
-    whether its interval holds the bound."""
+    """An N whose gain passes its bound: which gain, which bound, and whether its interval holds it."""
     n, ref = int(row["factor"]), int(row["gain_ref"])
     over = "one alone" if ref == 1 else f"N={ref}"
     low = row.get("gain_low")
@@ -86,8 +80,7 @@ def bound_phrase(row: pd.Series) -> str:
 
 
 def device_phrase(row: pd.Series) -> str:
-    """What the bound is of (the summary's ``gain_bound_by``): a CPU's cores, one shared process, or one GPU and how
-    busy the reference kept it."""
+    """What the bound is of: a CPU's cores, one shared process, or one GPU and how busy it was."""
     if row["gain_bound_by"] == BY_ONE_PROCESS:
         return " in one process, whose start a pack pays once"
     if row["gain_bound_by"] == BY_CORES:
@@ -123,8 +116,7 @@ def bound_lines(r: pd.Series) -> list[str]:
 
 
 def no_answer_line(r: pd.Series) -> str:
-    """A group whose choice is withheld (gpupack.results.analysis.summary.no_answer): the answer it does not name, and
-    why."""
+    """A group whose choice is withheld (gpupack.results.analysis.summary.no_answer): what it does not name, and why."""
     where = f"{r['workload']} on {r['partition']} ({r['gpu_type']}), mode {r['mode']}"
     n = int(r["factor"])
     if r.get("no_answer") == UNDER_LOAD:
@@ -137,8 +129,7 @@ def no_answer_line(r: pd.Series) -> str:
 
 
 def no_answer_advice(r: pd.Series) -> list[str]:
-    """What to do where no N is named: true for the case it is printed in (more packs of a biased reference settle
-    nothing, so none is advised)."""
+    """What to do where no N is named (more packs of a biased reference settle nothing: none is advised)."""
     cpu, threads = _cpu_threads(r)
     quiet = ("Run it again on a quiet machine (nothing else on the job's cores: `top` shows what is), or on the "
              "cluster, where a job has its cores to itself")
@@ -151,8 +142,7 @@ def no_answer_advice(r: pd.Series) -> list[str]:
 
 
 def choice_lines(r: pd.Series) -> list[str]:
-    """How the best N of one group was picked: its ties, the rule, whether the answer is settled, and whether its
-    gain passes what the device can give. A withheld choice: only what to do (no answer is provisional)."""
+    """How one group's best N was picked (ties, rule, settled?, bound); withheld: what to do."""
     if r.get("no_answer"):
         return no_answer_advice(r) + ([f"Method: {r['choice_method']}."] if r.get("choice_method") else [])
     lines = bound_lines(r)
@@ -194,11 +184,8 @@ def of_group(frame: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
 
 def alone_text(c: Collected, best: pd.Series) -> str:
     """The best (mode, N) against one training alone as a user would otherwise run it: the fastest N=1 of the modes
-    that named an N beside it (each mode's own gain is against its own N=1, and a fused N=1 pays a whole fresh
-    process). A mode whose choice was withheld is left out: its N=1 may be the reference set up to lose that withheld
-    it, and a spread layout's one training over k devices is not one alone. Medians of the same run on the same
-    device; "" where no N=1 ran or the best is one. (The summary holds no run of the loader alone:
-    :func:`gpupack.results.analysis.summary.summarize` left them out.)"""
+    that named an N beside it (a withheld mode's N=1 may be the reference set up to lose); "" where no N=1 ran or the
+    best is one."""
     ones = of_group(c.summary, best)
     ones = ones[(ones["factor"] == 1) & ones["mode"].isin(of_group(c.best, best)["mode"])]
     ones = ones.dropna(subset=["time_per_training_s"])
@@ -233,20 +220,8 @@ def hyper_lines(ranking: Ranking) -> list[str]:
 
 
 def hyper_notes(ranking: Ranking) -> list[str]:
-    """What a person should know of a ranking beside its rows: where its metric or goal came from, where not from
-    the flags given now; a goal that goes against its metric's name."""
+    """Where a ranking's metric or goal came from, and a goal against its metric's name."""
     return [line for line in (ranking.origin, ranking.caution if not ranking.table.empty else "") if line]
-
-
-def verdict_line(workload: str, cheapest: pd.Series, fastest: pd.Series) -> str:
-    """One line: the partition, mode and N that bill the least per training, and those that finish a sweep first."""
-    def where(r: pd.Series) -> str:
-        return f"{r['partition']} ({r['mode']}, N={int(r['factor'])})"
-
-    billed = str(cheapest["billed_term"])
-    return (f"{workload}: cheapest per training: {where(cheapest)}, {fmt(cheapest['rgu_hours_per_training'], '.3g')} "
-            f"RGU-h billed by {billed}; fastest sweep: {where(fastest)}, {fmt(fastest['time_per_training_s'])} s per "
-            "training.")
 
 
 def cost_lines(c: Collected) -> list[str]:
@@ -261,42 +236,37 @@ def cost_lines(c: Collected) -> list[str]:
             row = cheapest.iloc[0]
             lines.append(f"{workload}: it costs least on {row['partition']} ({row['gpu_model']}): "
                          f"{fmt(row['sweep_rgu_hours'], '.3g')} RGU-hours at N={int(row['factor'])}.")
-            lines.append(verdict_line(workload, row, fastest))
+            where = [f"{r['partition']} ({r['mode']}, N={int(r['factor'])})" for r in (row, fastest)]
+            lines.append(f"{workload}: cheapest per training: {where[0]}, {fmt(row['rgu_hours_per_training'], '.3g')} "
+                         f"RGU-h billed by {row['billed_term']}; fastest sweep: {where[1]}, "
+                         f"{fmt(fastest['time_per_training_s'])} s per training.")
         else:
             lines.append(f"{workload}: no RGU weight is known for {', '.join(sorted(set(map(str, group['gpu_type']))))}"
                          " (not a GPU model of conf/rgu/), so no RGU cost.")
     return lines
 
 
-def drift_line(row: pd.Series, loaded: bool = False) -> str:
-    """The drift check in words, with its figure; ``loaded``: every pack of its partition was measured under foreign
-    load, so a steady figure says the load held, not that the machine was quiet."""
-    change = float(row["change"])
-    verdict = (f"steady within {STEADY:.0%}" if abs(change) <= STEADY else
-               "the machine got slower during the run" if change > 0 else "the machine got faster during the run")
-    if loaded and abs(change) <= STEADY:
-        verdict += ", but every pack ran under foreign load: the load held steady, the machine was not quiet"
-    return (f"Drift check on {row['partition']} ({row['gpu_type']}): {row['pack_id']} run again at the end took "
-            f"{row['end_s']:.2f} s against {row['first_s']:.2f} s at the start ({change:+.0%}, "
-            f"{row['hours'] * 60:.1f} min later): {verdict}.")
-
-
 def drift_lines(c: Collected) -> list[str]:
-    """Each drift check in words, said against the load its partition's packs ran under."""
+    """Each drift check in words; where every pack of its partition ran under foreign load, steady says the load
+    held, not that the machine was quiet."""
     d = c.disturbance
     loaded = (set(d.loc[(d["packs"] > 0) & (d["disturbed"] >= d["packs"]), "partition"].astype(str))
               if not d.empty and {"packs", "disturbed", "partition"} <= set(d) else set())
-    return [drift_line(r, str(r["partition"]) in loaded) for _, r in c.drift.iterrows()]
-
-
-def _ids(ids: Iterable[object], most: int = 5) -> str:
-    names = list(dict.fromkeys(map(str, ids)))  # an attempt of a pack measured twice is one pack named
-    return ", ".join(names[:most]) + (f", … ({len(names) - most} more)" if len(names) > most else "")
+    lines = []
+    for _, row in c.drift.iterrows():
+        change = float(row["change"])
+        verdict = (f"steady within {STEADY:.0%}" if abs(change) <= STEADY else
+                   "the machine got slower during the run" if change > 0 else "the machine got faster during the run")
+        if str(row["partition"]) in loaded and abs(change) <= STEADY:
+            verdict += ", but every pack ran under foreign load: the load held steady, the machine was not quiet"
+        lines.append(f"Drift check on {row['partition']} ({row['gpu_type']}): {row['pack_id']} run again at the end "
+                     f"took {row['end_s']:.2f} s against {row['first_s']:.2f} s at the start ({change:+.0%}, "
+                     f"{row['hours'] * 60:.1f} min later): {verdict}.")
+    return lines
 
 
 def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
-    """What the samplers measured of load from outside the run (:mod:`gpupack.results.analysis.disturbance`): a line per
-    group with disturbed packs, naming them; a run measured quiet says nothing."""
+    """A line per group with packs measured under foreign load, naming them."""
     lines = []
     for _, r in disturbance.iterrows():
         if not r["disturbed"]:
@@ -313,26 +283,16 @@ def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
             mem = r.get("foreign_gpu_mem_mb_max")
             said.append(f"{r['gpu_disturbed']} with another process on its GPU (up to {r['foreign_gpu_procs_max']}"
                         + (f", {mem:.0f} MB" if mem is not None and mem == mem else "") + ")")
+        ids = list(dict.fromkeys(map(str, r["pack_ids"])))  # a pack measured in two attempts is named once
         lines.append(f"Measured under foreign load ({r['workload']} on {r['partition']} ({r['gpu_type']}), mode "
                      f"{r['mode']}): {r['disturbed']} of {r['packs']} packs ({'; '.join(said)}): "
-                     f"{_ids(r['pack_ids'])} — their times are not trusted as quiet figures.")
+                     f"{', '.join(ids[:5])}{f', … ({len(ids) - 5} more)' if len(ids) > 5 else ''} — their times "
+                     "are not trusted as quiet figures.")
     return lines
 
 
-def yes_no(value: object) -> str:
-    """A flag in a table cell: ✓ where set, — where not (never True/False)."""
-    return "✓" if value is True or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 1) \
-        else "—" if value is False or value == 0 else fmt(value, "")
-
-
-def verdict_word(row: pd.Series) -> str:
-    """The main table's verdict on one N: the chosen N, within noise of the lowest median, or nothing."""
-    return "chosen" if row.get("chosen") else "within noise" if row.get("within_noise") else ""
-
-
 def params_label(params: Mapping[str, object], keys: Sequence[str]) -> str:
-    """A training named by its hyperparameters (``keys``: the grid's, in order; every one where none is known), as a
-    person reads it: ``lr=0.1, batch_size=64``."""
+    """A training named by its hyperparameters (``keys``: the grid's, in order; else all): ``lr=0.1, batch_size=64``."""
     shown = [k for k in keys if k in params] or sorted(params)
     return ", ".join(f"{k}={params[k]}" for k in shown)
 
@@ -357,10 +317,9 @@ def _listed(values: object) -> str:
 
 
 def what_ran(c: Collected, configs: Mapping[str, RunConfig]) -> list[tuple[str, str]]:
-    """What ran, as (what, value) pairs: the sweep, its workload, grid, N, modes, partitions and cluster (from the
-    runs' configs, ``configs``: run directory → its config.yaml as a dict, {} where there is none), the date, the
-    wall time from the first pack's start to the last one's end, the trainings by outcome and the jobs and packs
-    that ran them (the run header's jobs: a job runs its lane of packs in turn). Pure."""
+    """What ran, as (what, value) pairs: from the runs' configs (``configs``: run directory → its config.yaml) the
+    sweep, grid, N, modes and cluster; from the records the workloads, partitions, date, wall time, trainings by
+    outcome, and the jobs and packs. Pure."""
     first = next(iter(configs.values()), RunConfig())
     sweep, packing = first.get("sweep") or {}, first.get("packing") or {}
     grid = sweep.get("grid") or {}
@@ -375,10 +334,10 @@ def what_ran(c: Collected, configs: Mapping[str, RunConfig]) -> list[tuple[str, 
              ("modes", _listed(packing.get("modes", "-"))),
              ("partitions", ", ".join(partitions) or "-"),
              ("cluster", str((first.get("cluster") or {}).get("name", "-")))]
-    first_start, last_end = _span(packs)
-    pairs += [("date", when(first_start)),
-              ("wall time", duration(last_end - first_start if first_start is not None and last_end is not None
-                                     else None))]
+    # the first pack's start and the last one's end (NaN, said "-", where no record says)
+    first_start, last_end = (float(pd.to_numeric(packs.get(col, pd.Series(dtype=float)), errors="coerce").agg(how))
+                             for col, how in (("started_at", "min"), ("ended_at", "max")))
+    pairs += [("date", when(first_start)), ("wall time", duration(last_end - first_start))]
     counts = c.records.plan_counts() if c.records.planned_ids else None
     latest = c.records.latest()
     if counts is not None:
@@ -389,43 +348,21 @@ def what_ran(c: Collected, configs: Mapping[str, RunConfig]) -> list[tuple[str, 
     elif not latest.empty and "status" in latest:
         done = int((latest["status"] == "completed").sum())
         pairs.append(("trainings", f"{done} completed, {len(latest) - done} did not"))
-    pairs.append(("jobs and packs", jobs_phrase(packs)))
+    # the packs (or streaming lanes) and the jobs that ran them, counted by job id (a job runs its lane in turn)
+    p = Records.latest_of(packs)
+    jobs = p["job_id"].dropna().nunique() if "job_id" in p else 0
+    pairs.append(("jobs and packs", f"{len(p)} pack(s)" + (f" run by {jobs} job(s)" if jobs else "")
+                  if "pack_id" in p else "-"))
     return pairs
 
 
-def _span(packs: pd.DataFrame) -> tuple[float | None, float | None]:
-    """The first pack's start and the last one's end (None where no record says)."""
-    def stamp(col: str, last: bool) -> float | None:
-        if packs.empty or col not in packs:
-            return None
-        values = pd.to_numeric(packs[col], errors="coerce").dropna()
-        return None if values.empty else float(values.max() if last else values.min())
-
-    return stamp("started_at", False), stamp("ended_at", True)
-
-
-def jobs_phrase(packs: pd.DataFrame) -> str:
-    """The jobs that ran the packs and the packs (or streaming lanes) they ran: a job may run a lane of packs in
-    turn, so the jobs are counted by their job id, as the run header counts them."""
-    if packs.empty or "pack_id" not in packs:
-        return "-"
-    p = packs[packs["attempt"] == 0] if "attempt" in packs else packs
-    jobs = p["job_id"].dropna().nunique() if "job_id" in p else 0
-    said = f"{len(p)} pack(s)" + (f" run by {jobs} job(s)" if jobs else "")
-    return said
-
-
-# ---------------- search=optuna: the best trial, the trials, the study's history ----------------
-
 def param_text(params: Mapping[str, object]) -> str:
-    """Hyperparameters as a person reads them: ``lr=0.0123, layers=3`` (floats to 4 significant digits; a whole
-    number as one, as a table column of ints with a gap holds them: 60000, not 6e+04 or 60000.0)."""
+    """Hyperparameters as a person reads them (:func:`gpupack.results.analysis.tables.value_text`): ``lr=0.0123``."""
     return ", ".join(f"{k}={value_text(v)}" for k, v in params.items())
 
 
 def search_best_line(s: SearchReport) -> str:
-    """The search's answer in one line, its params first: ``Best trial: lr=0.0123, layers=3 → val_accuracy 0.9123
-    (maximize; trial 17 of 32)``."""
+    """The search's answer in one line, params first: ``Best trial: lr=0.0123 → val_accuracy 0.91 (maximize; ...)``."""
     best = s.best()
     if best is None:
         return f"Best trial: none completed yet ({s.metric}, {s.direction}; {len(s.trials)} trial(s) asked)."
