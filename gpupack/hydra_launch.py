@@ -34,7 +34,7 @@ from gpupack.errors import ConfigError, GpupackError, UnreachableError, require_
 from gpupack.job import HYDRA_JOB
 from gpupack.job.pack import load_packer
 from gpupack.job.workloads import load_workload
-from gpupack.submit import ClusterConfig, backend_class
+from gpupack.submit import ClusterConfig, Submitter, backend_class
 from gpupack.sweep.setup.cluster_facts import ClusterFacts
 from gpupack.sweep.setup.config import PackingConfig
 from gpupack.sweep.setup.validate import check_job_options, check_packs
@@ -203,12 +203,12 @@ def prepare(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], ini
     # the backend maps the launcher's options (hydra-submitit-launcher's names) to its own config
     submitter = backend_class(launcher.backend).from_launcher(p, run, KEY)
     submitter.measured_host_mb = NOT_MEASURED.host
-    return sweep.prepare_run(run, submitter, [], lambda facts: check_batch(launcher, job_overrides, initial_job_idx,
-                                                                          run, submitter.cluster, facts))
+    return sweep.prepare_run(submitter, [], lambda facts: check_batch(launcher, job_overrides, initial_job_idx, run,
+                                                                     submitter, facts))
 
 
 def check_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, run: RunDir,
-                cluster: ClusterConfig, facts: ClusterFacts) -> sweep.Checked:
+                submitter: Submitter[ClusterConfig], facts: ClusterFacts) -> sweep.Prepared:
     """The batch against the submitter's answers: packs that fit, the mode's own limits; its plan in sweep order."""
     p = launcher.params
     # The largest pack this batch really makes: pack=8 with 2 jobs asks for 2 jobs' share, not 8.
@@ -232,9 +232,9 @@ def check_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]],
                          partition=facts.partitions[0], mode=str(p["mode"]), label=f"hydra:{task}",
                          names=[f"job{j['job_num']}" for j in jobs],
                          stream_jobs=launcher_stream_jobs(p, facts.stream_jobs(facts.partitions[0])))
-    record = {"cluster": dataclasses.asdict(cluster), "hydra_launcher": dict(p), "hydra_task": task,
+    record = {"cluster": dataclasses.asdict(submitter.cluster), "hydra_launcher": dict(p), "hydra_task": task,
               "collect": {"metric": None, "goal": sweeper_goal(cfg.hydra.sweeper)}}
-    return sweep.Checked(name=task, plan=plan, settings=settings, config=record)
+    return sweep.Prepared(name=task, plan=plan, run=run, submitter=submitter, settings=settings, config=record)
 
 
 def launcher_stream_jobs(p: Mapping[str, Any], at_once: int) -> int | None:

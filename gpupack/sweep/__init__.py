@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from gpupack.sweep.flow.collect import Step, collect, find_runs
     from gpupack.sweep.flow.run import (
         Beside,
-        Checked,
         Opened,
         Outcome,
         Prepared,
@@ -50,7 +49,7 @@ if TYPE_CHECKING:
 
 # Each name comes from its module when first used: planning stands on Hydra and submitit, collect on the tables and
 # plots (pandas, pyarrow, matplotlib), and a command pays only for the side it uses.
-_HOMES = {"run": ("Beside", "Checked", "Opened", "Outcome", "Prepared", "ask_submitter", "default_run_dir", "forecast",
+_HOMES = {"run": ("Beside", "Opened", "Outcome", "Prepared", "ask_submitter", "default_run_dir", "forecast",
                   "packs_to_run", "prepare", "prepare_run", "unfinished_beside"),
           "status": ("SKIPPED", "STOPPED", "T_SKIPPED", "TRAINING_STATES", "PackStatus", "RunStatus", "clear_oom",
                      "follow", "has_ended", "pack_status", "status"),
@@ -67,7 +66,7 @@ def __getattr__(name: str) -> object:
     return value
 
 
-__all__ = ["Prepared", "Checked", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "prepare_run",
+__all__ = ["Prepared", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "prepare_run",
            "ask_submitter", "forecast", "run", "status", "follow", "has_ended", "collect", "clear_oom",
            "default_run_dir", "find_runs", "Beside", "unfinished_beside",
            "pack_status", "packs_to_run", "STOPPED", "SKIPPED", "T_SKIPPED", "Step", "TRAINING_STATES", "first_step"]
