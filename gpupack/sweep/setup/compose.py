@@ -1,10 +1,5 @@
-"""Compose the config with Hydra (config tree + override grammar), turning its errors into one line.
-
-gpupack is itself a sweeper, so it composes with Hydra's compose API rather than ``@hydra.main``: the
-same YAML tree and override grammar, with errors that name the key, the value and the fix. A Hydra
-sweep override on a grid key (``sweep.grid.lr=0.1,0.01`` or ``sweep.grid.seed=range(0,4)``) becomes
-that grid axis.
-"""
+"""Compose the config with Hydra's compose API (gpupack is itself a sweeper: no ``@hydra.main``), each error one line
+naming the key, the value and the fix. A sweep override on a grid key (``sweep.grid.lr=0.1,0.01``) is that axis."""
 from __future__ import annotations
 
 import contextlib
@@ -43,9 +38,8 @@ _BARE_ITEM = re.compile(rf"(?<=[\[,])(\s*)({_FIELD})(\s*)(?=[,\]])")
 
 
 def quote_fields(text: str) -> str:
-    """``key=[{python},train.py,--lr,{lr}]`` as ``key=["{python}",train.py,--lr,"{lr}"]`` for the free keys (a
-    workload's fixed values and grid axes): the shell strips the quotes a user put around ``'{lr}'``, and a bare
-    ``{lr}`` is a dict to Hydra's grammar, which no argv item, path or variable of a workload is."""
+    """``key=[{python},train.py,--lr,{lr}]`` as ``key=["{python}",train.py,--lr,"{lr}"]`` for the free keys: the
+    shell strips the quotes a user put around ``'{lr}'``, and a bare ``{lr}`` is a dict to Hydra's grammar."""
     key, eq, value = text.partition("=")
     if not eq or not key.lstrip("+~").startswith(FREE_PREFIXES):
         return text
@@ -58,9 +52,7 @@ def quote_fields(text: str) -> str:
 
 def grid_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str | list[object]]]:
     """The overrides Hydra composes, and the grid axes given in Hydra's sweep syntax, which compose_config sets after
-    composing: a,b,c as its values, range(1,5001) as its text for the plan to expand (a list literal of thousands of
-    values costs Hydra's parser seconds, and as many OmegaConf nodes more). A later plain value of the same key wins,
-    as in Hydra; sweeps elsewhere are refused."""
+    composing (a later plain value of the same key wins, as in Hydra); sweeps elsewhere are refused."""
     parser = OverridesParser.create()
     out: list[str] = []
     axes: dict[str, str | list[object]] = {}
@@ -184,10 +176,8 @@ def _as_written(key: str, overrides: Sequence[str]) -> tuple[str, str]:
 
 
 def _nearest_key(key: str, word: str, kind: object, overrides: Sequence[str]) -> str:
-    """The HINT of an unknown key ``key`` (its last part ``word``) of a node typed ``kind`` (its dataclass, where
-    known): the nearest keys of its group, as the override to write (``cluster.accout=def-x``: ``did you mean
-    cluster.account=def-x?``); else a key another backend's clusters have (``cluster.account`` under
-    cluster=local); else the group's keys."""
+    """The HINT of an unknown key ``key`` (its last part ``word``) of a node typed ``kind``: the nearest keys of its
+    group as the override to write; else a key another backend's clusters have; else the group's keys."""
     parent = key.rpartition(".")[0]
     keys = _keys_of(kind) or _keys_under(parent)
     close = difflib.get_close_matches(word, keys, n=3, cutoff=0.6)
@@ -210,8 +200,8 @@ def _join(parent: str, name: str) -> str:
 
 
 def _as_given(key: str, meant: str, overrides: Sequence[str]) -> str:
-    """``meant`` as the user's override would read with ``key`` replaced by it: the rest of the override's key (the
-    ``.lr`` of ``sweep.gridd.lr=1``) and its value kept; the bare key where no override named it."""
+    """``meant`` as the user's override would read with ``key`` replaced by it (``sweep.gridd.lr=1``: its ``.lr=1``
+    kept); the bare key where no override named it."""
     for text in overrides:
         given, eq, value = text.lstrip("+~").partition("=")
         if eq and (given == key or given.startswith(f"{key}.")):
@@ -220,15 +210,14 @@ def _as_given(key: str, meant: str, overrides: Sequence[str]) -> str:
 
 
 def _keys_of(kind: object) -> list[str]:
-    """The keys of a structured config node's dataclass ``kind`` (a cluster backend's own, a partition's, a packing
-    mode's), which the schema's ``Any`` fields do not show."""
+    """The keys of a structured config node's dataclass ``kind``, which the schema's ``Any`` fields do not show."""
     return [f.name for f in dataclasses.fields(kind)] if isinstance(kind, type) and dataclasses.is_dataclass(kind) \
         else []
 
 
 def _other_backends_key(word: str, kind: object) -> tuple[str, str, str] | None:
     """(backend, this backend, key) where ``word`` is (close to) a key of another backend's cluster config than
-    ``kind``'s (a cluster's own config): ``cluster.account`` under cluster=local is a SLURM cluster's."""
+    ``kind``'s: ``cluster.account`` under cluster=local is a SLURM cluster's."""
     here = next((name for name, config in backend_configs().items() if config is kind), None)
     if here is None:
         return None
@@ -283,9 +272,8 @@ GROUPS = {
 
 @contextlib.contextmanager
 def _gpupack_hydra() -> Iterator[None]:
-    """Hydra initialised on gpupack's conf/, leaving the caller's process as it was: Hydra keeps version_base in a
-    process-wide singleton, and a notebook or a Hydra app that calls gpupack must keep its own (job.chdir and more
-    depend on it)."""
+    """Hydra initialised on gpupack's conf/, leaving the process-wide version_base as the caller (a notebook, a Hydra
+    app) had it."""
     from hydra.version import VersionBase
 
     before = VersionBase.instance().getbase()
@@ -316,8 +304,8 @@ def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictCo
 
 
 def under_unchosen_group(overrides: Sequence[str]) -> ConfigError:
-    """The ConfigError for an override of a key under a config group that no override (and no preset) chose, so
-    its node is null (``search.n_trials=8`` without ``search=optuna``): the key, the group, and how to choose it."""
+    """The ConfigError for an override of a key under a config group nothing chose, so its node is null
+    (``search.n_trials=8`` without ``search=optuna``): the key, the group, and how to choose it."""
     parser = OverridesParser.create()
     parsed = [(text, parser.parse_override(text)) for text in overrides]  # they parsed once already: no error here
     # the group choices (+sweep=..., search=...) and Hydra's own settings they are found by (hydra.searchpath)
@@ -338,8 +326,7 @@ def under_unchosen_group(overrides: Sequence[str]) -> ConfigError:
 
 def added_keys(cfg: DictConfig) -> list[tuple[str, type]]:
     """Keys a ``+key=value`` override added to a typed node that its dataclass does not declare, with that dataclass:
-    Hydra's append writes past the struct flag, so ``+cluster.accout=def-x`` would be kept and never read. The
-    nodes typed as mappings (sweep.grid, sweep.fixed, search.space) take any key. Pure."""
+    Hydra's append writes past the struct flag, so they would be kept and never read. Pure."""
     found: list[tuple[str, type]] = []
 
     def walk(node: DictConfig, prefix: str) -> None:
