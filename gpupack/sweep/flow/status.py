@@ -90,9 +90,7 @@ class RunStatus:
         """What is left at the rate so far; None before any training ended, or where the run was :attr:`stopped`."""
         if self.stopped:
             return None
-        total = Counter[str]()
-        for c in self.trainings.values():
-            total.update(c)
+        total = sum(self.trainings.values(), Counter[str]())
         ended = total[T_COMPLETED] + total[T_FAILED] + total[T_PRUNED]
         return eta_s(self.elapsed_s(now), ended, total[T_RUNNING] + total[T_WAITING])
 
