@@ -6,6 +6,8 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import errno
+import functools
+import importlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -351,27 +353,15 @@ def config_yaml(config: DictConfig | Mapping[str, object]) -> str:
 
 # ---------------- run ----------------
 
-def _import_tables() -> None:
-    import pandas  # noqa: F401  (half of collect's imports)
-    import pyarrow.parquet  # noqa: F401
+# What a run's collect imports (about a second here): the tables, then matplotlib without pyplot (results.report.plots
+# picks the headless backend before importing it), which a run that draws nothing (collect.plots=false) leaves out.
+TABLE_IMPORTS = ("pandas", "pyarrow.parquet", "gpupack.sweep.flow.collect")
+PLOT_IMPORTS = ("matplotlib.backends.backend_agg", "matplotlib.figure")
+COLLECT_IMPORTS = tuple(functools.partial(importlib.import_module, name) for name in TABLE_IMPORTS + PLOT_IMPORTS)
 
 
-def _import_collect() -> None:
-    import gpupack.sweep.flow.collect  # noqa: F401
-
-
-def _import_plots() -> None:  # without pyplot: results.report.plots picks the headless backend before importing it
-    import matplotlib.backends.backend_agg  # noqa: F401
-    import matplotlib.figure  # noqa: F401
-
-
-# what a run's collect imports (pandas, pyarrow, gpupack's analysis and report, matplotlib: about a second here)
-COLLECT_IMPORTS = (_import_tables, _import_collect, _import_plots)
-
-
-def collect_imports(plots: bool) -> tuple[Callable[[], None], ...]:
-    """What a run's end will import: COLLECT_IMPORTS, less matplotlib where it draws nothing (collect.plots=false)."""
-    return COLLECT_IMPORTS if plots else tuple(step for step in COLLECT_IMPORTS if step is not _import_plots)
+def collect_imports(plots: bool) -> tuple[Callable[[], object], ...]:
+    return COLLECT_IMPORTS if plots else COLLECT_IMPORTS[:len(TABLE_IMPORTS)]
 
 
 def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
