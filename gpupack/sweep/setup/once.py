@@ -1,14 +1,9 @@
-"""A check of one training's hyperparameters, run over the product of the grid's axes it reads, each point once:
-never over the axes it does not read.
+"""A check of one training's hyperparameters, run over the product of the grid's axes it reads, each point once.
 
-A grid of 100,000 trainings is a few axes of a few values each (or one long one). A workload's check reads a few
-hyperparameters (its model, its data folder); a fused mode's group key, a device note, a few more. Each call here
-records which hyperparameters it read, and the grid is walked over the axes read alone, the others held at their
-first value, until the calls read no new axis. For a check that depends only on what it reads (it reads its
-hyperparameters through the object it is given, not through a copy made behind its back), a point off that walk reads
-the same values as its projection on it and so ends the same: every training is checked, and each distinct reading
-once. A check the recording cannot follow (it raises something else than a ConfigError on the recording object, and
-not on the plain one) is walked over the whole product, as before.
+Each call records which hyperparameters it read, and the grid is walked over the axes read alone, the others held at
+their first value, until the calls read no new axis. For a check that depends only on what it reads, a point off that
+walk ends as its projection on it: every training is checked, each distinct reading once. A check the recording cannot
+follow (it fails on the recording object only) is walked over the whole product.
 """
 from __future__ import annotations
 
