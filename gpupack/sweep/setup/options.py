@@ -13,8 +13,7 @@ from gpupack.job.spread import available_strategies, load_strategy, strategy_opt
 
 
 def mode_options(packing: DictConfig) -> dict[str, Options]:
-    """packing.<mode>.* as each mode's own Options instance (what the pack's job gets), each checked by itself
-    (ConfigError naming packing.<mode>.<field>)."""
+    """packing.<mode>.* as each mode's own Options instance (what the pack's job gets), each checked by itself."""
     out: dict[str, Options] = {}
     for mode in available_modes():
         options = load_packer(mode).Options
@@ -40,8 +39,7 @@ def pack_settings(packing: DictConfig, estimate_s: float | None = None,
 
 
 def check_strategy_options(spread: DictConfig) -> None:
-    """spread.<strategy>_* checked by each strategy's own Options (ddp: spread.ddp_backend), whatever spread.devices
-    and spread.strategy are."""
+    """spread.<strategy>_* checked by each strategy's own Options, whatever spread.devices and spread.strategy are."""
     for name in available_strategies():
         options = strategy_options(load_strategy(name), spread)
         if options is not None:
