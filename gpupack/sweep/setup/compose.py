@@ -132,20 +132,17 @@ def translate(err: Exception, overrides: Sequence[str]) -> ConfigError:
                                f"write {MOVED[key]}={_value_for(key, overrides)}")
         if m:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
-            given = next((o.lstrip("+~") for o in overrides if o.lstrip("+~").startswith(f"{key}.")), None)
-            if not parent and given:  # grid.lr=... for sweep.grid.lr=...: name the key the user meant
-                meant = next((f"{g}.{given}" for g in ("sweep", "packing", "cluster") if key in _keys_under(g)), None)
+            named, value = _as_written(key, overrides)
+            if not parent and named != key:  # grid.lr=... for sweep.grid.lr=...: name the key the user meant
+                meant = next((g for g in ("sweep", "packing", "cluster") if key in _keys_under(g)), None)
                 if meant:
-                    return ConfigError(given.split("=", 1)[0], given.split("=", 1)[1], "unknown config key",
-                                       f"did you mean {meant}?")
-            return ConfigError(*_as_written(key, overrides), "unknown config key",
+                    return ConfigError(named, value, "unknown config key", f"did you mean {meant}.{named}={value}?")
+            return ConfigError(named, value, "unknown config key",
                                _nearest_key(key, m.group(1), getattr(cause, "object_type", None), overrides) +
                                (" (add a new grid axis with +sweep.grid.NAME=[...])"
                                 if parent.startswith("sweep.grid") else ""))
-        value = getattr(cause, "value", None) if hasattr(cause, "value") else _value_for(key, overrides)
-        if value is None:
-            value = _value_for(key, overrides)
-        return ConfigError(key, value, msg, _type_hint(key))
+        value = getattr(cause, "value", None)
+        return ConfigError(key, _value_for(key, overrides) if value is None else value, msg, _type_hint(key))
     m = re.search(r"Could not override '([^']+)'\. No match in the defaults list", str(err))
     if m:  # sweep=NAME: a group the defaults list does not choose is added with +, not overridden
         group = m.group(1)
