@@ -141,8 +141,8 @@ def translate(err: Exception, overrides: Sequence[str]) -> ConfigError:
                                _nearest_key(key, m.group(1), getattr(cause, "object_type", None), overrides) +
                                (" (add a new grid axis with +sweep.grid.NAME=[...])"
                                 if parent.startswith("sweep.grid") else ""))
-        value = getattr(cause, "value", None)
-        return ConfigError(key, _value_for(key, overrides) if value is None else value, msg, _type_hint(key))
+        given = getattr(cause, "value", None)
+        return ConfigError(key, _value_for(key, overrides) if given is None else given, msg, _type_hint(key))
     m = re.search(r"Could not override '([^']+)'\. No match in the defaults list", str(err))
     if m:  # sweep=NAME: a group the defaults list does not choose is added with +, not overridden
         group = m.group(1)
