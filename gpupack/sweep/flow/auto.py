@@ -49,9 +49,8 @@ from gpupack.sweep.setup.validate import AutoSpec, SweepSpec
 
 def verdict(factor: int, times: Mapping[int, Sequence[float]], best_so_far: int | None, oom: int, unfinished: int,
             min_gain: float, skipped: int = 0, rounds: Mapping[int, Sequence[Hashable]] | None = None) -> str:
-    """Whether a partition climbs past ``factor`` (returns "climb") or why it stops there. ``rounds``: each time's
-    round (the step's blocks in time): the new N is then weighed against the best so far paired within the rounds
-    they share, as the final choice weighs every N against the reference. Pure."""
+    """Whether a partition climbs past ``factor`` ("climb") or why it stops there; with ``rounds`` (each time's), the
+    new N is weighed against the best so far paired within the rounds they share. Pure."""
     if oom:
         return f"N={factor} ran out of memory ({oom} training(s))"
     if skipped:  # not started: what its setting measured passed the memory share (gpupack.core.memory.pack_fit)
@@ -70,9 +69,8 @@ def verdict(factor: int, times: Mapping[int, Sequence[float]], best_so_far: int 
 
 def step_plan(spec: SweepSpec, partitions: Sequence[str], n: int, best_so_far: Mapping[str, int | None],
               repeats: int, reference: int | None = None) -> Plan:
-    """One probe step: ``repeats`` packs of the new N on each partition still climbing, as many of that partition's
-    best N so far, and as many of the ``reference`` N (the ladder's first: the final choice weighs every N against
-    it, in the rounds they share, so it runs in every step), all in one interleaved order. Pure."""
+    """One probe step: ``repeats`` packs of the new N on each partition still climbing, as many of its best N so far
+    and of the ``reference`` N (the final choice weighs every N against it), all in one interleaved order. Pure."""
     points = expand_grid(spec.grid)
     packs: list[Pack] = []
     for partition in partitions:
@@ -92,9 +90,8 @@ def step_plan(spec: SweepSpec, partitions: Sequence[str], n: int, best_so_far: M
 
 
 def probe_points(points: Sequence[Mapping[str, object]], count: int, seed: int) -> list[Mapping[str, object]]:
-    """The grid points a probe step of ``count`` trainings trains: the first of one seeded shuffle of the grid, the
-    same shuffle at every step, so each step is a random draw of the grid (its mix of slow and fast settings is the
-    grid's) and a bigger step extends the smaller ones' sample. Fewer points than ``count``: make_plan reseeds. Pure."""
+    """The grid points a probe step of ``count`` trainings trains: the first of one seeded shuffle, the same at every
+    step, so each step draws the grid's mix of settings and a bigger step extends the smaller ones' sample. Pure."""
     shuffled = list(points)
     random.Random(seed).shuffle(shuffled)
     return shuffled[:count]
@@ -229,8 +226,7 @@ def waiting(prepared: Prepared, report: AutoReport, what: str, step: Outcome) ->
 
 
 def auto_parts(prepared: Prepared) -> tuple[SweepSpec, AutoSpec, DictConfig]:
-    """An auto sweep's spec, its probe's settings and its config: always prepared from gpupack's own config (the Hydra
-    launcher runs its jobs as they come, never auto)."""
+    """An auto sweep's spec, its probe's settings and its config (always gpupack's own: a Hydra batch is never auto)."""
     spec = prepared.spec
     if spec is None or spec.auto is None or not isinstance(prepared.config, DictConfig):
         raise TypeError("packing.factors=auto runs a sweep prepared from gpupack's config (gpupack.sweep.prepare)")
@@ -257,9 +253,8 @@ def weighed(prepared: Prepared, partition: str, times: Mapping[int, Sequence[flo
 
 
 def cheapest_n(prepared: Prepared, collected: Collected) -> dict[str, int]:
-    """Per partition, the noise-aware choice of N by billed cost per training, among the N that ran without an OOM or
-    a failure: the time choice's own (paired within rounds, packs under foreign load left out), on each pack's time x
-    its N's billed multiple."""
+    """Per partition, the time choice's own noise-aware choice of N (among those that ran without an OOM or a
+    failure), on each pack's time x its N's billed multiple."""
     summary = collected.summary
     blocked: dict[str, set[int]] = {}  # as the summary's choice blocks them (analysis.summary.with_choices)
     stopped = summary[summary["infeasible"] | (summary["unfinished"] > 0)] if not summary.empty else summary
@@ -286,8 +281,7 @@ def sub_prepared(prepared: Prepared, plan: Plan, run: RunDir) -> Prepared:
 
 def next_rung_fits(prepared: Prepared, partition: str, rest: Sequence[int],
                    records_roots: Sequence[Path]) -> str | None:
-    """None when the next N fits the partition's memory budget by what was measured so far (the probe's records and
-    the earlier runs prepare read); else why not."""
+    """None when the next N fits the partition's memory budget by what was measured so far; else why not."""
     if not rest:
         return None
     spec, _, config = auto_parts(prepared)

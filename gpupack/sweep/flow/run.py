@@ -152,8 +152,7 @@ def prepare_run(submitter: Submitter[ClusterConfig], partitions: Sequence[str],
 
 
 def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> Prepared:
-    """gpupack's own config: compose (unless ``cfg`` is given), then :func:`prepare_run` with
-    :func:`gpupack.sweep.setup.validate.validate` as its check. Writes nothing."""
+    """gpupack's own config: compose (unless ``cfg`` is given), then :func:`prepare_run` with validate as its check."""
     cfg = compose_config(overrides) if cfg is None else cfg
     require_sweep(cfg)
     cfg = measured_first(cfg)  # a search given several N measures them first
@@ -284,8 +283,8 @@ def unfinished_beside(prepared: Prepared, look: int = BESIDE_LOOKED) -> list[Bes
 
 
 def unrecorded(run: RunDir, plan: Plan) -> bool:
-    """Some training of ``plan`` has no record yet in ``run`` (one skipped for memory counts as recorded once its
-    refit pack recorded it): the run was stopped before its end, or still runs."""
+    """Some training of ``plan`` has no record yet in ``run`` (one skipped for memory, once its refit pack recorded
+    it, has): the run was stopped before its end, or still runs."""
     records = RunRecords(run)
 
     def recorded(pack_id: str, training_id: str) -> bool:
