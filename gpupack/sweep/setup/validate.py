@@ -247,12 +247,8 @@ def check_job_options(options: Mapping[str, object], prefix: str, examples: Mapp
     """What a pack's trainings are given, as packing.* names them or a Hydra launcher does (``names``: the launcher's
     name of each, e.g. threads_per_job); ``examples``: the hint of a key that has its own."""
     names = names or {}
-
-    def key(name: str) -> str:
-        return f"{prefix}.{names.get(name, name)}"
-
-    require_choice(options.get("device", "auto"), DEVICES, key("device"), "device")
-    require_choice(options.get("stream", "auto"), STREAMS, key("stream"), "streaming choice")
+    require_choice(options.get("device", "auto"), DEVICES, f"{prefix}.device", "device")  # one name in both
+    require_choice(options.get("stream", "auto"), STREAMS, f"{prefix}.stream", "streaming choice")
     for name, whole, allow_none, example in (("threads_per_training", True, True, "2"),
                                              ("sample_interval_s", False, False, "1"),
                                              ("training_timeout_s", False, True, "3600"),
