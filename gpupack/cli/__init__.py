@@ -237,8 +237,7 @@ def watch_command(argv: Sequence[str], console: Console) -> int:
     except KeyboardInterrupt:
         console.print(f"stopped watching; the run's jobs go on. Come back with: python -m gpupack watch {args.run_dir}")
         return 128 + signal.SIGINT
-    if last is None:  # follow yields at least once
-        return 1
+    assert last is not None  # follow yields at least once: its first look, before any wait
     print_status(console, last, time.time())
     console.print(f"  python -m gpupack collect {last.run_dir}", highlight=False)
     return 0 if all(p.state == "done" for p in last.packs) else 1
