@@ -168,11 +168,6 @@ def for_jobs(launcher: HydraLauncher) -> HydraLauncher:
     return out
 
 
-def kept_configs(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], first: int) -> dict[int, bytes]:
-    loader = launcher.hydra_context.config_loader
-    return loader.take(launcher.config, job_overrides, first) if isinstance(loader, ComposedOnce) else {}
-
-
 def fresh_dir(parent: Path, name: str) -> Path:
     """A records directory no earlier launch used (``name``, ``name.2``...): a multirun run again into the same sweep
     directory runs its jobs again, as Hydra's launchers do, and keeps the earlier records."""
@@ -277,13 +272,6 @@ def launcher_mode_options(p: Mapping[str, Any]) -> dict[str, Options]:
         raise ConfigError(err.key.replace(f"packing.{mode}.", f"{KEY}."), err.value, err.why,
                           err.hint.replace(f"packing.{mode}.", f"{KEY}.")) from None
     return {mode: built}
-
-
-def make_sweep_dir(cfg: DictConfig) -> None:
-    sweep_dir = Path(str(cfg.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    if "mode" in cfg.hydra.sweep and cfg.hydra.sweep.mode is not None:
-        os.chmod(sweep_dir, int(str(cfg.hydra.sweep.mode), 8))
 
 
 def _err_log(records: RunRecords, pack: Pack, training_id: str, rec: Mapping[str, object] | None) -> str:
@@ -402,10 +390,14 @@ def launch_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]]
     except UnreachableError as err:
         raise LauncherError(str(err.run_here("hydra/launcher=gpupack_local to run here"))) from None
     batch.append(prepared)
-    make_sweep_dir(launcher.config)
+    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    if launcher.config.hydra.sweep.get("mode") is not None:
+        os.chmod(sweep_dir, int(str(launcher.config.hydra.sweep.mode), 8))
     _say_batch(launcher, job_overrides, initial_job_idx, prepared)
 
-    configs = kept_configs(launcher, job_overrides, initial_job_idx)  # as the sweeper composed them, to check them
+    loader = launcher.hydra_context.config_loader  # the configs as the sweeper composed them, to check them
+    configs = loader.take(launcher.config, job_overrides, initial_job_idx) if isinstance(loader, ComposedOnce) else {}
 
     def on_open(opened: sweep.Opened) -> None:  # the run directory is ours now: leave the jobs what they need
         where = pickling.dump_indexed(configs, prepared.run.hydra_configs) if configs else {}  # none: none kept
