@@ -205,7 +205,8 @@ def _pack_states(run: RunDir, plan: Plan, records: RunRecords, every: Mapping[st
     for p in plan.packs:
         recs = every[p.pack_id]
         done = sum(rec is not None and rec.get("status") == COMPLETED for rec in recs.values())
-        skipped = sum(skipped_here(rec) for rec in recs.values())
+        skipped = sum(rec is not None and rec.get("status") == SKIPPED_MEMORY and not rec.get("runs_in")
+                      for rec in recs.values())  # skipped for memory, and run nowhere else (no refit pack named)
         # skipped for memory, to run in a refit pack that has not recorded it yet: the job that wrote the pack's record
         # (skipped) runs them now, or was cut off before: as a pack with no record yet (running, or to resume)
         to_refit = any(rec is not None and rec.get("status") == SKIPPED_MEMORY and rec.get("runs_in")
@@ -249,11 +250,6 @@ def _training_states(run: RunDir, plan: Plan, every: Mapping[str, Mapping[str, T
                 starts.append(float(rec.get("started_at") or 0) or None)
                 ends.append(float(rec.get("ended_at") or 0) or None)
     return trainings, starts, ends
-
-
-def skipped_here(rec: Mapping[str, object] | None) -> bool:
-    """A training skipped for memory that runs nowhere else (no refit pack named to run it). Pure."""
-    return rec is not None and rec.get("status") == SKIPPED_MEMORY and not rec.get("runs_in")
 
 
 def skipped_words(pack_rec: Mapping[str, object] | None) -> tuple[str | None, str | None]:
