@@ -308,8 +308,6 @@ def open_run_dir(run: RunDir, plan: Plan | None) -> Iterator[tuple[bool, RunLock
     try:
         make_dirs(run.root)
         lock = RunLock(run).__enter__()
-    except RunDirError:
-        raise
     except OSError as err:
         raise opening_fault(run, err) from None
     try:
