@@ -9,6 +9,8 @@ import re
 from typing import Any, Iterator, Sequence
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_loader import ConfigLoader
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
@@ -268,22 +270,22 @@ GROUPS = {
 
 
 @contextlib.contextmanager
-def _gpupack_hydra() -> Iterator[None]:
-    """Hydra initialised on gpupack's conf/, leaving the process-wide version_base as the caller (a notebook, a Hydra
-    app) had it."""
+def _gpupack_hydra() -> Iterator[ConfigLoader]:
+    """Hydra initialised on gpupack's conf/ and schema (its config loader), leaving the process-wide version_base as
+    the caller (a notebook, a Hydra app) had it."""
     from hydra.version import VersionBase
 
+    register_configs()
     before = VersionBase.instance().getbase()
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="gpupack"):
-            yield
+            yield GlobalHydra.instance().config_loader()
     finally:
         VersionBase.instance().version_base = before
 
 
 def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
     """gpupack's config composed from conf/ and the overrides; ``with_hydra`` keeps Hydra's own node."""
-    register_configs()
     rewritten, axes = grid_overrides(overrides)
     try:
         with _gpupack_hydra():
@@ -345,22 +347,14 @@ def added_keys(cfg: DictConfig) -> list[tuple[str, type]]:
 
 def group_options(overrides: Sequence[str] = ()) -> dict[str, list[str]]:
     """The options of each config group (conf/<group>/*.yaml, and any hydra.searchpath the overrides add)."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_configs()
     searchpath = [o for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
-    with _gpupack_hydra():
-        loader = GlobalHydra.instance().config_loader()
+    with _gpupack_hydra() as loader:
         return {g: [o for o in loader.get_group_options(g, config_name="config", overrides=searchpath)
                     if not o.endswith("_schema")] for g in GROUPS}
 
 
 def search_path(overrides: Sequence[str] = ()) -> list[str]:
     """Where configs are looked up, in order (provider: path)."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_configs()
-    with _gpupack_hydra():
-        loader = GlobalHydra.instance().config_loader()
+    with _gpupack_hydra() as loader:
         extra = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
         return [f"{e.provider}: {e.path}" for e in loader.get_sources()] + [f"command line: {e}" for e in extra]
