@@ -114,8 +114,7 @@ ViewT = TypeVar("ViewT", bound="LiveView")
 
 
 class LiveView:
-    """In a terminal, a live table (rich) shown while the view is entered; elsewhere (a log, CI) none: the view
-    prints lines."""
+    """In a terminal, a live table (rich) while the view is entered; elsewhere none, and the view prints lines."""
 
     def __init__(self, console: Console, first: Table) -> None:
         self.console = console

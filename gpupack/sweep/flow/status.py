@@ -105,8 +105,7 @@ def eta_s(elapsed_s: float | None, ended: int, left: int) -> float | None:
 
 
 def training_state(record: Mapping[str, object] | None, started: bool, pack_state: str) -> str:
-    """One training's state: its record first; without one, running only while its pack runs and it has started
-    (its log exists). Pure."""
+    """One training's state: its record's; without one, running only while its pack runs and its log exists. Pure."""
     if record is not None:
         said = record.get("status")
         return T_COMPLETED if said == COMPLETED else T_SKIPPED if said == SKIPPED_MEMORY else \

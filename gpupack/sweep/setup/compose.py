@@ -165,8 +165,7 @@ def _value_for(key: str, overrides: Sequence[str]) -> str:
 
 
 def _as_written(key: str, overrides: Sequence[str]) -> tuple[str, str]:
-    """An unknown ``key`` and its value as the user wrote them, in full (``cluster.partitions.local.foo`` where the
-    unknown key is ``cluster.partitions``)."""
+    """An unknown ``key`` and its value as written, in full (``a.b.c=1`` where the unknown key is ``a.b``)."""
     given = next((o.lstrip("+~") for o in overrides if o.lstrip("+~").startswith(f"{key}.")), None)
     if given and "=" in given:
         named, value = given.split("=", 1)

@@ -19,8 +19,7 @@ __all__ = ["each_reading"]
 
 
 class _Recording(Mapping[str, object]):
-    """A training's plain values as a read-only Mapping that notes each key read (a ``{**values}`` copy reads them
-    all)."""
+    """A training's values as a read-only Mapping noting each key read (a ``{**values}`` copy reads them all)."""
 
     def __init__(self, values: Mapping[str, object], seen: set[str]) -> None:
         self._values, self._seen = dict(values), seen
@@ -69,8 +68,7 @@ def _recorded(arg: object, seen: set[str]) -> object:
 
 
 def _walk(grid: Mapping[str, Sequence[object]], axes: set[str], first: Mapping[str, object]) -> list[dict[str, object]]:
-    """Every point of ``grid`` over ``axes`` (gpupack.core.plan.expand_grid, in the grid's order), the other axes at
-    ``first``. Pure."""
+    """Every point of ``grid`` over ``axes`` (in the grid's order), the other axes at ``first``. Pure."""
     return [{**first, **point} for point in expand_grid({k: v for k, v in grid.items() if k in axes})]
 
 
