@@ -6,6 +6,7 @@ number>``), so ``python -m gpupack collect MULTIRUN_DIR`` gives time per job for
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -291,11 +292,10 @@ def failed_return(launcher: HydraLauncher, training_params: Mapping[str, Any], p
            + f" (logs: {_err_log(records, pack, training_id, rec)})")
     ret = JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=JobFailed(why),
                     task_name=str(launcher.config.hydra.job.name))
-    try:
-        # composed here through Hydra's own loader: a kept copy of it would wait for a batch that never takes it
+    # the config is a courtesy here, the failure what Hydra must get; composed through Hydra's own loader, as a kept
+    # copy of it would wait for a batch that never takes it
+    with contextlib.suppress(Exception):
         ret.cfg = for_jobs(launcher).hydra_context.config_loader.load_sweep_config(launcher.config, overrides)
-    except Exception:  # the config is a courtesy here; the failure is what Hydra must get
-        pass
     return ret
 
 
