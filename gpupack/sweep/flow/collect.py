@@ -1,8 +1,5 @@
-"""Collect one or more runs: aggregate their records (:mod:`gpupack.results.analysis`), add what a
-``packing.factors=auto`` run's probe did (RUN_DIR/auto.json, read here and written by :mod:`gpupack.sweep.flow.auto`),
-and write the files a person reads (:mod:`gpupack.results.report`). Records are only read; what
-``--metric/--goal/--pattern`` ranked by is remembered beside them (RUN_DIR/rank.json,
-:mod:`gpupack.core.store.rank_choice`), so a later collect of the run ranks the same way."""
+"""Collect one or more runs: aggregate their records (only read), add what a ``packing.factors=auto`` probe did
+(RUN_DIR/auto.json) and what was measured again, and write the files a person reads."""
 from __future__ import annotations
 
 import dataclasses

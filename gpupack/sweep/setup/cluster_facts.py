@@ -1,6 +1,5 @@
-"""What the backend answered, once, and the checks against it: a pack of N (or a training over k devices) must fit
-one job on each partition; where a request leaves a node's GPUs idle, say so; how far packing.factors=auto's ladder
-can climb. Pure: nothing is asked of the backend here."""
+"""What the backend answered, once, and the checks against it (fit, idle GPUs, billing, how far packing.factors=auto's
+ladder can climb). Pure: nothing is asked of the backend here."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,6 +1,5 @@
 """The options each packing mode and spread strategy owns (its ``Options`` dataclass), built from the config and
-checked by the dataclass itself — every mode's and every strategy's, whether or not this sweep uses it, so a value
-out of range is refused before anything is submitted rather than silently ignored."""
+checked by it, whether or not this sweep uses it: a value out of range is refused, not silently ignored."""
 from __future__ import annotations
 
 from typing import cast
