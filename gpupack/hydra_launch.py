@@ -1,14 +1,12 @@
 """What a gpupack launcher does with one batch of a Hydra multirun: check the options, plan the jobs into packs of
-N in sweep order, run them through gpupack's own flow (:func:`gpupack.sweep.run`: run directory, lock, records,
-one pack per array task or local slot), and hand Hydra one ``JobReturn`` per job, in sweep order.
+N in sweep order, run them through :func:`gpupack.sweep.run`, and hand Hydra one ``JobReturn`` per job, in sweep order.
 
-Each batch (the basic sweeper sends one; Optuna sends several) is one gpupack run directory under
-``hydra.launcher.records_dir`` (default ``MULTIRUN_DIR/.gpupack/launch_<first job number>``, ``.2``, ``.3``... when
-the same multirun runs again into the same directory), so ``python -m gpupack collect MULTIRUN_DIR`` gives time
-per job for the whole multirun.
+Each batch is one run directory under ``hydra.launcher.records_dir`` (``MULTIRUN_DIR/.gpupack/launch_<first job
+number>``), so ``python -m gpupack collect MULTIRUN_DIR`` gives time per job for the whole multirun.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -37,7 +35,7 @@ from gpupack.errors import ConfigError, GpupackError, UnreachableError, require_
 from gpupack.job import HYDRA_JOB
 from gpupack.job.pack import load_packer
 from gpupack.job.workloads import load_workload
-from gpupack.submit import ClusterConfig, backend_class
+from gpupack.submit import ClusterConfig, Submitter, backend_class
 from gpupack.sweep.setup.cluster_facts import ClusterFacts
 from gpupack.sweep.setup.config import PackingConfig
 from gpupack.sweep.setup.validate import check_job_options, check_packs
@@ -74,9 +72,8 @@ class LauncherError(CompactHydraException):
 
 
 class JobFailed(CompactHydraException, RuntimeError):
-    """A job that failed, as Hydra prints it: the app's own traceback (or, for a job whose process ended without
-    handing back its JobReturn: killed, out of memory, timed out, how it ended) and the path of its log. Compact: Hydra
-    prints its text alone, not the launcher's and sweeper's frames that the failure crossed to get here."""
+    """A job that failed, as Hydra prints it: the app's own traceback (or how a job that handed back no JobReturn
+    ended) and the path of its log; compact, without the launcher's and sweeper's frames."""
 
 
 # The launcher's names of what a pack's trainings are given, where packing.* names them otherwise.
@@ -105,11 +102,9 @@ def check_options(p: Mapping[str, object]) -> None:
 
 
 class ComposedOnce(ConfigLoader):
-    """Hydra's config loader, keeping each job config it composes until a launch takes it. A sweeper checks a batch
-    by composing every job's config (``Sweeper.validate_batch_is_legal``) just before it hands the batch to the
-    launcher, and each job would compose the same config again in its process: 0.11 s of a core a job here, against
-    4 ms to unpickle it. Kept pickled, so that nothing done to a config after it was composed reaches a job; at most
-    ``limit`` bytes of them (a batch of 10,000 jobs would hold 110 MB here): past it, jobs compose their own."""
+    """Hydra's config loader, keeping each job config it composes until a launch takes it: a sweeper composes every
+    job's config to check the batch, and a job composing it again costs 0.11 s of a core against 4 ms to unpickle.
+    Kept pickled (nothing done to a config after it was composed reaches a job), at most ``limit`` bytes of them."""
 
     def __init__(self, loader: ConfigLoader, limit: int = 64 * 2**20) -> None:
         self.loader = loader
@@ -159,8 +154,7 @@ class ComposedOnce(ConfigLoader):
 
 
 def keep_compositions(hydra_context: HydraContext) -> None:
-    """From the launcher's setup on, the sweeper's context composes through a :class:`ComposedOnce` (the sweeper and
-    the launcher share the context; the sweeper checks each batch with its loader)."""
+    """From the launcher's setup on, the sweeper's context (the launcher's too) composes through a ComposedOnce."""
     if not isinstance(hydra_context.config_loader, ComposedOnce):
         hydra_context.config_loader = ComposedOnce(hydra_context.config_loader)
 
@@ -175,14 +169,9 @@ def for_jobs(launcher: HydraLauncher) -> HydraLauncher:
     return out
 
 
-def kept_configs(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], first: int) -> dict[int, bytes]:
-    loader = launcher.hydra_context.config_loader
-    return loader.take(launcher.config, job_overrides, first) if isinstance(loader, ComposedOnce) else {}
-
-
 def fresh_dir(parent: Path, name: str) -> Path:
-    """A records directory no earlier launch used: running a multirun again into the same sweep directory runs
-    its jobs again (as Hydra's launchers do), and the earlier launch's records stay as they were."""
+    """A records directory no earlier launch used (``name``, ``name.2``...): a multirun run again into the same sweep
+    directory runs its jobs again, as Hydra's launchers do, and keeps the earlier records."""
     path, k = parent / name, 1
     while path.exists():
         k += 1
@@ -210,12 +199,12 @@ def prepare(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], ini
     # the backend maps the launcher's options (hydra-submitit-launcher's names) to its own config
     submitter = backend_class(launcher.backend).from_launcher(p, run, KEY)
     submitter.measured_host_mb = NOT_MEASURED.host
-    return sweep.prepare_run(run, submitter, [], lambda facts: check_batch(launcher, job_overrides, initial_job_idx,
-                                                                          run, submitter.cluster, facts))
+    return sweep.prepare_run(submitter, [], lambda facts: check_batch(launcher, job_overrides, initial_job_idx, run,
+                                                                     submitter, facts))
 
 
 def check_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, run: RunDir,
-                cluster: ClusterConfig, facts: ClusterFacts) -> sweep.Checked:
+                submitter: Submitter[ClusterConfig], facts: ClusterFacts) -> sweep.Prepared:
     """The batch against the submitter's answers: packs that fit, the mode's own limits; its plan in sweep order."""
     p = launcher.params
     # The largest pack this batch really makes: pack=8 with 2 jobs asks for 2 jobs' share, not 8.
@@ -239,15 +228,14 @@ def check_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]],
                          partition=facts.partitions[0], mode=str(p["mode"]), label=f"hydra:{task}",
                          names=[f"job{j['job_num']}" for j in jobs],
                          stream_jobs=launcher_stream_jobs(p, facts.stream_jobs(facts.partitions[0])))
-    record = {"cluster": dataclasses.asdict(cluster), "hydra_launcher": dict(p), "hydra_task": task,
+    record = {"cluster": dataclasses.asdict(submitter.cluster), "hydra_launcher": dict(p), "hydra_task": task,
               "collect": {"metric": None, "goal": sweeper_goal(cfg.hydra.sweeper)}}
-    return sweep.Checked(name=task, plan=plan, settings=settings, config=record)
+    return sweep.Prepared(name=task, plan=plan, run=run, submitter=submitter, settings=settings, config=record)
 
 
 def launcher_stream_jobs(p: Mapping[str, Any], at_once: int) -> int | None:
-    """K streaming jobs for a batch (hydra.launcher.stream: auto and on stream, a launch being a production run;
-    off: whole packs), hydra.launcher.jobs or as many as run at once; None: whole packs. A mode that cannot stream
-    runs whole packs under auto, and is refused under on. Pure."""
+    """K streaming jobs for a batch (stream auto or on: a launch is a production run), hydra.launcher.jobs or as many
+    as run at once; None: whole packs (stream=off, or auto with a mode that cannot stream). Pure."""
     stream = str(p.get("stream", "auto"))
     if stream == "off":
         return None
@@ -261,8 +249,7 @@ def launcher_stream_jobs(p: Mapping[str, Any], at_once: int) -> int | None:
 
 
 def sweeper_goal(sweeper: DictConfig) -> str | None:
-    """collect.goal from the sweeper's ``direction`` (Optuna's minimize/maximize; a multi-objective list: its first,
-    which is the task's first returned value), or None where the sweeper has none (the basic sweeper). Pure."""
+    """collect.goal from the sweeper's ``direction`` (Optuna's; a multi-objective list: its first), or None. Pure."""
     direction: Any = sweeper.get("direction") if hasattr(sweeper, "get") else None
     if isinstance(direction, (list, tuple)) or OmegaConf.is_list(direction):
         direction = direction[0] if len(direction) else None
@@ -271,9 +258,8 @@ def sweeper_goal(sweeper: DictConfig) -> str | None:
 
 
 def launcher_mode_options(p: Mapping[str, Any]) -> dict[str, Options]:
-    """The mode's own options (its ``Options``) built from the launcher's MODE_OPTIONS it has (process:
-    packing.process.mps from hydra.launcher.mps); none when it has none of them. Loading the mode here is also where
-    an unknown hydra.launcher.mode is refused."""
+    """The mode's own options (its ``Options``) from the launcher's MODE_OPTIONS (packing.process.mps from
+    hydra.launcher.mps); none when it has none. An unknown hydra.launcher.mode is refused here."""
     mode = str(p["mode"])
     options = load_packer(mode, key=f"{KEY}.mode").Options
     given = {f.name: p[f.name] for f in dataclasses.fields(options) if f.name in MODE_OPTIONS and f.name in p} \
@@ -287,13 +273,6 @@ def launcher_mode_options(p: Mapping[str, Any]) -> dict[str, Options]:
         raise ConfigError(err.key.replace(f"packing.{mode}.", f"{KEY}."), err.value, err.why,
                           err.hint.replace(f"packing.{mode}.", f"{KEY}.")) from None
     return {mode: built}
-
-
-def make_sweep_dir(cfg: DictConfig) -> None:
-    sweep_dir = Path(str(cfg.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    if "mode" in cfg.hydra.sweep and cfg.hydra.sweep.mode is not None:
-        os.chmod(sweep_dir, int(str(cfg.hydra.sweep.mode), 8))
 
 
 def _err_log(records: RunRecords, pack: Pack, training_id: str, rec: Mapping[str, object] | None) -> str:
@@ -313,18 +292,17 @@ def failed_return(launcher: HydraLauncher, training_params: Mapping[str, Any], p
            + f" (logs: {_err_log(records, pack, training_id, rec)})")
     ret = JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=JobFailed(why),
                     task_name=str(launcher.config.hydra.job.name))
-    try:
-        # composed here through Hydra's own loader: a kept copy of it would wait for a batch that never takes it
+    # the config is a courtesy here, the failure what Hydra must get; composed through Hydra's own loader, as a kept
+    # copy of it would wait for a batch that never takes it
+    with contextlib.suppress(Exception):
         ret.cfg = for_jobs(launcher).hydra_context.config_loader.load_sweep_config(launcher.config, overrides)
-    except Exception:  # the config is a courtesy here; the failure is what Hydra must get
-        pass
     return ret
 
 
 def raised_failure(ret: JobReturn, training_params: Mapping[str, Any], pack: Pack, records: RunRecords,
                    training_id: str) -> JobReturn:
-    """A job's own failure (its task function raised), as Hydra's basic launcher shows it: the app's traceback
-    (gpupack.job.runtime.hydra_job.portable_failure), then where its full log is. The job's exception is the cause."""
+    """A job's own failure (its task function raised), as Hydra's basic launcher shows it: the app's traceback, then
+    where its full log is. The job's exception is the cause."""
     err = ret._return_value
     text = getattr(err, "gpupack_traceback", None) or f"{type(err).__name__}: {err}"
     log = _err_log(records, pack, training_id, records.current(pack.pack_id, training_id))
@@ -351,10 +329,10 @@ def job_returns(launcher: HydraLauncher, prepared: sweep.Prepared) -> list[JobRe
         except Exception:  # noqa: BLE001 - a return that does not load back: the job failed, as one with none
             ret = None
         if ret is None:
-            out.append(failed_return(launcher, t.params, pack, records, t.training_id))
-            continue
-        failed = ret.status == JobStatus.FAILED
-        out.append(raised_failure(ret, t.params, pack, records, t.training_id) if failed else ret)
+            ret = failed_return(launcher, t.params, pack, records, t.training_id)
+        elif ret.status == JobStatus.FAILED:
+            ret = raised_failure(ret, t.params, pack, records, t.training_id)
+        out.append(ret)
     return out
 
 
@@ -364,9 +342,8 @@ def job_num(training: Training) -> int:
 
 
 def short_batch(sweeper: DictConfig, batch: int, pack: int) -> str | None:
-    """The line for a batch smaller than ``pack`` because the sweeper sends fewer jobs at a time (Optuna's n_jobs,
-    the basic sweeper's max_batch_size), with the fix; None where the batch fills a pack or the whole multirun (or its
-    last batch) is simply smaller. Pure."""
+    """The line for a batch smaller than ``pack`` because the sweeper sends fewer jobs at a time (n_jobs,
+    max_batch_size), with the fix; None where the batch fills a pack or the multirun is simply smaller. Pure."""
     if batch >= pack:
         return None
     for name in ("n_jobs", "max_batch_size"):
@@ -379,9 +356,8 @@ def short_batch(sweeper: DictConfig, batch: int, pack: int) -> str | None:
 
 
 def launch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
-    """One batch of the multirun. Stopped by Ctrl-C (SIGINT), kill (SIGTERM) or a closed terminal (SIGHUP): its pack
-    jobs on this machine are cancelled with their jobs (SLURM's are left queued or running), it says so in one line
-    (no traceback) and the multirun exits 128 + the signal's number, as gpupack's CLI does."""
+    """One batch of the multirun. Stopped by a signal, as gpupack's CLI is (gpupack.sweep.stop): one line, and the
+    multirun exits 128 + the signal's number."""
     if not job_overrides:
         return []
     batch: list[sweep.Prepared] = []  # this batch's plan, once it has one (what a stop says became of it)
@@ -395,8 +371,7 @@ def launch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], init
 
 
 def stopped_what(prepared: sweep.Prepared) -> str:
-    """What became of a batch stopped by a signal: SLURM's jobs outlive it (as the CLI says); this machine's were
-    cancelled with their Hydra jobs, and a multirun run again runs its jobs again (as Hydra's launchers do)."""
+    """What became of a batch stopped by a signal: SLURM's jobs outlive it; this machine's were cancelled."""
     if prepared.submitter.detachable:
         return after_stop(prepared)
     return (f"its pack jobs and their Hydra jobs were cancelled; finished jobs keep their outputs, and gpupack's "
@@ -415,10 +390,14 @@ def launch_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]]
     except UnreachableError as err:
         raise LauncherError(str(err.run_here("hydra/launcher=gpupack_local to run here"))) from None
     batch.append(prepared)
-    make_sweep_dir(launcher.config)
+    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    if launcher.config.hydra.sweep.get("mode") is not None:
+        os.chmod(sweep_dir, int(str(launcher.config.hydra.sweep.mode), 8))
     _say_batch(launcher, job_overrides, initial_job_idx, prepared)
 
-    configs = kept_configs(launcher, job_overrides, initial_job_idx)  # as the sweeper composed them, to check them
+    loader = launcher.hydra_context.config_loader  # the configs as the sweeper composed them, to check them
+    configs = loader.take(launcher.config, job_overrides, initial_job_idx) if isinstance(loader, ComposedOnce) else {}
 
     def on_open(opened: sweep.Opened) -> None:  # the run directory is ours now: leave the jobs what they need
         where = pickling.dump_indexed(configs, prepared.run.hydra_configs) if configs else {}  # none: none kept
@@ -462,8 +441,7 @@ def _say_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], 
 
 
 def fork_fallbacks(prepared: sweep.Prepared) -> list[str]:
-    """One line per pack whose jobs started as fresh interpreters although they would have been forked from its
-    preloaded server, and why (records' ``fork_fallback``: the app's import initialised CUDA, its preload failed)."""
+    """One line per pack whose jobs started as fresh interpreters, not forked from its preloaded server, and why."""
     lines = []
     records = RunRecords(prepared.run)  # a pack's folder, else its lane's journal
     for pack in prepared.plan.packs:

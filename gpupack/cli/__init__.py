@@ -1,16 +1,5 @@
-"""``python -m gpupack``: argument parsing and printing. The flow itself is :mod:`gpupack.sweep`; printing a plan and
-its progress is :mod:`gpupack.cli.show`, stopping on a signal :mod:`gpupack.sweep.stop`.
-
-    python -m gpupack +sweep=NAME [overrides]      run a sweep
-    python -m gpupack status RUN_DIR               where each pack stands
-    python -m gpupack watch RUN_DIR                follow a run until it ends (from any shell; leaving keeps its jobs)
-    python -m gpupack collect RUN_DIR [...]        aggregate records again
-    python -m gpupack clear-oom RUN_DIR [...]      let N that ran out of memory count again
-
-Stopped by Ctrl-C (SIGINT), kill (SIGTERM) or a closed terminal (SIGHUP), it says what it did in one line and exits
-128 + the signal's number (130, 143, 129), as a shell reports a command killed by that signal. On the local backend it
-cancels its pack jobs and their trainings first; jobs submitted to SLURM keep running.
-"""
+"""``python -m gpupack`` (its commands: USAGE): argument parsing and printing. The flow itself is :mod:`gpupack.sweep`;
+printing a plan and its progress is :mod:`gpupack.cli.show`, stopping on a signal :mod:`gpupack.sweep.stop`."""
 from __future__ import annotations
 
 import argparse
@@ -44,7 +33,7 @@ from gpupack.errors import ConfigError, GpupackError, StorageError
 from gpupack.sweep.stop import Stopped, after_stop, stop_on_signals, stopped_line
 
 # The planning side (Hydra's composition, the job side, submitit) is imported by the commands that plan, not here:
-# collect and status start without it (issue 53: collect of 1 M trainings within 5 s, imports included).
+# collect and status start without it.
 
 USAGE = """usage:
   python -m gpupack +sweep=NAME [key=value ...]   run a sweep (conf/sweep/NAME.yaml), e.g. +sweep=mnist_pack
@@ -147,9 +136,7 @@ def print_outcome(outcome: sweep.Outcome, console: Console) -> int:
             console.print(f"[red]pack {r.pack_id} (job {r.job_id}) did not finish:[/] {escape(str(r.error))}",
                           markup=True)
     if outcome.collected is not None:
-        from gpupack.results.report.terminal import (
-            render_collected,  # the tables' imports: only for a run that collected
-        )
+        from gpupack.results.report.terminal import render_collected  # the tables: only for a run that collected
 
         render_collected(outcome.collected, outcome.written, console)
     console.print(f"Records and summary: {outcome.run_dir}")
@@ -180,8 +167,7 @@ def dry_run(prepared: sweep.Prepared, console: Console) -> int:
     todo: Sequence[Pack] = prepared.plan.packs  # what the run would submit: on a resume, what is left
     if prepared.resumes():
         todo = sweep.packs_to_run(prepared.run, prepared.plan)
-        console.print(f"  resuming: the run directory holds this plan; {len(todo)}"
-                      " pack(s) to run")
+        console.print(f"  resuming: the run directory holds this plan; {len(todo)} pack(s) to run")
     if not prepared.plan.packs[0].trainings:  # a search: its lanes ask the study for each trial as they run
         console.print("  hyperparameters: each trial's, asked of the study as a slot frees (search=optuna)")
     else:
@@ -251,8 +237,7 @@ def watch_command(argv: Sequence[str], console: Console) -> int:
     except KeyboardInterrupt:
         console.print(f"stopped watching; the run's jobs go on. Come back with: python -m gpupack watch {args.run_dir}")
         return 128 + signal.SIGINT
-    if last is None:  # follow yields at least once
-        return 1
+    assert last is not None  # follow yields at least once: its first look, before any wait
     print_status(console, last, time.time())
     console.print(f"  python -m gpupack collect {last.run_dir}", highlight=False)
     return 0 if all(p.state == "done" for p in last.packs) else 1
@@ -403,20 +388,18 @@ def print_config(overrides: Sequence[str], which: str, package: str | None, reso
     return 0
 
 
+SWITCHES = {"-h": "help", "--help": "help", "help": "help", "-m": "multirun", "--multirun": "multirun",
+            "--info": "info", "--resolve": "resolve"}  # Hydra's flags that take no value
+
+
 def split_flags(args: list[str]) -> tuple[dict[str, object], list[str]]:
     """Hydra-style flags out of the argument list; the rest are overrides."""
     flags: dict[str, object] = {}
     rest: list[str] = []
     it = iter(args)
     for a in it:
-        if a in ("-h", "--help", "help"):
-            flags["help"] = True
-        elif a in ("-m", "--multirun"):
-            flags["multirun"] = True
-        elif a == "--info":
-            flags["info"] = True
-        elif a == "--resolve":
-            flags["resolve"] = True
+        if a in SWITCHES:
+            flags[SWITCHES[a]] = True
         elif a in ("--cfg", "-c", "-p", "--package"):
             value = next(it, None)
             if value is None:
@@ -448,18 +431,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stop.exit_code if isinstance(stop, Stopped) else 128 + signal.SIGINT
 
 
+COMMANDS = {"collect": collect_command, "status": status_command, "watch": watch_command,
+            "clear-oom": clear_oom_command}
+
+
 def dispatch(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     console = make_console()
     try:
-        if args and args[0] == "collect":
-            return collect_command(args[1:], console)
-        if args and args[0] == "status":
-            return status_command(args[1:], console)
-        if args and args[0] == "watch":
-            return watch_command(args[1:], console)
-        if args and args[0] == "clear-oom":
-            return clear_oom_command(args[1:], console)
+        command = COMMANDS.get(args[0]) if args else None
+        if command is not None:
+            return command(args[1:], console)
         flags, overrides = split_flags(args)
         if flags.get("help"):
             print(help_text(overrides))

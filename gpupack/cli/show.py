@@ -21,9 +21,8 @@ if TYPE_CHECKING:
 
 def make_console() -> Console:
     """A console that does not squeeze the table to 80 columns when output goes to a file or a pipe."""
-    # Markup and emoji off: what gpupack prints is mostly the user's text (sweep and task names, values, paths, errors),
-    # and rich would render ":train:" as an emoji and "[bold]" as style; gpupack's own styled lines say markup=True
-    # and escape what they quote.
+    # Markup and emoji off: what gpupack prints is mostly the user's text, which rich would style (":train:",
+    # "[bold]"); gpupack's own styled lines say markup=True and escape what they quote.
     console = Console(markup=False, emoji=False)
     return console if console.is_terminal else Console(width=150, markup=False, emoji=False)
 
@@ -39,10 +38,8 @@ def print_plan(console: Console, prepared: sweep.Prepared) -> None:
 
 
 def print_beside(console: Console, prepared: sweep.Prepared, command: Sequence[str]) -> None:
-    """Before a sweep starts (or a dry run plans it) in a new run directory: the unfinished or running runs of this
-    same sweep beside it, each in one line with how to resume or follow it. The new run goes on: nothing is lost (the
-    earlier run stays as it is, resumable at any time) and nothing is overwritten. ``command``: the words of this
-    command, which the resume command repeats."""
+    """Before a sweep starts in a new run directory: the unfinished or running runs of this same sweep beside it, each
+    in one line with how to resume (``command`` again) or follow it. The new run goes on; nothing is overwritten."""
     for b in sweep.unfinished_beside(prepared):
         done = f"{b.complete} of {b.packs} packs done"
         if b.holder is not None:
@@ -117,8 +114,7 @@ ViewT = TypeVar("ViewT", bound="LiveView")
 
 
 class LiveView:
-    """In a terminal, a live table (rich) shown while the view is entered; elsewhere (a log, CI) none: the view
-    prints lines."""
+    """In a terminal, a live table (rich) while the view is entered; elsewhere none, and the view prints lines."""
 
     def __init__(self, console: Console, first: Table) -> None:
         self.console = console
@@ -135,10 +131,7 @@ class LiveView:
 
 
 class ProgressView(LiveView):
-    """Packs per partition as they move pending → running → done | failed.
-
-    In a terminal: a live table (rich). Elsewhere (a log, CI): one line per change.
-    """
+    """Packs per partition as they move pending → running → done | failed."""
 
     def __init__(self, console: Console, packs: Sequence[Pack]) -> None:
         self.partition = {p.pack_id: p.partition for p in packs}
@@ -230,17 +223,15 @@ def print_status(console: Console, st: RunStatus, now: float) -> None:
 
 
 class StatusView(LiveView):
-    """A run followed from its records and the queue (``watch``): in a terminal a live table of trainings per
-    partition, elapsed and left; elsewhere (a log) one line each time the counts change."""
+    """A run followed from its records and the queue (``watch``): trainings per partition, elapsed and left; in a log,
+    one line each time the counts change."""
 
     def __init__(self, console: Console) -> None:
         super().__init__(console, Table())
         self.said = ""
 
     def line(self, st: RunStatus, now: float) -> str:
-        total = Counter[str]()
-        for c in st.trainings.values():
-            total.update(c)
+        total = sum(st.trainings.values(), Counter[str]())
         left = st.left_s(now)
         return (", ".join(f"{k} {total[k]}" for k in sweep.TRAINING_STATES)
                 + ("; stopped" if st.stopped else

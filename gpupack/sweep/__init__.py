@@ -11,7 +11,7 @@ The work is in :mod:`gpupack.sweep.flow`: a run with fixed factors (``flow.run``
 """
 from __future__ import annotations
 
-from types import ModuleType
+import importlib
 from typing import TYPE_CHECKING, Callable
 
 from gpupack.core.store.storage import storage_faults
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from gpupack.sweep.flow.collect import Step, collect, find_runs
     from gpupack.sweep.flow.run import (
         Beside,
-        Checked,
         Opened,
         Outcome,
         Prepared,
@@ -49,42 +48,25 @@ if TYPE_CHECKING:
     )
 
 # Each name comes from its module when first used: planning stands on Hydra and submitit, collect on the tables and
-# plots (pandas, pyarrow, matplotlib), and a command pays only for the side it uses (collect of 1 M trainings: issue
-# 53's 5 s, of which the planning side's imports were a quarter of a second).
-_RUN = frozenset(("Beside", "Checked", "Opened", "Outcome", "Prepared", "ask_submitter", "default_run_dir", "forecast",
-                  "packs_to_run", "prepare", "prepare_run", "unfinished_beside"))
-_STATUS = frozenset(("SKIPPED", "STOPPED", "T_SKIPPED", "TRAINING_STATES", "PackStatus", "RunStatus", "clear_oom",
-                     "follow", "has_ended", "pack_status", "status"))
-_COLLECT = frozenset(("collect", "find_runs", "Step"))
+# plots (pandas, pyarrow, matplotlib), and a command pays only for the side it uses.
+_HOMES = {"run": ("Beside", "Opened", "Outcome", "Prepared", "ask_submitter", "default_run_dir", "forecast",
+                  "packs_to_run", "prepare", "prepare_run", "unfinished_beside"),
+          "status": ("SKIPPED", "STOPPED", "T_SKIPPED", "TRAINING_STATES", "PackStatus", "RunStatus", "clear_oom",
+                     "follow", "has_ended", "pack_status", "status"),
+          "collect": ("collect", "find_runs", "Step"),
+          "auto": ("first_step",)}
 
 
 def __getattr__(name: str) -> object:
-    value = getattr(_home(name), name)
+    home = next((module for module, names in _HOMES.items() if name in names), None)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"gpupack.sweep.flow.{home}"), name)
     globals()[name] = value  # once: later reads are a plain attribute
     return value
 
 
-def _home(name: str) -> ModuleType:
-    if name in _RUN:
-        from gpupack.sweep.flow import run
-
-        return run
-    if name in _STATUS:
-        from gpupack.sweep.flow import status
-
-        return status
-    if name in _COLLECT:
-        from gpupack.sweep.flow import collect
-
-        return collect
-    if name == "first_step":
-        from gpupack.sweep.flow import auto
-
-        return auto
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["Prepared", "Checked", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "prepare_run",
+__all__ = ["Prepared", "Opened", "Outcome", "PackStatus", "RunStatus", "prepare", "prepare_run",
            "ask_submitter", "forecast", "run", "status", "follow", "has_ended", "collect", "clear_oom",
            "default_run_dir", "find_runs", "Beside", "unfinished_beside",
            "pack_status", "packs_to_run", "STOPPED", "SKIPPED", "T_SKIPPED", "Step", "TRAINING_STATES", "first_step"]

@@ -15,10 +15,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Stopped(KeyboardInterrupt):
-    """The CLI was asked to stop: Ctrl-C (SIGINT), kill (SIGTERM) or a closed terminal (SIGHUP). Raised in the main
-    thread, so every ``finally`` runs and the local backend cancels its jobs on the way out (SIGTERM and SIGHUP would
-    otherwise end the CLI at once and orphan them). A KeyboardInterrupt, so what cleans up after Ctrl-C cleans up
-    after the others too. ``what`` says what became of the run."""
+    """The CLI was asked to stop (SIGTERM and SIGHUP would otherwise end it at once and orphan the local jobs). A
+    KeyboardInterrupt, so what cleans up after Ctrl-C cleans up after the others too. ``what``: the run's fate."""
 
     def __init__(self, signum: int, what: str = "") -> None:
         super().__init__(signum, what)
@@ -53,23 +51,19 @@ def stop_on_signals() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 def stopped_line(stop: KeyboardInterrupt) -> str:
     """The one line the CLI prints when stopped: which signal, and what became of the run."""
     signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
     what = stop.what if isinstance(stop, Stopped) and stop.what else "nothing was left running"
-    return f"stopped by {signal_name(signum)}: {what}"
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return f"stopped by {name}: {what}"
 
 
 def after_stop(prepared: sweep.Prepared) -> str:
-    """What became of a sweep the CLI was stopped in: the local backend's jobs were cancelled with their trainings
-    (gpupack.submit.local), while jobs submitted to a cluster outlive the CLI and are left alone."""
+    """What became of a sweep the CLI was stopped in: local jobs were cancelled, a cluster's outlive the CLI."""
     run_dir = prepared.run.root
     if not prepared.submitter.detachable:
         return (f"its local pack jobs and their trainings were cancelled; finished trainings keep their records. "

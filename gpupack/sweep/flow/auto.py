@@ -1,27 +1,11 @@
-"""``packing.factors=auto``: find the best N by experiment, then run the grid at it.
+"""``packing.factors=auto``: find the best N by experiment, then run the grid at it (docs/auto.md says how).
 
-On one device per partition, N climbs the ladder (packing.auto.ladder: 1, 2, 3, 5, 8, 13, 21, 34), a step at a time,
-each step a run of its own under RUN_DIR/probe/nNN/: packing.auto.repeats packs of the new N, as many of the best N
-so far and of the ladder's first N (the reference), in rounds (blocks in time). The ladder runs N in order, so what
-drifts over the probe (a neighbour's job starting, clocks) lines up with N; within a step's rounds it cannot. A
-partition stops climbing when
-
-  - the new N does not improve time per training on the best so far by packing.auto.min_gain (5 %) beyond noise,
-    paired within the step's rounds (:func:`gpupack.results.analysis.choose.keeps_improving`);
-  - a training at the new N ran out of memory, or failed;
-  - the next N would not fit: predicted (the ladder was cut before anything ran) or measured (the peaks the probe
-    just recorded, times the next N, pass the memory budget);
-  - the ladder ends.
-
-The best N is then the noise-aware choice over every probed N (:mod:`gpupack.results.analysis.choose`), each weighed
-against the reference in the rounds they share (the reference ran in all of them), and — with
-packing.then=run — the grid points the probe did not already complete run at it under RUN_DIR/run/. Every step is an
-ordinary run directory, so re-running the same command resumes the probe where it stopped, and collect reads the
-probe and the run apart (records carry ``phase``). RUN_DIR/auto.json says what was probed and why it stopped.
-
-With ``wait=false`` (a cluster that keeps jobs after gpupack exits) nothing waits on a login node: a call submits the
-next step's jobs and returns; the same command, run again once they have ended, resumes the steps done so far,
-decides the next one from their records and submits it, until the grid has run at the best N.
+N climbs packing.auto.ladder a step at a time on one device per partition, each step a run directory of its own
+(RUN_DIR/probe/nNN/: the new N, the best so far and the reference, in rounds), until it stops paying, fails, or would
+not fit. The best N is the noise-aware choice over every probed N (:mod:`gpupack.results.analysis.choose`); with
+packing.then=run the grid points the probe did not complete run at it in RUN_DIR/run/. Every step is an ordinary run
+directory, so the same command resumes the probe; with ``wait=false`` each call submits the next step and returns.
+RUN_DIR/auto.json says what was probed and why it stopped.
 """
 from __future__ import annotations
 
@@ -38,7 +22,7 @@ from gpupack.core.cost.billing import Bundle, bill
 from gpupack.core.memory.figures import candidate_runs, check_memory, estimate, find_measured, setting_key
 from gpupack.core.plan import Pack, Plan, expand_grid, make_plan, run_order, training_id
 from gpupack.core.store.journal import RunRecords
-from gpupack.core.store.records import COMPLETED, OOM, write_json_atomic, write_text_atomic
+from gpupack.core.store.records import COMPLETED, write_json_atomic, write_text_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackResult
 from gpupack.errors import ConfigError
@@ -65,9 +49,8 @@ from gpupack.sweep.setup.validate import AutoSpec, SweepSpec
 
 def verdict(factor: int, times: Mapping[int, Sequence[float]], best_so_far: int | None, oom: int, unfinished: int,
             min_gain: float, skipped: int = 0, rounds: Mapping[int, Sequence[Hashable]] | None = None) -> str:
-    """Whether a partition climbs past ``factor`` (returns "climb") or why it stops there. ``rounds``: each time's
-    round (the step's blocks in time): the new N is then weighed against the best so far paired within the rounds
-    they share, as the final choice weighs every N against the reference. Pure."""
+    """Whether a partition climbs past ``factor`` ("climb") or why it stops there; with ``rounds`` (each time's), the
+    new N is weighed against the best so far paired within the rounds they share. Pure."""
     if oom:
         return f"N={factor} ran out of memory ({oom} training(s))"
     if skipped:  # not started: what its setting measured passed the memory share (gpupack.core.memory.pack_fit)
@@ -86,9 +69,8 @@ def verdict(factor: int, times: Mapping[int, Sequence[float]], best_so_far: int 
 
 def step_plan(spec: SweepSpec, partitions: Sequence[str], n: int, best_so_far: Mapping[str, int | None],
               repeats: int, reference: int | None = None) -> Plan:
-    """One probe step: ``repeats`` packs of the new N on each partition still climbing, as many of that partition's
-    best N so far, and as many of the ``reference`` N (the ladder's first: the final choice weighs every N against
-    it, in the rounds they share, so it runs in every step), all in one interleaved order. Pure."""
+    """One probe step: ``repeats`` packs of the new N on each partition still climbing, as many of its best N so far
+    and of the ``reference`` N (the final choice weighs every N against it), all in one interleaved order. Pure."""
     points = expand_grid(spec.grid)
     packs: list[Pack] = []
     for partition in partitions:
@@ -108,9 +90,8 @@ def step_plan(spec: SweepSpec, partitions: Sequence[str], n: int, best_so_far: M
 
 
 def probe_points(points: Sequence[Mapping[str, object]], count: int, seed: int) -> list[Mapping[str, object]]:
-    """The grid points a probe step of ``count`` trainings trains: the first of one seeded shuffle of the grid, the
-    same shuffle at every step, so each step is a random draw of the grid (its mix of slow and fast settings is the
-    grid's) and a bigger step extends the smaller ones' sample. Fewer points than ``count``: make_plan reseeds. Pure."""
+    """The grid points a probe step of ``count`` trainings trains: the first of one seeded shuffle, the same at every
+    step, so each step draws the grid's mix of settings and a bigger step extends the smaller ones' sample. Pure."""
     shuffled = list(points)
     random.Random(seed).shuffle(shuffled)
     return shuffled[:count]
@@ -126,8 +107,7 @@ def remaining_points(points: Sequence[Mapping[str, object]], fixed: Mapping[str,
 
 def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
              on_step: Callable[[Step], None] | None = None, plots: bool = True) -> Outcome:
-    """Probe, choose, and (packing.then=run) run the rest of the grid at the best N. Returns an Outcome whose
-    ``auto`` says what was probed."""
+    """Probe, choose, and (packing.then=run) run the rest of the grid at the best N; ``Outcome.auto``: the probe."""
     spec, auto, config = auto_parts(prepared)
     root = prepared.run
     report = AutoReport(then=auto.then)
@@ -142,13 +122,9 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
                 break
             step_run = root.probe_step(n)
             plan = step_plan(spec, climbing, n, best_so_far, auto.repeats, reference=auto.ladder[0])
-            if not settled(prepared, step_run, plan):  # wait=false: a step every pack of which ran is decided as it ran
-                outcome = run_plain(sub_prepared(prepared, plan, step_run,
-                                                 factors=sorted({p.factor for p in plan.packs})),
-                                    progress=progress, collect_outputs=False)
-                results += outcome.results
-                if not ended(outcome):  # wait=false: its jobs were submitted or still run; a later call decides
-                    return waiting(prepared, report, f"the probe at N={n} in {step_run.root}", outcome)
+            pending = run_part(prepared, plan, step_run, progress, results)
+            if pending is not None:
+                return waiting(prepared, report, f"the probe at N={n} in {step_run.root}", pending)
             _judge_step(prepared, auto, report, climbing, best_so_far, step_run, auto.ladder[i:], on_step)
         runs_at, collected = _choose_from_probes(prepared, spec, auto, report)
         if auto.then == RUN and any(v is not None for v in runs_at.values()):
@@ -156,13 +132,9 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
             report.search = spec.search.n_trials if spec.search is not None else None
             if production is not None:
                 run_dir = root.auto_run
-                if not settled(prepared, run_dir, production):
-                    outcome = run_plain(sub_prepared(prepared, production, run_dir,
-                                                     factors=sorted({p.factor for p in production.packs})),
-                                        progress=progress, collect_outputs=False)
-                    results += outcome.results
-                    if not ended(outcome):
-                        return waiting(prepared, report, f"the grid at the best N in {run_dir.root}", outcome)
+                pending = run_part(prepared, production, run_dir, progress, results)
+                if pending is not None:
+                    return waiting(prepared, report, f"the grid at the best N in {run_dir.root}", pending)
                 report.run_dir = str(run_dir.root)
         _write_auto_record(root, auto, report)
     collected, written = collect([root.root], plots=plots)
@@ -173,12 +145,9 @@ def run_auto(prepared: Prepared, *, progress: Callable[..., None] | None = None,
 def _judge_step(prepared: Prepared, auto: AutoSpec, report: AutoReport, climbing: list[str],
                 best_so_far: dict[str, int | None], step_run: RunDir, ladder: Sequence[int],
                 on_step: Callable[[Step], None] | None) -> None:
-    """Each climbing partition's verdict on the step of N = ``ladder[0]`` (the rungs left after it: ``ladder[1:]``):
-    it climbs on, with the new N its best so far, or stops there and says why.
-
-    The verdict weighs this step alone: the new N against the best so far, measured again beside it and paired
-    within the step's rounds, its packs measured under foreign load left out as the final choice leaves them, so
-    drift between steps or inside one (a neighbour's job, a warm cache) cannot decide it."""
+    """Each climbing partition's verdict on the step of N = ``ladder[0]``: it climbs on, the new N its best so far,
+    or stops and says why. This step alone is weighed (paired within its rounds, packs under foreign load left out),
+    so drift between steps or inside one cannot decide it."""
     n, rest = ladder[0], ladder[1:]
     records = load_records([step_run.root])
     summary = summarize(records.trainings, records.packs, records.cleared)
@@ -193,7 +162,7 @@ def _judge_step(prepared: Prepared, auto: AutoSpec, report: AutoReport, climbing
             why += timed.said
         if why == "climb":  # the new N beat the best so far (paired, beyond noise): it is the best now
             best_so_far[partition] = n
-            why = next_rung_fits(prepared, partition, rest, records_roots=probe_runs(prepared.run)) \
+            why = next_rung_fits(prepared, partition, rest, records_roots=prepared.run.probe_steps()) \
                 or ("climb" if rest else (auto.cut or f"the ladder ends at N={n}"))
         step = Step(partition, n, str(step_run.root), why)
         report.steps.append(step)
@@ -207,10 +176,8 @@ def _judge_step(prepared: Prepared, auto: AutoSpec, report: AutoReport, climbing
 def _choose_from_probes(prepared: Prepared, spec: SweepSpec, auto: AutoSpec, report: AutoReport,
                         ) -> tuple[dict[str, int | None], Collected]:
     """The best N of each partition from every probe step (by time, or by cost), into ``report``; returns the N the
-    rest of the grid runs at, and the probes' aggregate. A probe that names no N (its gain beyond the device, or
-    every pack under foreign load) runs the rest at the ladder's reference, which needs no comparison to be trusted,
-    and says so."""
-    collected = aggregate(probe_runs(prepared.run))
+    rest runs at (where no N is named: the ladder's reference, which needs no comparison) and the probes' aggregate."""
+    collected = aggregate(prepared.run.probe_steps())
     chosen = {r["partition"]: int(r["factor"]) for _, r in collected.best.iterrows()}
     if auto.objective == "cost":  # the same noise-aware choice, over the RGU billed per training
         chosen = cheapest_n(prepared, collected)
@@ -233,31 +200,33 @@ def _write_auto_record(root: RunDir, auto: AutoSpec, report: AutoReport) -> None
 
 
 def settled(prepared: Prepared, step: RunDir, plan: Plan) -> bool:
-    """wait=false: every pack of a step that ran has its pack record (its trainings completed or not: a failure or
-    an OOM is what the verdict weighs), so a later call decides from it and never submits it again. wait=true runs
-    a step to its end in one call, and a resume runs its failed trainings again, as any run's does."""
+    """wait=false: every pack of a step has its pack record (a failure or an OOM is what the verdict weighs), so a
+    later call decides from it and never submits it again. wait=true resumes a step as any run, failures included."""
     if prepared.wait or not step.plan.exists():
         return False
     records = RunRecords(step)
     return all(records.pack(p.pack_id) is not None for p in plan.packs)
 
 
-def ended(outcome: Outcome) -> bool:
-    """A step's run submitted nothing now (wait=false submits every pack left) and finds none still queued: every
-    pack has its records (wait=true always ends so)."""
-    return not outcome.submitted and not outcome.opened.queued
+def run_part(prepared: Prepared, plan: Plan, run: RunDir, progress: Callable[..., None] | None,
+             results: list[PackResult]) -> Outcome | None:
+    """Run a probe step or the grid at the best N in ``run`` unless it has settled, its results added to ``results``;
+    its Outcome where it has not ended (wait=false: it submitted packs, or finds some still queued), else None."""
+    if settled(prepared, run, plan):
+        return None
+    outcome = run_plain(sub_prepared(prepared, plan, run), progress=progress, collect_outputs=False)
+    results += outcome.results
+    return outcome if outcome.submitted or outcome.opened.queued else None
 
 
 def waiting(prepared: Prepared, report: AutoReport, what: str, step: Outcome) -> Outcome:
-    """wait=false: the probe stops at a step whose jobs were just submitted (``step.submitted``) or still run; the
-    same command, run again once they have ended, resumes every step done so far and decides from their records."""
+    """wait=false: the probe stops at a step whose jobs were just submitted or still run, for a later call."""
     report.waiting = what
     return Outcome(prepared, step.opened, submitted=dict(step.submitted), auto=report)
 
 
 def auto_parts(prepared: Prepared) -> tuple[SweepSpec, AutoSpec, DictConfig]:
-    """An auto sweep's spec, its probe's settings and its config: always prepared from gpupack's own config (the Hydra
-    launcher runs its jobs as they come, never auto)."""
+    """An auto sweep's spec, its probe's settings and its config (always gpupack's own: a Hydra batch is never auto)."""
     spec = prepared.spec
     if spec is None or spec.auto is None or not isinstance(prepared.config, DictConfig):
         raise TypeError("packing.factors=auto runs a sweep prepared from gpupack's config (gpupack.sweep.prepare)")
@@ -284,9 +253,8 @@ def weighed(prepared: Prepared, partition: str, times: Mapping[int, Sequence[flo
 
 
 def cheapest_n(prepared: Prepared, collected: Collected) -> dict[str, int]:
-    """Per partition, the noise-aware choice of N by billed cost per training, among the N that ran without an OOM or
-    a failure: the time choice's own (paired within rounds, packs under foreign load left out), on each pack's time x
-    its N's billed multiple."""
+    """Per partition, the time choice's own noise-aware choice of N (among those that ran without an OOM or a
+    failure), on each pack's time x its N's billed multiple."""
     summary = collected.summary
     blocked: dict[str, set[int]] = {}  # as the summary's choice blocks them (analysis.summary.with_choices)
     stopped = summary[summary["infeasible"] | (summary["unfinished"] > 0)] if not summary.empty else summary
@@ -302,13 +270,10 @@ def cheapest_n(prepared: Prepared, collected: Collected) -> dict[str, int]:
     return out
 
 
-def probe_runs(root: RunDir) -> list[Path]:
-    return root.probe_steps()
-
-
-def sub_prepared(prepared: Prepared, plan: Plan, run: RunDir, factors: Sequence[int]) -> Prepared:
+def sub_prepared(prepared: Prepared, plan: Plan, run: RunDir) -> Prepared:
     """A Prepared for one step: the same sweep and backend options, this plan, its own run directory."""
     spec, _, config = auto_parts(prepared)
+    factors = sorted({p.factor for p in plan.packs})
     step = dataclasses.replace(spec, auto=None, factors=tuple(factors))  # a step is a plain run
     return dataclasses.replace(part_prepared(prepared, config, plan, run, {"packing": {"factors": list(factors)}}),
                                spec=step)
@@ -316,12 +281,11 @@ def sub_prepared(prepared: Prepared, plan: Plan, run: RunDir, factors: Sequence[
 
 def next_rung_fits(prepared: Prepared, partition: str, rest: Sequence[int],
                    records_roots: Sequence[Path]) -> str | None:
-    """None when the next N fits the partition's memory budget by what was measured so far (the probe's records and
-    the earlier runs prepare read); else why not."""
+    """None when the next N fits the partition's memory budget by what was measured so far; else why not."""
     if not rest:
         return None
     spec, _, config = auto_parts(prepared)
-    settings = {key for key in _settings(spec)}
+    settings = {setting_key({**spec.fixed, **p}, spec.workload.seed_key) for p in expand_grid(spec.grid)}
     measured = find_measured([*records_roots, *candidate_runs(prepared.run.root)], spec.workload_ref, settings,
                              spec.workload.seed_key,
                              devices=target_devices(str(config.packing.device), prepared.capacities, [partition]))
@@ -332,10 +296,6 @@ def next_rung_fits(prepared: Prepared, partition: str, rest: Sequence[int],
     except ConfigError as err:
         return f"N={rest[0]} not tried: {err.why}"
     return None
-
-
-def _settings(spec: SweepSpec) -> set[str]:
-    return {setting_key({**spec.fixed, **p}, spec.workload.seed_key) for p in expand_grid(spec.grid)}
 
 
 def probe_completed(records: Records) -> dict[str, set[str]]:
@@ -349,10 +309,16 @@ def probe_completed(records: Records) -> dict[str, set[str]]:
 
 def production_of(spec: SweepSpec, best: Mapping[str, int | None], completed: Mapping[str, set[str]]
                   ) -> tuple[int, Plan | None]:
-    """What runs at the best N, and how many trainings it has left: the grid points the probe did not complete, or
-    (search=optuna) the search's whole budget: the probe trained the space's midpoint, no trial of the study. Pure."""
-    if spec.search is not None:
-        return spec.search.n_trials, search_production(spec, best)
+    """What runs at the best N and how many trainings it has: the grid points the probe did not complete, or
+    (search=optuna) the whole budget: the probe trained the space's midpoint, no trial. Pure."""
+    if spec.search is not None:  # the search's lanes at each partition's best N, as packing.factors=[N] plans them
+        parts = [search_plan(sweep=spec.name, workload=spec.workload_ref, factor=n, partitions=[partition],
+                             modes=spec.modes, jobs=spec.stream_jobs, n_trials=spec.search.n_trials, phase=RUN)
+                 for partition, n in best.items() if n is not None]
+        return spec.search.n_trials, Plan(
+            sweep=spec.name, workload=spec.workload_ref, grid_size=spec.search.n_trials,
+            packs=tuple(p for part in parts for p in part.packs),
+            notes=tuple(f"{part.packs[0].partition}: {note}" for part in parts for note in part.notes), phase=RUN)
     left = max(len(remaining_points(expand_grid(spec.grid), spec.fixed, spec.workload_ref, completed.get(p, set())))
                for p, n in best.items() if n is not None)
     return left, production_plan(spec, best, completed)
@@ -362,20 +328,6 @@ def first_step(prepared: Prepared) -> Plan:
     """What an auto run submits first (a dry run shows its request): the probe's first N on every partition. Pure."""
     spec, auto, _ = auto_parts(prepared)
     return step_plan(spec, spec.partitions, auto.ladder[0], {}, auto.repeats)
-
-
-def search_production(spec: SweepSpec, best: Mapping[str, int | None]) -> Plan | None:
-    """The search's lanes at each partition's best N (gpupack.search.plan), as packing.factors=[N] plans them."""
-    if spec.search is None:
-        return None
-    parts = [search_plan(sweep=spec.name, workload=spec.workload_ref, factor=n, partitions=[partition],
-                         modes=spec.modes, jobs=spec.stream_jobs, n_trials=spec.search.n_trials, phase=RUN)
-             for partition, n in best.items() if n is not None]
-    if not parts:
-        return None
-    return Plan(sweep=spec.name, workload=spec.workload_ref, grid_size=spec.search.n_trials,
-                packs=tuple(p for part in parts for p in part.packs),
-                notes=tuple(f"{part.packs[0].partition}: {note}" for part in parts for note in part.notes), phase=RUN)
 
 
 def production_plan(spec: SweepSpec, best: Mapping[str, int | None], completed: Mapping[str, set[str]]) -> Plan | None:
@@ -409,7 +361,3 @@ def _row(summary: pd.DataFrame, partition: str, factor: int) -> pd.Series:
     rows = summary[(summary["partition"] == partition) & (summary["factor"] == factor)]
     return rows.iloc[0] if len(rows) else none
 
-
-
-
-__all__ = ["run_auto", "AutoReport", "Step", "verdict", "remaining_points", "production_plan", "OOM"]

@@ -1,8 +1,5 @@
-"""Collect one or more runs: aggregate their records (:mod:`gpupack.results.analysis`), add what a
-``packing.factors=auto`` run's probe did (RUN_DIR/auto.json, read here and written by :mod:`gpupack.sweep.flow.auto`),
-and write the files a person reads (:mod:`gpupack.results.report`). Records are only read; what
-``--metric/--goal/--pattern`` ranked by is remembered beside them (RUN_DIR/rank.json,
-:mod:`gpupack.core.store.rank_choice`), so a later collect of the run ranks the same way."""
+"""Collect one or more runs: aggregate their records (only read), add what a ``packing.factors=auto`` probe did
+(RUN_DIR/auto.json) and what was measured again, and write the files a person reads."""
 from __future__ import annotations
 
 import dataclasses
@@ -120,13 +117,12 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
             sweep_trainings: int | None = None, out: Path | str | None = None, plots: bool = True,
             console: Console | None = None, wide: bool = False, metric: str | None = None,
             goal: str | None = None, pattern: str | None = None) -> tuple[Collected, list[Path]]:
-    """Aggregate the records of one or more runs and write the derived outputs (into ``out``, default the first
-    run directory). Records are only read. With a ``console``, print there what ``python -m gpupack collect`` prints
-    (every column with ``wide``): the one call a notebook or a test makes. ``metric``/``goal``: rank hyperparameters by
-    that metric, that way (default: what an earlier collect of the runs was given, else as they were configured,
-    collect.metric and collect.goal); ``pattern``: read ``metric`` from each training's kept stdout (a regular
-    expression, its one group or ``value`` the number). What is given is remembered in each run (its rank.json); a
-    ``metric`` no completed training reported is refused (ConfigError) before anything is written."""
+    """Aggregate the records of one or more runs (only read) and write the derived outputs into ``out`` (default the
+    first run directory); with a ``console``, print what ``python -m gpupack collect`` prints (every column: ``wide``).
+    ``metric``/``goal``: rank hyperparameters by that metric, that way (default: what an earlier collect was given,
+    else collect.metric and collect.goal), remembered in each run's rank.json; ``pattern``: read ``metric`` from each
+    training's kept stdout (a regular expression, its one group the number). A ``metric`` no completed training
+    reported is refused (ConfigError) before anything is written."""
     given = [Path(d) for d in run_dirs]
     if goal is not None:
         check_goal(goal, "--goal")
@@ -163,10 +159,8 @@ def collect(run_dirs: Sequence[Path | str], *, weights: Mapping[str, float] | No
 
 
 def remember_choice(runs: Sequence[Path], kept: RankChoice, asked: RankChoice, ranked: Ranking) -> list[str]:
-    """Keep what this collect ranked by in each run's rank.json (core.store.rank_choice), so that a later collect of any
-    of them ranks the same way: the metric and goal the ranking used (the default metric pinned, the goal known for it),
-    or, where nothing was ranked, what was asked. A run that cannot be written (copied read-only, someone else's)
-    keeps its old choice and the collect goes on: what could not be remembered is a warning, never a failure."""
+    """Keep what this collect ranked by (or, where nothing was ranked, what was asked) in each run's rank.json, so a
+    later collect ranks the same way. A run that cannot be written keeps its old choice: a warning, never a failure."""
     chosen, _ = choose(asked, kept)
     choice = RankChoice(ranked.metric or chosen.metric, ranked.goal or chosen.goal, chosen.pattern)
     warnings = []
@@ -183,9 +177,8 @@ def remember_choice(runs: Sequence[Path], kept: RankChoice, asked: RankChoice, r
 
 
 def find_runs(paths: Sequence[Path], depth: int = 3) -> list[Path]:
-    """The run directories given, each with its rounds measured again (again/NN/, packing.remeasure), or found
-    beneath a folder that is not one itself (a Hydra multirun directory holds one per launch under .gpupack/;
-    runs/<sweep>/ holds one per date)."""
+    """The run directories given, each with its rounds measured again (again/NN/), or found beneath a folder that is
+    not one itself (a Hydra multirun's .gpupack/, runs/<sweep>/)."""
     out: list[Path] = []
     for path in paths:
         if RunDir(path).plan.exists() or not path.is_dir():
@@ -224,17 +217,14 @@ def _measured(run: Path) -> set[tuple[str, str, str]]:
 
 
 def sweep_of(run: Path) -> Path:
-    """The sweep a run is part of: an auto sweep's root for its probe steps and its run (one sweep, measured in
-    steps that repeat the same workload, partition and mode), else :attr:`RunDir.sweep_root`."""
+    """The sweep a run is part of: an auto sweep's root for its probe steps and its run, else its sweep_root."""
     where = RunDir(run)
     return where.auto_root or where.sweep_root
 
 
 def apart(runs: Sequence[Path]) -> list[list[Path]]:
-    """The runs, by sweep (a Hydra multirun's launches are one sweep), where they must be reported apart: two
-    sweeps that measured the same (workload, partition, mode) or ran different workloads would make a pooled table
-    of rows that look alike and times of unrelated runs pooled. Else one list: one sweep, or sweeps that measured
-    different partitions of one workload, whose pooled report compares those partitions."""
+    """The runs by sweep where they must be reported apart (sweeps that measured the same (workload, partition, mode),
+    or different workloads, would pool unrelated times); else one list, whose pooled report compares partitions."""
     sweeps: dict[Path, list[Path]] = {}
     for run in runs:
         sweeps.setdefault(sweep_of(run), []).append(run)
@@ -246,21 +236,15 @@ def apart(runs: Sequence[Path]) -> list[list[Path]]:
     return list(sweeps.values()) if overlap or len(workloads) > 1 else [list(runs)]
 
 
-def comparison_home(given: Sequence[Path]) -> Path:
-    """Where a comparison page goes: the folder given, else the folder the runs given share."""
-    if len(given) == 1:
-        return given[0]
-    return Path(os.path.commonpath([str(p.resolve()) for p in given]))
-
-
 def compare_runs(sweeps: Sequence[Sequence[Path]], given: Sequence[Path], *, out: Path | str | None,
                  plots: bool, console: Console | None, wide: bool, weights: Mapping[str, float] | None,
                  sweep_trainings: int | None, metric: str | None, goal: str | None,
                  pattern: str | None) -> tuple[Collected, list[Path]]:
-    """Several unrelated runs: each collected on its own (its files and report.html in its own directory), then one
-    comparison.html with a run column in ``out`` (default :func:`comparison_home`). Returns the first run's
+    """Several unrelated runs: each collected on its own (in its own directory), then one comparison.html with a run
+    column in ``out`` (default: the folder given, else the one the runs given share). Returns the first run's
     Collected with every run's summary, a run column first."""
-    home = Path(out) if out else comparison_home(given)
+    home = Path(out) if out else given[0] if len(given) == 1 else \
+        Path(os.path.commonpath([str(p.resolve()) for p in given]))
     pages, written = [], []
     for group in sweeps:
         root = sweep_of(group[0])

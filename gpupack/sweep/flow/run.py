@@ -1,12 +1,13 @@
 """A sweep with fixed packing factors: prepare (compose → validate → plan, writing nothing), then run (open the run
-directory: resume or refuse, lock; submit what is left; wait; collect). ``packing.factors=auto`` builds on this
-(:mod:`gpupack.sweep.flow.auto`); :mod:`gpupack.sweep` chooses between them."""
+directory, submit what is left, wait, collect). :mod:`gpupack.sweep.flow.auto` builds on this."""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import datetime as _dt
 import errno
+import functools
+import importlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -60,22 +61,8 @@ class Prepared:
     chosen_dir: bool = True
 
     def resumes(self) -> bool:
-        """True when the run directory already holds this plan: it reads the directory, and refuses one holding
-        another sweep (RunDirError), so it is a call, not a property."""
+        """True when the run directory already holds this plan (it reads it, and refuses another sweep's)."""
         return check_run_dir(self.run, self.plan)
-
-
-@dataclass(frozen=True)
-class Checked:
-    """What a front-end's reading of its config gives :func:`prepare_run`, checked against the submitter's answers."""
-
-    name: str
-    plan: Plan
-    settings: PackSettings
-    config: DictConfig | Mapping[str, object]  # what config.yaml records
-    wait: bool = True
-    spec: SweepSpec | None = None
-    warnings: tuple[str, ...] = ()
 
 
 @dataclass
@@ -149,57 +136,52 @@ def ask_submitter(submitter: Submitter[ClusterConfig], requested_partitions: Seq
                         stream_jobs=submitter.stream_jobs)
 
 
-def prepare_run(run: RunDir, submitter: Submitter[ClusterConfig], partitions: Sequence[str],
-                check: Callable[[ClusterFacts], Checked]) -> Prepared:
-    """The one preparation of a sweep, whichever front-end read its config (gpupack's own: :func:`prepare`; a Hydra
-    launcher's batch: gpupack.hydra_launch.prepare): the submitter's answers asked once, ``check`` against them (every
-    value checked, the plan made), then what the submitter must know before anything is written. Writes nothing."""
+def prepare_run(submitter: Submitter[ClusterConfig], partitions: Sequence[str],
+                check: Callable[[ClusterFacts], Prepared]) -> Prepared:
+    """The one preparation of a sweep, whichever front-end read its config (:func:`prepare`, a Hydra launcher's):
+    the submitter's answers asked once, ``check`` against them (every value checked, the plan made). Writes nothing."""
     facts = ask_submitter(submitter, partitions)
-    checked = check(facts)
-    memory = checked.spec.memory if checked.spec is not None else None
+    prepared = check(facts)
+    prepared.capacities = dict(facts.capacities)
+    memory = prepared.spec.memory if prepared.spec is not None else None
     if memory is not None:  # what SLURM requests are sized by (measured), or what they say of the records (a default)
         submitter.measured_host_mb = memory.host
-    if not checked.wait:
+    if not prepared.wait:
         submitter.require_detachable()  # said before anything is written
-    return Prepared(name=checked.name, plan=checked.plan, run=run, submitter=submitter, settings=checked.settings,
-                    config=checked.config, wait=checked.wait, spec=checked.spec, capacities=dict(facts.capacities),
-                    warnings=checked.warnings)
+    return prepared
 
 
 def prepare(overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> Prepared:
-    """gpupack's own config: compose (unless ``cfg`` is given), then :func:`prepare_run` with
-    :func:`gpupack.sweep.setup.validate.validate` as its check. Writes nothing."""
+    """gpupack's own config: compose (unless ``cfg`` is given), then :func:`prepare_run` with validate as its check."""
     cfg = compose_config(overrides) if cfg is None else cfg
     require_sweep(cfg)
     cfg = measured_first(cfg)  # a search given several N measures them first
     # sweep.name is checked with every other value (validate), before anything is written
     run = RunDir(Path(cfg.run_dir) if cfg.run_dir else default_run_dir(str(cfg.sweep.name)))
+    submitter = load_submitter(cfg.cluster.backend, cfg.cluster, run)
 
-    def check(facts: ClusterFacts) -> Checked:
+    def check(facts: ClusterFacts) -> Prepared:
         spec = validate(cfg, facts, measure=lambda workload, settings, seed_key: find_measured(
             candidate_runs(run.root), workload, settings, seed_key,
             devices=target_devices(str(cfg.packing.device), facts.capacities, facts.partitions)))
-        return Checked(name=spec.name, plan=spec.plan(), settings=spec.settings, config=cfg, wait=bool(cfg.wait),
-                       spec=spec, warnings=spec.warnings)
+        return Prepared(name=spec.name, plan=spec.plan(), run=run, submitter=submitter, settings=spec.settings,
+                        config=cfg, wait=bool(cfg.wait), spec=spec, warnings=spec.warnings,
+                        chosen_dir=bool(cfg.run_dir))
 
-    prepared = prepare_run(run, load_submitter(cfg.cluster.backend, cfg.cluster, run),
-                           requested_partitions(cfg.partitions), check)
-    prepared.chosen_dir = bool(cfg.run_dir)
-    return prepared
+    return prepare_run(submitter, requested_partitions(cfg.partitions), check)
 
 
 def target_devices(device: str, capacities: Mapping[str, Capacity], partitions: Sequence[str]) -> list[str | None]:
-    """The device model each of ``partitions``' trainings run on, which earlier records must have been measured on
-    to size them: the partition's (its :attr:`Capacity.device`), or the CPU where packing.device (``device``) is
-    cpu."""
+    """The device model each of ``partitions``' trainings run on (what earlier records that size them were measured
+    on): the partition's, or the CPU where packing.device is cpu."""
     if device == "cpu":
         return ["cpu"]
     return [capacities[p].device if p in capacities else None for p in partitions]
 
 
 def forecast(prepared: Prepared) -> list[str]:
-    """What the run will make, said before it starts (and by a dry run): its jobs against what the site lets the user
-    queue, and about how many files its run directory will hold."""
+    """What the run will make, said before it starts: its jobs against what the site lets the user queue, and about
+    how many files its run directory will hold."""
     plan, jobs = prepared.plan, prepared.submitter.job_forecast(prepared.plan.packs)
     arrays = (f" in {jobs.arrays} job array(s)" + (f" of at most {jobs.max_array_size:,} tasks (MaxArraySize)"
                                                     if jobs.max_array_size else "")) if jobs.arrays else ""
@@ -262,9 +244,8 @@ def check_run_dir(run: RunDir, plan: Plan | None) -> bool:
 
 @dataclass(frozen=True)
 class Beside:
-    """A run directory of the same sweep (the same plan, :meth:`Plan.same_sweep`) beside the one a command starts:
-    unfinished (a training of its plan has no record: it was stopped), or running (a sweep of this host holds its
-    lock, :class:`HeldLocks`)."""
+    """A run directory of the same sweep beside the one a command starts: unfinished (stopped), or running (a sweep
+    of this host holds its lock)."""
 
     root: Path
     complete: int  # packs complete, as its resume would count them (packs_to_run)
@@ -278,9 +259,8 @@ BESIDE_LOOKED = 4  # the newest run directories beside a new one that are read: 
 
 def unfinished_beside(prepared: Prepared, look: int = BESIDE_LOOKED) -> list[Beside]:
     """The runs of this same sweep, unfinished or running, among the ``look`` newest run directories beside the one
-    ``prepared`` starts (runs/<sweep>/<date>_<time>: a command without run_dir= makes a new one each time), newest
-    first. None where the user chose the run directory (run_dir=...), or for packing.factors=auto (its root has no plan
-    of its own). Reads plans and records only: no lock is taken, no queue asked."""
+    ``prepared`` starts, newest first; none where the user chose run_dir=, or for packing.factors=auto (its root has no
+    plan). Reads plans and records only: no lock is taken, no queue asked."""
     if prepared.chosen_dir or (prepared.spec is not None and prepared.spec.auto is not None):
         return []
     held: HeldLocks | None = None  # this host's lock table, read once and only where a same sweep is found
@@ -303,8 +283,8 @@ def unfinished_beside(prepared: Prepared, look: int = BESIDE_LOOKED) -> list[Bes
 
 
 def unrecorded(run: RunDir, plan: Plan) -> bool:
-    """Some training of ``plan`` has no record yet in ``run`` (one skipped for memory counts as recorded once its
-    refit pack recorded it): the run was stopped before its end, or still runs."""
+    """Some training of ``plan`` has no record yet in ``run`` (one skipped for memory, once its refit pack recorded
+    it, has): the run was stopped before its end, or still runs."""
     records = RunRecords(run)
 
     def recorded(pack_id: str, training_id: str) -> bool:
@@ -317,21 +297,17 @@ def unrecorded(run: RunDir, plan: Plan) -> bool:
 @contextlib.contextmanager
 def open_run_dir(run: RunDir, plan: Plan | None) -> Iterator[tuple[bool, RunLock]]:
     """The one opener of a run directory, a plain run's (``plan``) or a ``packing.factors=auto`` root's (None): make
-    it, lock it and hold the lock (:class:`RunLock`) while the caller runs; yields whether it resumes an earlier run of
-    the same sweep, and the lock. A directory holding another sweep is refused, never overwritten.
+    it and hold its lock while the caller runs; yields whether it resumes the same sweep, and the lock. A directory
+    holding another sweep is refused, never overwritten.
 
-    The lock comes before the look: two commands started at once must not read each other's half-written directory
-    (a config.yaml without its plan.json reads as "not a gpupack run"), so whoever loses the lock is refused for that,
-    whatever the timing. Only a directory no gpupack ever locked (no .lock) is looked at first, so that a folder of the
-    user's own gets no lock file in it. Its writability is the lock file itself, made and written by this command
-    alone, and os.access for the folder: no probe file two commands could share."""
+    The lock comes before the look, so two commands started at once never read each other's half-written directory;
+    only a directory no gpupack ever locked is looked at first, so a folder of the user's own gets no lock file. Its
+    writability is the lock file itself and os.access: no probe file two commands could share."""
     if run.root.exists() and not run.lock.exists():
         check_run_dir(run, plan)  # another sweep's, or the user's own: refused before anything is written in it
     try:
         make_dirs(run.root)
         lock = RunLock(run).__enter__()
-    except RunDirError:
-        raise
     except OSError as err:
         raise opening_fault(run, err) from None
     try:
@@ -344,19 +320,16 @@ def open_run_dir(run: RunDir, plan: Plan | None) -> Iterator[tuple[bool, RunLock
 
 
 def opening_fault(run: RunDir, err: OSError) -> GpupackError:
-    """Why a run directory cannot be opened: a full disk or quota as :func:`gpupack.core.store.storage.storage_error`
-    says it (free space, then the same command); anything else, a run_dir to choose instead."""
+    """Why a run directory cannot be opened: a full disk or quota as storage_error says it; else, choose another."""
     fault = storage_error(err, run.root) if err.errno in (errno.ENOSPC, errno.EDQUOT) else None
     return fault or RunDirError(f"run_dir={str(run.root)!r} is not writable ({err.strerror}). HINT: choose a "
                                 "writable run_dir=...")
 
 
 def packs_to_run(run: RunDir, plan: Plan) -> list[Pack]:
-    """The plan minus the packs whose every training has a completed record and that have their own record; a
-    streaming lane runs while any training of its queue has none, or any lane of it no record (every lane of the
-    queue then drains it again, each releasing the claims its own earlier run left). A pack whose record was lost
-    (its journal line torn, or a kill before it was written) is not complete: its run rebuilds it from its
-    trainings' records (gpupack.job.records.rebuild_pack_record), or runs what has none."""
+    """The plan minus the packs whose every training has a completed record and that have their own record (a lost
+    one is rebuilt by the pack's run); a streaming queue's lanes all run again while any of its trainings or lanes
+    has none, each releasing the claims its own earlier run left."""
     records = RunRecords(run)  # a pack's folder, else its lane's journal
 
     def done(p: Pack) -> bool:  # every training ran, here or in a refit of it
@@ -377,34 +350,21 @@ def config_yaml(config: DictConfig | Mapping[str, object]) -> str:
 
 # ---------------- run ----------------
 
-def _import_tables() -> None:
-    import pandas  # noqa: F401  (half of collect's imports)
-    import pyarrow.parquet  # noqa: F401
+# What a run's collect imports (about a second here): the tables, then matplotlib without pyplot (results.report.plots
+# picks the headless backend before importing it), which a run that draws nothing (collect.plots=false) leaves out.
+TABLE_IMPORTS = ("pandas", "pyarrow.parquet", "gpupack.sweep.flow.collect")
+PLOT_IMPORTS = ("matplotlib.backends.backend_agg", "matplotlib.figure")
+COLLECT_IMPORTS = tuple(functools.partial(importlib.import_module, name) for name in TABLE_IMPORTS + PLOT_IMPORTS)
 
 
-def _import_collect() -> None:
-    import gpupack.sweep.flow.collect  # noqa: F401
-
-
-def _import_plots() -> None:  # without pyplot: results.report.plots picks the headless backend before importing it
-    import matplotlib.backends.backend_agg  # noqa: F401
-    import matplotlib.figure  # noqa: F401
-
-
-# what a run's collect imports (pandas, pyarrow, gpupack's analysis and report, matplotlib: about a second here)
-COLLECT_IMPORTS = (_import_tables, _import_collect, _import_plots)
-
-
-def collect_imports(plots: bool) -> tuple[Callable[[], None], ...]:
-    """What a run's end will import: COLLECT_IMPORTS, less matplotlib where it draws nothing (collect.plots=false)."""
-    return COLLECT_IMPORTS if plots else tuple(step for step in COLLECT_IMPORTS if step is not _import_plots)
+def collect_imports(plots: bool) -> tuple[Callable[[], object], ...]:
+    return COLLECT_IMPORTS if plots else COLLECT_IMPORTS[:len(TABLE_IMPORTS)]
 
 
 def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
               on_open: Callable[[Opened], None] | None = None, collect_outputs: bool = True,
               plots: bool = True) -> Outcome:
-    """Open the run directory (resume or refuse, lock), submit what is left, and — unless the sweep detaches —
-    wait for it and collect. ``on_open`` sees what was found before anything is submitted."""
+    """:func:`gpupack.sweep.run` for fixed packing factors."""
     run_dir, plan, submitter = prepared.run, prepared.plan, prepared.submitter
     with open_run_dir(run_dir, plan) as (resumed, lock):
         submitter.lock = lock  # the local backend's jobs hold it with this command (RunLock)
@@ -449,12 +409,10 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
 
 def measure_again(prepared: Prepared, plan: Plan, outcome: Outcome, progress: ProgressFn | None,
                   plots: bool) -> None:
-    """packing.remeasure: where the run names no best N for a partition (gpupack.results.analysis.summary.no_answer),
-    the rounds of it measured under foreign load are measured again in RUN_DIR/again/NN/ (the same packs on new seeds,
-    gpupack.core.plan.again_packs), and the run is collected with them, up to that many times; each time from the
-    rounds the last measurement left disturbed. Nothing is measured again where no round was disturbed (the same
-    set-up would answer the same). A resumed run resumes a measurement again begun, and begins none past the budget.
-    ``outcome`` takes the packs' results and the new collection."""
+    """packing.remeasure: where the run names no best N for a partition, the rounds measured under foreign load are
+    measured again in RUN_DIR/again/NN/ (the same packs on new seeds) and the run is collected with them, up to that
+    many times, never where no round was disturbed (the same set-up would answer the same). A resume resumes a
+    measurement begun. ``outcome`` takes the packs' results and the new collection."""
     from gpupack.results.analysis.disturbance import disturbed_rounds
     from gpupack.sweep.flow.collect import collect
 
@@ -491,7 +449,7 @@ def measure_again(prepared: Prepared, plan: Plan, outcome: Outcome, progress: Pr
 def part_prepared(prepared: Prepared, config: DictConfig, plan: Plan, run: RunDir,
                   overrides: dict[str, dict[str, object]]) -> Prepared:
     """A Prepared for a part of a sweep run in its own directory (an auto step, rounds measured again): the same
-    sweep and backend options with ``overrides``, this plan, a backend of its own there."""
+    options with ``overrides``, this plan, a backend of its own there."""
     merged = OmegaConf.merge(config, {"run_dir": str(run.root)}, overrides)
     assert isinstance(merged, DictConfig)  # a DictConfig merged with a dict stays one (not user input)
     submitter = load_submitter(config.cluster.backend, config.cluster, run)

@@ -67,9 +67,8 @@ class RunStatus:
 
     @property
     def stopped(self) -> bool:
-        """Trainings are left, and nothing of the run runs or is queued (no live lock of this host, no job in the
-        queue): it was stopped, and waits to be resumed; no rate says when it ends. Only packs tell it: none, not.
-        A search's trials are left while its study has trials to ask or to tell."""
+        """Trainings (a search's trials) are left, and nothing of the run runs or is queued: it was stopped, and waits
+        to be resumed; no rate says when it ends."""
         left = self.ended_at is None if self.search is None else not self.search.ended
         return left and bool(self.packs) and has_ended(self)
 
@@ -88,13 +87,10 @@ class RunStatus:
         return None if self.started_at is None else (self.ended_at or now) - self.started_at
 
     def left_s(self, now: float) -> float | None:
-        """What is left at the rate so far, as a progress bar estimates it; None before any training ended, or where
-        nothing runs or is queued (:attr:`stopped`)."""
+        """What is left at the rate so far; None before any training ended, or where the run was :attr:`stopped`."""
         if self.stopped:
             return None
-        total = Counter[str]()
-        for c in self.trainings.values():
-            total.update(c)
+        total = sum(self.trainings.values(), Counter[str]())
         ended = total[T_COMPLETED] + total[T_FAILED] + total[T_PRUNED]
         return eta_s(self.elapsed_s(now), ended, total[T_RUNNING] + total[T_WAITING])
 
@@ -109,8 +105,7 @@ def eta_s(elapsed_s: float | None, ended: int, left: int) -> float | None:
 
 
 def training_state(record: Mapping[str, object] | None, started: bool, pack_state: str) -> str:
-    """One training's state: its record first; without one, running only while its pack runs and it has started
-    (its log exists). Pure."""
+    """One training's state: its record's; without one, running only while its pack runs and its log exists. Pure."""
     if record is not None:
         said = record.get("status")
         return T_COMPLETED if said == COMPLETED else T_SKIPPED if said == SKIPPED_MEMORY else \
@@ -124,12 +119,10 @@ STOPPED = "stopped"  # started here and ended with no pack record (stopped or ki
 def pack_status(pack: Pack, done: int, has_record: bool, job_id: str | None,
                 states: Mapping[str, str] | None, started: bool = False, held: bool = False,
                 sweep_held: bool = False, skipped: int = 0) -> str:
-    """Where one pack stands, from its records first and the queue (gpupack states) for the rest. A backend that
-    keeps no job ids (local) tells it by the run directory alone: ``started``, its job body began (its folder
-    exists); ``held``, a live packer holds the pack's lock; ``sweep_held``, a live sweep holds the run's.
-    ``skipped``: its trainings skipped for memory that run nowhere else; a pack whose every other training completed
-    is skipped for memory, not failed. Done only with its own record too: one whose record was lost (its journal line
-    torn) is stopped once nothing runs it, and its resume rebuilds the record. Pure."""
+    """Where one pack stands, from its records first and the queue for the rest. Without job ids (local) the run
+    directory tells it: ``started``, its folder exists; ``held``, a live packer holds the pack's lock; ``sweep_held``,
+    a live sweep holds the run's. ``skipped``: its trainings skipped for memory that run nowhere else. Done only with
+    its own record too: one whose record was lost is stopped once nothing runs it. Pure."""
     if done == len(pack.trainings) and has_record:
         return DONE
     if skipped and done + skipped == len(pack.trainings):
@@ -204,15 +197,15 @@ def _merged(run: RunDir, parts: list[RunStatus]) -> RunStatus:
 
 def _pack_states(run: RunDir, plan: Plan, records: RunRecords, every: Mapping[str, Mapping[str, TrainingRecord | None]],
                  jobs: Mapping[str, SubmittedJob], states: Mapping[str, str] | None) -> list[PackStatus]:
-    """Each planned pack's state: from its trainings' records and its pack record, its job's queue state, and
-    whether this host holds its lock or the run's."""
+    """Each planned pack's state: from its records, its job's queue state, and this host's locks."""
     held = HeldLocks()  # this host's lock table, read once for the run and every pack
     sweep_held = held.holds(run.lock)
     packs = []
     for p in plan.packs:
         recs = every[p.pack_id]
         done = sum(rec is not None and rec.get("status") == COMPLETED for rec in recs.values())
-        skipped = sum(skipped_here(rec) for rec in recs.values())
+        skipped = sum(rec is not None and rec.get("status") == SKIPPED_MEMORY and not rec.get("runs_in")
+                      for rec in recs.values())  # skipped for memory, and run nowhere else (no refit pack named)
         # skipped for memory, to run in a refit pack that has not recorded it yet: the job that wrote the pack's record
         # (skipped) runs them now, or was cut off before: as a pack with no record yet (running, or to resume)
         to_refit = any(rec is not None and rec.get("status") == SKIPPED_MEMORY and rec.get("runs_in")
@@ -230,8 +223,8 @@ def _pack_states(run: RunDir, plan: Plan, records: RunRecords, every: Mapping[st
 def _training_states(run: RunDir, plan: Plan, every: Mapping[str, Mapping[str, TrainingRecord | None]],
                      by_pack: Mapping[str, str]) -> tuple[dict[str, Counter[str]], list[float | None],
                                                           list[float | None]]:
-    """Each training's state by partition (the lane that claimed it, else its pack, runs it), and the start and end
-    of each one recorded."""
+    """Each training's state by partition (the lane that claimed it, else its pack, runs it), and the recorded starts
+    and ends."""
     trainings: dict[str, Counter[str]] = {}
     starts: list[float | None] = []
     ends: list[float | None] = []
@@ -258,14 +251,9 @@ def _training_states(run: RunDir, plan: Plan, every: Mapping[str, Mapping[str, T
     return trainings, starts, ends
 
 
-def skipped_here(rec: Mapping[str, object] | None) -> bool:
-    """A training skipped for memory that runs nowhere else (no refit pack named to run it). Pure."""
-    return rec is not None and rec.get("status") == SKIPPED_MEMORY and not rec.get("runs_in")
-
-
 def skipped_words(pack_rec: Mapping[str, object] | None) -> tuple[str | None, str | None]:
-    """Why a pack was skipped for memory (None: it was not), and where its trainings run instead, in words: the refit
-    packs its record names (its latest attempt's; an earlier attempt's, cut off, are not where they run now). Pure."""
+    """Why a pack was skipped for memory (None: it was not), and where its trainings run instead (the refit packs its
+    latest attempt's record names), in words. Pure."""
     if pack_rec is None or not pack_rec.get("skipped_memory"):
         return None, None
     refit = pack_rec.get("refit")  # {packs, n, why} as the job wrote it, or none
@@ -283,15 +271,14 @@ MAY_RUN = (PENDING, RUNNING, "submitted", "unknown")
 
 
 def has_ended(st: RunStatus) -> bool:
-    """Nothing of the run may still run: every pack done, failed, stopped or never submitted (a queue that did not
-    answer leaves its packs unknown, so a run is never called ended on its silence). Pure."""
+    """Nothing of the run may still run (a queue that did not answer leaves its packs unknown: no end on silence)."""
     return all(p.state not in MAY_RUN for p in st.packs)
 
 
 def follow(run_dir: Path | str, every_s: float, sleep: Callable[[float], None] = time.sleep,
            look: Callable[[Path | str], RunStatus] | None = None) -> Iterator[RunStatus]:
-    """The run's status every ``every_s`` seconds, from its records and the queue (``look``: :func:`status`), until
-    it has ended (the last status yielded is the ended one). Reads only: nothing is submitted, nothing held open."""
+    """The run's status (``look``: :func:`status`) every ``every_s`` seconds until it has ended, that one last.
+    Reads only: nothing is submitted, nothing held open."""
     look = look or status
     while True:
         st = look(run_dir)
@@ -308,9 +295,8 @@ def _all_ended(trainings: Mapping[str, Counter[str]]) -> bool:
 
 def clear_oom(run_dir: Path | str, *, partition: str | None = None, mode: str | None = None,
               factor: int | None = None) -> int:
-    """Let N that ran out of memory count again (after the user changed what made them: a smaller batch, another
-    GPU): the OOM records so far that match are no longer counted as infeasible. Nothing is deleted — the records
-    stay, and RUN_DIR/cleared_oom.json says what was cleared and when. Returns how many OOM records it clears."""
+    """Let N that ran out of memory count again (the user changed what made them: a smaller batch, another GPU).
+    Nothing is deleted: RUN_DIR/cleared_oom.json says what was cleared and when. Returns how many OOM records."""
     run = RunDir(Path(run_dir))
     if not run.plan.exists():
         raise RunDirError(f"RUN_DIR={str(run.root)!r} has no plan.json. HINT: give the directory a sweep printed")

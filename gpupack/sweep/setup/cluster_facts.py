@@ -1,6 +1,5 @@
-"""What the backend answered, once, and the checks against it: a pack of N (or a training over k devices) must fit
-one job on each partition; where a request leaves a node's GPUs idle, say so; how far packing.factors=auto's ladder
-can climb. Pure: nothing is asked of the backend here."""
+"""What the backend answered, once, and the checks against it (fit, idle GPUs, billing, how far packing.factors=auto's
+ladder can climb). Pure: nothing is asked of the backend here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,8 +13,7 @@ from gpupack.errors import ConfigError
 
 @dataclass(frozen=True)
 class ClusterFacts:
-    """What the backend answered, once, before validation: the partitions, what one pack job on each can have,
-    and what a pack of each N asks for. Validation reads these and asks nothing else."""
+    """What the backend answered, once, before validation: validation reads these and asks nothing else."""
 
     partitions: tuple[str, ...]
     capacities: Mapping[str, Capacity]
@@ -45,8 +43,7 @@ def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], 
 
 
 def idle_gpu_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_mb: Figure | None) -> list[str]:
-    """Where a pack's request (CPUs, memory) lets fewer packs onto a node than it has GPUs, the others sit idle for
-    the whole sweep: say so, with what would fit. Pure."""
+    """Where a pack's request lets fewer packs onto a node than it has GPUs (the others idle): say so. Pure."""
     out = []
     for name, cap in facts.capacities.items():
         if not (cap.node_gpus and cap.node_gpus > 1):
@@ -68,9 +65,8 @@ def idle_gpu_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host
 
 
 def bundle_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_mb: Figure | None) -> list[str]:
-    """Where a pack of N asks more cores or memory than one GPU's bundle, the allocation is charged for the largest
-    of the three (gpupack.core.cost.billing): say what it asks, the bundle, and the billed multiple of the GPU's RGU,
-    with the fix. Pure."""
+    """Where a pack of N asks more cores or memory than one GPU's bundle (billed for the largest of the three): say
+    what it asks, the bundle, the billed multiple of the GPU's RGU, and the fix. Pure."""
     out = []
     for name, cap in facts.capacities.items():
         bundle = Bundle(1.0, cap.bundle_cores, cap.bundle_mem_gb)
@@ -91,9 +87,8 @@ def bundle_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_m
 def auto_ladder(ladder: Sequence[int], facts: ClusterFacts, memory: TrainingMemory, fraction: float,
                 measured_host_mb: Figure | None, check_mode: Callable[[int], None] = lambda n: None
                 ) -> tuple[tuple[int, ...], str | None, str | None]:
-    """The ladder as far as a job on every partition holds it (CPUs, the mode's own limits) and why it stops there;
-    and where memory would stop it by today's figures (a forecast: the probe re-checks with what it measures).
-    The first rung must fit. Pure."""
+    """The ladder as far as a job on every partition holds it (the first rung must) and why it stops there; and where
+    memory would stop it by today's figures (a forecast: the probe re-checks with what it measures). Pure."""
     memory_note = None
     for i, n in enumerate(ladder):
         try:

@@ -1,10 +1,5 @@
-"""Compose the config with Hydra (config tree + override grammar), turning its errors into one line.
-
-gpupack is itself a sweeper, so it composes with Hydra's compose API rather than ``@hydra.main``: the
-same YAML tree and override grammar, with errors that name the key, the value and the fix. A Hydra
-sweep override on a grid key (``sweep.grid.lr=0.1,0.01`` or ``sweep.grid.seed=range(0,4)``) becomes
-that grid axis.
-"""
+"""Compose the config with Hydra's compose API (gpupack is itself a sweeper: no ``@hydra.main``), each error one line
+naming the key, the value and the fix. A sweep override on a grid key (``sweep.grid.lr=0.1,0.01``) is that axis."""
 from __future__ import annotations
 
 import contextlib
@@ -14,6 +9,8 @@ import re
 from typing import Any, Iterator, Sequence
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_loader import ConfigLoader
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
@@ -43,9 +40,8 @@ _BARE_ITEM = re.compile(rf"(?<=[\[,])(\s*)({_FIELD})(\s*)(?=[,\]])")
 
 
 def quote_fields(text: str) -> str:
-    """``key=[{python},train.py,--lr,{lr}]`` as ``key=["{python}",train.py,--lr,"{lr}"]`` for the free keys (a
-    workload's fixed values and grid axes): the shell strips the quotes a user put around ``'{lr}'``, and a bare
-    ``{lr}`` is a dict to Hydra's grammar, which no argv item, path or variable of a workload is."""
+    """``key=[{python},train.py,--lr,{lr}]`` as ``key=["{python}",train.py,--lr,"{lr}"]`` for the free keys: the
+    shell strips the quotes a user put around ``'{lr}'``, and a bare ``{lr}`` is a dict to Hydra's grammar."""
     key, eq, value = text.partition("=")
     if not eq or not key.lstrip("+~").startswith(FREE_PREFIXES):
         return text
@@ -58,9 +54,7 @@ def quote_fields(text: str) -> str:
 
 def grid_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str | list[object]]]:
     """The overrides Hydra composes, and the grid axes given in Hydra's sweep syntax, which compose_config sets after
-    composing: a,b,c as its values, range(1,5001) as its text for the plan to expand (a list literal of thousands of
-    values costs Hydra's parser seconds, and as many OmegaConf nodes more). A later plain value of the same key wins,
-    as in Hydra; sweeps elsewhere are refused."""
+    composing (a later plain value of the same key wins, as in Hydra); sweeps elsewhere are refused."""
     parser = OverridesParser.create()
     out: list[str] = []
     axes: dict[str, str | list[object]] = {}
@@ -140,20 +134,17 @@ def translate(err: Exception, overrides: Sequence[str]) -> ConfigError:
                                f"write {MOVED[key]}={_value_for(key, overrides)}")
         if m:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
-            given = next((o.lstrip("+~") for o in overrides if o.lstrip("+~").startswith(f"{key}.")), None)
-            if not parent and given:  # grid.lr=... for sweep.grid.lr=...: name the key the user meant
-                meant = next((f"{g}.{given}" for g in ("sweep", "packing", "cluster") if key in _keys_under(g)), None)
+            named, value = _as_written(key, overrides)
+            if not parent and named != key:  # grid.lr=... for sweep.grid.lr=...: name the key the user meant
+                meant = next((g for g in ("sweep", "packing", "cluster") if key in _keys_under(g)), None)
                 if meant:
-                    return ConfigError(given.split("=", 1)[0], given.split("=", 1)[1], "unknown config key",
-                                       f"did you mean {meant}?")
-            return ConfigError(*_as_written(key, overrides), "unknown config key",
+                    return ConfigError(named, value, "unknown config key", f"did you mean {meant}.{named}={value}?")
+            return ConfigError(named, value, "unknown config key",
                                _nearest_key(key, m.group(1), getattr(cause, "object_type", None), overrides) +
                                (" (add a new grid axis with +sweep.grid.NAME=[...])"
                                 if parent.startswith("sweep.grid") else ""))
-        value = getattr(cause, "value", None) if hasattr(cause, "value") else _value_for(key, overrides)
-        if value is None:
-            value = _value_for(key, overrides)
-        return ConfigError(key, value, msg, _type_hint(key))
+        given = getattr(cause, "value", None)
+        return ConfigError(key, _value_for(key, overrides) if given is None else given, msg, _type_hint(key))
     m = re.search(r"Could not override '([^']+)'\. No match in the defaults list", str(err))
     if m:  # sweep=NAME: a group the defaults list does not choose is added with +, not overridden
         group = m.group(1)
@@ -174,8 +165,7 @@ def _value_for(key: str, overrides: Sequence[str]) -> str:
 
 
 def _as_written(key: str, overrides: Sequence[str]) -> tuple[str, str]:
-    """An unknown ``key`` and its value as the user wrote them, in full (``cluster.partitions.local.foo`` where the
-    unknown key is ``cluster.partitions``)."""
+    """An unknown ``key`` and its value as written, in full (``a.b.c=1`` where the unknown key is ``a.b``)."""
     given = next((o.lstrip("+~") for o in overrides if o.lstrip("+~").startswith(f"{key}.")), None)
     if given and "=" in given:
         named, value = given.split("=", 1)
@@ -184,10 +174,8 @@ def _as_written(key: str, overrides: Sequence[str]) -> tuple[str, str]:
 
 
 def _nearest_key(key: str, word: str, kind: object, overrides: Sequence[str]) -> str:
-    """The HINT of an unknown key ``key`` (its last part ``word``) of a node typed ``kind`` (its dataclass, where
-    known): the nearest keys of its group, as the override to write (``cluster.accout=def-x``: ``did you mean
-    cluster.account=def-x?``); else a key another backend's clusters have (``cluster.account`` under
-    cluster=local); else the group's keys."""
+    """The HINT of an unknown key ``key`` (its last part ``word``) of a node typed ``kind``: the nearest keys of its
+    group as the override to write; else a key another backend's clusters have; else the group's keys."""
     parent = key.rpartition(".")[0]
     keys = _keys_of(kind) or _keys_under(parent)
     close = difflib.get_close_matches(word, keys, n=3, cutoff=0.6)
@@ -210,8 +198,8 @@ def _join(parent: str, name: str) -> str:
 
 
 def _as_given(key: str, meant: str, overrides: Sequence[str]) -> str:
-    """``meant`` as the user's override would read with ``key`` replaced by it: the rest of the override's key (the
-    ``.lr`` of ``sweep.gridd.lr=1``) and its value kept; the bare key where no override named it."""
+    """``meant`` as the user's override would read with ``key`` replaced by it (``sweep.gridd.lr=1``: its ``.lr=1``
+    kept); the bare key where no override named it."""
     for text in overrides:
         given, eq, value = text.lstrip("+~").partition("=")
         if eq and (given == key or given.startswith(f"{key}.")):
@@ -220,15 +208,14 @@ def _as_given(key: str, meant: str, overrides: Sequence[str]) -> str:
 
 
 def _keys_of(kind: object) -> list[str]:
-    """The keys of a structured config node's dataclass ``kind`` (a cluster backend's own, a partition's, a packing
-    mode's), which the schema's ``Any`` fields do not show."""
+    """The keys of a structured config node's dataclass ``kind``, which the schema's ``Any`` fields do not show."""
     return [f.name for f in dataclasses.fields(kind)] if isinstance(kind, type) and dataclasses.is_dataclass(kind) \
         else []
 
 
 def _other_backends_key(word: str, kind: object) -> tuple[str, str, str] | None:
     """(backend, this backend, key) where ``word`` is (close to) a key of another backend's cluster config than
-    ``kind``'s (a cluster's own config): ``cluster.account`` under cluster=local is a SLURM cluster's."""
+    ``kind``'s: ``cluster.account`` under cluster=local is a SLURM cluster's."""
     here = next((name for name, config in backend_configs().items() if config is kind), None)
     if here is None:
         return None
@@ -282,23 +269,22 @@ GROUPS = {
 
 
 @contextlib.contextmanager
-def _gpupack_hydra() -> Iterator[None]:
-    """Hydra initialised on gpupack's conf/, leaving the caller's process as it was: Hydra keeps version_base in a
-    process-wide singleton, and a notebook or a Hydra app that calls gpupack must keep its own (job.chdir and more
-    depend on it)."""
+def _gpupack_hydra() -> Iterator[ConfigLoader]:
+    """Hydra initialised on gpupack's conf/ and schema (its config loader), leaving the process-wide version_base as
+    the caller (a notebook, a Hydra app) had it."""
     from hydra.version import VersionBase
 
+    register_configs()
     before = VersionBase.instance().getbase()
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="gpupack"):
-            yield
+            yield GlobalHydra.instance().config_loader()
     finally:
         VersionBase.instance().version_base = before
 
 
 def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
     """gpupack's config composed from conf/ and the overrides; ``with_hydra`` keeps Hydra's own node."""
-    register_configs()
     rewritten, axes = grid_overrides(overrides)
     try:
         with _gpupack_hydra():
@@ -316,8 +302,8 @@ def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictCo
 
 
 def under_unchosen_group(overrides: Sequence[str]) -> ConfigError:
-    """The ConfigError for an override of a key under a config group that no override (and no preset) chose, so
-    its node is null (``search.n_trials=8`` without ``search=optuna``): the key, the group, and how to choose it."""
+    """The ConfigError for an override of a key under a config group nothing chose, so its node is null
+    (``search.n_trials=8`` without ``search=optuna``): the key, the group, and how to choose it."""
     parser = OverridesParser.create()
     parsed = [(text, parser.parse_override(text)) for text in overrides]  # they parsed once already: no error here
     # the group choices (+sweep=..., search=...) and Hydra's own settings they are found by (hydra.searchpath)
@@ -338,8 +324,7 @@ def under_unchosen_group(overrides: Sequence[str]) -> ConfigError:
 
 def added_keys(cfg: DictConfig) -> list[tuple[str, type]]:
     """Keys a ``+key=value`` override added to a typed node that its dataclass does not declare, with that dataclass:
-    Hydra's append writes past the struct flag, so ``+cluster.accout=def-x`` would be kept and never read. The
-    nodes typed as mappings (sweep.grid, sweep.fixed, search.space) take any key. Pure."""
+    Hydra's append writes past the struct flag, so they would be kept and never read. Pure."""
     found: list[tuple[str, type]] = []
 
     def walk(node: DictConfig, prefix: str) -> None:
@@ -361,22 +346,14 @@ def added_keys(cfg: DictConfig) -> list[tuple[str, type]]:
 
 def group_options(overrides: Sequence[str] = ()) -> dict[str, list[str]]:
     """The options of each config group (conf/<group>/*.yaml, and any hydra.searchpath the overrides add)."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_configs()
     searchpath = [o for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
-    with _gpupack_hydra():
-        loader = GlobalHydra.instance().config_loader()
+    with _gpupack_hydra() as loader:
         return {g: [o for o in loader.get_group_options(g, config_name="config", overrides=searchpath)
                     if not o.endswith("_schema")] for g in GROUPS}
 
 
 def search_path(overrides: Sequence[str] = ()) -> list[str]:
     """Where configs are looked up, in order (provider: path)."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_configs()
-    with _gpupack_hydra():
-        loader = GlobalHydra.instance().config_loader()
+    with _gpupack_hydra() as loader:
         extra = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
         return [f"{e.provider}: {e.path}" for e in loader.get_sources()] + [f"command line: {e}" for e in extra]

@@ -1,8 +1,5 @@
-"""The config schema: dataclasses registered in Hydra's ConfigStore.
-
-YAML under ``conf/`` holds the options and is validated against these types when Hydra composes it;
-semantic checks (N >= 1, a known mode, an existing data path) live in :mod:`gpupack.sweep.setup.validate`.
-"""
+"""The config schema, registered in Hydra's ConfigStore: what each key means and its type (conf/ holds the values;
+:mod:`gpupack.sweep.setup.validate` checks their meaning)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, make_dataclass
@@ -52,8 +49,8 @@ class AutoConfig:
     # Packs per probed N (and of the best N so far and the ladder's first, measured beside it in rounds); null:
     # packing.repeats, at least 3 (with 2 packs a side, a real 5 % gain is rarely beyond noise).
     repeats: Optional[int] = None
-    # What the climb weighs: time per training, or cost: the RGU billed per training (time x what bills a pack of N:
-    # its GPU's RGU, or more where its cores or memory pass the GPU's bundle). cost stops where billing rises.
+    # What the climb weighs: time per training, or cost: the RGU billed per training (time x a pack of N's billed
+    # multiple of its GPU's RGU).
     objective: str = "time"
 
 
@@ -71,21 +68,16 @@ class PackingConfig:
     auto: AutoConfig = field(default_factory=lambda: AutoConfig())
     # Share of a device's memory N trainings may fill (GPU: NVML's total; CPU: host memory); the source's ~80 %.
     memory_fraction: float = 0.8
-    # Each training's share of its GPU, memory_fraction / N (or what earlier records measured of its setting, with
-    # memory_margin), enforced where the platform can: an MPS client's limit
-    # (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), and torch's per-process memory fraction in the torch programs gpupack
-    # starts (its workloads, forked scripts, Hydra jobs), set before their first CUDA allocation; past it a training
+    # Each training's share of its GPU, memory_fraction / N (or its setting's measured peak, with memory_margin),
+    # enforced where the platform can (an MPS client's limit, torch's per-process memory fraction): past it a training
     # gets its own OOM and its neighbours keep running. on | off.
     memory_share: str = "on"
-    # A training whose setting earlier records measured (this run's, earlier runs') gets that peak x (1 + this) as its
-    # share instead, where the pack's shares together fit memory_fraction; the others split the rest; the equal split
-    # where they do not fit. >= 0.
+    # A training whose setting was measured gets that peak x (1 + this) as its share, where the pack's shares fit
+    # memory_fraction (the others split the rest). >= 0.
     memory_margin: float = 0.25
-    # A streaming lane's freed slot takes its next training only when the memory the training is expected to peak at
-    # fits (earlier records of its setting, sweep.training_memory_mb, its setting's peak in this run): the device's free
-    # memory (NVML; a CPU: the host's) and the lane's budget, less what its running trainings are expected to hold.
-    # A large one that does not fit lets smaller ones that fit go past it N times, then waits for memory, never
-    # starved. on | off.
+    # A streaming lane's freed slot takes its next training only when the memory it is expected to peak at fits the
+    # device's free memory and the lane's budget; one that does not fit lets N smaller ones past, never starved.
+    # on | off.
     admission: str = "on"
     # The host memory (MB) a streaming lane's trainings may hold together on a CPU, what admission packs against;
     # null: packing.memory_fraction of the host's.
@@ -94,18 +86,16 @@ class PackingConfig:
     modes: List[str] = field(default_factory=lambda: ["process"])
     # Packs measured per (mode, N) at least, so time per training has a median and a spread.
     repeats: int = 2
-    # Where no best N can be named (its gain beyond what the device can give, or every pack under foreign load), the
-    # rounds measured under load are measured again, on new seeds, up to this many times before the run says so; 0:
-    # never (gpupack.sweep.flow.run.measure_again).
+    # Where no best N can be named, the rounds measured under foreign load are measured again on new seeds, up to this
+    # many times; 0: never.
     remeasure: int = 1
-    # The order packs run in: interleaved (rounds of at most one pack of every N, each N spread evenly over the run,
-    # seeded: drift, warm caches or a neighbour's job cannot line up with N, and each N is compared with N=1 in its
-    # round) or by_factor (all N=1 packs, then N=2, ...). Recorded in plan.json.
+    # The order packs run in: interleaved (seeded rounds of at most one pack of every N, so drift cannot line up with
+    # N) or by_factor (all N=1 packs, then N=2, ...).
     order: str = "interleaved"
     order_seed: int = 0
-    # Streaming: K jobs of N slots drain the trainings, a freed slot taking the next unclaimed one at once, instead of
-    # whole packs that wait for their slowest. auto: on for a production run (factors=auto's run at the best N),
-    # off while measuring N (explicit factors, the probe: whole packs, pack wall / N); on; off.
+    # Streaming: K jobs of N slots drain the trainings, a freed slot taking the next one at once, instead of whole
+    # packs that wait for their slowest. auto: on for a production run (factors=auto's at the best N), off while
+    # measuring N; on; off.
     stream: str = "auto"
     # Streaming jobs per (partition, mode, N); null: as many as run at once (local: one per device; SLURM:
     # cluster.array_parallelism), never more than the trainings fill at the start.
@@ -118,23 +108,21 @@ class PackingConfig:
     sample_interval_s: float = 1.0
     # A training running longer than this is stopped and recorded as timed out; null: no limit.
     training_timeout_s: Optional[float] = None
-    # Address-space limit of each training process (RLIMIT_AS), so one cannot take the host's memory from
-    # the others; past it the training fails with an out-of-memory error, recorded as oom. null: no limit.
+    # Address-space limit of each training process (RLIMIT_AS), so one cannot take the host's memory from the others;
+    # past it the training is recorded as oom. null: no limit.
     memory_limit_gb_per_training: Optional[float] = None
 
 
 @dataclass
 class SpreadConfig:
-    """One training spread over k devices, measured beside packing (N trainings on one device): the source studies'
-    other answer (MirroredStrategy over 1-8 V100s: 128, 164, 190, 196, 229 s; DDP with gloo vs NCCL)."""
+    """One training spread over k devices, measured beside packing (N trainings on one device)."""
 
     # k: the devices one training spreads over, each k its own packs (k <= the GPUs of one node; on a CPU machine,
     # k processes or k logical CPU devices stand in). Empty: no spread, packing only.
     devices: List[int] = field(default_factory=list)
-    # The module under gpupack/job/spread/ that spreads it: ddp (torch: DistributedDataParallel, one process per device)
-    # or mirrored (TensorFlow: tf.distribute.MirroredStrategy, one process over k devices). Each strategy's own
-    # options are spread.<strategy>_<option> (its module's Options dataclass, added by :func:`spread_schema`):
-    # spread.ddp_backend, the process group's backend, gloo or nccl (a list, e.g. [gloo,nccl], measures both).
+    # The module under gpupack/job/spread/ that spreads it: ddp (torch, one process per device) or mirrored
+    # (TensorFlow, one process over k devices). Its own options are spread.<strategy>_<option> (spread_schema), e.g.
+    # spread.ddp_backend: gloo or nccl (a list, e.g. [gloo,nccl], measures both).
     strategy: str = "ddp"
     # Trainings measured per (strategy, k); null: packing.repeats.
     repeats: Optional[int] = None
@@ -149,8 +137,8 @@ class CollectConfig:
     metric: Optional[str] = None
     # max or min: which way the metric is better. null: known only for val_accuracy (max); say it for any other.
     goal: Optional[str] = None
-    # The PNG plots and report.html at a run's end; false: the tables, summary.csv/json and the answer only (a second
-    # less of a small run's end, and no matplotlib), and `python -m gpupack collect RUN_DIR` writes them later.
+    # The PNG plots and report.html at a run's end; false: the tables and the answer only (a second less, no
+    # matplotlib), and `python -m gpupack collect RUN_DIR` writes them later.
     plots: bool = True
 
 

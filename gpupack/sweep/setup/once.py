@@ -1,14 +1,9 @@
-"""A check of one training's hyperparameters, run over the product of the grid's axes it reads, each point once:
-never over the axes it does not read.
+"""A check of one training's hyperparameters, run over the product of the grid's axes it reads, each point once.
 
-A grid of 100,000 trainings is a few axes of a few values each (or one long one). A workload's check reads a few
-hyperparameters (its model, its data folder); a fused mode's group key, a device note, a few more. Each call here
-records which hyperparameters it read, and the grid is walked over the axes read alone, the others held at their
-first value, until the calls read no new axis. For a check that depends only on what it reads (it reads its
-hyperparameters through the object it is given, not through a copy made behind its back), a point off that walk reads
-the same values as its projection on it and so ends the same: every training is checked, and each distinct reading
-once. A check the recording cannot follow (it raises something else than a ConfigError on the recording object, and
-not on the plain one) is walked over the whole product, as before.
+Each call records which hyperparameters it read, and the grid is walked over the axes read alone, the others held at
+their first value, until the calls read no new axis. For a check that depends only on what it reads, a point off that
+walk ends as its projection on it: every training is checked, each distinct reading once. A check the recording cannot
+follow (it fails on the recording object only) is walked over the whole product.
 """
 from __future__ import annotations
 
@@ -24,8 +19,7 @@ __all__ = ["each_reading"]
 
 
 class _Recording(Mapping[str, object]):
-    """A training's plain values as a read-only Mapping that notes each key read (a ``{**values}`` copy reads them
-    all)."""
+    """A training's values as a read-only Mapping noting each key read (a ``{**values}`` copy reads them all)."""
 
     def __init__(self, values: Mapping[str, object], seen: set[str]) -> None:
         self._values, self._seen = dict(values), seen
@@ -74,8 +68,7 @@ def _recorded(arg: object, seen: set[str]) -> object:
 
 
 def _walk(grid: Mapping[str, Sequence[object]], axes: set[str], first: Mapping[str, object]) -> list[dict[str, object]]:
-    """Every point of ``grid`` over ``axes`` (gpupack.core.plan.expand_grid, in the grid's order), the other axes at
-    ``first``. Pure."""
+    """Every point of ``grid`` over ``axes`` (in the grid's order), the other axes at ``first``. Pure."""
     return [{**first, **point} for point in expand_grid({k: v for k, v in grid.items() if k in axes})]
 
 

@@ -1,6 +1,5 @@
 """The options each packing mode and spread strategy owns (its ``Options`` dataclass), built from the config and
-checked by the dataclass itself — every mode's and every strategy's, whether or not this sweep uses it, so a value
-out of range is refused before anything is submitted rather than silently ignored."""
+checked by it, whether or not this sweep uses it: a value out of range is refused, not silently ignored."""
 from __future__ import annotations
 
 from typing import cast
@@ -13,8 +12,7 @@ from gpupack.job.spread import available_strategies, load_strategy, strategy_opt
 
 
 def mode_options(packing: DictConfig) -> dict[str, Options]:
-    """packing.<mode>.* as each mode's own Options instance (what the pack's job gets), each checked by itself
-    (ConfigError naming packing.<mode>.<field>)."""
+    """packing.<mode>.* as each mode's own Options instance (what the pack's job gets), each checked by itself."""
     out: dict[str, Options] = {}
     for mode in available_modes():
         options = load_packer(mode).Options
@@ -40,8 +38,7 @@ def pack_settings(packing: DictConfig, estimate_s: float | None = None,
 
 
 def check_strategy_options(spread: DictConfig) -> None:
-    """spread.<strategy>_* checked by each strategy's own Options (ddp: spread.ddp_backend), whatever spread.devices
-    and spread.strategy are."""
+    """spread.<strategy>_* checked by each strategy's own Options, whatever spread.devices and spread.strategy are."""
     for name in available_strategies():
         options = strategy_options(load_strategy(name), spread)
         if options is not None:

@@ -28,9 +28,8 @@ class SpreadSpec:
 def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts, memory: TrainingMemory,
                         fraction: float, measured_host_mb: Figure | None, grid: Mapping[str, list[object]],
                         fixed: Mapping[str, object], auto: bool = False) -> SpreadSpec | None:
-    """spread.*: the strategy, its layouts and each k against the workload and one node of each partition (devices,
-    CPUs, memory: each of the k processes or replicas holds a whole model). None when spread.devices is empty.
-    ``auto``: packing.factors=auto, which probes packing alone."""
+    """spread.*: the strategy, its layouts and each k against the workload and one node of each partition (each of
+    the k processes or replicas holds a whole model). None when spread.devices is empty."""
     spread = cfg.spread
     devices = list(spread.devices)
     check_spread_values(spread)  # every run: a value is checked whether this run spreads or not
@@ -68,8 +67,7 @@ def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts
 
 
 def _check_devices_per_job(devices: list[int], facts: ClusterFacts) -> None:
-    """One training over k devices asks one job for k of them: refused where the site allows fewer (one MIG slice
-    a job), quoting its rule."""
+    """One job of k devices, refused where the site allows fewer (one MIG slice a job), quoting its rule."""
     for name, cap in facts.capacities.items():
         for i, k in enumerate(devices):
             if cap.max_devices_per_job is not None and k > cap.max_devices_per_job:
@@ -78,8 +76,7 @@ def _check_devices_per_job(devices: list[int], facts: ClusterFacts) -> None:
 
 
 def check_spread_values(spread: DictConfig) -> None:
-    """spread.* on its own, whether spread.devices is empty or not: k each a whole number >= 1 and once, the
-    repeats, a known strategy. Pure."""
+    """spread.* on its own, whether spread.devices is empty or not. Pure."""
     require_counts(list(spread["devices"]), "spread.devices", "a device count", "spread.devices=[1,2]", each="k")
     require_positive(spread["repeats"], "spread.repeats", "spread.repeats=2, or null for packing.repeats", whole=True)
     load_strategy(spread["strategy"])

@@ -1,11 +1,5 @@
-"""Check a composed config before anything starts, and turn it into a typed :class:`SweepSpec`.
-
-Hydra already checked the types of gpupack's own keys; this checks meaning (N >= 1, a known mode and
-workload, a grid the workload understands, data that is there). Every failure is a ConfigError naming
-the key, the value and the fix. Its parts: :mod:`gpupack.sweep.setup.cluster_facts` (against what the backend answered:
-fit, idle GPUs, auto's ladder), :mod:`gpupack.sweep.setup.options` (each mode's and strategy's own options, each checked
-by itself), :mod:`gpupack.sweep.setup.spread_check` (spread.*).
-"""
+"""Check a composed config's meaning (Hydra checked its types) before anything starts, and turn it into a typed
+:class:`SweepSpec`. Every failure is a ConfigError naming the key, the value and the fix."""
 from __future__ import annotations
 
 import functools
@@ -116,12 +110,8 @@ class SweepSpec:
 
 def group_keys(workload: Workload, modes: Sequence[str]) -> dict[str, Callable[[Mapping[str, object]], object]]:
     """The modes that group trainings into packs (fused: same shapes), each with its key function."""
-    out: dict[str, Callable[[Mapping[str, object]], object]] = {}
-    for mode in modes:
-        packer = load_packer(mode)
-        if packer.groups:
-            out[mode] = functools.partial(packer.group_key, workload)
-    return out
+    packers = {mode: load_packer(mode) for mode in modes}
+    return {mode: functools.partial(packer.group_key, workload) for mode, packer in packers.items() if packer.groups}
 
 
 THEN = ("run", "stop")
@@ -154,9 +144,8 @@ def require_sweep(cfg: DictConfig) -> None:
 
 def _check_params(workload: Workload, grid: Mapping[str, list[object]], fixed: Mapping[str, object],
                   fixed_keys: set[str]) -> None:
-    """The workload's checks of every training's hyperparameters: each range its Params declares once per value (of
-    an axis, or fixed), its own check() once per distinct reading of the grid (gpupack.sweep.setup.once), never once per
-    training."""
+    """The workload's checks of every training's hyperparameters: its Params' ranges once per value, its check() once
+    per distinct reading of the grid (gpupack.sweep.setup.once), never once per training."""
     try:
         workload.check_ranges(fixed)
         for key, values in grid.items():
@@ -192,9 +181,8 @@ def is_auto(cfg: DictConfig) -> bool:
 
 
 def measured_first(cfg: DictConfig) -> DictConfig:
-    """The config as it runs: a search given several N (a preset's packing.factors) measures them first and streams
-    its trials at the best, as packing.factors=auto does along them (packing.auto.ladder); else ``cfg`` as it is.
-    What config.yaml records, so the same command resumes it. Pure (a copy)."""
+    """The config as it runs (and config.yaml records): a search given several N measures them first, as
+    packing.factors=auto with them as its ladder; else ``cfg`` as it is. Pure (a copy)."""
     factors = cfg.packing.factors
     if cfg.get("search") is None or is_auto(cfg) or not isinstance(factors, ListConfig) or len(factors) < 2:
         return cfg
@@ -210,7 +198,9 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
     modes = tuple(packing.modes)
     ladder = _check_auto_options(packing)  # every run: a value is checked whether this run uses it or not
     if is_auto(cfg):
-        _check_auto(cfg)
+        if len(modes) != 1:
+            raise ConfigError("packing.modes", list(modes), "packing.factors=auto probes one mode",
+                              "choose one, e.g. packing.modes=[process]; compare modes with explicit factors")
         factors = ladder
     else:
         factors = _check_factors(packing.factors)
@@ -239,7 +229,10 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
                                   "so a slot cannot take a new training while the others run",
                                   "use packing.modes=[process] with packing.stream=on, or packing.stream=off")
     require_choice(packing.memory_share, SWITCH, "packing.memory_share", "memory share choice")
-    check_margin(packing.memory_margin)
+    margin = packing.memory_margin
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin < 0:
+        raise ConfigError("packing.memory_margin", margin, "must be a number >= 0 (a measured peak x (1 + it) is a "
+                          "training's share)", "e.g. packing.memory_margin=0.25, or 0 for the measured peak itself")
     require_choice(packing.admission, SWITCH, "packing.admission", "admission choice")
     require_memory(packing.host_memory_mb, "packing.host_memory_mb", "MB",
                    "packing.host_memory_mb=8000, or null for packing.memory_fraction of the host's")
@@ -249,25 +242,13 @@ def check_packing(cfg: DictConfig) -> tuple[tuple[int, ...], tuple[str, ...]]:
     return factors, modes
 
 
-def check_margin(margin: object) -> None:
-    """packing.memory_margin: a finite number >= 0 (what a measured peak is raised by, as its share). Pure."""
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin < 0:
-        raise ConfigError("packing.memory_margin", margin, "must be a number >= 0 (a measured peak x (1 + it) is a "
-                          "training's share)", "e.g. packing.memory_margin=0.25, or 0 for the measured peak itself")
-
-
 def check_job_options(options: Mapping[str, object], prefix: str, examples: Mapping[str, str],
                       names: Mapping[str, str] | None = None) -> None:
     """What a pack's trainings are given, as packing.* names them or a Hydra launcher does (``names``: the launcher's
-    name of each, e.g. threads_per_job): device, stream, threads, samples, time limit, streaming jobs. One check for
-    both front-ends; ``examples``: the hint of a key that has its own."""
+    name of each, e.g. threads_per_job); ``examples``: the hint of a key that has its own."""
     names = names or {}
-
-    def key(name: str) -> str:
-        return f"{prefix}.{names.get(name, name)}"
-
-    require_choice(options.get("device", "auto"), DEVICES, key("device"), "device")
-    require_choice(options.get("stream", "auto"), STREAMS, key("stream"), "streaming choice")
+    require_choice(options.get("device", "auto"), DEVICES, f"{prefix}.device", "device")  # one name in both
+    require_choice(options.get("stream", "auto"), STREAMS, f"{prefix}.stream", "streaming choice")
     for name, whole, allow_none, example in (("threads_per_training", True, True, "2"),
                                              ("sample_interval_s", False, False, "1"),
                                              ("training_timeout_s", False, True, "3600"),
@@ -296,14 +277,6 @@ def _check_auto_options(packing: DictConfig) -> tuple[int, ...]:
     return tuple(ladder)
 
 
-def _check_auto(cfg: DictConfig) -> None:
-    """packing.factors=auto with the rest of the sweep: what a probe needs."""
-    packing = cfg.packing
-    if len(packing.modes) != 1:
-        raise ConfigError("packing.modes", list(packing.modes), "packing.factors=auto probes one mode",
-                          "choose one, e.g. packing.modes=[process]; compare modes with explicit factors")
-
-
 def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int], facts: ClusterFacts,
                 settings: PackSettings) -> None:
     """Each mode refuses, before submission, a workload, N or option it cannot host on each partition."""
@@ -317,8 +290,8 @@ def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int]
 def check_packs(workload: Workload, modes: Sequence[str], factors: Sequence[int], facts: ClusterFacts,
                 settings: PackSettings, memory: TrainingMemory, fraction: float, key: Callable[[int], str],
                 noun: str = "trainings", request_host_mb: Figure | None = None) -> None:
-    """Packs of each N against what the backend answered, for a sweep and a Hydra launcher's batch alike: a job's
-    CPUs and host memory, then each mode's own limits (the more specific answer), then the device's memory."""
+    """Packs of each N against what the backend answered (a sweep's and a Hydra batch's): a job's CPUs and host
+    memory, then each mode's own limits (the more specific answer), then the device's memory."""
     check_fit(factors, facts, key=key, noun=noun, request_host_mb=request_host_mb)
     check_modes(workload, modes, factors, facts, settings)
     check_memory(factors, facts.capacities, memory, fraction, key=key)
@@ -330,8 +303,7 @@ def plain(node: DictConfig) -> dict[str, object]:
 
 
 def _check_against_the_workload(cfg: DictConfig, workload: Workload, searching: bool, factors: Sequence[int]) -> None:
-    """What the sweep asks of a search and of its workload's trainings: a search streaming at one N, a goal and a
-    metric the trainings report."""
+    """A search streams at one N; the goal and metric are ones the trainings report."""
     if searching and str(cfg.packing.stream) == "off":
         raise ConfigError("packing.stream", "off", "a search streams its trials (each slot asks the study for the next "
                           "as one ends); whole packs would wait for their slowest trial before asking",
@@ -359,8 +331,7 @@ def _auto_spec(cfg: DictConfig, workload: Workload, modes: Sequence[str], factor
 
 def _check_groups(workload: Workload, modes: Sequence[str], grid: Mapping[str, Sequence[object]],
                   fixed: Mapping[str, object]) -> None:
-    """Every training fits a group of each mode that packs by group (fused: one shape, no AMP...): each axis's
-    values read once."""
+    """Every training fits a group of each mode that packs by group (fused: one shape, no AMP...)."""
     for mode, key in group_keys(workload, modes).items():
         try:
             each_reading(key, grid, fixed)
@@ -373,8 +344,7 @@ def _check_groups(workload: Workload, modes: Sequence[str], grid: Mapping[str, S
 def validate(cfg: DictConfig, facts: ClusterFacts,
              measure: Callable[[str, set[str], str], Measured] | None = None) -> SweepSpec:
     """Check everything against the backend's answers (``facts``) and, through ``measure``, what earlier records
-    say one training's memory is (None: nothing measured). Pure, given those: nothing is asked or written here. A sweep
-    was chosen (require_sweep, where the front-end reads its config)."""
+    say one training's memory is (None: nothing measured). Pure, given those. A sweep was chosen (require_sweep)."""
     check_weights(plain(cfg.rgu.models))
     require_choice(cfg.dry_run_packs, DRY_RUN_PACKS, "dry_run_packs", "pack listing")
     sweep = cfg.sweep
@@ -382,7 +352,9 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     workload = load_workload(sweep.workload)
     check_space(plain(sweep.space), workload, "sweep.space")  # a search's default: checked whether one runs or not
     search = check_search(cfg, workload) if cfg.get("search") is not None else None
-    grid, fixed = typed_grid(workload, *searched_grid(search, plain(sweep.grid), plain(sweep.fixed)))
+    # a search's grid is the one point of its space a probe for N trains (the space's midpoints), so memory and every
+    # check see a trial's setting; the user's grid is not used (a name both fixed and searched was refused)
+    grid, fixed = typed_grid(workload, probe_grid(search.space) if search else plain(sweep.grid), plain(sweep.fixed))
     if sweep.loader_alone and not workload.loader_param:
         raise ConfigError("sweep.loader_alone", True, f"{workload.name} cannot run its data loader alone",
                           "set sweep.loader_alone=false, or give the workload a loader_param")
@@ -423,10 +395,9 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
 
 
 def reference_threads(factors: Sequence[int], facts: ClusterFacts, settings: PackSettings) -> int | None:
-    """1 where the reference N (the smallest) would get more than one thread per training on a CPU (the job's cores
-    shared out, gpupack.job.pack.threads_for): a training given threads it cannot use is the one its neighbours slow
-    most, so the reference is measured at 1 thread as well and runs as it runs best. None where the threads are the
-    user's (packing.threads_per_training), on a GPU, where the cores are not known, or with one N. Pure."""
+    """1 where the reference N (the smallest) would get more than one thread per training on a CPU: a training given
+    threads it cannot use is the one its neighbours slow most, so the reference is measured at 1 thread as well. None
+    where the threads are the user's, on a GPU, where the cores are not known, or with one N. Pure."""
     if settings.threads_per_training is not None or len(set(factors)) < 2:
         return None
     caps = [facts.capacities.get(p) for p in facts.partitions]
@@ -439,8 +410,7 @@ def reference_threads(factors: Sequence[int], facts: ClusterFacts, settings: Pac
 
 def check_space(given: Mapping[str, object], workload: Workload, key: str,
                 space: Mapping[str, Dimension] | None = None) -> None:
-    """A search space (``given`` in Hydra's grammar, or read already: ``space``) whose names and types are the
-    workload's; ConfigError on ``key.<name>`` otherwise."""
+    """A search space (``given`` in Hydra's grammar, or read already: ``space``) of the workload's names and types."""
     dims = space if space is not None else parse_space(given, key) if given else {}
     for name, dim in dims.items():
         sample = dim.choices[0] if dim.choices else int(dim.low) if dim.kind == "int" else dim.low
@@ -449,30 +419,20 @@ def check_space(given: Mapping[str, object], workload: Workload, key: str,
 
 def check_search(cfg: DictConfig, workload: Workload) -> OptunaSearch:
     """search.*, checked (gpupack.search.options), its space's names and types against the workload's."""
-    section = cast(dict[str, object], OmegaConf.to_container(cfg.search, resolve=True))
+    section = plain(cfg.search)
     where = "search.space"
     if not section.get("space") and cfg.sweep.space:  # the sweep's own space, where the command gives none
         section["space"], where = plain(cfg.sweep.space), "sweep.space"
     search = read_search(section, cfg.collect.metric, cfg.collect.goal, workload.reported_metrics, workload.name,
                          workload.curve_in_output)
     check_space({}, workload, where, search.space)
-    fixed = cast(dict[str, object], OmegaConf.to_container(cfg.sweep.fixed, resolve=True) or {})
+    fixed = plain(cfg.sweep.fixed)
     for name in search.space:
         if name in fixed:  # the space would replace it in every trial: said, not dropped
             raise ConfigError(f"sweep.fixed.{name}", fixed[name], f"is also searched ({where}.{name}): each "
                               "trial takes the space's value, never this one",
                               f"drop one: ~sweep.fixed.{name}, or leave {name} out of {where}")
     return search
-
-
-def searched_grid(search: OptunaSearch | None, raw_grid: Mapping[str, object], raw_fixed: Mapping[str, object]
-                  ) -> tuple[Mapping[str, object], Mapping[str, object]]:
-    """The grid and fixed values a sweep is checked and planned with. A search's grid is the one point of its space a
-    probe for N trains (packing.factors=auto; the space's midpoints), so memory and every check see a trial's
-    setting; the user's grid is not used (a name both fixed and searched was refused by check_search). Pure."""
-    if search is None:
-        return raw_grid, raw_fixed
-    return probe_grid(search.space), raw_fixed
 
 
 def grid_unused(search: OptunaSearch | None, raw_grid: Mapping[str, object]) -> tuple[str, ...]:
@@ -497,8 +457,7 @@ def device_notes(workload: Workload, grid: Mapping[str, list[object]], fixed: Ma
 
 
 def requested_partitions(partitions: Sequence[str] | None) -> list[str]:
-    """``partitions`` as the backend is asked for them: null leaves the choice to the cluster's default
-    partitions (none asked); an empty list chooses none at all and is refused, as an empty grid is."""
+    """``partitions`` as the backend is asked for them: null (none asked) leaves it the cluster's default ones."""
     if partitions is None:
         return []
     if not partitions:
