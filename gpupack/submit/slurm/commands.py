@@ -1,9 +1,6 @@
-"""The SLURM backend's questions to the scheduler, and how it reads the answers: sinfo (which partitions and GPU types
-exist, node CPUs and memory) and sacct (each job's state, an OOM among them).
-
-Every SLURM command gpupack runs itself goes through :func:`slurm_command`, the one seam to the cluster besides
-submitit (tests answer it with canned text). Part of the SLURM backend's package, :mod:`gpupack.submit.slurm`.
-"""
+"""The SLURM backend's questions to the scheduler and how it reads the answers: sinfo (partitions, GPU types, node
+CPUs and memory), sacct (each job's state, an OOM among them), the site's submit limits. Every SLURM command gpupack
+runs itself goes through :func:`slurm_command`, the one seam to the cluster besides submitit (tests answer it)."""
 from __future__ import annotations
 
 import os
@@ -11,10 +8,13 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import ConfigError, UnreachableError, nearest
+
+if TYPE_CHECKING:
+    from gpupack.submit.slurm.options import PartitionConfig
 
 # sacct / squeue states → gpupack's pack states (anything else that is not active counts as failed).
 QUEUE_STATES = {
@@ -33,16 +33,9 @@ OOM_STDERR = re.compile(r"^(?:slurmstepd|srun): .*(?:oom-kill event|out of memor
                         re.IGNORECASE | re.MULTILINE)
 
 
-class SinfoPartition(Protocol):
-    """What sinfo is checked against, of one partition of the preset (gpupack.submit.slurm.PartitionConfig)."""
-
-    gpu: Optional[str]
-    slurm_partition: Optional[str]
-
-
 def slurm_command(args: Sequence[str], timeout: float = 30, why: list[str] | None = None) -> str | None:
-    """Run a SLURM client command; None when SLURM is not installed or does not answer, and then, where ``why`` is
-    given, its reason appended to it in the command's own words (its last line on stderr), for the user to read."""
+    """A SLURM client command's stdout; None when SLURM is not installed or does not answer, its reason then appended
+    to ``why`` in the command's own words (its last line on stderr)."""
     out, said = slurm_answer(args, timeout)
     if out is None and why is not None:
         lines = [line.strip() for line in said.splitlines() if line.strip()]
@@ -87,8 +80,7 @@ def one_line(command: str, said: str) -> str:
 
 
 def unreachable(command: str, said: str) -> UnreachableError:
-    """The one line for a SLURM client that ``said`` it cannot reach SLURM: its words, the SLURM_CONF it read, the
-    fix."""
+    """The one line for a SLURM client that ``said`` it cannot reach SLURM: its words, the SLURM_CONF, the fix."""
     conf = os.environ.get("SLURM_CONF")
     return UnreachableError(f"SLURM does not answer here: {one_line(command, said)}",
                             f"SLURM_CONF={conf}" if conf else "SLURM_CONF not set",
@@ -97,8 +89,7 @@ def unreachable(command: str, said: str) -> UnreachableError:
 
 
 def sbatch_refusal(err: BaseException) -> UnreachableError | None:
-    """The one line for an sbatch submitit ran that failed because SLURM does not answer here (its words in
-    submitit's FailedJobError, or sbatch not found); None where sbatch refused the job itself."""
+    """The one line for an sbatch that failed because SLURM does not answer here; None where it refused the job."""
     if isinstance(err, FileNotFoundError):
         return unreachable("sbatch", "sbatch: error: command not found")
     said = str(err)
@@ -106,8 +97,7 @@ def sbatch_refusal(err: BaseException) -> UnreachableError | None:
 
 
 def require_reachable() -> None:
-    """Raise :class:`UnreachableError` unless SLURM answers here: sbatch is installed and sinfo answers (in sinfo's
-    own words where it does not)."""
+    """Raise :class:`UnreachableError` unless sbatch is installed and sinfo answers."""
     if shutil.which("sbatch") is None:
         raise unreachable("sbatch", "sbatch: error: command not found (SLURM's clients are not installed here)")
     out, said = slurm_answer(["sinfo", "-h", "-o", "%P"])
@@ -127,17 +117,14 @@ def pack_state(queue_state: str) -> str:
 
 
 def out_of_memory(queue_state: str | None, stderr: str | None = None) -> bool:
-    """True when a job ended out of memory: sacct says OUT_OF_MEMORY, or SLURM said so in the job's stderr (sacct may
-    lag behind, or not run at all on a site without accounting)."""
+    """True when sacct says OUT_OF_MEMORY, or SLURM said so in the job's stderr (sacct may lag, or be absent)."""
     return (queue_state or "").split(" ")[0] in OOM_QUEUE_STATES or bool(OOM_STDERR.search(stderr or ""))
 
 
-def live_limits(configured: Mapping[str, SinfoPartition], partitions: Sequence[str],
+def live_limits(configured: Mapping[str, PartitionConfig], partitions: Sequence[str],
                 key: Callable[[str], str], why: list[str] | None = None) -> dict[str, dict[str, int]]:
-    """Where SLURM answers sinfo: check that each partition of ``partitions`` (configured as ``configured`` says) and
-    its GPU type exist; return node CPUs and memory, and of the nodes with the most GPUs of its type, their GPUs,
-    CPUs and memory. {} where sinfo does not answer (``why``: its words, :func:`slurm_command`). A ConfigError names
-    ``key(<option>)``."""
+    """Check with sinfo that each of ``partitions`` and its GPU type exist; their nodes' most CPUs and memory, and the
+    GPUs, CPUs and memory of their nodes with the most GPUs of its type. {} where sinfo does not answer (``why``)."""
     out = slurm_command(["sinfo", "-h", "-o", "%P|%c|%m|%G"], why=why)
     if out is None:
         return {}  # not on the cluster (e.g. preparing a sweep elsewhere): the preset is all we know
@@ -158,11 +145,9 @@ def live_limits(configured: Mapping[str, SinfoPartition], partitions: Sequence[s
                             and g.count(":") >= 2})
             raise ConfigError(key(f"partitions.{name}.gpu"), part.gpu, f"{where} has no GPU of this type "
                               "(sinfo)", nearest(part.gpu, types))
-        limits[name] = {"cpus": max(int(r[1].rstrip("+")) for r in scope),
-                        "mem_mb": max(int(r[2].rstrip("+")) for r in scope)}
-        gpu_nodes = [(gpus_in(r[3], part.gpu), int(r[1].rstrip("+")), int(r[2].rstrip("+"))) for r in scope]
-        gpu_nodes = [g for g in gpu_nodes if g[0]]
-        if gpu_nodes:  # the nodes with the most GPUs of this type: where idle GPUs are worst
+        nodes = [(gpus_in(r[3], part.gpu), int(r[1].rstrip("+")), int(r[2].rstrip("+"))) for r in scope]
+        limits[name] = {"cpus": max(n[1] for n in nodes), "mem_mb": max(n[2] for n in nodes)}
+        if gpu_nodes := [n for n in nodes if n[0]]:  # the nodes with the most GPUs of this type: idle GPUs are worst
             limits[name].update(zip(("node_gpus", "node_cpus", "node_mem_mb"), max(gpu_nodes)))
     return limits
 
@@ -205,10 +190,9 @@ def _whole(text: str) -> int | None:
 
 
 def site_limits(user: str, qos: str | None = None) -> SiteLimits:
-    """MaxArraySize (scontrol show config), the user's submit limit (sacctmgr: its associations' MaxSubmitJobs, and
-    MaxSubmitJobsPerUser of ``qos``, else of its associations' default QOS, else of every QOS they allow) and its jobs
-    in the queue now (squeue). A question SLURM does not answer leaves its figure unknown (None), and says why
-    (``unanswered``)."""
+    """MaxArraySize (scontrol), the user's submit limit (sacctmgr: its associations' MaxSubmitJobs, and
+    MaxSubmitJobsPerUser of ``qos``, else of its associations' default QOS, else of every QOS they allow) and its
+    queued jobs (squeue). A question SLURM does not answer leaves its figure None, and says why (``unanswered``)."""
     unanswered: dict[str, str] = {}
 
     def ask(args: list[str]) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TypedDict
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from gpupack.core.types import Capacity
 from gpupack.errors import ConfigError, nearest, require_memory, require_positive, require_unique
@@ -35,10 +35,8 @@ class PartitionConfig:
     # The most CPUs and host memory one single-GPU job should get here (the site's per-GPU guidance).
     max_cpus: Optional[int] = None
     max_mem_gb: Optional[float] = None
-    # The cores and memory (GB) that come with one GPU (or MIG slice) here, which a job is charged against: the
-    # largest of its RGU, its cores over bundle_cores and its memory over bundle_mem_gb bills it
-    # (gpupack.core.cost.billing).
-    # null: this site bills the GPU alone (as far as gpupack knows).
+    # The cores and memory (GB) that come with one GPU (or MIG slice), which a job is billed against
+    # (gpupack.core.cost.billing); null: this site bills the GPU alone (as far as gpupack knows).
     bundle_cores: Optional[float] = None
     bundle_mem_gb: Optional[float] = None
     # GPUs one job holds, each running its own pack of N at once (a lane of packs, each GPU taking the next pack as
@@ -56,8 +54,7 @@ class PartitionConfig:
 
 def check_partition(part: PartitionConfig, key: str, rules: SiteRules | None = None, site: str = "this site",
                     others: Sequence[str] = ()) -> None:
-    """A partition's fields (a :class:`PartitionConfig`, or its DictConfig), on their own and against the site's
-    ``rules`` (:class:`SiteRules`; None: none): one ConfigError naming ``key.field``."""
+    """A partition's fields, on their own and against the site's ``rules``: one ConfigError naming ``key.field``."""
     if part.request not in REQUEST_FORMS:
         raise ConfigError(f"{key}.request", part.request, "unknown request form", nearest(part.request, REQUEST_FORMS))
     require_positive(part.max_cpus, f"{key}.max_cpus", f"{key}.max_cpus=12, or null where the site gives none",
@@ -78,8 +75,8 @@ def check_partition(part: PartitionConfig, key: str, rules: SiteRules | None = N
 
 def check_partition_rules(part: PartitionConfig, key: str, rules: SiteRules, site: str,
                           others: Sequence[str] = ()) -> None:
-    """A partition against the site's rules (a :class:`SiteRules` or its DictConfig): one ConfigError that quotes
-    the rule, naming ``key.field``. ``others``: the gpu of the preset's other partitions, for the hint. Pure."""
+    """A partition against the site's rules: one ConfigError that quotes the rule, naming ``key.field``. ``others``:
+    the gpu of the preset's other partitions, for the hint. Pure."""
     if part.whole_node_gpus and part.gpus_per_job not in (1, part.whole_node_gpus):
         said = f" {cite(rules.whole_node)}" if in_force(rules.whole_node) else ""
         raise ConfigError(f"{key}.gpus_per_job", part.gpus_per_job,
@@ -127,9 +124,8 @@ class SlurmConfig(ClusterConfig):
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
     # Seconds between two looks at the queue while waiting.
     poll_s: float = 5.0
-    # Jobs you may have queued or running at once, array tasks counting one each, as the site states it (the
-    # Alliance's Narval and Rorqual: 1000). SLURM's own limits are read too (MaxArraySize; sacctmgr's MaxSubmitJobs of
-    # your association and QOS) and the lowest kept: what would pass it is never submitted. null: SLURM's only.
+    # Jobs you may have queued or running at once, array tasks counting one each, as the site states it (Narval,
+    # Rorqual: 1000); the lowest of it and SLURM's own limits is kept. null: SLURM's only.
     max_jobs_per_user: Optional[int] = None
     # True where the cluster's nodes are one machine (scripts/local_slurm.sh: a slurmd per GPU type on one host), so
     # packs share its cores whatever their partition, and the report says so. false on a real cluster.
@@ -143,8 +139,7 @@ MAX_SIGNAL_DELAY_S = 65535  # sbatch --signal's largest sig_time
 
 
 def check_options(cluster: SlurmConfig, key: Callable[[str], str]) -> None:
-    """Every field of a :class:`SlurmConfig` (or its DictConfig) on its own and against the others, used by this run
-    or not: one ConfigError naming ``key(field)`` (cluster.<field>, or a Hydra launcher's name of it). Pure."""
+    """Every field of a :class:`SlurmConfig`, used by this run or not: one ConfigError naming ``key(field)``. Pure."""
     require_positive(cluster.max_jobs_per_user, key("max_jobs_per_user"),
                      f"{key('max_jobs_per_user')}=1000, or null for SLURM's own limits", whole=True)
     require_positive(cluster.array_parallelism, key("array_parallelism"), f"{key('array_parallelism')}=64",
@@ -168,11 +163,10 @@ def check_options(cluster: SlurmConfig, key: Callable[[str], str]) -> None:
                           f"at its start until {key('max_num_timeout')} is spent",
                           f"{key('signal_delay_s')}={fitting}")
     check_default_partitions(cluster, key)
-    rules = cluster.rules
-    check_rules(rules, key)
+    check_rules(cluster.rules, key)
     for name, part in cluster.partitions.items():  # every preset partition, chosen for this run or not
         others = [str(p.gpu) for other, p in cluster.partitions.items() if p.gpu and other != name]
-        check_partition(part, key(f"partitions.{name}"), rules, cluster.name, others)
+        check_partition(part, key(f"partitions.{name}"), cluster.rules, cluster.name, others)
 
 
 def check_default_partitions(cluster: SlurmConfig, key: Callable[[str], str]) -> None:
@@ -195,8 +189,8 @@ def undotted(name: str) -> str:
 
 
 def launcher_gpu_request(options: Mapping[str, object], key: str) -> tuple[str | None, str]:
-    """(GPU type or None for any, request form) for one pack from a Hydra launcher's gres / gpus_per_node: packs share
-    exactly one GPU, or run on CPUs. An error names ``key``.<option>."""
+    """(GPU type or None for any, request form) from a Hydra launcher's gres / gpus_per_node: packs share exactly one
+    GPU, or run on CPUs."""
     gres, per_node = options.get("gres"), options.get("gpus_per_node")
     if gres:
         m = LAUNCHER_GRES.match(str(gres))
@@ -237,9 +231,11 @@ def launcher_config(options: Mapping[str, Any], key: str) -> SlurmConfig:
 
 def partition_capacity(cluster: SlurmConfig, name: str, live: Mapping[str, int], key: Callable[[str], str]) -> Capacity:
     """What one partition of ``cluster`` can hold: from the preset (GPU memory from the model name, V100-16gb;
-    per-GPU guidance) and ``live``, what sinfo said of its nodes ({}: nothing). A ConfigError names ``key(field)``.
-    Pure."""
+    per-GPU guidance) and ``live``, what sinfo said of its nodes ({}: nothing). On a slice partition where the site
+    enforces one MIG instance a job, one device a job, with its words (what asks for k devices). Pure."""
     part = cluster.partitions[name]
+    rule = cluster.rules.one_mig_per_job
+    one_mig = part.mig and in_force(rule)
     node_gpus = live.get("node_gpus")
     if node_gpus and part.gpus_per_job > node_gpus:
         field_key = key(f"partitions.{name}.gpus_per_job")
@@ -252,19 +248,5 @@ def partition_capacity(cluster: SlurmConfig, name: str, live: Mapping[str, int],
                     node_gpus=node_gpus, node_cpus=live.get("node_cpus"), node_mem_mb=live.get("node_mem_mb"),
                     bundle_cores=part.bundle_cores, bundle_mem_gb=part.bundle_mem_gb,
                     device=(part.model or part.gpu) if part.request != "none" else "cpu",
-                    **devices_rule(cluster, part))
-
-
-class _DevicesRule(TypedDict, total=False):
-    """A partition's limit on the devices of one job, where the site states one (PartitionFacts' fields)."""
-    max_devices_per_job: int
-    devices_rule: str
-
-
-def devices_rule(cluster: SlurmConfig, part: PartitionConfig) -> _DevicesRule:
-    """The one-MIG-instance rule as a capacity, for what asks a job for k devices besides gpus_per_job
-    (spread.devices): on a slice partition where the site enforces it, one device a job, with its words. Pure."""
-    rule = cluster.rules.one_mig_per_job
-    if not (part.mig and in_force(rule)):
-        return {}
-    return {"max_devices_per_job": 1, "devices_rule": f"{cluster.name} allows one MIG instance per job {cite(rule)}"}
+                    max_devices_per_job=1 if one_mig else None,
+                    devices_rule=f"{cluster.name} allows one MIG instance per job {cite(rule)}" if one_mig else None)
