@@ -1,27 +1,17 @@
 """The study: Optuna's own ``JournalStorage`` over its file backend in the run directory (``RunDir.study``), the one
 truth every lane, resume and collect read; ``optuna.load_study`` and ``optuna-dashboard`` open it while it runs.
 
-Each decision (ask a trial, prune one, tell one) holds the journal's flock (:class:`FlockLock`, Optuna's lock object:
-the kernel drops it when its holder dies, so no stale lock outlives a killed lane), cuts back a torn last line (a
-writer killed mid-append) and reads only the lines written since its last decision (Optuna's storage replays
-incrementally): no decision re-reads the whole study. The search itself (:class:`gpupack.search.options.OptunaSearch`,
-the workload, the fixed hyperparameters) is the study's head, ``study.json`` beside it. What gpupack keeps of a trial
-is in its user attributes:
-
-- ``gpupack``: who runs it (its lane's :class:`Claimant`) and whether it is *planned*: a fresh study's first trials
-  are asked by the command before the lanes' jobs start (:meth:`Study.plan_first`); each lane starts them at once and
-  imports Optuna while they run, then takes them (:meth:`Study.take_planned`);
-- ``pruned``: the step and value at which its own process was told to prune it (:meth:`Study.report`); its lane tells
-  it pruned once its record is written, with its device time;
-- ``device_s``, ``why``: the device time it took, and why it failed.
+Each decision (ask a trial, prune one, tell one) holds the journal's flock (:class:`FlockLock`), cuts back a torn last
+line and reads only the lines written since its last decision (Optuna's storage replays incrementally). The search,
+the workload and the fixed hyperparameters are the study's head, ``study.json`` beside it. A trial's user attributes
+keep who runs it and whether it is planned (``gpupack``), where its process was told to prune it (``pruned``), its
+device time (``device_s``) and why it failed (``why``).
 
 Numbers are Optuna's, given under the lock, so no two lanes ever get one; each ask's sampler is seeded by (seed,
 number). Running trials are in the study, so the sampler knows them (TPE's constant liar). The budget is ``n_trials``
-finished trials (complete or pruned); a failed trial does not count, but ``n_trials`` failures stop the search, as
-``device_hours`` spent does. A trial asked and never told whose lane's run died is told by that lane's next run
-(:meth:`Study.fail_dead`): from its training's record where one was written, else failed; so resume neither loses
-nor repeats one. A planned trial no run of its lane has taken waits for the lane's next run. A trial whose asker
-was killed mid-ask (its claimant never written) is told failed by the next ask.
+finished trials (complete or pruned); ``n_trials`` failures stop the search, as ``device_hours`` spent does. No trial
+is lost or repeated on resume: a dead lane's next run tells its untold trials (:meth:`Study.fail_dead`), and the next
+ask tells failed a trial whose asker was killed mid-ask.
 """
 from __future__ import annotations
 
@@ -98,7 +88,6 @@ class TrialRow:
     intermediate: dict[int, float] = field(default_factory=dict)
     why: str | None = None
     device_s: float = 0.0
-    told_at: float | None = None
     planned: bool = False  # asked for its lane before the lane's job started, and not yet taken by a run of it
     told: bool = False  # its end is in Optuna's study (a trial pruned by its process is told by its lane after)
 
@@ -106,10 +95,6 @@ class TrialRow:
     def waiting(self) -> bool:
         """Planned and not taken: no run of its lane has started it yet."""
         return self.planned and self.state == RUNNING
-
-    @property
-    def finished(self) -> bool:
-        return self.state in (COMPLETE, PRUNED)
 
 
 @dataclass
@@ -195,18 +180,10 @@ def read_head(path: Path) -> Head | None:
 
 
 def changes(old: OptunaSearch, new: OptunaSearch) -> list[str]:
-    """What a resume's search changes of the run's, key by key (``search.seed: 0 -> 1``), but for the keys that may
-    grow (:data:`GROWS`) and grow. Pure."""
+    """What a resume's search changes of the run's, key by key, but for the keys that may grow and grow. Pure."""
     was, now = old.to_json(), new.to_json()
-    said: list[str] = []
-    for key in sorted(set(was) | set(now)):
-        before, after = was.get(key), now.get(key)
-        if before == after:
-            continue
-        if key in GROWS and _grows(before, after):
-            continue
-        said.append(f"search.{key}: {_said(before)} -> {_said(after)}")
-    return said
+    return [f"search.{key}: {_said(was.get(key))} -> {_said(now.get(key))}" for key in sorted(set(was) | set(now))
+            if was.get(key) != now.get(key) and not (key in GROWS and _grows(was.get(key), now.get(key)))]
 
 
 def _fixed_changes(old: Head, workload: str, fixed: Mapping[str, object]) -> list[str]:
@@ -219,9 +196,8 @@ def _fixed_changes(old: Head, workload: str, fixed: Mapping[str, object]) -> lis
 
 
 def _grows(before: object, after: object) -> bool:
-    if after is None:  # no cap where there was one: the budget grows
-        return True
-    return isinstance(before, (int, float)) and isinstance(after, (int, float)) and after >= before
+    """A higher budget, or none (no cap where there was one)."""
+    return after is None or (isinstance(before, (int, float)) and isinstance(after, (int, float)) and after >= before)
 
 
 def _said(value: object) -> str:
@@ -231,9 +207,8 @@ def _said(value: object) -> str:
 
 
 class FlockLock:
-    """Optuna's journal lock object (``acquire``/``release``, as ``JournalFileBackend(lock_obj=...)`` takes it): a
-    flock on ``study.lock``, which dies with its holder, unlike Optuna's own symlink and open locks that a killed
-    holder leaves for a grace period. Re-entrant in its process: a decision holds it while Optuna appends its lines.
+    """Optuna's journal lock object (``JournalFileBackend(lock_obj=...)``): a flock on ``study.lock``, which dies with
+    its holder, unlike Optuna's own locks that a killed holder leaves for a grace period. Re-entrant in its process.
     Taking it cuts back a torn last line of the journal (kept aside in ``study.torn``)."""
 
     def __init__(self, journal: Path) -> None:
@@ -265,20 +240,15 @@ class FlockLock:
         self._thread.release()
 
 
-def _quiet_optuna() -> None:
+def _storage(path: Path, lock: FlockLock) -> JournalStorage:
     import warnings
 
     import optuna
-
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def _storage(path: Path, lock: FlockLock) -> JournalStorage:
-    _quiet_optuna()
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))  # type: ignore[arg-type]
 
 
@@ -301,8 +271,6 @@ def _row(trial: FrozenTrial, order: Mapping[str, object]) -> TrialRow:
         row.value = trial.value if trial.value is not None else (attrs.get(PRUNED_AT) or {}).get("value")
     elif trial.state == TrialState.FAIL:
         row.state = FAILED
-    if trial.datetime_complete is not None:
-        row.told_at = trial.datetime_complete.timestamp()
     return row
 
 
@@ -311,8 +279,8 @@ def _journal(head: Head, trials: list[FrozenTrial]) -> Journal:
 
 
 def read_journal(path: Path) -> Journal | None:
-    """The study as it stands, read without its lock and writing nothing (collect reads runs in progress, or copied
-    read-only): a torn last line (a writer mid-append) is left out. None: no study there."""
+    """The study as it stands, read without its lock and writing nothing (a run in progress, or copied read-only): a
+    torn last line is left out. None: no study there."""
     head = read_head(path)
     if head is None:
         return None
@@ -363,8 +331,7 @@ class Study:
 
     def create(self, search: OptunaSearch, workload: str, fixed: Mapping[str, object]) -> list[str]:
         """Write the study's head and create Optuna's study, unless the run has them: a resume keeps its own and is
-        refused if its search changed, but for ``n_trials`` and ``device_hours``, which may grow to extend the search
-        (what grew, said as lines: empty when nothing did)."""
+        refused if its search changed, but for :data:`GROWS`, which may grow (what grew, as lines)."""
         old_format = self.path.with_name("study.jsonl")
         if old_format.exists():
             raise RunDirError(f"{self.path.parent}: its search was kept in {old_format.name}, the format of gpupack "
@@ -419,9 +386,8 @@ class Study:
             return self._ask(storage, len(trials), who)
 
     def _fail_cut(self, storage: JournalStorage, trials: list[FrozenTrial]) -> None:
-        """Tell failed (:data:`CUT`) each trial running with no claimant: every ask writes its trial and its claimant
-        in one decision under the lock, so, seen under the lock, such a trial's asker was killed mid-ask; it would
-        otherwise hold a place of the budget for ever. ``trials`` are updated in place."""
+        """Tell failed (:data:`CUT`) each trial running with no claimant: every ask writes both in one decision under
+        the lock, so its asker was killed mid-ask, and it would hold a place of the budget for ever. In place."""
         from optuna.trial import TrialState
 
         for i, trial in enumerate(trials):
@@ -450,9 +416,8 @@ class Study:
 
     def plan_first(self, lanes: Mapping[str, int]) -> list[int]:
         """A fresh study's first trials, asked by the command before any lane's job starts (``lanes``: each lane's
-        pack id and its slots): a lane then starts them at once (:meth:`take_planned`) and imports Optuna, about a
-        second, while they run. The trials the budget allows, in the lanes' order; none where the study has trials (a
-        resume's lanes ask for themselves). Their numbers."""
+        pack id and its slots), so that a lane starts them at once and imports Optuna while they run; none where the
+        study has trials. Their numbers."""
         with self._decision() as storage:
             journal = self._view(storage)
             if journal.trials:
@@ -474,8 +439,7 @@ class Study:
             return None
 
     def take_planned(self, who: Claimant) -> list[TrialRow]:
-        """The trials planned for ``who``'s lane that no run of it has taken, now this run's (should it die, the
-        lane's next run tells them, as any trial it asked), by number."""
+        """The trials planned for ``who``'s lane that no run of it has taken, now this run's, by number."""
         with self._decision() as storage:
             journal = self._view(storage)
             rows = sorted((t for t in journal.trials.values() if t.waiting and t.lane == who.lane),
@@ -488,7 +452,7 @@ class Study:
 
     def report(self, number: int, step: int, value: float, prune: bool = True) -> bool:
         """Trial ``number``'s intermediate ``value`` at ``step``, written; True where the pruner prunes it now (never
-        without ``prune``: what a program printed before it ended, kept for the curves later trials are judged by)."""
+        without ``prune``)."""
         with self._decision() as storage:
             trial = self._trial(storage, number)
             if trial is None or trial.state.is_finished():
@@ -531,8 +495,7 @@ class Study:
     def fail_dead(self, who: Claimant, from_record: Callable[[TrialRow], Outcome | None] | None = None,
                   ) -> list[tuple[int, State]]:
         """Tell the trials an earlier run of ``who``'s lane asked and never told (that run is dead: the caller holds
-        the lane's lock): from their training's record where ``from_record`` finds one (the run died between the
-        record and its tell), else failed ("died with its lane"). Their numbers, and how each was told."""
+        the lane's lock): from their record where ``from_record`` finds one, else failed. Their numbers and states."""
         with self._decision() as storage:
             journal = self._view(storage)
             told: list[tuple[int, State]] = []
@@ -548,8 +511,7 @@ class Study:
 
 def search_left(path: Path) -> bool:
     """A run's search has trials to run or to tell (its lanes run again): its budget not met, or trials asked and
-    never told (a dead lane's, which its next run tells). Read as collect reads it, without the lock and writing
-    nothing: a dry run and the runs beside a new one ask it too."""
+    never told. Read without the lock, writing nothing."""
     journal = read_journal(path)
     return journal is not None and (journal.stopped() is None or journal.untold > 0)
 
@@ -559,9 +521,7 @@ def _import_optuna() -> None:
 
 
 def import_optuna_meanwhile() -> threading.Thread:
-    """Optuna imported in a thread (about a second of scipy, sqlalchemy, matplotlib): a lane that started its planned
-    trials asks its next one without that wait, once the import is done (an ``import optuna`` meanwhile waits for
-    it)."""
+    """Optuna imported in a thread (about a second): a lane that started its planned trials asks its next without it."""
     return warm([_import_optuna], name="gpupack-import-optuna")
 
 
