@@ -1,13 +1,11 @@
-"""``search.*``: what a search asks Optuna for (``search=optuna``, conf/search/optuna.yaml), checked before anything
-runs: the sampler and pruner by their class names in Optuna (a did-you-mean among them), the space
-(:mod:`gpupack.search.space`), the budget. The schema is :class:`OptunaSearchConfig` (Hydra types each key); what a
-run keeps of it is an :class:`OptunaSearch`, written at the head of the study's journal."""
+"""``search.*`` (conf/search/optuna.yaml), checked before anything runs: the sampler and pruner by their class names
+in Optuna, the space, the budget. The schema is :class:`OptunaSearchConfig`; what a run keeps of it is an
+:class:`OptunaSearch`, the head of its study."""
 from __future__ import annotations
 
 import inspect
 import re
 from dataclasses import asdict, dataclass, field
-from types import ModuleType
 from typing import TYPE_CHECKING, Dict, Literal, Mapping, Optional, Union, cast
 
 from gpupack.errors import ConfigError, nearest
@@ -104,30 +102,22 @@ class OptunaSearch:
         return pruner
 
 
-def _module(name: str) -> ModuleType:
+def _check_class(key: str, name: str, module: str, base: str, kwargs: Mapping[str, Kwarg], extra: tuple[str, ...] = (),
+                 ) -> None:
+    """``name`` a public class of ``module`` (optuna.samplers, optuna.pruners) deriving from its ``base``, taking
+    ``kwargs`` (ConfigError on ``key`` with a did-you-mean otherwise)."""
     import optuna.pruners
     import optuna.samplers
 
-    return optuna.samplers if name == "optuna.samplers" else optuna.pruners
-
-
-def classes_of(module: str, base: str) -> list[str]:
-    """The public classes of optuna.samplers or optuna.pruners deriving from its base (``BaseSampler``)."""
-    mod = _module(module)
+    mod = optuna.samplers if module == "optuna.samplers" else optuna.pruners
     root = getattr(mod, base)
-    return sorted(n for n, c in vars(mod).items()
-                  if inspect.isclass(c) and issubclass(c, root) and c is not root and not n.startswith("_"))
-
-
-def _check_class(key: str, name: str, module: str, base: str, kwargs: Mapping[str, Kwarg], extra: tuple[str, ...] = (),
-                 ) -> None:
-    """``name`` a class of ``module`` taking ``kwargs`` (ConfigError on ``key`` with a did-you-mean otherwise)."""
-    known = classes_of(module, base)
+    known = sorted(n for n, c in vars(mod).items()
+                   if inspect.isclass(c) and issubclass(c, root) and c is not root and not n.startswith("_"))
     if name not in known and name not in extra:
         raise ConfigError(key, name, f"{module} has no such class", f"{key}={_fix(name, [*known, *extra])}")
     if name in extra:
         return
-    params = inspect.signature(getattr(_module(module), name)).parameters
+    params = inspect.signature(getattr(mod, name)).parameters
     for arg in kwargs:
         if arg not in params:
             raise ConfigError(f"{key}_kwargs.{arg}", kwargs[arg], f"{name} takes no argument {arg!r}",
@@ -144,9 +134,9 @@ def _fix(name: str, known: list[str]) -> str:
 
 def read_search(section: Mapping[str, object], metric: str | None, goal: str | None,
                 reported: tuple[str, ...] | None, workload: str = "", curve_in_output: bool = True) -> OptunaSearch:
-    """search.* checked (ConfigError on the first bad key), with the run's metric and goal (collect.*): what the
-    study's journal keeps. ``reported``: the workload's metrics where it declares them; ``curve_in_output``: whether
-    the workload (named ``workload``) prints its curve, so that search.intermediate has something to read."""
+    """search.* checked (ConfigError on the first bad key), with the run's metric and goal (collect.*).
+    ``reported``: the workload's metrics where it declares them; ``curve_in_output``: whether the workload (named
+    ``workload``) prints its curve, for search.intermediate to read."""
     cfg = OptunaSearchConfig(**{k: v for k, v in section.items()})  # type: ignore[arg-type]
     require_optuna()
     space = parse_space(cfg.space)
@@ -182,8 +172,7 @@ def read_search(section: Mapping[str, object], metric: str | None, goal: str | N
 
 
 def require_optuna() -> None:
-    """Optuna importable here, or one line saying how to install it (it is gpupack's ``search`` extra, not a
-    dependency: a grid needs none of it)."""
+    """Optuna importable here, or one line saying how to install it (gpupack's ``search`` extra)."""
     try:
         import optuna  # noqa: F401
     except ImportError as err:
@@ -205,9 +194,8 @@ def _check_built(search: OptunaSearch) -> None:
 
 
 def _first_prune(search: OptunaSearch) -> None:
-    """The pruner built and asked, on a throwaway study: one trial finished over 3 steps, a second at its first step.
-    Some values pass its constructor and fail at its first decision past a finished trial
-    (HyperbandPruner(min_resource=0): ZeroDivisionError), which every lane would meet."""
+    """The pruner built and asked on a throwaway study (one trial finished over 3 steps, a second at its first): some
+    values fail only at its first decision past a finished trial (HyperbandPruner(min_resource=0))."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # its "A new study created" line is no refusal's

@@ -1,10 +1,6 @@
-"""The search space in Hydra's override grammar, read into dimensions, then Optuna distributions.
-
-``interval(a, b)``: a float between a and b; ``int(interval(a, b))``: an integer; ``tag(log, interval(a, b))``: on a
-log scale; ``choice(a, b, c)``: one of them; ``range(a, b[, step])``: an integer from a up to b (b left out, as in
-Python and Hydra). Read with Hydra's own parser (:class:`OverridesParser`), as hydra-optuna-sweeper reads it, into a
-:class:`Dimension` (pure, no Optuna) so a bad space is refused before anything runs and before Optuna is imported.
-"""
+"""The search space in Hydra's override grammar (``interval``, ``int(interval)``, ``tag(log, interval)``, ``choice``,
+``range``: its end left out, as in Python), read with Hydra's own parser into :class:`Dimension` s, without Optuna:
+a bad space is refused before anything runs. Optuna's distributions are made from them."""
 from __future__ import annotations
 
 import math
@@ -45,7 +41,7 @@ class Dimension:
 
     def midpoint(self) -> Choice:
         """The middle of the range (on its scale; an integer range's nearest step; a choice's middle one): the point
-        a probe for N trains (packing.factors=auto), one the search may well ask, never an end. Pure."""
+        a probe for N trains, never an end. Pure."""
         if self.kind == "categorical":
             return self.choices[len(self.choices) // 2]
         mid = math.sqrt(self.low * self.high) if self.log else (self.low + self.high) / 2
@@ -55,8 +51,7 @@ class Dimension:
 
 
 def parse_space(space: Mapping[str, object], key: str = "search.space") -> dict[str, Dimension]:
-    """Each hyperparameter's dimension, in the given order; ConfigError naming ``key.<name>`` for any that is not a
-    range, an interval or a choice. Pure."""
+    """Each hyperparameter's dimension, in the given order; ConfigError naming ``key.<name>`` otherwise. Pure."""
     if not space:
         raise ConfigError(key, dict(space), "the search space is empty",
                           f"+{key}.lr='{EXAMPLE}'")
