@@ -82,24 +82,21 @@ class PackJob(submitit.helpers.Checkpointable):
         """One pack (its id), a streaming lane (its pack id), or a lane of whole packs run in turn (their ids). A write
         the run directory refuses ends the job with a StorageError, whose one line is the pack's failure."""
         with storage_faults(run_root):
-            return self._run(run_root, pack_id, settings)
+            from gpupack.search.lane import lane_kind  # a job's own: the command imports submit too
 
-    def _run(self, run_root: str, pack_id: str | list[str], settings: PackSettings) -> JobRecord:
-        from gpupack.search.lane import lane_kind  # a job's own: the command imports submit too
-
-        job = self.submitter.job_environment()
-        plan = Plan.from_json(read_json(RunDir(Path(run_root)).plan))  # read once: the job body is handed it
-        record: JobRecord
-        if isinstance(pack_id, list):
-            record = run_in_turn(run_root, pack_id, settings, job=job, plan=plan, kind=lane_kind)
-        elif plan.pack(pack_id).stream is None:
-            return run_pack(run_root, pack_id, settings, job=job, plan=plan)
-        else:  # a lane: a grid's claims its queue, a search's asks its study (gpupack.job.lanes)
-            record = run_lane(run_root, pack_id, settings, job=job, plan=plan, kind=lane_kind)
-        if record.get("stopped_claiming") and record.get("unclaimed") and self.submitter.requeues:
-            # Near its time limit with trainings left: requeue now, as SLURM's signal would a little later.
-            os.kill(os.getpid(), self.submitter.requeue_signal())
-        return record
+            job = self.submitter.job_environment()
+            plan = Plan.from_json(read_json(RunDir(Path(run_root)).plan))  # read once: the job body is handed it
+            record: JobRecord
+            if isinstance(pack_id, list):
+                record = run_in_turn(run_root, pack_id, settings, job=job, plan=plan, kind=lane_kind)
+            elif plan.pack(pack_id).stream is None:
+                return run_pack(run_root, pack_id, settings, job=job, plan=plan)
+            else:  # a lane: a grid's claims its queue, a search's asks its study (gpupack.job.lanes)
+                record = run_lane(run_root, pack_id, settings, job=job, plan=plan, kind=lane_kind)
+            if record.get("stopped_claiming") and record.get("unclaimed") and self.submitter.requeues:
+                # Near its time limit with trainings left: requeue now, as SLURM's signal would a little later.
+                os.kill(os.getpid(), self.submitter.requeue_signal())
+            return record
 
 
 ConfigT = TypeVar("ConfigT", bound=ClusterConfig, covariant=True)

@@ -4,6 +4,7 @@ go in lanes, one a slot, that run their packs in turn: a sweep pays one job star
 streaming lane's pack and a training spread over several devices are a job each. Lanes do not fold their packs."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import resource
@@ -59,14 +60,10 @@ def process_room() -> int | None:
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     if soft != resource.RLIM_INFINITY:
         room.append(soft - running)
-    try:
+    with contextlib.suppress(OSError, ValueError):
         room.append(int(Path("/proc/sys/kernel/pid_max").read_text()) - running)
-    except (OSError, ValueError):
-        pass
     return max(0, min(room)) if room else None
 
-
-# ---------------- pack jobs that never outlive gpupack ----------------
 
 def command_pid() -> int | None:
     """In a local job: the gpupack command whose submitit controller started this job, its parent's parent; None
@@ -94,13 +91,6 @@ def controllers_of(folder: Path | str) -> set[int]:
     return pids
 
 
-def _children(proc: psutil.Process) -> list[psutil.Process]:
-    try:
-        return list(proc.children())
-    except psutil.NoSuchProcess:
-        return []
-
-
 def _running(proc: psutil.Process) -> bool:
     try:
         return bool(proc.status() != psutil.STATUS_ZOMBIE)  # a killed child of a killed parent lingers as a zombie
@@ -110,16 +100,18 @@ def _running(proc: psutil.Process) -> bool:
 
 def process_levels(pids: Iterable[int]) -> list[list[psutil.Process]]:
     """``pids`` and all their descendants, level by level: parents before their children."""
-    level = []
+    level: list[psutil.Process] = []
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             level.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
     levels = []
     while level:
         levels.append(level)
-        level = [c for p in level for c in _children(p)]
+        below: list[psutil.Process] = []
+        for proc in level:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                below += proc.children()
+        level = below
     return levels
 
 
@@ -131,11 +123,9 @@ def cancel_jobs(controller_pids: Iterable[int]) -> int:
     stopped = 0
     for level in process_levels(controller_pids):
         for proc in level:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()  # psutil checks the pid was not reused since it was listed
                 stopped += 1
-            except psutil.NoSuchProcess:
-                pass
         deadline = time.time() + CANCEL_WAIT_S
         while any(_running(p) for p in level) and time.time() < deadline:
             time.sleep(0.02)

@@ -24,8 +24,7 @@ class PartitionConfig:
 
     # Model specifier for --gpus-per-node=<gpu>:1 (or --gres=gpu:<gpu>:1); null: one GPU of any type.
     gpu: Optional[str] = None
-    # How to ask: "gpus_per_node" (the Alliance's recommended form), "gres" (older sites), or "none" (a CPU
-    # partition: no GPU is asked for).
+    # How to ask: "gpus_per_node" (the Alliance's form), "gres" (older sites), or "none" (a CPU partition).
     request: str = "gpus_per_node"
     # SLURM partition to submit to, where the site routes GPU types by partition; null: the site's default.
     slurm_partition: Optional[str] = None
@@ -39,16 +38,15 @@ class PartitionConfig:
     # (gpupack.core.cost.billing); null: this site bills the GPU alone (as far as gpupack knows).
     bundle_cores: Optional[float] = None
     bundle_mem_gb: Optional[float] = None
-    # GPUs one job holds, each running its own pack of N at once (a lane of packs, each GPU taking the next pack as
-    # its last ends): a whole node where the site gives GPUs by the node. A spread training's job keeps its k.
+    # GPUs one job holds, each running its own lane of packs of N (a spread training's job keeps its k): a whole
+    # node where the site gives GPUs by the node.
     gpus_per_job: int = 1
     # Where the site gives a job exactly 1 GPU or whole nodes of this many (Trillium: 4), gpus_per_job must be one
     # of the two; null: any count up to a node's.
     whole_node_gpus: Optional[int] = None
     # Retired hardware, kept so earlier measurements can still be labelled and compared.
     retired: bool = False
-    # A MIG slice (one GPU instance of a larger GPU), not a whole GPU: where the site allows one slice per job
-    # (rules.one_mig_per_job), its jobs ask for exactly one.
+    # A MIG slice, not a whole GPU: where the site allows one slice per job (rules.one_mig_per_job), a job asks one.
     mig: bool = False
 
 
@@ -109,8 +107,7 @@ class SlurmConfig(ClusterConfig):
     account_required: bool = False
     # Resources one pack job asks for, scaled by N: ceil(N * cpus_per_training) CPUs, N * mem_gb_per_training GB.
     cpus_per_training: float = 1.0
-    # null: the peak RSS of earlier trainings of the same setting x 1.5 (gpupack/core/memory/figures.py), or 2 GB when
-    # none was measured yet, so a pack does not ask for memory it never uses (and leave a node's other GPUs idle).
+    # null: the peak RSS of earlier trainings of the same setting x 1.5, or 2 GB when none was measured yet.
     mem_gb_per_training: Optional[float] = None
     # Array tasks of one (partition, mode, N) group running at once.
     array_parallelism: int = 64
@@ -127,11 +124,10 @@ class SlurmConfig(ClusterConfig):
     # Jobs you may have queued or running at once, array tasks counting one each, as the site states it (Narval,
     # Rorqual: 1000); the lowest of it and SLURM's own limits is kept. null: SLURM's only.
     max_jobs_per_user: Optional[int] = None
-    # True where the cluster's nodes are one machine (scripts/local_slurm.sh: a slurmd per GPU type on one host), so
-    # packs share its cores whatever their partition, and the report says so. false on a real cluster.
+    # True where the cluster's nodes are one machine (scripts/local_slurm.sh), so packs share its cores whatever
+    # their partition. false on a real cluster.
     nodes_share_one_host: bool = False
-    # The site's stated rules on what one job may ask, each with its words and page (conf/cluster/fir.yaml), checked
-    # before anything is submitted: a refusal quotes them.
+    # The site's stated rules on what one job may ask, each with its words and page (conf/cluster/fir.yaml).
     rules: SiteRules = field(default_factory=SiteRules)
 
 

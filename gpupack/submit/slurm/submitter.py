@@ -83,8 +83,6 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         21.08 and later: a streaming lane's time limit counts from it) and what SLURM gave it."""
         return slurm_job_environment(submitit.JobEnvironment().job_id, os.environ)
 
-    # ---------------- a Hydra launcher's options ----------------
-
     @classmethod
     def launcher_config(cls, options: Mapping[str, Any], key: str) -> SlurmConfig:
         return launcher_config(options, key)
@@ -95,8 +93,6 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         return {"cpus_per_training": "cpus_per_task", "mem_gb_per_training": "mem_gb", "partition": "partition",
                 f"partitions.{label}.gpu": "gres", f"partitions.{label}.slurm_partition": "partition",
                 f"partitions.{label}.request": "gpus_per_node"}
-
-    # ---------------- checks before anything is submitted ----------------
 
     def resolve_partitions(self, requested: Sequence[str]) -> tuple[str, ...]:
         names = list(requested) or list(self.cluster.default_partitions)
@@ -143,8 +139,6 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         live = commands.live_limits(self.cluster.partitions, partitions, self.key, why=why)
         self._sinfo_silent = why[0] if why else None
         return {name: partition_capacity(self.cluster, name, live.get(name, {}), self.key) for name in partitions}
-
-    # ---------------- submission ----------------
 
     def require_reachable(self) -> None:
         """SLURM answers here (sbatch is installed, sinfo answers), else one line in its own words with the fix."""
