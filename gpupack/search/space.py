@@ -100,11 +100,6 @@ def _interval(value: IntervalSweep, text: object, key: str, hint: str) -> Dimens
     return Dimension("int" if whole else "float", low, high, log=log)
 
 
-def distributions(space: Mapping[str, Dimension]) -> dict[str, BaseDistribution]:
-    """Every dimension's Optuna distribution, by name."""
-    return {name: dim.distribution() for name, dim in space.items()}
-
-
 def probe_grid(space: Mapping[str, Dimension]) -> dict[str, list[Choice]]:
     """The one point of the space a probe for N trains, as a grid of one value per hyperparameter. Pure."""
     return {name: [dim.midpoint()] for name, dim in space.items()}

@@ -130,12 +130,8 @@ class Journal:
     def ranked(self) -> list[TrialRow]:
         """The completed trials, best first, then the pruned, the failed and the running."""
         sign = -1.0 if self.search.direction == "maximize" else 1.0
-        done = sorted((t for t in self.trials.values() if t.state == COMPLETE and t.value is not None),
-                      key=lambda t: (sign * (t.value or 0.0), t.number))
-        first = {t.number for t in done}
-        rest = sorted((t for t in self.trials.values() if t.number not in first),
-                      key=lambda t: (RANK_ORDER[t.state], t.number))
-        return done + rest
+        return sorted(self.trials.values(), key=lambda t: (0, sign * t.value, t.number)
+                      if t.state == COMPLETE and t.value is not None else (1, RANK_ORDER[t.state], t.number))
 
 
 def stop_reason(search: OptunaSearch, held: int, failed: int, device_hours: float) -> str | None:
@@ -179,20 +175,19 @@ def read_head(path: Path) -> Head | None:
     return Head.from_json(data) if data is not None else None
 
 
-def changes(old: OptunaSearch, new: OptunaSearch) -> list[str]:
-    """What a resume's search changes of the run's, key by key, but for the keys that may grow and grow. Pure."""
-    was, now = old.to_json(), new.to_json()
-    return [f"search.{key}: {_said(was.get(key))} -> {_said(now.get(key))}" for key in sorted(set(was) | set(now))
-            if was.get(key) != now.get(key) and not (key in GROWS and _grows(was.get(key), now.get(key)))]
+def changes(old: Head, search: OptunaSearch, workload: str, fixed: Mapping[str, object]) -> list[str]:
+    """What a resume changes of the run's search (but for its keys that may grow, and grow), workload and fixed
+    hyperparameters, key by key. Pure."""
+    was, now = json.loads(json.dumps(old.fixed, default=str)), json.loads(json.dumps(dict(fixed), default=str))
+    return (_diff("search", old.search.to_json(), search.to_json(), GROWS)
+            + ([f"workload: {old.workload!r} -> {workload!r}"] if workload != old.workload else [])
+            + _diff("sweep.fixed", was, now))  # the fixed as the head reads them back
 
 
-def _fixed_changes(old: Head, workload: str, fixed: Mapping[str, object]) -> list[str]:
-    """What a resume changes of the run's workload and fixed hyperparameters, key by key. Pure."""
-    said = [f"workload: {old.workload!r} -> {workload!r}"] if workload != old.workload else []
-    was = json.loads(json.dumps(old.fixed, default=str))  # as the head reads back
-    now = json.loads(json.dumps(dict(fixed), default=str))
-    return said + [f"sweep.fixed.{k}: {_said(was.get(k))} -> {_said(now.get(k))}" for k in sorted(set(was) | set(now))
-                   if was.get(k) != now.get(k)]
+def _diff(prefix: str, was: Mapping[str, object], now: Mapping[str, object], grows: tuple[str, ...] = ()) -> list[str]:
+    """``prefix.key: before -> after`` for each key whose value differs, but for a key of ``grows`` that grows."""
+    return [f"{prefix}.{k}: {_said(was.get(k))} -> {_said(now.get(k))}" for k in sorted(set(was) | set(now))
+            if was.get(k) != now.get(k) and not (k in grows and _grows(was.get(k), now.get(k)))]
 
 
 def _grows(before: object, after: object) -> bool:
@@ -344,7 +339,7 @@ class Study:
                 self._head = Head(search, workload, dict(fixed))
                 _write_head(self.path, self._head)
             else:
-                changed = changes(old.search, search) + _fixed_changes(old, workload, fixed)
+                changed = changes(old, search, workload, fixed)
                 if changed:
                     raise ConfigError("search", "; ".join(changed), "this run_dir's search ran with these values, "
                                       "and its trials were chosen for them (only search.n_trials and "
@@ -403,9 +398,8 @@ class Study:
         return optuna.Study(STUDY_NAME, storage, sampler=search.make_sampler(number), pruner=search.make_pruner())
 
     def _ask(self, storage: JournalStorage, number: int, who: Claimant, planned: bool = False) -> TrialRow:
-        from gpupack.search.space import distributions
-
-        trial = self._optuna(storage, number).ask(fixed_distributions=distributions(self.head().search.space))
+        space = self.head().search.space
+        trial = self._optuna(storage, number).ask(fixed_distributions={k: d.distribution() for k, d in space.items()})
         if trial.number != number:  # numbers are given under the lock: another writer ignored it
             raise RuntimeError(f"{self.path}: trial {trial.number} asked where {number} was next: is another "
                                "search writing this study without its lock?")
