@@ -107,8 +107,7 @@ class SearchLane(Lane):
         return None
 
     def expected_mb(self, training: Training | None) -> float | None:
-        """What a trial is expected to peak at (MB): the largest peak of this run's trials so far, else
-        sweep.training_memory_mb; None: not known, or admission is off."""
+        """A trial's expected peak (MB): the largest of this run's so far, else sweep.training_memory_mb, else None."""
         if self.inputs is None:
             return None
         peak = max(self._in_run.values(), default=None)
@@ -136,8 +135,7 @@ class SearchLane(Lane):
                 if row.lane == self.pack.pack_id]
 
     def resume(self) -> dict[str, object]:
-        """Tell the trials an earlier run of this lane never told, and take the trials the command planned for it,
-        unless it is out of time (they wait for its requeued run)."""
+        """Tell the trials an earlier run of this lane never told; take those planned for it unless out of time."""
         told = self.study.fail_dead(self.holder, lambda row: recorded_outcome(self.run, self.pack.pack_id, self.head,
                                                                               row))
         if told:
@@ -160,8 +158,7 @@ class SearchLane(Lane):
         return {"search_ended": self.search_ended}
 
     def judge(self, rec: dict[str, object]) -> dict[str, object]:
-        """As a stream lane judges it; a trial its study was told pruned is recorded pruned, however its process
-        then ended."""
+        """As a stream lane judges it; a trial its study was told pruned is recorded pruned, however it then ended."""
         rec = super().judge(rec)
         number = trial_number(str(rec["training_id"]))
         row = self.study.row(number) if number is not None and rec.get("status") != PRUNED_STATUS else None

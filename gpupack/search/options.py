@@ -28,20 +28,16 @@ class OptunaSearchConfig:
     # an Optuna sampler by its class name in optuna.samplers, and its keyword arguments (seed is search.seed's)
     sampler: str = "TPESampler"
     sampler_kwargs: Dict[str, Kwarg] = field(default_factory=dict)
-    # each trial's sampler is seeded by (seed, trial number): two lanes never get one suggestion by accident
-    seed: int = 0
+    seed: int = 0  # each trial's sampler is seeded by (seed, trial number): no two lanes share a suggestion
     # hyperparameter → its range in Hydra's grammar: interval(a,b), int(interval(a,b)), tag(log, interval(a,b)),
     # choice(a,b,c), range(a,b[,step]); merged over sweep.fixed
     space: Dict[str, str] = field(default_factory=dict)
-    # finished trials (completed or pruned) the search runs to; failed ones do not count, but this many end it
-    n_trials: int = 32
-    # device-hours the trials may take in all (null: no cap); trials running when it is reached finish
-    device_hours: Optional[float] = None
+    n_trials: int = 32  # finished trials (completed or pruned) the search runs to; this many failed end it too
+    device_hours: Optional[float] = None  # the trials' device-hours in all (null: no cap); running ones finish
     # an Optuna pruner by its class name in optuna.pruners (or none), and its keyword arguments
     pruner: str = "MedianPruner"
     pruner_kwargs: Dict[str, Kwarg] = field(default_factory=dict)
-    # the metric a trial's value is (null: collect.metric, else val_accuracy); its direction is collect.goal's
-    metric: Optional[str] = None
+    metric: Optional[str] = None  # a trial's value (null: collect.metric, else val_accuracy), towards collect.goal
     # a command workload's intermediate values: a regular expression over its stdout, one group holding the number
     # (each match one step), so it can be pruned
     intermediate: Optional[str] = None
@@ -64,8 +60,7 @@ class OptunaSearch:
     intermediate: str | None = None
 
     def headline(self) -> str:
-        """The search in a few words, for the plan's first line: ``a search of 32 trials (TPESampler, MedianPruner;
-        loss, minimize)``. Pure."""
+        """The search in a few words, for the plan's first line. Pure."""
         budget = f"{self.n_trials} trial(s)" + (f" or {self.device_hours:g} device-hours" if self.device_hours else "")
         pruner = "no pruner" if self.pruner == "none" else self.pruner
         return f"a search of {budget} ({self.sampler}, {pruner}; {self.metric}, {self.direction})"
@@ -104,8 +99,7 @@ class OptunaSearch:
 
 def _check_class(key: str, name: str, module: str, base: str, kwargs: Mapping[str, Kwarg], extra: tuple[str, ...] = (),
                  ) -> None:
-    """``name`` a public class of ``module`` (optuna.samplers, optuna.pruners) deriving from its ``base``, taking
-    ``kwargs`` (ConfigError on ``key`` with a did-you-mean otherwise)."""
+    """``name`` a public ``base`` class of ``module`` taking ``kwargs`` (else a ConfigError with a did-you-mean)."""
     import optuna.pruners
     import optuna.samplers
 
@@ -182,8 +176,7 @@ def require_optuna() -> None:
 
 
 def _check_built(search: OptunaSearch) -> None:
-    """The sampler and pruner built once here, so a value Optuna refuses (a negative n_warmup_steps) is said before
-    anything runs, not by every lane as it asks its first trial."""
+    """The sampler and pruner built once here, so a value Optuna refuses is said before anything runs."""
     for key, kwargs, build in (("search.sampler_kwargs", search.sampler_kwargs, lambda: search.make_sampler(0)),
                                ("search.pruner_kwargs", search.pruner_kwargs, lambda: _first_prune(search))):
         try:

@@ -19,8 +19,7 @@ EXAMPLE = "tag(log, interval(1e-4, 1e-1))"
 
 @dataclass(frozen=True)
 class Dimension:
-    """One hyperparameter's range: ``kind`` float | int | categorical; ``log`` on a log scale; ``step`` an integer
-    range's step."""
+    """One hyperparameter's range: ``kind`` float | int | categorical; ``step``: an integer range's step."""
 
     kind: str
     low: float = 0.0

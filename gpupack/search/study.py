@@ -135,8 +135,7 @@ class Journal:
 
 
 def stop_reason(search: OptunaSearch, held: int, failed: int, device_hours: float) -> str | None:
-    """Why no more trial is asked (None: the budget is not spent): n_trials finished or running (``held``), n_trials
-    failed, or device_hours spent. Pure."""
+    """Why no more trial is asked (None: the budget is not spent); ``held``: trials finished or running. Pure."""
     if held >= search.n_trials:
         return f"the budget of {search.n_trials} trials is met"
     if failed >= search.n_trials:
@@ -445,8 +444,7 @@ class Study:
             return rows
 
     def report(self, number: int, step: int, value: float, prune: bool = True) -> bool:
-        """Trial ``number``'s intermediate ``value`` at ``step``, written; True where the pruner prunes it now (never
-        without ``prune``)."""
+        """Trial ``number``'s ``value`` at ``step``, written; True where the pruner prunes it now (if ``prune``)."""
         with self._decision() as storage:
             trial = self._trial(storage, number)
             if trial is None or trial.state.is_finished():
@@ -504,8 +502,7 @@ class Study:
 
 
 def search_left(path: Path) -> bool:
-    """A run's search has trials to run or to tell (its lanes run again): its budget not met, or trials asked and
-    never told. Read without the lock, writing nothing."""
+    """A run's search has trials to run or to tell (its lanes run again). Read without the lock, writing nothing."""
     journal = read_journal(path)
     return journal is not None and (journal.stopped() is None or journal.untold > 0)
 

@@ -47,10 +47,8 @@ class ClusterConfig:
     """What every backend's config has; each backend extends it (LocalConfig, SlurmConfig)."""
 
     name: str = "local"
-    # The module under gpupack/submit/ that runs packs.
-    backend: str = "local"
-    # Time limit of one pack job (minutes).
-    timeout_min: int = 60
+    backend: str = "local"  # the module under gpupack/submit/ that runs packs
+    timeout_min: int = 60  # time limit of one pack job (minutes)
 
 
 class SubmittedJob(TypedDict, total=False):
@@ -153,8 +151,7 @@ class Submitter(ABC, Generic[ConfigT]):
         """The partitions a sweep runs on, from what the user asked (empty: the backend's default)."""
 
     def check(self, partitions: Sequence[str]) -> None:
-        """Every option of this backend's config, used by this run or not (raise ConfigError); a backend checks its
-        own fields and calls this."""
+        """Every option of this backend's config, used by this run or not (raise ConfigError)."""
         if self.cluster.timeout_min < 1:
             raise ConfigError(self.key("timeout_min"), self.cluster.timeout_min, "must be >= 1 (minutes)",
                               f"give each pack job at least a minute, e.g. {self.key('timeout_min')}=60")
@@ -177,8 +174,7 @@ class Submitter(ABC, Generic[ConfigT]):
         return float(self.cluster.timeout_min) * 60
 
     def request(self, factor: int, measured_host_mb: Figure | None = None) -> PackRequest:
-        """What one pack of ``factor`` trainings asks for, from one training's host memory figure (default:
-        self.measured_host_mb). Pure."""
+        """What one pack of ``factor`` trainings asks for, from one training's host memory figure. Pure."""
         return PackRequest(cpus=None, mem_mb=None)
 
     def job_forecast(self, packs: Sequence[Pack]) -> JobForecast:
@@ -273,8 +269,7 @@ def load_submitter(backend: str, cluster: ClusterConfig, run: RunDir, key: str =
 
 
 def progress_state(result: PackResult) -> str:
-    """How a finished pack shows in progress: done only when its job ran to its end and no training failed; a job
-    that failed says why."""
+    """How a finished pack shows: done only when its job ran to its end and no training failed; else failed, why."""
     if result.ok and not (result.record or {}).get("n_failed"):
         return DONE
     return PackState(FAILED, None if result.ok else result.error)
@@ -291,8 +286,7 @@ def job_outcome(job: PackJobHandle, run: RunDir | None = None) -> JobRecord | st
 
 def job_result(pack: Pack, job: PackJobHandle, run: RunDir | None = None,
                outcome: JobRecord | str | None = None) -> PackResult:
-    """How a finished submitit job ended for ``pack``: its pack record, or why it failed; ``outcome``: the job's,
-    where the caller asked it already."""
+    """How a finished job ended for ``pack``: its record, or why not; ``outcome``: the job's, where asked already."""
     record = job_outcome(job, run) if outcome is None else outcome
     if not isinstance(record, str) and "in_turn" in record:  # a lane of whole packs (run_in_turn): only it says so
         lane = cast(InTurn, record)

@@ -79,8 +79,7 @@ class QuietSlurmExecutor(submitit.SlurmExecutor):
 
 
 def unsaid(written: str, refused: str) -> str:
-    """What was written to stderr during a submission, less submitit's print of sbatch's refusal (``refused``, the
-    words its FailedJobError holds). Pure."""
+    """What was written to stderr during a submission, less submitit's print of sbatch's ``refused``. Pure."""
     if not refused:
         return written
     return written.replace(refused + "\n", "", 1)
@@ -117,8 +116,7 @@ def internals() -> dict[types.ModuleType, dict[str, tuple[str, ...]]]:
 
 
 def missing_internals() -> list[str]:
-    """Each internal of :func:`internals` that this submitit no longer has where gpupack reaches for it, or whose
-    signature lost a name gpupack passes: [] where all are there."""
+    """Each internal of :func:`internals` this submitit lacks, or whose signature lost a name gpupack passes."""
     missing = []
     for module, names in internals().items():
         for dotted, params in names.items():

@@ -46,10 +46,8 @@ CANCEL_WAIT_S = 5.0  # for each level of a cancelled job's process tree to be go
 class LocalConfig(ClusterConfig):
     """The local backend's options (conf/cluster/local.yaml)."""
 
-    # Partition label recorded with every pack.
-    partition: str = "local"
-    # Packs run at once; null: one per visible GPU, or one on a CPU-only machine.
-    max_parallel_packs: Optional[int] = None
+    partition: str = "local"  # the partition label recorded with every pack
+    max_parallel_packs: Optional[int] = None  # packs run at once; null: one per visible GPU, or one on a CPU
 
 
 def process_room() -> int | None:
@@ -66,8 +64,7 @@ def process_room() -> int | None:
 
 
 def command_pid() -> int | None:
-    """In a local job: the gpupack command whose submitit controller started this job, its parent's parent; None
-    where the job was not started so."""
+    """In a local job: the gpupack command whose submitit controller started it (its parent's parent), or None."""
     try:
         controller = psutil.Process(os.getppid())
         if CONTROLLER not in controller.cmdline():
@@ -137,8 +134,7 @@ class LocalSubmitter(Submitter[LocalConfig]):
 
     @classmethod
     def job_environment(cls) -> JobEnvironment:
-        """submitit's local job (its id), the GPUs it may see, the command that runs the sweep here, and temporary
-        space of its own (:func:`job_temp_dir`)."""
+        """submitit's local job, the GPUs it may see, the command that runs it, and temporary space of its own."""
         job_id = submitit.JobEnvironment().job_id
         tmp = job_temp_dir(job_id)
         os.makedirs(tmp, exist_ok=True)
@@ -260,8 +256,7 @@ def job_temp_dir(job_id: str) -> str:
 
 
 def local_lanes(packs: Sequence[Pack], slots: int) -> list[list[Pack]]:
-    """The jobs a run here makes: its whole packs dealt in the plan's order to a lane a slot, then each streaming
-    lane's pack and each spread training, a job each. Pure."""
+    """The jobs a run here makes: its whole packs dealt to a lane a slot, then a job for each other pack. Pure."""
     whole = [p for p in packs if p.stream is None and p.devices <= 1]
     return deal(whole, min(slots, len(whole))) + [[p] for p in packs if p.stream is not None or p.devices > 1]
 

@@ -170,18 +170,13 @@ def queue_states(job_ids: Sequence[str]) -> dict[str, str] | None:
 class SiteLimits:
     """What SLURM lets one user submit, as it says itself (None: no limit, or SLURM did not say)."""
 
-    # scontrol's MaxArraySize: an array's task indices run 0 .. MaxArraySize-1, so an array holds that many tasks
-    max_array_size: int | None = None
-    # Jobs the user may have queued or running at once, each array task counting one (MaxSubmitJobs of the user's
-    # association, MaxSubmitJobsPerUser of its QOS: the lower), and which limit that is, for the error line
+    max_array_size: int | None = None  # scontrol's MaxArraySize: the most tasks an array holds
+    # Jobs the user may have queued or running at once, array tasks counting one each, and which limit that is
     max_submit: int | None = None
     submit_source: str = ""
-    # where max_submit comes from: the cluster (sacctmgr), or the preset's stated limit (SlurmSubmitter.site_limits)
-    submit_from: str = "read from the cluster (sacctmgr)"
-    # the user's jobs in the queue now (array tasks each), which count against max_submit; None: squeue did not answer
-    queued: int | None = None
-    # each question SLURM did not answer (scontrol, sacctmgr, squeue): why, in the command's own words
-    unanswered: Mapping[str, str] = field(default_factory=dict)
+    submit_from: str = "read from the cluster (sacctmgr)"  # or from the preset's stated limit
+    queued: int | None = None  # the user's jobs in the queue now (array tasks each); None: squeue did not answer
+    unanswered: Mapping[str, str] = field(default_factory=dict)  # each question SLURM did not answer: why
 
 
 def _whole(text: str) -> int | None:

@@ -22,15 +22,12 @@ LAUNCHER_LABEL = "default"  # the Hydra launcher's one partition, when it names 
 class PartitionConfig:
     """One kind of GPU a cluster offers, and how to ask SLURM for one of it."""
 
-    # Model specifier for --gpus-per-node=<gpu>:1 (or --gres=gpu:<gpu>:1); null: one GPU of any type.
-    gpu: Optional[str] = None
+    gpu: Optional[str] = None  # model specifier for --gpus-per-node=<gpu>:1; null: one GPU of any type
     # How to ask: "gpus_per_node" (the Alliance's form), "gres" (older sites), or "none" (a CPU partition).
     request: str = "gpus_per_node"
-    # SLURM partition to submit to, where the site routes GPU types by partition; null: the site's default.
-    slurm_partition: Optional[str] = None
+    slurm_partition: Optional[str] = None  # where the site routes GPU types by partition; null: its default
     constraint: Optional[str] = None
-    # Name in the RGU table (e.g. V100-16gb), for cost comparisons.
-    model: Optional[str] = None
+    model: Optional[str] = None  # its name in the RGU table (e.g. V100-16gb), for cost comparisons
     # The most CPUs and host memory one single-GPU job should get here (the site's per-GPU guidance).
     max_cpus: Optional[int] = None
     max_mem_gb: Optional[float] = None
@@ -44,8 +41,7 @@ class PartitionConfig:
     # Where the site gives a job exactly 1 GPU or whole nodes of this many (Trillium: 4), gpus_per_job must be one
     # of the two; null: any count up to a node's.
     whole_node_gpus: Optional[int] = None
-    # Retired hardware, kept so earlier measurements can still be labelled and compared.
-    retired: bool = False
+    retired: bool = False  # retired hardware, kept so earlier measurements can still be labelled and compared
     # A MIG slice, not a whole GPU: where the site allows one slice per job (rules.one_mig_per_job), a job asks one.
     mig: bool = False
 
@@ -100,8 +96,7 @@ class SlurmConfig(ClusterConfig):
 
     # GPU types / partitions this cluster offers, by the name used in `partitions=[...]`.
     partitions: Dict[str, PartitionConfig] = field(default_factory=dict)
-    # Partitions used when the command line names none.
-    default_partitions: List[str] = field(default_factory=list)
+    default_partitions: List[str] = field(default_factory=list)  # used when the command line names none
     # SLURM account (--account); null: $SLURM_ACCOUNT or $SBATCH_ACCOUNT, as the Alliance documents.
     account: Optional[str] = None
     account_required: bool = False
@@ -109,18 +104,13 @@ class SlurmConfig(ClusterConfig):
     cpus_per_training: float = 1.0
     # null: the peak RSS of earlier trainings of the same setting x 1.5, or 2 GB when none was measured yet.
     mem_gb_per_training: Optional[float] = None
-    # Array tasks of one (partition, mode, N) group running at once.
-    array_parallelism: int = 64
-    # Seconds before the time limit at which the pack is signalled to checkpoint and requeue.
-    signal_delay_s: int = 90
-    # How many times a pack may be requeued after reaching its time limit.
-    max_num_timeout: int = 3
+    array_parallelism: int = 64  # array tasks of one (partition, mode, N) group running at once
+    signal_delay_s: int = 90  # seconds before the time limit at which a pack is signalled to requeue
+    max_num_timeout: int = 3  # how many times a pack may be requeued after reaching its time limit
     # Shell lines run before each job (e.g. "module load python/3.11", "source ~/venv/bin/activate").
     setup: List[str] = field(default_factory=list)
-    # More sbatch options, passed as they are (e.g. {"qos": "high"}).
-    additional_parameters: Dict[str, Any] = field(default_factory=dict)
-    # Seconds between two looks at the queue while waiting.
-    poll_s: float = 5.0
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)  # more sbatch options, as they are
+    poll_s: float = 5.0  # seconds between two looks at the queue while waiting
     # Jobs you may have queued or running at once, array tasks counting one each, as the site states it (Narval,
     # Rorqual: 1000); the lowest of it and SLURM's own limits is kept. null: SLURM's only.
     max_jobs_per_user: Optional[int] = None
@@ -185,8 +175,7 @@ def undotted(name: str) -> str:
 
 
 def launcher_gpu_request(options: Mapping[str, object], key: str) -> tuple[str | None, str]:
-    """(GPU type or None for any, request form) from a Hydra launcher's gres / gpus_per_node: packs share exactly one
-    GPU, or run on CPUs."""
+    """(GPU type or None for any, request form) from a Hydra launcher's gres / gpus_per_node: one GPU, or none."""
     gres, per_node = options.get("gres"), options.get("gpus_per_node")
     if gres:
         m = LAUNCHER_GRES.match(str(gres))

@@ -104,8 +104,7 @@ def lane_counts(sizes: Sequence[int], at_once: int, allowed: int | None) -> list
 
 @dataclass(frozen=True)
 class ArrayJob:
-    """One sbatch call of a submission: a (partition, mode, N, k) group's lanes as one job array (one job where one
-    lane), and submitit's SlurmExecutor parameters for it (update_parameters)."""
+    """One sbatch call: a (partition, mode, N, k) group's lanes as one job array, and its executor parameters."""
 
     key: GroupKey
     lanes: list[list[Pack]]
@@ -128,8 +127,7 @@ def sbatch_lines(folder: str | os.PathLike[str], parameters: SbatchParameters, t
 
 
 def over_limit(forecast: JobForecast, key: str) -> str:
-    """The line for a submission that needs more jobs than the site lets the user queue now (``key``: the config key
-    of the site's stated limit)."""
+    """The line for a submission of more jobs than the site lets the user queue now (``key``: its stated limit's)."""
     return (f"this submission needs {forecast.jobs} job(s) at the least (one lane of packs for each (partition, mode, "
             f"N) of its {forecast.packs} pack(s)) and the site lets you queue {forecast.allowed} more now "
             f"({forecast.limit}; {forecast.queued_text()}): nothing was submitted. HINT: wait "
@@ -153,8 +151,7 @@ def block_label(arrays: Sequence[ArrayJob]) -> str:
 
 def limit_lines(forecast: JobForecast, arrays: Sequence[ArrayJob], limits: commands.SiteLimits,
                 sinfo_silent: str | None) -> list[str]:
-    """The totals of a submission against the site's limits, each with where it comes from, and whether sinfo checked
-    the partitions. Pure."""
+    """The totals of a submission against the site's limits, each with where it comes from. Pure."""
     silent = limits.unanswered
 
     def unknown(command: str) -> str:
@@ -182,8 +179,7 @@ def limit_lines(forecast: JobForecast, arrays: Sequence[ArrayJob], limits: comma
 
 
 def job_gpus(cluster: SlurmConfig, key: GroupKey) -> int:
-    """GPUs one job of a (partition, mode, N, k) group holds: the partition's gpus_per_job for packs of N, a spread
-    training's k. Pure."""
+    """GPUs one job of a group holds: the partition's gpus_per_job for packs of N, a spread training's k. Pure."""
     partition, _mode, _factor, devices = key
     return devices if devices > 1 else int(cluster.partitions[partition].gpus_per_job)
 

@@ -133,8 +133,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                            mem_gb_each=each_mb / 1024, mem_why=why)  # exact: sbatch asks the same MB
 
     def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
-        """From the preset (GPU memory from the model name, V100-16gb; per-GPU guidance) and, where SLURM
-        answers, sinfo: each partition and GPU type must exist; node CPUs and memory bound the rest."""
+        """From the preset and, where SLURM answers, sinfo (each partition and GPU type must exist)."""
         why: list[str] = []
         live = commands.live_limits(self.cluster.partitions, partitions, self.key, why=why)
         self._sinfo_silent = why[0] if why else None
