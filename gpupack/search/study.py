@@ -2,16 +2,11 @@
 truth every lane, resume and collect read; ``optuna.load_study`` and ``optuna-dashboard`` open it while it runs.
 
 Each decision (ask a trial, prune one, tell one) holds the journal's flock (:class:`FlockLock`), cuts back a torn last
-line and reads only the lines written since its last decision (Optuna's storage replays incrementally). The search,
-the workload and the fixed hyperparameters are the study's head, ``study.json`` beside it. A trial's user attributes
-keep who runs it and whether it is planned (``gpupack``), where its process was told to prune it (``pruned``), its
-device time (``device_s``) and why it failed (``why``).
-
-Numbers are Optuna's, given under the lock, so no two lanes ever get one; each ask's sampler is seeded by (seed,
-number). Running trials are in the study, so the sampler knows them (TPE's constant liar). The budget is ``n_trials``
-finished trials (complete or pruned); ``n_trials`` failures stop the search, as ``device_hours`` spent does. No trial
-is lost or repeated on resume: a dead lane's next run tells its untold trials (:meth:`Study.fail_dead`), and the next
-ask tells failed a trial whose asker was killed mid-ask.
+line and reads only the lines written since its last decision. The search, the workload and the fixed
+hyperparameters are the study's head, ``study.json`` beside it. Numbers are Optuna's, given under the lock, so no two
+lanes ever get one; running trials are in the study, so the sampler knows them (TPE's constant liar). No trial is lost
+or repeated on resume: a dead lane's next run tells its untold trials (:meth:`Study.fail_dead`), and the next ask
+tells failed a trial whose asker was killed mid-ask.
 """
 from __future__ import annotations
 
@@ -402,8 +397,7 @@ class Study:
         if trial.number != number:  # numbers are given under the lock: another writer ignored it
             raise RuntimeError(f"{self.path}: trial {trial.number} asked where {number} was next: is another "
                                "search writing this study without its lock?")
-        claimant = {**asdict(who), "planned": planned}
-        storage.set_trial_user_attr(trial._trial_id, WHO, claimant)
+        storage.set_trial_user_attr(trial._trial_id, WHO, {**asdict(who), "planned": planned})
         return TrialRow(number, {k: _plain(v) for k, v in trial.params.items()}, who.lane, who.incarnation,
                         time.time(), planned=planned)
 

@@ -1,7 +1,5 @@
 """SLURM: each pack is one array task on one GPU, through submitit's SlurmExecutor; packs of one (partition, mode, N)
-group share one job array. Its parts: ``options`` (its config and the checks of every key), ``rules`` (the site's
-stated rules), ``request`` (what a submission asks SLURM for: one builder for the submission and the dry run),
-``submitter``, and ``commands`` (sinfo, sacct: the one seam to the cluster besides submitit)."""
+group share one job array."""
 from gpupack.submit._submitit import QuietSlurmExecutor
 from gpupack.submit.slurm.options import PartitionConfig, SlurmConfig
 from gpupack.submit.slurm.request import array_chunks, lane_counts, resources, sbatch_lines, sbatch_parameters

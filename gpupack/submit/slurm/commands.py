@@ -71,12 +71,8 @@ UNREACHABLE = re.compile(r"Unable to contact slurm controller|Unable to process 
 
 def one_line(command: str, said: str) -> str:
     """What a SLURM client said on stderr as one line, each thing once, without its repeated "sbatch: error: "."""
-    lines: list[str] = []
-    for line in said.splitlines():
-        text = re.sub(rf"^{re.escape(command)}: (?:error|fatal): ", "", line.strip())
-        if text and text not in lines:
-            lines.append(text)
-    return f"{command}: {'; '.join(lines)}"
+    texts = (re.sub(rf"^{re.escape(command)}: (?:error|fatal): ", "", line.strip()) for line in said.splitlines())
+    return f"{command}: {'; '.join(dict.fromkeys(text for text in texts if text))}"
 
 
 def unreachable(command: str, said: str) -> UnreachableError:
@@ -159,11 +155,8 @@ def queue_states(job_ids: Sequence[str]) -> dict[str, str] | None:
     out = slurm_command(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)])
     if out is None:
         return None
-    states: dict[str, str] = {}
-    for line in out.splitlines():
-        job_id, _, state = line.partition("|")
-        states[job_id] = state  # the last line for an id is its latest (requeued) run
-    return states
+    # the last line for an id is its latest (requeued) run
+    return {job_id: state for job_id, _, state in (line.partition("|") for line in out.splitlines())}
 
 
 @dataclass(frozen=True)
