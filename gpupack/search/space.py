@@ -39,8 +39,7 @@ class Dimension:
         return d.FloatDistribution(self.low, self.high, log=self.log)
 
     def midpoint(self) -> Choice:
-        """The middle of the range (on its scale; an integer range's nearest step; a choice's middle one): the point
-        a probe for N trains, never an end. Pure."""
+        """The middle of the range on its scale (an integer's nearest step, a choice's middle one): a probe's point."""
         if self.kind == "categorical":
             return self.choices[len(self.choices) // 2]
         mid = math.sqrt(self.low * self.high) if self.log else (self.low + self.high) / 2

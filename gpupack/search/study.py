@@ -53,8 +53,7 @@ Outcome = tuple[State, float | None, str | None]
 
 
 def trial_training_id(workload: str, number: int, params: Mapping[str, object]) -> str:
-    """A trial's training id: its number first (two trials with the same params are two trainings), then the hash of
-    its workload and params."""
+    """A trial's training id: its number (two trials of the same params are two trainings), then the params' hash."""
     return f"trial{number:04d}-{training_id(workload, params)}"
 
 

@@ -127,8 +127,6 @@ class Submitter(ABC, Generic[ConfigT]):
     def job_environment(cls) -> JobEnvironment:
         """Inside one of this backend's jobs: the job as the pack record names it."""
 
-    # ---- a Hydra launcher's options (hydra-submitit-launcher's names: timeout_min, partition, gres, mem_gb, ...) ----
-
     @classmethod
     def launcher_config(cls, options: Mapping[str, Any], key: str) -> ConfigT:
         """This backend's Config from a Hydra launcher's options; an error names ``key``.<option>."""
@@ -206,9 +204,8 @@ class Submitter(ABC, Generic[ConfigT]):
         """gpupack's state (PACK_STATES) of each job id the queue knows; None when the queue cannot be asked."""
         return {}
 
-    # ---- the run directory's record of submitted jobs (jobs.json) ----
-
     def jobs(self) -> dict[str, SubmittedJob]:
+        """The run directory's record of submitted jobs (jobs.json)."""
         return read_json(self.run.jobs) if self.run.jobs.exists() else {}
 
     def remember(self, submitted: Mapping[str, tuple[str, str]]) -> None:
@@ -276,8 +273,7 @@ def progress_state(result: PackResult) -> str:
 
 
 def job_outcome(job: PackJobHandle, run: RunDir | None = None) -> JobRecord | str:
-    """What a finished submitit job returned, or why it failed. Asked once a job: where the job wrote no result,
-    submitit waits for it a while."""
+    """What a finished submitit job returned, or why it failed (ask once a job: submitit may wait for a result)."""
     try:
         return job.result()
     except Exception as err:

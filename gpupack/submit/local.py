@@ -79,12 +79,9 @@ def controllers_of(folder: Path | str) -> set[int]:
     found even when a stop came between starting one and holding its job."""
     pids = set()
     for child in psutil.Process().children():
-        try:
-            cmd = child.cmdline()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if CONTROLLER in cmd and cmd[-1] == str(folder):
-            pids.add(child.pid)
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            if CONTROLLER in (cmd := child.cmdline()) and cmd[-1] == str(folder):
+                pids.add(child.pid)
     return pids
 
 

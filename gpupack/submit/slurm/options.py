@@ -169,8 +169,7 @@ def check_default_partitions(cluster: SlurmConfig, key: Callable[[str], str]) ->
 
 
 def undotted(name: str) -> str:
-    """A MIG slice partition's name as the presets write it, without the dot that a key's path would split on
-    (h100_1g.10gb: h100_1g_10gb). Pure."""
+    """A MIG slice partition's name without the dot a key's path would split on (h100_1g.10gb: h100_1g_10gb)."""
     return str(name).replace(".", "_")
 
 

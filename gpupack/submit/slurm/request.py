@@ -117,8 +117,7 @@ class ArrayJob:
 
 
 def sbatch_lines(folder: str | os.PathLike[str], parameters: SbatchParameters, tasks: int) -> list[str]:
-    """The #SBATCH lines of the submission.sh submitit writes for ``tasks`` jobs submitted in one batch with
-    ``parameters`` into ``folder``; a batch of more than one is an array (submitit sets map_count). Pure."""
+    """The #SBATCH lines submitit writes for ``tasks`` jobs submitted in one batch (an array where more). Pure."""
     params = parameters.copy()
     if tasks > 1:
         params["map_count"] = tasks
@@ -233,8 +232,7 @@ def array_jobs(cluster: SlurmConfig, packs: Sequence[Pack], limits: commands.Sit
 def request_lines(folder: str | os.PathLike[str], forecast: JobForecast, arrays: Sequence[ArrayJob],
                   limits: commands.SiteLimits, sinfo_silent: str | None, request: Callable[[int], PackRequest],
                   limit_key: str) -> list[str]:
-    """The #SBATCH lines of each kind of job ``arrays`` make, as submitit will write them, where each --mem comes from
-    (``request``: a pack's request at N), then the totals against the site's limits. Pure."""
+    """The #SBATCH lines of each kind of job ``arrays`` make, where each --mem comes from, then the totals. Pure."""
     blocks: dict[tuple[str, ...], list[ArrayJob]] = {}
     for array in arrays:  # arrays whose lines are the same (two modes of one N) show once
         lines = tuple(sbatch_lines(folder, array.parameters, array.tasks))
