@@ -39,7 +39,6 @@ class OptunaSearchConfig:
     pruner_kwargs: Dict[str, Kwarg] = field(default_factory=dict)
     metric: Optional[str] = None  # a trial's value (null: collect.metric, else val_accuracy), towards collect.goal
     # a command workload's intermediate values: a regular expression over its stdout, one group holding the number
-    # (each match one step), so it can be pruned
     intermediate: Optional[str] = None
 
 

@@ -91,13 +91,27 @@ class TrialRow:
         return self.planned and self.state == RUNNING
 
 
-@dataclass
-class Journal:
-    """What a study holds: its head and its trials by number."""
+@dataclass(frozen=True)
+class Head:
+    """The study's head, ``study.json``: what every lane reads once."""
 
     search: OptunaSearch
     workload: str
     fixed: dict[str, object]
+
+    def to_json(self) -> dict[str, object]:
+        return {"search": self.search.to_json(), "workload": self.workload, "fixed": dict(self.fixed)}
+
+    @staticmethod
+    def from_json(data: Mapping[str, object]) -> Head:
+        return Head(OptunaSearch.from_json(data["search"]), str(data["workload"]),  # type: ignore[arg-type]
+                    dict(data.get("fixed") or {}))  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class Journal(Head):
+    """What a study holds: its head and its trials by number."""
+
     trials: dict[int, TrialRow]
 
     def count(self, *states: str) -> int:
@@ -138,23 +152,6 @@ def stop_reason(search: OptunaSearch, held: int, failed: int, device_hours: floa
     if search.device_hours is not None and device_hours >= search.device_hours:
         return f"{device_hours:.3f} device-hours spent, the budget's {search.device_hours}"
     return None
-
-
-@dataclass(frozen=True)
-class Head:
-    """The study's head, ``study.json``: what every lane reads once."""
-
-    search: OptunaSearch
-    workload: str
-    fixed: dict[str, object]
-
-    def to_json(self) -> dict[str, object]:
-        return {"search": self.search.to_json(), "workload": self.workload, "fixed": dict(self.fixed)}
-
-    @staticmethod
-    def from_json(data: Mapping[str, object]) -> Head:
-        return Head(OptunaSearch.from_json(data["search"]), str(data["workload"]),  # type: ignore[arg-type]
-                    dict(data.get("fixed") or {}))  # type: ignore[call-overload]
 
 
 def _write_head(path: Path, head: Head) -> None:
@@ -515,7 +512,7 @@ def _plain(value: object) -> Param:
     return str(value)
 
 
-def trial_training(journal: Journal | Head, trial: TrialRow) -> Training:
+def trial_training(journal: Head, trial: TrialRow) -> Training:
     """The training that runs ``trial``: the workload with the trial's params over the fixed ones."""
     params = {**journal.fixed, **trial.params}
     return Training(trial_training_id(journal.workload, trial.number, params), journal.workload, params,

@@ -49,8 +49,7 @@ class SessionLocalExecutor(submitit.LocalExecutor):
         return " ".join([self.python, "-u -m gpupack.submit._local_job", shlex.quote(str(self.folder))])
 
     def _submit_command(self, command: str) -> submitit_local.LocalJob[R]:
-        # submitit's module sees a Popen that starts a new session during this call (under a lock: the swap is
-        # module-wide).
+        # submitit's module sees a Popen that starts a new session during this call (under a lock: module-wide)
         popen = functools.partial(subprocess.Popen, start_new_session=True, pass_fds=self.inherit)
         with _submit_lock:
             real = submitit_local.subprocess

@@ -67,9 +67,7 @@ def command_pid() -> int | None:
     """In a local job: the gpupack command whose submitit controller started it (its parent's parent), or None."""
     try:
         controller = psutil.Process(os.getppid())
-        if CONTROLLER not in controller.cmdline():
-            return None
-        return controller.ppid() or None
+        return (controller.ppid() or None) if CONTROLLER in controller.cmdline() else None
     except psutil.Error:
         return None
 

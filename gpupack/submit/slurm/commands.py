@@ -22,13 +22,10 @@ QUEUE_STATES = {
     "SUSPENDED": PENDING, "RESIZING": PENDING,
     "RUNNING": RUNNING, "COMPLETING": RUNNING, "STAGE_OUT": RUNNING, "SIGNALING": RUNNING,
     "COMPLETED": DONE,
-    "OUT_OF_MEMORY": FAILED,  # failed with an OOM: see out_of_memory
+    "OUT_OF_MEMORY": FAILED,  # stopped by SLURM's cgroup for memory: its trainings killed for it are oom
 }
-# sacct's states of a job that SLURM's cgroup stopped for memory: failed, and its trainings killed for it are oom.
-OOM_QUEUE_STATES = frozenset({"OUT_OF_MEMORY"})
-# What SLURM writes in a job's stderr when its cgroup killed a process for memory, e.g. "slurmstepd: error: Detected
-# 1 oom-kill event(s) in StepId=12.batch. Some of your processes may have been killed by the cgroup out-of-memory
-# handler." or "srun: error: n1: task 0: Out Of Memory". Only SLURM's own lines: a training's text is not evidence.
+# What SLURM writes in a job's stderr when its cgroup killed a process for memory ("slurmstepd: error: Detected 1
+# oom-kill event(s) ...", "srun: error: n1: task 0: Out Of Memory"): only SLURM's own lines are evidence.
 OOM_STDERR = re.compile(r"^(?:slurmstepd|srun): .*(?:oom-kill event|out of memory|exceeded (?:job )?memory limit)",
                         re.IGNORECASE | re.MULTILINE)
 
@@ -114,7 +111,7 @@ def pack_state(queue_state: str) -> str:
 
 def out_of_memory(queue_state: str | None, stderr: str | None = None) -> bool:
     """True when sacct says OUT_OF_MEMORY, or SLURM said so in the job's stderr (sacct may lag, or be absent)."""
-    return (queue_state or "").split(" ")[0] in OOM_QUEUE_STATES or bool(OOM_STDERR.search(stderr or ""))
+    return (queue_state or "").split(" ")[0] == "OUT_OF_MEMORY" or bool(OOM_STDERR.search(stderr or ""))
 
 
 def live_limits(configured: Mapping[str, PartitionConfig], partitions: Sequence[str],
