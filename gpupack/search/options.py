@@ -25,18 +25,16 @@ SEED_STRIDE = 1_000_003
 class OptunaSearchConfig:
     """search=optuna's keys, typed by Hydra."""
 
-    # an Optuna sampler by its class name in optuna.samplers, and its keyword arguments (seed is search.seed's)
-    sampler: str = "TPESampler"
-    sampler_kwargs: Dict[str, Kwarg] = field(default_factory=dict)
+    sampler: str = "TPESampler"  # an Optuna sampler by its class name in optuna.samplers
+    sampler_kwargs: Dict[str, Kwarg] = field(default_factory=dict)  # its keyword arguments (seed is search.seed's)
     seed: int = 0  # each trial's sampler is seeded by (seed, trial number): no two lanes share a suggestion
     # hyperparameter → its range in Hydra's grammar: interval(a,b), int(interval(a,b)), tag(log, interval(a,b)),
     # choice(a,b,c), range(a,b[,step]); merged over sweep.fixed
     space: Dict[str, str] = field(default_factory=dict)
     n_trials: int = 32  # finished trials (completed or pruned) the search runs to; this many failed end it too
     device_hours: Optional[float] = None  # the trials' device-hours in all (null: no cap); running ones finish
-    # an Optuna pruner by its class name in optuna.pruners (or none), and its keyword arguments
-    pruner: str = "MedianPruner"
-    pruner_kwargs: Dict[str, Kwarg] = field(default_factory=dict)
+    pruner: str = "MedianPruner"  # an Optuna pruner by its class name in optuna.pruners (or none)
+    pruner_kwargs: Dict[str, Kwarg] = field(default_factory=dict)  # its keyword arguments
     metric: Optional[str] = None  # a trial's value (null: collect.metric, else val_accuracy), towards collect.goal
     # a command workload's intermediate values: a regular expression over its stdout, one group holding the number
     intermediate: Optional[str] = None

@@ -60,13 +60,9 @@ class SubmittedJob(TypedDict, total=False):
     history: list[str]
 
 
-# What a pack's job returns: its pack record, or a lane of whole packs' records (gpupack.job.turns).
-JobRecord = PackRecord | InTurn
-# A submitted pack's job, as submitit follows it: its result is the pack record.
-PackJobHandle = submitit.Job[JobRecord]
-
-# Called with (pack, state) as packs move: "pending" → "running" → "done" | "failed".
-ProgressFn = Callable[[Pack, str], None]
+JobRecord = PackRecord | InTurn  # what a pack's job returns: its pack record, or a lane of whole packs' records
+PackJobHandle = submitit.Job[JobRecord]  # a submitted pack's job, as submitit follows it
+ProgressFn = Callable[[Pack, str], None]  # called with (pack, state): "pending" → "running" → "done" | "failed"
 
 
 class PackJob(submitit.helpers.Checkpointable):

@@ -59,8 +59,7 @@ def slurm_answer(args: Sequence[str], timeout: float = 30) -> tuple[str | None, 
     return (proc.stdout, "") if proc.returncode == 0 else (None, proc.stderr)
 
 
-# What SLURM's clients say when no scheduler answers here: its config unreadable (a SLURM_CONF naming no file, none
-# found), or its controller not reached (a wrong host or port, slurmctld down).
+# What SLURM's clients say when no scheduler answers here: its config unreadable, or its controller not reached.
 UNREACHABLE = re.compile(r"Unable to contact slurm controller|Unable to process configuration file|cannot stat file"
                          r"|SLURM_CONF names no file|failed to fetch config|Unable to establish controller",
                          re.IGNORECASE)

@@ -48,7 +48,9 @@ class PartitionConfig:
 
 def check_partition(part: PartitionConfig, key: str, rules: SiteRules | None = None, site: str = "this site",
                     others: Sequence[str] = ()) -> None:
-    """A partition's fields, on their own and against the site's ``rules``: one ConfigError naming ``key.field``."""
+    """A partition's fields, on their own and against the site's ``rules`` (quoted): one ConfigError naming
+    ``key.field``. ``others``: the gpu of the preset's other partitions, for a hint. Pure."""
+    rules = rules or SiteRules()
     if part.request not in REQUEST_FORMS:
         raise ConfigError(f"{key}.request", part.request, "unknown request form", nearest(part.request, REQUEST_FORMS))
     require_positive(part.max_cpus, f"{key}.max_cpus", f"{key}.max_cpus=12, or null where the site gives none",
@@ -64,13 +66,6 @@ def check_partition(part: PartitionConfig, key: str, rules: SiteRules | None = N
     if part.gpus_per_job > 1 and part.request == "none":
         raise ConfigError(f"{key}.gpus_per_job", part.gpus_per_job, "a CPU partition (request=none) has no GPUs",
                           f"{key}.gpus_per_job=1")
-    check_partition_rules(part, key, rules or SiteRules(), site, others)
-
-
-def check_partition_rules(part: PartitionConfig, key: str, rules: SiteRules, site: str,
-                          others: Sequence[str] = ()) -> None:
-    """A partition against the site's rules: one ConfigError that quotes the rule, naming ``key.field``. ``others``:
-    the gpu of the preset's other partitions, for the hint. Pure."""
     if part.whole_node_gpus and part.gpus_per_job not in (1, part.whole_node_gpus):
         said = f" {cite(rules.whole_node)}" if in_force(rules.whole_node) else ""
         raise ConfigError(f"{key}.gpus_per_job", part.gpus_per_job,

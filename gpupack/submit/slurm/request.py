@@ -77,8 +77,7 @@ def sbatch_parameters(cluster: SlurmConfig, name: str, partition: PartitionConfi
         params["additional_parameters"] = dict(cluster.additional_parameters)
     return params
 
-# What a pack's job asks for: (partition, mode, N, devices).
-GroupKey = tuple[str, str, int, int]
+GroupKey = tuple[str, str, int, int]  # what a pack's job asks for: (partition, mode, N, devices)
 
 
 def array_chunks(tasks: Sequence[T], max_array_size: int | None) -> list[list[T]]:
