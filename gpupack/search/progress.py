@@ -59,8 +59,7 @@ def progress_of(journal: Journal) -> SearchProgress:
     spent = finished >= s.n_trials or (s.device_hours is not None and journal.device_hours >= s.device_hours)
     return SearchProgress(n_trials=s.n_trials, completed=journal.count(COMPLETE), pruned=journal.count(PRUNED),
                           failed=journal.count(FAILED), running=journal.count(RUNNING) - journal.waiting,
-                          waiting=journal.waiting, stopped=journal.stopped(),
-                          budget_spent=spent)
+                          waiting=journal.waiting, stopped=journal.stopped(), budget_spent=spent)
 
 
 def read_progress(path: Path) -> SearchProgress | None:

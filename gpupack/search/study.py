@@ -16,7 +16,7 @@ import re
 import socket
 import threading
 import time
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Literal, Mapping
@@ -200,17 +200,16 @@ class FlockLock:
         self.journal = journal
         self._thread = threading.RLock()
         self._depth = 0
-        self._fd: int | None = None
-        self._hold: AbstractContextManager[None] | None = None
+        self._held = ExitStack()  # the flock, then its descriptor, let go in that order
 
     def acquire(self) -> bool:
         self._thread.acquire()
         if self._depth == 0:
             make_dirs(self.journal.parent)
             lock = self.journal.with_suffix(".lock")
-            self._fd = os.open(lock, os.O_RDWR | os.O_CREAT, file_mode())
-            self._hold = held(self._fd, lock, risk="do not run two searches in this run at once")
-            self._hold.__enter__()
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, file_mode())
+            self._held.callback(os.close, fd)
+            self._held.enter_context(held(fd, lock, risk="do not run two searches in this run at once"))
             if self.journal.exists():
                 cut_torn(self.journal, self.journal.with_suffix(".torn"))
         self._depth += 1
@@ -218,10 +217,8 @@ class FlockLock:
 
     def release(self) -> None:
         self._depth -= 1
-        if self._depth == 0 and self._hold is not None and self._fd is not None:
-            self._hold.__exit__(None, None, None)
-            os.close(self._fd)
-            self._hold, self._fd = None, None
+        if self._depth == 0:
+            self._held.close()
         self._thread.release()
 
 
