@@ -2,8 +2,7 @@
 instead of claiming a planned training. The training runs as any streamed one, in the one lane runner
 (:func:`gpupack.job.lanes.run_lane`, given this kind by :func:`lane_kind`); the lane alone opens the study: it reports
 its trials' curves (:class:`TrialCurve`), answers whether the pruner stops one, and tells each trial's end from its
-record. At its start it tells the trials an earlier, dead run of itself never told, and takes the trials the command
-planned for it (:meth:`gpupack.search.study.Study.plan_first`), started while Optuna is imported beside them.
+record. At its start it tells what an earlier, dead run of itself never told, and takes the trials planned for it.
 """
 from __future__ import annotations
 

@@ -192,9 +192,8 @@ def _said(value: object) -> str:
 
 
 class FlockLock:
-    """Optuna's journal lock object (``JournalFileBackend(lock_obj=...)``): a flock on ``study.lock``, which dies with
-    its holder, unlike Optuna's own locks that a killed holder leaves for a grace period. Re-entrant in its process.
-    Taking it cuts back a torn last line of the journal (kept aside in ``study.torn``)."""
+    """Optuna's journal lock object: a flock on ``study.lock``, which dies with its holder (Optuna's own outlive a
+    killed one a while). Re-entrant in its process; taking it cuts back a torn last line (kept in ``study.torn``)."""
 
     def __init__(self, journal: Path) -> None:
         self.journal = journal
@@ -395,9 +394,8 @@ class Study:
                         time.time(), planned=planned)
 
     def plan_first(self, lanes: Mapping[str, int]) -> list[int]:
-        """A fresh study's first trials, asked by the command before any lane's job starts (``lanes``: each lane's
-        pack id and its slots), so that a lane starts them at once and imports Optuna while they run; none where the
-        study has trials. Their numbers."""
+        """A fresh study's first trials' numbers (none where it has some), asked by the command before any lane's job
+        starts (``lanes``: pack id → slots), so that a lane starts them at once and imports Optuna meanwhile."""
         with self._decision() as storage:
             journal = self._view(storage)
             if journal.trials:

@@ -229,9 +229,8 @@ class Submitter(ABC, Generic[ConfigT]):
 
 
 def job_failure(text: str, run: RunDir | None) -> str:
-    """Why a job failed, in one line where it can be told: the gpupack error that ended it; else, where the run
-    directory refuses a write now (a full disk: the job could write neither its result nor its log), that; else the
-    tail of submitit's text."""
+    """Why a job failed, in one line where it can be told: the gpupack error that ended it, else why the run directory
+    refuses a write now (a full disk: the job could write neither its result nor its log), else submitit's text."""
     line = failure_line(text)
     if line is not None:
         return line

@@ -1,6 +1,5 @@
-"""submitit's private internals, in one place: what gpupack's backends use of submitit beyond its public API (it has
-no option for a local job's session, its entry's exit, or its print of a failing sbatch). :func:`internals` lists
-them; pyproject bounds submitit above the newest release tested, and :func:`missing_internals`
+"""submitit's private internals, in one place: what gpupack's backends use of submitit beyond its public API, listed
+by :func:`internals`. pyproject bounds submitit above the newest release tested, and :func:`missing_internals`
 (tests/test_submitit.py) names any of these that moved."""
 from __future__ import annotations
 
@@ -36,9 +35,8 @@ R = TypeVar("R")  # what the job returns, as submitit's executor types it
 
 
 class SessionLocalExecutor(submitit.LocalExecutor):
-    """submitit's local executor, with each job's controller started in a session of its own, so that the terminal's
-    signals (Ctrl-C, a hang-up) reach gpupack alone and gpupack cancels its jobs itself: a controller in the
-    terminal's process group would die on a hang-up and leave its pack job and trainings running, parentless.
+    """submitit's local executor, each job's controller in a session of its own: the terminal's signals reach gpupack
+    alone, which cancels its jobs itself (a controller would die on a hang-up, leaving its job running, parentless).
     ``inherit``: descriptors each controller keeps open (the run directory's lock, held while its job runs)."""
 
     inherit: tuple[int, ...] = ()

@@ -1,7 +1,6 @@
-"""This machine, no cluster: submitit's LocalExecutor runs the run's packs as jobs here, one per device at a time
-(one per visible GPU, or one on a CPU-only machine), so that packs never disturb each other's timing. The whole packs
-go in lanes, one a slot, that run their packs in turn: a sweep pays one job start per slot, not one per pack. A
-streaming lane's pack and a training spread over several devices are a job each. Lanes do not fold their packs."""
+"""This machine, no cluster: submitit's LocalExecutor runs the run's packs as jobs here, one per device at a time, so
+that packs never disturb each other's timing. The whole packs go in lanes, one a slot, that run their packs in turn:
+a sweep pays one job start per slot, not one per pack. Lanes do not fold their packs."""
 from __future__ import annotations
 
 import contextlib

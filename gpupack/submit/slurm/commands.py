@@ -41,9 +41,8 @@ def slurm_command(args: Sequence[str], timeout: float = 30, why: list[str] | Non
 
 
 def slurm_answer(args: Sequence[str], timeout: float = 30) -> tuple[str | None, str]:
-    """(its stdout, "") where a SLURM client command answered; (None, what it said on stderr) where it did not, or
-    did not within ``timeout``; (None, "") where SLURM is not installed here. A SLURM_CONF naming no file is not
-    read: SLURM's clients retry it for 60 s before they give up."""
+    """(its stdout, "") where a SLURM client command answered; (None, its stderr) where it did not, in ``timeout``;
+    (None, "") where SLURM is not installed. A SLURM_CONF naming no file is not read: clients retry it for 60 s."""
     conf = os.environ.get("SLURM_CONF")
     if shutil.which(args[0]) is None:
         return None, ""

@@ -1,6 +1,5 @@
-"""The SLURM backend's options: a cluster's partitions and how to ask for them, the checks of every key (against
-the site's rules, gpupack.submit.slurm.rules), what a partition can hold, and a Hydra launcher's options mapped to
-them. Pure: every key is checked here before anything is submitted."""
+"""The SLURM backend's options: a cluster's partitions and how to ask for them, the checks of every key before
+anything is submitted, what a partition can hold, and a Hydra launcher's options mapped to them. Pure."""
 from __future__ import annotations
 
 import difflib
@@ -187,9 +186,8 @@ def launcher_gpu_request(options: Mapping[str, object], key: str) -> tuple[str |
 
 
 def launcher_config(options: Mapping[str, Any], key: str) -> SlurmConfig:
-    """hydra/launcher=gpupack_slurm: one partition (its SLURM partition, gres or gpus_per_node, constraint,
-    gpu_model); cpus_per_task and mem_gb of ONE job (null: 1 CPU, 2 GB); qos, comment and exclude as sbatch
-    options."""
+    """hydra/launcher=gpupack_slurm: one partition; cpus_per_task and mem_gb of ONE job (null: 1 CPU, 2 GB); qos,
+    comment and exclude as sbatch options."""
     gpu, request = launcher_gpu_request(options, key)
     label = options.get("partition") or LAUNCHER_LABEL
     extra = {k: options[k] for k in ("qos", "comment", "exclude") if options.get(k)}
@@ -209,9 +207,8 @@ def launcher_config(options: Mapping[str, Any], key: str) -> SlurmConfig:
 
 
 def partition_capacity(cluster: SlurmConfig, name: str, live: Mapping[str, int], key: Callable[[str], str]) -> Capacity:
-    """What one partition of ``cluster`` can hold: from the preset (GPU memory from the model name, V100-16gb;
-    per-GPU guidance) and ``live``, what sinfo said of its nodes ({}: nothing). On a slice partition where the site
-    enforces one MIG instance a job, one device a job, with its words (what asks for k devices). Pure."""
+    """What one partition of ``cluster`` can hold, from the preset and ``live``, what sinfo said of its nodes; on a
+    slice partition where the site enforces one MIG instance a job, one device a job, with its words. Pure."""
     part = cluster.partitions[name]
     rule = cluster.rules.one_mig_per_job
     one_mig = part.mig and in_force(rule)

@@ -47,9 +47,8 @@ class SbatchParameters(TypedDict, total=False):
 def sbatch_parameters(cluster: SlurmConfig, name: str, partition: PartitionConfig, factor: int, account: str | None,
                       mem_gb_each: float | None = None, devices: int = 1, gpus: int = 1) -> SbatchParameters:
     """submitit SlurmExecutor parameters for one pack of N trainings on one GPU of ``partition``, or one training
-    spread over k (``devices``) GPUs, each of its k sized as one training (``mem_gb_each``, else
-    cluster.mem_gb_per_training), or a lane of packs on G (``gpus``) GPUs at once, each sized as one pack. One task:
-    the job starts its processes itself. Pure."""
+    spread over k (``devices``) GPUs, each of its k sized as one training (``mem_gb_each``), or a lane of packs on G
+    (``gpus``) GPUs at once, each sized as one pack. One task: the job starts its processes itself. Pure."""
     each = mem_gb_each if mem_gb_each is not None else cluster.mem_gb_per_training or DEFAULT_MEM_GB
     cpus, mem_mb = resources(factor * devices, cluster.cpus_per_training, each)
     cpus, mem_mb = cpus * gpus, mem_mb * gpus

@@ -181,9 +181,8 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                              lambda factor: self.request(factor), self.key("max_jobs_per_user"))
 
     def submit(self, packs: Sequence[Pack], settings: PackSettings) -> list[tuple[Pack, PackJobHandle]]:
-        """Each pack with its job: one job array per (partition, mode, N), split where it would pass MaxArraySize,
-        submitted in the plan's order. A submission of more jobs than the site lets the user queue now is refused
-        whole, before any sbatch."""
+        """Each pack with its job: one job array per (partition, mode, N), split at MaxArraySize, in the plan's order.
+        A submission of more jobs than the site lets the user queue now is refused whole, before any sbatch."""
         forecast, arrays = self.array_jobs(packs)
         if forecast.over:
             raise SubmissionError(over_limit(forecast, self.key("max_jobs_per_user")))
