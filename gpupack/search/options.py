@@ -3,6 +3,7 @@ in Optuna, the space, the budget. The schema is :class:`OptunaSearchConfig`; wha
 :class:`OptunaSearch`, the head of its study."""
 from __future__ import annotations
 
+import difflib
 import inspect
 import re
 from dataclasses import asdict, dataclass, field
@@ -88,9 +89,8 @@ class OptunaSearch:
     def make_pruner(self) -> BasePruner:
         import optuna
 
-        if self.pruner == NO_PRUNER:
-            return optuna.pruners.NopPruner()
-        pruner: BasePruner = getattr(optuna.pruners, self.pruner)(**self.pruner_kwargs)
+        name, kwargs = ("NopPruner", {}) if self.pruner == NO_PRUNER else (self.pruner, self.pruner_kwargs)
+        pruner: BasePruner = getattr(optuna.pruners, name)(**kwargs)
         return pruner
 
 
@@ -117,10 +117,7 @@ def _check_class(key: str, name: str, module: str, base: str, kwargs: Mapping[st
 
 def _fix(name: str, known: list[str]) -> str:
     """The known name closest to ``name`` (a HINT's value), else the first."""
-    import difflib
-
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.4)
-    return close[0] if close else known[0]
+    return next(iter(difflib.get_close_matches(name, known, n=1, cutoff=0.4)), known[0])
 
 
 def read_search(section: Mapping[str, object], metric: str | None, goal: str | None,

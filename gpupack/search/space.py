@@ -51,8 +51,7 @@ class Dimension:
 def parse_space(space: Mapping[str, object], key: str = "search.space") -> dict[str, Dimension]:
     """Each hyperparameter's dimension, in the given order; ConfigError naming ``key.<name>`` otherwise. Pure."""
     if not space:
-        raise ConfigError(key, dict(space), "the search space is empty",
-                          f"+{key}.lr='{EXAMPLE}'")
+        raise ConfigError(key, dict(space), "the search space is empty", f"+{key}.lr='{EXAMPLE}'")
     return {str(name): parse_dimension(str(name), value, f"{key}.{name}") for name, value in space.items()}
 
 

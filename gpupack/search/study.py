@@ -269,9 +269,7 @@ def read_journal(path: Path) -> Journal | None:
         return _journal(head, [])
     storage = _storage(path, FlockLock(path))  # never taken: reading takes no lock
     studies = storage.get_all_studies()
-    if not studies:
-        return _journal(head, [])
-    return _journal(head, storage.get_all_trials(studies[0]._study_id, deepcopy=False))
+    return _journal(head, storage.get_all_trials(studies[0]._study_id, deepcopy=False) if studies else [])
 
 
 class Study:
@@ -502,9 +500,7 @@ def import_optuna_meanwhile() -> threading.Thread:
 
 
 def _plain(value: object) -> Param:
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
+    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
 
 
 def trial_training(journal: Head, trial: TrialRow) -> Training:

@@ -29,8 +29,6 @@ __all__ = ["CONTROLLER", "QuietSlurmExecutor", "SessionLocalExecutor", "make_sba
 CONTROLLER = "submitit.local._local"  # the module of submitit's local controller, in its command line
 
 _submit_lock = threading.Lock()
-
-
 R = TypeVar("R")  # what the job returns, as submitit's executor types it
 
 
@@ -77,9 +75,7 @@ class QuietSlurmExecutor(submitit.SlurmExecutor):
 
 def unsaid(written: str, refused: str) -> str:
     """What was written to stderr during a submission, less submitit's print of sbatch's ``refused``. Pure."""
-    if not refused:
-        return written
-    return written.replace(refused + "\n", "", 1)
+    return written.replace(refused + "\n", "", 1) if refused else written
 
 
 def make_sbatch_string(folder: Path, **parameters: object) -> str:
