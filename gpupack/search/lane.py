@@ -2,8 +2,7 @@
 instead of claiming a planned training. The training runs as any streamed one, in the one lane runner
 (:func:`gpupack.job.lanes.run_lane`, given this kind by :func:`lane_kind`); the lane alone opens the study: it reports
 its trials' curves (:class:`TrialCurve`), answers whether the pruner stops one, and tells each trial's end from its
-record. At its start it tells what an earlier, dead run of itself never told, and takes the trials planned for it.
-"""
+record. At its start it tells what an earlier, dead run of itself never told, and takes the trials planned for it."""
 from __future__ import annotations
 
 import sys
@@ -93,8 +92,7 @@ class SearchLane(Lane):
         return self._started(training)
 
     def _wait_for_memory(self) -> Wait | None:
-        """WAIT where admission does not let a freed slot start a trial now; None: it may ask. A trial is expected to
-        peak as the largest of this run so far: one that does not fit is not asked, so none is left waiting."""
+        """WAIT where admission lets no freed slot start a trial expected to peak as this run's largest; else None."""
         if self.inputs is None:
             return None
         if self._looked is not None and self.clock() - self._looked < RECHECK_S:
@@ -177,8 +175,7 @@ class SearchLane(Lane):
 
 
 def outcome_of(rec: Mapping[str, object], metric: str) -> tuple[State, float | None, str | None]:
-    """How a trial ended by its training's record: complete with the metric's value, pruned, or failed with why (as a
-    completed training that reported no such metric). Pure."""
+    """How a trial ended by its training's record: complete with its metric's value, pruned, or failed with why."""
     if rec.get("status") == PRUNED_STATUS:
         return PRUNED, None, None
     if rec.get("status") != COMPLETED:

@@ -1,5 +1,4 @@
-"""A search's plan: K streaming lanes of N slots per (partition, mode) and no planned training: each freed slot asks
-the study for its next trial (:mod:`gpupack.search.lane`). Pure."""
+"""A search's plan: K streaming lanes of N slots per (partition, mode), whose freed slots ask the study. Pure."""
 from __future__ import annotations
 
 from typing import Sequence

@@ -2,12 +2,11 @@
 truth every lane, resume and collect read; ``optuna.load_study`` and ``optuna-dashboard`` open it while it runs.
 
 Each decision (ask a trial, prune one, tell one) holds the journal's flock (:class:`FlockLock`), cuts back a torn last
-line and reads only the lines written since its last decision. The search, the workload and the fixed
-hyperparameters are the study's head, ``study.json`` beside it. Numbers are Optuna's, given under the lock, so no two
-lanes ever get one; running trials are in the study, so the sampler knows them (TPE's constant liar). No trial is lost
-or repeated on resume: a dead lane's next run tells its untold trials (:meth:`Study.fail_dead`), and the next ask
-tells failed a trial whose asker was killed mid-ask.
-"""
+line and reads only the lines written since its last decision. The search, the workload and the fixed hyperparameters
+are the study's head, ``study.json`` beside it. Numbers are Optuna's, given under the lock, so no two lanes ever get
+one; running trials are in the study, so the sampler knows them (TPE's constant liar). No trial is lost or repeated
+on resume: a dead lane's next run tells its untold trials (:meth:`Study.fail_dead`), and the next ask tells failed a
+trial whose asker was killed mid-ask."""
 from __future__ import annotations
 
 import json
@@ -166,8 +165,7 @@ def read_head(path: Path) -> Head | None:
 
 
 def changes(old: Head, search: OptunaSearch, workload: str, fixed: Mapping[str, object]) -> list[str]:
-    """What a resume changes of the run's search (but for its keys that may grow, and grow), workload and fixed
-    hyperparameters, key by key. Pure."""
+    """What a resume changes of the run's search (but for a budget that grows), workload and fixed, key by key."""
     was, now = json.loads(json.dumps(old.fixed, default=str)), json.loads(json.dumps(dict(fixed), default=str))
     return (_diff("search", old.search.to_json(), search.to_json(), GROWS)
             + ([f"workload: {old.workload!r} -> {workload!r}"] if workload != old.workload else [])

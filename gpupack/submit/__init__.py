@@ -1,10 +1,7 @@
-"""Submission backends: the only place that knows about executors and clusters.
-
-Each backend is a module ``gpupack/submit/<backend>.py`` exposing ``SUBMITTER``, a :class:`Submitter` subclass whose
-``Config`` is registered as ``cluster/<backend>_schema``. A backend answers once what each partition can hold
-(:meth:`Submitter.capacities`), so that validation stays pure, and hands each pack to the one job body,
-:class:`PackJob`.
-"""
+"""Submission backends: the only place that knows about executors and clusters. Each backend is a module
+``gpupack/submit/<backend>.py`` exposing ``SUBMITTER``, a :class:`Submitter` subclass whose ``Config`` is registered as
+``cluster/<backend>_schema``. A backend answers once what each partition can hold (:meth:`Submitter.capacities`), so
+that validation stays pure, and hands each pack to the one job body, :class:`PackJob`."""
 from __future__ import annotations
 
 import importlib

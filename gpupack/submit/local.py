@@ -72,8 +72,7 @@ def command_pid() -> int | None:
 
 
 def controllers_of(folder: Path | str) -> set[int]:
-    """The submitit controllers this process started for ``folder`` (its children whose command line ends with it),
-    found even when a stop came between starting one and holding its job."""
+    """The submitit controllers this process started for ``folder``, found even before it holds their jobs."""
     pids = set()
     for child in psutil.Process().children():
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):

@@ -1,5 +1,4 @@
-"""The SLURM submitter: checks a run against the cluster, submits its packs as job arrays through submitit's
-SlurmExecutor, and follows them to their end."""
+"""The SLURM submitter: checks a run against the cluster, submits its packs as job arrays, and follows them."""
 from __future__ import annotations
 
 import dataclasses
