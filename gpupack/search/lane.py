@@ -113,8 +113,7 @@ class SearchLane(Lane):
 
     def curve(self, training_id: str) -> Curve | None:
         """Its trial's curve: what its process reports, or what its program prints (search.intermediate)."""
-        number = trial_number(training_id)
-        if number is None:
+        if (number := trial_number(training_id)) is None:
             return None
         return TrialCurve(self.study, number, self.head.search.metric, self.head.search.intermediate)
 

@@ -1,6 +1,5 @@
-"""``search.*`` (conf/search/optuna.yaml), checked before anything runs: the sampler and pruner by their class names
-in Optuna, the space, the budget. The schema is :class:`OptunaSearchConfig`; what a run keeps of it is an
-:class:`OptunaSearch`, the head of its study."""
+"""``search.*`` (conf/search/optuna.yaml, schema :class:`OptunaSearchConfig`), checked before anything runs; what a
+run keeps of it is an :class:`OptunaSearch`, the head of its study."""
 from __future__ import annotations
 
 import difflib

@@ -1,6 +1,5 @@
 """The search space in Hydra's override grammar (``interval``, ``int(interval)``, ``tag(log, interval)``, ``choice``,
-``range``: its end left out, as in Python), read with Hydra's own parser into :class:`Dimension` s, without Optuna:
-a bad space is refused before anything runs. Optuna's distributions are made from them."""
+``range``: its end left out), read by Hydra's parser into :class:`Dimension` s: a bad one is refused before a run."""
 from __future__ import annotations
 
 import math

@@ -150,8 +150,7 @@ class LocalSubmitter(Submitter[LocalConfig]):
 
     def check(self, partitions: Sequence[str]) -> None:
         super().check(partitions)
-        slots = self.cluster.max_parallel_packs
-        if slots is not None and slots < 1:
+        if (slots := self.cluster.max_parallel_packs) is not None and slots < 1:
             raise ConfigError(self.key("max_parallel_packs"), slots, "must be >= 1 or null",
                               f"{self.key('max_parallel_packs')}=null for one pack per device")
 

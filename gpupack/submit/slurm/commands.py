@@ -1,6 +1,5 @@
-"""The SLURM backend's questions to the scheduler and how it reads the answers: sinfo (partitions, GPU types, node
-CPUs and memory), sacct (each job's state, an OOM among them), the site's submit limits. Every SLURM command gpupack
-runs itself goes through :func:`slurm_command`, the one seam to the cluster besides submitit (tests answer it)."""
+"""The SLURM backend's questions to the scheduler (sinfo, sacct, its submit limits) and how it reads the answers.
+Every SLURM command gpupack runs goes through :func:`slurm_command`, the one seam to the cluster besides submitit."""
 from __future__ import annotations
 
 import os

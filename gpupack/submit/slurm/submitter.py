@@ -265,7 +265,6 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         return result
 
     def queue_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
-        """sacct's State of each job id (e.g. "CANCELLED by 0"); None when sacct does not answer."""
         return commands.queue_states(job_ids)
 
     def pack_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
