@@ -107,10 +107,8 @@ class Submitter(ABC, Generic[ConfigT]):
         # Where the user set these options, for error messages: cluster.*, or the Hydra launcher's own names.
         self.key_prefix = key_prefix
         self.key_names = dict(key_names or {})
-        # One training's host memory figure, set by prepare: it sizes memory requests and says why.
-        self.measured_host_mb: Figure | None = None
-        # The run directory's lock, held by the command that runs the packs: the local backend's jobs hold it too.
-        self.lock: RunLock | None = None
+        self.measured_host_mb: Figure | None = None  # one training's host memory figure, set by prepare
+        self.lock: RunLock | None = None  # the run's lock, held by the command and the local backend's jobs
 
     def key(self, name: str) -> str:
         return f"{self.key_prefix}.{self.key_names.get(name, name)}"

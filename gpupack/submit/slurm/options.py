@@ -101,8 +101,7 @@ class SlurmConfig(ClusterConfig):
     array_parallelism: int = 64  # array tasks of one (partition, mode, N) group running at once
     signal_delay_s: int = 90  # seconds before the time limit at which a pack is signalled to requeue
     max_num_timeout: int = 3  # how many times a pack may be requeued after reaching its time limit
-    # Shell lines run before each job (e.g. "module load python/3.11", "source ~/venv/bin/activate").
-    setup: List[str] = field(default_factory=list)
+    setup: List[str] = field(default_factory=list)  # shell lines run before each job ("module load python/3.11")
     additional_parameters: Dict[str, Any] = field(default_factory=dict)  # more sbatch options, as they are
     poll_s: float = 5.0  # seconds between two looks at the queue while waiting
     # Jobs you may have queued or running at once, array tasks counting one each, as the site states it (Narval,
