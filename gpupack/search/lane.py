@@ -1,19 +1,8 @@
 """A search's streaming lane (``search=optuna``): a stream lane whose freed slot asks the study for its next trial
-(:mod:`gpupack.search.study`) instead of claiming a planned training.
-
-The trial's number is unique under the study's lock, so no two lanes race for one; the lane still writes the house's
-claim of its training (status and resume see who runs it). The training runs as any streamed one (records, logs,
-memory share, victims, admission: it runs in the one lane runner, :func:`gpupack.job.lanes.run_lane`, given this kind
-by the job's entry, :func:`lane_kind`). Its trial's curve comes to the lane (:class:`TrialCurve`: what its process
-reports through ``TrainingContext.report``, or what its program prints), which alone opens the study, reports each
-point and answers the trial's process whether its pruner stops it. When its record is written the lane tells the
-study its value (the metric from the record), complete, or failed with why; a pruned trial is recorded pruned.
-
-At its start the lane tells the trials an earlier run of itself asked and never told (it holds the lane's lock: that
-run is dead), from their records where written, else failed, so a resume never repeats nor loses one, and takes the
-trials the command planned for it (:meth:`gpupack.search.study.Study.plan_first`): it starts those first, while
-Optuna is imported beside them.
-"""
+instead of claiming a planned training. The training runs as any streamed one, in the one lane runner
+(:func:`gpupack.job.lanes.run_lane`, given this kind by :func:`lane_kind`); the lane alone opens the study: it reports
+its trials' curves (:class:`TrialCurve`), answers whether the pruner stops one, and tells each trial's end from its
+record. At its start it tells what an earlier, dead run of itself never told, and takes the trials planned for it."""
 from __future__ import annotations
 
 import sys
@@ -103,9 +92,7 @@ class SearchLane(Lane):
         return self._started(training)
 
     def _wait_for_memory(self) -> Wait | None:
-        """WAIT where admission (packing.admission) does not let a freed slot start a trial now; None: it may ask.
-        A trial's params are the study's once asked, so it is expected to peak as the largest trial of this run so
-        far (else sweep.training_memory_mb): one that does not fit is not asked, so none is asked and left waiting."""
+        """WAIT where admission lets no freed slot start a trial expected to peak as this run's largest; else None."""
         if self.inputs is None:
             return None
         if self._looked is not None and self.clock() - self._looked < RECHECK_S:
@@ -117,8 +104,7 @@ class SearchLane(Lane):
         return None
 
     def expected_mb(self, training: Training | None) -> float | None:
-        """What a trial is expected to peak at (MB): the largest peak of this run's trials so far, else the sweep's
-        training_memory_mb; None: not known, or admission is off."""
+        """A trial's expected peak (MB): the largest of this run's so far, else sweep.training_memory_mb, else None."""
         if self.inputs is None:
             return None
         peak = max(self._in_run.values(), default=None)
@@ -127,16 +113,14 @@ class SearchLane(Lane):
 
     def curve(self, training_id: str) -> Curve | None:
         """Its trial's curve: what its process reports, or what its program prints (search.intermediate)."""
-        number = trial_number(training_id)
-        if number is None:
+        if (number := trial_number(training_id)) is None:
             return None
         return TrialCurve(self.study, number, self.head.search.metric, self.head.search.intermediate)
 
     # ---- what a search's lane changes of the one runner (gpupack.job.lanes.run_lane) ----
 
     def drained(self) -> bool:
-        """The study has no trial left to ask or tell (gpupack.sweep.flow.run.packs_to_run): the lane's record is the
-        one its last run wrote, or, lost, one rebuilt from its trials' records."""
+        """The study has no trial left to ask or tell."""
         return not search_left(self.run.study)
 
     def ran_here(self, plan: Plan) -> list[tuple[str, str]]:
@@ -147,8 +131,7 @@ class SearchLane(Lane):
                 if row.lane == self.pack.pack_id]
 
     def resume(self) -> dict[str, object]:
-        """Tell the trials an earlier run of this lane asked and never told (from their records, else failed), and
-        take the trials the command planned for it, unless it is out of time (they wait for its requeued run)."""
+        """Tell the trials an earlier run of this lane never told; take those planned for it unless out of time."""
         told = self.study.fail_dead(self.holder, lambda row: recorded_outcome(self.run, self.pack.pack_id, self.head,
                                                                               row))
         if told:
@@ -171,12 +154,9 @@ class SearchLane(Lane):
         return {"search_ended": self.search_ended}
 
     def judge(self, rec: dict[str, object]) -> dict[str, object]:
-        """As a stream lane judges it; a trial its study was told pruned is recorded pruned, not failed, however its
-        process then ended (the packer records it so where it saw the prune)."""
+        """As a stream lane judges it; a trial its study was told pruned is recorded pruned, however it then ended."""
         rec = super().judge(rec)
         number = trial_number(str(rec["training_id"]))
-        # the prune was marked (by this lane, as it judged the trial's curve) before the process ended; the lane's
-        # storage reads only the lines written since its last decision
         row = self.study.row(number) if number is not None and rec.get("status") != PRUNED_STATUS else None
         if row is not None and row.state == PRUNED:
             rec.update(status=PRUNED_STATUS, pruned={"step": max(row.intermediate, default=None), "value": row.value})
@@ -194,8 +174,7 @@ class SearchLane(Lane):
 
 
 def outcome_of(rec: Mapping[str, object], metric: str) -> tuple[State, float | None, str | None]:
-    """How a trial ended by its training's record: complete with the metric's value, pruned, or failed with why (a
-    completed training that reported no such metric fails: the study cannot rank it). Pure."""
+    """How a trial ended by its training's record: complete with its metric's value, pruned, or failed with why."""
     if rec.get("status") == PRUNED_STATUS:
         return PRUNED, None, None
     if rec.get("status") != COMPLETED:
@@ -209,8 +188,7 @@ def outcome_of(rec: Mapping[str, object], metric: str) -> tuple[State, float | N
 
 
 def recorded_outcome(run: RunDir, pack_id: str, head: Head, row: TrialRow) -> Outcome | None:
-    """How a trial ended by the record its training wrote (None: none written, or one to run again): what a lane that
-    died between the record and its tell would have told."""
+    """How a trial ended by the record its training wrote (None: none written, or one to run again)."""
     rec = RunRecords(run).training(pack_id, trial_training(head, row).training_id)
     if rec is None or rec.get("status") == VICTIM:
         return None

@@ -1,13 +1,11 @@
-"""``search.*``: what a search asks Optuna for (``search=optuna``, conf/search/optuna.yaml), checked before anything
-runs: the sampler and pruner by their class names in Optuna (a did-you-mean among them), the space
-(:mod:`gpupack.search.space`), the budget. The schema is :class:`OptunaSearchConfig` (Hydra types each key); what a
-run keeps of it is an :class:`OptunaSearch`, written at the head of the study's journal."""
+"""``search.*`` (conf/search/optuna.yaml, schema :class:`OptunaSearchConfig`), checked before anything runs; what a
+run keeps of it is an :class:`OptunaSearch`, the head of its study."""
 from __future__ import annotations
 
+import difflib
 import inspect
 import re
 from dataclasses import asdict, dataclass, field
-from types import ModuleType
 from typing import TYPE_CHECKING, Dict, Literal, Mapping, Optional, Union, cast
 
 from gpupack.errors import ConfigError, nearest
@@ -27,25 +25,18 @@ SEED_STRIDE = 1_000_003
 class OptunaSearchConfig:
     """search=optuna's keys, typed by Hydra."""
 
-    # an Optuna sampler by its class name in optuna.samplers, and its keyword arguments (seed is search.seed's)
-    sampler: str = "TPESampler"
-    sampler_kwargs: Dict[str, Kwarg] = field(default_factory=dict)
-    # each trial's sampler is seeded by (seed, trial number): two lanes never get one suggestion by accident
-    seed: int = 0
+    sampler: str = "TPESampler"  # an Optuna sampler by its class name in optuna.samplers
+    sampler_kwargs: Dict[str, Kwarg] = field(default_factory=dict)  # its keyword arguments (seed is search.seed's)
+    seed: int = 0  # each trial's sampler is seeded by (seed, trial number): no two lanes share a suggestion
     # hyperparameter → its range in Hydra's grammar: interval(a,b), int(interval(a,b)), tag(log, interval(a,b)),
     # choice(a,b,c), range(a,b[,step]); merged over sweep.fixed
     space: Dict[str, str] = field(default_factory=dict)
-    # finished trials (completed or pruned) the search runs to; failed ones do not count, but this many end it
-    n_trials: int = 32
-    # device-hours the trials may take in all (null: no cap); trials running when it is reached finish
-    device_hours: Optional[float] = None
-    # an Optuna pruner by its class name in optuna.pruners (or none), and its keyword arguments
-    pruner: str = "MedianPruner"
-    pruner_kwargs: Dict[str, Kwarg] = field(default_factory=dict)
-    # the metric a trial's value is (null: collect.metric, else val_accuracy); its direction is collect.goal's
-    metric: Optional[str] = None
+    n_trials: int = 32  # finished trials (completed or pruned) the search runs to; this many failed end it too
+    device_hours: Optional[float] = None  # the trials' device-hours in all (null: no cap); running ones finish
+    pruner: str = "MedianPruner"  # an Optuna pruner by its class name in optuna.pruners (or none)
+    pruner_kwargs: Dict[str, Kwarg] = field(default_factory=dict)  # its keyword arguments
+    metric: Optional[str] = None  # a trial's value (null: collect.metric, else val_accuracy), towards collect.goal
     # a command workload's intermediate values: a regular expression over its stdout, one group holding the number
-    # (each match one step), so it can be pruned
     intermediate: Optional[str] = None
 
 
@@ -66,8 +57,7 @@ class OptunaSearch:
     intermediate: str | None = None
 
     def headline(self) -> str:
-        """The search in a few words, for the plan's first line: ``a search of 32 trials (TPESampler, MedianPruner;
-        loss, minimize)``. Pure."""
+        """The search in a few words, for the plan's first line. Pure."""
         budget = f"{self.n_trials} trial(s)" + (f" or {self.device_hours:g} device-hours" if self.device_hours else "")
         pruner = "no pruner" if self.pruner == "none" else self.pruner
         return f"a search of {budget} ({self.sampler}, {pruner}; {self.metric}, {self.direction})"
@@ -98,36 +88,26 @@ class OptunaSearch:
     def make_pruner(self) -> BasePruner:
         import optuna
 
-        if self.pruner == NO_PRUNER:
-            return optuna.pruners.NopPruner()
-        pruner: BasePruner = getattr(optuna.pruners, self.pruner)(**self.pruner_kwargs)
+        name, kwargs = ("NopPruner", {}) if self.pruner == NO_PRUNER else (self.pruner, self.pruner_kwargs)
+        pruner: BasePruner = getattr(optuna.pruners, name)(**kwargs)
         return pruner
-
-
-def _module(name: str) -> ModuleType:
-    import optuna.pruners
-    import optuna.samplers
-
-    return optuna.samplers if name == "optuna.samplers" else optuna.pruners
-
-
-def classes_of(module: str, base: str) -> list[str]:
-    """The public classes of optuna.samplers or optuna.pruners deriving from its base (``BaseSampler``)."""
-    mod = _module(module)
-    root = getattr(mod, base)
-    return sorted(n for n, c in vars(mod).items()
-                  if inspect.isclass(c) and issubclass(c, root) and c is not root and not n.startswith("_"))
 
 
 def _check_class(key: str, name: str, module: str, base: str, kwargs: Mapping[str, Kwarg], extra: tuple[str, ...] = (),
                  ) -> None:
-    """``name`` a class of ``module`` taking ``kwargs`` (ConfigError on ``key`` with a did-you-mean otherwise)."""
-    known = classes_of(module, base)
+    """``name`` a public ``base`` class of ``module`` taking ``kwargs`` (else a ConfigError with a did-you-mean)."""
+    import optuna.pruners
+    import optuna.samplers
+
+    mod = optuna.samplers if module == "optuna.samplers" else optuna.pruners
+    root = getattr(mod, base)
+    known = sorted(n for n, c in vars(mod).items()
+                   if inspect.isclass(c) and issubclass(c, root) and c is not root and not n.startswith("_"))
     if name not in known and name not in extra:
         raise ConfigError(key, name, f"{module} has no such class", f"{key}={_fix(name, [*known, *extra])}")
     if name in extra:
         return
-    params = inspect.signature(getattr(_module(module), name)).parameters
+    params = inspect.signature(getattr(mod, name)).parameters
     for arg in kwargs:
         if arg not in params:
             raise ConfigError(f"{key}_kwargs.{arg}", kwargs[arg], f"{name} takes no argument {arg!r}",
@@ -136,17 +116,14 @@ def _check_class(key: str, name: str, module: str, base: str, kwargs: Mapping[st
 
 def _fix(name: str, known: list[str]) -> str:
     """The known name closest to ``name`` (a HINT's value), else the first."""
-    import difflib
-
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.4)
-    return close[0] if close else known[0]
+    return next(iter(difflib.get_close_matches(name, known, n=1, cutoff=0.4)), known[0])
 
 
 def read_search(section: Mapping[str, object], metric: str | None, goal: str | None,
                 reported: tuple[str, ...] | None, workload: str = "", curve_in_output: bool = True) -> OptunaSearch:
-    """search.* checked (ConfigError on the first bad key), with the run's metric and goal (collect.*): what the
-    study's journal keeps. ``reported``: the workload's metrics where it declares them; ``curve_in_output``: whether
-    the workload (named ``workload``) prints its curve, so that search.intermediate has something to read."""
+    """search.* checked (ConfigError on the first bad key), with the run's metric and goal (collect.*).
+    ``reported``: the workload's metrics where it declares them; ``curve_in_output``: whether the workload (named
+    ``workload``) prints its curve, for search.intermediate to read."""
     cfg = OptunaSearchConfig(**{k: v for k, v in section.items()})  # type: ignore[arg-type]
     require_optuna()
     space = parse_space(cfg.space)
@@ -182,8 +159,7 @@ def read_search(section: Mapping[str, object], metric: str | None, goal: str | N
 
 
 def require_optuna() -> None:
-    """Optuna importable here, or one line saying how to install it (it is gpupack's ``search`` extra, not a
-    dependency: a grid needs none of it)."""
+    """Optuna importable here, or one line saying how to install it (gpupack's ``search`` extra)."""
     try:
         import optuna  # noqa: F401
     except ImportError as err:
@@ -193,8 +169,7 @@ def require_optuna() -> None:
 
 
 def _check_built(search: OptunaSearch) -> None:
-    """The sampler and pruner built once here, so a value Optuna refuses (a negative n_warmup_steps) is said before
-    anything runs, not by every lane as it asks its first trial."""
+    """The sampler and pruner built once here, so a value Optuna refuses is said before anything runs."""
     for key, kwargs, build in (("search.sampler_kwargs", search.sampler_kwargs, lambda: search.make_sampler(0)),
                                ("search.pruner_kwargs", search.pruner_kwargs, lambda: _first_prune(search))):
         try:
@@ -205,9 +180,8 @@ def _check_built(search: OptunaSearch) -> None:
 
 
 def _first_prune(search: OptunaSearch) -> None:
-    """The pruner built and asked, on a throwaway study: one trial finished over 3 steps, a second at its first step.
-    Some values pass its constructor and fail at its first decision past a finished trial
-    (HyperbandPruner(min_resource=0): ZeroDivisionError), which every lane would meet."""
+    """The pruner built and asked on a throwaway study (one trial finished over 3 steps, a second at its first): some
+    values fail only at its first decision past a finished trial (HyperbandPruner(min_resource=0))."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # its "A new study created" line is no refusal's

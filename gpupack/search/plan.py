@@ -1,16 +1,9 @@
-"""A search's plan: K streaming lanes of N slots per (partition, mode) and no planned training: each freed slot asks
-the study for its next trial (:mod:`gpupack.search.lane`). Pure."""
+"""A search's plan: K streaming lanes of N slots per (partition, mode), whose freed slots ask the study. Pure."""
 from __future__ import annotations
 
 from typing import Sequence
 
 from gpupack.core.plan import Pack, Plan
-
-SEARCH_QUEUE = "search"  # the tail of a search's queue name (where its lanes' claims are kept)
-
-
-def search_queue(partition: str, mode: str, factor: int) -> str:
-    return f"{partition}-{mode}-n{factor:02d}-{SEARCH_QUEUE}"
 
 
 def search_plan(*, sweep: str, workload: str, factor: int, partitions: Sequence[str], modes: Sequence[str],
@@ -18,7 +11,7 @@ def search_plan(*, sweep: str, workload: str, factor: int, partitions: Sequence[
     """``jobs`` lanes of ``factor`` slots per (partition, mode), no more lanes than ``n_trials`` fill at the start."""
     k = max(1, min(jobs, -(-n_trials // factor)))
     packs = tuple(Pack(f"{partition}-{mode}-n{factor:02d}-s{j:03d}", partition, mode, factor, j, (),
-                       stream=search_queue(partition, mode, factor), search=True)
+                       stream=f"{partition}-{mode}-n{factor:02d}-search", search=True)  # its lanes' claims' queue
                   for partition in partitions for mode in modes for j in range(k))
     note = (f"search: {k} lane(s) of {factor} slots per (partition, mode) ask the study for its {n_trials} trials; "
             "a slot that frees asks for the next at once")

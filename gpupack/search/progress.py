@@ -1,7 +1,5 @@
-"""Where a search stands, from its study's journal: finished trials (completed, pruned) against the budget, failed,
-running, waiting for their lane's job, and why it stopped asking. What a run's last line, its exit status and
-``python -m gpupack status`` say of a search, whose plan has no trainings to count (its lanes ask the study). Pure,
-given the journal."""
+"""Where a search stands, from its study's journal: finished trials against the budget, failed, running, waiting,
+and why it stopped asking: what a run's last line, its exit status and ``gpupack status`` say of a search. Pure."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,8 +39,7 @@ class SearchProgress:
         return 0 if self.ended else max(0, self.n_trials - self.finished)
 
     def line(self, runs: bool = True) -> str:
-        """What the search stands at; ``runs`` False: nothing of the run runs now, so no trial is running: those
-        asked and never told wait for the lanes' next run to tell them."""
+        """What the search stands at; ``runs`` False: nothing of the run runs now, so no trial is running."""
         running = f"{self.running} running" if runs or not self.running else \
             (f"{self.running} asked by a lane that no longer runs (told when the run resumes: from their records "
              "where written, else failed)")
@@ -62,12 +59,10 @@ def progress_of(journal: Journal) -> SearchProgress:
     spent = finished >= s.n_trials or (s.device_hours is not None and journal.device_hours >= s.device_hours)
     return SearchProgress(n_trials=s.n_trials, completed=journal.count(COMPLETE), pruned=journal.count(PRUNED),
                           failed=journal.count(FAILED), running=journal.count(RUNNING) - journal.waiting,
-                          waiting=journal.waiting, stopped=journal.stopped(),
-                          budget_spent=spent)
+                          waiting=journal.waiting, stopped=journal.stopped(), budget_spent=spent)
 
 
 def read_progress(path: Path) -> SearchProgress | None:
-    """The progress of the study at ``path`` (None: the run holds no search), read as collect reads it: without the
-    study's lock and writing nothing (status looks at runs in progress, or copied read-only)."""
+    """The progress of the study at ``path`` (None: the run holds no search), read without its lock."""
     journal = read_journal(path)
     return progress_of(journal) if journal is not None else None

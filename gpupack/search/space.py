@@ -1,10 +1,5 @@
-"""The search space in Hydra's override grammar, read into dimensions, then Optuna distributions.
-
-``interval(a, b)``: a float between a and b; ``int(interval(a, b))``: an integer; ``tag(log, interval(a, b))``: on a
-log scale; ``choice(a, b, c)``: one of them; ``range(a, b[, step])``: an integer from a up to b (b left out, as in
-Python and Hydra). Read with Hydra's own parser (:class:`OverridesParser`), as hydra-optuna-sweeper reads it, into a
-:class:`Dimension` (pure, no Optuna) so a bad space is refused before anything runs and before Optuna is imported.
-"""
+"""The search space in Hydra's override grammar (``interval``, ``int(interval)``, ``tag(log, interval)``, ``choice``,
+``range``: its end left out), read by Hydra's parser into :class:`Dimension` s: a bad one is refused before a run."""
 from __future__ import annotations
 
 import math
@@ -23,8 +18,7 @@ EXAMPLE = "tag(log, interval(1e-4, 1e-1))"
 
 @dataclass(frozen=True)
 class Dimension:
-    """One hyperparameter's range: ``kind`` float | int | categorical; ``log`` on a log scale; ``step`` an integer
-    range's step."""
+    """One hyperparameter's range: ``kind`` float | int | categorical; ``step``: an integer range's step."""
 
     kind: str
     low: float = 0.0
@@ -44,8 +38,7 @@ class Dimension:
         return d.FloatDistribution(self.low, self.high, log=self.log)
 
     def midpoint(self) -> Choice:
-        """The middle of the range (on its scale; an integer range's nearest step; a choice's middle one): the point
-        a probe for N trains (packing.factors=auto), one the search may well ask, never an end. Pure."""
+        """The middle of the range on its scale (an integer's nearest step, a choice's middle one): a probe's point."""
         if self.kind == "categorical":
             return self.choices[len(self.choices) // 2]
         mid = math.sqrt(self.low * self.high) if self.log else (self.low + self.high) / 2
@@ -55,11 +48,9 @@ class Dimension:
 
 
 def parse_space(space: Mapping[str, object], key: str = "search.space") -> dict[str, Dimension]:
-    """Each hyperparameter's dimension, in the given order; ConfigError naming ``key.<name>`` for any that is not a
-    range, an interval or a choice. Pure."""
+    """Each hyperparameter's dimension, in the given order; ConfigError naming ``key.<name>`` otherwise. Pure."""
     if not space:
-        raise ConfigError(key, dict(space), "the search space is empty",
-                          f"+{key}.lr='{EXAMPLE}'")
+        raise ConfigError(key, dict(space), "the search space is empty", f"+{key}.lr='{EXAMPLE}'")
     return {str(name): parse_dimension(str(name), value, f"{key}.{name}") for name, value in space.items()}
 
 
@@ -103,11 +94,6 @@ def _interval(value: IntervalSweep, text: object, key: str, hint: str) -> Dimens
         raise ConfigError(key, text, "a log interval is of positive numbers", f"{key}='{EXAMPLE}'")
     whole = isinstance(value.start, int) and isinstance(value.end, int)
     return Dimension("int" if whole else "float", low, high, log=log)
-
-
-def distributions(space: Mapping[str, Dimension]) -> dict[str, BaseDistribution]:
-    """Every dimension's Optuna distribution, by name."""
-    return {name: dim.distribution() for name, dim in space.items()}
 
 
 def probe_grid(space: Mapping[str, Dimension]) -> dict[str, list[Choice]]:

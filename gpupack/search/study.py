@@ -1,28 +1,12 @@
 """The study: Optuna's own ``JournalStorage`` over its file backend in the run directory (``RunDir.study``), the one
 truth every lane, resume and collect read; ``optuna.load_study`` and ``optuna-dashboard`` open it while it runs.
 
-Each decision (ask a trial, prune one, tell one) holds the journal's flock (:class:`FlockLock`, Optuna's lock object:
-the kernel drops it when its holder dies, so no stale lock outlives a killed lane), cuts back a torn last line (a
-writer killed mid-append) and reads only the lines written since its last decision (Optuna's storage replays
-incrementally): no decision re-reads the whole study. The search itself (:class:`gpupack.search.options.OptunaSearch`,
-the workload, the fixed hyperparameters) is the study's head, ``study.json`` beside it. What gpupack keeps of a trial
-is in its user attributes:
-
-- ``gpupack``: who runs it (its lane's :class:`Claimant`) and whether it is *planned*: a fresh study's first trials
-  are asked by the command before the lanes' jobs start (:meth:`Study.plan_first`); each lane starts them at once and
-  imports Optuna while they run, then takes them (:meth:`Study.take_planned`);
-- ``pruned``: the step and value at which its own process was told to prune it (:meth:`Study.report`); its lane tells
-  it pruned once its record is written, with its device time;
-- ``device_s``, ``why``: the device time it took, and why it failed.
-
-Numbers are Optuna's, given under the lock, so no two lanes ever get one; each ask's sampler is seeded by (seed,
-number). Running trials are in the study, so the sampler knows them (TPE's constant liar). The budget is ``n_trials``
-finished trials (complete or pruned); a failed trial does not count, but ``n_trials`` failures stop the search, as
-``device_hours`` spent does. A trial asked and never told whose lane's run died is told by that lane's next run
-(:meth:`Study.fail_dead`): from its training's record where one was written, else failed; so resume neither loses
-nor repeats one. A planned trial no run of its lane has taken waits for the lane's next run. A trial whose asker
-was killed mid-ask (its claimant never written) is told failed by the next ask.
-"""
+Each decision (ask a trial, prune one, tell one) holds the journal's flock (:class:`FlockLock`), cuts back a torn last
+line and reads only the lines written since its last decision. The search, the workload and the fixed hyperparameters
+are the study's head, ``study.json`` beside it. Numbers are Optuna's, given under the lock, so no two lanes ever get
+one; running trials are in the study, so the sampler knows them (TPE's constant liar). No trial is lost or repeated
+on resume: a dead lane's next run tells its untold trials (:meth:`Study.fail_dead`), and the next ask tells failed a
+trial whose asker was killed mid-ask."""
 from __future__ import annotations
 
 import json
@@ -31,7 +15,7 @@ import re
 import socket
 import threading
 import time
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Literal, Mapping
@@ -68,8 +52,7 @@ Outcome = tuple[State, float | None, str | None]
 
 
 def trial_training_id(workload: str, number: int, params: Mapping[str, object]) -> str:
-    """A trial's training id: its number first (two trials with the same params are two trainings), then the hash of
-    its workload and params."""
+    """A trial's training id: its number (two trials of the same params are two trainings), then the params' hash."""
     return f"trial{number:04d}-{training_id(workload, params)}"
 
 
@@ -98,7 +81,6 @@ class TrialRow:
     intermediate: dict[int, float] = field(default_factory=dict)
     why: str | None = None
     device_s: float = 0.0
-    told_at: float | None = None
     planned: bool = False  # asked for its lane before the lane's job started, and not yet taken by a run of it
     told: bool = False  # its end is in Optuna's study (a trial pruned by its process is told by its lane after)
 
@@ -107,18 +89,28 @@ class TrialRow:
         """Planned and not taken: no run of its lane has started it yet."""
         return self.planned and self.state == RUNNING
 
-    @property
-    def finished(self) -> bool:
-        return self.state in (COMPLETE, PRUNED)
 
-
-@dataclass
-class Journal:
-    """What a study holds: its head and its trials by number."""
+@dataclass(frozen=True)
+class Head:
+    """The study's head, ``study.json``: what every lane reads once."""
 
     search: OptunaSearch
     workload: str
     fixed: dict[str, object]
+
+    def to_json(self) -> dict[str, object]:
+        return {"search": self.search.to_json(), "workload": self.workload, "fixed": dict(self.fixed)}
+
+    @staticmethod
+    def from_json(data: Mapping[str, object]) -> Head:
+        return Head(OptunaSearch.from_json(data["search"]), str(data["workload"]),  # type: ignore[arg-type]
+                    dict(data.get("fixed") or {}))  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class Journal(Head):
+    """What a study holds: its head and its trials by number."""
+
     trials: dict[int, TrialRow]
 
     def count(self, *states: str) -> int:
@@ -145,17 +137,12 @@ class Journal:
     def ranked(self) -> list[TrialRow]:
         """The completed trials, best first, then the pruned, the failed and the running."""
         sign = -1.0 if self.search.direction == "maximize" else 1.0
-        done = sorted((t for t in self.trials.values() if t.state == COMPLETE and t.value is not None),
-                      key=lambda t: (sign * (t.value or 0.0), t.number))
-        first = {t.number for t in done}
-        rest = sorted((t for t in self.trials.values() if t.number not in first),
-                      key=lambda t: (RANK_ORDER[t.state], t.number))
-        return done + rest
+        return sorted(self.trials.values(), key=lambda t: (0, sign * t.value, t.number)
+                      if t.state == COMPLETE and t.value is not None else (1, RANK_ORDER[t.state], t.number))
 
 
 def stop_reason(search: OptunaSearch, held: int, failed: int, device_hours: float) -> str | None:
-    """Why no more trial is asked (None: the budget is not spent): n_trials finished or running (``held``), n_trials
-    failed, or device_hours spent. Pure."""
+    """Why no more trial is asked (None: the budget is not spent); ``held``: trials finished or running. Pure."""
     if held >= search.n_trials:
         return f"the budget of {search.n_trials} trials is met"
     if failed >= search.n_trials:
@@ -164,23 +151,6 @@ def stop_reason(search: OptunaSearch, held: int, failed: int, device_hours: floa
     if search.device_hours is not None and device_hours >= search.device_hours:
         return f"{device_hours:.3f} device-hours spent, the budget's {search.device_hours}"
     return None
-
-
-@dataclass(frozen=True)
-class Head:
-    """The study's head, ``study.json``: what every lane reads once."""
-
-    search: OptunaSearch
-    workload: str
-    fixed: dict[str, object]
-
-    def to_json(self) -> dict[str, object]:
-        return {"search": self.search.to_json(), "workload": self.workload, "fixed": dict(self.fixed)}
-
-    @staticmethod
-    def from_json(data: Mapping[str, object]) -> Head:
-        return Head(OptunaSearch.from_json(data["search"]), str(data["workload"]),  # type: ignore[arg-type]
-                    dict(data.get("fixed") or {}))  # type: ignore[call-overload]
 
 
 def _write_head(path: Path, head: Head) -> None:
@@ -194,34 +164,23 @@ def read_head(path: Path) -> Head | None:
     return Head.from_json(data) if data is not None else None
 
 
-def changes(old: OptunaSearch, new: OptunaSearch) -> list[str]:
-    """What a resume's search changes of the run's, key by key (``search.seed: 0 -> 1``), but for the keys that may
-    grow (:data:`GROWS`) and grow. Pure."""
-    was, now = old.to_json(), new.to_json()
-    said: list[str] = []
-    for key in sorted(set(was) | set(now)):
-        before, after = was.get(key), now.get(key)
-        if before == after:
-            continue
-        if key in GROWS and _grows(before, after):
-            continue
-        said.append(f"search.{key}: {_said(before)} -> {_said(after)}")
-    return said
+def changes(old: Head, search: OptunaSearch, workload: str, fixed: Mapping[str, object]) -> list[str]:
+    """What a resume changes of the run's search (but for a budget that grows), workload and fixed, key by key."""
+    was, now = json.loads(json.dumps(old.fixed, default=str)), json.loads(json.dumps(dict(fixed), default=str))
+    return (_diff("search", old.search.to_json(), search.to_json(), GROWS)
+            + ([f"workload: {old.workload!r} -> {workload!r}"] if workload != old.workload else [])
+            + _diff("sweep.fixed", was, now))  # the fixed as the head reads them back
 
 
-def _fixed_changes(old: Head, workload: str, fixed: Mapping[str, object]) -> list[str]:
-    """What a resume changes of the run's workload and fixed hyperparameters, key by key. Pure."""
-    said = [f"workload: {old.workload!r} -> {workload!r}"] if workload != old.workload else []
-    was = json.loads(json.dumps(old.fixed, default=str))  # as the head reads back
-    now = json.loads(json.dumps(dict(fixed), default=str))
-    return said + [f"sweep.fixed.{k}: {_said(was.get(k))} -> {_said(now.get(k))}" for k in sorted(set(was) | set(now))
-                   if was.get(k) != now.get(k)]
+def _diff(prefix: str, was: Mapping[str, object], now: Mapping[str, object], grows: tuple[str, ...] = ()) -> list[str]:
+    """``prefix.key: before -> after`` for each key whose value differs, but for a key of ``grows`` that grows."""
+    return [f"{prefix}.{k}: {_said(was.get(k))} -> {_said(now.get(k))}" for k in sorted(set(was) | set(now))
+            if was.get(k) != now.get(k) and not (k in grows and _grows(was.get(k), now.get(k)))]
 
 
 def _grows(before: object, after: object) -> bool:
-    if after is None:  # no cap where there was one: the budget grows
-        return True
-    return isinstance(before, (int, float)) and isinstance(after, (int, float)) and after >= before
+    """A higher budget, or none (no cap where there was one)."""
+    return after is None or (isinstance(before, (int, float)) and isinstance(after, (int, float)) and after >= before)
 
 
 def _said(value: object) -> str:
@@ -231,26 +190,23 @@ def _said(value: object) -> str:
 
 
 class FlockLock:
-    """Optuna's journal lock object (``acquire``/``release``, as ``JournalFileBackend(lock_obj=...)`` takes it): a
-    flock on ``study.lock``, which dies with its holder, unlike Optuna's own symlink and open locks that a killed
-    holder leaves for a grace period. Re-entrant in its process: a decision holds it while Optuna appends its lines.
-    Taking it cuts back a torn last line of the journal (kept aside in ``study.torn``)."""
+    """Optuna's journal lock object: a flock on ``study.lock``, which dies with its holder (Optuna's own outlive a
+    killed one a while). Re-entrant in its process; taking it cuts back a torn last line (kept in ``study.torn``)."""
 
     def __init__(self, journal: Path) -> None:
         self.journal = journal
         self._thread = threading.RLock()
         self._depth = 0
-        self._fd: int | None = None
-        self._hold: AbstractContextManager[None] | None = None
+        self._held = ExitStack()  # the flock, then its descriptor, let go in that order
 
     def acquire(self) -> bool:
         self._thread.acquire()
         if self._depth == 0:
             make_dirs(self.journal.parent)
             lock = self.journal.with_suffix(".lock")
-            self._fd = os.open(lock, os.O_RDWR | os.O_CREAT, file_mode())
-            self._hold = held(self._fd, lock, risk="do not run two searches in this run at once")
-            self._hold.__enter__()
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, file_mode())
+            self._held.callback(os.close, fd)
+            self._held.enter_context(held(fd, lock, risk="do not run two searches in this run at once"))
             if self.journal.exists():
                 cut_torn(self.journal, self.journal.with_suffix(".torn"))
         self._depth += 1
@@ -258,27 +214,20 @@ class FlockLock:
 
     def release(self) -> None:
         self._depth -= 1
-        if self._depth == 0 and self._hold is not None and self._fd is not None:
-            self._hold.__exit__(None, None, None)
-            os.close(self._fd)
-            self._hold, self._fd = None, None
+        if self._depth == 0:
+            self._held.close()
         self._thread.release()
 
 
-def _quiet_optuna() -> None:
+def _storage(path: Path, lock: FlockLock) -> JournalStorage:
     import warnings
 
     import optuna
-
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def _storage(path: Path, lock: FlockLock) -> JournalStorage:
-    _quiet_optuna()
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))  # type: ignore[arg-type]
 
 
@@ -301,8 +250,6 @@ def _row(trial: FrozenTrial, order: Mapping[str, object]) -> TrialRow:
         row.value = trial.value if trial.value is not None else (attrs.get(PRUNED_AT) or {}).get("value")
     elif trial.state == TrialState.FAIL:
         row.state = FAILED
-    if trial.datetime_complete is not None:
-        row.told_at = trial.datetime_complete.timestamp()
     return row
 
 
@@ -311,8 +258,8 @@ def _journal(head: Head, trials: list[FrozenTrial]) -> Journal:
 
 
 def read_journal(path: Path) -> Journal | None:
-    """The study as it stands, read without its lock and writing nothing (collect reads runs in progress, or copied
-    read-only): a torn last line (a writer mid-append) is left out. None: no study there."""
+    """The study as it stands, read without its lock and writing nothing (a run in progress, or copied read-only): a
+    torn last line is left out. None: no study there."""
     head = read_head(path)
     if head is None:
         return None
@@ -320,9 +267,7 @@ def read_journal(path: Path) -> Journal | None:
         return _journal(head, [])
     storage = _storage(path, FlockLock(path))  # never taken: reading takes no lock
     studies = storage.get_all_studies()
-    if not studies:
-        return _journal(head, [])
-    return _journal(head, storage.get_all_trials(studies[0]._study_id, deepcopy=False))
+    return _journal(head, storage.get_all_trials(studies[0]._study_id, deepcopy=False) if studies else [])
 
 
 class Study:
@@ -363,8 +308,7 @@ class Study:
 
     def create(self, search: OptunaSearch, workload: str, fixed: Mapping[str, object]) -> list[str]:
         """Write the study's head and create Optuna's study, unless the run has them: a resume keeps its own and is
-        refused if its search changed, but for ``n_trials`` and ``device_hours``, which may grow to extend the search
-        (what grew, said as lines: empty when nothing did)."""
+        refused if its search changed, but for :data:`GROWS`, which may grow (what grew, as lines)."""
         old_format = self.path.with_name("study.jsonl")
         if old_format.exists():
             raise RunDirError(f"{self.path.parent}: its search was kept in {old_format.name}, the format of gpupack "
@@ -377,7 +321,7 @@ class Study:
                 self._head = Head(search, workload, dict(fixed))
                 _write_head(self.path, self._head)
             else:
-                changed = changes(old.search, search) + _fixed_changes(old, workload, fixed)
+                changed = changes(old, search, workload, fixed)
                 if changed:
                     raise ConfigError("search", "; ".join(changed), "this run_dir's search ran with these values, "
                                       "and its trials were chosen for them (only search.n_trials and "
@@ -419,9 +363,8 @@ class Study:
             return self._ask(storage, len(trials), who)
 
     def _fail_cut(self, storage: JournalStorage, trials: list[FrozenTrial]) -> None:
-        """Tell failed (:data:`CUT`) each trial running with no claimant: every ask writes its trial and its claimant
-        in one decision under the lock, so, seen under the lock, such a trial's asker was killed mid-ask; it would
-        otherwise hold a place of the budget for ever. ``trials`` are updated in place."""
+        """Tell failed (:data:`CUT`) each trial running with no claimant: every ask writes both in one decision under
+        the lock, so its asker was killed mid-ask, and it would hold a place of the budget for ever. In place."""
         from optuna.trial import TrialState
 
         for i, trial in enumerate(trials):
@@ -437,22 +380,18 @@ class Study:
         return optuna.Study(STUDY_NAME, storage, sampler=search.make_sampler(number), pruner=search.make_pruner())
 
     def _ask(self, storage: JournalStorage, number: int, who: Claimant, planned: bool = False) -> TrialRow:
-        from gpupack.search.space import distributions
-
-        trial = self._optuna(storage, number).ask(fixed_distributions=distributions(self.head().search.space))
+        space = self.head().search.space
+        trial = self._optuna(storage, number).ask(fixed_distributions={k: d.distribution() for k, d in space.items()})
         if trial.number != number:  # numbers are given under the lock: another writer ignored it
             raise RuntimeError(f"{self.path}: trial {trial.number} asked where {number} was next: is another "
                                "search writing this study without its lock?")
-        claimant = {**asdict(who), "planned": planned}
-        storage.set_trial_user_attr(trial._trial_id, WHO, claimant)
+        storage.set_trial_user_attr(trial._trial_id, WHO, {**asdict(who), "planned": planned})
         return TrialRow(number, {k: _plain(v) for k, v in trial.params.items()}, who.lane, who.incarnation,
                         time.time(), planned=planned)
 
     def plan_first(self, lanes: Mapping[str, int]) -> list[int]:
-        """A fresh study's first trials, asked by the command before any lane's job starts (``lanes``: each lane's
-        pack id and its slots): a lane then starts them at once (:meth:`take_planned`) and imports Optuna, about a
-        second, while they run. The trials the budget allows, in the lanes' order; none where the study has trials (a
-        resume's lanes ask for themselves). Their numbers."""
+        """A fresh study's first trials' numbers (none where it has some), asked by the command before any lane's job
+        starts (``lanes``: pack id → slots), so that a lane starts them at once and imports Optuna meanwhile."""
         with self._decision() as storage:
             journal = self._view(storage)
             if journal.trials:
@@ -474,8 +413,7 @@ class Study:
             return None
 
     def take_planned(self, who: Claimant) -> list[TrialRow]:
-        """The trials planned for ``who``'s lane that no run of it has taken, now this run's (should it die, the
-        lane's next run tells them, as any trial it asked), by number."""
+        """The trials planned for ``who``'s lane that no run of it has taken, now this run's, by number."""
         with self._decision() as storage:
             journal = self._view(storage)
             rows = sorted((t for t in journal.trials.values() if t.waiting and t.lane == who.lane),
@@ -487,8 +425,7 @@ class Study:
             return rows
 
     def report(self, number: int, step: int, value: float, prune: bool = True) -> bool:
-        """Trial ``number``'s intermediate ``value`` at ``step``, written; True where the pruner prunes it now (never
-        without ``prune``: what a program printed before it ended, kept for the curves later trials are judged by)."""
+        """Trial ``number``'s ``value`` at ``step``, written; True where the pruner prunes it now (if ``prune``)."""
         with self._decision() as storage:
             trial = self._trial(storage, number)
             if trial is None or trial.state.is_finished():
@@ -531,8 +468,7 @@ class Study:
     def fail_dead(self, who: Claimant, from_record: Callable[[TrialRow], Outcome | None] | None = None,
                   ) -> list[tuple[int, State]]:
         """Tell the trials an earlier run of ``who``'s lane asked and never told (that run is dead: the caller holds
-        the lane's lock): from their training's record where ``from_record`` finds one (the run died between the
-        record and its tell), else failed ("died with its lane"). Their numbers, and how each was told."""
+        the lane's lock): from their record where ``from_record`` finds one, else failed. Their numbers and states."""
         with self._decision() as storage:
             journal = self._view(storage)
             told: list[tuple[int, State]] = []
@@ -547,9 +483,7 @@ class Study:
 
 
 def search_left(path: Path) -> bool:
-    """A run's search has trials to run or to tell (its lanes run again): its budget not met, or trials asked and
-    never told (a dead lane's, which its next run tells). Read as collect reads it, without the lock and writing
-    nothing: a dry run and the runs beside a new one ask it too."""
+    """A run's search has trials to run or to tell (its lanes run again). Read without the lock, writing nothing."""
     journal = read_journal(path)
     return journal is not None and (journal.stopped() is None or journal.untold > 0)
 
@@ -559,19 +493,15 @@ def _import_optuna() -> None:
 
 
 def import_optuna_meanwhile() -> threading.Thread:
-    """Optuna imported in a thread (about a second of scipy, sqlalchemy, matplotlib): a lane that started its planned
-    trials asks its next one without that wait, once the import is done (an ``import optuna`` meanwhile waits for
-    it)."""
+    """Optuna imported in a thread (about a second): a lane that started its planned trials asks its next without it."""
     return warm([_import_optuna], name="gpupack-import-optuna")
 
 
 def _plain(value: object) -> Param:
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
+    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
 
 
-def trial_training(journal: Journal | Head, trial: TrialRow) -> Training:
+def trial_training(journal: Head, trial: TrialRow) -> Training:
     """The training that runs ``trial``: the workload with the trial's params over the fixed ones."""
     params = {**journal.fixed, **trial.params}
     return Training(trial_training_id(journal.workload, trial.number, params), journal.workload, params,

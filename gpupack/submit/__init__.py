@@ -1,14 +1,7 @@
-"""Submission backends: the only place that knows about executors and clusters.
-
-Each backend is one module ``gpupack/submit/<backend>.py`` exposing ``SUBMITTER``, a :class:`Submitter`
-subclass, and its own config dataclass (``SUBMITTER.Config``, registered as ``cluster/<backend>_schema``); a
-cluster preset (conf/cluster/*.yaml) names its backend. A backend answers, once, what each partition can hold
-(:meth:`Submitter.capacities`) so that validation stays pure; it maps its own queue states to gpupack's
-:data:`PACK_STATES`. All backends hand a pack to the same job body, :class:`PackJob`, which runs it with the job as
-its backend tells it (:meth:`Submitter.job_environment`, as submitit has one JobEnvironment per executor). A backend
-that a Hydra launcher runs on maps the launcher's options (hydra-submitit-launcher's names) to its own config
-(:meth:`Submitter.from_launcher`).
-"""
+"""Submission backends: the only place that knows about executors and clusters. Each backend is a module
+``gpupack/submit/<backend>.py`` exposing ``SUBMITTER``, a :class:`Submitter` subclass whose ``Config`` is registered as
+``cluster/<backend>_schema``. A backend answers once what each partition can hold (:meth:`Submitter.capacities`), so
+that validation stays pure, and hands each pack to the one job body, :class:`PackJob`."""
 from __future__ import annotations
 
 import importlib
@@ -48,19 +41,15 @@ from gpupack.job.turns import InTurn, run_in_turn
 
 @dataclass
 class ClusterConfig:
-    """What every backend's config has; each backend module (gpupack/submit/<backend>.py) extends it with its
-    own fields (LocalConfig, SlurmConfig), as hydra-submitit-launcher's LocalQueueConf / SlurmQueueConf do."""
+    """What every backend's config has; each backend extends it (LocalConfig, SlurmConfig)."""
 
     name: str = "local"
-    # The module under gpupack/submit/ that runs packs.
-    backend: str = "local"
-    # Time limit of one pack job (minutes).
-    timeout_min: int = 60
+    backend: str = "local"  # the module under gpupack/submit/ that runs packs
+    timeout_min: int = 60  # time limit of one pack job (minutes)
 
 
 class SubmittedJob(TypedDict, total=False):
-    """A pack's job in the run directory's jobs.json (:meth:`Submitter.remember` writes every key; a reader asks
-    ``.get`` of a pack that may have none); ``history``: its earlier jobs."""
+    """A pack's job in the run directory's jobs.json; ``history``: its earlier jobs."""
     job_id: str
     partition: str
     backend: str
@@ -68,55 +57,44 @@ class SubmittedJob(TypedDict, total=False):
     history: list[str]
 
 
-# What a pack's job returns: its pack record, or a lane of whole packs' records (gpupack.job.turns).
-JobRecord = PackRecord | InTurn
-# A submitted pack's job, as submitit follows it: its result is the pack record.
-PackJobHandle = submitit.Job[JobRecord]
-
-# Called with (pack, state) as packs move: "pending" → "running" → "done" | "failed".
-ProgressFn = Callable[[Pack, str], None]
+JobRecord = PackRecord | InTurn  # what a pack's job returns: its pack record, or a lane of whole packs' records
+PackJobHandle = submitit.Job[JobRecord]  # a submitted pack's job, as submitit follows it
+ProgressFn = Callable[[Pack, str], None]  # called with (pack, state): "pending" → "running" → "done" | "failed"
 
 
 class PackJob(submitit.helpers.Checkpointable):
-    """The job body as submitit runs it, for ``submitter`` (its Submitter class, which says what job the pack runs in).
-    Checkpointable: when SLURM signals the time limit, submitit requeues the same call, and run_pack then runs only
-    the trainings that have no completed record."""
+    """The job body as submitit runs it, for ``submitter`` (which says what job the pack runs in). Checkpointable:
+    when SLURM signals the time limit, submitit requeues the same call, which runs only what has no record."""
 
     def __init__(self, submitter: type[Submitter[ClusterConfig]]) -> None:
         self.submitter = submitter
 
     def __call__(self, run_root: str, pack_id: str | list[str], settings: PackSettings) -> JobRecord:
         """One pack (its id), a streaming lane (its pack id), or a lane of whole packs run in turn (their ids). A write
-        the run directory refuses (no space, quota, permission) ends the job with a StorageError: its one line is the
-        pack's failure as the front-end shows it (:func:`job_failure`)."""
+        the run directory refuses ends the job with a StorageError, whose one line is the pack's failure."""
         with storage_faults(run_root):
-            return self._run(run_root, pack_id, settings)
+            from gpupack.search.lane import lane_kind  # a job's own: the command imports submit too
 
-    def _run(self, run_root: str, pack_id: str | list[str], settings: PackSettings) -> JobRecord:
-        from gpupack.search.lane import lane_kind  # a job's own: the command imports submit too
-
-        job = self.submitter.job_environment()
-        plan = Plan.from_json(read_json(RunDir(Path(run_root)).plan))  # read once: the job body is handed it
-        record: JobRecord
-        if isinstance(pack_id, list):
-            record = run_in_turn(run_root, pack_id, settings, job=job, plan=plan, kind=lane_kind)
-        elif plan.pack(pack_id).stream is None:
-            return run_pack(run_root, pack_id, settings, job=job, plan=plan)
-        else:  # a lane: a grid's claims its queue, a search's asks its study (gpupack.job.lanes)
-            record = run_lane(run_root, pack_id, settings, job=job, plan=plan, kind=lane_kind)
-        if record.get("stopped_claiming") and record.get("unclaimed") and self.submitter.requeues:
-            # Near its time limit with trainings left: requeue now, as SLURM's signal would a little later
-            # (submitit's handler checkpoints this call and requeues it; the lane's next run goes on with the queue).
-            os.kill(os.getpid(), self.submitter.requeue_signal())
-        return record
+            job = self.submitter.job_environment()
+            plan = Plan.from_json(read_json(RunDir(Path(run_root)).plan))  # read once: the job body is handed it
+            record: JobRecord
+            if isinstance(pack_id, list):
+                record = run_in_turn(run_root, pack_id, settings, job=job, plan=plan, kind=lane_kind)
+            elif plan.pack(pack_id).stream is None:
+                return run_pack(run_root, pack_id, settings, job=job, plan=plan)
+            else:  # a lane: a grid's claims its queue, a search's asks its study (gpupack.job.lanes)
+                record = run_lane(run_root, pack_id, settings, job=job, plan=plan, kind=lane_kind)
+            if record.get("stopped_claiming") and record.get("unclaimed") and self.submitter.requeues:
+                # Near its time limit with trainings left: requeue now, as SLURM's signal would a little later.
+                os.kill(os.getpid(), self.submitter.requeue_signal())
+            return record
 
 
 ConfigT = TypeVar("ConfigT", bound=ClusterConfig, covariant=True)
 
 
 class Submitter(ABC, Generic[ConfigT]):
-    """One backend: where packs run. ``cluster`` is an instance of its ``Config`` (or a DictConfig of it, which reads
-    the same: Hydra composes the config against that dataclass)."""
+    """One backend: where packs run. ``cluster``: its ``Config``, or a DictConfig of it (which reads the same)."""
 
     Config: ClassVar[type[ClusterConfig]]
     detachable: ClassVar[bool] = False  # can submit and return (wait=false): jobs outlive this process
@@ -126,16 +104,11 @@ class Submitter(ABC, Generic[ConfigT]):
                  key_names: Mapping[str, str] | None = None) -> None:
         self.cluster: ConfigT = cluster
         self.run = run
-        # Where the user set these options, for error messages: gpupack's cluster.*, or a front-end's own names
-        # (the Hydra launcher: hydra.launcher.cpus_per_task for cpus_per_training, ...).
+        # Where the user set these options, for error messages: cluster.*, or the Hydra launcher's own names.
         self.key_prefix = key_prefix
         self.key_names = dict(key_names or {})
-        # One training's host memory figure, set by prepare: its MB and where it was measured (earlier records on the
-        # partitions' device), or, not measured, what the records held instead; sizes memory requests and says why.
-        self.measured_host_mb: Figure | None = None
-        # The run directory's lock, held by the command that runs the packs (set by gpupack.sweep.flow.run.run_plain):
-        # the local backend's jobs hold it with it (RunLock says why)
-        self.lock: RunLock | None = None
+        self.measured_host_mb: Figure | None = None  # one training's host memory figure, set by prepare
+        self.lock: RunLock | None = None  # the run's lock, held by the command and the local backend's jobs
 
     def key(self, name: str) -> str:
         return f"{self.key_prefix}.{self.key_names.get(name, name)}"
@@ -143,15 +116,11 @@ class Submitter(ABC, Generic[ConfigT]):
     @classmethod
     @abstractmethod
     def job_environment(cls) -> JobEnvironment:
-        """Inside one of this backend's jobs: the job as the pack record names it (from submitit's JobEnvironment and
-        the scheduler's own variables)."""
-
-    # ---- a Hydra launcher's options (hydra-submitit-launcher's names: timeout_min, partition, gres, mem_gb, ...) ----
+        """Inside one of this backend's jobs: the job as the pack record names it."""
 
     @classmethod
     def launcher_config(cls, options: Mapping[str, Any], key: str) -> ConfigT:
-        """This backend's Config from a Hydra launcher's options; an error names the launcher's own key
-        (``key``.<option>)."""
+        """This backend's Config from a Hydra launcher's options; an error names ``key``.<option>."""
         raise ConfigError(key, cls.__module__.rpartition(".")[2], "no Hydra launcher runs on this backend",
                           "use hydra/launcher=gpupack_local or hydra/launcher=gpupack_slurm")
 
@@ -171,8 +140,7 @@ class Submitter(ABC, Generic[ConfigT]):
         """The partitions a sweep runs on, from what the user asked (empty: the backend's default)."""
 
     def check(self, partitions: Sequence[str]) -> None:
-        """Every option of this backend's config, used by this run or not, before anything is submitted (raise
-        ConfigError). Here :class:`ClusterConfig`'s own fields; a backend checks its fields and calls this."""
+        """Every option of this backend's config, used by this run or not (raise ConfigError)."""
         if self.cluster.timeout_min < 1:
             raise ConfigError(self.key("timeout_min"), self.cluster.timeout_min, "must be >= 1 (minutes)",
                               f"give each pack job at least a minute, e.g. {self.key('timeout_min')}=60")
@@ -191,32 +159,27 @@ class Submitter(ABC, Generic[ConfigT]):
         return 1
 
     def claim_until_s(self) -> float | None:
-        """Seconds after a job starts past which a streaming lane claims nothing it could not finish: the job's time
-        limit, less the warning signal's delay where the backend requeues."""
+        """Seconds after a job starts past which a streaming lane claims nothing it could not finish."""
         return float(self.cluster.timeout_min) * 60
 
     def request(self, factor: int, measured_host_mb: Figure | None = None) -> PackRequest:
-        """What one pack of ``factor`` trainings asks for, from its options and one training's host memory figure
-        (measured: its peak sizes the request; default: self.measured_host_mb). Pure."""
+        """What one pack of ``factor`` trainings asks for, from one training's host memory figure. Pure."""
         return PackRequest(cpus=None, mem_mb=None)
 
     def job_forecast(self, packs: Sequence[Pack]) -> JobForecast:
-        """The jobs submitting ``packs`` makes, against the site's limits where the backend knows them (one job per
-        pack here, no limit)."""
+        """The jobs submitting ``packs`` makes, against the site's limits where the backend knows them."""
         return JobForecast(jobs=len(packs), packs=len(packs))
 
     @abstractmethod
     def request_lines(self, packs: Sequence[Pack]) -> list[str]:
-        """What submitting ``packs`` asks of the scheduler, as a dry run says it: the backend's own lines (SLURM: the
-        #SBATCH lines of each kind of job, and the totals against the site's limits)."""
+        """What submitting ``packs`` asks of the scheduler, as a dry run says it."""
 
     @abstractmethod
     def run_packs(self, packs: Sequence[Pack], settings: PackSettings, progress: ProgressFn) -> list[PackResult]:
         """Run every pack as one job on one device, wait for all, and say how each job ended."""
 
     def require_reachable(self) -> None:
-        """Before a run writes anything (a dry run does not ask): raise UnreachableError where this backend's
-        scheduler does not answer here. This machine always does."""
+        """Before a run writes anything: raise UnreachableError where this backend's scheduler does not answer."""
 
     def require_detachable(self) -> None:
         if not self.detachable:
@@ -232,9 +195,8 @@ class Submitter(ABC, Generic[ConfigT]):
         """gpupack's state (PACK_STATES) of each job id the queue knows; None when the queue cannot be asked."""
         return {}
 
-    # ---- the run directory's record of submitted jobs (jobs.json) ----
-
     def jobs(self) -> dict[str, SubmittedJob]:
+        """The run directory's record of submitted jobs (jobs.json)."""
         return read_json(self.run.jobs) if self.run.jobs.exists() else {}
 
     def remember(self, submitted: Mapping[str, tuple[str, str]]) -> None:
@@ -248,10 +210,8 @@ class Submitter(ABC, Generic[ConfigT]):
         write_json_atomic(self.run.jobs, jobs)
 
     def active_packs(self) -> dict[str, str]:
-        """Packs whose job is still queued or running: pack id → job id.
-
-        Fails closed: when the queue cannot be asked, a pack that may still run is not submitted twice.
-        """
+        """Packs whose job is still queued or running: pack id → job id. Fails closed: when the queue cannot be
+        asked, a pack that may still run is not submitted twice."""
         jobs = self.jobs()
         if not jobs:
             return {}
@@ -264,10 +224,8 @@ class Submitter(ABC, Generic[ConfigT]):
 
 
 def job_failure(text: str, run: RunDir | None) -> str:
-    """Why a job failed, in one line where it can be told: the gpupack error that ended it (submitit hands back the
-    job's traceback, or, where the job could not write its result, its error stream); else, where the run directory
-    refuses a write now (a full disk: the job could write neither its result nor its log), that; else the tail of
-    submitit's text, as before."""
+    """Why a job failed, in one line where it can be told: the gpupack error that ended it, else why the run directory
+    refuses a write now (a full disk: the job could write neither its result nor its log), else submitit's text."""
     line = failure_line(text)
     if line is not None:
         return line
@@ -298,16 +256,14 @@ def load_submitter(backend: str, cluster: ClusterConfig, run: RunDir, key: str =
 
 
 def progress_state(result: PackResult) -> str:
-    """How a finished pack shows in progress: done only when its job ran to its end and no training failed; a job
-    that failed says why (:class:`PackState`'s ``why``: its one line)."""
+    """How a finished pack shows: done only when its job ran to its end and no training failed; else failed, why."""
     if result.ok and not (result.record or {}).get("n_failed"):
         return DONE
     return PackState(FAILED, None if result.ok else result.error)
 
 
 def job_outcome(job: PackJobHandle, run: RunDir | None = None) -> JobRecord | str:
-    """What a finished submitit job returned, or why it failed (:func:`job_failure`). Asked once a job: where the job
-    wrote no result, submitit waits for it a while (a shared file system may be slow to show it)."""
+    """What a finished submitit job returned, or why it failed (ask once a job: submitit may wait for a result)."""
     try:
         return job.result()
     except Exception as err:
@@ -316,15 +272,12 @@ def job_outcome(job: PackJobHandle, run: RunDir | None = None) -> JobRecord | st
 
 def job_result(pack: Pack, job: PackJobHandle, run: RunDir | None = None,
                outcome: JobRecord | str | None = None) -> PackResult:
-    """How a finished submitit job ended for ``pack``: its pack record (of a lane of packs: the one it ran for this
-    pack), or why it failed; ``outcome``: the job's, where the caller asked it already (:func:`job_outcome`)."""
+    """How a finished job ended for ``pack``: its record, or why not; ``outcome``: the job's, where asked already."""
     record = job_outcome(job, run) if outcome is None else outcome
+    if not isinstance(record, str) and "in_turn" in record:  # a lane of whole packs (run_in_turn): only it says so
+        lane = cast(InTurn, record)
+        record = lane["records"][pack.pack_id] if pack.pack_id in lane["records"] else \
+            f"its lane left it unrun: {lane.get('stopped_claiming') or 'no time left'}"
     if isinstance(record, str):
         return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=False, error=record)
-    if "in_turn" in record:  # a lane of whole packs (gpupack.job.turns.run_in_turn): only it says in_turn
-        lane = cast(InTurn, record)
-        if pack.pack_id not in lane["records"]:
-            return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=False,
-                              error=f"its lane left it unrun: {lane.get('stopped_claiming') or 'no time left'}")
-        record = lane["records"][pack.pack_id]
     return PackResult(pack.pack_id, pack.partition, str(job.job_id), ok=True, record=record)

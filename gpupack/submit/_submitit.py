@@ -1,18 +1,6 @@
-"""submitit's private internals, in one place: what gpupack's backends use of submitit beyond its public API.
-
-submitit has no option for a local job's session, its entry's exit, or its print of a failing sbatch, so gpupack
-reaches into it here and nowhere else:
-
-- ``LocalExecutor._submitit_command_str`` and ``_submit_command``, and ``submitit.local.local.subprocess``
-  (:class:`SessionLocalExecutor`: each local job's controller in a session of its own);
-- ``submitit.local._local``, the controller's module (:data:`CONTROLLER`: a local job finds its command by it);
-- ``SlurmExecutor._internal_process_submissions`` (:class:`QuietSlurmExecutor`);
-- ``submitit.slurm.slurm._make_sbatch_string`` (:func:`make_sbatch_string`: the dry run's #SBATCH lines);
-- ``submitit.core.submission.submitit_main`` (the local job's entry, ``gpupack/submit/_local_job.py``).
-
-pyproject bounds submitit above the newest release tested, and :func:`missing_internals` (tests/test_submitit.py)
-names any of these that moved.
-"""
+"""submitit's private internals, in one place: what gpupack's backends use of submitit beyond its public API, listed
+by :func:`internals`. pyproject bounds submitit above the newest release tested, and :func:`missing_internals`
+(tests/test_submitit.py) names any of these that moved."""
 from __future__ import annotations
 
 import contextlib
@@ -41,20 +29,13 @@ __all__ = ["CONTROLLER", "QuietSlurmExecutor", "SessionLocalExecutor", "make_sba
 CONTROLLER = "submitit.local._local"  # the module of submitit's local controller, in its command line
 
 _submit_lock = threading.Lock()
-
-
 R = TypeVar("R")  # what the job returns, as submitit's executor types it
 
 
 class SessionLocalExecutor(submitit.LocalExecutor):
-    """submitit's local executor, with each job's controller started in a session of its own, so that the terminal's
-    signals (Ctrl-C, a hang-up) reach gpupack alone and gpupack cancels its jobs itself (:func:`cancel_jobs`). A
-    controller in the terminal's process group prints a KeyboardInterrupt traceback on Ctrl-C, and on a hang-up dies
-    at once and leaves its pack job and trainings running, with no parent left to find them by.
-
-    ``inherit``: descriptors each controller keeps open, the run directory's lock
-    (:class:`gpupack.core.store.rundir.RunLock`: a controller holds it while its job runs, should gpupack itself be
-    killed)."""
+    """submitit's local executor, each job's controller in a session of its own: the terminal's signals reach gpupack
+    alone, which cancels its jobs itself (a controller would die on a hang-up, leaving its job running, parentless).
+    ``inherit``: descriptors each controller keeps open (the run directory's lock, held while its job runs)."""
 
     inherit: tuple[int, ...] = ()
 
@@ -64,8 +45,7 @@ class SessionLocalExecutor(submitit.LocalExecutor):
         return " ".join([self.python, "-u -m gpupack.submit._local_job", shlex.quote(str(self.folder))])
 
     def _submit_command(self, command: str) -> submitit_local.LocalJob[R]:
-        # submitit starts the controller with its module's subprocess.Popen and has no option for a session: its module
-        # sees one that starts a new session during this call (under a lock: the swap is module-wide).
+        # submitit's module sees a Popen that starts a new session during this call (under a lock: module-wide)
         popen = functools.partial(subprocess.Popen, start_new_session=True, pass_fds=self.inherit)
         with _submit_lock:
             real = submitit_local.subprocess
@@ -94,11 +74,8 @@ class QuietSlurmExecutor(submitit.SlurmExecutor):
 
 
 def unsaid(written: str, refused: str) -> str:
-    """What was written to stderr during a submission, less submitit's print of sbatch's refusal (``refused``, the
-    words its FailedJobError holds, printed as a line of their own). Pure."""
-    if not refused:
-        return written
-    return written.replace(refused + "\n", "", 1)
+    """What was written to stderr during a submission, less submitit's print of sbatch's ``refused``. Pure."""
+    return written.replace(refused + "\n", "", 1) if refused else written
 
 
 def make_sbatch_string(folder: Path, **parameters: object) -> str:
@@ -109,8 +86,7 @@ def make_sbatch_string(folder: Path, **parameters: object) -> str:
 
 
 def submitit_main() -> None:
-    """submitit's job entry. Imported here, in the job: its module imports numpy first (before unpickling), 0.15 s
-    that the command, which only submits, would pay before its first job."""
+    """submitit's job entry, imported here in the job: its module imports numpy, 0.15 s the command need not pay."""
     from submitit.core.submission import submitit_main as main
 
     main()
@@ -133,8 +109,7 @@ def internals() -> dict[types.ModuleType, dict[str, tuple[str, ...]]]:
 
 
 def missing_internals() -> list[str]:
-    """Each internal of :func:`internals` that this submitit no longer has where gpupack reaches for it, or whose
-    signature lost a name gpupack passes: [] where all are there. (A module that moved fails this one's import.)"""
+    """Each internal of :func:`internals` this submitit lacks, or whose signature lost a name gpupack passes."""
     missing = []
     for module, names in internals().items():
         for dotted, params in names.items():

@@ -1,13 +1,9 @@
-"""This machine, no cluster: submitit's LocalExecutor runs the run's packs as jobs here.
-
-Packs run one per device at a time — one per visible GPU, or one at a time on a CPU-only machine — so
-that packs never disturb each other's timing. The whole packs go in lanes, one a slot: a job that runs its packs in
-turn (:func:`gpupack.job.turns.run_in_turn`), so a sweep pays one job start per slot, not one per pack, and no job
-start sits inside a pack's measure. A streaming lane's pack and a training spread over several devices are a job
-each. Lanes do not fold their packs (a cluster's lanes do, for its file quotas): each keeps its folder.
-"""
+"""This machine, no cluster: submitit's LocalExecutor runs the run's packs as jobs here, one per device at a time, so
+that packs never disturb each other's timing. The whole packs go in lanes, one a slot, that run their packs in turn:
+a sweep pays one job start per slot, not one per pack. Lanes do not fold their packs."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import resource
@@ -49,11 +45,8 @@ CANCEL_WAIT_S = 5.0  # for each level of a cancelled job's process tree to be go
 class LocalConfig(ClusterConfig):
     """The local backend's options (conf/cluster/local.yaml)."""
 
-    # Partition label recorded with every pack.
-    partition: str = "local"
-    # Packs run at once; null: one per visible GPU, or one on a CPU-only machine so packs do not disturb
-    # each other's timing.
-    max_parallel_packs: Optional[int] = None
+    partition: str = "local"  # the partition label recorded with every pack
+    max_parallel_packs: Optional[int] = None  # packs run at once; null: one per visible GPU, or one on a CPU
 
 
 def process_room() -> int | None:
@@ -64,46 +57,28 @@ def process_room() -> int | None:
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     if soft != resource.RLIM_INFINITY:
         room.append(soft - running)
-    try:
+    with contextlib.suppress(OSError, ValueError):
         room.append(int(Path("/proc/sys/kernel/pid_max").read_text()) - running)
-    except (OSError, ValueError):
-        pass
     return max(0, min(room)) if room else None
 
 
-# ---------------- pack jobs that never outlive gpupack ----------------
-
 def command_pid() -> int | None:
-    """In a local job: the gpupack command (or Hydra app) whose submitit controller started this job, its parent's
-    parent; None where the job was not started so (a test's job run in its own process)."""
+    """In a local job: the gpupack command whose submitit controller started it (its parent's parent), or None."""
     try:
         controller = psutil.Process(os.getppid())
-        if CONTROLLER not in controller.cmdline():
-            return None
-        return controller.ppid() or None
+        return (controller.ppid() or None) if CONTROLLER in controller.cmdline() else None
     except psutil.Error:
         return None
 
 
 def controllers_of(folder: Path | str) -> set[int]:
-    """The submitit controllers this process started for ``folder`` (its children whose command line ends with it),
-    found even when a stop came between starting one and holding its job."""
+    """The submitit controllers this process started for ``folder``, found even before it holds their jobs."""
     pids = set()
     for child in psutil.Process().children():
-        try:
-            cmd = child.cmdline()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if CONTROLLER in cmd and cmd[-1] == str(folder):
-            pids.add(child.pid)
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            if CONTROLLER in (cmd := child.cmdline()) and cmd[-1] == str(folder):
+                pids.add(child.pid)
     return pids
-
-
-def _children(proc: psutil.Process) -> list[psutil.Process]:
-    try:
-        return list(proc.children())
-    except psutil.NoSuchProcess:
-        return []
 
 
 def _running(proc: psutil.Process) -> bool:
@@ -115,34 +90,32 @@ def _running(proc: psutil.Process) -> bool:
 
 def process_levels(pids: Iterable[int]) -> list[list[psutil.Process]]:
     """``pids`` and all their descendants, level by level: parents before their children."""
-    level = []
+    level: list[psutil.Process] = []
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             level.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
     levels = []
     while level:
         levels.append(level)
-        level = [c for p in level for c in _children(p)]
+        below: list[psutil.Process] = []
+        for proc in level:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                below += proc.children()
+        level = below
     return levels
 
 
 def cancel_jobs(controller_pids: Iterable[int]) -> int:
-    """Stop local pack jobs now, with every process under them: submitit's controller, the packer, its fork server,
-    each training and what a training started. Trainings lead sessions of their own, so no signal to one group reaches
-    them all, and submitit's job ignores SIGTERM. The whole tree is listed first (an orphan is re-parented and could no
-    longer be found), then SIGKILLed level by level, each level gone before the next, so the packer dies before its
-    trainings and records none of them as killed by the cancel: they simply run again on resume, while the trainings
-    that finished keep their records. Returns how many processes it stopped."""
+    """Stop local pack jobs now, with every process under them (trainings lead sessions of their own, and submitit's
+    job ignores SIGTERM). The whole tree is listed first (an orphan is re-parented and could no longer be found), then
+    SIGKILLed level by level, each level gone before the next, so the packer dies before its trainings and records
+    none of them as killed by the cancel: they run again on resume. Returns how many processes it stopped."""
     stopped = 0
     for level in process_levels(controller_pids):
         for proc in level:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()  # psutil checks the pid was not reused since it was listed
                 stopped += 1
-            except psutil.NoSuchProcess:
-                pass
         deadline = time.time() + CANCEL_WAIT_S
         while any(_running(p) for p in level) and time.time() < deadline:
             time.sleep(0.02)
@@ -154,8 +127,7 @@ class LocalSubmitter(Submitter[LocalConfig]):
 
     @classmethod
     def job_environment(cls) -> JobEnvironment:
-        """submitit's local job (its id), the GPUs this backend let it see (CUDA_VISIBLE_DEVICES), the command
-        that runs the sweep here (its controller's parent), and temporary space of its own (:func:`job_temp_dir`)."""
+        """submitit's local job, the GPUs it may see, the command that runs it, and temporary space of its own."""
         job_id = submitit.JobEnvironment().job_id
         tmp = job_temp_dir(job_id)
         os.makedirs(tmp, exist_ok=True)
@@ -178,8 +150,7 @@ class LocalSubmitter(Submitter[LocalConfig]):
 
     def check(self, partitions: Sequence[str]) -> None:
         super().check(partitions)
-        slots = self.cluster.max_parallel_packs
-        if slots is not None and slots < 1:
+        if (slots := self.cluster.max_parallel_packs) is not None and slots < 1:
             raise ConfigError(self.key("max_parallel_packs"), slots, "must be >= 1 or null",
                               f"{self.key('max_parallel_packs')}=null for one pack per device")
 
@@ -253,9 +224,9 @@ class LocalSubmitter(Submitter[LocalConfig]):
 
     def _submit(self, executor: submitit.LocalExecutor, packs: list[Pack], taken: list[list[int]],
                 settings: PackSettings) -> LaneJob:
-        """One job for a lane's packs on the slots ``taken``. Each pack keeps its own limit, timeout_min: each of its
-        trainings is stopped past it (packing.training_timeout_s, where the user set none), so a pack that hangs
-        ends alone and the lane goes on; the job's own limit is a pack's more than its packs' (their preloads)."""
+        """One job for a lane's packs on the slots ``taken``. Each pack keeps its own limit, timeout_min: its trainings
+        are stopped past it (where packing.training_timeout_s is unset), so a pack that hangs ends alone and the lane
+        goes on; the job's own limit is one pack's more than its packs' (their preloads)."""
         gpus = spread_gpus(packs[0], taken)
         submitted_at = time.time()
         executor.update_parameters(timeout_min=self.cluster.timeout_min * (len(packs) + 1), gpus_per_node=len(gpus),
@@ -271,16 +242,13 @@ class LocalSubmitter(Submitter[LocalConfig]):
 
 
 def job_temp_dir(job_id: str) -> str:
-    """A local job's own temporary space (its packs' work folders, MPS's pipes), as SLURM gives a job node-local
-    space that it removes with the job: here the command that watches the job removes it once the job has ended,
-    however it ended (a job killed by SIGKILL removes nothing of its own). Named by the job's id, its controller's
-    pid, so that both sides find it."""
+    """A local job's own temporary space (as SLURM gives a job node-local space), named by its id so that the command
+    that watches the job finds it and removes it once the job has ended, however it ended."""
     return os.path.join(tempfile.gettempdir(), f"gpupack-job-{job_id}")
 
 
 def local_lanes(packs: Sequence[Pack], slots: int) -> list[list[Pack]]:
-    """The jobs a run here makes: its whole packs dealt in the plan's order to a lane a slot (a job that runs them in
-    turn), then each streaming lane's pack and each training spread over devices, a job each. Pure."""
+    """The jobs a run here makes: its whole packs dealt to a lane a slot, then a job for each other pack. Pure."""
     whole = [p for p in packs if p.stream is None and p.devices <= 1]
     return deal(whole, min(slots, len(whole))) + [[p] for p in packs if p.stream is not None or p.devices > 1]
 
@@ -302,8 +270,8 @@ class LaneJob:
         shutil.rmtree(job_temp_dir(self.job.job_id), ignore_errors=True)
 
     def look(self, run: RunDir, progress: ProgressFn) -> list[PackResult]:
-        """The lane's packs that ended since the last look, in turn, from their records (this job's): progress shows
-        each done and the next running while the job goes on. A lane of one pack ends with its job."""
+        """The lane's packs that ended since the last look, in turn, from their records (this job's), shown done with
+        the next running while the job goes on. A lane of one pack ends with its job."""
         out: list[PackResult] = []
         while 1 < len(self.packs) > len(self.ended):
             pack = self.packs[len(self.ended)]
@@ -319,8 +287,7 @@ class LaneJob:
         return out
 
     def finish(self, run: RunDir, progress: ProgressFn) -> list[PackResult]:
-        """How the job ended for each of its packs: the records they left, then the job's result for the rest (a
-        pack it did not end: the job's error)."""
+        """How the job ended for each of its packs: the records they left, then the job's result for the rest."""
         out = self.look(run, progress)
         left = [p for p in self.packs if p.pack_id not in self.ended]
         outcome = job_outcome(self.job, run) if left else None  # once for the lane: each ask may wait for a result
@@ -332,10 +299,8 @@ class LaneJob:
 
 def take_slots(pack: Pack, free: list[list[int]], n_slots: int, n_gpus: int) -> list[list[int]] | None:
     """The free slots a pack starts on, removed from ``free``; None while it must wait. One slot; a training spread over
-    k GPUs takes slots of k distinct GPUs (with max_parallel_packs above the GPU count, slots repeat GPUs, and two
-    slots of one GPU would share it with another pack), or, where the slots name fewer than k GPUs (max_parallel_packs
-    below k), every slot: nothing else runs beside it. On a CPU machine a slot is the whole machine, and a spread
-    training's k processes share it."""
+    k GPUs takes slots of k distinct GPUs (slots repeat GPUs where max_parallel_packs is above the GPU count), or,
+    where the slots name fewer than k GPUs, every slot. On a CPU machine a slot is the whole machine."""
     if not free:
         return None
     if not (n_gpus and pack.devices > 1):
@@ -359,8 +324,7 @@ def take_slots(pack: Pack, free: list[list[int]], n_slots: int, n_gpus: int) -> 
 
 
 def spread_gpus(pack: Pack, taken: Sequence[list[int]]) -> list[int]:
-    """The GPUs a pack's job sees: its slots' (one each), or k distinct ones for a spread training; holding every slot
-    of fewer than k GPUs, the machine's first k. Pure."""
+    """The GPUs a pack's job sees: its slots', or, holding every slot of fewer than k GPUs, the machine's first k."""
     gpus = sorted({g for slot in taken for g in slot})
     if pack.devices > 1 and gpus and len(gpus) < pack.devices:
         return list(range(pack.devices))

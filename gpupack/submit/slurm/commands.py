@@ -1,9 +1,5 @@
-"""The SLURM backend's questions to the scheduler, and how it reads the answers: sinfo (which partitions and GPU types
-exist, node CPUs and memory) and sacct (each job's state, an OOM among them).
-
-Every SLURM command gpupack runs itself goes through :func:`slurm_command`, the one seam to the cluster besides
-submitit (tests answer it with canned text). Part of the SLURM backend's package, :mod:`gpupack.submit.slurm`.
-"""
+"""The SLURM backend's questions to the scheduler (sinfo, sacct, its submit limits) and how it reads the answers.
+Every SLURM command gpupack runs goes through :func:`slurm_command`, the one seam to the cluster besides submitit."""
 from __future__ import annotations
 
 import os
@@ -11,10 +7,13 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING
 from gpupack.errors import ConfigError, UnreachableError, nearest
+
+if TYPE_CHECKING:
+    from gpupack.submit.slurm.options import PartitionConfig
 
 # sacct / squeue states → gpupack's pack states (anything else that is not active counts as failed).
 QUEUE_STATES = {
@@ -22,27 +21,17 @@ QUEUE_STATES = {
     "SUSPENDED": PENDING, "RESIZING": PENDING,
     "RUNNING": RUNNING, "COMPLETING": RUNNING, "STAGE_OUT": RUNNING, "SIGNALING": RUNNING,
     "COMPLETED": DONE,
-    "OUT_OF_MEMORY": FAILED,  # failed with an OOM: see out_of_memory
+    "OUT_OF_MEMORY": FAILED,  # stopped by SLURM's cgroup for memory: its trainings killed for it are oom
 }
-# sacct's states of a job that SLURM's cgroup stopped for memory: failed, and its trainings killed for it are oom.
-OOM_QUEUE_STATES = frozenset({"OUT_OF_MEMORY"})
-# What SLURM writes in a job's stderr when its cgroup killed a process for memory, e.g. "slurmstepd: error: Detected
-# 1 oom-kill event(s) in StepId=12.batch. Some of your processes may have been killed by the cgroup out-of-memory
-# handler." or "srun: error: n1: task 0: Out Of Memory". Only SLURM's own lines: a training's text is not evidence.
+# What SLURM writes in a job's stderr when its cgroup killed a process for memory ("slurmstepd: error: Detected 1
+# oom-kill event(s) ...", "srun: error: n1: task 0: Out Of Memory"): only SLURM's own lines are evidence.
 OOM_STDERR = re.compile(r"^(?:slurmstepd|srun): .*(?:oom-kill event|out of memory|exceeded (?:job )?memory limit)",
                         re.IGNORECASE | re.MULTILINE)
 
 
-class SinfoPartition(Protocol):
-    """What sinfo is checked against, of one partition of the preset (gpupack.submit.slurm.PartitionConfig)."""
-
-    gpu: Optional[str]
-    slurm_partition: Optional[str]
-
-
 def slurm_command(args: Sequence[str], timeout: float = 30, why: list[str] | None = None) -> str | None:
-    """Run a SLURM client command; None when SLURM is not installed or does not answer, and then, where ``why`` is
-    given, its reason appended to it in the command's own words (its last line on stderr), for the user to read."""
+    """A SLURM client command's stdout; None when SLURM is not installed or does not answer, its reason then appended
+    to ``why`` in the command's own words (its last line on stderr)."""
     out, said = slurm_answer(args, timeout)
     if out is None and why is not None:
         lines = [line.strip() for line in said.splitlines() if line.strip()]
@@ -51,9 +40,8 @@ def slurm_command(args: Sequence[str], timeout: float = 30, why: list[str] | Non
 
 
 def slurm_answer(args: Sequence[str], timeout: float = 30) -> tuple[str | None, str]:
-    """(its stdout, "") where a SLURM client command answered; (None, what it said on stderr) where it did not, or
-    did not within ``timeout``; (None, "") where SLURM is not installed here. A SLURM_CONF naming no file is not
-    read: SLURM's clients retry it for 60 s before they give up."""
+    """(its stdout, "") where a SLURM client command answered; (None, its stderr) where it did not, in ``timeout``;
+    (None, "") where SLURM is not installed. A SLURM_CONF naming no file is not read: clients retry it for 60 s."""
     conf = os.environ.get("SLURM_CONF")
     if shutil.which(args[0]) is None:
         return None, ""
@@ -69,8 +57,7 @@ def slurm_answer(args: Sequence[str], timeout: float = 30) -> tuple[str | None, 
     return (proc.stdout, "") if proc.returncode == 0 else (None, proc.stderr)
 
 
-# What SLURM's clients say when no scheduler answers here: its config unreadable (a SLURM_CONF naming no file, none
-# found), or its controller not reached (a wrong host or port, slurmctld down).
+# What SLURM's clients say when no scheduler answers here: its config unreadable, or its controller not reached.
 UNREACHABLE = re.compile(r"Unable to contact slurm controller|Unable to process configuration file|cannot stat file"
                          r"|SLURM_CONF names no file|failed to fetch config|Unable to establish controller",
                          re.IGNORECASE)
@@ -78,17 +65,12 @@ UNREACHABLE = re.compile(r"Unable to contact slurm controller|Unable to process 
 
 def one_line(command: str, said: str) -> str:
     """What a SLURM client said on stderr as one line, each thing once, without its repeated "sbatch: error: "."""
-    lines: list[str] = []
-    for line in said.splitlines():
-        text = re.sub(rf"^{re.escape(command)}: (?:error|fatal): ", "", line.strip())
-        if text and text not in lines:
-            lines.append(text)
-    return f"{command}: {'; '.join(lines)}"
+    texts = (re.sub(rf"^{re.escape(command)}: (?:error|fatal): ", "", line.strip()) for line in said.splitlines())
+    return f"{command}: {'; '.join(dict.fromkeys(text for text in texts if text))}"
 
 
 def unreachable(command: str, said: str) -> UnreachableError:
-    """The one line for a SLURM client that ``said`` it cannot reach SLURM: its words, the SLURM_CONF it read, the
-    fix."""
+    """The one line for a SLURM client that ``said`` it cannot reach SLURM: its words, the SLURM_CONF, the fix."""
     conf = os.environ.get("SLURM_CONF")
     return UnreachableError(f"SLURM does not answer here: {one_line(command, said)}",
                             f"SLURM_CONF={conf}" if conf else "SLURM_CONF not set",
@@ -97,8 +79,7 @@ def unreachable(command: str, said: str) -> UnreachableError:
 
 
 def sbatch_refusal(err: BaseException) -> UnreachableError | None:
-    """The one line for an sbatch submitit ran that failed because SLURM does not answer here (its words in
-    submitit's FailedJobError, or sbatch not found); None where sbatch refused the job itself."""
+    """The one line for an sbatch that failed because SLURM does not answer here; None where it refused the job."""
     if isinstance(err, FileNotFoundError):
         return unreachable("sbatch", "sbatch: error: command not found")
     said = str(err)
@@ -106,8 +87,7 @@ def sbatch_refusal(err: BaseException) -> UnreachableError | None:
 
 
 def require_reachable() -> None:
-    """Raise :class:`UnreachableError` unless SLURM answers here: sbatch is installed and sinfo answers (in sinfo's
-    own words where it does not)."""
+    """Raise :class:`UnreachableError` unless sbatch is installed and sinfo answers."""
     if shutil.which("sbatch") is None:
         raise unreachable("sbatch", "sbatch: error: command not found (SLURM's clients are not installed here)")
     out, said = slurm_answer(["sinfo", "-h", "-o", "%P"])
@@ -127,17 +107,14 @@ def pack_state(queue_state: str) -> str:
 
 
 def out_of_memory(queue_state: str | None, stderr: str | None = None) -> bool:
-    """True when a job ended out of memory: sacct says OUT_OF_MEMORY, or SLURM said so in the job's stderr (sacct may
-    lag behind, or not run at all on a site without accounting)."""
-    return (queue_state or "").split(" ")[0] in OOM_QUEUE_STATES or bool(OOM_STDERR.search(stderr or ""))
+    """True when sacct says OUT_OF_MEMORY, or SLURM said so in the job's stderr (sacct may lag, or be absent)."""
+    return (queue_state or "").split(" ")[0] == "OUT_OF_MEMORY" or bool(OOM_STDERR.search(stderr or ""))
 
 
-def live_limits(configured: Mapping[str, SinfoPartition], partitions: Sequence[str],
+def live_limits(configured: Mapping[str, PartitionConfig], partitions: Sequence[str],
                 key: Callable[[str], str], why: list[str] | None = None) -> dict[str, dict[str, int]]:
-    """Where SLURM answers sinfo: check that each partition of ``partitions`` (configured as ``configured`` says) and
-    its GPU type exist; return node CPUs and memory, and of the nodes with the most GPUs of its type, their GPUs,
-    CPUs and memory. {} where sinfo does not answer (``why``: its words, :func:`slurm_command`). A ConfigError names
-    ``key(<option>)``."""
+    """Check with sinfo that each of ``partitions`` and its GPU type exist; their nodes' most CPUs and memory, and the
+    GPUs, CPUs and memory of their nodes with the most GPUs of its type. {} where sinfo does not answer (``why``)."""
     out = slurm_command(["sinfo", "-h", "-o", "%P|%c|%m|%G"], why=why)
     if out is None:
         return {}  # not on the cluster (e.g. preparing a sweep elsewhere): the preset is all we know
@@ -158,11 +135,9 @@ def live_limits(configured: Mapping[str, SinfoPartition], partitions: Sequence[s
                             and g.count(":") >= 2})
             raise ConfigError(key(f"partitions.{name}.gpu"), part.gpu, f"{where} has no GPU of this type "
                               "(sinfo)", nearest(part.gpu, types))
-        limits[name] = {"cpus": max(int(r[1].rstrip("+")) for r in scope),
-                        "mem_mb": max(int(r[2].rstrip("+")) for r in scope)}
-        gpu_nodes = [(gpus_in(r[3], part.gpu), int(r[1].rstrip("+")), int(r[2].rstrip("+"))) for r in scope]
-        gpu_nodes = [g for g in gpu_nodes if g[0]]
-        if gpu_nodes:  # the nodes with the most GPUs of this type: where idle GPUs are worst
+        nodes = [(gpus_in(r[3], part.gpu), int(r[1].rstrip("+")), int(r[2].rstrip("+"))) for r in scope]
+        limits[name] = {"cpus": max(n[1] for n in nodes), "mem_mb": max(n[2] for n in nodes)}
+        if gpu_nodes := [n for n in nodes if n[0]]:  # the nodes with the most GPUs of this type: idle GPUs are worst
             limits[name].update(zip(("node_gpus", "node_cpus", "node_mem_mb"), max(gpu_nodes)))
     return limits
 
@@ -174,29 +149,21 @@ def queue_states(job_ids: Sequence[str]) -> dict[str, str] | None:
     out = slurm_command(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)])
     if out is None:
         return None
-    states: dict[str, str] = {}
-    for line in out.splitlines():
-        job_id, _, state = line.partition("|")
-        states[job_id] = state  # the last line for an id is its latest (requeued) run
-    return states
+    # the last line for an id is its latest (requeued) run
+    return {job_id: state for job_id, _, state in (line.partition("|") for line in out.splitlines())}
 
 
 @dataclass(frozen=True)
 class SiteLimits:
     """What SLURM lets one user submit, as it says itself (None: no limit, or SLURM did not say)."""
 
-    # scontrol's MaxArraySize: an array's task indices run 0 .. MaxArraySize-1, so an array holds that many tasks
-    max_array_size: int | None = None
-    # Jobs the user may have queued or running at once, each array task counting one (MaxSubmitJobs of the user's
-    # association, MaxSubmitJobsPerUser of its QOS: the lower), and which limit that is, for the error line
+    max_array_size: int | None = None  # scontrol's MaxArraySize: the most tasks an array holds
+    # Jobs the user may have queued or running at once, array tasks counting one each, and which limit that is
     max_submit: int | None = None
     submit_source: str = ""
-    # where max_submit comes from: the cluster (sacctmgr), or the preset's stated limit (SlurmSubmitter.site_limits)
-    submit_from: str = "read from the cluster (sacctmgr)"
-    # the user's jobs in the queue now (array tasks each), which count against max_submit; None: squeue did not answer
-    queued: int | None = None
-    # each question SLURM did not answer (scontrol, sacctmgr, squeue): why, in the command's own words
-    unanswered: Mapping[str, str] = field(default_factory=dict)
+    submit_from: str = "read from the cluster (sacctmgr)"  # or from the preset's stated limit
+    queued: int | None = None  # the user's jobs in the queue now (array tasks each); None: squeue did not answer
+    unanswered: Mapping[str, str] = field(default_factory=dict)  # each question SLURM did not answer: why
 
 
 def _whole(text: str) -> int | None:
@@ -205,10 +172,9 @@ def _whole(text: str) -> int | None:
 
 
 def site_limits(user: str, qos: str | None = None) -> SiteLimits:
-    """MaxArraySize (scontrol show config), the user's submit limit (sacctmgr: its associations' MaxSubmitJobs, and
-    MaxSubmitJobsPerUser of ``qos``, else of its associations' default QOS, else of every QOS they allow) and its jobs
-    in the queue now (squeue). A question SLURM does not answer leaves its figure unknown (None), and says why
-    (``unanswered``)."""
+    """MaxArraySize (scontrol), the user's submit limit (sacctmgr: its associations' MaxSubmitJobs, and
+    MaxSubmitJobsPerUser of ``qos``, else of its associations' default QOS, else of every QOS they allow) and its
+    queued jobs (squeue). A question SLURM does not answer leaves its figure None, and says why (``unanswered``)."""
     unanswered: dict[str, str] = {}
 
     def ask(args: list[str]) -> str | None:

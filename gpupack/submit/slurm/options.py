@@ -1,12 +1,11 @@
-"""The SLURM backend's options: a cluster's partitions and how to ask for them, the checks of every key (against
-the site's rules, gpupack.submit.slurm.rules), what a partition can hold, and a Hydra launcher's options mapped to
-them. Pure: every key is checked here before anything is submitted."""
+"""The SLURM backend's options: a cluster's partitions and how to ask for them, the checks of every key before
+anything is submitted, what a partition can hold, and a Hydra launcher's options mapped to them. Pure."""
 from __future__ import annotations
 
 import difflib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TypedDict
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from gpupack.core.types import Capacity
 from gpupack.errors import ConfigError, nearest, require_memory, require_positive, require_unique
@@ -22,42 +21,35 @@ LAUNCHER_LABEL = "default"  # the Hydra launcher's one partition, when it names 
 class PartitionConfig:
     """One kind of GPU a cluster offers, and how to ask SLURM for one of it."""
 
-    # Model specifier for --gpus-per-node=<gpu>:1 (or --gres=gpu:<gpu>:1); null: one GPU of any type.
-    gpu: Optional[str] = None
-    # How to ask: "gpus_per_node" (the Alliance's recommended form), "gres" (older sites), or "none" (a CPU
-    # partition: no GPU is asked for).
+    gpu: Optional[str] = None  # model specifier for --gpus-per-node=<gpu>:1; null: one GPU of any type
+    # How to ask: "gpus_per_node" (the Alliance's form), "gres" (older sites), or "none" (a CPU partition).
     request: str = "gpus_per_node"
-    # SLURM partition to submit to, where the site routes GPU types by partition; null: the site's default.
-    slurm_partition: Optional[str] = None
+    slurm_partition: Optional[str] = None  # where the site routes GPU types by partition; null: its default
     constraint: Optional[str] = None
-    # Name in the RGU table (e.g. V100-16gb), for cost comparisons.
-    model: Optional[str] = None
+    model: Optional[str] = None  # its name in the RGU table (e.g. V100-16gb), for cost comparisons
     # The most CPUs and host memory one single-GPU job should get here (the site's per-GPU guidance).
     max_cpus: Optional[int] = None
     max_mem_gb: Optional[float] = None
-    # The cores and memory (GB) that come with one GPU (or MIG slice) here, which a job is charged against: the
-    # largest of its RGU, its cores over bundle_cores and its memory over bundle_mem_gb bills it
-    # (gpupack.core.cost.billing).
-    # null: this site bills the GPU alone (as far as gpupack knows).
+    # The cores and memory (GB) that come with one GPU (or MIG slice), which a job is billed against
+    # (gpupack.core.cost.billing); null: this site bills the GPU alone (as far as gpupack knows).
     bundle_cores: Optional[float] = None
     bundle_mem_gb: Optional[float] = None
-    # GPUs one job holds, each running its own pack of N at once (a lane of packs, each GPU taking the next pack as
-    # its last ends): a whole node where the site gives GPUs by the node. A spread training's job keeps its k.
+    # GPUs one job holds, each running its own lane of packs of N (a spread training's job keeps its k): a whole
+    # node where the site gives GPUs by the node.
     gpus_per_job: int = 1
     # Where the site gives a job exactly 1 GPU or whole nodes of this many (Trillium: 4), gpus_per_job must be one
     # of the two; null: any count up to a node's.
     whole_node_gpus: Optional[int] = None
-    # Retired hardware, kept so earlier measurements can still be labelled and compared.
-    retired: bool = False
-    # A MIG slice (one GPU instance of a larger GPU), not a whole GPU: where the site allows one slice per job
-    # (rules.one_mig_per_job), its jobs ask for exactly one.
+    retired: bool = False  # retired hardware, kept so earlier measurements can still be labelled and compared
+    # A MIG slice, not a whole GPU: where the site allows one slice per job (rules.one_mig_per_job), a job asks one.
     mig: bool = False
 
 
 def check_partition(part: PartitionConfig, key: str, rules: SiteRules | None = None, site: str = "this site",
                     others: Sequence[str] = ()) -> None:
-    """A partition's fields (a :class:`PartitionConfig`, or its DictConfig), on their own and against the site's
-    ``rules`` (:class:`SiteRules`; None: none): one ConfigError naming ``key.field``."""
+    """A partition's fields, on their own and against the site's ``rules`` (quoted): one ConfigError naming
+    ``key.field``. ``others``: the gpu of the preset's other partitions, for a hint. Pure."""
+    rules = rules or SiteRules()
     if part.request not in REQUEST_FORMS:
         raise ConfigError(f"{key}.request", part.request, "unknown request form", nearest(part.request, REQUEST_FORMS))
     require_positive(part.max_cpus, f"{key}.max_cpus", f"{key}.max_cpus=12, or null where the site gives none",
@@ -73,13 +65,6 @@ def check_partition(part: PartitionConfig, key: str, rules: SiteRules | None = N
     if part.gpus_per_job > 1 and part.request == "none":
         raise ConfigError(f"{key}.gpus_per_job", part.gpus_per_job, "a CPU partition (request=none) has no GPUs",
                           f"{key}.gpus_per_job=1")
-    check_partition_rules(part, key, rules or SiteRules(), site, others)
-
-
-def check_partition_rules(part: PartitionConfig, key: str, rules: SiteRules, site: str,
-                          others: Sequence[str] = ()) -> None:
-    """A partition against the site's rules (a :class:`SiteRules` or its DictConfig): one ConfigError that quotes
-    the rule, naming ``key.field``. ``others``: the gpu of the preset's other partitions, for the hint. Pure."""
     if part.whole_node_gpus and part.gpus_per_job not in (1, part.whole_node_gpus):
         said = f" {cite(rules.whole_node)}" if in_force(rules.whole_node) else ""
         raise ConfigError(f"{key}.gpus_per_job", part.gpus_per_job,
@@ -105,37 +90,27 @@ class SlurmConfig(ClusterConfig):
 
     # GPU types / partitions this cluster offers, by the name used in `partitions=[...]`.
     partitions: Dict[str, PartitionConfig] = field(default_factory=dict)
-    # Partitions used when the command line names none.
-    default_partitions: List[str] = field(default_factory=list)
+    default_partitions: List[str] = field(default_factory=list)  # used when the command line names none
     # SLURM account (--account); null: $SLURM_ACCOUNT or $SBATCH_ACCOUNT, as the Alliance documents.
     account: Optional[str] = None
     account_required: bool = False
     # Resources one pack job asks for, scaled by N: ceil(N * cpus_per_training) CPUs, N * mem_gb_per_training GB.
     cpus_per_training: float = 1.0
-    # null: the peak RSS of earlier trainings of the same setting x 1.5 (gpupack/core/memory/figures.py), or 2 GB when
-    # none was measured yet, so a pack does not ask for memory it never uses (and leave a node's other GPUs idle).
+    # null: the peak RSS of earlier trainings of the same setting x 1.5, or 2 GB when none was measured yet.
     mem_gb_per_training: Optional[float] = None
-    # Array tasks of one (partition, mode, N) group running at once.
-    array_parallelism: int = 64
-    # Seconds before the time limit at which the pack is signalled to checkpoint and requeue.
-    signal_delay_s: int = 90
-    # How many times a pack may be requeued after reaching its time limit.
-    max_num_timeout: int = 3
-    # Shell lines run before each job (e.g. "module load python/3.11", "source ~/venv/bin/activate").
-    setup: List[str] = field(default_factory=list)
-    # More sbatch options, passed as they are (e.g. {"qos": "high"}).
-    additional_parameters: Dict[str, Any] = field(default_factory=dict)
-    # Seconds between two looks at the queue while waiting.
-    poll_s: float = 5.0
-    # Jobs you may have queued or running at once, array tasks counting one each, as the site states it (the
-    # Alliance's Narval and Rorqual: 1000). SLURM's own limits are read too (MaxArraySize; sacctmgr's MaxSubmitJobs of
-    # your association and QOS) and the lowest kept: what would pass it is never submitted. null: SLURM's only.
+    array_parallelism: int = 64  # array tasks of one (partition, mode, N) group running at once
+    signal_delay_s: int = 90  # seconds before the time limit at which a pack is signalled to requeue
+    max_num_timeout: int = 3  # how many times a pack may be requeued after reaching its time limit
+    setup: List[str] = field(default_factory=list)  # shell lines run before each job ("module load python/3.11")
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)  # more sbatch options, as they are
+    poll_s: float = 5.0  # seconds between two looks at the queue while waiting
+    # Jobs you may have queued or running at once, array tasks counting one each, as the site states it (Narval,
+    # Rorqual: 1000); the lowest of it and SLURM's own limits is kept. null: SLURM's only.
     max_jobs_per_user: Optional[int] = None
-    # True where the cluster's nodes are one machine (scripts/local_slurm.sh: a slurmd per GPU type on one host), so
-    # packs share its cores whatever their partition, and the report says so. false on a real cluster.
+    # True where the cluster's nodes are one machine (scripts/local_slurm.sh), so packs share its cores whatever
+    # their partition. false on a real cluster.
     nodes_share_one_host: bool = False
-    # The site's stated rules on what one job may ask, each with its words and page (conf/cluster/fir.yaml), checked
-    # before anything is submitted: a refusal quotes them.
+    # The site's stated rules on what one job may ask, each with its words and page (conf/cluster/fir.yaml).
     rules: SiteRules = field(default_factory=SiteRules)
 
 
@@ -143,8 +118,7 @@ MAX_SIGNAL_DELAY_S = 65535  # sbatch --signal's largest sig_time
 
 
 def check_options(cluster: SlurmConfig, key: Callable[[str], str]) -> None:
-    """Every field of a :class:`SlurmConfig` (or its DictConfig) on its own and against the others, used by this run
-    or not: one ConfigError naming ``key(field)`` (cluster.<field>, or a Hydra launcher's name of it). Pure."""
+    """Every field of a :class:`SlurmConfig`, used by this run or not: one ConfigError naming ``key(field)``. Pure."""
     require_positive(cluster.max_jobs_per_user, key("max_jobs_per_user"),
                      f"{key('max_jobs_per_user')}=1000, or null for SLURM's own limits", whole=True)
     require_positive(cluster.array_parallelism, key("array_parallelism"), f"{key('array_parallelism')}=64",
@@ -168,11 +142,10 @@ def check_options(cluster: SlurmConfig, key: Callable[[str], str]) -> None:
                           f"at its start until {key('max_num_timeout')} is spent",
                           f"{key('signal_delay_s')}={fitting}")
     check_default_partitions(cluster, key)
-    rules = cluster.rules
-    check_rules(rules, key)
+    check_rules(cluster.rules, key)
     for name, part in cluster.partitions.items():  # every preset partition, chosen for this run or not
         others = [str(p.gpu) for other, p in cluster.partitions.items() if p.gpu and other != name]
-        check_partition(part, key(f"partitions.{name}"), rules, cluster.name, others)
+        check_partition(part, key(f"partitions.{name}"), cluster.rules, cluster.name, others)
 
 
 def check_default_partitions(cluster: SlurmConfig, key: Callable[[str], str]) -> None:
@@ -189,14 +162,12 @@ def check_default_partitions(cluster: SlurmConfig, key: Callable[[str], str]) ->
 
 
 def undotted(name: str) -> str:
-    """A MIG slice partition's name as the presets write it, without the dot that a key's path would split on
-    (h100_1g.10gb: h100_1g_10gb). Pure."""
+    """A MIG slice partition's name without the dot a key's path would split on (h100_1g.10gb: h100_1g_10gb)."""
     return str(name).replace(".", "_")
 
 
 def launcher_gpu_request(options: Mapping[str, object], key: str) -> tuple[str | None, str]:
-    """(GPU type or None for any, request form) for one pack from a Hydra launcher's gres / gpus_per_node: packs share
-    exactly one GPU, or run on CPUs. An error names ``key``.<option>."""
+    """(GPU type or None for any, request form) from a Hydra launcher's gres / gpus_per_node: one GPU, or none."""
     gres, per_node = options.get("gres"), options.get("gpus_per_node")
     if gres:
         m = LAUNCHER_GRES.match(str(gres))
@@ -214,9 +185,8 @@ def launcher_gpu_request(options: Mapping[str, object], key: str) -> tuple[str |
 
 
 def launcher_config(options: Mapping[str, Any], key: str) -> SlurmConfig:
-    """hydra/launcher=gpupack_slurm: one partition (its SLURM partition, gres or gpus_per_node, constraint,
-    gpu_model); cpus_per_task and mem_gb of ONE job (null: 1 CPU, 2 GB); qos, comment and exclude as sbatch
-    options."""
+    """hydra/launcher=gpupack_slurm: one partition; cpus_per_task and mem_gb of ONE job (null: 1 CPU, 2 GB); qos,
+    comment and exclude as sbatch options."""
     gpu, request = launcher_gpu_request(options, key)
     label = options.get("partition") or LAUNCHER_LABEL
     extra = {k: options[k] for k in ("qos", "comment", "exclude") if options.get(k)}
@@ -236,10 +206,11 @@ def launcher_config(options: Mapping[str, Any], key: str) -> SlurmConfig:
 
 
 def partition_capacity(cluster: SlurmConfig, name: str, live: Mapping[str, int], key: Callable[[str], str]) -> Capacity:
-    """What one partition of ``cluster`` can hold: from the preset (GPU memory from the model name, V100-16gb;
-    per-GPU guidance) and ``live``, what sinfo said of its nodes ({}: nothing). A ConfigError names ``key(field)``.
-    Pure."""
+    """What one partition of ``cluster`` can hold, from the preset and ``live``, what sinfo said of its nodes; on a
+    slice partition where the site enforces one MIG instance a job, one device a job, with its words. Pure."""
     part = cluster.partitions[name]
+    rule = cluster.rules.one_mig_per_job
+    one_mig = part.mig and in_force(rule)
     node_gpus = live.get("node_gpus")
     if node_gpus and part.gpus_per_job > node_gpus:
         field_key = key(f"partitions.{name}.gpus_per_job")
@@ -252,19 +223,5 @@ def partition_capacity(cluster: SlurmConfig, name: str, live: Mapping[str, int],
                     node_gpus=node_gpus, node_cpus=live.get("node_cpus"), node_mem_mb=live.get("node_mem_mb"),
                     bundle_cores=part.bundle_cores, bundle_mem_gb=part.bundle_mem_gb,
                     device=(part.model or part.gpu) if part.request != "none" else "cpu",
-                    **devices_rule(cluster, part))
-
-
-class _DevicesRule(TypedDict, total=False):
-    """A partition's limit on the devices of one job, where the site states one (PartitionFacts' fields)."""
-    max_devices_per_job: int
-    devices_rule: str
-
-
-def devices_rule(cluster: SlurmConfig, part: PartitionConfig) -> _DevicesRule:
-    """The one-MIG-instance rule as a capacity, for what asks a job for k devices besides gpus_per_job
-    (spread.devices): on a slice partition where the site enforces it, one device a job, with its words. Pure."""
-    rule = cluster.rules.one_mig_per_job
-    if not (part.mig and in_force(rule)):
-        return {}
-    return {"max_devices_per_job": 1, "devices_rule": f"{cluster.name} allows one MIG instance per job {cite(rule)}"}
+                    max_devices_per_job=1 if one_mig else None,
+                    devices_rule=f"{cluster.name} allows one MIG instance per job {cite(rule)}" if one_mig else None)

@@ -46,11 +46,9 @@ class SbatchParameters(TypedDict, total=False):
 
 def sbatch_parameters(cluster: SlurmConfig, name: str, partition: PartitionConfig, factor: int, account: str | None,
                       mem_gb_each: float | None = None, devices: int = 1, gpus: int = 1) -> SbatchParameters:
-    """submitit SlurmExecutor parameters for one pack of N trainings on one GPU of ``partition``, or (``devices`` = k
-    > 1) of one training spread over k GPUs of one node: k processes or replicas, each sized as one training (memory
-    per training: ``mem_gb_each``, else cluster.mem_gb_per_training), or (``gpus`` = G > 1) for a lane of packs of N
-    on G GPUs of one node at once, each GPU's share sized as one pack's. The job starts its processes itself, so it is
-    one task. Pure."""
+    """submitit SlurmExecutor parameters for one pack of N trainings on one GPU of ``partition``, or one training
+    spread over k (``devices``) GPUs, each of its k sized as one training (``mem_gb_each``), or a lane of packs on G
+    (``gpus``) GPUs at once, each sized as one pack. One task: the job starts its processes itself. Pure."""
     each = mem_gb_each if mem_gb_each is not None else cluster.mem_gb_per_training or DEFAULT_MEM_GB
     cpus, mem_mb = resources(factor * devices, cluster.cpus_per_training, each)
     cpus, mem_mb = cpus * gpus, mem_mb * gpus
@@ -78,16 +76,7 @@ def sbatch_parameters(cluster: SlurmConfig, name: str, partition: PartitionConfi
         params["additional_parameters"] = dict(cluster.additional_parameters)
     return params
 
-# What a pack's job asks for: (partition, mode, N, devices).
-GroupKey = tuple[str, str, int, int]
-
-
-def array_groups(packs: Sequence[Pack]) -> dict[GroupKey, list[Pack]]:
-    """Packs by what their job asks for, (partition, mode, N, devices): a job array each, in the plan's order. Pure."""
-    groups: dict[GroupKey, list[Pack]] = {}
-    for p in packs:
-        groups.setdefault((p.partition, p.mode, p.factor, p.devices), []).append(p)
-    return groups
+GroupKey = tuple[str, str, int, int]  # what a pack's job asks for: (partition, mode, N, devices)
 
 
 def array_chunks(tasks: Sequence[T], max_array_size: int | None) -> list[list[T]]:
@@ -113,8 +102,7 @@ def lane_counts(sizes: Sequence[int], at_once: int, allowed: int | None) -> list
 
 @dataclass(frozen=True)
 class ArrayJob:
-    """One sbatch call of a submission: a (partition, mode, N, k) group's lanes as one job array (one job where one
-    lane), and submitit's SlurmExecutor parameters for it (update_parameters)."""
+    """One sbatch call: a (partition, mode, N, k) group's lanes as one job array, and its executor parameters."""
 
     key: GroupKey
     lanes: list[list[Pack]]
@@ -127,10 +115,7 @@ class ArrayJob:
 
 
 def sbatch_lines(folder: str | os.PathLike[str], parameters: SbatchParameters, tasks: int) -> list[str]:
-    """The #SBATCH lines of the submission.sh submitit writes for ``tasks`` jobs submitted in one batch with
-    ``parameters`` into ``folder``: submitit's own script (:func:`~gpupack.submit._submitit.make_sbatch_string`, as its
-    SlurmExecutor writes it). A batch of more than one is an array:
-    submitit sets map_count on its copy of the executor (SlurmExecutor._internal_process_submissions). Pure."""
+    """The #SBATCH lines submitit writes for ``tasks`` jobs submitted in one batch (an array where more). Pure."""
     params = parameters.copy()
     if tasks > 1:
         params["map_count"] = tasks
@@ -139,8 +124,7 @@ def sbatch_lines(folder: str | os.PathLike[str], parameters: SbatchParameters, t
 
 
 def over_limit(forecast: JobForecast, key: str) -> str:
-    """The line for a submission that needs more jobs than the site lets the user queue now, even at one lane of
-    packs per (partition, mode, N) (``key``: the config key of the site's stated limit)."""
+    """The line for a submission of more jobs than the site lets the user queue now (``key``: its stated limit's)."""
     return (f"this submission needs {forecast.jobs} job(s) at the least (one lane of packs for each (partition, mode, "
             f"N) of its {forecast.packs} pack(s)) and the site lets you queue {forecast.allowed} more now "
             f"({forecast.limit}; {forecast.queued_text()}): nothing was submitted. HINT: wait "
@@ -164,9 +148,7 @@ def block_label(arrays: Sequence[ArrayJob]) -> str:
 
 def limit_lines(forecast: JobForecast, arrays: Sequence[ArrayJob], limits: commands.SiteLimits,
                 sinfo_silent: str | None) -> list[str]:
-    """The totals of a submission against the site's limits, each with where it comes from (read from the cluster,
-    from the preset, or unknown where SLURM did not answer: its words), and whether sinfo checked the partitions.
-    Pure."""
+    """The totals of a submission against the site's limits, each with where it comes from. Pure."""
     silent = limits.unanswered
 
     def unknown(command: str) -> str:
@@ -194,8 +176,7 @@ def limit_lines(forecast: JobForecast, arrays: Sequence[ArrayJob], limits: comma
 
 
 def job_gpus(cluster: SlurmConfig, key: GroupKey) -> int:
-    """GPUs one job of a (partition, mode, N, k) group holds: the partition's gpus_per_job for packs of N, a spread
-    training's k. Pure."""
+    """GPUs one job of a group holds: the partition's gpus_per_job for packs of N, a spread training's k. Pure."""
     partition, _mode, _factor, devices = key
     return devices if devices > 1 else int(cluster.partitions[partition].gpus_per_job)
 
@@ -209,7 +190,10 @@ def job_lanes(cluster: SlurmConfig, packs: Sequence[Pack], limits: commands.Site
               ) -> tuple[JobForecast, list[tuple[GroupKey, list[list[Pack]]]]]:
     """The jobs submitting ``packs`` makes: each (partition, mode, N) group's packs dealt to its lanes (one pack a GPU
     where the group runs at once), against the site's ``limits``; no lanes where they cannot fit. Pure."""
-    groups = list(array_groups(packs).items())
+    by_key: dict[GroupKey, list[Pack]] = {}  # a job array each, in the plan's order
+    for p in packs:
+        by_key.setdefault((p.partition, p.mode, p.factor, p.devices), []).append(p)
+    groups = list(by_key.items())
     allowed = None if limits.max_submit is None else max(0, limits.max_submit - (limits.queued or 0))
     counts = lane_counts([-(-len(group) // packs_at_once(cluster, key)) for key, group in groups],
                          int(cluster.array_parallelism), allowed)
@@ -226,33 +210,27 @@ def job_lanes(cluster: SlurmConfig, packs: Sequence[Pack], limits: commands.Site
 
 def array_jobs(cluster: SlurmConfig, packs: Sequence[Pack], limits: commands.SiteLimits, account: str | None,
                mem_gb_each: Callable[[int], float | None]) -> tuple[JobForecast, list[ArrayJob]]:
-    """The sbatch calls submitting ``packs`` makes, in order, each with the executor parameters it is submitted with
-    (``mem_gb_each``: a training's memory at N). Pure."""
+    """The sbatch calls submitting ``packs`` makes, in order: each group's lanes as job arrays (one job, where one
+    lane), with submitit's SlurmExecutor parameters for each (``mem_gb_each``: a training's memory at N). Pure."""
     forecast, lanes = job_lanes(cluster, packs, limits)
-    return forecast, [array_job(cluster, key, chunk, account, mem_gb_each(key[2])) for key, group_lanes in lanes
-                      for chunk in array_chunks(group_lanes, forecast.max_array_size)]
-
-
-def array_job(cluster: SlurmConfig, key: GroupKey, lanes: list[list[Pack]], account: str | None,
-              mem_gb_each: float | None) -> ArrayJob:
-    """One job array (one job, where one lane) of a (partition, mode, N, k) group's ``lanes``: submitit's
-    SlurmExecutor parameters for it. Pure."""
-    partition, _mode, factor, devices = key
-    lane_gpus = packs_at_once(cluster, key)  # the job's GPUs a lane's packs take one each (a spread: all k)
-    # jobs of lanes of packs, and streaming lanes: folded into their journals
-    in_turn = lane_gpus > 1 or any(len(lane) > 1 or lane[0].stream is not None for lane in lanes)
-    params = sbatch_parameters(cluster, partition, cluster.partitions[partition], factor, account, mem_gb_each,
-                               devices=devices, gpus=lane_gpus)
-    params["stderr_to_stdout"] = in_turn  # a file a job less where files per job count
-    return ArrayJob(key=key, lanes=lanes, parameters=params, in_turn=in_turn)
+    arrays = []
+    for key, group_lanes in lanes:
+        partition, _mode, factor, devices = key
+        lane_gpus = packs_at_once(cluster, key)  # the job's GPUs a lane's packs take one each (a spread: all k)
+        for chunk in array_chunks(group_lanes, forecast.max_array_size):
+            # jobs of lanes of packs, and streaming lanes: folded into their journals
+            in_turn = lane_gpus > 1 or any(len(lane) > 1 or lane[0].stream is not None for lane in chunk)
+            params = sbatch_parameters(cluster, partition, cluster.partitions[partition], factor, account,
+                                       mem_gb_each(factor), devices=devices, gpus=lane_gpus)
+            params["stderr_to_stdout"] = in_turn  # a file a job less where files per job count
+            arrays.append(ArrayJob(key=key, lanes=chunk, parameters=params, in_turn=in_turn))
+    return forecast, arrays
 
 
 def request_lines(folder: str | os.PathLike[str], forecast: JobForecast, arrays: Sequence[ArrayJob],
                   limits: commands.SiteLimits, sinfo_silent: str | None, request: Callable[[int], PackRequest],
                   limit_key: str) -> list[str]:
-    """The #SBATCH lines of each kind of job ``arrays`` make, as submitit will write them, where each one's --mem comes
-    from (``request``: a pack's request at N), then the totals against the site's limits and where each limit comes
-    from (``limit_key``: the key of the site's stated job limit). Pure."""
+    """The #SBATCH lines of each kind of job ``arrays`` make, where each --mem comes from, then the totals. Pure."""
     blocks: dict[tuple[str, ...], list[ArrayJob]] = {}
     for array in arrays:  # arrays whose lines are the same (two modes of one N) show once
         lines = tuple(sbatch_lines(folder, array.parameters, array.tasks))
@@ -267,9 +245,7 @@ def request_lines(folder: str | os.PathLike[str], forecast: JobForecast, arrays:
 
 
 def mem_lines(arrays: Sequence[ArrayJob], request: Callable[[int], PackRequest]) -> list[str]:
-    """Where the --mem of one block of #SBATCH lines comes from: per training, as set, from the peak measured on the
-    partitions' device with its headroom, or a default with what the records held (one line a distinct figure: a
-    block's arrays of one N ask alike). Pure."""
+    """Where the --mem of one block of #SBATCH lines comes from, per training: one line a distinct figure. Pure."""
     lines = []
     for factor in sorted({a.key[2] for a in arrays}):
         req = request(factor)

@@ -12,8 +12,7 @@ from gpupack.errors import ConfigError
 
 @dataclass
 class SiteRule:
-    """One rule the site states, recorded with its words and where they are written, so that a refusal quotes them.
-    A rule without words is none: the preset records no such rule."""
+    """One rule the site states, with its words and page, so that a refusal quotes them; no words: no such rule."""
 
     quote: str = ""  # the site's own words; "": no such rule here
     source: str = ""  # where they are written (its page)
@@ -44,9 +43,8 @@ def in_force(rule: SiteRule) -> bool:
 
 
 def check_rules(rules: SiteRules, key: Callable[[str], str]) -> None:
-    """Each rule of a :class:`SiteRules` (or its DictConfig) that the preset records (its words given): its page
-    given and its date a day (YYYY-MM-DD), so that a refusal can quote it; a page or date without words is refused
-    too (no rule would be checked). Pure."""
+    """Each rule the preset records (its words given) has its page and a day (YYYY-MM-DD) as its date, so that a
+    refusal can quote it; a page or date without words is refused too (no rule would be checked). Pure."""
     for name in (f.name for f in dataclasses.fields(SiteRules)):
         rule, quote, source, since = (getattr(rules, name), key(f"rules.{name}.quote"), key(f"rules.{name}.source"),
                                       key(f"rules.{name}.since"))

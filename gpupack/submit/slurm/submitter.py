@@ -1,5 +1,4 @@
-"""The SLURM submitter: checks a run against the cluster, submits its packs as job arrays through submitit's
-SlurmExecutor, and follows them to their end."""
+"""The SLURM submitter: checks a run against the cluster, submits its packs as job arrays, and follows them."""
 from __future__ import annotations
 
 import dataclasses
@@ -67,8 +66,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
 
     @classmethod
     def requeue_signal(cls) -> int:
-        """The signal submitit asks SLURM to send before the time limit (--signal, USR2 unless
-        SUBMITIT_PREEMPT_SIGNAL names another); its handler checkpoints the call and requeues the job."""
+        """The signal submitit asks SLURM to send before the time limit: USR2 unless SUBMITIT_PREEMPT_SIGNAL says."""
         name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
         return int(getattr(signal, f"SIG{name}", signal.SIGUSR2))
 
@@ -80,12 +78,9 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
 
     @classmethod
     def job_environment(cls) -> JobEnvironment:
-        """submitit's SLURM job (its id, array task included: 1234_5), when it started (SLURM_JOB_START_TIME, an
-        epoch, Slurm 21.08 and later: a streaming lane's time limit counts from it) and what SLURM gave it, to
-        cross-check with sacct's gres/gpu."""
+        """submitit's SLURM job (its id, array task included: 1234_5), when it started (SLURM_JOB_START_TIME, Slurm
+        21.08 and later: a streaming lane's time limit counts from it) and what SLURM gave it."""
         return slurm_job_environment(submitit.JobEnvironment().job_id, os.environ)
-
-    # ---------------- a Hydra launcher's options ----------------
 
     @classmethod
     def launcher_config(cls, options: Mapping[str, Any], key: str) -> SlurmConfig:
@@ -98,8 +93,6 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                 f"partitions.{label}.gpu": "gres", f"partitions.{label}.slurm_partition": "partition",
                 f"partitions.{label}.request": "gpus_per_node"}
 
-    # ---------------- checks before anything is submitted ----------------
-
     def resolve_partitions(self, requested: Sequence[str]) -> tuple[str, ...]:
         names = list(requested) or list(self.cluster.default_partitions)
         known = list(self.cluster.partitions)
@@ -110,7 +103,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
             check_default_partitions(self.cluster, self.key)
         renamed = [undotted(name) if undotted(name) in known else name for name in names]
         for i, name in enumerate(names):
-            if name != renamed[i]:  # a slice's name before issue 43: refused, so records keep one name per slice
+            if name != renamed[i]:  # a slice's dotted name: refused, so records keep one name per slice
                 raise ConfigError(f"partitions[{i}]", name, f"slice partitions are named without dots, so that "
                                   f"cluster.partitions.<name>.<key> addresses them: {name} is {renamed[i]}",
                                   f"partitions=[{','.join(renamed)}]")
@@ -139,14 +132,11 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                            mem_gb_each=each_mb / 1024, mem_why=why)  # exact: sbatch asks the same MB
 
     def capacities(self, partitions: Sequence[str]) -> dict[str, Capacity]:
-        """From the preset (GPU memory from the model name, V100-16gb; per-GPU guidance) and, where SLURM
-        answers, sinfo: each partition and GPU type must exist; node CPUs and memory bound the rest."""
+        """From the preset and, where SLURM answers, sinfo (each partition and GPU type must exist)."""
         why: list[str] = []
         live = commands.live_limits(self.cluster.partitions, partitions, self.key, why=why)
         self._sinfo_silent = why[0] if why else None
         return {name: partition_capacity(self.cluster, name, live.get(name, {}), self.key) for name in partitions}
-
-    # ---------------- submission ----------------
 
     def require_reachable(self) -> None:
         """SLURM answers here (sbatch is installed, sinfo answers), else one line in its own words with the fix."""
@@ -158,7 +148,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         commands.require_reachable()
         self._reached = True
 
-    def _executor(self) -> submitit.SlurmExecutor:
+    def _executor(self) -> submitit.SlurmExecutor:  # tests stand in for it
         return QuietSlurmExecutor(folder=str(self.run.submitit_folder),
                                   max_num_timeout=int(self.cluster.max_num_timeout))
 
@@ -180,8 +170,7 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         return self.lanes(packs)[0]
 
     def array_jobs(self, packs: Sequence[Pack]) -> tuple[JobForecast, list[ArrayJob]]:
-        """The sbatch calls submitting ``packs`` makes, in order: what :meth:`submit` submits and a dry run shows
-        (:meth:`request_lines`), from this one builder (:func:`~gpupack.submit.slurm.request.array_jobs`)."""
+        """The sbatch calls submitting ``packs`` makes, in order: what :meth:`submit` submits and a dry run shows."""
         return array_jobs(self.cluster, packs, self.site_limits(), self.account(),
                           lambda factor: self.request(factor).mem_gb_each)
 
@@ -191,10 +180,8 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
                              lambda factor: self.request(factor), self.key("max_jobs_per_user"))
 
     def submit(self, packs: Sequence[Pack], settings: PackSettings) -> list[tuple[Pack, PackJobHandle]]:
-        """One job array per (partition, mode, N), split where it would pass MaxArraySize, submitted in the plan's
-        order (interleaved N): each array's tasks in the order their packs were planned. When they run is then the
-        scheduler's choice; each pack record keeps its start time and host. A submission of more jobs than the site
-        lets the user queue now is refused whole, before any sbatch. Returns each pack with its job."""
+        """Each pack with its job: one job array per (partition, mode, N), split at MaxArraySize, in the plan's order.
+        A submission of more jobs than the site lets the user queue now is refused whole, before any sbatch."""
         forecast, arrays = self.array_jobs(packs)
         if forecast.over:
             raise SubmissionError(over_limit(forecast, self.key("max_jobs_per_user")))
@@ -262,8 +249,8 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         return results
 
     def ended(self, pack: Pack, job: PackJobHandle, since: float) -> PackResult:
-        """How a pack's job ended. When SLURM says it ran out of memory, the trainings its cgroup killed are recorded as
-        oom (gpupack.job.oom.record_job_oom), so their N is infeasible; any it cannot record are named in the error."""
+        """How a pack's job ended; where SLURM says it ran out of memory, its killed trainings are recorded oom (so
+        their N is infeasible), and any it cannot record are named in the error."""
         result = job_result(pack, job, self.run)
         if not commands.out_of_memory(job.state, (job.stderr() or "") + (job.stdout() or "")):  # merged: a lane's
             return result
@@ -278,7 +265,6 @@ class SlurmSubmitter(Submitter[SlurmConfig]):
         return result
 
     def queue_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
-        """sacct's State of each job id (e.g. "CANCELLED by 0"); None when sacct does not answer."""
         return commands.queue_states(job_ids)
 
     def pack_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
