@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, TypedDict
 
 import pandas as pd
 import pyarrow as pa
@@ -16,6 +16,42 @@ from gpupack.results.analysis.aggregate import Collected
 from gpupack.results.analysis.load import Records
 from gpupack.results.report.html import write_report
 from gpupack.results.report.text import RunConfig, best_line, disturbance_lines, no_answer_line
+
+
+class RankedBy(TypedDict):
+    """What the best hyperparameters were ranked by (:class:`gpupack.results.analysis.tables.Ranking`)."""
+
+    metric: str | None
+    goal: str | None
+    note: str
+    caution: str
+    origin: str
+
+
+class Summary(TypedDict):
+    """summary.json: each table of the report as a list of rows (column → value, as JSON has it), and its lines."""
+
+    schema: int
+    runs: list[str]
+    groups: list[dict[str, object]]
+    best: list[dict[str, object]]
+    best_overall: list[dict[str, object]]
+    best_lines: list[str]
+    no_answer_lines: list[str]  # the groups that name no best N, and why
+    cost: list[dict[str, object]]
+    sweep_trainings: int
+    best_hyperparameters: list[dict[str, object]]
+    ranked_by: RankedBy
+    knobs: list[dict[str, object]]
+    spread: list[dict[str, object]]
+    layouts: list[dict[str, object]]
+    verdicts: list[str]
+    occupancy: list[dict[str, object]]
+    drift: list[dict[str, object]]
+    disturbance: list[dict[str, object]]
+    disturbance_lines: list[str]
+    warnings: list[str]
+    pending_packs: list[str]
 
 
 def _jsonable(df: pd.DataFrame) -> list[dict[str, object]]:
@@ -67,14 +103,12 @@ def write_outputs(c: Collected, out: Path, plots: bool = True, trainings: Path |
     run = RunDir(out)
     with atomic_file(run.summary_csv) as f:  # each file whole or not at all, as the records are
         c.summary.to_csv(f, index=False)
-    # summary.json: each table as a list of rows (column → value, as JSON has it), and its lines
-    summary: dict[str, object] = {
+    summary: Summary = {
         "schema": SCHEMA_VERSION,
         "runs": sorted(str(r) for r in c.records.trainings.get("run_dir", pd.Series(dtype=str)).dropna().unique()),
         "groups": _jsonable(c.summary), "best": _jsonable(c.best), "best_overall": _jsonable(c.best_overall),
         "best_lines": [best_line(r) for _, r in c.best.iterrows()],
-        "no_answer_lines": [no_answer_line(r) for _, r in c.withheld.iterrows()],  # no best N named, and why
-        "cost": _jsonable(c.cost),
+        "no_answer_lines": [no_answer_line(r) for _, r in c.withheld.iterrows()], "cost": _jsonable(c.cost),
         "sweep_trainings": c.sweep_trainings, "best_hyperparameters": _jsonable(c.hyper.table),
         "ranked_by": {"metric": c.hyper.metric, "goal": c.hyper.goal, "note": c.hyper.note,
                       "caution": c.hyper.caution, "origin": c.hyper.origin},
