@@ -1,12 +1,9 @@
 """Fast start for process mode: one preloaded server per pack forks each training.
 
-A fresh interpreter per training pays Python's start-up and the framework import (``import torch`` ≈ 3 s here) N
-times at once, competing for the same cores. The server pays it once: it imports the workload (and its framework
-and data, :meth:`gpupack.core.workload.Workload.preload`), then forks one child per training. Each child gets the same
-isolation as a fresh process: its own process and session, death with its parent (PR_SET_PDEATHSIG, and the server
-dies with the packer), its address-space limit, its CPU affinity, its stdout/stderr files, its environment (threads,
-``CUDA_VISIBLE_DEVICES``) and its exit status. No CUDA context exists before the fork: preloading imports, it never
-touches a device.
+The server pays Python's start-up and the framework import (``import torch`` ≈ 3 s here) once instead of N times at
+once: it imports the workload (:meth:`gpupack.core.workload.Workload.preload`), then forks one child per training,
+isolated as a fresh process would be (own session, death with its parent, address-space limit, CPU affinity, own
+logs, environment and exit status). Preloading imports; it never touches a device, so no CUDA context is forked.
 
 Protocol (JSON lines; packer → server on stdin, server → packer on stdout):
 
@@ -16,18 +13,13 @@ Protocol (JSON lines; packer → server on stdin, server → packer on stdout):
 
     ← {"refused": ID, "why": TEXT}      (what the server learned made forking unsafe: start ID fresh)
 
-**Learned preload** (a stream's server: its freed slots' trainings are forked after others ended). A program that
-imports its framework inside its task function (most Hydra apps and scripts: torch, lightning) would pay that
-import in every forked child. Each child tells the server, as it ends, the
-libraries it imported that the server had not (:func:`learnable`: the roots of the new modules that live in the
-standard library, the installed packages or gpupack, never a known fork-unsafe framework nor the program's own
-modules, which may do anything at import). The server imports them before it forks the next training, once each;
-should that make forking unsafe after all (:func:`fork_unsafe`), it forks nothing more and each later training
-starts as a fresh interpreter (``refused``). ``preload=[...]`` (a Hydra launcher's, a workload's own preload)
-stays the way to say it up front.
+**Learned preload** (a stream's server, whose freed slots fork after others ended): a program that imports its
+framework inside its task function would pay that import in every child. Each child tells the server, as it ends,
+the libraries it imported that the server had not (:func:`learnable`: never a fork-unsafe framework nor the program's
+own modules); the server imports them before the next fork, once each, and where that makes forking unsafe
+(:func:`fork_unsafe`) it refuses every later training, which starts fresh.
 
-The packer side is :class:`ForkServer`, whose :meth:`ForkServer.start` returns a :class:`ForkedProcess` that reads
-like ``subprocess.Popen`` (pid, poll, returncode, kill).
+The packer side is :class:`ForkServer`; its :meth:`ForkServer.start` returns a Popen-like :class:`ForkedProcess`.
 """
 from __future__ import annotations
 
@@ -42,25 +34,21 @@ import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import IO, Callable, Mapping, Sequence, TypedDict, cast  # noqa: E402
+from typing import IO, TYPE_CHECKING, Callable, Mapping, Sequence, TypedDict, cast  # noqa: E402
 
 from gpupack.core.preload import import_libraries, learnable, library_roots  # noqa: E402
 from gpupack.core.store.records import open_log  # noqa: E402
 from gpupack.job.runtime.memshare import limit_torch  # noqa: E402
 from gpupack.job.runtime.worker import exit_at_once  # noqa: E402
 
+if TYPE_CHECKING:
+    from gpupack.core.workload import PythonMain
+
 READY_TIMEOUT_S = 600.0  # a framework import on a busy node can be slow; past this the pack fails loudly
 LEARN_LIMIT_BYTES = 60_000  # what a child reports fits a usual pipe's buffer (64 KiB)
 
 
 # ---------------- the messages (one JSON object a line, each way) ----------------
-
-class PythonMain(TypedDict, total=False):
-    """A Python program a forked child runs (:func:`run_main`): ``script`` or ``module``, and its argv."""
-    argv: list[str]
-    script: str
-    module: str
-
 
 class Preload(TypedDict):
     """The packer's first request: what the server imports before it forks anything."""
@@ -84,8 +72,7 @@ class Request(TypedDict, total=False):
 
 
 class Reply(TypedDict, total=False):
-    """What the server says: ``ready`` (or ``error``) once, then per training ``started``/``refused`` and
-    ``ended``."""
+    """``ready`` (or ``error``) once, then per training ``started``/``refused`` and ``ended``."""
     ready: float
     error: str
     refused: str
@@ -148,7 +135,7 @@ def _child(req: Request, forked_at: float, report_fd: int | None = None) -> None
             os.chdir(cwd)
         if req.get("python_main"):  # a Python program of the user's, as `python SCRIPT.py ...` would run it
             limit_torch()  # its share of the GPU, where the server preloaded torch: before the program allocates
-            code = run_main(cast(PythonMain, req["python_main"]))  # its workload's (command.python_main)
+            code = run_main(cast("PythonMain", req["python_main"]))  # its workload's (command.python_main)
         else:
             from gpupack.job.runtime import worker  # in the forked child: the server itself never trains
 
@@ -182,9 +169,8 @@ def _own_streams(out_path: str, err_path: str) -> None:
 
 
 def cap_thread_pools(env: Mapping[str, str]) -> None:
-    """The native thread pools the server loaded (OpenMP, BLAS: they read OMP_NUM_THREADS and the like once, when the
-    server imported them) set to this child's share as its environment gives it: a server shared by packs of
-    several N forks each pack's trainings with their own share (threadpoolctl, which finds the loaded pools)."""
+    """The native thread pools the server loaded (OpenMP, BLAS read OMP_NUM_THREADS once, at import) set to this
+    child's share as its environment gives it: a server shared by packs of several N forks each with its own."""
     value = env.get("OMP_NUM_THREADS", "")
     if value.isdigit() and int(value) > 0:
         from threadpoolctl import threadpool_limits
@@ -194,8 +180,7 @@ def cap_thread_pools(env: Mapping[str, str]) -> None:
 
 def run_main(entry: PythonMain) -> int:
     """Run a Python program in this (forked) process as ``python SCRIPT.py ARGS`` or ``python -m MODULE ARGS`` would:
-    sys.argv, sys.path[0] (the script's folder, or the working directory for -m), ``__name__ == "__main__"``, atexit
-    handlers at the end, and its exit status (SystemExit's code; an uncaught exception: its traceback, 1)."""
+    sys.argv, sys.path[0], ``__name__ == "__main__"``, atexit handlers, and its exit status."""
     import atexit
     import runpy
     import traceback
@@ -210,8 +195,10 @@ def run_main(entry: PythonMain) -> int:
             script = str(entry["script"])
             sys.path[0] = os.path.dirname(os.path.abspath(script))
             runpy.run_path(script, run_name="__main__")
-    except SystemExit as stop:
-        code = _exit_code(stop.code)
+    except SystemExit as stop:  # what the interpreter exits with for sys.exit(code)
+        code = 0 if stop.code is None else stop.code & 0xFF if isinstance(stop.code, int) else 1
+        if not isinstance(stop.code, (int, type(None))):
+            print(stop.code, file=sys.stderr)
     except BaseException as err:  # as the interpreter reports it, without gpupack's and runpy's frames above it
         tb = err.__traceback__
         while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
@@ -224,16 +211,6 @@ def run_main(entry: PythonMain) -> int:
     except BaseException:  # an exit handler that fails: the interpreter prints it and keeps the exit status
         traceback.print_exc()
     return code
-
-
-def _exit_code(code: object) -> int:
-    """What the interpreter exits with for ``sys.exit(code)``."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
 
 
 def _preload(req: Preload) -> None:
@@ -259,9 +236,8 @@ class ForkRefused(RuntimeError):
 
 
 def fork_unsafe(modules: Mapping[str, object]) -> str | None:
-    """Why a process that imported ``modules`` (sys.modules after the preload) must not fork trainings, or None. A
-    forked child inherits a CUDA context it cannot use (CUDA is not fork-safe), and TensorFlow's or JAX's runtime
-    threads stopped mid-state. Only what is already imported is asked: nothing here imports or initialises anything."""
+    """Why a process that imported ``modules`` must not fork trainings (a child cannot use an inherited CUDA context,
+    nor TensorFlow's or JAX's runtime threads), or None. It imports and initialises nothing itself."""
     torch = modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     try:
@@ -278,8 +254,7 @@ def fork_unsafe(modules: Mapping[str, object]) -> str | None:
 
 
 class Lines:
-    """Whole lines from a raw file descriptor. select() sees the fd, never a Python buffer, so a second line that
-    arrived with the first is never left unseen."""
+    """Whole lines from a raw file descriptor (select() sees the fd, never a Python buffer that hides a line)."""
 
     def __init__(self, fd: int) -> None:
         self.fd, self.buffer, self.closed = fd, b"", False
@@ -327,8 +302,8 @@ class Learner:
 
 
 def serve() -> int:
-    """Read requests until the packer closes stdin; fork a training per request; report each exit; learn what each
-    child imported (:class:`Learner`) before forking the next."""
+    """Fork a training per request until the packer closes stdin, report each exit, learn what each child
+    imported."""
     children: dict[int, tuple[str, int]] = {}  # pid -> (training id, the read end of its report pipe)
     requests = Lines(sys.stdin.fileno())
     try:
@@ -416,7 +391,7 @@ class ForkedProcess:
 
     def wakeup(self) -> int | None:
         """Readable when its server has something to say (an exit among it); None once it has ended."""
-        return self._server.replies() if self.returncode is None else None
+        return self._server._lines.fd if self.returncode is None else None
 
     def kill(self) -> None:
         if self.returncode is None:
@@ -431,9 +406,8 @@ class ForkServer:
 
     def __init__(self, workload: str, params: Sequence[Mapping[str, object]], log: Path,
                  start: Callable[[Sequence[str], IO[bytes]], subprocess.Popen[bytes]], learn: bool = False) -> None:
-        """``start(argv, stderr)``: the server's process with pipes to its stdin and stdout, as its supervisor starts
-        every process (gpupack.job.runtime.supervisor.Supervisor.preload). ``learn``: import what the children import
-        (:class:`Learner`), where later children start after earlier ones end (a stream's slots)."""
+        """``start(argv, stderr)``: the server's process with pipes to its stdin and stdout (the supervisor's);
+        ``learn``: import what the children import (:class:`Learner`)."""
         self._log = open_log(log)
         try:
             self.proc = start([sys.executable, "-m", "gpupack.job.runtime.forkserver"], self._log)
@@ -467,10 +441,6 @@ class ForkServer:
                 proc.returncode = int(msg["returncode"])
             else:
                 self._pending[msg["ended"]] = int(msg["returncode"])
-
-    def replies(self) -> int:
-        """The descriptor the server's messages come on (for a select: :meth:`pump` reads them)."""
-        return self._lines.fd
 
     def pump(self) -> None:
         """Take in whatever the server has said (exits), without waiting."""
