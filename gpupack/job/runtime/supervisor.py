@@ -1,14 +1,11 @@
 """The one supervisor of every process gpupack starts inside a job: process mode's N trainings, the one shared process
 of tf_logical and fused, DDP's k ranks (and MirroredStrategy's one process, through process mode).
 
-A :class:`Supervisor` starts each child (:class:`ChildSpec`: a program of its own, never a shell, or a fork of the
-pack's preloaded :class:`~gpupack.job.runtime.forkserver.ForkServer`), each in a session of its own with its log files,
-its environment, its address-space limit, its cores and death with the packer; follows them; stops one past its time
-limit (SIGTERM to its process group, SIGKILL :data:`KILL_GRACE_S` later); optionally fails a group together
-(:class:`FailTogether`: one member failing kills the others, and the member that caused it is kept as the
-:attr:`Supervisor.culprit`); reaps them all; and says how each ended (:class:`ChildExit`), which the modes turn into
-their :class:`~gpupack.core.types.TrainingOutcome`. Leaving its ``with`` block by an exception (the job cancelled,
-a bug) kills every child still running and reaps it: no training outlives its pack.
+A :class:`Supervisor` starts each child (:class:`ChildSpec`: a program, never a shell, or a fork of the pack's
+:class:`~gpupack.job.runtime.forkserver.ForkServer`) in a session of its own, follows it, stops it past its time limit
+(SIGTERM, then SIGKILL :data:`KILL_GRACE_S` later), optionally fails a group together (:class:`FailTogether`), reaps
+it and says how it ended (:class:`ChildExit`). Leaving its ``with`` block by an exception kills and reaps every child
+still running: no training outlives its pack.
 """
 from __future__ import annotations
 
@@ -39,17 +36,9 @@ def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
         return ""
 
 
-def exit_error(err_path: Path, code: int | None) -> str:
-    """Why a process that exited non-zero failed: its stderr's last lines, else its signal or exit code."""
-    fallback = (f"killed by signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0
-                else f"exited with code {code}")
-    return tail(err_path) or fallback
-
-
 def child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = None) -> Callable[[], None]:
-    """What runs in each fresh child before its program (no Python objects of ours cross over): be SIGKILLed when the
-    packer dies, even by SIGKILL (scancel, OOM killer), so no training outlives its job and holds the GPU; then its
-    address-space limit and its cores. A forked training does the same (gpupack.job.runtime.forkserver)."""
+    """What runs in each fresh child before its program: die with the packer (even one SIGKILLed: no training
+    outlives its job holding the GPU), then its address-space limit and its cores, as a forked training does."""
 
     def setup() -> None:
         isolate(memory_limit_bytes, cpus)
@@ -60,9 +49,8 @@ def child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = Non
 def spawn(argv: Sequence[str], env: Mapping[str, str], *, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
           stdin: int = subprocess.DEVNULL, cwd: str | None = None, memory_limit_bytes: int | None = None,
           cpus: Sequence[int] | None = None) -> subprocess.Popen[bytes]:
-    """The one place a program starts inside a job (a training, a rank, a shared process, the fork server, MPS's
-    control): never a shell, in a session of its own (a signal to its process group reaches the helpers it starts
-    too), dying with the packer, under its address-space limit and on its cores."""
+    """The one place a program starts inside a job: never a shell, in a session of its own (a signal to its process
+    group reaches its helpers too), dying with the packer, under its address-space limit and on its cores."""
     return subprocess.Popen(list(argv), cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env),
                             start_new_session=True, preexec_fn=child_setup(memory_limit_bytes, cpus))
 
@@ -118,7 +106,9 @@ class ChildExit:
 
     def error(self) -> str:
         """Its stderr's last lines, else its signal or exit code (of a child that ended non-zero)."""
-        return exit_error(self.err_path, self.returncode)
+        code = self.returncode
+        return tail(self.err_path) or (f"killed by signal {-code} ({signal.Signals(-code).name})"
+                                       if code is not None and code < 0 else f"exited with code {code}")
 
 
 @dataclass(frozen=True)
@@ -205,10 +195,8 @@ class Child:
 
 def fork_server(workload: str, params: Sequence[Mapping[str, object]], env: Mapping[str, str], log: Path,
                 learn: bool = False) -> ForkServer | str:
-    """A preloaded fork server for ``workload``'s trainings (``params``), started in ``env``, logging to ``log``; or
-    why it did not start (its preload failed, or made forking unsafe: forkserver.fork_unsafe), said in its log too.
-    ``learn``: the server learns its children's imports (forkserver.Learner), for children started after others
-    ended."""
+    """A preloaded fork server for ``workload``'s trainings (``params``), logging to ``log``; or why it did not start
+    (said in its log too). ``learn``: it learns its children's imports (forkserver.Learner)."""
 
     def start(argv: Sequence[str], err: IO[bytes]) -> subprocess.Popen[bytes]:
         # A library the server imports may ask torch.cuda.is_available() at import: through NVML that leaves the
@@ -228,14 +216,10 @@ def fork_server(workload: str, params: Sequence[Mapping[str, object]], env: Mapp
 @dataclass
 class Supervisor:
     """Start, follow, time out, (fail together,) reap and report the children of one pack or training; start their
-    fork server (:meth:`preload`) and run helper programs to their end (:meth:`call`).
-
-    Use it as a context manager: leaving the block by an exception kills and reaps every child still running; the
-    fork server, if started, is closed on leaving it either way."""
+    fork server (:meth:`preload`, closed on leaving the ``with`` block) and run helpers to their end (:meth:`call`)."""
 
     timeout_s: float | None = None  # each child's time limit, from its started_at
-    server: ForkServer | None = field(default=None, init=False)  # started by preload(): where children with a
-    # spec_path are forked from
+    server: ForkServer | None = field(default=None, init=False)  # where children with a spec_path are forked from
     refused: str | None = field(default=None, init=False)  # why the server forks no more (ForkRefused)
     owns_server: bool = field(default=True, init=False)  # False: a server a lane shares (use()), closed by the lane
     together: FailTogether | None = None  # None: each child fails alone
@@ -258,8 +242,8 @@ class Supervisor:
                 self.server.close()
 
     def start(self, spec: ChildSpec) -> Child:
-        """Start one child. A program that cannot start (OSError: gone, not executable, no memory or process left)
-        gives a child that ended at once with ``start_error``; with ``together`` it fails the group."""
+        """Start one child; one whose program cannot start (OSError) ended at once with ``start_error`` (with
+        ``together``, failing the group)."""
         started_at = spec.started_at if spec.started_at is not None else time.time()
         try:
             proc = self._spawn(spec)
@@ -288,9 +272,8 @@ class Supervisor:
 
     def preload(self, workload: str, params: Sequence[Mapping[str, object]], env: Mapping[str, str],
                 log: Path, learn: bool = False) -> str | None:
-        """Start the preloaded fork server that children with a ``spec_path`` are forked from, for ``workload``'s
-        trainings (it dies with the packer and is closed on leaving the block); None, or why it did not start
-        (:func:`fork_server`): the children then start as fresh interpreters."""
+        """Start the fork server children with a ``spec_path`` are forked from; None, or why it did not start
+        (:func:`fork_server`: the children then start fresh)."""
         made = fork_server(workload, params, env, log, learn)
         if isinstance(made, str):
             return made
@@ -298,13 +281,12 @@ class Supervisor:
         return None
 
     def use(self, server: ForkServer) -> None:
-        """Fork children with a spec_path from ``server``, a server the caller keeps (a lane's, for its packs one after
-        another): it is not closed on leaving the block."""
+        """Fork children with a spec_path from ``server``, which the caller keeps (a lane's) and closes."""
         self.server, self.owns_server = server, False
 
     def call(self, spec: ChildSpec, stdin: bytes | None = None, timeout_s: float = HELPER_TIMEOUT_S) -> ChildExit:
-        """Run a helper program to its end (MPS's control), fed ``stdin``, its process group killed past
-        ``timeout_s``; how it ended. A helper is no child of the pack: follow() does not wait for it."""
+        """Run a helper program (MPS's control) to its end, fed ``stdin``, killed past ``timeout_s``; how it ended.
+        follow() does not wait for it."""
         started = time.time()
         try:
             with open_log(spec.out_path) as out, open_log(spec.err_path) as err:
@@ -324,8 +306,8 @@ class Supervisor:
 
     def follow(self, on_exit: Callable[[ChildExit], None] | None = None,
                on_poll: Callable[[], None] | None = None) -> list[ChildExit]:
-        """Follow every child to its end: ``on_poll()`` at each look, ``on_exit(child)`` as each ends (in the order
-        they were started within one look); how each ended, in the order they were started."""
+        """Follow every child to its end: ``on_poll()`` at each look, ``on_exit(child)`` as each ends; how each ended,
+        in the order they were started."""
         reported: set[int] = set()
         while True:
             if on_poll is not None:
