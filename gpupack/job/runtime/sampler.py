@@ -1,13 +1,9 @@
 """The pack's sampler: a thread beside the N trainings that samples the device every packing.sample_interval_s, or
-less often where a sample costs more than :data:`MAX_OVERHEAD` of a core over its interval (:func:`next_wait`).
+less often where a sample costs more than :data:`MAX_OVERHEAD` of a core (:func:`next_wait`).
 
-With a GPU (NVML, through :func:`gpupack.core.monitor._nvml`, the one seam): utilization, memory used/total, and
-memory per training process (``nvmlDeviceGetComputeRunningProcesses``, or the MPS variant under MPS).
-NVML may not know a process's memory (``usedGpuMemory`` None): that is recorded as unknown, never as 0.
-Always, with psutil: each training's CPU % and resident memory (RSS, its children included). Without a GPU or
-NVML the sampler says so once and samples the CPU alone. Its own CPU time is measured, to show it is cheap.
-At every sample, the load from outside the job (:mod:`gpupack.job.runtime.foreign`): the CPU time other processes took
-on the job's cores, and (with NVML) the processes on its GPU that are not the job's; unknown without NVML, never 0.
+With NVML (:func:`gpupack.core.monitor._nvml`): utilization, memory used/total and memory per training process.
+Always, with psutil: each training's CPU % and resident memory (its children included); and the load from outside the
+job (:mod:`gpupack.job.runtime.foreign`). What NVML does not know is recorded as unknown (None), never as 0.
 """
 from __future__ import annotations
 
@@ -25,15 +21,14 @@ from gpupack.core.monitor import Nvml, NvmlHandle
 from gpupack.job.runtime.foreign import ForeignFigures, ForeignLoad, handle
 
 MAX_KEPT_SAMPLES = 600  # the pack record keeps at most this many (evenly thinned); statistics use all
-# The sampler's own CPU, at most this share of a core (issue 53). On the H200 (2026-11-30) a sample of 34 trainings
-# cost 24 ms of CPU: 2.1 % of a core at the 1 s interval.
+# The sampler's own CPU, at most this share of a core (a sample of 34 trainings cost 24 ms of CPU on an H200).
 MAX_OVERHEAD = 0.01
 _cpu_time = time.thread_time  # the sampler thread's own CPU seconds (a test's clock replaces it)
 
 
 def next_wait(interval_s: float, cost_s: float, budget: float = MAX_OVERHEAD) -> float:
-    """How long the sampler waits after a sample that cost ``cost_s`` of its thread's CPU: ``interval_s``, stretched
-    so that the sample's cost over its period (the sample and the wait) stays within ``budget`` of a core. Pure."""
+    """The wait after a sample that cost ``cost_s`` of CPU: ``interval_s``, stretched so that the sample's cost over
+    its period stays within ``budget`` of a core. Pure."""
     return max(interval_s, cost_s / budget - cost_s)
 
 
@@ -64,7 +59,7 @@ class TrainingSample(TypedDict, total=False):
 
 
 class GpuSample(TypedDict, total=False):
-    """The device's reading at a sample (:meth:`Sampler._gpu_sample`); memory per process id (None: unknown)."""
+    """The device's reading at a sample; memory per process id (None: unknown)."""
     gpu_util: float | None
     gpu_mem_util: float | None
     gpu_mem_used_mb: float
@@ -74,8 +69,7 @@ class GpuSample(TypedDict, total=False):
 
 
 class Sample(GpuSample, total=False):
-    """One sample of the pack record's ``sampler.samples``: the device's (with NVML), each training's, and the load
-    from outside the job."""
+    """One sample of the pack record's ``sampler.samples``."""
     t: float
     gpu_error: str
     trainings: dict[str, TrainingSample]
@@ -127,13 +121,10 @@ class Sampler:
                  log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
                  gpu: str | None = None, more_gpus: Sequence[str] = (), foreign: ForeignLoad | None = None,
                  command_pid: int | None = None) -> None:
-        """``gpu``: the device to sample as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"; the job passes
-        the UUID detect_device found, so both see the same device, a MIG slice included); ``gpu_index``: an NVML
-        index, the older form. Neither: no GPU, for ``no_gpu_reason``. ``more_gpus``: the other devices of a job
-        that spreads one training over several (sampled with it: utilization averaged, memory summed, and each
-        device's figures under ``gpus``). ``foreign``: what reads the load from outside the job (a test's fakes;
-        else the job's cores and the process the sampler runs in, with ``command_pid``, the gpupack command on this
-        host that submitted the job, counted as the run's own)."""
+        """``gpu``: the device as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"), or ``gpu_index`` (NVML's);
+        neither: no GPU, for ``no_gpu_reason``. ``more_gpus``: a spread job's other devices (utilization averaged,
+        memory summed, each under ``gpus``). ``foreign``: what reads the load from outside the job (else the job's
+        cores, with ``command_pid``, the gpupack command on this host, counted as the run's own)."""
         self.interval_s = interval_s
         self.mps = mps
         self.log = log
@@ -249,8 +240,7 @@ class Sampler:
         return out
 
     def _graphics(self, handle: NvmlHandle) -> list[_Proc]:
-        """The graphics processes on a device; none where NVML cannot list them (a MIG slice, an older binding):
-        the compute processes still tell the job's from others'."""
+        """The graphics processes on a device; none where NVML cannot list them (a MIG slice, an older binding)."""
         try:
             return list(self.nvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
         except Exception:
@@ -272,9 +262,8 @@ class Sampler:
             self.foreign.read()
 
     def _children_map(self) -> dict[int, list[psutil.Process]]:
-        """The job's processes by parent, from the tree the load reading has just walked (one pass over the process
-        table per sample). ``children(recursive=True)`` per training read the whole table once each: 91 % of a
-        sample's time at N=34 (10.8 % of a core on an H200)."""
+        """The job's processes by parent, from the tree the load reading has just walked: one pass over the process
+        table per sample, not one per training (``children(recursive=True)``: 91 % of a sample at N=34)."""
         kids: dict[int, list[psutil.Process]] = {}
         for key, times in self.foreign.latest.items():
             proc = handle(key)  # the reading's own handle: each process's made once
@@ -285,8 +274,7 @@ class Sampler:
     @staticmethod
     def _family(t: _Tracked, kids: Mapping[int, list[psutil.Process]], below: Collection[int]
                 ) -> list[psutil.Process]:
-        """The training's process and its descendants; none once it ended. One the reading did not find under the
-        job (a test's, a reparented one) is walked by psutil alone."""
+        """The training's process and its descendants; none once it ended (one not under the job: by psutil)."""
         if t.proc.pid not in below:
             try:
                 return [t.proc, *t.proc.children(recursive=True)] if t.proc.is_running() else []
@@ -320,8 +308,7 @@ class Sampler:
         return sample
 
     def _families(self, tracked: Sequence[_Tracked]) -> dict[str, list[tuple[_Tracked, list[psutil.Process]]]]:
-        """Each training's processes: one training may be several (a training spread over k devices: one per rank),
-        and its figures are their sum at each sample, its peaks the peaks of those sums."""
+        """Each training's processes (a spread training's: one per rank, summed at each sample)."""
         families: dict[str, list[tuple[_Tracked, list[psutil.Process]]]] = {}
         kids = self._children_map()
         below = {proc.pid for of_parent in kids.values() for proc in of_parent}
