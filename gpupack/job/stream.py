@@ -1,23 +1,14 @@
 """A streaming lane: one of K jobs that drain a queue of trainings together, N slots each (packing.stream).
 
-The lane claims trainings from the run directory (:mod:`gpupack.core.store.claims`) in the queue's order: N at its
-start, then one each time a slot frees, until none is left unclaimed; then its job ends. A training whose record says
-completed is never claimed. At its start the lane releases the claims an earlier run of itself left (it holds the
-lane's lock, so that run is dead: a requeue, a SIGKILL, a node failure, a cancel), and those trainings run again; a
-claim that cannot be read (torn: no live lane leaves one, :mod:`gpupack.core.store.claims`) is released by the lane it
-names, else by the training's home lane, with a warning in the lane's log.
-Near its job's time limit it claims nothing it could not finish (``PackSettings.claim_until_s``): the slots it
-stops filling are left for the lane's requeued run or for the other lanes.
+The lane claims trainings (:mod:`gpupack.core.store.claims`) in the queue's order, N at its start, then one each time
+a slot frees, never one whose record says completed. At its start it releases the claims an earlier run of itself left
+(it holds the lane's lock: that run is dead), and those trainings run again. Near its job's time limit it claims
+nothing it could not finish (``PackSettings.claim_until_s``).
 
-Where its backend folds (``PackSettings.fold``: a cluster's shared filesystem), the lane writes its trainings'
-records and logs in its own folder, folds each into its journal as it ends and drops its claim of a completed one
-(:mod:`gpupack.core.store.journal`), and folds its own record and folder at its end: a handful of files per lane, not
-per training. A claim won of a training another lane folded as completed is let go at once.
-
-Where its trainings are admitted by memory (``PackSettings.admission``: :mod:`gpupack.core.memory.admission`), a freed
-slot looks at the queue's next unclaimed trainings and claims only the one the rule admits, or none and waits (it claims
-nothing it does not start, so a training it passes over stays for the lane's next look or for another lane); what
-it measures by is its :class:`AdmissionInputs`.
+Where its backend folds (``PackSettings.fold``), the lane writes its trainings' records and logs in its own folder and
+folds each into its journal as it ends (:mod:`gpupack.core.store.journal`): a handful of files per lane, not per
+training. Where trainings are admitted by memory (``PackSettings.admission``), a freed slot claims only the training
+the rule admits among the queue's next few, or none and waits: it claims nothing it does not start.
 """
 from __future__ import annotations
 
@@ -69,10 +60,8 @@ SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to p
 
 @dataclass(frozen=True)
 class AdmissionInputs:
-    """What a lane admits its trainings by (packing.admission): the device's free memory now (MB; the one seam,
-    :func:`gpupack.core.monitor.free_memory_mb`, which tests fake), the lane's budget, whether its trainings peak
-    on a GPU (their GPU memory counts) or a CPU (their resident memory), and the peaks earlier records of each
-    setting reached."""
+    """What a lane admits its trainings by (packing.admission): the device's free memory now (MB, the seam tests
+    fake), the lane's budget, whether GPU or resident memory counts, and the peaks earlier records reached."""
 
     free_mb: Callable[[], float | None]
     budget_mb: float | None
@@ -82,8 +71,8 @@ class AdmissionInputs:
 
 def admission_inputs(run: RunDir, queue: Sequence[Training], settings: PackSettings,
                      env: Mapping[str, str]) -> AdmissionInputs:
-    """The inputs of a lane on this job's device: NVML's free memory of its GPU, else the host's; the earlier records
-    of the queue's settings measured on the same device model, in this run directory and its siblings (I/O)."""
+    """The inputs of a lane on this job's device: its free memory, and the earlier records of the queue's settings on
+    the same device model, in this run directory and its siblings (I/O)."""
     on_gpu = choose_device(settings.device, info := detect_device(env)) == "cuda"
     host_total = None if on_gpu else psutil.virtual_memory().total / 2**20
     budget = lane_budget_mb(on_gpu, settings.memory_fraction, info.memory_total_mb, host_total,
@@ -107,8 +96,8 @@ CLAIM_MARGIN_S, CLAIM_MARGIN = 2.0, 0.1
 
 def out_of_time(limit_s: float | None, elapsed_s: float, estimate_s: float | None, what: str) -> str | None:
     """Why a lane starts no more work (``what``: a training, a pack): one started now, taking up to ``estimate_s``,
-    would pass the job's time limit (``limit_s`` after its start, less the requeue signal's delay). None: there is
-    time, or no limit, or nothing to estimate by. Pure."""
+    would pass the job's time limit (``limit_s`` after its start). None: there is time, or no limit or estimate.
+    Pure."""
     if limit_s is None or estimate_s is None:
         return None
     left = limit_s - elapsed_s
@@ -135,8 +124,7 @@ class Lane:
         self.claimed: list[str] = []
         self.walls: list[float] = []  # of the trainings this lane ran to their end
         self.stopped: str | None = None  # why it stopped claiming before the queue was drained
-        # what the queue's lanes folded as completed (none where the backend does not fold), by their journals' names
-        self.journals = CompletedTail(run, [lane.pack_id for lane in plan.lanes(pack.stream)])
+        self.journals = CompletedTail(run, [lane.pack_id for lane in plan.lanes(pack.stream)])  # folded as completed
         # how its recent trainings ended (a fault's window), for telling a fault from its victims
         self.ended_recs: deque[TrainingRecord] = deque(maxlen=4 * pack.factor + 1)
         self.again: deque[Training] = deque()  # victims of a neighbour's fault, to run once more (it holds them)
@@ -169,7 +157,7 @@ class Lane:
 
     def where(self, training_id: str) -> str:
         """The pack whose folder holds the training's record and logs while this lane runs it: its home, or this
-        lane's own folder where the lane folds (the lane removes that folder at its end)."""
+        lane's own where the lane folds."""
         return self.pack.pack_id if self.folds else self.homes[training_id]
 
     def curve(self, training_id: str) -> Curve | None:
@@ -180,8 +168,7 @@ class Lane:
         return self.run.training_record(self.where(training_id), training_id)
 
     def is_completed(self, training_id: str, refresh: bool = False) -> bool:
-        """The training has a completed record: in a folder, or folded into a journal (``refresh``: read what the
-        journals gained since last asked)."""
+        """The training has a completed record, in a folder or a journal (``refresh``: read the journals again)."""
         if is_completed(self.record(training_id)):
             return True
         done = self.journals.refresh() if refresh else self.journals.done
@@ -196,8 +183,7 @@ class Lane:
         return max(self.walls) if self.walls else self.settings.training_estimate_s
 
     def out_of_time(self) -> str | None:
-        """Why the lane claims no more: a training started now would pass the job's time limit (less the requeue
-        signal's delay). None: there is time (or no limit, or nothing to estimate by)."""
+        """Why the lane claims no more (:func:`out_of_time`); None: there is time."""
         return out_of_time(self.settings.claim_until_s, self.clock() - self.started, self.estimate_s(), "a training")
 
     def next(self) -> Training | Wait | None:
@@ -217,8 +203,8 @@ class Lane:
         return None
 
     def _claim(self, i: int) -> Training | None:
-        """Claim the queue's item ``i`` (gone from this lane's look whether it wins it or not): the training, or None
-        where another lane holds it or it is completed."""
+        """Claim the queue's item ``i`` (gone from later looks either way): the training, or None where another lane
+        holds it or it is completed."""
         training = self.items[i][1]
         tid = training.training_id
         self._gone.add(i)
@@ -240,8 +226,7 @@ class Lane:
         return training
 
     def _admitted(self, inputs: AdmissionInputs) -> Training | Wait | None:
-        """The training the admission rule lets a freed slot start, claimed; WAIT: none fits the memory free now;
-        None: nothing is left to claim."""
+        """The training the admission rule lets a freed slot start, claimed; WAIT: none fits now; None: none left."""
         if self._looked is not None and self.clock() - self._looked < RECHECK_S:
             return WAIT  # nothing ended since the last look in vain, and it was a moment ago
         while True:
@@ -264,8 +249,7 @@ class Lane:
             return self._started(training)
 
     def _window(self, size: int) -> list[tuple[int, Training]]:
-        """The queue's next ``size`` trainings no lane claimed and none completed, in order (a look: claims
-        nothing; those found claimed or completed are gone from later looks)."""
+        """The queue's next ``size`` trainings neither claimed nor completed, in order (a look: it claims nothing)."""
         out: list[tuple[int, Training]] = []
         for i in range(self._cursor, len(self.items)):
             if len(out) == size:
@@ -304,9 +288,8 @@ class Lane:
             self._looked = None  # its memory frees: the next look measures again at once
 
     def judge(self, rec: dict[str, object]) -> dict[str, object]:
-        """A training's record as it ended, before it is written: a victim of a neighbour's fault on this lane's
-        device (gpupack.core.memory.victims) is recorded as such and run again once, by this lane. A plain dict, as
-        the Stream protocol (gpupack.job.pack) hands it: the job body built it a TrainingRecord."""
+        """A training's record as it ended, before it is written: a victim of a neighbour's fault
+        (gpupack.core.memory.victims) is recorded as such and run again once, by this lane."""
         training = cast(TrainingRecord, rec)
         tid = str(training["training_id"])
         culprit = culprit_of(training, self.ended_recs) if tid not in self.ran_again else None
@@ -327,20 +310,18 @@ class Lane:
 
     def recorded(self, training_id: str) -> None:
         """The training's record is written: where the lane folds, it goes into the journal with its logs, and a
-        completed training's claim goes (every lane now sees it completed in the journal)."""
+        completed training's claim goes."""
         if not self.folds:
             return
         recs = fold_trainings(self.run, self.pack.pack_id, [training_id], self.pack.pack_id)
         if any(rec.get("status") == COMPLETED for rec in recs):
             claim_path(self.folder, training_id).unlink(missing_ok=True)
 
-
     # ---- what a kind of lane changes of the one runner (:func:`gpupack.job.lanes.run_lane`) ----
 
     def settled(self, plan: Plan) -> PackRecord | None:
-        """The lane's record where its queue is drained (what an earlier run of it wrote, or one rebuilt from the
-        trainings it ran where that record was lost: its journal's line torn, or a kill before it was written);
-        None: it has trainings to run."""
+        """The lane's record where its queue is drained (an earlier run's, or one rebuilt from the trainings it ran
+        where that was lost); None: it has trainings to run."""
         if not self.drained():
             return None
         records = RunRecords(self.run)
@@ -353,9 +334,8 @@ class Lane:
             from gpupack.core.store.lane_columnar import write_lane_columnar  # pyarrow at its end only
 
             write_lane_columnar(self.run, self.pack.pack_id)
-        # the queue is drained: nothing to run, nothing to move. The record is the last one a run of this lane wrote,
-        # which may be a run that stopped claiming with trainings left (a later run ran them and was killed before
-        # its own record): what is left now is nothing, or its job would requeue itself for ever
+        # drained: the last record may say trainings were left (its run stopped claiming): none is now, or the job
+        # would requeue itself for ever
         return cast(PackRecord, {**done, "unclaimed": 0})
 
     def drained(self) -> bool:
@@ -363,13 +343,12 @@ class Lane:
         return len(self.completed()) == len(self.items)
 
     def ran_here(self, plan: Plan) -> list[tuple[str, str]]:
-        """The (home, training id) of each training this lane may have run: its queue's (what a lost record of it is
-        rebuilt from, those whose record says they ran in it)."""
+        """The (home, training id) of each training this lane may have run (a lost record is rebuilt from them)."""
         return [(home.pack_id, t.training_id) for home, t in plan.queue(self.pack.stream or "")]
 
     def resume(self) -> dict[str, object]:
-        """Settle what an earlier run of this lane left before this run claims anything (it holds the lane's lock:
-        that run is dead); what the pack record keeps of it. A queue's lane: nothing beyond its claims."""
+        """Settle what an earlier (dead) run of this lane left before this one claims; what the pack record keeps of
+        it. A queue's lane: nothing beyond its claims."""
         return {}
 
     def keep(self) -> tuple[set[str], Mapping[str, str]]:
