@@ -25,7 +25,7 @@ from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.core.workload import Workload
 from gpupack.errors import ConfigError, nearest, require_unique
 from gpupack.job.pack import PackContext, ended_outcome, read_result, worker_env, worker_spec
-from gpupack.job.pack.process import preload, process_options, start_method
+from gpupack.job.pack.process import preload, process_options, start_choice
 from gpupack.job.runtime.joins.ddp import BACKENDS, KEY, PREFIX, backend_of
 from gpupack.job.runtime.supervisor import ChildExit, ChildSpec, FailTogether, Supervisor, tail
 from gpupack.job.spread import Strategy
@@ -113,7 +113,7 @@ def rank_preload(training: "Training", ctx: "PackContext", supervisor: Superviso
     """Start the fork server the ranks start from where process mode would fork the same training (packing.process.start
     auto or fork, a forkable workload), so the two answers pay the same start-up; False: fresh interpreters (said in
     its log when it cannot start)."""
-    if start_method(process_options(ctx.settings).start, [load_workload(training.workload)]) != "fork":
+    if start_choice(process_options(ctx.settings).start, [load_workload(training.workload)])[0] != "fork":
         return False
     return preload(supervisor, [training], ctx) is None
 
