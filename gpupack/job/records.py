@@ -1,8 +1,6 @@
-"""Every record the job body writes, built here and only here: a training's (as it ends; skipped for memory before it
-starts; lost with its packer to an OOM SLURM told after the job; amended as oom or as a fault's victim), a pack's
-(as its attempt ends; rebuilt from its trainings' where its own was lost), and an earlier attempt's kept aside. The
-fields themselves are :func:`gpupack.core.store.records.training_record`'s and
-:func:`~gpupack.core.store.records.pack_record`'s.
+"""Every record the job body writes, built here and only here: a training's (ended, skipped for memory, lost to an
+OOM SLURM told after the job, amended as oom or as a fault's victim), a pack's (ended, or rebuilt from its trainings'
+where its own was lost), and an earlier attempt's kept aside.
 """
 from __future__ import annotations
 
@@ -45,8 +43,8 @@ from gpupack.job.runtime.oom import OOM_KILLED_BY, ran_out_of_memory
 
 @dataclass(frozen=True)
 class OnDevice:
-    """Where an attempt's trainings ran, as each of their records says it: the device NVML or the host described,
-    the torch device, each training's threads, how many ran at once, the GPU's model."""
+    """Where an attempt's trainings ran, as their records say: the device described, the torch device, each
+    training's threads, how many ran at once, the GPU's model."""
 
     info: DeviceInfo
     device: str
@@ -74,17 +72,14 @@ def gpu_model(info: DeviceInfo, settings: PackSettings) -> str | None:
 
 
 def order_fields(pack: Pack) -> dict[str, object]:
-    """Where the pack stands in the run's order (gpupack.core.plan.in_rounds): its round, or the pack it repeats at
-    the end as a drift check, and the threads a set-up of the reference set (``threads_set``,
-    gpupack.core.plan.setup_packs); nothing for a pack without (a lane, the loader alone, a plan written before
-    rounds)."""
+    """Where the pack stands in the run's order (gpupack.core.plan.in_rounds): its round, the pack it repeats as a
+    drift check, and a reference set-up's threads (``threads_set``); nothing a pack does not have."""
     return {k: v for k, v in (("round", pack.round), ("reference_of", pack.reference_of),
                               ("threads_set", pack.threads)) if v is not None}
 
 
 def spread_fields(pack: Pack, result: Mapping[str, object] | None = None) -> dict[str, object]:
-    """A spread pack's record fields: k devices, the strategy, and what it measured (all-reduce bytes per step, ...).
-    Nothing for a packing pack, whose records stay as they were."""
+    """A spread pack's record fields: k devices, the strategy, and what it measured; nothing for a packing pack."""
     if pack.spread is None:
         return {}
     return {"devices": pack.devices, "strategy": pack.spread, "spread": (result or {}).get("spread")}
@@ -92,17 +87,16 @@ def spread_fields(pack: Pack, result: Mapping[str, object] | None = None) -> dic
 
 # ---------------- a training's record ----------------
 
-def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, sweep: str,
-                          device: DeviceInfo, ctx_device: str, threads: int, concurrent: int,
-                          model: str | None = None) -> TrainingRecord:
+def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, plan: Plan,
+                          on: OnDevice) -> TrainingRecord:
     result = outcome.result or {}
     return training_record(
-        sweep=sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload_label,
+        sweep=plan.sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload_label,
         params=dict(training.params), grid_index=training.grid_index, reseed=training.reseed, repeat=training.repeat,
-        mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=concurrent,
-        loader_alone=pack.loader_alone,
-        gpu_type=device.name if device.kind == "gpu" else "cpu", device=ctx_device, device_name=device.name,
-        gpu_model=model, threads=threads, status=status_of(outcome), exit_code=outcome.exit_code, signal=outcome.signal,
+        mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=on.concurrent,
+        loader_alone=pack.loader_alone, gpu_type=on.info.name if on.info.kind == "gpu" else "cpu", device=on.device,
+        device_name=on.info.name, gpu_model=on.model, threads=on.threads, status=status_of(outcome),
+        exit_code=outcome.exit_code, signal=outcome.signal,
         error=outcome.error, started_at=outcome.started_at, ended_at=outcome.ended_at,
         wall_s=outcome.ended_at - outcome.started_at,
         timings=result.get("timings"), throughput=result.get("throughput"), metrics=result.get("metrics"),
@@ -110,6 +104,7 @@ def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pa
         data=result.get("data"), framework=result.get("framework"), host=socket.gethostname(),
         **spread_fields(pack, result), **order_fields(pack),
         **outcome.extra,
+        **({"phase": plan.phase} if plan.phase else {}),  # packing.factors=auto: a probe's, or the run's at the best N
     )
 
 
@@ -117,11 +112,7 @@ def finished_training_record(outcome: TrainingOutcome, training: Training, pack:
                              fields: Mapping[str, object], sampled: Mapping[str, object]) -> TrainingRecord:
     """The record of a training that ran and ended, as its pack's mode told it (``outcome``); ``fields``: more of
     its fields (a refit pack's ``refit_of``, the GPUs it was given); ``sampled``: the sampler's figures of it."""
-    rec = build_training_record(outcome, training, pack, plan.sweep, on.info, on.device, on.threads, on.concurrent,
-                                on.model)
-    if plan.phase:  # packing.factors=auto: a probe's record, or the run's at the best N
-        rec["phase"] = plan.phase
-    rec = cast(TrainingRecord, {**rec, **fields})  # a caller's fields: not checked here
+    rec = cast(TrainingRecord, {**build_training_record(outcome, training, pack, plan, on), **fields})
     fill_memory(rec, sampled)
     share_hint(rec)
     return rec
@@ -132,12 +123,8 @@ def skipped_training_record(training: Training, pack: Pack, plan: Plan, on: OnDe
     """The record of a training of a pack skipped for memory (``why``); ``runs_in``: the refit pack that runs it
     (None: its grid point ran at a smaller N)."""
     outcome = TrainingOutcome(training.training_id, now, now, None, error=f"skipped for memory: {why}")
-    rec = build_training_record(outcome, training, pack, plan.sweep, on.info, on.device, on.threads, on.concurrent,
-                                on.model)
-    rec.update({"status": SKIPPED_MEMORY, "skipped_memory": why})
-    rec["runs_in"] = runs_in
-    if plan.phase:
-        rec["phase"] = plan.phase
+    rec = build_training_record(outcome, training, pack, plan, on)
+    rec.update({"status": SKIPPED_MEMORY, "skipped_memory": why, "runs_in": runs_in})
     return rec
 
 
@@ -148,12 +135,10 @@ def lost_training_record(training: Training, pack: Pack, plan: Plan, sibling: Tr
     info = DeviceInfo(kind="cpu" if sibling.get("gpu_type") == "cpu" else "gpu", name=str(sibling.get("device_name")))
     outcome = TrainingOutcome(training.training_id, float(sibling["started_at"]), time.time(), None, signal.SIGKILL,
                               why, extra={OOM_KILLED_BY: why})
-    rec = build_training_record(outcome, training, pack, plan.sweep, info, str(sibling.get("device")),
-                                int(sibling.get("threads") or 1), int(sibling.get("concurrent") or pack.factor),
-                                sibling.get("gpu_model"))
+    on = OnDevice(info, str(sibling.get("device")), int(sibling.get("threads") or 1),
+                  int(sibling.get("concurrent") or pack.factor), sibling.get("gpu_model"))
+    rec = build_training_record(outcome, training, pack, plan, on)
     rec["host"] = sibling.get("host")  # where it ran, not this submitting host
-    if plan.phase:
-        rec["phase"] = plan.phase
     if refit_parent(pack.pack_id) is not None:  # as the refit pack's own records say (run_refits)
         rec["refit_of"] = refit_parent(pack.pack_id)
     return rec
@@ -171,8 +156,8 @@ def as_victim(rec: TrainingRecord, culprit: str) -> TrainingRecord:
 
 
 def share_hint(rec: TrainingRecord) -> None:
-    """A training that ran out of memory with a share of the GPU (packing.memory_share) says what its share was and
-    what would give it more: the limit may be what it hit, not the device."""
+    """A training that ran out of memory with a share of the GPU says what its share was and what would give it more:
+    the limit may be what it hit, not the device."""
     share = rec.get("memory_share")
     if rec.get("status") != OOM or not isinstance(share, Mapping):
         return
@@ -184,11 +169,9 @@ def share_hint(rec: TrainingRecord) -> None:
 
 
 def fill_memory(rec: TrainingRecord, sampled: Mapping[str, object]) -> None:
-    """A figure the training did not report itself (a program of the ``command`` workload reports no memory) is the
-    sampler's, so the record says what the tables show; ``memory.from_sampler`` names those (sampled every
-    ``packing.sample_interval_s``: a shorter peak can be missed). NVML's figure of the training's whole process on a
-    GPU is kept beside torch's own (``process_gpu_mem_mb``), which leaves its CUDA context out: a share of the GPU is
-    sized by the higher (:func:`gpupack.core.memory.figures.gpu_peak_mb`)."""
+    """A memory figure the training did not report itself is the sampler's (named in ``memory.from_sampler``: a peak
+    shorter than its interval can be missed). NVML's figure of its whole process on a GPU is kept beside torch's own
+    (``process_gpu_mem_mb``), which leaves the CUDA context out: a share of the GPU is sized by the higher."""
     memory = dict(rec.get("memory") or {})  # None: a training that failed before reporting anything
     filled = [key for key in ("peak_rss_mb", "peak_gpu_mem_mb")
               if memory.get(key) is None and sampled.get(key) is not None]
@@ -228,8 +211,8 @@ class SlotUse(TypedDict):
 
 
 def slot_use(records: Sequence[TrainingRecord], slots: int, started: float, ended: float) -> SlotUse:
-    """How busy the pack's N slots were: ``slot_occupancy`` = Σ training wall / (N × pack wall), and the idle gaps
-    between one training's end and the next one's start in the same slot (a streaming lane's refills). Pure."""
+    """``slot_occupancy`` = Σ training wall / (N × pack wall), and the idle gaps between one training's end and the
+    next one's start in the same slot. Pure."""
     wall = ended - started
     busy = sum(float(r["ended_at"]) - float(r["started_at"]) for r in records)
     by_slot: dict[int, list[tuple[float, float]]] = {}
@@ -245,11 +228,19 @@ def slot_use(records: Sequence[TrainingRecord], slots: int, started: float, ende
 
 
 def pack_workload(pack: Pack, records: Sequence[TrainingRecord]) -> str | None:
-    """The workload a pack ran: its plan's, or, where it plans none (a search lane asks its trials as it goes), its
-    trainings' records'."""
+    """The workload a pack ran: its plan's, else (a search lane's) its trainings' records'."""
     if pack.trainings:
         return pack.trainings[0].workload_label
     return next((str(r["workload"]) for r in records if r.get("workload")), None)
+
+
+def _tally(records: Sequence[TrainingRecord]) -> dict[str, object]:
+    """The pack record's count of its trainings' ends."""
+    return {"training_ids": [r["training_id"] for r in records],
+            "n_completed": sum(r.get("status") == COMPLETED for r in records),
+            "n_failed": sum(r.get("status") not in FINISHED for r in records),
+            "n_pruned": sum(r.get("status") == PRUNED for r in records),
+            "n_oom": sum(r.get("status") == OOM for r in records)}
 
 
 def _span(records: Sequence[TrainingRecord], mode_started: float | None) -> tuple[float, float, dict[str, float]]:
@@ -266,11 +257,9 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord]
                       sampled: Mapping[str, object] | None = None, mode_started: float | None = None,
                       phase: str | None = None, job: JobEnvironment | None = None,
                       extra: Mapping[str, object] | None = None) -> PackRecord:
-    """Write the pack record of this attempt. ``job``: as in :func:`gpupack.job.body.run_pack`; ``extra``: more
-    fields (a lane's). Its wall runs from its first training's start (a fresh interpreter's spawn, a fork, a shared
-    process's spawn: each training's own start-up is inside) to its last one's end; what its mode did once before
-    (``mode_started``: a fork server's preload, shared by a lane's packs or not) is its ``setup_s``, outside the wall
-    as a job's start is."""
+    """Write the pack record of this attempt. Its wall runs from its first training's start (each training's start-up
+    inside) to its last one's end; what its mode did before (``mode_started``: a fork server's preload) is its
+    ``setup_s``, outside the wall as a job's start is."""
     fields = (job or JobEnvironment.here()).record_fields()
     started, ended, setup = _span(records, mode_started)
     slots = slot_use(records, pack.factor, started, ended)
@@ -279,19 +268,12 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord]
         loader_alone=pack.loader_alone,
         gpu_type=info.name if info.kind == "gpu" else "cpu", device=device, device_name=info.name,
         device_note=info.note, gpu_model=model, gpu_memory_total_mb=info.memory_total_mb,
-        # Time per training is only meaningful when all N trainings ran together in this attempt (a lane's N slots
-        # ran whatever they claimed: it times the production run, not N).
-        concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None,
-        training_ids=[r["training_id"] for r in records],
-        n_completed=sum(r["status"] == COMPLETED for r in records),
-        n_failed=sum(r["status"] not in FINISHED for r in records),
-        n_pruned=sum(r["status"] == PRUNED for r in records),
-        n_oom=sum(r["status"] == OOM for r in records),
+        # Time per training means something only where all N ran together in this attempt (not a lane's slots).
+        concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None, **_tally(records),
         started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
         cores=cores, threads_per_training=threads, host=socket.gethostname(),
         workload=pack_workload(pack, records),
-        # The job (its id, its GPUs), and what the scheduler gave it, to cross-check with sacct's gres/gpu.
-        **fields,
+        **fields,  # the job (its id, its GPUs) and what the scheduler gave it
         sampler=sampled, **spread_fields(pack), **order_fields(pack), **slots, **setup, **(extra or {}),
     )
     if phase:
@@ -318,10 +300,8 @@ REBUILT = ("its record was lost (its journal line torn by a writer killed mid-ap
 
 
 def rebuilt_pack_record(pack: Pack, records: Sequence[TrainingRecord], phase: str | None = None) -> PackRecord:
-    """The record of a pack whose every training has its record but whose own was lost (:data:`REBUILT`, said in it):
-    what :func:`write_pack_record` would have said, from ``records``, those its trainings' current records that ran in
-    it. Complete (a timing of N) only where N trainings ran together in one job, as each training's record says.
-    Pure."""
+    """What :func:`write_pack_record` would have said of a pack whose own record was lost (:data:`REBUILT`), from its
+    trainings' ``records``: complete (a timing of N) only where N ran together in one job. Pure."""
     first: TrainingRecord = records[0] if records else {}
     started = min((float(r["started_at"]) for r in records), default=0.0)
     ended = max((float(r["ended_at"]) for r in records), default=started)
@@ -333,12 +313,7 @@ def rebuilt_pack_record(pack: Pack, records: Sequence[TrainingRecord], phase: st
         **{k: first.get(k) for k in ("gpu_type", "device", "device_name", "gpu_model", "host", "job_id",
                                      "cuda_visible_devices")},
         concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None and together,
-        training_ids=[r["training_id"] for r in records],
-        n_completed=sum(r.get("status") == COMPLETED for r in records),
-        n_failed=sum(r.get("status") not in FINISHED for r in records),
-        n_pruned=sum(r.get("status") == PRUNED for r in records),
-        n_oom=sum(r.get("status") == OOM for r in records),
-        started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
+        **_tally(records), started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
         threads_per_training=first.get("threads"),
         workload=pack_workload(pack, records), sampler=None, rebuilt=REBUILT,
         **spread_fields(pack), **order_fields(pack), **slot_use(records, pack.factor, started, ended))
@@ -351,11 +326,8 @@ def rebuilt_pack_record(pack: Pack, records: Sequence[TrainingRecord], phase: st
 
 def rebuild_pack_record(run: RunDir, plan: Plan, pack: Pack, records: RunRecords,
                         pairs: Sequence[tuple[str, str]] | None = None) -> PackRecord | None:
-    """Write the rebuilt record (:func:`rebuilt_pack_record`) of ``pack``, whose trainings all have their record, into
-    its folder, as its job would have at its end (a lane that folds folds it next); it says so on stderr. Its
-    trainings: ``pairs`` (home, training id: a streaming lane's, those it may have run) or its own, whose current
-    record ran in it; None where none did (a lane the others left nothing to: it runs, and writes its own record as
-    ever)."""
+    """Write the rebuilt record (:func:`rebuilt_pack_record`) of ``pack`` into its folder, saying so on stderr, from
+    the records of ``pairs`` (home, training id; else its own trainings) that ran in it; None where none did."""
     if pairs is None:
         pairs = [(pack.pack_id, t.training_id) for t in pack.trainings]
     ran = [rec for home, tid in pairs if (rec := records.training(home, tid)) is not None
