@@ -2,12 +2,9 @@
 :mod:`gpupack.core.memory.pack_fit`): the peaks each setting reached, read once where a job begins and learnt as its
 packs end.
 
-A lane of packs holds one :class:`PeakBook` for all its packs: the earlier runs' peaks and this run's, read at its
-start, and each pack's own trainings added as it ends, so a setting's packs that run after its first measurement
-are held against it (packs run in rounds, :func:`gpupack.core.plan.in_rounds`: a larger pack may come first, and
-then starts on what earlier runs or ``sweep.training_memory_mb`` say). What lanes running at the
-same time fold into their journals is read before a pack starts (:meth:`PeakBook.refresh`: their new lines only, at
-most every :data:`REFRESH_EVERY_S`), so a lane's N=4 pack is held against the N=1 another lane just measured.
+A lane holds one :class:`PeakBook` for all its packs: earlier runs' peaks and this run's, read at its start, each pack's
+trainings added as it ends, and what other lanes fold into their journals read before a pack starts
+(:meth:`PeakBook.refresh`), so a lane's N=4 pack is held against the N=1 another lane just measured.
 """
 from __future__ import annotations
 
@@ -40,24 +37,20 @@ from gpupack.job.workloads import load_workload
 
 SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to peak alike
 
-
 REFRESH_EVERY_S = 30.0  # how often a lane reads what the others folded since (a stat a lane's journal: Lustre's cost)
 
 
 class PeakBook:
-    """The highest host and GPU peaks per setting of trainings that completed: this run's (read once, then learnt as
-    packs end, its lanes' journals read again as they grow) and earlier runs' (read once). Shared by the threads of a
-    job of several GPUs."""
+    """The highest host and GPU peaks per setting of completed trainings: this run's (read once, then learnt as packs
+    end and lanes' journals grow) and earlier runs' (read once). Thread-safe."""
 
     def __init__(self, run: RunDir, trainings: Sequence[Training],
                  clock: Callable[[], float] = time.monotonic, *, device: str) -> None:
-        # the device this job's trainings run on ("cpu", or NVML's name of its GPU, :func:`job_device`): peaks measured
-        # on another device model are not this job's (gpupack.core.memory.figures.same_device)
+        # the device this job's trainings run on (:func:`job_device`): peaks on another device model are not this job's
         self.device = device
         self._seed_keys: dict[str, str] = {}
         self._unloadable: set[str] = set()
-        self._learnt: set[str] = set()  # the training records learnt: a lane's own, learnt as its pack ends, come again
-        # in its journal's new lines (refresh), and count once
+        self._learnt: set[str] = set()  # records learnt: a lane's own come again in its journal, and count once
         self._lock = threading.Lock()
         self._run, self._clock = run, clock
         self._read_to = _journal_sizes(run)  # before the read below: a line folded meanwhile is read twice, not missed
@@ -75,8 +68,7 @@ class PeakBook:
         return self._seed_keys[workload]
 
     def _key(self, workload: str, params: Mapping[str, object]) -> SettingKey | None:
-        """(workload, its setting: every hyperparameter but its seed) of another lane's record; None: its workload
-        does not load here (one this lane does not run), and is not learnt from."""
+        """The setting of another lane's record; None where its workload does not load here (not learnt from)."""
         if workload in self._unloadable:
             return None
         try:
@@ -86,8 +78,7 @@ class PeakBook:
             return None
 
     def refresh(self) -> None:
-        """Learn what the run's lanes folded into their journals since it last looked (their new lines only): the
-        trainings other lanes completed meanwhile. At most every :data:`REFRESH_EVERY_S`."""
+        """Learn the new lines of the run's lanes' journals, at most every :data:`REFRESH_EVERY_S`."""
         now = self._clock()
         if now - self._refreshed < REFRESH_EVERY_S:
             return
@@ -113,9 +104,8 @@ class PeakBook:
         return out
 
     def learn(self, trainings: Mapping[str, Training], records: Iterable[Mapping[str, object]]) -> None:
-        """The peaks a pack's completed training records say (``trainings``: by id), each its setting's in this run
-        if higher. A training cut short (its share, a neighbour's fault, a victim about to run again) peaked at no
-        more than it was let: a lower bound of its need, which would size the next share too small."""
+        """The peaks a pack's completed training records say (``trainings``: by id), each its setting's if higher. Only
+        completed ones: one cut short peaked at no more than it was let, which would size the next share too small."""
         self._learn_keyed((self.setting(t), rec) for rec in records
                           if (t := trainings.get(str(rec.get("training_id")))) is not None)
 
