@@ -1,16 +1,10 @@
 """A lane of whole packs: one job that runs its share of one (partition, mode, N) group's packs, one after another,
 one at a time on each of the job's GPUs.
 
-A sweep of thousands of packs runs as a few such jobs per group (the backend deals the packs out, within the site's
-job limits) instead of one job per pack. Each pack is still measured as it would be alone in its job
-(:func:`gpupack.job.body.run_pack`: the pack's wall from its mode's start, no job start inside it; wall / N per
-training), keeps its own folder and records, and a completed pack is skipped, so a requeued lane goes on where it
-stopped. Near its job's time limit the lane starts no pack it could not finish (by the longest pack it ran so far)
-and says what it left, and its backend requeues it (:class:`gpupack.submit.PackJob`).
-
-A job of G GPUs (``settings.job_gpus``: a whole node, on a site that gives GPUs by the node) runs G packs at once,
-each on its GPU alone (:meth:`JobEnvironment.on_gpu`: its trainings see that GPU only, its MPS daemon is that GPU's);
-each GPU takes the lane's next pack as its last one ends.
+Each pack is still measured as it would be alone in its job (:func:`gpupack.job.body.run_pack`) and keeps its own
+records; a completed pack is skipped, so a requeued lane goes on where it stopped. Near its job's time limit the lane
+starts no pack it could not finish (by the longest it ran so far). A job of G GPUs (``settings.job_gpus``) runs G
+packs at once, each on its GPU alone (:meth:`JobEnvironment.on_gpu`), each taking the lane's next as its last ends.
 """
 from __future__ import annotations
 
@@ -36,8 +30,7 @@ from gpupack.job.stream import out_of_time
 
 
 class InTurn(TypedDict):
-    """What a lane of whole packs run in turn did (:func:`run_in_turn`): each pack's record, and where the job's
-    time ran short, why it stopped and how many packs it left."""
+    """What a lane of whole packs did (:func:`run_in_turn`)."""
 
     in_turn: list[str]
     records: dict[str, PackRecord]
@@ -86,10 +79,9 @@ class Turns:
 def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, job: JobEnvironment | None = None,
                 plan: Plan | None = None, clock: Callable[[], float] = time.time,
                 kind: LaneKind = queue_lane) -> InTurn:
-    """Run ``pack_ids`` in turn in this job, one at a time on each of its ``settings.job_gpus`` GPUs; what each pack's
-    record says (``records``), and, where the job's time ran short, why it stopped (``stopped_claiming``) and how many
-    packs it left (``unclaimed``). A pack that raises stops the lane (the other GPUs end their pack) and is raised.
-    ``kind``: what kind of lane a streaming pack among them is."""
+    """Run ``pack_ids`` in turn in this job, one at a time on each of its ``settings.job_gpus`` GPUs: each pack's
+    record, and, where the job's time ran short, why it stopped and how many packs it left. A pack that raises stops
+    the lane (the other GPUs end their pack) and is raised. ``kind``: what kind of lane a streaming pack is."""
     job = job or JobEnvironment.here()
     run = RunDir(Path(run_root))
     plan = plan or Plan.from_json(read_json(run.plan))
@@ -129,17 +121,14 @@ def refit_folders(run: RunDir, pack_id: str) -> list[str]:
 
 def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, records: RunRecords, lane: str,
                resources: LaneResources | None = None, peaks: PeakBook | None = None) -> None:
-    """Run the lane's next pack on ``job``'s device until none is left to begin; where the lane folds
-    (``settings.fold``), each ended pack into the lane's journal. ``resources``: what the packs this device runs share
-    (a fork server started for the first, kept for the next); ``peaks``: what each pack is held against before it
-    starts, the lane's (:class:`gpupack.job.peaks.PeakBook`)."""
+    """Run the lane's next pack on ``job``'s device until none is left to begin, each folded into the lane's journal
+    where the lane folds. ``resources``, ``peaks``: as :func:`gpupack.job.body.run_pack` takes them."""
     while (pack_id := turns.take()) is not None:
         pack = plan.pack(pack_id)
         ran_before = all(records.ran(pack_id, t.training_id) for t in pack.trainings)
         began = turns.clock()
         try:
-            if pack.stream is not None:  # a streaming lane's pack, where the user's job limit dealt several to one
-                # job: its queue
+            if pack.stream is not None:  # a streaming lane, where a job limit dealt several to one job
                 record = run_lane(str(run.root), pack_id, turns.settings, job=job, plan=plan, kind=turns.kind)
             else:
                 record = run_pack(str(run.root), pack_id, turns.settings, job=job, plan=plan, records=records,
