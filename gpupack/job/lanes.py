@@ -1,9 +1,6 @@
-"""The one runner of a streaming lane (packing.stream), whatever its kind chooses its next training by: a queue's lane
-claims the queue's next training (:class:`gpupack.job.stream.Lane`), a search's asks the study for its next trial
-(:class:`gpupack.search.lane.SearchLane`, given by the job's entry: the job side knows no study). Everything else is
-this runner's, for both: the lane's lock, memory admission, what an earlier run left (its unfolded records, its lost
-pack record rebuilt, its stale and torn claims released), the first N trainings, the pack attempt, the record and its
-fold.
+"""The one runner of a streaming lane (packing.stream), whatever its kind chooses its next training by: a queue's
+(:class:`gpupack.job.stream.Lane`) or a search's (:class:`gpupack.search.lane.SearchLane`, given by the job's entry:
+the job side knows no study). The lock, admission, what an earlier run left, the attempt and the record are its own.
 """
 from __future__ import annotations
 
