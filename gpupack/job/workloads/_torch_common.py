@@ -9,7 +9,7 @@ import contextlib
 from abc import abstractmethod
 from typing import Callable, ClassVar, ContextManager, Mapping, Sequence, TypeVar, cast
 
-from gpupack.core.frameworks import Device, Framework, Generator, GradScaler, Loader, Model, Optimizer, Tensor
+from gpupack.core.frameworks import Device, Framework, GradScaler, Loader, Model, Optimizer, Tensor
 from gpupack.core.placement import Spread
 from gpupack.core.workload import TrainingContext, Workload
 from gpupack.errors import ConfigError
@@ -90,15 +90,12 @@ def preload(load: Callable[[str | None], object], params: Sequence[TrainingParam
     """What a torch workload's fork server does once: import torch and read each data folder the pack uses."""
     import torch  # noqa: F401  (imported, never initialised on a device)
 
-    # What a training imports lazily on its way to the first step: the first optimizer pulls in torch._dynamo
-    # (~1 s here). Imports only; they start no thread, so forking after them stays safe.
+    # what the first optimizer imports lazily (~1 s here); imports start no thread, so forking stays safe
     import torch._dynamo  # noqa: F401
     import torch.utils.data  # noqa: F401
 
     for data_dir in sorted({p.data_dir for p in params}, key=str):
         load(data_dir)
-
-
 
 
 def run(params: TorchLoaderParams, ctx: TrainingContext, data: ImageSet, build_model: Callable[[Framework], Model],
@@ -120,7 +117,10 @@ def run(params: TorchLoaderParams, ctx: TrainingContext, data: ImageSet, build_m
     if spread is not None:  # some rank's slice of every batch would be empty
         check_split(params, spread.world)
     # Spread: the same batches as packing's trainings (a last partial batch included, split unevenly; see train()).
-    loader = make_loader(torch, x_train, y_train, params, device, gen)
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(x_train, y_train), batch_size=params.batch_size, shuffle=True, generator=gen,
+                        num_workers=params.num_workers, pin_memory=params.pin_memory and device.type == "cuda")
     if params.loader_only:
         return loader_only(params, loader, device, ctx, torch, data.source)
     model = build_model(torch.nn).to(device)
@@ -142,14 +142,6 @@ def run(params: TorchLoaderParams, ctx: TrainingContext, data: ImageSet, build_m
     # Evaluated on the unwrapped model: every rank holds the same weights, and no all-reduce runs outside training.
     return {"train_loss": loss, "val_accuracy": accuracy(model, x_val, y_val, device, torch, eval_batch),
             "peak_gpu_mem_mb": peak_gpu_mem_mb(device, torch), "data": data.source}
-
-
-def make_loader(torch: Framework, x: Tensor, y: Tensor, params: TorchLoaderParams, device: Device,
-                gen: Generator) -> Loader:
-    from torch.utils.data import DataLoader, TensorDataset
-
-    return DataLoader(TensorDataset(x, y), batch_size=params.batch_size, shuffle=True, generator=gen,
-                      num_workers=params.num_workers, pin_memory=params.pin_memory and device.type == "cuda")
 
 
 def amp(enabled: bool, device: Device, torch: Framework) -> tuple[Callable[[], ContextManager[object]],
@@ -180,10 +172,8 @@ def loader_only(params: TrainingParams, loader: Loader, device: Device, ctx: Tra
 def train(model: Model, opt: Optimizer, loader: Loader, params: TrainingParams, device: Device, ctx: TrainingContext,
           torch: Framework, memory_format: Framework = None, epoch_end: Callable[[int], bool] | None = None) -> float:
     """The training loop, each step reported; returns the mean training loss (spread: this rank's share of it).
-    ``epoch_end(epoch)`` after each epoch: True (a search pruned the trial) ends the loop there.
-
-    A caller that puts a list under ``ctx.reporter.info["losses"]`` gets each step's loss appended to it (spread: this
-    rank's weighted share; the step's global loss is the mean over ranks), to compare loss curves in tests."""
+    ``epoch_end(epoch)`` after each epoch: True (pruned) ends the loop. A list under ``ctx.reporter.info["losses"]``
+    gets each step's loss (spread: this rank's weighted share), to compare loss curves in tests."""
     loss_fn = torch.nn.CrossEntropyLoss()
     autocast, scaler = amp(params.amp, device, torch)
     rep = ctx.reporter
