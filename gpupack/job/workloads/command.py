@@ -43,8 +43,7 @@ ARGV_HINT = "e.g. sweep.fixed.argv=[python,train.py,--lr,'{lr}']"
 
 
 class CommandParams(TypedDict, total=False):
-    """A command training's hyperparameters: the keys that describe the program (PROGRAM_KEYS), as
-    :meth:`Command.typed` checked them; every other key is a hyperparameter of the program's own, any JSON value."""
+    """The keys that describe the program, as :meth:`Command.typed` checked them; any other is a hyperparameter."""
 
     argv: list[str]
     cwd: str | None
@@ -55,8 +54,7 @@ class CommandParams(TypedDict, total=False):
 
 
 def program_keys(params: Mapping[str, object]) -> CommandParams:
-    """A training's plain values (a plan's, a spec's JSON) as what they are: :meth:`Command.typed` checked the
-    program's keys before anything ran."""
+    """A training's plain values as what they are (:meth:`Command.typed` checked them before anything ran)."""
     return cast(CommandParams, params)
 
 
@@ -159,8 +157,7 @@ class Command(Workload[CommandParams]):
     def program(self, plain: Mapping[str, object]) -> Launch:
         """The rendered argv, environment and working directory of one training (refuses bad templates)."""
         params = program_keys(plain)
-        # only the hyperparameters its templates name (a check reads no more: gpupack.sweep.setup.once); all of them
-        # where one is missing, for the nearest name in render's refusal
+        # only the hyperparameters its templates name; all of them where one is missing (render's nearest name)
         templates = [*(params.get("argv") or []), *(params.get("env") or {}).values(), params.get("cwd") or ""]
         names = {n for t in templates for n in _names(str(t)) if n not in RESERVED}
         own = all(n not in PROGRAM_KEYS and n in plain for n in names)
@@ -219,7 +216,7 @@ class Command(Workload[CommandParams]):
         import_libraries(static_imports(self.source_files(params[0]), sys.modules), "imported by the script's files")
 
     def source_files(self, params: Mapping[str, object]) -> list[Path]:
-        """The Python file a forked training runs (its script, or its -m module where it is a file), else none."""
+        """The Python file a forked training runs (its script, or its -m module's file), else none."""
         launch = self.program(params)
         main = python_main(launch.argv, {**os.environ, **launch.env})
         cwd = Path(launch.cwd) if launch.cwd else Path.cwd()
@@ -231,8 +228,7 @@ class Command(Workload[CommandParams]):
         return [found] if found is not None else []
 
     def failure_hint(self, params: Mapping[str, object], error: str) -> str | None:
-        """A program that could not import a module may have run under another interpreter than gpupack's: say
-        which one ran it."""
+        """A program that could not import a module may have run under another interpreter: say which."""
         if "ModuleNotFoundError" not in error and "No module named" not in error:
             return None
         argv = self.program(params).argv
@@ -252,14 +248,12 @@ class Command(Workload[CommandParams]):
         return result
 
     def train(self, params: CommandParams, ctx: TrainingContext) -> dict[str, object]:
-        """Never called: a program is its own process (``launch``), started and followed by the one supervisor, and
-        no mode or strategy hosts a ``command`` training in-process (its framework is none of theirs)."""
+        """Never called: a program is its own process (``launch``); no mode hosts a ``command`` training in-process."""
         raise NotImplementedError("a command training runs as its own process (process mode), never in-process")
 
 
 def module_file(name: str, path: Sequence[str]) -> Path | None:
-    """The file of module ``name`` (dotted) as ``python -m`` would find it from ``path`` (the working folder first),
-    found without importing anything: its packages' ``__init__`` may do anything at import."""
+    """The file of module ``name`` as ``python -m`` would find it from ``path``, without importing its packages."""
     locations: Sequence[str] | None = list(path)
     spec = None
     for part in name.split("."):
@@ -276,9 +270,8 @@ def module_file(name: str, path: Sequence[str]) -> Path | None:
 
 
 def python_main(argv: Sequence[str], env: Mapping[str, str]) -> PythonMain | None:
-    """``[PY, SCRIPT.py, ARGS...]`` or ``[PY, -m, MODULE, ARGS...]`` run by this very interpreter (PY is {python},
-    or a path or PATH name that is sys.executable: a venv's python is a link to the system's, so paths are compared
-    unresolved) as the fork server's request; None for anything else. Pure, given PATH."""
+    """``[PY, SCRIPT.py, ARGS...]`` or ``[PY, -m, MODULE, ARGS...]`` run by this very interpreter (paths compared
+    unresolved: a venv's python links to the system's) as the fork server's request; None otherwise. Pure."""
     if len(argv) < 2:
         return None
     found = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
@@ -292,8 +285,8 @@ def python_main(argv: Sequence[str], env: Mapping[str, str]) -> PythonMain | Non
 
 
 def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:
-    """The program must exist where it will run: a path (relative to cwd) to an executable file, or a name on
-    PATH; and ``python SCRIPT.py``'s script must exist too."""
+    """The program must exist where it will run (an executable file, or a name on PATH), and so must
+    ``python SCRIPT.py``'s script."""
     program = argv[0]
     if os.sep in program:
         path = Path(program) if os.path.isabs(program) else cwd / program
@@ -378,9 +371,8 @@ def _shown(value: object) -> object:
 
 
 def checked_report(raw: object) -> ResultReport:
-    """What a program reported at ``$GPUPACK_RESULT``, each key holding what :mod:`gpupack.result` writes (None: the
-    key left out), else a DataError naming the first key that does not. A key of its own is left alone unless it
-    reads as a misspelt one of these (``metric``), whose figures would otherwise be lost without a word."""
+    """What a program reported at ``$GPUPACK_RESULT``, else a DataError naming the first key that does not hold what
+    :mod:`gpupack.result` writes. A key of its own is left alone unless it reads as a misspelt one (``metric``)."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -408,11 +400,8 @@ def checked_report(raw: object) -> ResultReport:
 
 
 def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ended_at: float) -> CommandResult:
-    """A command training's result in the worker's schema, from what the program reported (or nothing).
-
-    Start-up and loop are split only when the program marked its first step (``loop_start``); otherwise the whole
-    wall time is one figure and ``timings.split`` is false (the table says so).
-    """
+    """A command training's result in the worker's schema, from what the program reported (or nothing). Start-up and
+    loop are split only where the program marked its first step (``timings.split``)."""
     report = checked_report(raw)  # the program's JSON: written by gpupack.result, or by the program itself
     loop_start, loop_end = report.get("loop_start"), report.get("loop_end")
     loop_s = loop_end - loop_start if loop_start is not None and loop_end is not None else None
