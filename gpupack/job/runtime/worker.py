@@ -1,8 +1,7 @@
 """One training, in its own process: ``python -m gpupack.job.runtime.worker SPEC.json``.
 
-The packer writes the spec (workload, hyperparameters, device, threads); the worker trains and writes
-its result next to it. It never writes the training record: only the packer knows how the process
-ended (exit code, signal), so it alone composes the record from both.
+The worker trains as the packer's spec says and writes its result; only the packer, which knows how the process
+ended, writes the training record.
 """
 from __future__ import annotations
 
@@ -109,8 +108,7 @@ def run_training(spec: WorkerSpec, process_start: float) -> TrainingResult:
 
 
 def join_spread(placement: Mapping[str, object] | None) -> Spread | None:
-    """One training spread over k devices: its strategy sets this process up (DDP joins the process group) and
-    returns the Spread the workload calls; None for a training on one device."""
+    """One training spread over k devices: its strategy sets this process up and returns the workload's Spread."""
     if not placement:
         return None
     from gpupack.core.placement import Placement  # only a spread training's process needs them
@@ -120,15 +118,14 @@ def join_spread(placement: Mapping[str, object] | None) -> Spread | None:
 
 
 def framework_of(name: str) -> str | None:
-    """The framework a training ran on, as its process imported it, with its version ("torch 2.13.0+cpu"); None where
-    the process never imported it (a program of its own, a test workload)."""
+    """The framework a training ran on, with its version ("torch 2.13.0+cpu"); None where it was never imported."""
     version = getattr(sys.modules.get(name), "__version__", None)
     return f"{name} {version}" if version else None
 
 
 def shared_by(result: TrainingResult, n: int) -> TrainingResult:
-    """Mark a result's memory as its process's, shared by ``n`` trainings (a ``fused`` or ``tf_logical`` pack's one
-    process): its resident peak is the pack's, not the training's, and sizes no training's request or share."""
+    """Mark a result's memory as its process's, shared by ``n`` trainings: its resident peak sizes no training's
+    share."""
     if n > 1:
         result["memory"] = {**result["memory"], "shared_by": n}
     return result
@@ -171,8 +168,8 @@ def compose_result(spec: WorkerSpec, workload: Workload, params: object,
 
 
 def main(argv: list[str] | None = None, process_start: float | None = None) -> int:
-    """Train as the spec says and write the result. ``process_start``: when this training's process began (a
-    child forked by the fork server began at its fork, not when this module was imported in the server)."""
+    """Train as the spec says and write the result. ``process_start``: when this training's process began (a forked
+    one's: at its fork)."""
     from gpupack.core.store.records import (
         write_json_atomic,  # after _PROCESS_START: a training's imports are its start-up
     )
@@ -190,18 +187,16 @@ def main(argv: list[str] | None = None, process_start: float | None = None) -> i
 
 
 def _end_rank(spec: WorkerSpec, code: int) -> int:
-    """A DDP rank ends here, its result written or its failure printed, before the interpreter's finalization: there
-    gloo's threads can still free tensors and abort the process (SIGABRT, pytorch#179291), and a DDP model a failure's
-    traceback still holds, freed after its process group, waits on them for ever."""
+    """A DDP rank ends here, before the interpreter's finalization, where gloo's threads can abort the process
+    (pytorch#179291) or a failure's traceback hold a DDP model that waits on them for ever."""
     if spec.get("spread"):
         exit_at_once(code)
     return code
 
 
 def exit_at_once(code: int) -> NoReturn:
-    """End a process of gpupack's whose results are written, without the interpreter's teardown: that frees every
-    module imported (about a second of torch or TensorFlow here) while the job waits for the process to exit, and
-    runs exit handlers that imports registered for no work of this process's."""
+    """End a process of gpupack's whose results are written, without the interpreter's teardown (about a second of
+    freeing torch or TensorFlow, and exit handlers for no work of its own)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
