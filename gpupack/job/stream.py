@@ -178,13 +178,10 @@ class Lane:
         self.journals.refresh()
         return {t.training_id for t in self.queue if self.is_completed(t.training_id)}
 
-    def estimate_s(self) -> float | None:
-        """How long the next training may take: the longest this lane has run so far, else the sweep's estimate."""
-        return max(self.walls) if self.walls else self.settings.training_estimate_s
-
     def out_of_time(self) -> str | None:
-        """Why the lane claims no more (:func:`out_of_time`); None: there is time."""
-        return out_of_time(self.settings.claim_until_s, self.clock() - self.started, self.estimate_s(), "a training")
+        """Why the lane claims no more (:func:`out_of_time`, by the longest training it ran); None: there is time."""
+        estimate = max(self.walls) if self.walls else self.settings.training_estimate_s
+        return out_of_time(self.settings.claim_until_s, self.clock() - self.started, estimate, "a training")
 
     def next(self) -> Training | Wait | None:
         if self.stopped is None:
@@ -294,19 +291,16 @@ class Lane:
         tid = str(training["training_id"])
         culprit = culprit_of(training, self.ended_recs) if tid not in self.ran_again else None
         self.ended_recs.append(training)
-        self._measured(training)
+        # a completed training's peak: its setting's figure in this run, where nothing earlier says one
+        peak = peak_of(training, self.inputs.on_gpu) if self.inputs and training.get("status") == COMPLETED else None
+        if peak is not None:
+            key = self._setting(self._by_id[tid])
+            self._in_run[key] = max(peak, self._in_run.get(key, 0.0))
         if culprit is None:
             return rec
         self.ran_again.add(tid)
         self.again.append(self._by_id[tid])
         return dict(as_victim(training, culprit))
-
-    def _measured(self, rec: TrainingRecord) -> None:
-        """A completed training's peak: its setting's figure in this run, where nothing earlier says one."""
-        peak = peak_of(rec, self.inputs.on_gpu) if self.inputs is not None and rec.get("status") == COMPLETED else None
-        if peak is not None:
-            key = self._setting(self._by_id[str(rec["training_id"])])
-            self._in_run[key] = max(peak, self._in_run.get(key, 0.0))
 
     def recorded(self, training_id: str) -> None:
         """The training's record is written: where the lane folds, it goes into the journal with its logs, and a
