@@ -82,8 +82,7 @@ def tree_cpu_delta(before: Mapping[Key, ProcTimes], now: Mapping[Key, ProcTimes]
 
 def _landing(ppid: int, known: Mapping[int, Key], before: Mapping[Key, ProcTimes],
              here: Mapping[int, Key]) -> Key | None:
-    """The first ancestor (in the last reading's chain) still the same process now: where an ended process's time
-    went; None where the chain leaves the job."""
+    """The first ancestor still the same process now (where an ended one's time went); None: none in the job."""
     seen: set[int] = set()
     while ppid in known and ppid not in seen:
         seen.add(ppid)
@@ -95,8 +94,7 @@ def _landing(ppid: int, known: Mapping[int, Key], before: Mapping[Key, ProcTimes
 
 
 def foreign_cpu_s(busy_s: float, own_s: float, seconds: float, cores: int) -> float:
-    """The cores' busy time less the job's own, within what the cores could give (the two readings are a few
-    milliseconds apart). Pure."""
+    """The cores' busy time less the job's own, within what the cores could give. Pure."""
     return min(max(busy_s - own_s, 0.0), seconds * cores)
 
 
@@ -206,13 +204,6 @@ def handle(key: Key) -> psutil.Process | None:
     return proc if proc.create_time() == key[1] else None
 
 
-def _let_go(read: set[int]) -> None:
-    """Let go of the handles of processes this reading did not read (ended)."""
-    with _KNOWN_LOCK:
-        for pid in [pid for pid in _KNOWN if pid not in read]:
-            del _KNOWN[pid]
-
-
 def _under(top: psutil.Process) -> list[psutil.Process]:
     """Every process under ``top``: from the kernel's lists of children where it keeps them, else from psutil."""
     pids = descendants(top.pid, PROC)
@@ -228,8 +219,7 @@ def _under(top: psutil.Process) -> list[psutil.Process]:
 
 
 def tree_times(root: int, follow: Iterable[Key]) -> dict[Key, ProcTimes]:
-    """The CPU time of ``root`` and every process under it, and of those of ``follow`` (seen under it before) that
-    still live outside it: an orphan is still the job's work."""
+    """The CPU time of ``root``, every process under it, and those of ``follow`` now orphaned (still the job's)."""
     out: dict[Key, ProcTimes] = {}
     try:
         top = _process(root)
@@ -250,7 +240,10 @@ def tree_times(root: int, follow: Iterable[Key]) -> dict[Key, ProcTimes]:
             out.update(_times(proc, reaped=True))
         except psutil.Error:  # ended since it was listed: its parent's reaped time has it at the next reading
             continue
-    _let_go({pid for pid, _ in out})
+    read = {pid for pid, _ in out}
+    with _KNOWN_LOCK:  # let go of the handles of processes this reading did not read: ended
+        for pid in [pid for pid in _KNOWN if pid not in read]:
+            del _KNOWN[pid]
     return out
 
 
@@ -281,8 +274,7 @@ def lineage(pid: int) -> list[int] | None:
 
 @dataclass
 class ForeignLoad:
-    """The readings of one pack's sampler: :meth:`read` at the first training's start, at every sample and at the
-    end; :meth:`foreign_gpu` at every GPU sample. Thread-safe."""
+    """The readings of one pack's sampler, at its first training's start, at every sample and at its end."""
 
     cpus: Sequence[int]  # the job's cores (its affinity)
     root: int = field(default_factory=os.getpid)  # the job process: the sampler runs in it
