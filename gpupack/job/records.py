@@ -110,8 +110,7 @@ def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pa
 
 def finished_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, plan: Plan, on: OnDevice,
                              fields: Mapping[str, object], sampled: Mapping[str, object]) -> TrainingRecord:
-    """The record of a training that ran and ended, as its pack's mode told it (``outcome``); ``fields``: more of
-    its fields (a refit pack's ``refit_of``, the GPUs it was given); ``sampled``: the sampler's figures of it."""
+    """The record of a training that ran and ended; ``fields``: more of its fields; ``sampled``: the sampler's."""
     rec = cast(TrainingRecord, {**build_training_record(outcome, training, pack, plan, on), **fields})
     fill_memory(rec, sampled)
     share_hint(rec)
@@ -120,8 +119,7 @@ def finished_training_record(outcome: TrainingOutcome, training: Training, pack:
 
 def skipped_training_record(training: Training, pack: Pack, plan: Plan, on: OnDevice, why: str,
                             runs_in: str | None, now: float) -> TrainingRecord:
-    """The record of a training of a pack skipped for memory (``why``); ``runs_in``: the refit pack that runs it
-    (None: its grid point ran at a smaller N)."""
+    """The record of a training of a pack skipped for memory; ``runs_in``: the refit pack that runs it (or None)."""
     outcome = TrainingOutcome(training.training_id, now, now, None, error=f"skipped for memory: {why}")
     rec = build_training_record(outcome, training, pack, plan, on)
     rec.update({"status": SKIPPED_MEMORY, "skipped_memory": why, "runs_in": runs_in})
@@ -130,8 +128,7 @@ def skipped_training_record(training: Training, pack: Pack, plan: Plan, on: OnDe
 
 def lost_training_record(training: Training, pack: Pack, plan: Plan, sibling: TrainingRecord,
                          why: str) -> TrainingRecord:
-    """The oom record of a training left with none when SLURM killed its job for memory (``why``): on the device,
-    the host and at the start its ``sibling``'s record of the same attempt names."""
+    """The oom record of a training left with none when SLURM killed its job, as its ``sibling``'s record says."""
     info = DeviceInfo(kind="cpu" if sibling.get("gpu_type") == "cpu" else "gpu", name=str(sibling.get("device_name")))
     outcome = TrainingOutcome(training.training_id, float(sibling["started_at"]), time.time(), None, signal.SIGKILL,
                               why, extra={OOM_KILLED_BY: why})
@@ -244,8 +241,7 @@ def _tally(records: Sequence[TrainingRecord]) -> dict[str, object]:
 
 
 def _span(records: Sequence[TrainingRecord], mode_started: float | None) -> tuple[float, float, dict[str, float]]:
-    """A pack's start (its first training's, else its mode's set-up's, else now), its end, and its mode's set-up
-    before its first training (``setup_s``: none without one)."""
+    """A pack's start (its first training's, else its mode's set-up's, else now), its end, and its ``setup_s``."""
     first = min((float(r["started_at"]) for r in records), default=None)
     started = first if first is not None else (mode_started or time.time())
     ended = max([float(r["ended_at"]) for r in records], default=started)

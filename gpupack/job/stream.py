@@ -1,14 +1,9 @@
 """A streaming lane: one of K jobs that drain a queue of trainings together, N slots each (packing.stream).
 
-The lane claims trainings (:mod:`gpupack.core.store.claims`) in the queue's order, N at its start, then one each time
-a slot frees, never one whose record says completed. At its start it releases the claims an earlier run of itself left
-(it holds the lane's lock: that run is dead), and those trainings run again. Near its job's time limit it claims
-nothing it could not finish (``PackSettings.claim_until_s``).
-
-Where its backend folds (``PackSettings.fold``), the lane writes its trainings' records and logs in its own folder and
-folds each into its journal as it ends (:mod:`gpupack.core.store.journal`): a handful of files per lane, not per
-training. Where trainings are admitted by memory (``PackSettings.admission``), a freed slot claims only the training
-the rule admits among the queue's next few, or none and waits: it claims nothing it does not start.
+The lane claims trainings (:mod:`gpupack.core.store.claims`) in the queue's order as its slots free, never one whose
+record says completed, nor one it could not finish before its job's time limit; an earlier (dead) run's claims are
+released at its start. Where its backend folds, it folds each record into its journal as it ends. Where trainings are
+admitted by memory, a freed slot claims only what the rule admits, or waits: it claims nothing it does not start.
 """
 from __future__ import annotations
 

@@ -40,8 +40,7 @@ T = TypeVar("T")
 
 
 class Curve(Protocol):
-    """Where a streamed trial's intermediate values go (its study, gpupack.search.lane), whose verdict the packer
-    answers the training with."""
+    """Where a streamed trial's intermediate values go (its study), whose verdict the packer answers it with."""
 
     metric: str  # what the study ranks trials by: a Python training reports a curve of it (TrainingContext.ranks_by)
     pattern: str | None  # search.intermediate: a regular expression whose group is a value in its stdout; None: none
@@ -90,8 +89,7 @@ class LaneResources:
         self._logs: list[Path] = []
 
     def log(self, name: str) -> Path:
-        """Where a shared process of the lane logs (lanes/<lane>.<name>.err, not a pack's folder, which a lane that
-        folds removes); removed at the lane's end if empty."""
+        """Where a shared process of the lane logs (no pack's folder: a lane that folds removes it)."""
         path = self.run.lanes / f"{check_name('lane', self.lane)}.{check_name('name', name)}.err"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._logs.append(path)
@@ -99,8 +97,7 @@ class LaneResources:
 
     def get(self, key: Hashable, make: Callable[[], T], close: Callable[[T], None] | None = None,
             alive: Callable[[T], bool] | None = None) -> T:
-        """What ``make`` made the first time ``key`` was asked for (``close`` it at the lane's end); made again where
-        ``alive`` says the one kept is not."""
+        """What ``make`` made for ``key`` (``close``d at the lane's end), made again where ``alive`` says it is not."""
         if key in self._kept and alive is not None and not alive(cast(T, self._kept[key])):
             self._closers.pop(key, lambda: None)()
             del self._kept[key]
@@ -202,8 +199,7 @@ class Packer(ABC):
         return f"one process per pack runs its N trainings ({self.name})"
 
     def watches_mps(self, settings: PackSettings) -> bool:
-        """True when, with these settings (its ``Options`` in them), this mode runs a pack's trainings under CUDA MPS:
-        the job's sampler then lists the MPS clients."""
+        """True when, with these settings, this mode runs a pack's trainings under CUDA MPS (the sampler lists them)."""
         return False
 
     @abstractmethod

@@ -156,8 +156,7 @@ class ProcessOptions:
     cpu_affinity: bool = False  # bind each training to its own share of the job's cores
 
     def check(self) -> None:
-        """Refuse a value out of range, whether or not process mode is used (:meth:`ProcessPacker.check` checks what
-        needs the workload or the node)."""
+        """Refuse a value out of range, whether or not process mode is used."""
         if self.start not in STARTS:
             raise ConfigError("packing.process.start", self.start, "unknown start method", nearest(self.start, STARTS))
 
@@ -219,8 +218,7 @@ def process_options(settings: PackSettings | None) -> ProcessOptions:
 
 
 def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: ProcessOptions) -> list[TrainingOutcome]:
-    """Process mode without MPS (a spread strategy's one process too): each training a child of one supervisor. With
-    ``ctx.stream``, a slot whose training ends takes the stream's next until it gives none."""
+    """Process mode without MPS: each training a child of one supervisor; streaming, freed slots take the next."""
     stream = ctx.stream
     every = list(stream.queue) if stream is not None else list(trainings)  # what the server preloads for
     workloads = {name: load_workload(name) for name in {t.workload for t in every}}
@@ -241,8 +239,7 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
 
 
 class _Slots:
-    """A pack's slots under one supervisor: streaming, each takes the stream's next training as its own ends, or waits
-    while none fits (asked again as another ends, and at each look)."""
+    """A pack's slots: streaming, each takes the stream's next training as its own ends, or waits while none fits."""
 
     def __init__(self, ctx: PackContext, supervisor: Supervisor, workloads: Mapping[str, Workload],
                  fallback: str | None, fork: bool, cpus: Sequence[list[int] | None]) -> None:
@@ -287,8 +284,7 @@ class _Slots:
 
 
 def curve_files(ctx: PackContext, training_id: str, curve: Curve) -> CurveSpec:
-    """Where a trial's process reports its curve and is answered (gpupack.core.store.curves), none left by an earlier
-    attempt, whose verdict must not answer this one."""
+    """Where a trial's process reports its curve and is answered, none left by an earlier attempt."""
     files: CurveSpec = {"points": str(ctx.work(training_id, "curve")), "verdict": str(ctx.work(training_id, "verdict")),
                         "metric": curve.metric}
     for path in (files["points"], files["verdict"]):

@@ -1,9 +1,8 @@
 """Fast start for process mode: one preloaded server per pack forks each training.
 
-The server pays Python's start-up and the framework import (``import torch`` ≈ 3 s here) once instead of N times at
-once: it imports the workload (:meth:`gpupack.core.workload.Workload.preload`), then forks one child per training,
-isolated as a fresh process would be (own session, death with its parent, address-space limit, CPU affinity, own
-logs, environment and exit status). Preloading imports; it never touches a device, so no CUDA context is forked.
+The server pays Python's start-up and the framework import once instead of N times at once: it imports the workload
+(:meth:`gpupack.core.workload.Workload.preload`), then forks one child per training, isolated as a fresh process
+would be. Preloading imports; it never touches a device, so no CUDA context is forked.
 
 Protocol (JSON lines; packer → server on stdin, server → packer on stdout):
 
@@ -13,13 +12,10 @@ Protocol (JSON lines; packer → server on stdin, server → packer on stdout):
 
     ← {"refused": ID, "why": TEXT}      (what the server learned made forking unsafe: start ID fresh)
 
-**Learned preload** (a stream's server, whose freed slots fork after others ended): a program that imports its
-framework inside its task function would pay that import in every child. Each child tells the server, as it ends,
-the libraries it imported that the server had not (:func:`learnable`: never a fork-unsafe framework nor the program's
-own modules); the server imports them before the next fork, once each, and where that makes forking unsafe
-(:func:`fork_unsafe`) it refuses every later training, which starts fresh.
-
-The packer side is :class:`ForkServer`; its :meth:`ForkServer.start` returns a Popen-like :class:`ForkedProcess`.
+**Learned preload** (a stream's server): each child tells the server, as it ends, the libraries it imported that the
+server had not (:func:`learnable`), which the server imports before the next fork, once each; where that makes forking
+unsafe (:func:`fork_unsafe`) it refuses every later training, which starts fresh. The packer's side is
+:class:`ForkServer`.
 """
 from __future__ import annotations
 

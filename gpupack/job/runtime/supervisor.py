@@ -57,8 +57,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], *, stdout: IO[bytes] | in
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """One child to start: ``argv`` as a program of its own, or, under a supervisor with a fork server and a
-    ``spec_path``, a fork of that server running the worker on ``spec_path`` (no interpreter start, no import)."""
+    """One child to start: ``argv``, or, with a fork server and a ``spec_path``, a fork running the worker on it."""
 
     name: str  # what it is called (a training id, a rank's, a shared process's): its fork-server id
     argv: Sequence[str]
@@ -100,8 +99,7 @@ class ChildExit:
 
     @property
     def failed(self) -> bool:
-        """Ended non-zero by its own doing (an exception, a crash, a kill its supervisor did not send), or never
-        started."""
+        """Ended non-zero by its own doing (not a kill its supervisor sent), or never started."""
         return self.start_error is not None or (self.returncode not in (0, None) and not self.stopped)
 
     def error(self) -> str:
@@ -142,8 +140,7 @@ class Child:
         self._pidfd = pidfd(proc.pid) if isinstance(proc, subprocess.Popen) else None
 
     def wakeup(self) -> int | None:
-        """A file descriptor readable once there is news of it: its pidfd (readable at its exit), or its fork server's
-        replies (an exit is one); None: looked at every POLL_S only."""
+        """A descriptor readable once there is news of it (its pidfd, or its fork server's replies); None: none."""
         if isinstance(self.proc, ForkedProcess):
             return self.proc.wakeup()
         return self._pidfd
@@ -195,8 +192,7 @@ class Child:
 
 def fork_server(workload: str, params: Sequence[Mapping[str, object]], env: Mapping[str, str], log: Path,
                 learn: bool = False) -> ForkServer | str:
-    """A preloaded fork server for ``workload``'s trainings (``params``), logging to ``log``; or why it did not start
-    (said in its log too). ``learn``: it learns its children's imports (forkserver.Learner)."""
+    """A preloaded fork server for ``workload``'s trainings (``params``), or why it did not start (said in ``log``)."""
 
     def start(argv: Sequence[str], err: IO[bytes]) -> subprocess.Popen[bytes]:
         # A library the server imports may ask torch.cuda.is_available() at import: through NVML that leaves the
@@ -272,8 +268,7 @@ class Supervisor:
 
     def preload(self, workload: str, params: Sequence[Mapping[str, object]], env: Mapping[str, str],
                 log: Path, learn: bool = False) -> str | None:
-        """Start the fork server children with a ``spec_path`` are forked from; None, or why it did not start
-        (:func:`fork_server`: the children then start fresh)."""
+        """Start the fork server children with a ``spec_path`` are forked from; None, or why it did not start."""
         made = fork_server(workload, params, env, log, learn)
         if isinstance(made, str):
             return made
@@ -285,8 +280,7 @@ class Supervisor:
         self.server, self.owns_server = server, False
 
     def call(self, spec: ChildSpec, stdin: bytes | None = None, timeout_s: float = HELPER_TIMEOUT_S) -> ChildExit:
-        """Run a helper program (MPS's control) to its end, fed ``stdin``, killed past ``timeout_s``; how it ended.
-        follow() does not wait for it."""
+        """Run a helper program (MPS's control) to its end, fed ``stdin``, killed past ``timeout_s``; how it ended."""
         started = time.time()
         try:
             with open_log(spec.out_path) as out, open_log(spec.err_path) as err:
@@ -306,8 +300,7 @@ class Supervisor:
 
     def follow(self, on_exit: Callable[[ChildExit], None] | None = None,
                on_poll: Callable[[], None] | None = None) -> list[ChildExit]:
-        """Follow every child to its end: ``on_poll()`` at each look, ``on_exit(child)`` as each ends; how each ended,
-        in the order they were started."""
+        """Follow every child to its end (``on_poll()`` at each look, ``on_exit(child)`` as each ends); their exits."""
         reported: set[int] = set()
         while True:
             if on_poll is not None:

@@ -2,15 +2,12 @@
 
     sweep.fixed.argv=[python, train.py, --lr, "{lr}", --seed, "{seed}"]   sweep.grid.lr=[0.1,0.01]
 
-Each ``{name}`` in an argv item is replaced by that training's hyperparameter (a list argv, never a shell;
-``{{``/``}}`` are literal braces; ``{lr:.0e}`` takes a format spec; a name that is no hyperparameter is refused
-before anything runs). ``sweep.fixed.cwd`` (the program's working directory) and ``sweep.fixed.env`` (extra
-environment variables) are templated the same way. Every other key of the grid or of ``sweep.fixed`` is a
-hyperparameter, typed as Hydra parsed it.
+Each ``{name}`` in an argv item (a list, never a shell), ``sweep.fixed.cwd`` and ``sweep.fixed.env`` is replaced by
+that training's hyperparameter (``{lr:.0e}``: a format spec; ``{{``: a brace; an unknown name is refused before
+anything runs). Every other key of the grid or of ``sweep.fixed`` is a hyperparameter.
 
-The program's exit status is the training's status and its wall time the training's time. gpupack sets
-``GPUPACK_RESULT`` to a path; a program that writes JSON there (:mod:`gpupack.result` does it in three calls)
-reports metrics and samples, and — when it marks its first step — start-up apart from the loop.
+The program's exit status and wall time are the training's. A program that writes JSON at ``$GPUPACK_RESULT``
+(:mod:`gpupack.result`) reports metrics, samples and, marking its first step, start-up apart from the loop.
 """
 from __future__ import annotations
 
