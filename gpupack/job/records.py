@@ -231,13 +231,21 @@ def pack_workload(pack: Pack, records: Sequence[TrainingRecord]) -> str | None:
     return next((str(r["workload"]) for r in records if r.get("workload")), None)
 
 
-def _tally(records: Sequence[TrainingRecord]) -> dict[str, object]:
-    """The pack record's count of its trainings' ends."""
-    return {"training_ids": [r["training_id"] for r in records],
+def _pack_fields(pack: Pack, records: Sequence[TrainingRecord], started: float, ended: float, together: bool,
+                 phase: str | None) -> dict[str, object]:
+    """What a pack's record and a rebuilt one say alike. Time per training means something only where all N ran
+    together in one attempt (``together``, and never a lane's slots)."""
+    return {"pack_id": pack.pack_id, "mode": pack.mode, "factor": pack.factor, "partition": pack.partition,
+            "loader_alone": pack.loader_alone, "concurrent": len(records),
+            "complete": together and len(records) == pack.factor and pack.stream is None,
+            "training_ids": [r["training_id"] for r in records],
             "n_completed": sum(r.get("status") == COMPLETED for r in records),
             "n_failed": sum(r.get("status") not in FINISHED for r in records),
             "n_pruned": sum(r.get("status") == PRUNED for r in records),
-            "n_oom": sum(r.get("status") == OOM for r in records)}
+            "n_oom": sum(r.get("status") == OOM for r in records),
+            "started_at": started, "ended_at": ended, "wall_s": ended - started, "written_at": time.time(),
+            "workload": pack_workload(pack, records), **spread_fields(pack), **order_fields(pack),
+            **slot_use(records, pack.factor, started, ended), **({"phase": phase} if phase else {})}
 
 
 def _span(records: Sequence[TrainingRecord], mode_started: float | None) -> tuple[float, float, dict[str, float]]:
@@ -258,22 +266,13 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord]
     ``setup_s``, outside the wall as a job's start is."""
     fields = (job or JobEnvironment.here()).record_fields()
     started, ended, setup = _span(records, mode_started)
-    slots = slot_use(records, pack.factor, started, ended)
     rec = pack_record(
-        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition,
-        loader_alone=pack.loader_alone,
+        **_pack_fields(pack, records, started, ended, True, phase),
         gpu_type=info.name if info.kind == "gpu" else "cpu", device=device, device_name=info.name,
         device_note=info.note, gpu_model=model, gpu_memory_total_mb=info.memory_total_mb,
-        # Time per training means something only where all N ran together in this attempt (not a lane's slots).
-        concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None, **_tally(records),
-        started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
         cores=cores, threads_per_training=threads, host=socket.gethostname(),
-        workload=pack_workload(pack, records),
         **fields,  # the job (its id, its GPUs) and what the scheduler gave it
-        sampler=sampled, **spread_fields(pack), **order_fields(pack), **slots, **setup, **(extra or {}),
-    )
-    if phase:
-        rec["phase"] = phase
+        sampler=sampled, **setup, **(extra or {}))
     write_json_atomic(run.pack_record(pack.pack_id), rec)
     if pack.stream is None:  # a lane's trainings' records live in other lanes' folders too: collect reads the JSON
         _write_columnar(run, pack.pack_id)
@@ -304,19 +303,12 @@ def rebuilt_pack_record(pack: Pack, records: Sequence[TrainingRecord], phase: st
     together = len({(r.get("job_id"), r.get("concurrent")) for r in records}) == 1 \
         and first.get("concurrent") == pack.factor
     rec = pack_record(
-        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition,
-        loader_alone=pack.loader_alone,
+        **_pack_fields(pack, records, started, ended, together, phase),
         **{k: first.get(k) for k in ("gpu_type", "device", "device_name", "gpu_model", "host", "job_id",
                                      "cuda_visible_devices")},
-        concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None and together,
-        **_tally(records), started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
-        threads_per_training=first.get("threads"),
-        workload=pack_workload(pack, records), sampler=None, rebuilt=REBUILT,
-        **spread_fields(pack), **order_fields(pack), **slot_use(records, pack.factor, started, ended))
+        threads_per_training=first.get("threads"), sampler=None, rebuilt=REBUILT)
     if pack.stream is not None:  # a lane's: its queue, and nothing it left (every training has its record)
         rec.update({"stream": pack.stream, "lane": pack.index, "claimed": rec["training_ids"], "unclaimed": 0})
-    if phase:
-        rec["phase"] = phase
     return rec
 
 
