@@ -137,8 +137,7 @@ class PackAttempt:
         rec = self.execute(pack, todo, extra=extra, fields=extra)
         if self.book is not None:
             learn(self.run, pack, rec, self.book)
-        # victims where each training is a process of its own (a mode that can stream): one that dies alone can only
-        # take its neighbours down through the device; a shared process's trainings die as one, a spread training is one
+        # victims only where each training is a process of its own (a shared process's trainings die as one)
         separate = pack.spread is None and load_packer(pack.mode).streams
         taken = mark_victims(self.run, pack, rec) if separate else {}
         if not taken:

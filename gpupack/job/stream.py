@@ -84,8 +84,7 @@ def admission_inputs(run: RunDir, queue: Sequence[Training], settings: PackSetti
     return AdmissionInputs(functools.partial(free_memory_mb, on_gpu, env), budget, on_gpu, earlier)
 
 
-# A training is claimed only with this much time to spare past its estimate (seconds, or this share of it): a training
-# that ends just as the limit's signal comes would be killed and run again.
+# A training is claimed only with this much time to spare past its estimate (seconds, or this share of it).
 CLAIM_MARGIN_S, CLAIM_MARGIN = 2.0, 0.1
 
 
@@ -127,8 +126,7 @@ class Lane:
         self._by_id = {t.training_id: t for _, t in self.items}
         self._cursor = 0  # every item before it is gone: claimed (by any lane) or completed
         self._gone: set[int] = set()  # items past the cursor gone too (a head passed over keeps the cursor)
-        # admission (None: off): what each running training is expected to hold, the head passed over and how often,
-        # the peaks this run measured, and when the free memory was last looked at in vain
+        # admission (None: off): what each running training holds, the head passed over, this run's peaks, the last look
         self.inputs = inputs
         self._holding: dict[str, float] = {}
         self._head: str | None = None

@@ -145,8 +145,7 @@ class PackContext:
     memory_shares: Mapping[str, MemoryShare] = field(default_factory=dict)
     resources: LaneResources | None = None  # what the lane's packs on this device share; None: the pack runs alone
     tmp_dir: str = field(default_factory=tempfile.gettempdir)  # the job's own (MPS's pipes, DDP's rendezvous)
-    # The specs' and results' folder in the job's node-local space (made and removed by the job body, so the shared
-    # filesystem holds no file per training); None: the pack's folder.
+    # the specs' and results' folder in the job's node-local space, not a file per training on the shared filesystem
     work_dir: str | None = None
 
     def share_of(self, training_id: str) -> MemoryShare | None:
@@ -182,9 +181,7 @@ class Packer(ABC):
     groups: ClassVar[bool] = False  # a pack's trainings must share a group key (fused: same shapes)
     streams: ClassVar[bool] = False  # a freed slot can take another training while the others run (packing.stream)
     solo: ClassVar[bool] = False  # a pack of one is a training in its own process, as alone (:func:`solo_mode`)
-    # A pack's N trainings run in one shared process, started once a pack: time per training can fall as 1/N with no
-    # more cores (the gain bound is N / ref on a CPU too).
-    one_process: ClassVar[bool] = False
+    one_process: ClassVar[bool] = False  # N trainings in one process: time per training can fall as 1/N, CPU too
     Options: ClassVar[type[Options] | None] = None  # its packing.<mode>.<field> options (None: none)
 
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: PackSettings) -> None:

@@ -20,11 +20,10 @@ import psutil
 
 # What /proc/stat counts as a core's busy time. iowait and idle are not busy; guest time is inside user already.
 BUSY_FIELDS = ("user", "system", "nice", "irq", "softirq", "steal")
-# Shorter intervals are kept for the next reading: the kernel counts CPU time in ticks (10 ms), and two readings'
-# rounding over a tenth of a second would read as a fifth of a core of load nobody had.
+# Shorter intervals wait for the next reading: the kernel counts CPU time in 10 ms ticks, whose rounding would read as
+# load over a tenth of a second.
 MIN_INTERVAL_S = 0.25
-# A pack shorter than that would never be judged at all (called quiet while a hog ran beside it), so its end's
-# reading, when it has no interval yet, takes down to this: the rounding is then at most about half the bar.
+# The end of a pack with no interval yet reads down to this, or a short pack would never be judged at all.
 MIN_LAST_INTERVAL_S = 0.15
 
 Key = tuple[int, float]  # (pid, create time): a pid the kernel gives again later is another process

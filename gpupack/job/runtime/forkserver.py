@@ -210,8 +210,7 @@ def run_main(entry: PythonMain) -> int:
 
 
 def _preload(req: Preload) -> None:
-    # threadpoolctl here, not in each child: its import sets a variable in os.environ, and a child's environment is
-    # its request's, whole (cap_thread_pools)
+    # threadpoolctl here, not in each child: its import sets a variable in os.environ, and a child's is its request's
     import threadpoolctl  # noqa: F401
 
     from gpupack.job.workloads import load_workload  # the preload is set-up (a pack's setup_s), outside any pack's wall

@@ -183,8 +183,7 @@ class HydraJob(Workload):
             # what the app's own files import anywhere (inside its task function too): each job would import it
             import_libraries(static_imports(source_files(launcher.task_function), sys.modules),
                              "imported by the app's files")
-            # One job's config made here warms what each job's would build cold in its child (the grammars' lexer
-            # caches, the config sources' imports, OmegaConf's node classes)
+            # one job's config made here warms what each job's would build cold (lexer caches, imports, node classes)
             from hydra.core.singleton import Singleton
 
             Singleton.set_state(launch.singleton_state)

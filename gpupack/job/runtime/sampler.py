@@ -58,18 +58,14 @@ class TrainingSample(TypedDict, total=False):
     gpu_mem_mb: float | None
 
 
-class GpuSample(TypedDict, total=False):
-    """The device's reading at a sample; memory per process id (None: unknown)."""
+class Sample(TypedDict, total=False):
+    """One sample of the pack record's ``sampler.samples``; GPU memory per process id (None: unknown)."""
     gpu_util: float | None
     gpu_mem_util: float | None
     gpu_mem_used_mb: float
     gpu_proc_mem_mb: dict[int, float | None]
     gpu_graphics_mem_mb: dict[int, float | None]
     gpus: list[DeviceSample]  # each device's, in a job of several
-
-
-class Sample(GpuSample, total=False):
-    """One sample of the pack record's ``sampler.samples``."""
     t: float
     gpu_error: str
     trainings: dict[str, TrainingSample]
@@ -209,7 +205,7 @@ class Sampler:
             self.log(f"gpupack sampler: {note}")  # once: later samples do not ask again
             return None
 
-    def _gpu_sample(self) -> GpuSample:
+    def _gpu_sample(self) -> Sample:
         nvml = self.nvml
         list_procs = (nvml.nvmlDeviceGetMPSComputeRunningProcesses if self.mps
                       else nvml.nvmlDeviceGetComputeRunningProcesses)
@@ -230,7 +226,7 @@ class Sampler:
                 graphics[p.pid] = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
         utils = [u for d in devices if (u := d["gpu_util"]) is not None]
         mem_utils = [u for d in devices if (u := d["gpu_mem_util"]) is not None]
-        out: GpuSample = {"gpu_util": sum(utils) / len(utils) if utils else None,
+        out: Sample = {"gpu_util": sum(utils) / len(utils) if utils else None,
                "gpu_mem_util": sum(mem_utils) / len(mem_utils) if mem_utils else None,
                "gpu_mem_used_mb": sum(d["gpu_mem_used_mb"] for d in devices), "gpu_proc_mem_mb": per_pid}
         if graphics:

@@ -195,9 +195,7 @@ def fork_server(workload: str, params: Sequence[Mapping[str, object]], env: Mapp
     """A preloaded fork server for ``workload``'s trainings (``params``), or why it did not start (said in ``log``)."""
 
     def start(argv: Sequence[str], err: IO[bytes]) -> subprocess.Popen[bytes]:
-        # A library the server imports may ask torch.cuda.is_available() at import: through NVML that leaves the
-        # CUDA driver uninitialised, so the children it forks can still use CUDA (PyTorch's fork-poisoning
-        # guard); the children get their own environment from each request
+        # torch.cuda.is_available() asked at import through NVML leaves CUDA uninitialised: its children can use it
         return spawn(argv, {**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}, stdin=subprocess.PIPE,
                      stdout=subprocess.PIPE, stderr=err)
 

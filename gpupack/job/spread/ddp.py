@@ -32,9 +32,7 @@ from gpupack.job.workloads import load_workload
 # A rank's error that only says a peer went away (gloo, NCCL): the failed peer, not this rank, is the cause.
 PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker|remote process|"
                        r"communicator was aborted|Socket Timeout|Timed out waiting", re.IGNORECASE)
-# A failing rank closes its connections before its interpreter has ended, so a peer can fail of that first: a rank that
-# only lost a peer waits this long for the rank that caused it to end too, before the others are stopped.
-PEER_GRACE_S = 5.0
+PEER_GRACE_S = 5.0  # a failing rank's peers can fail first, of its closed connections
 
 
 def backends_of(value: object) -> list[str]:
@@ -128,10 +126,8 @@ class DdpStrategy(Strategy):
                 # forked where process mode would fork the same training, so the two answers pay the same start-up
                 method, _ = start_choice(process_options(ctx.settings).start, [load_workload(training.workload)])
                 forked = method == "fork" and preload(supervisor, [training], ctx) is None
-                started = time.time()  # after the server's preload, as process mode's trainings: the preload is
-                # set-up, outside the pack's wall (setup_s)
-                # The ranks meet through a file in the job's node-local temporary space, unique to this training: a
-                # TCP port picked here could be taken by another pack's rendezvous before rank 0 binds it.
+                started = time.time()  # after the server's preload (set-up, outside the pack's wall)
+                # the ranks meet through a file of the training's own (a TCP port picked here could be taken first)
                 rendezvous = tempfile.mkdtemp(prefix="gpupack-ddp-", dir=ctx.tmp_dir)
                 ctx = dataclasses.replace(ctx, spread=dataclasses.replace(
                     ctx.spread, init_method=f"file://{os.path.join(rendezvous, 'store')}"))

@@ -220,8 +220,7 @@ def _on_device(xb: Tensor, yb: Tensor, device: Device, memory_format: Framework,
     if n < spread.world:
         return None
     xb, yb = spread.shard(xb, yb)
-    # DDP averages the ranks' gradients: a slice's mean loss weighted by its share of the batch keeps that average the
-    # global batch's mean gradient when slices differ by one sample (1.0 when they are equal).
+    # weighted by its share of the batch, DDP's average of the ranks' gradients stays the global batch's mean
     return xb, yb, len(yb) * spread.world / n
 
 
