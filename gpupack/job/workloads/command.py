@@ -237,12 +237,10 @@ class Command(Workload[CommandParams]):
                 f"{{python}} in sweep.fixed.argv to use gpupack's, or install the module for {ran}")
 
     def result(self, params: Mapping[str, object], raw: Mapping[str, object] | None, spawned_at: float,
-               ended_at: float, stdout: Path | None = None) -> CommandResult:
-        result = result_from_report(raw, spawned_at, ended_at)
+               ended_at: float, stdout: Path | None = None) -> dict[str, object]:
         patterns = program_keys(params).get("metrics") or {}
-        if patterns and stdout is not None:  # what the program reported itself wins over what its output shows
-            result["metrics"] = {**metrics_from_output(stdout, patterns), **result["metrics"]}
-        return result
+        printed = metrics_from_output(stdout, patterns) if patterns and stdout is not None else {}
+        return result_from_report(raw, spawned_at, ended_at, printed)
 
     def train(self, params: CommandParams, ctx: TrainingContext) -> dict[str, object]:
         """Never called: a program is its own process (``launch``); no mode hosts a ``command`` training in-process."""
@@ -301,30 +299,6 @@ def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:
         if not (Path(script) if os.path.isabs(script) else cwd / script).is_file():
             raise ConfigError("argv[1]", script, f"no such script (looked in {cwd})",
                               "give the script's path, or set sweep.fixed.cwd to the folder that holds it")
-
-
-class CommandTimings(TypedDict):
-    """A command training's timings, from its wall and the marks it reported (``split``: the loop was marked)."""
-    spawned_at: float
-    process_start: None  # the program's own start is not known
-    loop_start: float | None
-    loop_end: float | None
-    finished: float
-    startup_s: float | None
-    loop_s: float | None
-    teardown_s: float | None
-    split: bool
-
-
-class CommandResult(TypedDict):
-    """A command training's result, in the worker's schema (gpupack.job.runtime.worker.TrainingResult)."""
-    metrics: dict[str, object]
-    memory: dict[str, float | None]
-    knobs: dict[str, object]
-    loader_setting: None
-    data: None
-    throughput: LoopSummary
-    timings: CommandTimings
 
 
 # What each key of a program's result file holds (gpupack.result writes them; another language's program may too).
@@ -396,9 +370,11 @@ def checked_report(raw: object) -> ResultReport:
     return report
 
 
-def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ended_at: float) -> CommandResult:
-    """A command training's result in the worker's schema, from what the program reported (or nothing). Start-up and
-    loop are split only where the program marked its first step (``timings.split``)."""
+def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ended_at: float,
+                       printed: Mapping[str, object] | None = None) -> dict[str, object]:
+    """A command training's result in the worker's schema (gpupack.job.runtime.worker.TrainingResult), from what the
+    program reported (or nothing), which wins over the metrics it ``printed``. Start-up and loop are split only where
+    the program marked its first step (``timings.split``); the program's own start is not known."""
     report = checked_report(raw)  # the program's JSON: written by gpupack.result, or by the program itself
     loop_start, loop_end = report.get("loop_start"), report.get("loop_end")
     loop_s = loop_end - loop_start if loop_start is not None and loop_end is not None else None
@@ -409,7 +385,7 @@ def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ende
         "samples_per_s": samples / rate_over if samples and rate_over > 0 else None, "warmup_excluded": False,
         "curve": []}
     return {
-        "metrics": {k: v for k, v in (report.get("metrics") or {}).items()},
+        "metrics": {**(printed or {}), **(report.get("metrics") or {})},
         "memory": {"peak_rss_mb": None, "peak_gpu_mem_mb": None},  # the sampler follows the process's RSS
         "knobs": {},
         "loader_setting": None,
