@@ -8,7 +8,7 @@ import signal
 from dataclasses import dataclass
 from typing import Sequence, TypedDict
 
-from gpupack.core.memory.pack_fit import Fit, Refit
+from gpupack.core.memory.pack_fit import Fit, Refit, largest_fit, pack_fit
 from gpupack.core.memory.victims import victims
 from gpupack.core.plan import Pack, Plan, Training, refit_packs, run_at_smaller_n
 from gpupack.core.store.journal import RunRecords, append_records, lane_trainings
@@ -23,15 +23,16 @@ from gpupack.core.store.records import (
 )
 from gpupack.core.store.rundir import PROBE, RunDir
 from gpupack.core.types import PackSettings
-from gpupack.job.peaks import PeakBook, check_pack, refit_n
+from gpupack.job.peaks import PeakBook, budget_of
 from gpupack.job.records import as_oom, as_victim, lost_training_record
 
 # ---------------- held against memory before it starts ----------------
 
 def memory_fit(book: PeakBook, pack: Pack, todo: Sequence[Training], settings: PackSettings, on_gpu: bool,
                total_mb: float | None, records: RunRecords) -> Fit:
-    """Whether ``todo`` fits its device's memory share as ``pack`` (:func:`gpupack.job.peaks.check_pack`)."""
-    fit = check_pack(book, todo, pack.factor, settings, on_gpu, total_mb)
+    """Whether ``todo`` fits its device's memory share as ``pack``, by what its settings were measured to need."""
+    fit = pack_fit(pack.factor, [book.figure(t, on_gpu, settings.training_memory_mb) for t in todo],
+                   budget_of(settings, on_gpu, total_mb)) if settings.admission else Fit(True, "packing.admission=off")
     # an earlier attempt refit it and some ran there: the rest goes on so, never as a pack of N timing no N
     if fit.fits and len(todo) < len(pack.trainings) and records.refits(pack.pack_id):
         return Fit(False, f"{fit.why}; but earlier trainings of this pack ran at a smaller N (skipped for memory "
@@ -80,7 +81,8 @@ def skip_of(plan: Plan, pack: Pack, todo: Sequence[Training], fit: Fit, book: Pe
     # grid points the plan runs at a smaller N, and a probe step (its climb ends here): refitting adds nothing
     below = run_at_smaller_n(plan, pack)
     left = [] if plan.phase == PROBE else [t for t in todo if t.training_id not in below]
-    refit = refit_n(book, left, settings, on_gpu, total_mb, pack.factor - 1) if left else None
+    refit = largest_fit([book.figure(t, on_gpu, settings.training_memory_mb) for t in left],
+                        budget_of(settings, on_gpu, total_mb), pack.factor - 1) if left else None
     refits = refit_packs(pack, left, refit.n) if refit is not None else []
     said = refit.why if refit is not None else "a probe step: its climb ends at the skipped N" \
         if plan.phase == PROBE else f"its {len(below)} training(s)' grid points run at a smaller N in this plan"

@@ -26,7 +26,7 @@ from gpupack.core.memory.figures import (
     same_device,
     setting_key,
 )
-from gpupack.core.memory.pack_fit import Budget, Fit, Refit, largest_fit, pack_budget, pack_fit, training_peak
+from gpupack.core.memory.pack_fit import Budget, pack_budget, training_peak
 from gpupack.core.monitor import detect_device
 from gpupack.core.plan import Training
 from gpupack.core.store.journal import TRAINING, journal_entries
@@ -174,19 +174,3 @@ def budget_of(settings: PackSettings, on_gpu: bool, device_total_mb: float | Non
     host_total = None if on_gpu else psutil.virtual_memory().total / 2**20
     return pack_budget(on_gpu, settings.memory_fraction, device_total_mb, host_total, settings.host_memory_mb)
 
-
-def check_pack(book: PeakBook, todo: Sequence[Training], n: int, settings: PackSettings, on_gpu: bool,
-               device_total_mb: float | None) -> Fit:
-    """Whether the pack's ``todo`` trainings may start as a pack of ``n`` on this job's device."""
-    if not settings.admission:
-        return Fit(True, "packing.admission=off")
-    return pack_fit(n, [book.figure(t, on_gpu, settings.training_memory_mb) for t in todo],
-                    budget_of(settings, on_gpu, device_total_mb))
-
-
-def refit_n(book: PeakBook, todo: Sequence[Training], settings: PackSettings, on_gpu: bool,
-            device_total_mb: float | None, most: int | None = None) -> Refit:
-    """The largest N (up to ``most``) at which a skipped pack's ``todo`` trainings fit this job's device, by the rule
-    that skipped it (:func:`gpupack.core.memory.pack_fit.largest_fit`)."""
-    return largest_fit([book.figure(t, on_gpu, settings.training_memory_mb) for t in todo],
-                       budget_of(settings, on_gpu, device_total_mb), most)
