@@ -135,11 +135,13 @@ class PackAttempt:
         """Run ``todo`` as ``pack`` (:meth:`execute`), teach the book what they peaked at, and run the victims of
         another's fault again, once; the pack record."""
         rec = self.execute(pack, todo, extra=extra, fields=extra)
-        if self.book is not None:
-            learn(self.run, pack, rec, self.book)
         # victims only where each training is a process of its own (a shared process's trainings die as one)
         separate = pack.spread is None and load_packer(pack.mode).streams
-        taken = mark_victims(self.run, pack, rec) if separate else {}
+        recs = [r for tid in rec.get("training_ids", []) if (r := read_training(self.run.training_record(
+            pack.pack_id, str(tid)))) is not None] if self.book is not None or separate else []
+        if self.book is not None:  # what they peaked at, for the next packs of their settings
+            self.book.learn({t.training_id: t for t in pack.trainings}, recs)
+        taken = mark_victims(self.run, pack, recs) if separate else {}
         if not taken:
             return rec
         # Run them again, once, in a fresh start of the mode: their records and this pack record kept as an attempt
@@ -296,9 +298,3 @@ def own_shares(run: RunDir, todo: Sequence[Training], settings: PackSettings, in
                            settings.training_memory_mb) or []
     return {t.training_id: s for t, s in zip(todo, shares)}
 
-
-def learn(run: RunDir, pack: Pack, pack_rec: PackRecord, book: PeakBook) -> None:
-    """What the pack's trainings peaked at, for the next packs of their settings (read before a lane folds them)."""
-    recs = [r for tid in pack_rec.get("training_ids", [])
-            if (r := read_training(run.training_record(pack.pack_id, str(tid)))) is not None]
-    book.learn({t.training_id: t for t in pack.trainings}, recs)

@@ -14,7 +14,6 @@ from gpupack.core.plan import Pack, Plan, Training, refit_packs, run_at_smaller_
 from gpupack.core.store.journal import RunRecords, append_records, lane_trainings
 from gpupack.core.store.records import (
     KILLED,
-    PackRecord,
     RefitNote,
     TrainingRecord,
     read_json,
@@ -91,10 +90,9 @@ def skip_of(plan: Plan, pack: Pack, todo: Sequence[Training], fit: Fit, book: Pe
 
 # ---------------- a neighbour's fault ----------------
 
-def mark_victims(run: RunDir, pack: Pack, pack_rec: PackRecord) -> dict[str, str]:
-    """Record the trainings of this attempt another's fault took down as victims; victim → the one that faulted."""
-    recs = [r for tid in pack_rec.get("training_ids", [])
-            if (r := read_training(run.training_record(pack.pack_id, str(tid)))) is not None]
+def mark_victims(run: RunDir, pack: Pack, recs: Sequence[TrainingRecord]) -> dict[str, str]:
+    """Record the trainings of this attempt (``recs``) another's fault took down as victims; victim → the one that
+    faulted."""
     taken = victims(recs)
     for rec in recs:
         culprit = taken.get(str(rec["training_id"]))
