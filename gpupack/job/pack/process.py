@@ -1,8 +1,5 @@
-"""Process packing ("no split"): N trainings as N OS processes on the same device.
-
-On a GPU node every process sees the job's CUDA_VISIBLE_DEVICES, so all N share the one GPU; on a CPU
-each gets its share of the cores (see :func:`gpupack.job.pack.threads_for`).
-"""
+"""Process packing ("no split"): N trainings as N OS processes on the same device (a CPU: each its share of the
+cores, :func:`gpupack.job.pack.threads_for`)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,7 +1,5 @@
-"""The process of a fused pack: ``python -m gpupack.job.runtime.fused_shared SPEC.json``.
-
-It trains the pack's N trainings as one batched model (the workload's ``train_fused``) and writes each training's
-result in the worker's schema, or its own error: one model diverging never stops the others.
+"""The process of a fused pack: ``python -m gpupack.job.runtime.fused_shared SPEC.json``. It trains the N trainings
+as one batched model (``train_fused``) and writes each one's result or error: one diverging never stops the others.
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The TensorFlow process of a tf_logical pack: ``python -m gpupack.job.runtime.tf_shared SPEC.json``.
-
-It splits the device into N logical devices before TensorFlow initialises them, then runs the N trainings
-at once, one thread each, each under ``tf.device(<its logical device>)`` (the workload enters it). Each
-thread writes its own result, or its own error: one training raising never stops the others.
+"""The TensorFlow process of a tf_logical pack: ``python -m gpupack.job.runtime.tf_shared SPEC.json``. It splits the
+device into N logical devices, then runs the N trainings in threads, each writing its own result or error: one
+training raising never stops the others.
 """
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ if TYPE_CHECKING:
 
 
 def configure(tf: Framework, kind: str, n: int, memory_limit_mb: int | None) -> list[str]:
-    """N logical devices on the first physical GPU (memory_limit each) or on the CPU. Must run before any
-    TensorFlow op: afterwards TF refuses ("Virtual devices cannot be modified after being initialized")."""
+    """N logical devices on the first physical GPU (memory_limit each) or on the CPU, before any TensorFlow op."""
     if kind == "gpu":
         gpu = tf.config.list_physical_devices("GPU")[0]
         tf.config.set_visible_devices(gpu, "GPU")

@@ -1,8 +1,5 @@
-"""Read CIFAR-10 from the standard python batches (``data_batch_1`` … ``data_batch_5``, ``test_batch``).
-
-No PyPI package ships the CIFAR-10 images, and compute nodes have no internet: users stage the
-``cifar-10-batches-py`` folder (the tarball from the CIFAR-10 page, unpacked) and point ``data_dir`` at it.
-"""
+"""Read CIFAR-10 from the standard python batches, which users stage (``cifar-10-batches-py``, from the CIFAR-10
+page) and point ``data_dir`` at: no package ships them, and compute nodes have no internet."""
 from __future__ import annotations
 
 import functools

@@ -1,8 +1,5 @@
-"""Read MNIST from a data path: the standard IDX files (gzipped or not) or one ``mnist.npz``.
-
-Compute nodes have no internet, so nothing is ever downloaded: with no data path the copy shipped in
-``gpupack/job/workloads/data/mnist`` (the real 70,000 digits, see its README) is used.
-"""
+"""Read MNIST from a data path: the standard IDX files (gzipped or not) or one ``mnist.npz``. Nothing is downloaded
+(compute nodes have no internet): with no data path, the copy shipped in ``data/mnist`` is used."""
 from __future__ import annotations
 
 import functools

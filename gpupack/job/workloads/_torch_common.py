@@ -1,7 +1,5 @@
-"""What the torch workloads share: the loader, the training loop (with AMP), the loader-only pass, accuracy.
-
-Spread over k devices (``ctx.spread``, gpupack/job/spread/ddp.py), the same loop trains the wrapped model on this rank's
-slice of each global batch (``batch_size`` stays the global batch at every k); alone, it is untouched.
+"""What the torch workloads share: the loader, the training loop (with AMP), the loader-only pass, accuracy. Spread
+over k devices, the same loop trains on this rank's slice of each global batch (``batch_size`` at every k).
 """
 from __future__ import annotations
 

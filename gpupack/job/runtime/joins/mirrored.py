@@ -24,8 +24,7 @@ def first_gpus(physical: Sequence[T], k: int, visible: str | None = None) -> lis
 
 
 def make_devices(tf: Framework, device: str, k: int, visible: str | None = None) -> list[str]:
-    """k TensorFlow devices for the strategy, made before TensorFlow initialises them (afterwards it refuses:
-    "Virtual devices cannot be modified after being initialized")."""
+    """k TensorFlow devices for the strategy, made before TensorFlow initialises them (it refuses afterwards)."""
     if device == "cuda":
         gpus = first_gpus(tf.config.list_physical_devices("GPU"), k, visible)
         for gpu in gpus:  # grow, not grab: a GPU's whole memory taken up front says nothing of what training needs
