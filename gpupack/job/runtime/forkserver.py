@@ -23,6 +23,7 @@ import time
 
 _SERVER_START = time.time()
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import selectors  # noqa: E402
@@ -91,17 +92,13 @@ def isolate(rlimit_as: int | None, cpus: Sequence[int] | None) -> None:
     import ctypes
     import resource
 
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (linux/prctl.h)
-    except (OSError, AttributeError):
-        pass
     if rlimit_as:
         resource.setrlimit(resource.RLIMIT_AS, (rlimit_as, rlimit_as))
     if cpus:
-        try:
+        with contextlib.suppress(AttributeError, OSError):  # not Linux, or cores taken away: run where the job runs
             os.sched_setaffinity(0, cpus)
-        except (AttributeError, OSError):  # not Linux, or cores taken away: run where the job runs
-            pass
 
 
 def _report_imports(fd: int, known: set[str]) -> None:
@@ -235,11 +232,9 @@ def fork_unsafe(modules: Mapping[str, object]) -> str | None:
     nor TensorFlow's or JAX's runtime threads), or None. It imports and initialises nothing itself."""
     torch = modules.get("torch")
     cuda = getattr(torch, "cuda", None)
-    try:
+    with contextlib.suppress(Exception):  # a half-imported torch: leave the decision to the other checks
         if cuda is not None and cuda.is_initialized():
             return "the preload initialised CUDA (torch.cuda.is_initialized() is true): a forked child cannot use it"
-    except Exception:  # a half-imported torch: leave the decision to the other checks
-        pass
     if "tensorflow" in modules:
         return "the preload imported TensorFlow, which starts its threads at import"
     jax_bridge = modules.get("jax._src.xla_bridge")
@@ -390,10 +385,8 @@ class ForkedProcess:
 
     def kill(self) -> None:
         if self.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)  # its own session: its children go too
-            except ProcessLookupError:
-                pass
 
 
 class ForkServer:

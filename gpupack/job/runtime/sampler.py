@@ -7,6 +7,7 @@ job (:mod:`gpupack.job.runtime.foreign`). What NVML does not know is recorded as
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -163,10 +164,8 @@ class Sampler:
             except Exception as err:  # no library, no driver
                 self.note = f"NVML unavailable ({err.__class__.__name__}: {err}): sampling the CPU instead"
             if self.nvml is None and nvml is not None:
-                try:
+                with contextlib.suppress(Exception):
                     nvml.nvmlShutdown()
-                except Exception:
-                    pass
         if self.note:
             self.log(f"gpupack sampler: {self.note}")  # said once, not at every sample
 
@@ -367,10 +366,8 @@ class Sampler:
         if self.tracked:  # the last interval, up to the pack's end
             self.foreign.read(last=True)
         if self.nvml is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.nvml.nvmlShutdown()
-            except Exception:
-                pass
         return dict(self.report())  # the pack record's ``sampler`` (gpupack.job.records takes a plain dict)
 
     def _figures(self, t: _Tracked) -> TrainingFigures:

@@ -9,6 +9,7 @@ still running: no training outlives its pack.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -165,10 +166,8 @@ class Child:
         if self.proc is None or self.proc.poll() is not None:
             return
         self.stopped = True
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def enforce(self, timeout_s: float | None, now: float) -> None:
         """Past its time limit: SIGTERM, then SIGKILL after a grace period."""

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -192,10 +193,8 @@ class DdpSpread(Spread):
         }
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # leaving is best effort: the process ends next
             import torch.distributed as dist
 
             if dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:  # leaving is best effort: the process ends next
-            pass
