@@ -152,10 +152,10 @@ def _spread_plan(tmp_path: Path, workload: str, grid: dict[str, list[Any]], fixe
 def test_each_step_all_reduces_the_gradients_whatever_the_batch(tmp_path):
     import torch
 
-    from gpupack.job.workloads.mnist_torch import MnistTorchParams, _build
+    from gpupack.job.workloads.mnist_torch import WORKLOAD, MnistTorchParams
 
     run, plan = _spread_plan(tmp_path, "mnist_torch", {"batch_size": [32, 128]}, SMALL)
-    n_params = sum(p.numel() for p in _build(MnistTorchParams(**SMALL), torch.nn).parameters())
+    n_params = sum(p.numel() for p in WORKLOAD.build(MnistTorchParams(**SMALL), torch.nn).parameters())
     per_sample = {}
     for pack in plan.packs:
         assert pack.spread == "ddp" and pack.devices == 2
