@@ -4,13 +4,7 @@ The server pays Python's start-up and the framework import once instead of N tim
 (:meth:`gpupack.core.workload.Workload.preload`), then forks one child per training, isolated as a fresh process
 would be. Preloading imports; it never touches a device, so no CUDA context is forked.
 
-Protocol (JSON lines; packer → server on stdin, server → packer on stdout):
-
-    → {"preload": {"workload": REF, "params": [...], "learn": BOOL}}       ← {"ready": SECONDS} | {"error": TEXT}
-    → {"start": ID, "spec": P, "out": P, "err": P, "env": {...}, "cwd": P|null, "rlimit_as": N|null, "cpus": [...]|null}
-    ← {"started": ID, "pid": PID}        ← {"ended": ID, "returncode": RC}   (RC < 0: killed by signal -RC)
-
-    ← {"refused": ID, "why": TEXT}      (what the server learned made forking unsafe: start ID fresh)
+Protocol: JSON lines, each :class:`Request` from the packer on stdin, each :class:`Reply` from the server on stdout.
 
 **Learned preload** (a stream's server): each child tells the server, as it ends, the libraries it imported that the
 server had not (:func:`learnable`), which the server imports before the next fork, once each; where that makes forking
@@ -69,7 +63,8 @@ class Request(TypedDict, total=False):
 
 
 class Reply(TypedDict, total=False):
-    """``ready`` (or ``error``) once, then per training ``started``/``refused`` and ``ended``."""
+    """``ready`` (or ``error``) once, then per training ``started`` (or ``refused``: start it fresh) and ``ended``
+    (``returncode`` < 0: killed by that signal)."""
     ready: float
     error: str
     refused: str
