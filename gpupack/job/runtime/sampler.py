@@ -19,6 +19,7 @@ import psutil
 from gpupack.core import monitor
 from gpupack.core.jobenv import job_cpus
 from gpupack.core.monitor import Nvml, NvmlHandle
+from gpupack.core.store.records import Peaks
 from gpupack.job.runtime.foreign import ForeignFigures, ForeignLoad, handle
 
 MAX_KEPT_SAMPLES = 600  # the pack record keeps at most this many (evenly thinned); statistics use all
@@ -75,14 +76,6 @@ class Sample(TypedDict, total=False):
     foreign_gpu_mem_mb: float | None
 
 
-class TrainingFigures(TypedDict, total=False):
-    """What the samples say of one training (empty: never registered); None: unknown, never 0."""
-    peak_rss_mb: float | None
-    cpu_percent_mean: float | None
-    peak_gpu_mem_mb: float | None
-    gpu_mem_known: bool | None
-
-
 class SamplerReport(ForeignFigures):
     """The pack record's ``sampler``: the samples kept, their statistics, and the load from outside the job."""
     source: str
@@ -97,7 +90,7 @@ class SamplerReport(ForeignFigures):
     gpu_mem_used_peak_mb: float | None
     gpu_mem_total_mb: float | None
     cpu_percent_mean: float | None
-    per_training: dict[str, TrainingFigures]
+    per_training: dict[str, Peaks]
     overhead_cpu_s: float
     overhead_fraction: float | None
 
@@ -370,7 +363,7 @@ class Sampler:
                 self.nvml.nvmlShutdown()
         return dict(self.report())  # the pack record's ``sampler`` (gpupack.job.records takes a plain dict)
 
-    def _figures(self, t: _Tracked) -> TrainingFigures:
+    def _figures(self, t: _Tracked) -> Peaks:
         return {
             # Never sampled (ended between two samples): unknown, not 0.
             "peak_rss_mb": round(t.peak_rss_mb, 1) if t.cpu_samples else None,
@@ -379,8 +372,8 @@ class Sampler:
             "gpu_mem_known": t.gpu_mem_known if self.source == "nvml" else None,
         }
 
-    def figures(self, training_id: str) -> TrainingFigures:
-        """What the samples so far say of one training (peak RSS, GPU memory, CPU %); empty if never registered."""
+    def figures(self, training_id: str) -> Peaks:
+        """What the samples so far say of one training (None: unknown, never 0); empty if never registered."""
         with self._lock:
             tracked = self._holders.get(training_id)
             return self._figures(tracked) if tracked is not None else {}
