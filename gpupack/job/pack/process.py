@@ -202,10 +202,7 @@ def memory_share_env(ctx: PackContext, training_id: str) -> tuple[dict[str, obje
     share = ctx.share_of(training_id)
     if share is None:
         return {}, {}
-    if MPS_PIPE_ENV in ctx.env:
-        env = {MPS_LIMIT_ENV: share.mps_limit()}
-    else:
-        env = {SHARE_ENV: f"{share.fraction:.6f}"}
+    env = {MPS_LIMIT_ENV: share.mps_limit()} if MPS_PIPE_ENV in ctx.env else {SHARE_ENV: f"{share.fraction:.6f}"}
     return {**share.to_record(), "mps_limit": env.get(MPS_LIMIT_ENV)}, env
 
 

@@ -105,9 +105,9 @@ class ChildExit:
 
     def error(self) -> str:
         """Its stderr's last lines, else its signal or exit code (of a child that ended non-zero)."""
-        code = self.returncode
-        return tail(self.err_path) or (f"killed by signal {-code} ({signal.Signals(-code).name})"
-                                       if code is not None and code < 0 else f"exited with code {code}")
+        sig = self.signal
+        return tail(self.err_path) or (f"killed by signal {sig} ({signal.Signals(sig).name})" if sig is not None
+                                       else f"exited with code {self.returncode}")
 
 
 @dataclass(frozen=True)

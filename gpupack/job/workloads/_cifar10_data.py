@@ -66,21 +66,17 @@ class _BatchUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _unpickle(path: Path) -> object:
+def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """The batch at ``path``, unpickled with only what a CIFAR-10 batch holds; DataError names the file otherwise."""
     try:
         with open(path, "rb") as f:
-            return _BatchUnpickler(f, encoding="bytes").load()
+            batch = _BatchUnpickler(f, encoding="bytes").load()
     except _Refused as err:
         raise DataError("sweep.fixed.data_dir", str(path), f"the pickle names {err.what}, which no CIFAR-10 batch "
                         "holds: refused without running it", _CONVERT_HINT) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as err:
         raise DataError("sweep.fixed.data_dir", str(path), f"not a CIFAR-10 python batch ({err})",
                         _CONVERT_HINT) from None
-
-
-def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    batch = _unpickle(path)
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
         raise DataError("sweep.fixed.data_dir", str(path), "not a CIFAR-10 python batch (no dict of b'data' and "
                         "b'labels')", _CONVERT_HINT)
