@@ -230,7 +230,6 @@ class PackAttempt:
 
     def context(self, pack: Pack, todo: Sequence[Training], on: OnDevice, env: Mapping[str, str],
                 placement: Placement | None, ends: TrainingEnds, work_dir: str) -> PackContext:
-        """What the pack's mode or strategy is handed."""
         settings, info = self.settings, on.info
         each = memory_share(settings.memory_share, info.memory_total_mb, pack.factor) \
             if on.device == "cuda" and placement is None else None

@@ -40,8 +40,6 @@ def memory_fit(book: PeakBook, pack: Pack, todo: Sequence[Training], settings: P
 
 
 class SkipFields(TypedDict):
-    """A skipped pack's record fields (:meth:`Skip.fields`)."""
-
     skipped_memory: str
     refit: RefitNote
     skipped_training_ids: list[str]
@@ -58,17 +56,14 @@ class Skip:
     said: str
 
     def runs_in(self) -> dict[str, str]:
-        """Each refit training → the refit pack that runs it."""
         return {t.training_id: r.pack_id for r in self.packs for t in r.trainings}
 
     def fields(self, todo: Sequence[Training]) -> SkipFields:
-        """The skipped pack's record fields."""
         said: RefitNote = {"n": self.refit.n if self.refit is not None else None, "why": self.said,
                 "packs": [r.pack_id for r in self.packs]}
         return {"skipped_memory": self.why, "refit": said, "skipped_training_ids": [t.training_id for t in todo]}
 
     def line(self, pack_id: str) -> str:
-        """What the job's log says of it."""
         return (f"gpupack: pack {pack_id} not started, skipped for memory: {self.why}; "
                 + (f"its trainings run at N={self.refit.n} ({len(self.packs)} pack(s))" if self.refit is not None
                    else self.said))

@@ -135,7 +135,6 @@ class PeakBook:
 
 
 def _journal_sizes(run: RunDir) -> dict[Path, int]:
-    """Each lane journal of the run and its size now."""
     sizes = {}
     for path in run.lanes.glob("*.jsonl") if run.lanes.is_dir() else []:
         try:
