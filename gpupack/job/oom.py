@@ -25,7 +25,6 @@ from gpupack.core.types import PackSettings
 from gpupack.job.peaks import PeakBook, budget_of
 from gpupack.job.records import as_oom, as_victim, lost_training_record
 
-# ---------------- held against memory before it starts ----------------
 
 def memory_fit(book: PeakBook, pack: Pack, todo: Sequence[Training], settings: PackSettings, on_gpu: bool,
                total_mb: float | None, records: RunRecords) -> Fit:
@@ -83,8 +82,6 @@ def skip_of(plan: Plan, pack: Pack, todo: Sequence[Training], fit: Fit, book: Pe
     return Skip(fit.why, refit, refits, said)
 
 
-# ---------------- a neighbour's fault ----------------
-
 def mark_victims(run: RunDir, pack: Pack, recs: Sequence[TrainingRecord]) -> dict[str, str]:
     """Record the trainings of this attempt (``recs``) another's fault took down as victims; victim → the one that
     faulted."""
@@ -95,8 +92,6 @@ def mark_victims(run: RunDir, pack: Pack, recs: Sequence[TrainingRecord]) -> dic
             write_json_atomic(run.training_record(pack.pack_id, str(rec["training_id"])), as_victim(rec, culprit))
     return taken
 
-
-# ---------------- out of memory as SLURM tells it after the job ----------------
 
 def record_job_oom(run: RunDir, pack_id: str, since: float, why: str, records: RunRecords | None = None) -> list[str]:
     """The pack's job ran out of memory as SLURM tells it afterwards, maybe taking the packer with it: this attempt's

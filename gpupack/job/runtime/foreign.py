@@ -129,8 +129,6 @@ def foreign_figures(intervals: Sequence[LoadSpan], gpu: Sequence[tuple[int, floa
     return out
 
 
-# ---------------- the readings (what a test fakes) ----------------
-
 def _busy(times: object) -> float:
     """``times``: psutil's cpu_times(), a named tuple whose fields differ by platform (read by name, 0 if absent)."""
     return float(sum(getattr(times, name, 0.0) for name in BUSY_FIELDS))

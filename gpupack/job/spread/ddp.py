@@ -59,9 +59,6 @@ class DdpOptions:
         backends_of(self.backend)
 
 
-# ---------------- the pack's side ----------------
-
-
 def rank_child(training: "Training", ctx: "PackContext", rank: int, world: int, threads: int,
                started: float) -> ChildSpec:
     """Rank ``rank`` of ``world``: its spec written, the child its supervisor starts (forked where process mode would
