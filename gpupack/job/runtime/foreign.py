@@ -303,7 +303,7 @@ class ForeignLoad:
             busy = self.busy(self.watched)
             procs = self.tree(self.root, self._last[2] if self._last is not None else ())
             self._ours |= {pid for pid, _ in procs}
-            if self.command is not None:  # counted with the job's, never a family of a training (_children_map)
+            if self.command is not None:  # counted with the job's, never a family of a training (the sampler's)
                 procs = {**procs, **self.command_times(self.command)}
             self.latest = procs
             if self._last is None:

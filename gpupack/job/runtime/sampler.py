@@ -249,16 +249,6 @@ class Sampler:
         if first:  # the load from outside is measured from the pack's first start, as its wall is
             self.foreign.read()
 
-    def _children_map(self) -> dict[int, list[psutil.Process]]:
-        """The job's processes by parent, from the tree the load reading has just walked: one pass over the process
-        table per sample, not one per training (``children(recursive=True)``: 91 % of a sample at N=34)."""
-        kids: dict[int, list[psutil.Process]] = {}
-        for key, times in self.foreign.latest.items():
-            proc = handle(key)  # the reading's own handle: each process's made once
-            if proc is not None:
-                kids.setdefault(times.ppid, []).append(proc)
-        return kids
-
     @staticmethod
     def _family(t: _Tracked, kids: Mapping[int, list[psutil.Process]], below: Collection[int]
                 ) -> list[psutil.Process]:
@@ -296,9 +286,14 @@ class Sampler:
         return sample
 
     def _families(self, tracked: Sequence[_Tracked]) -> dict[str, list[tuple[_Tracked, list[psutil.Process]]]]:
-        """Each training's processes (a spread training's: one per rank, summed at each sample)."""
+        """Each training's processes (a spread training's: one per rank, summed at each sample), found in the tree the
+        load reading has just walked: one pass over the process table per sample, not one per training."""
         families: dict[str, list[tuple[_Tracked, list[psutil.Process]]]] = {}
-        kids = self._children_map()
+        kids: dict[int, list[psutil.Process]] = {}  # the job's processes by parent
+        for key, times in self.foreign.latest.items():
+            proc = handle(key)  # the reading's own handle: each process's made once
+            if proc is not None:
+                kids.setdefault(times.ppid, []).append(proc)
         below = {proc.pid for of_parent in kids.values() for proc in of_parent}
         for t in tracked:
             family = self._family(t, kids, below)
