@@ -67,12 +67,13 @@ class PeakBook:
             self._seed_keys[workload] = load_workload(workload).seed_key
         return self._seed_keys[workload]
 
-    def _key(self, workload: str, params: Mapping[str, object]) -> SettingKey | None:
+    def _key(self, rec: Mapping[str, object]) -> SettingKey | None:
         """The setting of another lane's record; None where its workload does not load here (not learnt from)."""
+        workload, params = str(rec.get("workload")), rec.get("params")
         if workload in self._unloadable:
             return None
         try:
-            return workload, setting_key(params, self._seed_key(workload))
+            return workload, setting_key(params if isinstance(params, Mapping) else {}, self._seed_key(workload))
         except Exception:  # noqa: BLE001 - whatever its import raises
             self._unloadable.add(workload)
             return None
@@ -90,7 +91,7 @@ class PeakBook:
             entries, self._read_to[path] = journal_entries(path, start)
             done = [e["record"] for e in entries if e.get("kind") == TRAINING]
             self._learn_keyed((key, rec) for rec in done
-                              if (key := self._key(str(rec.get("workload")), _params(rec))) is not None)
+                              if (key := self._key(rec)) is not None)
 
     def _read(self, runs: Sequence[Path], trainings: Sequence[Training]) -> dict[SettingKey, Measured]:
         out: dict[SettingKey, Measured] = {}
@@ -142,11 +143,6 @@ def _journal_sizes(run: RunDir) -> dict[Path, int]:
         except OSError:  # removed meanwhile
             continue
     return sizes
-
-
-def _params(rec: Mapping[str, object]) -> Mapping[str, object]:
-    params = rec.get("params")
-    return params if isinstance(params, Mapping) else {}
 
 
 def _higher(a: float | None, b: float | None) -> float | None:
