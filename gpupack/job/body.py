@@ -194,7 +194,9 @@ class PackAttempt:
         env = self.job.device_env()  # the job's GPUs: one of them, in a job of several GPUs (JobEnvironment.on_gpu)
         info = detect_device(env)
         device = choose_device(self.settings.device, info)
-        runner, placement = runner_of(pack, device)
+        # its packing mode, or its spread strategy with where its one training runs
+        runner: Packer | Strategy = load_packer(pack.mode) if pack.spread is None else load_strategy(pack.spread)
+        placement = runner.placement(pack.mode, pack.devices, device) if isinstance(runner, Strategy) else None
         cores = job_cores()
         concurrent = pack.factor if stream is not None else len(todo)  # a lane's slots, else the trainings at once
         threads = threads_for(cores, concurrent, pack.threads or self.settings.threads_per_training)  # a set-up's own
@@ -276,14 +278,6 @@ class TrainingEnds:
         self.records.append(rec)
         if stream is not None:
             stream.recorded(tid)
-
-
-def runner_of(pack: Pack, device: str) -> tuple[Packer | Strategy, Placement | None]:
-    """What runs the pack: its packing mode, or its spread strategy with where its training runs."""
-    if pack.spread is None:
-        return load_packer(pack.mode), None
-    strategy = load_strategy(pack.spread)
-    return strategy, strategy.placement(pack.mode, pack.devices, device)
 
 
 def own_shares(run: RunDir, todo: Sequence[Training], settings: PackSettings, info: DeviceInfo,

@@ -114,7 +114,7 @@ class DdpStrategy(Strategy):
         return [self._run_one(t, ctx) for t in trainings]
 
     def _run_one(self, training: "Training", ctx: "PackContext") -> "TrainingOutcome":
-        assert ctx.spread is not None  # internal: job.runner_of sets it for every spread pack
+        assert ctx.spread is not None  # internal: the job body sets it for every spread pack
         k = ctx.spread.devices
         threads = max(1, ctx.threads // k)  # the job's cores shared by the k ranks
         rendezvous: str | None = None
