@@ -71,10 +71,6 @@ class Turns:
         with self._lock:
             self.failed = self.failed or err
 
-    def result(self, pack_ids: Sequence[str]) -> InTurn:
-        return {"in_turn": list(pack_ids), "records": self.records, "stopped_claiming": self.stopped,
-                "unclaimed": len(self.queue) if self.stopped is not None else 0}
-
 
 def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, job: JobEnvironment | None = None,
                 plan: Plan | None = None, clock: Callable[[], float] = time.time,
@@ -111,7 +107,8 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
         write_lane_columnar(run, lane)  # what collect reads of the lane's journal (a killed run's: its next)
     if turns.failed is not None:
         raise turns.failed
-    return turns.result(pack_ids)
+    return {"in_turn": list(pack_ids), "records": turns.records, "stopped_claiming": turns.stopped,
+            "unclaimed": len(turns.queue) if turns.stopped is not None else 0}
 
 
 def refit_folders(run: RunDir, pack_id: str) -> list[str]:
