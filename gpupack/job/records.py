@@ -110,10 +110,17 @@ def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pa
 
 def finished_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, plan: Plan, on: OnDevice,
                              fields: Mapping[str, object], sampled: Mapping[str, object]) -> TrainingRecord:
-    """The record of a training that ran and ended; ``fields``: more of its fields; ``sampled``: the sampler's."""
+    """The record of a training that ran and ended; ``fields``: more of its fields; ``sampled``: the sampler's. One
+    that ran out of memory with a share of the GPU says what its share was and what would give it more."""
     rec = cast(TrainingRecord, {**build_training_record(outcome, training, pack, plan, on), **fields})
     fill_memory(rec, sampled)
-    share_hint(rec)
+    share = rec.get("memory_share")
+    if rec.get("status") == OOM and isinstance(share, Mapping):  # its share may be what it hit, not the device
+        source = share.get("source") or "packing.memory_fraction / N"
+        rec["error"] = (f"{rec.get('error') or 'out of memory'}\nHINT: its share of the GPU was {share['mb']:.0f} MB "
+                        f"({share['fraction']:.3g} of the device, packing.memory_share=on: {source}); "
+                        "lower N, raise packing.memory_fraction or packing.memory_margin, "
+                        "or set packing.memory_share=off")
     return rec
 
 
@@ -150,19 +157,6 @@ def as_oom(rec: TrainingRecord, why: str) -> TrainingRecord:
 def as_victim(rec: TrainingRecord, culprit: str) -> TrainingRecord:
     """The record of a training another's fault (``culprit``'s, gpupack.core.memory.victims) took down."""
     return {**rec, "status": VICTIM, "victim_of": culprit, "died_as": rec.get("status")}
-
-
-def share_hint(rec: TrainingRecord) -> None:
-    """A training that ran out of memory with a share of the GPU says what its share was and what would give it more:
-    the limit may be what it hit, not the device."""
-    share = rec.get("memory_share")
-    if rec.get("status") != OOM or not isinstance(share, Mapping):
-        return
-    source = share.get("source") or "packing.memory_fraction / N"
-    rec["error"] = (f"{rec.get('error') or 'out of memory'}\nHINT: its share of the GPU was {share['mb']:.0f} MB "
-                    f"({share['fraction']:.3g} of the device, packing.memory_share=on: {source}); "
-                    "lower N, raise packing.memory_fraction or packing.memory_margin, "
-                    "or set packing.memory_share=off")
 
 
 def fill_memory(rec: TrainingRecord, sampled: Mapping[str, object]) -> None:
@@ -274,18 +268,16 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord]
         **fields,  # the job (its id, its GPUs) and what the scheduler gave it
         sampler=sampled, **setup, **(extra or {}))
     write_json_atomic(run.pack_record(pack.pack_id), rec)
-    if pack.stream is None:  # a lane's trainings' records live in other lanes' folders too: collect reads the JSON
-        _write_columnar(run, pack.pack_id)
-    return rec
+    # the pack's trainings in one columnar file, which collect reads instead of one file per training (a lane's
+    # trainings' records live in other lanes' folders too: collect reads the JSON)
+    try:
+        if pack.stream is None:
+            from gpupack.core.store.columnar import write_columnar  # pyarrow at its end only
 
-
-def _write_columnar(run: RunDir, pack_id: str) -> None:
-    try:  # the pack's trainings in one columnar file: collect reads one file per pack, not one per training
-        from gpupack.core.store.columnar import write_columnar  # pyarrow at its end only
-
-        write_columnar(run, pack_id)
+            write_columnar(run, pack.pack_id)
     except Exception as err:  # only a faster copy: without it collect reads the JSON records, the same rows
-        print(f"gpupack: warning: no columnar file for pack {pack_id} ({err!r})", file=sys.stderr)
+        print(f"gpupack: warning: no columnar file for pack {pack.pack_id} ({err!r})", file=sys.stderr)
+    return rec
 
 
 # ---------------- a pack's record rebuilt from its trainings' ----------------
