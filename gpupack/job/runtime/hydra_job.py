@@ -58,17 +58,6 @@ def metrics_of(value: object) -> dict[str, float]:
     return {}
 
 
-def app_traceback(err: BaseException) -> str:
-    """The failure as Hydra's own launcher prints it: the app's frames only, from below ``run_job`` down."""
-    tb = err.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_name != "run_job":
-        tb = tb.tb_next
-    frames = tb.tb_next if tb is not None else err.__traceback__
-    while frames is not None and frames.tb_frame.f_code.co_filename == __file__:  # logs_in_job_dir's wrapper
-        frames = frames.tb_next
-    return "".join(traceback.format_exception(type(err), err, frames)).rstrip()
-
-
 def logs_in_job_dir(task_function: TaskFunction, logs: tuple[str, str] | None) -> TaskFunction:
     """The task function, which first links the job's stdout and stderr logs into its Hydra output folder as
     ``<job name>.out`` and ``.err``, beside Hydra's ``.log``: where a Hydra user looks, live while the job runs."""
@@ -103,7 +92,14 @@ def portable_failure(err: BaseException) -> BaseException:
     pickle), and a plain RuntimeError with its text where the exception would not unpickle."""
     import pickle
 
-    text = app_traceback(err)
+    # the failure as Hydra's own launcher prints it: the app's frames only, from below run_job down
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name != "run_job":
+        tb = tb.tb_next
+    frames = tb.tb_next if tb is not None else err.__traceback__
+    while frames is not None and frames.tb_frame.f_code.co_filename == __file__:  # logs_in_job_dir's wrapper
+        frames = frames.tb_next
+    text = "".join(traceback.format_exception(type(err), err, frames)).rstrip()
     try:
         pickle.loads(pickling.dumps(err))
     except Exception:  # any failure to round-trip: the text is what the launcher needs

@@ -106,25 +106,6 @@ def dtype_policy(amp: bool, device: str) -> str | None:
     return "mixed_float16" if "GPU" in tf_device(device) else "mixed_bfloat16"
 
 
-def reporter_callback(keras: Framework, reporter: Reporter, batch_size: int,
-                      curve: Callable[[Model, int], bool] | None = None) -> object:
-    class Report(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch: int, logs: Mapping[str, float] | None = None) -> None:
-            if curve is not None and curve(self.model, epoch):
-                self.model.stop_training = True
-
-        def on_train_begin(self, logs: Mapping[str, float] | None = None) -> None:
-            reporter.loop_started()
-
-        def on_train_batch_end(self, batch: int, logs: Mapping[str, float] | None = None) -> None:
-            reporter.step(batch_size)
-
-        def on_train_end(self, logs: Mapping[str, float] | None = None) -> None:
-            reporter.loop_ended()
-
-    return Report()
-
-
 def loader_only(dataset: Loader, epochs: int, reporter: Reporter) -> None:
     reporter.loop_started()
     for _ in range(epochs):
@@ -148,9 +129,22 @@ def fit_and_evaluate(keras: Framework, model: Model, dataset: Loader, params: Tr
                      x_val: Tensor, y_val: Tensor, curve: Callable[[Model, int], bool] | None = None) -> Metrics:
     """Compile (SGD with momentum), fit with every step reported, and measure validation accuracy. ``curve(model,
     epoch)`` after each epoch: True (pruned) stops the fit."""
+    class Report(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Mapping[str, float] | None = None) -> None:
+            if curve is not None and curve(self.model, epoch):
+                self.model.stop_training = True
+
+        def on_train_begin(self, logs: Mapping[str, float] | None = None) -> None:
+            reporter.loop_started()
+
+        def on_train_batch_end(self, batch: int, logs: Mapping[str, float] | None = None) -> None:
+            reporter.step(params.batch_size)
+
+        def on_train_end(self, logs: Mapping[str, float] | None = None) -> None:
+            reporter.loop_ended()
+
     model.compile(optimizer=keras.optimizers.SGD(params.lr, momentum=params.momentum),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    history = model.fit(dataset, epochs=params.epochs, verbose=0,
-                        callbacks=[reporter_callback(keras, reporter, params.batch_size, curve)])
+    history = model.fit(dataset, epochs=params.epochs, verbose=0, callbacks=[Report()])
     return {"train_loss": float(history.history["loss"][-1]), "val_accuracy": accuracy(model, x_val, y_val),
             "placed_on": placement(model)}
