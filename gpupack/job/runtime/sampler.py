@@ -40,12 +40,6 @@ class _Rates(Protocol):
     memory: float
 
 
-class _Proc(Protocol):
-    """A process NVML lists on a device; ``usedGpuMemory`` in bytes, None where NVML does not know it."""
-    pid: int
-    usedGpuMemory: int | None
-
-
 class DeviceSample(TypedDict):
     """One device's reading at a sample (None: NVML does not report utilization there)."""
     gpu_util: float | None
@@ -214,8 +208,10 @@ class Sampler:
                 used = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
                 total = per_pid.get(p.pid, 0.0)
                 per_pid[p.pid] = None if total is None or used is None else total + used  # unknown stays unknown
-            for p in self._graphics(h):  # another's display or renderer: the job's trainings compute
-                graphics[p.pid] = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
+            # another's display or renderer (the job's trainings compute); none where NVML cannot list them
+            with contextlib.suppress(Exception):
+                for p in list(nvml.nvmlDeviceGetGraphicsRunningProcesses(h)):
+                    graphics[p.pid] = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
         utils = [u for d in devices if (u := d["gpu_util"]) is not None]
         mem_utils = [u for d in devices if (u := d["gpu_mem_util"]) is not None]
         out: Sample = {"gpu_util": sum(utils) / len(utils) if utils else None,
@@ -226,13 +222,6 @@ class Sampler:
         if len(devices) > 1:
             out["gpus"] = devices
         return out
-
-    def _graphics(self, handle: NvmlHandle) -> list[_Proc]:
-        """The graphics processes on a device; none where NVML cannot list them (a MIG slice, an older binding)."""
-        try:
-            return list(self.nvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
-        except Exception:
-            return []
 
     # ---- trainings ----
 
