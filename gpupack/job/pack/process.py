@@ -110,11 +110,6 @@ class _Training:
         elif self.stopped_at is not None and time.time() - self.stopped_at > KILL_GRACE_S:
             child.signal(signal.SIGKILL)
 
-    def last_points(self) -> None:
-        """Its program ended: what it printed since the last look, reported without asking the pruner."""
-        if self.curve is not None and self.pruned is None:
-            self.curve.follow(prune=False)
-
     def outcome(self, ended: ChildExit) -> TrainingOutcome:
         if self._outcome is not None:
             return self._outcome
@@ -266,7 +261,8 @@ class _Slots:
 
     def ended(self, child: ChildExit) -> None:
         done = self.by_name[child.name]
-        done.last_points()
+        if done.curve is not None and done.pruned is None:  # what it printed since the last look, not to be pruned
+            done.curve.follow(prune=False)
         self.ctx.on_finished(done.outcome(child))
         self.free.append(done.slot)
         self.fill()  # the freed slot takes the next training at once, where it fits

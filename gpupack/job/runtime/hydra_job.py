@@ -154,15 +154,6 @@ def job_config(params: HydraJobParams) -> DictConfig:
     return config
 
 
-def source_files(task_function: TaskFunction) -> list[Path]:
-    """The file that defines the task function (none for a partial, a callable object, a builtin)."""
-    try:
-        source = inspect.getsourcefile(task_function)
-    except TypeError:
-        return []
-    return [Path(source)] if source else []
-
-
 class HydraJob(Workload):
     name = "hydra_job"
     framework = "hydra"  # a whole Python program of its own: only process mode hosts it
@@ -176,9 +167,13 @@ class HydraJob(Workload):
             preload = cast("Sequence[object]", launcher.params.get("preload") or ())  # a list (check_options)
             for module in preload:  # hydra.launcher.preload: what the app imports late
                 importlib.import_module(str(module))
-            # what the app's own files import anywhere (inside its task function too): each job would import it
-            import_libraries(static_imports(source_files(launcher.task_function), sys.modules),
-                             "imported by the app's files")
+            # what the file that defines the task function (none for a partial, a callable object, a builtin) imports
+            # anywhere (inside its task function too): each job would import it
+            try:
+                files = [Path(source)] if (source := inspect.getsourcefile(launcher.task_function)) else []
+            except TypeError:
+                files = []
+            import_libraries(static_imports(files, sys.modules), "imported by the app's files")
             # one job's config made here warms what each job's would build cold (lexer caches, imports, node classes)
             from hydra.core.singleton import Singleton
 

@@ -120,18 +120,11 @@ def on_device(params: ResNet50Params, device: str) -> tuple[ResNet50Params, str 
 
 def resnet50(nn: Framework, num_classes: int = 1000) -> Model:
     """torchvision's resnet50 where torchvision imports, else the same network defined here (same module names)."""
-    maker = _torchvision_resnet50()
-    if maker is not None:
-        return maker(num_classes=num_classes)
-    return own_resnet50(nn, num_classes)
-
-
-def _torchvision_resnet50() -> Callable[..., Model] | None:
     try:
         from torchvision.models import resnet50 as made  # a CUDA wheel beside a CPU torch fails here
     except (ImportError, RuntimeError, OSError, AttributeError):
-        return None
-    return cast(Callable[..., Model], made)
+        return own_resnet50(nn, num_classes)
+    return cast(Model, made(num_classes=num_classes))
 
 
 def own_resnet50(nn: Framework, num_classes: int = 1000) -> Model:
