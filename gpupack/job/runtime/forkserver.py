@@ -305,28 +305,22 @@ def serve() -> int:
         req = cast("Request | None", requests.read(0.02) if not requests.closed else None)
         if req is not None and learner is not None and learner.unsafe:
             _write({"refused": req["start"], "why": learner.unsafe})
-        elif req is not None:
-            pid, read_end = _fork(req, learner is not None)
+        elif req is not None:  # its pid, and the read end of its report pipe (-1 without one)
+            forked_at = time.time()
+            read_end, write_end = os.pipe() if learner is not None else (-1, None)
+            pid = os.fork()
+            if pid == 0:
+                if write_end is not None:
+                    os.close(read_end)
+                _child(req, forked_at, write_end)
+            if write_end is not None:
+                os.close(write_end)
             children[pid] = (req["start"], read_end)
             _write({"started": req["start"], "pid": pid})
         elif requests.closed:
             time.sleep(0.02)
         _reap(children, learner if not requests.closed else None)  # more trainings may come: worth learning for
     return 0
-
-
-def _fork(req: Request, report: bool) -> tuple[int, int]:
-    """Fork the training ``req`` asks for: its pid, and the read end of its report pipe (-1 without one)."""
-    forked_at = time.time()
-    read_end, write_end = os.pipe() if report else (-1, None)
-    pid = os.fork()
-    if pid == 0:
-        if write_end is not None:
-            os.close(read_end)
-        _child(req, forked_at, write_end)
-    if write_end is not None:
-        os.close(write_end)
-    return pid, read_end
 
 
 def _reap(children: dict[int, tuple[str, int]], learner: Learner | None) -> None:
