@@ -294,12 +294,8 @@ def start_failure(argv: Sequence[str], cwd: str | None, error: OSError) -> str:
 
 def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> WorkerSpec:
     spec: WorkerSpec = {
-        "workload": training.workload,
-        "params": dict(training.params),
-        "device": ctx.device,
-        "threads": ctx.threads,
-        "warmup_steps": ctx.warmup_steps,
-        "spawned_at": spawned_at,
+        "workload": training.workload, "params": dict(training.params), "device": ctx.device, "threads": ctx.threads,
+        "warmup_steps": ctx.warmup_steps, "spawned_at": spawned_at,
         "result_path": str(ctx.work(training.training_id, "result")),
         "logs": [str(ctx.run.log(ctx.home(training.training_id), training.training_id, s)) for s in ("out", "err")],
     }

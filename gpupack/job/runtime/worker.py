@@ -153,17 +153,12 @@ def compose_result(spec: WorkerSpec, workload: Workload, params: object,
         "data": metrics.get("data"),
         "framework": framework_of(workload.framework),
         "throughput": loop,
-        "timings": {
-            "spawned_at": spawned,
-            "process_start": process_start,
-            "loop_start": reporter.loop_start,
-            "loop_end": reporter.loop_end,
-            "finished": finished,
-            # start-up: process spawn → first step (imports, data, model); the table shows it apart.
-            "startup_s": (reporter.loop_start - spawned) if reporter.loop_start is not None else None,
-            "loop_s": loop["loop_s"],
-            "teardown_s": (finished - reporter.loop_end) if reporter.loop_end is not None else None,
-        },
+        # start-up: process spawn → first step (imports, data, model); the table shows it apart.
+        "timings": {"spawned_at": spawned, "process_start": process_start, "loop_start": reporter.loop_start,
+                    "loop_end": reporter.loop_end, "finished": finished,
+                    "startup_s": (reporter.loop_start - spawned) if reporter.loop_start is not None else None,
+                    "loop_s": loop["loop_s"],
+                    "teardown_s": (finished - reporter.loop_end) if reporter.loop_end is not None else None},
     }
 
 

@@ -387,10 +387,7 @@ def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ende
     return {
         "metrics": {**(printed or {}), **(report.get("metrics") or {})},
         "memory": {"peak_rss_mb": None, "peak_gpu_mem_mb": None},  # the sampler follows the process's RSS
-        "knobs": {},
-        "loader_setting": None,
-        "data": None,
-        "throughput": throughput,
+        "knobs": {}, "loader_setting": None, "data": None, "throughput": throughput,
         "timings": {"spawned_at": spawned_at, "process_start": None, "loop_start": loop_start, "loop_end": loop_end,
                     "finished": ended_at, "startup_s": loop_start - spawned_at if loop_start is not None else None,
                     "loop_s": loop_s, "teardown_s": ended_at - loop_end if loop_end is not None else None,
