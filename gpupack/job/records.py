@@ -242,14 +242,6 @@ def _pack_fields(pack: Pack, records: Sequence[TrainingRecord], started: float, 
             **slot_use(records, pack.factor, started, ended), **({"phase": phase} if phase else {})}
 
 
-def _span(records: Sequence[TrainingRecord], mode_started: float | None) -> tuple[float, float, dict[str, float]]:
-    """A pack's start (its first training's, else its mode's set-up's, else now), its end, and its ``setup_s``."""
-    first = min((float(r["started_at"]) for r in records), default=None)
-    started = first if first is not None else (mode_started or time.time())
-    ended = max([float(r["ended_at"]) for r in records], default=started)
-    return started, ended, {"setup_s": max(0.0, first - mode_started)} if first is not None and mode_started else {}
-
-
 def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord], info: DeviceInfo,
                       device: str, cores: int, threads: int, model: str | None = None,
                       sampled: Mapping[str, object] | None = None, mode_started: float | None = None,
@@ -259,7 +251,10 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord]
     inside) to its last one's end; what its mode did before (``mode_started``: a fork server's preload) is its
     ``setup_s``, outside the wall as a job's start is."""
     fields = (job or JobEnvironment.here()).record_fields()
-    started, ended, setup = _span(records, mode_started)
+    first = min((float(r["started_at"]) for r in records), default=None)
+    started = first if first is not None else (mode_started or time.time())  # else its mode's set-up's, else now
+    ended = max([float(r["ended_at"]) for r in records], default=started)
+    setup = {"setup_s": max(0.0, first - mode_started)} if first is not None and mode_started else {}
     rec = pack_record(
         **_pack_fields(pack, records, started, ended, True, phase),
         gpu_type=info.name if info.kind == "gpu" else "cpu", device=device, device_name=info.name,

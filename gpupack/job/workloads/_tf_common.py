@@ -119,12 +119,6 @@ def accuracy(model: Model, x: Tensor, y: Tensor, batch_size: int = 1000) -> floa
     return float((np.argmax(logits, axis=1) == y).mean())
 
 
-def placement(model: Model) -> str:
-    """Where the model's first weight really lives (Keras 3 variables expose it as .value.device)."""
-    weight = model.trainable_weights[0]
-    return str(getattr(getattr(weight, "value", weight), "device", ""))
-
-
 def fit_and_evaluate(keras: Framework, model: Model, dataset: Loader, params: TrainingParams, reporter: Reporter,
                      x_val: Tensor, y_val: Tensor, curve: Callable[[Model, int], bool] | None = None) -> Metrics:
     """Compile (SGD with momentum), fit with every step reported, and measure validation accuracy. ``curve(model,
@@ -146,5 +140,6 @@ def fit_and_evaluate(keras: Framework, model: Model, dataset: Loader, params: Tr
     model.compile(optimizer=keras.optimizers.SGD(params.lr, momentum=params.momentum),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = model.fit(dataset, epochs=params.epochs, verbose=0, callbacks=[Report()])
+    weight = model.trainable_weights[0]  # where it really lives: a Keras 3 variable's .value.device
     return {"train_loss": float(history.history["loss"][-1]), "val_accuracy": accuracy(model, x_val, y_val),
-            "placed_on": placement(model)}
+            "placed_on": str(getattr(getattr(weight, "value", weight), "device", ""))}
