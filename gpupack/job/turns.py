@@ -111,11 +111,6 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
             "unclaimed": len(turns.queue) if turns.stopped is not None else 0}
 
 
-def refit_folders(run: RunDir, pack_id: str) -> list[str]:
-    """The refit packs of ``pack_id`` that still have a folder: this run's, and any a killed run of the lane left."""
-    return [name for name in (os.path.basename(d) for d in run.pack_dirs()) if refit_parent(name) == pack_id]
-
-
 def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, records: RunRecords, lane: str,
                resources: LaneResources | None = None, peaks: PeakBook | None = None) -> None:
     """Run the lane's next pack on ``job``'s device until none is left to begin, each folded into the lane's journal
@@ -132,8 +127,10 @@ def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, recor
                                   resources=resources, peaks=peaks)
                 if turns.settings.fold:
                     fold_pack(run, pack_id, lane)
-                    for refit in refit_folders(run, pack_id):  # its trainings run at a smaller N (skipped for memory)
-                        fold_pack(run, refit, lane)
+                    # its refit packs that still have a folder (this run's, and a killed run's): smaller N's
+                    for refit in [os.path.basename(d) for d in run.pack_dirs()]:
+                        if refit_parent(refit) == pack_id:
+                            fold_pack(run, refit, lane)
         except BaseException as err:  # noqa: BLE001 - raised again by run_in_turn, in the job's own thread
             turns.fail(err)
             return

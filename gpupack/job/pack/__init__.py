@@ -266,23 +266,20 @@ def read_result(workload: Workload, params: Mapping[str, object], path: Path, st
     it must not take the pack down). No JSON object is said, unless the training was ``stopped`` (pruned) mid-write."""
     raw = read_json_or_none(path)
     if raw is None and not stopped and path.is_file():  # gpupack writes it whole (atomically): the program did not
-        return None, f"its result ({path.name}) holds no JSON object: {_start_of(path)}"
+        try:
+            with open(path, "rb") as f:
+                head = f.read(61)
+            text = head[:60].decode(errors="replace")
+            start = (repr(text) + (" ..." if len(head) > 60 else "")) if text else "it is empty"
+        except OSError as err:
+            start = f"unreadable ({err.strerror or err})"
+        return None, f"its result ({path.name}) holds no JSON object: {start}"
     try:
         return workload.result(params, raw, started, ended, stdout), None
     except GpupackError as err:  # what the program wrote is not a result: said in gpupack's words
         return None, f"its result ({path.name}): {err}"
     except Exception as err:  # noqa: BLE001 - a workload's own reader failed: this training fails, alone
         return None, f"its result ({path.name}) could not be read: {type(err).__name__}: {err}"
-
-
-def _start_of(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(61)
-    except OSError as err:
-        return f"unreadable ({err.strerror or err})"
-    text = head[:60].decode(errors="replace")
-    return (repr(text) + (" ..." if len(head) > 60 else "")) if text else "it is empty"
 
 
 def start_failure(argv: Sequence[str], cwd: str | None, error: OSError) -> str:
