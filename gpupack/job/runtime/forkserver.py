@@ -118,7 +118,12 @@ def _child(req: Request, forked_at: float, report_fd: int | None = None) -> None
         _own_streams(req["out"], req["err"])
         os.environ.clear()
         os.environ.update(req["env"])
-        cap_thread_pools(req["env"])
+        # the native thread pools the server loaded (they read OMP_NUM_THREADS once, at import) set to this child's
+        # share: a server shared by packs of several N forks each with its own
+        if (threads := req["env"].get("OMP_NUM_THREADS", "")).isdigit() and int(threads) > 0:
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(limits=int(threads))
         if cwd := req.get("cwd"):
             os.chdir(cwd)
         if req.get("python_main"):  # a Python program of the user's, as `python SCRIPT.py ...` would run it
@@ -154,16 +159,6 @@ def _own_streams(out_path: str, err_path: str) -> None:
     sys.stdin = open(0, closefd=False)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
-
-
-def cap_thread_pools(env: Mapping[str, str]) -> None:
-    """The native thread pools the server loaded (OpenMP, BLAS read OMP_NUM_THREADS once, at import) set to this
-    child's share as its environment gives it: a server shared by packs of several N forks each with its own."""
-    value = env.get("OMP_NUM_THREADS", "")
-    if value.isdigit() and int(value) > 0:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(limits=int(value))
 
 
 def run_main(entry: PythonMain) -> int:
