@@ -90,8 +90,7 @@ class PeakBook:
                 continue
             entries, self._read_to[path] = journal_entries(path, start)
             done = [e["record"] for e in entries if e.get("kind") == TRAINING]
-            self._learn_keyed((key, rec) for rec in done
-                              if (key := self._key(rec)) is not None)
+            self._learn_keyed((key, rec) for rec in done if (key := self._key(rec)) is not None)
 
     def _read(self, runs: Sequence[Path], trainings: Sequence[Training]) -> dict[SettingKey, Measured]:
         out: dict[SettingKey, Measured] = {}

@@ -113,7 +113,8 @@ class _Training:
     def outcome(self, ended: ChildExit) -> TrainingOutcome:
         if self._outcome is not None:
             return self._outcome
-        extra: dict[str, object] = {"start": ended.start, "cpus": ended.cpus, "slot": self.slot,
+        extra: dict[str, object] = {"start": "fork" if ended.forked else "fresh", "cpus": ended.cpus,
+                                    "slot": self.slot,
                                     **({"fork_fallback": self.fork_fallback} if self.fork_fallback else {}),
                                     **({"memory_share": self.share} if self.share else {})}
         code, result, error = ended.returncode, None, None

@@ -90,10 +90,6 @@ class ChildExit:
     cpus: list[int] | None = None
 
     @property
-    def start(self) -> str:
-        return "fork" if self.forked else "fresh"
-
-    @property
     def signal(self) -> int | None:
         code = self.returncode
         return -code if code is not None and code < 0 else None
