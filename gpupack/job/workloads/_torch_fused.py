@@ -58,11 +58,7 @@ def index_loader(torch: Framework, n: int, batch_size: int, gen: Generator) -> L
     from torch.utils.data import DataLoader
 
     return DataLoader(_Indices(torch, n), batch_size=batch_size, shuffle=True, generator=gen,  # type: ignore[arg-type]
-                      collate_fn=_whole)
-
-
-def _whole(batch: Tensor) -> Tensor:
-    return batch
+                      collate_fn=lambda batch: batch)  # the batch is one tensor already
 
 
 def lockstep(loaders: Sequence[Loader]) -> Iterator[list[Tensor]]:
