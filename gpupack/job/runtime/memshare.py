@@ -18,9 +18,7 @@ def limit_torch(environ: Mapping[str, str] | None = None, load: bool = False) ->
     torch is loaded (``load``: import it) and sees a GPU; the fraction set, or None."""
     env = os.environ if environ is None else environ
     value = env.get(SHARE_ENV, "")
-    if not value:
-        return None
-    if "torch" not in sys.modules and not load:
+    if not value or ("torch" not in sys.modules and not load):
         return None
     try:
         import torch
