@@ -150,9 +150,7 @@ def _outcome(training: "Training", ctx: "PackContext", ranks: Sequence[ChildExit
     0's result."""
     k = ctx.spread.devices if ctx.spread is not None else len(ranks)  # ranks: those that started
     timed_out = any(r.timed_out for r in ranks)
-    cause = culprit
-    if cause is None and timed_out:
-        cause = next((r for r in ranks if r.returncode != 0), None)
+    cause = culprit or (next((r for r in ranks if r.returncode != 0), None) if timed_out else None)
     code: int | None = cause.returncode if cause is not None else 0
     result, error = None, None
     rank_of = {rank_name(training.training_id, r): r for r in range(k)}
