@@ -192,8 +192,6 @@ def move_aside(run: RunDir, pack_id: str, path: Path) -> None:
 # ---------------- a pack's record ----------------
 
 class SlotUse(TypedDict):
-    """How busy a pack's N slots were (:func:`slot_use`): fields of its record."""
-
     slots: int
     busy_s: float
     slot_occupancy: float | None

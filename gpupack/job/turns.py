@@ -30,8 +30,6 @@ from gpupack.job.stream import out_of_time
 
 
 class InTurn(TypedDict):
-    """What a lane of whole packs did (:func:`run_in_turn`)."""
-
     in_turn: list[str]
     records: dict[str, PackRecord]
     stopped_claiming: str | None

@@ -164,7 +164,6 @@ class PackContext:
 
 
 def work_prefix(pack_id: str) -> str:
-    """The name a pack's node-local work folder starts with."""
     return f"gpupack-{pack_id}-"
 
 

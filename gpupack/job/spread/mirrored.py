@@ -17,8 +17,6 @@ from gpupack.job.spread import Strategy
 
 
 class Mirrored(Strategy):
-    """tf.distribute.MirroredStrategy over the k devices of one job: one process, k replicas."""
-
     name = "mirrored"
     framework = "tensorflow"
 

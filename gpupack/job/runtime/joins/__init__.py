@@ -9,7 +9,6 @@ from gpupack.core.placement import Placement, Spread
 
 
 def join(placement: Placement) -> Spread:
-    """The strategy's training side sets this process up and returns the Spread the workload calls."""
     spread = importlib.import_module(f"{__name__}.{placement.strategy}").join(placement)
     if not isinstance(spread, Spread):
         raise TypeError(f"gpupack/job/runtime/joins/{placement.strategy}.py's join returned no Spread")
