@@ -45,10 +45,8 @@ from gpupack.job.pack import WAIT, Curve, Wait
 from gpupack.job.records import as_victim, move_aside, rebuild_pack_record
 from gpupack.job.workloads import load_workload
 
-# A waiting slot measures the device's free memory again at most this often (seconds), or as soon as a training ends.
-RECHECK_S = 0.5
-# How many of the queue's next trainings a freed slot looks at for one that fits: a bounded look, a few slots' worth.
-LOOKAHEAD_PER_SLOT = 4
+RECHECK_S = 0.5  # a waiting slot looks at the free memory again after this (seconds), or as a training ends
+LOOKAHEAD_PER_SLOT = 4  # how many of the queue's next trainings a freed slot looks at, per slot, for one that fits
 
 SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to peak alike
 
@@ -84,8 +82,7 @@ def admission_inputs(run: RunDir, queue: Sequence[Training], settings: PackSetti
     return AdmissionInputs(functools.partial(free_memory_mb, on_gpu, env), budget, on_gpu, earlier)
 
 
-# A training is claimed only with this much time to spare past its estimate (seconds, or this share of it).
-CLAIM_MARGIN_S, CLAIM_MARGIN = 2.0, 0.1
+CLAIM_MARGIN_S, CLAIM_MARGIN = 2.0, 0.1  # time a claim spares past its estimate (seconds, or this share of it)
 
 
 def out_of_time(limit_s: float | None, elapsed_s: float, estimate_s: float | None, what: str) -> str | None:

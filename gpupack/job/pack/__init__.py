@@ -227,8 +227,7 @@ def threads_for(cores: int, factor: int, override: int | None = None) -> int:
     return override if override else max(1, cores // factor)
 
 
-# What a training of process mode is told of its pack: how many trainings share its device (N; a lane's slots).
-PACK_SIZE_ENV = "GPUPACK_N"
+PACK_SIZE_ENV = "GPUPACK_N"  # what a process mode training is told: how many share its device (N; a lane's slots)
 
 
 def worker_env(base: Mapping[str, str], threads: int) -> dict[str, str]:

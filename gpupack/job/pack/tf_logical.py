@@ -41,8 +41,7 @@ def logical_devices(kind: str, n: int) -> list[str]:
 class TfLogicalOptions:
     """packing.tf_logical.*: how a GPU is split into N logical GPUs."""
 
-    # The GPU memory shared out among the N logical GPUs (MB); null: the GPU's memory less the reserve.
-    gpu_memory_budget_mb: Optional[int] = None
+    gpu_memory_budget_mb: Optional[int] = None  # shared out among the N logical GPUs (MB); null: all but the reserve
     gpu_memory_reserve_mb: int = 1024
 
     def check(self) -> None:

@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Mapping, Sequence, TypedDict
 
 import psutil
 
-# What /proc/stat counts as a core's busy time. iowait and idle are not busy; guest time is inside user already.
+# What /proc/stat counts as a core's busy time (not iowait nor idle; guest time is inside user already).
 BUSY_FIELDS = ("user", "system", "nice", "irq", "softirq", "steal")
 # Shorter intervals wait for the next reading: the kernel counts CPU time in 10 ms ticks, whose rounding would read as
 # load over a tenth of a second.

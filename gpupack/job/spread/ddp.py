@@ -51,8 +51,7 @@ def backends_of(value: object) -> list[str]:
 class DdpOptions:
     """ddp's own options, spread.ddp_<field> in the config."""
 
-    # gloo or nccl, or a list of them (each measured). Any: OmegaConf takes a str-or-list only as Any.
-    backend: Any = "gloo"
+    backend: Any = "gloo"  # gloo or nccl, or a list of them (each measured); Any: OmegaConf's str-or-list
 
     def check(self) -> None:
         """Refuse a bad spread.ddp_backend, whether or not this sweep spreads with ddp."""

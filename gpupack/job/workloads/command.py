@@ -30,8 +30,7 @@ from gpupack.core.stdout_metrics import metrics_from_output, stdout_patterns
 from gpupack.core.workload import Launch, LoopSummary, PythonMain, TrainingContext, Workload
 from gpupack.errors import ConfigError, DataError, nearest
 
-# What describes the program; every other key is a hyperparameter.
-PROGRAM_KEYS = ("argv", "cwd", "env", "metrics", "start", "preload")
+PROGRAM_KEYS = ("argv", "cwd", "env", "metrics", "start", "preload")  # every other key is a hyperparameter
 STARTS = ("fresh", "fork")
 # Placeholders that are no hyperparameter: {python} is the interpreter running gpupack (its venv, activated or not).
 RESERVED = {"python": sys.executable}

@@ -21,10 +21,8 @@ if TYPE_CHECKING:
 KEY = "spread.ddp_backend"
 BACKENDS = ("gloo", "nccl")
 PREFIX = "ddp-"
-# How long a rank waits for the others before it gives up: only a group whose ranks all hang (the pack kills the rest).
-JOIN_TIMEOUT_S = 600.0
-# Finished all-reduce intervals kept before the ones no later all-reduce can overlap are folded into one total.
-FOLD_AT = 1024
+JOIN_TIMEOUT_S = 600.0  # a rank's wait for the others: it ends only a group whose ranks all hang
+FOLD_AT = 1024  # finished all-reduce intervals kept before those no later one can overlap are summed
 def backend_of(label: str) -> str:
     """The backend a pack's mode names: ddp-gloo → gloo. Pure."""
     backend = label[len(PREFIX):] if label.startswith(PREFIX) else label
