@@ -116,8 +116,7 @@ class Lane:
         self.walls: list[float] = []  # of the trainings this lane ran to their end
         self.stopped: str | None = None  # why it stopped claiming before the queue was drained
         self.journals = CompletedTail(run, [lane.pack_id for lane in plan.lanes(pack.stream)])  # folded as completed
-        # how its recent trainings ended (a fault's window), for telling a fault from its victims
-        self.ended_recs: deque[TrainingRecord] = deque(maxlen=4 * pack.factor + 1)
+        self.ended_recs: deque[TrainingRecord] = deque(maxlen=4 * pack.factor + 1)  # a fault's window: its victims
         self.again: deque[Training] = deque()  # victims of a neighbour's fault, to run once more (it holds them)
         self.ran_again: set[str] = set()
         self._by_id = {t.training_id: t for _, t in self.items}

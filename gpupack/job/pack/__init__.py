@@ -145,8 +145,7 @@ class PackContext:
     memory_shares: Mapping[str, MemoryShare] = field(default_factory=dict)
     resources: LaneResources | None = None  # what the lane's packs on this device share; None: the pack runs alone
     tmp_dir: str = field(default_factory=tempfile.gettempdir)  # the job's own (MPS's pipes, DDP's rendezvous)
-    # the specs' and results' folder in the job's node-local space, not a file per training on the shared filesystem
-    work_dir: str | None = None
+    work_dir: str | None = None  # specs and results, in the job's node-local space (None: the pack's folder)
 
     def share_of(self, training_id: str) -> MemoryShare | None:
         """The training's share of the GPU's memory (None: none)."""
