@@ -295,6 +295,7 @@ class Supervisor:
                on_poll: Callable[[], None] | None = None) -> list[ChildExit]:
         """Follow every child to its end (``on_poll()`` at each look, ``on_exit(child)`` as each ends); their exits."""
         reported: set[int] = set()
+        together = self.together
         while True:
             if on_poll is not None:
                 on_poll()
@@ -305,28 +306,20 @@ class Supervisor:
                     reported.add(i)
                     if on_exit is not None:
                         on_exit(child.exit())
-            if self.together is not None:
-                self._judge(now)
+            if together is not None and self.culprit is None and (failed := [
+                    e for e in (c.exit() for c in self.children if c.ended_at is not None) if e.failed]):
+                self._first_failure = self._first_failure or now  # a consequence waits grace_s for its cause
+                if not all(together.consequence(c) for c in failed) or now - self._first_failure > together.grace_s:
+                    self._fail_group(together.culprit(failed))
             if len(reported) == len(self.children):
                 break
             wait_readable([c.wakeup() for i, c in enumerate(self.children) if i not in reported], POLL_S)
         exits = [child.exit() for child in self.children]
-        if self.together is not None and self.culprit is None:
+        if together is not None and self.culprit is None:
             failed = [e for e in exits if e.failed]
             if failed:  # failed as the last to end, or in the look that saw all end
-                self.culprit = self.together.culprit(failed)
+                self.culprit = together.culprit(failed)
         return exits
-
-    def _judge(self, now: float) -> None:
-        assert self.together is not None  # internal: only called with a group
-        if self.culprit is not None:
-            return
-        failed = [e for e in (c.exit() for c in self.children if c.ended_at is not None) if e.failed]
-        if not failed:
-            return
-        self._first_failure = self._first_failure or now
-        if not all(self.together.consequence(c) for c in failed) or now - self._first_failure > self.together.grace_s:
-            self._fail_group(self.together.culprit(failed))
 
     def _fail_group(self, culprit: ChildExit) -> None:
         self.culprit = culprit
