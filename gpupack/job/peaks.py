@@ -167,4 +167,3 @@ def budget_of(settings: PackSettings, on_gpu: bool, device_total_mb: float | Non
     """A pack's memory share on this job's device (I/O: the host's memory on a CPU)."""
     host_total = None if on_gpu else psutil.virtual_memory().total / 2**20
     return pack_budget(on_gpu, settings.memory_fraction, device_total_mb, host_total, settings.host_memory_mb)
-
