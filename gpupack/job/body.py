@@ -235,8 +235,15 @@ class PackAttempt:
         settings, info = self.settings, on.info
         each = memory_share(settings.memory_share, info.memory_total_mb, pack.factor) \
             if on.device == "cuda" and placement is None else None
-        own = own_shares(self.run, todo, settings, info, self.book) if each is not None and ends.stream is None \
-            else {}
+        own: dict[str, MemoryShare] = {}
+        if each is not None and ends.stream is None:  # a lane's slots keep the equal split: who shares them changes
+            # each training's by its setting's measured GPU peak (the book's, read here where the pack has none), with
+            # settings.memory_margin, else the equal split
+            book = self.book if self.book is not None else PeakBook(self.run, todo, device=info.name)
+            peaks = [book.figure(t, on_gpu=True, stated_mb=None) for t in todo]
+            own = dict(zip([t.training_id for t in todo], memory_shares(
+                settings.memory_share, info.memory_total_mb, peaks, settings.memory_margin,
+                settings.training_memory_mb) or []))
         return PackContext(run=self.run, pack=pack, device=on.device, threads=on.threads, env=env, memory_share=each,
                            memory_shares=own,
                            settings=settings, gpu_memory_total_mb=info.memory_total_mb,
@@ -278,16 +285,3 @@ class TrainingEnds:
         self.records.append(rec)
         if stream is not None:
             stream.recorded(tid)
-
-
-def own_shares(run: RunDir, todo: Sequence[Training], settings: PackSettings, info: DeviceInfo,
-               book: PeakBook | None) -> dict[str, MemoryShare]:
-    """Each of a whole pack's trainings' share of the GPU: by its setting's measured GPU peak (``book``'s, read here
-    where the pack has none) with ``settings.memory_margin``, else the equal split
-    (:func:`gpupack.core.memory.figures.memory_shares`)."""
-    book = book if book is not None else PeakBook(run, todo, device=info.name)  # on its GPU: shares are GPU's
-    peaks = [book.figure(t, on_gpu=True, stated_mb=None) for t in todo]
-    shares = memory_shares(settings.memory_share, info.memory_total_mb, peaks, settings.memory_margin,
-                           settings.training_memory_mb) or []
-    return {t.training_id: s for t, s in zip(todo, shares)}
-
