@@ -70,26 +70,17 @@ def tree_cpu_delta(before: Mapping[Key, ProcTimes], now: Mapping[Key, ProcTimes]
     for key, proc in before.items():
         if key in now:
             continue
-        landed = _landing(proc.ppid, known, before, here)
-        if landed is not None:
-            owed[landed] = owed.get(landed, 0.0) + proc.total_s
+        ppid, seen = proc.ppid, set()  # its first ancestor still the same process now: where its time went
+        while ppid in known and ppid not in seen:
+            seen.add(ppid)
+            if here.get(ppid) == (up := known[ppid]):
+                owed[up] = owed.get(up, 0.0) + proc.total_s
+                break
+            ppid = before[up].ppid  # the parent ended too: its time went on up, to its own parent
     for key, amount in owed.items():
         grew = now[key].reaped_s - before[key].reaped_s
         delta -= min(amount, max(grew, 0.0))
     return delta
-
-
-def _landing(ppid: int, known: Mapping[int, Key], before: Mapping[Key, ProcTimes],
-             here: Mapping[int, Key]) -> Key | None:
-    """The first ancestor still the same process now (where an ended one's time went); None: none in the job."""
-    seen: set[int] = set()
-    while ppid in known and ppid not in seen:
-        seen.add(ppid)
-        key = known[ppid]
-        if here.get(ppid) == key:
-            return key
-        ppid = before[key].ppid  # the parent ended too: its time went on up, to its own parent
-    return None
 
 
 def foreign_cpu_s(busy_s: float, own_s: float, seconds: float, cores: int) -> float:
