@@ -216,7 +216,16 @@ class Lane:
         if self._looked is not None and self.clock() - self._looked < RECHECK_S:
             return WAIT  # nothing ended since the last look in vain, and it was a moment ago
         while True:
-            window = self._window(LOOKAHEAD_PER_SLOT * self.pack.factor)
+            window: list[tuple[int, Training]] = []  # the queue's next trainings neither claimed nor completed
+            for i in range(self._cursor, len(self.items)):
+                if len(window) == LOOKAHEAD_PER_SLOT * self.pack.factor:
+                    break
+                if i in self._gone:
+                    continue
+                if claim_path(self.folder, (tid := self.items[i][1].training_id)).exists() or self.is_completed(tid):
+                    self._gone.add(i)  # gone from later looks too (a look claims nothing)
+                    continue
+                window.append((i, self.items[i][1]))
             if not window:
                 return None
             if window[0][1].training_id != self._head:
@@ -233,21 +242,6 @@ class Lane:
             self._head_passes += verdict.passes_head
             self.passed_over += verdict.passes_head
             return self._started(training)
-
-    def _window(self, size: int) -> list[tuple[int, Training]]:
-        """The queue's next ``size`` trainings neither claimed nor completed, in order (a look: it claims nothing)."""
-        out: list[tuple[int, Training]] = []
-        for i in range(self._cursor, len(self.items)):
-            if len(out) == size:
-                break
-            if i in self._gone:
-                continue
-            tid = self.items[i][1].training_id
-            if claim_path(self.folder, tid).exists() or self.is_completed(tid):
-                self._gone.add(i)
-                continue
-            out.append((i, self.items[i][1]))
-        return out
 
     def _setting(self, training: Training) -> SettingKey:
         if training.workload not in self._seed_keys:
