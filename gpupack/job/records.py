@@ -216,13 +216,6 @@ def slot_use(records: Sequence[TrainingRecord], slots: int, started: float, ende
             "slot_gap_max_s": max(gaps) if gaps else None}
 
 
-def pack_workload(pack: Pack, records: Sequence[TrainingRecord]) -> str | None:
-    """The workload a pack ran: its plan's, else (a search lane's) its trainings' records'."""
-    if pack.trainings:
-        return pack.trainings[0].workload_label
-    return next((str(r["workload"]) for r in records if r.get("workload")), None)
-
-
 def _pack_fields(pack: Pack, records: Sequence[TrainingRecord], started: float, ended: float, together: bool,
                  phase: str | None) -> dict[str, object]:
     """What a pack's record and a rebuilt one say alike. Time per training means something only where all N ran
@@ -236,7 +229,9 @@ def _pack_fields(pack: Pack, records: Sequence[TrainingRecord], started: float, 
             "n_pruned": sum(r.get("status") == PRUNED for r in records),
             "n_oom": sum(r.get("status") == OOM for r in records),
             "started_at": started, "ended_at": ended, "wall_s": ended - started, "written_at": time.time(),
-            "workload": pack_workload(pack, records), **spread_fields(pack), **order_fields(pack),
+            "workload": pack.trainings[0].workload_label if pack.trainings  # else (a search lane's) its records'
+            else next((str(r["workload"]) for r in records if r.get("workload")), None),
+            **spread_fields(pack), **order_fields(pack),
             **slot_use(records, pack.factor, started, ended), **({"phase": phase} if phase else {})}
 
 
