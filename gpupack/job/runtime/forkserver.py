@@ -329,24 +329,19 @@ def _reap(children: dict[int, tuple[str, int]], learner: Learner | None) -> None
             return
         training_id, read_end = children.pop(pid)
         _write({"ended": training_id, "returncode": os.waitstatus_to_exitcode(status)})
-        if read_end != -1:
-            report = _read_report(read_end)
-            if learner is not None:
-                learner.learn(report, training_id)
-
-
-def _read_report(fd: int) -> bytes:
-    """What an ended child wrote to its report pipe (nothing, if it died before it could)."""
-    chunks = []
-    try:
-        os.set_blocking(fd, False)
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    except BlockingIOError:
-        pass
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
+        if read_end == -1:
+            continue
+        chunks = []  # what it wrote to its report pipe (nothing, if it died before it could)
+        try:
+            os.set_blocking(read_end, False)
+            while chunk := os.read(read_end, 65536):
+                chunks.append(chunk)
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(read_end)
+        if learner is not None:
+            learner.learn(b"".join(chunks), training_id)
 
 
 # ---------------- the packer's side ----------------
