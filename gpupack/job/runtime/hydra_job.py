@@ -69,22 +69,18 @@ def logs_in_job_dir(task_function: TaskFunction, logs: tuple[str, str] | None) -
         from hydra.core.hydra_config import HydraConfig
 
         hydra_cfg = HydraConfig.get()
-        for log, suffix in zip(logs, (".out", ".err")):
-            link(Path(log), Path(hydra_cfg.runtime.output_dir) / f"{hydra_cfg.job.name}{suffix}")
+        for log, suffix in zip(logs, (".out", ".err")):  # a hard link (replacing an earlier one), else a symbolic one
+            target = Path(hydra_cfg.runtime.output_dir) / f"{hydra_cfg.job.name}{suffix}"
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(log, tmp)
+            except OSError:
+                tmp.symlink_to(log)
+            os.replace(tmp, target)
         return task_function(cfg)
 
     return task
-
-
-def link(source: Path, target: Path) -> None:
-    """``target`` becomes a hard link to ``source`` (replacing an earlier one), else a symbolic link."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(source, tmp)
-    except OSError:
-        tmp.symlink_to(source)
-    os.replace(tmp, target)
 
 
 def portable_failure(err: BaseException) -> BaseException:
