@@ -208,20 +208,14 @@ class Command(Workload[CommandParams]):
             return
         for module in params[0].get("preload") or []:
             importlib.import_module(str(module))
-        # what the script's own files import (every import of a forked script runs in its child): its libraries
-        import_libraries(static_imports(self.source_files(params[0]), sys.modules), "imported by the script's files")
-
-    def source_files(self, params: Mapping[str, object]) -> list[Path]:
-        """The Python file a forked training runs (its script, or its -m module's file), else none."""
-        launch = self.program(params)
+        # what the file a forked training runs (its script, or its -m module's) imports: every import of a forked
+        # script runs in its child
+        launch = self.program(params[0])
         main = python_main(launch.argv, {**os.environ, **launch.env})
         cwd = Path(launch.cwd) if launch.cwd else Path.cwd()
-        if main is None:
-            return []
-        if "script" in main:
-            return [cwd / str(main["script"])]
-        found = module_file(str(main["module"]), [str(cwd), *sys.path])
-        return [found] if found is not None else []
+        found = None if main is None else cwd / str(main["script"]) if "script" in main \
+            else module_file(str(main["module"]), [str(cwd), *sys.path])
+        import_libraries(static_imports([found] if found else [], sys.modules), "imported by the script's files")
 
     def failure_hint(self, params: Mapping[str, object], error: str) -> str | None:
         """A program that could not import a module may have run under another interpreter: say which."""
