@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Literal, Mapping, Protocol, Sequence, TypedDict
+from typing import Callable, Literal, Protocol, Sequence, TypedDict
 
 import psutil
 
@@ -237,22 +237,6 @@ class Sampler:
         if first:  # the load from outside is measured from the pack's first start, as its wall is
             self.foreign.read()
 
-    @staticmethod
-    def _family(t: _Tracked, kids: Mapping[int, list[psutil.Process]], below: Collection[int]
-                ) -> list[psutil.Process]:
-        """The training's process and its descendants; none once it ended (one not under the job: by psutil)."""
-        if t.proc.pid not in below:
-            try:
-                return [t.proc, *t.proc.children(recursive=True)] if t.proc.is_running() else []
-            except psutil.Error:
-                return []
-        family, todo = [t.proc], [t.proc.pid]
-        while todo:
-            for child in kids.get(todo.pop(), ()):
-                family.append(child)
-                todo.append(child.pid)
-        return family
-
     def sample_once(self) -> Sample:
         sample: Sample = {"t": time.time()}
         if self.nvml is not None:
@@ -283,8 +267,18 @@ class Sampler:
             if proc is not None:
                 kids.setdefault(times.ppid, []).append(proc)
         below = {proc.pid for of_parent in kids.values() for proc in of_parent}
-        for t in tracked:
-            family = self._family(t, kids, below)
+        for t in tracked:  # the training's process and its descendants; none once it ended
+            if t.proc.pid in below:
+                family, todo = [t.proc], [t.proc.pid]
+                while todo:
+                    for child in kids.get(todo.pop(), ()):
+                        family.append(child)
+                        todo.append(child.pid)
+            else:  # not under the job (a test's, a reparented one): walked by psutil alone
+                try:
+                    family = [t.proc, *t.proc.children(recursive=True)] if t.proc.is_running() else []
+                except psutil.Error:
+                    family = []
             if family:
                 families.setdefault(t.training_id, []).append((t, family))
         return families
