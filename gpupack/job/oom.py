@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import Sequence, TypedDict
+from typing import Sequence
 
 from gpupack.core.memory.pack_fit import Fit, Refit, largest_fit, pack_fit
 from gpupack.core.memory.victims import victims
@@ -38,12 +38,6 @@ def memory_fit(book: PeakBook, pack: Pack, todo: Sequence[Training], settings: P
     return fit
 
 
-class SkipFields(TypedDict):
-    skipped_memory: str
-    refit: RefitNote
-    skipped_training_ids: list[str]
-
-
 @dataclass(frozen=True)
 class Skip:
     """A pack skipped for memory (``why``): the N its trainings run at instead and the refit packs that run them
@@ -57,7 +51,7 @@ class Skip:
     def runs_in(self) -> dict[str, str]:
         return {t.training_id: r.pack_id for r in self.packs for t in r.trainings}
 
-    def fields(self, todo: Sequence[Training]) -> SkipFields:
+    def fields(self, todo: Sequence[Training]) -> dict[str, object]:
         said: RefitNote = {"n": self.refit.n if self.refit is not None else None, "why": self.said,
                 "packs": [r.pack_id for r in self.packs]}
         return {"skipped_memory": self.why, "refit": said, "skipped_training_ids": [t.training_id for t in todo]}

@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence, TypedDict, cast
+from typing import Mapping, Sequence, cast
 
 from gpupack.core.cost.rgu import model_from_device_name
 from gpupack.core.jobenv import JobEnvironment
@@ -191,15 +191,7 @@ def move_aside(run: RunDir, pack_id: str, path: Path) -> None:
 
 # ---------------- a pack's record ----------------
 
-class SlotUse(TypedDict):
-    slots: int
-    busy_s: float
-    slot_occupancy: float | None
-    slot_gap_mean_s: float | None
-    slot_gap_max_s: float | None
-
-
-def slot_use(records: Sequence[TrainingRecord], slots: int, started: float, ended: float) -> SlotUse:
+def slot_use(records: Sequence[TrainingRecord], slots: int, started: float, ended: float) -> dict[str, object]:
     """``slot_occupancy`` = Σ training wall / (N × pack wall), and the idle gaps between one training's end and the
     next one's start in the same slot. Pure."""
     wall = ended - started

@@ -20,7 +20,7 @@ from gpupack.core import monitor
 from gpupack.core.jobenv import job_cpus
 from gpupack.core.monitor import Nvml, NvmlHandle
 from gpupack.core.store.records import Peaks
-from gpupack.job.runtime.foreign import ForeignFigures, ForeignLoad, handle
+from gpupack.job.runtime.foreign import ForeignLoad, handle
 
 MAX_KEPT_SAMPLES = 600  # the pack record keeps at most this many (evenly thinned); statistics use all
 MAX_OVERHEAD = 0.01  # the sampler's own CPU, at most this share of a core (34 trainings: 24 ms a sample, H200)
@@ -67,25 +67,6 @@ class Sample(TypedDict, total=False):
     foreign_cpu_cores: float
     foreign_gpu_procs: int
     foreign_gpu_mem_mb: float | None
-
-
-class SamplerReport(ForeignFigures):
-    """The pack record's ``sampler``: the samples kept, their statistics, and the load from outside the job."""
-    source: str
-    note: str
-    interval_s: float
-    interval_mean_s: float | None  # between samples, as they were taken: longer where samples cost more (next_wait)
-    mps: bool
-    n_samples: int
-    samples: list[Sample]
-    gpu_util_mean: float | None
-    gpu_util_max: float | None
-    gpu_mem_used_peak_mb: float | None
-    gpu_mem_total_mb: float | None
-    cpu_percent_mean: float | None
-    per_training: dict[str, Peaks]
-    overhead_cpu_s: float
-    overhead_fraction: float | None
 
 
 @dataclass
@@ -338,7 +319,7 @@ class Sampler:
         if self.nvml is not None:
             with contextlib.suppress(Exception):
                 self.nvml.nvmlShutdown()
-        return dict(self.report())  # the pack record's ``sampler`` (gpupack.job.records takes a plain dict)
+        return self.report()
 
     def _figures(self, t: _Tracked) -> Peaks:
         return {
@@ -355,7 +336,9 @@ class Sampler:
             tracked = self._holders.get(training_id)
             return self._figures(tracked) if tracked is not None else {}
 
-    def report(self) -> SamplerReport:
+    def report(self) -> dict[str, object]:
+        """The pack record's ``sampler`` (gpupack.core.store.records.Sampled): the samples kept, their statistics
+        (``interval_mean_s``: between samples as taken, longer where samples cost more), and the load from outside."""
         def stat(key: Literal["gpu_util", "gpu_mem_used_mb"], fn: Callable[[list[float]], float]) -> float | None:
             values = [v for s in self.samples if (v := s.get(key)) is not None]
             return round(fn(values), 2) if values else None
