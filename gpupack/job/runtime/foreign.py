@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence, TypedDict
+from typing import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
@@ -88,23 +88,12 @@ def foreign_cpu_s(busy_s: float, own_s: float, seconds: float, cores: int) -> fl
     return min(max(busy_s - own_s, 0.0), seconds * cores)
 
 
-class ForeignFigures(TypedDict):
-    """The sampler report's figures of load from outside the job (:func:`foreign_figures`)."""
-    foreign_cpu_cores_mean: float | None
-    foreign_cpu_cores_max: float | None
-    foreign_measured_s: float
-    host_cores: int
-    job_cores: int
-    foreign_gpu_procs_max: int | None
-    foreign_gpu_mem_mb_max: float | None
-
-
 def foreign_figures(intervals: Sequence[LoadSpan], gpu: Sequence[tuple[int, float | None]] | None,
-                    host_cores: int, job_cores: int) -> ForeignFigures:
+                    host_cores: int, job_cores: int) -> dict[str, object]:
     """The pack record's figures of load from outside the job. Pure. ``gpu``: at each GPU sample, the foreign
     processes and their memory in MB (None: NVML did not say); None without NVML (the GPU figures unknown)."""
     measured = sum(i.seconds for i in intervals)
-    out: ForeignFigures = {
+    out: dict[str, object] = {
         # time-weighted: the last interval (up to the pack's end) is shorter than the others
         "foreign_cpu_cores_mean": round(sum(i.foreign_cpu_s for i in intervals) / measured, 3) if measured else None,
         "foreign_cpu_cores_max": round(max(i.cores for i in intervals), 3) if intervals else None,
@@ -325,7 +314,7 @@ class ForeignLoad:
             foreign.append(mb)
         return len(foreign), (None if any(mb is None for mb in foreign) else round(sum(m or 0.0 for m in foreign), 1))
 
-    def figures(self, gpu: Sequence[tuple[int, float | None]] | None) -> ForeignFigures:
+    def figures(self, gpu: Sequence[tuple[int, float | None]] | None) -> dict[str, object]:
         with self._lock:
             intervals = list(self.intervals)
         return foreign_figures(intervals, gpu, self.host_cores, self.job_cores)
