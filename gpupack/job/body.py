@@ -96,8 +96,7 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
 
 @dataclass
 class PackAttempt:
-    """One job's attempt at a pack, under its lock: what each of its steps reads (as :func:`run_pack` takes them;
-    ``book``: its ``peaks``)."""
+    """One job's attempt at a pack, under its lock: what each step reads (:func:`run_pack`'s; ``book``: ``peaks``)."""
 
     run: RunDir
     plan: Plan
@@ -132,8 +131,7 @@ class PackAttempt:
 
     def run_measured(self, pack: Pack, todo: Sequence[Training],
                      extra: Mapping[str, object] | None = None) -> PackRecord:
-        """Run ``todo`` as ``pack`` (:meth:`execute`), teach the book what they peaked at, and run the victims of
-        another's fault again, once; the pack record."""
+        """Run ``todo`` as ``pack``, teach the book their peaks, and run another's fault's victims again, once."""
         rec = self.execute(pack, todo, extra=extra, fields=extra)
         # victims only where each training is a process of its own (a shared process's trainings die as one)
         separate = pack.spread is None and load_packer(pack.mode).streams
@@ -188,9 +186,8 @@ class PackAttempt:
 
     def execute(self, pack: Pack, todo: Sequence[Training], stream: Stream | None = None,
                 extra: Mapping[str, object] | None = None, fields: Mapping[str, object] | None = None) -> PackRecord:
-        """Run ``todo`` with the pack's mode or strategy, writing a training record as each ends and the pack record
-        at the end (``stream``: a lane's, which refills its slots); ``extra``, ``fields``: more fields of the pack's
-        and of each training's record."""
+        """Run ``todo`` with the pack's mode or strategy (``stream``: a lane's, which refills its slots), writing a
+        training record as each ends and the pack record at the end, with ``fields`` and ``extra`` more of theirs."""
         env = self.job.device_env()  # the job's GPUs: one of them, in a job of several GPUs (JobEnvironment.on_gpu)
         info = detect_device(env)
         device = choose_device(self.settings.device, info)
@@ -256,8 +253,7 @@ class PackAttempt:
 
 @dataclass
 class TrainingEnds:
-    """The mode's ``on_finished``: each training's record built, written where it lives, and kept for the pack's.
-    ``oom_kills_before``: the cgroup's OOM kills when the pack started."""
+    """The mode's ``on_finished``: each training's record built, written where it lives, and kept for the pack's."""
 
     attempt: PackAttempt
     pack: Pack

@@ -32,8 +32,7 @@ def queue_lane(pack: Pack) -> type[Lane]:
 
 def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
              plan: Plan | None = None, kind: LaneKind = queue_lane) -> PackRecord:
-    """Run one streaming lane in this job until it has nothing left to run; its pack record says what it ran.
-    ``plan``: the run's, as the caller read it (None: read here); ``kind``: what kind of lane each pack is."""
+    """Run one streaming lane in this job until it has nothing left to run; its pack record says what it ran."""
     run = RunDir(Path(run_root))
     job = job or JobEnvironment.here()
     with pack_lock(run, pack_id):

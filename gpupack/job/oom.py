@@ -40,8 +40,7 @@ def memory_fit(book: PeakBook, pack: Pack, todo: Sequence[Training], settings: P
 
 @dataclass(frozen=True)
 class Skip:
-    """A pack skipped for memory (``why``): the N its trainings run at instead and the refit packs that run them
-    (none: ``said`` why)."""
+    """A pack skipped for memory (``why``): the N and refit packs its trainings run at instead (none: ``said`` why)."""
 
     why: str
     refit: Refit | None
@@ -77,8 +76,7 @@ def skip_of(plan: Plan, pack: Pack, todo: Sequence[Training], fit: Fit, book: Pe
 
 
 def mark_victims(run: RunDir, pack: Pack, recs: Sequence[TrainingRecord]) -> dict[str, str]:
-    """Record the trainings of this attempt (``recs``) another's fault took down as victims; victim → the one that
-    faulted."""
+    """Record the trainings (``recs``) another's fault took down as victims; victim → the one that faulted."""
     taken = victims(recs)
     for rec in recs:
         culprit = taken.get(str(rec["training_id"]))

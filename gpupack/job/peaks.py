@@ -157,8 +157,7 @@ def _figure(m: Measured | None, on_gpu: bool, where: str | None) -> Figure | Non
 
 
 def job_device(settings: PackSettings, env: Mapping[str, str]) -> str:
-    """The device this job's trainings run on, as their records name it: "cpu" (none, or packing.device=cpu), else
-    NVML's name of its GPU (I/O: NVML)."""
+    """The device this job's trainings run on, as their records name it: "cpu", else NVML's name of its GPU."""
     info = detect_device(env)
     return info.name if info.kind == "gpu" and settings.device != "cpu" else "cpu"
 

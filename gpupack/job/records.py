@@ -43,8 +43,7 @@ from gpupack.job.runtime.oom import OOM_KILLED_BY, ran_out_of_memory
 
 @dataclass(frozen=True)
 class OnDevice:
-    """Where an attempt's trainings ran, as their records say: the device described, the torch device, each
-    training's threads, how many ran at once, the GPU's model."""
+    """Where an attempt's trainings ran, as their records say."""
 
     info: DeviceInfo
     device: str
@@ -192,8 +191,7 @@ def move_aside(run: RunDir, pack_id: str, path: Path) -> None:
 # ---------------- a pack's record ----------------
 
 def slot_use(records: Sequence[TrainingRecord], slots: int, started: float, ended: float) -> dict[str, object]:
-    """``slot_occupancy`` = Σ training wall / (N × pack wall), and the idle gaps between one training's end and the
-    next one's start in the same slot. Pure."""
+    """``slot_occupancy`` = Σ training wall / (N × pack wall), and the idle gaps within each slot. Pure."""
     wall = ended - started
     busy = sum(float(r["ended_at"]) - float(r["started_at"]) for r in records)
     by_slot: dict[int, list[tuple[float, float]]] = {}

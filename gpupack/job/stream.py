@@ -145,8 +145,7 @@ class Lane:
         return self.homes[training_id]
 
     def where(self, training_id: str) -> str:
-        """The pack whose folder holds the training's record and logs while this lane runs it: its home, or this
-        lane's own where the lane folds."""
+        """The pack whose folder holds the training's record and logs: its home, or this lane's where it folds."""
         return self.pack.pack_id if self.folds else self.homes[training_id]
 
     def curve(self, training_id: str) -> Curve | None:
@@ -189,8 +188,7 @@ class Lane:
         return None
 
     def _claim(self, i: int) -> Training | None:
-        """Claim the queue's item ``i`` (gone from later looks either way): the training, or None where another lane
-        holds it or it is completed."""
+        """Claim the queue's item ``i`` (gone from later looks either way); None: another's, or completed."""
         training = self.items[i][1]
         tid = training.training_id
         self._gone.add(i)
@@ -286,8 +284,7 @@ class Lane:
         return dict(as_victim(training, culprit))
 
     def recorded(self, training_id: str) -> None:
-        """The training's record is written: where the lane folds, it goes into the journal with its logs, and a
-        completed training's claim goes."""
+        """Where the lane folds, the written record goes into the journal, and a completed training's claim goes."""
         if not self.folds:
             return
         recs = fold_trainings(self.run, self.pack.pack_id, [training_id], self.pack.pack_id)
@@ -297,8 +294,7 @@ class Lane:
     # ---- what a kind of lane changes of the one runner (:func:`gpupack.job.lanes.run_lane`) ----
 
     def settled(self, plan: Plan) -> PackRecord | None:
-        """The lane's record where its queue is drained (an earlier run's, or one rebuilt from the trainings it ran
-        where that was lost); None: it has trainings to run."""
+        """The lane's record where its queue is drained (an earlier run's, or rebuilt); None: it has work left."""
         if not self.drained():
             return None
         records = RunRecords(self.run)
@@ -324,8 +320,7 @@ class Lane:
         return [(home.pack_id, t.training_id) for home, t in plan.queue(self.pack.stream or "")]
 
     def resume(self) -> dict[str, object]:
-        """Settle what an earlier (dead) run of this lane left before this one claims; what the pack record keeps of
-        it. A queue's lane: nothing beyond its claims."""
+        """Settle what an earlier (dead) run left before this one claims; what the record keeps (a queue's: none)."""
         return {}
 
     def keep(self) -> tuple[set[str], Mapping[str, str]]:

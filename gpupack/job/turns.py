@@ -111,8 +111,7 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
 
 def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, records: RunRecords, lane: str,
                resources: LaneResources | None = None, peaks: PeakBook | None = None) -> None:
-    """Run the lane's next pack on ``job``'s device until none is left to begin, each folded into the lane's journal
-    where the lane folds. ``resources``, ``peaks``: as :func:`gpupack.job.body.run_pack` takes them."""
+    """Run the lane's next pack on ``job``'s device until none is left to begin, folding each where the lane folds."""
     while (pack_id := turns.take()) is not None:
         pack = plan.pack(pack_id)
         ran_before = all(records.ran(pack_id, t.training_id) for t in pack.trainings)

@@ -199,8 +199,8 @@ class Packer(ABC):
 
     @abstractmethod
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
-        """Start all trainings at once on ctx.device, wait for all, and say how each ended; call ctx.on_started and
-        ctx.on_finished as each starts and ends. One training failing must never stop the others."""
+        """Start all trainings at once, calling ctx.on_started and ctx.on_finished as each starts and ends, and say how
+        each ended. One training failing must never stop the others."""
 
 
 def available_modes() -> list[str]:

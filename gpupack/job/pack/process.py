@@ -97,8 +97,8 @@ class _Training:
         self.running: Child | None = None
 
     def follow(self) -> None:
-        """Give its lane its curve's new points; on a prune, a program that prints its curve is stopped (SIGTERM, then
-        SIGKILL after the grace a time limit gives); one that reports it is answered so."""
+        """Give its lane its curve's new points; pruned, a program that prints its curve is stopped as a time limit
+        stops one, and one that reports it is answered so."""
         child = self.running
         if self.curve is None or child is None or child.ended_at is not None:
             return
