@@ -18,8 +18,7 @@ from gpupack.job.workloads import load_workload
 
 def split_memory_mb(total_mb: float, n: int, reserve_mb: float, budget_mb: float | None,
                     min_per_split_mb: float, key: str = "packing.factors") -> int:
-    """Memory limit of each of n logical GPUs: the budget (or the GPU's memory less the reserve) / n; refused below
-    what the workload needs to train at all."""
+    """Memory limit of each of n logical GPUs: the budget (or all but the reserve) / n, refused below the minimum."""
     budget = budget_mb if budget_mb is not None else total_mb - reserve_mb
     if budget > total_mb:
         raise ConfigError("packing.tf_logical.gpu_memory_budget_mb", budget_mb,

@@ -282,8 +282,7 @@ class Learner:
 
 
 def serve() -> int:
-    """Fork a training per request until the packer closes stdin, report each exit, learn what each child
-    imported."""
+    """Fork a training per request until the packer closes stdin; report each exit; learn each child's imports."""
     children: dict[int, tuple[str, int]] = {}  # pid -> (training id, the read end of its report pipe)
     requests = Lines(sys.stdin.fileno())
     try:
@@ -373,8 +372,7 @@ class ForkServer:
 
     def __init__(self, workload: str, params: Sequence[Mapping[str, object]], log: Path,
                  start: Callable[[Sequence[str], IO[bytes]], subprocess.Popen[bytes]], learn: bool = False) -> None:
-        """``start(argv, stderr)``: the server's process with pipes to its stdin and stdout (the supervisor's);
-        ``learn``: import what the children import (:class:`Learner`)."""
+        """``start(argv, stderr)``: the server's process, piped (the supervisor's); ``learn``: see :class:`Learner`."""
         self._log = open_log(log)
         try:
             self.proc = start([sys.executable, "-m", "gpupack.job.runtime.forkserver"], self._log)

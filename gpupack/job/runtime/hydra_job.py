@@ -123,8 +123,7 @@ _PAYLOADS: dict[str, Payload] = {}
 
 
 def payload(params: HydraJobParams) -> Payload:
-    """The launch's payload, with the app's folder first on sys.path; read once per process (a forked job finds it
-    already there)."""
+    """The launch's payload, with the app's folder first on sys.path; read once per process (a fork finds it)."""
     if params.app_dir and params.app_dir not in sys.path:
         sys.path.insert(0, params.app_dir)
     if params.launch_dir not in _PAYLOADS:

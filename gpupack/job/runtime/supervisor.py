@@ -231,8 +231,7 @@ class Supervisor:
                 self.server.close()
 
     def start(self, spec: ChildSpec) -> Child:
-        """Start one child; one whose program cannot start (OSError) ended at once with ``start_error`` (with
-        ``together``, failing the group)."""
+        """Start one child; one that cannot start ended at once with ``start_error`` (failing a ``together`` group)."""
         started_at = spec.started_at if spec.started_at is not None else time.time()
         try:
             proc = self._spawn(spec)

@@ -124,8 +124,7 @@ def framework_of(name: str) -> str | None:
 
 
 def shared_by(result: TrainingResult, n: int) -> TrainingResult:
-    """Mark a result's memory as its process's, shared by ``n`` trainings: its resident peak sizes no training's
-    share."""
+    """Mark a result's memory as its process's, shared by ``n`` trainings: its peak sizes no training's share."""
     if n > 1:
         result["memory"] = {**result["memory"], "shared_by": n}
     return result
@@ -163,8 +162,7 @@ def compose_result(spec: WorkerSpec, workload: Workload, params: object,
 
 
 def main(argv: list[str] | None = None, process_start: float | None = None) -> int:
-    """Train as the spec says and write the result. ``process_start``: when this training's process began (a forked
-    one's: at its fork)."""
+    """Train as the spec says and write the result. ``process_start``: when this process began (forked: its fork)."""
     from gpupack.core.store.records import (
         write_json_atomic,  # after _PROCESS_START: a training's imports are its start-up
     )

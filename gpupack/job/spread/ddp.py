@@ -60,8 +60,7 @@ class DdpOptions:
 
 def rank_child(training: "Training", ctx: "PackContext", rank: int, world: int, threads: int,
                started: float) -> ChildSpec:
-    """Rank ``rank`` of ``world``: its spec written, the child its supervisor starts (forked where process mode would
-    fork)."""
+    """Rank ``rank`` of ``world``: its spec written, the child its supervisor starts."""
     run, pack_id, tid = ctx.run, ctx.pack.pack_id, training.training_id
     name = rank_name(tid, rank)  # rank 0's files are the training's own
     err_path = run.log(pack_id, name, "err")
@@ -145,8 +144,7 @@ class DdpStrategy(Strategy):
 
 def _outcome(training: "Training", ctx: "PackContext", ranks: Sequence[ChildExit], culprit: ChildExit | None,
              started: float, ended: float, threads: int, forked: bool) -> "TrainingOutcome":
-    """The training's outcome: the rank that failed first (the culprit, else one that timed out) and why, else rank
-    0's result."""
+    """The training's outcome: the rank that failed first and why, else rank 0's result."""
     k = ctx.spread.devices if ctx.spread is not None else len(ranks)  # ranks: those that started
     timed_out = any(r.timed_out for r in ranks)
     cause = culprit or (next((r for r in ranks if r.returncode != 0), None) if timed_out else None)

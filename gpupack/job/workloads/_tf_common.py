@@ -121,8 +121,7 @@ def accuracy(model: Model, x: Tensor, y: Tensor, batch_size: int = 1000) -> floa
 
 def fit_and_evaluate(keras: Framework, model: Model, dataset: Loader, params: TrainingParams, reporter: Reporter,
                      x_val: Tensor, y_val: Tensor, curve: Callable[[Model, int], bool] | None = None) -> Metrics:
-    """Compile (SGD with momentum), fit with every step reported, and measure validation accuracy. ``curve(model,
-    epoch)`` after each epoch: True (pruned) stops the fit."""
+    """Compile, fit with every step reported, and measure validation accuracy; ``curve`` True (pruned) stops the fit."""
     class Report(keras.callbacks.Callback):
         def on_epoch_end(self, epoch: int, logs: Mapping[str, float] | None = None) -> None:
             if curve is not None and curve(self.model, epoch):

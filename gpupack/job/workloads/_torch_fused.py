@@ -17,8 +17,7 @@ TP = TypeVar("TP", bound=TrainingParams)  # the group's hyperparameters, as its 
 
 
 def fuse_key(params: TrainingParams, *shape_keys: str) -> tuple[object, ...]:
-    """The group key of a torch image workload: its shape hyperparameters and what fixes the batches and the step
-    count (lr, momentum and seed may differ within a group)."""
+    """The group key of a torch image workload: its shape hyperparameters and what fixes its batches and steps."""
     for key in ("amp", "loader_only"):  # autocast and the loader alone are per-process: not in a fused group
         if getattr(params, key):
             raise ConfigError(key, True, "cannot be fused", f"set {key}=false, or use packing.modes=[process]")
@@ -37,8 +36,7 @@ def subset(torch: Framework, data: ImageSet, params: TrainingParams, gen: Genera
 
 
 class _Indices:
-    """The dataset ``range(n)`` whose batch is fetched whole, not one fetch and collate per sample (half a fused
-    step's time at N=34)."""
+    """The dataset ``range(n)`` whose batch is fetched whole, not one fetch and collate per sample."""
 
     def __init__(self, torch: Framework, n: int) -> None:
         self.torch, self.n = torch, n
@@ -78,8 +76,7 @@ def lockstep(loaders: Sequence[Loader]) -> Iterator[list[Tensor]]:
 def train_fused(params_list: Sequence[TP], ctxs: Sequence[TrainingContext], data: ImageSet,
                 build_model: Callable[[Framework, TP], Model], weight_decay: float = 0.0, eval_batch: int = 2000,
                 keep: list[dict[str, Tensor]] | None = None) -> list[Metrics | BaseException]:
-    """Train the group; each training's metrics, or the exception that stopped it (Diverged). ``keep`` receives each
-    model's final state dict."""
+    """Train the group; each training's metrics, or the exception that stopped it. ``keep``: final state dicts."""
     import torch
     import torch.nn.functional as F
     from torch.func import functional_call, stack_module_state, vmap

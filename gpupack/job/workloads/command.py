@@ -273,8 +273,7 @@ def python_main(argv: Sequence[str], env: Mapping[str, str]) -> PythonMain | Non
 
 
 def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:
-    """The program must exist where it will run (an executable file, or a name on PATH), and so must
-    ``python SCRIPT.py``'s script."""
+    """The program must exist where it will run (an executable file, or on PATH), and so must a python's script."""
     program = argv[0]
     if os.sep in program:
         path = Path(program) if os.path.isabs(program) else cwd / program

@@ -59,8 +59,7 @@ def join(placement: Placement) -> "DdpSpread":
 
 
 class _CommCount:
-    """What the communication hook saw: buckets, bytes, backward passes, and when each all-reduce was in flight.
-    Futures complete on the backend's threads, hence the lock."""
+    """What the communication hook saw (futures complete on the backend's threads, hence the lock)."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
