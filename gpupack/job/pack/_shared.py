@@ -38,8 +38,7 @@ def shared_specs(trainings: Sequence[Training], ctx: PackContext, spawned: float
 
 
 def refuse_rlimit_on_gpu(mode: str, limit_gb: float | None) -> None:
-    """RLIMIT_AS on a GPU job: CUDA reserves far more address space than memory it uses, so an address-space limit
-    sized to host memory makes CUDA fail to start."""
+    """Refuse RLIMIT_AS on a GPU job: CUDA reserves more address space than any host-memory limit allows."""
     if limit_gb:
         raise ConfigError("packing.memory_limit_gb_per_training", limit_gb,
                           f"{mode} on a GPU cannot run under an address-space limit "
@@ -51,8 +50,7 @@ def refuse_rlimit_on_gpu(mode: str, limit_gb: float | None) -> None:
 def run_shared(module: str, name: str, trainings: Sequence[Training], ctx: PackContext,
                devices: Sequence[str] | None = None,
                extra: Mapping[str, object] | None = None) -> list[TrainingOutcome]:
-    """Start ``python -m module`` on the trainings' specs (``devices``: each one's) under a supervisor and follow it
-    to its end: each training's outcome as it lands, and its exit for those it never finished."""
+    """Run ``python -m module`` on the trainings' specs: each one's outcome as it lands, or at the process's end."""
     run, pack_id = ctx.run, ctx.pack.pack_id
     spawned = time.time()
     specs = shared_specs(trainings, ctx, spawned, devices)

@@ -110,8 +110,7 @@ def portable_failure(err: BaseException) -> BaseException:
 
 @dataclass(frozen=True)
 class Payload:
-    """What a launch left its jobs: the launcher, Hydra's singletons' state, and where each job's config lies in
-    RunDir.hydra_configs (job number -> offset, length)."""
+    """What a launch left its jobs: the launcher, Hydra's state, and each job's config's (offset, length)."""
 
     launcher: _Launcher
     singleton_state: object

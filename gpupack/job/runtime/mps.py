@@ -23,8 +23,7 @@ MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # a client's device memory l
 @contextlib.contextmanager
 def mps_daemon(env: Mapping[str, str], tmp_dir: str,
                log: Callable[[str, str], Path]) -> Iterator[dict[str, str]]:
-    """Start an MPS control daemon for this pack in ``tmp_dir``; yield the environment the trainings need; always quit
-    it. ``log(name, "out" | "err")``: where each control call's output goes."""
+    """Start an MPS daemon for this pack in ``tmp_dir``, yield its clients' environment, always quit it (``log``)."""
     control = shutil.which(CONTROL, path=env.get("PATH"))
     if control is None:
         raise ConfigError("packing.process.mps", True, f"{CONTROL} is not on this node's PATH",

@@ -18,8 +18,7 @@ OOM_KILLED_BY = "oom_killed_by"  # in a training's record: what says a SIGKILL w
 
 
 def ran_out_of_memory(outcome: TrainingOutcome) -> bool:
-    """The training said it ran out of memory (and gave no result), or was SIGKILLed by the kernel or SLURM's cgroup
-    for memory (:func:`note_oom_kill`, :func:`gpupack.job.oom.record_job_oom`)."""
+    """The training said it ran out of memory (with no result), or was SIGKILLed for memory (:func:`note_oom_kill`)."""
     said = outcome.result is None and bool(outcome.error) and OOM_PATTERNS.search(outcome.error or "") is not None
     return said or bool(outcome.extra.get(OOM_KILLED_BY))
 

@@ -28,8 +28,7 @@ _cpu_time = time.thread_time  # the sampler thread's own CPU seconds (a test's c
 
 
 def next_wait(interval_s: float, cost_s: float, budget: float = MAX_OVERHEAD) -> float:
-    """The wait after a sample that cost ``cost_s`` of CPU: ``interval_s``, stretched so that the sample's cost over
-    its period stays within ``budget`` of a core. Pure."""
+    """The wait after a sample costing ``cost_s`` of CPU: ``interval_s``, or more, within ``budget`` of a core. Pure."""
     return max(interval_s, cost_s / budget - cost_s)
 
 
@@ -239,8 +238,7 @@ class Sampler:
         return sample
 
     def _families(self, tracked: Sequence[_Tracked]) -> dict[str, list[tuple[_Tracked, list[psutil.Process]]]]:
-        """Each training's processes (a spread training's: one per rank, summed at each sample), found in the tree the
-        load reading has just walked: one pass over the process table per sample, not one per training."""
+        """Each training's processes (a spread one's ranks too), from the tree the load reading has just walked."""
         families: dict[str, list[tuple[_Tracked, list[psutil.Process]]]] = {}
         kids: dict[int, list[psutil.Process]] = {}  # the job's processes by parent
         for key, times in self.foreign.latest.items():

@@ -11,8 +11,7 @@ from gpupack.core.frameworks import Framework, Tensor
 
 @dataclass(frozen=True)
 class ImageSet:
-    """A data set of uint8 images (n, H, W[, C]) and their labels, split into train and test, and where it came from
-    (for the record): MNIST's, CIFAR-10's, resnet50's synthetic one."""
+    """A data set of uint8 images (n, H, W[, C]) and labels, split into train and test, and where it came from."""
 
     x_train: np.ndarray
     y_train: np.ndarray

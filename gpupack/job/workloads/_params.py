@@ -41,8 +41,7 @@ TORCH_KNOBS = ("batch_size", "amp", "num_workers", "pin_memory")
 
 
 class Metrics(TypedDict, total=False):
-    """What a built-in workload's train() returns: its final numbers and how it ran; ``data`` describes the data set
-    (the worker lifts it out of the metrics into the record)."""
+    """What a built-in workload's train() returns (``data``: its data set, which the worker lifts into the record)."""
 
     train_loss: float
     val_accuracy: float

@@ -64,8 +64,7 @@ def run(params: TrainingParams, ctx: TrainingContext, data: ImageSet, build_mode
 
 def _run_spread(params: TrainingParams, ctx: TrainingContext, spread: Spread, data: ImageSet, build_model: BuildModel,
                 train: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.ndarray]) -> Metrics:
-    """The same training spread over k devices (``spread``: ctx's tf.distribute strategy), which places the variables
-    and replicas. The dataset keeps the global batch, which Keras splits over the replicas."""
+    """The same training spread by ``spread``'s strategy; the dataset keeps the global batch, split by Keras."""
     import keras
     import tensorflow as tf
 

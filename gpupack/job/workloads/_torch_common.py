@@ -75,8 +75,7 @@ def number(params: Mapping[str, object], key: str) -> float:
 
 
 def check_split(params: TrainingParams, devices: int) -> None:
-    """Each of the k processes of a spread training trains on its slice of every global batch: a batch needs k
-    samples. Checked before anything runs (check_spread) and by each rank (run)."""
+    """Each of a spread training's k processes trains on a slice of every global batch: a batch needs k samples."""
     first = min(params.batch_size, params.train_samples)
     if first < devices:
         key = "batch_size" if params.batch_size <= params.train_samples else "train_samples"
@@ -98,8 +97,7 @@ def preload(load: Callable[[str | None], object], params: Sequence[TrainingParam
 
 def run(params: TorchLoaderParams, ctx: TrainingContext, data: ImageSet, build_model: Callable[[Framework], Model],
         weight_decay: float = 0.0, eval_batch: int = 2000, channels_last: bool = False) -> Metrics:
-    """A whole torch training on an image data set (x/y train/test arrays): the seeded subset, the loader,
-    then either the loader alone or SGD on ``build_model(torch.nn)`` and its validation accuracy."""
+    """A whole torch training on an image data set: the loader alone, or SGD on ``build_model(torch.nn)``."""
     import torch
 
     torch.set_num_threads(ctx.threads)
