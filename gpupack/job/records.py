@@ -71,8 +71,7 @@ def gpu_model(info: DeviceInfo, settings: PackSettings) -> str | None:
 
 
 def order_fields(pack: Pack) -> dict[str, object]:
-    """Where the pack stands in the run's order (gpupack.core.plan.in_rounds): its round, the pack it repeats as a
-    drift check, and a reference set-up's threads (``threads_set``); nothing a pack does not have."""
+    """Where the pack stands in the run's order: its round, the pack it repeats, a reference set-up's threads."""
     return {k: v for k, v in (("round", pack.round), ("reference_of", pack.reference_of),
                               ("threads_set", pack.threads)) if v is not None}
 

@@ -64,8 +64,7 @@ class AdmissionInputs:
 
 def admission_inputs(run: RunDir, queue: Sequence[Training], settings: PackSettings,
                      env: Mapping[str, str]) -> AdmissionInputs:
-    """The inputs of a lane on this job's device: its free memory, and the earlier records of the queue's settings on
-    the same device model, in this run directory and its siblings (I/O)."""
+    """A lane's inputs on this job's device: its free memory, and earlier records of the queue's settings on it."""
     on_gpu = choose_device(settings.device, info := detect_device(env)) == "cuda"
     host_total = None if on_gpu else psutil.virtual_memory().total / 2**20
     budget = lane_budget_mb(on_gpu, settings.memory_fraction, info.memory_total_mb, host_total,

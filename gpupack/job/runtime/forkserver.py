@@ -63,8 +63,7 @@ class Request(TypedDict, total=False):
 
 
 class Reply(TypedDict, total=False):
-    """``ready`` (or ``error``) once, then per training ``started`` (or ``refused``: start it fresh) and ``ended``
-    (``returncode`` < 0: killed by that signal)."""
+    """``ready`` (or ``error``) once, then per training ``started`` (or ``refused``: start it fresh) and ``ended``."""
     ready: float
     error: str
     refused: str
@@ -72,7 +71,7 @@ class Reply(TypedDict, total=False):
     started: str
     pid: int
     ended: str
-    returncode: int
+    returncode: int  # < 0: killed by that signal
 
 
 # ---------------- the server (its own process) ----------------

@@ -59,8 +59,7 @@ def metrics_of(value: object) -> dict[str, float]:
 
 
 def logs_in_job_dir(task_function: TaskFunction, logs: tuple[str, str] | None) -> TaskFunction:
-    """The task function, which first links the job's stdout and stderr logs into its Hydra output folder as
-    ``<job name>.out`` and ``.err``, beside Hydra's ``.log``: where a Hydra user looks, live while the job runs."""
+    """The task function, which first links the job's logs into its Hydra output folder, beside Hydra's ``.log``."""
     if logs is None:
         return task_function
 

@@ -60,8 +60,7 @@ def oom_kill_count(path: Path | None = None) -> int | None:
 
 
 def note_oom_kill(outcome: TrainingOutcome, oom_kills_before: int | None) -> None:
-    """A training SIGKILLed while its cgroup's oom_kill counter rose (since the pack started) was killed for memory:
-    mark its outcome so that its record says oom. Without a readable counter it stays killed."""
+    """A training SIGKILLed while its cgroup's oom_kill counter rose was killed for memory: its record says oom."""
     if outcome.signal != signal.SIGKILL or oom_kills_before is None or outcome.extra.get("timed_out"):
         return
     now = oom_kill_count()

@@ -38,8 +38,7 @@ def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
 
 
 def child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = None) -> Callable[[], None]:
-    """What runs in each fresh child before its program: die with the packer (even one SIGKILLed: no training
-    outlives its job holding the GPU), then its address-space limit and its cores, as a forked training does."""
+    """What runs in each fresh child before its program, as in a forked one: die with the packer, then its limits."""
 
     def setup() -> None:
         isolate(memory_limit_bytes, cpus)

@@ -188,8 +188,7 @@ def _end_rank(spec: WorkerSpec, code: int) -> int:
 
 
 def exit_at_once(code: int) -> NoReturn:
-    """End a process of gpupack's whose results are written, without the interpreter's teardown (about a second of
-    freeing torch or TensorFlow, and exit handlers for no work of its own)."""
+    """End a process whose results are written, skipping its teardown (a second freeing torch, stray exit handlers)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

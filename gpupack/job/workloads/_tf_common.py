@@ -32,9 +32,8 @@ class KerasWorkload(Workload[KP]):
 
 
 def run(params: TrainingParams, ctx: TrainingContext, data: ImageSet, build_model: BuildModel) -> Metrics:
-    """A whole Keras training on an image data set: the seeded subset, a tf.data pipeline, then either the pipeline
-    alone or ``build_model(keras, dtype_policy)`` fitted and evaluated, under ``tf.device`` (spread: the strategy's
-    scope)."""
+    """A whole Keras training on an image data set: the tf.data pipeline alone, or ``build_model(keras, policy)``
+    fitted and evaluated, under ``tf.device`` (spread: the strategy's scope)."""
     import keras
     import tensorflow as tf
 

@@ -364,9 +364,8 @@ def checked_report(raw: object) -> ResultReport:
 
 def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ended_at: float,
                        printed: Mapping[str, object] | None = None) -> dict[str, object]:
-    """A command training's result in the worker's schema (gpupack.job.runtime.worker.TrainingResult), from what the
-    program reported (or nothing), which wins over the metrics it ``printed``. Start-up and loop are split only where
-    the program marked its first step (``timings.split``); the program's own start is not known."""
+    """A command training's result in the worker's schema, from what the program reported (which wins over the
+    metrics it ``printed``). Start-up and loop are split only where it marked its first step (``timings.split``)."""
     report = checked_report(raw)  # the program's JSON: written by gpupack.result, or by the program itself
     loop_start, loop_end = report.get("loop_start"), report.get("loop_end")
     loop_s = loop_end - loop_start if loop_start is not None and loop_end is not None else None

@@ -115,8 +115,7 @@ def _merged(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float
 
 
 def _counting_hook(state: _CommCount, bucket: "dist.GradBucket") -> "torch.futures.Future[torch.Tensor]":
-    """DDP's own all-reduce (``allreduce_hook``: divide by the world, sum), counted on the way: the bucket's bytes as
-    sent, and its time from the hook's call to the all-reduce's completion."""
+    """DDP's own all-reduce (``allreduce_hook``), counted: the bucket's bytes, and its time to completion."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     buffer = bucket.buffer()
