@@ -72,7 +72,7 @@ class TrainingResult(TypedDict, total=False):
     memory_share_applied: float
     spread: dict[str, object]
     pruned: PrunedAt  # a search's trial its pruner stopped (TrainingContext.report): recorded pruned, not failed
-    framework: str | None  # what its figures were measured with: "torch 2.13.0+cpu" (framework_of)
+    framework: str | None  # what its figures were measured with: "torch 2.13.0+cpu"
 
 
 def run_training(spec: WorkerSpec, process_start: float) -> TrainingResult:
@@ -117,12 +117,6 @@ def join_spread(placement: Mapping[str, object] | None) -> Spread | None:
     return join(Placement.from_json(placement))
 
 
-def framework_of(name: str) -> str | None:
-    """The framework a training ran on, with its version ("torch 2.13.0+cpu"); None where it was never imported."""
-    version = getattr(sys.modules.get(name), "__version__", None)
-    return f"{name} {version}" if version else None
-
-
 def shared_by(result: TrainingResult, n: int) -> TrainingResult:
     """Mark a result's memory as its process's, shared by ``n`` trainings: its peak sizes no training's share."""
     if n > 1:
@@ -142,6 +136,7 @@ def compose_result(spec: WorkerSpec, workload: Workload, params: object,
                       resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
     loop = reporter.summary()
     spawned = float(spec.get("spawned_at", process_start))
+    version = getattr(sys.modules.get(workload.framework), "__version__", None)  # None: its process never imported it
     return {
         "metrics": {k: v for k, v in metrics.items() if k != "data"},
         "memory": {"peak_rss_mb": round(peak_rss_mb, 1), "peak_gpu_mem_mb": metrics.get("peak_gpu_mem_mb")},
@@ -150,7 +145,7 @@ def compose_result(spec: WorkerSpec, workload: Workload, params: object,
         "loader_setting": json.dumps({k: getattr(params, k) for k in workload.loader_keys}, sort_keys=True,
                                      default=str) if workload.loader_keys else None,
         "data": metrics.get("data"),
-        "framework": framework_of(workload.framework),
+        "framework": f"{workload.framework} {version}" if version else None,
         "throughput": loop,
         # start-up: process spawn → first step (imports, data, model); the table shows it apart.
         "timings": {"spawned_at": spawned, "process_start": process_start, "loop_start": reporter.loop_start,
