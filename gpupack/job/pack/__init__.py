@@ -7,7 +7,6 @@ the records from what they return.
 from __future__ import annotations
 
 import importlib
-import os
 import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -277,13 +276,6 @@ def read_result(workload: Workload, params: Mapping[str, object], path: Path, st
         return None, f"its result ({path.name}): {err}"
     except Exception as err:  # noqa: BLE001 - a workload's own reader failed: this training fails, alone
         return None, f"its result ({path.name}) could not be read: {type(err).__name__}: {err}"
-
-
-def start_failure(argv: Sequence[str], cwd: str | None, error: OSError) -> str:
-    """Why a child's program could not start. Pure."""
-    if cwd and not os.path.isdir(cwd):
-        return f"could not start {argv[0]!r}: its working directory {cwd!r} does not exist"
-    return f"could not start {argv[0]!r}: {error.strerror or error}"
 
 
 def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> WorkerSpec:

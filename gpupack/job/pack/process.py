@@ -3,6 +3,7 @@ cores, :func:`gpupack.job.pack.threads_for`)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import time
 from collections import deque
@@ -25,7 +26,6 @@ from gpupack.job.pack import (
     Packer,
     ended_outcome,
     read_result,
-    start_failure,
     worker_env,
     worker_spec,
 )
@@ -119,7 +119,10 @@ class _Training:
                                     **({"memory_share": self.share} if self.share else {})}
         code, result, error = ended.returncode, None, None
         if ended.start_error is not None:  # the program is gone or not executable on this node: it fails alone
-            code, error = None, start_failure(self.launch.argv, self.launch.cwd, ended.start_error)
+            cwd = self.launch.cwd
+            why = f"its working directory {cwd!r} does not exist" if cwd and not os.path.isdir(cwd) \
+                else ended.start_error.strerror or ended.start_error
+            code, error = None, f"could not start {self.launch.argv[0]!r}: {why}"
         elif code == 0 or self.pruned is not None:  # stopped for its prune: what it reported so far is its result
             result, error = read_result(self.workload, self.training.params, self.result_path, ended.started_at,
                                         ended.ended_at, self.child.out_path, stopped=self.pruned is not None)
