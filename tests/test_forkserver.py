@@ -13,7 +13,7 @@ from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
 from gpupack.job.body import run_pack
-from gpupack.job.pack.process import ProcessOptions, cpus_for, start_method
+from gpupack.job.pack.process import ProcessOptions, cpus_for, start_choice
 from gpupack.job.workloads import load_workload
 
 
@@ -34,9 +34,9 @@ def test_cpus_for_shares_the_jobs_cores(cores, n, expected):
 
 def test_start_method_forks_only_what_can_be_forked():
     torch_like, tf, command = load_workload("mnist_torch"), load_workload("mnist_tf"), load_workload("command")
-    assert start_method("auto", [torch_like]) == "fork"
-    assert start_method("fresh", [torch_like]) == "fresh"
-    assert start_method("auto", [tf]) == "fresh" and start_method("auto", [command]) == "fresh"
+    assert start_choice("auto", [torch_like])[0] == "fork"
+    assert start_choice("fresh", [torch_like])[0] == "fresh"
+    assert start_choice("auto", [tf])[0] == "fresh" and start_choice("auto", [command])[0] == "fresh"
 
 
 def _pack(tmp_path, n=2, **params):

@@ -18,7 +18,7 @@ from gpupack.core.store.rundir import RunDir  # noqa: E402
 from gpupack.core.types import PackSettings  # noqa: E402
 from gpupack.job.body import run_pack  # noqa: E402
 from gpupack.job.workloads import _mnist_data, _torch_common, _torch_fused, load_workload  # noqa: E402
-from gpupack.job.workloads.mnist_torch import _build  # noqa: E402
+from gpupack.job.workloads.mnist_torch import WORKLOAD as MNIST  # noqa: E402
 from gpupack.workload import Reporter, TrainingContext  # noqa: E402
 from tests.doc_commands import pasted  # noqa: E402
 
@@ -43,10 +43,11 @@ def test_fused_models_end_where_each_would_alone():
     alone = []
     for p in group:
         built = []
-        _torch_common.run(p, _ctx(), data, lambda nn, p=p: built.append(_build(p, nn)) or built[-1])
+        _torch_common.run(p, _ctx(), data, lambda nn, p=p: built.append(MNIST.build(p, nn)) or built[-1])
         alone.append({k: v.detach() for k, v in built[0].state_dict().items()})
     kept: list[dict] = []
-    results = _torch_fused.train_fused(group, [_ctx() for _ in group], data, lambda nn, p: _build(p, nn), keep=kept)
+    results = _torch_fused.train_fused(group, [_ctx() for _ in group], data, lambda nn, p: MNIST.build(p, nn),
+                                       keep=kept)
     assert all(isinstance(r, dict) for r in results)
     for i, (a, f) in enumerate(zip(alone, kept)):
         assert a.keys() == f.keys()
@@ -59,8 +60,9 @@ def test_fused_models_end_where_each_would_alone():
 def test_fused_metrics_match_alone():
     p = _params(lr=0.1, seed=3)
     data = _mnist_data.load(None)
-    alone = _torch_common.run(p, _ctx(), data, lambda nn: _build(p, nn))
-    fused = _torch_fused.train_fused([p, _params(lr=0.3, seed=4)], [_ctx(), _ctx()], data, lambda nn, q: _build(q, nn))
+    alone = _torch_common.run(p, _ctx(), data, lambda nn: MNIST.build(p, nn))
+    fused = _torch_fused.train_fused([p, _params(lr=0.3, seed=4)], [_ctx(), _ctx()], data,
+                                     lambda nn, q: MNIST.build(q, nn))
     assert fused[0]["val_accuracy"] == pytest.approx(alone["val_accuracy"], abs=1e-9)
     assert fused[0]["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-4)
 

@@ -109,7 +109,7 @@ def test_fused_models_on_cuda_end_where_each_would_alone():
     import torch
 
     from gpupack.job.workloads import _mnist_data, _torch_common, _torch_fused, load_workload
-    from gpupack.job.workloads.mnist_torch import _build
+    from gpupack.job.workloads.mnist_torch import WORKLOAD as MNIST
     from gpupack.workload import Reporter, TrainingContext
 
     workload = load_workload("mnist_torch")
@@ -125,10 +125,10 @@ def test_fused_models_on_cuda_end_where_each_would_alone():
     alone = []
     for p in group:
         built: list = []
-        _torch_common.run(p, ctx(), data, lambda nn, p=p: built.append(_build(p, nn)) or built[-1])
+        _torch_common.run(p, ctx(), data, lambda nn, p=p: built.append(MNIST.build(p, nn)) or built[-1])
         alone.append({k: v.detach().cpu() for k, v in built[0].state_dict().items()})
     kept: list[dict] = []
-    _torch_fused.train_fused(group, [ctx() for _ in group], data, lambda nn, p: _build(p, nn), keep=kept)
+    _torch_fused.train_fused(group, [ctx() for _ in group], data, lambda nn, p: MNIST.build(p, nn), keep=kept)
     for a, f in zip(alone, kept):
         for name in a:
             assert torch.allclose(a[name], f[name].cpu(), rtol=1e-3, atol=1e-4), name

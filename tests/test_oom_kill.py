@@ -17,7 +17,7 @@ from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import DONE, FAILED, PENDING, RUNNING, PackSettings, TrainingOutcome
 from gpupack.job.body import run_pack
 from gpupack.job.oom import record_job_oom
-from gpupack.job.records import build_training_record, status_of
+from gpupack.job.records import OnDevice, build_training_record, status_of
 from gpupack.job.runtime import oom
 from gpupack.submit.slurm import SlurmConfig, SlurmSubmitter
 from gpupack.submit.slurm.commands import out_of_memory, pack_state
@@ -199,7 +199,7 @@ def _write(run: RunDir, plan, pack, tag: str, outcome: TrainingOutcome) -> None:
     t = next(t for t in pack.trainings if t.params["tag"] == tag)
     outcome.training_id = t.training_id
     info = DeviceInfo(kind="gpu", name="Tesla V100-SXM2-16GB", memory_total_mb=16384.0)
-    rec = build_training_record(outcome, t, pack, plan.sweep, info, "cuda", 4, 3, "V100-16gb")
+    rec = build_training_record(outcome, t, pack, plan, OnDevice(info, "cuda", 4, 3, "V100-16gb"))
     write_json_atomic(run.training_record(pack.pack_id, t.training_id), rec)
 
 

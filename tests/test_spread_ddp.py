@@ -31,7 +31,7 @@ from gpupack.job.runtime.joins import ddp
 from gpupack.job.runtime.joins import join as join_placement
 from gpupack.job.runtime.joins.ddp import _merged
 from gpupack.job.spread import check_spread, load_strategy, strategy_options
-from gpupack.job.spread.ddp import STRATEGY, DdpOptions, culprit
+from gpupack.job.spread.ddp import RANKS_FAIL_TOGETHER, STRATEGY, DdpOptions
 from gpupack.job.workloads import load_workload
 from gpupack.workload import Reporter, TrainingContext, Workload
 
@@ -105,8 +105,8 @@ def test_of_ranks_failing_at_once_the_cause_is_the_one_that_did_not_lose_a_peer(
 
     lost = rank(0, "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:33170")
     cause = rank(1, "ValueError: a bad batch")
-    assert culprit([lost, cause]) is cause
-    assert culprit([lost]) is lost  # only a lost peer: that is all there is to say
+    assert RANKS_FAIL_TOGETHER.culprit([lost, cause]) is cause
+    assert RANKS_FAIL_TOGETHER.culprit([lost]) is lost  # only a lost peer: that is all there is to say
 
 
 def test_union_of_in_flight_intervals():
@@ -152,10 +152,10 @@ def _spread_plan(tmp_path: Path, workload: str, grid: dict[str, list[Any]], fixe
 def test_each_step_all_reduces_the_gradients_whatever_the_batch(tmp_path):
     import torch
 
-    from gpupack.job.workloads.mnist_torch import MnistTorchParams, _build
+    from gpupack.job.workloads.mnist_torch import WORKLOAD, MnistTorchParams
 
     run, plan = _spread_plan(tmp_path, "mnist_torch", {"batch_size": [32, 128]}, SMALL)
-    n_params = sum(p.numel() for p in _build(MnistTorchParams(**SMALL), torch.nn).parameters())
+    n_params = sum(p.numel() for p in WORKLOAD.build(MnistTorchParams(**SMALL), torch.nn).parameters())
     per_sample = {}
     for pack in plan.packs:
         assert pack.spread == "ddp" and pack.devices == 2

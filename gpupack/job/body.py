@@ -1,11 +1,8 @@
 """The job body: what runs inside one submitted job, on whatever backend submitted it.
 
-It reads the plan, skips trainings that already have a completed record (resume), asks the pack's mode
-to run the rest at once on the job's device, and writes one training record per training and one pack
-record, all atomically. Earlier non-completed records are moved to ``attempts/`` first, never overwritten.
-One :class:`PackAttempt` holds what every step reads (the run, its plan and records, the settings, the job, what
-the pack is held against); the records are built in :mod:`gpupack.job.records`, the out-of-memory path is
-:mod:`gpupack.job.oom`'s.
+It skips trainings that already have a completed record (resume), has the pack's mode run the rest at once on the
+job's device, and writes one training record per training and one pack record, all atomically. Earlier records are
+moved to ``attempts/`` first, never overwritten. One :class:`PackAttempt` holds what every step reads.
 """
 from __future__ import annotations
 
@@ -64,9 +61,8 @@ def choose_device(preference: str, info: DeviceInfo) -> str:
 
 @contextlib.contextmanager
 def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
-    """Hold ``packs/<pack_id>/.lock`` (flock) while the pack runs, so that a second packer of the same pack (a job
-    submitted twice, a resume while the first still runs) stops before it moves or writes any record. The kernel
-    drops the lock when its holder dies (scancel, OOM), so a stale lock never blocks a resume."""
+    """Hold ``packs/<pack_id>/.lock`` (flock) while the pack runs: a second packer of it stops before it moves or
+    writes any record. The kernel drops the lock when its holder dies, so a stale lock never blocks a resume."""
     path = run.pack_lock(pack_id)
     make_dirs(path.parent)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, file_mode())
@@ -88,12 +84,9 @@ def pack_lock(run: RunDir, pack_id: str) -> Iterator[None]:
 def run_pack(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
              plan: Plan | None = None, records: RunRecords | None = None,
              resources: LaneResources | None = None, peaks: PeakBook | None = None) -> PackRecord:
-    """Run one pack in this job. ``job``: the job as its backend tells it (Submitter.job_environment); None (a pack run
-    outside any backend): this process (:meth:`JobEnvironment.here`). ``plan``: the run's, as the caller read it
-    (None: read here). ``records``: the run's records as a lane read them at its start (its journals: a pack a lane
-    folded is complete without a folder); None: the pack's folder alone. ``resources``: what the lane's packs on this
-    device share (a fork server); None: the pack starts its own. ``peaks``: what the pack is held against before it
-    starts (a lane's, learnt as its packs end); None: read here."""
+    """Run one pack in this job. ``job``: as its backend tells it (None: this process); ``plan``, ``records``: the
+    run's as the caller read them (None: read here); ``resources``: what the lane's packs on this device share (a
+    fork server); ``peaks``: what the pack is held against before it starts (a lane's; None: read here)."""
     run = RunDir(Path(run_root))
     with pack_lock(run, pack_id):
         attempt = PackAttempt(run, plan or Plan.from_json(read_json(run.plan)), settings, job or JobEnvironment.here(),
@@ -103,10 +96,7 @@ def run_pack(run_root: str, pack_id: str, settings: PackSettings, job: JobEnviro
 
 @dataclass
 class PackAttempt:
-    """One job's attempt at a pack, under its lock: what each of its steps reads. ``records``: the run's records as
-    the job read them (a pack a lane folded is complete without a folder); ``resources``: what a lane's packs on this
-    device share (a fork server; None: each pack starts its own); ``book``: what the pack is held against before it
-    starts (a lane's, learnt as its packs end; None: read for the pack where admission asks for it)."""
+    """One job's attempt at a pack, under its lock: what each step reads (:func:`run_pack`'s; ``book``: ``peaks``)."""
 
     run: RunDir
     plan: Plan
@@ -117,13 +107,11 @@ class PackAttempt:
     book: PeakBook | None = None
 
     def run_pack(self, pack_id: str) -> PackRecord:
-        """The pack's trainings that have not run, run (resume), held against its device's memory first; its record
-        (the one it has, or one rebuilt from its trainings', where none is left to run)."""
+        """The pack's trainings that have not run, run, held against its device's memory first; its record."""
         run, pack = self.run, self.plan.pack(pack_id)
         # a training a refit pack of this one completed (it was skipped for memory before) ran: never run again
         todo = [t for t in pack.trainings if not self.records.ran(pack_id, t.training_id)]
-        if not todo:  # nothing to run: its record, or, lost, one rebuilt from its trainings'
-            # (records.pack reads pack.json first, then the lane's journal)
+        if not todo:  # nothing to run: its record (its folder's, else the journal's), or one rebuilt
             found = self.records.pack(pack_id) or rebuild_pack_record(run, self.plan, pack, self.records)
             if found is None:
                 raise FileNotFoundError(f"{run.pack_record(pack_id)}: every training of pack {pack_id} has a record, "
@@ -143,20 +131,18 @@ class PackAttempt:
 
     def run_measured(self, pack: Pack, todo: Sequence[Training],
                      extra: Mapping[str, object] | None = None) -> PackRecord:
-        """Run ``todo`` as ``pack`` (:meth:`execute`), teach the book what they peaked at, and run the victims of
-        another's fault again, once; the pack record. ``extra``: more fields of the pack's and its trainings'
-        records."""
+        """Run ``todo`` as ``pack``, teach the book their peaks, and run another's fault's victims again, once."""
         rec = self.execute(pack, todo, extra=extra, fields=extra)
-        if self.book is not None:
-            learn(self.run, pack, rec, self.book)
-        # victims where each training is a process of its own (a mode that can stream): one that dies alone can only
-        # take its neighbours down through the device; a shared process's trainings die as one, a spread training is one
+        # victims only where each training is a process of its own (a shared process's trainings die as one)
         separate = pack.spread is None and load_packer(pack.mode).streams
-        taken = mark_victims(self.run, pack, rec) if separate else {}
+        recs = [r for tid in rec.get("training_ids", []) if (r := read_training(self.run.training_record(
+            pack.pack_id, str(tid)))) is not None] if self.book is not None or separate else []
+        if self.book is not None:  # what they peaked at, for the next packs of their settings
+            self.book.learn({t.training_id: t for t in pack.trainings}, recs)
+        taken = mark_victims(self.run, pack, recs) if separate else {}
         if not taken:
             return rec
-        # Run them again, once, in a fresh start of the mode (a new MPS daemon): their records and this attempt's pack
-        # record (its N trainings' timing) are kept as an earlier attempt
+        # Run them again, once, in a fresh start of the mode: their records and this pack record kept as an attempt
         for tid in taken:
             move_aside(self.run, pack.pack_id, self.run.training_record(pack.pack_id, tid))
         move_aside(self.run, pack.pack_id, self.run.pack_record(pack.pack_id))
@@ -164,10 +150,9 @@ class PackAttempt:
         return self.execute(pack, again, extra={**(extra or {}), "victims_rerun": taken}, fields=extra)
 
     def skip_for_memory(self, pack: Pack, todo: Sequence[Training], book: PeakBook) -> PackRecord | None:
-        """Hold the pack against its device's memory share by what its settings were measured to need
-        (:func:`gpupack.job.oom.memory_fit`); where it does not fit, record its trainings and itself as skipped for
-        memory with the reason (its N infeasible), run its trainings at the largest N that fits
-        (:meth:`run_refits`), and return its record (None: it fits, and runs)."""
+        """Hold the pack against its device's memory share (:func:`gpupack.job.oom.memory_fit`); where it does not
+        fit, record it and its trainings as skipped for memory, run them at the largest N that fits
+        (:meth:`run_refits`), and return its record (None: it fits)."""
         info = detect_device(self.job.device_env())
         device = choose_device(self.settings.device, info)
         fit = memory_fit(book, pack, todo, self.settings, device == "cuda", info.memory_total_mb, self.records)
@@ -186,10 +171,8 @@ class PackAttempt:
         return rec
 
     def run_refits(self, pack: Pack, refits: Sequence[Pack]) -> None:
-        """Run the refit packs of ``pack`` (skipped for memory) one after another, each measured and recorded as a
-        pack of its own at its N (:meth:`run_measured`), under ``pack``'s lock (held by the caller). A training an
-        earlier refit of ``pack`` left unfinished (a killed job, another N) has that record moved aside as an earlier
-        attempt: the refit that runs it now holds its current one."""
+        """Run the refit packs of ``pack`` one after another, each a pack of its own at its N (:meth:`run_measured`).
+        A record an earlier refit left of a training is moved aside: the refit that runs it now holds its current."""
         run = self.run
         for refit in refits:
             with pack_lock(run, refit.pack_id):
@@ -203,14 +186,14 @@ class PackAttempt:
 
     def execute(self, pack: Pack, todo: Sequence[Training], stream: Stream | None = None,
                 extra: Mapping[str, object] | None = None, fields: Mapping[str, object] | None = None) -> PackRecord:
-        """Run ``todo`` on this job's device with the pack's mode or strategy, write a training record as each ends
-        and the pack record at the end. A streaming lane (``stream``) starts ``todo`` in its N slots and refills them
-        from the stream (which says where each streamed training's records live); ``extra``: more pack record
-        fields; ``fields``: more fields of each training's record (a refit pack's ``refit_of``)."""
+        """Run ``todo`` with the pack's mode or strategy (``stream``: a lane's, which refills its slots), writing a
+        training record as each ends and the pack record at the end, with ``fields`` and ``extra`` more of theirs."""
         env = self.job.device_env()  # the job's GPUs: one of them, in a job of several GPUs (JobEnvironment.on_gpu)
         info = detect_device(env)
         device = choose_device(self.settings.device, info)
-        runner, placement = runner_of(pack, device)
+        # its packing mode, or its spread strategy with where its one training runs
+        runner: Packer | Strategy = load_packer(pack.mode) if pack.spread is None else load_strategy(pack.spread)
+        placement = runner.placement(pack.mode, pack.devices, device) if isinstance(runner, Strategy) else None
         cores = job_cores()
         concurrent = pack.factor if stream is not None else len(todo)  # a lane's slots, else the trainings at once
         threads = threads_for(cores, concurrent, pack.threads or self.settings.threads_per_training)  # a set-up's own
@@ -246,14 +229,18 @@ class PackAttempt:
 
     def context(self, pack: Pack, todo: Sequence[Training], on: OnDevice, env: Mapping[str, str],
                 placement: Placement | None, ends: TrainingEnds, work_dir: str) -> PackContext:
-        """What the pack's mode or strategy is handed. The trainings inherit the job's environment, and its id as
-        the backend names it (jobenv.job_id); each training's share of the GPU is enforced in its process where the
-        platform can (packing.memory_share)."""
         settings, info = self.settings, on.info
         each = memory_share(settings.memory_share, info.memory_total_mb, pack.factor) \
             if on.device == "cuda" and placement is None else None
-        own = own_shares(self.run, todo, settings, info, self.book) if each is not None and ends.stream is None \
-            else {}
+        own: dict[str, MemoryShare] = {}
+        if each is not None and ends.stream is None:  # a lane's slots keep the equal split: who shares them changes
+            # each training's by its setting's measured GPU peak (the book's, read here where the pack has none), with
+            # settings.memory_margin, else the equal split
+            book = self.book if self.book is not None else PeakBook(self.run, todo, device=info.name)
+            peaks = [book.figure(t, on_gpu=True, stated_mb=None) for t in todo]
+            own = dict(zip([t.training_id for t in todo], memory_shares(
+                settings.memory_share, info.memory_total_mb, peaks, settings.memory_margin,
+                settings.training_memory_mb) or []))
         return PackContext(run=self.run, pack=pack, device=on.device, threads=on.threads, env=env, memory_share=each,
                            memory_shares=own,
                            settings=settings, gpu_memory_total_mb=info.memory_total_mb,
@@ -266,9 +253,7 @@ class PackAttempt:
 
 @dataclass
 class TrainingEnds:
-    """What runs as each training of an attempt ends (the mode's ``on_finished``): its record built
-    (:func:`gpupack.job.records.finished_training_record`), written where it lives, and kept for the pack's.
-    ``fields``: more fields of each record; ``oom_kills_before``: the cgroup's OOM kills when the pack started."""
+    """The mode's ``on_finished``: each training's record built, written where it lives, and kept for the pack's."""
 
     attempt: PackAttempt
     pack: Pack
@@ -296,32 +281,3 @@ class TrainingEnds:
         self.records.append(rec)
         if stream is not None:
             stream.recorded(tid)
-
-
-def runner_of(pack: Pack, device: str) -> tuple[Packer | Strategy, Placement | None]:
-    """What runs the pack: its packing mode (N trainings on one device), or its spread strategy (one training over
-    k devices) with where that training runs."""
-    if pack.spread is None:
-        return load_packer(pack.mode), None
-    strategy = load_strategy(pack.spread)
-    return strategy, strategy.placement(pack.mode, pack.devices, device)
-
-
-def own_shares(run: RunDir, todo: Sequence[Training], settings: PackSettings, info: DeviceInfo,
-               book: PeakBook | None) -> dict[str, MemoryShare]:
-    """Each of a whole pack's trainings' share of the GPU (:func:`gpupack.core.memory.figures.memory_shares`): by what
-    earlier records measured of its setting (``book``'s GPU peaks: this run's, else earlier runs'; read here where the
-    pack has none), with ``settings.memory_margin``, else the equal split. A streaming lane's slots keep the equal
-    split: which trainings share the GPU there changes as they are claimed."""
-    book = book if book is not None else PeakBook(run, todo, device=info.name)  # on its GPU: shares are GPU's
-    peaks = [book.figure(t, on_gpu=True, stated_mb=None) for t in todo]
-    shares = memory_shares(settings.memory_share, info.memory_total_mb, peaks, settings.memory_margin,
-                           settings.training_memory_mb) or []
-    return {t.training_id: s for t, s in zip(todo, shares)}
-
-
-def learn(run: RunDir, pack: Pack, pack_rec: PackRecord, book: PeakBook) -> None:
-    """What the pack's trainings peaked at, for the next packs of their settings (read before a lane folds them)."""
-    recs = [r for tid in pack_rec.get("training_ids", [])
-            if (r := read_training(run.training_record(pack.pack_id, str(tid)))) is not None]
-    book.learn({t.training_id: t for t in pack.trainings}, recs)

@@ -1,9 +1,6 @@
-"""The one runner of a streaming lane (packing.stream), whatever its kind chooses its next training by: a queue's lane
-claims the queue's next training (:class:`gpupack.job.stream.Lane`), a search's asks the study for its next trial
-(:class:`gpupack.search.lane.SearchLane`, given by the job's entry: the job side knows no study). Everything else is
-this runner's, for both: the lane's lock, memory admission, what an earlier run left (its unfolded records, its lost
-pack record rebuilt, its stale and torn claims released), the first N trainings, the pack attempt, the record and its
-fold.
+"""The one runner of a streaming lane (packing.stream), whatever its kind chooses its next training by: a queue's
+(:class:`gpupack.job.stream.Lane`) or a search's (:class:`gpupack.search.lane.SearchLane`, given by the job's entry:
+the job side knows no study). The lock, admission, what an earlier run left, the attempt and the record are its own.
 """
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ def queue_lane(pack: Pack) -> type[Lane]:
 
 def run_lane(run_root: str, pack_id: str, settings: PackSettings, job: JobEnvironment | None = None,
              plan: Plan | None = None, kind: LaneKind = queue_lane) -> PackRecord:
-    """Run one streaming lane in this job until it has nothing left to run; its pack record says what it ran.
-    ``plan``: the run's, as the caller read it (None: read here); ``kind``: what kind of lane each pack is."""
+    """Run one streaming lane in this job until it has nothing left to run; its pack record says what it ran."""
     run = RunDir(Path(run_root))
     job = job or JobEnvironment.here()
     with pack_lock(run, pack_id):

@@ -1,23 +1,19 @@
-"""A pack's out-of-memory path in the job, beside the supervisor's (:mod:`gpupack.job.runtime.oom` tells an OOM from a
-training's end): a pack that would not fit its device's memory skipped and its trainings refit at the largest N that
-fits (:func:`memory_fit`, :func:`skip_of`), the trainings a neighbour's fault took down marked as its victims
-(:func:`mark_victims`), and an OOM SLURM tells after the job recorded on the trainings it killed
-(:func:`record_job_oom`). The attempt (:class:`gpupack.job.body.PackAttempt`) runs what these decide; the records
-are built in :mod:`gpupack.job.records`.
+"""A pack's out-of-memory path in the job: a pack that would not fit skipped and refit at the largest N that fits
+(:func:`memory_fit`, :func:`skip_of`), a neighbour's fault's victims marked (:func:`mark_victims`), and an OOM SLURM
+tells after the job recorded (:func:`record_job_oom`). :class:`gpupack.job.body.PackAttempt` runs what these decide.
 """
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import Sequence, TypedDict
+from typing import Sequence
 
-from gpupack.core.memory.pack_fit import Fit, Refit
+from gpupack.core.memory.pack_fit import Fit, Refit, largest_fit, pack_fit
 from gpupack.core.memory.victims import victims
 from gpupack.core.plan import Pack, Plan, Training, refit_packs, run_at_smaller_n
 from gpupack.core.store.journal import RunRecords, append_records, lane_trainings
 from gpupack.core.store.records import (
     KILLED,
-    PackRecord,
     RefitNote,
     TrainingRecord,
     read_json,
@@ -26,36 +22,25 @@ from gpupack.core.store.records import (
 )
 from gpupack.core.store.rundir import PROBE, RunDir
 from gpupack.core.types import PackSettings
-from gpupack.job.peaks import PeakBook, check_pack, refit_n
+from gpupack.job.peaks import PeakBook, budget_of
 from gpupack.job.records import as_oom, as_victim, lost_training_record
 
-# ---------------- held against memory before it starts ----------------
 
 def memory_fit(book: PeakBook, pack: Pack, todo: Sequence[Training], settings: PackSettings, on_gpu: bool,
                total_mb: float | None, records: RunRecords) -> Fit:
-    """Whether ``todo`` fits its device's memory share as ``pack`` by what its settings were measured to need
-    (:func:`gpupack.job.peaks.check_pack`)."""
-    fit = check_pack(book, todo, pack.factor, settings, on_gpu, total_mb)
-    # an earlier attempt refit it and some ran there (only then is the todo short of the pack): the rest goes on so,
-    # never as a pack of N whose timing is no N's
+    """Whether ``todo`` fits its device's memory share as ``pack``, by what its settings were measured to need."""
+    fit = pack_fit(pack.factor, [book.figure(t, on_gpu, settings.training_memory_mb) for t in todo],
+                   budget_of(settings, on_gpu, total_mb)) if settings.admission else Fit(True, "packing.admission=off")
+    # an earlier attempt refit it and some ran there: the rest goes on so, never as a pack of N timing no N
     if fit.fits and len(todo) < len(pack.trainings) and records.refits(pack.pack_id):
         return Fit(False, f"{fit.why}; but earlier trainings of this pack ran at a smaller N (skipped for memory "
                    "then): the rest goes on so")
     return fit
 
 
-class SkipFields(TypedDict):
-    """A skipped pack's record fields (:meth:`Skip.fields`)."""
-
-    skipped_memory: str
-    refit: RefitNote
-    skipped_training_ids: list[str]
-
-
 @dataclass(frozen=True)
 class Skip:
-    """A pack skipped for memory (``why``): the N its trainings run at instead and the refit packs that run them
-    (none where a probe step's climb ends there, or its grid points run at a smaller N in the plan: ``said``)."""
+    """A pack skipped for memory (``why``): the N and refit packs its trainings run at instead (none: ``said`` why)."""
 
     why: str
     refit: Refit | None
@@ -63,17 +48,14 @@ class Skip:
     said: str
 
     def runs_in(self) -> dict[str, str]:
-        """Each refit training → the refit pack that runs it."""
         return {t.training_id: r.pack_id for r in self.packs for t in r.trainings}
 
-    def fields(self, todo: Sequence[Training]) -> SkipFields:
-        """The skipped pack's record fields."""
+    def fields(self, todo: Sequence[Training]) -> dict[str, object]:
         said: RefitNote = {"n": self.refit.n if self.refit is not None else None, "why": self.said,
                 "packs": [r.pack_id for r in self.packs]}
         return {"skipped_memory": self.why, "refit": said, "skipped_training_ids": [t.training_id for t in todo]}
 
     def line(self, pack_id: str) -> str:
-        """What the job's log says of it."""
         return (f"gpupack: pack {pack_id} not started, skipped for memory: {self.why}; "
                 + (f"its trainings run at N={self.refit.n} ({len(self.packs)} pack(s))" if self.refit is not None
                    else self.said))
@@ -81,26 +63,20 @@ class Skip:
 
 def skip_of(plan: Plan, pack: Pack, todo: Sequence[Training], fit: Fit, book: PeakBook, settings: PackSettings,
             on_gpu: bool, total_mb: float | None) -> Skip:
-    """Where the trainings of ``pack``, which does not fit (``fit``), run: at the largest N below its own that fits
-    (:func:`gpupack.job.peaks.refit_n`), in refit packs (:func:`gpupack.core.plan.refit_packs`)."""
-    # a measurement sweep that runs these grid points at a smaller N has them measured there, and a probe step's climb
-    # ends at the skipped N (its verdict): refitting adds nothing
+    """Where the trainings of ``pack``, which does not fit, run: at the largest smaller N that fits, in refit packs."""
+    # grid points the plan runs at a smaller N, and a probe step (its climb ends here): refitting adds nothing
     below = run_at_smaller_n(plan, pack)
     left = [] if plan.phase == PROBE else [t for t in todo if t.training_id not in below]
-    refit = refit_n(book, left, settings, on_gpu, total_mb, pack.factor - 1) if left else None
+    refit = largest_fit([book.figure(t, on_gpu, settings.training_memory_mb) for t in left],
+                        budget_of(settings, on_gpu, total_mb), pack.factor - 1) if left else None
     refits = refit_packs(pack, left, refit.n) if refit is not None else []
     said = refit.why if refit is not None else "a probe step: its climb ends at the skipped N" \
         if plan.phase == PROBE else f"its {len(below)} training(s)' grid points run at a smaller N in this plan"
     return Skip(fit.why, refit, refits, said)
 
 
-# ---------------- a neighbour's fault ----------------
-
-def mark_victims(run: RunDir, pack: Pack, pack_rec: PackRecord) -> dict[str, str]:
-    """Record the trainings of this attempt that another's fault took down (gpupack.core.memory.victims) as ``victim``,
-    with ``victim_of`` and ``died_as``; victim → the training that faulted."""
-    recs = [r for tid in pack_rec.get("training_ids", [])
-            if (r := read_training(run.training_record(pack.pack_id, str(tid)))) is not None]
+def mark_victims(run: RunDir, pack: Pack, recs: Sequence[TrainingRecord]) -> dict[str, str]:
+    """Record the trainings (``recs``) another's fault took down as victims; victim → the one that faulted."""
     taken = victims(recs)
     for rec in recs:
         culprit = taken.get(str(rec["training_id"]))
@@ -109,15 +85,10 @@ def mark_victims(run: RunDir, pack: Pack, pack_rec: PackRecord) -> dict[str, str
     return taken
 
 
-# ---------------- out of memory as SLURM tells it after the job ----------------
-
 def record_job_oom(run: RunDir, pack_id: str, since: float, why: str, records: RunRecords | None = None) -> list[str]:
-    """The pack's job ran out of memory as SLURM tells it afterwards (sacct OUT_OF_MEMORY, slurmstepd's oom-kill line),
-    maybe taking the packer with it. Records of this attempt (started since ``since``) of trainings that died by
-    SIGKILL become oom; a training left with no record at all (its packer was killed first) gets an oom record on
-    the device a sibling's record of this attempt names. The packer writes every other record; here SLURM is the only
-    witness left. Returns the trainings it could not record (no sibling to say the device), for the caller to report.
-    ``records``: the run's records as the caller holds them (a lane's job asks once for all its packs), else read."""
+    """The pack's job ran out of memory as SLURM tells it afterwards, maybe taking the packer with it: this attempt's
+    (since ``since``) SIGKILLed trainings become oom, and one left with no record gets an oom record on the device a
+    sibling's names. Returns the trainings it could not record (no sibling), for the caller to report."""
     plan = Plan.from_json(read_json(run.plan))
     pack = plan.pack(pack_id)
     if pack.stream is not None:
@@ -131,9 +102,7 @@ def record_job_oom(run: RunDir, pack_id: str, since: float, why: str, records: R
 
 
 def refits_of(pack: Pack, records: RunRecords) -> list[Pack]:
-    """The refit packs (:func:`gpupack.core.plan.refit_packs`) in which the job that skipped ``pack`` for memory ran
-    its trainings, as its pack record and its trainings' records say (``refit``, ``runs_in``); none where it was not
-    skipped, or where its trainings' grid points ran at a smaller N."""
+    """The refit packs the job that skipped ``pack`` for memory ran its trainings in, as its records say."""
     said = (records.pack(pack.pack_id) or {}).get("refit")
     runs_in: dict[str, list[Training]] = {}
     for t in pack.trainings:  # each named pack holds the trainings whose record says it runs them, in the pack's order
@@ -171,9 +140,8 @@ def _record_pack_oom(run: RunDir, plan: Plan, pack: Pack, since: float, why: str
 
 
 def _record_lane_oom(run: RunDir, plan: Plan, pack: Pack, since: float, why: str) -> list[str]:
-    """record_job_oom for a streaming lane: the records this lane wrote in this attempt (in a folder, or folded into
-    its journal: amended there by a later line) of trainings SIGKILLed become oom. A training it held with no record
-    is left to its claim: the lane's next run releases it and runs it again."""
+    """record_job_oom for a streaming lane: its SIGKILLed trainings' records of this attempt (in a folder, or amended
+    in its journal by a later line) become oom. One with no record is left to its claim, run again next time."""
     def ours(rec: TrainingRecord | None) -> bool:
         return (rec is not None and rec.get("pack_id") == pack.pack_id and float(rec.get("started_at") or 0) >= since
                 and rec.get("status") == KILLED and rec.get("signal") == signal.SIGKILL)

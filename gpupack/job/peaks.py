@@ -2,12 +2,9 @@
 :mod:`gpupack.core.memory.pack_fit`): the peaks each setting reached, read once where a job begins and learnt as its
 packs end.
 
-A lane of packs holds one :class:`PeakBook` for all its packs: the earlier runs' peaks and this run's, read at its
-start, and each pack's own trainings added as it ends, so a setting's packs that run after its first measurement
-are held against it (packs run in rounds, :func:`gpupack.core.plan.in_rounds`: a larger pack may come first, and
-then starts on what earlier runs or ``sweep.training_memory_mb`` say). What lanes running at the
-same time fold into their journals is read before a pack starts (:meth:`PeakBook.refresh`: their new lines only, at
-most every :data:`REFRESH_EVERY_S`), so a lane's N=4 pack is held against the N=1 another lane just measured.
+A lane holds one :class:`PeakBook` for all its packs: earlier runs' peaks and this run's, read at its start, each pack's
+trainings added as it ends, and what other lanes fold into their journals read before a pack starts
+(:meth:`PeakBook.refresh`), so a lane's N=4 pack is held against the N=1 another lane just measured.
 """
 from __future__ import annotations
 
@@ -29,7 +26,7 @@ from gpupack.core.memory.figures import (
     same_device,
     setting_key,
 )
-from gpupack.core.memory.pack_fit import Budget, Fit, Refit, largest_fit, pack_budget, pack_fit, training_peak
+from gpupack.core.memory.pack_fit import Budget, pack_budget, training_peak
 from gpupack.core.monitor import detect_device
 from gpupack.core.plan import Training
 from gpupack.core.store.journal import TRAINING, journal_entries
@@ -40,24 +37,20 @@ from gpupack.job.workloads import load_workload
 
 SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to peak alike
 
-
 REFRESH_EVERY_S = 30.0  # how often a lane reads what the others folded since (a stat a lane's journal: Lustre's cost)
 
 
 class PeakBook:
-    """The highest host and GPU peaks per setting of trainings that completed: this run's (read once, then learnt as
-    packs end, its lanes' journals read again as they grow) and earlier runs' (read once). Shared by the threads of a
-    job of several GPUs."""
+    """The highest host and GPU peaks per setting of completed trainings: this run's (read once, then learnt as packs
+    end and lanes' journals grow) and earlier runs' (read once). Thread-safe."""
 
     def __init__(self, run: RunDir, trainings: Sequence[Training],
                  clock: Callable[[], float] = time.monotonic, *, device: str) -> None:
-        # the device this job's trainings run on ("cpu", or NVML's name of its GPU, :func:`job_device`): peaks measured
-        # on another device model are not this job's (gpupack.core.memory.figures.same_device)
+        # the device this job's trainings run on (:func:`job_device`): peaks on another device model are not this job's
         self.device = device
         self._seed_keys: dict[str, str] = {}
         self._unloadable: set[str] = set()
-        self._learnt: set[str] = set()  # the training records learnt: a lane's own, learnt as its pack ends, come again
-        # in its journal's new lines (refresh), and count once
+        self._learnt: set[str] = set()  # records learnt: a lane's own come again in its journal, and count once
         self._lock = threading.Lock()
         self._run, self._clock = run, clock
         self._read_to = _journal_sizes(run)  # before the read below: a line folded meanwhile is read twice, not missed
@@ -74,20 +67,19 @@ class PeakBook:
             self._seed_keys[workload] = load_workload(workload).seed_key
         return self._seed_keys[workload]
 
-    def _key(self, workload: str, params: Mapping[str, object]) -> SettingKey | None:
-        """(workload, its setting: every hyperparameter but its seed) of another lane's record; None: its workload
-        does not load here (one this lane does not run), and is not learnt from."""
+    def _key(self, rec: Mapping[str, object]) -> SettingKey | None:
+        """The setting of another lane's record; None where its workload does not load here (not learnt from)."""
+        workload, params = str(rec.get("workload")), rec.get("params")
         if workload in self._unloadable:
             return None
         try:
-            return workload, setting_key(params, self._seed_key(workload))
+            return workload, setting_key(params if isinstance(params, Mapping) else {}, self._seed_key(workload))
         except Exception:  # noqa: BLE001 - whatever its import raises
             self._unloadable.add(workload)
             return None
 
     def refresh(self) -> None:
-        """Learn what the run's lanes folded into their journals since it last looked (their new lines only): the
-        trainings other lanes completed meanwhile. At most every :data:`REFRESH_EVERY_S`."""
+        """Learn the new lines of the run's lanes' journals, at most every :data:`REFRESH_EVERY_S`."""
         now = self._clock()
         if now - self._refreshed < REFRESH_EVERY_S:
             return
@@ -98,8 +90,7 @@ class PeakBook:
                 continue
             entries, self._read_to[path] = journal_entries(path, start)
             done = [e["record"] for e in entries if e.get("kind") == TRAINING]
-            self._learn_keyed((key, rec) for rec in done
-                              if (key := self._key(str(rec.get("workload")), _params(rec))) is not None)
+            self._learn_keyed((key, rec) for rec in done if (key := self._key(rec)) is not None)
 
     def _read(self, runs: Sequence[Path], trainings: Sequence[Training]) -> dict[SettingKey, Measured]:
         out: dict[SettingKey, Measured] = {}
@@ -113,9 +104,8 @@ class PeakBook:
         return out
 
     def learn(self, trainings: Mapping[str, Training], records: Iterable[Mapping[str, object]]) -> None:
-        """The peaks a pack's completed training records say (``trainings``: by id), each its setting's in this run
-        if higher. A training cut short (its share, a neighbour's fault, a victim about to run again) peaked at no
-        more than it was let: a lower bound of its need, which would size the next share too small."""
+        """The peaks a pack's completed training records say (``trainings``: by id), each its setting's if higher. Only
+        completed ones: one cut short peaked at no more than it was let, which would size the next share too small."""
         self._learn_keyed((self.setting(t), rec) for rec in records
                           if (t := trainings.get(str(rec.get("training_id")))) is not None)
 
@@ -145,7 +135,6 @@ class PeakBook:
 
 
 def _journal_sizes(run: RunDir) -> dict[Path, int]:
-    """Each lane journal of the run and its size now."""
     sizes = {}
     for path in run.lanes.glob("*.jsonl") if run.lanes.is_dir() else []:
         try:
@@ -153,11 +142,6 @@ def _journal_sizes(run: RunDir) -> dict[Path, int]:
         except OSError:  # removed meanwhile
             continue
     return sizes
-
-
-def _params(rec: Mapping[str, object]) -> Mapping[str, object]:
-    params = rec.get("params")
-    return params if isinstance(params, Mapping) else {}
 
 
 def _higher(a: float | None, b: float | None) -> float | None:
@@ -173,8 +157,7 @@ def _figure(m: Measured | None, on_gpu: bool, where: str | None) -> Figure | Non
 
 
 def job_device(settings: PackSettings, env: Mapping[str, str]) -> str:
-    """The device this job's trainings run on, as their records name it: "cpu" (none, or packing.device=cpu), else
-    NVML's name of its GPU (I/O: NVML)."""
+    """The device this job's trainings run on, as their records name it: "cpu", else NVML's name of its GPU."""
     info = detect_device(env)
     return info.name if info.kind == "gpu" and settings.device != "cpu" else "cpu"
 
@@ -183,20 +166,3 @@ def budget_of(settings: PackSettings, on_gpu: bool, device_total_mb: float | Non
     """A pack's memory share on this job's device (I/O: the host's memory on a CPU)."""
     host_total = None if on_gpu else psutil.virtual_memory().total / 2**20
     return pack_budget(on_gpu, settings.memory_fraction, device_total_mb, host_total, settings.host_memory_mb)
-
-
-def check_pack(book: PeakBook, todo: Sequence[Training], n: int, settings: PackSettings, on_gpu: bool,
-               device_total_mb: float | None) -> Fit:
-    """Whether the pack's ``todo`` trainings may start as a pack of ``n`` on this job's device."""
-    if not settings.admission:
-        return Fit(True, "packing.admission=off")
-    return pack_fit(n, [book.figure(t, on_gpu, settings.training_memory_mb) for t in todo],
-                    budget_of(settings, on_gpu, device_total_mb))
-
-
-def refit_n(book: PeakBook, todo: Sequence[Training], settings: PackSettings, on_gpu: bool,
-            device_total_mb: float | None, most: int | None = None) -> Refit:
-    """The largest N (up to ``most``) at which a skipped pack's ``todo`` trainings fit this job's device, by the rule
-    that skipped it (:func:`gpupack.core.memory.pack_fit.largest_fit`)."""
-    return largest_fit([book.figure(t, on_gpu, settings.training_memory_mb) for t in todo],
-                       budget_of(settings, on_gpu, device_total_mb), most)

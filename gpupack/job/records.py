@@ -1,8 +1,6 @@
-"""Every record the job body writes, built here and only here: a training's (as it ends; skipped for memory before it
-starts; lost with its packer to an OOM SLURM told after the job; amended as oom or as a fault's victim), a pack's
-(as its attempt ends; rebuilt from its trainings' where its own was lost), and an earlier attempt's kept aside. The
-fields themselves are :func:`gpupack.core.store.records.training_record`'s and
-:func:`~gpupack.core.store.records.pack_record`'s.
+"""Every record the job body writes, built here and only here: a training's (ended, skipped for memory, lost to an
+OOM SLURM told after the job, amended as oom or as a fault's victim), a pack's (ended, or rebuilt from its trainings'
+where its own was lost), and an earlier attempt's kept aside.
 """
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence, TypedDict, cast
+from typing import Mapping, Sequence, cast
 
 from gpupack.core.cost.rgu import model_from_device_name
 from gpupack.core.jobenv import JobEnvironment
@@ -45,8 +43,7 @@ from gpupack.job.runtime.oom import OOM_KILLED_BY, ran_out_of_memory
 
 @dataclass(frozen=True)
 class OnDevice:
-    """Where an attempt's trainings ran, as each of their records says it: the device NVML or the host described,
-    the torch device, each training's threads, how many ran at once, the GPU's model."""
+    """Where an attempt's trainings ran, as their records say."""
 
     info: DeviceInfo
     device: str
@@ -74,17 +71,13 @@ def gpu_model(info: DeviceInfo, settings: PackSettings) -> str | None:
 
 
 def order_fields(pack: Pack) -> dict[str, object]:
-    """Where the pack stands in the run's order (gpupack.core.plan.in_rounds): its round, or the pack it repeats at
-    the end as a drift check, and the threads a set-up of the reference set (``threads_set``,
-    gpupack.core.plan.setup_packs); nothing for a pack without (a lane, the loader alone, a plan written before
-    rounds)."""
+    """Where the pack stands in the run's order: its round, the pack it repeats, a reference set-up's threads."""
     return {k: v for k, v in (("round", pack.round), ("reference_of", pack.reference_of),
                               ("threads_set", pack.threads)) if v is not None}
 
 
 def spread_fields(pack: Pack, result: Mapping[str, object] | None = None) -> dict[str, object]:
-    """A spread pack's record fields: k devices, the strategy, and what it measured (all-reduce bytes per step, ...).
-    Nothing for a packing pack, whose records stay as they were."""
+    """A spread pack's record fields: k devices, the strategy, and what it measured; nothing for a packing pack."""
     if pack.spread is None:
         return {}
     return {"devices": pack.devices, "strategy": pack.spread, "spread": (result or {}).get("spread")}
@@ -92,17 +85,16 @@ def spread_fields(pack: Pack, result: Mapping[str, object] | None = None) -> dic
 
 # ---------------- a training's record ----------------
 
-def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, sweep: str,
-                          device: DeviceInfo, ctx_device: str, threads: int, concurrent: int,
-                          model: str | None = None) -> TrainingRecord:
+def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, plan: Plan,
+                          on: OnDevice) -> TrainingRecord:
     result = outcome.result or {}
     return training_record(
-        sweep=sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload_label,
+        sweep=plan.sweep, pack_id=pack.pack_id, training_id=training.training_id, workload=training.workload_label,
         params=dict(training.params), grid_index=training.grid_index, reseed=training.reseed, repeat=training.repeat,
-        mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=concurrent,
-        loader_alone=pack.loader_alone,
-        gpu_type=device.name if device.kind == "gpu" else "cpu", device=ctx_device, device_name=device.name,
-        gpu_model=model, threads=threads, status=status_of(outcome), exit_code=outcome.exit_code, signal=outcome.signal,
+        mode=pack.mode, factor=pack.factor, partition=pack.partition, concurrent=on.concurrent,
+        loader_alone=pack.loader_alone, gpu_type=on.info.name if on.info.kind == "gpu" else "cpu", device=on.device,
+        device_name=on.info.name, gpu_model=on.model, threads=on.threads, status=status_of(outcome),
+        exit_code=outcome.exit_code, signal=outcome.signal,
         error=outcome.error, started_at=outcome.started_at, ended_at=outcome.ended_at,
         wall_s=outcome.ended_at - outcome.started_at,
         timings=result.get("timings"), throughput=result.get("throughput"), metrics=result.get("metrics"),
@@ -110,50 +102,45 @@ def build_training_record(outcome: TrainingOutcome, training: Training, pack: Pa
         data=result.get("data"), framework=result.get("framework"), host=socket.gethostname(),
         **spread_fields(pack, result), **order_fields(pack),
         **outcome.extra,
+        **({"phase": plan.phase} if plan.phase else {}),  # packing.factors=auto: a probe's, or the run's at the best N
     )
 
 
 def finished_training_record(outcome: TrainingOutcome, training: Training, pack: Pack, plan: Plan, on: OnDevice,
                              fields: Mapping[str, object], sampled: Mapping[str, object]) -> TrainingRecord:
-    """The record of a training that ran and ended, as its pack's mode told it (``outcome``); ``fields``: more of
-    its fields (a refit pack's ``refit_of``, the GPUs it was given); ``sampled``: the sampler's figures of it."""
-    rec = build_training_record(outcome, training, pack, plan.sweep, on.info, on.device, on.threads, on.concurrent,
-                                on.model)
-    if plan.phase:  # packing.factors=auto: a probe's record, or the run's at the best N
-        rec["phase"] = plan.phase
-    rec = cast(TrainingRecord, {**rec, **fields})  # a caller's fields: not checked here
+    """The record of a training that ran and ended; ``fields``: more of its fields; ``sampled``: the sampler's. One
+    that ran out of memory with a share of the GPU says what its share was and what would give it more."""
+    rec = cast(TrainingRecord, {**build_training_record(outcome, training, pack, plan, on), **fields})
     fill_memory(rec, sampled)
-    share_hint(rec)
+    share = rec.get("memory_share")
+    if rec.get("status") == OOM and isinstance(share, Mapping):  # its share may be what it hit, not the device
+        source = share.get("source") or "packing.memory_fraction / N"
+        rec["error"] = (f"{rec.get('error') or 'out of memory'}\nHINT: its share of the GPU was {share['mb']:.0f} MB "
+                        f"({share['fraction']:.3g} of the device, packing.memory_share=on: {source}); "
+                        "lower N, raise packing.memory_fraction or packing.memory_margin, "
+                        "or set packing.memory_share=off")
     return rec
 
 
 def skipped_training_record(training: Training, pack: Pack, plan: Plan, on: OnDevice, why: str,
                             runs_in: str | None, now: float) -> TrainingRecord:
-    """The record of a training of a pack skipped for memory (``why``); ``runs_in``: the refit pack that runs it
-    (None: its grid point ran at a smaller N)."""
+    """The record of a training of a pack skipped for memory; ``runs_in``: the refit pack that runs it (or None)."""
     outcome = TrainingOutcome(training.training_id, now, now, None, error=f"skipped for memory: {why}")
-    rec = build_training_record(outcome, training, pack, plan.sweep, on.info, on.device, on.threads, on.concurrent,
-                                on.model)
-    rec.update({"status": SKIPPED_MEMORY, "skipped_memory": why})
-    rec["runs_in"] = runs_in
-    if plan.phase:
-        rec["phase"] = plan.phase
+    rec = build_training_record(outcome, training, pack, plan, on)
+    rec.update({"status": SKIPPED_MEMORY, "skipped_memory": why, "runs_in": runs_in})
     return rec
 
 
 def lost_training_record(training: Training, pack: Pack, plan: Plan, sibling: TrainingRecord,
                          why: str) -> TrainingRecord:
-    """The oom record of a training left with none when SLURM killed its job for memory (``why``): on the device,
-    the host and at the start its ``sibling``'s record of the same attempt names."""
+    """The oom record of a training left with none when SLURM killed its job, as its ``sibling``'s record says."""
     info = DeviceInfo(kind="cpu" if sibling.get("gpu_type") == "cpu" else "gpu", name=str(sibling.get("device_name")))
     outcome = TrainingOutcome(training.training_id, float(sibling["started_at"]), time.time(), None, signal.SIGKILL,
                               why, extra={OOM_KILLED_BY: why})
-    rec = build_training_record(outcome, training, pack, plan.sweep, info, str(sibling.get("device")),
-                                int(sibling.get("threads") or 1), int(sibling.get("concurrent") or pack.factor),
-                                sibling.get("gpu_model"))
+    on = OnDevice(info, str(sibling.get("device")), int(sibling.get("threads") or 1),
+                  int(sibling.get("concurrent") or pack.factor), sibling.get("gpu_model"))
+    rec = build_training_record(outcome, training, pack, plan, on)
     rec["host"] = sibling.get("host")  # where it ran, not this submitting host
-    if plan.phase:
-        rec["phase"] = plan.phase
     if refit_parent(pack.pack_id) is not None:  # as the refit pack's own records say (run_refits)
         rec["refit_of"] = refit_parent(pack.pack_id)
     return rec
@@ -170,25 +157,10 @@ def as_victim(rec: TrainingRecord, culprit: str) -> TrainingRecord:
     return {**rec, "status": VICTIM, "victim_of": culprit, "died_as": rec.get("status")}
 
 
-def share_hint(rec: TrainingRecord) -> None:
-    """A training that ran out of memory with a share of the GPU (packing.memory_share) says what its share was and
-    what would give it more: the limit may be what it hit, not the device."""
-    share = rec.get("memory_share")
-    if rec.get("status") != OOM or not isinstance(share, Mapping):
-        return
-    source = share.get("source") or "packing.memory_fraction / N"
-    rec["error"] = (f"{rec.get('error') or 'out of memory'}\nHINT: its share of the GPU was {share['mb']:.0f} MB "
-                    f"({share['fraction']:.3g} of the device, packing.memory_share=on: {source}); "
-                    "lower N, raise packing.memory_fraction or packing.memory_margin, "
-                    "or set packing.memory_share=off")
-
-
 def fill_memory(rec: TrainingRecord, sampled: Mapping[str, object]) -> None:
-    """A figure the training did not report itself (a program of the ``command`` workload reports no memory) is the
-    sampler's, so the record says what the tables show; ``memory.from_sampler`` names those (sampled every
-    ``packing.sample_interval_s``: a shorter peak can be missed). NVML's figure of the training's whole process on a
-    GPU is kept beside torch's own (``process_gpu_mem_mb``), which leaves its CUDA context out: a share of the GPU is
-    sized by the higher (:func:`gpupack.core.memory.figures.gpu_peak_mb`)."""
+    """A memory figure the training did not report itself is the sampler's (named in ``memory.from_sampler``: a peak
+    shorter than its interval can be missed). NVML's figure of its whole process on a GPU is kept beside torch's own
+    (``process_gpu_mem_mb``), which leaves the CUDA context out: a share of the GPU is sized by the higher."""
     memory = dict(rec.get("memory") or {})  # None: a training that failed before reporting anything
     filled = [key for key in ("peak_rss_mb", "peak_gpu_mem_mb")
               if memory.get(key) is None and sampled.get(key) is not None]
@@ -217,19 +189,8 @@ def move_aside(run: RunDir, pack_id: str, path: Path) -> None:
 
 # ---------------- a pack's record ----------------
 
-class SlotUse(TypedDict):
-    """How busy a pack's N slots were (:func:`slot_use`): fields of its record."""
-
-    slots: int
-    busy_s: float
-    slot_occupancy: float | None
-    slot_gap_mean_s: float | None
-    slot_gap_max_s: float | None
-
-
-def slot_use(records: Sequence[TrainingRecord], slots: int, started: float, ended: float) -> SlotUse:
-    """How busy the pack's N slots were: ``slot_occupancy`` = Σ training wall / (N × pack wall), and the idle gaps
-    between one training's end and the next one's start in the same slot (a streaming lane's refills). Pure."""
+def slot_use(records: Sequence[TrainingRecord], slots: int, started: float, ended: float) -> dict[str, object]:
+    """``slot_occupancy`` = Σ training wall / (N × pack wall), and the idle gaps within each slot. Pure."""
     wall = ended - started
     busy = sum(float(r["ended_at"]) - float(r["started_at"]) for r in records)
     by_slot: dict[int, list[tuple[float, float]]] = {}
@@ -244,21 +205,23 @@ def slot_use(records: Sequence[TrainingRecord], slots: int, started: float, ende
             "slot_gap_max_s": max(gaps) if gaps else None}
 
 
-def pack_workload(pack: Pack, records: Sequence[TrainingRecord]) -> str | None:
-    """The workload a pack ran: its plan's, or, where it plans none (a search lane asks its trials as it goes), its
-    trainings' records'."""
-    if pack.trainings:
-        return pack.trainings[0].workload_label
-    return next((str(r["workload"]) for r in records if r.get("workload")), None)
-
-
-def _span(records: Sequence[TrainingRecord], mode_started: float | None) -> tuple[float, float, dict[str, float]]:
-    """A pack's start (its first training's, else its mode's set-up's, else now), its end, and its mode's set-up
-    before its first training (``setup_s``: none without one)."""
-    first = min((float(r["started_at"]) for r in records), default=None)
-    started = first if first is not None else (mode_started or time.time())
-    ended = max([float(r["ended_at"]) for r in records], default=started)
-    return started, ended, {"setup_s": max(0.0, first - mode_started)} if first is not None and mode_started else {}
+def _pack_fields(pack: Pack, records: Sequence[TrainingRecord], started: float, ended: float, together: bool,
+                 phase: str | None) -> dict[str, object]:
+    """What a pack's record and a rebuilt one say alike. Time per training means something only where all N ran
+    together in one attempt (``together``, and never a lane's slots)."""
+    return {"pack_id": pack.pack_id, "mode": pack.mode, "factor": pack.factor, "partition": pack.partition,
+            "loader_alone": pack.loader_alone, "concurrent": len(records),
+            "complete": together and len(records) == pack.factor and pack.stream is None,
+            "training_ids": [r["training_id"] for r in records],
+            "n_completed": sum(r.get("status") == COMPLETED for r in records),
+            "n_failed": sum(r.get("status") not in FINISHED for r in records),
+            "n_pruned": sum(r.get("status") == PRUNED for r in records),
+            "n_oom": sum(r.get("status") == OOM for r in records),
+            "started_at": started, "ended_at": ended, "wall_s": ended - started, "written_at": time.time(),
+            "workload": pack.trainings[0].workload_label if pack.trainings  # else (a search lane's) its records'
+            else next((str(r["workload"]) for r in records if r.get("workload")), None),
+            **spread_fields(pack), **order_fields(pack),
+            **slot_use(records, pack.factor, started, ended), **({"phase": phase} if phase else {})}
 
 
 def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord], info: DeviceInfo,
@@ -266,49 +229,32 @@ def write_pack_record(run: RunDir, pack: Pack, records: Sequence[TrainingRecord]
                       sampled: Mapping[str, object] | None = None, mode_started: float | None = None,
                       phase: str | None = None, job: JobEnvironment | None = None,
                       extra: Mapping[str, object] | None = None) -> PackRecord:
-    """Write the pack record of this attempt. ``job``: as in :func:`gpupack.job.body.run_pack`; ``extra``: more
-    fields (a lane's). Its wall runs from its first training's start (a fresh interpreter's spawn, a fork, a shared
-    process's spawn: each training's own start-up is inside) to its last one's end; what its mode did once before
-    (``mode_started``: a fork server's preload, shared by a lane's packs or not) is its ``setup_s``, outside the wall
-    as a job's start is."""
+    """Write the pack record of this attempt. Its wall runs from its first training's start (each training's start-up
+    inside) to its last one's end; what its mode did before (``mode_started``: a fork server's preload) is its
+    ``setup_s``, outside the wall as a job's start is."""
     fields = (job or JobEnvironment.here()).record_fields()
-    started, ended, setup = _span(records, mode_started)
-    slots = slot_use(records, pack.factor, started, ended)
+    first = min((float(r["started_at"]) for r in records), default=None)
+    started = first if first is not None else (mode_started or time.time())  # else its mode's set-up's, else now
+    ended = max([float(r["ended_at"]) for r in records], default=started)
+    setup = {"setup_s": max(0.0, first - mode_started)} if first is not None and mode_started else {}
     rec = pack_record(
-        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition,
-        loader_alone=pack.loader_alone,
+        **_pack_fields(pack, records, started, ended, True, phase),
         gpu_type=info.name if info.kind == "gpu" else "cpu", device=device, device_name=info.name,
         device_note=info.note, gpu_model=model, gpu_memory_total_mb=info.memory_total_mb,
-        # Time per training is only meaningful when all N trainings ran together in this attempt (a lane's N slots
-        # ran whatever they claimed: it times the production run, not N).
-        concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None,
-        training_ids=[r["training_id"] for r in records],
-        n_completed=sum(r["status"] == COMPLETED for r in records),
-        n_failed=sum(r["status"] not in FINISHED for r in records),
-        n_pruned=sum(r["status"] == PRUNED for r in records),
-        n_oom=sum(r["status"] == OOM for r in records),
-        started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
         cores=cores, threads_per_training=threads, host=socket.gethostname(),
-        workload=pack_workload(pack, records),
-        # The job (its id, its GPUs), and what the scheduler gave it, to cross-check with sacct's gres/gpu.
-        **fields,
-        sampler=sampled, **spread_fields(pack), **order_fields(pack), **slots, **setup, **(extra or {}),
-    )
-    if phase:
-        rec["phase"] = phase
+        **fields,  # the job (its id, its GPUs) and what the scheduler gave it
+        sampler=sampled, **setup, **(extra or {}))
     write_json_atomic(run.pack_record(pack.pack_id), rec)
-    if pack.stream is None:  # a lane's trainings' records live in other lanes' folders too: collect reads the JSON
-        _write_columnar(run, pack.pack_id)
-    return rec
+    # the pack's trainings in one columnar file, which collect reads instead of one file per training (a lane's
+    # trainings' records live in other lanes' folders too: collect reads the JSON)
+    try:
+        if pack.stream is None:
+            from gpupack.core.store.columnar import write_columnar  # pyarrow at its end only
 
-
-def _write_columnar(run: RunDir, pack_id: str) -> None:
-    try:  # the pack's trainings in one columnar file: collect reads one file per pack, not one per training
-        from gpupack.core.store.columnar import write_columnar  # pyarrow at its end only
-
-        write_columnar(run, pack_id)
+            write_columnar(run, pack.pack_id)
     except Exception as err:  # only a faster copy: without it collect reads the JSON records, the same rows
-        print(f"gpupack: warning: no columnar file for pack {pack_id} ({err!r})", file=sys.stderr)
+        print(f"gpupack: warning: no columnar file for pack {pack.pack_id} ({err!r})", file=sys.stderr)
+    return rec
 
 
 # ---------------- a pack's record rebuilt from its trainings' ----------------
@@ -318,44 +264,27 @@ REBUILT = ("its record was lost (its journal line torn by a writer killed mid-ap
 
 
 def rebuilt_pack_record(pack: Pack, records: Sequence[TrainingRecord], phase: str | None = None) -> PackRecord:
-    """The record of a pack whose every training has its record but whose own was lost (:data:`REBUILT`, said in it):
-    what :func:`write_pack_record` would have said, from ``records``, those its trainings' current records that ran in
-    it. Complete (a timing of N) only where N trainings ran together in one job, as each training's record says.
-    Pure."""
+    """What :func:`write_pack_record` would have said of a pack whose own record was lost (:data:`REBUILT`), from its
+    trainings' ``records``: complete (a timing of N) only where N ran together in one job. Pure."""
     first: TrainingRecord = records[0] if records else {}
     started = min((float(r["started_at"]) for r in records), default=0.0)
     ended = max((float(r["ended_at"]) for r in records), default=started)
     together = len({(r.get("job_id"), r.get("concurrent")) for r in records}) == 1 \
         and first.get("concurrent") == pack.factor
     rec = pack_record(
-        pack_id=pack.pack_id, mode=pack.mode, factor=pack.factor, partition=pack.partition,
-        loader_alone=pack.loader_alone,
+        **_pack_fields(pack, records, started, ended, together, phase),
         **{k: first.get(k) for k in ("gpu_type", "device", "device_name", "gpu_model", "host", "job_id",
                                      "cuda_visible_devices")},
-        concurrent=len(records), complete=len(records) == pack.factor and pack.stream is None and together,
-        training_ids=[r["training_id"] for r in records],
-        n_completed=sum(r.get("status") == COMPLETED for r in records),
-        n_failed=sum(r.get("status") not in FINISHED for r in records),
-        n_pruned=sum(r.get("status") == PRUNED for r in records),
-        n_oom=sum(r.get("status") == OOM for r in records),
-        started_at=started, ended_at=ended, wall_s=ended - started, written_at=time.time(),
-        threads_per_training=first.get("threads"),
-        workload=pack_workload(pack, records), sampler=None, rebuilt=REBUILT,
-        **spread_fields(pack), **order_fields(pack), **slot_use(records, pack.factor, started, ended))
+        threads_per_training=first.get("threads"), sampler=None, rebuilt=REBUILT)
     if pack.stream is not None:  # a lane's: its queue, and nothing it left (every training has its record)
         rec.update({"stream": pack.stream, "lane": pack.index, "claimed": rec["training_ids"], "unclaimed": 0})
-    if phase:
-        rec["phase"] = phase
     return rec
 
 
 def rebuild_pack_record(run: RunDir, plan: Plan, pack: Pack, records: RunRecords,
                         pairs: Sequence[tuple[str, str]] | None = None) -> PackRecord | None:
-    """Write the rebuilt record (:func:`rebuilt_pack_record`) of ``pack``, whose trainings all have their record, into
-    its folder, as its job would have at its end (a lane that folds folds it next); it says so on stderr. Its
-    trainings: ``pairs`` (home, training id: a streaming lane's, those it may have run) or its own, whose current
-    record ran in it; None where none did (a lane the others left nothing to: it runs, and writes its own record as
-    ever)."""
+    """Write the rebuilt record (:func:`rebuilt_pack_record`) of ``pack`` into its folder, saying so on stderr, from
+    the records of ``pairs`` (home, training id; else its own trainings) that ran in it; None where none did."""
     if pairs is None:
         pairs = [(pack.pack_id, t.training_id) for t in pack.trainings]
     ran = [rec for home, tid in pairs if (rec := records.training(home, tid)) is not None

@@ -1,23 +1,9 @@
 """A streaming lane: one of K jobs that drain a queue of trainings together, N slots each (packing.stream).
 
-The lane claims trainings from the run directory (:mod:`gpupack.core.store.claims`) in the queue's order: N at its
-start, then one each time a slot frees, until none is left unclaimed; then its job ends. A training whose record says
-completed is never claimed. At its start the lane releases the claims an earlier run of itself left (it holds the
-lane's lock, so that run is dead: a requeue, a SIGKILL, a node failure, a cancel), and those trainings run again; a
-claim that cannot be read (torn: no live lane leaves one, :mod:`gpupack.core.store.claims`) is released by the lane it
-names, else by the training's home lane, with a warning in the lane's log.
-Near its job's time limit it claims nothing it could not finish (``PackSettings.claim_until_s``): the slots it
-stops filling are left for the lane's requeued run or for the other lanes.
-
-Where its backend folds (``PackSettings.fold``: a cluster's shared filesystem), the lane writes its trainings'
-records and logs in its own folder, folds each into its journal as it ends and drops its claim of a completed one
-(:mod:`gpupack.core.store.journal`), and folds its own record and folder at its end: a handful of files per lane, not
-per training. A claim won of a training another lane folded as completed is let go at once.
-
-Where its trainings are admitted by memory (``PackSettings.admission``: :mod:`gpupack.core.memory.admission`), a freed
-slot looks at the queue's next unclaimed trainings and claims only the one the rule admits, or none and waits (it claims
-nothing it does not start, so a training it passes over stays for the lane's next look or for another lane); what
-it measures by is its :class:`AdmissionInputs`.
+The lane claims trainings (:mod:`gpupack.core.store.claims`) in the queue's order as its slots free, never one whose
+record says completed, nor one it could not finish before its job's time limit; an earlier (dead) run's claims are
+released at its start. Where its backend folds, it folds each record into its journal as it ends. Where trainings are
+admitted by memory, a freed slot claims only what the rule admits, or waits: it claims nothing it does not start.
 """
 from __future__ import annotations
 
@@ -59,20 +45,16 @@ from gpupack.job.pack import WAIT, Curve, Wait
 from gpupack.job.records import as_victim, move_aside, rebuild_pack_record
 from gpupack.job.workloads import load_workload
 
-# A waiting slot measures the device's free memory again at most this often (seconds), or as soon as a training ends.
-RECHECK_S = 0.5
-# How many of the queue's next trainings a freed slot looks at for one that fits: a bounded look, a few slots' worth.
-LOOKAHEAD_PER_SLOT = 4
+RECHECK_S = 0.5  # a waiting slot looks at the free memory again after this (seconds), or as a training ends
+LOOKAHEAD_PER_SLOT = 4  # how many of the queue's next trainings a freed slot looks at, per slot, for one that fits
 
 SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to peak alike
 
 
 @dataclass(frozen=True)
 class AdmissionInputs:
-    """What a lane admits its trainings by (packing.admission): the device's free memory now (MB; the one seam,
-    :func:`gpupack.core.monitor.free_memory_mb`, which tests fake), the lane's budget, whether its trainings peak
-    on a GPU (their GPU memory counts) or a CPU (their resident memory), and the peaks earlier records of each
-    setting reached."""
+    """What a lane admits its trainings by (packing.admission): the device's free memory now (MB, the seam tests
+    fake), the lane's budget, whether GPU or resident memory counts, and the peaks earlier records reached."""
 
     free_mb: Callable[[], float | None]
     budget_mb: float | None
@@ -82,8 +64,7 @@ class AdmissionInputs:
 
 def admission_inputs(run: RunDir, queue: Sequence[Training], settings: PackSettings,
                      env: Mapping[str, str]) -> AdmissionInputs:
-    """The inputs of a lane on this job's device: NVML's free memory of its GPU, else the host's; the earlier records
-    of the queue's settings measured on the same device model, in this run directory and its siblings (I/O)."""
+    """A lane's inputs on this job's device: its free memory, and earlier records of the queue's settings on it."""
     on_gpu = choose_device(settings.device, info := detect_device(env)) == "cuda"
     host_total = None if on_gpu else psutil.virtual_memory().total / 2**20
     budget = lane_budget_mb(on_gpu, settings.memory_fraction, info.memory_total_mb, host_total,
@@ -100,15 +81,13 @@ def admission_inputs(run: RunDir, queue: Sequence[Training], settings: PackSetti
     return AdmissionInputs(functools.partial(free_memory_mb, on_gpu, env), budget, on_gpu, earlier)
 
 
-# A training is claimed only with this much time to spare past its estimate (seconds, or this share of it): a training
-# that ends just as the limit's signal comes would be killed and run again.
-CLAIM_MARGIN_S, CLAIM_MARGIN = 2.0, 0.1
+CLAIM_MARGIN_S, CLAIM_MARGIN = 2.0, 0.1  # time a claim spares past its estimate (seconds, or this share of it)
 
 
 def out_of_time(limit_s: float | None, elapsed_s: float, estimate_s: float | None, what: str) -> str | None:
     """Why a lane starts no more work (``what``: a training, a pack): one started now, taking up to ``estimate_s``,
-    would pass the job's time limit (``limit_s`` after its start, less the requeue signal's delay). None: there is
-    time, or no limit, or nothing to estimate by. Pure."""
+    would pass the job's time limit (``limit_s`` after its start). None: there is time, or no limit or estimate.
+    Pure."""
     if limit_s is None or estimate_s is None:
         return None
     left = limit_s - elapsed_s
@@ -135,17 +114,14 @@ class Lane:
         self.claimed: list[str] = []
         self.walls: list[float] = []  # of the trainings this lane ran to their end
         self.stopped: str | None = None  # why it stopped claiming before the queue was drained
-        # what the queue's lanes folded as completed (none where the backend does not fold), by their journals' names
-        self.journals = CompletedTail(run, [lane.pack_id for lane in plan.lanes(pack.stream)])
-        # how its recent trainings ended (a fault's window), for telling a fault from its victims
-        self.ended_recs: deque[TrainingRecord] = deque(maxlen=4 * pack.factor + 1)
+        self.journals = CompletedTail(run, [lane.pack_id for lane in plan.lanes(pack.stream)])  # folded as completed
+        self.ended_recs: deque[TrainingRecord] = deque(maxlen=4 * pack.factor + 1)  # a fault's window: its victims
         self.again: deque[Training] = deque()  # victims of a neighbour's fault, to run once more (it holds them)
         self.ran_again: set[str] = set()
         self._by_id = {t.training_id: t for _, t in self.items}
         self._cursor = 0  # every item before it is gone: claimed (by any lane) or completed
         self._gone: set[int] = set()  # items past the cursor gone too (a head passed over keeps the cursor)
-        # admission (None: off): what each running training is expected to hold, the head passed over and how often,
-        # the peaks this run measured, and when the free memory was last looked at in vain
+        # admission (None: off): what each running training holds, the head passed over, this run's peaks, the last look
         self.inputs = inputs
         self._holding: dict[str, float] = {}
         self._head: str | None = None
@@ -168,8 +144,7 @@ class Lane:
         return self.homes[training_id]
 
     def where(self, training_id: str) -> str:
-        """The pack whose folder holds the training's record and logs while this lane runs it: its home, or this
-        lane's own folder where the lane folds (the lane removes that folder at its end)."""
+        """The pack whose folder holds the training's record and logs: its home, or this lane's where it folds."""
         return self.pack.pack_id if self.folds else self.homes[training_id]
 
     def curve(self, training_id: str) -> Curve | None:
@@ -180,8 +155,7 @@ class Lane:
         return self.run.training_record(self.where(training_id), training_id)
 
     def is_completed(self, training_id: str, refresh: bool = False) -> bool:
-        """The training has a completed record: in a folder, or folded into a journal (``refresh``: read what the
-        journals gained since last asked)."""
+        """The training has a completed record, in a folder or a journal (``refresh``: read the journals again)."""
         if is_completed(self.record(training_id)):
             return True
         done = self.journals.refresh() if refresh else self.journals.done
@@ -191,14 +165,10 @@ class Lane:
         self.journals.refresh()
         return {t.training_id for t in self.queue if self.is_completed(t.training_id)}
 
-    def estimate_s(self) -> float | None:
-        """How long the next training may take: the longest this lane has run so far, else the sweep's estimate."""
-        return max(self.walls) if self.walls else self.settings.training_estimate_s
-
     def out_of_time(self) -> str | None:
-        """Why the lane claims no more: a training started now would pass the job's time limit (less the requeue
-        signal's delay). None: there is time (or no limit, or nothing to estimate by)."""
-        return out_of_time(self.settings.claim_until_s, self.clock() - self.started, self.estimate_s(), "a training")
+        """Why the lane claims no more (:func:`out_of_time`, by the longest training it ran); None: there is time."""
+        estimate = max(self.walls) if self.walls else self.settings.training_estimate_s
+        return out_of_time(self.settings.claim_until_s, self.clock() - self.started, estimate, "a training")
 
     def next(self) -> Training | Wait | None:
         if self.stopped is None:
@@ -217,8 +187,7 @@ class Lane:
         return None
 
     def _claim(self, i: int) -> Training | None:
-        """Claim the queue's item ``i`` (gone from this lane's look whether it wins it or not): the training, or None
-        where another lane holds it or it is completed."""
+        """Claim the queue's item ``i`` (gone from later looks either way); None: another's, or completed."""
         training = self.items[i][1]
         tid = training.training_id
         self._gone.add(i)
@@ -240,12 +209,20 @@ class Lane:
         return training
 
     def _admitted(self, inputs: AdmissionInputs) -> Training | Wait | None:
-        """The training the admission rule lets a freed slot start, claimed; WAIT: none fits the memory free now;
-        None: nothing is left to claim."""
+        """The training the admission rule lets a freed slot start, claimed; WAIT: none fits now; None: none left."""
         if self._looked is not None and self.clock() - self._looked < RECHECK_S:
             return WAIT  # nothing ended since the last look in vain, and it was a moment ago
         while True:
-            window = self._window(LOOKAHEAD_PER_SLOT * self.pack.factor)
+            window: list[tuple[int, Training]] = []  # the queue's next trainings neither claimed nor completed
+            for i in range(self._cursor, len(self.items)):
+                if len(window) == LOOKAHEAD_PER_SLOT * self.pack.factor:
+                    break
+                if i in self._gone:
+                    continue
+                if claim_path(self.folder, (tid := self.items[i][1].training_id)).exists() or self.is_completed(tid):
+                    self._gone.add(i)  # gone from later looks too (a look claims nothing)
+                    continue
+                window.append((i, self.items[i][1]))
             if not window:
                 return None
             if window[0][1].training_id != self._head:
@@ -262,22 +239,6 @@ class Lane:
             self._head_passes += verdict.passes_head
             self.passed_over += verdict.passes_head
             return self._started(training)
-
-    def _window(self, size: int) -> list[tuple[int, Training]]:
-        """The queue's next ``size`` trainings no lane claimed and none completed, in order (a look: claims
-        nothing; those found claimed or completed are gone from later looks)."""
-        out: list[tuple[int, Training]] = []
-        for i in range(self._cursor, len(self.items)):
-            if len(out) == size:
-                break
-            if i in self._gone:
-                continue
-            tid = self.items[i][1].training_id
-            if claim_path(self.folder, tid).exists() or self.is_completed(tid):
-                self._gone.add(i)
-                continue
-            out.append((i, self.items[i][1]))
-        return out
 
     def _setting(self, training: Training) -> SettingKey:
         if training.workload not in self._seed_keys:
@@ -304,43 +265,35 @@ class Lane:
             self._looked = None  # its memory frees: the next look measures again at once
 
     def judge(self, rec: dict[str, object]) -> dict[str, object]:
-        """A training's record as it ended, before it is written: a victim of a neighbour's fault on this lane's
-        device (gpupack.core.memory.victims) is recorded as such and run again once, by this lane. A plain dict, as
-        the Stream protocol (gpupack.job.pack) hands it: the job body built it a TrainingRecord."""
+        """A training's record as it ended, before it is written: a victim of a neighbour's fault
+        (gpupack.core.memory.victims) is recorded as such and run again once, by this lane."""
         training = cast(TrainingRecord, rec)
         tid = str(training["training_id"])
         culprit = culprit_of(training, self.ended_recs) if tid not in self.ran_again else None
         self.ended_recs.append(training)
-        self._measured(training)
+        # a completed training's peak: its setting's figure in this run, where nothing earlier says one
+        peak = peak_of(training, self.inputs.on_gpu) if self.inputs and training.get("status") == COMPLETED else None
+        if peak is not None:
+            key = self._setting(self._by_id[tid])
+            self._in_run[key] = max(peak, self._in_run.get(key, 0.0))
         if culprit is None:
             return rec
         self.ran_again.add(tid)
         self.again.append(self._by_id[tid])
         return dict(as_victim(training, culprit))
 
-    def _measured(self, rec: TrainingRecord) -> None:
-        """A completed training's peak: its setting's figure in this run, where nothing earlier says one."""
-        peak = peak_of(rec, self.inputs.on_gpu) if self.inputs is not None and rec.get("status") == COMPLETED else None
-        if peak is not None:
-            key = self._setting(self._by_id[str(rec["training_id"])])
-            self._in_run[key] = max(peak, self._in_run.get(key, 0.0))
-
     def recorded(self, training_id: str) -> None:
-        """The training's record is written: where the lane folds, it goes into the journal with its logs, and a
-        completed training's claim goes (every lane now sees it completed in the journal)."""
+        """Where the lane folds, the written record goes into the journal, and a completed training's claim goes."""
         if not self.folds:
             return
         recs = fold_trainings(self.run, self.pack.pack_id, [training_id], self.pack.pack_id)
         if any(rec.get("status") == COMPLETED for rec in recs):
             claim_path(self.folder, training_id).unlink(missing_ok=True)
 
-
     # ---- what a kind of lane changes of the one runner (:func:`gpupack.job.lanes.run_lane`) ----
 
     def settled(self, plan: Plan) -> PackRecord | None:
-        """The lane's record where its queue is drained (what an earlier run of it wrote, or one rebuilt from the
-        trainings it ran where that record was lost: its journal's line torn, or a kill before it was written);
-        None: it has trainings to run."""
+        """The lane's record where its queue is drained (an earlier run's, or rebuilt); None: it has work left."""
         if not self.drained():
             return None
         records = RunRecords(self.run)
@@ -353,9 +306,8 @@ class Lane:
             from gpupack.core.store.lane_columnar import write_lane_columnar  # pyarrow at its end only
 
             write_lane_columnar(self.run, self.pack.pack_id)
-        # the queue is drained: nothing to run, nothing to move. The record is the last one a run of this lane wrote,
-        # which may be a run that stopped claiming with trainings left (a later run ran them and was killed before
-        # its own record): what is left now is nothing, or its job would requeue itself for ever
+        # drained: the last record may say trainings were left (its run stopped claiming): none is now, or the job
+        # would requeue itself for ever
         return cast(PackRecord, {**done, "unclaimed": 0})
 
     def drained(self) -> bool:
@@ -363,13 +315,11 @@ class Lane:
         return len(self.completed()) == len(self.items)
 
     def ran_here(self, plan: Plan) -> list[tuple[str, str]]:
-        """The (home, training id) of each training this lane may have run: its queue's (what a lost record of it is
-        rebuilt from, those whose record says they ran in it)."""
+        """The (home, training id) of each training this lane may have run (a lost record is rebuilt from them)."""
         return [(home.pack_id, t.training_id) for home, t in plan.queue(self.pack.stream or "")]
 
     def resume(self) -> dict[str, object]:
-        """Settle what an earlier run of this lane left before this run claims anything (it holds the lane's lock:
-        that run is dead); what the pack record keeps of it. A queue's lane: nothing beyond its claims."""
+        """Settle what an earlier (dead) run left before this one claims; what the record keeps (a queue's: none)."""
         return {}
 
     def keep(self) -> tuple[set[str], Mapping[str, str]]:

@@ -1,16 +1,10 @@
 """A lane of whole packs: one job that runs its share of one (partition, mode, N) group's packs, one after another,
 one at a time on each of the job's GPUs.
 
-A sweep of thousands of packs runs as a few such jobs per group (the backend deals the packs out, within the site's
-job limits) instead of one job per pack. Each pack is still measured as it would be alone in its job
-(:func:`gpupack.job.body.run_pack`: the pack's wall from its mode's start, no job start inside it; wall / N per
-training), keeps its own folder and records, and a completed pack is skipped, so a requeued lane goes on where it
-stopped. Near its job's time limit the lane starts no pack it could not finish (by the longest pack it ran so far)
-and says what it left, and its backend requeues it (:class:`gpupack.submit.PackJob`).
-
-A job of G GPUs (``settings.job_gpus``: a whole node, on a site that gives GPUs by the node) runs G packs at once,
-each on its GPU alone (:meth:`JobEnvironment.on_gpu`: its trainings see that GPU only, its MPS daemon is that GPU's);
-each GPU takes the lane's next pack as its last one ends.
+Each pack is still measured as it would be alone in its job (:func:`gpupack.job.body.run_pack`) and keeps its own
+records; a completed pack is skipped, so a requeued lane goes on where it stopped. Near its job's time limit the lane
+starts no pack it could not finish (by the longest it ran so far). A job of G GPUs (``settings.job_gpus``) runs G
+packs at once, each on its GPU alone (:meth:`JobEnvironment.on_gpu`), each taking the lane's next as its last ends.
 """
 from __future__ import annotations
 
@@ -36,9 +30,6 @@ from gpupack.job.stream import out_of_time
 
 
 class InTurn(TypedDict):
-    """What a lane of whole packs run in turn did (:func:`run_in_turn`): each pack's record, and where the job's
-    time ran short, why it stopped and how many packs it left."""
-
     in_turn: list[str]
     records: dict[str, PackRecord]
     stopped_claiming: str | None
@@ -78,18 +69,13 @@ class Turns:
         with self._lock:
             self.failed = self.failed or err
 
-    def result(self, pack_ids: Sequence[str]) -> InTurn:
-        return {"in_turn": list(pack_ids), "records": self.records, "stopped_claiming": self.stopped,
-                "unclaimed": len(self.queue) if self.stopped is not None else 0}
-
 
 def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, job: JobEnvironment | None = None,
                 plan: Plan | None = None, clock: Callable[[], float] = time.time,
                 kind: LaneKind = queue_lane) -> InTurn:
-    """Run ``pack_ids`` in turn in this job, one at a time on each of its ``settings.job_gpus`` GPUs; what each pack's
-    record says (``records``), and, where the job's time ran short, why it stopped (``stopped_claiming``) and how many
-    packs it left (``unclaimed``). A pack that raises stops the lane (the other GPUs end their pack) and is raised.
-    ``kind``: what kind of lane a streaming pack among them is."""
+    """Run ``pack_ids`` in turn in this job, one at a time on each of its ``settings.job_gpus`` GPUs: each pack's
+    record, and, where the job's time ran short, why it stopped and how many packs it left. A pack that raises stops
+    the lane (the other GPUs end their pack) and is raised. ``kind``: what kind of lane a streaming pack is."""
     job = job or JobEnvironment.here()
     run = RunDir(Path(run_root))
     plan = plan or Plan.from_json(read_json(run.plan))
@@ -119,35 +105,29 @@ def run_in_turn(run_root: str, pack_ids: Sequence[str], settings: PackSettings, 
         write_lane_columnar(run, lane)  # what collect reads of the lane's journal (a killed run's: its next)
     if turns.failed is not None:
         raise turns.failed
-    return turns.result(pack_ids)
-
-
-def refit_folders(run: RunDir, pack_id: str) -> list[str]:
-    """The refit packs of ``pack_id`` that still have a folder: this run's, and any a killed run of the lane left."""
-    return [name for name in (os.path.basename(d) for d in run.pack_dirs()) if refit_parent(name) == pack_id]
+    return {"in_turn": list(pack_ids), "records": turns.records, "stopped_claiming": turns.stopped,
+            "unclaimed": len(turns.queue) if turns.stopped is not None else 0}
 
 
 def take_turns(run: RunDir, plan: Plan, turns: Turns, job: JobEnvironment, records: RunRecords, lane: str,
                resources: LaneResources | None = None, peaks: PeakBook | None = None) -> None:
-    """Run the lane's next pack on ``job``'s device until none is left to begin; where the lane folds
-    (``settings.fold``), each ended pack into the lane's journal. ``resources``: what the packs this device runs share
-    (a fork server started for the first, kept for the next); ``peaks``: what each pack is held against before it
-    starts, the lane's (:class:`gpupack.job.peaks.PeakBook`)."""
+    """Run the lane's next pack on ``job``'s device until none is left to begin, folding each where the lane folds."""
     while (pack_id := turns.take()) is not None:
         pack = plan.pack(pack_id)
         ran_before = all(records.ran(pack_id, t.training_id) for t in pack.trainings)
         began = turns.clock()
         try:
-            if pack.stream is not None:  # a streaming lane's pack, where the user's job limit dealt several to one
-                # job: its queue
+            if pack.stream is not None:  # a streaming lane, where a job limit dealt several to one job
                 record = run_lane(str(run.root), pack_id, turns.settings, job=job, plan=plan, kind=turns.kind)
             else:
                 record = run_pack(str(run.root), pack_id, turns.settings, job=job, plan=plan, records=records,
                                   resources=resources, peaks=peaks)
                 if turns.settings.fold:
                     fold_pack(run, pack_id, lane)
-                    for refit in refit_folders(run, pack_id):  # its trainings run at a smaller N (skipped for memory)
-                        fold_pack(run, refit, lane)
+                    # its refit packs that still have a folder (this run's, and a killed run's): smaller N's
+                    for refit in [os.path.basename(d) for d in run.pack_dirs()]:
+                        if refit_parent(refit) == pack_id:
+                            fold_pack(run, refit, lane)
         except BaseException as err:  # noqa: BLE001 - raised again by run_in_turn, in the job's own thread
             turns.fail(err)
             return

@@ -7,7 +7,6 @@ the records from what they return.
 from __future__ import annotations
 
 import importlib
-import os
 import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -29,8 +28,7 @@ if TYPE_CHECKING:  # a training's spec, as the worker reads it
 
 
 class Wait:
-    """What a stream answers a freed slot when the next training does not fit the device's memory yet (packing.
-    admission): ask again as another training ends, or after a short while."""
+    """A stream's answer when the next training does not fit the device's memory yet: ask again later."""
 
     def __repr__(self) -> str:
         return "WAIT"
@@ -41,16 +39,13 @@ T = TypeVar("T")
 
 
 class Curve(Protocol):
-    """Where a streamed training's intermediate values go, and who may stop it for them: a search's trial's study,
-    which its lane alone opens (gpupack.search.lane). The packer reads the values (its program's printed ones, or
-    those its process reports: gpupack.core.store.curves) and answers the training with :meth:`report`'s verdict."""
+    """Where a streamed trial's intermediate values go (its study), whose verdict the packer answers it with."""
 
     metric: str  # what the study ranks trials by: a Python training reports a curve of it (TrainingContext.ranks_by)
     pattern: str | None  # search.intermediate: a regular expression whose group is a value in its stdout; None: none
 
     def report(self, step: int, value: float, prune: bool = True) -> bool:
-        """The value at ``step``, given to the study; True: its pruner stops the training now (never without
-        ``prune``: what a program printed before it ended)."""
+        """The value at ``step``; True: the pruner stops the training now (never without ``prune``)."""
 
 
 class Stream(Protocol):
@@ -58,17 +53,16 @@ class Stream(Protocol):
 
     @property
     def queue(self) -> Sequence[Training]:
-        """Every training of the queue (what a fork server preloads for: any of them may come to this lane)."""
+        """Every training of the queue (any may come to this lane)."""
 
     def next(self) -> Training | Wait | None:
-        """The next training this lane claimed; :data:`WAIT`: none fits the memory free now (ask again); None: the
-        queue is drained (or the lane stops claiming)."""
+        """The next training this lane claimed; :data:`WAIT`: none fits now; None: no more."""
 
     def ended(self, training_id: str, wall_s: float) -> None:
         """A training of this lane ended after ``wall_s`` (before its slot asks for the next)."""
 
     def home(self, training_id: str) -> str:
-        """The lane the plan dealt the training to: its record's identity (``home``), whichever lane runs it."""
+        """The lane the plan dealt the training to (its record's ``home``)."""
 
     def where(self, training_id: str) -> str:
         """The pack whose folder holds the training's record and logs while it runs."""
@@ -77,18 +71,15 @@ class Stream(Protocol):
         """Where the training's curve goes (a search's trial); None: it reports none."""
 
     def judge(self, rec: dict[str, object]) -> dict[str, object]:
-        """The training's record as it ended, before it is written: the lane may tell it a victim of a neighbour's
-        fault (and run it again)."""
+        """The training's record as it ended, before it is written (the lane may mark it a victim)."""
 
     def recorded(self, training_id: str) -> None:
         """The training's record is written (the lane may fold it now)."""
 
 
 class LaneResources:
-    """What the packs a lane runs one after another on one device share: what a mode starts once for them all and
-    keeps between them (process mode: its preloaded fork server), closed when the lane ends. A pack's wall counts from
-    its first training's start, so what a mode starts here is paid once a lane, as a job start is.
-    ``trainings``: every training of the lane's packs (what a shared server preloads for)."""
+    """What the packs a lane runs one after another on one device share (process mode: its fork server), started once
+    for them all, outside each pack's wall, and closed when the lane ends. ``trainings``: every training of them."""
 
     def __init__(self, run: RunDir, lane: str, trainings: Sequence[Training] = ()) -> None:
         self.run, self.lane, self.trainings = run, lane, list(trainings)
@@ -97,8 +88,7 @@ class LaneResources:
         self._logs: list[Path] = []
 
     def log(self, name: str) -> Path:
-        """Where a shared process of the lane logs (lanes/<lane>.<name>.err): no pack's folder, which a lane that
-        folds removes while the process still runs; removed at the lane's end if nothing was written."""
+        """Where a shared process of the lane logs (no pack's folder: a lane that folds removes it)."""
         path = self.run.lanes / f"{check_name('lane', self.lane)}.{check_name('name', name)}.err"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._logs.append(path)
@@ -106,8 +96,7 @@ class LaneResources:
 
     def get(self, key: Hashable, make: Callable[[], T], close: Callable[[T], None] | None = None,
             alive: Callable[[T], bool] | None = None) -> T:
-        """What ``make`` made the first time ``key`` was asked for in this lane (``close`` it at the lane's end); made
-        again where ``alive`` says the one kept is not (a server that died: the next pack gets a new one)."""
+        """What ``make`` made for ``key`` (``close``d at the lane's end), made again where ``alive`` says it is not."""
         if key in self._kept and alive is not None and not alive(cast(T, self._kept[key])):
             self._closers.pop(key, lambda: None)()
             del self._kept[key]
@@ -143,32 +132,19 @@ class PackContext:
     settings: PackSettings | None = None  # the sweep's (mode options: mps, TF memory budget, ...)
     gpu_memory_total_mb: float | None = None  # the job's GPU, from NVML; None on a CPU
     warmup_steps: int = 10
-    # Per-training limits (None: none): wall time, and address space (RLIMIT_AS) so one training cannot
-    # take the host's memory from the others.
-    training_timeout_s: float | None = None
-    memory_limit_bytes: int | None = None
-    # Called as each training ends, so its record is written at once and survives a later kill or requeue.
-    on_finished: Callable[["TrainingOutcome"], None] = lambda outcome: None
-    # Called with (training id, pid) as each training's process starts, so the sampler can follow it.
-    on_started: Callable[[str, int], None] = lambda training_id, pid: None
-    # One training spread over k devices (gpupack/job/spread/): where it runs (strategy, k, device); None: packing.
-    spread: Placement | None = None
-    # A streaming lane (packing.stream): its slots take their next training from here as they free.
-    stream: Stream | None = None
-    # Each training's share of the GPU's memory (packing.memory_share: memory_fraction / N), which process mode
-    # gives each child to enforce (gpupack.job.runtime.memshare); None: off, a CPU, or a spread training.
+    training_timeout_s: float | None = None  # per training (None: none)
+    memory_limit_bytes: int | None = None  # RLIMIT_AS per training: one cannot take the host's memory from the others
+    on_finished: Callable[["TrainingOutcome"], None] = lambda outcome: None  # as each ends: its record written at once
+    on_started: Callable[[str, int], None] = lambda training_id, pid: None  # (id, pid): the sampler follows it
+    spread: Placement | None = None  # one training spread over k devices (gpupack/job/spread/); None: packing
+    stream: Stream | None = None  # a streaming lane: its freed slots take their next training from it
+    # Each training's share of the GPU's memory (packing.memory_share), enforced in its process; None: none. A
+    # training's own share where earlier records measured its setting (memory_shares) replaces the equal split.
     memory_share: MemoryShare | None = None
-    # A training's own share where it is not the equal split (by id: what earlier records measured of its setting,
-    # gpupack.core.memory.figures.memory_shares); the others get ``memory_share``.
     memory_shares: Mapping[str, MemoryShare] = field(default_factory=dict)
-    # What the lane's packs on this device share (a fork server kept between them); None: the pack runs alone.
-    resources: LaneResources | None = None
-    # The job's own temporary space (JobEnvironment.temp_dir): MPS's pipes, DDP's rendezvous.
-    tmp_dir: str = field(default_factory=tempfile.gettempdir)
-    # Where the trainings' specs and results go while the pack runs: a folder of the job's own node-local space, made
-    # and removed by the job body, so the shared filesystem holds no file per training for them; None (a context built
-    # outside a job body): the pack's folder.
-    work_dir: str | None = None
+    resources: LaneResources | None = None  # what the lane's packs on this device share; None: the pack runs alone
+    tmp_dir: str = field(default_factory=tempfile.gettempdir)  # the job's own (MPS's pipes, DDP's rendezvous)
+    work_dir: str | None = None  # specs and results, in the job's node-local space (None: the pack's folder)
 
     def share_of(self, training_id: str) -> MemoryShare | None:
         """The training's share of the GPU's memory (None: none)."""
@@ -186,7 +162,6 @@ class PackContext:
 
 
 def work_prefix(pack_id: str) -> str:
-    """The name a pack's node-local work folder starts with (the job's temporary space: tempfile.mkdtemp's prefix)."""
     return f"gpupack-{pack_id}-"
 
 
@@ -195,27 +170,16 @@ def work_file(work_dir: Path | str, name: str, what: str) -> Path:
     return Path(work_dir) / f"{check_name('training_id', name)}.{what}.json"
 
 
-
-
 class Packer(ABC):
     name: ClassVar[str]
-    # How the report names this mode beside another (gpupack.results.report): by whether it splits the device (None: by
-    # name), and the matplotlib line style of its curves.
+    # How the report names this mode beside another (None: by name), and its curves' matplotlib line style.
     split_label: ClassVar[str | None] = None
     line_style: ClassVar[str] = ":"
-    # True: the trainings of one pack must share a group key (fused: same shapes); the plan groups them up front.
-    groups: ClassVar[bool] = False
-    # True: a slot that frees can take another training while the others run (packing.stream); a mode whose N
-    # trainings share one process cannot.
-    streams: ClassVar[bool] = False
-    # True: a pack of one is one training in a process of its own, as it runs alone: what the data loader alone
-    # (sweep.loader_alone) runs in (:func:`solo_mode`).
-    solo: ClassVar[bool] = False
-    # True: a pack's N trainings run in one shared process, whose start each pack pays once, not each training: time
-    # per training can fall as 1/N with no more cores (the gain bound is N / ref on a CPU too).
-    one_process: ClassVar[bool] = False
-    # The mode's own options: a dataclass whose fields are packing.<mode>.<field> (None: the mode has none).
-    Options: ClassVar[type[Options] | None] = None
+    groups: ClassVar[bool] = False  # a pack's trainings must share a group key (fused: same shapes)
+    streams: ClassVar[bool] = False  # a freed slot can take another training while the others run (packing.stream)
+    solo: ClassVar[bool] = False  # a pack of one is a training in its own process, as alone (:func:`solo_mode`)
+    one_process: ClassVar[bool] = False  # N trainings in one process: time per training can fall as 1/N, CPU too
+    Options: ClassVar[type[Options] | None] = None  # its packing.<mode>.<field> options (None: none)
 
     def check(self, workload: Workload, factor: int, capacity: Capacity, settings: PackSettings) -> None:
         """Refuse, before submission, a workload, N or option this mode cannot host (raise ConfigError)."""
@@ -229,18 +193,13 @@ class Packer(ABC):
         return f"one process per pack runs its N trainings ({self.name})"
 
     def watches_mps(self, settings: PackSettings) -> bool:
-        """True when, with these settings (its ``Options`` in them), this mode runs a pack's trainings under CUDA MPS:
-        the job's sampler then lists the MPS clients."""
+        """True when, with these settings, this mode runs a pack's trainings under CUDA MPS (the sampler lists them)."""
         return False
 
     @abstractmethod
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
-        """Start all trainings at once on ctx.device, wait for all, and say how each ended.
-
-        Call ctx.on_started(training_id, pid) as each starts and ctx.on_finished(outcome) as each ends. One
-        training failing must never stop the others.
-        """
-
+        """Start all trainings at once, calling ctx.on_started and ctx.on_finished as each starts and ends, and say how
+        each ended. One training failing must never stop the others."""
 
 
 def available_modes() -> list[str]:
@@ -266,8 +225,7 @@ def threads_for(cores: int, factor: int, override: int | None = None) -> int:
     return override if override else max(1, cores // factor)
 
 
-# What a training of process mode is told of its pack: how many trainings share its device (N; a lane's slots).
-PACK_SIZE_ENV = "GPUPACK_N"
+PACK_SIZE_ENV = "GPUPACK_N"  # what a process mode training is told: how many share its device (N; a lane's slots)
 
 
 def worker_env(base: Mapping[str, str], threads: int) -> dict[str, str]:
@@ -276,8 +234,7 @@ def worker_env(base: Mapping[str, str], threads: int) -> dict[str, str]:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
         env[var] = str(threads)
     env["PYTHONUNBUFFERED"] = "1"
-    # TensorFlow in process mode must not reserve the whole GPU: otherwise the second of N trainings fails
-    # with CUDA out-of-memory. Harmless to torch.
+    # TensorFlow must not reserve the whole GPU, or the second of N trainings fails with out-of-memory
     env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
     return env
 
@@ -288,10 +245,8 @@ TIMED_OUT = "stopped after packing.training_timeout_s; "
 def ended_outcome(training_id: str, started: float, ended: float, code: int | None, *, error: str | None,
                   result: Mapping[str, object] | None, timed_out: bool = False,
                   extra: Mapping[str, object] | None = None) -> TrainingOutcome:
-    """How a training's child ended, as its outcome: the one builder for process mode's training, a DDP training's
-    ranks and a shared process's trainings. ``code``: the child's exit status (< 0: killed by that signal; None: it
-    never started); ``error``: what the child's end says (None where it exited 0); a child that exited 0 with no
-    result failed; a time-out says so first. Pure."""
+    """How a training's child ended, as its outcome (process mode's, DDP's, a shared process's). ``code``: its exit
+    status (< 0: killed by that signal; None: never started); exiting 0 with no result fails. Pure."""
     if code == 0 and error is None and result is None:
         error = "exited 0 but wrote no result"
     if timed_out:
@@ -303,12 +258,18 @@ def ended_outcome(training_id: str, started: float, ended: float, code: int | No
 
 def read_result(workload: Workload, params: Mapping[str, object], path: Path, started: float, ended: float,
                 stdout: Path | None = None, stopped: bool = False) -> tuple[Mapping[str, object] | None, str | None]:
-    """The result a training's program wrote at ``path`` after it exited 0, read by its workload, or why it could not
-    be: what one program wrote never takes its pack down (its neighbours' records are written as ever). A file that
-    holds no JSON object is said, unless the training was ``stopped`` (pruned) mid-write: then it is read as none."""
+    """The result a training's program wrote at ``path``, read by its workload, or why it could not be (never raised:
+    it must not take the pack down). No JSON object is said, unless the training was ``stopped`` (pruned) mid-write."""
     raw = read_json_or_none(path)
     if raw is None and not stopped and path.is_file():  # gpupack writes it whole (atomically): the program did not
-        return None, f"its result ({path.name}) holds no JSON object: {_start_of(path)}"
+        try:
+            with open(path, "rb") as f:
+                head = f.read(61)
+            text = head[:60].decode(errors="replace")
+            start = (repr(text) + (" ..." if len(head) > 60 else "")) if text else "it is empty"
+        except OSError as err:
+            start = f"unreadable ({err.strerror or err})"
+        return None, f"its result ({path.name}) holds no JSON object: {start}"
     try:
         return workload.result(params, raw, started, ended, stdout), None
     except GpupackError as err:  # what the program wrote is not a result: said in gpupack's words
@@ -317,31 +278,10 @@ def read_result(workload: Workload, params: Mapping[str, object], path: Path, st
         return None, f"its result ({path.name}) could not be read: {type(err).__name__}: {err}"
 
 
-def _start_of(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(61)
-    except OSError as err:
-        return f"unreadable ({err.strerror or err})"
-    text = head[:60].decode(errors="replace")
-    return (repr(text) + (" ..." if len(head) > 60 else "")) if text else "it is empty"
-
-
-def start_failure(argv: Sequence[str], cwd: str | None, error: OSError) -> str:
-    """Why a child's program could not start. Pure."""
-    if cwd and not os.path.isdir(cwd):
-        return f"could not start {argv[0]!r}: its working directory {cwd!r} does not exist"
-    return f"could not start {argv[0]!r}: {error.strerror or error}"
-
-
 def worker_spec(training: Training, ctx: PackContext, spawned_at: float) -> WorkerSpec:
     spec: WorkerSpec = {
-        "workload": training.workload,
-        "params": dict(training.params),
-        "device": ctx.device,
-        "threads": ctx.threads,
-        "warmup_steps": ctx.warmup_steps,
-        "spawned_at": spawned_at,
+        "workload": training.workload, "params": dict(training.params), "device": ctx.device, "threads": ctx.threads,
+        "warmup_steps": ctx.warmup_steps, "spawned_at": spawned_at,
         "result_path": str(ctx.work(training.training_id, "result")),
         "logs": [str(ctx.run.log(ctx.home(training.training_id), training.training_id, s)) for s in ("out", "err")],
     }

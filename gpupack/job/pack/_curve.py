@@ -1,8 +1,6 @@
 """A streamed training's curve as its packer follows it at each look: the values its program prints
-(``search.intermediate``, a regular expression whose one group holds the number; its step: the matches so far) and
-those its process reports (:meth:`gpupack.core.workload.TrainingContext.report`, through the files of
-:mod:`gpupack.core.store.curves`), each given to its lane's :class:`gpupack.job.pack.Curve`, which may prune it. A
-process that reports is answered each verdict; a program that prints is stopped by its packer on a prune.
+(``search.intermediate``: its step is the matches so far) and those its process reports
+(:mod:`gpupack.core.store.curves`), each given to its lane's :class:`gpupack.job.pack.Curve`, which may prune it.
 """
 from __future__ import annotations
 
@@ -25,8 +23,8 @@ class CurveFollower:
         self.steps = 0  # printed matches so far
 
     def follow(self, prune: bool = True) -> PrunedAt | None:
-        """Give the lane each value written since the last look; where it prunes, the step and value (None: not
-        pruned). ``prune`` False (the training ended): give what is left without asking the pruner."""
+        """Give the lane each value written since the last look; where it prunes, the step and value. ``prune`` False
+        (the training ended): give what is left without asking the pruner."""
         if self.pattern is not None:
             for value in matched(self.pattern, self.printed.read(ended=not prune)):
                 self.steps += 1

@@ -1,13 +1,13 @@
-"""One process runs all N trainings of a pack (tf_logical: one TF process, N logical devices; fused: one torch
-process, N models batched as one): the helper both modes share to start that shared process, follow each training's
-result as it lands, stop it past its time limit, and record what it never finished.
+"""One process runs all N trainings of a pack (tf_logical, fused): starting it, following each training's result as
+it lands, stopping it past its time limit, and recording what it never finished.
 
-The shared process is ``python -m <module> SPEC.json`` (SPEC: {"trainings": [worker specs...], ...}); it writes each
-training's result (the worker's schema) or error file, so one training failing never hides the others'.
+The shared process is ``python -m <module> SPEC.json``; it writes each training's result or error file, so one
+training failing never hides the others'.
 """
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -37,30 +37,23 @@ def shared_specs(trainings: Sequence[Training], ctx: PackContext, spawned: float
     return specs
 
 
-LIMIT_KEY = "packing.memory_limit_gb_per_training"
-
-
 def refuse_rlimit_on_gpu(mode: str, limit_gb: float | None) -> None:
-    """RLIMIT_AS on a GPU job: CUDA reserves far more address space than memory it uses (TensorFlow's allocator and
-    the unified address space), so an address-space limit sized to host memory makes CUDA fail to start."""
+    """Refuse RLIMIT_AS on a GPU job: CUDA reserves more address space than any host-memory limit allows."""
     if limit_gb:
-        raise ConfigError(LIMIT_KEY, limit_gb, f"{mode} on a GPU cannot run under an address-space limit "
+        raise ConfigError("packing.memory_limit_gb_per_training", limit_gb,
+                          f"{mode} on a GPU cannot run under an address-space limit "
                           "(RLIMIT_AS): CUDA reserves more address space than any host-memory figure",
                           "leave it null on GPU jobs: SLURM's cgroup already caps the job's host memory at the --mem "
                           "it asks for (cluster.mem_gb_per_training per training)")
 
 
-def pack_memory_limit(per_training_bytes: int | None, n: int) -> int | None:
-    """The address-space limit of the one shared process of n trainings: n x one training's figure. Pure."""
-    return per_training_bytes * n if per_training_bytes else None
-
-
-def run_shared(module: str, name: str, specs: list[SharedSpec], ctx: PackContext, spawned: float,
+def run_shared(module: str, name: str, trainings: Sequence[Training], ctx: PackContext,
+               devices: Sequence[str] | None = None,
                extra: Mapping[str, object] | None = None) -> list[TrainingOutcome]:
-    """Start ``python -m module`` on the pack's specs under a supervisor and follow it to its end: each training's
-    outcome as it lands, and for those the process never finished (it died, or was stopped past its time limit) its
-    exit."""
+    """Run ``python -m module`` on the trainings' specs: each one's outcome as it lands, or at the process's end."""
     run, pack_id = ctx.run, ctx.pack.pack_id
+    spawned = time.time()
+    specs = shared_specs(trainings, ctx, spawned, devices)
     n = len(specs)
     spec_path = ctx.work(name, "spec")
     write_json_atomic(spec_path, {"threads": ctx.threads * n, "trainings": specs, **(extra or {})})
@@ -68,7 +61,7 @@ def run_shared(module: str, name: str, specs: list[SharedSpec], ctx: PackContext
     child = ChildSpec(name, [sys.executable, "-m", module, str(spec_path)], run.log(pack_id, name, "out"),
                       run.log(pack_id, name, "err"),
                       worker_env(ctx.env, ctx.threads * n), started_at=spawned,
-                      memory_limit_bytes=pack_memory_limit(ctx.memory_limit_bytes, n))
+                      memory_limit_bytes=ctx.memory_limit_bytes * n if ctx.memory_limit_bytes else None)
     outcomes: dict[str, TrainingOutcome] = {}
 
     def look() -> None:

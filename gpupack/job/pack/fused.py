@@ -1,15 +1,10 @@
-"""Fused packing: the N trainings of a pack train as one batched model in one process (torch.func: stacked
-weights, functional_call, vmap), each with its own hyperparameters where they do not change shapes (learning
-rate, momentum, weight decay, seed: initialisation and data order), its own loss, metrics and training record.
-
-Hyperparameters that change shapes (model, hidden size, batch size, ...: the workload's ``fuse_key``) split a pack
-into fused groups, planned up front (:meth:`FusedPacker.group_key`). The shared process is
-:mod:`gpupack.job.runtime.fused_shared`; spawning, following and stopping it is the helper tf_logical shares
-(:mod:`gpupack.job.pack._shared`). One process runs the group: if it dies, every training of the pack fails with it.
+"""Fused packing: the N trainings of a pack train as one batched model in one process
+(:mod:`gpupack.job.runtime.fused_shared`), each with its own hyperparameters where they do not change shapes, its own
+loss, metrics and record. Those that change shapes (the workload's ``fuse_key``) split a pack into groups, planned up
+front (:meth:`FusedPacker.group_key`). If the process dies, every training of the pack fails with it.
 """
 from __future__ import annotations
 
-import time
 from typing import Hashable, Mapping, Sequence
 
 from gpupack.core.plan import Training
@@ -17,7 +12,7 @@ from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.core.workload import Workload
 from gpupack.errors import ConfigError
 from gpupack.job.pack import PackContext, Packer
-from gpupack.job.pack._shared import refuse_rlimit_on_gpu, run_shared, shared_specs
+from gpupack.job.pack._shared import refuse_rlimit_on_gpu, run_shared
 
 
 class FusedPacker(Packer):
@@ -39,9 +34,7 @@ class FusedPacker(Packer):
     def run(self, trainings: Sequence[Training], ctx: PackContext) -> list[TrainingOutcome]:
         if ctx.device == "cuda":  # a partition check could not tell this job would have a GPU (local, device=auto)
             refuse_rlimit_on_gpu(self.name, ctx.memory_limit_bytes / 2**30 if ctx.memory_limit_bytes else None)
-        spawned = time.time()
-        specs = shared_specs(trainings, ctx, spawned)
-        return run_shared("gpupack.job.runtime.fused_shared", "fused_shared", specs, ctx, spawned)
+        return run_shared("gpupack.job.runtime.fused_shared", "fused_shared", trainings, ctx)
 
 
 PACKER = FusedPacker()

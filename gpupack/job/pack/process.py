@@ -1,11 +1,9 @@
-"""Process packing ("no split"): N trainings as N OS processes on the same device.
-
-On a GPU node every process sees the job's CUDA_VISIBLE_DEVICES, so all N share the one GPU; on a CPU
-each gets its share of the cores (see :func:`gpupack.job.pack.threads_for`).
-"""
+"""Process packing ("no split"): N trainings as N OS processes on the same device (a CPU: each its share of the
+cores, :func:`gpupack.job.pack.threads_for`)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import time
 from collections import deque
@@ -28,7 +26,6 @@ from gpupack.job.pack import (
     Packer,
     ended_outcome,
     read_result,
-    start_failure,
     worker_env,
     worker_spec,
 )
@@ -62,12 +59,6 @@ def start_choice(preference: str, workloads: Sequence[Workload],
     return ("fresh", "; ".join(refusals)) if refusals else ("fork", None)
 
 
-def start_method(preference: str, workloads: Sequence[Workload],
-                 params: Sequence[Mapping[str, object]] | None = None) -> str:
-    """fork or fresh (:func:`start_choice`, without the why)."""
-    return start_choice(preference, workloads, params)[0]
-
-
 class _Training:
     """One training of the pack: its spec and files, the child the supervisor starts for it, and how it ended."""
 
@@ -90,8 +81,6 @@ class _Training:
         if files is not None:
             spec["curve"] = files
         write_json_atomic(spec_path, spec)
-        # A list argv, never a shell: gpupack's worker reads hyperparameters from the spec file; a command
-        # workload's argv items are templated one by one.
         self.launch = workload.launch(training.params, str(spec_path), str(self.result_path))
         self.share, share_env = memory_share_env(ctx, tid)
         self.child = ChildSpec(tid, self.launch.argv, run.log(pid, tid, "out"), err_path,
@@ -101,16 +90,15 @@ class _Training:
                                self.launch.python_main)
         self._outcome: TrainingOutcome | None = None
         self.fork_fallback = fork_fallback  # why it starts fresh although the pack would fork (None: as asked)
-        # a search's trial: its curve (printed, or reported by its process) followed at each look; the prune
-        # decision, when its program was stopped for it, and when
+        # a search's trial: its curve followed at each look; the prune decision, and when its program was stopped
         self.curve = CurveFollower(curve, files, self.child.out_path) if curve is not None and files else None
         self.pruned: PrunedAt | None = None
         self.stopped_at: float | None = None
         self.running: Child | None = None
 
     def follow(self) -> None:
-        """Give its lane its curve's new points; on a prune, a process that reports its curve is answered so (it
-        returns), a program that prints it is stopped (SIGTERM, then SIGKILL after the grace a time limit gives)."""
+        """Give its lane its curve's new points; pruned, a program that prints its curve is stopped as a time limit
+        stops one, and one that reports it is answered so."""
         child = self.running
         if self.curve is None or child is None or child.ended_at is not None:
             return
@@ -122,24 +110,19 @@ class _Training:
         elif self.stopped_at is not None and time.time() - self.stopped_at > KILL_GRACE_S:
             child.signal(signal.SIGKILL)
 
-    def last_points(self) -> None:
-        """Its program ended: what it printed since the last look, reported (the curve later trials are judged
-        by), without asking the pruner."""
-        if self.curve is not None and self.pruned is None:
-            self.curve.follow(prune=False)
-
     def outcome(self, ended: ChildExit) -> TrainingOutcome:
-        if self._outcome is None:
-            self._outcome = self._make_outcome(ended)
-        return self._outcome
-
-    def _make_outcome(self, ended: ChildExit) -> TrainingOutcome:
-        extra: dict[str, object] = {"start": ended.start, "cpus": ended.cpus, "slot": self.slot,
+        if self._outcome is not None:
+            return self._outcome
+        extra: dict[str, object] = {"start": "fork" if ended.forked else "fresh", "cpus": ended.cpus,
+                                    "slot": self.slot,
                                     **({"fork_fallback": self.fork_fallback} if self.fork_fallback else {}),
                                     **({"memory_share": self.share} if self.share else {})}
         code, result, error = ended.returncode, None, None
         if ended.start_error is not None:  # the program is gone or not executable on this node: it fails alone
-            code, error = None, start_failure(self.launch.argv, self.launch.cwd, ended.start_error)
+            cwd = self.launch.cwd
+            why = f"its working directory {cwd!r} does not exist" if cwd and not os.path.isdir(cwd) \
+                else ended.start_error.strerror or ended.start_error
+            code, error = None, f"could not start {self.launch.argv[0]!r}: {why}"
         elif code == 0 or self.pruned is not None:  # stopped for its prune: what it reported so far is its result
             result, error = read_result(self.workload, self.training.params, self.result_path, ended.started_at,
                                         ended.ended_at, self.child.out_path, stopped=self.pruned is not None)
@@ -150,8 +133,9 @@ class _Training:
             error = ended.error()
             hint = self.workload.failure_hint(self.training.params, error)
             error = f"{error}\n{hint}" if hint else error
-        return ended_outcome(self.training.training_id, ended.started_at, ended.ended_at, code, error=error,
-                             result=result, timed_out=ended.timed_out, extra=extra)
+        self._outcome = ended_outcome(self.training.training_id, ended.started_at, ended.ended_at, code, error=error,
+                                      result=result, timed_out=ended.timed_out, extra=extra)
+        return self._outcome
 
 
 STARTS = ("auto", "fork", "fresh")
@@ -161,19 +145,14 @@ STARTS = ("auto", "fork", "fresh")
 class ProcessOptions:
     """packing.process.*: how process mode starts and places its trainings."""
 
-    # On a GPU node: run the N trainings under CUDA MPS (started and always stopped by the pack).
-    mps: bool = False
-    # auto: fork each training from one preloaded server per pack (the framework, the workload and its data imported
-    # once) when the workload allows it, else a fresh interpreter; fork: require the server; fresh: always a fresh
-    # interpreter (what command and TensorFlow workloads use).
+    mps: bool = False  # on a GPU node: the N trainings under CUDA MPS (started and always stopped by the pack)
+    # auto: fork each training from one preloaded server per pack where the workload allows it, else a fresh
+    # interpreter; fork: require the server; fresh: always a fresh interpreter.
     start: str = "auto"
-    # Bind each training to its own share of the job's cores (sched_setaffinity) instead of letting N trainings
-    # float over all of them.
-    cpu_affinity: bool = False
+    cpu_affinity: bool = False  # bind each training to its own share of the job's cores
 
     def check(self) -> None:
-        """Refuse a value out of range (ConfigError on packing.process.<field>), whether or not process mode is used:
-        what needs the workload or the node (fork, MPS) is :meth:`ProcessPacker.check`'s."""
+        """Refuse a value out of range, whether or not process mode is used."""
         if self.start not in STARTS:
             raise ConfigError("packing.process.start", self.start, "unknown start method", nearest(self.start, STARTS))
 
@@ -216,36 +195,27 @@ class ProcessPacker(Packer):
 
 
 def memory_share_env(ctx: PackContext, training_id: str) -> tuple[dict[str, object], dict[str, str]]:
-    """What a training is given of its share of the GPU (:meth:`PackContext.share_of`): for its record (the share,
-    where it comes from, and how it is enforced), and its environment: under MPS (the pack's daemon, or one the job
-    runs itself) its client's limit, which holds whatever the program is; else the fraction its torch sets before
-    its first allocation (gpupack.job.runtime.memshare). Not both: an MPS client may see its limit as the device's
-    memory, and a fraction of that would be a share of a share."""
+    """A training's share of the GPU (:meth:`PackContext.share_of`), for its record and its environment: under MPS its
+    client's limit (whatever the program is), else the fraction its torch sets (gpupack.job.runtime.memshare). Not
+    both: an MPS client may see its limit as the device's memory, and a fraction of that is a share of a share."""
     share = ctx.share_of(training_id)
     if share is None:
         return {}, {}
-    if MPS_PIPE_ENV in ctx.env:
-        env = {MPS_LIMIT_ENV: share.mps_limit()}
-    else:
-        env = {SHARE_ENV: f"{share.fraction:.6f}"}
+    env = {MPS_LIMIT_ENV: share.mps_limit()} if MPS_PIPE_ENV in ctx.env else {SHARE_ENV: f"{share.fraction:.6f}"}
     return {**share.to_record(), "mps_limit": env.get(MPS_LIMIT_ENV)}, env
 
 
 def process_options(settings: PackSettings | None) -> ProcessOptions:
-    """packing.process.* as a pack's settings carry them; a pack run with no settings starts fresh interpreters.
-    What a spread strategy that starts processes as process mode does (DDP's ranks) reads too."""
+    """packing.process.* as a pack's settings carry them (no settings: fresh interpreters)."""
     return settings.options(PACKER.name, ProcessOptions) if settings is not None else ProcessOptions(start="fresh")
 
 
 def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: ProcessOptions) -> list[TrainingOutcome]:
-    """Process mode's machinery (also a spread strategy's one training, one process, with its options): each
-    training a child of one supervisor (gpupack.job.runtime.supervisor), forked or fresh, started, followed, timed out
-    and recorded; without MPS (the caller's). With ``ctx.stream``, a slot whose training ends takes the next one the
-    stream gives, until it gives none."""
+    """Process mode without MPS: each training a child of one supervisor; streaming, freed slots take the next."""
     stream = ctx.stream
     every = list(stream.queue) if stream is not None else list(trainings)  # what the server preloads for
     workloads = {name: load_workload(name) for name in {t.workload for t in every}}
-    method = start_method(opts.start, list(workloads.values()), [t.params for t in every])
+    method, _ = start_choice(opts.start, list(workloads.values()), [t.params for t in every])
     slots = ctx.pack.factor if stream is not None else len(trainings)
     cores = job_cpus()
     with Supervisor(ctx.training_timeout_s) as supervisor:
@@ -262,9 +232,7 @@ def run_processes(trainings: Sequence[Training], ctx: PackContext, opts: Process
 
 
 class _Slots:
-    """A pack's slots under one supervisor: each starts a training, and, streaming, takes the stream's next as its
-    training ends, or waits while the stream says none fits the memory free now (asked again as another ends, and at
-    each look)."""
+    """A pack's slots: streaming, each takes the stream's next training as its own ends, or waits while none fits."""
 
     def __init__(self, ctx: PackContext, supervisor: Supervisor, workloads: Mapping[str, Workload],
                  fallback: str | None, fork: bool, cpus: Sequence[list[int] | None]) -> None:
@@ -297,7 +265,8 @@ class _Slots:
 
     def ended(self, child: ChildExit) -> None:
         done = self.by_name[child.name]
-        done.last_points()
+        if done.curve is not None and done.pruned is None:  # what it printed since the last look, not to be pruned
+            done.curve.follow(prune=False)
         self.ctx.on_finished(done.outcome(child))
         self.free.append(done.slot)
         self.fill()  # the freed slot takes the next training at once, where it fits
@@ -309,8 +278,7 @@ class _Slots:
 
 
 def curve_files(ctx: PackContext, training_id: str, curve: Curve) -> CurveSpec:
-    """Where a trial's process reports its curve and is answered (gpupack.core.store.curves), beside its spec: none
-    left by an earlier attempt of it, whose verdict must not answer this one."""
+    """Where a trial's process reports its curve and is answered, none left by an earlier attempt."""
     files: CurveSpec = {"points": str(ctx.work(training_id, "curve")), "verdict": str(ctx.work(training_id, "verdict")),
                         "metric": curve.metric}
     for path in (files["points"], files["verdict"]):
@@ -319,12 +287,9 @@ def curve_files(ctx: PackContext, training_id: str, curve: Curve) -> CurveSpec:
 
 
 def preload(supervisor: Supervisor, trainings: Sequence[Training], ctx: PackContext) -> str | None:
-    """Start ``supervisor``'s preloaded fork server for ``trainings`` (a stream's: the whole queue, since any of its
-    trainings may come to this lane), or use the one the lane's packs share (``ctx.resources``: started for the first,
-    preloaded for every training of the lane, kept for the next); None, or why it did not start (fresh interpreters,
-    said in the server's log and in each training's record as ``fork_fallback``). DDP's ranks start from one too. A
-    stream's server learns what its trainings import (a freed slot's next training is forked from it); a whole pack's
-    does not: all its trainings start at once, and an import between their ends would sit inside the pack's wall."""
+    """Start ``supervisor``'s fork server for ``trainings`` (a stream's whole queue), or use the one the lane's packs
+    share (``ctx.resources``); None, or why it did not start (each record's ``fork_fallback``). Only a stream's server
+    learns its trainings' imports: in a whole pack, an import between their ends would sit inside the pack's wall."""
     workload, env = trainings[0].workload, worker_env(ctx.env, ctx.threads)
     if ctx.resources is None or ctx.stream is not None:
         return supervisor.preload(workload, [t.params for t in trainings], env,

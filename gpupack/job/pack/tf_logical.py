@@ -1,15 +1,9 @@
-"""TensorFlow logical-device packing ("split"): one TF process per pack, its device split into N logical
-devices before TensorFlow initialises, and the N trainings run at once in threads, each pinned to its own
-logical device with ``tf.device``.
-
-On a GPU each logical GPU gets ``memory_limit`` = the pack's GPU memory budget / N; on a CPU the splits are
-plain logical CPUs (TensorFlow refuses memory limits there). The TF process is
-:mod:`gpupack.job.runtime.tf_shared`; this packer starts it, follows each training's result as it lands, and records a
-training whose thread raised as failed while the others go on.
+"""TensorFlow logical-device packing ("split"): one TF process per pack (:mod:`gpupack.job.runtime.tf_shared`), its
+device split into N logical devices before TensorFlow initialises, the N trainings in threads, each pinned to its own.
+On a GPU each logical GPU gets the pack's GPU memory budget / N; on a CPU they are plain logical CPUs.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -18,16 +12,13 @@ from gpupack.core.types import Capacity, PackSettings, TrainingOutcome
 from gpupack.core.workload import Workload
 from gpupack.errors import ConfigError, require_memory
 from gpupack.job.pack import PackContext, Packer
-from gpupack.job.pack._shared import refuse_rlimit_on_gpu, run_shared, shared_specs
+from gpupack.job.pack._shared import refuse_rlimit_on_gpu, run_shared
 from gpupack.job.workloads import load_workload
 
 
 def split_memory_mb(total_mb: float, n: int, reserve_mb: float, budget_mb: float | None,
                     min_per_split_mb: float, key: str = "packing.factors") -> int:
-    """Memory limit of each of n logical GPUs: the budget (or the GPU's memory less the reserve) / n.
-
-    Refused when a split would fall below what the workload needs to train at all.
-    """
+    """Memory limit of each of n logical GPUs: the budget (or all but the reserve) / n, refused below the minimum."""
     budget = budget_mb if budget_mb is not None else total_mb - reserve_mb
     if budget > total_mb:
         raise ConfigError("packing.tf_logical.gpu_memory_budget_mb", budget_mb,
@@ -49,14 +40,11 @@ def logical_devices(kind: str, n: int) -> list[str]:
 class TfLogicalOptions:
     """packing.tf_logical.*: how a GPU is split into N logical GPUs."""
 
-    # The GPU memory shared out among the N logical GPUs (MB); null: the GPU's memory less gpu_memory_reserve_mb,
-    # kept back for the CUDA context and TensorFlow itself.
-    gpu_memory_budget_mb: Optional[int] = None
+    gpu_memory_budget_mb: Optional[int] = None  # shared out among the N logical GPUs (MB); null: all but the reserve
     gpu_memory_reserve_mb: int = 1024
 
     def check(self) -> None:
-        """Refuse a value out of range (ConfigError on packing.tf_logical.<field>), whether or not tf_logical is used:
-        the budget against a GPU's memory is :func:`split_memory_mb`'s."""
+        """Refuse a value out of range, whether or not tf_logical is used (against a GPU: :func:`split_memory_mb`)."""
         require_memory(self.gpu_memory_budget_mb, "packing.tf_logical.gpu_memory_budget_mb", "MB",
                        "packing.tf_logical.gpu_memory_budget_mb=8000, or null for the GPU's memory less "
                        "gpu_memory_reserve_mb")
@@ -95,11 +83,8 @@ class TfLogicalPacker(Packer):
             opts = (ctx.settings or PackSettings()).options(self.name, TfLogicalOptions)
             memory_mb = split_memory_mb(total_mb, n, opts.gpu_memory_reserve_mb,
                                         opts.gpu_memory_budget_mb, workload.min_gpu_memory_mb)
-        devices = logical_devices("gpu" if on_gpu else "cpu", n)
-        spawned = time.time()
-        specs = shared_specs(trainings, ctx, spawned, devices)
-        # The shared process's memory limit: N x one training's.
-        return run_shared("gpupack.job.runtime.tf_shared", "tf_shared", specs, ctx, spawned,
+        return run_shared("gpupack.job.runtime.tf_shared", "tf_shared", trainings, ctx,
+                          logical_devices("gpu" if on_gpu else "cpu", n),
                           extra={"kind": "gpu" if on_gpu else "cpu", "memory_limit_mb": memory_mb})
 
 

@@ -1,17 +1,11 @@
 """Load from outside the pack while it ran: the CPU time other processes took on the job's cores, and the processes
 on its GPU that are not the job's. The pack's sampler (:mod:`gpupack.job.runtime.sampler`) reads it at every sample.
 
-CPU: at each reading, the busy time of the job's cores so far (``psutil.cpu_times``: user + system + nice + irq +
-softirq + steal) and the CPU time of the job's own processes (the job process, where the sampler runs, and every
-process under it). Between two readings, the foreign CPU time is the cores' busy time less the job's own
-(:func:`tree_cpu_delta`). Only the job's cores are watched (its affinity: what SLURM's cgroup or taskset gave it): on
-a shared node, other jobs on other cores do not slow this one's trainings, and would be said to on the whole node.
-
-GPU: the processes NVML lists on the job's devices (compute, or MPS clients under MPS, and graphics) that are not
-the job's (:meth:`ForeignLoad.foreign_gpu`). Without NVML this is unknown (None), never 0.
-
-The pure parts (:func:`tree_cpu_delta`, :func:`foreign_figures`) are tested with tables; the readings
-(:func:`busy_s`, :func:`tree_times`, :func:`lineage`) are what a test fakes, handed to :class:`ForeignLoad`.
+CPU: between two readings, the busy time of the job's cores (its affinity only: other jobs on other cores of a shared
+node do not slow it) less the CPU time of the job's own processes, the job process and all under it
+(:func:`tree_cpu_delta`). GPU: the processes NVML lists on the job's devices that are not the job's
+(:meth:`ForeignLoad.foreign_gpu`); unknown (None) without NVML, never 0. The readings (:func:`busy_s`,
+:func:`tree_times`, :func:`lineage`) are what a test fakes, handed to :class:`ForeignLoad`.
 """
 from __future__ import annotations
 
@@ -20,17 +14,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence, TypedDict
+from typing import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
-# What /proc/stat counts as a core's busy time. iowait and idle are not busy; guest time is inside user already.
+# What /proc/stat counts as a core's busy time (not iowait nor idle; guest time is inside user already).
 BUSY_FIELDS = ("user", "system", "nice", "irq", "softirq", "steal")
-# Shorter intervals are kept for the next reading: the kernel counts CPU time in ticks (10 ms), and two readings'
-# rounding over a tenth of a second would read as a fifth of a core of load nobody had.
+# Shorter intervals wait for the next reading: the kernel counts CPU time in 10 ms ticks, whose rounding would read as
+# load over a tenth of a second.
 MIN_INTERVAL_S = 0.25
-# A pack shorter than that would never be judged at all (called quiet while a hog ran beside it), so its end's
-# reading, when it has no interval yet, takes down to this: the rounding is then at most about half the bar.
+# The end of a pack with no interval yet reads down to this, or a short pack would never be judged at all.
 MIN_LAST_INTERVAL_S = 0.15
 
 Key = tuple[int, float]  # (pid, create time): a pid the kernel gives again later is another process
@@ -50,8 +43,7 @@ class ProcTimes:
 
 @dataclass(frozen=True)
 class LoadSpan:
-    """What one interval between two readings says: its length, and the CPU time other processes took in it on
-    the job's cores."""
+    """One interval between two readings: its length, and the CPU time others took in it on the job's cores."""
     seconds: float
     foreign_cpu_s: float
 
@@ -63,19 +55,11 @@ class LoadSpan:
 def tree_cpu_delta(before: Mapping[Key, ProcTimes], now: Mapping[Key, ProcTimes]) -> float:
     """The CPU seconds the job's processes spent between two readings of them (``before``, ``now``). Pure.
 
-    Each process's own time and the time of the descendants it reaped grow as they run; a process seen now and not
-    before began after the last reading, so all its time is new. A process that ended between the readings is gone
-    from ``now``, and its whole time (what it had at the last reading too) landed in its reaper's ``reaped_s``: the
-    part counted at the last reading is taken back from the first ancestor still here, at most by what that
-    ancestor's reaped time grew (a process that was not reaped into it gives nothing back).
-
-    Why this cannot count the pack's work as foreign: every process of the job is under the job process, which is
-    alive at every reading (the sampler runs in it), and every one of them is reaped by its parent (the supervisor
-    and the fork server wait for their children; a training's own children are its workers'): an ended process's
-    time is never lost, it moves into an ancestor that is read. One left orphaned (its parent died first) stays read
-    as the job's while it lives (:func:`tree_times` follows it); only the last interval of such an orphan, whose
-    time goes to init when it ends, escapes: an interval's worth of one process, at most. Taking back more than
-    was counted is not possible either: the take-back is capped by the ancestor's growth."""
+    A process new since ``before`` counts whole. One that ended between them landed its whole time in its reaper's
+    ``reaped_s``: what was counted of it at the last reading is taken back from its first ancestor still here, at
+    most by what that ancestor's reaped time grew. Every process of the job is under the live job process and reaped
+    by its parent, so an ended one's time moves into an ancestor that is read: only an orphan's last interval can
+    escape (its time goes to init), and the cap keeps the take-back within what was counted."""
     delta = 0.0
     for key, proc in now.items():
         was = before.get(key)
@@ -86,55 +70,30 @@ def tree_cpu_delta(before: Mapping[Key, ProcTimes], now: Mapping[Key, ProcTimes]
     for key, proc in before.items():
         if key in now:
             continue
-        landed = _landing(proc.ppid, known, before, here)
-        if landed is not None:
-            owed[landed] = owed.get(landed, 0.0) + proc.total_s
+        ppid, seen = proc.ppid, set()  # its first ancestor still the same process now: where its time went
+        while ppid in known and ppid not in seen:
+            seen.add(ppid)
+            if here.get(ppid) == (up := known[ppid]):
+                owed[up] = owed.get(up, 0.0) + proc.total_s
+                break
+            ppid = before[up].ppid  # the parent ended too: its time went on up, to its own parent
     for key, amount in owed.items():
         grew = now[key].reaped_s - before[key].reaped_s
         delta -= min(amount, max(grew, 0.0))
     return delta
 
 
-def _landing(ppid: int, known: Mapping[int, Key], before: Mapping[Key, ProcTimes],
-             here: Mapping[int, Key]) -> Key | None:
-    """The first ancestor (as the last reading saw the chain) that is the same process now: where an ended
-    process's time went. None: the chain leaves the job (an orphan's parent is init)."""
-    seen: set[int] = set()
-    while ppid in known and ppid not in seen:
-        seen.add(ppid)
-        key = known[ppid]
-        if here.get(ppid) == key:
-            return key
-        ppid = before[key].ppid  # the parent ended too: its time went on up, to its own parent
-    return None
-
-
 def foreign_cpu_s(busy_s: float, own_s: float, seconds: float, cores: int) -> float:
-    """The cores' busy time less the job's own, within what the cores could give: the two readings are not taken at
-    the same instant, so a few milliseconds of either can fall on the other side. Pure."""
+    """The cores' busy time less the job's own, within what the cores could give. Pure."""
     return min(max(busy_s - own_s, 0.0), seconds * cores)
 
 
-class ForeignFigures(TypedDict):
-    """The sampler report's figures of load from outside the job (:func:`foreign_figures`)."""
-    foreign_cpu_cores_mean: float | None
-    foreign_cpu_cores_max: float | None
-    foreign_measured_s: float
-    host_cores: int
-    job_cores: int
-    foreign_gpu_procs_max: int | None
-    foreign_gpu_mem_mb_max: float | None
-
-
 def foreign_figures(intervals: Sequence[LoadSpan], gpu: Sequence[tuple[int, float | None]] | None,
-                    host_cores: int, job_cores: int) -> ForeignFigures:
-    """The pack record's figures of load from outside the job (the sampler's report). Pure.
-
-    ``intervals``: each interval between two readings; ``gpu``: at each sample with a GPU reading, the foreign
-    processes on the job's devices and their memory in MB (None: NVML did not say); ``gpu`` None: no NVML, so the
-    GPU figures are unknown (None), never 0."""
+                    host_cores: int, job_cores: int) -> dict[str, object]:
+    """The pack record's figures of load from outside the job. Pure. ``gpu``: at each GPU sample, the foreign
+    processes and their memory in MB (None: NVML did not say); None without NVML (the GPU figures unknown)."""
     measured = sum(i.seconds for i in intervals)
-    out: ForeignFigures = {
+    out: dict[str, object] = {
         # time-weighted: the last interval (up to the pack's end) is shorter than the others
         "foreign_cpu_cores_mean": round(sum(i.foreign_cpu_s for i in intervals) / measured, 3) if measured else None,
         "foreign_cpu_cores_max": round(max(i.cores for i in intervals), 3) if intervals else None,
@@ -150,8 +109,6 @@ def foreign_figures(intervals: Sequence[LoadSpan], gpu: Sequence[tuple[int, floa
     return out
 
 
-# ---------------- the readings (what a test fakes) ----------------
-
 def _busy(times: object) -> float:
     """``times``: psutil's cpu_times(), a named tuple whose fields differ by platform (read by name, 0 if absent)."""
     return float(sum(getattr(times, name, 0.0) for name in BUSY_FIELDS))
@@ -166,9 +123,8 @@ def busy_s(cpus: Sequence[int] | None) -> float:
 
 
 def watched_cpus(cpus: Sequence[int], listed: int) -> list[int] | None:
-    """The cores to watch for ``cpus`` (the job's affinity) when /proc/stat lists ``listed`` cores: None (the whole
-    node: one read) where they are all of them, or where a core's number is past the list (cores offline: the list
-    no longer tells which line is which core)."""
+    """The cores to watch for ``cpus`` (the job's affinity) when /proc/stat lists ``listed`` cores; None (the whole
+    node) where they are all of them, or a number is past the list (cores offline: lines no longer match cores)."""
     if len(set(cpus)) >= listed or not cpus or max(cpus) >= listed:
         return None
     return sorted(set(cpus))
@@ -178,10 +134,8 @@ PROC = Path("/proc")
 
 
 def descendants(root: int, proc: Path = PROC) -> list[int] | None:
-    """The pids under ``root``, from each thread's ``/proc/<pid>/task/<tid>/children`` (Linux's own list): the job's
-    processes only, where psutil's ``children`` reads every process of the host for its parent (8 ms here at N=34, on
-    a quiet host of 100 processes, against 2 ms). None where the kernel has no such list (another OS, or a kernel
-    without CONFIG_PROC_CHILDREN): the caller asks psutil."""
+    """The pids under ``root``, from each thread's ``/proc/<pid>/task/<tid>/children`` (the job's processes only,
+    where psutil's ``children`` reads every process of the host); None where the kernel has no such list."""
     if not (proc / str(root) / "task" / str(root) / "children").exists():
         return None
     found: list[int] = []
@@ -202,10 +156,8 @@ def descendants(root: int, proc: Path = PROC) -> list[int] | None:
     return found
 
 
-# The job's processes as psutil.Process, kept from one reading to the next: making one reads its /proc files twice
-# more than reading its times does (a third of a sample at N=34). Safe for a pid the kernel gives again: ppid(), read
-# at every reading (_times), raises NoSuchProcess for it, and a process not read at a reading leaves this.
-# A job that runs packs on several GPUs at once has a sampler (a thread) each: they share it under a lock.
+# The job's processes as psutil.Process, kept between readings (making one costs a third of a sample at N=34). A pid
+# the kernel gives again makes ppid() raise NoSuchProcess at the next reading; the samplers of a job share it.
 _KNOWN: dict[int, psutil.Process] = {}
 _KNOWN_LOCK = threading.Lock()
 
@@ -221,21 +173,12 @@ def _process(pid: int) -> psutil.Process:
 
 
 def handle(key: Key) -> psutil.Process | None:
-    """The kept handle of the process ``key`` names (a reading's: the sampler reads each training's memory through
-    it), made where none is kept; None where the process is gone or its pid went to another since the reading."""
+    """The kept handle of the process ``key`` names; None where it is gone or its pid went to another."""
     try:
         proc = _process(key[0])
     except psutil.Error:
         return None
     return proc if proc.create_time() == key[1] else None
-
-
-def _let_go(read: set[int]) -> None:
-    """Let go of the handles of processes this reading did not read: ended. (A process another sampler's reading
-    found after this one listed the job is let go too, and made again at the next reading: a handle, not a figure.)"""
-    with _KNOWN_LOCK:
-        for pid in [pid for pid in _KNOWN if pid not in read]:
-            del _KNOWN[pid]
 
 
 def _under(top: psutil.Process) -> list[psutil.Process]:
@@ -253,8 +196,7 @@ def _under(top: psutil.Process) -> list[psutil.Process]:
 
 
 def tree_times(root: int, follow: Iterable[Key]) -> dict[Key, ProcTimes]:
-    """The CPU time of ``root`` and every process under it, and of those of ``follow`` (seen under it before) that
-    still live outside it: an orphan is still the job's work."""
+    """The CPU time of ``root``, every process under it, and those of ``follow`` now orphaned (still the job's)."""
     out: dict[Key, ProcTimes] = {}
     try:
         top = _process(root)
@@ -275,7 +217,10 @@ def tree_times(root: int, follow: Iterable[Key]) -> dict[Key, ProcTimes]:
             out.update(_times(proc, reaped=True))
         except psutil.Error:  # ended since it was listed: its parent's reaped time has it at the next reading
             continue
-    _let_go({pid for pid, _ in out})
+    read = {pid for pid, _ in out}
+    with _KNOWN_LOCK:  # let go of the handles of processes this reading did not read: ended
+        for pid in [pid for pid in _KNOWN if pid not in read]:
+            del _KNOWN[pid]
     return out
 
 
@@ -288,8 +233,7 @@ def _times(proc: psutil.Process, reaped: bool) -> dict[Key, ProcTimes]:
 
 
 def own_times(pid: int) -> dict[Key, ProcTimes]:
-    """The CPU time of ``pid`` itself, every thread of it, without what it reaped (another lane's job, ended under a
-    command that started it, is not this job's work); empty where it is gone."""
+    """The CPU time of ``pid`` itself, without what it reaped (another job's); empty where it is gone."""
     try:
         return _times(psutil.Process(pid), reaped=False)
     except psutil.Error:
@@ -307,9 +251,7 @@ def lineage(pid: int) -> list[int] | None:
 
 @dataclass
 class ForeignLoad:
-    """The readings of one pack's sampler: :meth:`read` at the first training's start, at every sample and at the
-    end; :meth:`foreign_gpu` at every GPU sample. Thread-safe (the first reading is the job's, the others the
-    sampler thread's)."""
+    """The readings of one pack's sampler, at its first training's start, at every sample and at its end."""
 
     cpus: Sequence[int]  # the job's cores (its affinity)
     root: int = field(default_factory=os.getpid)  # the job process: the sampler runs in it
@@ -317,8 +259,7 @@ class ForeignLoad:
     tree: Callable[[int, Iterable[Key]], dict[Key, ProcTimes]] = tree_times
     ancestors: Callable[[int], list[int] | None] = lineage
     clock: Callable[[], float] = time.monotonic
-    # The gpupack command that runs the sweep, where it shares the job's host (the local backend): part of the run,
-    # so its CPU (its polling, the imports it makes while the first jobs start) is not load from outside it.
+    # The gpupack command that runs the sweep, where it shares the job's host (local backend): not foreign load.
     command: int | None = None
     command_times: Callable[[int], dict[Key, ProcTimes]] = own_times
     host_cores: int = field(default_factory=lambda: psutil.cpu_count(logical=True) or 1)
@@ -335,15 +276,14 @@ class ForeignLoad:
         self.latest: dict[Key, ProcTimes] = {}  # the job's processes at the last reading (the sampler's families)
 
     def read(self, last: bool = False) -> LoadSpan | None:
-        """Read the cores and the job's processes; the interval since the last reading, or None at the first (a
-        baseline) and where it is too short to tell (:data:`MIN_INTERVAL_S`: kept for the next reading). ``last``:
-        the pack's end, which a pack with no interval yet reads down to :data:`MIN_LAST_INTERVAL_S`."""
+        """The interval since the last reading; None at the first and where it is shorter than
+        :data:`MIN_INTERVAL_S` (:data:`MIN_LAST_INTERVAL_S` for the ``last`` of a pack with no interval yet)."""
         with self._lock:
             at = self.clock()
             busy = self.busy(self.watched)
             procs = self.tree(self.root, self._last[2] if self._last is not None else ())
             self._ours |= {pid for pid, _ in procs}
-            if self.command is not None:  # counted with the job's, never a family of a training (_children_map)
+            if self.command is not None:  # counted with the job's, never a family of a training (the sampler's)
                 procs = {**procs, **self.command_times(self.command)}
             self.latest = procs
             if self._last is None:
@@ -360,10 +300,8 @@ class ForeignLoad:
             return interval
 
     def foreign_gpu(self, listed: Mapping[int, float | None]) -> tuple[int, float | None]:
-        """Of the processes NVML lists on the job's devices (pid → memory MB, None: NVML did not say), how many are
-        not the job's, and their memory (None where NVML did not say one's). A pid not seen under the job process is
-        looked up (a training that began since the last reading is under it); one gone or that this namespace does
-        not hold cannot be told, and is not called foreign."""
+        """Of the processes NVML lists on the job's devices (pid → MB or None), how many are not the job's, and their
+        memory (None where one's is unknown). One gone or outside this namespace is not called foreign."""
         with self._lock:
             ours = set(self._ours)
         foreign = []
@@ -376,7 +314,7 @@ class ForeignLoad:
             foreign.append(mb)
         return len(foreign), (None if any(mb is None for mb in foreign) else round(sum(m or 0.0 for m in foreign), 1))
 
-    def figures(self, gpu: Sequence[tuple[int, float | None]] | None) -> ForeignFigures:
+    def figures(self, gpu: Sequence[tuple[int, float | None]] | None) -> dict[str, object]:
         with self._lock:
             intervals = list(self.intervals)
         return foreign_figures(intervals, gpu, self.host_cores, self.job_cores)

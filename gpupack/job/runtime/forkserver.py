@@ -1,33 +1,15 @@
 """Fast start for process mode: one preloaded server per pack forks each training.
 
-A fresh interpreter per training pays Python's start-up and the framework import (``import torch`` ≈ 3 s here) N
-times at once, competing for the same cores. The server pays it once: it imports the workload (and its framework
-and data, :meth:`gpupack.core.workload.Workload.preload`), then forks one child per training. Each child gets the same
-isolation as a fresh process: its own process and session, death with its parent (PR_SET_PDEATHSIG, and the server
-dies with the packer), its address-space limit, its CPU affinity, its stdout/stderr files, its environment (threads,
-``CUDA_VISIBLE_DEVICES``) and its exit status. No CUDA context exists before the fork: preloading imports, it never
-touches a device.
+The server pays Python's start-up and the framework import once instead of N times at once: it imports the workload
+(:meth:`gpupack.core.workload.Workload.preload`), then forks one child per training, isolated as a fresh process
+would be. Preloading imports; it never touches a device, so no CUDA context is forked.
 
-Protocol (JSON lines; packer → server on stdin, server → packer on stdout):
+Protocol: JSON lines, each :class:`Request` from the packer on stdin, each :class:`Reply` from the server on stdout.
 
-    → {"preload": {"workload": REF, "params": [...], "learn": BOOL}}       ← {"ready": SECONDS} | {"error": TEXT}
-    → {"start": ID, "spec": P, "out": P, "err": P, "env": {...}, "cwd": P|null, "rlimit_as": N|null, "cpus": [...]|null}
-    ← {"started": ID, "pid": PID}        ← {"ended": ID, "returncode": RC}   (RC < 0: killed by signal -RC)
-
-    ← {"refused": ID, "why": TEXT}      (what the server learned made forking unsafe: start ID fresh)
-
-**Learned preload** (a stream's server: its freed slots' trainings are forked after others ended). A program that
-imports its framework inside its task function (most Hydra apps and scripts: torch, lightning) would pay that
-import in every forked child. Each child tells the server, as it ends, the
-libraries it imported that the server had not (:func:`learnable`: the roots of the new modules that live in the
-standard library, the installed packages or gpupack, never a known fork-unsafe framework nor the program's own
-modules, which may do anything at import). The server imports them before it forks the next training, once each;
-should that make forking unsafe after all (:func:`fork_unsafe`), it forks nothing more and each later training
-starts as a fresh interpreter (``refused``). ``preload=[...]`` (a Hydra launcher's, a workload's own preload)
-stays the way to say it up front.
-
-The packer side is :class:`ForkServer`, whose :meth:`ForkServer.start` returns a :class:`ForkedProcess` that reads
-like ``subprocess.Popen`` (pid, poll, returncode, kill).
+**Learned preload** (a stream's server): each child tells the server, as it ends, the libraries it imported that the
+server had not (:func:`learnable`), which the server imports before the next fork, once each; where that makes forking
+unsafe (:func:`fork_unsafe`) it refuses every later training, which starts fresh. The packer's side is
+:class:`ForkServer`.
 """
 from __future__ import annotations
 
@@ -35,6 +17,7 @@ import time
 
 _SERVER_START = time.time()
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import selectors  # noqa: E402
@@ -42,25 +25,21 @@ import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import IO, Callable, Mapping, Sequence, TypedDict, cast  # noqa: E402
+from typing import IO, TYPE_CHECKING, Callable, Mapping, Sequence, TypedDict, cast  # noqa: E402
 
 from gpupack.core.preload import import_libraries, learnable, library_roots  # noqa: E402
 from gpupack.core.store.records import open_log  # noqa: E402
 from gpupack.job.runtime.memshare import limit_torch  # noqa: E402
 from gpupack.job.runtime.worker import exit_at_once  # noqa: E402
 
+if TYPE_CHECKING:
+    from gpupack.core.workload import PythonMain
+
 READY_TIMEOUT_S = 600.0  # a framework import on a busy node can be slow; past this the pack fails loudly
 LEARN_LIMIT_BYTES = 60_000  # what a child reports fits a usual pipe's buffer (64 KiB)
 
 
 # ---------------- the messages (one JSON object a line, each way) ----------------
-
-class PythonMain(TypedDict, total=False):
-    """A Python program a forked child runs (:func:`run_main`): ``script`` or ``module``, and its argv."""
-    argv: list[str]
-    script: str
-    module: str
-
 
 class Preload(TypedDict):
     """The packer's first request: what the server imports before it forks anything."""
@@ -84,8 +63,7 @@ class Request(TypedDict, total=False):
 
 
 class Reply(TypedDict, total=False):
-    """What the server says: ``ready`` (or ``error``) once, then per training ``started``/``refused`` and
-    ``ended``."""
+    """``ready`` (or ``error``) once, then per training ``started`` (or ``refused``: start it fresh) and ``ended``."""
     ready: float
     error: str
     refused: str
@@ -93,7 +71,7 @@ class Reply(TypedDict, total=False):
     started: str
     pid: int
     ended: str
-    returncode: int
+    returncode: int  # < 0: killed by that signal
 
 
 # ---------------- the server (its own process) ----------------
@@ -108,17 +86,13 @@ def isolate(rlimit_as: int | None, cpus: Sequence[int] | None) -> None:
     import ctypes
     import resource
 
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (linux/prctl.h)
-    except (OSError, AttributeError):
-        pass
     if rlimit_as:
         resource.setrlimit(resource.RLIMIT_AS, (rlimit_as, rlimit_as))
     if cpus:
-        try:
+        with contextlib.suppress(AttributeError, OSError):  # not Linux, or cores taken away: run where the job runs
             os.sched_setaffinity(0, cpus)
-        except (AttributeError, OSError):  # not Linux, or cores taken away: run where the job runs
-            pass
 
 
 def _report_imports(fd: int, known: set[str]) -> None:
@@ -143,12 +117,17 @@ def _child(req: Request, forked_at: float, report_fd: int | None = None) -> None
         _own_streams(req["out"], req["err"])
         os.environ.clear()
         os.environ.update(req["env"])
-        cap_thread_pools(req["env"])
+        # the native thread pools the server loaded (they read OMP_NUM_THREADS once, at import) set to this child's
+        # share: a server shared by packs of several N forks each with its own
+        if (threads := req["env"].get("OMP_NUM_THREADS", "")).isdigit() and int(threads) > 0:
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(limits=int(threads))
         if cwd := req.get("cwd"):
             os.chdir(cwd)
         if req.get("python_main"):  # a Python program of the user's, as `python SCRIPT.py ...` would run it
             limit_torch()  # its share of the GPU, where the server preloaded torch: before the program allocates
-            code = run_main(cast(PythonMain, req["python_main"]))  # its workload's (command.python_main)
+            code = run_main(cast("PythonMain", req["python_main"]))  # its workload's (command.python_main)
         else:
             from gpupack.job.runtime import worker  # in the forked child: the server itself never trains
 
@@ -181,21 +160,9 @@ def _own_streams(out_path: str, err_path: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
 
 
-def cap_thread_pools(env: Mapping[str, str]) -> None:
-    """The native thread pools the server loaded (OpenMP, BLAS: they read OMP_NUM_THREADS and the like once, when the
-    server imported them) set to this child's share as its environment gives it: a server shared by packs of
-    several N forks each pack's trainings with their own share (threadpoolctl, which finds the loaded pools)."""
-    value = env.get("OMP_NUM_THREADS", "")
-    if value.isdigit() and int(value) > 0:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(limits=int(value))
-
-
 def run_main(entry: PythonMain) -> int:
     """Run a Python program in this (forked) process as ``python SCRIPT.py ARGS`` or ``python -m MODULE ARGS`` would:
-    sys.argv, sys.path[0] (the script's folder, or the working directory for -m), ``__name__ == "__main__"``, atexit
-    handlers at the end, and its exit status (SystemExit's code; an uncaught exception: its traceback, 1)."""
+    sys.argv, sys.path[0], ``__name__ == "__main__"``, atexit handlers, and its exit status."""
     import atexit
     import runpy
     import traceback
@@ -210,8 +177,10 @@ def run_main(entry: PythonMain) -> int:
             script = str(entry["script"])
             sys.path[0] = os.path.dirname(os.path.abspath(script))
             runpy.run_path(script, run_name="__main__")
-    except SystemExit as stop:
-        code = _exit_code(stop.code)
+    except SystemExit as stop:  # what the interpreter exits with for sys.exit(code)
+        code = 0 if stop.code is None else stop.code & 0xFF if isinstance(stop.code, int) else 1
+        if not isinstance(stop.code, (int, type(None))):
+            print(stop.code, file=sys.stderr)
     except BaseException as err:  # as the interpreter reports it, without gpupack's and runpy's frames above it
         tb = err.__traceback__
         while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
@@ -226,19 +195,8 @@ def run_main(entry: PythonMain) -> int:
     return code
 
 
-def _exit_code(code: object) -> int:
-    """What the interpreter exits with for ``sys.exit(code)``."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
-
-
 def _preload(req: Preload) -> None:
-    # threadpoolctl here, not in each child: its import sets a variable in os.environ, and a child's environment is
-    # its request's, whole (cap_thread_pools)
+    # threadpoolctl here, not in each child: its import sets a variable in os.environ, and a child's is its request's
     import threadpoolctl  # noqa: F401
 
     from gpupack.job.workloads import load_workload  # the preload is set-up (a pack's setup_s), outside any pack's wall
@@ -259,16 +217,13 @@ class ForkRefused(RuntimeError):
 
 
 def fork_unsafe(modules: Mapping[str, object]) -> str | None:
-    """Why a process that imported ``modules`` (sys.modules after the preload) must not fork trainings, or None. A
-    forked child inherits a CUDA context it cannot use (CUDA is not fork-safe), and TensorFlow's or JAX's runtime
-    threads stopped mid-state. Only what is already imported is asked: nothing here imports or initialises anything."""
+    """Why a process that imported ``modules`` must not fork trainings (a child cannot use an inherited CUDA context,
+    nor TensorFlow's or JAX's runtime threads), or None. It imports and initialises nothing itself."""
     torch = modules.get("torch")
     cuda = getattr(torch, "cuda", None)
-    try:
+    with contextlib.suppress(Exception):  # a half-imported torch: leave the decision to the other checks
         if cuda is not None and cuda.is_initialized():
             return "the preload initialised CUDA (torch.cuda.is_initialized() is true): a forked child cannot use it"
-    except Exception:  # a half-imported torch: leave the decision to the other checks
-        pass
     if "tensorflow" in modules:
         return "the preload imported TensorFlow, which starts its threads at import"
     jax_bridge = modules.get("jax._src.xla_bridge")
@@ -278,8 +233,7 @@ def fork_unsafe(modules: Mapping[str, object]) -> str | None:
 
 
 class Lines:
-    """Whole lines from a raw file descriptor. select() sees the fd, never a Python buffer, so a second line that
-    arrived with the first is never left unseen."""
+    """Whole lines from a raw file descriptor (select() sees the fd, never a Python buffer that hides a line)."""
 
     def __init__(self, fd: int) -> None:
         self.fd, self.buffer, self.closed = fd, b"", False
@@ -327,8 +281,7 @@ class Learner:
 
 
 def serve() -> int:
-    """Read requests until the packer closes stdin; fork a training per request; report each exit; learn what each
-    child imported (:class:`Learner`) before forking the next."""
+    """Fork a training per request until the packer closes stdin; report each exit; learn each child's imports."""
     children: dict[int, tuple[str, int]] = {}  # pid -> (training id, the read end of its report pipe)
     requests = Lines(sys.stdin.fileno())
     try:
@@ -345,28 +298,22 @@ def serve() -> int:
         req = cast("Request | None", requests.read(0.02) if not requests.closed else None)
         if req is not None and learner is not None and learner.unsafe:
             _write({"refused": req["start"], "why": learner.unsafe})
-        elif req is not None:
-            pid, read_end = _fork(req, learner is not None)
+        elif req is not None:  # its pid, and the read end of its report pipe (-1 without one)
+            forked_at = time.time()
+            read_end, write_end = os.pipe() if learner is not None else (-1, None)
+            pid = os.fork()
+            if pid == 0:
+                if write_end is not None:
+                    os.close(read_end)
+                _child(req, forked_at, write_end)
+            if write_end is not None:
+                os.close(write_end)
             children[pid] = (req["start"], read_end)
             _write({"started": req["start"], "pid": pid})
         elif requests.closed:
             time.sleep(0.02)
         _reap(children, learner if not requests.closed else None)  # more trainings may come: worth learning for
     return 0
-
-
-def _fork(req: Request, report: bool) -> tuple[int, int]:
-    """Fork the training ``req`` asks for: its pid, and the read end of its report pipe (-1 without one)."""
-    forked_at = time.time()
-    read_end, write_end = os.pipe() if report else (-1, None)
-    pid = os.fork()
-    if pid == 0:
-        if write_end is not None:
-            os.close(read_end)
-        _child(req, forked_at, write_end)
-    if write_end is not None:
-        os.close(write_end)
-    return pid, read_end
 
 
 def _reap(children: dict[int, tuple[str, int]], learner: Learner | None) -> None:
@@ -380,24 +327,19 @@ def _reap(children: dict[int, tuple[str, int]], learner: Learner | None) -> None
             return
         training_id, read_end = children.pop(pid)
         _write({"ended": training_id, "returncode": os.waitstatus_to_exitcode(status)})
-        if read_end != -1:
-            report = _read_report(read_end)
-            if learner is not None:
-                learner.learn(report, training_id)
-
-
-def _read_report(fd: int) -> bytes:
-    """What an ended child wrote to its report pipe (nothing, if it died before it could)."""
-    chunks = []
-    try:
-        os.set_blocking(fd, False)
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    except BlockingIOError:
-        pass
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
+        if read_end == -1:
+            continue
+        chunks = []  # what it wrote to its report pipe (nothing, if it died before it could)
+        try:
+            os.set_blocking(read_end, False)
+            while chunk := os.read(read_end, 65536):
+                chunks.append(chunk)
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(read_end)
+        if learner is not None:
+            learner.learn(b"".join(chunks), training_id)
 
 
 # ---------------- the packer's side ----------------
@@ -416,14 +358,12 @@ class ForkedProcess:
 
     def wakeup(self) -> int | None:
         """Readable when its server has something to say (an exit among it); None once it has ended."""
-        return self._server.replies() if self.returncode is None else None
+        return self._server._lines.fd if self.returncode is None else None
 
     def kill(self) -> None:
         if self.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)  # its own session: its children go too
-            except ProcessLookupError:
-                pass
 
 
 class ForkServer:
@@ -431,9 +371,7 @@ class ForkServer:
 
     def __init__(self, workload: str, params: Sequence[Mapping[str, object]], log: Path,
                  start: Callable[[Sequence[str], IO[bytes]], subprocess.Popen[bytes]], learn: bool = False) -> None:
-        """``start(argv, stderr)``: the server's process with pipes to its stdin and stdout, as its supervisor starts
-        every process (gpupack.job.runtime.supervisor.Supervisor.preload). ``learn``: import what the children import
-        (:class:`Learner`), where later children start after earlier ones end (a stream's slots)."""
+        """``start(argv, stderr)``: the server's process, piped (the supervisor's); ``learn``: see :class:`Learner`."""
         self._log = open_log(log)
         try:
             self.proc = start([sys.executable, "-m", "gpupack.job.runtime.forkserver"], self._log)
@@ -467,10 +405,6 @@ class ForkServer:
                 proc.returncode = int(msg["returncode"])
             else:
                 self._pending[msg["ended"]] = int(msg["returncode"])
-
-    def replies(self) -> int:
-        """The descriptor the server's messages come on (for a select: :meth:`pump` reads them)."""
-        return self._lines.fd
 
     def pump(self) -> None:
         """Take in whatever the server has said (exits), without waiting."""

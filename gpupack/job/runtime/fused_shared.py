@@ -1,7 +1,5 @@
-"""The process of a fused pack: ``python -m gpupack.job.runtime.fused_shared SPEC.json``.
-
-It trains the pack's N trainings as one batched model (the workload's ``train_fused``) and writes each training's
-result in the worker's schema, or its own error: one model diverging never stops the others.
+"""The process of a fused pack: ``python -m gpupack.job.runtime.fused_shared SPEC.json``. It trains the N trainings
+as one batched model (``train_fused``) and writes each one's result or error: one diverging never stops the others.
 """
 from __future__ import annotations
 
@@ -9,6 +7,7 @@ import time
 
 _PROCESS_START = time.time()
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
@@ -25,12 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     trainings = spec["trainings"]
     workload = load_workload(trainings[0]["workload"])
     threads = max(1, int(spec.get("threads", 1)))
-    try:
+    with contextlib.suppress(ImportError):
         import torch
 
         torch.set_num_threads(threads)  # the group is one process: it gets the cores of all N
-    except ImportError:
-        pass
     params = [workload.params(t["params"]) for t in trainings]
     ctxs = [TrainingContext(device=t["device"], threads=threads, reporter=Reporter(warmup_steps=int(t["warmup_steps"])))
             for t in trainings]

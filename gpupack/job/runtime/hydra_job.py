@@ -1,10 +1,8 @@
 """One Hydra job as a gpupack training, run by gpupack's worker in its own process.
 
-The launcher pickles itself and Hydra's singletons once per launch (as hydra-submitit-launcher does per job);
-each job's worker unpickles them and runs the job exactly as Hydra's own launchers do (``run_job``: output
-directory, ``.hydra/`` files, job number and id, logging, callbacks), then pickles the ``JobReturn`` for the
-launcher. A job that fails still writes its ``JobReturn`` (status FAILED, the exception) before its process
-exits non-zero, so gpupack records it as failed and Hydra gets Hydra's own failure.
+The launcher pickles itself and Hydra's singletons once per launch; each job's worker unpickles them, runs the job as
+Hydra's own launchers do (``run_job``), and pickles its ``JobReturn`` for the launcher, a failed one too (before its
+process exits non-zero), so Hydra gets Hydra's own failure.
 """
 from __future__ import annotations
 
@@ -60,22 +58,8 @@ def metrics_of(value: object) -> dict[str, float]:
     return {}
 
 
-def app_traceback(err: BaseException) -> str:
-    """The failure as Hydra's own launcher prints it: the app's frames only, from below ``run_job`` down."""
-    tb = err.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_name != "run_job":
-        tb = tb.tb_next
-    frames = tb.tb_next if tb is not None else err.__traceback__
-    while frames is not None and frames.tb_frame.f_code.co_filename == __file__:  # logs_in_job_dir's wrapper
-        frames = frames.tb_next
-    return "".join(traceback.format_exception(type(err), err, frames)).rstrip()
-
-
 def logs_in_job_dir(task_function: TaskFunction, logs: tuple[str, str] | None) -> TaskFunction:
-    """The task function, which first puts the job's stdout and stderr (gpupack's logs of it) in its Hydra output
-    folder as ``<job name>.out`` and ``.err``, beside Hydra's ``<job name>.log``: where a Hydra user looks, and live
-    while the job runs. N jobs at once (on other nodes, on SLURM) cannot share a terminal readably, so they are not
-    echoed there."""
+    """The task function, which first links the job's logs into its Hydra output folder, beside Hydra's ``.log``."""
     if logs is None:
         return task_function
 
@@ -84,33 +68,33 @@ def logs_in_job_dir(task_function: TaskFunction, logs: tuple[str, str] | None) -
         from hydra.core.hydra_config import HydraConfig
 
         hydra_cfg = HydraConfig.get()
-        for log, suffix in zip(logs, (".out", ".err")):
-            link(Path(log), Path(hydra_cfg.runtime.output_dir) / f"{hydra_cfg.job.name}{suffix}")
+        for log, suffix in zip(logs, (".out", ".err")):  # a hard link (replacing an earlier one), else a symbolic one
+            target = Path(hydra_cfg.runtime.output_dir) / f"{hydra_cfg.job.name}{suffix}"
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(log, tmp)
+            except OSError:
+                tmp.symlink_to(log)
+            os.replace(tmp, target)
         return task_function(cfg)
 
     return task
 
 
-def link(source: Path, target: Path) -> None:
-    """``target`` becomes a hard link to ``source`` (the same file, growing as it is written; a job run again into
-    the same folder replaces the earlier link, whose file gpupack's records of that launch keep). A filesystem
-    without hard links between the two gets a symbolic link."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(source, tmp)
-    except OSError:
-        tmp.symlink_to(source)
-    os.replace(tmp, target)
-
-
 def portable_failure(err: BaseException) -> BaseException:
-    """The job's exception, made to cross to the launcher's process: its traceback as text (``app_traceback``, a
-    traceback itself does not pickle), and a plain RuntimeError with the same text where the exception would not
-    unpickle (an exception class whose ``__init__`` takes other arguments than it passes on)."""
+    """The job's exception, made to cross to the launcher's process: its traceback as text (a traceback does not
+    pickle), and a plain RuntimeError with its text where the exception would not unpickle."""
     import pickle
 
-    text = app_traceback(err)
+    # the failure as Hydra's own launcher prints it: the app's frames only, from below run_job down
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name != "run_job":
+        tb = tb.tb_next
+    frames = tb.tb_next if tb is not None else err.__traceback__
+    while frames is not None and frames.tb_frame.f_code.co_filename == __file__:  # logs_in_job_dir's wrapper
+        frames = frames.tb_next
+    text = "".join(traceback.format_exception(type(err), err, frames)).rstrip()
     try:
         pickle.loads(pickling.dumps(err))
     except Exception:  # any failure to round-trip: the text is what the launcher needs
@@ -125,8 +109,7 @@ def portable_failure(err: BaseException) -> BaseException:
 
 @dataclass(frozen=True)
 class Payload:
-    """What a launch left its jobs (RunDir.hydra_payload): the launcher, Hydra's singletons' state, and where each
-    job's config, as the sweeper composed it, lies in RunDir.hydra_configs (job number -> offset, length)."""
+    """What a launch left its jobs: the launcher, Hydra's state, and each job's config's (offset, length)."""
 
     launcher: _Launcher
     singleton_state: object
@@ -138,22 +121,18 @@ _PAYLOADS: dict[str, Payload] = {}
 
 
 def payload(params: HydraJobParams) -> Payload:
-    """The launch's payload, with the app's folder on sys.path first (the task function's modules import as they did
-    at launch). Read once per process: a job forked from the pack's preloaded server finds it (and the app's modules
-    it imported) already there."""
+    """The launch's payload, with the app's folder first on sys.path; read once per process (a fork finds it)."""
     if params.app_dir and params.app_dir not in sys.path:
         sys.path.insert(0, params.app_dir)
     if params.launch_dir not in _PAYLOADS:
-        # what gpupack.hydra_launch pickled: (its launcher, Singleton.get_state(), where the configs lie); a launch of
-        # an earlier gpupack left no configs
+        # (launcher, Singleton.get_state(), where the configs lie); an earlier gpupack's launch left no configs
         launcher, state, *configs = pickling.load(RunDir(Path(params.launch_dir)).hydra_payload)
         _PAYLOADS[params.launch_dir] = Payload(launcher, state, configs[0] if configs else {})
     return _PAYLOADS[params.launch_dir]
 
 
 def job_config(params: HydraJobParams) -> DictConfig:
-    """The job's config: as the sweeper composed it to check the batch, else composed here as Hydra's launchers do
-    (a sweeper that checks nothing)."""
+    """The job's config: as the sweeper composed it, else composed here as Hydra's launchers do."""
     from omegaconf import DictConfig
 
     launch = payload(params)
@@ -168,24 +147,11 @@ def job_config(params: HydraJobParams) -> DictConfig:
     return config
 
 
-def source_files(task_function: TaskFunction) -> list[Path]:
-    """The file that defines the task function (none for one that has no file of its own: a partial, a callable
-    object, a builtin): the preload reads its imports, it never fails on them."""
-    try:
-        source = inspect.getsourcefile(task_function)
-    except TypeError:
-        return []
-    return [Path(source)] if source else []
-
-
 class HydraJob(Workload):
     name = "hydra_job"
     framework = "hydra"  # a whole Python program of its own: only process mode hosts it
     Params = HydraJobParams
-    # Its pack's server preloads the app (unpickling the task function imports its module and what it uses, e.g.
-    # torch) and forks each job; an app whose import initialises CUDA makes the server refuse (forkserver.fork_unsafe)
-    # and its jobs start fresh.
-    forkable = True
+    forkable = True  # the server preloads the app (unpickling the task function imports it) and forks each job
 
     def preload(self, params: Sequence[HydraJobParams]) -> None:
         for p in params[:1]:  # one launch: every job of the pack shares its payload
@@ -194,13 +160,14 @@ class HydraJob(Workload):
             preload = cast("Sequence[object]", launcher.params.get("preload") or ())  # a list (check_options)
             for module in preload:  # hydra.launcher.preload: what the app imports late
                 importlib.import_module(str(module))
-            # what the app's own files import anywhere (inside its task function too): each job would import it
-            import_libraries(static_imports(source_files(launcher.task_function), sys.modules),
-                             "imported by the app's files")
-            # One job's config made here warms what each job's would build cold in its child: composed (where the
-            # sweeper's was not kept), the override and interpolation grammars' lexer caches (ANTLR's DFA, filled
-            # as input is seen) and the config sources' imports (measured: 0.17 s a job's load_sweep_config cold,
-            # 0.10 s warm, 4 jobs at once); unpickled, OmegaConf's node classes
+            # what the file that defines the task function (none for a partial, a callable object, a builtin) imports
+            # anywhere (inside its task function too): each job would import it
+            try:
+                files = [Path(source)] if (source := inspect.getsourcefile(launcher.task_function)) else []
+            except TypeError:
+                files = []
+            import_libraries(static_imports(files, sys.modules), "imported by the app's files")
+            # one job's config made here warms what each job's would build cold (lexer caches, imports, node classes)
             from hydra.core.singleton import Singleton
 
             Singleton.set_state(launch.singleton_state)

@@ -1,9 +1,7 @@
 """CUDA MPS for process packing: N processes share one GPU through one MPS server instead of time-slicing.
 
-The pack starts its own control daemon with its pipe and log directories inside the job's temporary space (so packs
-on one node never share a daemon), gives the trainings those directories, and always shuts the daemon down, on
-success and on failure. The control program is run by the supervisor (:meth:`Supervisor.call`), as every process a
-pack starts: its own session, a time limit, reaped, its output in the pack's logs.
+The pack starts its own control daemon in the job's temporary space (packs on one node never share one), gives the
+trainings its directories, and always shuts it down. The control program runs under :meth:`Supervisor.call`.
 """
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # a client's device memory l
 @contextlib.contextmanager
 def mps_daemon(env: Mapping[str, str], tmp_dir: str,
                log: Callable[[str, str], Path]) -> Iterator[dict[str, str]]:
-    """Start an MPS control daemon for this pack in ``tmp_dir`` (the job's own temporary space); yield the environment
-    the trainings need; always quit it. ``log(name, "out" | "err")``: where each control call's output goes."""
+    """Start an MPS daemon for this pack in ``tmp_dir``, yield its clients' environment, always quit it (``log``)."""
     control = shutil.which(CONTROL, path=env.get("PATH"))
     if control is None:
         raise ConfigError("packing.process.mps", True, f"{CONTROL} is not on this node's PATH",

@@ -1,7 +1,5 @@
-"""Out of memory as a training's process shows it, beside the supervisor that saw it end: the words frameworks say it
-with in a training's stderr tail, and the kernel's or SLURM's cgroup OOM kills counted while the pack ran (a SIGKILL
-for memory, not by a person or a scheduler). The job body records what these say (:mod:`gpupack.job.records`,
-:mod:`gpupack.job.oom`)."""
+"""Out of memory as a training's process shows it: the words frameworks say it with in its stderr tail, and the
+cgroup's OOM kills counted while the pack ran (a SIGKILL for memory, not by a person or a scheduler)."""
 from __future__ import annotations
 
 import re
@@ -20,17 +18,14 @@ OOM_KILLED_BY = "oom_killed_by"  # in a training's record: what says a SIGKILL w
 
 
 def ran_out_of_memory(outcome: TrainingOutcome) -> bool:
-    """The training said it ran out of memory (and gave no result), or was SIGKILLed by the kernel or SLURM's cgroup
-    for memory (:func:`note_oom_kill`, :func:`gpupack.job.oom.record_job_oom`)."""
+    """The training said it ran out of memory (with no result), or was SIGKILLed for memory (:func:`note_oom_kill`)."""
     said = outcome.result is None and bool(outcome.error) and OOM_PATTERNS.search(outcome.error or "") is not None
     return said or bool(outcome.extra.get(OOM_KILLED_BY))
 
 
 def memory_events_path(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT) -> Path | None:
-    """The file where this process's cgroup counts OOM kills: cgroup v2 ``memory.events``, else v1
-    ``memory.oom_control`` (both have an ``oom_kill N`` line); None where neither is readable. The trainings live in
-    their packer's cgroup, so a kill of one by the kernel (host memory) or by SLURM's cgroup (the job's limit) counts
-    here. The test seam for OOM detection: tests point it at a file of their own."""
+    """The file where this process's cgroup (its trainings' too) counts OOM kills: v2 ``memory.events``, else v1
+    ``memory.oom_control``; None where neither is readable. Tests point it at a file of their own."""
     try:
         lines = proc_cgroup.read_text().splitlines()
     except OSError:
@@ -65,9 +60,7 @@ def oom_kill_count(path: Path | None = None) -> int | None:
 
 
 def note_oom_kill(outcome: TrainingOutcome, oom_kills_before: int | None) -> None:
-    """A training that died by SIGKILL while its cgroup's oom_kill counter rose (since the pack started) was killed
-    for memory, not by a person or a scheduler: mark its outcome so that its record says oom
-    (:func:`ran_out_of_memory`) and its N becomes infeasible. Without a readable counter it stays killed."""
+    """A training SIGKILLed while its cgroup's oom_kill counter rose was killed for memory: its record says oom."""
     if outcome.signal != signal.SIGKILL or oom_kills_before is None or outcome.extra.get("timed_out"):
         return
     now = oom_kill_count()

@@ -1,39 +1,34 @@
 """The pack's sampler: a thread beside the N trainings that samples the device every packing.sample_interval_s, or
-less often where a sample costs more than :data:`MAX_OVERHEAD` of a core over its interval (:func:`next_wait`).
+less often where a sample costs more than :data:`MAX_OVERHEAD` of a core (:func:`next_wait`).
 
-With a GPU (NVML, through :func:`gpupack.core.monitor._nvml`, the one seam): utilization, memory used/total, and
-memory per training process (``nvmlDeviceGetComputeRunningProcesses``, or the MPS variant under MPS).
-NVML may not know a process's memory (``usedGpuMemory`` None): that is recorded as unknown, never as 0.
-Always, with psutil: each training's CPU % and resident memory (RSS, its children included). Without a GPU or
-NVML the sampler says so once and samples the CPU alone. Its own CPU time is measured, to show it is cheap.
-At every sample, the load from outside the job (:mod:`gpupack.job.runtime.foreign`): the CPU time other processes took
-on the job's cores, and (with NVML) the processes on its GPU that are not the job's; unknown without NVML, never 0.
+With NVML (:func:`gpupack.core.monitor._nvml`): utilization, memory used/total and memory per training process.
+Always, with psutil: each training's CPU % and resident memory (its children included); and the load from outside the
+job (:mod:`gpupack.job.runtime.foreign`). What NVML does not know is recorded as unknown (None), never as 0.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Literal, Mapping, Protocol, Sequence, TypedDict
+from typing import Callable, Literal, Protocol, Sequence, TypedDict
 
 import psutil
 
 from gpupack.core import monitor
 from gpupack.core.jobenv import job_cpus
 from gpupack.core.monitor import Nvml, NvmlHandle
-from gpupack.job.runtime.foreign import ForeignFigures, ForeignLoad, handle
+from gpupack.core.store.records import Peaks
+from gpupack.job.runtime.foreign import ForeignLoad, handle
 
 MAX_KEPT_SAMPLES = 600  # the pack record keeps at most this many (evenly thinned); statistics use all
-# The sampler's own CPU, at most this share of a core (issue 53). On the H200 (2026-11-30) a sample of 34 trainings
-# cost 24 ms of CPU: 2.1 % of a core at the 1 s interval.
-MAX_OVERHEAD = 0.01
+MAX_OVERHEAD = 0.01  # the sampler's own CPU, at most this share of a core (34 trainings: 24 ms a sample, H200)
 _cpu_time = time.thread_time  # the sampler thread's own CPU seconds (a test's clock replaces it)
 
 
 def next_wait(interval_s: float, cost_s: float, budget: float = MAX_OVERHEAD) -> float:
-    """How long the sampler waits after a sample that cost ``cost_s`` of its thread's CPU: ``interval_s``, stretched
-    so that the sample's cost over its period (the sample and the wait) stays within ``budget`` of a core. Pure."""
+    """The wait after a sample costing ``cost_s`` of CPU: ``interval_s``, or more, within ``budget`` of a core. Pure."""
     return max(interval_s, cost_s / budget - cost_s)
 
 
@@ -41,12 +36,6 @@ class _Rates(Protocol):
     """NVML's utilization rates of a device, in %."""
     gpu: float
     memory: float
-
-
-class _Proc(Protocol):
-    """A process NVML lists on a device; ``usedGpuMemory`` in bytes, None where NVML does not know it."""
-    pid: int
-    usedGpuMemory: int | None
 
 
 class DeviceSample(TypedDict):
@@ -63,52 +52,20 @@ class TrainingSample(TypedDict, total=False):
     gpu_mem_mb: float | None
 
 
-class GpuSample(TypedDict, total=False):
-    """The device's reading at a sample (:meth:`Sampler._gpu_sample`); memory per process id (None: unknown)."""
+class Sample(TypedDict, total=False):
+    """One sample of the pack record's ``sampler.samples``; GPU memory per process id (None: unknown)."""
     gpu_util: float | None
     gpu_mem_util: float | None
     gpu_mem_used_mb: float
     gpu_proc_mem_mb: dict[int, float | None]
     gpu_graphics_mem_mb: dict[int, float | None]
     gpus: list[DeviceSample]  # each device's, in a job of several
-
-
-class Sample(GpuSample, total=False):
-    """One sample of the pack record's ``sampler.samples``: the device's (with NVML), each training's, and the load
-    from outside the job."""
     t: float
     gpu_error: str
     trainings: dict[str, TrainingSample]
     foreign_cpu_cores: float
     foreign_gpu_procs: int
     foreign_gpu_mem_mb: float | None
-
-
-class TrainingFigures(TypedDict, total=False):
-    """What the samples say of one training (empty: never registered); None: unknown, never 0."""
-    peak_rss_mb: float | None
-    cpu_percent_mean: float | None
-    peak_gpu_mem_mb: float | None
-    gpu_mem_known: bool | None
-
-
-class SamplerReport(ForeignFigures):
-    """The pack record's ``sampler``: the samples kept, their statistics, and the load from outside the job."""
-    source: str
-    note: str
-    interval_s: float
-    interval_mean_s: float | None  # between samples, as they were taken: longer where samples cost more (next_wait)
-    mps: bool
-    n_samples: int
-    samples: list[Sample]
-    gpu_util_mean: float | None
-    gpu_util_max: float | None
-    gpu_mem_used_peak_mb: float | None
-    gpu_mem_total_mb: float | None
-    cpu_percent_mean: float | None
-    per_training: dict[str, TrainingFigures]
-    overhead_cpu_s: float
-    overhead_fraction: float | None
 
 
 @dataclass
@@ -127,13 +84,10 @@ class Sampler:
                  log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
                  gpu: str | None = None, more_gpus: Sequence[str] = (), foreign: ForeignLoad | None = None,
                  command_pid: int | None = None) -> None:
-        """``gpu``: the device to sample as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"; the job passes
-        the UUID detect_device found, so both see the same device, a MIG slice included); ``gpu_index``: an NVML
-        index, the older form. Neither: no GPU, for ``no_gpu_reason``. ``more_gpus``: the other devices of a job
-        that spreads one training over several (sampled with it: utilization averaged, memory summed, and each
-        device's figures under ``gpus``). ``foreign``: what reads the load from outside the job (a test's fakes;
-        else the job's cores and the process the sampler runs in, with ``command_pid``, the gpupack command on this
-        host that submitted the job, counted as the run's own)."""
+        """``gpu``: the device as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"), or ``gpu_index`` (NVML's);
+        neither: no GPU, for ``no_gpu_reason``. ``more_gpus``: a spread job's other devices (utilization averaged,
+        memory summed, each under ``gpus``). ``foreign``: what reads the load from outside the job (else the job's
+        cores, with ``command_pid``, the gpupack command on this host, counted as the run's own)."""
         self.interval_s = interval_s
         self.mps = mps
         self.log = log
@@ -176,10 +130,8 @@ class Sampler:
             except Exception as err:  # no library, no driver
                 self.note = f"NVML unavailable ({err.__class__.__name__}: {err}): sampling the CPU instead"
             if self.nvml is None and nvml is not None:
-                try:
+                with contextlib.suppress(Exception):
                     nvml.nvmlShutdown()
-                except Exception:
-                    pass
         if self.note:
             self.log(f"gpupack sampler: {self.note}")  # said once, not at every sample
 
@@ -218,7 +170,7 @@ class Sampler:
             self.log(f"gpupack sampler: {note}")  # once: later samples do not ask again
             return None
 
-    def _gpu_sample(self) -> GpuSample:
+    def _gpu_sample(self) -> Sample:
         nvml = self.nvml
         list_procs = (nvml.nvmlDeviceGetMPSComputeRunningProcesses if self.mps
                       else nvml.nvmlDeviceGetComputeRunningProcesses)
@@ -235,11 +187,13 @@ class Sampler:
                 used = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
                 total = per_pid.get(p.pid, 0.0)
                 per_pid[p.pid] = None if total is None or used is None else total + used  # unknown stays unknown
-            for p in self._graphics(h):  # another's display or renderer: the job's trainings compute
-                graphics[p.pid] = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
+            # another's display or renderer (the job's trainings compute); none where NVML cannot list them
+            with contextlib.suppress(Exception):
+                for p in list(nvml.nvmlDeviceGetGraphicsRunningProcesses(h)):
+                    graphics[p.pid] = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
         utils = [u for d in devices if (u := d["gpu_util"]) is not None]
         mem_utils = [u for d in devices if (u := d["gpu_mem_util"]) is not None]
-        out: GpuSample = {"gpu_util": sum(utils) / len(utils) if utils else None,
+        out: Sample = {"gpu_util": sum(utils) / len(utils) if utils else None,
                "gpu_mem_util": sum(mem_utils) / len(mem_utils) if mem_utils else None,
                "gpu_mem_used_mb": sum(d["gpu_mem_used_mb"] for d in devices), "gpu_proc_mem_mb": per_pid}
         if graphics:
@@ -247,14 +201,6 @@ class Sampler:
         if len(devices) > 1:
             out["gpus"] = devices
         return out
-
-    def _graphics(self, handle: NvmlHandle) -> list[_Proc]:
-        """The graphics processes on a device; none where NVML cannot list them (a MIG slice, an older binding):
-        the compute processes still tell the job's from others'."""
-        try:
-            return list(self.nvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
-        except Exception:
-            return []
 
     # ---- trainings ----
 
@@ -270,34 +216,6 @@ class Sampler:
             self._holders.setdefault(training_id, self.tracked[pid])  # keeps the training's figures (sample_once)
         if first:  # the load from outside is measured from the pack's first start, as its wall is
             self.foreign.read()
-
-    def _children_map(self) -> dict[int, list[psutil.Process]]:
-        """The job's processes by parent, from the tree the load reading has just walked (one pass over the process
-        table per sample). ``children(recursive=True)`` per training read the whole table once each: 91 % of a
-        sample's time at N=34 (10.8 % of a core on an H200)."""
-        kids: dict[int, list[psutil.Process]] = {}
-        for key, times in self.foreign.latest.items():
-            proc = handle(key)  # the reading's own handle: each process's made once
-            if proc is not None:
-                kids.setdefault(times.ppid, []).append(proc)
-        return kids
-
-    @staticmethod
-    def _family(t: _Tracked, kids: Mapping[int, list[psutil.Process]], below: Collection[int]
-                ) -> list[psutil.Process]:
-        """The training's process and its descendants; none once it ended. One the reading did not find under the
-        job (a test's, a reparented one) is walked by psutil alone."""
-        if t.proc.pid not in below:
-            try:
-                return [t.proc, *t.proc.children(recursive=True)] if t.proc.is_running() else []
-            except psutil.Error:
-                return []
-        family, todo = [t.proc], [t.proc.pid]
-        while todo:
-            for child in kids.get(todo.pop(), ()):
-                family.append(child)
-                todo.append(child.pid)
-        return family
 
     def sample_once(self) -> Sample:
         sample: Sample = {"t": time.time()}
@@ -320,13 +238,26 @@ class Sampler:
         return sample
 
     def _families(self, tracked: Sequence[_Tracked]) -> dict[str, list[tuple[_Tracked, list[psutil.Process]]]]:
-        """Each training's processes: one training may be several (a training spread over k devices: one per rank),
-        and its figures are their sum at each sample, its peaks the peaks of those sums."""
+        """Each training's processes (a spread one's ranks too), from the tree the load reading has just walked."""
         families: dict[str, list[tuple[_Tracked, list[psutil.Process]]]] = {}
-        kids = self._children_map()
+        kids: dict[int, list[psutil.Process]] = {}  # the job's processes by parent
+        for key, times in self.foreign.latest.items():
+            proc = handle(key)  # the reading's own handle: each process's made once
+            if proc is not None:
+                kids.setdefault(times.ppid, []).append(proc)
         below = {proc.pid for of_parent in kids.values() for proc in of_parent}
-        for t in tracked:
-            family = self._family(t, kids, below)
+        for t in tracked:  # the training's process and its descendants; none once it ended
+            if t.proc.pid in below:
+                family, todo = [t.proc], [t.proc.pid]
+                while todo:
+                    for child in kids.get(todo.pop(), ()):
+                        family.append(child)
+                        todo.append(child.pid)
+            else:  # not under the job (a test's, a reparented one): walked by psutil alone
+                try:
+                    family = [t.proc, *t.proc.children(recursive=True)] if t.proc.is_running() else []
+                except psutil.Error:
+                    family = []
             if family:
                 families.setdefault(t.training_id, []).append((t, family))
         return families
@@ -384,13 +315,11 @@ class Sampler:
         if self.tracked:  # the last interval, up to the pack's end
             self.foreign.read(last=True)
         if self.nvml is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.nvml.nvmlShutdown()
-            except Exception:
-                pass
-        return dict(self.report())  # the pack record's ``sampler`` (gpupack.job.records takes a plain dict)
+        return self.report()
 
-    def _figures(self, t: _Tracked) -> TrainingFigures:
+    def _figures(self, t: _Tracked) -> Peaks:
         return {
             # Never sampled (ended between two samples): unknown, not 0.
             "peak_rss_mb": round(t.peak_rss_mb, 1) if t.cpu_samples else None,
@@ -399,13 +328,15 @@ class Sampler:
             "gpu_mem_known": t.gpu_mem_known if self.source == "nvml" else None,
         }
 
-    def figures(self, training_id: str) -> TrainingFigures:
-        """What the samples so far say of one training (peak RSS, GPU memory, CPU %); empty if never registered."""
+    def figures(self, training_id: str) -> Peaks:
+        """What the samples so far say of one training (None: unknown, never 0); empty if never registered."""
         with self._lock:
             tracked = self._holders.get(training_id)
             return self._figures(tracked) if tracked is not None else {}
 
-    def report(self) -> SamplerReport:
+    def report(self) -> dict[str, object]:
+        """The pack record's ``sampler`` (gpupack.core.store.records.Sampled): the samples kept, their statistics
+        (``interval_mean_s``: between samples as taken, longer where samples cost more), and the load from outside."""
         def stat(key: Literal["gpu_util", "gpu_mem_used_mb"], fn: Callable[[list[float]], float]) -> float | None:
             values = [v for s in self.samples if (v := s.get(key)) is not None]
             return round(fn(values), 2) if values else None

@@ -1,17 +1,15 @@
 """The one supervisor of every process gpupack starts inside a job: process mode's N trainings, the one shared process
 of tf_logical and fused, DDP's k ranks (and MirroredStrategy's one process, through process mode).
 
-A :class:`Supervisor` starts each child (:class:`ChildSpec`: a program of its own, never a shell, or a fork of the
-pack's preloaded :class:`~gpupack.job.runtime.forkserver.ForkServer`), each in a session of its own with its log files,
-its environment, its address-space limit, its cores and death with the packer; follows them; stops one past its time
-limit (SIGTERM to its process group, SIGKILL :data:`KILL_GRACE_S` later); optionally fails a group together
-(:class:`FailTogether`: one member failing kills the others, and the member that caused it is kept as the
-:attr:`Supervisor.culprit`); reaps them all; and says how each ended (:class:`ChildExit`), which the modes turn into
-their :class:`~gpupack.core.types.TrainingOutcome`. Leaving its ``with`` block by an exception (the job cancelled,
-a bug) kills every child still running and reaps it: no training outlives its pack.
+A :class:`Supervisor` starts each child (:class:`ChildSpec`: a program, never a shell, or a fork of the pack's
+:class:`~gpupack.job.runtime.forkserver.ForkServer`) in a session of its own, follows it, stops it past its time limit
+(SIGTERM, then SIGKILL :data:`KILL_GRACE_S` later), optionally fails a group together (:class:`FailTogether`), reaps
+it and says how it ended (:class:`ChildExit`). Leaving its ``with`` block by an exception kills and reaps every child
+still running: no training outlives its pack.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -39,17 +37,8 @@ def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
         return ""
 
 
-def exit_error(err_path: Path, code: int | None) -> str:
-    """Why a process that exited non-zero failed: its stderr's last lines, else its signal or exit code."""
-    fallback = (f"killed by signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0
-                else f"exited with code {code}")
-    return tail(err_path) or fallback
-
-
 def child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = None) -> Callable[[], None]:
-    """What runs in each fresh child before its program (no Python objects of ours cross over): be SIGKILLed when the
-    packer dies, even by SIGKILL (scancel, OOM killer), so no training outlives its job and holds the GPU; then its
-    address-space limit and its cores. A forked training does the same (gpupack.job.runtime.forkserver)."""
+    """What runs in each fresh child before its program, as in a forked one: die with the packer, then its limits."""
 
     def setup() -> None:
         isolate(memory_limit_bytes, cpus)
@@ -60,17 +49,15 @@ def child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = Non
 def spawn(argv: Sequence[str], env: Mapping[str, str], *, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
           stdin: int = subprocess.DEVNULL, cwd: str | None = None, memory_limit_bytes: int | None = None,
           cpus: Sequence[int] | None = None) -> subprocess.Popen[bytes]:
-    """The one place a program starts inside a job (a training, a rank, a shared process, the fork server, MPS's
-    control): never a shell, in a session of its own (a signal to its process group reaches the helpers it starts
-    too), dying with the packer, under its address-space limit and on its cores."""
+    """The one place a program starts inside a job: never a shell, in a session of its own (a signal to its process
+    group reaches its helpers too), dying with the packer, under its address-space limit and on its cores."""
     return subprocess.Popen(list(argv), cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env),
                             start_new_session=True, preexec_fn=child_setup(memory_limit_bytes, cpus))
 
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """One child to start: ``argv`` as a program of its own, or, under a supervisor with a fork server and a
-    ``spec_path``, a fork of that server running the worker on ``spec_path`` (no interpreter start, no import)."""
+    """One child to start: ``argv``, or, with a fork server and a ``spec_path``, a fork running the worker on it."""
 
     name: str  # what it is called (a training id, a rank's, a shared process's): its fork-server id
     argv: Sequence[str]
@@ -102,23 +89,20 @@ class ChildExit:
     cpus: list[int] | None = None
 
     @property
-    def start(self) -> str:
-        return "fork" if self.forked else "fresh"
-
-    @property
     def signal(self) -> int | None:
         code = self.returncode
         return -code if code is not None and code < 0 else None
 
     @property
     def failed(self) -> bool:
-        """Ended non-zero by its own doing (an exception, a crash, a kill its supervisor did not send), or never
-        started."""
+        """Ended non-zero by its own doing (not a kill its supervisor sent), or never started."""
         return self.start_error is not None or (self.returncode not in (0, None) and not self.stopped)
 
     def error(self) -> str:
         """Its stderr's last lines, else its signal or exit code (of a child that ended non-zero)."""
-        return exit_error(self.err_path, self.returncode)
+        sig = self.signal
+        return tail(self.err_path) or (f"killed by signal {sig} ({signal.Signals(sig).name})" if sig is not None
+                                       else f"exited with code {self.returncode}")
 
 
 @dataclass(frozen=True)
@@ -152,8 +136,7 @@ class Child:
         self._pidfd = pidfd(proc.pid) if isinstance(proc, subprocess.Popen) else None
 
     def wakeup(self) -> int | None:
-        """A file descriptor readable once there is news of it: its pidfd (readable at its exit), or its fork server's
-        replies (an exit is one); None: looked at every POLL_S only."""
+        """A descriptor readable once there is news of it (its pidfd, or its fork server's replies); None: none."""
         if isinstance(self.proc, ForkedProcess):
             return self.proc.wakeup()
         return self._pidfd
@@ -178,10 +161,8 @@ class Child:
         if self.proc is None or self.proc.poll() is not None:
             return
         self.stopped = True
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def enforce(self, timeout_s: float | None, now: float) -> None:
         """Past its time limit: SIGTERM, then SIGKILL after a grace period."""
@@ -205,15 +186,10 @@ class Child:
 
 def fork_server(workload: str, params: Sequence[Mapping[str, object]], env: Mapping[str, str], log: Path,
                 learn: bool = False) -> ForkServer | str:
-    """A preloaded fork server for ``workload``'s trainings (``params``), started in ``env``, logging to ``log``; or
-    why it did not start (its preload failed, or made forking unsafe: forkserver.fork_unsafe), said in its log too.
-    ``learn``: the server learns its children's imports (forkserver.Learner), for children started after others
-    ended."""
+    """A preloaded fork server for ``workload``'s trainings (``params``), or why it did not start (said in ``log``)."""
 
     def start(argv: Sequence[str], err: IO[bytes]) -> subprocess.Popen[bytes]:
-        # A library the server imports may ask torch.cuda.is_available() at import: through NVML that leaves the
-        # CUDA driver uninitialised, so the children it forks can still use CUDA (PyTorch's fork-poisoning
-        # guard); the children get their own environment from each request
+        # torch.cuda.is_available() asked at import through NVML leaves CUDA uninitialised: its children can use it
         return spawn(argv, {**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}, stdin=subprocess.PIPE,
                      stdout=subprocess.PIPE, stderr=err)
 
@@ -228,14 +204,10 @@ def fork_server(workload: str, params: Sequence[Mapping[str, object]], env: Mapp
 @dataclass
 class Supervisor:
     """Start, follow, time out, (fail together,) reap and report the children of one pack or training; start their
-    fork server (:meth:`preload`) and run helper programs to their end (:meth:`call`).
-
-    Use it as a context manager: leaving the block by an exception kills and reaps every child still running; the
-    fork server, if started, is closed on leaving it either way."""
+    fork server (:meth:`preload`, closed on leaving the ``with`` block) and run helpers to their end (:meth:`call`)."""
 
     timeout_s: float | None = None  # each child's time limit, from its started_at
-    server: ForkServer | None = field(default=None, init=False)  # started by preload(): where children with a
-    # spec_path are forked from
+    server: ForkServer | None = field(default=None, init=False)  # where children with a spec_path are forked from
     refused: str | None = field(default=None, init=False)  # why the server forks no more (ForkRefused)
     owns_server: bool = field(default=True, init=False)  # False: a server a lane shares (use()), closed by the lane
     together: FailTogether | None = None  # None: each child fails alone
@@ -258,8 +230,7 @@ class Supervisor:
                 self.server.close()
 
     def start(self, spec: ChildSpec) -> Child:
-        """Start one child. A program that cannot start (OSError: gone, not executable, no memory or process left)
-        gives a child that ended at once with ``start_error``; with ``together`` it fails the group."""
+        """Start one child; one that cannot start ended at once with ``start_error`` (failing a ``together`` group)."""
         started_at = spec.started_at if spec.started_at is not None else time.time()
         try:
             proc = self._spawn(spec)
@@ -288,9 +259,7 @@ class Supervisor:
 
     def preload(self, workload: str, params: Sequence[Mapping[str, object]], env: Mapping[str, str],
                 log: Path, learn: bool = False) -> str | None:
-        """Start the preloaded fork server that children with a ``spec_path`` are forked from, for ``workload``'s
-        trainings (it dies with the packer and is closed on leaving the block); None, or why it did not start
-        (:func:`fork_server`): the children then start as fresh interpreters."""
+        """Start the fork server children with a ``spec_path`` are forked from; None, or why it did not start."""
         made = fork_server(workload, params, env, log, learn)
         if isinstance(made, str):
             return made
@@ -298,13 +267,11 @@ class Supervisor:
         return None
 
     def use(self, server: ForkServer) -> None:
-        """Fork children with a spec_path from ``server``, a server the caller keeps (a lane's, for its packs one after
-        another): it is not closed on leaving the block."""
+        """Fork children with a spec_path from ``server``, which the caller keeps (a lane's) and closes."""
         self.server, self.owns_server = server, False
 
     def call(self, spec: ChildSpec, stdin: bytes | None = None, timeout_s: float = HELPER_TIMEOUT_S) -> ChildExit:
-        """Run a helper program to its end (MPS's control), fed ``stdin``, its process group killed past
-        ``timeout_s``; how it ended. A helper is no child of the pack: follow() does not wait for it."""
+        """Run a helper program (MPS's control) to its end, fed ``stdin``, killed past ``timeout_s``; how it ended."""
         started = time.time()
         try:
             with open_log(spec.out_path) as out, open_log(spec.err_path) as err:
@@ -324,9 +291,9 @@ class Supervisor:
 
     def follow(self, on_exit: Callable[[ChildExit], None] | None = None,
                on_poll: Callable[[], None] | None = None) -> list[ChildExit]:
-        """Follow every child to its end: ``on_poll()`` at each look, ``on_exit(child)`` as each ends (in the order
-        they were started within one look); how each ended, in the order they were started."""
+        """Follow every child to its end (``on_poll()`` at each look, ``on_exit(child)`` as each ends); their exits."""
         reported: set[int] = set()
+        together = self.together
         while True:
             if on_poll is not None:
                 on_poll()
@@ -337,28 +304,20 @@ class Supervisor:
                     reported.add(i)
                     if on_exit is not None:
                         on_exit(child.exit())
-            if self.together is not None:
-                self._judge(now)
+            if together is not None and self.culprit is None and (failed := [
+                    e for e in (c.exit() for c in self.children if c.ended_at is not None) if e.failed]):
+                self._first_failure = self._first_failure or now  # a consequence waits grace_s for its cause
+                if not all(together.consequence(c) for c in failed) or now - self._first_failure > together.grace_s:
+                    self._fail_group(together.culprit(failed))
             if len(reported) == len(self.children):
                 break
             wait_readable([c.wakeup() for i, c in enumerate(self.children) if i not in reported], POLL_S)
         exits = [child.exit() for child in self.children]
-        if self.together is not None and self.culprit is None:
+        if together is not None and self.culprit is None:
             failed = [e for e in exits if e.failed]
             if failed:  # failed as the last to end, or in the look that saw all end
-                self.culprit = self.together.culprit(failed)
+                self.culprit = together.culprit(failed)
         return exits
-
-    def _judge(self, now: float) -> None:
-        assert self.together is not None  # internal: only called with a group
-        if self.culprit is not None:
-            return
-        failed = [e for e in (c.exit() for c in self.children if c.ended_at is not None) if e.failed]
-        if not failed:
-            return
-        self._first_failure = self._first_failure or now
-        if not all(self.together.consequence(c) for c in failed) or now - self._first_failure > self.together.grace_s:
-            self._fail_group(self.together.culprit(failed))
 
     def _fail_group(self, culprit: ChildExit) -> None:
         self.culprit = culprit

@@ -1,8 +1,6 @@
-"""The TensorFlow process of a tf_logical pack: ``python -m gpupack.job.runtime.tf_shared SPEC.json``.
-
-It splits the device into N logical devices before TensorFlow initialises them, then runs the N trainings
-at once, one thread each, each under ``tf.device(<its logical device>)`` (the workload enters it). Each
-thread writes its own result, or its own error: one training raising never stops the others.
+"""The TensorFlow process of a tf_logical pack: ``python -m gpupack.job.runtime.tf_shared SPEC.json``. It splits the
+device into N logical devices, then runs the N trainings in threads, each writing its own result or error: one
+training raising never stops the others.
 """
 from __future__ import annotations
 
@@ -18,22 +16,7 @@ from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 if TYPE_CHECKING:
-    from gpupack.core.frameworks import Framework
     from gpupack.job.runtime.worker import SharedSpec
-
-
-def configure(tf: Framework, kind: str, n: int, memory_limit_mb: int | None) -> list[str]:
-    """N logical devices on the first physical GPU (memory_limit each) or on the CPU. Must run before any
-    TensorFlow op: afterwards TF refuses ("Virtual devices cannot be modified after being initialized")."""
-    if kind == "gpu":
-        gpu = tf.config.list_physical_devices("GPU")[0]
-        tf.config.set_visible_devices(gpu, "GPU")
-        tf.config.set_logical_device_configuration(
-            gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=memory_limit_mb) for _ in range(n)])
-        return [d.name for d in tf.config.list_logical_devices("GPU")]
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
-    return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path((sys.argv[1:] if argv is None else argv)[0]).read_text())
     trainings = spec["trainings"]
     tf.config.threading.set_inter_op_parallelism_threads(max(1, int(spec.get("threads", 1))))
-    devices = configure(tf, spec["kind"], len(trainings), spec.get("memory_limit_mb"))
+    # N logical devices on the first physical GPU (memory_limit each) or on the CPU, before any TensorFlow op
+    kind = "GPU" if spec["kind"] == "gpu" else "CPU"
+    device = tf.config.list_physical_devices(kind)[0]
+    if kind == "GPU":
+        tf.config.set_visible_devices(device, "GPU")
+    limit = spec.get("memory_limit_mb") if kind == "GPU" else None
+    tf.config.set_logical_device_configuration(
+        device, [tf.config.LogicalDeviceConfiguration(memory_limit=limit) for _ in trainings])
+    devices = [d.name for d in tf.config.list_logical_devices(kind)]
     print(f"gpupack tf_shared: {len(devices)} logical devices: {devices}", flush=True)
 
     def one(training: SharedSpec) -> None:

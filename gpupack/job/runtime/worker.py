@@ -1,8 +1,7 @@
 """One training, in its own process: ``python -m gpupack.job.runtime.worker SPEC.json``.
 
-The packer writes the spec (workload, hyperparameters, device, threads); the worker trains and writes
-its result next to it. It never writes the training record: only the packer knows how the process
-ended (exit code, signal), so it alone composes the record from both.
+The worker trains as the packer's spec says and writes its result; only the packer, which knows how the process
+ended, writes the training record.
 """
 from __future__ import annotations
 
@@ -73,7 +72,7 @@ class TrainingResult(TypedDict, total=False):
     memory_share_applied: float
     spread: dict[str, object]
     pruned: PrunedAt  # a search's trial its pruner stopped (TrainingContext.report): recorded pruned, not failed
-    framework: str | None  # what its figures were measured with: "torch 2.13.0+cpu" (framework_of)
+    framework: str | None  # what its figures were measured with: "torch 2.13.0+cpu"
 
 
 def run_training(spec: WorkerSpec, process_start: float) -> TrainingResult:
@@ -109,8 +108,7 @@ def run_training(spec: WorkerSpec, process_start: float) -> TrainingResult:
 
 
 def join_spread(placement: Mapping[str, object] | None) -> Spread | None:
-    """One training spread over k devices: its strategy sets this process up (DDP joins the process group) and
-    returns the Spread the workload calls; None for a training on one device."""
+    """One training spread over k devices: its strategy sets this process up and returns the workload's Spread."""
     if not placement:
         return None
     from gpupack.core.placement import Placement  # only a spread training's process needs them
@@ -119,16 +117,8 @@ def join_spread(placement: Mapping[str, object] | None) -> Spread | None:
     return join(Placement.from_json(placement))
 
 
-def framework_of(name: str) -> str | None:
-    """The framework a training ran on, as its process imported it, with its version ("torch 2.13.0+cpu"); None where
-    the process never imported it (a program of its own, a test workload)."""
-    version = getattr(sys.modules.get(name), "__version__", None)
-    return f"{name} {version}" if version else None
-
-
 def shared_by(result: TrainingResult, n: int) -> TrainingResult:
-    """Mark a result's memory as its process's, shared by ``n`` trainings (a ``fused`` or ``tf_logical`` pack's one
-    process): its resident peak is the pack's, not the training's, and sizes no training's request or share."""
+    """Mark a result's memory as its process's, shared by ``n`` trainings: its peak sizes no training's share."""
     if n > 1:
         result["memory"] = {**result["memory"], "shared_by": n}
     return result
@@ -146,6 +136,7 @@ def compose_result(spec: WorkerSpec, workload: Workload, params: object,
                       resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
     loop = reporter.summary()
     spawned = float(spec.get("spawned_at", process_start))
+    version = getattr(sys.modules.get(workload.framework), "__version__", None)  # None: its process never imported it
     return {
         "metrics": {k: v for k, v in metrics.items() if k != "data"},
         "memory": {"peak_rss_mb": round(peak_rss_mb, 1), "peak_gpu_mem_mb": metrics.get("peak_gpu_mem_mb")},
@@ -154,25 +145,19 @@ def compose_result(spec: WorkerSpec, workload: Workload, params: object,
         "loader_setting": json.dumps({k: getattr(params, k) for k in workload.loader_keys}, sort_keys=True,
                                      default=str) if workload.loader_keys else None,
         "data": metrics.get("data"),
-        "framework": framework_of(workload.framework),
+        "framework": f"{workload.framework} {version}" if version else None,
         "throughput": loop,
-        "timings": {
-            "spawned_at": spawned,
-            "process_start": process_start,
-            "loop_start": reporter.loop_start,
-            "loop_end": reporter.loop_end,
-            "finished": finished,
-            # start-up: process spawn → first step (imports, data, model); the table shows it apart.
-            "startup_s": (reporter.loop_start - spawned) if reporter.loop_start is not None else None,
-            "loop_s": loop["loop_s"],
-            "teardown_s": (finished - reporter.loop_end) if reporter.loop_end is not None else None,
-        },
+        # start-up: process spawn → first step (imports, data, model); the table shows it apart.
+        "timings": {"spawned_at": spawned, "process_start": process_start, "loop_start": reporter.loop_start,
+                    "loop_end": reporter.loop_end, "finished": finished,
+                    "startup_s": (reporter.loop_start - spawned) if reporter.loop_start is not None else None,
+                    "loop_s": loop["loop_s"],
+                    "teardown_s": (finished - reporter.loop_end) if reporter.loop_end is not None else None},
     }
 
 
 def main(argv: list[str] | None = None, process_start: float | None = None) -> int:
-    """Train as the spec says and write the result. ``process_start``: when this training's process began (a
-    child forked by the fork server began at its fork, not when this module was imported in the server)."""
+    """Train as the spec says and write the result. ``process_start``: when this process began (forked: its fork)."""
     from gpupack.core.store.records import (
         write_json_atomic,  # after _PROCESS_START: a training's imports are its start-up
     )
@@ -190,18 +175,15 @@ def main(argv: list[str] | None = None, process_start: float | None = None) -> i
 
 
 def _end_rank(spec: WorkerSpec, code: int) -> int:
-    """A DDP rank ends here, its result written or its failure printed, before the interpreter's finalization: there
-    gloo's threads can still free tensors and abort the process (SIGABRT, pytorch#179291), and a DDP model a failure's
-    traceback still holds, freed after its process group, waits on them for ever."""
+    """A DDP rank ends here, before the interpreter's finalization, where gloo's threads can abort the process
+    (pytorch#179291) or a failure's traceback hold a DDP model that waits on them for ever."""
     if spec.get("spread"):
         exit_at_once(code)
     return code
 
 
 def exit_at_once(code: int) -> NoReturn:
-    """End a process of gpupack's whose results are written, without the interpreter's teardown: that frees every
-    module imported (about a second of torch or TensorFlow here) while the job waits for the process to exit, and
-    runs exit handlers that imports registered for no work of this process's."""
+    """End a process whose results are written, skipping its teardown (a second freeing torch, stray exit handlers)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

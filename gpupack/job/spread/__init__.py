@@ -1,21 +1,11 @@
-"""Spread strategies: one training over k devices, the source studies' other answer to a small training's idle GPU
-(``spread.devices=[1,2,4]``), measured beside packing (N trainings on one device) in the same records.
+"""Spread strategies: one training over k devices (``spread.devices=[1,2,4]``), measured beside packing in the same
+records.
 
-Each strategy is one module ``gpupack/job/spread/<strategy>.py`` exposing ``STRATEGY``, a :class:`Strategy`. It has two
-halves:
-
-- the pack's side (:meth:`Strategy.run`, inside the job, like a packing mode's ``run``): start the training's
-  process(es) over the job's k devices — DDP one process per device, MirroredStrategy one process for all — follow
-  them and say how the training ended;
-- the training's side (``join`` in ``gpupack/job/runtime/joins/<strategy>.py``, in each of those processes, called by
-  :mod:`gpupack.job.runtime.worker`, which imports it downward): set the process up (DDP: join the process group;
-  Mirrored: make the strategy over k devices) and hand the workload a ``Spread``, the few calls a workload makes to
-  spread itself (wrap the model, take its share of a batch, build under a scope). The workload never knows which
-  strategy it runs under.
-
-A pack of a spread training is an ordinary :class:`gpupack.core.plan.Pack` of one training whose ``devices`` is k and
-whose ``spread`` names the strategy; its mode is the strategy's label (``ddp-gloo``, ``ddp-nccl``, ``mirrored``), so
-records, collect and the report keep one word for one layout.
+Each strategy is one module ``gpupack/job/spread/<strategy>.py`` exposing ``STRATEGY``, a :class:`Strategy`: the pack's
+side (:meth:`Strategy.run`) starts and follows the training's process(es); the training's side (``join`` in
+``gpupack/job/runtime/joins/<strategy>.py``, in each process) sets it up and hands the workload a ``Spread``, so the
+workload never knows which strategy it runs under. A spread pack is a :class:`gpupack.core.plan.Pack` of one
+training whose ``devices`` is k and whose mode is the strategy's label (``ddp-gloo``, ``mirrored``).
 """
 from __future__ import annotations
 
@@ -40,8 +30,7 @@ KEY = "spread.strategy"
 class Strategy(ABC):
     name: ClassVar[str]
     framework: ClassVar[str]  # the workloads it can spread: "torch" or "tensorflow"
-    # The strategy's own options: a dataclass whose field F is spread.<name>_F (spread.ddp_backend: ddp's backend),
-    # with a ``check()`` that refuses a bad value (ConfigError); None: the strategy has none.
+    # Its options: a dataclass whose field F is spread.<name>_F, with a ``check()`` (None: it has none).
     Options: ClassVar[type[Options] | None] = None
 
     def labels(self, options: object) -> list[str]:
@@ -53,14 +42,11 @@ class Strategy(ABC):
         return Placement(strategy=self.name, label=label, devices=devices, device=device)
 
     def check(self, workload: "Workload", devices: int, label: str, capacity: "Capacity", options: object) -> None:
-        """Refuse, before anything starts, what this strategy cannot spread (raise ConfigError). The framework and
-        device count are checked for every strategy by :func:`check_spread`."""
+        """Refuse, before anything starts, what this strategy cannot spread (beyond :func:`check_spread`'s checks)."""
 
     @abstractmethod
     def run(self, trainings: Sequence["Training"], ctx: "PackContext") -> list["TrainingOutcome"]:
-        """Run the pack's one training over ``ctx.devices`` devices; call ctx.on_started / ctx.on_finished as a
-        packing mode does, and say how it ended."""
-
+        """Run the pack's one training over its devices, as a packing mode's ``run`` does."""
 
 
 def available_strategies() -> list[str]:
@@ -74,21 +60,12 @@ def load_strategy(name: str, key: str = KEY) -> Strategy:
 
 
 def strategy_options(strategy: Strategy, spread: Mapping[str, object]) -> Options | None:
-    """``strategy``'s Options from the spread config's spread.<name>_* keys (a field not given keeps its default);
-    None when the strategy has no options."""
+    """``strategy``'s Options from the spread config's spread.<name>_* keys (None: it has none)."""
     if strategy.Options is None:
         return None
     prefix = f"{strategy.name}_"
     given = {f.name: spread[prefix + f.name] for f in fields(strategy.Options) if prefix + f.name in spread}
     return strategy.Options(**given)
-
-
-def devices_on(capacity: "Capacity") -> tuple[int | None, str]:
-    """How many devices one job on a partition can spread over, and what they are: the node's GPUs where it has
-    them (sinfo, or NVML on this machine), else its CPUs standing in (k processes or k logical CPU devices)."""
-    if capacity.has_gpu:
-        return capacity.node_gpus, "GPUs"
-    return capacity.node_cpus or capacity.max_cpus, "CPUs standing in for devices"
 
 
 def check_spread(strategy: Strategy, workload: "Workload", devices: Sequence[int], labels: Sequence[str],
@@ -106,7 +83,9 @@ def check_spread(strategy: Strategy, workload: "Workload", devices: Sequence[int
                           "(see gpupack/job/workloads/_torch_common.py)")
     require_counts(devices, "spread.devices", "a device count", "spread.devices=[1,2]", each="k")
     for name, cap in capacities.items():
-        most, what = devices_on(cap)
+        # one job spreads over its node's GPUs, else over its CPUs standing in for devices
+        most, what = (cap.node_gpus, "GPUs") if cap.has_gpu else (cap.node_cpus or cap.max_cpus,
+                                                                  "CPUs standing in for devices")
         for i, k in enumerate(devices):
             if most is not None and k > most:
                 raise ConfigError(f"spread.devices[{i}]", k, f"one training on {k} devices needs {k} {what} on one "

@@ -1,11 +1,9 @@
 """DDP: one torch training over k devices as k processes (one per device), gradients all-reduced by
-``torch.nn.parallel.DistributedDataParallel`` over gloo (CPU or GPU) or NCCL (GPUs only).
+``DistributedDataParallel`` over gloo (CPU or GPU) or NCCL (GPUs only).
 
-The pack's side (:meth:`DdpStrategy.run`) starts k ``python -m gpupack.job.runtime.worker`` processes under one
-supervisor (:mod:`gpupack.job.runtime.supervisor`), rank r of k each with its own spec, and follows them as one
-training: one rank failing fails the training and the others are killed (they would wait in an all-reduce for it until
-their time-out). The training's side, in each rank's process, is :mod:`gpupack.job.runtime.joins.ddp`: it joins the
-process group and counts what each step all-reduces.
+The pack's side (:meth:`DdpStrategy.run`) starts k worker processes under one supervisor and follows them as one
+training: one rank failing fails it and the others are killed (they would wait for it in an all-reduce). The
+training's side is :mod:`gpupack.job.runtime.joins.ddp`.
 """
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ from gpupack.core.types import Capacity, TrainingOutcome
 from gpupack.core.workload import Workload
 from gpupack.errors import ConfigError, nearest, require_unique
 from gpupack.job.pack import PackContext, ended_outcome, read_result, worker_env, worker_spec
-from gpupack.job.pack.process import preload, process_options, start_method
+from gpupack.job.pack.process import preload, process_options, start_choice
 from gpupack.job.runtime.joins.ddp import BACKENDS, KEY, PREFIX, backend_of
 from gpupack.job.runtime.supervisor import ChildExit, ChildSpec, FailTogether, Supervisor, tail
 from gpupack.job.spread import Strategy
@@ -34,9 +32,7 @@ from gpupack.job.workloads import load_workload
 # A rank's error that only says a peer went away (gloo, NCCL): the failed peer, not this rank, is the cause.
 PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker|remote process|"
                        r"communicator was aborted|Socket Timeout|Timed out waiting", re.IGNORECASE)
-# A failing rank closes its connections before its interpreter has ended, so a peer can fail of that first: a rank that
-# only lost a peer waits this long for the rank that caused it to end too, before the others are stopped.
-PEER_GRACE_S = 5.0
+PEER_GRACE_S = 5.0  # a failing rank's peers can fail first, of its closed connections
 
 
 def backends_of(value: object) -> list[str]:
@@ -53,25 +49,18 @@ def backends_of(value: object) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class DdpOptions:
-    """ddp's own options, spread.ddp_<field> in the config: spread.ddp_backend, the process group's backend(s)."""
+    """ddp's own options, spread.ddp_<field> in the config."""
 
-    # gloo or nccl, or a list of them (each measured): spread.ddp_backend. Any: the config's schema is built from these
-    # fields, and OmegaConf takes a str-or-list only as Any.
-    backend: Any = "gloo"
+    backend: Any = "gloo"  # gloo or nccl, or a list of them (each measured); Any: OmegaConf's str-or-list
 
     def check(self) -> None:
-        """Refuse a backend that is not gloo or nccl, none, or one listed twice (ConfigError on spread.ddp_backend),
-        whether or not this sweep spreads with ddp."""
+        """Refuse a bad spread.ddp_backend, whether or not this sweep spreads with ddp."""
         backends_of(self.backend)
-
-
-# ---------------- the pack's side ----------------
 
 
 def rank_child(training: "Training", ctx: "PackContext", rank: int, world: int, threads: int,
                started: float) -> ChildSpec:
-    """Rank ``rank`` of ``world``: its spec written, the child its supervisor starts (forked from the pack's preloaded
-    server where process mode would fork, else a fresh interpreter, never a shell)."""
+    """Rank ``rank`` of ``world``: its spec written, the child its supervisor starts."""
     run, pack_id, tid = ctx.run, ctx.pack.pack_id, training.training_id
     name = rank_name(tid, rank)  # rank 0's files are the training's own
     err_path = run.log(pack_id, name, "err")
@@ -94,28 +83,10 @@ def rank_name(training_id: str, rank: int) -> str:
     return training_id if rank == 0 else f"{training_id}.rank{rank}"
 
 
-def lost_a_peer(rank: ChildExit) -> bool:
-    """A rank whose error (its stderr's last lines: an exit code or signal never says it) only says a peer went away:
-    the consequence of another's failure."""
-    return bool(PEER_LOST.search(tail(rank.err_path)))
-
-
-# A failed rank kills the others; one that only lost a peer waits PEER_GRACE_S for the rank that caused it.
-RANKS_FAIL_TOGETHER = FailTogether(consequence=lost_a_peer, grace_s=PEER_GRACE_S)
-
-
-def culprit(failed: Sequence[ChildExit]) -> ChildExit:
-    """Of the ranks that failed, the cause: the first whose error is not a lost peer (else the first)."""
-    return RANKS_FAIL_TOGETHER.culprit(failed)
-
-
-def rank_preload(training: "Training", ctx: "PackContext", supervisor: Supervisor) -> bool:
-    """Start the fork server the ranks start from where process mode would fork the same training (packing.process.start
-    auto or fork, a forkable workload), so the two answers pay the same start-up; False: fresh interpreters (said in
-    its log when it cannot start)."""
-    if start_method(process_options(ctx.settings).start, [load_workload(training.workload)]) != "fork":
-        return False
-    return preload(supervisor, [training], ctx) is None
+# A failed rank kills the others; one whose error only says a peer went away (the consequence of another's failure)
+# waits PEER_GRACE_S for the rank that caused it.
+RANKS_FAIL_TOGETHER = FailTogether(consequence=lambda rank: bool(PEER_LOST.search(tail(rank.err_path))),
+                                   grace_s=PEER_GRACE_S)
 
 
 class DdpStrategy(Strategy):
@@ -141,17 +112,17 @@ class DdpStrategy(Strategy):
         return [self._run_one(t, ctx) for t in trainings]
 
     def _run_one(self, training: "Training", ctx: "PackContext") -> "TrainingOutcome":
-        assert ctx.spread is not None  # internal: job.runner_of sets it for every spread pack
+        assert ctx.spread is not None  # internal: the job body sets it for every spread pack
         k = ctx.spread.devices
         threads = max(1, ctx.threads // k)  # the job's cores shared by the k ranks
         rendezvous: str | None = None
         try:
             with Supervisor(ctx.training_timeout_s, together=RANKS_FAIL_TOGETHER) as supervisor:
-                forked = rank_preload(training, ctx, supervisor)
-                started = time.time()  # after the server's preload, as process mode's trainings: the preload is
-                # set-up, outside the pack's wall (setup_s)
-                # The ranks meet through a file in the job's node-local temporary space, unique to this training: a
-                # TCP port picked here could be taken by another pack's rendezvous before rank 0 binds it.
+                # forked where process mode would fork the same training, so the two answers pay the same start-up
+                method, _ = start_choice(process_options(ctx.settings).start, [load_workload(training.workload)])
+                forked = method == "fork" and preload(supervisor, [training], ctx) is None
+                started = time.time()  # after the server's preload (set-up, outside the pack's wall)
+                # the ranks meet through a file of the training's own (a TCP port picked here could be taken first)
                 rendezvous = tempfile.mkdtemp(prefix="gpupack-ddp-", dir=ctx.tmp_dir)
                 ctx = dataclasses.replace(ctx, spread=dataclasses.replace(
                     ctx.spread, init_method=f"file://{os.path.join(rendezvous, 'store')}"))
@@ -173,13 +144,10 @@ class DdpStrategy(Strategy):
 
 def _outcome(training: "Training", ctx: "PackContext", ranks: Sequence[ChildExit], culprit: ChildExit | None,
              started: float, ended: float, threads: int, forked: bool) -> "TrainingOutcome":
-    """The training's outcome from its ranks' exits: the rank that failed first (the supervisor's culprit, else one
-    that timed out) and why, else rank 0's result."""
+    """The training's outcome: the rank that failed first and why, else rank 0's result."""
     k = ctx.spread.devices if ctx.spread is not None else len(ranks)  # ranks: those that started
     timed_out = any(r.timed_out for r in ranks)
-    cause = culprit
-    if cause is None and timed_out:
-        cause = next((r for r in ranks if r.returncode != 0), None)
+    cause = culprit or (next((r for r in ranks if r.returncode != 0), None) if timed_out else None)
     code: int | None = cause.returncode if cause is not None else 0
     result, error = None, None
     rank_of = {rank_name(training.training_id, r): r for r in range(k)}

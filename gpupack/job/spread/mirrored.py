@@ -1,9 +1,8 @@
 """tf.distribute.MirroredStrategy: one TensorFlow training over k devices, in one process.
 
-The pack's side (here) starts that one process as process mode starts a training (a fresh interpreter: TensorFlow
-cannot be forked), with all the job's cores. The training's side, :mod:`gpupack.job.runtime.joins.mirrored`, makes the k
-devices and the strategy over them; Keras then splits each global batch over the k replicas and sums their gradients
-(each replica's loss is scaled by 1/k), so a step at any k is the same step on the same global batch.
+The pack's side (here) starts it as process mode starts a fresh training, with all the job's cores; the training's
+side, :mod:`gpupack.job.runtime.joins.mirrored`, makes the k devices and the strategy, over which Keras splits each
+global batch, so a step at any k is the same step on the same global batch.
 """
 from __future__ import annotations
 
@@ -18,8 +17,6 @@ from gpupack.job.spread import Strategy
 
 
 class Mirrored(Strategy):
-    """tf.distribute.MirroredStrategy over the k devices of one job: one process, k replicas."""
-
     name = "mirrored"
     framework = "tensorflow"
 
@@ -28,8 +25,7 @@ class Mirrored(Strategy):
             raise ValueError(f"a mirrored pack runs one training, not {len(trainings)}")
         if ctx.device == "cuda" and ctx.gpu_memory_total_mb is not None:  # as tf_logical: CUDA fails under RLIMIT_AS
             refuse_rlimit_on_gpu(self.name, ctx.memory_limit_bytes / 2**30 if ctx.memory_limit_bytes else None)
-        # Process mode's one training, started, followed, timed out and recorded as it does; always a fresh
-        # interpreter, never under MPS or bound to a share of the cores (its threads are all the job's cores).
+        # process mode's, always fresh (TensorFlow cannot be forked), never under MPS or bound to a share of the cores
         return run_processes(trainings, ctx, ProcessOptions(start="fresh"))
 
 

@@ -1,7 +1,5 @@
-"""Training workloads that gpupack packs. One module per workload, each exposing ``WORKLOAD``; :func:`load_workload`
-finds one by name (or a user's module by its dotted name). Here, above ``gpupack.core.workload`` (the base class), so
-the import by name runs downward from every layer that loads a workload.
-"""
+"""Training workloads that gpupack packs: one module per workload, each exposing ``WORKLOAD``, found by name (or a
+user's module by its dotted name) by :func:`load_workload`."""
 from __future__ import annotations
 
 import importlib

@@ -1,31 +1,19 @@
-"""Read CIFAR-10 from the standard python batches (``data_batch_1`` … ``data_batch_5``, ``test_batch``).
-
-No PyPI package ships the CIFAR-10 images, and compute nodes have no internet: users stage the
-``cifar-10-batches-py`` folder (the tarball from the CIFAR-10 page, unpacked) and point ``data_dir`` at it.
-"""
+"""Read CIFAR-10 from the standard python batches, which users stage (``cifar-10-batches-py``, from the CIFAR-10
+page) and point ``data_dir`` at: no package ships them, and compute nodes have no internet."""
 from __future__ import annotations
 
 import functools
 import pickle
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from gpupack.errors import DataError
+from gpupack.job.workloads._images import ImageSet
 
 TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
 TEST = "test_batch"
 SUBDIR = "cifar-10-batches-py"
-
-
-@dataclass(frozen=True)
-class Cifar10:
-    x_train: np.ndarray  # uint8 (n, 32, 32, 3)
-    y_train: np.ndarray  # uint8 (n,)
-    x_test: np.ndarray
-    y_test: np.ndarray
-    source: str
 
 
 def find_dir(data_dir: str | None, key: str = "data_dir") -> Path:
@@ -43,9 +31,8 @@ def find_dir(data_dir: str | None, key: str = "data_dir") -> Path:
                     f"stage {SUBDIR} (data_batch_1..5, test_batch) there")
 
 
-# What a CIFAR-10 batch holds besides dicts, lists, bytes and ints: numpy arrays. An array pickles as
-# _reconstruct + ndarray + dtype (protocols 2-4; numpy 2 writes numpy._core), or as _frombuffer (protocol 5). Nothing
-# else is looked up, so a pickle in a shared folder cannot name os.system (or any callable) and run it.
+# What a CIFAR-10 batch holds besides dicts, lists, bytes and ints: numpy arrays (_reconstruct + ndarray + dtype, or
+# _frombuffer). Nothing else is looked up, so a pickle in a shared folder cannot name os.system and run it.
 _ALLOWED = frozenset({
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
     ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
@@ -79,21 +66,17 @@ class _BatchUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _unpickle(path: Path) -> object:
+def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """The batch at ``path``, unpickled with only what a CIFAR-10 batch holds; DataError names the file otherwise."""
     try:
         with open(path, "rb") as f:
-            return _BatchUnpickler(f, encoding="bytes").load()
+            batch = _BatchUnpickler(f, encoding="bytes").load()
     except _Refused as err:
         raise DataError("sweep.fixed.data_dir", str(path), f"the pickle names {err.what}, which no CIFAR-10 batch "
                         "holds: refused without running it", _CONVERT_HINT) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as err:
         raise DataError("sweep.fixed.data_dir", str(path), f"not a CIFAR-10 python batch ({err})",
                         _CONVERT_HINT) from None
-
-
-def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    batch = _unpickle(path)
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
         raise DataError("sweep.fixed.data_dir", str(path), "not a CIFAR-10 python batch (no dict of b'data' and "
                         "b'labels')", _CONVERT_HINT)
@@ -103,13 +86,13 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=4)  # read once per process: the fork server's copy is shared by every forked training
-def load(data_dir: str | None) -> Cifar10:
+def load(data_dir: str | None) -> ImageSet:
     folder = find_dir(data_dir)
     parts = [_read(folder / name) for name in TRAIN]
     x_test, y_test = _read(folder / TEST)
     x_train = np.concatenate([p[0] for p in parts])
     y_train = np.concatenate([p[1] for p in parts])
-    return Cifar10(x_train, y_train, x_test, y_test,
+    return ImageSet(x_train, y_train, x_test, y_test,
                    source=f"CIFAR-10 (data path: {folder}; {len(y_train)} train, {len(y_test)} test)")
 
 

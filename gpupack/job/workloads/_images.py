@@ -1,6 +1,7 @@
 """Images as torch tensors, for the torch workloads and their fused training alike; and what an image data set is."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -8,20 +9,15 @@ import numpy as np
 from gpupack.core.frameworks import Framework, Tensor
 
 
-class ImageSet(Protocol):
-    """A data set of uint8 images and their labels, split into train and test (_mnist_data.Mnist,
-    _cifar10_data.Cifar10, resnet50's synthetic Images), and where it came from (for the record)."""
+@dataclass(frozen=True)
+class ImageSet:
+    """A data set of uint8 images (n, H, W[, C]) and labels, split into train and test, and where it came from."""
 
-    @property
-    def x_train(self) -> np.ndarray: ...
-    @property
-    def y_train(self) -> np.ndarray: ...
-    @property
-    def x_test(self) -> np.ndarray: ...
-    @property
-    def y_test(self) -> np.ndarray: ...
-    @property
-    def source(self) -> str: ...
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    source: str
 
 
 class ImageData(Protocol):

@@ -1,19 +1,16 @@
-"""Read MNIST from a data path: the standard IDX files (gzipped or not) or one ``mnist.npz``.
-
-Compute nodes have no internet, so nothing is ever downloaded: with no data path the copy shipped in
-``gpupack/job/workloads/data/mnist`` (the real 70,000 digits, see its README) is used.
-"""
+"""Read MNIST from a data path: the standard IDX files (gzipped or not) or one ``mnist.npz``. Nothing is downloaded
+(compute nodes have no internet): with no data path, the copy shipped in ``data/mnist`` is used."""
 from __future__ import annotations
 
 import functools
 import gzip
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from gpupack.errors import DataError
+from gpupack.job.workloads._images import ImageSet
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "mnist"
 IDX_FILES = {
@@ -24,15 +21,6 @@ IDX_FILES = {
 }
 NPZ_NAME = "mnist.npz"  # keras.datasets.mnist's layout: x_train, y_train, x_test, y_test
 _MAGIC = {2051: 3, 2049: 1}  # IDX magic numbers of uint8 images (3 dims) and labels (1 dim)
-
-
-@dataclass(frozen=True)
-class Mnist:
-    x_train: np.ndarray  # uint8, (n, 28, 28)
-    y_train: np.ndarray  # uint8, (n,)
-    x_test: np.ndarray
-    y_test: np.ndarray
-    source: str
 
 
 def resolve_dir(data_dir: str | None) -> Path:
@@ -79,7 +67,7 @@ def read_idx(path: Path) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4)  # read once per process: the fork server's copy is shared by every forked training
-def load(data_dir: str | None) -> Mnist:
+def load(data_dir: str | None) -> ImageSet:
     directory = resolve_dir(data_dir)
     files = find_files(directory)
     if isinstance(files, Path):
@@ -91,4 +79,4 @@ def load(data_dir: str | None) -> Mnist:
         source = str(directory)
     kind = "shipped copy" if directory == SHIPPED_DIR else "data path"
     n_train, n_test = len(arrays["y_train"]), len(arrays["y_test"])
-    return Mnist(**arrays, source=f"MNIST ({kind}: {source}; {n_train} train, {n_test} test)")
+    return ImageSet(**arrays, source=f"MNIST ({kind}: {source}; {n_train} train, {n_test} test)")

@@ -15,15 +15,11 @@ class TrainingParams:
     seed: int = 0
     epochs: int = 1
     momentum: float = 0.9
-    # Trainings use the first train_samples of a seeded shuffle of the training set.
-    train_samples: int = 12000
+    train_samples: int = 12000  # the first of a seeded shuffle of the training set
     val_samples: int = 10000
-    # Folder with the data set's standard files; null: the copy shipped with gpupack, where there is one.
-    data_dir: Optional[str] = None
-    # Mixed precision: float16 (+ GradScaler in torch) on a GPU, bfloat16 on a CPU.
-    amp: bool = False
-    # Run only the input pipeline over the same batches (the loader's upper bound on throughput).
-    loader_only: bool = False
+    data_dir: Optional[str] = None  # the data set's standard files; null: the copy shipped with gpupack, if any
+    amp: bool = False  # mixed precision: float16 (+ GradScaler in torch) on a GPU, bfloat16 on a CPU
+    loader_only: bool = False  # only the input pipeline over the same batches (the loader's upper bound)
     # Each numeric hyperparameter's range, refused outside before anything runs (Workload.check_ranges).
     ranges: ClassVar[Mapping[str, Range]] = {
         "lr": positive(), "batch_size": at_least(1), "seed": at_least(0), "epochs": at_least(1),
@@ -45,8 +41,7 @@ TORCH_KNOBS = ("batch_size", "amp", "num_workers", "pin_memory")
 
 
 class Metrics(TypedDict, total=False):
-    """What a built-in workload's train() returns: its final numbers and how it ran; ``data`` describes the data set
-    (the worker lifts it out of the metrics into the record)."""
+    """What a built-in workload's train() returns (``data``: its data set, which the worker lifts into the record)."""
 
     train_loss: float
     val_accuracy: float

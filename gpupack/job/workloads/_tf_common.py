@@ -7,6 +7,7 @@ from typing import Callable, Mapping, TypeVar
 import numpy as np
 
 from gpupack.core.frameworks import Framework, Loader, Model, Tensor
+from gpupack.core.placement import Spread
 from gpupack.core.workload import Reporter, TrainingContext, Workload
 from gpupack.errors import ConfigError
 from gpupack.job.workloads._images import ImageSet
@@ -30,14 +31,10 @@ class KerasWorkload(Workload[KP]):
         check_even_split(min(params.batch_size, params.train_samples), devices)
 
 
-
 def run(params: TrainingParams, ctx: TrainingContext, data: ImageSet, build_model: BuildModel) -> Metrics:
-    """A whole Keras training on an image data set (x/y train/test uint8 arrays): the seeded subset, a
-    tf.data pipeline, then either the pipeline alone or ``build_model(keras, dtype_policy)`` fitted and
-    evaluated — all under ``tf.device(<this training's device>)``, or, spread over k devices (ctx.spread), under
-    the strategy's scope."""
+    """A whole Keras training on an image data set: the tf.data pipeline alone, or ``build_model(keras, policy)``
+    fitted and evaluated, under ``tf.device`` (spread: the strategy's scope)."""
     import keras
-    import numpy as np
     import tensorflow as tf
 
     def scaled(x: np.ndarray) -> np.ndarray:
@@ -48,7 +45,7 @@ def run(params: TrainingParams, ctx: TrainingContext, data: ImageSet, build_mode
     x_train, y_train = scaled(data.x_train[order]), data.y_train[order].astype("int64")
     x_val, y_val = scaled(data.x_test[: params.val_samples]), data.y_test[: params.val_samples]
     if ctx.spread is not None:
-        return _run_spread(params, ctx, data, build_model, (x_train, y_train), (x_val, y_val))
+        return _run_spread(params, ctx, ctx.spread, data, build_model, (x_train, y_train), (x_val, y_val))
     device = tf_device(ctx.device)
     with tf.device(device):
         ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
@@ -64,17 +61,11 @@ def run(params: TrainingParams, ctx: TrainingContext, data: ImageSet, build_mode
     return {**metrics, "data": data.source, "device": device}
 
 
-def _run_spread(params: TrainingParams, ctx: TrainingContext, data: ImageSet, build_model: BuildModel,
+def _run_spread(params: TrainingParams, ctx: TrainingContext, spread: Spread, data: ImageSet, build_model: BuildModel,
                 train: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.ndarray]) -> Metrics:
-    """The same training spread over k devices (ctx.spread: a tf.distribute strategy). No ``tf.device``: the
-    strategy places the variables and the replicas. The dataset keeps the global batch (``batch_size``), which Keras
-    splits over the replicas, so the reporter counts the global batch per step, as at k=1."""
+    """The same training spread by ``spread``'s strategy; the dataset keeps the global batch, split by Keras."""
     import keras
     import tensorflow as tf
-
-    spread = ctx.spread
-    if spread is None:  # internal: run() comes here for a spread training only
-        raise RuntimeError("_run_spread needs ctx.spread")
 
     x_train, y_train = train
     ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
@@ -87,16 +78,14 @@ def _run_spread(params: TrainingParams, ctx: TrainingContext, data: ImageSet, bu
         model = spread.wrap(build_model(keras, dtype_policy(params.amp, ctx.device)))
         metrics = fit_and_evaluate(keras, model, ds, params, ctx.reporter, *val)
     devices = spread.stats().get("replica_devices") or [tf_device(ctx.device)]
-    # The replicas Keras really trained over: the strategy in scope when the model was made (a model made outside
-    # the scope trains on one device whatever the strategy says).
+    # The replicas Keras really trained over: the strategy in scope when the model was made.
     return {**metrics, "data": data.source, "device": ",".join(devices),
             "replicas": int(model.distribute_strategy.num_replicas_in_sync)}
 
 
 def check_even_split(first_batch: int, replicas: int) -> None:
     """Keras 3 under a tf.distribute strategy builds the model from the first batch's per-replica shares averaged
-    together (TF trainer ``_maybe_symbolic_build``), which fails (AddN: shapes differ) unless the first global batch
-    splits evenly over the replicas. A later, partial last batch may split unevenly. Pure."""
+    together, which fails (AddN: shapes differ) unless the first global batch splits evenly over the replicas. Pure."""
     if first_batch % replicas:
         raise ConfigError("batch_size", first_batch, f"one training spread over {replicas} replicas needs its first "
                           f"global batch to split evenly over them (Keras builds the model from equal shares)",
@@ -115,25 +104,6 @@ def dtype_policy(amp: bool, device: str) -> str | None:
     return "mixed_float16" if "GPU" in tf_device(device) else "mixed_bfloat16"
 
 
-def reporter_callback(keras: Framework, reporter: Reporter, batch_size: int,
-                      curve: Callable[[Model, int], bool] | None = None) -> object:
-    class Report(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch: int, logs: Mapping[str, float] | None = None) -> None:
-            if curve is not None and curve(self.model, epoch):
-                self.model.stop_training = True
-
-        def on_train_begin(self, logs: Mapping[str, float] | None = None) -> None:
-            reporter.loop_started()
-
-        def on_train_batch_end(self, batch: int, logs: Mapping[str, float] | None = None) -> None:
-            reporter.step(batch_size)
-
-        def on_train_end(self, logs: Mapping[str, float] | None = None) -> None:
-            reporter.loop_ended()
-
-    return Report()
-
-
 def loader_only(dataset: Loader, epochs: int, reporter: Reporter) -> None:
     reporter.loop_started()
     for _ in range(epochs):
@@ -143,25 +113,30 @@ def loader_only(dataset: Loader, epochs: int, reporter: Reporter) -> None:
 
 
 def accuracy(model: Model, x: Tensor, y: Tensor, batch_size: int = 1000) -> float:
-    import numpy as np
-
     logits = model.predict(x, batch_size=batch_size, verbose=0)
     return float((np.argmax(logits, axis=1) == y).mean())
 
 
-def placement(model: Model) -> str:
-    """Where the model's first weight really lives (Keras 3 variables expose it as .value.device)."""
-    weight = model.trainable_weights[0]
-    return str(getattr(getattr(weight, "value", weight), "device", ""))
-
-
 def fit_and_evaluate(keras: Framework, model: Model, dataset: Loader, params: TrainingParams, reporter: Reporter,
                      x_val: Tensor, y_val: Tensor, curve: Callable[[Model, int], bool] | None = None) -> Metrics:
-    """Compile (SGD with momentum), fit with every step reported, and measure validation accuracy. ``curve(model,
-    epoch)`` after each epoch: True (a search pruned the trial) stops the fit there."""
+    """Compile, fit with every step reported, and measure validation accuracy; ``curve`` True (pruned) stops the fit."""
+    class Report(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Mapping[str, float] | None = None) -> None:
+            if curve is not None and curve(self.model, epoch):
+                self.model.stop_training = True
+
+        def on_train_begin(self, logs: Mapping[str, float] | None = None) -> None:
+            reporter.loop_started()
+
+        def on_train_batch_end(self, batch: int, logs: Mapping[str, float] | None = None) -> None:
+            reporter.step(params.batch_size)
+
+        def on_train_end(self, logs: Mapping[str, float] | None = None) -> None:
+            reporter.loop_ended()
+
     model.compile(optimizer=keras.optimizers.SGD(params.lr, momentum=params.momentum),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    history = model.fit(dataset, epochs=params.epochs, verbose=0,
-                        callbacks=[reporter_callback(keras, reporter, params.batch_size, curve)])
+    history = model.fit(dataset, epochs=params.epochs, verbose=0, callbacks=[Report()])
+    weight = model.trainable_weights[0]  # where it really lives: a Keras 3 variable's .value.device
     return {"train_loss": float(history.history["loss"][-1]), "val_accuracy": accuracy(model, x_val, y_val),
-            "placed_on": placement(model)}
+            "placed_on": str(getattr(getattr(weight, "value", weight), "device", ""))}

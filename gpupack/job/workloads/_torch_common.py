@@ -1,7 +1,5 @@
-"""What the torch workloads share: the loader, the training loop (with AMP), the loader-only pass, accuracy.
-
-Spread over k devices (``ctx.spread``, gpupack/job/spread/ddp.py), the same loop trains the wrapped model on this rank's
-slice of each global batch (``batch_size`` stays the global batch at every k); alone, it is untouched.
+"""What the torch workloads share: the loader, the training loop (with AMP), the loader-only pass, accuracy. Spread
+over k devices, the same loop trains on this rank's slice of each global batch (``batch_size`` at every k).
 """
 from __future__ import annotations
 
@@ -9,7 +7,7 @@ import contextlib
 from abc import abstractmethod
 from typing import Callable, ClassVar, ContextManager, Mapping, Sequence, TypeVar, cast
 
-from gpupack.core.frameworks import Device, Framework, Generator, GradScaler, Loader, Model, Optimizer, Tensor
+from gpupack.core.frameworks import Device, Framework, GradScaler, Loader, Model, Optimizer, Tensor
 from gpupack.core.placement import Spread
 from gpupack.core.workload import TrainingContext, Workload
 from gpupack.errors import ConfigError
@@ -77,8 +75,7 @@ def number(params: Mapping[str, object], key: str) -> float:
 
 
 def check_split(params: TrainingParams, devices: int) -> None:
-    """Each of the k processes of a spread training trains on its slice of every global batch: a batch needs k
-    samples. Checked before anything runs (check_spread) and by each rank (run)."""
+    """Each of a spread training's k processes trains on a slice of every global batch: a batch needs k samples."""
     first = min(params.batch_size, params.train_samples)
     if first < devices:
         key = "batch_size" if params.batch_size <= params.train_samples else "train_samples"
@@ -90,8 +87,7 @@ def preload(load: Callable[[str | None], object], params: Sequence[TrainingParam
     """What a torch workload's fork server does once: import torch and read each data folder the pack uses."""
     import torch  # noqa: F401  (imported, never initialised on a device)
 
-    # What a training imports lazily on its way to the first step: the first optimizer pulls in torch._dynamo
-    # (~1 s here). Imports only; they start no thread, so forking after them stays safe.
+    # what the first optimizer imports lazily (~1 s here); imports start no thread, so forking stays safe
     import torch._dynamo  # noqa: F401
     import torch.utils.data  # noqa: F401
 
@@ -99,12 +95,9 @@ def preload(load: Callable[[str | None], object], params: Sequence[TrainingParam
         load(data_dir)
 
 
-
-
 def run(params: TorchLoaderParams, ctx: TrainingContext, data: ImageSet, build_model: Callable[[Framework], Model],
         weight_decay: float = 0.0, eval_batch: int = 2000, channels_last: bool = False) -> Metrics:
-    """A whole torch training on an image data set (x/y train/test arrays): the seeded subset, the loader,
-    then either the loader alone or SGD on ``build_model(torch.nn)`` and its validation accuracy."""
+    """A whole torch training on an image data set: the loader alone, or SGD on ``build_model(torch.nn)``."""
     import torch
 
     torch.set_num_threads(ctx.threads)
@@ -120,7 +113,10 @@ def run(params: TorchLoaderParams, ctx: TrainingContext, data: ImageSet, build_m
     if spread is not None:  # some rank's slice of every batch would be empty
         check_split(params, spread.world)
     # Spread: the same batches as packing's trainings (a last partial batch included, split unevenly; see train()).
-    loader = make_loader(torch, x_train, y_train, params, device, gen)
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(x_train, y_train), batch_size=params.batch_size, shuffle=True, generator=gen,
+                        num_workers=params.num_workers, pin_memory=params.pin_memory and device.type == "cuda")
     if params.loader_only:
         return loader_only(params, loader, device, ctx, torch, data.source)
     model = build_model(torch.nn).to(device)
@@ -142,14 +138,6 @@ def run(params: TorchLoaderParams, ctx: TrainingContext, data: ImageSet, build_m
     # Evaluated on the unwrapped model: every rank holds the same weights, and no all-reduce runs outside training.
     return {"train_loss": loss, "val_accuracy": accuracy(model, x_val, y_val, device, torch, eval_batch),
             "peak_gpu_mem_mb": peak_gpu_mem_mb(device, torch), "data": data.source}
-
-
-def make_loader(torch: Framework, x: Tensor, y: Tensor, params: TorchLoaderParams, device: Device,
-                gen: Generator) -> Loader:
-    from torch.utils.data import DataLoader, TensorDataset
-
-    return DataLoader(TensorDataset(x, y), batch_size=params.batch_size, shuffle=True, generator=gen,
-                      num_workers=params.num_workers, pin_memory=params.pin_memory and device.type == "cuda")
 
 
 def amp(enabled: bool, device: Device, torch: Framework) -> tuple[Callable[[], ContextManager[object]],
@@ -180,10 +168,8 @@ def loader_only(params: TrainingParams, loader: Loader, device: Device, ctx: Tra
 def train(model: Model, opt: Optimizer, loader: Loader, params: TrainingParams, device: Device, ctx: TrainingContext,
           torch: Framework, memory_format: Framework = None, epoch_end: Callable[[int], bool] | None = None) -> float:
     """The training loop, each step reported; returns the mean training loss (spread: this rank's share of it).
-    ``epoch_end(epoch)`` after each epoch: True (a search pruned the trial) ends the loop there.
-
-    A caller that puts a list under ``ctx.reporter.info["losses"]`` gets each step's loss appended to it (spread: this
-    rank's weighted share; the step's global loss is the mean over ranks), to compare loss curves in tests."""
+    ``epoch_end(epoch)`` after each epoch: True (pruned) ends the loop. A list under ``ctx.reporter.info["losses"]``
+    gets each step's loss (spread: this rank's weighted share), to compare loss curves in tests."""
     loss_fn = torch.nn.CrossEntropyLoss()
     autocast, scaler = amp(params.amp, device, torch)
     rep = ctx.reporter
@@ -230,8 +216,7 @@ def _on_device(xb: Tensor, yb: Tensor, device: Device, memory_format: Framework,
     if n < spread.world:
         return None
     xb, yb = spread.shard(xb, yb)
-    # DDP averages the ranks' gradients: a slice's mean loss weighted by its share of the batch keeps that average the
-    # global batch's mean gradient when slices differ by one sample (1.0 when they are equal).
+    # weighted by its share of the batch, DDP's average of the ranks' gradients stays the global batch's mean
     return xb, yb, len(yb) * spread.world / n
 
 

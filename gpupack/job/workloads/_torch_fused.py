@@ -1,9 +1,6 @@
-"""Fused training: N same-shape torch models trained as one batched model with torch.func (stack_module_state +
-functional_call + vmap), each exactly as if it had trained alone (gpupack/job/workloads/_torch_common.run): its own
-seeded subset and data order (a DataLoader over indices with its own generator, so the generator is consumed as
-alone), its own initialisation (torch.manual_seed(seed) before building it), its own learning rate, momentum and
-weight decay in a per-model SGD, its own loss and metrics. A model whose loss stops being finite is stopped and
-reported failed; the others go on (its slice of the batched weights is independent of theirs).
+"""Fused training: N same-shape torch models trained as one batched model with torch.func (vmap), each exactly as
+alone (_torch_common.run): its own seeded subset, data order, initialisation, learning rate, momentum and weight
+decay, loss and metrics. A model whose loss stops being finite is stopped and reported failed; the others go on.
 """
 from __future__ import annotations
 
@@ -20,8 +17,7 @@ TP = TypeVar("TP", bound=TrainingParams)  # the group's hyperparameters, as its 
 
 
 def fuse_key(params: TrainingParams, *shape_keys: str) -> tuple[object, ...]:
-    """The group key of a torch image workload: its own shape hyperparameters and what fixes the batches and the
-    step count; lr, momentum and seed (initialisation, data order) may differ within a group."""
+    """The group key of a torch image workload: its shape hyperparameters and what fixes its batches and steps."""
     for key in ("amp", "loader_only"):  # autocast and the loader alone are per-process: not in a fused group
         if getattr(params, key):
             raise ConfigError(key, True, "cannot be fused", f"set {key}=false, or use packing.modes=[process]")
@@ -40,8 +36,7 @@ def subset(torch: Framework, data: ImageSet, params: TrainingParams, gen: Genera
 
 
 class _Indices:
-    """The dataset ``range(n)`` whose batch is fetched whole: one tensor of the sampler's indices, not one fetch and
-    collate per sample (those were half a fused step's time at N=34: N loaders, B samples each)."""
+    """The dataset ``range(n)`` whose batch is fetched whole, not one fetch and collate per sample."""
 
     def __init__(self, torch: Framework, n: int) -> None:
         self.torch, self.n = torch, n
@@ -57,21 +52,16 @@ class _Indices:
 
 
 def index_loader(torch: Framework, n: int, batch_size: int, gen: Generator) -> Loader:
-    """Batches of indices in the order a DataLoader(shuffle=True, generator=gen) gives its batches, drawing from
-    ``gen`` as that DataLoader does (the same sampler: only the fetch differs)."""
+    """Batches of indices as a DataLoader(shuffle=True, generator=gen) gives them, drawing from ``gen`` alike."""
     from torch.utils.data import DataLoader
 
     return DataLoader(_Indices(torch, n), batch_size=batch_size, shuffle=True, generator=gen,  # type: ignore[arg-type]
-                      collate_fn=_whole)
-
-
-def _whole(batch: Tensor) -> Tensor:
-    return batch
+                      collate_fn=lambda batch: batch)  # the batch is one tensor already
 
 
 def lockstep(loaders: Sequence[Loader]) -> Iterator[list[Tensor]]:
-    """One batch of each loader per step; at the end every iterator is drained (a DataLoader draws from its
-    generator when it finds its end, and each model's generator must advance exactly as alone)."""
+    """One batch of each loader per step, every iterator drained at the end (a DataLoader draws from its generator
+    when it finds its end: each model's must advance exactly as alone)."""
     iters = [iter(loader) for loader in loaders]
     while True:
         batches = [next(it, None) for it in iters]
@@ -86,8 +76,7 @@ def lockstep(loaders: Sequence[Loader]) -> Iterator[list[Tensor]]:
 def train_fused(params_list: Sequence[TP], ctxs: Sequence[TrainingContext], data: ImageSet,
                 build_model: Callable[[Framework, TP], Model], weight_decay: float = 0.0, eval_batch: int = 2000,
                 keep: list[dict[str, Tensor]] | None = None) -> list[Metrics | BaseException]:
-    """Train the group; return each training's metrics, or the exception that stopped it (Diverged). ``keep``: a
-    list that receives each model's final weights (a state dict per training), for callers that keep models."""
+    """Train the group; each training's metrics, or the exception that stopped it. ``keep``: final state dicts."""
     import torch
     import torch.nn.functional as F
     from torch.func import functional_call, stack_module_state, vmap
@@ -147,8 +136,7 @@ def train_fused(params_list: Sequence[TP], ctxs: Sequence[TrainingContext], data
 def _set_up(torch: Framework, params_list: Sequence[TP], data: ImageSet,
             build_model: Callable[[Framework, TP], Model], device: object,
             ) -> tuple[Tensor, Tensor, list[Loader], list[Model]]:
-    """Each model set up as it is alone: seed, subset, loader, then initialisation; the subsets stacked on the
-    device ([N, S, ...])."""
+    """Each model set up as alone (seed, subset, loader, initialisation); the subsets stacked on the device."""
     xs, ys, loaders, models = [], [], [], []
     for p in params_list:
         torch.manual_seed(p.seed)
@@ -163,8 +151,7 @@ def _set_up(torch: Framework, params_list: Sequence[TP], data: ImageSet,
 
 def _count_step(torch: Framework, values: Tensor, alive: list[bool], failure: list[BaseException | None],
                 ctxs: Sequence[TrainingContext], batches: Sequence[int], where: str) -> None:
-    """One step of each model told to its reporter; a model whose loss is no longer finite stops there (Diverged),
-    the others of its group go on."""
+    """One step of each model told to its reporter; a model whose loss is no longer finite stops (Diverged)."""
     finite = torch.isfinite(values).tolist()  # one call, not one per model: N of them cost a step's time
     for m, ctx in enumerate(ctxs):
         if alive[m] and not finite[m]:

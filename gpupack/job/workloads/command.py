@@ -2,15 +2,12 @@
 
     sweep.fixed.argv=[python, train.py, --lr, "{lr}", --seed, "{seed}"]   sweep.grid.lr=[0.1,0.01]
 
-Each ``{name}`` in an argv item is replaced by that training's hyperparameter (a list argv, never a shell;
-``{{``/``}}`` are literal braces; ``{lr:.0e}`` takes a format spec; a name that is no hyperparameter is refused
-before anything runs). ``sweep.fixed.cwd`` (the program's working directory) and ``sweep.fixed.env`` (extra
-environment variables) are templated the same way. Every other key of the grid or of ``sweep.fixed`` is a
-hyperparameter, typed as Hydra parsed it.
+Each ``{name}`` in an argv item (a list, never a shell), ``sweep.fixed.cwd`` and ``sweep.fixed.env`` is replaced by
+that training's hyperparameter (``{lr:.0e}``: a format spec; ``{{``: a brace; an unknown name is refused before
+anything runs). Every other key of the grid or of ``sweep.fixed`` is a hyperparameter.
 
-The program's exit status is the training's status and its wall time the training's time. gpupack sets
-``GPUPACK_RESULT`` to a path; a program that writes JSON there (:mod:`gpupack.result` does it in three calls)
-reports metrics and samples, and — when it marks its first step — start-up apart from the loop.
+The program's exit status and wall time are the training's. A program that writes JSON at ``$GPUPACK_RESULT``
+(:mod:`gpupack.result`) reports metrics, samples and, marking its first step, start-up apart from the loop.
 """
 from __future__ import annotations
 
@@ -33,8 +30,7 @@ from gpupack.core.stdout_metrics import metrics_from_output, stdout_patterns
 from gpupack.core.workload import Launch, LoopSummary, PythonMain, TrainingContext, Workload
 from gpupack.errors import ConfigError, DataError, nearest
 
-# What describes the program; every other key is a hyperparameter.
-PROGRAM_KEYS = ("argv", "cwd", "env", "metrics", "start", "preload")
+PROGRAM_KEYS = ("argv", "cwd", "env", "metrics", "start", "preload")  # every other key is a hyperparameter
 STARTS = ("fresh", "fork")
 # Placeholders that are no hyperparameter: {python} is the interpreter running gpupack (its venv, activated or not).
 RESERVED = {"python": sys.executable}
@@ -43,8 +39,7 @@ ARGV_HINT = "e.g. sweep.fixed.argv=[python,train.py,--lr,'{lr}']"
 
 
 class CommandParams(TypedDict, total=False):
-    """A command training's hyperparameters: the keys that describe the program (PROGRAM_KEYS), as
-    :meth:`Command.typed` checked them; every other key is a hyperparameter of the program's own, any JSON value."""
+    """The keys that describe the program, as :meth:`Command.typed` checked them; any other is a hyperparameter."""
 
     argv: list[str]
     cwd: str | None
@@ -55,8 +50,7 @@ class CommandParams(TypedDict, total=False):
 
 
 def program_keys(params: Mapping[str, object]) -> CommandParams:
-    """A training's plain values (a plan's, a spec's JSON) as what they are: :meth:`Command.typed` checked the
-    program's keys before anything ran."""
+    """A training's plain values as what they are (:meth:`Command.typed` checked them before anything ran)."""
     return cast(CommandParams, params)
 
 
@@ -159,8 +153,7 @@ class Command(Workload[CommandParams]):
     def program(self, plain: Mapping[str, object]) -> Launch:
         """The rendered argv, environment and working directory of one training (refuses bad templates)."""
         params = program_keys(plain)
-        # only the hyperparameters its templates name (a check reads no more: gpupack.sweep.setup.once); all of them
-        # where one is missing, for the nearest name in render's refusal
+        # only the hyperparameters its templates name; all of them where one is missing (render's nearest name)
         templates = [*(params.get("argv") or []), *(params.get("env") or {}).values(), params.get("cwd") or ""]
         names = {n for t in templates for n in _names(str(t)) if n not in RESERVED}
         own = all(n not in PROGRAM_KEYS and n in plain for n in names)
@@ -215,24 +208,17 @@ class Command(Workload[CommandParams]):
             return
         for module in params[0].get("preload") or []:
             importlib.import_module(str(module))
-        # what the script's own files import (every import of a forked script runs in its child): its libraries
-        import_libraries(static_imports(self.source_files(params[0]), sys.modules), "imported by the script's files")
-
-    def source_files(self, params: Mapping[str, object]) -> list[Path]:
-        """The Python file a forked training runs (its script, or its -m module where it is a file), else none."""
-        launch = self.program(params)
+        # what the file a forked training runs (its script, or its -m module's) imports: every import of a forked
+        # script runs in its child
+        launch = self.program(params[0])
         main = python_main(launch.argv, {**os.environ, **launch.env})
         cwd = Path(launch.cwd) if launch.cwd else Path.cwd()
-        if main is None:
-            return []
-        if "script" in main:
-            return [cwd / str(main["script"])]
-        found = module_file(str(main["module"]), [str(cwd), *sys.path])
-        return [found] if found is not None else []
+        found = None if main is None else cwd / str(main["script"]) if "script" in main \
+            else module_file(str(main["module"]), [str(cwd), *sys.path])
+        import_libraries(static_imports([found] if found else [], sys.modules), "imported by the script's files")
 
     def failure_hint(self, params: Mapping[str, object], error: str) -> str | None:
-        """A program that could not import a module may have run under another interpreter than gpupack's: say
-        which one ran it."""
+        """A program that could not import a module may have run under another interpreter: say which."""
         if "ModuleNotFoundError" not in error and "No module named" not in error:
             return None
         argv = self.program(params).argv
@@ -244,22 +230,18 @@ class Command(Workload[CommandParams]):
                 f"{{python}} in sweep.fixed.argv to use gpupack's, or install the module for {ran}")
 
     def result(self, params: Mapping[str, object], raw: Mapping[str, object] | None, spawned_at: float,
-               ended_at: float, stdout: Path | None = None) -> CommandResult:
-        result = result_from_report(raw, spawned_at, ended_at)
+               ended_at: float, stdout: Path | None = None) -> dict[str, object]:
         patterns = program_keys(params).get("metrics") or {}
-        if patterns and stdout is not None:  # what the program reported itself wins over what its output shows
-            result["metrics"] = {**metrics_from_output(stdout, patterns), **result["metrics"]}
-        return result
+        printed = metrics_from_output(stdout, patterns) if patterns and stdout is not None else {}
+        return result_from_report(raw, spawned_at, ended_at, printed)
 
     def train(self, params: CommandParams, ctx: TrainingContext) -> dict[str, object]:
-        """Never called: a program is its own process (``launch``), started and followed by the one supervisor, and
-        no mode or strategy hosts a ``command`` training in-process (its framework is none of theirs)."""
+        """Never called: a program is its own process (``launch``); no mode hosts a ``command`` training in-process."""
         raise NotImplementedError("a command training runs as its own process (process mode), never in-process")
 
 
 def module_file(name: str, path: Sequence[str]) -> Path | None:
-    """The file of module ``name`` (dotted) as ``python -m`` would find it from ``path`` (the working folder first),
-    found without importing anything: its packages' ``__init__`` may do anything at import."""
+    """The file of module ``name`` as ``python -m`` would find it from ``path``, without importing its packages."""
     locations: Sequence[str] | None = list(path)
     spec = None
     for part in name.split("."):
@@ -276,9 +258,8 @@ def module_file(name: str, path: Sequence[str]) -> Path | None:
 
 
 def python_main(argv: Sequence[str], env: Mapping[str, str]) -> PythonMain | None:
-    """``[PY, SCRIPT.py, ARGS...]`` or ``[PY, -m, MODULE, ARGS...]`` run by this very interpreter (PY is {python},
-    or a path or PATH name that is sys.executable: a venv's python is a link to the system's, so paths are compared
-    unresolved) as the fork server's request; None for anything else. Pure, given PATH."""
+    """``[PY, SCRIPT.py, ARGS...]`` or ``[PY, -m, MODULE, ARGS...]`` run by this very interpreter (paths compared
+    unresolved: a venv's python links to the system's) as the fork server's request; None otherwise. Pure."""
     if len(argv) < 2:
         return None
     found = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
@@ -292,8 +273,7 @@ def python_main(argv: Sequence[str], env: Mapping[str, str]) -> PythonMain | Non
 
 
 def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:
-    """The program must exist where it will run: a path (relative to cwd) to an executable file, or a name on
-    PATH; and ``python SCRIPT.py``'s script must exist too."""
+    """The program must exist where it will run (an executable file, or on PATH), and so must a python's script."""
     program = argv[0]
     if os.sep in program:
         path = Path(program) if os.path.isabs(program) else cwd / program
@@ -311,30 +291,6 @@ def check_program(argv: list[str], cwd: Path, env: Mapping[str, str]) -> None:
         if not (Path(script) if os.path.isabs(script) else cwd / script).is_file():
             raise ConfigError("argv[1]", script, f"no such script (looked in {cwd})",
                               "give the script's path, or set sweep.fixed.cwd to the folder that holds it")
-
-
-class CommandTimings(TypedDict):
-    """A command training's timings, from its wall and the marks it reported (``split``: the loop was marked)."""
-    spawned_at: float
-    process_start: None  # the program's own start is not known
-    loop_start: float | None
-    loop_end: float | None
-    finished: float
-    startup_s: float | None
-    loop_s: float | None
-    teardown_s: float | None
-    split: bool
-
-
-class CommandResult(TypedDict):
-    """A command training's result, in the worker's schema (gpupack.job.runtime.worker.TrainingResult)."""
-    metrics: dict[str, object]
-    memory: dict[str, float | None]
-    knobs: dict[str, object]
-    loader_setting: None
-    data: None
-    throughput: LoopSummary
-    timings: CommandTimings
 
 
 # What each key of a program's result file holds (gpupack.result writes them; another language's program may too).
@@ -378,9 +334,8 @@ def _shown(value: object) -> object:
 
 
 def checked_report(raw: object) -> ResultReport:
-    """What a program reported at ``$GPUPACK_RESULT``, each key holding what :mod:`gpupack.result` writes (None: the
-    key left out), else a DataError naming the first key that does not. A key of its own is left alone unless it
-    reads as a misspelt one of these (``metric``), whose figures would otherwise be lost without a word."""
+    """What a program reported at ``$GPUPACK_RESULT``, else a DataError naming the first key that does not hold what
+    :mod:`gpupack.result` writes. A key of its own is left alone unless it reads as a misspelt one (``metric``)."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -407,12 +362,10 @@ def checked_report(raw: object) -> ResultReport:
     return report
 
 
-def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ended_at: float) -> CommandResult:
-    """A command training's result in the worker's schema, from what the program reported (or nothing).
-
-    Start-up and loop are split only when the program marked its first step (``loop_start``); otherwise the whole
-    wall time is one figure and ``timings.split`` is false (the table says so).
-    """
+def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ended_at: float,
+                       printed: Mapping[str, object] | None = None) -> dict[str, object]:
+    """A command training's result in the worker's schema, from what the program reported (which wins over the
+    metrics it ``printed``). Start-up and loop are split only where it marked its first step (``timings.split``)."""
     report = checked_report(raw)  # the program's JSON: written by gpupack.result, or by the program itself
     loop_start, loop_end = report.get("loop_start"), report.get("loop_end")
     loop_s = loop_end - loop_start if loop_start is not None and loop_end is not None else None
@@ -423,12 +376,9 @@ def result_from_report(raw: Mapping[str, object] | None, spawned_at: float, ende
         "samples_per_s": samples / rate_over if samples and rate_over > 0 else None, "warmup_excluded": False,
         "curve": []}
     return {
-        "metrics": {k: v for k, v in (report.get("metrics") or {}).items()},
+        "metrics": {**(printed or {}), **(report.get("metrics") or {})},
         "memory": {"peak_rss_mb": None, "peak_gpu_mem_mb": None},  # the sampler follows the process's RSS
-        "knobs": {},
-        "loader_setting": None,
-        "data": None,
-        "throughput": throughput,
+        "knobs": {}, "loader_setting": None, "data": None, "throughput": throughput,
         "timings": {"spawned_at": spawned_at, "process_start": None, "loop_start": loop_start, "loop_end": loop_end,
                     "finished": ended_at, "startup_s": loop_start - spawned_at if loop_start is not None else None,
                     "loop_s": loop_s, "teardown_s": ended_at - loop_end if loop_end is not None else None,

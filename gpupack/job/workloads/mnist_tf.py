@@ -1,8 +1,4 @@
-"""A Keras MNIST classifier (small dense net or CNN) on the real MNIST digits, for process and tf_logical packing.
-
-Everything the training creates lives under ``tf.device(<its device>)``, so in a tf_logical pack each training
-stays on its own logical device; mixed precision is a per-layer dtype policy for the same reason.
-"""
+"""A Keras MNIST classifier (small dense net or CNN) on the real MNIST digits, for process and tf_logical packing."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,8 +1,5 @@
-"""A torch MNIST classifier (a small MLP or CNN) trained on the real MNIST digits.
-
-torch is imported inside training (:mod:`gpupack.job.workloads._torch_common`), so that validating a sweep on the
-submitting side stays cheap and the import is counted in the training's start-up time, where it really is paid.
-"""
+"""A torch MNIST classifier (a small MLP or CNN) trained on the real MNIST digits. torch is imported inside training:
+validating a sweep stays cheap, and the import counts in the training's start-up, where it is paid."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,18 +35,14 @@ class MnistTorch(common.TorchImageWorkload[MnistTorchParams]):
         _mnist_data.find_files(_mnist_data.resolve_dir(params.data_dir))
 
     def build(self, params: MnistTorchParams, nn: Framework) -> Model:
-        return _build(params, nn)
-
-
-def _build(params: MnistTorchParams, nn: Framework) -> Model:
-    if params.model == "cnn":
-        return nn.Sequential(
-            nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(32 * 5 * 5, 10),
-        )
-    return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, params.hidden), nn.ReLU(),
-                         nn.Linear(params.hidden, 10))
+        if params.model == "cnn":
+            return nn.Sequential(
+                nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Conv2d(16, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Flatten(), nn.Linear(32 * 5 * 5, 10),
+            )
+        return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, params.hidden), nn.ReLU(),
+                             nn.Linear(params.hidden, 10))
 
 
 WORKLOAD = MnistTorch()

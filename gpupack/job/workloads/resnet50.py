@@ -1,15 +1,9 @@
 """ResNet-50 (the source study's medium network) on synthetic images of any resolution, or a staged CIFAR-10.
 
-The architecture is torchvision's ``resnet50`` (bottleneck blocks 3-4-6-3, expansion 4, the stride on each block's
-3x3 convolution): torchvision's own where it imports, else the definition below, with the same module names and
-parameter count (25,557,032 at 1000 classes, 23,528,522 at 10). torchvision is optional: its Linux wheel is a CUDA
-build whose C++ ops fail to load beside a CPU torch (``operator torchvision::nms does not exist``).
-
-``data=synthetic`` needs no download: seeded uint8 images of ``image_size`` x ``image_size`` with random labels (the
-same for every training of a sweep), so it measures images/s, not accuracy. The seed's GPU setting is
-``image_size=224 batch_size=128 amp=true`` (conf/sweep/resnet50_gpu.yaml). On a CPU, ``amp`` is ignored with its
-reason in the record: float16 autocast needs CUDA, and bfloat16 convolutions on a CPU without AMX are slower than
-float32, which would measure the wrong thing.
+The architecture is torchvision's ``resnet50``: its own where it imports (optional: its Linux wheel is a CUDA build
+that fails beside a CPU torch), else the same network defined below (25,557,032 parameters at 1000 classes).
+``data=synthetic`` is seeded random images and labels, the same for every training: it measures images/s, not
+accuracy. On a CPU, ``amp`` is ignored with its reason in the record (:data:`AMP_ON_CPU`).
 """
 from __future__ import annotations
 
@@ -49,20 +43,11 @@ class ResNet50Params(TorchLoaderParams):
                                              "num_classes": at_least(1)}
 
 
-@dataclass(frozen=True)
-class Images:
-    x_train: np.ndarray  # uint8 (n, H, W, 3)
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    source: str
-
-
 @functools.lru_cache(maxsize=4)  # made once per process: a fork server's copy is shared by every forked training
-def synthetic(n_train: int, n_test: int, size: int, classes: int) -> Images:
+def synthetic(n_train: int, n_test: int, size: int, classes: int) -> ImageSet:
     """Seeded random images and labels (seed 0: the same for every training of a sweep)."""
     rng = np.random.default_rng(0)
-    return Images(rng.integers(0, 256, (n_train, size, size, 3), dtype=np.uint8),
+    return ImageSet(rng.integers(0, 256, (n_train, size, size, 3), dtype=np.uint8),
                   rng.integers(0, classes, n_train).astype(np.int64),
                   rng.integers(0, 256, (n_test, size, size, 3), dtype=np.uint8),
                   rng.integers(0, classes, n_test).astype(np.int64),
@@ -135,24 +120,15 @@ def on_device(params: ResNet50Params, device: str) -> tuple[ResNet50Params, str 
 
 def resnet50(nn: Framework, num_classes: int = 1000) -> Model:
     """torchvision's resnet50 where torchvision imports, else the same network defined here (same module names)."""
-    maker = _torchvision_resnet50()
-    if maker is not None:
-        return maker(num_classes=num_classes)
-    return own_resnet50(nn, num_classes)
-
-
-def _torchvision_resnet50() -> Callable[..., Model] | None:
     try:
         from torchvision.models import resnet50 as made  # a CUDA wheel beside a CPU torch fails here
     except (ImportError, RuntimeError, OSError, AttributeError):
-        return None
-    return cast(Callable[..., Model], made)
+        return own_resnet50(nn, num_classes)
+    return cast(Model, made(num_classes=num_classes))
 
 
 def own_resnet50(nn: Framework, num_classes: int = 1000) -> Model:
-    """ResNet-50 v1.5 as torchvision defines it: stem conv 7x7/2 + max pool, four stages of bottlenecks
-    (1x1 → 3x3 with the stride → 1x1 x4), a 1x1 conv + BN downsample on each stage's first block, average pool, fc;
-    BN weights 1 and biases 0, convolutions Kaiming-normal (fan_out), as torchvision initialises them."""
+    """ResNet-50 v1.5 as torchvision defines and initialises it."""
     return _resnet_class(nn)(num_classes)
 
 

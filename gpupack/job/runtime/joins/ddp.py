@@ -1,9 +1,9 @@
 """DDP, the training's side: in each rank's process, join the process group and give the workload a
-:class:`DdpSpread`, which counts what each step all-reduces (bytes, buckets, in-flight time) with a DDP communication
-hook, so records say what spreading cost in communication. The pack's side is :mod:`gpupack.job.spread.ddp`.
+:class:`DdpSpread`, whose communication hook counts what each step all-reduces, for the records.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -21,11 +21,8 @@ if TYPE_CHECKING:
 KEY = "spread.ddp_backend"
 BACKENDS = ("gloo", "nccl")
 PREFIX = "ddp-"
-# How long a rank waits for the others (rendezvous, one collective) before it gives up. The pack kills the others as
-# soon as one rank dies, so this only ends a process group whose ranks all hang.
-JOIN_TIMEOUT_S = 600.0
-# Finished all-reduce intervals kept before the ones no later all-reduce can overlap are folded into one total.
-FOLD_AT = 1024
+JOIN_TIMEOUT_S = 600.0  # a rank's wait for the others: it ends only a group whose ranks all hang
+FOLD_AT = 1024  # finished all-reduce intervals kept before those no later one can overlap are summed
 def backend_of(label: str) -> str:
     """The backend a pack's mode names: ddp-gloo → gloo. Pure."""
     backend = label[len(PREFIX):] if label.startswith(PREFIX) else label
@@ -62,8 +59,7 @@ def join(placement: Placement) -> "DdpSpread":
 
 
 class _CommCount:
-    """What the communication hook saw: buckets, bytes, backward passes, and when each all-reduce was in flight.
-    Futures complete on the backend's threads, hence the lock."""
+    """What the communication hook saw (futures complete on the backend's threads, hence the lock)."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
@@ -90,8 +86,7 @@ class _CommCount:
         with self.lock:
             self._done.append((self._inflight.pop(token), end))
             if len(self._done) >= FOLD_AT:
-                # No later all-reduce starts before the earliest one still in flight (or now): what ended by then
-                # can be summed once and forgotten.
+                # no later all-reduce starts before the earliest still in flight: what ended by then is summed once
                 self._fold(min(self._inflight.values(), default=end))
 
     def _fold(self, before: float) -> None:
@@ -120,8 +115,7 @@ def _merged(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float
 
 
 def _counting_hook(state: _CommCount, bucket: "dist.GradBucket") -> "torch.futures.Future[torch.Tensor]":
-    """DDP's own all-reduce (``allreduce_hook``: divide by the world, sum), counted on the way: the bucket's bytes as
-    sent, and its time from the hook's call to the all-reduce's completion."""
+    """DDP's own all-reduce (``allreduce_hook``), counted: the bucket's bytes, and its time to completion."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     buffer = bucket.buffer()
@@ -156,8 +150,7 @@ class DdpSpread(Spread):
         on_gpu = self.placement.device == "cuda"
         ddp = DistributedDataParallel(model, device_ids=[self.rank] if on_gpu else None)
         self._count = _CommCount()
-        # DDP checks a hook's annotations as objects; this module's are strings (postponed), and torch is imported
-        # only here, in the training's process.
+        # DDP checks a hook's annotations as objects; this module's are strings, torch being imported only here
         _counting_hook.__annotations__.update(bucket=dist.GradBucket, state=_CommCount,
                                               **{"return": torch.futures.Future[torch.Tensor]})
         ddp.register_comm_hook(self._count, _counting_hook)
@@ -190,18 +183,14 @@ class DdpSpread(Spread):
             "comm_steps": steps,
             "allreduce_bytes_per_step": per_step(count.bytes),
             "allreduce_buckets_per_step": per_step(count.buckets),
-            # The union of the all-reduces' in-flight intervals, not their sum: buckets overlap one another and the
-            # backward pass, so this is the time the network was busy, an upper bound on what it added to a step.
-            # Host clock: on CUDA tensors a future's callback may run once the kernel is queued, before it ends, so
-            # with NCCL this is closer to the launch time than to the transfer (CUDA events would time the device).
+            # The union of the in-flight intervals (buckets overlap each other and the backward pass): an upper bound
+            # on what the network added to a step. Host clock: with NCCL, closer to the launch than to the transfer.
             "allreduce_s_per_step": per_step(count.busy_s()),
         }
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # leaving is best effort: the process ends next
             import torch.distributed as dist
 
             if dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:  # leaving is best effort: the process ends next
-            pass

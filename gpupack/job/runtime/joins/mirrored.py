@@ -1,7 +1,5 @@
 """tf.distribute.MirroredStrategy, the training's side: before TensorFlow initialises its devices, make the k devices
-— the job's first k GPUs, or on a CPU job k logical CPU devices split from the one physical CPU, standing in — and the
-strategy over them. The workload builds and compiles its model under :meth:`MirroredSpread.scope`. The pack's side is
-:mod:`gpupack.job.spread.mirrored`.
+(the job's first k GPUs, or k logical CPUs) and the strategy over them, under which the workload builds its model.
 """
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ T = TypeVar("T")
 
 
 def first_gpus(physical: Sequence[T], k: int, visible: str | None = None) -> list[T]:
-    """The job's first k physical GPUs; refused when the job has fewer (a job asked for fewer GPUs than k, or a
-    CUDA_VISIBLE_DEVICES that hides some). Pure."""
+    """The job's first k physical GPUs; refused when it has fewer. Pure."""
     if len(physical) < k:
         seen = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
         raise ConfigError("spread.devices", k, f"MirroredStrategy over {k} GPUs needs {k} GPUs in the training's job, "
@@ -27,8 +24,7 @@ def first_gpus(physical: Sequence[T], k: int, visible: str | None = None) -> lis
 
 
 def make_devices(tf: Framework, device: str, k: int, visible: str | None = None) -> list[str]:
-    """k TensorFlow devices for the strategy, made before TensorFlow initialises them (afterwards it refuses:
-    "Virtual devices cannot be modified after being initialized")."""
+    """k TensorFlow devices for the strategy, made before TensorFlow initialises them (it refuses afterwards)."""
     if device == "cuda":
         gpus = first_gpus(tf.config.list_physical_devices("GPU"), k, visible)
         for gpu in gpus:  # grow, not grab: a GPU's whole memory taken up front says nothing of what training needs
@@ -73,8 +69,7 @@ class MirroredSpread(Spread):
 
 
 def allreduce_bytes(weights: Sequence[Tensor], replicas: int) -> int:
-    """What MirroredStrategy all-reduces each step: one gradient per trainable weight, of its size and dtype (none
-    with one replica: nothing to reduce). Pure, given the weights (anything with .shape and .dtype)."""
+    """What MirroredStrategy all-reduces each step: one gradient per trainable weight (none with one replica). Pure."""
     import numpy as np
 
     if replicas < 2:
@@ -89,6 +84,5 @@ def join(placement: Placement) -> Spread:
     import tensorflow as tf
 
     devices = make_devices(tf, placement.device, placement.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    # The default all-reduce: NCCL over physical GPUs; over CPU devices TensorFlow picks ring collectives itself
-    # (CollectiveAllReduce with RING), which works on logical CPUs, so nothing is forced.
+    # The default all-reduce: NCCL over GPUs, ring collectives over logical CPUs: nothing is forced.
     return MirroredSpread(placement, tf.distribute.MirroredStrategy(devices=devices))
