@@ -247,9 +247,8 @@ def weighed(prepared: Prepared, partition: str, times: Mapping[int, Sequence[flo
             objective: str) -> dict[int, list[float]]:
     """Time per training of each N, or (objective cost) what it bills: time x the pack's billed multiple (its GPU's
     RGU is the same at every N of a partition, so the multiple alone orders them)."""
-    if objective != "cost":
-        return {n: list(t) for n, t in times.items()}
-    return {n: [x * billed_multiple(prepared, partition, n) for x in t] for n, t in times.items()}
+    return {n: [x * billed_multiple(prepared, partition, n) for x in t] if objective == "cost" else list(t)
+            for n, t in times.items()}
 
 
 def cheapest_n(prepared: Prepared, collected: Collected) -> dict[str, int]:

@@ -357,10 +357,6 @@ PLOT_IMPORTS = ("matplotlib.backends.backend_agg", "matplotlib.figure")
 COLLECT_IMPORTS = tuple(functools.partial(importlib.import_module, name) for name in TABLE_IMPORTS + PLOT_IMPORTS)
 
 
-def collect_imports(plots: bool) -> tuple[Callable[[], object], ...]:
-    return COLLECT_IMPORTS if plots else COLLECT_IMPORTS[:len(TABLE_IMPORTS)]
-
-
 def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
               on_open: Callable[[Opened], None] | None = None, collect_outputs: bool = True,
               plots: bool = True) -> Outcome:
@@ -396,7 +392,8 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
         # collect's imports, made while the first jobs start and stopped once one has begun a pack: from then on their
         # CPU would be load beside the trainings measured on this host (gpupack.results.analysis.disturbance)
         began = lambda: any(run_dir.pack_dir(p.pack_id).is_dir() for p in opened.todo)  # noqa: E731
-        warming = warm(collect_imports(plots) if collect_outputs else (), began, "gpupack-collect-imports")
+        imports = COLLECT_IMPORTS if plots else COLLECT_IMPORTS[:len(TABLE_IMPORTS)]
+        warming = warm(imports if collect_outputs else (), began, "gpupack-collect-imports")
         outcome.results = submitter.run_packs(opened.todo, prepared.settings, progress or (lambda pack, state: None))
         warming.join()
         if collect_outputs:
