@@ -121,9 +121,8 @@ class Outcome:
         return all(r.ok for r in self.results) and self.failed_trainings == 0 and counted
 
 
-def default_run_dir(sweep: str, now: _dt.datetime | None = None) -> Path:
-    stamp = (now or _dt.datetime.now()).strftime("%Y-%m-%d_%H-%M-%S")
-    return Path("runs") / sweep / stamp
+def default_run_dir(sweep: str) -> Path:
+    return Path("runs") / sweep / _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
 def ask_submitter(submitter: Submitter[ClusterConfig], requested_partitions: Sequence[str]) -> ClusterFacts:
@@ -257,15 +256,15 @@ class Beside:
 BESIDE_LOOKED = 4  # the newest run directories beside a new one that are read: a few plans, never a whole history
 
 
-def unfinished_beside(prepared: Prepared, look: int = BESIDE_LOOKED) -> list[Beside]:
-    """The runs of this same sweep, unfinished or running, among the ``look`` newest run directories beside the one
+def unfinished_beside(prepared: Prepared) -> list[Beside]:
+    """The runs of this same sweep, unfinished or running, among the BESIDE_LOOKED newest run directories beside the one
     ``prepared`` starts, newest first; none where the user chose run_dir=, or for packing.factors=auto (its root has no
     plan). Reads plans and records only: no lock is taken, no queue asked."""
     if prepared.chosen_dir or (prepared.spec is not None and prepared.spec.auto is not None):
         return []
     held: HeldLocks | None = None  # this host's lock table, read once and only where a same sweep is found
     found = []
-    for other in prepared.run.siblings()[:look]:
+    for other in prepared.run.siblings()[:BESIDE_LOOKED]:
         try:
             earlier = Plan.from_json(read_json(other.plan))
             if not earlier.same_sweep(prepared.plan):

@@ -31,7 +31,7 @@ def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], 
     for name, cap in facts.capacities.items():
         max_cpus = (cap.node_cpus or cap.max_cpus) if per_node else cap.max_cpus
         for i, n in enumerate(factors):
-            req = facts.request(n, request_host_mb) if request_host_mb is not None else facts.request(n)
+            req = facts.request(n, request_host_mb)
             if max_cpus and req.cpus and req.cpus > max_cpus:
                 raise ConfigError(key(i), n, f"{n} {noun} x {req.cpus_key}={req.cpus_each:g} = {req.cpus} CPUs, but "
                                   f"one {name} {'node has' if per_node else 'GPU job gets at most'} {max_cpus}",

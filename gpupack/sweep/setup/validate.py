@@ -129,7 +129,7 @@ def _check_factors(factors: object) -> tuple[int, ...]:
                           f"packing.factors={example}")
     factors = list(factors)
     if not factors:
-        raise ConfigError("packing.factors", list(factors or []), "no packing factor given",
+        raise ConfigError("packing.factors", [], "no packing factor given",
                           "list at least one, e.g. packing.factors=[1,2,4]")
     require_counts(factors, "packing.factors", "a packing factor", "packing.factors=[1,2,4]", each="N")
     return tuple(factors)
@@ -350,7 +350,8 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     sweep = cfg.sweep
     check_name("sweep.name", sweep.name)
     workload = load_workload(sweep.workload)
-    check_space(plain(sweep.space), workload, "sweep.space")  # a search's default: checked whether one runs or not
+    # a search's default: checked whether one runs or not
+    check_space(parse_space(plain(sweep.space), "sweep.space") if sweep.space else {}, workload, "sweep.space")
     search = check_search(cfg, workload) if cfg.get("search") is not None else None
     # a search's grid is the one point of its space a probe for N trains (the space's midpoints), so memory and every
     # check see a trial's setting; the user's grid is not used (a name both fixed and searched was refused)
@@ -408,11 +409,9 @@ def reference_threads(factors: Sequence[int], facts: ClusterFacts, settings: Pac
     return 1 if min(cores) // min(factors) > 1 else None
 
 
-def check_space(given: Mapping[str, object], workload: Workload, key: str,
-                space: Mapping[str, Dimension] | None = None) -> None:
-    """A search space (``given`` in Hydra's grammar, or read already: ``space``) of the workload's names and types."""
-    dims = space if space is not None else parse_space(given, key) if given else {}
-    for name, dim in dims.items():
+def check_space(space: Mapping[str, Dimension], workload: Workload, key: str) -> None:
+    """A search space's names and types, the workload's."""
+    for name, dim in space.items():
         sample = dim.choices[0] if dim.choices else int(dim.low) if dim.kind == "int" else dim.low
         workload.typed(name, sample, key)
 
@@ -425,7 +424,7 @@ def check_search(cfg: DictConfig, workload: Workload) -> OptunaSearch:
         section["space"], where = plain(cfg.sweep.space), "sweep.space"
     search = read_search(section, cfg.collect.metric, cfg.collect.goal, workload.reported_metrics, workload.name,
                          workload.curve_in_output)
-    check_space({}, workload, where, search.space)
+    check_space(search.space, workload, where)
     fixed = plain(cfg.sweep.fixed)
     for name in search.space:
         if name in fixed:  # the space would replace it in every trial: said, not dropped
