@@ -476,9 +476,8 @@ def typed_grid(workload: Workload, raw_grid: Mapping[str, object], raw_fixed: Ma
     grid = {k: workload.typed_values(k, grid_values(k, raw), "sweep.grid") for k, raw in raw_grid.items()}
     for k, values in grid.items():  # an axis is a set: a value twice would be planned twice, reseeded unasked
         require_unique(values, f"sweep.grid.{k}", "a grid value", "value")
-    both = set(raw_grid) & set(raw_fixed)
-    if both:
-        key = sorted(both)[0]
+    if both := sorted(set(raw_grid) & set(raw_fixed)):
+        key = both[0]
         raise ConfigError(f"sweep.fixed.{key}", raw_fixed[key], "is also a grid axis",
                           f"keep {key} in sweep.grid or in sweep.fixed, not both")
     fixed = {**workload.defaults(), **{k: workload.typed(k, v, "sweep.fixed") for k, v in raw_fixed.items()}}
