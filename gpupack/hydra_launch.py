@@ -196,8 +196,10 @@ def prepare(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], ini
     p = launcher.params
     check_options(p)
     run = RunDir(fresh_dir(Path(str(p["records_dir"])).absolute(), RunDir.launch_name(initial_job_idx)))
-    # the backend maps the launcher's options (hydra-submitit-launcher's names) to its own config
-    submitter = backend_class(launcher.backend).from_launcher(p, run, KEY)
+    # the backend's config from the launcher's options (hydra-submitit-launcher's names); its errors name those keys
+    backend = backend_class(launcher.backend)
+    cluster = backend.launcher_config(p, KEY)
+    submitter = backend(cluster, run, key_prefix=KEY, key_names=backend.launcher_names(cluster))
     submitter.measured_host_mb = NOT_MEASURED.host
     return sweep.prepare_run(submitter, [], lambda facts: check_batch(launcher, job_overrides, initial_job_idx, run,
                                                                      submitter, facts))

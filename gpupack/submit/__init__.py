@@ -129,12 +129,6 @@ class Submitter(ABC, Generic[ConfigT]):
         """The launcher's name of each of this backend's options that it names otherwise (for :meth:`key`)."""
         return {}
 
-    @classmethod
-    def from_launcher(cls, options: Mapping[str, Any], run: RunDir, key: str) -> Submitter[ConfigT]:
-        """This backend, configured by a Hydra launcher's options; its errors name the launcher's keys."""
-        cluster = cls.launcher_config(options, key)
-        return cls(cluster, run, key_prefix=key, key_names=cls.launcher_names(cluster))
-
     @abstractmethod
     def resolve_partitions(self, requested: Sequence[str]) -> tuple[str, ...]:
         """The partitions a sweep runs on, from what the user asked (empty: the backend's default)."""
