@@ -227,12 +227,10 @@ def _other_backends_key(word: str, kind: object) -> tuple[str, str, str] | None:
 
 
 def _keys_under(parent: str) -> list[str]:
-    node = OmegaConf.structured(schema())
-    for part in [p for p in parent.split(".") if p]:
-        try:
-            node = node[part]
-        except Exception:
-            return []
+    try:
+        node = OmegaConf.select(OmegaConf.structured(schema()), parent)
+    except Exception:  # a path through a value, not a node
+        return []
     return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
 
 
