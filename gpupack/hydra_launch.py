@@ -42,7 +42,6 @@ from gpupack.sweep.setup.validate import check_job_options, check_packs
 from gpupack.sweep.stop import Stopped, after_stop, stop_on_signals, stopped_line
 
 KEY = "hydra.launcher"
-WORKLOAD = HYDRA_JOB  # the Hydra job's workload, loaded by name in the job
 # The launcher's options that are its mode's too (packing.<mode>.<name>), given to the mode when it has them.
 MODE_OPTIONS = ("mps", "start")
 
@@ -216,7 +215,7 @@ def check_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]],
                             training_timeout_s=p.get("job_timeout_s"), gpu_model=p.get("gpu_model"),
                             sample_interval_s=float(p["sample_interval_s"]), mode_options=launcher_mode_options(p))
     try:
-        check_packs(load_workload(WORKLOAD), [p["mode"]], [largest], facts, settings, NOT_MEASURED,
+        check_packs(load_workload(HYDRA_JOB), [p["mode"]], [largest], facts, settings, NOT_MEASURED,
                     PackingConfig.memory_fraction, lambda i: f"{KEY}.pack", noun="jobs")
     except ConfigError as err:  # a mode speaks of gpupack's own keys: say the launcher's
         if err.key == f"{KEY}.pack":
@@ -226,7 +225,7 @@ def check_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]],
     jobs = [{"overrides": list(o), "job_num": initial_job_idx + i, "launch_dir": str(run.root), "app_dir": app_dir(),
              "cwd": str(cfg.hydra.runtime.cwd)} for i, o in enumerate(job_overrides)]
     task = str(cfg.hydra.job.name)
-    plan = plan_in_order(sweep=task, workload=WORKLOAD, params=jobs, factor=int(p["pack"]),
+    plan = plan_in_order(sweep=task, workload=HYDRA_JOB, params=jobs, factor=int(p["pack"]),
                          partition=facts.partitions[0], mode=str(p["mode"]), label=f"hydra:{task}",
                          names=[f"job{j['job_num']}" for j in jobs],
                          stream_jobs=launcher_stream_jobs(p, facts.stream_jobs(facts.partitions[0])))

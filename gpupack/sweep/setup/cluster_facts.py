@@ -85,14 +85,13 @@ def bundle_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_m
 
 
 def auto_ladder(ladder: Sequence[int], facts: ClusterFacts, memory: TrainingMemory, fraction: float,
-                measured_host_mb: Figure | None, check_mode: Callable[[int], None] = lambda n: None
-                ) -> tuple[tuple[int, ...], str | None, str | None]:
+                check_mode: Callable[[int], None]) -> tuple[tuple[int, ...], str | None, str | None]:
     """The ladder as far as a job on every partition holds it (the first rung must) and why it stops there; and where
     memory would stop it by today's figures (a forecast: the probe re-checks with what it measures). Pure."""
     memory_note = None
     for i, n in enumerate(ladder):
         try:
-            check_fit([n], facts, key=lambda _: "packing.auto.ladder", request_host_mb=measured_host_mb)
+            check_fit([n], facts, key=lambda _: "packing.auto.ladder", request_host_mb=memory.host)
             check_mode(n)
         except ConfigError as err:
             if i == 0:

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gpupack.core.cost.rgu import check_weights
 from gpupack.core.goal import check_goal, check_metric
-from gpupack.core.memory.figures import Figure, Measured, TrainingMemory, check_memory, estimate, setting_key
+from gpupack.core.memory.figures import Measured, TrainingMemory, check_memory, estimate, setting_key
 from gpupack.core.plan import ORDERS, Plan, expand_grid, grid_values, make_plan
 from gpupack.core.store.rundir import check_name
 from gpupack.core.types import PackSettings
@@ -289,10 +289,10 @@ def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int]
 
 def check_packs(workload: Workload, modes: Sequence[str], factors: Sequence[int], facts: ClusterFacts,
                 settings: PackSettings, memory: TrainingMemory, fraction: float, key: Callable[[int], str],
-                noun: str = "trainings", request_host_mb: Figure | None = None) -> None:
+                noun: str = "trainings") -> None:
     """Packs of each N against what the backend answered (a sweep's and a Hydra batch's): a job's CPUs and host
     memory, then each mode's own limits (the more specific answer), then the device's memory."""
-    check_fit(factors, facts, key=key, noun=noun, request_host_mb=request_host_mb)
+    check_fit(factors, facts, key=key, noun=noun, request_host_mb=memory.host)
     check_modes(workload, modes, factors, facts, settings)
     check_memory(factors, facts.capacities, memory, fraction, key=key)
 
@@ -319,10 +319,9 @@ def _check_against_the_workload(cfg: DictConfig, workload: Workload, searching: 
 
 
 def _auto_spec(cfg: DictConfig, workload: Workload, modes: Sequence[str], factors: Sequence[int],
-               facts: ClusterFacts, settings: PackSettings, memory: TrainingMemory) -> AutoSpec:
+               facts: ClusterFacts, settings: PackSettings, memory: TrainingMemory, fraction: float) -> AutoSpec:
     """packing.factors=auto: the ladder the device can hold (cut where memory says so) and the probe's settings."""
-    fraction = float(cfg.packing.memory_fraction)
-    ladder, cut, memory_note = auto_ladder(factors, facts, memory, fraction, memory.host,
+    ladder, cut, memory_note = auto_ladder(factors, facts, memory, fraction,
                                            lambda n: check_modes(workload, modes, [n], facts, settings))
     return AutoSpec(ladder=ladder, cut=cut, min_gain=float(cfg.packing.auto.min_gain),
                     repeats=int(cfg.packing.auto.repeats or max(3, cfg.packing.repeats)), then=cfg.packing.then,
@@ -373,13 +372,11 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     fraction = float(cfg.packing.memory_fraction)
     auto = None
     if is_auto(cfg):
-        auto = _auto_spec(cfg, workload, modes, factors, facts, settings, memory)
+        auto = _auto_spec(cfg, workload, modes, factors, facts, settings, memory, fraction)
         factors = auto.ladder
     else:
-        check_packs(workload, modes, factors, facts, settings, memory, fraction, lambda i: f"packing.factors[{i}]",
-                    request_host_mb=memory.host)
-    spread = check_spread_config(cfg, workload, facts, memory, fraction, memory.host, grid, fixed,
-                                 auto=is_auto(cfg))
+        check_packs(workload, modes, factors, facts, settings, memory, fraction, lambda i: f"packing.factors[{i}]")
+    spread = check_spread_config(cfg, workload, facts, memory, fraction, grid, fixed, auto=is_auto(cfg))
     _check_groups(workload, modes, grid, fixed)
     return SweepSpec(name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed,
                      factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
