@@ -443,11 +443,9 @@ def _say_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], 
 
 def fork_fallbacks(prepared: sweep.Prepared) -> list[str]:
     """One line per pack whose jobs started as fresh interpreters, not forked from its preloaded server, and why."""
-    lines = []
     records = RunRecords(prepared.run)  # a pack's folder, else its lane's journal
-    for pack in prepared.plan.packs:
-        recs = [records.training(pack.pack_id, t.training_id) for t in pack.trainings]
-        why = next((str(r["fork_fallback"]) for r in recs if r and r.get("fork_fallback")), None)
-        if why:
-            lines.append(f"pack {pack.pack_id} started its jobs as fresh interpreters, not forked: {why}")
-    return lines
+    whys = {p.pack_id: next((str(r["fork_fallback"]) for t in p.trainings
+                             if (r := records.training(p.pack_id, t.training_id)) and r.get("fork_fallback")), None)
+            for p in prepared.plan.packs}
+    return [f"pack {pack_id} started its jobs as fresh interpreters, not forked: {why}" for pack_id, why in whys.items()
+            if why]

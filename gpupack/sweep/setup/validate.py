@@ -446,10 +446,9 @@ def device_notes(workload: Workload, grid: Mapping[str, list[object]], fixed: Ma
     notes: list[str] = []
     for partition in facts.partitions:
         has_gpu = facts.capacities[partition].has_gpu if device != "cpu" else False
-        for _, note in each_reading(lambda values: workload.device_note(values, has_gpu), grid, fixed):
-            if note and f"{partition}: {note}" not in notes:
-                notes.append(f"{partition}: {note}")
-    return tuple(notes)
+        readings = each_reading(lambda values: workload.device_note(values, has_gpu), grid, fixed)
+        notes += [f"{partition}: {note}" for _, note in readings if note]
+    return tuple(dict.fromkeys(notes))
 
 
 def requested_partitions(partitions: Sequence[str] | None) -> list[str]:
