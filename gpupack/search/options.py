@@ -3,7 +3,6 @@ run keeps of it is an :class:`OptunaSearch`, the head of its study."""
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 import re
 from dataclasses import asdict, dataclass, field
@@ -97,7 +96,10 @@ class OptunaSearch:
 def _check_class(key: str, name: str, module: str, base: str, kwargs: Mapping[str, Kwarg], extra: tuple[str, ...] = (),
                  ) -> None:
     """``name`` a public ``base`` class of ``module`` taking ``kwargs`` (else a ConfigError with a did-you-mean)."""
-    mod = importlib.import_module(module)
+    import optuna.pruners
+    import optuna.samplers
+
+    mod = optuna.samplers if module == "optuna.samplers" else optuna.pruners
     root = getattr(mod, base)
     known = sorted(n for n, c in vars(mod).items()
                    if inspect.isclass(c) and issubclass(c, root) and c is not root and not n.startswith("_"))
