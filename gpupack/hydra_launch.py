@@ -42,7 +42,6 @@ from gpupack.sweep.setup.validate import check_job_options, check_packs
 from gpupack.sweep.stop import Stopped, after_stop, stop_on_signals, stopped_line
 
 KEY = "hydra.launcher"
-WORKLOAD = HYDRA_JOB  # the Hydra job's workload, loaded by name in the job
 # The launcher's options that are its mode's too (packing.<mode>.<name>), given to the mode when it has them.
 MODE_OPTIONS = ("mps", "start")
 
@@ -196,8 +195,10 @@ def prepare(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], ini
     p = launcher.params
     check_options(p)
     run = RunDir(fresh_dir(Path(str(p["records_dir"])).absolute(), RunDir.launch_name(initial_job_idx)))
-    # the backend maps the launcher's options (hydra-submitit-launcher's names) to its own config
-    submitter = backend_class(launcher.backend).from_launcher(p, run, KEY)
+    # the backend's config from the launcher's options (hydra-submitit-launcher's names); its errors name those keys
+    backend = backend_class(launcher.backend)
+    cluster = backend.launcher_config(p, KEY)
+    submitter = backend(cluster, run, key_prefix=KEY, key_names=backend.launcher_names(cluster))
     submitter.measured_host_mb = NOT_MEASURED.host
     return sweep.prepare_run(submitter, [], lambda facts: check_batch(launcher, job_overrides, initial_job_idx, run,
                                                                      submitter, facts))
@@ -214,7 +215,7 @@ def check_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]],
                             training_timeout_s=p.get("job_timeout_s"), gpu_model=p.get("gpu_model"),
                             sample_interval_s=float(p["sample_interval_s"]), mode_options=launcher_mode_options(p))
     try:
-        check_packs(load_workload(WORKLOAD), [p["mode"]], [largest], facts, settings, NOT_MEASURED,
+        check_packs(load_workload(HYDRA_JOB), [p["mode"]], [largest], facts, settings, NOT_MEASURED,
                     PackingConfig.memory_fraction, lambda i: f"{KEY}.pack", noun="jobs")
     except ConfigError as err:  # a mode speaks of gpupack's own keys: say the launcher's
         if err.key == f"{KEY}.pack":
@@ -224,7 +225,7 @@ def check_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]],
     jobs = [{"overrides": list(o), "job_num": initial_job_idx + i, "launch_dir": str(run.root), "app_dir": app_dir(),
              "cwd": str(cfg.hydra.runtime.cwd)} for i, o in enumerate(job_overrides)]
     task = str(cfg.hydra.job.name)
-    plan = plan_in_order(sweep=task, workload=WORKLOAD, params=jobs, factor=int(p["pack"]),
+    plan = plan_in_order(sweep=task, workload=HYDRA_JOB, params=jobs, factor=int(p["pack"]),
                          partition=facts.partitions[0], mode=str(p["mode"]), label=f"hydra:{task}",
                          names=[f"job{j['job_num']}" for j in jobs],
                          stream_jobs=launcher_stream_jobs(p, facts.stream_jobs(facts.partitions[0])))
@@ -442,11 +443,9 @@ def _say_batch(launcher: HydraLauncher, job_overrides: Sequence[Sequence[str]], 
 
 def fork_fallbacks(prepared: sweep.Prepared) -> list[str]:
     """One line per pack whose jobs started as fresh interpreters, not forked from its preloaded server, and why."""
-    lines = []
     records = RunRecords(prepared.run)  # a pack's folder, else its lane's journal
-    for pack in prepared.plan.packs:
-        recs = [records.training(pack.pack_id, t.training_id) for t in pack.trainings]
-        why = next((str(r["fork_fallback"]) for r in recs if r and r.get("fork_fallback")), None)
-        if why:
-            lines.append(f"pack {pack.pack_id} started its jobs as fresh interpreters, not forked: {why}")
-    return lines
+    whys = {p.pack_id: next((str(r["fork_fallback"]) for t in p.trainings
+                             if (r := records.training(p.pack_id, t.training_id)) and r.get("fork_fallback")), None)
+            for p in prepared.plan.packs}
+    return [f"pack {pack_id} started its jobs as fresh interpreters, not forked: {why}" for pack_id, why in whys.items()
+            if why]

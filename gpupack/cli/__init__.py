@@ -330,6 +330,9 @@ def help_text(overrides: Sequence[str]) -> str:
 
 
 def info_text(overrides: Sequence[str]) -> str:
+    import importlib.util
+    import shutil
+
     import hydra
 
     from gpupack.job.pack import available_modes
@@ -337,6 +340,15 @@ def info_text(overrides: Sequence[str]) -> str:
     from gpupack.submit import available_backends
     from gpupack.sweep.setup.compose import group_options, search_path
 
+    try:  # the Optuna search=optuna would use (imported: --info only)
+        import optuna
+
+        optuna_said = f"Optuna {optuna.__version__}"
+    except ImportError:
+        optuna_said = "Optuna not installed (pip install 'gpupack[search]')"
+    # what the browser tier drives: Debian's chromium and Playwright, each found or not
+    chromium = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+    playwright = importlib.util.find_spec("playwright") is not None
     lines = [f"gpupack {__version__} (Hydra {hydra.__version__})", "", "Config search path:"]
     lines += [f"  {p}" for p in search_path(overrides)]
     lines += ["", "Config groups:"] + [f"  {g}: {', '.join(o)}" for g, o in group_options(overrides).items()]
@@ -344,29 +356,11 @@ def info_text(overrides: Sequence[str]) -> str:
               f"  workloads (gpupack/job/workloads/): {', '.join(available_workloads())} (or a dotted module name)",
               f"  packing modes: {', '.join(available_modes())}", f"  backends: {', '.join(available_backends())}",
               "  Hydra launchers for your own app: gpupack_local, gpupack_slurm (hydra/launcher=...)",
-              f"  search=optuna: {_optuna()}",
-              f"  the browser tier (pytest -m browser): {_browser()}"]
+              f"  search=optuna: {optuna_said}",
+              f"  the browser tier (pytest -m browser): chromium "
+              f"{'at ' + chromium if chromium else 'not found (apt-get install chromium)'}, playwright "
+              f"{'installed' if playwright else 'not installed (pip install playwright)'}"]
     return "\n".join(lines)
-
-
-def _optuna() -> str:
-    """The Optuna search=optuna would use, or that it is missing and how to install it (imports it: --info only)."""
-    try:
-        import optuna
-    except ImportError:
-        return "Optuna not installed (pip install 'gpupack[search]')"
-    return f"Optuna {optuna.__version__}"
-
-
-def _browser() -> str:
-    """What the browser tier drives: Debian's chromium and Playwright, each found or not."""
-    import importlib.util
-    import shutil
-
-    chromium = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-    playwright = importlib.util.find_spec("playwright") is not None
-    return (f"chromium {'at ' + chromium if chromium else 'not found (apt-get install chromium)'}, playwright "
-            f"{'installed' if playwright else 'not installed (pip install playwright)'}")
 
 
 def print_config(overrides: Sequence[str], which: str, package: str | None, resolve: bool) -> int:

@@ -9,6 +9,8 @@ on resume: a dead lane's next run tells its untold trials (:meth:`Study.fail_dea
 trial whose asker was killed mid-ask."""
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import os
 import re
@@ -488,13 +490,9 @@ def search_left(path: Path) -> bool:
     return journal is not None and (journal.stopped() is None or journal.untold > 0)
 
 
-def _import_optuna() -> None:
-    import optuna  # noqa: F401
-
-
 def import_optuna_meanwhile() -> threading.Thread:
     """Optuna imported in a thread (about a second): a lane that started its planned trials asks its next without it."""
-    return warm([_import_optuna], name="gpupack-import-optuna")
+    return warm([functools.partial(importlib.import_module, "optuna")], name="gpupack-import-optuna")
 
 
 def _plain(value: object) -> Param:

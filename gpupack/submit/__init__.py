@@ -129,12 +129,6 @@ class Submitter(ABC, Generic[ConfigT]):
         """The launcher's name of each of this backend's options that it names otherwise (for :meth:`key`)."""
         return {}
 
-    @classmethod
-    def from_launcher(cls, options: Mapping[str, Any], run: RunDir, key: str) -> Submitter[ConfigT]:
-        """This backend, configured by a Hydra launcher's options; its errors name the launcher's keys."""
-        cluster = cls.launcher_config(options, key)
-        return cls(cluster, run, key_prefix=key, key_names=cls.launcher_names(cluster))
-
     @abstractmethod
     def resolve_partitions(self, requested: Sequence[str]) -> tuple[str, ...]:
         """The partitions a sweep runs on, from what the user asked (empty: the backend's default)."""
@@ -237,8 +231,8 @@ def available_backends() -> list[str]:
     return module_names(__path__)
 
 
-def backend_class(backend: str, key: str = "cluster.backend") -> type[Submitter[ClusterConfig]]:
-    require_known(backend, available_backends(), key, "submission backend")
+def backend_class(backend: str) -> type[Submitter[ClusterConfig]]:
+    require_known(backend, available_backends(), "cluster.backend", "submission backend")
     submitter = exported(importlib.import_module(f"{__name__}.{backend}"), "SUBMITTER", type)
     if not issubclass(submitter, Submitter):
         raise TypeError(f"gpupack/submit/{backend}.py's SUBMITTER is no Submitter class")
@@ -250,9 +244,8 @@ def backend_configs() -> dict[str, type]:
     return {name: backend_class(name).Config for name in available_backends()}
 
 
-def load_submitter(backend: str, cluster: ClusterConfig, run: RunDir, key: str = "cluster.backend",
-                   key_prefix: str = "cluster", key_names: Mapping[str, str] | None = None) -> Submitter[ClusterConfig]:
-    return backend_class(backend, key)(cluster, run, key_prefix, key_names)
+def load_submitter(backend: str, cluster: ClusterConfig, run: RunDir) -> Submitter[ClusterConfig]:
+    return backend_class(backend)(cluster, run)
 
 
 def progress_state(result: PackResult) -> str:

@@ -68,8 +68,7 @@ def after_stop(prepared: sweep.Prepared) -> str:
     if not prepared.submitter.detachable:
         return (f"its local pack jobs and their trainings were cancelled; finished trainings keep their records. "
                 f"HINT: run the same command with run_dir={run_dir} to resume")
-    jobs = sorted({str(j["job_id"]).split("_")[0] for j in prepared.submitter.jobs().values()}) \
-        if prepared.run.jobs.exists() else []
+    jobs = sorted({str(j["job_id"]).split("_")[0] for j in prepared.submitter.jobs().values()})
     if not jobs:
         return "nothing was submitted"
     return (f"the pack jobs submitted to SLURM stay queued or running. HINT: follow them with python -m gpupack status "

@@ -45,11 +45,9 @@ class PartitionConfig:
     mig: bool = False
 
 
-def check_partition(part: PartitionConfig, key: str, rules: SiteRules | None = None, site: str = "this site",
-                    others: Sequence[str] = ()) -> None:
+def check_partition(part: PartitionConfig, key: str, rules: SiteRules, site: str, others: Sequence[str]) -> None:
     """A partition's fields, on their own and against the site's ``rules`` (quoted): one ConfigError naming
     ``key.field``. ``others``: the gpu of the preset's other partitions, for a hint. Pure."""
-    rules = rules or SiteRules()
     if part.request not in REQUEST_FORMS:
         raise ConfigError(f"{key}.request", part.request, "unknown request form", nearest(part.request, REQUEST_FORMS))
     require_positive(part.max_cpus, f"{key}.max_cpus", f"{key}.max_cpus=12, or null where the site gives none",

@@ -246,11 +246,7 @@ def request_lines(folder: str | os.PathLike[str], forecast: JobForecast, arrays:
 
 def mem_lines(arrays: Sequence[ArrayJob], request: Callable[[int], PackRequest]) -> list[str]:
     """Where the --mem of one block of #SBATCH lines comes from, per training: one line a distinct figure. Pure."""
-    lines = []
-    for factor in sorted({a.key[2] for a in arrays}):
-        req = request(factor)
-        why = f"as set ({req.mem_key}={req.mem_gb_each:g})" if req.mem_why == "as set" else req.mem_why
-        line = f"--mem: {round((req.mem_gb_each or 0) * 1024)} MB per training, {why}"
-        if line not in lines:
-            lines.append(line)
-    return lines
+    reqs = [request(factor) for factor in sorted({a.key[2] for a in arrays})]
+    return list(dict.fromkeys(f"--mem: {round((r.mem_gb_each or 0) * 1024)} MB per training, "
+                              + (f"as set ({r.mem_key}={r.mem_gb_each:g})" if r.mem_why == "as set" else r.mem_why)
+                              for r in reqs))

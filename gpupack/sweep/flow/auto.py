@@ -247,19 +247,17 @@ def weighed(prepared: Prepared, partition: str, times: Mapping[int, Sequence[flo
             objective: str) -> dict[int, list[float]]:
     """Time per training of each N, or (objective cost) what it bills: time x the pack's billed multiple (its GPU's
     RGU is the same at every N of a partition, so the multiple alone orders them)."""
-    if objective != "cost":
-        return {n: list(t) for n, t in times.items()}
-    return {n: [x * billed_multiple(prepared, partition, n) for x in t] for n, t in times.items()}
+    return {n: [x * billed_multiple(prepared, partition, n) for x in t] if objective == "cost" else list(t)
+            for n, t in times.items()}
 
 
 def cheapest_n(prepared: Prepared, collected: Collected) -> dict[str, int]:
     """Per partition, the time choice's own noise-aware choice of N (among those that ran without an OOM or a
     failure), on each pack's time x its N's billed multiple."""
-    summary = collected.summary
-    blocked: dict[str, set[int]] = {}  # as the summary's choice blocks them (analysis.summary.with_choices)
-    stopped = summary[summary["infeasible"] | (summary["unfinished"] > 0)] if not summary.empty else summary
-    for _, r in stopped.iterrows():
-        blocked.setdefault(str(r["partition"]), set()).add(int(r["factor"]))
+    summary = collected.summary  # each partition's N blocked as the summary's choice blocks them (with_choices)
+    stopped = summary[summary["infeasible"] | (summary["unfinished"] > 0)] if not summary.empty else None
+    blocked = {str(p): set(map(int, g["factor"])) for p, g in stopped.groupby("partition")} if stopped is not None \
+        else {}
     records = collected.records
     out: dict[str, int] = {}
     for partition, timed in pack_times(records, loaded_packs(records.packs), blocked).items():

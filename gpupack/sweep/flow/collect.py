@@ -15,7 +15,7 @@ from rich.console import Console
 
 from gpupack.core.goal import check_goal, check_metric
 from gpupack.core.store.rank_choice import RankChoice, choose, remember
-from gpupack.core.store.records import read_json
+from gpupack.core.store.records import read_json, read_json_or_none
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.store.storage import storage_faults
 from gpupack.results.analysis.aggregate import Collected, aggregate_records, load
@@ -94,10 +94,7 @@ def again_lines(root: Path) -> list[str]:
     """What a run measured again (packing.remeasure: RUN_DIR/again/NN/), from each measurement's plan notes."""
     lines = []
     for again in RunDir(root).agains():
-        try:
-            plan = read_json(RunDir(again).plan)
-        except (OSError, ValueError):
-            continue
+        plan = read_json_or_none(RunDir(again).plan) or {}  # one that cannot be read says nothing
         lines += [f"{again.name}: {note}" for note in plan.get("notes") or []]
     return [f"Measured again in {RunDir(root).again(1).root.parent}/: " + "; ".join(lines) + "."] if lines else []
 
@@ -205,13 +202,7 @@ def run_configs(runs: Sequence[Path]) -> dict[str, RunConfig]:
 
 def _measured(run: Path) -> set[tuple[str, str, str]]:
     """What a run's plan measures: (workload, partition, mode) of its packs (none where it has no plan)."""
-    plan = RunDir(run).plan
-    if not plan.is_file():
-        return set()
-    try:
-        packs = read_json(plan).get("packs", [])
-    except (OSError, ValueError):
-        return set()
+    packs = (read_json_or_none(RunDir(run).plan) or {}).get("packs", [])
     return {(str(t.get("workload")), str(p.get("partition")), str(p.get("mode")))
             for p in packs for t in p.get("trainings", [])}
 

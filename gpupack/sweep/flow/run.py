@@ -121,9 +121,8 @@ class Outcome:
         return all(r.ok for r in self.results) and self.failed_trainings == 0 and counted
 
 
-def default_run_dir(sweep: str, now: _dt.datetime | None = None) -> Path:
-    stamp = (now or _dt.datetime.now()).strftime("%Y-%m-%d_%H-%M-%S")
-    return Path("runs") / sweep / stamp
+def default_run_dir(sweep: str) -> Path:
+    return Path("runs") / sweep / _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
 def ask_submitter(submitter: Submitter[ClusterConfig], requested_partitions: Sequence[str]) -> ClusterFacts:
@@ -257,15 +256,15 @@ class Beside:
 BESIDE_LOOKED = 4  # the newest run directories beside a new one that are read: a few plans, never a whole history
 
 
-def unfinished_beside(prepared: Prepared, look: int = BESIDE_LOOKED) -> list[Beside]:
-    """The runs of this same sweep, unfinished or running, among the ``look`` newest run directories beside the one
+def unfinished_beside(prepared: Prepared) -> list[Beside]:
+    """The runs of this same sweep, unfinished or running, among the BESIDE_LOOKED newest run directories beside the one
     ``prepared`` starts, newest first; none where the user chose run_dir=, or for packing.factors=auto (its root has no
     plan). Reads plans and records only: no lock is taken, no queue asked."""
     if prepared.chosen_dir or (prepared.spec is not None and prepared.spec.auto is not None):
         return []
     held: HeldLocks | None = None  # this host's lock table, read once and only where a same sweep is found
     found = []
-    for other in prepared.run.siblings()[:look]:
+    for other in prepared.run.siblings()[:BESIDE_LOOKED]:
         try:
             earlier = Plan.from_json(read_json(other.plan))
             if not earlier.same_sweep(prepared.plan):
@@ -357,10 +356,6 @@ PLOT_IMPORTS = ("matplotlib.backends.backend_agg", "matplotlib.figure")
 COLLECT_IMPORTS = tuple(functools.partial(importlib.import_module, name) for name in TABLE_IMPORTS + PLOT_IMPORTS)
 
 
-def collect_imports(plots: bool) -> tuple[Callable[[], object], ...]:
-    return COLLECT_IMPORTS if plots else COLLECT_IMPORTS[:len(TABLE_IMPORTS)]
-
-
 def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
               on_open: Callable[[Opened], None] | None = None, collect_outputs: bool = True,
               plots: bool = True) -> Outcome:
@@ -396,7 +391,8 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
         # collect's imports, made while the first jobs start and stopped once one has begun a pack: from then on their
         # CPU would be load beside the trainings measured on this host (gpupack.results.analysis.disturbance)
         began = lambda: any(run_dir.pack_dir(p.pack_id).is_dir() for p in opened.todo)  # noqa: E731
-        warming = warm(collect_imports(plots) if collect_outputs else (), began, "gpupack-collect-imports")
+        imports = COLLECT_IMPORTS if plots else COLLECT_IMPORTS[:len(TABLE_IMPORTS)]
+        warming = warm(imports if collect_outputs else (), began, "gpupack-collect-imports")
         outcome.results = submitter.run_packs(opened.todo, prepared.settings, progress or (lambda pack, state: None))
         warming.join()
         if collect_outputs:

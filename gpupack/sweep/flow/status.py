@@ -202,14 +202,12 @@ def _pack_states(run: RunDir, plan: Plan, records: RunRecords, every: Mapping[st
     sweep_held = held.holds(run.lock)
     packs = []
     for p in plan.packs:
-        recs = every[p.pack_id]
-        done = sum(rec is not None and rec.get("status") == COMPLETED for rec in recs.values())
-        skipped = sum(rec is not None and rec.get("status") == SKIPPED_MEMORY and not rec.get("runs_in")
-                      for rec in recs.values())  # skipped for memory, and run nowhere else (no refit pack named)
+        said = [(rec.get("status"), bool(rec.get("runs_in"))) for rec in every[p.pack_id].values() if rec]
+        done = sum(status == COMPLETED for status, _ in said)
+        skipped = said.count((SKIPPED_MEMORY, False))  # skipped for memory, run nowhere else (no refit pack named)
         # skipped for memory, to run in a refit pack that has not recorded it yet: the job that wrote the pack's record
         # (skipped) runs them now, or was cut off before: as a pack with no record yet (running, or to resume)
-        to_refit = any(rec is not None and rec.get("status") == SKIPPED_MEMORY and rec.get("runs_in")
-                       for rec in recs.values())
+        to_refit = (SKIPPED_MEMORY, True) in said
         job = jobs.get(p.pack_id, {}).get("job_id")
         pack_rec = records.pack(p.pack_id)
         state = pack_status(p, done, pack_rec is not None and not to_refit, job, states,

@@ -31,7 +31,7 @@ def check_fit(factors: Sequence[int], facts: ClusterFacts, key: Callable[[int], 
     for name, cap in facts.capacities.items():
         max_cpus = (cap.node_cpus or cap.max_cpus) if per_node else cap.max_cpus
         for i, n in enumerate(factors):
-            req = facts.request(n, request_host_mb) if request_host_mb is not None else facts.request(n)
+            req = facts.request(n, request_host_mb)
             if max_cpus and req.cpus and req.cpus > max_cpus:
                 raise ConfigError(key(i), n, f"{n} {noun} x {req.cpus_key}={req.cpus_each:g} = {req.cpus} CPUs, but "
                                   f"one {name} {'node has' if per_node else 'GPU job gets at most'} {max_cpus}",
@@ -85,14 +85,13 @@ def bundle_warnings(factors: Sequence[int], facts: ClusterFacts, measured_host_m
 
 
 def auto_ladder(ladder: Sequence[int], facts: ClusterFacts, memory: TrainingMemory, fraction: float,
-                measured_host_mb: Figure | None, check_mode: Callable[[int], None] = lambda n: None
-                ) -> tuple[tuple[int, ...], str | None, str | None]:
+                check_mode: Callable[[int], None]) -> tuple[tuple[int, ...], str | None, str | None]:
     """The ladder as far as a job on every partition holds it (the first rung must) and why it stops there; and where
     memory would stop it by today's figures (a forecast: the probe re-checks with what it measures). Pure."""
     memory_note = None
     for i, n in enumerate(ladder):
         try:
-            check_fit([n], facts, key=lambda _: "packing.auto.ladder", request_host_mb=measured_host_mb)
+            check_fit([n], facts, key=lambda _: "packing.auto.ladder", request_host_mb=memory.host)
             check_mode(n)
         except ConfigError as err:
             if i == 0:

@@ -207,10 +207,10 @@ def _as_given(key: str, meant: str, overrides: Sequence[str]) -> str:
     return meant
 
 
-def _keys_of(kind: object) -> list[str]:
-    """The keys of a structured config node's dataclass ``kind``, which the schema's ``Any`` fields do not show."""
+def _keys_of(kind: object) -> list[str] | None:
+    """The keys of a structured config node's dataclass ``kind`` (None: not one), which ``Any`` fields do not show."""
     return [f.name for f in dataclasses.fields(kind)] if isinstance(kind, type) and dataclasses.is_dataclass(kind) \
-        else []
+        else None
 
 
 def _other_backends_key(word: str, kind: object) -> tuple[str, str, str] | None:
@@ -227,12 +227,10 @@ def _other_backends_key(word: str, kind: object) -> tuple[str, str, str] | None:
 
 
 def _keys_under(parent: str) -> list[str]:
-    node = OmegaConf.structured(schema())
-    for part in [p for p in parent.split(".") if p]:
-        try:
-            node = node[part]
-        except Exception:
-            return []
+    try:
+        node = OmegaConf.select(OmegaConf.structured(schema()), parent)
+    except Exception:  # a path through a value, not a node
+        return []
     return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
 
 
@@ -329,8 +327,7 @@ def added_keys(cfg: DictConfig) -> list[tuple[str, type]]:
 
     def walk(node: DictConfig, prefix: str) -> None:
         kind = OmegaConf.get_type(node)
-        declared = {f.name for f in dataclasses.fields(kind)} \
-            if isinstance(kind, type) and dataclasses.is_dataclass(kind) else None
+        declared = _keys_of(kind)
         for name in node.keys():
             key = _join(prefix, str(name))
             if declared is not None and name not in declared and key != "hydra":  # Hydra's own node, with_hydra

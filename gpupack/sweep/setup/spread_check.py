@@ -7,7 +7,7 @@ from typing import Mapping
 
 from omegaconf import DictConfig
 
-from gpupack.core.memory.figures import Figure, TrainingMemory
+from gpupack.core.memory.figures import TrainingMemory
 from gpupack.core.plan import expand_grid
 from gpupack.core.workload import Workload
 from gpupack.errors import ConfigError, require_counts, require_positive
@@ -26,8 +26,8 @@ class SpreadSpec:
 
 
 def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts, memory: TrainingMemory,
-                        fraction: float, measured_host_mb: Figure | None, grid: Mapping[str, list[object]],
-                        fixed: Mapping[str, object], auto: bool = False) -> SpreadSpec | None:
+                        fraction: float, grid: Mapping[str, list[object]], fixed: Mapping[str, object],
+                        auto: bool) -> SpreadSpec | None:
     """spread.*: the strategy, its layouts and each k against the workload and one node of each partition (each of
     the k processes or replicas holds a whole model). None when spread.devices is empty."""
     spread = cfg.spread
@@ -53,7 +53,7 @@ def check_spread_config(cfg: DictConfig, workload: Workload, facts: ClusterFacts
                                   err.hint) from None
     _check_devices_per_job(devices, facts)
     check_fit(devices, facts, key=lambda i: f"spread.devices[{i}]", noun="processes of one training",
-              request_host_mb=measured_host_mb, per_node=True)
+              request_host_mb=memory.host, per_node=True)
     for name, cap in facts.capacities.items():  # each device holds a whole replica: k x one training's host memory
         budget = (cap.node_mem_mb or cap.max_mem_mb or 0) * fraction
         for i, k in enumerate(devices):

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gpupack.core.cost.rgu import check_weights
 from gpupack.core.goal import check_goal, check_metric
-from gpupack.core.memory.figures import Figure, Measured, TrainingMemory, check_memory, estimate, setting_key
+from gpupack.core.memory.figures import Measured, TrainingMemory, check_memory, estimate, setting_key
 from gpupack.core.plan import ORDERS, Plan, expand_grid, grid_values, make_plan
 from gpupack.core.store.rundir import check_name
 from gpupack.core.types import PackSettings
@@ -129,7 +129,7 @@ def _check_factors(factors: object) -> tuple[int, ...]:
                           f"packing.factors={example}")
     factors = list(factors)
     if not factors:
-        raise ConfigError("packing.factors", list(factors or []), "no packing factor given",
+        raise ConfigError("packing.factors", [], "no packing factor given",
                           "list at least one, e.g. packing.factors=[1,2,4]")
     require_counts(factors, "packing.factors", "a packing factor", "packing.factors=[1,2,4]", each="N")
     return tuple(factors)
@@ -289,10 +289,10 @@ def check_modes(workload: Workload, modes: Sequence[str], factors: Sequence[int]
 
 def check_packs(workload: Workload, modes: Sequence[str], factors: Sequence[int], facts: ClusterFacts,
                 settings: PackSettings, memory: TrainingMemory, fraction: float, key: Callable[[int], str],
-                noun: str = "trainings", request_host_mb: Figure | None = None) -> None:
+                noun: str = "trainings") -> None:
     """Packs of each N against what the backend answered (a sweep's and a Hydra batch's): a job's CPUs and host
     memory, then each mode's own limits (the more specific answer), then the device's memory."""
-    check_fit(factors, facts, key=key, noun=noun, request_host_mb=request_host_mb)
+    check_fit(factors, facts, key=key, noun=noun, request_host_mb=memory.host)
     check_modes(workload, modes, factors, facts, settings)
     check_memory(factors, facts.capacities, memory, fraction, key=key)
 
@@ -319,10 +319,9 @@ def _check_against_the_workload(cfg: DictConfig, workload: Workload, searching: 
 
 
 def _auto_spec(cfg: DictConfig, workload: Workload, modes: Sequence[str], factors: Sequence[int],
-               facts: ClusterFacts, settings: PackSettings, memory: TrainingMemory) -> AutoSpec:
+               facts: ClusterFacts, settings: PackSettings, memory: TrainingMemory, fraction: float) -> AutoSpec:
     """packing.factors=auto: the ladder the device can hold (cut where memory says so) and the probe's settings."""
-    fraction = float(cfg.packing.memory_fraction)
-    ladder, cut, memory_note = auto_ladder(factors, facts, memory, fraction, memory.host,
+    ladder, cut, memory_note = auto_ladder(factors, facts, memory, fraction,
                                            lambda n: check_modes(workload, modes, [n], facts, settings))
     return AutoSpec(ladder=ladder, cut=cut, min_gain=float(cfg.packing.auto.min_gain),
                     repeats=int(cfg.packing.auto.repeats or max(3, cfg.packing.repeats)), then=cfg.packing.then,
@@ -350,7 +349,8 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     sweep = cfg.sweep
     check_name("sweep.name", sweep.name)
     workload = load_workload(sweep.workload)
-    check_space(plain(sweep.space), workload, "sweep.space")  # a search's default: checked whether one runs or not
+    # a search's default: checked whether one runs or not
+    check_space(parse_space(plain(sweep.space), "sweep.space") if sweep.space else {}, workload, "sweep.space")
     search = check_search(cfg, workload) if cfg.get("search") is not None else None
     # a search's grid is the one point of its space a probe for N trains (the space's midpoints), so memory and every
     # check see a trial's setting; the user's grid is not used (a name both fixed and searched was refused)
@@ -372,13 +372,11 @@ def validate(cfg: DictConfig, facts: ClusterFacts,
     fraction = float(cfg.packing.memory_fraction)
     auto = None
     if is_auto(cfg):
-        auto = _auto_spec(cfg, workload, modes, factors, facts, settings, memory)
+        auto = _auto_spec(cfg, workload, modes, factors, facts, settings, memory, fraction)
         factors = auto.ladder
     else:
-        check_packs(workload, modes, factors, facts, settings, memory, fraction, lambda i: f"packing.factors[{i}]",
-                    request_host_mb=memory.host)
-    spread = check_spread_config(cfg, workload, facts, memory, fraction, memory.host, grid, fixed,
-                                 auto=is_auto(cfg))
+        check_packs(workload, modes, factors, facts, settings, memory, fraction, lambda i: f"packing.factors[{i}]")
+    spread = check_spread_config(cfg, workload, facts, memory, fraction, grid, fixed, auto=is_auto(cfg))
     _check_groups(workload, modes, grid, fixed)
     return SweepSpec(name=sweep.name, workload=workload, workload_ref=sweep.workload, grid=grid, fixed=fixed,
                      factors=factors, modes=modes, partitions=facts.partitions, repeats=cfg.packing.repeats,
@@ -408,11 +406,9 @@ def reference_threads(factors: Sequence[int], facts: ClusterFacts, settings: Pac
     return 1 if min(cores) // min(factors) > 1 else None
 
 
-def check_space(given: Mapping[str, object], workload: Workload, key: str,
-                space: Mapping[str, Dimension] | None = None) -> None:
-    """A search space (``given`` in Hydra's grammar, or read already: ``space``) of the workload's names and types."""
-    dims = space if space is not None else parse_space(given, key) if given else {}
-    for name, dim in dims.items():
+def check_space(space: Mapping[str, Dimension], workload: Workload, key: str) -> None:
+    """A search space's names and types, the workload's."""
+    for name, dim in space.items():
         sample = dim.choices[0] if dim.choices else int(dim.low) if dim.kind == "int" else dim.low
         workload.typed(name, sample, key)
 
@@ -425,7 +421,7 @@ def check_search(cfg: DictConfig, workload: Workload) -> OptunaSearch:
         section["space"], where = plain(cfg.sweep.space), "sweep.space"
     search = read_search(section, cfg.collect.metric, cfg.collect.goal, workload.reported_metrics, workload.name,
                          workload.curve_in_output)
-    check_space({}, workload, where, search.space)
+    check_space(search.space, workload, where)
     fixed = plain(cfg.sweep.fixed)
     for name in search.space:
         if name in fixed:  # the space would replace it in every trial: said, not dropped
@@ -450,10 +446,9 @@ def device_notes(workload: Workload, grid: Mapping[str, list[object]], fixed: Ma
     notes: list[str] = []
     for partition in facts.partitions:
         has_gpu = facts.capacities[partition].has_gpu if device != "cpu" else False
-        for _, note in each_reading(lambda values: workload.device_note(values, has_gpu), grid, fixed):
-            if note and f"{partition}: {note}" not in notes:
-                notes.append(f"{partition}: {note}")
-    return tuple(notes)
+        readings = each_reading(lambda values: workload.device_note(values, has_gpu), grid, fixed)
+        notes += [f"{partition}: {note}" for _, note in readings if note]
+    return tuple(dict.fromkeys(notes))
 
 
 def requested_partitions(partitions: Sequence[str] | None) -> list[str]:
@@ -477,9 +472,8 @@ def typed_grid(workload: Workload, raw_grid: Mapping[str, object], raw_fixed: Ma
     grid = {k: workload.typed_values(k, grid_values(k, raw), "sweep.grid") for k, raw in raw_grid.items()}
     for k, values in grid.items():  # an axis is a set: a value twice would be planned twice, reseeded unasked
         require_unique(values, f"sweep.grid.{k}", "a grid value", "value")
-    both = set(raw_grid) & set(raw_fixed)
-    if both:
-        key = sorted(both)[0]
+    if both := sorted(set(raw_grid) & set(raw_fixed)):
+        key = both[0]
         raise ConfigError(f"sweep.fixed.{key}", raw_fixed[key], "is also a grid axis",
                           f"keep {key} in sweep.grid or in sweep.fixed, not both")
     fixed = {**workload.defaults(), **{k: workload.typed(k, v, "sweep.fixed") for k, v in raw_fixed.items()}}
