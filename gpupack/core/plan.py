@@ -146,19 +146,12 @@ class Plan:
         raise KeyError(pack_id)
 
     def to_json(self) -> PlanJson:
-        data = {"schema": PLAN_SCHEMA, **asdict(self)}
-        for pack in data["packs"]:  # a label only where one is set, so plans written before labels still resume
-            if pack["spread"] is None:  # likewise a spread pack's fields
-                del pack["spread"], pack["devices"]
-            for key in ("stream", "round", "reference_of", "threads"):  # and a lane's, a round's, a check's, a set-up's
-                if pack[key] is None:
-                    del pack[key]
-            for t in pack["trainings"]:
-                if t["label"] is None:
-                    del t["label"]
-        if data["phase"] is None:
-            del data["phase"]
-        return cast(PlanJson, data)  # asdict's fields, those left None removed above
+        # a field left None is not written (so plans written before it still resume), nor a pack's devices unspread
+        data = {"schema": PLAN_SCHEMA, **asdict(self, dict_factory=lambda kv: {k: v for k, v in kv if v is not None})}
+        for pack in data["packs"]:
+            if "spread" not in pack:
+                del pack["devices"]
+        return cast(PlanJson, data)  # asdict's fields, those left None removed
 
     @staticmethod
     def from_json(data: Mapping[str, object]) -> "Plan":
