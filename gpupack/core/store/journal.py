@@ -244,10 +244,10 @@ def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
                             for e in journal_entries(path)[0]])
     out = Folded()
     folded = {str(e["record"].get("pack_id")) for e in entries}
-    seen = {_same(rec) for pack_id in folded.intersection(folders) for rec in folder_records(run, pack_id)}
+    seen = {identity(rec) for pack_id in folded.intersection(folders) for rec in folder_records(run, pack_id)}
     for e in entries:
         rec = e["record"]
-        same = _same(rec)
+        same = identity(rec)
         if same in seen:  # folded again after a job was killed between its journal and removing the folder
             continue
         seen.add(same)
@@ -345,14 +345,11 @@ def lane_trainings(run: RunDir, lane: str) -> dict[str, TrainingRecord]:
             if e.get("kind") == TRAINING and is_training_record(rec := e["record"])}
 
 
-def _same(rec: Mapping[str, object]) -> str:
-    """A record's identity: the same record folded twice, or folded and still in its folder, is one."""
-    return json.dumps({k: v for k, v in rec.items() if k != LOGS}, sort_keys=True)
-
-
 def identity(rec: Mapping[str, object]) -> int:
-    """:func:`_same` as a signed 64-bit number (a column of a lane's columnar file)."""
-    return int.from_bytes(hashlib.blake2b(_same(rec).encode(), digest_size=8).digest(), "little", signed=True)
+    """A record's identity, as a signed 64-bit number (a column of a lane's columnar file): the same record folded
+    twice, or folded and still in its folder, is one."""
+    same = json.dumps({k: v for k, v in rec.items() if k != LOGS}, sort_keys=True)
+    return int.from_bytes(hashlib.blake2b(same.encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def folder_records(run: RunDir, pack_id: str) -> Iterator[Record]:
