@@ -118,16 +118,12 @@ class RunDir:
         return f"{LAUNCH}{first_job:06d}"
 
     @property
-    def is_launch(self) -> bool:
-        """One launch of a Hydra multirun: the launches of one multirun add up to its sweep."""
-        return self.root.name.startswith(LAUNCH)
-
-    @property
     def sweep_root(self) -> Path:
-        """The sweep this run is part of: a Hydra launch's records_dir, ROOT for ROOT/again/NN/, else its own."""
+        """The sweep this run is part of: a Hydra launch's records_dir (the launches of one multirun add up to its
+        sweep), ROOT for ROOT/again/NN/, else its own."""
         if self.root.parent.name == AGAIN and RunDir(self.root.parent.parent).plan.exists():
             return self.root.parent.parent
-        return self.root.parent if self.is_launch else self.root
+        return self.root.parent if self.root.name.startswith(LAUNCH) else self.root
 
     @property
     def auto_root(self) -> Path | None:
