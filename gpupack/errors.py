@@ -150,11 +150,7 @@ def _unique_key(value: object) -> object:
 
 def override_value(value: object) -> str:
     """``value`` as a command-line override writes it (null, true, false, numbers and words as they are)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 # The most memory one figure may plausibly name (MB): 10 TB. A larger one is in a smaller unit than its key says.
