@@ -447,11 +447,10 @@ def _packing_packs(workload: str, points: Sequence[Mapping[str, object]], fixed:
                    "unchanged (labelled repeats: the program takes no seed, so a new one would not reach it)")
             notes.append(f"N={factor}: the grid has {len(points)} point(s); {extra} more training(s) repeat "
                          f"grid points {how} so that {n_packs} packs of {factor} are full")
-        trainings = trainings_for(workload, points, fixed, n_packs * factor, seed_key)
+        plain = grouped_chunks(workload, points, fixed, factor, repeats, seed_key, None)
         for partition, mode in itertools.product(partitions, modes):
             key = (group_keys or {}).get(mode)
-            chunks = (grouped_chunks(workload, points, fixed, factor, repeats, seed_key, key) if key is not None else
-                      [tuple(trainings[i * factor:(i + 1) * factor]) for i in range(n_packs)])
+            chunks = plain if key is None else grouped_chunks(workload, points, fixed, factor, repeats, seed_key, key)
             packs += [Pack(pack_id(partition, mode, factor, index), partition, mode, factor, index, chunk)
                       for index, chunk in enumerate(chunks)]
             if key is not None and partition == partitions[0]:
@@ -550,11 +549,11 @@ def deal(packs: Sequence[Pack], lanes: int) -> list[list[Pack]]:
 
 def grouped_chunks(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object], factor: int,
                    repeats: int, seed_key: str | None,
-                   key: Callable[[Mapping[str, object]], Hashable]) -> list[tuple[Training, ...]]:
-    """Packs of ``factor`` trainings sharing ``key``: each group fills at least ``repeats`` packs of its own."""
+                   key: Callable[[Mapping[str, object]], Hashable] | None) -> list[tuple[Training, ...]]:
+    """Packs of ``factor`` trainings sharing ``key`` (None: all one group), each group in ``repeats`` packs or more."""
     groups: dict[Hashable, list[Mapping[str, object]]] = {}
     for p in points:
-        groups.setdefault(key({**fixed, **p}), []).append(p)
+        groups.setdefault(None if key is None else key({**fixed, **p}), []).append(p)
     chunks: list[tuple[Training, ...]] = []
     for members in groups.values():
         n_packs = max(repeats, math.ceil(len(members) / factor))
