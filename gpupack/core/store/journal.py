@@ -172,8 +172,7 @@ def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes])
     out: list[tuple[str, Record]] = [*found]
     pack = read_pack(folder / PACK_RECORD)
     if pack is not None:
-        own = sorted(p for p in (folder / "logs").glob("*.*") if p.stem not in trainings and _has_output(p)) \
-            if (folder / "logs").is_dir() else []
+        own = sorted(p for p in (folder / "logs").glob("*.*") if p.stem not in trainings and _has_output(p))
         out.append((PACK, {**pack, LOGS: {p.name: _append_file(run, lane, log, p) for p in own}}))
     return out
 
