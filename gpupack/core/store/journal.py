@@ -21,10 +21,10 @@ import os
 import shutil
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Collection, Final, Iterable, Iterator, Mapping, TypedDict, cast
+from typing import IO, Callable, Collection, Final, Iterator, Mapping, TypedDict, cast
 
 from gpupack.core.plan import refit_parent
 from gpupack.core.store.locks import held
@@ -296,7 +296,11 @@ def journal_entries(path: Path, start: int = 0) -> tuple[list[JournalEntry], int
         f.seek(start)
         data = f.read()
     whole = data.rfind(b"\n") + 1
-    return folded_order(list(_parsed(data[:whole].splitlines()))), start + whole
+    entries: list[JournalEntry] = []
+    for line in data[:whole].splitlines():
+        with suppress(json.JSONDecodeError):  # a line that is no JSON (torn, then ended by the next fold): skipped
+            entries.append(json.loads(line))
+    return folded_order(entries), start + whole
 
 
 def held_journal(run: RunDir, lane: str) -> tuple[list[JournalEntry], int, str]:
@@ -325,15 +329,6 @@ def fingerprint(path: Path, end: int) -> str:
 def folded_order(entries: list[JournalEntry]) -> list[JournalEntry]:
     """Entries in the order they were folded (a fold's lines share its time, in their sequence)."""
     return sorted(entries, key=lambda e: (float(e["folded_at"]), int(e["seq"])))
-
-
-def _parsed(lines: Iterable[str | bytes]) -> Iterator[JournalEntry]:
-    """Each journal line's entry; a line that is no JSON (torn, then ended by the next fold) is skipped."""
-    for line in lines:
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError:
-            continue
 
 
 def lane_trainings(run: RunDir, lane: str) -> dict[str, TrainingRecord]:
