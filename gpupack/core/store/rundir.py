@@ -267,10 +267,9 @@ class RunDir:
         return self.pack_dir(pack_id) / "work" / f"{check_name('training_id', training_id)}.{what}.json"
 
 
-def holder_line(now: float | None = None) -> str:
+def holder_line() -> str:
     """What a lock file says of its holder: ``pid host since`` (since: local time, to the second)."""
-    since = _dt.datetime.fromtimestamp(time.time() if now is None else now).isoformat(timespec="seconds")
-    return f"{os.getpid()} {socket.gethostname()} {since}\n"
+    return f"{os.getpid()} {socket.gethostname()} {_dt.datetime.now().isoformat(timespec='seconds')}\n"
 
 
 @dataclass(frozen=True)
@@ -355,13 +354,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _holder_of(fd: int, tries: int = 20, pause_s: float = 0.05) -> Holder | None:
+def _holder_of(fd: int) -> Holder | None:
     """The holder line of a lock another holds, read for up to a second (a winner writes it just after locking)."""
-    for _ in range(tries):
+    for _ in range(20):
         holder = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
         if holder is not None:
             return holder
-        time.sleep(pause_s)
+        time.sleep(0.05)
     return None
 
 
