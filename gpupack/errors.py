@@ -134,9 +134,10 @@ def require_unique(values: Sequence[object], key: str, noun: str, each: str) -> 
         told = _unique_key(value)
         (twice if told in known else seen).append(value)
         known.add(told)
-    if twice:
+    if twice:  # the hint's list as an override writes it: null, true, false, numbers and words as they are
+        shown = ",".join("null" if v is None else str(v).lower() if isinstance(v, bool) else str(v) for v in seen)
         raise ConfigError(key, list(values), f"{noun} is listed twice ({twice[0]!r})",
-                          f"list each {each} once: {key}=[{','.join(override_value(v) for v in seen)}]")
+                          f"list each {each} once: {key}=[{shown}]")
 
 
 def _unique_key(value: object) -> object:
@@ -146,15 +147,6 @@ def _unique_key(value: object) -> object:
     except TypeError:
         return ("\0unhashable", json.dumps(value, sort_keys=True, default=repr))
     return value
-
-
-def override_value(value: object) -> str:
-    """``value`` as a command-line override writes it (null, true, false, numbers and words as they are)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
 
 
 # The most memory one figure may plausibly name (MB): 10 TB. A larger one is in a smaller unit than its key says.

@@ -29,15 +29,10 @@ def check_goal(goal: object, key: str) -> None:
                           f"{key}=min for a loss, {key}=max for an accuracy")
 
 
-def name_words(metric: str) -> list[str]:
-    """A metric's name as lower-case words, split at non-alphanumerics and camelCase (``valAcc`` → val, acc). Pure."""
-    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", metric)
-    return [w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w]
-
-
 def suggested_goal(metric: str) -> str | None:
     """The goal ``metric``'s name reads as (max for an accuracy, min for a loss), or None. Pure; only a suggestion."""
-    words = name_words(metric)
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", metric)  # its words split at camelCase too (valAcc: val, acc)
+    words = [w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w]
     found = {goal for goal, cues in SUGGESTS.items()
              if any(cue in words or (len(cue) >= _INSIDE and any(cue in w for w in words)) for cue in cues)}
     return found.pop() if len(found) == 1 else None

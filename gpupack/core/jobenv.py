@@ -43,9 +43,9 @@ class JobEnvironment:
         return {**({JOB_ID_ENV: self.job_id} if self.job_id else {}),
                 **({"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {})}
 
-    def device_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    def device_env(self) -> dict[str, str]:
         """The environment as a pack of this job sees its device: the process's, with this job's GPUs."""
-        return {**(os.environ if environ is None else environ), **self.exported()}
+        return {**os.environ, **self.exported()}
 
     def gpus(self, wanted: int) -> list[str]:
         """The ``wanted`` GPUs of this job, as CUDA_VISIBLE_DEVICES names them (unset: indexes 0, 1, ...)."""
@@ -72,16 +72,14 @@ class JobEnvironment:
         return float(psutil.Process().create_time())
 
     @classmethod
-    def here(cls, environ: Mapping[str, str] | None = None) -> JobEnvironment:
+    def here(cls) -> JobEnvironment:
         """A pack run outside any backend: this process is its job, with the GPUs the environment names."""
-        env = os.environ if environ is None else environ
-        return cls(job_id=str(os.getpid()), cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
+        return cls(job_id=str(os.getpid()), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-def job_id(environ: Mapping[str, str] | None = None) -> str | None:
+def job_id() -> str | None:
     """The job this process's pack runs in (:data:`JOB_ID_ENV`); None: a process started by no pack."""
-    env = os.environ if environ is None else environ
-    return env.get(JOB_ID_ENV)
+    return os.environ.get(JOB_ID_ENV)
 
 
 def job_cpus() -> list[int]:

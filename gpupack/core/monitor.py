@@ -52,12 +52,8 @@ def cpu_name() -> str:
 
 
 def first_visible(env: Mapping[str, str]) -> str | None:
-    """The first device CUDA_VISIBLE_DEVICES names ("0" when it is unset); None when it hides every GPU."""
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return "0"
-    first = visible.split(",")[0].strip()
-    return None if first in ("", "-1") else first  # CUDA stops at the first invalid entry: "-1,0" hides all
+    """The first device CUDA_VISIBLE_DEVICES names ("0" when it is unset); None when it hides every GPU ("-1,0")."""
+    return next(iter(visible_devices(env, 1)), None)
 
 
 def visible_devices(env: Mapping[str, str], k: int) -> list[str]:

@@ -146,19 +146,12 @@ class Plan:
         raise KeyError(pack_id)
 
     def to_json(self) -> PlanJson:
-        data = {"schema": PLAN_SCHEMA, **asdict(self)}
-        for pack in data["packs"]:  # a label only where one is set, so plans written before labels still resume
-            if pack["spread"] is None:  # likewise a spread pack's fields
-                del pack["spread"], pack["devices"]
-            for key in ("stream", "round", "reference_of", "threads"):  # and a lane's, a round's, a check's, a set-up's
-                if pack[key] is None:
-                    del pack[key]
-            for t in pack["trainings"]:
-                if t["label"] is None:
-                    del t["label"]
-        if data["phase"] is None:
-            del data["phase"]
-        return cast(PlanJson, data)  # asdict's fields, those left None removed above
+        # a field left None is not written (so plans written before it still resume), nor a pack's devices unspread
+        data = {"schema": PLAN_SCHEMA, **asdict(self, dict_factory=lambda kv: {k: v for k, v in kv if v is not None})}
+        for pack in data["packs"]:
+            if "spread" not in pack:
+                del pack["devices"]
+        return cast(PlanJson, data)  # asdict's fields, those left None removed
 
     @staticmethod
     def from_json(data: Mapping[str, object]) -> "Plan":
@@ -454,11 +447,10 @@ def _packing_packs(workload: str, points: Sequence[Mapping[str, object]], fixed:
                    "unchanged (labelled repeats: the program takes no seed, so a new one would not reach it)")
             notes.append(f"N={factor}: the grid has {len(points)} point(s); {extra} more training(s) repeat "
                          f"grid points {how} so that {n_packs} packs of {factor} are full")
-        trainings = trainings_for(workload, points, fixed, n_packs * factor, seed_key)
+        plain = grouped_chunks(workload, points, fixed, factor, repeats, seed_key, None)
         for partition, mode in itertools.product(partitions, modes):
             key = (group_keys or {}).get(mode)
-            chunks = (grouped_chunks(workload, points, fixed, factor, repeats, seed_key, key) if key is not None else
-                      [tuple(trainings[i * factor:(i + 1) * factor]) for i in range(n_packs)])
+            chunks = plain if key is None else grouped_chunks(workload, points, fixed, factor, repeats, seed_key, key)
             packs += [Pack(pack_id(partition, mode, factor, index), partition, mode, factor, index, chunk)
                       for index, chunk in enumerate(chunks)]
             if key is not None and partition == partitions[0]:
@@ -557,11 +549,11 @@ def deal(packs: Sequence[Pack], lanes: int) -> list[list[Pack]]:
 
 def grouped_chunks(workload: str, points: Sequence[Mapping[str, object]], fixed: Mapping[str, object], factor: int,
                    repeats: int, seed_key: str | None,
-                   key: Callable[[Mapping[str, object]], Hashable]) -> list[tuple[Training, ...]]:
-    """Packs of ``factor`` trainings sharing ``key``: each group fills at least ``repeats`` packs of its own."""
+                   key: Callable[[Mapping[str, object]], Hashable] | None) -> list[tuple[Training, ...]]:
+    """Packs of ``factor`` trainings sharing ``key`` (None: all one group), each group in ``repeats`` packs or more."""
     groups: dict[Hashable, list[Mapping[str, object]]] = {}
     for p in points:
-        groups.setdefault(key({**fixed, **p}), []).append(p)
+        groups.setdefault(None if key is None else key({**fixed, **p}), []).append(p)
     chunks: list[tuple[Training, ...]] = []
     for members in groups.values():
         n_packs = max(repeats, math.ceil(len(members) / factor))

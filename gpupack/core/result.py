@@ -91,8 +91,4 @@ class TrainingResult:
 
 def report(metrics: Mapping[str, object] | None = None, samples: int | None = None) -> None:
     """One call at the end of a program that reports only its metrics (start-up and loop stay one)."""
-    result = TrainingResult()
-    result.loop_end = time.time()
-    if samples is not None:
-        result.samples = int(samples)
-    result._write(dict(metrics or {}))
+    TrainingResult().finish(metrics, samples)

@@ -93,11 +93,7 @@ def cost_table(best: pd.DataFrame, weights: Mapping[str, float], sweep_trainings
     out["sweep_trainings"] = sweep_trainings
     out["sweep_hours"] = sweep_trainings * out["time_per_training_s"] / 3600.0
     out["sweep_rgu_hours"] = sweep_trainings * out["rgu_hours_per_training"]
-    out["fastest"] = False
-    out["cheapest"] = False
-    for _, idx in out.groupby("workload").groups.items():
-        group = out.loc[idx]
-        out.loc[group["sweep_hours"].idxmin(), "fastest"] = True
-        if group["sweep_rgu_hours"].notna().any():
-            out.loc[group["sweep_rgu_hours"].idxmin(), "cheapest"] = True
+    out["fastest"] = out.index.isin(out.groupby("workload")["sweep_hours"].idxmin())
+    priced = out.dropna(subset=["sweep_rgu_hours"])  # a workload with no RGU weight known has no cheapest
+    out["cheapest"] = out.index.isin(priced.groupby("workload")["sweep_rgu_hours"].idxmin())
     return out.reset_index(drop=True)

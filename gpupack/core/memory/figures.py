@@ -78,9 +78,8 @@ class Measured:
 
     def aside_text(self) -> str:
         """The records of another device not used, e.g. "3 cpu record(s) not used: another device"; "" if none."""
-        if not self.aside:
-            return ""
-        return ", ".join(f"{n} {label} record(s)" for label, n in self.aside) + " not used: another device"
+        aside = ", ".join(f"{n} {label} record(s)" for label, n in self.aside)
+        return f"{aside} not used: another device" if aside else ""
 
     def looked(self) -> str:
         """What the records said where they gave no figure (or the figure left one out), in words."""

@@ -65,9 +65,11 @@ def pack_fit(n: int, peaks: Sequence[Figure | None], budget: Budget | None) -> F
         return Fit(True, "no training's peak is known yet: started as without admission")
     need = sum(p.mb for p in known)
     verdict = "<=" if need <= budget.mb else ">"
-    why = (f"N={n} needs {_terms(known)} = {gb(need)} {verdict} {budget.words} ({gb(budget.mb)})"
+    counts = Counter(p.mb for p in known)  # equal peaks counted ("4 x 12.6 GB"), largest first
+    terms = " + ".join(f"{k} x {gb(mb)}" for mb, k in sorted(counts.items(), reverse=True))
+    why = (f"N={n} needs {terms} = {gb(need)} {verdict} {budget.words} ({gb(budget.mb)})"
            + (f", {len(peaks) - len(known)} training(s) not known" if len(known) < len(peaks) else "")
-           + f"; {_sources(known)}")
+           + "; " + "; ".join(dict.fromkeys(p.source for p in known)))
     return Fit(need <= budget.mb, why)
 
 
@@ -90,16 +92,6 @@ def largest_fit(peaks: Sequence[Figure | None], budget: Budget | None, most: int
             return Refit(n, f"the largest N that fits: {fit.why}")
     return Refit(1, "one training at a time: no pack of 2 of them fits"
                  + (f" ({pack_fit(2, largest[:2], budget).why})" if len(peaks) > 1 else ""))
-
-
-def _terms(known: Sequence[Figure]) -> str:
-    """The sum in words: equal peaks counted ("4 x 12.6 GB"), largest first."""
-    counts = Counter(p.mb for p in known)
-    return " + ".join(f"{k} x {gb(mb)}" for mb, k in sorted(counts.items(), reverse=True))
-
-
-def _sources(known: Sequence[Figure]) -> str:
-    return "; ".join(dict.fromkeys(p.source for p in known))
 
 
 def gb(mb: float) -> str:

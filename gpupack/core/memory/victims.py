@@ -33,7 +33,7 @@ def collateral(rec: TrainingRecord) -> bool:
     return rec.get("signal") in CRASH_SIGNALS or bool(COLLATERAL.search(str(rec.get("error") or "")))
 
 
-def victims(records: Sequence[TrainingRecord], window_s: float = WINDOW_S) -> dict[str, str]:
+def victims(records: Sequence[TrainingRecord]) -> dict[str, str]:
     """A pack attempt's victims: training id → the first training to fail, whose fault took it down. Pure."""
     failed = sorted((r for r in records if r.get("status") not in (COMPLETED, TIMEOUT)),
                     key=lambda r: float(r.get("ended_at") or 0))
@@ -41,18 +41,17 @@ def victims(records: Sequence[TrainingRecord], window_s: float = WINDOW_S) -> di
         return {}
     first = failed[0]
     return {str(r["training_id"]): culprit for r in failed[1:]
-            if (culprit := culprit_of(r, [first], window_s)) is not None}
+            if (culprit := culprit_of(r, [first])) is not None}
 
 
-def culprit_of(rec: TrainingRecord, earlier: Sequence[TrainingRecord],
-               window_s: float = WINDOW_S) -> str | None:
+def culprit_of(rec: TrainingRecord, earlier: Sequence[TrainingRecord]) -> str | None:
     """The training whose fault took ``rec`` down: of ``earlier`` on its device, the first to fail (no victim, no time
-    limit) within ``window_s`` before it, where ``rec``'s death is :func:`collateral`; None: its own. Pure."""
+    limit) within :data:`WINDOW_S` before it, where ``rec``'s death is :func:`collateral`; None: its own. Pure."""
     if not collateral(rec):
         return None
     end = float(rec.get("ended_at") or 0)
     faults = [r for r in earlier if r.get("status") not in (COMPLETED, TIMEOUT, VICTIM)
               and r.get("training_id") != rec.get("training_id")
-              and 0 <= end - float(r.get("ended_at") or 0) <= window_s]
+              and 0 <= end - float(r.get("ended_at") or 0) <= WINDOW_S]
     first = min(faults, key=lambda r: float(r.get("ended_at") or 0), default=None)
     return None if first is None else str(first["training_id"])

@@ -122,20 +122,9 @@ def record_row(rec: Mapping[str, object], kind: str, where: str, warnings: list[
 
 # ---------------- rows as columns, and the file ----------------
 
-def _arrow_type(values: Sequence[object]) -> pa.DataType | None:
-    """The Arrow type that holds ``values`` as they are; None for lists, dicts or mixed types (kept as JSON)."""
-    kinds = {type(v) for v in values if v is not None}
-    if not kinds:
-        return pa.null()
-    if kinds == {bool}:
-        return pa.bool_()
-    if kinds == {int}:
-        return pa.int64()
-    if kinds <= {int, float}:
-        return pa.float64()
-    if kinds == {str}:
-        return _S
-    return None
+# The Arrow type that holds values of these Python types (None left out) as they are; any other set is JSON.
+_ARROW_TYPES = {frozenset(): pa.null(), frozenset({bool}): _B, frozenset({int}): _I, frozenset({float}): _F,
+                frozenset({int, float}): _F, frozenset({str}): _S}
 
 
 def json_texts(values: Sequence[object]) -> list[str | None]:
@@ -150,7 +139,8 @@ def json_array(values: Sequence[object]) -> pa.Array:
 def column_type(name: str, values: Sequence[object]) -> pa.DataType | None:
     """A column's type: the field's known type where the values fit it as they are (never a float cut to an int, a
     bool made a number), else their own type, else None: JSON text."""
-    kind, known = _arrow_type(values), KNOWN_TYPES.get(name)
+    kind = _ARROW_TYPES.get(frozenset(type(v) for v in values if v is not None))  # None: JSON
+    known = KNOWN_TYPES.get(name)
     if known is not None and (kind in (known, pa.null()) or (known == _F and kind == _I)):
         kind = known
     ints = [v for v in values if isinstance(v, int)]  # what Arrow refuses in its type is JSON, kept whole:

@@ -10,7 +10,7 @@ plan dealt it to), its claim dropped too (:mod:`gpupack.core.store.claims`).
 Readers (:class:`RunRecords`) see a pack's folder where it has one, else the journal's latest record. A job killed
 mid-fold leaves the folder and perhaps some lines: the next fold appends them again, and a record read twice counts
 once. A torn last line is left unread; the next writer, under the lane's lock, cuts it off into
-``lanes/<lane>.torn`` (:func:`repair`); a pack record lost so is rebuilt from its trainings' records by the lane's
+``lanes/<lane>.torn`` (:func:`cut_torn`); a pack record lost so is rebuilt from its trainings' records by the lane's
 next run (:func:`rebuild_pack`), and a training whose line was lost runs again.
 """
 from __future__ import annotations
@@ -21,10 +21,10 @@ import os
 import shutil
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Collection, Final, Iterable, Iterator, Mapping, TypedDict, cast
+from typing import IO, Callable, Collection, Final, Iterator, Mapping, TypedDict, cast
 
 from gpupack.core.plan import refit_parent
 from gpupack.core.store.locks import held
@@ -112,7 +112,7 @@ def _lane_lock(run: RunDir, lane: str) -> Iterator[tuple[IO[str], IO[bytes]]]:
     """The lane's journal and log, held (flock on the journal) against any other writer of the lane. The log is
     opened under the lock: a writer that found it empty removes it."""
     with open(run.journal(lane), "a", encoding="utf-8") as journal, held(journal.fileno(), run.journal(lane)):
-        torn = repair(run, lane)  # before the first line it appends: that line then stays whole
+        torn = cut_torn(run.journal(lane), run.torn_lines(lane))  # before its first line: that line then stays whole
         if torn:
             print(f"gpupack: warning: lane {lane}: the last line of {run.journal(lane)} was torn (a writer killed "
                   f"mid-append): cut back to its last whole line, the {torn} torn bytes kept in "
@@ -122,11 +122,6 @@ def _lane_lock(run: RunDir, lane: str) -> Iterator[tuple[IO[str], IO[bytes]]]:
 
 
 REPAIR_CHUNK = 1 << 16  # a torn line is read back this much at a time (a pack's line with its samples runs long)
-
-
-def repair(run: RunDir, lane: str) -> int:
-    """:func:`cut_torn` of ``lane``'s journal, its torn bytes kept in ``lanes/<lane>.torn``."""
-    return cut_torn(run.journal(lane), run.torn_lines(lane))
 
 
 def cut_torn(path: Path, aside_path: Path) -> int:
@@ -157,16 +152,17 @@ def cut_torn(path: Path, aside_path: Path) -> int:
     return len(torn)
 
 
+def _read(path: Path) -> tuple[str, Record] | None:
+    """The record at ``path`` (a pack's by its file name) with its kind; None where none reads."""
+    rec = read_pack(path) if path.name == PACK_RECORD else read_training(path)
+    return None if rec is None else (PACK if path.name == PACK_RECORD else TRAINING, rec)
+
+
 def _earlier_attempts(folder: Path) -> list[tuple[str, Record]]:
     """Records a resumed pack moved under attempts/<k>/, oldest attempt first."""
-    out: list[tuple[str, Record]] = []
     attempts = folder / ATTEMPTS
-    for k in sorted((int(d.name) for d in attempts.iterdir() if d.name.isdigit()) if attempts.is_dir() else []):
-        for path in sorted((attempts / str(k)).glob("*.json")):
-            rec = read_pack(path) if path.name == PACK_RECORD else read_training(path)
-            if rec is not None:
-                out.append((PACK if path.name == PACK_RECORD else TRAINING, rec))
-    return out
+    ks = sorted(int(d.name) for d in attempts.iterdir() if d.name.isdigit()) if attempts.is_dir() else []
+    return [found for k in ks for path in sorted((attempts / str(k)).glob("*.json")) if (found := _read(path))]
 
 
 def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes]) -> list[tuple[str, Record]]:
@@ -176,8 +172,7 @@ def _current(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes])
     out: list[tuple[str, Record]] = [*found]
     pack = read_pack(folder / PACK_RECORD)
     if pack is not None:
-        own = sorted(p for p in (folder / "logs").glob("*.*") if p.stem not in trainings and _has_output(p)) \
-            if (folder / "logs").is_dir() else []
+        own = sorted(p for p in (folder / "logs").glob("*.*") if p.stem not in trainings and _has_output(p))
         out.append((PACK, {**pack, LOGS: {p.name: _append_file(run, lane, log, p) for p in own}}))
     return out
 
@@ -193,10 +188,10 @@ def _trainings(run: RunDir, folder: Path, pack_id: str, lane: str, log: IO[bytes
         rec = read_training(path)
         if rec is None:
             continue
-        tid = rec["training_id"]
-        keep = _append_log if rec.get("status") == COMPLETED else _copy_log
-        out.append((TRAINING, {**rec, LOGS: {s: keep(run, lane, log, pack_id, tid, s) for s in ("out", "err")
-                                             if _has_output(run.log(pack_id, tid, s))}}))
+        tid, done = rec["training_id"], rec.get("status") == COMPLETED
+        out.append((TRAINING, {**rec, LOGS: {
+            s: _append_file(run, lane, log, run.log(pack_id, tid, s)) if done else _copy_log(run, lane, pack_id, tid, s)
+            for s in ("out", "err") if _has_output(run.log(pack_id, tid, s))}}))
     return out
 
 
@@ -206,10 +201,6 @@ def _has_output(path: Path) -> bool:
         return path.stat().st_size > 0
     except OSError:
         return False
-
-
-def _append_log(run: RunDir, lane: str, log: IO[bytes], pack_id: str, tid: str, stream: str) -> Logs:
-    return _append_file(run, lane, log, run.log(pack_id, tid, stream))
 
 
 def _append_file(run: RunDir, lane: str, log: IO[bytes], path: Path) -> Logs:
@@ -223,7 +214,7 @@ def _append_file(run: RunDir, lane: str, log: IO[bytes], path: Path) -> Logs:
     return {"file": str(run.lane_log(lane).relative_to(run.root)), "offset": offset, "length": length}
 
 
-def _copy_log(run: RunDir, lane: str, log: IO[bytes], pack_id: str, tid: str, stream: str) -> Logs:
+def _copy_log(run: RunDir, lane: str, pack_id: str, tid: str, stream: str) -> Logs:
     """A failed training's log, whole, in a file of its own (a later failure's in another)."""
     copy = 1
     while (target := run.failed_log(lane, pack_id, tid, stream, copy)).exists():  # under the lane's lock
@@ -252,10 +243,10 @@ def read_folded(run: RunDir, folders: Collection[str] = ()) -> Folded:
                             for e in journal_entries(path)[0]])
     out = Folded()
     folded = {str(e["record"].get("pack_id")) for e in entries}
-    seen = {_same(rec) for pack_id in folded.intersection(folders) for rec in folder_records(run, pack_id)}
+    seen = {identity(rec) for pack_id in folded.intersection(folders) for rec in folder_records(run, pack_id)}
     for e in entries:
         rec = e["record"]
-        same = _same(rec)
+        same = identity(rec)
         if same in seen:  # folded again after a job was killed between its journal and removing the folder
             continue
         seen.add(same)
@@ -305,7 +296,11 @@ def journal_entries(path: Path, start: int = 0) -> tuple[list[JournalEntry], int
         f.seek(start)
         data = f.read()
     whole = data.rfind(b"\n") + 1
-    return folded_order(list(_parsed(data[:whole].splitlines()))), start + whole
+    entries: list[JournalEntry] = []
+    for line in data[:whole].splitlines():
+        with suppress(json.JSONDecodeError):  # a line that is no JSON (torn, then ended by the next fold): skipped
+            entries.append(json.loads(line))
+    return folded_order(entries), start + whole
 
 
 def held_journal(run: RunDir, lane: str) -> tuple[list[JournalEntry], int, str]:
@@ -336,15 +331,6 @@ def folded_order(entries: list[JournalEntry]) -> list[JournalEntry]:
     return sorted(entries, key=lambda e: (float(e["folded_at"]), int(e["seq"])))
 
 
-def _parsed(lines: Iterable[str | bytes]) -> Iterator[JournalEntry]:
-    """Each journal line's entry; a line that is no JSON (torn, then ended by the next fold) is skipped."""
-    for line in lines:
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError:
-            continue
-
-
 def lane_trainings(run: RunDir, lane: str) -> dict[str, TrainingRecord]:
     """The latest record of each training ``lane``'s journal holds (training id → record): one journal read."""
     path = run.journal(lane)
@@ -353,23 +339,19 @@ def lane_trainings(run: RunDir, lane: str) -> dict[str, TrainingRecord]:
             if e.get("kind") == TRAINING and is_training_record(rec := e["record"])}
 
 
-def _same(rec: Mapping[str, object]) -> str:
-    """A record's identity: the same record folded twice, or folded and still in its folder, is one."""
-    return json.dumps({k: v for k, v in rec.items() if k != LOGS}, sort_keys=True)
-
-
 def identity(rec: Mapping[str, object]) -> int:
-    """:func:`_same` as a signed 64-bit number (a column of a lane's columnar file)."""
-    return int.from_bytes(hashlib.blake2b(_same(rec).encode(), digest_size=8).digest(), "little", signed=True)
+    """A record's identity, as a signed 64-bit number (a column of a lane's columnar file): the same record folded
+    twice, or folded and still in its folder, is one."""
+    same = json.dumps({k: v for k, v in rec.items() if k != LOGS}, sort_keys=True)
+    return int.from_bytes(hashlib.blake2b(same.encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def folder_records(run: RunDir, pack_id: str) -> Iterator[Record]:
     """Every record the pack's folder holds: its trainings', its own, its earlier attempts'."""
     folder = run.pack_dir(pack_id)
     for path in [*folder.glob(f"{TRAININGS}/*.json"), folder / PACK_RECORD, *folder.glob(f"{ATTEMPTS}/*/*.json")]:
-        rec = read_pack(path) if path.name == PACK_RECORD else read_training(path)
-        if rec is not None:
-            yield rec
+        if (found := _read(path)) is not None:
+            yield found[1]
 
 
 class RunRecords:

@@ -117,21 +117,16 @@ def write_lane_columnar(run: RunDir, lane: str) -> bool:
     if warnings or not entries:
         path.unlink(missing_ok=True)
         return False
-    with atomic_file(path, binary=True) as f:
-        f.write(lane_bytes(entries, covers, seal))
-    return True
-
-
-def lane_bytes(entries: Sequence[Entry], covers: int, seal: str) -> bytes:
-    """What a lane's columnar file holds for ``entries`` (each record once, in the order folded)."""
     trainings = [e for e in entries if e.kind == TRAINING]
     packs = [e for e in entries if e.kind == PACK]
     training_rows, pack_rows = split_rows([e.row for e in trainings]), split_rows([e.row for e in packs])
     tail = {"rows": training_rows.rows, "shared": training_rows.shared, "pack_rows": pack_rows.rows,
             "pack_shared": pack_rows.shared, "covers": covers, "seal": seal,
             "homes": sorted({e.home for e in trainings})}
-    return b"".join([stream_bytes(training_rows.batch), stream_bytes(_beside(trainings)),
-                     stream_bytes(pack_rows.batch), stream_bytes(_beside(packs)), json.dumps(tail).encode()])
+    with atomic_file(path, binary=True) as f:
+        f.write(b"".join([stream_bytes(training_rows.batch), stream_bytes(_beside(trainings)),
+                          stream_bytes(pack_rows.batch), stream_bytes(_beside(packs)), json.dumps(tail).encode()]))
+    return True
 
 
 def _beside(entries: Sequence[Entry]) -> pa.RecordBatch:

@@ -32,19 +32,15 @@ def _code(data: bytes) -> types.CodeType:
     return code
 
 
-def _pickler_class() -> type:
-    """cloudpickle's Pickler with code objects reduced by marshal; every other type as cloudpickle does it."""
+def dump_to(obj: Any, f: IO[bytes]) -> None:
+    """Pickle ``obj`` to ``f`` as cloudpickle would, but code objects reduced by marshal, keeping their file name."""
     import cloudpickle
 
     base: Mapping[Any, Any] = cloudpickle.Pickler.dispatch_table
     code_reducer = {types.CodeType: lambda code: (_code, (marshal.dumps(code),))}
-    return type("CodeKeepingPickler", (cloudpickle.Pickler,),
-                {"dispatch_table": ChainMap(code_reducer, base)})  # type: ignore[arg-type]
-
-
-def dump_to(obj: Any, f: IO[bytes]) -> None:
-    """Pickle ``obj`` to ``f`` as cloudpickle would, code objects keeping their file name."""
-    _pickler_class()(f).dump(obj)
+    pickler = type("CodeKeepingPickler", (cloudpickle.Pickler,),
+                   {"dispatch_table": ChainMap(code_reducer, base)})  # type: ignore[arg-type]
+    pickler(f).dump(obj)
 
 
 def dumps(obj: Any) -> bytes:

@@ -118,16 +118,12 @@ class RunDir:
         return f"{LAUNCH}{first_job:06d}"
 
     @property
-    def is_launch(self) -> bool:
-        """One launch of a Hydra multirun: the launches of one multirun add up to its sweep."""
-        return self.root.name.startswith(LAUNCH)
-
-    @property
     def sweep_root(self) -> Path:
-        """The sweep this run is part of: a Hydra launch's records_dir, ROOT for ROOT/again/NN/, else its own."""
+        """The sweep this run is part of: a Hydra launch's records_dir (the launches of one multirun add up to its
+        sweep), ROOT for ROOT/again/NN/, else its own."""
         if self.root.parent.name == AGAIN and RunDir(self.root.parent.parent).plan.exists():
             return self.root.parent.parent
-        return self.root.parent if self.is_launch else self.root
+        return self.root.parent if self.root.name.startswith(LAUNCH) else self.root
 
     @property
     def auto_root(self) -> Path | None:
@@ -271,10 +267,9 @@ class RunDir:
         return self.pack_dir(pack_id) / "work" / f"{check_name('training_id', training_id)}.{what}.json"
 
 
-def holder_line(now: float | None = None) -> str:
+def holder_line() -> str:
     """What a lock file says of its holder: ``pid host since`` (since: local time, to the second)."""
-    since = _dt.datetime.fromtimestamp(time.time() if now is None else now).isoformat(timespec="seconds")
-    return f"{os.getpid()} {socket.gethostname()} {since}\n"
+    return f"{os.getpid()} {socket.gethostname()} {_dt.datetime.now().isoformat(timespec='seconds')}\n"
 
 
 @dataclass(frozen=True)
@@ -359,13 +354,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _holder_of(fd: int, tries: int = 20, pause_s: float = 0.05) -> Holder | None:
+def _holder_of(fd: int) -> Holder | None:
     """The holder line of a lock another holds, read for up to a second (a winner writes it just after locking)."""
-    for _ in range(tries):
+    for _ in range(20):
         holder = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
         if holder is not None:
             return holder
-        time.sleep(pause_s)
+        time.sleep(0.05)
     return None
 
 

@@ -67,19 +67,18 @@ TEST_BYTES = 4096
 
 def write_fault(folder: Path | str) -> StorageError | None:
     """The StorageError a test write into ``folder`` meets now, else None: asked where a failed job left no reason."""
+    made: tuple[int, str] | None = None
     try:
-        fd, name = tempfile.mkstemp(dir=folder, prefix=f".write-test.{os.getpid()}.")
+        made = tempfile.mkstemp(dir=folder, prefix=f".write-test.{os.getpid()}.")
+        os.write(made[0], bytes(TEST_BYTES))
+        os.fsync(made[0])
     except OSError as err:
         return storage_error(OSError(err.errno, err.strerror), folder)  # the folder, not the test file's passing name
-    try:
-        os.write(fd, bytes(TEST_BYTES))
-        os.fsync(fd)
-    except OSError as err:
-        return storage_error(OSError(err.errno, err.strerror), folder)
     finally:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(name)
+        if made is not None:
+            os.close(made[0])
+            with contextlib.suppress(OSError):
+                os.unlink(made[1])
     return None
 
 
