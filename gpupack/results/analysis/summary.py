@@ -18,6 +18,11 @@ GROUP = ["workload", "partition", "gpu_type", "mode"]
 LOADER_BOUND_FRACTION = 0.9  # training throughput at >= 90 % of the loader's own: loader-bound, not GPU-bound
 
 
+def numeric(frame: pd.DataFrame, column: str) -> pd.Series:
+    """``frame[column]`` as numbers: NaN where a value is none, or where the column is missing."""
+    return pd.to_numeric(frame[column], errors="coerce") if column in frame else pd.Series(math.nan, index=frame.index)
+
+
 def first_value(series: pd.Series) -> object:
     values = series.dropna()
     return values.iloc[0] if len(values) else None
@@ -197,7 +202,7 @@ def reference_setups(timed: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[Hash
 
 
 def _threads_of(packs: pd.DataFrame) -> str:
-    values = pd.to_numeric(packs.get("threads_per_training", pd.Series(dtype=float)), errors="coerce").dropna()
+    values = numeric(packs, "threads_per_training").dropna()
     return str(int(values.median())) if len(values) else "?"
 
 
@@ -346,8 +351,8 @@ def _with_gains(out: pd.DataFrame) -> None:
     out["speedup_vs_n1"] = out["gain"].where(out["gain_ref"] == 1)
     out["gain_bound"], out["gain_bound_by"] = gain_bounds(out), bound_kinds(out)
     out["beyond_bound"] = (out["gain"] > out["gain_bound"]).fillna(False).astype(bool)
-    util = out["gpu_util_mean"] if "gpu_util_mean" in out else pd.Series(math.nan, index=out.index)
-    of_n = dict(zip(out[[*GROUP, "factor"]].itertuples(index=False, name=None), util))  # the reference's, by group
+    # the reference's, by group
+    of_n = dict(zip(out[[*GROUP, "factor"]].itertuples(index=False, name=None), numeric(out, "gpu_util_mean")))
     out["ref_gpu_util"] = pd.Series([of_n.get(k, math.nan) for k in out[[*GROUP, "gain_ref"]].itertuples(
         index=False, name=None)], index=out.index, dtype=float)
 
@@ -378,7 +383,7 @@ BY_CORES, BY_ONE_PROCESS, BY_COPIES = "cores", "one process", "copies"
 
 def bound_kinds(summary: pd.DataFrame) -> pd.Series:
     """Which bound each row's gain has (BY_CORES, BY_ONE_PROCESS, BY_COPIES). Pure."""
-    cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
+    cores = numeric(summary, "cores")
     modes = summary.get("mode", pd.Series(None, index=summary.index, dtype=object))
     shared = modes.map({m: one_process(m) for m in modes.unique()}).fillna(False).astype(bool)
     cpu = summary["gpu_type"].astype(str) == "cpu"
@@ -393,7 +398,7 @@ def gain_bounds(summary: pd.DataFrame) -> pd.Series:
     CPU of c cores (no more trainings at once than cores); N / ref on a GPU, or where N trainings share one process,
     which pays its start once a pack (:func:`one_process`). Pure."""
     n, ref = summary["factor"].astype(float), summary["gain_ref"].astype(float)
-    cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
+    cores = numeric(summary, "cores")
     by_cores = n.where(n < cores, cores) / ref.where(ref < cores, cores)
     return (n / ref).where(bound_kinds(summary) != BY_CORES, by_cores)
 

@@ -13,7 +13,7 @@ from gpupack.results.analysis.aggregate import Collected
 from gpupack.results.analysis.drift import STEADY
 from gpupack.results.analysis.load import Records
 from gpupack.results.analysis.search import SearchReport
-from gpupack.results.analysis.summary import BY_CORES, BY_ONE_PROCESS, UNDER_LOAD, packer_of
+from gpupack.results.analysis.summary import BY_CORES, BY_ONE_PROCESS, UNDER_LOAD, numeric, packer_of
 from gpupack.results.analysis.tables import Ranking, value_text
 
 
@@ -335,7 +335,7 @@ def what_ran(c: Collected, configs: Mapping[str, RunConfig]) -> list[tuple[str, 
              ("partitions", ", ".join(partitions) or "-"),
              ("cluster", str((first.get("cluster") or {}).get("name", "-")))]
     # the first pack's start and the last one's end (NaN, said "-", where no record says)
-    first_start, last_end = (float(pd.to_numeric(packs.get(col, pd.Series(dtype=float)), errors="coerce").agg(how))
+    first_start, last_end = (float(numeric(packs, col).agg(how))
                              for col, how in (("started_at", "min"), ("ended_at", "max")))
     pairs += [("date", when(first_start)), ("wall time", duration(last_end - first_start))]
     counts = c.records.plan_counts() if c.records.planned_ids else None
