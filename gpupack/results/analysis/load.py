@@ -3,8 +3,10 @@ columnar file where it is current (:mod:`gpupack.core.store.columnar`), else fro
 earlier attempts from their JSON; then the run's plan, cleared OOMs and config. Reads only."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
+import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -197,31 +199,23 @@ def _where(rows: pd.DataFrame) -> pd.Series:
     return streams.where(streams.notna(), packs).astype(str)
 
 
-def _attempt_records(pack_dirs: Sequence[str]) -> list[Path]:
-    """packs/*/attempts/*/*.json in path order, as sorted(glob) gives them, at one stat a pack without attempts."""
-    out = []
-    for pack_dir in pack_dirs:
-        try:
-            with os.scandir(f"{pack_dir}/{ATTEMPTS}") as entries:
-                attempts = sorted(e.name for e in entries if e.is_dir())
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for attempt in attempts:
-            out += sorted(Path(pack_dir, ATTEMPTS, attempt).glob("*.json"))
-    return out
-
-
 def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: RowsByPack, packs: RowsByPack,
                    warnings: list[str]) -> None:
-    """Earlier attempts' records (packs/<id>/attempts/<k>/), from their JSON: a resumed pack moves them there, and
-    they still count (an OOM makes its N infeasible; a whole pack is still a timing)."""
+    """Earlier attempts' records (packs/<id>/attempts/<k>/*.json, in path order), from their JSON: a resumed pack
+    moves them there, and they still count (an OOM makes its N infeasible; a whole pack is still a timing)."""
     rows: dict[str, list[Mapping[str, object]]] = {"training": [], "pack": []}
     attempts: dict[str, list[int]] = {"training": [], "pack": []}
-    for path in _attempt_records(pack_dirs):
-        kind = "pack" if path.name == PACK_RECORD else "training"
-        read = read_records([path], kind, warnings)
-        rows[kind] += read
-        attempts[kind] += [(int(path.parent.name) if path.parent.name.isdigit() else 0) or 1] * len(read)
+    for pack_dir in pack_dirs:
+        try:  # one stat a pack without attempts
+            with os.scandir(f"{pack_dir}/{ATTEMPTS}") as entries:
+                numbers = sorted(e.name for e in entries if e.is_dir())
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for path in (p for number in numbers for p in sorted(Path(pack_dir, ATTEMPTS, number).glob("*.json"))):
+            kind = "pack" if path.name == PACK_RECORD else "training"
+            read = read_records([path], kind, warnings)
+            rows[kind] += read
+            attempts[kind] += [(int(path.parent.name) if path.parent.name.isdigit() else 0) or 1] * len(read)
     trainings.add(split_rows(rows["training"]), str(run.root), attempts["training"])
     packs.add(split_rows(rows["pack"]), str(run.root), attempts["pack"])
 
@@ -345,10 +339,8 @@ def _held_in_folders(run: RunDir, folders: set[str]) -> set[str]:
     """The trainings a pack's folder holds a record of: later than any a journal holds of them."""
     held: set[str] = set()
     for pack_id in folders:
-        try:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             held.update(name[:-5] for name in os.listdir(run.trainings(pack_id)) if name.endswith(".json"))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
     return held
 
 
@@ -438,8 +430,6 @@ def shared_host(records: Records) -> str | None:
 def with_stdout_metric(records: Records, name: str, pattern: str) -> Records:
     """``records`` with metric ``name`` read from each latest training's kept stdout by ``pattern`` (the last match:
     ``collect --metric NAME --pattern REGEX``); what a training reported itself wins. The records on disk stay."""
-    import json
-
     patterns = stdout_patterns({name: pattern}, "--pattern")
     t = records.trainings
     if t.empty:
@@ -454,5 +444,5 @@ def with_stdout_metric(records: Records, name: str, pattern: str) -> Records:
             reported.update(metrics_from_text(text or "", patterns))
         metrics.append(json.dumps(reported))
     t["metrics"] = metrics
-    return dataclasses.replace(records, trainings=t.drop(columns=[c for c in ("logs",)
-                                                                     if c in t and c not in records.trainings]))
+    return dataclasses.replace(records, trainings=t if "logs" in records.trainings
+                               else t.drop(columns="logs", errors="ignore"))
