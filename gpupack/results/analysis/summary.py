@@ -302,14 +302,11 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
         blocked = set(group.loc[group["infeasible"] | (group["unfinished"] > 0), "factor"].astype(int))
         timings = _choice_timings(every, quiet, loaded, key, group["factor"].astype(int), blocked)
         loaded_only[key] = timings.loaded_only
-        out.loc[idx, "left_out_disturbed"] = timings.left_out
         choice = choose(timings.times, infeasible=blocked, rounds=timings.rounds)
         _mark_choice(out, group, choice, bool(timings.left_out))
-        out.loc[idx, "ties"] = tie_label(choice.ties, sorted(timings.times)) if len(choice.ties) > 1 else None
-        out.loc[idx, "tie_rule"] = choice.rule
-        out.loc[idx, "provisional"] = choice.provisional
-        out.loc[idx, "repeats_needed"] = choice.repeats_needed
-        out.loc[idx, "choice_method"] = choice.method + timings.said
+        out.loc[idx, ["left_out_disturbed", "ties", "tie_rule", "provisional", "repeats_needed", "choice_method"]] = [
+            timings.left_out, tie_label(choice.ties, sorted(timings.times)) if len(choice.ties) > 1 else None,
+            choice.rule, choice.provisional, choice.repeats_needed, choice.method + timings.said]
     _with_gains(out)
     _withhold_impossible(out, loaded_only)
     out["threads_by_n"] = out.groupby(GROUP, dropna=False)["threads"].transform(
@@ -327,8 +324,7 @@ def _mark_choice(out: pd.DataFrame, group: pd.DataFrame, choice: Choice, left_ou
             out.loc[i, ["tpt_ci_low_s", "tpt_ci_high_s"]] = [interval.low, interval.high]
             if left_out:
                 out.loc[i, ["time_per_training_s", "packs"]] = [interval.median, interval.packs]
-        out.loc[i, "within_noise"] = n in choice.ties
-        out.loc[i, "chosen"] = choice.best is not None and n == choice.best
+        out.loc[i, ["within_noise", "chosen"]] = [n in choice.ties, choice.best is not None and n == choice.best]
         relative = choice.relative.get(n)
         if relative is not None and choice.reference is not None:
             out.loc[i, ["paired", "gain", "gain_low", "gain_high", "gain_ref", "gain_rounds"]] = [
