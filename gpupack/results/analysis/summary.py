@@ -449,8 +449,6 @@ def _inverse(x: float | None) -> float:
 
 def _round_keys(timed: pd.DataFrame) -> pd.Series:
     """Each timed pack's round as (run, round), told apart across runs; None where it has none."""
-    if "round" not in timed:
-        return pd.Series([None] * len(timed), index=timed.index, dtype=object)
     runs = timed["run_dir"] if "run_dir" in timed else pd.Series("", index=timed.index)
     return pd.Series([None if r != r else (str(d), int(r)) for d, r in zip(runs, timed["round"])],
                      index=timed.index, dtype=object)
