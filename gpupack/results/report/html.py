@@ -5,6 +5,7 @@ the failures and every training's logs). Self-contained: plots embedded (base64)
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import json
 import os
@@ -71,11 +72,9 @@ def _cell(value: object, spec: str | None) -> str:
     if isinstance(value, bool) or (spec is None and str(value) in ("True", "False")):
         return "✓" if value is True or str(value) == "True" else "—"
     if spec is not None:
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             return text.fmt(value, spec)
-        except (TypeError, ValueError):
-            return text.fmt(value, "")
-    return "-" if value is None or (isinstance(value, float) and value != value) else str(value)
+    return text.fmt(value, "")  # as it prints
 
 
 def table(df: pd.DataFrame, columns: Mapping[str, str], formats: Mapping[str, str] | None = None,
@@ -112,10 +111,7 @@ def _details(summary: str, body: str) -> str:
 
 def _keys(df: pd.DataFrame) -> dict[str, str]:
     """The columns that tell rows apart: the run where several are compared, the workload where several ran."""
-    keys = {"run": "run"} if "run" in df and df["run"].nunique() > 1 else {}
-    if "workload" in df and df["workload"].nunique() > 1:
-        keys["workload"] = "workload"
-    return keys
+    return {key: key for key in ("run", "workload") if key in df and df[key].nunique() > 1}
 
 
 def answer_lines(c: Collected) -> tuple[list[str], list[str], list[str]]:
