@@ -101,9 +101,5 @@ def disturbed_rounds(packs: pd.DataFrame, run: str) -> dict[str, set[int]]:
     if p.empty or "round" not in p:
         return {}
     hit = p[p["disturbed"] & (p["run_dir"].astype(str) == run if "run_dir" in p else True)]
-    rounds = pd.to_numeric(hit["round"], errors="coerce")
-    out: dict[str, set[int]] = {}
-    for partition, r in zip(hit["partition"].astype(str), rounds):
-        if r == r:
-            out.setdefault(partition, set()).add(int(r))
-    return out
+    rounds = pd.to_numeric(hit["round"], errors="coerce").dropna()
+    return {str(p): set(map(int, r)) for p, r in rounds.groupby(hit.loc[rounds.index, "partition"].astype(str))}
