@@ -1,7 +1,6 @@
 """The terminal: rich tables and lines from what :mod:`gpupack.results.analysis.aggregate` computes."""
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Hashable, Sequence, Set
 from pathlib import Path
 
@@ -55,8 +54,7 @@ def _fig(column: str, spec: str = ".2f") -> Cell:
 
 
 def _num(r: pd.Series, key: str) -> float | None:
-    value = r.get(key)
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+    return float(value) if pd.notna(value := r.get(key)) else None
 
 
 def _gpu_else(gpu_column: str, name: str, column: str) -> Cell:

@@ -59,7 +59,7 @@ def best_line(row: pd.Series) -> str:
     gain, ref = row.get("gain"), row.get("gain_ref")
     rounds = int(row["gain_rounds"]) if row.get("paired") else 0
     how = f"paired within {rounds} round{'s' if rounds != 1 else ''}" if rounds else "ratio of medians"
-    known = gain is not None and gain == gain and ref is not None and ref == ref and int(row["factor"]) != int(ref)
+    known = pd.notna(gain) and pd.notna(ref) and int(row["factor"]) != int(ref)
     said = f", {gain:.2f}x the trainings per hour of N={int(ref or 1)} ({how})" if known else ""
     beyond = f" — not to be trusted: {bound_phrase(row)}" if row.get("beyond_bound") else ""
     provisional = " (provisional)" if row.get("provisional") else ""
@@ -74,7 +74,7 @@ def bound_phrase(row: pd.Series) -> str:
     over = "one alone" if ref == 1 else f"N={ref}"
     low = row.get("gain_low")
     within = (f" (its interval {low:.2f}x–{row['gain_high']:.2f}x holds it: within noise of the bound)"
-              if low is not None and low == low and low <= row["gain_bound"] else "")
+              if pd.notna(low) and low <= row["gain_bound"] else "")
     return (f"N={n}'s gain {row['gain']:.2f}x exceeds the {row['gain_bound']:.3g}x that {n} trainings at once can give "
             f"over {over}{device_phrase(row)}{within}")
 
@@ -88,15 +88,12 @@ def device_phrase(row: pd.Series) -> str:
     if str(row.get("gpu_type")) == "cpu":
         return ""  # its cores unknown
     busy = row.get("ref_gpu_util")
-    ref = int(row["gain_ref"])
-    return (f" on one GPU (N={ref} kept it {busy:.0f} % busy)" if busy is not None and busy == busy
-            else " on one GPU")
+    return f" on one GPU (N={int(row['gain_ref'])} kept it {busy:.0f} % busy)" if pd.notna(busy) else " on one GPU"
 
 
 def _cpu_threads(r: pd.Series) -> tuple[bool, str]:
     """(whether the row is a CPU's with its cores known, the threads each N's trainings had)."""
-    cores = r.get("cores")
-    known = str(r.get("gpu_type")) == "cpu" and cores is not None and cores == cores
+    known = str(r.get("gpu_type")) == "cpu" and pd.notna(r.get("cores"))
     return known, f"threads per training {r['threads_by_n']}" if r.get("threads_by_n") else ""
 
 
@@ -211,12 +208,10 @@ def hyper_title(ranking: Ranking) -> str:
 
 
 def hyper_lines(ranking: Ranking) -> list[str]:
-    lines = []
-    table, metric, column = ranking.table, ranking.metric, ranking.column
-    for _, r in table.iterrows():
-        params = param_text({k: r[k] for k in table.columns if k not in ("workload", column, "runs", "trainings")})
-        lines.append(f"{r['workload']}: {params}  {metric}={r[column]:.4g} ({int(r['runs'])} runs)")
-    return lines
+    table, column = ranking.table, ranking.column
+    params = [k for k in table.columns if k not in ("workload", column, "runs", "trainings")]
+    return [f"{r['workload']}: {param_text({k: r[k] for k in params})}  {ranking.metric}={r[column]:.4g} "
+            f"({int(r['runs'])} runs)" for _, r in table.iterrows()]
 
 
 def hyper_notes(ranking: Ranking) -> list[str]:
@@ -272,17 +267,15 @@ def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
         if not r["disturbed"]:
             continue
         said = []
-        share = r.get("share")
-        if share is not None and share == share:
+        if pd.notna(share := r.get("share")):
             said.append(f"{share:.0%} of its pack time")
-        foreign, cores = r.get("foreign_cores_mean"), r.get("cores")
-        if foreign is not None and foreign == foreign:
-            of = f" of {cores:.3g}" if cores is not None and cores == cores else ""
+        if pd.notna(foreign := r.get("foreign_cores_mean")):
+            of = f" of {r['cores']:.3g}" if pd.notna(r.get("cores")) else ""
             said.append(f"other processes used {foreign:.2g}{of} cores on average")
         if r.get("gpu_disturbed"):
             mem = r.get("foreign_gpu_mem_mb_max")
             said.append(f"{r['gpu_disturbed']} with another process on its GPU (up to {r['foreign_gpu_procs_max']}"
-                        + (f", {mem:.0f} MB" if mem is not None and mem == mem else "") + ")")
+                        + (f", {mem:.0f} MB" if pd.notna(mem) else "") + ")")
         ids = list(dict.fromkeys(map(str, r["pack_ids"])))  # a pack measured in two attempts is named once
         lines.append(f"Measured under foreign load ({r['workload']} on {r['partition']} ({r['gpu_type']}), mode "
                      f"{r['mode']}): {r['disturbed']} of {r['packs']} packs ({'; '.join(said)}): "
