@@ -255,15 +255,11 @@ def hyperparameters(params: pd.DataFrame) -> pd.DataFrame:
     → column lr, value 0.1 as text), not its job number or folders. Pure."""
     if "overrides" not in params or not {"job_num", "launch_dir"} <= set(params.columns):
         return params
-    rows = [dict(_override(o) for o in (items if isinstance(items, (list, np.ndarray)) else []))
-            for items in params["overrides"]]
+    overrides = [items if isinstance(items, (list, np.ndarray)) else [] for items in params["overrides"]]
+    # each key=value (Hydra's override grammar: +key=, ++key=, ~key) as key → value text
+    rows = [{key.lstrip("+~"): value for key, _, value in (str(o).partition("=") for o in items)}
+            for items in overrides]
     return pd.DataFrame(rows, index=params.index)
-
-
-def _override(item: object) -> tuple[str, str]:
-    """``key=value`` (Hydra's override grammar: +key=, ++key=, ~key) as (key, value text)."""
-    key, _, value = str(item).partition("=")
-    return key.lstrip("+~"), value
 
 
 def _groupable(col: pd.Series) -> pd.Series:
