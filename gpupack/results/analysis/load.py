@@ -378,8 +378,7 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
 def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
     """Every record of the runs, as flat frames; ``columnar=False``: from the JSON records only."""
     out = Records(pd.DataFrame(), pd.DataFrame())
-    trainings = RowsByPack()
-    packs = RowsByPack()
+    trainings, packs = RowsByPack(), RowsByPack()
     reader = ColumnarReader() if columnar else None
     collecting = gc.isenabled()
     gc.disable()  # a million rows allocate millions of objects, none cyclic: the collector would scan them often
@@ -410,8 +409,7 @@ def earlier_refits(t: pd.DataFrame) -> None:
                                                                                             ascending=False)
     later = rows.groupby(["run_dir", "refit_of", "training_id"], sort=False).cumcount()  # 0: the latest
     again = later[later > 0]
-    if not again.empty:
-        t.loc[again.index, "attempt"] = again.to_numpy()
+    t.loc[again.index, "attempt"] = again.to_numpy()
 
 
 def shared_host(records: Records) -> str | None:
