@@ -199,11 +199,8 @@ MORE_COLUMNS: list[tuple[str, dict[str, str]]] = [
                                 "disturbed_packs": "packs under foreign load", "attempts": "attempts",
                                 "failed": "failed", "oom": "OOM", "oom_cleared": "OOM cleared"}),
 ]
-MORE_FORMATS = {"tpt_min_s": ".2f", "tpt_max_s": ".2f", "startup_s": ".2f", "loop_s": ".2f",
-                "trainings_per_hour": ".0f", "gain_ref": ".0f", "samples_per_s": ".0f", "pack_samples_per_s": ".0f",
-                "loader_bound_samples_per_s": ".0f", "gpu_util_mean": ".0f", "cpu_percent_mean": ".0f",
-                "gpu_mem_peak_mb": ".0f", "peak_rss_mb": ".0f", "disturbed_packs": ".0f", "attempts": ".0f",
-                "failed": ".0f", "oom": ".0f", "oom_cleared": ".0f"}
+MORE_FORMATS = {col: ".2f" if col in ("tpt_min_s", "tpt_max_s", "startup_s", "loop_s") else ".0f"
+                for _, cols in MORE_COLUMNS for col in cols if col not in ("paired", "beyond_bound", "loader_bound")}
 
 
 COST_COLUMNS = {"partition": "partition", "gpu_model": "GPU model", "mode": "mode", "factor": "best N",
