@@ -489,9 +489,7 @@ def loader_alone_completed(frame: pd.DataFrame) -> pd.DataFrame:
 def loader_bounds(trainings: pd.DataFrame) -> dict[str, float]:
     """The data loader's own samples/s per partition (median over its runs alone)."""
     alone = loader_alone_completed(trainings)
-    if alone.empty:
-        return {}
-    medians = pd.to_numeric(alone["samples_per_s"], errors="coerce").groupby(alone["partition"]).median()
+    medians = numeric(alone, "samples_per_s").groupby(alone["partition"]).median()
     return {str(partition): float(value) for partition, value in medians.items()}
 
 
