@@ -62,9 +62,8 @@ class RowsByPack:
         # added after would make it join them at its first filter: a copy of every number column, half a second).
         table = renamed(assemble(self.rows))
         table = table.append_column("run_dir", run_dir.cast(STRING)).append_column("attempt", pa.array(attempt))
-        texts = {c: c[len(JSON_PREFIX):] for c in table.column_names
-                 if c.startswith(JSON_PREFIX) and c[len(JSON_PREFIX):] in TEXT_COLUMNS
-                 and c[len(JSON_PREFIX):] not in table.column_names}
+        texts = {c: name for c in table.column_names if c.startswith(JSON_PREFIX)
+                 and (name := c.removeprefix(JSON_PREFIX)) in TEXT_COLUMNS and name not in table.column_names}
         table = table.rename_columns([texts.get(c, c) for c in table.column_names])  # kept as text (TEXT_COLUMNS)
         table, apart = _detach(table, detached)
         return decode_json(one_chunk(table).to_pandas(memory_pool=POOL)), apart
