@@ -429,9 +429,13 @@ def no_answer(group: pd.DataFrame, loaded_only: bool) -> str | None:
 
 
 def _times_by_n(timed: pd.DataFrame, keys: list[str]) -> tuple[pd.Series, pd.Series]:
-    """Each (group, N)'s times per training and their packs' round keys, in one order."""
+    """Each (group, N)'s times per training and their packs' rounds, in one order: a round as (run, round), told
+    apart across runs; None where it has none."""
     by = [timed[k] for k in keys]
-    return timed["time_per_training_s"].groupby(by).apply(list), _round_keys(timed).groupby(by).apply(list)
+    runs = timed["run_dir"] if "run_dir" in timed else pd.Series("", index=timed.index)
+    rounds = pd.Series([None if r != r else (str(d), int(r)) for d, r in zip(runs, timed["round"])],
+                       index=timed.index, dtype=object)
+    return timed["time_per_training_s"].groupby(by).apply(list), rounds.groupby(by).apply(list)
 
 
 def _group_times(frames: tuple[pd.Series, pd.Series], key: tuple[Hashable, ...],
@@ -445,13 +449,6 @@ def _group_times(frames: tuple[pd.Series, pd.Series], key: tuple[Hashable, ...],
 
 def _inverse(x: float | None) -> float:
     return 1.0 / x if x is not None and x > 0 else math.nan
-
-
-def _round_keys(timed: pd.DataFrame) -> pd.Series:
-    """Each timed pack's round as (run, round), told apart across runs; None where it has none."""
-    runs = timed["run_dir"] if "run_dir" in timed else pd.Series("", index=timed.index)
-    return pd.Series([None if r != r else (str(d), int(r)) for d, r in zip(runs, timed["round"])],
-                     index=timed.index, dtype=object)
 
 
 def _sampled_rss(t: pd.DataFrame, packs: pd.DataFrame) -> pd.Series:
