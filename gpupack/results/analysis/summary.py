@@ -149,7 +149,7 @@ def rows_where(frame: pd.DataFrame, mask: pd.Series) -> pd.DataFrame:
 def timed_packs(t: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     """The packs that time a training: its N trainings ran together and at least one completed (a pack whose every
     training failed at once says nothing of how long a training takes). One row per pack and attempt."""
-    completed = pd.to_numeric(packs.get("n_completed", pd.Series(1, index=packs.index)), errors="coerce").fillna(1)
+    completed = numeric(packs, "n_completed").fillna(1)
     timed = packs[packs["complete"].astype(bool) & (completed > 0)].copy()
     if "attempt" not in timed:
         timed["attempt"] = 0
