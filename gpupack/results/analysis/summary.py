@@ -381,7 +381,9 @@ def bound_kinds(summary: pd.DataFrame) -> pd.Series:
     """Which bound each row's gain has (BY_CORES, BY_ONE_PROCESS, BY_COPIES). Pure."""
     cores = numeric(summary, "cores")
     modes = summary.get("mode", pd.Series(None, index=summary.index, dtype=object))
-    shared = modes.map({m: one_process(m) for m in modes.unique()}).fillna(False).astype(bool)
+    # a mode that runs a pack's N trainings in one shared process (its Packer's one_process)
+    shared = modes.map({m: (p := packer_of(m)) is not None and p.one_process for m in modes.unique()})
+    shared = shared.fillna(False).astype(bool)
     cpu = summary["gpu_type"].astype(str) == "cpu"
     kinds = pd.Series(BY_COPIES, index=summary.index, dtype=object)
     kinds[cpu & shared] = BY_ONE_PROCESS
@@ -392,7 +394,7 @@ def bound_kinds(summary: pd.DataFrame) -> pd.Series:
 def gain_bounds(summary: pd.DataFrame) -> pd.Series:
     """What the device can give at each N over the reference N, in trainings per hour: min(N, c) / min(ref, c) on a
     CPU of c cores (no more trainings at once than cores); N / ref on a GPU, or where N trainings share one process,
-    which pays its start once a pack (:func:`one_process`). Pure."""
+    which pays its start once a pack (its Packer's ``one_process``). Pure."""
     n, ref = summary["factor"].astype(float), summary["gain_ref"].astype(float)
     cores = numeric(summary, "cores")
     by_cores = n.where(n < cores, cores) / ref.where(ref < cores, cores)
@@ -402,12 +404,6 @@ def gain_bounds(summary: pd.DataFrame) -> pd.Series:
 def packer_of(mode: object) -> Packer | None:
     """The packing mode a record names, or None for one the registry does not hold (shown by name)."""
     return load_packer(mode) if isinstance(mode, str) and mode in available_modes() else None
-
-
-def one_process(mode: object) -> bool:
-    """Whether a record's mode runs a pack's N trainings in one shared process (its Packer's ``one_process``)."""
-    packer = packer_of(mode)
-    return packer is not None and packer.one_process
 
 
 def no_answer(group: pd.DataFrame, loaded_only: bool) -> str | None:
