@@ -128,9 +128,8 @@ def no_answer_line(r: pd.Series) -> str:
 def no_answer_advice(r: pd.Series) -> list[str]:
     """What to do where no N is named (more packs of a biased reference settle nothing: none is advised)."""
     cpu, threads = _cpu_threads(r)
-    quiet = ("Run it again on a quiet machine (nothing else on the job's cores: `top` shows what is), or on the "
-             "cluster, where a job has its cores to itself")
-    lines = [quiet + "."]
+    lines = ["Run it again on a quiet machine (nothing else on the job's cores: `top` shows what is), or on the "
+             "cluster, where a job has its cores to itself."]
     if r.get("no_answer") != UNDER_LOAD and cpu and threads:
         lines.append(f"On this CPU ({int(r['cores'])} cores), {threads}: a training given more threads than it can "
                      "use is the one its neighbours slow most; packing.threads_per_training=1 measures every N with "
