@@ -35,11 +35,8 @@ def _subplots(*args: Any, **kwargs: Any) -> tuple[Figure, Any]:
 
 def plot_time_per_training(c: Collected, path: Path) -> Path | None:
     """Time per training against N with its interval, one line per (run, partition, mode), the chosen N ringed."""
-    if "time_per_training_s" not in c.summary:  # no pack has finished yet
-        return None
-    s = c.summary.dropna(subset=["time_per_training_s"])
-    if s.empty:
-        return None
+    if "time_per_training_s" not in c.summary or (s := c.summary.dropna(subset=["time_per_training_s"])).empty:
+        return None  # no pack has finished yet
     workloads = sorted(s["workload"].unique())
     fig, axes = _subplots(1, len(workloads), figsize=(min(7 * len(workloads), 14), 4.5), squeeze=False)
     lines = ["run", "partition", "gpu_type", "mode"] if "run" in s else ["partition", "gpu_type", "mode"]
@@ -72,10 +69,8 @@ def plot_time_per_training(c: Collected, path: Path) -> Path | None:
 
 
 def plot_split_vs_no_split(c: Collected, path: Path) -> Path | None:
-    if "time_per_training_s" not in c.summary:
-        return None
-    s = c.summary.dropna(subset=["time_per_training_s"])
-    if s.empty or s["mode"].nunique() < 2:
+    if "time_per_training_s" not in c.summary or (s := c.summary.dropna(subset=["time_per_training_s"])).empty \
+            or s["mode"].nunique() < 2:
         return None
     groups = list(s.groupby(["workload", "partition", "gpu_type"]))
     fig, axes = _subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
