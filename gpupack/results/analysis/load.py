@@ -222,9 +222,7 @@ def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: RowsByPack,
 
 def read_cleared(run: RunDir) -> list[ClearedOom]:
     """The OOMs a user cleared (``gpupack clear-oom``): entries {partition, mode, factor, cleared_at}, None = any."""
-    path = run.cleared_oom
-    rec = read_json(path) if path.exists() else {}
-    return list(rec.get("cleared", []))
+    return list(read_json(run.cleared_oom).get("cleared", [])) if run.cleared_oom.exists() else []
 
 
 def cleared_mask(rows: pd.DataFrame, cleared: Sequence[Cleared]) -> pd.Series:
@@ -357,8 +355,7 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
                                                              str(t["training_id"]))
                                                             for p in plan["packs"] for t in p.get("trainings", [])))
         out.pending += [f"{run.root}:{p['pack_id']}" for p in plan["packs"] if p["pack_id"] not in recorded]
-    study = read_journal(run.study)
-    if study is not None:
+    if (study := read_journal(run.study)) is not None:
         out.studies[str(run.root)] = study
     kept = read_rank(run) if not out.rank.given() else None  # an earlier collect's flags win over the config
     if kept is not None and kept.given():
@@ -368,8 +365,7 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
         rgu = cfg.get("rgu")
         if rgu is not None and "models" in rgu and not out.rgu:
             out.rgu = dict(rgu.models)
-        cluster = cfg.get("cluster") or {}
-        out.one_host[str(run.root)] = bool(cluster.get("nodes_share_one_host", False))
+        out.one_host[str(run.root)] = bool((cfg.get("cluster") or {}).get("nodes_share_one_host", False))
         if not out.rank.given():
             configured = RankChoice.of(cfg.get("collect") or {})
             out.rank, out.rank_from = configured, str(run.config) if configured.given() else ""
