@@ -230,10 +230,9 @@ def metric_values(t: pd.DataFrame, wanted: str | None = None, every: bool = Fals
     if not every and flat in FLAT_METRICS and flat in t and \
             (values := pd.to_numeric(t[flat], errors="coerce")).notna().any():
         return pd.DataFrame({flat: values}, index=t.index)
-    if "metrics" in t and _has_object(t["metrics"]).any():
-        parsed = json_columns(t["metrics"].where(_has_object(t["metrics"]), "{}")).set_axis(t.index)
-    else:
-        parsed = pd.DataFrame(index=t.index)
+    has = _has_object(t["metrics"]) if "metrics" in t else pd.Series(False, index=t.index)
+    parsed = (json_columns(t["metrics"].where(has, "{}")).set_axis(t.index) if has.any()
+              else pd.DataFrame(index=t.index))
     for col in FLAT_METRICS:  # the flat columns of older records
         if col in t and col not in parsed:
             parsed[col] = t[col]
