@@ -89,8 +89,6 @@ def _failed(r: pd.Series) -> str:
 
 def skipped_lines(summary: pd.DataFrame) -> list[str]:
     """Each N skipped for memory (gpupack.core.memory.pack_fit): where, and why, in one line."""
-    if "skipped_memory" not in summary:
-        return []
     lines = []
     for _, r in summary[summary["skipped_memory"] > 0].iterrows():
         why = str(r.get("skipped_memory_why") or "").removeprefix("skipped for memory: ")
