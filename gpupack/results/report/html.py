@@ -240,9 +240,7 @@ def _log_links(r: pd.Series) -> str:
 
 def failures_section(trainings: pd.DataFrame, most: int = 50) -> str:
     """Each training that did not complete, named by its hyperparameters, with its last error line and its log."""
-    if trainings.empty:
-        return ""
-    failed = trainings[trainings["outcome"] == "failed"]
+    failed = trainings[trainings["outcome"] == "failed"] if "outcome" in trainings else trainings
     if failed.empty:
         return ""
     items = "".join(
