@@ -342,7 +342,6 @@ def compared(runs: Sequence[RunPage], frame: Callable[[Collected], pd.DataFrame]
 
 def build_comparison(runs: Sequence[RunPage], figures: Sequence[Plot] = ()) -> str:
     """One page comparing several runs, a run column in every table, each run's own report linked. Pure."""
-    about_keys = list(dict.fromkeys(k for r in runs for k, _ in r.about))
     about = pd.DataFrame([{"run": r.label, **dict(r.about)} for r in runs])
     links = "".join(f"<li><a href='{_esc(r.href)}'>{_esc(r.label)}</a></li>" for r in runs)
     answers = "".join(f"<h3>{_esc(r.label)}</h3>" + (_paragraphs(answer_lines(r.collected)[0], "best")
@@ -350,8 +349,7 @@ def build_comparison(runs: Sequence[RunPage], figures: Sequence[Plot] = ()) -> s
     summary = compared(runs, lambda c: c.summary)
     body = [f"<h1>gpupack: {len(runs)} runs compared</h1>",
             "<section id='what-ran'><h2>What ran</h2>"
-            + table(about, {"run": "run", **{k: k for k in about_keys if k in ("sweep", "workload", "partitions",
-                                                                                "date", "wall time", "trainings")}})
+            + table(about, {k: k for k in ("run", "sweep", "workload", "partitions", "date", "wall time", "trainings")})
             + f"<p>Each run's own report:</p><ul>{links}</ul></section>",
             f"<section id='answer'><h2>The answer, run by run</h2><div class='answer'>{answers}</div></section>",
             "<section id='evidence'><h2>The evidence</h2><h3>Time per training by packing factor N</h3>"
