@@ -82,14 +82,10 @@ def renamed(table: pa.Table) -> pa.Table:
 
 def one_chunk(table: pa.Table) -> pa.Table:
     """``table`` with each text column in one chunk (pandas keeps text in Arrow, whose take joins a chunked column's
-    chunks first: every filter would), joined column by column, faster than Table.combine_chunks. Number columns are
-    left as they are: pandas copies them into its blocks whatever their chunks."""
-    return pa.table([c if c.num_chunks == 1 or _fixed_width(c.type) else c.combine_chunks(memory_pool=POOL)
+    chunks first: every filter would), joined column by column, faster than Table.combine_chunks. Number columns
+    (Arrow's primitive types) are left as they are: pandas copies them into its blocks whatever their chunks."""
+    return pa.table([c if c.num_chunks == 1 or pa.types.is_primitive(c.type) else c.combine_chunks(memory_pool=POOL)
                      for c in table.columns], schema=table.schema)
-
-
-def _fixed_width(kind: pa.DataType) -> bool:
-    return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind))
 
 
 def _detach(table: pa.Table, names: Sequence[str]) -> tuple[pa.Table, pa.Table]:
