@@ -192,8 +192,7 @@ def _render_times(c: Collected, console: Console, wide: bool) -> None:
                           "packing.stream=off).", highlight=False)
         for line in skipped_lines(c.summary):
             console.print(line, highlight=False, markup=False)
-    host = shared_host(c.records)
-    if host is not None:
+    if (host := shared_host(c.records)) is not None:
         console.print(f"note: all packs ran on one host ({host}), sharing its cores as on the local test cluster: "
                       "timings measure overhead.", highlight=False)
     for line in c.auto_lines:

@@ -331,13 +331,12 @@ def what_ran(c: Collected, configs: Mapping[str, RunConfig]) -> list[tuple[str, 
                              for col, how in (("started_at", "min"), ("ended_at", "max")))
     pairs += [("date", when(first_start)), ("wall time", duration(last_end - first_start))]
     counts = c.records.plan_counts() if c.records.planned_ids else None
-    latest = c.records.latest()
     if counts is not None:
         pairs.append(("trainings", f"{counts.completed} completed, {counts.failed} failed"
                       + (f", {counts.skipped} skipped for memory" if counts.skipped else "")
                       + (f", {counts.unrecorded} without a record" if counts.unrecorded else "")
                       + f" (of {counts.planned} planned)"))
-    elif not latest.empty and "status" in latest:
+    elif not (latest := c.records.latest()).empty and "status" in latest:
         done = int((latest["status"] == "completed").sum())
         pairs.append(("trainings", f"{done} completed, {len(latest) - done} did not"))
     # the packs (or streaming lanes) and the jobs that ran them, counted by job id (a job runs its lane in turn)
