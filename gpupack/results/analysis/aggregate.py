@@ -87,8 +87,9 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
                if not spread.empty else pd.DataFrame())
     # Hyperparameters and knobs are ranked over packed trainings: a spread one repeats an N=1 training on k devices
     choice, kept = choose(RankChoice(metric, goal), records.rank)
-    ranking = best_hyperparameters(searched(packing_t) if records.studies else packing_t, metric=choice.metric,
-                                   goal=choice.goal)
+    # a search's trainings without an auto probe's: the probe trained no trial of the study
+    ranked = packing_t[packing_t["phase"] != PROBE] if records.studies and "phase" in packing_t else packing_t
+    ranking = best_hyperparameters(ranked, metric=choice.metric, goal=choice.goal)
     if kept:
         ranking = dataclasses.replace(ranking, origin=origin_line(choice, kept, records.rank_from))
     return Collected(records, summary, best, overall, ranking, cost, n,
@@ -97,11 +98,6 @@ def aggregate_records(records: Records, weights: Mapping[str, float] | None = No
                      occupancy=packed, timeline=timeline(packing_t, packing_p),
                      drift=drift_checks(probe_p), disturbance=disturbance(records.packs),
                      searches=search_reports(records.studies, records.trainings), withheld=withheld_choices(summary))
-
-
-def searched(trainings: pd.DataFrame) -> pd.DataFrame:
-    """A search's trainings without an auto probe's: the probe trained no trial of the study."""
-    return trainings[trainings["phase"] != PROBE] if "phase" in trainings else trainings
 
 
 def origin_line(choice: RankChoice, kept: Sequence[str], where: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from gpupack.results.analysis.summary import GROUP
+from gpupack.results.analysis.summary import GROUP, numeric
 
 # A core's background on a quiet Linux node (kernel threads, daemons, the readings' tick rounding) stays well under a
 # tenth of a core; a quarter of a core, averaged over a whole pack, is one busy process for a quarter of the time, not
@@ -26,26 +26,21 @@ def threshold(cores: float) -> float:
     return max(MIN_FOREIGN_CORES, FOREIGN_SHARE_OF_CORES * cores)
 
 
-def _number(packs: pd.DataFrame, column: str) -> pd.Series:
-    return pd.to_numeric(packs[column], errors="coerce") if column in packs else pd.Series(float("nan"),
-                                                                                        index=packs.index)
-
-
 def disturbed(packs: pd.DataFrame) -> pd.DataFrame:
     """Every pack record whose sampler measured the load from outside, each flagged ``disturbed``."""
     if packs.empty or "sampler_foreign_cpu_cores_mean" not in packs:
         return pd.DataFrame()
-    foreign = _number(packs, "sampler_foreign_cpu_cores_mean")
-    gpu_procs = _number(packs, "sampler_foreign_gpu_procs_max")
+    foreign = numeric(packs, "sampler_foreign_cpu_cores_mean")
+    gpu_procs = numeric(packs, "sampler_foreign_gpu_procs_max")
     measured = foreign.notna() | gpu_procs.notna()
     p = packs[measured].assign(  # a hand-made record may lack a GROUP column: its packs form a group of their own
         **{column: None for column in GROUP if column not in packs}, foreign_cores=foreign[measured],
-        foreign_gpu_procs=gpu_procs[measured], foreign_gpu_mem_mb=_number(packs, "sampler_foreign_gpu_mem_mb_max"))
-    p["cores"] = _number(p, "sampler_job_cores").fillna(_number(p, "cores")).fillna(_number(p, "sampler_host_cores"))
+        foreign_gpu_procs=gpu_procs[measured], foreign_gpu_mem_mb=numeric(packs, "sampler_foreign_gpu_mem_mb_max"))
+    p["cores"] = numeric(p, "sampler_job_cores").fillna(numeric(p, "cores")).fillna(numeric(p, "sampler_host_cores"))
     p["cpu_disturbed"] = p["foreign_cores"] >= p["cores"].fillna(0).map(threshold)  # NaN (not measured): not disturbed
     p["gpu_disturbed"] = p["foreign_gpu_procs"].fillna(0) > 0
     p["disturbed"] = p["cpu_disturbed"] | p["gpu_disturbed"]
-    p["wall_s"] = _number(p, "wall_s").fillna(0.0)
+    p["wall_s"] = numeric(p, "wall_s").fillna(0.0)
     return p
 
 
@@ -64,7 +59,7 @@ def disturbance(packs: pd.DataFrame) -> pd.DataFrame:
         cores = hit["foreign_cores"].notna()
         rows.append({
             **dict(zip(GROUP, key)), "packs": len(group), "disturbed": len(hit),
-            "pack_ids": [str(x) for x in hit["pack_id"]], "factors": [int(x) for x in _number(hit, "factor")],
+            "pack_ids": [str(x) for x in hit["pack_id"]], "factors": [int(x) for x in numeric(hit, "factor")],
             "pack_s": total, "disturbed_s": hit_s, "share": hit_s / total if total > 0 else None,
             "foreign_cores_mean": float((hit["foreign_cores"][cores] * weights[cores]).sum() / weights[cores].sum())
             if cores.any() else None,
@@ -86,7 +81,7 @@ def with_disturbed(summary: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     if p.empty:
         return summary.assign(disturbed_packs=0)
     keys = [*GROUP, "factor"]
-    counts = p[p["disturbed"]].assign(factor=_number(p, "factor")).groupby(keys, dropna=False).size()
+    counts = p[p["disturbed"]].assign(factor=numeric(p, "factor")).groupby(keys, dropna=False).size()
     return summary.assign(disturbed_packs=[int(counts.get(tuple(k), 0)) for k in summary[keys].itertuples(index=False)])
 
 
@@ -106,9 +101,5 @@ def disturbed_rounds(packs: pd.DataFrame, run: str) -> dict[str, set[int]]:
     if p.empty or "round" not in p:
         return {}
     hit = p[p["disturbed"] & (p["run_dir"].astype(str) == run if "run_dir" in p else True)]
-    rounds = pd.to_numeric(hit["round"], errors="coerce")
-    out: dict[str, set[int]] = {}
-    for partition, r in zip(hit["partition"].astype(str), rounds):
-        if r == r:
-            out.setdefault(partition, set()).add(int(r))
-    return out
+    rounds = pd.to_numeric(hit["round"], errors="coerce").dropna()
+    return {str(p): set(map(int, r)) for p, r in rounds.groupby(hit.loc[rounds.index, "partition"].astype(str))}

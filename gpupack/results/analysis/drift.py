@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from gpupack.results.analysis.summary import numeric
+
 STEADY = 0.10  # an end pack within 10 % of the first: one training's noise, not a machine that changed
 
 COLUMNS = ["workload", "partition", "gpu_type", "pack_id", "first_s", "end_s", "change", "hours"]
@@ -38,7 +40,5 @@ def _after_the_rest(end: pd.Series, latest: pd.DataFrame, run: str) -> bool:
     """Whether the drift check ``end`` started after every other pack of ``run`` ended."""
     mine = latest[latest["run_dir"].astype(str) == run] if "run_dir" in latest else latest
     mine = mine[mine["pack_id"] != end["pack_id"]]
-    started, wall = (pd.to_numeric(mine.get(c, pd.Series(float("nan"), index=mine.index)), errors="coerce")
-                     for c in ("started_at", "wall_s"))
-    others = pd.to_numeric(mine["ended_at"], errors="coerce") if "ended_at" in mine else started + wall
+    others = numeric(mine, "ended_at") if "ended_at" in mine else numeric(mine, "started_at") + numeric(mine, "wall_s")
     return bool(others.empty or float(end["started_at"]) >= float(others.max()) - 1e-6)

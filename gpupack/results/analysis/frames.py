@@ -62,9 +62,8 @@ class RowsByPack:
         # added after would make it join them at its first filter: a copy of every number column, half a second).
         table = renamed(assemble(self.rows))
         table = table.append_column("run_dir", run_dir.cast(STRING)).append_column("attempt", pa.array(attempt))
-        texts = {c: c[len(JSON_PREFIX):] for c in table.column_names
-                 if c.startswith(JSON_PREFIX) and c[len(JSON_PREFIX):] in TEXT_COLUMNS
-                 and c[len(JSON_PREFIX):] not in table.column_names}
+        texts = {c: name for c in table.column_names if c.startswith(JSON_PREFIX)
+                 and (name := c.removeprefix(JSON_PREFIX)) in TEXT_COLUMNS and name not in table.column_names}
         table = table.rename_columns([texts.get(c, c) for c in table.column_names])  # kept as text (TEXT_COLUMNS)
         table, apart = _detach(table, detached)
         return decode_json(one_chunk(table).to_pandas(memory_pool=POOL)), apart
@@ -83,14 +82,10 @@ def renamed(table: pa.Table) -> pa.Table:
 
 def one_chunk(table: pa.Table) -> pa.Table:
     """``table`` with each text column in one chunk (pandas keeps text in Arrow, whose take joins a chunked column's
-    chunks first: every filter would), joined column by column, faster than Table.combine_chunks. Number columns are
-    left as they are: pandas copies them into its blocks whatever their chunks."""
-    return pa.table([c if c.num_chunks == 1 or _fixed_width(c.type) else c.combine_chunks(memory_pool=POOL)
+    chunks first: every filter would), joined column by column, faster than Table.combine_chunks. Number columns
+    (Arrow's primitive types) are left as they are: pandas copies them into its blocks whatever their chunks."""
+    return pa.table([c if c.num_chunks == 1 or pa.types.is_primitive(c.type) else c.combine_chunks(memory_pool=POOL)
                      for c in table.columns], schema=table.schema)
-
-
-def _fixed_width(kind: pa.DataType) -> bool:
-    return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind))
 
 
 def _detach(table: pa.Table, names: Sequence[str]) -> tuple[pa.Table, pa.Table]:

@@ -14,7 +14,7 @@ import pandas as pd
 
 from gpupack.core.store.records import COMPLETED, OOM
 from gpupack.results.analysis.choose import gain
-from gpupack.results.analysis.summary import split_by
+from gpupack.results.analysis.summary import numeric, split_by
 
 KEY = ["workload", "partition", "gpu_type"]
 # What a spread training's record says it measured (the strategy's stats), flattened by collect.
@@ -26,27 +26,23 @@ def split_spread(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return split_by(frame, frame["strategy"].notna() if "strategy" in frame else pd.Series(False, index=frame.index))
 
 
-def _num(frame: pd.DataFrame, col: str) -> pd.Series:
-    return pd.to_numeric(frame[col], errors="coerce") if col in frame else pd.Series(math.nan, index=frame.index)
-
-
 def spread_summary(trainings: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     """One row per (workload, partition, GPU type, layout, k): the job's median wall over its completed packs, k x
     that, one training's own wall, samples/s, failures over every attempt, and the strategy's figures per step."""
     if trainings.empty or packs.empty:
         return pd.DataFrame()
     t = trainings.assign(attempt=trainings["attempt"] if "attempt" in trainings else 0)
-    done = packs[_num(packs, "n_completed").fillna(0) > 0].copy()
-    done["wall_s"] = _num(done, "wall_s")
-    done["devices"] = _num(done, "devices").astype("Int64")
+    done = packs[numeric(packs, "n_completed").fillna(0) > 0].copy()
+    done["wall_s"] = numeric(done, "wall_s")
+    done["devices"] = numeric(done, "devices").astype("Int64")
     keys = KEY + ["mode", "devices"]
     per_pack = done.groupby(keys).agg(packs=("pack_id", "count"), wall_s=("wall_s", "median"),
                                       walls=("wall_s", list))
-    t = t.assign(devices=_num(t, "devices").astype("Int64"), ok=t["status"] == COMPLETED,
-                 training_wall_s=_num(t, "wall_s"), samples_per_s=_num(t, "samples_per_s"),
-                 val_accuracy=_num(t, "val_accuracy"), train_loss=_num(t, "train_loss"),
+    t = t.assign(devices=numeric(t, "devices").astype("Int64"), ok=t["status"] == COMPLETED,
+                 training_wall_s=numeric(t, "wall_s"), samples_per_s=numeric(t, "samples_per_s"),
+                 val_accuracy=numeric(t, "val_accuracy"), train_loss=numeric(t, "train_loss"),
                  gpu_model=t["gpu_model"] if "gpu_model" in t else None,
-                 **{c: _num(t, c) for c in SPREAD_COLUMNS})
+                 **{c: numeric(t, c) for c in SPREAD_COLUMNS})
     t["unfinished"] = (t["attempt"] == 0) & ~t["ok"]
     t["is_oom"] = t["status"] == OOM
     latest = t[(t["attempt"] == 0) & t["ok"]]
@@ -71,7 +67,7 @@ def training_walls(trainings: pd.DataFrame) -> dict[tuple[Hashable, ...], float]
         return {}
     t = trainings[(trainings["status"] == COMPLETED)
                   & ((trainings["attempt"] == 0) if "attempt" in trainings else True)]
-    walls = _num(t, "wall_s").groupby([t[c] for c in KEY + ["mode", "factor"]]).median()
+    walls = numeric(t, "wall_s").groupby([t[c] for c in KEY + ["mode", "factor"]]).median()
     return {tuple(k): float(v) for k, v in walls.items() if v == v}
 
 

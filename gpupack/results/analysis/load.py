@@ -3,8 +3,10 @@ columnar file where it is current (:mod:`gpupack.core.store.columnar`), else fro
 earlier attempts from their JSON; then the run's plan, cleared OOMs and config. Reads only."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
+import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -197,40 +199,30 @@ def _where(rows: pd.DataFrame) -> pd.Series:
     return streams.where(streams.notna(), packs).astype(str)
 
 
-def _attempt_records(pack_dirs: Sequence[str]) -> list[Path]:
-    """packs/*/attempts/*/*.json in path order, as sorted(glob) gives them, at one stat a pack without attempts."""
-    out = []
-    for pack_dir in pack_dirs:
-        try:
-            with os.scandir(f"{pack_dir}/{ATTEMPTS}") as entries:
-                attempts = sorted(e.name for e in entries if e.is_dir())
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for attempt in attempts:
-            out += sorted(Path(pack_dir, ATTEMPTS, attempt).glob("*.json"))
-    return out
-
-
 def _read_attempts(run: RunDir, pack_dirs: Sequence[str], trainings: RowsByPack, packs: RowsByPack,
                    warnings: list[str]) -> None:
-    """Earlier attempts' records (packs/<id>/attempts/<k>/), from their JSON: a resumed pack moves them there, and
-    they still count (an OOM makes its N infeasible; a whole pack is still a timing)."""
+    """Earlier attempts' records (packs/<id>/attempts/<k>/*.json, in path order), from their JSON: a resumed pack
+    moves them there, and they still count (an OOM makes its N infeasible; a whole pack is still a timing)."""
     rows: dict[str, list[Mapping[str, object]]] = {"training": [], "pack": []}
     attempts: dict[str, list[int]] = {"training": [], "pack": []}
-    for path in _attempt_records(pack_dirs):
-        kind = "pack" if path.name == PACK_RECORD else "training"
-        read = read_records([path], kind, warnings)
-        rows[kind] += read
-        attempts[kind] += [(int(path.parent.name) if path.parent.name.isdigit() else 0) or 1] * len(read)
+    for pack_dir in pack_dirs:
+        try:  # one stat a pack without attempts
+            with os.scandir(f"{pack_dir}/{ATTEMPTS}") as entries:
+                numbers = sorted(e.name for e in entries if e.is_dir())
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for path in (p for number in numbers for p in sorted(Path(pack_dir, ATTEMPTS, number).glob("*.json"))):
+            kind = "pack" if path.name == PACK_RECORD else "training"
+            read = read_records([path], kind, warnings)
+            rows[kind] += read
+            attempts[kind] += [(int(path.parent.name) if path.parent.name.isdigit() else 0) or 1] * len(read)
     trainings.add(split_rows(rows["training"]), str(run.root), attempts["training"])
     packs.add(split_rows(rows["pack"]), str(run.root), attempts["pack"])
 
 
 def read_cleared(run: RunDir) -> list[ClearedOom]:
     """The OOMs a user cleared (``gpupack clear-oom``): entries {partition, mode, factor, cleared_at}, None = any."""
-    path = run.cleared_oom
-    rec = read_json(path) if path.exists() else {}
-    return list(rec.get("cleared", []))
+    return list(read_json(run.cleared_oom).get("cleared", [])) if run.cleared_oom.exists() else []
 
 
 def cleared_mask(rows: pd.DataFrame, cleared: Sequence[Cleared]) -> pd.Series:
@@ -345,10 +337,8 @@ def _held_in_folders(run: RunDir, folders: set[str]) -> set[str]:
     """The trainings a pack's folder holds a record of: later than any a journal holds of them."""
     held: set[str] = set()
     for pack_id in folders:
-        try:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             held.update(name[:-5] for name in os.listdir(run.trainings(pack_id)) if name.endswith(".json"))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
     return held
 
 
@@ -365,8 +355,7 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
                                                              str(t["training_id"]))
                                                             for p in plan["packs"] for t in p.get("trainings", [])))
         out.pending += [f"{run.root}:{p['pack_id']}" for p in plan["packs"] if p["pack_id"] not in recorded]
-    study = read_journal(run.study)
-    if study is not None:
+    if (study := read_journal(run.study)) is not None:
         out.studies[str(run.root)] = study
     kept = read_rank(run) if not out.rank.given() else None  # an earlier collect's flags win over the config
     if kept is not None and kept.given():
@@ -376,8 +365,7 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
         rgu = cfg.get("rgu")
         if rgu is not None and "models" in rgu and not out.rgu:
             out.rgu = dict(rgu.models)
-        cluster = cfg.get("cluster") or {}
-        out.one_host[str(run.root)] = bool(cluster.get("nodes_share_one_host", False))
+        out.one_host[str(run.root)] = bool((cfg.get("cluster") or {}).get("nodes_share_one_host", False))
         if not out.rank.given():
             configured = RankChoice.of(cfg.get("collect") or {})
             out.rank, out.rank_from = configured, str(run.config) if configured.given() else ""
@@ -386,8 +374,7 @@ def _read_plan_and_config(run: RunDir, out: Records, recorded: set[str]) -> None
 def load_records(run_dirs: Sequence[Path], columnar: bool = True) -> Records:
     """Every record of the runs, as flat frames; ``columnar=False``: from the JSON records only."""
     out = Records(pd.DataFrame(), pd.DataFrame())
-    trainings = RowsByPack()
-    packs = RowsByPack()
+    trainings, packs = RowsByPack(), RowsByPack()
     reader = ColumnarReader() if columnar else None
     collecting = gc.isenabled()
     gc.disable()  # a million rows allocate millions of objects, none cyclic: the collector would scan them often
@@ -418,8 +405,7 @@ def earlier_refits(t: pd.DataFrame) -> None:
                                                                                             ascending=False)
     later = rows.groupby(["run_dir", "refit_of", "training_id"], sort=False).cumcount()  # 0: the latest
     again = later[later > 0]
-    if not again.empty:
-        t.loc[again.index, "attempt"] = again.to_numpy()
+    t.loc[again.index, "attempt"] = again.to_numpy()
 
 
 def shared_host(records: Records) -> str | None:
@@ -438,8 +424,6 @@ def shared_host(records: Records) -> str | None:
 def with_stdout_metric(records: Records, name: str, pattern: str) -> Records:
     """``records`` with metric ``name`` read from each latest training's kept stdout by ``pattern`` (the last match:
     ``collect --metric NAME --pattern REGEX``); what a training reported itself wins. The records on disk stay."""
-    import json
-
     patterns = stdout_patterns({name: pattern}, "--pattern")
     t = records.trainings
     if t.empty:
@@ -454,5 +438,5 @@ def with_stdout_metric(records: Records, name: str, pattern: str) -> Records:
             reported.update(metrics_from_text(text or "", patterns))
         metrics.append(json.dumps(reported))
     t["metrics"] = metrics
-    return dataclasses.replace(records, trainings=t.drop(columns=[c for c in ("logs",)
-                                                                     if c in t and c not in records.trainings]))
+    return dataclasses.replace(records, trainings=t if "logs" in records.trainings
+                               else t.drop(columns="logs", errors="ignore"))

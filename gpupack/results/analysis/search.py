@@ -15,7 +15,6 @@ from gpupack.search.study import COMPLETE, FAILED, PRUNED, RUNNING, Journal, tri
 
 WAITING = "waiting"  # a trial's state here while it is planned for a lane whose job has not started it
 TRIAL_COLUMNS = ["rank", "number", "value", "state", "params", "wall_s", "device_s", "why", "lane"]
-HISTORY_COLUMNS = ["number", "state", "value", "best_so_far", "device_hours"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,7 @@ class SearchReport:
     direction: str  # maximize | minimize
     n_trials: int  # the budget: finished trials
     trials: pd.DataFrame  # TRIAL_COLUMNS, best first (trials_frame)
-    history: pd.DataFrame  # HISTORY_COLUMNS, by trial number (history)
+    history: pd.DataFrame  # number, state, value, best_so_far, device_hours, by trial number (history)
 
     def best(self) -> pd.Series | None:
         """The best completed trial's row (None: none completed yet)."""
@@ -77,9 +76,7 @@ def trials_frame(journal: Journal, walls: pd.DataFrame) -> pd.DataFrame:
 
 def history(trials: pd.DataFrame, direction: str) -> pd.DataFrame:
     """A row per trial in the order asked: its value, the best completed so far, device-hours. Pure."""
-    if trials.empty:
-        return pd.DataFrame(columns=HISTORY_COLUMNS)
-    t = trials.sort_values("number")
+    t = trials.sort_values("number")  # trials_frame's columns, with no row where none was asked
     done = t["value"].where(t["state"] == COMPLETE)
     best = (done.cummax() if direction == "maximize" else done.cummin()).ffill()  # cummax leaves NaN where NaN was
     return pd.DataFrame({"number": t["number"].to_numpy(), "state": t["state"].to_numpy(),

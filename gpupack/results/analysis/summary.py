@@ -18,6 +18,11 @@ GROUP = ["workload", "partition", "gpu_type", "mode"]
 LOADER_BOUND_FRACTION = 0.9  # training throughput at >= 90 % of the loader's own: loader-bound, not GPU-bound
 
 
+def numeric(frame: pd.DataFrame, column: str) -> pd.Series:
+    """``frame[column]`` as numbers: NaN where a value is none, or where the column is missing."""
+    return pd.to_numeric(frame[column], errors="coerce") if column in frame else pd.Series(math.nan, index=frame.index)
+
+
 def first_value(series: pd.Series) -> object:
     values = series.dropna()
     return values.iloc[0] if len(values) else None
@@ -144,7 +149,7 @@ def rows_where(frame: pd.DataFrame, mask: pd.Series) -> pd.DataFrame:
 def timed_packs(t: pd.DataFrame, packs: pd.DataFrame) -> pd.DataFrame:
     """The packs that time a training: its N trainings ran together and at least one completed (a pack whose every
     training failed at once says nothing of how long a training takes). One row per pack and attempt."""
-    completed = pd.to_numeric(packs.get("n_completed", pd.Series(1, index=packs.index)), errors="coerce").fillna(1)
+    completed = numeric(packs, "n_completed").fillna(1)
     timed = packs[packs["complete"].astype(bool) & (completed > 0)].copy()
     if "attempt" not in timed:
         timed["attempt"] = 0
@@ -197,7 +202,7 @@ def reference_setups(timed: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[Hash
 
 
 def _threads_of(packs: pd.DataFrame) -> str:
-    values = pd.to_numeric(packs.get("threads_per_training", pd.Series(dtype=float)), errors="coerce").dropna()
+    values = numeric(packs, "threads_per_training").dropna()
     return str(int(values.median())) if len(values) else "?"
 
 
@@ -297,14 +302,11 @@ def with_choices(summary: pd.DataFrame, timed: pd.DataFrame,
         blocked = set(group.loc[group["infeasible"] | (group["unfinished"] > 0), "factor"].astype(int))
         timings = _choice_timings(every, quiet, loaded, key, group["factor"].astype(int), blocked)
         loaded_only[key] = timings.loaded_only
-        out.loc[idx, "left_out_disturbed"] = timings.left_out
         choice = choose(timings.times, infeasible=blocked, rounds=timings.rounds)
         _mark_choice(out, group, choice, bool(timings.left_out))
-        out.loc[idx, "ties"] = tie_label(choice.ties, sorted(timings.times)) if len(choice.ties) > 1 else None
-        out.loc[idx, "tie_rule"] = choice.rule
-        out.loc[idx, "provisional"] = choice.provisional
-        out.loc[idx, "repeats_needed"] = choice.repeats_needed
-        out.loc[idx, "choice_method"] = choice.method + timings.said
+        out.loc[idx, ["left_out_disturbed", "ties", "tie_rule", "provisional", "repeats_needed", "choice_method"]] = [
+            timings.left_out, tie_label(choice.ties, sorted(timings.times)) if len(choice.ties) > 1 else None,
+            choice.rule, choice.provisional, choice.repeats_needed, choice.method + timings.said]
     _with_gains(out)
     _withhold_impossible(out, loaded_only)
     out["threads_by_n"] = out.groupby(GROUP, dropna=False)["threads"].transform(
@@ -322,8 +324,7 @@ def _mark_choice(out: pd.DataFrame, group: pd.DataFrame, choice: Choice, left_ou
             out.loc[i, ["tpt_ci_low_s", "tpt_ci_high_s"]] = [interval.low, interval.high]
             if left_out:
                 out.loc[i, ["time_per_training_s", "packs"]] = [interval.median, interval.packs]
-        out.loc[i, "within_noise"] = n in choice.ties
-        out.loc[i, "chosen"] = choice.best is not None and n == choice.best
+        out.loc[i, ["within_noise", "chosen"]] = [n in choice.ties, choice.best is not None and n == choice.best]
         relative = choice.relative.get(n)
         if relative is not None and choice.reference is not None:
             out.loc[i, ["paired", "gain", "gain_low", "gain_high", "gain_ref", "gain_rounds"]] = [
@@ -346,8 +347,8 @@ def _with_gains(out: pd.DataFrame) -> None:
     out["speedup_vs_n1"] = out["gain"].where(out["gain_ref"] == 1)
     out["gain_bound"], out["gain_bound_by"] = gain_bounds(out), bound_kinds(out)
     out["beyond_bound"] = (out["gain"] > out["gain_bound"]).fillna(False).astype(bool)
-    util = out["gpu_util_mean"] if "gpu_util_mean" in out else pd.Series(math.nan, index=out.index)
-    of_n = dict(zip(out[[*GROUP, "factor"]].itertuples(index=False, name=None), util))  # the reference's, by group
+    # the reference's, by group
+    of_n = dict(zip(out[[*GROUP, "factor"]].itertuples(index=False, name=None), numeric(out, "gpu_util_mean")))
     out["ref_gpu_util"] = pd.Series([of_n.get(k, math.nan) for k in out[[*GROUP, "gain_ref"]].itertuples(
         index=False, name=None)], index=out.index, dtype=float)
 
@@ -378,9 +379,11 @@ BY_CORES, BY_ONE_PROCESS, BY_COPIES = "cores", "one process", "copies"
 
 def bound_kinds(summary: pd.DataFrame) -> pd.Series:
     """Which bound each row's gain has (BY_CORES, BY_ONE_PROCESS, BY_COPIES). Pure."""
-    cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
+    cores = numeric(summary, "cores")
     modes = summary.get("mode", pd.Series(None, index=summary.index, dtype=object))
-    shared = modes.map({m: one_process(m) for m in modes.unique()}).fillna(False).astype(bool)
+    # a mode that runs a pack's N trainings in one shared process (its Packer's one_process)
+    shared = modes.map({m: (p := packer_of(m)) is not None and p.one_process for m in modes.unique()})
+    shared = shared.fillna(False).astype(bool)
     cpu = summary["gpu_type"].astype(str) == "cpu"
     kinds = pd.Series(BY_COPIES, index=summary.index, dtype=object)
     kinds[cpu & shared] = BY_ONE_PROCESS
@@ -391,9 +394,9 @@ def bound_kinds(summary: pd.DataFrame) -> pd.Series:
 def gain_bounds(summary: pd.DataFrame) -> pd.Series:
     """What the device can give at each N over the reference N, in trainings per hour: min(N, c) / min(ref, c) on a
     CPU of c cores (no more trainings at once than cores); N / ref on a GPU, or where N trainings share one process,
-    which pays its start once a pack (:func:`one_process`). Pure."""
+    which pays its start once a pack (its Packer's ``one_process``). Pure."""
     n, ref = summary["factor"].astype(float), summary["gain_ref"].astype(float)
-    cores = pd.to_numeric(summary.get("cores", pd.Series(math.nan, index=summary.index)), errors="coerce")
+    cores = numeric(summary, "cores")
     by_cores = n.where(n < cores, cores) / ref.where(ref < cores, cores)
     return (n / ref).where(bound_kinds(summary) != BY_CORES, by_cores)
 
@@ -401,12 +404,6 @@ def gain_bounds(summary: pd.DataFrame) -> pd.Series:
 def packer_of(mode: object) -> Packer | None:
     """The packing mode a record names, or None for one the registry does not hold (shown by name)."""
     return load_packer(mode) if isinstance(mode, str) and mode in available_modes() else None
-
-
-def one_process(mode: object) -> bool:
-    """Whether a record's mode runs a pack's N trainings in one shared process (its Packer's ``one_process``)."""
-    packer = packer_of(mode)
-    return packer is not None and packer.one_process
 
 
 def no_answer(group: pd.DataFrame, loaded_only: bool) -> str | None:
@@ -428,9 +425,13 @@ def no_answer(group: pd.DataFrame, loaded_only: bool) -> str | None:
 
 
 def _times_by_n(timed: pd.DataFrame, keys: list[str]) -> tuple[pd.Series, pd.Series]:
-    """Each (group, N)'s times per training and their packs' round keys, in one order."""
+    """Each (group, N)'s times per training and their packs' rounds, in one order: a round as (run, round), told
+    apart across runs; None where it has none."""
     by = [timed[k] for k in keys]
-    return timed["time_per_training_s"].groupby(by).apply(list), _round_keys(timed).groupby(by).apply(list)
+    runs = timed["run_dir"] if "run_dir" in timed else pd.Series("", index=timed.index)
+    rounds = pd.Series([None if r != r else (str(d), int(r)) for d, r in zip(runs, timed["round"])],
+                       index=timed.index, dtype=object)
+    return timed["time_per_training_s"].groupby(by).apply(list), rounds.groupby(by).apply(list)
 
 
 def _group_times(frames: tuple[pd.Series, pd.Series], key: tuple[Hashable, ...],
@@ -444,15 +445,6 @@ def _group_times(frames: tuple[pd.Series, pd.Series], key: tuple[Hashable, ...],
 
 def _inverse(x: float | None) -> float:
     return 1.0 / x if x is not None and x > 0 else math.nan
-
-
-def _round_keys(timed: pd.DataFrame) -> pd.Series:
-    """Each timed pack's round as (run, round), told apart across runs; None where it has none."""
-    if "round" not in timed:
-        return pd.Series([None] * len(timed), index=timed.index, dtype=object)
-    runs = timed["run_dir"] if "run_dir" in timed else pd.Series("", index=timed.index)
-    return pd.Series([None if r != r else (str(d), int(r)) for d, r in zip(runs, timed["round"])],
-                     index=timed.index, dtype=object)
 
 
 def _sampled_rss(t: pd.DataFrame, packs: pd.DataFrame) -> pd.Series:
@@ -490,9 +482,7 @@ def loader_alone_completed(frame: pd.DataFrame) -> pd.DataFrame:
 def loader_bounds(trainings: pd.DataFrame) -> dict[str, float]:
     """The data loader's own samples/s per partition (median over its runs alone)."""
     alone = loader_alone_completed(trainings)
-    if alone.empty:
-        return {}
-    medians = pd.to_numeric(alone["samples_per_s"], errors="coerce").groupby(alone["partition"]).median()
+    medians = numeric(alone, "samples_per_s").groupby(alone["partition"]).median()
     return {str(partition): float(value) for partition, value in medians.items()}
 
 

@@ -230,10 +230,9 @@ def metric_values(t: pd.DataFrame, wanted: str | None = None, every: bool = Fals
     if not every and flat in FLAT_METRICS and flat in t and \
             (values := pd.to_numeric(t[flat], errors="coerce")).notna().any():
         return pd.DataFrame({flat: values}, index=t.index)
-    if "metrics" in t and _has_object(t["metrics"]).any():
-        parsed = json_columns(t["metrics"].where(_has_object(t["metrics"]), "{}")).set_axis(t.index)
-    else:
-        parsed = pd.DataFrame(index=t.index)
+    has = _has_object(t["metrics"]) if "metrics" in t else pd.Series(False, index=t.index)
+    parsed = (json_columns(t["metrics"].where(has, "{}")).set_axis(t.index) if has.any()
+              else pd.DataFrame(index=t.index))
     for col in FLAT_METRICS:  # the flat columns of older records
         if col in t and col not in parsed:
             parsed[col] = t[col]
@@ -255,15 +254,11 @@ def hyperparameters(params: pd.DataFrame) -> pd.DataFrame:
     → column lr, value 0.1 as text), not its job number or folders. Pure."""
     if "overrides" not in params or not {"job_num", "launch_dir"} <= set(params.columns):
         return params
-    rows = [dict(_override(o) for o in (items if isinstance(items, (list, np.ndarray)) else []))
-            for items in params["overrides"]]
+    overrides = [items if isinstance(items, (list, np.ndarray)) else [] for items in params["overrides"]]
+    # each key=value (Hydra's override grammar: +key=, ++key=, ~key) as key → value text
+    rows = [{key.lstrip("+~"): value for key, _, value in (str(o).partition("=") for o in items)}
+            for items in overrides]
     return pd.DataFrame(rows, index=params.index)
-
-
-def _override(item: object) -> tuple[str, str]:
-    """``key=value`` (Hydra's override grammar: +key=, ++key=, ~key) as (key, value text)."""
-    key, _, value = str(item).partition("=")
-    return key.lstrip("+~"), value
 
 
 def _groupable(col: pd.Series) -> pd.Series:

@@ -5,6 +5,7 @@ the failures and every training's logs). Self-contained: plots embedded (base64)
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import json
 import os
@@ -71,11 +72,9 @@ def _cell(value: object, spec: str | None) -> str:
     if isinstance(value, bool) or (spec is None and str(value) in ("True", "False")):
         return "✓" if value is True or str(value) == "True" else "—"
     if spec is not None:
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             return text.fmt(value, spec)
-        except (TypeError, ValueError):
-            return text.fmt(value, "")
-    return "-" if value is None or (isinstance(value, float) and value != value) else str(value)
+    return text.fmt(value, "")  # as it prints
 
 
 def table(df: pd.DataFrame, columns: Mapping[str, str], formats: Mapping[str, str] | None = None,
@@ -112,10 +111,7 @@ def _details(summary: str, body: str) -> str:
 
 def _keys(df: pd.DataFrame) -> dict[str, str]:
     """The columns that tell rows apart: the run where several are compared, the workload where several ran."""
-    keys = {"run": "run"} if "run" in df and df["run"].nunique() > 1 else {}
-    if "workload" in df and df["workload"].nunique() > 1:
-        keys["workload"] = "workload"
-    return keys
+    return {key: key for key in ("run", "workload") if key in df and df[key].nunique() > 1}
 
 
 def answer_lines(c: Collected) -> tuple[list[str], list[str], list[str]]:
@@ -203,11 +199,8 @@ MORE_COLUMNS: list[tuple[str, dict[str, str]]] = [
                                 "disturbed_packs": "packs under foreign load", "attempts": "attempts",
                                 "failed": "failed", "oom": "OOM", "oom_cleared": "OOM cleared"}),
 ]
-MORE_FORMATS = {"tpt_min_s": ".2f", "tpt_max_s": ".2f", "startup_s": ".2f", "loop_s": ".2f",
-                "trainings_per_hour": ".0f", "gain_ref": ".0f", "samples_per_s": ".0f", "pack_samples_per_s": ".0f",
-                "loader_bound_samples_per_s": ".0f", "gpu_util_mean": ".0f", "cpu_percent_mean": ".0f",
-                "gpu_mem_peak_mb": ".0f", "peak_rss_mb": ".0f", "disturbed_packs": ".0f", "attempts": ".0f",
-                "failed": ".0f", "oom": ".0f", "oom_cleared": ".0f"}
+MORE_FORMATS = {col: ".2f" if col in ("tpt_min_s", "tpt_max_s", "startup_s", "loop_s") else ".0f"
+                for _, cols in MORE_COLUMNS for col in cols if col not in ("paired", "beyond_bound", "loader_bound")}
 
 
 COST_COLUMNS = {"partition": "partition", "gpu_model": "GPU model", "mode": "mode", "factor": "best N",
@@ -247,9 +240,7 @@ def _log_links(r: pd.Series) -> str:
 
 def failures_section(trainings: pd.DataFrame, most: int = 50) -> str:
     """Each training that did not complete, named by its hyperparameters, with its last error line and its log."""
-    if trainings.empty:
-        return ""
-    failed = trainings[trainings["outcome"] == "failed"]
+    failed = trainings[trainings["outcome"] == "failed"] if "outcome" in trainings else trainings
     if failed.empty:
         return ""
     items = "".join(
@@ -351,7 +342,6 @@ def compared(runs: Sequence[RunPage], frame: Callable[[Collected], pd.DataFrame]
 
 def build_comparison(runs: Sequence[RunPage], figures: Sequence[Plot] = ()) -> str:
     """One page comparing several runs, a run column in every table, each run's own report linked. Pure."""
-    about_keys = list(dict.fromkeys(k for r in runs for k, _ in r.about))
     about = pd.DataFrame([{"run": r.label, **dict(r.about)} for r in runs])
     links = "".join(f"<li><a href='{_esc(r.href)}'>{_esc(r.label)}</a></li>" for r in runs)
     answers = "".join(f"<h3>{_esc(r.label)}</h3>" + (_paragraphs(answer_lines(r.collected)[0], "best")
@@ -359,8 +349,7 @@ def build_comparison(runs: Sequence[RunPage], figures: Sequence[Plot] = ()) -> s
     summary = compared(runs, lambda c: c.summary)
     body = [f"<h1>gpupack: {len(runs)} runs compared</h1>",
             "<section id='what-ran'><h2>What ran</h2>"
-            + table(about, {"run": "run", **{k: k for k in about_keys if k in ("sweep", "workload", "partitions",
-                                                                                "date", "wall time", "trainings")}})
+            + table(about, {k: k for k in ("run", "sweep", "workload", "partitions", "date", "wall time", "trainings")})
             + f"<p>Each run's own report:</p><ul>{links}</ul></section>",
             f"<section id='answer'><h2>The answer, run by run</h2><div class='answer'>{answers}</div></section>",
             "<section id='evidence'><h2>The evidence</h2><h3>Time per training by packing factor N</h3>"

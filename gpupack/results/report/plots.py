@@ -35,11 +35,8 @@ def _subplots(*args: Any, **kwargs: Any) -> tuple[Figure, Any]:
 
 def plot_time_per_training(c: Collected, path: Path) -> Path | None:
     """Time per training against N with its interval, one line per (run, partition, mode), the chosen N ringed."""
-    if "time_per_training_s" not in c.summary:  # no pack has finished yet
-        return None
-    s = c.summary.dropna(subset=["time_per_training_s"])
-    if s.empty:
-        return None
+    if "time_per_training_s" not in c.summary or (s := c.summary.dropna(subset=["time_per_training_s"])).empty:
+        return None  # no pack has finished yet
     workloads = sorted(s["workload"].unique())
     fig, axes = _subplots(1, len(workloads), figsize=(min(7 * len(workloads), 14), 4.5), squeeze=False)
     lines = ["run", "partition", "gpu_type", "mode"] if "run" in s else ["partition", "gpu_type", "mode"]
@@ -62,21 +59,18 @@ def plot_time_per_training(c: Collected, path: Path) -> Path | None:
                             (r["factor"], r["time_per_training_s"]), textcoords="offset points",
                             xytext=(8, 10 + 11 * said), fontsize=8, color=drawn.lines[0].get_color())
                 said += 1
-        ax.set_xlabel("packing factor N (trainings per GPU)")
-        ax.set_ylabel("time per training (s): pack wall / N (lower is better)")
+        ax.set(xlabel="packing factor N (trainings per GPU)", xticks=sorted(s["factor"].unique()),
+               ylabel="time per training (s): pack wall / N (lower is better)",
+               ylim=(0, ax.get_ylim()[1] * (1.12 + 0.06 * said)))  # headroom: the names above the points stay inside
         ax.set_title(f"{workload}: time per training against N (median, 95% interval)", fontsize=10)
-        ax.set_xticks(sorted(s["factor"].unique()))
-        ax.set_ylim(0, ax.get_ylim()[1] * (1.12 + 0.06 * said))  # headroom: the names above the points stay inside
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower left")
     return _save(fig, path)
 
 
 def plot_split_vs_no_split(c: Collected, path: Path) -> Path | None:
-    if "time_per_training_s" not in c.summary:
-        return None
-    s = c.summary.dropna(subset=["time_per_training_s"])
-    if s.empty or s["mode"].nunique() < 2:
+    if "time_per_training_s" not in c.summary or (s := c.summary.dropna(subset=["time_per_training_s"])).empty \
+            or s["mode"].nunique() < 2:
         return None
     groups = list(s.groupby(["workload", "partition", "gpu_type"]))
     fig, axes = _subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
@@ -85,10 +79,8 @@ def plot_split_vs_no_split(c: Collected, path: Path) -> Path | None:
             m = m.sort_values("factor")
             ax.plot(m["factor"], m["time_per_training_s"], marker="o", linestyle=_line_style(mode),
                     label=mode_label(mode))
-        ax.set_title(f"{workload} on {partition} ({gpu}): split vs no split")
-        ax.set_xlabel("packing factor N")
-        ax.set_ylabel("time per training (s)")
-        ax.set_ylim(bottom=0)
+        ax.set(title=f"{workload} on {partition} ({gpu}): split vs no split", xlabel="packing factor N",
+               ylabel="time per training (s)", ylim=(0, None))
         ax.grid(alpha=0.3)
         ax.legend()
     return _save(fig, path)
@@ -115,10 +107,8 @@ def plot_throughput_curves(c: Collected, path: Path) -> Path | None:
     for (_, r), p in zip(rows.iterrows(), params):  # each curve named by what sets it apart, not its hash
         xs, ys = zip(*json.loads(r["curve"]))
         ax.plot(xs, ys, label=params_label(p, varying) if varying and p else f"{r['training_id']}")
-    ax.set_title(f"Throughput of the {int(best['factor'])} trainings of pack {pack_id}")
-    ax.set_xlabel("seconds since the training loop started")
-    ax.set_ylabel("samples/s (per window)")
-    ax.set_ylim(bottom=0)
+    ax.set(title=f"Throughput of the {int(best['factor'])} trainings of pack {pack_id}", ylim=(0, None),
+           xlabel="seconds since the training loop started", ylabel="samples/s (per window)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path)
@@ -133,12 +123,11 @@ def plot_cost(c: Collected, path: Path) -> Path | None:
     has_rgu = cost["sweep_rgu_hours"].notna().any()
     fig, axes = _subplots(1, 2 if has_rgu else 1, figsize=(11 if has_rgu else 6, 4.5), squeeze=False)
     axes[0][0].bar(labels, cost["sweep_hours"], color="tab:blue")
-    axes[0][0].set_title(f"Sweep of {trainings_phrase(c.sweep_trainings)}: device-hours (lower finishes first)")
-    axes[0][0].set_ylabel("hours on one GPU (or CPU) at the best N")
+    axes[0][0].set(title=f"Sweep of {trainings_phrase(c.sweep_trainings)}: device-hours (lower finishes first)",
+                   ylabel="hours on one GPU (or CPU) at the best N")
     if has_rgu:
         axes[0][1].bar(labels, cost["sweep_rgu_hours"].fillna(0), color="tab:orange")
-        axes[0][1].set_title("Sweep cost: RGU-hours (lower costs less)")
-        axes[0][1].set_ylabel("RGU-hours")
+        axes[0][1].set(title="Sweep cost: RGU-hours (lower costs less)", ylabel="RGU-hours")
     for ax in axes[0]:
         ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
@@ -163,8 +152,7 @@ def plot_layouts(c: Collected, path: Path) -> Path | None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, labels)
         ax.minorticks_off()
-        ax.set_xlabel("devices per training (1/N packed, k spread)")
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel="devices per training (1/N packed, k spread)", ylabel=ylabel)
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle("Spread over k devices beside packing N on one")

@@ -1,7 +1,6 @@
 """The terminal: rich tables and lines from what :mod:`gpupack.results.analysis.aggregate` computes."""
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Hashable, Sequence, Set
 from pathlib import Path
 
@@ -55,8 +54,7 @@ def _fig(column: str, spec: str = ".2f") -> Cell:
 
 
 def _num(r: pd.Series, key: str) -> float | None:
-    value = r.get(key)
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+    return float(value) if pd.notna(value := r.get(key)) else None
 
 
 def _gpu_else(gpu_column: str, name: str, column: str) -> Cell:
@@ -91,8 +89,6 @@ def _failed(r: pd.Series) -> str:
 
 def skipped_lines(summary: pd.DataFrame) -> list[str]:
     """Each N skipped for memory (gpupack.core.memory.pack_fit): where, and why, in one line."""
-    if "skipped_memory" not in summary:
-        return []
     lines = []
     for _, r in summary[summary["skipped_memory"] > 0].iterrows():
         why = str(r.get("skipped_memory_why") or "").removeprefix("skipped for memory: ")
@@ -196,8 +192,7 @@ def _render_times(c: Collected, console: Console, wide: bool) -> None:
                           "packing.stream=off).", highlight=False)
         for line in skipped_lines(c.summary):
             console.print(line, highlight=False, markup=False)
-    host = shared_host(c.records)
-    if host is not None:
+    if (host := shared_host(c.records)) is not None:
         console.print(f"note: all packs ran on one host ({host}), sharing its cores as on the local test cluster: "
                       "timings measure overhead.", highlight=False)
     for line in c.auto_lines:

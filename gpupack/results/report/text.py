@@ -13,7 +13,7 @@ from gpupack.results.analysis.aggregate import Collected
 from gpupack.results.analysis.drift import STEADY
 from gpupack.results.analysis.load import Records
 from gpupack.results.analysis.search import SearchReport
-from gpupack.results.analysis.summary import BY_CORES, BY_ONE_PROCESS, UNDER_LOAD, packer_of
+from gpupack.results.analysis.summary import BY_CORES, BY_ONE_PROCESS, UNDER_LOAD, numeric, packer_of
 from gpupack.results.analysis.tables import Ranking, value_text
 
 
@@ -59,7 +59,7 @@ def best_line(row: pd.Series) -> str:
     gain, ref = row.get("gain"), row.get("gain_ref")
     rounds = int(row["gain_rounds"]) if row.get("paired") else 0
     how = f"paired within {rounds} round{'s' if rounds != 1 else ''}" if rounds else "ratio of medians"
-    known = gain is not None and gain == gain and ref is not None and ref == ref and int(row["factor"]) != int(ref)
+    known = pd.notna(gain) and pd.notna(ref) and int(row["factor"]) != int(ref)
     said = f", {gain:.2f}x the trainings per hour of N={int(ref or 1)} ({how})" if known else ""
     beyond = f" — not to be trusted: {bound_phrase(row)}" if row.get("beyond_bound") else ""
     provisional = " (provisional)" if row.get("provisional") else ""
@@ -74,7 +74,7 @@ def bound_phrase(row: pd.Series) -> str:
     over = "one alone" if ref == 1 else f"N={ref}"
     low = row.get("gain_low")
     within = (f" (its interval {low:.2f}x–{row['gain_high']:.2f}x holds it: within noise of the bound)"
-              if low is not None and low == low and low <= row["gain_bound"] else "")
+              if pd.notna(low) and low <= row["gain_bound"] else "")
     return (f"N={n}'s gain {row['gain']:.2f}x exceeds the {row['gain_bound']:.3g}x that {n} trainings at once can give "
             f"over {over}{device_phrase(row)}{within}")
 
@@ -88,15 +88,12 @@ def device_phrase(row: pd.Series) -> str:
     if str(row.get("gpu_type")) == "cpu":
         return ""  # its cores unknown
     busy = row.get("ref_gpu_util")
-    ref = int(row["gain_ref"])
-    return (f" on one GPU (N={ref} kept it {busy:.0f} % busy)" if busy is not None and busy == busy
-            else " on one GPU")
+    return f" on one GPU (N={int(row['gain_ref'])} kept it {busy:.0f} % busy)" if pd.notna(busy) else " on one GPU"
 
 
 def _cpu_threads(r: pd.Series) -> tuple[bool, str]:
     """(whether the row is a CPU's with its cores known, the threads each N's trainings had)."""
-    cores = r.get("cores")
-    known = str(r.get("gpu_type")) == "cpu" and cores is not None and cores == cores
+    known = str(r.get("gpu_type")) == "cpu" and pd.notna(r.get("cores"))
     return known, f"threads per training {r['threads_by_n']}" if r.get("threads_by_n") else ""
 
 
@@ -131,9 +128,8 @@ def no_answer_line(r: pd.Series) -> str:
 def no_answer_advice(r: pd.Series) -> list[str]:
     """What to do where no N is named (more packs of a biased reference settle nothing: none is advised)."""
     cpu, threads = _cpu_threads(r)
-    quiet = ("Run it again on a quiet machine (nothing else on the job's cores: `top` shows what is), or on the "
-             "cluster, where a job has its cores to itself")
-    lines = [quiet + "."]
+    lines = ["Run it again on a quiet machine (nothing else on the job's cores: `top` shows what is), or on the "
+             "cluster, where a job has its cores to itself."]
     if r.get("no_answer") != UNDER_LOAD and cpu and threads:
         lines.append(f"On this CPU ({int(r['cores'])} cores), {threads}: a training given more threads than it can "
                      "use is the one its neighbours slow most; packing.threads_per_training=1 measures every N with "
@@ -211,12 +207,10 @@ def hyper_title(ranking: Ranking) -> str:
 
 
 def hyper_lines(ranking: Ranking) -> list[str]:
-    lines = []
-    table, metric, column = ranking.table, ranking.metric, ranking.column
-    for _, r in table.iterrows():
-        params = param_text({k: r[k] for k in table.columns if k not in ("workload", column, "runs", "trainings")})
-        lines.append(f"{r['workload']}: {params}  {metric}={r[column]:.4g} ({int(r['runs'])} runs)")
-    return lines
+    table, column = ranking.table, ranking.column
+    params = [k for k in table.columns if k not in ("workload", column, "runs", "trainings")]
+    return [f"{r['workload']}: {param_text({k: r[k] for k in params})}  {ranking.metric}={r[column]:.4g} "
+            f"({int(r['runs'])} runs)" for _, r in table.iterrows()]
 
 
 def hyper_notes(ranking: Ranking) -> list[str]:
@@ -272,17 +266,15 @@ def disturbance_lines(disturbance: pd.DataFrame) -> list[str]:
         if not r["disturbed"]:
             continue
         said = []
-        share = r.get("share")
-        if share is not None and share == share:
+        if pd.notna(share := r.get("share")):
             said.append(f"{share:.0%} of its pack time")
-        foreign, cores = r.get("foreign_cores_mean"), r.get("cores")
-        if foreign is not None and foreign == foreign:
-            of = f" of {cores:.3g}" if cores is not None and cores == cores else ""
+        if pd.notna(foreign := r.get("foreign_cores_mean")):
+            of = f" of {r['cores']:.3g}" if pd.notna(r.get("cores")) else ""
             said.append(f"other processes used {foreign:.2g}{of} cores on average")
         if r.get("gpu_disturbed"):
             mem = r.get("foreign_gpu_mem_mb_max")
             said.append(f"{r['gpu_disturbed']} with another process on its GPU (up to {r['foreign_gpu_procs_max']}"
-                        + (f", {mem:.0f} MB" if mem is not None and mem == mem else "") + ")")
+                        + (f", {mem:.0f} MB" if pd.notna(mem) else "") + ")")
         ids = list(dict.fromkeys(map(str, r["pack_ids"])))  # a pack measured in two attempts is named once
         lines.append(f"Measured under foreign load ({r['workload']} on {r['partition']} ({r['gpu_type']}), mode "
                      f"{r['mode']}): {r['disturbed']} of {r['packs']} packs ({'; '.join(said)}): "
@@ -335,17 +327,16 @@ def what_ran(c: Collected, configs: Mapping[str, RunConfig]) -> list[tuple[str, 
              ("partitions", ", ".join(partitions) or "-"),
              ("cluster", str((first.get("cluster") or {}).get("name", "-")))]
     # the first pack's start and the last one's end (NaN, said "-", where no record says)
-    first_start, last_end = (float(pd.to_numeric(packs.get(col, pd.Series(dtype=float)), errors="coerce").agg(how))
+    first_start, last_end = (float(numeric(packs, col).agg(how))
                              for col, how in (("started_at", "min"), ("ended_at", "max")))
     pairs += [("date", when(first_start)), ("wall time", duration(last_end - first_start))]
     counts = c.records.plan_counts() if c.records.planned_ids else None
-    latest = c.records.latest()
     if counts is not None:
         pairs.append(("trainings", f"{counts.completed} completed, {counts.failed} failed"
                       + (f", {counts.skipped} skipped for memory" if counts.skipped else "")
                       + (f", {counts.unrecorded} without a record" if counts.unrecorded else "")
                       + f" (of {counts.planned} planned)"))
-    elif not latest.empty and "status" in latest:
+    elif not (latest := c.records.latest()).empty and "status" in latest:
         done = int((latest["status"] == "completed").sum())
         pairs.append(("trainings", f"{done} completed, {len(latest) - done} did not"))
     # the packs (or streaming lanes) and the jobs that ran them, counted by job id (a job runs its lane in turn)
