@@ -204,14 +204,7 @@ def tree_times(root: int, follow: Iterable[Key]) -> dict[Key, ProcTimes]:
     except psutil.Error:
         return out
     under = {p.pid for p in procs}
-    for pid, created in follow:
-        if pid not in under:
-            try:
-                proc = psutil.Process(pid)
-                if proc.create_time() == created:
-                    procs.append(proc)
-            except psutil.Error:
-                continue
+    procs += [proc for key in follow if key[0] not in under and (proc := handle(key)) is not None]
     for proc in procs:
         try:
             out.update(_times(proc, reaped=True))
