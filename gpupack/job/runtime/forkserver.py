@@ -381,7 +381,6 @@ class ForkServer:
         assert self.proc.stdout is not None  # internal: start() gives it a pipe
         self._lines = Lines(self.proc.stdout.fileno())
         self._processes: dict[str, ForkedProcess] = {}
-        self._pending: dict[str, int] = {}  # ended before the packer asked (returncode by training id)
         self._send({"preload": {"workload": workload, "params": [dict(p) for p in params], "learn": learn}})
         reply = self._read(READY_TIMEOUT_S)
         if reply is None or "ready" not in reply:
@@ -399,12 +398,9 @@ class ForkServer:
         return cast("Reply | None", self._lines.read(timeout))  # the server's (_write)
 
     def _handle(self, msg: Reply) -> None:
-        if "ended" in msg:
-            proc = self._processes.get(msg["ended"])
-            if proc is not None:
-                proc.returncode = int(msg["returncode"])
-            else:
-                self._pending[msg["ended"]] = int(msg["returncode"])
+        # none unknown but one start() gave up waiting for (the server says a child's started before its ended)
+        if "ended" in msg and (proc := self._processes.get(msg["ended"])) is not None:
+            proc.returncode = int(msg["returncode"])
 
     def pump(self) -> None:
         """Take in whatever the server has said (exits), without waiting."""
@@ -431,10 +427,7 @@ class ForkServer:
             if msg.get("refused") == training_id:
                 raise ForkRefused(str(msg.get("why")))
             if msg.get("started") == training_id:
-                proc = ForkedProcess(self, training_id, int(msg["pid"]))
-                self._processes[training_id] = proc
-                if training_id in self._pending:
-                    proc.returncode = self._pending.pop(training_id)
+                proc = self._processes[training_id] = ForkedProcess(self, training_id, int(msg["pid"]))
                 return proc
             self._handle(msg)
 
