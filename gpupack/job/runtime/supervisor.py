@@ -10,6 +10,7 @@ still running: no training outlives its pack.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -39,11 +40,7 @@ def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
 
 def child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = None) -> Callable[[], None]:
     """What runs in each fresh child before its program, as in a forked one: die with the packer, then its limits."""
-
-    def setup() -> None:
-        isolate(memory_limit_bytes, cpus)
-
-    return setup
+    return functools.partial(isolate, memory_limit_bytes, cpus)
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], *, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
