@@ -310,10 +310,9 @@ class Supervisor:
                 break
             wait_readable([c.wakeup() for i, c in enumerate(self.children) if i not in reported], POLL_S)
         exits = [child.exit() for child in self.children]
-        if together is not None and self.culprit is None:
-            failed = [e for e in exits if e.failed]
-            if failed:  # failed as the last to end, or in the look that saw all end
-                self.culprit = together.culprit(failed)
+        # failed as the last to end, or in the look that saw all end
+        if together is not None and self.culprit is None and (failed := [e for e in exits if e.failed]):
+            self.culprit = together.culprit(failed)
         return exits
 
     def _fail_group(self, culprit: ChildExit) -> None:
