@@ -329,17 +329,13 @@ def _reap(children: dict[int, tuple[str, int]], learner: Learner | None) -> None
         _write({"ended": training_id, "returncode": os.waitstatus_to_exitcode(status)})
         if read_end == -1:
             continue
-        chunks = []  # what it wrote to its report pipe (nothing, if it died before it could)
-        try:
+        # what it wrote to its report pipe (nothing, if it died before it could), up to its end or what a process
+        # it left holding the pipe has not written: FileIO.readall() stops there instead of blocking
+        with open(read_end, "rb", buffering=0) as pipe:
             os.set_blocking(read_end, False)
-            while chunk := os.read(read_end, 65536):
-                chunks.append(chunk)
-        except BlockingIOError:
-            pass
-        finally:
-            os.close(read_end)
+            report = pipe.read() or b""
         if learner is not None:
-            learner.learn(b"".join(chunks), training_id)
+            learner.learn(report, training_id)
 
 
 # ---------------- the packer's side ----------------
