@@ -73,15 +73,14 @@ class _Tracked:
 
 
 class Sampler:
-    def __init__(self, interval_s: float = 1.0, gpu_index: int | None = None, mps: bool = False,
-                 no_gpu_reason: str = "",
+    def __init__(self, interval_s: float = 1.0, mps: bool = False, no_gpu_reason: str = "",
                  log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
                  gpu: str | None = None, more_gpus: Sequence[str] = (), foreign: ForeignLoad | None = None,
                  command_pid: int | None = None) -> None:
-        """``gpu``: the device as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"), or ``gpu_index`` (NVML's);
-        neither: no GPU, for ``no_gpu_reason``. ``more_gpus``: a spread job's other devices (utilization averaged,
-        memory summed, each under ``gpus``). ``foreign``: what reads the load from outside the job (else the job's
-        cores, with ``command_pid``, the gpupack command on this host, counted as the run's own)."""
+        """``gpu``: the device as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"); None: no GPU, for
+        ``no_gpu_reason``. ``more_gpus``: a spread job's other devices (utilization averaged, memory summed, each under
+        ``gpus``). ``foreign``: what reads the load from outside the job (else the job's cores, with ``command_pid``,
+        the gpupack command on this host, counted as the run's own)."""
         self.interval_s = interval_s
         self.mps = mps
         self.log = log
@@ -100,7 +99,7 @@ class Sampler:
         self._util_supported = True  # NVML does not report utilization on a MIG slice (NotSupported)
         self.more_handles: list[NvmlHandle] = []
         self.foreign = foreign if foreign is not None else ForeignLoad(job_cpus(), command=command_pid)
-        self._open_nvml(gpu if gpu is not None else None if gpu_index is None else str(gpu_index), no_gpu_reason)
+        self._open_nvml(gpu, no_gpu_reason)
         self._open_more(more_gpus)
 
     # ---- NVML, through the one seam ----
