@@ -231,14 +231,12 @@ class Supervisor:
         started_at = spec.started_at if spec.started_at is not None else time.time()
         try:
             proc = self._spawn(spec)
+            child = Child(spec, proc, started_at, isinstance(proc, ForkedProcess))
         except OSError as err:  # a fresh start failed (a fork that fails falls back to one: _spawn)
             child = Child(spec, None, started_at, False, err)
-            self.children.append(child)
-            if self.together is not None and self.culprit is None:
-                self._fail_group(child.exit())
-            return child
-        child = Child(spec, proc, started_at, isinstance(proc, ForkedProcess))
         self.children.append(child)
+        if child.start_error is not None and self.together is not None and self.culprit is None:
+            self._fail_group(child.exit())
         return child
 
     def _spawn(self, spec: ChildSpec) -> subprocess.Popen[bytes] | ForkedProcess:
