@@ -134,9 +134,7 @@ class Child:
 
     def wakeup(self) -> int | None:
         """A descriptor readable once there is news of it (its pidfd, or its fork server's replies); None: none."""
-        if isinstance(self.proc, ForkedProcess):
-            return self.proc.wakeup()
-        return self._pidfd
+        return self.proc.wakeup() if isinstance(self.proc, ForkedProcess) else self._pidfd
 
     def close(self) -> None:
         close_fd(self._pidfd)
