@@ -400,15 +400,12 @@ class ForkServer:
 
     def pump(self) -> None:
         """Take in whatever the server has said (exits), without waiting."""
-        while True:
-            msg = self._read(0)
-            if msg is None:
-                if self.proc.poll() is not None:  # the server died: its children died with it
-                    for p in self._processes.values():
-                        if p.returncode is None:
-                            p.returncode = -signal.SIGKILL
-                return
+        while (msg := self._read(0)) is not None:
             self._handle(msg)
+        if self.proc.poll() is not None:  # the server died: its children died with it
+            for p in self._processes.values():
+                if p.returncode is None:
+                    p.returncode = -signal.SIGKILL
 
     def start(self, training_id: str, spec: Path, out: Path, err: Path, env: Mapping[str, str],
               cwd: str | None = None, rlimit_as: int | None = None, cpus: Sequence[int] | None = None,
