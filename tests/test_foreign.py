@@ -154,7 +154,7 @@ def test_a_sampled_pack_records_the_foreign_load_and_gpu_processes(monkeypatch):
     r = Readings(clock=[0.0, 1.0, 2.0, 3.0], busy=[0.0, 1.0, 3.0, 3.0], trees=[tree] * 4)
     parents = {ours: [ours, 3000, ROOT[0]], theirs: [theirs, 1], drawing: [drawing, 1], gone: None}
     load = r.load(ancestors=parents.get)
-    sampler = Sampler(gpu_index=0, log=lambda m: None, foreign=load)
+    sampler = Sampler(gpu="0", log=lambda m: None, foreign=load)
     sampler.register("t", os.getpid())  # the first training's start (a real process): the baseline
     first = sampler.sample_once()
     assert first["foreign_cpu_cores"] == 1.0
@@ -171,7 +171,7 @@ def test_a_sampled_pack_records_the_foreign_load_and_gpu_processes(monkeypatch):
 def test_without_nvml_the_gpu_figures_are_unknown_not_zero(monkeypatch):
     monkeypatch.setattr(monitor, "_nvml", lambda: FakeNvml(fail_init=RuntimeError("Driver Not Loaded")))
     r = Readings(clock=[0.0, 1.0, 2.0], busy=[0.0, 0.0, 0.0], trees=[{ROOT: P(1, 1.0)}] * 3)
-    sampler = Sampler(gpu_index=0, log=lambda m: None, foreign=r.load())
+    sampler = Sampler(gpu="0", log=lambda m: None, foreign=r.load())
     sampler.register("t", os.getpid())
     sampler.sample_once()
     report = sampler.stop()

@@ -30,7 +30,7 @@ def test_gpu_samples_with_per_process_memory_and_unknown_memory(monkeypatch, two
     fake = FakeNvml(procs=[(a.pid, 512 * 2**20), (b.pid, None), (99999999, 7 * 2**20)])
     monkeypatch.setattr(monitor, "_nvml", lambda: fake)
     messages: list[str] = []
-    sampler = Sampler(interval_s=0.05, gpu_index=0, log=messages.append)
+    sampler = Sampler(interval_s=0.05, gpu="0", log=messages.append)
     sampler.register("ta", a.pid)
     sampler.register("tb", b.pid)
     sample = sampler.sample_once()
@@ -53,7 +53,7 @@ def test_mps_uses_the_mps_process_list(monkeypatch, two_trainings):
     a, _ = two_trainings
     fake = FakeNvml(mps_procs=[(a.pid, 256 * 2**20)])
     monkeypatch.setattr(monitor, "_nvml", lambda: fake)
-    sampler = Sampler(gpu_index=0, mps=True, log=lambda m: None)
+    sampler = Sampler(gpu="0", mps=True, log=lambda m: None)
     sampler.register("ta", a.pid)
     assert sampler.sample_once()["trainings"]["ta"]["gpu_mem_mb"] == 256
     assert f"mps {('gpu', 0)}" in fake.calls and not any(c.startswith("compute") for c in fake.calls)
@@ -63,7 +63,7 @@ def test_nvml_init_failure_falls_back_to_cpu_and_says_so_once(monkeypatch, two_t
     a, _ = two_trainings
     monkeypatch.setattr(monitor, "_nvml", lambda: FakeNvml(fail_init=RuntimeError("Driver Not Loaded")))
     messages: list[str] = []
-    sampler = Sampler(interval_s=0.02, gpu_index=0, log=messages.append)
+    sampler = Sampler(interval_s=0.02, gpu="0", log=messages.append)
     sampler.register("ta", a.pid)
     sampler.start()
     time.sleep(0.2)
@@ -77,7 +77,7 @@ def test_nvml_init_failure_falls_back_to_cpu_and_says_so_once(monkeypatch, two_t
 def test_real_nvml_on_this_machine_is_handled(two_trainings):
     a, _ = two_trainings
     messages: list[str] = []
-    sampler = Sampler(interval_s=0.05, gpu_index=0, log=messages.append)
+    sampler = Sampler(interval_s=0.05, gpu="0", log=messages.append)
     sampler.register("ta", a.pid)
     report = sampler.start().stop()
     if report["source"] == "cpu":  # no GPU or no driver here: said once, CPU sampled
@@ -89,7 +89,7 @@ def test_real_nvml_on_this_machine_is_handled(two_trainings):
 
 def test_a_training_that_ended_is_skipped_not_fatal(two_trainings):
     a, b = two_trainings
-    sampler = Sampler(gpu_index=None, log=lambda m: None)
+    sampler = Sampler(log=lambda m: None)
     sampler.register("ta", a.pid)
     sampler.register("tb", b.pid)
     b.kill()

@@ -79,8 +79,7 @@ def mark_victims(run: RunDir, pack: Pack, recs: Sequence[TrainingRecord]) -> dic
     """Record the trainings (``recs``) another's fault took down as victims; victim → the one that faulted."""
     taken = victims(recs)
     for rec in recs:
-        culprit = taken.get(str(rec["training_id"]))
-        if culprit is not None:
+        if (culprit := taken.get(str(rec["training_id"]))) is not None:
             write_json_atomic(run.training_record(pack.pack_id, str(rec["training_id"])), as_victim(rec, culprit))
     return taken
 

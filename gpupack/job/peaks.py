@@ -33,7 +33,7 @@ from gpupack.core.store.journal import TRAINING, journal_entries
 from gpupack.core.store.records import COMPLETED
 from gpupack.core.store.rundir import RunDir
 from gpupack.core.types import PackSettings
-from gpupack.job.workloads import load_workload
+from gpupack.job.workloads import seed_key
 
 SettingKey = tuple[str, str]  # (workload, setting_key): trainings expected to peak alike
 
@@ -48,7 +48,6 @@ class PeakBook:
                  clock: Callable[[], float] = time.monotonic, *, device: str) -> None:
         # the device this job's trainings run on (:func:`job_device`): peaks on another device model are not this job's
         self.device = device
-        self._seed_keys: dict[str, str] = {}
         self._unloadable: set[str] = set()
         self._learnt: set[str] = set()  # records learnt: a lane's own come again in its journal, and count once
         self._lock = threading.Lock()
@@ -60,12 +59,7 @@ class PeakBook:
         self.earlier: dict[SettingKey, Measured] = self._read(earlier_runs, trainings)
 
     def setting(self, training: Training) -> SettingKey:
-        return training.workload, setting_key(training.params, self._seed_key(training.workload))
-
-    def _seed_key(self, workload: str) -> str:
-        if workload not in self._seed_keys:
-            self._seed_keys[workload] = load_workload(workload).seed_key
-        return self._seed_keys[workload]
+        return training.workload, setting_key(training.params, seed_key(training.workload))
 
     def _key(self, rec: Mapping[str, object]) -> SettingKey | None:
         """The setting of another lane's record; None where its workload does not load here (not learnt from)."""
@@ -73,7 +67,7 @@ class PeakBook:
         if workload in self._unloadable:
             return None
         try:
-            return workload, setting_key(params if isinstance(params, Mapping) else {}, self._seed_key(workload))
+            return workload, setting_key(params if isinstance(params, Mapping) else {}, seed_key(workload))
         except Exception:  # noqa: BLE001 - whatever its import raises
             self._unloadable.add(workload)
             return None
@@ -98,7 +92,7 @@ class PeakBook:
             return out
         for name in {t.workload for t in trainings}:
             seen = {self.setting(t)[1] for t in trainings if t.workload == name}
-            for setting, m in measured_by_setting(runs, name, seen, self._seed_keys[name], completed_only=True,
+            for setting, m in measured_by_setting(runs, name, seen, seed_key(name), completed_only=True,
                                                   device=self.device).items():
                 out[name, setting] = m
         return out

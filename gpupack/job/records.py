@@ -4,6 +4,7 @@ where its own was lost), and an earlier attempt's kept aside.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -179,9 +180,7 @@ def move_aside(run: RunDir, pack_id: str, path: Path) -> None:
     """Keep an earlier attempt's record of the pack: move it under attempts/<k>/ instead of overwriting it."""
     if not path.exists():
         return
-    k = 1
-    while run.attempt_record(pack_id, k, path).exists():
-        k += 1
+    k = next(k for k in itertools.count(1) if not run.attempt_record(pack_id, k, path).exists())
     target = run.attempt_record(pack_id, k, path)
     make_dirs(target.parent)
     os.replace(path, target)

@@ -43,7 +43,7 @@ from gpupack.core.types import PackSettings
 from gpupack.job.body import choose_device
 from gpupack.job.pack import WAIT, Curve, Wait
 from gpupack.job.records import as_victim, move_aside, rebuild_pack_record
-from gpupack.job.workloads import load_workload
+from gpupack.job.workloads import seed_key
 
 RECHECK_S = 0.5  # a waiting slot looks at the free memory again after this (seconds), or as a training ends
 LOOKAHEAD_PER_SLOT = 4  # how many of the queue's next trainings a freed slot looks at, per slot, for one that fits
@@ -71,7 +71,7 @@ def admission_inputs(run: RunDir, queue: Sequence[Training], settings: PackSetti
                             settings.host_memory_mb)
     earlier: dict[SettingKey, Figure] = {}
     for name in {t.workload for t in queue}:
-        seed = load_workload(name).seed_key
+        seed = seed_key(name)
         seen = {setting_key(t.params, seed) for t in queue if t.workload == name}
         for setting, m in measured_by_setting(candidate_runs(run.root), name, seen, seed,
                                               device=info.name if on_gpu else "cpu").items():
@@ -127,7 +127,6 @@ class Lane:
         self._head: str | None = None
         self._head_passes = 0
         self._in_run: dict[SettingKey, float] = {}
-        self._seed_keys: dict[str, str] = {}
         self._looked: float | None = None
         self.passed_over = 0  # trainings started past a head that did not fit
         self.waits = 0  # looks that found nothing fitting
@@ -241,9 +240,7 @@ class Lane:
             return self._started(training)
 
     def _setting(self, training: Training) -> SettingKey:
-        if training.workload not in self._seed_keys:
-            self._seed_keys[training.workload] = load_workload(training.workload).seed_key
-        return training.workload, setting_key(training.params, self._seed_keys[training.workload])
+        return training.workload, setting_key(training.params, seed_key(training.workload))
 
     def expected_mb(self, training: Training) -> float | None:
         """The memory ``training`` is expected to peak at on the lane's device (MB); None: not known."""

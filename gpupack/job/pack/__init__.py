@@ -230,13 +230,10 @@ PACK_SIZE_ENV = "GPUPACK_N"  # what a process mode training is told: how many sh
 
 def worker_env(base: Mapping[str, str], threads: int) -> dict[str, str]:
     """The environment of one training process: the job's, with thread pools capped to its share."""
-    env = dict(base)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
-        env[var] = str(threads)
-    env["PYTHONUNBUFFERED"] = "1"
+    pools = dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"),
+                          str(threads))
     # TensorFlow must not reserve the whole GPU, or the second of N trainings fails with out-of-memory
-    env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
-    return env
+    return {**base, **pools, "PYTHONUNBUFFERED": "1", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
 
 
 TIMED_OUT = "stopped after packing.training_timeout_s; "

@@ -16,7 +16,7 @@ from gpupack.core.store.records import read_json, write_json_atomic
 from gpupack.core.types import TrainingOutcome
 from gpupack.errors import ConfigError
 from gpupack.job.pack import PackContext, ended_outcome, worker_env, worker_spec
-from gpupack.job.runtime.supervisor import ChildSpec, Supervisor, tail
+from gpupack.job.runtime.supervisor import ChildExit, ChildSpec, Supervisor, tail
 
 if TYPE_CHECKING:  # a training's spec, as the shared process reads it
     from gpupack.job.runtime.worker import SharedSpec
@@ -64,14 +64,20 @@ def run_shared(module: str, name: str, trainings: Sequence[Training], ctx: PackC
                       memory_limit_bytes=ctx.memory_limit_bytes * n if ctx.memory_limit_bytes else None)
     outcomes: dict[str, TrainingOutcome] = {}
 
-    def look() -> None:
+    def look(ended: ChildExit | None = None) -> None:
+        """Each training's outcome as it lands; ``ended``: the process's end, that of a training it never finished."""
         for spec in specs:
             tid = spec["training_id"]
-            if tid not in outcomes:
-                outcome = landed(spec, spawned)
-                if outcome is not None:
-                    outcomes[tid] = outcome
-                    ctx.on_finished(outcome)
+            if tid in outcomes:
+                continue
+            outcome = landed(spec, spawned)
+            if outcome is None and ended is not None:  # it died, or was stopped
+                code = ended.returncode
+                outcome = ended_outcome(tid, spawned, ended.ended_at, code, result=None, timed_out=ended.timed_out,
+                                        error=tail(ended.err_path) or f"the {name} process exited with code {code}")
+            if outcome is not None:
+                outcomes[tid] = outcome
+                ctx.on_finished(outcome)
 
     with Supervisor(ctx.training_timeout_s or None) as supervisor:
         pid = supervisor.start(child).pid
@@ -80,15 +86,7 @@ def run_shared(module: str, name: str, trainings: Sequence[Training], ctx: PackC
         for spec in specs:
             ctx.on_started(spec["training_id"], pid)  # one process runs them all
         (ended,) = supervisor.follow(on_poll=look)
-    for spec in specs:  # trainings the process never finished: it died, or was stopped
-        tid = spec["training_id"]
-        if tid not in outcomes:
-            code = ended.returncode
-            outcome = landed(spec, spawned) or ended_outcome(
-                tid, spawned, ended.ended_at, code, result=None, timed_out=ended.timed_out,
-                error=tail(ended.err_path) or f"the {name} process exited with code {code}")
-            outcomes[tid] = outcome
-            ctx.on_finished(outcome)
+    look(ended)
     return [outcomes[s["training_id"]] for s in specs]
 
 

@@ -60,10 +60,7 @@ def tree_cpu_delta(before: Mapping[Key, ProcTimes], now: Mapping[Key, ProcTimes]
     most by what that ancestor's reaped time grew. Every process of the job is under the live job process and reaped
     by its parent, so an ended one's time moves into an ancestor that is read: only an orphan's last interval can
     escape (its time goes to init), and the cap keeps the take-back within what was counted."""
-    delta = 0.0
-    for key, proc in now.items():
-        was = before.get(key)
-        delta += proc.total_s - (was.total_s if was is not None else 0.0)
+    delta = sum(proc.total_s - (before[key].total_s if key in before else 0.0) for key, proc in now.items())
     here = {key[0]: key for key in now}
     known = {key[0]: key for key in before}
     owed: dict[Key, float] = {}
@@ -204,14 +201,7 @@ def tree_times(root: int, follow: Iterable[Key]) -> dict[Key, ProcTimes]:
     except psutil.Error:
         return out
     under = {p.pid for p in procs}
-    for pid, created in follow:
-        if pid not in under:
-            try:
-                proc = psutil.Process(pid)
-                if proc.create_time() == created:
-                    procs.append(proc)
-            except psutil.Error:
-                continue
+    procs += [proc for key in follow if key[0] not in under and (proc := handle(key)) is not None]
     for proc in procs:
         try:
             out.update(_times(proc, reaped=True))
@@ -304,14 +294,8 @@ class ForeignLoad:
         memory (None where one's is unknown). One gone or outside this namespace is not called foreign."""
         with self._lock:
             ours = set(self._ours)
-        foreign = []
-        for pid, mb in listed.items():
-            if pid in ours:
-                continue
-            chain = self.ancestors(pid)
-            if chain is None or self.root in chain:
-                continue
-            foreign.append(mb)
+        foreign = [mb for pid, mb in listed.items()
+                   if pid not in ours and (chain := self.ancestors(pid)) is not None and self.root not in chain]
         return len(foreign), (None if any(mb is None for mb in foreign) else round(sum(m or 0.0 for m in foreign), 1))
 
     def figures(self, gpu: Sequence[tuple[int, float | None]] | None) -> dict[str, object]:

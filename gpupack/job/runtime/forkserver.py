@@ -329,17 +329,13 @@ def _reap(children: dict[int, tuple[str, int]], learner: Learner | None) -> None
         _write({"ended": training_id, "returncode": os.waitstatus_to_exitcode(status)})
         if read_end == -1:
             continue
-        chunks = []  # what it wrote to its report pipe (nothing, if it died before it could)
-        try:
+        # what it wrote to its report pipe (nothing, if it died before it could), up to its end or what a process
+        # it left holding the pipe has not written: FileIO.readall() stops there instead of blocking
+        with open(read_end, "rb", buffering=0) as pipe:
             os.set_blocking(read_end, False)
-            while chunk := os.read(read_end, 65536):
-                chunks.append(chunk)
-        except BlockingIOError:
-            pass
-        finally:
-            os.close(read_end)
+            report = pipe.read() or b""
         if learner is not None:
-            learner.learn(b"".join(chunks), training_id)
+            learner.learn(report, training_id)
 
 
 # ---------------- the packer's side ----------------
@@ -381,7 +377,6 @@ class ForkServer:
         assert self.proc.stdout is not None  # internal: start() gives it a pipe
         self._lines = Lines(self.proc.stdout.fileno())
         self._processes: dict[str, ForkedProcess] = {}
-        self._pending: dict[str, int] = {}  # ended before the packer asked (returncode by training id)
         self._send({"preload": {"workload": workload, "params": [dict(p) for p in params], "learn": learn}})
         reply = self._read(READY_TIMEOUT_S)
         if reply is None or "ready" not in reply:
@@ -399,24 +394,18 @@ class ForkServer:
         return cast("Reply | None", self._lines.read(timeout))  # the server's (_write)
 
     def _handle(self, msg: Reply) -> None:
-        if "ended" in msg:
-            proc = self._processes.get(msg["ended"])
-            if proc is not None:
-                proc.returncode = int(msg["returncode"])
-            else:
-                self._pending[msg["ended"]] = int(msg["returncode"])
+        # none unknown but one start() gave up waiting for (the server says a child's started before its ended)
+        if "ended" in msg and (proc := self._processes.get(msg["ended"])) is not None:
+            proc.returncode = int(msg["returncode"])
 
     def pump(self) -> None:
         """Take in whatever the server has said (exits), without waiting."""
-        while True:
-            msg = self._read(0)
-            if msg is None:
-                if self.proc.poll() is not None:  # the server died: its children died with it
-                    for p in self._processes.values():
-                        if p.returncode is None:
-                            p.returncode = -signal.SIGKILL
-                return
+        while (msg := self._read(0)) is not None:
             self._handle(msg)
+        if self.proc.poll() is not None:  # the server died: its children died with it
+            for p in self._processes.values():
+                if p.returncode is None:
+                    p.returncode = -signal.SIGKILL
 
     def start(self, training_id: str, spec: Path, out: Path, err: Path, env: Mapping[str, str],
               cwd: str | None = None, rlimit_as: int | None = None, cpus: Sequence[int] | None = None,
@@ -431,10 +420,7 @@ class ForkServer:
             if msg.get("refused") == training_id:
                 raise ForkRefused(str(msg.get("why")))
             if msg.get("started") == training_id:
-                proc = ForkedProcess(self, training_id, int(msg["pid"]))
-                self._processes[training_id] = proc
-                if training_id in self._pending:
-                    proc.returncode = self._pending.pop(training_id)
+                proc = self._processes[training_id] = ForkedProcess(self, training_id, int(msg["pid"]))
                 return proc
             self._handle(msg)
 

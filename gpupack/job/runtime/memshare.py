@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Mapping
 
 SHARE_ENV = "GPUPACK_MEMORY_SHARE"  # the fraction of the device this training may fill, e.g. "0.2"
 
 
-def limit_torch(environ: Mapping[str, str] | None = None, load: bool = False) -> float | None:
+def limit_torch(load: bool = False) -> float | None:
     """Set torch's per-process memory fraction of device 0 (the training's GPU) to its share (:data:`SHARE_ENV`) where
     torch is loaded (``load``: import it) and sees a GPU; the fraction set, or None."""
-    env = os.environ if environ is None else environ
-    value = env.get(SHARE_ENV, "")
+    value = os.environ.get(SHARE_ENV, "")
     if not value or ("torch" not in sys.modules and not load):
         return None
     try:

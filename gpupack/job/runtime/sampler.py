@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Protocol, Sequence, TypedDict
+from typing import Callable, Literal, Sequence, TypedDict
 
 import psutil
 
@@ -30,12 +30,6 @@ _cpu_time = time.thread_time  # the sampler thread's own CPU seconds (a test's c
 def next_wait(interval_s: float, cost_s: float, budget: float = MAX_OVERHEAD) -> float:
     """The wait after a sample costing ``cost_s`` of CPU: ``interval_s``, or more, within ``budget`` of a core. Pure."""
     return max(interval_s, cost_s / budget - cost_s)
-
-
-class _Rates(Protocol):
-    """NVML's utilization rates of a device, in %."""
-    gpu: float
-    memory: float
 
 
 class DeviceSample(TypedDict):
@@ -79,15 +73,14 @@ class _Tracked:
 
 
 class Sampler:
-    def __init__(self, interval_s: float = 1.0, gpu_index: int | None = None, mps: bool = False,
-                 no_gpu_reason: str = "",
+    def __init__(self, interval_s: float = 1.0, mps: bool = False, no_gpu_reason: str = "",
                  log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
                  gpu: str | None = None, more_gpus: Sequence[str] = (), foreign: ForeignLoad | None = None,
                  command_pid: int | None = None) -> None:
-        """``gpu``: the device as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"), or ``gpu_index`` (NVML's);
-        neither: no GPU, for ``no_gpu_reason``. ``more_gpus``: a spread job's other devices (utilization averaged,
-        memory summed, each under ``gpus``). ``foreign``: what reads the load from outside the job (else the job's
-        cores, with ``command_pid``, the gpupack command on this host, counted as the run's own)."""
+        """``gpu``: the device as CUDA_VISIBLE_DEVICES names it ("0", "GPU-…", "MIG-…"); None: no GPU, for
+        ``no_gpu_reason``. ``more_gpus``: a spread job's other devices (utilization averaged, memory summed, each under
+        ``gpus``). ``foreign``: what reads the load from outside the job (else the job's cores, with ``command_pid``,
+        the gpupack command on this host, counted as the run's own)."""
         self.interval_s = interval_s
         self.mps = mps
         self.log = log
@@ -106,7 +99,7 @@ class Sampler:
         self._util_supported = True  # NVML does not report utilization on a MIG slice (NotSupported)
         self.more_handles: list[NvmlHandle] = []
         self.foreign = foreign if foreign is not None else ForeignLoad(job_cpus(), command=command_pid)
-        self._open_nvml(gpu if gpu is not None else None if gpu_index is None else str(gpu_index), no_gpu_reason)
+        self._open_nvml(gpu, no_gpu_reason)
         self._open_more(more_gpus)
 
     # ---- NVML, through the one seam ----
@@ -152,13 +145,13 @@ class Sampler:
                 self.note = f"{self.note}; {note}" if self.note else note
                 self.log(f"gpupack sampler: {note}")
 
-    def _utilization(self, handle: NvmlHandle | None = None) -> _Rates | None:
-        """NVML's utilization rates, or None once NVML said it does not report them on this device."""
+    def _utilization(self, handle: NvmlHandle) -> tuple[float | None, float | None]:
+        """NVML's utilization rates in % (GPU, memory); None, None once NVML said it does not report them here."""
         if not self._util_supported:
-            return None
+            return None, None
         try:
-            rates: _Rates = self.nvml.nvmlDeviceGetUtilizationRates(self.handle if handle is None else handle)
-            return rates
+            rates = self.nvml.nvmlDeviceGetUtilizationRates(handle)
+            return float(rates.gpu), float(rates.memory)
         except Exception as err:
             not_supported = getattr(self.nvml, "NVMLError_NotSupported", None)
             if not_supported is None or not isinstance(err, not_supported):
@@ -168,7 +161,7 @@ class Sampler:
                     "recorded as unknown (None), memory still sampled")
             self.note = f"{self.note}; {note}" if self.note else note
             self.log(f"gpupack sampler: {note}")  # once: later samples do not ask again
-            return None
+            return None, None
 
     def _gpu_sample(self) -> Sample:
         nvml = self.nvml
@@ -178,11 +171,9 @@ class Sampler:
         per_pid: dict[int, float | None] = {}
         graphics: dict[int, float | None] = {}
         for h in [self.handle, *self.more_handles]:
-            util = self._utilization(h)
-            mem = nvml.nvmlDeviceGetMemoryInfo(h)
-            devices.append({"gpu_util": None if util is None else float(util.gpu),
-                            "gpu_mem_util": None if util is None else float(util.memory),
-                            "gpu_mem_used_mb": mem.used / 2**20})
+            util, mem_util = self._utilization(h)
+            devices.append({"gpu_util": util, "gpu_mem_util": mem_util,
+                            "gpu_mem_used_mb": nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20})
             for p in list_procs(h):  # a process on several GPUs (a DDP rank's context) is summed over them
                 used = None if p.usedGpuMemory is None else p.usedGpuMemory / 2**20
                 total = per_pid.get(p.pid, 0.0)

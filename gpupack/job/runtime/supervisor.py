@@ -10,6 +10,7 @@ still running: no training outlives its pack.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -39,11 +40,7 @@ def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
 
 def child_setup(memory_limit_bytes: int | None, cpus: Sequence[int] | None = None) -> Callable[[], None]:
     """What runs in each fresh child before its program, as in a forked one: die with the packer, then its limits."""
-
-    def setup() -> None:
-        isolate(memory_limit_bytes, cpus)
-
-    return setup
+    return functools.partial(isolate, memory_limit_bytes, cpus)
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], *, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
@@ -137,9 +134,7 @@ class Child:
 
     def wakeup(self) -> int | None:
         """A descriptor readable once there is news of it (its pidfd, or its fork server's replies); None: none."""
-        if isinstance(self.proc, ForkedProcess):
-            return self.proc.wakeup()
-        return self._pidfd
+        return self.proc.wakeup() if isinstance(self.proc, ForkedProcess) else self._pidfd
 
     def close(self) -> None:
         close_fd(self._pidfd)
@@ -234,14 +229,12 @@ class Supervisor:
         started_at = spec.started_at if spec.started_at is not None else time.time()
         try:
             proc = self._spawn(spec)
+            child = Child(spec, proc, started_at, isinstance(proc, ForkedProcess))
         except OSError as err:  # a fresh start failed (a fork that fails falls back to one: _spawn)
             child = Child(spec, None, started_at, False, err)
-            self.children.append(child)
-            if self.together is not None and self.culprit is None:
-                self._fail_group(child.exit())
-            return child
-        child = Child(spec, proc, started_at, isinstance(proc, ForkedProcess))
         self.children.append(child)
+        if child.start_error is not None and self.together is not None and self.culprit is None:
+            self._fail_group(child.exit())
         return child
 
     def _spawn(self, spec: ChildSpec) -> subprocess.Popen[bytes] | ForkedProcess:
@@ -313,10 +306,9 @@ class Supervisor:
                 break
             wait_readable([c.wakeup() for i, c in enumerate(self.children) if i not in reported], POLL_S)
         exits = [child.exit() for child in self.children]
-        if together is not None and self.culprit is None:
-            failed = [e for e in exits if e.failed]
-            if failed:  # failed as the last to end, or in the look that saw all end
-                self.culprit = together.culprit(failed)
+        # failed as the last to end, or in the look that saw all end
+        if together is not None and self.culprit is None and (failed := [e for e in exits if e.failed]):
+            self.culprit = together.culprit(failed)
         return exits
 
     def _fail_group(self, culprit: ChildExit) -> None:

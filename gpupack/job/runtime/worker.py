@@ -162,9 +162,7 @@ def main(argv: list[str] | None = None, process_start: float | None = None) -> i
         write_json_atomic,  # after _PROCESS_START: a training's imports are its start-up
     )
 
-    args = sys.argv[1:] if argv is None else argv
-    spec_path = Path(args[0])
-    spec: WorkerSpec = json.loads(spec_path.read_text())
+    spec: WorkerSpec = json.loads(Path((sys.argv[1:] if argv is None else argv)[0]).read_text())
     try:
         result = run_training(spec, _PROCESS_START if process_start is None else process_start)
     except Exception:  # the packer records the failure from the exit code and the stderr tail

@@ -2,6 +2,7 @@
 user's module by its dotted name) by :func:`load_workload`."""
 from __future__ import annotations
 
+import functools
 import importlib
 
 from gpupack.core.moves import moved
@@ -31,3 +32,9 @@ def load_workload(name: str, key: str = "sweep.workload") -> Workload:
         raise ConfigError(key, name, f"module {module.__name__} defines no WORKLOAD",
                           "define WORKLOAD = YourWorkload() in it")
     return workload
+
+
+@functools.cache
+def seed_key(name: str) -> str:
+    """Workload ``name``'s seed key, loaded once a process (lanes and peak books ask it of every training)."""
+    return load_workload(name).seed_key
