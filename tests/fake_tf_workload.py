@@ -1,6 +1,8 @@
 """A tiny TensorFlow workload for tests: a few matmuls on its device, placement reported, fails on request."""
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +16,9 @@ class TfProbeParams:
     steps: int = 20
     fail: bool = False
     tag: str = ""
+    # Seconds after which this training ends its whole shared process with exit code 3 (os._exit: no result, no
+    # finally), as a segfault or a kill would: the trainings that landed before keep theirs
+    exit_after_s: float = 0.0
 
 
 class TfProbe(Workload):
@@ -25,6 +30,9 @@ class TfProbe(Workload):
     def train(self, params: TfProbeParams, ctx: TrainingContext) -> dict[str, Any]:
         import tensorflow as tf
 
+        if params.exit_after_s:
+            time.sleep(params.exit_after_s)
+            os._exit(3)
         device = tf_device(ctx.device)
         with tf.device(device):
             w = tf.Variable(tf.random.stateless_normal((64, 64), seed=(params.seed, 0)))

@@ -161,6 +161,23 @@ def test_tf_logical_pack_one_training_raises_the_others_finish(tmp_path):
     assert all(recs[k]["memory"]["shared_by"] == 3 for k in ("a", "b"))  # the shared process's peak: the pack's
 
 
+@pytest.mark.slow
+def test_a_shared_process_that_dies_fails_what_it_had_not_finished_and_keeps_what_landed(tmp_path):
+    """Nothing lost when the one process of a pack dies: a training that landed before keeps its outcome, the rest
+    are failed with how the process ended."""
+    run, pack = _pack(tmp_path, {"tag": ["a", "b", "die"], "exit_after_s": [0.0]},
+                      workload="tests.fake_tf_workload", mode="tf_logical")
+    plan = read_json(run.plan)
+    for t in plan["packs"][0]["trainings"]:
+        t["params"]["exit_after_s"] = 8.0 if t["params"]["tag"] == "die" else 0.0  # a and b land long before
+    write_json_atomic(run.plan, plan)
+    rec = run_pack(str(run.root), pack.pack_id, PackSettings(device="cpu"))
+    recs = {t.params["tag"]: read_json(run.training_record(pack.pack_id, t.training_id)) for t in pack.trainings}
+    assert {k: r["status"] for k, r in recs.items()} == {"a": "completed", "b": "completed", "die": "failed"}
+    assert recs["die"]["exit_code"] == 3  # how the process ended, with what it wrote last (its stderr)
+    assert rec["n_completed"] == 2 and rec["n_failed"] == 1
+
+
 # ---------------- bad input, before anything starts ----------------
 
 @pytest.mark.parametrize("overrides, needles", [
