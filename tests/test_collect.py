@@ -1,6 +1,7 @@
 """Aggregation: known records → known time per training and best N."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -396,6 +397,22 @@ def test_a_pack_with_records_newer_than_its_columnar_file_is_read_from_its_json(
     os.replace(run.pack_record(pack_id), run.pack_dir(pack_id) / "moved.json")  # a resume moved pack.json aside
     os.utime(record.parent, ns=(stamp, stamp))
     assert read_columnar(run.pack_dir(pack_id)) is None
+
+
+@pytest.mark.parametrize("bad", [{"pack": "text"}, {"rows": "many"}, {"shared": 3}])
+def test_a_columnar_file_whose_tail_is_of_another_shape_is_read_from_its_json(run, bad):
+    """The JSON after a columnar file's batch is built key by key as it is read: a pack row that is no object, a
+    count that is no number or shared values that are no list make collect read the pack's JSON records instead."""
+    _packs(run, 1, [10.0, 10.1, 9.9])
+    pack_id = "local-process-n01-001"
+    path = write_columnar(run, pack_id)
+    data = path.read_bytes()
+    start = data.rindex(b'{"pack": ')
+    stamp = os.stat(path).st_mtime_ns
+    path.write_bytes(data[:start] + json.dumps({**json.loads(data[start:]), **bad}).encode())
+    os.utime(path, ns=(stamp, stamp))  # rewritten, not newer: only its tail differs
+    assert read_columnar(run.pack_dir(pack_id)) is None
+    _same(load_records([run.root]), load_records([run.root], columnar=False))
 
 
 def test_a_pack_with_a_bad_record_gets_no_columnar_file_and_collect_still_warns(run):

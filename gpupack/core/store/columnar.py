@@ -309,8 +309,9 @@ class ColumnarReader:
         batch, end = self.batch(data, 0)
         if batch is None:
             return None
-        tail = cast(ColumnarTail, json.loads(data[end:]))  # as columnar_bytes wrote it
-        return Rows(batch, int(tail["rows"]), list(tail["shared"])), tail
+        tail = json.loads(data[end:])  # as columnar_bytes wrote it; a tail of another shape raises: read() reads JSON
+        checked: ColumnarTail = {"pack": dict(tail["pack"]), "rows": int(tail["rows"]), "shared": list(tail["shared"])}
+        return Rows(batch, checked["rows"], checked["shared"]), checked
 
     def batch(self, data: bytes | pa.Buffer, start: int) -> tuple[pa.RecordBatch | None, int]:
         """The one batch of the IPC stream at byte ``start`` of ``data`` (None: of another schema) and the byte after

@@ -24,7 +24,7 @@ import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Collection, Final, Iterator, Mapping, TypedDict, cast
+from typing import IO, Callable, Collection, Final, Iterator, Mapping, TypedDict
 
 from gpupack.core.plan import refit_parent
 from gpupack.core.store.locks import held
@@ -441,7 +441,8 @@ def _kept(rec: Mapping[str, object], stream: str) -> Logs | None:
     if isinstance(logs, str):
         logs = json.loads(logs)
     kept = logs.get(stream) if isinstance(logs, Mapping) else None
-    return cast(Logs, kept) if isinstance(kept, Mapping) else None
+    return {"file": str(kept["file"]), "offset": int(kept["offset"]), "length": int(kept["length"])} \
+        if isinstance(kept, Mapping) else None
 
 
 @dataclass(frozen=True)
@@ -469,7 +470,7 @@ def kept_log(run_root: Path | str, rec: Mapping[str, object], stream: str) -> Ke
         if path.is_file():
             return KeptLog(path)
     kept = _kept(rec, stream)
-    return KeptLog(run.root / kept["file"], int(kept["offset"]), int(kept["length"])) if kept else None
+    return KeptLog(run.root / kept["file"], kept["offset"], kept["length"]) if kept else None
 
 
 def log_where(run_root: Path | str, rec: Mapping[str, object], stream: str) -> str:
