@@ -6,8 +6,6 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import errno
-import functools
-import importlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -349,11 +347,22 @@ def config_yaml(config: DictConfig | Mapping[str, object]) -> str:
 
 # ---------------- run ----------------
 
-# What a run's collect imports (about a second here): the tables, then matplotlib without pyplot (results.report.plots
-# picks the headless backend before importing it), which a run that draws nothing (collect.plots=false) leaves out.
-TABLE_IMPORTS = ("pandas", "pyarrow.parquet", "gpupack.sweep.flow.collect")
-PLOT_IMPORTS = ("matplotlib.backends.backend_agg", "matplotlib.figure")
-COLLECT_IMPORTS = tuple(functools.partial(importlib.import_module, name) for name in TABLE_IMPORTS + PLOT_IMPORTS)
+# What a run's collect imports (about a second here), as import statements: the layers contract sees each of them.
+def _import_tables() -> None:
+    import pandas  # noqa: F401  (half of collect's imports)
+    import pyarrow.parquet  # noqa: F401
+
+
+def _import_collect() -> None:
+    import gpupack.sweep.flow.collect  # noqa: F401
+
+
+def _import_plots() -> None:  # without pyplot: results.report.plots picks the headless backend before importing it
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+
+
+COLLECT_IMPORTS = (_import_tables, _import_collect, _import_plots)  # a run that draws nothing leaves out the last
 
 
 def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
@@ -391,7 +400,7 @@ def run_plain(prepared: Prepared, *, progress: ProgressFn | None = None,
         # collect's imports, made while the first jobs start and stopped once one has begun a pack: from then on their
         # CPU would be load beside the trainings measured on this host (gpupack.results.analysis.disturbance)
         began = lambda: any(run_dir.pack_dir(p.pack_id).is_dir() for p in opened.todo)  # noqa: E731
-        imports = COLLECT_IMPORTS if plots else COLLECT_IMPORTS[:len(TABLE_IMPORTS)]
+        imports = COLLECT_IMPORTS if plots else COLLECT_IMPORTS[:-1]
         warming = warm(imports if collect_outputs else (), began, "gpupack-collect-imports")
         outcome.results = submitter.run_packs(opened.todo, prepared.settings, progress or (lambda pack, state: None))
         warming.join()
